@@ -1,0 +1,219 @@
+"""Training throughput: trimtab vs a minimal PyTorch loop vs transformers' LlamaForCausalLM.
+
+    python bench/throughput.py [--preset small] [--steps 6] [--warmup 2] [--reps 3]
+
+Each variant trains the same model shape on the same batches (trimtab's loader over the built-in
+corpus) for the same steps, in its own subprocess (so peak RSS is its own). Variants run
+interleaved, `--reps` times, and the median is reported; the load average before each run is
+recorded, because a busy second core slows two-thread torch 3-10x. Results go to BENCHMARKS.md.
+
+    trimtab          trimtab.training.Trainer.fit at the preset's defaults
+    trimtab-eager    the same with train.compile=false (when the defaults compile)
+    minimal          a bare loop over trimtab's model: identical settings to `trimtab`
+    transformers     LlamaForCausalLM (fp32 eager, default attention) + default AdamW, plain loop
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _config(preset: str, steps: int, out: str, compile_: bool | None = None):
+    from trimtab.config import load_config
+
+    sets = ["log.progress=false", "train.eval_every=0", "checkpoint.every=0"]
+    if compile_ is not None:
+        sets.append(f"train.compile={str(compile_).lower()}")
+    return load_config(preset=preset, overrides={"out": out, "train": {"max_steps": steps}}, sets=sets)
+
+
+def _batches(cfg, n: int):
+    from trimtab.data import BatchLoader, build_splits, get_tokenizer, read_documents
+    from trimtab.training.setup import cache_dir, resolve_model
+
+    docs, _ = read_documents(cfg.data)
+    tok = get_tokenizer(cfg.data, docs, cache_dir())
+    rows, _ = build_splits(cfg.data, tok, docs, None, seed=cfg.train.seed)
+    resolve_model(cfg, tok)
+    loader = BatchLoader(rows, cfg.train.batch_tokens, cfg.train.micro_batch_tokens, cfg.train.seed, tok.pad_id)
+    return [loader.next_batch() for _ in range(n)]
+
+
+def run_trimtab(preset: str, warmup: int, steps: int, compile_: bool | None) -> dict:
+    from trimtab.training.hooks import Hook
+    from trimtab.training.trainer import Trainer
+
+    class Clock(Hook):
+        def __init__(self):
+            self.marks: list[tuple[float, int]] = []
+
+        def on_step_end(self, trainer, out):
+            self.marks.append((time.perf_counter(), trainer.state.tokens))
+
+    with tempfile.TemporaryDirectory() as out:
+        cfg = _config(preset, warmup + steps, out, compile_)
+        clock = Clock()
+        trainer = Trainer(cfg, hooks=[clock])
+        start = time.perf_counter()
+        trainer.fit()
+    (t0, n0), (t1, n1) = clock.marks[warmup - 1], clock.marks[-1]
+    return {"tokens_per_s": (n1 - n0) / (t1 - t0), "warmup_s": t0 - start, "compile": cfg.train.compile}
+
+
+def run_minimal(preset: str, warmup: int, steps: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from trimtab.model import build_model
+
+    cfg = _config(preset, warmup + steps, "unused")
+    batches = _batches(cfg, warmup + steps)
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.model)
+    forward = torch.compile(model) if cfg.train.compile else model
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "emb" not in n]
+    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "emb" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.optim.weight_decay},
+                             {"params": rest, "weight_decay": 0.0}], lr=cfg.optim.lr,
+                            betas=(cfg.optim.beta1, cfg.optim.beta2), fused=True)
+    start = time.perf_counter()
+    for i, batch in enumerate(batches):
+        if i == warmup:
+            t0, n = time.perf_counter(), 0
+        for micro in batch.micro:
+            logits = forward(micro.inputs)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), micro.targets.flatten(),
+                                   ignore_index=-100, reduction="sum") / batch.n_targets
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+        if i >= warmup:
+            n += batch.n_tokens
+    return {"tokens_per_s": n / (time.perf_counter() - t0), "warmup_s": t0 - start, "compile": cfg.train.compile}
+
+
+def run_transformers(preset: str, warmup: int, steps: int) -> dict:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = _config(preset, warmup + steps, "unused")
+    batches = _batches(cfg, warmup + steps)
+    m = cfg.model
+    torch.manual_seed(cfg.train.seed)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=m.vocab_size, hidden_size=m.d_model, intermediate_size=m.ffn_dim,
+        num_hidden_layers=m.n_layers, num_attention_heads=m.n_heads, num_key_value_heads=m.kv_heads,
+        max_position_embeddings=m.max_seq_len, rope_theta=m.rope_theta, rms_norm_eps=m.norm_eps,
+        tie_word_embeddings=m.tie_embeddings))
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)  # its defaults
+    start = time.perf_counter()
+    for i, batch in enumerate(batches):
+        if i == warmup:
+            t0, n = time.perf_counter(), 0
+        for micro in batch.micro:
+            # transformers shifts labels itself: labels are the inputs, -100 where masked.
+            labels = torch.cat([micro.inputs[:, :1], micro.targets[:, :-1]], dim=1)
+            loss = model(input_ids=micro.inputs, labels=labels).loss / len(batch.micro)
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i >= warmup:
+            n += batch.n_tokens
+    return {"tokens_per_s": n / (time.perf_counter() - t0), "warmup_s": t0 - start, "compile": False}
+
+
+def child(args: argparse.Namespace) -> None:
+    if args.variant.startswith("trimtab"):
+        compile_ = False if args.variant == "trimtab-eager" else None
+        result = run_trimtab(args.preset, args.warmup, args.steps, compile_)
+    elif args.variant == "minimal":
+        result = run_minimal(args.preset, args.warmup, args.steps)
+    else:
+        result = run_transformers(args.preset, args.warmup, args.steps)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("RESULT " + json.dumps(result))
+
+
+def parent(args: argparse.Namespace) -> None:
+    from trimtab.config import load_config
+
+    compiled = load_config(preset=args.preset).train.compile
+    variants = ["trimtab", "minimal", "transformers"] + (["trimtab-eager"] if compiled else [])
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    for rep in range(args.reps):
+        for variant in variants:
+            load = os.getloadavg()[0]
+            cmd = [sys.executable, __file__, "--child", variant, "--preset", args.preset,
+                   "--steps", str(args.steps), "--warmup", str(args.warmup)]
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+            if line is None:
+                sys.exit(f"{variant} failed:\n{out.stderr[-3000:]}")
+            result = {**json.loads(line[7:]), "load_before": load}
+            runs[variant].append(result)
+            print(f"rep {rep} {variant:14s} {result['tokens_per_s']:8.0f} tok/s  load {load:.2f}", flush=True)
+    write_report(args, runs)
+
+
+def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
+    med = {v: statistics.median(r["tokens_per_s"] for r in rs) for v, rs in runs.items()}
+    rss = {v: max(r["peak_rss_mb"] for r in rs) for v, rs in runs.items()}
+    lines = [f"## Training throughput (`bench/throughput.py --preset {args.preset}`)", "",
+             f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
+             f"{os.cpu_count()} cores, torch {__import__('torch').__version__}; {args.steps} timed steps "
+             f"after {args.warmup} warm-up steps, median of {args.reps} interleaved repetitions.", "",
+             "| variant | tokens/s (median) | all reps | warm-up s | peak RSS MB | load avg before |",
+             "|---|---|---|---|---|---|"]
+    for v, rs in runs.items():
+        lines.append(f"| {v} | {med[v]:,.0f} | {', '.join(f'{r['tokens_per_s']:,.0f}' for r in rs)} | "
+                     f"{statistics.median(r['warmup_s'] for r in rs):.1f} | {rss[v]:,.0f} | "
+                     f"{', '.join(f'{r['load_before']:.2f}' for r in rs)} |")
+    ratio_hf = med["trimtab"] / med["transformers"]
+    ratio_min = med["trimtab"] / med["minimal"]
+    lines += ["", f"- trimtab (defaults) / transformers (defaults): **{ratio_hf:.2f}x** (target >= 1.3x)",
+              f"- trimtab / minimal loop, identical settings: **{ratio_min:.3f}x** (target >= 0.98x)"]
+    if "trimtab-eager" in med:
+        lines.append(f"- trimtab eager / transformers: {med['trimtab-eager'] / med['transformers']:.2f}x "
+                     "(what compilation adds is the rest)")
+    section = "\n".join(lines) + "\n"
+    print(section)
+    _replace_section(ROOT / "BENCHMARKS.md", "## Training throughput", section)
+
+
+def _replace_section(path: Path, heading: str, section: str) -> None:
+    """Rewrite one '## ' section of BENCHMARKS.md, keeping the others."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
+    start = text.find(heading)
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = text.find("\n## ", start + len(heading))
+        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
+    path.write_text(text)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--child", dest="variant", help=argparse.SUPPRESS)
+    ns = parser.parse_args()
+    child(ns) if ns.variant else parent(ns)

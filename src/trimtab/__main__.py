@@ -1,0 +1,5 @@
+import sys
+
+from trimtab.cli import main
+
+sys.exit(main())

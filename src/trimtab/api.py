@@ -1,0 +1,56 @@
+"""The Python API; the CLI is a thin layer over these functions, so scripts drive the same code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trimtab.checkpoint import latest_valid, load_checkpoint, load_weights
+from trimtab.config import RunConfig, from_dict, load_config
+from trimtab.data import TextTokenizer
+from trimtab.errors import CheckpointError
+from trimtab.generate import generate as generate_ids
+from trimtab.model import Transformer, build_model
+from trimtab.training.trainer import Trainer
+
+
+def train(config: RunConfig | str | Path | None = None, *, hooks: list = (), **overrides: Any) -> dict:
+    """Train (or resume) a run and return its summary.
+
+    `config` is a RunConfig, a YAML path, or None for the default preset; keyword overrides are
+    sections, e.g. train(preset="debug", out="runs/x", train={"max_steps": 40}).
+    """
+    if not isinstance(config, RunConfig):
+        config = load_config(config, overrides=overrides)
+    elif overrides:
+        raise TypeError("pass overrides inside the RunConfig, or pass a YAML path / None with overrides")
+    summary = Trainer(config, hooks=list(hooks)).fit()
+    (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def load_run(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokenizer]:
+    """The run's resolved config, its newest valid weights and its tokenizer."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise CheckpointError(f"'{run_dir}' is not a run directory (no config.yaml); pass the --out of a run")
+    cfg = from_dict(RunConfig, yaml.safe_load((run_dir / "config.yaml").read_text()))
+    found = latest_valid(run_dir)
+    if found is None:
+        raise CheckpointError(f"'{run_dir}' has no valid checkpoint yet; train it first")
+    model = build_model(cfg.model)
+    weights, _, _ = load_checkpoint(found[0])
+    load_weights(model, weights, found[0])
+    return cfg, model.eval(), TextTokenizer.load(run_dir / "tokenizer.json")
+
+
+def generate(run_dir: str | Path, prompt: str, max_new_tokens: int = 64, *, temperature: float = 0.8,
+             top_k: int = 50, top_p: float = 0.95, seed: int = 0) -> str:
+    """Continue `prompt` with the run's newest weights (KV-cached sampling)."""
+    _, model, tok = load_run(run_dir)
+    ids = generate_ids(model, tok.encode(prompt), max_new_tokens, temperature=temperature, top_k=top_k,
+                       top_p=top_p, eos_id=tok.eos_id, seed=seed)
+    return tok.decode(ids)

@@ -1,0 +1,98 @@
+"""`trimtab` command line: each subcommand parses its flags and calls one library function."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from trimtab.errors import TrimtabError
+
+
+def _train(args: argparse.Namespace) -> int:
+    from trimtab import api
+    from trimtab.config import load_config
+
+    overrides: dict = {}
+    if args.out:
+        overrides["out"] = args.out
+    if args.max_steps is not None:
+        overrides["train"] = {"max_steps": args.max_steps}
+    cfg = load_config(args.config, preset=args.preset, overrides=overrides, sets=args.set)
+    summary = api.train(cfg)
+    _print_summary(summary)
+    return 0
+
+
+def _print_summary(summary: dict) -> None:
+    lines = [f"{summary['status']}: step {summary['step']}/{summary['total_steps']}, "
+             f"{summary['tokens']:,} tokens, {summary['seconds']:.0f}s this session, "
+             f"{summary['tokens_per_s']:,.0f} tokens/s"]
+    if summary.get("val_loss") is not None:
+        lines.append(f"val_loss {summary['val_loss']:.4f} (perplexity {summary['val_ppl']:.2f})")
+    if summary.get("mfu") is not None:
+        lines.append(f"MFU {summary['mfu']:.1%} of {summary['peak_flops_source']}")
+    lines.append(f"model: {summary['params']:,} parameters ({summary['non_embedding_params']:,} "
+                 f"non-embedding), {summary['device']} {summary['precision']}")
+    lines.append(f"run directory: {summary['run_dir']}")
+    print("\n".join(lines))
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from trimtab import api
+
+    text = api.generate(args.run_dir, args.prompt, args.max_new_tokens, temperature=args.temperature,
+                        top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    print(args.prompt + text)
+    return 0
+
+
+def _presets(args: argparse.Namespace) -> int:
+    from trimtab.config import PRESET_DIR, available_presets, read_yaml
+
+    for name in available_presets():
+        print(f"{name:12s} {read_yaml(PRESET_DIR / f'{name}.yaml').get('description', '')}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trimtab", description="Train language models that watch "
+                                     "their own training and correct it.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train (or resume) a run")
+    p.add_argument("config", nargs="?", help="run config YAML (optional)")
+    p.add_argument("--preset", help="model/run preset (see `trimtab presets`); default: small")
+    p.add_argument("--out", help="run directory; re-running with the same --out resumes")
+    p.add_argument("--max-steps", type=int, help="pretraining steps (train.max_steps)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value (repeatable)")
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("generate", help="sample text from a trained run")
+    p.add_argument("run_dir")
+    p.add_argument("--prompt", default="")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=50)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_generate)
+
+    p = sub.add_parser("presets", help="list the presets")
+    p.set_defaults(func=_presets)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="trimtab: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except TrimtabError as exc:
+        print(f"trimtab: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,349 @@
+"""Typed, validated run configuration.
+
+A run config is built in layers, later ones winning:
+    dataclass defaults < preset file < user YAML file < CLI flags < --set section.key=value
+
+Every key is checked: an unknown key names the closest valid one, a wrong type or range names
+the field. Each component receives only its own section (model code sees ModelConfig, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trimtab.errors import ConfigError
+
+PRESET_DIR = Path(__file__).parent / "presets"
+DEFAULT_PRESET = "small"
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 0  # 0: taken from the tokenizer at setup (written out in config.yaml)
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 0  # 0: same as n_heads (plain multi-head attention); fewer -> GQA
+    ffn_hidden: int = 0  # 0: 8/3 * d_model rounded up to multiple_of (Llama convention)
+    multiple_of: int = 64
+    max_seq_len: int = 256
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    init_std: float = 0.02
+
+    def validate(self) -> None:
+        _positive(self, "model", "d_model", "n_layers", "n_heads", "multiple_of", "max_seq_len")
+        _check(self.d_model % self.n_heads == 0, "model.d_model", "must be divisible by model.n_heads")
+        kv = self.n_kv_heads or self.n_heads
+        _check(kv > 0 and self.n_heads % kv == 0, "model.n_kv_heads", "must divide model.n_heads")
+        _check((self.d_model // self.n_heads) % 2 == 0, "model.d_model",
+               "d_model / n_heads (the head dim) must be even for rotary embeddings")
+        _check(self.rope_theta > 0, "model.rope_theta", "must be > 0")
+        _check(self.init_std > 0, "model.init_std", "must be > 0")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def ffn_dim(self) -> int:
+        if self.ffn_hidden:
+            return self.ffn_hidden
+        hidden = int(8 * self.d_model / 3)
+        return -(-hidden // self.multiple_of) * self.multiple_of
+
+
+@dataclass
+class DataConfig:
+    source: str = "builtin"  # "builtin" (Python's own stdlib sources) or a file / directory path
+    format: str = "auto"  # auto | text | jsonl | chat | instruction
+    eval_source: str = ""  # separate eval set; empty: hold out eval_fraction of the documents
+    eval_fraction: float = 0.02
+    seq_len: int = 256
+    tokenizer: str = ""  # path to a tokenizer.json; empty: train a byte-level BPE on the corpus
+    vocab_size: int = 4096  # size of the BPE trained when no tokenizer is given
+    pack: bool = True  # pack documents into full rows; False: one (truncated) document per row
+    skip_bad_records: bool = False  # skip malformed JSONL lines (counted) instead of failing
+    text_field: str = "text"
+    max_bytes: int = 6_000_000  # cap on the corpus read (0: no cap)
+
+    def validate(self) -> None:
+        _positive(self, "data", "seq_len", "vocab_size")
+        _check(self.format in ("auto", "text", "jsonl", "chat", "instruction"), "data.format",
+               "must be one of auto, text, jsonl, chat, instruction")
+        _check(0.0 <= self.eval_fraction < 0.5, "data.eval_fraction", "must be in [0, 0.5)")
+        _check(self.max_bytes >= 0, "data.max_bytes", "must be >= 0")
+
+
+SCHEDULES = ("cosine", "wsd", "constant", "linear", "triangular", "triangular2", "exp_range")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1  # floor of decaying schedules, as a fraction of lr
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 disables clipping (the norm is still measured and logged)
+    schedule: str = "cosine"
+    warmup_steps: int = 50
+    decay_fraction: float = 0.2  # WSD: share of the steps spent in the final decay
+    cycle_steps: int = 200  # cyclic schedules: steps per half cycle
+    gamma: float = 0.999  # exp_range: amplitude decay per step
+    fused: str = "auto"  # auto | true | false: fused AdamW kernel
+
+    def validate(self) -> None:
+        _positive(self, "optim", "lr", "eps", "cycle_steps")
+        _check(self.schedule in SCHEDULES, "optim.schedule", f"must be one of {', '.join(SCHEDULES)}")
+        _check(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", "must be in [0, 1]")
+        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1/beta2", "must be in [0, 1)")
+        _check(self.weight_decay >= 0 and self.grad_clip >= 0 and self.warmup_steps >= 0,
+               "optim", "weight_decay, grad_clip and warmup_steps must be >= 0")
+        _check(0 < self.decay_fraction <= 1, "optim.decay_fraction", "must be in (0, 1]")
+        _check(0 < self.gamma <= 1, "optim.gamma", "must be in (0, 1]")
+        _check(self.fused in ("auto", "true", "false"), "optim.fused", "must be auto, true or false")
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 1000
+    batch_tokens: int = 16384  # target tokens per optimizer step
+    micro_batch_tokens: int = 4096  # token budget of one forward/backward (padding included)
+    seed: int = 1234
+    device: str = "auto"  # auto | cpu | cuda | mps
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16
+    compile: bool = False
+    activation_checkpointing: bool = False
+    eval_every: int = 200  # 0: only at the end
+    eval_tokens: int = 65536  # cap on tokens per evaluation
+    log_every: int = 10
+    init_from: str = ""  # run dir or checkpoint dir whose weights start this run (finetuning)
+
+    def validate(self) -> None:
+        _positive(self, "train", "max_steps", "batch_tokens", "micro_batch_tokens", "log_every",
+                  "eval_tokens")
+        _check(self.micro_batch_tokens <= self.batch_tokens, "train.micro_batch_tokens",
+               "must be <= train.batch_tokens")
+        _check(self.device in ("auto", "cpu", "cuda", "mps"), "train.device",
+               "must be auto, cpu, cuda or mps")
+        _check(self.precision in ("auto", "fp32", "bf16", "fp16"), "train.precision",
+               "must be auto, fp32, bf16 or fp16")
+        _check(self.eval_every >= 0, "train.eval_every", "must be >= 0")
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 200  # steps between checkpoints (0: only at the end and on signals)
+    keep: int = 3  # newest checkpoints kept
+
+    def validate(self) -> None:
+        _check(self.every >= 0, "checkpoint.every", "must be >= 0")
+        _check(self.keep >= 1, "checkpoint.keep", "must be >= 1")
+
+
+@dataclass
+class LogConfig:
+    progress: bool = True  # progress bar on the console
+    tensorboard: bool = True
+
+    def validate(self) -> None:
+        pass
+
+
+@dataclass
+class FinetuneConfig:
+    """An optional second phase on its own data and schedule, run after max_steps of pretraining."""
+
+    steps: int = 0  # 0: no finetuning phase
+    data: DataConfig = field(default_factory=lambda: DataConfig(source="", format="auto"))
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-4, warmup_steps=10))
+
+    def validate(self) -> None:
+        _check(self.steps >= 0, "finetune.steps", "must be >= 0")
+        if self.steps:
+            _check(bool(self.data.source), "finetune.data.source",
+                   "must name the finetuning data when finetune.steps > 0")
+            self.data.validate()
+            self.optim.validate()
+
+
+@dataclass
+class RunConfig:
+    preset: str = DEFAULT_PRESET
+    out: str = ""  # run directory; empty: runs/<preset>
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+
+    def validate(self) -> "RunConfig":
+        for section in (self.model, self.data, self.optim, self.train, self.checkpoint, self.log,
+                        self.finetune):
+            section.validate()
+        for key, data in (("data.seq_len", self.data), ("finetune.data.seq_len", self.finetune.data)):
+            _check(data.seq_len <= self.model.max_seq_len or (key.startswith("finetune") and
+                                                               not self.finetune.steps),
+                   key, f"{data.seq_len} is larger than the model's model.max_seq_len="
+                   f"{self.model.max_seq_len}; lower it or raise model.max_seq_len")
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out or f"runs/{self.preset}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# building and validating
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"config key '{key}' {message}")
+
+
+def _positive(obj: Any, section: str, *names: str) -> None:
+    for name in names:
+        _check(getattr(obj, name) > 0, f"{section}.{name}", f"must be > 0 (got {getattr(obj, name)})")
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist; check the path")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: invalid YAML ({getattr(exc, 'problem', exc)}); fix the syntax")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a run config must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def preset_dict(name: str) -> dict[str, Any]:
+    path = PRESET_DIR / f"{name}.yaml"
+    if not path.is_file():
+        names = available_presets()
+        near = difflib.get_close_matches(name, names, n=1)
+        hint = f"did you mean '{near[0]}'? " if near else ""
+        raise ConfigError(f"unknown preset '{name}'; {hint}available: {', '.join(names)}")
+    data = read_yaml(path)
+    data.pop("description", None)
+    return data
+
+
+def parse_set(item: str) -> tuple[list[str], Any]:
+    """'optim.lr=3e-4' -> (['optim', 'lr'], 0.0003); the value is parsed as YAML."""
+    if "=" not in item:
+        raise ConfigError(f"--set '{item}' must look like section.key=value")
+    key, raw = item.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def nested(path: list[str], value: Any) -> dict[str, Any]:
+    out: Any = value
+    for key in reversed(path):
+        out = {key: out}
+    return out
+
+
+def load_config(path: str | Path | None = None, *, preset: str | None = None,
+                overrides: dict[str, Any] | None = None, sets: list[str] = ()) -> RunConfig:
+    """Resolve a run config: defaults < preset < YAML file < overrides < --set items."""
+    user = read_yaml(path) if path else {}
+    cli = dict(overrides or {})
+    for item in sets:
+        keys, value = parse_set(item)
+        cli = merge(cli, nested(keys, value))
+    name = cli.get("preset") or preset or user.get("preset") or DEFAULT_PRESET
+    layered = merge(merge(preset_dict(name), user), cli)
+    layered["preset"] = name
+    return from_dict(RunConfig, layered).validate()
+
+
+def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"config key '{prefix.rstrip('.')}' must be a section (mapping)")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            near = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
+            hint = f"; did you mean '{prefix}{near[0]}'?" if near else f"; valid keys: {', '.join(names)}"
+            raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
+        kwargs[key] = _coerce(hints[key], value, f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value or {}, key + ".")
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(tp):
+            return None
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 3e-4 as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, bool):  # YAML reads `true` for a str field like optim.fused
+            return "true" if value else "false"
+        if isinstance(value, (str, int, float)):
+            return str(value)
+    name = getattr(tp, "__name__", str(tp))
+    raise ConfigError(f"config key '{key}' must be {name}, got {value!r}")
+
+
+def dump_config(cfg: RunConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))

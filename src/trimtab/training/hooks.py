@@ -1,0 +1,129 @@
+"""The hook protocol and the built-in loggers (console progress, metrics.jsonl, TensorBoard).
+
+Hooks see the trainer after each step, each log interval and each evaluation; they never reach
+into the step itself. A hook with state returns it from state_dict() and it is checkpointed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trimtab.training.trainer import StepOutput, Trainer
+
+
+class Hook:
+    """Base class: override what you need. All methods are optional."""
+
+    def on_train_start(self, trainer: "Trainer") -> None: ...
+
+    def on_step_end(self, trainer: "Trainer", out: "StepOutput") -> None: ...
+
+    def on_log(self, trainer: "Trainer", metrics: dict[str, Any]) -> None: ...
+
+    def on_eval(self, trainer: "Trainer", metrics: dict[str, Any]) -> None: ...
+
+    def on_train_end(self, trainer: "Trainer", summary: dict[str, Any]) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class JsonlLogger(Hook):
+    """metrics.jsonl: one line per log interval and per evaluation."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def on_train_start(self, trainer: "Trainer") -> None:
+        # Lines past the resumed step were written after the checkpoint and will be redone.
+        _truncate_after(self.path, trainer.state.step)
+
+    def on_log(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
+        self._write(metrics)
+
+    def on_eval(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
+        self._write(metrics)
+
+    def _write(self, metrics: dict[str, Any]) -> None:
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(metrics) + "\n")
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    if not path.exists():
+        return
+    kept = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+    path.write_text("".join(ln + "\n" for ln in kept))
+
+
+class TensorBoardLogger(Hook):
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.writer = None
+
+    def on_train_start(self, trainer: "Trainer") -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        # purge_step drops events a killed run wrote past its last checkpoint.
+        self.writer = SummaryWriter(str(self.log_dir), purge_step=trainer.state.step + 1)
+
+    def on_log(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
+        self._scalars("train", metrics)
+
+    def on_eval(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
+        self._scalars("eval", metrics)
+
+    def _scalars(self, prefix: str, metrics: dict[str, Any]) -> None:
+        for key, value in metrics.items():
+            if key != "step" and isinstance(value, (int, float)):
+                self.writer.add_scalar(f"{prefix}/{key}", value, metrics["step"])
+
+    def on_train_end(self, trainer: "Trainer", summary: dict[str, Any]) -> None:
+        self.writer.close()
+
+
+class ConsoleLogger(Hook):
+    """Progress bar (tqdm) with loss, LR, tokens/s and ETA; plain lines when not a terminal."""
+
+    def __init__(self, progress: bool = True):
+        self.progress = progress
+        self.bar = None
+
+    def on_train_start(self, trainer: "Trainer") -> None:
+        if self.progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=trainer.total_steps, initial=trainer.state.step, unit="step",
+                            dynamic_ncols=True, file=sys.stderr, disable=None)
+
+    def on_step_end(self, trainer: "Trainer", out: "StepOutput") -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def on_log(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
+        text = (f"loss {metrics['loss']:.4f} lr {metrics['lr']:.2e} "
+                f"tok/s {metrics['tokens_per_s']:,.0f}")
+        if self.bar is not None and not self.bar.disable:
+            self.bar.set_postfix_str(text, refresh=False)
+        else:
+            print(f"step {metrics['step']}/{trainer.total_steps} {text}", file=sys.stderr, flush=True)
+
+    def on_eval(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
+        self.write(f"eval step {metrics['step']}: val_loss {metrics['val_loss']:.4f} "
+                   f"val_ppl {metrics['val_ppl']:.2f}")
+
+    def on_train_end(self, trainer: "Trainer", summary: dict[str, Any]) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def write(self, line: str) -> None:
+        if self.bar is not None and not self.bar.disable:
+            self.bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)

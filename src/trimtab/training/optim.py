@@ -1,0 +1,75 @@
+"""AdamW with decay / no-decay groups, and learning-rate schedules as pure functions of the step.
+
+A schedule never holds state: `lr_at(step, total, cfg)` is the whole truth, so resume is exact
+from the step counter alone and a person can plot any schedule ahead of time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from trimtab.config import OptimConfig
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Matrices decay; embeddings, norms and biases do not (decaying an embedding pulls rare
+    tokens' rows to zero; decaying norm gains fights the normalisation)."""
+    embed_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay, no_decay, seen = [], [], set()
+    for p in model.parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.ndim >= 2 and id(p) not in embed_ids else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+    # The fused kernel is one launch for all parameters (CUDA, and CPU since torch 2.4).
+    fused = cfg.fused == "true" or (cfg.fused == "auto" and device.type in ("cuda", "cpu"))
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
+                             betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused)
+
+
+def lr_at(step: int, total: int, cfg: OptimConfig) -> float:
+    """Learning rate for optimizer step `step` (0-based) of a phase with `total` steps."""
+    warm = min(cfg.warmup_steps, max(total - 1, 0))
+    if step < warm:  # linear warmup from lr/warm to lr
+        return cfg.lr * (step + 1) / warm
+    low = cfg.lr * cfg.min_lr_ratio
+    if cfg.schedule == "constant":
+        return cfg.lr
+    if cfg.schedule in ("triangular", "triangular2", "exp_range"):
+        return _cyclic(step - warm, low, cfg)
+    span = max(total - warm, 1)
+    progress = min((step - warm) / span, 1.0)
+    if cfg.schedule == "cosine":  # Loshchilov & Hutter 2017 (SGDR), single cycle
+        return low + 0.5 * (cfg.lr - low) * (1 + math.cos(math.pi * progress))
+    if cfg.schedule == "linear":
+        return cfg.lr - (cfg.lr - low) * progress
+    # wsd: warmup-stable-decay (Hu et al. 2024, MiniCPM): flat, then linear decay over the tail.
+    decay_start = 1.0 - cfg.decay_fraction
+    if progress <= decay_start:
+        return cfg.lr
+    return cfg.lr - (cfg.lr - low) * (progress - decay_start) / cfg.decay_fraction
+
+
+def _cyclic(step: int, low: float, cfg: OptimConfig) -> float:
+    """Cyclical LR (Smith 2017): triangle between low and lr, half-period cycle_steps."""
+    cycle = step // (2 * cfg.cycle_steps)
+    x = abs(step / cfg.cycle_steps - 2 * cycle - 1)  # 1 at the cycle edges, 0 at the peak
+    amplitude = (cfg.lr - low) * max(0.0, 1 - x)
+    if cfg.schedule == "triangular2":
+        amplitude /= 2 ** cycle
+    elif cfg.schedule == "exp_range":
+        amplitude *= cfg.gamma ** step
+    return low + amplitude
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr

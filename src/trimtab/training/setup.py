@@ -1,0 +1,126 @@
+"""Everything the step loop needs, built before the first step: data per phase, tokenizer, model.
+
+All user input is read and checked here, before the run directory is touched, so bad input
+never leaves a damaged run behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from trimtab.checkpoint import latest_valid, load_checkpoint, load_weights
+from trimtab.config import DataConfig, OptimConfig, RunConfig
+from trimtab.data import BatchLoader, MicroBatch, Rows, TextTokenizer, build_splits, eval_batches, \
+    get_tokenizer, read_documents
+from trimtab.errors import CheckpointError, ConfigError
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TRIMTAB_CACHE", Path.home() / ".cache" / "trimtab"))
+
+
+@dataclass
+class Phase:
+    """One stretch of training with its own data and schedule (pretrain, finetune)."""
+
+    name: str
+    start: int  # global step at which the phase begins
+    steps: int
+    data: DataConfig
+    optim: OptimConfig
+    train_rows: Rows
+    eval_micro: list[MicroBatch]
+    skipped_records: int
+
+    def loader(self, cfg: RunConfig, pad_id: int) -> BatchLoader:
+        return BatchLoader(self.train_rows, cfg.train.batch_tokens, cfg.train.micro_batch_tokens,
+                           seed=cfg.train.seed, pad_id=pad_id)
+
+
+def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer, list[Phase]]:
+    """Read each phase's documents, get the tokenizer (the run's own one when resuming), split."""
+    specs = [("pretrain", cfg.data, cfg.optim, cfg.train.max_steps, "data")]
+    if cfg.finetune.steps:
+        specs.append(("finetune", cfg.finetune.data, cfg.finetune.optim, cfg.finetune.steps, "finetune.data"))
+    docs = [read_documents(data, section=key) for _, data, _, _, key in specs]
+    if tok_source is not None:
+        tok = TextTokenizer.load(tok_source)
+    else:
+        tok = get_tokenizer(cfg.data, [d for phase_docs, _ in docs for d in phase_docs], cache_dir())
+    phases, start = [], 0
+    for (name, data, optim, steps, key), (phase_docs, skipped) in zip(specs, docs):
+        eval_docs = read_documents(data, data.eval_source, section=key)[0] if data.eval_source else None
+        train_rows, eval_rows = build_splits(data, tok, phase_docs, eval_docs, seed=cfg.train.seed,
+                                             cache_dir=cache_dir())
+        micro = eval_batches(eval_rows, cfg.train.micro_batch_tokens, cfg.train.eval_tokens, tok.pad_id)
+        phases.append(Phase(name, start, steps, data, optim, train_rows, micro, skipped))
+        start += steps
+    return tok, phases
+
+
+def tokenizer_source(cfg: RunConfig) -> Path | None:
+    """A resumed run keeps its tokenizer; a finetune from another run takes that run's."""
+    if cfg.data.tokenizer:
+        return None  # the user's own tokenizer.json, loaded by get_tokenizer
+    candidates = [cfg.run_dir / "tokenizer.json"]
+    if cfg.train.init_from:
+        candidates.append(_run_dir_of(cfg.train.init_from) / "tokenizer.json")
+    return next((path for path in candidates if path.is_file()), None)
+
+
+def resolve_model(cfg: RunConfig, tok: TextTokenizer) -> None:
+    """Fill the derived model values so config.yaml records exactly what was built."""
+    m = cfg.model
+    if m.vocab_size == 0:
+        m.vocab_size = tok.vocab_size
+    elif m.vocab_size < tok.vocab_size:
+        raise ConfigError(f"config key 'model.vocab_size' ({m.vocab_size}) is smaller than the "
+                          f"tokenizer's vocabulary ({tok.vocab_size}); set it to 0 to follow the tokenizer")
+    m.ffn_hidden, m.n_kv_heads = m.ffn_dim, m.kv_heads
+
+
+def check_resume_compatible(cfg: RunConfig) -> None:
+    """A run dir with checkpoints only resumes with the same model shape."""
+    saved_path = cfg.run_dir / "config.yaml"
+    if not saved_path.is_file():
+        return
+    saved = (yaml.safe_load(saved_path.read_text()) or {}).get("model", {})
+    ours = cfg.to_dict()["model"]
+    diff = sorted(k for k in ours if saved.get(k) != ours[k])
+    if diff:
+        raise CheckpointError(
+            f"{cfg.run_dir} holds a run with a different model (model.{diff[0]}: "
+            f"{saved.get(diff[0])!r} there, {ours[diff[0]]!r} now); use a new --out or the same model settings")
+
+
+def init_weights_from(cfg: RunConfig, model) -> None:
+    """train.init_from: start from another run's (or checkpoint's) weights."""
+    source = Path(cfg.train.init_from)
+    found = latest_valid(source) if (source / "checkpoints").is_dir() else None
+    path = found[0] if found else source
+    if not (path / "model.safetensors").is_file():
+        raise ConfigError(f"config key 'train.init_from' = '{source}' has no valid checkpoint; "
+                          "point it at a run directory or a checkpoints/step_* directory")
+    weights, _, _ = load_checkpoint(path)
+    load_weights(model, weights, path)
+
+
+def _run_dir_of(init_from: str) -> Path:
+    path = Path(init_from)
+    return path.parent.parent if path.name.startswith("step_") else path
+
+
+def prepare_run_dir(cfg: RunConfig, tok: TextTokenizer) -> None:
+    run_dir = cfg.run_dir
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / "config.yaml.tmp"
+    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    os.replace(tmp, run_dir / "config.yaml")
+    if not (run_dir / "tokenizer.json").is_file():
+        tok.save(run_dir / "tokenizer.json.tmp")
+        shutil.move(run_dir / "tokenizer.json.tmp", run_dir / "tokenizer.json")

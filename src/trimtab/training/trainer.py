@@ -1,0 +1,331 @@
+"""The trainer: setup() builds everything, fit() runs the step loop.
+
+The loop reads top to bottom (see fit); logging, evaluation, checkpoints and signals hook around
+the step, and everything stateful goes into the checkpoint so that resume is exact.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import resource
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from trimtab.checkpoint import latest_valid, load_checkpoint, load_weights, save_checkpoint
+from trimtab.config import RunConfig
+from trimtab.data import StepBatch
+from trimtab.model import build_model
+from trimtab.training import setup
+from trimtab.training.device import choose_precision, peak_flops, pick_device
+from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger
+from trimtab.training.optim import build_optimizer, lr_at, set_lr
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # optimizer steps taken, over all phases
+    tokens: int = 0  # input tokens trained on
+    phase: int = 0
+    train_seconds: float = 0.0
+
+
+@dataclass
+class StepOutput:
+    step: int  # the step just taken (1-based count of steps done)
+    loss: torch.Tensor  # 0-d, on device: token-normalised loss of the whole step
+    grad_norm: torch.Tensor  # 0-d, on device: pre-clip global norm
+    lr: float
+    batch: StepBatch
+    seconds: float
+
+
+@dataclass
+class LogWindow:
+    """Per-step values since the last log line, read from the device once per log interval."""
+
+    losses: list = field(default_factory=list)
+    norms: list = field(default_factory=list)
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def read(self) -> tuple[list[float], list[float]]:
+        """Losses and grad norms as floats: one device read for the whole window."""
+        if not self.losses:
+            return [], []
+        values = [v if isinstance(v, torch.Tensor) else torch.tensor(v) for v in self.losses + self.norms]
+        device = next((v.device for v in values if v.device.type != "cpu"), torch.device("cpu"))
+        flat = torch.stack([v.float().to(device) for v in values]).tolist()
+        return flat[:len(self.losses)], flat[len(self.losses):]
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, hooks: list[Hook] = ()):
+        self.cfg = cfg
+        self.state = TrainState()
+        self.stop_reason = ""
+        torch.manual_seed(cfg.train.seed)
+        self.device = pick_device(cfg.train.device)
+        self.precision = choose_precision(self.device, cfg.train.precision)
+        resume = latest_valid(cfg.run_dir)
+        if resume:
+            setup.check_resume_compatible(cfg)
+        self.tok, self.phases = setup.build_phases(cfg, setup.tokenizer_source(cfg))
+        setup.resolve_model(cfg, self.tok)
+        if resume:
+            setup.check_resume_compatible(cfg)  # again, now with derived values filled in
+        self.model = build_model(cfg.model).to(self.device)
+        if cfg.train.activation_checkpointing:
+            self.model.set_activation_checkpointing(True)
+        if cfg.train.init_from and not resume:
+            setup.init_weights_from(cfg, self.model)
+        self.forward = torch.compile(self.model) if cfg.train.compile else self.model
+        self.scaler = self.precision.grad_scaler()
+        self.total_steps = sum(p.steps for p in self.phases)
+        self.flops_per_token = self.model.flops_per_token(cfg.data.seq_len)
+        self.peak_flops, self.peak_source = peak_flops(self.precision)
+        setup.prepare_run_dir(cfg, self.tok)
+        self.hooks = [ConsoleLogger(cfg.log.progress), JsonlLogger(cfg.run_dir / "metrics.jsonl")]
+        if cfg.log.tensorboard:
+            self.hooks.append(TensorBoardLogger(cfg.run_dir / "tb"))
+        self.hooks += list(hooks)
+        self.window = LogWindow()
+        self._enter_phase(0)
+        self.resumed_from = resume[0] if resume else None
+        if resume:
+            self._restore(resume[0])
+        self.last_saved = self.state.step if resume else -1
+        if resume:
+            log.info("resuming from %s (step %d of %d)", resume[0], self.state.step, self.total_steps)
+        self.last_eval: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------------------ the loop
+
+    def fit(self) -> dict[str, Any]:
+        start_step, start = self.state.step, time.perf_counter()
+        self._call("on_train_start")
+        with _stop_on_signals(self):
+            while self.state.step < self.total_steps and not self.stop_reason:
+                self._maybe_next_phase()
+                batch = self.loader.next_batch()
+                out = self.train_step(batch)
+                self._after_step(out)
+                self._maybe_eval()
+                self._maybe_checkpoint()
+        if not self.stop_reason:
+            self.evaluate()
+        self.save()
+        summary = self._summary(self.state.step - start_step, time.perf_counter() - start)
+        self._call("on_train_end", summary)
+        return summary
+
+    def train_step(self, batch: StepBatch) -> StepOutput:
+        """One optimizer step: forward/backward over the micro-batches, clip, update."""
+        t0 = time.perf_counter()
+        phase = self.phases[self.state.phase]
+        lr = lr_at(self.state.step - phase.start, phase.steps, phase.optim)
+        set_lr(self.optimizer, lr)
+        self.model.train()
+        loss = torch.zeros((), device=self.device)
+        for micro in batch.micro:
+            inputs = micro.inputs.to(self.device, non_blocking=True)
+            targets = micro.targets.to(self.device, non_blocking=True)
+            with self.precision.autocast():
+                logits = self.forward(inputs)
+            # Token-normalised loss: each micro-batch's summed loss over the step's total target
+            # count, so the gradient is that of one large batch however it is split
+            # ((x1+x2)/(n1+n2), not (x1/n1+x2/n2)/2; torchtune#1875, transformers#34242).
+            micro_loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
+                                         ignore_index=-100, reduction="sum") / batch.n_targets
+            (self.scaler.scale(micro_loss) if self.scaler else micro_loss).backward()
+            loss += micro_loss.detach()
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        clip = phase.optim.grad_clip or math.inf  # inf: measure the norm, change nothing
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepOutput(self.state.step + 1, loss, grad_norm, lr, batch, time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------------------ around the step
+
+    def _after_step(self, out: StepOutput) -> None:
+        self.state.step = out.step
+        self.state.tokens += out.batch.n_tokens
+        self.state.train_seconds += out.seconds
+        self.window.losses.append(out.loss)
+        self.window.norms.append(out.grad_norm)
+        self.window.tokens += out.batch.n_tokens
+        self.window.seconds += out.seconds
+        self._call("on_step_end", out)
+        if self.state.step % self.cfg.train.log_every == 0 or self.state.step == self.total_steps:
+            self._call("on_log", self._log_metrics(out.lr))
+
+    def _log_metrics(self, lr: float) -> dict[str, Any]:
+        losses, norms = self.window.read()
+        tps = self.window.tokens / max(self.window.seconds, 1e-9)
+        metrics = {"step": self.state.step, "phase": self.phases[self.state.phase].name,
+                   "loss": sum(losses) / len(losses), "grad_norm": sum(norms) / len(norms),
+                   "grad_norm_max": max(norms), "lr": lr, "tokens": self.state.tokens,
+                   "tokens_per_s": tps, "step_time": self.window.seconds / len(losses),
+                   "epoch": self.loader.epoch, "peak_rss_mb": _peak_rss_mb()}
+        if self.peak_flops:
+            metrics["mfu"] = tps * self.flops_per_token / self.peak_flops
+        if self.device.type == "cuda":
+            metrics["cuda_max_alloc_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        self.window = LogWindow()
+        return metrics
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        micro_batches = self.phases[self.state.phase].eval_micro
+        if not micro_batches:
+            return {}
+        self.model.eval()
+        total, count = torch.zeros((), device=self.device), 0
+        for micro in micro_batches:
+            with self.precision.autocast():
+                logits = self.forward(micro.inputs.to(self.device))
+            total += F.cross_entropy(logits.float().flatten(0, 1), micro.targets.to(self.device).flatten(),
+                                     ignore_index=-100, reduction="sum")
+            count += micro.n_targets
+        val_loss = total.item() / max(count, 1)
+        self.last_eval = {"step": self.state.step, "val_loss": val_loss,
+                          "val_ppl": math.exp(min(val_loss, 50.0))}
+        self._call("on_eval", self.last_eval)
+        return self.last_eval
+
+    def _maybe_eval(self) -> None:
+        every = self.cfg.train.eval_every
+        if every and self.state.step % every == 0 and self.state.step < self.total_steps:
+            self.evaluate()
+
+    def _maybe_checkpoint(self) -> None:
+        every = self.cfg.checkpoint.every
+        phase = self.phases[self.state.phase]
+        if (every and self.state.step % every == 0) or self.state.step == phase.start + phase.steps:
+            self.save()
+
+    def request_stop(self, reason: str) -> None:
+        """Stop after the current step, saving a checkpoint (signals and hooks use this)."""
+        self.stop_reason = self.stop_reason or reason
+
+    # ------------------------------------------------------------------------------ phases
+
+    def _enter_phase(self, index: int) -> None:
+        phase = self.phases[index]
+        self.state.phase = index
+        self.optimizer = build_optimizer(self.model, phase.optim, self.device)
+        self.loader = phase.loader(self.cfg, self.tok.pad_id)
+
+    def _maybe_next_phase(self) -> None:
+        index = max(i for i, p in enumerate(self.phases) if p.start <= self.state.step)
+        if index != self.state.phase:
+            self._enter_phase(index)
+
+    # ------------------------------------------------------------------------------ checkpoints
+
+    def save(self) -> None:
+        if self.state.step == self.last_saved:
+            return
+        losses, norms = self.window.read()
+        state = {"train": vars(self.state).copy(), "data": self.loader.state_dict(),
+                 "log_window": {"losses": losses, "norms": norms, "tokens": self.window.tokens,
+                                "seconds": self.window.seconds},
+                 "hooks": {f"{i}:{type(h).__name__}": h.state_dict() for i, h in enumerate(self.hooks)}}
+        optim_state = {"optimizer": self.optimizer.state_dict(), "rng": _rng_state(),
+                       "scaler": self.scaler.state_dict() if self.scaler else {}}
+        save_checkpoint(self.cfg.run_dir, self.state.step, self.model.state_dict(), optim_state, state,
+                        keep=self.cfg.checkpoint.keep)
+        self.last_saved = self.state.step
+
+    def _restore(self, path) -> None:
+        weights, optim_state, state = load_checkpoint(path)
+        load_weights(self.model, weights, path)
+        self.state = TrainState(**state["train"])
+        self._enter_phase(self.state.phase)
+        self.optimizer.load_state_dict(optim_state["optimizer"])
+        if self.scaler and optim_state["scaler"]:
+            self.scaler.load_state_dict(optim_state["scaler"])
+        _set_rng_state(optim_state["rng"])
+        self.loader.load_state_dict(state["data"])
+        window = state["log_window"]
+        self.window = LogWindow(window["losses"], window["norms"], window["tokens"], window["seconds"])
+        for i, hook in enumerate(self.hooks):
+            hook.load_state_dict(state["hooks"].get(f"{i}:{type(hook).__name__}", {}))
+
+    # ------------------------------------------------------------------------------ helpers
+
+    def _call(self, event: str, *args: Any) -> None:
+        for hook in self.hooks:
+            getattr(hook, event)(self, *args)
+
+    def _summary(self, steps: int, seconds: float) -> dict[str, Any]:
+        done = self.state.step >= self.total_steps
+        tps = self.state.tokens / max(self.state.train_seconds, 1e-9)
+        summary = {
+            "status": "completed" if done else f"stopped ({self.stop_reason})",
+            "run_dir": str(self.cfg.run_dir), "step": self.state.step, "total_steps": self.total_steps,
+            "tokens": self.state.tokens, "steps_this_session": steps, "seconds": seconds,
+            "tokens_per_s": tps, "params": self.model.num_params(),
+            "non_embedding_params": self.model.num_params(exclude_embeddings=True),
+            "device": str(self.device), "precision": self.precision.name,
+            "precision_reason": self.precision.reason,
+            "val_loss": self.last_eval.get("val_loss"), "val_ppl": self.last_eval.get("val_ppl"),
+            "skipped_records": sum(p.skipped_records for p in self.phases),
+        }
+        if self.peak_flops:
+            summary["mfu"] = tps * self.flops_per_token / self.peak_flops
+            summary["peak_flops_source"] = self.peak_source
+        return summary
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextmanager
+def _stop_on_signals(trainer: Trainer) -> Iterator[None]:
+    """SIGTERM / SIGINT finish the current step, save a checkpoint and return normally."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(signum, _frame):
+        trainer.request_stop(signal.Signals(signum).name)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts
+
+    for sig in previous:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -1,0 +1,84 @@
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from trimtab.checkpoint import latest_valid, list_checkpoints, load_checkpoint, load_weights, save_checkpoint
+from trimtab.errors import CheckpointError
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(5, 3)
+        self.head = nn.Linear(3, 5, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def save(tmp_path, step, keep=3, model=None):
+    model = model or Tied()
+    return save_checkpoint(tmp_path, step, model.state_dict(), {"optimizer": {"x": torch.ones(2)}},
+                           {"train": {"step": step}}, keep=keep)
+
+
+def test_round_trip_with_tied_weights(tmp_path):
+    model = Tied()
+    path = save(tmp_path, 7, model=model)
+    weights, optim_state, state = load_checkpoint(path)
+    assert state["step"] == 7 and state["train"] == {"step": 7}
+    assert torch.equal(optim_state["optimizer"]["x"], torch.ones(2))
+    fresh = Tied()
+    load_weights(fresh, weights, path)
+    assert torch.equal(fresh.head.weight, model.embed.weight)
+    assert fresh.head.weight is fresh.embed.weight  # still tied after loading
+
+
+def test_keeps_last_k_and_leaves_no_temp_dirs(tmp_path):
+    for step in (10, 20, 30, 40):
+        save(tmp_path, step, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000030", "step_000040"]
+    assert not list((tmp_path / "checkpoints").glob(".tmp*"))
+
+
+def test_truncated_newest_falls_back_with_warning(tmp_path, caplog):
+    save(tmp_path, 10)
+    newest = save(tmp_path, 20)
+    data = (newest / "model.safetensors").read_bytes()
+    (newest / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with caplog.at_level(logging.WARNING):
+        path, state = latest_valid(tmp_path)
+    assert path.name == "step_000010" and state["step"] == 10
+    assert "step_000020" in caplog.text and "truncated or corrupt" in caplog.text
+
+
+def test_bitflip_and_missing_state_are_detected(tmp_path):
+    save(tmp_path, 10)
+    newest = save(tmp_path, 20)
+    raw = bytearray((newest / "optim.pt").read_bytes())
+    raw[-10] ^= 0xFF
+    (newest / "optim.pt").write_bytes(bytes(raw))
+    assert latest_valid(tmp_path)[0].name == "step_000010"
+    (list_checkpoints(tmp_path)[0] / "state.json").unlink()
+    assert latest_valid(tmp_path) is None
+
+
+def test_failed_write_leaves_previous_checkpoints_intact(tmp_path, monkeypatch):
+    save(tmp_path, 10)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError):
+        save(tmp_path, 20)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000010"]
+    assert not list((tmp_path / "checkpoints").glob(".tmp*"))
+
+
+def test_weights_for_another_shape_are_refused(tmp_path):
+    path = save(tmp_path, 1)
+    weights, _, _ = load_checkpoint(path)
+    other = nn.Sequential(nn.Linear(3, 3))
+    with pytest.raises(CheckpointError, match="do not fit this model"):
+        load_weights(other, weights, path)
