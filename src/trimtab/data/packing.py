@@ -1,0 +1,294 @@
+"""Token rows, train/eval splits and the step/micro-batch loader.
+
+Shapes: R rows, L = seq_len, B rows in a micro-batch, T = its longest row.
+A row of n input positions stores n+1 tokens: inputs are tokens[:-1], targets tokens[1:].
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trimtab.config import DataConfig
+from trimtab.data.sources import Document, corpus_fingerprint
+from trimtab.data.tokenizer import TextTokenizer
+from trimtab.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100  # cross_entropy's default ignore_index
+CACHE_VERSION = 1  # bump when the cached arrays' meaning changes
+ENCODE_CHUNK_CHARS = 4_000_000  # bounds the memory of tokenizers' Encoding objects
+
+
+@dataclass
+class TokenizedDocs:
+    """Documents tokenized back to back, each ending in eos."""
+
+    tokens: np.ndarray  # int32 [N]
+    mask: np.ndarray  # bool [N]: the token is a trainable target
+    offsets: np.ndarray  # int64 [D+1]: document d is tokens[offsets[d]:offsets[d+1]]
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def select(self, keep: np.ndarray) -> TokenizedDocs:
+        """The documents where keep (bool [D]) is true, in order."""
+        lengths = np.diff(self.offsets)
+        kept = np.repeat(keep, lengths)  # per token
+        return TokenizedDocs(self.tokens[kept], self.mask[kept], _offsets(lengths[keep]))
+
+    def split_at(self, cut: int) -> tuple[TokenizedDocs, TokenizedDocs]:
+        """Split a stream at token `cut` into two single-document streams."""
+        head, tail = slice(0, cut), slice(cut, len(self.tokens))
+        return (TokenizedDocs(self.tokens[head], self.mask[head], _offsets([cut])),
+                TokenizedDocs(self.tokens[tail], self.mask[tail], _offsets([len(self.tokens) - cut])))
+
+
+def _offsets(lengths: np.ndarray | list[int]) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+
+
+def tokenize_documents(docs: list[Document], tok: TextTokenizer, cfg: DataConfig,
+                       cache_dir: Path | None = None) -> TokenizedDocs:
+    """Tokenize docs (each + eos), cached in cache_dir by (corpus, tokenizer).
+
+    cfg is accepted for API stability: none of its fields changes per-document tokenization
+    (seq_len / pack / eval_fraction apply afterwards), so it is not part of the cache key.
+    """
+    path = None
+    if cache_dir is not None:
+        key = hashlib.sha256(f"{corpus_fingerprint(docs)}:{tok.fingerprint}:{CACHE_VERSION}".encode())
+        path = Path(cache_dir) / f"tokens-{key.hexdigest()[:20]}.npz"
+        if path.is_file():
+            with np.load(path) as data:
+                return TokenizedDocs(data["tokens"], data["mask"], data["offsets"])
+    tokenized = _tokenize(docs, tok)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.npz")
+        np.savez(tmp, tokens=tokenized.tokens, mask=tokenized.mask, offsets=tokenized.offsets)
+        os.replace(tmp, path)
+    return tokenized
+
+
+def _tokenize(docs: list[Document], tok: TextTokenizer) -> TokenizedDocs:
+    texts = [text for doc in docs for text, _ in doc.segments]
+    encoded: list[list[int]] = []
+    start = 0
+    while start < len(texts):  # chunks of ~ENCODE_CHUNK_CHARS, at least one text each
+        end, size = start, 0
+        while end < len(texts) and (end == start or size + len(texts[end]) <= ENCODE_CHUNK_CHARS):
+            size += len(texts[end])
+            end += 1
+        encoded.extend(tok.encode_batch(texts[start:end]))
+        start = end
+    pieces, flags, doc_lengths = [], [], []
+    segment_ids = iter(encoded)
+    for doc in docs:
+        n = 0
+        for _, trainable in doc.segments:
+            ids = next(segment_ids)
+            pieces.append(ids)
+            flags.append(trainable)
+            n += len(ids)
+        pieces.append([tok.eos_id])
+        flags.append(doc.segments[-1][1])  # eos is learned only after trainable text
+        doc_lengths.append(n + 1)
+    lengths = [len(p) for p in pieces]
+    tokens = np.fromiter(chain.from_iterable(pieces), dtype=np.int32, count=sum(lengths))
+    mask = np.repeat(np.array(flags, dtype=bool), lengths)
+    return TokenizedDocs(tokens, mask, _offsets(doc_lengths))
+
+
+class Rows:
+    """A tokenized split: row i is tokens[starts[i] : starts[i] + lengths[i] + 1]."""
+
+    def __init__(self, tokens: np.ndarray, mask: np.ndarray, starts: np.ndarray,
+                 lengths: np.ndarray) -> None:
+        self.tokens, self.mask = tokens, mask
+        self.starts = starts.astype(np.int64)  # [R]
+        self.lengths = lengths.astype(np.int64)  # [R] input positions, each <= seq_len
+        self.n_tokens = int(self.lengths.sum())
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def get(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens int64 [n+1], trainable-target mask bool [n+1]) of row i."""
+        start = int(self.starts[i])
+        end = start + int(self.lengths[i]) + 1
+        return self.tokens[start:end].astype(np.int64), self.mask[start:end].copy()
+
+    def length(self, i: int) -> int:
+        return int(self.lengths[i])
+
+
+def _rows(docs: TokenizedDocs, starts: np.ndarray, lengths: np.ndarray) -> Rows:
+    """Rows without a single trainable target are dropped: they would add no loss, and a step of
+    only such rows would have n_targets == 0 (e.g. chat prompts longer than seq_len)."""
+    counts = np.concatenate([[0], np.cumsum(docs.mask, dtype=np.int64)])
+    keep = counts[starts + lengths + 1] - counts[starts + 1] > 0
+    if not keep.all():
+        logger.warning("dropped %d of %d rows that have no trainable target within data.seq_len",
+                       int((~keep).sum()), len(keep))
+    return Rows(docs.tokens, docs.mask, starts[keep], lengths[keep])
+
+
+def pack_rows(docs: TokenizedDocs, seq_len: int) -> Rows:
+    """Row r = stream[r*L : r*L + L + 1]; the last partial row is dropped."""
+    n_rows = max(0, (len(docs.tokens) - 1) // seq_len)
+    starts = np.arange(n_rows, dtype=np.int64) * seq_len
+    return _rows(docs, starts, np.full(n_rows, seq_len, dtype=np.int64))
+
+
+def document_rows(docs: TokenizedDocs, seq_len: int) -> Rows:
+    """One row per document, truncated to seq_len + 1 tokens; documents of < 2 tokens dropped."""
+    lengths = np.minimum(np.diff(docs.offsets), seq_len + 1) - 1
+    keep = lengths >= 1
+    return _rows(docs, docs.offsets[:-1][keep], lengths[keep])
+
+
+def build_splits(cfg: DataConfig, tok: TextTokenizer, docs: list[Document],
+                 eval_docs: list[Document] | None, seed: int,
+                 cache_dir: Path | None = None) -> tuple[Rows, Rows]:
+    """(train, eval) rows; eval is eval_docs, else a held-out cfg.eval_fraction of docs."""
+    tokenized = tokenize_documents(docs, tok, cfg, cache_dir)
+    if eval_docs is not None:
+        train, held = tokenized, tokenize_documents(eval_docs, tok, cfg, cache_dir)
+    else:
+        train, held = _hold_out(tokenized, cfg.eval_fraction, seed)
+    make_rows = pack_rows if cfg.pack else document_rows
+    train_rows, eval_rows = make_rows(train, cfg.seq_len), make_rows(held, cfg.seq_len)
+    if not len(train_rows):
+        raise DataError(f"the training split has {len(train.tokens)} tokens in {len(train)} documents, "
+                        f"not enough for one row of data.seq_len+1={cfg.seq_len + 1} tokens with a "
+                        f"trainable target; add data or lower data.seq_len")
+    if len(held.tokens) and not len(eval_rows):
+        logger.warning("the eval split (%d tokens) is too small for one row of data.seq_len+1=%d; "
+                       "evaluation is skipped", len(held.tokens), cfg.seq_len + 1)
+    return train_rows, eval_rows
+
+
+def _hold_out(docs: TokenizedDocs, fraction: float, seed: int) -> tuple[TokenizedDocs, TokenizedDocs]:
+    if fraction <= 0:
+        return docs, docs.select(np.zeros(len(docs), dtype=bool))
+    if len(docs) == 1:  # one long document: its tail is the eval set
+        return docs.split_at(int(len(docs.tokens) * (1 - fraction)))
+    n_eval = min(len(docs) - 1, max(1, round(fraction * len(docs))))
+    held = np.zeros(len(docs), dtype=bool)
+    held[np.random.default_rng(seed).permutation(len(docs))[:n_eval]] = True
+    return docs.select(~held), docs.select(held)
+
+
+@dataclass
+class MicroBatch:
+    inputs: torch.Tensor  # int64 [B, T], right-padded with pad_id
+    targets: torch.Tensor  # int64 [B, T] next tokens; IGNORE_INDEX where masked or padding
+    n_targets: int  # number of targets != IGNORE_INDEX
+
+
+@dataclass
+class StepBatch:
+    micro: list[MicroBatch]
+    n_targets: int  # sum over micro-batches: the loss is normalized by this
+    n_tokens: int  # input positions in the step, padding excluded
+    rows: list[int]  # dataset row indices in the step
+
+
+def group_rows(rows: Rows, indices: list[int], micro_batch_tokens: int) -> list[list[int]]:
+    """Longest first (stable), filled greedily while n_rows * max_len <= micro_batch_tokens;
+    sorting by length keeps padding low."""
+    groups: list[list[int]] = []
+    for i in sorted(indices, key=lambda i: -rows.length(i)):
+        # the first row of a group is its longest, so it sets the padded width
+        if groups and (len(groups[-1]) + 1) * rows.length(groups[-1][0]) <= micro_batch_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def collate(rows: Rows, indices: list[int], pad_id: int) -> MicroBatch:
+    width = max(rows.length(i) for i in indices)
+    inputs = np.full((len(indices), width), pad_id, dtype=np.int64)
+    targets = np.full((len(indices), width), IGNORE_INDEX, dtype=np.int64)
+    for b, i in enumerate(indices):
+        tokens, mask = rows.get(i)
+        n = len(tokens) - 1
+        inputs[b, :n] = tokens[:-1]
+        targets[b, :n] = np.where(mask[1:], tokens[1:], IGNORE_INDEX)
+    return MicroBatch(torch.from_numpy(inputs), torch.from_numpy(targets),
+                      int((targets != IGNORE_INDEX).sum()))
+
+
+class BatchLoader:
+    """Steps of ~batch_tokens input positions in a reproducible per-epoch shuffled order."""
+
+    def __init__(self, rows: Rows, batch_tokens: int, micro_batch_tokens: int, seed: int,
+                 pad_id: int) -> None:
+        if not len(rows):
+            raise ValueError("BatchLoader needs at least one row")
+        self.rows = rows
+        self.batch_tokens = batch_tokens
+        self.micro_batch_tokens = micro_batch_tokens  # an OOM handler may lower it between steps
+        self.seed = seed
+        self.pad_id = pad_id
+        self._epoch, self._cursor = 0, 0
+        self._order = self._permutation(0)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))
+
+    def _next_row(self) -> int:
+        if self._cursor == len(self._order):
+            self._epoch, self._cursor = self._epoch + 1, 0
+            self._order = self._permutation(self._epoch)
+        self._cursor += 1
+        return int(self._order[self._cursor - 1])
+
+    def next_batch(self) -> StepBatch:
+        indices: list[int] = []
+        n_tokens = 0
+        while not indices or n_tokens < self.batch_tokens:
+            indices.append(self._next_row())
+            n_tokens += self.rows.length(indices[-1])
+        micro = [collate(self.rows, group, self.pad_id)
+                 for group in group_rows(self.rows, indices, self.micro_batch_tokens)]
+        return StepBatch(micro, sum(m.n_targets for m in micro), n_tokens, indices)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self._epoch, "cursor": self._cursor, "seed": self.seed,
+                "n_rows": len(self.rows)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue exactly where `state` was taken (its seed wins over the constructor's)."""
+        if state["n_rows"] != len(self.rows):
+            raise DataError(f"the checkpoint's data loader had {state['n_rows']} rows but the data now "
+                            f"gives {len(self.rows)}; resume with the same data.* settings and corpus")
+        self.seed = int(state["seed"])
+        self._epoch, self._cursor = int(state["epoch"]), int(state["cursor"])
+        self._order = self._permutation(self._epoch)
+
+
+def eval_batches(rows: Rows, micro_batch_tokens: int, max_tokens: int, pad_id: int) -> list[MicroBatch]:
+    """Rows in order while their input positions fit in max_tokens (at least one row)."""
+    indices: list[int] = []
+    n_tokens = 0
+    for i in range(len(rows)):
+        if indices and n_tokens + rows.length(i) > max_tokens:
+            break
+        indices.append(i)
+        n_tokens += rows.length(i)
+    return [collate(rows, group, pad_id) for group in group_rows(rows, indices, micro_batch_tokens)]

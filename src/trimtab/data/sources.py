@@ -1,0 +1,261 @@
+"""Reading a corpus into documents: the builtin stdlib corpus, text files and JSONL records.
+
+A document is a list of (text, trainable) segments so that chat and instruction data can mask the
+loss on the prompt side; plain text is one fully trainable segment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sysconfig
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trimtab.config import DataConfig
+from trimtab.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+ROLES = ("system", "user", "assistant")
+END = "<|end|>"
+JSONL_SUFFIXES = (".jsonl",)
+# site-packages holds third-party code that differs between machines; the corpus must not.
+EXCLUDED_DIRS = {"site-packages", "dist-packages"}
+
+
+@dataclass
+class Document:
+    segments: list[tuple[str, bool]]  # (text, trainable): loss is computed only on trainable text
+
+    @property
+    def text(self) -> str:
+        return "".join(text for text, _ in self.segments)
+
+
+def corpus_fingerprint(docs: Iterable[Document]) -> str:
+    """A hash of the texts and their trainable flags: the key of the tokenizer and token caches."""
+    h = hashlib.sha256()
+    for doc in docs:
+        for text, trainable in doc.segments:
+            data = text.encode()
+            h.update(b"%d:%d:" % (trainable, len(data)))
+            h.update(data)
+        h.update(b"|")
+    return h.hexdigest()
+
+
+def read_documents(cfg: DataConfig, source: str | None = None,
+                   section: str = "data") -> tuple[list[Document], int]:
+    """Read `source` (default cfg.source) up to cfg.max_bytes; returns (docs, n_skipped_bad_records).
+
+    `section` is the config section named in error messages ("finetune.data" for that phase).
+    """
+    source = cfg.source if source is None else source
+    key = f"{section}.source" if source == cfg.source else f"{section}.eval_source"
+    reader = _Reader(cfg, section, key)
+    docs, capped = _take_bytes(reader.documents(source), cfg.max_bytes)
+    if capped and source != "builtin":
+        logger.warning("%s '%s': reached %s.max_bytes=%d, the rest is not read; set it to 0 to read all",
+                       key, source, section, cfg.max_bytes)
+    if reader.n_undecodable:
+        logger.warning("%s '%s': skipped %d files that are not UTF-8 text (e.g. %s)", key, source,
+                       reader.n_undecodable, reader.undecodable_example)
+    if reader.n_skipped:
+        logger.warning("%s '%s': skipped %d malformed records (%s.skip_bad_records=true)", key, source,
+                       reader.n_skipped, section)
+    if not docs:
+        why = f"; all {reader.n_skipped} records were malformed" if reader.n_skipped else ""
+        raise DataError(f"{key} '{source}' has no text (the corpus is empty{why}); "
+                        f"point it at non-empty text or .jsonl files")
+    return docs, reader.n_skipped
+
+
+def builtin_files() -> tuple[Path, list[Path]]:
+    """The stdlib's .py files in a fixed order that interleaves packages (hash of the relative path),
+    so that a small max_bytes still samples the whole tree rather than its first directories."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    names = []  # relative posix paths
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in EXCLUDED_DIRS]  # prune: site-packages can be huge
+        rel = Path(folder).relative_to(root)
+        names += [(rel / f).as_posix() for f in files if f.endswith(".py")]
+    names.sort(key=lambda name: hashlib.blake2b(name.encode(), digest_size=8).digest())
+    return root, [root / name for name in names]
+
+
+def _take_bytes(docs: Iterator[Document], max_bytes: int) -> tuple[list[Document], bool]:
+    """Consume docs until max_bytes of UTF-8 text (0: all); returns (docs, whether it was reached)."""
+    out: list[Document] = []
+    total = 0
+    for doc in docs:
+        size = len(doc.text.encode())
+        if max_bytes and total + size > max_bytes and len(doc.segments) == 1:
+            # plain text is cut to fit; a chat record is kept whole so its template stays intact
+            doc = Document([(_truncate(doc.text, max_bytes - total), doc.segments[0][1])])
+        if doc.text:
+            out.append(doc)
+        total += size
+        if max_bytes and total >= max_bytes:  # checked before pulling more: nothing past it is read
+            return out, True
+    return out, False
+
+
+def _truncate(text: str, n_bytes: int) -> str:
+    """The first n_bytes of text, cut back to a line end when there is one (no half lines)."""
+    head = text.encode()[:n_bytes].decode(errors="ignore")
+    cut = head.rfind("\n")
+    return head[: cut + 1] if cut >= 0 else head
+
+
+def _decode(data: bytes) -> str | None:
+    """UTF-8 text (BOM dropped), or None for binary / other encodings."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return None
+    return None if "\x00" in text else text
+
+
+@dataclass
+class _Reader:
+    cfg: DataConfig
+    section: str
+    key: str
+    n_skipped: int = 0
+    n_undecodable: int = 0
+    undecodable_example: str = ""
+
+    @property
+    def _as_jsonl(self) -> bool:
+        # "text"/"auto" decide per file by suffix; the record formats read every file as JSONL
+        return self.cfg.format in ("jsonl", "chat", "instruction")
+
+    def documents(self, source: str) -> Iterator[Document]:
+        if source == "builtin":
+            yield from self._builtin()
+            return
+        path = Path(source)
+        if not path.exists():
+            raise DataError(f"{self.key} '{source}' does not exist; check the path")
+        if path.is_file():
+            yield from self._file(path, strict=True)
+            return
+        files = (p for p in path.rglob("*") if p.is_file()
+                 and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        for file in sorted(files, key=lambda p: p.relative_to(path).as_posix()):
+            yield from self._file(file, strict=False)
+
+    def _builtin(self) -> Iterator[Document]:
+        root, files = builtin_files()
+        if not files:
+            raise DataError(f"{self.key}: no .py files under {root} (this Python ships its standard "
+                            f"library zipped?); set {self.key} to a text file or directory")
+        for file in files:
+            text = _decode(file.read_bytes())
+            if text:  # a few stdlib test files are deliberately not UTF-8
+                yield Document([(text, True)])
+
+    def _file(self, path: Path, strict: bool) -> Iterator[Document]:
+        text = _decode(path.read_bytes())
+        if text is None:
+            if strict:
+                raise DataError(f"{self.key} '{path}' is not UTF-8 text; convert it to UTF-8")
+            self.n_undecodable += 1
+            self.undecodable_example = self.undecodable_example or str(path)
+            return
+        if self._as_jsonl or path.suffix.lower() in JSONL_SUFFIXES:
+            yield from self._jsonl(path, text)
+        elif text:
+            yield Document([(text, True)])
+
+    def _jsonl(self, path: Path, text: str) -> Iterator[Document]:
+        # split on "\n" only: JSON strings may legally hold raw U+2028, which splitlines() would cut
+        for lineno, line in enumerate(text.split("\n"), start=1):
+            if not line.strip():
+                continue
+            try:
+                doc = self._record(json.loads(line))
+            except (json.JSONDecodeError, _BadRecord) as exc:
+                problem = f"invalid JSON ({exc.msg} at column {exc.colno})" \
+                    if isinstance(exc, json.JSONDecodeError) else str(exc)
+                if not self.cfg.skip_bad_records:
+                    raise DataError(f"{path}:{lineno}: {problem}; fix the line or set "
+                                    f"{self.section}.skip_bad_records=true") from None
+                self.n_skipped += 1
+                continue
+            if doc.text:
+                yield doc
+
+    def _record(self, rec: Any) -> Document:
+        if not isinstance(rec, dict):
+            raise _BadRecord(f"expected a JSON object, got {type(rec).__name__}")
+        kind = self.cfg.format if self.cfg.format in ("text", "chat", "instruction") else _detect(
+            rec, self.cfg.text_field)
+        if kind == "text":
+            return Document([(_string(rec, self.cfg.text_field), True)])
+        if kind == "chat":
+            return _chat(rec)
+        return _render([("user", _string(rec, "prompt")), ("assistant", _string(rec, "response"))])
+
+
+class _BadRecord(ValueError):
+    """One JSONL record is malformed; the message says what is wrong with it."""
+
+
+def _detect(rec: dict[str, Any], text_field: str) -> str:
+    if text_field in rec:
+        return "text"
+    if "messages" in rec:
+        return "chat"
+    if "prompt" in rec or "response" in rec:
+        return "instruction"
+    keys = ", ".join(map(repr, rec)) or "none"
+    raise _BadRecord(f"no '{text_field}', 'messages' or 'prompt'/'response' key (found {keys})")
+
+
+def _string(rec: dict[str, Any], name: str, where: str = "") -> str:
+    if name not in rec:
+        raise _BadRecord(f"missing '{where}{name}'")
+    if not isinstance(rec[name], str):
+        raise _BadRecord(f"'{where}{name}' must be a string, got {type(rec[name]).__name__}")
+    return rec[name]
+
+
+def _chat(rec: dict[str, Any]) -> Document:
+    messages = rec.get("messages")
+    if messages is None:
+        raise _BadRecord("missing 'messages'")
+    if not isinstance(messages, list) or not messages:
+        raise _BadRecord("'messages' must be a non-empty list of {role, content} objects")
+    turns = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise _BadRecord(f"messages[{i}] must be an object, got {type(msg).__name__}")
+        role = msg.get("role")
+        if role not in ROLES:
+            raise _BadRecord(f"messages[{i}].role {role!r} is not one of {', '.join(ROLES)}")
+        turns.append((role, _string(msg, "content", where=f"messages[{i}].")))
+    if not any(role == "assistant" for role, _ in turns):
+        raise _BadRecord("no assistant message, so nothing to train on")
+    return _render(turns)
+
+
+def _render(turns: list[tuple[str, str]]) -> Document:
+    """Chat template; only assistant content and its <|end|> are trainable."""
+    segments: list[tuple[str, bool]] = []
+    for role, content in turns:
+        if role == "assistant":
+            parts = [("<|assistant|>\n", False), (content + END, True), ("\n", False)]
+        else:
+            parts = [(f"<|{role}|>\n{content}{END}\n", False)]
+        for text, trainable in parts:
+            if segments and segments[-1][1] == trainable:  # merge: fewer, longer pieces to encode
+                segments[-1] = (segments[-1][0] + text, trainable)
+            else:
+                segments.append((text, trainable))
+    return Document(segments)

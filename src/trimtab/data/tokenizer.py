@@ -1,0 +1,107 @@
+"""Byte-level BPE tokenizer: trained on the corpus (and cached) or loaded from a tokenizer.json."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from trimtab.config import DataConfig
+from trimtab.data.sources import Document, corpus_fingerprint
+from trimtab.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+EOS, PAD = SPECIAL_TOKENS[0], SPECIAL_TOKENS[1]
+_SPECIAL_RE = re.compile("|".join(map(re.escape, SPECIAL_TOKENS)))
+MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # every byte plus the special tokens
+
+
+class TextTokenizer:
+    """A tokenizers.Tokenizer whose special tokens are matched inside text (chat templates) and whose
+    byte-level model round-trips any UTF-8 text."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self._tok = tok
+        self.vocab_size: int = tok.get_vocab_size(with_added_tokens=True)
+        self.eos_id: int = tok.token_to_id(EOS)
+        self.pad_id: int = tok.token_to_id(PAD)
+        # identifies the exact vocabulary + merges: part of the token cache key
+        self.fingerprint = hashlib.sha256(tok.to_str().encode()).hexdigest()
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [enc.ids for enc in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=False)
+
+    def save(self, path: Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        self._tok.save(str(tmp))
+        os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
+
+    @classmethod
+    def load(cls, path: Path, key: str = "tokenizer file") -> TextTokenizer:
+        """Load a tokenizer.json; `key` names it in errors (e.g. "data.tokenizer")."""
+        path = Path(path)
+        if not path.is_file():
+            raise DataError(f"{key} '{path}' does not exist; check the path")
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception for unreadable files
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise DataError(f"{key} '{path}' is not a tokenizers JSON file ({reason}); "
+                            f"save it with tokenizers' Tokenizer.save") from None
+        if tok.token_to_id(EOS) is None:
+            raise DataError(f"{key} '{path}' has no {EOS} token; add it to the tokenizer's vocabulary")
+        tok.add_special_tokens(SPECIAL_TOKENS)  # no-op for those present; new ids for the rest
+        return cls(tok)
+
+
+def get_tokenizer(cfg: DataConfig, docs: list[Document], cache_dir: Path) -> TextTokenizer:
+    """cfg.tokenizer if set, else a BPE trained on docs, cached by (corpus, vocab size)."""
+    if cfg.tokenizer:
+        return TextTokenizer.load(Path(cfg.tokenizer), key="data.tokenizer")
+    if cfg.vocab_size < MIN_VOCAB:
+        raise DataError(f"data.vocab_size={cfg.vocab_size} is below the {MIN_VOCAB} byte-level base "
+                        f"and special tokens; raise it")
+    key = hashlib.sha256(f"{corpus_fingerprint(docs)}:{cfg.vocab_size}:{SPECIAL_TOKENS}".encode())
+    path = Path(cache_dir) / f"tokenizer-{key.hexdigest()[:20]}.json"
+    if path.is_file():
+        return TextTokenizer.load(path)
+    start = time.perf_counter()
+    tok = TextTokenizer(_train_bpe(docs, cfg.vocab_size))
+    logger.info("trained a byte-level BPE tokenizer (vocab %d) in %.1fs", tok.vocab_size,
+                time.perf_counter() - start)
+    tok.save(path)
+    return tok
+
+
+def _train_bpe(docs: list[Document], vocab_size: int) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(_training_texts(docs), trainer)
+    return tok
+
+
+def _training_texts(docs: list[Document]) -> Iterator[str]:
+    # the trainer does not split out special tokens itself: it would learn merges like "<|"
+    for doc in docs:
+        for text, _ in doc.segments:
+            yield from (piece for piece in _SPECIAL_RE.split(text) if piece)
