@@ -25,9 +25,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _print_summary(summary: dict) -> None:
-    lines = [f"{summary['status']}: step {summary['step']}/{summary['total_steps']}, "
-             f"{summary['tokens']:,} tokens, {summary['seconds']:.0f}s this session, "
-             f"{summary['tokens_per_s']:,.0f} tokens/s"]
+    lines = [f"{summary['status']}: step {summary['step']}/{summary['total_steps']} "
+             f"({summary['steps_this_session']} this session, {summary['seconds']:.0f}s), "
+             f"{summary['tokens']:,} tokens, {summary['tokens_per_s']:,.0f} tokens/s"]
     if summary.get("val_loss") is not None:
         lines.append(f"val_loss {summary['val_loss']:.4f} (perplexity {summary['val_ppl']:.2f})")
     if summary.get("mfu") is not None:

@@ -8,6 +8,7 @@ matmul measurement shows bf16 is faster; on CPUs without it, bf16 is emulated an
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass
 
@@ -75,13 +76,16 @@ def choose_precision(device: torch.device, requested: str) -> Precision:
 
 
 def _matmul_seconds(dtype: torch.dtype, n: int = 1024, reps: int = 3) -> float:
+    """Best time of `reps` n x n matmuls: the best is the least disturbed by other load."""
     a = torch.randn(n, n, dtype=dtype)
     b = torch.randn(n, n, dtype=dtype)
     a @ b  # warm-up
-    start = time.perf_counter()
+    best = math.inf
     for _ in range(reps):
+        start = time.perf_counter()
         a @ b
-    return (time.perf_counter() - start) / reps
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 # Dense bf16 peak FLOP/s of common accelerators, for MFU (vendor datasheets, no sparsity).

@@ -77,12 +77,10 @@ class Trainer:
         self.device = pick_device(cfg.train.device)
         self.precision = choose_precision(self.device, cfg.train.precision)
         resume = latest_valid(cfg.run_dir)
-        if resume:
-            setup.check_resume_compatible(cfg)
         self.tok, self.phases = setup.build_phases(cfg, setup.tokenizer_source(cfg))
         setup.resolve_model(cfg, self.tok)
         if resume:
-            setup.check_resume_compatible(cfg)  # again, now with derived values filled in
+            setup.check_resume_compatible(cfg)  # after resolve_model: derived values compare too
         self.model = build_model(cfg.model).to(self.device)
         if cfg.train.activation_checkpointing:
             self.model.set_activation_checkpointing(True)
@@ -121,7 +119,7 @@ class Trainer:
                 self._after_step(out)
                 self._maybe_eval()
                 self._maybe_checkpoint()
-        if not self.stop_reason:
+        if not self.stop_reason and not self.last_eval:  # e.g. a finished run asked to go on
             self.evaluate()
         self.save()
         summary = self._summary(self.state.step - start_step, time.perf_counter() - start)
@@ -203,14 +201,15 @@ class Trainer:
                                      ignore_index=-100, reduction="sum")
             count += micro.n_targets
         val_loss = total.item() / max(count, 1)
-        self.last_eval = {"step": self.state.step, "val_loss": val_loss,
+        self.last_eval = {"step": self.state.step, "phase": self.phases[self.state.phase].name,
+                          "val_loss": val_loss,
                           "val_ppl": math.exp(min(val_loss, 50.0))}
         self._call("on_eval", self.last_eval)
         return self.last_eval
 
     def _maybe_eval(self) -> None:
-        every = self.cfg.train.eval_every
-        if every and self.state.step % every == 0 and self.state.step < self.total_steps:
+        every, phase = self.cfg.train.eval_every, self.phases[self.state.phase]
+        if (every and self.state.step % every == 0) or self.state.step == phase.start + phase.steps:
             self.evaluate()
 
     def _maybe_checkpoint(self) -> None:

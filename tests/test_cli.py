@@ -1,0 +1,86 @@
+"""The CLI as a user runs it: exit codes, one-line errors, the README's commands."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trimtab.checkpoint import list_checkpoints
+from trimtab.cli import main
+
+FAST = ["--set", "data.max_bytes=150000", "--set", "log.progress=false", "--set", "log.tensorboard=false",
+        "--set", "train.eval_every=0"]
+
+
+def test_train_resume_and_generate_like_the_readme(tmp_path, capsys):
+    out = str(tmp_path / "r1")
+    assert main(["train", "--preset", "debug", "--out", out, "--max-steps", "6", *FAST]) == 0
+    assert "completed: step 6/6" in capsys.readouterr().out
+    assert main(["train", "--preset", "debug", "--out", out, "--max-steps", "10", *FAST]) == 0
+    captured = capsys.readouterr()
+    assert "completed: step 10/10 (4 this session)" in captured.out
+    assert [p.name for p in list_checkpoints(tmp_path / "r1")][-1] == "step_000010"
+    assert main(["generate", out, "--prompt", "def ", "--max-new-tokens", "8"]) == 0
+    assert capsys.readouterr().out.startswith("def ")
+
+
+def test_yaml_file_and_set_override(tmp_path, capsys):
+    cfg = tmp_path / "my.yaml"
+    cfg.write_text(f"preset: debug\nout: {tmp_path / 'y'}\ntrain:\n  max_steps: 3\n")
+    assert main(["train", str(cfg), "--set", "optim.lr=3e-4", *FAST]) == 0
+    saved = (tmp_path / "y" / "config.yaml").read_text()
+    assert "lr: 0.0003" in saved and "max_steps: 3" in saved
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--preset", "nope"], "unknown preset 'nope'"),
+    (["train", "--set", "optim.lrr=1"], "did you mean 'optim.lr'"),
+    (["train", "missing.yaml"], "config file 'missing.yaml' does not exist"),
+    (["train", "--preset", "debug", "--set", "data.seq_len=999"], "larger than the model's"),
+    (["train", "--preset", "debug", "--set", "data.source=/no/such/dir"], "does not exist"),
+    (["generate", "/no/such/run"], "is not a run directory"),
+])
+def test_bad_input_is_one_clear_line_and_exit_2(argv, message, capsys, tmp_path):
+    assert main([*argv, *(["--out", str(tmp_path / "x")] if argv[0] == "train" else [])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("trimtab: error: ") and message in err[-1]
+    assert "Traceback" not in "\n".join(err)
+    assert not (tmp_path / "x").exists()  # bad input never leaves a run directory behind
+
+
+def test_empty_corpus_and_malformed_jsonl(tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert main(["train", "--preset", "debug", "--out", str(tmp_path / "a"), "--set", f"data.source={empty}"]) == 2
+    assert "empty" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": oops}\n')
+    assert main(["train", "--preset", "debug", "--out", str(tmp_path / "b"), "--set", f"data.source={bad}"]) == 2
+    assert "bad.jsonl:2" in capsys.readouterr().err
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
+    """A real SIGTERM to `python -m trimtab train`: checkpoint, exit 0, and the same command resumes."""
+    out = tmp_path / "r"
+    cmd = [sys.executable, "-m", "trimtab", "train", "--preset", "debug", "--out", str(out),
+           "--max-steps", "100000", *FAST, "--set", "checkpoint.every=0", "--set", "train.log_every=1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out / "metrics.jsonl").is_file():
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert "stopped (SIGTERM)" in stdout
+    [ckpt] = list_checkpoints(out)
+    step = int(ckpt.name.split("_")[1])
+    assert step > 0
+    resumed = subprocess.run([*cmd[:9], str(step + 2), *cmd[10:]], capture_output=True, text=True, env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"completed: step {step + 2}/{step + 2}" in resumed.stdout
+    assert f"resuming from {ckpt}" in resumed.stderr
