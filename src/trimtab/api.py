@@ -12,7 +12,7 @@ from trimtab.checkpoint import latest_valid, load_checkpoint, load_weights
 from trimtab.config import RunConfig, from_dict, load_config
 from trimtab.data import TextTokenizer
 from trimtab.errors import CheckpointError
-from trimtab.generate import generate as generate_ids
+from trimtab.sampling import generate as generate_ids
 from trimtab.model import Transformer, build_model
 from trimtab.training.trainer import Trainer
 

@@ -109,7 +109,7 @@ class Trainer:
     # ------------------------------------------------------------------------------ the loop
 
     def fit(self) -> dict[str, Any]:
-        start_step, start = self.state.step, time.perf_counter()
+        start = (self.state.step, self.state.tokens, self.state.train_seconds, time.perf_counter())
         self._call("on_train_start")
         with _stop_on_signals(self):
             while self.state.step < self.total_steps and not self.stop_reason:
@@ -122,7 +122,7 @@ class Trainer:
         if not self.stop_reason and not self.last_eval:  # e.g. a finished run asked to go on
             self.evaluate()
         self.save()
-        summary = self._summary(self.state.step - start_step, time.perf_counter() - start)
+        summary = self._summary(*start)
         self._call("on_train_end", summary)
         return summary
 
@@ -272,13 +272,15 @@ class Trainer:
         for hook in self.hooks:
             getattr(hook, event)(self, *args)
 
-    def _summary(self, steps: int, seconds: float) -> dict[str, Any]:
+    def _summary(self, step0: int, tokens0: int, train_seconds0: float, wall0: float) -> dict[str, Any]:
+        """This session's figures: tokens/s over its steps, seconds including eval and saving."""
         done = self.state.step >= self.total_steps
-        tps = self.state.tokens / max(self.state.train_seconds, 1e-9)
+        tps = (self.state.tokens - tokens0) / max(self.state.train_seconds - train_seconds0, 1e-9)
         summary = {
             "status": "completed" if done else f"stopped ({self.stop_reason})",
             "run_dir": str(self.cfg.run_dir), "step": self.state.step, "total_steps": self.total_steps,
-            "tokens": self.state.tokens, "steps_this_session": steps, "seconds": seconds,
+            "tokens": self.state.tokens, "steps_this_session": self.state.step - step0,
+            "seconds": time.perf_counter() - wall0,
             "tokens_per_s": tps, "params": self.model.num_params(),
             "non_embedding_params": self.model.num_params(exclude_embeddings=True),
             "device": str(self.device), "precision": self.precision.name,
