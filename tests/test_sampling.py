@@ -1,53 +1,124 @@
+"""Sampling and KV-cached generation tests (CPU, tiny model)."""
+
+from __future__ import annotations
+
+import pytest
 import torch
 
 from trimtab.config import ModelConfig
 from trimtab.sampling import generate, sample_next
-from trimtab.model import build_model
+from trimtab.model import Transformer, build_model
+
+V = 97
 
 
-def tiny(max_seq_len=32):
+@pytest.fixture
+def model() -> Transformer:
     torch.manual_seed(0)
-    return build_model(ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                                   max_seq_len=max_seq_len))
+    m = build_model(ModelConfig(vocab_size=V, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                                max_seq_len=24))
+    with torch.no_grad():  # peaked distributions, so greedy and sampled runs differ visibly
+        for p in m.parameters():
+            p.normal_(0.0, 0.2) if p.dim() > 1 else p.fill_(1.0)
+    return m
 
 
-def test_greedy_and_degenerate_filters_pick_the_argmax():
-    logits = torch.randn(3, 50)
-    best = logits.argmax(-1)
-    assert torch.equal(sample_next(logits, 0.0, 0, 1.0), best)
-    assert torch.equal(sample_next(logits, 1.0, 1, 1.0), best)
-    assert torch.equal(sample_next(logits, 1.0, 0, 1e-6), best)
-
-
-def test_top_k_and_top_p_never_sample_outside_their_set():
-    logits = torch.tensor([[4.0, 3.0, 2.0, -1.0, -2.0]])
-    gen = torch.Generator().manual_seed(0)
-    assert {int(sample_next(logits, 1.0, 2, 1.0, gen)) for _ in range(200)} <= {0, 1}
-    # probabilities ~ [.66, .24, .09, ...]: top_p 0.8 keeps the first two tokens only
-    assert {int(sample_next(logits, 1.0, 0, 0.8, gen)) for _ in range(200)} == {0, 1}
-
-
-def test_cached_generation_matches_full_forward_greedy():
-    model = tiny()
-    prompt = [5, 17, 3, 42]
-    new = generate(model, prompt, 10, temperature=0.0)
+def greedy_reference(m: Transformer, prompt: list[int], n: int) -> list[int]:
+    """Greedy decoding with full no-cache forwards."""
     seq = list(prompt)
     with torch.no_grad():
-        for _ in range(10):  # the slow way: a full forward over the whole sequence each token
-            seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
-    assert new == seq[len(prompt):]
+        for _ in range(n):
+            seq.append(int(m(torch.tensor([seq]))[0, -1].argmax()))
+    return seq[len(prompt):]
 
 
-def test_seeded_sampling_is_reproducible_and_mode_restored():
-    model = tiny()
+def logits(seed: int = 0, B: int = 4) -> torch.Tensor:
+    return torch.randn(B, V, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def draws(x: torch.Tensor, n: int = 400, **kw) -> set[int]:
+    g = torch.Generator().manual_seed(0)
+    return {int(sample_next(x, generator=g, **kw)[0]) for _ in range(n)}
+
+
+# --- sample_next ---------------------------------------------------------------------------
+
+
+def test_greedy_and_degenerate_filters_are_argmax():
+    x = logits()
+    best = x.argmax(-1)
+    assert torch.equal(sample_next(x, temperature=0.0), best)
+    for kw in (dict(top_k=1), dict(top_p=1e-6), dict(top_k=5, top_p=0.0)):
+        for seed in range(5):
+            got = sample_next(x, temperature=1.5, generator=torch.Generator().manual_seed(seed), **kw)
+            assert torch.equal(got, best), kw
+    assert sample_next(x, temperature=0.0).dtype == torch.long
+
+
+def test_seeded_sampling_is_reproducible_and_random():
+    x = logits() / 3
+    runs = [torch.stack([sample_next(x, 1.0, 0, 1.0, g) for _ in range(20)])
+            for g in (torch.Generator().manual_seed(7), torch.Generator().manual_seed(7),
+                      torch.Generator().manual_seed(8))]
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[0], runs[2])
+    assert len(set(runs[0][:, 0].tolist())) > 3
+
+
+def test_top_k_keeps_only_the_k_best():
+    x = logits()[:1] / 3
+    top3 = set(x[0].topk(3).indices.tolist())
+    assert draws(x, top_k=3) == top3
+
+
+def test_top_p_keeps_the_nucleus():
+    probs = torch.tensor([[0.05, 0.5, 0.15, 0.3]])
+    x = probs.log()
+    assert draws(x, top_p=0.7) == {1, 3}  # 0.5 < 0.7, 0.5 + 0.3 reaches it
+    assert draws(x, top_p=0.85) == {1, 3, 2}
+    assert draws(x, top_p=1.0) == {0, 1, 2, 3}
+
+
+# --- generate ------------------------------------------------------------------------------
+
+
+def test_greedy_generate_matches_uncached_decoding(model):
+    prompt = [5, 17, 42, 3]
+    got = generate(model, prompt, 10, temperature=0.0)
+    assert got == greedy_reference(model, prompt, 10)
+    assert len(set(got)) > 1
+
+
+def test_sampled_generate_is_seeded(model):
+    prompt = [1, 2, 3]
+    a = generate(model, prompt, 12, temperature=1.0, top_k=0, top_p=1.0, seed=3)
+    assert a == generate(model, prompt, 12, temperature=1.0, top_k=0, top_p=1.0, seed=3)
+    assert a != generate(model, prompt, 12, temperature=1.0, top_k=0, top_p=1.0, seed=4)
+    assert len(a) == 12 and all(0 <= t < V for t in a)
+
+
+def test_generate_stops_at_eos(model):
+    prompt = [9, 8, 7]
+    ref = greedy_reference(model, prompt, 6)
+    eos = ref[3]
+    got = generate(model, prompt, 6, temperature=0.0, eos_id=eos)
+    assert got == ref[:ref.index(eos) + 1] and got[-1] == eos
+
+
+def test_generate_stops_at_max_seq_len(model):
+    prompt = list(range(20))
+    got = generate(model, prompt, 50, temperature=0.0)
+    assert got == greedy_reference(model, prompt, 4)  # 20 + 4 = max_seq_len 24
+    assert generate(model, list(range(24)), 5) == []
+    with pytest.raises(ValueError, match="max_seq_len"):
+        generate(model, list(range(25)), 5)
+
+
+def test_generate_restores_mode_and_leaves_no_grad_state(model):
     model.train()
-    a = generate(model, [1, 2, 3], 8, seed=7)
-    assert a == generate(model, [1, 2, 3], 8, seed=7)
+    generate(model, [1, 2], 3)
     assert model.training
-
-
-def test_stops_at_eos_and_at_max_seq_len():
-    model = tiny(max_seq_len=16)
-    first = generate(model, [1, 2], 1, temperature=0.0)[0]
-    assert generate(model, [1, 2], 10, temperature=0.0, eos_id=first) == [first]
-    assert len(generate(model, [1, 2, 3, 4], 100, temperature=0.0)) == 16 - 4 + 1
+    model.eval()
+    generate(model, [1, 2], 3)
+    assert not model.training
+    assert all(p.grad is None for p in model.parameters())

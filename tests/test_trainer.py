@@ -144,3 +144,9 @@ def test_generate_from_a_trained_run(tmp_path):
     text = trimtab.generate(tmp_path / "r", "def ", max_new_tokens=12, seed=1)
     assert isinstance(text, str) and text
     assert text == trimtab.generate(tmp_path / "r", "def ", max_new_tokens=12, seed=1)  # seeded
+
+
+def test_generate_handles_empty_and_overlong_prompts(tmp_path):
+    trimtab.train(debug_cfg(tmp_path / "r", steps=2))
+    assert isinstance(trimtab.generate(tmp_path / "r", "", max_new_tokens=4), str)
+    assert isinstance(trimtab.generate(tmp_path / "r", "x = 1\n" * 400, max_new_tokens=4), str)

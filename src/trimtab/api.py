@@ -49,8 +49,10 @@ def load_run(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokenizer
 
 def generate(run_dir: str | Path, prompt: str, max_new_tokens: int = 64, *, temperature: float = 0.8,
              top_k: int = 50, top_p: float = 0.95, seed: int = 0) -> str:
-    """Continue `prompt` with the run's newest weights (KV-cached sampling)."""
+    """Continue `prompt` with the run's newest weights (KV-cached sampling). An empty prompt
+    starts from the end-of-text token; a prompt longer than the context keeps its end."""
     _, model, tok = load_run(run_dir)
-    ids = generate_ids(model, tok.encode(prompt), max_new_tokens, temperature=temperature, top_k=top_k,
-                       top_p=top_p, eos_id=tok.eos_id, seed=seed)
-    return tok.decode(ids)
+    ids = tok.encode(prompt)[-(model.cfg.max_seq_len - 1):] or [tok.eos_id]
+    new = generate_ids(model, ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                       eos_id=tok.eos_id, seed=seed)
+    return tok.decode(new)

@@ -1,7 +1,5 @@
-"""Sampling with a KV cache: one prefill forward over the prompt, then one token per forward.
-
-Shape legend: B batch, V vocab.
-"""
+"""Sampling from a trained model: temperature, top-k and nucleus (top-p) filtering, KV-cached
+decoding."""
 
 from __future__ import annotations
 
@@ -10,47 +8,73 @@ import torch
 from trimtab.model import Transformer
 
 
-def sample_next(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                 generator: torch.Generator | None = None) -> torch.Tensor:
-    """logits [B, V] -> next token ids [B]. temperature 0 is greedy; top_k 0 / top_p 1 disable."""
+    """Draw one token per row from logits [B, V] -> LongTensor [B].
+
+    temperature <= 0 is greedy (argmax). top_k > 0 keeps the k most likely tokens; top_p < 1 keeps
+    the smallest set of most likely tokens whose probability reaches top_p (Holtzman et al. 2019),
+    always at least the most likely one.
+    """
     if temperature <= 0:
-        return logits.argmax(-1)
+        return logits.argmax(dim=-1)
     logits = logits.float() / temperature
     if 0 < top_k < logits.shape[-1]:
-        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
-        # Nucleus sampling (Holtzman et al. 2020): keep the smallest set of tokens whose
-        # probability reaches top_p; the most likely token always stays.
-        sorted_logits, order = logits.sort(-1, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cum - sorted_logits.softmax(-1) >= top_p
-        drop[:, 0] = False
-        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
-    probs = logits.softmax(-1)
+        logits = _nucleus(logits, top_p)
+    probs = logits.softmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int, *, temperature: float = 0.8,
-             top_k: int = 50, top_p: float = 0.95, eos_id: int | None = None, seed: int = 0) -> list[int]:
-    """New token ids after `prompt_ids`; stops at eos_id or at the model's max_seq_len."""
+def _nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Mask every token outside the top-p nucleus with -inf."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # probability of all more likely tokens
+    drop = mass_before >= top_p
+    drop[..., 0] = False
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int, *,
+             temperature: float = 0.8, top_k: int = 50, top_p: float = 0.95,
+             eos_id: int | None = None, seed: int = 0) -> list[int]:
+    """Continue prompt_ids; return the new tokens only (ending with eos_id when it was drawn).
+
+    One prefill forward over the prompt, then one-token steps on the KV cache. Stops after
+    max_new_tokens, at eos_id, or when prompt + output would exceed model.cfg.max_seq_len.
+    Runs in eval mode under inference_mode and restores the model's previous mode.
+    """
+    limit = model.cfg.max_seq_len
+    if not prompt_ids:
+        raise ValueError("generate needs a non-empty prompt")
+    if len(prompt_ids) > limit:
+        raise ValueError(f"prompt of {len(prompt_ids)} tokens exceeds model.max_seq_len={limit}")
+    budget = min(max_new_tokens, limit - len(prompt_ids))
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
-    generator = torch.Generator(device=device).manual_seed(seed)
-    limit = model.cfg.max_seq_len
-    prompt = prompt_ids[-(limit - 1):] if prompt_ids else [eos_id if eos_id is not None else 0]
-    out: list[int] = []
     try:
         with torch.inference_mode():
-            cache = model.new_cache(batch=1)
-            logits = model(torch.tensor([prompt], device=device), cache=cache)[:, -1]
-            while len(out) < max_new_tokens:
-                token = sample_next(logits, temperature, top_k, top_p, generator)
-                out.append(int(token))
-                if out[-1] == eos_id or cache.pos >= limit:
-                    break
-                logits = model(token[:, None], cache=cache)[:, -1]
+            return _decode(model, prompt_ids, budget, temperature, top_k, top_p, eos_id, seed)
     finally:
         model.train(was_training)
+
+
+def _decode(model: Transformer, prompt_ids: list[int], budget: int, temperature: float,
+            top_k: int, top_p: float, eos_id: int | None, seed: int) -> list[int]:
+    device = model.lm_head.weight.device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    cache = model.new_cache(batch=1, max_len=len(prompt_ids) + budget)
+    inputs = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    out: list[int] = []
+    for _ in range(budget):
+        logits = model(inputs, cache)[:, -1]
+        token = sample_next(logits, temperature, top_k, top_p, generator)
+        out.append(int(token))
+        if out[-1] == eos_id:
+            break
+        inputs = token.view(1, 1)
     return out

@@ -1,0 +1,37 @@
+"""Preallocated key/value cache for incremental decoding.
+
+Shape legend: B batch, K kv heads, L max cached length, T new tokens, E head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """Per-layer K/V tensors [B, K, L, E], filled left to right.
+
+    `pos` is the number of positions already cached; the model writes the new tokens' keys and
+    values at [pos, pos + T) in every layer and then calls `advance(T)` once per forward.
+    """
+
+    def __init__(self, n_layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        shape = (batch, kv_heads, max_len, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.max_len = max_len
+        self.pos = 0
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v [B, K, T, E] at the current offset; return all cached K/V [B, K, pos+T, E]."""
+        end = self.pos + k.shape[2]
+        self.k[layer][:, :, self.pos:end] = k
+        self.v[layer][:, :, self.pos:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def advance(self, n: int) -> None:
+        self.pos += n
+
+    def reset(self) -> None:
+        self.pos = 0

@@ -1,0 +1,136 @@
+"""Transformer building blocks: RMSNorm, rotary embedding, grouped-query attention, SwiGLU FFN.
+
+Shape legend:
+    B batch, T time (tokens in this forward), S key length (cached + new), D d_model,
+    H attention heads, K kv heads, E head dim (D / H), F ffn hidden, V vocab.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trimtab.config import ModelConfig
+from trimtab.model.cache import KVCache
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight (Zhang & Sennrich 2019): LayerNorm without centring or bias."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding tables (Su et al. 2021, RoFormer), "rotate_half" convention.
+
+    The head dim is split into halves (x1, x2) and the pair (x1[i], x2[i]) is rotated by the
+    angle pos * theta^(-2i/E): the layout of Llama / transformers, so weights and logits carry
+    over unchanged. Computed once for max_seq_len (in float64, then rounded), sliced per forward.
+    """
+
+    def __init__(self, head_dim: int, max_seq_len: int, theta: float):
+        super().__init__()
+        inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
+        self.register_buffer("cos", angles.cos()[:, None].float(), persistent=False)  # [L, 1, E/2]
+        self.register_buffer("sin", angles.sin()[:, None].float(), persistent=False)
+
+    def table(self, offset: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for positions [offset, offset + length), each [T, 1, E/2]."""
+        end = offset + length
+        return self.cos[offset:end], self.sin[offset:end]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor,
+            sign: float = 1.0) -> None:
+    """out = x [B, T, n, E] with each pair (x1[i], x2[i]) rotated by sign * angle (in place)."""
+    x1, x2 = x.chunk(2, -1)
+    o1, o2 = out.chunk(2, -1)
+    torch.mul(x1, cos, out=o1).addcmul_(x2, sin, value=-sign)
+    torch.mul(x2, cos, out=o2).addcmul_(x1, sin, value=sign)
+
+
+class RotaryQKV(torch.autograd.Function):
+    """Fused projection [B, T, H+2K, E] -> q [B, H, T, E], k, v [B, K, T, E], q and k rotated.
+
+    Written by hand because the backward of a rotation is the inverse rotation, computed straight
+    into one gradient buffer for the fused projection: autograd's version of slice / roll /
+    concatenate allocates and zero-fills several activation-sized tensors per layer.
+    """
+
+    @staticmethod
+    def forward(ctx, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
+                n_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n_rot = n_heads + n_kv_heads
+        cos, sin = cos.to(qkv.dtype), sin.to(qkv.dtype)  # autocast: qkv may be lower precision
+        qk = qkv.new_empty(*qkv.shape[:2], n_rot, qkv.shape[3])
+        _rotate(qkv[:, :, :n_rot], cos, sin, qk)
+        ctx.save_for_backward(cos, sin)
+        ctx.heads = n_heads, n_kv_heads
+        qk = qk.transpose(1, 2)
+        return qk[:, :n_heads], qk[:, n_heads:], qkv[:, :, n_rot:].transpose(1, 2)
+
+    @staticmethod
+    def backward(ctx, gq: torch.Tensor, gk: torch.Tensor, gv: torch.Tensor):
+        cos, sin = ctx.saved_tensors
+        H, K = ctx.heads
+        B, _, T, E = gq.shape
+        grad = gq.new_empty(B, T, H + 2 * K, E)
+        _rotate(gq.transpose(1, 2), cos, sin, grad[:, :, :H], sign=-1.0)
+        _rotate(gk.transpose(1, 2), cos, sin, grad[:, :, H:H + K], sign=-1.0)
+        grad[:, :, H + K:].copy_(gv.transpose(1, 2))
+        return grad, None, None, None, None
+
+
+class Attention(nn.Module):
+    """Causal self-attention with grouped-query heads (Ainslie et al. 2023).
+
+    q, k, v come from one fused projection (rows: H*E query, K*E key, K*E value, each head-major).
+    K/V heads are shared by H/K query heads inside scaled_dot_product_attention (enable_gqa),
+    never repeated in memory.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.kv_heads
+        self.head_dim = cfg.d_model // cfg.n_heads
+        self.gqa = self.n_kv_heads != self.n_heads
+        self.wqkv = nn.Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv_heads) * self.head_dim,
+                              bias=False)
+        self.wo = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                mask: torch.Tensor | None, cache: KVCache | None, layer: int) -> torch.Tensor:
+        """x [B, T, D] -> [B, T, D]. mask: None means causal from position 0 (or a single step)."""
+        B, T, _ = x.shape
+        H, K = self.n_heads, self.n_kv_heads
+        qkv = self.wqkv(x).view(B, T, H + 2 * K, self.head_dim)
+        q, k, v = RotaryQKV.apply(qkv, *rope, H, K)  # [B, H, T, E], [B, K, T, E] x2
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # [B, K, S, E]
+        # No mask tensor in the common cases: is_causal when keys start at position 0 (S == T),
+        # nothing when a single new token sees the whole cache; `mask` for chunked prefill.
+        causal = mask is None and k.shape[2] == T
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                             enable_gqa=self.gqa)  # [B, H, T, E]
+        return self.wo(out.transpose(1, 2).reshape(B, T, H * self.head_dim))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x) (Shazeer 2020, "GLU Variants Improve Transformer")."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)  # gate
+        self.w3 = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)  # up
+        self.w2 = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=False)  # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))

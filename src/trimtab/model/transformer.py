@@ -1,0 +1,141 @@
+"""Decoder-only Transformer (Llama architecture): pre-norm blocks, RoPE, GQA, SwiGLU.
+
+Shape legend: B batch, T time, S key length (cached + new), D d_model, V vocab.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from trimtab.config import ModelConfig
+from trimtab.model.cache import KVCache
+from trimtab.model.layers import Attention, FeedForward, RMSNorm, Rotary
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.ffn = FeedForward(cfg)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                mask: torch.Tensor | None, cache: KVCache | None, layer: int) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, mask, cache, layer)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    """Token embedding, n_layers pre-norm blocks, final RMSNorm, lm head (tied to the embedding
+    when cfg.tie_embeddings). forward returns logits; the loss is the trainer's."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.vocab_size <= 0:
+            raise ValueError(f"model vocab_size must be > 0 (got {cfg.vocab_size}); "
+                             "set it from the tokenizer before building the model")
+        self.cfg = cfg
+        self.head_dim = cfg.d_model // cfg.n_heads
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        self.rotary = Rotary(self.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.checkpointing = False
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """normal(0, init_std) matrices, ones for norms; residual output projections (attention wo,
+        ffn w2) scaled by 1/sqrt(2 * n_layers) so the residual stream's variance does not grow
+        with depth (GPT-2, Radford et al. 2019, section 2.3; Megatron-LM, Shoeybi et al. 2019)."""
+        std = self.cfg.init_std
+        out_std = std / math.sqrt(2 * self.cfg.n_layers)
+        for name, p in self.named_parameters():  # tied weights are listed (and drawn) once
+            if p.dim() == 1:
+                nn.init.ones_(p)
+            else:
+                nn.init.normal_(p, 0.0, out_std if name.endswith(("wo.weight", "w2.weight")) else std)
+
+    def set_activation_checkpointing(self, enabled: bool) -> None:
+        """Recompute each block's activations in backward instead of storing them (training only)."""
+        self.checkpointing = enabled
+
+    def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
+        """An empty KVCache matching this model's shape, dtype and device."""
+        w = self.lm_head.weight
+        return KVCache(self.cfg.n_layers, batch, self.cfg.kv_heads, max_len or self.cfg.max_seq_len,
+                       self.head_dim, w.dtype, w.device)
+
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """tokens [B, T] -> logits [B, T, V]. With a cache, tokens continue at cache.pos."""
+        T = tokens.shape[1]
+        offset = cache.pos if cache is not None else 0
+        limit = min(self.cfg.max_seq_len, cache.max_len) if cache is not None else self.cfg.max_seq_len
+        if offset + T > limit:
+            raise ValueError(f"sequence of {offset + T} tokens (cache offset {offset} + {T} new) "
+                             f"exceeds the limit of {limit} (model.max_seq_len or the cache size)")
+        x = self.tok_emb(tokens)
+        rope = self.rotary.table(offset, T)
+        mask = self._chunk_mask(offset, T, tokens.device)
+        ckpt = self.checkpointing and self.training and torch.is_grad_enabled()
+        for i, block in enumerate(self.blocks):
+            if ckpt:
+                x = checkpoint(block, x, rope, mask, cache, i, use_reentrant=False)
+            else:
+                x = block(x, rope, mask, cache, i)
+        if cache is not None:
+            cache.advance(T)
+        return self.lm_head(self.norm(x))
+
+    @staticmethod
+    def _chunk_mask(offset: int, T: int, device: torch.device) -> torch.Tensor | None:
+        """Boolean [T, S] mask for several new tokens after a non-empty cache: new token i (at
+        position offset + i) sees keys 0..offset + i. None where is_causal / no mask suffices."""
+        if offset == 0 or T == 1:
+            return None
+        return torch.ones(T, offset + T, dtype=torch.bool, device=device).tril(offset)
+
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        """Parameter count, tied weights once; optionally without the embedding table and an
+        untied lm head."""
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= self.tok_emb.weight.numel()
+            if not self.cfg.tie_embeddings:
+                n -= self.lm_head.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token (forward + backward) at context length seq_len:
+
+            6 * (N_matmul + V * D) + 12 * n_layers * D * seq_len
+
+        N_matmul counts the weights of the blocks' linear layers (norm gains and the embedding
+        lookup do no matmul); V * D is the lm head, a real matmul even when tied. Each weight costs
+        2 FLOPs per token forward and 4 backward. The attention term is QK^T and AV (2 * 2 * D *
+        seq_len per layer forward, times 3), counted for full rather than causal attention.
+        Kaplan et al. 2020 (table 1), PaLM (Chowdhery et al. 2022) appendix B, nanoGPT
+        estimate_mfu.
+        """
+        cfg = self.cfg
+        matmul = sum(m.weight.numel() for m in self.blocks.modules() if isinstance(m, nn.Linear))
+        matmul += cfg.vocab_size * cfg.d_model
+        return 6 * matmul + 12 * cfg.n_layers * cfg.d_model * seq_len
+
+
+def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> Transformer:
+    """Validate cfg (ConfigError), build and initialise a Transformer (on CPU, so a seed gives
+    the same weights on any device), then move it to `device`."""
+    cfg.validate()
+    model = Transformer(cfg)
+    return model.to(device) if device is not None else model

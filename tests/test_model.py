@@ -1,0 +1,253 @@
+"""Model tests: shapes, causality, attention against a reference, counts, init, checkpointing,
+KV cache, and logit parity with transformers' LlamaForCausalLM. CPU, tiny configs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trimtab.config import ModelConfig
+from trimtab.errors import ConfigError
+from trimtab.model import KVCache, Transformer, build_model
+from trimtab.model.layers import Attention, Rotary, RotaryQKV
+
+V = 97
+
+
+def tiny(**kw) -> ModelConfig:
+    base = dict(vocab_size=V, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=32)
+    return ModelConfig(**{**base, **kw})
+
+
+def model(seed: int = 0, **kw) -> Transformer:
+    torch.manual_seed(seed)
+    return build_model(tiny(**kw))
+
+
+def tokens(B: int = 2, T: int = 16, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def spread_weights(m: Transformer, std: float = 0.2) -> None:
+    """Larger random weights, so attention is far from uniform and errors cannot hide."""
+    torch.manual_seed(123)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0.0, std) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+
+
+# --- forward -------------------------------------------------------------------------------
+
+
+def test_output_shape_and_dtype():
+    out = model()(tokens(3, 11))
+    assert out.shape == (3, 11, V) and out.dtype == torch.float32
+
+
+def test_causal_future_tokens_do_not_change_past_logits():
+    m, x = model(), tokens(2, 16)
+    spread_weights(m)
+    y = x.clone()
+    y[:, 10:] = (y[:, 10:] + 7) % V
+    a, b = m(x), m(y)
+    torch.testing.assert_close(a[:, :10], b[:, :10], rtol=0, atol=1e-6)
+    assert (a[:, 10:] - b[:, 10:]).abs().max() > 1e-3
+
+
+def test_too_long_raises():
+    m = model()
+    with pytest.raises(ValueError, match="exceeds"):
+        m(tokens(1, 33))
+    cache = m.new_cache(1)
+    m(tokens(1, 30), cache)
+    with pytest.raises(ValueError, match="cache offset 30"):
+        m(tokens(1, 3), cache)
+
+
+def test_build_model_rejects_bad_configs():
+    with pytest.raises(ValueError, match="vocab_size"):
+        build_model(tiny(vocab_size=0))
+    with pytest.raises(ConfigError, match="n_heads"):
+        build_model(tiny(n_heads=3))
+
+
+def rotate_half_reference(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Llama's apply_rotary_pos_emb, written out: x [B, n, T, E], pos [T]."""
+    E = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, E, 2, dtype=torch.float64) / E)
+    ang = torch.outer(pos.double(), inv)
+    cos, sin = torch.cat([ang.cos()] * 2, -1).to(x.dtype), torch.cat([ang.sin()] * 2, -1).to(x.dtype)
+    x1, x2 = x.chunk(2, -1)
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def reference_attention(attn: Attention, x: torch.Tensor, theta: float) -> torch.Tensor:
+    """Explicit softmax attention with K/V heads repeated for each query group."""
+    B, T, _ = x.shape
+    H, K, E = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    q, k, v = (x @ attn.wqkv.weight.T).split([H * E, K * E, K * E], -1)
+    q, k, v = (t.view(B, T, -1, E).transpose(1, 2) for t in (q, k, v))
+    pos = torch.arange(T)
+    q, k = rotate_half_reference(q, pos, theta), rotate_half_reference(k, pos, theta)
+    k, v = k.repeat_interleave(H // K, dim=1), v.repeat_interleave(H // K, dim=1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(E)
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    out = scores.softmax(-1) @ v
+    return out.transpose(1, 2).reshape(B, T, H * E) @ attn.wo.weight.T
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_attention_matches_reference_with_repeated_kv(kv_heads):
+    cfg = tiny(n_kv_heads=kv_heads, rope_theta=500.0)
+    torch.manual_seed(0)
+    attn = Attention(cfg)
+    with torch.no_grad():
+        attn.wqkv.weight.normal_(0, 0.3)
+    assert attn.wqkv.weight.shape[0] == (4 + 2 * kv_heads) * 16
+    x = torch.randn(2, 12, 64)
+    rot = Rotary(16, 32, 500.0)
+    got = attn(x, rot.table(0, 12), None, None, 0)
+    torch.testing.assert_close(got, reference_attention(attn, x, 500.0), rtol=1e-5, atol=1e-5)
+
+
+def test_rotary_qkv_gradient():
+    rot = Rotary(8, 16, 10000.0)
+    cos, sin = (t.double() for t in rot.table(3, 5))
+    x = torch.randn(2, 5, 4 + 2 * 2, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: RotaryQKV.apply(t, cos, sin, 4, 2), (x,))
+
+
+# --- parameters, FLOPs, init ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_num_params(tie):
+    m = model(tie_embeddings=tie)
+    unique = {id(p): p.numel() for p in m.parameters()}
+    assert m.num_params() == sum(unique.values())
+    D, F_, L = 64, 192, 2  # ffn_dim: int(8 * 64 / 3) = 170 -> 192 (multiple_of 64)
+    block = D * (4 + 2 * 2) * 16 + D * D + 3 * D * F_ + 2 * D
+    assert m.num_params(exclude_embeddings=True) == L * block + D
+    assert m.num_params() == L * block + D + V * D * (1 if tie else 2)
+
+
+def test_flops_per_token_hand_computed():
+    m = model()  # D 64, L 2, H 4, K 2, E 16, F 192, V 97
+    matmul = 2 * (64 * 128 + 64 * 64 + 3 * 64 * 192) + 97 * 64
+    assert m.flops_per_token(32) == 6 * matmul + 12 * 2 * 64 * 32
+    assert m.flops_per_token(32) == 6 * 104_512 + 49_152
+
+
+def test_init_statistics_and_determinism():
+    cfg = dict(d_model=256, n_layers=4, n_heads=4, n_kv_heads=0, init_std=0.03)
+    m = model(**cfg)
+    b = m.blocks[1]
+    out_std = 0.03 / math.sqrt(2 * 4)
+    for w, std in [(b.attn.wqkv.weight, 0.03), (b.ffn.w1.weight, 0.03), (b.ffn.w3.weight, 0.03),
+                   (m.tok_emb.weight, 0.03), (b.attn.wo.weight, out_std), (b.ffn.w2.weight, out_std)]:
+        assert abs(w.std().item() / std - 1) < 0.05, w.shape
+        assert abs(w.mean().item()) < std / 20
+    assert all(torch.equal(n.weight, torch.ones(256)) for n in (b.attn_norm, b.ffn_norm, m.norm))
+    again = model(**cfg)
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), again.parameters()))
+    assert not torch.equal(m.tok_emb.weight, model(seed=1, **cfg).tok_emb.weight)
+
+
+def test_tied_embedding_shares_storage():
+    m = model()
+    assert m.lm_head.weight is m.tok_emb.weight
+    assert m.lm_head.weight.data_ptr() == m.tok_emb.weight.data_ptr()
+    untied = model(tie_embeddings=False)
+    assert untied.lm_head.weight.data_ptr() != untied.tok_emb.weight.data_ptr()
+
+
+# --- activation checkpointing --------------------------------------------------------------
+
+
+def grads(m: Transformer, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    m.zero_grad(set_to_none=True)
+    F.cross_entropy(m(x).flatten(0, 1), x.flatten(), reduction="sum").backward()
+    return {n: p.grad.clone() for n, p in m.named_parameters()}
+
+
+def test_activation_checkpointing_gives_identical_grads():
+    m, x = model(), tokens(2, 16)
+    spread_weights(m, 0.1)
+    calls = []
+    m.blocks[0].attn.register_forward_hook(lambda *_: calls.append(1))
+    plain = grads(m, x)
+    assert len(calls) == 1
+    m.set_activation_checkpointing(True)
+    ckpt = grads(m, x)
+    assert len(calls) == 3  # forward, then recomputed in backward
+    for name in plain:
+        torch.testing.assert_close(ckpt[name], plain[name], rtol=0, atol=0, msg=name)
+
+
+# --- KV cache ------------------------------------------------------------------------------
+
+
+def test_kv_cache_prefill_then_decode_matches_full_forward():
+    m, x = model().eval(), tokens(3, 20)
+    spread_weights(m)
+    full = m(x)
+    cache = m.new_cache(3)
+    steps = [m(x[:, :8], cache)] + [m(x[:, t:t + 1], cache) for t in range(8, 20)]
+    assert cache.pos == 20
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_kv_cache_chunked_prefill_matches_full_forward():
+    m, x = model().eval(), tokens(2, 24)
+    spread_weights(m)
+    full = m(x)
+    cache = KVCache(2, 2, 2, 32, 16, torch.float32, "cpu")
+    chunks = [m(x[:, a:b], cache) for a, b in [(0, 5), (5, 9), (9, 16), (16, 17), (17, 24)]]
+    torch.testing.assert_close(torch.cat(chunks, 1), full, rtol=1e-5, atol=1e-5)
+    cache.reset()
+    torch.testing.assert_close(m(x[:, :6], cache), full[:, :6], rtol=1e-5, atol=1e-5)
+
+
+# --- parity with transformers --------------------------------------------------------------
+
+
+def to_llama(m: Transformer):
+    transformers = pytest.importorskip("transformers")
+    cfg = m.cfg
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_dim,
+        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.kv_heads, max_position_embeddings=cfg.max_seq_len,
+        rope_theta=cfg.rope_theta, rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings,
+        attn_implementation="eager")
+    hf = transformers.LlamaForCausalLM(hf_cfg).eval()
+    E = m.head_dim
+    state = {"model.embed_tokens.weight": m.tok_emb.weight, "model.norm.weight": m.norm.weight,
+             "lm_head.weight": m.lm_head.weight}
+    for i, b in enumerate(m.blocks):
+        p = f"model.layers.{i}."
+        q, k, v = b.attn.wqkv.weight.split([cfg.n_heads * E, cfg.kv_heads * E, cfg.kv_heads * E])
+        state.update({
+            p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k,
+            p + "self_attn.v_proj.weight": v, p + "self_attn.o_proj.weight": b.attn.wo.weight,
+            p + "mlp.gate_proj.weight": b.ffn.w1.weight, p + "mlp.up_proj.weight": b.ffn.w3.weight,
+            p + "mlp.down_proj.weight": b.ffn.w2.weight,
+            p + "input_layernorm.weight": b.attn_norm.weight,
+            p + "post_attention_layernorm.weight": b.ffn_norm.weight})
+    hf.load_state_dict(state, strict=True)
+    return hf
+
+
+@pytest.mark.parametrize("tie,kv_heads,theta", [(True, 2, 10000.0), (False, 4, 500.0)])
+def test_logits_match_llama(tie, kv_heads, theta):
+    m = model(tie_embeddings=tie, n_kv_heads=kv_heads, rope_theta=theta, norm_eps=1e-6)
+    spread_weights(m, 0.1)
+    hf = to_llama(m)
+    x = tokens(3, 32)
+    with torch.no_grad():
+        ours, ref = m(x), hf(input_ids=x).logits
+    assert ref.abs().max() > 1.0  # weights large enough that a rotary mismatch would show
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
