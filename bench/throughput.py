@@ -4,8 +4,9 @@
 
 Each variant trains the same model shape on the same batches (trimtab's loader over the built-in
 corpus) for the same steps, in its own subprocess (so peak RSS is its own). Variants run
-interleaved, `--reps` times, and the median is reported; the load average before each run is
-recorded, because a busy second core slows two-thread torch 3-10x. Results go to BENCHMARKS.md.
+interleaved, `--reps` times, and the median is reported; contention is
+measured (CPU time of other processes during each run), because a busy second core slows
+two-thread torch 3-10x. Results go to BENCHMARKS.md.
 
     trimtab          trimtab.training.Trainer.fit at the preset's defaults
     trimtab-eager    the same with train.compile=false (when the defaults compile)
@@ -158,17 +159,42 @@ def parent(args: argparse.Namespace) -> None:
     runs: dict[str, list[dict]] = {v: [] for v in variants}
     for rep in range(args.reps):
         for variant in variants:
-            load = os.getloadavg()[0]
             cmd = [sys.executable, __file__, "--child", variant, "--preset", args.preset,
                    "--steps", str(args.steps), "--warmup", str(args.warmup)]
-            out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            with Contention() as busy:
+                out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
             line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if line is None:
                 sys.exit(f"{variant} failed:\n{out.stderr[-3000:]}")
-            result = {**json.loads(line[7:]), "load_before": load}
+            result = {**json.loads(line[7:]), "other_cpu": busy.other}
             runs[variant].append(result)
-            print(f"rep {rep} {variant:14s} {result['tokens_per_s']:8.0f} tok/s  load {load:.2f}", flush=True)
+            print(f"rep {rep} {variant:14s} {result['tokens_per_s']:8.0f} tok/s  "
+                  f"other processes {busy.other:.0%} of the CPUs", flush=True)
     write_report(args, runs)
+
+
+class Contention:
+    """Share of the machine's CPU time used by processes other than the benchmark child."""
+
+    def __enter__(self) -> "Contention":
+        self.busy0, self.child0, self.t0 = _busy_seconds(), _children_cpu(), time.monotonic()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        busy = _busy_seconds() - self.busy0
+        ours = _children_cpu() - self.child0
+        self.other = max(0.0, busy - ours) / ((time.monotonic() - self.t0) * os.cpu_count())
+
+
+def _busy_seconds() -> float:
+    fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
@@ -178,12 +204,13 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
              f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
              f"{os.cpu_count()} cores, torch {__import__('torch').__version__}; {args.steps} timed steps "
              f"after {args.warmup} warm-up steps, median of {args.reps} interleaved repetitions.", "",
-             "| variant | tokens/s (median) | all reps | warm-up s | peak RSS MB | load avg before |",
+             "| variant | tokens/s (median) | all reps | warm-up s | peak RSS MB | other processes' CPU share |",
              "|---|---|---|---|---|---|"]
     for v, rs in runs.items():
-        lines.append(f"| {v} | {med[v]:,.0f} | {', '.join(f'{r['tokens_per_s']:,.0f}' for r in rs)} | "
-                     f"{statistics.median(r['warmup_s'] for r in rs):.1f} | {rss[v]:,.0f} | "
-                     f"{', '.join(f'{r['load_before']:.2f}' for r in rs)} |")
+        each = ", ".join(f"{r['tokens_per_s']:,.0f}" for r in rs)
+        loads = ", ".join(f"{r['other_cpu']:.0%}" for r in rs)
+        warm = statistics.median(r["warmup_s"] for r in rs)
+        lines.append(f"| {v} | {med[v]:,.0f} | {each} | {warm:.1f} | {rss[v]:,.0f} | {loads} |")
     ratio_hf = med["trimtab"] / med["transformers"]
     ratio_min = med["trimtab"] / med["minimal"]
     lines += ["", f"- trimtab (defaults) / transformers (defaults): **{ratio_hf:.2f}x** (target >= 1.3x)",

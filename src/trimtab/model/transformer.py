@@ -78,6 +78,10 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """tokens [B, T] -> logits [B, T, V]. With a cache, tokens continue at cache.pos."""
+        return self.lm_head(self.hidden(tokens, cache))
+
+    def hidden(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """tokens [B, T] -> final normalised hidden states [B, T, D] (the lm head's input)."""
         T = tokens.shape[1]
         offset = cache.pos if cache is not None else 0
         limit = min(self.cfg.max_seq_len, cache.max_len) if cache is not None else self.cfg.max_seq_len
@@ -95,7 +99,7 @@ class Transformer(nn.Module):
                 x = block(x, rope, mask, cache, i)
         if cache is not None:
             cache.advance(T)
-        return self.lm_head(self.norm(x))
+        return self.norm(x)
 
     @staticmethod
     def _chunk_mask(offset: int, T: int, device: torch.device) -> torch.Tensor | None:

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
-import torch.nn.functional as F
 
 from trimtab.checkpoint import latest_valid, load_checkpoint, load_weights, save_checkpoint
 from trimtab.config import RunConfig
@@ -26,6 +25,7 @@ from trimtab.model import build_model
 from trimtab.training import setup
 from trimtab.training.device import choose_precision, peak_flops, pick_device
 from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger
+from trimtab.training.loss import cross_entropy_sum
 from trimtab.training.optim import build_optimizer, lr_at, set_lr
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class Trainer:
             self.model.set_activation_checkpointing(True)
         if cfg.train.init_from and not resume:
             setup.init_weights_from(cfg, self.model)
-        self.forward = torch.compile(self.model) if cfg.train.compile else self.model
+        self.hidden = torch.compile(self.model.hidden) if cfg.train.compile else self.model.hidden
         self.scaler = self.precision.grad_scaler()
         self.total_steps = sum(p.steps for p in self.phases)
         self.flops_per_token = self.model.flops_per_token(cfg.data.seq_len)
@@ -138,12 +138,11 @@ class Trainer:
             inputs = micro.inputs.to(self.device, non_blocking=True)
             targets = micro.targets.to(self.device, non_blocking=True)
             with self.precision.autocast():
-                logits = self.forward(inputs)
-            # Token-normalised loss: each micro-batch's summed loss over the step's total target
-            # count, so the gradient is that of one large batch however it is split
-            # ((x1+x2)/(n1+n2), not (x1/n1+x2/n2)/2; torchtune#1875, transformers#34242).
-            micro_loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
-                                         ignore_index=-100, reduction="sum") / batch.n_targets
+                hidden = self.hidden(inputs)
+                # Token-normalised loss: each micro-batch's summed loss over the step's total
+                # target count, so the gradient is that of one large batch however it is split
+                # ((x1+x2)/(n1+n2), not (x1/n1+x2/n2)/2; torchtune#1875, transformers#34242).
+                micro_loss = cross_entropy_sum(hidden, self.model.lm_head.weight, targets) / batch.n_targets
             (self.scaler.scale(micro_loss) if self.scaler else micro_loss).backward()
             loss += micro_loss.detach()
         if self.scaler:
@@ -196,9 +195,8 @@ class Trainer:
         total, count = torch.zeros((), device=self.device), 0
         for micro in micro_batches:
             with self.precision.autocast():
-                logits = self.forward(micro.inputs.to(self.device))
-            total += F.cross_entropy(logits.float().flatten(0, 1), micro.targets.to(self.device).flatten(),
-                                     ignore_index=-100, reduction="sum")
+                hidden = self.hidden(micro.inputs.to(self.device))
+                total += cross_entropy_sum(hidden, self.model.lm_head.weight, micro.targets.to(self.device))
             count += micro.n_targets
         val_loss = total.item() / max(count, 1)
         self.last_eval = {"step": self.state.step, "phase": self.phases[self.state.phase].name,
