@@ -14,6 +14,8 @@ from trimtab.data import TextTokenizer
 from trimtab.errors import CheckpointError
 from trimtab.sampling import generate as generate_ids
 from trimtab.model import Transformer, build_model
+from trimtab.orchestrator import Orchestrator
+from trimtab.orchestrator.faults import FaultInjector
 from trimtab.training.trainer import Trainer
 
 
@@ -27,7 +29,10 @@ def train(config: RunConfig | str | Path | None = None, *, hooks: list = (), **o
         config = load_config(config, overrides=overrides)
     elif overrides:
         raise TypeError("pass overrides inside the RunConfig, or pass a YAML path / None with overrides")
-    summary = Trainer(config, hooks=list(hooks)).fit()
+    built_in = [Orchestrator(config.orchestrator, config.run_dir)]
+    if config.faults:
+        built_in.append(FaultInjector(config.faults, config.run_dir))
+    summary = Trainer(config, hooks=built_in + list(hooks)).fit()
     (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 

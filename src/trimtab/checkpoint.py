@@ -107,6 +107,39 @@ def latest_valid(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
+def find_checkpoint(run_dir: Path, to: str | int = "last_good") -> tuple[Path, dict[str, Any]] | None:
+    """A rollback target: the newest valid checkpoint marked good (`"last_good"`), or the newest
+    valid one at or before step `to`."""
+    for path in reversed(list_checkpoints(run_dir)):
+        if to != "last_good" and _step_of(path) > int(to):
+            continue
+        try:
+            state = verify(path)
+        except CheckpointError as exc:
+            log.warning("skipping corrupt checkpoint: %s", exc)
+            continue
+        if to != "last_good" or state.get("good"):
+            return path, state
+    return None
+
+
+def retire_after(run_dir: Path, step: int, keep: int) -> list[Path]:
+    """After a rollback to `step`, newer checkpoints belong to an abandoned trajectory: move them to
+    checkpoints/rolled_back/ (kept for inspection, newest `keep`) so resume never picks them."""
+    attic = checkpoint_root(run_dir) / "rolled_back"
+    moved = []
+    for path in list_checkpoints(run_dir):
+        if _step_of(path) > step:
+            attic.mkdir(exist_ok=True)
+            target = attic / path.name
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(path, target)
+            moved.append(target)
+    for old in sorted(attic.iterdir(), key=lambda p: p.stat().st_mtime)[:-keep] if moved else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return moved
+
+
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
     state = verify(path)
     weights = load_file(str(path / "model.safetensors"))

@@ -18,7 +18,15 @@ def _train(args: argparse.Namespace) -> int:
         overrides["out"] = args.out
     if args.max_steps is not None:
         overrides["train"] = {"max_steps": args.max_steps}
+    if args.orchestrator:
+        overrides["orchestrator"] = {"mode": args.orchestrator}
     cfg = load_config(args.config, preset=args.preset, overrides=overrides, sets=args.set)
+    if args.inject:
+        from trimtab.orchestrator.faults import parse_fault
+
+        for spec in args.inject:
+            parse_fault(spec, "--inject")
+        cfg.faults = [*cfg.faults, *args.inject]
     summary = api.train(cfg)
     _print_summary(summary)
     return 0
@@ -36,6 +44,21 @@ def _print_summary(summary: dict) -> None:
                  f"non-embedding), {summary['device']} {summary['precision']}")
     lines.append(f"run directory: {summary['run_dir']}")
     print("\n".join(lines))
+
+
+def _ctl(args: argparse.Namespace) -> int:
+    from trimtab.orchestrator import ctl
+
+    path = ctl.send(args.run_dir, ctl.parse_command(args.action, args.args))
+    print(f"sent to the job in {args.run_dir} ({path.name}); it applies it at its next step and "
+          "journals it in decisions.jsonl")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from trimtab.orchestrator import healing
+
+    return healing.main(args.rest)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -67,7 +90,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, help="pretraining steps (train.max_steps)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value (repeatable)")
+    p.add_argument("--inject", action="append", default=[], metavar="KIND@STEP[:PARAM]",
+                   help="inject a fault, e.g. nan_loss@30 or oom@10:512 (repeatable; see docs/orchestrator.md)")
+    p.add_argument("--orchestrator", choices=("auto", "advise", "off"),
+                   help="orchestrator mode (orchestrator.mode); default auto")
     p.set_defaults(func=_train)
+
+    p = sub.add_parser("ctl", help="act on a running job (journaled as a manual decision)",
+                       description="Actions: skip-step, scale-lr F, set-lr V, emergency-lr [F], "
+                       "rollback [STEP], micro-batch TOKENS, grad-clip V, weight-decay V, checkpoint, "
+                       "stop [REASON], pause-rule RULE, resume-rule RULE, mode auto|advise|off")
+    p.add_argument("run_dir")
+    p.add_argument("action")
+    p.add_argument("args", nargs="*")
+    p.set_defaults(func=_ctl)
+
+    p = sub.add_parser("bench", help="benchmarks: `trimtab bench healing` (fault recovery)",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_bench)
 
     p = sub.add_parser("generate", help="sample text from a trained run")
     p.add_argument("run_dir")

@@ -193,6 +193,7 @@ class MicroBatch:
     inputs: torch.Tensor  # int64 [B, T], right-padded with pad_id
     targets: torch.Tensor  # int64 [B, T] next tokens; IGNORE_INDEX where masked or padding
     n_targets: int  # number of targets != IGNORE_INDEX
+    rows: list[int]  # dataset row of each of the B rows
 
 
 @dataclass
@@ -226,7 +227,7 @@ def collate(rows: Rows, indices: list[int], pad_id: int) -> MicroBatch:
         inputs[b, :n] = tokens[:-1]
         targets[b, :n] = np.where(mask[1:], tokens[1:], IGNORE_INDEX)
     return MicroBatch(torch.from_numpy(inputs), torch.from_numpy(targets),
-                      int((targets != IGNORE_INDEX).sum()))
+                      int((targets != IGNORE_INDEX).sum()), list(indices))
 
 
 class BatchLoader:
@@ -243,6 +244,7 @@ class BatchLoader:
         self.pad_id = pad_id
         self._epoch, self._cursor = 0, 0
         self._order = self._permutation(0)
+        self.skipped: set[int] = set()  # rows a rollback took out of training (bad data)
 
     @property
     def epoch(self) -> int:
@@ -252,11 +254,30 @@ class BatchLoader:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))
 
     def _next_row(self) -> int:
-        if self._cursor == len(self._order):
-            self._epoch, self._cursor = self._epoch + 1, 0
-            self._order = self._permutation(self._epoch)
-        self._cursor += 1
-        return int(self._order[self._cursor - 1])
+        while True:
+            if self._cursor == len(self._order):
+                self._epoch, self._cursor = self._epoch + 1, 0
+                self._order = self._permutation(self._epoch)
+            self._cursor += 1
+            row = int(self._order[self._cursor - 1])
+            if row not in self.skipped:
+                return row
+
+    def skip_rows(self, rows: list[int]) -> int:
+        """Never serve these rows again (the data window behind a rollback); at least one row stays."""
+        keep = set(self.skipped)
+        keep.update(int(r) for r in rows)
+        if len(keep) >= len(self.rows):
+            raise DataError("skipping these rows would leave no training data; the data itself is bad")
+        added = len(keep) - len(self.skipped)
+        self.skipped = keep
+        return added
+
+    def regroup(self, batch: StepBatch) -> StepBatch:
+        """The same rows split into micro-batches of the current budget (after an OOM)."""
+        micro = [collate(self.rows, group, self.pad_id)
+                 for group in group_rows(self.rows, batch.rows, self.micro_batch_tokens)]
+        return StepBatch(micro, batch.n_targets, batch.n_tokens, batch.rows)
 
     def next_batch(self) -> StepBatch:
         indices: list[int] = []
@@ -270,7 +291,7 @@ class BatchLoader:
 
     def state_dict(self) -> dict:
         return {"epoch": self._epoch, "cursor": self._cursor, "seed": self.seed,
-                "n_rows": len(self.rows)}
+                "n_rows": len(self.rows), "skipped": sorted(self.skipped)}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly where `state` was taken (its seed wins over the constructor's)."""
@@ -280,6 +301,7 @@ class BatchLoader:
         self.seed = int(state["seed"])
         self._epoch, self._cursor = int(state["epoch"]), int(state["cursor"])
         self._order = self._permutation(self._epoch)
+        self.skipped = set(state.get("skipped", []))
 
 
 def eval_batches(rows: Rows, micro_batch_tokens: int, max_tokens: int, pad_id: int) -> list[MicroBatch]:

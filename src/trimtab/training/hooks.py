@@ -11,7 +11,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 if TYPE_CHECKING:
+    from trimtab.data import StepBatch
     from trimtab.training.trainer import StepOutput, Trainer
 
 
@@ -20,6 +23,19 @@ class Hook:
 
     def on_train_start(self, trainer: "Trainer") -> None: ...
 
+    def on_step_start(self, trainer: "Trainer", batch: "StepBatch") -> None:
+        """Before the step (again before each retry of it after an OOM)."""
+
+    def update_gate(self, trainer: "Trainer", loss: torch.Tensor,
+                    grad_norm: torch.Tensor) -> torch.Tensor | None:
+        """A 0-d bool tensor, true to withhold this step's update; computed on device (no sync)."""
+        return None
+
+    def on_oom(self, trainer: "Trainer", exc: BaseException, batch: "StepBatch") -> bool:
+        """Out of memory inside the step: return True after shrinking the micro-batch (through
+        trainer.control) to retry the same rows; False lets the error propagate."""
+        return False
+
     def on_step_end(self, trainer: "Trainer", out: "StepOutput") -> None: ...
 
     def on_log(self, trainer: "Trainer", metrics: dict[str, Any]) -> None: ...
@@ -27,6 +43,21 @@ class Hook:
     def on_eval(self, trainer: "Trainer", metrics: dict[str, Any]) -> None: ...
 
     def on_train_end(self, trainer: "Trainer", summary: dict[str, Any]) -> None: ...
+
+    def on_save_start(self, trainer: "Trainer") -> None: ...
+
+    def on_save_error(self, trainer: "Trainer", exc: OSError) -> bool:
+        """Saving failed (disk full, ...): True if handled and training may go on."""
+        return False
+
+    def on_checkpoint(self, trainer: "Trainer", path: Path) -> None: ...
+
+    def healthy(self, trainer: "Trainer") -> bool:
+        """Whether the checkpoint about to be written is a good rollback target."""
+        return True
+
+    def on_rollback(self, trainer: "Trainer", saved_state: dict[str, Any]) -> None:
+        """After a rollback; saved_state is this hook's state_dict() from that checkpoint."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}

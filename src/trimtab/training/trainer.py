@@ -18,11 +18,14 @@ from typing import Any, Iterator
 
 import torch
 
-from trimtab.checkpoint import latest_valid, load_checkpoint, load_weights, save_checkpoint
+from trimtab.checkpoint import find_checkpoint, latest_valid, load_checkpoint, load_weights, \
+    retire_after, save_checkpoint
 from trimtab.config import RunConfig
 from trimtab.data import StepBatch
+from trimtab.errors import CheckpointError
 from trimtab.model import build_model
 from trimtab.training import setup
+from trimtab.training.control import Control
 from trimtab.training.device import choose_precision, peak_flops, pick_device
 from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger
 from trimtab.training.loss import cross_entropy_sum
@@ -33,10 +36,19 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TrainState:
-    step: int = 0  # optimizer steps taken, over all phases
+    step: int = 0  # optimizer steps taken (or skipped by the update gate), over all phases
     tokens: int = 0  # input tokens trained on
     phase: int = 0
     train_seconds: float = 0.0
+    # Knobs that interventions set through Control (None: the phase's config value).
+    lr_scale: float = 1.0  # multiplies the schedule
+    grad_clip: float | None = None
+    weight_decay: float | None = None
+    micro_batch_tokens: int | None = None
+    rollbacks: int = 0
+
+
+KNOBS = ("lr_scale", "grad_clip", "weight_decay", "micro_batch_tokens", "rollbacks")
 
 
 @dataclass
@@ -46,7 +58,9 @@ class StepOutput:
     grad_norm: torch.Tensor  # 0-d, on device: pre-clip global norm
     lr: float
     batch: StepBatch
-    seconds: float
+    seconds: float  # wall time of the step, data loading included
+    skipped: torch.Tensor | None = None  # 0-d bool, on device: the update gate withheld the update
+    overflow: torch.Tensor | None = None  # 0-d bool, on device: fp16 GradScaler found inf/NaN
 
 
 @dataclass
@@ -57,15 +71,24 @@ class LogWindow:
     norms: list = field(default_factory=list)
     tokens: int = 0
     seconds: float = 0.0
+    skips: list = field(default_factory=list)
 
-    def read(self) -> tuple[list[float], list[float]]:
-        """Losses and grad norms as floats: one device read for the whole window."""
+    def read(self) -> tuple[list[float], list[float], int]:
+        """Losses, grad norms and the count of skipped updates: one device read for the window."""
         if not self.losses:
-            return [], []
-        values = [v if isinstance(v, torch.Tensor) else torch.tensor(v) for v in self.losses + self.norms]
-        device = next((v.device for v in values if v.device.type != "cpu"), torch.device("cpu"))
-        flat = torch.stack([v.float().to(device) for v in values]).tolist()
-        return flat[:len(self.losses)], flat[len(self.losses):]
+            return [], [], 0
+        n = len(self.losses)
+        flat = read_scalars(self.losses + self.norms + self.skips)
+        return flat[:n], flat[n:2 * n], int(sum(flat[2 * n:]))
+
+
+def read_scalars(values: list) -> list[float]:
+    """0-d tensors (any device) and numbers as floats, with a single device-to-host copy."""
+    if not values:
+        return []
+    tensors = [v if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in values]
+    device = next((v.device for v in tensors if v.device.type != "cpu"), torch.device("cpu"))
+    return torch.stack([v.float().to(device) for v in tensors]).tolist()
 
 
 class Trainer:
@@ -97,12 +120,12 @@ class Trainer:
             self.hooks.append(TensorBoardLogger(cfg.run_dir / "tb"))
         self.hooks += list(hooks)
         self.window = LogWindow()
+        self.control = Control(self)
         self._enter_phase(0)
         self.resumed_from = resume[0] if resume else None
+        self.last_saved = self.last_good = -1
         if resume:
-            self._restore(resume[0])
-        self.last_saved = self.state.step if resume else -1
-        if resume:
+            self._load(resume[0], rollback=False)
             log.info("resuming from %s (step %d of %d)", resume[0], self.state.step, self.total_steps)
         self.last_eval: dict[str, Any] = {}
 
@@ -114,9 +137,14 @@ class Trainer:
         with _stop_on_signals(self):
             while self.state.step < self.total_steps and not self.stop_reason:
                 self._maybe_next_phase()
+                t0 = time.perf_counter()
                 batch = self.loader.next_batch()
-                out = self.train_step(batch)
-                self._after_step(out)
+                self._call("on_step_start", batch)
+                out = self._step_with_oom_retry(batch, t0)
+                if out is None:  # out of memory with nothing left to shrink: stop_reason says why
+                    break
+                self._after_step(out)  # bookkeeping and hooks: the orchestrator decides here
+                self.control.apply()  # interventions take effect at this one point
                 self._maybe_eval()
                 self._maybe_checkpoint()
         if not self.stop_reason and not self.last_eval:  # e.g. a finished run asked to go on
@@ -128,9 +156,7 @@ class Trainer:
 
     def train_step(self, batch: StepBatch) -> StepOutput:
         """One optimizer step: forward/backward over the micro-batches, clip, update."""
-        t0 = time.perf_counter()
-        phase = self.phases[self.state.phase]
-        lr = lr_at(self.state.step - phase.start, phase.steps, phase.optim)
+        lr = self.scheduled_lr() * self.state.lr_scale
         set_lr(self.optimizer, lr)
         self.model.train()
         loss = torch.zeros((), device=self.device)
@@ -147,15 +173,65 @@ class Trainer:
             loss += micro_loss.detach()
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        clip = phase.optim.grad_clip or math.inf  # inf: measure the norm, change nothing
+        clip = self.grad_clip() or math.inf  # inf: measure the norm, change nothing
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+        # Checked before the update, so a bad step is never applied (torchtitan#4226).
+        skip = self._update_gate(loss, grad_norm)
+        overflow = self._update(skip)
         self.optimizer.zero_grad(set_to_none=True)
-        return StepOutput(self.state.step + 1, loss, grad_norm, lr, batch, time.perf_counter() - t0)
+        return StepOutput(self.state.step + 1, loss, grad_norm, lr, batch, 0.0, skip, overflow)
+
+    def _update_gate(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor | None:
+        """OR of the hooks' skip flags (0-d bool tensors on device), or None when nobody gates."""
+        flags = [f for h in self.hooks if (f := h.update_gate(self, loss, grad_norm)) is not None]
+        if self.control.skip_next:
+            self.control.skip_next = False
+            flags.append(torch.ones((), dtype=torch.bool, device=self.device))
+        return torch.stack(flags).any() if flags else None
+
+    def _update(self, skip: torch.Tensor | None) -> torch.Tensor | None:
+        """The optimizer step, withheld where `skip` is true; returns the fp16 overflow flag."""
+        if self.scaler:
+            before = self.scaler._scale.clone()  # private, but get_scale() would sync the host
+            if skip is None or not bool(skip):  # fp16 only (pre-Ampere GPUs, MPS): one read
+                self.scaler.step(self.optimizer)
+            self.scaler.update()
+            return self.scaler._scale < before  # the scaler backs off only when it found inf/NaN
+        if skip is None:
+            self.optimizer.step()
+        elif self.optimizer.defaults.get("fused"):
+            # Fused AdamW honours found_inf on device: the whole update (moments, decay, step
+            # count) is skipped without a host-device sync (OLMo-core's skip-step idea).
+            self.optimizer.found_inf = skip.float()
+            self.optimizer.step()
+            self.optimizer.found_inf = None
+        elif not bool(skip):
+            self.optimizer.step()
+        return None
+
+    def _step_with_oom_retry(self, batch: StepBatch, t0: float) -> StepOutput | None:
+        """train_step, retried on the same rows in smaller micro-batches while a hook (the
+        orchestrator) shrinks the budget after an out-of-memory error; None if it gave up."""
+        while True:
+            try:
+                out = self.train_step(batch)
+                out.seconds = time.perf_counter() - t0
+                return out
+            except (torch.OutOfMemoryError, RuntimeError) as exc:
+                if not _is_oom(exc):
+                    raise
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                budget = self.loader.micro_batch_tokens
+                handled = any(h.on_oom(self, exc, batch) for h in self.hooks)
+                self.control.apply()
+                if self.stop_reason:
+                    return None
+                if not handled or self.loader.micro_batch_tokens >= budget:
+                    raise  # nobody shrank the micro-batch: a retry would fail the same way
+            batch = self.loader.regroup(batch)
+            self._call("on_step_start", batch)
 
     # ------------------------------------------------------------------------------ around the step
 
@@ -165,6 +241,7 @@ class Trainer:
         self.state.train_seconds += out.seconds
         self.window.losses.append(out.loss)
         self.window.norms.append(out.grad_norm)
+        self.window.skips.append(out.skipped if out.skipped is not None else False)
         self.window.tokens += out.batch.n_tokens
         self.window.seconds += out.seconds
         self._call("on_step_end", out)
@@ -172,11 +249,13 @@ class Trainer:
             self._call("on_log", self._log_metrics(out.lr))
 
     def _log_metrics(self, lr: float) -> dict[str, Any]:
-        losses, norms = self.window.read()
+        losses, norms, skipped = self.window.read()
         tps = self.window.tokens / max(self.window.seconds, 1e-9)
         metrics = {"step": self.state.step, "phase": self.phases[self.state.phase].name,
                    "loss": sum(losses) / len(losses), "grad_norm": sum(norms) / len(norms),
-                   "grad_norm_max": max(norms), "lr": lr, "tokens": self.state.tokens,
+                   "grad_norm_max": max(norms), "lr": lr, "lr_scale": self.state.lr_scale,
+                   "skipped_steps": skipped, "micro_batch_tokens": self.loader.micro_batch_tokens,
+                   "tokens": self.state.tokens,
                    "tokens_per_s": tps, "step_time": self.window.seconds / len(losses),
                    "epoch": self.loader.epoch, "peak_rss_mb": _peak_rss_mb()}
         if self.peak_flops:
@@ -220,45 +299,117 @@ class Trainer:
         """Stop after the current step, saving a checkpoint (signals and hooks use this)."""
         self.stop_reason = self.stop_reason or reason
 
-    # ------------------------------------------------------------------------------ phases
+    # ------------------------------------------------------------------------------ phases and knobs
 
     def _enter_phase(self, index: int) -> None:
         phase = self.phases[index]
         self.state.phase = index
         self.optimizer = build_optimizer(self.model, phase.optim, self.device)
         self.loader = phase.loader(self.cfg, self.tok.pad_id)
+        self._apply_knobs()
+
+    def _apply_knobs(self) -> None:
+        if self.state.micro_batch_tokens:
+            self.loader.micro_batch_tokens = self.state.micro_batch_tokens
+        if self.state.weight_decay is not None:
+            self.optimizer.param_groups[0]["weight_decay"] = self.state.weight_decay  # the decay group
 
     def _maybe_next_phase(self) -> None:
         index = max(i for i, p in enumerate(self.phases) if p.start <= self.state.step)
         if index != self.state.phase:
             self._enter_phase(index)
 
+    def scheduled_lr(self) -> float:
+        phase = self.phases[self.state.phase]
+        return lr_at(self.state.step - phase.start, phase.steps, phase.optim)
+
+    def grad_clip(self) -> float:
+        clip = self.state.grad_clip
+        return self.phases[self.state.phase].optim.grad_clip if clip is None else clip
+
+    def set_micro_batch_tokens(self, tokens: int) -> str:
+        """Micro-batch budget; the step's rows (the optimization batch) stay the same."""
+        old = self.loader.micro_batch_tokens
+        tokens = max(min(tokens, self.loader.batch_tokens), self.phases[self.state.phase].data.seq_len)
+        self.loader.micro_batch_tokens = self.state.micro_batch_tokens = tokens
+        return f"micro-batch {old} -> {tokens} tokens"
+
+    def set_weight_decay(self, value: float) -> str:
+        old = self.optimizer.param_groups[0]["weight_decay"]
+        self.state.weight_decay = value
+        self._apply_knobs()
+        return f"weight decay {old:g} -> {value:g}"
+
+    def say(self, line: str) -> None:
+        """One line on the console, above the progress bar."""
+        console = next((h for h in self.hooks if isinstance(h, ConsoleLogger)), None)
+        console.write(line) if console else log.warning(line)
+
     # ------------------------------------------------------------------------------ checkpoints
 
     def save(self) -> None:
         if self.state.step == self.last_saved:
             return
-        losses, norms = self.window.read()
-        state = {"train": vars(self.state).copy(), "data": self.loader.state_dict(),
+        good = self._healthy()
+        losses, norms, _ = self.window.read()
+        state = {"train": vars(self.state).copy(), "data": self.loader.state_dict(), "good": good,
                  "log_window": {"losses": losses, "norms": norms, "tokens": self.window.tokens,
                                 "seconds": self.window.seconds},
                  "hooks": {f"{i}:{type(h).__name__}": h.state_dict() for i, h in enumerate(self.hooks)}}
         optim_state = {"optimizer": self.optimizer.state_dict(), "rng": _rng_state(),
                        "scaler": self.scaler.state_dict() if self.scaler else {}}
-        save_checkpoint(self.cfg.run_dir, self.state.step, self.model.state_dict(), optim_state, state,
-                        keep=self.cfg.checkpoint.keep)
+        try:
+            self._call("on_save_start")
+            path = save_checkpoint(self.cfg.run_dir, self.state.step, self.model.state_dict(), optim_state,
+                                   state, keep=self.cfg.checkpoint.keep, protect=(self.last_good,))
+        except OSError as exc:  # disk full, quota, a vanished mount: a hook may handle it
+            if not any(h.on_save_error(self, exc) for h in self.hooks):
+                raise
+            return
         self.last_saved = self.state.step
+        self.last_good = self.state.step if good else self.last_good
+        self._call("on_checkpoint", path)
 
-    def _restore(self, path) -> None:
+    def _healthy(self) -> bool:
+        """A checkpoint is good (a rollback target) when every hook agrees and the weights are
+        finite; one device read per checkpoint."""
+        finite = torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all()
+        return all(h.healthy(self) for h in self.hooks) and bool(finite)
+
+    def rollback(self, to: str | int = "last_good") -> str:
+        """Restore weights, optimizer, data position and RNG from a checkpoint; keep the knobs."""
+        found = find_checkpoint(self.cfg.run_dir, to)
+        if found is None:
+            what = "good checkpoint" if to == "last_good" else f"checkpoint at or before step {to}"
+            raise CheckpointError(f"no {what} to roll back to in {self.cfg.run_dir / 'checkpoints'}")
+        step = self.state.step
+        self._load(found[0], rollback=True)
+        retire_after(self.cfg.run_dir, self.state.step, self.cfg.checkpoint.keep)
+        return f"rolled back from step {step} to step {self.state.step}"
+
+    def _load(self, path, rollback: bool) -> None:
         weights, optim_state, state = load_checkpoint(path)
         load_weights(self.model, weights, path)
+        knobs = {k: getattr(self.state, k) for k in KNOBS}
+        skipped = self.loader.skipped
         self.state = TrainState(**state["train"])
+        if rollback:
+            self.state.__dict__.update(knobs, rollbacks=knobs["rollbacks"] + 1)
         self._enter_phase(self.state.phase)
         self.optimizer.load_state_dict(optim_state["optimizer"])
+        self._apply_knobs()  # load_state_dict brought back the saved weight decay
         if self.scaler and optim_state["scaler"]:
             self.scaler.load_state_dict(optim_state["scaler"])
         _set_rng_state(optim_state["rng"])
         self.loader.load_state_dict(state["data"])
+        self.last_saved = self.state.step
+        self.last_good = self.state.step if state.get("good", True) else -1
+        if rollback:
+            self.loader.skipped |= skipped
+            self.window = LogWindow()
+            for i, hook in enumerate(self.hooks):
+                hook.on_rollback(self, state["hooks"].get(f"{i}:{type(hook).__name__}", {}))
+            return
         window = state["log_window"]
         self.window = LogWindow(window["losses"], window["norms"], window["tokens"], window["seconds"])
         for i, hook in enumerate(self.hooks):
@@ -290,6 +441,13 @@ class Trainer:
             summary["mfu"] = tps * self.flops_per_token / self.peak_flops
             summary["peak_flops_source"] = self.peak_source
         return summary
+
+
+def _is_oom(exc: BaseException) -> bool:
+    """CUDA/MPS OutOfMemoryError, or an allocator failure reported as a RuntimeError (CPU)."""
+    text = str(exc).lower()
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or \
+        "can't allocate memory" in text
 
 
 def _peak_rss_mb() -> float:

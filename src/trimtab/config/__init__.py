@@ -19,9 +19,11 @@ from typing import Any
 
 import yaml
 
+from trimtab.config.checks import _check, _positive
+from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.errors import ConfigError
 
-PRESET_DIR = Path(__file__).parent / "presets"
+PRESET_DIR = Path(__file__).parent.parent / "presets"
 DEFAULT_PRESET = "small"
 
 
@@ -189,10 +191,12 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
+    faults: list[str] = field(default_factory=list)  # injected faults, KIND@STEP[:PARAM] (tests, bench)
 
     def validate(self) -> "RunConfig":
         for section in (self.model, self.data, self.optim, self.train, self.checkpoint, self.log,
-                        self.finetune):
+                        self.finetune, self.orchestrator):
             section.validate()
         for key, data in (("data.seq_len", self.data), ("finetune.data.seq_len", self.finetune.data)):
             _check(data.seq_len <= self.model.max_seq_len or (key.startswith("finetune") and
@@ -211,16 +215,6 @@ class RunConfig:
 
 # ---------------------------------------------------------------------------------------------
 # building and validating
-
-
-def _check(ok: bool, key: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(f"config key '{key}' {message}")
-
-
-def _positive(obj: Any, section: str, *names: str) -> None:
-    for name in names:
-        _check(getattr(obj, name) > 0, f"{section}.{name}", f"must be > 0 (got {getattr(obj, name)})")
 
 
 def available_presets() -> list[str]:
@@ -316,7 +310,12 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value or {}, key + ".")
     origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
+    if origin is list:
+        if isinstance(value, str):  # `--set faults=nan_loss@5` or one YAML string
+            value = [value]
+        if isinstance(value, list):
+            return [_coerce(typing.get_args(tp)[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
+    elif origin in (typing.Union, types.UnionType):
         if value is None and type(None) in typing.get_args(tp):
             return None
         tp = next(a for a in typing.get_args(tp) if a is not type(None))

@@ -1,0 +1,142 @@
+"""The `orchestrator:` section: mode, escalation ladder, and one sub-section per rule.
+
+Defaults follow what other trainers use and what the healing benchmark measured (see
+docs/orchestrator.md): OLMo-core skips at 6 sigma over 128 steps, LuminaAI flags a spike at
+mean + 2 sigma with a 0.1 rise and a gradient norm above 100 or 10x its mean, Composer halves the
+micro-batch on OOM. Every rule has `enabled`, so a person can switch one off without the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trimtab.config.checks import _check, _positive
+
+MODES = ("auto", "advise", "off")
+
+
+@dataclass
+class SpikeRule:
+    """Loss above its rolling mean + sigma * std and at least min_rise above the mean."""
+
+    enabled: bool = True
+    window: int = 50
+    min_samples: int = 20  # the rule is silent until the window holds this many steps
+    sigma: float = 5.0
+    min_rise: float = 0.25  # nats above the rolling mean
+
+
+@dataclass
+class GradRule:
+    """Pre-clip gradient norm above max_norm, or above factor x its rolling mean."""
+
+    enabled: bool = True
+    max_norm: float = 100.0
+    factor: float = 10.0
+    window: int = 50
+    min_samples: int = 20
+
+
+@dataclass
+class DivergenceRule:
+    """The least-squares line through the last `window` losses rises by min_rise of its mean."""
+
+    enabled: bool = True
+    window: int = 40
+    min_rise: float = 0.05  # fraction of the window's mean loss
+    lr_factor: float = 0.5
+
+
+@dataclass
+class PlateauRule:
+    """Loss variance below `variance` for `window` steps while far from the planned end."""
+
+    enabled: bool = True
+    window: int = 50
+    variance: float = 1e-3
+    max_progress: float = 0.8  # only before this fraction of the run: a late plateau is convergence
+    lr_factor: float = 1.5
+    max_lr_scale: float = 2.0  # the LR is never raised above this multiple of the schedule
+
+
+@dataclass
+class OomRule:
+    """Out of memory: halve the micro-batch (more accumulation), retry the same batch."""
+
+    enabled: bool = True
+    max_retries: int = 6  # halvings within one step before giving up
+    probe_after: int = 200  # clean steps before trying a doubled micro-batch again (0: never)
+
+
+@dataclass
+class MemoryRule:
+    """Memory in use above `threshold` of the device (or the machine, on CPU)."""
+
+    enabled: bool = True
+    threshold: float = 0.92
+    patience: int = 3  # consecutive readings above the threshold
+
+
+@dataclass
+class ThroughputRule:
+    """Tokens/s below `factor` x its rolling median for `patience` steps."""
+
+    enabled: bool = True
+    window: int = 50
+    min_samples: int = 10
+    factor: float = 0.5
+    patience: int = 5
+
+
+@dataclass
+class Fp16Rule:
+    """GradScaler overflow storm: at least `max_overflows` skipped steps within `window`."""
+
+    enabled: bool = True
+    window: int = 20
+    max_overflows: int = 5
+    lr_factor: float = 0.5
+
+
+@dataclass
+class OrchestratorConfig:
+    mode: str = "auto"  # auto: act | advise: journal what it would do | off: no monitoring
+    read_every: int = 0  # steps between device reads of step metrics; 0: 1 on CPU, 10 on GPU
+    outcome_after: int = 20  # steps after a decision when its outcome is judged
+    min_confidence: float = 0.3  # below this an auto decision is journaled but not acted on
+    escalate_after: int = 3  # instability findings within escalation_window that climb one rung
+    escalation_window: int = 50
+    lr_cut: float = 0.5  # the ladder's LR rung
+    max_rollbacks: int = 3  # then save and stop
+    min_lr_scale: float = 0.01  # LR cuts never go below this multiple of the schedule
+    lr_restore_after: int = 100  # quiet steps before the ladder's LR cut is given back x2 (0: never)
+    spike: SpikeRule = field(default_factory=SpikeRule)
+    grad: GradRule = field(default_factory=GradRule)
+    divergence: DivergenceRule = field(default_factory=DivergenceRule)
+    plateau: PlateauRule = field(default_factory=PlateauRule)
+    oom: OomRule = field(default_factory=OomRule)
+    memory: MemoryRule = field(default_factory=MemoryRule)
+    throughput: ThroughputRule = field(default_factory=ThroughputRule)
+    fp16: Fp16Rule = field(default_factory=Fp16Rule)
+
+    RULES = ("spike", "grad", "divergence", "plateau", "oom", "memory", "throughput", "fp16")
+
+    def validate(self) -> None:
+        _check(self.mode in MODES, "orchestrator.mode", f"must be one of {', '.join(MODES)}")
+        _check(self.read_every >= 0, "orchestrator.read_every", "must be >= 0")
+        _positive(self, "orchestrator", "outcome_after", "escalate_after", "escalation_window")
+        _check(0 <= self.min_confidence <= 1, "orchestrator.min_confidence", "must be in [0, 1]")
+        _check(0 < self.lr_cut < 1, "orchestrator.lr_cut", "must be in (0, 1): it is a reduction")
+        _check(self.lr_restore_after >= 0, "orchestrator.lr_restore_after", "must be >= 0")
+        _check(self.max_rollbacks >= 0, "orchestrator.max_rollbacks", "must be >= 0")
+        _check(0 < self.min_lr_scale <= 1, "orchestrator.min_lr_scale", "must be in (0, 1]")
+        for name in ("spike", "grad", "divergence", "plateau", "throughput", "fp16"):
+            _positive(getattr(self, name), f"orchestrator.{name}", "window")
+        _check(self.spike.min_samples >= 2, "orchestrator.spike.min_samples", "must be >= 2")
+        _check(self.divergence.window >= 4, "orchestrator.divergence.window", "must be >= 4")
+        _check(0 < self.divergence.lr_factor < 1, "orchestrator.divergence.lr_factor", "must be in (0, 1)")
+        _check(self.plateau.lr_factor >= 1, "orchestrator.plateau.lr_factor", "must be >= 1 (a raise)")
+        _check(self.plateau.max_lr_scale >= 1, "orchestrator.plateau.max_lr_scale", "must be >= 1")
+        _check(0 < self.memory.threshold <= 1, "orchestrator.memory.threshold", "must be in (0, 1]")
+        _check(0 < self.throughput.factor < 1, "orchestrator.throughput.factor", "must be in (0, 1)")
+        _check(self.oom.max_retries >= 1, "orchestrator.oom.max_retries", "must be >= 1")

@@ -1,0 +1,96 @@
+"""`trimtab ctl RUN_DIR ACTION [ARGS]`: a person acts on a running job.
+
+The command drops one JSON file into RUN_DIR/control/ (written atomically); the job picks it up at
+its next metrics read, applies it through the same Control surface the orchestrator uses, and
+journals it as a manual decision. A command the job cannot apply is answered in a `.error` file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from trimtab.config.orchestrator import MODES, OrchestratorConfig
+from trimtab.errors import ConfigError
+
+# CLI verb -> (action, parameter names in order, their types)
+VERBS: dict[str, tuple[str, tuple[str, ...], tuple[type, ...]]] = {
+    "skip-step": ("skip_step", (), ()),
+    "scale-lr": ("scale_lr", ("factor",), (float,)),
+    "set-lr": ("set_lr", ("value",), (float,)),
+    "emergency-lr": ("emergency_lr_reduction", ("factor",), (float,)),
+    "rollback": ("rollback", ("to",), (str,)),
+    "micro-batch": ("adjust_batch_size", ("micro_batch_tokens",), (int,)),
+    "grad-clip": ("adjust_grad_clip", ("value",), (float,)),
+    "weight-decay": ("adjust_weight_decay", ("value",), (float,)),
+    "checkpoint": ("save_checkpoint", (), ()),
+    "stop": ("stop", ("reason",), (str,)),
+    "pause-rule": ("pause_rule", ("rule",), (str,)),
+    "resume-rule": ("resume_rule", ("rule",), (str,)),
+    "mode": ("set_mode", ("mode",), (str,)),
+}
+RULE_NAMES = ("nonfinite", *OrchestratorConfig.RULES)
+
+
+def parse_command(verb: str, args: list[str]) -> dict[str, Any]:
+    """CLI words -> {"action": ..., "params": {...}}, with errors that name the fix."""
+    if verb not in VERBS:
+        raise ConfigError(f"unknown ctl action '{verb}'; one of {', '.join(VERBS)}")
+    action, names, types = VERBS[verb]
+    if len(args) > len(names) or (names and not args and verb not in ("rollback", "stop", "emergency-lr")):
+        usage = " ".join(n.upper() for n in names)
+        raise ConfigError(f"usage: trimtab ctl RUN_DIR {verb} {usage}".rstrip())
+    params: dict[str, Any] = {}
+    for name, kind, raw in zip(names, types, args):
+        try:
+            params[name] = kind(raw)
+        except ValueError:
+            raise ConfigError(f"ctl {verb}: {name.upper()} must be a {kind.__name__}, got '{raw}'") from None
+    if action == "rollback" and "to" in params and params["to"] != "last_good":
+        if not params["to"].isdigit():
+            raise ConfigError("ctl rollback: give a step number or nothing (the last good checkpoint)")
+        params["to"] = int(params["to"])
+    if action in ("pause_rule", "resume_rule") and params["rule"] not in RULE_NAMES:
+        raise ConfigError(f"unknown rule '{params['rule']}'; one of {', '.join(RULE_NAMES)}")
+    if action == "set_mode" and params["mode"] not in MODES:
+        raise ConfigError(f"unknown mode '{params['mode']}'; one of {', '.join(MODES)}")
+    return {"action": action, "params": params}
+
+
+def send(run_dir: str | Path, command: dict[str, Any]) -> Path:
+    """Drop a command for the job in run_dir; returns the file written."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"'{run_dir}' is not a run directory (no config.yaml); pass the --out of a run")
+    inbox = run_dir / "control"
+    inbox.mkdir(exist_ok=True)
+    path = inbox / f"{time.time_ns()}-{os.getpid()}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(command))
+    os.replace(tmp, path)
+    return path
+
+
+def take_commands(run_dir: Path) -> list[tuple[str, dict[str, Any] | None]]:
+    """Commands waiting in run_dir/control, oldest first, removed as they are taken; a file that
+    does not parse comes back as (name, None)."""
+    inbox = Path(run_dir) / "control"
+    if not inbox.is_dir():
+        return []
+    out = []
+    for path in sorted(inbox.glob("*.json")):
+        try:
+            command = json.loads(path.read_text())
+            ok = isinstance(command, dict) and "action" in command
+        except (OSError, ValueError):
+            command, ok = None, False
+        path.unlink(missing_ok=True)
+        out.append((path.name, command if ok else None))
+    return out
+
+
+def answer(run_dir: Path, name: str, message: str) -> None:
+    (Path(run_dir) / "control" / f"{Path(name).stem}.error").write_text(message + "\n")

@@ -1,0 +1,190 @@
+"""Fault injection: real failures, on purpose, through the real training loop.
+
+    trimtab train ... --inject nan_loss@30 --inject oom@10:512        (or `faults:` in the config)
+
+KIND@STEP[:PARAM]; what fired is recorded in RUN_DIR/faults.json at once, so a transient fault
+does not fire again after a rollback or a restart (the world, not the run, remembers it):
+
+    nan_loss@S[:N]          the loss is NaN for N steps (default 1): NaN gradients too
+    inf_grad@S              the gradients hold +inf
+    grad_spike@S:F          every gradient is multiplied by F (default 1000)
+    bad_batch@S[:N]         the rows of N steps (default 1) turn to garbage tokens, wherever they recur
+    lr_spike@S:F            from step S on the learning rate is F x the schedule (default 10)
+    oom@S:T                 from step S on, a forward over more than T tokens raises OutOfMemoryError
+    weights_nan@S           a weight matrix row becomes NaN
+    slow@S[:N]              N steps (default 10) each take 0.25 s longer
+    sigterm@S / sigkill@S   the process receives the signal
+    corrupt_checkpoint@S    the first checkpoint written at or after S is truncated
+    disk_full@S[:N]         the next N checkpoint saves (default 1) at or after S fail with ENOSPC
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trimtab.errors import ConfigError
+from trimtab.training.hooks import Hook
+
+if TYPE_CHECKING:
+    from trimtab.data import StepBatch
+    from trimtab.training.trainer import Trainer
+
+# kind -> (default PARAM, PARAM is a count of firings rather than a value)
+KINDS: dict[str, tuple[float | None, bool]] = {
+    "nan_loss": (1, True), "inf_grad": (1, True), "grad_spike": (1000.0, False), "bad_batch": (1, True),
+    "lr_spike": (10.0, False), "oom": (None, False), "weights_nan": (1, True), "slow": (10, True),
+    "sigterm": (1, True), "sigkill": (1, True), "corrupt_checkpoint": (1, True), "disk_full": (1, True),
+}
+SLOW_SECONDS = 0.25
+
+
+@dataclass
+class Fault:
+    kind: str
+    step: int
+    param: float
+    spec: str
+
+    @property
+    def count(self) -> int:
+        return int(self.param) if KINDS[self.kind][1] else 1
+
+
+def parse_fault(spec: str, key: str = "faults") -> Fault:
+    kind, _, rest = spec.strip().partition("@")
+    step_text, _, param_text = rest.partition(":")
+    if kind not in KINDS:
+        raise ConfigError(f"{key}: unknown fault '{kind}' in '{spec}'; one of {', '.join(KINDS)}")
+    if not step_text.isdigit():
+        raise ConfigError(f"{key}: '{spec}' must look like KIND@STEP[:PARAM], e.g. nan_loss@30")
+    default, is_count = KINDS[kind]
+    try:
+        param = float(param_text) if param_text else default
+    except ValueError:
+        raise ConfigError(f"{key}: the parameter of '{spec}' must be a number") from None
+    if param is None or param <= 0 or (is_count and param != int(param)):
+        need = "a whole number of firings" if is_count else "a positive number"
+        raise ConfigError(f"{key}: '{spec}' needs {need} after ':' (e.g. {kind}@{step_text}:512)")
+    return Fault(kind, int(step_text), float(param), spec.strip())
+
+
+def parse_faults(specs: list[str]) -> list[Fault]:
+    return [parse_fault(spec, f"faults[{i}]") for i, spec in enumerate(specs)]
+
+
+class FaultInjector(Hook):
+    def __init__(self, specs: list[str], run_dir: Path):
+        self.faults = parse_faults(specs)
+        self.path = Path(run_dir) / "faults.json"
+        self.record: dict[str, Any] = {"fired": {}, "poisoned": []}
+        self.step = 0
+        self._fire_nan: Fault | None = None  # faults firing in the current step's forward/backward
+        self._fire_grad: Fault | None = None
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def on_train_start(self, trainer: "Trainer") -> None:
+        if self.path.is_file():
+            self.record = json.loads(self.path.read_text())
+        model = trainer.model
+        model.tok_emb.register_forward_pre_hook(self._maybe_oom)
+        model.norm.register_forward_hook(self._maybe_nan_loss)
+        for p in model.parameters():
+            p.register_hook(self._maybe_bad_grad)
+
+    def _due(self, fault: Fault) -> bool:
+        """Whether `fault` fires at the current step; counts the firing."""
+        fired = self.record["fired"].get(fault.spec, 0)
+        if self.step < fault.step or fired >= fault.count:
+            return False
+        self.record["fired"][fault.spec] = fired + 1
+        self._save()
+        return True
+
+    def _active(self, kind: str) -> Fault | None:
+        """A persistent fault of this kind in force at the current step."""
+        return next((f for f in self.faults if f.kind == kind and self.step >= f.step), None)
+
+    def _save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.record))
+        os.replace(tmp, self.path)
+
+    # ------------------------------------------------------------------ injection points
+
+    def on_step_start(self, trainer: "Trainer", batch: "StepBatch") -> None:
+        self.step = trainer.state.step + 1  # the step about to run
+        self._fire_nan = self._fire_grad = None
+        for fault in self.faults:
+            if fault.kind in ("nan_loss", "inf_grad", "grad_spike") and self._due(fault):
+                setattr(self, "_fire_nan" if fault.kind == "nan_loss" else "_fire_grad", fault)
+            elif fault.kind == "bad_batch" and self._due(fault):
+                self.record["poisoned"] = sorted(set(self.record["poisoned"]) | set(batch.rows))
+                self._save()
+            elif fault.kind == "lr_spike" and self._due(fault):
+                phase = trainer.phases[trainer.state.phase]
+                phase.optim = dataclasses.replace(phase.optim, lr=phase.optim.lr * fault.param)
+            elif fault.kind == "weights_nan" and self._due(fault):
+                matrix = next(p for n, p in trainer.model.named_parameters() if n.startswith("blocks.") and p.ndim == 2)
+                with torch.no_grad():
+                    matrix[0].fill_(float("nan"))
+            elif fault.kind == "slow" and self._due(fault):
+                time.sleep(SLOW_SECONDS)
+            elif fault.kind in ("sigterm", "sigkill") and self._due(fault):
+                os.kill(os.getpid(), signal.SIGTERM if fault.kind == "sigterm" else signal.SIGKILL)
+        if self.record["poisoned"]:
+            self._poison(batch, set(self.record["poisoned"]), trainer.model.cfg.vocab_size)
+
+    def _poison(self, batch: "StepBatch", poisoned: set[int], vocab: int) -> None:
+        gen = torch.Generator().manual_seed(self.step)
+        for micro in batch.micro:
+            for b, row in enumerate(micro.rows):
+                if row in poisoned:
+                    noise = torch.randint(0, vocab, micro.inputs[b].shape, generator=gen)
+                    micro.inputs[b] = noise
+                    micro.targets[b] = torch.where(micro.targets[b] >= 0, noise.roll(-1), micro.targets[b])
+
+    def _maybe_oom(self, module: torch.nn.Module, args: tuple) -> None:
+        fault = self._active("oom")
+        if fault is not None and module.training and args[0].numel() > fault.param:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected by {fault.spec}): a forward over "
+                                         f"{args[0].numel()} tokens, more than {int(fault.param)} fit")
+
+    def _maybe_nan_loss(self, module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        if self._fire_nan is not None and module.training:
+            return output * float("nan")
+        return output
+
+    def _maybe_bad_grad(self, grad: torch.Tensor) -> torch.Tensor:
+        fault = self._fire_grad
+        if fault is None:
+            return grad
+        if fault.kind == "grad_spike":
+            return grad * fault.param
+        grad = grad.clone()
+        grad.view(-1)[0] = float("inf")
+        return grad
+
+    def on_save_start(self, trainer: "Trainer") -> None:
+        self.step = trainer.state.step
+        fault = next((f for f in self.faults if f.kind == "disk_full"), None)
+        if fault is not None and self._due(fault):
+            raise OSError(errno.ENOSPC, f"No space left on device (injected by {fault.spec})")
+
+    def on_checkpoint(self, trainer: "Trainer", path: Path) -> None:
+        self.step = trainer.state.step
+        fault = next((f for f in self.faults if f.kind == "corrupt_checkpoint"), None)
+        if fault is not None and self._due(fault):
+            target = path / "model.safetensors"
+            with open(target, "r+b") as fh:
+                fh.truncate(target.stat().st_size // 2)

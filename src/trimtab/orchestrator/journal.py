@@ -1,0 +1,108 @@
+"""decisions.jsonl: one line per orchestrator decision, with its evidence and measured outcome.
+
+    {"id": 3, "step": 120, "rule": "spike", "evidence": {...}, "reasoning": "...",
+     "action": "skip_step", "params": {}, "confidence": 0.71, "mode": "auto",
+     "applied": ["skipped the update"], "outcome": {"result": "recovered", ...}}
+
+The decisions live in the orchestrator's state (checkpointed) and the file is rewritten from them
+atomically on every change, so the outcome filled in N steps later lands on the decision's own
+line, and a resumed run's file holds exactly the decisions up to its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Decision:
+    id: int
+    step: int
+    rule: str
+    evidence: dict[str, Any]
+    reasoning: str
+    action: str  # an action of trimtab.training.control.ACTIONS, or "none" (log only)
+    params: dict[str, Any]
+    confidence: float
+    mode: str  # auto | advise | manual
+    family: str = ""
+    summary: str = ""
+    applied: list[str] = field(default_factory=list)  # what changed, as Control reported it
+    outcome: dict[str, Any] | None = None  # filled in `outcome_after` steps later
+    observed: int = 0  # steps seen since the decision
+    loss_before: float | None = None
+
+    def console_line(self) -> str:
+        """e.g. `[orchestrator] step 5000 plateau: loss variance 8e-4 < 1e-3 for 50 steps -> lr x1.5
+        (confidence 0.75)`."""
+        what = describe(self.action, self.params)
+        tag = "" if self.mode in ("auto", "manual") else f" [{self.mode}: not applied]"
+        return (f"[orchestrator] step {self.step} {self.rule}: {self.summary} -> {what} "
+                f"(confidence {self.confidence:.2f}){tag}")
+
+
+def describe(action: str, params: dict[str, Any]) -> str:
+    if action in ("scale_lr", "emergency_lr_reduction"):
+        return f"lr x{params['factor']:.3g}"
+    if action == "set_lr":
+        return f"lr = {params['value']:.3g}"
+    if action == "adjust_batch_size":
+        return f"micro-batch {params['micro_batch_tokens']} tokens"
+    if action == "rollback":
+        skipped = len(params.get("skip_rows", []))
+        return f"roll back to {params.get('to', 'last_good')}" + (f", skip {skipped} rows" if skipped else "")
+    if action == "none":
+        return "log only"
+    extra = ", ".join(f"{k}={v}" for k, v in params.items())
+    return f"{action.replace('_', ' ')}" + (f" ({extra})" if extra else "")
+
+
+class Journal:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.decisions: list[Decision] = []
+
+    def add(self, decision: Decision) -> Decision:
+        self.decisions.append(decision)
+        self.write()
+        return decision
+
+    def next_id(self) -> int:
+        return len(self.decisions) + 1
+
+    def pending(self) -> list[Decision]:
+        return [d for d in self.decisions if d.outcome is None]
+
+    def write(self) -> None:
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(asdict(d), default=_jsonable) + "\n" for d in self.decisions))
+        os.replace(tmp, self.path)
+
+    def track_record(self, rule: str) -> tuple[int, int]:
+        """(recovered, judged) for this rule's decisions in this run."""
+        judged = [d for d in self.decisions if d.rule == rule and d.outcome]
+        return sum(d.outcome["result"] == "recovered" for d in judged), len(judged)
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        return [asdict(d) for d in self.decisions]
+
+    def load_state_dict(self, state: list[dict[str, Any]]) -> None:
+        self.decisions = [Decision(**d) for d in state]
+        self.write()
+
+
+def read_decisions(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "decisions.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)

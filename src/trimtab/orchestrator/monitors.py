@@ -1,0 +1,296 @@
+"""Monitors: small stateful detectors over per-step metrics, each returning a Finding or None.
+
+A monitor sees one StepMetrics at a time (host floats, read from the device in batches), keeps a
+rolling window, and never acts: the policy turns findings into decisions. Values a monitor flags
+are kept out of its own window, so one spike does not raise the bar for the next. Every monitor's
+state is a plain dict, saved in checkpoints (exact resume) and restored on rollback.
+
+Adding a monitor: subclass Monitor, set `rule` and `family`, implement observe(), and list it in
+build_monitors(); the policy handles its findings through its family.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from trimtab.config.orchestrator import OrchestratorConfig
+
+
+@dataclass
+class StepMetrics:
+    """One step as the monitors see it."""
+
+    step: int
+    loss: float
+    grad_norm: float
+    skipped: bool  # the update gate withheld the update
+    overflow: bool  # fp16 GradScaler found inf/NaN
+    tokens_per_s: float
+    lr: float
+    progress: float  # step / total steps
+    memory_frac: float | None  # device (or machine) memory in use, 0..1, where known
+    rows: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Finding:
+    rule: str
+    family: str  # findings of one family share an escalation ladder
+    step: int
+    evidence: dict[str, Any]  # the numbers that triggered it
+    summary: str  # e.g. "loss 7.9 > mean 4.6 + 5 sigma (0.12)"
+    strength: float  # 0..1: how clearly the evidence passes the threshold
+    rows: list[int] = field(default_factory=list)
+
+
+class Rolling:
+    """The last `size` values with their mean and standard deviation."""
+
+    def __init__(self, size: int, values: list[float] = ()):
+        self.values: deque[float] = deque(values, maxlen=size)
+
+    def add(self, value: float) -> None:
+        self.values.append(value)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def mean(self) -> float:
+        return sum(self.values) / len(self.values)
+
+    def std(self) -> float:
+        mean = self.mean()
+        return math.sqrt(sum((v - mean) ** 2 for v in self.values) / max(len(self.values) - 1, 1))
+
+    def median(self) -> float:
+        ordered = sorted(self.values)
+        return ordered[len(ordered) // 2]
+
+    def slope(self) -> float:
+        """Least-squares slope per step."""
+        n = len(self.values)
+        x_mean, y_mean = (n - 1) / 2, self.mean()
+        cov = sum((i - x_mean) * (v - y_mean) for i, v in enumerate(self.values))
+        return cov / sum((i - x_mean) ** 2 for i in range(n))
+
+    def full(self) -> bool:
+        return len(self.values) == self.values.maxlen
+
+
+class Monitor:
+    rule = ""
+    family = ""
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: list(v.values) if isinstance(v, Rolling) else v for k, v in vars(self).items()
+                if k != "cfg"}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            current = getattr(self, key, None)
+            setattr(self, key, Rolling(current.values.maxlen, value) if isinstance(current, Rolling) else value)
+
+    def finding(self, m: StepMetrics, evidence: dict[str, Any], summary: str, strength: float) -> Finding:
+        return Finding(self.rule, self.family, m.step, evidence, summary,
+                       max(0.0, min(1.0, strength)), list(m.rows))
+
+
+class NonFinite(Monitor):
+    """NaN or Inf in the loss or the gradient norm."""
+
+    rule, family = "nonfinite", "instability"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        pass
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        if math.isfinite(m.loss) and math.isfinite(m.grad_norm):
+            return None
+        return self.finding(m, {"loss": m.loss, "grad_norm": m.grad_norm},
+                            f"loss {m.loss:.4g}, grad norm {m.grad_norm:.4g}", 1.0)
+
+
+class LossSpike(Monitor):
+    """Loss above mean + sigma * std of the last `window` healthy steps, by at least min_rise."""
+
+    rule, family = "spike", "instability"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.spike
+        self.window = Rolling(self.cfg.window)
+
+    def ceiling(self) -> float:
+        if len(self.window) < self.cfg.min_samples:
+            return math.inf
+        return self.window.mean() + max(self.cfg.sigma * self.window.std(), self.cfg.min_rise)
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        if not math.isfinite(m.loss):
+            return None
+        ceiling = self.ceiling()
+        if m.loss <= ceiling:
+            self.window.add(m.loss)
+            return None
+        mean, std = self.window.mean(), self.window.std()
+        return self.finding(m, {"loss": m.loss, "mean": mean, "std": std, "ceiling": ceiling,
+                                "window": len(self.window)},
+                            f"loss {m.loss:.3f} > mean {mean:.3f} + {self.cfg.sigma:g} sigma ({std:.3f})",
+                            0.6 + 0.4 * (m.loss - ceiling) / max(ceiling - mean, 1e-6))
+
+
+class GradExplosion(Monitor):
+    """Pre-clip gradient norm above max_norm, or above factor x its rolling mean."""
+
+    rule, family = "grad", "instability"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.grad
+        self.window = Rolling(self.cfg.window)
+
+    def ceiling(self) -> float:
+        if len(self.window) < self.cfg.min_samples:
+            return self.cfg.max_norm
+        return min(self.cfg.max_norm, self.cfg.factor * self.window.mean())
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        if not math.isfinite(m.grad_norm):
+            return None
+        ceiling = self.ceiling()
+        if m.grad_norm <= ceiling:
+            self.window.add(m.grad_norm)
+            return None
+        mean = self.window.mean() if len(self.window) else float("nan")
+        return self.finding(m, {"grad_norm": m.grad_norm, "ceiling": ceiling, "mean": mean},
+                            f"grad norm {m.grad_norm:.3g} > ceiling {ceiling:.3g} (rolling mean {mean:.3g})",
+                            0.6 + 0.4 * math.log10(m.grad_norm / ceiling))
+
+
+class Divergence(Monitor):
+    """The loss trends up: the least-squares line through the window rises by min_rise of its mean."""
+
+    rule, family = "divergence", "instability"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.divergence
+        self.window = Rolling(self.cfg.window)
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        if not math.isfinite(m.loss):
+            return None
+        self.window.add(m.loss)
+        if not self.window.full():
+            return None
+        mean, rise = self.window.mean(), self.window.slope() * (len(self.window) - 1)
+        if rise <= self.cfg.min_rise * mean:
+            return None
+        self.window = Rolling(self.cfg.window)  # a fresh window before it can fire again
+        return self.finding(m, {"rise": rise, "mean": mean, "window": self.cfg.window},
+                            f"loss rose {rise:.3f} ({rise / mean:.1%}) over {self.cfg.window} steps",
+                            0.5 + 0.5 * rise / (2 * self.cfg.min_rise * mean))
+
+
+class Plateau(Monitor):
+    """Loss variance below a threshold for `window` steps while far from the planned end."""
+
+    rule, family = "plateau", "plateau"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.plateau
+        self.window = Rolling(self.cfg.window)
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        if not math.isfinite(m.loss):
+            return None
+        self.window.add(m.loss)
+        if not self.window.full() or m.progress >= self.cfg.max_progress:
+            return None
+        variance = self.window.std() ** 2
+        if variance >= self.cfg.variance:
+            return None
+        self.window = Rolling(self.cfg.window)
+        return self.finding(m, {"variance": variance, "window": self.cfg.window, "progress": m.progress},
+                            f"loss variance {variance:.1e} < {self.cfg.variance:.0e} for {self.cfg.window} steps",
+                            0.5 + 0.5 * (1 - variance / self.cfg.variance))
+
+
+class Throughput(Monitor):
+    """Tokens/s below factor x its rolling median for `patience` consecutive steps."""
+
+    rule, family = "throughput", "throughput"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.throughput
+        self.window = Rolling(self.cfg.window)
+        self.slow = 0
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        if len(self.window) < self.cfg.min_samples or m.tokens_per_s >= self.cfg.factor * self.window.median():
+            self.window.add(m.tokens_per_s)
+            self.slow = 0
+            return None
+        self.slow += 1
+        if self.slow < self.cfg.patience:
+            return None
+        self.slow = 0
+        median = self.window.median()
+        return self.finding(m, {"tokens_per_s": m.tokens_per_s, "median": median,
+                                "patience": self.cfg.patience},
+                            f"{m.tokens_per_s:,.0f} tokens/s < {self.cfg.factor:g} x median {median:,.0f} "
+                            f"for {self.cfg.patience} steps", 1 - m.tokens_per_s / median)
+
+
+class MemoryPressure(Monitor):
+    """Memory in use above the threshold for `patience` consecutive readings."""
+
+    rule, family = "memory", "memory"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.memory
+        self.high = 0
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        if m.memory_frac is None or m.memory_frac <= self.cfg.threshold:
+            self.high = 0
+            return None
+        self.high += 1
+        if self.high < self.cfg.patience:
+            return None
+        self.high = 0
+        return self.finding(m, {"memory_frac": m.memory_frac, "threshold": self.cfg.threshold},
+                            f"memory {m.memory_frac:.0%} in use > {self.cfg.threshold:.0%}",
+                            0.6 + 0.4 * (m.memory_frac - self.cfg.threshold) / (1 - self.cfg.threshold + 1e-9))
+
+
+class Fp16Overflow(Monitor):
+    """An overflow storm: the GradScaler skipped at least max_overflows of the last `window` steps."""
+
+    rule, family = "fp16", "fp16"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.fp16
+        self.window = Rolling(self.cfg.window)
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        self.window.add(float(m.overflow))
+        count = int(sum(self.window.values))
+        if count < self.cfg.max_overflows:
+            return None
+        self.window = Rolling(self.cfg.window)
+        return self.finding(m, {"overflows": count, "window": self.cfg.window},
+                            f"{count} fp16 overflows in {self.cfg.window} steps", count / self.cfg.window + 0.5)
+
+
+MONITORS = {"nonfinite": NonFinite, "spike": LossSpike, "grad": GradExplosion, "divergence": Divergence,
+            "plateau": Plateau, "throughput": Throughput, "memory": MemoryPressure, "fp16": Fp16Overflow}
+
+
+def build_monitors(cfg: OrchestratorConfig) -> dict[str, Monitor]:
+    """Every enabled rule's monitor; non-finite values are always watched."""
+    return {name: cls(cfg) for name, cls in MONITORS.items()
+            if name == "nonfinite" or getattr(cfg, name).enabled}

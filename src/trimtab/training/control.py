@@ -1,0 +1,173 @@
+"""Control: the narrow surface through which the orchestrator, or a person, changes a running job.
+
+Every intervention is a request; the trainer applies the queue at one point of the loop (after the
+step, before evaluation and checkpointing), so nothing changes in the middle of a step. The OOM
+path applies its request at once, before it retries the same batch.
+
+The knobs an intervention sets (LR multiplier, grad clip, weight decay, micro-batch budget) live in
+TrainState and are checkpointed, so a resumed run keeps them; a rollback restores weights,
+optimizer and data position but keeps the knobs, since they are the correction.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from trimtab.checkpoint import find_checkpoint
+from trimtab.errors import ConfigError, TrimtabError
+
+if TYPE_CHECKING:
+    from trimtab.training.trainer import Trainer
+
+ACTIONS = ("skip_step", "scale_lr", "set_lr", "emergency_lr_reduction", "rollback",
+           "adjust_batch_size", "adjust_grad_clip", "adjust_weight_decay", "save_checkpoint", "stop")
+
+
+class Control:
+    def __init__(self, trainer: "Trainer"):
+        self._trainer = trainer
+        self._queue: list[tuple[str, dict[str, Any]]] = []
+        self.skip_next = False  # read by the next step's update gate
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def step(self) -> int:
+        return self._trainer.state.step
+
+    @property
+    def lr_scale(self) -> float:
+        return self._trainer.state.lr_scale
+
+    @property
+    def scheduled_lr(self) -> float:
+        """The schedule's LR for the next step, before the multiplier."""
+        return self._trainer.scheduled_lr()
+
+    @property
+    def micro_batch_tokens(self) -> int:
+        return self._trainer.loader.micro_batch_tokens
+
+    @property
+    def batch_tokens(self) -> int:
+        return self._trainer.loader.batch_tokens
+
+    @property
+    def min_micro_batch_tokens(self) -> int:
+        """One full row: a smaller budget cannot split a step any further."""
+        return self._trainer.phases[self._trainer.state.phase].data.seq_len
+
+    @property
+    def rollbacks(self) -> int:
+        return self._trainer.state.rollbacks
+
+    @property
+    def has_good_checkpoint(self) -> bool:
+        """Whether a verified checkpoint marked good exists (reads the files: ask only when needed)."""
+        return find_checkpoint(self._trainer.cfg.run_dir, "last_good") is not None
+
+    @property
+    def run_dir(self) -> Path:
+        return self._trainer.cfg.run_dir
+
+    @property
+    def progress(self) -> float:
+        return self._trainer.state.step / max(self._trainer.total_steps, 1)
+
+    # ------------------------------------------------------------------ requests
+
+    def request(self, action: str, on_done: Callable[[str], None] | None = None, **params: Any) -> None:
+        """Queue `action` (one of ACTIONS) with its parameters: checked now, applied by apply(),
+        which reports what changed to `on_done`."""
+        if action not in ACTIONS:
+            raise ConfigError(f"unknown action '{action}'; one of {', '.join(ACTIONS)}")
+        _check_params(action, params)
+        if action == "skip_step":
+            self.skip_next = True
+            if on_done:
+                on_done("the next update will be withheld")
+            return
+        self._queue.append((action, params, on_done))
+
+    def apply(self) -> list[str]:
+        """Apply the queued requests in order; returns one line per change made."""
+        done = []
+        while self._queue:
+            action, params, on_done = self._queue.pop(0)
+            try:
+                line = getattr(self, f"_{action}")(**params)
+            except TrimtabError as exc:  # e.g. no checkpoint to roll back to: say so, go on
+                line = f"failed: {exc}"
+            done.append(line)
+            if on_done:
+                on_done(line)
+        return done
+
+    # ------------------------------------------------------------------ effects
+
+    def _scale_lr(self, factor: float) -> str:
+        state = self._trainer.state
+        old = state.lr_scale
+        state.lr_scale = old * factor
+        return f"lr multiplier {old:.3g} -> {state.lr_scale:.3g}"
+
+    def _set_lr(self, value: float) -> str:
+        # The schedule keeps its shape from the new level: the multiplier is value / scheduled.
+        return self._scale_lr(value / (self.scheduled_lr * self.lr_scale))
+
+    def _emergency_lr_reduction(self, factor: float = 0.1) -> str:
+        return self._scale_lr(factor)
+
+    def _rollback(self, to: str | int = "last_good", skip_rows: list[int] = (),
+                  lr_factor: float | None = None) -> str:
+        done = [self._trainer.rollback(to)]
+        if skip_rows:
+            added = self._trainer.loader.skip_rows(list(skip_rows))
+            done.append(f"{added} rows left out of training")
+        if lr_factor:
+            done.append(self._scale_lr(lr_factor))
+        return "; ".join(done)
+
+    def _adjust_batch_size(self, micro_batch_tokens: int) -> str:
+        return self._trainer.set_micro_batch_tokens(int(micro_batch_tokens))
+
+    def _adjust_grad_clip(self, value: float) -> str:
+        old, self._trainer.state.grad_clip = self._trainer.grad_clip(), float(value)
+        return f"grad clip {old:g} -> {value:g}"
+
+    def _adjust_weight_decay(self, value: float) -> str:
+        return self._trainer.set_weight_decay(float(value))
+
+    def _save_checkpoint(self) -> str:
+        self._trainer.save()
+        return f"checkpoint at step {self._trainer.state.step}"
+
+    def _stop(self, reason: str = "stop requested") -> str:
+        self._trainer.request_stop(reason)
+        return f"stopping: {reason}"
+
+
+def _check_params(action: str, params: dict[str, Any]) -> None:
+    """Bad parameters fail when asked, not later inside the loop."""
+    def number(name: str, low: float, high: float = float("inf")) -> None:
+        value = params.get(name)
+        if not isinstance(value, (int, float)) or not low < value < high:
+            raise ConfigError(f"{action}: '{name}' must be a number in ({low:g}, {high:g}), got {value!r}")
+
+    if action == "scale_lr":
+        number("factor", 0)
+    elif action == "set_lr":
+        number("value", 0)
+    elif action == "emergency_lr_reduction":
+        params.setdefault("factor", 0.1)
+        number("factor", 0, 1)  # always a reduction
+    elif action == "adjust_batch_size":
+        number("micro_batch_tokens", 0)
+    elif action in ("adjust_grad_clip", "adjust_weight_decay"):
+        params["value"] = params.get("value", -1)
+        number("value", -1e-12)
+    elif action == "rollback":
+        to = params.get("to", "last_good")
+        if to != "last_good" and not (isinstance(to, int) and to >= 0):
+            raise ConfigError(f"rollback: 'to' must be 'last_good' or a step number, got {to!r}")
