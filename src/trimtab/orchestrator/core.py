@@ -47,6 +47,7 @@ class Orchestrator(Hook):
         self.oom = {"retries": 0, "clean": 0, "configured": 0, "probe_after": cfg.oom.probe_after}
         self._saving_retry = False
         self.last_step = 0  # the newest step seen (a rollback moves the trainer's counter back)
+        self.ceilings: dict[str, float] = {}  # the update gate's thresholds, refreshed at each read
 
     # ------------------------------------------------------------------ hook events
 
@@ -61,9 +62,9 @@ class Orchestrator(Hook):
             return None
         bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
         for name, value in (("spike", loss), ("grad", grad_norm)):
-            monitor = self.monitors.get(name)
-            if monitor is not None and name not in self.paused and math.isfinite(monitor.ceiling()):
-                bad = bad | (value > monitor.ceiling())
+            ceiling = self.ceilings.get(name, math.inf)
+            if name not in self.paused and math.isfinite(ceiling):
+                bad = bad | (value > ceiling)
         return bad
 
     def on_step_end(self, trainer: "Trainer", out: "StepOutput") -> None:
@@ -144,6 +145,7 @@ class Orchestrator(Hook):
                                 o.step / max(trainer.total_steps, 1), memory, o.batch.rows)
                 self._observe(trainer, m)
             self._maybe_probe(trainer, n)
+            self.ceilings = {k: m.ceiling() for k, m in self.monitors.items() if k in ("spike", "grad")}
         self._take_commands(trainer)
 
     def _observe(self, trainer: "Trainer", m: StepMetrics) -> None:
@@ -162,7 +164,8 @@ class Orchestrator(Hook):
         if restore is not None and self.mode != "off":
             self._decide(trainer, Finding("lr_restore", "instability", m.step, {"lr_scale": trainer.control.lr_scale},
                                           "quiet since the LR cut", 0.8), restore)
-        for f in findings[:1] if findings and findings[0].family == "instability" else findings:
+        unstable = [f for f in findings if f.family == "instability"]
+        for f in unstable[:1] + [f for f in findings if f.family != "instability"]:  # one rung per step
             self._decide(trainer, f, self.policy.plan(f, trainer.control))
 
     def _decide(self, trainer: "Trainer", f: Finding, plan: Plan) -> Decision:
@@ -277,6 +280,7 @@ class Orchestrator(Hook):
             if name in state["monitors"]:
                 monitor.load_state_dict(state["monitors"][name])
         self.recent_losses = Rolling(20, state["recent_losses"])
+        self.ceilings = {k: m.ceiling() for k, m in self.monitors.items() if k in ("spike", "grad")}
 
 
 _MEM_TOTAL: list[int] = []

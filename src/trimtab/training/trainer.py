@@ -355,7 +355,7 @@ class Trainer:
         state = {"train": vars(self.state).copy(), "data": self.loader.state_dict(), "good": good,
                  "log_window": {"losses": losses, "norms": norms, "tokens": self.window.tokens,
                                 "seconds": self.window.seconds},
-                 "hooks": {f"{i}:{type(h).__name__}": h.state_dict() for i, h in enumerate(self.hooks)}}
+                 "hooks": {key: h.state_dict() for key, h in self._keyed_hooks()}}
         optim_state = {"optimizer": self.optimizer.state_dict(), "rng": _rng_state(),
                        "scaler": self.scaler.state_dict() if self.scaler else {}}
         try:
@@ -407,13 +407,20 @@ class Trainer:
         if rollback:
             self.loader.skipped |= skipped
             self.window = LogWindow()
-            for i, hook in enumerate(self.hooks):
-                hook.on_rollback(self, state["hooks"].get(f"{i}:{type(hook).__name__}", {}))
+            for key, hook in self._keyed_hooks():
+                hook.on_rollback(self, state["hooks"].get(key, {}))
             return
         window = state["log_window"]
         self.window = LogWindow(window["losses"], window["norms"], window["tokens"], window["seconds"])
-        for i, hook in enumerate(self.hooks):
-            hook.load_state_dict(state["hooks"].get(f"{i}:{type(hook).__name__}", {}))
+        for key, hook in self._keyed_hooks():
+            hook.load_state_dict(state["hooks"].get(key, {}))
+
+    def _keyed_hooks(self) -> list[tuple[str, Hook]]:
+        """Checkpoint keys: the class name, numbered only when a class appears twice, so turning
+        TensorBoard on or off between sessions does not orphan another hook's state."""
+        names = [type(h).__name__ for h in self.hooks]
+        return [(n if names.count(n) == 1 else f"{n}#{names[:i].count(n)}", h)
+                for i, (n, h) in enumerate(zip(names, self.hooks))]
 
     # ------------------------------------------------------------------------------ helpers
 
