@@ -21,6 +21,7 @@ import yaml
 
 from trimtab.config.checks import _check, _positive
 from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.config.sparse import LAYER_KINDS, MoDConfig, MoEConfig
 from trimtab.errors import ConfigError
 
 PRESET_DIR = Path(__file__).parent.parent / "presets"
@@ -41,9 +42,20 @@ class ModelConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
     init_std: float = 0.02
+    # Per-layer kinds, repeated to n_layers: dense | moe | mod | moe+mod. Empty: all dense.
+    layer_pattern: list[str] = field(default_factory=list)
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    mod: MoDConfig = field(default_factory=MoDConfig)
 
     def validate(self) -> None:
         _positive(self, "model", "d_model", "n_layers", "n_heads", "multiple_of", "max_seq_len")
+        for i, kind in enumerate(self.layer_pattern):
+            _check(kind in LAYER_KINDS, f"model.layer_pattern[{i}]",
+                   f"is '{kind}'; each entry must be one of {', '.join(LAYER_KINDS)}")
+        if any("moe" in k for k in self.layer_pattern):
+            self.moe.validate()
+        if any("mod" in k for k in self.layer_pattern):
+            self.mod.validate()
         _check(self.d_model % self.n_heads == 0, "model.d_model", "must be divisible by model.n_heads")
         kv = self.n_kv_heads or self.n_heads
         _check(kv > 0 and self.n_heads % kv == 0, "model.n_kv_heads", "must divide model.n_heads")
@@ -55,6 +67,12 @@ class ModelConfig:
     @property
     def kv_heads(self) -> int:
         return self.n_kv_heads or self.n_heads
+
+    @property
+    def layers(self) -> list[str]:
+        """The kind of each of the n_layers layers (the pattern repeated)."""
+        pattern = self.layer_pattern or ["dense"]
+        return [pattern[i % len(pattern)] for i in range(self.n_layers)]
 
     @property
     def ffn_dim(self) -> int:

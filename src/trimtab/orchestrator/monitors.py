@@ -110,8 +110,8 @@ class NonFinite(Monitor):
         pass
 
     def observe(self, m: StepMetrics) -> Finding | None:
-        if math.isfinite(m.loss) and math.isfinite(m.grad_norm):
-            return None
+        if math.isfinite(m.loss) and (math.isfinite(m.grad_norm) or m.overflow):
+            return None  # fp16: an overflowing gradient is the GradScaler's to handle (Fp16Overflow)
         return self.finding(m, {"loss": m.loss, "grad_norm": m.grad_norm},
                             f"loss {m.loss:.4g}, grad norm {m.grad_norm:.4g}", 1.0)
 

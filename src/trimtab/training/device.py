@@ -103,6 +103,8 @@ def peak_flops(precision: Precision) -> tuple[float | None, str]:
         return None, f"{name}: unknown peak"
     if precision.device.type == "cpu":
         dtype = precision.autocast_dtype or torch.float32
+        if dtype == torch.float16:  # emulated on CPUs: no meaningful peak, and slow to measure
+            return None, "CPU fp16 is emulated: no peak"
         n = 2048  # large enough for the BLAS to reach its steady rate
         return 2 * n ** 3 / _matmul_seconds(dtype, n, reps=3), "measured CPU matmul peak"
     return None, "unknown peak"

@@ -137,6 +137,11 @@ class ConsoleLogger(Hook):
         if self.bar is not None:
             self.bar.update(1)
 
+    def on_rollback(self, trainer: "Trainer", saved_state: dict[str, Any]) -> None:
+        if self.bar is not None:
+            self.bar.n = trainer.state.step
+            self.bar.refresh()
+
     def on_log(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
         text = (f"loss {metrics['loss']:.4f} lr {metrics['lr']:.2e} "
                 f"tok/s {metrics['tokens_per_s']:,.0f}")

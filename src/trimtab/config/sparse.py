@@ -1,0 +1,50 @@
+"""Model sub-sections for sparse layers: Mixture-of-Experts and Mixture-of-Depths.
+
+Which layers use them is data, `model.layer_pattern` (e.g. [dense, moe] alternates), not a class
+per combination; these sections hold the shared settings of every such layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trimtab.config.checks import _check, _positive
+
+LAYER_KINDS = ("dense", "moe", "mod", "moe+mod")
+
+
+@dataclass
+class MoEConfig:
+    n_experts: int = 8
+    top_k: int = 2
+    n_shared_experts: int = 0  # always-on experts added to the routed output (DeepSeekMoE)
+    expert_hidden: int = 0  # 0: the dense ffn width / top_k, so active FLOPs match the dense FFN
+    capacity_factor: float = 1.25  # tokens per expert = capacity_factor * T * top_k / E; 0: dropless
+    router_temperature: float = 1.0  # softmax temperature of the router logits
+    router_jitter: float = 0.0  # multiplicative noise on router inputs while training (Switch)
+    aux_loss_coef: float = 0.01  # load-balancing loss (Switch / GShard)
+    z_loss_coef: float = 1e-3  # router z-loss (ST-MoE, Zoph et al. 2022)
+    bias_update_rate: float = 0.0  # aux-loss-free balancing bias step (DeepSeek-V3: 1e-3); 0: off
+
+    def validate(self) -> None:
+        _positive(self, "model.moe", "n_experts", "top_k", "router_temperature")
+        _check(self.top_k <= self.n_experts, "model.moe.top_k", "must be <= model.moe.n_experts")
+        _check(self.n_shared_experts >= 0 and self.expert_hidden >= 0, "model.moe",
+               "n_shared_experts and expert_hidden must be >= 0")
+        _check(self.capacity_factor == 0 or self.capacity_factor >= 1.0, "model.moe.capacity_factor",
+               "must be 0 (dropless) or >= 1.0")
+        _check(0 <= self.router_jitter < 1, "model.moe.router_jitter", "must be in [0, 1)")
+        _check(self.aux_loss_coef >= 0 and self.z_loss_coef >= 0 and self.bias_update_rate >= 0,
+               "model.moe", "aux_loss_coef, z_loss_coef and bias_update_rate must be >= 0")
+
+
+@dataclass
+class MoDConfig:
+    capacity: float = 0.5  # fraction of tokens each MoD block processes (Raposo et al. 2024: 0.125)
+    warmup_steps: int = 0  # capacity goes linearly from 1.0 to `capacity` over these steps
+    predictor_loss_coef: float = 0.01  # BCE of the causal predictor that decides at inference
+
+    def validate(self) -> None:
+        _check(0 < self.capacity <= 1, "model.mod.capacity", "must be in (0, 1]")
+        _check(self.warmup_steps >= 0 and self.predictor_loss_coef >= 0, "model.mod",
+               "warmup_steps and predictor_loss_coef must be >= 0")

@@ -1,0 +1,289 @@
+"""`trimtab bench healing`: every injected fault, once with the orchestrator off and once in auto.
+
+    trimtab bench healing [--preset debug] [--steps 120] [--out runs/bench-healing]
+                          [--scenarios nan_loss,oom] [--json PATH] [--markdown PATH|-]
+
+Each run is a real `python -m trimtab train` subprocess in a fresh run directory, same preset and
+seed, faults passed with --inject (faults.py). A run that exits non-zero, or leaves no summary,
+crashed; one past the time limit stalled. Preemption scenarios (sigkill, sigterm, a corrupt
+checkpoint before a kill) are relaunched once on the same directory, as a job scheduler would.
+Per run: finished, final eval loss vs the clean fault-free run (mode off), the orchestrator's
+decisions, steps re-done (steps executed, counted from the per-step log lines on stderr, minus
+the furthest step reached) and wall time. Target: every scenario finishes under auto within 3%
+of the clean eval loss; under off most crash, stall or end measurably worse. Writes a table to
+stdout, JSON (--json, default OUT/healing.json) and a section of BENCHMARKS.md (--markdown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from trimtab.orchestrator.journal import read_decisions
+
+HEADING = "## Fault healing (`trimtab bench healing`)"
+TOLERANCE = 0.03  # final eval loss within 3% of the clean run
+PREEMPTION = ("sigkill", "sigterm", "corrupt_checkpoint")  # relaunched once, as a scheduler would
+
+
+def scenarios(steps: int, micro_batch_tokens: int) -> dict[str, list[str]]:
+    """Fault specs relative to the run length: most fire at mid-run, after the monitors have
+    their min_samples and a good checkpoint exists (checkpoints every steps // 6)."""
+    s = steps // 2
+    return {
+        "nan_loss": [f"nan_loss@{s}"],
+        "inf_grad": [f"inf_grad@{s}"],
+        "grad_spike": [f"grad_spike@{s}:1e6"],
+        "bad_batch": [f"bad_batch@{s}:4"],  # 4 consecutive steps of garbage rows (and their recurrences)
+        "lr_spike": [f"lr_spike@{s}:30"],  # persistent: 30x the schedule from mid-run on
+        "oom": [f"oom@{steps // 4}:{micro_batch_tokens // 2}"],  # only half the micro-batch fits
+        "weights_nan": [f"weights_nan@{s}"],
+        "disk_full": [f"disk_full@{s}"],  # the checkpoint save at mid-run fails with ENOSPC
+        "corrupt_checkpoint": [f"corrupt_checkpoint@{s}", f"sigkill@{s + steps // 12}"],
+        "sigkill": [f"sigkill@{s + steps // 12}"],
+        "sigterm": [f"sigterm@{s + steps // 12}"],
+        "slow": [f"slow@{s}:20"],  # 20 steps each 0.25 s slower (a throttled node)
+    }
+
+
+def run_training(run_dir: Path, args: argparse.Namespace, mode: str, faults: list[str],
+                 relaunch: bool, timeout: float) -> dict[str, Any]:
+    """One scenario run (plus the scheduler's one relaunch where it applies)."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [sys.executable, "-m", "trimtab", "train", "--preset", args.preset, "--out", str(run_dir),
+           "--max-steps", str(args.steps), "--orchestrator", mode,
+           "--set", "log.progress=false", "--set", "log.tensorboard=false", "--set", "train.log_every=1",
+           "--set", "train.eval_every=0", "--set", f"checkpoint.every={max(1, args.steps // 6)}"]
+    for spec in faults:
+        cmd += ["--inject", spec]
+    launches, executed, reached, wall, other = [], 0, 0, 0.0, []
+    for _ in range(2 if relaunch else 1):
+        (run_dir / "summary.json").unlink(missing_ok=True)
+        busy = Contention()
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            rc, err = proc.returncode, proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            rc, err = None, exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        wall += time.monotonic() - t0
+        other.append(busy.other())
+        steps = [int(s) for s in re.findall(r"^step (\d+)/\d+ ", err, re.M)]
+        executed, reached = executed + len(steps), max([reached, *steps])
+        summary_path = run_dir / "summary.json"
+        summary = json.loads(summary_path.read_text()) if rc == 0 and summary_path.is_file() else None
+        launches.append({"rc": rc, "status": summary["status"] if summary else _failure(rc, err)})
+        if summary is not None and summary["status"] == "completed":
+            break
+    val = summary.get("val_loss") if summary else None
+    decisions = read_decisions(run_dir)
+    metrics = run_dir / "metrics.jsonl"  # per-step lines; a resumed run's holds the kept ones only
+    skipped = sum(json.loads(ln).get("skipped_steps", 0) for ln in
+                  (metrics.read_text().splitlines() if metrics.is_file() else []) if ln.strip())
+    return {"mode": mode, "faults": faults, "launches": launches, "finished": bool(summary) and
+            summary["status"] == "completed", "status": launches[-1]["status"],
+            "val_loss": None if val is None or not math.isfinite(val) else val,
+            "decisions": [{k: d.get(k) for k in ("step", "rule", "action", "params", "mode", "applied")}
+                          for d in decisions],
+            "updates_skipped": skipped, "steps_executed": executed,
+            "steps_redone": executed - reached if executed else None,
+            "wall_s": round(wall, 1), "other_cpu": round(max(other), 3), "run_dir": str(run_dir)}
+
+
+def _failure(rc: int | None, stderr: str) -> str:
+    if rc is None:
+        return "stalled (time limit)"
+    if rc < 0:
+        return f"killed ({_signal_name(-rc)})"
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    last = lines[-1][:200] if lines else f"exit {rc}"  # a traceback ends with "module.Error: message"
+    kind = last.split(":")[0].rsplit(".", 1)[-1] if re.match(r"^[\w.]+(Error|Exception)\b", last) else None
+    return f"crashed ({kind}): {last}" if kind else f"crashed: {last}"
+
+
+def _signal_name(num: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+class Contention:
+    """Share of the machine's CPU time used by processes other than our children since creation
+    (as bench/throughput.py measures it: a busy second core slows two-thread torch 3-10x)."""
+
+    def __init__(self) -> None:
+        self.busy0, self.child0, self.t0 = _busy_seconds(), _children_cpu(), time.monotonic()
+
+    def other(self) -> float:
+        busy, ours = _busy_seconds() - self.busy0, _children_cpu() - self.child0
+        return max(0.0, busy - ours) / (max(time.monotonic() - self.t0, 1e-9) * (os.cpu_count() or 1))
+
+
+def _busy_seconds() -> float:
+    try:
+        fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    except OSError:
+        return 0.0
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def judge(run: dict[str, Any], clean: float | None) -> None:
+    """Adds ratio and outcome: ok (finished within 3%), worse, ruined (NaN), or the failure."""
+    run["ratio"] = run["val_loss"] / clean if run["val_loss"] is not None and clean else None
+    if not run["finished"]:
+        run["outcome"] = run["status"]
+    elif run["ratio"] is None:
+        run["outcome"] = "ruined (eval loss NaN)"
+    else:
+        run["outcome"] = "ok" if run["ratio"] <= 1 + TOLERANCE else "worse"
+
+
+def _cell(run: dict[str, Any]) -> str:
+    if run["ratio"] is not None and run["finished"]:
+        mark = "" if run["outcome"] == "ok" else " **worse**"
+        return f"{run['val_loss']:.4f} ({run['ratio'] - 1:+.1%}){mark}"
+    text = run["outcome"].split(":")[0].replace("|", "/")  # the whole message is in the JSON
+    return text + ")" * (text.count("(") - text.count(")"))
+
+
+def _actions(run: dict[str, Any]) -> str:
+    counts: dict[str, int] = {}
+    for d in run["decisions"]:
+        name = d["action"] + ("" if d["mode"] in ("auto", "manual") else f" [{d['mode']}]")
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{a} x{n}" if n > 1 else a for a, n in counts.items()) or "-"
+
+
+def report(results: dict[str, Any]) -> str:
+    runs, clean = results["runs"], results["clean_val_loss"]
+    reference = f"eval loss **{clean:.4f}**" if clean else f"**{runs['clean/off']['status']}**"
+    lines = [HEADING, "", f"{results['date']}, {results['machine']}, torch {results['torch']}; preset "
+             f"{results['preset']}, {results['steps']} steps, checkpoint every {results['checkpoint_every']}; "
+             f"each run a `trimtab train` subprocess, one after another (total {results['runtime_s'] / 60:.1f} "
+             f"min); other processes' CPU share during the runs {results['other_cpu']}. Clean run (no fault, "
+             f"orchestrator off): {reference}. Steps re-done: steps executed minus the furthest step "
+             "reached (rollbacks, restarts).", "",
+             "| scenario | injected | off | auto | auto decisions | auto updates skipped | steps re-done "
+             "off / auto | wall s off / auto | auto within 3% |", "|---|---|---|---|---|---|---|---|---|"]
+    for name in results["scenarios"]:
+        off, auto = runs[f"{name}/off"], runs[f"{name}/auto"]
+        lines.append(f"| {name} | `{' '.join(auto['faults'])}` | {_cell(off)} | {_cell(auto)} | "
+                     f"{len(auto['decisions'])}: {_actions(auto)} | {auto['updates_skipped']} | "
+                     f"{off['steps_redone']} / {auto['steps_redone']} "
+                     f"| {off['wall_s']:.0f} / {auto['wall_s']:.0f} | {'yes' if auto['outcome'] == 'ok' else '**no**'} |")
+    lines += ["", *(f"- {v}" for v in results["verdicts"]), ""]
+    return "\n".join(lines)
+
+
+def verdicts(results: dict[str, Any]) -> list[str]:
+    runs, names = results["runs"], results["scenarios"]
+    healed = [n for n in names if runs[f"{n}/auto"]["outcome"] == "ok"]
+    hurt = [n for n in names if runs[f"{n}/off"]["outcome"] != "ok"]
+    missed = [n for n in names if n not in healed]
+    clean_auto = runs.get("clean/auto")
+    out = [f"auto finishes within 3% of the clean run: **{len(healed)}/{len(names)}** "
+           f"({'met' if not missed else 'not met: ' + ', '.join(missed)})",
+           f"off crashes, stalls or ends >3% worse: **{len(hurt)}/{len(names)}** "
+           f"({'met' if len(hurt) * 2 > len(names) else 'not met'}; unharmed without the orchestrator: "
+           f"{', '.join(n for n in names if n not in hurt) or 'none'})"]
+    if clean_auto is not None:
+        out.append(f"no fault, auto: {_cell(clean_auto)} with {len(clean_auto['decisions'])} decisions "
+                   f"({_actions(clean_auto)})")
+    return out
+
+
+def replace_section(path: Path, heading: str, section: str) -> None:
+    """Rewrite one '## ' section of a markdown file (matched by its heading), keeping the others."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
+    start = text.find(heading)
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = text.find("\n## ", start + len(heading))
+        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
+    path.write_text(text)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="trimtab bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("benchmark", nargs="?", default="healing", choices=("healing",))
+    parser.add_argument("--preset", default="debug")
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--out", default="runs/bench-healing", help="parent of the run directories")
+    parser.add_argument("--scenarios", help="comma-separated subset (default: all)")
+    parser.add_argument("--json", help="results JSON (default OUT/healing.json)")
+    parser.add_argument("--markdown", help="markdown file to write the section into "
+                        "(default: the checkout's BENCHMARKS.md; '-' for none)")
+    parser.add_argument("--timeout", type=float, default=0, help="seconds per launch before a run "
+                        "counts as stalled (default: 8x the clean run + 120)")
+    args = parser.parse_args(argv)
+    import torch
+
+    from trimtab.config import load_config
+
+    micro = load_config(preset=args.preset).train.micro_batch_tokens
+    table = scenarios(args.steps, micro)
+    names = args.scenarios.split(",") if args.scenarios else list(table)
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        parser.error(f"unknown scenario(s) {', '.join(unknown)}; one of {', '.join(table)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start, runs = time.monotonic(), {}
+    for mode in ("off", "auto"):
+        runs[f"clean/{mode}"] = run_training(out / f"clean-{mode}", args, mode, [], False, 3600)
+        print(f"clean {mode}: {runs[f'clean/{mode}']['status']}, val_loss {runs[f'clean/{mode}']['val_loss']}, "
+              f"{runs[f'clean/{mode}']['wall_s']:.0f}s", flush=True)
+    clean = runs["clean/off"]["val_loss"]
+    timeout = args.timeout or 8 * runs["clean/off"]["wall_s"] + 120
+    for name in names:
+        for mode in ("off", "auto"):
+            run = run_training(out / f"{name}-{mode}", args, mode, table[name], name in PREEMPTION, timeout)
+            judge(run, clean)
+            runs[f"{name}/{mode}"] = run
+            print(f"{name:18s} {mode:4s} {run['outcome'][:60]:60s} val_loss {run['val_loss']} "
+                  f"decisions {len(run['decisions'])} redone {run['steps_redone']} {run['wall_s']:.0f}s "
+                  f"(other CPU {run['other_cpu']:.0%})", flush=True)
+    judge(runs["clean/auto"], clean)
+    shares = [r["other_cpu"] for r in runs.values()]
+    results = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+               "preset": args.preset, "steps": args.steps, "checkpoint_every": max(1, args.steps // 6),
+               "scenarios": names, "clean_val_loss": clean, "runtime_s": round(time.monotonic() - start),
+               "other_cpu": f"{min(shares):.0%}-{max(shares):.0%} (median {sorted(shares)[len(shares) // 2]:.0%})",
+               "runs": runs}
+    results["verdicts"] = verdicts(results)
+    section = report(results)
+    print("\n" + section)
+    json_path = Path(args.json) if args.json else out / "healing.json"
+    json_path.write_text(json.dumps(results, indent=1))
+    markdown = args.markdown or _default_markdown()
+    if markdown != "-":
+        replace_section(Path(markdown), HEADING.split(" (")[0], section)
+        print(f"wrote {json_path} and the '{HEADING}' section of {markdown}")
+    return 0
+
+
+def _default_markdown() -> str:
+    checkout = Path(__file__).resolve().parents[3] / "BENCHMARKS.md"
+    return str(checkout) if checkout.is_file() else "BENCHMARKS.md"

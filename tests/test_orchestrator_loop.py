@@ -1,0 +1,524 @@
+"""The orchestrator through the real training loop: every monitor and action, driven by injected
+faults on the debug preset (CPU, a few seconds a run).
+
+Runs use batch_tokens=1024 (one 1024-token micro-batch a step, 16 rows of 64) and a small final
+evaluation so that the whole file stays around a minute and a half on a busy 2-core machine; runs
+that several tests read are made once per module (`runs` fixture).
+"""
+
+import errno
+import json
+import logging
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import trimtab
+from trimtab.checkpoint import list_checkpoints, verify
+from trimtab.cli import main
+from trimtab.config import load_config, merge
+from trimtab.orchestrator import ctl, read_decisions
+from trimtab.training.hooks import Hook
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def debug_cfg(out, steps=24, sets=(), faults=(), **overrides):
+    base = {"out": str(out),
+            "train": {"max_steps": steps, "eval_every": 0, "log_every": 1, "batch_tokens": 1024,
+                      "eval_tokens": 1024},
+            "data": {"max_bytes": 150_000}, "checkpoint": {"every": 8},
+            "log": {"progress": False, "tensorboard": False}, "faults": list(faults)}
+    return load_config(preset="debug", overrides=merge(base, overrides), sets=list(sets))
+
+
+def train_lines(run_dir):
+    """metrics.jsonl training lines (a rollback replays steps: later lines win in by_step)."""
+    lines = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [m for m in lines if "loss" in m]
+
+
+def by_step(run_dir, key):
+    return {m["step"]: m[key] for m in train_lines(run_dir)}
+
+
+def final_weights(run_dir):
+    return load_file(str(list_checkpoints(run_dir)[-1] / "model.safetensors"))
+
+
+def all_finite(weights):
+    return all(bool(torch.isfinite(t).all()) for t in weights.values())
+
+
+def decisions(run_dir, rule=None):
+    return [d for d in read_decisions(run_dir) if rule is None or d["rule"] == rule]
+
+
+class StopAt(Hook):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, trainer, out):
+        if out.step == self.step:
+            trainer.request_stop("test")
+
+
+class Snapshot(Hook):
+    """Records, for every step, whether the parameters and the optimizer state came out of the
+    step unchanged (compared bitwise with a copy taken in on_step_start)."""
+
+    def __init__(self):
+        self.unchanged: dict[int, tuple[bool, bool]] = {}
+
+    def on_step_start(self, trainer, batch):
+        self.params = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        self.optim = {id(p): {k: v.clone() for k, v in s.items()} for p, s in trainer.optimizer.state.items()}
+
+    def on_step_end(self, trainer, out):
+        params = all(torch.equal(self.params[n], p) for n, p in trainer.model.named_parameters())
+        optim = bool(self.optim) and all(
+            torch.equal(self.optim[id(p)][k], v) for p, s in trainer.optimizer.state.items() for k, v in s.items())
+        self.unchanged[out.step] = (params, optim)
+
+
+class Person(Hook):
+    """Sends trimtab ctl commands at given steps, like a person at a shell mid-run."""
+
+    def __init__(self, plan):
+        self.plan = plan
+
+    def on_step_end(self, trainer, out):
+        for command in self.plan.get(out.step, []):
+            ctl.send(trainer.cfg.run_dir, command)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fast_cpu_runs():
+    """One intra-op thread (the test machine has 2 shared cores: faster there, and every run in
+    this module uses the same kernels, so runs compare bitwise), and no MFU peak measurement (a
+    2048x2048 matmul benchmark per Trainer, 1.5 s a run on that machine; MFU is not tested here)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    mp = pytest.MonkeyPatch()
+    mp.setattr("trimtab.training.trainer.peak_flops", lambda precision: (None, "not measured in tests"))
+    yield
+    mp.undo()
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Runs shared by several tests, trained once: runs[name] -> (run_dir, summary, hook)."""
+    root = tmp_path_factory.mktemp("orch")
+    specs = {
+        "clean": dict(steps=24),
+        "nan": dict(steps=24, faults=["nan_loss@10"], hook=Snapshot),
+        "nan_off": dict(steps=12, faults=["nan_loss@10"], orchestrator={"mode": "off"}),
+        "nan_advise": dict(steps=16, faults=["nan_loss@10"], orchestrator={"mode": "advise"}),
+        "oom": dict(steps=24, faults=["oom@8:512"]),
+    }
+    cache = {}
+
+    class Runs:
+        def __getitem__(self, name):
+            if name not in cache:
+                spec = dict(specs[name])
+                hook = spec.pop("hook", None)
+                hook = hook() if hook else None
+                summary = trimtab.train(debug_cfg(root / name, **spec), hooks=[hook] if hook else [])
+                cache[name] = (root / name, summary, hook)
+            return cache[name]
+
+    return Runs()
+
+
+# ------------------------------------------------------------------------------------ non-finite
+
+
+def test_nan_loss_is_skipped_and_leaves_finite_weights(runs):
+    run, summary, _ = runs["nan"]
+    assert summary["status"] == "completed"
+    (d,) = decisions(run)
+    assert (d["step"], d["rule"], d["action"], d["mode"]) == (10, "nonfinite", "skip_step", "auto")
+    assert d["applied"] and 0 < d["confidence"] <= 1
+    assert d["outcome"]["result"] == "recovered"
+    assert all_finite(final_weights(run))
+    losses = by_step(run, "loss")
+    assert math.isnan(losses[10]) and math.isfinite(losses[24])
+    # one withheld update costs almost nothing against the clean run
+    clean = by_step(runs["clean"][0], "loss")
+    assert abs(losses[24] - clean[24]) < 0.15
+    assert by_step(run, "skipped_steps")[10] == 1
+
+
+def test_nan_loss_with_orchestrator_off_poisons_the_weights(runs):
+    run, summary, _ = runs["nan_off"]
+    assert decisions(run) == []
+    weights = final_weights(run)
+    assert not all_finite(weights)  # the auto run above, same fault, stays finite
+    assert math.isnan(by_step(run, "loss")[12])
+
+
+def test_advise_mode_journals_without_acting(runs):
+    run, summary, _ = runs["nan_advise"]
+    ds = decisions(run)
+    assert ds and {d["mode"] for d in ds} == {"advise"}
+    assert [d["step"] for d in ds] == list(range(10, 17))  # the weights are NaN from step 10 on
+    assert {"skip_step", "scale_lr", "rollback"} <= {d["action"] for d in ds}
+    acting = [d for d in ds if d["action"] != "skip_step"]
+    assert acting and all(d["applied"] == [] for d in acting)
+    assert set(by_step(run, "lr_scale").values()) == {1.0}  # the LR cut was only advised
+    assert not (run / "checkpoints" / "rolled_back").exists()  # nor was the rollback done
+    assert not all_finite(final_weights(run))  # nothing was withheld
+
+
+@pytest.mark.xfail(reason="BUG: orchestrator/core.py Orchestrator._decide journals skip_step decisions as "
+                          "applied ('update withheld before the optimizer step') in advise mode, where "
+                          "update_gate returns None and the update is NOT withheld", strict=True)
+def test_advise_mode_skip_decisions_do_not_claim_the_update_was_withheld(runs):
+    run, _, _ = runs["nan_advise"]
+    skips = [d for d in decisions(run) if d["action"] == "skip_step"]
+    assert skips and all(d["applied"] == [] for d in skips)
+
+
+def test_skipped_update_leaves_weights_and_optimizer_state_untouched(runs):
+    _, _, snap = runs["nan"]
+    assert snap.unchanged[10] == (True, True)  # the faulted step: withheld before the optimizer
+    assert snap.unchanged[9] == (False, False)  # a normal step changes both
+    assert snap.unchanged[11] == (False, False)
+    assert [s for s, (params, _) in snap.unchanged.items() if params] == [10]
+
+
+@pytest.mark.parametrize("fault, rule", [("inf_grad@6", "nonfinite"), ("grad_spike@6:1e6", "grad")])
+def test_bad_gradients_are_skipped(tmp_path, fault, rule):
+    snap = Snapshot()
+    summary = trimtab.train(debug_cfg(tmp_path / "r", steps=8, faults=[fault]), hooks=[snap])
+    assert summary["status"] == "completed"
+    (d,) = decisions(tmp_path / "r")
+    assert (d["step"], d["rule"], d["action"]) == (6, rule, "skip_step")
+    if rule == "grad":
+        assert d["evidence"]["grad_norm"] > 1e4 and d["evidence"]["ceiling"] == 100.0
+    else:
+        assert math.isinf(d["evidence"]["grad_norm"]) and math.isfinite(d["evidence"]["loss"])
+    assert snap.unchanged[6] == (True, True) and snap.unchanged[7][0] is False
+    assert all_finite(final_weights(tmp_path / "r"))
+
+
+# ------------------------------------------------------------------------------------ escalation
+
+
+def test_weights_nan_climbs_the_ladder_to_a_rollback(tmp_path):
+    run = tmp_path / "r"
+    summary = trimtab.train(debug_cfg(run, steps=24, faults=["weights_nan@12"]))
+    assert summary["status"] == "completed" and summary["step"] == 24
+    ds = decisions(run)
+    assert [(d["step"], d["action"]) for d in ds] == [
+        (12, "skip_step"), (13, "skip_step"), (14, "scale_lr"), (15, "skip_step"), (16, "skip_step"),
+        (17, "rollback")]
+    assert {d["rule"] for d in ds} == {"nonfinite"}
+    rollback = ds[-1]
+    assert rollback["applied"] and rollback["applied"][0].startswith("rolled back from step 17 to step 8")
+    assert rollback["params"]["to"] == "last_good" and len(rollback["params"]["skip_rows"]) == 6 * 16
+    assert ds[2]["applied"] == ["lr multiplier 1 -> 0.5"]
+    assert all_finite(final_weights(run))
+    # the NaN checkpoint at 16 was abandoned; 16 was trained again from 8, finite this time
+    attic = run / "checkpoints" / "rolled_back"
+    assert [p.name for p in attic.iterdir()] == ["step_000016"]
+    assert not all_finite(load_file(str(attic / "step_000016" / "model.safetensors")))
+    assert all_finite(load_file(str(run / "checkpoints" / "step_000016" / "model.safetensors")))
+    lines = train_lines(run)
+    assert [m["step"] for m in lines].count(9) == 2  # steps 9.. replayed after the rollback
+    assert lines[-1]["lr_scale"] == 0.5 and math.isfinite(lines[-1]["loss"])  # knobs survive it
+    assert json.loads((run / "faults.json").read_text())["fired"] == {"weights_nan@12": 1}
+
+
+def test_no_good_checkpoint_to_roll_back_to_stops_clearly(tmp_path):
+    run = tmp_path / "r"
+    summary = trimtab.train(debug_cfg(run, steps=12, faults=["weights_nan@3"]))
+    assert summary["status"].startswith("stopped (training is unstable and cannot be healed: no good checkpoint")
+    assert summary["step"] == 8
+    ds = decisions(run)
+    assert [d["action"] for d in ds] == ["skip_step", "skip_step", "scale_lr", "skip_step", "skip_step", "stop"]
+    assert ds[-1]["applied"][0].startswith("stopping: ")
+    assert [p.name for p in list_checkpoints(run)] == ["step_000008"]  # saved on the way out
+
+
+def test_low_confidence_turns_an_action_into_advice(tmp_path):
+    run = tmp_path / "r"
+    trimtab.train(debug_cfg(run, steps=8, faults=["nan_loss@4:3"], sets=["orchestrator.min_confidence=0.9"]))
+    ds = decisions(run)
+    assert [(d["action"], d["mode"]) for d in ds] == [("skip_step", "auto"), ("skip_step", "auto"),
+                                                      ("scale_lr", "advise")]
+    assert ds[2]["applied"] == [] and "min_confidence" in ds[2]["reasoning"]
+    assert set(by_step(run, "lr_scale").values()) == {1.0}
+    assert all_finite(final_weights(run))  # the skips still happened
+
+
+def test_bad_batch_spikes_are_skipped_and_training_recovers(tmp_path, runs):
+    run = tmp_path / "r"
+    spike = ["orchestrator.spike.window=8", "orchestrator.spike.min_samples=8", "orchestrator.spike.sigma=3"]
+    summary = trimtab.train(debug_cfg(run, steps=24, faults=["bad_batch@18:3"], sets=spike))
+    assert summary["status"] == "completed"
+    ds = decisions(run, "spike")
+    assert [(d["step"], d["action"]) for d in ds] == [(18, "skip_step"), (19, "skip_step"), (20, "scale_lr")]
+    assert all(d["evidence"]["loss"] > d["evidence"]["ceiling"] for d in ds)
+    poisoned = json.loads((run / "faults.json").read_text())["poisoned"]
+    assert len(poisoned) == 3 * 16
+    losses, clean = by_step(run, "loss"), by_step(runs["clean"][0], "loss")
+    assert all(losses[s] > clean[s] + 1.0 for s in (18, 19, 20))  # garbage tokens really were trained on
+    assert all(losses[s] == clean[s] for s in range(1, 18))  # identical until the fault
+    assert math.isfinite(losses[24]) and abs(losses[24] - clean[24]) < 0.3
+
+
+def test_lr_spike_is_answered_by_cutting_the_lr(tmp_path):
+    run = tmp_path / "r"
+    spike = ["orchestrator.spike.window=8", "orchestrator.spike.min_samples=8"]
+    summary = trimtab.train(debug_cfg(run, steps=20, faults=["lr_spike@12:50"], sets=spike))
+    assert summary["status"] == "completed"
+    ds = decisions(run)
+    cuts = [d for d in ds if d["action"] in ("scale_lr", "rollback")]
+    assert cuts and cuts[0]["action"] == "scale_lr" and cuts[0]["params"] == {"factor": 0.5}
+    assert any(d["action"] == "rollback" for d in ds)
+    lines = train_lines(run)
+    first_cut = next(i for i, m in enumerate(lines) if m["step"] == cuts[0]["step"])
+    assert all(m["lr_scale"] == 1.0 for m in lines[:first_cut + 1])
+    assert all(m["lr_scale"] < 1.0 for m in lines[first_cut + 1:])
+    assert lines[-1]["lr_scale"] <= 0.5 and math.isfinite(lines[-1]["loss"])
+
+
+def test_divergence_cuts_the_lr(tmp_path):
+    run = tmp_path / "r"
+    sets = ["orchestrator.divergence.window=6", "orchestrator.divergence.min_rise=0.02",
+            "orchestrator.divergence.lr_factor=0.25", "orchestrator.spike.enabled=false",
+            "orchestrator.grad.enabled=false"]
+    trimtab.train(debug_cfg(run, steps=18, faults=["lr_spike@10:15"], sets=sets))
+    ds = decisions(run, "divergence")
+    assert ds, decisions(run)
+    d = ds[0]
+    assert d["action"] == "scale_lr" and d["params"] == {"factor": 0.25}  # straight to the LR rung
+    assert d["evidence"]["rise"] > 0.02 * d["evidence"]["mean"] and d["evidence"]["window"] == 6
+    assert by_step(run, "lr_scale")[d["step"] + 1] == 0.25
+
+
+# ------------------------------------------------------------------------------------ plateau
+
+
+def test_plateau_raises_the_lr_within_max_lr_scale(tmp_path):
+    run = tmp_path / "r"
+    sets = ["optim.lr=1e-7", "orchestrator.plateau.window=8", "orchestrator.plateau.variance=1e-2",
+            "orchestrator.plateau.max_progress=0.95"]
+    trimtab.train(debug_cfg(run, steps=36, sets=sets))
+    ds = decisions(run, "plateau")
+    assert [d["step"] for d in ds] == [8, 16, 24, 32]
+    raises = [d for d in ds if d["action"] == "scale_lr"]
+    assert len(raises) == 1 and raises[0]["params"] == {"factor": 1.5} and raises[0]["applied"]
+    # the next raise would take the multiplier to 2.25 > plateau.max_lr_scale (2): logged instead
+    assert ds[-1]["action"] == "none" and "max_lr_scale" in ds[-1]["reasoning"]
+    scales = by_step(run, "lr_scale")
+    assert max(scales.values()) == 1.5 and scales[36] == 1.5 and scales[raises[0]["step"]] == 1.0
+
+
+# ------------------------------------------------------------------------------------ throughput, memory
+
+
+def test_slow_steps_are_logged_for_a_person(tmp_path):
+    run = tmp_path / "r"
+    sets = ["orchestrator.throughput.min_samples=5", "orchestrator.throughput.patience=3"]
+    trimtab.train(debug_cfg(run, steps=14, faults=["slow@8:6"], sets=sets))
+    ds = decisions(run, "throughput")
+    assert 10 in [d["step"] for d in ds]  # slow steps 8, 9, 10: patience 3
+    assert all(d["action"] == "none" and d["applied"] == [] for d in ds)
+    assert ds[0]["evidence"]["tokens_per_s"] < 0.5 * ds[0]["evidence"]["median"]
+    assert set(by_step(run, "lr_scale").values()) == {1.0}
+    assert set(by_step(run, "micro_batch_tokens").values()) == {1024}
+
+
+def test_memory_pressure_halves_the_micro_batch(tmp_path):
+    run = tmp_path / "r"
+    sets = ["orchestrator.memory.threshold=0.0001", "orchestrator.memory.patience=2"]
+    trimtab.train(debug_cfg(run, steps=6, sets=sets))
+    ds = decisions(run, "memory")
+    assert [(d["step"], d["action"], d["params"]) for d in ds] == [
+        (2, "adjust_batch_size", {"micro_batch_tokens": 512}),
+        (4, "adjust_batch_size", {"micro_batch_tokens": 256}),
+        (6, "adjust_batch_size", {"micro_batch_tokens": 128})]
+    assert ds[0]["applied"] == ["micro-batch 1024 -> 512 tokens"]
+    mbt = by_step(run, "micro_batch_tokens")
+    assert [mbt[s] for s in range(1, 7)] == [1024, 1024, 512, 512, 256, 256]
+
+
+# ------------------------------------------------------------------------------------ out of memory
+
+
+def test_oom_halves_the_micro_batch_and_keeps_the_loss(runs):
+    run, summary, _ = runs["oom"]
+    assert summary["status"] == "completed" and summary["step"] == 24
+    (d,) = decisions(run)
+    assert (d["step"], d["rule"], d["action"], d["params"]) == (8, "oom", "adjust_batch_size",
+                                                                 {"micro_batch_tokens": 512})
+    assert d["applied"] == ["micro-batch 1024 -> 512 tokens"]
+    mbt = by_step(run, "micro_batch_tokens")
+    assert all(mbt[s] == 1024 for s in range(1, 8)) and all(mbt[s] == 512 for s in range(8, 25))
+    # the same rows retried in two micro-batches: token-normalised, the step's loss is unchanged
+    losses, clean = by_step(run, "loss"), by_step(runs["clean"][0], "loss")
+    assert all(losses[s] == clean[s] for s in range(1, 8))
+    assert losses[8] == pytest.approx(clean[8], rel=1e-5, abs=1e-5)
+    assert losses[24] == pytest.approx(clean[24], abs=1e-3)
+
+
+def test_oom_with_orchestrator_off_raises(tmp_path):
+    with pytest.raises(torch.OutOfMemoryError, match="injected by oom@2:512"):
+        trimtab.train(debug_cfg(tmp_path / "r", steps=4, faults=["oom@2:512"], orchestrator={"mode": "off"}))
+
+
+def test_oom_below_one_row_stops_with_a_clear_status(tmp_path):
+    run = tmp_path / "r"
+    summary = trimtab.train(debug_cfg(run, steps=8, faults=["oom@4:10"]))
+    assert summary["status"].startswith("stopped (out of memory with a micro-batch of one row (64 tokens)")
+    assert summary["step"] == 3
+    ds = decisions(run)
+    assert [d["params"].get("micro_batch_tokens") for d in ds] == [512, 256, 128, 64, None]
+    assert ds[-1]["action"] == "stop" and {d["step"] for d in ds} == {4}
+    assert [p.name for p in list_checkpoints(run)][-1] == "step_000003"
+
+
+def test_oom_probe_tries_a_larger_micro_batch_and_halves_again(tmp_path):
+    run = tmp_path / "r"
+    summary = trimtab.train(debug_cfg(run, steps=16, faults=["oom@3:512"],
+                                      sets=["orchestrator.oom.probe_after=6"]))
+    assert summary["status"] == "completed"
+    ds = decisions(run, "oom")
+    assert [(d["step"], d["params"]["micro_batch_tokens"]) for d in ds] == [(3, 512), (8, 1024), (9, 512)]
+    assert ds[1]["evidence"]["clean_steps"] == 6 and ds[1]["applied"] == ["micro-batch 512 -> 1024 tokens"]
+    assert "error" in ds[2]["evidence"]  # the probe ran out of memory: a real OOM, halved again
+    mbt = by_step(run, "micro_batch_tokens")
+    assert mbt[9] == 512 and all(mbt[s] == 512 for s in range(9, 17))  # the next probe waits 12 steps
+
+
+# ------------------------------------------------------------------------------------ disk, checkpoints, signals
+
+
+def test_disk_full_prunes_and_retries_the_save(tmp_path):
+    run = tmp_path / "r"
+    summary = trimtab.train(debug_cfg(run, steps=12, faults=["disk_full@8"]))
+    assert summary["status"] == "completed"
+    (d,) = decisions(run, "disk")
+    assert d["step"] == 8 and d["action"] == "save_checkpoint" and d["evidence"]["errno"] == errno.ENOSPC
+    assert d["applied"] == ["checkpoint at step 8"]
+    assert [p.name for p in list_checkpoints(run)] == ["step_000008", "step_000012"]
+    verify(run / "checkpoints" / "step_000008")
+
+
+def test_disk_full_with_orchestrator_off_raises(tmp_path):
+    with pytest.raises(OSError) as info:
+        trimtab.train(debug_cfg(tmp_path / "r", steps=10, faults=["disk_full@8"], orchestrator={"mode": "off"}))
+    assert info.value.errno == errno.ENOSPC
+
+
+def test_corrupt_newest_checkpoint_resumes_from_the_previous(tmp_path, caplog):
+    run = tmp_path / "r"
+    cfg = debug_cfg(run, steps=16, faults=["corrupt_checkpoint@16"])
+    assert trimtab.train(cfg)["status"] == "completed"
+    with pytest.raises(Exception):
+        verify(run / "checkpoints" / "step_000016")
+    with caplog.at_level(logging.WARNING):
+        summary = trimtab.train(debug_cfg(run, steps=16, faults=["corrupt_checkpoint@16"]))
+    assert "skipping corrupt checkpoint" in caplog.text and "step_000016" in caplog.text
+    assert summary["status"] == "completed" and summary["steps_this_session"] == 8
+    verify(run / "checkpoints" / "step_000016")  # fired once: the re-saved checkpoint is intact
+    assert json.loads((run / "faults.json").read_text())["fired"] == {"corrupt_checkpoint@16": 1}
+
+
+def test_sigterm_stops_with_a_checkpoint_and_the_rerun_completes(tmp_path):
+    run = tmp_path / "r"
+    first = trimtab.train(debug_cfg(run, steps=10, faults=["sigterm@4"]))
+    assert first["status"] == "stopped (SIGTERM)" and first["step"] == 4
+    assert [p.name for p in list_checkpoints(run)] == ["step_000004"]
+    assert json.loads((run / "faults.json").read_text())["fired"] == {"sigterm@4": 1}
+    second = trimtab.train(debug_cfg(run, steps=10, faults=["sigterm@4"]))
+    assert second["status"] == "completed" and second["steps_this_session"] == 6
+
+
+def test_resume_restores_the_orchestrator_exactly(tmp_path):
+    faults = ["nan_loss@5:3", "grad_spike@13:1e6"]
+    sets = ["orchestrator.outcome_after=4", "orchestrator.lr_restore_after=5",
+            "orchestrator.throughput.enabled=false"]  # timing-based: not reproducible
+    trimtab.train(debug_cfg(tmp_path / "a", steps=18, faults=faults, sets=sets))
+    first = trimtab.train(debug_cfg(tmp_path / "b", steps=18, faults=faults, sets=sets), hooks=[StopAt(9)])
+    assert first["status"] == "stopped (test)"
+    second = trimtab.train(debug_cfg(tmp_path / "b", steps=18, faults=faults, sets=sets))
+    assert second["steps_this_session"] == 9
+    a, b = decisions(tmp_path / "a"), decisions(tmp_path / "b")
+    # the run crossed the stop with a cut LR, a ladder at rung 1 and decisions still being judged
+    assert [(d["step"], d["rule"], d["action"]) for d in a] == [
+        (5, "nonfinite", "skip_step"), (6, "nonfinite", "skip_step"), (7, "nonfinite", "scale_lr"),
+        (12, "lr_restore", "scale_lr"), (13, "grad", "skip_step")]
+    assert [(d["step"], d["rule"], d["action"]) for d in b] == [(d["step"], d["rule"], d["action"]) for d in a]
+    assert b == a  # evidence, confidence, applied and outcomes too
+    wa, wb = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert by_step(tmp_path / "a", "lr_scale") == by_step(tmp_path / "b", "lr_scale")
+
+
+# ------------------------------------------------------------------------------------ a person: trimtab ctl
+
+
+def test_ctl_commands_mid_run(tmp_path, capsys):
+    run = tmp_path / "r"
+    plan = {2: [ctl.parse_command("pause-rule", ["nonfinite"])],
+            4: [ctl.parse_command("scale-lr", ["0.5"])],
+            5: [{"action": "scale_lr", "params": {"factor": -1}},  # a hand-written bad one
+                {"action": "fly"}]}
+    summary = trimtab.train(debug_cfg(run, steps=10, faults=["nan_loss@7"]), hooks=[Person(plan)])
+    assert summary["status"] == "completed"
+    ds = decisions(run)
+    assert [(d["step"], d["rule"], d["action"], d["mode"]) for d in ds] == [
+        (3, "manual", "pause_rule", "manual"), (5, "manual", "scale_lr", "manual")]
+    assert ds[0]["applied"] == ["paused rules: nonfinite"]
+    assert ds[1]["params"] == {"factor": 0.5} and ds[1]["applied"] == ["lr multiplier 1 -> 0.5"]
+    # the NaN at step 7 was not journaled (the rule is paused) ...
+    assert math.isnan(by_step(run, "loss")[7]) and not decisions(run, "nonfinite")
+    scales = by_step(run, "lr_scale")
+    assert [scales[s] for s in range(1, 11)] == [1.0] * 5 + [0.5] * 5
+    errors = sorted((run / "control").glob("*.error"))
+    assert len(errors) == 2 and not list((run / "control").glob("*.json"))
+    texts = " | ".join(e.read_text() for e in errors)
+    assert "'factor' must be a number in (0, inf), got -1" in texts and "unknown action 'fly'" in texts
+    err = capsys.readouterr().err
+    assert "[orchestrator] step 5 manual: scale_lr 0.5 -> lr x0.5" in err and "rejected control/" in err
+
+
+def test_ctl_mode_off_stops_watching(tmp_path):
+    run = tmp_path / "r"
+    plan = {2: [ctl.parse_command("mode", ["off"])]}
+    trimtab.train(debug_cfg(run, steps=6, faults=["nan_loss@5"]), hooks=[Person(plan)])
+    ds = decisions(run)
+    assert [(d["step"], d["action"], d["applied"]) for d in ds] == [(3, "set_mode", ["mode off"])]
+    assert not all_finite(final_weights(run))  # off: nothing gates the update any more
+
+
+# ------------------------------------------------------------------------------------ CLI
+
+
+def test_cli_inject_prints_the_decision(tmp_path, capsys):
+    out = str(tmp_path / "r")
+    argv = ["train", "--preset", "debug", "--out", out, "--max-steps", "12", "--inject", "nan_loss@10",
+            "--set", "log.progress=false", "--set", "log.tensorboard=false", "--set", "data.max_bytes=150000",
+            "--set", "train.eval_every=0", "--set", "train.batch_tokens=1024", "--set", "train.eval_tokens=1024"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "[orchestrator] step 10 nonfinite: loss nan, grad norm nan -> skip step" in captured.err
+    assert "completed: step 12/12" in captured.out
+    assert [d["rule"] for d in decisions(tmp_path / "r")] == ["nonfinite"]
+
+
+@pytest.mark.parametrize("spec, message", [("nan_loss@x", "--inject: 'nan_loss@x' must look like KIND@STEP"),
+                                           ("melt@3", "--inject: unknown fault 'melt'"),
+                                           ("oom@3", "--inject: 'oom@3' needs a positive number")])
+def test_cli_bad_inject_is_exit_2(tmp_path, capsys, spec, message):
+    assert main(["train", "--preset", "debug", "--out", str(tmp_path / "r"), "--inject", spec]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("trimtab: error: ") and message in err
+    assert not (tmp_path / "r").exists()
