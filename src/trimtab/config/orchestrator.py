@@ -122,6 +122,8 @@ class OrchestratorConfig:
     RULES = ("spike", "grad", "divergence", "plateau", "oom", "memory", "throughput", "fp16")
 
     def validate(self) -> None:
+        if self.mode == "false":  # YAML 1.1 reads a bare `off` as false
+            self.mode = "off"
         _check(self.mode in MODES, "orchestrator.mode", f"must be one of {', '.join(MODES)}")
         _check(self.read_every >= 0, "orchestrator.read_every", "must be >= 0")
         _positive(self, "orchestrator", "outcome_after", "escalate_after", "escalation_window")

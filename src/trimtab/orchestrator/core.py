@@ -166,9 +166,11 @@ class Orchestrator(Hook):
                                           "quiet since the LR cut", 0.8), restore)
         unstable = [f for f in findings if f.family == "instability"]
         for f in unstable[:1] + [f for f in findings if f.family != "instability"]:  # one rung per step
-            self._decide(trainer, f, self.policy.plan(f, trainer.control))
+            self._decide(trainer, f, self.policy.plan(f, trainer.control), withheld=m.skipped)
 
-    def _decide(self, trainer: "Trainer", f: Finding, plan: Plan) -> Decision:
+    def _decide(self, trainer: "Trainer", f: Finding, plan: Plan, withheld: bool = False) -> Decision:
+        """Journal a decision and, in auto mode, request its action; `withheld`: the update gate
+        already skipped this step's update (a skip_step decision records what happened)."""
         confidence = Policy.confidence(f.strength, self.journal.track_record(f.rule))
         mode, reasoning = self.mode, plan.reasoning
         acts = plan.action not in ("skip_step", "none", "stop")
@@ -178,7 +180,7 @@ class Orchestrator(Hook):
                             dict(plan.params), confidence, mode, f.family, f.summary,
                             loss_before=self.recent_losses.mean() if len(self.recent_losses) else None)
         if plan.action == "skip_step":
-            decision.applied = ["update withheld before the optimizer step"] if f.rule != "divergence" else []
+            decision.applied = ["update withheld before the optimizer step"] if withheld else []
         elif mode == "auto" and plan.action != "none":
             trainer.control.request(plan.action, on_done=lambda line, d=decision: self._applied(d, line),
                                     **plan.params)
@@ -229,8 +231,11 @@ class Orchestrator(Hook):
             try:
                 if command is None:
                     raise TrimtabError("not a command file (expected {\"action\": ..., \"params\": {...}})")
-                self._manual(trainer, command["action"], dict(command.get("params", {})))
-            except TrimtabError as exc:
+                params = command.get("params", {})
+                if not isinstance(params, dict):
+                    raise TrimtabError(f"'params' must be a mapping, got {params!r}")
+                self._manual(trainer, command["action"], dict(params))
+            except (TrimtabError, TypeError, ValueError) as exc:  # a person's file: answer, never crash
                 ctl.answer(self.run_dir, name, str(exc))
                 trainer.say(f"[orchestrator] rejected control/{name}: {exc}")
 

@@ -109,7 +109,7 @@ class Policy:
         target = view.lr_scale * cfg.lr_factor
         if f.step - self.last_lr_change < 2 * cfg.window:
             return Plan("none", {}, "the LR changed recently; give it time before raising it")
-        if f.step - self.ladder.last_step < 2 * cfg.window:
+        if self.ladder.last_step >= 0 and f.step - self.ladder.last_step < 2 * cfg.window:
             return Plan("none", {}, "instability was seen recently; a higher LR would be risky")
         if target > cfg.max_lr_scale:
             return Plan("none", {}, f"the LR multiplier would pass orchestrator.plateau.max_lr_scale="
@@ -121,6 +121,9 @@ class Policy:
 
     def _memory(self, f: Finding, view: Any) -> Plan:
         half = view.micro_batch_tokens // 2
+        if half < view.min_micro_batch_tokens and f.rule == "memory":
+            return Plan("none", {}, "memory is nearly full but the micro-batch is already one row; "
+                                    "logged for a person (an out-of-memory error would stop the run)")
         if half < view.min_micro_batch_tokens:
             return Plan("stop", {"reason": f"out of memory with a micro-batch of one row "
                                            f"({view.micro_batch_tokens} tokens); lower data.seq_len or "

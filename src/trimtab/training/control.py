@@ -20,8 +20,14 @@ from trimtab.errors import ConfigError, TrimtabError
 if TYPE_CHECKING:
     from trimtab.training.trainer import Trainer
 
-ACTIONS = ("skip_step", "scale_lr", "set_lr", "emergency_lr_reduction", "rollback",
-           "adjust_batch_size", "adjust_grad_clip", "adjust_weight_decay", "save_checkpoint", "stop")
+# action -> the parameters it takes
+PARAMS: dict[str, tuple[str, ...]] = {
+    "skip_step": (), "scale_lr": ("factor",), "set_lr": ("value",), "emergency_lr_reduction": ("factor",),
+    "rollback": ("to", "skip_rows"), "adjust_batch_size": ("micro_batch_tokens",),
+    "adjust_grad_clip": ("value",), "adjust_weight_decay": ("value",), "save_checkpoint": (),
+    "stop": ("reason",),
+}
+ACTIONS = tuple(PARAMS)
 
 
 class Control:
@@ -119,15 +125,11 @@ class Control:
     def _emergency_lr_reduction(self, factor: float = 0.1) -> str:
         return self._scale_lr(factor)
 
-    def _rollback(self, to: str | int = "last_good", skip_rows: list[int] = (),
-                  lr_factor: float | None = None) -> str:
-        done = [self._trainer.rollback(to)]
+    def _rollback(self, to: str | int = "last_good", skip_rows: list[int] = ()) -> str:
+        done = self._trainer.rollback(to)
         if skip_rows:
-            added = self._trainer.loader.skip_rows(list(skip_rows))
-            done.append(f"{added} rows left out of training")
-        if lr_factor:
-            done.append(self._scale_lr(lr_factor))
-        return "; ".join(done)
+            done += f"; {self._trainer.loader.skip_rows(list(skip_rows))} rows left out of training"
+        return done
 
     def _adjust_batch_size(self, micro_batch_tokens: int) -> str:
         return self._trainer.set_micro_batch_tokens(int(micro_batch_tokens))
@@ -150,9 +152,14 @@ class Control:
 
 def _check_params(action: str, params: dict[str, Any]) -> None:
     """Bad parameters fail when asked, not later inside the loop."""
+    unknown = set(params) - set(PARAMS[action])
+    if unknown:
+        raise ConfigError(f"{action}: unknown parameter(s) {', '.join(sorted(unknown))}; "
+                          f"it takes {', '.join(PARAMS[action]) or 'none'}")
+
     def number(name: str, low: float, high: float = float("inf")) -> None:
         value = params.get(name)
-        if not isinstance(value, (int, float)) or not low < value < high:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value < high:
             raise ConfigError(f"{action}: '{name}' must be a number in ({low:g}, {high:g}), got {value!r}")
 
     if action == "scale_lr":
@@ -164,6 +171,8 @@ def _check_params(action: str, params: dict[str, Any]) -> None:
         number("factor", 0, 1)  # always a reduction
     elif action == "adjust_batch_size":
         number("micro_batch_tokens", 0)
+        if params["micro_batch_tokens"] != int(params["micro_batch_tokens"]):
+            raise ConfigError("adjust_batch_size: 'micro_batch_tokens' must be a whole number of tokens")
     elif action in ("adjust_grad_clip", "adjust_weight_decay"):
         params["value"] = params.get("value", -1)
         number("value", -1e-12)

@@ -1,0 +1,578 @@
+"""The orchestrator's parts on their own: monitors on synthetic sequences, the policy's ladder with
+a fake view of the trainer, confidence, the journal, fault specs, ctl commands and Control's checks."""
+
+import json
+import math
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+
+from trimtab.config import load_config
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.errors import ConfigError
+from trimtab.orchestrator import ctl
+from trimtab.orchestrator.core import Orchestrator
+from trimtab.orchestrator.faults import Fault, parse_fault, parse_faults
+from trimtab.orchestrator.journal import Decision, Journal, describe, read_decisions
+from trimtab.orchestrator.monitors import (Divergence, Finding, Fp16Overflow, GradExplosion, LossSpike,
+                                           MemoryPressure, NonFinite, Plateau, Rolling, StepMetrics,
+                                           Throughput, build_monitors)
+from trimtab.orchestrator.policy import Policy
+from trimtab.training.control import ACTIONS, Control
+
+
+def metrics(step, loss=5.0, grad_norm=1.0, overflow=False, tokens_per_s=1000.0, progress=0.1, memory=None):
+    return StepMetrics(step, loss, grad_norm, False, overflow, tokens_per_s, 1e-3, progress, memory, [step])
+
+
+def feed(monitor, values, key="loss", start=1, **kw):
+    """Observe one metric per value; returns the findings (None where nothing fired)."""
+    return [monitor.observe(metrics(start + i, **{key: v}, **kw)) for i, v in enumerate(values)]
+
+
+# ------------------------------------------------------------------------------------ monitors
+
+
+def test_rolling_statistics():
+    r = Rolling(4, [1.0, 2.0, 3.0])
+    assert r.mean() == 2.0 and r.std() == pytest.approx(1.0) and r.median() == 2.0
+    assert r.slope() == pytest.approx(1.0) and not r.full()
+    r.add(4.0)
+    r.add(5.0)  # the oldest value drops out
+    assert list(r.values) == [2.0, 3.0, 4.0, 5.0] and r.full() and r.median() == 4.0
+
+
+def test_nonfinite_flags_nan_and_inf():
+    m = NonFinite(OrchestratorConfig())
+    assert m.observe(metrics(1)) is None
+    f = m.observe(metrics(2, loss=float("nan")))
+    assert (f.rule, f.family, f.step, f.strength) == ("nonfinite", "instability", 2, 1.0)
+    assert m.observe(metrics(3, grad_norm=float("inf"))).evidence["grad_norm"] == math.inf
+    # fp16: an overflowing gradient is the GradScaler's (Fp16Overflow), a NaN loss is still flagged
+    assert m.observe(metrics(4, grad_norm=float("inf"), overflow=True)) is None
+    assert m.observe(metrics(5, loss=float("nan"), overflow=True)) is not None
+
+
+def test_loss_spike_ceiling_and_flagged_values_stay_out():
+    cfg = OrchestratorConfig()
+    cfg.spike.window, cfg.spike.min_samples, cfg.spike.sigma, cfg.spike.min_rise = 10, 5, 3.0, 0.25
+    m = LossSpike(cfg)
+    assert feed(m, [5.0, 5.1, 4.9, 5.05]) == [None] * 4
+    assert m.ceiling() == math.inf  # silent until min_samples
+    assert m.observe(metrics(5, loss=4.95)) is None
+    std = Rolling(10, [5.0, 5.1, 4.9, 5.05, 4.95]).std()
+    assert 3 * std < 0.25 and m.ceiling() == pytest.approx(5.25)  # min_rise wins over 3 sigma
+    f = m.observe(metrics(6, loss=5.4))
+    assert f.rule == "spike" and f.evidence["ceiling"] == pytest.approx(5.25) and 0.6 <= f.strength <= 1
+    assert m.ceiling() == pytest.approx(5.25)  # the spike did not raise the bar
+    assert m.observe(metrics(7, loss=float("nan"))) is None and len(m.window) == 5
+    assert m.observe(metrics(8, loss=5.2)) is None and len(m.window) == 6
+    # with a noisy window sigma wins
+    m2 = LossSpike(cfg)
+    feed(m2, [4.0, 6.0, 4.0, 6.0, 5.0])
+    assert m2.ceiling() == pytest.approx(5.0 + 3 * Rolling(5, [4.0, 6.0, 4.0, 6.0, 5.0]).std())
+
+
+def test_grad_explosion_ceiling():
+    cfg = OrchestratorConfig()
+    cfg.grad.max_norm, cfg.grad.factor, cfg.grad.window, cfg.grad.min_samples = 100.0, 10.0, 10, 3
+    m = GradExplosion(cfg)
+    assert m.ceiling() == 100.0  # max_norm before min_samples
+    f = m.observe(metrics(1, grad_norm=150.0))
+    assert f.rule == "grad" and f.evidence["ceiling"] == 100.0 and math.isnan(f.evidence["mean"])
+    assert feed(m, [1.0, 1.2, 0.8], key="grad_norm", start=2) == [None] * 3
+    assert m.ceiling() == pytest.approx(10.0)  # factor x rolling mean, under max_norm
+    assert m.observe(metrics(5, grad_norm=11.0)) is not None
+    assert m.ceiling() == pytest.approx(10.0)
+    assert m.observe(metrics(6, grad_norm=9.0)) is None
+    assert m.observe(metrics(7, grad_norm=float("inf"))) is None  # NonFinite's business
+
+
+def test_divergence_slope():
+    cfg = OrchestratorConfig()
+    cfg.divergence.window, cfg.divergence.min_rise = 5, 0.05
+    m = Divergence(cfg)
+    found = feed(m, [5.0, 5.1, 5.2, 5.3, 5.4])
+    assert found[:4] == [None] * 4 and found[4] is not None
+    f = found[4]
+    assert f.rule == "divergence" and f.evidence["rise"] == pytest.approx(0.4)
+    assert f.evidence["mean"] == pytest.approx(5.2) and len(m.window) == 0  # a fresh window after firing
+    assert feed(Divergence(cfg), [5.0, 5.0, 5.0, 5.0, 5.0]) == [None] * 5
+    assert feed(Divergence(cfg), [5.4, 5.3, 5.2, 5.1, 5.0]) == [None] * 5
+    assert feed(Divergence(cfg), [5.0, 5.02, 5.04, 5.06, 5.08]) == [None] * 5  # rise 0.08 < 5% of 5.04
+
+
+def test_plateau_variance():
+    cfg = OrchestratorConfig()
+    cfg.plateau.window, cfg.plateau.variance, cfg.plateau.max_progress = 5, 1e-3, 0.8
+    flat = [4.0, 4.01, 3.99, 4.0, 4.005]
+    found = feed(Plateau(cfg), flat, progress=0.5)
+    assert found[:4] == [None] * 4 and found[4].rule == "plateau"
+    assert found[4].evidence["variance"] == pytest.approx(Rolling(5, flat).std() ** 2)
+    assert feed(Plateau(cfg), flat, progress=0.85) == [None] * 5  # late: that is convergence
+    assert feed(Plateau(cfg), [4.0, 4.2, 3.9, 4.1, 3.8], progress=0.5) == [None] * 5
+
+
+def test_throughput_median_and_patience():
+    cfg = OrchestratorConfig()
+    cfg.throughput.window, cfg.throughput.min_samples, cfg.throughput.factor, cfg.throughput.patience = 10, 3, 0.5, 2
+    m = Throughput(cfg)
+    assert feed(m, [1000.0, 1100.0, 900.0], key="tokens_per_s") == [None] * 3
+    assert m.observe(metrics(4, tokens_per_s=400.0)) is None  # slow once
+    assert m.observe(metrics(5, tokens_per_s=1000.0)) is None  # a normal step resets the count
+    assert m.observe(metrics(6, tokens_per_s=400.0)) is None
+    f = m.observe(metrics(7, tokens_per_s=300.0))
+    assert f.rule == "throughput" and f.evidence["median"] == 1000.0 and f.strength == pytest.approx(0.7)
+    assert sorted(m.window.values) == [900.0, 1000.0, 1000.0, 1100.0]  # slow steps stay out
+
+
+def test_memory_pressure_patience():
+    cfg = OrchestratorConfig()
+    cfg.memory.threshold, cfg.memory.patience = 0.9, 2
+    m = MemoryPressure(cfg)
+    assert m.observe(metrics(1, memory=None)) is None
+    assert m.observe(metrics(2, memory=0.95)) is None
+    assert m.observe(metrics(3, memory=0.5)) is None  # resets
+    assert m.observe(metrics(4, memory=0.95)) is None
+    f = m.observe(metrics(5, memory=0.97))
+    assert f.rule == "memory" and f.family == "memory" and f.evidence["threshold"] == 0.9
+    assert m.observe(metrics(6, memory=0.97)) is None  # counting starts over after a finding
+
+
+def test_fp16_overflow_count():
+    cfg = OrchestratorConfig()
+    cfg.fp16.window, cfg.fp16.max_overflows = 4, 2
+    m = Fp16Overflow(cfg)
+    assert m.observe(metrics(1, overflow=True)) is None
+    assert m.observe(metrics(2, overflow=False)) is None
+    f = m.observe(metrics(3, overflow=True))
+    assert f.rule == "fp16" and f.evidence["overflows"] == 2 and len(m.window) == 0
+    assert feed(Fp16Overflow(cfg), [True, False, False, False, True], key="overflow") == [None] * 5  # 4 apart
+
+
+def test_build_monitors_respects_enabled():
+    cfg = OrchestratorConfig()
+    assert set(build_monitors(cfg)) == {"nonfinite", "spike", "grad", "divergence", "plateau", "throughput",
+                                        "memory", "fp16"}
+    cfg.spike.enabled = cfg.plateau.enabled = False
+    assert "spike" not in build_monitors(cfg) and "plateau" not in build_monitors(cfg)
+    assert "nonfinite" in build_monitors(cfg)  # always watched
+
+
+def test_monitor_state_round_trip_through_json():
+    cfg = OrchestratorConfig()
+    cfg.spike.min_samples, cfg.grad.min_samples, cfg.divergence.window, cfg.plateau.window = 5, 5, 6, 6
+    cfg.throughput.min_samples, cfg.throughput.patience, cfg.memory.threshold = 3, 2, 0.5
+    first = [metrics(s, loss=5 - 0.01 * s + 0.05 * (s % 3), grad_norm=1 + 0.1 * (s % 4),
+                     tokens_per_s=1000 + 10 * s, memory=0.6, overflow=s % 5 == 0) for s in range(1, 16)]
+    then = [metrics(16, loss=9.0), metrics(17, grad_norm=500.0), metrics(18, tokens_per_s=100.0),
+            metrics(19, tokens_per_s=100.0, memory=0.7)] + \
+           [metrics(s, loss=4.8 + 0.05 * s, memory=0.7) for s in range(20, 30)]
+    a = build_monitors(cfg)
+    for m in first:
+        for mon in a.values():
+            mon.observe(m)
+    state = json.loads(json.dumps({k: mon.state_dict() for k, mon in a.items()}))
+    b = build_monitors(cfg)
+    for k, mon in b.items():
+        mon.load_state_dict(state[k])
+    assert isinstance(b["spike"].window, Rolling) and b["spike"].window.values.maxlen == cfg.spike.window
+
+    def run(monitors):
+        out = []
+        for m in then:
+            out += [(m.step, f.rule, f.summary) for mon in monitors.values() if (f := mon.observe(m))]
+        return out, monitors["spike"].ceiling(), monitors["grad"].ceiling()
+
+    result = run(a)
+    assert result == run(b)
+    assert {rule for _, rule, _ in result[0]} >= {"spike", "grad", "throughput", "memory"}
+
+
+# ------------------------------------------------------------------------------------ policy
+
+
+@dataclass
+class View:
+    """What the policy reads from trainer.control."""
+
+    lr_scale: float = 1.0
+    micro_batch_tokens: int = 1024
+    min_micro_batch_tokens: int = 64
+    rollbacks: int = 0
+    has_good_checkpoint: bool = True
+
+
+def finding(step, rule="spike", family="instability", rows=None, strength=1.0):
+    return Finding(rule, family, step, {}, "", strength, rows if rows is not None else [step * 10, step * 10 + 1])
+
+
+def test_ladder_climbs_skip_lr_rollback_stop():
+    policy, view = Policy(OrchestratorConfig()), View()
+    plans = [policy.plan(finding(s), view) for s in range(1, 7)]
+    assert [p.action for p in plans] == ["skip_step", "skip_step", "scale_lr", "skip_step", "skip_step", "rollback"]
+    assert plans[2].params == {"factor": 0.5}
+    assert plans[5].params == {"to": "last_good", "skip_rows": sorted(r for s in range(1, 7) for r in (s * 10, s * 10 + 1))}
+    assert policy.ladder.rung == 0 and policy.ladder.rows == []  # starts over after a rollback
+    view.rollbacks, view.lr_scale = 1, 0.5
+    assert [policy.plan(finding(s), view).action for s in range(7, 13)] == [
+        "skip_step", "skip_step", "scale_lr", "skip_step", "skip_step", "rollback"]
+    view.rollbacks = 3  # max_rollbacks used
+    plans = [policy.plan(finding(s), view) for s in range(13, 19)]
+    assert [p.action for p in plans] == ["skip_step", "skip_step", "scale_lr", "skip_step", "skip_step", "stop"]
+    assert "3 rollbacks used" in plans[-1].params["reason"]
+
+
+def test_ladder_findings_outside_the_escalation_window_do_not_climb():
+    cfg = OrchestratorConfig()
+    cfg.escalation_window = 10
+    policy = Policy(cfg)
+    assert [policy.plan(finding(s), View()).action for s in (1, 11, 21, 31, 41)] == ["skip_step"] * 5
+    assert policy.plan(finding(42), View()).action == "skip_step"
+    assert policy.plan(finding(43), View()).action == "scale_lr"  # 41, 42, 43 within 10 steps
+
+
+def test_ladder_skips_the_lr_rung_at_the_floor_and_stops_without_a_checkpoint():
+    policy = Policy(OrchestratorConfig())
+    assert [policy.plan(finding(s), View(lr_scale=0.015)).action for s in (1, 2, 3)] == [
+        "skip_step", "skip_step", "rollback"]  # 0.015 x 0.5 < min_lr_scale
+    policy = Policy(OrchestratorConfig())
+    plans = [policy.plan(finding(s), View(lr_scale=0.015, has_good_checkpoint=False)) for s in (1, 2, 3)]
+    assert plans[-1].action == "stop" and "no good checkpoint" in plans[-1].params["reason"]
+
+
+def test_divergence_goes_straight_to_the_lr_rung():
+    cfg = OrchestratorConfig()
+    cfg.divergence.lr_factor = 0.3
+    policy = Policy(cfg)
+    plan = policy.plan(finding(5, rule="divergence"), View())
+    assert plan.action == "scale_lr" and plan.params == {"factor": 0.3} and policy.lr_debt == pytest.approx(0.3)
+
+
+def test_quiet_resets_the_ladder_and_gives_the_lr_back():
+    cfg = OrchestratorConfig()  # escalation_window 50, lr_restore_after 100
+    policy = Policy(cfg)
+    for s in (1, 2, 3):
+        policy.plan(finding(s), View())
+    assert policy.ladder.rung == 1 and policy.lr_debt == 0.5
+    assert policy.quiet(52) is None and policy.ladder.rung == 1
+    assert policy.quiet(53) is None and policy.ladder.rung == 0
+    assert policy.quiet(102) is None
+    plan = policy.quiet(103)
+    assert plan.action == "scale_lr" and plan.params == {"factor": 2.0} and policy.lr_debt == 1.0
+    assert policy.quiet(300) is None  # nothing left to give back
+
+
+def test_a_failed_lr_restore_keeps_the_cut():
+    cfg = OrchestratorConfig()
+    cfg.lr_restore_after = 10
+    policy = Policy(cfg)
+    for s in (1, 2, 3, 4, 5, 6):  # two LR rungs (x0.5 at 3), a rollback at 6
+        policy.plan(finding(s), View())
+    for s in (7, 8, 9):
+        policy.plan(finding(s), View(lr_scale=0.5, rollbacks=1))
+    assert policy.lr_debt == 0.25
+    assert policy.quiet(19).params == {"factor": 2.0}  # gives half back
+    for s in (25, 26, 27):  # instability returns after the give-back
+        policy.plan(finding(s), View(lr_scale=0.25))
+    assert all(policy.quiet(s) is None for s in range(28, 200))
+
+
+def test_plateau_raise_is_bounded():
+    cfg = OrchestratorConfig()  # plateau.window 50 -> 100-step cooldowns
+    policy = Policy(cfg)
+    policy.plan(finding(10), View())  # instability at step 10
+    assert policy.plan(finding(100, "plateau", "plateau"), View()).action == "none"
+    plan = policy.plan(finding(200, "plateau", "plateau"), View())
+    assert plan.action == "scale_lr" and plan.params == {"factor": 1.5}
+    late = policy.plan(finding(250, "plateau", "plateau"), View(lr_scale=1.5))
+    assert late.action == "none" and "changed recently" in late.reasoning
+    capped = policy.plan(finding(400, "plateau", "plateau"), View(lr_scale=1.5))
+    assert capped.action == "none" and "max_lr_scale" in capped.reasoning  # 2.25 > 2
+
+
+def test_first_plateau_without_any_instability_raises_the_lr():
+    policy = Policy(OrchestratorConfig())  # window 50
+    plan = policy.plan(finding(50, "plateau", "plateau"), View())
+    assert plan.action == "scale_lr", plan.reasoning
+
+
+def test_memory_and_oom_halve_the_micro_batch_then_stop():
+    policy = Policy(OrchestratorConfig())
+    plan = policy.plan(finding(5, "oom", "memory"), View(micro_batch_tokens=1024))
+    assert plan.action == "adjust_batch_size" and plan.params == {"micro_batch_tokens": 512}
+    plan = policy.plan(finding(5, "memory", "memory"), View(micro_batch_tokens=128))
+    assert plan.action == "adjust_batch_size" and plan.params == {"micro_batch_tokens": 64}
+    assert policy.plan(finding(5, "oom", "memory"), View(micro_batch_tokens=96)).action == "stop"  # 48 < a row
+    stop = policy.plan(finding(5, "oom", "memory"), View(micro_batch_tokens=64))
+    assert stop.action == "stop" and "one row" in stop.params["reason"]
+
+
+def test_memory_pressure_at_one_row_does_not_stop_a_healthy_run():
+    plan = Policy(OrchestratorConfig()).plan(finding(5, "memory", "memory"), View(micro_batch_tokens=64))
+    assert plan.action == "none"
+
+
+def test_fp16_and_throughput_remedies():
+    cfg = OrchestratorConfig()
+    cfg.fp16.lr_factor = 0.25
+    policy = Policy(cfg)
+    assert policy.plan(finding(3, "fp16", "fp16"), View()).params == {"factor": 0.25}
+    assert policy.last_lr_change == 3
+    plan = policy.plan(finding(4, "throughput", "throughput"), View())
+    assert plan.action == "none" and plan.params == {}
+
+
+def test_policy_state_round_trip_and_shift():
+    policy = Policy(OrchestratorConfig())
+    for s in (10, 11, 12, 13):
+        policy.plan(finding(s), View())
+    state = json.loads(json.dumps(policy.state_dict()))
+    other = Policy(OrchestratorConfig())
+    other.load_state_dict(state)
+    assert other.state_dict() == policy.state_dict()
+    for s, action in [(14, "skip_step"), (15, "rollback")]:
+        assert other.plan(finding(s), View()).action == policy.plan(finding(s), View()).action == action
+    assert other.state_dict() == policy.state_dict()
+    policy.shift(5)
+    assert policy.ladder.last_step == 10 and policy.last_lr_change == 10  # counted in steps trained
+
+
+# ------------------------------------------------------------------------------------ confidence, journal
+
+
+def test_confidence_is_strength_times_track_record(tmp_path):
+    assert Policy.confidence(1.0, (0, 0)) == 0.75  # Beta(3, 1) prior
+    assert Policy.confidence(0.8, (0, 0)) == 0.6
+    assert Policy.confidence(1.0, (4, 4)) == pytest.approx(7 / 8, abs=1e-3)
+    assert Policy.confidence(1.0, (0, 6)) == 0.3
+    journal = Journal(tmp_path / "decisions.jsonl")
+    for i, result in enumerate(["recovered", "not recovered", "not recovered", None]):
+        journal.add(Decision(journal.next_id(), i, "spike", {}, "", "skip_step", {}, 0.5, "auto",
+                             outcome={"result": result} if result else None))
+    journal.add(Decision(journal.next_id(), 9, "grad", {}, "", "skip_step", {}, 0.5, "auto",
+                         outcome={"result": "recovered"}))
+    assert journal.track_record("spike") == (1, 3) and journal.track_record("grad") == (1, 1)
+    assert journal.track_record("plateau") == (0, 0)
+    assert [d.id for d in journal.pending()] == [4]
+    assert Policy.confidence(1.0, journal.track_record("spike")) < Policy.confidence(1.0, (0, 0))
+
+
+def test_journal_round_trip_with_nan_evidence(tmp_path):
+    journal = Journal(tmp_path / "decisions.jsonl")
+    d = Decision(1, 7, "nonfinite", {"loss": float("nan"), "grad_norm": float("inf")}, "why", "skip_step", {},
+                 0.75, "auto", "instability", "loss nan")
+    journal.add(d)
+    (line,) = read_decisions(tmp_path)
+    assert line["step"] == 7 and math.isnan(line["evidence"]["loss"]) and line["evidence"]["grad_norm"] == math.inf
+    other = Journal(tmp_path / "other.jsonl")
+    other.load_state_dict(json.loads(json.dumps(journal.state_dict(), default=str)))
+    assert other.decisions[0].console_line() == d.console_line()
+    assert (tmp_path / "other.jsonl").is_file() and read_decisions(tmp_path / "nowhere") == []
+    assert "[advise: not applied]" in Decision(2, 1, "r", {}, "", "scale_lr", {"factor": 0.5}, 1, "advise").console_line()
+    assert describe("rollback", {"to": "last_good", "skip_rows": [1, 2]}) == "roll back to last_good, skip 2 rows"
+    assert describe("adjust_batch_size", {"micro_batch_tokens": 512}) == "micro-batch 512 tokens"
+
+
+# ------------------------------------------------------------------------------------ fault specs
+
+
+def test_parse_fault_valid_specs():
+    assert parse_fault("nan_loss@30") == Fault("nan_loss", 30, 1.0, "nan_loss@30")
+    assert parse_fault(" oom@10:512 ").param == 512.0
+    assert parse_fault("grad_spike@5").param == 1000.0 and parse_fault("lr_spike@5").param == 10.0
+    assert parse_fault("bad_batch@3:4").count == 4 and parse_fault("lr_spike@3:50").count == 1
+    assert [f.kind for f in parse_faults(["slow@1:2", "disk_full@8"])] == ["slow", "disk_full"]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("melt@3", "unknown fault 'melt'"),
+    ("nan_loss", "must look like KIND@STEP[:PARAM]"),
+    ("nan_loss@-1", "must look like KIND@STEP[:PARAM]"),
+    ("nan_loss@x", "must look like KIND@STEP[:PARAM]"),
+    ("oom@3:lots", "must be a number"),
+    ("oom@3", "needs a positive number after ':'"),
+    ("lr_spike@3:0", "needs a positive number"),
+    ("nan_loss@3:1.5", "needs a whole number of firings"),
+    ("slow@3:-2", "needs a whole number of firings"),
+])
+def test_parse_fault_errors(spec, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        parse_fault(spec)
+    with pytest.raises(ConfigError, match=r"^faults\[1\]: "):
+        parse_faults(["nan_loss@1", spec])
+
+
+# ------------------------------------------------------------------------------------ Control
+
+
+def test_control_validates_parameters_when_asked():
+    control = Control(trainer=None)
+    with pytest.raises(ConfigError, match="emergency_lr_reduction: 'factor' must be a number in \\(0, 1\\)"):
+        control.request("emergency_lr_reduction", factor=1.0)
+    with pytest.raises(ConfigError, match="emergency_lr_reduction"):
+        control.request("emergency_lr_reduction", factor=2.0)
+    for action, params in [("scale_lr", {"factor": 0}), ("scale_lr", {"factor": -1}), ("scale_lr", {}),
+                           ("scale_lr", {"factor": "2"}), ("set_lr", {"value": 0.0}),
+                           ("adjust_batch_size", {"micro_batch_tokens": 0}), ("adjust_grad_clip", {"value": -1}),
+                           ("adjust_weight_decay", {}), ("rollback", {"to": "yesterday"}),
+                           ("rollback", {"to": -3})]:
+        with pytest.raises(ConfigError, match=action):
+            control.request(action, **params)
+    with pytest.raises(ConfigError, match="unknown action 'fly'"):
+        control.request("fly")
+    assert control._queue == []  # nothing bad was queued
+    control.request("emergency_lr_reduction")
+    control.request("emergency_lr_reduction", factor=0.5)
+    control.request("rollback", to=12)
+    assert [(a, p) for a, p, _ in control._queue] == [
+        ("emergency_lr_reduction", {"factor": 0.1}), ("emergency_lr_reduction", {"factor": 0.5}),
+        ("rollback", {"to": 12})]
+    done = []
+    control.request("skip_step", on_done=done.append)
+    assert control.skip_next and done == ["the next update will be withheld"]
+    assert set(ACTIONS) == {a for a, *_ in ctl.VERBS.values()} - {"pause_rule", "resume_rule", "set_mode"}
+
+
+def test_control_applies_in_order_and_reports():
+    trainer = SimpleNamespace(state=SimpleNamespace(lr_scale=1.0, step=5), cfg=None,
+                              request_stop=lambda reason: setattr(trainer, "stopped", reason))
+    control = Control(trainer)
+    lines = []
+    control.request("scale_lr", on_done=lines.append, factor=0.5)
+    control.request("emergency_lr_reduction", on_done=lines.append)
+    control.request("stop", on_done=lines.append, reason="enough")
+    assert control.apply() == lines == ["lr multiplier 1 -> 0.5", "lr multiplier 0.5 -> 0.05", "stopping: enough"]
+    assert trainer.state.lr_scale == pytest.approx(0.05) and trainer.stopped == "enough"
+    assert control.apply() == []
+
+
+# ------------------------------------------------------------------------------------ trimtab ctl
+
+
+def test_parse_command_valid():
+    assert ctl.parse_command("scale-lr", ["0.5"]) == {"action": "scale_lr", "params": {"factor": 0.5}}
+    assert ctl.parse_command("emergency-lr", []) == {"action": "emergency_lr_reduction", "params": {}}
+    assert ctl.parse_command("rollback", []) == {"action": "rollback", "params": {}}
+    assert ctl.parse_command("rollback", ["40"]) == {"action": "rollback", "params": {"to": 40}}
+    assert ctl.parse_command("micro-batch", ["512"])["params"] == {"micro_batch_tokens": 512}
+    assert ctl.parse_command("pause-rule", ["nonfinite"])["params"] == {"rule": "nonfinite"}
+    assert ctl.parse_command("mode", ["advise"]) == {"action": "set_mode", "params": {"mode": "advise"}}
+    assert ctl.parse_command("stop", []) == {"action": "stop", "params": {}}
+    assert set(ctl.RULE_NAMES) == {"nonfinite", *OrchestratorConfig.RULES}
+
+
+@pytest.mark.parametrize("verb, args, message", [
+    ("fly", [], "unknown ctl action 'fly'"),
+    ("scale-lr", [], "usage: trimtab ctl RUN_DIR scale-lr FACTOR"),
+    ("scale-lr", ["0.5", "1"], "usage: trimtab ctl RUN_DIR scale-lr FACTOR"),
+    ("skip-step", ["now"], "usage: trimtab ctl RUN_DIR skip-step"),
+    ("scale-lr", ["half"], "FACTOR must be a float, got 'half'"),
+    ("micro-batch", ["1.5"], "MICRO_BATCH_TOKENS must be a int"),
+    ("rollback", ["yesterday"], "give a step number or nothing"),
+    ("pause-rule", ["spikes"], "unknown rule 'spikes'"),
+    ("mode", ["on"], "unknown mode 'on'"),
+])
+def test_parse_command_errors(verb, args, message):
+    with pytest.raises(ConfigError, match=message):
+        ctl.parse_command(verb, args)
+
+
+def test_send_and_take_commands(tmp_path):
+    with pytest.raises(ConfigError, match="not a run directory"):
+        ctl.send(tmp_path, {"action": "stop"})
+    (tmp_path / "config.yaml").write_text("{}")
+    first = ctl.send(tmp_path, ctl.parse_command("scale-lr", ["0.5"]))
+    second = ctl.send(tmp_path, {"action": "stop", "params": {}})
+    (tmp_path / "control" / "9999999999999999999-1.json").write_text("not json")
+    assert first.parent == tmp_path / "control" and first.name < second.name
+    taken = ctl.take_commands(tmp_path)
+    assert taken == [(first.name, {"action": "scale_lr", "params": {"factor": 0.5}}),
+                     (second.name, {"action": "stop", "params": {}}), ("9999999999999999999-1.json", None)]
+    assert ctl.take_commands(tmp_path) == [] and not list((tmp_path / "control").iterdir())
+    ctl.answer(tmp_path, first.name, "no")
+    assert (tmp_path / "control" / f"{first.stem}.error").read_text() == "no\n"
+
+
+class FakeTrainer:
+    """Enough of a Trainer for the orchestrator's command handling."""
+
+    def __init__(self, run_dir):
+        self.state = SimpleNamespace(step=3, lr_scale=1.0)
+        self.cfg = SimpleNamespace(run_dir=run_dir)
+        self.control = Control(self)
+        self.said = []
+
+    def say(self, line):
+        self.said.append(line)
+
+
+@pytest.mark.parametrize("command", [{"action": "scale_lr", "params": {"factor": 0.5, "bogus": 1}},
+                                     {"action": "scale_lr", "params": "0.5"},
+                                     {"action": "stop", "params": ["x"]}])
+def test_malformed_command_files_are_answered_not_fatal(tmp_path, command):
+    (tmp_path / "config.yaml").write_text("{}")
+    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)
+    trainer = FakeTrainer(tmp_path)
+    ctl.send(tmp_path, command)
+    orchestrator._take_commands(trainer)
+    trainer.control.apply()
+    assert len(list((tmp_path / "control").glob("*.error"))) == 1
+    assert trainer.state.lr_scale == 1.0
+
+
+def test_commands_are_applied_and_journaled_as_manual(tmp_path):
+    (tmp_path / "config.yaml").write_text("{}")
+    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)
+    trainer = FakeTrainer(tmp_path)
+    for verb, args in [("scale-lr", ["0.5"]), ("pause-rule", ["spike"]), ("mode", ["advise"]),
+                       ("pause-rule", ["grad"]), ("resume-rule", ["spike"])]:
+        ctl.send(tmp_path, ctl.parse_command(verb, args))
+    ctl.send(tmp_path, {"action": "resume_rule", "params": {"rule": "bogus"}})
+    orchestrator._take_commands(trainer)
+    trainer.control.apply()
+    assert trainer.state.lr_scale == 0.5 and orchestrator.mode == "advise" and orchestrator.paused == {"grad"}
+    ds = read_decisions(tmp_path)
+    assert [(d["action"], d["mode"], d["step"]) for d in ds] == [
+        ("scale_lr", "manual", 3), ("pause_rule", "manual", 3), ("set_mode", "manual", 3),
+        ("pause_rule", "manual", 3), ("resume_rule", "manual", 3)]
+    assert ds[0]["applied"] == ["lr multiplier 1 -> 0.5"] and ds[-1]["applied"] == ["paused rules: grad"]
+    (error,) = (tmp_path / "control").glob("*.error")
+    assert "unknown rule 'bogus'" in error.read_text()
+    # paused rules and mode are orchestrator state: they survive a checkpoint
+    state = json.loads(json.dumps(orchestrator.state_dict()))
+    again = Orchestrator(OrchestratorConfig(), tmp_path)
+    again.load_state_dict(state)
+    assert again.paused == {"grad"} and again.mode == "advise" and len(again.journal.decisions) == 5
+
+
+# ------------------------------------------------------------------------------------ config
+
+
+def test_orchestrator_config_validation():
+    for key, value in [("mode", "sometimes"), ("lr_cut", 1.0), ("min_confidence", 1.5),
+                       ("divergence.window", 3), ("plateau.lr_factor", 0.9), ("oom.max_retries", 0),
+                       ("throughput.factor", 1.0), ("memory.threshold", 0.0)]:
+        with pytest.raises(ConfigError, match=f"orchestrator.{key}"):
+            load_config(preset="debug", overrides={"orchestrator": _nested(key, value)})
+    cfg = load_config(preset="debug", overrides={"orchestrator": {"mode": "off"}}, sets=["orchestrator.spike.sigma=3"])
+    assert cfg.orchestrator.mode == "off" and cfg.orchestrator.spike.sigma == 3.0
+
+
+def _nested(key, value):
+    out = value
+    for part in reversed(key.split(".")):
+        out = {part: out}
+    return out
+
+
+@pytest.mark.parametrize("how", ["set", "yaml"])
+def test_mode_off_from_set_or_yaml(tmp_path, how):
+    if how == "set":
+        cfg = load_config(preset="debug", sets=["orchestrator.mode=off"])
+    else:
+        path = tmp_path / "run.yaml"
+        path.write_text("preset: debug\norchestrator:\n  mode: off\n")
+        cfg = load_config(path)
+    assert cfg.orchestrator.mode == "off"
