@@ -47,7 +47,8 @@ def load_run(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokenizer
     if found is None:
         raise CheckpointError(f"'{run_dir}' has no valid checkpoint yet; train it first")
     model = build_model(cfg.model)
-    weights, _, _ = load_checkpoint(found[0])
+    weights, _, state = load_checkpoint(found[0])
+    model.load_moe_state(state.get("moe", {}))
     load_weights(model, weights, found[0])
     return cfg, model.eval(), TextTokenizer.load(run_dir / "tokenizer.json")
 

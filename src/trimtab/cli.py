@@ -40,8 +40,10 @@ def _print_summary(summary: dict) -> None:
         lines.append(f"val_loss {summary['val_loss']:.4f} (perplexity {summary['val_ppl']:.2f})")
     if summary.get("mfu") is not None:
         lines.append(f"MFU {summary['mfu']:.1%} of {summary['peak_flops_source']}")
+    active = summary.get("active_params", summary["params"])
+    sparse = f", {active:,} active per token" if active != summary["params"] else ""
     lines.append(f"model: {summary['params']:,} parameters ({summary['non_embedding_params']:,} "
-                 f"non-embedding), {summary['device']} {summary['precision']}")
+                 f"non-embedding{sparse}), {summary['device']} {summary['precision']}")
     lines.append(f"run directory: {summary['run_dir']}")
     print("\n".join(lines))
 
@@ -99,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ctl", help="act on a running job (journaled as a manual decision)",
                        description="Actions: skip-step, scale-lr F, set-lr V, emergency-lr [F], "
                        "rollback [STEP], micro-batch TOKENS, grad-clip V, weight-decay V, checkpoint, "
-                       "stop [REASON], pause-rule RULE, resume-rule RULE, mode auto|advise|off")
+                       "stop [REASON], add-expert LAYER [SOURCE], prune-expert LAYER EXPERT, reinit-expert "
+                       "LAYER EXPERT, capacity-factor V [LAYER], router-temperature V [LAYER], "
+                       "balance-coef V [LAYER], pause-rule RULE, resume-rule RULE, mode auto|advise|off")
     p.add_argument("run_dir")
     p.add_argument("action")
     p.add_argument("args", nargs="*")

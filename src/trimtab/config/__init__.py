@@ -69,6 +69,13 @@ class ModelConfig:
         return self.n_kv_heads or self.n_heads
 
     @property
+    def expert_dim(self) -> int:
+        """MoE expert width: model.moe.expert_hidden, or the dense width / top_k (same active FLOPs)."""
+        if self.moe.expert_hidden:
+            return self.moe.expert_hidden
+        return max(self.multiple_of, -(-self.ffn_dim // self.moe.top_k // self.multiple_of) * self.multiple_of)
+
+    @property
     def layers(self) -> list[str]:
         """The kind of each of the n_layers layers (the pattern repeated)."""
         pattern = self.layer_pattern or ["dense"]

@@ -99,6 +99,24 @@ class Fp16Rule:
 
 
 @dataclass
+class MoERule:
+    """Mixture-of-Experts health, per MoE layer, over the mean load of the last `window` steps."""
+
+    enabled: bool = True
+    window: int = 20
+    imbalance: float = 2.5  # busiest expert's load / fair share -> raise the balance coefficient
+    collapse: float = 0.9  # busiest share >= this x the most one expert can take (1 / top_k)
+    dead_load: float = 0.02  # an expert below this x fair share ...
+    dead_patience: int = 30  # ... for this many steps is dead -> re-initialised
+    prune_dead: bool = False  # an expert dead again after its re-init is pruned
+    max_drop: float = 0.15  # mean dropped fraction -> capacity factor x1.25
+    max_capacity: float = 4.0
+    max_balance_coef: float = 0.1
+    add_experts: bool = False  # a saturated layer (busiest > imbalance x fair, tokens dropped) grows
+    max_experts: int = 64
+
+
+@dataclass
 class OrchestratorConfig:
     mode: str = "auto"  # auto: act | advise: journal what it would do | off: no monitoring
     read_every: int = 0  # steps between device reads of step metrics; 0: 1 on CPU, 10 on GPU
@@ -118,8 +136,9 @@ class OrchestratorConfig:
     memory: MemoryRule = field(default_factory=MemoryRule)
     throughput: ThroughputRule = field(default_factory=ThroughputRule)
     fp16: Fp16Rule = field(default_factory=Fp16Rule)
+    moe: MoERule = field(default_factory=MoERule)
 
-    RULES = ("spike", "grad", "divergence", "plateau", "oom", "memory", "throughput", "fp16")
+    RULES = ("spike", "grad", "divergence", "plateau", "oom", "memory", "throughput", "fp16", "moe")
 
     def validate(self) -> None:
         if self.mode == "false":  # YAML 1.1 reads a bare `off` as false
@@ -132,7 +151,7 @@ class OrchestratorConfig:
         _check(self.lr_restore_after >= 0, "orchestrator.lr_restore_after", "must be >= 0")
         _check(self.max_rollbacks >= 0, "orchestrator.max_rollbacks", "must be >= 0")
         _check(0 < self.min_lr_scale <= 1, "orchestrator.min_lr_scale", "must be in (0, 1]")
-        for name in ("spike", "grad", "divergence", "plateau", "throughput", "fp16"):
+        for name in ("spike", "grad", "divergence", "plateau", "throughput", "fp16", "moe"):
             _positive(getattr(self, name), f"orchestrator.{name}", "window")
         _check(self.spike.min_samples >= 2, "orchestrator.spike.min_samples", "must be >= 2")
         _check(self.divergence.window >= 4, "orchestrator.divergence.window", "must be >= 4")
@@ -141,4 +160,6 @@ class OrchestratorConfig:
         _check(self.plateau.max_lr_scale >= 1, "orchestrator.plateau.max_lr_scale", "must be >= 1")
         _check(0 < self.memory.threshold <= 1, "orchestrator.memory.threshold", "must be in (0, 1]")
         _check(0 < self.throughput.factor < 1, "orchestrator.throughput.factor", "must be in (0, 1)")
+        _check(self.moe.imbalance > 1 and 0 < self.moe.collapse <= 1, "orchestrator.moe",
+               "imbalance must be > 1 and collapse in (0, 1]")
         _check(self.oom.max_retries >= 1, "orchestrator.oom.max_retries", "must be >= 1")

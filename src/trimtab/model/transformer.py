@@ -1,4 +1,5 @@
-"""Decoder-only Transformer (Llama architecture): pre-norm blocks, RoPE, GQA, SwiGLU.
+"""Decoder-only Transformer (Llama architecture): pre-norm blocks, RoPE, GQA, SwiGLU; each
+layer's feed-forward is dense or Mixture-of-Experts as model.layer_pattern says.
 
 Shape legend: B batch, T time, S key length (cached + new), D d_model, V vocab.
 """
@@ -14,17 +15,23 @@ from torch.utils.checkpoint import checkpoint
 from trimtab.config import ModelConfig
 from trimtab.model.cache import KVCache
 from trimtab.model.layers import Attention, FeedForward, RMSNorm, Rotary
+from trimtab.model.moe import MoE
 
 
 class Block(nn.Module):
     """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x))."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, kind: str = "dense"):
         super().__init__()
+        self.kind = kind
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.ffn = FeedForward(cfg)
+        if "moe" in kind:
+            out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
+            self.ffn = MoE(cfg.d_model, cfg.expert_dim, cfg.moe, cfg.init_std, out_std)
+        else:
+            self.ffn = FeedForward(cfg)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 mask: torch.Tensor | None, cache: KVCache | None, layer: int) -> torch.Tensor:
@@ -44,7 +51,7 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.head_dim = cfg.d_model // cfg.n_heads
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, kind) for kind in cfg.layers)
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -64,7 +71,8 @@ class Transformer(nn.Module):
             if p.dim() == 1:
                 nn.init.ones_(p)
             else:
-                nn.init.normal_(p, 0.0, out_std if name.endswith(("wo.weight", "w2.weight")) else std)
+                residual = name.endswith(("wo.weight", "w2.weight", "ffn.w2"))  # ffn.w2: MoE experts
+                nn.init.normal_(p, 0.0, out_std if residual else std)
 
     def set_activation_checkpointing(self, enabled: bool) -> None:
         """Recompute each block's activations in backward instead of storing them (training only)."""
@@ -109,10 +117,42 @@ class Transformer(nn.Module):
             return None
         return torch.ones(T, offset + T, dtype=torch.bool, device=device).tril(offset)
 
-    def num_params(self, exclude_embeddings: bool = False) -> int:
+    def moe_layers(self) -> list[tuple[int, MoE]]:
+        return [(i, b.ffn) for i, b in enumerate(self.blocks) if isinstance(b.ffn, MoE)]
+
+    MOE_KNOBS = ("capacity_factor", "temperature", "aux_loss_coef", "z_loss_coef", "bias_update_rate")
+
+    def moe_state(self) -> dict[str, dict[str, float]]:
+        """Each MoE layer's expert count and live knobs, for the checkpoint (surgery and the
+        orchestrator change them while training, so the config alone no longer describes them)."""
+        return {str(i): {"n_experts": moe.n_experts, **{k: getattr(moe, k) for k in self.MOE_KNOBS}}
+                for i, moe in self.moe_layers()}
+
+    def load_moe_state(self, state: dict[str, dict[str, float]]) -> None:
+        """Resize each MoE layer to its saved expert count (before its weights are loaded) and
+        restore its knobs."""
+        layers = dict(self.moe_layers())
+        for key, saved in state.items():
+            moe = layers[int(key)]
+            while moe.n_experts < saved["n_experts"]:
+                moe.add_expert(0)
+            while moe.n_experts > saved["n_experts"]:
+                moe.prune_expert(moe.n_experts - 1)
+            for k in self.MOE_KNOBS:
+                setattr(moe, k, saved[k])
+
+    def aux_loss(self) -> torch.Tensor | None:
+        """Sum of the MoE layers' auxiliary losses from the last forward (None when there are none)."""
+        losses = [moe.aux_loss for _, moe in self.moe_layers() if moe.aux_loss is not None]
+        return torch.stack(losses).sum() if losses else None
+
+    def num_params(self, exclude_embeddings: bool = False, active: bool = False) -> int:
         """Parameter count, tied weights once; optionally without the embedding table and an
-        untied lm head."""
+        untied lm head; `active`: only the top_k of each MoE layer's routed experts (the weights
+        one token uses)."""
         n = sum(p.numel() for p in self.parameters())
+        if active:
+            n -= sum(_inactive(moe) for _, moe in self.moe_layers())
         if exclude_embeddings:
             n -= self.tok_emb.weight.numel()
             if not self.cfg.tie_embeddings:
@@ -133,8 +173,16 @@ class Transformer(nn.Module):
         """
         cfg = self.cfg
         matmul = sum(m.weight.numel() for m in self.blocks.modules() if isinstance(m, nn.Linear))
+        for _, moe in self.moe_layers():  # the router, and the k experts a token goes through
+            matmul += moe.router.numel() + moe.w1.numel() + moe.w2.numel() + moe.w3.numel() - _inactive(moe)
         matmul += cfg.vocab_size * cfg.d_model
         return 6 * matmul + 12 * cfg.n_layers * cfg.d_model * seq_len
+
+
+def _inactive(moe: MoE) -> int:
+    """Routed-expert weights a token does not use: (E - k) of E experts."""
+    per_expert = (moe.w1.numel() + moe.w2.numel() + moe.w3.numel()) // moe.n_experts
+    return (moe.n_experts - moe.top_k) * per_expert
 
 
 def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> Transformer:

@@ -20,11 +20,12 @@ from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.errors import TrimtabError
 from trimtab.orchestrator import ctl
 from trimtab.orchestrator.journal import Decision, Journal
+from trimtab.orchestrator.moe_health import MoEHealth, plan_moe
 from trimtab.orchestrator.monitors import Finding, Rolling, StepMetrics, build_monitors
 from trimtab.orchestrator.policy import Plan, Policy
 from trimtab.training.control import ACTIONS
 from trimtab.training.hooks import Hook
-from trimtab.training.trainer import read_scalars
+from trimtab.training.runtime import read_scalars
 
 if TYPE_CHECKING:
     from trimtab.data import StepBatch
@@ -37,6 +38,8 @@ class Orchestrator(Hook):
         self.mode = cfg.mode
         self.run_dir = Path(run_dir)
         self.monitors = build_monitors(cfg)
+        if cfg.moe.enabled:
+            self.monitors["moe"] = MoEHealth(cfg)
         self.policy = Policy(cfg)
         self.journal = Journal(self.run_dir / "decisions.jsonl")
         self.paused: set[str] = set()
@@ -139,10 +142,11 @@ class Orchestrator(Hook):
                                 [o.skipped if o.skipped is not None else 0 for o in outs] +
                                 [o.overflow if o.overflow is not None else 0 for o in outs])
             memory = memory_fraction(trainer.device)
+            moe = read_moe(outs, trainer) if "moe" in self.monitors else [None] * n
             for i, o in enumerate(outs):
                 m = StepMetrics(o.step, flat[i], flat[n + i], bool(flat[2 * n + i]), bool(flat[3 * n + i]),
                                 o.batch.n_tokens / max(o.seconds, 1e-9), o.lr,
-                                o.step / max(trainer.total_steps, 1), memory, o.batch.rows)
+                                o.step / max(trainer.total_steps, 1), memory, o.batch.rows, moe[i])
                 self._observe(trainer, m)
             self._maybe_probe(trainer, n)
             self.ceilings = {k: m.ceiling() for k, m in self.monitors.items() if k in ("spike", "grad")}
@@ -166,7 +170,8 @@ class Orchestrator(Hook):
                                           "quiet since the LR cut", 0.8), restore)
         unstable = [f for f in findings if f.family == "instability"]
         for f in unstable[:1] + [f for f in findings if f.family != "instability"]:  # one rung per step
-            self._decide(trainer, f, self.policy.plan(f, trainer.control), withheld=m.skipped)
+            plan = plan_moe(f, trainer.control, self.cfg) if f.rule == "moe" else self.policy.plan(f, trainer.control)
+            self._decide(trainer, f, plan, withheld=m.skipped)
 
     def _decide(self, trainer: "Trainer", f: Finding, plan: Plan, withheld: bool = False) -> Decision:
         """Journal a decision and, in auto mode, request its action; `withheld`: the update gate
@@ -286,6 +291,29 @@ class Orchestrator(Hook):
                 monitor.load_state_dict(state["monitors"][name])
         self.recent_losses = Rolling(20, state["recent_losses"])
         self.ceilings = {k: m.ceiling() for k, m in self.monitors.items() if k in ("spike", "grad")}
+
+
+def read_moe(outs: list["StepOutput"], trainer: "Trainer") -> list[list[tuple] | None]:
+    """Per step, each MoE layer's (layer, load shares, dropped fraction, top_k): one device read."""
+    steps = [o.moe for o in outs]
+    parts = [t.float().flatten() for s in steps if s for t in [*s["counts"], s["means"]]]
+    if not parts:
+        return [None] * len(outs)
+    flat, top_k = torch.cat(parts).tolist(), dict((i, m.top_k) for i, m in trainer.model.moe_layers())
+    out, pos = [], 0
+    for s in steps:
+        if not s:
+            out.append(None)
+            continue
+        rows = []
+        for layer, counts in zip(s["layers"], s["counts"]):
+            values, pos = flat[pos:pos + len(counts)], pos + len(counts)
+            total = sum(values) or 1.0
+            rows.append([layer, [v / total for v in values], 0.0, top_k.get(layer, 1)])
+        for row in rows:  # means: [L, 3] = dropped, entropy, balance per layer
+            row[2], pos = flat[pos], pos + 3
+        out.append([tuple(r) for r in rows])
+    return out
 
 
 _MEM_TOTAL: list[int] = []

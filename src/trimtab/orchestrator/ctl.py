@@ -16,21 +16,27 @@ from typing import Any
 from trimtab.config.orchestrator import MODES, OrchestratorConfig
 from trimtab.errors import ConfigError
 
-# CLI verb -> (action, parameter names in order, their types)
-VERBS: dict[str, tuple[str, tuple[str, ...], tuple[type, ...]]] = {
-    "skip-step": ("skip_step", (), ()),
-    "scale-lr": ("scale_lr", ("factor",), (float,)),
-    "set-lr": ("set_lr", ("value",), (float,)),
-    "emergency-lr": ("emergency_lr_reduction", ("factor",), (float,)),
-    "rollback": ("rollback", ("to",), (str,)),
-    "micro-batch": ("adjust_batch_size", ("micro_batch_tokens",), (int,)),
-    "grad-clip": ("adjust_grad_clip", ("value",), (float,)),
-    "weight-decay": ("adjust_weight_decay", ("value",), (float,)),
-    "checkpoint": ("save_checkpoint", (), ()),
-    "stop": ("stop", ("reason",), (str,)),
-    "pause-rule": ("pause_rule", ("rule",), (str,)),
-    "resume-rule": ("resume_rule", ("rule",), (str,)),
-    "mode": ("set_mode", ("mode",), (str,)),
+# CLI verb -> (action, parameter names in order, their types, how many are required)
+VERBS: dict[str, tuple[str, tuple[str, ...], tuple[type, ...], int]] = {
+    "skip-step": ("skip_step", (), (), 0),
+    "scale-lr": ("scale_lr", ("factor",), (float,), 1),
+    "set-lr": ("set_lr", ("value",), (float,), 1),
+    "emergency-lr": ("emergency_lr_reduction", ("factor",), (float,), 0),
+    "rollback": ("rollback", ("to",), (str,), 0),
+    "micro-batch": ("adjust_batch_size", ("micro_batch_tokens",), (int,), 1),
+    "grad-clip": ("adjust_grad_clip", ("value",), (float,), 1),
+    "weight-decay": ("adjust_weight_decay", ("value",), (float,), 1),
+    "checkpoint": ("save_checkpoint", (), (), 0),
+    "stop": ("stop", ("reason",), (str,), 0),
+    "add-expert": ("add_expert", ("layer", "source"), (int, int), 1),
+    "prune-expert": ("prune_expert", ("layer", "expert"), (int, int), 2),
+    "reinit-expert": ("reinit_expert", ("layer", "expert"), (int, int), 2),
+    "capacity-factor": ("adjust_capacity_factor", ("value", "layer"), (float, int), 1),
+    "router-temperature": ("adjust_routing_temperature", ("value", "layer"), (float, int), 1),
+    "balance-coef": ("adjust_balance_coefficient", ("value", "layer"), (float, int), 1),
+    "pause-rule": ("pause_rule", ("rule",), (str,), 1),
+    "resume-rule": ("resume_rule", ("rule",), (str,), 1),
+    "mode": ("set_mode", ("mode",), (str,), 1),
 }
 RULE_NAMES = ("nonfinite", *OrchestratorConfig.RULES)
 
@@ -39,9 +45,9 @@ def parse_command(verb: str, args: list[str]) -> dict[str, Any]:
     """CLI words -> {"action": ..., "params": {...}}, with errors that name the fix."""
     if verb not in VERBS:
         raise ConfigError(f"unknown ctl action '{verb}'; one of {', '.join(VERBS)}")
-    action, names, types = VERBS[verb]
-    if len(args) > len(names) or (names and not args and verb not in ("rollback", "stop", "emergency-lr")):
-        usage = " ".join(n.upper() for n in names)
+    action, names, types, required = VERBS[verb]
+    if not required <= len(args) <= len(names):
+        usage = " ".join(n.upper() if i < required else f"[{n.upper()}]" for i, n in enumerate(names))
         raise ConfigError(f"usage: trimtab ctl RUN_DIR {verb} {usage}".rstrip())
     params: dict[str, Any] = {}
     for name, kind, raw in zip(names, types, args):

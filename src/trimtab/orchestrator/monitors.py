@@ -33,6 +33,7 @@ class StepMetrics:
     progress: float  # step / total steps
     memory_frac: float | None  # device (or machine) memory in use, 0..1, where known
     rows: list[int] = field(default_factory=list)
+    moe: list[tuple[int, list[float], float, int]] | None = None  # (layer, load shares, dropped, top_k)
 
 
 @dataclass

@@ -26,7 +26,12 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "rollback": ("to", "skip_rows"), "adjust_batch_size": ("micro_batch_tokens",),
     "adjust_grad_clip": ("value",), "adjust_weight_decay": ("value",), "save_checkpoint": (),
     "stop": ("reason",),
+    # Mixture-of-Experts (layer: a MoE layer's index; knobs without a layer apply to all)
+    "add_expert": ("layer", "source"), "prune_expert": ("layer", "expert"),
+    "reinit_expert": ("layer", "expert"), "adjust_capacity_factor": ("value", "layer"),
+    "adjust_routing_temperature": ("value", "layer"), "adjust_balance_coefficient": ("value", "layer"),
 }
+MOE_KNOBS = ("adjust_capacity_factor", "adjust_routing_temperature", "adjust_balance_coefficient")
 ACTIONS = tuple(PARAMS)
 
 
@@ -76,6 +81,12 @@ class Control:
     @property
     def run_dir(self) -> Path:
         return self._trainer.cfg.run_dir
+
+    def moe_knobs(self, layer: int) -> dict[str, float]:
+        """A MoE layer's live settings: n_experts, top_k, capacity_factor, temperature, aux_loss_coef."""
+        moe = dict(self._trainer.model.moe_layers())[layer]
+        return {k: getattr(moe, k) for k in ("n_experts", "top_k", "capacity_factor", "temperature",
+                                              "aux_loss_coef")}
 
     @property
     def progress(self) -> float:
@@ -141,6 +152,34 @@ class Control:
     def _adjust_weight_decay(self, value: float) -> str:
         return self._trainer.set_weight_decay(float(value))
 
+    def _add_expert(self, layer: int, source: int | None = None) -> str:
+        return self._trainer.expert_surgery("add", layer, source)
+
+    def _prune_expert(self, layer: int, expert: int) -> str:
+        return self._trainer.expert_surgery("prune", layer, expert)
+
+    def _reinit_expert(self, layer: int, expert: int) -> str:
+        return self._trainer.expert_surgery("reinit", layer, expert)
+
+    def _adjust_moe(self, knob: str, value: float, layer: int | None) -> str:
+        layers = [(i, m) for i, m in self._trainer.model.moe_layers() if layer is None or i == layer]
+        if not layers:
+            raise ConfigError(f"no MoE layer {'' if layer is None else layer} in this model")
+        old = getattr(layers[0][1], knob)
+        for _, moe in layers:
+            setattr(moe, knob, float(value))
+        where = "all MoE layers" if layer is None else f"layer {layer}"
+        return f"{knob} {old:g} -> {value:g} ({where})"
+
+    def _adjust_capacity_factor(self, value: float, layer: int | None = None) -> str:
+        return self._adjust_moe("capacity_factor", value, layer)
+
+    def _adjust_routing_temperature(self, value: float, layer: int | None = None) -> str:
+        return self._adjust_moe("temperature", value, layer)
+
+    def _adjust_balance_coefficient(self, value: float, layer: int | None = None) -> str:
+        return self._adjust_moe("aux_loss_coef", value, layer)
+
     def _save_checkpoint(self) -> str:
         self._trainer.save()
         return f"checkpoint at step {self._trainer.state.step}"
@@ -176,6 +215,14 @@ def _check_params(action: str, params: dict[str, Any]) -> None:
     elif action in ("adjust_grad_clip", "adjust_weight_decay"):
         params["value"] = params.get("value", -1)
         number("value", -1e-12)
+    elif action in MOE_KNOBS:
+        number("value", -1e-12)
+    elif action in ("add_expert", "prune_expert", "reinit_expert"):
+        for name in ("layer", "expert" if action != "add_expert" else "source"):
+            value = params.get(name)
+            if (value is not None or name != "source") and (not isinstance(value, int) or isinstance(value, bool)
+                                                             or value < 0):
+                raise ConfigError(f"{action}: '{name}' must be a whole number >= 0, got {value!r}")
     elif action == "rollback":
         to = params.get("to", "last_good")
         if to != "last_good" and not (isinstance(to, int) and to >= 0):

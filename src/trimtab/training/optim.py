@@ -73,3 +73,33 @@ def _cyclic(step: int, low: float, cfg: OptimConfig) -> float:
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+def carry_state(old: torch.optim.Optimizer, new: torch.optim.Optimizer,
+                replaced: dict[int, tuple[torch.nn.Parameter, list[int | None]]]) -> None:
+    """Move AdamW state from `old` to `new` after parameters were replaced (expert surgery).
+
+    `replaced` maps id(old parameter) -> (its new parameter, rows): row i of the new tensor (dim 0)
+    continues old row rows[i], or starts from zero moments where rows[i] is None. Parameters that
+    were not replaced keep their state as is; every state shares the old step count, so bias
+    correction stays consistent (Adam's step is per parameter but the same for all here).
+    """
+    new_of = {id(new_p): (old_id, rows) for old_id, (new_p, rows) in replaced.items()}
+    old_params = {id(p): p for group in old.param_groups for p in group["params"]}
+    for group in new.param_groups:
+        for p in group["params"]:
+            if id(p) in new_of:
+                old_id, rows = new_of[id(p)]
+                source = old.state.get(old_params.get(old_id))
+                if source:
+                    new.state[p] = {k: _take_rows(v, rows) if v.ndim else v.clone() for k, v in source.items()}
+            elif id(p) in old_params and old_params[id(p)] in old.state:
+                new.state[p] = old.state[old_params[id(p)]]
+
+
+def _take_rows(tensor: torch.Tensor, rows: list[int | None]) -> torch.Tensor:
+    out = tensor.new_zeros((len(rows), *tensor.shape[1:]))
+    for i, r in enumerate(rows):
+        if r is not None:
+            out[i] = tensor[r]
+    return out

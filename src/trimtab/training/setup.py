@@ -106,7 +106,8 @@ def init_weights_from(cfg: RunConfig, model) -> None:
     if not (path / "model.safetensors").is_file():
         raise ConfigError(f"config key 'train.init_from' = '{source}' has no valid checkpoint; "
                           "point it at a run directory or a checkpoints/step_* directory")
-    weights, _, _ = load_checkpoint(path)
+    weights, _, state = load_checkpoint(path)
+    model.load_moe_state(state.get("moe", {}))
     load_weights(model, weights, path)
 
 

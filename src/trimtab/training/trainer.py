@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import logging
 import math
-import resource
 import signal
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -22,14 +21,16 @@ from trimtab.checkpoint import find_checkpoint, latest_valid, load_checkpoint, l
     retire_after, save_checkpoint
 from trimtab.config import RunConfig
 from trimtab.data import StepBatch
-from trimtab.errors import CheckpointError
+from trimtab.errors import CheckpointError, ConfigError
 from trimtab.model import build_model
 from trimtab.training import setup
 from trimtab.training.control import Control
 from trimtab.training.device import choose_precision, peak_flops, pick_device
 from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger
 from trimtab.training.loss import cross_entropy_sum
-from trimtab.training.optim import build_optimizer, lr_at, set_lr
+from trimtab.training.optim import build_optimizer, carry_state, lr_at, set_lr
+from trimtab.training.runtime import LogWindow, MoEStepStats, is_oom, moe_metrics, peak_rss_mb, rng_state, \
+    set_rng_state
 
 log = logging.getLogger(__name__)
 
@@ -61,34 +62,8 @@ class StepOutput:
     seconds: float  # wall time of the step, data loading included
     skipped: torch.Tensor | None = None  # 0-d bool, on device: the update gate withheld the update
     overflow: torch.Tensor | None = None  # 0-d bool, on device: fp16 GradScaler found inf/NaN
-
-
-@dataclass
-class LogWindow:
-    """Per-step values since the last log line, read from the device once per log interval."""
-
-    losses: list = field(default_factory=list)
-    norms: list = field(default_factory=list)
-    tokens: int = 0
-    seconds: float = 0.0
-    skips: list = field(default_factory=list)
-
-    def read(self) -> tuple[list[float], list[float], int]:
-        """Losses, grad norms and the count of skipped updates: one device read for the window."""
-        if not self.losses:
-            return [], [], 0
-        n = len(self.losses)
-        flat = read_scalars(self.losses + self.norms + self.skips)
-        return flat[:n], flat[n:2 * n], int(sum(flat[2 * n:]))
-
-
-def read_scalars(values: list) -> list[float]:
-    """0-d tensors (any device) and numbers as floats, with a single device-to-host copy."""
-    if not values:
-        return []
-    tensors = [v if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in values]
-    device = next((v.device for v in tensors if v.device.type != "cpu"), torch.device("cpu"))
-    return torch.stack([v.float().to(device) for v in tensors]).tolist()
+    aux_loss: torch.Tensor | None = None  # 0-d, on device: the MoE auxiliary losses in the objective
+    moe: dict[str, Any] | None = None  # MoEStepStats.as_dict(): router telemetry per MoE layer
 
 
 class Trainer:
@@ -159,18 +134,26 @@ class Trainer:
         lr = self.scheduled_lr() * self.state.lr_scale
         set_lr(self.optimizer, lr)
         self.model.train()
-        loss = torch.zeros((), device=self.device)
+        loss, aux_total = torch.zeros((), device=self.device), None
+        moe = MoEStepStats(self.model.moe_layers()) if self.model.moe_layers() else None
         for micro in batch.micro:
             inputs = micro.inputs.to(self.device, non_blocking=True)
             targets = micro.targets.to(self.device, non_blocking=True)
+            share = micro.n_targets / batch.n_targets
             with self.precision.autocast():
                 hidden = self.hidden(inputs)
                 # Token-normalised loss: each micro-batch's summed loss over the step's total
                 # target count, so the gradient is that of one large batch however it is split
                 # ((x1+x2)/(n1+n2), not (x1/n1+x2/n2)/2; torchtune#1875, transformers#34242).
                 micro_loss = cross_entropy_sum(hidden, self.model.lm_head.weight, targets) / batch.n_targets
-            (self.scaler.scale(micro_loss) if self.scaler else micro_loss).backward()
+                aux = self.model.aux_loss()  # MoE balance + z losses, weighted like the tokens
+                objective = micro_loss if aux is None else micro_loss + share * aux
+            (self.scaler.scale(objective) if self.scaler else objective).backward()
             loss += micro_loss.detach()
+            if aux is not None:
+                aux_total = share * aux.detach() + (0 if aux_total is None else aux_total)
+            if moe is not None:
+                moe.add(share)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         clip = self.grad_clip() or math.inf  # inf: measure the norm, change nothing
@@ -179,7 +162,10 @@ class Trainer:
         skip = self._update_gate(loss, grad_norm)
         overflow = self._update(skip)
         self.optimizer.zero_grad(set_to_none=True)
-        return StepOutput(self.state.step + 1, loss, grad_norm, lr, batch, 0.0, skip, overflow)
+        for _, layer in self.model.moe_layers():
+            layer.update_bias()  # aux-loss-free balancing: once per optimizer step
+        return StepOutput(self.state.step + 1, loss, grad_norm, lr, batch, 0.0, skip, overflow,
+                          aux_total, moe.as_dict() if moe else None)
 
     def _update_gate(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor | None:
         """OR of the hooks' skip flags (0-d bool tensors on device), or None when nobody gates."""
@@ -218,7 +204,7 @@ class Trainer:
                 out.seconds = time.perf_counter() - t0
                 return out
             except (torch.OutOfMemoryError, RuntimeError) as exc:
-                if not _is_oom(exc):
+                if not is_oom(exc):
                     raise
                 self.optimizer.zero_grad(set_to_none=True)
                 if self.device.type == "cuda":
@@ -242,6 +228,7 @@ class Trainer:
         self.window.losses.append(out.loss)
         self.window.norms.append(out.grad_norm)
         self.window.skips.append(out.skipped if out.skipped is not None else False)
+        self.last_step_out = out  # the log line reports the latest step's MoE telemetry
         self.window.tokens += out.batch.n_tokens
         self.window.seconds += out.seconds
         self._call("on_step_end", out)
@@ -257,9 +244,14 @@ class Trainer:
                    "skipped_steps": skipped, "micro_batch_tokens": self.loader.micro_batch_tokens,
                    "tokens": self.state.tokens,
                    "tokens_per_s": tps, "step_time": self.window.seconds / len(losses),
-                   "epoch": self.loader.epoch, "peak_rss_mb": _peak_rss_mb()}
+                   "epoch": self.loader.epoch, "peak_rss_mb": peak_rss_mb()}
         if self.peak_flops:
             metrics["mfu"] = tps * self.flops_per_token / self.peak_flops
+        out = self.last_step_out
+        if out.aux_loss is not None:
+            metrics["aux_loss"] = out.aux_loss.item()
+        if out.moe is not None:
+            metrics.update(moe_metrics(out.moe))
         if self.device.type == "cuda":
             metrics["cuda_max_alloc_mb"] = torch.cuda.max_memory_allocated() / 2**20
         self.window = LogWindow()
@@ -340,6 +332,36 @@ class Trainer:
         self._apply_knobs()
         return f"weight decay {old:g} -> {value:g}"
 
+    def expert_surgery(self, op: str, layer: int, expert: int | None = None) -> str:
+        """add / prune / reinit an expert of MoE layer `layer`, then rebuild the optimizer so it
+        holds exactly the live parameters: untouched experts keep their AdamW moments, an added
+        expert starts from its source's, a re-initialised one from zero."""
+        moe = dict(self.model.moe_layers()).get(layer)
+        if moe is None:
+            layers = [i for i, _ in self.model.moe_layers()]
+            raise ConfigError(f"layer {layer} is not a MoE layer (MoE layers: {layers or 'none'})")
+        if expert is not None and not 0 <= expert < moe.n_experts:
+            raise ConfigError(f"layer {layer} has experts 0..{moe.n_experts - 1}, not {expert}")
+        before = {name: getattr(moe, name) for name in ("router", "w1", "w2", "w3")}
+        n = moe.n_experts
+        if op == "add":
+            expert = moe.add_expert(expert)
+            rows = [*range(n), _source_of(moe, before["router"])]
+        elif op == "prune":
+            if n - 1 < moe.top_k:
+                raise ConfigError(f"layer {layer}: pruning would leave fewer experts than top_k={moe.top_k}")
+            moe.prune_expert(expert)
+            rows = [i for i in range(n) if i != expert]
+        else:
+            moe.reinit_expert(expert)
+            rows = [None if i == expert else i for i in range(n)]
+        replaced = {id(old): (getattr(moe, name), rows) for name, old in before.items()}
+        optimizer = build_optimizer(self.model, self.phases[self.state.phase].optim, self.device)
+        carry_state(self.optimizer, optimizer, replaced)
+        self.optimizer = optimizer
+        self._apply_knobs()
+        return f"layer {layer}: {op} expert {expert} ({n} -> {moe.n_experts} experts)"
+
     def say(self, line: str) -> None:
         """One line on the console, above the progress bar."""
         console = next((h for h in self.hooks if isinstance(h, ConsoleLogger)), None)
@@ -353,10 +375,11 @@ class Trainer:
         good = self._healthy()
         losses, norms, _ = self.window.read()
         state = {"train": vars(self.state).copy(), "data": self.loader.state_dict(), "good": good,
+                 "moe": self.model.moe_state(),
                  "log_window": {"losses": losses, "norms": norms, "tokens": self.window.tokens,
                                 "seconds": self.window.seconds},
                  "hooks": {key: h.state_dict() for key, h in self._keyed_hooks()}}
-        optim_state = {"optimizer": self.optimizer.state_dict(), "rng": _rng_state(),
+        optim_state = {"optimizer": self.optimizer.state_dict(), "rng": rng_state(),
                        "scaler": self.scaler.state_dict() if self.scaler else {}}
         try:
             self._call("on_save_start")
@@ -389,6 +412,7 @@ class Trainer:
 
     def _load(self, path, rollback: bool) -> None:
         weights, optim_state, state = load_checkpoint(path)
+        self.model.load_moe_state(state.get("moe", {}))  # expert counts changed by surgery
         load_weights(self.model, weights, path)
         knobs = {k: getattr(self.state, k) for k in KNOBS}
         skipped = self.loader.skipped
@@ -400,7 +424,7 @@ class Trainer:
         self._apply_knobs()  # load_state_dict brought back the saved weight decay
         if self.scaler and optim_state["scaler"]:
             self.scaler.load_state_dict(optim_state["scaler"])
-        _set_rng_state(optim_state["rng"])
+        set_rng_state(optim_state["rng"])
         self.loader.load_state_dict(state["data"])
         self.last_saved = self.state.step
         self.last_good = self.state.step if state.get("good", True) else -1
@@ -439,6 +463,7 @@ class Trainer:
             "seconds": time.perf_counter() - wall0,
             "tokens_per_s": tps, "params": self.model.num_params(),
             "non_embedding_params": self.model.num_params(exclude_embeddings=True),
+            "active_params": self.model.num_params(active=True),
             "device": str(self.device), "precision": self.precision.name,
             "precision_reason": self.precision.reason,
             "val_loss": self.last_eval.get("val_loss"), "val_ppl": self.last_eval.get("val_ppl"),
@@ -450,28 +475,9 @@ class Trainer:
         return summary
 
 
-def _is_oom(exc: BaseException) -> bool:
-    """CUDA/MPS OutOfMemoryError, or an allocator failure reported as a RuntimeError (CPU)."""
-    text = str(exc).lower()
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or \
-        "can't allocate memory" in text
-
-
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def _rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+def _source_of(moe, old_router: torch.Tensor) -> int:
+    """The expert an added one was copied from: the old router row nearest the new last row."""
+    return int((old_router - moe.router[-1].detach()).norm(dim=1).argmin())
 
 
 @contextmanager

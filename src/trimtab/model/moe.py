@@ -1,0 +1,332 @@
+"""Mixture-of-Experts feed-forward layer: top-k router, SwiGLU experts, balancing, surgery.
+
+Shape legend:
+    B batch, T time, N tokens (B * T), D d_model, H expert hidden width, E experts,
+    k experts per token (top_k), A assignments (N * k), C capacity (token slots per expert).
+
+Routing (Shazeer et al. 2017; GShard, Lepikhin et al. 2020; Switch, Fedus et al. 2021): fp32
+logits = x W_r^T / temperature, probs = softmax(logits), each token picks the k experts with the
+highest probs + expert_bias, and its output is the gate-weighted sum of those experts' SwiGLU
+outputs. expert_bias steers selection only, never the gates: auxiliary-loss-free balancing
+(Wang et al. 2024, arXiv 2408.15664; DeepSeek-V3, arXiv 2412.19437 section 2.1.2).
+
+Compute, no Python loop over tokens or experts: assignments are sorted by expert (stable, so
+token order is kept within an expert) and ranked within it. Ranks >= C = ceil(capacity_factor *
+N * k / E) are dropped (Switch section 2.2; the token keeps its residual); capacity_factor 0 is
+dropless. Two layouts give the same result:
+    grouped  the kept assignments packed by expert, three torch grouped_mm with per-expert
+             offsets: no padding, no host sync when dropless (default on CPU)
+    padded   a slot (expert, rank) per assignment in an [E, C, D] buffer, three bmm: computes
+             the padding, static shapes when compiled with a capacity (default elsewhere and
+             under torch.compile)
+On a quiet 2-core CPU (bench/moe.py, E 8-32, N 4096) grouped is 3-20% faster than padded and on
+par with one matmul per expert; on a busy machine with 2 threads, padded (fewest kernels) is
+2-4x faster than both.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from trimtab.config.sparse import MoEConfig
+
+
+class Routing(NamedTuple):
+    logits: torch.Tensor  # [N, E] fp32, temperature applied
+    probs: torch.Tensor  # [N, E] fp32 softmax
+    experts: torch.Tensor  # [N, k] long, chosen with probs + expert_bias
+    gates: torch.Tensor  # [N, k] fp32, gate weight of each chosen expert (no bias)
+    counts: torch.Tensor  # [E] fp32, assignments per expert before capacity
+
+
+class SwiGLU(nn.Module):
+    """w2(silu(w1 x) * w3 x) (Shazeer 2020): the shared experts, always on (DeepSeekMoE)."""
+
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, hidden, bias=False)
+        self.w3 = nn.Linear(d_model, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a matmul on x runs in: autocast's where it is on, else x's."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+
+def _in_recompute() -> bool:
+    """True while activation checkpointing re-runs a forward inside backward."""
+    return not torch.compiler.is_compiling() and torch._C._current_graph_task_id() != -1
+
+
+class MoE(nn.Module):
+    """Routed SwiGLU experts (+ optional shared experts): x [B, T, D] -> [B, T, D].
+
+    Parameters: router [E, D], w1 / w3 [E, D, H], w2 [E, H, D], shared (a SwiGLU of width
+    n_shared_experts * H, DeepSeekMoE, Dai et al. 2024) or None. Buffers: expert_bias [E]
+    (checkpointed), load [E] (training assignments since the last update_bias; not saved).
+
+    After each forward: `stats` (detached, no host sync) and, in training, `aux_loss`
+    (aux_loss_coef * balance + z_loss_coef * z, or None when both are 0) for the trainer to add
+    to its loss. `capacity_factor`, `temperature`, `aux_loss_coef` and `z_loss_coef` are plain
+    attributes that may be changed between steps. Capacity applies in training only; eval is
+    dropless so outputs do not depend on what else is in the batch (prefill vs cached decode).
+    """
+
+    def __init__(self, d_model: int, hidden: int, cfg: MoEConfig, init_std: float = 0.02,
+                 out_std: float = 0.02):
+        super().__init__()
+        if not 1 <= cfg.top_k <= cfg.n_experts:
+            raise ValueError(f"top_k must be in [1, n_experts={cfg.n_experts}] (got {cfg.top_k})")
+        E, D, H = cfg.n_experts, d_model, hidden
+        self.d_model, self.hidden, self.top_k = D, H, cfg.top_k
+        self.init_std, self.out_std = init_std, out_std
+        self.capacity_factor = float(cfg.capacity_factor)
+        self.temperature = float(cfg.router_temperature)
+        self.jitter = float(cfg.router_jitter)
+        self.aux_loss_coef, self.z_loss_coef = float(cfg.aux_loss_coef), float(cfg.z_loss_coef)
+        self.bias_update_rate = float(cfg.bias_update_rate)
+        self.impl = "auto"  # expert layout: auto | grouped (grouped_mm) | padded (bmm)
+        self.router = nn.Parameter(torch.empty(E, D))  # nn.Linear(D, E) weight layout
+        self.w1 = nn.Parameter(torch.empty(E, D, H))  # gate
+        self.w3 = nn.Parameter(torch.empty(E, D, H))  # up
+        self.w2 = nn.Parameter(torch.empty(E, H, D))  # down
+        self.shared = SwiGLU(D, cfg.n_shared_experts * H) if cfg.n_shared_experts > 0 else None
+        self.register_buffer("expert_bias", torch.zeros(E))  # checkpointed: selection only
+        self.register_buffer("load", torch.zeros(E), persistent=False)  # since update_bias
+        self.aux_loss: torch.Tensor | None = None
+        self.stats: dict[str, torch.Tensor] = {}
+        self.reset_parameters()
+
+    @property
+    def n_experts(self) -> int:
+        return self.router.shape[0]
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """normal(0, init_std) for router, w1, w3; normal(0, out_std) for the residual
+        projections w2 (as the dense model's ffn w2); zero bias and load."""
+        for p in (self.router, self.w1, self.w3):
+            nn.init.normal_(p, 0.0, self.init_std)
+        nn.init.normal_(self.w2, 0.0, self.out_std)
+        if self.shared is not None:
+            nn.init.normal_(self.shared.w1.weight, 0.0, self.init_std)
+            nn.init.normal_(self.shared.w3.weight, 0.0, self.init_std)
+            nn.init.normal_(self.shared.w2.weight, 0.0, self.out_std)
+        self.expert_bias.zero_()
+        self.load.zero_()
+
+    # ---- routing -------------------------------------------------------------------------
+
+    def route(self, x: torch.Tensor) -> Routing:
+        """x [N, D] -> Routing. The router runs in fp32 even under autocast ("selective
+        precision", Switch section 2.4): bf16 logits make the softmax and top-k unstable."""
+        if self.training and self.jitter > 0:  # multiplicative input jitter (Switch section 2.4)
+            x = x * torch.empty_like(x).uniform_(1.0 - self.jitter, 1.0 + self.jitter)
+        with torch.autocast(x.device.type, enabled=False):
+            logits = F.linear(x.float(), self.router.float()) / self.temperature  # [N, E]
+        probs = logits.softmax(-1)
+        experts = (probs.detach() + self.expert_bias).topk(self.top_k, -1).indices  # [N, k]
+        gates = probs.gather(-1, experts)
+        if self.top_k > 1:  # renormalise over the chosen k (Mixtral; DeepSeek-V3 eq. 13).
+            gates = gates / gates.sum(-1, keepdim=True)
+        # top-1 keeps the raw prob (Switch eq. 2): renormalised it would be 1, and the router
+        # would get no gradient from the model's loss.
+        counts = torch.zeros(self.n_experts, device=x.device).scatter_add_(
+            0, experts.flatten(), torch.ones(experts.numel(), device=x.device))
+        return Routing(logits, probs, experts, gates, counts)
+
+    def capacity(self, n_tokens: int) -> int:
+        """Token slots per expert in training, 0 for dropless: ceil(cf * N * k / E), at most N
+        (a token is routed to an expert at most once)."""
+        if self.capacity_factor <= 0:
+            return 0
+        per_expert = self.capacity_factor * n_tokens * self.top_k / self.n_experts
+        return min(n_tokens, math.ceil(per_expert))
+
+    def expert_ffn(self, h: torch.Tensor) -> torch.Tensor:
+        """h [E, C, D] -> [E, C, D]: every expert's SwiGLU on its slots, three bmm."""
+        return torch.bmm(F.silu(torch.bmm(h, self.w1)) * torch.bmm(h, self.w3), self.w2)
+
+    def grouped_layout(self, x: torch.Tensor) -> bool:
+        """Whether forward uses grouped_mm for x: impl "grouped", or "auto" in eager mode on CPU
+        (measured there; CUDA grouped_mm wants bf16 on sm80+, untested here) with rows of a
+        multiple of 16 bytes (a kernel requirement). torch.compile gets "padded": grouped_mm's
+        fake-tensor kernel rejects fp32 (torch 2.13)."""
+        if self.impl != "auto":
+            return self.impl == "grouped"
+        if torch.compiler.is_compiling() or x.device.type != "cpu":
+            return False
+        size = _compute_dtype(x).itemsize
+        return self.d_model * size % 16 == 0 and self.hidden * size % 16 == 0
+
+    # ---- forward -------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, D = x.shape
+        xf = x.reshape(B * T, D)  # [N, D]
+        N, k = xf.shape[0], self.top_k
+        r = self.route(xf)
+        A = N * k
+        flat_e = r.experts.flatten()  # [A], assignment a = token a // k, choice a % k
+        order = flat_e.argsort(stable=True)  # grouped by expert, token order within each
+        counts = r.counts.long()
+        sorted_e = flat_e[order]
+        rank = torch.arange(A, device=x.device) - (counts.cumsum(0) - counts)[sorted_e]
+        cap = self.capacity(N) if self.training else 0
+        layout = self._grouped if self.grouped_layout(xf) else self._padded
+        out, dropped = layout(xf, order, sorted_e, rank, counts, cap)  # [A, D], 0 if dropped
+        y = torch.bmm(r.gates.to(out.dtype).unsqueeze(1), out.view(N, k, D)).squeeze(1)
+        if self.shared is not None:
+            y = y + self.shared(xf)
+        self._record(r, dropped)
+        return y.view(B, T, D)
+
+    def _grouped(self, xf: torch.Tensor, order: torch.Tensor, sorted_e: torch.Tensor,
+                 rank: torch.Tensor, counts: torch.Tensor, cap: int) -> tuple[Tensor, Tensor]:
+        """Kept assignments packed by expert, no padding: [M, D] through three grouped_mm with
+        per-expert offsets. Dropless needs no host sync; capacity mode syncs once (M). Rows past
+        the last offset would come back uninitialised, so exactly M rows go in."""
+        A, D = order.numel(), xf.shape[1]
+        if cap:
+            order, counts = order[rank < cap], counts.clamp(max=cap)
+        offs = counts.cumsum(0).to(torch.int32)
+        dt = _compute_dtype(xf)  # grouped_mm is not on autocast's list: cast as mm would be
+        xs = xf[order // self.top_k].to(dt)  # [M, D]
+        w1, w3, w2 = (w.to(dt) for w in (self.w1, self.w3, self.w2))
+        h = F.silu(F.grouped_mm(xs, w1, offs=offs)) * F.grouped_mm(xs, w3, offs=offs)
+        out = F.grouped_mm(h, w2, offs=offs)  # [M, D]
+        full = out.new_zeros(A, D).index_copy(0, order, out)  # unique rows: deterministic
+        return full, 1.0 - counts.sum() / A
+
+    def _padded(self, xf: torch.Tensor, order: torch.Tensor, sorted_e: torch.Tensor,
+                rank: torch.Tensor, counts: torch.Tensor, cap: int) -> tuple[Tensor, Tensor]:
+        """Each assignment gets a slot (expert, rank) in an [E, C, D] buffer, then three bmm.
+        Static shapes when compiled in capacity mode (C = capacity); otherwise C is the largest
+        expert's count capped at the capacity (one host sync; the same assignments drop)."""
+        (N, D), E, k, A = xf.shape, self.n_experts, self.top_k, order.numel()
+        C = cap
+        if cap == 0 or not torch.compiler.is_compiling():
+            C = max(1, min(cap or N, int(counts.max())))
+        # Slot of each assignment in the [E * C] buffer; E * C (a zero row) when dropped.
+        slot_sorted = torch.where(rank < C, sorted_e * C + rank, E * C)
+        slot = torch.empty_like(slot_sorted).scatter_(0, order, slot_sorted)  # [A]
+        # Token feeding each slot; N (a zero row) for empty slots. Dropped ones all write the
+        # sacrificial entry E * C, which is cut off.
+        src = torch.full((E * C + 1,), N, dtype=torch.long, device=xf.device)
+        src = src.scatter_(0, slot, torch.arange(A, device=xf.device) // k)[:E * C]
+        h = F.pad(xf, (0, 0, 0, 1))[src].view(E, C, D)  # gather, not scatter: no atomics
+        out = F.pad(self.expert_ffn(h).view(E * C, D), (0, 0, 0, 1))  # [E * C + 1, D]
+        return out[slot], (slot == E * C).sum() / A
+
+    def _record(self, r: Routing, dropped: torch.Tensor) -> None:
+        """Losses, stats and the load for update_bias; all on device, no host sync.
+
+        balance = E * sum_e f_e P_e (Switch eq. 4; GShard): f_e the fraction of assignments to
+        e before capacity (counted after dropping it under-states imbalance, Megatron-LM #1513),
+        P_e the mean router prob; 1 when uniform. z = mean(logsumexp(logits)^2) (ST-MoE, Zoph
+        et al. 2022, eq. 5): keeps logits small so the fp32 softmax stays well conditioned.
+        """
+        E = self.n_experts
+        balance = E * ((r.counts / r.experts.numel()) * r.probs.mean(0)).sum()
+        z = torch.logsumexp(r.logits, -1).square().mean()
+        if self.training and (self.aux_loss_coef > 0 or self.z_loss_coef > 0):
+            self.aux_loss = self.aux_loss_coef * balance + self.z_loss_coef * z
+        else:
+            self.aux_loss = None
+        if self.training and self.bias_update_rate > 0 and not _in_recompute():
+            self.load += r.counts
+        self.stats = {"tokens_per_expert": r.counts, "dropped": dropped.detach(),
+                      "entropy": torch.special.entr(r.probs.detach()).sum(-1).mean(),
+                      "balance_loss": balance.detach(), "z_loss": z.detach()}
+
+    @torch.no_grad()
+    def update_bias(self) -> None:
+        """Auxiliary-loss-free balancing (Wang et al. 2024; DeepSeek-V3): bias_e += rate *
+        sign(mean load - load_e), centred (as torchtitan), over the load accumulated by
+        training forwards since the last call; then the load restarts. Call once per optimizer
+        step; with data parallelism all-reduce `load` first. No-op when bias_update_rate is 0."""
+        if self.bias_update_rate <= 0:
+            return
+        delta = self.bias_update_rate * torch.sign(self.load.mean() - self.load)
+        self.expert_bias += delta - delta.mean()
+        self.load.zero_()
+
+    # ---- surgery: parameters are replaced (rebuild or remap the optimizer afterwards) --------
+
+    def _replace(self, f: Callable[[Tensor], Tensor]) -> None:
+        """Apply f to every per-expert tensor (experts on dim 0): new router, w1, w3, w2
+        Parameters, new expert_bias and load buffers."""
+        for name in ("router", "w1", "w3", "w2"):
+            old = getattr(self, name)
+            setattr(self, name, nn.Parameter(f(old.detach()), requires_grad=old.requires_grad))
+        self.expert_bias = f(self.expert_bias)
+        self.load = f(self.load)
+        self.aux_loss, self.stats = None, {}
+
+    @staticmethod
+    def _noisy(t: torch.Tensor, noise: float) -> torch.Tensor:
+        """t + Gaussian noise of std noise * rms(t)."""
+        return t + noise * t.pow(2).mean().sqrt() * torch.randn_like(t) if noise > 0 else t.clone()
+
+    @torch.no_grad()
+    def add_expert(self, source: int | None = None, noise: float = 0.01) -> int:
+        """Split `source` (default: the most loaded, by the load since update_bias, else by the
+        last forward's counts): append a copy of its weights and router row, each plus noise of
+        std noise * rms(tensor), and of its bias; the two then share the source's tokens.
+        Returns the new index. top_k >= 2: only tokens whose first choice was the source change
+        output (they pick source and copy, so get the source's output alone). top_k = 1: each
+        of the source's tokens goes to one of the two; the gates (raw probs) shrink a little as
+        the softmax gains a term."""
+        if source is None:
+            load = self.load if bool(self.load.sum() > 0) else self.stats.get("tokens_per_expert")
+            source = int(load.argmax()) if load is not None else 0
+        if not 0 <= source < self.n_experts:
+            raise IndexError(f"expert {source} out of range (n_experts={self.n_experts})")
+
+        def grow(t: Tensor) -> Tensor:
+            row = t[source:source + 1]
+            return torch.cat([t, self._noisy(row, noise) if t.dim() > 1 else row])
+
+        half = self.load[source] / 2
+        self._replace(grow)
+        self.load[source] = self.load[-1] = half
+        return self.n_experts - 1
+
+    @torch.no_grad()
+    def prune_expert(self, index: int) -> None:
+        """Remove expert `index`; its tokens go to their next choices. Errors below top_k."""
+        if not 0 <= index < self.n_experts:
+            raise IndexError(f"expert {index} out of range (n_experts={self.n_experts})")
+        if self.n_experts - 1 < self.top_k:
+            raise ValueError(f"cannot prune: {self.n_experts - 1} experts would remain, "
+                             f"fewer than top_k={self.top_k}")
+        keep = [i for i in range(self.n_experts) if i != index]
+        self._replace(lambda t: t[keep])
+
+    @torch.no_grad()
+    def reinit_expert(self, index: int) -> None:
+        """Revive a dead expert: fresh weights (as reset_parameters), router row = the mean of
+        the other rows + noise (so its logit sits mid-pack and it gets traffic), bias and load 0.
+        Replaces the parameters like add / prune: the revived row must not keep the dead
+        one's optimizer moments."""
+        if not 0 <= index < self.n_experts:
+            raise IndexError(f"expert {index} out of range (n_experts={self.n_experts})")
+        self._replace(lambda t: t.clone())
+        nn.init.normal_(self.w1[index], 0.0, self.init_std)
+        nn.init.normal_(self.w3[index], 0.0, self.init_std)
+        nn.init.normal_(self.w2[index], 0.0, self.out_std)
+        others = torch.cat([self.router[:index], self.router[index + 1:]])
+        mean = others.mean(0)
+        self.router[index] = mean + 0.1 * others.std() * torch.randn_like(mean)
+        self.expert_bias[index] = 0.0
+        self.load[index] = 0.0

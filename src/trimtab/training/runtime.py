@@ -1,0 +1,101 @@
+"""Small runtime pieces of the trainer: the log window, device reads, RNG state, MoE step stats."""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class LogWindow:
+    """Per-step values since the last log line, read from the device once per log interval."""
+
+    losses: list = field(default_factory=list)
+    norms: list = field(default_factory=list)
+    tokens: int = 0
+    seconds: float = 0.0
+    skips: list = field(default_factory=list)
+
+    def read(self) -> tuple[list[float], list[float], int]:
+        """Losses, grad norms and the count of skipped updates: one device read for the window."""
+        if not self.losses:
+            return [], [], 0
+        n = len(self.losses)
+        flat = read_scalars(self.losses + self.norms + self.skips)
+        return flat[:n], flat[n:2 * n], int(sum(flat[2 * n:]))
+
+
+def read_scalars(values: list) -> list[float]:
+    """0-d tensors (any device) and numbers as floats, with a single device-to-host copy."""
+    if not values:
+        return []
+    tensors = [v if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in values]
+    device = next((v.device for v in tensors if v.device.type != "cpu"), torch.device("cpu"))
+    return torch.stack([v.float().to(device) for v in tensors]).tolist()
+
+
+
+class MoEStepStats:
+    """Router telemetry of every MoE layer summed over one step's micro-batches, on device (no
+    host sync): assignments per expert, and the target-weighted mean dropped fraction, router
+    entropy and balance loss."""
+
+    def __init__(self, layers: list) -> None:
+        self.layers = layers  # [(layer index, MoE)]
+        self.counts = [torch.zeros(moe.n_experts, device=moe.router.device) for _, moe in layers]
+        self.means = torch.zeros(len(layers), 3, device=layers[0][1].router.device) if layers else None
+
+    def add(self, share: float) -> None:
+        """After a micro-batch's forward; `share` is its fraction of the step's targets."""
+        for j, (_, moe) in enumerate(self.layers):
+            st = moe.stats
+            self.counts[j] += st["tokens_per_expert"]
+            self.means[j] += share * torch.stack([st["dropped"], st["entropy"], st["balance_loss"]]).float()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"layers": [i for i, _ in self.layers], "counts": self.counts, "means": self.means}
+
+
+def moe_metrics(moe: dict[str, Any]) -> dict[str, float]:
+    """Log-line figures per MoE layer from one step's telemetry (one device read): load
+    coefficient of variation, busiest expert's load over the fair share, experts with no token,
+    dropped fraction, router entropy, balance loss."""
+    out: dict[str, float] = {}
+    means = moe["means"].tolist()
+    for j, (layer, counts) in enumerate(zip(moe["layers"], moe["counts"])):
+        load = counts.float() / counts.sum().clamp(min=1)
+        fair = 1.0 / len(load)
+        values = torch.stack([load.std(correction=0) / fair, load.max() / fair, (counts == 0).sum().float()]).tolist()
+        for key, value in zip(("load_cv", "max_load", "idle_experts", "dropped", "entropy", "balance_loss"),
+                              values + means[j]):
+            out[f"moe/{layer}/{key}"] = value
+    return out
+
+
+def is_oom(exc: BaseException) -> bool:
+    """CUDA/MPS OutOfMemoryError, or an allocator failure reported as a RuntimeError (CPU)."""
+    text = str(exc).lower()
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or \
+        "can't allocate memory" in text
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+

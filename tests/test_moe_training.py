@@ -1,0 +1,114 @@
+"""Mixture-of-Experts through the real training loop: aux losses in the objective, telemetry in
+metrics.jsonl, expert surgery with a consistent optimizer, and exact resume after surgery."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import trimtab
+from trimtab.checkpoint import list_checkpoints
+from trimtab.config import load_config, merge
+from trimtab.errors import ConfigError
+from trimtab.model import build_model
+from trimtab.training.hooks import Hook
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # bitwise comparisons and a busy 2-core machine
+    yield
+    torch.set_num_threads(before)
+
+
+def moe_cfg(out, steps=16, **overrides):
+    base = {"out": str(out), "train": {"max_steps": steps, "eval_every": 0, "batch_tokens": 1024, "log_every": 2},
+            "data": {"max_bytes": 150_000}, "log": {"progress": False, "tensorboard": False},
+            "checkpoint": {"every": 4}}
+    return load_config(preset="debug-moe", overrides=merge(base, overrides))
+
+
+class Surgeon(Hook):
+    """Acts like a person with `trimtab ctl`: surgery and knob changes mid-run."""
+
+    def __init__(self, stop_at=None):
+        self.stop_at, self.done = stop_at, []
+
+    def on_step_end(self, trainer, out):
+        c = trainer.control
+        plan = {6: ("add_expert", {"layer": 1}), 8: ("prune_expert", {"layer": 3, "expert": 2}),
+                10: ("reinit_expert", {"layer": 1, "expert": 0}),
+                11: ("adjust_routing_temperature", {"value": 1.5})}
+        if out.step in plan:
+            action, params = plan[out.step]
+            c.request(action, on_done=self.done.append, **params)
+        if out.step == 7:  # right after adding: the optimizer holds exactly the live parameters
+            live = {id(p) for p in trainer.model.parameters()}
+            held = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
+            assert live == held
+            moe = trainer.model.blocks[1].ffn
+            state = trainer.optimizer.state[moe.w1]
+            assert state["exp_avg"].shape == moe.w1.shape  # moments follow the new shape
+            assert state["exp_avg"][8].abs().sum() > 0  # the added expert starts from its source's moments
+        if out.step == self.stop_at:
+            trainer.request_stop("test")
+
+
+def test_moe_preset_trains_with_aux_loss_and_telemetry(tmp_path):
+    summary = trimtab.train(moe_cfg(tmp_path / "r", steps=20))
+    assert summary["status"] == "completed"
+    lines = [json.loads(ln) for ln in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    train = [m for m in lines if "loss" in m]
+    assert train[-1]["loss"] < train[0]["loss"]
+    last = train[-1]
+    assert last["aux_loss"] > 0
+    for layer in (1, 3):  # layer_pattern [dense, moe] over 4 layers
+        assert 0 <= last[f"moe/{layer}/dropped"] < 1
+        assert last[f"moe/{layer}/max_load"] >= 1.0 and last[f"moe/{layer}/load_cv"] >= 0
+        assert 0 < last[f"moe/{layer}/entropy"] <= torch.log(torch.tensor(8.0)).item() + 1e-4
+    assert summary["active_params"] < summary["params"]
+
+
+def test_surgery_mid_run_then_resume_is_exact(tmp_path):
+    surgeon = Surgeon()
+    trimtab.train(moe_cfg(tmp_path / "a"), hooks=[surgeon])
+    assert surgeon.done == ["layer 1: add expert 8 (8 -> 9 experts)", "layer 3: prune expert 2 (8 -> 7 experts)",
+                            "layer 1: reinit expert 0 (9 -> 9 experts)", "temperature 1 -> 1.5 (all MoE layers)"]
+    trimtab.train(moe_cfg(tmp_path / "b"), hooks=[Surgeon(stop_at=12)])
+    trimtab.train(moe_cfg(tmp_path / "b"), hooks=[Hook()])  # resumes from step 12 with the new shapes
+    a = load_file(str(list_checkpoints(tmp_path / "a")[-1] / "model.safetensors"))
+    b = load_file(str(list_checkpoints(tmp_path / "b")[-1] / "model.safetensors"))
+    assert a["blocks.1.ffn.w1"].shape[0] == 9 and a["blocks.3.ffn.w1"].shape[0] == 7
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    text = trimtab.generate(tmp_path / "b", "def ", max_new_tokens=8)  # generation sees the new shapes
+    assert isinstance(text, str)
+
+
+def test_surgery_errors_name_the_fix(tmp_path):
+    class Bad(Hook):
+        def on_train_start(self, trainer):
+            with pytest.raises(ConfigError, match="not a MoE layer"):
+                trainer.expert_surgery("add", 0)
+            with pytest.raises(ConfigError, match="experts 0..7"):
+                trainer.expert_surgery("prune", 1, 8)
+            with pytest.raises(ConfigError, match="whole number"):
+                trainer.control.request("prune_expert", layer=1, expert=-1)
+
+    trimtab.train(moe_cfg(tmp_path / "r", steps=2), hooks=[Bad()])
+
+
+def test_active_params_and_flops_count_top_k_of_the_experts():
+    cfg = load_config(preset="debug-moe").model
+    cfg.vocab_size = 512
+    model = build_model(cfg)
+    moe = model.blocks[1].ffn
+    per_expert = moe.w1[0].numel() + moe.w2[0].numel() + moe.w3[0].numel()
+    layers = len(model.moe_layers())
+    assert model.num_params() - model.num_params(active=True) == layers * (8 - 2) * per_expert
+    dense = load_config(preset="debug-moe", sets=["model.layer_pattern=[dense]"]).model
+    dense.vocab_size = 512
+    # expert width = dense width / top_k, so a token's FLOPs match the dense model's, plus the router
+    extra = model.flops_per_token(64) - build_model(dense).flops_per_token(64)
+    assert extra == 6 * layers * moe.router.numel()
