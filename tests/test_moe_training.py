@@ -12,6 +12,7 @@ from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config, merge
 from trimtab.errors import ConfigError
 from trimtab.model import build_model
+from trimtab.orchestrator import read_decisions
 from trimtab.training.hooks import Hook
 
 
@@ -112,3 +113,42 @@ def test_active_params_and_flops_count_top_k_of_the_experts():
     # expert width = dense width / top_k, so a token's FLOPs match the dense model's, plus the router
     extra = model.flops_per_token(64) - build_model(dense).flops_per_token(64)
     assert extra == 6 * layers * moe.router.numel()
+
+
+class Starve(Hook):
+    """Makes expert 5 of layer 1 unreachable (a selection bias no token overcomes): a dead expert."""
+
+    def on_step_start(self, trainer, batch):
+        if trainer.state.step == 0:
+            trainer.model.blocks[1].ffn.expert_bias[5] = -1e4
+
+
+def test_dead_expert_is_reinitialised_and_gets_traffic_again(tmp_path):
+    cfg = moe_cfg(tmp_path / "r", steps=24, orchestrator={"moe": {"window": 5, "dead_patience": 8,
+                                                                  "imbalance": 100, "max_drop": 1.0}})
+    trimtab.train(cfg, hooks=[Starve()])
+    moe = [d for d in read_decisions(tmp_path / "r") if d["rule"] == "moe"]
+    assert moe and moe[0]["action"] == "reinit_expert" and moe[0]["params"] == {"layer": 1, "expert": 5}
+    assert moe[0]["evidence"]["kind"] == "dead" and moe[0]["applied"] == ["layer 1: reinit expert 5 (8 -> 8 experts)"]
+    lines = [json.loads(ln) for ln in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-2]["moe/1/idle_experts"] == 0  # the revived expert is routed to again
+
+
+def test_imbalance_raises_the_balance_loss(tmp_path):
+    cfg = moe_cfg(tmp_path / "r", steps=30, model={"moe": {"capacity_factor": 1.0}},
+                  orchestrator={"moe": {"window": 8, "imbalance": 1.01}})
+    trimtab.train(cfg)
+    moe = [d for d in read_decisions(tmp_path / "r") if d["rule"] == "moe"]
+    actions = {d["action"] for d in moe}
+    assert "adjust_balance_coefficient" in actions, moe  # every layer is above 1.01x fair share
+    coef = next(d for d in moe if d["action"] == "adjust_balance_coefficient")
+    assert coef["params"]["value"] == pytest.approx(0.02) and "aux_loss_coef 0.01 -> 0.02" in coef["applied"][0]
+
+
+def test_dropped_tokens_raise_the_capacity_factor(tmp_path):
+    cfg = moe_cfg(tmp_path / "r", steps=20, model={"moe": {"capacity_factor": 1.0}},
+                  orchestrator={"moe": {"window": 8, "imbalance": 100, "max_drop": 0.05}})
+    trimtab.train(cfg)
+    moe = [d for d in read_decisions(tmp_path / "r") if d["rule"] == "moe"]
+    assert moe and all(d["action"] == "adjust_capacity_factor" for d in moe), moe
+    assert moe[0]["params"]["value"] == pytest.approx(1.25) and moe[0]["evidence"]["dropped"] > 0.05
