@@ -115,7 +115,6 @@ def runs(tmp_path_factory):
     specs = {
         "clean": dict(steps=24),
         "nan": dict(steps=24, faults=["nan_loss@10"], hook=Snapshot),
-        # mode "off" as a dict value: `--set orchestrator.mode=off` is broken (test_mode_off_from_set_or_yaml)
         "nan_off": dict(steps=12, faults=["nan_loss@10"], orchestrator={"mode": "off"}),
         "nan_advise": dict(steps=16, faults=["nan_loss@10"], orchestrator={"mode": "advise"}),
         "oom": dict(steps=24, faults=["oom@8:512"]),
@@ -207,19 +206,17 @@ def test_bad_gradients_are_skipped(tmp_path, fault, rule):
 # ------------------------------------------------------------------------------------ escalation
 
 
-def test_weights_nan_climbs_the_ladder_to_a_rollback(tmp_path):
+def test_weights_nan_is_diagnosed_as_a_broken_model_and_rolled_back(tmp_path):
     run = tmp_path / "r"
-    summary = trimtab.train(debug_cfg(run, steps=24, faults=["weights_nan@12"]))
+    summary = trimtab.train(debug_cfg(run, steps=24, faults=["weights_nan@15"]))
     assert summary["status"] == "completed" and summary["step"] == 24
     ds = decisions(run)
-    assert [(d["step"], d["action"]) for d in ds] == [
-        (12, "skip_step"), (13, "skip_step"), (14, "scale_lr"), (15, "skip_step"), (16, "skip_step"),
-        (17, "rollback")]
+    # the third finding climbs; the held-out probe is NaN too, so an LR cut is pointless: roll back
+    assert [(d["step"], d["action"]) for d in ds] == [(15, "skip_step"), (16, "skip_step"), (17, "rollback")]
     assert {d["rule"] for d in ds} == {"nonfinite"}
     rollback = ds[-1]
     assert rollback["applied"] and rollback["applied"][0].startswith("rolled back from step 17 to step 8")
-    assert rollback["params"]["to"] == "last_good" and len(rollback["params"]["skip_rows"]) == 6 * 16
-    assert ds[2]["applied"] == ["lr multiplier 1 -> 0.5"]
+    assert rollback["params"]["to"] == "last_good" and len(rollback["params"]["skip_rows"]) == 3 * 16
     assert all_finite(final_weights(run))
     # the NaN checkpoint at 16 was abandoned; 16 was trained again from 8, finite this time
     attic = run / "checkpoints" / "rolled_back"
@@ -228,8 +225,8 @@ def test_weights_nan_climbs_the_ladder_to_a_rollback(tmp_path):
     assert all_finite(load_file(str(run / "checkpoints" / "step_000016" / "model.safetensors")))
     lines = train_lines(run)
     assert [m["step"] for m in lines].count(9) == 2  # steps 9.. replayed after the rollback
-    assert lines[-1]["lr_scale"] == 0.5 and math.isfinite(lines[-1]["loss"])  # knobs survive it
-    assert json.loads((run / "faults.json").read_text())["fired"] == {"weights_nan@12": 1}
+    assert lines[-1]["lr_scale"] == 1.0 and math.isfinite(lines[-1]["loss"])  # no needless LR cut
+    assert json.loads((run / "faults.json").read_text())["fired"] == {"weights_nan@15": 1}
 
 
 def test_no_good_checkpoint_to_roll_back_to_stops_clearly(tmp_path):
@@ -260,37 +257,40 @@ def test_bad_batch_spikes_are_skipped_and_training_recovers(tmp_path, runs):
     summary = trimtab.train(debug_cfg(run, steps=24, faults=["bad_batch@18:3"], sets=spike))
     assert summary["status"] == "completed"
     ds = decisions(run, "spike")
-    assert [(d["step"], d["action"]) for d in ds] == [(18, "skip_step"), (19, "skip_step"), (20, "scale_lr")]
+    # the third finding would climb, but the model still scores as well as at the last good
+    # checkpoint on held-out data: the data is to blame, so its rows go and the LR stays
+    assert [(d["step"], d["action"]) for d in ds] == [(18, "skip_step"), (19, "skip_step"), (20, "skip_data")]
     assert all(d["evidence"]["loss"] > d["evidence"]["ceiling"] for d in ds)
     poisoned = json.loads((run / "faults.json").read_text())["poisoned"]
-    assert len(poisoned) == 3 * 16
+    assert len(poisoned) == 3 * 16 and sorted(ds[-1]["params"]["rows"]) == sorted(poisoned)
+    assert ds[-1]["applied"] == ["48 rows left out of training"] and "held-out" in ds[-1]["reasoning"]
+    assert by_step(run, "lr_scale")[24] == 1.0
     losses, clean = by_step(run, "loss"), by_step(runs["clean"][0], "loss")
     assert all(losses[s] > clean[s] + 1.0 for s in (18, 19, 20))  # garbage tokens really were trained on
     assert all(losses[s] == clean[s] for s in range(1, 18))  # identical until the fault
     assert math.isfinite(losses[24]) and abs(losses[24] - clean[24]) < 0.3
 
 
-def test_lr_spike_is_answered_by_cutting_the_lr(tmp_path):
+def test_lr_spike_is_caught_before_it_is_applied_and_undone(tmp_path, runs):
     run = tmp_path / "r"
-    spike = ["orchestrator.spike.window=8", "orchestrator.spike.min_samples=8"]
-    summary = trimtab.train(debug_cfg(run, steps=20, faults=["lr_spike@12:50"], sets=spike))
+    snap = Snapshot()
+    summary = trimtab.train(debug_cfg(run, steps=24, faults=["lr_spike@12:50"]), hooks=[snap])  # as "clean"
     assert summary["status"] == "completed"
     ds = decisions(run)
-    cuts = [d for d in ds if d["action"] in ("scale_lr", "rollback")]
-    assert cuts and cuts[0]["action"] == "scale_lr" and cuts[0]["params"] == {"factor": 0.5}
-    assert any(d["action"] == "rollback" for d in ds)
-    lines = train_lines(run)
-    first_cut = next(i for i, m in enumerate(lines) if m["step"] == cuts[0]["step"])
-    assert all(m["lr_scale"] == 1.0 for m in lines[:first_cut + 1])
-    assert all(m["lr_scale"] < 1.0 for m in lines[first_cut + 1:])
-    assert lines[-1]["lr_scale"] <= 0.5 and math.isfinite(lines[-1]["loss"])
+    assert [(d["step"], d["rule"], d["action"]) for d in ds] == [(12, "lr", "scale_lr")]
+    assert ds[0]["params"]["factor"] == pytest.approx(1 / 50, rel=0.05)  # back to the previous step's level
+    assert snap.unchanged[12] == (True, True)  # the x50 step was never applied
+    lr, clean_lr = by_step(run, "lr"), by_step(runs["clean"][0], "lr")
+    assert lr[12] == pytest.approx(50 * clean_lr[12])  # what the broken schedule asked for
+    assert all(lr[s] == pytest.approx(clean_lr[s], rel=0.05) for s in range(13, 25))  # and what was applied after
+    assert math.isfinite(by_step(run, "loss")[24])
 
 
 def test_divergence_cuts_the_lr(tmp_path):
     run = tmp_path / "r"
     sets = ["orchestrator.divergence.window=6", "orchestrator.divergence.min_rise=0.02",
             "orchestrator.divergence.lr_factor=0.25", "orchestrator.spike.enabled=false",
-            "orchestrator.grad.enabled=false"]
+            "orchestrator.grad.enabled=false", "orchestrator.lr.enabled=false"]
     trimtab.train(debug_cfg(run, steps=18, faults=["lr_spike@10:15"], sets=sets))
     ds = decisions(run, "divergence")
     assert ds, decisions(run)

@@ -16,14 +16,15 @@ from trimtab.orchestrator.core import Orchestrator
 from trimtab.orchestrator.faults import Fault, parse_fault, parse_faults
 from trimtab.orchestrator.journal import Decision, Journal, describe, read_decisions
 from trimtab.orchestrator.monitors import (Divergence, Finding, Fp16Overflow, GradExplosion, LossSpike,
-                                           MemoryPressure, NonFinite, Plateau, Rolling, StepMetrics,
+                                           LRJump, MemoryPressure, NonFinite, Plateau, Rolling, StepMetrics,
                                            Throughput, build_monitors)
 from trimtab.orchestrator.policy import Policy
 from trimtab.training.control import ACTIONS, Control
 
 
-def metrics(step, loss=5.0, grad_norm=1.0, overflow=False, tokens_per_s=1000.0, progress=0.1, memory=None):
-    return StepMetrics(step, loss, grad_norm, False, overflow, tokens_per_s, 1e-3, progress, memory, [step])
+def metrics(step, loss=5.0, grad_norm=1.0, overflow=False, tokens_per_s=1000.0, progress=0.1, memory=None,
+            lr=1e-3, lr_scale=1.0):
+    return StepMetrics(step, loss, grad_norm, False, overflow, tokens_per_s, lr, lr_scale, progress, memory, [step])
 
 
 def feed(monitor, values, key="loss", start=1, **kw):
@@ -154,7 +155,7 @@ def test_fp16_overflow_count():
 def test_build_monitors_respects_enabled():
     cfg = OrchestratorConfig()
     assert set(build_monitors(cfg)) == {"nonfinite", "spike", "grad", "divergence", "plateau", "throughput",
-                                        "memory", "fp16"}
+                                        "memory", "fp16", "lr"}  # moe: the orchestrator adds MoEHealth
     cfg.spike.enabled = cfg.plateau.enabled = False
     assert "spike" not in build_monitors(cfg) and "plateau" not in build_monitors(cfg)
     assert "nonfinite" in build_monitors(cfg)  # always watched
@@ -432,7 +433,9 @@ def test_control_validates_parameters_when_asked():
     done = []
     control.request("skip_step", on_done=done.append)
     assert control.skip_next and done == ["the next update will be withheld"]
-    assert set(ACTIONS) == {a for a, *_ in ctl.VERBS.values()} - {"pause_rule", "resume_rule", "set_mode"}
+    # every action a person can take has a ctl verb (skip_data is the orchestrator's own: it names rows)
+    assert set(ACTIONS) - {"skip_data"} == {a for a, *_ in ctl.VERBS.values()} - {"pause_rule", "resume_rule",
+                                                                                 "set_mode"}
 
 
 def test_control_applies_in_order_and_reports():
@@ -576,3 +579,17 @@ def test_mode_off_from_set_or_yaml(tmp_path, how):
         path.write_text("preset: debug\norchestrator:\n  mode: off\n")
         cfg = load_config(path)
     assert cfg.orchestrator.mode == "off"
+
+
+def test_lr_jump_flags_the_schedule_not_the_multiplier():
+    cfg = OrchestratorConfig()
+    monitor = LRJump(cfg)
+    lrs = [1e-4, 2e-4, 3e-4, 3e-4]  # warm-up: at most x2 a step
+    assert [monitor.observe(metrics(i, lr=v)) for i, v in enumerate(lrs, 1)] == [None] * 4
+    assert monitor.ceiling() == pytest.approx(9e-4)
+    assert monitor.observe(metrics(5, lr=3e-4 * 10, lr_scale=10.0)) is None  # a person's scale-lr 10
+    found = monitor.observe(metrics(6, lr=3e-3))  # the schedule itself jumped x10
+    assert found.rule == "lr" and found.evidence["previous"] == pytest.approx(3e-4)
+    assert monitor.observe(metrics(7, lr=3e-3)) is None  # the new level is the reference now
+    plan = Policy(cfg).plan(found, None)
+    assert plan.action == "scale_lr" and plan.params["factor"] == pytest.approx(0.1)

@@ -99,6 +99,16 @@ class Fp16Rule:
 
 
 @dataclass
+class LRRule:
+    """The schedule's LR jumps by more than `factor` in one step (outside the orchestrator's own
+    and a person's changes): a configuration or schedule error. The step is skipped and the LR
+    brought back to its previous level."""
+
+    enabled: bool = True
+    factor: float = 3.0  # warm-up doubles the LR at most once (step 0 -> 1)
+
+
+@dataclass
 class MoERule:
     """Mixture-of-Experts health, per MoE layer, over the mean load of the last `window` steps."""
 
@@ -137,8 +147,9 @@ class OrchestratorConfig:
     throughput: ThroughputRule = field(default_factory=ThroughputRule)
     fp16: Fp16Rule = field(default_factory=Fp16Rule)
     moe: MoERule = field(default_factory=MoERule)
+    lr: LRRule = field(default_factory=LRRule)
 
-    RULES = ("spike", "grad", "divergence", "plateau", "oom", "memory", "throughput", "fp16", "moe")
+    RULES = ("spike", "grad", "divergence", "plateau", "oom", "memory", "throughput", "fp16", "moe", "lr")
 
     def validate(self) -> None:
         if self.mode == "false":  # YAML 1.1 reads a bare `off` as false
@@ -162,4 +173,5 @@ class OrchestratorConfig:
         _check(0 < self.throughput.factor < 1, "orchestrator.throughput.factor", "must be in (0, 1)")
         _check(self.moe.imbalance > 1 and 0 < self.moe.collapse <= 1, "orchestrator.moe",
                "imbalance must be > 1 and collapse in (0, 1]")
+        _check(self.lr.factor > 2, "orchestrator.lr.factor", "must be > 2 (warm-up doubles the LR once)")
         _check(self.oom.max_retries >= 1, "orchestrator.oom.max_retries", "must be >= 1")

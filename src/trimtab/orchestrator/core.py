@@ -64,6 +64,8 @@ class Orchestrator(Hook):
         if self.mode != "auto":
             return None
         bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+        if "lr" not in self.paused and trainer.scheduled_lr() > self.ceilings.get("lr", math.inf):
+            bad = bad | True  # the schedule jumped: this step would apply it
         for name, value in (("spike", loss), ("grad", grad_norm)):
             ceiling = self.ceilings.get(name, math.inf)
             if name not in self.paused and math.isfinite(ceiling):
@@ -119,6 +121,10 @@ class Orchestrator(Hook):
             self._saving_retry = False
         return True
 
+    def on_checkpoint(self, trainer: "Trainer", path: Path) -> None:
+        if self.mode == "auto" and trainer.last_good == trainer.state.step:
+            self.policy.probe_baseline = trainer.control.probe_loss()  # the reference for a diagnosis
+
     def healthy(self, trainer: "Trainer") -> bool:
         """A good rollback target: no escalation under way and no instability in the last steps
         (a skipped step left the weights untouched, so one a few steps back does not count)."""
@@ -145,11 +151,11 @@ class Orchestrator(Hook):
             moe = read_moe(outs, trainer) if "moe" in self.monitors else [None] * n
             for i, o in enumerate(outs):
                 m = StepMetrics(o.step, flat[i], flat[n + i], bool(flat[2 * n + i]), bool(flat[3 * n + i]),
-                                o.batch.n_tokens / max(o.seconds, 1e-9), o.lr,
+                                o.batch.n_tokens / max(o.seconds, 1e-9), o.lr, o.lr_scale,
                                 o.step / max(trainer.total_steps, 1), memory, o.batch.rows, moe[i])
                 self._observe(trainer, m)
             self._maybe_probe(trainer, n)
-            self.ceilings = {k: m.ceiling() for k, m in self.monitors.items() if k in ("spike", "grad")}
+            self.ceilings = {k: m.ceiling() for k, m in self.monitors.items() if k in ("spike", "grad", "lr")}
         self._take_commands(trainer)
 
     def _observe(self, trainer: "Trainer", m: StepMetrics) -> None:
@@ -290,7 +296,7 @@ class Orchestrator(Hook):
             if name in state["monitors"]:
                 monitor.load_state_dict(state["monitors"][name])
         self.recent_losses = Rolling(20, state["recent_losses"])
-        self.ceilings = {k: m.ceiling() for k, m in self.monitors.items() if k in ("spike", "grad")}
+        self.ceilings = {k: m.ceiling() for k, m in self.monitors.items() if k in ("spike", "grad", "lr")}
 
 
 def read_moe(outs: list["StepOutput"], trainer: "Trainer") -> list[list[tuple] | None]:

@@ -29,7 +29,8 @@ class StepMetrics:
     skipped: bool  # the update gate withheld the update
     overflow: bool  # fp16 GradScaler found inf/NaN
     tokens_per_s: float
-    lr: float
+    lr: float  # applied: schedule x lr_scale
+    lr_scale: float  # the orchestrator's / a person's multiplier
     progress: float  # step / total steps
     memory_frac: float | None  # device (or machine) memory in use, 0..1, where known
     rows: list[int] = field(default_factory=list)
@@ -287,8 +288,31 @@ class Fp16Overflow(Monitor):
                             f"{count} fp16 overflows in {self.cfg.window} steps", count / self.cfg.window + 0.5)
 
 
+class LRJump(Monitor):
+    """The schedule's LR (the applied LR over the multiplier) jumps by more than `factor`."""
+
+    rule, family = "lr", "lr"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.lr
+        self.last = 0.0
+
+    def ceiling(self) -> float:
+        return self.cfg.factor * self.last if self.last > 0 else math.inf
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        scheduled, previous = m.lr / m.lr_scale, self.last
+        self.last = scheduled  # the new level is the reference from here on
+        if scheduled <= self.cfg.factor * previous or previous <= 0:
+            return None
+        return self.finding(m, {"scheduled_lr": scheduled, "previous": previous},
+                            f"the scheduled LR jumped x{scheduled / previous:.3g} in one step "
+                            f"({previous:.3g} -> {scheduled:.3g})", 1.0)
+
+
 MONITORS = {"nonfinite": NonFinite, "spike": LossSpike, "grad": GradExplosion, "divergence": Divergence,
-            "plateau": Plateau, "throughput": Throughput, "memory": MemoryPressure, "fp16": Fp16Overflow}
+            "plateau": Plateau, "throughput": Throughput, "memory": MemoryPressure, "fp16": Fp16Overflow,
+            "lr": LRJump}
 
 
 def build_monitors(cfg: OrchestratorConfig) -> dict[str, Monitor]:

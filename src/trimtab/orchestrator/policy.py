@@ -16,6 +16,7 @@ rule's track record in this run (a Beta(3, 1) prior on "recovered", updated by o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,7 @@ class Policy:
         self.lr_debt = 1.0  # product of the ladder's LR cuts not yet given back
         self.last_restore = -1  # step of a give-back still on probation
         self.restore_failed = False
+        self.probe_baseline: float | None = None  # held-out loss at the last good checkpoint
 
     # ------------------------------------------------------------------ decisions
 
@@ -55,6 +57,13 @@ class Policy:
             return self._instability(f, view)
         if f.rule == "plateau":
             return self._plateau(f, view)
+        if f.rule == "lr":
+            self.last_lr_change = f.step
+            ratio = f.evidence["previous"] / f.evidence["scheduled_lr"]
+            return Plan("scale_lr", {"factor": ratio},
+                        "an LR that jumps in one step is a configuration or schedule error, not a "
+                        "decision: the step was skipped and the multiplier brings the LR back to its "
+                        "previous level (`trimtab ctl RUN scale-lr` overrides this)")
         if f.rule in ("memory", "oom"):
             return self._memory(f, view)
         if f.rule == "fp16":
@@ -73,6 +82,15 @@ class Policy:
         climb = len(ladder.recent) >= cfg.escalate_after
         if f.rule == "divergence" and ladder.rung == 0:
             climb = True  # a trend is not a one-off: skipping cannot fix it
+        verdict = self._diagnose(view) if climb and ladder.rung == 0 and f.rule != "divergence" else None
+        if verdict and verdict[0] == "data":
+            rows, ladder.rows, ladder.recent = ladder.rows, [], []
+            return Plan("skip_data", {"rows": rows},
+                        f"the model still scores {verdict[1]:.3f} on held-out data (last good checkpoint "
+                        f"{self.probe_baseline:.3f}), so the bad steps came from the data: leave out "
+                        f"their {len(rows)} rows; the LR stays")
+        if verdict and verdict[0] == "broken":
+            ladder.rung = 1  # an LR cut cannot repair broken weights: straight to the rollback
         if climb:
             ladder.rung, ladder.recent = ladder.rung + 1, []
         if ladder.rung == 1 and view.lr_scale * cfg.lr_cut < cfg.min_lr_scale:
@@ -103,6 +121,20 @@ class Policy:
                                        "see decisions.jsonl, lower optim.lr or check the data"},
                     f"every rung of the ladder was tried ({reason}); saving and stopping is safer "
                     "than training on")
+
+    def _diagnose(self, view: Any) -> tuple[str, float] | None:
+        """Bad data or a bad model? Megatron reruns the step; here the model is scored on a
+        held-out batch and compared with its score at the last good checkpoint."""
+        if self.probe_baseline is None:
+            return None
+        probe = view.probe_loss()
+        if probe is None:
+            return None
+        if not math.isfinite(probe):
+            return "broken", probe
+        if probe <= self.probe_baseline + max(0.1, 0.05 * self.probe_baseline):
+            return "data", probe
+        return None
 
     def _plateau(self, f: Finding, view: Any) -> Plan:
         cfg = self.cfg.plateau
@@ -172,9 +204,9 @@ class Policy:
     def state_dict(self) -> dict[str, Any]:
         return {"ladder": vars(self.ladder).copy(), "last_lr_change": self.last_lr_change,
                 "lr_debt": self.lr_debt, "last_restore": self.last_restore,
-                "restore_failed": self.restore_failed}
+                "restore_failed": self.restore_failed, "probe_baseline": self.probe_baseline}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.ladder = Ladder(**state["ladder"])
-        for key in ("last_lr_change", "lr_debt", "last_restore", "restore_failed"):
+        for key in ("last_lr_change", "lr_debt", "last_restore", "restore_failed", "probe_baseline"):
             setattr(self, key, state[key])

@@ -25,7 +25,7 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "skip_step": (), "scale_lr": ("factor",), "set_lr": ("value",), "emergency_lr_reduction": ("factor",),
     "rollback": ("to", "skip_rows"), "adjust_batch_size": ("micro_batch_tokens",),
     "adjust_grad_clip": ("value",), "adjust_weight_decay": ("value",), "save_checkpoint": (),
-    "stop": ("reason",),
+    "stop": ("reason",), "skip_data": ("rows",),
     # Mixture-of-Experts (layer: a MoE layer's index; knobs without a layer apply to all)
     "add_expert": ("layer", "source"), "prune_expert": ("layer", "expert"),
     "reinit_expert": ("layer", "expert"), "adjust_capacity_factor": ("value", "layer"),
@@ -81,6 +81,12 @@ class Control:
     @property
     def run_dir(self) -> Path:
         return self._trainer.cfg.run_dir
+
+    def probe_loss(self) -> float | None:
+        """The model's loss on one held-out micro-batch, now (a host read): tells a broken model
+        from bad training data. None without held-out data."""
+        micro = self._trainer.phases[self._trainer.state.phase].eval_micro
+        return self._trainer.held_out_loss(micro[:1]) if micro else None
 
     def moe_knobs(self, layer: int) -> dict[str, float]:
         """A MoE layer's live settings: n_experts, top_k, capacity_factor, temperature, aux_loss_coef."""
@@ -179,6 +185,9 @@ class Control:
 
     def _adjust_balance_coefficient(self, value: float, layer: int | None = None) -> str:
         return self._adjust_moe("aux_loss_coef", value, layer)
+
+    def _skip_data(self, rows: list[int]) -> str:
+        return f"{self._trainer.loader.skip_rows(list(rows))} rows left out of training"
 
     def _save_checkpoint(self) -> str:
         self._trainer.save()

@@ -58,6 +58,7 @@ class StepOutput:
     loss: torch.Tensor  # 0-d, on device: token-normalised loss of the whole step
     grad_norm: torch.Tensor  # 0-d, on device: pre-clip global norm
     lr: float
+    lr_scale: float
     batch: StepBatch
     seconds: float  # wall time of the step, data loading included
     skipped: torch.Tensor | None = None  # 0-d bool, on device: the update gate withheld the update
@@ -164,7 +165,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         for _, layer in self.model.moe_layers():
             layer.update_bias()  # aux-loss-free balancing: once per optimizer step
-        return StepOutput(self.state.step + 1, loss, grad_norm, lr, batch, 0.0, skip, overflow,
+        return StepOutput(self.state.step + 1, loss, grad_norm, lr, self.state.lr_scale, batch, 0.0, skip, overflow,
                           aux_total, moe.as_dict() if moe else None)
 
     def _update_gate(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor | None:
@@ -262,6 +263,16 @@ class Trainer:
         micro_batches = self.phases[self.state.phase].eval_micro
         if not micro_batches:
             return {}
+        val_loss = self.held_out_loss(micro_batches)
+        self.last_eval = {"step": self.state.step, "phase": self.phases[self.state.phase].name,
+                          "val_loss": val_loss,
+                          "val_ppl": math.exp(min(val_loss, 50.0))}
+        self._call("on_eval", self.last_eval)
+        return self.last_eval
+
+    @torch.no_grad()
+    def held_out_loss(self, micro_batches: list) -> float:
+        """Mean loss per target over eval micro-batches (one device read)."""
         self.model.eval()
         total, count = torch.zeros((), device=self.device), 0
         for micro in micro_batches:
@@ -269,12 +280,7 @@ class Trainer:
                 hidden = self.hidden(micro.inputs.to(self.device))
                 total += cross_entropy_sum(hidden, self.model.lm_head.weight, micro.targets.to(self.device))
             count += micro.n_targets
-        val_loss = total.item() / max(count, 1)
-        self.last_eval = {"step": self.state.step, "phase": self.phases[self.state.phase].name,
-                          "val_loss": val_loss,
-                          "val_ppl": math.exp(min(val_loss, 50.0))}
-        self._call("on_eval", self.last_eval)
-        return self.last_eval
+        return total.item() / max(count, 1)
 
     def _maybe_eval(self) -> None:
         every, phase = self.cfg.train.eval_every, self.phases[self.state.phase]
