@@ -152,3 +152,16 @@ def test_dropped_tokens_raise_the_capacity_factor(tmp_path):
     moe = [d for d in read_decisions(tmp_path / "r") if d["rule"] == "moe"]
     assert moe and all(d["action"] == "adjust_capacity_factor" for d in moe), moe
     assert moe[0]["params"]["value"] == pytest.approx(1.25) and moe[0]["evidence"]["dropped"] > 0.05
+
+
+def test_preset_size_on_meta_matches_the_real_model():
+    from trimtab.model import preset_size
+
+    for name in ("debug", "debug-moe", "small"):
+        total, active, flops = preset_size(name)
+        cfg = load_config(preset=name)
+        cfg.model.vocab_size = cfg.data.vocab_size
+        real = build_model(cfg.model)
+        assert (total, active, flops) == (real.num_params(), real.num_params(active=True),
+                                          real.flops_per_token(cfg.data.seq_len))
+    assert preset_size("debug-moe")[1] < preset_size("debug-moe")[0]

@@ -1,6 +1,6 @@
-"""The model: a Llama-style decoder-only Transformer and its KV cache."""
+"""The model: a Llama-style decoder-only Transformer (dense and MoE layers) and its KV cache."""
 
 from trimtab.model.cache import KVCache
-from trimtab.model.transformer import Transformer, build_model
+from trimtab.model.transformer import Transformer, build_model, preset_size
 
-__all__ = ["KVCache", "Transformer", "build_model"]
+__all__ = ["KVCache", "Transformer", "build_model", "preset_size"]

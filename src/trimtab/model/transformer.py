@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trimtab.config import ModelConfig
+from trimtab.config import ModelConfig, load_config
 from trimtab.model.cache import KVCache
 from trimtab.model.layers import Attention, FeedForward, RMSNorm, Rotary
 from trimtab.model.moe import MoE
@@ -191,3 +191,15 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> T
     cfg.validate()
     model = Transformer(cfg)
     return model.to(device) if device is not None else model
+
+
+def preset_size(name: str) -> tuple[int, int, int]:
+    """(total parameters, active parameters per token, training FLOPs per token) of a preset,
+    built on the meta device: no memory, so a 300B preset costs nothing to size."""
+    cfg = load_config(preset=name)
+    model_cfg = cfg.model
+    if not model_cfg.vocab_size:
+        model_cfg.vocab_size = cfg.data.vocab_size  # what the trained BPE will have
+    with torch.device("meta"):
+        model = Transformer(model_cfg)
+    return model.num_params(), model.num_params(active=True), model.flops_per_token(cfg.data.seq_len)
