@@ -36,6 +36,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
+from trimtab.benchfile import replace_section  # noqa: E402
 from trimtab.config.sparse import MoEConfig  # noqa: E402
 from trimtab.model.moe import MoE  # noqa: E402
 
@@ -184,20 +185,7 @@ def write_report(args, rows: list[dict], elapsed: float) -> None:
               "- Max abs diff: each variant's output vs the naive loop with the same capacity."]
     section = "\n".join(lines) + "\n"
     print(section)
-    _replace_section(ROOT / "BENCHMARKS.md", HEADING, section)
-
-
-def _replace_section(path: Path, heading: str, section: str) -> None:
-    """Rewrite one '## ' section of BENCHMARKS.md, keeping the others (read just before the
-    write: other scripts write other sections)."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    start = text.find(heading)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(heading))
-        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
-    path.write_text(text)
+    replace_section(ROOT / "BENCHMARKS.md", HEADING, section)
 
 
 def main() -> None:

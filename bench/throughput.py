@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from trimtab.benchfile import replace_section
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -220,19 +222,7 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
                      "(what compilation adds is the rest)")
     section = "\n".join(lines) + "\n"
     print(section)
-    _replace_section(ROOT / "BENCHMARKS.md", "## Training throughput", section)
-
-
-def _replace_section(path: Path, heading: str, section: str) -> None:
-    """Rewrite one '## ' section of BENCHMARKS.md, keeping the others."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    start = text.find(heading)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(heading))
-        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
-    path.write_text(text)
+    replace_section(ROOT / "BENCHMARKS.md", "## Training throughput", section)
 
 
 if __name__ == "__main__":
