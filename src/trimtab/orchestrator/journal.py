@@ -47,7 +47,7 @@ class Decision:
 
 def describe(action: str, params: dict[str, Any]) -> str:
     if action in ("scale_lr", "emergency_lr_reduction"):
-        return f"lr x{params['factor']:.3g}"
+        return f"lr x{params.get('factor', 0.1):.3g}"  # emergency_lr_reduction defaults to 0.1
     if action == "set_lr":
         return f"lr = {params['value']:.3g}"
     if action == "adjust_batch_size":

@@ -1,0 +1,59 @@
+"""A person's commands (`trimtab ctl`) through the real loop: each action of the adaptive API
+that the orchestrator rarely takes on its own, with its effect checked in the trainer."""
+
+import json
+
+import pytest
+import torch
+
+import trimtab
+from trimtab.checkpoint import list_checkpoints
+from trimtab.config import load_config
+from trimtab.orchestrator import ctl, read_decisions
+from trimtab.training.hooks import Hook
+
+
+class Person(Hook):
+    """Types `trimtab ctl RUN VERB ARGS` once at each given step. The job finds the file at its
+    next metrics read (the end of the following step) and applies it after that step, so the
+    effect shows in the step after: recorded in `seen[sent step]`."""
+
+    def __init__(self, run_dir, script):
+        self.run_dir, self.script, self.seen, self.sent = run_dir, dict(script), {}, {}
+
+    def on_step_end(self, trainer, out):
+        if out.step in self.script:  # once: steps repeat after a rollback
+            verb, *args = self.script.pop(out.step)
+            ctl.send(self.run_dir, ctl.parse_command(verb, args))
+            self.sent[out.step + 2] = out.step
+        if out.step in self.sent:
+            self.seen[self.sent.pop(out.step)] = {"lr": out.lr, "scheduled": trainer.scheduled_lr(),
+                                       "clip": trainer.grad_clip(), "lr_scale": trainer.state.lr_scale,
+                                       "wd": trainer.optimizer.param_groups[0]["weight_decay"],
+                                       "saved": trainer.last_saved}
+
+
+def test_person_drives_every_knob_through_ctl(tmp_path):
+    run = tmp_path / "r"
+    cfg = load_config(preset="debug", overrides={
+        "out": str(run), "train": {"max_steps": 30, "eval_every": 0, "batch_tokens": 1024},
+        "data": {"max_bytes": 150_000}, "checkpoint": {"every": 8}, "log": {"progress": False, "tensorboard": False}})
+    script = {3: ("set-lr", "0.001"), 5: ("grad-clip", "0.25"), 7: ("weight-decay", "0.0"),
+              10: ("emergency-lr",), 12: ("checkpoint",), 14: ("rollback", "8"), 20: ("stop", "done")}
+    person = Person(run, script)
+    summary = trimtab.train(cfg, hooks=[person])
+    seen = person.seen
+    assert seen[3]["lr"] == pytest.approx(1e-3, rel=0.05)  # set-lr: the applied LR at the next step
+    assert seen[5]["clip"] == 0.25 and seen[7]["wd"] == 0.0
+    assert seen[10]["lr_scale"] == pytest.approx(seen[7]["lr_scale"] * 0.1)  # emergency-lr: x0.1
+    assert seen[12]["saved"] == 13  # checkpoint: written at the step the command arrived
+    assert summary["status"] == "stopped (done)" and summary["step"] == 21  # after the rollback to 8
+    ds = read_decisions(run)
+    assert [d["action"] for d in ds] == ["set_lr", "adjust_grad_clip", "adjust_weight_decay",
+                                         "emergency_lr_reduction", "save_checkpoint", "rollback", "stop"]
+    assert all(d["mode"] == "manual" and d["applied"] for d in ds)
+    assert ds[5]["applied"][0].startswith("rolled back from step 15 to step 8")
+    lines = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1]["lr_scale"] == pytest.approx(seen[10]["lr_scale"])  # knobs survive the rollback
+    state = json.loads((list_checkpoints(run)[-1] / "state.json").read_text())
+    assert state["train"]["grad_clip"] == 0.25 and state["train"]["weight_decay"] == 0.0  # and a restart
