@@ -30,7 +30,9 @@ def debug_cfg(out, steps=24, sets=(), faults=(), **overrides):
             "train": {"max_steps": steps, "eval_every": 0, "log_every": 1, "batch_tokens": 1024,
                       "eval_tokens": 1024},
             "data": {"max_bytes": 150_000}, "checkpoint": {"every": 8},
-            "log": {"progress": False, "tensorboard": False}, "faults": list(faults)}
+            "log": {"progress": False, "tensorboard": False}, "faults": list(faults),
+            # timing-based, so not reproducible on a busy machine: on only where a test wants it
+            "orchestrator": {"throughput": {"enabled": False}}}
     return load_config(preset="debug", overrides=merge(base, overrides), sets=list(sets))
 
 
@@ -324,7 +326,8 @@ def test_plateau_raises_the_lr_within_max_lr_scale(tmp_path):
 def test_slow_steps_are_logged_for_a_person(tmp_path):
     run = tmp_path / "r"
     # factor 0.6 rather than 0.5: the 0.25 s a slow step adds must stand out on a busy machine too
-    sets = ["orchestrator.throughput.min_samples=5", "orchestrator.throughput.patience=3",
+    sets = ["orchestrator.throughput.enabled=true", "orchestrator.throughput.min_samples=5",
+            "orchestrator.throughput.patience=3",
             "orchestrator.throughput.factor=0.6"]
     trimtab.train(debug_cfg(run, steps=14, faults=["slow@8:6"], sets=sets))
     ds = decisions(run, "throughput")
