@@ -222,7 +222,7 @@ def main(argv: list[str]) -> int:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}; one of {', '.join(table)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    start, runs = time.monotonic(), {}
+    start, runs, code = time.monotonic(), {}, _code_version()
     for mode in ("off", "auto"):
         runs[f"clean/{mode}"] = run_training(out / f"clean-{mode}", args, mode, [], False, 3600)
         print(f"clean {mode}: {runs[f'clean/{mode}']['status']}, val_loss {runs[f'clean/{mode}']['val_loss']}, "
@@ -239,7 +239,9 @@ def main(argv: list[str]) -> int:
                   f"(other CPU {run['other_cpu']:.0%})", flush=True)
     judge(runs["clean/auto"], clean)
     shares = [r["other_cpu"] for r in runs.values()]
-    results = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "code": _code_version(),
+    code_end = _code_version()
+    results = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+               "code": code if code == code_end else f"{code}..{code_end} (changed during the runs)",
                "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
                "preset": args.preset, "steps": args.steps, "checkpoint_every": max(1, args.steps // 6),
                "scenarios": names, "clean_val_loss": clean, "runtime_s": round(time.monotonic() - start),
