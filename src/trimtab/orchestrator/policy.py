@@ -91,15 +91,14 @@ class Policy:
                         f"their {len(rows)} rows; the LR stays")
         if verdict and verdict[0] == "broken":
             ladder.rung = 1  # an LR cut cannot repair broken weights: straight to the rollback
-        if climb:
-            ladder.rung, ladder.recent = ladder.rung + 1, []
+        if not climb:
+            return Plan("skip_step", {}, "the update was withheld before the optimizer step, so the "
+                                         "weights are untouched")
+        ladder.rung, ladder.recent = ladder.rung + 1, []
         if ladder.rung == 1 and view.lr_scale * cfg.lr_cut < cfg.min_lr_scale:
             ladder.rung = 2  # the LR is already at its floor
         if ladder.rung == 2 and (view.rollbacks >= cfg.max_rollbacks or not view.has_good_checkpoint):
             ladder.rung = 3
-        if ladder.rung == 0 or not climb:
-            why = "the update was withheld before the optimizer step, so the weights are untouched"
-            return Plan("skip_step", {}, why)
         if ladder.rung == 1:
             self.last_lr_change = f.step
             factor = cfg.divergence.lr_factor if f.rule == "divergence" else cfg.lr_cut
