@@ -73,22 +73,10 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _presets(args: argparse.Namespace) -> int:
-    from trimtab.config import PRESET_DIR, available_presets, read_yaml
-    from trimtab.model import preset_size
+    from trimtab.model.catalog import format_catalog, preset_catalog
 
-    print(f"{'preset':12s} {'params':>9s} {'active':>9s} {'GFLOP/tok':>9s}  description")
-    for name in available_presets():
-        total, active, flops = preset_size(name)
-        print(f"{name:12s} {_human(total):>9s} {_human(active):>9s} {flops / 1e9:9.3f}  "
-              f"{read_yaml(PRESET_DIR / f'{name}.yaml').get('description', '')}")
+    print(format_catalog(preset_catalog()))
     return 0
-
-
-def _human(n: int) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f}{unit}"
-    return str(n)
 
 
 def build_parser() -> argparse.ArgumentParser:
