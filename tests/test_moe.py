@@ -325,6 +325,28 @@ def test_prune_expert():
         m.prune_expert(5)
 
 
+def test_reset_router_undoes_a_collapse_and_keeps_the_expert():
+    m = make(n_experts=4, top_k=2, capacity_factor=0.0)
+    with torch.no_grad():
+        m.expert_bias[1] = 1.0  # collapsed: every token picks expert 1 (probs are at most 1)
+    x = torch.randn(4, 16, D)
+    m(x)
+    assert m.stats["tokens_per_expert"][1] == 64
+    old = {n: p.detach().clone() for n, p in m.named_parameters()}
+    router = m.router
+    m.reset_router(1)
+    assert m.router is router and m.expert_bias[1] == 0  # in place; the others' mean bias
+    for name in ("w1", "w2", "w3"):
+        torch.testing.assert_close(getattr(m, name), old[name])  # the expert's weights stay
+    torch.testing.assert_close(m.router[[0, 2, 3]], old["router"][[0, 2, 3]])
+    mean = old["router"][[0, 2, 3]].mean(0)
+    assert (m.router[1] - mean).norm() < 0.5 * mean.norm()
+    m(x)
+    assert 0 < m.stats["tokens_per_expert"][1] < 40  # mid-pack again
+    with pytest.raises(IndexError):
+        m.reset_router(4)
+
+
 def test_reinit_dead_expert_gets_traffic():
     m = make(n_experts=4, top_k=2, capacity_factor=0.0)
     with torch.no_grad():

@@ -316,6 +316,18 @@ class MoE(nn.Module):
         self._replace(lambda t: t[keep])
 
     @torch.no_grad()
+    def reset_router(self, index: int) -> None:
+        """Undo a routing collapse onto `index`, in place, keeping its expert weights: its router
+        row = the mean of the others + noise and its selection bias = the others' mean, so its
+        score sits mid-pack for every token. Reset the row's optimizer moments too."""
+        if not 0 <= index < self.n_experts:
+            raise IndexError(f"expert {index} out of range (n_experts={self.n_experts})")
+        others = [i for i in range(self.n_experts) if i != index]
+        rows = self.router[others]
+        self.router[index] = rows.mean(0) + 0.1 * rows.std() * torch.randn_like(rows[0])
+        self.expert_bias[index] = self.expert_bias[others].mean()
+
+    @torch.no_grad()
     def reinit_expert(self, index: int) -> None:
         """Revive a dead expert: fresh weights (as reset_parameters), router row = the mean of
         the other rows + noise (so its logit sits mid-pack and it gets traffic), bias and load 0.

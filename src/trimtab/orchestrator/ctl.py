@@ -31,6 +31,7 @@ VERBS: dict[str, tuple[str, tuple[str, ...], tuple[type, ...], int]] = {
     "add-expert": ("add_expert", ("layer", "source"), (int, int), 1),
     "prune-expert": ("prune_expert", ("layer", "expert"), (int, int), 2),
     "reinit-expert": ("reinit_expert", ("layer", "expert"), (int, int), 2),
+    "reset-router": ("reset_router", ("layer", "expert"), (int, int), 2),
     "capacity-factor": ("adjust_capacity_factor", ("value", "layer"), (float, int), 1),
     "router-temperature": ("adjust_routing_temperature", ("value", "layer"), (float, int), 1),
     "balance-coef": ("adjust_balance_coefficient", ("value", "layer"), (float, int), 1),

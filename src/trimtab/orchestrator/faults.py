@@ -16,6 +16,15 @@ does not fire again after a rollback or a restart (the world, not the run, remem
     sigterm@S / sigkill@S   the process receives the signal
     corrupt_checkpoint@S    the first checkpoint written at or after S is truncated
     disk_full@S[:N]         the next N checkpoint saves (default 1) at or after S fail with ENOSPC
+    expert_collapse@S[:M]   every MoE layer's routing collapses onto expert 0: its selection bias
+                            (expert_bias) rises by M (default 1). Router probs lie in [0, 1], so M >= 1
+                            makes expert 0 every token's choice whatever the router says; a smaller M
+                            is a partial collapse. It persists: no loss gradient reaches expert_bias,
+                            only the aux-loss-free balancer (bias_update_rate, off in the presets) or
+                            a router reset does, and it is checkpointed (a balancer gone wrong, or a
+                            bias restored from another run). A push on the router row instead heals
+                            by itself within ~5 steps on debug-moe (the z-loss), so it would not test
+                            the orchestrator.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ KINDS: dict[str, tuple[float | None, bool]] = {
     "nan_loss": (1, True), "inf_grad": (1, True), "grad_spike": (1000.0, False), "bad_batch": (1, True),
     "lr_spike": (10.0, False), "oom": (None, False), "weights_nan": (1, True), "slow": (10, True),
     "sigterm": (1, True), "sigkill": (1, True), "corrupt_checkpoint": (1, True), "disk_full": (1, True),
+    "expert_collapse": (1.0, False),
 }
 SLOW_SECONDS = 0.25
 
@@ -101,6 +111,8 @@ class FaultInjector(Hook):
         model.norm.register_forward_hook(self._maybe_nan_loss)
         for p in model.parameters():
             p.register_hook(self._maybe_bad_grad)
+        if any(f.kind == "expert_collapse" for f in self.faults) and not model.moe_layers():
+            raise ConfigError("faults: expert_collapse needs a Mixture-of-Experts model (e.g. --preset debug-moe)")
 
     def _due(self, fault: Fault) -> bool:
         """Whether `fault` fires at the current step; counts the firing."""
@@ -138,6 +150,9 @@ class FaultInjector(Hook):
                 matrix = next(p for n, p in trainer.model.named_parameters() if n.startswith("blocks.") and p.ndim == 2)
                 with torch.no_grad():
                     matrix[0].fill_(float("nan"))
+            elif fault.kind == "expert_collapse" and self._due(fault):
+                for _, moe in trainer.model.moe_layers():
+                    moe.expert_bias[0] += fault.param
             elif fault.kind == "slow" and self._due(fault):
                 time.sleep(SLOW_SECONDS)
             elif fault.kind in ("sigterm", "sigkill") and self._due(fault):

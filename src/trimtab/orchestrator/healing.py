@@ -12,6 +12,11 @@ decisions, steps re-done (steps executed, counted from the per-step log lines on
 the furthest step reached) and wall time. Target: every scenario finishes under auto within 3%
 of the clean eval loss; under off most crash, stall or end measurably worse. Writes a table to
 stdout, JSON (--json, default OUT/healing.json) and a section of BENCHMARKS.md (--markdown).
+
+expert_collapse needs routed experts: on a preset without MoE layers it runs on debug-moe, against
+that preset's own clean runs. Its runs are also scored on the load: the busiest expert's share
+over the fair one (max_load), averaged over the last 20 steps, worst MoE layer; at or above
+orchestrator.moe.imbalance (2.5) the run counts as "unbalanced" whatever its loss.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ from trimtab.orchestrator.journal import read_decisions
 HEADING = "## Fault healing (`trimtab bench healing`)"
 TOLERANCE = 0.03  # final eval loss within 3% of the clean run
 PREEMPTION = ("sigkill", "sigterm", "corrupt_checkpoint")  # relaunched once, as a scheduler would
+MOE_SCENARIOS = ("expert_collapse",)  # need a MoE model, and are judged on the load too
+MOE_PRESET = "debug-moe"
+BALANCE_STEPS = 20  # the load is judged over the last this many steps
 
 
 def scenarios(steps: int, micro_batch_tokens: int) -> dict[str, list[str]]:
@@ -56,14 +64,27 @@ def scenarios(steps: int, micro_batch_tokens: int) -> dict[str, list[str]]:
         "sigkill": [f"sigkill@{s + steps // 12}"],
         "sigterm": [f"sigterm@{s + steps // 12}"],
         "slow": [f"slow@{s}:20"],  # 20 steps each 0.25 s slower (a throttled node)
+        # early: the monitor needs a window to see the collapse and one more to see the first
+        # remedy fail before it resets the router (about 40 steps on debug-moe)
+        "expert_collapse": [f"expert_collapse@{steps // 4}"],
     }
 
 
+def preset_for(name: str, preset: str) -> str:
+    """The preset a scenario runs on: the chosen one, or debug-moe where it needs experts."""
+    if name not in MOE_SCENARIOS:
+        return preset
+    from trimtab.config import load_config
+
+    return preset if "moe" in load_config(preset=preset).model.layer_pattern else MOE_PRESET
+
+
 def run_training(run_dir: Path, args: argparse.Namespace, mode: str, faults: list[str],
-                 relaunch: bool, timeout: float) -> dict[str, Any]:
+                 relaunch: bool, timeout: float, preset: str | None = None) -> dict[str, Any]:
     """One scenario run (plus the scheduler's one relaunch where it applies)."""
     shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "trimtab", "train", "--preset", args.preset, "--out", str(run_dir),
+    preset = preset or args.preset
+    cmd = [sys.executable, "-m", "trimtab", "train", "--preset", preset, "--out", str(run_dir),
            "--max-steps", str(args.steps), "--orchestrator", mode,
            "--set", "log.progress=false", "--set", "log.tensorboard=false", "--set", "train.log_every=1",
            "--set", "train.eval_every=0", "--set", f"checkpoint.every={max(1, args.steps // 6)}"]
@@ -91,16 +112,25 @@ def run_training(run_dir: Path, args: argparse.Namespace, mode: str, faults: lis
     val = summary.get("val_loss") if summary else None
     decisions = read_decisions(run_dir)
     metrics = run_dir / "metrics.jsonl"  # per-step lines; a resumed run's holds the kept ones only
-    skipped = sum(json.loads(ln).get("skipped_steps", 0) for ln in
-                  (metrics.read_text().splitlines() if metrics.is_file() else []) if ln.strip())
-    return {"mode": mode, "faults": faults, "launches": launches, "finished": bool(summary) and
+    lines = [json.loads(ln) for ln in (metrics.read_text().splitlines() if metrics.is_file() else []) if ln.strip()]
+    skipped = sum(m.get("skipped_steps", 0) for m in lines)
+    return {"mode": mode, "preset": preset, "faults": faults, "launches": launches, "finished": bool(summary) and
             summary["status"] == "completed", "status": launches[-1]["status"],
             "val_loss": None if val is None or not math.isfinite(val) else val,
             "decisions": [{k: d.get(k) for k in ("step", "rule", "action", "params", "mode", "applied")}
                           for d in decisions],
             "updates_skipped": skipped, "steps_executed": executed,
             "steps_redone": executed - reached if executed else None,
-            "wall_s": round(wall, 1), "other_cpu": round(max(other), 3), "run_dir": str(run_dir)}
+            "wall_s": round(wall, 1), "other_cpu": round(max(other), 3), "run_dir": str(run_dir),
+            "max_load": max_load([m for m in lines if "loss" in m][-BALANCE_STEPS:])}
+
+
+def max_load(lines: list[dict[str, Any]]) -> float | None:
+    """The worst MoE layer's busiest-expert load over the fair share, averaged over `lines`
+    (1 is perfectly balanced, E / top_k a collapse); None without MoE layers."""
+    keys = {k for m in lines for k in m if k.startswith("moe/") and k.endswith("/max_load")}
+    means = [sum(m[k] for m in lines if k in m) / sum(k in m for m in lines) for k in keys]
+    return round(max(means), 3) if means else None
 
 
 def _failure(rc: int | None, stderr: str) -> str:
@@ -127,23 +157,34 @@ def _cpu_seconds() -> tuple[float, float, float]:
     return time.monotonic(), busy, usage.ru_utime + usage.ru_stime
 
 
-def judge(run: dict[str, Any], clean: float | None) -> None:
-    """Adds ratio and outcome: ok (finished within 3%), worse, ruined (NaN), or the failure."""
+def judge(run: dict[str, Any], clean: float | None, balance_limit: float | None = None) -> None:
+    """Adds ratio and outcome: ok (finished within 3%), worse, ruined (NaN), or the failure;
+    with balance_limit, a finished run whose max_load is at or above it is "unbalanced"."""
     run["ratio"] = run["val_loss"] / clean if run["val_loss"] is not None and clean else None
     if not run["finished"]:
         run["outcome"] = run["status"]
     elif run["ratio"] is None:
         run["outcome"] = "ruined (eval loss NaN)"
+    elif balance_limit and (run["max_load"] is None or run["max_load"] >= balance_limit):
+        run["outcome"] = "unbalanced"
     else:
         run["outcome"] = "ok" if run["ratio"] <= 1 + TOLERANCE else "worse"
 
 
 def _cell(run: dict[str, Any]) -> str:
     if run["ratio"] is not None and run["finished"]:
-        mark = "" if run["outcome"] == "ok" else " **worse**"
-        return f"{run['val_loss']:.4f} ({run['ratio'] - 1:+.1%}){mark}"
+        mark = "" if run["outcome"] == "ok" else f" **{run['outcome']}**"
+        load = f", max load {run['max_load']:.2f}x" if run.get("max_load") is not None else ""
+        return f"{run['val_loss']:.4f} ({run['ratio'] - 1:+.1%}){load}{mark}"
     text = run["outcome"].split(":")[0].replace("|", "/")  # the whole message is in the JSON
     return text + ")" * (text.count("(") - text.count(")"))
+
+
+def _reference(run: dict[str, Any]) -> str:
+    if run["val_loss"] is None:
+        return run["status"].split(":")[0]
+    load = f", max load {run['max_load']:.2f}x" if run.get("max_load") is not None else ""
+    return f"{run['val_loss']:.4f}{load}"
 
 
 def _actions(run: dict[str, Any]) -> str:
@@ -171,7 +212,9 @@ def report(results: dict[str, Any]) -> str:
              "off / auto | wall s off / auto | auto within 3% |", "|---|---|---|---|---|---|---|---|---|"]
     for name in results["scenarios"]:
         off, auto = runs[f"{name}/off"], runs[f"{name}/auto"]
-        lines.append(f"| {name} | `{' '.join(auto['faults'])}` | {_cell(off)} | {_cell(auto)} | "
+        clean_off = runs.get(f"clean@{auto['preset']}/off")  # a scenario on a preset of its own
+        where = f" on {auto['preset']} (clean: {_reference(clean_off)})" if clean_off else ""
+        lines.append(f"| {name} | `{' '.join(auto['faults'])}`{where} | {_cell(off)} | {_cell(auto)} | "
                      f"{len(auto['decisions'])}: {_actions(auto)} | {auto['updates_skipped']} | "
                      f"{off['steps_redone']} / {auto['steps_redone']} "
                      f"| {off['wall_s']:.0f} / {auto['wall_s']:.0f} | {'yes' if auto['outcome'] == 'ok' else '**no**'} |")
@@ -187,7 +230,7 @@ def verdicts(results: dict[str, Any]) -> list[str]:
     clean_auto = runs.get("clean/auto")
     out = [f"auto finishes within 3% of the clean run: **{len(healed)}/{len(names)}** "
            f"({'met' if not missed else 'not met: ' + ', '.join(missed)})",
-           f"off crashes, stalls or ends >3% worse: **{len(hurt)}/{len(names)}** "
+           f"off crashes, stalls, ends >3% worse or unbalanced (MoE): **{len(hurt)}/{len(names)}** "
            f"({'met' if len(hurt) * 2 > len(names) else 'not met'}; within 3% without it: "
            f"{', '.join(n for n in names if n not in hurt) or 'none'})"]
     if clean_auto is not None:
@@ -223,21 +266,28 @@ def main(argv: list[str]) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start, runs, code = time.monotonic(), {}, _code_version()
-    for mode in ("off", "auto"):
-        runs[f"clean/{mode}"] = run_training(out / f"clean-{mode}", args, mode, [], False, 3600)
-        print(f"clean {mode}: {runs[f'clean/{mode}']['status']}, val_loss {runs[f'clean/{mode}']['val_loss']}, "
-              f"{runs[f'clean/{mode}']['wall_s']:.0f}s", flush=True)
+    presets = {name: preset_for(name, args.preset) for name in names}
+    clean_key = {p: "clean" if p == args.preset else f"clean@{p}" for p in (args.preset, *presets.values())}
+    for preset, key in clean_key.items():  # each preset's fault-free reference
+        for mode in ("off", "auto"):
+            runs[f"{key}/{mode}"] = run = run_training(out / f"{key.replace('@', '-')}-{mode}", args, mode, [],
+                                                       False, 3600, preset)
+            print(f"{key} {mode}: {run['status']}, val_loss {run['val_loss']}, {run['wall_s']:.0f}s", flush=True)
     clean = runs["clean/off"]["val_loss"]
     timeout = args.timeout or max(900.0, 10 * runs["clean/off"]["wall_s"])  # contention slows runs 10x
     for name in names:
+        key = clean_key[presets[name]]
+        limit = load_config(preset=presets[name]).orchestrator.moe.imbalance if name in MOE_SCENARIOS else None
         for mode in ("off", "auto"):
-            run = run_training(out / f"{name}-{mode}", args, mode, table[name], name in PREEMPTION, timeout)
-            judge(run, clean)
+            run = run_training(out / f"{name}-{mode}", args, mode, table[name], name in PREEMPTION,
+                               max(timeout, 10 * runs[f"{key}/off"]["wall_s"]), presets[name])
+            judge(run, runs[f"{key}/off"]["val_loss"], limit)
             runs[f"{name}/{mode}"] = run
             print(f"{name:18s} {mode:4s} {run['outcome'][:60]:60s} val_loss {run['val_loss']} "
                   f"decisions {len(run['decisions'])} redone {run['steps_redone']} {run['wall_s']:.0f}s "
                   f"(other CPU {run['other_cpu']:.0%})", flush=True)
-    judge(runs["clean/auto"], clean)
+    for key in clean_key.values():
+        judge(runs[f"{key}/auto"], runs[f"{key}/off"]["val_loss"])
     shares = [r["other_cpu"] for r in runs.values()]
     code_end = _code_version()
     results = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,

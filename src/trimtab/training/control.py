@@ -28,7 +28,8 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "stop": ("reason",), "skip_data": ("rows",),
     # Mixture-of-Experts (layer: a MoE layer's index; knobs without a layer apply to all)
     "add_expert": ("layer", "source"), "prune_expert": ("layer", "expert"),
-    "reinit_expert": ("layer", "expert"), "adjust_capacity_factor": ("value", "layer"),
+    "reinit_expert": ("layer", "expert"), "reset_router": ("layer", "expert"),
+    "adjust_capacity_factor": ("value", "layer"),
     "adjust_routing_temperature": ("value", "layer"), "adjust_balance_coefficient": ("value", "layer"),
 }
 MOE_KNOBS = ("adjust_capacity_factor", "adjust_routing_temperature", "adjust_balance_coefficient")
@@ -167,6 +168,22 @@ class Control:
     def _reinit_expert(self, layer: int, expert: int) -> str:
         return self._trainer.expert_surgery("reinit", layer, expert)
 
+    def _reset_router(self, layer: int, expert: int) -> str:
+        """Re-centre a collapsed expert's router row and selection bias (MoE.reset_router), in
+        place, and zero that row's AdamW moments: built while the layer was collapsed, they would
+        push the row on as before."""
+        moe = dict(self._trainer.model.moe_layers()).get(layer)
+        if moe is None or not 0 <= expert < moe.n_experts:
+            raise ConfigError(f"reset_router: no expert {expert} in a MoE layer {layer}")
+        before = float(moe.expert_bias[expert])
+        moe.reset_router(expert)
+        state = self._trainer.optimizer.state.get(moe.router, {})
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in state:
+                state[key][expert].zero_()
+        after = float(moe.expert_bias[expert])
+        return f"layer {layer}: router reset for expert {expert} (bias {before:.3g} -> {after:.3g})"
+
     def _adjust_moe(self, knob: str, value: float, layer: int | None) -> str:
         layers = [(i, m) for i, m in self._trainer.model.moe_layers() if layer is None or i == layer]
         if not layers:
@@ -226,7 +243,7 @@ def _check_params(action: str, params: dict[str, Any]) -> None:
         number("value", -1e-12)
     elif action in MOE_KNOBS:
         number("value", -1e-12)
-    elif action in ("add_expert", "prune_expert", "reinit_expert"):
+    elif action in ("add_expert", "prune_expert", "reinit_expert", "reset_router"):
         for name in ("layer", "expert" if action != "add_expert" else "source"):
             value = params.get(name)
             if (value is not None or name != "source") and (not isinstance(value, int) or isinstance(value, bool)
