@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "rollback [STEP], micro-batch TOKENS, grad-clip V, weight-decay V, checkpoint, "
                        "stop [REASON], add-expert LAYER [SOURCE], prune-expert LAYER EXPERT, reinit-expert "
                        "LAYER EXPERT, capacity-factor V [LAYER], router-temperature V [LAYER], "
-                       "balance-coef V [LAYER], pause-rule RULE, resume-rule RULE, mode auto|advise|off")
+                       "balance-coef V [LAYER], mod-capacity V [LAYER], pause-rule RULE, resume-rule RULE, mode auto|advise|off")
     p.add_argument("run_dir")
     p.add_argument("action")
     p.add_argument("args", nargs="*")

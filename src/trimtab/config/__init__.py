@@ -55,7 +55,7 @@ class ModelConfig:
         if any("moe" in k for k in self.layer_pattern):
             self.moe.validate()
         if any("mod" in k for k in self.layer_pattern):
-            self.mod.validate()
+            self.mod.validate(sum("mod" in kind for kind in self.layers))
         _check(self.d_model % self.n_heads == 0, "model.d_model", "must be divisible by model.n_heads")
         kv = self.n_kv_heads or self.n_heads
         _check(kv > 0 and self.n_heads % kv == 0, "model.n_kv_heads", "must divide model.n_heads")
@@ -80,6 +80,12 @@ class ModelConfig:
         """The kind of each of the n_layers layers (the pattern repeated)."""
         pattern = self.layer_pattern or ["dense"]
         return [pattern[i % len(pattern)] for i in range(self.n_layers)]
+
+    @property
+    def mod_capacities(self) -> list[float]:
+        """Target capacity of each Mixture-of-Depths layer, in layer order."""
+        n = sum("mod" in kind for kind in self.layers)
+        return list(self.mod.layer_capacity) or [self.mod.capacity] * n
 
     @property
     def ffn_dim(self) -> int:

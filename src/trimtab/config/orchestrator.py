@@ -127,6 +127,19 @@ class MoERule:
 
 
 @dataclass
+class MoDRule:
+    """Mixture-of-Depths quality: the loss of the last `recent` steps is above the mean of the
+    `window` steps before them by `tolerance` (a fraction) while the capacity fell by at least
+    `min_drop` between the two -> the capacity goes back to where it was before the fall."""
+
+    enabled: bool = True
+    window: int = 10
+    recent: int = 3
+    tolerance: float = 0.05
+    min_drop: float = 0.1
+
+
+@dataclass
 class OrchestratorConfig:
     mode: str = "auto"  # auto: act | advise: journal what it would do | off: no monitoring
     read_every: int = 0  # steps between device reads of step metrics; 0: 1 on CPU, 10 on GPU
@@ -147,9 +160,10 @@ class OrchestratorConfig:
     throughput: ThroughputRule = field(default_factory=ThroughputRule)
     fp16: Fp16Rule = field(default_factory=Fp16Rule)
     moe: MoERule = field(default_factory=MoERule)
+    mod: MoDRule = field(default_factory=MoDRule)
     lr: LRRule = field(default_factory=LRRule)
 
-    RULES = ("spike", "grad", "divergence", "plateau", "oom", "memory", "throughput", "fp16", "moe", "lr")
+    RULES = ("spike", "grad", "divergence", "plateau", "oom", "memory", "throughput", "fp16", "moe", "mod", "lr")
 
     def validate(self) -> None:
         if self.mode == "false":  # YAML 1.1 reads a bare `off` as false
@@ -162,7 +176,7 @@ class OrchestratorConfig:
         _check(self.lr_restore_after >= 0, "orchestrator.lr_restore_after", "must be >= 0")
         _check(self.max_rollbacks >= 0, "orchestrator.max_rollbacks", "must be >= 0")
         _check(0 < self.min_lr_scale <= 1, "orchestrator.min_lr_scale", "must be in (0, 1]")
-        for name in ("spike", "grad", "divergence", "plateau", "throughput", "fp16", "moe"):
+        for name in ("spike", "grad", "divergence", "plateau", "throughput", "fp16", "moe", "mod"):
             _positive(getattr(self, name), f"orchestrator.{name}", "window")
         _check(self.spike.min_samples >= 2, "orchestrator.spike.min_samples", "must be >= 2")
         _check(self.divergence.window >= 4, "orchestrator.divergence.window", "must be >= 4")
@@ -173,5 +187,6 @@ class OrchestratorConfig:
         _check(0 < self.throughput.factor < 1, "orchestrator.throughput.factor", "must be in (0, 1)")
         _check(self.moe.imbalance > 1 and 0 < self.moe.collapse <= 1, "orchestrator.moe",
                "imbalance must be > 1 and collapse in (0, 1]")
+        _positive(self.mod, "orchestrator.mod", "recent", "tolerance", "min_drop")
         _check(self.lr.factor > 2, "orchestrator.lr.factor", "must be > 2 (warm-up doubles the LR once)")
         _check(self.oom.max_retries >= 1, "orchestrator.oom.max_retries", "must be >= 1")

@@ -6,7 +6,7 @@ per combination; these sections hold the shared settings of every such layer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trimtab.config.checks import _check, _positive
 
@@ -41,10 +41,17 @@ class MoEConfig:
 @dataclass
 class MoDConfig:
     capacity: float = 0.5  # fraction of tokens each MoD block processes (Raposo et al. 2024: 0.125)
+    # One capacity per MoD layer, in layer order (overrides `capacity`); empty: all `capacity`.
+    layer_capacity: list[float] = field(default_factory=list)
     warmup_steps: int = 0  # capacity goes linearly from 1.0 to `capacity` over these steps
     predictor_loss_coef: float = 0.01  # BCE of the causal predictor that decides at inference
 
-    def validate(self) -> None:
+    def validate(self, n_mod_layers: int) -> None:
         _check(0 < self.capacity <= 1, "model.mod.capacity", "must be in (0, 1]")
+        for i, c in enumerate(self.layer_capacity):
+            _check(0 < c <= 1, f"model.mod.layer_capacity[{i}]", f"is {c}; must be in (0, 1]")
+        _check(not self.layer_capacity or len(self.layer_capacity) == n_mod_layers,
+               "model.mod.layer_capacity", f"has {len(self.layer_capacity)} entries; give one per "
+               f"Mixture-of-Depths layer ({n_mod_layers} in model.layer_pattern x n_layers) or none")
         _check(self.warmup_steps >= 0 and self.predictor_loss_coef >= 0, "model.mod",
                "warmup_steps and predictor_loss_coef must be >= 0")

@@ -1,6 +1,8 @@
 """Preallocated key/value cache for incremental decoding.
 
 Shape legend: B batch, K kv heads, L max cached length, T new tokens, E head dim.
+
+A Mixture-of-Depths layer writes keys only for the tokens it processes; `keep` says which.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class KVCache:
         shape = (batch, kv_heads, max_len, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.keep: list[torch.Tensor | None] = [None] * n_layers  # [B, L] per Mixture-of-Depths layer
         self.max_len = max_len
         self.pos = 0
 
@@ -29,6 +32,15 @@ class KVCache:
         self.k[layer][:, :, self.pos:end] = k
         self.v[layer][:, :, self.pos:end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def mark(self, layer: int, keep: torch.Tensor) -> torch.Tensor:
+        """Record which of the T new positions have keys in `layer` (keep [B, T] bool: a
+        Mixture-of-Depths layer skips the rest); return the mask of all positions [B, pos+T]."""
+        if self.keep[layer] is None:
+            self.keep[layer] = torch.ones(keep.shape[0], self.max_len, dtype=torch.bool, device=keep.device)
+        end = self.pos + keep.shape[1]
+        self.keep[layer][:, self.pos:end] = keep
+        return self.keep[layer][:, :end]
 
     def advance(self, n: int) -> None:
         self.pos += n

@@ -62,6 +62,11 @@ def model_size(cfg: RunConfig) -> tuple[int, int, int]:
     return model.num_params(), model.num_params(active=True), model.flops_per_token(cfg.data.seq_len)
 
 
+def preset_size(name: str) -> tuple[int, int, int]:
+    """model_size of a preset."""
+    return model_size(load_config(preset=name))
+
+
 def preset_info(name: str) -> PresetInfo:
     cfg = load_config(preset=name)
     total, active, flops = model_size(cfg)

@@ -1,5 +1,6 @@
 """Decoder-only Transformer (Llama architecture): pre-norm blocks, RoPE, GQA, SwiGLU; each
-layer's feed-forward is dense or Mixture-of-Experts as model.layer_pattern says.
+layer's feed-forward is dense or Mixture-of-Experts, and a layer may be Mixture-of-Depths, as
+model.layer_pattern says.
 
 Shape legend: B batch, T time, S key length (cached + new), D d_model, V vocab.
 """
@@ -12,16 +13,19 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trimtab.config import ModelConfig, load_config
+from trimtab.config import ModelConfig
 from trimtab.model.cache import KVCache
 from trimtab.model.layers import Attention, FeedForward, RMSNorm, Rotary
+from trimtab.model.mod import DepthRouter
 from trimtab.model.moe import MoE
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x))."""
+    """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x)). The ffn is dense or
+    MoE; a Mixture-of-Depths block ("mod" in its kind) runs both on only the tokens its router
+    picks (model/mod.py)."""
 
-    def __init__(self, cfg: ModelConfig, kind: str = "dense"):
+    def __init__(self, cfg: ModelConfig, kind: str = "dense", capacity: float = 1.0):
         super().__init__()
         self.kind = kind
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
@@ -32,11 +36,21 @@ class Block(nn.Module):
             self.ffn = MoE(cfg.d_model, cfg.expert_dim, cfg.moe, cfg.init_std, out_std)
         else:
             self.ffn = FeedForward(cfg)
+        self.depth = DepthRouter(cfg.d_model, capacity, cfg.mod.warmup_steps, cfg.mod.predictor_loss_coef) \
+            if "mod" in kind else None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 mask: torch.Tensor | None, cache: KVCache | None, layer: int) -> torch.Tensor:
+        if self.depth is not None:
+            return self.depth(x, self.update, rope, cache, layer)
         x = x + self.attn(self.attn_norm(x), rope, mask, cache, layer)
         return x + self.ffn(self.ffn_norm(x))
+
+    def update(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+               mask: torch.Tensor | None, cache: KVCache | None, layer: int) -> torch.Tensor:
+        """f(x) of block(x) = x + f(x): what a Mixture-of-Depths router gates."""
+        h = self.attn(self.attn_norm(x), rope, mask, cache, layer)
+        return h + self.ffn(self.ffn_norm(x + h))
 
 
 class Transformer(nn.Module):
@@ -51,7 +65,9 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.head_dim = cfg.d_model // cfg.n_heads
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg, kind) for kind in cfg.layers)
+        capacities = iter(cfg.mod_capacities)
+        self.blocks = nn.ModuleList(Block(cfg, kind, next(capacities) if "mod" in kind else 1.0)
+                                    for kind in cfg.layers)
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -141,9 +157,28 @@ class Transformer(nn.Module):
             for k in self.MOE_KNOBS:
                 setattr(moe, k, saved[k])
 
+    def mod_layers(self) -> list[tuple[int, DepthRouter]]:
+        return [(i, b.depth) for i, b in enumerate(self.blocks) if b.depth is not None]
+
+    def set_step(self, step: int) -> None:
+        """Step-dependent model settings: the Mixture-of-Depths capacity warm-up."""
+        for _, router in self.mod_layers():
+            router.set_step(step)
+
+    def mod_state(self) -> dict[str, float]:
+        """Each Mixture-of-Depths layer's target capacity (the orchestrator may change it)."""
+        return {str(i): router.target for i, router in self.mod_layers()}
+
+    def load_mod_state(self, state: dict[str, float]) -> None:
+        layers = dict(self.mod_layers())
+        for key, target in state.items():
+            layers[int(key)].target = target
+
     def aux_loss(self) -> torch.Tensor | None:
-        """Sum of the MoE layers' auxiliary losses from the last forward (None when there are none)."""
-        losses = [moe.aux_loss for _, moe in self.moe_layers() if moe.aux_loss is not None]
+        """Sum of the auxiliary losses of the last training forward (MoE balance and z losses,
+        Mixture-of-Depths predictor BCE); None when there are none."""
+        layers = [m for _, m in self.moe_layers()] + [r for _, r in self.mod_layers()]
+        losses = [m.aux_loss for m in layers if m.aux_loss is not None]
         return torch.stack(losses).sum() if losses else None
 
     def num_params(self, exclude_embeddings: bool = False, active: bool = False) -> int:
@@ -169,14 +204,26 @@ class Transformer(nn.Module):
         2 FLOPs per token forward and 4 backward. The attention term is QK^T and AV (2 * 2 * D *
         seq_len per layer forward, times 3), counted for full rather than causal attention.
         Kaplan et al. 2020 (table 1), PaLM (Chowdhery et al. 2022) appendix B, nanoGPT
-        estimate_mfu.
+        estimate_mfu. A MoE layer counts its router and the k experts a token goes through; a
+        Mixture-of-Depths block at capacity c counts its router and predictor for every token,
+        its other weights for a fraction c of them, and attention over c * seq_len keys for
+        that fraction (c^2; Raposo et al. 2024 section 3.4).
         """
         cfg = self.cfg
-        matmul = sum(m.weight.numel() for m in self.blocks.modules() if isinstance(m, nn.Linear))
-        for _, moe in self.moe_layers():  # the router, and the k experts a token goes through
-            matmul += moe.router.numel() + moe.w1.numel() + moe.w2.numel() + moe.w3.numel() - _inactive(moe)
-        matmul += cfg.vocab_size * cfg.d_model
-        return 6 * matmul + 12 * cfg.n_layers * cfg.d_model * seq_len
+        total = 6 * cfg.vocab_size * cfg.d_model
+        for block in self.blocks:
+            matmul = sum(m.weight.numel() for m in block.modules() if isinstance(m, nn.Linear))
+            attention = 12 * cfg.d_model * seq_len
+            if isinstance(block.ffn, MoE):
+                moe = block.ffn
+                matmul += moe.router.numel() + moe.w1.numel() + moe.w2.numel() + moe.w3.numel() - _inactive(moe)
+            if block.depth is not None:
+                c = block.depth.target
+                routing = sum(p.numel() for p in block.depth.parameters())
+                matmul = routing + c * (matmul - routing)
+                attention *= c * c
+            total += 6 * matmul + attention
+        return round(total)
 
 
 def _inactive(moe: MoE) -> int:
@@ -191,15 +238,3 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> T
     cfg.validate()
     model = Transformer(cfg)
     return model.to(device) if device is not None else model
-
-
-def preset_size(name: str) -> tuple[int, int, int]:
-    """(total parameters, active parameters per token, training FLOPs per token) of a preset,
-    built on the meta device: no memory, so a 300B preset costs nothing to size."""
-    cfg = load_config(preset=name)
-    model_cfg = cfg.model
-    if not model_cfg.vocab_size:
-        model_cfg.vocab_size = cfg.data.vocab_size  # what the trained BPE will have
-    with torch.device("meta"):
-        model = Transformer(model_cfg)
-    return model.num_params(), model.num_params(active=True), model.flops_per_token(cfg.data.seq_len)

@@ -20,6 +20,7 @@ from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.errors import TrimtabError
 from trimtab.orchestrator import ctl
 from trimtab.orchestrator.journal import Decision, Journal
+from trimtab.orchestrator.mod_health import MoDQuality, plan_mod
 from trimtab.orchestrator.moe_health import MoEHealth, plan_moe
 from trimtab.orchestrator.monitors import Finding, Rolling, StepMetrics, build_monitors
 from trimtab.orchestrator.policy import Plan, Policy
@@ -40,6 +41,8 @@ class Orchestrator(Hook):
         self.monitors = build_monitors(cfg)
         if cfg.moe.enabled:
             self.monitors["moe"] = MoEHealth(cfg)
+        if cfg.mod.enabled:
+            self.monitors["mod"] = MoDQuality(cfg)
         self.policy = Policy(cfg)
         self.journal = Journal(self.run_dir / "decisions.jsonl")
         self.paused: set[str] = set()
@@ -146,13 +149,15 @@ class Orchestrator(Hook):
             n = len(outs)
             flat = read_scalars([o.loss for o in outs] + [o.grad_norm for o in outs] +
                                 [o.skipped if o.skipped is not None else 0 for o in outs] +
-                                [o.overflow if o.overflow is not None else 0 for o in outs])
+                                [o.overflow if o.overflow is not None else 0 for o in outs] +
+                                [o.mod["means"][:, 0].mean() if o.mod else 0 for o in outs])
             memory = memory_fraction(trainer.device)
             moe = read_moe(outs, trainer) if "moe" in self.monitors else [None] * n
             for i, o in enumerate(outs):
                 m = StepMetrics(o.step, flat[i], flat[n + i], bool(flat[2 * n + i]), bool(flat[3 * n + i]),
                                 o.batch.n_tokens / max(o.seconds, 1e-9), o.lr, o.lr_scale,
-                                o.step / max(trainer.total_steps, 1), memory, o.batch.rows, moe[i])
+                                o.step / max(trainer.total_steps, 1), memory, o.batch.rows, moe[i],
+                                flat[4 * n + i] if o.mod else None)
                 self._observe(trainer, m)
             self._maybe_probe(trainer, n)
             self.ceilings = {k: m.ceiling() for k, m in self.monitors.items() if k in ("spike", "grad", "lr")}
@@ -176,7 +181,8 @@ class Orchestrator(Hook):
                                           "quiet since the LR cut", 0.8), restore)
         unstable = [f for f in findings if f.family == "instability"]
         for f in unstable[:1] + [f for f in findings if f.family != "instability"]:  # one rung per step
-            plan = plan_moe(f, trainer.control, self.cfg) if f.rule == "moe" else self.policy.plan(f, trainer.control)
+            plan = plan_moe(f, trainer.control, self.cfg) if f.rule == "moe" else \
+                plan_mod(f, trainer.control) if f.rule == "mod" else self.policy.plan(f, trainer.control)
             self._decide(trainer, f, plan, withheld=m.skipped)
 
     def _decide(self, trainer: "Trainer", f: Finding, plan: Plan, withheld: bool = False) -> Decision:

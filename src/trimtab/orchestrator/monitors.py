@@ -35,6 +35,7 @@ class StepMetrics:
     memory_frac: float | None  # device (or machine) memory in use, 0..1, where known
     rows: list[int] = field(default_factory=list)
     moe: list[tuple[int, list[float], float, int]] | None = None  # (layer, load shares, dropped, top_k)
+    mod_capacity: float | None = None  # mean capacity of the Mixture-of-Depths layers
 
 
 @dataclass

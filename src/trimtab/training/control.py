@@ -31,6 +31,8 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "reinit_expert": ("layer", "expert"), "reset_router": ("layer", "expert"),
     "adjust_capacity_factor": ("value", "layer"),
     "adjust_routing_temperature": ("value", "layer"), "adjust_balance_coefficient": ("value", "layer"),
+    # Mixture-of-Depths: the target capacity of one layer, or of all
+    "adjust_mod_capacity": ("value", "layer"),
 }
 MOE_KNOBS = ("adjust_capacity_factor", "adjust_routing_temperature", "adjust_balance_coefficient")
 ACTIONS = tuple(PARAMS)
@@ -94,6 +96,10 @@ class Control:
         moe = dict(self._trainer.model.moe_layers())[layer]
         return {k: getattr(moe, k) for k in ("n_experts", "top_k", "capacity_factor", "temperature",
                                               "aux_loss_coef")}
+
+    def mod_capacities(self) -> dict[int, tuple[float, float]]:
+        """Each Mixture-of-Depths layer's (current capacity, target): they differ during warm-up."""
+        return {i: (r.capacity, r.target) for i, r in self._trainer.model.mod_layers()}
 
     @property
     def progress(self) -> float:
@@ -203,6 +209,17 @@ class Control:
     def _adjust_balance_coefficient(self, value: float, layer: int | None = None) -> str:
         return self._adjust_moe("aux_loss_coef", value, layer)
 
+    def _adjust_mod_capacity(self, value: float, layer: int | None = None) -> str:
+        layers = [(i, r) for i, r in self._trainer.model.mod_layers() if layer is None or i == layer]
+        if not layers:
+            raise ConfigError(f"no Mixture-of-Depths layer {'' if layer is None else layer} in this model")
+        old = layers[0][1].target
+        for _, router in layers:
+            router.target = float(value)
+            router.set_step(self._trainer.state.step)
+        where = "all MoD layers" if layer is None else f"layer {layer}"
+        return f"MoD capacity {old:g} -> {value:g} ({where})"
+
     def _skip_data(self, rows: list[int]) -> str:
         return f"{self._trainer.loader.skip_rows(list(rows))} rows left out of training"
 
@@ -243,6 +260,8 @@ def _check_params(action: str, params: dict[str, Any]) -> None:
         number("value", -1e-12)
     elif action in MOE_KNOBS:
         number("value", -1e-12)
+    elif action == "adjust_mod_capacity":
+        number("value", 0, 1 + 1e-12)
     elif action in ("add_expert", "prune_expert", "reinit_expert", "reset_router"):
         for name in ("layer", "expert" if action != "add_expert" else "source"):
             value = params.get(name)

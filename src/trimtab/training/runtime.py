@@ -37,7 +37,6 @@ def read_scalars(values: list) -> list[float]:
     return torch.stack([v.float().to(device) for v in tensors]).tolist()
 
 
-
 class MoEStepStats:
     """Router telemetry of every MoE layer summed over one step's micro-batches, on device (no
     host sync): assignments per expert, and the target-weighted mean dropped fraction, router
@@ -57,6 +56,40 @@ class MoEStepStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {"layers": [i for i, _ in self.layers], "counts": self.counts, "means": self.means}
+
+
+class RouterStats:
+    """One step's telemetry of the model's routed layers, on device: MoEStepStats for the MoE
+    layers, and per Mixture-of-Depths layer the target-weighted mean capacity, predictor
+    accuracy and gate."""
+
+    def __init__(self, model) -> None:
+        self.moe = MoEStepStats(model.moe_layers()) if model.moe_layers() else None
+        self.mod_layers = model.mod_layers()
+        self.mod = torch.zeros(len(self.mod_layers), 3, device=model.lm_head.weight.device)
+
+    def add(self, share: float) -> None:
+        """After a micro-batch's forward; `share` is its fraction of the step's targets."""
+        if self.moe is not None:
+            self.moe.add(share)
+        for j, (_, router) in enumerate(self.mod_layers):
+            st = router.stats
+            self.mod[j] += share * torch.stack([st["capacity"], st["predictor_acc"], st["gate"]]).float()
+
+    def moe_dict(self) -> dict[str, Any] | None:
+        return self.moe.as_dict() if self.moe is not None else None
+
+    def mod_dict(self) -> dict[str, Any] | None:
+        return {"layers": [i for i, _ in self.mod_layers], "means": self.mod} if self.mod_layers else None
+
+
+def mod_metrics(mod: dict[str, Any]) -> dict[str, float]:
+    """Log-line figures per Mixture-of-Depths layer (one device read)."""
+    out: dict[str, float] = {}
+    for layer, values in zip(mod["layers"], mod["means"].tolist()):
+        for key, value in zip(("capacity", "predictor_acc", "gate"), values):
+            out[f"mod/{layer}/{key}"] = value
+    return out
 
 
 def moe_metrics(moe: dict[str, Any]) -> dict[str, float]:

@@ -29,8 +29,8 @@ from trimtab.training.device import choose_precision, peak_flops, pick_device
 from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger
 from trimtab.training.loss import cross_entropy_sum
 from trimtab.training.optim import build_optimizer, carry_state, lr_at, set_lr
-from trimtab.training.runtime import LogWindow, MoEStepStats, is_oom, moe_metrics, peak_rss_mb, rng_state, \
-    set_rng_state
+from trimtab.training.runtime import LogWindow, RouterStats, is_oom, mod_metrics, moe_metrics, peak_rss_mb, \
+    rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,7 @@ class StepOutput:
     overflow: torch.Tensor | None = None  # 0-d bool, on device: fp16 GradScaler found inf/NaN
     aux_loss: torch.Tensor | None = None  # 0-d, on device: the MoE auxiliary losses in the objective
     moe: dict[str, Any] | None = None  # MoEStepStats.as_dict(): router telemetry per MoE layer
+    mod: dict[str, Any] | None = None  # RouterStats.mod_dict(): per Mixture-of-Depths layer
 
 
 class Trainer:
@@ -134,9 +135,10 @@ class Trainer:
         """One optimizer step: forward/backward over the micro-batches, clip, update."""
         lr = self.scheduled_lr() * self.state.lr_scale
         set_lr(self.optimizer, lr)
+        self.model.set_step(self.state.step)  # Mixture-of-Depths capacity warm-up
         self.model.train()
         loss, aux_total = torch.zeros((), device=self.device), None
-        moe = MoEStepStats(self.model.moe_layers()) if self.model.moe_layers() else None
+        routers = RouterStats(self.model)
         for micro in batch.micro:
             inputs = micro.inputs.to(self.device, non_blocking=True)
             targets = micro.targets.to(self.device, non_blocking=True)
@@ -147,14 +149,13 @@ class Trainer:
                 # target count, so the gradient is that of one large batch however it is split
                 # ((x1+x2)/(n1+n2), not (x1/n1+x2/n2)/2; torchtune#1875, transformers#34242).
                 micro_loss = cross_entropy_sum(hidden, self.model.lm_head.weight, targets) / batch.n_targets
-                aux = self.model.aux_loss()  # MoE balance + z losses, weighted like the tokens
+                aux = self.model.aux_loss()  # MoE balance + z, MoD predictor: weighted like the tokens
                 objective = micro_loss if aux is None else micro_loss + share * aux
             (self.scaler.scale(objective) if self.scaler else objective).backward()
             loss += micro_loss.detach()
             if aux is not None:
                 aux_total = share * aux.detach() + (0 if aux_total is None else aux_total)
-            if moe is not None:
-                moe.add(share)
+            routers.add(share)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         clip = self.grad_clip() or math.inf  # inf: measure the norm, change nothing
@@ -166,7 +167,7 @@ class Trainer:
         for _, layer in self.model.moe_layers():
             layer.update_bias()  # aux-loss-free balancing: once per optimizer step
         return StepOutput(self.state.step + 1, loss, grad_norm, lr, self.state.lr_scale, batch, 0.0, skip, overflow,
-                          aux_total, moe.as_dict() if moe else None)
+                          aux_total, routers.moe_dict(), routers.mod_dict())
 
     def _update_gate(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor | None:
         """OR of the hooks' skip flags (0-d bool tensors on device), or None when nobody gates."""
@@ -253,6 +254,8 @@ class Trainer:
             metrics["aux_loss"] = out.aux_loss.item()
         if out.moe is not None:
             metrics.update(moe_metrics(out.moe))
+        if out.mod is not None:
+            metrics.update(mod_metrics(out.mod))
         if self.device.type == "cuda":
             metrics["cuda_max_alloc_mb"] = torch.cuda.max_memory_allocated() / 2**20
         self.window = LogWindow()
@@ -381,7 +384,7 @@ class Trainer:
         good = self._healthy()
         losses, norms, _ = self.window.read()
         state = {"train": vars(self.state).copy(), "data": self.loader.state_dict(), "good": good,
-                 "moe": self.model.moe_state(),
+                 "moe": self.model.moe_state(), "mod": self.model.mod_state(),
                  "log_window": {"losses": losses, "norms": norms, "tokens": self.window.tokens,
                                 "seconds": self.window.seconds},
                  "hooks": {key: h.state_dict() for key, h in self._keyed_hooks()}}
@@ -419,6 +422,7 @@ class Trainer:
     def _load(self, path, rollback: bool) -> None:
         weights, optim_state, state = load_checkpoint(path)
         self.model.load_moe_state(state.get("moe", {}))  # expert counts changed by surgery
+        self.model.load_mod_state(state.get("mod", {}))  # capacities the orchestrator changed
         load_weights(self.model, weights, path)
         knobs = {k: getattr(self.state, k) for k in KNOBS}
         skipped = self.loader.skipped

@@ -1,0 +1,60 @@
+"""Mixture-of-Depths quality: a monitor that ties a loss rise to a fall in capacity, and its remedy.
+
+A MoD block processes only a fraction (the capacity) of the tokens; the capacity falls during its
+warm-up, or when a person (`trimtab ctl RUN mod-capacity V`) or a config sets it low. When that
+costs quality, the training loss says so right after the fall: the monitor compares the mean loss
+of the last `recent` steps with the mean of the `window` steps before them and fires when it is
+higher by `tolerance` while the mean capacity fell by `min_drop` or more between the two. In
+healthy training, and in a warm-up that costs nothing, the loss keeps falling and the rule stays
+silent. Remedy: every MoD layer's target capacity goes back to the highest of the window (before
+the fall), which also ends a warm-up that went too far.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.monitors import Finding, Monitor, StepMetrics
+from trimtab.orchestrator.policy import Plan
+
+
+class MoDQuality(Monitor):
+    rule, family = "mod", "mod"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.mod
+        self.history: list[tuple[float, float]] = []  # (capacity, loss), oldest first
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        if m.mod_capacity is None or m.skipped or m.loss != m.loss:  # NaN: the other rules' case
+            return None
+        cfg = self.cfg
+        self.history = (self.history + [(m.mod_capacity, m.loss)])[-(cfg.window + cfg.recent):]
+        if len(self.history) < cfg.window + cfg.recent:
+            return None
+        before, after = self.history[:cfg.window], self.history[cfg.window:]
+        loss_before = sum(loss for _, loss in before) / cfg.window
+        loss_after = sum(loss for _, loss in after) / cfg.recent
+        cap_before = sum(c for c, _ in before) / cfg.window
+        cap_after = sum(c for c, _ in after) / cfg.recent
+        rise = loss_after / loss_before - 1
+        if rise <= cfg.tolerance or cap_before - cap_after < cfg.min_drop:
+            return None
+        self.history = []  # a fresh baseline after the remedy
+        evidence = {"loss_before": loss_before, "loss_after": loss_after, "rise": rise,
+                    "capacity_before": cap_before, "capacity_after": cap_after,
+                    "restore_to": max(c for c, _ in before)}
+        summary = (f"loss {loss_after:.3f} is {rise:.1%} above {loss_before:.3f} since the MoD capacity "
+                   f"fell from {cap_before:.2f} to {cap_after:.2f}")
+        return self.finding(m, evidence, summary, min(1.0, 0.5 + rise / (4 * cfg.tolerance)))
+
+
+def plan_mod(f: Finding, view: Any) -> Plan:
+    """The remedy for a MoDQuality finding; `view` is the trainer's Control."""
+    value = min(1.0, round(f.evidence["restore_to"], 4))
+    targets = sorted({target for _, target in view.mod_capacities().values()})
+    return Plan("adjust_mod_capacity", {"value": value},
+                f"the loss rose as soon as fewer tokens went through the MoD blocks: give them back "
+                f"the capacity they had before the fall (targets {', '.join(f'{t:g}' for t in targets)} "
+                f"-> {value:g} in every MoD layer)")
