@@ -27,6 +27,15 @@ def test_train_resume_and_generate_like_the_readme(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("def ")
 
 
+@pytest.mark.parametrize("preset", ["debug-moe", "debug-mod", "debug-hybrid"])
+def test_sparse_presets_train_and_generate_from_the_cli(tmp_path, capsys, preset):
+    out = str(tmp_path / preset)
+    assert main(["train", "--preset", preset, "--out", out, "--max-steps", "4", *FAST]) == 0
+    assert "active per token" in capsys.readouterr().out or preset == "debug-mod"
+    assert main(["generate", out, "--prompt", "def ", "--max-new-tokens", "8"]) == 0
+    assert capsys.readouterr().out.startswith("def ")
+
+
 def test_yaml_file_and_set_override(tmp_path, capsys):
     cfg = tmp_path / "my.yaml"
     cfg.write_text(f"preset: debug\nout: {tmp_path / 'y'}\ntrain:\n  max_steps: 3\n")
