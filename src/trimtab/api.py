@@ -16,6 +16,7 @@ from trimtab.sampling import generate as generate_ids
 from trimtab.model import Transformer, build_model
 from trimtab.orchestrator import Orchestrator
 from trimtab.orchestrator.faults import FaultInjector
+from trimtab.orchestrator.planner import LivePlanner
 from trimtab.training.trainer import Trainer
 
 
@@ -32,6 +33,8 @@ def train(config: RunConfig | str | Path | None = None, *, hooks: list = (), **o
     built_in = [Orchestrator(config.orchestrator, config.run_dir)]
     if config.faults:
         built_in.append(FaultInjector(config.faults, config.run_dir))
+    if config.plan.status_every:  # the live Chinchilla status (docs/planner.md)
+        built_in.append(LivePlanner(config.plan, config.run_dir))
     summary = Trainer(config, hooks=built_in + list(hooks)).fit()
     (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

@@ -72,6 +72,15 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from trimtab.plan import plan_command
+
+    print(plan_command(args.config, args.preset, args.set, args.out, dataset_tokens=args.dataset_tokens,
+                       data=args.data, budget_flops=args.budget_flops, budget_hours=args.budget_hours,
+                       gpu=args.gpu, devices=args.devices))
+    return 0
+
+
 def _presets(args: argparse.Namespace) -> int:
     from trimtab.model.catalog import format_catalog, preset_catalog
 
@@ -102,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "rollback [STEP], micro-batch TOKENS, grad-clip V, weight-decay V, checkpoint, "
                        "stop [REASON], add-expert LAYER [SOURCE], prune-expert LAYER EXPERT, reinit-expert "
                        "LAYER EXPERT, capacity-factor V [LAYER], router-temperature V [LAYER], "
-                       "balance-coef V [LAYER], mod-capacity V [LAYER], pause-rule RULE, resume-rule RULE, mode auto|advise|off")
+                       "balance-coef V [LAYER], mod-capacity V [LAYER], total-steps N, pause-rule RULE, "
+                       "resume-rule RULE, mode auto|advise|off")
     p.add_argument("run_dir")
     p.add_argument("action")
     p.add_argument("args", nargs="*")
@@ -122,6 +132,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_generate)
+
+    p = sub.add_parser("plan", help="Chinchilla plan: tokens, epochs, steps, FLOPs, memory, time (docs/planner.md)")
+    p.add_argument("config", nargs="?", help="run config YAML (optional)")
+    p.add_argument("--preset", help="model/run preset (see `trimtab presets`); default: small")
+    p.add_argument("--out", help="directory for plan.json and plan.txt; default: the run directory")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value (repeatable)")
+    data = p.add_mutually_exclusive_group()
+    data.add_argument("--dataset-tokens", type=float, metavar="N", help="unique training tokens in the data")
+    data.add_argument("--data", metavar="PATH", help="count the data's tokens (the run's tokenizer, else bytes)")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--budget-flops", type=float, metavar="F", help="compute budget in FLOPs")
+    budget.add_argument("--budget-hours", type=float, metavar="H", help="compute budget in hours on the hardware")
+    p.add_argument("--gpu", metavar="NAME", help="plan for this GPU (e.g. H100) instead of this machine")
+    p.add_argument("--devices", type=int, default=1, help="devices training together (default 1)")
+    p.set_defaults(func=_plan)
 
     p = sub.add_parser("presets", help="list the presets")
     p.set_defaults(func=_presets)

@@ -21,6 +21,7 @@ import yaml
 
 from trimtab.config.checks import _check, _positive
 from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.config.plan import PlanConfig
 from trimtab.config.sparse import LAYER_KINDS, MoDConfig, MoEConfig
 from trimtab.errors import ConfigError
 
@@ -223,11 +224,12 @@ class RunConfig:
     log: LogConfig = field(default_factory=LogConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)  # live Chinchilla planner (docs/planner.md)
     faults: list[str] = field(default_factory=list)  # injected faults, KIND@STEP[:PARAM] (tests, bench)
 
     def validate(self) -> "RunConfig":
         for section in (self.model, self.data, self.optim, self.train, self.checkpoint, self.log,
-                        self.finetune, self.orchestrator):
+                        self.finetune, self.orchestrator, self.plan):
             section.validate()
         for key, data in (("data.seq_len", self.data), ("finetune.data.seq_len", self.finetune.data)):
             _check(data.seq_len <= self.model.max_seq_len or (key.startswith("finetune") and

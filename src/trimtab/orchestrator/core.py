@@ -185,6 +185,11 @@ class Orchestrator(Hook):
                 plan_mod(f, trainer.control) if f.rule == "mod" else self.policy.plan(f, trainer.control)
             self._decide(trainer, f, plan, withheld=m.skipped)
 
+    def decide(self, trainer: "Trainer", f: Finding, plan: Plan) -> Decision:
+        """A decision another hook reached (the live planner's run length): journaled, and in
+        auto mode requested through Control, like the orchestrator's own."""
+        return self._decide(trainer, f, plan)
+
     def _decide(self, trainer: "Trainer", f: Finding, plan: Plan, withheld: bool = False) -> Decision:
         """Journal a decision and, in auto mode, request its action; `withheld`: the update gate
         already skipped this step's update (a skip_step decision records what happened)."""

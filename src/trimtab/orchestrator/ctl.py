@@ -36,6 +36,7 @@ VERBS: dict[str, tuple[str, tuple[str, ...], tuple[type, ...], int]] = {
     "router-temperature": ("adjust_routing_temperature", ("value", "layer"), (float, int), 1),
     "balance-coef": ("adjust_balance_coefficient", ("value", "layer"), (float, int), 1),
     "mod-capacity": ("adjust_mod_capacity", ("value", "layer"), (float, int), 1),
+    "total-steps": ("set_total_steps", ("steps",), (int,), 1),
     "pause-rule": ("pause_rule", ("rule",), (str,), 1),
     "resume-rule": ("resume_rule", ("rule",), (str,), 1),
     "mode": ("set_mode", ("mode",), (str,), 1),

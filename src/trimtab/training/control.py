@@ -33,6 +33,8 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "adjust_routing_temperature": ("value", "layer"), "adjust_balance_coefficient": ("value", "layer"),
     # Mixture-of-Depths: the target capacity of one layer, or of all
     "adjust_mod_capacity": ("value", "layer"),
+    # the run length (the live planner's shorten / extend; docs/planner.md)
+    "set_total_steps": ("steps",),
 }
 MOE_KNOBS = ("adjust_capacity_factor", "adjust_routing_temperature", "adjust_balance_coefficient")
 ACTIONS = tuple(PARAMS)
@@ -220,6 +222,9 @@ class Control:
         where = "all MoD layers" if layer is None else f"layer {layer}"
         return f"MoD capacity {old:g} -> {value:g} ({where})"
 
+    def _set_total_steps(self, steps: int) -> str:
+        return self._trainer.set_total_steps(int(steps))
+
     def _skip_data(self, rows: list[int]) -> str:
         return f"{self._trainer.loader.skip_rows(list(rows))} rows left out of training"
 
@@ -260,6 +265,10 @@ def _check_params(action: str, params: dict[str, Any]) -> None:
         number("value", -1e-12)
     elif action in MOE_KNOBS:
         number("value", -1e-12)
+    elif action == "set_total_steps":
+        number("steps", 0)
+        if params["steps"] != int(params["steps"]):
+            raise ConfigError("set_total_steps: 'steps' must be a whole number of steps")
     elif action == "adjust_mod_capacity":
         number("value", 0, 1 + 1e-12)
     elif action in ("add_expert", "prune_expert", "reinit_expert", "reset_router"):

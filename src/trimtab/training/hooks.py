@@ -135,6 +135,7 @@ class ConsoleLogger(Hook):
 
     def on_step_end(self, trainer: "Trainer", out: "StepOutput") -> None:
         if self.bar is not None:
+            self.bar.total = trainer.total_steps  # the live planner may shorten or extend the run
             self.bar.update(1)
 
     def on_rollback(self, trainer: "Trainer", saved_state: dict[str, Any]) -> None:

@@ -47,9 +47,10 @@ class TrainState:
     weight_decay: float | None = None
     micro_batch_tokens: int | None = None
     rollbacks: int = 0
+    length_delta: int = 0  # steps added to (< 0: taken from) pretraining by set_total_steps
 
 
-KNOBS = ("lr_scale", "grad_clip", "weight_decay", "micro_batch_tokens", "rollbacks")
+KNOBS = ("lr_scale", "grad_clip", "weight_decay", "micro_batch_tokens", "rollbacks", "length_delta")
 
 
 @dataclass
@@ -335,6 +336,26 @@ class Trainer:
         self.loader.micro_batch_tokens = self.state.micro_batch_tokens = tokens
         return f"micro-batch {old} -> {tokens} tokens"
 
+    def set_total_steps(self, total: int) -> str:
+        """Change the run's length through the pretraining phase (the live planner's shorten /
+        extend): its LR schedule is a function of the phase length, so it stretches or shrinks to
+        the new end; a finetuning phase after it moves with it."""
+        if self.state.phase != 0:
+            raise ConfigError("the run length can only change during pretraining (phase 0)")
+        old = self.total_steps
+        if self.phases[0].steps + total - old < max(self.state.step, 1):
+            raise ConfigError(f"set_total_steps: {total} would end pretraining before the current step "
+                              f"{self.state.step}")
+        self.state.length_delta += total - old
+        self._apply_length()
+        return f"total steps {old} -> {self.total_steps}"
+
+    def _apply_length(self) -> None:
+        self.phases[0].steps = self.cfg.train.max_steps + self.state.length_delta
+        for before, phase in zip(self.phases, self.phases[1:]):
+            phase.start = before.start + before.steps
+        self.total_steps = sum(p.steps for p in self.phases)
+
     def set_weight_decay(self, value: float) -> str:
         old = self.optimizer.param_groups[0]["weight_decay"]
         self.state.weight_decay = value
@@ -429,6 +450,7 @@ class Trainer:
         self.state = TrainState(**state["train"])
         if rollback:
             self.state.__dict__.update(knobs, rollbacks=knobs["rollbacks"] + 1)
+        self._apply_length()
         self._enter_phase(self.state.phase)
         self.optimizer.load_state_dict(optim_state["optimizer"])
         self._apply_knobs()  # load_state_dict brought back the saved weight decay

@@ -1,0 +1,226 @@
+"""Compute-optimal sizing: parameters, tokens, epochs over the data, steps, FLOPs and budgets.
+
+Formulas (docs/planner.md has the derivations):
+
+- Compute-optimal tokens D = k * N with k ~ 20 tokens per parameter (Hoffmann et al. 2022,
+  "Training Compute-Optimal Large Language Models", table 3: 70B -> 1.4T tokens). N counts all
+  parameters, embeddings included, as Hoffmann et al. did (Pearce & Song 2024 show that Kaplan
+  et al.'s non-embedding count explains much of the gap between the two scaling laws).
+- MoE: N is the *active* count. Training compute is C ~ 6 * N_active * D (each token passes
+  through top_k experts), and the 20x rule is the compute-optimal split of C = 6ND.
+- A FLOP budget C splits as N = sqrt(C / (6k)), D = k * N (Hoffmann et al.: N and D both grow
+  as C^0.5).
+- Repeated data (Muennighoff et al. 2023, "Scaling Data-Constrained Language Models", eq. 5):
+  U unique tokens seen for R = epochs - 1 extra passes are worth D' = U + U R* (1 - exp(-R / R*))
+  fresh tokens, R* ~ 15.4: up to ~4 epochs are nearly as good as fresh data, and by ~16 further
+  passes add little.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from trimtab.config import RunConfig
+from trimtab.model.transformer import Transformer
+
+FRESH_EPOCHS = 4.0  # Muennighoff et al. 2023: up to here, repeated tokens ~ fresh ones
+MAX_EPOCHS = 16.0  # ... and by here the value of another pass has nearly vanished
+REPEAT_DECAY = 15.4  # R*_D of their fit: the e-folding number of repetitions
+BYTES_PER_TOKEN = 4.0  # rule of thumb for GPT-2-class BPE on English text (OpenAI tokenizer docs)
+
+
+@dataclass
+class ModelSize:
+    total: int  # every parameter, tied weights once
+    active: int  # what one token uses (top_k of each MoE layer's routed experts)
+    non_embedding: int
+    active_non_embedding: int
+    flops_per_token: int  # training (forward + backward) FLOPs at seq_len, Transformer.flops_per_token
+    seq_len: int
+    family: str  # dense | moe | mod | hybrid
+    compute_params: int = 0  # the N of the 20x rule: active for MoE, total otherwise
+    compute_params_kind: str = "total"
+
+
+class _MetaSizing(TorchFunctionMode):
+    """Building a model on the meta device only to count it: initialisers become no-ops (they
+    run Python reference decompositions on meta, ~1 ms each) and arange runs on the CPU (the
+    float64 rotary tables otherwise take seconds on meta the first time)."""
+
+    INIT = {"normal_", "uniform_", "fill_", "zero_", "ones_", "zeros_", "kaiming_uniform_", "trunc_normal_"}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in self.INIT:
+            return args[0] if args else kwargs["tensor"]
+        if name == "arange":
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
+
+
+def build_meta_model(cfg: RunConfig, vocab_size: int | None = None) -> Transformer:
+    """The run's model on the meta device (no memory): vocab from the model config, else the
+    tokenizer's (`vocab_size`), else data.vocab_size, the size of the BPE the run would train."""
+    vocab = cfg.model.vocab_size or vocab_size or cfg.data.vocab_size
+    with _MetaSizing(), torch.device("meta"):
+        return Transformer(dataclasses.replace(cfg.model, vocab_size=vocab))
+
+
+def model_size(cfg: RunConfig, vocab_size: int | None = None) -> ModelSize:
+    model = build_meta_model(cfg, vocab_size)
+    kinds = model.cfg.layers
+    moe, mod = any("moe" in k for k in kinds), any("mod" in k for k in kinds)
+    size = ModelSize(model.num_params(), model.num_params(active=True),
+                     model.num_params(exclude_embeddings=True),
+                     model.num_params(exclude_embeddings=True, active=True),
+                     model.flops_per_token(cfg.data.seq_len), cfg.data.seq_len,
+                     "hybrid" if moe and mod else "moe" if moe else "mod" if mod else "dense")
+    size.compute_params, size.compute_params_kind = (size.active, "active") if size.active != size.total \
+        else (size.total, "total")
+    return size
+
+
+def effective_tokens(unique: float, epochs: float) -> float:
+    """Fresh-token worth of `epochs` passes over `unique` tokens (Muennighoff et al. 2023, eq. 5)."""
+    if epochs <= 1:
+        return unique * epochs
+    repeats = epochs - 1
+    return unique + unique * REPEAT_DECAY * (1 - math.exp(-repeats / REPEAT_DECAY))
+
+
+@dataclass
+class DataPlan:
+    dataset_tokens: int
+    source: str  # how the count was made: given, counted with a tokenizer, estimated from bytes
+    epochs: float  # compute-optimal tokens / dataset tokens
+    recommended_epochs: float  # epochs bounded to MAX_EPOCHS
+    recommended_tokens: int
+    effective_tokens: float  # what the recommended tokens are worth in fresh tokens
+    run_epochs: float  # the configured run (train.max_steps x train.batch_tokens)
+    warnings: list[str] = field(default_factory=list)
+
+
+def data_plan(optimal_tokens: int, run_tokens: int, dataset_tokens: int, source: str,
+              tokens_per_param: float) -> DataPlan:
+    epochs = optimal_tokens / dataset_tokens
+    bounded = min(epochs, MAX_EPOCHS)
+    tokens = round(bounded * dataset_tokens)
+    plan = DataPlan(dataset_tokens, source, epochs, bounded, tokens, effective_tokens(dataset_tokens, bounded),
+                    run_tokens / dataset_tokens)
+    for what, n in (("the compute-optimal run", epochs), ("the configured run", plan.run_epochs)):
+        if n > MAX_EPOCHS:
+            plan.warnings.append(
+                f"{what} repeats the data {n:.1f} times; by ~{MAX_EPOCHS:.0f} epochs another pass adds "
+                f"almost nothing (Muennighoff et al. 2023)" +
+                (f", so the plan stops at {MAX_EPOCHS:.0f} epochs ({tokens:,} tokens). For this data a "
+                 f"compute-optimal model has ~{_human(FRESH_EPOCHS * dataset_tokens / tokens_per_param)} "
+                 f"parameters ({FRESH_EPOCHS:.0f} epochs at {tokens_per_param:g} tokens per parameter): "
+                 "use a smaller model or more data" if what.endswith("optimal run") else ""))
+        elif n > FRESH_EPOCHS:
+            worth = effective_tokens(dataset_tokens, n) / (n * dataset_tokens)
+            plan.warnings.append(
+                f"{what} repeats the data {n:.1f} times; beyond ~{FRESH_EPOCHS:.0f} epochs repeated "
+                f"tokens are worth less than fresh ones: its tokens count as ~{worth:.0%} fresh "
+                "(Muennighoff et al. 2023, eq. 5)")
+    return plan
+
+
+def count_dataset_tokens(cfg: RunConfig, path: str) -> tuple[int, str]:
+    """Training tokens in the data at `path` as the run would read it (data.format,
+    data.max_bytes, the eval hold-out): counted with the run's tokenizer when there is one
+    (data.tokenizer, or RUN_DIR/tokenizer.json), else estimated from the text's bytes."""
+    from trimtab.data import TextTokenizer, read_documents
+
+    data = dataclasses.replace(cfg.data, source=path)
+    docs, _ = read_documents(data)
+    keep = 1.0 if data.eval_source else 1.0 - data.eval_fraction
+    hold_out = f", less the {data.eval_fraction:.0%} eval hold-out" if keep < 1 else ""
+    capped = f" (capped by data.max_bytes={data.max_bytes:,}; 0 reads everything)" if data.max_bytes else ""
+    tok_path = Path(cfg.data.tokenizer) if cfg.data.tokenizer else cfg.run_dir / "tokenizer.json"
+    if tok_path.is_file():
+        tok = TextTokenizer.load(tok_path)
+        counted = sum(len(ids) + 1 for ids in tok.encode_batch([d.text for d in docs]))  # + end of text
+        return round(counted * keep), f"counted with the tokenizer {tok_path}{hold_out}{capped}"
+    n_bytes = sum(len(d.text.encode()) for d in docs)
+    return round(n_bytes / BYTES_PER_TOKEN * keep), (
+        f"estimated from {n_bytes:,} bytes at {BYTES_PER_TOKEN:g} bytes per token (no tokenizer yet: "
+        f"data.tokenizer is unset and {tok_path} does not exist; a small BPE vocabulary gives fewer "
+        f"bytes per token, so more tokens){hold_out}{capped}")
+
+
+@dataclass
+class BudgetPlan:
+    flops: float
+    hours: float | None  # at the assumed throughput (None without a known peak)
+    optimal_params: float  # N = sqrt(C / (6k))
+    optimal_tokens: float  # D = k N
+    preset_tokens: float  # what this preset can train on within C (C / flops_per_token)
+    preset_tokens_per_param: float
+    preset_steps: int
+    preset_optimal_flops: float  # what this preset needs to be compute-optimal (its own 20x tokens)
+    verdict: str
+    nearest_preset: str = ""
+
+
+def budget_plan(size: ModelSize, flops: float, hours: float | None, batch_tokens: int,
+                tokens_per_param: float) -> BudgetPlan:
+    n_opt = math.sqrt(flops / (6 * tokens_per_param))
+    tokens = flops / size.flops_per_token
+    per_param = tokens / size.compute_params
+    own = size.compute_params * tokens_per_param * size.flops_per_token
+    ratio = per_param / tokens_per_param
+    if 0.5 <= ratio <= 2:
+        verdict = (f"this preset is close to compute-optimal for the budget ({per_param:.1f} tokens per "
+                   f"parameter, {tokens_per_param:g} is optimal)")
+    elif ratio < 0.5:
+        verdict = (f"the budget buys only {per_param:.2g} tokens per parameter for this preset: it is "
+                   f"~{size.compute_params / n_opt:.1f}x larger than compute-optimal; a ~{_human(n_opt)}-"
+                   f"parameter model on {_human(tokens_per_param * n_opt)} tokens would reach a lower loss")
+    else:
+        verdict = (f"the budget would give this preset {per_param:.0f} tokens per parameter: it is "
+                   f"~{n_opt / size.compute_params:.1f}x smaller than compute-optimal; a ~{_human(n_opt)}-"
+                   f"parameter model would use the budget better, or this preset is compute-optimal at "
+                   f"{own:.3g} FLOPs")
+    return BudgetPlan(flops, hours, n_opt, tokens_per_param * n_opt, tokens, per_param,
+                      math.ceil(tokens / batch_tokens), own, verdict)
+
+
+def nearest_preset(params: float, moe: bool) -> str:
+    """The preset whose compute parameter count (active for MoE) is nearest `params` on a log
+    scale, among presets of the same kind (MoE or not)."""
+    from trimtab.config import available_presets
+
+    best, best_gap = "", math.inf
+    for name in available_presets():
+        is_moe, count = _preset_params(name)
+        gap = abs(math.log(count / params))
+        if is_moe == moe and gap < best_gap:
+            best, best_gap = name, gap
+    return best
+
+
+@functools.lru_cache(maxsize=None)
+def _preset_params(name: str) -> tuple[bool, int]:
+    """(MoE or not, compute parameter count) of a preset; presets are files that do not change
+    while a process runs."""
+    from trimtab.config import load_config
+
+    cfg = load_config(preset=name)
+    return any("moe" in k for k in cfg.model.layers), model_size(cfg).compute_params
+
+
+def _human(n: float) -> str:
+    """1_100_048_384 -> '1.10B': three significant digits."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            value = n / size
+            return f"{value:.{2 if value < 10 else 1 if value < 100 else 0}f}{unit}"
+    return f"{n:.0f}"

@@ -1,0 +1,144 @@
+"""Memory per device and training time on the detected (or named) hardware.
+
+Model state, per parameter (trimtab keeps fp32 weights and lets autocast cast per op):
+weights 4 bytes, gradients 4, AdamW's two fp32 moments 8: 16 bytes, the figure ZeRO
+(Rajbhandari et al. 2020) gives for mixed-precision Adam. FSDP shards all three over the devices.
+
+Activations saved for backward, per token of a micro-batch (Korthikanti et al. 2022, "Reducing
+Activation Recomputation in Large Transformer Models", count s*b*h*(34 + 5*a*s/h) bytes per layer
+for GPT with dropout; adapted here to this model: no dropout, SDPA / FlashAttention (Dao et al.
+2022), which keeps no s x s score matrix, so the 5as/h term is gone, SwiGLU and GQA):
+
+    per layer   2h (the two RMSNorm inputs: the fp32 residual stream, 4 bytes each)
+              + 3h + 2*h_kv (attention: norm output, q, k, v, SDPA output) at the activation width p
+              + h + 3f (SwiGLU: norm output, w1 and w3 outputs, their gated product) at p
+    MoE ffn     h + E + c*k*(h + 3*f_e) + 3*f_s (router logits, per routed copy its input and
+                SwiGLU, c = max(1, capacity_factor) for the padded expert buffers, shared experts)
+    MoD block   the attention and ffn terms times the layer's capacity (the tokens it processes)
+    head        h (fp32) + h at p + V fp32 log-probabilities (the chunked loss keeps every chunk's)
+
+p = 2 bytes under bf16 / fp16 autocast, 4 in fp32. With activation checkpointing only each
+block's input (h, fp32) is kept, plus one block's activations while it is recomputed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trimtab.config import RunConfig
+
+STATE_BYTES = {"weights": 4, "gradients": 4, "optimizer": 8}  # per parameter
+# Largest memory variant of the GPUs in training/device.py's peak table (vendor datasheets).
+GPU_MEMORY_GB = {"H200": 141, "H100": 80, "A100": 80, "L40S": 48, "A10": 24, "L4": 24, "4090": 24,
+                 "3090": 24, "V100": 32, "T4": 16}
+
+
+@dataclass
+class Hardware:
+    name: str
+    kind: str  # cuda | cpu | mps
+    precision: str  # fp32 | bf16 | fp16: the activation width the run would use
+    peak_flops: float | None  # per device
+    peak_source: str
+    memory_bytes: int | None  # per device
+    devices: int = 1
+
+
+def named_gpu(name: str, devices: int = 1) -> Hardware:
+    """A GPU from the datasheet table (e.g. "H100"), for planning on hardware not present."""
+    from trimtab.errors import ConfigError
+    from trimtab.training.device import GPU_PEAK_FLOPS
+
+    key = next((k for k in GPU_PEAK_FLOPS if k.lower() == name.lower()), None)
+    if key is None:
+        raise ConfigError(f"unknown GPU '{name}'; one of {', '.join(GPU_PEAK_FLOPS)}")
+    memory = GPU_MEMORY_GB[key] * 10**9 if key in GPU_MEMORY_GB else None
+    return Hardware(key, "cuda", "bf16", GPU_PEAK_FLOPS[key], f"{key} datasheet (dense bf16)", memory, devices)
+
+
+def detect_hardware(requested_precision: str = "auto", devices: int = 1) -> Hardware:
+    """This machine's device, the precision a run would pick and its peak FLOP/s, through
+    training/device.py (a CPU's peak is measured with a matmul: about a second)."""
+    import torch
+
+    from trimtab.training.device import choose_precision, peak_flops, pick_device
+
+    device = pick_device("auto")
+    precision = choose_precision(device, requested_precision)
+    peak, source = peak_flops(precision)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        memory = torch.cuda.get_device_properties(device).total_memory
+    else:
+        name, memory = device.type.upper(), _ram_bytes()
+    return Hardware(name, device.type, precision.name, peak, source, memory, devices)
+
+
+def _ram_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            return int(fh.readline().split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass
+class MemoryPlan:
+    weights: int  # bytes per device
+    gradients: int
+    optimizer: int
+    activations: int  # one micro-batch of train.micro_batch_tokens
+    total: int
+    micro_batch_tokens: int
+    activation_bytes: int  # p
+    checkpointing: bool
+    shards: int  # devices the model state is split over (FSDP), else 1
+    device_memory: int | None
+    fits: bool | None  # None: device memory unknown
+
+
+def activation_elements(cfg: RunConfig) -> tuple[list[tuple[float, float]], tuple[float, float]]:
+    """Per token: each layer's (fp32 elements, activation-width elements), and the head's."""
+    m = cfg.model
+    h, kv = m.d_model, m.kv_heads * (m.d_model // m.n_heads)
+    capacities = iter(m.mod_capacities)
+    layers = []
+    for kind in m.layers:
+        attention = 3 * h + 2 * kv
+        if "moe" in kind:
+            moe, fe = m.moe, m.expert_dim
+            slack = max(1.0, moe.capacity_factor)
+            ffn = h + moe.n_experts + slack * moe.top_k * (h + 3 * fe) + 3 * moe.n_shared_experts * fe
+        else:
+            ffn = h + 3 * m.ffn_dim
+        share = next(capacities) if "mod" in kind else 1.0
+        layers.append((2.0 * h, share * (attention + ffn)))
+    vocab = m.vocab_size or cfg.data.vocab_size
+    return layers, (h + vocab, float(h))
+
+
+def memory_plan(cfg: RunConfig, params: int, hw: Hardware) -> MemoryPlan:
+    precision = cfg.train.precision if cfg.train.precision != "auto" else hw.precision
+    p = 4 if precision == "fp32" else 2
+    # FSDP shards the model state over the devices; DDP (and older configs without the section) replicates it.
+    shards = hw.devices if getattr(getattr(cfg, "distributed", None), "strategy", "ddp") == "fsdp" else 1
+    state = {k: params * b // shards for k, b in STATE_BYTES.items()}
+    layers, (head32, head_p) = activation_elements(cfg)
+    per_layer = [4 * f32 + p * low for f32, low in layers]
+    if cfg.train.activation_checkpointing:
+        per_token = 4 * cfg.model.d_model * len(layers) + max(per_layer)
+    else:
+        per_token = sum(per_layer)
+    tokens = cfg.train.micro_batch_tokens
+    activations = round(tokens * (per_token + 4 * head32 + p * head_p))
+    total = sum(state.values()) + activations
+    fits = None if hw.memory_bytes is None else total <= hw.memory_bytes
+    return MemoryPlan(state["weights"], state["gradients"], state["optimizer"], activations, total, tokens,
+                      p, cfg.train.activation_checkpointing, shards, hw.memory_bytes, fits)
+
+
+def hours(flops: float, hw: Hardware, mfu: float) -> float | None:
+    """Wall-clock hours for `flops` at `mfu` of the devices' peak; None without a known peak."""
+    if not hw.peak_flops:
+        return None
+    return flops / (hw.peak_flops * mfu * hw.devices) / 3600

@@ -1,0 +1,289 @@
+"""The Chinchilla planner: `trimtab plan` against hand-computed numbers, and the live planner
+through the real loop on the debug preset (one thread, a few seconds a run)."""
+
+import ast
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import trimtab
+from trimtab.checkpoint import list_checkpoints
+from trimtab.cli import main
+from trimtab.config import load_config, merge
+from trimtab.config.plan import PlanConfig
+from trimtab.errors import ConfigError
+from trimtab.orchestrator import read_decisions
+from trimtab.plan import Hardware, LossFit, RunView, effective_tokens, fit_loss_curve, live_status, make_plan
+from trimtab.plan.curve import recommend_steps
+from trimtab.training.hooks import Hook
+
+# A made-up accelerator: 1 TFLOP/s, 1 GB, bf16 activations (2 bytes): no measurement in the tests.
+HW = Hardware("test", "cuda", "bf16", 1e12, "test datasheet", 10**9)
+
+# ------------------------------------------------------------------------------------ the static plan
+
+
+def test_debug_plan_matches_hand_computed_values():
+    # debug: V=512, D=96, 5 layers, 4 heads / 2 KV heads of 24, SwiGLU 256, tied embeddings.
+    emb = 512 * 96
+    layer = 96 * (4 + 2 * 2) * 24 + 96 * 96 + 3 * 96 * 256 + 2 * 96  # wqkv, wo, w1/w2/w3, two norms
+    total = emb + 5 * layer + 96  # + final norm
+    assert total == 557_088
+    plan = make_plan(load_config(preset="debug"), hardware=HW)
+    assert (plan.model.total, plan.model.active, plan.model.non_embedding) == (total, total, total - emb)
+    assert plan.model.compute_params_kind == "total"
+    assert plan.optimal_tokens == plan.tokens == 20 * total == 11_141_760
+    assert plan.steps == math.ceil(20 * total / 2048) == 5441
+    matmul = 5 * (layer - 2 * 96)  # linear weights only
+    fpt = 6 * (matmul + emb) + 12 * 5 * 96 * 64  # 6 x (blocks + lm head) + attention at seq_len 64
+    assert plan.model.flops_per_token == fpt == 3_704_832
+    assert plan.flops == fpt * 20 * total and plan.flops_6nd == 6 * total * 20 * total
+    assert (plan.run_steps, plan.run_tokens) == (100, 100 * 2048)
+    # memory: 16 bytes per parameter of model state; activations per token of the 1024-token micro-batch
+    m = plan.memory
+    assert (m.weights, m.gradients, m.optimizer) == (4 * total, 4 * total, 8 * total)
+    per_layer = 4 * (2 * 96) + 2 * ((3 * 96 + 2 * 48) + (96 + 3 * 256))  # fp32 norm inputs + bf16 rest
+    head = 4 * (96 + 512) + 2 * 96
+    assert m.activations == 1024 * (5 * per_layer + head)
+    assert m.total == 16 * total + m.activations and m.fits is True
+    assert plan.hours == pytest.approx(plan.flops / (1e12 * 0.4) / 3600)
+
+
+def test_moe_plan_uses_active_parameters_and_says_so():
+    # debug-moe: layers [dense, moe] x 2, 8 experts of width 128 (256 / top_k 2), top-2.
+    dense = 96 * 192 + 96 * 96 + 3 * 96 * 256 + 2 * 96
+    moe = 96 * 192 + 96 * 96 + 2 * 96 + 8 * 96 + 3 * 8 * 96 * 128  # router + experts
+    total = 512 * 96 + 2 * dense + 2 * moe + 96
+    active = total - 2 * 6 * 3 * 96 * 128  # 6 of 8 experts idle per token in each MoE layer
+    plan = make_plan(load_config(preset="debug-moe"), dataset_tokens=10**6, hardware=HW)
+    assert (plan.model.total, plan.model.active) == (total, active) == (899_424, 457_056)
+    assert plan.model.compute_params_kind == "active"
+    assert plan.optimal_tokens == 20 * active and plan.optimal_tokens_total_params == 20 * total
+    assert plan.steps == math.ceil(20 * active / 2048)
+    assert any("ACTIVE parameters" in n and f"{20 * total:,}" in n for n in plan.notes)
+    # activations of a MoE layer: router logits and, per routed copy (x 1.25 capacity slack), input + SwiGLU
+    m = plan.memory
+    moe_low = (3 * 96 + 96) + (96 + 8 + 1.25 * 2 * (96 + 3 * 128))
+    dense_low = (3 * 96 + 96) + (96 + 3 * 256)
+    per_token = 4 * (4 * 192) + 2 * 2 * (dense_low + moe_low) + 4 * (96 + 512) + 2 * 96
+    assert m.activations == round(1024 * per_token)
+
+
+def test_epochs_follow_muennighoff_and_warn_on_repetition():
+    cfg = load_config(preset="debug")
+    fresh = make_plan(cfg, dataset_tokens=10**7, hardware=HW).data  # 1.1 epochs
+    assert fresh.epochs == pytest.approx(11_141_760 / 10**7) and fresh.warnings == []
+    assert fresh.effective_tokens == pytest.approx(10**7 + 10**7 * 15.4 * (1 - math.exp(-(fresh.epochs - 1) / 15.4)))
+
+    repeated = make_plan(cfg, dataset_tokens=10**6, hardware=HW)  # 11.1 epochs: worth less, not capped
+    d = repeated.data
+    assert d.recommended_epochs == d.epochs and repeated.tokens == 11_141_760
+    assert len(d.warnings) == 1 and "beyond ~4 epochs" in d.warnings[0]
+    worth = effective_tokens(10**6, d.epochs) / (d.epochs * 10**6)
+    assert f"~{worth:.0%} fresh" in d.warnings[0] and 0.7 < worth < 0.8
+
+    capped = make_plan(cfg, dataset_tokens=10**5, hardware=HW)  # 111 epochs: bounded to 16
+    assert capped.data.recommended_epochs == 16 and capped.tokens == 1_600_000
+    assert capped.steps == math.ceil(1_600_000 / 2048) == 782
+    assert capped.data.run_epochs == pytest.approx(204_800 / 10**5)
+    assert "by ~16 epochs" in capped.data.warnings[0] and "20.0K parameters" in capped.data.warnings[0]
+    assert effective_tokens(100, 0.5) == 50 and effective_tokens(100, 1) == 100
+
+
+def test_budget_mode_splits_compute_and_judges_the_preset():
+    cfg = load_config(preset="debug")
+    plan = make_plan(cfg, budget_flops=1.2e17, hardware=HW)
+    b = plan.budget
+    assert b.optimal_params == pytest.approx(math.sqrt(1.2e17 / 120))  # N = sqrt(C / (6 x 20))
+    assert b.optimal_tokens == pytest.approx(20 * b.optimal_params)
+    assert b.preset_tokens == pytest.approx(1.2e17 / 3_704_832)
+    assert b.preset_steps == math.ceil(b.preset_tokens / 2048)
+    assert b.hours == pytest.approx(1.2e17 / (1e12 * 0.4) / 3600)
+    assert "smaller than compute-optimal" in b.verdict and b.nearest_preset == "dense-25m"
+    hours = make_plan(cfg, budget_hours=2, hardware=HW).budget  # 2 h x 3600 s x 1e12 x MFU 0.4
+    assert hours.flops == pytest.approx(2 * 3600 * 1e12 * 0.4)
+    near = make_plan(cfg, budget_flops=6 * 557_088 * 20 * 557_088, hardware=HW).budget
+    assert near.optimal_params == pytest.approx(557_088) and "close to compute-optimal" in near.verdict
+    with pytest.raises(ConfigError, match="needs a peak"):
+        make_plan(cfg, budget_hours=1, hardware=Hardware("x", "cpu", "fp32", None, "no peak", None))
+    with pytest.raises(ConfigError, match="must be > 0"):
+        make_plan(cfg, dataset_tokens=0, hardware=HW)
+
+
+def test_cli_prints_and_saves_the_plan(tmp_path, capsys):
+    out = tmp_path / "plan"
+    assert main(["plan", "--preset", "debug-moe", "--out", str(out), "--dataset-tokens", "1e6",
+                 "--gpu", "H100", "--budget-hours", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "9,141,120 = 20 x 457,056 active parameters" in text and "H100 datasheet" in text
+    assert "Budget" in text and f"saved {out / 'plan.json'}" in text
+    saved = json.loads((out / "plan.json").read_text())
+    assert saved["optimal_tokens"] == 9_141_120 and saved["data"]["dataset_tokens"] == 10**6
+    assert saved["hardware"]["peak_flops"] == 989e12 and saved["budget"]["flops"] == pytest.approx(3600 * 989e12 * 0.4)
+    assert (out / "plan.txt").read_text().startswith("trimtab plan: preset debug-moe (moe)")
+    assert main(["plan", "--preset", "debug", "--out", str(out), "--gpu", "nope"]) == 2
+    assert "unknown GPU 'nope'" in capsys.readouterr().err
+
+
+def test_data_path_estimated_from_bytes_or_counted_with_the_tokenizer(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("def f(x):\n    return x + 1\n" * 400)  # 10,800 bytes
+    cfg = load_config(preset="debug", overrides={"out": str(tmp_path / "run"), "data": {"max_bytes": 0}})
+    plan = make_plan(cfg, data_path=str(corpus), hardware=HW)
+    assert plan.data.dataset_tokens == round(10_800 / 4 * 0.98) and "estimated from 10,800 bytes" in plan.data.source
+
+    from trimtab.data import TextTokenizer
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.add_special_tokens(["<|endoftext|>"])
+    raw.save(str(tmp_path / "tok.json"))
+    cfg.data.tokenizer = str(tmp_path / "tok.json")
+    counted = make_plan(cfg, data_path=str(corpus), hardware=HW).data
+    tok = TextTokenizer.load(tmp_path / "tok.json")
+    assert counted.dataset_tokens == round((len(tok.encode(corpus.read_text())) + 1) * 0.98)
+    assert "counted with the tokenizer" in counted.source
+
+
+def test_plan_imports_no_training_loop_or_orchestrator():
+    root = Path(trimtab.__file__).parent
+    names = {n.module for p in (root / "plan").glob("*.py") for n in ast.walk(ast.parse(p.read_text()))
+             if isinstance(n, ast.ImportFrom) and n.module}
+    assert not [n for n in names if n.startswith("trimtab.orchestrator")]
+    assert [n for n in names if n.startswith("trimtab.training")] == ["trimtab.training.device"]
+
+
+# ------------------------------------------------------------------------------------ the loss-curve fit
+
+
+def test_fit_recovers_a_power_law_and_flags_a_flat_curve():
+    tokens = [1e4 * i for i in range(1, 41)]
+    fit = fit_loss_curve(tokens, [2.0 + 3.0 * (t / 4e5) ** -0.5 for t in tokens])
+    assert (fit.E, fit.B, fit.beta) == pytest.approx((2.0, 3.0, 0.5), rel=1e-6)  # d_ref = 4e5, the last point
+    assert fit.r2 == pytest.approx(1.0) and fit.predict(1e5) == pytest.approx(2 + 3 * 0.25 ** -0.5)
+    flat = fit_loss_curve(tokens, [3.0 + 0.01 * (i % 2) for i in range(40)])
+    assert flat.B == 0 and flat.r2 == 0 and flat.E == pytest.approx(3.005)
+
+
+def test_recommended_length_by_hand():
+    fit = LossFit(E=2.0, B=1.0, beta=1.0, d_ref=1000.0, r2=1.0, points=20)  # L = 2 + 10 / steps at 100 tok/step
+    run = RunView(step=30, tokens=3000, total_steps=100, original_steps=100, warmup_steps=0, dataset_tokens=10**4)
+    # longest allowed run 150 steps: 2 + 10/150; within 1% of it needs 10 / steps <= 0.0873 -> 115 steps
+    assert recommend_steps(fit, run, 100.0, PlanConfig(), lambda s: True) == 115
+    loose = PlanConfig(tolerance=0.2)  # anything from 21 steps is within 20%: the floor, 50% of the run
+    assert recommend_steps(fit, run, 100.0, loose, lambda s: True) == 50
+    assert recommend_steps(fit, run, 100.0, loose, lambda s: s >= 80) == 80  # the LR guard pulls it back
+    assert recommend_steps(fit, run, 100.0, PlanConfig(tolerance=0.2, min_change=0.6), lambda s: True) == 100
+    points = [[s, 100 * s, 2 + 10 / s] for s in range(1, 31)]
+    status = live_status(points, run, PlanConfig())
+    assert (status.recommendation, status.recommended_steps, status.phase) == ("extend", 115, "convergence")
+    assert status.token_progress == pytest.approx(0.3) and status.epochs == pytest.approx(1.0)
+    # convergence: share of the fitted drop from the first point (step 1) to the 150-step run done by step 30
+    assert status.convergence == pytest.approx((10 - 10 / 30) / (10 - 10 / 150), rel=0.02)
+
+
+# ------------------------------------------------------------------------------------ the live planner
+
+
+def live_cfg(out, steps=40, **plan):
+    torch.set_num_threads(1)
+    base = {"out": str(out), "train": {"max_steps": steps, "eval_every": 0, "log_every": 1, "batch_tokens": 1024,
+                                       "eval_tokens": 1024},
+            "data": {"max_bytes": 150_000}, "checkpoint": {"every": 6},
+            "log": {"progress": False, "tensorboard": False},
+            "orchestrator": {"throughput": {"enabled": False}},
+            "plan": {"status_every": 15, "min_points": 4}}
+    return load_config(preset="debug", overrides=merge(base, {"plan": plan}))
+
+
+def status_lines(run_dir):
+    return [json.loads(ln) for ln in (run_dir / "plan_status.jsonl").read_text().splitlines()]
+
+
+def test_live_status_in_a_real_run(tmp_path, capsys):
+    summary = trimtab.train(live_cfg(tmp_path / "r", steps=30))
+    assert summary["step"] == summary["total_steps"] == 30  # plan.adjust is off: the length never changes
+    err = capsys.readouterr().err
+    assert "[step 15] CHINCHILLA STATUS" in err and "[step 30] CHINCHILLA STATUS" in err
+    assert "Convergence: " in err and "Phase: " in err and "Recommendation: " in err
+    first, last = status_lines(tmp_path / "r")
+    assert (first["step"], last["step"]) == (15, 30)
+    assert first["token_progress"] == pytest.approx(0.5) and last["token_progress"] == pytest.approx(1.0)
+    rows = [json.loads(r) for r in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    tokens = {r["step"]: r["tokens"] for r in rows if "loss" in r}
+    assert last["tokens"] == tokens[30] == 30 * 1024  # 16 packed rows of 64 a step
+    from trimtab.training.trainer import Trainer
+
+    dataset = Trainer(live_cfg(tmp_path / "r", steps=30)).phases[0].train_rows.n_tokens
+    assert last["epochs"] == pytest.approx(30 * 1024 / dataset) == first["epochs"]
+    assert last["fit"]["points"] == 20 and last["fit"]["r2"] > 0.5  # steps 11..30, after the 10-step warm-up
+    assert last["loss_now"] == pytest.approx(LossFit(**last["fit"]).predict(tokens[30]))
+    assert [d for d in read_decisions(tmp_path / "r") if d["rule"] == "convergence"] == []
+
+
+class StopAt(Hook):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, trainer, out):
+        if out.step == self.step:
+            trainer.request_stop("test")
+
+
+def test_adjust_shortens_the_run_journals_it_and_resumes_exactly(tmp_path):
+    # At step 24 the fit (14 points after warm-up) puts a 34-step run within 10% of the predicted
+    # loss of the longest allowed run (60 steps), and a 33-step one outside it.
+    cfg = dict(adjust=True, tolerance=0.1, status_every=24, min_points=8)
+    summary = trimtab.train(live_cfg(tmp_path / "a", **cfg))
+    assert summary["status"] == "completed" and summary["step"] == summary["total_steps"] == 34
+    (d,) = [d for d in read_decisions(tmp_path / "a") if d["rule"] == "convergence"]
+    assert (d["step"], d["action"], d["params"], d["mode"]) == (24, "set_total_steps", {"steps": 34}, "auto")
+    assert d["applied"] == ["total steps 40 -> 34"] and d["family"] == "length"
+    ev, fit = d["evidence"], d["evidence"]["fit"]
+    assert d["confidence"] == pytest.approx(round(fit["r2"] * 3 / 4, 3)) and d["confidence"] >= 0.3
+    curve = LossFit(**fit)
+    assert ev["loss_best"] == pytest.approx(curve.predict(60 * 1024))
+    assert curve.predict(33 * 1024) > 1.1 * ev["loss_best"] >= curve.predict(34 * 1024) == ev["loss_recommended"]
+    assert "saves the compute" in d["reasoning"]
+    line = status_lines(tmp_path / "a")[0]
+    assert (line["recommendation"], line["recommended_steps"], line["fit"]["points"]) == ("shorten", 34, 14)
+    newest = list_checkpoints(tmp_path / "a")[-1]
+    state = json.loads((newest / "state.json").read_text())
+    assert newest.name == "step_000034" and state["train"]["length_delta"] == -6
+    assert len(state["hooks"]["LivePlanner"]["points"]) == 34
+
+    # Interrupted before the decision and resumed: the same decision, status lines and weights.
+    first = trimtab.train(live_cfg(tmp_path / "b", **cfg), hooks=[StopAt(12)])
+    assert first["step"] == 12
+    again = trimtab.train(live_cfg(tmp_path / "b", **cfg))
+    assert again["step"] == again["total_steps"] == 34
+    assert read_decisions(tmp_path / "b") == read_decisions(tmp_path / "a")
+    assert status_lines(tmp_path / "b") == status_lines(tmp_path / "a")
+    a, b = (load_file(str(list_checkpoints(tmp_path / r)[-1] / "model.safetensors")) for r in "ab")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # A finished, shortened run stays finished: the length is in the checkpoint, not the config.
+    assert trimtab.train(live_cfg(tmp_path / "a", **cfg))["steps_this_session"] == 0
+
+
+def test_set_total_steps_checks_its_input(tmp_path):
+    from trimtab.training.trainer import Trainer
+
+    trainer = Trainer(live_cfg(tmp_path / "c", steps=4))
+    for bad in (0, -3, 2.5, "10"):
+        with pytest.raises(ConfigError, match="steps"):
+            trainer.control.request("set_total_steps", steps=bad)
+    trainer.control.request("set_total_steps", steps=9)
+    assert trainer.control.apply() == ["total steps 4 -> 9"] and trainer.phases[0].steps == 9
+    assert trainer.state.length_delta == 5 and trainer.total_steps == 9
+    trainer.state.step = 6
+    trainer.control.request("set_total_steps", steps=5)
+    assert trainer.control.apply() == ["failed: set_total_steps: 5 would end pretraining before the current step 6"]
+    with pytest.raises(ConfigError, match="plan.tolerance"):
+        load_config(preset="debug", sets=["plan.tolerance=2"])
+    with pytest.raises(ConfigError, match="did you mean 'plan.status_every'"):
+        load_config(preset="debug", sets=["plan.status_evry=5"])
