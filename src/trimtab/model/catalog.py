@@ -41,7 +41,7 @@ class _Sizing(TorchFunctionMode):
     torch._dynamo (seconds). So initialisers become no-ops and arange runs on the CPU, taking
     the rotary tables (max_seq_len x head_dim / 2 values) with it; parameters stay on meta."""
 
-    INIT = {"normal_", "uniform_", "fill_", "zero_", "kaiming_uniform_", "trunc_normal_"}
+    INIT = {"normal_", "uniform_", "fill_", "zero_", "ones_", "zeros_", "kaiming_uniform_", "trunc_normal_"}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -53,12 +53,18 @@ class _Sizing(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def model_size(cfg: RunConfig) -> tuple[int, int, int]:
-    """(total parameters, active parameters, training FLOPs per token at data.seq_len) of the
-    model cfg describes, built on the meta device: no memory, ~0.1 s for a 300B model."""
-    model_cfg = dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or cfg.data.vocab_size)
+def meta_model(cfg: RunConfig, vocab_size: int | None = None) -> Transformer:
+    """The model cfg describes, on the meta device (no memory, ~0.1 s for a 300B model). Vocab:
+    the model config's, else `vocab_size` (a tokenizer's), else data.vocab_size (the size of the
+    BPE the run would train)."""
+    vocab = cfg.model.vocab_size or vocab_size or cfg.data.vocab_size
     with _Sizing(), torch.device("meta"):
-        model = Transformer(model_cfg)
+        return Transformer(dataclasses.replace(cfg.model, vocab_size=vocab))
+
+
+def model_size(cfg: RunConfig) -> tuple[int, int, int]:
+    """(total parameters, active parameters, training FLOPs per token at data.seq_len)."""
+    model = meta_model(cfg)
     return model.num_params(), model.num_params(active=True), model.flops_per_token(cfg.data.seq_len)
 
 

@@ -24,11 +24,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-from torch.overrides import TorchFunctionMode
-
 from trimtab.config import RunConfig
-from trimtab.model.transformer import Transformer
+from trimtab.model.catalog import family, meta_model
 
 FRESH_EPOCHS = 4.0  # Muennighoff et al. 2023: up to here, repeated tokens ~ fresh ones
 MAX_EPOCHS = 16.0  # ... and by here the value of another pass has nearly vanished
@@ -49,40 +46,12 @@ class ModelSize:
     compute_params_kind: str = "total"
 
 
-class _MetaSizing(TorchFunctionMode):
-    """Building a model on the meta device only to count it: initialisers become no-ops (they
-    run Python reference decompositions on meta, ~1 ms each) and arange runs on the CPU (the
-    float64 rotary tables otherwise take seconds on meta the first time)."""
-
-    INIT = {"normal_", "uniform_", "fill_", "zero_", "ones_", "zeros_", "kaiming_uniform_", "trunc_normal_"}
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = getattr(func, "__name__", "")
-        if name in self.INIT:
-            return args[0] if args else kwargs["tensor"]
-        if name == "arange":
-            kwargs["device"] = "cpu"
-        return func(*args, **kwargs)
-
-
-def build_meta_model(cfg: RunConfig, vocab_size: int | None = None) -> Transformer:
-    """The run's model on the meta device (no memory): vocab from the model config, else the
-    tokenizer's (`vocab_size`), else data.vocab_size, the size of the BPE the run would train."""
-    vocab = cfg.model.vocab_size or vocab_size or cfg.data.vocab_size
-    with _MetaSizing(), torch.device("meta"):
-        return Transformer(dataclasses.replace(cfg.model, vocab_size=vocab))
-
-
 def model_size(cfg: RunConfig, vocab_size: int | None = None) -> ModelSize:
-    model = build_meta_model(cfg, vocab_size)
-    kinds = model.cfg.layers
-    moe, mod = any("moe" in k for k in kinds), any("mod" in k for k in kinds)
+    model = meta_model(cfg, vocab_size)
     size = ModelSize(model.num_params(), model.num_params(active=True),
                      model.num_params(exclude_embeddings=True),
                      model.num_params(exclude_embeddings=True, active=True),
-                     model.flops_per_token(cfg.data.seq_len), cfg.data.seq_len,
-                     "hybrid" if moe and mod else "moe" if moe else "mod" if mod else "dense")
+                     model.flops_per_token(cfg.data.seq_len), cfg.data.seq_len, family(cfg.model))
     size.compute_params, size.compute_params_kind = (size.active, "active") if size.active != size.total \
         else (size.total, "total")
     return size
