@@ -69,6 +69,8 @@ def test_moe_preset_trains_with_aux_loss_and_telemetry(tmp_path):
         assert 0 <= last[f"moe/{layer}/dropped"] < 1
         assert last[f"moe/{layer}/max_load"] >= 1.0 and last[f"moe/{layer}/load_cv"] >= 0
         assert 0 < last[f"moe/{layer}/entropy"] <= torch.log(torch.tensor(8.0)).item() + 1e-4
+        assert len(last[f"moe/{layer}/tokens_per_expert"]) == 8
+        assert sum(last[f"moe/{layer}/tokens_per_expert"]) == 1024 * 2  # every token's top-2, before capacity
     assert summary["active_params"] < summary["params"]
 
 

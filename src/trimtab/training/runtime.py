@@ -92,18 +92,21 @@ def mod_metrics(mod: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def moe_metrics(moe: dict[str, Any]) -> dict[str, float]:
-    """Log-line figures per MoE layer from one step's telemetry (one device read): load
+def moe_metrics(moe: dict[str, Any]) -> dict[str, float | list[int]]:
+    """Log-line figures per MoE layer from one step's telemetry (one device read per layer):
+    assignments per expert (a list: metrics.jsonl only, TensorBoard takes scalars), load
     coefficient of variation, busiest expert's load over the fair share, experts with no token,
     dropped fraction, router entropy, balance loss."""
-    out: dict[str, float] = {}
+    out: dict[str, float | list[int]] = {}
     means = moe["means"].tolist()
     for j, (layer, counts) in enumerate(zip(moe["layers"], moe["counts"])):
         load = counts.float() / counts.sum().clamp(min=1)
         fair = 1.0 / len(load)
-        values = torch.stack([load.std(correction=0) / fair, load.max() / fair, (counts == 0).sum().float()]).tolist()
+        values = torch.cat([torch.stack([load.std(correction=0) / fair, load.max() / fair,
+                                         (counts == 0).sum().float()]), counts.float()]).tolist()
+        out[f"moe/{layer}/tokens_per_expert"] = [int(c) for c in values[3:]]
         for key, value in zip(("load_cv", "max_load", "idle_experts", "dropped", "entropy", "balance_loss"),
-                              values + means[j]):
+                              values[:3] + means[j]):
             out[f"moe/{layer}/{key}"] = value
     return out
 
