@@ -11,6 +11,7 @@ import yaml
 from trimtab.checkpoint import latest_valid, load_checkpoint, load_weights
 from trimtab.config import RunConfig, from_dict, load_config
 from trimtab.data import TextTokenizer
+from trimtab.distributed import is_main
 from trimtab.errors import CheckpointError
 from trimtab.sampling import generate as generate_ids
 from trimtab.model import Transformer, build_model
@@ -36,7 +37,8 @@ def train(config: RunConfig | str | Path | None = None, *, hooks: list = (), **o
     if config.plan.status_every:  # the live Chinchilla status (docs/planner.md)
         built_in.append(LivePlanner(config.plan, config.run_dir))
     summary = Trainer(config, hooks=built_in + list(hooks)).fit()
-    (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    if is_main():  # under torchrun every rank returns the same summary; rank 0 writes it
+        (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
 

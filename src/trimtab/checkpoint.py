@@ -6,6 +6,14 @@
         state.json          step, tokens, data position, hook state, and a manifest
                             (size + sha256 of each file) that makes truncation detectable
 
+A data-parallel run (torchrun, see trimtab.distributed) writes model and optimizer sharded with
+torch.distributed.checkpoint instead, readable at any world size (a 1-process resume included):
+
+    checkpoints/step_000120/
+        dcp/.metadata, dcp/__<rank>_0.distcp   model + optimizer, one file per rank
+        optim.pt            RNG state of every rank, GradScaler state
+        state.json          as above; its manifest covers every rank's files
+
 state.json is written last, inside the temp dir, so a directory named step_* is complete by
 construction; the manifest still catches later damage (a truncated copy, a bad disk).
 """
@@ -18,16 +26,19 @@ import logging
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from trimtab.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
+SHARDED = "dcp"  # the torch.distributed.checkpoint directory of a sharded checkpoint
 
 
 def checkpoint_root(run_dir: Path) -> Path:
@@ -56,10 +67,27 @@ def save_checkpoint(run_dir: Path, step: int, model_state: dict[str, torch.Tenso
         tmp.mkdir()
         save_file(_dedup(model_state), str(tmp / "model.safetensors"))
         torch.save(optim_state, tmp / "optim.pt")
-        manifest = {name: _digest(tmp / name) for name in ("model.safetensors", "optim.pt")}
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return commit_checkpoint(run_dir, step, tmp, state, keep, protect)
+
+
+def commit_checkpoint(run_dir: Path, step: int, tmp: Path, state: dict[str, Any], keep: int,
+                      protect: tuple[int, ...] = (), digests: dict[str, dict[str, Any]] | None = None) -> Path:
+    """Finish a checkpoint whose files are in `tmp`: state.json with the manifest of every file
+    (`digests` holds those already hashed, e.g. by the rank that wrote them), fsync, rename to
+    step_<step>, prune."""
+    root = checkpoint_root(run_dir)
+    final = root / f"step_{step:06d}"
+    try:
+        files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
+        manifest = {name: (digests or {}).get(name) or _digest(tmp / name) for name in files}
         _write_json(tmp / "state.json", {**state, "step": step, "manifest": manifest})
-        for name in ("model.safetensors", "optim.pt", "state.json"):
+        for name in (*files, "state.json"):
             _fsync(tmp / name)
+        for folder in {(tmp / name).parent for name in files}:
+            _fsync(folder)
         _fsync(tmp)
         if final.exists():  # re-saving a step (after a rollback): replace it whole
             shutil.rmtree(final)
@@ -72,7 +100,14 @@ def save_checkpoint(run_dir: Path, step: int, model_state: dict[str, torch.Tenso
     return final
 
 
+def digest_files(paths: list[Path], base: Path) -> dict[str, dict[str, Any]]:
+    """Manifest entries of `paths`, named relative to `base` (a rank hashes the shards it wrote)."""
+    return {p.relative_to(base).as_posix(): _digest(p) for p in paths}
+
+
 def prune(run_dir: Path, keep: int, protect: tuple[int, ...] = ()) -> None:
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return  # data parallelism: one writer of the shared checkpoint directory (rank 0)
     ckpts = list_checkpoints(run_dir)
     for path in ckpts[:-keep]:
         if _step_of(path) not in protect:
@@ -140,11 +175,37 @@ def retire_after(run_dir: Path, step: int, keep: int) -> list[Path]:
     return moved
 
 
-def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+def load_checkpoint(path: Path, full_weights: bool = True) -> tuple[dict[str, torch.Tensor] | None,
+                                                                   dict[str, Any], dict[str, Any]]:
+    """(weights, optim.pt, state.json) of a verified checkpoint. A sharded checkpoint has no
+    optimizer state in optim.pt (it is in dcp/), and its weights are assembled whole only when
+    `full_weights` (None otherwise: a data-parallel run loads its own shards)."""
     state = verify(path)
-    weights = load_file(str(path / "model.safetensors"))
     optim_state = torch.load(path / "optim.pt", weights_only=True, map_location="cpu")
+    if is_sharded(path):
+        return (read_sharded_weights(path) if full_weights else None), optim_state, state
+    weights = load_file(str(path / "model.safetensors"))
     return weights, optim_state, state
+
+
+def is_sharded(path: Path) -> bool:
+    return (Path(path) / SHARDED).is_dir()
+
+
+def read_sharded_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Whole weight tensors from a sharded checkpoint, in this process alone (any world size
+    wrote it): torch.distributed.checkpoint reassembles every tensor from its shards."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = dcp.FileSystemReader(str(Path(path) / SHARDED))
+    meta = reader.read_metadata().state_dict_metadata
+    weights = {key: torch.empty(m.size, dtype=m.properties.dtype) for key, m in meta.items()
+               if key.startswith("model.") and isinstance(m, TensorStorageMetadata)}
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(weights, storage_reader=reader, no_dist=True)
+    return {key.removeprefix("model."): tensor for key, tensor in weights.items()}
 
 
 def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: Path) -> None:

@@ -28,7 +28,10 @@ def _train(args: argparse.Namespace) -> int:
             parse_fault(spec, "--inject")
         cfg.faults = [*cfg.faults, *args.inject]
     summary = api.train(cfg)
-    _print_summary(summary)
+    from trimtab.distributed import is_main
+
+    if is_main():  # torchrun: one summary for the job
+        _print_summary(summary)
     return 0
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from trimtab.config.checks import _check, _positive
+from trimtab.config.distributed import DistributedConfig
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.config.plan import PlanConfig
 from trimtab.config.sparse import LAYER_KINDS, MoDConfig, MoEConfig
@@ -224,12 +225,13 @@ class RunConfig:
     log: LogConfig = field(default_factory=LogConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)  # torchrun launches
     plan: PlanConfig = field(default_factory=PlanConfig)  # live Chinchilla planner (docs/planner.md)
     faults: list[str] = field(default_factory=list)  # injected faults, KIND@STEP[:PARAM] (tests, bench)
 
     def validate(self) -> "RunConfig":
         for section in (self.model, self.data, self.optim, self.train, self.checkpoint, self.log,
-                        self.finetune, self.orchestrator, self.plan):
+                        self.finetune, self.orchestrator, self.distributed, self.plan):
             section.validate()
         for key, data in (("data.seq_len", self.data), ("finetune.data.seq_len", self.finetune.data)):
             _check(data.seq_len <= self.model.max_seq_len or (key.startswith("finetune") and

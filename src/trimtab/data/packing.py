@@ -201,7 +201,8 @@ class StepBatch:
     micro: list[MicroBatch]
     n_targets: int  # sum over micro-batches: the loss is normalized by this
     n_tokens: int  # input positions in the step, padding excluded
-    rows: list[int]  # dataset row indices in the step
+    rows: list[int]  # dataset row indices in the step (all ranks' rows under data parallelism)
+    shard: list[int] | None = None  # this rank's rows under data parallelism; None: all of `rows`
 
 
 def group_rows(rows: Rows, indices: list[int], micro_batch_tokens: int) -> list[list[int]]:
@@ -234,9 +235,12 @@ class BatchLoader:
     """Steps of ~batch_tokens input positions in a reproducible per-epoch shuffled order."""
 
     def __init__(self, rows: Rows, batch_tokens: int, micro_batch_tokens: int, seed: int,
-                 pad_id: int) -> None:
+                 pad_id: int, rank: int = 0, world: int = 1) -> None:
         if not len(rows):
             raise ValueError("BatchLoader needs at least one row")
+        # Every rank draws the same global step and keeps its own share of the rows (see shard_step),
+        # so the global batch, the order and the resumable state do not depend on the world size.
+        self.rank, self.world = rank, world
         self.rows = rows
         self.batch_tokens = batch_tokens
         self.micro_batch_tokens = micro_batch_tokens  # an OOM handler may lower it between steps
@@ -275,9 +279,7 @@ class BatchLoader:
 
     def regroup(self, batch: StepBatch) -> StepBatch:
         """The same rows split into micro-batches of the current budget (after an OOM)."""
-        micro = [collate(self.rows, group, self.pad_id)
-                 for group in group_rows(self.rows, batch.rows, self.micro_batch_tokens)]
-        return StepBatch(micro, batch.n_targets, batch.n_tokens, batch.rows)
+        return self._step(batch.rows, batch.n_tokens)
 
     def next_batch(self) -> StepBatch:
         indices: list[int] = []
@@ -285,6 +287,12 @@ class BatchLoader:
         while not indices or n_tokens < self.batch_tokens:
             indices.append(self._next_row())
             n_tokens += self.rows.length(indices[-1])
+        return self._step(indices, n_tokens)
+
+    def _step(self, indices: list[int], n_tokens: int) -> StepBatch:
+        if self.world > 1:
+            return shard_step(self.rows, indices, n_tokens, self.micro_batch_tokens, self.pad_id,
+                              self.rank, self.world)
         micro = [collate(self.rows, group, self.pad_id)
                  for group in group_rows(self.rows, indices, self.micro_batch_tokens)]
         return StepBatch(micro, sum(m.n_targets for m in micro), n_tokens, indices)
@@ -314,3 +322,50 @@ def eval_batches(rows: Rows, micro_batch_tokens: int, max_tokens: int, pad_id: i
         indices.append(i)
         n_tokens += rows.length(i)
     return [collate(rows, group, pad_id) for group in group_rows(rows, indices, micro_batch_tokens)]
+
+
+# ------------------------------------------------------------------------------ data parallelism
+
+
+def shard_rows(rows: Rows, indices: list[int], world: int) -> list[list[int]]:
+    """Split a step's rows into `world` disjoint shares of about equal tokens: longest first, each
+    to the share with the fewest tokens so far (ties: the lowest rank). Deterministic, so every
+    rank computes every share without communicating."""
+    shares: list[list[int]] = [[] for _ in range(world)]
+    load = [0] * world
+    for i in sorted(indices, key=lambda i: -rows.length(i)):
+        r = load.index(min(load))
+        shares[r].append(i)
+        load[r] += rows.length(i)
+    return shares
+
+
+def shard_step(rows: Rows, indices: list[int], n_tokens: int, micro_batch_tokens: int, pad_id: int,
+               rank: int, world: int) -> StepBatch:
+    """This rank's share of a global step, in as many micro-batches as every other rank's.
+
+    n_targets stays the global count, so each rank's summed loss over it adds up (all-reduce sum)
+    to the single-process loss and gradient. The micro-batch counts are equal because FSDP gathers
+    weights in every forward: a rank with fewer forwards would leave the others waiting."""
+    shares = shard_rows(rows, indices, world)
+    counts = [len(group_rows(rows, share, micro_batch_tokens)) if share else 0 for share in shares]
+    groups = group_rows(rows, shares[rank], micro_batch_tokens) if shares[rank] else []
+    while len(groups) < max(counts):
+        widest = max(range(len(groups)), key=lambda g: len(groups[g]), default=None)
+        if widest is None or len(groups[widest]) == 1:
+            break
+        group = groups.pop(widest)  # smaller micro-batches cost speed, never the result
+        groups[widest:widest] = [group[:len(group) // 2], group[len(group) // 2:]]
+    micro = [collate(rows, group, pad_id) for group in groups]
+    while len(micro) < max(counts):  # fewer rows than the others have micro-batches
+        micro.append(_padding(rows, indices[0], pad_id))
+    n_targets = sum(int(rows.get(i)[1][1:].sum()) for i in indices)
+    return StepBatch(micro, n_targets, n_tokens, list(indices), shares[rank])
+
+
+def _padding(rows: Rows, row: int, pad_id: int) -> MicroBatch:
+    """A micro-batch that trains nothing (every target ignored): it only keeps the forward count
+    equal across ranks."""
+    micro = collate(rows, [row], pad_id)
+    micro.targets.fill_(IGNORE_INDEX)
+    return MicroBatch(micro.inputs, micro.targets, 0, [])

@@ -17,6 +17,7 @@ import torch
 
 from trimtab.checkpoint import prune
 from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.distributed import all_max, broadcast_object, is_main
 from trimtab.errors import TrimtabError
 from trimtab.orchestrator import ctl
 from trimtab.orchestrator.journal import Decision, Journal
@@ -152,10 +153,14 @@ class Orchestrator(Hook):
                                 [o.overflow if o.overflow is not None else 0 for o in outs] +
                                 [o.mod["means"][:, 0].mean() if o.mod else 0 for o in outs])
             memory = memory_fraction(trainer.device)
+            # Data parallelism: the slowest rank's step times and the fullest device, so every
+            # rank's monitors see the same numbers and decide alike.
+            *seconds, memory = all_max([o.seconds for o in outs] + [-1.0 if memory is None else memory])
+            memory = None if memory < 0 else memory
             moe = read_moe(outs, trainer) if "moe" in self.monitors else [None] * n
             for i, o in enumerate(outs):
                 m = StepMetrics(o.step, flat[i], flat[n + i], bool(flat[2 * n + i]), bool(flat[3 * n + i]),
-                                o.batch.n_tokens / max(o.seconds, 1e-9), o.lr, o.lr_scale,
+                                o.batch.n_tokens / max(seconds[i], 1e-9), o.lr, o.lr_scale,
                                 o.step / max(trainer.total_steps, 1), memory, o.batch.rows, moe[i],
                                 flat[4 * n + i] if o.mod else None)
                 self._observe(trainer, m)
@@ -249,7 +254,8 @@ class Orchestrator(Hook):
     # ------------------------------------------------------------------ a person's commands
 
     def _take_commands(self, trainer: "Trainer") -> None:
-        for name, command in ctl.take_commands(self.run_dir):
+        # Rank 0 takes the files and every rank applies the same commands.
+        for name, command in broadcast_object(ctl.take_commands(self.run_dir) if is_main() else None):
             try:
                 if command is None:
                     raise TrimtabError("not a command file (expected {\"action\": ..., \"params\": {...}})")
@@ -258,7 +264,8 @@ class Orchestrator(Hook):
                     raise TrimtabError(f"'params' must be a mapping, got {params!r}")
                 self._manual(trainer, command["action"], dict(params))
             except (TrimtabError, TypeError, ValueError) as exc:  # a person's file: answer, never crash
-                ctl.answer(self.run_dir, name, str(exc))
+                if is_main():
+                    ctl.answer(self.run_dir, name, str(exc))
                 trainer.say(f"[orchestrator] rejected control/{name}: {exc}")
 
     def _manual(self, trainer: "Trainer", action: str, params: dict[str, Any]) -> None:

@@ -2,8 +2,10 @@
 
     trimtab train ... --inject nan_loss@30 --inject oom@10:512        (or `faults:` in the config)
 
-KIND@STEP[:PARAM]; what fired is recorded in RUN_DIR/faults.json at once, so a transient fault
-does not fire again after a rollback or a restart (the world, not the run, remembers it):
+KIND@STEP[:PARAM][@rankR]; what fired is recorded in RUN_DIR/faults.json at once, so a transient
+fault does not fire again after a rollback or a restart (the world, not the run, remembers it).
+Under torchrun a fault fires on every rank, or with @rankR on rank R alone (faults.rankR.json
+records it there), e.g. oom@10:512@rank1: one rank runs out of memory and all shrink together.
 
     nan_loss@S[:N]          the loss is NaN for N steps (default 1): NaN gradients too
     inf_grad@S              the gradients hold +inf
@@ -64,6 +66,7 @@ class Fault:
     step: int
     param: float
     spec: str
+    rank: int | None = None  # data parallelism: fire on this rank only (None: every rank)
 
     @property
     def count(self) -> int:
@@ -71,7 +74,10 @@ class Fault:
 
 
 def parse_fault(spec: str, key: str = "faults") -> Fault:
-    kind, _, rest = spec.strip().partition("@")
+    body, at_rank, rank_text = spec.strip().partition("@rank")
+    if at_rank and not rank_text.isdigit():
+        raise ConfigError(f"{key}: '{spec}' must end in @rankR with R a rank number, e.g. nan_loss@30@rank1")
+    kind, _, rest = body.partition("@")
     step_text, _, param_text = rest.partition(":")
     if kind not in KINDS:
         raise ConfigError(f"{key}: unknown fault '{kind}' in '{spec}'; one of {', '.join(KINDS)}")
@@ -85,7 +91,7 @@ def parse_fault(spec: str, key: str = "faults") -> Fault:
     if param is None or param <= 0 or (is_count and param != int(param)):
         need = "a whole number of firings" if is_count else "a positive number"
         raise ConfigError(f"{key}: '{spec}' needs {need} after ':' (e.g. {kind}@{step_text}:512)")
-    return Fault(kind, int(step_text), float(param), spec.strip())
+    return Fault(kind, int(step_text), float(param), spec.strip(), int(rank_text) if at_rank else None)
 
 
 def parse_faults(specs: list[str]) -> list[Fault]:
@@ -104,6 +110,10 @@ class FaultInjector(Hook):
     # ------------------------------------------------------------------ bookkeeping
 
     def on_train_start(self, trainer: "Trainer") -> None:
+        rank = trainer.dist.rank
+        self.faults = [f for f in self.faults if f.rank is None or f.rank == rank]
+        if rank:  # each rank remembers its own firings; rank 0 keeps the usual file
+            self.path = self.path.with_name(f"faults.rank{rank}.json")
         if self.path.is_file():
             self.record = json.loads(self.path.read_text())
         model = trainer.model
@@ -148,8 +158,9 @@ class FaultInjector(Hook):
                 phase.optim = dataclasses.replace(phase.optim, lr=phase.optim.lr * fault.param)
             elif fault.kind == "weights_nan" and self._due(fault):
                 matrix = next(p for n, p in trainer.model.named_parameters() if n.startswith("blocks.") and p.ndim == 2)
+                local = matrix.to_local() if hasattr(matrix, "to_local") else matrix  # FSDP: this rank's rows
                 with torch.no_grad():
-                    matrix[0].fill_(float("nan"))
+                    local[:1].fill_(float("nan"))
             elif fault.kind == "expert_collapse" and self._due(fault):
                 for _, moe in trainer.model.moe_layers():
                     moe.expert_bias[0] += fault.param
@@ -200,6 +211,9 @@ class FaultInjector(Hook):
         self.step = trainer.state.step
         fault = next((f for f in self.faults if f.kind == "corrupt_checkpoint"), None)
         if fault is not None and self._due(fault):
-            target = path / "model.safetensors"
+            shards = sorted((path / "dcp").glob(f"__{trainer.dist.rank}_*.distcp"))  # sharded: this rank's file
+            target = path / "model.safetensors" if not shards else shards[0]
+            if not target.is_file():
+                return
             with open(target, "r+b") as fh:
                 fh.truncate(target.stat().st_size // 2)

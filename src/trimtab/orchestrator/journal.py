@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trimtab.distributed import is_main
+
 
 @dataclass
 class Decision:
@@ -78,6 +80,8 @@ class Journal:
         return [d for d in self.decisions if d.outcome is None]
 
     def write(self) -> None:
+        if not is_main():
+            return  # data parallelism: every rank holds the same decisions; rank 0 writes them
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(asdict(d), default=_jsonable) + "\n" for d in self.decisions))
         os.replace(tmp, self.path)

@@ -37,9 +37,10 @@ class Phase:
     eval_micro: list[MicroBatch]
     skipped_records: int
 
-    def loader(self, cfg: RunConfig, pad_id: int) -> BatchLoader:
+    def loader(self, cfg: RunConfig, pad_id: int, rank: int = 0, world: int = 1) -> BatchLoader:
+        """The phase's loader; under data parallelism it serves this rank's share of each step."""
         return BatchLoader(self.train_rows, cfg.train.batch_tokens, cfg.train.micro_batch_tokens,
-                           seed=cfg.train.seed, pad_id=pad_id)
+                           seed=cfg.train.seed, pad_id=pad_id, rank=rank, world=world)
 
 
 def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer, list[Phase]]:

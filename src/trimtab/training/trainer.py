@@ -17,10 +17,10 @@ from typing import Any, Iterator
 
 import torch
 
-from trimtab.checkpoint import find_checkpoint, latest_valid, load_checkpoint, load_weights, \
-    retire_after, save_checkpoint
+from trimtab.checkpoint import find_checkpoint, latest_valid, load_checkpoint, retire_after
 from trimtab.config import RunConfig
 from trimtab.data import StepBatch
+from trimtab.distributed import Parallel
 from trimtab.errors import CheckpointError, ConfigError
 from trimtab.model import build_model
 from trimtab.training import setup
@@ -75,10 +75,11 @@ class Trainer:
         self.state = TrainState()
         self.stop_reason = ""
         torch.manual_seed(cfg.train.seed)
-        self.device = pick_device(cfg.train.device)
-        self.precision = choose_precision(self.device, cfg.train.precision)
-        resume = latest_valid(cfg.run_dir)
-        self.tok, self.phases = setup.build_phases(cfg, setup.tokenizer_source(cfg))
+        self.dist = Parallel.start(cfg.distributed, pick_device(cfg.train.device))  # torchrun: data parallel
+        self.device = self.dist.device
+        self.precision = self.dist.same_precision(choose_precision(self.device, cfg.train.precision))
+        resume = self.dist.from_main(latest_valid, cfg.run_dir)
+        self.tok, self.phases = self.dist.main_first(setup.build_phases, cfg, setup.tokenizer_source(cfg))
         setup.resolve_model(cfg, self.tok)
         if resume:
             setup.check_resume_compatible(cfg)  # after resolve_model: derived values compare too
@@ -87,14 +88,15 @@ class Trainer:
             self.model.set_activation_checkpointing(True)
         if cfg.train.init_from and not resume:
             setup.init_weights_from(cfg, self.model)
-        self.hidden = torch.compile(self.model.hidden) if cfg.train.compile else self.model.hidden
+        self.hidden = self.dist.wrap(self.model, cfg.train.compile, self.precision)  # DDP / FSDP2 under torchrun
         self.scaler = self.precision.grad_scaler()
         self.total_steps = sum(p.steps for p in self.phases)
         self.flops_per_token = self.model.flops_per_token(cfg.data.seq_len)
         self.peak_flops, self.peak_source = peak_flops(self.precision)
-        setup.prepare_run_dir(cfg, self.tok)
-        self.hooks = [ConsoleLogger(cfg.log.progress), JsonlLogger(cfg.run_dir / "metrics.jsonl")]
-        if cfg.log.tensorboard:
+        self.dist.on_main(setup.prepare_run_dir, cfg, self.tok)
+        main = self.dist.is_main  # rank 0 alone writes logs and metrics
+        self.hooks = [ConsoleLogger(cfg.log.progress), JsonlLogger(cfg.run_dir / "metrics.jsonl")] if main else []
+        if cfg.log.tensorboard and main:
             self.hooks.append(TensorBoardLogger(cfg.run_dir / "tb"))
         self.hooks += list(hooks)
         self.window = LogWindow()
@@ -130,6 +132,7 @@ class Trainer:
         self.save()
         summary = self._summary(*start)
         self._call("on_train_end", summary)
+        self.dist.close()
         return summary
 
     def train_step(self, batch: StepBatch) -> StepOutput:
@@ -152,15 +155,18 @@ class Trainer:
                 micro_loss = cross_entropy_sum(hidden, self.model.lm_head.weight, targets) / batch.n_targets
                 aux = self.model.aux_loss()  # MoE balance + z, MoD predictor: weighted like the tokens
                 objective = micro_loss if aux is None else micro_loss + share * aux
+            if micro is batch.micro[-1]:  # ranks agree on OOM / signals before gradients are synced
+                self.request_stop(self.dist.agree())
             (self.scaler.scale(objective) if self.scaler else objective).backward()
             loss += micro_loss.detach()
             if aux is not None:
                 aux_total = share * aux.detach() + (0 if aux_total is None else aux_total)
             routers.add(share)
+        self.dist.reduce_step(loss, aux_total, routers, self.model)  # sums over ranks, on device
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         clip = self.grad_clip() or math.inf  # inf: measure the norm, change nothing
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        grad_norm = self.dist.clip_grad_norm(self.model.parameters(), clip)
         # Checked before the update, so a bad step is never applied (torchtitan#4226).
         skip = self._update_gate(loss, grad_norm)
         overflow = self._update(skip)
@@ -209,6 +215,7 @@ class Trainer:
             except (torch.OutOfMemoryError, RuntimeError) as exc:
                 if not is_oom(exc):
                     raise
+                self.dist.announce_oom(exc)  # the other ranks shrink with this one
                 self.optimizer.zero_grad(set_to_none=True)
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
@@ -307,7 +314,7 @@ class Trainer:
         phase = self.phases[index]
         self.state.phase = index
         self.optimizer = build_optimizer(self.model, phase.optim, self.device)
-        self.loader = phase.loader(self.cfg, self.tok.pad_id)
+        self.loader = phase.loader(self.cfg, self.tok.pad_id, self.dist.rank, self.dist.world)
         self._apply_knobs()
 
     def _apply_knobs(self) -> None:
@@ -366,6 +373,8 @@ class Trainer:
         """add / prune / reinit an expert of MoE layer `layer`, then rebuild the optimizer so it
         holds exactly the live parameters: untouched experts keep their AdamW moments, an added
         expert starts from its source's, a re-initialised one from zero."""
+        if self.dist.world > 1:  # DDP buckets and FSDP shards are laid out for the old parameters
+            raise ConfigError("expert surgery is not supported under data parallelism yet; run it in one process")
         moe = dict(self.model.moe_layers()).get(layer)
         if moe is None:
             layers = [i for i, _ in self.model.moe_layers()]
@@ -409,12 +418,11 @@ class Trainer:
                  "log_window": {"losses": losses, "norms": norms, "tokens": self.window.tokens,
                                 "seconds": self.window.seconds},
                  "hooks": {key: h.state_dict() for key, h in self._keyed_hooks()}}
-        optim_state = {"optimizer": self.optimizer.state_dict(), "rng": rng_state(),
-                       "scaler": self.scaler.state_dict() if self.scaler else {}}
+        extra = {"rng": rng_state(), "scaler": self.scaler.state_dict() if self.scaler else {}}
         try:
-            self._call("on_save_start")
-            path = save_checkpoint(self.cfg.run_dir, self.state.step, self.model.state_dict(), optim_state,
-                                   state, keep=self.cfg.checkpoint.keep, protect=(self.last_good,))
+            path = self.dist.save(self.cfg.run_dir, self.state.step, self.model, self.optimizer, extra, state,
+                                  keep=self.cfg.checkpoint.keep, protect=(self.last_good,),
+                                  before=lambda: self._call("on_save_start"))
         except OSError as exc:  # disk full, quota, a vanished mount: a hook may handle it
             if not any(h.on_save_error(self, exc) for h in self.hooks):
                 raise
@@ -426,25 +434,25 @@ class Trainer:
     def _healthy(self) -> bool:
         """A checkpoint is good (a rollback target) when every hook agrees and the weights are
         finite; one device read per checkpoint."""
-        finite = torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all()
-        return all(h.healthy(self) for h in self.hooks) and bool(finite)
+        finite = self.dist.all_finite(self.model.parameters())
+        return all(h.healthy(self) for h in self.hooks) and finite
 
     def rollback(self, to: str | int = "last_good") -> str:
         """Restore weights, optimizer, data position and RNG from a checkpoint; keep the knobs."""
-        found = find_checkpoint(self.cfg.run_dir, to)
+        found = self.dist.from_main(find_checkpoint, self.cfg.run_dir, to)
         if found is None:
             what = "good checkpoint" if to == "last_good" else f"checkpoint at or before step {to}"
             raise CheckpointError(f"no {what} to roll back to in {self.cfg.run_dir / 'checkpoints'}")
         step = self.state.step
         self._load(found[0], rollback=True)
-        retire_after(self.cfg.run_dir, self.state.step, self.cfg.checkpoint.keep)
+        self.dist.on_main(retire_after, self.cfg.run_dir, self.state.step, self.cfg.checkpoint.keep)
         return f"rolled back from step {step} to step {self.state.step}"
 
     def _load(self, path, rollback: bool) -> None:
-        weights, optim_state, state = load_checkpoint(path)
+        weights, optim_state, state = load_checkpoint(path, full_weights=self.dist.world == 1)
         self.model.load_moe_state(state.get("moe", {}))  # expert counts changed by surgery
         self.model.load_mod_state(state.get("mod", {}))  # capacities the orchestrator changed
-        load_weights(self.model, weights, path)
+        self.dist.load_weights(self.model, weights, path)  # any checkpoint format, any world size
         knobs = {k: getattr(self.state, k) for k in KNOBS}
         skipped = self.loader.skipped
         self.state = TrainState(**state["train"])
@@ -452,7 +460,7 @@ class Trainer:
             self.state.__dict__.update(knobs, rollbacks=knobs["rollbacks"] + 1)
         self._apply_length()
         self._enter_phase(self.state.phase)
-        self.optimizer.load_state_dict(optim_state["optimizer"])
+        self.dist.load_optimizer(self.model, self.optimizer, optim_state, path)
         self._apply_knobs()  # load_state_dict brought back the saved weight decay
         if self.scaler and optim_state["scaler"]:
             self.scaler.load_state_dict(optim_state["scaler"])
@@ -521,7 +529,7 @@ def _stop_on_signals(trainer: Trainer) -> Iterator[None]:
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def handler(signum, _frame):
-        trainer.request_stop(signal.Signals(signum).name)
+        trainer.request_stop(trainer.dist.on_signal(signal.Signals(signum).name))
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts
 
     for sig in previous:

@@ -1,0 +1,454 @@
+"""Data parallelism under torchrun, in one place: environment, process group, DDP / FSDP2 wrapping,
+the collectives the step needs, and sharded checkpoints.
+
+    torchrun --nproc_per_node 2 -m trimtab train --preset small --set distributed.strategy=fsdp
+
+Model code stays single-device. The trainer talks to torch.distributed only through a `Parallel`
+object, whose methods are no-ops (or the plain single-process thing) in one process, and hooks use
+the module functions `is_main`, `all_max` and `broadcast_object`.
+
+Every rank takes the same decisions because every decision is made from the same numbers: the
+step's loss, gradient norm and router statistics are all-reduced on device (no host sync), step
+times and memory are reduced to their maximum when the orchestrator reads them, and anything read
+from outside (control commands, a checkpoint's validity, the CPU precision timing) is read by rank
+0 and broadcast. Host-side agreement (out-of-memory flags, signals, errors) goes through a gloo
+group, so NCCL runs add no device sync for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+import os
+import signal
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trimtab.checkpoint import SHARDED, checkpoint_root, commit_checkpoint, digest_files, load_weights, \
+    save_checkpoint
+from trimtab.config.distributed import DistributedConfig
+from trimtab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trimtab.training.device import Precision
+
+_CPU_GROUP: Any = None  # gloo group for host-side agreement; None: the default group (gloo runs)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+# ------------------------------------------------------------------------------ module helpers
+
+
+def _active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if _active() else int(os.environ.get("RANK", "0"))
+
+
+def is_main() -> bool:
+    """Rank 0 writes the run directory's logs, metrics, journal and console output."""
+    return rank() == 0
+
+
+def all_max(values: list[float]) -> list[float]:
+    """Elementwise maximum over ranks of host numbers (step times, memory, flags)."""
+    if not _active():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_CPU_GROUP)
+    return t.tolist()
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's `obj` on every rank (what rank 0 read from disk)."""
+    if not _active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=_CPU_GROUP)
+    return box[0]
+
+
+class PeerOutOfMemory(torch.OutOfMemoryError):
+    """Another rank ran out of memory: this rank shrinks its micro-batch with it."""
+
+
+# ------------------------------------------------------------------------------ the trainer's view
+
+
+class Parallel:
+    """What the trainer needs from data parallelism; single-process when world == 1."""
+
+    def __init__(self, cfg: DistributedConfig, device: torch.device, world: int = 1, rank_: int = 0,
+                 owns_group: bool = False) -> None:
+        self.cfg, self.device, self.world, self.rank = cfg, device, world, rank_
+        self.owns_group = owns_group
+        self.ddp: nn.Module | None = None
+        self.fsdp = False
+        self._signal = 0  # a signal this rank received, not yet agreed (signal number)
+        self._agreed = False  # the ranks met before this step's communicating backward
+
+    @classmethod
+    def start(cls, cfg: DistributedConfig, device: torch.device) -> "Parallel":
+        """Join torchrun's process group (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR/PORT in the
+        environment) or one set up by the caller; one process otherwise."""
+        global _CPU_GROUP
+        world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+        if world == 1:
+            return cls(cfg, device)
+        if device.type == "mps":
+            raise ConfigError("data-parallel training on Apple MPS is not supported; use one process")
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        owns = not dist.is_initialized()
+        if owns:
+            backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+            if backend == "nccl" and device.type != "cuda":
+                raise ConfigError("config key 'distributed.backend' is nccl but training runs on the CPU; use gloo or auto")
+            dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout_s),
+                                    device_id=device if backend == "nccl" else None)
+        _CPU_GROUP = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        if dist.get_rank() != 0:
+            logging.getLogger("trimtab").setLevel(logging.ERROR)  # rank 0 speaks for the job
+        return cls(cfg, device, dist.get_world_size(), dist.get_rank(), owns)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def close(self) -> None:
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self.owns_group = False
+
+    # -------------------------------------------------------------- setup: who reads, who writes
+
+    def from_main(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args) on rank 0, its result (or its exception) on every rank."""
+        if self.world == 1:
+            return fn(*args)
+        outcome = _attempt_value(fn, *args) if self.is_main else None
+        ok, value = broadcast_object(outcome)
+        if not ok:
+            raise value
+        return value
+
+    def on_main(self, fn: Callable[..., Any], *args: Any) -> None:
+        """fn(*args) on rank 0 only (it writes shared files); the others wait for it."""
+        self.from_main(fn, *args)
+
+    def main_first(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args) on rank 0, then on the others: they find rank 0's caches (the tokenizer,
+        the tokenized corpus) instead of building them side by side."""
+        if self.world == 1:
+            return fn(*args)
+        first = _attempt_value(fn, *args) if self.is_main else None
+        ok, error = broadcast_object((True, None) if first is None or first[0] else first)
+        if not ok:
+            raise error
+        return first[1] if self.is_main else fn(*args)
+
+    def same_precision(self, precision: "Precision") -> "Precision":
+        """The CPU precision is chosen by timing a matmul, which can differ between ranks."""
+        name, reason = broadcast_object((precision.name, precision.reason))
+        return dataclasses.replace(precision, name=name, reason=reason)
+
+    # -------------------------------------------------------------- wrapping
+
+    def wrap(self, model: nn.Module, compile: bool, precision: "Precision") -> Callable[[torch.Tensor], torch.Tensor]:
+        """The callable the trainer runs forward through: model.hidden, compiled and wrapped for
+        data parallelism. `model` keeps its own parameters' names (checkpoints do not change)."""
+        if self.world == 1 or self.cfg.strategy == "ddp":
+            fn = torch.compile(model.hidden) if compile else model.hidden
+            if self.world == 1:
+                return fn
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            # DDP hooks gradients only through forward(): _Forward's forward is model.hidden. Buffers
+            # are synced once at start, not per forward: MoE load is all-reduced in reduce_step.
+            self.ddp = DDP(_Forward(model, fn), device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                           forward_sync_buffers=False, find_unused_parameters=self.cfg.find_unused_parameters)
+            self.ddp.register_comm_hook(None, _sum_hook)
+            self.ddp.require_backward_grad_sync = False  # forwards never arm the all-reduce: agree() does
+            return self.ddp
+        self._fully_shard(model, compile, precision)
+        return model.hidden
+
+    def _fully_shard(self, model: nn.Module, compile: bool, precision: "Precision") -> None:
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard, \
+            register_fsdp_forward_method
+
+        param_dtype = precision.autocast_dtype if self.cfg.param_dtype == "auto" else DTYPES[self.cfg.param_dtype]
+        offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.cfg.cpu_offload else OffloadPolicy()
+        kwargs = dict(mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=DTYPES[self.cfg.reduce_dtype]),
+                      reshard_after_forward=self.cfg.reshard_after_forward, offload_policy=offload)
+        units = list(getattr(model, "blocks", []))  # one all-gather per block, freed after it
+        for block in units:
+            if compile:
+                block.compile()
+            fully_shard(block, **kwargs)
+        # The rest (embedding, final norm, tied head) stays gathered after the root's forward: the
+        # trainer calls model.hidden, then reads lm_head.weight for the loss outside any forward.
+        fully_shard(model, **{**kwargs, "reshard_after_forward": False})
+        register_fsdp_forward_method(model, "hidden")
+        for unit in [*units, model]:
+            unit.set_gradient_divide_factor(1.0)  # sum, not mean: the loss is already global
+            unit.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
+        self.fsdp = True
+
+    # -------------------------------------------------------------- the step
+
+    def agree(self) -> str:
+        """Every rank meets here before the backward that communicates (the step's last): if one
+        ran out of memory earlier in the step, all raise so that all shrink together and retry the
+        same rows. Returns the signal any rank received ('' if none), so all stop at one step.
+
+        DDP: every forward runs as under no_sync() (gradients accumulate locally) and the gradient
+        all-reduce of the last backward is armed here, after the agreement, as DDP's own forward
+        would arm it (reducer.prepare_for_backward): armed in the forward, a rank whose peer ran
+        out of memory would all-reduce alone in its next backward. FSDP reduce-scatters every
+        micro-batch instead: whole gradients kept until the last one would cost a full copy."""
+        if self.world == 1:
+            return ""
+        oom, signum = all_max([0, self._signal])
+        if oom:
+            raise PeerOutOfMemory("out of memory on another rank; every rank retries with a smaller micro-batch")
+        self._agreed, self._signal = True, 0
+        if self.ddp is not None:
+            from torch.nn.parallel.distributed import _find_tensors
+
+            self.ddp.require_backward_grad_sync = True
+            outputs = list(_find_tensors(self.ddp.module.output)) if self.cfg.find_unused_parameters else []
+            self.ddp.reducer.prepare_for_backward(outputs)
+        return signal.Signals(int(signum)).name if signum else ""
+
+    def announce_oom(self, exc: BaseException) -> None:
+        """This rank ran out of memory: the others wait in agree() to hear it."""
+        if self.world == 1 or isinstance(exc, PeerOutOfMemory):
+            return
+        if self._agreed:  # the others are inside the gradient all-reduce and cannot join a retry
+            raise RuntimeError(f"rank {self.rank} ran out of memory in the backward that synchronises "
+                               "gradients; lower train.micro_batch_tokens") from exc
+        all_max([1, self._signal])
+
+    def on_signal(self, name: str) -> str:
+        """SIGTERM / SIGINT: stop now in one process; under torchrun the ranks see signals at
+        different steps, so the stop waits for the next agree() (the returned reason is then '')."""
+        if self.world == 1:
+            return name
+        self._signal = self._signal or signal.Signals[name].value
+        return ""
+
+    def reduce_step(self, loss: torch.Tensor, aux: torch.Tensor | None, routers: Any, model: nn.Module) -> None:
+        """Sum every rank's share of the step's loss, auxiliary loss and router statistics, in
+        place and in one all-reduce on device (no host sync). Each share is already weighted by
+        the global target count, so the sums are the single-process values."""
+        self._agreed = False
+        if self.world == 1:
+            return
+        if self.ddp is not None:
+            self.ddp.require_backward_grad_sync = False
+            self.ddp.module.output = None
+        tensors = [loss] + ([aux] if aux is not None else []) + _router_tensors(routers, model)
+        flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
+        dist.all_reduce(flat)
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+    def clip_grad_norm(self, params: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
+        """Pre-clip global gradient norm, the same on every rank (FSDP: over all shards)."""
+        if not self.fsdp:
+            return torch.nn.utils.clip_grad_norm_(params, max_norm)
+        from torch.distributed.tensor import DTensor
+
+        params = [p for p in params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        return norm
+
+    def all_finite(self, params: Iterable[torch.Tensor]) -> bool:
+        """Whether every weight is finite on every rank (a checkpoint's health; one read)."""
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+        finite = torch.stack([torch.isfinite(p).all() for p in local if p.numel()]).all()
+        if self.world > 1:
+            finite = finite.float()
+            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        return bool(finite)
+
+    # -------------------------------------------------------------- checkpoints
+
+    def save(self, run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+             extra: dict[str, Any], state: dict[str, Any], keep: int, protect: tuple[int, ...],
+             before: Callable[[], None]) -> Path:
+        """One process: model.safetensors + optim.pt. Data-parallel: every rank writes its shards
+        (torch.distributed.checkpoint) into a temp dir; rank 0 writes optim.pt (every rank's RNG)
+        and state.json, then renames. `before` runs first on every rank (hooks; they may fail)."""
+        if self.world == 1:
+            before()
+            return save_checkpoint(run_dir, step, model.state_dict(), {"optimizer": optimizer.state_dict(), **extra},
+                                   state, keep=keep, protect=protect)
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        self._agree_ok(_attempt(before))
+        tmp = checkpoint_root(run_dir) / f".tmp_step_{step:06d}_sharded"
+        self._agree_ok(_attempt(_fresh_dir, tmp) if self.is_main else None)
+        app = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+        self._agree_ok(_attempt(_dcp_save, app, tmp / SHARDED, _CPU_GROUP))
+        mine = digest_files(sorted((tmp / SHARDED).glob(f"__{self.rank}_*.distcp")), tmp)
+        gathered = [None] * self.world if self.is_main else None
+        dist.gather_object((mine, extra), gathered, dst=0, group=_CPU_GROUP)
+        error = None
+        if self.is_main:
+            digests = {name: d for files, _ in gathered for name, d in files.items()}
+            rng = [e["rng"] for _, e in gathered]
+            error = _attempt(_commit_sharded, run_dir, step, tmp, {**extra, "rng_by_rank": rng}, state, keep,
+                             protect, digests)
+        self._agree_ok(error)
+        return checkpoint_root(run_dir) / f"step_{step:06d}"
+
+    def _agree_ok(self, error: BaseException | None) -> None:
+        """Raise the first failing rank's OSError on every rank (the orchestrator's disk-full
+        handling then runs alike everywhere)."""
+        failures = [None] * self.world
+        text = None if error is None else (getattr(error, "errno", None) or errno.EIO, str(error))
+        dist.all_gather_object(failures, text, group=_CPU_GROUP)
+        first = next((f for f in failures if f is not None), None)
+        if first is not None:
+            if error is not None and not isinstance(error, OSError):
+                raise error
+            raise OSError(first[0], first[1])
+
+    def load_weights(self, model: nn.Module, weights: dict[str, torch.Tensor] | None, path: Path) -> None:
+        """Weights from load_checkpoint into the (wrapped) model; None: this run's shards are read
+        from the sharded checkpoint directly, resharded to this world size."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, \
+            set_model_state_dict
+
+        if weights is None:
+            target = {"model": get_model_state_dict(model)}
+            _dcp_load(target, path, _CPU_GROUP if self.world > 1 else None)
+            set_model_state_dict(model, target["model"])
+        elif self.fsdp:  # whole tensors (a one-process checkpoint) scattered into shards
+            set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+        else:
+            load_weights(model, weights, path)
+
+    def load_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer, optim_state: dict[str, Any],
+                       path: Path) -> None:
+        """Optimizer state from either checkpoint format; also picks this rank's RNG state."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, \
+            set_optimizer_state_dict
+
+        by_rank = optim_state.get("rng_by_rank")
+        if by_rank:
+            optim_state["rng"] = by_rank[self.rank] if self.rank < len(by_rank) else by_rank[0]
+        if "optimizer" not in optim_state:  # sharded: read this world size's shards
+            target = {"optim": get_optimizer_state_dict(model, optimizer)}
+            _dcp_load(target, path, _CPU_GROUP if self.world > 1 else None)
+            set_optimizer_state_dict(model, optimizer, target["optim"])
+        elif self.fsdp:  # a one-process checkpoint: name its state by parameter, then shard it
+            set_optimizer_state_dict(model, optimizer, _named_optim_state(model, optimizer, optim_state["optimizer"]),
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            optimizer.load_state_dict(optim_state["optimizer"])
+
+
+class _Forward(nn.Module):
+    def __init__(self, model: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.model, self.fn = model, fn
+        self.output: torch.Tensor | None = None  # the last forward's, for find_unused_parameters
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.output = self.fn(tokens)
+        return self.output
+
+
+def _sum_hook(_state, bucket):  # unannotated: DDP checks annotations, which are strings here
+    """DDP averages gradients by default; each rank's loss is already its share of the global
+    token-normalised loss, so the global gradient is the plain sum (a dist.GradBucket -> Future)."""
+    work = dist.all_reduce(bucket.buffer(), async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def _router_tensors(routers: Any, model: nn.Module) -> list[torch.Tensor]:
+    """The step's router telemetry (training.runtime.RouterStats) and each MoE layer's load since
+    the last bias update: summed over ranks so that the balancing bias and the orchestrator's MoE
+    decisions are the same everywhere."""
+    out: list[torch.Tensor] = []
+    moe = getattr(routers, "moe", None)
+    if moe is not None:
+        out += [*moe.counts, moe.means]
+    mod = getattr(routers, "mod", None)
+    if isinstance(mod, torch.Tensor) and mod.numel():
+        out.append(mod)
+    out += [layer.load for _, layer in model.moe_layers()]
+    return out
+
+
+def _named_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, native: dict[str, Any]) -> dict[str, Any]:
+    """optimizer.state_dict() (parameters numbered in group order) keyed by parameter name, the
+    form set_optimizer_state_dict takes."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    fqns = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    return {"state": {fqns[i]: v for i, v in native["state"].items()},
+            "param_groups": [{**g, "params": [fqns[i] for i in g["params"]]} for g in native["param_groups"]]}
+
+
+def _dcp_save(app: dict[str, Any], where: Path, group: Any) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        dcp.save(app, checkpoint_id=str(where), process_group=group)
+    except CheckpointException as exc:  # a BaseException: make a failed write an OSError
+        failures = [e for e, _ in exc.failures.values()]
+        first = next((e for e in failures if isinstance(e, OSError)), None)
+        raise OSError(getattr(first, "errno", None) or errno.EIO, f"sharded checkpoint write failed: {first or exc}")
+
+
+def _dcp_load(target: dict[str, Any], path: Path, group: Any) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(target, checkpoint_id=str(Path(path) / SHARDED), process_group=group, no_dist=group is None and not _active())
+
+
+def _fresh_dir(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+
+
+def _commit_sharded(run_dir: Path, step: int, tmp: Path, extra: dict[str, Any], state: dict[str, Any], keep: int,
+                    protect: tuple[int, ...], digests: dict[str, Any]) -> None:
+    torch.save(extra, tmp / "optim.pt")
+    commit_checkpoint(run_dir, step, tmp, state, keep, protect, digests)
+
+
+def _attempt(fn: Callable[..., Any], *args: Any) -> BaseException | None:
+    """fn(*args); the OSError it raised (disk full, ...) instead of raising it, None if it worked."""
+    try:
+        fn(*args)
+    except OSError as exc:
+        return exc
+    return None
+
+
+def _attempt_value(fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+    try:
+        return True, fn(*args)
+    except Exception as exc:  # sent to the other ranks, which raise it too
+        return False, exc

@@ -1,0 +1,58 @@
+"""Run by tests/test_distributed.py, alone or under torchrun: train the debug preset, then write
+what this rank saw (per-step loss, the orchestrator's decisions, knobs, a weight digest) to
+RECORD with {rank} filled in.
+
+    python tests/dist_worker.py '{"out": ...}' RECORD                     (one process)
+    torchrun --standalone --nproc_per_node 2 tests/dist_worker.py '{...}' RECORD
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import trimtab
+from trimtab.config import load_config
+from trimtab.training.hooks import Hook
+
+DECISION_KEYS = ("step", "rule", "action", "params", "mode", "applied", "confidence")
+
+
+class Recorder(Hook):
+    """What one rank saw; every value is rank-independent when the ranks agree."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, Any]] = []
+        self.result: dict[str, Any] = {}
+
+    def on_step_end(self, trainer, out) -> None:
+        self.steps.append({"step": out.step, "loss": out.loss.item(), "grad_norm": out.grad_norm.item(),
+                           "skipped": bool(out.skipped) if out.skipped is not None else False,
+                           "micro_batches": len(out.batch.micro)})
+
+    def on_train_end(self, trainer, summary) -> None:
+        orchestrator = next(h for h in trainer.hooks if type(h).__name__ == "Orchestrator")
+        decisions = [{k: d[k] for k in DECISION_KEYS} for d in map(asdict, orchestrator.journal.decisions)]
+        # FSDP holds a shard per rank: gather each weight whole (a collective, on every rank).
+        weights = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in trainer.model.parameters()]
+        self.result = {"rank": trainer.dist.rank, "world": trainer.dist.world, "steps": self.steps,
+                       "decisions": decisions, "state": vars(trainer.state).copy(),
+                       "weights": [float(w.detach().double().abs().sum()) for w in weights],
+                       "summary": {k: summary[k] for k in ("status", "step", "tokens")}}
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    cfg = load_config(preset="debug", overrides=json.loads(sys.argv[1]))
+    recorder = Recorder()
+    trimtab.train(cfg, hooks=[recorder])
+    Path(sys.argv[2].format(rank=recorder.result["rank"])).write_text(json.dumps(recorder.result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""Data parallelism on CPU: 2 gloo processes under torchrun against one process, same global batch.
+
+Each run trains the debug preset for 10 steps through tests/dist_worker.py, which records what its
+rank saw; one thread per process (the CI machine has 2 cores).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+
+from trimtab.api import load_run
+from trimtab.checkpoint import list_checkpoints, read_sharded_weights
+from trimtab.config import load_config
+from trimtab.data.packing import BatchLoader, Rows, shard_rows
+from trimtab.errors import ConfigError
+from trimtab.orchestrator.faults import parse_fault
+
+WORKER = Path(__file__).with_name("dist_worker.py")
+STEPS = 10
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
+
+
+def run(out: Path, nproc: int, **overrides) -> list[dict]:
+    """Train in `nproc` processes; each rank's record, rank order."""
+    cfg = {"out": str(out), "train": {"max_steps": STEPS, "eval_every": 0, "log_every": 1},
+           "data": {"max_bytes": 150_000}, "checkpoint": {"every": 5},
+           "log": {"progress": False, "tensorboard": False}, **overrides}
+    record = out.parent / f"{out.name}-rank{{rank}}.json"
+    launcher = [sys.executable] if nproc == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(WORKER.parent.parent / "src")}
+    done = subprocess.run([*launcher, str(WORKER), json.dumps(cfg), str(record)], env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return [json.loads(Path(str(record).format(rank=r)).read_text()) for r in range(nproc)]
+
+
+def losses(record: dict) -> list[float]:
+    return [s["loss"] for s in record["steps"]]
+
+
+def assert_close(a: list[float], b: list[float], rel: float = 1e-4) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert abs(x - y) <= rel * max(abs(x), abs(y), 1e-6), (a, b)
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    path = list_checkpoints(run_dir)[-1]
+    sharded = (path / "dcp").is_dir()
+    return read_sharded_weights(path) if sharded else load_file(str(path / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single") / "run"
+    return out, run(out, 1)[0]
+
+
+@pytest.fixture(scope="module")
+def fsdp(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp") / "run"
+    return out, run(out, 2, distributed={"strategy": "fsdp"})
+
+
+def check_parity(single, records, run_dir) -> None:
+    base_dir, base = single
+    for record in records:
+        assert record["world"] == 2 and record["summary"] == base["summary"]
+        assert_close(losses(record), losses(base))
+        assert_close(record["weights"], base["weights"])
+    assert [s["micro_batches"] for s in records[0]["steps"]] == [1] * STEPS  # 1024 of 2048 tokens each
+    assert [s["micro_batches"] for s in base["steps"]] == [2] * STEPS
+    theirs, ours = final_weights(base_dir), final_weights(run_dir)
+    for name, tensor in theirs.items():
+        assert torch.allclose(ours[name], tensor, rtol=1e-4, atol=1e-5), name
+    # rank 0 alone writes the run directory's logs
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    logged = [m["loss"] for m in lines if "loss" in m]
+    assert_close(logged, losses(base))
+
+
+@pytest.mark.distributed
+def test_ddp_matches_one_process_for_the_same_global_batch(single, tmp_path):
+    records = run(tmp_path / "ddp", 2)
+    check_parity(single, records, tmp_path / "ddp")
+    assert (list_checkpoints(tmp_path / "ddp")[-1] / "dcp" / ".metadata").is_file()
+
+
+@pytest.mark.distributed
+def test_fsdp2_matches_one_process_for_the_same_global_batch(single, fsdp):
+    check_parity(single, fsdp[1], fsdp[0])
+    shards = sorted(p.name for p in (list_checkpoints(fsdp[0])[-1] / "dcp").glob("*.distcp"))
+    assert shards == ["__0_0.distcp", "__1_0.distcp"]
+
+
+@pytest.mark.distributed
+def test_a_fault_on_one_rank_is_decided_alike_on_both(tmp_path):
+    """NaN loss on rank 1 only: both skip the update. Rank 1 alone runs out of memory: both halve
+    the micro-batch and retry the same rows."""
+    rank0, rank1 = run(tmp_path / "faults", 2, faults=["nan_loss@4@rank1", "oom@6:600@rank1"])
+    assert rank0["decisions"] == rank1["decisions"]
+    for record in (rank0, rank1):
+        record["state"].pop("train_seconds")  # each rank's own clock
+    assert rank0["state"] == rank1["state"] and rank0["weights"] == rank1["weights"]
+    assert rank0["steps"] == rank1["steps"]
+    actions = {(d["step"], d["rule"], d["action"]) for d in rank0["decisions"]}
+    assert (4, "nonfinite", "skip_step") in actions and (6, "oom", "adjust_batch_size") in actions
+    assert rank0["steps"][3]["skipped"] and rank0["state"]["micro_batch_tokens"] == 512
+    assert [s["micro_batches"] for s in rank0["steps"]][5:] == [2] * (STEPS - 5)  # shrunk from step 6 on
+    journal = [json.loads(line) for line in (tmp_path / "faults" / "decisions.jsonl").read_text().splitlines()]
+    assert [(d["step"], d["action"]) for d in journal] == [(d["step"], d["action"]) for d in rank0["decisions"]]
+    assert (tmp_path / "faults" / "faults.rank1.json").is_file()  # rank 1 remembers its own firings
+
+
+@pytest.mark.distributed
+def test_two_rank_checkpoint_resumes_in_one_process(single, fsdp, tmp_path):
+    """The FSDP run's step-5 checkpoint (two shards) resumed by one process gives the one-process
+    run's losses for steps 6-10; the sharded weights also load for generation."""
+    run_dir = tmp_path / "resumed"
+    shutil.copytree(fsdp[0], run_dir)
+    shutil.rmtree(list_checkpoints(run_dir)[-1])  # back to step 5
+    record = run(run_dir, 1)[0]
+    assert record["world"] == 1 and [s["step"] for s in record["steps"]] == list(range(6, STEPS + 1))
+    assert_close(losses(record), losses(single[1])[5:])
+    cfg, model, _ = load_run(fsdp[0])
+    assert cfg.distributed.strategy == "fsdp" and model.tok_emb.weight.shape[0] == cfg.model.vocab_size
+
+
+# ---------------------------------------------------------------------------------- units (fast)
+
+
+def test_each_rank_takes_a_disjoint_share_with_equal_micro_batch_counts():
+    lengths = np.array([64, 10, 64, 30, 64, 5, 64])
+    starts = np.concatenate([[0], np.cumsum(lengths + 1)[:-1]])  # row i holds lengths[i] + 1 tokens
+    tokens = np.random.default_rng(0).integers(0, 50, int((lengths + 1).sum())).astype(np.int32)
+    rows = Rows(tokens, np.ones(len(tokens), dtype=bool), starts, lengths)
+    shares = shard_rows(rows, list(range(len(lengths))), 2)
+    assert sorted(shares[0] + shares[1]) == list(range(len(lengths))) and not set(shares[0]) & set(shares[1])
+    loaders = [BatchLoader(rows, 400, 64, seed=0, pad_id=0, rank=r, world=2) for r in range(2)]
+    one = BatchLoader(rows, 400, 64, seed=0, pad_id=0).next_batch()
+    steps = [loader.next_batch() for loader in loaders]
+    assert steps[0].rows == steps[1].rows == one.rows  # the same global step
+    assert steps[0].n_targets == steps[1].n_targets == one.n_targets  # the global count
+    assert sum(m.n_targets for s in steps for m in s.micro) == one.n_targets
+    assert len(steps[0].micro) == len(steps[1].micro)  # FSDP: the same number of forwards
+
+
+def test_distributed_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match="distributed.strategy"):
+        load_config(preset="debug", sets=["distributed.strategy=zero3"])
+    with pytest.raises(ConfigError, match="distributed.cpu_offload.*fsdp"):
+        load_config(preset="debug", sets=["distributed.cpu_offload=true"])
+    with pytest.raises(ConfigError, match="distributed.find_unused_parameters"):
+        load_config(preset="debug", sets=["distributed.strategy=fsdp", "distributed.find_unused_parameters=true"])
+    cfg = load_config(preset="debug", sets=["distributed.strategy=fsdp", "distributed.cpu_offload=true",
+                                             "distributed.param_dtype=bf16"])
+    assert cfg.distributed.cpu_offload and cfg.distributed.param_dtype == "bf16"
+
+
+def test_a_fault_can_name_its_rank():
+    assert parse_fault("oom@6:600@rank1").rank == 1 and parse_fault("oom@6:600").rank is None
+    with pytest.raises(ConfigError, match="@rankR"):
+        parse_fault("nan_loss@3@rankx")
