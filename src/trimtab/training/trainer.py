@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import logging
 import math
-import signal
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -29,7 +26,7 @@ from trimtab.training.device import choose_precision, peak_flops, pick_device
 from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger
 from trimtab.training.loss import cross_entropy_sum
 from trimtab.training.optim import build_optimizer, carry_state, lr_at, set_lr
-from trimtab.training.runtime import LogWindow, RouterStats, is_oom, mod_metrics, moe_metrics, peak_rss_mb, \
+from trimtab.training.runtime import LogWindow, RouterStats, stop_on_signals, is_oom, mod_metrics, moe_metrics, peak_rss_mb, \
     rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -114,7 +111,7 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         start = (self.state.step, self.state.tokens, self.state.train_seconds, time.perf_counter())
         self._call("on_train_start")
-        with _stop_on_signals(self):
+        with stop_on_signals(self):
             while self.state.step < self.total_steps and not self.stop_reason:
                 self._maybe_next_phase()
                 t0 = time.perf_counter()
@@ -518,24 +515,3 @@ class Trainer:
 def _source_of(moe, old_router: torch.Tensor) -> int:
     """The expert an added one was copied from: the old router row nearest the new last row."""
     return int((old_router - moe.router[-1].detach()).norm(dim=1).argmin())
-
-
-@contextmanager
-def _stop_on_signals(trainer: Trainer) -> Iterator[None]:
-    """SIGTERM / SIGINT finish the current step, save a checkpoint and return normally."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def handler(signum, _frame):
-        trainer.request_stop(trainer.dist.on_signal(signal.Signals(signum).name))
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts
-
-    for sig in previous:
-        signal.signal(sig, handler)
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
