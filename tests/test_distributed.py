@@ -106,8 +106,10 @@ def test_fsdp2_matches_one_process_for_the_same_global_batch(single, fsdp):
 @pytest.mark.distributed
 def test_a_fault_on_one_rank_is_decided_alike_on_both(tmp_path):
     """NaN loss on rank 1 only: both skip the update. Rank 1 alone runs out of memory: both halve
-    the micro-batch and retry the same rows."""
-    rank0, rank1 = run(tmp_path / "faults", 2, faults=["nan_loss@4@rank1", "oom@6:600@rank1"])
+    the micro-batch and retry the same rows. Rank 1 alone gets SIGTERM: both stop after the same
+    step and save one checkpoint."""
+    faults = ["nan_loss@4@rank1", "oom@6:600@rank1", "sigterm@8@rank1"]
+    rank0, rank1 = run(tmp_path / "faults", 2, faults=faults)
     assert rank0["decisions"] == rank1["decisions"]
     for record in (rank0, rank1):
         record["state"].pop("train_seconds")  # each rank's own clock
@@ -116,7 +118,9 @@ def test_a_fault_on_one_rank_is_decided_alike_on_both(tmp_path):
     actions = {(d["step"], d["rule"], d["action"]) for d in rank0["decisions"]}
     assert (4, "nonfinite", "skip_step") in actions and (6, "oom", "adjust_batch_size") in actions
     assert rank0["steps"][3]["skipped"] and rank0["state"]["micro_batch_tokens"] == 512
-    assert [s["micro_batches"] for s in rank0["steps"]][5:] == [2] * (STEPS - 5)  # shrunk from step 6 on
+    assert [s["micro_batches"] for s in rank0["steps"]][5:] == [2, 2, 2]  # shrunk from step 6 on
+    assert rank0["summary"] == rank1["summary"] == {"status": "stopped (SIGTERM)", "step": 8, "tokens": 8 * 2048}
+    assert list_checkpoints(tmp_path / "faults")[-1].name == "step_000008"
     journal = [json.loads(line) for line in (tmp_path / "faults" / "decisions.jsonl").read_text().splitlines()]
     assert [(d["step"], d["action"]) for d in journal] == [(d["step"], d["action"]) for d in rank0["decisions"]]
     assert (tmp_path / "faults" / "faults.rank1.json").is_file()  # rank 1 remembers its own firings

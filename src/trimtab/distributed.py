@@ -150,11 +150,14 @@ class Parallel:
         the tokenized corpus) instead of building them side by side."""
         if self.world == 1:
             return fn(*args)
-        first = _attempt_value(fn, *args) if self.is_main else None
-        ok, error = broadcast_object((True, None) if first is None or first[0] else first)
+        if self.is_main:
+            ok, value = _attempt_value(fn, *args)
+            broadcast_object((ok, None if ok else value))  # the others wait here for rank 0
+        else:
+            ok, value = broadcast_object(None)
         if not ok:
-            raise error
-        return first[1] if self.is_main else fn(*args)
+            raise value
+        return value if self.is_main else fn(*args)
 
     def same_precision(self, precision: "Precision") -> "Precision":
         """The CPU precision is chosen by timing a matmul, which can differ between ranks."""
@@ -318,17 +321,15 @@ class Parallel:
         self._agree_ok(error)
         return checkpoint_root(run_dir) / f"step_{step:06d}"
 
-    def _agree_ok(self, error: BaseException | None) -> None:
-        """Raise the first failing rank's OSError on every rank (the orchestrator's disk-full
-        handling then runs alike everywhere)."""
+    def _agree_ok(self, error: OSError | None) -> None:
+        """Raise the first failing rank's OSError on every rank, so the orchestrator's disk-full
+        handling runs alike everywhere (and no rank waits in a collective the others left)."""
         failures = [None] * self.world
-        text = None if error is None else (getattr(error, "errno", None) or errno.EIO, str(error))
-        dist.all_gather_object(failures, text, group=_CPU_GROUP)
+        mine = None if error is None else (error.errno or errno.EIO, error.strerror or str(error))
+        dist.all_gather_object(failures, mine, group=_CPU_GROUP)
         first = next((f for f in failures if f is not None), None)
         if first is not None:
-            if error is not None and not isinstance(error, OSError):
-                raise error
-            raise OSError(first[0], first[1])
+            raise OSError(*first)
 
     def load_weights(self, model: nn.Module, weights: dict[str, torch.Tensor] | None, path: Path) -> None:
         """Weights from load_checkpoint into the (wrapped) model; None: this run's shards are read
@@ -438,7 +439,7 @@ def _commit_sharded(run_dir: Path, step: int, tmp: Path, extra: dict[str, Any], 
     commit_checkpoint(run_dir, step, tmp, state, keep, protect, digests)
 
 
-def _attempt(fn: Callable[..., Any], *args: Any) -> BaseException | None:
+def _attempt(fn: Callable[..., Any], *args: Any) -> OSError | None:
     """fn(*args); the OSError it raised (disk full, ...) instead of raising it, None if it worked."""
     try:
         fn(*args)
