@@ -47,3 +47,13 @@ def test_nothing_imports_the_cli():
     bad = [f"{m} imports trimtab.cli" for m, names in modules("").items()
            if "trimtab.cli" in names and m not in ("cli.py", "__main__.py")]
     assert bad == []
+
+
+def test_torch_distributed_lives_in_one_module():
+    """Process groups, wrapping and collectives are trimtab/distributed.py's; checkpoint.py reads and
+    writes the sharded format; doctor.py only asks which backends exist. The model is single-device."""
+    allowed = ("distributed.py", "checkpoint.py", "doctor.py")
+    bad = [f"{m} imports {n}" for m, names in modules("").items() for n in names
+           if n.startswith("torch.distributed") and m not in allowed]
+    assert bad == []
+    assert offenders("model", ("trimtab.distributed",)) == []

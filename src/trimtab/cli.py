@@ -84,6 +84,12 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from trimtab import doctor
+
+    return doctor.main(args.preset, args.device, args.nproc, args.strategy, args.json)
+
+
 def _presets(args: argparse.Namespace) -> int:
     from trimtab.model.catalog import format_catalog, preset_catalog
 
@@ -154,6 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("presets", help="list the presets")
     p.set_defaults(func=_presets)
+
+    p = sub.add_parser("doctor", help="device, precision and why, attention kernel, memory, distributed "
+                       "backends, and a micro-batch that fits a preset")
+    p.add_argument("--preset", default="small", help="preset to size the micro-batch for (default: small)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "mps"))
+    p.add_argument("--nproc", type=int, default=1, help="processes per machine it would run (torchrun)")
+    p.add_argument("--strategy", default="ddp", choices=("ddp", "fsdp"), help="distributed.strategy")
+    p.add_argument("--json", action="store_true", help="the facts as JSON")
+    p.set_defaults(func=_doctor)
     return parser
 
 

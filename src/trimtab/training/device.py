@@ -61,8 +61,12 @@ def choose_precision(device: torch.device, requested: str) -> Precision:
     if requested != "auto":
         return Precision(device, requested, f"train.precision={requested} (set in config)")
     if device.type == "cuda":
+        if torch.cuda.get_device_capability(device)[0] >= 8:
+            # Ampere+: the fp32 matmuls autocast leaves run on TF32 tensor cores (10-bit mantissa,
+            # fp32 range), as nanoGPT / torchtitan do; PyTorch's default is exact fp32.
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         if torch.cuda.is_bf16_supported():
-            return Precision(device, "bf16", "CUDA device supports bf16")
+            return Precision(device, "bf16", "CUDA device supports bf16 (Ampere+: TF32 for fp32 matmuls)")
         return Precision(device, "fp16", "CUDA device without bf16 (pre-Ampere): fp16 + GradScaler")
     if device.type == "mps":
         return Precision(device, "fp16", "Apple MPS: fp16 autocast")
@@ -108,3 +112,55 @@ def peak_flops(precision: Precision) -> tuple[float | None, str]:
         n = 2048  # large enough for the BLAS to reach its steady rate
         return 2 * n ** 3 / _matmul_seconds(dtype, n, reps=3), "measured CPU matmul peak"
     return None, "unknown peak"
+
+
+# ------------------------------------------------------------------------------ micro-batch size
+
+ADAMW_STATE_BYTES = 16  # per parameter: fp32 weight 4 + gradient 4 + AdamW moments 8
+USABLE_FRACTION = 0.85  # allocator fragmentation and the runtime's own buffers take the rest
+
+
+@dataclass
+class MicroBatchAdvice:
+    tokens: int  # the suggested train.micro_batch_tokens (a multiple of data.seq_len)
+    fits: bool  # whether one row fits at all
+    state_bytes: int  # weights, gradients and AdamW moments on this device
+    bytes_per_token: int  # activations kept for backward, per token of a micro-batch
+    memory_bytes: int  # the memory the estimate was given
+
+
+def suggest_micro_batch(cfg, memory_bytes: int, precision: str, world: int = 1, sharded: bool = False,
+                        checkpointing: bool | None = None) -> MicroBatchAdvice:
+    """A micro-batch that should fit in `memory_bytes` per device: a first guess for `trimtab
+    doctor`, good to about +-30% (the OOM rule corrects it while training).
+
+    Per token and layer the backward keeps ~7 d_model + 2 kv_dim + 4 ffn_width activations (the
+    norms' inputs and outputs, q/k/v and the attention output, the SwiGLU's three projections
+    and their product); 4 bytes each in fp32, 2 under bf16/fp16 autocast, which also keeps a
+    half copy of the weights (2 bytes per parameter). Activation checkpointing keeps one
+    d_model per layer plus one layer's worth. FSDP (`sharded`) splits the model state `world`
+    ways but gathers a block at a time (counted twice, for prefetching)."""
+    from trimtab.model.catalog import meta_model
+
+    model = meta_model(cfg)
+    params = sum(p.numel() for p in model.parameters())
+    m = cfg.model
+    half = precision in ("bf16", "fp16")
+    per_layer = []
+    for kind in m.layers:
+        ffn = m.expert_dim * m.moe.top_k + m.moe.n_shared_experts * m.expert_dim if "moe" in kind else m.ffn_dim
+        per_layer.append(7 * m.d_model + 2 * m.kv_heads * (m.d_model // m.n_heads) + 4 * ffn)
+    elt = 2 if half else 4
+    ckpt = cfg.train.activation_checkpointing if checkpointing is None else checkpointing
+    kept = (len(per_layer) * m.d_model + max(per_layer)) if ckpt else sum(per_layer)
+    per_token = (kept + 2 * m.d_model) * elt  # + the embedding output and the final hidden state
+    state = params * (ADAMW_STATE_BYTES + (2 if half else 0))
+    if sharded and world > 1:
+        state = state // world + 2 * (params // max(len(per_layer), 1)) * elt
+    vocab = m.vocab_size or cfg.data.vocab_size
+    loss_chunk = 3 * 1024 * vocab * 4  # the chunked cross-entropy's fp32 logits, softmax, gradient
+    usable = int(memory_bytes * USABLE_FRACTION) - state - loss_chunk
+    seq = cfg.data.seq_len
+    rows = usable // (per_token * seq) if usable > 0 else 0
+    tokens = max(min(rows * seq, cfg.train.batch_tokens // seq * seq), seq)
+    return MicroBatchAdvice(tokens, rows >= 1, state, per_token, memory_bytes)

@@ -1,0 +1,166 @@
+"""`trimtab doctor`: what this machine offers for training, and what the trainer will choose.
+
+The choices come from the functions the trainer itself calls (training/device.py), so the report
+and a run agree: device, precision and why, attention kernel, fused AdamW, data-parallel backends,
+and a micro-batch that should fit a preset in this device's memory.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from typing import Any
+
+import torch
+
+from trimtab.training.device import choose_precision, cpu_has_native_bf16, pick_device, suggest_micro_batch
+
+GiB = 2**30
+
+
+def collect(preset: str = "small", device: str = "auto", nproc: int = 1, strategy: str = "ddp") -> dict[str, Any]:
+    """Every fact of the report as plain data (`trimtab doctor --json`)."""
+    from trimtab.config import load_config
+
+    dev = pick_device(device)
+    precision = choose_precision(dev, "auto")
+    cfg = load_config(preset=preset)
+    memory = _memory(dev)
+    per_process = memory["gpu_total"] if dev.type == "cuda" else (memory["ram_available"] or 0) // max(nproc, 1)
+    advice = suggest_micro_batch(cfg, per_process, precision.name, world=nproc, sharded=strategy == "fsdp")
+    micro = {"preset": preset, "tokens": advice.tokens, "fits": advice.fits, "configured": cfg.train.micro_batch_tokens,
+             "per_process_memory_gb": round(per_process / GiB, 1), "state_gb": round(advice.state_bytes / GiB, 2),
+             "activation_kb_per_token": round(advice.bytes_per_token / 1024, 1), "processes": nproc, "strategy": strategy}
+    if not advice.fits:
+        micro["fsdp_devices_needed"] = _devices_needed(cfg, per_process, precision.name)
+    return {
+        "versions": {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+                     "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+                     "platform": platform.platform()},
+        "device": _device(dev),
+        "precision": {"choice": precision.name, "reason": precision.reason, "bf16": _bf16(dev),
+                      "tf32": bool(torch.backends.cuda.matmul.allow_tf32) if dev.type == "cuda" else None},
+        "attention": _attention(dev, cfg, precision.autocast_dtype or torch.float32),
+        "fused_adamw": dev.type in ("cuda", "cpu"),  # optim.fused=auto takes it where it exists
+        "memory": {k: None if v is None else round(v / GiB, 1) for k, v in memory.items()},
+        "distributed": _distributed(dev),
+        "micro_batch": micro,
+    }
+
+
+def format_report(facts: dict[str, Any]) -> str:
+    v, d, p, a, m, dist, mb = (facts[k] for k in ("versions", "device", "precision", "attention", "memory",
+                                                     "distributed", "micro_batch"))
+    lines = [f"torch {v['torch']} (CUDA {v['cuda'] or 'none'}, cuDNN {v['cudnn'] or 'none'}), "
+             f"Python {v['python']}, {v['platform']}",
+             f"device: {d['name']} ({d['detail']})",
+             f"precision: {p['choice']} - {p['reason']}",
+             f"bf16: {'yes' if p['bf16']['supported'] else 'no'} ({p['bf16']['detail']})"]
+    if p["tf32"] is not None:
+        lines.append(f"TF32 matmuls: {'on' if p['tf32'] else 'off'}")
+    lines.append(f"attention: SDPA picks {a['backend']} for {a['shape']}; flash attention "
+                 f"{'available' if a['flash'] else 'not available'} ({a['detail']})")
+    lines.append(f"optimizer: AdamW {'fused (one kernel for all parameters)' if facts['fused_adamw'] else 'foreach'}")
+    gpu = f", GPU {m['gpu_free']} GiB free of {m['gpu_total']}" if m["gpu_total"] else ""
+    lines.append(f"memory: RAM {m['ram_available']} GiB available of {m['ram_total']}{gpu}")
+    backends = ", ".join(k for k in ("nccl", "gloo", "mpi", "ucc") if dist[k]) or "none"
+    lines.append(f"distributed: {backends} available; {dist['default']} would be used; launch with {dist['launch']}")
+    sizes = (f"model state {mb['state_gb']} GiB per process, {mb['activation_kb_per_token']} KiB of "
+             f"activations per token, {mb['per_process_memory_gb']} GiB per process")
+    if mb["fits"]:
+        lines.append(f"micro-batch for preset '{mb['preset']}': ~{mb['tokens']:,} tokens ({sizes}; the preset "
+                     f"sets {mb['configured']:,}) -> --set train.micro_batch_tokens={mb['tokens']}")
+    else:
+        need = mb.get("fsdp_devices_needed")
+        lines.append(f"micro-batch for preset '{mb['preset']}': one row of {mb['tokens']:,} tokens does NOT fit "
+                     f"({sizes})" + (f"; FSDP over {need} such devices would (distributed.strategy=fsdp)"
+                                     if need else ""))
+    return "\n".join(lines)
+
+
+def _device(dev: torch.device) -> dict[str, Any]:
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        return {"name": "cuda", "count": torch.cuda.device_count(),
+                "detail": f"{torch.cuda.device_count()} x {props.name}, compute capability {props.major}.{props.minor}"}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if dev.type == "mps":
+        return {"name": "mps", "count": 1, "detail": f"Apple GPU, {cores} CPU cores"}
+    return {"name": "cpu", "count": 1, "detail": f"{torch.backends.cpu.get_cpu_capability()}, {cores} cores, "
+                                                 f"{torch.get_num_threads()} torch threads"}
+
+
+def _bf16(dev: torch.device) -> dict[str, Any]:
+    if dev.type == "cuda":
+        ok = torch.cuda.is_bf16_supported()
+        return {"supported": ok, "detail": "native (Ampere+)" if ok else "pre-Ampere GPU: fp16 + GradScaler instead"}
+    if dev.type == "mps":
+        return {"supported": False, "detail": "MPS trains in fp16 autocast"}
+    native = cpu_has_native_bf16()
+    return {"supported": native, "detail": "native CPU instructions (AVX512-BF16 / AMX)" if native
+            else "emulated on this CPU, slower than fp32"}
+
+
+def _attention(dev: torch.device, cfg: Any, dtype: torch.dtype) -> dict[str, Any]:
+    """The SDPA kernel PyTorch picks for the preset's causal attention, asked with small tensors."""
+    from torch.nn.attention import SDPBackend
+
+    heads, head_dim = cfg.model.n_heads, cfg.model.d_model // cfg.model.n_heads
+    shape = f"{heads} heads x {head_dim} dims, {str(dtype).removeprefix('torch.')}, causal"
+    q = torch.zeros(1, heads, 128, head_dim, device=dev, dtype=dtype)
+    try:
+        backend = SDPBackend(torch._fused_sdp_choice(q, q, q, is_causal=True)).name.lower()
+    except (RuntimeError, ValueError):  # e.g. MPS: not exposed
+        backend = "unknown"
+    if dev.type == "cuda":
+        flash = torch.backends.cuda.is_flash_attention_available() and torch.backends.cuda.flash_sdp_enabled()
+        detail = "CUDA kernels: flash, memory-efficient, cuDNN, math"
+    else:
+        flash = backend == "flash_attention"
+        detail = "CPU: a fused flash-attention kernel for fp32/bf16" if dev.type == "cpu" else "MPS kernels"
+    return {"backend": backend, "flash": flash, "shape": shape, "detail": detail}
+
+
+def _memory(dev: torch.device) -> dict[str, int | None]:
+    info: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                key, value = line.split(":", 1)
+                info[key] = int(value.split()[0]) * 1024
+    except (OSError, ValueError):
+        pass
+    total = info.get("MemTotal") or (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+                                     if hasattr(os, "sysconf") else None)
+    out = {"ram_total": total, "ram_available": info.get("MemAvailable", total), "gpu_total": None, "gpu_free": None}
+    if dev.type == "cuda":
+        out["gpu_free"], out["gpu_total"] = torch.cuda.mem_get_info(dev)
+    return out
+
+
+def _distributed(dev: torch.device) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    ok = dist.is_available()
+    found = {"nccl": ok and dist.is_nccl_available(), "gloo": ok and dist.is_gloo_available(),
+             "mpi": ok and dist.is_mpi_available(), "ucc": ok and getattr(dist, "is_ucc_available", lambda: False)()}
+    n = torch.cuda.device_count() if dev.type == "cuda" else 2
+    return {**found, "default": "nccl" if dev.type == "cuda" else "gloo",
+            "launch": f"torchrun --nproc_per_node {n} -m trimtab train ... (docs/distributed.md)"}
+
+
+def _devices_needed(cfg: Any, memory: int, precision: str) -> int | None:
+    """The fewest devices (a power of two, up to 1024) over which FSDP fits one row per device."""
+    for world in (2**i for i in range(1, 11)):
+        if suggest_micro_batch(cfg, memory, precision, world=world, sharded=True).fits:
+            return world
+    return None
+
+
+def main(preset: str, device: str, nproc: int, strategy: str, as_json: bool) -> int:
+    import json
+
+    facts = collect(preset, device, nproc, strategy)
+    print(json.dumps(facts, indent=1) if as_json else format_report(facts), file=sys.stdout)
+    return 0
