@@ -37,7 +37,8 @@ def run(out: Path, nproc: int, **overrides) -> list[dict]:
     record = out.parent / f"{out.name}-rank{{rank}}.json"
     launcher = [sys.executable] if nproc == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(WORKER.parent.parent / "src")}
+    src = str(WORKER.parent.parent / "src")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([*launcher, str(WORKER), json.dumps(cfg), str(record)], env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]

@@ -175,12 +175,13 @@ def retire_after(run_dir: Path, step: int, keep: int) -> list[Path]:
     return moved
 
 
-def load_checkpoint(path: Path, full_weights: bool = True) -> tuple[dict[str, torch.Tensor] | None,
-                                                                   dict[str, Any], dict[str, Any]]:
-    """(weights, optim.pt, state.json) of a verified checkpoint. A sharded checkpoint has no
-    optimizer state in optim.pt (it is in dcp/), and its weights are assembled whole only when
-    `full_weights` (None otherwise: a data-parallel run loads its own shards)."""
-    state = verify(path)
+def load_checkpoint(path: Path, full_weights: bool = True, verified: bool = False) -> tuple[
+        dict[str, torch.Tensor] | None, dict[str, Any], dict[str, Any]]:
+    """(weights, optim.pt, state.json) of a checkpoint, verified against its manifest unless the
+    caller just did (`verified`). A sharded checkpoint has no optimizer state in optim.pt (it is
+    in dcp/), and its weights are assembled whole only when `full_weights` (None otherwise: a
+    data-parallel run loads its own shards)."""
+    state = json.loads((path / "state.json").read_text()) if verified else verify(path)
     optim_state = torch.load(path / "optim.pt", weights_only=True, map_location="cpu")
     if is_sharded(path):
         return (read_sharded_weights(path) if full_weights else None), optim_state, state

@@ -30,8 +30,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trimtab.checkpoint import SHARDED, checkpoint_root, commit_checkpoint, digest_files, load_weights, \
-    save_checkpoint
+from trimtab.checkpoint import SHARDED, checkpoint_root, commit_checkpoint, digest_files, load_checkpoint, \
+    load_weights, save_checkpoint
 from trimtab.config.distributed import DistributedConfig
 from trimtab.errors import ConfigError
 
@@ -286,7 +286,7 @@ class Parallel:
         local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
         finite = torch.stack([torch.isfinite(p).all() for p in local if p.numel()]).all()
         if self.world > 1:
-            finite = finite.float()
+            finite = finite.float().to(self.device)  # on the backend's device (CPU offload keeps weights on the CPU)
             dist.all_reduce(finite, op=dist.ReduceOp.MIN)
         return bool(finite)
 
@@ -331,6 +331,14 @@ class Parallel:
         if first is not None:
             raise OSError(*first)
 
+    def read_checkpoint(self, path: Path) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any], dict[str, Any]]:
+        """load_checkpoint for this world size: data-parallel ranks read their own shards later
+        (load_weights, load_optimizer), and skip re-hashing every file: rank 0 verified this
+        checkpoint when it chose it (from_main(latest_valid / find_checkpoint))."""
+        if self.world == 1:
+            return load_checkpoint(path)
+        return load_checkpoint(path, full_weights=False, verified=True)
+
     def load_weights(self, model: nn.Module, weights: dict[str, torch.Tensor] | None, path: Path) -> None:
         """Weights from load_checkpoint into the (wrapped) model; None: this run's shards are read
         from the sharded checkpoint directly, resharded to this world size."""
@@ -373,8 +381,9 @@ class _Forward(nn.Module):
         self.output: torch.Tensor | None = None  # the last forward's, for find_unused_parameters
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        self.output = self.fn(tokens)
-        return self.output
+        out = self.fn(tokens)
+        self.output = out if torch.is_grad_enabled() else None  # evaluation keeps nothing alive
+        return out
 
 
 def _sum_hook(_state, bucket):  # unannotated: DDP checks annotations, which are strings here

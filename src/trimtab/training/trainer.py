@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from trimtab.checkpoint import find_checkpoint, latest_valid, load_checkpoint, retire_after
+from trimtab.checkpoint import find_checkpoint, latest_valid, retire_after
 from trimtab.config import RunConfig
 from trimtab.data import StepBatch
 from trimtab.distributed import Parallel
@@ -446,7 +446,7 @@ class Trainer:
         return f"rolled back from step {step} to step {self.state.step}"
 
     def _load(self, path, rollback: bool) -> None:
-        weights, optim_state, state = load_checkpoint(path, full_weights=self.dist.world == 1)
+        weights, optim_state, state = self.dist.read_checkpoint(path)
         self.model.load_moe_state(state.get("moe", {}))  # expert counts changed by surgery
         self.model.load_mod_state(state.get("mod", {}))  # capacities the orchestrator changed
         self.dist.load_weights(self.model, weights, path)  # any checkpoint format, any world size
