@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from trimtab.api import load_run
 from trimtab.checkpoint import list_checkpoints, read_sharded_weights
-from trimtab.config import load_config
+from trimtab.config import load_config, merge
 from trimtab.data.packing import BatchLoader, Rows, shard_rows
 from trimtab.errors import ConfigError
 from trimtab.orchestrator.faults import parse_fault
@@ -31,9 +31,9 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 
 def run(out: Path, nproc: int, **overrides) -> list[dict]:
     """Train in `nproc` processes; each rank's record, rank order."""
-    cfg = {"out": str(out), "train": {"max_steps": STEPS, "eval_every": 0, "log_every": 1},
-           "data": {"max_bytes": 150_000}, "checkpoint": {"every": 5},
-           "log": {"progress": False, "tensorboard": False}, **overrides}
+    cfg = merge({"out": str(out), "train": {"max_steps": STEPS, "eval_every": 0, "log_every": 1},
+                 "data": {"max_bytes": 150_000}, "checkpoint": {"every": 5},
+                 "log": {"progress": False, "tensorboard": False}}, overrides)
     record = out.parent / f"{out.name}-rank{{rank}}.json"
     launcher = [sys.executable] if nproc == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
@@ -102,6 +102,18 @@ def test_fsdp2_matches_one_process_for_the_same_global_batch(single, fsdp):
     check_parity(single, fsdp[1], fsdp[0])
     shards = sorted(p.name for p in (list_checkpoints(fsdp[0])[-1] / "dcp").glob("*.distcp"))
     assert shards == ["__0_0.distcp", "__1_0.distcp"]
+
+
+@pytest.mark.distributed
+def test_moe_routing_and_balancing_bias_match_one_process(tmp_path):
+    """Router capacity and the balance loss depend on which rows share a micro-batch, and the
+    aux-loss-free bias on every rank's expert loads (all-reduced): all as in one process."""
+    moe = {"preset": "debug-moe", "model": {"moe": {"bias_update_rate": 1e-3}}, "train": {"max_steps": 6}}
+    one = run(tmp_path / "one", 1, **moe)[0]
+    two = run(tmp_path / "two", 2, **moe)
+    for record in two:
+        assert_close(losses(record), losses(one))
+        assert_close(record["weights"], one["weights"])
 
 
 @pytest.mark.distributed

@@ -328,15 +328,20 @@ def eval_batches(rows: Rows, micro_batch_tokens: int, max_tokens: int, pad_id: i
 
 
 def shard_rows(rows: Rows, indices: list[int], world: int) -> list[list[int]]:
-    """Split a step's rows into `world` disjoint shares of about equal tokens: longest first, each
-    to the share with the fewest tokens so far (ties: the lowest rank). Deterministic, so every
-    rank computes every share without communicating."""
+    """Split a step's rows into `world` disjoint shares of about equal tokens: the rows in the
+    order one process groups them (longest first, stable), cut into contiguous runs at equal
+    token counts (a row goes to the share holding its middle token). With micro_batch_tokens =
+    batch_tokens / world each rank's micro-batch then holds exactly the rows of one of a single
+    process's micro-batches, so even batch-dependent routing (MoE capacity and balance loss)
+    matches one process. Deterministic: every rank computes every share without communicating."""
+    order = sorted(indices, key=lambda i: -rows.length(i))
+    total = max(sum(rows.length(i) for i in order), 1)
     shares: list[list[int]] = [[] for _ in range(world)]
-    load = [0] * world
-    for i in sorted(indices, key=lambda i: -rows.length(i)):
-        r = load.index(min(load))
-        shares[r].append(i)
-        load[r] += rows.length(i)
+    seen = 0
+    for i in order:
+        n = rows.length(i)
+        shares[min(world - 1, int(world * (seen + n / 2) / total))].append(i)
+        seen += n
     return shares
 
 
