@@ -354,10 +354,13 @@ def test_confidence_is_strength_times_track_record(tmp_path):
                              outcome={"result": result} if result else None))
     journal.add(Decision(journal.next_id(), 9, "grad", {}, "", "skip_step", {}, 0.5, "auto",
                          outcome={"result": "recovered"}))
-    assert journal.track_record("spike") == (1, 3) and journal.track_record("grad") == (1, 1)
-    assert journal.track_record("plateau") == (0, 0)
+    journal.add(Decision(journal.next_id(), 12, "spike", {}, "", "scale_lr", {}, 0.5, "auto",
+                         outcome={"result": "not recovered"}))
+    assert journal.track_record("spike", "skip_step") == (1, 3) and journal.track_record("grad", "skip_step") == (1, 1)
+    assert journal.track_record("plateau", "scale_lr") == (0, 0)
+    assert journal.track_record("spike", "scale_lr") == (0, 1)  # per remedy: the skips' record is not its
     assert [d.id for d in journal.pending()] == [4]
-    assert Policy.confidence(1.0, journal.track_record("spike")) < Policy.confidence(1.0, (0, 0))
+    assert Policy.confidence(1.0, journal.track_record("spike", "skip_step")) < Policy.confidence(1.0, (0, 0))
 
 
 def test_journal_round_trip_with_nan_evidence(tmp_path):

@@ -198,7 +198,7 @@ class Orchestrator(Hook):
     def _decide(self, trainer: "Trainer", f: Finding, plan: Plan, withheld: bool = False) -> Decision:
         """Journal a decision and, in auto mode, request its action; `withheld`: the update gate
         already skipped this step's update (a skip_step decision records what happened)."""
-        confidence = Policy.confidence(f.strength, self.journal.track_record(f.rule))
+        confidence = Policy.confidence(f.strength, self.journal.track_record(f.rule, plan.action))
         mode, reasoning = self.mode, plan.reasoning
         acts = plan.action not in ("skip_step", "none", "stop")
         if mode == "auto" and acts and confidence < self.cfg.min_confidence:

@@ -86,9 +86,11 @@ class Journal:
         tmp.write_text("".join(json.dumps(asdict(d), default=_jsonable) + "\n" for d in self.decisions))
         os.replace(tmp, self.path)
 
-    def track_record(self, rule: str) -> tuple[int, int]:
-        """(recovered, judged) for this rule's decisions in this run."""
-        judged = [d for d in self.decisions if d.rule == rule and d.outcome]
+    def track_record(self, rule: str, action: str) -> tuple[int, int]:
+        """(recovered, judged) of this rule's decisions with this action in this run: how often
+        this remedy fixed this problem. Per action, since a failed first remedy is what an
+        escalation answers, and must not lower the confidence in the escalation."""
+        judged = [d for d in self.decisions if d.rule == rule and d.action == action and d.outcome]
         return sum(d.outcome["result"] == "recovered" for d in judged), len(judged)
 
     def state_dict(self) -> list[dict[str, Any]]:
