@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Actions: skip-step, scale-lr F, set-lr V, emergency-lr [F], "
                        "rollback [STEP], micro-batch TOKENS, grad-clip V, weight-decay V, checkpoint, "
                        "stop [REASON], add-expert LAYER [SOURCE], prune-expert LAYER EXPERT, reinit-expert "
-                       "LAYER EXPERT, capacity-factor V [LAYER], router-temperature V [LAYER], "
+                       "LAYER EXPERT, reset-router LAYER EXPERT, capacity-factor V [LAYER], router-temperature V [LAYER], "
                        "balance-coef V [LAYER], mod-capacity V [LAYER], total-steps N, pause-rule RULE, "
                        "resume-rule RULE, mode auto|advise|off")
     p.add_argument("run_dir")
