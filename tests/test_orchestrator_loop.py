@@ -388,6 +388,19 @@ def test_oom_below_one_row_stops_with_a_clear_status(tmp_path):
     assert [p.name for p in list_checkpoints(run)][-1] == "step_000003"
 
 
+def test_auto_micro_batch_finds_the_largest_that_fits(tmp_path):
+    """train.micro_batch_tokens 0: the first step runs whole (2048 tokens) and the OOM path halves
+    it down to what fits (the injected limit: forwards of at most 512 tokens)."""
+    run = tmp_path / "r"
+    summary = trimtab.train(debug_cfg(run, steps=4, faults=["oom@1:512"],
+                                      sets=["train.batch_tokens=2048", "train.micro_batch_tokens=0",
+                                            "train.eval_tokens=512"]))
+    assert summary["status"] == "completed"
+    ds = decisions(run, "oom")
+    assert [(d["step"], d["params"]["micro_batch_tokens"]) for d in ds] == [(1, 1024), (1, 512)]
+    assert set(by_step(run, "micro_batch_tokens").values()) == {512}
+
+
 def test_oom_probe_tries_a_larger_micro_batch_and_halves_again(tmp_path):
     run = tmp_path / "r"
     summary = trimtab.train(debug_cfg(run, steps=16, faults=["oom@3:512"],

@@ -154,7 +154,9 @@ class OptimConfig:
 class TrainConfig:
     max_steps: int = 1000
     batch_tokens: int = 16384  # target tokens per optimizer step
-    micro_batch_tokens: int = 4096  # token budget of one forward/backward (padding included)
+    # Token budget of one forward/backward (padding included). 0: auto, the largest that fits:
+    # the first step runs as one micro-batch and the orchestrator's OOM path halves it until it fits.
+    micro_batch_tokens: int = 4096
     seed: int = 1234
     device: str = "auto"  # auto | cpu | cuda | mps
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
@@ -165,11 +167,15 @@ class TrainConfig:
     log_every: int = 10
     init_from: str = ""  # run dir or checkpoint dir whose weights start this run (finetuning)
 
+    @property
+    def micro_budget(self) -> int:
+        """The micro-batch budget to start with: micro_batch_tokens, or the whole step when auto."""
+        return self.micro_batch_tokens or self.batch_tokens
+
     def validate(self) -> None:
-        _positive(self, "train", "max_steps", "batch_tokens", "micro_batch_tokens", "log_every",
-                  "eval_tokens")
-        _check(self.micro_batch_tokens <= self.batch_tokens, "train.micro_batch_tokens",
-               "must be <= train.batch_tokens")
+        _positive(self, "train", "max_steps", "batch_tokens", "log_every", "eval_tokens")
+        _check(0 <= self.micro_batch_tokens <= self.batch_tokens, "train.micro_batch_tokens",
+               "must be between 0 (auto: the largest that fits) and train.batch_tokens")
         _check(self.device in ("auto", "cpu", "cuda", "mps"), "train.device",
                "must be auto, cpu, cuda or mps")
         _check(self.precision in ("auto", "fp32", "bf16", "fp16"), "train.precision",

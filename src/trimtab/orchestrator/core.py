@@ -61,7 +61,7 @@ class Orchestrator(Hook):
     def on_train_start(self, trainer: "Trainer") -> None:
         if not self.read_every:
             self.read_every = 1 if trainer.device.type == "cpu" else 10
-        self.oom["configured"] = self.oom["configured"] or trainer.cfg.train.micro_batch_tokens
+        self.oom["configured"] = self.oom["configured"] or trainer.cfg.train.micro_budget
         self.journal.write()
 
     def update_gate(self, trainer: "Trainer", loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor | None:

@@ -257,7 +257,7 @@ def main(argv: list[str]) -> int:
 
     from trimtab.config import load_config
 
-    micro = load_config(preset=args.preset).train.micro_batch_tokens
+    micro = load_config(preset=args.preset).train.micro_budget
     table = scenarios(args.steps, micro)
     names = args.scenarios.split(",") if args.scenarios else list(table)
     unknown = [n for n in names if n not in table]

@@ -129,7 +129,7 @@ def memory_plan(cfg: RunConfig, params: int, hw: Hardware) -> MemoryPlan:
         per_token = 4 * cfg.model.d_model * len(layers) + max(per_layer)
     else:
         per_token = sum(per_layer)
-    tokens = cfg.train.micro_batch_tokens
+    tokens = cfg.train.micro_budget
     activations = round(tokens * (per_token + 4 * head32 + p * head_p))
     total = sum(state.values()) + activations
     fits = None if hw.memory_bytes is None else total <= hw.memory_bytes

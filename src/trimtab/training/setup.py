@@ -39,7 +39,7 @@ class Phase:
 
     def loader(self, cfg: RunConfig, pad_id: int, rank: int = 0, world: int = 1) -> BatchLoader:
         """The phase's loader; under data parallelism it serves this rank's share of each step."""
-        return BatchLoader(self.train_rows, cfg.train.batch_tokens, cfg.train.micro_batch_tokens,
+        return BatchLoader(self.train_rows, cfg.train.batch_tokens, cfg.train.micro_budget,
                            seed=cfg.train.seed, pad_id=pad_id, rank=rank, world=world)
 
 
@@ -58,7 +58,7 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
         eval_docs = read_documents(data, data.eval_source, section=key)[0] if data.eval_source else None
         train_rows, eval_rows = build_splits(data, tok, phase_docs, eval_docs, seed=cfg.train.seed,
                                              cache_dir=cache_dir())
-        micro = eval_batches(eval_rows, cfg.train.micro_batch_tokens, cfg.train.eval_tokens, tok.pad_id)
+        micro = eval_batches(eval_rows, cfg.train.micro_budget, cfg.train.eval_tokens, tok.pad_id)
         phases.append(Phase(name, start, steps, data, optim, train_rows, micro, skipped))
         start += steps
     return tok, phases
