@@ -207,6 +207,12 @@ class Parallel:
             unit.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
         self.fsdp = True
 
+    def grad_scaler(self, precision: "Precision") -> torch.amp.GradScaler | None:
+        """fp16's loss scaler. Under FSDP each rank sees only its gradient shard, so an overflow
+        must be all-reduced for every rank to skip the same steps (ShardedGradScaler does)."""
+        scaler = precision.grad_scaler()
+        return _ShardedScaler(self.device) if scaler is not None and self.fsdp else scaler
+
     # -------------------------------------------------------------- the step
 
     def agree(self) -> str:
@@ -372,6 +378,22 @@ class Parallel:
                                      options=StateDictOptions(full_state_dict=True))
         else:
             optimizer.load_state_dict(optim_state["optimizer"])
+
+
+class _ShardedScaler(torch.amp.GradScaler):
+    """GradScaler whose inf/NaN check covers every rank's shard. (torch's ShardedGradScaler
+    does the same but keeps found_inf 1-element, which fused AdamW's 0-d step counts reject.)"""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device.type)
+        self.comm_device = device
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        super().unscale_(optimizer)
+        for found in self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values():
+            agreed = found.to(self.comm_device)  # NCCL wants it on the GPU (CPU offload: it is not)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+            found.copy_(agreed)
 
 
 class _Forward(nn.Module):

@@ -86,7 +86,7 @@ class Trainer:
         if cfg.train.init_from and not resume:
             setup.init_weights_from(cfg, self.model)
         self.hidden = self.dist.wrap(self.model, cfg.train.compile, self.precision)  # DDP / FSDP2 under torchrun
-        self.scaler = self.precision.grad_scaler()
+        self.scaler = self.dist.grad_scaler(self.precision)  # fp16 only
         self.total_steps = sum(p.steps for p in self.phases)
         self.flops_per_token = self.model.flops_per_token(cfg.data.seq_len)
         self.peak_flops, self.peak_source = peak_flops(self.precision)
