@@ -274,6 +274,16 @@ class Parallel:
             t.copy_(flat[offset:offset + t.numel()].view_as(t))
             offset += t.numel()
 
+    def mean_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
+        """The ranks' mean of a 0-d device tensor. Every rank evaluates the same held-out rows, so
+        this changes nothing, unless one replica's weights went bad alone (a fault in one GPU's
+        memory): then all see the NaN and the orchestrator diagnoses it alike everywhere."""
+        if self.world == 1:
+            return value
+        value = value.clone()
+        dist.all_reduce(value)
+        return value / self.world
+
     def clip_grad_norm(self, params: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
         """Pre-clip global gradient norm, the same on every rank (FSDP: over all shards)."""
         if not self.fsdp:

@@ -288,7 +288,7 @@ class Trainer:
                 hidden = self.hidden(micro.inputs.to(self.device))
                 total += cross_entropy_sum(hidden, self.model.lm_head.weight, micro.targets.to(self.device))
             count += micro.n_targets
-        return total.item() / max(count, 1)
+        return self.dist.mean_over_ranks(total).item() / max(count, 1)  # one verdict if replicas diverged
 
     def _maybe_eval(self) -> None:
         every, phase = self.cfg.train.eval_every, self.phases[self.state.phase]
