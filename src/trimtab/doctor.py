@@ -69,8 +69,9 @@ def format_report(facts: dict[str, Any]) -> str:
     sizes = (f"model state {mb['state_gb']} GiB per process, {mb['activation_kb_per_token']} KiB of "
              f"activations per token, {mb['per_process_memory_gb']} GiB per process")
     if mb["fits"]:
+        configured = f"{mb['configured']:,}" if mb["configured"] else "0 (auto: the whole step, halved on OOM)"
         lines.append(f"micro-batch for preset '{mb['preset']}': ~{mb['tokens']:,} tokens ({sizes}; the preset "
-                     f"sets {mb['configured']:,}) -> --set train.micro_batch_tokens={mb['tokens']}")
+                     f"sets {configured}) -> --set train.micro_batch_tokens={mb['tokens']}")
     else:
         need = mb.get("fsdp_devices_needed")
         lines.append(f"micro-batch for preset '{mb['preset']}': one row of {mb['tokens']:,} tokens does NOT fit "
