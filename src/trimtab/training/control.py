@@ -183,6 +183,8 @@ class Control:
         moe = dict(self._trainer.model.moe_layers()).get(layer)
         if moe is None or not 0 <= expert < moe.n_experts:
             raise ConfigError(f"reset_router: no expert {expert} in a MoE layer {layer}")
+        if self._trainer.dist.world > 1:  # FSDP2 shards the router; the noise must match on every rank
+            raise ConfigError("reset_router is not supported under data parallelism yet; run it in one process")
         before = float(moe.expert_bias[expert])
         moe.reset_router(expert)
         state = self._trainer.optimizer.state.get(moe.router, {})
