@@ -154,3 +154,37 @@ def test_dropped_tokens_raise_the_capacity_factor(tmp_path):
     moe = [d for d in read_decisions(tmp_path / "r") if d["rule"] == "moe"]
     assert moe and all(d["action"] == "adjust_capacity_factor" for d in moe), moe
     assert moe[0]["params"]["value"] == pytest.approx(1.25) and moe[0]["evidence"]["dropped"] > 0.05
+
+
+def moe_lines(run_dir):
+    return [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in m]
+
+
+def test_expert_collapse_is_detected_and_balance_comes_back(tmp_path):
+    """expert_collapse@12 gives expert 0 of every MoE layer a +1 selection bias: it is every token's
+    choice (max_load E / top_k = 4), and stays so without the orchestrator. With it, the first
+    collapse raises the balance loss, which cannot move a selection bias; the recurrence escalates
+    to a router reset, after which the load spreads again."""
+    quiet = {"window": 5, "imbalance": 100, "max_drop": 1.0}  # only the collapse rule speaks
+    off = moe_cfg(tmp_path / "off", steps=24, train={"log_every": 1}, faults=["expert_collapse@12"],
+                  orchestrator={"mode": "off"})
+    trimtab.train(off)
+    lines = moe_lines(tmp_path / "off")
+    assert all(m[f"moe/{layer}/max_load"] == pytest.approx(4.0) for m in lines[12:] for layer in (1, 3))
+    assert max(m["moe/1/max_load"] for m in lines[:11]) < 4.0  # not collapsed before the fault
+
+    trimtab.train(moe_cfg(tmp_path / "auto", steps=40, train={"log_every": 1}, faults=["expert_collapse@12"],
+                          orchestrator={"moe": quiet}))
+    moe = [d for d in read_decisions(tmp_path / "auto") if d["rule"] == "moe"]
+    assert all(d["evidence"]["kind"] == "collapse" and d["step"] > 12 for d in moe), moe
+    layer1 = [d for d in moe if d["params"]["layer"] == 1]
+    assert [d["action"] for d in layer1[:2]] == ["adjust_balance_coefficient", "reset_router"], layer1
+    assert layer1[0]["outcome"]["result"] == "not recovered"  # the balance loss could not move the bias
+    assert layer1[1]["params"]["expert"] == 0 and "bias 1 -> 0" in layer1[1]["applied"][0]
+    resets = [d for d in moe if d["action"] == "reset_router"]
+    assert {d["params"]["layer"] for d in resets} == {1, 3}  # a finding on one layer does not hide the other's
+    assert max(d["step"] for d in resets) <= 30, moe
+    tail = moe_lines(tmp_path / "auto")[-5:]
+    for layer in (1, 3):
+        assert sum(m[f"moe/{layer}/max_load"] for m in tail) / 5 < 2.5, tail  # collapsed: 4.0
+        assert sum(m[f"moe/{layer}/load_cv"] for m in tail) / 5 < 0.7, tail  # collapsed: ~1.15
