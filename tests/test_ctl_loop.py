@@ -4,7 +4,6 @@ that the orchestrator rarely takes on its own, with its effect checked in the tr
 import json
 
 import pytest
-import torch
 
 import trimtab
 from trimtab.checkpoint import list_checkpoints
@@ -33,12 +32,7 @@ class Person(Hook):
                                        "saved": trainer.last_saved}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # two threads crawl when the other core is busy
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_person_drives_every_knob_through_ctl(tmp_path):

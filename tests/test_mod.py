@@ -14,12 +14,7 @@ from trimtab.model import build_model
 from trimtab.model.mod import DepthRouter
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def model(pattern=("mod",), capacity=0.5, seed=0, **mod):

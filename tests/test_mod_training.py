@@ -19,12 +19,7 @@ from trimtab.orchestrator.monitors import StepMetrics
 from trimtab.training.hooks import Hook
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # bitwise comparisons and a busy 2-core machine
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def cfg_for(preset, out, steps=16, **overrides):

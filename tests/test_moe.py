@@ -17,13 +17,7 @@ from trimtab.model.moe import MoE
 D, H = 16, 24
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: a second intra-op thread only adds sync cost (10x on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make(seed: int = 0, d: int = D, h: int = H, impl: str = "auto", **kw) -> MoE:

@@ -22,6 +22,8 @@ from trimtab.config import load_config, merge
 from trimtab.orchestrator import ctl, read_decisions
 from trimtab.training.hooks import Hook
 
+from helpers import StopAt
+
 # ------------------------------------------------------------------------------------ helpers
 
 
@@ -56,15 +58,6 @@ def all_finite(weights):
 
 def decisions(run_dir, rule=None):
     return [d for d in read_decisions(run_dir) if rule is None or d["rule"] == rule]
-
-
-class StopAt(Hook):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, trainer, out):
-        if out.step == self.step:
-            trainer.request_stop("test")
 
 
 class Snapshot(Hook):

@@ -19,7 +19,7 @@ from trimtab.errors import ConfigError
 from trimtab.orchestrator import read_decisions
 from trimtab.plan import Hardware, LossFit, RunView, effective_tokens, fit_loss_curve, live_status, make_plan
 from trimtab.plan.curve import recommend_steps
-from trimtab.training.hooks import Hook
+from helpers import StopAt
 
 # A made-up accelerator: 1 TFLOP/s, 1 GB, bf16 activations (2 bytes): no measurement in the tests.
 HW = Hardware("test", "cuda", "bf16", 1e12, "test datasheet", 10**9)
@@ -224,15 +224,6 @@ def test_live_status_in_a_real_run(tmp_path, capsys):
     assert last["fit"]["points"] == 20 and last["fit"]["r2"] > 0.5  # steps 11..30, after the 10-step warm-up
     assert last["loss_now"] == pytest.approx(LossFit(**last["fit"]).predict(tokens[30]))
     assert [d for d in read_decisions(tmp_path / "r") if d["rule"] == "convergence"] == []
-
-
-class StopAt(Hook):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, trainer, out):
-        if out.step == self.step:
-            trainer.request_stop("test")
 
 
 def test_adjust_shortens_the_run_journals_it_and_resumes_exactly(tmp_path):

@@ -11,7 +11,7 @@ import trimtab
 from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config, merge
 from trimtab.errors import CheckpointError, DataError
-from trimtab.training.hooks import Hook
+from helpers import StopAt
 from trimtab.training.trainer import Trainer
 
 
@@ -29,15 +29,6 @@ def logged(run_dir, key="loss"):
 
 def final_weights(run_dir):
     return load_file(str(list_checkpoints(run_dir)[-1] / "model.safetensors"))
-
-
-class StopAt(Hook):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, trainer, out):
-        if out.step == self.step:
-            trainer.request_stop("test")
 
 
 def test_debug_run_learns_and_writes_its_run_dir(tmp_path):
