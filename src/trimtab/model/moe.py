@@ -292,8 +292,7 @@ class MoE(nn.Module):
         if source is None:
             load = self.load if bool(self.load.sum() > 0) else self.stats.get("tokens_per_expert")
             source = int(load.argmax()) if load is not None else 0
-        if not 0 <= source < self.n_experts:
-            raise IndexError(f"expert {source} out of range (n_experts={self.n_experts})")
+        self._check_expert(source)
 
         def grow(t: Tensor) -> Tensor:
             row = t[source:source + 1]
@@ -307,25 +306,32 @@ class MoE(nn.Module):
     @torch.no_grad()
     def prune_expert(self, index: int) -> None:
         """Remove expert `index`; its tokens go to their next choices. Errors below top_k."""
-        if not 0 <= index < self.n_experts:
-            raise IndexError(f"expert {index} out of range (n_experts={self.n_experts})")
+        self._check_expert(index)
         if self.n_experts - 1 < self.top_k:
             raise ValueError(f"cannot prune: {self.n_experts - 1} experts would remain, "
                              f"fewer than top_k={self.top_k}")
         keep = [i for i in range(self.n_experts) if i != index]
         self._replace(lambda t: t[keep])
 
+    def _check_expert(self, index: int) -> None:
+        if not 0 <= index < self.n_experts:
+            raise IndexError(f"expert {index} out of range (n_experts={self.n_experts})")
+
+    def _centre_router_row(self, index: int) -> None:
+        """Router row `index` = the mean of the other rows + noise of 0.1 x their std: its logit
+        sits mid-pack for every token, so it gets traffic again (reinit_expert, reset_router)."""
+        others = torch.cat([self.router[:index], self.router[index + 1:]])
+        mean = others.mean(0)
+        self.router[index] = mean + 0.1 * others.std() * torch.randn_like(mean)
+
     @torch.no_grad()
     def reset_router(self, index: int) -> None:
         """Undo a routing collapse onto `index`, in place, keeping its expert weights: its router
         row = the mean of the others + noise and its selection bias = the others' mean, so its
         score sits mid-pack for every token. Reset the row's optimizer moments too."""
-        if not 0 <= index < self.n_experts:
-            raise IndexError(f"expert {index} out of range (n_experts={self.n_experts})")
-        others = [i for i in range(self.n_experts) if i != index]
-        rows = self.router[others]
-        self.router[index] = rows.mean(0) + 0.1 * rows.std() * torch.randn_like(rows[0])
-        self.expert_bias[index] = self.expert_bias[others].mean()
+        self._check_expert(index)
+        self._centre_router_row(index)
+        self.expert_bias[index] = torch.cat([self.expert_bias[:index], self.expert_bias[index + 1:]]).mean()
 
     @torch.no_grad()
     def reinit_expert(self, index: int) -> None:
@@ -333,14 +339,11 @@ class MoE(nn.Module):
         the other rows + noise (so its logit sits mid-pack and it gets traffic), bias and load 0.
         Replaces the parameters like add / prune: the revived row must not keep the dead
         one's optimizer moments."""
-        if not 0 <= index < self.n_experts:
-            raise IndexError(f"expert {index} out of range (n_experts={self.n_experts})")
+        self._check_expert(index)
         self._replace(lambda t: t.clone())
         nn.init.normal_(self.w1[index], 0.0, self.init_std)
         nn.init.normal_(self.w3[index], 0.0, self.init_std)
         nn.init.normal_(self.w2[index], 0.0, self.out_std)
-        others = torch.cat([self.router[:index], self.router[index + 1:]])
-        mean = others.mean(0)
-        self.router[index] = mean + 0.1 * others.std() * torch.randn_like(mean)
+        self._centre_router_row(index)
         self.expert_bias[index] = 0.0
         self.load[index] = 0.0

@@ -73,7 +73,8 @@ class RouterStats:
     def __init__(self, model) -> None:
         self.moe = MoEStepStats(model.moe_layers()) if model.moe_layers() else None
         self.mod_layers = model.mod_layers()
-        self.mod = torch.zeros(len(self.mod_layers), 3, device=model.lm_head.weight.device)
+        self.mod = torch.zeros(len(self.mod_layers), 3, device=model.lm_head.weight.device) \
+            if self.mod_layers else None  # no allocation per step for a model without MoD
 
     def add(self, share: float) -> None:
         """After a micro-batch's forward; `share` is its fraction of the step's targets."""
