@@ -194,15 +194,19 @@ class Control:
         after = float(moe.expert_bias[expert])
         return f"layer {layer}: router reset for expert {expert} (bias {before:.3g} -> {after:.3g})"
 
+    def _set_knob(self, layers: list[tuple[int, Any]], kind: str, knob: str, value: float,
+                  layer: int | None) -> str:
+        """Set `knob` on `layer` of `layers` (index, module), or on all of them when None."""
+        chosen = [m for i, m in layers if layer is None or i == layer]
+        if not chosen:
+            raise ConfigError(f"no {kind} layer {'' if layer is None else layer} in this model")
+        old = getattr(chosen[0], knob)
+        for module in chosen:
+            setattr(module, knob, float(value))
+        return f"{old:g} -> {value:g} ({f'all {kind} layers' if layer is None else f'layer {layer}'})"
+
     def _adjust_moe(self, knob: str, value: float, layer: int | None) -> str:
-        layers = [(i, m) for i, m in self._trainer.model.moe_layers() if layer is None or i == layer]
-        if not layers:
-            raise ConfigError(f"no MoE layer {'' if layer is None else layer} in this model")
-        old = getattr(layers[0][1], knob)
-        for _, moe in layers:
-            setattr(moe, knob, float(value))
-        where = "all MoE layers" if layer is None else f"layer {layer}"
-        return f"{knob} {old:g} -> {value:g} ({where})"
+        return f"{knob} {self._set_knob(self._trainer.model.moe_layers(), 'MoE', knob, value, layer)}"
 
     def _adjust_capacity_factor(self, value: float, layer: int | None = None) -> str:
         return self._adjust_moe("capacity_factor", value, layer)
@@ -214,15 +218,11 @@ class Control:
         return self._adjust_moe("aux_loss_coef", value, layer)
 
     def _adjust_mod_capacity(self, value: float, layer: int | None = None) -> str:
-        layers = [(i, r) for i, r in self._trainer.model.mod_layers() if layer is None or i == layer]
-        if not layers:
-            raise ConfigError(f"no Mixture-of-Depths layer {'' if layer is None else layer} in this model")
-        old = layers[0][1].target
-        for _, router in layers:
-            router.target = float(value)
+        layers = self._trainer.model.mod_layers()
+        line = self._set_knob(layers, "MoD", "target", value, layer)
+        for _, router in layers:  # the current capacity follows the new target (or its warm-up)
             router.set_step(self._trainer.state.step)
-        where = "all MoD layers" if layer is None else f"layer {layer}"
-        return f"MoD capacity {old:g} -> {value:g} ({where})"
+        return f"MoD capacity {line}"
 
     def _set_total_steps(self, steps: int) -> str:
         return self._trainer.set_total_steps(int(steps))
