@@ -34,20 +34,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from moe import Contention  # noqa: E402  bench/moe.py, next to this file
-
 from trimtab.benchfile import replace_section  # noqa: E402
 from trimtab.config import ModelConfig  # noqa: E402
 from trimtab.model import build_model  # noqa: E402
 
 HEADING = "## Mixture-of-Depths (bench/mod.py)"
-VARIANTS = {"dense": (["dense"], 1.0), "mod 0.5": (["mod"], 0.5), "mod 0.25": (["mod"], 0.25),
-            "mod 0.125": (["mod"], 0.125), "dense+mod 0.125": (["dense", "mod"], 0.125)}
+VARIANTS = {
+    "dense": (["dense"], 1.0),
+    "mod 0.5": (["mod"], 0.5),
+    "mod 0.25": (["mod"], 0.25),
+    "mod 0.125": (["mod"], 0.125),
+    "dense+mod 0.125": (["dense", "mod"], 0.125),
+}
 
 
 def build(pattern: list[str], capacity: float, seq_len: int):
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=4096, d_model=256, n_layers=4, n_heads=4, max_seq_len=seq_len,
-                      layer_pattern=pattern)
+    cfg = ModelConfig(vocab_size=4096, d_model=256, n_layers=4, n_heads=4, max_seq_len=seq_len, layer_pattern=pattern)
     cfg.mod.capacity = capacity
     model = build_model(cfg)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -81,31 +84,53 @@ def bench(args, threads: int) -> list[dict]:
     rows = []
     for name, (model, _) in built.items():
         ms = statistics.median(times[name]) * 1e3
-        rows.append({"threads": threads, "variant": name, "ms": ms, "all": times[name], "ratio": ms / dense_ms,
-                     "flops": model.flops_per_token(args.seq_len) / dense_flops, "other": busy.other})
-        print(f"threads={threads} {name:16s} {ms:8.1f} ms  x{ms / dense_ms:.2f} of dense "
-              f"(FLOPs x{rows[-1]['flops']:.2f})  other CPU {busy.other:.0%}", flush=True)
+        rows.append(
+            {
+                "threads": threads,
+                "variant": name,
+                "ms": ms,
+                "all": times[name],
+                "ratio": ms / dense_ms,
+                "flops": model.flops_per_token(args.seq_len) / dense_flops,
+                "other": busy.other,
+            }
+        )
+        print(
+            f"threads={threads} {name:16s} {ms:8.1f} ms  x{ms / dense_ms:.2f} of dense "
+            f"(FLOPs x{rows[-1]['flops']:.2f})  other CPU {busy.other:.0%}",
+            flush=True,
+        )
     return rows
 
 
 def write_report(args, rows: list[dict], elapsed: float) -> None:
-    lines = [HEADING, "",
-             f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
-             f"{os.cpu_count()} cores, torch {torch.__version__}; one training step (forward, backward, "
-             f"AdamW) of the `small` shape (d_model 256, 4 layers, vocab 4096) on {args.rows} x "
-             f"{args.seq_len} tokens, fp32; median of {args.reps} interleaved repetitions "
-             f"({elapsed:.0f} s in all). Target: mod 0.5 <= 0.7x dense.", "",
-             "| torch threads | variant | ms (median) | all reps | step time vs dense | FLOPs vs dense "
-             "(flops_per_token) | other processes' CPU share |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        HEADING,
+        "",
+        f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores, torch {torch.__version__}; one training step (forward, backward, "
+        f"AdamW) of the `small` shape (d_model 256, 4 layers, vocab 4096) on {args.rows} x "
+        f"{args.seq_len} tokens, fp32; median of {args.reps} interleaved repetitions "
+        f"({elapsed:.0f} s in all). Target: mod 0.5 <= 0.7x dense.",
+        "",
+        "| torch threads | variant | ms (median) | all reps | step time vs dense | FLOPs vs dense "
+        "(flops_per_token) | other processes' CPU share |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         each = ", ".join(f"{t * 1e3:.0f}" for t in r["all"])
         name = f"**{r['variant']}**" if r["variant"] == "mod 0.5" else r["variant"]
-        lines.append(f"| {r['threads']} | {name} | {r['ms']:,.1f} | {each} | {r['ratio']:.2f}x | "
-                     f"{r['flops']:.2f}x | {r['other']:.0%} |")
-    lines += ["", "- mod c: every block routes the top c of each sequence's tokens through attention and "
-              "feed-forward (gathered into a shorter sequence) and the rest along the residual; the "
-              "router and the causal predictor run on every token. The lm head and embedding are not "
-              "routed, which is why the step time stays above c."]
+        lines.append(
+            f"| {r['threads']} | {name} | {r['ms']:,.1f} | {each} | {r['ratio']:.2f}x | "
+            f"{r['flops']:.2f}x | {r['other']:.0%} |"
+        )
+    lines += [
+        "",
+        "- mod c: every block routes the top c of each sequence's tokens through attention and "
+        "feed-forward (gathered into a shorter sequence) and the rest along the residual; the "
+        "router and the causal predictor run on every token. The lm head and embedding are not "
+        "routed, which is why the step time stays above c.",
+    ]
     section = "\n".join(lines) + "\n"
     print(section)
     replace_section(ROOT / "BENCHMARKS.md", HEADING, section)

@@ -61,8 +61,10 @@ def slices(m: MoE, x: torch.Tensor) -> torch.Tensor:
     r = m.route(xf)
     order, counts = _sorted_assignments(m, r, xf.shape[0])
     tok = order // m.top_k
-    outs = [(F.silu(xe @ a) * (xe @ b)) @ c for xe, a, b, c in
-            zip(xf[tok].split(counts.tolist()), m.w1.unbind(0), m.w3.unbind(0), m.w2.unbind(0))]
+    outs = [
+        (F.silu(xe @ a) * (xe @ b)) @ c
+        for xe, a, b, c in zip(xf[tok].split(counts.tolist()), m.w1.unbind(0), m.w3.unbind(0), m.w2.unbind(0))
+    ]
     out = torch.cat(outs) * r.gates.flatten()[order, None]
     return xf.new_zeros(xf.shape).index_add(0, tok, out)
 
@@ -86,18 +88,18 @@ def module(impl: str):
     def run(m: MoE, x: torch.Tensor) -> torch.Tensor:
         m.impl = impl
         return m(x).reshape(-1, x.shape[-1])
+
     return run
 
 
-VARIANTS = {"moe": module("auto"), "moe-padded": module("padded"), "slices": slices,
-            "naive": naive}
+VARIANTS = {"moe": module("auto"), "moe-padded": module("padded"), "slices": slices, "naive": naive}
 
 
 class Contention:
     """Share of the machine's CPU time used by other processes (this one's own CPU time is
     subtracted), over the `with` block."""
 
-    def __enter__(self) -> "Contention":
+    def __enter__(self) -> Contention:
         self.busy0, self.own0, self.t0 = _busy_seconds(), _own_cpu(), time.monotonic()
         return self
 
@@ -137,74 +139,106 @@ def bench_size(args, E: int, threads: int) -> list[dict]:
                 ref = naive(m, x)
                 diff = {v: (VARIANTS[v](m, x) - ref).abs().max().item() for v in names}
                 for v in names:  # warm-up (lazy init, allocator) on a slice
-                    VARIANTS[v](m, x[:, :N // 8])
+                    VARIANTS[v](m, x[:, : N // 8])
             m(x)
-            stats = {"imbalance": (m.stats["tokens_per_expert"].max() * E / (N * k)).item(),
-                     "dropped": m.stats["dropped"].item()}
+            stats = {
+                "imbalance": (m.stats["tokens_per_expert"].max() * E / (N * k)).item(),
+                "dropped": m.stats["dropped"].item(),
+            }
             cases.append((cf, m, names, diff, stats, {v: [] for v in names}))
         for _ in range(args.reps):  # interleaved: each rep times every variant once
-            for cf, m, names, _, _, times in cases:
+            for _, m, names, _, _, times in cases:
                 for v in names:
                     times[v].append(_step(VARIANTS[v], m, x, g))
     naive_ms = statistics.median(cases[0][5]["naive"]) * 1e3
     rows = []
-    for cf, m, names, diff, stats, times in cases:
+    for cf, _, names, diff, stats, times in cases:
         for v in names:
             ms = statistics.median(times[v]) * 1e3
             mode = "dropless" if cf == 0 else f"capacity {cf}"
-            rows.append({"threads": threads, "E": E, "mode": mode, "variant": v, "ms": ms,
-                         "all": times[v], "speedup": naive_ms / ms, "diff": diff[v], **stats,
-                         "other": busy.other})
-            print(f"threads={threads} E={E:3d} cf={cf:<4} {v:10s} {ms:8.1f} ms  "
-                  f"x{naive_ms / ms:5.1f} vs naive  max|diff| {diff[v]:.1e}  "
-                  f"other CPU {busy.other:.0%}", flush=True)
+            rows.append(
+                {
+                    "threads": threads,
+                    "E": E,
+                    "mode": mode,
+                    "variant": v,
+                    "ms": ms,
+                    "all": times[v],
+                    "speedup": naive_ms / ms,
+                    "diff": diff[v],
+                    **stats,
+                    "other": busy.other,
+                }
+            )
+            print(
+                f"threads={threads} E={E:3d} cf={cf:<4} {v:10s} {ms:8.1f} ms  "
+                f"x{naive_ms / ms:5.1f} vs naive  max|diff| {diff[v]:.1e}  "
+                f"other CPU {busy.other:.0%}",
+                flush=True,
+            )
     return rows
 
 
 def write_report(args, rows: list[dict], elapsed: float) -> None:
-    lines = [HEADING, "",
-             f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
-             f"{os.cpu_count()} cores, torch {torch.__version__}; one MoE layer forward + backward "
-             f"(router, dispatch, experts, combine), N={args.tokens} tokens, D={args.d_model}, "
-             f"expert hidden {args.hidden}, top-{args.top_k}, fp32, random-init router; median of "
-             f"{args.reps} interleaved repetitions ({elapsed:.0f} s in all).", "",
-             "| torch threads | E | mode | variant | ms (median) | all reps | vs naive | "
-             "max load / mean | dropped | max abs diff vs naive | other processes' CPU share |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        HEADING,
+        "",
+        f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores, torch {torch.__version__}; one MoE layer forward + backward "
+        f"(router, dispatch, experts, combine), N={args.tokens} tokens, D={args.d_model}, "
+        f"expert hidden {args.hidden}, top-{args.top_k}, fp32, random-init router; median of "
+        f"{args.reps} interleaved repetitions ({elapsed:.0f} s in all).",
+        "",
+        "| torch threads | E | mode | variant | ms (median) | all reps | vs naive | "
+        "max load / mean | dropped | max abs diff vs naive | other processes' CPU share |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         each = ", ".join(f"{t * 1e3:.0f}" for t in r["all"])
         name = f"**{r['variant']}**" if r["variant"] == "moe" else r["variant"]
-        lines.append(f"| {r['threads']} | {r['E']} | {r['mode']} | {name} | {r['ms']:,.1f} | "
-                     f"{each} | {r['speedup']:.1f}x | {r['imbalance']:.2f} | {r['dropped']:.1%} | "
-                     f"{r['diff']:.1e} | {r['other']:.0%} |")
-    lines += ["", "- **moe** = trimtab.model.moe.MoE as built (CPU: tokens sorted by expert, three "
-              "grouped_mm, no padding); moe-padded = the same module, impl \"padded\" (slots in "
-              "[E, C, D], C = largest count capped at the capacity, three bmm); slices = one "
-              "matmul per expert on its contiguous slice; naive = every expert on every token, "
-              "masked (timed in dropless mode only: its cost does not depend on capacity).",
-              "- Max abs diff: each variant's output vs the naive loop with the same capacity."]
+        lines.append(
+            f"| {r['threads']} | {r['E']} | {r['mode']} | {name} | {r['ms']:,.1f} | "
+            f"{each} | {r['speedup']:.1f}x | {r['imbalance']:.2f} | {r['dropped']:.1%} | "
+            f"{r['diff']:.1e} | {r['other']:.0%} |"
+        )
+    lines += [
+        "",
+        "- **moe** = trimtab.model.moe.MoE as built (CPU: tokens sorted by expert, three "
+        'grouped_mm, no padding); moe-padded = the same module, impl "padded" (slots in '
+        "[E, C, D], C = largest count capped at the capacity, three bmm); slices = one "
+        "matmul per expert on its contiguous slice; naive = every expert on every token, "
+        "masked (timed in dropless mode only: its cost does not depend on capacity).",
+        "- Max abs diff: each variant's output vs the naive loop with the same capacity.",
+    ]
     section = "\n".join(lines) + "\n"
     print(section)
     replace_section(ROOT / "BENCHMARKS.md", HEADING, section)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--hidden", type=int, default=352, help="expert width (default: the "
-                        "dense ffn width for d_model 256, 704, / top_k)")
+    parser.add_argument(
+        "--hidden",
+        type=int,
+        default=352,
+        help="expert width (default: the dense ffn width for d_model 256, 704, / top_k)",
+    )
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--experts", type=int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--threads", type=int, nargs="+", default=[torch.get_num_threads(), 1],
-                        help="torch intra-op thread counts to run (default: torch's, then 1)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=[torch.get_num_threads(), 1],
+        help="torch intra-op thread counts to run (default: torch's, then 1)",
+    )
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
     t0 = time.perf_counter()
-    rows = [row for th in dict.fromkeys(args.threads) for E in args.experts
-            for row in bench_size(args, E, th)]
+    rows = [row for th in dict.fromkeys(args.threads) for E in args.experts for row in bench_size(args, E, th)]
     if not args.no_write:
         write_report(args, rows, time.perf_counter() - t0)
 

@@ -36,11 +36,21 @@ import tempfile
 import time
 
 from throughput import ROOT, Contention  # bench/throughput.py, next to this file
-
 from trimtab.benchfile import replace_section
 
-HOOK_METHODS = ("on_train_start", "on_step_start", "update_gate", "on_step_end", "on_log", "on_eval",
-                "on_train_end", "healthy", "state_dict", "on_save_start", "on_checkpoint")
+HOOK_METHODS = (
+    "on_train_start",
+    "on_step_start",
+    "update_gate",
+    "on_step_end",
+    "on_log",
+    "on_eval",
+    "on_train_end",
+    "healthy",
+    "state_dict",
+    "on_save_start",
+    "on_checkpoint",
+)
 
 
 def child(args: argparse.Namespace) -> None:
@@ -70,6 +80,7 @@ def child(args: argparse.Namespace) -> None:
                 return method(*a, **kw)
             finally:
                 clock.inside += time.perf_counter() - t0
+
         return wrapper
 
     with tempfile.TemporaryDirectory() as out:
@@ -90,8 +101,11 @@ def child(args: argparse.Namespace) -> None:
             result["pairs"].append(statistics.median(blocks[b + 1]) / statistics.median(blocks[b]))
     for mode in ("off", "auto"):
         steps = [s for s in clock.steps if s[1] == mode and s[0] > args.warmup]
-        result[mode] = {"steps": len(steps), "iteration_s": statistics.median(s[2] for s in steps),
-                        "inside_s": sum(s[3] for s in steps) / len(steps)}
+        result[mode] = {
+            "steps": len(steps),
+            "iteration_s": statistics.median(s[2] for s in steps),
+            "inside_s": sum(s[3] for s in steps) / len(steps),
+        }
     print("RESULT " + json.dumps(result))
 
 
@@ -100,18 +114,31 @@ def parent(args: argparse.Namespace) -> None:
     for rep in range(args.reps):
         r = measure(args)
         runs.append(r)
-        print(f"run {rep}: off {r['off']['iteration_s'] * 1e3:.2f} ms, auto {r['auto']['iteration_s'] * 1e3:.2f} ms "
-              f"(block pairs: {statistics.median(r['pairs']) - 1:+.2%}); inside the orchestrator "
-              f"{r['auto']['inside_s'] * 1e3:.3f} ms per auto step; other processes {r['other_cpu']:.0%} of the CPUs",
-              flush=True)
+        print(
+            f"run {rep}: off {r['off']['iteration_s'] * 1e3:.2f} ms, auto {r['auto']['iteration_s'] * 1e3:.2f} ms "
+            f"(block pairs: {statistics.median(r['pairs']) - 1:+.2%}); inside the orchestrator "
+            f"{r['auto']['inside_s'] * 1e3:.3f} ms per auto step; other processes {r['other_cpu']:.0%} of the CPUs",
+            flush=True,
+        )
     write_report(args, runs)
 
 
 def measure(args: argparse.Namespace) -> dict:
     """One process; measured again (up to --retries times, after a pause) while other processes
     took more than --max-other of the CPUs: a busy core slows two-thread torch several-fold."""
-    cmd = [sys.executable, __file__, "--child", "--preset", args.preset, "--steps", str(args.steps),
-           "--block", str(args.block), "--warmup", str(args.warmup)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--preset",
+        args.preset,
+        "--steps",
+        str(args.steps),
+        "--block",
+        str(args.block),
+        "--warmup",
+        str(args.warmup),
+    ]
     for attempt in range(args.retries + 1):
         with Contention() as busy:
             out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -137,24 +164,36 @@ def write_report(args: argparse.Namespace, runs: list[dict]) -> None:
     pairs = [x - 1 for r in runs for x in r["pairs"]]
     (low, high), med_ratio = _median_ci(pairs), statistics.median(pairs)
     direct = [r["auto"]["inside_s"] / r["auto"]["iteration_s"] for r in runs]
-    lines = ["## Orchestrator overhead (`bench/overhead.py`)", "",
-             f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-             f"torch {__import__('torch').__version__}; preset {args.preset}, fault-free, {args.steps} steps per "
-             f"process, the mode alternating off / auto every {args.block} steps inside each process (runs in "
-             f"separate processes differ by more than 1% on their own); the first {args.warmup} steps left out; "
-             f"median loop-iteration time per mode; {args.reps} processes.", "",
-             "| process | off ms/step | auto ms/step | auto / off (median of its block pairs) | inside the orchestrator, ms per auto step "
-             "| share of the auto step | decisions | other processes' CPU share |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Orchestrator overhead (`bench/overhead.py`)",
+        "",
+        f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"torch {__import__('torch').__version__}; preset {args.preset}, fault-free, {args.steps} steps per "
+        f"process, the mode alternating off / auto every {args.block} steps inside each process (runs in "
+        f"separate processes differ by more than 1% on their own); the first {args.warmup} steps left out; "
+        f"median loop-iteration time per mode; {args.reps} processes.",
+        "",
+        "| process | off ms/step | auto ms/step | auto / off (median of its block pairs) "
+        "| inside the orchestrator, ms per auto step | share of the auto step | decisions "
+        "| other processes' CPU share |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for i, (r, ratio, share) in enumerate(zip(runs, ratios, direct)):
-        lines.append(f"| {i} | {r['off']['iteration_s'] * 1e3:.2f} | {r['auto']['iteration_s'] * 1e3:.2f} | "
-                     f"{ratio:+.2%} | {r['auto']['inside_s'] * 1e3:.3f} (off: {r['off']['inside_s'] * 1e3:.3f}) | "
-                     f"{share:.3%} | {r['decisions']} | {r['other_cpu']:.0%} |")
+        lines.append(
+            f"| {i} | {r['off']['iteration_s'] * 1e3:.2f} | {r['auto']['iteration_s'] * 1e3:.2f} | "
+            f"{ratio:+.2%} | {r['auto']['inside_s'] * 1e3:.3f} (off: {r['off']['inside_s'] * 1e3:.3f}) | "
+            f"{share:.3%} | {r['decisions']} | {r['other_cpu']:.0%} |"
+        )
     med_direct = statistics.median(direct)
     verdict = "met" if high < 0.01 else "not met" if low >= 0.01 else "not resolved: the interval holds 1%"
-    lines += ["", f"- direct cost, time inside the orchestrator's hooks in auto: **{med_direct:.2%}** of the step "
-              f"(median of the processes; target < 1%: {'met' if med_direct < 0.01 else 'not met'})",
-              f"- end to end, auto / off iteration time: **{med_ratio:+.2%}** (median of {len(pairs)} block "
-              f"pairs, 95% interval {low:+.2%} to {high:+.2%}; target < 1%: {verdict})", ""]
+    lines += [
+        "",
+        f"- direct cost, time inside the orchestrator's hooks in auto: **{med_direct:.2%}** of the step "
+        f"(median of the processes; target < 1%: {'met' if med_direct < 0.01 else 'not met'})",
+        f"- end to end, auto / off iteration time: **{med_ratio:+.2%}** (median of {len(pairs)} block "
+        f"pairs, 95% interval {low:+.2%} to {high:+.2%}; target < 1%: {verdict})",
+        "",
+    ]
     section = "\n".join(lines)
     print("\n" + section)
     replace_section(ROOT / "BENCHMARKS.md", "## Orchestrator overhead", section)
@@ -167,8 +206,12 @@ if __name__ == "__main__":
     parser.add_argument("--block", type=int, default=10, help="steps per mode before it switches")
     parser.add_argument("--warmup", type=int, default=60)
     parser.add_argument("--reps", type=int, default=3, help="processes")
-    parser.add_argument("--max-other", type=float, default=0.1, help="CPU share of other processes "
-                        "above which a run is measured again (default 0.1)")
+    parser.add_argument(
+        "--max-other",
+        type=float,
+        default=0.1,
+        help="CPU share of other processes above which a run is measured again (default 0.1)",
+    )
     parser.add_argument("--retries", type=int, default=3)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ns = parser.parse_args()

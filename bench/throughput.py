@@ -88,17 +88,24 @@ def run_minimal(preset: str, warmup: int, steps: int) -> dict:
     forward = torch.compile(model) if cfg.train.compile else model
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "emb" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "emb" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.optim.weight_decay},
-                             {"params": rest, "weight_decay": 0.0}], lr=cfg.optim.lr,
-                            betas=(cfg.optim.beta1, cfg.optim.beta2), fused=True)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.optim.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+        lr=cfg.optim.lr,
+        betas=(cfg.optim.beta1, cfg.optim.beta2),
+        fused=True,
+    )
     start = time.perf_counter()
     for i, batch in enumerate(batches):
         if i == warmup:
             t0, n = time.perf_counter(), 0
         for micro in batch.micro:
             logits = forward(micro.inputs)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), micro.targets.flatten(),
-                                   ignore_index=-100, reduction="sum") / batch.n_targets
+            loss = (
+                F.cross_entropy(
+                    logits.float().flatten(0, 1), micro.targets.flatten(), ignore_index=-100, reduction="sum"
+                )
+                / batch.n_targets
+            )
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         opt.step()
@@ -117,11 +124,20 @@ def run_transformers(preset: str, warmup: int, steps: int) -> dict:
     batches = _batches(cfg, warmup + steps)
     m = cfg.model
     torch.manual_seed(cfg.train.seed)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=m.vocab_size, hidden_size=m.d_model, intermediate_size=m.ffn_dim,
-        num_hidden_layers=m.n_layers, num_attention_heads=m.n_heads, num_key_value_heads=m.kv_heads,
-        max_position_embeddings=m.max_seq_len, rope_theta=m.rope_theta, rms_norm_eps=m.norm_eps,
-        tie_word_embeddings=m.tie_embeddings))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=m.vocab_size,
+            hidden_size=m.d_model,
+            intermediate_size=m.ffn_dim,
+            num_hidden_layers=m.n_layers,
+            num_attention_heads=m.n_heads,
+            num_key_value_heads=m.kv_heads,
+            max_position_embeddings=m.max_seq_len,
+            rope_theta=m.rope_theta,
+            rms_norm_eps=m.norm_eps,
+            tie_word_embeddings=m.tie_embeddings,
+        )
+    )
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)  # its defaults
     start = time.perf_counter()
@@ -161,8 +177,18 @@ def parent(args: argparse.Namespace) -> None:
     runs: dict[str, list[dict]] = {v: [] for v in variants}
     for rep in range(args.reps):
         for variant in variants:
-            cmd = [sys.executable, __file__, "--child", variant, "--preset", args.preset,
-                   "--steps", str(args.steps), "--warmup", str(args.warmup)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                variant,
+                "--preset",
+                args.preset,
+                "--steps",
+                str(args.steps),
+                "--warmup",
+                str(args.warmup),
+            ]
             with Contention() as busy:
                 out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
             line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
@@ -170,15 +196,18 @@ def parent(args: argparse.Namespace) -> None:
                 sys.exit(f"{variant} failed:\n{out.stderr[-3000:]}")
             result = {**json.loads(line[7:]), "other_cpu": busy.other}
             runs[variant].append(result)
-            print(f"rep {rep} {variant:14s} {result['tokens_per_s']:8.0f} tok/s  "
-                  f"other processes {busy.other:.0%} of the CPUs", flush=True)
+            print(
+                f"rep {rep} {variant:14s} {result['tokens_per_s']:8.0f} tok/s  "
+                f"other processes {busy.other:.0%} of the CPUs",
+                flush=True,
+            )
     write_report(args, runs)
 
 
 class Contention:
     """Share of the machine's CPU time used by processes other than the benchmark child."""
 
-    def __enter__(self) -> "Contention":
+    def __enter__(self) -> Contention:
         self.busy0, self.child0, self.t0 = _busy_seconds(), _children_cpu(), time.monotonic()
         return self
 
@@ -202,12 +231,16 @@ def _children_cpu() -> float:
 def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
     med = {v: statistics.median(r["tokens_per_s"] for r in rs) for v, rs in runs.items()}
     rss = {v: max(r["peak_rss_mb"] for r in rs) for v, rs in runs.items()}
-    lines = [f"## Training throughput (`bench/throughput.py --preset {args.preset}`)", "",
-             f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
-             f"{os.cpu_count()} cores, torch {__import__('torch').__version__}; {args.steps} timed steps "
-             f"after {args.warmup} warm-up steps, median of {args.reps} interleaved repetitions.", "",
-             "| variant | tokens/s (median) | all reps | warm-up s | peak RSS MB | other processes' CPU share |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"## Training throughput (`bench/throughput.py --preset {args.preset}`)",
+        "",
+        f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores, torch {__import__('torch').__version__}; {args.steps} timed steps "
+        f"after {args.warmup} warm-up steps, median of {args.reps} interleaved repetitions.",
+        "",
+        "| variant | tokens/s (median) | all reps | warm-up s | peak RSS MB | other processes' CPU share |",
+        "|---|---|---|---|---|---|",
+    ]
     for v, rs in runs.items():
         each = ", ".join(f"{r['tokens_per_s']:,.0f}" for r in rs)
         loads = ", ".join(f"{r['other_cpu']:.0%}" for r in rs)
@@ -215,11 +248,16 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
         lines.append(f"| {v} | {med[v]:,.0f} | {each} | {warm:.1f} | {rss[v]:,.0f} | {loads} |")
     ratio_hf = med["trimtab"] / med["transformers"]
     ratio_min = med["trimtab"] / med["minimal"]
-    lines += ["", f"- trimtab (defaults) / transformers (defaults): **{ratio_hf:.2f}x** (target >= 1.3x)",
-              f"- trimtab / minimal loop, identical settings: **{ratio_min:.3f}x** (target >= 0.98x)"]
+    lines += [
+        "",
+        f"- trimtab (defaults) / transformers (defaults): **{ratio_hf:.2f}x** (target >= 1.3x)",
+        f"- trimtab / minimal loop, identical settings: **{ratio_min:.3f}x** (target >= 0.98x)",
+    ]
     if "trimtab-eager" in med:
-        lines.append(f"- trimtab eager / transformers: {med['trimtab-eager'] / med['transformers']:.2f}x "
-                     "(what compilation adds is the rest)")
+        lines.append(
+            f"- trimtab eager / transformers: {med['trimtab-eager'] / med['transformers']:.2f}x "
+            "(what compilation adds is the rest)"
+        )
     section = "\n".join(lines) + "\n"
     print(section)
     replace_section(ROOT / "BENCHMARKS.md", "## Training throughput", section)

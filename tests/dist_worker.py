@@ -31,19 +31,30 @@ class Recorder(Hook):
         self.result: dict[str, Any] = {}
 
     def on_step_end(self, trainer, out) -> None:
-        self.steps.append({"step": out.step, "loss": out.loss.item(), "grad_norm": out.grad_norm.item(),
-                           "skipped": bool(out.skipped) if out.skipped is not None else False,
-                           "micro_batches": len(out.batch.micro)})
+        self.steps.append(
+            {
+                "step": out.step,
+                "loss": out.loss.item(),
+                "grad_norm": out.grad_norm.item(),
+                "skipped": bool(out.skipped) if out.skipped is not None else False,
+                "micro_batches": len(out.batch.micro),
+            }
+        )
 
     def on_train_end(self, trainer, summary) -> None:
         orchestrator = next(h for h in trainer.hooks if type(h).__name__ == "Orchestrator")
         decisions = [{k: d[k] for k in DECISION_KEYS} for d in map(asdict, orchestrator.journal.decisions)]
         # FSDP holds a shard per rank: gather each weight whole (a collective, on every rank).
         weights = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in trainer.model.parameters()]
-        self.result = {"rank": trainer.dist.rank, "world": trainer.dist.world, "steps": self.steps,
-                       "decisions": decisions, "state": vars(trainer.state).copy(),
-                       "weights": [float(w.detach().double().abs().sum()) for w in weights],
-                       "summary": {k: summary[k] for k in ("status", "step", "tokens")}}
+        self.result = {
+            "rank": trainer.dist.rank,
+            "world": trainer.dist.world,
+            "steps": self.steps,
+            "decisions": decisions,
+            "state": vars(trainer.state).copy(),
+            "weights": [float(w.detach().double().abs().sum()) for w in weights],
+            "summary": {k: summary[k] for k in ("status", "step", "tokens")},
+        }
 
 
 def main() -> None:

@@ -23,19 +23,26 @@ def modules(package: str) -> dict[str, set[str]]:
 
 
 def offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
-    return [f"{mod} imports {name}" for mod, names in modules(package).items() for name in names
-            if name.startswith(forbidden)]
+    return [
+        f"{mod} imports {name}"
+        for mod, names in modules(package).items()
+        for name in names
+        if name.startswith(forbidden)
+    ]
 
 
 def test_config_imports_nothing_but_itself_and_errors():
-    bad = [f"{m} imports {n}" for m, names in modules("config").items() for n in names
-           if n.startswith("trimtab") and not n.startswith(("trimtab.config", "trimtab.errors"))]
+    bad = [
+        f"{m} imports {n}"
+        for m, names in modules("config").items()
+        for n in names
+        if n.startswith("trimtab") and not n.startswith(("trimtab.config", "trimtab.errors"))
+    ]
     assert bad == []
 
 
 def test_model_is_single_device_and_knows_no_training():
-    assert offenders("model", ("torch.distributed", "trimtab.training", "trimtab.orchestrator",
-                               "trimtab.data")) == []
+    assert offenders("model", ("torch.distributed", "trimtab.training", "trimtab.orchestrator", "trimtab.data")) == []
 
 
 def test_training_never_imports_the_orchestrator():
@@ -44,8 +51,11 @@ def test_training_never_imports_the_orchestrator():
 
 
 def test_nothing_imports_the_cli():
-    bad = [f"{m} imports trimtab.cli" for m, names in modules("").items()
-           if "trimtab.cli" in names and m not in ("cli.py", "__main__.py")]
+    bad = [
+        f"{m} imports trimtab.cli"
+        for m, names in modules("").items()
+        if "trimtab.cli" in names and m not in ("cli.py", "__main__.py")
+    ]
     assert bad == []
 
 
@@ -53,7 +63,11 @@ def test_torch_distributed_lives_in_one_module():
     """Process groups, wrapping and collectives are trimtab/distributed.py's; checkpoint.py reads and
     writes the sharded format; doctor.py only asks which backends exist. The model is single-device."""
     allowed = ("distributed.py", "checkpoint.py", "doctor.py")
-    bad = [f"{m} imports {n}" for m, names in modules("").items() for n in names
-           if n.startswith("torch.distributed") and m not in allowed]
+    bad = [
+        f"{m} imports {n}"
+        for m, names in modules("").items()
+        for n in names
+        if n.startswith("torch.distributed") and m not in allowed
+    ]
     assert bad == []
     assert offenders("model", ("trimtab.distributed",)) == []

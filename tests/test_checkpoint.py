@@ -18,8 +18,9 @@ class Tied(nn.Module):
 
 def save(tmp_path, step, keep=3, model=None):
     model = model or Tied()
-    return save_checkpoint(tmp_path, step, model.state_dict(), {"optimizer": {"x": torch.ones(2)}},
-                           {"train": {"step": step}}, keep=keep)
+    return save_checkpoint(
+        tmp_path, step, model.state_dict(), {"optimizer": {"x": torch.ones(2)}}, {"train": {"step": step}}, keep=keep
+    )
 
 
 def test_round_trip_with_tied_weights(tmp_path):

@@ -11,8 +11,16 @@ import pytest
 from trimtab.checkpoint import list_checkpoints
 from trimtab.cli import main
 
-FAST = ["--set", "data.max_bytes=150000", "--set", "log.progress=false", "--set", "log.tensorboard=false",
-        "--set", "train.eval_every=0"]
+FAST = [
+    "--set",
+    "data.max_bytes=150000",
+    "--set",
+    "log.progress=false",
+    "--set",
+    "log.tensorboard=false",
+    "--set",
+    "train.eval_every=0",
+]
 
 
 def test_train_resume_and_generate_like_the_readme(tmp_path, capsys):
@@ -44,14 +52,17 @@ def test_yaml_file_and_set_override(tmp_path, capsys):
     assert "lr: 0.0003" in saved and "max_steps: 3" in saved
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["train", "--preset", "nope"], "unknown preset 'nope'"),
-    (["train", "--set", "optim.lrr=1"], "did you mean 'optim.lr'"),
-    (["train", "missing.yaml"], "config file 'missing.yaml' does not exist"),
-    (["train", "--preset", "debug", "--set", "data.seq_len=999"], "larger than the model's"),
-    (["train", "--preset", "debug", "--set", "data.source=/no/such/dir"], "does not exist"),
-    (["generate", "/no/such/run"], "is not a run directory"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--preset", "nope"], "unknown preset 'nope'"),
+        (["train", "--set", "optim.lrr=1"], "did you mean 'optim.lr'"),
+        (["train", "missing.yaml"], "config file 'missing.yaml' does not exist"),
+        (["train", "--preset", "debug", "--set", "data.seq_len=999"], "larger than the model's"),
+        (["train", "--preset", "debug", "--set", "data.source=/no/such/dir"], "does not exist"),
+        (["generate", "/no/such/run"], "is not a run directory"),
+    ],
+)
 def test_bad_input_is_one_clear_line_and_exit_2(argv, message, capsys, tmp_path):
     assert main([*argv, *(["--out", str(tmp_path / "x")] if argv[0] == "train" else [])]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -74,8 +85,23 @@ def test_empty_corpus_and_malformed_jsonl(tmp_path, capsys):
 def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
     """A real SIGTERM to `python -m trimtab train`: checkpoint, exit 0, and the same command resumes."""
     out = tmp_path / "r"
-    cmd = [sys.executable, "-m", "trimtab", "train", "--preset", "debug", "--out", str(out),
-           "--max-steps", "100000", *FAST, "--set", "checkpoint.every=0", "--set", "train.log_every=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trimtab",
+        "train",
+        "--preset",
+        "debug",
+        "--out",
+        str(out),
+        "--max-steps",
+        "100000",
+        *FAST,
+        "--set",
+        "checkpoint.every=0",
+        "--set",
+        "train.log_every=1",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 120

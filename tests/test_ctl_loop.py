@@ -26,10 +26,14 @@ class Person(Hook):
             ctl.send(self.run_dir, ctl.parse_command(verb, args))
             self.sent[out.step + 2] = out.step
         if out.step in self.sent:
-            self.seen[self.sent.pop(out.step)] = {"lr": out.lr, "scheduled": trainer.scheduled_lr(),
-                                       "clip": trainer.grad_clip(), "lr_scale": trainer.state.lr_scale,
-                                       "wd": trainer.optimizer.param_groups[0]["weight_decay"],
-                                       "saved": trainer.last_saved}
+            self.seen[self.sent.pop(out.step)] = {
+                "lr": out.lr,
+                "scheduled": trainer.scheduled_lr(),
+                "clip": trainer.grad_clip(),
+                "lr_scale": trainer.state.lr_scale,
+                "wd": trainer.optimizer.param_groups[0]["weight_decay"],
+                "saved": trainer.last_saved,
+            }
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -37,12 +41,26 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_person_drives_every_knob_through_ctl(tmp_path):
     run = tmp_path / "r"
-    cfg = load_config(preset="debug", overrides={
-        "out": str(run), "train": {"max_steps": 30, "eval_every": 0, "batch_tokens": 1024},
-        "data": {"max_bytes": 150_000}, "checkpoint": {"every": 8}, "log": {"progress": False, "tensorboard": False},
-        "orchestrator": {"throughput": {"enabled": False}}})  # timing-based: not reproducible under load
-    script = {3: ("set-lr", "0.001"), 5: ("grad-clip", "0.25"), 7: ("weight-decay", "0.0"),
-              10: ("emergency-lr",), 12: ("checkpoint",), 14: ("rollback", "8"), 20: ("stop", "done")}
+    cfg = load_config(
+        preset="debug",
+        overrides={
+            "out": str(run),
+            "train": {"max_steps": 30, "eval_every": 0, "batch_tokens": 1024},
+            "data": {"max_bytes": 150_000},
+            "checkpoint": {"every": 8},
+            "log": {"progress": False, "tensorboard": False},
+            "orchestrator": {"throughput": {"enabled": False}},
+        },
+    )  # timing-based: not reproducible under load
+    script = {
+        3: ("set-lr", "0.001"),
+        5: ("grad-clip", "0.25"),
+        7: ("weight-decay", "0.0"),
+        10: ("emergency-lr",),
+        12: ("checkpoint",),
+        14: ("rollback", "8"),
+        20: ("stop", "done"),
+    }
     person = Person(run, script)
     summary = trimtab.train(cfg, hooks=[person])
     seen = person.seen
@@ -52,8 +70,15 @@ def test_person_drives_every_knob_through_ctl(tmp_path):
     assert seen[12]["saved"] == 13  # checkpoint: written at the step the command arrived
     assert summary["status"] == "stopped (done)" and summary["step"] == 21  # after the rollback to 8
     ds = read_decisions(run)
-    assert [d["action"] for d in ds] == ["set_lr", "adjust_grad_clip", "adjust_weight_decay",
-                                         "emergency_lr_reduction", "save_checkpoint", "rollback", "stop"]
+    assert [d["action"] for d in ds] == [
+        "set_lr",
+        "adjust_grad_clip",
+        "adjust_weight_decay",
+        "emergency_lr_reduction",
+        "save_checkpoint",
+        "rollback",
+        "stop",
+    ]
     assert all(d["mode"] == "manual" and d["applied"] for d in ds)
     assert ds[5]["applied"][0].startswith("rolled back from step 15 to step 8")
     lines = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]

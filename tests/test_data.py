@@ -11,8 +11,17 @@ import torch
 
 from trimtab.config import DataConfig
 from trimtab.data import (
-    IGNORE_INDEX, SPECIAL_TOKENS, BatchLoader, Document, Rows, TextTokenizer, build_splits,
-    eval_batches, get_tokenizer, read_documents, tokenize_documents,
+    IGNORE_INDEX,
+    SPECIAL_TOKENS,
+    BatchLoader,
+    Document,
+    Rows,
+    TextTokenizer,
+    build_splits,
+    eval_batches,
+    get_tokenizer,
+    read_documents,
+    tokenize_documents,
 )
 from trimtab.data import tokenizer as tokenizer_module
 from trimtab.data.sources import builtin_files
@@ -73,17 +82,25 @@ def test_text_directory_sorted_recursive_skips_binary_and_hidden(tmp_path):
 
 
 def test_jsonl_text_chat_and_instruction_records(tmp_path):
-    path = jsonl(tmp_path / "mix.jsonl", [
-        {"body": "plain doc"},
-        chat(("system", "S"), ("user", "U1"), ("assistant", "A1"), ("user", "U2"), ("assistant", "A2")),
-        {"prompt": "P", "response": "R"},
-        "",
-    ])
+    path = jsonl(
+        tmp_path / "mix.jsonl",
+        [
+            {"body": "plain doc"},
+            chat(("system", "S"), ("user", "U1"), ("assistant", "A1"), ("user", "U2"), ("assistant", "A2")),
+            {"prompt": "P", "response": "R"},
+            "",
+        ],
+    )
     docs, _ = read_documents(DataConfig(source=str(path), text_field="body"))
     assert [d.segments for d in docs] == [
         [("plain doc", True)],
-        [("<|system|>\nS<|end|>\n<|user|>\nU1<|end|>\n<|assistant|>\n", False), ("A1<|end|>", True),
-         ("\n<|user|>\nU2<|end|>\n<|assistant|>\n", False), ("A2<|end|>", True), ("\n", False)],
+        [
+            ("<|system|>\nS<|end|>\n<|user|>\nU1<|end|>\n<|assistant|>\n", False),
+            ("A1<|end|>", True),
+            ("\n<|user|>\nU2<|end|>\n<|assistant|>\n", False),
+            ("A2<|end|>", True),
+            ("\n", False),
+        ],
         [("<|user|>\nP<|end|>\n<|assistant|>\n", False), ("R<|end|>", True), ("\n", False)],
     ]
 
@@ -97,17 +114,19 @@ def test_format_forces_record_kind(tmp_path):
         read_documents(DataConfig(source=str(path), format="chat"))
 
 
-@pytest.mark.parametrize("bad, problem", [
-    ('{"text": "x",}', "invalid JSON"),
-    ('["text"]', "expected a JSON object"),
-    ('{"txt": "x"}', "no 'text', 'messages' or 'prompt'/'response' key"),
-    ('{"text": 3}', "'text' must be a string, got int"),
-    ('{"prompt": "p"}', "missing 'response'"),
-    ('{"messages": [{"role": "bot", "content": "x"}]}', "messages\\[0\\].role 'bot' is not one of"),
-    ('{"messages": [{"role": "assistant", "content": 1}]}',
-     "'messages\\[0\\].content' must be a string"),
-    ('{"messages": [{"role": "user", "content": "x"}]}', "no assistant message"),
-])
+@pytest.mark.parametrize(
+    "bad, problem",
+    [
+        ('{"text": "x",}', "invalid JSON"),
+        ('["text"]', "expected a JSON object"),
+        ('{"txt": "x"}', "no 'text', 'messages' or 'prompt'/'response' key"),
+        ('{"text": 3}', "'text' must be a string, got int"),
+        ('{"prompt": "p"}', "missing 'response'"),
+        ('{"messages": [{"role": "bot", "content": "x"}]}', "messages\\[0\\].role 'bot' is not one of"),
+        ('{"messages": [{"role": "assistant", "content": 1}]}', "'messages\\[0\\].content' must be a string"),
+        ('{"messages": [{"role": "user", "content": "x"}]}', "no assistant message"),
+    ],
+)
 def test_malformed_line_names_file_line_and_fix(tmp_path, bad, problem):
     path = jsonl(tmp_path / "chat.jsonl", [{"text": "ok"}, bad, {"text": "fine"}])
     with pytest.raises(DataError, match=rf"chat.jsonl:2: {problem}.*data.skip_bad_records=true"):
@@ -165,6 +184,7 @@ def test_tokenizer_cache_hit_does_not_retrain_and_training_is_deterministic(tmp_
 
     def no_training(*args):
         raise AssertionError("retrained despite a cached tokenizer")
+
     monkeypatch.setattr(tokenizer_module, "_train_bpe", no_training)
     cached = get_tokenizer(cfg, docs, tmp_path / "a")
     assert cached.fingerprint == first.fingerprint and cached.vocab_size == first.vocab_size
@@ -174,10 +194,13 @@ def test_tokenizer_cache_hit_does_not_retrain_and_training_is_deterministic(tmp_
 
 def test_user_tokenizer_file(tmp_path, tok):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
     raw = Tokenizer(models.BPE())
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    raw.train_from_iterator([CODE], trainers.BpeTrainer(
-        vocab_size=270, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    raw.train_from_iterator(
+        [CODE],
+        trainers.BpeTrainer(vocab_size=270, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False),
+    )
     raw.save(str(tmp_path / "no_eos.json"))
     with pytest.raises(DataError, match=r"^data.tokenizer '.*no_eos.json' has no <\|endoftext\|>"):
         get_tokenizer(DataConfig(tokenizer=str(tmp_path / "no_eos.json")), [], tmp_path)
@@ -195,14 +218,16 @@ def test_user_tokenizer_file(tmp_path, tok):
 
 
 def test_chat_mask_trains_only_assistant_content_and_end(tok, tmp_path):
-    path = jsonl(tmp_path / "c.jsonl", [chat(("user", "U1"), ("assistant", "A1"), ("user", "U2"),
-                                              ("assistant", "A2 ✓"))])
+    path = jsonl(
+        tmp_path / "c.jsonl", [chat(("user", "U1"), ("assistant", "A1"), ("user", "U2"), ("assistant", "A2 ✓"))]
+    )
     docs, _ = read_documents(DataConfig(source=str(path)))
     tokenized = tokenize_documents(docs, tok, DataConfig())
     tokens, mask = tokenized.tokens, tokenized.mask
     assert tok.decode(tokens[mask].tolist()) == "A1<|end|>A2 ✓<|end|>"
     assert tok.decode(tokens[~mask].tolist()) == (
-        "<|user|>\nU1<|end|>\n<|assistant|>\n\n<|user|>\nU2<|end|>\n<|assistant|>\n\n<|endoftext|>")
+        "<|user|>\nU1<|end|>\n<|assistant|>\n\n<|user|>\nU2<|end|>\n<|assistant|>\n\n<|endoftext|>"
+    )
 
 
 def test_packed_rows_have_seq_len_plus_one_tokens_with_stride_seq_len(tok):
@@ -214,7 +239,7 @@ def test_packed_rows_have_seq_len_plus_one_tokens_with_stride_seq_len(tok):
     for r in range(len(train)):
         tokens, mask = train.get(r)
         assert tokens.dtype == np.int64 and mask.dtype == bool and train.length(r) == 16
-        assert np.array_equal(tokens, stream[r * 16: r * 16 + 17])
+        assert np.array_equal(tokens, stream[r * 16 : r * 16 + 17])
     assert train.n_tokens == 16 * len(train)
     assert (stream == tok.eos_id).sum() == len(docs)  # each document ends in eos
 
@@ -236,6 +261,7 @@ def test_held_out_documents_are_disjoint_and_deterministic(tok):
 
     def texts(rows: Rows) -> set[str]:
         return {tok.decode(rows.get(i)[0][:-1].tolist()) for i in range(len(rows))}
+
     train, held = build_splits(cfg, tok, docs, None, seed=7)
     assert len(held) == 10 and len(train) == 40
     assert texts(train) | texts(held) == {d.text for d in docs} and not texts(train) & texts(held)
@@ -255,15 +281,14 @@ def test_single_document_holds_out_its_tail(tok):
     cut = int(len(stream) * 0.75)
     assert len(train) == (cut - 1) // 8 and len(held) == (len(stream) - cut - 1) // 8 > 0
     for r in range(len(train)):
-        assert np.array_equal(train.get(r)[0], stream[r * 8: r * 8 + 9]) and r * 8 + 9 <= cut
+        assert np.array_equal(train.get(r)[0], stream[r * 8 : r * 8 + 9]) and r * 8 + 9 <= cut
     for r in range(len(held)):
-        assert np.array_equal(held.get(r)[0], stream[cut + r * 8: cut + r * 8 + 9])
+        assert np.array_equal(held.get(r)[0], stream[cut + r * 8 : cut + r * 8 + 9])
 
 
 def test_too_little_data_says_tokens_vs_needed(tok):
     with pytest.raises(DataError, match=r"has \d+ tokens .* data.seq_len\+1=257"):
-        build_splits(DataConfig(seq_len=256, eval_fraction=0.0), tok, [Document([("hi", True)])],
-                     None, 0)
+        build_splits(DataConfig(seq_len=256, eval_fraction=0.0), tok, [Document([("hi", True)])], None, 0)
 
 
 def test_builtin_pipeline_caches_token_arrays(tmp_path, monkeypatch):
@@ -292,10 +317,10 @@ def synthetic_rows(n_rows: int = 23, seed: int = 0) -> Rows:
 
 
 def batches_equal(a, b) -> bool:
-    same_micro = all(torch.equal(x.inputs, y.inputs) and torch.equal(x.targets, y.targets)
-                     for x, y in zip(a.micro, b.micro))
-    return (a.rows == b.rows and a.n_targets == b.n_targets and len(a.micro) == len(b.micro)
-            and same_micro)
+    same_micro = all(
+        torch.equal(x.inputs, y.inputs) and torch.equal(x.targets, y.targets) for x, y in zip(a.micro, b.micro)
+    )
+    return a.rows == b.rows and a.n_targets == b.n_targets and len(a.micro) == len(b.micro) and same_micro
 
 
 def test_step_and_micro_batch_token_budgets(tmp_path):
@@ -339,6 +364,7 @@ def test_epochs_are_distinct_reproducible_permutations():
         out = [loader.next_batch().rows[0] for _ in range(2 * len(rows))]
         assert loader.epoch == 1
         return out
+
     first = order(5)
     assert sorted(first[:23]) == sorted(first[23:]) == list(range(23)) and first[:23] != first[23:]
     assert first[:23] == np.random.default_rng([5, 0]).permutation(23).tolist()
@@ -383,9 +409,12 @@ def test_eval_batches_cap_rows_in_order():
     micro = eval_batches(rows, micro_batch_tokens=40, max_tokens=100, pad_id=0)
     lengths = [rows.length(i) for i in range(len(rows))]
     k = int(np.searchsorted(np.cumsum(lengths), 100, side="right"))
-    assert sum(lengths[:k]) <= 100 < sum(lengths[:k + 1])
-    got = sorted(tuple(m.inputs[b][m.inputs[b] != 0].tolist())  # tokens are >= 2, pad is 0
-                 for m in micro for b in range(m.inputs.shape[0]))
+    assert sum(lengths[:k]) <= 100 < sum(lengths[: k + 1])
+    got = sorted(
+        tuple(m.inputs[b][m.inputs[b] != 0].tolist())  # tokens are >= 2, pad is 0
+        for m in micro
+        for b in range(m.inputs.shape[0])
+    )
     assert got == sorted(tuple(rows.get(i)[0][:-1].tolist()) for i in range(k))  # the first k rows
     assert all(m.inputs.numel() <= 40 or m.inputs.shape[0] == 1 for m in micro)
     assert len(eval_batches(rows, 40, max_tokens=1, pad_id=0)) == 1  # at least one row

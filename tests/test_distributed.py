@@ -31,16 +31,27 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 
 def run(out: Path, nproc: int, **overrides) -> list[dict]:
     """Train in `nproc` processes; each rank's record, rank order."""
-    cfg = merge({"out": str(out), "train": {"max_steps": STEPS, "eval_every": 0, "log_every": 1},
-                 "data": {"max_bytes": 150_000}, "checkpoint": {"every": 5},
-                 "log": {"progress": False, "tensorboard": False}}, overrides)
+    cfg = merge(
+        {
+            "out": str(out),
+            "train": {"max_steps": STEPS, "eval_every": 0, "log_every": 1},
+            "data": {"max_bytes": 150_000},
+            "checkpoint": {"every": 5},
+            "log": {"progress": False, "tensorboard": False},
+        },
+        overrides,
+    )
     record = out.parent / f"{out.name}-rank{{rank}}.json"
-    launcher = [sys.executable] if nproc == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    launcher = (
+        [sys.executable]
+        if nproc == 1
+        else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    )
     src = str(WORKER.parent.parent / "src")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([*launcher, str(WORKER), json.dumps(cfg), str(record)], env=env,
-                          capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [*launcher, str(WORKER), json.dumps(cfg), str(record)], env=env, capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return [json.loads(Path(str(record).format(rank=r)).read_text()) for r in range(nproc)]
 
@@ -190,8 +201,10 @@ def test_distributed_config_errors_name_the_key():
         load_config(preset="debug", sets=["distributed.cpu_offload=true"])
     with pytest.raises(ConfigError, match="distributed.find_unused_parameters"):
         load_config(preset="debug", sets=["distributed.strategy=fsdp", "distributed.find_unused_parameters=true"])
-    cfg = load_config(preset="debug", sets=["distributed.strategy=fsdp", "distributed.cpu_offload=true",
-                                             "distributed.param_dtype=bf16"])
+    cfg = load_config(
+        preset="debug",
+        sets=["distributed.strategy=fsdp", "distributed.cpu_offload=true", "distributed.param_dtype=bf16"],
+    )
     assert cfg.distributed.cpu_offload and cfg.distributed.param_dtype == "bf16"
 
 

@@ -14,18 +14,38 @@ def test_doctor_reports_what_a_run_would_choose(capsys):
     out = capsys.readouterr().out
     chosen = dev.choose_precision(torch.device("cpu"), "auto")
     assert f"precision: {chosen.name} - {chosen.reason}" in out
-    for needle in ("torch 2.", "device: cpu (", "bf16: ", "attention: SDPA picks ", "optimizer: AdamW fused",
-                   "memory: RAM ", "distributed: ", "gloo", "torchrun --nproc_per_node",
-                   "micro-batch for preset 'debug': ~2,048 tokens", "--set train.micro_batch_tokens=2048"):
+    for needle in (
+        "torch 2.",
+        "device: cpu (",
+        "bf16: ",
+        "attention: SDPA picks ",
+        "optimizer: AdamW fused",
+        "memory: RAM ",
+        "distributed: ",
+        "gloo",
+        "torchrun --nproc_per_node",
+        "micro-batch for preset 'debug': ~2,048 tokens",
+        "--set train.micro_batch_tokens=2048",
+    ):
         assert needle in out, (needle, out)
 
 
 def test_doctor_json_holds_every_fact(capsys):
     assert main(["doctor", "--preset", "small", "--json", "--nproc", "2", "--strategy", "fsdp"]) == 0
     facts = json.loads(capsys.readouterr().out)
-    assert set(facts) == {"versions", "device", "precision", "attention", "fused_adamw", "memory", "distributed",
-                          "micro_batch"}
-    assert facts["device"]["name"] == "cpu" and facts["distributed"]["gloo"] and facts["distributed"]["default"] == "gloo"
+    assert set(facts) == {
+        "versions",
+        "device",
+        "precision",
+        "attention",
+        "fused_adamw",
+        "memory",
+        "distributed",
+        "micro_batch",
+    }
+    assert (
+        facts["device"]["name"] == "cpu" and facts["distributed"]["gloo"] and facts["distributed"]["default"] == "gloo"
+    )
     assert facts["attention"]["backend"] in ("flash_attention", "math", "efficient_attention")
     assert facts["memory"]["ram_total"] > 0 and facts["memory"]["gpu_total"] is None
     mb = facts["micro_batch"]

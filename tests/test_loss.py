@@ -10,8 +10,7 @@ def test_chunked_loss_and_grads_equal_the_plain_loss():
     head = torch.randn(37, 16, requires_grad=True)
     targets = torch.randint(0, 37, (3, 50))
     targets[0, :7] = -100  # masked prompt side
-    plain = F.cross_entropy((hidden @ head.T).flatten(0, 1), targets.flatten(), ignore_index=-100,
-                            reduction="sum")
+    plain = F.cross_entropy((hidden @ head.T).flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
     grads = torch.autograd.grad(plain, (hidden, head))
     chunked = cross_entropy_sum(hidden, head, targets, chunk=16)  # 150 tokens: 10 chunks, last partial
     assert torch.allclose(chunked, plain, rtol=1e-6)

@@ -13,14 +13,14 @@ from trimtab.errors import ConfigError
 from trimtab.model import build_model
 from trimtab.model.mod import DepthRouter
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def model(pattern=("mod",), capacity=0.5, seed=0, **mod):
     torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=97, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, max_seq_len=64,
-                      layer_pattern=list(pattern))
+    cfg = ModelConfig(
+        vocab_size=97, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, max_seq_len=64, layer_pattern=list(pattern)
+    )
     cfg.mod.capacity = capacity
     for key, value in mod.items():
         setattr(cfg.mod, key, value)
@@ -80,7 +80,7 @@ def test_compute_is_really_skipped():
         m.train()
         with FlopCounterMode(display=False) as counter:
             (m(tokens).sum() + m.aux_loss()).backward()
-        attention = 12 * 32 * 64 * 4 * capacity ** 2
+        attention = 12 * 32 * 64 * 4 * capacity**2
         return counter.get_total_flops(), (m.flops_per_token(64) - attention) * tokens.numel()
 
     half, half_formula = counted(0.5)
@@ -109,7 +109,7 @@ def test_inference_is_causal_and_cached_decoding_matches_the_full_forward(patter
         assert torch.allclose(m(later)[:, :30], full[:, :30], atol=1e-5)  # no look-ahead
         cache = m.new_cache(2)
         parts = [m(tokens[:, :12], cache), m(tokens[:, 12:20], cache)]  # prefill, then a chunk
-        parts += [m(tokens[:, t:t + 1], cache) for t in range(20, 40)]
+        parts += [m(tokens[:, t : t + 1], cache) for t in range(20, 40)]
     assert torch.allclose(torch.cat(parts, 1), full, atol=1e-5)
     assert not cache.keep[len(m.blocks) - 1][:, :40].all()  # skipped tokens wrote no keys
 

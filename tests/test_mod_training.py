@@ -18,14 +18,18 @@ from trimtab.orchestrator.mod_health import MoDQuality
 from trimtab.orchestrator.monitors import StepMetrics
 from trimtab.training.hooks import Hook
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def cfg_for(preset, out, steps=16, **overrides):
-    base = {"out": str(out), "train": {"max_steps": steps, "eval_every": 0, "batch_tokens": 1024, "log_every": 1},
-            "data": {"max_bytes": 150_000}, "log": {"progress": False, "tensorboard": False},
-            "checkpoint": {"every": 4}, "model": {"mod": {"warmup_steps": 8}}}
+    base = {
+        "out": str(out),
+        "train": {"max_steps": steps, "eval_every": 0, "batch_tokens": 1024, "log_every": 1},
+        "data": {"max_bytes": 150_000},
+        "log": {"progress": False, "tensorboard": False},
+        "checkpoint": {"every": 4},
+        "model": {"mod": {"warmup_steps": 8}},
+    }
     return load_config(preset=preset, overrides=merge(base, overrides))
 
 
@@ -81,19 +85,27 @@ def test_capacity_action_applies_and_survives_resume(tmp_path):
     trimtab.train(cfg_for("debug-mod", tmp_path / "r", steps=12), hooks=[Look()])
     assert seen == {1: 0.5, 3: 0.25}  # from the checkpoint, not the config
     assert metrics(tmp_path / "r")[-1]["mod/3/capacity"] == 0.25
-    assert parse_command("mod-capacity", ["0.25", "3"]) == {"action": "adjust_mod_capacity",
-                                                             "params": {"value": 0.25, "layer": 3}}
+    assert parse_command("mod-capacity", ["0.25", "3"]) == {
+        "action": "adjust_mod_capacity",
+        "params": {"value": 0.25, "layer": 3},
+    }
     with pytest.raises(trimtab.errors.ConfigError, match="'value' must be a number in"):
-        trimtab.train(cfg_for("debug-mod", tmp_path / "bad", steps=6), hooks=[Act(at=1, action="adjust_mod_capacity",
-                                                                                   value=1.5)])
+        trimtab.train(
+            cfg_for("debug-mod", tmp_path / "bad", steps=6), hooks=[Act(at=1, action="adjust_mod_capacity", value=1.5)]
+        )
 
 
 @pytest.mark.parametrize("mode", ["auto", "off"])
 def test_orchestrator_gives_capacity_back_when_the_loss_rises(tmp_path, mode):
     """Every layer MoD; at step 30 a person cuts the capacity to 2% of the tokens. The loss
     rises at once; the orchestrator puts the capacity back to 0.5 (off: it stays cut)."""
-    cfg = cfg_for("debug-mod", tmp_path / "r", steps=40, model={"layer_pattern": ["mod"], "mod": {"warmup_steps": 0}},
-                  orchestrator={"mode": mode, "mod": {"tolerance": 0.03}})
+    cfg = cfg_for(
+        "debug-mod",
+        tmp_path / "r",
+        steps=40,
+        model={"layer_pattern": ["mod"], "mod": {"warmup_steps": 0}},
+        orchestrator={"mode": mode, "mod": {"tolerance": 0.03}},
+    )
     trimtab.train(cfg, hooks=[Act(at=30, action="adjust_mod_capacity", value=0.02)])
     caps = [m["mod/0/capacity"] for m in metrics(tmp_path / "r")]
     if mode == "off":
@@ -109,8 +121,7 @@ def test_orchestrator_gives_capacity_back_when_the_loss_rises(tmp_path, mode):
 def feed(monitor, rows):
     found = []
     for step, (cap, loss) in enumerate(rows):
-        f = monitor.observe(StepMetrics(step, loss, 1.0, False, False, 1.0, 1e-3, 1.0, 0.5, None,
-                                        mod_capacity=cap))
+        f = monitor.observe(StepMetrics(step, loss, 1.0, False, False, 1.0, 1e-3, 1.0, 0.5, None, mod_capacity=cap))
         found += [f] if f else []
     return found
 

@@ -146,8 +146,14 @@ def test_init_statistics_and_determinism():
     m = model(**cfg)
     b = m.blocks[1]
     out_std = 0.03 / math.sqrt(2 * 4)
-    for w, std in [(b.attn.wqkv.weight, 0.03), (b.ffn.w1.weight, 0.03), (b.ffn.w3.weight, 0.03),
-                   (m.tok_emb.weight, 0.03), (b.attn.wo.weight, out_std), (b.ffn.w2.weight, out_std)]:
+    for w, std in [
+        (b.attn.wqkv.weight, 0.03),
+        (b.ffn.w1.weight, 0.03),
+        (b.ffn.w3.weight, 0.03),
+        (m.tok_emb.weight, 0.03),
+        (b.attn.wo.weight, out_std),
+        (b.ffn.w2.weight, out_std),
+    ]:
         assert abs(w.std().item() / std - 1) < 0.05, w.shape
         assert abs(w.mean().item()) < std / 20
     assert all(torch.equal(n.weight, torch.ones(256)) for n in (b.attn_norm, b.ffn_norm, m.norm))
@@ -195,7 +201,7 @@ def test_kv_cache_prefill_then_decode_matches_full_forward():
     spread_weights(m)
     full = m(x)
     cache = m.new_cache(3)
-    steps = [m(x[:, :8], cache)] + [m(x[:, t:t + 1], cache) for t in range(8, 20)]
+    steps = [m(x[:, :8], cache)] + [m(x[:, t : t + 1], cache) for t in range(8, 20)]
     assert cache.pos == 20
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
 
@@ -218,25 +224,41 @@ def to_llama(m: Transformer):
     transformers = pytest.importorskip("transformers")
     cfg = m.cfg
     hf_cfg = transformers.LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_dim,
-        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.kv_heads, max_position_embeddings=cfg.max_seq_len,
-        rope_theta=cfg.rope_theta, rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings,
-        attn_implementation="eager")
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.ffn_dim,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.kv_heads,
+        max_position_embeddings=cfg.max_seq_len,
+        rope_theta=cfg.rope_theta,
+        rms_norm_eps=cfg.norm_eps,
+        tie_word_embeddings=cfg.tie_embeddings,
+        attn_implementation="eager",
+    )
     hf = transformers.LlamaForCausalLM(hf_cfg).eval()
     E = m.head_dim
-    state = {"model.embed_tokens.weight": m.tok_emb.weight, "model.norm.weight": m.norm.weight,
-             "lm_head.weight": m.lm_head.weight}
+    state = {
+        "model.embed_tokens.weight": m.tok_emb.weight,
+        "model.norm.weight": m.norm.weight,
+        "lm_head.weight": m.lm_head.weight,
+    }
     for i, b in enumerate(m.blocks):
         p = f"model.layers.{i}."
         q, k, v = b.attn.wqkv.weight.split([cfg.n_heads * E, cfg.kv_heads * E, cfg.kv_heads * E])
-        state.update({
-            p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k,
-            p + "self_attn.v_proj.weight": v, p + "self_attn.o_proj.weight": b.attn.wo.weight,
-            p + "mlp.gate_proj.weight": b.ffn.w1.weight, p + "mlp.up_proj.weight": b.ffn.w3.weight,
-            p + "mlp.down_proj.weight": b.ffn.w2.weight,
-            p + "input_layernorm.weight": b.attn_norm.weight,
-            p + "post_attention_layernorm.weight": b.ffn_norm.weight})
+        state.update(
+            {
+                p + "self_attn.q_proj.weight": q,
+                p + "self_attn.k_proj.weight": k,
+                p + "self_attn.v_proj.weight": v,
+                p + "self_attn.o_proj.weight": b.attn.wo.weight,
+                p + "mlp.gate_proj.weight": b.ffn.w1.weight,
+                p + "mlp.up_proj.weight": b.ffn.w3.weight,
+                p + "mlp.down_proj.weight": b.ffn.w2.weight,
+                p + "input_layernorm.weight": b.attn_norm.weight,
+                p + "post_attention_layernorm.weight": b.ffn_norm.weight,
+            }
+        )
     hf.load_state_dict(state, strict=True)
     return hf
 

@@ -73,8 +73,14 @@ def test_output_shape_train_and_eval():
 def test_init_stds_and_zero_bias():
     torch.manual_seed(0)
     m = MoE(64, 128, MoEConfig(n_experts=8, n_shared_experts=1), init_std=0.02, out_std=0.005)
-    for p, std in ((m.router, 0.02), (m.w1, 0.02), (m.w3, 0.02), (m.w2, 0.005),
-                   (m.shared.w1.weight, 0.02), (m.shared.w2.weight, 0.005)):
+    for p, std in (
+        (m.router, 0.02),
+        (m.w1, 0.02),
+        (m.w3, 0.02),
+        (m.w2, 0.005),
+        (m.shared.w1.weight, 0.02),
+        (m.shared.w2.weight, 0.005),
+    ):
         assert p.std().item() == pytest.approx(std, rel=0.1)
     assert (m.expert_bias == 0).all() and (m.load == 0).all()
     assert "expert_bias" in m.state_dict() and "load" not in m.state_dict()
@@ -92,13 +98,16 @@ def test_one_expert_equals_dense_swiglu():
 
 
 @pytest.mark.parametrize("impl", ["grouped", "padded"])
-@pytest.mark.parametrize("kw", [
-    dict(capacity_factor=0.0),  # dropless
-    dict(capacity_factor=1.0),  # drops
-    dict(capacity_factor=1.0, top_k=1, n_experts=3),
-    dict(capacity_factor=1.25, top_k=3, n_experts=6, n_shared_experts=2),
-    dict(capacity_factor=0.0, top_k=1, router_temperature=0.5),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(capacity_factor=0.0),  # dropless
+        dict(capacity_factor=1.0),  # drops
+        dict(capacity_factor=1.0, top_k=1, n_experts=3),
+        dict(capacity_factor=1.25, top_k=3, n_experts=6, n_shared_experts=2),
+        dict(capacity_factor=0.0, top_k=1, router_temperature=0.5),
+    ],
+)
 def test_matches_naive_reference(kw, impl):
     m = make(impl=impl, **kw)
     with torch.no_grad():
@@ -127,8 +136,7 @@ def _all_to(m: MoE, experts: list[int]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("impl", ["grouped", "padded"])
-@pytest.mark.parametrize("top_k,capacity_factor,dropped", [(1, 1.0, 0.75), (2, 1.0, 0.5),
-                                                             (1, 2.0, 0.5), (1, 0.0, 0.0)])
+@pytest.mark.parametrize("top_k,capacity_factor,dropped", [(1, 1.0, 0.75), (2, 1.0, 0.5), (1, 2.0, 0.5), (1, 0.0, 0.0)])
 def test_capacity_drops_the_right_fraction_in_token_order(top_k, capacity_factor, dropped, impl):
     m = make(top_k=top_k, capacity_factor=capacity_factor, impl=impl)
     x = _all_to(m, [0, 1][:top_k])  # N = 32 tokens on top_k experts; C = cf * 32 * k / 4
@@ -202,8 +210,7 @@ def test_aux_and_z_loss_hand_checked():
     torch.testing.assert_close(m.stats["tokens_per_expert"], torch.tensor([3.0, 1.0]))
     m.aux_loss.backward()  # both terms are differentiable (f is a constant, as in Switch)
     logits = x[0] @ m.router.T
-    want = (0.1 * 2 * (f * logits.softmax(-1).mean(0)).sum()
-            + 0.01 * logits.logsumexp(-1).square().mean())
+    want = 0.1 * 2 * (f * logits.softmax(-1).mean(0)).sum() + 0.01 * logits.logsumexp(-1).square().mean()
     torch.testing.assert_close(m.router.grad, torch.autograd.grad(want, m.router)[0])
     with torch.no_grad():
         m.router.zero_()  # uniform router: balance 1, z = log(E)^2, entropy log(E)

@@ -15,14 +15,17 @@ from trimtab.model import build_model
 from trimtab.orchestrator import read_decisions
 from trimtab.training.hooks import Hook
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def moe_cfg(out, steps=16, **overrides):
-    base = {"out": str(out), "train": {"max_steps": steps, "eval_every": 0, "batch_tokens": 1024, "log_every": 2},
-            "data": {"max_bytes": 150_000}, "log": {"progress": False, "tensorboard": False},
-            "checkpoint": {"every": 4}}
+    base = {
+        "out": str(out),
+        "train": {"max_steps": steps, "eval_every": 0, "batch_tokens": 1024, "log_every": 2},
+        "data": {"max_bytes": 150_000},
+        "log": {"progress": False, "tensorboard": False},
+        "checkpoint": {"every": 4},
+    }
     return load_config(preset="debug-moe", overrides=merge(base, overrides))
 
 
@@ -34,9 +37,12 @@ class Surgeon(Hook):
 
     def on_step_end(self, trainer, out):
         c = trainer.control
-        plan = {6: ("add_expert", {"layer": 1}), 8: ("prune_expert", {"layer": 3, "expert": 2}),
-                10: ("reinit_expert", {"layer": 1, "expert": 0}),
-                11: ("adjust_routing_temperature", {"value": 1.5})}
+        plan = {
+            6: ("add_expert", {"layer": 1}),
+            8: ("prune_expert", {"layer": 3, "expert": 2}),
+            10: ("reinit_expert", {"layer": 1, "expert": 0}),
+            11: ("adjust_routing_temperature", {"value": 1.5}),
+        }
         if out.step in plan:
             action, params = plan[out.step]
             c.request(action, on_done=self.done.append, **params)
@@ -72,8 +78,12 @@ def test_moe_preset_trains_with_aux_loss_and_telemetry(tmp_path):
 def test_surgery_mid_run_then_resume_is_exact(tmp_path):
     surgeon = Surgeon()
     trimtab.train(moe_cfg(tmp_path / "a"), hooks=[surgeon])
-    assert surgeon.done == ["layer 1: add expert 8 (8 -> 9 experts)", "layer 3: prune expert 2 (8 -> 7 experts)",
-                            "layer 1: reinit expert 0 (9 -> 9 experts)", "temperature 1 -> 1.5 (all MoE layers)"]
+    assert surgeon.done == [
+        "layer 1: add expert 8 (8 -> 9 experts)",
+        "layer 3: prune expert 2 (8 -> 7 experts)",
+        "layer 1: reinit expert 0 (9 -> 9 experts)",
+        "temperature 1 -> 1.5 (all MoE layers)",
+    ]
     trimtab.train(moe_cfg(tmp_path / "b"), hooks=[Surgeon(stop_at=12)])
     trimtab.train(moe_cfg(tmp_path / "b"), hooks=[Hook()])  # resumes from step 12 with the new shapes
     a = load_file(str(list_checkpoints(tmp_path / "a")[-1] / "model.safetensors"))
@@ -121,8 +131,11 @@ class Starve(Hook):
 
 
 def test_dead_expert_is_reinitialised_and_gets_traffic_again(tmp_path):
-    cfg = moe_cfg(tmp_path / "r", steps=24, orchestrator={"moe": {"window": 5, "dead_patience": 8,
-                                                                  "imbalance": 100, "max_drop": 1.0}})
+    cfg = moe_cfg(
+        tmp_path / "r",
+        steps=24,
+        orchestrator={"moe": {"window": 5, "dead_patience": 8, "imbalance": 100, "max_drop": 1.0}},
+    )
     trimtab.train(cfg, hooks=[Starve()])
     moe = [d for d in read_decisions(tmp_path / "r") if d["rule"] == "moe"]
     assert moe and moe[0]["action"] == "reinit_expert" and moe[0]["params"] == {"layer": 1, "expert": 5}
@@ -132,8 +145,12 @@ def test_dead_expert_is_reinitialised_and_gets_traffic_again(tmp_path):
 
 
 def test_imbalance_raises_the_balance_loss(tmp_path):
-    cfg = moe_cfg(tmp_path / "r", steps=30, model={"moe": {"capacity_factor": 1.0}},
-                  orchestrator={"moe": {"window": 8, "imbalance": 1.01}})
+    cfg = moe_cfg(
+        tmp_path / "r",
+        steps=30,
+        model={"moe": {"capacity_factor": 1.0}},
+        orchestrator={"moe": {"window": 8, "imbalance": 1.01}},
+    )
     trimtab.train(cfg)
     moe = [d for d in read_decisions(tmp_path / "r") if d["rule"] == "moe"]
     actions = {d["action"] for d in moe}
@@ -143,8 +160,12 @@ def test_imbalance_raises_the_balance_loss(tmp_path):
 
 
 def test_dropped_tokens_raise_the_capacity_factor(tmp_path):
-    cfg = moe_cfg(tmp_path / "r", steps=20, model={"moe": {"capacity_factor": 1.0}},
-                  orchestrator={"moe": {"window": 8, "imbalance": 100, "max_drop": 0.05}})
+    cfg = moe_cfg(
+        tmp_path / "r",
+        steps=20,
+        model={"moe": {"capacity_factor": 1.0}},
+        orchestrator={"moe": {"window": 8, "imbalance": 100, "max_drop": 0.05}},
+    )
     trimtab.train(cfg)
     moe = [d for d in read_decisions(tmp_path / "r") if d["rule"] == "moe"]
     assert moe and all(d["action"] == "adjust_capacity_factor" for d in moe), moe
@@ -161,15 +182,23 @@ def test_expert_collapse_is_detected_and_balance_comes_back(tmp_path):
     collapse raises the balance loss, which cannot move a selection bias; the recurrence escalates
     to a router reset, after which the load spreads again."""
     quiet = {"window": 5, "imbalance": 100, "max_drop": 1.0}  # only the collapse rule speaks
-    off = moe_cfg(tmp_path / "off", steps=24, train={"log_every": 1}, faults=["expert_collapse@12"],
-                  orchestrator={"mode": "off"})
+    off = moe_cfg(
+        tmp_path / "off", steps=24, train={"log_every": 1}, faults=["expert_collapse@12"], orchestrator={"mode": "off"}
+    )
     trimtab.train(off)
     lines = moe_lines(tmp_path / "off")
     assert all(m[f"moe/{layer}/max_load"] == pytest.approx(4.0) for m in lines[12:] for layer in (1, 3))
     assert max(m["moe/1/max_load"] for m in lines[:11]) < 4.0  # not collapsed before the fault
 
-    trimtab.train(moe_cfg(tmp_path / "auto", steps=40, train={"log_every": 1}, faults=["expert_collapse@12"],
-                          orchestrator={"moe": quiet}))
+    trimtab.train(
+        moe_cfg(
+            tmp_path / "auto",
+            steps=40,
+            train={"log_every": 1},
+            faults=["expert_collapse@12"],
+            orchestrator={"moe": quiet},
+        )
+    )
     moe = [d for d in read_decisions(tmp_path / "auto") if d["rule"] == "moe"]
     assert all(d["evidence"]["kind"] == "collapse" and d["step"] > 12 for d in moe), moe
     layer1 = [d for d in moe if d["params"]["layer"] == 1]

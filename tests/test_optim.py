@@ -39,7 +39,7 @@ def test_cyclic_schedules():
     tri2 = cfg(schedule="triangular2", warmup_steps=0, cycle_steps=10)
     assert lr_at(30, 1000, tri2) == pytest.approx(0.1 + 0.9 / 2)  # second peak at half height
     exp = cfg(schedule="exp_range", warmup_steps=0, cycle_steps=10, gamma=0.9)
-    assert lr_at(10, 1000, exp) == pytest.approx(0.1 + 0.9 * 0.9 ** 10)
+    assert lr_at(10, 1000, exp) == pytest.approx(0.1 + 0.9 * 0.9**10)
 
 
 def test_schedule_is_a_pure_function():

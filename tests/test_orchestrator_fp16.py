@@ -5,16 +5,24 @@ import trimtab
 from trimtab.config import load_config, merge
 from trimtab.orchestrator import read_decisions
 
-TINY = {"model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1},
-        "train": {"max_steps": 14, "batch_tokens": 256, "micro_batch_tokens": 256, "eval_every": 0,
-                  "precision": "fp16", "log_every": 2},
-        "data": {"max_bytes": 150_000}, "log": {"progress": False, "tensorboard": False},
-        "orchestrator": {"fp16": {"max_overflows": 3}, "throughput": {"enabled": False}}}
+TINY = {
+    "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1},
+    "train": {
+        "max_steps": 14,
+        "batch_tokens": 256,
+        "micro_batch_tokens": 256,
+        "eval_every": 0,
+        "precision": "fp16",
+        "log_every": 2,
+    },
+    "data": {"max_bytes": 150_000},
+    "log": {"progress": False, "tensorboard": False},
+    "orchestrator": {"fp16": {"max_overflows": 3}, "throughput": {"enabled": False}},
+}
 
 
 def test_fp16_overflow_storm_cuts_the_lr_and_is_not_journaled_as_nonfinite(tmp_path):
-    cfg = load_config(preset="debug", overrides=merge(TINY, {"out": str(tmp_path / "r"),
-                                                             "faults": ["inf_grad@8:3"]}))
+    cfg = load_config(preset="debug", overrides=merge(TINY, {"out": str(tmp_path / "r"), "faults": ["inf_grad@8:3"]}))
     summary = trimtab.train(cfg)
     assert summary["status"] == "completed" and summary["precision"] == "fp16"
     decisions = read_decisions(tmp_path / "r")

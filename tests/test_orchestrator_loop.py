@@ -16,25 +16,28 @@ import torch
 from safetensors.torch import load_file
 
 import trimtab
+from helpers import StopAt
 from trimtab.checkpoint import list_checkpoints, verify
 from trimtab.cli import main
 from trimtab.config import load_config, merge
+from trimtab.errors import CheckpointError
 from trimtab.orchestrator import ctl, read_decisions
 from trimtab.training.hooks import Hook
-
-from helpers import StopAt
 
 # ------------------------------------------------------------------------------------ helpers
 
 
 def debug_cfg(out, steps=24, sets=(), faults=(), **overrides):
-    base = {"out": str(out),
-            "train": {"max_steps": steps, "eval_every": 0, "log_every": 1, "batch_tokens": 1024,
-                      "eval_tokens": 1024},
-            "data": {"max_bytes": 150_000}, "checkpoint": {"every": 8},
-            "log": {"progress": False, "tensorboard": False}, "faults": list(faults),
-            # timing-based, so not reproducible on a busy machine: on only where a test wants it
-            "orchestrator": {"throughput": {"enabled": False}}}
+    base = {
+        "out": str(out),
+        "train": {"max_steps": steps, "eval_every": 0, "log_every": 1, "batch_tokens": 1024, "eval_tokens": 1024},
+        "data": {"max_bytes": 150_000},
+        "checkpoint": {"every": 8},
+        "log": {"progress": False, "tensorboard": False},
+        "faults": list(faults),
+        # timing-based, so not reproducible on a busy machine: on only where a test wants it
+        "orchestrator": {"throughput": {"enabled": False}},
+    }
     return load_config(preset="debug", overrides=merge(base, overrides), sets=list(sets))
 
 
@@ -74,7 +77,8 @@ class Snapshot(Hook):
     def on_step_end(self, trainer, out):
         params = all(torch.equal(self.params[n], p) for n, p in trainer.model.named_parameters())
         optim = bool(self.optim) and all(
-            torch.equal(self.optim[id(p)][k], v) for p, s in trainer.optimizer.state.items() for k, v in s.items())
+            torch.equal(self.optim[id(p)][k], v) for p, s in trainer.optimizer.state.items() for k, v in s.items()
+        )
         self.unchanged[out.step] = (params, optim)
 
 
@@ -239,8 +243,11 @@ def test_low_confidence_turns_an_action_into_advice(tmp_path):
     run = tmp_path / "r"
     trimtab.train(debug_cfg(run, steps=8, faults=["nan_loss@4:3"], sets=["orchestrator.min_confidence=0.9"]))
     ds = decisions(run)
-    assert [(d["action"], d["mode"]) for d in ds] == [("skip_step", "auto"), ("skip_step", "auto"),
-                                                      ("scale_lr", "advise")]
+    assert [(d["action"], d["mode"]) for d in ds] == [
+        ("skip_step", "auto"),
+        ("skip_step", "auto"),
+        ("scale_lr", "advise"),
+    ]
     assert ds[2]["applied"] == [] and "min_confidence" in ds[2]["reasoning"]
     assert set(by_step(run, "lr_scale").values()) == {1.0}
     assert all_finite(final_weights(run))  # the skips still happened
@@ -283,9 +290,14 @@ def test_lr_spike_is_caught_before_it_is_applied_and_undone(tmp_path, runs):
 
 def test_divergence_cuts_the_lr(tmp_path):
     run = tmp_path / "r"
-    sets = ["orchestrator.divergence.window=6", "orchestrator.divergence.min_rise=0.02",
-            "orchestrator.divergence.lr_factor=0.25", "orchestrator.spike.enabled=false",
-            "orchestrator.grad.enabled=false", "orchestrator.lr.enabled=false"]
+    sets = [
+        "orchestrator.divergence.window=6",
+        "orchestrator.divergence.min_rise=0.02",
+        "orchestrator.divergence.lr_factor=0.25",
+        "orchestrator.spike.enabled=false",
+        "orchestrator.grad.enabled=false",
+        "orchestrator.lr.enabled=false",
+    ]
     trimtab.train(debug_cfg(run, steps=18, faults=["lr_spike@10:15"], sets=sets))
     ds = decisions(run, "divergence")
     assert ds, decisions(run)
@@ -300,8 +312,12 @@ def test_divergence_cuts_the_lr(tmp_path):
 
 def test_plateau_raises_the_lr_within_max_lr_scale(tmp_path):
     run = tmp_path / "r"
-    sets = ["optim.lr=1e-7", "orchestrator.plateau.window=6", "orchestrator.plateau.variance=1e-2",
-            "orchestrator.plateau.max_progress=0.9"]
+    sets = [
+        "optim.lr=1e-7",
+        "orchestrator.plateau.window=6",
+        "orchestrator.plateau.variance=1e-2",
+        "orchestrator.plateau.max_progress=0.9",
+    ]
     trimtab.train(debug_cfg(run, steps=28, sets=sets))
     ds = decisions(run, "plateau")
     assert [d["step"] for d in ds] == [6, 12, 18, 24]  # the loss cannot move at this LR
@@ -319,9 +335,12 @@ def test_plateau_raises_the_lr_within_max_lr_scale(tmp_path):
 def test_slow_steps_are_logged_for_a_person(tmp_path):
     run = tmp_path / "r"
     # factor 0.6 rather than 0.5: the 0.25 s a slow step adds must stand out on a busy machine too
-    sets = ["orchestrator.throughput.enabled=true", "orchestrator.throughput.min_samples=5",
-            "orchestrator.throughput.patience=3",
-            "orchestrator.throughput.factor=0.6"]
+    sets = [
+        "orchestrator.throughput.enabled=true",
+        "orchestrator.throughput.min_samples=5",
+        "orchestrator.throughput.patience=3",
+        "orchestrator.throughput.factor=0.6",
+    ]
     trimtab.train(debug_cfg(run, steps=14, faults=["slow@8:6"], sets=sets))
     ds = decisions(run, "throughput")
     found = [d for d in ds if 10 <= d["step"] <= 13]  # slow steps 8..13, patience 3: first at 10
@@ -340,7 +359,8 @@ def test_memory_pressure_halves_the_micro_batch(tmp_path):
     assert [(d["step"], d["action"], d["params"]) for d in ds] == [
         (2, "adjust_batch_size", {"micro_batch_tokens": 512}),
         (4, "adjust_batch_size", {"micro_batch_tokens": 256}),
-        (6, "adjust_batch_size", {"micro_batch_tokens": 128})]
+        (6, "adjust_batch_size", {"micro_batch_tokens": 128}),
+    ]
     assert ds[0]["applied"] == ["micro-batch 1024 -> 512 tokens"]
     mbt = by_step(run, "micro_batch_tokens")
     assert [mbt[s] for s in range(1, 7)] == [1024, 1024, 512, 512, 256, 256]
@@ -353,8 +373,12 @@ def test_oom_halves_the_micro_batch_and_keeps_the_loss(runs):
     run, summary, _ = runs["oom"]
     assert summary["status"] == "completed" and summary["step"] == 24
     (d,) = decisions(run)
-    assert (d["step"], d["rule"], d["action"], d["params"]) == (8, "oom", "adjust_batch_size",
-                                                                 {"micro_batch_tokens": 512})
+    assert (d["step"], d["rule"], d["action"], d["params"]) == (
+        8,
+        "oom",
+        "adjust_batch_size",
+        {"micro_batch_tokens": 512},
+    )
     assert d["applied"] == ["micro-batch 1024 -> 512 tokens"]
     mbt = by_step(run, "micro_batch_tokens")
     assert all(mbt[s] == 1024 for s in range(1, 8)) and all(mbt[s] == 512 for s in range(8, 25))
@@ -385,9 +409,14 @@ def test_auto_micro_batch_finds_the_largest_that_fits(tmp_path):
     """train.micro_batch_tokens 0: the first step runs whole (2048 tokens) and the OOM path halves
     it down to what fits (the injected limit: forwards of at most 512 tokens)."""
     run = tmp_path / "r"
-    summary = trimtab.train(debug_cfg(run, steps=4, faults=["oom@1:512"],
-                                      sets=["train.batch_tokens=2048", "train.micro_batch_tokens=0",
-                                            "train.eval_tokens=512"]))
+    summary = trimtab.train(
+        debug_cfg(
+            run,
+            steps=4,
+            faults=["oom@1:512"],
+            sets=["train.batch_tokens=2048", "train.micro_batch_tokens=0", "train.eval_tokens=512"],
+        )
+    )
     assert summary["status"] == "completed"
     ds = decisions(run, "oom")
     assert [(d["step"], d["params"]["micro_batch_tokens"]) for d in ds] == [(1, 1024), (1, 512)]
@@ -396,8 +425,7 @@ def test_auto_micro_batch_finds_the_largest_that_fits(tmp_path):
 
 def test_oom_probe_tries_a_larger_micro_batch_and_halves_again(tmp_path):
     run = tmp_path / "r"
-    summary = trimtab.train(debug_cfg(run, steps=16, faults=["oom@3:512"],
-                                      sets=["orchestrator.oom.probe_after=6"]))
+    summary = trimtab.train(debug_cfg(run, steps=16, faults=["oom@3:512"], sets=["orchestrator.oom.probe_after=6"]))
     assert summary["status"] == "completed"
     ds = decisions(run, "oom")
     assert [(d["step"], d["params"]["micro_batch_tokens"]) for d in ds] == [(3, 512), (8, 1024), (9, 512)]
@@ -431,7 +459,7 @@ def test_corrupt_newest_checkpoint_resumes_from_the_previous(tmp_path, caplog):
     run = tmp_path / "r"
     cfg = debug_cfg(run, steps=16, faults=["corrupt_checkpoint@16"])
     assert trimtab.train(cfg)["status"] == "completed"
-    with pytest.raises(Exception):
+    with pytest.raises(CheckpointError):
         verify(run / "checkpoints" / "step_000016")
     with caplog.at_level(logging.WARNING):
         summary = trimtab.train(debug_cfg(run, steps=16, faults=["corrupt_checkpoint@16"]))
@@ -453,8 +481,11 @@ def test_sigterm_stops_with_a_checkpoint_and_the_rerun_completes(tmp_path):
 
 def test_resume_restores_the_orchestrator_exactly(tmp_path):
     faults = ["nan_loss@5:3", "grad_spike@13:1e6"]
-    sets = ["orchestrator.outcome_after=4", "orchestrator.lr_restore_after=5",
-            "orchestrator.throughput.enabled=false"]  # timing-based: not reproducible
+    sets = [
+        "orchestrator.outcome_after=4",
+        "orchestrator.lr_restore_after=5",
+        "orchestrator.throughput.enabled=false",
+    ]  # timing-based: not reproducible
     trimtab.train(debug_cfg(tmp_path / "a", steps=18, faults=faults, sets=sets))
     first = trimtab.train(debug_cfg(tmp_path / "b", steps=18, faults=faults, sets=sets), hooks=[StopAt(9)])
     assert first["status"] == "stopped (test)"
@@ -463,8 +494,12 @@ def test_resume_restores_the_orchestrator_exactly(tmp_path):
     a, b = decisions(tmp_path / "a"), decisions(tmp_path / "b")
     # the run crossed the stop with a cut LR, a ladder at rung 1 and decisions still being judged
     assert [(d["step"], d["rule"], d["action"]) for d in a] == [
-        (5, "nonfinite", "skip_step"), (6, "nonfinite", "skip_step"), (7, "nonfinite", "scale_lr"),
-        (12, "lr_restore", "scale_lr"), (13, "grad", "skip_step")]
+        (5, "nonfinite", "skip_step"),
+        (6, "nonfinite", "skip_step"),
+        (7, "nonfinite", "scale_lr"),
+        (12, "lr_restore", "scale_lr"),
+        (13, "grad", "skip_step"),
+    ]
     assert [(d["step"], d["rule"], d["action"]) for d in b] == [(d["step"], d["rule"], d["action"]) for d in a]
     assert b == a  # evidence, confidence, applied and outcomes too
     wa, wb = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
@@ -477,15 +512,21 @@ def test_resume_restores_the_orchestrator_exactly(tmp_path):
 
 def test_ctl_commands_mid_run(tmp_path, capsys):
     run = tmp_path / "r"
-    plan = {2: [ctl.parse_command("pause-rule", ["nonfinite"])],
-            4: [ctl.parse_command("scale-lr", ["0.5"])],
-            5: [{"action": "scale_lr", "params": {"factor": -1}},  # a hand-written bad one
-                {"action": "fly"}]}
+    plan = {
+        2: [ctl.parse_command("pause-rule", ["nonfinite"])],
+        4: [ctl.parse_command("scale-lr", ["0.5"])],
+        5: [
+            {"action": "scale_lr", "params": {"factor": -1}},  # a hand-written bad one
+            {"action": "fly"},
+        ],
+    }
     summary = trimtab.train(debug_cfg(run, steps=10, faults=["nan_loss@7"]), hooks=[Person(plan)])
     assert summary["status"] == "completed"
     ds = decisions(run)
     assert [(d["step"], d["rule"], d["action"], d["mode"]) for d in ds] == [
-        (3, "manual", "pause_rule", "manual"), (5, "manual", "scale_lr", "manual")]
+        (3, "manual", "pause_rule", "manual"),
+        (5, "manual", "scale_lr", "manual"),
+    ]
     assert ds[0]["applied"] == ["paused rules: nonfinite"]
     assert ds[1]["params"] == {"factor": 0.5} and ds[1]["applied"] == ["lr multiplier 1 -> 0.5"]
     # the NaN at step 7 was not journaled (the rule is paused) ...
@@ -514,9 +555,29 @@ def test_ctl_mode_off_stops_watching(tmp_path):
 
 def test_cli_inject_prints_the_decision(tmp_path, capsys):
     out = str(tmp_path / "r")
-    argv = ["train", "--preset", "debug", "--out", out, "--max-steps", "12", "--inject", "nan_loss@10",
-            "--set", "log.progress=false", "--set", "log.tensorboard=false", "--set", "data.max_bytes=150000",
-            "--set", "train.eval_every=0", "--set", "train.batch_tokens=1024", "--set", "train.eval_tokens=1024"]
+    argv = [
+        "train",
+        "--preset",
+        "debug",
+        "--out",
+        out,
+        "--max-steps",
+        "12",
+        "--inject",
+        "nan_loss@10",
+        "--set",
+        "log.progress=false",
+        "--set",
+        "log.tensorboard=false",
+        "--set",
+        "data.max_bytes=150000",
+        "--set",
+        "train.eval_every=0",
+        "--set",
+        "train.batch_tokens=1024",
+        "--set",
+        "train.eval_tokens=1024",
+    ]
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert "[orchestrator] step 10 nonfinite: loss nan, grad norm nan -> skip step" in captured.err
@@ -524,9 +585,14 @@ def test_cli_inject_prints_the_decision(tmp_path, capsys):
     assert [d["rule"] for d in decisions(tmp_path / "r")] == ["nonfinite"]
 
 
-@pytest.mark.parametrize("spec, message", [("nan_loss@x", "--inject: 'nan_loss@x' must look like KIND@STEP"),
-                                           ("melt@3", "--inject: unknown fault 'melt'"),
-                                           ("oom@3", "--inject: 'oom@3' needs a positive number")])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("nan_loss@x", "--inject: 'nan_loss@x' must look like KIND@STEP"),
+        ("melt@3", "--inject: unknown fault 'melt'"),
+        ("oom@3", "--inject: 'oom@3' needs a positive number"),
+    ],
+)
 def test_cli_bad_inject_is_exit_2(tmp_path, capsys, spec, message):
     assert main(["train", "--preset", "debug", "--out", str(tmp_path / "r"), "--inject", spec]) == 2
     err = capsys.readouterr().err

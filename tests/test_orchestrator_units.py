@@ -3,7 +3,7 @@ a fake view of the trainer, confidence, the journal, fault specs, ctl commands a
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
@@ -15,15 +15,28 @@ from trimtab.orchestrator import ctl
 from trimtab.orchestrator.core import Orchestrator
 from trimtab.orchestrator.faults import Fault, parse_fault, parse_faults
 from trimtab.orchestrator.journal import Decision, Journal, describe, read_decisions
-from trimtab.orchestrator.monitors import (Divergence, Finding, Fp16Overflow, GradExplosion, LossSpike,
-                                           LRJump, MemoryPressure, NonFinite, Plateau, Rolling, StepMetrics,
-                                           Throughput, build_monitors)
+from trimtab.orchestrator.monitors import (
+    Divergence,
+    Finding,
+    Fp16Overflow,
+    GradExplosion,
+    LossSpike,
+    LRJump,
+    MemoryPressure,
+    NonFinite,
+    Plateau,
+    Rolling,
+    StepMetrics,
+    Throughput,
+    build_monitors,
+)
 from trimtab.orchestrator.policy import Policy
 from trimtab.training.control import ACTIONS, Control
 
 
-def metrics(step, loss=5.0, grad_norm=1.0, overflow=False, tokens_per_s=1000.0, progress=0.1, memory=None,
-            lr=1e-3, lr_scale=1.0):
+def metrics(
+    step, loss=5.0, grad_norm=1.0, overflow=False, tokens_per_s=1000.0, progress=0.1, memory=None, lr=1e-3, lr_scale=1.0
+):
     return StepMetrics(step, loss, grad_norm, False, overflow, tokens_per_s, lr, lr_scale, progress, memory, [step])
 
 
@@ -154,8 +167,17 @@ def test_fp16_overflow_count():
 
 def test_build_monitors_respects_enabled():
     cfg = OrchestratorConfig()
-    assert set(build_monitors(cfg)) == {"nonfinite", "spike", "grad", "divergence", "plateau", "throughput",
-                                        "memory", "fp16", "lr"}  # moe: the orchestrator adds MoEHealth
+    assert set(build_monitors(cfg)) == {
+        "nonfinite",
+        "spike",
+        "grad",
+        "divergence",
+        "plateau",
+        "throughput",
+        "memory",
+        "fp16",
+        "lr",
+    }  # moe: the orchestrator adds MoEHealth
     cfg.spike.enabled = cfg.plateau.enabled = False
     assert "spike" not in build_monitors(cfg) and "plateau" not in build_monitors(cfg)
     assert "nonfinite" in build_monitors(cfg)  # always watched
@@ -165,11 +187,23 @@ def test_monitor_state_round_trip_through_json():
     cfg = OrchestratorConfig()
     cfg.spike.min_samples, cfg.grad.min_samples, cfg.divergence.window, cfg.plateau.window = 5, 5, 6, 6
     cfg.throughput.min_samples, cfg.throughput.patience, cfg.memory.threshold = 3, 2, 0.5
-    first = [metrics(s, loss=5 - 0.01 * s + 0.05 * (s % 3), grad_norm=1 + 0.1 * (s % 4),
-                     tokens_per_s=1000 + 10 * s, memory=0.6, overflow=s % 5 == 0) for s in range(1, 16)]
-    then = [metrics(16, loss=9.0), metrics(17, grad_norm=500.0), metrics(18, tokens_per_s=100.0),
-            metrics(19, tokens_per_s=100.0, memory=0.7)] + \
-           [metrics(s, loss=4.8 + 0.05 * s, memory=0.7) for s in range(20, 30)]
+    first = [
+        metrics(
+            s,
+            loss=5 - 0.01 * s + 0.05 * (s % 3),
+            grad_norm=1 + 0.1 * (s % 4),
+            tokens_per_s=1000 + 10 * s,
+            memory=0.6,
+            overflow=s % 5 == 0,
+        )
+        for s in range(1, 16)
+    ]
+    then = [
+        metrics(16, loss=9.0),
+        metrics(17, grad_norm=500.0),
+        metrics(18, tokens_per_s=100.0),
+        metrics(19, tokens_per_s=100.0, memory=0.7),
+    ] + [metrics(s, loss=4.8 + 0.05 * s, memory=0.7) for s in range(20, 30)]
     a = build_monitors(cfg)
     for m in first:
         for mon in a.values():
@@ -214,11 +248,20 @@ def test_ladder_climbs_skip_lr_rollback_stop():
     plans = [policy.plan(finding(s), view) for s in range(1, 7)]
     assert [p.action for p in plans] == ["skip_step", "skip_step", "scale_lr", "skip_step", "skip_step", "rollback"]
     assert plans[2].params == {"factor": 0.5}
-    assert plans[5].params == {"to": "last_good", "skip_rows": sorted(r for s in range(1, 7) for r in (s * 10, s * 10 + 1))}
+    assert plans[5].params == {
+        "to": "last_good",
+        "skip_rows": sorted(r for s in range(1, 7) for r in (s * 10, s * 10 + 1)),
+    }
     assert policy.ladder.rung == 0 and policy.ladder.rows == []  # starts over after a rollback
     view.rollbacks, view.lr_scale = 1, 0.5
     assert [policy.plan(finding(s), view).action for s in range(7, 13)] == [
-        "skip_step", "skip_step", "scale_lr", "skip_step", "skip_step", "rollback"]
+        "skip_step",
+        "skip_step",
+        "scale_lr",
+        "skip_step",
+        "skip_step",
+        "rollback",
+    ]
     view.rollbacks = 3  # max_rollbacks used
     plans = [policy.plan(finding(s), view) for s in range(13, 19)]
     assert [p.action for p in plans] == ["skip_step", "skip_step", "scale_lr", "skip_step", "skip_step", "stop"]
@@ -237,7 +280,10 @@ def test_ladder_findings_outside_the_escalation_window_do_not_climb():
 def test_ladder_skips_the_lr_rung_at_the_floor_and_stops_without_a_checkpoint():
     policy = Policy(OrchestratorConfig())
     assert [policy.plan(finding(s), View(lr_scale=0.015)).action for s in (1, 2, 3)] == [
-        "skip_step", "skip_step", "rollback"]  # 0.015 x 0.5 < min_lr_scale
+        "skip_step",
+        "skip_step",
+        "rollback",
+    ]  # 0.015 x 0.5 < min_lr_scale
     policy = Policy(OrchestratorConfig())
     plans = [policy.plan(finding(s), View(lr_scale=0.015, has_good_checkpoint=False)) for s in (1, 2, 3)]
     assert plans[-1].action == "stop" and "no good checkpoint" in plans[-1].params["reason"]
@@ -350,12 +396,28 @@ def test_confidence_is_strength_times_track_record(tmp_path):
     assert Policy.confidence(1.0, (0, 6)) == 0.3
     journal = Journal(tmp_path / "decisions.jsonl")
     for i, result in enumerate(["recovered", "not recovered", "not recovered", None]):
-        journal.add(Decision(journal.next_id(), i, "spike", {}, "", "skip_step", {}, 0.5, "auto",
-                             outcome={"result": result} if result else None))
-    journal.add(Decision(journal.next_id(), 9, "grad", {}, "", "skip_step", {}, 0.5, "auto",
-                         outcome={"result": "recovered"}))
-    journal.add(Decision(journal.next_id(), 12, "spike", {}, "", "scale_lr", {}, 0.5, "auto",
-                         outcome={"result": "not recovered"}))
+        journal.add(
+            Decision(
+                journal.next_id(),
+                i,
+                "spike",
+                {},
+                "",
+                "skip_step",
+                {},
+                0.5,
+                "auto",
+                outcome={"result": result} if result else None,
+            )
+        )
+    journal.add(
+        Decision(journal.next_id(), 9, "grad", {}, "", "skip_step", {}, 0.5, "auto", outcome={"result": "recovered"})
+    )
+    journal.add(
+        Decision(
+            journal.next_id(), 12, "spike", {}, "", "scale_lr", {}, 0.5, "auto", outcome={"result": "not recovered"}
+        )
+    )
     assert journal.track_record("spike", "skip_step") == (1, 3) and journal.track_record("grad", "skip_step") == (1, 1)
     assert journal.track_record("plateau", "scale_lr") == (0, 0)
     assert journal.track_record("spike", "scale_lr") == (0, 1)  # per remedy: the skips' record is not its
@@ -365,8 +427,19 @@ def test_confidence_is_strength_times_track_record(tmp_path):
 
 def test_journal_round_trip_with_nan_evidence(tmp_path):
     journal = Journal(tmp_path / "decisions.jsonl")
-    d = Decision(1, 7, "nonfinite", {"loss": float("nan"), "grad_norm": float("inf")}, "why", "skip_step", {},
-                 0.75, "auto", "instability", "loss nan")
+    d = Decision(
+        1,
+        7,
+        "nonfinite",
+        {"loss": float("nan"), "grad_norm": float("inf")},
+        "why",
+        "skip_step",
+        {},
+        0.75,
+        "auto",
+        "instability",
+        "loss nan",
+    )
     journal.add(d)
     (line,) = read_decisions(tmp_path)
     assert line["step"] == 7 and math.isnan(line["evidence"]["loss"]) and line["evidence"]["grad_norm"] == math.inf
@@ -374,7 +447,9 @@ def test_journal_round_trip_with_nan_evidence(tmp_path):
     other.load_state_dict(json.loads(json.dumps(journal.state_dict(), default=str)))
     assert other.decisions[0].console_line() == d.console_line()
     assert (tmp_path / "other.jsonl").is_file() and read_decisions(tmp_path / "nowhere") == []
-    assert "[advise: not applied]" in Decision(2, 1, "r", {}, "", "scale_lr", {"factor": 0.5}, 1, "advise").console_line()
+    assert (
+        "[advise: not applied]" in Decision(2, 1, "r", {}, "", "scale_lr", {"factor": 0.5}, 1, "advise").console_line()
+    )
     assert describe("rollback", {"to": "last_good", "skip_rows": [1, 2]}) == "roll back to last_good, skip 2 rows"
     assert describe("adjust_batch_size", {"micro_batch_tokens": 512}) == "micro-batch 512 tokens"
 
@@ -390,17 +465,20 @@ def test_parse_fault_valid_specs():
     assert [f.kind for f in parse_faults(["slow@1:2", "disk_full@8"])] == ["slow", "disk_full"]
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("melt@3", "unknown fault 'melt'"),
-    ("nan_loss", "must look like KIND@STEP[:PARAM]"),
-    ("nan_loss@-1", "must look like KIND@STEP[:PARAM]"),
-    ("nan_loss@x", "must look like KIND@STEP[:PARAM]"),
-    ("oom@3:lots", "must be a number"),
-    ("oom@3", "needs a positive number after ':'"),
-    ("lr_spike@3:0", "needs a positive number"),
-    ("nan_loss@3:1.5", "needs a whole number of firings"),
-    ("slow@3:-2", "needs a whole number of firings"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("melt@3", "unknown fault 'melt'"),
+        ("nan_loss", "must look like KIND@STEP[:PARAM]"),
+        ("nan_loss@-1", "must look like KIND@STEP[:PARAM]"),
+        ("nan_loss@x", "must look like KIND@STEP[:PARAM]"),
+        ("oom@3:lots", "must be a number"),
+        ("oom@3", "needs a positive number after ':'"),
+        ("lr_spike@3:0", "needs a positive number"),
+        ("nan_loss@3:1.5", "needs a whole number of firings"),
+        ("slow@3:-2", "needs a whole number of firings"),
+    ],
+)
 def test_parse_fault_errors(spec, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         parse_fault(spec)
@@ -417,11 +495,18 @@ def test_control_validates_parameters_when_asked():
         control.request("emergency_lr_reduction", factor=1.0)
     with pytest.raises(ConfigError, match="emergency_lr_reduction"):
         control.request("emergency_lr_reduction", factor=2.0)
-    for action, params in [("scale_lr", {"factor": 0}), ("scale_lr", {"factor": -1}), ("scale_lr", {}),
-                           ("scale_lr", {"factor": "2"}), ("set_lr", {"value": 0.0}),
-                           ("adjust_batch_size", {"micro_batch_tokens": 0}), ("adjust_grad_clip", {"value": -1}),
-                           ("adjust_weight_decay", {}), ("rollback", {"to": "yesterday"}),
-                           ("rollback", {"to": -3})]:
+    for action, params in [
+        ("scale_lr", {"factor": 0}),
+        ("scale_lr", {"factor": -1}),
+        ("scale_lr", {}),
+        ("scale_lr", {"factor": "2"}),
+        ("set_lr", {"value": 0.0}),
+        ("adjust_batch_size", {"micro_batch_tokens": 0}),
+        ("adjust_grad_clip", {"value": -1}),
+        ("adjust_weight_decay", {}),
+        ("rollback", {"to": "yesterday"}),
+        ("rollback", {"to": -3}),
+    ]:
         with pytest.raises(ConfigError, match=action):
             control.request(action, **params)
     with pytest.raises(ConfigError, match="unknown action 'fly'"):
@@ -431,19 +516,27 @@ def test_control_validates_parameters_when_asked():
     control.request("emergency_lr_reduction", factor=0.5)
     control.request("rollback", to=12)
     assert [(a, p) for a, p, _ in control._queue] == [
-        ("emergency_lr_reduction", {"factor": 0.1}), ("emergency_lr_reduction", {"factor": 0.5}),
-        ("rollback", {"to": 12})]
+        ("emergency_lr_reduction", {"factor": 0.1}),
+        ("emergency_lr_reduction", {"factor": 0.5}),
+        ("rollback", {"to": 12}),
+    ]
     done = []
     control.request("skip_step", on_done=done.append)
     assert control.skip_next and done == ["the next update will be withheld"]
     # every action a person can take has a ctl verb (skip_data is the orchestrator's own: it names rows)
-    assert set(ACTIONS) - {"skip_data"} == {a for a, *_ in ctl.VERBS.values()} - {"pause_rule", "resume_rule",
-                                                                                 "set_mode"}
+    assert set(ACTIONS) - {"skip_data"} == {a for a, *_ in ctl.VERBS.values()} - {
+        "pause_rule",
+        "resume_rule",
+        "set_mode",
+    }
 
 
 def test_control_applies_in_order_and_reports():
-    trainer = SimpleNamespace(state=SimpleNamespace(lr_scale=1.0, step=5), cfg=None,
-                              request_stop=lambda reason: setattr(trainer, "stopped", reason))
+    trainer = SimpleNamespace(
+        state=SimpleNamespace(lr_scale=1.0, step=5),
+        cfg=None,
+        request_stop=lambda reason: setattr(trainer, "stopped", reason),
+    )
     control = Control(trainer)
     lines = []
     control.request("scale_lr", on_done=lines.append, factor=0.5)
@@ -469,17 +562,20 @@ def test_parse_command_valid():
     assert set(ctl.RULE_NAMES) == {"nonfinite", *OrchestratorConfig.RULES}
 
 
-@pytest.mark.parametrize("verb, args, message", [
-    ("fly", [], "unknown ctl action 'fly'"),
-    ("scale-lr", [], "usage: trimtab ctl RUN_DIR scale-lr FACTOR"),
-    ("scale-lr", ["0.5", "1"], "usage: trimtab ctl RUN_DIR scale-lr FACTOR"),
-    ("skip-step", ["now"], "usage: trimtab ctl RUN_DIR skip-step"),
-    ("scale-lr", ["half"], "FACTOR must be a float, got 'half'"),
-    ("micro-batch", ["1.5"], "MICRO_BATCH_TOKENS must be a int"),
-    ("rollback", ["yesterday"], "give a step number or nothing"),
-    ("pause-rule", ["spikes"], "unknown rule 'spikes'"),
-    ("mode", ["on"], "unknown mode 'on'"),
-])
+@pytest.mark.parametrize(
+    "verb, args, message",
+    [
+        ("fly", [], "unknown ctl action 'fly'"),
+        ("scale-lr", [], "usage: trimtab ctl RUN_DIR scale-lr FACTOR"),
+        ("scale-lr", ["0.5", "1"], "usage: trimtab ctl RUN_DIR scale-lr FACTOR"),
+        ("skip-step", ["now"], "usage: trimtab ctl RUN_DIR skip-step"),
+        ("scale-lr", ["half"], "FACTOR must be a float, got 'half'"),
+        ("micro-batch", ["1.5"], "MICRO_BATCH_TOKENS must be a int"),
+        ("rollback", ["yesterday"], "give a step number or nothing"),
+        ("pause-rule", ["spikes"], "unknown rule 'spikes'"),
+        ("mode", ["on"], "unknown mode 'on'"),
+    ],
+)
 def test_parse_command_errors(verb, args, message):
     with pytest.raises(ConfigError, match=message):
         ctl.parse_command(verb, args)
@@ -494,8 +590,11 @@ def test_send_and_take_commands(tmp_path):
     (tmp_path / "control" / "9999999999999999999-1.json").write_text("not json")
     assert first.parent == tmp_path / "control" and first.name < second.name
     taken = ctl.take_commands(tmp_path)
-    assert taken == [(first.name, {"action": "scale_lr", "params": {"factor": 0.5}}),
-                     (second.name, {"action": "stop", "params": {}}), ("9999999999999999999-1.json", None)]
+    assert taken == [
+        (first.name, {"action": "scale_lr", "params": {"factor": 0.5}}),
+        (second.name, {"action": "stop", "params": {}}),
+        ("9999999999999999999-1.json", None),
+    ]
     assert ctl.take_commands(tmp_path) == [] and not list((tmp_path / "control").iterdir())
     ctl.answer(tmp_path, first.name, "no")
     assert (tmp_path / "control" / f"{first.stem}.error").read_text() == "no\n"
@@ -514,9 +613,14 @@ class FakeTrainer:
         self.said.append(line)
 
 
-@pytest.mark.parametrize("command", [{"action": "scale_lr", "params": {"factor": 0.5, "bogus": 1}},
-                                     {"action": "scale_lr", "params": "0.5"},
-                                     {"action": "stop", "params": ["x"]}])
+@pytest.mark.parametrize(
+    "command",
+    [
+        {"action": "scale_lr", "params": {"factor": 0.5, "bogus": 1}},
+        {"action": "scale_lr", "params": "0.5"},
+        {"action": "stop", "params": ["x"]},
+    ],
+)
 def test_malformed_command_files_are_answered_not_fatal(tmp_path, command):
     (tmp_path / "config.yaml").write_text("{}")
     orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)
@@ -532,8 +636,13 @@ def test_commands_are_applied_and_journaled_as_manual(tmp_path):
     (tmp_path / "config.yaml").write_text("{}")
     orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)
     trainer = FakeTrainer(tmp_path)
-    for verb, args in [("scale-lr", ["0.5"]), ("pause-rule", ["spike"]), ("mode", ["advise"]),
-                       ("pause-rule", ["grad"]), ("resume-rule", ["spike"])]:
+    for verb, args in [
+        ("scale-lr", ["0.5"]),
+        ("pause-rule", ["spike"]),
+        ("mode", ["advise"]),
+        ("pause-rule", ["grad"]),
+        ("resume-rule", ["spike"]),
+    ]:
         ctl.send(tmp_path, ctl.parse_command(verb, args))
     ctl.send(tmp_path, {"action": "resume_rule", "params": {"rule": "bogus"}})
     orchestrator._take_commands(trainer)
@@ -541,8 +650,12 @@ def test_commands_are_applied_and_journaled_as_manual(tmp_path):
     assert trainer.state.lr_scale == 0.5 and orchestrator.mode == "advise" and orchestrator.paused == {"grad"}
     ds = read_decisions(tmp_path)
     assert [(d["action"], d["mode"], d["step"]) for d in ds] == [
-        ("scale_lr", "manual", 3), ("pause_rule", "manual", 3), ("set_mode", "manual", 3),
-        ("pause_rule", "manual", 3), ("resume_rule", "manual", 3)]
+        ("scale_lr", "manual", 3),
+        ("pause_rule", "manual", 3),
+        ("set_mode", "manual", 3),
+        ("pause_rule", "manual", 3),
+        ("resume_rule", "manual", 3),
+    ]
     assert ds[0]["applied"] == ["lr multiplier 1 -> 0.5"] and ds[-1]["applied"] == ["paused rules: grad"]
     (error,) = (tmp_path / "control").glob("*.error")
     assert "unknown rule 'bogus'" in error.read_text()
@@ -557,9 +670,16 @@ def test_commands_are_applied_and_journaled_as_manual(tmp_path):
 
 
 def test_orchestrator_config_validation():
-    for key, value in [("mode", "sometimes"), ("lr_cut", 1.0), ("min_confidence", 1.5),
-                       ("divergence.window", 3), ("plateau.lr_factor", 0.9), ("oom.max_retries", 0),
-                       ("throughput.factor", 1.0), ("memory.threshold", 0.0)]:
+    for key, value in [
+        ("mode", "sometimes"),
+        ("lr_cut", 1.0),
+        ("min_confidence", 1.5),
+        ("divergence.window", 3),
+        ("plateau.lr_factor", 0.9),
+        ("oom.max_retries", 0),
+        ("throughput.factor", 1.0),
+        ("memory.threshold", 0.0),
+    ]:
         with pytest.raises(ConfigError, match=f"orchestrator.{key}"):
             load_config(preset="debug", overrides={"orchestrator": _nested(key, value)})
     cfg = load_config(preset="debug", overrides={"orchestrator": {"mode": "off"}}, sets=["orchestrator.spike.sigma=3"])

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 import trimtab
+from helpers import StopAt
 from trimtab.checkpoint import list_checkpoints
 from trimtab.cli import main
 from trimtab.config import load_config, merge
@@ -19,7 +20,6 @@ from trimtab.errors import ConfigError
 from trimtab.orchestrator import read_decisions
 from trimtab.plan import Hardware, LossFit, RunView, effective_tokens, fit_loss_curve, live_status, make_plan
 from trimtab.plan.curve import recommend_steps
-from helpers import StopAt
 
 # A made-up accelerator: 1 TFLOP/s, 1 GB, bf16 activations (2 bytes): no measurement in the tests.
 HW = Hardware("test", "cuda", "bf16", 1e12, "test datasheet", 10**9)
@@ -116,8 +116,24 @@ def test_budget_mode_splits_compute_and_judges_the_preset():
 
 def test_cli_prints_and_saves_the_plan(tmp_path, capsys):
     out = tmp_path / "plan"
-    assert main(["plan", "--preset", "debug-moe", "--out", str(out), "--dataset-tokens", "1e6",
-                 "--gpu", "H100", "--budget-hours", "1"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--preset",
+                "debug-moe",
+                "--out",
+                str(out),
+                "--dataset-tokens",
+                "1e6",
+                "--gpu",
+                "H100",
+                "--budget-hours",
+                "1",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "9,141,120 = 20 x 457,056 active parameters" in text and "H100 datasheet" in text
     assert "Budget" in text and f"saved {out / 'plan.json'}" in text
@@ -136,8 +152,9 @@ def test_data_path_estimated_from_bytes_or_counted_with_the_tokenizer(tmp_path):
     plan = make_plan(cfg, data_path=str(corpus), hardware=HW)
     assert plan.data.dataset_tokens == round(10_800 / 4 * 0.98) and "estimated from 10,800 bytes" in plan.data.source
 
-    from trimtab.data import TextTokenizer
     from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from trimtab.data import TextTokenizer
 
     raw = Tokenizer(models.BPE())
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -152,8 +169,12 @@ def test_data_path_estimated_from_bytes_or_counted_with_the_tokenizer(tmp_path):
 
 def test_plan_imports_no_training_loop_or_orchestrator():
     root = Path(trimtab.__file__).parent
-    names = {n.module for p in (root / "plan").glob("*.py") for n in ast.walk(ast.parse(p.read_text()))
-             if isinstance(n, ast.ImportFrom) and n.module}
+    names = {
+        n.module
+        for p in (root / "plan").glob("*.py")
+        for n in ast.walk(ast.parse(p.read_text()))
+        if isinstance(n, ast.ImportFrom) and n.module
+    }
     assert not [n for n in names if n.startswith("trimtab.orchestrator")]
     assert [n for n in names if n.startswith("trimtab.training")] == ["trimtab.training.device"]
 
@@ -165,7 +186,7 @@ def test_fit_recovers_a_power_law_and_flags_a_flat_curve():
     tokens = [1e4 * i for i in range(1, 41)]
     fit = fit_loss_curve(tokens, [2.0 + 3.0 * (t / 4e5) ** -0.5 for t in tokens])
     assert (fit.E, fit.B, fit.beta) == pytest.approx((2.0, 3.0, 0.5), rel=1e-6)  # d_ref = 4e5, the last point
-    assert fit.r2 == pytest.approx(1.0) and fit.predict(1e5) == pytest.approx(2 + 3 * 0.25 ** -0.5)
+    assert fit.r2 == pytest.approx(1.0) and fit.predict(1e5) == pytest.approx(2 + 3 * 0.25**-0.5)
     flat = fit_loss_curve(tokens, [3.0 + 0.01 * (i % 2) for i in range(40)])
     assert flat.B == 0 and flat.r2 == 0 and flat.E == pytest.approx(3.005)
 
@@ -192,12 +213,15 @@ def test_recommended_length_by_hand():
 
 def live_cfg(out, steps=40, **plan):
     torch.set_num_threads(1)
-    base = {"out": str(out), "train": {"max_steps": steps, "eval_every": 0, "log_every": 1, "batch_tokens": 1024,
-                                       "eval_tokens": 1024},
-            "data": {"max_bytes": 150_000}, "checkpoint": {"every": 6},
-            "log": {"progress": False, "tensorboard": False},
-            "orchestrator": {"throughput": {"enabled": False}},
-            "plan": {"status_every": 15, "min_points": 4}}
+    base = {
+        "out": str(out),
+        "train": {"max_steps": steps, "eval_every": 0, "log_every": 1, "batch_tokens": 1024, "eval_tokens": 1024},
+        "data": {"max_bytes": 150_000},
+        "checkpoint": {"every": 6},
+        "log": {"progress": False, "tensorboard": False},
+        "orchestrator": {"throughput": {"enabled": False}},
+        "plan": {"status_every": 15, "min_points": 4},
+    }
     return load_config(preset="debug", overrides=merge(base, {"plan": plan}))
 
 

@@ -43,8 +43,7 @@ def independent_count(name: str, model: torch.nn.Module) -> tuple[int, int, int]
     D, L, head = m.d_model, m.n_layers, m.d_model // m.n_heads
     kv = m.n_kv_heads or m.n_heads
     ffn = m.ffn_hidden or math.ceil(8 * D / 3 / m.multiple_of) * m.multiple_of
-    expert = m.moe.expert_hidden or max(m.multiple_of,
-                                        math.ceil(ffn / m.moe.top_k / m.multiple_of) * m.multiple_of)
+    expert = m.moe.expert_hidden or max(m.multiple_of, math.ceil(ffn / m.moe.top_k / m.multiple_of) * m.multiple_of)
     attn = 2 * D * D + 2 * D * kv * head  # wq, wo; wk, wv (GQA)
     kinds = [(m.layer_pattern or ["dense"])[i % len(m.layer_pattern or ["dense"])] for i in range(L)]
     capacities = iter(m.mod.layer_capacity or [m.mod.capacity] * sum("mod" in k for k in kinds))
@@ -134,8 +133,11 @@ def test_large_presets_have_realistic_shapes_and_budgets():
 
 
 def test_learning_rate_does_not_grow_with_dense_size():
-    dense = sorted((r.total, load_config(preset=n).optim.lr) for n, r in catalog().items()
-                   if r.family == "dense" and n in large_presets())
+    dense = sorted(
+        (r.total, load_config(preset=n).optim.lr)
+        for n, r in catalog().items()
+        if r.family == "dense" and n in large_presets()
+    )
     lrs = [lr for _, lr in dense]
     assert len(lrs) >= 5 and lrs == sorted(lrs, reverse=True)
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from trimtab.config import ModelConfig
-from trimtab.sampling import generate, sample_next
 from trimtab.model import Transformer, build_model
+from trimtab.sampling import generate, sample_next
 
 V = 97
 
@@ -15,8 +15,7 @@ V = 97
 @pytest.fixture
 def model() -> Transformer:
     torch.manual_seed(0)
-    m = build_model(ModelConfig(vocab_size=V, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                                max_seq_len=24))
+    m = build_model(ModelConfig(vocab_size=V, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=24))
     with torch.no_grad():  # peaked distributions, so greedy and sampled runs differ visibly
         for p in m.parameters():
             p.normal_(0.0, 0.2) if p.dim() > 1 else p.fill_(1.0)
@@ -29,7 +28,7 @@ def greedy_reference(m: Transformer, prompt: list[int], n: int) -> list[int]:
     with torch.no_grad():
         for _ in range(n):
             seq.append(int(m(torch.tensor([seq]))[0, -1].argmax()))
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 def logits(seed: int = 0, B: int = 4) -> torch.Tensor:
@@ -57,9 +56,10 @@ def test_greedy_and_degenerate_filters_are_argmax():
 
 def test_seeded_sampling_is_reproducible_and_random():
     x = logits() / 3
-    runs = [torch.stack([sample_next(x, 1.0, 0, 1.0, g) for _ in range(20)])
-            for g in (torch.Generator().manual_seed(7), torch.Generator().manual_seed(7),
-                      torch.Generator().manual_seed(8))]
+    runs = [
+        torch.stack([sample_next(x, 1.0, 0, 1.0, g) for _ in range(20)])
+        for g in (torch.Generator().manual_seed(7), torch.Generator().manual_seed(7), torch.Generator().manual_seed(8))
+    ]
     assert torch.equal(runs[0], runs[1])
     assert not torch.equal(runs[0], runs[2])
     assert len(set(runs[0][:, 0].tolist())) > 3
@@ -102,7 +102,7 @@ def test_generate_stops_at_eos(model):
     ref = greedy_reference(model, prompt, 6)
     eos = ref[3]
     got = generate(model, prompt, 6, temperature=0.0, eos_id=eos)
-    assert got == ref[:ref.index(eos) + 1] and got[-1] == eos
+    assert got == ref[: ref.index(eos) + 1] and got[-1] == eos
 
 
 def test_generate_stops_at_max_seq_len(model):

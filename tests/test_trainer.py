@@ -8,17 +8,21 @@ import torch
 from safetensors.torch import load_file
 
 import trimtab
+from helpers import StopAt
 from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config, merge
 from trimtab.errors import CheckpointError, DataError
-from helpers import StopAt
 from trimtab.training.trainer import Trainer
 
 
 def debug_cfg(out, steps=24, sets=(), **overrides):
-    base = {"out": str(out), "train": {"max_steps": steps, "eval_every": 0, "log_every": 2},
-            "data": {"max_bytes": 150_000}, "checkpoint": {"every": 8},
-            "log": {"progress": False, "tensorboard": False}}
+    base = {
+        "out": str(out),
+        "train": {"max_steps": steps, "eval_every": 0, "log_every": 2},
+        "data": {"max_bytes": 150_000},
+        "checkpoint": {"every": 8},
+        "log": {"progress": False, "tensorboard": False},
+    }
     return load_config(preset="debug", overrides=merge(base, overrides), sets=list(sets))
 
 
@@ -100,12 +104,25 @@ def test_loss_is_token_normalised_across_micro_batches(tmp_path):
 
 def test_pretrain_then_finetune_switches_data_and_schedule(tmp_path):
     chat = tmp_path / "chat.jsonl"
-    rows = [{"messages": [{"role": "user", "content": f"what is {i} plus {i}?"},
-                          {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}]} for i in range(300)]
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"what is {i} plus {i}?"},
+                {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."},
+            ]
+        }
+        for i in range(300)
+    ]
     chat.write_text("\n".join(json.dumps(r) for r in rows))
-    cfg = debug_cfg(tmp_path / "r", steps=10, finetune={
-        "steps": 6, "data": {"source": str(chat), "seq_len": 64, "pack": False},
-        "optim": {"lr": 1e-3, "warmup_steps": 2, "schedule": "constant"}})
+    cfg = debug_cfg(
+        tmp_path / "r",
+        steps=10,
+        finetune={
+            "steps": 6,
+            "data": {"source": str(chat), "seq_len": 64, "pack": False},
+            "optim": {"lr": 1e-3, "warmup_steps": 2, "schedule": "constant"},
+        },
+    )
     summary = trimtab.train(cfg)
     assert summary["step"] == 16
     lines = [json.loads(ln) for ln in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]

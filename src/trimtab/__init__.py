@@ -1,9 +1,9 @@
 """trimtab: a PyTorch LLM training stack that watches its own training and corrects it.
 
-    import trimtab
-    cfg = trimtab.load_config(preset="debug", overrides={"out": "runs/x"})
-    summary = trimtab.train(cfg)
-    print(trimtab.generate("runs/x", "def ", max_new_tokens=40))
+import trimtab
+cfg = trimtab.load_config(preset="debug", overrides={"out": "runs/x"})
+summary = trimtab.train(cfg)
+print(trimtab.generate("runs/x", "def ", max_new_tokens=40))
 """
 
 from importlib import import_module
@@ -11,8 +11,13 @@ from importlib import import_module
 from trimtab.errors import CheckpointError, ConfigError, DataError, TrimtabError
 
 # Public names resolved on first use, so `trimtab --help` does not pay for importing torch.
-_LAZY = {"train": "trimtab.api", "generate": "trimtab.api", "load_run": "trimtab.api",
-         "load_config": "trimtab.config", "RunConfig": "trimtab.config"}
+_LAZY = {
+    "train": "trimtab.api",
+    "generate": "trimtab.api",
+    "load_run": "trimtab.api",
+    "load_config": "trimtab.config",
+    "RunConfig": "trimtab.config",
+}
 
 __all__ = [*_LAZY, "TrimtabError", "ConfigError", "DataError", "CheckpointError"]
 __version__ = "0.1.0"

@@ -13,11 +13,11 @@ from trimtab.config import RunConfig, from_dict, load_config
 from trimtab.data import TextTokenizer
 from trimtab.distributed import is_main
 from trimtab.errors import CheckpointError
-from trimtab.sampling import generate as generate_ids
 from trimtab.model import Transformer, build_model
 from trimtab.orchestrator import Orchestrator
 from trimtab.orchestrator.faults import FaultInjector
 from trimtab.orchestrator.planner import LivePlanner
+from trimtab.sampling import generate as generate_ids
 from trimtab.training.trainer import Trainer
 
 
@@ -58,12 +58,21 @@ def load_run(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokenizer
     return cfg, model.eval(), TextTokenizer.load(run_dir / "tokenizer.json")
 
 
-def generate(run_dir: str | Path, prompt: str, max_new_tokens: int = 64, *, temperature: float = 0.8,
-             top_k: int = 50, top_p: float = 0.95, seed: int = 0) -> str:
+def generate(
+    run_dir: str | Path,
+    prompt: str,
+    max_new_tokens: int = 64,
+    *,
+    temperature: float = 0.8,
+    top_k: int = 50,
+    top_p: float = 0.95,
+    seed: int = 0,
+) -> str:
     """Continue `prompt` with the run's newest weights (KV-cached sampling). An empty prompt
     starts from the end-of-text token; a prompt longer than the context keeps its end."""
     _, model, tok = load_run(run_dir)
-    ids = tok.encode(prompt)[-(model.cfg.max_seq_len - 1):] or [tok.eos_id]
-    new = generate_ids(model, ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                       eos_id=tok.eos_id, seed=seed)
+    ids = tok.encode(prompt)[-(model.cfg.max_seq_len - 1) :] or [tok.eos_id]
+    new = generate_ids(
+        model, ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos_id=tok.eos_id, seed=seed
+    )
     return tok.decode(new)

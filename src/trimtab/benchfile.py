@@ -14,5 +14,5 @@ def replace_section(path: Path, heading: str, section: str) -> None:
         text = text.rstrip("\n") + "\n\n" + section
     else:
         end = text.find("\n## ", start + len(heading))
-        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
+        text = text[:start] + section + (text[end + 1 :] if end >= 0 else "")
     path.write_text(text)

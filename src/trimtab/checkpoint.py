@@ -54,9 +54,15 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
 
 
-def save_checkpoint(run_dir: Path, step: int, model_state: dict[str, torch.Tensor],
-                    optim_state: dict[str, Any], state: dict[str, Any], keep: int,
-                    protect: tuple[int, ...] = ()) -> Path:
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    model_state: dict[str, torch.Tensor],
+    optim_state: dict[str, Any],
+    state: dict[str, Any],
+    keep: int,
+    protect: tuple[int, ...] = (),
+) -> Path:
     """Write checkpoint `step` atomically and prune to the newest `keep` (plus `protect` steps)."""
     root = checkpoint_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -73,8 +79,15 @@ def save_checkpoint(run_dir: Path, step: int, model_state: dict[str, torch.Tenso
     return commit_checkpoint(run_dir, step, tmp, state, keep, protect)
 
 
-def commit_checkpoint(run_dir: Path, step: int, tmp: Path, state: dict[str, Any], keep: int,
-                      protect: tuple[int, ...] = (), digests: dict[str, dict[str, Any]] | None = None) -> Path:
+def commit_checkpoint(
+    run_dir: Path,
+    step: int,
+    tmp: Path,
+    state: dict[str, Any],
+    keep: int,
+    protect: tuple[int, ...] = (),
+    digests: dict[str, dict[str, Any]] | None = None,
+) -> Path:
     """Finish a checkpoint whose files are in `tmp`: state.json with the manifest of every file
     (`digests` holds those already hashed, e.g. by the rank that wrote them), fsync, rename to
     step_<step>, prune."""
@@ -175,8 +188,9 @@ def retire_after(run_dir: Path, step: int, keep: int) -> list[Path]:
     return moved
 
 
-def load_checkpoint(path: Path, full_weights: bool = True, verified: bool = False) -> tuple[
-        dict[str, torch.Tensor] | None, dict[str, Any], dict[str, Any]]:
+def load_checkpoint(
+    path: Path, full_weights: bool = True, verified: bool = False
+) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any], dict[str, Any]]:
     """(weights, optim.pt, state.json) of a checkpoint, verified against its manifest unless the
     caller just did (`verified`). A sharded checkpoint has no optimizer state in optim.pt (it is
     in dcp/), and its weights are assembled whole only when `full_weights` (None otherwise: a
@@ -201,8 +215,11 @@ def read_sharded_weights(path: Path) -> dict[str, torch.Tensor]:
 
     reader = dcp.FileSystemReader(str(Path(path) / SHARDED))
     meta = reader.read_metadata().state_dict_metadata
-    weights = {key: torch.empty(m.size, dtype=m.properties.dtype) for key, m in meta.items()
-               if key.startswith("model.") and isinstance(m, TensorStorageMetadata)}
+    weights = {
+        key: torch.empty(m.size, dtype=m.properties.dtype)
+        for key, m in meta.items()
+        if key.startswith("model.") and isinstance(m, TensorStorageMetadata)
+    }
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(weights, storage_reader=reader, no_dist=True)
@@ -219,7 +236,8 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], sourc
         raise CheckpointError(
             f"{source}: weights do not fit this model (missing {missing[:3]}, unexpected "
             f"{unexpected[:3]}, shape mismatch {mismatched[:3]}); the model config differs from the "
-            "one that trained it: use the same model settings or a new --out")
+            "one that trained it: use the same model settings or a new --out"
+        )
     model.load_state_dict(weights, strict=False)
 
 

@@ -36,17 +36,21 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _print_summary(summary: dict) -> None:
-    lines = [f"{summary['status']}: step {summary['step']}/{summary['total_steps']} "
-             f"({summary['steps_this_session']} this session, {summary['seconds']:.0f}s), "
-             f"{summary['tokens']:,} tokens, {summary['tokens_per_s']:,.0f} tokens/s"]
+    lines = [
+        f"{summary['status']}: step {summary['step']}/{summary['total_steps']} "
+        f"({summary['steps_this_session']} this session, {summary['seconds']:.0f}s), "
+        f"{summary['tokens']:,} tokens, {summary['tokens_per_s']:,.0f} tokens/s"
+    ]
     if summary.get("val_loss") is not None:
         lines.append(f"val_loss {summary['val_loss']:.4f} (perplexity {summary['val_ppl']:.2f})")
     if summary.get("mfu") is not None:
         lines.append(f"MFU {summary['mfu']:.1%} of {summary['peak_flops_source']}")
     active = summary.get("active_params", summary["params"])
     sparse = f", {active:,} active per token" if active != summary["params"] else ""
-    lines.append(f"model: {summary['params']:,} parameters ({summary['non_embedding_params']:,} "
-                 f"non-embedding{sparse}), {summary['device']} {summary['precision']}")
+    lines.append(
+        f"model: {summary['params']:,} parameters ({summary['non_embedding_params']:,} "
+        f"non-embedding{sparse}), {summary['device']} {summary['precision']}"
+    )
     lines.append(f"run directory: {summary['run_dir']}")
     print("\n".join(lines))
 
@@ -55,8 +59,10 @@ def _ctl(args: argparse.Namespace) -> int:
     from trimtab.orchestrator import ctl
 
     path = ctl.send(args.run_dir, ctl.parse_command(args.action, args.args))
-    print(f"sent to the job in {args.run_dir} ({path.name}); it applies it at its next step and "
-          "journals it in decisions.jsonl")
+    print(
+        f"sent to the job in {args.run_dir} ({path.name}); it applies it at its next step and "
+        "journals it in decisions.jsonl"
+    )
     return 0
 
 
@@ -69,8 +75,15 @@ def _bench(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from trimtab import api
 
-    text = api.generate(args.run_dir, args.prompt, args.max_new_tokens, temperature=args.temperature,
-                        top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    text = api.generate(
+        args.run_dir,
+        args.prompt,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
     print(args.prompt + text)
     return 0
 
@@ -78,9 +91,20 @@ def _generate(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from trimtab.plan import plan_command
 
-    print(plan_command(args.config, args.preset, args.set, args.out, dataset_tokens=args.dataset_tokens,
-                       data=args.data, budget_flops=args.budget_flops, budget_hours=args.budget_hours,
-                       gpu=args.gpu, devices=args.devices))
+    print(
+        plan_command(
+            args.config,
+            args.preset,
+            args.set,
+            args.out,
+            dataset_tokens=args.dataset_tokens,
+            data=args.data,
+            budget_flops=args.budget_flops,
+            budget_hours=args.budget_hours,
+            gpu=args.gpu,
+            devices=args.devices,
+        )
+    )
     return 0
 
 
@@ -98,8 +122,9 @@ def _presets(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="trimtab", description="Train language models that watch "
-                                     "their own training and correct it.")
+    parser = argparse.ArgumentParser(
+        prog="trimtab", description="Train language models that watch their own training and correct it."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train (or resume) a run")
@@ -107,28 +132,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", help="model/run preset (see `trimtab presets`); default: small")
     p.add_argument("--out", help="run directory; re-running with the same --out resumes")
     p.add_argument("--max-steps", type=int, help="pretraining steps (train.max_steps)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config value (repeatable)")
-    p.add_argument("--inject", action="append", default=[], metavar="KIND@STEP[:PARAM]",
-                   help="inject a fault, e.g. nan_loss@30 or oom@10:512 (repeatable; see docs/orchestrator.md)")
-    p.add_argument("--orchestrator", choices=("auto", "advise", "off"),
-                   help="orchestrator mode (orchestrator.mode); default auto")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one config value (repeatable)"
+    )
+    p.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="KIND@STEP[:PARAM]",
+        help="inject a fault, e.g. nan_loss@30 or oom@10:512 (repeatable; see docs/orchestrator.md)",
+    )
+    p.add_argument(
+        "--orchestrator", choices=("auto", "advise", "off"), help="orchestrator mode (orchestrator.mode); default auto"
+    )
     p.set_defaults(func=_train)
 
-    p = sub.add_parser("ctl", help="act on a running job (journaled as a manual decision)",
-                       description="Actions: skip-step, scale-lr F, set-lr V, emergency-lr [F], "
-                       "rollback [STEP], micro-batch TOKENS, grad-clip V, weight-decay V, checkpoint, "
-                       "stop [REASON], add-expert LAYER [SOURCE], prune-expert LAYER EXPERT, reinit-expert "
-                       "LAYER EXPERT, reset-router LAYER EXPERT, capacity-factor V [LAYER], router-temperature V [LAYER], "
-                       "balance-coef V [LAYER], mod-capacity V [LAYER], total-steps N, pause-rule RULE, "
-                       "resume-rule RULE, mode auto|advise|off")
+    p = sub.add_parser(
+        "ctl",
+        help="act on a running job (journaled as a manual decision)",
+        description="Actions: skip-step, scale-lr F, set-lr V, emergency-lr [F], "
+        "rollback [STEP], micro-batch TOKENS, grad-clip V, weight-decay V, checkpoint, "
+        "stop [REASON], add-expert LAYER [SOURCE], prune-expert LAYER EXPERT, reinit-expert "
+        "LAYER EXPERT, reset-router LAYER EXPERT, capacity-factor V [LAYER], router-temperature V [LAYER], "
+        "balance-coef V [LAYER], mod-capacity V [LAYER], total-steps N, pause-rule RULE, "
+        "resume-rule RULE, mode auto|advise|off",
+    )
     p.add_argument("run_dir")
     p.add_argument("action")
     p.add_argument("args", nargs="*")
     p.set_defaults(func=_ctl)
 
-    p = sub.add_parser("bench", help="benchmarks: `trimtab bench healing` (fault recovery)",
-                       add_help=False)
+    p = sub.add_parser("bench", help="benchmarks: `trimtab bench healing` (fault recovery)", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=_bench)
 
@@ -146,8 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", nargs="?", help="run config YAML (optional)")
     p.add_argument("--preset", help="model/run preset (see `trimtab presets`); default: small")
     p.add_argument("--out", help="directory for plan.json and plan.txt; default: the run directory")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config value (repeatable)")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one config value (repeatable)"
+    )
     data = p.add_mutually_exclusive_group()
     data.add_argument("--dataset-tokens", type=float, metavar="N", help="unique training tokens in the data")
     data.add_argument("--data", metavar="PATH", help="count the data's tokens (the run's tokenizer, else bytes)")
@@ -161,8 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("presets", help="list the presets")
     p.set_defaults(func=_presets)
 
-    p = sub.add_parser("doctor", help="device, precision and why, attention kernel, memory, distributed "
-                       "backends, and a micro-batch that fits a preset")
+    p = sub.add_parser(
+        "doctor",
+        help="device, precision and why, attention kernel, memory, distributed "
+        "backends, and a micro-batch that fits a preset",
+    )
     p.add_argument("--preset", default="small", help="preset to size the micro-batch for (default: small)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "mps"))
     p.add_argument("--nproc", type=int, default=1, help="processes per machine it would run (torchrun)")

@@ -22,16 +22,24 @@ import errno
 import logging
 import os
 import signal
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from trimtab.checkpoint import SHARDED, checkpoint_root, commit_checkpoint, digest_files, load_checkpoint, \
-    load_weights, save_checkpoint
+from trimtab.checkpoint import (
+    SHARDED,
+    checkpoint_root,
+    commit_checkpoint,
+    digest_files,
+    load_checkpoint,
+    load_weights,
+    save_checkpoint,
+)
 from trimtab.config.distributed import DistributedConfig
 from trimtab.errors import ConfigError
 
@@ -86,8 +94,9 @@ class PeerOutOfMemory(torch.OutOfMemoryError):
 class Parallel:
     """What the trainer needs from data parallelism; single-process when world == 1."""
 
-    def __init__(self, cfg: DistributedConfig, device: torch.device, world: int = 1, rank_: int = 0,
-                 owns_group: bool = False) -> None:
+    def __init__(
+        self, cfg: DistributedConfig, device: torch.device, world: int = 1, rank_: int = 0, owns_group: bool = False
+    ) -> None:
         self.cfg, self.device, self.world, self.rank = cfg, device, world, rank_
         self.owns_group = owns_group
         self.ddp: nn.Module | None = None
@@ -96,7 +105,7 @@ class Parallel:
         self._agreed = False  # the ranks met before this step's communicating backward
 
     @classmethod
-    def start(cls, cfg: DistributedConfig, device: torch.device) -> "Parallel":
+    def start(cls, cfg: DistributedConfig, device: torch.device) -> Parallel:
         """Join torchrun's process group (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR/PORT in the
         environment) or one set up by the caller; one process otherwise."""
         global _CPU_GROUP
@@ -112,9 +121,12 @@ class Parallel:
         if owns:
             backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
             if backend == "nccl" and device.type != "cuda":
-                raise ConfigError("config key 'distributed.backend' is nccl but training runs on the CPU; use gloo or auto")
-            dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout_s),
-                                    device_id=device if backend == "nccl" else None)
+                raise ConfigError(
+                    "config key 'distributed.backend' is nccl but training runs on the CPU; use gloo or auto"
+                )
+            dist.init_process_group(
+                backend, timeout=timedelta(seconds=cfg.timeout_s), device_id=device if backend == "nccl" else None
+            )
         _CPU_GROUP = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         if dist.get_rank() != 0:
             logging.getLogger("trimtab").setLevel(logging.ERROR)  # rank 0 speaks for the job
@@ -159,14 +171,14 @@ class Parallel:
             raise value
         return value if self.is_main else fn(*args)
 
-    def same_precision(self, precision: "Precision") -> "Precision":
+    def same_precision(self, precision: Precision) -> Precision:
         """The CPU precision is chosen by timing a matmul, which can differ between ranks."""
         name, reason = broadcast_object((precision.name, precision.reason))
         return dataclasses.replace(precision, name=name, reason=reason)
 
     # -------------------------------------------------------------- wrapping
 
-    def wrap(self, model: nn.Module, compile: bool, precision: "Precision") -> Callable[[torch.Tensor], torch.Tensor]:
+    def wrap(self, model: nn.Module, compile: bool, precision: Precision) -> Callable[[torch.Tensor], torch.Tensor]:
         """The callable the trainer runs forward through: model.hidden, compiled and wrapped for
         data parallelism. `model` keeps its own parameters' names (checkpoints do not change)."""
         if self.world == 1 or self.cfg.strategy == "ddp":
@@ -177,22 +189,34 @@ class Parallel:
 
             # DDP hooks gradients only through forward(): _Forward's forward is model.hidden. Buffers
             # are synced once at start, not per forward: MoE load is all-reduced in reduce_step.
-            self.ddp = DDP(_Forward(model, fn), device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                           forward_sync_buffers=False, find_unused_parameters=self.cfg.find_unused_parameters)
+            self.ddp = DDP(
+                _Forward(model, fn),
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                forward_sync_buffers=False,
+                find_unused_parameters=self.cfg.find_unused_parameters,
+            )
             self.ddp.register_comm_hook(None, _sum_hook)
             self.ddp.require_backward_grad_sync = False  # forwards never arm the all-reduce: agree() does
             return self.ddp
         self._fully_shard(model, compile, precision)
         return model.hidden
 
-    def _fully_shard(self, model: nn.Module, compile: bool, precision: "Precision") -> None:
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard, \
-            register_fsdp_forward_method
+    def _fully_shard(self, model: nn.Module, compile: bool, precision: Precision) -> None:
+        from torch.distributed.fsdp import (
+            CPUOffloadPolicy,
+            MixedPrecisionPolicy,
+            OffloadPolicy,
+            fully_shard,
+            register_fsdp_forward_method,
+        )
 
         param_dtype = precision.autocast_dtype if self.cfg.param_dtype == "auto" else DTYPES[self.cfg.param_dtype]
         offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.cfg.cpu_offload else OffloadPolicy()
-        kwargs = dict(mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=DTYPES[self.cfg.reduce_dtype]),
-                      reshard_after_forward=self.cfg.reshard_after_forward, offload_policy=offload)
+        kwargs = dict(
+            mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=DTYPES[self.cfg.reduce_dtype]),
+            reshard_after_forward=self.cfg.reshard_after_forward,
+            offload_policy=offload,
+        )
         units = list(getattr(model, "blocks", []))  # one all-gather per block, freed after it
         for block in units:
             if compile:
@@ -207,7 +231,7 @@ class Parallel:
             unit.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
         self.fsdp = True
 
-    def grad_scaler(self, precision: "Precision") -> torch.amp.GradScaler | None:
+    def grad_scaler(self, precision: Precision) -> torch.amp.GradScaler | None:
         """fp16's loss scaler. Under FSDP each rank sees only its gradient shard, so an overflow
         must be all-reduced for every rank to skip the same steps (ShardedGradScaler does)."""
         scaler = precision.grad_scaler()
@@ -244,8 +268,10 @@ class Parallel:
         if self.world == 1 or isinstance(exc, PeerOutOfMemory):
             return
         if self._agreed:  # the others are inside the gradient all-reduce and cannot join a retry
-            raise RuntimeError(f"rank {self.rank} ran out of memory in the backward that synchronises "
-                               "gradients; lower train.micro_batch_tokens") from exc
+            raise RuntimeError(
+                f"rank {self.rank} ran out of memory in the backward that synchronises "
+                "gradients; lower train.micro_batch_tokens"
+            ) from exc
         all_max([1, self._signal])
 
     def on_signal(self, name: str) -> str:
@@ -271,7 +297,7 @@ class Parallel:
         dist.all_reduce(flat)
         offset = 0
         for t in tensors:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
             offset += t.numel()
 
     def mean_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
@@ -308,16 +334,32 @@ class Parallel:
 
     # -------------------------------------------------------------- checkpoints
 
-    def save(self, run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-             extra: dict[str, Any], state: dict[str, Any], keep: int, protect: tuple[int, ...],
-             before: Callable[[], None]) -> Path:
+    def save(
+        self,
+        run_dir: Path,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        extra: dict[str, Any],
+        state: dict[str, Any],
+        keep: int,
+        protect: tuple[int, ...],
+        before: Callable[[], None],
+    ) -> Path:
         """One process: model.safetensors + optim.pt. Data-parallel: every rank writes its shards
         (torch.distributed.checkpoint) into a temp dir; rank 0 writes optim.pt (every rank's RNG)
         and state.json, then renames. `before` runs first on every rank (hooks; they may fail)."""
         if self.world == 1:
             before()
-            return save_checkpoint(run_dir, step, model.state_dict(), {"optimizer": optimizer.state_dict(), **extra},
-                                   state, keep=keep, protect=protect)
+            return save_checkpoint(
+                run_dir,
+                step,
+                model.state_dict(),
+                {"optimizer": optimizer.state_dict(), **extra},
+                state,
+                keep=keep,
+                protect=protect,
+            )
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
         self._agree_ok(_attempt(before))
@@ -332,8 +374,9 @@ class Parallel:
         if self.is_main:
             digests = {name: d for files, _ in gathered for name, d in files.items()}
             rng = [e["rng"] for _, e in gathered]
-            error = _attempt(_commit_sharded, run_dir, step, tmp, {**extra, "rng_by_rank": rng}, state, keep,
-                             protect, digests)
+            error = _attempt(
+                _commit_sharded, run_dir, step, tmp, {**extra, "rng_by_rank": rng}, state, keep, protect, digests
+            )
         self._agree_ok(error)
         return checkpoint_root(run_dir) / f"step_{step:06d}"
 
@@ -358,8 +401,7 @@ class Parallel:
     def load_weights(self, model: nn.Module, weights: dict[str, torch.Tensor] | None, path: Path) -> None:
         """Weights from load_checkpoint into the (wrapped) model; None: this run's shards are read
         from the sharded checkpoint directly, resharded to this world size."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, \
-            set_model_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
         if weights is None:
             target = {"model": get_model_state_dict(model)}
@@ -370,11 +412,15 @@ class Parallel:
         else:
             load_weights(model, weights, path)
 
-    def load_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer, optim_state: dict[str, Any],
-                       path: Path) -> None:
+    def load_optimizer(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, optim_state: dict[str, Any], path: Path
+    ) -> None:
         """Optimizer state from either checkpoint format; also picks this rank's RNG state."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, \
-            set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+            set_optimizer_state_dict,
+        )
 
         by_rank = optim_state.get("rng_by_rank")
         if by_rank:
@@ -384,8 +430,12 @@ class Parallel:
             _dcp_load(target, path, _CPU_GROUP if self.world > 1 else None)
             set_optimizer_state_dict(model, optimizer, target["optim"])
         elif self.fsdp:  # a one-process checkpoint: name its state by parameter, then shard it
-            set_optimizer_state_dict(model, optimizer, _named_optim_state(model, optimizer, optim_state["optimizer"]),
-                                     options=StateDictOptions(full_state_dict=True))
+            set_optimizer_state_dict(
+                model,
+                optimizer,
+                _named_optim_state(model, optimizer, optim_state["optimizer"]),
+                options=StateDictOptions(full_state_dict=True),
+            )
         else:
             optimizer.load_state_dict(optim_state["optimizer"])
 
@@ -445,8 +495,10 @@ def _named_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, nativ
     form set_optimizer_state_dict takes."""
     names = {id(p): n for n, p in model.named_parameters()}
     fqns = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-    return {"state": {fqns[i]: v for i, v in native["state"].items()},
-            "param_groups": [{**g, "params": [fqns[i] for i in g["params"]]} for g in native["param_groups"]]}
+    return {
+        "state": {fqns[i]: v for i, v in native["state"].items()},
+        "param_groups": [{**g, "params": [fqns[i] for i in g["params"]]} for g in native["param_groups"]],
+    }
 
 
 def _dcp_save(app: dict[str, Any], where: Path, group: Any) -> None:
@@ -458,13 +510,16 @@ def _dcp_save(app: dict[str, Any], where: Path, group: Any) -> None:
     except CheckpointException as exc:  # a BaseException: make a failed write an OSError
         failures = [e for e, _ in exc.failures.values()]
         first = next((e for e in failures if isinstance(e, OSError)), None)
-        raise OSError(getattr(first, "errno", None) or errno.EIO, f"sharded checkpoint write failed: {first or exc}")
+        code = getattr(first, "errno", None) or errno.EIO
+        raise OSError(code, f"sharded checkpoint write failed: {first or exc}") from exc
 
 
 def _dcp_load(target: dict[str, Any], path: Path, group: Any) -> None:
     import torch.distributed.checkpoint as dcp
 
-    dcp.load(target, checkpoint_id=str(Path(path) / SHARDED), process_group=group, no_dist=group is None and not _active())
+    dcp.load(
+        target, checkpoint_id=str(Path(path) / SHARDED), process_group=group, no_dist=group is None and not _active()
+    )
 
 
 def _fresh_dir(path: Path) -> None:
@@ -474,8 +529,16 @@ def _fresh_dir(path: Path) -> None:
     path.mkdir(parents=True)
 
 
-def _commit_sharded(run_dir: Path, step: int, tmp: Path, extra: dict[str, Any], state: dict[str, Any], keep: int,
-                    protect: tuple[int, ...], digests: dict[str, Any]) -> None:
+def _commit_sharded(
+    run_dir: Path,
+    step: int,
+    tmp: Path,
+    extra: dict[str, Any],
+    state: dict[str, Any],
+    keep: int,
+    protect: tuple[int, ...],
+    digests: dict[str, Any],
+) -> None:
     torch.save(extra, tmp / "optim.pt")
     commit_checkpoint(run_dir, step, tmp, state, keep, protect, digests)
 

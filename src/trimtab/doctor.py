@@ -29,18 +29,34 @@ def collect(preset: str = "small", device: str = "auto", nproc: int = 1, strateg
     memory = _memory(dev)
     per_process = memory["gpu_total"] if dev.type == "cuda" else (memory["ram_available"] or 0) // max(nproc, 1)
     advice = suggest_micro_batch(cfg, per_process, precision.name, world=nproc, sharded=strategy == "fsdp")
-    micro = {"preset": preset, "tokens": advice.tokens, "fits": advice.fits, "configured": cfg.train.micro_batch_tokens,
-             "per_process_memory_gb": round(per_process / GiB, 1), "state_gb": round(advice.state_bytes / GiB, 2),
-             "activation_kb_per_token": round(advice.bytes_per_token / 1024, 1), "processes": nproc, "strategy": strategy}
+    micro = {
+        "preset": preset,
+        "tokens": advice.tokens,
+        "fits": advice.fits,
+        "configured": cfg.train.micro_batch_tokens,
+        "per_process_memory_gb": round(per_process / GiB, 1),
+        "state_gb": round(advice.state_bytes / GiB, 2),
+        "activation_kb_per_token": round(advice.bytes_per_token / 1024, 1),
+        "processes": nproc,
+        "strategy": strategy,
+    }
     if not advice.fits:
         micro["fsdp_devices_needed"] = _devices_needed(cfg, per_process, precision.name)
     return {
-        "versions": {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-                     "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-                     "platform": platform.platform()},
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+            "platform": platform.platform(),
+        },
         "device": _device(dev),
-        "precision": {"choice": precision.name, "reason": precision.reason, "bf16": _bf16(dev),
-                      "tf32": bool(torch.backends.cuda.matmul.allow_tf32) if dev.type == "cuda" else None},
+        "precision": {
+            "choice": precision.name,
+            "reason": precision.reason,
+            "bf16": _bf16(dev),
+            "tf32": bool(torch.backends.cuda.matmul.allow_tf32) if dev.type == "cuda" else None,
+        },
         "attention": _attention(dev, cfg, precision.autocast_dtype or torch.float32),
         "fused_adamw": dev.type in ("cuda", "cpu"),  # optim.fused=auto takes it where it exists
         "memory": {k: None if v is None else round(v / GiB, 1) for k, v in memory.items()},
@@ -50,46 +66,62 @@ def collect(preset: str = "small", device: str = "auto", nproc: int = 1, strateg
 
 
 def format_report(facts: dict[str, Any]) -> str:
-    v, d, p, a, m, dist, mb = (facts[k] for k in ("versions", "device", "precision", "attention", "memory",
-                                                     "distributed", "micro_batch"))
-    lines = [f"torch {v['torch']} (CUDA {v['cuda'] or 'none'}, cuDNN {v['cudnn'] or 'none'}), "
-             f"Python {v['python']}, {v['platform']}",
-             f"device: {d['name']} ({d['detail']})",
-             f"precision: {p['choice']} - {p['reason']}",
-             f"bf16: {'yes' if p['bf16']['supported'] else 'no'} ({p['bf16']['detail']})"]
+    v, d, p, a, m, dist, mb = (
+        facts[k] for k in ("versions", "device", "precision", "attention", "memory", "distributed", "micro_batch")
+    )
+    lines = [
+        f"torch {v['torch']} (CUDA {v['cuda'] or 'none'}, cuDNN {v['cudnn'] or 'none'}), "
+        f"Python {v['python']}, {v['platform']}",
+        f"device: {d['name']} ({d['detail']})",
+        f"precision: {p['choice']} - {p['reason']}",
+        f"bf16: {'yes' if p['bf16']['supported'] else 'no'} ({p['bf16']['detail']})",
+    ]
     if p["tf32"] is not None:
         lines.append(f"TF32 matmuls: {'on' if p['tf32'] else 'off'}")
-    lines.append(f"attention: SDPA picks {a['backend']} for {a['shape']}; flash attention "
-                 f"{'available' if a['flash'] else 'not available'} ({a['detail']})")
+    lines.append(
+        f"attention: SDPA picks {a['backend']} for {a['shape']}; flash attention "
+        f"{'available' if a['flash'] else 'not available'} ({a['detail']})"
+    )
     lines.append(f"optimizer: AdamW {'fused (one kernel for all parameters)' if facts['fused_adamw'] else 'foreach'}")
     gpu = f", GPU {m['gpu_free']} GiB free of {m['gpu_total']}" if m["gpu_total"] else ""
     lines.append(f"memory: RAM {m['ram_available']} GiB available of {m['ram_total']}{gpu}")
     backends = ", ".join(k for k in ("nccl", "gloo", "mpi", "ucc") if dist[k]) or "none"
     lines.append(f"distributed: {backends} available; {dist['default']} would be used; launch with {dist['launch']}")
-    sizes = (f"model state {mb['state_gb']} GiB per process, {mb['activation_kb_per_token']} KiB of "
-             f"activations per token, {mb['per_process_memory_gb']} GiB per process")
+    sizes = (
+        f"model state {mb['state_gb']} GiB per process, {mb['activation_kb_per_token']} KiB of "
+        f"activations per token, {mb['per_process_memory_gb']} GiB per process"
+    )
     if mb["fits"]:
         configured = f"{mb['configured']:,}" if mb["configured"] else "0 (auto: the whole step, halved on OOM)"
-        lines.append(f"micro-batch for preset '{mb['preset']}': ~{mb['tokens']:,} tokens ({sizes}; the preset "
-                     f"sets {configured}) -> --set train.micro_batch_tokens={mb['tokens']}")
+        lines.append(
+            f"micro-batch for preset '{mb['preset']}': ~{mb['tokens']:,} tokens ({sizes}; the preset "
+            f"sets {configured}) -> --set train.micro_batch_tokens={mb['tokens']}"
+        )
     else:
         need = mb.get("fsdp_devices_needed")
-        lines.append(f"micro-batch for preset '{mb['preset']}': one row of {mb['tokens']:,} tokens does NOT fit "
-                     f"({sizes})" + (f"; FSDP over {need} such devices would (distributed.strategy=fsdp)"
-                                     if need else ""))
+        lines.append(
+            f"micro-batch for preset '{mb['preset']}': one row of {mb['tokens']:,} tokens does NOT fit "
+            f"({sizes})" + (f"; FSDP over {need} such devices would (distributed.strategy=fsdp)" if need else "")
+        )
     return "\n".join(lines)
 
 
 def _device(dev: torch.device) -> dict[str, Any]:
     if dev.type == "cuda":
         props = torch.cuda.get_device_properties(dev)
-        return {"name": "cuda", "count": torch.cuda.device_count(),
-                "detail": f"{torch.cuda.device_count()} x {props.name}, compute capability {props.major}.{props.minor}"}
+        return {
+            "name": "cuda",
+            "count": torch.cuda.device_count(),
+            "detail": f"{torch.cuda.device_count()} x {props.name}, compute capability {props.major}.{props.minor}",
+        }
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if dev.type == "mps":
         return {"name": "mps", "count": 1, "detail": f"Apple GPU, {cores} CPU cores"}
-    return {"name": "cpu", "count": 1, "detail": f"{torch.backends.cpu.get_cpu_capability()}, {cores} cores, "
-                                                 f"{torch.get_num_threads()} torch threads"}
+    return {
+        "name": "cpu",
+        "count": 1,
+        "detail": f"{torch.backends.cpu.get_cpu_capability()}, {cores} cores, {torch.get_num_threads()} torch threads",
+    }
 
 
 def _bf16(dev: torch.device) -> dict[str, Any]:
@@ -99,8 +131,10 @@ def _bf16(dev: torch.device) -> dict[str, Any]:
     if dev.type == "mps":
         return {"supported": False, "detail": "MPS trains in fp16 autocast"}
     native = cpu_has_native_bf16()
-    return {"supported": native, "detail": "native CPU instructions (AVX512-BF16 / AMX)" if native
-            else "emulated on this CPU, slower than fp32"}
+    return {
+        "supported": native,
+        "detail": "native CPU instructions (AVX512-BF16 / AMX)" if native else "emulated on this CPU, slower than fp32",
+    }
 
 
 def _attention(dev: torch.device, cfg: Any, dtype: torch.dtype) -> dict[str, Any]:
@@ -132,8 +166,9 @@ def _memory(dev: torch.device) -> dict[str, int | None]:
                 info[key] = int(value.split()[0]) * 1024
     except (OSError, ValueError):
         pass
-    total = info.get("MemTotal") or (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-                                     if hasattr(os, "sysconf") else None)
+    total = info.get("MemTotal") or (
+        os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
+    )
     out = {"ram_total": total, "ram_available": info.get("MemAvailable", total), "gpu_total": None, "gpu_free": None}
     if dev.type == "cuda":
         out["gpu_free"], out["gpu_total"] = torch.cuda.mem_get_info(dev)
@@ -144,11 +179,18 @@ def _distributed(dev: torch.device) -> dict[str, Any]:
     import torch.distributed as dist
 
     ok = dist.is_available()
-    found = {"nccl": ok and dist.is_nccl_available(), "gloo": ok and dist.is_gloo_available(),
-             "mpi": ok and dist.is_mpi_available(), "ucc": ok and getattr(dist, "is_ucc_available", lambda: False)()}
+    found = {
+        "nccl": ok and dist.is_nccl_available(),
+        "gloo": ok and dist.is_gloo_available(),
+        "mpi": ok and dist.is_mpi_available(),
+        "ucc": ok and getattr(dist, "is_ucc_available", lambda: False)(),
+    }
     n = torch.cuda.device_count() if dev.type == "cuda" else 2
-    return {**found, "default": "nccl" if dev.type == "cuda" else "gloo",
-            "launch": f"torchrun --nproc_per_node {n} -m trimtab train ... (docs/distributed.md)"}
+    return {
+        **found,
+        "default": "nccl" if dev.type == "cuda" else "gloo",
+        "launch": f"torchrun --nproc_per_node {n} -m trimtab train ... (docs/distributed.md)",
+    }
 
 
 def _devices_needed(cfg: Any, memory: int, precision: str) -> int | None:

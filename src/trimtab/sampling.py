@@ -8,8 +8,13 @@ import torch
 from trimtab.model import Transformer
 
 
-def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Draw one token per row from logits [B, V] -> LongTensor [B].
 
     temperature <= 0 is greedy (argmax). top_k > 0 keeps the k most likely tokens; top_p < 1 keeps
@@ -39,9 +44,17 @@ def _nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
-def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int, *,
-             temperature: float = 0.8, top_k: int = 50, top_p: float = 0.95,
-             eos_id: int | None = None, seed: int = 0) -> list[int]:
+def generate(
+    model: Transformer,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.8,
+    top_k: int = 50,
+    top_p: float = 0.95,
+    eos_id: int | None = None,
+    seed: int = 0,
+) -> list[int]:
     """Continue prompt_ids; return the new tokens only (ending with eos_id when it was drawn).
 
     One prefill forward over the prompt, then one-token steps on the KV cache. Stops after
@@ -63,8 +76,16 @@ def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int, *,
         model.train(was_training)
 
 
-def _decode(model: Transformer, prompt_ids: list[int], budget: int, temperature: float,
-            top_k: int, top_p: float, eos_id: int | None, seed: int) -> list[int]:
+def _decode(
+    model: Transformer,
+    prompt_ids: list[int],
+    budget: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    eos_id: int | None,
+    seed: int,
+) -> list[int]:
     device = model.lm_head.weight.device
     generator = torch.Generator(device=device).manual_seed(seed)
     cache = model.new_cache(batch=1, max_len=len(prompt_ids) + budget)

@@ -52,8 +52,11 @@ class ModelConfig:
     def validate(self) -> None:
         _positive(self, "model", "d_model", "n_layers", "n_heads", "multiple_of", "max_seq_len")
         for i, kind in enumerate(self.layer_pattern):
-            _check(kind in LAYER_KINDS, f"model.layer_pattern[{i}]",
-                   f"is '{kind}'; each entry must be one of {', '.join(LAYER_KINDS)}")
+            _check(
+                kind in LAYER_KINDS,
+                f"model.layer_pattern[{i}]",
+                f"is '{kind}'; each entry must be one of {', '.join(LAYER_KINDS)}",
+            )
         if any("moe" in k for k in self.layer_pattern):
             self.moe.validate()
         if any("mod" in k for k in self.layer_pattern):
@@ -61,8 +64,11 @@ class ModelConfig:
         _check(self.d_model % self.n_heads == 0, "model.d_model", "must be divisible by model.n_heads")
         kv = self.n_kv_heads or self.n_heads
         _check(kv > 0 and self.n_heads % kv == 0, "model.n_kv_heads", "must divide model.n_heads")
-        _check((self.d_model // self.n_heads) % 2 == 0, "model.d_model",
-               "d_model / n_heads (the head dim) must be even for rotary embeddings")
+        _check(
+            (self.d_model // self.n_heads) % 2 == 0,
+            "model.d_model",
+            "d_model / n_heads (the head dim) must be even for rotary embeddings",
+        )
         _check(self.rope_theta > 0, "model.rope_theta", "must be > 0")
         _check(self.init_std > 0, "model.init_std", "must be > 0")
 
@@ -113,8 +119,11 @@ class DataConfig:
 
     def validate(self) -> None:
         _positive(self, "data", "seq_len", "vocab_size")
-        _check(self.format in ("auto", "text", "jsonl", "chat", "instruction"), "data.format",
-               "must be one of auto, text, jsonl, chat, instruction")
+        _check(
+            self.format in ("auto", "text", "jsonl", "chat", "instruction"),
+            "data.format",
+            "must be one of auto, text, jsonl, chat, instruction",
+        )
         _check(0.0 <= self.eval_fraction < 0.5, "data.eval_fraction", "must be in [0, 0.5)")
         _check(self.max_bytes >= 0, "data.max_bytes", "must be >= 0")
 
@@ -143,8 +152,11 @@ class OptimConfig:
         _check(self.schedule in SCHEDULES, "optim.schedule", f"must be one of {', '.join(SCHEDULES)}")
         _check(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", "must be in [0, 1]")
         _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1/beta2", "must be in [0, 1)")
-        _check(self.weight_decay >= 0 and self.grad_clip >= 0 and self.warmup_steps >= 0,
-               "optim", "weight_decay, grad_clip and warmup_steps must be >= 0")
+        _check(
+            self.weight_decay >= 0 and self.grad_clip >= 0 and self.warmup_steps >= 0,
+            "optim",
+            "weight_decay, grad_clip and warmup_steps must be >= 0",
+        )
         _check(0 < self.decay_fraction <= 1, "optim.decay_fraction", "must be in (0, 1]")
         _check(0 < self.gamma <= 1, "optim.gamma", "must be in (0, 1]")
         _check(self.fused in ("auto", "true", "false"), "optim.fused", "must be auto, true or false")
@@ -174,12 +186,15 @@ class TrainConfig:
 
     def validate(self) -> None:
         _positive(self, "train", "max_steps", "batch_tokens", "log_every", "eval_tokens")
-        _check(0 <= self.micro_batch_tokens <= self.batch_tokens, "train.micro_batch_tokens",
-               "must be between 0 (auto: the largest that fits) and train.batch_tokens")
-        _check(self.device in ("auto", "cpu", "cuda", "mps"), "train.device",
-               "must be auto, cpu, cuda or mps")
-        _check(self.precision in ("auto", "fp32", "bf16", "fp16"), "train.precision",
-               "must be auto, fp32, bf16 or fp16")
+        _check(
+            0 <= self.micro_batch_tokens <= self.batch_tokens,
+            "train.micro_batch_tokens",
+            "must be between 0 (auto: the largest that fits) and train.batch_tokens",
+        )
+        _check(self.device in ("auto", "cpu", "cuda", "mps"), "train.device", "must be auto, cpu, cuda or mps")
+        _check(
+            self.precision in ("auto", "fp32", "bf16", "fp16"), "train.precision", "must be auto, fp32, bf16 or fp16"
+        )
         _check(self.eval_every >= 0, "train.eval_every", "must be >= 0")
 
 
@@ -213,8 +228,9 @@ class FinetuneConfig:
     def validate(self) -> None:
         _check(self.steps >= 0, "finetune.steps", "must be >= 0")
         if self.steps:
-            _check(bool(self.data.source), "finetune.data.source",
-                   "must name the finetuning data when finetune.steps > 0")
+            _check(
+                bool(self.data.source), "finetune.data.source", "must name the finetuning data when finetune.steps > 0"
+            )
             self.data.validate()
             self.optim.validate()
 
@@ -235,15 +251,27 @@ class RunConfig:
     plan: PlanConfig = field(default_factory=PlanConfig)  # live Chinchilla planner (docs/planner.md)
     faults: list[str] = field(default_factory=list)  # injected faults, KIND@STEP[:PARAM] (tests, bench)
 
-    def validate(self) -> "RunConfig":
-        for section in (self.model, self.data, self.optim, self.train, self.checkpoint, self.log,
-                        self.finetune, self.orchestrator, self.distributed, self.plan):
+    def validate(self) -> RunConfig:
+        for section in (
+            self.model,
+            self.data,
+            self.optim,
+            self.train,
+            self.checkpoint,
+            self.log,
+            self.finetune,
+            self.orchestrator,
+            self.distributed,
+            self.plan,
+        ):
             section.validate()
         for key, data in (("data.seq_len", self.data), ("finetune.data.seq_len", self.finetune.data)):
-            _check(data.seq_len <= self.model.max_seq_len or (key.startswith("finetune") and
-                                                               not self.finetune.steps),
-                   key, f"{data.seq_len} is larger than the model's model.max_seq_len="
-                   f"{self.model.max_seq_len}; lower it or raise model.max_seq_len")
+            _check(
+                data.seq_len <= self.model.max_seq_len or (key.startswith("finetune") and not self.finetune.steps),
+                key,
+                f"{data.seq_len} is larger than the model's model.max_seq_len="
+                f"{self.model.max_seq_len}; lower it or raise model.max_seq_len",
+            )
         return self
 
     @property
@@ -271,7 +299,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: invalid YAML ({getattr(exc, 'problem', exc)}); fix the syntax")
+        raise ConfigError(f"{where}: invalid YAML ({getattr(exc, 'problem', exc)}); fix the syntax") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a run config must be a mapping of sections, got {type(data).__name__}")
     return data
@@ -318,8 +346,13 @@ def nested(path: list[str], value: Any) -> dict[str, Any]:
     return out
 
 
-def load_config(path: str | Path | None = None, *, preset: str | None = None,
-                overrides: dict[str, Any] | None = None, sets: list[str] = ()) -> RunConfig:
+def load_config(
+    path: str | Path | None = None,
+    *,
+    preset: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    sets: list[str] = (),
+) -> RunConfig:
     """Resolve a run config: defaults < preset < YAML file < overrides < --set items."""
     user = read_yaml(path) if path else {}
     cli = dict(overrides or {})

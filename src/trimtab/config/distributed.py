@@ -35,10 +35,20 @@ class DistributedConfig:
         for key in ("param_dtype", "reduce_dtype"):
             _check(getattr(self, key) in DTYPES, f"distributed.{key}", f"must be one of {', '.join(DTYPES)}")
         if self.strategy != "fsdp":
-            for key, default in (("cpu_offload", False), ("param_dtype", "auto"), ("reduce_dtype", "fp32"),
-                                 ("reshard_after_forward", True)):
-                _check(getattr(self, key) == default, f"distributed.{key}",
-                       f"applies to distributed.strategy=fsdp only (strategy is '{self.strategy}')")
+            for key, default in (
+                ("cpu_offload", False),
+                ("param_dtype", "auto"),
+                ("reduce_dtype", "fp32"),
+                ("reshard_after_forward", True),
+            ):
+                _check(
+                    getattr(self, key) == default,
+                    f"distributed.{key}",
+                    f"applies to distributed.strategy=fsdp only (strategy is '{self.strategy}')",
+                )
         else:
-            _check(not self.find_unused_parameters, "distributed.find_unused_parameters",
-                   "applies to distributed.strategy=ddp only (strategy is 'fsdp')")
+            _check(
+                not self.find_unused_parameters,
+                "distributed.find_unused_parameters",
+                "applies to distributed.strategy=ddp only (strategy is 'fsdp')",
+            )

@@ -185,8 +185,11 @@ class OrchestratorConfig:
         _check(self.plateau.max_lr_scale >= 1, "orchestrator.plateau.max_lr_scale", "must be >= 1")
         _check(0 < self.memory.threshold <= 1, "orchestrator.memory.threshold", "must be in (0, 1]")
         _check(0 < self.throughput.factor < 1, "orchestrator.throughput.factor", "must be in (0, 1)")
-        _check(self.moe.imbalance > 1 and 0 < self.moe.collapse <= 1, "orchestrator.moe",
-               "imbalance must be > 1 and collapse in (0, 1]")
+        _check(
+            self.moe.imbalance > 1 and 0 < self.moe.collapse <= 1,
+            "orchestrator.moe",
+            "imbalance must be > 1 and collapse in (0, 1]",
+        )
         _positive(self.mod, "orchestrator.mod", "recent", "tolerance", "min_drop")
         _check(self.lr.factor > 2, "orchestrator.lr.factor", "must be > 2 (warm-up doubles the LR once)")
         _check(self.oom.max_retries >= 1, "orchestrator.oom.max_retries", "must be >= 1")

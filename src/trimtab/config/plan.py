@@ -29,15 +29,17 @@ class PlanConfig:
     mfu: float = 0.4  # assumed model FLOPs utilisation for time estimates (`trimtab plan`)
 
     def validate(self) -> None:
-        _check(self.status_every >= 0, "plan.status_every", f"must be >= 0 (0 turns the live planner off), "
-               f"got {self.status_every}")
+        _check(
+            self.status_every >= 0,
+            "plan.status_every",
+            f"must be >= 0 (0 turns the live planner off), got {self.status_every}",
+        )
         _check(0 < self.tolerance < 1, "plan.tolerance", f"must be in (0, 1), got {self.tolerance}")
         _check(0 <= self.max_extend <= 10, "plan.max_extend", f"must be in [0, 10], got {self.max_extend}")
         _check(0 <= self.max_shorten < 1, "plan.max_shorten", f"must be in [0, 1), got {self.max_shorten}")
         _check(0 <= self.min_change < 1, "plan.min_change", f"must be in [0, 1), got {self.min_change}")
         _check(0 <= self.min_progress < 1, "plan.min_progress", f"must be in [0, 1), got {self.min_progress}")
-        _check(self.min_points >= 3, "plan.min_points", f"must be >= 3 (a fit has 3 parameters), "
-               f"got {self.min_points}")
+        _check(self.min_points >= 3, "plan.min_points", f"must be >= 3 (a fit has 3 parameters), got {self.min_points}")
         _check(self.max_lr_jump > 1, "plan.max_lr_jump", f"must be > 1, got {self.max_lr_jump}")
         _check(self.tokens_per_param > 0, "plan.tokens_per_param", f"must be > 0, got {self.tokens_per_param}")
         _check(0 < self.mfu <= 1, "plan.mfu", f"must be in (0, 1], got {self.mfu}")

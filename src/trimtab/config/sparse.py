@@ -29,13 +29,22 @@ class MoEConfig:
     def validate(self) -> None:
         _positive(self, "model.moe", "n_experts", "top_k", "router_temperature")
         _check(self.top_k <= self.n_experts, "model.moe.top_k", "must be <= model.moe.n_experts")
-        _check(self.n_shared_experts >= 0 and self.expert_hidden >= 0, "model.moe",
-               "n_shared_experts and expert_hidden must be >= 0")
-        _check(self.capacity_factor == 0 or self.capacity_factor >= 1.0, "model.moe.capacity_factor",
-               "must be 0 (dropless) or >= 1.0")
+        _check(
+            self.n_shared_experts >= 0 and self.expert_hidden >= 0,
+            "model.moe",
+            "n_shared_experts and expert_hidden must be >= 0",
+        )
+        _check(
+            self.capacity_factor == 0 or self.capacity_factor >= 1.0,
+            "model.moe.capacity_factor",
+            "must be 0 (dropless) or >= 1.0",
+        )
         _check(0 <= self.router_jitter < 1, "model.moe.router_jitter", "must be in [0, 1)")
-        _check(self.aux_loss_coef >= 0 and self.z_loss_coef >= 0 and self.bias_update_rate >= 0,
-               "model.moe", "aux_loss_coef, z_loss_coef and bias_update_rate must be >= 0")
+        _check(
+            self.aux_loss_coef >= 0 and self.z_loss_coef >= 0 and self.bias_update_rate >= 0,
+            "model.moe",
+            "aux_loss_coef, z_loss_coef and bias_update_rate must be >= 0",
+        )
 
 
 @dataclass
@@ -50,8 +59,14 @@ class MoDConfig:
         _check(0 < self.capacity <= 1, "model.mod.capacity", "must be in (0, 1]")
         for i, c in enumerate(self.layer_capacity):
             _check(0 < c <= 1, f"model.mod.layer_capacity[{i}]", f"is {c}; must be in (0, 1]")
-        _check(not self.layer_capacity or len(self.layer_capacity) == n_mod_layers,
-               "model.mod.layer_capacity", f"has {len(self.layer_capacity)} entries; give one per "
-               f"Mixture-of-Depths layer ({n_mod_layers} in model.layer_pattern x n_layers) or none")
-        _check(self.warmup_steps >= 0 and self.predictor_loss_coef >= 0, "model.mod",
-               "warmup_steps and predictor_loss_coef must be >= 0")
+        _check(
+            not self.layer_capacity or len(self.layer_capacity) == n_mod_layers,
+            "model.mod.layer_capacity",
+            f"has {len(self.layer_capacity)} entries; give one per "
+            f"Mixture-of-Depths layer ({n_mod_layers} in model.layer_pattern x n_layers) or none",
+        )
+        _check(
+            self.warmup_steps >= 0 and self.predictor_loss_coef >= 0,
+            "model.mod",
+            "warmup_steps and predictor_loss_coef must be >= 0",
+        )

@@ -48,16 +48,19 @@ class TokenizedDocs:
     def split_at(self, cut: int) -> tuple[TokenizedDocs, TokenizedDocs]:
         """Split a stream at token `cut` into two single-document streams."""
         head, tail = slice(0, cut), slice(cut, len(self.tokens))
-        return (TokenizedDocs(self.tokens[head], self.mask[head], _offsets([cut])),
-                TokenizedDocs(self.tokens[tail], self.mask[tail], _offsets([len(self.tokens) - cut])))
+        return (
+            TokenizedDocs(self.tokens[head], self.mask[head], _offsets([cut])),
+            TokenizedDocs(self.tokens[tail], self.mask[tail], _offsets([len(self.tokens) - cut])),
+        )
 
 
 def _offsets(lengths: np.ndarray | list[int]) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
 
 
-def tokenize_documents(docs: list[Document], tok: TextTokenizer, cfg: DataConfig,
-                       cache_dir: Path | None = None) -> TokenizedDocs:
+def tokenize_documents(
+    docs: list[Document], tok: TextTokenizer, cfg: DataConfig, cache_dir: Path | None = None
+) -> TokenizedDocs:
     """Tokenize docs (each + eos), cached in cache_dir by (corpus, tokenizer).
 
     cfg is accepted for API stability: none of its fields changes per-document tokenization
@@ -111,8 +114,7 @@ def _tokenize(docs: list[Document], tok: TextTokenizer) -> TokenizedDocs:
 class Rows:
     """A tokenized split: row i is tokens[starts[i] : starts[i] + lengths[i] + 1]."""
 
-    def __init__(self, tokens: np.ndarray, mask: np.ndarray, starts: np.ndarray,
-                 lengths: np.ndarray) -> None:
+    def __init__(self, tokens: np.ndarray, mask: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
         self.tokens, self.mask = tokens, mask
         self.starts = starts.astype(np.int64)  # [R]
         self.lengths = lengths.astype(np.int64)  # [R] input positions, each <= seq_len
@@ -137,8 +139,9 @@ def _rows(docs: TokenizedDocs, starts: np.ndarray, lengths: np.ndarray) -> Rows:
     counts = np.concatenate([[0], np.cumsum(docs.mask, dtype=np.int64)])
     keep = counts[starts + lengths + 1] - counts[starts + 1] > 0
     if not keep.all():
-        logger.warning("dropped %d of %d rows that have no trainable target within data.seq_len",
-                       int((~keep).sum()), len(keep))
+        logger.warning(
+            "dropped %d of %d rows that have no trainable target within data.seq_len", int((~keep).sum()), len(keep)
+        )
     return Rows(docs.tokens, docs.mask, starts[keep], lengths[keep])
 
 
@@ -156,9 +159,14 @@ def document_rows(docs: TokenizedDocs, seq_len: int) -> Rows:
     return _rows(docs, docs.offsets[:-1][keep], lengths[keep])
 
 
-def build_splits(cfg: DataConfig, tok: TextTokenizer, docs: list[Document],
-                 eval_docs: list[Document] | None, seed: int,
-                 cache_dir: Path | None = None) -> tuple[Rows, Rows]:
+def build_splits(
+    cfg: DataConfig,
+    tok: TextTokenizer,
+    docs: list[Document],
+    eval_docs: list[Document] | None,
+    seed: int,
+    cache_dir: Path | None = None,
+) -> tuple[Rows, Rows]:
     """(train, eval) rows; eval is eval_docs, else a held-out cfg.eval_fraction of docs."""
     tokenized = tokenize_documents(docs, tok, cfg, cache_dir)
     if eval_docs is not None:
@@ -168,12 +176,17 @@ def build_splits(cfg: DataConfig, tok: TextTokenizer, docs: list[Document],
     make_rows = pack_rows if cfg.pack else document_rows
     train_rows, eval_rows = make_rows(train, cfg.seq_len), make_rows(held, cfg.seq_len)
     if not len(train_rows):
-        raise DataError(f"the training split has {len(train.tokens)} tokens in {len(train)} documents, "
-                        f"not enough for one row of data.seq_len+1={cfg.seq_len + 1} tokens with a "
-                        f"trainable target; add data or lower data.seq_len")
+        raise DataError(
+            f"the training split has {len(train.tokens)} tokens in {len(train)} documents, "
+            f"not enough for one row of data.seq_len+1={cfg.seq_len + 1} tokens with a "
+            f"trainable target; add data or lower data.seq_len"
+        )
     if len(held.tokens) and not len(eval_rows):
-        logger.warning("the eval split (%d tokens) is too small for one row of data.seq_len+1=%d; "
-                       "evaluation is skipped", len(held.tokens), cfg.seq_len + 1)
+        logger.warning(
+            "the eval split (%d tokens) is too small for one row of data.seq_len+1=%d; evaluation is skipped",
+            len(held.tokens),
+            cfg.seq_len + 1,
+        )
     return train_rows, eval_rows
 
 
@@ -227,15 +240,24 @@ def collate(rows: Rows, indices: list[int], pad_id: int) -> MicroBatch:
         n = len(tokens) - 1
         inputs[b, :n] = tokens[:-1]
         targets[b, :n] = np.where(mask[1:], tokens[1:], IGNORE_INDEX)
-    return MicroBatch(torch.from_numpy(inputs), torch.from_numpy(targets),
-                      int((targets != IGNORE_INDEX).sum()), list(indices))
+    return MicroBatch(
+        torch.from_numpy(inputs), torch.from_numpy(targets), int((targets != IGNORE_INDEX).sum()), list(indices)
+    )
 
 
 class BatchLoader:
     """Steps of ~batch_tokens input positions in a reproducible per-epoch shuffled order."""
 
-    def __init__(self, rows: Rows, batch_tokens: int, micro_batch_tokens: int, seed: int,
-                 pad_id: int, rank: int = 0, world: int = 1) -> None:
+    def __init__(
+        self,
+        rows: Rows,
+        batch_tokens: int,
+        micro_batch_tokens: int,
+        seed: int,
+        pad_id: int,
+        rank: int = 0,
+        world: int = 1,
+    ) -> None:
         if not len(rows):
             raise ValueError("BatchLoader needs at least one row")
         # Every rank draws the same global step and keeps its own share of the rows (see shard_step),
@@ -291,21 +313,28 @@ class BatchLoader:
 
     def _step(self, indices: list[int], n_tokens: int) -> StepBatch:
         if self.world > 1:
-            return shard_step(self.rows, indices, n_tokens, self.micro_batch_tokens, self.pad_id,
-                              self.rank, self.world)
-        micro = [collate(self.rows, group, self.pad_id)
-                 for group in group_rows(self.rows, indices, self.micro_batch_tokens)]
+            return shard_step(self.rows, indices, n_tokens, self.micro_batch_tokens, self.pad_id, self.rank, self.world)
+        micro = [
+            collate(self.rows, group, self.pad_id) for group in group_rows(self.rows, indices, self.micro_batch_tokens)
+        ]
         return StepBatch(micro, sum(m.n_targets for m in micro), n_tokens, indices)
 
     def state_dict(self) -> dict:
-        return {"epoch": self._epoch, "cursor": self._cursor, "seed": self.seed,
-                "n_rows": len(self.rows), "skipped": sorted(self.skipped)}
+        return {
+            "epoch": self._epoch,
+            "cursor": self._cursor,
+            "seed": self.seed,
+            "n_rows": len(self.rows),
+            "skipped": sorted(self.skipped),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly where `state` was taken (its seed wins over the constructor's)."""
         if state["n_rows"] != len(self.rows):
-            raise DataError(f"the checkpoint's data loader had {state['n_rows']} rows but the data now "
-                            f"gives {len(self.rows)}; resume with the same data.* settings and corpus")
+            raise DataError(
+                f"the checkpoint's data loader had {state['n_rows']} rows but the data now "
+                f"gives {len(self.rows)}; resume with the same data.* settings and corpus"
+            )
         self.seed = int(state["seed"])
         self._epoch, self._cursor = int(state["epoch"]), int(state["cursor"])
         self._order = self._permutation(self._epoch)
@@ -345,8 +374,9 @@ def shard_rows(rows: Rows, indices: list[int], world: int) -> list[list[int]]:
     return shares
 
 
-def shard_step(rows: Rows, indices: list[int], n_tokens: int, micro_batch_tokens: int, pad_id: int,
-               rank: int, world: int) -> StepBatch:
+def shard_step(
+    rows: Rows, indices: list[int], n_tokens: int, micro_batch_tokens: int, pad_id: int, rank: int, world: int
+) -> StepBatch:
     """This rank's share of a global step, in as many micro-batches as every other rank's.
 
     n_targets stays the global count, so each rank's summed loss over it adds up (all-reduce sum)
@@ -360,7 +390,7 @@ def shard_step(rows: Rows, indices: list[int], n_tokens: int, micro_batch_tokens
         if widest is None or len(groups[widest]) == 1:
             break
         group = groups.pop(widest)  # smaller micro-batches cost speed, never the result
-        groups[widest:widest] = [group[:len(group) // 2], group[len(group) // 2:]]
+        groups[widest:widest] = [group[: len(group) // 2], group[len(group) // 2 :]]
     micro = [collate(rows, group, pad_id) for group in groups]
     while len(micro) < max(counts):  # fewer rows than the others have micro-batches
         micro.append(_padding(rows, indices[0], pad_id))

@@ -49,8 +49,7 @@ def corpus_fingerprint(docs: Iterable[Document]) -> str:
     return h.hexdigest()
 
 
-def read_documents(cfg: DataConfig, source: str | None = None,
-                   section: str = "data") -> tuple[list[Document], int]:
+def read_documents(cfg: DataConfig, source: str | None = None, section: str = "data") -> tuple[list[Document], int]:
     """Read `source` (default cfg.source) up to cfg.max_bytes; returns (docs, n_skipped_bad_records).
 
     `section` is the config section named in error messages ("finetune.data" for that phase).
@@ -60,18 +59,30 @@ def read_documents(cfg: DataConfig, source: str | None = None,
     reader = _Reader(cfg, section, key)
     docs, capped = _take_bytes(reader.documents(source), cfg.max_bytes)
     if capped and source != "builtin":
-        logger.warning("%s '%s': reached %s.max_bytes=%d, the rest is not read; set it to 0 to read all",
-                       key, source, section, cfg.max_bytes)
+        logger.warning(
+            "%s '%s': reached %s.max_bytes=%d, the rest is not read; set it to 0 to read all",
+            key,
+            source,
+            section,
+            cfg.max_bytes,
+        )
     if reader.n_undecodable:
-        logger.warning("%s '%s': skipped %d files that are not UTF-8 text (e.g. %s)", key, source,
-                       reader.n_undecodable, reader.undecodable_example)
+        logger.warning(
+            "%s '%s': skipped %d files that are not UTF-8 text (e.g. %s)",
+            key,
+            source,
+            reader.n_undecodable,
+            reader.undecodable_example,
+        )
     if reader.n_skipped:
-        logger.warning("%s '%s': skipped %d malformed records (%s.skip_bad_records=true)", key, source,
-                       reader.n_skipped, section)
+        logger.warning(
+            "%s '%s': skipped %d malformed records (%s.skip_bad_records=true)", key, source, reader.n_skipped, section
+        )
     if not docs:
         why = f"; all {reader.n_skipped} records were malformed" if reader.n_skipped else ""
-        raise DataError(f"{key} '{source}' has no text (the corpus is empty{why}); "
-                        f"point it at non-empty text or .jsonl files")
+        raise DataError(
+            f"{key} '{source}' has no text (the corpus is empty{why}); point it at non-empty text or .jsonl files"
+        )
     return docs, reader.n_skipped
 
 
@@ -145,16 +156,21 @@ class _Reader:
         if path.is_file():
             yield from self._file(path, strict=True)
             return
-        files = (p for p in path.rglob("*") if p.is_file()
-                 and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        files = (
+            p
+            for p in path.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
         for file in sorted(files, key=lambda p: p.relative_to(path).as_posix()):
             yield from self._file(file, strict=False)
 
     def _builtin(self) -> Iterator[Document]:
         root, files = builtin_files()
         if not files:
-            raise DataError(f"{self.key}: no .py files under {root} (this Python ships its standard "
-                            f"library zipped?); set {self.key} to a text file or directory")
+            raise DataError(
+                f"{self.key}: no .py files under {root} (this Python ships its standard "
+                f"library zipped?); set {self.key} to a text file or directory"
+            )
         for file in files:
             text = _decode(file.read_bytes())
             if text:  # a few stdlib test files are deliberately not UTF-8
@@ -181,11 +197,15 @@ class _Reader:
             try:
                 doc = self._record(json.loads(line))
             except (json.JSONDecodeError, _BadRecord) as exc:
-                problem = f"invalid JSON ({exc.msg} at column {exc.colno})" \
-                    if isinstance(exc, json.JSONDecodeError) else str(exc)
+                problem = (
+                    f"invalid JSON ({exc.msg} at column {exc.colno})"
+                    if isinstance(exc, json.JSONDecodeError)
+                    else str(exc)
+                )
                 if not self.cfg.skip_bad_records:
-                    raise DataError(f"{path}:{lineno}: {problem}; fix the line or set "
-                                    f"{self.section}.skip_bad_records=true") from None
+                    raise DataError(
+                        f"{path}:{lineno}: {problem}; fix the line or set {self.section}.skip_bad_records=true"
+                    ) from None
                 self.n_skipped += 1
                 continue
             if doc.text:
@@ -194,8 +214,9 @@ class _Reader:
     def _record(self, rec: Any) -> Document:
         if not isinstance(rec, dict):
             raise _BadRecord(f"expected a JSON object, got {type(rec).__name__}")
-        kind = self.cfg.format if self.cfg.format in ("text", "chat", "instruction") else _detect(
-            rec, self.cfg.text_field)
+        kind = (
+            self.cfg.format if self.cfg.format in ("text", "chat", "instruction") else _detect(rec, self.cfg.text_field)
+        )
         if kind == "text":
             return Document([(_string(rec, self.cfg.text_field), True)])
         if kind == "chat":

@@ -62,8 +62,9 @@ class TextTokenizer:
             tok = Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception for unreadable files
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise DataError(f"{key} '{path}' is not a tokenizers JSON file ({reason}); "
-                            f"save it with tokenizers' Tokenizer.save") from None
+            raise DataError(
+                f"{key} '{path}' is not a tokenizers JSON file ({reason}); save it with tokenizers' Tokenizer.save"
+            ) from None
         if tok.token_to_id(EOS) is None:
             raise DataError(f"{key} '{path}' has no {EOS} token; add it to the tokenizer's vocabulary")
         tok.add_special_tokens(SPECIAL_TOKENS)  # no-op for those present; new ids for the rest
@@ -75,16 +76,16 @@ def get_tokenizer(cfg: DataConfig, docs: list[Document], cache_dir: Path) -> Tex
     if cfg.tokenizer:
         return TextTokenizer.load(Path(cfg.tokenizer), key="data.tokenizer")
     if cfg.vocab_size < MIN_VOCAB:
-        raise DataError(f"data.vocab_size={cfg.vocab_size} is below the {MIN_VOCAB} byte-level base "
-                        f"and special tokens; raise it")
+        raise DataError(
+            f"data.vocab_size={cfg.vocab_size} is below the {MIN_VOCAB} byte-level base and special tokens; raise it"
+        )
     key = hashlib.sha256(f"{corpus_fingerprint(docs)}:{cfg.vocab_size}:{SPECIAL_TOKENS}".encode())
     path = Path(cache_dir) / f"tokenizer-{key.hexdigest()[:20]}.json"
     if path.is_file():
         return TextTokenizer.load(path)
     start = time.perf_counter()
     tok = TextTokenizer(_train_bpe(docs, cfg.vocab_size))
-    logger.info("trained a byte-level BPE tokenizer (vocab %d) in %.1fs", tok.vocab_size,
-                time.perf_counter() - start)
+    logger.info("trained a byte-level BPE tokenizer (vocab %d) in %.1fs", tok.vocab_size, time.perf_counter() - start)
     tok.save(path)
     return tok
 
@@ -93,9 +94,12 @@ def _train_bpe(docs: list[Document], vocab_size: int) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(_training_texts(docs), trainer)
     return tok
 

@@ -17,8 +17,16 @@ class KVCache:
     values at [pos, pos + T) in every layer and then calls `advance(T)` once per forward.
     """
 
-    def __init__(self, n_layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+    def __init__(
+        self,
+        n_layers: int,
+        batch: int,
+        kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ):
         shape = (batch, kv_heads, max_len, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
@@ -29,8 +37,8 @@ class KVCache:
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v [B, K, T, E] at the current offset; return all cached K/V [B, K, pos+T, E]."""
         end = self.pos + k.shape[2]
-        self.k[layer][:, :, self.pos:end] = k
-        self.v[layer][:, :, self.pos:end] = v
+        self.k[layer][:, :, self.pos : end] = k
+        self.v[layer][:, :, self.pos : end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
     def mark(self, layer: int, keep: torch.Tensor) -> torch.Tensor:
@@ -39,7 +47,7 @@ class KVCache:
         if self.keep[layer] is None:
             self.keep[layer] = torch.ones(keep.shape[0], self.max_len, dtype=torch.bool, device=keep.device)
         end = self.pos + keep.shape[1]
-        self.keep[layer][:, self.pos:end] = keep
+        self.keep[layer][:, self.pos : end] = keep
         return self.keep[layer][:, :end]
 
     def advance(self, n: int) -> None:

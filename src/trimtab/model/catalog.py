@@ -97,11 +97,9 @@ def human_count(n: float) -> str:
 def format_catalog(rows: list[PresetInfo]) -> str:
     """The `trimtab presets` table: one line per preset, description last (it is the long one)."""
     width = max(len("preset"), *(len(r.name) for r in rows))
-    lines = [f"{'preset':{width}s}  {'family':6s}  {'params':>6s}  {'active':>6s}  {'GFLOP/tok':>9s}  "
-             "description"]
+    lines = [f"{'preset':{width}s}  {'family':6s}  {'params':>6s}  {'active':>6s}  {'GFLOP/tok':>9s}  description"]
     for r in rows:
         gflop = r.flops_per_token / 1e9
         size = f"{human_count(r.total):>6s}  {human_count(r.active):>6s}"
-        lines.append(f"{r.name:{width}s}  {r.family:6s}  {size}  {gflop:9.{3 if gflop < 10 else 1}f}  "
-                     f"{r.description}")
+        lines.append(f"{r.name:{width}s}  {r.family:6s}  {size}  {gflop:9.{3 if gflop < 10 else 1}f}  {r.description}")
     return "\n".join(lines)

@@ -48,8 +48,7 @@ class Rotary(nn.Module):
         return self.cos[offset:end], self.sin[offset:end]
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor,
-            sign: float = 1.0) -> None:
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, sign: float = 1.0) -> None:
     """out = x [B, T, n, E] with each pair (x1[i], x2[i]) rotated by sign * angle (in place)."""
     x1, x2 = x.chunk(2, -1)
     o1, o2 = out.chunk(2, -1)
@@ -66,8 +65,9 @@ class RotaryQKV(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
-                n_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        ctx, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv_heads: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n_rot = n_heads + n_kv_heads
         cos, sin = cos.to(qkv.dtype), sin.to(qkv.dtype)  # autocast: qkv may be lower precision
         qk = qkv.new_empty(*qkv.shape[:2], n_rot, qkv.shape[3])
@@ -84,8 +84,8 @@ class RotaryQKV(torch.autograd.Function):
         B, _, T, E = gq.shape
         grad = gq.new_empty(B, T, H + 2 * K, E)
         _rotate(gq.transpose(1, 2), cos, sin, grad[:, :, :H], sign=-1.0)
-        _rotate(gk.transpose(1, 2), cos, sin, grad[:, :, H:H + K], sign=-1.0)
-        grad[:, :, H + K:].copy_(gv.transpose(1, 2))
+        _rotate(gk.transpose(1, 2), cos, sin, grad[:, :, H : H + K], sign=-1.0)
+        grad[:, :, H + K :].copy_(gv.transpose(1, 2))
         return grad, None, None, None, None
 
 
@@ -102,12 +102,17 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.kv_heads
         self.head_dim = cfg.d_model // cfg.n_heads
         self.gqa = self.n_kv_heads != self.n_heads
-        self.wqkv = nn.Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv_heads) * self.head_dim,
-                              bias=False)
+        self.wqkv = nn.Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv_heads) * self.head_dim, bias=False)
         self.wo = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor | None, cache: KVCache | None, layer: int) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+        cache: KVCache | None,
+        layer: int,
+    ) -> torch.Tensor:
         """x [B, T, D] -> [B, T, D]. mask: None means causal from position 0 (or a single step)."""
         B, T, _ = x.shape
         H, K = self.n_heads, self.n_kv_heads
@@ -118,8 +123,9 @@ class Attention(nn.Module):
         # No mask tensor in the common cases: is_causal when keys start at position 0 (S == T),
         # nothing when a single new token sees the whole cache; `mask` for chunked prefill.
         causal = mask is None and k.shape[2] == T
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                             enable_gqa=self.gqa)  # [B, H, T, E]
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.gqa
+        )  # [B, H, T, E]
         return self.wo(out.transpose(1, 2).reshape(B, T, H * self.head_dim))
 
 

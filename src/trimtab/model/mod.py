@@ -31,7 +31,7 @@ Capacity is a plain attribute, per layer: `target` (config or the orchestrator) 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -53,8 +53,9 @@ class DepthRouter(nn.Module):
         super().__init__()
         self.router = nn.Linear(d_model, 1, bias=False)
         hidden = max(8, d_model // 8)
-        self.predictor = nn.Sequential(nn.Linear(d_model, hidden, bias=False), nn.SiLU(),
-                                       nn.Linear(hidden, 1, bias=False))
+        self.predictor = nn.Sequential(
+            nn.Linear(d_model, hidden, bias=False), nn.SiLU(), nn.Linear(hidden, 1, bias=False)
+        )
         self.target = float(capacity)
         self.warmup_steps = warmup_steps
         self.predictor_loss_coef = float(predictor_loss_coef)
@@ -71,8 +72,9 @@ class DepthRouter(nn.Module):
         """Tokens per sequence a training forward processes."""
         return max(1, min(T, math.ceil(self.capacity * T)))
 
-    def forward(self, x: torch.Tensor, f: Residual, rope: tuple[torch.Tensor, torch.Tensor],
-                cache: KVCache | None, layer: int) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, f: Residual, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache | None, layer: int
+    ) -> torch.Tensor:
         if self.training and cache is None:
             return self._top_k(x, f, rope, layer)
         return self._predicted(x, f, rope, cache, layer)
@@ -94,8 +96,7 @@ class DepthRouter(nn.Module):
         # Causal among the chosen: sorted by position, so is_causal on the short sequence is right.
         return x.scatter(1, rows, xs + gate * f(xs, (cos[idx], sin[idx]), None, None, layer))
 
-    def _predicted(self, x: torch.Tensor, f: Residual, rope: tuple, cache: KVCache | None,
-                   layer: int) -> torch.Tensor:
+    def _predicted(self, x: torch.Tensor, f: Residual, rope: tuple, cache: KVCache | None, layer: int) -> torch.Tensor:
         B, T, _ = x.shape
         chosen = self.predictor(x).squeeze(-1) > 0  # [B, T]: from x_t alone, so causal
         offset = cache.pos if cache is not None else 0
@@ -108,8 +109,7 @@ class DepthRouter(nn.Module):
         visible = causal & (keep[:, None, :] | (k_pos == q_pos[:, None]))  # [B, T, S]
         score = self.router(x).squeeze(-1).float()
         update = torch.sigmoid(score).unsqueeze(-1).to(x.dtype) * f(x, rope, visible.unsqueeze(1), cache, layer)
-        return x + torch.where(chosen.unsqueeze(-1), update, torch.zeros((), dtype=update.dtype,
-                                                                          device=x.device))
+        return x + torch.where(chosen.unsqueeze(-1), update, torch.zeros((), dtype=update.dtype, device=x.device))
 
     def _record(self, x: torch.Tensor, score: torch.Tensor, chosen: torch.Tensor) -> None:
         """The predictor's BCE on top-k membership (on the detached input: it must not steer the
@@ -118,5 +118,8 @@ class DepthRouter(nn.Module):
         bce = F.binary_cross_entropy_with_logits(logits, chosen)
         self.aux_loss = self.predictor_loss_coef * bce if self.predictor_loss_coef > 0 else None
         gate = (torch.sigmoid(score.detach()) * chosen).sum() / chosen.sum()
-        self.stats = {"capacity": score.new_tensor(self.capacity), "predictor_acc": ((logits > 0) == (chosen > 0))
-                      .float().mean().detach(), "gate": gate}
+        self.stats = {
+            "capacity": score.new_tensor(self.capacity),
+            "predictor_acc": ((logits > 0) == (chosen > 0)).float().mean().detach(),
+            "gate": gate,
+        }

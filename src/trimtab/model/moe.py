@@ -29,7 +29,8 @@ other processes holding half the CPU and 2 torch threads, padded (fewest paralle
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -84,8 +85,7 @@ class MoE(nn.Module):
     dropless so outputs do not depend on what else is in the batch (prefill vs cached decode).
     """
 
-    def __init__(self, d_model: int, hidden: int, cfg: MoEConfig, init_std: float = 0.02,
-                 out_std: float = 0.02):
+    def __init__(self, d_model: int, hidden: int, cfg: MoEConfig, init_std: float = 0.02, out_std: float = 0.02):
         super().__init__()
         if not 1 <= cfg.top_k <= cfg.n_experts:
             raise ValueError(f"top_k must be in [1, n_experts={cfg.n_experts}] (got {cfg.top_k})")
@@ -144,7 +144,8 @@ class MoE(nn.Module):
         # top-1 keeps the raw prob (Switch eq. 2): renormalised it would be 1, and the router
         # would get no gradient from the model's loss.
         counts = torch.zeros(self.n_experts, device=x.device).scatter_add_(
-            0, experts.flatten(), torch.ones(experts.numel(), device=x.device))
+            0, experts.flatten(), torch.ones(experts.numel(), device=x.device)
+        )
         return Routing(logits, probs, experts, gates, counts)
 
     def capacity(self, n_tokens: int) -> int:
@@ -193,8 +194,15 @@ class MoE(nn.Module):
         self._record(r, dropped)
         return y.view(B, T, D)
 
-    def _grouped(self, xf: torch.Tensor, order: torch.Tensor, sorted_e: torch.Tensor,
-                 rank: torch.Tensor, counts: torch.Tensor, cap: int) -> tuple[Tensor, Tensor]:
+    def _grouped(
+        self,
+        xf: torch.Tensor,
+        order: torch.Tensor,
+        sorted_e: torch.Tensor,
+        rank: torch.Tensor,
+        counts: torch.Tensor,
+        cap: int,
+    ) -> tuple[Tensor, Tensor]:
         """Kept assignments packed by expert, no padding: [M, D] through three grouped_mm with
         per-expert offsets. Dropless needs no host sync; capacity mode syncs once (M). Rows past
         the last offset would come back uninitialised, so exactly M rows go in."""
@@ -210,8 +218,15 @@ class MoE(nn.Module):
         full = out.new_zeros(A, D).index_copy(0, order, out)  # unique rows: deterministic
         return full, 1.0 - counts.sum() / A
 
-    def _padded(self, xf: torch.Tensor, order: torch.Tensor, sorted_e: torch.Tensor,
-                rank: torch.Tensor, counts: torch.Tensor, cap: int) -> tuple[Tensor, Tensor]:
+    def _padded(
+        self,
+        xf: torch.Tensor,
+        order: torch.Tensor,
+        sorted_e: torch.Tensor,
+        rank: torch.Tensor,
+        counts: torch.Tensor,
+        cap: int,
+    ) -> tuple[Tensor, Tensor]:
         """Each assignment gets a slot (expert, rank) in an [E, C, D] buffer, then three bmm.
         Static shapes when compiled in capacity mode (C = capacity); otherwise C is the largest
         expert's count capped at the capacity (one host sync; the same assignments drop)."""
@@ -225,7 +240,7 @@ class MoE(nn.Module):
         # Token feeding each slot; N (a zero row) for empty slots. Dropped ones all write the
         # sacrificial entry E * C, which is cut off.
         src = torch.full((E * C + 1,), N, dtype=torch.long, device=xf.device)
-        src = src.scatter_(0, slot, torch.arange(A, device=xf.device) // k)[:E * C]
+        src = src.scatter_(0, slot, torch.arange(A, device=xf.device) // k)[: E * C]
         h = F.pad(xf, (0, 0, 0, 1))[src].view(E, C, D)  # gather, not scatter: no atomics
         out = F.pad(self.expert_ffn(h).view(E * C, D), (0, 0, 0, 1))  # [E * C + 1, D]
         return out[slot], (slot == E * C).sum() / A
@@ -247,9 +262,13 @@ class MoE(nn.Module):
             self.aux_loss = None
         if self.training and self.bias_update_rate > 0 and not _in_recompute():
             self.load += r.counts
-        self.stats = {"tokens_per_expert": r.counts, "dropped": dropped.detach(),
-                      "entropy": torch.special.entr(r.probs.detach()).sum(-1).mean(),
-                      "balance_loss": balance.detach(), "z_loss": z.detach()}
+        self.stats = {
+            "tokens_per_expert": r.counts,
+            "dropped": dropped.detach(),
+            "entropy": torch.special.entr(r.probs.detach()).sum(-1).mean(),
+            "balance_loss": balance.detach(),
+            "z_loss": z.detach(),
+        }
 
     @torch.no_grad()
     def update_bias(self) -> None:
@@ -295,7 +314,7 @@ class MoE(nn.Module):
         self._check_expert(source)
 
         def grow(t: Tensor) -> Tensor:
-            row = t[source:source + 1]
+            row = t[source : source + 1]
             return torch.cat([t, self._noisy(row, noise) if t.dim() > 1 else row])
 
         half = self.load[source] / 2
@@ -308,8 +327,7 @@ class MoE(nn.Module):
         """Remove expert `index`; its tokens go to their next choices. Errors below top_k."""
         self._check_expert(index)
         if self.n_experts - 1 < self.top_k:
-            raise ValueError(f"cannot prune: {self.n_experts - 1} experts would remain, "
-                             f"fewer than top_k={self.top_k}")
+            raise ValueError(f"cannot prune: {self.n_experts - 1} experts would remain, fewer than top_k={self.top_k}")
         keep = [i for i in range(self.n_experts) if i != index]
         self._replace(lambda t: t[keep])
 
@@ -320,7 +338,7 @@ class MoE(nn.Module):
     def _centre_router_row(self, index: int) -> None:
         """Router row `index` = the mean of the other rows + noise of 0.1 x their std: its logit
         sits mid-pack for every token, so it gets traffic again (reinit_expert, reset_router)."""
-        others = torch.cat([self.router[:index], self.router[index + 1:]])
+        others = torch.cat([self.router[:index], self.router[index + 1 :]])
         mean = others.mean(0)
         self.router[index] = mean + 0.1 * others.std() * torch.randn_like(mean)
 
@@ -331,7 +349,7 @@ class MoE(nn.Module):
         score sits mid-pack for every token. Reset the row's optimizer moments too."""
         self._check_expert(index)
         self._centre_router_row(index)
-        self.expert_bias[index] = torch.cat([self.expert_bias[:index], self.expert_bias[index + 1:]]).mean()
+        self.expert_bias[index] = torch.cat([self.expert_bias[:index], self.expert_bias[index + 1 :]]).mean()
 
     @torch.no_grad()
     def reinit_expert(self, index: int) -> None:

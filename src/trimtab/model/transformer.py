@@ -36,18 +36,33 @@ class Block(nn.Module):
             self.ffn = MoE(cfg.d_model, cfg.expert_dim, cfg.moe, cfg.init_std, out_std)
         else:
             self.ffn = FeedForward(cfg)
-        self.depth = DepthRouter(cfg.d_model, capacity, cfg.mod.warmup_steps, cfg.mod.predictor_loss_coef) \
-            if "mod" in kind else None
+        self.depth = (
+            DepthRouter(cfg.d_model, capacity, cfg.mod.warmup_steps, cfg.mod.predictor_loss_coef)
+            if "mod" in kind
+            else None
+        )
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor | None, cache: KVCache | None, layer: int) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+        cache: KVCache | None,
+        layer: int,
+    ) -> torch.Tensor:
         if self.depth is not None:
             return self.depth(x, self.update, rope, cache, layer)
         x = x + self.attn(self.attn_norm(x), rope, mask, cache, layer)
         return x + self.ffn(self.ffn_norm(x))
 
-    def update(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-               mask: torch.Tensor | None, cache: KVCache | None, layer: int) -> torch.Tensor:
+    def update(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+        cache: KVCache | None,
+        layer: int,
+    ) -> torch.Tensor:
         """f(x) of block(x) = x + f(x): what a Mixture-of-Depths router gates."""
         h = self.attn(self.attn_norm(x), rope, mask, cache, layer)
         return h + self.ffn(self.ffn_norm(x + h))
@@ -60,14 +75,15 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         if cfg.vocab_size <= 0:
-            raise ValueError(f"model vocab_size must be > 0 (got {cfg.vocab_size}); "
-                             "set it from the tokenizer before building the model")
+            raise ValueError(
+                f"model vocab_size must be > 0 (got {cfg.vocab_size}); "
+                "set it from the tokenizer before building the model"
+            )
         self.cfg = cfg
         self.head_dim = cfg.d_model // cfg.n_heads
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         capacities = iter(cfg.mod_capacities)
-        self.blocks = nn.ModuleList(Block(cfg, kind, next(capacities) if "mod" in kind else 1.0)
-                                    for kind in cfg.layers)
+        self.blocks = nn.ModuleList(Block(cfg, kind, next(capacities) if "mod" in kind else 1.0) for kind in cfg.layers)
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -97,8 +113,15 @@ class Transformer(nn.Module):
     def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
         """An empty KVCache matching this model's shape, dtype and device."""
         w = self.lm_head.weight
-        return KVCache(self.cfg.n_layers, batch, self.cfg.kv_heads, max_len or self.cfg.max_seq_len,
-                       self.head_dim, w.dtype, w.device)
+        return KVCache(
+            self.cfg.n_layers,
+            batch,
+            self.cfg.kv_heads,
+            max_len or self.cfg.max_seq_len,
+            self.head_dim,
+            w.dtype,
+            w.device,
+        )
 
     def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """tokens [B, T] -> logits [B, T, V]. With a cache, tokens continue at cache.pos."""
@@ -110,8 +133,10 @@ class Transformer(nn.Module):
         offset = cache.pos if cache is not None else 0
         limit = min(self.cfg.max_seq_len, cache.max_len) if cache is not None else self.cfg.max_seq_len
         if offset + T > limit:
-            raise ValueError(f"sequence of {offset + T} tokens (cache offset {offset} + {T} new) "
-                             f"exceeds the limit of {limit} (model.max_seq_len or the cache size)")
+            raise ValueError(
+                f"sequence of {offset + T} tokens (cache offset {offset} + {T} new) "
+                f"exceeds the limit of {limit} (model.max_seq_len or the cache size)"
+            )
         x = self.tok_emb(tokens)
         rope = self.rotary.table(offset, T)
         mask = self._chunk_mask(offset, T, tokens.device)
@@ -141,8 +166,10 @@ class Transformer(nn.Module):
     def moe_state(self) -> dict[str, dict[str, float]]:
         """Each MoE layer's expert count and live knobs, for the checkpoint (surgery and the
         orchestrator change them while training, so the config alone no longer describes them)."""
-        return {str(i): {"n_experts": moe.n_experts, **{k: getattr(moe, k) for k in self.MOE_KNOBS}}
-                for i, moe in self.moe_layers()}
+        return {
+            str(i): {"n_experts": moe.n_experts, **{k: getattr(moe, k) for k in self.MOE_KNOBS}}
+            for i, moe in self.moe_layers()
+        }
 
     def load_moe_state(self, state: dict[str, dict[str, float]]) -> None:
         """Resize each MoE layer to its saved expert count (before its weights are loaded) and

@@ -52,9 +52,18 @@ if TYPE_CHECKING:
 
 # kind -> (default PARAM, PARAM is a count of firings rather than a value)
 KINDS: dict[str, tuple[float | None, bool]] = {
-    "nan_loss": (1, True), "inf_grad": (1, True), "grad_spike": (1000.0, False), "bad_batch": (1, True),
-    "lr_spike": (10.0, False), "oom": (None, False), "weights_nan": (1, True), "slow": (10, True),
-    "sigterm": (1, True), "sigkill": (1, True), "corrupt_checkpoint": (1, True), "disk_full": (1, True),
+    "nan_loss": (1, True),
+    "inf_grad": (1, True),
+    "grad_spike": (1000.0, False),
+    "bad_batch": (1, True),
+    "lr_spike": (10.0, False),
+    "oom": (None, False),
+    "weights_nan": (1, True),
+    "slow": (10, True),
+    "sigterm": (1, True),
+    "sigkill": (1, True),
+    "corrupt_checkpoint": (1, True),
+    "disk_full": (1, True),
     "expert_collapse": (1.0, False),
 }
 SLOW_SECONDS = 0.25
@@ -109,7 +118,7 @@ class FaultInjector(Hook):
 
     # ------------------------------------------------------------------ bookkeeping
 
-    def on_train_start(self, trainer: "Trainer") -> None:
+    def on_train_start(self, trainer: Trainer) -> None:
         rank = trainer.dist.rank
         self.faults = [f for f in self.faults if f.rank is None or f.rank == rank]
         if rank:  # each rank remembers its own firings; rank 0 keeps the usual file
@@ -144,7 +153,7 @@ class FaultInjector(Hook):
 
     # ------------------------------------------------------------------ injection points
 
-    def on_step_start(self, trainer: "Trainer", batch: "StepBatch") -> None:
+    def on_step_start(self, trainer: Trainer, batch: StepBatch) -> None:
         self.step = trainer.state.step + 1  # the step about to run
         self._fire_nan = self._fire_grad = None
         for fault in self.faults:
@@ -171,7 +180,7 @@ class FaultInjector(Hook):
         if self.record["poisoned"]:
             self._poison(batch, set(self.record["poisoned"]), trainer.model.cfg.vocab_size)
 
-    def _poison(self, batch: "StepBatch", poisoned: set[int], vocab: int) -> None:
+    def _poison(self, batch: StepBatch, poisoned: set[int], vocab: int) -> None:
         gen = torch.Generator().manual_seed(self.step)
         for micro in batch.micro:
             for b, row in enumerate(micro.rows):
@@ -183,8 +192,10 @@ class FaultInjector(Hook):
     def _maybe_oom(self, module: torch.nn.Module, args: tuple) -> None:
         fault = self._active("oom")
         if fault is not None and module.training and args[0].numel() > fault.param:
-            raise torch.OutOfMemoryError(f"CUDA out of memory (injected by {fault.spec}): a forward over "
-                                         f"{args[0].numel()} tokens, more than {int(fault.param)} fit")
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory (injected by {fault.spec}): a forward over "
+                f"{args[0].numel()} tokens, more than {int(fault.param)} fit"
+            )
 
     def _maybe_nan_loss(self, module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
         if self._fire_nan is not None and module.training:
@@ -201,13 +212,13 @@ class FaultInjector(Hook):
         grad.view(-1)[0] = float("inf")
         return grad
 
-    def on_save_start(self, trainer: "Trainer") -> None:
+    def on_save_start(self, trainer: Trainer) -> None:
         self.step = trainer.state.step
         fault = next((f for f in self.faults if f.kind == "disk_full"), None)
         if fault is not None and self._due(fault):
             raise OSError(errno.ENOSPC, f"No space left on device (injected by {fault.spec})")
 
-    def on_checkpoint(self, trainer: "Trainer", path: Path) -> None:
+    def on_checkpoint(self, trainer: Trainer, path: Path) -> None:
         self.step = trainer.state.step
         fault = next((f for f in self.faults if f.kind == "corrupt_checkpoint"), None)
         if fault is not None and self._due(fault):

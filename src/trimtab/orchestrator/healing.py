@@ -79,15 +79,42 @@ def preset_for(name: str, preset: str) -> str:
     return preset if "moe" in load_config(preset=preset).model.layer_pattern else MOE_PRESET
 
 
-def run_training(run_dir: Path, args: argparse.Namespace, mode: str, faults: list[str],
-                 relaunch: bool, timeout: float, preset: str | None = None) -> dict[str, Any]:
+def run_training(
+    run_dir: Path,
+    args: argparse.Namespace,
+    mode: str,
+    faults: list[str],
+    relaunch: bool,
+    timeout: float,
+    preset: str | None = None,
+) -> dict[str, Any]:
     """One scenario run (plus the scheduler's one relaunch where it applies)."""
     shutil.rmtree(run_dir, ignore_errors=True)
     preset = preset or args.preset
-    cmd = [sys.executable, "-m", "trimtab", "train", "--preset", preset, "--out", str(run_dir),
-           "--max-steps", str(args.steps), "--orchestrator", mode,
-           "--set", "log.progress=false", "--set", "log.tensorboard=false", "--set", "train.log_every=1",
-           "--set", "train.eval_every=0", "--set", f"checkpoint.every={max(1, args.steps // 6)}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trimtab",
+        "train",
+        "--preset",
+        preset,
+        "--out",
+        str(run_dir),
+        "--max-steps",
+        str(args.steps),
+        "--orchestrator",
+        mode,
+        "--set",
+        "log.progress=false",
+        "--set",
+        "log.tensorboard=false",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "train.eval_every=0",
+        "--set",
+        f"checkpoint.every={max(1, args.steps // 6)}",
+    ]
     for spec in faults:
         cmd += ["--inject", spec]
     launches, executed, reached, wall, other = [], 0, 0, 0.0, []
@@ -114,15 +141,25 @@ def run_training(run_dir: Path, args: argparse.Namespace, mode: str, faults: lis
     metrics = run_dir / "metrics.jsonl"  # per-step lines; a resumed run's holds the kept ones only
     lines = [json.loads(ln) for ln in (metrics.read_text().splitlines() if metrics.is_file() else []) if ln.strip()]
     skipped = sum(m.get("skipped_steps", 0) for m in lines)
-    return {"mode": mode, "preset": preset, "faults": faults, "launches": launches, "finished": bool(summary) and
-            summary["status"] == "completed", "status": launches[-1]["status"],
-            "val_loss": None if val is None or not math.isfinite(val) else val,
-            "decisions": [{k: d.get(k) for k in ("step", "rule", "action", "params", "mode", "applied")}
-                          for d in decisions],
-            "updates_skipped": skipped, "steps_executed": executed,
-            "steps_redone": executed - reached if executed else None,
-            "wall_s": round(wall, 1), "other_cpu": round(max(other), 3), "run_dir": str(run_dir),
-            "max_load": max_load([m for m in lines if "loss" in m][-BALANCE_STEPS:])}
+    return {
+        "mode": mode,
+        "preset": preset,
+        "faults": faults,
+        "launches": launches,
+        "finished": bool(summary) and summary["status"] == "completed",
+        "status": launches[-1]["status"],
+        "val_loss": None if val is None or not math.isfinite(val) else val,
+        "decisions": [
+            {k: d.get(k) for k in ("step", "rule", "action", "params", "mode", "applied")} for d in decisions
+        ],
+        "updates_skipped": skipped,
+        "steps_executed": executed,
+        "steps_redone": executed - reached if executed else None,
+        "wall_s": round(wall, 1),
+        "other_cpu": round(max(other), 3),
+        "run_dir": str(run_dir),
+        "max_load": max_load([m for m in lines if "loss" in m][-BALANCE_STEPS:]),
+    }
 
 
 def max_load(lines: list[dict[str, Any]]) -> float | None:
@@ -199,25 +236,33 @@ def _actions(run: dict[str, Any]) -> str:
 def report(results: dict[str, Any]) -> str:
     runs, clean = results["runs"], results["clean_val_loss"]
     reference = f"eval loss **{clean:.4f}**" if clean else f"**{runs['clean/off']['status']}**"
-    lines = [HEADING, "", f"{results['date']}, {results['machine']}, torch {results['torch']}, "
-             f"code {results['code']}; preset "
-             f"{results['preset']}, {results['steps']} steps, checkpoint every {results['checkpoint_every']}; "
-             f"each run a `trimtab train` subprocess, one after another (total {results['runtime_s'] / 60:.1f} "
-             f"min); other processes' CPU share during the runs {results['other_cpu']}. Clean run (no fault, "
-             f"orchestrator off): {reference}. Steps re-done: steps executed minus the furthest step "
-             "reached (rollbacks, restarts). Preemption (sigkill, sigterm, corrupt_checkpoint: relaunched once) "
-             "is survived by the trainer's resume from verified checkpoints in both modes; `slow` has nothing "
-             "to heal (the throughput rule only logs).", "",
-             "| scenario | injected | off | auto | auto decisions | auto updates skipped | steps re-done "
-             "off / auto | wall s off / auto | auto within 3% |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        HEADING,
+        "",
+        f"{results['date']}, {results['machine']}, torch {results['torch']}, "
+        f"code {results['code']}; preset "
+        f"{results['preset']}, {results['steps']} steps, checkpoint every {results['checkpoint_every']}; "
+        f"each run a `trimtab train` subprocess, one after another (total {results['runtime_s'] / 60:.1f} "
+        f"min); other processes' CPU share during the runs {results['other_cpu']}. Clean run (no fault, "
+        f"orchestrator off): {reference}. Steps re-done: steps executed minus the furthest step "
+        "reached (rollbacks, restarts). Preemption (sigkill, sigterm, corrupt_checkpoint: relaunched once) "
+        "is survived by the trainer's resume from verified checkpoints in both modes; `slow` has nothing "
+        "to heal (the throughput rule only logs).",
+        "",
+        "| scenario | injected | off | auto | auto decisions | auto updates skipped | steps re-done "
+        "off / auto | wall s off / auto | auto within 3% |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name in results["scenarios"]:
         off, auto = runs[f"{name}/off"], runs[f"{name}/auto"]
         clean_off = runs.get(f"clean@{auto['preset']}/off")  # a scenario on a preset of its own
         where = f" on {auto['preset']} (clean: {_reference(clean_off)})" if clean_off else ""
-        lines.append(f"| {name} | `{' '.join(auto['faults'])}`{where} | {_cell(off)} | {_cell(auto)} | "
-                     f"{len(auto['decisions'])}: {_actions(auto)} | {auto['updates_skipped']} | "
-                     f"{off['steps_redone']} / {auto['steps_redone']} "
-                     f"| {off['wall_s']:.0f} / {auto['wall_s']:.0f} | {'yes' if auto['outcome'] == 'ok' else '**no**'} |")
+        lines.append(
+            f"| {name} | `{' '.join(auto['faults'])}`{where} | {_cell(off)} | {_cell(auto)} | "
+            f"{len(auto['decisions'])}: {_actions(auto)} | {auto['updates_skipped']} | "
+            f"{off['steps_redone']} / {auto['steps_redone']} "
+            f"| {off['wall_s']:.0f} / {auto['wall_s']:.0f} | {'yes' if auto['outcome'] == 'ok' else '**no**'} |"
+        )
     lines += ["", *(f"- {v}" for v in results["verdicts"]), ""]
     return "\n".join(lines)
 
@@ -228,30 +273,41 @@ def verdicts(results: dict[str, Any]) -> list[str]:
     hurt = [n for n in names if runs[f"{n}/off"]["outcome"] != "ok"]
     missed = [n for n in names if n not in healed]
     clean_auto = runs.get("clean/auto")
-    out = [f"auto finishes within 3% of the clean run: **{len(healed)}/{len(names)}** "
-           f"({'met' if not missed else 'not met: ' + ', '.join(missed)})",
-           f"off crashes, stalls, ends >3% worse or unbalanced (MoE): **{len(hurt)}/{len(names)}** "
-           f"({'met' if len(hurt) * 2 > len(names) else 'not met'}; within 3% without it: "
-           f"{', '.join(n for n in names if n not in hurt) or 'none'})"]
+    out = [
+        f"auto finishes within 3% of the clean run: **{len(healed)}/{len(names)}** "
+        f"({'met' if not missed else 'not met: ' + ', '.join(missed)})",
+        f"off crashes, stalls, ends >3% worse or unbalanced (MoE): **{len(hurt)}/{len(names)}** "
+        f"({'met' if len(hurt) * 2 > len(names) else 'not met'}; within 3% without it: "
+        f"{', '.join(n for n in names if n not in hurt) or 'none'})",
+    ]
     if clean_auto is not None:
-        out.append(f"no fault, auto: {_cell(clean_auto)} with {len(clean_auto['decisions'])} decisions "
-                   f"({_actions(clean_auto)})")
+        out.append(
+            f"no fault, auto: {_cell(clean_auto)} with {len(clean_auto['decisions'])} decisions "
+            f"({_actions(clean_auto)})"
+        )
     return out
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="trimtab bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="trimtab bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("benchmark", nargs="?", default="healing", choices=("healing",))
     parser.add_argument("--preset", default="debug")
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--out", default="runs/bench-healing", help="parent of the run directories")
     parser.add_argument("--scenarios", help="comma-separated subset (default: all)")
     parser.add_argument("--json", help="results JSON (default OUT/healing.json)")
-    parser.add_argument("--markdown", help="markdown file to write the section into "
-                        "(default: the checkout's BENCHMARKS.md; '-' for none)")
-    parser.add_argument("--timeout", type=float, default=0, help="seconds per launch before a run "
-                        "counts as stalled (default: 10x the clean run, at least 900)")
+    parser.add_argument(
+        "--markdown",
+        help="markdown file to write the section into (default: the checkout's BENCHMARKS.md; '-' for none)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=0,
+        help="seconds per launch before a run counts as stalled (default: 10x the clean run, at least 900)",
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -270,8 +326,9 @@ def main(argv: list[str]) -> int:
     clean_key = {p: "clean" if p == args.preset else f"clean@{p}" for p in (args.preset, *presets.values())}
     for preset, key in clean_key.items():  # each preset's fault-free reference
         for mode in ("off", "auto"):
-            runs[f"{key}/{mode}"] = run = run_training(out / f"{key.replace('@', '-')}-{mode}", args, mode, [],
-                                                       False, 3600, preset)
+            runs[f"{key}/{mode}"] = run = run_training(
+                out / f"{key.replace('@', '-')}-{mode}", args, mode, [], False, 3600, preset
+            )
             print(f"{key} {mode}: {run['status']}, val_loss {run['val_loss']}, {run['wall_s']:.0f}s", flush=True)
     clean = runs["clean/off"]["val_loss"]
     timeout = args.timeout or max(900.0, 10 * runs["clean/off"]["wall_s"])  # contention slows runs 10x
@@ -279,24 +336,41 @@ def main(argv: list[str]) -> int:
         key = clean_key[presets[name]]
         limit = load_config(preset=presets[name]).orchestrator.moe.imbalance if name in MOE_SCENARIOS else None
         for mode in ("off", "auto"):
-            run = run_training(out / f"{name}-{mode}", args, mode, table[name], name in PREEMPTION,
-                               max(timeout, 10 * runs[f"{key}/off"]["wall_s"]), presets[name])
+            run = run_training(
+                out / f"{name}-{mode}",
+                args,
+                mode,
+                table[name],
+                name in PREEMPTION,
+                max(timeout, 10 * runs[f"{key}/off"]["wall_s"]),
+                presets[name],
+            )
             judge(run, runs[f"{key}/off"]["val_loss"], limit)
             runs[f"{name}/{mode}"] = run
-            print(f"{name:18s} {mode:4s} {run['outcome'][:60]:60s} val_loss {run['val_loss']} "
-                  f"decisions {len(run['decisions'])} redone {run['steps_redone']} {run['wall_s']:.0f}s "
-                  f"(other CPU {run['other_cpu']:.0%})", flush=True)
+            print(
+                f"{name:18s} {mode:4s} {run['outcome'][:60]:60s} val_loss {run['val_loss']} "
+                f"decisions {len(run['decisions'])} redone {run['steps_redone']} {run['wall_s']:.0f}s "
+                f"(other CPU {run['other_cpu']:.0%})",
+                flush=True,
+            )
     for key in clean_key.values():
         judge(runs[f"{key}/auto"], runs[f"{key}/off"]["val_loss"])
     shares = [r["other_cpu"] for r in runs.values()]
     code_end = _code_version()
-    results = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
-               "code": code if code == code_end else f"{code}..{code_end} (changed during the runs)",
-               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-               "preset": args.preset, "steps": args.steps, "checkpoint_every": max(1, args.steps // 6),
-               "scenarios": names, "clean_val_loss": clean, "runtime_s": round(time.monotonic() - start),
-               "other_cpu": f"{min(shares):.0%}-{max(shares):.0%} (median {sorted(shares)[len(shares) // 2]:.0%})",
-               "runs": runs}
+    results = {
+        "date": time.strftime("%Y-%m-%d"),
+        "torch": torch.__version__,
+        "code": code if code == code_end else f"{code}..{code_end} (changed during the runs)",
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "preset": args.preset,
+        "steps": args.steps,
+        "checkpoint_every": max(1, args.steps // 6),
+        "scenarios": names,
+        "clean_val_loss": clean,
+        "runtime_s": round(time.monotonic() - start),
+        "other_cpu": f"{min(shares):.0%}-{max(shares):.0%} (median {sorted(shares)[len(shares) // 2]:.0%})",
+        "runs": runs,
+    }
     results["verdicts"] = verdicts(results)
     section = report(results)
     print("\n" + section)
@@ -313,11 +387,24 @@ def _code_version() -> str:
     """The checkout's commit (+ "with local changes"), so a table says which policy it measured."""
     root = Path(__file__).resolve().parents[3]
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
-                                "src", ":!src/trimtab/orchestrator/healing.py"],
-                               capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(root),
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                "src",
+                ":!src/trimtab/orchestrator/healing.py",
+            ],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return commit + (" with local changes" if dirty else "")

@@ -43,8 +43,10 @@ class Decision:
         (confidence 0.75)`."""
         what = describe(self.action, self.params)
         tag = "" if self.mode in ("auto", "manual") else f" [{self.mode}: not applied]"
-        return (f"[orchestrator] step {self.step} {self.rule}: {self.summary} -> {what} "
-                f"(confidence {self.confidence:.2f}){tag}")
+        return (
+            f"[orchestrator] step {self.step} {self.rule}: {self.summary} -> {what} "
+            f"(confidence {self.confidence:.2f}){tag}"
+        )
 
 
 def describe(action: str, params: dict[str, Any]) -> str:

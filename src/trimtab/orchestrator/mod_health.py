@@ -30,10 +30,10 @@ class MoDQuality(Monitor):
         if m.mod_capacity is None or m.skipped or m.loss != m.loss:  # NaN: the other rules' case
             return None
         cfg = self.cfg
-        self.history = (self.history + [(m.mod_capacity, m.loss)])[-(cfg.window + cfg.recent):]
+        self.history = (self.history + [(m.mod_capacity, m.loss)])[-(cfg.window + cfg.recent) :]
         if len(self.history) < cfg.window + cfg.recent:
             return None
-        before, after = self.history[:cfg.window], self.history[cfg.window:]
+        before, after = self.history[: cfg.window], self.history[cfg.window :]
         loss_before = sum(loss for _, loss in before) / cfg.window
         loss_after = sum(loss for _, loss in after) / cfg.recent
         cap_before = sum(c for c, _ in before) / cfg.window
@@ -42,11 +42,18 @@ class MoDQuality(Monitor):
         if rise <= cfg.tolerance or cap_before - cap_after < cfg.min_drop:
             return None
         self.history = []  # a fresh baseline after the remedy
-        evidence = {"loss_before": loss_before, "loss_after": loss_after, "rise": rise,
-                    "capacity_before": cap_before, "capacity_after": cap_after,
-                    "restore_to": max(c for c, _ in before)}
-        summary = (f"loss {loss_after:.3f} is {rise:.1%} above {loss_before:.3f} since the MoD capacity "
-                   f"fell from {cap_before:.2f} to {cap_after:.2f}")
+        evidence = {
+            "loss_before": loss_before,
+            "loss_after": loss_after,
+            "rise": rise,
+            "capacity_before": cap_before,
+            "capacity_after": cap_after,
+            "restore_to": max(c for c, _ in before),
+        }
+        summary = (
+            f"loss {loss_after:.3f} is {rise:.1%} above {loss_before:.3f} since the MoD capacity "
+            f"fell from {cap_before:.2f} to {cap_after:.2f}"
+        )
         return self.finding(m, evidence, summary, min(1.0, 0.5 + rise / (4 * cfg.tolerance)))
 
 
@@ -54,7 +61,10 @@ def plan_mod(f: Finding, view: Any) -> Plan:
     """The remedy for a MoDQuality finding; `view` is the trainer's Control."""
     value = min(1.0, round(f.evidence["restore_to"], 4))
     targets = sorted({target for _, target in view.mod_capacities().values()})
-    return Plan("adjust_mod_capacity", {"value": value},
-                f"the loss rose as soon as fewer tokens went through the MoD blocks: give them back "
-                f"the capacity they had before the fall (targets {', '.join(f'{t:g}' for t in targets)} "
-                f"-> {value:g} in every MoD layer)")
+    return Plan(
+        "adjust_mod_capacity",
+        {"value": value},
+        f"the loss rose as soon as fewer tokens went through the MoD blocks: give them back "
+        f"the capacity they had before the fall (targets {', '.join(f'{t:g}' for t in targets)} "
+        f"-> {value:g} in every MoD layer)",
+    )

@@ -42,11 +42,12 @@ class MoEHealth(Monitor):
             key = str(layer)
             if len(self.starved.get(key, [])) != len(share):  # first step, or surgery changed E
                 self.loads[key], self.drops[key], self.starved[key] = [], [], [0] * len(share)
-            self.loads[key] = (self.loads[key] + [share])[-self.cfg.window:]
-            self.drops[key] = (self.drops[key] + [dropped])[-self.cfg.window:]
+            self.loads[key] = (self.loads[key] + [share])[-self.cfg.window :]
+            self.drops[key] = (self.drops[key] + [dropped])[-self.cfg.window :]
             fair = 1.0 / len(share)
-            self.starved[key] = [n + 1 if s < self.cfg.dead_load * fair else 0
-                                 for n, s in zip(self.starved[key], share)]
+            self.starved[key] = [
+                n + 1 if s < self.cfg.dead_load * fair else 0 for n, s in zip(self.starved[key], share)
+            ]
             if len(self.loads[key]) == self.cfg.window:
                 findings.append(self._check(m, layer, top_k))
         found = sorted((f for f in findings if f), key=lambda f: -f.strength)
@@ -74,16 +75,27 @@ class MoEHealth(Monitor):
         n, busiest = len(mean), max(range(len(mean)), key=lambda e: mean[e])
         ratio, drop = mean[busiest] * n, sum(self.drops[key]) / len(self.drops[key])
         dead = [e for e, c in enumerate(self.starved[key]) if c >= cfg.dead_patience]
-        evidence = {"layer": layer, "busiest": busiest, "max_load": ratio, "dropped": drop,
-                    "shares": [round(s, 4) for s in mean]}
+        evidence = {
+            "layer": layer,
+            "busiest": busiest,
+            "max_load": ratio,
+            "dropped": drop,
+            "shares": [round(s, 4) for s in mean],
+        }
         if mean[busiest] >= cfg.collapse / top_k:
-            kind, summary, strength = "collapse", f"layer {layer}: expert {busiest} takes {mean[busiest]:.0%} " \
-                                                  f"of assignments (at most {1 / top_k:.0%} possible)", 1.0
+            kind, summary, strength = (
+                "collapse",
+                f"layer {layer}: expert {busiest} takes {mean[busiest]:.0%} "
+                f"of assignments (at most {1 / top_k:.0%} possible)",
+                1.0,
+            )
             evidence["strikes"] = len(self._recent(key, m.step))  # earlier balance findings
         elif dead:
             kind, strength = "dead", 0.9
-            summary = f"layer {layer}: expert {dead[0]} got < {cfg.dead_load:.0%} of its fair share for " \
-                      f"{cfg.dead_patience} steps"
+            summary = (
+                f"layer {layer}: expert {dead[0]} got < {cfg.dead_load:.0%} of its fair share for "
+                f"{cfg.dead_patience} steps"
+            )
             evidence["expert"] = dead[0]
             evidence["revived_before"] = dead[0] in self.revived.get(key, [])
         elif cfg.add_experts and ratio > cfg.imbalance and drop > 0 and n < cfg.max_experts:
@@ -109,34 +121,60 @@ def plan_moe(f: Finding, view: Any, cfg: OrchestratorConfig) -> Plan:
     if kind == "dead":
         expert = f.evidence["expert"]
         if f.evidence["revived_before"] and rule.prune_dead and knobs["n_experts"] > knobs["top_k"]:
-            return Plan("prune_expert", {"layer": layer, "expert": expert},
-                        "the expert died again after a re-init: it only costs memory, so it goes")
-        return Plan("reinit_expert", {"layer": layer, "expert": expert},
-                    "a dead expert is wasted capacity: fresh weights and a router row at the mean of the "
-                    "others give it traffic again (its optimizer moments restart from zero)")
+            return Plan(
+                "prune_expert",
+                {"layer": layer, "expert": expert},
+                "the expert died again after a re-init: it only costs memory, so it goes",
+            )
+        return Plan(
+            "reinit_expert",
+            {"layer": layer, "expert": expert},
+            "a dead expert is wasted capacity: fresh weights and a router row at the mean of the "
+            "others give it traffic again (its optimizer moments restart from zero)",
+        )
     if kind == "saturated":
-        return Plan("add_expert", {"layer": layer, "source": f.evidence["busiest"]},
-                    "the busiest expert is saturated and tokens are dropped: split it in two "
-                    "(orchestrator.moe.add_experts is on)")
+        return Plan(
+            "add_expert",
+            {"layer": layer, "source": f.evidence["busiest"]},
+            "the busiest expert is saturated and tokens are dropped: split it in two "
+            "(orchestrator.moe.add_experts is on)",
+        )
     if kind == "drop":
         if not knobs["capacity_factor"] or knobs["capacity_factor"] * 1.25 > rule.max_capacity:
-            return Plan("none", {}, "tokens are dropped but the capacity factor is at its limit "
-                                    "(orchestrator.moe.max_capacity); logged for a person")
-        return Plan("adjust_capacity_factor", {"value": knobs["capacity_factor"] * 1.25, "layer": layer},
-                    "dropped tokens skip the expert layer: a larger capacity keeps them, at some compute")
+            return Plan(
+                "none",
+                {},
+                "tokens are dropped but the capacity factor is at its limit "
+                "(orchestrator.moe.max_capacity); logged for a person",
+            )
+        return Plan(
+            "adjust_capacity_factor",
+            {"value": knobs["capacity_factor"] * 1.25, "layer": layer},
+            "dropped tokens skip the expert layer: a larger capacity keeps them, at some compute",
+        )
     coef = knobs["aux_loss_coef"]
     target = min(rule.max_balance_coef, max(coef * (4 if kind == "collapse" else 2), 1e-3))
     if kind == "collapse" and (f.evidence["strikes"] or target <= coef):
         expert = f.evidence["busiest"]
-        return Plan("reset_router", {"layer": layer, "expert": expert},
-                    f"the layer is collapsed onto expert {expert} after {f.evidence['strikes']} earlier balance "
-                    f"finding(s) in {4 * rule.window} steps (or the balance coefficient is at its limit): that "
-                    "loss moves router probabilities only, a saturated softmax passes it almost no gradient and "
-                    "the selection bias none, so re-centre the expert's router row and selection bias on the "
-                    "others' mean (its weights stay) and restart the row's AdamW moments")
+        return Plan(
+            "reset_router",
+            {"layer": layer, "expert": expert},
+            f"the layer is collapsed onto expert {expert} after {f.evidence['strikes']} earlier balance "
+            f"finding(s) in {4 * rule.window} steps (or the balance coefficient is at its limit): that "
+            "loss moves router probabilities only, a saturated softmax passes it almost no gradient and "
+            "the selection bias none, so re-centre the expert's router row and selection bias on the "
+            "others' mean (its weights stay) and restart the row's AdamW moments",
+        )
     if target <= coef:
-        return Plan("none", {}, f"the load is {kind}d but the balance coefficient is at its limit "
-                                "(orchestrator.moe.max_balance_coef); logged for a person")
-    return Plan("adjust_balance_coefficient", {"value": target, "layer": layer},
-                "a stronger load-balancing loss pushes the router to spread tokens (Switch, GShard)"
-                + ("; a collapse gets a 4x step" if kind == "collapse" else ""))
+        return Plan(
+            "none",
+            {},
+            f"the load is {kind}d but the balance coefficient is at its limit "
+            "(orchestrator.moe.max_balance_coef); logged for a person",
+        )
+    return Plan(
+        "adjust_balance_coefficient",
+        {"value": target, "layer": layer},
+        "a stronger load-balancing loss pushes the router to spread tokens (Switch, GShard)"
+        + ("; a collapse gets a 4x step" if kind == "collapse" else ""),
+    )

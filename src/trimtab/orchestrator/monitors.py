@@ -91,8 +91,7 @@ class Monitor:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: list(v.values) if isinstance(v, Rolling) else v for k, v in vars(self).items()
-                if k != "cfg"}
+        return {k: list(v.values) if isinstance(v, Rolling) else v for k, v in vars(self).items() if k != "cfg"}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
@@ -100,8 +99,7 @@ class Monitor:
             setattr(self, key, Rolling(current.values.maxlen, value) if isinstance(current, Rolling) else value)
 
     def finding(self, m: StepMetrics, evidence: dict[str, Any], summary: str, strength: float) -> Finding:
-        return Finding(self.rule, self.family, m.step, evidence, summary,
-                       max(0.0, min(1.0, strength)), list(m.rows))
+        return Finding(self.rule, self.family, m.step, evidence, summary, max(0.0, min(1.0, strength)), list(m.rows))
 
 
 class NonFinite(Monitor):
@@ -115,8 +113,9 @@ class NonFinite(Monitor):
     def observe(self, m: StepMetrics) -> Finding | None:
         if math.isfinite(m.loss) and (math.isfinite(m.grad_norm) or m.overflow):
             return None  # fp16: an overflowing gradient is the GradScaler's to handle (Fp16Overflow)
-        return self.finding(m, {"loss": m.loss, "grad_norm": m.grad_norm},
-                            f"loss {m.loss:.4g}, grad norm {m.grad_norm:.4g}", 1.0)
+        return self.finding(
+            m, {"loss": m.loss, "grad_norm": m.grad_norm}, f"loss {m.loss:.4g}, grad norm {m.grad_norm:.4g}", 1.0
+        )
 
 
 class LossSpike(Monitor):
@@ -141,10 +140,12 @@ class LossSpike(Monitor):
             self.window.add(m.loss)
             return None
         mean, std = self.window.mean(), self.window.std()
-        return self.finding(m, {"loss": m.loss, "mean": mean, "std": std, "ceiling": ceiling,
-                                "window": len(self.window)},
-                            f"loss {m.loss:.3f} > mean {mean:.3f} + {self.cfg.sigma:g} sigma ({std:.3f})",
-                            0.6 + 0.4 * (m.loss - ceiling) / max(ceiling - mean, 1e-6))
+        return self.finding(
+            m,
+            {"loss": m.loss, "mean": mean, "std": std, "ceiling": ceiling, "window": len(self.window)},
+            f"loss {m.loss:.3f} > mean {mean:.3f} + {self.cfg.sigma:g} sigma ({std:.3f})",
+            0.6 + 0.4 * (m.loss - ceiling) / max(ceiling - mean, 1e-6),
+        )
 
 
 class GradExplosion(Monitor):
@@ -169,9 +170,12 @@ class GradExplosion(Monitor):
             self.window.add(m.grad_norm)
             return None
         mean = self.window.mean() if len(self.window) else float("nan")
-        return self.finding(m, {"grad_norm": m.grad_norm, "ceiling": ceiling, "mean": mean},
-                            f"grad norm {m.grad_norm:.3g} > ceiling {ceiling:.3g} (rolling mean {mean:.3g})",
-                            0.6 + 0.4 * math.log10(m.grad_norm / ceiling))
+        return self.finding(
+            m,
+            {"grad_norm": m.grad_norm, "ceiling": ceiling, "mean": mean},
+            f"grad norm {m.grad_norm:.3g} > ceiling {ceiling:.3g} (rolling mean {mean:.3g})",
+            0.6 + 0.4 * math.log10(m.grad_norm / ceiling),
+        )
 
 
 class Divergence(Monitor):
@@ -193,9 +197,12 @@ class Divergence(Monitor):
         if rise <= self.cfg.min_rise * mean:
             return None
         self.window = Rolling(self.cfg.window)  # a fresh window before it can fire again
-        return self.finding(m, {"rise": rise, "mean": mean, "window": self.cfg.window},
-                            f"loss rose {rise:.3f} ({rise / mean:.1%}) over {self.cfg.window} steps",
-                            0.5 + 0.5 * rise / (2 * self.cfg.min_rise * mean))
+        return self.finding(
+            m,
+            {"rise": rise, "mean": mean, "window": self.cfg.window},
+            f"loss rose {rise:.3f} ({rise / mean:.1%}) over {self.cfg.window} steps",
+            0.5 + 0.5 * rise / (2 * self.cfg.min_rise * mean),
+        )
 
 
 class Plateau(Monitor):
@@ -217,9 +224,12 @@ class Plateau(Monitor):
         if variance >= self.cfg.variance:
             return None
         self.window = Rolling(self.cfg.window)
-        return self.finding(m, {"variance": variance, "window": self.cfg.window, "progress": m.progress},
-                            f"loss variance {variance:.1e} < {self.cfg.variance:.0e} for {self.cfg.window} steps",
-                            0.5 + 0.5 * (1 - variance / self.cfg.variance))
+        return self.finding(
+            m,
+            {"variance": variance, "window": self.cfg.window, "progress": m.progress},
+            f"loss variance {variance:.1e} < {self.cfg.variance:.0e} for {self.cfg.window} steps",
+            0.5 + 0.5 * (1 - variance / self.cfg.variance),
+        )
 
 
 class Throughput(Monitor):
@@ -242,10 +252,13 @@ class Throughput(Monitor):
             return None
         self.slow = 0
         median = self.window.median()
-        return self.finding(m, {"tokens_per_s": m.tokens_per_s, "median": median,
-                                "patience": self.cfg.patience},
-                            f"{m.tokens_per_s:,.0f} tokens/s < {self.cfg.factor:g} x median {median:,.0f} "
-                            f"for {self.cfg.patience} steps", 1 - m.tokens_per_s / median)
+        return self.finding(
+            m,
+            {"tokens_per_s": m.tokens_per_s, "median": median, "patience": self.cfg.patience},
+            f"{m.tokens_per_s:,.0f} tokens/s < {self.cfg.factor:g} x median {median:,.0f} "
+            f"for {self.cfg.patience} steps",
+            1 - m.tokens_per_s / median,
+        )
 
 
 class MemoryPressure(Monitor):
@@ -265,9 +278,12 @@ class MemoryPressure(Monitor):
         if self.high < self.cfg.patience:
             return None
         self.high = 0
-        return self.finding(m, {"memory_frac": m.memory_frac, "threshold": self.cfg.threshold},
-                            f"memory {m.memory_frac:.0%} in use > {self.cfg.threshold:.0%}",
-                            0.6 + 0.4 * (m.memory_frac - self.cfg.threshold) / (1 - self.cfg.threshold + 1e-9))
+        return self.finding(
+            m,
+            {"memory_frac": m.memory_frac, "threshold": self.cfg.threshold},
+            f"memory {m.memory_frac:.0%} in use > {self.cfg.threshold:.0%}",
+            0.6 + 0.4 * (m.memory_frac - self.cfg.threshold) / (1 - self.cfg.threshold + 1e-9),
+        )
 
 
 class Fp16Overflow(Monitor):
@@ -285,8 +301,12 @@ class Fp16Overflow(Monitor):
         if count < self.cfg.max_overflows:
             return None
         self.window = Rolling(self.cfg.window)
-        return self.finding(m, {"overflows": count, "window": self.cfg.window},
-                            f"{count} fp16 overflows in {self.cfg.window} steps", count / self.cfg.window + 0.5)
+        return self.finding(
+            m,
+            {"overflows": count, "window": self.cfg.window},
+            f"{count} fp16 overflows in {self.cfg.window} steps",
+            count / self.cfg.window + 0.5,
+        )
 
 
 class LRJump(Monitor):
@@ -306,17 +326,27 @@ class LRJump(Monitor):
         self.last = scheduled  # the new level is the reference from here on
         if scheduled <= self.cfg.factor * previous or previous <= 0:
             return None
-        return self.finding(m, {"scheduled_lr": scheduled, "previous": previous},
-                            f"the scheduled LR jumped x{scheduled / previous:.3g} in one step "
-                            f"({previous:.3g} -> {scheduled:.3g})", 1.0)
+        return self.finding(
+            m,
+            {"scheduled_lr": scheduled, "previous": previous},
+            f"the scheduled LR jumped x{scheduled / previous:.3g} in one step ({previous:.3g} -> {scheduled:.3g})",
+            1.0,
+        )
 
 
-MONITORS = {"nonfinite": NonFinite, "spike": LossSpike, "grad": GradExplosion, "divergence": Divergence,
-            "plateau": Plateau, "throughput": Throughput, "memory": MemoryPressure, "fp16": Fp16Overflow,
-            "lr": LRJump}
+MONITORS = {
+    "nonfinite": NonFinite,
+    "spike": LossSpike,
+    "grad": GradExplosion,
+    "divergence": Divergence,
+    "plateau": Plateau,
+    "throughput": Throughput,
+    "memory": MemoryPressure,
+    "fp16": Fp16Overflow,
+    "lr": LRJump,
+}
 
 
 def build_monitors(cfg: OrchestratorConfig) -> dict[str, Monitor]:
     """Every enabled rule's monitor; non-finite values are always watched."""
-    return {name: cls(cfg) for name, cls in MONITORS.items()
-            if name == "nonfinite" or getattr(cfg, name).enabled}
+    return {name: cls(cfg) for name, cls in MONITORS.items() if name == "nonfinite" or getattr(cfg, name).enabled}

@@ -16,6 +16,22 @@ from trimtab.plan.curve import LossFit, RunView, Status, fit_loss_curve, format_
 from trimtab.plan.memory import Hardware, detect_hardware, named_gpu
 from trimtab.plan.report import Plan, format_plan, make_plan, plan_command, save_plan
 
-__all__ = ["Hardware", "LossFit", "ModelSize", "Plan", "RunView", "Status", "detect_hardware",
-           "effective_tokens", "fit_loss_curve", "format_plan", "format_status", "live_status", "make_plan",
-           "model_size", "named_gpu", "plan_command", "save_plan"]
+__all__ = [
+    "Hardware",
+    "LossFit",
+    "ModelSize",
+    "Plan",
+    "RunView",
+    "Status",
+    "detect_hardware",
+    "effective_tokens",
+    "fit_loss_curve",
+    "format_plan",
+    "format_status",
+    "live_status",
+    "make_plan",
+    "model_size",
+    "named_gpu",
+    "plan_command",
+    "save_plan",
+]

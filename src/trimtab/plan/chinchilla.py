@@ -48,12 +48,18 @@ class ModelSize:
 
 def model_size(cfg: RunConfig, vocab_size: int | None = None) -> ModelSize:
     model = meta_model(cfg, vocab_size)
-    size = ModelSize(model.num_params(), model.num_params(active=True),
-                     model.num_params(exclude_embeddings=True),
-                     model.num_params(exclude_embeddings=True, active=True),
-                     model.flops_per_token(cfg.data.seq_len), cfg.data.seq_len, family(cfg.model))
-    size.compute_params, size.compute_params_kind = (size.active, "active") if size.active != size.total \
-        else (size.total, "total")
+    size = ModelSize(
+        model.num_params(),
+        model.num_params(active=True),
+        model.num_params(exclude_embeddings=True),
+        model.num_params(exclude_embeddings=True, active=True),
+        model.flops_per_token(cfg.data.seq_len),
+        cfg.data.seq_len,
+        family(cfg.model),
+    )
+    size.compute_params, size.compute_params_kind = (
+        (size.active, "active") if size.active != size.total else (size.total, "total")
+    )
     return size
 
 
@@ -77,28 +83,42 @@ class DataPlan:
     warnings: list[str] = field(default_factory=list)
 
 
-def data_plan(optimal_tokens: int, run_tokens: int, dataset_tokens: int, source: str,
-              tokens_per_param: float) -> DataPlan:
+def data_plan(
+    optimal_tokens: int, run_tokens: int, dataset_tokens: int, source: str, tokens_per_param: float
+) -> DataPlan:
     epochs = optimal_tokens / dataset_tokens
     bounded = min(epochs, MAX_EPOCHS)
     tokens = round(bounded * dataset_tokens)
-    plan = DataPlan(dataset_tokens, source, epochs, bounded, tokens, effective_tokens(dataset_tokens, bounded),
-                    run_tokens / dataset_tokens)
+    plan = DataPlan(
+        dataset_tokens,
+        source,
+        epochs,
+        bounded,
+        tokens,
+        effective_tokens(dataset_tokens, bounded),
+        run_tokens / dataset_tokens,
+    )
     for what, n in (("the compute-optimal run", epochs), ("the configured run", plan.run_epochs)):
         if n > MAX_EPOCHS:
             plan.warnings.append(
                 f"{what} repeats the data {n:.1f} times; by ~{MAX_EPOCHS:.0f} epochs another pass adds "
-                f"almost nothing (Muennighoff et al. 2023)" +
-                (f", so the plan stops at {MAX_EPOCHS:.0f} epochs ({tokens:,} tokens). For this data a "
-                 f"compute-optimal model has ~{_human(FRESH_EPOCHS * dataset_tokens / tokens_per_param)} "
-                 f"parameters ({FRESH_EPOCHS:.0f} epochs at {tokens_per_param:g} tokens per parameter): "
-                 "use a smaller model or more data" if what.endswith("optimal run") else ""))
+                f"almost nothing (Muennighoff et al. 2023)"
+                + (
+                    f", so the plan stops at {MAX_EPOCHS:.0f} epochs ({tokens:,} tokens). For this data a "
+                    f"compute-optimal model has ~{_human(FRESH_EPOCHS * dataset_tokens / tokens_per_param)} "
+                    f"parameters ({FRESH_EPOCHS:.0f} epochs at {tokens_per_param:g} tokens per parameter): "
+                    "use a smaller model or more data"
+                    if what.endswith("optimal run")
+                    else ""
+                )
+            )
         elif n > FRESH_EPOCHS:
             worth = effective_tokens(dataset_tokens, n) / (n * dataset_tokens)
             plan.warnings.append(
                 f"{what} repeats the data {n:.1f} times; beyond ~{FRESH_EPOCHS:.0f} epochs repeated "
                 f"tokens are worth less than fresh ones: its tokens count as ~{worth:.0%} fresh "
-                "(Muennighoff et al. 2023, eq. 5)")
+                "(Muennighoff et al. 2023, eq. 5)"
+            )
     return plan
 
 
@@ -122,7 +142,8 @@ def count_dataset_tokens(cfg: RunConfig, path: str) -> tuple[int, str]:
     return round(n_bytes / BYTES_PER_TOKEN * keep), (
         f"estimated from {n_bytes:,} bytes at {BYTES_PER_TOKEN:g} bytes per token (no tokenizer yet: "
         f"data.tokenizer is unset and {tok_path} does not exist; a small BPE vocabulary gives fewer "
-        f"bytes per token, so more tokens){hold_out}{capped}")
+        f"bytes per token, so more tokens){hold_out}{capped}"
+    )
 
 
 @dataclass
@@ -139,27 +160,35 @@ class BudgetPlan:
     nearest_preset: str = ""
 
 
-def budget_plan(size: ModelSize, flops: float, hours: float | None, batch_tokens: int,
-                tokens_per_param: float) -> BudgetPlan:
+def budget_plan(
+    size: ModelSize, flops: float, hours: float | None, batch_tokens: int, tokens_per_param: float
+) -> BudgetPlan:
     n_opt = math.sqrt(flops / (6 * tokens_per_param))
     tokens = flops / size.flops_per_token
     per_param = tokens / size.compute_params
     own = size.compute_params * tokens_per_param * size.flops_per_token
     ratio = per_param / tokens_per_param
     if 0.5 <= ratio <= 2:
-        verdict = (f"this preset is close to compute-optimal for the budget ({per_param:.1f} tokens per "
-                   f"parameter, {tokens_per_param:g} is optimal)")
+        verdict = (
+            f"this preset is close to compute-optimal for the budget ({per_param:.1f} tokens per "
+            f"parameter, {tokens_per_param:g} is optimal)"
+        )
     elif ratio < 0.5:
-        verdict = (f"the budget buys only {per_param:.2g} tokens per parameter for this preset: it is "
-                   f"~{size.compute_params / n_opt:.1f}x larger than compute-optimal; a ~{_human(n_opt)}-"
-                   f"parameter model on {_human(tokens_per_param * n_opt)} tokens would reach a lower loss")
+        verdict = (
+            f"the budget buys only {per_param:.2g} tokens per parameter for this preset: it is "
+            f"~{size.compute_params / n_opt:.1f}x larger than compute-optimal; a ~{_human(n_opt)}-"
+            f"parameter model on {_human(tokens_per_param * n_opt)} tokens would reach a lower loss"
+        )
     else:
-        verdict = (f"the budget would give this preset {per_param:.0f} tokens per parameter: it is "
-                   f"~{n_opt / size.compute_params:.1f}x smaller than compute-optimal; a ~{_human(n_opt)}-"
-                   f"parameter model would use the budget better, or this preset is compute-optimal at "
-                   f"{own:.3g} FLOPs")
-    return BudgetPlan(flops, hours, n_opt, tokens_per_param * n_opt, tokens, per_param,
-                      math.ceil(tokens / batch_tokens), own, verdict)
+        verdict = (
+            f"the budget would give this preset {per_param:.0f} tokens per parameter: it is "
+            f"~{n_opt / size.compute_params:.1f}x smaller than compute-optimal; a ~{_human(n_opt)}-"
+            f"parameter model would use the budget better, or this preset is compute-optimal at "
+            f"{own:.3g} FLOPs"
+        )
+    return BudgetPlan(
+        flops, hours, n_opt, tokens_per_param * n_opt, tokens, per_param, math.ceil(tokens / batch_tokens), own, verdict
+    )
 
 
 def nearest_preset(params: float, moe: bool) -> str:
@@ -176,7 +205,7 @@ def nearest_preset(params: float, moe: bool) -> str:
     return best
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _preset_params(name: str) -> tuple[bool, int]:
     """(MoE or not, compute parameter count) of a preset; presets are files that do not change
     while a process runs."""

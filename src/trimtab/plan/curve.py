@@ -15,8 +15,8 @@ about the gains left: it tends to recommend extending rather than shortening.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -77,7 +77,7 @@ def _refine(x: np.ndarray, y: np.ndarray, lo: float, hi: float) -> float:
 
 def _solve(x: np.ndarray, y: np.ndarray, beta: float) -> tuple[float, float, float] | None:
     """(sse, E, B) of the best fit at this beta, or None when the loss does not fall (B <= 0)."""
-    z = x ** -beta
+    z = x**-beta
     e, b = _line(z, y)
     if b <= 0:
         return None
@@ -148,8 +148,9 @@ def phase_of(fit: LossFit | None, convergence: float | None) -> str:
     return "rapid" if convergence < 0.5 else "steady" if convergence < 0.85 else "convergence"
 
 
-def live_status(points: Sequence[Sequence[float]], run: RunView, cfg: PlanConfig,
-                lr_ok: Callable[[int], bool] = lambda steps: True) -> Status:
+def live_status(
+    points: Sequence[Sequence[float]], run: RunView, cfg: PlanConfig, lr_ok: Callable[[int], bool] = lambda steps: True
+) -> Status:
     """Status from the logged (step, tokens, loss) points; `lr_ok(steps)` says whether the
     schedule may move to a new length now (the LR would not jump too far in one step)."""
     per_step = run.tokens / max(run.step, 1)
@@ -157,8 +158,20 @@ def live_status(points: Sequence[Sequence[float]], run: RunView, cfg: PlanConfig
     original = per_step * run.original_steps / max(run.dataset_tokens, 1)
     progress = run.tokens / max(per_step * run.total_steps, 1)
     used = [(t, loss) for s, t, loss in points if s > run.warmup_steps and math.isfinite(loss)]
-    status = Status(run.step, run.tokens, run.total_steps, run.original_steps, epochs, original, progress,
-                    None, "none", "warmup", "continue", run.total_steps)
+    status = Status(
+        run.step,
+        run.tokens,
+        run.total_steps,
+        run.original_steps,
+        epochs,
+        original,
+        progress,
+        None,
+        "none",
+        "warmup",
+        "continue",
+        run.total_steps,
+    )
     if len(used) < cfg.min_points:
         return status
     fit = fit_loss_curve([t for t, _ in used], [loss for _, loss in used])
@@ -168,16 +181,16 @@ def live_status(points: Sequence[Sequence[float]], run: RunView, cfg: PlanConfig
     status.confidence, status.phase = confidence_of(fit, cfg), phase_of(fit, status.convergence)
     target = recommend_steps(fit, run, per_step, cfg, lr_ok)
     status.recommended_steps = target
-    status.recommendation = "continue" if target == run.total_steps else \
-        "shorten" if target < run.total_steps else "extend"
+    status.recommendation = (
+        "continue" if target == run.total_steps else "shorten" if target < run.total_steps else "extend"
+    )
     status.loss_now, status.loss_best = now, best
     status.loss_end, status.loss_recommended = fit.predict(run.total_steps * per_step), fit.predict(target * per_step)
     status.fit = asdict(fit)
     return status
 
 
-def recommend_steps(fit: LossFit, run: RunView, per_step: float, cfg: PlanConfig,
-                    lr_ok: Callable[[int], bool]) -> int:
+def recommend_steps(fit: LossFit, run: RunView, per_step: float, cfg: PlanConfig, lr_ok: Callable[[int], bool]) -> int:
     """The shortest length whose predicted final loss is within cfg.tolerance of the longest
     allowed run's, inside [(1 - max_shorten), (1 + max_extend)] x train.max_steps and after the
     current step; moved back toward the current length until lr_ok accepts it; the current
@@ -191,7 +204,7 @@ def recommend_steps(fit: LossFit, run: RunView, per_step: float, cfg: PlanConfig
     candidates = sorted({int(round(c)) for c in np.linspace(lo, hi, 257)} | {total})
     target = next(c for c in candidates if fit.predict(c * per_step) <= limit)
     toward = [c for c in candidates if min(target, total) <= c <= max(target, total)]
-    for c in (toward if target < total else reversed(toward)):
+    for c in toward if target < total else reversed(toward):
         if c == total or lr_ok(c):
             target = c
             break
@@ -200,9 +213,9 @@ def recommend_steps(fit: LossFit, run: RunView, per_step: float, cfg: PlanConfig
 
 def format_status(s: Status, adjust: bool) -> str:
     """The console block, e.g.
-        [step 5000] CHINCHILLA STATUS
-        Current epochs: 4.00 (adjusted from 5.00)   Token progress: 83.4%
-        Convergence: 87% (high)   Phase: convergence   Recommendation: continue
+    [step 5000] CHINCHILLA STATUS
+    Current epochs: 4.00 (adjusted from 5.00)   Token progress: 83.4%
+    Convergence: 87% (high)   Phase: convergence   Recommendation: continue
     """
     epochs = f"Current epochs: {_epochs(s.epochs)}"
     if s.total_steps != s.original_steps:
@@ -213,13 +226,17 @@ def format_status(s: Status, adjust: bool) -> str:
         advice += f" to {s.recommended_steps} steps"
     if s.recommendation != "continue" and not adjust:
         advice += " (advice: plan.adjust is off)"
-    lines = [f"[step {s.step}] CHINCHILLA STATUS",
-             f"{epochs}   Token progress: {s.token_progress:.1%}",
-             f"Convergence: {conv} ({s.confidence})   Phase: {s.phase}   Recommendation: {advice}"]
+    lines = [
+        f"[step {s.step}] CHINCHILLA STATUS",
+        f"{epochs}   Token progress: {s.token_progress:.1%}",
+        f"Convergence: {conv} ({s.confidence})   Phase: {s.phase}   Recommendation: {advice}",
+    ]
     if s.fit:
         fit = LossFit(**s.fit)
-        lines.append(f"Fit: {fit.describe()} (R^2 {fit.r2:.2f}, {fit.points} points); predicted loss "
-                     f"{s.loss_end:.3f} at step {s.total_steps}, {s.loss_best:.3f} at the longest allowed run")
+        lines.append(
+            f"Fit: {fit.describe()} (R^2 {fit.r2:.2f}, {fit.points} points); predicted loss "
+            f"{s.loss_end:.3f} at step {s.total_steps}, {s.loss_best:.3f} at the longest allowed run"
+        )
     return "\n".join(lines)
 
 

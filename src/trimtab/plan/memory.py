@@ -29,8 +29,18 @@ from trimtab.config import RunConfig
 
 STATE_BYTES = {"weights": 4, "gradients": 4, "optimizer": 8}  # per parameter
 # Largest memory variant of the GPUs in training/device.py's peak table (vendor datasheets).
-GPU_MEMORY_GB = {"H200": 141, "H100": 80, "A100": 80, "L40S": 48, "A10": 24, "L4": 24, "4090": 24,
-                 "3090": 24, "V100": 32, "T4": 16}
+GPU_MEMORY_GB = {
+    "H200": 141,
+    "H100": 80,
+    "A100": 80,
+    "L40S": 48,
+    "A10": 24,
+    "L4": 24,
+    "4090": 24,
+    "3090": 24,
+    "V100": 32,
+    "T4": 16,
+}
 
 
 @dataclass
@@ -133,8 +143,19 @@ def memory_plan(cfg: RunConfig, params: int, hw: Hardware) -> MemoryPlan:
     activations = round(tokens * (per_token + 4 * head32 + p * head_p))
     total = sum(state.values()) + activations
     fits = None if hw.memory_bytes is None else total <= hw.memory_bytes
-    return MemoryPlan(state["weights"], state["gradients"], state["optimizer"], activations, total, tokens,
-                      p, cfg.train.activation_checkpointing, shards, hw.memory_bytes, fits)
+    return MemoryPlan(
+        state["weights"],
+        state["gradients"],
+        state["optimizer"],
+        activations,
+        total,
+        tokens,
+        p,
+        cfg.train.activation_checkpointing,
+        shards,
+        hw.memory_bytes,
+        fits,
+    )
 
 
 def hours(flops: float, hw: Hardware, mfu: float) -> float | None:

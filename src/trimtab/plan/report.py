@@ -12,8 +12,17 @@ from typing import Any
 
 from trimtab.config import RunConfig, load_config
 from trimtab.errors import ConfigError
-from trimtab.plan.chinchilla import BudgetPlan, DataPlan, ModelSize, _human, budget_plan, count_dataset_tokens, \
-    data_plan, model_size, nearest_preset
+from trimtab.plan.chinchilla import (
+    BudgetPlan,
+    DataPlan,
+    ModelSize,
+    _human,
+    budget_plan,
+    count_dataset_tokens,
+    data_plan,
+    model_size,
+    nearest_preset,
+)
 from trimtab.plan.memory import Hardware, MemoryPlan, detect_hardware, hours, memory_plan, named_gpu
 
 
@@ -46,9 +55,15 @@ class Plan:
         return dataclasses.asdict(self)
 
 
-def make_plan(cfg: RunConfig, *, dataset_tokens: int | None = None, data_path: str | None = None,
-              budget_flops: float | None = None, budget_hours: float | None = None,
-              hardware: Hardware | None = None) -> Plan:
+def make_plan(
+    cfg: RunConfig,
+    *,
+    dataset_tokens: int | None = None,
+    data_path: str | None = None,
+    budget_flops: float | None = None,
+    budget_hours: float | None = None,
+    hardware: Hardware | None = None,
+) -> Plan:
     """The plan for `cfg`. Data: `dataset_tokens`, or counted at `data_path`; budget: FLOPs or
     hours on `hardware` (default: this machine, through training/device.py)."""
     _check_inputs(dataset_tokens, budget_flops, budget_hours)
@@ -68,10 +83,28 @@ def make_plan(cfg: RunConfig, *, dataset_tokens: int | None = None, data_path: s
     flops = float(size.flops_per_token) * tokens
     run_flops = float(size.flops_per_token) * run_tokens
     non_embedding = size.active_non_embedding if size.compute_params_kind == "active" else size.non_embedding
-    plan = Plan(cfg.preset, size, k, optimal, round(k * size.total), round(k * non_embedding), batch,
-                tokens, math.ceil(tokens / batch), flops, 6.0 * size.compute_params * tokens, cfg.train.max_steps,
-                run_tokens, run_flops, data, memory_plan(cfg, size.total, hw), hw, mfu,
-                hours(flops, hw, mfu), hours(run_flops, hw, mfu))
+    plan = Plan(
+        cfg.preset,
+        size,
+        k,
+        optimal,
+        round(k * size.total),
+        round(k * non_embedding),
+        batch,
+        tokens,
+        math.ceil(tokens / batch),
+        flops,
+        6.0 * size.compute_params * tokens,
+        cfg.train.max_steps,
+        run_tokens,
+        run_flops,
+        data,
+        memory_plan(cfg, size.total, hw),
+        hw,
+        mfu,
+        hours(flops, hw, mfu),
+        hours(run_flops, hw, mfu),
+    )
     if budget_flops or budget_hours:
         plan.budget = _budget(size, hw, mfu, batch, k, budget_flops, budget_hours)
     plan.notes = _notes(plan)
@@ -79,8 +112,11 @@ def make_plan(cfg: RunConfig, *, dataset_tokens: int | None = None, data_path: s
 
 
 def _check_inputs(dataset_tokens: int | None, budget_flops: float | None, budget_hours: float | None) -> None:
-    for name, value in (("--dataset-tokens", dataset_tokens), ("--budget-flops", budget_flops),
-                        ("--budget-hours", budget_hours)):
+    for name, value in (
+        ("--dataset-tokens", dataset_tokens),
+        ("--budget-flops", budget_flops),
+        ("--budget-hours", budget_hours),
+    ):
         if value is not None and not value > 0:
             raise ConfigError(f"{name} must be > 0, got {value}")
     if budget_flops and budget_hours:
@@ -96,13 +132,16 @@ def _tokenizer_vocab(cfg: RunConfig) -> int | None:
     return TextTokenizer.load(Path(cfg.data.tokenizer), key="data.tokenizer").vocab_size
 
 
-def _budget(size: ModelSize, hw: Hardware, mfu: float, batch: int, k: float,
-            flops: float | None, budget_hours: float | None) -> BudgetPlan:
+def _budget(
+    size: ModelSize, hw: Hardware, mfu: float, batch: int, k: float, flops: float | None, budget_hours: float | None
+) -> BudgetPlan:
     rate = hw.peak_flops * mfu * hw.devices if hw.peak_flops else None
     if flops is None:
         if rate is None:
-            raise ConfigError(f"--budget-hours needs a peak FLOP/s and {hw.name} has none "
-                              f"({hw.peak_source}); give --budget-flops or --gpu NAME")
+            raise ConfigError(
+                f"--budget-hours needs a peak FLOP/s and {hw.name} has none "
+                f"({hw.peak_source}); give --budget-flops or --gpu NAME"
+            )
         flops = budget_hours * 3600 * rate
     plan = budget_plan(size, flops, budget_hours or (flops / rate / 3600 if rate else None), batch, k)
     plan.nearest_preset = nearest_preset(plan.optimal_params, size.family in ("moe", "hybrid"))
@@ -111,48 +150,64 @@ def _budget(size: ModelSize, hw: Hardware, mfu: float, batch: int, k: float,
 
 def _notes(plan: Plan) -> list[str]:
     size, k = plan.model, plan.tokens_per_param
-    notes = [f"Chinchilla rule (Hoffmann et al. 2022): ~{k:g} tokens per parameter, counting all "
-             f"parameters including embeddings (as Hoffmann et al. did); on non-embedding parameters "
-             f"(Kaplan et al. 2020's count) it would be {plan.optimal_tokens_non_embedding:,} tokens"]
+    notes = [
+        f"Chinchilla rule (Hoffmann et al. 2022): ~{k:g} tokens per parameter, counting all "
+        f"parameters including embeddings (as Hoffmann et al. did); on non-embedding parameters "
+        f"(Kaplan et al. 2020's count) it would be {plan.optimal_tokens_non_embedding:,} tokens"
+    ]
     if size.compute_params_kind == "active":
         notes.append(
             f"MoE: the rule uses the ACTIVE parameters ({size.active:,} of {size.total:,}): training "
             f"compute per token is ~6 x N_active and the {k:g}x rule is the compute-optimal split of "
             f"C = 6ND, so N_active is the N the compute sees. On total parameters it would ask for "
             f"{plan.optimal_tokens_total_params:,} tokens. MoE scaling laws (Clark et al. 2022; "
-            "Krajewski et al. 2024) move the optimum with the expert count: a starting point")
+            "Krajewski et al. 2024) move the optimum with the expert count: a starting point"
+        )
     if plan.run_tokens < 0.5 * plan.tokens or plan.run_tokens > 2 * plan.tokens:
-        notes.append(f"the configured run (train.max_steps={plan.run_steps:,}) trains "
-                     f"{plan.run_tokens / plan.tokens:.2g}x the planned tokens: set train.max_steps="
-                     f"{plan.steps} to follow the plan")
+        notes.append(
+            f"the configured run (train.max_steps={plan.run_steps:,}) trains "
+            f"{plan.run_tokens / plan.tokens:.2g}x the planned tokens: set train.max_steps="
+            f"{plan.steps} to follow the plan"
+        )
     return notes
 
 
 def format_plan(plan: Plan) -> str:
     s, m, hw = plan.model, plan.memory, plan.hardware
     sparse = f"   active {s.active:,} (non-embedding {s.active_non_embedding:,})" if s.active != s.total else ""
-    lines = [f"trimtab plan: preset {plan.preset} ({s.family})", "",
-             "Model", f"  parameters      total {s.total:,}   non-embedding {s.non_embedding:,}{sparse}",
-             f"  FLOPs per token {s.flops_per_token:,} (training, forward + backward, seq_len {s.seq_len})", "",
-             "Compute-optimal plan",
-             f"  tokens          {plan.optimal_tokens:,} = {plan.tokens_per_param:g} x {s.compute_params:,} "
-             f"{s.compute_params_kind} parameters"]
+    lines = [
+        f"trimtab plan: preset {plan.preset} ({s.family})",
+        "",
+        "Model",
+        f"  parameters      total {s.total:,}   non-embedding {s.non_embedding:,}{sparse}",
+        f"  FLOPs per token {s.flops_per_token:,} (training, forward + backward, seq_len {s.seq_len})",
+        "",
+        "Compute-optimal plan",
+        f"  tokens          {plan.optimal_tokens:,} = {plan.tokens_per_param:g} x {s.compute_params:,} "
+        f"{s.compute_params_kind} parameters",
+    ]
     if plan.data:
         lines += _data_lines(plan.data, plan.tokens)
-    lines += [f"  steps           {plan.steps:,} x train.batch_tokens {plan.batch_tokens:,} = {plan.tokens:,} tokens",
-              f"  FLOPs           {plan.flops:.3g} (flops_per_token x tokens; 6ND gives {plan.flops_6nd:.3g})",
-              f"  configured run  train.max_steps {plan.run_steps:,} = {plan.run_tokens:,} tokens, "
-              f"{plan.run_flops:.3g} FLOPs", "",
-              f"Memory per device (estimate; {m.micro_batch_tokens:,}-token micro-batch, activations "
-              f"{m.activation_bytes} bytes{', checkpointed' if m.checkpointing else ''}"
-              f"{f', FSDP over {m.shards}' if m.shards > 1 else ''})",
-              f"  weights {_gb(m.weights)}  gradients {_gb(m.gradients)}  AdamW moments {_gb(m.optimizer)}  "
-              f"activations {_gb(m.activations)}",
-              f"  total {_gb(m.total)}" + ("" if m.fits is None else
-                                           f" of {_gb(m.device_memory)} on {hw.name}: "
-                                           f"{'fits' if m.fits else 'does NOT fit'}"), "",
-              f"Time on {hw.devices} x {hw.name} (peak {_peak(hw)}, assumed MFU {plan.mfu:.0%})",
-              f"  planned run     {_hours(plan.hours)}", f"  configured run  {_hours(plan.run_hours)}"]
+    lines += [
+        f"  steps           {plan.steps:,} x train.batch_tokens {plan.batch_tokens:,} = {plan.tokens:,} tokens",
+        f"  FLOPs           {plan.flops:.3g} (flops_per_token x tokens; 6ND gives {plan.flops_6nd:.3g})",
+        f"  configured run  train.max_steps {plan.run_steps:,} = {plan.run_tokens:,} tokens, "
+        f"{plan.run_flops:.3g} FLOPs",
+        "",
+        f"Memory per device (estimate; {m.micro_batch_tokens:,}-token micro-batch, activations "
+        f"{m.activation_bytes} bytes{', checkpointed' if m.checkpointing else ''}"
+        f"{f', FSDP over {m.shards}' if m.shards > 1 else ''})",
+        f"  weights {_gb(m.weights)}  gradients {_gb(m.gradients)}  AdamW moments {_gb(m.optimizer)}  "
+        f"activations {_gb(m.activations)}",
+        f"  total {_gb(m.total)}"
+        + (
+            "" if m.fits is None else f" of {_gb(m.device_memory)} on {hw.name}: {'fits' if m.fits else 'does NOT fit'}"
+        ),
+        "",
+        f"Time on {hw.devices} x {hw.name} (peak {_peak(hw)}, assumed MFU {plan.mfu:.0%})",
+        f"  planned run     {_hours(plan.hours)}",
+        f"  configured run  {_hours(plan.run_hours)}",
+    ]
     if plan.budget:
         lines += _budget_lines(plan.budget, s)
     lines += ["", "Notes"] + [f"  - {n}" for n in plan.notes]
@@ -161,19 +216,25 @@ def format_plan(plan: Plan) -> str:
 
 def _data_lines(d: DataPlan, tokens: int) -> list[str]:
     bounded = f", bounded to {d.recommended_epochs:.0f} ({tokens:,} tokens)" if d.recommended_epochs < d.epochs else ""
-    lines = [f"  dataset         {d.dataset_tokens:,} tokens ({d.source})",
-             f"  epochs          {d.epochs:.2f} for the optimal tokens{bounded}; the configured run: {d.run_epochs:.2f}",
-             f"  fresh-token worth {d.effective_tokens:,.0f} of {tokens:,} (Muennighoff et al. 2023)"]
+    lines = [
+        f"  dataset         {d.dataset_tokens:,} tokens ({d.source})",
+        f"  epochs          {d.epochs:.2f} for the optimal tokens{bounded}; the configured run: {d.run_epochs:.2f}",
+        f"  fresh-token worth {d.effective_tokens:,.0f} of {tokens:,} (Muennighoff et al. 2023)",
+    ]
     return lines + [f"  WARNING: {w}" for w in d.warnings]
 
 
 def _budget_lines(b: BudgetPlan, s: ModelSize) -> list[str]:
     when = f" ({_hours(b.hours)})" if b.hours else ""
-    return ["", f"Budget {b.flops:.3g} FLOPs{when}",
-            f"  compute-optimal N = sqrt(C / (6 x 20)) = {_human(b.optimal_params)} {s.compute_params_kind} "
-            f"parameters on D = {_human(b.optimal_tokens)} tokens (nearest preset: {b.nearest_preset or 'none'})",
-            f"  this preset: {b.preset_tokens:,.0f} tokens = {b.preset_steps:,} steps, "
-            f"{b.preset_tokens_per_param:.3g} tokens per parameter", f"  {b.verdict}"]
+    return [
+        "",
+        f"Budget {b.flops:.3g} FLOPs{when}",
+        f"  compute-optimal N = sqrt(C / (6 x 20)) = {_human(b.optimal_params)} {s.compute_params_kind} "
+        f"parameters on D = {_human(b.optimal_tokens)} tokens (nearest preset: {b.nearest_preset or 'none'})",
+        f"  this preset: {b.preset_tokens:,.0f} tokens = {b.preset_steps:,} steps, "
+        f"{b.preset_tokens_per_param:.3g} tokens per parameter",
+        f"  {b.verdict}",
+    ]
 
 
 def _gb(n: int | None) -> str:
@@ -204,16 +265,32 @@ def save_plan(plan: Plan, out: str | Path) -> tuple[Path, Path]:
     return paths
 
 
-def plan_command(config: str | None, preset: str | None, sets: list[str], out: str | None, *,
-                 dataset_tokens: float | None = None, data: str | None = None, budget_flops: float | None = None,
-                 budget_hours: float | None = None, gpu: str | None = None, devices: int = 1) -> str:
+def plan_command(
+    config: str | None,
+    preset: str | None,
+    sets: list[str],
+    out: str | None,
+    *,
+    dataset_tokens: float | None = None,
+    data: str | None = None,
+    budget_flops: float | None = None,
+    budget_hours: float | None = None,
+    gpu: str | None = None,
+    devices: int = 1,
+) -> str:
     """What `trimtab plan` does: resolve the config, plan, save; returns the text to print."""
     cfg = load_config(config, preset=preset, sets=sets)
     if devices < 1:
         raise ConfigError(f"--devices must be >= 1, got {devices}")
     hardware = named_gpu(gpu, devices) if gpu else detect_hardware(cfg.train.precision, devices)
     tokens = None if dataset_tokens is None else round(dataset_tokens)  # the CLI reads 1e9 as a float
-    plan = make_plan(cfg, dataset_tokens=tokens, data_path=data, budget_flops=budget_flops,
-                     budget_hours=budget_hours, hardware=hardware)
+    plan = make_plan(
+        cfg,
+        dataset_tokens=tokens,
+        data_path=data,
+        budget_flops=budget_flops,
+        budget_hours=budget_hours,
+        hardware=hardware,
+    )
     json_path, txt_path = save_plan(plan, out or cfg.run_dir)
     return f"{format_plan(plan)}\n\nsaved {json_path} and {txt_path}"

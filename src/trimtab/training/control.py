@@ -11,8 +11,9 @@ optimizer and data position but keeps the knobs, since they are the correction.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from trimtab.checkpoint import find_checkpoint
 from trimtab.errors import ConfigError, TrimtabError
@@ -22,15 +23,25 @@ if TYPE_CHECKING:
 
 # action -> the parameters it takes
 PARAMS: dict[str, tuple[str, ...]] = {
-    "skip_step": (), "scale_lr": ("factor",), "set_lr": ("value",), "emergency_lr_reduction": ("factor",),
-    "rollback": ("to", "skip_rows"), "adjust_batch_size": ("micro_batch_tokens",),
-    "adjust_grad_clip": ("value",), "adjust_weight_decay": ("value",), "save_checkpoint": (),
-    "stop": ("reason",), "skip_data": ("rows",),
+    "skip_step": (),
+    "scale_lr": ("factor",),
+    "set_lr": ("value",),
+    "emergency_lr_reduction": ("factor",),
+    "rollback": ("to", "skip_rows"),
+    "adjust_batch_size": ("micro_batch_tokens",),
+    "adjust_grad_clip": ("value",),
+    "adjust_weight_decay": ("value",),
+    "save_checkpoint": (),
+    "stop": ("reason",),
+    "skip_data": ("rows",),
     # Mixture-of-Experts (layer: a MoE layer's index; knobs without a layer apply to all)
-    "add_expert": ("layer", "source"), "prune_expert": ("layer", "expert"),
-    "reinit_expert": ("layer", "expert"), "reset_router": ("layer", "expert"),
+    "add_expert": ("layer", "source"),
+    "prune_expert": ("layer", "expert"),
+    "reinit_expert": ("layer", "expert"),
+    "reset_router": ("layer", "expert"),
     "adjust_capacity_factor": ("value", "layer"),
-    "adjust_routing_temperature": ("value", "layer"), "adjust_balance_coefficient": ("value", "layer"),
+    "adjust_routing_temperature": ("value", "layer"),
+    "adjust_balance_coefficient": ("value", "layer"),
     # Mixture-of-Depths: the target capacity of one layer, or of all
     "adjust_mod_capacity": ("value", "layer"),
     # the run length (the live planner's shorten / extend; docs/planner.md)
@@ -41,7 +52,7 @@ ACTIONS = tuple(PARAMS)
 
 
 class Control:
-    def __init__(self, trainer: "Trainer"):
+    def __init__(self, trainer: Trainer):
         self._trainer = trainer
         self._queue: list[tuple[str, dict[str, Any]]] = []
         self.skip_next = False  # read by the next step's update gate
@@ -96,8 +107,7 @@ class Control:
     def moe_knobs(self, layer: int) -> dict[str, float]:
         """A MoE layer's live settings: n_experts, top_k, capacity_factor, temperature, aux_loss_coef."""
         moe = dict(self._trainer.model.moe_layers())[layer]
-        return {k: getattr(moe, k) for k in ("n_experts", "top_k", "capacity_factor", "temperature",
-                                              "aux_loss_coef")}
+        return {k: getattr(moe, k) for k in ("n_experts", "top_k", "capacity_factor", "temperature", "aux_loss_coef")}
 
     def mod_capacities(self) -> dict[int, tuple[float, float]]:
         """Each Mixture-of-Depths layer's (current capacity, target): they differ during warm-up."""
@@ -194,8 +204,7 @@ class Control:
         after = float(moe.expert_bias[expert])
         return f"layer {layer}: router reset for expert {expert} (bias {before:.3g} -> {after:.3g})"
 
-    def _set_knob(self, layers: list[tuple[int, Any]], kind: str, knob: str, value: float,
-                  layer: int | None) -> str:
+    def _set_knob(self, layers: list[tuple[int, Any]], kind: str, knob: str, value: float, layer: int | None) -> str:
         """Set `knob` on `layer` of `layers` (index, module), or on all of them when None."""
         chosen = [m for i, m in layers if layer is None or i == layer]
         if not chosen:
@@ -243,8 +252,10 @@ def _check_params(action: str, params: dict[str, Any]) -> None:
     """Bad parameters fail when asked, not later inside the loop."""
     unknown = set(params) - set(PARAMS[action])
     if unknown:
-        raise ConfigError(f"{action}: unknown parameter(s) {', '.join(sorted(unknown))}; "
-                          f"it takes {', '.join(PARAMS[action]) or 'none'}")
+        raise ConfigError(
+            f"{action}: unknown parameter(s) {', '.join(sorted(unknown))}; "
+            f"it takes {', '.join(PARAMS[action]) or 'none'}"
+        )
 
     def number(name: str, low: float, high: float = float("inf")) -> None:
         value = params.get(name)
@@ -276,8 +287,9 @@ def _check_params(action: str, params: dict[str, Any]) -> None:
     elif action in ("add_expert", "prune_expert", "reinit_expert", "reset_router"):
         for name in ("layer", "expert" if action != "add_expert" else "source"):
             value = params.get(name)
-            if (value is not None or name != "source") and (not isinstance(value, int) or isinstance(value, bool)
-                                                             or value < 0):
+            if (value is not None or name != "source") and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 0
+            ):
                 raise ConfigError(f"{action}: '{name}' must be a whole number >= 0, got {value!r}")
     elif action == "rollback":
         to = params.get("to", "last_good")

@@ -43,6 +43,7 @@ def pick_device(name: str) -> torch.device:
     if name != "auto":
         if name == "cuda" and not torch.cuda.is_available():
             from trimtab.errors import ConfigError
+
             raise ConfigError("train.device=cuda but no CUDA device is visible; use auto or cpu")
         return torch.device(name)
     if torch.cuda.is_available():
@@ -53,8 +54,10 @@ def pick_device(name: str) -> torch.device:
 
 
 def cpu_has_native_bf16() -> bool:
-    return torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX") or \
-        torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return (
+        torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX")
+        or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    )
 
 
 def choose_precision(device: torch.device, requested: str) -> Precision:
@@ -93,8 +96,18 @@ def _matmul_seconds(dtype: torch.dtype, n: int = 1024, reps: int = 3) -> float:
 
 
 # Dense bf16 peak FLOP/s of common accelerators, for MFU (vendor datasheets, no sparsity).
-GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12,
-                  "L4": 121e12, "4090": 165e12, "3090": 71e12, "V100": 125e12, "T4": 65e12}
+GPU_PEAK_FLOPS = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "A10": 125e12,
+    "L4": 121e12,
+    "4090": 165e12,
+    "3090": 71e12,
+    "V100": 125e12,
+    "T4": 65e12,
+}
 
 
 def peak_flops(precision: Precision) -> tuple[float | None, str]:
@@ -110,7 +123,7 @@ def peak_flops(precision: Precision) -> tuple[float | None, str]:
         if dtype == torch.float16:  # emulated on CPUs: no meaningful peak, and slow to measure
             return None, "CPU fp16 is emulated: no peak"
         n = 2048  # large enough for the BLAS to reach its steady rate
-        return 2 * n ** 3 / _matmul_seconds(dtype, n, reps=3), "measured CPU matmul peak"
+        return 2 * n**3 / _matmul_seconds(dtype, n, reps=3), "measured CPU matmul peak"
     return None, "unknown peak"
 
 
@@ -129,8 +142,9 @@ class MicroBatchAdvice:
     memory_bytes: int  # the memory the estimate was given
 
 
-def suggest_micro_batch(cfg, memory_bytes: int, precision: str, world: int = 1, sharded: bool = False,
-                        checkpointing: bool | None = None) -> MicroBatchAdvice:
+def suggest_micro_batch(
+    cfg, memory_bytes: int, precision: str, world: int = 1, sharded: bool = False, checkpointing: bool | None = None
+) -> MicroBatchAdvice:
     """A micro-batch that should fit in `memory_bytes` per device: a first guess for `trimtab
     doctor`, good to about +-30% (the OOM rule corrects it while training).
 

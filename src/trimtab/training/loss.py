@@ -17,13 +17,13 @@ IGNORE_INDEX = -100
 CHUNK_TOKENS = 1024
 
 
-def cross_entropy_sum(hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor,
-                      chunk: int = CHUNK_TOKENS) -> torch.Tensor:
+def cross_entropy_sum(
+    hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, chunk: int = CHUNK_TOKENS
+) -> torch.Tensor:
     """hidden [B, T, D], head weight [V, D], targets [B, T] (-100 ignored) -> summed loss (0-d, fp32)."""
     h, t = hidden.flatten(0, 1), targets.flatten()
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, h.shape[0], chunk):
-        logits = F.linear(h[start:start + chunk], head).float()  # [C, V]
-        total = total + F.cross_entropy(logits, t[start:start + chunk], ignore_index=IGNORE_INDEX,
-                                        reduction="sum")
+        logits = F.linear(h[start : start + chunk], head).float()  # [C, V]
+        total = total + F.cross_entropy(logits, t[start : start + chunk], ignore_index=IGNORE_INDEX, reduction="sum")
     return total

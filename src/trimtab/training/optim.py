@@ -24,15 +24,15 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
             continue
         seen.add(id(p))
         (decay if p.ndim >= 2 and id(p) not in embed_ids else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
     # The fused kernel is one launch for all parameters (CUDA, and CPU since torch 2.4).
     fused = cfg.fused == "true" or (cfg.fused == "auto" and device.type in ("cuda", "cpu"))
-    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
-                             betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused)
+    return torch.optim.AdamW(
+        param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused
+    )
 
 
 def lr_at(step: int, total: int, cfg: OptimConfig) -> float:
@@ -64,9 +64,9 @@ def _cyclic(step: int, low: float, cfg: OptimConfig) -> float:
     x = abs(step / cfg.cycle_steps - 2 * cycle - 1)  # 1 at the cycle edges, 0 at the peak
     amplitude = (cfg.lr - low) * max(0.0, 1 - x)
     if cfg.schedule == "triangular2":
-        amplitude /= 2 ** cycle
+        amplitude /= 2**cycle
     elif cfg.schedule == "exp_range":
-        amplitude *= cfg.gamma ** step
+        amplitude *= cfg.gamma**step
     return low + amplitude
 
 
@@ -75,8 +75,11 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def carry_state(old: torch.optim.Optimizer, new: torch.optim.Optimizer,
-                replaced: dict[int, tuple[torch.nn.Parameter, list[int | None]]]) -> None:
+def carry_state(
+    old: torch.optim.Optimizer,
+    new: torch.optim.Optimizer,
+    replaced: dict[int, tuple[torch.nn.Parameter, list[int | None]]],
+) -> None:
     """Move AdamW state from `old` to `new` after parameters were replaced (expert surgery).
 
     `replaced` maps id(old parameter) -> (its new parameter, rows): row i of the new tensor (dim 0)

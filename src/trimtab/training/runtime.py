@@ -6,9 +6,10 @@ from __future__ import annotations
 import resource
 import signal
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,7 +33,7 @@ class LogWindow:
             return [], [], 0
         n = len(self.losses)
         flat = read_scalars(self.losses + self.norms + self.skips)
-        return flat[:n], flat[n:2 * n], int(sum(flat[2 * n:]))
+        return flat[:n], flat[n : 2 * n], int(sum(flat[2 * n :]))
 
 
 def read_scalars(values: list) -> list[float]:
@@ -73,8 +74,9 @@ class RouterStats:
     def __init__(self, model) -> None:
         self.moe = MoEStepStats(model.moe_layers()) if model.moe_layers() else None
         self.mod_layers = model.mod_layers()
-        self.mod = torch.zeros(len(self.mod_layers), 3, device=model.lm_head.weight.device) \
-            if self.mod_layers else None  # no allocation per step for a model without MoD
+        self.mod = (
+            torch.zeros(len(self.mod_layers), 3, device=model.lm_head.weight.device) if self.mod_layers else None
+        )  # no allocation per step for a model without MoD
 
     def add(self, share: float) -> None:
         """After a micro-batch's forward; `share` is its fraction of the step's targets."""
@@ -110,11 +112,16 @@ def moe_metrics(moe: dict[str, Any]) -> dict[str, float | list[int]]:
     for j, (layer, counts) in enumerate(zip(moe["layers"], moe["counts"])):
         load = counts.float() / counts.sum().clamp(min=1)
         fair = 1.0 / len(load)
-        values = torch.cat([torch.stack([load.std(correction=0) / fair, load.max() / fair,
-                                         (counts == 0).sum().float()]), counts.float()]).tolist()
+        values = torch.cat(
+            [
+                torch.stack([load.std(correction=0) / fair, load.max() / fair, (counts == 0).sum().float()]),
+                counts.float(),
+            ]
+        ).tolist()
         out[f"moe/{layer}/tokens_per_expert"] = [int(c) for c in values[3:]]
-        for key, value in zip(("load_cv", "max_load", "idle_experts", "dropped", "entropy", "balance_loss"),
-                              values[:3] + means[j]):
+        for key, value in zip(
+            ("load_cv", "max_load", "idle_experts", "dropped", "entropy", "balance_loss"), values[:3] + means[j]
+        ):
             out[f"moe/{layer}/{key}"] = value
     return out
 
@@ -122,8 +129,7 @@ def moe_metrics(moe: dict[str, Any]) -> dict[str, float | list[int]]:
 def is_oom(exc: BaseException) -> bool:
     """CUDA/MPS OutOfMemoryError, or an allocator failure reported as a RuntimeError (CPU)."""
     text = str(exc).lower()
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or \
-        "can't allocate memory" in text
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
 
 
 def peak_rss_mb() -> float:
@@ -144,7 +150,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 @contextmanager
-def stop_on_signals(trainer: "Trainer") -> Iterator[None]:
+def stop_on_signals(trainer: Trainer) -> Iterator[None]:
     """SIGTERM / SIGINT finish the current step, save a checkpoint and return normally (under
     torchrun, at the step where the ranks next agree: trainer.dist.on_signal)."""
     if threading.current_thread() is not threading.main_thread():

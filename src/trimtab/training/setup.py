@@ -15,8 +15,16 @@ import yaml
 
 from trimtab.checkpoint import latest_valid, load_checkpoint, load_weights
 from trimtab.config import DataConfig, OptimConfig, RunConfig
-from trimtab.data import BatchLoader, MicroBatch, Rows, TextTokenizer, build_splits, eval_batches, \
-    get_tokenizer, read_documents
+from trimtab.data import (
+    BatchLoader,
+    MicroBatch,
+    Rows,
+    TextTokenizer,
+    build_splits,
+    eval_batches,
+    get_tokenizer,
+    read_documents,
+)
 from trimtab.errors import CheckpointError, ConfigError
 
 
@@ -39,8 +47,15 @@ class Phase:
 
     def loader(self, cfg: RunConfig, pad_id: int, rank: int = 0, world: int = 1) -> BatchLoader:
         """The phase's loader; under data parallelism it serves this rank's share of each step."""
-        return BatchLoader(self.train_rows, cfg.train.batch_tokens, cfg.train.micro_budget,
-                           seed=cfg.train.seed, pad_id=pad_id, rank=rank, world=world)
+        return BatchLoader(
+            self.train_rows,
+            cfg.train.batch_tokens,
+            cfg.train.micro_budget,
+            seed=cfg.train.seed,
+            pad_id=pad_id,
+            rank=rank,
+            world=world,
+        )
 
 
 def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer, list[Phase]]:
@@ -56,8 +71,9 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
     phases, start = [], 0
     for (name, data, optim, steps, key), (phase_docs, skipped) in zip(specs, docs):
         eval_docs = read_documents(data, data.eval_source, section=key)[0] if data.eval_source else None
-        train_rows, eval_rows = build_splits(data, tok, phase_docs, eval_docs, seed=cfg.train.seed,
-                                             cache_dir=cache_dir())
+        train_rows, eval_rows = build_splits(
+            data, tok, phase_docs, eval_docs, seed=cfg.train.seed, cache_dir=cache_dir()
+        )
         micro = eval_batches(eval_rows, cfg.train.micro_budget, cfg.train.eval_tokens, tok.pad_id)
         phases.append(Phase(name, start, steps, data, optim, train_rows, micro, skipped))
         start += steps
@@ -80,8 +96,10 @@ def resolve_model(cfg: RunConfig, tok: TextTokenizer) -> None:
     if m.vocab_size == 0:
         m.vocab_size = tok.vocab_size
     elif m.vocab_size < tok.vocab_size:
-        raise ConfigError(f"config key 'model.vocab_size' ({m.vocab_size}) is smaller than the "
-                          f"tokenizer's vocabulary ({tok.vocab_size}); set it to 0 to follow the tokenizer")
+        raise ConfigError(
+            f"config key 'model.vocab_size' ({m.vocab_size}) is smaller than the "
+            f"tokenizer's vocabulary ({tok.vocab_size}); set it to 0 to follow the tokenizer"
+        )
     m.ffn_hidden, m.n_kv_heads = m.ffn_dim, m.kv_heads
 
 
@@ -96,7 +114,8 @@ def check_resume_compatible(cfg: RunConfig) -> None:
     if diff:
         raise CheckpointError(
             f"{cfg.run_dir} holds a run with a different model (model.{diff[0]}: "
-            f"{saved.get(diff[0])!r} there, {ours[diff[0]]!r} now); use a new --out or the same model settings")
+            f"{saved.get(diff[0])!r} there, {ours[diff[0]]!r} now); use a new --out or the same model settings"
+        )
 
 
 def init_weights_from(cfg: RunConfig, model) -> None:
@@ -105,8 +124,10 @@ def init_weights_from(cfg: RunConfig, model) -> None:
     found = latest_valid(source) if (source / "checkpoints").is_dir() else None
     path = found[0] if found else source
     if not (path / "model.safetensors").is_file():
-        raise ConfigError(f"config key 'train.init_from' = '{source}' has no valid checkpoint; "
-                          "point it at a run directory or a checkpoints/step_* directory")
+        raise ConfigError(
+            f"config key 'train.init_from' = '{source}' has no valid checkpoint; "
+            "point it at a run directory or a checkpoints/step_* directory"
+        )
     weights, _, state = load_checkpoint(path)
     model.load_moe_state(state.get("moe", {}))
     load_weights(model, weights, path)

@@ -26,8 +26,17 @@ from trimtab.training.device import choose_precision, peak_flops, pick_device
 from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger
 from trimtab.training.loss import cross_entropy_sum
 from trimtab.training.optim import build_optimizer, carry_state, lr_at, set_lr
-from trimtab.training.runtime import LogWindow, RouterStats, stop_on_signals, is_oom, mod_metrics, moe_metrics, peak_rss_mb, \
-    rng_state, set_rng_state
+from trimtab.training.runtime import (
+    LogWindow,
+    RouterStats,
+    is_oom,
+    mod_metrics,
+    moe_metrics,
+    peak_rss_mb,
+    rng_state,
+    set_rng_state,
+    stop_on_signals,
+)
 
 log = logging.getLogger(__name__)
 
@@ -170,8 +179,20 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         for _, layer in self.model.moe_layers():
             layer.update_bias()  # aux-loss-free balancing: once per optimizer step
-        return StepOutput(self.state.step + 1, loss, grad_norm, lr, self.state.lr_scale, batch, 0.0, skip, overflow,
-                          aux_total, routers.moe_dict(), routers.mod_dict())
+        return StepOutput(
+            self.state.step + 1,
+            loss,
+            grad_norm,
+            lr,
+            self.state.lr_scale,
+            batch,
+            0.0,
+            skip,
+            overflow,
+            aux_total,
+            routers.moe_dict(),
+            routers.mod_dict(),
+        )
 
     def _update_gate(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor | None:
         """OR of the hooks' skip flags (0-d bool tensors on device), or None when nobody gates."""
@@ -245,13 +266,22 @@ class Trainer:
     def _log_metrics(self, lr: float) -> dict[str, Any]:
         losses, norms, skipped = self.window.read()
         tps = self.window.tokens / max(self.window.seconds, 1e-9)
-        metrics = {"step": self.state.step, "phase": self.phases[self.state.phase].name,
-                   "loss": sum(losses) / len(losses), "grad_norm": sum(norms) / len(norms),
-                   "grad_norm_max": max(norms), "lr": lr, "lr_scale": self.state.lr_scale,
-                   "skipped_steps": skipped, "micro_batch_tokens": self.loader.micro_batch_tokens,
-                   "tokens": self.state.tokens,
-                   "tokens_per_s": tps, "step_time": self.window.seconds / len(losses),
-                   "epoch": self.loader.epoch, "peak_rss_mb": peak_rss_mb()}
+        metrics = {
+            "step": self.state.step,
+            "phase": self.phases[self.state.phase].name,
+            "loss": sum(losses) / len(losses),
+            "grad_norm": sum(norms) / len(norms),
+            "grad_norm_max": max(norms),
+            "lr": lr,
+            "lr_scale": self.state.lr_scale,
+            "skipped_steps": skipped,
+            "micro_batch_tokens": self.loader.micro_batch_tokens,
+            "tokens": self.state.tokens,
+            "tokens_per_s": tps,
+            "step_time": self.window.seconds / len(losses),
+            "epoch": self.loader.epoch,
+            "peak_rss_mb": peak_rss_mb(),
+        }
         if self.peak_flops:
             metrics["mfu"] = tps * self.flops_per_token / self.peak_flops
         out = self.last_step_out
@@ -272,9 +302,12 @@ class Trainer:
         if not micro_batches:
             return {}
         val_loss = self.held_out_loss(micro_batches)
-        self.last_eval = {"step": self.state.step, "phase": self.phases[self.state.phase].name,
-                          "val_loss": val_loss,
-                          "val_ppl": math.exp(min(val_loss, 50.0))}
+        self.last_eval = {
+            "step": self.state.step,
+            "phase": self.phases[self.state.phase].name,
+            "val_loss": val_loss,
+            "val_ppl": math.exp(min(val_loss, 50.0)),
+        }
         self._call("on_eval", self.last_eval)
         return self.last_eval
 
@@ -348,8 +381,9 @@ class Trainer:
             raise ConfigError("the run length can only change during pretraining (phase 0)")
         old = self.total_steps
         if self.phases[0].steps + total - old < max(self.state.step, 1):
-            raise ConfigError(f"set_total_steps: {total} would end pretraining before the current step "
-                              f"{self.state.step}")
+            raise ConfigError(
+                f"set_total_steps: {total} would end pretraining before the current step {self.state.step}"
+            )
         self.state.length_delta += total - old
         self._apply_length()
         return f"total steps {old} -> {self.total_steps}"
@@ -410,16 +444,33 @@ class Trainer:
             return
         good = self._healthy()
         losses, norms, _ = self.window.read()
-        state = {"train": vars(self.state).copy(), "data": self.loader.state_dict(), "good": good,
-                 "moe": self.model.moe_state(), "mod": self.model.mod_state(),
-                 "log_window": {"losses": losses, "norms": norms, "tokens": self.window.tokens,
-                                "seconds": self.window.seconds},
-                 "hooks": {key: h.state_dict() for key, h in self._keyed_hooks()}}
+        state = {
+            "train": vars(self.state).copy(),
+            "data": self.loader.state_dict(),
+            "good": good,
+            "moe": self.model.moe_state(),
+            "mod": self.model.mod_state(),
+            "log_window": {
+                "losses": losses,
+                "norms": norms,
+                "tokens": self.window.tokens,
+                "seconds": self.window.seconds,
+            },
+            "hooks": {key: h.state_dict() for key, h in self._keyed_hooks()},
+        }
         extra = {"rng": rng_state(), "scaler": self.scaler.state_dict() if self.scaler else {}}
         try:
-            path = self.dist.save(self.cfg.run_dir, self.state.step, self.model, self.optimizer, extra, state,
-                                  keep=self.cfg.checkpoint.keep, protect=(self.last_good,),
-                                  before=lambda: self._call("on_save_start"))
+            path = self.dist.save(
+                self.cfg.run_dir,
+                self.state.step,
+                self.model,
+                self.optimizer,
+                extra,
+                state,
+                keep=self.cfg.checkpoint.keep,
+                protect=(self.last_good,),
+                before=lambda: self._call("on_save_start"),
+            )
         except OSError as exc:  # disk full, quota, a vanished mount: a hook may handle it
             if not any(h.on_save_error(self, exc) for h in self.hooks):
                 raise
@@ -480,8 +531,10 @@ class Trainer:
         """Checkpoint keys: the class name, numbered only when a class appears twice, so turning
         TensorBoard on or off between sessions does not orphan another hook's state."""
         names = [type(h).__name__ for h in self.hooks]
-        return [(n if names.count(n) == 1 else f"{n}#{names[:i].count(n)}", h)
-                for i, (n, h) in enumerate(zip(names, self.hooks))]
+        return [
+            (n if names.count(n) == 1 else f"{n}#{names[:i].count(n)}", h)
+            for i, (n, h) in enumerate(zip(names, self.hooks))
+        ]
 
     # ------------------------------------------------------------------------------ helpers
 
@@ -495,15 +548,21 @@ class Trainer:
         tps = (self.state.tokens - tokens0) / max(self.state.train_seconds - train_seconds0, 1e-9)
         summary = {
             "status": "completed" if done else f"stopped ({self.stop_reason})",
-            "run_dir": str(self.cfg.run_dir), "step": self.state.step, "total_steps": self.total_steps,
-            "tokens": self.state.tokens, "steps_this_session": self.state.step - step0,
+            "run_dir": str(self.cfg.run_dir),
+            "step": self.state.step,
+            "total_steps": self.total_steps,
+            "tokens": self.state.tokens,
+            "steps_this_session": self.state.step - step0,
             "seconds": time.perf_counter() - wall0,
-            "tokens_per_s": tps, "params": self.model.num_params(),
+            "tokens_per_s": tps,
+            "params": self.model.num_params(),
             "non_embedding_params": self.model.num_params(exclude_embeddings=True),
             "active_params": self.model.num_params(active=True),
-            "device": str(self.device), "precision": self.precision.name,
+            "device": str(self.device),
+            "precision": self.precision.name,
             "precision_reason": self.precision.reason,
-            "val_loss": self.last_eval.get("val_loss"), "val_ppl": self.last_eval.get("val_ppl"),
+            "val_loss": self.last_eval.get("val_loss"),
+            "val_ppl": self.last_eval.get("val_ppl"),
             "skipped_records": sum(p.skipped_records for p in self.phases),
         }
         if self.peak_flops:
