@@ -138,6 +138,10 @@ class Parallel:
 
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
+            # Every rank reaches the teardown before any tears down: a gloo rank whose peers have
+            # already closed their connections can abort in its transport threads ("terminate
+            # called without an active exception", seen on 2-process CPU runs).
+            dist.barrier(group=_CPU_GROUP)
             dist.destroy_process_group()
             self.owns_group = False
 
