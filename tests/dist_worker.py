@@ -16,9 +16,12 @@ from typing import Any
 
 import torch
 
-import trimtab
+from trimtab.api import built_in_hooks
 from trimtab.config import load_config
+from trimtab.orchestrator import Orchestrator
 from trimtab.training.hooks import Hook
+from trimtab.training.setup import setup
+from trimtab.training.trainer import Trainer
 
 DECISION_KEYS = ("step", "rule", "action", "params", "mode", "applied", "confidence")
 
@@ -42,16 +45,15 @@ class Recorder(Hook):
         )
 
     def on_train_end(self, trainer, summary) -> None:
-        orchestrator = next(h for h in trainer.hooks if type(h).__name__ == "Orchestrator")
-        decisions = [{k: d[k] for k in DECISION_KEYS} for d in map(asdict, orchestrator.journal.decisions)]
+        decisions = [{k: d[k] for k in DECISION_KEYS} for d in map(asdict, self.orchestrator.journal.decisions)]
         # FSDP holds a shard per rank: gather each weight whole (a collective, on every rank).
         weights = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in trainer.model.parameters()]
         self.result = {
-            "rank": trainer.dist.rank,
-            "world": trainer.dist.world,
+            "rank": trainer.rank,
+            "world": trainer.world,
             "steps": self.steps,
             "decisions": decisions,
-            "state": vars(trainer.state).copy(),
+            "state": trainer.train_state,
             "weights": [float(w.detach().double().abs().sum()) for w in weights],
             "summary": {k: summary[k] for k in ("status", "step", "tokens")},
         }
@@ -61,7 +63,9 @@ def main() -> None:
     torch.set_num_threads(1)
     cfg = load_config(preset="debug", overrides=json.loads(sys.argv[1]))
     recorder = Recorder()
-    trimtab.train(cfg, hooks=[recorder])
+    hooks = built_in_hooks(cfg)
+    recorder.orchestrator = next(h for h in hooks if isinstance(h, Orchestrator))
+    Trainer(setup(cfg), hooks=[*hooks, recorder]).fit()
     Path(sys.argv[2].format(rank=recorder.result["rank"])).write_text(json.dumps(recorder.result))
 
 

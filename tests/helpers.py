@@ -11,4 +11,4 @@ class StopAt(Hook):
 
     def on_step_end(self, trainer, out):
         if out.step == self.step:
-            trainer.request_stop("test")
+            trainer.control.request("stop", reason="test")

@@ -28,9 +28,9 @@ class Person(Hook):
         if out.step in self.sent:
             self.seen[self.sent.pop(out.step)] = {
                 "lr": out.lr,
-                "scheduled": trainer.scheduled_lr(),
-                "clip": trainer.grad_clip(),
-                "lr_scale": trainer.state.lr_scale,
+                "scheduled": trainer.scheduled_lr,
+                "clip": trainer.grad_clip,
+                "lr_scale": trainer.lr_scale,
                 "wd": trainer.optimizer.param_groups[0]["weight_decay"],
                 "saved": trainer.last_saved,
             }
@@ -72,8 +72,8 @@ def test_person_drives_every_knob_through_ctl(tmp_path):
     ds = read_decisions(run)
     assert [d["action"] for d in ds] == [
         "set_lr",
-        "adjust_grad_clip",
-        "adjust_weight_decay",
+        "set_grad_clip",
+        "set_weight_decay",
         "emergency_lr_reduction",
         "save_checkpoint",
         "rollback",

@@ -140,7 +140,7 @@ def test_a_fault_on_one_rank_is_decided_alike_on_both(tmp_path):
     assert rank0["state"] == rank1["state"] and rank0["weights"] == rank1["weights"]
     assert rank0["steps"] == rank1["steps"]
     actions = {(d["step"], d["rule"], d["action"]) for d in rank0["decisions"]}
-    assert (4, "nonfinite", "skip_step") in actions and (6, "oom", "adjust_batch_size") in actions
+    assert (4, "nonfinite", "skip_step") in actions and (6, "oom", "set_micro_batch_tokens") in actions
     assert rank0["steps"][3]["skipped"] and rank0["state"]["micro_batch_tokens"] == 512
     assert [s["micro_batches"] for s in rank0["steps"]][5:] == [2, 2, 2]  # shrunk from step 6 on
     assert rank0["summary"] == rank1["summary"] == {"status": "stopped (SIGTERM)", "step": 8, "tokens": 8 * 2048}

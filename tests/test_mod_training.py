@@ -47,7 +47,7 @@ class Act(Hook):
         if out.step == self.at:
             trainer.control.request(self.action, on_done=self.done.append, **self.params)
         if out.step == self.stop_at:
-            trainer.request_stop("test")
+            trainer.control.request("stop", reason="test")
 
 
 @pytest.mark.parametrize("preset", ["debug-mod", "debug-hybrid"])
@@ -73,7 +73,7 @@ def test_preset_trains_resumes_exactly_and_generates(tmp_path, preset):
 
 def test_capacity_action_applies_and_survives_resume(tmp_path):
     cfg = cfg_for("debug-mod", tmp_path / "r", steps=12)
-    act = Act(at=5, action="adjust_mod_capacity", value=0.25, layer=3, stop_at=6)
+    act = Act(at=5, action="set_mod_capacity", value=0.25, layer=3, stop_at=6)
     trimtab.train(cfg, hooks=[act])
     assert act.done == ["MoD capacity 0.5 -> 0.25 (layer 3)"]
     seen = {}
@@ -86,12 +86,12 @@ def test_capacity_action_applies_and_survives_resume(tmp_path):
     assert seen == {1: 0.5, 3: 0.25}  # from the checkpoint, not the config
     assert metrics(tmp_path / "r")[-1]["mod/3/capacity"] == 0.25
     assert parse_command("mod-capacity", ["0.25", "3"]) == {
-        "action": "adjust_mod_capacity",
+        "action": "set_mod_capacity",
         "params": {"value": 0.25, "layer": 3},
     }
     with pytest.raises(trimtab.errors.ConfigError, match="'value' must be a number in"):
         trimtab.train(
-            cfg_for("debug-mod", tmp_path / "bad", steps=6), hooks=[Act(at=1, action="adjust_mod_capacity", value=1.5)]
+            cfg_for("debug-mod", tmp_path / "bad", steps=6), hooks=[Act(at=1, action="set_mod_capacity", value=1.5)]
         )
 
 
@@ -106,13 +106,13 @@ def test_orchestrator_gives_capacity_back_when_the_loss_rises(tmp_path, mode):
         model={"layer_pattern": ["mod"], "mod": {"warmup_steps": 0}},
         orchestrator={"mode": mode, "mod": {"tolerance": 0.03}},
     )
-    trimtab.train(cfg, hooks=[Act(at=30, action="adjust_mod_capacity", value=0.02)])
+    trimtab.train(cfg, hooks=[Act(at=30, action="set_mod_capacity", value=0.02)])
     caps = [m["mod/0/capacity"] for m in metrics(tmp_path / "r")]
     if mode == "off":
         assert caps[-1] == pytest.approx(0.02)
         return
     mod = [d for d in read_decisions(tmp_path / "r") if d["rule"] == "mod"]
-    assert len(mod) == 1 and mod[0]["action"] == "adjust_mod_capacity" and mod[0]["params"] == {"value": 0.5}
+    assert len(mod) == 1 and mod[0]["action"] == "set_mod_capacity" and mod[0]["params"] == {"value": 0.5}
     assert 31 <= mod[0]["step"] <= 35 and mod[0]["evidence"]["capacity_after"] < 0.2
     assert mod[0]["applied"] == ["MoD capacity 0.02 -> 0.5 (all MoD layers)"]
     assert caps[-1] == 0.5
@@ -121,7 +121,7 @@ def test_orchestrator_gives_capacity_back_when_the_loss_rises(tmp_path, mode):
 def feed(monitor, rows):
     found = []
     for step, (cap, loss) in enumerate(rows):
-        f = monitor.observe(StepMetrics(step, loss, 1.0, False, False, 1.0, 1e-3, 1.0, 0.5, None, mod_capacity=cap))
+        f = monitor.observe(StepMetrics(step=step, loss=loss, grad_norm=1.0, progress=0.5, mod_capacity=cap))
         found += [f] if f else []
     return found
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def make(seed: int = 0, d: int = D, h: int = H, impl: str = "auto", **kw) -> MoE:
     torch.manual_seed(seed)
-    kw = {"n_experts": 4, "top_k": 2, "aux_loss_coef": 0.01, "z_loss_coef": 1e-3, **kw}
+    kw = {"n_experts": 4, "top_k": 2, "balance_coef": 0.01, "z_loss_coef": 1e-3, **kw}
     m = MoE(d, h, MoEConfig(**kw), init_std=0.3, out_std=0.3)  # large init: far from ties
     m.impl = impl
     return m
@@ -35,7 +35,7 @@ def swiglu(x, w1, w3, w2):
 def reference(m: MoE, x: torch.Tensor) -> torch.Tensor:
     """Naive MoE: every expert on every token, masked; capacity kept in token order."""
     xf = x.reshape(-1, x.shape[-1])
-    probs = (xf @ m.router.T / m.temperature).softmax(-1)
+    probs = (xf @ m.router.T / m.router_temperature).softmax(-1)
     idx = (probs.detach() + m.expert_bias).topk(m.top_k, -1).indices
     gates = probs.gather(-1, idx)
     if m.top_k > 1:
@@ -164,7 +164,7 @@ def test_layout_choice_and_autocast():
 
 def test_gradients_reach_router_experts_and_shared():
     for top_k in (1, 2):  # top-1 keeps the raw prob as gate, so the router still learns
-        m = make(top_k=top_k, n_shared_experts=1, aux_loss_coef=0.0, z_loss_coef=0.0)
+        m = make(top_k=top_k, n_shared_experts=1, balance_coef=0.0, z_loss_coef=0.0)
         m(torch.randn(2, 8, D)).square().sum().backward()
         for name, p in m.named_parameters():
             assert p.grad is not None and p.grad.abs().sum() > 0, name
@@ -194,7 +194,7 @@ def test_router_jitter_is_multiplicative_training_only_and_routing_only():
 
 
 def test_aux_and_z_loss_hand_checked():
-    m = make(d=2, n_experts=2, top_k=1, aux_loss_coef=0.1, z_loss_coef=0.01)
+    m = make(d=2, n_experts=2, top_k=1, balance_coef=0.1, z_loss_coef=0.01)
     with torch.no_grad():
         m.router.copy_(torch.tensor([[1.0, 0.0], [0.0, 0.0]]))
     ln3 = math.log(3.0)

@@ -41,7 +41,7 @@ class Surgeon(Hook):
             6: ("add_expert", {"layer": 1}),
             8: ("prune_expert", {"layer": 3, "expert": 2}),
             10: ("reinit_expert", {"layer": 1, "expert": 0}),
-            11: ("adjust_routing_temperature", {"value": 1.5}),
+            11: ("set_router_temperature", {"value": 1.5}),
         }
         if out.step in plan:
             action, params = plan[out.step]
@@ -55,7 +55,7 @@ class Surgeon(Hook):
             assert state["exp_avg"].shape == moe.w1.shape  # moments follow the new shape
             assert state["exp_avg"][8].abs().sum() > 0  # the added expert starts from its source's moments
         if out.step == self.stop_at:
-            trainer.request_stop("test")
+            trainer.control.request("stop", reason="test")
 
 
 def test_moe_preset_trains_with_aux_loss_and_telemetry(tmp_path):
@@ -82,7 +82,7 @@ def test_surgery_mid_run_then_resume_is_exact(tmp_path):
         "layer 1: add expert 8 (8 -> 9 experts)",
         "layer 3: prune expert 2 (8 -> 7 experts)",
         "layer 1: reinit expert 0 (9 -> 9 experts)",
-        "temperature 1 -> 1.5 (all MoE layers)",
+        "router_temperature 1 -> 1.5 (all MoE layers)",
     ]
     trimtab.train(moe_cfg(tmp_path / "b"), hooks=[Surgeon(stop_at=12)])
     trimtab.train(moe_cfg(tmp_path / "b"), hooks=[Hook()])  # resumes from step 12 with the new shapes
@@ -96,13 +96,14 @@ def test_surgery_mid_run_then_resume_is_exact(tmp_path):
 
 def test_surgery_errors_name_the_fix(tmp_path):
     class Bad(Hook):
-        def on_train_start(self, trainer):
-            with pytest.raises(ConfigError, match="not a MoE layer"):
-                trainer.expert_surgery("add", 0)
-            with pytest.raises(ConfigError, match="experts 0..7"):
-                trainer.expert_surgery("prune", 1, 8)
+        def on_train_start(self, run):
+            run.control.request("add_expert", layer=0)
+            run.control.request("prune_expert", layer=1, expert=8)
+            first, second = run.control.apply()
+            assert first.startswith("failed: ") and "not a MoE layer" in first
+            assert second.startswith("failed: ") and "experts 0..7" in second
             with pytest.raises(ConfigError, match="whole number"):
-                trainer.control.request("prune_expert", layer=1, expert=-1)
+                run.control.request("prune_expert", layer=1, expert=-1)
 
     trimtab.train(moe_cfg(tmp_path / "r", steps=2), hooks=[Bad()])
 
@@ -126,7 +127,7 @@ class Starve(Hook):
     """Makes expert 5 of layer 1 unreachable (a selection bias no token overcomes): a dead expert."""
 
     def on_step_start(self, trainer, batch):
-        if trainer.state.step == 0:
+        if trainer.step == 0:
             trainer.model.blocks[1].ffn.expert_bias[5] = -1e4
 
 
@@ -154,9 +155,9 @@ def test_imbalance_raises_the_balance_loss(tmp_path):
     trimtab.train(cfg)
     moe = [d for d in read_decisions(tmp_path / "r") if d["rule"] == "moe"]
     actions = {d["action"] for d in moe}
-    assert "adjust_balance_coefficient" in actions, moe  # every layer is above 1.01x fair share
-    coef = next(d for d in moe if d["action"] == "adjust_balance_coefficient")
-    assert coef["params"]["value"] == pytest.approx(0.02) and "aux_loss_coef 0.01 -> 0.02" in coef["applied"][0]
+    assert "set_balance_coef" in actions, moe  # every layer is above 1.01x fair share
+    coef = next(d for d in moe if d["action"] == "set_balance_coef")
+    assert coef["params"]["value"] == pytest.approx(0.02) and "balance_coef 0.01 -> 0.02" in coef["applied"][0]
 
 
 def test_dropped_tokens_raise_the_capacity_factor(tmp_path):
@@ -168,7 +169,7 @@ def test_dropped_tokens_raise_the_capacity_factor(tmp_path):
     )
     trimtab.train(cfg)
     moe = [d for d in read_decisions(tmp_path / "r") if d["rule"] == "moe"]
-    assert moe and all(d["action"] == "adjust_capacity_factor" for d in moe), moe
+    assert moe and all(d["action"] == "set_capacity_factor" for d in moe), moe
     assert moe[0]["params"]["value"] == pytest.approx(1.25) and moe[0]["evidence"]["dropped"] > 0.05
 
 
@@ -202,7 +203,7 @@ def test_expert_collapse_is_detected_and_balance_comes_back(tmp_path):
     moe = [d for d in read_decisions(tmp_path / "auto") if d["rule"] == "moe"]
     assert all(d["evidence"]["kind"] == "collapse" and d["step"] > 12 for d in moe), moe
     layer1 = [d for d in moe if d["params"]["layer"] == 1]
-    assert [d["action"] for d in layer1[:2]] == ["adjust_balance_coefficient", "reset_router"], layer1
+    assert [d["action"] for d in layer1[:2]] == ["set_balance_coef", "reset_router"], layer1
     assert layer1[0]["outcome"]["result"] == "not recovered"  # the balance loss could not move the bias
     assert layer1[1]["params"]["expert"] == 0 and "bias 1 -> 0" in layer1[1]["applied"][0]
     resets = [d for d in moe if d["action"] == "reset_router"]

@@ -90,7 +90,7 @@ class Person(Hook):
 
     def on_step_end(self, trainer, out):
         for command in self.plan.get(out.step, []):
-            ctl.send(trainer.cfg.run_dir, command)
+            ctl.send(trainer.run_dir, command)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -101,7 +101,7 @@ def _fast_cpu_runs():
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     mp = pytest.MonkeyPatch()
-    mp.setattr("trimtab.training.trainer.peak_flops", lambda precision: (None, "not measured in tests"))
+    mp.setattr("trimtab.training.setup.peak_flops", lambda precision: (None, "not measured in tests"))
     yield
     mp.undo()
     torch.set_num_threads(before)
@@ -215,7 +215,11 @@ def test_weights_nan_is_diagnosed_as_a_broken_model_and_rolled_back(tmp_path):
     assert {d["rule"] for d in ds} == {"nonfinite"}
     rollback = ds[-1]
     assert rollback["applied"] and rollback["applied"][0].startswith("rolled back from step 17 to step 8")
-    assert rollback["params"]["to"] == "last_good" and len(rollback["params"]["skip_rows"]) == 3 * 16
+    # the fault was in the weights, not the data: no rows are left out, and the reasoning says why
+    # it went straight to the rollback (issue: it left out 48 rows and spoke of "an LR cut")
+    assert rollback["params"] == {"to": "last_good", "skip_rows": []}
+    assert "weights themselves are broken" in rollback["reasoning"] and "LR cut" not in rollback["applied"][0]
+    assert "an LR cut cannot repair" in rollback["reasoning"]
     assert all_finite(final_weights(run))
     # the NaN checkpoint at 16 was abandoned; 16 was trained again from 8, finite this time
     attic = run / "checkpoints" / "rolled_back"
@@ -357,9 +361,9 @@ def test_memory_pressure_halves_the_micro_batch(tmp_path):
     trimtab.train(debug_cfg(run, steps=6, sets=sets))
     ds = decisions(run, "memory")
     assert [(d["step"], d["action"], d["params"]) for d in ds] == [
-        (2, "adjust_batch_size", {"micro_batch_tokens": 512}),
-        (4, "adjust_batch_size", {"micro_batch_tokens": 256}),
-        (6, "adjust_batch_size", {"micro_batch_tokens": 128}),
+        (2, "set_micro_batch_tokens", {"tokens": 512}),
+        (4, "set_micro_batch_tokens", {"tokens": 256}),
+        (6, "set_micro_batch_tokens", {"tokens": 128}),
     ]
     assert ds[0]["applied"] == ["micro-batch 1024 -> 512 tokens"]
     mbt = by_step(run, "micro_batch_tokens")
@@ -376,8 +380,8 @@ def test_oom_halves_the_micro_batch_and_keeps_the_loss(runs):
     assert (d["step"], d["rule"], d["action"], d["params"]) == (
         8,
         "oom",
-        "adjust_batch_size",
-        {"micro_batch_tokens": 512},
+        "set_micro_batch_tokens",
+        {"tokens": 512},
     )
     assert d["applied"] == ["micro-batch 1024 -> 512 tokens"]
     mbt = by_step(run, "micro_batch_tokens")
@@ -400,7 +404,7 @@ def test_oom_below_one_row_stops_with_a_clear_status(tmp_path):
     assert summary["status"].startswith("stopped (out of memory with a micro-batch of one row (64 tokens)")
     assert summary["step"] == 3
     ds = decisions(run)
-    assert [d["params"].get("micro_batch_tokens") for d in ds] == [512, 256, 128, 64, None]
+    assert [d["params"].get("tokens") for d in ds] == [512, 256, 128, 64, None]
     assert ds[-1]["action"] == "stop" and {d["step"] for d in ds} == {4}
     assert [p.name for p in list_checkpoints(run)][-1] == "step_000003"
 
@@ -419,7 +423,7 @@ def test_auto_micro_batch_finds_the_largest_that_fits(tmp_path):
     )
     assert summary["status"] == "completed"
     ds = decisions(run, "oom")
-    assert [(d["step"], d["params"]["micro_batch_tokens"]) for d in ds] == [(1, 1024), (1, 512)]
+    assert [(d["step"], d["params"]["tokens"]) for d in ds] == [(1, 1024), (1, 512)]
     assert set(by_step(run, "micro_batch_tokens").values()) == {512}
 
 
@@ -428,7 +432,7 @@ def test_oom_probe_tries_a_larger_micro_batch_and_halves_again(tmp_path):
     summary = trimtab.train(debug_cfg(run, steps=16, faults=["oom@3:512"], sets=["orchestrator.oom.probe_after=6"]))
     assert summary["status"] == "completed"
     ds = decisions(run, "oom")
-    assert [(d["step"], d["params"]["micro_batch_tokens"]) for d in ds] == [(3, 512), (8, 1024), (9, 512)]
+    assert [(d["step"], d["params"]["tokens"]) for d in ds] == [(3, 512), (8, 1024), (9, 512)]
     assert ds[1]["evidence"]["clean_steps"] == 6 and ds[1]["applied"] == ["micro-batch 512 -> 1024 tokens"]
     assert "error" in ds[2]["evidence"]  # the probe ran out of memory: a real OOM, halved again
     mbt = by_step(run, "micro_batch_tokens")

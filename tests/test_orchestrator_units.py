@@ -21,23 +21,45 @@ from trimtab.orchestrator.monitors import (
     Fp16Overflow,
     GradExplosion,
     LossSpike,
-    LRJump,
     MemoryPressure,
     NonFinite,
     Plateau,
     Rolling,
     StepMetrics,
     Throughput,
+    UnexplainedLR,
     build_monitors,
 )
 from trimtab.orchestrator.policy import Policy
-from trimtab.training.control import ACTIONS, Control
+from trimtab.training.actions import ACTIONS
+from trimtab.training.control import Control
 
 
 def metrics(
-    step, loss=5.0, grad_norm=1.0, overflow=False, tokens_per_s=1000.0, progress=0.1, memory=None, lr=1e-3, lr_scale=1.0
+    step,
+    loss=5.0,
+    grad_norm=1.0,
+    overflow=False,
+    tokens_per_s=1000.0,
+    progress=0.1,
+    memory=None,
+    lr=1e-3,
+    lr_scale=1.0,
+    scheduled_lr=None,
 ):
-    return StepMetrics(step, loss, grad_norm, False, overflow, tokens_per_s, lr, lr_scale, progress, memory, [step])
+    return StepMetrics(
+        step=step,
+        loss=loss,
+        grad_norm=grad_norm,
+        overflow=overflow,
+        tokens_per_s=tokens_per_s,
+        lr=lr,
+        scheduled_lr=lr / lr_scale if scheduled_lr is None else scheduled_lr,
+        lr_scale=lr_scale,
+        progress=progress,
+        memory_frac=memory,
+        rows=[step],
+    )
 
 
 def feed(monitor, values, key="loss", start=1, **kw):
@@ -177,6 +199,7 @@ def test_build_monitors_respects_enabled():
         "memory",
         "fp16",
         "lr",
+        "oom",  # the OOM path's retries and its probe back up live in a monitor too
     }  # moe: the orchestrator adds MoEHealth
     cfg.spike.enabled = cfg.plateau.enabled = False
     assert "spike" not in build_monitors(cfg) and "plateau" not in build_monitors(cfg)
@@ -230,7 +253,7 @@ def test_monitor_state_round_trip_through_json():
 
 @dataclass
 class View:
-    """What the policy reads from trainer.control."""
+    """What the policy reads from the run's view."""
 
     lr_scale: float = 1.0
     micro_batch_tokens: int = 1024
@@ -240,7 +263,9 @@ class View:
 
 
 def finding(step, rule="spike", family="instability", rows=None, strength=1.0):
-    return Finding(rule, family, step, {}, "", strength, rows if rows is not None else [step * 10, step * 10 + 1])
+    rows = rows if rows is not None else [step * 10, step * 10 + 1]
+    evidence = {"retry": 1} if rule == "oom" else {}
+    return Finding(rule=rule, family=family, step=step, evidence=evidence, summary="", strength=strength, rows=rows)
 
 
 def test_ladder_climbs_skip_lr_rollback_stop():
@@ -348,9 +373,9 @@ def test_first_plateau_without_any_instability_raises_the_lr():
 def test_memory_and_oom_halve_the_micro_batch_then_stop():
     policy = Policy(OrchestratorConfig())
     plan = policy.plan(finding(5, "oom", "memory"), View(micro_batch_tokens=1024))
-    assert plan.action == "adjust_batch_size" and plan.params == {"micro_batch_tokens": 512}
+    assert plan.action == "set_micro_batch_tokens" and plan.params == {"tokens": 512}
     plan = policy.plan(finding(5, "memory", "memory"), View(micro_batch_tokens=128))
-    assert plan.action == "adjust_batch_size" and plan.params == {"micro_batch_tokens": 64}
+    assert plan.action == "set_micro_batch_tokens" and plan.params == {"tokens": 64}
     assert policy.plan(finding(5, "oom", "memory"), View(micro_batch_tokens=96)).action == "stop"  # 48 < a row
     stop = policy.plan(finding(5, "oom", "memory"), View(micro_batch_tokens=64))
     assert stop.action == "stop" and "one row" in stop.params["reason"]
@@ -389,6 +414,23 @@ def test_policy_state_round_trip_and_shift():
 # ------------------------------------------------------------------------------------ confidence, journal
 
 
+def decision(id, step, rule, action, **kw):
+    return Decision(
+        **{
+            "id": id,
+            "step": step,
+            "rule": rule,
+            "evidence": {},
+            "reasoning": "",
+            "action": action,
+            "params": {},
+            "confidence": 0.5,
+            "mode": "auto",
+            **kw,
+        }
+    )
+
+
 def test_confidence_is_strength_times_track_record(tmp_path):
     assert Policy.confidence(1.0, (0, 0)) == 0.75  # Beta(3, 1) prior
     assert Policy.confidence(0.8, (0, 0)) == 0.6
@@ -398,26 +440,20 @@ def test_confidence_is_strength_times_track_record(tmp_path):
     for i, result in enumerate(["recovered", "not recovered", "not recovered", None]):
         journal.add(
             Decision(
-                journal.next_id(),
-                i,
-                "spike",
-                {},
-                "",
-                "skip_step",
-                {},
-                0.5,
-                "auto",
+                id=journal.next_id(),
+                step=i,
+                rule="spike",
+                evidence={},
+                reasoning="",
+                action="skip_step",
+                params={},
+                confidence=0.5,
+                mode="auto",
                 outcome={"result": result} if result else None,
             )
         )
-    journal.add(
-        Decision(journal.next_id(), 9, "grad", {}, "", "skip_step", {}, 0.5, "auto", outcome={"result": "recovered"})
-    )
-    journal.add(
-        Decision(
-            journal.next_id(), 12, "spike", {}, "", "scale_lr", {}, 0.5, "auto", outcome={"result": "not recovered"}
-        )
-    )
+    journal.add(decision(journal.next_id(), 9, "grad", "skip_step", outcome={"result": "recovered"}))
+    journal.add(decision(journal.next_id(), 12, "spike", "scale_lr", outcome={"result": "not recovered"}))
     assert journal.track_record("spike", "skip_step") == (1, 3) and journal.track_record("grad", "skip_step") == (1, 1)
     assert journal.track_record("plateau", "scale_lr") == (0, 0)
     assert journal.track_record("spike", "scale_lr") == (0, 1)  # per remedy: the skips' record is not its
@@ -427,18 +463,16 @@ def test_confidence_is_strength_times_track_record(tmp_path):
 
 def test_journal_round_trip_with_nan_evidence(tmp_path):
     journal = Journal(tmp_path / "decisions.jsonl")
-    d = Decision(
+    d = decision(
         1,
         7,
         "nonfinite",
-        {"loss": float("nan"), "grad_norm": float("inf")},
-        "why",
         "skip_step",
-        {},
-        0.75,
-        "auto",
-        "instability",
-        "loss nan",
+        evidence={"loss": float("nan"), "grad_norm": float("inf")},
+        reasoning="why",
+        confidence=0.75,
+        family="instability",
+        summary="loss nan",
     )
     journal.add(d)
     (line,) = read_decisions(tmp_path)
@@ -448,10 +482,11 @@ def test_journal_round_trip_with_nan_evidence(tmp_path):
     assert other.decisions[0].console_line() == d.console_line()
     assert (tmp_path / "other.jsonl").is_file() and read_decisions(tmp_path / "nowhere") == []
     assert (
-        "[advise: not applied]" in Decision(2, 1, "r", {}, "", "scale_lr", {"factor": 0.5}, 1, "advise").console_line()
+        "[advise: not applied]"
+        in decision(2, 1, "r", "scale_lr", params={"factor": 0.5}, confidence=1, mode="advise").console_line()
     )
     assert describe("rollback", {"to": "last_good", "skip_rows": [1, 2]}) == "roll back to last_good, skip 2 rows"
-    assert describe("adjust_batch_size", {"micro_batch_tokens": 512}) == "micro-batch 512 tokens"
+    assert describe("set_micro_batch_tokens", {"tokens": 512}) == "micro-batch 512 tokens"
 
 
 # ------------------------------------------------------------------------------------ fault specs
@@ -501,9 +536,9 @@ def test_control_validates_parameters_when_asked():
         ("scale_lr", {}),
         ("scale_lr", {"factor": "2"}),
         ("set_lr", {"value": 0.0}),
-        ("adjust_batch_size", {"micro_batch_tokens": 0}),
-        ("adjust_grad_clip", {"value": -1}),
-        ("adjust_weight_decay", {}),
+        ("set_micro_batch_tokens", {"tokens": 0}),
+        ("set_grad_clip", {"value": -1}),
+        ("set_weight_decay", {}),
         ("rollback", {"to": "yesterday"}),
         ("rollback", {"to": -3}),
     ]:
@@ -524,7 +559,7 @@ def test_control_validates_parameters_when_asked():
     control.request("skip_step", on_done=done.append)
     assert control.skip_next and done == ["the next update will be withheld"]
     # every action a person can take has a ctl verb (skip_data is the orchestrator's own: it names rows)
-    assert set(ACTIONS) - {"skip_data"} == {a for a, *_ in ctl.VERBS.values()} - {
+    assert set(ACTIONS) - {"skip_data"} == {a.name for a in ctl.VERBS.values()} - {
         "pause_rule",
         "resume_rule",
         "set_mode",
@@ -555,7 +590,7 @@ def test_parse_command_valid():
     assert ctl.parse_command("emergency-lr", []) == {"action": "emergency_lr_reduction", "params": {}}
     assert ctl.parse_command("rollback", []) == {"action": "rollback", "params": {}}
     assert ctl.parse_command("rollback", ["40"]) == {"action": "rollback", "params": {"to": 40}}
-    assert ctl.parse_command("micro-batch", ["512"])["params"] == {"micro_batch_tokens": 512}
+    assert ctl.parse_command("micro-batch", ["512"])["params"] == {"tokens": 512}
     assert ctl.parse_command("pause-rule", ["nonfinite"])["params"] == {"rule": "nonfinite"}
     assert ctl.parse_command("mode", ["advise"]) == {"action": "set_mode", "params": {"mode": "advise"}}
     assert ctl.parse_command("stop", []) == {"action": "stop", "params": {}}
@@ -569,9 +604,10 @@ def test_parse_command_valid():
         ("scale-lr", [], "usage: trimtab ctl RUN_DIR scale-lr FACTOR"),
         ("scale-lr", ["0.5", "1"], "usage: trimtab ctl RUN_DIR scale-lr FACTOR"),
         ("skip-step", ["now"], "usage: trimtab ctl RUN_DIR skip-step"),
-        ("scale-lr", ["half"], "FACTOR must be a float, got 'half'"),
-        ("micro-batch", ["1.5"], "MICRO_BATCH_TOKENS must be a int"),
-        ("rollback", ["yesterday"], "give a step number or nothing"),
+        ("scale-lr", ["half"], "FACTOR must be a number, got 'half'"),
+        ("micro-batch", ["1.5"], "TOKENS must be a whole number"),
+        ("rollback", ["yesterday"], "TO must be a step number"),
+        ("scale-lr", ["-1"], "scale_lr: 'factor' must be a number in \\(0, inf\\)"),
         ("pause-rule", ["spikes"], "unknown rule 'spikes'"),
         ("mode", ["on"], "unknown mode 'on'"),
     ],
@@ -601,10 +637,11 @@ def test_send_and_take_commands(tmp_path):
 
 
 class FakeTrainer:
-    """Enough of a Trainer for the orchestrator's command handling."""
+    """Enough of a Trainer for Control, and of a RunView for the orchestrator's command handling."""
 
     def __init__(self, run_dir):
         self.state = SimpleNamespace(step=3, lr_scale=1.0)
+        self.step = 3
         self.cfg = SimpleNamespace(run_dir=run_dir)
         self.control = Control(self)
         self.said = []
@@ -704,15 +741,16 @@ def test_mode_off_from_set_or_yaml(tmp_path, how):
     assert cfg.orchestrator.mode == "off"
 
 
-def test_lr_jump_flags_the_schedule_not_the_multiplier():
+def test_unexplained_lr_flags_the_optimizer_lr_not_the_schedule_or_the_multiplier():
     cfg = OrchestratorConfig()
-    monitor = LRJump(cfg)
-    lrs = [1e-4, 2e-4, 3e-4, 3e-4]  # warm-up: at most x2 a step
-    assert [monitor.observe(metrics(i, lr=v)) for i, v in enumerate(lrs, 1)] == [None] * 4
-    assert monitor.ceiling() == pytest.approx(9e-4)
-    assert monitor.observe(metrics(5, lr=3e-4 * 10, lr_scale=10.0)) is None  # a person's scale-lr 10
-    found = monitor.observe(metrics(6, lr=3e-3))  # the schedule itself jumped x10
-    assert found.rule == "lr" and found.evidence["previous"] == pytest.approx(3e-4)
-    assert monitor.observe(metrics(7, lr=3e-3)) is None  # the new level is the reference now
+    monitor = UnexplainedLR(cfg)
+    warmup = [1e-4, 2e-4, 3e-4, 3e-4]  # the schedule itself, whatever its shape, is explained
+    assert [monitor.observe(metrics(i, lr=v)) for i, v in enumerate(warmup, 1)] == [None] * 4
+    assert monitor.observe(metrics(5, lr=3e-3, scheduled_lr=3e-3)) is None  # a cyclic schedule restarting x10
+    assert monitor.observe(metrics(6, lr=3e-3 * 10, lr_scale=10.0)) is None  # a person's scale-lr 10
+    assert monitor.ceiling() == pytest.approx(3.0)  # applied / (schedule x multiplier)
+    found = monitor.observe(metrics(7, lr=3e-3, scheduled_lr=3e-4))  # the optimizer applies x10 the schedule
+    assert found.rule == "lr" and found.evidence["ratio"] == pytest.approx(10) and found.evidence["explained"] == 1
+    assert monitor.observe(metrics(8, lr=3e-3, scheduled_lr=3e-4)) is None  # the departure is answered once
     plan = Policy(cfg).plan(found, None)
     assert plan.action == "scale_lr" and plan.params["factor"] == pytest.approx(0.1)

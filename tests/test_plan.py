@@ -18,7 +18,7 @@ from trimtab.config import load_config, merge
 from trimtab.config.plan import PlanConfig
 from trimtab.errors import ConfigError
 from trimtab.orchestrator import read_decisions
-from trimtab.plan import Hardware, LossFit, RunView, effective_tokens, fit_loss_curve, live_status, make_plan
+from trimtab.plan import Hardware, LossFit, RunProgress, effective_tokens, fit_loss_curve, live_status, make_plan
 from trimtab.plan.curve import recommend_steps
 
 # A made-up accelerator: 1 TFLOP/s, 1 GB, bf16 activations (2 bytes): no measurement in the tests.
@@ -193,7 +193,7 @@ def test_fit_recovers_a_power_law_and_flags_a_flat_curve():
 
 def test_recommended_length_by_hand():
     fit = LossFit(E=2.0, B=1.0, beta=1.0, d_ref=1000.0, r2=1.0, points=20)  # L = 2 + 10 / steps at 100 tok/step
-    run = RunView(step=30, tokens=3000, total_steps=100, original_steps=100, warmup_steps=0, dataset_tokens=10**4)
+    run = RunProgress(step=30, tokens=3000, total_steps=100, original_steps=100, warmup_steps=0, dataset_tokens=10**4)
     # longest allowed run 150 steps: 2 + 10/150; within 1% of it needs 10 / steps <= 0.0873 -> 115 steps
     assert recommend_steps(fit, run, 100.0, PlanConfig(), lambda s: True) == 115
     loose = PlanConfig(tolerance=0.2)  # anything from 21 steps is within 20%: the floor, 50% of the run
@@ -241,9 +241,10 @@ def test_live_status_in_a_real_run(tmp_path, capsys):
     rows = [json.loads(r) for r in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     tokens = {r["step"]: r["tokens"] for r in rows if "loss" in r}
     assert last["tokens"] == tokens[30] == 30 * 1024  # 16 packed rows of 64 a step
+    from trimtab.training.setup import setup
     from trimtab.training.trainer import Trainer
 
-    dataset = Trainer(live_cfg(tmp_path / "r", steps=30)).phases[0].train_rows.n_tokens
+    dataset = Trainer(setup(live_cfg(tmp_path / "r", steps=30))).phases[0].train_rows.n_tokens
     assert last["epochs"] == pytest.approx(30 * 1024 / dataset) == first["epochs"]
     assert last["fit"]["points"] == 20 and last["fit"]["r2"] > 0.5  # steps 11..30, after the 10-step warm-up
     assert last["loss_now"] == pytest.approx(LossFit(**last["fit"]).predict(tokens[30]))
@@ -286,9 +287,10 @@ def test_adjust_shortens_the_run_journals_it_and_resumes_exactly(tmp_path):
 
 
 def test_set_total_steps_checks_its_input(tmp_path):
+    from trimtab.training.setup import setup
     from trimtab.training.trainer import Trainer
 
-    trainer = Trainer(live_cfg(tmp_path / "c", steps=4))
+    trainer = Trainer(setup(live_cfg(tmp_path / "c", steps=4)))
     for bad in (0, -3, 2.5, "10"):
         with pytest.raises(ConfigError, match="steps"):
             trainer.control.request("set_total_steps", steps=bad)

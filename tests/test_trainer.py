@@ -12,6 +12,7 @@ from helpers import StopAt
 from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config, merge
 from trimtab.errors import CheckpointError, DataError
+from trimtab.training.setup import setup
 from trimtab.training.trainer import Trainer
 
 
@@ -84,7 +85,7 @@ def test_loss_is_token_normalised_across_micro_batches(tmp_path):
     """The same step split into 2 or 8 micro-batches gives the same loss and gradient."""
     results = []
     for micro in (1024, 256):
-        trainer = Trainer(debug_cfg(tmp_path / f"m{micro}", sets=[f"train.micro_batch_tokens={micro}"]))
+        trainer = Trainer(setup(debug_cfg(tmp_path / f"m{micro}", sets=[f"train.micro_batch_tokens={micro}"])))
         grads = {}
         step = trainer.optimizer.step
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from trimtab.checkpoint import latest_valid, load_checkpoint, load_weights
+from trimtab.checkpoint import latest_valid, load_model
 from trimtab.config import RunConfig, from_dict, load_config
 from trimtab.data import TextTokenizer
 from trimtab.distributed import is_main
@@ -18,6 +18,7 @@ from trimtab.orchestrator import Orchestrator
 from trimtab.orchestrator.faults import FaultInjector
 from trimtab.orchestrator.planner import LivePlanner
 from trimtab.sampling import generate as generate_ids
+from trimtab.training.setup import setup
 from trimtab.training.trainer import Trainer
 
 
@@ -31,15 +32,24 @@ def train(config: RunConfig | str | Path | None = None, *, hooks: list = (), **o
         config = load_config(config, overrides=overrides)
     elif overrides:
         raise TypeError("pass overrides inside the RunConfig, or pass a YAML path / None with overrides")
-    built_in = [Orchestrator(config.orchestrator, config.run_dir)]
-    if config.faults:
-        built_in.append(FaultInjector(config.faults, config.run_dir))
-    if config.plan.status_every:  # the live Chinchilla status (docs/planner.md)
-        built_in.append(LivePlanner(config.plan, config.run_dir))
-    summary = Trainer(config, hooks=built_in + list(hooks)).fit()
+    summary = Trainer(setup(config), hooks=built_in_hooks(config) + list(hooks)).fit()
     if is_main():  # under torchrun every rank returns the same summary; rank 0 writes it
         (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def built_in_hooks(config: RunConfig) -> list:
+    """The hooks every run has beside the loggers: the orchestrator, fault injection when the
+    config asks for faults, and the live Chinchilla planner (handing its run-length findings to
+    the orchestrator's policy)."""
+    orchestrator = Orchestrator(config.orchestrator, config.run_dir)
+    hooks = [orchestrator]
+    if config.faults:
+        hooks.append(FaultInjector(config.faults, config.run_dir))
+    if config.plan.status_every:  # the live Chinchilla status (docs/planner.md)
+        decide = orchestrator.decide if config.orchestrator.mode != "off" else None
+        hooks.append(LivePlanner(config.plan, config.run_dir, decide))
+    return hooks
 
 
 def load_run(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokenizer]:
@@ -52,9 +62,7 @@ def load_run(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokenizer
     if found is None:
         raise CheckpointError(f"'{run_dir}' has no valid checkpoint yet; train it first")
     model = build_model(cfg.model)
-    weights, _, state = load_checkpoint(found[0])
-    model.load_moe_state(state.get("moe", {}))
-    load_weights(model, weights, found[0])
+    load_model(model, found[0])
     return cfg, model.eval(), TextTokenizer.load(run_dir / "tokenizer.json")
 
 

@@ -118,15 +118,16 @@ def digest_files(paths: list[Path], base: Path) -> dict[str, dict[str, Any]]:
     return {p.relative_to(base).as_posix(): _digest(p) for p in paths}
 
 
-def prune(run_dir: Path, keep: int, protect: tuple[int, ...] = ()) -> None:
+def prune(run_dir: Path, keep: int, protect: tuple[int, ...] = ()) -> list[Path]:
+    """Delete all but the newest `keep` checkpoints (and the `protect` steps); returns the deleted."""
     if dist.is_initialized() and dist.get_rank() != 0:
-        return  # data parallelism: one writer of the shared checkpoint directory (rank 0)
-    ckpts = list_checkpoints(run_dir)
-    for path in ckpts[:-keep]:
-        if _step_of(path) not in protect:
-            shutil.rmtree(path, ignore_errors=True)
+        return []  # data parallelism: one writer of the shared checkpoint directory (rank 0)
+    gone = [path for path in list_checkpoints(run_dir)[:-keep] if _step_of(path) not in protect]
+    for path in gone:
+        shutil.rmtree(path, ignore_errors=True)
     for stale in checkpoint_root(run_dir).glob(".tmp_step_*"):  # left by a killed writer
         shutil.rmtree(stale, ignore_errors=True)
+    return gone
 
 
 def verify(path: Path) -> dict[str, Any]:
@@ -189,18 +190,36 @@ def retire_after(run_dir: Path, step: int, keep: int) -> list[Path]:
 
 
 def load_checkpoint(
-    path: Path, full_weights: bool = True, verified: bool = False
+    path: Path, full_weights: bool = True, verified: bool = False, optimizer: bool = True
 ) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any], dict[str, Any]]:
     """(weights, optim.pt, state.json) of a checkpoint, verified against its manifest unless the
     caller just did (`verified`). A sharded checkpoint has no optimizer state in optim.pt (it is
     in dcp/), and its weights are assembled whole only when `full_weights` (None otherwise: a
-    data-parallel run loads its own shards)."""
+    data-parallel run loads its own shards). `optimizer=False` skips optim.pt ({}): weights only."""
     state = json.loads((path / "state.json").read_text()) if verified else verify(path)
-    optim_state = torch.load(path / "optim.pt", weights_only=True, map_location="cpu")
+    optim_state = torch.load(path / "optim.pt", weights_only=True, map_location="cpu") if optimizer else {}
     if is_sharded(path):
         return (read_sharded_weights(path) if full_weights else None), optim_state, state
     weights = load_file(str(path / "model.safetensors"))
     return weights, optim_state, state
+
+
+def load_model(model: torch.nn.Module, path: Path) -> dict[str, Any]:
+    """A verified checkpoint's model into `model` (one process): its structure, then its weights;
+    returns the checkpoint's state.json. For generation, finetuning from a run, and the trainer's
+    one-process resume alike (distributed.Parallel.load_model under torchrun)."""
+    weights, _, state = load_checkpoint(path, optimizer=False)
+    apply_structure(model, state)
+    load_weights(model, weights, path)
+    return state
+
+
+def apply_structure(model: torch.nn.Module, state: dict[str, Any]) -> None:
+    """What state.json holds of the model beyond its weights, applied before them: each MoE
+    layer's expert count (surgery changes it) and live router knobs, each Mixture-of-Depths
+    layer's target capacity (the orchestrator and people change them while training)."""
+    model.load_moe_state(state.get("moe", {}))
+    model.load_mod_state(state.get("mod", {}))
 
 
 def is_sharded(path: Path) -> bool:

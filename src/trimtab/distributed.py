@@ -33,6 +33,7 @@ from torch import nn
 
 from trimtab.checkpoint import (
     SHARDED,
+    apply_structure,
     checkpoint_root,
     commit_checkpoint,
     digest_files,
@@ -402,9 +403,13 @@ class Parallel:
             return load_checkpoint(path)
         return load_checkpoint(path, full_weights=False, verified=True)
 
-    def load_weights(self, model: nn.Module, weights: dict[str, torch.Tensor] | None, path: Path) -> None:
-        """Weights from load_checkpoint into the (wrapped) model; None: this run's shards are read
-        from the sharded checkpoint directly, resharded to this world size."""
+    def load_model(
+        self, model: nn.Module, weights: dict[str, torch.Tensor] | None, state: dict[str, Any], path: Path
+    ) -> None:
+        """A checkpoint's model (read_checkpoint) into the (wrapped) model: its structure, then its
+        weights; `weights` None: this run's shards are read from the sharded checkpoint directly,
+        resharded to this world size."""
+        apply_structure(model, state)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
         if weights is None:

@@ -100,12 +100,13 @@ class Fp16Rule:
 
 @dataclass
 class LRRule:
-    """The schedule's LR jumps by more than `factor` in one step (outside the orchestrator's own
-    and a person's changes): a configuration or schedule error. The step is skipped and the LR
-    brought back to its previous level."""
+    """The LR the optimizer applies is more than `factor` above what the config's schedule and the
+    journaled multiplier explain: a stray writer of the optimizer's LR or a schedule bug, not a
+    decision. The step is skipped and the multiplier brings the LR back to the explained level.
+    Schedules the config asks for (warm-up, cycles, restarts) and length changes are explained."""
 
     enabled: bool = True
-    factor: float = 3.0  # warm-up doubles the LR at most once (step 0 -> 1)
+    factor: float = 3.0
 
 
 @dataclass

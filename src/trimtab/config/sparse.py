@@ -22,7 +22,7 @@ class MoEConfig:
     capacity_factor: float = 1.25  # tokens per expert = capacity_factor * T * top_k / E; 0: dropless
     router_temperature: float = 1.0  # softmax temperature of the router logits
     router_jitter: float = 0.0  # multiplicative noise on router inputs while training (Switch)
-    aux_loss_coef: float = 0.01  # load-balancing loss (Switch / GShard)
+    balance_coef: float = 0.01  # weight of the load-balancing loss (Switch / GShard)
     z_loss_coef: float = 1e-3  # router z-loss (ST-MoE, Zoph et al. 2022)
     bias_update_rate: float = 0.0  # aux-loss-free balancing bias step (DeepSeek-V3: 1e-3); 0: off
 
@@ -41,9 +41,9 @@ class MoEConfig:
         )
         _check(0 <= self.router_jitter < 1, "model.moe.router_jitter", "must be in [0, 1)")
         _check(
-            self.aux_loss_coef >= 0 and self.z_loss_coef >= 0 and self.bias_update_rate >= 0,
+            self.balance_coef >= 0 and self.z_loss_coef >= 0 and self.bias_update_rate >= 0,
             "model.moe",
-            "aux_loss_coef, z_loss_coef and bias_update_rate must be >= 0",
+            "balance_coef, z_loss_coef and bias_update_rate must be >= 0",
         )
 
 

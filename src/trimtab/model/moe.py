@@ -79,8 +79,8 @@ class MoE(nn.Module):
     (checkpointed), load [E] (training assignments since the last update_bias; not saved).
 
     After each forward: `stats` (detached, no host sync) and, in training, `aux_loss`
-    (aux_loss_coef * balance + z_loss_coef * z, or None when both are 0) for the trainer to add
-    to its loss. `capacity_factor`, `temperature`, `aux_loss_coef` and `z_loss_coef` are plain
+    (balance_coef * balance + z_loss_coef * z, or None when both are 0) for the trainer to add
+    to its loss. `capacity_factor`, `router_temperature`, `balance_coef` and `z_loss_coef` are plain
     attributes that may be changed between steps. Capacity applies in training only; eval is
     dropless so outputs do not depend on what else is in the batch (prefill vs cached decode).
     """
@@ -93,9 +93,9 @@ class MoE(nn.Module):
         self.d_model, self.hidden, self.top_k = D, H, cfg.top_k
         self.init_std, self.out_std = init_std, out_std
         self.capacity_factor = float(cfg.capacity_factor)
-        self.temperature = float(cfg.router_temperature)
+        self.router_temperature = float(cfg.router_temperature)
         self.jitter = float(cfg.router_jitter)
-        self.aux_loss_coef, self.z_loss_coef = float(cfg.aux_loss_coef), float(cfg.z_loss_coef)
+        self.balance_coef, self.z_loss_coef = float(cfg.balance_coef), float(cfg.z_loss_coef)
         self.bias_update_rate = float(cfg.bias_update_rate)
         self.impl = "auto"  # expert layout: auto | grouped (grouped_mm) | padded (bmm)
         self.router = nn.Parameter(torch.empty(E, D))  # nn.Linear(D, E) weight layout
@@ -135,7 +135,7 @@ class MoE(nn.Module):
         if self.training and self.jitter > 0:  # multiplicative input jitter (Switch section 2.4)
             x = x * torch.empty_like(x).uniform_(1.0 - self.jitter, 1.0 + self.jitter)
         with torch.autocast(x.device.type, enabled=False):
-            logits = F.linear(x.float(), self.router.float()) / self.temperature  # [N, E]
+            logits = F.linear(x.float(), self.router.float()) / self.router_temperature  # [N, E]
         probs = logits.softmax(-1)
         experts = (probs.detach() + self.expert_bias).topk(self.top_k, -1).indices  # [N, k]
         gates = probs.gather(-1, experts)
@@ -256,8 +256,8 @@ class MoE(nn.Module):
         E = self.n_experts
         balance = E * ((r.counts / r.experts.numel()) * r.probs.mean(0)).sum()
         z = torch.logsumexp(r.logits, -1).square().mean()
-        if self.training and (self.aux_loss_coef > 0 or self.z_loss_coef > 0):
-            self.aux_loss = self.aux_loss_coef * balance + self.z_loss_coef * z
+        if self.training and (self.balance_coef > 0 or self.z_loss_coef > 0):
+            self.aux_loss = self.balance_coef * balance + self.z_loss_coef * z
         else:
             self.aux_loss = None
         if self.training and self.bias_update_rate > 0 and not _in_recompute():

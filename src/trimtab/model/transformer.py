@@ -161,7 +161,8 @@ class Transformer(nn.Module):
     def moe_layers(self) -> list[tuple[int, MoE]]:
         return [(i, b.ffn) for i, b in enumerate(self.blocks) if isinstance(b.ffn, MoE)]
 
-    MOE_KNOBS = ("capacity_factor", "temperature", "aux_loss_coef", "z_loss_coef", "bias_update_rate")
+    MOE_KNOBS = ("capacity_factor", "router_temperature", "balance_coef", "z_loss_coef", "bias_update_rate")
+    RENAMED_KNOBS = {"temperature": "router_temperature", "aux_loss_coef": "balance_coef"}  # older checkpoints
 
     def moe_state(self) -> dict[str, dict[str, float]]:
         """Each MoE layer's expert count and live knobs, for the checkpoint (surgery and the
@@ -181,6 +182,7 @@ class Transformer(nn.Module):
                 moe.add_expert(0)
             while moe.n_experts > saved["n_experts"]:
                 moe.prune_expert(moe.n_experts - 1)
+            saved = {self.RENAMED_KNOBS.get(k, k): v for k, v in saved.items()}
             for k in self.MOE_KNOBS:
                 setattr(moe, k, saved[k])
 

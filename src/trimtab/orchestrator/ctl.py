@@ -15,58 +15,59 @@ from typing import Any
 
 from trimtab.config.orchestrator import MODES, OrchestratorConfig
 from trimtab.errors import ConfigError
+from trimtab.training.actions import ACTIONS, REQUIRED, Action, Param
 
-# CLI verb -> (action, parameter names in order, their types, how many are required)
-VERBS: dict[str, tuple[str, tuple[str, ...], tuple[type, ...], int]] = {
-    "skip-step": ("skip_step", (), (), 0),
-    "scale-lr": ("scale_lr", ("factor",), (float,), 1),
-    "set-lr": ("set_lr", ("value",), (float,), 1),
-    "emergency-lr": ("emergency_lr_reduction", ("factor",), (float,), 0),
-    "rollback": ("rollback", ("to",), (str,), 0),
-    "micro-batch": ("adjust_batch_size", ("micro_batch_tokens",), (int,), 1),
-    "grad-clip": ("adjust_grad_clip", ("value",), (float,), 1),
-    "weight-decay": ("adjust_weight_decay", ("value",), (float,), 1),
-    "checkpoint": ("save_checkpoint", (), (), 0),
-    "stop": ("stop", ("reason",), (str,), 0),
-    "add-expert": ("add_expert", ("layer", "source"), (int, int), 1),
-    "prune-expert": ("prune_expert", ("layer", "expert"), (int, int), 2),
-    "reinit-expert": ("reinit_expert", ("layer", "expert"), (int, int), 2),
-    "reset-router": ("reset_router", ("layer", "expert"), (int, int), 2),
-    "capacity-factor": ("adjust_capacity_factor", ("value", "layer"), (float, int), 1),
-    "router-temperature": ("adjust_routing_temperature", ("value", "layer"), (float, int), 1),
-    "balance-coef": ("adjust_balance_coefficient", ("value", "layer"), (float, int), 1),
-    "mod-capacity": ("adjust_mod_capacity", ("value", "layer"), (float, int), 1),
-    "total-steps": ("set_total_steps", ("steps",), (int,), 1),
-    "pause-rule": ("pause_rule", ("rule",), (str,), 1),
-    "resume-rule": ("resume_rule", ("rule",), (str,), 1),
-    "mode": ("set_mode", ("mode",), (str,), 1),
-}
 RULE_NAMES = ("nonfinite", *OrchestratorConfig.RULES)
+# The orchestrator's own commands, beside the run's actions (training/actions.py).
+COMMANDS: dict[str, Action] = {
+    a.name: a
+    for a in (
+        Action(
+            name="pause_rule",
+            verb="pause-rule",
+            says="pause rule {rule}",
+            help="stop acting on one rule's findings",
+            params=(Param(name="rule", kind="str", choices=RULE_NAMES),),
+        ),
+        Action(
+            name="resume_rule",
+            verb="resume-rule",
+            says="resume rule {rule}",
+            help="act on a paused rule's findings again",
+            params=(Param(name="rule", kind="str", choices=RULE_NAMES),),
+        ),
+        Action(
+            name="set_mode",
+            verb="mode",
+            says="orchestrator mode {mode}",
+            help="auto: act, advise: only journal, off: no monitoring",
+            params=(Param(name="mode", kind="str", choices=MODES),),
+        ),
+    )
+}
+VERBS: dict[str, Action] = {a.verb: a for a in (*ACTIONS.values(), *COMMANDS.values()) if a.verb}
 
 
 def parse_command(verb: str, args: list[str]) -> dict[str, Any]:
-    """CLI words -> {"action": ..., "params": {...}}, with errors that name the fix."""
+    """CLI words -> {"action": ..., "params": {...}}, checked against the action table (types and
+    bounds), with errors that name the fix."""
     if verb not in VERBS:
         raise ConfigError(f"unknown ctl action '{verb}'; one of {', '.join(VERBS)}")
-    action, names, types, required = VERBS[verb]
+    action = VERBS[verb]
+    names = [p for p in action.params if p.ctl]
+    required = sum(p.default is REQUIRED for p in names)
     if not required <= len(args) <= len(names):
-        usage = " ".join(n.upper() if i < required else f"[{n.upper()}]" for i, n in enumerate(names))
-        raise ConfigError(f"usage: trimtab ctl RUN_DIR {verb} {usage}".rstrip())
-    params: dict[str, Any] = {}
-    for name, kind, raw in zip(names, types, args):
-        try:
-            params[name] = kind(raw)
-        except ValueError:
-            raise ConfigError(f"ctl {verb}: {name.upper()} must be a {kind.__name__}, got '{raw}'") from None
-    if action == "rollback" and "to" in params and params["to"] != "last_good":
-        if not params["to"].isdigit():
-            raise ConfigError("ctl rollback: give a step number or nothing (the last good checkpoint)")
-        params["to"] = int(params["to"])
-    if action in ("pause_rule", "resume_rule") and params["rule"] not in RULE_NAMES:
-        raise ConfigError(f"unknown rule '{params['rule']}'; one of {', '.join(RULE_NAMES)}")
-    if action == "set_mode" and params["mode"] not in MODES:
-        raise ConfigError(f"unknown mode '{params['mode']}'; one of {', '.join(MODES)}")
-    return {"action": action, "params": params}
+        raise ConfigError(f"usage: trimtab ctl RUN_DIR {action.usage()}")
+    params = {p.name: p.parse(verb, word) for p, word in zip(names, args)}
+    action.check(params)  # types and bounds now; the job fills in the defaults
+    return {"action": action.name, "params": params}
+
+
+def help_text() -> str:
+    """Every ctl verb with its arguments and one line on what it does (the CLI's help)."""
+    rows = [(a.usage(), a.help) for a in VERBS.values()]
+    width = max(len(usage) for usage, _ in rows)
+    return "\n".join(f"  {usage:<{width}}  {text}" for usage, text in rows)
 
 
 def send(run_dir: str | Path, command: dict[str, Any]) -> Path:

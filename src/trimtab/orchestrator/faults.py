@@ -11,7 +11,8 @@ records it there), e.g. oom@10:512@rank1: one rank runs out of memory and all sh
     inf_grad@S              the gradients hold +inf
     grad_spike@S:F          every gradient is multiplied by F (default 1000)
     bad_batch@S[:N]         the rows of N steps (default 1) turn to garbage tokens, wherever they recur
-    lr_spike@S:F            from step S on the learning rate is F x the schedule (default 10)
+    lr_spike@S:F            from step S on, a stray writer multiplies the optimizer's LR by F after
+                            the trainer set it (default 10): an LR nothing in the config explains
     oom@S:T                 from step S on, a forward over more than T tokens raises OutOfMemoryError
     weights_nan@S           a weight matrix row becomes NaN
     slow@S[:N]              N steps (default 10) each take 0.25 s longer
@@ -31,7 +32,6 @@ records it there), e.g. oom@10:512@rank1: one rank runs out of memory and all sh
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import os
@@ -48,7 +48,7 @@ from trimtab.training.hooks import Hook
 
 if TYPE_CHECKING:
     from trimtab.data import StepBatch
-    from trimtab.training.trainer import Trainer
+    from trimtab.training.view import RunView
 
 # kind -> (default PARAM, PARAM is a count of firings rather than a value)
 KINDS: dict[str, tuple[float | None, bool]] = {
@@ -115,18 +115,22 @@ class FaultInjector(Hook):
         self.step = 0
         self._fire_nan: Fault | None = None  # faults firing in the current step's forward/backward
         self._fire_grad: Fault | None = None
+        self._lr_factor: float | None = None  # lr_spike: still to apply in this step's first forward
+        self.run: RunView | None = None
 
     # ------------------------------------------------------------------ bookkeeping
 
-    def on_train_start(self, trainer: Trainer) -> None:
-        rank = trainer.dist.rank
+    def on_train_start(self, run: RunView) -> None:
+        self.run = run
+        rank = run.rank
         self.faults = [f for f in self.faults if f.rank is None or f.rank == rank]
         if rank:  # each rank remembers its own firings; rank 0 keeps the usual file
             self.path = self.path.with_name(f"faults.rank{rank}.json")
         if self.path.is_file():
             self.record = json.loads(self.path.read_text())
-        model = trainer.model
+        model = run.model
         model.tok_emb.register_forward_pre_hook(self._maybe_oom)
+        model.tok_emb.register_forward_pre_hook(self._maybe_lr)
         model.norm.register_forward_hook(self._maybe_nan_loss)
         for p in model.parameters():
             p.register_hook(self._maybe_bad_grad)
@@ -153,32 +157,31 @@ class FaultInjector(Hook):
 
     # ------------------------------------------------------------------ injection points
 
-    def on_step_start(self, trainer: Trainer, batch: StepBatch) -> None:
-        self.step = trainer.state.step + 1  # the step about to run
+    def on_step_start(self, run: RunView, batch: StepBatch) -> None:
+        self.step = run.step + 1  # the step about to run
         self._fire_nan = self._fire_grad = None
+        lr = self._active("lr_spike")
+        self._lr_factor = lr.param if lr else None
         for fault in self.faults:
             if fault.kind in ("nan_loss", "inf_grad", "grad_spike") and self._due(fault):
                 setattr(self, "_fire_nan" if fault.kind == "nan_loss" else "_fire_grad", fault)
             elif fault.kind == "bad_batch" and self._due(fault):
                 self.record["poisoned"] = sorted(set(self.record["poisoned"]) | set(batch.rows))
                 self._save()
-            elif fault.kind == "lr_spike" and self._due(fault):
-                phase = trainer.phases[trainer.state.phase]
-                phase.optim = dataclasses.replace(phase.optim, lr=phase.optim.lr * fault.param)
             elif fault.kind == "weights_nan" and self._due(fault):
-                matrix = next(p for n, p in trainer.model.named_parameters() if n.startswith("blocks.") and p.ndim == 2)
+                matrix = next(p for n, p in run.model.named_parameters() if n.startswith("blocks.") and p.ndim == 2)
                 local = matrix.to_local() if hasattr(matrix, "to_local") else matrix  # FSDP: this rank's rows
                 with torch.no_grad():
                     local[:1].fill_(float("nan"))
             elif fault.kind == "expert_collapse" and self._due(fault):
-                for _, moe in trainer.model.moe_layers():
+                for _, moe in run.model.moe_layers():
                     moe.expert_bias[0] += fault.param
             elif fault.kind == "slow" and self._due(fault):
                 time.sleep(SLOW_SECONDS)
             elif fault.kind in ("sigterm", "sigkill") and self._due(fault):
                 os.kill(os.getpid(), signal.SIGTERM if fault.kind == "sigterm" else signal.SIGKILL)
         if self.record["poisoned"]:
-            self._poison(batch, set(self.record["poisoned"]), trainer.model.cfg.vocab_size)
+            self._poison(batch, set(self.record["poisoned"]), run.model.cfg.vocab_size)
 
     def _poison(self, batch: StepBatch, poisoned: set[int], vocab: int) -> None:
         gen = torch.Generator().manual_seed(self.step)
@@ -197,6 +200,13 @@ class FaultInjector(Hook):
                 f"{args[0].numel()} tokens, more than {int(fault.param)} fit"
             )
 
+    def _maybe_lr(self, module: torch.nn.Module, args: tuple) -> None:
+        """lr_spike: the trainer set this step's LR before the forward; multiply it once."""
+        if self._lr_factor is not None and module.training:
+            for group in self.run.optimizer.param_groups:
+                group["lr"] *= self._lr_factor
+            self._lr_factor = None
+
     def _maybe_nan_loss(self, module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
         if self._fire_nan is not None and module.training:
             return output * float("nan")
@@ -212,17 +222,17 @@ class FaultInjector(Hook):
         grad.view(-1)[0] = float("inf")
         return grad
 
-    def on_save_start(self, trainer: Trainer) -> None:
-        self.step = trainer.state.step
+    def on_save_start(self, run: RunView) -> None:
+        self.step = run.step
         fault = next((f for f in self.faults if f.kind == "disk_full"), None)
         if fault is not None and self._due(fault):
             raise OSError(errno.ENOSPC, f"No space left on device (injected by {fault.spec})")
 
-    def on_checkpoint(self, trainer: Trainer, path: Path) -> None:
-        self.step = trainer.state.step
+    def on_checkpoint(self, run: RunView, path: Path) -> None:
+        self.step = run.step
         fault = next((f for f in self.faults if f.kind == "corrupt_checkpoint"), None)
         if fault is not None and self._due(fault):
-            shards = sorted((path / "dcp").glob(f"__{trainer.dist.rank}_*.distcp"))  # sharded: this rank's file
+            shards = sorted((path / "dcp").glob(f"__{run.rank}_*.distcp"))  # sharded: this rank's file
             target = path / "model.safetensors" if not shards else shards[0]
             if not target.is_file():
                 return

@@ -18,16 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.distributed import is_main
+from trimtab.training.actions import describe
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Decision:
     id: int
     step: int
     rule: str
     evidence: dict[str, Any]
     reasoning: str
-    action: str  # an action of trimtab.training.control.ACTIONS, or "none" (log only)
+    action: str  # an action of trimtab.training.actions.ACTIONS, an orchestrator command, or "none" (log only)
     params: dict[str, Any]
     confidence: float
     mode: str  # auto | advise | manual
@@ -41,28 +42,11 @@ class Decision:
     def console_line(self) -> str:
         """e.g. `[orchestrator] step 5000 plateau: loss variance 8e-4 < 1e-3 for 50 steps -> lr x1.5
         (confidence 0.75)`."""
-        what = describe(self.action, self.params)
         tag = "" if self.mode in ("auto", "manual") else f" [{self.mode}: not applied]"
         return (
-            f"[orchestrator] step {self.step} {self.rule}: {self.summary} -> {what} "
+            f"[orchestrator] step {self.step} {self.rule}: {self.summary} -> {describe(self.action, self.params)} "
             f"(confidence {self.confidence:.2f}){tag}"
         )
-
-
-def describe(action: str, params: dict[str, Any]) -> str:
-    if action in ("scale_lr", "emergency_lr_reduction"):
-        return f"lr x{params.get('factor', 0.1):.3g}"  # emergency_lr_reduction defaults to 0.1
-    if action == "set_lr":
-        return f"lr = {params['value']:.3g}"
-    if action == "adjust_batch_size":
-        return f"micro-batch {params['micro_batch_tokens']} tokens"
-    if action == "rollback":
-        skipped = len(params.get("skip_rows", []))
-        return f"roll back to {params.get('to', 'last_good')}" + (f", skip {skipped} rows" if skipped else "")
-    if action == "none":
-        return "log only"
-    extra = ", ".join(f"{k}={v}" for k, v in params.items())
-    return f"{action.replace('_', ' ')}" + (f" ({extra})" if extra else "")
 
 
 class Journal:

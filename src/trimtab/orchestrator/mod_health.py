@@ -12,11 +12,8 @@ the fall), which also ends a warm-up that went too far.
 
 from __future__ import annotations
 
-from typing import Any
-
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, StepMetrics
-from trimtab.orchestrator.policy import Plan
 
 
 class MoDQuality(Monitor):
@@ -55,16 +52,3 @@ class MoDQuality(Monitor):
             f"fell from {cap_before:.2f} to {cap_after:.2f}"
         )
         return self.finding(m, evidence, summary, min(1.0, 0.5 + rise / (4 * cfg.tolerance)))
-
-
-def plan_mod(f: Finding, view: Any) -> Plan:
-    """The remedy for a MoDQuality finding; `view` is the trainer's Control."""
-    value = min(1.0, round(f.evidence["restore_to"], 4))
-    targets = sorted({target for _, target in view.mod_capacities().values()})
-    return Plan(
-        "adjust_mod_capacity",
-        {"value": value},
-        f"the loss rose as soon as fewer tokens went through the MoD blocks: give them back "
-        f"the capacity they had before the fall (targets {', '.join(f'{t:g}' for t in targets)} "
-        f"-> {value:g} in every MoD layer)",
-    )

@@ -1,9 +1,10 @@
-"""Mixture-of-Experts health: a monitor over each MoE layer's router load, and its remedies.
+"""Mixture-of-Experts health: a monitor over each MoE layer's router load (its remedies are in
+remedies.py).
 
 The monitor keeps, per layer, the mean share of assignments each expert got over the last
 `window` steps and how long each expert has been starved. One finding per step at most, the most
 serious first: collapse, a dead expert, saturation (when growing is allowed), imbalance, drops.
-Remedies (policy): imbalance -> a larger balance coefficient (Switch / GShard auxiliary loss),
+Remedies (remedies.moe): imbalance -> a larger balance coefficient (Switch / GShard auxiliary loss),
 a dead expert -> re-initialised (pruned if it dies again and prune_dead is on), dropped tokens ->
 a larger capacity factor, saturation -> a new expert split from the busiest.
 
@@ -18,11 +19,8 @@ A recurrence after a finding is also what the journal judges "not recovered" (sa
 
 from __future__ import annotations
 
-from typing import Any
-
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, StepMetrics
-from trimtab.orchestrator.policy import Plan
 
 
 class MoEHealth(Monitor):
@@ -112,69 +110,3 @@ class MoEHealth(Monitor):
         finding = self.finding(m, {"kind": kind, **evidence}, summary, strength)
         finding.family = f"moe/{layer}"  # outcomes are judged per layer
         return finding
-
-
-def plan_moe(f: Finding, view: Any, cfg: OrchestratorConfig) -> Plan:
-    """The remedy for a MoEHealth finding; `view` is the trainer's Control."""
-    rule, layer, kind = cfg.moe, f.evidence["layer"], f.evidence["kind"]
-    knobs = view.moe_knobs(layer)
-    if kind == "dead":
-        expert = f.evidence["expert"]
-        if f.evidence["revived_before"] and rule.prune_dead and knobs["n_experts"] > knobs["top_k"]:
-            return Plan(
-                "prune_expert",
-                {"layer": layer, "expert": expert},
-                "the expert died again after a re-init: it only costs memory, so it goes",
-            )
-        return Plan(
-            "reinit_expert",
-            {"layer": layer, "expert": expert},
-            "a dead expert is wasted capacity: fresh weights and a router row at the mean of the "
-            "others give it traffic again (its optimizer moments restart from zero)",
-        )
-    if kind == "saturated":
-        return Plan(
-            "add_expert",
-            {"layer": layer, "source": f.evidence["busiest"]},
-            "the busiest expert is saturated and tokens are dropped: split it in two "
-            "(orchestrator.moe.add_experts is on)",
-        )
-    if kind == "drop":
-        if not knobs["capacity_factor"] or knobs["capacity_factor"] * 1.25 > rule.max_capacity:
-            return Plan(
-                "none",
-                {},
-                "tokens are dropped but the capacity factor is at its limit "
-                "(orchestrator.moe.max_capacity); logged for a person",
-            )
-        return Plan(
-            "adjust_capacity_factor",
-            {"value": knobs["capacity_factor"] * 1.25, "layer": layer},
-            "dropped tokens skip the expert layer: a larger capacity keeps them, at some compute",
-        )
-    coef = knobs["aux_loss_coef"]
-    target = min(rule.max_balance_coef, max(coef * (4 if kind == "collapse" else 2), 1e-3))
-    if kind == "collapse" and (f.evidence["strikes"] or target <= coef):
-        expert = f.evidence["busiest"]
-        return Plan(
-            "reset_router",
-            {"layer": layer, "expert": expert},
-            f"the layer is collapsed onto expert {expert} after {f.evidence['strikes']} earlier balance "
-            f"finding(s) in {4 * rule.window} steps (or the balance coefficient is at its limit): that "
-            "loss moves router probabilities only, a saturated softmax passes it almost no gradient and "
-            "the selection bias none, so re-centre the expert's router row and selection bias on the "
-            "others' mean (its weights stay) and restart the row's AdamW moments",
-        )
-    if target <= coef:
-        return Plan(
-            "none",
-            {},
-            f"the load is {kind}d but the balance coefficient is at its limit "
-            "(orchestrator.moe.max_balance_coef); logged for a person",
-        )
-    return Plan(
-        "adjust_balance_coefficient",
-        {"value": target, "layer": layer},
-        "a stronger load-balancing loss pushes the router to spread tokens (Switch, GShard)"
-        + ("; a collapse gets a 4x step" if kind == "collapse" else ""),
-    )

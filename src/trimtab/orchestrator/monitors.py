@@ -19,26 +19,28 @@ from typing import Any
 from trimtab.config.orchestrator import OrchestratorConfig
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepMetrics:
     """One step as the monitors see it."""
 
     step: int
     loss: float
     grad_norm: float
-    skipped: bool  # the update gate withheld the update
-    overflow: bool  # fp16 GradScaler found inf/NaN
-    tokens_per_s: float
-    lr: float  # applied: schedule x lr_scale
-    lr_scale: float  # the orchestrator's / a person's multiplier
-    progress: float  # step / total steps
-    memory_frac: float | None  # device (or machine) memory in use, 0..1, where known
+    skipped: bool = False  # the update gate withheld the update
+    overflow: bool = False  # fp16 GradScaler found inf/NaN
+    tokens_per_s: float = 0.0
+    lr: float = 1e-3  # what the optimizer applied
+    scheduled_lr: float = 1e-3  # what the config's schedule gives for this step
+    lr_scale: float = 1.0  # the orchestrator's / a person's multiplier (journaled)
+    progress: float = 0.0  # step / total steps
+    memory_frac: float | None = None  # device (or machine) memory in use, 0..1, where known
+    micro_batch_tokens: int = 0
     rows: list[int] = field(default_factory=list)
     moe: list[tuple[int, list[float], float, int]] | None = None  # (layer, load shares, dropped, top_k)
     mod_capacity: float | None = None  # mean capacity of the Mixture-of-Depths layers
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Finding:
     rule: str
     family: str  # findings of one family share an escalation ladder
@@ -99,7 +101,15 @@ class Monitor:
             setattr(self, key, Rolling(current.values.maxlen, value) if isinstance(current, Rolling) else value)
 
     def finding(self, m: StepMetrics, evidence: dict[str, Any], summary: str, strength: float) -> Finding:
-        return Finding(self.rule, self.family, m.step, evidence, summary, max(0.0, min(1.0, strength)), list(m.rows))
+        return Finding(
+            rule=self.rule,
+            family=self.family,
+            step=m.step,
+            evidence=evidence,
+            summary=summary,
+            strength=max(0.0, min(1.0, strength)),
+            rows=list(m.rows),
+        )
 
 
 class NonFinite(Monitor):
@@ -309,28 +319,89 @@ class Fp16Overflow(Monitor):
         )
 
 
-class LRJump(Monitor):
-    """The schedule's LR (the applied LR over the multiplier) jumps by more than `factor`."""
+class UnexplainedLR(Monitor):
+    """The LR the optimizer applies is more than `factor` above what the config's schedule and the
+    journal explain (the schedule's LR for that step x the multiplier decisions set). A schedule the
+    config asks for (cyclic restarts included) and a run length a person or the planner changes are
+    explained by construction; a stray writer of the optimizer's LR or a schedule bug is not. After
+    a finding the new level counts as explained (the remedy compensates for it), so one departure
+    is answered once, and a second one on top of it again."""
 
     rule, family = "lr", "lr"
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.lr
-        self.last = 0.0
+        self.explained = 1.0  # applied / (schedule x multiplier) accounted for by earlier findings
 
     def ceiling(self) -> float:
-        return self.cfg.factor * self.last if self.last > 0 else math.inf
+        """The update gate's bound on that ratio."""
+        return self.cfg.factor * self.explained
 
     def observe(self, m: StepMetrics) -> Finding | None:
-        scheduled, previous = m.lr / m.lr_scale, self.last
-        self.last = scheduled  # the new level is the reference from here on
-        if scheduled <= self.cfg.factor * previous or previous <= 0:
+        if m.scheduled_lr <= 0 or m.lr_scale <= 0:
             return None
-        return self.finding(
-            m,
-            {"scheduled_lr": scheduled, "previous": previous},
-            f"the scheduled LR jumped x{scheduled / previous:.3g} in one step ({previous:.3g} -> {scheduled:.3g})",
-            1.0,
+        ratio = m.lr / (m.scheduled_lr * m.lr_scale)
+        if ratio <= self.ceiling():
+            return None
+        explained, self.explained = self.explained, ratio
+        evidence = {
+            "lr": m.lr,
+            "scheduled_lr": m.scheduled_lr,
+            "lr_scale": m.lr_scale,
+            "ratio": ratio,
+            "explained": explained,
+        }
+        summary = (
+            f"the optimizer applies lr {m.lr:.3g}, x{ratio / explained:.3g} what the schedule "
+            f"({m.scheduled_lr:.3g}) and the multiplier ({m.lr_scale:.3g}) explain"
+        )
+        return self.finding(m, evidence, summary, 1.0)
+
+
+class OutOfMemory(Monitor):
+    """Out-of-memory errors, reported by the trainer's retry path (error()), counted per step; and,
+    after `probe_after` clean steps on a micro-batch below the configured one, a probe: try twice
+    the size again, waiting twice as long before the next probe (back-off)."""
+
+    rule, family = "oom", "memory"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.oom
+        self.configured = 0  # the micro-batch the run started with (set by the orchestrator)
+        self.last = -1  # step of the last out-of-memory error
+        self.retries = 0  # errors in that step
+        self.clean = 0  # steps since, below the configured micro-batch
+        self.probe_after = cfg.oom.probe_after
+
+    def error(self, step: int, micro_batch_tokens: int, message: str, rows: list[int]) -> Finding:
+        self.retries = self.retries + 1 if step == self.last else 1
+        self.last, self.clean = step, 0
+        return Finding(
+            rule=self.rule,
+            family=self.family,
+            step=step,
+            evidence={"kind": "oom", "micro_batch_tokens": micro_batch_tokens, "retry": self.retries, "error": message},
+            summary=f"out of memory at a micro-batch of {micro_batch_tokens} tokens",
+            strength=1.0,
+            rows=list(rows),
+        )
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        if not self.probe_after or not self.configured or m.micro_batch_tokens >= self.configured:
+            return None
+        self.clean += 1
+        if self.clean < self.probe_after:
+            return None
+        clean, self.clean, self.probe_after = self.clean, 0, self.probe_after * 2  # back off if it fails again
+        target = min(m.micro_batch_tokens * 2, self.configured)
+        evidence = {"kind": "probe", "micro_batch_tokens": m.micro_batch_tokens, "clean_steps": clean, "target": target}
+        return Finding(
+            rule=self.rule,
+            family=self.family,
+            step=m.step,
+            evidence=evidence,
+            summary=f"{clean} steps without running out of memory",
+            strength=0.6,
         )
 
 
@@ -343,7 +414,8 @@ MONITORS = {
     "throughput": Throughput,
     "memory": MemoryPressure,
     "fp16": Fp16Overflow,
-    "lr": LRJump,
+    "lr": UnexplainedLR,
+    "oom": OutOfMemory,
 }
 
 

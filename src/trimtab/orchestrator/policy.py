@@ -1,6 +1,6 @@
-"""Policy: findings -> decisions, along an escalation ladder with cooldowns and bounded retries.
-
-Instability (non-finite values, loss spikes, gradient explosions, divergence) climbs one ladder:
+"""Policy: findings -> decisions. Every finding, whatever its family, goes through Policy.plan,
+which dispatches on the family; instability climbs an escalation ladder with cooldowns and
+bounded retries:
 
     rung 0  skip the step (the update gate already withheld it on device)
     rung 1  cut the LR (x lr_cut)
@@ -8,10 +8,13 @@ Instability (non-finite values, loss spikes, gradient explosions, divergence) cl
     rung 3  save and stop with a clear message (max_rollbacks used up, or nothing to roll back to)
 
 It climbs when `escalate_after` instability findings fall within `escalation_window` steps of
-each other (skipping did not help), and falls back to rung 0 after a quiet window. Other families
-have one remedy each: plateau -> raise the LR within limits, memory -> halve the micro-batch,
-throughput -> log, fp16 overflow storm -> cut the LR. Confidence = evidence strength x this
-rule's track record in this run (a Beta(3, 1) prior on "recovered", updated by outcomes).
+each other (skipping did not help), and falls back to rung 0 after a quiet window. Before the
+first climb a held-out probe tells bad data (leave its rows out, the LR stays) from broken
+weights (roll back at once, keeping the data). Other families have one remedy each
+(orchestrator/remedies.py): plateau -> raise the LR within limits, an unexplained LR -> bring it
+back, memory -> halve the micro-batch, throughput -> log, fp16 overflow storm -> cut the LR, MoE
+and MoD health, a failed save, the run's length. Confidence = evidence strength x the track record
+of this remedy for this rule in this run (a Beta(3, 1) prior on "recovered", updated by outcomes).
 """
 
 from __future__ import annotations
@@ -21,14 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator import remedies
 from trimtab.orchestrator.monitors import Finding
-
-
-@dataclass
-class Plan:
-    action: str
-    params: dict[str, Any]
-    reasoning: str
+from trimtab.orchestrator.remedies import Remedy
 
 
 @dataclass
@@ -48,43 +46,46 @@ class Policy:
         self.last_restore = -1  # step of a give-back still on probation
         self.restore_failed = False
         self.probe_baseline: float | None = None  # held-out loss at the last good checkpoint
+        self.dispatch = {
+            "instability": self._instability,
+            "plateau": self._plateau,
+            "lr": self._lr,
+            "fp16": self._fp16,
+            "memory": lambda f, view: remedies.memory(f, view, cfg),
+            "throughput": lambda f, view: remedies.throughput(f, view, cfg),
+            "moe": lambda f, view: remedies.moe(f, view, cfg),
+            "mod": lambda f, view: remedies.mod(f, view, cfg),
+            "disk": lambda f, view: remedies.disk(f, view, cfg),
+            "length": lambda f, view: remedies.length(f, view, cfg),
+        }
 
     # ------------------------------------------------------------------ decisions
 
-    def plan(self, f: Finding, view: Any) -> Plan:
-        """What to do about finding f; `view` is the trainer's Control (read-only use here)."""
-        if f.family == "instability":
-            return self._instability(f, view)
-        if f.rule == "plateau":
-            return self._plateau(f, view)
-        if f.rule == "lr":
-            self.last_lr_change = f.step
-            ratio = f.evidence["previous"] / f.evidence["scheduled_lr"]
-            return Plan(
-                "scale_lr",
-                {"factor": ratio},
-                "an LR that jumps in one step is a configuration or schedule error, not a "
-                "decision: the step was skipped and the multiplier brings the LR back to its "
-                "previous level (`trimtab ctl RUN scale-lr` overrides this)",
-            )
-        if f.rule in ("memory", "oom"):
-            return self._memory(f, view)
-        if f.rule == "fp16":
-            self.last_lr_change = f.step
-            return Plan(
-                "scale_lr",
-                {"factor": self.cfg.fp16.lr_factor},
-                "fp16 gradients overflow again and again; a lower LR keeps activations and "
-                "gradients in range (bf16, where the hardware has it, avoids this entirely)",
-            )
-        return Plan(
-            "none",
-            {},
-            "throughput fell well below its recent median; logged for a person "
-            "(a slower node, thermal throttling, I/O stalls or memory swapping)",
+    def plan(self, f: Finding, view: Any) -> Remedy:
+        """What to do about finding f; `view` is the run's RunView (read only here). MoE findings'
+        families are per layer ("moe/3"): their remedies are the same."""
+        return self.dispatch[f.family.split("/")[0]](f, view)
+
+    def _lr(self, f: Finding, view: Any) -> Remedy:
+        self.last_lr_change = f.step
+        return Remedy(
+            action="scale_lr",
+            params={"factor": f.evidence["explained"] / f.evidence["ratio"]},
+            reasoning="the LR the optimizer applies differs from what the config's schedule and the journal "
+            "explain: a stray writer or a schedule error, not a decision; the step was skipped and the multiplier "
+            "brings the LR back to the explained level (`trimtab ctl RUN scale-lr` overrides this)",
         )
 
-    def _instability(self, f: Finding, view: Any) -> Plan:
+    def _fp16(self, f: Finding, view: Any) -> Remedy:
+        self.last_lr_change = f.step
+        return Remedy(
+            action="scale_lr",
+            params={"factor": self.cfg.fp16.lr_factor},
+            reasoning="fp16 gradients overflow again and again; a lower LR keeps activations and gradients in "
+            "range (bf16, where the hardware has it, avoids this entirely)",
+        )
+
+    def _instability(self, f: Finding, view: Any) -> Remedy:
         ladder, cfg = self.ladder, self.cfg
         ladder.recent = [s for s in ladder.recent if f.step - s < cfg.escalation_window] + [f.step]
         ladder.last_step = f.step
@@ -95,59 +96,71 @@ class Policy:
         verdict = self._diagnose(view) if climb and ladder.rung == 0 and f.rule != "divergence" else None
         if verdict and verdict[0] == "data":
             rows, ladder.rows, ladder.recent = ladder.rows, [], []
-            return Plan(
-                "skip_data",
-                {"rows": rows},
-                f"the model still scores {verdict[1]:.3f} on held-out data (last good checkpoint "
-                f"{self.probe_baseline:.3f}), so the bad steps came from the data: leave out "
-                f"their {len(rows)} rows; the LR stays",
+            return Remedy(
+                action="skip_data",
+                params={"rows": rows},
+                reasoning=f"the model still scores {verdict[1]:.3f} on held-out data (last good checkpoint "
+                f"{self.probe_baseline:.3f}), so the bad steps came from the data: leave out their {len(rows)} "
+                "rows; the LR stays",
             )
         if verdict and verdict[0] == "broken":
-            ladder.rung = 1  # an LR cut cannot repair broken weights: straight to the rollback
+            return self._rollback(view, broken=verdict[1])
         if not climb:
-            return Plan(
-                "skip_step", {}, "the update was withheld before the optimizer step, so the weights are untouched"
+            return Remedy(
+                action="skip_step",
+                reasoning="the update was withheld before the optimizer step, so the weights are untouched",
             )
         ladder.rung, ladder.recent = ladder.rung + 1, []
         if ladder.rung == 1 and view.lr_scale * cfg.lr_cut < cfg.min_lr_scale:
             ladder.rung = 2  # the LR is already at its floor
-        if ladder.rung == 2 and (view.rollbacks >= cfg.max_rollbacks or not view.has_good_checkpoint):
-            ladder.rung = 3
         if ladder.rung == 1:
             self.last_lr_change = f.step
             factor = cfg.divergence.lr_factor if f.rule == "divergence" else cfg.lr_cut
             self.lr_debt *= factor
-            return Plan(
-                "scale_lr",
-                {"factor": factor},
-                f"{cfg.escalate_after} instability findings within {cfg.escalation_window} steps: "
+            return Remedy(
+                action="scale_lr",
+                params={"factor": factor},
+                reasoning=f"{cfg.escalate_after} instability findings within {cfg.escalation_window} steps: "
                 "skipping alone does not help, so the LR comes down"
                 if f.rule != "divergence"
                 else "the loss trends upward: a lower LR is the standard remedy for divergence",
             )
-        if ladder.rung == 2:
-            rows, ladder.rows = ladder.rows, []
-            ladder.rung = 0  # after a rollback the ladder starts over; rollbacks stay counted
-            self.last_lr_change = f.step
-            return Plan(
-                "rollback",
-                {"to": "last_good", "skip_rows": rows},
-                "instability persists after skipping and an LR cut: restore the last good "
-                f"checkpoint (the LR stays cut) and leave out the {len(rows)} rows seen in the bad steps",
+        return self._rollback(view)
+
+    def _rollback(self, view: Any, broken: float | None = None) -> Remedy:
+        """Rung 2 (or straight there when the probe found the weights broken): restore the last
+        good checkpoint; rung 3, stop, when none is left or the rollbacks are used up."""
+        ladder, cfg = self.ladder, self.cfg
+        if view.rollbacks >= cfg.max_rollbacks or not view.has_good_checkpoint:
+            ladder.rung = 3
+            reason = (
+                "no good checkpoint to roll back to"
+                if not view.has_good_checkpoint
+                else f"{view.rollbacks} rollbacks used (orchestrator.max_rollbacks={cfg.max_rollbacks})"
             )
-        reason = (
-            "no good checkpoint to roll back to"
-            if not view.has_good_checkpoint
-            else f"{view.rollbacks} rollbacks used (orchestrator.max_rollbacks={cfg.max_rollbacks})"
-        )
-        return Plan(
-            "stop",
-            {
-                "reason": f"training is unstable and cannot be healed: {reason}; "
-                "see decisions.jsonl, lower optim.lr or check the data"
-            },
-            f"every rung of the ladder was tried ({reason}); saving and stopping is safer than training on",
-        )
+            return Remedy(
+                action="stop",
+                params={
+                    "reason": f"training is unstable and cannot be healed: {reason}; see decisions.jsonl, "
+                    "lower optim.lr or check the data"
+                },
+                reasoning=f"every rung of the ladder was tried ({reason}); saving and stopping is safer than "
+                "training on",
+            )
+        rows = [] if broken is not None else ladder.rows
+        ladder.rung, ladder.rows, ladder.recent = 0, [], []  # the ladder starts over; rollbacks stay counted
+        self.last_lr_change = ladder.last_step
+        if broken is not None:
+            why = (
+                f"the model scores {broken:.4g} on held-out data: the weights themselves are broken, which an LR "
+                "cut cannot repair; restore the last good checkpoint at once and keep the data (it was not at fault)"
+            )
+        else:
+            why = (
+                "instability persists after skipping and an LR cut: restore the last good checkpoint (the LR "
+                f"stays cut) and leave out the {len(rows)} rows seen in the bad steps"
+            )
+        return Remedy(action="rollback", params={"to": "last_good", "skip_rows": rows}, reasoning=why)
 
     def _diagnose(self, view: Any) -> tuple[str, float] | None:
         """Bad data or a bad model? Megatron reruns the step; here the model is scored on a
@@ -163,56 +176,28 @@ class Policy:
             return "data", probe
         return None
 
-    def _plateau(self, f: Finding, view: Any) -> Plan:
+    def _plateau(self, f: Finding, view: Any) -> Remedy:
         cfg = self.cfg.plateau
         target = view.lr_scale * cfg.lr_factor
         if f.step - self.last_lr_change < 2 * cfg.window:
-            return Plan("none", {}, "the LR changed recently; give it time before raising it")
+            return Remedy(action="none", reasoning="the LR changed recently; give it time before raising it")
         if self.ladder.last_step >= 0 and f.step - self.ladder.last_step < 2 * cfg.window:
-            return Plan("none", {}, "instability was seen recently; a higher LR would be risky")
+            return Remedy(action="none", reasoning="instability was seen recently; a higher LR would be risky")
         if target > cfg.max_lr_scale:
-            return Plan(
-                "none",
-                {},
-                f"the LR multiplier would pass orchestrator.plateau.max_lr_scale="
-                f"{cfg.max_lr_scale:g}; a person should look at the schedule",
+            return Remedy(
+                action="none",
+                reasoning=f"the LR multiplier would pass orchestrator.plateau.max_lr_scale={cfg.max_lr_scale:g}; "
+                "a person should look at the schedule",
             )
         self.last_lr_change = f.step
-        return Plan(
-            "scale_lr",
-            {"factor": cfg.lr_factor},
-            "the loss has stopped moving long before the planned end: a larger LR may "
-            "get it out of the flat region (bounded by orchestrator.plateau.max_lr_scale)",
+        return Remedy(
+            action="scale_lr",
+            params={"factor": cfg.lr_factor},
+            reasoning="the loss has stopped moving long before the planned end: a larger LR may get it out of "
+            "the flat region (bounded by orchestrator.plateau.max_lr_scale)",
         )
 
-    def _memory(self, f: Finding, view: Any) -> Plan:
-        half = view.micro_batch_tokens // 2
-        if half < view.min_micro_batch_tokens and f.rule == "memory":
-            return Plan(
-                "none",
-                {},
-                "memory is nearly full but the micro-batch is already one row; "
-                "logged for a person (an out-of-memory error would stop the run)",
-            )
-        if half < view.min_micro_batch_tokens:
-            return Plan(
-                "stop",
-                {
-                    "reason": f"out of memory with a micro-batch of one row "
-                    f"({view.micro_batch_tokens} tokens); lower data.seq_len or "
-                    "the model size, or use a device with more memory"
-                },
-                "the micro-batch cannot be split further",
-            )
-        why = (
-            "out of memory: half the micro-batch with twice the accumulation keeps the "
-            "optimization batch identical; the same rows are retried"
-            if f.rule == "oom"
-            else "memory is nearly full: a smaller micro-batch now avoids an out-of-memory crash later"
-        )
-        return Plan("adjust_batch_size", {"micro_batch_tokens": half}, why)
-
-    def quiet(self, step: int) -> Plan | None:
+    def quiet(self, step: int) -> Remedy | None:
         """Called every step: after a quiet window the ladder falls back to rung 0; after
         lr_restore_after quiet steps the LR the ladder cut is given back, x2 at a time, unless a
         restore was followed by new instability once already (then the cut was needed)."""
@@ -232,10 +217,10 @@ class Policy:
         factor = min(2.0, 1 / self.lr_debt)
         self.lr_debt *= factor
         self.last_lr_change = self.last_restore = step
-        return Plan(
-            "scale_lr",
-            {"factor": factor},
-            f"{wait} steps without instability since the LR was cut: give part of it back "
+        return Remedy(
+            action="scale_lr",
+            params={"factor": factor},
+            reasoning=f"{wait} steps without instability since the LR was cut: give part of it back "
             "(if instability returns, the cut stays for the rest of the run)",
         )
 

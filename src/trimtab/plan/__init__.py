@@ -12,7 +12,7 @@ training/device.py (peak FLOP/s). Training never imports it: the live planner is
 """
 
 from trimtab.plan.chinchilla import ModelSize, effective_tokens, model_size
-from trimtab.plan.curve import LossFit, RunView, Status, fit_loss_curve, format_status, live_status
+from trimtab.plan.curve import LossFit, RunProgress, Status, fit_loss_curve, format_status, live_status
 from trimtab.plan.memory import Hardware, detect_hardware, named_gpu
 from trimtab.plan.report import Plan, format_plan, make_plan, plan_command, save_plan
 
@@ -21,7 +21,7 @@ __all__ = [
     "LossFit",
     "ModelSize",
     "Plan",
-    "RunView",
+    "RunProgress",
     "Status",
     "detect_hardware",
     "effective_tokens",

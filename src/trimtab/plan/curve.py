@@ -97,7 +97,7 @@ def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 
 @dataclass
-class RunView:
+class RunProgress:
     """What the planner knows about the run at a status: the trainer's numbers."""
 
     step: int
@@ -149,7 +149,10 @@ def phase_of(fit: LossFit | None, convergence: float | None) -> str:
 
 
 def live_status(
-    points: Sequence[Sequence[float]], run: RunView, cfg: PlanConfig, lr_ok: Callable[[int], bool] = lambda steps: True
+    points: Sequence[Sequence[float]],
+    run: RunProgress,
+    cfg: PlanConfig,
+    lr_ok: Callable[[int], bool] = lambda steps: True,
 ) -> Status:
     """Status from the logged (step, tokens, loss) points; `lr_ok(steps)` says whether the
     schedule may move to a new length now (the LR would not jump too far in one step)."""
@@ -190,7 +193,9 @@ def live_status(
     return status
 
 
-def recommend_steps(fit: LossFit, run: RunView, per_step: float, cfg: PlanConfig, lr_ok: Callable[[int], bool]) -> int:
+def recommend_steps(
+    fit: LossFit, run: RunProgress, per_step: float, cfg: PlanConfig, lr_ok: Callable[[int], bool]
+) -> int:
     """The shortest length whose predicted final loss is within cfg.tolerance of the longest
     allowed run's, inside [(1 - max_shorten), (1 + max_extend)] x train.max_steps and after the
     current step; moved back toward the current length until lr_ok accepts it; the current

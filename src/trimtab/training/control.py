@@ -1,144 +1,61 @@
-"""Control: the narrow surface through which the orchestrator, or a person, changes a running job.
+"""Control: the one surface through which the orchestrator, a hook or a person changes a running job.
 
-Every intervention is a request; the trainer applies the queue at one point of the loop (after the
-step, before evaluation and checkpointing), so nothing changes in the middle of a step. The OOM
-path applies its request at once, before it retries the same batch.
+Every intervention is a request, checked against the action table (training/actions.py) when it
+is made; the trainer applies the queue at one point of the loop (after the step, before
+evaluation and checkpointing), so nothing changes in the middle of a step. The OOM path applies
+its request at once, before it retries the same batch.
 
-The knobs an intervention sets (LR multiplier, grad clip, weight decay, micro-batch budget) live in
-TrainState and are checkpointed, so a resumed run keeps them; a rollback restores weights,
-optimizer and data position but keeps the knobs, since they are the correction.
+The knobs an intervention sets (LR multiplier, grad clip, weight decay, micro-batch budget, run
+length) live in TrainState and are checkpointed, so a resumed run keeps them; a rollback restores
+weights, optimizer and data position but keeps the knobs, since they are the correction. The
+knobs' logic lives here: the trainer only calls apply_knobs() when it builds a new optimizer or
+loader.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trimtab.checkpoint import find_checkpoint
+from trimtab.checkpoint import prune
 from trimtab.errors import ConfigError, TrimtabError
+from trimtab.training import surgery
+from trimtab.training.actions import MOE_KNOBS, action
+from trimtab.training.optim import build_optimizer
+from trimtab.training.schedule import apply_lengths
 
 if TYPE_CHECKING:
     from trimtab.training.trainer import Trainer
 
-# action -> the parameters it takes
-PARAMS: dict[str, tuple[str, ...]] = {
-    "skip_step": (),
-    "scale_lr": ("factor",),
-    "set_lr": ("value",),
-    "emergency_lr_reduction": ("factor",),
-    "rollback": ("to", "skip_rows"),
-    "adjust_batch_size": ("micro_batch_tokens",),
-    "adjust_grad_clip": ("value",),
-    "adjust_weight_decay": ("value",),
-    "save_checkpoint": (),
-    "stop": ("reason",),
-    "skip_data": ("rows",),
-    # Mixture-of-Experts (layer: a MoE layer's index; knobs without a layer apply to all)
-    "add_expert": ("layer", "source"),
-    "prune_expert": ("layer", "expert"),
-    "reinit_expert": ("layer", "expert"),
-    "reset_router": ("layer", "expert"),
-    "adjust_capacity_factor": ("value", "layer"),
-    "adjust_routing_temperature": ("value", "layer"),
-    "adjust_balance_coefficient": ("value", "layer"),
-    # Mixture-of-Depths: the target capacity of one layer, or of all
-    "adjust_mod_capacity": ("value", "layer"),
-    # the run length (the live planner's shorten / extend; docs/planner.md)
-    "set_total_steps": ("steps",),
-}
-MOE_KNOBS = ("adjust_capacity_factor", "adjust_routing_temperature", "adjust_balance_coefficient")
-ACTIONS = tuple(PARAMS)
+Done = Callable[[str], None]
 
 
 class Control:
     def __init__(self, trainer: Trainer):
         self._trainer = trainer
-        self._queue: list[tuple[str, dict[str, Any]]] = []
+        self._queue: list[tuple[str, dict[str, Any], Done | None]] = []
         self.skip_next = False  # read by the next step's update gate
-
-    # ------------------------------------------------------------------ views
-
-    @property
-    def step(self) -> int:
-        return self._trainer.state.step
-
-    @property
-    def lr_scale(self) -> float:
-        return self._trainer.state.lr_scale
-
-    @property
-    def scheduled_lr(self) -> float:
-        """The schedule's LR for the next step, before the multiplier."""
-        return self._trainer.scheduled_lr()
-
-    @property
-    def micro_batch_tokens(self) -> int:
-        return self._trainer.loader.micro_batch_tokens
-
-    @property
-    def batch_tokens(self) -> int:
-        return self._trainer.loader.batch_tokens
-
-    @property
-    def min_micro_batch_tokens(self) -> int:
-        """One full row: a smaller budget cannot split a step any further."""
-        return self._trainer.phases[self._trainer.state.phase].data.seq_len
-
-    @property
-    def rollbacks(self) -> int:
-        return self._trainer.state.rollbacks
-
-    @property
-    def has_good_checkpoint(self) -> bool:
-        """Whether a verified checkpoint marked good exists (reads the files: ask only when needed)."""
-        return find_checkpoint(self._trainer.cfg.run_dir, "last_good") is not None
-
-    @property
-    def run_dir(self) -> Path:
-        return self._trainer.cfg.run_dir
-
-    def probe_loss(self) -> float | None:
-        """The model's loss on one held-out micro-batch, now (a host read): tells a broken model
-        from bad training data. None without held-out data."""
-        micro = self._trainer.phases[self._trainer.state.phase].eval_micro
-        return self._trainer.held_out_loss(micro[:1]) if micro else None
-
-    def moe_knobs(self, layer: int) -> dict[str, float]:
-        """A MoE layer's live settings: n_experts, top_k, capacity_factor, temperature, aux_loss_coef."""
-        moe = dict(self._trainer.model.moe_layers())[layer]
-        return {k: getattr(moe, k) for k in ("n_experts", "top_k", "capacity_factor", "temperature", "aux_loss_coef")}
-
-    def mod_capacities(self) -> dict[int, tuple[float, float]]:
-        """Each Mixture-of-Depths layer's (current capacity, target): they differ during warm-up."""
-        return {i: (r.capacity, r.target) for i, r in self._trainer.model.mod_layers()}
-
-    @property
-    def progress(self) -> float:
-        return self._trainer.state.step / max(self._trainer.total_steps, 1)
 
     # ------------------------------------------------------------------ requests
 
-    def request(self, action: str, on_done: Callable[[str], None] | None = None, **params: Any) -> None:
-        """Queue `action` (one of ACTIONS) with its parameters: checked now, applied by apply(),
-        which reports what changed to `on_done`."""
-        if action not in ACTIONS:
-            raise ConfigError(f"unknown action '{action}'; one of {', '.join(ACTIONS)}")
-        _check_params(action, params)
-        if action == "skip_step":
+    def request(self, name: str, on_done: Done | None = None, **params: Any) -> None:
+        """Queue action `name` with its parameters: checked now (ConfigError), applied by apply(),
+        which reports what changed to `on_done` ("failed: ..." when it could not be done)."""
+        params = action(name).check(params)
+        if name == "skip_step":
             self.skip_next = True
             if on_done:
                 on_done("the next update will be withheld")
             return
-        self._queue.append((action, params, on_done))
+        self._queue.append((name, params, on_done))
 
     def apply(self) -> list[str]:
         """Apply the queued requests in order; returns one line per change made."""
         done = []
         while self._queue:
-            action, params, on_done = self._queue.pop(0)
+            name, params, on_done = self._queue.pop(0)
             try:
-                line = getattr(self, f"_{action}")(**params)
+                line = getattr(self, f"_{name}")(**params)
             except TrimtabError as exc:  # e.g. no checkpoint to roll back to: say so, go on
                 line = f"failed: {exc}"
             done.append(line)
@@ -146,7 +63,25 @@ class Control:
                 on_done(line)
         return done
 
-    # ------------------------------------------------------------------ effects
+    # ------------------------------------------------------------------ the knobs
+
+    def grad_clip(self) -> float:
+        t = self._trainer
+        return t.phases[t.state.phase].optim.grad_clip if t.state.grad_clip is None else t.state.grad_clip
+
+    def apply_knobs(self) -> None:
+        """Knobs that live in objects the trainer rebuilds (optimizer, loader), applied again."""
+        t = self._trainer
+        if t.state.micro_batch_tokens:
+            t.loader.micro_batch_tokens = t.state.micro_batch_tokens
+        if t.state.weight_decay is not None:
+            t.optimizer.param_groups[0]["weight_decay"] = t.state.weight_decay  # the decay group
+
+    def apply_lengths(self) -> None:
+        t = self._trainer
+        t.total_steps = apply_lengths(t.phases, t.state.phase_steps, t.state.length_delta)
+
+    # ------------------------------------------------------------------ effects, one per action
 
     def _scale_lr(self, factor: float) -> str:
         state = self._trainer.state
@@ -156,53 +91,94 @@ class Control:
 
     def _set_lr(self, value: float) -> str:
         # The schedule keeps its shape from the new level: the multiplier is value / scheduled.
-        return self._scale_lr(value / (self.scheduled_lr * self.lr_scale))
+        return self._scale_lr(value / (self._trainer.scheduled_lr() * self._trainer.state.lr_scale))
 
-    def _emergency_lr_reduction(self, factor: float = 0.1) -> str:
+    def _emergency_lr_reduction(self, factor: float) -> str:
         return self._scale_lr(factor)
 
-    def _rollback(self, to: str | int = "last_good", skip_rows: list[int] = ()) -> str:
+    def _rollback(self, to: str | int, skip_rows: list[int] | None = None) -> str:
         done = self._trainer.rollback(to)
         if skip_rows:
-            done += f"; {self._trainer.loader.skip_rows(list(skip_rows))} rows left out of training"
+            done += f"; {self._trainer.loader.skip_rows(skip_rows)} rows left out of training"
         return done
 
-    def _adjust_batch_size(self, micro_batch_tokens: int) -> str:
-        return self._trainer.set_micro_batch_tokens(int(micro_batch_tokens))
+    def _skip_data(self, rows: list[int]) -> str:
+        return f"{self._trainer.loader.skip_rows(rows)} rows left out of training"
 
-    def _adjust_grad_clip(self, value: float) -> str:
-        old, self._trainer.state.grad_clip = self._trainer.grad_clip(), float(value)
+    def _set_micro_batch_tokens(self, tokens: int) -> str:
+        """Micro-batch budget; the step's rows (the optimization batch) stay the same."""
+        t = self._trainer
+        old = t.loader.micro_batch_tokens
+        tokens = max(min(tokens, t.loader.batch_tokens), t.phases[t.state.phase].data.seq_len)
+        t.loader.micro_batch_tokens = t.state.micro_batch_tokens = tokens
+        return f"micro-batch {old} -> {tokens} tokens"
+
+    def _set_grad_clip(self, value: float) -> str:
+        old, self._trainer.state.grad_clip = self.grad_clip(), value
         return f"grad clip {old:g} -> {value:g}"
 
-    def _adjust_weight_decay(self, value: float) -> str:
-        return self._trainer.set_weight_decay(float(value))
+    def _set_weight_decay(self, value: float) -> str:
+        old = self._trainer.optimizer.param_groups[0]["weight_decay"]
+        self._trainer.state.weight_decay = value
+        self.apply_knobs()
+        return f"weight decay {old:g} -> {value:g}"
+
+    def _save_checkpoint(self, keep: int | None = None) -> str:
+        """Save now; with `keep`, first free space: all but the newest `keep` checkpoints and the
+        last good one are deleted. The line says what happened, a failed save included."""
+        t = self._trainer
+        freed = ""
+        if keep is not None:
+            gone = t.dist.from_main(prune, t.cfg.run_dir, keep, (t.last_good,))
+            freed = f"deleted {len(gone)} older checkpoint(s); " if gone else ""
+        if not t.save():
+            raise TrimtabError(f"{freed}the checkpoint at step {t.state.step} could not be written")
+        return f"{freed}checkpoint at step {t.state.step}"
+
+    def _stop(self, reason: str) -> str:
+        self._trainer.request_stop(reason)
+        return f"stopping: {reason}"
+
+    def _set_total_steps(self, steps: int) -> str:
+        """The run's length, through the pretraining phase (the live planner's shorten / extend):
+        its LR schedule is a function of the phase length, so it stretches or shrinks to the new
+        end; a finetuning phase after it moves with it."""
+        t = self._trainer
+        if t.state.phase != 0:
+            raise ConfigError("the run length can only change during pretraining (phase 0)")
+        old = t.total_steps
+        if t.phases[0].steps + steps - old < max(t.state.step, 1):
+            raise ConfigError(f"set_total_steps: {steps} would end pretraining before the current step {t.state.step}")
+        t.state.length_delta += steps - old
+        self.apply_lengths()
+        return f"total steps {old} -> {t.total_steps}"
+
+    # Mixture-of-Experts: surgery and knobs
+
+    def _surgery(self, op: str, layer: int, expert: int | None) -> str:
+        t = self._trainer
+        moe = surgery.moe_layer(t.model, layer, t.dist.world)
+
+        def rebuild():
+            return build_optimizer(t.model, t.phases[t.state.phase].optim, t.device)
+
+        t.optimizer, line = surgery.expert_surgery(moe, t.optimizer, rebuild, op, expert)
+        self.apply_knobs()
+        return f"layer {layer}: {line}"
 
     def _add_expert(self, layer: int, source: int | None = None) -> str:
-        return self._trainer.expert_surgery("add", layer, source)
+        return self._surgery("add", layer, source)
 
     def _prune_expert(self, layer: int, expert: int) -> str:
-        return self._trainer.expert_surgery("prune", layer, expert)
+        return self._surgery("prune", layer, expert)
 
     def _reinit_expert(self, layer: int, expert: int) -> str:
-        return self._trainer.expert_surgery("reinit", layer, expert)
+        return self._surgery("reinit", layer, expert)
 
     def _reset_router(self, layer: int, expert: int) -> str:
-        """Re-centre a collapsed expert's router row and selection bias (MoE.reset_router), in
-        place, and zero that row's AdamW moments: built while the layer was collapsed, they would
-        push the row on as before."""
-        moe = dict(self._trainer.model.moe_layers()).get(layer)
-        if moe is None or not 0 <= expert < moe.n_experts:
-            raise ConfigError(f"reset_router: no expert {expert} in a MoE layer {layer}")
-        if self._trainer.dist.world > 1:  # FSDP2 shards the router; the noise must match on every rank
-            raise ConfigError("reset_router is not supported under data parallelism yet; run it in one process")
-        before = float(moe.expert_bias[expert])
-        moe.reset_router(expert)
-        state = self._trainer.optimizer.state.get(moe.router, {})
-        for key in ("exp_avg", "exp_avg_sq"):
-            if key in state:
-                state[key][expert].zero_()
-        after = float(moe.expert_bias[expert])
-        return f"layer {layer}: router reset for expert {expert} (bias {before:.3g} -> {after:.3g})"
+        t = self._trainer
+        moe = surgery.moe_layer(t.model, layer, t.dist.world)
+        return f"layer {layer}: {surgery.reset_router(moe, t.optimizer, expert)}"
 
     def _set_knob(self, layers: list[tuple[int, Any]], kind: str, knob: str, value: float, layer: int | None) -> str:
         """Set `knob` on `layer` of `layers` (index, module), or on all of them when None."""
@@ -212,86 +188,23 @@ class Control:
         old = getattr(chosen[0], knob)
         for module in chosen:
             setattr(module, knob, float(value))
-        return f"{old:g} -> {value:g} ({f'all {kind} layers' if layer is None else f'layer {layer}'})"
+        return f"{knob} {old:g} -> {value:g} ({f'all {kind} layers' if layer is None else f'layer {layer}'})"
 
-    def _adjust_moe(self, knob: str, value: float, layer: int | None) -> str:
-        return f"{knob} {self._set_knob(self._trainer.model.moe_layers(), 'MoE', knob, value, layer)}"
+    def _moe_knob(self, name: str, value: float, layer: int | None) -> str:
+        return self._set_knob(self._trainer.model.moe_layers(), "MoE", MOE_KNOBS[name], value, layer)
 
-    def _adjust_capacity_factor(self, value: float, layer: int | None = None) -> str:
-        return self._adjust_moe("capacity_factor", value, layer)
+    def _set_capacity_factor(self, value: float, layer: int | None = None) -> str:
+        return self._moe_knob("set_capacity_factor", value, layer)
 
-    def _adjust_routing_temperature(self, value: float, layer: int | None = None) -> str:
-        return self._adjust_moe("temperature", value, layer)
+    def _set_router_temperature(self, value: float, layer: int | None = None) -> str:
+        return self._moe_knob("set_router_temperature", value, layer)
 
-    def _adjust_balance_coefficient(self, value: float, layer: int | None = None) -> str:
-        return self._adjust_moe("aux_loss_coef", value, layer)
+    def _set_balance_coef(self, value: float, layer: int | None = None) -> str:
+        return self._moe_knob("set_balance_coef", value, layer)
 
-    def _adjust_mod_capacity(self, value: float, layer: int | None = None) -> str:
+    def _set_mod_capacity(self, value: float, layer: int | None = None) -> str:
         layers = self._trainer.model.mod_layers()
         line = self._set_knob(layers, "MoD", "target", value, layer)
         for _, router in layers:  # the current capacity follows the new target (or its warm-up)
             router.set_step(self._trainer.state.step)
-        return f"MoD capacity {line}"
-
-    def _set_total_steps(self, steps: int) -> str:
-        return self._trainer.set_total_steps(int(steps))
-
-    def _skip_data(self, rows: list[int]) -> str:
-        return f"{self._trainer.loader.skip_rows(list(rows))} rows left out of training"
-
-    def _save_checkpoint(self) -> str:
-        self._trainer.save()
-        return f"checkpoint at step {self._trainer.state.step}"
-
-    def _stop(self, reason: str = "stop requested") -> str:
-        self._trainer.request_stop(reason)
-        return f"stopping: {reason}"
-
-
-def _check_params(action: str, params: dict[str, Any]) -> None:
-    """Bad parameters fail when asked, not later inside the loop."""
-    unknown = set(params) - set(PARAMS[action])
-    if unknown:
-        raise ConfigError(
-            f"{action}: unknown parameter(s) {', '.join(sorted(unknown))}; "
-            f"it takes {', '.join(PARAMS[action]) or 'none'}"
-        )
-
-    def number(name: str, low: float, high: float = float("inf")) -> None:
-        value = params.get(name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value < high:
-            raise ConfigError(f"{action}: '{name}' must be a number in ({low:g}, {high:g}), got {value!r}")
-
-    if action == "scale_lr":
-        number("factor", 0)
-    elif action == "set_lr":
-        number("value", 0)
-    elif action == "emergency_lr_reduction":
-        params.setdefault("factor", 0.1)
-        number("factor", 0, 1)  # always a reduction
-    elif action == "adjust_batch_size":
-        number("micro_batch_tokens", 0)
-        if params["micro_batch_tokens"] != int(params["micro_batch_tokens"]):
-            raise ConfigError("adjust_batch_size: 'micro_batch_tokens' must be a whole number of tokens")
-    elif action in ("adjust_grad_clip", "adjust_weight_decay"):
-        params["value"] = params.get("value", -1)
-        number("value", -1e-12)
-    elif action in MOE_KNOBS:
-        number("value", -1e-12)
-    elif action == "set_total_steps":
-        number("steps", 0)
-        if params["steps"] != int(params["steps"]):
-            raise ConfigError("set_total_steps: 'steps' must be a whole number of steps")
-    elif action == "adjust_mod_capacity":
-        number("value", 0, 1 + 1e-12)
-    elif action in ("add_expert", "prune_expert", "reinit_expert", "reset_router"):
-        for name in ("layer", "expert" if action != "add_expert" else "source"):
-            value = params.get(name)
-            if (value is not None or name != "source") and (
-                not isinstance(value, int) or isinstance(value, bool) or value < 0
-            ):
-                raise ConfigError(f"{action}: '{name}' must be a whole number >= 0, got {value!r}")
-    elif action == "rollback":
-        to = params.get("to", "last_good")
-        if to != "last_good" and not (isinstance(to, int) and to >= 0):
-            raise ConfigError(f"rollback: 'to' must be 'last_good' or a step number, got {to!r}")
+        return f"MoD capacity {line.removeprefix('target ')}"

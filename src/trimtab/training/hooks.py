@@ -1,7 +1,9 @@
 """The hook protocol and the built-in loggers (console progress, metrics.jsonl, TensorBoard).
 
-Hooks see the trainer after each step, each log interval and each evaluation; they never reach
-into the step itself. A hook with state returns it from state_dict() and it is checkpointed.
+Hooks see the run (a RunView: figures, read-only handles and `run.control`, training/view.py)
+after each step, each log interval and each evaluation; they never reach into the step itself,
+and change the run only through run.control. A hook with state returns it from state_dict() and
+it is checkpointed.
 """
 
 from __future__ import annotations
@@ -15,47 +17,48 @@ import torch
 
 if TYPE_CHECKING:
     from trimtab.data import StepBatch
-    from trimtab.training.trainer import StepOutput, Trainer
+    from trimtab.training.trainer import StepOutput
+    from trimtab.training.view import RunView
 
 
 class Hook:
     """Base class: override what you need. All methods are optional."""
 
-    def on_train_start(self, trainer: Trainer) -> None: ...
+    def on_train_start(self, run: RunView) -> None: ...
 
-    def on_step_start(self, trainer: Trainer, batch: StepBatch) -> None:
+    def on_step_start(self, run: RunView, batch: StepBatch) -> None:
         """Before the step (again before each retry of it after an OOM)."""
 
-    def update_gate(self, trainer: Trainer, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor | None:
+    def update_gate(self, run: RunView, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor | None:
         """A 0-d bool tensor, true to withhold this step's update; computed on device (no sync)."""
         return None
 
-    def on_oom(self, trainer: Trainer, exc: BaseException, batch: StepBatch) -> bool:
+    def on_oom(self, run: RunView, exc: BaseException, batch: StepBatch) -> bool:
         """Out of memory inside the step: return True after shrinking the micro-batch (through
-        trainer.control) to retry the same rows; False lets the error propagate."""
+        run.control) to retry the same rows; False lets the error propagate."""
         return False
 
-    def on_step_end(self, trainer: Trainer, out: StepOutput) -> None: ...
+    def on_step_end(self, run: RunView, out: StepOutput) -> None: ...
 
-    def on_log(self, trainer: Trainer, metrics: dict[str, Any]) -> None: ...
+    def on_log(self, run: RunView, metrics: dict[str, Any]) -> None: ...
 
-    def on_eval(self, trainer: Trainer, metrics: dict[str, Any]) -> None: ...
+    def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None: ...
 
-    def on_train_end(self, trainer: Trainer, summary: dict[str, Any]) -> None: ...
+    def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None: ...
 
-    def on_save_start(self, trainer: Trainer) -> None: ...
+    def on_save_start(self, run: RunView) -> None: ...
 
-    def on_save_error(self, trainer: Trainer, exc: OSError) -> bool:
+    def on_save_error(self, run: RunView, exc: OSError) -> bool:
         """Saving failed (disk full, ...): True if handled and training may go on."""
         return False
 
-    def on_checkpoint(self, trainer: Trainer, path: Path) -> None: ...
+    def on_checkpoint(self, run: RunView, path: Path) -> None: ...
 
-    def healthy(self, trainer: Trainer) -> bool:
+    def healthy(self, run: RunView) -> bool:
         """Whether the checkpoint about to be written is a good rollback target."""
         return True
 
-    def on_rollback(self, trainer: Trainer, saved_state: dict[str, Any]) -> None:
+    def on_rollback(self, run: RunView, saved_state: dict[str, Any]) -> None:
         """After a rollback; saved_state is this hook's state_dict() from that checkpoint."""
 
     def state_dict(self) -> dict[str, Any]:
@@ -70,14 +73,14 @@ class JsonlLogger(Hook):
     def __init__(self, path: Path):
         self.path = path
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, run: RunView) -> None:
         # Lines past the resumed step were written after the checkpoint and will be redone.
-        _truncate_after(self.path, trainer.state.step)
+        _truncate_after(self.path, run.step)
 
-    def on_log(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+    def on_log(self, run: RunView, metrics: dict[str, Any]) -> None:
         self._write(metrics)
 
-    def on_eval(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+    def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None:
         self._write(metrics)
 
     def _write(self, metrics: dict[str, Any]) -> None:
@@ -97,16 +100,16 @@ class TensorBoardLogger(Hook):
         self.log_dir = log_dir
         self.writer = None
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, run: RunView) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         # purge_step drops events a killed run wrote past its last checkpoint.
-        self.writer = SummaryWriter(str(self.log_dir), purge_step=trainer.state.step + 1)
+        self.writer = SummaryWriter(str(self.log_dir), purge_step=run.step + 1)
 
-    def on_log(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+    def on_log(self, run: RunView, metrics: dict[str, Any]) -> None:
         self._scalars("train", metrics)
 
-    def on_eval(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+    def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None:
         self._scalars("eval", metrics)
 
     def _scalars(self, prefix: str, metrics: dict[str, Any]) -> None:
@@ -114,7 +117,7 @@ class TensorBoardLogger(Hook):
             if key != "step" and isinstance(value, (int, float)):
                 self.writer.add_scalar(f"{prefix}/{key}", value, metrics["step"])
 
-    def on_train_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
+    def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
         self.writer.close()
 
 
@@ -125,40 +128,40 @@ class ConsoleLogger(Hook):
         self.progress = progress
         self.bar = None
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, run: RunView) -> None:
         if self.progress:
             from tqdm import tqdm
 
             self.bar = tqdm(
-                total=trainer.total_steps,
-                initial=trainer.state.step,
+                total=run.total_steps,
+                initial=run.step,
                 unit="step",
                 dynamic_ncols=True,
                 file=sys.stderr,
                 disable=None,
             )
 
-    def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
+    def on_step_end(self, run: RunView, out: StepOutput) -> None:
         if self.bar is not None:
-            self.bar.total = trainer.total_steps  # the live planner may shorten or extend the run
+            self.bar.total = run.total_steps  # the live planner may shorten or extend the run
             self.bar.update(1)
 
-    def on_rollback(self, trainer: Trainer, saved_state: dict[str, Any]) -> None:
+    def on_rollback(self, run: RunView, saved_state: dict[str, Any]) -> None:
         if self.bar is not None:
-            self.bar.n = trainer.state.step
+            self.bar.n = run.step
             self.bar.refresh()
 
-    def on_log(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+    def on_log(self, run: RunView, metrics: dict[str, Any]) -> None:
         text = f"loss {metrics['loss']:.4f} lr {metrics['lr']:.2e} tok/s {metrics['tokens_per_s']:,.0f}"
         if self.bar is not None and not self.bar.disable:
             self.bar.set_postfix_str(text, refresh=False)
         else:
-            print(f"step {metrics['step']}/{trainer.total_steps} {text}", file=sys.stderr, flush=True)
+            print(f"step {metrics['step']}/{run.total_steps} {text}", file=sys.stderr, flush=True)
 
-    def on_eval(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+    def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None:
         self.write(f"eval step {metrics['step']}: val_loss {metrics['val_loss']:.4f} val_ppl {metrics['val_ppl']:.2f}")
 
-    def on_train_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
+    def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
         if self.bar is not None:
             self.bar.close()
 

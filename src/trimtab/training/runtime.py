@@ -3,6 +3,7 @@ signal handling."""
 
 from __future__ import annotations
 
+import math
 import resource
 import signal
 import threading
@@ -38,11 +39,44 @@ class LogWindow:
 
 def read_scalars(values: list) -> list[float]:
     """0-d tensors (any device) and numbers as floats, with a single device-to-host copy."""
-    if not values:
-        return []
-    tensors = [v if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in values]
-    device = next((v.device for v in tensors if v.device.type != "cpu"), torch.device("cpu"))
-    return torch.stack([v.float().to(device) for v in tensors]).tolist()
+    return [float(v) for v in to_host(list(values))]
+
+
+def to_host(tree: Any) -> Any:
+    """`tree` (dicts, lists and tuples of tensors, numbers, bools and None) with every tensor read
+    to the host in one device-to-host copy: a 0-d tensor becomes a float, a larger one a (nested)
+    list of floats. Keeps the metrics path at one sync however many values a step reports."""
+    tensors: list[torch.Tensor] = []
+
+    def collect(node: Any) -> None:
+        if isinstance(node, torch.Tensor):
+            tensors.append(node)
+        elif isinstance(node, dict):
+            for value in node.values():
+                collect(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                collect(value)
+
+    collect(tree)
+    if not tensors:
+        return tree
+    device = next((t.device for t in tensors if t.device.type != "cpu"), torch.device("cpu"))
+    flat = torch.cat([t.detach().float().reshape(-1).to(device) for t in tensors]).cpu()
+    pieces = iter(flat.split([t.numel() for t in tensors]))
+    shapes = iter(t.shape for t in tensors)
+
+    def rebuild(node: Any) -> Any:
+        if isinstance(node, torch.Tensor):
+            piece, shape = next(pieces), next(shapes)
+            return piece.item() if not shape else piece.view(shape).tolist()
+        if isinstance(node, dict):
+            return {key: rebuild(value) for key, value in node.items()}
+        if isinstance(node, (list, tuple)):
+            return type(node)(rebuild(value) for value in node)
+        return node
+
+    return rebuild(tree)
 
 
 class MoEStepStats:
@@ -103,26 +137,24 @@ def mod_metrics(mod: dict[str, Any]) -> dict[str, float]:
 
 
 def moe_metrics(moe: dict[str, Any]) -> dict[str, float | list[int]]:
-    """Log-line figures per MoE layer from one step's telemetry (one device read per layer):
-    assignments per expert (a list: metrics.jsonl only, TensorBoard takes scalars), load
-    coefficient of variation, busiest expert's load over the fair share, experts with no token,
-    dropped fraction, router entropy, balance loss."""
+    """Log-line figures per MoE layer from one step's telemetry (one device read): assignments
+    per expert (a list: metrics.jsonl only, TensorBoard takes scalars), load coefficient of
+    variation, busiest expert's load over the fair share, experts with no token, dropped
+    fraction, router entropy, balance loss."""
+    host = to_host({"counts": moe["counts"], "means": moe["means"]})
     out: dict[str, float | list[int]] = {}
-    means = moe["means"].tolist()
-    for j, (layer, counts) in enumerate(zip(moe["layers"], moe["counts"])):
-        load = counts.float() / counts.sum().clamp(min=1)
-        fair = 1.0 / len(load)
-        values = torch.cat(
-            [
-                torch.stack([load.std(correction=0) / fair, load.max() / fair, (counts == 0).sum().float()]),
-                counts.float(),
-            ]
-        ).tolist()
-        out[f"moe/{layer}/tokens_per_expert"] = [int(c) for c in values[3:]]
-        for key, value in zip(
-            ("load_cv", "max_load", "idle_experts", "dropped", "entropy", "balance_loss"), values[:3] + means[j]
-        ):
-            out[f"moe/{layer}/{key}"] = value
+    for layer, counts, means in zip(moe["layers"], host["counts"], host["means"]):
+        total, fair = sum(counts) or 1.0, 1.0 / len(counts)
+        load = [c / total for c in counts]
+        mean = sum(load) / len(load)
+        figures = {
+            "load_cv": math.sqrt(sum((x - mean) ** 2 for x in load) / len(load)) / fair,
+            "max_load": max(load) / fair,
+            "idle_experts": float(sum(c == 0 for c in counts)),
+            **dict(zip(("dropped", "entropy", "balance_loss"), means)),
+        }
+        out[f"moe/{layer}/tokens_per_expert"] = [int(c) for c in counts]
+        out.update({f"moe/{layer}/{key}": value for key, value in figures.items()})
     return out
 
 

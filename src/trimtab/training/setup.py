@@ -1,4 +1,6 @@
-"""Everything the step loop needs, built before the first step: data per phase, tokenizer, model.
+"""setup(): everything a run needs, built before the first step: the process group, data per
+phase, tokenizer, model (wrapped for data parallelism), precision, the checkpoint to resume, and
+the run directory. The Trainer receives this Run and trains it.
 
 All user input is read and checked here, before the run directory is touched, so bad input
 never leaves a damaged run behind.
@@ -6,14 +8,18 @@ never leaves a damaged run behind.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import torch
 import yaml
 
-from trimtab.checkpoint import latest_valid, load_checkpoint, load_weights
+from trimtab.checkpoint import is_sharded, latest_valid, load_model
 from trimtab.config import DataConfig, OptimConfig, RunConfig
 from trimtab.data import (
     BatchLoader,
@@ -25,7 +31,12 @@ from trimtab.data import (
     get_tokenizer,
     read_documents,
 )
+from trimtab.distributed import Parallel
 from trimtab.errors import CheckpointError, ConfigError
+from trimtab.model import Transformer, build_model
+from trimtab.training.device import Precision, choose_precision, peak_flops, pick_device
+
+log = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
@@ -118,19 +129,18 @@ def check_resume_compatible(cfg: RunConfig) -> None:
         )
 
 
-def init_weights_from(cfg: RunConfig, model) -> None:
-    """train.init_from: start from another run's (or checkpoint's) weights."""
+def init_weights_from(cfg: RunConfig, model: Transformer) -> Path:
+    """train.init_from: start from another run's (or checkpoint's) weights; returns the checkpoint."""
     source = Path(cfg.train.init_from)
     found = latest_valid(source) if (source / "checkpoints").is_dir() else None
     path = found[0] if found else source
-    if not (path / "model.safetensors").is_file():
+    if not ((path / "model.safetensors").is_file() or is_sharded(path)):
         raise ConfigError(
             f"config key 'train.init_from' = '{source}' has no valid checkpoint; "
             "point it at a run directory or a checkpoints/step_* directory"
         )
-    weights, _, state = load_checkpoint(path)
-    model.load_moe_state(state.get("moe", {}))
-    load_weights(model, weights, path)
+    load_model(model, path)
+    return path
 
 
 def _run_dir_of(init_from: str) -> Path:
@@ -147,3 +157,52 @@ def prepare_run_dir(cfg: RunConfig, tok: TextTokenizer) -> None:
     if not (run_dir / "tokenizer.json").is_file():
         tok.save(run_dir / "tokenizer.json.tmp")
         shutil.move(run_dir / "tokenizer.json.tmp", run_dir / "tokenizer.json")
+
+
+@dataclass(kw_only=True)
+class Run:
+    """What setup() built: the Trainer trains this."""
+
+    cfg: RunConfig
+    dist: Parallel  # data parallelism under torchrun; one process otherwise
+    precision: Precision
+    tok: TextTokenizer
+    phases: list[Phase]
+    model: Transformer
+    forward: Callable[[torch.Tensor], torch.Tensor]  # model.hidden, compiled and wrapped (DDP / FSDP2)
+    scaler: torch.amp.GradScaler | None  # fp16 only
+    resume: tuple[Path, dict[str, Any]] | None  # the newest valid checkpoint, to resume from
+    peak: tuple[float | None, str]  # peak FLOP/s for MFU, and where the figure comes from
+
+
+def setup(cfg: RunConfig) -> Run:
+    """Build a run from its config: join torchrun's process group, choose device and precision,
+    read and tokenize the data, build the model (from train.init_from's weights on a fresh run),
+    wrap it, and write config.yaml and tokenizer.json into the run directory."""
+    torch.manual_seed(cfg.train.seed)
+    dist = Parallel.start(cfg.distributed, pick_device(cfg.train.device))
+    precision = dist.same_precision(choose_precision(dist.device, cfg.train.precision))
+    resume = dist.from_main(latest_valid, cfg.run_dir)
+    tok, phases = dist.main_first(build_phases, cfg, tokenizer_source(cfg))
+    resolve_model(cfg, tok)
+    if resume:
+        check_resume_compatible(cfg)  # after resolve_model: derived values compare too
+    model = build_model(cfg.model).to(dist.device)
+    if cfg.train.activation_checkpointing:
+        model.set_activation_checkpointing(True)
+    if cfg.train.init_from and not resume:
+        log.info("initialised from %s (train.init_from)", init_weights_from(cfg, model))
+    forward = dist.wrap(model, cfg.train.compile, precision)
+    dist.on_main(prepare_run_dir, cfg, tok)
+    return Run(
+        cfg=cfg,
+        dist=dist,
+        precision=precision,
+        tok=tok,
+        phases=phases,
+        model=model,
+        forward=forward,
+        scaler=dist.grad_scaler(precision),
+        resume=resume,
+        peak=peak_flops(precision),
+    )

@@ -1,7 +1,8 @@
-"""The trainer: setup() builds everything, fit() runs the step loop.
+"""The trainer: setup() (training/setup.py) builds the run, fit() runs the step loop.
 
 The loop reads top to bottom (see fit); logging, evaluation, checkpoints and signals hook around
-the step, and everything stateful goes into the checkpoint so that resume is exact.
+the step, and everything stateful goes into the checkpoint so that resume is exact. Hooks see the
+run through a RunView and change it only through Control (training/view.py, training/control.py).
 """
 
 from __future__ import annotations
@@ -9,23 +10,18 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from trimtab.checkpoint import find_checkpoint, latest_valid, retire_after
-from trimtab.config import RunConfig
+from trimtab.checkpoint import find_checkpoint, retire_after
 from trimtab.data import StepBatch
-from trimtab.distributed import Parallel
-from trimtab.errors import CheckpointError, ConfigError
-from trimtab.model import build_model
-from trimtab.training import setup
+from trimtab.errors import CheckpointError
 from trimtab.training.control import Control
-from trimtab.training.device import choose_precision, peak_flops, pick_device
 from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger
 from trimtab.training.loss import cross_entropy_sum
-from trimtab.training.optim import build_optimizer, carry_state, lr_at, set_lr
+from trimtab.training.optim import build_optimizer, set_lr
 from trimtab.training.runtime import (
     LogWindow,
     RouterStats,
@@ -37,11 +33,14 @@ from trimtab.training.runtime import (
     set_rng_state,
     stop_on_signals,
 )
+from trimtab.training.schedule import configured_lengths, phase_lr, reconcile
+from trimtab.training.setup import Run
+from trimtab.training.view import RunView
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainState:
     step: int = 0  # optimizer steps taken (or skipped by the update gate), over all phases
     tokens: int = 0  # input tokens trained on
@@ -54,20 +53,36 @@ class TrainState:
     micro_batch_tokens: int | None = None
     rollbacks: int = 0
     length_delta: int = 0  # steps added to (< 0: taken from) pretraining by set_total_steps
+    # The schedule's definition (training/schedule.py): each phase's configured length when last
+    # saved, and the re-warm segments of phases extended after they ended.
+    phase_steps: list[int] = field(default_factory=list)
+    restarts: list[list[Any]] = field(default_factory=list)
 
 
-KNOBS = ("lr_scale", "grad_clip", "weight_decay", "micro_batch_tokens", "rollbacks", "length_delta")
+# What a rollback keeps from the present: the knobs (they are the correction) and the schedule.
+KEPT_ON_ROLLBACK = (
+    "lr_scale",
+    "grad_clip",
+    "weight_decay",
+    "micro_batch_tokens",
+    "rollbacks",
+    "length_delta",
+    "phase_steps",
+    "restarts",
+)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepOutput:
     step: int  # the step just taken (1-based count of steps done)
     loss: torch.Tensor  # 0-d, on device: token-normalised loss of the whole step
     grad_norm: torch.Tensor  # 0-d, on device: pre-clip global norm
-    lr: float
+    lr: float  # the LR the update applied (read from the optimizer)
+    scheduled_lr: float  # the configured schedule's LR for this step, before the multiplier
     lr_scale: float
     batch: StepBatch
-    seconds: float  # wall time of the step, data loading included
+    micro_batch_tokens: int  # the budget the step's micro-batches were cut to
+    seconds: float = 0.0  # wall time of the step, data loading included
     skipped: torch.Tensor | None = None  # 0-d bool, on device: the update gate withheld the update
     overflow: torch.Tensor | None = None  # 0-d bool, on device: fp16 GradScaler found inf/NaN
     aux_loss: torch.Tensor | None = None  # 0-d, on device: the MoE auxiliary losses in the objective
@@ -76,30 +91,15 @@ class StepOutput:
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, hooks: list[Hook] = ()):
-        self.cfg = cfg
-        self.state = TrainState()
-        self.stop_reason = ""
-        torch.manual_seed(cfg.train.seed)
-        self.dist = Parallel.start(cfg.distributed, pick_device(cfg.train.device))  # torchrun: data parallel
-        self.device = self.dist.device
-        self.precision = self.dist.same_precision(choose_precision(self.device, cfg.train.precision))
-        resume = self.dist.from_main(latest_valid, cfg.run_dir)
-        self.tok, self.phases = self.dist.main_first(setup.build_phases, cfg, setup.tokenizer_source(cfg))
-        setup.resolve_model(cfg, self.tok)
-        if resume:
-            setup.check_resume_compatible(cfg)  # after resolve_model: derived values compare too
-        self.model = build_model(cfg.model).to(self.device)
-        if cfg.train.activation_checkpointing:
-            self.model.set_activation_checkpointing(True)
-        if cfg.train.init_from and not resume:
-            setup.init_weights_from(cfg, self.model)
-        self.hidden = self.dist.wrap(self.model, cfg.train.compile, self.precision)  # DDP / FSDP2 under torchrun
-        self.scaler = self.dist.grad_scaler(self.precision)  # fp16 only
-        self.total_steps = sum(p.steps for p in self.phases)
+    def __init__(self, run: Run, hooks: list[Hook] = ()):
+        cfg = self.cfg = run.cfg
+        self.dist, self.device, self.precision = run.dist, run.dist.device, run.precision
+        self.tok, self.phases, self.model = run.tok, run.phases, run.model
+        self.forward, self.scaler = run.forward, run.scaler  # forward: model.hidden, wrapped
         self.flops_per_token = self.model.flops_per_token(cfg.data.seq_len)
-        self.peak_flops, self.peak_source = peak_flops(self.precision)
-        self.dist.on_main(setup.prepare_run_dir, cfg, self.tok)
+        self.peak_flops, self.peak_source = run.peak
+        self.state = TrainState(phase_steps=configured_lengths(cfg))
+        self.stop_reason = ""
         main = self.dist.is_main  # rank 0 alone writes logs and metrics
         self.hooks = [ConsoleLogger(cfg.log.progress), JsonlLogger(cfg.run_dir / "metrics.jsonl")] if main else []
         if cfg.log.tensorboard and main:
@@ -107,12 +107,17 @@ class Trainer:
         self.hooks += list(hooks)
         self.window = LogWindow()
         self.control = Control(self)
+        self.view = RunView(self, self.control)  # what hooks see
+        self.control.apply_lengths()
         self._enter_phase(0)
-        self.resumed_from = resume[0] if resume else None
+        self.resumed_from = run.resume[0] if run.resume else None
         self.last_saved = self.last_good = -1
-        if resume:
-            self._load(resume[0], rollback=False)
-            log.info("resuming from %s (step %d of %d)", resume[0], self.state.step, self.total_steps)
+        self.config_changes: list[dict[str, Any]] = []  # phase lengths a person changed on resume
+        if run.resume:
+            self._load(run.resume[0], rollback=False)
+            self.config_changes = reconcile(self.state, self.phases, configured_lengths(cfg))
+            self.control.apply_lengths()
+            log.info("resuming from %s (step %d of %d)", run.resume[0], self.state.step, self.total_steps)
         self.last_eval: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------ the loop
@@ -143,8 +148,8 @@ class Trainer:
 
     def train_step(self, batch: StepBatch) -> StepOutput:
         """One optimizer step: forward/backward over the micro-batches, clip, update."""
-        lr = self.scheduled_lr() * self.state.lr_scale
-        set_lr(self.optimizer, lr)
+        scheduled = self.scheduled_lr()
+        set_lr(self.optimizer, scheduled * self.state.lr_scale)
         self.model.set_step(self.state.step)  # Mixture-of-Depths capacity warm-up
         self.model.train()
         loss, aux_total = torch.zeros((), device=self.device), None
@@ -154,7 +159,7 @@ class Trainer:
             targets = micro.targets.to(self.device, non_blocking=True)
             share = micro.n_targets / batch.n_targets
             with self.precision.autocast():
-                hidden = self.hidden(inputs)
+                hidden = self.forward(inputs)
                 # Token-normalised loss: each micro-batch's summed loss over the step's total
                 # target count, so the gradient is that of one large batch however it is split
                 # ((x1+x2)/(n1+n2), not (x1/n1+x2/n2)/2; torchtune#1875, transformers#34242).
@@ -171,32 +176,34 @@ class Trainer:
         self.dist.reduce_step(loss, aux_total, routers, self.model)  # sums over ranks, on device
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        clip = self.grad_clip() or math.inf  # inf: measure the norm, change nothing
+        clip = self.control.grad_clip() or math.inf  # inf: measure the norm, change nothing
         grad_norm = self.dist.clip_grad_norm(self.model.parameters(), clip)
         # Checked before the update, so a bad step is never applied (torchtitan#4226).
         skip = self._update_gate(loss, grad_norm)
+        lr = self.optimizer.param_groups[0]["lr"]  # what the update applies
         overflow = self._update(skip)
         self.optimizer.zero_grad(set_to_none=True)
         for _, layer in self.model.moe_layers():
             layer.update_bias()  # aux-loss-free balancing: once per optimizer step
         return StepOutput(
-            self.state.step + 1,
-            loss,
-            grad_norm,
-            lr,
-            self.state.lr_scale,
-            batch,
-            0.0,
-            skip,
-            overflow,
-            aux_total,
-            routers.moe_dict(),
-            routers.mod_dict(),
+            step=self.state.step + 1,
+            loss=loss,
+            grad_norm=grad_norm,
+            lr=lr,
+            scheduled_lr=scheduled,
+            lr_scale=self.state.lr_scale,
+            batch=batch,
+            micro_batch_tokens=self.loader.micro_batch_tokens,
+            skipped=skip,
+            overflow=overflow,
+            aux_loss=aux_total,
+            moe=routers.moe_dict(),
+            mod=routers.mod_dict(),
         )
 
     def _update_gate(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor | None:
         """OR of the hooks' skip flags (0-d bool tensors on device), or None when nobody gates."""
-        flags = [f for h in self.hooks if (f := h.update_gate(self, loss, grad_norm)) is not None]
+        flags = [f for h in self.hooks if (f := h.update_gate(self.view, loss, grad_norm)) is not None]
         if self.control.skip_next:
             self.control.skip_next = False
             flags.append(torch.ones((), dtype=torch.bool, device=self.device))
@@ -238,7 +245,7 @@ class Trainer:
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
                 budget = self.loader.micro_batch_tokens
-                handled = any(h.on_oom(self, exc, batch) for h in self.hooks)
+                handled = any(h.on_oom(self.view, exc, batch) for h in self.hooks)
                 self.control.apply()
                 if self.stop_reason:
                     return None
@@ -318,7 +325,7 @@ class Trainer:
         total, count = torch.zeros((), device=self.device), 0
         for micro in micro_batches:
             with self.precision.autocast():
-                hidden = self.hidden(micro.inputs.to(self.device))
+                hidden = self.forward(micro.inputs.to(self.device))
                 total += cross_entropy_sum(hidden, self.model.lm_head.weight, micro.targets.to(self.device))
             count += micro.n_targets
         return self.dist.mean_over_ranks(total).item() / max(count, 1)  # one verdict if replicas diverged
@@ -338,99 +345,25 @@ class Trainer:
         """Stop after the current step, saving a checkpoint (signals and hooks use this)."""
         self.stop_reason = self.stop_reason or reason
 
-    # ------------------------------------------------------------------------------ phases and knobs
+    # ------------------------------------------------------------------------------ phases
 
     def _enter_phase(self, index: int) -> None:
         phase = self.phases[index]
         self.state.phase = index
         self.optimizer = build_optimizer(self.model, phase.optim, self.device)
         self.loader = phase.loader(self.cfg, self.tok.pad_id, self.dist.rank, self.dist.world)
-        self._apply_knobs()
-
-    def _apply_knobs(self) -> None:
-        if self.state.micro_batch_tokens:
-            self.loader.micro_batch_tokens = self.state.micro_batch_tokens
-        if self.state.weight_decay is not None:
-            self.optimizer.param_groups[0]["weight_decay"] = self.state.weight_decay  # the decay group
+        self.control.apply_knobs()
 
     def _maybe_next_phase(self) -> None:
         index = max(i for i, p in enumerate(self.phases) if p.start <= self.state.step)
         if index != self.state.phase:
             self._enter_phase(index)
+            phase = self.phases[index]
+            self.say(f"step {self.state.step}: {phase.name} phase begins ({phase.steps} steps, {phase.data.source})")
 
     def scheduled_lr(self) -> float:
-        phase = self.phases[self.state.phase]
-        return lr_at(self.state.step - phase.start, phase.steps, phase.optim)
-
-    def grad_clip(self) -> float:
-        clip = self.state.grad_clip
-        return self.phases[self.state.phase].optim.grad_clip if clip is None else clip
-
-    def set_micro_batch_tokens(self, tokens: int) -> str:
-        """Micro-batch budget; the step's rows (the optimization batch) stay the same."""
-        old = self.loader.micro_batch_tokens
-        tokens = max(min(tokens, self.loader.batch_tokens), self.phases[self.state.phase].data.seq_len)
-        self.loader.micro_batch_tokens = self.state.micro_batch_tokens = tokens
-        return f"micro-batch {old} -> {tokens} tokens"
-
-    def set_total_steps(self, total: int) -> str:
-        """Change the run's length through the pretraining phase (the live planner's shorten /
-        extend): its LR schedule is a function of the phase length, so it stretches or shrinks to
-        the new end; a finetuning phase after it moves with it."""
-        if self.state.phase != 0:
-            raise ConfigError("the run length can only change during pretraining (phase 0)")
-        old = self.total_steps
-        if self.phases[0].steps + total - old < max(self.state.step, 1):
-            raise ConfigError(
-                f"set_total_steps: {total} would end pretraining before the current step {self.state.step}"
-            )
-        self.state.length_delta += total - old
-        self._apply_length()
-        return f"total steps {old} -> {self.total_steps}"
-
-    def _apply_length(self) -> None:
-        self.phases[0].steps = self.cfg.train.max_steps + self.state.length_delta
-        for before, phase in zip(self.phases, self.phases[1:]):
-            phase.start = before.start + before.steps
-        self.total_steps = sum(p.steps for p in self.phases)
-
-    def set_weight_decay(self, value: float) -> str:
-        old = self.optimizer.param_groups[0]["weight_decay"]
-        self.state.weight_decay = value
-        self._apply_knobs()
-        return f"weight decay {old:g} -> {value:g}"
-
-    def expert_surgery(self, op: str, layer: int, expert: int | None = None) -> str:
-        """add / prune / reinit an expert of MoE layer `layer`, then rebuild the optimizer so it
-        holds exactly the live parameters: untouched experts keep their AdamW moments, an added
-        expert starts from its source's, a re-initialised one from zero."""
-        if self.dist.world > 1:  # DDP buckets and FSDP shards are laid out for the old parameters
-            raise ConfigError("expert surgery is not supported under data parallelism yet; run it in one process")
-        moe = dict(self.model.moe_layers()).get(layer)
-        if moe is None:
-            layers = [i for i, _ in self.model.moe_layers()]
-            raise ConfigError(f"layer {layer} is not a MoE layer (MoE layers: {layers or 'none'})")
-        if expert is not None and not 0 <= expert < moe.n_experts:
-            raise ConfigError(f"layer {layer} has experts 0..{moe.n_experts - 1}, not {expert}")
-        before = {name: getattr(moe, name) for name in ("router", "w1", "w2", "w3")}
-        n = moe.n_experts
-        if op == "add":
-            expert = moe.add_expert(expert)
-            rows = [*range(n), _source_of(moe, before["router"])]
-        elif op == "prune":
-            if n - 1 < moe.top_k:
-                raise ConfigError(f"layer {layer}: pruning would leave fewer experts than top_k={moe.top_k}")
-            moe.prune_expert(expert)
-            rows = [i for i in range(n) if i != expert]
-        else:
-            moe.reinit_expert(expert)
-            rows = [None if i == expert else i for i in range(n)]
-        replaced = {id(old): (getattr(moe, name), rows) for name, old in before.items()}
-        optimizer = build_optimizer(self.model, self.phases[self.state.phase].optim, self.device)
-        carry_state(self.optimizer, optimizer, replaced)
-        self.optimizer = optimizer
-        self._apply_knobs()
-        return f"layer {layer}: {op} expert {expert} ({n} -> {moe.n_experts} experts)"
+        """The configured schedule's LR for the step about to run (or running), before the multiplier."""
+        return phase_lr(self.phases[self.state.phase], self.state.phase, self.state.step, self.state.restarts)
 
     def say(self, line: str) -> None:
         """One line on the console, above the progress bar."""
@@ -439,9 +372,11 @@ class Trainer:
 
     # ------------------------------------------------------------------------------ checkpoints
 
-    def save(self) -> None:
+    def save(self) -> bool:
+        """Write a checkpoint of this step; whether one is on disk now (False: the save failed and
+        a hook took the error, so training goes on)."""
         if self.state.step == self.last_saved:
-            return
+            return True
         good = self._healthy()
         losses, norms, _ = self.window.read()
         state = {
@@ -472,18 +407,19 @@ class Trainer:
                 before=lambda: self._call("on_save_start"),
             )
         except OSError as exc:  # disk full, quota, a vanished mount: a hook may handle it
-            if not any(h.on_save_error(self, exc) for h in self.hooks):
+            if not any(h.on_save_error(self.view, exc) for h in self.hooks):
                 raise
-            return
+            return self.last_saved == self.state.step  # a hook's retry may have saved it
         self.last_saved = self.state.step
         self.last_good = self.state.step if good else self.last_good
         self._call("on_checkpoint", path)
+        return True
 
     def _healthy(self) -> bool:
         """A checkpoint is good (a rollback target) when every hook agrees and the weights are
         finite; one device read per checkpoint."""
         finite = self.dist.all_finite(self.model.parameters())
-        return all(h.healthy(self) for h in self.hooks) and finite
+        return all(h.healthy(self.view) for h in self.hooks) and finite
 
     def rollback(self, to: str | int = "last_good") -> str:
         """Restore weights, optimizer, data position and RNG from a checkpoint; keep the knobs."""
@@ -498,18 +434,17 @@ class Trainer:
 
     def _load(self, path, rollback: bool) -> None:
         weights, optim_state, state = self.dist.read_checkpoint(path)
-        self.model.load_moe_state(state.get("moe", {}))  # expert counts changed by surgery
-        self.model.load_mod_state(state.get("mod", {}))  # capacities the orchestrator changed
-        self.dist.load_weights(self.model, weights, path)  # any checkpoint format, any world size
-        knobs = {k: getattr(self.state, k) for k in KNOBS}
+        self.dist.load_model(self.model, weights, state, path)  # any checkpoint format, any world size
+        kept = {k: getattr(self.state, k) for k in KEPT_ON_ROLLBACK}
         skipped = self.loader.skipped
         self.state = TrainState(**state["train"])
+        self.state.phase_steps = self.state.phase_steps or configured_lengths(self.cfg)  # older checkpoints
         if rollback:
-            self.state.__dict__.update(knobs, rollbacks=knobs["rollbacks"] + 1)
-        self._apply_length()
+            self.state.__dict__.update(kept, rollbacks=kept["rollbacks"] + 1)
+        self.control.apply_lengths()
         self._enter_phase(self.state.phase)
         self.dist.load_optimizer(self.model, self.optimizer, optim_state, path)
-        self._apply_knobs()  # load_state_dict brought back the saved weight decay
+        self.control.apply_knobs()  # load_state_dict brought back the saved weight decay
         if self.scaler and optim_state["scaler"]:
             self.scaler.load_state_dict(optim_state["scaler"])
         set_rng_state(optim_state["rng"])
@@ -520,7 +455,7 @@ class Trainer:
             self.loader.skipped |= skipped
             self.window = LogWindow()
             for key, hook in self._keyed_hooks():
-                hook.on_rollback(self, state["hooks"].get(key, {}))
+                hook.on_rollback(self.view, state["hooks"].get(key, {}))
             return
         window = state["log_window"]
         self.window = LogWindow(window["losses"], window["norms"], window["tokens"], window["seconds"])
@@ -540,7 +475,7 @@ class Trainer:
 
     def _call(self, event: str, *args: Any) -> None:
         for hook in self.hooks:
-            getattr(hook, event)(self, *args)
+            getattr(hook, event)(self.view, *args)
 
     def _summary(self, step0: int, tokens0: int, train_seconds0: float, wall0: float) -> dict[str, Any]:
         """This session's figures: tokens/s over its steps, seconds including eval and saving."""
@@ -569,8 +504,3 @@ class Trainer:
             summary["mfu"] = tps * self.flops_per_token / self.peak_flops
             summary["peak_flops_source"] = self.peak_source
         return summary
-
-
-def _source_of(moe, old_router: torch.Tensor) -> int:
-    """The expert an added one was copied from: the old router row nearest the new last row."""
-    return int((old_router - moe.router[-1].detach()).norm(dim=1).argmin())

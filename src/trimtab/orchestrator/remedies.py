@@ -1,0 +1,186 @@
+"""The remedies of the families with one answer each (the policy's dispatch calls these):
+memory and out-of-memory, throughput, Mixture-of-Experts health, Mixture-of-Depths quality, a
+failed checkpoint save, and the run's length. Each reads the run through its view and returns a
+Remedy; none acts (the orchestrator requests the action through Control).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.monitors import Finding
+
+
+@dataclass(kw_only=True)
+class Remedy:
+    """The policy's answer to a finding: an action of the table (training/actions.py), or "none"
+    (log only), with its parameters and the reasoning the journal records."""
+
+    action: str
+    params: dict[str, Any] = field(default_factory=dict)
+    reasoning: str
+
+
+def memory(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
+    """Memory pressure or an out-of-memory error: halve the micro-batch (twice the accumulation:
+    the optimization batch stays the same); after a clean stretch, probe a larger one."""
+    if f.evidence.get("kind") == "probe":
+        return Remedy(
+            action="set_micro_batch_tokens",
+            params={"tokens": f.evidence["target"]},
+            reasoning="probe: a larger micro-batch is faster; if it runs out of memory it is halved again "
+            "and the next probe waits twice as long",
+        )
+    if f.rule == "oom" and f.evidence["retry"] > cfg.oom.max_retries:
+        return Remedy(
+            action="stop",
+            params={"reason": f"out of memory after {cfg.oom.max_retries} retries"},
+            reasoning="the retry budget for one step is spent (orchestrator.oom.max_retries)",
+        )
+    half = view.micro_batch_tokens // 2
+    if half < view.min_micro_batch_tokens and f.rule == "memory":
+        return Remedy(
+            action="none",
+            reasoning="memory is nearly full but the micro-batch is already one row; logged for a person "
+            "(an out-of-memory error would stop the run)",
+        )
+    if half < view.min_micro_batch_tokens:
+        return Remedy(
+            action="stop",
+            params={
+                "reason": f"out of memory with a micro-batch of one row ({view.micro_batch_tokens} tokens); "
+                "lower data.seq_len or the model size, or use a device with more memory"
+            },
+            reasoning="the micro-batch cannot be split further",
+        )
+    why = (
+        "out of memory: half the micro-batch with twice the accumulation keeps the optimization batch "
+        "identical; the same rows are retried"
+        if f.rule == "oom"
+        else "memory is nearly full: a smaller micro-batch now avoids an out-of-memory crash later"
+    )
+    return Remedy(action="set_micro_batch_tokens", params={"tokens": half}, reasoning=why)
+
+
+def throughput(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
+    return Remedy(
+        action="none",
+        reasoning="throughput fell well below its recent median; logged for a person (a slower node, "
+        "thermal throttling, I/O stalls or memory swapping)",
+    )
+
+
+def disk(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
+    return Remedy(
+        action="save_checkpoint",
+        params={"keep": 1},
+        reasoning="keep training and keep what was trained: delete older checkpoints (never the last good "
+        "one) to free space, then retry the save once",
+    )
+
+
+def mod(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
+    """Mixture-of-Depths: the loss rose as the capacity fell, so the capacity goes back."""
+    value = min(1.0, round(f.evidence["restore_to"], 4))
+    targets = sorted({target for _, target in view.mod_capacities().values()})
+    return Remedy(
+        action="set_mod_capacity",
+        params={"value": value},
+        reasoning=f"the loss rose as soon as fewer tokens went through the MoD blocks: give them back the "
+        f"capacity they had before the fall (targets {', '.join(f'{t:g}' for t in targets)} -> {value:g} "
+        "in every MoD layer)",
+    )
+
+
+def length(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
+    """The live planner's run-length finding (orchestrator/planner.py): shorten or extend."""
+    e = f.evidence
+    if e["recommendation"] == "shorten":
+        why = (
+            f"the fitted loss curve L(D) = E + B / D^beta (Hoffmann et al. 2022's data term) predicts that "
+            f"the last {e['total_steps'] - e['recommended_steps']} planned steps lower the loss by only "
+            f"{e['loss_end'] - e['loss_recommended']:.3g}, within plan.tolerance={e['tolerance']:g} of the best "
+            "allowed run: ending earlier saves the compute (the LR schedule compresses to the new end)"
+        )
+    else:
+        why = (
+            f"the fitted loss curve is still falling: {e['recommended_steps'] - e['total_steps']} more steps "
+            f"are predicted to lower the loss by {e['loss_end'] - e['loss_recommended']:.3g}, more than "
+            f"plan.tolerance={e['tolerance']:g}; bounded by plan.max_extend={e['max_extend']:g}"
+        )
+    return Remedy(action="set_total_steps", params={"steps": e["new_total"]}, reasoning=why)
+
+
+def moe(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
+    """A MoEHealth finding (orchestrator/moe_health.py): revive, split, widen or rebalance."""
+    rule, layer, kind = cfg.moe, f.evidence["layer"], f.evidence["kind"]
+    knobs = view.moe_knobs(layer)
+    if kind == "dead":
+        expert = f.evidence["expert"]
+        if f.evidence["revived_before"] and rule.prune_dead and knobs["n_experts"] > knobs["top_k"]:
+            return Remedy(
+                action="prune_expert",
+                params={"layer": layer, "expert": expert},
+                reasoning="the expert died again after a re-init: it only costs memory, so it goes",
+            )
+        return Remedy(
+            action="reinit_expert",
+            params={"layer": layer, "expert": expert},
+            reasoning="a dead expert is wasted capacity: fresh weights and a router row at the mean of the "
+            "others give it traffic again (its optimizer moments restart from zero)",
+        )
+    if kind == "saturated":
+        return Remedy(
+            action="add_expert",
+            params={"layer": layer, "source": f.evidence["busiest"]},
+            reasoning="the busiest expert is saturated and tokens are dropped: split it in two "
+            "(orchestrator.moe.add_experts is on)",
+        )
+    if kind == "drop":
+        return _capacity(layer, knobs["capacity_factor"], rule.max_capacity)
+    return _balance(f, layer, kind, knobs["balance_coef"], cfg)
+
+
+def _capacity(layer: int, factor: float, limit: float) -> Remedy:
+    if not factor or factor * 1.25 > limit:
+        return Remedy(
+            action="none",
+            reasoning="tokens are dropped but the capacity factor is at its limit (orchestrator.moe.max_capacity); "
+            "logged for a person",
+        )
+    return Remedy(
+        action="set_capacity_factor",
+        params={"value": factor * 1.25, "layer": layer},
+        reasoning="dropped tokens skip the expert layer: a larger capacity keeps them, at some compute",
+    )
+
+
+def _balance(f: Finding, layer: int, kind: str, coef: float, cfg: OrchestratorConfig) -> Remedy:
+    """Imbalance: a larger balance coefficient. Collapse climbs: x4 the first time, then (an earlier
+    balance finding in 4 windows, or the coefficient at its limit) a router reset."""
+    target = min(cfg.moe.max_balance_coef, max(coef * (4 if kind == "collapse" else 2), 1e-3))
+    if kind == "collapse" and (f.evidence["strikes"] or target <= coef):
+        expert = f.evidence["busiest"]
+        return Remedy(
+            action="reset_router",
+            params={"layer": layer, "expert": expert},
+            reasoning=f"the layer is collapsed onto expert {expert} after {f.evidence['strikes']} earlier balance "
+            f"finding(s) in {4 * cfg.moe.window} steps (or the balance coefficient is at its limit): that loss "
+            "moves router probabilities only, a saturated softmax passes it almost no gradient and the selection "
+            "bias none, so re-centre the expert's router row and selection bias on the others' mean (its weights "
+            "stay) and restart the row's AdamW moments",
+        )
+    if target <= coef:
+        return Remedy(
+            action="none",
+            reasoning=f"the load is {kind}d but the balance coefficient is at its limit "
+            "(orchestrator.moe.max_balance_coef); logged for a person",
+        )
+    return Remedy(
+        action="set_balance_coef",
+        params={"value": target, "layer": layer},
+        reasoning="a stronger load-balancing loss pushes the router to spread tokens (Switch, GShard)"
+        + ("; a collapse gets a 4x step" if kind == "collapse" else ""),
+    )

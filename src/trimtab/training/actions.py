@@ -1,0 +1,288 @@
+"""The table of actions: every intervention a hook or a person can ask of a running job.
+
+One entry per action names its parameters (type, bounds, default), its `trimtab ctl` verb, a
+one-line description and how the journal words it. Control's validation, `trimtab ctl`'s parsing
+and help, and the journal's console lines all derive from this table, so adding an action is one
+entry here and one effect in Control.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from trimtab.errors import ConfigError
+
+REQUIRED = object()  # a parameter without a default
+
+
+@dataclass(frozen=True, kw_only=True)
+class Param:
+    name: str
+    kind: str  # float | int | str | step ('last_good' or a step number) | rows (list of row ids)
+    bounds: str = ""  # e.g. "(0, inf)", "[0, 1]": open or closed ends (numbers only)
+    default: Any = REQUIRED
+    ctl: bool = True  # a `trimtab ctl` argument (rows are not typed by hand)
+    choices: tuple[str, ...] = ()  # str parameters: the values allowed
+
+    def check(self, action: str, value: Any) -> Any:
+        """The value, converted and checked; ConfigError naming the action and parameter."""
+        if self.kind == "rows":
+            if not isinstance(value, (list, tuple)) or not all(_whole(v) and v >= 0 for v in value):
+                raise ConfigError(f"{action}: '{self.name}' must be a list of row numbers >= 0, got {value!r}")
+            return [int(v) for v in value]
+        if self.kind == "step":
+            if value == "last_good" or (_whole(value) and value >= 0):
+                return value if value == "last_good" else int(value)
+            raise ConfigError(f"{action}: '{self.name}' must be 'last_good' or a step number, got {value!r}")
+        if self.kind == "str":
+            if not isinstance(value, str):
+                raise ConfigError(f"{action}: '{self.name}' must be a string, got {value!r}")
+            if self.choices and value not in self.choices:
+                raise ConfigError(f"{action}: unknown {self.name} {value!r}; one of {', '.join(self.choices)}")
+            return value
+        number = (
+            _whole(value) if self.kind == "int" else isinstance(value, (int, float)) and not isinstance(value, bool)
+        )
+        if not number or not self.within(float(value)):
+            what = "a whole number" if self.kind == "int" else "a number"
+            raise ConfigError(f"{action}: '{self.name}' must be {what} in {self.bounds}, got {value!r}")
+        return int(value) if self.kind == "int" else float(value)
+
+    def within(self, value: float) -> bool:
+        if not self.bounds:
+            return math.isfinite(value)
+        low, high = (float(x) for x in self.bounds[1:-1].split(","))
+        above = value > low if self.bounds[0] == "(" else value >= low
+        below = value < high if self.bounds[-1] == ")" else value <= high
+        return above and below and not math.isnan(value)
+
+    def parse(self, verb: str, word: str) -> Any:
+        """A `trimtab ctl` argument (a word on the command line) as the parameter's type."""
+        try:
+            if self.kind == "int":
+                return int(word)
+            if self.kind == "float":
+                return float(word)
+            if self.kind == "step":
+                return word if word == "last_good" else int(word)
+        except ValueError:
+            kind = {"int": "whole number", "float": "number", "step": "step number"}[self.kind]
+            raise ConfigError(f"ctl {verb}: {self.name.upper()} must be a {kind}, got '{word}'") from None
+        return word
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Action:
+    name: str
+    help: str  # one line, for `trimtab ctl --help` and docs
+    says: str | Callable[[dict[str, Any]], str]  # the journal's words: a format string over the parameters
+    params: tuple[Param, ...] = ()
+    verb: str | None = None  # the `trimtab ctl` verb; None: not for people
+
+    def check(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Parameters checked against the table, defaults filled in; ConfigError otherwise."""
+        names = [p.name for p in self.params]
+        unknown = sorted(set(params) - set(names))
+        if unknown:
+            raise ConfigError(
+                f"{self.name}: unknown parameter(s) {', '.join(unknown)}; it takes {', '.join(names) or 'none'}"
+            )
+        out = {}
+        for p in self.params:
+            if p.name in params and params[p.name] is not None:
+                out[p.name] = p.check(self.name, params[p.name])
+            elif p.default is REQUIRED:
+                raise ConfigError(f"{self.name}: '{p.name}' is required")
+            elif p.default is not None:
+                out[p.name] = p.default
+        return out
+
+    def usage(self) -> str:
+        """e.g. `scale-lr FACTOR` or `add-expert LAYER [SOURCE]`."""
+        words = [p.name.upper() if p.default is REQUIRED else f"[{p.name.upper()}]" for p in self.params if p.ctl]
+        return " ".join([self.verb or self.name, *words])
+
+    def describe(self, params: dict[str, Any]) -> str:
+        values = {p.name: params.get(p.name, None if p.default is REQUIRED else p.default) for p in self.params}
+        values["where"] = "all layers" if values.get("layer") is None else f"layer {values['layer']}"
+        values["n_rows"] = len(values.get("skip_rows") or values.get("rows") or [])
+        return self.says(values) if callable(self.says) else self.says.format(**values)
+
+
+LAYER = Param(name="layer", kind="int", bounds="[0, inf)", default=None)  # None: every layer of that kind
+MOE_LAYER = Param(name="layer", kind="int", bounds="[0, inf)")  # surgery: one layer, named
+EXPERT = Param(name="expert", kind="int", bounds="[0, inf)")
+
+_TABLE = (
+    Action(name="skip_step", verb="skip-step", says="skip step", help="withhold the next step's update"),
+    Action(
+        name="scale_lr",
+        verb="scale-lr",
+        says="lr x{factor:.3g}",
+        help="multiply the LR (the schedule keeps its shape)",
+        params=(Param(name="factor", kind="float", bounds="(0, inf)"),),
+    ),
+    Action(
+        name="set_lr",
+        verb="set-lr",
+        says="lr = {value:.3g}",
+        help="set the LR now; the schedule keeps its shape from this level",
+        params=(Param(name="value", kind="float", bounds="(0, inf)"),),
+    ),
+    Action(
+        name="emergency_lr_reduction",
+        verb="emergency-lr",
+        says="lr x{factor:.3g}",
+        help="cut the LR (default x0.1)",
+        params=(Param(name="factor", kind="float", bounds="(0, 1)", default=0.1),),
+    ),
+    Action(
+        name="rollback",
+        verb="rollback",
+        says=lambda v: f"roll back to {v['to']}" + (f", skip {v['n_rows']} rows" if v["n_rows"] else ""),
+        help="restore the last good checkpoint (or the newest at or before STEP); the knobs stay",
+        params=(
+            Param(name="to", kind="step", default="last_good"),
+            Param(name="skip_rows", kind="rows", default=None, ctl=False),
+        ),
+    ),
+    Action(
+        name="skip_data",
+        says="leave out {n_rows} rows",
+        help="leave these training rows out from now on",
+        params=(Param(name="rows", kind="rows", ctl=False),),
+    ),
+    Action(
+        name="set_micro_batch_tokens",
+        verb="micro-batch",
+        says="micro-batch {tokens} tokens",
+        help="tokens per forward/backward; the optimization batch stays the same",
+        params=(Param(name="tokens", kind="int", bounds="[1, inf)"),),
+    ),
+    Action(
+        name="set_grad_clip",
+        verb="grad-clip",
+        says="grad clip {value:g}",
+        help="gradient-norm clipping threshold (0: off)",
+        params=(Param(name="value", kind="float", bounds="[0, inf)"),),
+    ),
+    Action(
+        name="set_weight_decay",
+        verb="weight-decay",
+        says="weight decay {value:g}",
+        help="AdamW weight decay of the decayed parameter group",
+        params=(Param(name="value", kind="float", bounds="[0, inf)"),),
+    ),
+    Action(
+        name="save_checkpoint",
+        verb="checkpoint",
+        says=lambda v: (
+            "save a checkpoint"
+            + ("" if v["keep"] is None else f" (first delete all but the newest {v['keep']} and the last good one)")
+        ),
+        help="save a checkpoint now; with KEEP, first delete older ones (never the last good one) to free space",
+        params=(Param(name="keep", kind="int", bounds="[1, inf)", default=None),),
+    ),
+    Action(
+        name="stop",
+        verb="stop",
+        says="save and stop ({reason})",
+        help="save a checkpoint and stop",
+        params=(Param(name="reason", kind="str", default="stop requested"),),
+    ),
+    Action(
+        name="add_expert",
+        verb="add-expert",
+        says=lambda v: (
+            f"add an expert to layer {v['layer']}"
+            + ("" if v["source"] is None else f" (a copy of expert {v['source']})")
+        ),
+        help="split an expert in two: a copy of SOURCE (default: the busiest)",
+        params=(MOE_LAYER, Param(name="source", kind="int", bounds="[0, inf)", default=None)),
+    ),
+    Action(
+        name="prune_expert",
+        verb="prune-expert",
+        says="prune expert {expert} of layer {layer}",
+        help="remove an expert (its router row and weights)",
+        params=(MOE_LAYER, EXPERT),
+    ),
+    Action(
+        name="reinit_expert",
+        verb="reinit-expert",
+        says="re-initialise expert {expert} of layer {layer}",
+        help="fresh weights and a router row at the others' mean",
+        params=(MOE_LAYER, EXPERT),
+    ),
+    Action(
+        name="reset_router",
+        verb="reset-router",
+        says="reset the router row of expert {expert} in layer {layer}",
+        help="re-centre a collapsed expert's router row and selection bias on the others' mean",
+        params=(MOE_LAYER, EXPERT),
+    ),
+    Action(
+        name="set_capacity_factor",
+        verb="capacity-factor",
+        says="capacity factor {value:g} ({where})",
+        help="MoE capacity factor (0: dropless)",
+        params=(Param(name="value", kind="float", bounds="[0, inf)"), LAYER),
+    ),
+    Action(
+        name="set_router_temperature",
+        verb="router-temperature",
+        says="router temperature {value:g} ({where})",
+        help="softmax temperature of the MoE router",
+        params=(Param(name="value", kind="float", bounds="(0, inf)"), LAYER),
+    ),
+    Action(
+        name="set_balance_coef",
+        verb="balance-coef",
+        says="balance coefficient {value:g} ({where})",
+        help="weight of the MoE load-balancing loss (model.moe.balance_coef)",
+        params=(Param(name="value", kind="float", bounds="[0, inf)"), LAYER),
+    ),
+    Action(
+        name="set_mod_capacity",
+        verb="mod-capacity",
+        says="MoD capacity {value:g} ({where})",
+        help="target share of tokens a Mixture-of-Depths block processes",
+        params=(Param(name="value", kind="float", bounds="(0, 1]"), LAYER),
+    ),
+    Action(
+        name="set_total_steps",
+        verb="total-steps",
+        says="run length {steps} steps",
+        help="the run's total steps (the pretraining schedule stretches or shrinks to the new end)",
+        params=(Param(name="steps", kind="int", bounds="[1, inf)"),),
+    ),
+)
+ACTIONS: dict[str, Action] = {a.name: a for a in _TABLE}
+MOE_KNOBS = {
+    "set_capacity_factor": "capacity_factor",
+    "set_router_temperature": "router_temperature",
+    "set_balance_coef": "balance_coef",
+}  # action -> the MoE layer's attribute (and config key)
+
+
+def action(name: str) -> Action:
+    if name not in ACTIONS:
+        raise ConfigError(f"unknown action '{name}'; one of {', '.join(ACTIONS)}")
+    return ACTIONS[name]
+
+
+def describe(name: str, params: dict[str, Any]) -> str:
+    """The journal's and console's words for an action, e.g. `lr x0.5`; "log only" for none."""
+    if name == "none":
+        return "log only"
+    if name not in ACTIONS:
+        extra = ", ".join(f"{k}={v}" for k, v in params.items())
+        return name.replace("_", " ") + (f" ({extra})" if extra else "")
+    return ACTIONS[name].describe(params)

@@ -1,0 +1,106 @@
+"""The run's length and learning-rate schedule across its phases, and what changing a length means.
+
+A run is a sequence of phases (pretraining, then an optional finetune), each with its own schedule
+over its own length (optim.lr_at). A length changes in three ways, each with defined semantics:
+
+- the live planner (Control's set_total_steps) during pretraining: the schedule stretches or
+  shrinks to the new end;
+- a person resuming with another `train.max_steps` / `finetune.steps` before that phase ended:
+  the same, the schedule is a function of the phase's length;
+- a person extending a phase that had already ended (a finished run asked to go on): the added
+  steps re-warm from the LR the phase ended at to its peak over `optim.warmup_steps`, then follow
+  the configured schedule, its decay included, to the new end. Continuing at the final (minimum)
+  LR barely trains, and jumping to the stretched schedule's mid-run LR is a shock; re-warming and
+  re-decaying is what Ibrahim et al. 2024 ("Simple and Scalable Strategies to Continually
+  Pre-train Large Language Models") found to recover the LR's benefit without a loss spike.
+
+Such a re-warm is a `restart`, [phase, start step, warm_from LR], kept in the checkpoint; a
+person's change is reported (and journaled by the orchestrator) as a configuration change.
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate, zip_longest
+from typing import Any, Protocol
+
+from trimtab.config import OptimConfig, RunConfig
+from trimtab.errors import ConfigError
+from trimtab.training.optim import lr_at
+
+KEYS = ("train.max_steps", "finetune.steps")  # the config key of each phase's length
+
+
+class PhaseLike(Protocol):
+    start: int
+    steps: int
+    optim: OptimConfig
+
+
+def configured_lengths(cfg: RunConfig) -> list[int]:
+    """Each phase's length as the config asks (the planner's changes come on top)."""
+    return [cfg.train.max_steps] + ([cfg.finetune.steps] if cfg.finetune.steps else [])
+
+
+def apply_lengths(phases: list[PhaseLike], lengths: list[int], delta: int) -> int:
+    """Set each phase's length (pretraining's moved by the planner's `delta`) and start; returns
+    the run's total steps."""
+    start = 0
+    for i, phase in enumerate(phases):
+        phase.start, phase.steps = start, lengths[i] + (delta if i == 0 else 0)
+        start += phase.steps
+    return start
+
+
+def phase_lr(phase: PhaseLike, index: int, step: int, restarts: list[list[Any]]) -> float:
+    """The configured LR of global step `step` (0-based) in phase `index`: the phase's schedule over
+    its length, or over a re-warm segment after an extension."""
+    segments = [(phase.start, 0.0)] + sorted((s, w) for p, s, w in restarts if p == index)
+    i = max(j for j, (start, _) in enumerate(segments) if start <= step)
+    start, warm_from = segments[i]
+    end = segments[i + 1][0] if i + 1 < len(segments) else phase.start + phase.steps
+    return lr_at(step - start, end - start, phase.optim, warm_from)
+
+
+def reconcile(state: Any, phases: list[PhaseLike], lengths: list[int]) -> list[dict[str, Any]]:
+    """A resumed run whose config asks for other phase lengths than it was trained with: add the
+    re-warm restarts, record the new lengths in `state` (phase_steps, restarts) and return the
+    changes, one dict per phase (key, old, new, effect) for the console and the journal."""
+    old = state.phase_steps or lengths
+    changes = []
+    old_ends = list(accumulate(n + (state.length_delta if i == 0 else 0) for i, n in enumerate(old)))
+    for index, (before, after) in enumerate(zip_longest(old, lengths)):
+        if before == after:
+            continue
+        key = KEYS[index]
+        if after is None or (before is not None and state.phase > index):
+            raise ConfigError(
+                f"config key '{key}' changed from {before} to {after or 0}, but this run is already past that "
+                f"phase (at step {state.step}); keep it, or start a new run with train.init_from"
+            )
+        if before is not None and index == state.phase and index + 1 < len(lengths):
+            if old_ends[index] - before + after < state.step:
+                raise ConfigError(
+                    f"config key '{key}' = {after} would end this phase before step {state.step}, which the run "
+                    "has reached, with another phase after it; give it at least that many steps"
+                )
+        effect = "a new phase after the others"
+        if before is not None and state.step >= old_ends[index] and after > before:
+            phase = phases[index]
+            old_phase = _Phase(start=old_ends[index] - before, steps=before, optim=phase.optim)
+            warm_from = phase_lr(old_phase, index, old_ends[index] - 1, state.restarts)
+            state.restarts.append([index, old_ends[index], warm_from])
+            effect = (
+                f"the phase had ended at step {old_ends[index]}: its {after - before} added steps re-warm from "
+                f"lr {warm_from:.3g} to {phase.optim.lr:.3g} over {phase.optim.warmup_steps} steps, then follow "
+                f"the {phase.optim.schedule} schedule to the new end"
+            )
+        elif before is not None:
+            effect = "the schedule stretches or shrinks to the new end"
+        changes.append({"key": key, "old": before, "new": after, "effect": effect})
+    state.phase_steps = list(lengths)
+    return changes
+
+
+class _Phase:
+    def __init__(self, start: int, steps: int, optim: OptimConfig) -> None:
+        self.start, self.steps, self.optim = start, steps, optim

@@ -1,0 +1,77 @@
+"""Expert surgery on a live run: add, prune or re-initialise a MoE expert, or reset a collapsed
+router row, keeping the optimizer consistent with the parameters it updates.
+
+Adding or pruning an expert replaces the layer's parameter tensors (their first dimension is the
+expert count), so the optimizer is rebuilt to hold exactly the live parameters: untouched experts
+keep their AdamW moments, an added expert starts from its source's, a re-initialised one from
+zero (optim.carry_state). A router reset works in place and zeroes only that row's moments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from trimtab.errors import ConfigError
+from trimtab.model.moe import MoE
+from trimtab.training.optim import carry_state
+
+Optimizer = torch.optim.Optimizer
+
+
+def moe_layer(model: torch.nn.Module, layer: int, world: int) -> MoE:
+    """MoE layer `layer`, refused under data parallelism (DDP buckets and FSDP shards are laid out
+    for the old parameters, and a reset's noise would differ between ranks)."""
+    if world > 1:
+        raise ConfigError("expert surgery is not supported under data parallelism yet; run it in one process")
+    moe = dict(model.moe_layers()).get(layer)
+    if moe is None:
+        layers = [i for i, _ in model.moe_layers()]
+        raise ConfigError(f"layer {layer} is not a MoE layer (MoE layers: {layers or 'none'})")
+    return moe
+
+
+def expert_surgery(
+    moe: MoE, optimizer: Optimizer, rebuild: Callable[[], Optimizer], op: str, expert: int | None
+) -> tuple[Optimizer, str]:
+    """`op` (add / prune / reinit) on `moe`; returns the rebuilt optimizer and what changed."""
+    if expert is not None and not 0 <= expert < moe.n_experts:
+        raise ConfigError(f"the layer has experts 0..{moe.n_experts - 1}, not {expert}")
+    before = {name: getattr(moe, name) for name in ("router", "w1", "w2", "w3")}
+    n = moe.n_experts
+    if op == "add":
+        expert = moe.add_expert(expert)
+        rows = [*range(n), _source_of(moe, before["router"])]
+    elif op == "prune":
+        if n - 1 < moe.top_k:
+            raise ConfigError(f"pruning would leave fewer experts than top_k={moe.top_k}")
+        moe.prune_expert(expert)
+        rows = [i for i in range(n) if i != expert]
+    else:
+        moe.reinit_expert(expert)
+        rows = [None if i == expert else i for i in range(n)]
+    replaced = {id(old): (getattr(moe, name), rows) for name, old in before.items()}
+    new = rebuild()
+    carry_state(optimizer, new, replaced)
+    return new, f"{op} expert {expert} ({n} -> {moe.n_experts} experts)"
+
+
+def reset_router(moe: MoE, optimizer: Optimizer, expert: int) -> str:
+    """Re-centre a collapsed expert's router row and selection bias (MoE.reset_router), in place,
+    and zero that row's AdamW moments: built while the layer was collapsed, they would push the
+    row on as before."""
+    if not 0 <= expert < moe.n_experts:
+        raise ConfigError(f"reset_router: the layer has experts 0..{moe.n_experts - 1}, not {expert}")
+    before = float(moe.expert_bias[expert])
+    moe.reset_router(expert)
+    state = optimizer.state.get(moe.router, {})
+    for key in ("exp_avg", "exp_avg_sq"):
+        if key in state:
+            state[key][expert].zero_()
+    return f"router reset for expert {expert} (bias {before:.3g} -> {float(moe.expert_bias[expert]):.3g})"
+
+
+def _source_of(moe: MoE, old_router: torch.Tensor) -> int:
+    """The expert an added one was copied from: the old router row nearest the new last row."""
+    return int((old_router - moe.router[-1].detach()).norm(dim=1).argmin())

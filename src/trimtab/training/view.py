@@ -1,0 +1,195 @@
+"""RunView: what a hook sees of a running job.
+
+Hooks (the orchestrator, the live planner, fault injection, a user's own) receive this view, never
+the Trainer: figures read from the run, read-only handles on the model and optimizer, and
+`control`, the one way to change anything (training/control.py). So every intervention goes through
+the action table and the loop applies it at one point.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trimtab.checkpoint import find_checkpoint
+from trimtab.config import RunConfig
+from trimtab.training.control import Control
+from trimtab.training.optim import lr_at
+
+if TYPE_CHECKING:
+    from trimtab.training.trainer import Trainer
+
+
+class RunView:
+    def __init__(self, trainer: Trainer, control: Control):
+        self._t = trainer
+        self.control = control
+
+    # ------------------------------------------------------------------ the run
+
+    @property
+    def cfg(self) -> RunConfig:
+        """The resolved config (read it, never change it: changes go through control)."""
+        return self._t.cfg
+
+    @property
+    def run_dir(self) -> Path:
+        return self._t.cfg.run_dir
+
+    @property
+    def device(self) -> torch.device:
+        return self._t.device
+
+    @property
+    def rank(self) -> int:
+        return self._t.dist.rank
+
+    @property
+    def world(self) -> int:
+        return self._t.dist.world
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 alone prints and writes files (every rank decides alike: the metrics are reduced)."""
+        return self._t.dist.is_main
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps done (a rollback moves it back)."""
+        return self._t.state.step
+
+    @property
+    def tokens(self) -> int:
+        return self._t.state.tokens
+
+    @property
+    def total_steps(self) -> int:
+        return self._t.total_steps
+
+    @property
+    def progress(self) -> float:
+        return self._t.state.step / max(self._t.total_steps, 1)
+
+    @property
+    def phase(self) -> int:
+        return self._t.state.phase
+
+    @property
+    def train_state(self) -> dict[str, Any]:
+        """A copy of the checkpointed training state (step, tokens, knobs, schedule)."""
+        return copy.deepcopy(vars(self._t.state))
+
+    @property
+    def config_changes(self) -> list[dict[str, Any]]:
+        """Phase lengths a person changed when resuming (training/schedule.py reconcile)."""
+        return self._t.config_changes
+
+    def say(self, line: str) -> None:
+        """One line on the console, above the progress bar."""
+        self._t.say(line)
+
+    # ------------------------------------------------------------------ model and optimizer (read only)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._t.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._t.optimizer
+
+    def moe_knobs(self, layer: int) -> dict[str, float]:
+        """A MoE layer's live settings: n_experts, top_k, capacity_factor, router_temperature, balance_coef."""
+        moe = dict(self._t.model.moe_layers())[layer]
+        keys = ("n_experts", "top_k", "capacity_factor", "router_temperature", "balance_coef")
+        return {k: getattr(moe, k) for k in keys}
+
+    def mod_capacities(self) -> dict[int, tuple[float, float]]:
+        """Each Mixture-of-Depths layer's (current capacity, target): they differ during warm-up."""
+        return {i: (r.capacity, r.target) for i, r in self._t.model.mod_layers()}
+
+    def probe_loss(self) -> float | None:
+        """The model's loss on one held-out micro-batch, now (a host read): tells a broken model
+        from bad training data. None without held-out data."""
+        micro = self._t.phases[self._t.state.phase].eval_micro
+        return self._t.held_out_loss(micro[:1]) if micro else None
+
+    # ------------------------------------------------------------------ knobs
+
+    @property
+    def lr_scale(self) -> float:
+        return self._t.state.lr_scale
+
+    @property
+    def scheduled_lr(self) -> float:
+        """The configured schedule's LR for the step running (or, between steps, the next), before
+        the multiplier: what the config and the journal explain."""
+        return self._t.scheduled_lr()
+
+    @property
+    def applied_lr(self) -> float:
+        """The LR the optimizer holds now: what the update applies."""
+        return self._t.optimizer.param_groups[0]["lr"]
+
+    def pretrain_lr_if(self, steps: int) -> float:
+        """The next step's schedule LR if pretraining were `steps` long (a length change's jump)."""
+        phase = self._t.phases[0]
+        return lr_at(self._t.state.step - phase.start, steps, phase.optim)
+
+    @property
+    def grad_clip(self) -> float:
+        return self._t.control.grad_clip()
+
+    @property
+    def micro_batch_tokens(self) -> int:
+        return self._t.loader.micro_batch_tokens
+
+    @property
+    def configured_micro_batch_tokens(self) -> int:
+        """The budget the config starts with (train.micro_batch_tokens, or the whole step when auto)."""
+        return self._t.cfg.train.micro_budget
+
+    @property
+    def batch_tokens(self) -> int:
+        return self._t.loader.batch_tokens
+
+    @property
+    def min_micro_batch_tokens(self) -> int:
+        """One full row: a smaller budget cannot split a step any further."""
+        return self._t.phases[self._t.state.phase].data.seq_len
+
+    @property
+    def rollbacks(self) -> int:
+        return self._t.state.rollbacks
+
+    # ------------------------------------------------------------------ checkpoints and data
+
+    @property
+    def last_good(self) -> int:
+        """Step of the newest checkpoint this session marked good (-1: none yet)."""
+        return self._t.last_good
+
+    @property
+    def last_saved(self) -> int:
+        """Step of the newest checkpoint this session wrote or resumed from (-1: none yet)."""
+        return self._t.last_saved
+
+    @property
+    def has_good_checkpoint(self) -> bool:
+        """Whether a verified checkpoint marked good exists (reads the files: ask only when needed)."""
+        return find_checkpoint(self._t.cfg.run_dir, "last_good") is not None
+
+    @property
+    def pretrain(self) -> dict[str, Any]:
+        """The pretraining phase's length, configured length, warm-up and unique training tokens
+        (the live planner's inputs)."""
+        phase = self._t.phases[0]
+        return {
+            "steps": phase.steps,
+            "configured_steps": self._t.cfg.train.max_steps,
+            "warmup_steps": phase.optim.warmup_steps,
+            "dataset_tokens": phase.train_rows.n_tokens,
+        }
