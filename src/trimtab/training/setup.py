@@ -26,10 +26,7 @@ from trimtab.data import (
     read_documents,
 )
 from trimtab.errors import CheckpointError, ConfigError
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TRIMTAB_CACHE", Path.home() / ".cache" / "trimtab"))
+from trimtab.paths import cache_dir
 
 
 @dataclass
