@@ -5,17 +5,17 @@ import json
 import pytest
 import torch
 
+from trimtab import hardware
 from trimtab.cli import main
 from trimtab.config import load_config
 from trimtab.plan import Hardware, model_size
 from trimtab.plan.memory import USABLE_FRACTION, memory_plan, suggest_micro_batch
-from trimtab.training import device as dev
 
 
 def test_doctor_reports_what_a_run_would_choose(capsys):
     assert main(["doctor", "--preset", "debug"]) == 0
     out = capsys.readouterr().out
-    chosen = dev.choose_precision(torch.device("cpu"), "auto")
+    chosen = hardware.choose_precision(torch.device("cpu"), "auto")
     assert f"precision: {chosen.name} - {chosen.reason}" in out
     for needle in (
         "torch 2.",
@@ -115,11 +115,11 @@ def test_ampere_gpu_gets_bf16_and_tf32(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
-        p = dev.choose_precision(torch.device("cuda"), "auto")
+        p = hardware.choose_precision(torch.device("cuda"), "auto")
         assert p.name == "bf16" and "TF32" in p.reason and torch.backends.cuda.matmul.allow_tf32
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
-    p = dev.choose_precision(torch.device("cuda"), "auto")
+    p = hardware.choose_precision(torch.device("cuda"), "auto")
     assert p.name == "fp16" and "GradScaler" in p.reason

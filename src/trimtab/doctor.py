@@ -1,6 +1,6 @@
 """`trimtab doctor`: what this machine offers for training, and what the trainer will choose.
 
-The choices come from the functions the trainer itself calls (training/device.py), so the report
+The choices come from the functions the trainer itself calls (hardware.py), so the report
 and a run agree: device, precision and why, attention kernel, fused AdamW, data-parallel backends,
 and a micro-batch that should fit a preset in this device's memory (the estimate `trimtab plan`
 prints, plan/memory.py).
@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from trimtab.hardware import choose_precision, cpu_has_native_bf16, pick_device
 from trimtab.plan.memory import suggest_micro_batch
-from trimtab.training.device import choose_precision, cpu_has_native_bf16, pick_device
 
 GiB = 2**30
 

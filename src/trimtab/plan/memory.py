@@ -26,25 +26,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from trimtab.config import RunConfig
+from trimtab.errors import ConfigError
+from trimtab.hardware import GPUS, choose_precision, datasheet_source, peak_flops, pick_device
+from trimtab.model.catalog import meta_model
 
 STATE_BYTES = {"weights": 4, "gradients": 4, "optimizer": 8}  # per parameter
 # What a micro-batch suggestion may fill: the CUDA context, the allocator's fragmentation and
 # autocast's low-precision weight copies are not counted above (docs/planner.md: keep 10-20% free).
 USABLE_FRACTION = 0.85
-# Largest memory variant of the GPUs in training/device.py's peak table (vendor datasheets).
-GPU_MEMORY_GB = {
-    "H200": 141,
-    "H100": 80,
-    "A100": 80,
-    "L40S": 48,
-    "A10": 24,
-    "L4": 24,
-    "4090": 24,
-    "3090": 24,
-    "V100": 32,
-    "T4": 16,
-}
 
 
 @dataclass
@@ -60,23 +52,16 @@ class Hardware:
 
 def named_gpu(name: str, devices: int = 1) -> Hardware:
     """A GPU from the datasheet table (e.g. "H100"), for planning on hardware not present."""
-    from trimtab.errors import ConfigError
-    from trimtab.training.device import GPU_PEAK_FLOPS
-
-    key = next((k for k in GPU_PEAK_FLOPS if k.lower() == name.lower()), None)
+    key = next((k for k in GPUS if k.lower() == name.lower()), None)
     if key is None:
-        raise ConfigError(f"unknown GPU '{name}'; one of {', '.join(GPU_PEAK_FLOPS)}")
-    memory = GPU_MEMORY_GB[key] * 10**9 if key in GPU_MEMORY_GB else None
-    return Hardware(key, "cuda", "bf16", GPU_PEAK_FLOPS[key], f"{key} datasheet (dense bf16)", memory, devices)
+        raise ConfigError(f"unknown GPU '{name}'; one of {', '.join(GPUS)}")
+    gpu = GPUS[key]
+    return Hardware(key, "cuda", gpu.dtype, gpu.peak_flops, datasheet_source(key), gpu.memory_gb * 10**9, devices)
 
 
 def detect_hardware(requested_precision: str = "auto", devices: int = 1) -> Hardware:
-    """This machine's device, the precision a run would pick and its peak FLOP/s, through
-    training/device.py (a CPU's peak is measured with a matmul: about a second)."""
-    import torch
-
-    from trimtab.training.device import choose_precision, peak_flops, pick_device
-
+    """This machine's device, the precision a run would pick and its peak FLOP/s, as the trainer
+    would see them (hardware.py; a CPU's peak is measured with a matmul: about a second)."""
     device = pick_device("auto")
     precision = choose_precision(device, requested_precision)
     peak, source = peak_flops(precision)
@@ -197,8 +182,6 @@ def suggest_micro_batch(
     """The most whole rows whose memory_plan total fits in USABLE_FRACTION of `memory_bytes` per
     device (`trimtab doctor`'s suggestion; the OOM rule corrects it while training), capped at
     train.batch_tokens. `sharded`: FSDP over `world` devices."""
-    from trimtab.model.catalog import meta_model
-
     ckpt = cfg.train.activation_checkpointing if checkpointing is None else checkpointing
     state = sum(state_bytes(meta_model(cfg).num_params(), world if sharded else 1).values())
     per_token = activation_bytes_per_token(cfg, activation_width(precision), ckpt)

@@ -19,10 +19,10 @@ from trimtab.config import RunConfig
 from trimtab.data import StepBatch
 from trimtab.distributed import Parallel
 from trimtab.errors import CheckpointError, ConfigError
+from trimtab.hardware import choose_precision, peak_flops, pick_device
 from trimtab.model import build_model
 from trimtab.training import setup
 from trimtab.training.control import Control
-from trimtab.training.device import choose_precision, peak_flops, pick_device
 from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger
 from trimtab.training.loss import cross_entropy_sum
 from trimtab.training.optim import build_optimizer, carry_state, lr_at, set_lr

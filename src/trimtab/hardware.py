@@ -1,8 +1,12 @@
-"""Device and mixed-precision choice, with the reason written down for the user.
+"""What this machine offers for training: device and mixed-precision choice (with the reason
+written down for the user), and the peak FLOP/s that MFU is measured against.
 
 CUDA: bf16 autocast where the GPU supports it (Ampere+), else fp16 with a GradScaler.
 MPS: fp16 autocast. CPU: fp32, unless the CPU has native bf16 (AVX512-BF16 / AMX) and a quick
 matmul measurement shows bf16 is faster; on CPUs without it, bf16 is emulated and slower.
+
+The trainer, `trimtab doctor` and `trimtab plan` all ask here, so they agree. One GPU table
+serves MFU and the planner's memory check.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import time
 from dataclasses import dataclass
 
 import torch
+
+from trimtab.errors import ConfigError
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -42,8 +48,6 @@ class Precision:
 def pick_device(name: str) -> torch.device:
     if name != "auto":
         if name == "cuda" and not torch.cuda.is_available():
-            from trimtab.errors import ConfigError
-
             raise ConfigError("train.device=cuda but no CUDA device is visible; use auto or cpu")
         return torch.device(name)
     if torch.cuda.is_available():
@@ -95,29 +99,48 @@ def _matmul_seconds(dtype: torch.dtype, n: int = 1024, reps: int = 3) -> float:
     return best
 
 
-# Dense bf16 peak FLOP/s of common accelerators, for MFU (vendor datasheets, no sparsity).
-GPU_PEAK_FLOPS = {
-    "H200": 989e12,
-    "H100": 989e12,
-    "A100": 312e12,
-    "L40S": 362e12,
-    "A10": 125e12,
-    "L4": 121e12,
-    "4090": 165e12,
-    "3090": 71e12,
-    "V100": 125e12,
-    "T4": 65e12,
+@dataclass(frozen=True)
+class Gpu:
+    peak_flops: float  # dense tensor-core FLOP/s (no sparsity), per GPU
+    memory_gb: int  # the largest memory variant, GB (10^9 bytes)
+    dtype: str = "bf16"  # what peak_flops is for: pre-Ampere GPUs have no bf16, their fp16 figure
+
+
+# Vendor datasheets: NVIDIA H200, H100, A100, L40S, A10, L4, V100 and T4 product sheets (SXM
+# figures where there are several); the Ada (RTX 4090) and Ampere GA102 (RTX 3090) whitepapers,
+# bf16 with fp32 accumulate. Device names are matched by substring in this order, so a longer key
+# comes before its prefix (A100 before A10, L40S before L4).
+GPUS = {
+    "H200": Gpu(989e12, 141),
+    "H100": Gpu(989e12, 80),
+    "A100": Gpu(312e12, 80),
+    "L40S": Gpu(362e12, 48),
+    "A10": Gpu(125e12, 24),
+    "L4": Gpu(121e12, 24),
+    "4090": Gpu(165e12, 24),
+    "3090": Gpu(71e12, 24),
+    "V100": Gpu(125e12, 32, "fp16"),
+    "T4": Gpu(65e12, 16, "fp16"),
 }
+
+
+def gpu_named(device_name: str) -> tuple[str, Gpu] | None:
+    """The table's entry for a CUDA device name such as "NVIDIA H100 80GB HBM3"."""
+    return next(((key, gpu) for key, gpu in GPUS.items() if key in device_name), None)
+
+
+def datasheet_source(key: str) -> str:
+    return f"{key} datasheet (dense {GPUS[key].dtype})"
 
 
 def peak_flops(precision: Precision) -> tuple[float | None, str]:
     """Peak FLOP/s for MFU and where the number comes from (datasheet or measured)."""
     if precision.device.type == "cuda":
         name = torch.cuda.get_device_name(precision.device)
-        for key, flops in GPU_PEAK_FLOPS.items():
-            if key in name:
-                return flops, f"{name} datasheet"
-        return None, f"{name}: unknown peak"
+        found = gpu_named(name)
+        if found is None:
+            return None, f"{name}: not in hardware.GPUS, peak unknown"
+        return found[1].peak_flops, datasheet_source(found[0])
     if precision.device.type == "cpu":
         dtype = precision.autocast_dtype or torch.float32
         if dtype == torch.float16:  # emulated on CPUs: no meaningful peak, and slow to measure
