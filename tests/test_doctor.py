@@ -21,6 +21,7 @@ def test_doctor_reports_what_a_run_would_choose(capsys):
         "torch 2.",
         "device: cpu (",
         "bf16: ",
+        "MFU reference: ",
         "attention: SDPA picks ",
         "optimizer: AdamW fused",
         "memory: RAM ",

@@ -6,20 +6,30 @@ MPS: fp16 autocast. CPU: fp32, unless the CPU has native bf16 (AVX512-BF16 / AMX
 matmul measurement shows bf16 is faster; on CPUs without it, bf16 is emulated and slower.
 
 The trainer, `trimtab doctor` and `trimtab plan` all ask here, so they agree. One GPU table
-serves MFU and the planner's memory check.
+serves MFU and the planner's memory check. A CPU has no datasheet here: its peak is a matmul rate
+measured once (best of several) and cached in $TRIMTAB_CACHE/cpu_peak.json.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import json
+import logging
 import math
+import os
+import platform
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from trimtab.errors import ConfigError
+from trimtab.paths import cache_dir
 
+log = logging.getLogger(__name__)
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -134,7 +144,8 @@ def datasheet_source(key: str) -> str:
 
 
 def peak_flops(precision: Precision) -> tuple[float | None, str]:
-    """Peak FLOP/s for MFU and where the number comes from (datasheet or measured)."""
+    """Peak FLOP/s for MFU and where the number comes from: a GPU's datasheet, or the CPU's
+    cached matmul peak (cpu_peak_flops)."""
     if precision.device.type == "cuda":
         name = torch.cuda.get_device_name(precision.device)
         found = gpu_named(name)
@@ -142,9 +153,99 @@ def peak_flops(precision: Precision) -> tuple[float | None, str]:
             return None, f"{name}: not in hardware.GPUS, peak unknown"
         return found[1].peak_flops, datasheet_source(found[0])
     if precision.device.type == "cpu":
-        dtype = precision.autocast_dtype or torch.float32
-        if dtype == torch.float16:  # emulated on CPUs: no meaningful peak, and slow to measure
-            return None, "CPU fp16 is emulated: no peak"
-        n = 2048  # large enough for the BLAS to reach its steady rate
-        return 2 * n**3 / _matmul_seconds(dtype, n, reps=3), "measured CPU matmul peak"
-    return None, "unknown peak"
+        return cpu_peak_flops(precision.name)
+    return None, f"{precision.device.type}: peak unknown"
+
+
+# ------------------------------------------------------------------------- the CPU's peak, cached
+
+CPU_PEAK_N = 2048  # large enough for the BLAS to reach its steady rate
+# A peak is a maximum: other load (a busy second core) only slows a matmul down, so the best of
+# many is the nearest to it. Measured once per key, a few seconds, not at every start: a peak
+# re-measured on a loaded machine came out low and a run reported 400% MFU.
+CPU_PEAK_REPS = 10
+
+
+def cpu_peak_flops(precision: str) -> tuple[float | None, str]:
+    """The CPU's matmul FLOP/s at `precision` (fp32 | bf16) and this torch thread count: measured
+    the first time it is asked for, then read from cpu_peak_path()."""
+    if precision == "fp16":
+        return None, "CPU fp16 is emulated: no peak"
+    if precision == "bf16" and not cpu_has_native_bf16():
+        # emulated: ~0.2 GFLOP/s measured on an AVX2 EPYC, a minute per 2048^3 matmul
+        return None, "CPU bf16 is emulated on this CPU: no peak"
+    entry = _read_peaks().get(cpu_peak_key(precision)) or measure_cpu_peak(precision)
+    return entry["flops"], (
+        f"CPU matmul peak measured {entry['measured']} (cached, {entry['threads']} thread"
+        f"{'s' if entry['threads'] != 1 else ''} {entry['precision']}, best of {entry['reps']})"
+    )
+
+
+def measure_cpu_peak(precision: str) -> dict[str, Any]:
+    """Time the matmul now and record it. Returns the cache's entry, which keeps the highest
+    rate ever measured for the key (another process may have recorded a higher one meanwhile)."""
+    log.info("measuring the CPU matmul peak for MFU (once; cached in %s)", cpu_peak_path())
+    seconds = _matmul_seconds(DTYPES[precision] or torch.float32, CPU_PEAK_N, CPU_PEAK_REPS)
+    entry = {
+        "flops": 2 * CPU_PEAK_N**3 / seconds,
+        "measured": datetime.date.today().isoformat(),
+        "reps": CPU_PEAK_REPS,
+        "threads": torch.get_num_threads(),
+        "precision": precision,
+    }
+    return _keep_max(cpu_peak_key(precision), entry)
+
+
+def cpu_peak_key(precision: str) -> str:
+    """What the peak depends on: the CPU, the BLAS torch ships, its thread count, the dtype."""
+    return f"{cpu_model()} | torch {torch.__version__} | threads {torch.get_num_threads()} | {precision}"
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_peak_path() -> Path:
+    return cache_dir() / "cpu_peak.json"
+
+
+def _read_peaks() -> dict[str, dict[str, Any]]:
+    """The cache's well-formed entries; a missing or corrupt file reads as empty (and is rewritten
+    by the next measurement)."""
+    try:
+        data = json.loads(cpu_peak_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if _valid(v)} if isinstance(data, dict) else {}
+
+
+def _valid(entry: Any) -> bool:
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("flops"), (int, float))
+        and 0 < entry["flops"] < math.inf
+        and {"measured", "reps", "threads", "precision"} <= entry.keys()
+    )
+
+
+def _keep_max(key: str, entry: dict[str, Any]) -> dict[str, Any]:
+    peaks = _read_peaks()  # read again: a concurrent process (another rank) may have written
+    if key in peaks and peaks[key]["flops"] >= entry["flops"]:
+        return peaks[key]
+    peaks[key] = entry
+    path = cpu_peak_path()
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(peaks, indent=1))
+        os.replace(tmp, path)  # atomic: a reader sees the old file or the new one
+    except OSError as exc:  # a read-only cache costs a re-measurement next time, not the run
+        log.warning("could not cache the CPU peak in %s: %s", path, exc)
+    return entry

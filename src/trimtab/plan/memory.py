@@ -61,7 +61,7 @@ def named_gpu(name: str, devices: int = 1) -> Hardware:
 
 def detect_hardware(requested_precision: str = "auto", devices: int = 1) -> Hardware:
     """This machine's device, the precision a run would pick and its peak FLOP/s, as the trainer
-    would see them (hardware.py; a CPU's peak is measured with a matmul: about a second)."""
+    would see them (hardware.py; a CPU's peak is a matmul rate measured once, then cached)."""
     device = pick_device("auto")
     precision = choose_precision(device, requested_precision)
     peak, source = peak_flops(precision)
