@@ -44,7 +44,8 @@ def _config(preset: str, steps: int, out: str, compile_: bool | None = None):
 
 def _batches(cfg, n: int):
     from trimtab.data import BatchLoader, build_splits, get_tokenizer, read_documents
-    from trimtab.training.setup import cache_dir, resolve_model
+    from trimtab.paths import cache_dir
+    from trimtab.training.setup import resolve_model
 
     docs, _ = read_documents(cfg.data)
     tok = get_tokenizer(cfg.data, docs, cache_dir())

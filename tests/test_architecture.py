@@ -50,6 +50,14 @@ def test_training_never_imports_the_orchestrator():
     assert offenders("data", ("trimtab.training", "trimtab.orchestrator", "trimtab.model")) == []
 
 
+def test_plan_knows_no_training_and_hardware_knows_nothing_above_it():
+    """plan ↛ training: the planner and the trainer both take device, precision and peak FLOP/s
+    from trimtab/hardware.py, which imports no other trimtab module but errors and paths."""
+    assert offenders("plan", ("trimtab.training", "trimtab.orchestrator")) == []
+    own = {n for n in imports_of(SRC / "hardware.py") if n.startswith("trimtab")}
+    assert own <= {"trimtab.errors", "trimtab.paths"}
+
+
 def test_nothing_imports_the_cli():
     bad = [
         f"{m} imports trimtab.cli"

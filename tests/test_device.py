@@ -1,28 +1,35 @@
+"""trimtab.hardware: device and precision choice, and the peak FLOP/s behind MFU."""
+
+import datetime
+import json
+
 import pytest
 import torch
 
+from trimtab import hardware as hw
+from trimtab.config import load_config
 from trimtab.errors import ConfigError
-from trimtab.training import device as dev
+from trimtab.training.trainer import Trainer
 
 
 def test_cpu_without_native_bf16_trains_in_fp32(monkeypatch):
-    monkeypatch.setattr(dev, "cpu_has_native_bf16", lambda: False)
-    p = dev.choose_precision(torch.device("cpu"), "auto")
+    monkeypatch.setattr(hw, "cpu_has_native_bf16", lambda: False)
+    p = hw.choose_precision(torch.device("cpu"), "auto")
     assert p.name == "fp32" and "no native bf16" in p.reason
     assert p.autocast_dtype is None and p.grad_scaler() is None
 
 
 def test_cpu_with_bf16_picks_the_faster_measured_dtype(monkeypatch):
-    monkeypatch.setattr(dev, "cpu_has_native_bf16", lambda: True)
-    monkeypatch.setattr(dev, "_matmul_seconds", lambda dtype, *a, **k: 1.0 if dtype == torch.float32 else 0.5)
-    p = dev.choose_precision(torch.device("cpu"), "auto")
+    monkeypatch.setattr(hw, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(hw, "_matmul_seconds", lambda dtype, *a, **k: 1.0 if dtype == torch.float32 else 0.5)
+    p = hw.choose_precision(torch.device("cpu"), "auto")
     assert p.name == "bf16" and "2.0x faster" in p.reason
-    monkeypatch.setattr(dev, "_matmul_seconds", lambda dtype, *a, **k: 0.5 if dtype == torch.float32 else 1.0)
-    assert dev.choose_precision(torch.device("cpu"), "auto").name == "fp32"
+    monkeypatch.setattr(hw, "_matmul_seconds", lambda dtype, *a, **k: 0.5 if dtype == torch.float32 else 1.0)
+    assert hw.choose_precision(torch.device("cpu"), "auto").name == "fp32"
 
 
 def test_requested_precision_wins_and_fp16_gets_a_scaler():
-    p = dev.choose_precision(torch.device("cpu"), "fp16")
+    p = hw.choose_precision(torch.device("cpu"), "fp16")
     assert p.name == "fp16" and isinstance(p.grad_scaler(), torch.amp.GradScaler)
     with p.autocast():
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float16
@@ -31,9 +38,128 @@ def test_requested_precision_wins_and_fp16_gets_a_scaler():
 def test_cuda_request_without_cuda_is_a_config_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="train.device=cuda"):
-        dev.pick_device("cuda")
+        hw.pick_device("cuda")
 
 
-def test_cpu_peak_is_measured():
-    flops, source = dev.peak_flops(dev.Precision(torch.device("cpu"), "fp32", ""))
-    assert flops > 1e9 and source == "measured CPU matmul peak"
+def test_gpu_peak_and_memory_come_from_one_table(monkeypatch):
+    cuda = hw.Precision(torch.device("cuda"), "bf16", "")
+    for name, peak, source in [
+        ("NVIDIA H100 80GB HBM3", 989e12, "H100 datasheet (dense bf16)"),
+        ("NVIDIA L40S", 362e12, "L40S datasheet (dense bf16)"),  # not L4's
+        ("Tesla V100-SXM2-32GB", 125e12, "V100 datasheet (dense fp16)"),  # no bf16 before Ampere
+        ("NVIDIA B200", None, "NVIDIA B200: not in hardware.GPUS, peak unknown"),
+    ]:
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
+        assert hw.peak_flops(cuda) == (peak, source)
+    assert (hw.GPUS["H100"].peak_flops, hw.GPUS["H100"].memory_gb) == (989e12, 80)
+
+
+# ---------------------------------------------------------------------- the CPU peak and its cache
+
+CPU = hw.Precision(torch.device("cpu"), "fp32", "")
+TODAY = datetime.date.today().isoformat()
+
+
+@pytest.fixture
+def timer(monkeypatch, tmp_path):
+    """A fake matmul timer (`timer.seconds` per matmul, calls counted) and a fresh cache file."""
+    monkeypatch.setattr(hw, "cpu_peak_path", lambda: tmp_path / "cpu_peak.json")
+
+    def fake(dtype, n, reps):
+        fake.calls += 1
+        return fake.seconds
+
+    fake.calls, fake.seconds = 0, 0.5
+    monkeypatch.setattr(hw, "_matmul_seconds", fake)
+    return fake
+
+
+def rate(seconds):
+    return 2 * hw.CPU_PEAK_N**3 / seconds
+
+
+def test_cpu_peak_is_measured_once_then_read_from_the_cache(timer):
+    threads = torch.get_num_threads()
+    expected = (
+        f"CPU matmul peak measured {TODAY} (cached, {threads} thread{'s' if threads != 1 else ''} fp32, "
+        f"best of {hw.CPU_PEAK_REPS})"
+    )
+    assert hw.peak_flops(CPU) == (rate(0.5), expected) and timer.calls == 1
+    timer.seconds = 0.1  # a later start on an idler machine does not measure again
+    assert hw.peak_flops(CPU) == (rate(0.5), expected) and timer.calls == 1
+    saved = json.loads(hw.cpu_peak_path().read_text())
+    assert list(saved) == [hw.cpu_peak_key("fp32")] and hw.cpu_model() in hw.cpu_peak_key("fp32")
+
+
+def test_a_lower_measurement_never_replaces_a_higher_cached_peak(timer):
+    timer.seconds = 0.25
+    assert hw.measure_cpu_peak("fp32")["flops"] == rate(0.25)
+    timer.seconds = 1.0  # a busy moment
+    assert hw.measure_cpu_peak("fp32")["flops"] == rate(0.25)
+    assert hw.peak_flops(CPU)[0] == rate(0.25)
+    timer.seconds = 0.2  # a quieter one raises it
+    assert hw.measure_cpu_peak("fp32")["flops"] == hw.peak_flops(CPU)[0] == rate(0.2)
+    assert timer.calls == 3
+
+
+def test_the_cpu_peak_is_kept_per_thread_count(timer):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = hw.peak_flops(CPU)
+        torch.set_num_threads(2)
+        timer.seconds = 0.3
+        two = hw.peak_flops(CPU)
+    finally:
+        torch.set_num_threads(before)
+    assert timer.calls == 2 and one[0] == rate(0.5) and two[0] == rate(0.3)
+    assert "1 thread fp32" in one[1] and "2 threads fp32" in two[1]
+    assert len(json.loads(hw.cpu_peak_path().read_text())) == 2
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"KEY": {"flops": "fast"}}'])
+def test_a_corrupt_cache_is_ignored_and_rewritten(timer, text):
+    hw.cpu_peak_path().write_text(text.replace("KEY", hw.cpu_peak_key("fp32")))
+    assert hw.peak_flops(CPU)[0] == rate(0.5) and timer.calls == 1
+    assert json.loads(hw.cpu_peak_path().read_text())[hw.cpu_peak_key("fp32")]["flops"] == rate(0.5)
+
+
+def test_emulated_cpu_dtypes_have_no_peak_and_are_not_timed(timer, monkeypatch):
+    monkeypatch.setattr(hw, "cpu_has_native_bf16", lambda: False)
+    assert hw.peak_flops(hw.Precision(torch.device("cpu"), "fp16", ""))[0] is None
+    assert hw.peak_flops(hw.Precision(torch.device("cpu"), "bf16", "")) == (
+        None,
+        "CPU bf16 is emulated on this CPU: no peak",
+    )
+    assert timer.calls == 0
+
+
+def test_a_real_measurement_lands_in_trimtab_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRIMTAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(hw, "CPU_PEAK_N", 256)  # a quick real matmul: the arithmetic, not the peak
+    monkeypatch.setattr(hw, "CPU_PEAK_REPS", 2)
+    flops, source = hw.peak_flops(CPU)
+    assert flops > 1e8 and "best of 2" in source
+    assert hw.cpu_peak_key("fp32") in json.loads((tmp_path / "cpu_peak.json").read_text())
+
+
+def test_the_trainer_measures_mfu_against_the_cached_peak(timer, tmp_path, one_thread):
+    """No measurement at start: the cached value is the reference in metrics.jsonl and the summary."""
+    peak = 2e9
+    entry = {"flops": peak, "measured": "2026-01-01", "reps": 10, "threads": 1, "precision": "fp32"}
+    hw.cpu_peak_path().write_text(json.dumps({hw.cpu_peak_key("fp32"): entry}))
+    sections = {
+        "out": str(tmp_path / "run"),
+        "train": {"max_steps": 4, "log_every": 2, "eval_every": 0, "precision": "fp32"},
+        "data": {"max_bytes": 150_000},
+        "log": {"progress": False, "tensorboard": False},
+    }
+    trainer = Trainer(load_config(preset="debug", overrides=sections))
+    summary = trainer.fit()
+    assert timer.calls == 0
+    fpt = trainer.flops_per_token
+    lines = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    logged = [m for m in lines if "tokens_per_s" in m]
+    assert len(logged) == 2 and all(m["mfu"] == pytest.approx(m["tokens_per_s"] * fpt / peak) for m in logged)
+    assert summary["mfu"] == pytest.approx(summary["tokens_per_s"] * fpt / peak)
+    assert summary["peak_flops_source"] == "CPU matmul peak measured 2026-01-01 (cached, 1 thread fp32, best of 10)"

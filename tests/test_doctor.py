@@ -2,22 +2,26 @@
 
 import json
 
+import pytest
 import torch
 
+from trimtab import hardware
 from trimtab.cli import main
 from trimtab.config import load_config
-from trimtab.training import device as dev
+from trimtab.plan import Hardware, model_size
+from trimtab.plan.memory import USABLE_FRACTION, memory_plan, suggest_micro_batch
 
 
 def test_doctor_reports_what_a_run_would_choose(capsys):
     assert main(["doctor", "--preset", "debug"]) == 0
     out = capsys.readouterr().out
-    chosen = dev.choose_precision(torch.device("cpu"), "auto")
+    chosen = hardware.choose_precision(torch.device("cpu"), "auto")
     assert f"precision: {chosen.name} - {chosen.reason}" in out
     for needle in (
         "torch 2.",
         "device: cpu (",
         "bf16: ",
+        "MFU reference: ",
         "attention: SDPA picks ",
         "optimizer: AdamW fused",
         "memory: RAM ",
@@ -61,17 +65,50 @@ def test_doctor_names_the_fsdp_size_of_a_model_that_does_not_fit(capsys):
 def test_micro_batch_estimate_grows_with_memory_and_stays_a_whole_number_of_rows():
     cfg = load_config(preset="dense-1b")
     seq = cfg.data.seq_len
-    small, large = (dev.suggest_micro_batch(cfg, gb * 2**30, "bf16") for gb in (40, 80))
+    small, large = (suggest_micro_batch(cfg, gb * 2**30, "bf16") for gb in (40, 80))
     assert small.fits and large.tokens > small.tokens and small.tokens % seq == large.tokens % seq == 0
-    assert not dev.suggest_micro_batch(cfg, 4 * 2**30, "bf16").fits  # 16 bytes a parameter alone is 19 GiB
-    fp32 = dev.suggest_micro_batch(cfg, 80 * 2**30, "fp32")
-    assert fp32.bytes_per_token == 2 * large.bytes_per_token and fp32.tokens < large.tokens
-    sharded = dev.suggest_micro_batch(cfg, 80 * 2**30, "bf16", world=8, sharded=True)
-    assert sharded.state_bytes < large.state_bytes / 4 and sharded.tokens > large.tokens
-    ckpt = dev.suggest_micro_batch(cfg, 80 * 2**30, "bf16", checkpointing=True)
-    assert ckpt.bytes_per_token < large.bytes_per_token / 5
+    # plan/memory.py's per-token bytes (Korthikanti et al. 2022, adapted): fp32 residual inputs and
+    # bf16 attention / SwiGLU activations per layer, the head's fp32 log-probabilities. Pinned when
+    # doctor moved onto the planner's estimate; its own formula gave 1,652,736 bytes and 28,672
+    # tokens at 80 GiB (no fp32 residual stream, but autocast's weight copies and a loss chunk).
+    assert large.bytes_per_token == 1_627_136 and (small.tokens, large.tokens) == (8192, 32768)
+    assert not suggest_micro_batch(cfg, 4 * 2**30, "bf16").fits  # 16 bytes a parameter alone is 16 GiB
+    fp32 = suggest_micro_batch(cfg, 80 * 2**30, "fp32")
+    # fp32 doubles only the low-precision part: the residual stream and log-probabilities are fp32 anyway
+    assert large.bytes_per_token < fp32.bytes_per_token < 2 * large.bytes_per_token and fp32.tokens < large.tokens
+    sharded = suggest_micro_batch(cfg, 80 * 2**30, "bf16", world=8, sharded=True)
+    assert sharded.state_bytes == large.state_bytes // 8 and sharded.tokens > large.tokens
+    ckpt = suggest_micro_batch(cfg, 80 * 2**30, "bf16", checkpointing=True)
+    assert ckpt.bytes_per_token < large.bytes_per_token / 4 and ckpt.tokens > 4 * large.tokens
     tiny = load_config(preset="debug")
-    assert dev.suggest_micro_batch(tiny, 64 * 2**30, "fp32").tokens == tiny.train.batch_tokens  # capped
+    assert suggest_micro_batch(tiny, 64 * 2**30, "fp32").tokens == tiny.train.batch_tokens  # capped
+
+
+@pytest.mark.parametrize(
+    "preset, gib, precision, world, strategy, ckpt",
+    [
+        ("dense-1b", 40, "bf16", 1, "ddp", "false"),
+        ("dense-1b", 80, "fp32", 1, "ddp", "true"),
+        ("dense-7b", 80, "bf16", 8, "fsdp", "true"),
+        ("mod-1b", 40, "bf16", 1, "ddp", "false"),
+        ("hybrid-100b", 80, "bf16", 64, "fsdp", "true"),
+    ],
+)
+def test_doctor_suggests_the_most_rows_the_plan_says_fit(preset, gib, precision, world, strategy, ckpt):
+    """One estimate: `trimtab plan`'s memory total of the suggested micro-batch fits in the usable
+    share of the memory, and one more row would not."""
+    sets = [f"distributed.strategy={strategy}", f"train.activation_checkpointing={ckpt}"]
+    cfg = load_config(preset=preset, sets=[*sets, f"train.precision={precision}"])
+    memory, seq = gib * 2**30, cfg.data.seq_len
+    advice = suggest_micro_batch(cfg, memory, precision, world=world, sharded=strategy == "fsdp")
+    assert advice.fits and advice.tokens < cfg.train.batch_tokens  # not capped: memory is the limit
+    hw, params = Hardware("test", "cuda", precision, None, "", memory, world), model_size(cfg).total
+
+    def planned_total(tokens: int) -> int:
+        cfg.train.micro_batch_tokens = tokens
+        return memory_plan(cfg, params, hw).total
+
+    assert planned_total(advice.tokens) <= USABLE_FRACTION * memory < planned_total(advice.tokens + seq)
 
 
 def test_ampere_gpu_gets_bf16_and_tf32(monkeypatch):
@@ -79,11 +116,11 @@ def test_ampere_gpu_gets_bf16_and_tf32(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
-        p = dev.choose_precision(torch.device("cuda"), "auto")
+        p = hardware.choose_precision(torch.device("cuda"), "auto")
         assert p.name == "bf16" and "TF32" in p.reason and torch.backends.cuda.matmul.allow_tf32
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
-    p = dev.choose_precision(torch.device("cuda"), "auto")
+    p = hardware.choose_precision(torch.device("cuda"), "auto")
     assert p.name == "fp16" and "GradScaler" in p.reason

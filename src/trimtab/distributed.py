@@ -45,7 +45,7 @@ from trimtab.config.distributed import DistributedConfig
 from trimtab.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trimtab.training.device import Precision
+    from trimtab.hardware import Precision
 
 _CPU_GROUP: Any = None  # gloo group for host-side agreement; None: the default group (gloo runs)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

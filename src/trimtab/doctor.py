@@ -1,8 +1,9 @@
 """`trimtab doctor`: what this machine offers for training, and what the trainer will choose.
 
-The choices come from the functions the trainer itself calls (training/device.py), so the report
-and a run agree: device, precision and why, attention kernel, fused AdamW, data-parallel backends,
-and a micro-batch that should fit a preset in this device's memory.
+The choices come from the functions the trainer itself calls (hardware.py), so the report and a
+run agree: device, precision and why, the peak FLOP/s behind MFU, attention kernel, fused AdamW,
+data-parallel backends, and a micro-batch that should fit a preset in this device's memory (the
+estimate `trimtab plan` prints, plan/memory.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any
 
 import torch
 
-from trimtab.training.device import choose_precision, cpu_has_native_bf16, pick_device, suggest_micro_batch
+from trimtab.hardware import choose_precision, cpu_has_native_bf16, peak_flops, pick_device
+from trimtab.plan.memory import suggest_micro_batch
 
 GiB = 2**30
 
@@ -42,6 +44,7 @@ def collect(preset: str = "small", device: str = "auto", nproc: int = 1, strateg
     }
     if not advice.fits:
         micro["fsdp_devices_needed"] = _devices_needed(cfg, per_process, precision.name)
+    peak, peak_source = peak_flops(precision)
     return {
         "versions": {
             "python": platform.python_version(),
@@ -56,6 +59,8 @@ def collect(preset: str = "small", device: str = "auto", nproc: int = 1, strateg
             "reason": precision.reason,
             "bf16": _bf16(dev),
             "tf32": bool(torch.backends.cuda.matmul.allow_tf32) if dev.type == "cuda" else None,
+            "peak_flops": peak,  # what a run's MFU divides by
+            "peak_source": peak_source,
         },
         "attention": _attention(dev, cfg, precision.autocast_dtype or torch.float32),
         "fused_adamw": dev.type in ("cuda", "cpu"),  # optim.fused=auto takes it where it exists
@@ -78,6 +83,8 @@ def format_report(facts: dict[str, Any]) -> str:
     ]
     if p["tf32"] is not None:
         lines.append(f"TF32 matmuls: {'on' if p['tf32'] else 'off'}")
+    peak = f"{p['peak_flops'] / 1e12:.3g} TFLOP/s, " if p["peak_flops"] else ""
+    lines.append(f"MFU reference: {peak}{p['peak_source']}")
     lines.append(
         f"attention: SDPA picks {a['backend']} for {a['shape']}; flash attention "
         f"{'available' if a['flash'] else 'not available'} ({a['detail']})"

@@ -2,13 +2,13 @@
 time, and (during training) how far the loss curve has come. docs/planner.md.
 
     chinchilla.py  parameters, compute-optimal tokens, epochs over the data, budgets
-    memory.py      memory per device and time on the detected or named hardware
+    memory.py      memory per device (and doctor's micro-batch) and time on the detected or named hardware
     curve.py       the live planner's loss-curve fit, status and run-length recommendation
     report.py      `trimtab plan`: the whole plan as text and JSON
 
-Imports config, model (sizing on the meta device) and, lazily, data (token counting) and
-training/device.py (peak FLOP/s). Training never imports it: the live planner is a hook
-(orchestrator/planner.py), and its run-length changes are orchestrator decisions.
+Imports config, model (sizing on the meta device), hardware (peak FLOP/s, the GPU table) and,
+lazily, data (token counting); never training, and training never imports it: the live planner
+is a hook (orchestrator/planner.py), and its run-length changes are orchestrator decisions.
 """
 
 from trimtab.plan.chinchilla import ModelSize, effective_tokens, model_size

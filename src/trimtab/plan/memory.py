@@ -1,4 +1,5 @@
-"""Memory per device and training time on the detected (or named) hardware.
+"""Memory per device and training time on the detected (or named) hardware, and the largest
+micro-batch that fits a device (`trimtab doctor` suggests it): one estimate for both.
 
 Model state, per parameter (trimtab keeps fp32 weights and lets autocast cast per op):
 weights 4 bytes, gradients 4, AdamW's two fp32 moments 8: 16 bytes, the figure ZeRO
@@ -25,22 +26,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from trimtab.config import RunConfig
+from trimtab.errors import ConfigError
+from trimtab.hardware import GPUS, choose_precision, datasheet_source, peak_flops, pick_device
+from trimtab.model.catalog import meta_model
 
 STATE_BYTES = {"weights": 4, "gradients": 4, "optimizer": 8}  # per parameter
-# Largest memory variant of the GPUs in training/device.py's peak table (vendor datasheets).
-GPU_MEMORY_GB = {
-    "H200": 141,
-    "H100": 80,
-    "A100": 80,
-    "L40S": 48,
-    "A10": 24,
-    "L4": 24,
-    "4090": 24,
-    "3090": 24,
-    "V100": 32,
-    "T4": 16,
-}
+# What a micro-batch suggestion may fill: the CUDA context, the allocator's fragmentation and
+# autocast's low-precision weight copies are not counted above (docs/planner.md: keep 10-20% free).
+USABLE_FRACTION = 0.85
 
 
 @dataclass
@@ -56,23 +52,16 @@ class Hardware:
 
 def named_gpu(name: str, devices: int = 1) -> Hardware:
     """A GPU from the datasheet table (e.g. "H100"), for planning on hardware not present."""
-    from trimtab.errors import ConfigError
-    from trimtab.training.device import GPU_PEAK_FLOPS
-
-    key = next((k for k in GPU_PEAK_FLOPS if k.lower() == name.lower()), None)
+    key = next((k for k in GPUS if k.lower() == name.lower()), None)
     if key is None:
-        raise ConfigError(f"unknown GPU '{name}'; one of {', '.join(GPU_PEAK_FLOPS)}")
-    memory = GPU_MEMORY_GB[key] * 10**9 if key in GPU_MEMORY_GB else None
-    return Hardware(key, "cuda", "bf16", GPU_PEAK_FLOPS[key], f"{key} datasheet (dense bf16)", memory, devices)
+        raise ConfigError(f"unknown GPU '{name}'; one of {', '.join(GPUS)}")
+    gpu = GPUS[key]
+    return Hardware(key, "cuda", gpu.dtype, gpu.peak_flops, datasheet_source(key), gpu.memory_gb * 10**9, devices)
 
 
 def detect_hardware(requested_precision: str = "auto", devices: int = 1) -> Hardware:
-    """This machine's device, the precision a run would pick and its peak FLOP/s, through
-    training/device.py (a CPU's peak is measured with a matmul: about a second)."""
-    import torch
-
-    from trimtab.training.device import choose_precision, peak_flops, pick_device
-
+    """This machine's device, the precision a run would pick and its peak FLOP/s, as the trainer
+    would see them (hardware.py; a CPU's peak is a matmul rate measured once, then cached)."""
     device = pick_device("auto")
     precision = choose_precision(device, requested_precision)
     peak, source = peak_flops(precision)
@@ -127,20 +116,35 @@ def activation_elements(cfg: RunConfig) -> tuple[list[tuple[float, float]], tupl
     return layers, (h + vocab, float(h))
 
 
-def memory_plan(cfg: RunConfig, params: int, hw: Hardware) -> MemoryPlan:
-    precision = cfg.train.precision if cfg.train.precision != "auto" else hw.precision
-    p = 4 if precision == "fp32" else 2
-    # FSDP shards the model state over the devices; DDP (and older configs without the section) replicates it.
-    shards = hw.devices if getattr(getattr(cfg, "distributed", None), "strategy", "ddp") == "fsdp" else 1
-    state = {k: params * b // shards for k, b in STATE_BYTES.items()}
+def activation_width(precision: str) -> int:
+    """p: bytes of an activation autocast leaves in low precision (bf16 / fp16: 2, fp32: 4)."""
+    return 4 if precision == "fp32" else 2
+
+
+def state_bytes(params: int, shards: int = 1) -> dict[str, int]:
+    """Weights, gradients and AdamW moments per device, FSDP-sharded `shards` ways."""
+    return {k: params * b // shards for k, b in STATE_BYTES.items()}
+
+
+def activation_bytes_per_token(cfg: RunConfig, p: int, checkpointing: bool) -> float:
+    """Bytes kept for backward per token of a micro-batch (the table in the module docstring)."""
     layers, (head32, head_p) = activation_elements(cfg)
     per_layer = [4 * f32 + p * low for f32, low in layers]
-    if cfg.train.activation_checkpointing:
-        per_token = 4 * cfg.model.d_model * len(layers) + max(per_layer)
+    if checkpointing:
+        kept = 4 * cfg.model.d_model * len(layers) + max(per_layer)
     else:
-        per_token = sum(per_layer)
+        kept = sum(per_layer)
+    return kept + 4 * head32 + p * head_p
+
+
+def memory_plan(cfg: RunConfig, params: int, hw: Hardware) -> MemoryPlan:
+    precision = cfg.train.precision if cfg.train.precision != "auto" else hw.precision
+    p = activation_width(precision)
+    # FSDP shards the model state over the devices; DDP (and older configs without the section) replicates it.
+    shards = hw.devices if getattr(getattr(cfg, "distributed", None), "strategy", "ddp") == "fsdp" else 1
+    state = state_bytes(params, shards)
     tokens = cfg.train.micro_budget
-    activations = round(tokens * (per_token + 4 * head32 + p * head_p))
+    activations = round(tokens * activation_bytes_per_token(cfg, p, cfg.train.activation_checkpointing))
     total = sum(state.values()) + activations
     fits = None if hw.memory_bytes is None else total <= hw.memory_bytes
     return MemoryPlan(
@@ -156,6 +160,36 @@ def memory_plan(cfg: RunConfig, params: int, hw: Hardware) -> MemoryPlan:
         hw.memory_bytes,
         fits,
     )
+
+
+@dataclass
+class MicroBatchAdvice:
+    tokens: int  # the suggested train.micro_batch_tokens (a multiple of data.seq_len)
+    fits: bool  # whether one row fits at all
+    state_bytes: int  # weights, gradients and AdamW moments on this device
+    bytes_per_token: float  # activations kept for backward, per token of a micro-batch
+    memory_bytes: int  # the memory the estimate was given
+
+
+def suggest_micro_batch(
+    cfg: RunConfig,
+    memory_bytes: int,
+    precision: str,
+    world: int = 1,
+    sharded: bool = False,
+    checkpointing: bool | None = None,
+) -> MicroBatchAdvice:
+    """The most whole rows whose memory_plan total fits in USABLE_FRACTION of `memory_bytes` per
+    device (`trimtab doctor`'s suggestion; the OOM rule corrects it while training), capped at
+    train.batch_tokens. `sharded`: FSDP over `world` devices."""
+    ckpt = cfg.train.activation_checkpointing if checkpointing is None else checkpointing
+    state = sum(state_bytes(meta_model(cfg).num_params(), world if sharded else 1).values())
+    per_token = activation_bytes_per_token(cfg, activation_width(precision), ckpt)
+    seq = cfg.data.seq_len
+    usable = int(memory_bytes * USABLE_FRACTION) - state
+    rows = int(usable // (per_token * seq)) if usable > 0 else 0
+    tokens = max(min(rows * seq, cfg.train.batch_tokens // seq * seq), seq)
+    return MicroBatchAdvice(tokens, rows >= 1, state, per_token, memory_bytes)
 
 
 def hours(flops: float, hw: Hardware, mfu: float) -> float | None:

@@ -65,7 +65,7 @@ def make_plan(
     hardware: Hardware | None = None,
 ) -> Plan:
     """The plan for `cfg`. Data: `dataset_tokens`, or counted at `data_path`; budget: FLOPs or
-    hours on `hardware` (default: this machine, through training/device.py)."""
+    hours on `hardware` (default: this machine, through hardware.py)."""
     _check_inputs(dataset_tokens, budget_flops, budget_hours)
     hw = hardware or detect_hardware(cfg.train.precision)
     size = model_size(cfg, _tokenizer_vocab(cfg))

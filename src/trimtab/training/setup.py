@@ -33,14 +33,11 @@ from trimtab.data import (
 )
 from trimtab.distributed import Parallel
 from trimtab.errors import CheckpointError, ConfigError
+from trimtab.hardware import Precision, choose_precision, peak_flops, pick_device
 from trimtab.model import Transformer, build_model
-from trimtab.training.device import Precision, choose_precision, peak_flops, pick_device
+from trimtab.paths import cache_dir
 
 log = logging.getLogger(__name__)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TRIMTAB_CACHE", Path.home() / ".cache" / "trimtab"))
 
 
 @dataclass
