@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from trimtab import benchmarks
 from trimtab.checkpoint import list_checkpoints
 from trimtab.cli import main
 
@@ -119,3 +120,36 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert f"completed: step {step + 2}/{step + 2}" in resumed.stdout
     assert f"resuming from {ckpt}" in resumed.stderr
+
+
+def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    """`python -m trimtab ARGS` as a user runs it: the exit code is the process's."""
+    return subprocess.run(
+        [sys.executable, "-m", "trimtab", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
+
+
+def test_bench_lists_the_scripts_and_runs_nothing(tmp_path):
+    listed = cli("bench", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert "healing      Fault healing: every injected fault" in listed.stdout
+    assert "_benchfile" not in listed.stdout  # a helper the scripts share, not a benchmark
+    assert list(tmp_path.iterdir()) == []  # nothing ran (the healing harness writes runs/ here)
+    shown = cli("bench", "--help")
+    assert shown.returncode == 0 and "usage: trimtab bench" in shown.stdout
+
+
+def test_bench_runs_the_named_script_with_its_arguments():
+    shown = cli("bench", "healing", "--help")
+    assert shown.returncode == 0 and "usage: trimtab bench healing" in shown.stdout and "--scenarios" in shown.stdout
+    refused = cli("bench", "healing", "--no-such-flag")  # the script's own exit code comes through
+    assert refused.returncode == 2 and "unrecognized arguments: --no-such-flag" in refused.stderr
+    unknown = cli("bench", "nope")
+    assert unknown.returncode == 2 and "unknown benchmark 'nope'; one of " in unknown.stderr
+    assert "healing, " in unknown.stderr.splitlines()[-1]
+
+
+def test_bench_without_the_source_checkout_says_where_benchmarks_live(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(benchmarks, "SRC", tmp_path / "site-packages")
+    assert main(["bench"]) == 2
+    assert "benchmarks live in the bench/ folder of trimtab's source checkout" in capsys.readouterr().err

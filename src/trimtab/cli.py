@@ -67,9 +67,12 @@ def _ctl(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from trimtab.orchestrator import healing
+    from trimtab import benchmarks
 
-    return healing.main(args.rest)
+    if args.name is None:
+        print(benchmarks.listing())
+        return 0
+    return benchmarks.run(args.name, args.args)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -162,8 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs="*")
     p.set_defaults(func=_ctl)
 
-    p = sub.add_parser("bench", help="benchmarks: `trimtab bench healing` (fault recovery)", add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p = sub.add_parser(
+        "bench",
+        help="list the benchmarks (bench/ of the source checkout), or run one",
+        description="Without NAME: list the benchmarks. With NAME: run bench/NAME.py with ARGS, e.g. "
+        "`trimtab bench healing --scenarios nan_loss --steps 40`; `trimtab bench NAME --help` shows its options.",
+    )
+    p.add_argument("name", nargs="?", help="the benchmark to run (bench/NAME.py)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark's script")
     p.set_defaults(func=_bench)
 
     p = sub.add_parser("generate", help="sample text from a trained run")
