@@ -11,6 +11,8 @@ import pytest
 from trimtab import benchmarks
 from trimtab.checkpoint import list_checkpoints
 from trimtab.cli import main
+from trimtab.orchestrator import read_decisions
+from trimtab.training.runlock import run_lock
 
 FAST = [
     "--set",
@@ -153,3 +155,39 @@ def test_bench_without_the_source_checkout_says_where_benchmarks_live(tmp_path, 
     monkeypatch.setattr(benchmarks, "SRC", tmp_path / "site-packages")
     assert main(["bench"]) == 2
     assert "benchmarks live in the bench/ folder of trimtab's source checkout" in capsys.readouterr().err
+
+
+def test_ctl_refuses_a_run_that_is_not_running_and_queues_on_request(tmp_path, capsys):
+    run = tmp_path / "r"
+    train = ["train", "--preset", "debug", "--out", str(run), *FAST]
+    assert main([*train, "--max-steps", "2"]) == 0
+    refused = cli("ctl", str(run), "scale-lr", "0.5")
+    assert refused.returncode == 2, refused.stderr
+    assert f"'{run}' is not running (ended " in refused.stderr and "nothing was sent. Pass --queue" in refused.stderr
+    assert not (run / "control").exists() or not list((run / "control").iterdir())
+    queued = cli("ctl", str(run), "scale-lr", "0.5", "--queue")
+    assert queued.returncode == 0, queued.stderr
+    assert queued.stdout.startswith(f"queued in {run} ") and "when it resumes" in queued.stdout
+    assert len(list((run / "control").glob("*.json"))) == 1
+    capsys.readouterr()
+    assert main([*train, "--max-steps", "4"]) == 0  # the lock was released: it resumes, and takes the command
+    assert "completed: step 4/4 (2 this session," in capsys.readouterr().out
+    assert [(d["action"], d["mode"], d["step"]) for d in read_decisions(run)] == [("scale_lr", "manual", 3)]
+
+
+def test_a_run_being_trained_takes_commands_and_refuses_a_second_train(tmp_path, capsys):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text("{}")
+    with run_lock(run):  # as `trimtab train` holds it, from this process
+        sent = cli("ctl", str(run), "checkpoint")
+        assert sent.returncode == 0, sent.stderr
+        assert sent.stdout.startswith(f"sent to the job in {run} ")
+        assert main(["train", "--preset", "debug", "--out", str(run), "--max-steps", "2", *FAST]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"trimtab: error: '{run}' is being trained by pid {os.getpid()} on ")
+    assert sorted(p.name for p in run.iterdir()) == [
+        ".lock",
+        "config.yaml",
+        "control",
+    ]  # the refused train wrote nothing

@@ -585,8 +585,8 @@ def test_send_and_take_commands(tmp_path):
     with pytest.raises(ConfigError, match="not a run directory"):
         ctl.send(tmp_path, {"action": "stop"})
     (tmp_path / "config.yaml").write_text("{}")
-    first = ctl.send(tmp_path, ctl.parse_command("scale-lr", ["0.5"]))
-    second = ctl.send(tmp_path, {"action": "stop", "params": {}})
+    first = ctl.send(tmp_path, ctl.parse_command("scale-lr", ["0.5"]), queue=True)  # no job runs here
+    second = ctl.send(tmp_path, {"action": "stop", "params": {}}, queue=True)
     (tmp_path / "control" / "9999999999999999999-1.json").write_text("not json")
     assert first.parent == tmp_path / "control" and first.name < second.name
     taken = ctl.take_commands(tmp_path)
@@ -625,7 +625,7 @@ def test_malformed_command_files_are_answered_not_fatal(tmp_path, command):
     (tmp_path / "config.yaml").write_text("{}")
     orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)
     trainer = FakeTrainer(tmp_path)
-    ctl.send(tmp_path, command)
+    ctl.send(tmp_path, command, queue=True)
     orchestrator._take_commands(trainer)
     trainer.control.apply()
     assert len(list((tmp_path / "control").glob("*.error"))) == 1
@@ -643,8 +643,8 @@ def test_commands_are_applied_and_journaled_as_manual(tmp_path):
         ("pause-rule", ["grad"]),
         ("resume-rule", ["spike"]),
     ]:
-        ctl.send(tmp_path, ctl.parse_command(verb, args))
-    ctl.send(tmp_path, {"action": "resume_rule", "params": {"rule": "bogus"}})
+        ctl.send(tmp_path, ctl.parse_command(verb, args), queue=True)
+    ctl.send(tmp_path, {"action": "resume_rule", "params": {"rule": "bogus"}}, queue=True)
     orchestrator._take_commands(trainer)
     trainer.control.apply()
     assert trainer.state.lr_scale == 0.5 and orchestrator.mode == "advise" and orchestrator.paused == {"grad"}

@@ -18,6 +18,7 @@ from trimtab.orchestrator import Orchestrator
 from trimtab.orchestrator.faults import FaultInjector
 from trimtab.orchestrator.planner import LivePlanner
 from trimtab.sampling import generate as generate_ids
+from trimtab.training.runlock import run_lock
 from trimtab.training.trainer import Trainer
 
 
@@ -36,9 +37,10 @@ def train(config: RunConfig | str | Path | None = None, *, hooks: list = (), **o
         built_in.append(FaultInjector(config.faults, config.run_dir))
     if config.plan.status_every:  # the live Chinchilla status (docs/planner.md)
         built_in.append(LivePlanner(config.plan, config.run_dir))
-    summary = Trainer(config, hooks=built_in + list(hooks)).fit()
-    if is_main():  # under torchrun every rank returns the same summary; rank 0 writes it
-        (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    with run_lock(config.run_dir):  # one `trimtab train` per run directory; `trimtab ctl` sees it alive
+        summary = Trainer(config, hooks=built_in + list(hooks)).fit()
+        if is_main():  # under torchrun every rank returns the same summary; rank 0 writes it
+            (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
 

@@ -57,12 +57,16 @@ def _print_summary(summary: dict) -> None:
 
 def _ctl(args: argparse.Namespace) -> int:
     from trimtab.orchestrator import ctl
+    from trimtab.training.runlock import liveness
 
-    path = ctl.send(args.run_dir, ctl.parse_command(args.action, args.args))
-    print(
-        f"sent to the job in {args.run_dir} ({path.name}); it applies it at its next step and "
-        "journals it in decisions.jsonl"
-    )
+    command = ctl.parse_command(args.action, args.args)
+    running, _ = liveness(args.run_dir)
+    path = ctl.send(args.run_dir, command, queue=args.queue)
+    if running:
+        print(f"sent to the job in {args.run_dir} ({path.name}); it applies it at its next step", end="")
+    else:
+        print(f"queued in {args.run_dir} ({path.name}); the run is not running: it applies it when it resumes", end="")
+    print(" and journals it in decisions.jsonl")
     return 0
 
 
@@ -153,9 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "ctl",
         help="act on a running job (journaled as a manual decision)",
-        description="Actions: skip-step, scale-lr F, set-lr V, emergency-lr [F], "
-        "rollback [STEP], micro-batch TOKENS, grad-clip V, weight-decay V, checkpoint, "
-        "stop [REASON], add-expert LAYER [SOURCE], prune-expert LAYER EXPERT, reinit-expert "
+        description="A run that is not running is refused (nothing is sent) unless --queue. Actions: skip-step, "
+        "scale-lr F, set-lr V, emergency-lr [F], rollback [STEP], micro-batch TOKENS, grad-clip V, weight-decay V, "
+        "checkpoint, stop [REASON], add-expert LAYER [SOURCE], prune-expert LAYER EXPERT, reinit-expert "
         "LAYER EXPERT, reset-router LAYER EXPERT, capacity-factor V [LAYER], router-temperature V [LAYER], "
         "balance-coef V [LAYER], mod-capacity V [LAYER], total-steps N, pause-rule RULE, "
         "resume-rule RULE, mode auto|advise|off",
@@ -163,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("action")
     p.add_argument("args", nargs="*")
+    p.add_argument(
+        "--queue", action="store_true", help="if the run is not running, apply the command when it next resumes"
+    )
     p.set_defaults(func=_ctl)
 
     p = sub.add_parser(

@@ -3,6 +3,8 @@
 The command drops one JSON file into RUN_DIR/control/ (written atomically); the job picks it up at
 its next metrics read, applies it through the same Control surface the orchestrator uses, and
 journals it as a manual decision. A command the job cannot apply is answered in a `.error` file.
+A run that is not running (training/runlock.py: no lock held, no fresh heartbeat) gets nothing,
+since the command would fire unnoticed whenever it next resumes, unless it is queued on purpose.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.config.orchestrator import MODES, OrchestratorConfig
-from trimtab.errors import ConfigError
+from trimtab.errors import ConfigError, RunStateError
+from trimtab.training.runlock import liveness
 
 # CLI verb -> (action, parameter names in order, their types, how many are required)
 VERBS: dict[str, tuple[str, tuple[str, ...], tuple[type, ...], int]] = {
@@ -69,11 +72,18 @@ def parse_command(verb: str, args: list[str]) -> dict[str, Any]:
     return {"action": action, "params": params}
 
 
-def send(run_dir: str | Path, command: dict[str, Any]) -> Path:
-    """Drop a command for the job in run_dir; returns the file written."""
+def send(run_dir: str | Path, command: dict[str, Any], queue: bool = False) -> Path:
+    """Drop a command for the job in run_dir; returns the file written. Refuses when the run is not
+    running, unless `queue` (the command then applies when the run next resumes)."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"'{run_dir}' is not a run directory (no config.yaml); pass the --out of a run")
+    running, evidence = liveness(run_dir)
+    if not running and not queue:
+        raise RunStateError(
+            f"'{run_dir}' is not running ({evidence}); nothing was sent. Pass --queue (queue=True in Python) "
+            "to have the command applied when it next resumes"
+        )
     inbox = run_dir / "control"
     inbox.mkdir(exist_ok=True)
     path = inbox / f"{time.time_ns()}-{os.getpid()}.json"
