@@ -1,5 +1,6 @@
 """The CLI as a user runs it: exit codes, one-line errors, the README's commands."""
 
+import argparse
 import os
 import signal
 import subprocess
@@ -10,7 +11,7 @@ import pytest
 
 from trimtab import benchmarks
 from trimtab.checkpoint import list_checkpoints
-from trimtab.cli import main
+from trimtab.cli import build_parser, main
 from trimtab.orchestrator import read_decisions
 from trimtab.training.runlock import run_lock
 
@@ -191,3 +192,46 @@ def test_a_run_being_trained_takes_commands_and_refuses_a_second_train(tmp_path,
         "config.yaml",
         "control",
     ]  # the refused train wrote nothing
+
+
+# subcommand -> (its option strings, its positional names in order)
+CLI_SURFACE = {
+    "train": ({"-h", "--help", "--preset", "--out", "--max-steps", "--set", "--inject", "--orchestrator"}, ["config"]),
+    "ctl": ({"-h", "--help", "--queue"}, ["run_dir", "action", "args"]),
+    "bench": ({"-h", "--help"}, ["name", "args"]),
+    "generate": (
+        {"-h", "--help", "--prompt", "--max-new-tokens", "--temperature", "--top-k", "--top-p", "--seed"},
+        ["run_dir"],
+    ),
+    "plan": (
+        {
+            "-h",
+            "--help",
+            "--preset",
+            "--out",
+            "--set",
+            "--dataset-tokens",
+            "--data",
+            "--budget-flops",
+            "--budget-hours",
+            "--gpu",
+            "--devices",
+        },
+        ["config"],
+    ),
+    "presets": ({"-h", "--help"}, []),
+    "doctor": ({"-h", "--help", "--preset", "--device", "--nproc", "--strategy", "--json"}, []),
+}
+
+
+def test_the_cli_surface_is_frozen():
+    """DESIGN.md section 6: the CLI surface is small and stable; people's scripts call it."""
+    [subcommands] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    surface = {
+        name: ({o for a in p._actions for o in a.option_strings}, [a.dest for a in p._actions if not a.option_strings])
+        for name, p in subcommands.choices.items()
+    }
+    assert surface == CLI_SURFACE, (
+        "the CLI surface changed (a subcommand, option or positional was added, renamed or removed). Changing it "
+        "is a deliberate act: if you mean it, update CLI_SURFACE in this test in the same commit and say why there."
+    )
