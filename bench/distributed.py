@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from trimtab.benchfile import replace_section
+from _benchfile import replace_section  # bench/_benchfile.py, next to this file
 
 sys.path.insert(0, str(Path(__file__).parent))
 from throughput import Contention  # noqa: E402  (bench/ is a folder of scripts, not a package)

@@ -33,8 +33,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
+from _benchfile import replace_section  # noqa: E402  bench/_benchfile.py, next to this file
 from moe import Contention  # noqa: E402  bench/moe.py, next to this file
-from trimtab.benchfile import replace_section  # noqa: E402
 from trimtab.config import ModelConfig  # noqa: E402
 from trimtab.model import build_model  # noqa: E402
 

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from trimtab.benchfile import replace_section  # noqa: E402
+from _benchfile import replace_section  # noqa: E402  bench/_benchfile.py, next to this file
 from trimtab.config.sparse import MoEConfig  # noqa: E402
 from trimtab.model.moe import MoE  # noqa: E402
 

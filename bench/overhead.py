@@ -35,8 +35,8 @@ import sys
 import tempfile
 import time
 
+from _benchfile import replace_section  # bench/_benchfile.py, next to this file
 from throughput import ROOT, Contention  # bench/throughput.py, next to this file
-from trimtab.benchfile import replace_section
 
 HOOK_METHODS = (
     "on_train_start",

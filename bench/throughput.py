@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from trimtab.benchfile import replace_section
+from _benchfile import replace_section  # bench/_benchfile.py, next to this file
 
 ROOT = Path(__file__).resolve().parent.parent
 

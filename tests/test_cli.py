@@ -1,5 +1,6 @@
 """The CLI as a user runs it: exit codes, one-line errors, the README's commands."""
 
+import argparse
 import os
 import signal
 import subprocess
@@ -8,8 +9,11 @@ import time
 
 import pytest
 
+from trimtab import benchmarks
 from trimtab.checkpoint import list_checkpoints
-from trimtab.cli import main
+from trimtab.cli import build_parser, main
+from trimtab.orchestrator import read_decisions
+from trimtab.training.runlock import run_lock
 
 FAST = [
     "--set",
@@ -119,3 +123,118 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert f"completed: step {step + 2}/{step + 2}" in resumed.stdout
     assert f"resuming from {ckpt}" in resumed.stderr
+
+
+def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    """`python -m trimtab ARGS` as a user runs it: the exit code is the process's."""
+    return subprocess.run(
+        [sys.executable, "-m", "trimtab", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
+
+
+def test_bench_lists_the_scripts_and_runs_nothing(tmp_path):
+    listed = cli("bench", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert "healing      Fault healing: every injected fault" in listed.stdout
+    assert "_benchfile" not in listed.stdout  # a helper the scripts share, not a benchmark
+    assert list(tmp_path.iterdir()) == []  # nothing ran (the healing harness writes runs/ here)
+    shown = cli("bench", "--help")
+    assert shown.returncode == 0 and "usage: trimtab bench" in shown.stdout
+
+
+def test_bench_runs_the_named_script_with_its_arguments():
+    shown = cli("bench", "healing", "--help")
+    assert shown.returncode == 0 and "usage: trimtab bench healing" in shown.stdout and "--scenarios" in shown.stdout
+    refused = cli("bench", "healing", "--no-such-flag")  # the script's own exit code comes through
+    assert refused.returncode == 2 and "unrecognized arguments: --no-such-flag" in refused.stderr
+    unknown = cli("bench", "nope")
+    assert unknown.returncode == 2 and "unknown benchmark 'nope'; one of " in unknown.stderr
+    assert "healing, " in unknown.stderr.splitlines()[-1]
+
+
+def test_bench_without_the_source_checkout_says_where_benchmarks_live(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(benchmarks, "SRC", tmp_path / "site-packages")
+    assert main(["bench"]) == 2
+    assert "benchmarks live in the bench/ folder of trimtab's source checkout" in capsys.readouterr().err
+
+
+def test_ctl_refuses_a_run_that_is_not_running_and_queues_on_request(tmp_path, capsys):
+    run = tmp_path / "r"
+    train = ["train", "--preset", "debug", "--out", str(run), *FAST]
+    assert main([*train, "--max-steps", "2"]) == 0
+    refused = cli("ctl", str(run), "scale-lr", "0.5")
+    assert refused.returncode == 2, refused.stderr
+    assert f"'{run}' is not running (ended " in refused.stderr and "nothing was sent. Pass --queue" in refused.stderr
+    assert not (run / "control").exists() or not list((run / "control").iterdir())
+    queued = cli("ctl", str(run), "scale-lr", "0.5", "--queue")
+    assert queued.returncode == 0, queued.stderr
+    assert queued.stdout.startswith(f"queued in {run} ") and "when it resumes" in queued.stdout
+    assert len(list((run / "control").glob("*.json"))) == 1
+    capsys.readouterr()
+    assert main([*train, "--max-steps", "4"]) == 0  # the lock was released: it resumes, and takes the command
+    assert "completed: step 4/4 (2 this session," in capsys.readouterr().out
+    assert [(d["rule"], d["action"], d["mode"], d["step"]) for d in read_decisions(run)] == [
+        ("config", "set_total_steps", "manual", 2),  # the longer --max-steps, journaled as a person's change
+        ("manual", "scale_lr", "manual", 3),
+    ]
+
+
+def test_a_run_being_trained_takes_commands_and_refuses_a_second_train(tmp_path, capsys):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text("{}")
+    with run_lock(run):  # as `trimtab train` holds it, from this process
+        sent = cli("ctl", str(run), "checkpoint")
+        assert sent.returncode == 0, sent.stderr
+        assert sent.stdout.startswith(f"sent to the job in {run} ")
+        assert main(["train", "--preset", "debug", "--out", str(run), "--max-steps", "2", *FAST]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"trimtab: error: '{run}' is being trained by pid {os.getpid()} on ")
+    assert sorted(p.name for p in run.iterdir()) == [
+        ".lock",
+        "config.yaml",
+        "control",
+    ]  # the refused train wrote nothing
+
+
+# subcommand -> (its option strings, its positional names in order)
+CLI_SURFACE = {
+    "train": ({"-h", "--help", "--preset", "--out", "--max-steps", "--set", "--inject", "--orchestrator"}, ["config"]),
+    "ctl": ({"-h", "--help", "--queue"}, ["run_dir", "action", "args"]),
+    "bench": ({"-h", "--help"}, ["name", "args"]),
+    "generate": (
+        {"-h", "--help", "--prompt", "--max-new-tokens", "--temperature", "--top-k", "--top-p", "--seed"},
+        ["run_dir"],
+    ),
+    "plan": (
+        {
+            "-h",
+            "--help",
+            "--preset",
+            "--out",
+            "--set",
+            "--dataset-tokens",
+            "--data",
+            "--budget-flops",
+            "--budget-hours",
+            "--gpu",
+            "--devices",
+        },
+        ["config"],
+    ),
+    "presets": ({"-h", "--help"}, []),
+    "doctor": ({"-h", "--help", "--preset", "--device", "--nproc", "--strategy", "--json"}, []),
+}
+
+
+def test_the_cli_surface_is_frozen():
+    """DESIGN.md section 6: the CLI surface is small and stable; people's scripts call it."""
+    [subcommands] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    surface = {
+        name: ({o for a in p._actions for o in a.option_strings}, [a.dest for a in p._actions if not a.option_strings])
+        for name, p in subcommands.choices.items()
+    }
+    assert surface == CLI_SURFACE, (
+        "the CLI surface changed (a subcommand, option or positional was added, renamed or removed). Changing it "
+        "is a deliberate act: if you mean it, update CLI_SURFACE in this test in the same commit and say why there."
+    )

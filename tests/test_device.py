@@ -9,6 +9,7 @@ import torch
 from trimtab import hardware as hw
 from trimtab.config import load_config
 from trimtab.errors import ConfigError
+from trimtab.training.setup import setup
 from trimtab.training.trainer import Trainer
 
 
@@ -154,7 +155,7 @@ def test_the_trainer_measures_mfu_against_the_cached_peak(timer, tmp_path, one_t
         "data": {"max_bytes": 150_000},
         "log": {"progress": False, "tensorboard": False},
     }
-    trainer = Trainer(load_config(preset="debug", overrides=sections))
+    trainer = Trainer(setup(load_config(preset="debug", overrides=sections)))
     summary = trainer.fit()
     assert timer.calls == 0
     fpt = trainer.flops_per_token

@@ -31,6 +31,7 @@ from trimtab.orchestrator.monitors import (
     build_monitors,
 )
 from trimtab.orchestrator.policy import Policy
+from trimtab.training import actions
 from trimtab.training.actions import ACTIONS
 from trimtab.training.control import Control
 
@@ -559,7 +560,7 @@ def test_control_validates_parameters_when_asked():
     control.request("skip_step", on_done=done.append)
     assert control.skip_next and done == ["the next update will be withheld"]
     # every action a person can take has a ctl verb (skip_data is the orchestrator's own: it names rows)
-    assert set(ACTIONS) - {"skip_data"} == {a.name for a in ctl.VERBS.values()} - {
+    assert set(ACTIONS) - {"skip_data"} == {a.name for a in actions.VERBS.values()} - {
         "pause_rule",
         "resume_rule",
         "set_mode",
@@ -594,7 +595,7 @@ def test_parse_command_valid():
     assert ctl.parse_command("pause-rule", ["nonfinite"])["params"] == {"rule": "nonfinite"}
     assert ctl.parse_command("mode", ["advise"]) == {"action": "set_mode", "params": {"mode": "advise"}}
     assert ctl.parse_command("stop", []) == {"action": "stop", "params": {}}
-    assert set(ctl.RULE_NAMES) == {"nonfinite", *OrchestratorConfig.RULES}
+    assert set(actions.RULE_NAMES) == {"nonfinite", *OrchestratorConfig.RULES}
 
 
 @pytest.mark.parametrize(
@@ -621,8 +622,8 @@ def test_send_and_take_commands(tmp_path):
     with pytest.raises(ConfigError, match="not a run directory"):
         ctl.send(tmp_path, {"action": "stop"})
     (tmp_path / "config.yaml").write_text("{}")
-    first = ctl.send(tmp_path, ctl.parse_command("scale-lr", ["0.5"]))
-    second = ctl.send(tmp_path, {"action": "stop", "params": {}})
+    first = ctl.send(tmp_path, ctl.parse_command("scale-lr", ["0.5"]), queue=True)  # no job runs here
+    second = ctl.send(tmp_path, {"action": "stop", "params": {}}, queue=True)
     (tmp_path / "control" / "9999999999999999999-1.json").write_text("not json")
     assert first.parent == tmp_path / "control" and first.name < second.name
     taken = ctl.take_commands(tmp_path)
@@ -662,7 +663,7 @@ def test_malformed_command_files_are_answered_not_fatal(tmp_path, command):
     (tmp_path / "config.yaml").write_text("{}")
     orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)
     trainer = FakeTrainer(tmp_path)
-    ctl.send(tmp_path, command)
+    ctl.send(tmp_path, command, queue=True)
     orchestrator._take_commands(trainer)
     trainer.control.apply()
     assert len(list((tmp_path / "control").glob("*.error"))) == 1
@@ -680,8 +681,8 @@ def test_commands_are_applied_and_journaled_as_manual(tmp_path):
         ("pause-rule", ["grad"]),
         ("resume-rule", ["spike"]),
     ]:
-        ctl.send(tmp_path, ctl.parse_command(verb, args))
-    ctl.send(tmp_path, {"action": "resume_rule", "params": {"rule": "bogus"}})
+        ctl.send(tmp_path, ctl.parse_command(verb, args), queue=True)
+    ctl.send(tmp_path, {"action": "resume_rule", "params": {"rule": "bogus"}}, queue=True)
     orchestrator._take_commands(trainer)
     trainer.control.apply()
     assert trainer.state.lr_scale == 0.5 and orchestrator.mode == "advise" and orchestrator.paused == {"grad"}

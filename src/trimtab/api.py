@@ -18,6 +18,7 @@ from trimtab.orchestrator import Orchestrator
 from trimtab.orchestrator.faults import FaultInjector
 from trimtab.orchestrator.planner import LivePlanner
 from trimtab.sampling import generate as generate_ids
+from trimtab.training.runlock import run_lock
 from trimtab.training.setup import setup
 from trimtab.training.trainer import Trainer
 
@@ -32,9 +33,10 @@ def train(config: RunConfig | str | Path | None = None, *, hooks: list = (), **o
         config = load_config(config, overrides=overrides)
     elif overrides:
         raise TypeError("pass overrides inside the RunConfig, or pass a YAML path / None with overrides")
-    summary = Trainer(setup(config), hooks=built_in_hooks(config) + list(hooks)).fit()
-    if is_main():  # under torchrun every rank returns the same summary; rank 0 writes it
-        (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    with run_lock(config.run_dir):  # one `trimtab train` per run directory; `trimtab ctl` sees it alive
+        summary = Trainer(setup(config), hooks=built_in_hooks(config) + list(hooks)).fit()
+        if is_main():  # under torchrun every rank returns the same summary; rank 0 writes it
+            (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
 

@@ -7,6 +7,7 @@ import logging
 import sys
 
 from trimtab.errors import TrimtabError
+from trimtab.training.actions import help_text
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -57,19 +58,26 @@ def _print_summary(summary: dict) -> None:
 
 def _ctl(args: argparse.Namespace) -> int:
     from trimtab.orchestrator import ctl
+    from trimtab.training.runlock import liveness
 
-    path = ctl.send(args.run_dir, ctl.parse_command(args.action, args.args))
-    print(
-        f"sent to the job in {args.run_dir} ({path.name}); it applies it at its next step and "
-        "journals it in decisions.jsonl"
-    )
+    command = ctl.parse_command(args.action, args.args)
+    running, _ = liveness(args.run_dir)
+    path = ctl.send(args.run_dir, command, queue=args.queue)
+    if running:
+        print(f"sent to the job in {args.run_dir} ({path.name}); it applies it at its next step", end="")
+    else:
+        print(f"queued in {args.run_dir} ({path.name}); the run is not running: it applies it when it resumes", end="")
+    print(" and journals it in decisions.jsonl")
     return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from trimtab.orchestrator import healing
+    from trimtab import benchmarks
 
-    return healing.main(args.rest)
+    if args.name is None:
+        print(benchmarks.listing())
+        return 0
+    return benchmarks.run(args.name, args.args)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -150,20 +158,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "ctl",
         help="act on a running job (journaled as a manual decision)",
-        description="Actions: skip-step, scale-lr F, set-lr V, emergency-lr [F], "
-        "rollback [STEP], micro-batch TOKENS, grad-clip V, weight-decay V, checkpoint, "
-        "stop [REASON], add-expert LAYER [SOURCE], prune-expert LAYER EXPERT, reinit-expert "
-        "LAYER EXPERT, reset-router LAYER EXPERT, capacity-factor V [LAYER], router-temperature V [LAYER], "
-        "balance-coef V [LAYER], mod-capacity V [LAYER], total-steps N, pause-rule RULE, "
-        "resume-rule RULE, mode auto|advise|off",
+        description="Drops a command for the job in RUN_DIR, which applies it at its next step and journals it. "
+        "A run that is not running is refused (nothing is sent) unless --queue.",
+        epilog="actions:\n" + help_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("run_dir")
     p.add_argument("action")
     p.add_argument("args", nargs="*")
+    p.add_argument(
+        "--queue", action="store_true", help="if the run is not running, apply the command when it next resumes"
+    )
     p.set_defaults(func=_ctl)
 
-    p = sub.add_parser("bench", help="benchmarks: `trimtab bench healing` (fault recovery)", add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p = sub.add_parser(
+        "bench",
+        help="list the benchmarks (bench/ of the source checkout), or run one",
+        description="Without NAME: list the benchmarks. With NAME: run bench/NAME.py with ARGS, e.g. "
+        "`trimtab bench healing --scenarios nan_loss --steps 40`; `trimtab bench NAME --help` shows its options.",
+    )
+    p.add_argument("name", nargs="?", help="the benchmark to run (bench/NAME.py)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark's script")
     p.set_defaults(func=_bench)
 
     p = sub.add_parser("generate", help="sample text from a trained run")

@@ -15,3 +15,8 @@ class DataError(TrimtabError):
 
 class CheckpointError(TrimtabError):
     """No usable checkpoint, or a run directory that does not match the config."""
+
+
+class RunStateError(TrimtabError):
+    """A run directory is being trained by another process, or is not running when a command needs
+    a live job; the message says who holds it, or when it was last alive."""

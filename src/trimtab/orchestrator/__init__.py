@@ -2,13 +2,21 @@
 
 monitors.py  detectors over per-step metrics -> Finding
 policy.py    findings -> decisions: escalation ladder, cooldowns, confidence
+remedies.py  the remedies of the one-answer families (memory, MoE, MoD, disk, run length, ...)
 journal.py   decisions.jsonl: evidence, reasoning, confidence, outcome
 core.py      the trainer hook that ties them together (update gate, OOM, save errors)
 ctl.py       `trimtab ctl`: a person's commands to a running job
 faults.py    fault injection for tests and the healing benchmark
 """
 
-from trimtab.orchestrator.core import Orchestrator
-from trimtab.orchestrator.journal import read_decisions
+from importlib import import_module
 
-__all__ = ["Orchestrator", "read_decisions"]
+# Resolved on first use, so `trimtab ctl` (orchestrator.ctl) does not pay for importing torch.
+_LAZY = {"Orchestrator": "trimtab.orchestrator.core", "read_decisions": "trimtab.orchestrator.journal"}
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'trimtab.orchestrator' has no attribute '{name}'")

@@ -27,7 +27,7 @@ from trimtab.orchestrator.moe_health import MoEHealth
 from trimtab.orchestrator.monitors import Finding, Rolling, StepMetrics, build_monitors
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.remedies import Remedy
-from trimtab.training.actions import ACTIONS
+from trimtab.training.actions import ACTIONS, COMMANDS, VERBS
 from trimtab.training.hooks import Hook
 from trimtab.training.runtime import to_host
 
@@ -303,10 +303,10 @@ class Orchestrator(Hook):
                 run.say(f"[orchestrator] rejected control/{name}: {exc}")
 
     def _manual(self, run: RunView, action: str, params: dict[str, Any]) -> None:
-        if action not in ACTIONS and action not in ctl.COMMANDS:
-            raise TrimtabError(f"unknown action '{action}'; one of {', '.join(ctl.VERBS)} (trimtab ctl)")
-        if action in ctl.COMMANDS:
-            params = ctl.COMMANDS[action].check(params)
+        if action not in ACTIONS and action not in COMMANDS:
+            raise TrimtabError(f"unknown action '{action}'; one of {', '.join(VERBS)} (trimtab ctl)")
+        if action in COMMANDS:
+            params = COMMANDS[action].check(params)
         summary = " ".join([action, *(str(v) for v in params.values())])
         decision = Decision(
             id=self.journal.next_id(),

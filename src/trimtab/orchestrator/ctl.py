@@ -3,6 +3,8 @@
 The command drops one JSON file into RUN_DIR/control/ (written atomically); the job picks it up at
 its next metrics read, applies it through the same Control surface the orchestrator uses, and
 journals it as a manual decision. A command the job cannot apply is answered in a `.error` file.
+A run that is not running (training/runlock.py: no lock held, no fresh heartbeat) gets nothing,
+since the command would fire unnoticed whenever it next resumes, unless it is queued on purpose.
 """
 
 from __future__ import annotations
@@ -13,39 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trimtab.config.orchestrator import MODES, OrchestratorConfig
-from trimtab.errors import ConfigError
-from trimtab.training.actions import ACTIONS, REQUIRED, Action, Param
-
-RULE_NAMES = ("nonfinite", *OrchestratorConfig.RULES)
-# The orchestrator's own commands, beside the run's actions (training/actions.py).
-COMMANDS: dict[str, Action] = {
-    a.name: a
-    for a in (
-        Action(
-            name="pause_rule",
-            verb="pause-rule",
-            says="pause rule {rule}",
-            help="stop acting on one rule's findings",
-            params=(Param(name="rule", kind="str", choices=RULE_NAMES),),
-        ),
-        Action(
-            name="resume_rule",
-            verb="resume-rule",
-            says="resume rule {rule}",
-            help="act on a paused rule's findings again",
-            params=(Param(name="rule", kind="str", choices=RULE_NAMES),),
-        ),
-        Action(
-            name="set_mode",
-            verb="mode",
-            says="orchestrator mode {mode}",
-            help="auto: act, advise: only journal, off: no monitoring",
-            params=(Param(name="mode", kind="str", choices=MODES),),
-        ),
-    )
-}
-VERBS: dict[str, Action] = {a.verb: a for a in (*ACTIONS.values(), *COMMANDS.values()) if a.verb}
+from trimtab.errors import ConfigError, RunStateError
+from trimtab.training.actions import REQUIRED, VERBS
+from trimtab.training.runlock import liveness
 
 
 def parse_command(verb: str, args: list[str]) -> dict[str, Any]:
@@ -63,18 +35,18 @@ def parse_command(verb: str, args: list[str]) -> dict[str, Any]:
     return {"action": action.name, "params": params}
 
 
-def help_text() -> str:
-    """Every ctl verb with its arguments and one line on what it does (the CLI's help)."""
-    rows = [(a.usage(), a.help) for a in VERBS.values()]
-    width = max(len(usage) for usage, _ in rows)
-    return "\n".join(f"  {usage:<{width}}  {text}" for usage, text in rows)
-
-
-def send(run_dir: str | Path, command: dict[str, Any]) -> Path:
-    """Drop a command for the job in run_dir; returns the file written."""
+def send(run_dir: str | Path, command: dict[str, Any], queue: bool = False) -> Path:
+    """Drop a command for the job in run_dir; returns the file written. Refuses when the run is not
+    running, unless `queue` (the command then applies when the run next resumes)."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"'{run_dir}' is not a run directory (no config.yaml); pass the --out of a run")
+    running, evidence = liveness(run_dir)
+    if not running and not queue:
+        raise RunStateError(
+            f"'{run_dir}' is not running ({evidence}); nothing was sent. Pass --queue (queue=True in Python) "
+            "to have the command applied when it next resumes"
+        )
     inbox = run_dir / "control"
     inbox.mkdir(exist_ok=True)
     path = inbox / f"{time.time_ns()}-{os.getpid()}.json"

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from trimtab.config.orchestrator import MODES, OrchestratorConfig
 from trimtab.errors import ConfigError
 
 REQUIRED = object()  # a parameter without a default
@@ -106,7 +107,8 @@ class Action:
 
     def usage(self) -> str:
         """e.g. `scale-lr FACTOR` or `add-expert LAYER [SOURCE]`."""
-        words = [p.name.upper() if p.default is REQUIRED else f"[{p.name.upper()}]" for p in self.params if p.ctl]
+        names = {p.name: "|".join(p.choices) if 0 < len(p.choices) <= 4 else p.name.upper() for p in self.params}
+        words = [names[p.name] if p.default is REQUIRED else f"[{names[p.name]}]" for p in self.params if p.ctl]
         return " ".join([self.verb or self.name, *words])
 
     def describe(self, params: dict[str, Any]) -> str:
@@ -147,7 +149,7 @@ _TABLE = (
         name="rollback",
         verb="rollback",
         says=lambda v: f"roll back to {v['to']}" + (f", skip {v['n_rows']} rows" if v["n_rows"] else ""),
-        help="restore the last good checkpoint (or the newest at or before STEP); the knobs stay",
+        help="restore the last good checkpoint (or the newest at or before step TO); the knobs stay",
         params=(
             Param(name="to", kind="step", default="last_good"),
             Param(name="skip_rows", kind="rows", default=None, ctl=False),
@@ -270,6 +272,45 @@ MOE_KNOBS = {
     "set_router_temperature": "router_temperature",
     "set_balance_coef": "balance_coef",
 }  # action -> the MoE layer's attribute (and config key)
+
+
+RULE_NAMES = ("nonfinite", *OrchestratorConfig.RULES)
+# The orchestrator's own commands (a person's, through `trimtab ctl`), beside the run's actions:
+# the orchestrator applies them itself, Control never sees them.
+COMMANDS: dict[str, Action] = {
+    a.name: a
+    for a in (
+        Action(
+            name="pause_rule",
+            verb="pause-rule",
+            says="pause rule {rule}",
+            help="stop acting on one rule's findings",
+            params=(Param(name="rule", kind="str", choices=RULE_NAMES),),
+        ),
+        Action(
+            name="resume_rule",
+            verb="resume-rule",
+            says="resume rule {rule}",
+            help="act on a paused rule's findings again",
+            params=(Param(name="rule", kind="str", choices=RULE_NAMES),),
+        ),
+        Action(
+            name="set_mode",
+            verb="mode",
+            says="orchestrator mode {mode}",
+            help="auto: act, advise: only journal, off: no monitoring",
+            params=(Param(name="mode", kind="str", choices=MODES),),
+        ),
+    )
+}
+VERBS: dict[str, Action] = {a.verb: a for a in (*ACTIONS.values(), *COMMANDS.values()) if a.verb}
+
+
+def help_text() -> str:
+    """Every ctl verb with its arguments and one line on what it does (the CLI's help)."""
+    rows = [(a.usage(), a.help) for a in VERBS.values()]
+    width = max(len(usage) for usage, _ in rows)
+    return "\n".join(f"  {usage:<{width}}  {text}" for usage, text in rows)
 
 
 def action(name: str) -> Action:
