@@ -1,0 +1,120 @@
+"""The run's LR schedule across phases and length changes (training/schedule.py), and the
+orchestrator's LR rule, which must leave every schedule the config asks for alone."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+import trimtab
+from trimtab.config import OptimConfig, load_config, merge
+from trimtab.errors import ConfigError
+from trimtab.orchestrator import read_decisions
+from trimtab.training.optim import lr_at
+from trimtab.training.schedule import apply_lengths, phase_lr, reconcile
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def cfg(out, steps, sets=(), **overrides):
+    base = {
+        "out": str(out),
+        "train": {"max_steps": steps, "eval_every": 0, "log_every": 1},
+        "data": {"max_bytes": 150_000},
+        "checkpoint": {"every": 10},
+        "log": {"progress": False, "tensorboard": False},
+    }
+    return load_config(preset="debug", overrides=merge(base, overrides), sets=list(sets))
+
+
+def logged(run, key="lr"):
+    lines = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    return {m["step"]: m[key] for m in lines if key in m}
+
+
+def phases(*lengths, optim=None):
+    optim = optim or OptimConfig(lr=1.0, min_lr_ratio=0.1, warmup_steps=4)
+    out = [SimpleNamespace(start=0, steps=0, optim=optim) for _ in lengths]
+    apply_lengths(out, list(lengths), 0)
+    return out
+
+
+# ------------------------------------------------------------------------------------ units
+
+
+def test_an_extended_finished_phase_rewarms_from_its_final_lr_then_decays_anew():
+    ps = phases(20)
+    state = SimpleNamespace(step=20, phase=0, phase_steps=[20], length_delta=0, restarts=[])
+    final = phase_lr(ps[0], 0, 19, [])
+    (change,) = reconcile(state, ps, [40])
+    assert state.restarts == [[0, 20, final]] and state.phase_steps == [40]
+    assert "re-warm" in change["effect"] and (change["key"], change["old"], change["new"]) == (
+        "train.max_steps",
+        20,
+        40,
+    )
+    apply_lengths(ps, [40], 0)
+    lrs = [phase_lr(ps[0], 0, s, state.restarts) for s in range(40)]
+    assert lrs[:20] == [lr_at(s, 20, ps[0].optim) for s in range(20)]  # the trained past is unchanged
+    assert lrs[20] == pytest.approx(final + (1.0 - final) / 4)  # re-warms from where it ended
+    assert lrs[23] == pytest.approx(1.0) and lrs[39] == pytest.approx(0.1, abs=0.01)  # peak, then decays anew
+
+
+def test_a_length_change_before_the_end_stretches_the_schedule():
+    ps = phases(20)
+    state = SimpleNamespace(step=12, phase=0, phase_steps=[20], length_delta=0, restarts=[])
+    (change,) = reconcile(state, ps, [40])
+    assert state.restarts == [] and "stretches" in change["effect"]
+    assert reconcile(state, ps, [40]) == []  # nothing changed since
+
+
+def test_a_finished_phase_cannot_change_once_a_later_one_started():
+    ps = phases(20, 10)
+    state = SimpleNamespace(step=25, phase=1, phase_steps=[20, 10], length_delta=0, restarts=[])
+    with pytest.raises(ConfigError, match="train.max_steps"):
+        reconcile(state, ps, [30, 10])
+    in_pretraining = SimpleNamespace(step=18, phase=0, phase_steps=[20, 10], length_delta=0, restarts=[])
+    with pytest.raises(ConfigError, match="'train.max_steps' = 15 would end this phase before step 18"):
+        reconcile(in_pretraining, ps, [15, 10])
+
+
+# ------------------------------------------------------------------------------------ through the loop
+
+
+@pytest.mark.parametrize("schedule", ["triangular", "triangular2", "exp_range"])
+def test_cyclic_schedules_are_never_cut_as_faults(tmp_path, schedule):
+    """Each cycle restarts the LR x10 (min_lr_ratio 0.1): the config asks for it, so the LR rule
+    stays silent and the applied LR is the schedule's, cycle after cycle (before the fix, every
+    restart was cut and the cuts compounded: x0.028 after two cycles)."""
+    run = tmp_path / "r"
+    sets = [f"optim.schedule={schedule}", "optim.cycle_steps=5", "optim.warmup_steps=2"]
+    trimtab.train(cfg(run, 32, sets))
+    assert read_decisions(run) == []
+    optim = load_config(preset="debug", sets=sets).optim
+    assert logged(run) == pytest.approx({s: lr_at(s - 1, 32, optim) for s in range(1, 33)})
+    assert set(logged(run, "lr_scale").values()) == {1.0}
+
+
+def test_extending_a_finished_run_rewarms_and_is_journaled_not_cut(tmp_path):
+    run = tmp_path / "r"
+    trimtab.train(cfg(run, 20))
+    first = logged(run)
+    summary = trimtab.train(cfg(run, 40))
+    assert summary["status"] == "completed" and summary["steps_this_session"] == 20
+    (d,) = read_decisions(run)  # no LR cut: one configuration change, the person's
+    assert (d["rule"], d["mode"], d["step"], d["action"]) == ("config", "manual", 20, "set_total_steps")
+    assert (d["evidence"]["old"], d["evidence"]["new"]) == (20, 40) and "re-warm" in d["reasoning"]
+    lr = logged(run)
+    assert all(lr[s] == first[s] for s in range(1, 21))  # the first session's curve is kept as it was
+    peak = load_config(preset="debug").optim.lr
+    assert first[20] < lr[21] < lr[25] < peak * 1.001 and lr[30] == pytest.approx(peak)  # re-warm over 10 steps
+    assert lr[40] < lr[35] < lr[31]  # then the cosine decays anew to the new end
+    assert set(logged(run, "lr_scale").values()) == {1.0}
+
+
+def test_an_unexplained_lr_is_still_caught_after_an_extension(tmp_path):
+    run = tmp_path / "r"
+    trimtab.train(cfg(run, 12))
+    trimtab.train(cfg(run, 24, faults=["lr_spike@18:20"]))
+    rules = [(d["rule"], d["step"]) for d in read_decisions(run)]
+    assert rules == [("config", 12), ("lr", 18)]
