@@ -129,10 +129,10 @@ def run_transformers(preset: str, warmup: int, steps: int) -> dict:
         LlamaConfig(
             vocab_size=m.vocab_size,
             hidden_size=m.d_model,
-            intermediate_size=m.ffn_dim,
+            intermediate_size=m.ffn_hidden,
             num_hidden_layers=m.n_layers,
             num_attention_heads=m.n_heads,
-            num_key_value_heads=m.kv_heads,
+            num_key_value_heads=m.n_kv_heads,
             max_position_embeddings=m.max_seq_len,
             rope_theta=m.rope_theta,
             rms_norm_eps=m.norm_eps,

@@ -1,3 +1,5 @@
+import logging
+
 import pytest
 import yaml
 
@@ -70,3 +72,39 @@ def test_example_configs_are_valid():
     assert examples
     for path in examples:
         load_config(path)  # raises ConfigError on any unknown key or bad value
+
+
+def test_renamed_keys_still_load_with_a_warning_naming_the_new_one(tmp_path, caplog):
+    path = tmp_path / "old.yaml"
+    path.write_text("data: {vocab_size: 300}\nmodel: {layer_pattern: [moe], moe: {aux_loss_coef: 0.02}}\n")
+    with caplog.at_level(logging.WARNING):
+        cfg = load_config(path, preset="debug")
+    assert cfg.data.bpe_vocab_size == 300 and cfg.model.moe.balance_coef == 0.02
+    assert "config key 'data.vocab_size' is now 'data.bpe_vocab_size'" in caplog.text
+    assert "'model.moe.aux_loss_coef' is now 'model.moe.balance_coef'" in caplog.text
+
+
+def test_auto_widths_resolve_to_one_name_each():
+    m = load_config(preset="debug-moe").model  # n_kv_heads 2, ffn_hidden and expert_hidden auto
+    assert (m.n_kv_heads, m.ffn_hidden, m.moe.expert_hidden) == (2, 256, 128)  # 8/3 x 96 -> 256; / top_k 2
+    assert load_config(preset="debug", sets=["model.n_kv_heads=0"]).model.n_kv_heads == 4  # = n_heads
+    assert load_config(preset="debug").model.moe.expert_hidden == 0  # no MoE layer: nothing to resolve
+
+
+def test_old_checkpoints_moe_knob_names_load():
+    from trimtab.model import build_model
+
+    cfg = load_config(preset="debug-moe").model
+    cfg.vocab_size = 64
+    model = build_model(cfg)
+    old = {
+        "n_experts": 8,
+        "capacity_factor": 1.5,
+        "temperature": 2.0,
+        "aux_loss_coef": 0.03,
+        "z_loss_coef": 0.0,
+        "bias_update_rate": 0.0,
+    }
+    model.load_moe_state({"1": old})
+    moe = model.blocks[1].ffn
+    assert (moe.router_temperature, moe.balance_coef, moe.capacity_factor) == (2.0, 0.03, 1.5)

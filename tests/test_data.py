@@ -48,7 +48,7 @@ def chat(*turns: tuple[str, str]) -> dict:
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory) -> TextTokenizer:
     docs = [Document([(CODE * 3 + UNICODE + f"value_{i} = {i * 7}\n", True)]) for i in range(40)]
-    return get_tokenizer(DataConfig(vocab_size=400), docs, tmp_path_factory.mktemp("tok"))
+    return get_tokenizer(DataConfig(bpe_vocab_size=400), docs, tmp_path_factory.mktemp("tok"))
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -168,7 +168,7 @@ def test_trained_on_chat_learns_no_merges_across_special_tokens(tmp_path):
     records = [chat(("user", f"q{i}"), ("assistant", f"a{i}")) for i in range(30)]
     path = jsonl(tmp_path / "c.jsonl", records)
     docs, _ = read_documents(DataConfig(source=str(path)))
-    chat_tok = get_tokenizer(DataConfig(vocab_size=300), docs, tmp_path)
+    chat_tok = get_tokenizer(DataConfig(bpe_vocab_size=300), docs, tmp_path)
     specials = {chat_tok.encode(t)[0] for t in SPECIAL_TOKENS}
     learned = [chat_tok.decode([i]) for i in range(chat_tok.vocab_size) if i not in specials]
     assert len(learned) > 256 and not any("<|" in t or "|>" in t for t in learned)
@@ -176,7 +176,7 @@ def test_trained_on_chat_learns_no_merges_across_special_tokens(tmp_path):
 
 def test_tokenizer_cache_hit_does_not_retrain_and_training_is_deterministic(tmp_path, monkeypatch):
     docs = [Document([(CODE + UNICODE * i, True)]) for i in range(10)]
-    cfg = DataConfig(vocab_size=300)
+    cfg = DataConfig(bpe_vocab_size=300)
     first = get_tokenizer(cfg, docs, tmp_path / "a")
     assert len(list((tmp_path / "a").glob("tokenizer-*.json"))) == 1
     fresh = get_tokenizer(cfg, docs, tmp_path / "b")
@@ -189,7 +189,7 @@ def test_tokenizer_cache_hit_does_not_retrain_and_training_is_deterministic(tmp_
     cached = get_tokenizer(cfg, docs, tmp_path / "a")
     assert cached.fingerprint == first.fingerprint and cached.vocab_size == first.vocab_size
     with pytest.raises(AssertionError, match="retrained"):  # a different vocab size is a new key
-        get_tokenizer(DataConfig(vocab_size=301), docs, tmp_path / "a")
+        get_tokenizer(DataConfig(bpe_vocab_size=301), docs, tmp_path / "a")
 
 
 def test_user_tokenizer_file(tmp_path, tok):
@@ -292,7 +292,7 @@ def test_too_little_data_says_tokens_vs_needed(tok):
 
 
 def test_builtin_pipeline_caches_token_arrays(tmp_path, monkeypatch):
-    cfg = DataConfig(max_bytes=200_000, vocab_size=512, seq_len=64, eval_fraction=0.2)
+    cfg = DataConfig(max_bytes=200_000, bpe_vocab_size=512, seq_len=64, eval_fraction=0.2)
     docs, _ = read_documents(cfg)
     tok = get_tokenizer(cfg, docs, tmp_path)
     assert all(tok.decode(tok.encode(d.text)) == d.text for d in docs[:5])

@@ -102,7 +102,18 @@ def test_doctor_suggests_the_most_rows_the_plan_says_fit(preset, gib, precision,
     memory, seq = gib * 2**30, cfg.data.seq_len
     advice = suggest_micro_batch(cfg, memory, precision, world=world, sharded=strategy == "fsdp")
     assert advice.fits and advice.tokens < cfg.train.batch_tokens  # not capped: memory is the limit
-    hw, params = Hardware("test", "cuda", precision, None, "", memory, world), model_size(cfg).total
+    hw, params = (
+        Hardware(
+            name="test",
+            kind="cuda",
+            precision=precision,
+            peak_flops=None,
+            peak_source="",
+            memory_bytes=memory,
+            devices=world,
+        ),
+        model_size(cfg).total,
+    )
 
     def planned_total(tokens: int) -> int:
         cfg.train.micro_batch_tokens = tokens

@@ -128,7 +128,7 @@ def test_num_params(tie):
     m = model(tie_embeddings=tie)
     unique = {id(p): p.numel() for p in m.parameters()}
     assert m.num_params() == sum(unique.values())
-    D, F_, L = 64, 192, 2  # ffn_dim: int(8 * 64 / 3) = 170 -> 192 (multiple_of 64)
+    D, F_, L = 64, 192, 2  # ffn_hidden: int(8 * 64 / 3) = 170 -> 192 (multiple_of 64)
     block = D * (4 + 2 * 2) * 16 + D * D + 3 * D * F_ + 2 * D
     assert m.num_params(exclude_embeddings=True) == L * block + D
     assert m.num_params() == L * block + D + V * D * (1 if tie else 2)
@@ -226,10 +226,10 @@ def to_llama(m: Transformer):
     hf_cfg = transformers.LlamaConfig(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.d_model,
-        intermediate_size=cfg.ffn_dim,
+        intermediate_size=cfg.ffn_hidden,
         num_hidden_layers=cfg.n_layers,
         num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.kv_heads,
+        num_key_value_heads=cfg.n_kv_heads,
         max_position_embeddings=cfg.max_seq_len,
         rope_theta=cfg.rope_theta,
         rms_norm_eps=cfg.norm_eps,
@@ -245,7 +245,7 @@ def to_llama(m: Transformer):
     }
     for i, b in enumerate(m.blocks):
         p = f"model.layers.{i}."
-        q, k, v = b.attn.wqkv.weight.split([cfg.n_heads * E, cfg.kv_heads * E, cfg.kv_heads * E])
+        q, k, v = b.attn.wqkv.weight.split([cfg.n_heads * E, cfg.n_kv_heads * E, cfg.n_kv_heads * E])
         state.update(
             {
                 p + "self_attn.q_proj.weight": q,

@@ -22,7 +22,9 @@ from trimtab.plan import Hardware, LossFit, RunProgress, effective_tokens, fit_l
 from trimtab.plan.curve import recommend_steps
 
 # A made-up accelerator: 1 TFLOP/s, 1 GB, bf16 activations (2 bytes): no measurement in the tests.
-HW = Hardware("test", "cuda", "bf16", 1e12, "test datasheet", 10**9)
+HW = Hardware(
+    name="test", kind="cuda", precision="bf16", peak_flops=1e12, peak_source="test datasheet", memory_bytes=10**9
+)
 
 # ------------------------------------------------------------------------------------ the static plan
 
@@ -109,7 +111,13 @@ def test_budget_mode_splits_compute_and_judges_the_preset():
     near = make_plan(cfg, budget_flops=6 * 557_088 * 20 * 557_088, hardware=HW).budget
     assert near.optimal_params == pytest.approx(557_088) and "close to compute-optimal" in near.verdict
     with pytest.raises(ConfigError, match="needs a peak"):
-        make_plan(cfg, budget_hours=1, hardware=Hardware("x", "cpu", "fp32", None, "no peak", None))
+        make_plan(
+            cfg,
+            budget_hours=1,
+            hardware=Hardware(
+                name="x", kind="cpu", precision="fp32", peak_flops=None, peak_source="no peak", memory_bytes=None
+            ),
+        )
     with pytest.raises(ConfigError, match="must be > 0"):
         make_plan(cfg, dataset_tokens=0, hardware=HW)
 

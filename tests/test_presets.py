@@ -39,7 +39,7 @@ def independent_count(name: str, model: torch.nn.Module) -> tuple[int, int, int]
     router's size is read off the model (its width is mod.py's choice, not an architecture
     convention); its capacity scaling of FLOPs follows Raposo et al. 2024 section 3.4."""
     cfg = load_config(preset=name)
-    m, V, T = cfg.model, cfg.data.vocab_size, cfg.data.seq_len
+    m, V, T = cfg.model, cfg.data.bpe_vocab_size, cfg.data.seq_len
     D, L, head = m.d_model, m.n_layers, m.d_model // m.n_heads
     kv = m.n_kv_heads or m.n_heads
     ffn = m.ffn_hidden or math.ceil(8 * D / 3 / m.multiple_of) * m.multiple_of
@@ -78,7 +78,7 @@ def test_every_preset_loads_validates_and_has_a_description():
 @pytest.mark.parametrize("name", small_presets())
 def test_small_preset_meta_size_equals_the_real_model_and_an_independent_count(name):
     cfg = load_config(preset=name)
-    cfg.model.vocab_size = cfg.data.vocab_size
+    cfg.model.vocab_size = cfg.data.bpe_vocab_size
     torch.manual_seed(0)
     real = build_model(cfg.model)
     sizes = (real.num_params(), real.num_params(active=True), real.flops_per_token(cfg.data.seq_len))
@@ -122,7 +122,7 @@ def test_large_presets_have_realistic_shapes_and_budgets():
         m, t = cfg.model, cfg.train
         assert m.d_model % 128 == 0 and m.d_model // m.n_heads in (64, 128), name
         assert 0 < m.n_kv_heads < m.n_heads, f"{name}: expected GQA"
-        assert 4096 <= cfg.data.seq_len <= 8192 and cfg.data.vocab_size >= 32000, name
+        assert 4096 <= cfg.data.seq_len <= 8192 and cfg.data.bpe_vocab_size >= 32000, name
         assert not m.tie_embeddings and t.precision == "bf16", name
         assert t.batch_tokens >= 2**21 and t.batch_tokens % t.micro_batch_tokens == 0, name
         assert t.micro_batch_tokens % cfg.data.seq_len == 0, name

@@ -6,10 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from trimtab.checkpoint import latest_valid, load_model
-from trimtab.config import RunConfig, from_dict, load_config
+from trimtab.config import RunConfig, load_config, read_saved
 from trimtab.data import TextTokenizer
 from trimtab.distributed import is_main
 from trimtab.errors import CheckpointError
@@ -59,7 +57,7 @@ def load_run(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokenizer
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(f"'{run_dir}' is not a run directory (no config.yaml); pass the --out of a run")
-    cfg = from_dict(RunConfig, yaml.safe_load((run_dir / "config.yaml").read_text()))
+    cfg = read_saved(run_dir)
     found = latest_valid(run_dir)
     if found is None:
         raise CheckpointError(f"'{run_dir}' has no valid checkpoint yet; train it first")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import types
 import typing
 from dataclasses import dataclass, field
@@ -26,8 +27,13 @@ from trimtab.config.plan import PlanConfig
 from trimtab.config.sparse import LAYER_KINDS, MoDConfig, MoEConfig
 from trimtab.errors import ConfigError
 
+log = logging.getLogger(__name__)
 PRESET_DIR = Path(__file__).parent.parent / "presets"
 DEFAULT_PRESET = "small"
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 @dataclass
@@ -36,8 +42,8 @@ class ModelConfig:
     d_model: int = 256
     n_layers: int = 4
     n_heads: int = 4
-    n_kv_heads: int = 0  # 0: same as n_heads (plain multi-head attention); fewer -> GQA
-    ffn_hidden: int = 0  # 0: 8/3 * d_model rounded up to multiple_of (Llama convention)
+    n_kv_heads: int = 0  # 0 (auto): n_heads, plain multi-head attention; fewer -> GQA
+    ffn_hidden: int = 0  # 0 (auto): 8/3 * d_model rounded up to multiple_of (Llama convention)
     multiple_of: int = 64
     max_seq_len: int = 256
     rope_theta: float = 10000.0
@@ -71,17 +77,19 @@ class ModelConfig:
         )
         _check(self.rope_theta > 0, "model.rope_theta", "must be > 0")
         _check(self.init_std > 0, "model.init_std", "must be > 0")
+        self._resolve()
 
-    @property
-    def kv_heads(self) -> int:
-        return self.n_kv_heads or self.n_heads
-
-    @property
-    def expert_dim(self) -> int:
-        """MoE expert width: model.moe.expert_hidden, or the dense width / top_k (same active FLOPs)."""
-        if self.moe.expert_hidden:
-            return self.moe.expert_hidden
-        return max(self.multiple_of, -(-self.ffn_dim // self.moe.top_k // self.multiple_of) * self.multiple_of)
+    def _resolve(self) -> None:
+        """Fill the widths left at 0 (auto), so each has one name and config.yaml records what was
+        built: n_kv_heads (= n_heads: plain multi-head attention), ffn_hidden (8/3 d_model rounded
+        up to multiple_of, the Llama convention) and, with MoE layers, moe.expert_hidden (the
+        dense width / top_k, so a token's active FLOPs match the dense FFN's)."""
+        self.n_kv_heads = self.n_kv_heads or self.n_heads
+        if not self.ffn_hidden:
+            self.ffn_hidden = _round_up(int(8 * self.d_model / 3), self.multiple_of)
+        if any("moe" in kind for kind in self.layer_pattern) and not self.moe.expert_hidden:
+            per_expert = -(-self.ffn_hidden // self.moe.top_k)  # ceil
+            self.moe.expert_hidden = max(self.multiple_of, _round_up(per_expert, self.multiple_of))
 
     @property
     def layers(self) -> list[str]:
@@ -95,13 +103,6 @@ class ModelConfig:
         n = sum("mod" in kind for kind in self.layers)
         return list(self.mod.layer_capacity) or [self.mod.capacity] * n
 
-    @property
-    def ffn_dim(self) -> int:
-        if self.ffn_hidden:
-            return self.ffn_hidden
-        hidden = int(8 * self.d_model / 3)
-        return -(-hidden // self.multiple_of) * self.multiple_of
-
 
 @dataclass
 class DataConfig:
@@ -111,14 +112,14 @@ class DataConfig:
     eval_fraction: float = 0.02
     seq_len: int = 256
     tokenizer: str = ""  # path to a tokenizer.json; empty: train a byte-level BPE on the corpus
-    vocab_size: int = 4096  # size of the BPE trained when no tokenizer is given
+    bpe_vocab_size: int = 4096  # size of the byte-level BPE trained on the corpus when no tokenizer is given
     pack: bool = True  # pack documents into full rows; False: one (truncated) document per row
     skip_bad_records: bool = False  # skip malformed JSONL lines (counted) instead of failing
     text_field: str = "text"
     max_bytes: int = 6_000_000  # cap on the corpus read (0: no cap)
 
     def validate(self) -> None:
-        _positive(self, "data", "seq_len", "vocab_size")
+        _positive(self, "data", "seq_len", "bpe_vocab_size")
         _check(
             self.format in ("auto", "text", "jsonl", "chat", "instruction"),
             "data.format",
@@ -360,9 +361,37 @@ def load_config(
         keys, value = parse_set(item)
         cli = merge(cli, nested(keys, value))
     name = cli.get("preset") or preset or user.get("preset") or DEFAULT_PRESET
-    layered = merge(merge(preset_dict(name), user), cli)
+    layered = merge(merge(preset_dict(name), upgrade(user, str(path))), upgrade(cli, "the overrides"))
     layered["preset"] = name
     return from_dict(RunConfig, layered).validate()
+
+
+# Keys renamed (one name per thing): an older config still loads; a user's gets a warning.
+RENAMED = {
+    ("data", "vocab_size"): "bpe_vocab_size",
+    ("finetune", "data", "vocab_size"): "bpe_vocab_size",
+    ("model", "moe", "aux_loss_coef"): "balance_coef",
+}
+
+
+def upgrade(data: dict[str, Any], source: str = "") -> dict[str, Any]:
+    """`data` with renamed keys under their new names; with `source`, a warning for each."""
+    for path, new in RENAMED.items():
+        node: Any = data
+        for key in path[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict) and path[-1] in node:
+            old_key, new_key = ".".join(path), ".".join([*path[:-1], new])
+            if source:
+                log.warning("%s: config key '%s' is now '%s'; rename it there", source, old_key, new_key)
+            node.setdefault(new, node.pop(path[-1]))
+    return data
+
+
+def read_saved(run_dir: str | Path) -> RunConfig:
+    """The resolved config a run directory was trained with (config.yaml), older key names upgraded."""
+    path = Path(run_dir) / "config.yaml"
+    return from_dict(RunConfig, upgrade(yaml.safe_load(path.read_text()) or {})).validate()
 
 
 def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:

@@ -75,16 +75,17 @@ def get_tokenizer(cfg: DataConfig, docs: list[Document], cache_dir: Path) -> Tex
     """cfg.tokenizer if set, else a BPE trained on docs, cached by (corpus, vocab size)."""
     if cfg.tokenizer:
         return TextTokenizer.load(Path(cfg.tokenizer), key="data.tokenizer")
-    if cfg.vocab_size < MIN_VOCAB:
+    if cfg.bpe_vocab_size < MIN_VOCAB:
         raise DataError(
-            f"data.vocab_size={cfg.vocab_size} is below the {MIN_VOCAB} byte-level base and special tokens; raise it"
+            f"data.bpe_vocab_size={cfg.bpe_vocab_size} is below the {MIN_VOCAB} byte-level base and special "
+            "tokens; raise it"
         )
-    key = hashlib.sha256(f"{corpus_fingerprint(docs)}:{cfg.vocab_size}:{SPECIAL_TOKENS}".encode())
+    key = hashlib.sha256(f"{corpus_fingerprint(docs)}:{cfg.bpe_vocab_size}:{SPECIAL_TOKENS}".encode())
     path = Path(cache_dir) / f"tokenizer-{key.hexdigest()[:20]}.json"
     if path.is_file():
         return TextTokenizer.load(path)
     start = time.perf_counter()
-    tok = TextTokenizer(_train_bpe(docs, cfg.vocab_size))
+    tok = TextTokenizer(_train_bpe(docs, cfg.bpe_vocab_size))
     logger.info("trained a byte-level BPE tokenizer (vocab %d) in %.1fs", tok.vocab_size, time.perf_counter() - start)
     tok.save(path)
     return tok

@@ -55,9 +55,9 @@ class _Sizing(TorchFunctionMode):
 
 def meta_model(cfg: RunConfig, vocab_size: int | None = None) -> Transformer:
     """The model cfg describes, on the meta device (no memory, ~0.1 s for a 300B model). Vocab:
-    the model config's, else `vocab_size` (a tokenizer's), else data.vocab_size (the size of the
+    the model config's, else `vocab_size` (a tokenizer's), else data.bpe_vocab_size (the size of the
     BPE the run would train)."""
-    vocab = cfg.model.vocab_size or vocab_size or cfg.data.vocab_size
+    vocab = cfg.model.vocab_size or vocab_size or cfg.data.bpe_vocab_size
     with _Sizing(), torch.device("meta"):
         return Transformer(dataclasses.replace(cfg.model, vocab_size=vocab))
 
@@ -77,7 +77,9 @@ def preset_info(name: str) -> PresetInfo:
     cfg = load_config(preset=name)
     total, active, flops = model_size(cfg)
     description = read_yaml(PRESET_DIR / f"{name}.yaml").get("description", "")
-    return PresetInfo(name, family(cfg.model), total, active, flops, description)
+    return PresetInfo(
+        name=name, family=family(cfg.model), total=total, active=active, flops_per_token=flops, description=description
+    )
 
 
 def preset_catalog() -> list[PresetInfo]:

@@ -33,7 +33,7 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         if "moe" in kind:
             out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
-            self.ffn = MoE(cfg.d_model, cfg.expert_dim, cfg.moe, cfg.init_std, out_std)
+            self.ffn = MoE(cfg.d_model, cfg.moe.expert_hidden, cfg.moe, cfg.init_std, out_std)
         else:
             self.ffn = FeedForward(cfg)
         self.depth = (
@@ -116,7 +116,7 @@ class Transformer(nn.Module):
         return KVCache(
             self.cfg.n_layers,
             batch,
-            self.cfg.kv_heads,
+            self.cfg.n_kv_heads,
             max_len or self.cfg.max_seq_len,
             self.head_dim,
             w.dtype,

@@ -59,7 +59,12 @@ class LivePlanner(Hook):
         """Compute, print and record the status; maybe propose a new run length."""
         pre = run.pretrain
         progress = RunProgress(
-            run.step, run.tokens, pre["steps"], pre["configured_steps"], pre["warmup_steps"], pre["dataset_tokens"]
+            step=run.step,
+            tokens=run.tokens,
+            total_steps=pre["steps"],
+            original_steps=pre["configured_steps"],
+            warmup_steps=pre["warmup_steps"],
+            dataset_tokens=pre["dataset_tokens"],
         )
         status = live_status(self.points, progress, self.cfg, lambda steps: self._lr_ok(run, steps))
         if run.is_main:

@@ -33,7 +33,7 @@ REPEAT_DECAY = 15.4  # R*_D of their fit: the e-folding number of repetitions
 BYTES_PER_TOKEN = 4.0  # rule of thumb for GPT-2-class BPE on English text (OpenAI tokenizer docs)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ModelSize:
     total: int  # every parameter, tied weights once
     active: int  # what one token uses (top_k of each MoE layer's routed experts)
@@ -49,13 +49,13 @@ class ModelSize:
 def model_size(cfg: RunConfig, vocab_size: int | None = None) -> ModelSize:
     model = meta_model(cfg, vocab_size)
     size = ModelSize(
-        model.num_params(),
-        model.num_params(active=True),
-        model.num_params(exclude_embeddings=True),
-        model.num_params(exclude_embeddings=True, active=True),
-        model.flops_per_token(cfg.data.seq_len),
-        cfg.data.seq_len,
-        family(cfg.model),
+        total=model.num_params(),
+        active=model.num_params(active=True),
+        non_embedding=model.num_params(exclude_embeddings=True),
+        active_non_embedding=model.num_params(exclude_embeddings=True, active=True),
+        flops_per_token=model.flops_per_token(cfg.data.seq_len),
+        seq_len=cfg.data.seq_len,
+        family=family(cfg.model),
     )
     size.compute_params, size.compute_params_kind = (
         (size.active, "active") if size.active != size.total else (size.total, "total")
@@ -71,7 +71,7 @@ def effective_tokens(unique: float, epochs: float) -> float:
     return unique + unique * REPEAT_DECAY * (1 - math.exp(-repeats / REPEAT_DECAY))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DataPlan:
     dataset_tokens: int
     source: str  # how the count was made: given, counted with a tokenizer, estimated from bytes
@@ -90,13 +90,13 @@ def data_plan(
     bounded = min(epochs, MAX_EPOCHS)
     tokens = round(bounded * dataset_tokens)
     plan = DataPlan(
-        dataset_tokens,
-        source,
-        epochs,
-        bounded,
-        tokens,
-        effective_tokens(dataset_tokens, bounded),
-        run_tokens / dataset_tokens,
+        dataset_tokens=dataset_tokens,
+        source=source,
+        epochs=epochs,
+        recommended_epochs=bounded,
+        recommended_tokens=tokens,
+        effective_tokens=effective_tokens(dataset_tokens, bounded),
+        run_epochs=run_tokens / dataset_tokens,
     )
     for what, n in (("the compute-optimal run", epochs), ("the configured run", plan.run_epochs)):
         if n > MAX_EPOCHS:
@@ -146,7 +146,7 @@ def count_dataset_tokens(cfg: RunConfig, path: str) -> tuple[int, str]:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BudgetPlan:
     flops: float
     hours: float | None  # at the assumed throughput (None without a known peak)
@@ -187,7 +187,15 @@ def budget_plan(
             f"{own:.3g} FLOPs"
         )
     return BudgetPlan(
-        flops, hours, n_opt, tokens_per_param * n_opt, tokens, per_param, math.ceil(tokens / batch_tokens), own, verdict
+        flops=flops,
+        hours=hours,
+        optimal_params=n_opt,
+        optimal_tokens=tokens_per_param * n_opt,
+        preset_tokens=tokens,
+        preset_tokens_per_param=per_param,
+        preset_steps=math.ceil(tokens / batch_tokens),
+        preset_optimal_flops=own,
+        verdict=verdict,
     )
 
 

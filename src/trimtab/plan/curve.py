@@ -26,7 +26,7 @@ BETAS = np.geomspace(0.01, 3.0, 160)
 GOLDEN = (math.sqrt(5) - 1) / 2
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LossFit:
     E: float  # the loss this run would approach with unlimited tokens
     B: float  # scale of the reducible part at d_ref tokens
@@ -52,14 +52,14 @@ def fit_loss_curve(tokens: Sequence[float], losses: Sequence[float]) -> LossFit:
     sst = float(((y - y.mean()) ** 2).sum())
     valid = [(sol, i) for i, beta in enumerate(BETAS) if (sol := _solve(x, y, float(beta))) is not None]
     if not valid or sst == 0:
-        return LossFit(float(y.mean()), 0.0, 0.0, d_ref, 0.0, len(y))
+        return LossFit(E=float(y.mean()), B=0.0, beta=0.0, d_ref=d_ref, r2=0.0, points=len(y))
     best, i = min(valid, key=lambda v: v[0][0])
     beta = _refine(x, y, float(BETAS[max(i - 1, 0)]), float(BETAS[min(i + 1, len(BETAS) - 1)]))
     refined = _solve(x, y, beta)
     if refined is None or refined[0] > best[0]:
         beta, refined = float(BETAS[i]), best
     sse, e, b = refined
-    return LossFit(e, b, beta, d_ref, max(0.0, 1 - sse / sst), len(y))
+    return LossFit(E=e, B=b, beta=beta, d_ref=d_ref, r2=max(0.0, 1 - sse / sst), points=len(y))
 
 
 def _refine(x: np.ndarray, y: np.ndarray, lo: float, hi: float) -> float:
@@ -96,7 +96,7 @@ def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(ym - b * xm), b
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunProgress:
     """What the planner knows about the run at a status: the trainer's numbers."""
 
@@ -108,7 +108,7 @@ class RunProgress:
     dataset_tokens: int
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Status:
     step: int
     tokens: int
@@ -162,18 +162,18 @@ def live_status(
     progress = run.tokens / max(per_step * run.total_steps, 1)
     used = [(t, loss) for s, t, loss in points if s > run.warmup_steps and math.isfinite(loss)]
     status = Status(
-        run.step,
-        run.tokens,
-        run.total_steps,
-        run.original_steps,
-        epochs,
-        original,
-        progress,
-        None,
-        "none",
-        "warmup",
-        "continue",
-        run.total_steps,
+        step=run.step,
+        tokens=run.tokens,
+        total_steps=run.total_steps,
+        original_steps=run.original_steps,
+        epochs=epochs,
+        original_epochs=original,
+        token_progress=progress,
+        convergence=None,
+        confidence="none",
+        phase="warmup",
+        recommendation="continue",
+        recommended_steps=run.total_steps,
     )
     if len(used) < cfg.min_points:
         return status

@@ -39,7 +39,7 @@ STATE_BYTES = {"weights": 4, "gradients": 4, "optimizer": 8}  # per parameter
 USABLE_FRACTION = 0.85
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Hardware:
     name: str
     kind: str  # cuda | cpu | mps
@@ -56,7 +56,15 @@ def named_gpu(name: str, devices: int = 1) -> Hardware:
     if key is None:
         raise ConfigError(f"unknown GPU '{name}'; one of {', '.join(GPUS)}")
     gpu = GPUS[key]
-    return Hardware(key, "cuda", gpu.dtype, gpu.peak_flops, datasheet_source(key), gpu.memory_gb * 10**9, devices)
+    return Hardware(
+        name=key,
+        kind="cuda",
+        precision=gpu.dtype,
+        peak_flops=gpu.peak_flops,
+        peak_source=datasheet_source(key),
+        memory_bytes=gpu.memory_gb * 10**9,
+        devices=devices,
+    )
 
 
 def detect_hardware(requested_precision: str = "auto", devices: int = 1) -> Hardware:
@@ -70,7 +78,15 @@ def detect_hardware(requested_precision: str = "auto", devices: int = 1) -> Hard
         memory = torch.cuda.get_device_properties(device).total_memory
     else:
         name, memory = device.type.upper(), _ram_bytes()
-    return Hardware(name, device.type, precision.name, peak, source, memory, devices)
+    return Hardware(
+        name=name,
+        kind=device.type,
+        precision=precision.name,
+        peak_flops=peak,
+        peak_source=source,
+        memory_bytes=memory,
+        devices=devices,
+    )
 
 
 def _ram_bytes() -> int | None:
@@ -81,7 +97,7 @@ def _ram_bytes() -> int | None:
         return None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class MemoryPlan:
     weights: int  # bytes per device
     gradients: int
@@ -99,20 +115,20 @@ class MemoryPlan:
 def activation_elements(cfg: RunConfig) -> tuple[list[tuple[float, float]], tuple[float, float]]:
     """Per token: each layer's (fp32 elements, activation-width elements), and the head's."""
     m = cfg.model
-    h, kv = m.d_model, m.kv_heads * (m.d_model // m.n_heads)
+    h, kv = m.d_model, m.n_kv_heads * (m.d_model // m.n_heads)
     capacities = iter(m.mod_capacities)
     layers = []
     for kind in m.layers:
         attention = 3 * h + 2 * kv
         if "moe" in kind:
-            moe, fe = m.moe, m.expert_dim
+            moe, fe = m.moe, m.moe.expert_hidden
             slack = max(1.0, moe.capacity_factor)
             ffn = h + moe.n_experts + slack * moe.top_k * (h + 3 * fe) + 3 * moe.n_shared_experts * fe
         else:
-            ffn = h + 3 * m.ffn_dim
+            ffn = h + 3 * m.ffn_hidden
         share = next(capacities) if "mod" in kind else 1.0
         layers.append((2.0 * h, share * (attention + ffn)))
-    vocab = m.vocab_size or cfg.data.vocab_size
+    vocab = m.vocab_size or cfg.data.bpe_vocab_size
     return layers, (h + vocab, float(h))
 
 
@@ -148,17 +164,17 @@ def memory_plan(cfg: RunConfig, params: int, hw: Hardware) -> MemoryPlan:
     total = sum(state.values()) + activations
     fits = None if hw.memory_bytes is None else total <= hw.memory_bytes
     return MemoryPlan(
-        state["weights"],
-        state["gradients"],
-        state["optimizer"],
-        activations,
-        total,
-        tokens,
-        p,
-        cfg.train.activation_checkpointing,
-        shards,
-        hw.memory_bytes,
-        fits,
+        weights=state["weights"],
+        gradients=state["gradients"],
+        optimizer=state["optimizer"],
+        activations=activations,
+        total=total,
+        micro_batch_tokens=tokens,
+        activation_bytes=p,
+        checkpointing=cfg.train.activation_checkpointing,
+        shards=shards,
+        device_memory=hw.memory_bytes,
+        fits=fits,
     )
 
 

@@ -26,7 +26,7 @@ from trimtab.plan.chinchilla import (
 from trimtab.plan.memory import Hardware, MemoryPlan, detect_hardware, hours, memory_plan, named_gpu
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Plan:
     preset: str
     model: ModelSize
@@ -84,26 +84,26 @@ def make_plan(
     run_flops = float(size.flops_per_token) * run_tokens
     non_embedding = size.active_non_embedding if size.compute_params_kind == "active" else size.non_embedding
     plan = Plan(
-        cfg.preset,
-        size,
-        k,
-        optimal,
-        round(k * size.total),
-        round(k * non_embedding),
-        batch,
-        tokens,
-        math.ceil(tokens / batch),
-        flops,
-        6.0 * size.compute_params * tokens,
-        cfg.train.max_steps,
-        run_tokens,
-        run_flops,
-        data,
-        memory_plan(cfg, size.total, hw),
-        hw,
-        mfu,
-        hours(flops, hw, mfu),
-        hours(run_flops, hw, mfu),
+        preset=cfg.preset,
+        model=size,
+        tokens_per_param=k,
+        optimal_tokens=optimal,
+        optimal_tokens_total_params=round(k * size.total),
+        optimal_tokens_non_embedding=round(k * non_embedding),
+        batch_tokens=batch,
+        tokens=tokens,
+        steps=math.ceil(tokens / batch),
+        flops=flops,
+        flops_6nd=6.0 * size.compute_params * tokens,
+        run_steps=cfg.train.max_steps,
+        run_tokens=run_tokens,
+        run_flops=run_flops,
+        data=data,
+        memory=memory_plan(cfg, size.total, hw),
+        hardware=hw,
+        mfu=mfu,
+        hours=hours(flops, hw, mfu),
+        run_hours=hours(run_flops, hw, mfu),
     )
     if budget_flops or budget_hours:
         plan.budget = _budget(size, hw, mfu, batch, k, budget_flops, budget_hours)

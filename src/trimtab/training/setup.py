@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from trimtab.checkpoint import is_sharded, latest_valid, load_model
-from trimtab.config import DataConfig, OptimConfig, RunConfig
+from trimtab.config import DataConfig, OptimConfig, RunConfig, read_saved
 from trimtab.data import (
     BatchLoader,
     MicroBatch,
@@ -40,7 +40,7 @@ from trimtab.paths import cache_dir
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Phase:
     """One stretch of training with its own data and schedule (pretrain, finetune)."""
 
@@ -83,7 +83,18 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
             data, tok, phase_docs, eval_docs, seed=cfg.train.seed, cache_dir=cache_dir()
         )
         micro = eval_batches(eval_rows, cfg.train.micro_budget, cfg.train.eval_tokens, tok.pad_id)
-        phases.append(Phase(name, start, steps, data, optim, train_rows, micro, skipped))
+        phases.append(
+            Phase(
+                name=name,
+                start=start,
+                steps=steps,
+                data=data,
+                optim=optim,
+                train_rows=train_rows,
+                eval_micro=micro,
+                skipped_records=skipped,
+            )
+        )
         start += steps
     return tok, phases
 
@@ -99,7 +110,8 @@ def tokenizer_source(cfg: RunConfig) -> Path | None:
 
 
 def resolve_model(cfg: RunConfig, tok: TextTokenizer) -> None:
-    """Fill the derived model values so config.yaml records exactly what was built."""
+    """The vocabulary, the one model value only the tokenizer knows (the config resolves the
+    others), so config.yaml records exactly what was built."""
     m = cfg.model
     if m.vocab_size == 0:
         m.vocab_size = tok.vocab_size
@@ -108,15 +120,13 @@ def resolve_model(cfg: RunConfig, tok: TextTokenizer) -> None:
             f"config key 'model.vocab_size' ({m.vocab_size}) is smaller than the "
             f"tokenizer's vocabulary ({tok.vocab_size}); set it to 0 to follow the tokenizer"
         )
-    m.ffn_hidden, m.n_kv_heads = m.ffn_dim, m.kv_heads
 
 
 def check_resume_compatible(cfg: RunConfig) -> None:
     """A run dir with checkpoints only resumes with the same model shape."""
-    saved_path = cfg.run_dir / "config.yaml"
-    if not saved_path.is_file():
+    if not (cfg.run_dir / "config.yaml").is_file():
         return
-    saved = (yaml.safe_load(saved_path.read_text()) or {}).get("model", {})
+    saved = read_saved(cfg.run_dir).to_dict()["model"]
     ours = cfg.to_dict()["model"]
     diff = sorted(k for k in ours if saved.get(k) != ours[k])
     if diff:
