@@ -594,7 +594,7 @@ def test_cli_inject_prints_the_decision(tmp_path, capsys):
     [
         ("nan_loss@x", "--inject: 'nan_loss@x' must look like KIND@STEP"),
         ("melt@3", "--inject: unknown fault 'melt'"),
-        ("oom@3", "--inject: 'oom@3' needs a positive number"),
+        ("oom@3:0", "--inject: 'oom@3:0' needs a positive number"),
     ],
 )
 def test_cli_bad_inject_is_exit_2(tmp_path, capsys, spec, message):

@@ -121,6 +121,8 @@ class MoERule:
     dead_patience: int = 30  # ... for this many steps is dead -> re-initialised
     prune_dead: bool = False  # an expert dead again after its re-init is pruned
     max_drop: float = 0.15  # mean dropped fraction -> capacity factor x1.25
+    # imbalance and drops that shrank to this fraction of a window ago are healing by themselves
+    improving: float = 0.8
     max_capacity: float = 4.0
     max_balance_coef: float = 0.1
     add_experts: bool = False  # a saturated layer (busiest > imbalance x fair, tokens dropped) grows
@@ -138,6 +140,18 @@ class MoDRule:
     recent: int = 3
     tolerance: float = 0.05
     min_drop: float = 0.1
+
+
+@dataclass
+class DataRule:
+    """Data attribution: when a bad stretch is the data's, the rows of its flagged steps are scored
+    one by one on the current weights and a row is left out when its loss is above the held-out
+    rows' median (scored alike) by max(sigma x their spread, min_gap); the spread is the median
+    absolute deviation x 1.4826, a standard deviation robust to the outliers being sought."""
+
+    sigma: float = 4.0
+    min_gap: float = 0.5  # nats
+    reference_rows: int = 64  # held-out rows scored for the reference
 
 
 @dataclass
@@ -163,6 +177,7 @@ class OrchestratorConfig:
     moe: MoERule = field(default_factory=MoERule)
     mod: MoDRule = field(default_factory=MoDRule)
     lr: LRRule = field(default_factory=LRRule)
+    data: DataRule = field(default_factory=DataRule)
 
     RULES = ("spike", "grad", "divergence", "plateau", "oom", "memory", "throughput", "fp16", "moe", "mod", "lr")
 
@@ -187,10 +202,12 @@ class OrchestratorConfig:
         _check(0 < self.memory.threshold <= 1, "orchestrator.memory.threshold", "must be in (0, 1]")
         _check(0 < self.throughput.factor < 1, "orchestrator.throughput.factor", "must be in (0, 1)")
         _check(
-            self.moe.imbalance > 1 and 0 < self.moe.collapse <= 1,
+            self.moe.imbalance > 1 and 0 < self.moe.collapse <= 1 and 0 < self.moe.improving <= 1,
             "orchestrator.moe",
-            "imbalance must be > 1 and collapse in (0, 1]",
+            "imbalance must be > 1, collapse and improving in (0, 1]",
         )
         _positive(self.mod, "orchestrator.mod", "recent", "tolerance", "min_drop")
+        _positive(self.data, "orchestrator.data", "sigma", "reference_rows")
+        _check(self.data.min_gap >= 0, "orchestrator.data.min_gap", "must be >= 0")
         _check(self.lr.factor > 2, "orchestrator.lr.factor", "must be > 2 (warm-up doubles the LR once)")
         _check(self.oom.max_retries >= 1, "orchestrator.oom.max_retries", "must be >= 1")

@@ -35,6 +35,7 @@ class TokenizedDocs:
     tokens: np.ndarray  # int32 [N]
     mask: np.ndarray  # bool [N]: the token is a trainable target
     offsets: np.ndarray  # int64 [D+1]: document d is tokens[offsets[d]:offsets[d+1]]
+    sources: list[str] | None = None  # [D]: each document's source (Document.source), when known
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -43,14 +44,15 @@ class TokenizedDocs:
         """The documents where keep (bool [D]) is true, in order."""
         lengths = np.diff(self.offsets)
         kept = np.repeat(keep, lengths)  # per token
-        return TokenizedDocs(self.tokens[kept], self.mask[kept], _offsets(lengths[keep]))
+        sources = None if self.sources is None else [s for s, k in zip(self.sources, keep) if k]
+        return TokenizedDocs(self.tokens[kept], self.mask[kept], _offsets(lengths[keep]), sources)
 
     def split_at(self, cut: int) -> tuple[TokenizedDocs, TokenizedDocs]:
         """Split a stream at token `cut` into two single-document streams."""
         head, tail = slice(0, cut), slice(cut, len(self.tokens))
         return (
-            TokenizedDocs(self.tokens[head], self.mask[head], _offsets([cut])),
-            TokenizedDocs(self.tokens[tail], self.mask[tail], _offsets([len(self.tokens) - cut])),
+            TokenizedDocs(self.tokens[head], self.mask[head], _offsets([cut]), self.sources),
+            TokenizedDocs(self.tokens[tail], self.mask[tail], _offsets([len(self.tokens) - cut]), self.sources),
         )
 
 
@@ -71,8 +73,8 @@ def tokenize_documents(
         key = hashlib.sha256(f"{corpus_fingerprint(docs)}:{tok.fingerprint}:{CACHE_VERSION}".encode())
         path = Path(cache_dir) / f"tokens-{key.hexdigest()[:20]}.npz"
         if path.is_file():
-            with np.load(path) as data:
-                return TokenizedDocs(data["tokens"], data["mask"], data["offsets"])
+            with np.load(path) as data:  # the sources are not cached: the documents name them
+                return TokenizedDocs(data["tokens"], data["mask"], data["offsets"], [d.source for d in docs])
     tokenized = _tokenize(docs, tok)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -108,17 +110,34 @@ def _tokenize(docs: list[Document], tok: TextTokenizer) -> TokenizedDocs:
     lengths = [len(p) for p in pieces]
     tokens = np.fromiter(chain.from_iterable(pieces), dtype=np.int32, count=sum(lengths))
     mask = np.repeat(np.array(flags, dtype=bool), lengths)
-    return TokenizedDocs(tokens, mask, _offsets(doc_lengths))
+    return TokenizedDocs(tokens, mask, _offsets(doc_lengths), [doc.source for doc in docs])
 
 
 class Rows:
     """A tokenized split: row i is tokens[starts[i] : starts[i] + lengths[i] + 1]."""
 
-    def __init__(self, tokens: np.ndarray, mask: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        mask: np.ndarray,
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        docs: TokenizedDocs | None = None,
+    ) -> None:
         self.tokens, self.mask = tokens, mask
         self.starts = starts.astype(np.int64)  # [R]
         self.lengths = lengths.astype(np.int64)  # [R] input positions, each <= seq_len
         self.n_tokens = int(self.lengths.sum())
+        self.docs = docs  # the documents the rows were cut from: their sources
+
+    def sources(self, i: int) -> list[str]:
+        """The sources of the documents row i overlaps (a packed row can span several)."""
+        if self.docs is None or self.docs.sources is None:
+            return []
+        start = int(self.starts[i])
+        end = start + int(self.lengths[i])  # the row's last token
+        first, last = np.searchsorted(self.docs.offsets, [start, end], side="right") - 1
+        return self.docs.sources[first : last + 1]
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -142,7 +161,7 @@ def _rows(docs: TokenizedDocs, starts: np.ndarray, lengths: np.ndarray) -> Rows:
         logger.warning(
             "dropped %d of %d rows that have no trainable target within data.seq_len", int((~keep).sum()), len(keep)
         )
-    return Rows(docs.tokens, docs.mask, starts[keep], lengths[keep])
+    return Rows(docs.tokens, docs.mask, starts[keep], lengths[keep], docs)
 
 
 def pack_rows(docs: TokenizedDocs, seq_len: int) -> Rows:

@@ -31,6 +31,7 @@ EXCLUDED_DIRS = {"site-packages", "dist-packages"}
 @dataclass
 class Document:
     segments: list[tuple[str, bool]]  # (text, trainable): loss is computed only on trainable text
+    source: str = ""  # where it came from: a file, file:line for a JSONL record (journaled when left out)
 
     @property
     def text(self) -> str:
@@ -107,7 +108,7 @@ def _take_bytes(docs: Iterator[Document], max_bytes: int) -> tuple[list[Document
         size = len(doc.text.encode())
         if max_bytes and total + size > max_bytes and len(doc.segments) == 1:
             # plain text is cut to fit; a chat record is kept whole so its template stays intact
-            doc = Document([(_truncate(doc.text, max_bytes - total), doc.segments[0][1])])
+            doc = Document([(_truncate(doc.text, max_bytes - total), doc.segments[0][1])], doc.source)
         if doc.text:
             out.append(doc)
         total += size
@@ -174,7 +175,7 @@ class _Reader:
         for file in files:
             text = _decode(file.read_bytes())
             if text:  # a few stdlib test files are deliberately not UTF-8
-                yield Document([(text, True)])
+                yield Document([(text, True)], f"stdlib/{file.relative_to(root).as_posix()}")
 
     def _file(self, path: Path, strict: bool) -> Iterator[Document]:
         text = _decode(path.read_bytes())
@@ -187,7 +188,7 @@ class _Reader:
         if self._as_jsonl or path.suffix.lower() in JSONL_SUFFIXES:
             yield from self._jsonl(path, text)
         elif text:
-            yield Document([(text, True)])
+            yield Document([(text, True)], str(path))
 
     def _jsonl(self, path: Path, text: str) -> Iterator[Document]:
         # split on "\n" only: JSON strings may legally hold raw U+2028, which splitlines() would cut
@@ -209,6 +210,7 @@ class _Reader:
                 self.n_skipped += 1
                 continue
             if doc.text:
+                doc.source = f"{path}:{lineno}"
                 yield doc
 
     def _record(self, rec: Any) -> Document:

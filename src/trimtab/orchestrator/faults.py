@@ -11,9 +11,12 @@ records it there), e.g. oom@10:512@rank1: one rank runs out of memory and all sh
     inf_grad@S              the gradients hold +inf
     grad_spike@S:F          every gradient is multiplied by F (default 1000)
     bad_batch@S[:N]         the rows of N steps (default 1) turn to garbage tokens, wherever they recur
+    bad_rows@S[:N]          a quarter of the rows of N steps (default 4) turn to garbage, the rest stay
+                            clean: what the orchestrator's data attribution must tell apart
     lr_spike@S:F            from step S on, a stray writer multiplies the optimizer's LR by F after
                             the trainer set it (default 10): an LR nothing in the config explains
-    oom@S:T                 from step S on, a forward over more than T tokens raises OutOfMemoryError
+    oom@S[:T]               from step S on, a forward over more than T tokens raises OutOfMemoryError;
+                            without T, the micro-batch in use at step S no longer fits
     weights_nan@S           a weight matrix row becomes NaN
     slow@S[:N]              N steps (default 10) each take 0.25 s longer
     sigterm@S / sigkill@S   the process receives the signal
@@ -41,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from trimtab.errors import ConfigError
@@ -56,6 +60,7 @@ KINDS: dict[str, tuple[float | None, bool]] = {
     "inf_grad": (1, True),
     "grad_spike": (1000.0, False),
     "bad_batch": (1, True),
+    "bad_rows": (4, True),
     "lr_spike": (10.0, False),
     "oom": (None, False),
     "weights_nan": (1, True),
@@ -73,7 +78,7 @@ SLOW_SECONDS = 0.25
 class Fault:
     kind: str
     step: int
-    param: float
+    param: float | None  # None: the fault's own default (oom: the size in use when it starts)
     spec: str
     rank: int | None = None  # data parallelism: fire on this rank only (None: every rank)
 
@@ -97,10 +102,11 @@ def parse_fault(spec: str, key: str = "faults") -> Fault:
         param = float(param_text) if param_text else default
     except ValueError:
         raise ConfigError(f"{key}: the parameter of '{spec}' must be a number") from None
-    if param is None or param <= 0 or (is_count and param != int(param)):
+    if (param is None and kind != "oom") or (param is not None and param <= 0) or (is_count and param != int(param)):
         need = "a whole number of firings" if is_count else "a positive number"
         raise ConfigError(f"{key}: '{spec}' needs {need} after ':' (e.g. {kind}@{step_text}:512)")
-    return Fault(kind, int(step_text), float(param), spec.strip(), int(rank_text) if at_rank else None)
+    param = None if param is None else float(param)
+    return Fault(kind, int(step_text), param, spec.strip(), int(rank_text) if at_rank else None)
 
 
 def parse_faults(specs: list[str]) -> list[Fault]:
@@ -128,6 +134,7 @@ class FaultInjector(Hook):
             self.path = self.path.with_name(f"faults.rank{rank}.json")
         if self.path.is_file():
             self.record = json.loads(self.path.read_text())
+            self._corrupt(run, self.record["poisoned"])  # a resumed run's data is as bad as before
         model = run.model
         model.tok_emb.register_forward_pre_hook(self._maybe_oom)
         model.tok_emb.register_forward_pre_hook(self._maybe_lr)
@@ -147,8 +154,13 @@ class FaultInjector(Hook):
         return True
 
     def _active(self, kind: str) -> Fault | None:
-        """A persistent fault of this kind in force at the current step."""
-        return next((f for f in self.faults if f.kind == kind and self.step >= f.step), None)
+        """The persistent fault of this kind in force at the current step: the latest to start."""
+        started = [f for f in self.faults if f.kind == kind and self.step >= f.step]
+        return max(started, key=lambda f: f.step, default=None)
+
+    def _first_due(self, kind: str) -> Fault | None:
+        """A fault of this kind due now (each spec fires its own count), its firing counted."""
+        return next((f for f in self.faults if f.kind == kind and self._due(f)), None)
 
     def _save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
@@ -165,9 +177,11 @@ class FaultInjector(Hook):
         for fault in self.faults:
             if fault.kind in ("nan_loss", "inf_grad", "grad_spike") and self._due(fault):
                 setattr(self, "_fire_nan" if fault.kind == "nan_loss" else "_fire_grad", fault)
-            elif fault.kind == "bad_batch" and self._due(fault):
-                self.record["poisoned"] = sorted(set(self.record["poisoned"]) | set(batch.rows))
+            elif fault.kind in ("bad_batch", "bad_rows") and self._due(fault):
+                rows = batch.rows if fault.kind == "bad_batch" else [r for r in batch.rows if r % 4 == 0]
+                self.record["poisoned"] = sorted(set(self.record["poisoned"]) | set(rows))
                 self._save()
+                self._corrupt(run, rows)
             elif fault.kind == "weights_nan" and self._due(fault):
                 matrix = next(p for n, p in run.model.named_parameters() if n.startswith("blocks.") and p.ndim == 2)
                 local = matrix.to_local() if hasattr(matrix, "to_local") else matrix  # FSDP: this rank's rows
@@ -181,23 +195,41 @@ class FaultInjector(Hook):
             elif fault.kind in ("sigterm", "sigkill") and self._due(fault):
                 os.kill(os.getpid(), signal.SIGTERM if fault.kind == "sigterm" else signal.SIGKILL)
         if self.record["poisoned"]:
-            self._poison(batch, set(self.record["poisoned"]), run.model.cfg.vocab_size)
+            self._refresh(run, batch, set(self.record["poisoned"]))
 
-    def _poison(self, batch: StepBatch, poisoned: set[int], vocab: int) -> None:
-        gen = torch.Generator().manual_seed(self.step)
+    def _corrupt(self, run: RunView, rows: list[int]) -> None:
+        """The rows' tokens become garbage in the dataset itself (reproducibly per row), as bad data
+        on disk would be: every later read sees it, the orchestrator's row scoring included."""
+        data, vocab = run.train_rows, run.model.cfg.vocab_size
+        for row in rows:
+            start, n = int(data.starts[row]), data.length(row) + 1
+            data.tokens[start : start + n] = np.random.default_rng(row).integers(0, vocab, n)
+
+    def _refresh(self, run: RunView, batch: StepBatch, poisoned: set[int]) -> None:
+        """This step's micro-batches were cut before the rows went bad: read those rows again."""
         for micro in batch.micro:
             for b, row in enumerate(micro.rows):
                 if row in poisoned:
-                    noise = torch.randint(0, vocab, micro.inputs[b].shape, generator=gen)
-                    micro.inputs[b] = noise
-                    micro.targets[b] = torch.where(micro.targets[b] >= 0, noise.roll(-1), micro.targets[b])
+                    tokens, mask = (torch.from_numpy(a) for a in run.train_rows.get(row))
+                    n = len(tokens) - 1
+                    micro.inputs[b, :n] = tokens[:-1]
+                    micro.targets[b, :n] = torch.where(mask[1:], tokens[1:], micro.targets[b, :n].new_tensor(-100))
 
     def _maybe_oom(self, module: torch.nn.Module, args: tuple) -> None:
         fault = self._active("oom")
-        if fault is not None and module.training and args[0].numel() > fault.param:
+        if fault is None or not module.training:
+            return
+        limit = fault.param
+        if limit is None:  # the size in use when the fault starts no longer fits, whatever it was
+            limits = self.record.setdefault("oom_limit", {})
+            if fault.spec not in limits:
+                limits[fault.spec] = args[0].numel() - 1
+                self._save()
+            limit = limits[fault.spec]
+        if args[0].numel() > limit:
             raise torch.OutOfMemoryError(
                 f"CUDA out of memory (injected by {fault.spec}): a forward over "
-                f"{args[0].numel()} tokens, more than {int(fault.param)} fit"
+                f"{args[0].numel()} tokens, more than {int(limit)} fit"
             )
 
     def _maybe_lr(self, module: torch.nn.Module, args: tuple) -> None:
@@ -224,14 +256,14 @@ class FaultInjector(Hook):
 
     def on_save_start(self, run: RunView) -> None:
         self.step = run.step
-        fault = next((f for f in self.faults if f.kind == "disk_full"), None)
-        if fault is not None and self._due(fault):
+        fault = self._first_due("disk_full")
+        if fault is not None:
             raise OSError(errno.ENOSPC, f"No space left on device (injected by {fault.spec})")
 
     def on_checkpoint(self, run: RunView, path: Path) -> None:
         self.step = run.step
-        fault = next((f for f in self.faults if f.kind == "corrupt_checkpoint"), None)
-        if fault is not None and self._due(fault):
+        fault = self._first_due("corrupt_checkpoint")
+        if fault is not None:
             shards = sorted((path / "dcp").glob(f"__{run.rank}_*.distcp"))  # sharded: this rank's file
             target = path / "model.safetensors" if not shards else shards[0]
             if not target.is_file():

@@ -33,6 +33,7 @@ class MoEHealth(Monitor):
         self.starved: dict[str, list[int]] = {}  # layer -> consecutive starved steps per expert
         self.revived: dict[str, list[int]] = {}  # layer -> experts re-initialised once already
         self.strikes: dict[str, list[int]] = {}  # layer -> steps of its imbalance / collapse findings
+        self.history: dict[str, list[list[float]]] = {}  # layer -> [max load, dropped] of recent windows
 
     def observe(self, m: StepMetrics) -> Finding | None:
         findings = []
@@ -59,7 +60,7 @@ class MoEHealth(Monitor):
     def _commit(self, f: Finding) -> None:
         """State changes for the one finding reported (not for those dropped this step)."""
         key, kind = str(f.evidence["layer"]), f.evidence["kind"]
-        self.loads[key], self.drops[key] = [], []  # a fresh window before this layer fires again
+        self.loads[key], self.drops[key], self.history[key] = [], [], []  # fresh windows before it fires again
         if kind == "dead":
             self.starved[key][f.evidence["expert"]] = 0
             self.revived.setdefault(key, []).append(f.evidence["expert"])
@@ -73,6 +74,7 @@ class MoEHealth(Monitor):
         n, busiest = len(mean), max(range(len(mean)), key=lambda e: mean[e])
         ratio, drop = mean[busiest] * n, sum(self.drops[key]) / len(self.drops[key])
         dead = [e for e, c in enumerate(self.starved[key]) if c >= cfg.dead_patience]
+        balancing, draining = self._healing(key, ratio, drop)
         evidence = {
             "layer": layer,
             "busiest": busiest,
@@ -96,13 +98,13 @@ class MoEHealth(Monitor):
             )
             evidence["expert"] = dead[0]
             evidence["revived_before"] = dead[0] in self.revived.get(key, [])
-        elif cfg.add_experts and ratio > cfg.imbalance and drop > 0 and n < cfg.max_experts:
+        elif cfg.add_experts and ratio > cfg.imbalance and drop > 0 and n < cfg.max_experts and not balancing:
             kind, strength = "saturated", 0.7
             summary = f"layer {layer}: expert {busiest} at {ratio:.1f}x its fair share with {drop:.0%} dropped"
-        elif ratio > cfg.imbalance:
+        elif ratio > cfg.imbalance and not balancing:
             kind, strength = "imbalance", min(1.0, 0.5 + 0.5 * (ratio - cfg.imbalance) / cfg.imbalance)
             summary = f"layer {layer}: expert {busiest} at {ratio:.1f}x its fair share (> {cfg.imbalance:g})"
-        elif drop > cfg.max_drop:
+        elif drop > cfg.max_drop and not draining:
             kind, strength = "drop", min(1.0, 0.5 + drop)
             summary = f"layer {layer}: {drop:.0%} of assignments dropped (> {cfg.max_drop:.0%})"
         else:
@@ -110,3 +112,19 @@ class MoEHealth(Monitor):
         finding = self.finding(m, {"kind": kind, **evidence}, summary, strength)
         finding.family = f"moe/{layer}"  # outcomes are judged per layer
         return finding
+
+    def _healing(self, key: str, ratio: float, drop: float) -> tuple[bool, bool]:
+        """Whether this layer's imbalance, and its dropped fraction, are getting better by
+        themselves: now against a window ago. A fresh router (random init) starts
+        imbalanced and drops tokens while the balance loss spreads them within a few dozen steps;
+        acting on that costs capacity (or balance pressure) for nothing (the clean debug-moe and
+        debug-hybrid runs raised the capacity factor 2-3 times). Imbalance and drops are answered
+        only once a full window shows they are not shrinking by `improving` or more; collapse and
+        dead experts, which do not heal by themselves, are answered at once."""
+        past = self.history.setdefault(key, [])
+        past.append([ratio, drop])
+        del past[: -(self.cfg.window + 1)]
+        if len(past) <= self.cfg.window:
+            return True, True  # no window to compare with yet
+        (then_ratio, then_drop), shrink = past[0], self.cfg.improving
+        return ratio - 1 <= shrink * (then_ratio - 1), drop <= shrink * then_drop

@@ -35,6 +35,7 @@ class StepMetrics:
     progress: float = 0.0  # step / total steps
     memory_frac: float | None = None  # device (or machine) memory in use, 0..1, where known
     micro_batch_tokens: int = 0
+    changes: int = 0  # actions applied to the run so far (the orchestrator's and a person's)
     rows: list[int] = field(default_factory=list)
     moe: list[tuple[int, list[float], float, int]] | None = None  # (layer, load shares, dropped, top_k)
     mod_capacity: float | None = None  # mean capacity of the Mixture-of-Depths layers
@@ -129,33 +130,64 @@ class NonFinite(Monitor):
 
 
 class LossSpike(Monitor):
-    """Loss above mean + sigma * std of the last `window` healthy steps, by at least min_rise."""
+    """Loss above the trend the run itself predicts: a least-squares line through the last
+    `window` healthy losses against log(step), extrapolated to the next step, plus
+    max(sigma x the residuals' standard deviation, min_rise).
+
+    Early in training the loss falls steeply, so a flat window's spread is mostly that trend and
+    mean + k sigma sits far above the next healthy step: a stretch of bad data that lifted the
+    loss from 4.90 to 6.49 passed under it. The residuals around the trend measure the
+    step-to-step noise alone; on a plateau the line is flat and this is the flat window's rule.
+    Loss curves are close to straight in log(step) over a window (a power law's local shape),
+    so the line's extrapolation does not run below a curve that is flattening out."""
 
     rule, family = "spike", "instability"
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.spike
-        self.window = Rolling(self.cfg.window)
+        self.window = Rolling(self.cfg.window)  # healthy losses
+        self.steps = Rolling(self.cfg.window)  # their steps
+        self.next_step = 1
+
+    def trend(self) -> tuple[float, float]:
+        """(the loss predicted at the next step, the residuals' standard deviation)."""
+        xs = [math.log(max(s, 1)) for s in self.steps.values]
+        ys = list(self.window.values)
+        n = len(ys)
+        x_mean, y_mean = sum(xs) / n, sum(ys) / n
+        sxx = sum((x - x_mean) ** 2 for x in xs)
+        slope = sum((x - x_mean) * (y - y_mean) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+        residuals = [y - y_mean - slope * (x - x_mean) for x, y in zip(xs, ys)]
+        std = math.sqrt(sum(r * r for r in residuals) / max(n - 2, 1))
+        return y_mean + slope * (math.log(max(self.next_step, 1)) - x_mean), std
 
     def ceiling(self) -> float:
         if len(self.window) < self.cfg.min_samples:
             return math.inf
-        return self.window.mean() + max(self.cfg.sigma * self.window.std(), self.cfg.min_rise)
+        predicted, std = self.trend()
+        return predicted + max(self.cfg.sigma * std, self.cfg.min_rise)
 
     def observe(self, m: StepMetrics) -> Finding | None:
+        self.next_step = m.step
         if not math.isfinite(m.loss):
             return None
         ceiling = self.ceiling()
         if m.loss <= ceiling:
             self.window.add(m.loss)
+            self.steps.add(m.step)
+            self.next_step = m.step + 1
             return None
-        mean, std = self.window.mean(), self.window.std()
-        return self.finding(
-            m,
-            {"loss": m.loss, "mean": mean, "std": std, "ceiling": ceiling, "window": len(self.window)},
-            f"loss {m.loss:.3f} > mean {mean:.3f} + {self.cfg.sigma:g} sigma ({std:.3f})",
-            0.6 + 0.4 * (m.loss - ceiling) / max(ceiling - mean, 1e-6),
-        )
+        predicted, std = self.trend()
+        self.next_step = m.step + 1
+        evidence = {
+            "loss": m.loss,
+            "predicted": predicted,
+            "residual_std": std,
+            "ceiling": ceiling,
+            "window": len(self.window),
+        }
+        summary = f"loss {m.loss:.3f} > trend {predicted:.3f} + {self.cfg.sigma:g} sigma ({std:.3f})"
+        return self.finding(m, evidence, summary, 0.6 + 0.4 * (m.loss - ceiling) / max(ceiling - predicted, 1e-6))
 
 
 class GradExplosion(Monitor):
@@ -189,30 +221,38 @@ class GradExplosion(Monitor):
 
 
 class Divergence(Monitor):
-    """The loss trends up: the least-squares line through the window rises by min_rise of its mean."""
+    """The loss trends up: the least-squares line through the window rises by min_rise of its mean.
+    Steps whose update was withheld are left out (their loss is a spike's or bad data's, not the
+    trajectory's); the finding carries the window's rows, so the policy can tell bad data from a
+    bad LR and attribute it to rows."""
 
     rule, family = "divergence", "instability"
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.divergence
         self.window = Rolling(self.cfg.window)
+        self.rows: list[list[int]] = []  # each window step's rows
 
     def observe(self, m: StepMetrics) -> Finding | None:
-        if not math.isfinite(m.loss):
+        if not math.isfinite(m.loss) or m.skipped:
             return None
         self.window.add(m.loss)
+        self.rows = (self.rows + [list(m.rows)])[-self.cfg.window :]
         if not self.window.full():
             return None
         mean, rise = self.window.mean(), self.window.slope() * (len(self.window) - 1)
         if rise <= self.cfg.min_rise * mean:
             return None
-        self.window = Rolling(self.cfg.window)  # a fresh window before it can fire again
-        return self.finding(
+        rows = sorted({r for step in self.rows for r in step})
+        self.window, self.rows = Rolling(self.cfg.window), []  # a fresh window before it can fire again
+        f = self.finding(
             m,
             {"rise": rise, "mean": mean, "window": self.cfg.window},
             f"loss rose {rise:.3f} ({rise / mean:.1%}) over {self.cfg.window} steps",
             0.5 + 0.5 * rise / (2 * self.cfg.min_rise * mean),
         )
+        f.rows = rows
+        return f
 
 
 class Plateau(Monitor):
@@ -225,7 +265,7 @@ class Plateau(Monitor):
         self.window = Rolling(self.cfg.window)
 
     def observe(self, m: StepMetrics) -> Finding | None:
-        if not math.isfinite(m.loss):
+        if not math.isfinite(m.loss) or m.skipped:  # a withheld update's loss says nothing of progress
             return None
         self.window.add(m.loss)
         if not self.window.full() or m.progress >= self.cfg.max_progress:
@@ -243,7 +283,9 @@ class Plateau(Monitor):
 
 
 class Throughput(Monitor):
-    """Tokens/s below factor x its rolling median for `patience` consecutive steps."""
+    """Tokens/s below factor x its rolling median for `patience` consecutive steps. An action
+    applied to the run (a smaller micro-batch, a new expert, a rollback: the orchestrator's own or
+    a person's) starts a fresh baseline, so the rule reports a slower machine, not those changes."""
 
     rule, family = "throughput", "throughput"
 
@@ -251,8 +293,11 @@ class Throughput(Monitor):
         self.cfg = cfg.throughput
         self.window = Rolling(self.cfg.window)
         self.slow = 0
+        self.changes = 0
 
     def observe(self, m: StepMetrics) -> Finding | None:
+        if m.changes != self.changes:
+            self.changes, self.window, self.slow = m.changes, Rolling(self.cfg.window), 0
         if len(self.window) < self.cfg.min_samples or m.tokens_per_s >= self.cfg.factor * self.window.median():
             self.window.add(m.tokens_per_s)
             self.slow = 0

@@ -93,16 +93,11 @@ class Policy:
         climb = len(ladder.recent) >= cfg.escalate_after
         if f.rule == "divergence" and ladder.rung == 0:
             climb = True  # a trend is not a one-off: skipping cannot fix it
-        verdict = self._diagnose(view) if climb and ladder.rung == 0 and f.rule != "divergence" else None
+        verdict = self._diagnose(view) if climb and ladder.rung == 0 else None
         if verdict and verdict[0] == "data":
-            rows, ladder.rows, ladder.recent = ladder.rows, [], []
-            return Remedy(
-                action="skip_data",
-                params={"rows": rows},
-                reasoning=f"the model still scores {verdict[1]:.3f} on held-out data (last good checkpoint "
-                f"{self.probe_baseline:.3f}), so the bad steps came from the data: leave out their {len(rows)} "
-                "rows; the LR stays",
-            )
+            remedy = self._data(view, verdict[1], f.rule)
+            if remedy is not None:
+                return remedy
         if verdict and verdict[0] == "broken":
             return self._rollback(view, broken=verdict[1])
         if not climb:
@@ -127,6 +122,58 @@ class Policy:
             )
         return self._rollback(view)
 
+    def _data(self, view: Any, probe: float, rule: str) -> Remedy | None:
+        """The model still scores held-out data as well as at the last good checkpoint, so the bad
+        steps' data is suspect: leave out the rows that score as outliers. None when no row does
+        and a divergence is left to its LR cut (a trend the data does not explain)."""
+        ladder = self.ladder
+        bad, evidence = self._attribute(view, ladder.rows)
+        rows, ladder.rows = ladder.rows, []
+        why = (
+            f"the model still scores {probe:.3f} on held-out data (last good checkpoint {self.probe_baseline:.3f}), "
+            f"so the bad steps' data is suspect; scored one by one on these weights, {len(bad)} of their "
+            f"{len(rows)} rows lose more than {evidence['threshold']:.3f} (held-out rows' median "
+            f"{evidence['reference_median']:.3f})"
+        )
+        if bad:
+            ladder.recent = []
+            return Remedy(
+                action="skip_data",
+                params={"rows": bad},
+                reasoning=why + ": leave them out; the LR stays",
+                evidence=evidence,
+            )
+        if rule == "divergence":
+            return None
+        ladder.recent = []
+        return Remedy(
+            action="none",
+            evidence=evidence,
+            reasoning=why + ": no row is to blame and the weights are sound (a transient fault, "
+            "already skipped): nothing to leave out",
+        )
+
+    def _attribute(self, view: Any, rows: list[int]) -> tuple[list[int], dict[str, Any]]:
+        """Which of `rows` are bad: each scored alone on the current weights against held-out rows
+        scored alike (orchestrator.data)."""
+        cfg = self.cfg.data
+        scores = view.row_losses(rows) if rows else {}
+        reference = view.held_out_row_losses(cfg.reference_rows) or list(scores.values())
+        median = _median(reference) if reference else math.inf
+        spread = 1.4826 * _median([abs(x - median) for x in reference]) if reference else 0.0
+        threshold = median + max(cfg.sigma * spread, cfg.min_gap)
+        bad = sorted(r for r, loss in scores.items() if not math.isfinite(loss) or loss > threshold)
+        evidence = {
+            "rows_scored": len(scores),
+            "rows_left_out": len(bad),
+            "threshold": threshold,
+            "reference_median": median,
+            "reference_spread": spread,
+            "reference_rows": len(reference),
+            "sources": dict(list(view.row_sources(bad).items())[:10]) if bad else {},
+        }
+        return bad, evidence
+
     def _rollback(self, view: Any, broken: float | None = None) -> Remedy:
         """Rung 2 (or straight there when the probe found the weights broken): restore the last
         good checkpoint; rung 3, stop, when none is left or the rollbacks are used up."""
@@ -147,7 +194,7 @@ class Policy:
                 reasoning=f"every rung of the ladder was tried ({reason}); saving and stopping is safer than "
                 "training on",
             )
-        rows = [] if broken is not None else ladder.rows
+        rows, evidence = self._attribute(view, ladder.rows) if broken is None else ([], {})
         ladder.rung, ladder.rows, ladder.recent = 0, [], []  # the ladder starts over; rollbacks stay counted
         self.last_lr_change = ladder.last_step
         if broken is not None:
@@ -158,9 +205,11 @@ class Policy:
         else:
             why = (
                 "instability persists after skipping and an LR cut: restore the last good checkpoint (the LR "
-                f"stays cut) and leave out the {len(rows)} rows seen in the bad steps"
+                f"stays cut) and leave out the {len(rows)} rows of the bad steps that score as outliers"
             )
-        return Remedy(action="rollback", params={"to": "last_good", "skip_rows": rows}, reasoning=why)
+        return Remedy(
+            action="rollback", params={"to": "last_good", "skip_rows": rows}, reasoning=why, evidence=evidence
+        )
 
     def _diagnose(self, view: Any) -> tuple[str, float] | None:
         """Bad data or a bad model? Megatron reruns the step; here the model is scored on a
@@ -254,3 +303,9 @@ class Policy:
         self.ladder = Ladder(**state["ladder"])
         for key in ("last_lr_change", "lr_debt", "last_restore", "restore_failed", "probe_baseline"):
             setattr(self, key, state[key])
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

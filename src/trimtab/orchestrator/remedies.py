@@ -21,6 +21,7 @@ class Remedy:
     action: str
     params: dict[str, Any] = field(default_factory=dict)
     reasoning: str
+    evidence: dict[str, Any] = field(default_factory=dict)  # what the policy measured itself (journaled)
 
 
 def memory(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:

@@ -35,6 +35,7 @@ class Control:
         self._trainer = trainer
         self._queue: list[tuple[str, dict[str, Any], Done | None]] = []
         self.skip_next = False  # read by the next step's update gate
+        self.applied = 0  # actions applied so far: a monitor rebases when the run was changed
 
     # ------------------------------------------------------------------ requests
 
@@ -59,6 +60,7 @@ class Control:
             except TrimtabError as exc:  # e.g. no checkpoint to roll back to: say so, go on
                 line = f"failed: {exc}"
             done.append(line)
+            self.applied += 1
             if on_done:
                 on_done(line)
         return done

@@ -16,6 +16,8 @@ import torch
 
 from trimtab.checkpoint import find_checkpoint
 from trimtab.config import RunConfig
+from trimtab.data import Rows
+from trimtab.training import scoring
 from trimtab.training.control import Control
 from trimtab.training.optim import lr_at
 
@@ -101,6 +103,12 @@ class RunView:
     def optimizer(self) -> torch.optim.Optimizer:
         return self._t.optimizer
 
+    @property
+    def train_rows(self) -> Rows:
+        """The current phase's training rows (read them; fault injection alone writes through
+        this handle, to make data go bad on purpose)."""
+        return self._t.phases[self._t.state.phase].train_rows
+
     def moe_knobs(self, layer: int) -> dict[str, float]:
         """A MoE layer's live settings: n_experts, top_k, capacity_factor, router_temperature, balance_coef."""
         moe = dict(self._t.model.moe_layers())[layer]
@@ -110,6 +118,30 @@ class RunView:
     def mod_capacities(self) -> dict[int, tuple[float, float]]:
         """Each Mixture-of-Depths layer's (current capacity, target): they differ during warm-up."""
         return {i: (r.capacity, r.target) for i, r in self._t.model.mod_layers()}
+
+    def row_losses(self, rows: list[int]) -> dict[int, float]:
+        """Each of these training rows' mean loss per target on the current weights (data
+        attribution: which rows of a bad stretch are bad)."""
+        t = self._t
+        phase = t.phases[t.state.phase]
+        micro = scoring.batches_of(phase.train_rows, list(rows), t.loader.micro_batch_tokens, t.tok.pad_id)
+        losses = scoring.row_losses(t.model, t.forward, t.precision, micro, t.device)
+        return dict(zip((r for m in micro for r in m.rows), losses))
+
+    def held_out_row_losses(self, limit: int = 64) -> list[float]:
+        """Up to `limit` held-out rows' mean losses, scored as row_losses scores: the reference."""
+        t = self._t
+        micro, n = [], 0
+        for batch in t.phases[t.state.phase].eval_micro:
+            if n >= limit:
+                break
+            micro.append(batch)
+            n += len(batch.rows)
+        return scoring.row_losses(t.model, t.forward, t.precision, micro, t.device)[:limit]
+
+    def row_sources(self, rows: list[int]) -> dict[str, int]:
+        """Where these training rows came from: source -> number of rows."""
+        return scoring.sources_of(self._t.phases[self._t.state.phase].train_rows, list(rows))
 
     def probe_loss(self) -> float | None:
         """The model's loss on one held-out micro-batch, now (a host read): tells a broken model
