@@ -58,6 +58,11 @@ def test_plan_knows_no_training_and_hardware_knows_nothing_above_it():
     assert own <= {"trimtab.errors", "trimtab.paths"}
 
 
+def test_the_metrics_reader_reads_files_only():
+    """Report tools and benchmarks read metrics.jsonl with trimtab/metrics.py, without the training stack."""
+    assert {n for n in imports_of(SRC / "metrics.py") if n.startswith(("torch", "trimtab"))} == set()
+
+
 def test_nothing_imports_the_cli():
     bad = [
         f"{m} imports trimtab.cli"

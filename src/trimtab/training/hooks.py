@@ -9,11 +9,15 @@ it is checkpointed.
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from trimtab.metrics import ABANDONED, METRICS_FILE, read_metrics
 
 if TYPE_CHECKING:
     from trimtab.data import StepBatch
@@ -68,14 +72,20 @@ class Hook:
 
 
 class JsonlLogger(Hook):
-    """metrics.jsonl: one line per log interval and per evaluation."""
+    """metrics.jsonl (the format: trimtab/metrics.py): one line per log interval and per evaluation."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.path = run_dir / METRICS_FILE
 
     def on_train_start(self, run: RunView) -> None:
-        # Lines past the resumed step were written after the checkpoint and will be redone.
-        _truncate_after(self.path, run.step)
+        # Unmarked lines past the resumed step were written after the checkpoint and will be
+        # redone; abandoned ones belong to no step that will run again, so they stay.
+        self._rewrite(lambda m: m if m.get(ABANDONED) or m["step"] <= run.step else None)
+
+    def on_rollback(self, run: RunView, saved_state: dict[str, Any]) -> None:
+        # The steps after the restored one will be trained again: their lines stay, marked.
+        self._rewrite(lambda m: {**m, ABANDONED: True} if m["step"] > run.step else m)
 
     def on_log(self, run: RunView, metrics: dict[str, Any]) -> None:
         self._write(metrics)
@@ -87,12 +97,15 @@ class JsonlLogger(Hook):
         with open(self.path, "a") as fh:
             fh.write(json.dumps(metrics) + "\n")
 
-
-def _truncate_after(path: Path, step: int) -> None:
-    if not path.exists():
-        return
-    kept = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-    path.write_text("".join(ln + "\n" for ln in kept))
+    def _rewrite(self, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> None:
+        """Each line through `change` (None drops it), atomically: a reader sees the old file or
+        the new one, never a mix."""
+        if not self.path.exists():
+            return
+        lines = [m for m in map(change, read_metrics(self.run_dir, abandoned=True)) if m is not None]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(m) + "\n" for m in lines))
+        os.replace(tmp, self.path)
 
 
 class TensorBoardLogger(Hook):
@@ -101,10 +114,18 @@ class TensorBoardLogger(Hook):
         self.writer = None
 
     def on_train_start(self, run: RunView) -> None:
+        self._open(run.step)  # drops what a killed run wrote past its last checkpoint
+
+    def on_rollback(self, run: RunView, saved_state: dict[str, Any]) -> None:
+        self.writer.close()
+        self._open(run.step)  # drops the abandoned steps
+
+    def _open(self, step: int) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        # purge_step drops events a killed run wrote past its last checkpoint.
-        self.writer = SummaryWriter(str(self.log_dir), purge_step=run.step + 1)
+        # TensorBoard's mechanism for restarts: it discards the events written earlier at steps
+        # >= purge_step, so it shows the trajectory that was kept.
+        self.writer = SummaryWriter(str(self.log_dir), purge_step=step + 1)
 
     def on_log(self, run: RunView, metrics: dict[str, Any]) -> None:
         self._scalars("train", metrics)

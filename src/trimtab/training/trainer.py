@@ -101,7 +101,7 @@ class Trainer:
         self.state = TrainState(phase_steps=configured_lengths(cfg))
         self.stop_reason = ""
         main = self.dist.is_main  # rank 0 alone writes logs and metrics
-        self.hooks = [ConsoleLogger(cfg.log.progress), JsonlLogger(cfg.run_dir / "metrics.jsonl")] if main else []
+        self.hooks = [ConsoleLogger(cfg.log.progress), JsonlLogger(cfg.run_dir)] if main else []
         if cfg.log.tensorboard and main:
             self.hooks.append(TensorBoardLogger(cfg.run_dir / "tb"))
         self.hooks += list(hooks)
