@@ -238,7 +238,7 @@ def test_weights_nan_is_diagnosed_as_a_broken_model_and_rolled_back(tmp_path):
     assert [m["step"] for m in read_metrics(run) if "loss" in m] == list(range(1, 25))
 
 
-def test_a_rollback_leaves_one_kept_trajectory_in_metrics_and_tensorboard(tmp_path):
+def test_a_rollback_leaves_one_kept_trajectory_in_metrics_console_and_tensorboard(tmp_path, capsys):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run = tmp_path / "r"
@@ -248,13 +248,19 @@ def test_a_rollback_leaves_one_kept_trajectory_in_metrics_and_tensorboard(tmp_pa
     train = [m for m in kept if "loss" in m]
     assert [m["step"] for m in train] == list(range(1, 25)) and all(math.isfinite(m["loss"]) for m in train)
     evals = [m for m in kept if "val_loss" in m]
-    # step 8's restored weights are evaluated again after the rollback
-    assert [m["step"] for m in evals] == [8, 8, 16, 24] and all(math.isfinite(m["val_loss"]) for m in evals)
+    assert [m["step"] for m in evals] == [8, 16, 24] and all(math.isfinite(m["val_loss"]) for m in evals)
     abandoned = [m for m in read_metrics(run, abandoned=True) if m.get("abandoned")]
     assert [(m["step"], "val_loss" in m) for m in abandoned] == [(s, False) for s in range(9, 17)] + [
         (16, True),  # the evaluation of the NaN weights
         (17, False),
     ]
+    # Step 8's weights, restored, are not evaluated again (the same number, a second line for step 8).
+    assert len(read_metrics(run, abandoned=True)) == 17 + 16 + 4
+    err = capsys.readouterr().err
+    assert err.count("eval step 8:") == 1
+    assert "rolled back from step 17 to step 8: steps 9-17 are trained again" in err
+    assert err.count("eval step 16: val_loss nan") == 1
+    assert err.count("eval step 16 (trained again after a rollback): val_loss") == 1
     # TensorBoard: the writer reopened with purge_step 9 discards the abandoned events
     tb = EventAccumulator(str(run / "tb"))
     tb.Reload()

@@ -148,6 +148,8 @@ class ConsoleLogger(Hook):
     def __init__(self, progress: bool = True):
         self.progress = progress
         self.bar = None
+        self.last_step = 0
+        self.replayed_until = 0  # steps up to this one run a second time, after a rollback
 
     def on_train_start(self, run: RunView) -> None:
         if self.progress:
@@ -163,14 +165,20 @@ class ConsoleLogger(Hook):
             )
 
     def on_step_end(self, run: RunView, out: StepOutput) -> None:
+        self.last_step = out.step
         if self.bar is not None:
             self.bar.total = run.total_steps  # the live planner may shorten or extend the run
             self.bar.update(1)
 
     def on_rollback(self, run: RunView, saved_state: dict[str, Any]) -> None:
+        self.replayed_until = max(self.replayed_until, self.last_step)
         if self.bar is not None:
             self.bar.n = run.step
             self.bar.refresh()
+        self.write(
+            f"rolled back from step {self.last_step} to step {run.step}: steps {run.step + 1}-{self.last_step} "
+            "are trained again (their abandoned lines stay in metrics.jsonl, marked)"
+        )
 
     def on_log(self, run: RunView, metrics: dict[str, Any]) -> None:
         text = f"loss {metrics['loss']:.4f} lr {metrics['lr']:.2e} tok/s {metrics['tokens_per_s']:,.0f}"
@@ -180,7 +188,10 @@ class ConsoleLogger(Hook):
             print(f"step {metrics['step']}/{run.total_steps} {text}", file=sys.stderr, flush=True)
 
     def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None:
-        self.write(f"eval step {metrics['step']}: val_loss {metrics['val_loss']:.4f} val_ppl {metrics['val_ppl']:.2f}")
+        again = " (trained again after a rollback)" if metrics["step"] <= self.replayed_until else ""
+        self.write(
+            f"eval step {metrics['step']}{again}: val_loss {metrics['val_loss']:.4f} val_ppl {metrics['val_ppl']:.2f}"
+        )
 
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
         if self.bar is not None:
