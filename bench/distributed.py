@@ -14,7 +14,6 @@ with the CPU share other processes took meanwhile (the machine is shared). Resul
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 from _benchfile import replace_section  # bench/_benchfile.py, next to this file
+from trimtab.metrics import read_metrics
 
 sys.path.insert(0, str(Path(__file__).parent))
 from throughput import Contention  # noqa: E402  (bench/ is a folder of scripts, not a package)
@@ -69,8 +69,7 @@ def run(preset: str, nproc: int, strategy: str, steps: int, warmup: int) -> dict
             done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
         if done.returncode:
             sys.exit(f"{preset} {nproc} {strategy} failed:\n{done.stderr[-4000:]}")
-        lines = [json.loads(ln) for ln in Path(f"{tmp}/run/metrics.jsonl").read_text().splitlines()]
-        steps_ = [m for m in lines if "tokens_per_s" in m and m["step"] > warmup]
+        steps_ = [m for m in read_metrics(f"{tmp}/run") if "tokens_per_s" in m and m["step"] > warmup]
         return {
             "tokens_per_s": statistics.median(m["tokens_per_s"] for m in steps_),
             "loss": steps_[-1]["loss"],

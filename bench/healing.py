@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from _benchfile import replace_section  # bench/_benchfile.py, next to this file
+from trimtab.metrics import read_metrics
 from trimtab.orchestrator.journal import read_decisions
 
 ROOT = Path(__file__).resolve().parent.parent  # the source checkout
@@ -140,9 +141,10 @@ def run_training(
             break
     val = summary.get("val_loss") if summary else None
     decisions = read_decisions(run_dir)
-    metrics = run_dir / "metrics.jsonl"  # per-step lines; a resumed run's holds the kept ones only
-    lines = [json.loads(ln) for ln in (metrics.read_text().splitlines() if metrics.is_file() else []) if ln.strip()]
-    skipped = sum(m.get("skipped_steps", 0) for m in lines)
+    # Per-step lines (train.log_every=1). Updates withheld count on abandoned steps too (the
+    # orchestrator acted there); the load is judged on the kept trajectory only.
+    skipped = sum(m.get("skipped_steps", 0) for m in read_metrics(run_dir, abandoned=True))
+    kept = [m for m in read_metrics(run_dir) if "loss" in m]
     return {
         "mode": mode,
         "preset": preset,
@@ -160,7 +162,7 @@ def run_training(
         "wall_s": round(wall, 1),
         "other_cpu": round(max(other), 3),
         "run_dir": str(run_dir),
-        "max_load": max_load([m for m in lines if "loss" in m][-BALANCE_STEPS:]),
+        "max_load": max_load(kept[-BALANCE_STEPS:]),
     }
 
 

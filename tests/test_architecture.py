@@ -58,6 +58,11 @@ def test_plan_knows_no_training_and_hardware_knows_nothing_above_it():
     assert own <= {"trimtab.errors", "trimtab.paths"}
 
 
+def test_the_metrics_reader_reads_files_only():
+    """Report tools and benchmarks read metrics.jsonl with trimtab/metrics.py, without the training stack."""
+    assert {n for n in imports_of(SRC / "metrics.py") if n.startswith(("torch", "trimtab"))} == set()
+
+
 def test_nothing_imports_the_cli():
     bad = [
         f"{m} imports trimtab.cli"
@@ -79,3 +84,66 @@ def test_torch_distributed_lives_in_one_module():
     ]
     assert bad == []
     assert offenders("model", ("trimtab.distributed",)) == []
+
+
+def _type_checking_imports(tree: ast.AST) -> set[int]:
+    """ids of the import nodes inside an `if TYPE_CHECKING:` block (names for annotations only)."""
+    blocks = [
+        n.body
+        for n in ast.walk(tree)
+        if isinstance(n, ast.If) and "TYPE_CHECKING" in (getattr(n.test, "id", None), getattr(n.test, "attr", None))
+    ]
+    inside = (n for body in blocks for stmt in body for n in ast.walk(stmt))
+    return {id(n) for n in inside if isinstance(n, ast.Import | ast.ImportFrom)}
+
+
+def _imports_of_the_trainer(tree: ast.AST) -> list[tuple[ast.AST, list[str]]]:
+    """(node, names imported) for each import of trimtab.training.trainer, by any spelling."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name.startswith("trimtab.training.trainer")]
+            found += [(node, names)] if names else []
+        elif isinstance(node, ast.ImportFrom) and node.module == "trimtab.training.trainer":
+            found.append((node, [a.name for a in node.names]))
+        elif isinstance(node, ast.ImportFrom) and node.module == "trimtab.training":
+            found += [(node, ["trainer"])] if any(a.name == "trainer" for a in node.names) else []
+    return found
+
+
+def test_hooks_see_the_view_and_control_never_the_trainer():
+    """Outside training/ only api.py (which builds the Trainer) imports trimtab.training.trainer;
+    elsewhere an `if TYPE_CHECKING:` import of the StepOutput type is the one exception."""
+    bad = []
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC).as_posix()
+        if rel.startswith("training/") or rel == "api.py":
+            continue
+        tree = ast.parse(path.read_text())
+        guarded = _type_checking_imports(tree)
+        for node, names in _imports_of_the_trainer(tree):
+            if id(node) not in guarded or set(names) - {"StepOutput"}:
+                bad.append(f"{rel}:{node.lineno} imports {', '.join(names)} from trimtab.training.trainer")
+    assert bad == []
+
+
+def test_every_hook_method_takes_the_run_view_first():
+    """Every event of the Hook protocol (training/hooks.py), and every override of one in the
+    package, takes `run: RunView` first; state_dict / load_state_dict are the hook's own state."""
+    own_state = {"state_dict", "load_state_dict"}
+    tree = ast.parse((SRC / "training" / "hooks.py").read_text())
+    (base,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Hook"]
+    events = {f.name for f in base.body if isinstance(f, ast.FunctionDef)} - own_state
+    assert {"on_step_end", "on_log", "on_eval", "on_rollback", "update_gate", "on_oom"} <= events
+    bad = []
+    for path in SRC.rglob("*.py"):
+        for cls in ast.walk(ast.parse(path.read_text())):
+            is_hook = isinstance(cls, ast.ClassDef) and (
+                cls.name == "Hook" or any(getattr(b, "id", None) == "Hook" for b in cls.bases)
+            )
+            for fn in cls.body if is_hook else []:
+                if isinstance(fn, ast.FunctionDef) and fn.name in events:
+                    first = fn.args.args[1] if len(fn.args.args) > 1 else None
+                    if first is None or getattr(first.annotation, "id", None) != "RunView":
+                        bad.append(f"{path.relative_to(SRC)}: {cls.name}.{fn.name}")
+    assert bad == []

@@ -21,6 +21,7 @@ from trimtab.checkpoint import list_checkpoints, verify
 from trimtab.cli import main
 from trimtab.config import load_config, merge
 from trimtab.errors import CheckpointError
+from trimtab.metrics import read_metrics
 from trimtab.orchestrator import ctl, read_decisions
 from trimtab.training.hooks import Hook
 
@@ -230,6 +231,68 @@ def test_weights_nan_is_diagnosed_as_a_broken_model_and_rolled_back(tmp_path):
     assert [m["step"] for m in lines].count(9) == 2  # steps 9.. replayed after the rollback
     assert lines[-1]["lr_scale"] == 1.0 and math.isfinite(lines[-1]["loss"])  # no needless LR cut
     assert json.loads((run / "faults.json").read_text())["fired"] == {"weights_nan@15": 1}
+    # metrics.jsonl keeps every line (steps 1..17, the replayed 9..24, the final evaluation), the
+    # abandoned ones marked; the kept trajectory has each step once, in order
+    assert len(read_metrics(run, abandoned=True)) == 17 + 16 + 1
+    assert [m["step"] for m in read_metrics(run, abandoned=True) if m.get("abandoned")] == list(range(9, 18))
+    assert [m["step"] for m in read_metrics(run) if "loss" in m] == list(range(1, 25))
+
+
+def test_a_rollback_leaves_one_kept_trajectory_in_metrics_console_and_tensorboard(tmp_path, capsys):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "r"
+    cfg = debug_cfg(run, faults=["weights_nan@15"], train={"eval_every": 8}, log={"tensorboard": True})
+    trimtab.train(cfg)  # rolls back from step 17 to step 8, as in the test above
+    kept = read_metrics(run)
+    train = [m for m in kept if "loss" in m]
+    assert [m["step"] for m in train] == list(range(1, 25)) and all(math.isfinite(m["loss"]) for m in train)
+    evals = [m for m in kept if "val_loss" in m]
+    assert [m["step"] for m in evals] == [8, 16, 24] and all(math.isfinite(m["val_loss"]) for m in evals)
+    abandoned = [m for m in read_metrics(run, abandoned=True) if m.get("abandoned")]
+    assert [(m["step"], "val_loss" in m) for m in abandoned] == [(s, False) for s in range(9, 17)] + [
+        (16, True),  # the evaluation of the NaN weights
+        (17, False),
+    ]
+    # Step 8's weights, restored, are not evaluated again (the same number, a second line for step 8).
+    assert len(read_metrics(run, abandoned=True)) == 17 + 16 + 4
+    err = capsys.readouterr().err
+    assert err.count("eval step 8:") == 1
+    assert "rolled back from step 17 to step 8: steps 9-17 are trained again" in err
+    assert err.count("eval step 16: val_loss nan") == 1
+    assert err.count("eval step 16 (trained again after a rollback): val_loss") == 1
+    # TensorBoard: the writer reopened with purge_step 9 discards the abandoned events
+    tb = EventAccumulator(str(run / "tb"))
+    tb.Reload()
+    losses = tb.Scalars("train/loss")
+    assert [e.step for e in losses] == list(range(1, 25))
+    assert [e.value for e in losses] == pytest.approx([m["loss"] for m in train], rel=1e-6)
+    assert [(e.step, e.value) for e in tb.Scalars("eval/val_loss")] == [
+        (m["step"], pytest.approx(m["val_loss"], rel=1e-6)) for m in evals
+    ]
+
+
+class CrashAt(Hook):
+    """Raises out of the loop after `step` (no checkpoint saved): a crash or a kill."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, run, out):
+        if out.step == self.step:
+            raise RuntimeError("crash (test)")
+
+
+def test_a_resume_after_a_rollback_keeps_the_abandoned_lines_marked(tmp_path):
+    run = tmp_path / "r"
+    with pytest.raises(RuntimeError, match="crash"):  # in the replay, after its checkpoint at 16
+        trimtab.train(debug_cfg(run, faults=["weights_nan@15"]), hooks=[CrashAt(20)])
+    trimtab.train(debug_cfg(run, faults=["weights_nan@15"]))  # resumes at 16; 17..19 are trained again
+    # the unmarked lines 17..19 were dropped and redone; the abandoned 9..17 stay, marked, even 17,
+    # past the resume point: the same lines as an uninterrupted run
+    assert len(read_metrics(run, abandoned=True)) == 17 + 16 + 1
+    assert [m["step"] for m in read_metrics(run, abandoned=True) if m.get("abandoned")] == list(range(9, 18))
+    assert [m["step"] for m in read_metrics(run) if "loss" in m] == list(range(1, 25))
 
 
 def test_no_good_checkpoint_to_roll_back_to_stops_clearly(tmp_path):

@@ -19,7 +19,7 @@ from trimtab.config.plan import PlanConfig
 from trimtab.errors import ConfigError
 from trimtab.orchestrator import read_decisions
 from trimtab.plan import Hardware, LossFit, RunProgress, effective_tokens, fit_loss_curve, live_status, make_plan
-from trimtab.plan.curve import recommend_steps
+from trimtab.plan.curve import format_status, recommend_steps
 
 # A made-up accelerator: 1 TFLOP/s, 1 GB, bf16 activations (2 bytes): no measurement in the tests.
 HW = Hardware(
@@ -211,7 +211,9 @@ def test_recommended_length_by_hand():
     points = [[s, 100 * s, 2 + 10 / s] for s in range(1, 31)]
     status = live_status(points, run, PlanConfig())
     assert (status.recommendation, status.recommended_steps, status.phase) == ("extend", 115, "convergence")
-    assert status.token_progress == pytest.approx(0.3) and status.epochs == pytest.approx(1.0)
+    assert status.token_progress == pytest.approx(0.3) and status.planned_epochs == pytest.approx(1.0)
+    assert status.epochs_seen == pytest.approx(0.3)  # 3,000 of the 10,000 tokens: not the planned total
+    assert "Epochs: 0.30 of 1.00 planned   Token progress: 30.0%" in format_status(status, adjust=False)
     # convergence: share of the fitted drop from the first point (step 1) to the 150-step run done by step 30
     assert status.convergence == pytest.approx((10 - 10 / 30) / (10 - 10 / 150), rel=0.02)
 
@@ -253,7 +255,10 @@ def test_live_status_in_a_real_run(tmp_path, capsys):
     from trimtab.training.trainer import Trainer
 
     dataset = Trainer(setup(live_cfg(tmp_path / "r", steps=30))).phases[0].train_rows.n_tokens
-    assert last["epochs"] == pytest.approx(30 * 1024 / dataset) == first["epochs"]
+    assert last["planned_epochs"] == pytest.approx(30 * 1024 / dataset) == first["planned_epochs"]
+    assert first["epochs_seen"] == pytest.approx(15 * 1024 / dataset)  # so far, half the planned run
+    assert last["epochs_seen"] == pytest.approx(last["planned_epochs"])
+    assert f"Epochs: {first['epochs_seen']:.2f} of {first['planned_epochs']:.2f} planned" in err
     assert last["fit"]["points"] == 20 and last["fit"]["r2"] > 0.5  # steps 11..30, after the 10-step warm-up
     assert last["loss_now"] == pytest.approx(LossFit(**last["fit"]).predict(tokens[30]))
     assert [d for d in read_decisions(tmp_path / "r") if d["rule"] == "convergence"] == []

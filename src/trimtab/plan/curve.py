@@ -114,8 +114,9 @@ class Status:
     tokens: int
     total_steps: int
     original_steps: int
-    epochs: float
-    original_epochs: float
+    epochs_seen: float  # passes over the training split so far
+    planned_epochs: float  # at the end of the run as now planned
+    original_epochs: float  # at the end of the configured run (train.max_steps)
     token_progress: float
     convergence: float | None  # share of the loss drop reachable within the longest allowed run
     confidence: str  # none | low | medium | high: how well the fit explains the curve
@@ -157,8 +158,7 @@ def live_status(
     """Status from the logged (step, tokens, loss) points; `lr_ok(steps)` says whether the
     schedule may move to a new length now (the LR would not jump too far in one step)."""
     per_step = run.tokens / max(run.step, 1)
-    epochs = per_step * run.total_steps / max(run.dataset_tokens, 1)
-    original = per_step * run.original_steps / max(run.dataset_tokens, 1)
+    dataset = max(run.dataset_tokens, 1)
     progress = run.tokens / max(per_step * run.total_steps, 1)
     used = [(t, loss) for s, t, loss in points if s > run.warmup_steps and math.isfinite(loss)]
     status = Status(
@@ -166,8 +166,9 @@ def live_status(
         tokens=run.tokens,
         total_steps=run.total_steps,
         original_steps=run.original_steps,
-        epochs=epochs,
-        original_epochs=original,
+        epochs_seen=run.tokens / dataset,
+        planned_epochs=per_step * run.total_steps / dataset,
+        original_epochs=per_step * run.original_steps / dataset,
         token_progress=progress,
         convergence=None,
         confidence="none",
@@ -219,10 +220,10 @@ def recommend_steps(
 def format_status(s: Status, adjust: bool) -> str:
     """The console block, e.g.
     [step 5000] CHINCHILLA STATUS
-    Current epochs: 4.00 (adjusted from 5.00)   Token progress: 83.4%
+    Epochs: 3.34 of 4.00 planned (adjusted from 5.00)   Token progress: 83.4%
     Convergence: 87% (high)   Phase: convergence   Recommendation: continue
     """
-    epochs = f"Current epochs: {_epochs(s.epochs)}"
+    epochs = f"Epochs: {_epochs(s.epochs_seen)} of {_epochs(s.planned_epochs)} planned"
     if s.total_steps != s.original_steps:
         epochs += f" (adjusted from {_epochs(s.original_epochs)})"
     conv = "n/a" if s.convergence is None else f"{s.convergence:.0%}"

@@ -9,11 +9,15 @@ it is checkpointed.
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from trimtab.metrics import ABANDONED, METRICS_FILE, read_metrics
 
 if TYPE_CHECKING:
     from trimtab.data import StepBatch
@@ -68,14 +72,20 @@ class Hook:
 
 
 class JsonlLogger(Hook):
-    """metrics.jsonl: one line per log interval and per evaluation."""
+    """metrics.jsonl (the format: trimtab/metrics.py): one line per log interval and per evaluation."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.path = run_dir / METRICS_FILE
 
     def on_train_start(self, run: RunView) -> None:
-        # Lines past the resumed step were written after the checkpoint and will be redone.
-        _truncate_after(self.path, run.step)
+        # Unmarked lines past the resumed step were written after the checkpoint and will be
+        # redone; abandoned ones belong to no step that will run again, so they stay.
+        self._rewrite(lambda m: m if m.get(ABANDONED) or m["step"] <= run.step else None)
+
+    def on_rollback(self, run: RunView, saved_state: dict[str, Any]) -> None:
+        # The steps after the restored one will be trained again: their lines stay, marked.
+        self._rewrite(lambda m: {**m, ABANDONED: True} if m["step"] > run.step else m)
 
     def on_log(self, run: RunView, metrics: dict[str, Any]) -> None:
         self._write(metrics)
@@ -87,12 +97,15 @@ class JsonlLogger(Hook):
         with open(self.path, "a") as fh:
             fh.write(json.dumps(metrics) + "\n")
 
-
-def _truncate_after(path: Path, step: int) -> None:
-    if not path.exists():
-        return
-    kept = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-    path.write_text("".join(ln + "\n" for ln in kept))
+    def _rewrite(self, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> None:
+        """Each line through `change` (None drops it), atomically: a reader sees the old file or
+        the new one, never a mix."""
+        if not self.path.exists():
+            return
+        lines = [m for m in map(change, read_metrics(self.run_dir, abandoned=True)) if m is not None]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(m) + "\n" for m in lines))
+        os.replace(tmp, self.path)
 
 
 class TensorBoardLogger(Hook):
@@ -101,10 +114,18 @@ class TensorBoardLogger(Hook):
         self.writer = None
 
     def on_train_start(self, run: RunView) -> None:
+        self._open(run.step)  # drops what a killed run wrote past its last checkpoint
+
+    def on_rollback(self, run: RunView, saved_state: dict[str, Any]) -> None:
+        self.writer.close()
+        self._open(run.step)  # drops the abandoned steps
+
+    def _open(self, step: int) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        # purge_step drops events a killed run wrote past its last checkpoint.
-        self.writer = SummaryWriter(str(self.log_dir), purge_step=run.step + 1)
+        # TensorBoard's mechanism for restarts: it discards the events written earlier at steps
+        # >= purge_step, so it shows the trajectory that was kept.
+        self.writer = SummaryWriter(str(self.log_dir), purge_step=step + 1)
 
     def on_log(self, run: RunView, metrics: dict[str, Any]) -> None:
         self._scalars("train", metrics)
@@ -127,6 +148,8 @@ class ConsoleLogger(Hook):
     def __init__(self, progress: bool = True):
         self.progress = progress
         self.bar = None
+        self.last_step = 0
+        self.replayed_until = 0  # steps up to this one run a second time, after a rollback
 
     def on_train_start(self, run: RunView) -> None:
         if self.progress:
@@ -142,14 +165,20 @@ class ConsoleLogger(Hook):
             )
 
     def on_step_end(self, run: RunView, out: StepOutput) -> None:
+        self.last_step = out.step
         if self.bar is not None:
             self.bar.total = run.total_steps  # the live planner may shorten or extend the run
             self.bar.update(1)
 
     def on_rollback(self, run: RunView, saved_state: dict[str, Any]) -> None:
+        self.replayed_until = max(self.replayed_until, self.last_step)
         if self.bar is not None:
             self.bar.n = run.step
             self.bar.refresh()
+        self.write(
+            f"rolled back from step {self.last_step} to step {run.step}: steps {run.step + 1}-{self.last_step} "
+            "are trained again (their abandoned lines stay in metrics.jsonl, marked)"
+        )
 
     def on_log(self, run: RunView, metrics: dict[str, Any]) -> None:
         text = f"loss {metrics['loss']:.4f} lr {metrics['lr']:.2e} tok/s {metrics['tokens_per_s']:,.0f}"
@@ -159,7 +188,10 @@ class ConsoleLogger(Hook):
             print(f"step {metrics['step']}/{run.total_steps} {text}", file=sys.stderr, flush=True)
 
     def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None:
-        self.write(f"eval step {metrics['step']}: val_loss {metrics['val_loss']:.4f} val_ppl {metrics['val_ppl']:.2f}")
+        again = " (trained again after a rollback)" if metrics["step"] <= self.replayed_until else ""
+        self.write(
+            f"eval step {metrics['step']}{again}: val_loss {metrics['val_loss']:.4f} val_ppl {metrics['val_ppl']:.2f}"
+        )
 
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
         if self.bar is not None:

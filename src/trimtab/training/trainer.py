@@ -102,7 +102,7 @@ class Trainer:
         self.state = TrainState(phase_steps=configured_lengths(cfg))
         self.stop_reason = ""
         main = self.dist.is_main  # rank 0 alone writes logs and metrics
-        self.hooks = [ConsoleLogger(cfg.log.progress), JsonlLogger(cfg.run_dir / "metrics.jsonl")] if main else []
+        self.hooks = [ConsoleLogger(cfg.log.progress), JsonlLogger(cfg.run_dir)] if main else []
         if cfg.log.tensorboard and main:
             self.hooks.append(TensorBoardLogger(cfg.run_dir / "tb"))
         self.hooks += list(hooks)
@@ -137,8 +137,9 @@ class Trainer:
                     break
                 self._after_step(out)  # bookkeeping and hooks: the orchestrator decides here
                 self.control.apply()  # interventions take effect at this one point
-                self._maybe_eval()
-                self._maybe_checkpoint()
+                if self.state.step == out.step:  # a rollback restores a step saved (and evaluated if due) before
+                    self._maybe_eval()
+                    self._maybe_checkpoint()
         if not self.stop_reason and not self.last_eval:  # e.g. a finished run asked to go on
             self.evaluate()
         self.save()
@@ -431,6 +432,7 @@ class Trainer:
             raise CheckpointError(f"no {what} to roll back to in {self.cfg.run_dir / 'checkpoints'}")
         step = self.state.step
         self._load(found[0], rollback=True)
+        self.last_eval = {}  # it judged the abandoned weights
         self.dist.on_main(retire_after, self.cfg.run_dir, self.state.step, self.cfg.checkpoint.keep)
         return f"rolled back from step {step} to step {self.state.step}"
 
