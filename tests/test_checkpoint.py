@@ -1,10 +1,19 @@
 import logging
+import os
 
 import pytest
 import torch
 from torch import nn
 
-from trimtab.checkpoint import latest_valid, list_checkpoints, load_checkpoint, load_weights, save_checkpoint
+from trimtab.checkpoint import (
+    checkpoint_root,
+    commit_checkpoint,
+    latest_valid,
+    list_checkpoints,
+    load_checkpoint,
+    load_weights,
+    save_checkpoint,
+)
 from trimtab.errors import CheckpointError
 
 
@@ -83,3 +92,21 @@ def test_weights_for_another_shape_are_refused(tmp_path):
     other = nn.Sequential(nn.Linear(3, 3))
     with pytest.raises(CheckpointError, match="do not fit this model"):
         load_weights(other, weights, path)
+
+
+def test_every_file_of_a_checkpoint_has_the_umask_mode(tmp_path):
+    """safetensors writes 0600 on its own; the rest, sharded files included, 0666 & ~umask."""
+    previous = os.umask(0o027)
+    try:
+        whole = save(tmp_path / "one", 5)
+        tmp = checkpoint_root(tmp_path / "dp") / ".tmp_step_000007_sharded"  # as Parallel.save leaves it
+        (tmp / "dcp").mkdir(parents=True)
+        for name, mode in (("dcp/.metadata", 0o644), ("dcp/__0_0.distcp", 0o600), ("optim.pt", 0o644)):
+            (tmp / name).write_bytes(b"x")
+            os.chmod(tmp / name, mode)
+        sharded = commit_checkpoint(tmp_path / "dp", 7, tmp, {"train": {"step": 7}}, keep=3)
+    finally:
+        os.umask(previous)
+    for path in (whole, sharded):
+        modes = {f.relative_to(path).as_posix(): oct(f.stat().st_mode & 0o777) for f in path.rglob("*") if f.is_file()}
+        assert set(modes.values()) == {"0o640"}, modes

@@ -15,7 +15,8 @@ torch.distributed.checkpoint instead, readable at any world size (a 1-process re
         state.json          as above; its manifest covers every rank's files
 
 state.json is written last, inside the temp dir, so a directory named step_* is complete by
-construction; the manifest still catches later damage (a truncated copy, a bad disk).
+construction; the manifest still catches later damage (a truncated copy, a bad disk). Every file
+of a checkpoint has the same mode, the one the umask gives.
 """
 
 from __future__ import annotations
@@ -97,6 +98,11 @@ def commit_checkpoint(
         files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         manifest = {name: (digests or {}).get(name) or _digest(tmp / name) for name in files}
         _write_json(tmp / "state.json", {**state, "step": step, "manifest": manifest})
+        # safetensors writes 0600, torch and dcp 0666 & ~umask: give every file the mode open() gave
+        # state.json (reading the umask with os.umask would set it process-wide for a moment)
+        mode = (tmp / "state.json").stat().st_mode & 0o777
+        for name in files:
+            os.chmod(tmp / name, mode)
         for name in (*files, "state.json"):
             _fsync(tmp / name)
         for folder in {(tmp / name).parent for name in files}:
