@@ -13,6 +13,7 @@ from trimtab.checkpoint import (
     load_checkpoint,
     load_weights,
     save_checkpoint,
+    set_aside_corrupt,
 )
 from trimtab.errors import CheckpointError
 
@@ -92,6 +93,24 @@ def test_weights_for_another_shape_are_refused(tmp_path):
     other = nn.Sequential(nn.Linear(3, 3))
     with pytest.raises(CheckpointError, match="do not fit this model"):
         load_weights(other, weights, path)
+
+
+def test_corrupt_checkpoints_set_aside_are_kept_out_of_resume_and_pruning(tmp_path):
+    for step in (10, 20, 30):
+        save(tmp_path, step)
+    (list_checkpoints(tmp_path)[-1] / "optim.pt").write_bytes(b"damaged")
+    found, _ = latest_valid(tmp_path)
+    assert [p.name for p in set_aside_corrupt(tmp_path, after=20)] == ["step_000030"]
+    assert found.name == "step_000020" and latest_valid(tmp_path)[0] == found
+    save(tmp_path, 30, keep=1)  # the same step again, later: the corrupt copy is not replaced
+    (list_checkpoints(tmp_path)[-1] / "optim.pt").write_bytes(b"damaged again")
+    set_aside_corrupt(tmp_path, after=20)
+    corrupt = checkpoint_root(tmp_path) / "corrupt"
+    assert sorted(p.name for p in corrupt.iterdir()) == ["step_000030", "step_000030.2"]
+    assert (corrupt / "step_000030" / "optim.pt").read_bytes() == b"damaged"
+    save(tmp_path, 40, keep=1)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000040"]  # pruned; corrupt/ untouched
+    assert len(list(corrupt.iterdir())) == 2
 
 
 def test_every_file_of_a_checkpoint_has_the_umask_mode(tmp_path):

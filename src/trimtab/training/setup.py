@@ -36,6 +36,7 @@ from trimtab.errors import CheckpointError, ConfigError
 from trimtab.hardware import Precision, choose_precision, peak_flops, pick_device
 from trimtab.model import Transformer, build_model
 from trimtab.paths import cache_dir
+from trimtab.training.resume import resume_point
 
 log = logging.getLogger(__name__)
 
@@ -173,13 +174,14 @@ class Run:
 
 
 def setup(cfg: RunConfig) -> Run:
-    """Build a run from its config: join torchrun's process group, choose device and precision,
-    read and tokenize the data, build the model (from train.init_from's weights on a fresh run),
-    wrap it, and write config.yaml and tokenizer.json into the run directory."""
+    """Build a run from its config: join torchrun's process group, find the checkpoint to resume
+    (corrupt newer ones moved aside), choose device and precision, read and tokenize the data,
+    build the model (from train.init_from's weights on a fresh run), wrap it, and write
+    config.yaml and tokenizer.json into the run directory."""
     torch.manual_seed(cfg.train.seed)
     dist = Parallel.start(cfg.distributed, pick_device(cfg.train.device))
+    resume = resume_point(cfg, dist)
     precision = dist.same_precision(choose_precision(dist.device, cfg.train.precision))
-    resume = dist.from_main(latest_valid, cfg.run_dir)
     tok, phases = dist.main_first(build_phases, cfg, tokenizer_source(cfg))
     resolve_model(cfg, tok)
     if resume:
