@@ -125,6 +125,21 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
     assert f"resuming from {ckpt}" in resumed.stderr
 
 
+def test_a_finished_run_says_so_in_one_line_and_exits_zero(tmp_path, capsys):
+    out = tmp_path / "r"
+    train = ["train", "--preset", "debug", "--out", str(out), *FAST]
+    assert main([*train, "--max-steps", "2"]) == 0
+    capsys.readouterr()
+    summary = (out / "summary.json").read_text()
+    assert main([*train, "--max-steps", "2"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "" and (out / "summary.json").read_text() == summary
+    assert captured.err.strip().splitlines()[-1] == (
+        f"trimtab: {out} has finished: it is at step 2 of 2 (train.max_steps 2); nothing was trained and "
+        "nothing in it changed. A larger --max-steps (train.max_steps) trains on"
+    )
+
+
 def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
     """`python -m trimtab ARGS` as a user runs it: the exit code is the process's."""
     return subprocess.run(

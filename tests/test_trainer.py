@@ -36,6 +36,15 @@ def final_weights(run_dir):
     return load_file(str(list_checkpoints(run_dir)[-1] / "model.safetensors"))
 
 
+def files_of(run_dir):
+    """Every file of a run directory (the run lock aside) with its mtime and contents."""
+    return {
+        p.relative_to(run_dir).as_posix(): (p.stat().st_mtime_ns, p.read_bytes())
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
+
+
 def test_debug_run_learns_and_writes_its_run_dir(tmp_path):
     summary = trimtab.train(debug_cfg(tmp_path / "r", steps=40, sets=["log.tensorboard=true"]))
     run = tmp_path / "r"
@@ -69,6 +78,29 @@ def test_resume_extends_a_finished_run(tmp_path):
     trimtab.train(debug_cfg(tmp_path / "r", steps=8))
     summary = trimtab.train(debug_cfg(tmp_path / "r", steps=12))
     assert summary["step"] == 12 and summary["steps_this_session"] == 4
+
+
+def test_a_finished_run_asked_to_go_on_says_so_and_changes_nothing(tmp_path, caplog):
+    run = tmp_path / "r"
+    first = trimtab.train(debug_cfg(run, steps=8, sets=["log.tensorboard=true"]))
+    before = files_of(run)
+    assert {"config.yaml", "metrics.jsonl", "summary.json"} <= before.keys() and any(
+        k.startswith("tb/") for k in before
+    )
+    with caplog.at_level(logging.WARNING):
+        again = trimtab.train(debug_cfg(run, steps=8, sets=["log.tensorboard=true"]))
+    assert again == first == json.loads((run / "summary.json").read_text())  # the saved figures, not 0 tokens/s
+    assert files_of(run) == before  # nothing rewritten: config, metrics, summary, tb/, checkpoints
+    assert f"{run} has finished: it is at step 8 of 8 (train.max_steps 8)" in caplog.text
+    assert (
+        "nothing was trained and nothing in it changed. A larger --max-steps (train.max_steps) trains on" in caplog.text
+    )
+    (run / "summary.json").unlink()
+    del before["summary.json"]
+    shorter = trimtab.train(debug_cfg(run, steps=6))  # finished too; no summary.json: built from the checkpoint
+    assert (shorter["status"], shorter["step"], shorter["total_steps"]) == ("completed", 8, 6)
+    assert shorter["tokens"] == first["tokens"] and shorter["checkpoint"].endswith("step_000008")
+    assert files_of(run) == before
 
 
 def test_corrupt_newest_checkpoint_falls_back(tmp_path, caplog):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from trimtab.checkpoint import latest_valid, load_model
 from trimtab.config import RunConfig, from_dict, load_config
 from trimtab.data import TextTokenizer
 from trimtab.distributed import is_main
-from trimtab.errors import CheckpointError
+from trimtab.errors import CheckpointError, RunFinished
 from trimtab.model import Transformer, build_model
 from trimtab.orchestrator import Orchestrator
 from trimtab.orchestrator.faults import FaultInjector
@@ -22,17 +23,32 @@ from trimtab.training.runlock import run_lock
 from trimtab.training.setup import setup
 from trimtab.training.trainer import Trainer
 
+log = logging.getLogger(__name__)
+
 
 def train(config: RunConfig | str | Path | None = None, *, hooks: list = (), **overrides: Any) -> dict:
     """Train (or resume) a run and return its summary.
 
     `config` is a RunConfig, a YAML path, or None for the default preset; keyword overrides are
     sections, e.g. train(preset="debug", out="runs/x", train={"max_steps": 40}).
+
+    On a run already at the length the config asks for it trains nothing: it warns so and
+    returns the run's saved summary, and nothing in its directory changes.
     """
     if not isinstance(config, RunConfig):
         config = load_config(config, overrides=overrides)
     elif overrides:
         raise TypeError("pass overrides inside the RunConfig, or pass a YAML path / None with overrides")
+    try:
+        return train_or_raise(config, hooks)
+    except RunFinished as finished:
+        log.warning("%s", finished)
+        return finished.summary
+
+
+def train_or_raise(config: RunConfig, hooks: list = ()) -> dict:
+    """train() for the CLI: on a finished run it raises RunFinished, whose message says so,
+    instead of returning the saved summary."""
     with run_lock(config.run_dir):  # one `trimtab train` per run directory; `trimtab ctl` sees it alive
         summary = Trainer(setup(config), hooks=built_in_hooks(config) + list(hooks)).fit()
         if is_main():  # under torchrun every rank returns the same summary; rank 0 writes it

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
-from trimtab.errors import TrimtabError
+from trimtab.errors import RunFinished, TrimtabError
 from trimtab.training.actions import help_text
 
 
@@ -28,7 +29,7 @@ def _train(args: argparse.Namespace) -> int:
         for spec in args.inject:
             parse_fault(spec, "--inject")
         cfg.faults = [*cfg.faults, *args.inject]
-    summary = api.train(cfg)
+    summary = api.train_or_raise(cfg)
     from trimtab.distributed import is_main
 
     if is_main():  # torchrun: one summary for the job
@@ -233,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     except TrimtabError as exc:
         print(f"trimtab: error: {exc}", file=sys.stderr)
         return 2
+    except RunFinished as finished:  # nothing to train: not an error
+        if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 speaks for the job
+            print(f"trimtab: {finished}", file=sys.stderr)
+        return 0
 
 
 if __name__ == "__main__":

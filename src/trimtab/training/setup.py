@@ -3,7 +3,8 @@ phase, tokenizer, model (wrapped for data parallelism), precision, the checkpoin
 the run directory. The Trainer receives this Run and trains it.
 
 All user input is read and checked here, before the run directory is touched, so bad input
-never leaves a damaged run behind.
+never leaves a damaged run behind; a run that has already reached its length stops before
+anything is built (training/resume.py).
 """
 
 from __future__ import annotations
@@ -175,9 +176,9 @@ class Run:
 
 def setup(cfg: RunConfig) -> Run:
     """Build a run from its config: join torchrun's process group, find the checkpoint to resume
-    (corrupt newer ones moved aside), choose device and precision, read and tokenize the data,
-    build the model (from train.init_from's weights on a fresh run), wrap it, and write
-    config.yaml and tokenizer.json into the run directory."""
+    (RunFinished if the run is already at its length), choose device and precision, read and
+    tokenize the data, build the model (from train.init_from's weights on a fresh run), wrap it,
+    and write config.yaml and tokenizer.json into the run directory."""
     torch.manual_seed(cfg.train.seed)
     dist = Parallel.start(cfg.distributed, pick_device(cfg.train.device))
     resume = resume_point(cfg, dist)

@@ -138,8 +138,6 @@ class Trainer:
                 self.control.apply()  # interventions take effect at this one point
                 self._maybe_eval()
                 self._maybe_checkpoint()
-        if not self.stop_reason and not self.last_eval:  # e.g. a finished run asked to go on
-            self.evaluate()
         self.save()
         summary = self._summary(*start)
         self._call("on_train_end", summary)
