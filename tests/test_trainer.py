@@ -2,6 +2,8 @@
 
 import json
 import logging
+import os
+import signal
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from helpers import StopAt
 from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config, merge
 from trimtab.errors import CheckpointError, DataError
+from trimtab.training import setup as setup_py
 from trimtab.training.setup import setup
 from trimtab.training.trainer import Trainer
 
@@ -101,6 +104,35 @@ def test_a_finished_run_asked_to_go_on_says_so_and_changes_nothing(tmp_path, cap
     assert (shorter["status"], shorter["step"], shorter["total_steps"]) == ("completed", 8, 6)
     assert shorter["tokens"] == first["tokens"] and shorter["checkpoint"].endswith("step_000008")
     assert files_of(run) == before
+
+
+def test_sigterm_during_start_up_trains_nothing_and_the_rerun_resumes(tmp_path, monkeypatch, caplog):
+    run = tmp_path / "r"
+    trimtab.train(debug_cfg(run, steps=4))
+    before, handler = files_of(run), signal.getsignal(signal.SIGTERM)
+    reading = setup_py.build_phases
+
+    def terminated_while_reading(*args):
+        os.kill(os.getpid(), signal.SIGTERM)  # Python runs the handler at the next bytecode: here
+        return reading(*args)
+
+    monkeypatch.setattr(setup_py, "build_phases", terminated_while_reading)
+    with caplog.at_level(logging.WARNING):
+        stopped = trimtab.train(debug_cfg(run, steps=8))
+    assert stopped == {
+        "status": "stopped (SIGTERM during start-up)",
+        "run_dir": str(run),
+        "step": 4,
+        "steps_this_session": 0,
+    }
+    assert (
+        "stopped by SIGTERM during start-up at step 4; nothing new was trained; re-run the same command" in caplog.text
+    )
+    assert files_of(run) == before
+    assert signal.getsignal(signal.SIGTERM) is handler  # given back
+    monkeypatch.undo()
+    resumed = trimtab.train(debug_cfg(run, steps=8))
+    assert (resumed["status"], resumed["step"], resumed["steps_this_session"]) == ("completed", 8, 4)
 
 
 def test_corrupt_newest_checkpoint_falls_back(tmp_path, caplog):

@@ -21,6 +21,7 @@ from trimtab.orchestrator.planner import LivePlanner
 from trimtab.sampling import generate as generate_ids
 from trimtab.training.runlock import run_lock
 from trimtab.training.setup import setup
+from trimtab.training.signals import StartUpInterrupted, handle_signals
 from trimtab.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -32,8 +33,9 @@ def train(config: RunConfig | str | Path | None = None, *, hooks: list = (), **o
     `config` is a RunConfig, a YAML path, or None for the default preset; keyword overrides are
     sections, e.g. train(preset="debug", out="runs/x", train={"max_steps": 40}).
 
-    On a run already at the length the config asks for it trains nothing: it warns so and
-    returns the run's saved summary, and nothing in its directory changes.
+    A call that trains nothing warns why and returns what the run has: a run already at the
+    length the config asks for, its saved summary (nothing in its directory changes); a SIGTERM
+    or SIGINT during start-up, a summary with status "stopped (SIGTERM during start-up)".
     """
     if not isinstance(config, RunConfig):
         config = load_config(config, overrides=overrides)
@@ -41,15 +43,16 @@ def train(config: RunConfig | str | Path | None = None, *, hooks: list = (), **o
         raise TypeError("pass overrides inside the RunConfig, or pass a YAML path / None with overrides")
     try:
         return train_or_raise(config, hooks)
-    except RunFinished as finished:
-        log.warning("%s", finished)
-        return finished.summary
+    except (RunFinished, StartUpInterrupted) as stopped:
+        log.warning("%s", stopped)
+        return stopped.summary
 
 
 def train_or_raise(config: RunConfig, hooks: list = ()) -> dict:
-    """train() for the CLI: on a finished run it raises RunFinished, whose message says so,
-    instead of returning the saved summary."""
-    with run_lock(config.run_dir):  # one `trimtab train` per run directory; `trimtab ctl` sees it alive
+    """train() for the CLI: where a call trains nothing it raises RunFinished or
+    StartUpInterrupted, whose message says why, instead of returning a summary."""
+    # A signal from here to the first step ends start-up cleanly (training/signals.py).
+    with handle_signals(run_dir=config.run_dir), run_lock(config.run_dir):  # one `trimtab train` per run directory
         summary = Trainer(setup(config), hooks=built_in_hooks(config) + list(hooks)).fit()
         if is_main():  # under torchrun every rank returns the same summary; rank 0 writes it
             (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
