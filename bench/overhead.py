@@ -57,6 +57,7 @@ def child(args: argparse.Namespace) -> None:
     from trimtab.config import load_config
     from trimtab.orchestrator import Orchestrator
     from trimtab.training.hooks import Hook
+    from trimtab.training.setup import setup
     from trimtab.training.trainer import Trainer
 
     class Clock(Hook):
@@ -66,11 +67,11 @@ def child(args: argparse.Namespace) -> None:
             self.orch, self.t, self.mode, self.inside = orch, None, None, 0.0
             self.steps: list[tuple[int, str, float, float]] = []  # step, mode, seconds, inside the orchestrator
 
-        def on_step_start(self, trainer, batch) -> None:
+        def on_step_start(self, run, batch) -> None:
             now = time.perf_counter()
             if self.t is not None:
-                self.steps.append((trainer.state.step, self.mode, now - self.t, self.inside))
-            self.mode = self.orch.mode = "auto" if (trainer.state.step + 1) // args.block % 2 else "off"
+                self.steps.append((run.step, self.mode, now - self.t, self.inside))
+            self.mode = self.orch.mode = "auto" if (run.step + 1) // args.block % 2 else "off"
             self.t, self.inside = now, 0.0
 
     def timed(method):
@@ -90,7 +91,7 @@ def child(args: argparse.Namespace) -> None:
         clock = Clock(orch)
         for name in HOOK_METHODS:  # on the instance: inherited no-ops are part of the hook's cost too
             setattr(orch, name, timed(getattr(orch, name)))
-        Trainer(cfg, hooks=[orch, clock]).fit()
+        Trainer(setup(cfg), hooks=[orch, clock]).fit()
     result = {"decisions": len(orch.journal.decisions), "pairs": []}
     blocks: dict[int, list[float]] = {}
     for step, _, seconds, _ in clock.steps:  # block b holds the steps s with s // block == b: odd = auto

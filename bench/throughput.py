@@ -57,19 +57,20 @@ def _batches(cfg, n: int):
 
 def run_trimtab(preset: str, warmup: int, steps: int, compile_: bool | None) -> dict:
     from trimtab.training.hooks import Hook
+    from trimtab.training.setup import setup
     from trimtab.training.trainer import Trainer
 
     class Clock(Hook):
         def __init__(self):
             self.marks: list[tuple[float, int]] = []
 
-        def on_step_end(self, trainer, out):
-            self.marks.append((time.perf_counter(), trainer.state.tokens))
+        def on_step_end(self, run, out):
+            self.marks.append((time.perf_counter(), run.tokens))
 
     with tempfile.TemporaryDirectory() as out:
         cfg = _config(preset, warmup + steps, out, compile_)
         clock = Clock()
-        trainer = Trainer(cfg, hooks=[clock])
+        trainer = Trainer(setup(cfg), hooks=[clock])
         start = time.perf_counter()
         trainer.fit()
     (t0, n0), (t1, n1) = clock.marks[warmup - 1], clock.marks[-1]

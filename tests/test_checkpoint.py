@@ -1,10 +1,20 @@
 import logging
+import os
 
 import pytest
 import torch
 from torch import nn
 
-from trimtab.checkpoint import latest_valid, list_checkpoints, load_checkpoint, load_weights, save_checkpoint
+from trimtab.checkpoint import (
+    checkpoint_root,
+    commit_checkpoint,
+    latest_valid,
+    list_checkpoints,
+    load_checkpoint,
+    load_weights,
+    save_checkpoint,
+    set_aside_corrupt,
+)
 from trimtab.errors import CheckpointError
 
 
@@ -83,3 +93,39 @@ def test_weights_for_another_shape_are_refused(tmp_path):
     other = nn.Sequential(nn.Linear(3, 3))
     with pytest.raises(CheckpointError, match="do not fit this model"):
         load_weights(other, weights, path)
+
+
+def test_corrupt_checkpoints_set_aside_are_kept_out_of_resume_and_pruning(tmp_path):
+    for step in (10, 20, 30):
+        save(tmp_path, step)
+    (list_checkpoints(tmp_path)[-1] / "optim.pt").write_bytes(b"damaged")
+    found, _ = latest_valid(tmp_path)
+    assert [p.name for p in set_aside_corrupt(tmp_path, after=20)] == ["step_000030"]
+    assert found.name == "step_000020" and latest_valid(tmp_path)[0] == found
+    save(tmp_path, 30, keep=1)  # the same step again, later: the corrupt copy is not replaced
+    (list_checkpoints(tmp_path)[-1] / "optim.pt").write_bytes(b"damaged again")
+    set_aside_corrupt(tmp_path, after=20)
+    corrupt = checkpoint_root(tmp_path) / "corrupt"
+    assert sorted(p.name for p in corrupt.iterdir()) == ["step_000030", "step_000030.2"]
+    assert (corrupt / "step_000030" / "optim.pt").read_bytes() == b"damaged"
+    save(tmp_path, 40, keep=1)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000040"]  # pruned; corrupt/ untouched
+    assert len(list(corrupt.iterdir())) == 2
+
+
+def test_every_file_of_a_checkpoint_has_the_umask_mode(tmp_path):
+    """safetensors writes 0600 on its own; the rest, sharded files included, 0666 & ~umask."""
+    previous = os.umask(0o027)
+    try:
+        whole = save(tmp_path / "one", 5)
+        tmp = checkpoint_root(tmp_path / "dp") / ".tmp_step_000007_sharded"  # as Parallel.save leaves it
+        (tmp / "dcp").mkdir(parents=True)
+        for name, mode in (("dcp/.metadata", 0o644), ("dcp/__0_0.distcp", 0o600), ("optim.pt", 0o644)):
+            (tmp / name).write_bytes(b"x")
+            os.chmod(tmp / name, mode)
+        sharded = commit_checkpoint(tmp_path / "dp", 7, tmp, {"train": {"step": 7}}, keep=3)
+    finally:
+        os.umask(previous)
+    for path in (whole, sharded):
+        modes = {f.relative_to(path).as_posix(): oct(f.stat().st_mode & 0o777) for f in path.rglob("*") if f.is_file()}
+        assert set(modes.values()) == {"0o640"}, modes

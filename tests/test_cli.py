@@ -125,6 +125,49 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
     assert f"resuming from {ckpt}" in resumed.stderr
 
 
+def test_sigterm_during_start_up_exits_zero_and_the_rerun_trains(tmp_path):
+    """A real SIGTERM while `python -m trimtab train` trains its tokenizer: exit 0 with one line,
+    nothing written, and the same command then trains."""
+    out = tmp_path / "r"
+    slow = ["--set", "data.max_bytes=1000000"]  # on a fresh cache: a second or more of tokenizer training
+    cmd = [sys.executable, "-m", "trimtab", "train", "--preset", "debug", "--out", str(out), "--max-steps", "2"]
+    cmd += [*FAST[2:], *slow]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRIMTAB_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None and not (out / ".lock").exists():
+        time.sleep(0.02)  # the run lock: torch is imported and setup() is reading the data
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert stdout == "" and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == (
+        "trimtab: stopped by SIGTERM during start-up at step 0; nothing new was trained; "
+        "re-run the same command to resume"
+    )
+    assert not out.exists()  # stopped before it wrote anything: not even an empty run directory
+    assert not [p for p in (tmp_path / "cache").rglob("*") if ".tmp" in p.name]
+    rerun = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "completed: step 2/2 (2 this session," in rerun.stdout
+
+
+def test_a_finished_run_says_so_in_one_line_and_exits_zero(tmp_path, capsys):
+    out = tmp_path / "r"
+    train = ["train", "--preset", "debug", "--out", str(out), *FAST]
+    assert main([*train, "--max-steps", "2"]) == 0
+    capsys.readouterr()
+    summary = (out / "summary.json").read_text()
+    assert main([*train, "--max-steps", "2"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "" and (out / "summary.json").read_text() == summary
+    assert captured.err.strip().splitlines()[-1] == (
+        f"trimtab: {out} has finished: it is at step 2 of 2 (train.max_steps 2); nothing was trained and "
+        "nothing in it changed. A larger --max-steps (train.max_steps) trains on"
+    )
+
+
 def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
     """`python -m trimtab ARGS` as a user runs it: the exit code is the process's."""
     return subprocess.run(

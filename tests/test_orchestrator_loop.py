@@ -534,6 +534,25 @@ def test_corrupt_newest_checkpoint_resumes_from_the_previous(tmp_path, caplog):
     assert summary["status"] == "completed" and summary["steps_this_session"] == 8
     verify(run / "checkpoints" / "step_000016")  # fired once: the re-saved checkpoint is intact
     assert json.loads((run / "faults.json").read_text())["fired"] == {"corrupt_checkpoint@16": 1}
+    with pytest.raises(CheckpointError):  # the corrupt one is kept aside, not replaced
+        verify(run / "checkpoints" / "corrupt" / "step_000016")
+
+
+def test_a_corrupt_only_checkpoint_is_kept_and_the_run_starts_over(tmp_path, caplog):
+    run = tmp_path / "r"
+    assert trimtab.train(debug_cfg(run, steps=8, faults=["corrupt_checkpoint@8"]))["status"] == "completed"
+    damaged = (run / "checkpoints" / "step_000008" / "model.safetensors").read_bytes()
+    with caplog.at_level(logging.WARNING):
+        summary = trimtab.train(debug_cfg(run, steps=8, faults=["corrupt_checkpoint@8"]))
+    assert "no valid checkpoint is left: the run starts over from step 0" in caplog.text
+    assert (
+        f"kept for inspection in {run / 'checkpoints' / 'corrupt'}" in caplog.text and "falling back" not in caplog.text
+    )
+    assert summary["status"] == "completed" and summary["steps_this_session"] == 8
+    kept = run / "checkpoints" / "corrupt" / "step_000008"
+    assert (kept / "model.safetensors").read_bytes() == damaged  # preserved as it was, never resumed from
+    assert [p.name for p in list_checkpoints(run)] == ["step_000008"]
+    verify(run / "checkpoints" / "step_000008")  # the fresh one
 
 
 def test_sigterm_stops_with_a_checkpoint_and_the_rerun_completes(tmp_path):

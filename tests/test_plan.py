@@ -251,10 +251,11 @@ def test_live_status_in_a_real_run(tmp_path, capsys):
     rows = [json.loads(r) for r in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     tokens = {r["step"]: r["tokens"] for r in rows if "loss" in r}
     assert last["tokens"] == tokens[30] == 30 * 1024  # 16 packed rows of 64 a step
-    from trimtab.training.setup import setup
-    from trimtab.training.trainer import Trainer
+    from trimtab.training.setup import build_phases
 
-    dataset = Trainer(setup(live_cfg(tmp_path / "r", steps=30))).phases[0].train_rows.n_tokens
+    # the run's own data and tokenizer (setup() would stop: the run is finished)
+    _, phases = build_phases(live_cfg(tmp_path / "r", steps=30), tmp_path / "r" / "tokenizer.json")
+    dataset = phases[0].train_rows.n_tokens
     assert last["planned_epochs"] == pytest.approx(30 * 1024 / dataset) == first["planned_epochs"]
     assert first["epochs_seen"] == pytest.approx(15 * 1024 / dataset)  # so far, half the planned run
     assert last["epochs_seen"] == pytest.approx(last["planned_epochs"])
@@ -296,7 +297,7 @@ def test_adjust_shortens_the_run_journals_it_and_resumes_exactly(tmp_path):
     a, b = (load_file(str(list_checkpoints(tmp_path / r)[-1] / "model.safetensors")) for r in "ab")
     assert all(torch.equal(a[k], b[k]) for k in a)
     # A finished, shortened run stays finished: the length is in the checkpoint, not the config.
-    assert trimtab.train(live_cfg(tmp_path / "a", **cfg))["steps_this_session"] == 0
+    assert trimtab.train(live_cfg(tmp_path / "a", **cfg)) == json.loads((tmp_path / "a" / "summary.json").read_text())
 
 
 def test_set_total_steps_checks_its_input(tmp_path):

@@ -2,6 +2,8 @@
 
 import json
 import logging
+import os
+import signal
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from helpers import StopAt
 from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config, merge
 from trimtab.errors import CheckpointError, DataError
+from trimtab.training import setup as setup_py
 from trimtab.training.setup import setup
 from trimtab.training.trainer import Trainer
 
@@ -34,6 +37,15 @@ def logged(run_dir, key="loss"):
 
 def final_weights(run_dir):
     return load_file(str(list_checkpoints(run_dir)[-1] / "model.safetensors"))
+
+
+def files_of(run_dir):
+    """Every file of a run directory (the run lock aside) with its mtime and contents."""
+    return {
+        p.relative_to(run_dir).as_posix(): (p.stat().st_mtime_ns, p.read_bytes())
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
 
 
 def test_debug_run_learns_and_writes_its_run_dir(tmp_path):
@@ -69,6 +81,58 @@ def test_resume_extends_a_finished_run(tmp_path):
     trimtab.train(debug_cfg(tmp_path / "r", steps=8))
     summary = trimtab.train(debug_cfg(tmp_path / "r", steps=12))
     assert summary["step"] == 12 and summary["steps_this_session"] == 4
+
+
+def test_a_finished_run_asked_to_go_on_says_so_and_changes_nothing(tmp_path, caplog):
+    run = tmp_path / "r"
+    first = trimtab.train(debug_cfg(run, steps=8, sets=["log.tensorboard=true"]))
+    before = files_of(run)
+    assert {"config.yaml", "metrics.jsonl", "summary.json"} <= before.keys() and any(
+        k.startswith("tb/") for k in before
+    )
+    with caplog.at_level(logging.WARNING):
+        again = trimtab.train(debug_cfg(run, steps=8, sets=["log.tensorboard=true"]))
+    assert again == first == json.loads((run / "summary.json").read_text())  # the saved figures, not 0 tokens/s
+    assert files_of(run) == before  # nothing rewritten: config, metrics, summary, tb/, checkpoints
+    assert f"{run} has finished: it is at step 8 of 8 (train.max_steps 8)" in caplog.text
+    assert (
+        "nothing was trained and nothing in it changed. A larger --max-steps (train.max_steps) trains on" in caplog.text
+    )
+    (run / "summary.json").unlink()
+    del before["summary.json"]
+    shorter = trimtab.train(debug_cfg(run, steps=6))  # finished too; no summary.json: built from the checkpoint
+    assert (shorter["status"], shorter["step"], shorter["total_steps"]) == ("completed", 8, 6)
+    assert shorter["tokens"] == first["tokens"] and shorter["checkpoint"].endswith("step_000008")
+    assert files_of(run) == before
+
+
+def test_sigterm_during_start_up_trains_nothing_and_the_rerun_resumes(tmp_path, monkeypatch, caplog):
+    run = tmp_path / "r"
+    trimtab.train(debug_cfg(run, steps=4))
+    before, handler = files_of(run), signal.getsignal(signal.SIGTERM)
+    reading = setup_py.build_phases
+
+    def terminated_while_reading(*args):
+        os.kill(os.getpid(), signal.SIGTERM)  # Python runs the handler at the next bytecode: here
+        return reading(*args)
+
+    monkeypatch.setattr(setup_py, "build_phases", terminated_while_reading)
+    with caplog.at_level(logging.WARNING):
+        stopped = trimtab.train(debug_cfg(run, steps=8))
+    assert stopped == {
+        "status": "stopped (SIGTERM during start-up)",
+        "run_dir": str(run),
+        "step": 4,
+        "steps_this_session": 0,
+    }
+    assert (
+        "stopped by SIGTERM during start-up at step 4; nothing new was trained; re-run the same command" in caplog.text
+    )
+    assert files_of(run) == before
+    assert signal.getsignal(signal.SIGTERM) is handler  # given back
+    monkeypatch.undo()
+    resumed = trimtab.train(debug_cfg(run, steps=8))
+    assert (resumed["status"], resumed["step"], resumed["steps_this_session"]) == ("completed", 8, 4)
 
 
 def test_corrupt_newest_checkpoint_falls_back(tmp_path, caplog):

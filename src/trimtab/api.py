@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ from trimtab.checkpoint import latest_valid, load_model
 from trimtab.config import RunConfig, load_config, read_saved
 from trimtab.data import TextTokenizer
 from trimtab.distributed import is_main
-from trimtab.errors import CheckpointError
+from trimtab.errors import CheckpointError, RunFinished
 from trimtab.model import Transformer, build_model
 from trimtab.orchestrator import Orchestrator
 from trimtab.orchestrator.faults import FaultInjector
@@ -18,7 +19,10 @@ from trimtab.orchestrator.planner import LivePlanner
 from trimtab.sampling import generate as generate_ids
 from trimtab.training.runlock import run_lock
 from trimtab.training.setup import setup
+from trimtab.training.signals import StartUpInterrupted, handle_signals
 from trimtab.training.trainer import Trainer
+
+log = logging.getLogger(__name__)
 
 
 def train(config: RunConfig | str | Path | None = None, *, hooks: list = (), **overrides: Any) -> dict:
@@ -26,12 +30,27 @@ def train(config: RunConfig | str | Path | None = None, *, hooks: list = (), **o
 
     `config` is a RunConfig, a YAML path, or None for the default preset; keyword overrides are
     sections, e.g. train(preset="debug", out="runs/x", train={"max_steps": 40}).
+
+    A call that trains nothing warns why and returns what the run has: a run already at the
+    length the config asks for, its saved summary (nothing in its directory changes); a SIGTERM
+    or SIGINT during start-up, a summary with status "stopped (SIGTERM during start-up)".
     """
     if not isinstance(config, RunConfig):
         config = load_config(config, overrides=overrides)
     elif overrides:
         raise TypeError("pass overrides inside the RunConfig, or pass a YAML path / None with overrides")
-    with run_lock(config.run_dir):  # one `trimtab train` per run directory; `trimtab ctl` sees it alive
+    try:
+        return train_or_raise(config, hooks)
+    except (RunFinished, StartUpInterrupted) as stopped:
+        log.warning("%s", stopped)
+        return stopped.summary
+
+
+def train_or_raise(config: RunConfig, hooks: list = ()) -> dict:
+    """train() for the CLI: where a call trains nothing it raises RunFinished or
+    StartUpInterrupted, whose message says why, instead of returning a summary."""
+    # A signal from here to the first step ends start-up cleanly (training/signals.py).
+    with handle_signals(run_dir=config.run_dir), run_lock(config.run_dir):  # one `trimtab train` per run directory
         summary = Trainer(setup(config), hooks=built_in_hooks(config) + list(hooks)).fit()
         if is_main():  # under torchrun every rank returns the same summary; rank 0 writes it
             (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))

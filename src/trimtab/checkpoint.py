@@ -15,7 +15,9 @@ torch.distributed.checkpoint instead, readable at any world size (a 1-process re
         state.json          as above; its manifest covers every rank's files
 
 state.json is written last, inside the temp dir, so a directory named step_* is complete by
-construction; the manifest still catches later damage (a truncated copy, a bad disk).
+construction; the manifest still catches later damage (a truncated copy, a bad disk). A corrupt
+checkpoint found at resume is moved to checkpoints/corrupt/ (set_aside_corrupt), where nothing
+resumes from it or prunes it. Every file of a checkpoint has the same mode, the one the umask gives.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from trimtab.errors import CheckpointError
 log = logging.getLogger(__name__)
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
 SHARDED = "dcp"  # the torch.distributed.checkpoint directory of a sharded checkpoint
+CORRUPT = "corrupt"  # checkpoints/corrupt/: corrupt checkpoints set aside at resume
 
 
 def checkpoint_root(run_dir: Path) -> Path:
@@ -97,6 +100,11 @@ def commit_checkpoint(
         files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         manifest = {name: (digests or {}).get(name) or _digest(tmp / name) for name in files}
         _write_json(tmp / "state.json", {**state, "step": step, "manifest": manifest})
+        # safetensors writes 0600, torch and dcp 0666 & ~umask: give every file the mode open() gave
+        # state.json (reading the umask with os.umask would set it process-wide for a moment)
+        mode = (tmp / "state.json").stat().st_mode & 0o777
+        for name in files:
+            os.chmod(tmp / name, mode)
         for name in (*files, "state.json"):
             _fsync(tmp / name)
         for folder in {(tmp / name).parent for name in files}:
@@ -147,13 +155,31 @@ def verify(path: Path) -> dict[str, Any]:
 
 
 def latest_valid(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
-    """Newest checkpoint that verifies; corrupt newer ones are skipped with a warning."""
+    """Newest checkpoint that verifies; corrupt newer ones are skipped with a warning (what happens
+    instead is the caller's to say: an older one, or none)."""
     for path in reversed(list_checkpoints(run_dir)):
         try:
             return path, verify(path)
         except CheckpointError as exc:
-            log.warning("skipping corrupt checkpoint: %s; falling back to the previous one", exc)
+            log.warning("skipping corrupt checkpoint: %s", exc)
     return None
+
+
+def set_aside_corrupt(run_dir: Path, after: int) -> list[Path]:
+    """Move the checkpoints newer than step `after` to checkpoints/corrupt/; returns where they went.
+    At resume `after` is the newest valid checkpoint's step (-1: none), so these are the ones that
+    failed verification. Kept for inspection, they leave list_checkpoints' sight: never resumed
+    from, never pruned, and never counted among the newest `keep`, which would otherwise make a
+    restarted run prune its fresh checkpoints in favour of a newer corrupt one."""
+    attic = checkpoint_root(run_dir) / CORRUPT
+    moved = []
+    for path in list_checkpoints(run_dir):
+        if _step_of(path) > after:
+            attic.mkdir(exist_ok=True)
+            target = _unused(attic / path.name)
+            os.replace(path, target)
+            moved.append(target)
+    return moved
 
 
 def find_checkpoint(run_dir: Path, to: str | int = "last_good") -> tuple[Path, dict[str, Any]] | None:
@@ -296,6 +322,15 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _unused(path: Path) -> Path:
+    """`path`, or path.2, path.3, ... if taken: an earlier corrupt copy of the same step stays too."""
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}.{n}")
+    return candidate
 
 
 def _step_of(path: Path) -> int:

@@ -4,14 +4,33 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from typing import TYPE_CHECKING
 
-from trimtab.errors import TrimtabError
+from trimtab.errors import RunFinished, TrimtabError
 from trimtab.training.actions import help_text
+from trimtab.training.signals import StartUpInterrupted, handle_signals
+
+if TYPE_CHECKING:
+    from trimtab.config import RunConfig
 
 
 def _train(args: argparse.Namespace) -> int:
-    from trimtab import api
+    with handle_signals() as signals:  # start-up begins: a signal ends it cleanly, even in torch's import
+        cfg = _train_config(args)
+        signals.run_dir = cfg.run_dir
+        from trimtab import api
+
+        summary = api.train_or_raise(cfg)
+    from trimtab.distributed import is_main
+
+    if is_main():  # torchrun: one summary for the job
+        _print_summary(summary)
+    return 0
+
+
+def _train_config(args: argparse.Namespace) -> RunConfig:
     from trimtab.config import load_config
 
     overrides: dict = {}
@@ -28,12 +47,7 @@ def _train(args: argparse.Namespace) -> int:
         for spec in args.inject:
             parse_fault(spec, "--inject")
         cfg.faults = [*cfg.faults, *args.inject]
-    summary = api.train(cfg)
-    from trimtab.distributed import is_main
-
-    if is_main():  # torchrun: one summary for the job
-        _print_summary(summary)
-    return 0
+    return cfg
 
 
 def _print_summary(summary: dict) -> None:
@@ -233,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     except TrimtabError as exc:
         print(f"trimtab: error: {exc}", file=sys.stderr)
         return 2
+    except (RunFinished, StartUpInterrupted) as stopped:  # nothing trained, on purpose: not an error
+        if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 speaks for the job
+            print(f"trimtab: {stopped}", file=sys.stderr)
+        return 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """User-facing errors. The CLI prints these as one line and exits 2, never a traceback."""
 
+from typing import Any
+
 
 class TrimtabError(Exception):
     """Base class for errors caused by user input (config, data, run directory)."""
@@ -20,3 +22,13 @@ class CheckpointError(TrimtabError):
 class RunStateError(TrimtabError):
     """A run directory is being trained by another process, or is not running when a command needs
     a live job; the message says who holds it, or when it was last alive."""
+
+
+class RunFinished(Exception):
+    """Not an error: `train` on a run that has already reached the length its config asks for
+    trains nothing and changes nothing. The message says so; `summary` is the run's saved one.
+    The CLI prints the message and exits 0; trimtab.train() warns it and returns the summary."""
+
+    def __init__(self, message: str, summary: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.summary = summary

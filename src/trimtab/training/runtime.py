@@ -1,21 +1,14 @@
-"""Small runtime pieces of the trainer: the log window, device reads, RNG state, MoE step stats,
-signal handling."""
+"""Small runtime pieces of the trainer: the log window, device reads, RNG state, MoE step stats
+(signals: training/signals.py)."""
 
 from __future__ import annotations
 
 import math
 import resource
-import signal
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from trimtab.training.trainer import Trainer
 
 
 @dataclass
@@ -179,25 +172,3 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-@contextmanager
-def stop_on_signals(trainer: Trainer) -> Iterator[None]:
-    """SIGTERM / SIGINT finish the current step, save a checkpoint and return normally (under
-    torchrun, at the step where the ranks next agree: trainer.dist.on_signal)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def handler(signum, _frame):
-        trainer.request_stop(trainer.dist.on_signal(signal.Signals(signum).name))
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts
-
-    for sig in previous:
-        signal.signal(sig, handler)
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)

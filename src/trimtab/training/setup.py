@@ -3,7 +3,8 @@ phase, tokenizer, model (wrapped for data parallelism), precision, the checkpoin
 the run directory. The Trainer receives this Run and trains it.
 
 All user input is read and checked here, before the run directory is touched, so bad input
-never leaves a damaged run behind.
+never leaves a damaged run behind; a run that has already reached its length stops before
+anything is built (training/resume.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from trimtab.errors import CheckpointError, ConfigError
 from trimtab.hardware import Precision, choose_precision, peak_flops, pick_device
 from trimtab.model import Transformer, build_model
 from trimtab.paths import cache_dir
+from trimtab.training.resume import resume_point
 
 log = logging.getLogger(__name__)
 
@@ -183,13 +185,14 @@ class Run:
 
 
 def setup(cfg: RunConfig) -> Run:
-    """Build a run from its config: join torchrun's process group, choose device and precision,
-    read and tokenize the data, build the model (from train.init_from's weights on a fresh run),
-    wrap it, and write config.yaml and tokenizer.json into the run directory."""
+    """Build a run from its config: join torchrun's process group, find the checkpoint to resume
+    (RunFinished if the run is already at its length), choose device and precision, read and
+    tokenize the data, build the model (from train.init_from's weights on a fresh run), wrap it,
+    and write config.yaml and tokenizer.json into the run directory."""
     torch.manual_seed(cfg.train.seed)
     dist = Parallel.start(cfg.distributed, pick_device(cfg.train.device))
+    resume = resume_point(cfg, dist)
     precision = dist.same_precision(choose_precision(dist.device, cfg.train.precision))
-    resume = dist.from_main(latest_valid, cfg.run_dir)
     tok, phases = dist.main_first(build_phases, cfg, tokenizer_source(cfg))
     resolve_model(cfg, tok)
     if resume:

@@ -31,10 +31,10 @@ from trimtab.training.runtime import (
     peak_rss_mb,
     rng_state,
     set_rng_state,
-    stop_on_signals,
 )
 from trimtab.training.schedule import configured_lengths, phase_lr, reconcile
 from trimtab.training.setup import Run
+from trimtab.training.signals import handle_signals
 from trimtab.training.view import RunView
 
 log = logging.getLogger(__name__)
@@ -125,8 +125,9 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         start = (self.state.step, self.state.tokens, self.state.train_seconds, time.perf_counter())
-        self._call("on_train_start")
-        with stop_on_signals(self):
+        # From here a signal finishes the step, saves and returns (before, it ended start-up).
+        with handle_signals(self):
+            self._call("on_train_start")
             while self.state.step < self.total_steps and not self.stop_reason:
                 self._maybe_next_phase()
                 t0 = time.perf_counter()
@@ -140,9 +141,7 @@ class Trainer:
                 if self.state.step == out.step:  # a rollback restores a step saved (and evaluated if due) before
                     self._maybe_eval()
                     self._maybe_checkpoint()
-        if not self.stop_reason and not self.last_eval:  # e.g. a finished run asked to go on
-            self.evaluate()
-        self.save()
+            self.save()
         summary = self._summary(*start)
         self._call("on_train_end", summary)
         self.dist.close()

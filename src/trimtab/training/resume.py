@@ -1,0 +1,86 @@
+"""What `train` finds in an existing run directory before it builds anything: the checkpoint to
+resume from, with corrupt newer ones moved aside, or the news that the run has already reached
+the length its config asks for, in which case nothing is built and nothing in the directory
+changes (re-running a finished run used to overwrite its summary with this call's empty figures
+and append a duplicate evaluation to metrics.jsonl).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from trimtab.checkpoint import latest_valid, set_aside_corrupt
+from trimtab.config import RunConfig
+from trimtab.distributed import Parallel
+from trimtab.errors import RunFinished
+from trimtab.training.schedule import KEYS, configured_lengths
+
+log = logging.getLogger(__name__)
+Found = tuple[Path, dict[str, Any]]  # a checkpoint directory and its state.json
+
+
+def resume_point(cfg: RunConfig, dist: Parallel) -> Found | None:
+    """The newest valid checkpoint (rank 0 reads the directory, and alone moves files). Raises
+    RunFinished for a run already at its length; moves corrupt newer checkpoints aside."""
+    found = dist.from_main(latest_valid, cfg.run_dir)
+    if found is not None:
+        _stop_if_finished(cfg, found, dist)
+    dist.on_main(_set_aside, cfg.run_dir, found)
+    return found
+
+
+def _stop_if_finished(cfg: RunConfig, found: Found, dist: Parallel) -> None:
+    """The run's length under this config is the configured phase lengths plus the live
+    planner's change to pretraining (TrainState.length_delta); a longer one trains on."""
+    train = found[1].get("train", {})
+    step, delta, lengths = train.get("step", 0), train.get("length_delta", 0), configured_lengths(cfg)
+    total = sum(lengths) + delta
+    if step < total:
+        return
+    summary = dist.from_main(saved_summary, cfg.run_dir, found, total)
+    dist.close()
+    key = KEYS[len(lengths) - 1]  # the last phase's length is the one to raise
+    longer = "--max-steps (train.max_steps)" if key == "train.max_steps" else key
+    planner = f", {delta:+d} by the live planner" if delta else ""
+    raise RunFinished(
+        f"{cfg.run_dir} has finished: it is at step {step} of {total} ({key} {lengths[-1]}{planner}); "
+        f"nothing was trained and nothing in it changed. A larger {longer} trains on",
+        summary,
+    )
+
+
+def saved_summary(run_dir: Path, found: Found, total: int) -> dict[str, Any]:
+    """summary.json as the session that reached this checkpoint wrote it; if it is missing or
+    belongs to another step (a session killed before writing it), one from the checkpoint."""
+    try:
+        saved = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        saved = None
+    train = found[1]["train"]
+    if isinstance(saved, dict) and saved.get("step") == train["step"]:
+        return saved
+    return {
+        "status": "completed",
+        "run_dir": str(run_dir),
+        "step": train["step"],
+        "total_steps": total,
+        "tokens": train["tokens"],
+        "train_seconds": train.get("train_seconds", 0.0),
+        "tokens_per_s": train["tokens"] / max(train.get("train_seconds", 0.0), 1e-9),  # over the whole run
+        "checkpoint": str(found[0]),
+    }
+
+
+def _set_aside(run_dir: Path, found: Found | None) -> None:
+    moved = set_aside_corrupt(run_dir, found[1]["step"] if found else -1)
+    if not moved:
+        return
+    names = ", ".join(p.name for p in moved)
+    kept = f"kept for inspection in {moved[0].parent} (never resumed from, never pruned): {names}"
+    if found:
+        log.warning("resuming from %s, the newest valid checkpoint; corrupt ones %s", found[0].name, kept)
+    else:
+        log.warning("no valid checkpoint is left: the run starts over from step 0; the corrupt one(s) %s", kept)

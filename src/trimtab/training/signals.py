@@ -1,0 +1,99 @@
+"""SIGTERM and SIGINT during a `train` call, from its start to its end.
+
+Before training starts (start-up: importing torch, reading and tokenizing the data, building the
+model, reading the checkpoint) a signal raises StartUpInterrupted, which ends the call with a
+message, exit status 0 in the CLI: nothing was trained, and start-up only writes files by atomic
+replacement, so nothing is left half-written. Once Trainer.fit attaches itself, a signal finishes
+the current step, saves a checkpoint and returns normally (under torchrun, at the step where the
+ranks next agree: Parallel.on_signal).
+
+One handler serves the whole call: a nested handle_signals (the CLI's, then api.train's, then
+fit's) reuses the outer one, so there is never a moment between them when Python's default
+handler (SIGTERM: exit 143) is back. Torch-free, so the CLI installs it before importing torch.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trimtab.training.trainer import Trainer
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StartUpInterrupted(BaseException):
+    """A signal before the first step. A BaseException, like KeyboardInterrupt, so that no
+    `except Exception` on the way (a rank forwarding its errors to the others) swallows it."""
+
+    def __init__(self, signame: str, run_dir: Path | None) -> None:
+        self.signame, self.run_dir = signame, run_dir
+        self.step = newest_step(run_dir) if run_dir is not None else None
+        at = f" at step {self.step}" if self.step is not None else ""
+        super().__init__(
+            f"stopped by {signame} during start-up{at}; nothing new was trained; re-run the same command to resume"
+        )
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """What train() returns for it: nothing of this call to report but where the run stands."""
+        run_dir = str(self.run_dir) if self.run_dir is not None else None
+        status = f"stopped ({self.signame} during start-up)"
+        return {"status": status, "run_dir": run_dir, "step": self.step, "steps_this_session": 0}
+
+
+class SignalHandler:
+    """Raises StartUpInterrupted until a trainer is attached; then asks it to stop after the step."""
+
+    def __init__(self, trainer: Trainer | None = None, run_dir: Path | None = None) -> None:
+        self.trainer, self.run_dir = trainer, run_dir
+        self.fired = False
+
+    def __call__(self, signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts
+        if self.trainer is not None:
+            self.trainer.request_stop(self.trainer.dist.on_signal(name))
+        elif not self.fired:  # a second SIGTERM must not break into the first one's unwinding
+            self.fired = True
+            raise StartUpInterrupted(name, self.run_dir)
+
+
+@contextmanager
+def handle_signals(trainer: Trainer | None = None, run_dir: Path | None = None) -> Iterator[SignalHandler]:
+    """A SignalHandler for SIGTERM and SIGINT during the block, the outer block's if there is one
+    (then `trainer` and `run_dir`, when given, are attached to it). Only the main thread can
+    install handlers; elsewhere the block runs with the handlers it has."""
+    outer = signal.getsignal(signal.SIGTERM)
+    if isinstance(outer, SignalHandler):
+        if trainer is not None:
+            outer.trainer = trainer
+        if run_dir is not None:
+            outer.run_dir = run_dir
+        yield outer
+        return
+    handler = SignalHandler(trainer, run_dir)
+    if threading.current_thread() is not threading.main_thread():
+        yield handler
+        return
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    for sig in SIGNALS:
+        signal.signal(sig, handler)
+    try:
+        yield handler
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def newest_step(run_dir: Path) -> int:
+    """The newest checkpoint's step by its directory name (0: none), the step a re-run resumes
+    from unless that checkpoint turns out corrupt. By name, without torch: the signal may have
+    come while torch was being imported."""
+    names = [p.name.removeprefix("step_") for p in (Path(run_dir) / "checkpoints").glob("step_*")]
+    return max((int(n) for n in names if n.isdigit()), default=0)
