@@ -116,8 +116,9 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
     assert "stopped (SIGTERM)" in stdout
-    [ckpt] = list_checkpoints(out)
+    initial, ckpt = list_checkpoints(out)  # step 0 (the initial weights) and the one the signal wrote
     step = int(ckpt.name.split("_")[1])
+    assert initial.name == "step_000000"
     assert step > 0
     resumed = subprocess.run([*cmd[:9], str(step + 2), *cmd[10:]], capture_output=True, text=True, env=env)
     assert resumed.returncode == 0, resumed.stderr

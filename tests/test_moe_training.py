@@ -150,7 +150,7 @@ def test_imbalance_raises_the_balance_loss(tmp_path):
         tmp_path / "r",
         steps=30,
         model={"moe": {"capacity_factor": 1.0}},
-        orchestrator={"moe": {"window": 8, "imbalance": 1.01, "improving": 1e-6}},  # act even while it heals
+        orchestrator={"moe": {"window": 8, "imbalance": 1.01, "improving": 1e-6, "grace_steps": 0}},  # act at once
     )
     trimtab.train(cfg)
     moe = [d for d in read_decisions(tmp_path / "r") if d["rule"] == "moe"]
@@ -165,7 +165,7 @@ def test_dropped_tokens_raise_the_capacity_factor(tmp_path):
         tmp_path / "r",
         steps=20,
         model={"moe": {"capacity_factor": 1.0}},
-        orchestrator={"moe": {"window": 8, "imbalance": 100, "max_drop": 0.05}},
+        orchestrator={"moe": {"window": 8, "imbalance": 100, "max_drop": 0.05, "grace_steps": 0}},
     )
     trimtab.train(cfg)
     moe = [d for d in read_decisions(tmp_path / "r") if d["rule"] == "moe"]

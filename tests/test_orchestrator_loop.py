@@ -156,9 +156,10 @@ def test_nan_loss_is_skipped_and_leaves_finite_weights(runs):
 def test_nan_loss_with_orchestrator_off_poisons_the_weights(runs):
     run, summary, _ = runs["nan_off"]
     assert decisions(run) == []
-    weights = final_weights(run)
-    assert not all_finite(weights)  # the auto run above, same fault, stays finite
-    assert math.isnan(by_step(run, "loss")[12])
+    assert math.isnan(by_step(run, "loss")[12])  # the weights went NaN at step 10 (the auto run stays finite)
+    # and no checkpoint holds them: the resume point stays the last finite one, step 8
+    assert [p.name for p in list_checkpoints(run)] == ["step_000000", "step_000008"]
+    assert all(all_finite(load_file(str(p / "model.safetensors"))) for p in list_checkpoints(run))
 
 
 def test_advise_mode_journals_without_acting(runs):
@@ -171,7 +172,7 @@ def test_advise_mode_journals_without_acting(runs):
     assert acting and all(d["applied"] == [] for d in acting)
     assert set(by_step(run, "lr_scale").values()) == {1.0}  # the LR cut was only advised
     assert not (run / "checkpoints" / "rolled_back").exists()  # nor was the rollback done
-    assert not all_finite(final_weights(run))  # nothing was withheld
+    assert list_checkpoints(run)[-1].name == "step_000008"  # nothing was withheld: NaN from 10, never saved
 
 
 def test_advise_mode_skip_decisions_do_not_claim_the_update_was_withheld(runs):
@@ -222,10 +223,9 @@ def test_weights_nan_is_diagnosed_as_a_broken_model_and_rolled_back(tmp_path):
     assert "weights themselves are broken" in rollback["reasoning"] and "LR cut" not in rollback["applied"][0]
     assert "an LR cut cannot repair" in rollback["reasoning"]
     assert all_finite(final_weights(run))
-    # the NaN checkpoint at 16 was abandoned; 16 was trained again from 8, finite this time
-    attic = run / "checkpoints" / "rolled_back"
-    assert [p.name for p in attic.iterdir()] == ["step_000016"]
-    assert not all_finite(load_file(str(attic / "step_000016" / "model.safetensors")))
+    # the NaN weights of step 16 were never written (nothing to abandon); 16 was trained again from
+    # 8, finite this time
+    assert not (run / "checkpoints" / "rolled_back").exists()
     assert all_finite(load_file(str(run / "checkpoints" / "step_000016" / "model.safetensors")))
     lines = train_lines(run)
     assert [m["step"] for m in lines].count(9) == 2  # steps 9.. replayed after the rollback
@@ -295,15 +295,54 @@ def test_a_resume_after_a_rollback_keeps_the_abandoned_lines_marked(tmp_path):
     assert [m["step"] for m in read_metrics(run) if "loss" in m] == list(range(1, 25))
 
 
-def test_no_good_checkpoint_to_roll_back_to_stops_clearly(tmp_path):
+def test_a_fault_before_the_first_checkpoint_rolls_back_to_the_initial_weights(tmp_path):
+    """nan_loss@3 with weights_nan@5 used to end at step 9 "cannot be healed: no good checkpoint",
+    save NaN weights, exit 0, and resume into NaN when re-run. The initial weights are a good state
+    (a checkpoint at step 0), so the run rolls back there and completes."""
     run = tmp_path / "r"
-    summary = trimtab.train(debug_cfg(run, steps=12, faults=["weights_nan@3"]))
-    assert summary["status"].startswith("stopped (training is unstable and cannot be healed: no good checkpoint")
-    assert summary["step"] == 8
+    summary = trimtab.train(debug_cfg(run, steps=12, faults=["nan_loss@3", "weights_nan@5"]))
+    assert summary["status"] == "completed" and summary["exit_code"] == 0 and summary["step"] == 12
+    rollback = next(d for d in decisions(run) if d["action"] == "rollback")
+    assert rollback["applied"][0].startswith("rolled back from step") and rollback["applied"][0].endswith("to step 0")
+    assert all(all_finite(load_file(str(p / "model.safetensors"))) for p in list_checkpoints(run))
+    assert all_finite(final_weights(run))
+
+
+def test_a_run_that_gives_up_exits_non_zero_and_never_resumes_into_nan(tmp_path):
+    run = tmp_path / "r"
+    sets = ["orchestrator.max_rollbacks=0"]  # nothing left to try after the LR cut
+    summary = trimtab.train(debug_cfg(run, steps=12, faults=["weights_nan@3"], sets=sets))
+    assert summary["status"].startswith("gave up (training is unstable and cannot be healed: 0 rollbacks used")
+    assert summary["exit_code"] == 3 and summary["step"] == 5
     ds = decisions(run)
-    assert [d["action"] for d in ds] == ["skip_step", "skip_step", "scale_lr", "skip_step", "skip_step", "stop"]
-    assert ds[-1]["applied"][0].startswith("stopping: ")
-    assert [p.name for p in list_checkpoints(run)] == ["step_000008"]  # saved on the way out
+    assert [d["action"] for d in ds] == ["skip_step", "skip_step", "stop"]  # the probe is NaN: no LR cut
+    assert ds[-1]["params"]["exit_code"] == 3 and ds[-1]["applied"][0].startswith("stopping: ")
+    assert [p.name for p in list_checkpoints(run)] == ["step_000000"]  # the NaN weights were not saved
+    # the scheduler re-runs it: it resumes from the finite checkpoint, not into NaN (the fault fired)
+    again = trimtab.train(debug_cfg(run, steps=12, faults=["weights_nan@3"], sets=sets))
+    assert again["status"] == "completed" and all_finite(final_weights(run))
+    argv = [
+        "train",
+        "--preset",
+        "debug",
+        "--out",
+        str(tmp_path / "cli"),
+        "--max-steps",
+        "8",
+        "--inject",
+        "weights_nan@3",
+        "--set",
+        "orchestrator.max_rollbacks=0",
+        "--set",
+        "data.max_bytes=150000",
+        "--set",
+        "log.progress=false",
+        "--set",
+        "log.tensorboard=false",
+        "--set",
+        "train.eval_every=0",
+    ]
+    assert main(argv) == 3  # a distinct exit code, so a scheduler does not take it for success
 
 
 def test_low_confidence_turns_an_action_into_advice(tmp_path):
@@ -464,8 +503,8 @@ def test_oom_with_orchestrator_off_raises(tmp_path):
 def test_oom_below_one_row_stops_with_a_clear_status(tmp_path):
     run = tmp_path / "r"
     summary = trimtab.train(debug_cfg(run, steps=8, faults=["oom@4:10"]))
-    assert summary["status"].startswith("stopped (out of memory with a micro-batch of one row (64 tokens)")
-    assert summary["step"] == 3
+    assert summary["status"].startswith("gave up (out of memory with a micro-batch of one row (64 tokens)")
+    assert summary["step"] == 3 and summary["exit_code"] == 3
     ds = decisions(run)
     assert [d["params"].get("tokens") for d in ds] == [512, 256, 128, 64, None]
     assert ds[-1]["action"] == "stop" and {d["step"] for d in ds} == {4}
@@ -512,8 +551,25 @@ def test_disk_full_prunes_and_retries_the_save(tmp_path):
     (d,) = decisions(run, "disk")
     assert d["step"] == 8 and d["action"] == "save_checkpoint" and d["evidence"]["errno"] == errno.ENOSPC
     assert d["applied"] == ["checkpoint at step 8"]
-    assert [p.name for p in list_checkpoints(run)] == ["step_000008", "step_000012"]
+    assert [p.name for p in list_checkpoints(run)] == ["step_000000", "step_000008", "step_000012"]
     verify(run / "checkpoints" / "step_000008")
+
+
+def test_a_disk_that_stays_full_is_journaled_as_failed_and_stops_before_more_is_at_risk(tmp_path, capsys):
+    """Every save fails: the journal used to claim "checkpoint at step 40", judge it recovered and
+    raise its confidence while nothing reached the disk. The failed retry is journaled as failed,
+    and a checkpoint interval later the run stops with exit code 4, losing nothing on disk."""
+    run = tmp_path / "r"
+    summary = trimtab.train(debug_cfg(run, steps=24, faults=["disk_full@8:100"]))
+    assert (
+        summary["exit_code"] == 4 and summary["step"] == 16 and summary["status"].startswith("gave up (no checkpoint")
+    )
+    first, second = decisions(run, "disk")
+    assert first["action"] == "save_checkpoint" and first["applied"][0].startswith("failed: ")
+    assert first["outcome"]["result"] == "failed"  # not "recovered": its track record falls
+    assert second["action"] == "stop" and second["params"]["exit_code"] == 4
+    assert "since step 0" in second["params"]["reason"] and "re-run the same command" in second["params"]["reason"]
+    assert [p.name for p in list_checkpoints(run)] == ["step_000000"]  # the resume point, untouched
 
 
 def test_disk_full_with_orchestrator_off_raises(tmp_path):
@@ -540,10 +596,11 @@ def test_corrupt_newest_checkpoint_resumes_from_the_previous(tmp_path, caplog):
 
 def test_a_corrupt_only_checkpoint_is_kept_and_the_run_starts_over(tmp_path, caplog):
     run = tmp_path / "r"
-    assert trimtab.train(debug_cfg(run, steps=8, faults=["corrupt_checkpoint@8"]))["status"] == "completed"
+    faults = ["corrupt_checkpoint@0", "corrupt_checkpoint@8"]  # the initial checkpoint and the only other one
+    assert trimtab.train(debug_cfg(run, steps=8, faults=faults))["status"] == "completed"
     damaged = (run / "checkpoints" / "step_000008" / "model.safetensors").read_bytes()
     with caplog.at_level(logging.WARNING):
-        summary = trimtab.train(debug_cfg(run, steps=8, faults=["corrupt_checkpoint@8"]))
+        summary = trimtab.train(debug_cfg(run, steps=8, faults=faults))
     assert "no valid checkpoint is left: the run starts over from step 0" in caplog.text
     assert (
         f"kept for inspection in {run / 'checkpoints' / 'corrupt'}" in caplog.text and "falling back" not in caplog.text
@@ -551,15 +608,15 @@ def test_a_corrupt_only_checkpoint_is_kept_and_the_run_starts_over(tmp_path, cap
     assert summary["status"] == "completed" and summary["steps_this_session"] == 8
     kept = run / "checkpoints" / "corrupt" / "step_000008"
     assert (kept / "model.safetensors").read_bytes() == damaged  # preserved as it was, never resumed from
-    assert [p.name for p in list_checkpoints(run)] == ["step_000008"]
-    verify(run / "checkpoints" / "step_000008")  # the fresh one
+    assert [p.name for p in list_checkpoints(run)] == ["step_000000", "step_000008"]
+    verify(run / "checkpoints" / "step_000008")  # the fresh ones
 
 
 def test_sigterm_stops_with_a_checkpoint_and_the_rerun_completes(tmp_path):
     run = tmp_path / "r"
     first = trimtab.train(debug_cfg(run, steps=10, faults=["sigterm@4"]))
     assert first["status"] == "stopped (SIGTERM)" and first["step"] == 4
-    assert [p.name for p in list_checkpoints(run)] == ["step_000004"]
+    assert [p.name for p in list_checkpoints(run)] == ["step_000000", "step_000004"]
     assert json.loads((run / "faults.json").read_text())["fired"] == {"sigterm@4": 1}
     second = trimtab.train(debug_cfg(run, steps=10, faults=["sigterm@4"]))
     assert second["status"] == "completed" and second["steps_this_session"] == 6
@@ -633,7 +690,8 @@ def test_ctl_mode_off_stops_watching(tmp_path):
     trimtab.train(debug_cfg(run, steps=6, faults=["nan_loss@5"]), hooks=[Person(plan)])
     ds = decisions(run)
     assert [(d["step"], d["action"], d["applied"]) for d in ds] == [(3, "set_mode", ["mode off"])]
-    assert not all_finite(final_weights(run))  # off: nothing gates the update any more
+    assert math.isnan(by_step(run, "loss")[6])  # off: nothing gates the update any more, the weights went NaN
+    assert [p.name for p in list_checkpoints(run)] == ["step_000000"]  # and were never saved
 
 
 # ------------------------------------------------------------------------------------ CLI

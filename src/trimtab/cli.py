@@ -27,7 +27,7 @@ def _train(args: argparse.Namespace) -> int:
 
     if is_main():  # torchrun: one summary for the job
         _print_summary(summary)
-    return 0
+    return summary.get("exit_code", 0)  # non-zero: the orchestrator gave up (docs/orchestrator.md)
 
 
 def _train_config(args: argparse.Namespace) -> RunConfig:

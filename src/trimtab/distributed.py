@@ -370,7 +370,13 @@ class Parallel:
         self._agree_ok(_attempt(before))
         tmp = checkpoint_root(run_dir) / f".tmp_step_{step:06d}_sharded"
         self._agree_ok(_attempt(_fresh_dir, tmp) if self.is_main else None)
-        app = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+        # An optimizer before its first step (the initial checkpoint) has no state to save, and asking
+        # DCP for it would initialise it with a zero-gradient step (AdamW's step count moves): skip it.
+        fresh = not optimizer.state
+        extra = {**extra, "fresh_optimizer": fresh}
+        app = {"model": get_model_state_dict(model)}
+        if not fresh:
+            app["optim"] = get_optimizer_state_dict(model, optimizer)
         self._agree_ok(_attempt(_dcp_save, app, tmp / SHARDED, _CPU_GROUP))
         mine = digest_files(sorted((tmp / SHARDED).glob(f"__{self.rank}_*.distcp")), tmp)
         gathered = [None] * self.world if self.is_main else None
@@ -434,6 +440,9 @@ class Parallel:
         by_rank = optim_state.get("rng_by_rank")
         if by_rank:
             optim_state["rng"] = by_rank[self.rank] if self.rank < len(by_rank) else by_rank[0]
+        native = optim_state.get("optimizer")  # a one-process checkpoint's
+        if optim_state.get("fresh_optimizer") or (native is not None and not native["state"]):
+            return  # saved before the first step: the optimizer just built is that state (see save)
         if "optimizer" not in optim_state:  # sharded: read this world size's shards
             target = {"optim": get_optimizer_state_dict(model, optimizer)}
             _dcp_load(target, path, _CPU_GROUP if self.world > 1 else None)

@@ -123,6 +123,10 @@ class MoERule:
     max_drop: float = 0.15  # mean dropped fraction -> capacity factor x1.25
     # imbalance and drops that shrank to this fraction of a window ago are healing by themselves
     improving: float = 0.8
+    # before this step imbalance, drops and saturation are left to the balance loss: a fresh router
+    # (random init) takes tens of steps to spread its tokens (clean debug-moe: 20-40% dropped until
+    # step ~45); collapse and dead experts, which do not heal by themselves, are answered from the start
+    grace_steps: int = 100
     max_capacity: float = 4.0
     max_balance_coef: float = 0.1
     add_experts: bool = False  # a saturated layer (busiest > imbalance x fair, tokens dropped) grows
@@ -206,6 +210,7 @@ class OrchestratorConfig:
             "orchestrator.moe",
             "imbalance must be > 1, collapse and improving in (0, 1]",
         )
+        _check(self.moe.grace_steps >= 0, "orchestrator.moe.grace_steps", "must be >= 0")
         _positive(self.mod, "orchestrator.mod", "recent", "tolerance", "min_drop")
         _positive(self.data, "orchestrator.data", "sigma", "reference_rows")
         _check(self.data.min_gap >= 0, "orchestrator.data.min_gap", "must be >= 0")

@@ -57,6 +57,7 @@ class Orchestrator(Hook):
         self.recent_losses = Rolling(20)  # healthy losses: the "before" of an outcome
         self.read_every = cfg.read_every
         self._saving_retry = False
+        self.failed_saves = 0  # saves failed since the last that worked (a stretch of work at risk)
         self.last_step = 0  # the newest step seen (a rollback moves the run's counter back)
         self.ceilings: dict[str, float] = {}  # the update gate's thresholds, refreshed at each read
 
@@ -111,11 +112,19 @@ class Orchestrator(Hook):
     def on_save_error(self, run: RunView, exc: OSError) -> bool:
         if self.mode != "auto" or self._saving_retry:
             return self._saving_retry  # a failed retry: go on training, the next interval tries again
+        if run.stopping:
+            return True  # the final save of a stop already decided: the resume point stays on disk
+        self.failed_saves += 1
         f = Finding(
             rule="disk",
             family="disk",
             step=run.step,
-            evidence={"error": str(exc)[:200], "errno": exc.errno},
+            evidence={
+                "error": str(exc)[:200],
+                "errno": exc.errno,
+                "failures": self.failed_saves,
+                "last_saved": run.last_saved,
+            },
             summary=f"checkpoint save failed ({os.strerror(exc.errno) if exc.errno else exc})",
             strength=1.0,
         )
@@ -128,6 +137,7 @@ class Orchestrator(Hook):
         return True
 
     def on_checkpoint(self, run: RunView, path: Path) -> None:
+        self.failed_saves = 0
         if self.mode == "auto" and run.last_good == run.step:
             self.policy.probe_baseline = run.probe_loss()  # the reference for a diagnosis
 
@@ -242,7 +252,12 @@ class Orchestrator(Hook):
         return decision
 
     def _applied(self, decision: Decision, line: str) -> None:
+        """What Control did; an action that failed is journaled as failed at once (its track
+        record falls), never as done."""
         decision.applied.append(line)
+        if line.startswith("failed: "):
+            decision.outcome = {"result": "failed", "error": line.removeprefix("failed: "), "steps": 0}
+            self.tracking.pop(str(decision.id), None)
         self.journal.write()
 
     def _judge(self, d: Decision) -> None:

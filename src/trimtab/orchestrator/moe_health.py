@@ -75,6 +75,8 @@ class MoEHealth(Monitor):
         ratio, drop = mean[busiest] * n, sum(self.drops[key]) / len(self.drops[key])
         dead = [e for e, c in enumerate(self.starved[key]) if c >= cfg.dead_patience]
         balancing, draining = self._healing(key, ratio, drop)
+        if m.step < cfg.grace_steps:  # the router is still forming
+            balancing = draining = True
         evidence = {
             "layer": layer,
             "busiest": busiest,
@@ -119,8 +121,9 @@ class MoEHealth(Monitor):
         imbalanced and drops tokens while the balance loss spreads them within a few dozen steps;
         acting on that costs capacity (or balance pressure) for nothing (the clean debug-moe and
         debug-hybrid runs raised the capacity factor 2-3 times). Imbalance and drops are answered
-        only once a full window shows they are not shrinking by `improving` or more; collapse and
-        dead experts, which do not heal by themselves, are answered at once."""
+        only after `grace_steps`, and once a full window shows they are not shrinking by
+        `improving` or more; collapse and dead experts, which do not heal by themselves, are
+        answered at once."""
         past = self.history.setdefault(key, [])
         past.append([ratio, drop])
         del past[: -(self.cfg.window + 1)]

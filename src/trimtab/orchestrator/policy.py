@@ -26,7 +26,7 @@ from typing import Any
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator import remedies
 from trimtab.orchestrator.monitors import Finding
-from trimtab.orchestrator.remedies import Remedy
+from trimtab.orchestrator.remedies import GAVE_UP, Remedy
 
 
 @dataclass
@@ -95,7 +95,7 @@ class Policy:
             climb = True  # a trend is not a one-off: skipping cannot fix it
         verdict = self._diagnose(view) if climb and ladder.rung == 0 else None
         if verdict and verdict[0] == "data":
-            remedy = self._data(view, verdict[1], f.rule)
+            remedy = self._data(view, verdict[1])
             if remedy is not None:
                 return remedy
         if verdict and verdict[0] == "broken":
@@ -122,36 +122,23 @@ class Policy:
             )
         return self._rollback(view)
 
-    def _data(self, view: Any, probe: float, rule: str) -> Remedy | None:
+    def _data(self, view: Any, probe: float) -> Remedy | None:
         """The model still scores held-out data as well as at the last good checkpoint, so the bad
-        steps' data is suspect: leave out the rows that score as outliers. None when no row does
-        and a divergence is left to its LR cut (a trend the data does not explain)."""
+        steps' data is suspect: leave out the rows that score as outliers. None when no row does:
+        the data is not to blame after all (a NaN forward, a numerically unstable step, a rising
+        trend), so the rows stay in training and the ladder climbs to its LR cut."""
         ladder = self.ladder
         bad, evidence = self._attribute(view, ladder.rows)
-        rows, ladder.rows = ladder.rows, []
+        if not bad:
+            return None
         why = (
             f"the model still scores {probe:.3f} on held-out data (last good checkpoint {self.probe_baseline:.3f}), "
             f"so the bad steps' data is suspect; scored one by one on these weights, {len(bad)} of their "
-            f"{len(rows)} rows lose more than {evidence['threshold']:.3f} (held-out rows' median "
-            f"{evidence['reference_median']:.3f})"
+            f"{len(ladder.rows)} rows lose more than {evidence['threshold']:.3f} (held-out rows' median "
+            f"{evidence['reference_median']:.3f}): leave them out; the LR stays"
         )
-        if bad:
-            ladder.recent = []
-            return Remedy(
-                action="skip_data",
-                params={"rows": bad},
-                reasoning=why + ": leave them out; the LR stays",
-                evidence=evidence,
-            )
-        if rule == "divergence":
-            return None
-        ladder.recent = []
-        return Remedy(
-            action="none",
-            evidence=evidence,
-            reasoning=why + ": no row is to blame and the weights are sound (a transient fault, "
-            "already skipped): nothing to leave out",
-        )
+        ladder.rows, ladder.recent = [], []
+        return Remedy(action="skip_data", params={"rows": bad}, reasoning=why, evidence=evidence)
 
     def _attribute(self, view: Any, rows: list[int]) -> tuple[list[int], dict[str, Any]]:
         """Which of `rows` are bad: each scored alone on the current weights against held-out rows
@@ -189,7 +176,8 @@ class Policy:
                 action="stop",
                 params={
                     "reason": f"training is unstable and cannot be healed: {reason}; see decisions.jsonl, "
-                    "lower optim.lr or check the data"
+                    "lower optim.lr or check the data",
+                    "exit_code": GAVE_UP,
                 },
                 reasoning=f"every rung of the ladder was tried ({reason}); saving and stopping is safer than "
                 "training on",

@@ -12,6 +12,10 @@ from typing import Any
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding
 
+# Exit codes of a run the orchestrator gave up on (0: completed or stopped on request; 2: bad input)
+GAVE_UP = 3  # training could not be healed (every rung tried, out of memory at one row, ...)
+NO_CHECKPOINT = 4  # no checkpoint can be written: the work since the newest on disk is at risk
+
 
 @dataclass(kw_only=True)
 class Remedy:
@@ -37,7 +41,7 @@ def memory(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     if f.rule == "oom" and f.evidence["retry"] > cfg.oom.max_retries:
         return Remedy(
             action="stop",
-            params={"reason": f"out of memory after {cfg.oom.max_retries} retries"},
+            params={"reason": f"out of memory after {cfg.oom.max_retries} retries", "exit_code": GAVE_UP},
             reasoning="the retry budget for one step is spent (orchestrator.oom.max_retries)",
         )
     half = view.micro_batch_tokens // 2
@@ -52,7 +56,8 @@ def memory(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
             action="stop",
             params={
                 "reason": f"out of memory with a micro-batch of one row ({view.micro_batch_tokens} tokens); "
-                "lower data.seq_len or the model size, or use a device with more memory"
+                "lower data.seq_len or the model size, or use a device with more memory",
+                "exit_code": GAVE_UP,
             },
             reasoning="the micro-batch cannot be split further",
         )
@@ -74,11 +79,26 @@ def throughput(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
 
 
 def disk(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
+    """A failed save: free space and retry; when a whole checkpoint interval later the saves still
+    fail, stop before more work is at risk (the newest checkpoint on disk is the resume point)."""
+    if f.evidence["failures"] <= 1:
+        return Remedy(
+            action="save_checkpoint",
+            params={"keep": 1},
+            reasoning="keep training and keep what was trained: delete older checkpoints (never the last good "
+            "one) to free space, then retry the save once",
+        )
+    last = f.evidence["last_saved"]
     return Remedy(
-        action="save_checkpoint",
-        params={"keep": 1},
-        reasoning="keep training and keep what was trained: delete older checkpoints (never the last good "
-        "one) to free space, then retry the save once",
+        action="stop",
+        params={
+            "reason": f"no checkpoint could be written since step {last} ({f.step - last} steps at risk, "
+            f"{f.evidence['failures']} saves failed: {f.evidence['error']}); free space in {view.run_dir} and "
+            f"re-run the same command to resume from step {last}",
+            "exit_code": NO_CHECKPOINT,
+        },
+        reasoning="the save failed again after older checkpoints were deleted: training on would put ever more "
+        "work at risk of a crash; stop now, losing nothing that is on disk",
     )
 
 

@@ -195,9 +195,14 @@ _TABLE = (
     Action(
         name="stop",
         verb="stop",
-        says="save and stop ({reason})",
+        says=lambda v: f"save and stop ({v['reason']})" + (f", exit code {v['exit_code']}" if v["exit_code"] else ""),
         help="save a checkpoint and stop",
-        params=(Param(name="reason", kind="str", default="stop requested"),),
+        # exit_code: 0 a requested stop; 3 gave up, training cannot be healed; 4 gave up, no
+        # checkpoint can be written (docs/orchestrator.md, exit codes)
+        params=(
+            Param(name="reason", kind="str", default="stop requested"),
+            Param(name="exit_code", kind="int", bounds="[0, 125]", default=0, ctl=False),
+        ),
     ),
     Action(
         name="add_expert",

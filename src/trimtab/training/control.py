@@ -137,9 +137,9 @@ class Control:
             raise TrimtabError(f"{freed}the checkpoint at step {t.state.step} could not be written")
         return f"{freed}checkpoint at step {t.state.step}"
 
-    def _stop(self, reason: str) -> str:
-        self._trainer.request_stop(reason)
-        return f"stopping: {reason}"
+    def _stop(self, reason: str, exit_code: int = 0) -> str:
+        self._trainer.request_stop(reason, exit_code)
+        return f"stopping: {reason}" + (f" (exit code {exit_code})" if exit_code else "")
 
     def _set_total_steps(self, steps: int) -> str:
         """The run's length, through the pretraining phase (the live planner's shorten / extend):

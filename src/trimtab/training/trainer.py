@@ -101,6 +101,7 @@ class Trainer:
         self.peak_flops, self.peak_source = run.peak
         self.state = TrainState(phase_steps=configured_lengths(cfg))
         self.stop_reason = ""
+        self.exit_code = 0  # the process's, for a scheduler: non-zero when the run gave up
         main = self.dist.is_main  # rank 0 alone writes logs and metrics
         self.hooks = [ConsoleLogger(cfg.log.progress), JsonlLogger(cfg.run_dir)] if main else []
         if cfg.log.tensorboard and main:
@@ -128,6 +129,8 @@ class Trainer:
         # From here a signal finishes the step, saves and returns (before, it ended start-up).
         with handle_signals(self):
             self._call("on_train_start")
+            if self.resumed_from is None:
+                self.save()  # the initial weights: a good state to return to before any other exists
             while self.state.step < self.total_steps and not self.stop_reason:
                 self._maybe_next_phase()
                 t0 = time.perf_counter()
@@ -343,9 +346,11 @@ class Trainer:
         if (every and self.state.step % every == 0) or self.state.step == phase.start + phase.steps:
             self.save()
 
-    def request_stop(self, reason: str) -> None:
-        """Stop after the current step, saving a checkpoint (signals and hooks use this)."""
-        self.stop_reason = self.stop_reason or reason
+    def request_stop(self, reason: str, exit_code: int = 0) -> None:
+        """Stop after the current step, saving a checkpoint (signals and hooks use this); a
+        non-zero `exit_code` says the run gave up (docs/orchestrator.md, exit codes)."""
+        if not self.stop_reason:
+            self.stop_reason, self.exit_code = reason, exit_code
 
     # ------------------------------------------------------------------------------ phases
 
@@ -376,10 +381,18 @@ class Trainer:
 
     def save(self) -> bool:
         """Write a checkpoint of this step; whether one is on disk now (False: the save failed and
-        a hook took the error, so training goes on)."""
+        a hook took the error, so training goes on, or the weights are not finite). A checkpoint
+        with NaN/Inf weights is never written: it could only be a resume target that resumes
+        into NaN; the newest one on disk stays the run's resume point."""
         if self.state.step == self.last_saved:
             return True
-        good = self._healthy()
+        if not self.dist.all_finite(self.model.parameters()):
+            self.say(
+                f"step {self.state.step}: the weights are not finite: no checkpoint written (the resume "
+                f"point stays step {self.last_saved})"
+            )
+            return False
+        good = all(h.healthy(self.view) for h in self.hooks)  # a rollback target (the weights are finite)
         losses, norms, _ = self.window.read()
         state = {
             "train": vars(self.state).copy(),
@@ -416,12 +429,6 @@ class Trainer:
         self.last_good = self.state.step if good else self.last_good
         self._call("on_checkpoint", path)
         return True
-
-    def _healthy(self) -> bool:
-        """A checkpoint is good (a rollback target) when every hook agrees and the weights are
-        finite; one device read per checkpoint."""
-        finite = self.dist.all_finite(self.model.parameters())
-        return all(h.healthy(self.view) for h in self.hooks) and finite
 
     def rollback(self, to: str | int = "last_good") -> str:
         """Restore weights, optimizer, data position and RNG from a checkpoint; keep the knobs."""
@@ -485,7 +492,8 @@ class Trainer:
         done = self.state.step >= self.total_steps
         tps = (self.state.tokens - tokens0) / max(self.state.train_seconds - train_seconds0, 1e-9)
         summary = {
-            "status": "completed" if done else f"stopped ({self.stop_reason})",
+            "status": "completed" if done else f"{'gave up' if self.exit_code else 'stopped'} ({self.stop_reason})",
+            "exit_code": 0 if done else self.exit_code,
             "run_dir": str(self.cfg.run_dir),
             "step": self.state.step,
             "total_steps": self.total_steps,

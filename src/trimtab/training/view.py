@@ -85,6 +85,11 @@ class RunView:
         return copy.deepcopy(vars(self._t.state))
 
     @property
+    def stopping(self) -> bool:
+        """A stop was asked for (by a signal, a person or the orchestrator): the loop ends after this step."""
+        return bool(self._t.stop_reason)
+
+    @property
     def config_changes(self) -> list[dict[str, Any]]:
         """Phase lengths a person changed when resuming (training/schedule.py reconcile)."""
         return self._t.config_changes
