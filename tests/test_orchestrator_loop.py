@@ -207,6 +207,29 @@ def test_bad_gradients_are_skipped(tmp_path, fault, rule):
 # ------------------------------------------------------------------------------------ escalation
 
 
+def test_finite_broken_weights_are_rolled_back_at_once_with_the_lr_cut(tmp_path):
+    """weights_noise: finite but wrecked weights, as one bad update leaves them. The spikes'
+    updates are withheld, yet batch after batch and the held-out probe score high: the weights,
+    not the data. Roll back at the third finding (not skip, skip, cut, skip, skip, roll back), keep
+    the rows, and cut the LR so the replayed steps do not break them again."""
+    run = tmp_path / "r"
+    summary = trimtab.train(debug_cfg(run, steps=24, faults=["weights_noise@15:10"]))
+    assert summary["status"] == "completed" and summary["step"] == 24
+    ds = decisions(run)
+    assert [(d["step"], d["rule"], d["action"]) for d in ds] == [
+        (15, "spike", "skip_step"),
+        (16, "spike", "skip_step"),
+        (17, "spike", "rollback"),
+    ]
+    rollback = ds[-1]
+    assert rollback["params"] == {"to": "last_good", "skip_rows": [], "lr_factor": 0.5}
+    assert rollback["applied"] == ["rolled back from step 17 to step 8; lr multiplier 1 -> 0.5"]
+    assert "an earlier update broke the weights" in rollback["reasoning"]
+    assert rollback["outcome"]["result"] == "recovered"
+    losses = by_step(run, "loss")
+    assert max(losses[s] for s in range(15, 25)) < losses[14] + 0.2  # the replayed steps train normally
+
+
 def test_weights_nan_is_diagnosed_as_a_broken_model_and_rolled_back(tmp_path):
     run = tmp_path / "r"
     summary = trimtab.train(debug_cfg(run, steps=24, faults=["weights_nan@15"]))
@@ -570,6 +593,12 @@ def test_a_disk_that_stays_full_is_journaled_as_failed_and_stops_before_more_is_
     assert second["action"] == "stop" and second["params"]["exit_code"] == 4
     assert "since step 0" in second["params"]["reason"] and "re-run the same command" in second["params"]["reason"]
     assert [p.name for p in list_checkpoints(run)] == ["step_000000"]  # the resume point, untouched
+    # a person frees the disk and re-runs: it resumes from step 0, and the journal keeps why it stopped
+    assert trimtab.train(debug_cfg(run, steps=24))["status"] == "completed"
+    abandoned = [d for d in read_decisions(run) if d.get("abandoned")]
+    assert [(d["rule"], d["action"]) for d in abandoned] == [("disk", "save_checkpoint"), ("disk", "stop")]
+    ids = [d["id"] for d in read_decisions(run)]
+    assert ids == sorted(set(ids))  # the new session's decisions number on after them
 
 
 def test_disk_full_with_orchestrator_off_raises(tmp_path):
@@ -742,3 +771,19 @@ def test_cli_bad_inject_is_exit_2(tmp_path, capsys, spec, message):
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1].startswith("trimtab: error: ") and message in err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_new_phase_starts_the_monitors_afresh(tmp_path):
+    """Finetuning on data the model finds much harder jumps the loss at the switch: that is the
+    person's plan, not a spike; the pretraining windows say nothing of the new data."""
+    import random
+
+    rng = random.Random(0)
+    hard = tmp_path / "hard.txt"  # random characters: far above the pretraining loss
+    hard.write_text("\n".join("".join(rng.choice("qzxjkvwy0123456789#@%&") for _ in range(200)) for _ in range(400)))
+    run = tmp_path / "r"
+    cfg = debug_cfg(run, steps=24, finetune={"steps": 8, "data": {"source": str(hard), "seq_len": 64}})
+    assert trimtab.train(cfg)["step"] == 32
+    losses = by_step(run, "loss")
+    assert losses[25] > 1.3 * losses[24]  # the switch really jumps the loss
+    assert read_decisions(run) == []

@@ -3,7 +3,7 @@ a fake view of the trainer, confidence, the journal, fault specs, ctl commands a
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -426,6 +426,23 @@ def test_clean_rows_and_sound_weights_leave_nothing_out_and_the_ladder_climbs():
     assert policy.ladder.rows  # still held, for the attribution of a later rollback
 
 
+def test_withheld_spikes_with_a_worse_probe_mean_broken_weights_rolled_back_with_an_lr_cut():
+    """Updates withheld, yet every new batch scores high and so do held-out rows: an update before
+    the first spike broke the weights (a real debug run: 5.0 -> 7.8 at one step, then 7.4 on every
+    batch). Roll back at once with the LR cut; a NaN probe (a bit flip) keeps the LR."""
+    policy = Policy(OrchestratorConfig())
+    policy.probe_baseline = 5.2
+    plans = [policy.plan(finding(s), View(probe=8.4)) for s in (20, 21, 22)]
+    assert [p.action for p in plans] == ["skip_step", "skip_step", "rollback"]
+    assert plans[2].params == {"to": "last_good", "skip_rows": [], "lr_factor": 0.5}  # the data stays
+    assert "an earlier update broke the weights" in plans[2].reasoning and policy.lr_debt == 0.5
+    assert describe("rollback", plans[2].params) == "roll back to last_good, lr x0.5"
+    nan = Policy(OrchestratorConfig())
+    nan.probe_baseline = 5.2
+    rollback = [nan.plan(finding(s), View(probe=math.nan)) for s in (20, 21, 22)][-1]
+    assert rollback.params == {"to": "last_good", "skip_rows": []} and nan.lr_debt == 1.0
+
+
 def test_divergence_from_the_data_leaves_rows_out_and_from_the_lr_cuts_it():
     policy = Policy(OrchestratorConfig())
     policy.probe_baseline = 5.0
@@ -435,7 +452,7 @@ def test_divergence_from_the_data_leaves_rows_out_and_from_the_lr_cuts_it():
     assert clean.action == "scale_lr" and clean.params == {"factor": 0.5}  # no row to blame: the LR is cut
     worse = Policy(OrchestratorConfig())
     worse.probe_baseline = 4.0  # the model itself got worse on held-out data: no data verdict at all
-    assert worse.plan(finding(40, rule="divergence"), View(probe=5.0)).action == "scale_lr"
+    assert worse.plan(finding(40, rule="divergence"), View(probe=4.5)).action == "scale_lr"
 
 
 def test_first_plateau_without_any_instability_raises_the_lr():
@@ -827,3 +844,29 @@ def test_unexplained_lr_flags_the_optimizer_lr_not_the_schedule_or_the_multiplie
     assert monitor.observe(metrics(8, lr=3e-3, scheduled_lr=3e-4)) is None  # the departure is answered once
     plan = Policy(cfg).plan(found, None)
     assert plan.action == "scale_lr" and plan.params["factor"] == pytest.approx(0.1)
+
+
+def test_after_rows_were_left_out_the_next_steps_rows_are_watched():
+    """A bad stretch rarely ends where it was caught: for data.watch_steps steps each new step's
+    rows are scored, the watch extends while it keeps finding bad ones, and then it ends."""
+    from trimtab.orchestrator.attribution import DataAttribution
+
+    data, view = DataAttribution(OrchestratorConfig()), View()  # watch_steps 10
+    scores = {r: 9.0 if r % 4 == 0 else 5.0 for r in range(1000)}
+    view.row_losses = lambda rows: {r: scores[r] for r in rows}
+    for step in range(1, 6):
+        data.record(step, [10 * step + i for i in range(4)])
+
+    def step(n, rows):  # as the orchestrator does: record the step's rows, then watch them
+        data.record(n, rows)
+        return data.watch(view, replace(metrics(n), rows=rows))
+
+    assert step(6, [60, 61]) is None  # nothing left out yet: no watch
+    bad, _ = data.score(view, data.since(3))
+    assert bad == [32, 40, 52, 60] and data.watch_until == 16  # the newest step remembered + 10
+    found = step(12, [120, 121, 122])
+    assert found.family == "data" and found.evidence["rows"] == [120] and data.watch_until == 22
+    assert step(13, [131, 133]) is None  # clean rows: no finding
+    assert step(23, [240]) is None  # the watch is over
+    data.shift()  # a rollback: remembered steps and the watch start over
+    assert data.since(0) == [] and data.watch_until == -1

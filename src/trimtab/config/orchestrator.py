@@ -17,11 +17,14 @@ MODES = ("auto", "advise", "off")
 
 @dataclass
 class SpikeRule:
-    """Loss above its rolling mean + sigma * std and at least min_rise above the mean."""
+    """Loss above the trend of its window (a line against log(step)) + max(sigma x residual std,
+    min_rise)."""
 
     enabled: bool = True
     window: int = 50
-    min_samples: int = 20  # the rule is silent until the window holds this many steps
+    # silent until the window holds this many steps: 10 is enough for the trend and catches bad
+    # data that starts in the warm-up (clean runs of every debug preset, 3 seeds: no finding)
+    min_samples: int = 10
     sigma: float = 5.0
     min_rise: float = 0.25  # nats above the rolling mean
 
@@ -156,6 +159,7 @@ class DataRule:
     sigma: float = 4.0
     min_gap: float = 0.5  # nats
     reference_rows: int = 64  # held-out rows scored for the reference
+    watch_steps: int = 10  # after rows were left out, each next step's rows are scored this long
 
 
 @dataclass
@@ -213,6 +217,10 @@ class OrchestratorConfig:
         _check(self.moe.grace_steps >= 0, "orchestrator.moe.grace_steps", "must be >= 0")
         _positive(self.mod, "orchestrator.mod", "recent", "tolerance", "min_drop")
         _positive(self.data, "orchestrator.data", "sigma", "reference_rows")
-        _check(self.data.min_gap >= 0, "orchestrator.data.min_gap", "must be >= 0")
+        _check(
+            self.data.min_gap >= 0 and self.data.watch_steps >= 0,
+            "orchestrator.data",
+            "min_gap and watch_steps must be >= 0",
+        )
         _check(self.lr.factor > 2, "orchestrator.lr.factor", "must be > 2 (warm-up doubles the LR once)")
         _check(self.oom.max_retries >= 1, "orchestrator.oom.max_retries", "must be >= 1")

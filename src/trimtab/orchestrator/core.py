@@ -24,7 +24,7 @@ from trimtab.orchestrator import ctl
 from trimtab.orchestrator.journal import Decision, Journal
 from trimtab.orchestrator.mod_health import MoDQuality
 from trimtab.orchestrator.moe_health import MoEHealth
-from trimtab.orchestrator.monitors import Finding, Rolling, StepMetrics, build_monitors
+from trimtab.orchestrator.monitors import MONITORS, Finding, Rolling, StepMetrics, build_monitors
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.remedies import Remedy
 from trimtab.training.actions import ACTIONS, COMMANDS, VERBS
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from trimtab.training.view import RunView
 
 GATED = ("spike", "grad", "lr")  # rules whose ceilings the update gate checks before the optimizer step
+PER_PHASE = ("spike", "grad", "divergence", "plateau", "throughput")  # windows a new phase starts afresh
 
 
 class Orchestrator(Hook):
@@ -58,6 +59,7 @@ class Orchestrator(Hook):
         self.read_every = cfg.read_every
         self._saving_retry = False
         self.failed_saves = 0  # saves failed since the last that worked (a stretch of work at risk)
+        self.phase = 0  # of the last step observed
         self.last_step = 0  # the newest step seen (a rollback moves the run's counter back)
         self.ceilings: dict[str, float] = {}  # the update gate's thresholds, refreshed at each read
 
@@ -82,7 +84,8 @@ class Orchestrator(Hook):
             if ratio > self.ceilings["lr"]:  # host floats: this step would apply an unexplained LR
                 bad = bad | True
         for name, value in (("spike", loss), ("grad", grad_norm)):
-            ceiling = self.ceilings.get(name, math.inf)
+            ceiling = self.ceilings.get(name, math.inf) if run.phase == self.phase else math.inf  # a new phase
+            # starts its windows afresh (_observe): the previous phase's ceilings say nothing of its data
             if name not in self.paused and math.isfinite(ceiling):
                 bad = bad | (value > ceiling)
         return bad
@@ -180,6 +183,7 @@ class Orchestrator(Hook):
                     memory_frac=None if memory < 0 else memory,
                     micro_batch_tokens=o.micro_batch_tokens,
                     changes=o.changes,
+                    phase=o.phase,
                     rows=o.batch.rows,
                     moe=_moe_loads(o, values["moe"], top_k),
                     mod_capacity=values["mod"],
@@ -189,9 +193,17 @@ class Orchestrator(Hook):
         self._take_commands(run)
 
     def _observe(self, run: RunView, m: StepMetrics) -> None:
+        if m.phase != self.phase:  # new data, a new schedule: the loss and its noise start over
+            self.phase = m.phase
+            self.monitors.update({k: MONITORS[k](self.cfg) for k in PER_PHASE if k in self.monitors})
+            if self.mode == "auto":  # the probe scores the new phase's held-out rows from now on
+                self.policy.probe_baseline = run.probe_loss()
+        self.policy.data.record(m.step, m.rows)
         findings = [
             f for name, mon in self.monitors.items() if name not in self.paused and (f := mon.observe(m)) is not None
         ]
+        if not findings and self.mode == "auto" and (watched := self.policy.data.watch(run, m)):
+            findings.append(watched)  # the steps after rows were left out: bad data that stayed under the ceilings
         for decision in self.journal.pending():
             track = self.tracking.setdefault(str(decision.id), {"losses": [], "findings": 0})
             track["losses"].append(m.loss)
@@ -360,6 +372,7 @@ class Orchestrator(Hook):
             "tracking": self.tracking,
             "paused": sorted(self.paused),
             "mode": self.mode,
+            "phase": self.phase,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -370,6 +383,7 @@ class Orchestrator(Hook):
         self.journal.load_state_dict(state["journal"])
         self.tracking = state["tracking"]
         self.paused = set(state["paused"])
+        self.phase = state.get("phase", 0)
         self.mode = state["mode"] if self.cfg.mode == "auto" or state["mode"] == self.cfg.mode else self.cfg.mode
 
     def _load_monitors(self, state: dict[str, Any]) -> None:

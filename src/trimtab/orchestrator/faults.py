@@ -18,6 +18,8 @@ records it there), e.g. oom@10:512@rank1: one rank runs out of memory and all sh
     oom@S[:T]               from step S on, a forward over more than T tokens raises OutOfMemoryError;
                             without T, the micro-batch in use at step S no longer fits
     weights_nan@S           a weight matrix row becomes NaN
+    weights_noise@S[:F]     every block weight gets Gaussian noise of F x its own std (default 1):
+                            finite but wrecked weights, as one bad update leaves them
     slow@S[:N]              N steps (default 10) each take 0.25 s longer
     sigterm@S / sigkill@S   the process receives the signal
     corrupt_checkpoint@S    the first checkpoint written at or after S is truncated
@@ -64,6 +66,7 @@ KINDS: dict[str, tuple[float | None, bool]] = {
     "lr_spike": (10.0, False),
     "oom": (None, False),
     "weights_nan": (1, True),
+    "weights_noise": (1.0, False),
     "slow": (10, True),
     "sigterm": (1, True),
     "sigkill": (1, True),
@@ -187,6 +190,8 @@ class FaultInjector(Hook):
                 local = matrix.to_local() if hasattr(matrix, "to_local") else matrix  # FSDP: this rank's rows
                 with torch.no_grad():
                     local[:1].fill_(float("nan"))
+            elif fault.kind == "weights_noise" and self._due(fault):
+                self._add_noise(run, fault.param)
             elif fault.kind == "expert_collapse" and self._due(fault):
                 for _, moe in run.model.moe_layers():
                     moe.expert_bias[0] += fault.param
@@ -196,6 +201,15 @@ class FaultInjector(Hook):
                 os.kill(os.getpid(), signal.SIGTERM if fault.kind == "sigterm" else signal.SIGKILL)
         if self.record["poisoned"]:
             self._refresh(run, batch, set(self.record["poisoned"]))
+
+    def _add_noise(self, run: RunView, scale: float) -> None:
+        generator = torch.Generator().manual_seed(self.step)  # the same noise on every rank
+        with torch.no_grad():
+            for name, p in run.model.named_parameters():
+                if name.startswith("blocks.") and p.ndim == 2:
+                    local = p.to_local() if hasattr(p, "to_local") else p
+                    noise = torch.randn(local.shape, generator=generator).to(local.device, local.dtype)
+                    local.add_(noise * scale * local.float().std().to(local.dtype))
 
     def _corrupt(self, run: RunView, rows: list[int]) -> None:
         """The rows' tokens become garbage in the dataset itself (reproducibly per row), as bad data

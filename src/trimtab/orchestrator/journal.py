@@ -53,6 +53,10 @@ class Journal:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.decisions: list[Decision] = []
+        # Decisions a resumed run's checkpoint does not hold (taken after it, in a session that
+        # ended without saving again: a crash, a stop on a full disk): kept in the file, marked
+        # "abandoned": true, so the reasons a run stopped survive its resume.
+        self.abandoned: list[dict[str, Any]] = []
 
     def add(self, decision: Decision) -> Decision:
         self.decisions.append(decision)
@@ -60,7 +64,7 @@ class Journal:
         return decision
 
     def next_id(self) -> int:
-        return len(self.decisions) + 1
+        return max([len(self.decisions), *(d["id"] for d in self.abandoned)]) + 1
 
     def pending(self) -> list[Decision]:
         return [d for d in self.decisions if d.outcome is None]
@@ -68,8 +72,9 @@ class Journal:
     def write(self) -> None:
         if not is_main():
             return  # data parallelism: every rank holds the same decisions; rank 0 writes them
+        lines = sorted([*self.abandoned, *map(asdict, self.decisions)], key=lambda d: d["id"])
         tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(asdict(d), default=_jsonable) + "\n" for d in self.decisions))
+        tmp.write_text("".join(json.dumps(d, default=_jsonable) + "\n" for d in lines))
         os.replace(tmp, self.path)
 
     def track_record(self, rule: str, action: str) -> tuple[int, int]:
@@ -84,11 +89,18 @@ class Journal:
 
     def load_state_dict(self, state: list[dict[str, Any]]) -> None:
         self.decisions = [Decision(**d) for d in state]
+        kept = {d.id for d in self.decisions}
+        found = _read(self.path)
+        self.abandoned = [{**d, "abandoned": True} for d in found if d["id"] not in kept]
         self.write()
 
 
 def read_decisions(run_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / "decisions.jsonl"
+    """A run's decisions, oldest first (those a resume abandoned carry "abandoned": true)."""
+    return _read(Path(run_dir) / "decisions.jsonl")
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -36,6 +36,7 @@ class StepMetrics:
     memory_frac: float | None = None  # device (or machine) memory in use, 0..1, where known
     micro_batch_tokens: int = 0
     changes: int = 0  # actions applied to the run so far (the orchestrator's and a person's)
+    phase: int = 0  # pretraining 0, finetuning 1: new data and a new schedule
     rows: list[int] = field(default_factory=list)
     moe: list[tuple[int, list[float], float, int]] | None = None  # (layer, load shares, dropped, top_k)
     mod_capacity: float | None = None  # mean capacity of the Mixture-of-Depths layers

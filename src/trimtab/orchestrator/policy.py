@@ -10,11 +10,12 @@ bounded retries:
 It climbs when `escalate_after` instability findings fall within `escalation_window` steps of
 each other (skipping did not help), and falls back to rung 0 after a quiet window. Before the
 first climb a held-out probe tells bad data (leave its rows out, the LR stays) from broken
-weights (roll back at once, keeping the data). Other families have one remedy each
-(orchestrator/remedies.py): plateau -> raise the LR within limits, an unexplained LR -> bring it
-back, memory -> halve the micro-batch, throughput -> log, fp16 overflow storm -> cut the LR, MoE
-and MoD health, a failed save, the run's length. Confidence = evidence strength x the track record
-of this remedy for this rule in this run (a Beta(3, 1) prior on "recovered", updated by outcomes).
+weights (roll back at once, keeping the data; a finite breakage came from an update, so the LR is
+cut with it). Other families have one remedy each (orchestrator/remedies.py): plateau -> raise
+the LR within limits, an unexplained LR -> bring it back, memory -> halve the micro-batch,
+throughput -> log, fp16 overflow storm -> cut the LR, MoE and MoD health, a failed save, the
+run's length. Confidence = evidence strength x the track record of this remedy for this rule in
+this run (a Beta(3, 1) prior on "recovered", updated by outcomes).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator import remedies
+from trimtab.orchestrator.attribution import DataAttribution
 from trimtab.orchestrator.monitors import Finding
 from trimtab.orchestrator.remedies import GAVE_UP, Remedy
 
@@ -46,6 +48,7 @@ class Policy:
         self.last_restore = -1  # step of a give-back still on probation
         self.restore_failed = False
         self.probe_baseline: float | None = None  # held-out loss at the last good checkpoint
+        self.data = DataAttribution(cfg)  # which rows of a bad stretch are bad (orchestrator/attribution.py)
         self.dispatch = {
             "instability": self._instability,
             "plateau": self._plateau,
@@ -57,6 +60,7 @@ class Policy:
             "mod": lambda f, view: remedies.mod(f, view, cfg),
             "disk": lambda f, view: remedies.disk(f, view, cfg),
             "length": lambda f, view: remedies.length(f, view, cfg),
+            "data": self._watched,
         }
 
     # ------------------------------------------------------------------ decisions
@@ -93,7 +97,7 @@ class Policy:
         climb = len(ladder.recent) >= cfg.escalate_after
         if f.rule == "divergence" and ladder.rung == 0:
             climb = True  # a trend is not a one-off: skipping cannot fix it
-        verdict = self._diagnose(view) if climb and ladder.rung == 0 else None
+        verdict = self._diagnose(view, sudden=f.rule != "divergence") if climb and ladder.rung == 0 else None
         if verdict and verdict[0] == "data":
             remedy = self._data(view, verdict[1])
             if remedy is not None:
@@ -128,38 +132,31 @@ class Policy:
         the data is not to blame after all (a NaN forward, a numerically unstable step, a rising
         trend), so the rows stay in training and the ladder climbs to its LR cut."""
         ladder = self.ladder
-        bad, evidence = self._attribute(view, ladder.rows)
+        bad, evidence = self.data.score(view, self._incident_rows())
         if not bad:
             return None
         why = (
             f"the model still scores {probe:.3f} on held-out data (last good checkpoint {self.probe_baseline:.3f}), "
-            f"so the bad steps' data is suspect; scored one by one on these weights, {len(bad)} of their "
-            f"{len(ladder.rows)} rows lose more than {evidence['threshold']:.3f} (held-out rows' median "
+            f"so the bad steps' data is suspect; scored one by one on these weights, {len(bad)} of the "
+            f"{evidence['rows_scored']} rows since the first bad step lose more than {evidence['threshold']:.3f} "
+            "(held-out rows' median "
             f"{evidence['reference_median']:.3f}): leave them out; the LR stays"
         )
         ladder.rows, ladder.recent = [], []
         return Remedy(action="skip_data", params={"rows": bad}, reasoning=why, evidence=evidence)
 
-    def _attribute(self, view: Any, rows: list[int]) -> tuple[list[int], dict[str, Any]]:
-        """Which of `rows` are bad: each scored alone on the current weights against held-out rows
-        scored alike (orchestrator.data)."""
-        cfg = self.cfg.data
-        scores = view.row_losses(rows) if rows else {}
-        reference = view.held_out_row_losses(cfg.reference_rows) or list(scores.values())
-        median = _median(reference) if reference else math.inf
-        spread = 1.4826 * _median([abs(x - median) for x in reference]) if reference else 0.0
-        threshold = median + max(cfg.sigma * spread, cfg.min_gap)
-        bad = sorted(r for r, loss in scores.items() if not math.isfinite(loss) or loss > threshold)
-        evidence = {
-            "rows_scored": len(scores),
-            "rows_left_out": len(bad),
-            "threshold": threshold,
-            "reference_median": median,
-            "reference_spread": spread,
-            "reference_rows": len(reference),
-            "sources": dict(list(view.row_sources(bad).items())[:10]) if bad else {},
-        }
-        return bad, evidence
+    def _incident_rows(self) -> list[int]:
+        """Every row since the incident's first flagged step (a bad step under the ceiling too)."""
+        first = min(self.ladder.recent, default=self.ladder.last_step)
+        return sorted(set(self.ladder.rows) | set(self.data.since(first)))
+
+    def _watched(self, f: Finding, view: Any) -> Remedy:
+        return Remedy(
+            action="skip_data",
+            params={"rows": f.evidence["rows"]},
+            reasoning="rows were left out as bad data a few steps ago, so the steps after are watched: these "
+            "score as outliers against held-out rows too; leave them out",
+        )
 
     def _rollback(self, view: Any, broken: float | None = None) -> Remedy:
         """Rung 2 (or straight there when the probe found the weights broken): restore the last
@@ -182,10 +179,22 @@ class Policy:
                 reasoning=f"every rung of the ladder was tried ({reason}); saving and stopping is safer than "
                 "training on",
             )
-        rows, evidence = self._attribute(view, ladder.rows) if broken is None else ([], {})
+        rows, evidence = self.data.score(view, self._incident_rows()) if broken is None else ([], {})
         ladder.rung, ladder.rows, ladder.recent = 0, [], []  # the ladder starts over; rollbacks stay counted
         self.last_lr_change = ladder.last_step
-        if broken is not None:
+        params: dict[str, Any] = {"to": "last_good", "skip_rows": rows}
+        if broken is not None and math.isfinite(broken):
+            # an update at this LR wrecked the weights: replayed at the same LR, the same steps would
+            # wreck them again (NaN weights, by contrast, are a fault of the machine or of one value)
+            params["lr_factor"] = cfg.lr_cut
+            self.lr_debt *= cfg.lr_cut
+            why = (
+                f"the model scores {broken:.4g} on held-out data against {self.probe_baseline:.4g} at the last good "
+                "checkpoint, though the flagged steps' updates were withheld: an earlier update broke the weights, "
+                "which skipping cannot repair; restore the last good checkpoint at once, keep the data (it was not "
+                f"at fault) and cut the LR x{cfg.lr_cut:g} so the replayed steps do not break them again"
+            )
+        elif broken is not None:
             why = (
                 f"the model scores {broken:.4g} on held-out data: the weights themselves are broken, which an LR "
                 "cut cannot repair; restore the last good checkpoint at once and keep the data (it was not at fault)"
@@ -195,13 +204,14 @@ class Policy:
                 "instability persists after skipping and an LR cut: restore the last good checkpoint (the LR "
                 f"stays cut) and leave out the {len(rows)} rows of the bad steps that score as outliers"
             )
-        return Remedy(
-            action="rollback", params={"to": "last_good", "skip_rows": rows}, reasoning=why, evidence=evidence
-        )
+        return Remedy(action="rollback", params=params, reasoning=why, evidence=evidence)
 
-    def _diagnose(self, view: Any) -> tuple[str, float] | None:
+    def _diagnose(self, view: Any, sudden: bool) -> tuple[str, float] | None:
         """Bad data or a bad model? Megatron reruns the step; here the model is scored on a
-        held-out batch and compared with its score at the last good checkpoint."""
+        held-out batch and compared with its score at the last good checkpoint. After sudden
+        findings (spikes, NaN), whose updates the gate withheld, held-out rows scoring worse mean
+        the weights broke before the first of them (one update wrecked them: every batch since
+        scores high); after a rising trend they mean the model drifts, which the LR cut answers."""
         if self.probe_baseline is None:
             return None
         probe = view.probe_loss()
@@ -211,7 +221,7 @@ class Policy:
             return "broken", probe
         if probe <= self.probe_baseline + max(0.1, 0.05 * self.probe_baseline):
             return "data", probe
-        return None
+        return ("broken", probe) if sudden else None
 
     def _plateau(self, f: Finding, view: Any) -> Remedy:
         cfg = self.cfg.plateau
@@ -269,6 +279,7 @@ class Policy:
         ladder.last_step -= steps if ladder.last_step >= 0 else 0
         self.last_lr_change -= steps
         self.last_restore -= steps if self.last_restore >= 0 else 0
+        self.data.shift()
 
     # ------------------------------------------------------------------ confidence
 
@@ -285,15 +296,11 @@ class Policy:
             "last_restore": self.last_restore,
             "restore_failed": self.restore_failed,
             "probe_baseline": self.probe_baseline,
+            "data": self.data.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.ladder = Ladder(**state["ladder"])
         for key in ("last_lr_change", "lr_debt", "last_restore", "restore_failed", "probe_baseline"):
             setattr(self, key, state[key])
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        self.data.load_state_dict(state.get("data", {}))

@@ -148,11 +148,16 @@ _TABLE = (
     Action(
         name="rollback",
         verb="rollback",
-        says=lambda v: f"roll back to {v['to']}" + (f", skip {v['n_rows']} rows" if v["n_rows"] else ""),
+        says=lambda v: (
+            f"roll back to {v['to']}"
+            + (f", skip {v['n_rows']} rows" if v["n_rows"] else "")
+            + (f", lr x{v['lr_factor']:.3g}" if v["lr_factor"] else "")
+        ),
         help="restore the last good checkpoint (or the newest at or before step TO); the knobs stay",
         params=(
             Param(name="to", kind="step", default="last_good"),
             Param(name="skip_rows", kind="rows", default=None, ctl=False),
+            Param(name="lr_factor", kind="float", bounds="(0, 1)", default=None, ctl=False),  # None: the LR stays
         ),
     ),
     Action(

@@ -98,10 +98,12 @@ class Control:
     def _emergency_lr_reduction(self, factor: float) -> str:
         return self._scale_lr(factor)
 
-    def _rollback(self, to: str | int, skip_rows: list[int] | None = None) -> str:
+    def _rollback(self, to: str | int, skip_rows: list[int] | None = None, lr_factor: float | None = None) -> str:
         done = self._trainer.rollback(to)
         if skip_rows:
             done += f"; {self._trainer.loader.skip_rows(skip_rows)} rows left out of training"
+        if lr_factor:  # the knobs survive the restore: the cut holds for the replayed steps
+            done += f"; {self._scale_lr(lr_factor)}"
         return done
 
     def _skip_data(self, rows: list[int]) -> str:

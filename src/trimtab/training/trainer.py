@@ -83,6 +83,7 @@ class StepOutput:
     batch: StepBatch
     micro_batch_tokens: int  # the budget the step's micro-batches were cut to
     changes: int = 0  # Control's count of applied actions when the step ran
+    phase: int = 0  # the phase the step belongs to (pretraining, finetuning)
     seconds: float = 0.0  # wall time of the step, data loading included
     skipped: torch.Tensor | None = None  # 0-d bool, on device: the update gate withheld the update
     overflow: torch.Tensor | None = None  # 0-d bool, on device: fp16 GradScaler found inf/NaN
@@ -199,6 +200,7 @@ class Trainer:
             batch=batch,
             micro_batch_tokens=self.loader.micro_batch_tokens,
             changes=self.control.applied,
+            phase=self.state.phase,
             skipped=skip,
             overflow=overflow,
             aux_loss=aux_total,

@@ -1,0 +1,90 @@
+"""Data attribution: which rows of a bad stretch are bad.
+
+When the policy's held-out probe says a stretch of bad steps is the data's (the model still scores
+held-out rows as it did at the last good checkpoint), the rows of every step since the stretch
+began (flagged or not: a bad step whose loss stayed under the spike ceiling counts too) are scored
+one by one on the current weights, against held-out rows scored the same way: a row is bad when
+its loss is above the held-out median by max(sigma x the MAD-based spread, min_gap)
+(orchestrator.data). Scoring both with the same weights makes the test relative, so a model that
+is merely worse than usual shifts both alike.
+
+A stretch of bad data rarely ends where it was caught: for `watch_steps` steps after rows were
+left out, each new step's rows are scored too, and the watch extends while it keeps finding bad
+ones. (Those steps were trained on; their bad rows are left out of every later epoch.)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.monitors import Finding, StepMetrics
+
+
+class DataAttribution:
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.data
+        self.keep = cfg.escalation_window  # steps whose rows are remembered
+        self.rows: dict[str, list[int]] = {}  # step (a string: JSON keys) -> its rows
+        self.watch_until = -1  # score each step's rows up to this step
+
+    def record(self, step: int, rows: list[int]) -> None:
+        self.rows[str(step)] = list(rows)
+        for old in [s for s in self.rows if int(s) <= step - self.keep]:
+            del self.rows[old]
+
+    def since(self, first: int) -> list[int]:
+        """The rows of every remembered step from `first` on."""
+        return sorted({r for s, rows in self.rows.items() if int(s) >= first for r in rows})
+
+    def score(self, view: Any, rows: list[int]) -> tuple[list[int], dict[str, Any]]:
+        """The bad ones among `rows`, and the evidence for the journal."""
+        cfg = self.cfg
+        scores = view.row_losses(rows) if rows else {}
+        reference = view.held_out_row_losses(cfg.reference_rows) or list(scores.values())
+        median = _median(reference) if reference else math.inf
+        spread = 1.4826 * _median([abs(x - median) for x in reference]) if reference else 0.0
+        threshold = median + max(cfg.sigma * spread, cfg.min_gap)
+        bad = sorted(r for r, loss in scores.items() if not math.isfinite(loss) or loss > threshold)
+        evidence = {
+            "rows_scored": len(scores),
+            "rows_left_out": len(bad),
+            "threshold": threshold,
+            "reference_median": median,
+            "reference_spread": spread,
+            "reference_rows": len(reference),
+            "sources": dict(list(view.row_sources(bad).items())[:10]) if bad else {},
+        }
+        if bad:
+            newest = max((int(s) for s in self.rows), default=self.watch_until)
+            self.watch_until = max(self.watch_until, newest + cfg.watch_steps)
+        return bad, evidence
+
+    def watch(self, view: Any, m: StepMetrics) -> Finding | None:
+        """During a watch, this step's bad rows as a finding (None when it has none)."""
+        if m.step > self.watch_until or not m.rows:
+            return None
+        bad, evidence = self.score(view, m.rows)
+        if not bad:
+            return None
+        summary = f"{len(bad)} of the step's {len(m.rows)} rows score above {evidence['threshold']:.3f}"
+        return Finding(
+            rule="data", family="data", step=m.step, evidence={"rows": bad, **evidence}, summary=summary, strength=1.0
+        )
+
+    def shift(self) -> None:
+        """A rollback: the steps counted from here are new ones."""
+        self.rows, self.watch_until = {}, -1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows": self.rows, "watch_until": self.watch_until}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rows, self.watch_until = dict(state.get("rows", {})), state.get("watch_until", -1)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
