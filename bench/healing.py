@@ -14,6 +14,14 @@ the furthest step reached) and wall time. Target: every scenario finishes under 
 of the clean eval loss; under off most crash, stall or end measurably worse. Writes a table to
 stdout, JSON (--json, default OUT/healing.json) and a section of BENCHMARKS.md (--markdown).
 
+Beyond the faults: early_fault (before any checkpoint but the initial one), a long early stretch
+of bad data, bad_rows (a quarter of a few steps' rows: the data attribution's precision and
+recall against the rows the faults poisoned), a disk that stays full (relaunched once without the
+fault, as after a person freed it), repeated OOM, and fault-free auto runs of every debug preset
+over several seeds, where any action the orchestrator takes is a false one (--fp-presets,
+--fp-seeds). Goals: auto within 3% of clean and never worse than off, 0 false actions, attribution
+precision and recall >= 0.9.
+
 expert_collapse needs routed experts: on a preset without MoE layers it runs on debug-moe, against
 that preset's own clean runs. Its runs are also scored on the load: the busiest expert's share
 over the fair one (max_load), averaged over the last 20 steps, worst MoE layer; at or above
@@ -38,13 +46,14 @@ from pathlib import Path
 from typing import Any
 
 from _benchfile import replace_section  # bench/_benchfile.py, next to this file
+from _healing_score import HEADING, attribution, judge, report, verdicts
 from trimtab.metrics import read_metrics
 from trimtab.orchestrator.journal import read_decisions
 
 ROOT = Path(__file__).resolve().parent.parent  # the source checkout
-HEADING = "## Fault healing (`trimtab bench healing`)"
-TOLERANCE = 0.03  # final eval loss within 3% of the clean run
 PREEMPTION = ("sigkill", "sigterm", "corrupt_checkpoint")  # relaunched once, as a scheduler would
+FREED = ("disk_stays_full",)  # relaunched once without the fault, as after a person freed the disk
+FP_PRESETS = "debug,debug-moe,debug-mod,debug-hybrid"  # fault-free runs that must take no action
 MOE_SCENARIOS = ("expert_collapse",)  # need a MoE model, and are judged on the load too
 MOE_PRESET = "debug-moe"
 BALANCE_STEPS = 20  # the load is judged over the last this many steps
@@ -62,6 +71,7 @@ def scenarios(steps: int, micro_batch_tokens: int) -> dict[str, list[str]]:
         "lr_spike": [f"lr_spike@{s}:30"],  # persistent: 30x the schedule from mid-run on
         "oom": [f"oom@{steps // 4}:{micro_batch_tokens // 2}"],  # only half the micro-batch fits
         "weights_nan": [f"weights_nan@{s}"],
+        "weights_noise": [f"weights_noise@{s}:10"],  # finite but wrecked weights, as one bad update leaves them
         "disk_full": [f"disk_full@{s}"],  # the checkpoint save at mid-run fails with ENOSPC
         "corrupt_checkpoint": [f"corrupt_checkpoint@{s}", f"sigkill@{s + steps // 12}"],
         "sigkill": [f"sigkill@{s + steps // 12}"],
@@ -70,6 +80,16 @@ def scenarios(steps: int, micro_batch_tokens: int) -> dict[str, list[str]]:
         # early: the monitor needs a window to see the collapse and one more to see the first
         # remedy fail before it resets the router (about 40 steps on debug-moe)
         "expert_collapse": [f"expert_collapse@{steps // 4}"],
+        # a fault before any checkpoint but the initial one: NaN loss, then NaN weights
+        "early_fault": ["nan_loss@3", "weights_nan@5"],
+        # a long stretch of garbage early in training, while the loss still falls steeply
+        "bad_data_early_long": [f"bad_batch@{steps // 8}:{steps // 8}"],
+        # a quarter of the rows of 8 steps are garbage: what the row attribution must pick out
+        "bad_rows": [f"bad_rows@{s}:8"],
+        # every save from mid-run on fails: stop before more work is at risk, resume once freed
+        "disk_stays_full": [f"disk_full@{s}:1000"],
+        # out of memory twice, each at the micro-batch in use when it strikes
+        "repeated_oom": [f"oom@{steps // 4}", f"oom@{steps // 2}"],
     }
 
 
@@ -87,11 +107,13 @@ def run_training(
     args: argparse.Namespace,
     mode: str,
     faults: list[str],
-    relaunch: bool,
+    relaunch: str | None,
     timeout: float,
     preset: str | None = None,
+    sets: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """One scenario run (plus the scheduler's one relaunch where it applies)."""
+    """One scenario run, plus one relaunch where it applies: "same" (a scheduler after a
+    preemption) or "freed" (without the faults: a person freed the disk after the run gave up)."""
     shutil.rmtree(run_dir, ignore_errors=True)
     preset = preset or args.preset
     cmd = [
@@ -118,10 +140,11 @@ def run_training(
         "--set",
         f"checkpoint.every={max(1, args.steps // 6)}",
     ]
-    for spec in faults:
-        cmd += ["--inject", spec]
+    base = cmd + [word for item in sets for word in ("--set", item)]
+    injected = [word for spec in faults for word in ("--inject", spec)]
     launches, executed, reached, wall, other = [], 0, 0, 0.0, []
-    for _ in range(2 if relaunch else 1):
+    for launch in range(2 if relaunch else 1):
+        cmd = base if launch and relaunch == "freed" else base + injected
         (run_dir / "summary.json").unlink(missing_ok=True)
         before = _cpu_seconds()
         try:
@@ -135,7 +158,8 @@ def run_training(
         steps = [int(s) for s in re.findall(r"^step (\d+)/\d+ ", err, re.M)]
         executed, reached = executed + len(steps), max([reached, *steps])
         summary_path = run_dir / "summary.json"
-        summary = json.loads(summary_path.read_text()) if rc == 0 and summary_path.is_file() else None
+        # a run that gave up (exit 3 / 4) still writes its summary; a crash leaves none
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
         launches.append({"rc": rc, "status": summary["status"] if summary else _failure(rc, err)})
         if summary is not None and summary["status"] == "completed":
             break
@@ -163,6 +187,7 @@ def run_training(
         "other_cpu": round(max(other), 3),
         "run_dir": str(run_dir),
         "max_load": max_load(kept[-BALANCE_STEPS:]),
+        "attribution": attribution(run_dir, decisions),
     }
 
 
@@ -198,100 +223,6 @@ def _cpu_seconds() -> tuple[float, float, float]:
     return time.monotonic(), busy, usage.ru_utime + usage.ru_stime
 
 
-def judge(run: dict[str, Any], clean: float | None, balance_limit: float | None = None) -> None:
-    """Adds ratio and outcome: ok (finished within 3%), worse, ruined (NaN), or the failure;
-    with balance_limit, a finished run whose max_load is at or above it is "unbalanced"."""
-    run["ratio"] = run["val_loss"] / clean if run["val_loss"] is not None and clean else None
-    if not run["finished"]:
-        run["outcome"] = run["status"]
-    elif run["ratio"] is None:
-        run["outcome"] = "ruined (eval loss NaN)"
-    elif balance_limit and (run["max_load"] is None or run["max_load"] >= balance_limit):
-        run["outcome"] = "unbalanced"
-    else:
-        run["outcome"] = "ok" if run["ratio"] <= 1 + TOLERANCE else "worse"
-
-
-def _cell(run: dict[str, Any]) -> str:
-    if run["ratio"] is not None and run["finished"]:
-        mark = "" if run["outcome"] == "ok" else f" **{run['outcome']}**"
-        load = f", max load {run['max_load']:.2f}x" if run.get("max_load") is not None else ""
-        return f"{run['val_loss']:.4f} ({run['ratio'] - 1:+.1%}){load}{mark}"
-    text = run["outcome"].split(":")[0].replace("|", "/")  # the whole message is in the JSON
-    return text + ")" * (text.count("(") - text.count(")"))
-
-
-def _reference(run: dict[str, Any]) -> str:
-    if run["val_loss"] is None:
-        return run["status"].split(":")[0]
-    load = f", max load {run['max_load']:.2f}x" if run.get("max_load") is not None else ""
-    return f"{run['val_loss']:.4f}{load}"
-
-
-def _actions(run: dict[str, Any]) -> str:
-    counts: dict[str, int] = {}
-    for d in run["decisions"]:
-        name = d["action"] if d["action"] != "none" else f"log ({d['rule']})"
-        name += "" if d["mode"] in ("auto", "manual") else f" [{d['mode']}]"
-        counts[name] = counts.get(name, 0) + 1
-    return ", ".join(f"{a} x{n}" if n > 1 else a for a, n in counts.items()) or "-"
-
-
-def report(results: dict[str, Any]) -> str:
-    runs, clean = results["runs"], results["clean_val_loss"]
-    reference = f"eval loss **{clean:.4f}**" if clean else f"**{runs['clean/off']['status']}**"
-    lines = [
-        HEADING,
-        "",
-        f"{results['date']}, {results['machine']}, torch {results['torch']}, "
-        f"code {results['code']}; preset "
-        f"{results['preset']}, {results['steps']} steps, checkpoint every {results['checkpoint_every']}; "
-        f"each run a `trimtab train` subprocess, one after another (total {results['runtime_s'] / 60:.1f} "
-        f"min); other processes' CPU share during the runs {results['other_cpu']}. Clean run (no fault, "
-        f"orchestrator off): {reference}. Steps re-done: steps executed minus the furthest step "
-        "reached (rollbacks, restarts). Preemption (sigkill, sigterm, corrupt_checkpoint: relaunched once) "
-        "is survived by the trainer's resume from verified checkpoints in both modes; `slow` has nothing "
-        "to heal (the throughput rule only logs).",
-        "",
-        "| scenario | injected | off | auto | auto decisions | auto updates skipped | steps re-done "
-        "off / auto | wall s off / auto | auto within 3% |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name in results["scenarios"]:
-        off, auto = runs[f"{name}/off"], runs[f"{name}/auto"]
-        clean_off = runs.get(f"clean@{auto['preset']}/off")  # a scenario on a preset of its own
-        where = f" on {auto['preset']} (clean: {_reference(clean_off)})" if clean_off else ""
-        lines.append(
-            f"| {name} | `{' '.join(auto['faults'])}`{where} | {_cell(off)} | {_cell(auto)} | "
-            f"{len(auto['decisions'])}: {_actions(auto)} | {auto['updates_skipped']} | "
-            f"{off['steps_redone']} / {auto['steps_redone']} "
-            f"| {off['wall_s']:.0f} / {auto['wall_s']:.0f} | {'yes' if auto['outcome'] == 'ok' else '**no**'} |"
-        )
-    lines += ["", *(f"- {v}" for v in results["verdicts"]), ""]
-    return "\n".join(lines)
-
-
-def verdicts(results: dict[str, Any]) -> list[str]:
-    runs, names = results["runs"], results["scenarios"]
-    healed = [n for n in names if runs[f"{n}/auto"]["outcome"] == "ok"]
-    hurt = [n for n in names if runs[f"{n}/off"]["outcome"] != "ok"]
-    missed = [n for n in names if n not in healed]
-    clean_auto = runs.get("clean/auto")
-    out = [
-        f"auto finishes within 3% of the clean run: **{len(healed)}/{len(names)}** "
-        f"({'met' if not missed else 'not met: ' + ', '.join(missed)})",
-        f"off crashes, stalls, ends >3% worse or unbalanced (MoE): **{len(hurt)}/{len(names)}** "
-        f"({'met' if len(hurt) * 2 > len(names) else 'not met'}; within 3% without it: "
-        f"{', '.join(n for n in names if n not in hurt) or 'none'})",
-    ]
-    if clean_auto is not None:
-        out.append(
-            f"no fault, auto: {_cell(clean_auto)} with {len(clean_auto['decisions'])} decisions "
-            f"({_actions(clean_auto)})"
-        )
-    return out
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="trimtab bench healing", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -300,6 +231,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--out", default="runs/bench-healing", help="parent of the run directories")
     parser.add_argument("--scenarios", help="comma-separated subset (default: all)")
+    parser.add_argument("--fp-presets", default=FP_PRESETS, help="presets of the fault-free auto runs ('' for none)")
+    parser.add_argument("--fp-seeds", default="1,2", help="train.seed values of the fault-free auto runs")
     parser.add_argument("--json", help="results JSON (default OUT/healing.json)")
     parser.add_argument(
         "--markdown",
@@ -331,7 +264,7 @@ def main(argv: list[str]) -> int:
     for preset, key in clean_key.items():  # each preset's fault-free reference
         for mode in ("off", "auto"):
             runs[f"{key}/{mode}"] = run = run_training(
-                out / f"{key.replace('@', '-')}-{mode}", args, mode, [], False, 3600, preset
+                out / f"{key.replace('@', '-')}-{mode}", args, mode, [], None, 3600, preset
             )
             print(f"{key} {mode}: {run['status']}, val_loss {run['val_loss']}, {run['wall_s']:.0f}s", flush=True)
     clean = runs["clean/off"]["val_loss"]
@@ -345,7 +278,7 @@ def main(argv: list[str]) -> int:
                 args,
                 mode,
                 table[name],
-                name in PREEMPTION,
+                "same" if name in PREEMPTION else "freed" if name in FREED else None,
                 max(timeout, 10 * runs[f"{key}/off"]["wall_s"]),
                 presets[name],
             )
@@ -359,6 +292,7 @@ def main(argv: list[str]) -> int:
             )
     for key in clean_key.values():
         judge(runs[f"{key}/auto"], runs[f"{key}/off"]["val_loss"])
+    false_positives = _fault_free_runs(args, out, timeout)
     shares = [r["other_cpu"] for r in runs.values()]
     code_end = _code_version()
     results = {
@@ -374,6 +308,7 @@ def main(argv: list[str]) -> int:
         "runtime_s": round(time.monotonic() - start),
         "other_cpu": f"{min(shares):.0%}-{max(shares):.0%} (median {sorted(shares)[len(shares) // 2]:.0%})",
         "runs": runs,
+        "false_positives": false_positives,
     }
     results["verdicts"] = verdicts(results)
     section = report(results)
@@ -384,6 +319,21 @@ def main(argv: list[str]) -> int:
         replace_section(Path(args.markdown), HEADING.split(" (")[0], section)
         print(f"wrote {json_path} and the '{HEADING}' section of {args.markdown}")
     return 0
+
+
+def _fault_free_runs(args: argparse.Namespace, out: Path, timeout: float) -> dict[str, dict[str, Any]]:
+    """Clean runs in auto on every debug preset and several seeds: every action the orchestrator
+    takes there is a false one (goal: none)."""
+    runs = {}
+    seeds = [s for s in args.fp_seeds.split(",") if s]
+    for preset in [p for p in args.fp_presets.split(",") if p]:
+        for seed in seeds:
+            run = run_training(
+                out / f"fp-{preset}-{seed}", args, "auto", [], None, timeout, preset, sets=(f"train.seed={seed}",)
+            )
+            runs[f"{preset}/{seed}"] = run
+            print(f"fault-free {preset} seed {seed}: {run['status']}, {len(run['decisions'])} decisions", flush=True)
+    return runs
 
 
 def _code_version() -> str:
