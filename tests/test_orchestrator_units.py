@@ -426,21 +426,24 @@ def test_clean_rows_and_sound_weights_leave_nothing_out_and_the_ladder_climbs():
     assert policy.ladder.rows  # still held, for the attribution of a later rollback
 
 
-def test_withheld_spikes_with_a_worse_probe_mean_broken_weights_rolled_back_with_an_lr_cut():
+def test_withheld_spikes_with_a_worse_probe_mean_broken_weights_and_a_recurrence_cuts_the_lr():
     """Updates withheld, yet every new batch scores high and so do held-out rows: an update before
     the first spike broke the weights (a real debug run: 5.0 -> 7.8 at one step, then 7.4 on every
-    batch). Roll back at once with the LR cut; a NaN probe (a bit flip) keeps the LR."""
+    batch). Roll back at once, keeping the rows and the LR (the breakage may have been transient);
+    when the weights break again within the replay, the rollback cuts the LR too."""
     policy = Policy(OrchestratorConfig())
     policy.probe_baseline = 5.2
     plans = [policy.plan(finding(s), View(probe=8.4)) for s in (20, 21, 22)]
     assert [p.action for p in plans] == ["skip_step", "skip_step", "rollback"]
-    assert plans[2].params == {"to": "last_good", "skip_rows": [], "lr_factor": 0.5}  # the data stays
-    assert "an earlier update broke the weights" in plans[2].reasoning and policy.lr_debt == 0.5
-    assert describe("rollback", plans[2].params) == "roll back to last_good, lr x0.5"
-    nan = Policy(OrchestratorConfig())
-    nan.probe_baseline = 5.2
-    rollback = [nan.plan(finding(s), View(probe=math.nan)) for s in (20, 21, 22)][-1]
-    assert rollback.params == {"to": "last_good", "skip_rows": []} and nan.lr_debt == 1.0
+    assert plans[2].params == {"to": "last_good", "skip_rows": []}  # the data stays
+    assert "an earlier update broke the weights" in plans[2].reasoning and policy.lr_debt == 1.0
+    policy.shift(22 - 8)  # rolled back to step 8; the same steps break the weights again
+    again = [policy.plan(finding(s), View(probe=8.4, rollbacks=1)) for s in (19, 20, 21)][-1]
+    assert again.params == {"to": "last_good", "skip_rows": [], "lr_factor": 0.5}
+    assert "broke again within the replay" in again.reasoning and policy.lr_debt == 0.5
+    assert describe("rollback", again.params) == "roll back to last_good, lr x0.5"
+    later = [policy.plan(finding(s), View(probe=8.4, rollbacks=2)) for s in (90, 91, 92)][-1]
+    assert "lr_factor" not in later.params  # a breakage long after is a new one
 
 
 def test_divergence_from_the_data_leaves_rows_out_and_from_the_lr_cuts_it():

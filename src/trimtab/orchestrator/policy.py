@@ -10,12 +10,12 @@ bounded retries:
 It climbs when `escalate_after` instability findings fall within `escalation_window` steps of
 each other (skipping did not help), and falls back to rung 0 after a quiet window. Before the
 first climb a held-out probe tells bad data (leave its rows out, the LR stays) from broken
-weights (roll back at once, keeping the data; a finite breakage came from an update, so the LR is
-cut with it). Other families have one remedy each (orchestrator/remedies.py): plateau -> raise
-the LR within limits, an unexplained LR -> bring it back, memory -> halve the micro-batch,
-throughput -> log, fp16 overflow storm -> cut the LR, MoE and MoD health, a failed save, the
-run's length. Confidence = evidence strength x the track record of this remedy for this rule in
-this run (a Beta(3, 1) prior on "recovered", updated by outcomes).
+weights (roll back at once, keeping the data; when they break again within the replay, the
+rollback cuts the LR too). Other families have one remedy each (orchestrator/remedies.py):
+plateau -> raise the LR within limits, an unexplained LR -> bring it back, memory -> halve the
+micro-batch, throughput -> log, fp16 overflow storm -> cut the LR, MoE and MoD health, a failed
+save, the run's length. Confidence = evidence strength x the track record of this remedy for this
+rule in this run (a Beta(3, 1) prior on "recovered", updated by outcomes).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class Policy:
         self.last_restore = -1  # step of a give-back still on probation
         self.restore_failed = False
         self.probe_baseline: float | None = None  # held-out loss at the last good checkpoint
+        self.last_broken = -1  # finding step of the last rollback for broken weights (-1: none)
         self.data = DataAttribution(cfg)  # which rows of a bad stretch are bad (orchestrator/attribution.py)
         self.dispatch = {
             "instability": self._instability,
@@ -183,21 +184,28 @@ class Policy:
         ladder.rung, ladder.rows, ladder.recent = 0, [], []  # the ladder starts over; rollbacks stay counted
         self.last_lr_change = ladder.last_step
         params: dict[str, Any] = {"to": "last_good", "skip_rows": rows}
-        if broken is not None and math.isfinite(broken):
-            # an update at this LR wrecked the weights: replayed at the same LR, the same steps would
-            # wreck them again (NaN weights, by contrast, are a fault of the machine or of one value)
-            params["lr_factor"] = cfg.lr_cut
-            self.lr_debt *= cfg.lr_cut
-            why = (
-                f"the model scores {broken:.4g} on held-out data against {self.probe_baseline:.4g} at the last good "
-                "checkpoint, though the flagged steps' updates were withheld: an earlier update broke the weights, "
-                "which skipping cannot repair; restore the last good checkpoint at once, keep the data (it was not "
-                f"at fault) and cut the LR x{cfg.lr_cut:g} so the replayed steps do not break them again"
+        if broken is not None:
+            # A first breakage may be transient (a bit flip, one bad value): replay as it was. One that
+            # comes back within the replay is not: the same steps at this LR break the weights again.
+            again = self.last_broken >= 0 and ladder.last_step - self.last_broken < cfg.escalation_window
+            self.last_broken = ladder.last_step
+            if again:
+                params["lr_factor"] = cfg.lr_cut
+                self.lr_debt *= cfg.lr_cut
+            worse = (
+                f"{broken:.4g} on held-out data against {self.probe_baseline:.4g} at the last good checkpoint, though "
+                "the flagged steps' updates were withheld: an earlier update broke the weights"
+                if math.isfinite(broken)
+                else f"{broken:.4g} on held-out data: the weights themselves are broken"
             )
-        elif broken is not None:
             why = (
-                f"the model scores {broken:.4g} on held-out data: the weights themselves are broken, which an LR "
-                "cut cannot repair; restore the last good checkpoint at once and keep the data (it was not at fault)"
+                f"the model scores {worse}, which skipping or an LR cut cannot repair; restore the last good "
+                "checkpoint at once and keep the data (it was not at fault)"
+                + (
+                    f"; the weights broke again within the replay, so cut the LR x{cfg.lr_cut:g} with it"
+                    if again
+                    else ""
+                )
             )
         else:
             why = (
@@ -279,6 +287,7 @@ class Policy:
         ladder.last_step -= steps if ladder.last_step >= 0 else 0
         self.last_lr_change -= steps
         self.last_restore -= steps if self.last_restore >= 0 else 0
+        self.last_broken -= steps if self.last_broken >= 0 else 0
         self.data.shift()
 
     # ------------------------------------------------------------------ confidence
@@ -296,6 +305,7 @@ class Policy:
             "last_restore": self.last_restore,
             "restore_failed": self.restore_failed,
             "probe_baseline": self.probe_baseline,
+            "last_broken": self.last_broken,
             "data": self.data.state_dict(),
         }
 
@@ -303,4 +313,5 @@ class Policy:
         self.ladder = Ladder(**state["ladder"])
         for key in ("last_lr_change", "lr_debt", "last_restore", "restore_failed", "probe_baseline"):
             setattr(self, key, state[key])
+        self.last_broken = state.get("last_broken", -1)
         self.data.load_state_dict(state.get("data", {}))
