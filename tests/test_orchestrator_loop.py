@@ -409,6 +409,27 @@ def test_bad_batch_spikes_are_skipped_and_training_recovers(tmp_path, runs):
     assert math.isfinite(losses[24]) and abs(losses[24] - clean[24]) < 0.3
 
 
+def test_bad_data_that_outlasts_the_incident_is_left_out_by_the_watch(tmp_path):
+    """Four bad steps: the third finding leaves out the rows of the first three; the fourth step
+    spikes too (its update withheld) and the watch leaves out its rows as well, so no poisoned
+    row comes back in a later epoch (the bench's bad_batch recall was 0.75 without it)."""
+    run = tmp_path / "r"
+    spike = ["orchestrator.spike.window=8", "orchestrator.spike.min_samples=8", "orchestrator.spike.sigma=3"]
+    assert trimtab.train(debug_cfg(run, steps=24, faults=["bad_batch@18:4"], sets=spike))["status"] == "completed"
+    ds = decisions(run)
+    assert [(d["step"], d["rule"], d["action"]) for d in ds] == [
+        (18, "spike", "skip_step"),
+        (19, "spike", "skip_step"),
+        (20, "spike", "skip_data"),
+        (21, "spike", "skip_step"),
+        (21, "data", "skip_data"),
+    ]
+    poisoned = json.loads((run / "faults.json").read_text())["poisoned"]
+    left_out = [r for d in ds if d["action"] == "skip_data" for r in d["params"]["rows"]]
+    assert len(poisoned) == 4 * 16 and sorted(left_out) == sorted(poisoned)
+    assert ds[-1]["applied"] == ["16 rows left out of training"] and "watched" in ds[-1]["reasoning"]
+
+
 def test_lr_spike_is_caught_before_it_is_applied_and_undone(tmp_path, runs):
     run = tmp_path / "r"
     snap = Snapshot()

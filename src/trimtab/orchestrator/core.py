@@ -167,7 +167,8 @@ class Orchestrator(Hook):
             # rank's monitors see the same numbers and decide alike.
             *seconds, memory = all_max([o.seconds for o in outs] + [-1.0 if memory is None else memory])
             steps = to_host([_device_values(o, "moe" in self.monitors) for o in outs])
-            top_k = {i: moe.top_k for i, moe in run.model.moe_layers()}
+            moe = "moe" in self.monitors and any(o.moe for o in outs)  # a walk of the modules: only then
+            top_k = {i: layer.top_k for i, layer in run.model.moe_layers()} if moe else {}
             for o, values, s in zip(outs, steps, seconds):
                 m = StepMetrics(
                     step=o.step,
@@ -202,8 +203,10 @@ class Orchestrator(Hook):
         findings = [
             f for name, mon in self.monitors.items() if name not in self.paused and (f := mon.observe(m)) is not None
         ]
-        if not findings and self.mode == "auto" and (watched := self.policy.data.watch(run, m)):
-            findings.append(watched)  # the steps after rows were left out: bad data that stayed under the ceilings
+        if self.mode == "auto" and (watched := self.policy.data.watch(run, m)):
+            # the steps after rows were left out: their bad rows go, whether or not the step also spiked
+            # (a spike alone only withholds the update; the rows would come back in the next epoch)
+            findings.append(watched)
         for decision in self.journal.pending():
             track = self.tracking.setdefault(str(decision.id), {"losses": [], "findings": 0})
             track["losses"].append(m.loss)

@@ -95,12 +95,19 @@ class Monitor:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: list(v.values) if isinstance(v, Rolling) else v for k, v in vars(self).items() if k != "cfg"}
+        """Every attribute but the config and caches (a leading underscore)."""
+        return {
+            k: list(v.values) if isinstance(v, Rolling) else v
+            for k, v in vars(self).items()
+            if k != "cfg" and not k.startswith("_")
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
             current = getattr(self, key, None)
             setattr(self, key, Rolling(current.values.maxlen, value) if isinstance(current, Rolling) else value)
+        for key in [k for k in vars(self) if k.startswith("_")]:
+            setattr(self, key, None)  # caches of the windows just replaced
 
     def finding(self, m: StepMetrics, evidence: dict[str, Any], summary: str, strength: float) -> Finding:
         return Finding(
@@ -149,18 +156,26 @@ class LossSpike(Monitor):
         self.window = Rolling(self.cfg.window)  # healthy losses
         self.steps = Rolling(self.cfg.window)  # their steps
         self.next_step = 1
+        self._fit: tuple[Any, tuple[float, float]] | None = None  # trend() of the current window
 
     def trend(self) -> tuple[float, float]:
-        """(the loss predicted at the next step, the residuals' standard deviation)."""
-        xs = [math.log(max(s, 1)) for s in self.steps.values]
-        ys = list(self.window.values)
-        n = len(ys)
-        x_mean, y_mean = sum(xs) / n, sum(ys) / n
-        sxx = sum((x - x_mean) ** 2 for x in xs)
-        slope = sum((x - x_mean) * (y - y_mean) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
-        residuals = [y - y_mean - slope * (x - x_mean) for x, y in zip(xs, ys)]
-        std = math.sqrt(sum(r * r for r in residuals) / max(n - 2, 1))
-        return y_mean + slope * (math.log(max(self.next_step, 1)) - x_mean), std
+        """(the loss predicted at the next step, the residuals' standard deviation). One pass of
+        running sums: the gate and the monitor ask every step (0.14 ms with one pass per term)."""
+        key = (self.next_step, len(self.window), self.window.values[-1] if len(self.window) else None)
+        if self._fit is not None and self._fit[0] == key:
+            return self._fit[1]
+        n = len(self.window)
+        sx = sy = sxx = sxy = syy = 0.0
+        for step, y in zip(self.steps.values, self.window.values):
+            x = math.log(max(step, 1))
+            sx, sy, sxx, sxy, syy = sx + x, sy + y, sxx + x * x, sxy + x * y, syy + y * y
+        x_mean, y_mean = sx / n, sy / n
+        cxx, cxy, cyy = sxx - n * x_mean * x_mean, sxy - n * x_mean * y_mean, syy - n * y_mean * y_mean
+        slope = cxy / cxx if cxx > 1e-12 else 0.0
+        std = math.sqrt(max(cyy - slope * cxy, 0.0) / max(n - 2, 1))  # residual sum of squares
+        fit = (y_mean + slope * (math.log(max(self.next_step, 1)) - x_mean), std)
+        self._fit = (key, fit)
+        return fit
 
     def ceiling(self) -> float:
         if len(self.window) < self.cfg.min_samples:
