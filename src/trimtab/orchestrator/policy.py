@@ -192,27 +192,29 @@ class Policy:
             if again:
                 params["lr_factor"] = cfg.lr_cut
                 self.lr_debt *= cfg.lr_cut
-            worse = (
-                f"{broken:.4g} on held-out data against {self.probe_baseline:.4g} at the last good checkpoint, though "
-                "the flagged steps' updates were withheld: an earlier update broke the weights"
-                if math.isfinite(broken)
-                else f"{broken:.4g} on held-out data: the weights themselves are broken"
-            )
-            why = (
-                f"the model scores {worse}, which skipping or an LR cut cannot repair; restore the last good "
-                "checkpoint at once and keep the data (it was not at fault)"
-                + (
-                    f"; the weights broke again within the replay, so cut the LR x{cfg.lr_cut:g} with it"
-                    if again
-                    else ""
-                )
-            )
+            why = self._broken(broken, again)
         else:
             why = (
                 "instability persists after skipping and an LR cut: restore the last good checkpoint (the LR "
                 f"stays cut) and leave out the {len(rows)} rows of the bad steps that score as outliers"
             )
         return Remedy(action="rollback", params=params, reasoning=why, evidence=evidence)
+
+    def _broken(self, probe: float, again: bool) -> str:
+        """The reasoning of a rollback for broken weights."""
+        worse = (
+            f"{probe:.4g} on held-out data against {self.probe_baseline:.4g} at the last good checkpoint, though "
+            "the flagged steps' updates were withheld: an earlier update broke the weights"
+            if math.isfinite(probe)
+            else f"{probe:.4g} on held-out data: the weights themselves are broken"
+        )
+        cut = (
+            f"; the weights broke again within the replay, so cut the LR x{self.cfg.lr_cut:g} with it" if again else ""
+        )
+        return (
+            f"the model scores {worse}, which skipping or an LR cut cannot repair; restore the last good "
+            f"checkpoint at once and keep the data (it was not at fault){cut}"
+        )
 
     def _diagnose(self, view: Any, sudden: bool) -> tuple[str, float] | None:
         """Bad data or a bad model? Megatron reruns the step; here the model is scored on a
