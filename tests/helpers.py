@@ -2,6 +2,18 @@
 
 from trimtab.training.hooks import Hook
 
+# `trimtab train` flags for quick CLI runs: a small corpus slice, no progress bar, TensorBoard or evals
+FAST = [
+    "--set",
+    "data.max_bytes=150000",
+    "--set",
+    "log.progress=false",
+    "--set",
+    "log.tensorboard=false",
+    "--set",
+    "train.eval_every=0",
+]
+
 
 class StopAt(Hook):
     """Stops the run after `step`, as a signal or a person would (the trainer saves first)."""

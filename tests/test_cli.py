@@ -9,22 +9,12 @@ import time
 
 import pytest
 
+from helpers import FAST
 from trimtab import benchmarks
 from trimtab.checkpoint import list_checkpoints
 from trimtab.cli import build_parser, main
 from trimtab.orchestrator import read_decisions
 from trimtab.training.runlock import run_lock
-
-FAST = [
-    "--set",
-    "data.max_bytes=150000",
-    "--set",
-    "log.progress=false",
-    "--set",
-    "log.tensorboard=false",
-    "--set",
-    "train.eval_every=0",
-]
 
 
 def test_train_resume_and_generate_like_the_readme(tmp_path, capsys):

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 import trimtab
-from helpers import StopAt
+from helpers import FAST, StopAt
 from trimtab.checkpoint import list_checkpoints, verify
 from trimtab.cli import main
 from trimtab.config import load_config, merge
@@ -363,14 +363,7 @@ def test_a_run_that_gives_up_exits_non_zero_and_never_resumes_into_nan(tmp_path)
         "weights_nan@3",
         "--set",
         "orchestrator.max_rollbacks=0",
-        "--set",
-        "data.max_bytes=150000",
-        "--set",
-        "log.progress=false",
-        "--set",
-        "log.tensorboard=false",
-        "--set",
-        "train.eval_every=0",
+        *FAST,
     ]
     assert main(argv) == 3  # a distinct exit code, so a scheduler does not take it for success
 

@@ -16,6 +16,7 @@ ones. (Those steps were trained on; their bad rows are left out of every later e
 from __future__ import annotations
 
 import math
+from statistics import median
 from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
@@ -43,15 +44,15 @@ class DataAttribution:
         cfg = self.cfg
         scores = view.row_losses(rows) if rows else {}
         reference = view.held_out_row_losses(cfg.reference_rows) or list(scores.values())
-        median = _median(reference) if reference else math.inf
-        spread = 1.4826 * _median([abs(x - median) for x in reference]) if reference else 0.0
-        threshold = median + max(cfg.sigma * spread, cfg.min_gap)
+        middle = median(reference) if reference else math.inf
+        spread = 1.4826 * median([abs(x - middle) for x in reference]) if reference else 0.0
+        threshold = middle + max(cfg.sigma * spread, cfg.min_gap)
         bad = sorted(r for r, loss in scores.items() if not math.isfinite(loss) or loss > threshold)
         evidence = {
             "rows_scored": len(scores),
             "rows_left_out": len(bad),
             "threshold": threshold,
-            "reference_median": median,
+            "reference_median": middle,
             "reference_spread": spread,
             "reference_rows": len(reference),
             "sources": dict(list(view.row_sources(bad).items())[:10]) if bad else {},
@@ -82,9 +83,3 @@ class DataAttribution:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rows, self.watch_until = dict(state.get("rows", {})), state.get("watch_until", -1)
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

@@ -42,6 +42,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -186,10 +187,8 @@ class FaultInjector(Hook):
                 self._save()
                 self._corrupt(run, rows)
             elif fault.kind == "weights_nan" and self._due(fault):
-                matrix = next(p for n, p in run.model.named_parameters() if n.startswith("blocks.") and p.ndim == 2)
-                local = matrix.to_local() if hasattr(matrix, "to_local") else matrix  # FSDP: this rank's rows
                 with torch.no_grad():
-                    local[:1].fill_(float("nan"))
+                    next(_block_matrices(run))[:1].fill_(float("nan"))
             elif fault.kind == "weights_noise" and self._due(fault):
                 self._add_noise(run, fault.param)
             elif fault.kind == "expert_collapse" and self._due(fault):
@@ -205,11 +204,9 @@ class FaultInjector(Hook):
     def _add_noise(self, run: RunView, scale: float) -> None:
         generator = torch.Generator().manual_seed(self.step)  # the same noise on every rank
         with torch.no_grad():
-            for name, p in run.model.named_parameters():
-                if name.startswith("blocks.") and p.ndim == 2:
-                    local = p.to_local() if hasattr(p, "to_local") else p
-                    noise = torch.randn(local.shape, generator=generator).to(local.device, local.dtype)
-                    local.add_(noise * scale * local.float().std().to(local.dtype))
+            for local in _block_matrices(run):
+                noise = torch.randn(local.shape, generator=generator).to(local.device, local.dtype)
+                local.add_(noise * scale * local.float().std().to(local.dtype))
 
     def _corrupt(self, run: RunView, rows: list[int]) -> None:
         """The rows' tokens become garbage in the dataset itself (reproducibly per row), as bad data
@@ -284,3 +281,10 @@ class FaultInjector(Hook):
                 return
             with open(target, "r+b") as fh:
                 fh.truncate(target.stat().st_size // 2)
+
+
+def _block_matrices(run: RunView) -> Iterator[torch.Tensor]:
+    """The transformer blocks' weight matrices, each as this rank's local tensor (FSDP: its rows)."""
+    for name, p in run.model.named_parameters():
+        if name.startswith("blocks.") and p.ndim == 2:
+            yield p.to_local() if hasattr(p, "to_local") else p
