@@ -250,6 +250,11 @@ def group_rows(rows: Rows, indices: list[int], micro_batch_tokens: int) -> list[
     return groups
 
 
+def micro_batches(rows: Rows, indices: list[int], micro_batch_tokens: int, pad_id: int) -> list[MicroBatch]:
+    """`indices` of `rows` grouped (group_rows) and collated into micro-batches of the budget."""
+    return [collate(rows, group, pad_id) for group in group_rows(rows, indices, micro_batch_tokens)]
+
+
 def collate(rows: Rows, indices: list[int], pad_id: int) -> MicroBatch:
     width = max(rows.length(i) for i in indices)
     inputs = np.full((len(indices), width), pad_id, dtype=np.int64)
@@ -333,9 +338,7 @@ class BatchLoader:
     def _step(self, indices: list[int], n_tokens: int) -> StepBatch:
         if self.world > 1:
             return shard_step(self.rows, indices, n_tokens, self.micro_batch_tokens, self.pad_id, self.rank, self.world)
-        micro = [
-            collate(self.rows, group, self.pad_id) for group in group_rows(self.rows, indices, self.micro_batch_tokens)
-        ]
+        micro = micro_batches(self.rows, indices, self.micro_batch_tokens, self.pad_id)
         return StepBatch(micro, sum(m.n_targets for m in micro), n_tokens, indices)
 
     def state_dict(self) -> dict:
@@ -369,7 +372,7 @@ def eval_batches(rows: Rows, micro_batch_tokens: int, max_tokens: int, pad_id: i
             break
         indices.append(i)
         n_tokens += rows.length(i)
-    return [collate(rows, group, pad_id) for group in group_rows(rows, indices, micro_batch_tokens)]
+    return micro_batches(rows, indices, micro_batch_tokens, pad_id)
 
 
 # ------------------------------------------------------------------------------ data parallelism

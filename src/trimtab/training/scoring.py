@@ -13,7 +13,6 @@ from collections import Counter
 import torch
 
 from trimtab.data import IGNORE_INDEX, MicroBatch, Rows
-from trimtab.data.packing import collate, group_rows
 from trimtab.training.loss import cross_entropy_sum
 from trimtab.training.runtime import read_scalars
 
@@ -31,11 +30,6 @@ def row_losses(model, forward, precision, micro_batches: list[MicroBatch], devic
                 n = (targets[b] != IGNORE_INDEX).sum().clamp(min=1)
                 losses.append(cross_entropy_sum(hidden[b : b + 1], model.lm_head.weight, targets[b : b + 1]) / n)
     return read_scalars(losses)
-
-
-def batches_of(rows: Rows, indices: list[int], micro_batch_tokens: int, pad_id: int) -> list[MicroBatch]:
-    """`indices` of `rows` as micro-batches of the run's budget (their `rows` name each row)."""
-    return [collate(rows, group, pad_id) for group in group_rows(rows, indices, micro_batch_tokens)]
 
 
 def sources_of(rows: Rows, indices: list[int]) -> dict[str, int]:

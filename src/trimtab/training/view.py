@@ -17,6 +17,7 @@ import torch
 from trimtab.checkpoint import find_checkpoint
 from trimtab.config import RunConfig
 from trimtab.data import Rows
+from trimtab.data.packing import micro_batches
 from trimtab.training import scoring
 from trimtab.training.control import Control
 from trimtab.training.optim import lr_at
@@ -129,7 +130,7 @@ class RunView:
         attribution: which rows of a bad stretch are bad)."""
         t = self._t
         phase = t.phases[t.state.phase]
-        micro = scoring.batches_of(phase.train_rows, list(rows), t.loader.micro_batch_tokens, t.tok.pad_id)
+        micro = micro_batches(phase.train_rows, list(rows), t.loader.micro_batch_tokens, t.tok.pad_id)
         losses = scoring.row_losses(t.model, t.forward, t.precision, micro, t.device)
         return dict(zip((r for m in micro for r in m.rows), losses))
 
