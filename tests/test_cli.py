@@ -54,7 +54,8 @@ def test_yaml_file_and_set_override(tmp_path, capsys):
         (["train", "missing.yaml"], "config file 'missing.yaml' does not exist"),
         (["train", "--preset", "debug", "--set", "data.seq_len=999"], "larger than the model's"),
         (["train", "--preset", "debug", "--set", "data.source=/no/such/dir"], "does not exist"),
-        (["generate", "/no/such/run"], "is not a run directory"),
+        (["generate", "/no/such/run"], "is neither a run directory"),
+        (["export", "/no/such/run", "--out", "/tmp/x"], "is not a run directory"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_2(argv, message, capsys, tmp_path):
@@ -256,6 +257,7 @@ CLI_SURFACE = {
         },
         ["config"],
     ),
+    "export": ({"-h", "--help", "--out", "--step", "--dtype"}, ["run_dir"]),
     "presets": ({"-h", "--help"}, []),
     "doctor": ({"-h", "--help", "--preset", "--device", "--nproc", "--strategy", "--json"}, []),
 }

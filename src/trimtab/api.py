@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from trimtab import hf
 from trimtab.checkpoint import latest_valid, load_model
 from trimtab.config import RunConfig, load_config, read_saved
 from trimtab.data import TextTokenizer
@@ -72,10 +73,17 @@ def built_in_hooks(config: RunConfig) -> list:
 
 
 def load_run(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokenizer]:
-    """The run's resolved config, its newest valid weights and its tokenizer."""
+    """The run's resolved config, its newest valid weights and its tokenizer; or, for a Hugging
+    Face model directory, a config holding its model and the converted weights."""
     run_dir = Path(run_dir)
+    if hf.is_hf_dir(run_dir):
+        model, _ = hf.load_model(run_dir)
+        return RunConfig(model=model.cfg, out=str(run_dir)), model, hf.load_tokenizer(run_dir)
     if not (run_dir / "config.yaml").is_file():
-        raise CheckpointError(f"'{run_dir}' is not a run directory (no config.yaml); pass the --out of a run")
+        raise CheckpointError(
+            f"'{run_dir}' is neither a run directory (no config.yaml) nor a Hugging Face model directory "
+            "(no config.json); pass the --out of a run or a transformers model directory"
+        )
     cfg = read_saved(run_dir)
     found = latest_valid(run_dir)
     if found is None:

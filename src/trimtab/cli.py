@@ -110,6 +110,14 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from trimtab.hf import export_run
+
+    out = export_run(args.run_dir, args.out, step=args.step, dtype=args.dtype)
+    print(f"exported {args.run_dir} to {out} (load it with transformers' AutoModelForCausalLM.from_pretrained)")
+    return 0
+
+
 def _plan(args: argparse.Namespace) -> int:
     from trimtab.plan import plan_command
 
@@ -204,6 +212,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_generate)
+
+    p = sub.add_parser("export", help="write a run as a Hugging Face model directory (transformers loads it)")
+    p.add_argument("run_dir")
+    p.add_argument("--out", required=True, help="directory to write (replaced if it holds an earlier export)")
+    p.add_argument("--step", type=int, help="the checkpoint to export (default: the newest valid one)")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        help="weights' dtype (default: the imported model's, else float32)",
+    )
+    p.set_defaults(func=_export)
 
     p = sub.add_parser("plan", help="Chinchilla plan: tokens, epochs, steps, FLOPs, memory, time (docs/planner.md)")
     p.add_argument("config", nargs="?", help="run config YAML (optional)")

@@ -148,7 +148,7 @@ def _attention(dev: torch.device, cfg: Any, dtype: torch.dtype) -> dict[str, Any
     """The SDPA kernel PyTorch picks for the preset's causal attention, asked with small tensors."""
     from torch.nn.attention import SDPBackend
 
-    heads, head_dim = cfg.model.n_heads, cfg.model.d_model // cfg.model.n_heads
+    heads, head_dim = cfg.model.n_heads, cfg.model.head_dim
     shape = f"{heads} heads x {head_dim} dims, {str(dtype).removeprefix('torch.')}, causal"
     q = torch.zeros(1, heads, 128, head_dim, device=dev, dtype=dtype)
     try:

@@ -18,6 +18,11 @@ class MoEConfig:
     n_experts: int = 8
     top_k: int = 2
     n_shared_experts: int = 0  # always-on experts added to the routed output (DeepSeekMoE)
+    shared_hidden: int = 0  # width of the shared experts together; 0: n_shared_experts * expert_hidden
+    shared_gate: bool = False  # scale the shared output by sigmoid(x . g) (Qwen2-MoE); False: ungated
+    # Gates of the chosen experts divided by their sum: auto when top_k > 1 (top-1 keeps the raw
+    # probability, Switch), true always (Mixtral: a top-1 gate is then 1), false never (Qwen1.5-MoE).
+    norm_topk_prob: str = "auto"
     expert_hidden: int = 0  # 0: the dense ffn width / top_k, so active FLOPs match the dense FFN
     capacity_factor: float = 1.25  # tokens per expert = capacity_factor * T * top_k / E; 0: dropless
     router_temperature: float = 1.0  # softmax temperature of the router logits
@@ -26,18 +31,31 @@ class MoEConfig:
     z_loss_coef: float = 1e-3  # router z-loss (ST-MoE, Zoph et al. 2022)
     bias_update_rate: float = 0.0  # aux-loss-free balancing bias step (DeepSeek-V3: 1e-3); 0: off
 
+    @property
+    def renormalize(self) -> bool:
+        """Whether the chosen experts' gates are divided by their sum (norm_topk_prob resolved)."""
+        return self.norm_topk_prob == "true" or (self.norm_topk_prob == "auto" and self.top_k > 1)
+
     def validate(self) -> None:
         _positive(self, "model.moe", "n_experts", "top_k", "router_temperature")
         _check(self.top_k <= self.n_experts, "model.moe.top_k", "must be <= model.moe.n_experts")
         _check(
-            self.n_shared_experts >= 0 and self.expert_hidden >= 0,
+            self.n_shared_experts >= 0 and self.expert_hidden >= 0 and self.shared_hidden >= 0,
             "model.moe",
-            "n_shared_experts and expert_hidden must be >= 0",
+            "n_shared_experts, expert_hidden and shared_hidden must be >= 0",
+        )
+        _check(
+            self.norm_topk_prob in ("auto", "true", "false"), "model.moe.norm_topk_prob", "must be auto, true or false"
         )
         _check(
             self.capacity_factor == 0 or self.capacity_factor >= 1.0,
             "model.moe.capacity_factor",
             "must be 0 (dropless) or >= 1.0",
+        )
+        _check(
+            not self.shared_gate or self.n_shared_experts > 0,
+            "model.moe.shared_gate",
+            "needs model.moe.n_shared_experts > 0 (a gate without a shared expert gates nothing)",
         )
         _check(0 <= self.router_jitter < 1, "model.moe.router_jitter", "must be in [0, 1)")
         _check(

@@ -24,6 +24,11 @@ logger = logging.getLogger(__name__)
 ROLES = ("system", "user", "assistant")
 END = "<|end|>"
 JSONL_SUFFIXES = (".jsonl",)
+# _render's format as a Jinja chat template (exported with the tokenizer of a chat-trained model)
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 # site-packages holds third-party code that differs between machines; the corpus must not.
 EXCLUDED_DIRS = {"site-packages", "dist-packages"}
 
@@ -224,6 +229,33 @@ class _Reader:
         if kind == "chat":
             return _chat(rec)
         return _render([("user", _string(rec, "prompt")), ("assistant", _string(rec, "response"))])
+
+
+def is_chat(cfg: DataConfig) -> bool:
+    """Whether this data trains on chat or instruction records: its format says so, or (auto,
+    jsonl) its first record is one."""
+    if cfg.format in ("chat", "instruction"):
+        return True
+    if cfg.format == "text" or cfg.source == "builtin" or not Path(cfg.source).exists():
+        return False
+    path = Path(cfg.source)
+    files = [path] if path.is_file() else sorted(path.rglob("*.jsonl"))
+    if not files or (cfg.format == "auto" and files[0].suffix.lower() not in JSONL_SUFFIXES):
+        return False
+    with open(files[0], encoding="utf-8", errors="replace") as fh:
+        first = next((line for line in fh if line.strip()), "")
+    try:
+        rec = json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(rec, dict) and _detect_kind(rec, cfg.text_field) in ("chat", "instruction")
+
+
+def _detect_kind(rec: dict[str, Any], text_field: str) -> str | None:
+    try:
+        return _detect(rec, text_field)
+    except _BadRecord:
+        return None
 
 
 class _BadRecord(ValueError):

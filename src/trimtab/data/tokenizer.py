@@ -1,8 +1,10 @@
-"""Byte-level BPE tokenizer: trained on the corpus (and cached) or loaded from a tokenizer.json."""
+"""Byte-level BPE tokenizer: trained on the corpus (and cached) or loaded from a tokenizer.json,
+either trimtab's own or a Hugging Face model's (used as is)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
@@ -24,17 +26,27 @@ _SPECIAL_RE = re.compile("|".join(map(re.escape, SPECIAL_TOKENS)))
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # every byte plus the special tokens
 
 
+HF_CONFIG = "tokenizer_config.json"  # beside a tokenizer.json: a Hugging Face tokenizer's settings
+
+
 class TextTokenizer:
     """A tokenizers.Tokenizer whose special tokens are matched inside text (chat templates) and whose
-    byte-level model round-trips any UTF-8 text."""
+    byte-level model round-trips any UTF-8 text.
 
-    def __init__(self, tok: Tokenizer) -> None:
+    trimtab's own has SPECIAL_TOKENS (end of text, pad, chat roles). A Hugging Face one (`hf`: its
+    tokenizer_config.json) is used exactly as it is: its vocabulary, its end-of-text and pad
+    tokens, its chat template; nothing is added, so ids match the model it came with."""
+
+    def __init__(self, tok: Tokenizer, hf: dict | None = None) -> None:
         self._tok = tok
+        self.hf = hf
         self.vocab_size: int = tok.get_vocab_size(with_added_tokens=True)
-        self.eos_id: int = tok.token_to_id(EOS)
-        self.pad_id: int = tok.token_to_id(PAD)
+        self.eos_id: int = tok.token_to_id(_content(hf.get("eos_token")) if hf else EOS)
+        pad = _content(hf.get("pad_token")) if hf else PAD
+        self.pad_id: int = tok.token_to_id(pad) if pad else self.eos_id
         # identifies the exact vocabulary + merges: part of the token cache key
-        self.fingerprint = hashlib.sha256(tok.to_str().encode()).hexdigest()
+        settings = json.dumps(hf, sort_keys=True) if hf else ""  # its end-of-text id shapes the rows
+        self.fingerprint = hashlib.sha256((tok.to_str() + settings).encode()).hexdigest()
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
@@ -51,10 +63,15 @@ class TextTokenizer:
         tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
         self._tok.save(str(tmp))
         os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
+        if self.hf is not None:  # its settings travel with it (load reads them back)
+            tmp = path.with_name(f"{HF_CONFIG}.tmp{os.getpid()}")
+            tmp.write_text(json.dumps(self.hf, indent=1))
+            os.replace(tmp, path.with_name(HF_CONFIG))
 
     @classmethod
     def load(cls, path: Path, key: str = "tokenizer file") -> TextTokenizer:
-        """Load a tokenizer.json; `key` names it in errors (e.g. "data.tokenizer")."""
+        """Load a tokenizer.json (a Hugging Face one when a tokenizer_config.json sits beside it);
+        `key` names it in errors (e.g. "data.tokenizer")."""
         path = Path(path)
         if not path.is_file():
             raise DataError(f"{key} '{path}' does not exist; check the path")
@@ -65,10 +82,33 @@ class TextTokenizer:
             raise DataError(
                 f"{key} '{path}' is not a tokenizers JSON file ({reason}); save it with tokenizers' Tokenizer.save"
             ) from None
+        if (path.parent / HF_CONFIG).is_file():
+            return cls(tok, _hf_settings(tok, path.parent / HF_CONFIG, key))
         if tok.token_to_id(EOS) is None:
             raise DataError(f"{key} '{path}' has no {EOS} token; add it to the tokenizer's vocabulary")
         tok.add_special_tokens(SPECIAL_TOKENS)  # no-op for those present; new ids for the rest
         return cls(tok)
+
+
+def _content(token: str | dict | None) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string, or {"content": ...}."""
+    return token.get("content") if isinstance(token, dict) else token
+
+
+def _hf_settings(tok: Tokenizer, path: Path, key: str) -> dict:
+    """tokenizer_config.json, checked: its end-of-text token (and pad, if any) must be in the
+    vocabulary, since documents are separated by it."""
+    try:
+        settings = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: unreadable ({exc}); it must be the tokenizer's JSON settings") from None
+    for field in ("eos_token", "pad_token"):
+        name = _content(settings.get(field))
+        if field == "eos_token" and not name:
+            raise DataError(f"{path}: no 'eos_token'; name the end-of-text token there ({key})")
+        if name and tok.token_to_id(name) is None:
+            raise DataError(f"{path}: '{field}' {name!r} is not in the vocabulary of {path.parent / 'tokenizer.json'}")
+    return settings
 
 
 def get_tokenizer(cfg: DataConfig, docs: list[Document], cache_dir: Path) -> TextTokenizer:

@@ -7,11 +7,13 @@ Shape legend:
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trimtab.config import ModelConfig
+from trimtab.config import ModelConfig, RopeScalingConfig
 from trimtab.model.cache import KVCache
 
 
@@ -33,11 +35,14 @@ class Rotary(nn.Module):
     The head dim is split into halves (x1, x2) and the pair (x1[i], x2[i]) is rotated by the
     angle pos * theta^(-2i/E): the layout of Llama / transformers, so weights and logits carry
     over unchanged. Computed once for max_seq_len (in float64, then rounded), sliced per forward.
+    `scaling` stretches the frequencies for long contexts (RopeScalingConfig).
     """
 
-    def __init__(self, head_dim: int, max_seq_len: int, theta: float):
+    def __init__(self, head_dim: int, max_seq_len: int, theta: float, scaling: RopeScalingConfig | None = None):
         super().__init__()
         inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        if scaling is not None and scaling.type != "none":
+            inv_freq = scaled_frequencies(inv_freq, scaling)
         angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
         self.register_buffer("cos", angles.cos()[:, None].float(), persistent=False)  # [L, 1, E/2]
         self.register_buffer("sin", angles.sin()[:, None].float(), persistent=False)
@@ -46,6 +51,23 @@ class Rotary(nn.Module):
         """cos, sin for positions [offset, offset + length), each [T, 1, E/2]."""
         end = offset + length
         return self.cos[offset:end], self.sin[offset:end]
+
+
+def scaled_frequencies(inv_freq: torch.Tensor, s: RopeScalingConfig) -> torch.Tensor:
+    """inv_freq [E/2] stretched for a longer context. linear: all divided by the factor (Chen et
+    al. 2023). llama3 (Llama 3.1; transformers' _compute_llama3_parameters): wavelengths longer
+    than original / low_freq_factor are divided by the factor, those shorter than original /
+    high_freq_factor kept, and the band between blended linearly in original / wavelength."""
+    if s.type == "linear":
+        return inv_freq / s.factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > s.original_max_seq_len / s.low_freq_factor, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_seq_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    blended = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= s.original_max_seq_len / s.high_freq_factor) & (
+        wavelen <= s.original_max_seq_len / s.low_freq_factor
+    )
+    return torch.where(medium, blended, scaled)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, sign: float = 1.0) -> None:
@@ -92,18 +114,23 @@ class RotaryQKV(torch.autograd.Function):
 class Attention(nn.Module):
     """Causal self-attention with grouped-query heads (Ainslie et al. 2023).
 
-    q, k, v come from one fused projection (rows: H*E query, K*E key, K*E value, each head-major).
-    K/V heads are shared by H/K query heads inside scaled_dot_product_attention (enable_gqa),
-    never repeated in memory.
+    q, k, v come from one fused projection (rows: H*E query, K*E key, K*E value, each head-major;
+    with a bias when cfg.attn_bias, as Qwen2). K/V heads are shared by H/K query heads inside
+    scaled_dot_product_attention (enable_gqa), never repeated in memory. cfg.qk_norm normalises
+    each query and key head (RMSNorm over E) before the rotation, as Qwen3 (QK-norm: Dehghani et
+    al. 2023, "Scaling Vision Transformers to 22 Billion Parameters").
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
-        self.head_dim = cfg.d_model // cfg.n_heads
+        self.head_dim = cfg.head_dim or cfg.d_model // cfg.n_heads
         self.gqa = self.n_kv_heads != self.n_heads
-        self.wqkv = nn.Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv_heads) * self.head_dim, bias=False)
+        rows = (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
+        self.wqkv = nn.Linear(cfg.d_model, rows, bias=cfg.attn_bias)
         self.wo = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
 
     def forward(
         self,
@@ -117,6 +144,9 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         H, K = self.n_heads, self.n_kv_heads
         qkv = self.wqkv(x).view(B, T, H + 2 * K, self.head_dim)
+        if self.q_norm is not None:
+            q, k, v = qkv.split((H, K, K), dim=2)
+            qkv = torch.cat((self.q_norm(q), self.k_norm(k), v), dim=2)
         q, k, v = RotaryQKV.apply(qkv, *rope, H, K)  # [B, H, T, E], [B, K, T, E] x2
         if cache is not None:
             k, v = cache.update(layer, k, v)  # [B, K, S, E]

@@ -75,7 +75,8 @@ class MoE(nn.Module):
     """Routed SwiGLU experts (+ optional shared experts): x [B, T, D] -> [B, T, D].
 
     Parameters: router [E, D], w1 / w3 [E, D, H], w2 [E, H, D], shared (a SwiGLU of width
-    n_shared_experts * H, DeepSeekMoE, Dai et al. 2024) or None. Buffers: expert_bias [E]
+    shared_hidden, DeepSeekMoE, Dai et al. 2024) or None, shared_gate [1, D] (Qwen2-MoE's sigmoid
+    gate on the shared output) or None. Buffers: expert_bias [E]
     (checkpointed), load [E] (training assignments since the last update_bias; not saved).
 
     After each forward: `stats` (detached, no host sync) and, in training, `aux_loss`
@@ -102,7 +103,9 @@ class MoE(nn.Module):
         self.w1 = nn.Parameter(torch.empty(E, D, H))  # gate
         self.w3 = nn.Parameter(torch.empty(E, D, H))  # up
         self.w2 = nn.Parameter(torch.empty(E, H, D))  # down
-        self.shared = SwiGLU(D, cfg.n_shared_experts * H) if cfg.n_shared_experts > 0 else None
+        self.renormalize = cfg.renormalize
+        self.shared = SwiGLU(D, cfg.shared_hidden or cfg.n_shared_experts * H) if cfg.n_shared_experts > 0 else None
+        self.shared_gate = nn.Linear(D, 1, bias=False) if cfg.shared_gate else None
         self.register_buffer("expert_bias", torch.zeros(E))  # checkpointed: selection only
         self.register_buffer("load", torch.zeros(E), persistent=False)  # since update_bias
         self.aux_loss: torch.Tensor | None = None
@@ -124,6 +127,8 @@ class MoE(nn.Module):
             nn.init.normal_(self.shared.w1.weight, 0.0, self.init_std)
             nn.init.normal_(self.shared.w3.weight, 0.0, self.init_std)
             nn.init.normal_(self.shared.w2.weight, 0.0, self.out_std)
+        if self.shared_gate is not None:
+            nn.init.normal_(self.shared_gate.weight, 0.0, self.init_std)
         self.expert_bias.zero_()
         self.load.zero_()
 
@@ -139,10 +144,10 @@ class MoE(nn.Module):
         probs = logits.softmax(-1)
         experts = (probs.detach() + self.expert_bias).topk(self.top_k, -1).indices  # [N, k]
         gates = probs.gather(-1, experts)
-        if self.top_k > 1:  # renormalise over the chosen k (Mixtral; DeepSeek-V3 eq. 13).
+        if self.renormalize:  # over the chosen k (Mixtral; DeepSeek-V3 eq. 13).
             gates = gates / gates.sum(-1, keepdim=True)
-        # top-1 keeps the raw prob (Switch eq. 2): renormalised it would be 1, and the router
-        # would get no gradient from the model's loss.
+        # By default top-1 keeps the raw prob (Switch eq. 2): renormalised it would be 1, and the
+        # router would get no gradient from the model's loss (Mixtral does it all the same).
         counts = torch.zeros(self.n_experts, device=x.device).scatter_add_(
             0, experts.flatten(), torch.ones(experts.numel(), device=x.device)
         )
@@ -190,7 +195,8 @@ class MoE(nn.Module):
         out, dropped = layout(xf, order, sorted_e, rank, counts, cap)  # [A, D], 0 if dropped
         y = torch.bmm(r.gates.to(out.dtype).unsqueeze(1), out.view(N, k, D)).squeeze(1)
         if self.shared is not None:
-            y = y + self.shared(xf)
+            shared = self.shared(xf)
+            y = y + (shared * torch.sigmoid(self.shared_gate(xf)) if self.shared_gate is not None else shared)
         self._record(r, dropped)
         return y.view(B, T, D)
 

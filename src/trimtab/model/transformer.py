@@ -80,7 +80,7 @@ class Transformer(nn.Module):
                 "set it from the tokenizer before building the model"
             )
         self.cfg = cfg
-        self.head_dim = cfg.d_model // cfg.n_heads
+        self.head_dim = cfg.head_dim or cfg.d_model // cfg.n_heads
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         capacities = iter(cfg.mod_capacities)
         self.blocks = nn.ModuleList(Block(cfg, kind, next(capacities) if "mod" in kind else 1.0) for kind in cfg.layers)
@@ -88,19 +88,21 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
-        self.rotary = Rotary(self.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.rotary = Rotary(self.head_dim, cfg.max_seq_len, cfg.rope_theta, cfg.rope_scaling)
         self.checkpointing = False
         self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """normal(0, init_std) matrices, ones for norms; residual output projections (attention wo,
+        """normal(0, init_std) matrices, ones for norms, zeros for biases; residual output projections (attention wo,
         ffn w2) scaled by 1/sqrt(2 * n_layers) so the residual stream's variance does not grow
         with depth (GPT-2, Radford et al. 2019, section 2.3; Megatron-LM, Shoeybi et al. 2019)."""
         std = self.cfg.init_std
         out_std = std / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():  # tied weights are listed (and drawn) once
-            if p.dim() == 1:
+            if name.endswith(".bias"):
+                nn.init.zeros_(p)
+            elif p.dim() == 1:
                 nn.init.ones_(p)
             else:
                 residual = name.endswith(("wo.weight", "w2.weight", "ffn.w2"))  # ffn.w2: MoE experts

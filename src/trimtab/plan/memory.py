@@ -115,7 +115,7 @@ class MemoryPlan:
 def activation_elements(cfg: RunConfig) -> tuple[list[tuple[float, float]], tuple[float, float]]:
     """Per token: each layer's (fp32 elements, activation-width elements), and the head's."""
     m = cfg.model
-    h, kv = m.d_model, m.n_kv_heads * (m.d_model // m.n_heads)
+    h, kv = m.d_model, m.n_kv_heads * m.head_dim
     capacities = iter(m.mod_capacities)
     layers = []
     for kind in m.layers:

@@ -9,6 +9,7 @@ anything is built (training/resume.py).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 import yaml
 
+from trimtab import hf
 from trimtab.checkpoint import is_sharded, latest_valid, load_model
 from trimtab.config import DataConfig, OptimConfig, RunConfig, read_saved
 from trimtab.data import (
@@ -35,6 +37,8 @@ from trimtab.data import (
 from trimtab.distributed import Parallel
 from trimtab.errors import CheckpointError, ConfigError
 from trimtab.hardware import Precision, choose_precision, peak_flops, pick_device
+from trimtab.hf.importer import SOURCE, source_record
+from trimtab.hf.importer import load_weights as load_hf_weights
 from trimtab.model import Transformer, build_model
 from trimtab.paths import cache_dir
 from trimtab.training.resume import resume_point
@@ -138,18 +142,30 @@ def check_resume_compatible(cfg: RunConfig) -> None:
         )
 
 
-def init_weights_from(cfg: RunConfig, model: Transformer) -> Path:
-    """train.init_from: start from another run's (or checkpoint's) weights; returns the checkpoint."""
+def adopt_hf_model(cfg: RunConfig) -> None:
+    """train.init_from a Hugging Face model directory: its config.json is the model (the config's
+    model section is replaced, MoE training knobs included: dropless, its aux-loss coefficient)."""
+    if cfg.train.init_from and hf.is_hf_dir(cfg.train.init_from):
+        cfg.model = hf.model_config(cfg.train.init_from)
+        cfg.validate()
+
+
+def init_weights_from(cfg: RunConfig, model: Transformer) -> tuple[Path, dict | None]:
+    """train.init_from: start from another run's (or checkpoint's) weights, or a Hugging Face
+    model's; returns where they came from and, for the latter, the record export keeps."""
     source = Path(cfg.train.init_from)
+    if hf.is_hf_dir(source):
+        dtype = load_hf_weights(model, source)
+        return source, source_record(source, dtype)
     found = latest_valid(source) if (source / "checkpoints").is_dir() else None
     path = found[0] if found else source
     if not ((path / "model.safetensors").is_file() or is_sharded(path)):
         raise ConfigError(
             f"config key 'train.init_from' = '{source}' has no valid checkpoint; "
-            "point it at a run directory or a checkpoints/step_* directory"
+            "point it at a run directory, a checkpoints/step_* directory or a Hugging Face model directory"
         )
     load_model(model, path)
-    return path
+    return path, None
 
 
 def _run_dir_of(init_from: str) -> Path:
@@ -157,9 +173,11 @@ def _run_dir_of(init_from: str) -> Path:
     return path.parent.parent if path.name.startswith("step_") else path
 
 
-def prepare_run_dir(cfg: RunConfig, tok: TextTokenizer) -> None:
+def prepare_run_dir(cfg: RunConfig, tok: TextTokenizer, hf_source: dict | None = None) -> None:
     run_dir = cfg.run_dir
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    if hf_source is not None:  # what export needs to give an imported model back as it came
+        (run_dir / SOURCE).write_text(json.dumps(hf_source, indent=1))
     tmp = run_dir / "config.yaml.tmp"
     tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     os.replace(tmp, run_dir / "config.yaml")
@@ -190,6 +208,7 @@ def setup(cfg: RunConfig) -> Run:
     tokenize the data, build the model (from train.init_from's weights on a fresh run), wrap it,
     and write config.yaml and tokenizer.json into the run directory."""
     torch.manual_seed(cfg.train.seed)
+    adopt_hf_model(cfg)
     dist = Parallel.start(cfg.distributed, pick_device(cfg.train.device))
     resume = resume_point(cfg, dist)
     precision = dist.same_precision(choose_precision(dist.device, cfg.train.precision))
@@ -200,10 +219,12 @@ def setup(cfg: RunConfig) -> Run:
     model = build_model(cfg.model).to(dist.device)
     if cfg.train.activation_checkpointing:
         model.set_activation_checkpointing(True)
+    hf_source = None
     if cfg.train.init_from and not resume:
-        log.info("initialised from %s (train.init_from)", init_weights_from(cfg, model))
+        source, hf_source = init_weights_from(cfg, model)
+        log.info("initialised from %s (train.init_from)", source)
     forward = dist.wrap(model, cfg.train.compile, precision)
-    dist.on_main(prepare_run_dir, cfg, tok)
+    dist.on_main(prepare_run_dir, cfg, tok, hf_source)
     return Run(
         cfg=cfg,
         dist=dist,

@@ -1,0 +1,79 @@
+"""The model card (README.md) of an exported model, written from the run directory's files:
+config.yaml, the checkpoint's state.json, summary.json and decisions.jsonl."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from trimtab.config import RunConfig
+from trimtab.model.catalog import family, human_count, model_size
+
+MAX_LISTED = 12  # decisions listed one by one; the rest are counted
+
+
+def model_card(run_dir: Path, cfg: RunConfig, state: dict[str, Any], arch: str, source: dict | None) -> str:
+    total, active, _ = model_size(cfg)
+    m = cfg.model
+    summary = _json(run_dir / "summary.json")
+    lines = [
+        "---",
+        "library_name: transformers",
+        "tags: [trimtab]",
+        "---",
+        f"# {run_dir.resolve().name}",
+        "",
+        f"Trained with [trimtab](https://github.com/trimtab/trimtab); exported as `{arch}`.",
+        "",
+        "## Model",
+        f"- {family(m)} decoder, {m.n_layers} layers ({_pattern(m.layers)}), d_model {m.d_model}, "
+        f"{m.n_heads} heads ({m.n_kv_heads} key/value), head dim {m.head_dim}, context {m.max_seq_len}",
+        f"- parameters: {human_count(total)} ({total:,}), {human_count(active)} active per token",
+        f"- vocabulary: {m.vocab_size:,}; RoPE theta {m.rope_theta:g}",
+    ]
+    if source:
+        lines.append(f"- initialised from `{source['path']}` ({source['config']['architectures'][0]})")
+    lines += ["", "## Training", f"- steps: {state.get('step', 0):,}; tokens seen: {state.get('tokens', 0):,}"]
+    lines.append(f"- data: {_data(cfg)}")
+    if summary.get("val_loss") is not None:
+        lines.append(f"- final validation loss: {summary['val_loss']:.4f} (perplexity {summary['val_ppl']:.2f})")
+    lines += ["", "## Orchestrator decisions", *_decisions(run_dir / "decisions.jsonl")]
+    return "\n".join(lines) + "\n"
+
+
+def _pattern(kinds: list[str]) -> str:
+    counts = Counter(kinds)
+    return ", ".join(f"{n} {kind}" for kind, n in counts.items())
+
+
+def _data(cfg: RunConfig) -> str:
+    parts = [f"`{cfg.data.source}` ({cfg.train.max_steps} steps)"]
+    if cfg.finetune.steps:
+        parts.append(f"finetuned on `{cfg.finetune.data.source}` ({cfg.finetune.steps} steps)")
+    return "; ".join(parts)
+
+
+def _decisions(path: Path) -> list[str]:
+    """One line per decision (step, rule, action, outcome), the first MAX_LISTED, then counts."""
+    if not path.is_file():
+        return ["None recorded."]
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not records:
+        return ["None: the run needed no intervention."]
+    actions = Counter(r.get("action", "?") for r in records)
+    lines = [f"{len(records)} decisions: " + ", ".join(f"{n} {a}" for a, n in actions.most_common()), ""]
+    for r in records[:MAX_LISTED]:
+        outcome = (r.get("outcome") or {}).get("result", "pending")
+        lines.append(f"- step {r.get('step')}: {r.get('summary', r.get('rule'))} -> {r.get('action')} ({outcome})")
+    if len(records) > MAX_LISTED:
+        lines.append(f"- ... {len(records) - MAX_LISTED} more in decisions.jsonl of the run")
+    return lines
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}

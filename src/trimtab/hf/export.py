@@ -1,0 +1,217 @@
+"""`trimtab export RUN_DIR --out DIR`: a run's checkpoint as a directory transformers loads
+offline (AutoModelForCausalLM / AutoTokenizer.from_pretrained(DIR)).
+
+    DIR/config.json, generation_config.json
+       model.safetensors, or model-0000K-of-0000N.safetensors + model.safetensors.index.json
+       tokenizer.json, tokenizer_config.json, special_tokens_map.json
+       README.md                the model card (hf/card.py)
+       [configuration_trimtab.py, modeling_trimtab.py: trust_remote_code, when no standard class
+        computes the model; hf/remote]
+
+Tensors stream from the checkpoint to the shards one at a time: the memory held is one shard
+(max_shard_bytes) plus a tensor, never a second copy of the model. The directory appears whole
+or not at all (written beside DIR, then renamed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from trimtab.checkpoint import is_sharded, list_checkpoints, read_sharded_weights, verify
+from trimtab.config import ModelConfig, RunConfig, read_saved
+from trimtab.data import TextTokenizer
+from trimtab.errors import CheckpointError, ConfigError
+from trimtab.hf.architectures import export_class, to_hf_config
+from trimtab.hf.card import model_card
+from trimtab.hf.importer import SOURCE
+from trimtab.hf.tensors import Getter, to_hf
+
+MAX_SHARD_BYTES = 4 * 2**30  # shards above this size split (transformers' own default is 5 GB)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def export_run(
+    run_dir: str | Path,
+    out: str | Path,
+    *,
+    step: int | None = None,
+    dtype: str | None = None,
+    max_shard_bytes: int = MAX_SHARD_BYTES,
+) -> Path:
+    """Export checkpoint `step` (default: the newest valid one) of `run_dir` into `out`. dtype:
+    float32 | bfloat16 | float16; default the imported model's own, else float32. Returns out."""
+    run_dir, out = Path(run_dir), Path(out)
+    if not (run_dir / "config.yaml").is_file():
+        raise CheckpointError(f"'{run_dir}' is not a run directory (no config.yaml); pass the --out of a run")
+    cfg = read_saved(run_dir)
+    path, state = _checkpoint(run_dir, step)
+    source = json.loads((run_dir / SOURCE).read_text()) if (run_dir / SOURCE).is_file() else None
+    dtype = dtype or (source["dtype"] if source else "float32")
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype '{dtype}' is not one of {', '.join(DTYPES)}")
+    get = _reader(path)
+    model_cfg = _live_config(cfg.model, state.get("moe", {}))
+    biased = any(bool(get(f"blocks.{i}.ffn.expert_bias").any()) for i in map(int, state.get("moe", {})))
+    prefer = source["config"]["architectures"][0] if source else ""
+    arch = export_class(model_cfg, state.get("moe", {}), biased, prefer)
+    tok = TextTokenizer.load(run_dir / "tokenizer.json")
+    tmp = _fresh(out)
+    try:
+        if arch is None:
+            arch = _remote(get, model_cfg, state, tmp, tok, dtype)
+        else:
+            ids = _token_ids(tok, source)
+            hf = {**(source["config"] if source else {}), **to_hf_config(model_cfg, arch, ids, dtype)}
+            _write_json(tmp / "config.json", hf)
+            write_shards(to_hf(get, model_cfg, arch, state.get("moe", {})), tmp, DTYPES[dtype], max_shard_bytes)
+        _write_json(tmp / "generation_config.json", _generation_config(tok, source))
+        write_tokenizer(tok, tmp, model_cfg.max_seq_len, chat=_chat_trained(cfg))
+        (tmp / "README.md").write_text(model_card(run_dir, cfg, state, arch, source))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _checkpoint(run_dir: Path, step: int | None) -> tuple[Path, dict[str, Any]]:
+    found = list_checkpoints(run_dir)
+    if step is not None:
+        found = [p for p in found if p.name == f"step_{step:06d}"]
+        if not found:
+            have = ", ".join(p.name.removeprefix("step_").lstrip("0") or "0" for p in list_checkpoints(run_dir))
+            raise CheckpointError(f"{run_dir} has no checkpoint at step {step} (it has: {have or 'none'})")
+    for path in reversed(found):
+        try:
+            return path, verify(path)
+        except CheckpointError:
+            if step is not None:
+                raise
+    raise CheckpointError(f"'{run_dir}' has no valid checkpoint yet; train it first")
+
+
+def _reader(path: Path) -> Getter:
+    """trimtab tensors of a checkpoint by name, read on demand (a sharded checkpoint is assembled
+    whole first: torch.distributed.checkpoint reads it that way)."""
+    if is_sharded(path):
+        return read_sharded_weights(path).__getitem__
+    handle = safe_open(str(path / "model.safetensors"), "pt")
+    return handle.get_tensor
+
+
+def _live_config(cfg: ModelConfig, moe_state: dict[str, dict[str, float]]) -> ModelConfig:
+    """The model config with what surgery changed: the expert count when every MoE layer has
+    the same one (unequal counts leave as remote code)."""
+    counts = {int(s["n_experts"]) for s in moe_state.values()}
+    if len(counts) != 1:
+        return cfg
+    return dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, n_experts=counts.pop()))
+
+
+def _fresh(out: Path) -> Path:
+    """A temp dir beside `out`; refuses an `out` that holds something other than an export."""
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "config.json").is_file())):
+        raise ConfigError(f"--out '{out}' exists and is not an exported model; choose an empty or new directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".tmp_{out.name}_{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def write_shards(tensors: Iterator[tuple[str, torch.Tensor]], out: Path, dtype: torch.dtype, max_bytes: int) -> None:
+    """Save (name, tensor) pairs as safetensors of at most max_bytes each (a larger single tensor
+    gets a shard of its own): model.safetensors, or numbered shards and their index."""
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = total = 0
+    names: list[list[str]] = [[]]
+    for name, tensor in tensors:
+        tensor = tensor.to(dtype).contiguous()
+        nbytes = tensor.numel() * tensor.element_size()
+        if size and size + nbytes > max_bytes:
+            _save(shards[-1], out / f".shard{len(shards)}")
+            shards.append({})
+            names.append([])
+            size = 0
+        shards[-1][name] = tensor
+        names[-1].append(name)
+        size, total = size + nbytes, total + nbytes
+    _save(shards[-1], out / f".shard{len(shards)}")
+    if len(shards) == 1:
+        os.replace(out / ".shard1", out / "model.safetensors")
+        return
+    weight_map = {}
+    for k, shard_names in enumerate(names, 1):
+        file = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        os.replace(out / f".shard{k}", out / file)
+        weight_map.update(dict.fromkeys(shard_names, file))
+    _write_json(out / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
+
+
+def _save(shard: dict[str, torch.Tensor], path: Path) -> None:
+    save_file(shard, str(path), metadata={"format": "pt"})
+    shard.clear()  # the shard's tensors go with it
+
+
+def _token_ids(tok: TextTokenizer, source: dict | None) -> dict[str, Any]:
+    if source:
+        return {k: source["config"].get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    return {"bos_token_id": None, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
+
+
+def _generation_config(tok: TextTokenizer, source: dict | None) -> dict[str, Any]:
+    if source and source.get("generation_config"):
+        return source["generation_config"]
+    return {"bos_token_id": None, **{k: v for k, v in _token_ids(tok, source).items() if k != "bos_token_id"}}
+
+
+def _chat_trained(cfg: RunConfig) -> bool:
+    """Whether a phase trained on chat records (their template then goes with the tokenizer)."""
+    from trimtab.data.sources import is_chat
+
+    phases = [cfg.data] + ([cfg.finetune.data] if cfg.finetune.steps else [])
+    return any(is_chat(data) for data in phases)
+
+
+def write_tokenizer(tok: TextTokenizer, out: Path, max_len: int, chat: bool) -> None:
+    """tokenizer.json and the settings AutoTokenizer reads: a Hugging Face tokenizer's own
+    (model_max_length set if it had none), else trimtab's specials and, after chat training,
+    its chat template (data/sources.py CHAT_TEMPLATE, the format the model learned)."""
+    from trimtab.data.sources import CHAT_TEMPLATE
+    from trimtab.data.tokenizer import EOS, PAD
+
+    tok.save(out / "tokenizer.json")  # a Hugging Face one writes its tokenizer_config.json too
+    settings = dict(tok.hf) if tok.hf else {"eos_token": EOS, "pad_token": PAD, "bos_token": None}
+    settings.setdefault("model_max_length", max_len)
+    settings.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+    settings.setdefault("clean_up_tokenization_spaces", False)
+    if chat and not tok.hf:
+        settings["chat_template"] = CHAT_TEMPLATE
+    _write_json(out / "tokenizer_config.json", settings)
+    special = {k: settings[k] for k in ("bos_token", "eos_token", "pad_token", "unk_token") if settings.get(k)}
+    _write_json(out / "special_tokens_map.json", special)
+
+
+def _remote(get: Getter, cfg: ModelConfig, state: dict[str, Any], out: Path, tok: TextTokenizer, dtype: str) -> str:
+    """No standard class computes this model: trimtab's own modeling file (hf/remote)."""
+    from trimtab.hf.remote import remote_config, remote_tensors
+
+    _write_json(out / "config.json", remote_config(cfg, state, out, tok.eos_id, tok.pad_id, dtype))
+    write_shards(remote_tensors(get, cfg, state), out, DTYPES[dtype], MAX_SHARD_BYTES)
+    return "TrimtabForCausalLM"
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n")

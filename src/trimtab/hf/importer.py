@@ -1,0 +1,153 @@
+"""A Hugging Face model directory into trimtab: config.json -> ModelConfig, safetensors -> the
+model's weights (streamed, tensor by tensor, into a model built without initialising), and its
+tokenizer used as is.
+
+A run initialised from such a directory keeps what it came from in RUN_DIR/hf_source.json (the
+class, config.json, the weights' dtype), so export can give it back in its own class and dtype:
+an imported model exported untrained has the original files' tensors, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from trimtab.config import ModelConfig
+from trimtab.data import TextTokenizer
+from trimtab.errors import CheckpointError, ConfigError
+from trimtab.hf.architectures import architecture, to_model_config
+from trimtab.hf.tensors import Recorder, from_hf
+from trimtab.model import Transformer
+from trimtab.model.catalog import uninitialised
+
+SOURCE = "hf_source.json"  # in a run directory initialised from a Hugging Face model
+
+
+def is_hf_dir(path: str | Path) -> bool:
+    """A transformers model directory (config.json + safetensors), not a trimtab run."""
+    path = Path(path)
+    return (path / "config.json").is_file() and not (path / "config.yaml").is_file()
+
+
+class SafetensorsDir:
+    """The tensors of model.safetensors or of the shards model.safetensors.index.json lists,
+    read one at a time (each file opened once, memory-mapped)."""
+
+    def __init__(self, path: Path):
+        index = path / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            self.files = {name: path / shard for name, shard in weight_map.items()}
+        elif (path / "model.safetensors").is_file():
+            with safe_open(str(path / "model.safetensors"), "pt") as f:
+                self.files = {name: path / "model.safetensors" for name in f.keys()}  # noqa: SIM118
+        else:
+            raise CheckpointError(
+                f"{path}: no model.safetensors or model.safetensors.index.json; trimtab reads safetensors "
+                "weights (save the model with save_pretrained(..., safe_serialization=True))"
+            )
+        self._open: dict[Path, Any] = {}
+
+    @property
+    def names(self) -> set[str]:
+        return set(self.files)
+
+    def __call__(self, name: str) -> torch.Tensor:
+        file = self.files[name]
+        if file not in self._open:
+            if not file.is_file():
+                raise CheckpointError(f"{file}: missing (listed in model.safetensors.index.json)")
+            self._open[file] = safe_open(str(file), "pt")
+        return self._open[file].get_tensor(name)
+
+    def dtype(self) -> torch.dtype:
+        """The dtype of the floating-point weights (the first tensor's)."""
+        return self(next(iter(sorted(self.files)))).dtype
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    file = Path(path) / "config.json"
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{file}: unreadable ({exc})") from None
+
+
+def model_config(path: str | Path) -> ModelConfig:
+    """The trimtab ModelConfig of a Hugging Face directory (ConfigError naming the field it
+    cannot implement)."""
+    return to_model_config(read_config(path), str(Path(path) / "config.json"))
+
+
+def load_weights(model: Transformer, path: str | Path) -> torch.dtype:
+    """Fill `model` (built from model_config(path)) with the directory's weights, converted tensor
+    by tensor (fp32 in the model); every parameter must be set, every tensor used. Returns the
+    file's dtype."""
+    path = Path(path)
+    hf = read_config(path)
+    reader = SafetensorsDir(path)
+    get = Recorder(reader, reader.names)
+    params = model.state_dict()
+    done = set()
+    try:
+        for name, tensor in from_hf(get, model.cfg, architecture(hf, str(path / "config.json"))):
+            _copy(params, name, tensor, path)
+            done.add(name)
+    except KeyError as exc:
+        raise CheckpointError(
+            f"{path}: tensor {exc} is missing; config.json describes a model it does not hold"
+        ) from None
+    get.check_all_used(str(path), model.cfg.tie_embeddings)
+    missing = [k for k in params if k not in done and not _derived(model, k)]
+    if missing:
+        raise CheckpointError(f"{path}: nothing sets '{missing[0]}' of the trimtab model (a conversion gap)")
+    return reader.dtype()
+
+
+def _copy(params: dict[str, torch.Tensor], name: str, tensor: torch.Tensor, path: Path) -> None:
+    target = params[name]
+    if target.shape != tensor.shape:
+        raise CheckpointError(
+            f"{path}: tensor for '{name}' has shape {list(tensor.shape)}, the config.json says {list(target.shape)}"
+        )
+    with torch.no_grad():
+        target.copy_(tensor)
+
+
+def _derived(model: Transformer, key: str) -> bool:
+    """State that a Hugging Face file does not hold: the tied head, MoE selection biases (none in
+    these classes: zero)."""
+    return (key == "lm_head.weight" and model.cfg.tie_embeddings) or key.endswith("expert_bias")
+
+
+def load_model(path: str | Path) -> tuple[Transformer, torch.dtype]:
+    """A trimtab model (eval mode) holding a Hugging Face directory's weights, and their dtype."""
+    model = uninitialised(model_config(path))
+    dtype = load_weights(model, path)
+    return model.eval(), dtype
+
+
+def load_tokenizer(path: str | Path) -> TextTokenizer:
+    path = Path(path)
+    if not (path / "tokenizer.json").is_file():
+        raise ConfigError(
+            f"{path}: no tokenizer.json; trimtab uses a Hugging Face model's fast tokenizer as is "
+            "(save it with tokenizer.save_pretrained)"
+        )
+    return TextTokenizer.load(path / "tokenizer.json", key=f"the tokenizer of {path}")
+
+
+def source_record(path: str | Path, dtype: torch.dtype) -> dict[str, Any]:
+    """What RUN_DIR/hf_source.json keeps of an imported model."""
+    path = Path(path)
+    generation = path / "generation_config.json"
+    return {
+        "path": str(path.resolve()),
+        "config": read_config(path),
+        "dtype": str(dtype).removeprefix("torch."),
+        "generation_config": json.loads(generation.read_text()) if generation.is_file() else None,
+    }

@@ -1,0 +1,189 @@
+"""Tensor names and layouts between trimtab and the transformers classes of hf/architectures.py,
+one tensor at a time in both directions (a reader fetches each on demand, so neither direction
+holds a second copy of the model).
+
+trimtab                          transformers (layer i: model.layers.{i}.)
+tok_emb.weight                   model.embed_tokens.weight
+blocks.{i}.attn_norm.weight      input_layernorm.weight
+blocks.{i}.ffn_norm.weight       post_attention_layernorm.weight
+blocks.{i}.attn.wqkv.weight      self_attn.q_proj / k_proj / v_proj .weight: rows H*E, K*E, K*E
+                                 (both rotate-half RoPE: no row permutation; INTEROP_NOTES.md)
+blocks.{i}.attn.wqkv.bias        self_attn.q_proj / k_proj / v_proj .bias (Qwen2)
+blocks.{i}.attn.{q,k}_norm       self_attn.{q,k}_norm.weight (Qwen3)
+blocks.{i}.attn.wo.weight        self_attn.o_proj.weight
+blocks.{i}.ffn.w1 / w3 / w2      mlp.gate_proj / up_proj / down_proj .weight
+MoE layer:
+blocks.{i}.ffn.router [E, D]     MOE.gate.weight, divided by the live router temperature
+blocks.{i}.ffn.w1[e] [D, H]      MOE.experts.{e}.GATE.weight = w1[e]^T [H, D] (w3: UP)
+blocks.{i}.ffn.w2[e] [H, D]      MOE.experts.{e}.DOWN.weight = w2[e]^T [D, H]
+blocks.{i}.ffn.shared.w*         mlp.shared_expert.*_proj.weight (Qwen2-MoE)
+blocks.{i}.ffn.shared_gate       mlp.shared_expert_gate.weight
+norm.weight, lm_head.weight      model.norm.weight, lm_head.weight (absent when tied)
+
+MOE / GATE / UP / DOWN: Mixtral block_sparse_moe / w1 / w3 / w2; Qwen2-MoE mlp / gate_proj /
+up_proj / down_proj. transformers 5 also reads (and some files hold) the fused per-layer
+MOE.experts.gate_up_proj [E, 2H, D] and MOE.experts.down_proj [E, D, H]; import takes either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor
+
+from trimtab.config import ModelConfig
+from trimtab.errors import CheckpointError
+
+Getter = Callable[[str], Tensor]
+Pairs = Iterator[tuple[str, Tensor]]
+EXPERTS = {  # class -> (MoE module, gate, up, down)
+    "MixtralForCausalLM": ("block_sparse_moe", "w1", "w3", "w2"),
+    "Qwen2MoeForCausalLM": ("mlp", "gate_proj", "up_proj", "down_proj"),
+}
+MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def to_hf(get: Getter, cfg: ModelConfig, arch: str, moe_state: dict[str, dict[str, float]]) -> Pairs:
+    """(transformers name, tensor) for each tensor of class `arch`, from trimtab's `get`."""
+    yield "model.embed_tokens.weight", get("tok_emb.weight")
+    for i, kind in enumerate(cfg.layers):
+        t, h = f"blocks.{i}.", f"model.layers.{i}."
+        yield h + "input_layernorm.weight", get(t + "attn_norm.weight")
+        yield h + "post_attention_layernorm.weight", get(t + "ffn_norm.weight")
+        yield from _attention_to_hf(get, cfg, t + "attn.", h + "self_attn.")
+        if "moe" in kind:
+            temperature = moe_state.get(str(i), {}).get("router_temperature", cfg.moe.router_temperature)
+            yield from _moe_to_hf(get, cfg, arch, t + "ffn.", h, temperature)
+        else:
+            yield from _swiglu(get, t + "ffn.", h + "mlp.", MLP)
+    yield "model.norm.weight", get("norm.weight")
+    if not cfg.tie_embeddings:
+        yield "lm_head.weight", get("lm_head.weight")
+
+
+def _attention_to_hf(get: Getter, cfg: ModelConfig, t: str, h: str) -> Pairs:
+    sizes = [n * cfg.head_dim for n in (cfg.n_heads, cfg.n_kv_heads, cfg.n_kv_heads)]
+    for suffix in ("weight", "bias") if cfg.attn_bias else ("weight",):
+        for name, part in zip(("q_proj", "k_proj", "v_proj"), get(t + "wqkv." + suffix).split(sizes)):
+            yield f"{h}{name}.{suffix}", part
+    if cfg.qk_norm:
+        yield h + "q_norm.weight", get(t + "q_norm.weight")
+        yield h + "k_norm.weight", get(t + "k_norm.weight")
+    yield h + "o_proj.weight", get(t + "wo.weight")
+
+
+def _swiglu(get: Getter, t: str, h: str, names: tuple[str, str, str]) -> Pairs:
+    for ours, theirs in zip(("w1", "w3", "w2"), names):
+        yield f"{h}{theirs}.weight", get(f"{t}{ours}.weight")
+
+
+def _moe_to_hf(get: Getter, cfg: ModelConfig, arch: str, t: str, h: str, temperature: float) -> Pairs:
+    module, *names = EXPERTS[arch]
+    m = f"{h}{module}."
+    yield m + "gate.weight", get(t + "router") / temperature  # logits / T == (W / T) x
+    w1, w3, w2 = get(t + "w1"), get(t + "w3"), get(t + "w2")
+    for e in range(w1.shape[0]):
+        for name, w in zip(names, (w1[e], w3[e], w2[e])):
+            yield f"{m}experts.{e}.{name}.weight", w.T.contiguous()
+    if arch == "Qwen2MoeForCausalLM":
+        yield from _shared_to_qwen2_moe(get, cfg, t, m)
+
+
+def _shared_to_qwen2_moe(get: Getter, cfg: ModelConfig, t: str, m: str) -> Pairs:
+    """Qwen2-MoE's shared expert is always there and always gated: trimtab's gated one maps
+    straight; an ungated one goes behind a zero gate (sigmoid(0) = 1/2) with down_proj doubled;
+    none becomes a zero-width one, which adds exactly 0."""
+    D, gated = cfg.d_model, cfg.moe.shared_gate
+    if cfg.moe.n_shared_experts == 0:
+        zero = get(t + "router").new_zeros
+        yield from zip((f"{m}shared_expert.{n}.weight" for n in MLP), (zero(0, D), zero(0, D), zero(D, 0)))
+        yield m + "shared_expert_gate.weight", zero(1, D)
+        return
+    for ours, theirs in zip(("w1", "w3", "w2"), MLP):
+        w = get(f"{t}shared.{ours}.weight")
+        yield f"{m}shared_expert.{theirs}.weight", w if gated or ours != "w2" else 2 * w
+    gate = get(t + "shared_gate.weight") if gated else get(t + "router").new_zeros(1, D)
+    yield m + "shared_expert_gate.weight", gate
+
+
+# ---- import ----------------------------------------------------------------------------------
+
+
+def from_hf(get: Getter, cfg: ModelConfig, arch: str) -> Pairs:
+    """(trimtab name, tensor) for each tensor of a trimtab model computing `cfg`, from the
+    transformers names of class `arch`."""
+    yield "tok_emb.weight", get("model.embed_tokens.weight")
+    for i, kind in enumerate(cfg.layers):
+        t, h = f"blocks.{i}.", f"model.layers.{i}."
+        yield t + "attn_norm.weight", get(h + "input_layernorm.weight")
+        yield t + "ffn_norm.weight", get(h + "post_attention_layernorm.weight")
+        yield from _attention_from_hf(get, cfg, t + "attn.", h + "self_attn.")
+        if "moe" in kind:
+            yield from _moe_from_hf(get, cfg, arch, t + "ffn.", h)
+        else:
+            for ours, theirs in zip(("w1", "w3", "w2"), MLP):
+                yield f"{t}ffn.{ours}.weight", get(f"{h}mlp.{theirs}.weight")
+    yield "norm.weight", get("model.norm.weight")
+    if not cfg.tie_embeddings:
+        yield "lm_head.weight", get("lm_head.weight")
+
+
+def _attention_from_hf(get: Getter, cfg: ModelConfig, t: str, h: str) -> Pairs:
+    for suffix in ("weight", "bias") if cfg.attn_bias else ("weight",):
+        yield f"{t}wqkv.{suffix}", torch.cat([get(f"{h}{n}.{suffix}") for n in ("q_proj", "k_proj", "v_proj")])
+    if cfg.qk_norm:
+        yield t + "q_norm.weight", get(h + "q_norm.weight")
+        yield t + "k_norm.weight", get(h + "k_norm.weight")
+    yield t + "wo.weight", get(h + "o_proj.weight")
+
+
+def _moe_from_hf(get: Getter, cfg: ModelConfig, arch: str, t: str, h: str) -> Pairs:
+    module, gate, up, down = EXPERTS[arch]
+    m = f"{h}{module}."
+    yield t + "router", get(m + "gate.weight")
+    yield from _experts_from_hf(get, cfg, t, m + "experts.", (gate, up, down))
+    if cfg.moe.n_shared_experts:
+        for ours, theirs in zip(("w1", "w3", "w2"), MLP):
+            yield f"{t}shared.{ours}.weight", get(f"{m}shared_expert.{theirs}.weight")
+        yield t + "shared_gate.weight", get(m + "shared_expert_gate.weight")
+    elif arch == "Qwen2MoeForCausalLM":  # zero-width shared expert: adds 0, nothing to keep
+        for name in (*(f"shared_expert.{n}.weight" for n in MLP), "shared_expert_gate.weight"):
+            get(m + name)
+
+
+def _experts_from_hf(get: Getter, cfg: ModelConfig, t: str, x: str, names: tuple[str, str, str]) -> Pairs:
+    """w1 / w3 [E, D, H] and w2 [E, H, D] from per-expert matrices, or from the fused layout."""
+    try:
+        gate_up, down = get(x + "gate_up_proj"), get(x + "down_proj")
+    except KeyError:
+        E = cfg.moe.n_experts
+        for ours, name in zip(("w1", "w3", "w2"), names):
+            yield t + ours, torch.stack([get(f"{x}{e}.{name}.weight").T for e in range(E)])
+        return
+    H = gate_up.shape[1] // 2
+    yield t + "w1", gate_up[:, :H].transpose(1, 2)
+    yield t + "w3", gate_up[:, H:].transpose(1, 2)
+    yield t + "w2", down.transpose(1, 2)
+
+
+class Recorder:
+    """A Getter over named tensors that remembers which it handed out, so an import can refuse a
+    file holding tensors the class does not explain."""
+
+    def __init__(self, get: Getter, names: set[str]):
+        self._get, self.names, self.used = get, names, set()
+
+    def __call__(self, name: str) -> Tensor:
+        if name not in self.names:
+            raise KeyError(name)
+        self.used.add(name)
+        return self._get(name)
+
+    def check_all_used(self, where: str, tied: bool) -> None:
+        left = sorted(self.names - self.used - ({"lm_head.weight"} if tied else set()))
+        if left:
+            raise CheckpointError(
+                f"{where}: tensor '{left[0]}' (and {len(left) - 1} more) is not part of the model its "
+                "config.json describes; the file and the config disagree"
+            )
