@@ -11,6 +11,7 @@ from safetensors import safe_open
 
 from trimtab import api
 from trimtab.checkpoint import save_checkpoint
+from trimtab.cli import main
 from trimtab.config import RunConfig, dump_config, load_config
 from trimtab.data.sources import Document
 from trimtab.data.tokenizer import TextTokenizer, _train_bpe
@@ -152,3 +153,132 @@ def test_moe_exports_to_the_class_with_its_function_with_the_live_router_folded_
     for _, layer in model.moe_layers():  # control: without the temperature the function differs
         layer.router_temperature = 1.0
     assert max_diff(model, theirs, tokenizer.vocab_size) > 1e-2
+
+
+# ---- import ---------------------------------------------------------------------------------
+
+SMALL = dict(vocab_size=320, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
+SMALL.update(num_key_value_heads=2, max_position_embeddings=64)
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0}
+LLAMA3.update(high_freq_factor=4.0, original_max_position_embeddings=16)
+ARCHS = {
+    "llama3": ("LlamaConfig", {"rope_parameters": LLAMA3, "tie_word_embeddings": False}),
+    "mistral": ("MistralConfig", {"sliding_window": 32}),
+    "qwen2": ("Qwen2Config", {"tie_word_embeddings": True}),
+    "qwen3": ("Qwen3Config", {"head_dim": 16}),
+    "mixtral-top1": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 1}),
+    "mixtral-top2": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen2-moe": (
+        "Qwen2MoeConfig",
+        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16, "mlp_only_layers": [0]}
+        | {"shared_expert_intermediate_size": 24, "norm_topk_prob": False},
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(tmp_path_factory, tokenizer):
+    """A Llama-style tokenizer saved by transformers: <s> / </s>, no pad token, no trimtab specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator([f"def f{i}(x):\n    return x * {i}\n" for i in range(200)], trainer)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    path = tmp_path_factory.mktemp("hf-tok")
+    fast.save_pretrained(path)
+    return path
+
+
+def hf_model(name, path, tok_dir, dtype=torch.float32):
+    """A tiny random transformers model of ARCHS[name], saved with its tokenizer into path."""
+    cls, extra = ARCHS[name]
+    torch.manual_seed(0)
+    config = getattr(transformers, cls)(**SMALL, **extra, bos_token_id=0, eos_token_id=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
+        model.save_pretrained(path)
+    for file in tok_dir.iterdir():
+        (path / file.name).write_bytes(file.read_bytes())
+    return model
+
+
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_each_architecture_imports_with_the_same_logits(name, tmp_path, hf_tokenizer):
+    theirs = hf_model(name, tmp_path / "hf", hf_tokenizer)
+    cfg, ours, tok = api.load_run(tmp_path / "hf")
+    assert max_diff(ours, theirs, SMALL["vocab_size"]) <= TOL
+    assert tok.vocab_size == 300 and tok.eos_id == 1 and tok.pad_id == 1  # as is: no pad token added
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype"), [("llama3", torch.float32), ("qwen2-moe", torch.float32), ("qwen3", torch.bfloat16)]
+)
+def test_import_train_export_round_trip_is_bitwise_and_finetunes(name, dtype, tmp_path, hf_tokenizer):
+    """init_from a Hugging Face directory, train, export: step 0 (the weights before any update)
+    comes back with the original files' tensors bit for bit, in their dtype; the trained step
+    loads in transformers with the run's own function."""
+    hf_model(name, tmp_path / "hf", hf_tokenizer, dtype)
+    run = tmp_path / "run"
+    data = {"max_bytes": 40000, "seq_len": 32}
+    train = {"max_steps": 2, "eval_every": 0, "batch_tokens": 256, "micro_batch_tokens": 256}
+    summary = api.train(
+        preset="debug", out=str(run), train={**train, "init_from": str(tmp_path / "hf")}, log=FAST["log"], data=data
+    )
+    assert summary["step"] == 2
+    assert json.loads((run / "tokenizer_config.json").read_text())["eos_token"] == "</s>"
+    back = export_run(run, tmp_path / "back", step=0)
+    with (
+        safe_open(str(tmp_path / "hf" / "model.safetensors"), "pt") as a,
+        safe_open(str(back / "model.safetensors"), "pt") as b,
+    ):
+        assert set(a.keys()) == set(b.keys())
+        for key in a.keys():
+            assert torch.equal(a.get_tensor(key), b.get_tensor(key)), key
+    assert json.loads((back / "config.json").read_text())["architectures"] == [
+        ARCHS[name][0].replace("Config", "ForCausalLM")
+    ]
+    trained = export_run(run, tmp_path / "trained")
+    _, ours, _ = api.load_run(run)
+    assert max_diff(ours, hf_load(trained, dtype=torch.float32), SMALL["vocab_size"]) <= (
+        TOL if dtype == torch.float32 else 0.05
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "rope_parameters.rope_type"),
+        ({"my_new_trick": 3}, "my_new_trick"),
+        ({"architectures": ["GPT2LMHeadModel"]}, "architectures"),
+    ],
+)
+def test_an_unsupported_config_is_refused_naming_the_field(change, field, tmp_path, hf_tokenizer):
+    hf_model("llama3", tmp_path, hf_tokenizer)
+    config = json.loads((tmp_path / "config.json").read_text()) | change
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=f"field '{field}'"):
+        api.load_run(tmp_path)
+    assert main(["generate", str(tmp_path), "--max-new-tokens", "2"]) == 2
+
+
+def test_a_file_that_disagrees_with_its_config_is_refused_naming_the_tensor(tmp_path, hf_tokenizer):
+    from safetensors.torch import load_file, save_file
+
+    hf_model("llama3", tmp_path, hf_tokenizer)
+    weights = load_file(tmp_path / "model.safetensors")
+    weights["model.layers.0.extra.weight"] = torch.zeros(2)
+    save_file(weights, tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError, match="'model.layers.0.extra.weight'"):
+        api.load_run(tmp_path)
+    del weights["model.layers.0.extra.weight"], weights["model.layers.1.mlp.up_proj.weight"]
+    save_file(weights, tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError, match="'model.layers.1.mlp.up_proj.weight' is missing"):
+        api.load_run(tmp_path)
