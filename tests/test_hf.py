@@ -282,3 +282,61 @@ def test_a_file_that_disagrees_with_its_config_is_refused_naming_the_tensor(tmp_
     save_file(weights, tmp_path / "model.safetensors")
     with pytest.raises(CheckpointError, match="'model.layers.1.mlp.up_proj.weight' is missing"):
         api.load_run(tmp_path)
+
+
+CHAT = (
+    "{% for m in messages %}{{ bos_token }}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}{{ bos_token }}assistant: {% endif %}"
+)
+
+
+def test_chat_data_uses_the_imported_tokenizers_template_and_trains_on_replies_only(tmp_path, hf_tokenizer):
+    from trimtab.config import DataConfig
+    from trimtab.data import read_documents
+
+    hf_model("qwen2", tmp_path / "hf", hf_tokenizer)
+    settings = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text()) | {"chat_template": CHAT}
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps(settings))
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "add 2 and 3"},
+        {"role": "assistant", "content": "5"},
+        {"role": "user", "content": "and 4?"},
+        {"role": "assistant", "content": "9"},
+    ]
+    data = tmp_path / "chat.jsonl"
+    data.write_text("\n".join(json.dumps({"messages": messages}) for _ in range(50)) + "\n")
+    tok = api.load_run(tmp_path / "hf")[2]
+    [doc, *_], _ = read_documents(DataConfig(source=str(data), format="chat"), chat=tok.chat)
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf").apply_chat_template(
+        messages, tokenize=False
+    )
+    assert doc.text == reference  # rendered as transformers renders it
+    assert [text for text, trainable in doc.segments if trainable] == ["5</s>\n", "9</s>\n"]
+    run = tmp_path / "run"
+    train = {"max_steps": 2, "eval_every": 0, "batch_tokens": 256, "micro_batch_tokens": 256}
+    api.train(
+        preset="debug",
+        out=str(run),
+        train={**train, "init_from": str(tmp_path / "hf")},
+        log=FAST["log"],
+        data={"source": str(data), "format": "chat", "seq_len": 32, "eval_fraction": 0.1},
+    )
+    exported = export_run(run, tmp_path / "back")
+    back = transformers.AutoTokenizer.from_pretrained(exported)
+    assert back.apply_chat_template(messages, tokenize=False) == reference  # the template goes with it
+
+
+def test_chat_data_with_a_tokenizer_without_template_is_refused_naming_the_line(tmp_path, hf_tokenizer):
+    from trimtab.config import DataConfig
+    from trimtab.data import read_documents
+    from trimtab.errors import DataError
+
+    hf_model("qwen2", tmp_path / "hf", hf_tokenizer)
+    data = tmp_path / "chat.jsonl"
+    data.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+    )
+    tok = api.load_run(tmp_path / "hf")[2]
+    with pytest.raises(DataError, match=r"chat.jsonl:1: the tokenizer has no chat template"):
+        read_documents(DataConfig(source=str(data), format="chat"), chat=tok.chat)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.config import DataConfig
+from trimtab.data.chat import ChatFormat, TemplateError, render_segments
 from trimtab.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -55,14 +56,18 @@ def corpus_fingerprint(docs: Iterable[Document]) -> str:
     return h.hexdigest()
 
 
-def read_documents(cfg: DataConfig, source: str | None = None, section: str = "data") -> tuple[list[Document], int]:
+def read_documents(
+    cfg: DataConfig, source: str | None = None, section: str = "data", chat: ChatFormat | None = None
+) -> tuple[list[Document], int]:
     """Read `source` (default cfg.source) up to cfg.max_bytes; returns (docs, n_skipped_bad_records).
 
     `section` is the config section named in error messages ("finetune.data" for that phase).
+    `chat`: a Hugging Face tokenizer's chat format for chat and instruction records (None:
+    trimtab's own, CHAT_TEMPLATE).
     """
     source = cfg.source if source is None else source
     key = f"{section}.source" if source == cfg.source else f"{section}.eval_source"
-    reader = _Reader(cfg, section, key)
+    reader = _Reader(cfg, section, key, chat)
     docs, capped = _take_bytes(reader.documents(source), cfg.max_bytes)
     if capped and source != "builtin":
         logger.warning(
@@ -143,6 +148,7 @@ class _Reader:
     cfg: DataConfig
     section: str
     key: str
+    chat: ChatFormat | None = None
     n_skipped: int = 0
     n_undecodable: int = 0
     undecodable_example: str = ""
@@ -226,9 +232,17 @@ class _Reader:
         )
         if kind == "text":
             return Document([(_string(rec, self.cfg.text_field), True)])
-        if kind == "chat":
-            return _chat(rec)
-        return _render([("user", _string(rec, "prompt")), ("assistant", _string(rec, "response"))])
+        turns = (
+            _chat(rec)
+            if kind == "chat"
+            else [("user", _string(rec, "prompt")), ("assistant", _string(rec, "response"))]
+        )
+        if self.chat is None:
+            return _render(turns)
+        try:
+            return Document(render_segments(self.chat, turns))
+        except TemplateError as exc:
+            raise _BadRecord(str(exc)) from None
 
 
 def is_chat(cfg: DataConfig) -> bool:
@@ -281,7 +295,7 @@ def _string(rec: dict[str, Any], name: str, where: str = "") -> str:
     return rec[name]
 
 
-def _chat(rec: dict[str, Any]) -> Document:
+def _chat(rec: dict[str, Any]) -> list[tuple[str, str]]:
     messages = rec.get("messages")
     if messages is None:
         raise _BadRecord("missing 'messages'")
@@ -297,7 +311,7 @@ def _chat(rec: dict[str, Any]) -> Document:
         turns.append((role, _string(msg, "content", where=f"messages[{i}].")))
     if not any(role == "assistant" for role, _ in turns):
         raise _BadRecord("no assistant message, so nothing to train on")
-    return _render(turns)
+    return turns
 
 
 def _render(turns: list[tuple[str, str]]) -> Document:

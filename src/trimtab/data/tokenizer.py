@@ -15,6 +15,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from trimtab.config import DataConfig
+from trimtab.data.chat import ChatFormat
 from trimtab.data.sources import Document, corpus_fingerprint
 from trimtab.errors import DataError
 
@@ -47,6 +48,18 @@ class TextTokenizer:
         # identifies the exact vocabulary + merges: part of the token cache key
         settings = json.dumps(hf, sort_keys=True) if hf else ""  # its end-of-text id shapes the rows
         self.fingerprint = hashlib.sha256((tok.to_str() + settings).encode()).hexdigest()
+
+    @property
+    def chat(self) -> ChatFormat | None:
+        """A Hugging Face tokenizer's chat format (its template, None if it has none); None for
+        trimtab's own tokenizer, whose chat format is data/sources.py's."""
+        if self.hf is None:
+            return None
+        template = self.hf.get("chat_template")
+        if isinstance(template, list):  # named templates: the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        specials = {k: _content(v) for k, v in self.hf.items() if k.endswith("_token") and v}
+        return ChatFormat(template, specials)
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
@@ -102,6 +115,9 @@ def _hf_settings(tok: Tokenizer, path: Path, key: str) -> dict:
         settings = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise DataError(f"{path}: unreadable ({exc}); it must be the tokenizer's JSON settings") from None
+    jinja = path.parent / "chat_template.jinja"  # transformers 5 saves the template beside
+    if "chat_template" not in settings and jinja.is_file():
+        settings["chat_template"] = jinja.read_text()
     for field in ("eos_token", "pad_token"):
         name = _content(settings.get(field))
         if field == "eos_token" and not name:

@@ -77,14 +77,16 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
     specs = [("pretrain", cfg.data, cfg.optim, cfg.train.max_steps, "data")]
     if cfg.finetune.steps:
         specs.append(("finetune", cfg.finetune.data, cfg.finetune.optim, cfg.finetune.steps, "finetune.data"))
-    docs = [read_documents(data, section=key) for _, data, _, _, key in specs]
-    if tok_source is not None:
-        tok = TextTokenizer.load(tok_source)
-    else:
+    tok = TextTokenizer.load(tok_source) if tok_source is not None else None
+    if tok is None and cfg.data.tokenizer:
+        tok = TextTokenizer.load(Path(cfg.data.tokenizer), key="data.tokenizer")
+    chat = tok.chat if tok is not None else None  # a Hugging Face tokenizer formats chats its own way
+    docs = [read_documents(data, section=key, chat=chat) for _, data, _, _, key in specs]
+    if tok is None:
         tok = get_tokenizer(cfg.data, [d for phase_docs, _ in docs for d in phase_docs], cache_dir())
     phases, start = [], 0
     for (name, data, optim, steps, key), (phase_docs, skipped) in zip(specs, docs):
-        eval_docs = read_documents(data, data.eval_source, section=key)[0] if data.eval_source else None
+        eval_docs = read_documents(data, data.eval_source, section=key, chat=chat)[0] if data.eval_source else None
         train_rows, eval_rows = build_splits(
             data, tok, phase_docs, eval_docs, seed=cfg.train.seed, cache_dir=cache_dir()
         )
