@@ -340,3 +340,18 @@ def test_chat_data_with_a_tokenizer_without_template_is_refused_naming_the_line(
     tok = api.load_run(tmp_path / "hf")[2]
     with pytest.raises(DataError, match=r"chat.jsonl:1: the tokenizer has no chat template"):
         read_documents(DataConfig(source=str(data), format="chat"), chat=tok.chat)
+
+
+def test_moe_experts_in_transformers_5_fused_layout_import_too(tmp_path, hf_tokenizer):
+    """Some files hold each layer's experts fused (experts.gate_up_proj [E, 2H, D], experts.down_proj
+    [E, D, H]) as transformers 5 keeps them in memory: the same model either way."""
+    from safetensors.torch import load_file, save_file
+
+    theirs = hf_model("qwen2-moe", tmp_path, hf_tokenizer)
+    weights = load_file(tmp_path / "model.safetensors")
+    prefix = "model.layers.1.mlp.experts."
+    per_expert = [{n: weights.pop(f"{prefix}{e}.{n}_proj.weight") for n in ("gate", "up", "down")} for e in range(4)]
+    weights[prefix + "gate_up_proj"] = torch.stack([torch.cat([w["gate"], w["up"]]) for w in per_expert])
+    weights[prefix + "down_proj"] = torch.stack([w["down"] for w in per_expert])
+    save_file(weights, tmp_path / "model.safetensors")
+    assert max_diff(api.load_run(tmp_path)[1], theirs, SMALL["vocab_size"]) <= TOL
