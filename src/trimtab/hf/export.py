@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from trimtab.checkpoint import is_sharded, list_checkpoints, read_sharded_weights, verify
@@ -33,7 +32,7 @@ from trimtab.data import TextTokenizer
 from trimtab.errors import CheckpointError, ConfigError
 from trimtab.hf.architectures import export_class, to_hf_config
 from trimtab.hf.card import model_card
-from trimtab.hf.importer import SOURCE
+from trimtab.hf.importer import SOURCE, SafetensorsDir
 from trimtab.hf.tensors import Getter, to_hf
 
 MAX_SHARD_BYTES = 4 * 2**30  # shards above this size split (transformers' own default is 5 GB)
@@ -107,8 +106,7 @@ def _reader(path: Path) -> Getter:
     whole first: torch.distributed.checkpoint reads it that way)."""
     if is_sharded(path):
         return read_sharded_weights(path).__getitem__
-    handle = safe_open(str(path / "model.safetensors"), "pt")
-    return handle.get_tensor
+    return SafetensorsDir(path)
 
 
 def _live_config(cfg: ModelConfig, moe_state: dict[str, dict[str, float]]) -> ModelConfig:
