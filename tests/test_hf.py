@@ -355,3 +355,19 @@ def test_moe_experts_in_transformers_5_fused_layout_import_too(tmp_path, hf_toke
     weights[prefix + "down_proj"] = torch.stack([w["down"] for w in per_expert])
     save_file(weights, tmp_path / "model.safetensors")
     assert max_diff(api.load_run(tmp_path)[1], theirs, SMALL["vocab_size"]) <= TOL
+
+
+def test_a_corrupt_newest_checkpoint_exports_the_one_before_and_a_chosen_one_is_refused(trained, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    newest = run / "checkpoints" / "step_000003" / "model.safetensors"
+    data = bytearray(newest.read_bytes())
+    data[-10] ^= 0xFF  # a flipped bit: same size, other checksum
+    newest.write_bytes(bytes(data))
+    out = export_run(run, tmp_path / "hf")
+    assert "steps: 0;" in (out / "README.md").read_text()  # step 0, the valid one
+    with pytest.raises(CheckpointError, match="checksum differs"):
+        export_run(run, tmp_path / "hf3", step=3)
+    assert not (tmp_path / "hf3").exists()

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,7 @@ from trimtab.hf.card import model_card
 from trimtab.hf.importer import SOURCE, SafetensorsDir
 from trimtab.hf.tensors import Getter, to_hf
 
+log = logging.getLogger(__name__)
 MAX_SHARD_BYTES = 4 * 2**30  # shards above this size split (transformers' own default is 5 GB)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -52,53 +56,100 @@ def export_run(
     run_dir, out = Path(run_dir), Path(out)
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(f"'{run_dir}' is not a run directory (no config.yaml); pass the --out of a run")
-    cfg = read_saved(run_dir)
-    path, state = _checkpoint(run_dir, step)
     source = json.loads((run_dir / SOURCE).read_text()) if (run_dir / SOURCE).is_file() else None
     dtype = dtype or (source["dtype"] if source else "float32")
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype '{dtype}' is not one of {', '.join(DTYPES)}")
-    get = _reader(path)
-    model_cfg = _live_config(cfg.model, state.get("moe", {}))
-    biased = any(bool(get(f"blocks.{i}.ffn.expert_bias").any()) for i in map(int, state.get("moe", {})))
-    prefer = source["config"]["architectures"][0] if source else ""
-    arch = export_class(model_cfg, state.get("moe", {}), biased, prefer)
-    tok = TextTokenizer.load(run_dir / "tokenizer.json")
-    tmp = _fresh(out)
-    try:
+    job = Export(run_dir, read_saved(run_dir), source, DTYPES[dtype], max_shard_bytes)
+    candidates = _candidates(run_dir, step)
+    for path in candidates:
+        try:
+            return job.write(path, out)
+        except CorruptCheckpoint as exc:
+            if step is not None or path == candidates[-1]:
+                raise CheckpointError(str(exc)) from None
+            log.warning("skipping corrupt checkpoint: %s", exc)
+    raise AssertionError("unreachable: the last candidate returns or raises")
+
+
+class CorruptCheckpoint(Exception):
+    """The checkpoint failed verification while it was being exported."""
+
+
+@dataclass
+class Export:
+    run_dir: Path
+    cfg: RunConfig
+    source: dict | None  # hf_source.json of an imported model
+    dtype: torch.dtype
+    max_shard_bytes: int
+
+    def write(self, path: Path, out: Path) -> Path:
+        """Convert checkpoint `path` into `out`. Its manifest is checked (sha256 of every file) in a
+        thread while the tensors convert (hashlib releases the GIL: the check costs no wall time);
+        a corrupt checkpoint raises CorruptCheckpoint and leaves nothing behind."""
+        with ThreadPoolExecutor(1) as pool:
+            verified = pool.submit(verify, path)
+            tmp = _fresh(out)
+            try:
+                state = _read_state(path, verified)
+                tok = TextTokenizer.load(self.run_dir / "tokenizer.json")
+                arch = self._model(_reader(path), state, tok, tmp)
+                _write_json(tmp / "generation_config.json", _generation_config(tok, self.source))
+                write_tokenizer(tok, tmp, self.cfg.model.max_seq_len, chat=_chat_trained(self.cfg))
+                (tmp / "README.md").write_text(model_card(self.run_dir, self.cfg, state, arch, self.source))
+                _result(verified)
+                if out.exists():
+                    shutil.rmtree(out)
+                os.replace(tmp, out)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        return out
+
+    def _model(self, get: Getter, state: dict[str, Any], tok: TextTokenizer, tmp: Path) -> str:
+        """config.json and the weights in the class that computes the model; returns the class."""
+        moe_state = state.get("moe", {})
+        model_cfg = _live_config(self.cfg.model, moe_state)
+        biased = any(bool(get(f"blocks.{i}.ffn.expert_bias").any()) for i in map(int, moe_state))
+        prefer = self.source["config"]["architectures"][0] if self.source else ""
+        arch = export_class(model_cfg, moe_state, biased, prefer)
         if arch is None:
-            arch = _remote(get, model_cfg, state, tmp, tok, dtype)
-        else:
-            ids = _token_ids(tok, source)
-            hf = {**(source["config"] if source else {}), **to_hf_config(model_cfg, arch, ids, dtype)}
-            _write_json(tmp / "config.json", hf)
-            write_shards(to_hf(get, model_cfg, arch, state.get("moe", {})), tmp, DTYPES[dtype], max_shard_bytes)
-        _write_json(tmp / "generation_config.json", _generation_config(tok, source))
-        write_tokenizer(tok, tmp, model_cfg.max_seq_len, chat=_chat_trained(cfg))
-        (tmp / "README.md").write_text(model_card(run_dir, cfg, state, arch, source))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+            return _remote(get, model_cfg, state, tmp, tok, self.dtype, self.max_shard_bytes)
+        dtype = str(self.dtype).removeprefix("torch.")
+        hf = to_hf_config(model_cfg, arch, _token_ids(tok, self.source), dtype)
+        _write_json(tmp / "config.json", {**(self.source["config"] if self.source else {}), **hf})
+        write_shards(to_hf(get, model_cfg, arch, moe_state), tmp, self.dtype, self.max_shard_bytes)
+        return arch
 
 
-def _checkpoint(run_dir: Path, step: int | None) -> tuple[Path, dict[str, Any]]:
-    found = list_checkpoints(run_dir)
+def _candidates(run_dir: Path, step: int | None) -> list[Path]:
+    """Checkpoints to export, newest first: the one at `step`, or all (the first valid one wins)."""
+    found = list_checkpoints(run_dir)[::-1]
     if step is not None:
         found = [p for p in found if p.name == f"step_{step:06d}"]
         if not found:
             have = ", ".join(p.name.removeprefix("step_").lstrip("0") or "0" for p in list_checkpoints(run_dir))
             raise CheckpointError(f"{run_dir} has no checkpoint at step {step} (it has: {have or 'none'})")
-    for path in reversed(found):
-        try:
-            return path, verify(path)
-        except CheckpointError:
-            if step is not None:
-                raise
-    raise CheckpointError(f"'{run_dir}' has no valid checkpoint yet; train it first")
+    if not found:
+        raise CheckpointError(f"'{run_dir}' has no checkpoint yet; train it first")
+    return found
+
+
+def _read_state(path: Path, verified: Future) -> dict[str, Any]:
+    """state.json before its verification ends (an unreadable one is the verification's error)."""
+    try:
+        return json.loads((path / "state.json").read_text())
+    except (OSError, ValueError):
+        _result(verified)
+        raise
+
+
+def _result(verified: Future) -> None:
+    try:
+        verified.result()
+    except CheckpointError as exc:
+        raise CorruptCheckpoint(str(exc)) from None
 
 
 def _reader(path: Path) -> Getter:
@@ -202,12 +253,15 @@ def write_tokenizer(tok: TextTokenizer, out: Path, max_len: int, chat: bool) -> 
     _write_json(out / "special_tokens_map.json", special)
 
 
-def _remote(get: Getter, cfg: ModelConfig, state: dict[str, Any], out: Path, tok: TextTokenizer, dtype: str) -> str:
+def _remote(
+    get: Getter, cfg: ModelConfig, state: dict[str, Any], out: Path, tok: TextTokenizer, dtype: torch.dtype, shard: int
+) -> str:
     """No standard class computes this model: trimtab's own modeling file (hf/remote)."""
     from trimtab.hf.remote import remote_config, remote_tensors
 
-    _write_json(out / "config.json", remote_config(cfg, state, out, tok.eos_id, tok.pad_id, dtype))
-    write_shards(remote_tensors(get, cfg, state), out, DTYPES[dtype], MAX_SHARD_BYTES)
+    name = str(dtype).removeprefix("torch.")
+    _write_json(out / "config.json", remote_config(cfg, state, out, tok.eos_id, tok.pad_id, name))
+    write_shards(remote_tensors(get, cfg, state), out, dtype, shard)
     return "TrimtabForCausalLM"
 
 
