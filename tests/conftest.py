@@ -20,3 +20,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """A 300-token byte-level BPE of trimtab's kind, trained on a few lines of code."""
+    from trimtab.data.sources import Document
+    from trimtab.data.tokenizer import TextTokenizer, _train_bpe
+
+    docs = [Document([(f"def f{i}(x):\n    return x * {i}\n", True)]) for i in range(200)]
+    return TextTokenizer(_train_bpe(docs, 300))

@@ -9,42 +9,17 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from hf_helpers import TOL, greedy_same, hf_load, max_diff, write_run
 from trimtab import api
-from trimtab.checkpoint import save_checkpoint
 from trimtab.cli import main
-from trimtab.config import RunConfig, dump_config, load_config
-from trimtab.data.sources import Document
-from trimtab.data.tokenizer import TextTokenizer, _train_bpe
+from trimtab.config import load_config
 from trimtab.errors import CheckpointError, ConfigError
 from trimtab.hf import export_run
 from trimtab.model import build_model
-from trimtab.sampling import generate
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (parity reference)")
 pytestmark = pytest.mark.usefixtures("one_thread")
 FAST = {"log": {"progress": False, "tensorboard": False}, "data": {"max_bytes": 150000}}
-TOL = 1e-4
-
-
-def hf_load(path, **kw):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return transformers.AutoModelForCausalLM.from_pretrained(path, **kw).eval()
-
-
-def max_diff(ours, theirs, vocab, seed=0):
-    x = torch.randint(0, vocab, (2, 24), generator=torch.Generator().manual_seed(seed))
-    with torch.no_grad():
-        return (ours(x) - theirs(x).logits).abs().max().item()
-
-
-def greedy_same(ours, theirs, vocab, n=32):
-    prompt = torch.randint(0, vocab, (1, 6), generator=torch.Generator().manual_seed(1)).tolist()[0]
-    mine = generate(ours, prompt, n, temperature=0, top_k=0, top_p=1.0)
-    theirs.generation_config.eos_token_id = None
-    with torch.no_grad():
-        out = theirs.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0)
-    return mine == out[0, len(prompt) :].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -53,24 +28,6 @@ def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf") / "run"
     api.train(preset="debug", out=str(out), train={"max_steps": 3, "eval_every": 0}, **FAST)
     return out
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    docs = [Document([(f"def f{i}(x):\n    return x * {i}\n", True)]) for i in range(200)]
-    return TextTokenizer(_train_bpe(docs, 300))
-
-
-def write_run(path, model, tok, step=0):
-    """A run directory holding `model` as checkpoint `step` (what training would leave)."""
-    cfg = RunConfig(model=model.cfg, out=str(path))
-    cfg.data.seq_len = min(cfg.data.seq_len, model.cfg.max_seq_len)
-    path.mkdir(parents=True)
-    dump_config(cfg, path / "config.yaml")
-    tok.save(path / "tokenizer.json")
-    state = {"moe": model.moe_state(), "mod": model.mod_state(), "tokens": 0}
-    save_checkpoint(path, step, model.state_dict(), {}, state, keep=1)
-    return path
 
 
 def moe_model(tok, pattern=("dense", "moe"), **moe):

@@ -114,10 +114,11 @@ class Export:
         biased = any(bool(get(f"blocks.{i}.ffn.expert_bias").any()) for i in map(int, moe_state))
         prefer = self.source["config"]["architectures"][0] if self.source else ""
         arch = export_class(model_cfg, moe_state, biased, prefer)
+        ids = _token_ids(tok, self.source)
         if arch is None:
-            return _remote(get, model_cfg, state, tmp, tok, self.dtype, self.max_shard_bytes)
+            return _remote(get, model_cfg, state, tmp, ids, self)
         dtype = str(self.dtype).removeprefix("torch.")
-        hf = to_hf_config(model_cfg, arch, _token_ids(tok, self.source), dtype)
+        hf = to_hf_config(model_cfg, arch, ids, dtype)
         _write_json(tmp / "config.json", {**(self.source["config"] if self.source else {}), **hf})
         write_shards(to_hf(get, model_cfg, arch, moe_state), tmp, self.dtype, self.max_shard_bytes)
         return arch
@@ -156,8 +157,19 @@ def _reader(path: Path) -> Getter:
     """trimtab tensors of a checkpoint by name, read on demand (a sharded checkpoint is assembled
     whole first: torch.distributed.checkpoint reads it that way)."""
     if is_sharded(path):
-        return read_sharded_weights(path).__getitem__
+        return _Tensors(read_sharded_weights(path))
     return SafetensorsDir(path)
+
+
+class _Tensors(dict):
+    """Tensors held in memory, read like a SafetensorsDir (names, call by name)."""
+
+    @property
+    def names(self) -> set[str]:
+        return set(self)
+
+    def __call__(self, name: str) -> torch.Tensor:
+        return self[name]
 
 
 def _live_config(cfg: ModelConfig, moe_state: dict[str, dict[str, float]]) -> ModelConfig:
@@ -254,14 +266,16 @@ def write_tokenizer(tok: TextTokenizer, out: Path, max_len: int, chat: bool) -> 
 
 
 def _remote(
-    get: Getter, cfg: ModelConfig, state: dict[str, Any], out: Path, tok: TextTokenizer, dtype: torch.dtype, shard: int
+    reader: Getter, cfg: ModelConfig, state: dict[str, Any], out: Path, ids: dict[str, Any], job: Export
 ) -> str:
     """No standard class computes this model: trimtab's own modeling file (hf/remote)."""
     from trimtab.hf.remote import remote_config, remote_tensors
 
-    name = str(dtype).removeprefix("torch.")
-    _write_json(out / "config.json", remote_config(cfg, state, out, tok.eos_id, tok.pad_id, name))
-    write_shards(remote_tensors(get, cfg, state), out, dtype, shard)
+    names = sorted(reader.names)
+    experts = [reader(f"blocks.{i}.ffn.router").shape[0] if "moe" in k else 0 for i, k in enumerate(cfg.layers)]
+    dtype = str(job.dtype).removeprefix("torch.")
+    _write_json(out / "config.json", remote_config(cfg, experts, out, ids, dtype))
+    write_shards(remote_tensors(reader, names, state.get("moe", {})), out, job.dtype, job.max_shard_bytes)
     return "TrimtabForCausalLM"
 
 

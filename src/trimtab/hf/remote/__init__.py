@@ -1,0 +1,77 @@
+"""Export through trimtab's own modeling file (trust_remote_code), for the models no standard
+transformers class computes: Mixture-of-Depths, hybrids, MoE with a selection bias or with
+unequal expert counts after surgery. The two files beside this one are copied next to the
+weights; they need torch and transformers only."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trimtab.config import ModelConfig
+
+FILES = ("configuration_trimtab.py", "modeling_trimtab.py")
+Getter = Callable[[str], torch.Tensor]
+
+
+def remote_config(cfg: ModelConfig, experts: list[int], out: Path, ids: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """Copy the modeling files into `out`; return config.json. `experts`: each layer's expert
+    count (0: dense feed-forward), as the checkpoint holds them."""
+    for name in FILES:
+        shutil.copyfile(Path(__file__).parent / name, out / name)
+    s = cfg.rope_scaling
+    moe = cfg.moe
+    return {
+        "architectures": ["TrimtabForCausalLM"],
+        "model_type": "trimtab",
+        "auto_map": {
+            "AutoConfig": "configuration_trimtab.TrimtabConfig",
+            "AutoModelForCausalLM": "modeling_trimtab.TrimtabForCausalLM",
+        },
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.ffn_hidden,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "max_position_embeddings": cfg.max_seq_len,
+        "rope_theta": cfg.rope_theta,
+        "trimtab_rope": {
+            "type": s.type,
+            "factor": s.factor,
+            "low_freq_factor": s.low_freq_factor,
+            "high_freq_factor": s.high_freq_factor,
+            "original_max_seq_len": s.original_max_seq_len,
+        },
+        "rms_norm_eps": cfg.norm_eps,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_bias": cfg.attn_bias,
+        "qk_norm": cfg.qk_norm,
+        "layer_kinds": cfg.layers,
+        "experts_per_layer": experts,
+        "num_experts_per_tok": moe.top_k,
+        "moe_intermediate_size": moe.expert_hidden,
+        "shared_expert_intermediate_size": moe.shared_hidden if moe.n_shared_experts else 0,
+        "shared_expert_gate": moe.shared_gate,
+        "norm_topk_prob": moe.renormalize,
+        "mod_predictor_hidden": max(8, cfg.d_model // 8),  # trimtab.model.mod.DepthRouter's width
+        "dtype": dtype,
+        "use_cache": False,
+        **ids,
+    }
+
+
+def remote_tensors(get: Getter, names: Iterable[str], moe_state: dict[str, dict[str, float]]) -> Iterator:
+    """The checkpoint's tensors under their own names, each MoE router divided by its layer's
+    live temperature (the same logits: x (W / T)^T = (x W^T) / T)."""
+    for name in names:
+        tensor = get(name)
+        if name.endswith(".ffn.router"):
+            layer = name.split(".")[1]
+            tensor = tensor / moe_state.get(layer, {}).get("router_temperature", 1.0)
+        yield name, tensor

@@ -1,0 +1,89 @@
+"""Models no standard transformers class computes leave through trimtab's own modeling file
+(trust_remote_code): Mixture-of-Depths, hybrids, MoE with a selection bias and unequal expert
+counts after surgery. Parity against trimtab itself, loaded by transformers offline."""
+
+import ast
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_helpers import TOL, greedy_same, hf_load, max_diff, write_run
+from trimtab.config import load_config
+from trimtab.hf import export_run
+from trimtab.model import build_model
+
+transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (parity reference)")
+pytestmark = pytest.mark.usefixtures("one_thread")
+REMOTE = Path(__file__).parent.parent / "src" / "trimtab" / "hf" / "remote"
+
+
+def model_of(preset, tok, **changes):
+    cfg = load_config(preset=preset).model
+    cfg = dataclasses.replace(cfg, vocab_size=tok.vocab_size, init_std=0.2, max_seq_len=64, **changes)
+    torch.manual_seed(0)
+    return build_model(cfg).eval()
+
+
+def decisions(model, vocab):
+    """Per MoD layer, the share of tokens its predictor sends through the block."""
+    shares = []
+    hooks = [
+        block.depth.predictor.register_forward_hook(lambda m, i, o: shares.append((o > 0).float().mean().item()))
+        for block in model.blocks
+        if block.depth is not None
+    ]
+    with torch.no_grad():
+        model(torch.randint(0, vocab, (2, 24), generator=torch.Generator().manual_seed(0)))
+    for hook in hooks:
+        hook.remove()
+    return shares
+
+
+def remote_export(model, tok, tmp_path):
+    out = export_run(write_run(tmp_path / "run", model, tok), tmp_path / "hf")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["TrimtabForCausalLM"]
+    return hf_load(out, trust_remote_code=True)
+
+
+@pytest.mark.parametrize("preset", ["debug-mod", "debug-hybrid"])
+def test_mixture_of_depths_and_hybrids_leave_with_their_own_function(preset, tokenizer, tmp_path):
+    model = model_of(preset, tokenizer)
+    shares = decisions(model, tokenizer.vocab_size)
+    assert any(0 < s < 1 for s in shares), shares  # some tokens processed, some skipped
+    theirs = remote_export(model, tokenizer, tmp_path)
+    assert max_diff(model, theirs, tokenizer.vocab_size) <= TOL
+    assert greedy_same(model, theirs, tokenizer.vocab_size)
+
+
+def test_moe_after_surgery_with_a_selection_bias_and_a_gated_shared_expert(tokenizer, tmp_path):
+    base = load_config(preset="debug-moe").model.moe
+    moe_cfg = dataclasses.replace(base, n_shared_experts=1, shared_gate=True, top_k=1)
+    model = model_of("debug-moe", tokenizer, attn_bias=True, qk_norm=True, head_dim=48, moe=moe_cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:  # norms away from 1 and biases away from 0: a wrong mapping shows
+                p.add_(0.3 * torch.randn_like(p))
+    layers = model.moe_layers()
+    layers[0][1].add_expert(0)  # unequal counts: 9 and 8
+    for _, layer in layers:
+        layer.expert_bias.copy_(0.05 * torch.randn_like(layer.expert_bias))
+        layer.router_temperature = 0.6
+    theirs = remote_export(model, tokenizer, tmp_path)
+    assert max_diff(model, theirs, tokenizer.vocab_size) <= TOL
+    assert greedy_same(model, theirs, tokenizer.vocab_size)
+    for _, layer in layers:  # control: the bias steers selection, so dropping it changes the function
+        layer.expert_bias.zero_()
+        layer.router_temperature = 1.0
+    assert max_diff(model, theirs, tokenizer.vocab_size) > 1e-2
+
+
+def test_the_modeling_files_need_no_trimtab():
+    for name in ("modeling_trimtab.py", "configuration_trimtab.py"):
+        tree = ast.parse((REMOTE / name).read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
+        assert not any(m.split(".")[0] == "trimtab" for m in imported), name
