@@ -118,6 +118,32 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from trimtab.evaluation import evaluate
+
+    tasks = [t for t in (args.tasks or "").split(",") if t]
+    results = evaluate(
+        args.path,
+        tasks=tasks,
+        data=args.data,
+        include_path=args.include_path,
+        limit=args.limit,
+        num_fewshot=args.num_fewshot,
+        batch_size=args.batch_size,
+        stride=args.stride,
+    )
+    if "data" in results:
+        d = results["data"]
+        print(
+            f"{d['file']}: {d['tokens']:,} tokens, {d['bytes']:,} bytes: perplexity {d['perplexity']:.3f}, "
+            f"bits per byte {d['bits_per_byte']:.4f} (context {d['context']}, stride {d['stride']})"
+        )
+    for task, metrics in results.get("tasks", {}).items():
+        print(f"{task}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "alias"))
+    print(f"results in {args.path}/eval/")
+    return 0
+
+
 def _plan(args: argparse.Namespace) -> int:
     from trimtab.plan import plan_command
 
@@ -223,6 +249,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="weights' dtype (default: the imported model's, else float32)",
     )
     p.set_defaults(func=_export)
+
+    p = sub.add_parser(
+        "eval",
+        help="score a run or a Hugging Face directory: lm-evaluation-harness tasks and/or a text file's perplexity",
+    )
+    p.add_argument("path", help="a run directory (its newest valid checkpoint) or a Hugging Face model directory")
+    p.add_argument("--tasks", metavar="A,B", help="lm-eval tasks, e.g. trimtab_tiny (shipped, offline) or hellaswag")
+    p.add_argument("--include-path", metavar="DIR", help="a directory of your own lm-eval task YAMLs")
+    p.add_argument("--limit", type=float, help="examples per task (a fraction below 1)")
+    p.add_argument("--num-fewshot", type=int, help="few-shot examples per prompt (default: the task's)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--data", metavar="FILE", help="a text file: perplexity and bits per byte, no lm-eval needed")
+    p.add_argument("--stride", type=int, help="--data window advance in tokens (default: the whole context)")
+    p.set_defaults(func=_eval)
 
     p = sub.add_parser("plan", help="Chinchilla plan: tokens, epochs, steps, FLOPs, memory, time (docs/planner.md)")
     p.add_argument("config", nargs="?", help="run config YAML (optional)")

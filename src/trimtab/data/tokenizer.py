@@ -45,6 +45,8 @@ class TextTokenizer:
         self.eos_id: int = tok.token_to_id(_content(hf.get("eos_token")) if hf else EOS)
         pad = _content(hf.get("pad_token")) if hf else PAD
         self.pad_id: int = tok.token_to_id(pad) if pad else self.eos_id
+        bos = _content(hf.get("bos_token")) if hf else None
+        self.bos_id: int | None = tok.token_to_id(bos) if bos else None  # trimtab's own has none
         # identifies the exact vocabulary + merges: part of the token cache key
         settings = json.dumps(hf, sort_keys=True) if hf else ""  # its end-of-text id shapes the rows
         self.fingerprint = hashlib.sha256((tok.to_str() + settings).encode()).hexdigest()
@@ -61,8 +63,10 @@ class TextTokenizer:
         specials = {k: _content(v) for k, v in self.hf.items() if k.endswith("_token") and v}
         return ChatFormat(template, specials)
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, specials: bool = False) -> list[int]:
+        """Token ids of `text`; `specials`: with what the tokenizer adds around a text (a Hugging
+        Face tokenizer's bos, as transformers' encode does by default; trimtab's adds nothing)."""
+        return self._tok.encode(text, add_special_tokens=specials).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [enc.ids for enc in self._tok.encode_batch(texts, add_special_tokens=False)]

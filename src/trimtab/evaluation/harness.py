@@ -1,0 +1,104 @@
+"""`trimtab eval PATH`: a run's newest weights or a Hugging Face directory, scored on a text file
+(--data) and/or lm-evaluation-harness tasks (--tasks); results written beside the model.
+
+    PATH/eval/<time>.json     what was evaluated (checkpoint step, tasks, limit, versions) and
+                              the results (lm-eval's per-task metrics, the file's perplexity)
+    PATH/summary.json "eval"  the latest results, merged in (a run directory's summary)
+
+lm-evaluation-harness is optional (`pip install -c constraints.txt -e '.[eval]'`); the tasks
+shipped in trimtab/evaluation/tasks (trimtab_tiny, _gen, _ppl) run offline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from trimtab.api import load_run
+from trimtab.checkpoint import latest_valid
+from trimtab.errors import ConfigError
+from trimtab.evaluation.perplexity import read_text, score_text
+
+TASKS_DIR = Path(__file__).parent / "tasks"  # trimtab's own offline tasks
+
+
+def evaluate(
+    path: str | Path,
+    *,
+    tasks: list[str] = (),
+    data: str | None = None,
+    include_path: str | None = None,
+    limit: float | None = None,
+    num_fewshot: int | None = None,
+    batch_size: int = 8,
+    stride: int | None = None,
+) -> dict[str, Any]:
+    """Score the model at `path` and record the results (module docstring); returns them."""
+    if not tasks and not data:
+        raise ConfigError("trimtab eval needs --tasks and/or --data; e.g. --tasks trimtab_tiny or --data notes.txt")
+    path = Path(path)
+    _, model, tok = load_run(path)
+    results: dict[str, Any] = {"model": str(path), "step": _step(path), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if data:
+        results["data"] = {"file": str(data), **score_text(model, tok, read_text(data), stride, batch_size)}
+    if tasks:
+        results["tasks"] = run_tasks(model, tok, tasks, include_path, limit, num_fewshot, batch_size)
+        results["versions"] = {"lm_eval": metadata.version("lm_eval")}
+    _record(path, results)
+    return results
+
+
+def run_tasks(model, tok, tasks, include_path, limit, num_fewshot, batch_size) -> dict[str, Any]:
+    """lm-evaluation-harness's simple_evaluate with the trimtab adapter; per-task metrics."""
+    try:
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        raise ConfigError("--tasks needs lm-evaluation-harness: pip install -c constraints.txt -e '.[eval]'") from None
+    from trimtab.evaluation.adapter import TrimtabLM
+
+    paths = [str(TASKS_DIR)] + ([str(include_path)] if include_path else [])
+    manager = TaskManager(include_path=paths)
+    unknown = [t for t in tasks if t not in manager.all_tasks]
+    if unknown:
+        raise ConfigError(f"--tasks: unknown task '{unknown[0]}'; list a task lm-eval knows or add --include-path DIR")
+    out = lm_eval.simple_evaluate(
+        model=TrimtabLM(model, tok, batch_size),
+        tasks=list(tasks),
+        task_manager=manager,
+        limit=limit,
+        num_fewshot=num_fewshot,
+        log_samples=False,
+        bootstrap_iters=0,
+    )
+    return {task: _clean(metrics) for task, metrics in out["results"].items()}
+
+
+def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
+    """lm-eval's metric names ("acc,none") without the filter suffix, numbers only."""
+    return {k.split(",")[0]: v for k, v in metrics.items() if isinstance(v, (int, float)) and "stderr" not in k}
+
+
+def _step(path: Path) -> int | None:
+    found = latest_valid(path) if (path / "config.yaml").is_file() else None
+    return found[1]["step"] if found else None
+
+
+def _record(path: Path, results: dict[str, Any]) -> None:
+    folder = path / "eval"
+    folder.mkdir(exist_ok=True)
+    _write(folder / f"{results['time'].replace(':', '')}.json", results)
+    summary = path / "summary.json"
+    if (path / "config.yaml").is_file():  # a run directory: its summary carries the latest results
+        current = json.loads(summary.read_text()) if summary.is_file() else {}
+        _write(summary, {**current, "eval": results})
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)

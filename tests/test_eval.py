@@ -1,0 +1,142 @@
+"""trimtab eval: perplexity / bits per byte of a file, and lm-evaluation-harness through the
+trimtab adapter, checked against hand computation and against lm-eval's own `hf` backend."""
+
+import json
+import math
+import warnings
+
+import pytest
+import torch
+
+from trimtab import api
+from trimtab.cli import main
+from trimtab.errors import ConfigError, DataError
+from trimtab.evaluation import evaluate, score_text
+from trimtab.evaluation.scoring import rolling_windows
+from trimtab.hf import export_run
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+FAST = {"log": {"progress": False, "tensorboard": False}, "data": {"max_bytes": 150000, "seq_len": 64}}
+TEXT = "def add(a, b):\n    return a + b\n\n\nclass Point:\n    x: int = 0\n" * 6
+
+
+@pytest.fixture(scope="module", params=["debug", "debug-mod"])
+def run(request, tmp_path_factory):
+    """A 3-step run of a dense and of a Mixture-of-Depths preset, context 64."""
+    out = tmp_path_factory.mktemp("eval") / request.param
+    train = {"max_steps": 3, "eval_every": 0}
+    api.train(preset=request.param, out=str(out), train=train, model={"max_seq_len": 64}, **FAST)
+    return out
+
+
+def by_hand(model, ids, start):
+    """-sum log p(ids[j] | start, ids[:j]) from one forward (the text fits the context)."""
+    if not ids:
+        return 0.0
+    seq = torch.tensor([[start, *ids]])
+    with torch.no_grad():
+        logp = model(seq)[0, :-1].log_softmax(-1)
+    return -logp.gather(-1, seq[0, 1:, None]).sum().item()
+
+
+def test_rolling_windows_score_every_token_once_within_the_context():
+    for n, limit, stride in [(1, 8, 8), (7, 8, 8), (8, 8, 8), (30, 8, 8), (30, 8, 3), (30, 8, 1), (100, 16, 5)]:
+        ids = list(range(100, 100 + n))
+        pairs = rolling_windows(ids, 0, limit, stride)
+        assert [t for _, cont in pairs for t in cont] == ids
+        assert all(len(ctx) + len(cont) - 1 <= limit and ctx for ctx, cont in pairs)
+        seq = [0, *ids]
+        for ctx, cont in pairs:  # each pair is a contiguous stretch of the sequence
+            start = seq.index(ctx[0]) if ctx[0] != 0 else 0
+            assert seq[start : start + len(ctx) + len(cont)] == ctx + cont
+
+
+def test_perplexity_and_bits_per_byte_equal_the_hand_computed_values(run):
+    _, model, tok = api.load_run(run)
+    short = TEXT[:60]
+    ids = tok.encode(short)
+    assert len(ids) < model.cfg.max_seq_len
+    got = score_text(model, tok, short)
+    nll = by_hand(model, ids, tok.eos_id)
+    assert got["nll_per_token"] * got["tokens"] == pytest.approx(nll, rel=1e-5)
+    assert got["bits_per_byte"] == pytest.approx(nll / (math.log(2) * len(short.encode())), rel=1e-5)
+    long = score_text(model, tok, TEXT)  # several windows; a shorter stride gives more context
+    assert long["tokens"] > 2 * model.cfg.max_seq_len
+    assert score_text(model, tok, TEXT, stride=16)["tokens"] == long["tokens"]
+
+
+def test_bad_data_files_are_refused_naming_the_file(run, tmp_path):
+    (tmp_path / "empty.txt").write_text("  \n")
+    (tmp_path / "blob.bin").write_bytes(b"\x89PNG\x00\x01\xff")
+    for name, message in [("missing.txt", "does not exist"), ("empty.txt", "is empty"), ("blob.bin", "not UTF-8")]:
+        with pytest.raises(DataError, match=f"{name}.*{message}"):
+            evaluate(run, data=str(tmp_path / name))
+    with pytest.raises(ConfigError, match="needs --tasks and/or --data"):
+        evaluate(run)
+
+
+lm_eval = pytest.importorskip("lm_eval", reason="lm-evaluation-harness is the optional [eval] extra")
+
+
+def instances(kind, args):
+    from lm_eval.api.instance import Instance
+
+    return [Instance(request_type=kind, doc={}, arguments=a, idx=i) for i, a in enumerate(args)]
+
+
+PAIRS = [("def add(a, b):\n    return a", " + b"), ("class Point:\n", "    x: int = 0"), ("", "import os")]
+
+
+def test_adapter_loglikelihoods_equal_the_hand_computed_ones(run):
+    from trimtab.evaluation.adapter import TrimtabLM
+
+    _, model, tok = api.load_run(run)
+    lm = TrimtabLM(model, tok, batch_size=2)
+    scores = lm.loglikelihood(instances("loglikelihood", PAIRS))
+    for (context, continuation), (score, _) in zip(PAIRS, scores):
+        stripped = context.rstrip()  # lm-eval moves a context's trailing spaces to the continuation
+        context, continuation = stripped, context[len(stripped) :] + continuation
+        whole = tok.encode(context + continuation)
+        n_ctx = len(tok.encode(context)) if context else 0
+        start, ids = (whole[0], whole[1:]) if n_ctx else (tok.eos_id, whole)
+        prefix = by_hand(model, ids[: n_ctx - 1], start) if n_ctx > 1 else 0.0
+        assert -score == pytest.approx(by_hand(model, ids, start) - prefix, rel=1e-4)
+    [rolling] = lm.loglikelihood_rolling(instances("loglikelihood_rolling", [(TEXT,)]))
+    data = score_text(model, tok, TEXT)
+    assert -rolling == pytest.approx(data["nll_per_token"] * data["tokens"], rel=1e-5)
+    [text] = lm.generate_until(instances("generate_until", [("def f(x):\n", {"until": ["\n"], "max_gen_toks": 12})]))
+    assert "\n" not in text
+
+
+def test_adapter_equals_lm_evals_hf_backend_on_the_exported_directory(run, tmp_path):
+    from lm_eval.models.huggingface import HFLM
+
+    from trimtab.evaluation.adapter import TrimtabLM
+
+    out = export_run(run, tmp_path / "hf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = HFLM(pretrained=str(out), batch_size=2, device="cpu", trust_remote_code=True)
+    ours = TrimtabLM(*api.load_run(run)[1:], batch_size=2)
+    requests = instances("loglikelihood", PAIRS)
+    for (a, ga), (b, gb) in zip(ours.loglikelihood(requests), theirs.loglikelihood(requests)):
+        assert a == pytest.approx(b, abs=1e-4) and ga == gb
+    rolling = instances("loglikelihood_rolling", [(TEXT,)])
+    assert ours.loglikelihood_rolling(rolling)[0] == pytest.approx(theirs.loglikelihood_rolling(rolling)[0], abs=1e-3)
+
+
+def test_trimtab_eval_runs_the_shipped_tasks_and_records_them(run, capsys, tmp_path):
+    data = tmp_path / "notes.txt"
+    data.write_text(TEXT)
+    tasks = "trimtab_tiny,trimtab_tiny_gen,trimtab_tiny_ppl"
+    assert main(["eval", str(run), "--tasks", tasks, "--data", str(data), "--limit", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert "trimtab_tiny: " in printed and "bits per byte" in printed
+    [record] = (run / "eval").glob("*.json")
+    results = json.loads(record.read_text())
+    assert set(results["tasks"]) == set(tasks.split(",")) and results["step"] == 3
+    assert 0 <= results["tasks"]["trimtab_tiny"]["acc"] <= 1
+    assert results["tasks"]["trimtab_tiny_ppl"]["bits_per_byte"] > 0
+    assert json.loads((run / "summary.json").read_text())["eval"] == results
+    assert main(["eval", str(run), "--tasks", "no_such_task"]) == 2
+    record.unlink()
