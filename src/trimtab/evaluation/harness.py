@@ -62,7 +62,9 @@ def run_tasks(model, tok, tasks, include_path, limit, num_fewshot, batch_size) -
     from trimtab.evaluation.adapter import TrimtabLM
 
     paths = [str(TASKS_DIR)] + ([str(include_path)] if include_path else [])
-    manager = TaskManager(include_path=paths)
+    manager = TaskManager(include_path=paths, include_defaults=False)  # indexing lm-eval's own takes seconds
+    if any(t not in manager.all_tasks for t in tasks):
+        manager = TaskManager(include_path=paths)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         raise ConfigError(f"--tasks: unknown task '{unknown[0]}'; list a task lm-eval knows or add --include-path DIR")
