@@ -272,6 +272,7 @@ CLI_SURFACE = {
         ["path"],
     ),
     "export": ({"-h", "--help", "--out", "--step", "--dtype"}, ["run_dir"]),
+    "merge": ({"-h", "--help", "--out", "--method", "--last"}, ["source"]),
     "presets": ({"-h", "--help"}, []),
     "doctor": ({"-h", "--help", "--preset", "--device", "--nproc", "--strategy", "--json"}, []),
 }

@@ -144,6 +144,19 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _merge(args: argparse.Namespace) -> int:
+    from trimtab import merge
+
+    if args.method == "average":
+        out = merge.average(args.source, args.last, args.out)
+        print(f"averaged the last {args.last} checkpoints of {args.source} into {out}")
+    else:
+        out = merge.merge(args.source, args.out)
+        print(f"merged {args.source} into {out}")
+    print(f"train on: trimtab train --set train.init_from={out}; export: trimtab export {out} --out DIR")
+    return 0
+
+
 def _plan(args: argparse.Namespace) -> int:
     from trimtab.plan import plan_command
 
@@ -263,6 +276,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", metavar="FILE", help="a text file: perplexity and bits per byte, no lm-eval needed")
     p.add_argument("--stride", type=int, help="--data window advance in tokens (default: the whole context)")
     p.set_defaults(func=_eval)
+
+    p = sub.add_parser(
+        "merge",
+        help="merge models with a mergekit recipe, or average a run's last checkpoints (docs/merge.md)",
+    )
+    p.add_argument("source", help="a recipe YAML (mergekit format), or with --method average a run directory")
+    p.add_argument("--out", required=True, help="the run directory to write the merged model to (new or empty)")
+    p.add_argument(
+        "--method", choices=("recipe", "average"), default="recipe", help="average: LAWA checkpoint averaging"
+    )
+    p.add_argument("--last", type=int, default=3, help="--method average: how many of the newest checkpoints")
+    p.set_defaults(func=_merge)
 
     p = sub.add_parser("plan", help="Chinchilla plan: tokens, epochs, steps, FLOPs, memory, time (docs/planner.md)")
     p.add_argument("config", nargs="?", help="run config YAML (optional)")

@@ -1,0 +1,189 @@
+"""`trimtab merge RECIPE.yaml --out DIR` and `trimtab merge RUN_DIR --method average --last K
+--out DIR`: the merged model as a trimtab run directory (config.yaml, tokenizer, one checkpoint
+at step 0), which trains (train.init_from), generates, evaluates and exports like any run.
+
+Inputs are run directories (their newest valid checkpoint) or Hugging Face directories, read
+through trimtab.api.load_run, so every input is a trimtab model with trimtab's tensor names.
+Tensors merge unit by unit as mergekit sees them in Hugging Face files (units.py): q, k and v
+apart, each MoE expert apart. Memory: every input is held at once (N models) plus the output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trimtab.api import load_run
+from trimtab.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint, verify
+from trimtab.config import RunConfig, dump_config
+from trimtab.data import TextTokenizer
+from trimtab.errors import CheckpointError, ConfigError
+from trimtab.hf.importer import SOURCE, is_hf_dir, source_record
+from trimtab.merge import methods
+from trimtab.merge.recipe import TASK_ARITHMETIC, Recipe, read_recipe
+from trimtab.merge.units import join, split
+from trimtab.model import Transformer
+
+log = logging.getLogger(__name__)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def merge(recipe: str | Path | dict[str, Any], out: str | Path) -> Path:
+    """Merge as the recipe says; returns the output run directory."""
+    r = read_recipe(recipe)
+    order = ([r.base] if r.base else []) + [m.path for m in r.others()]
+    loaded = {path: load_run(path) for path in order}
+    cfg, base_model, tok = loaded[order[0]]
+    models = {path: m for path, (_, m, _) in loaded.items()}
+    _same_structure(models)
+    states = {path: m.state_dict() for path, m in models.items()}
+    tied = {"lm_head.weight"} if cfg.model.tie_embeddings else set()  # merged once, as tok_emb
+    merged = {name: _merge_tensor(r, name, states, base_model) for name in states[order[0]] if name not in tied}
+    record = {
+        "method": r.method,
+        "base_model": r.base,
+        "models": [vars(m) for m in r.models],
+        "parameters": r.parameters,
+    }
+    hf_source = source_record(order[0], DTYPES[r.dtype]) if is_hf_dir(order[0]) else None
+    return _write(Path(out), cfg, tok, base_model, merged, {"merge": record}, hf_source, r.dtype)
+
+
+def average(run_dir: str | Path, last: int, out: str | Path) -> Path:
+    """Uniform average of a run's last `last` valid checkpoints (LAWA: Kaddour 2022, "Stop
+    Wasting My Time!"; Sanyal et al. 2023 for LLM pretraining)."""
+    run_dir = Path(run_dir)
+    if last < 1:
+        raise ConfigError(f"--last {last} must be >= 1")
+    cfg, model, tok = load_run(run_dir)
+    valid = [p for p in list_checkpoints(run_dir) if _valid(p)][-last:]
+    if len(valid) < last:
+        raise CheckpointError(f"{run_dir} has {len(valid)} valid checkpoints, fewer than --last {last}")
+    total: dict[str, torch.Tensor] = {}
+    states = []
+    for path in valid:
+        weights, _, state = load_checkpoint(path, optimizer=False)
+        states.append(state)
+        if state.get("moe", {}) != states[0].get("moe", {}):
+            raise CheckpointError(
+                f"{path}: its MoE layers differ from {valid[0].name}'s (surgery in between); lower --last"
+            )
+        for name, tensor in weights.items():
+            if name in total and total[name].shape != tensor.shape:
+                raise CheckpointError(
+                    f"{path}: tensor '{name}' has shape {list(tensor.shape)}, {list(total[name].shape)} before"
+                )
+            total[name] = total.get(name, 0) + tensor.double()
+    merged = {name: (t / len(valid)).float() for name, t in total.items()}
+    record = {"method": "average", "run": str(run_dir), "steps": [s["step"] for s in states]}
+    extra = {"merge": record, "tokens": states[-1].get("tokens", 0)}
+    return _write(Path(out), cfg, tok, model, merged, extra, None, "float32")
+
+
+def _valid(path: Path) -> bool:
+    try:
+        verify(path)
+        return True
+    except CheckpointError as exc:
+        log.warning("skipping corrupt checkpoint: %s", exc)
+        return False
+
+
+def _same_structure(models: dict[str, Transformer]) -> None:
+    """Inputs must be one architecture: every tensor present with one shape, the same live MoE
+    and MoD structure (refused naming the first difference)."""
+    (first, a), *rest = models.items()
+    sa = a.state_dict()
+    for path, b in rest:
+        sb = b.state_dict()
+        for name in sorted(set(sa) | set(sb)):
+            if name not in sa or name not in sb:
+                where = first if name not in sa else path
+                raise ConfigError(f"tensor '{name}' is missing from {where}: the models are not one architecture")
+            if sa[name].shape != sb[name].shape:
+                raise ConfigError(
+                    f"tensor '{name}': shape {list(sa[name].shape)} in {first} vs {list(sb[name].shape)} in {path}"
+                )
+
+
+def _merge_tensor(r: Recipe, name: str, states: dict[str, dict], model: Transformer) -> torch.Tensor:
+    if not states[next(iter(states))][name].is_floating_point():
+        return states[r.base or next(iter(states))][name]
+    if name.endswith("expert_bias"):  # selection-only routing state: the base model's routing
+        return states[r.base or next(iter(states))][name]
+    units = {path: split(name, state[name], model.cfg) for path, state in states.items()}
+    parts = [_merge_unit(r, name, k, {p: u[k] for p, u in units.items()}) for k in range(len(units[next(iter(units))]))]
+    return join(name, parts, model.cfg)
+
+
+def _merge_unit(r: Recipe, name: str, k: int, x: dict[str, torch.Tensor]) -> torch.Tensor:
+    weights = {m.path: m.weight for m in r.models}
+    if r.method == "linear":
+        paths = [m.path for m in r.models]
+        return methods.linear([x[p] for p in paths], [weights[p] for p in paths], r.param("normalize", True))
+    base, others = x[r.base].float(), r.others()
+    if r.method == "slerp":
+        return methods.slerp(float(r.param("t", 0.5)), base, x[others[0].path])
+    if r.method == "model_stock":
+        return methods.model_stock(base, [x[m.path] for m in others], bool(r.param("filter_wise", False)))
+    sparsify, consensus, normalize, rescale = TASK_ARITHMETIC[r.method]
+    seed = int(hashlib.sha256(f"{r.param('seed', 0)}:{name}:{k}".encode()).hexdigest()[:15], 16)
+    generator = torch.Generator().manual_seed(seed)  # DARE: reproducible, independent per unit
+    deltas = []
+    for m in others:
+        delta = x[m.path].float() - base
+        if sparsify == "magnitude":
+            delta = methods.magnitude(delta, m.density, bool(r.param("rescale", rescale)))
+        elif sparsify == "random":
+            delta = methods.random_drop(delta, m.density, bool(r.param("rescale", rescale)), generator)
+        deltas.append(delta)
+    return methods.task_arithmetic(
+        base,
+        deltas,
+        [m.weight for m in others],
+        consensus=consensus,
+        normalize=bool(r.param("normalize", normalize)),
+        lambda_=float(r.param("lambda", 1.0)),
+    )
+
+
+def _write(
+    out: Path,
+    cfg: RunConfig,
+    tok: TextTokenizer,
+    model: Transformer,
+    weights: dict[str, torch.Tensor],
+    extra: dict[str, Any],
+    hf_source: dict | None,
+    dtype: str,
+) -> Path:
+    """The merged model as a run directory, written beside `out` and renamed into place."""
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--out '{out}' exists and is not empty; choose a new directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".tmp_{out.name}_{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        cfg.out = str(out)
+        dump_config(cfg, tmp / "config.yaml")
+        tok.save(tmp / "tokenizer.json")
+        if hf_source is not None:
+            (tmp / SOURCE).write_text(json.dumps(hf_source, indent=1))
+        weights = {k: v.to(DTYPES[dtype]).to(torch.float32) for k, v in weights.items()}
+        structure = {"moe": model.moe_state(), "mod": model.mod_state()}
+        save_checkpoint(tmp, 0, weights, {}, {**structure, "tokens": 0, **extra, "good": True}, keep=1)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

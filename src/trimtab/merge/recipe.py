@@ -1,0 +1,120 @@
+"""A merge recipe in mergekit's YAML format, read and checked:
+
+    merge_method: ties            # linear | slerp | task_arithmetic | ties | dare_linear | dare_ties | model_stock
+    base_model: runs/base         # a trimtab run directory or a Hugging Face model directory
+    models:
+      - model: runs/ft-code
+        parameters: {weight: 0.6, density: 0.5}
+      - model: runs/ft-chat
+        parameters: {weight: 0.4, density: 0.5}
+    parameters: {normalize: true, lambda: 1.0}   # method-wide: t (slerp), normalize, rescale, lambda, filter_wise, seed
+    dtype: float32                # of the merged weights (the run keeps fp32 master weights)
+
+Per-layer gradients (a list for a parameter) and `slices` are mergekit features trimtab does not
+implement: refused with a clear message rather than read differently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trimtab.config import read_yaml
+from trimtab.errors import ConfigError
+
+# method -> (sparsification, sign consensus, default normalize, default rescale); mergekit registry.py
+TASK_ARITHMETIC = {
+    "task_arithmetic": (None, False, False, False),
+    "ties": ("magnitude", True, True, False),
+    "dare_ties": ("random", True, False, True),
+    "dare_linear": ("random", False, False, True),
+}
+METHODS = ("linear", "slerp", *TASK_ARITHMETIC, "model_stock")
+GLOBAL = {"t", "normalize", "rescale", "lambda", "filter_wise", "seed", "int8_mask"}
+PER_MODEL = {"weight", "density"}
+
+
+@dataclass
+class Source:
+    path: str
+    weight: float = 1.0
+    density: float = 1.0
+
+
+@dataclass
+class Recipe:
+    method: str
+    base: str | None
+    models: list[Source]
+    parameters: dict[str, Any] = field(default_factory=dict)
+    dtype: str = "float32"
+
+    def others(self) -> list[Source]:
+        """The models other than the base."""
+        return [m for m in self.models if m.path != self.base]
+
+    def param(self, name: str, default: Any) -> Any:
+        return self.parameters.get(name, default)
+
+
+def read_recipe(source: str | Path | dict[str, Any]) -> Recipe:
+    """A Recipe from a YAML file or its dict; ConfigError naming the key and the fix."""
+    where = str(source) if not isinstance(source, dict) else "the recipe"
+    data = read_yaml(source) if not isinstance(source, dict) else dict(source)
+    for key in data:
+        if key == "slices":
+            raise ConfigError(f"{where}: 'slices' (layer ranges from several models) is not supported; use 'models'")
+        if key not in ("merge_method", "base_model", "models", "parameters", "dtype"):
+            raise ConfigError(f"{where}: unknown key '{key}'")
+    method = data.get("merge_method")
+    if method not in METHODS:
+        raise ConfigError(f"{where}: merge_method {method!r} is not one of {', '.join(METHODS)}")
+    models = [_source(m, i, where) for i, m in enumerate(data.get("models") or [])]
+    recipe = Recipe(
+        method, data.get("base_model"), models, _params(data.get("parameters"), GLOBAL, where, "parameters")
+    )
+    recipe.dtype = data.get("dtype", "float32")
+    _check(recipe, where)
+    return recipe
+
+
+def _source(entry: Any, i: int, where: str) -> Source:
+    if not isinstance(entry, dict) or "model" not in entry:
+        raise ConfigError(f"{where}: models[{i}] must be a mapping with a 'model' path")
+    params = _params(entry.get("parameters"), PER_MODEL, where, f"models[{i}].parameters")
+    return Source(str(entry["model"]), **params)
+
+
+def _params(data: Any, allowed: set[str], where: str, key: str) -> dict[str, Any]:
+    data = data or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: {key} must be a mapping")
+    for name, value in data.items():
+        if name not in allowed:
+            raise ConfigError(f"{where}: unknown parameter '{key}.{name}' (known: {', '.join(sorted(allowed))})")
+        if isinstance(value, (list, dict)):
+            raise ConfigError(
+                f"{where}: {key}.{name} is a list or mapping (a per-layer gradient or filter); "
+                "trimtab takes one number per parameter"
+            )
+    return dict(data)
+
+
+def _check(r: Recipe, where: str) -> None:
+    if not r.models:
+        raise ConfigError(f"{where}: 'models' is empty; list the models to merge")
+    needs_base = r.method != "linear"
+    if needs_base and not r.base:
+        raise ConfigError(f"{where}: merge_method {r.method} needs 'base_model'")
+    if r.method == "linear" and r.base and r.base not in [m.path for m in r.models]:
+        raise ConfigError(f"{where}: linear merges the listed models; add base_model to 'models' or drop it")
+    if r.method == "slerp" and ("t" not in r.parameters or len(r.others()) != 1):
+        raise ConfigError(f"{where}: slerp needs parameters.t and exactly one model besides base_model")
+    if r.method == "model_stock" and len(r.others()) < 2:
+        raise ConfigError(f"{where}: model_stock needs at least two models besides base_model")
+    for i, m in enumerate(r.models):
+        if not 0 < m.density <= 1:
+            raise ConfigError(f"{where}: models[{i}].parameters.density {m.density} must be in (0, 1]")
+    if r.dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(f"{where}: dtype {r.dtype!r} must be float32, bfloat16 or float16")

@@ -1,0 +1,195 @@
+"""trimtab merge: mergekit's methods checked on small tensors against values computed by hand,
+recipes read and refused as mergekit's format says, and merges of real runs that train,
+generate and export; checkpoint averaging (LAWA)."""
+
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from trimtab import api
+from trimtab.checkpoint import list_checkpoints
+from trimtab.cli import main
+from trimtab.errors import CheckpointError, ConfigError
+from trimtab.merge import average, merge, methods, read_recipe
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+FAST = {"log": {"progress": False, "tensorboard": False}, "data": {"max_bytes": 150000}}
+T = torch.tensor
+
+
+# ---- the methods, by hand ---------------------------------------------------------------------
+
+
+def test_linear_weights_and_normalises():
+    x = [T([1.0, 2.0]), T([3.0, 6.0])]
+    assert torch.allclose(methods.linear(x, [1, 3], normalize=True), T([2.5, 5.0]))
+    assert torch.allclose(methods.linear(x, [1, 3], normalize=False), T([10.0, 20.0]))
+
+
+def test_slerp_follows_the_great_circle_and_lerps_colinear_vectors():
+    half = methods.slerp(0.5, T([1.0, 0.0]), T([0.0, 1.0]))
+    assert torch.allclose(half, T([math.sqrt(0.5), math.sqrt(0.5)]))
+    assert torch.allclose(methods.slerp(0.0, T([3.0, 0.0]), T([0.0, 1.0])), T([3.0, 0.0]))
+    assert torch.allclose(methods.slerp(0.25, T([2.0, 0.0]), T([4.0, 0.0])), T([2.5, 0.0]))  # colinear: lerp
+
+
+def test_task_arithmetic_adds_weighted_task_vectors():
+    base = T([1.0, 1.0, 1.0])
+    deltas = [T([1.0, -1.0, 0.0]), T([0.0, 2.0, 0.0])]
+    out = methods.task_arithmetic(base, deltas, [1.0, 0.5], consensus=False, normalize=False, lambda_=1.0)
+    assert torch.allclose(out, T([2.0, 1.0, 1.0]))
+    out = methods.task_arithmetic(base, deltas, [1.0, 0.5], consensus=False, normalize=False, lambda_=2.0)
+    assert torch.allclose(out, T([3.0, 1.0, 1.0]))
+    out = methods.task_arithmetic(base, deltas, [1.0, 0.5], consensus=False, normalize=True, lambda_=1.0)
+    assert torch.allclose(out, base + T([1.0, 0.0, 0.0]) / 1.5)
+
+
+def test_ties_trims_elects_a_sign_and_mixes_only_agreeing_entries():
+    d1 = methods.magnitude(T([3.0, -1.0, 0.5]), 2 / 3, rescale=False)  # keeps the two largest
+    d2 = methods.magnitude(T([-2.0, 0.2, 1.0]), 2 / 3, rescale=False)
+    assert torch.equal(d1, T([3.0, -1.0, 0.0])) and torch.equal(d2, T([-2.0, 0.0, 1.0]))
+    # elected signs (sum): +, -, +. Entry 0: only d1 agrees; 1: d1; 2: d2. Divided by agreeing weights (1).
+    out = methods.task_arithmetic(T([0.0, 0.0, 0.0]), [d1, d2], [1.0, 1.0], consensus=True, normalize=True, lambda_=1)
+    assert torch.allclose(out, T([3.0, -1.0, 1.0]))
+
+
+def test_dare_drops_at_random_and_rescales_to_the_l1_norm_reproducibly():
+    delta = torch.randn(10_000, generator=torch.Generator().manual_seed(0))
+    kept = methods.random_drop(delta, 0.3, rescale=True, generator=torch.Generator().manual_seed(1))
+    assert (kept != 0).float().mean().item() == pytest.approx(0.3, abs=0.02)
+    assert kept.abs().sum().item() == pytest.approx(delta.abs().sum().item(), rel=1e-5)
+    again = methods.random_drop(delta, 0.3, rescale=True, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(kept, again)
+    plain = methods.random_drop(delta, 0.3, rescale=False, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(plain, delta * (kept != 0))
+
+
+def test_model_stock_interpolates_by_the_angle_of_the_task_vectors():
+    base = T([0.0, 0.0])
+    assert torch.allclose(methods.model_stock(base, [T([1.0, 0.0]), T([0.0, 1.0])], False), base)  # cos 0: t 0
+    assert torch.allclose(methods.model_stock(base, [T([1.0, 1.0]), T([1.0, 1.0])], False), T([1.0, 1.0]))  # t 1
+    cos = 1 / math.sqrt(2)
+    t = 2 * cos / (1 + cos)
+    got = methods.model_stock(base, [T([1.0, 0.0]), T([1.0, 1.0])], False)
+    assert torch.allclose(got, t * T([1.0, 0.5]))
+
+
+# ---- recipes ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("recipe", "message"),
+    [
+        ({"merge_method": "frankenmerge", "models": [{"model": "a"}]}, "is not one of"),
+        ({"merge_method": "ties", "models": [{"model": "a"}]}, "needs 'base_model'"),
+        ({"merge_method": "slerp", "base_model": "a", "models": [{"model": "b"}]}, "needs parameters.t"),
+        ({"merge_method": "linear", "slices": []}, "'slices'"),
+        ({"merge_method": "linear", "models": [{"model": "a", "parameters": {"weight": [0.1, 0.9]}}]}, "per-layer"),
+        (
+            {"merge_method": "ties", "base_model": "a", "models": [{"model": "b", "parameters": {"density": 0}}]},
+            "(0, 1]",
+        ),
+        ({"merge_method": "model_stock", "base_model": "a", "models": [{"model": "b"}]}, "at least two"),
+        ({"merge_method": "linear", "models": [{"model": "a", "parameters": {"wieght": 1}}]}, "unknown parameter"),
+    ],
+)
+def test_a_bad_recipe_is_refused_naming_the_key(recipe, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        read_recipe(recipe)
+
+
+# ---- real runs ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A 3-step `debug` base and two 2-step finetunes of it (other seeds, other data order)."""
+    root = tmp_path_factory.mktemp("merge")
+    api.train(preset="debug", out=str(root / "base"), train={"max_steps": 3, "eval_every": 0}, **FAST)
+    for name, seed in (("ft1", 1), ("ft2", 2)):
+        train = {"max_steps": 2, "eval_every": 0, "seed": seed, "init_from": str(root / "base")}
+        api.train(preset="debug", out=str(root / name), train=train, **FAST)
+    return root
+
+
+def weights_of(run):
+    return api.load_run(run)[1].state_dict()
+
+
+def test_a_linear_merge_is_a_run_that_generates_trains_and_exports(runs, tmp_path):
+    recipe = {
+        "merge_method": "linear",
+        "models": [{"model": str(runs / "ft1"), "parameters": {"weight": 1}}, {"model": str(runs / "ft2")}],
+    }
+    out = merge(recipe, tmp_path / "merged")
+    a, b, m = weights_of(runs / "ft1"), weights_of(runs / "ft2"), weights_of(out)
+    for name in m:
+        assert torch.allclose(m[name], (a[name] + b[name]) / 2, atol=1e-7), name
+    assert api.generate(out, "def ", 8, temperature=0)  # generates
+    ft = api.train(
+        preset="debug",
+        out=str(tmp_path / "ft3"),
+        train={"max_steps": 2, "eval_every": 0, "init_from": str(out)},
+        **FAST,
+    )
+    assert ft["step"] == 2
+    assert main(["export", str(out), "--out", str(tmp_path / "hf")]) == 0
+
+
+def test_ties_splits_q_k_v_as_mergekit_sees_them(runs, tmp_path):
+    recipe = {
+        "merge_method": "ties",
+        "base_model": str(runs / "base"),
+        "models": [
+            {"model": str(runs / "ft1"), "parameters": {"weight": 0.7, "density": 0.5}},
+            {"model": str(runs / "ft2"), "parameters": {"weight": 0.3, "density": 0.5}},
+        ],
+    }
+    m = weights_of(merge(recipe, tmp_path / "ties"))
+    base, a, b = weights_of(runs / "base"), weights_of(runs / "ft1"), weights_of(runs / "ft2")
+    name = "blocks.0.attn.wqkv.weight"
+    cfg = api.load_run(runs / "base")[0].model
+    q = cfg.n_heads * cfg.head_dim  # the q rows; k and v follow
+    kv = cfg.n_kv_heads * cfg.head_dim
+    for rows in (slice(0, q), slice(q, q + kv), slice(q + kv, q + 2 * kv)):  # q, k, v: each its own unit
+        expect = methods.task_arithmetic(
+            base[name][rows],
+            [methods.magnitude(x[name][rows] - base[name][rows], 0.5, False) for x in (a, b)],
+            [0.7, 0.3],
+            consensus=True,
+            normalize=True,
+            lambda_=1.0,
+        )
+        assert torch.allclose(m[name][rows], expect)
+
+
+def test_moe_experts_merge_one_by_one_and_mismatches_are_refused(runs, tmp_path):
+    root = tmp_path
+    api.train(preset="debug-moe", out=str(root / "m1"), train={"max_steps": 2, "eval_every": 0}, **FAST)
+    api.train(preset="debug-moe", out=str(root / "m2"), train={"max_steps": 2, "eval_every": 0, "seed": 5}, **FAST)
+    recipe = {"merge_method": "slerp", "base_model": str(root / "m1"), "models": [{"model": str(root / "m2")}]}
+    out = merge({**recipe, "parameters": {"t": 0.3}}, root / "slerp")
+    a, b, m = weights_of(root / "m1"), weights_of(root / "m2"), weights_of(out)
+    [name] = [n for n in m if n.endswith("ffn.w1")][:1]
+    for e in range(a[name].shape[0]):
+        assert torch.allclose(m[name][e], methods.slerp(0.3, a[name][e], b[name][e]), atol=1e-6)
+    bad = {"merge_method": "linear", "models": [{"model": str(runs / "ft1")}, {"model": str(root / "m1")}]}
+    with pytest.raises(ConfigError, match=r"tensor 'blocks\.\d\.ffn\.\w+'"):
+        merge(bad, root / "bad")
+
+
+def test_averaging_the_last_checkpoints_is_their_mean(tmp_path):
+    run = tmp_path / "run"
+    train = {"max_steps": 6, "eval_every": 0}
+    api.train(preset="debug", out=str(run), train=train, checkpoint={"every": 2, "keep": 4}, **FAST)
+    last = list_checkpoints(run)[-3:]
+    assert [p.name for p in last] == ["step_000002", "step_000004", "step_000006"]
+    out = average(run, 3, tmp_path / "avg")
+    got = load_file(list_checkpoints(out)[0] / "model.safetensors")
+    tensors = [load_file(p / "model.safetensors") for p in last]
+    for name, value in got.items():
+        assert torch.allclose(value, sum(t[name] for t in tensors) / 3, atol=1e-7), name
+    with pytest.raises(CheckpointError, match="fewer than --last 9"):
+        average(run, 9, tmp_path / "avg9")
