@@ -328,3 +328,23 @@ def test_a_corrupt_newest_checkpoint_exports_the_one_before_and_a_chosen_one_is_
     with pytest.raises(CheckpointError, match="checksum differs"):
         export_run(run, tmp_path / "hf3", step=3)
     assert not (tmp_path / "hf3").exists()
+
+
+def test_a_chat_trained_run_exports_its_chat_template(trained, tmp_path):
+    from trimtab.config import DataConfig
+    from trimtab.data import read_documents
+
+    messages = [{"role": "user", "content": "2 + 3?"}, {"role": "assistant", "content": "5"}]
+    data = tmp_path / "chat.jsonl"
+    data.write_text("\n".join(json.dumps({"messages": messages}) for _ in range(200)) + "\n")
+    run = tmp_path / "run"
+    train = {"max_steps": 2, "eval_every": 0}
+    api.train(preset="debug", out=str(run), train=train, log=FAST["log"], data={"source": str(data), "format": "chat"})
+    out = export_run(run, tmp_path / "hf")
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    [doc, *_], _ = read_documents(DataConfig(source=str(data), format="chat"))
+    assert hf_tok.apply_chat_template(messages, tokenize=False) == doc.text  # the format it learned
+    prompt = hf_tok.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
+    assert prompt == doc.text[: doc.text.index("5")]
+    plain = export_run(trained, tmp_path / "plain")  # trained on code, not chats: no template
+    assert "chat_template" not in json.loads((plain / "tokenizer_config.json").read_text())

@@ -87,3 +87,28 @@ def test_the_modeling_files_need_no_trimtab():
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
         assert not any(m.split(".")[0] == "trimtab" for m in imported), name
+
+
+def test_a_remote_code_export_imports_back_and_exports_bitwise(tokenizer, tmp_path):
+    """The class export uses is one import reads: a surgically changed, biased MoE comes back with
+    its expert counts and routing, and goes out again with the same tensors."""
+    from safetensors import safe_open
+
+    from trimtab import api
+
+    model = model_of("debug-hybrid", tokenizer)
+    layers = model.moe_layers()
+    layers[0][1].add_expert(0)
+    for _, layer in layers:
+        layer.expert_bias.copy_(0.05 * torch.randn_like(layer.expert_bias))
+        layer.router_temperature = 0.8
+    out = export_run(write_run(tmp_path / "run", model, tokenizer), tmp_path / "hf")
+    _, back, _ = api.load_run(out)
+    assert [m.n_experts for _, m in back.moe_layers()] == [m.n_experts for _, m in layers]
+    with torch.no_grad():
+        x = torch.randint(0, tokenizer.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+        assert (back(x) - model(x)).abs().max().item() <= TOL
+    again = export_run(write_run(tmp_path / "run2", back, tokenizer), tmp_path / "hf2")
+    with safe_open(str(out / "model.safetensors"), "pt") as a, safe_open(str(again / "model.safetensors"), "pt") as b:
+        assert set(a.keys()) == set(b.keys())
+        assert all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys())

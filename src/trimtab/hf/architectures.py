@@ -22,6 +22,8 @@ from typing import Any
 from trimtab.config import ModelConfig, RopeScalingConfig
 from trimtab.config.sparse import MoEConfig
 from trimtab.errors import ConfigError
+from trimtab.hf.remote import REMOTE_FIELDS
+from trimtab.hf.remote import model_config as remote_model_config
 
 DENSE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 MOE = ("MixtralForCausalLM", "Qwen2MoeForCausalLM")
@@ -65,6 +67,10 @@ FIELDS = {
 }  # fmt: skip
 
 
+TRIMTAB = "TrimtabForCausalLM"  # trimtab's own remote-code export (hf/remote)
+FIELDS[TRIMTAB] = REMOTE_FIELDS
+
+
 def architecture(hf: dict[str, Any], where: str) -> str:
     """The one supported class named by config.json's `architectures`; ConfigError otherwise."""
     names = hf.get("architectures") or []
@@ -79,6 +85,10 @@ def to_model_config(hf: dict[str, Any], where: str) -> ModelConfig:
     field trimtab does not implement). `where` names the file in errors."""
     arch = architecture(hf, where)
     _refuse_unknown(hf, arch, where)
+    if arch == TRIMTAB:
+        cfg = remote_model_config(hf)
+        cfg.validate()
+        return cfg
     _refuse_unsupported(hf, arch, where)
     heads = hf["num_attention_heads"]
     cfg = ModelConfig(

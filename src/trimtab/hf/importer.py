@@ -19,7 +19,8 @@ from safetensors import safe_open
 from trimtab.config import ModelConfig
 from trimtab.data import TextTokenizer
 from trimtab.errors import CheckpointError, ConfigError
-from trimtab.hf.architectures import architecture, to_model_config
+from trimtab.hf.architectures import TRIMTAB, architecture, to_model_config
+from trimtab.hf.remote import moe_structure
 from trimtab.hf.tensors import Recorder, from_hf
 from trimtab.model import Transformer
 from trimtab.model.catalog import uninitialised
@@ -91,10 +92,14 @@ def load_weights(model: Transformer, path: str | Path) -> torch.dtype:
     hf = read_config(path)
     reader = SafetensorsDir(path)
     get = Recorder(reader, reader.names)
+    arch = architecture(hf, str(path / "config.json"))
+    if arch == TRIMTAB:  # its own names; each MoE layer's expert count first (surgery may differ)
+        model.load_moe_state(moe_structure(model.cfg, hf))
     params = model.state_dict()
     done = set()
+    pairs = ((name, get(name)) for name in sorted(get.names)) if arch == TRIMTAB else from_hf(get, model.cfg, arch)
     try:
-        for name, tensor in from_hf(get, model.cfg, architecture(hf, str(path / "config.json"))):
+        for name, tensor in pairs:
             _copy(params, name, tensor, path)
             done.add(name)
     except KeyError as exc:

@@ -66,6 +66,66 @@ def remote_config(cfg: ModelConfig, experts: list[int], out: Path, ids: dict[str
     }
 
 
+REMOTE_FIELDS = {
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "max_position_embeddings", "trimtab_rope", "rms_norm_eps",
+    "tie_word_embeddings", "qk_norm", "layer_kinds", "experts_per_layer", "num_experts_per_tok",
+    "moe_intermediate_size", "shared_expert_intermediate_size", "shared_expert_gate", "norm_topk_prob",
+    "mod_predictor_hidden",
+}  # fmt: skip
+
+
+def model_config(hf: dict[str, Any]) -> ModelConfig:
+    """The ModelConfig a TrimtabForCausalLM config.json describes (remote_config's inverse; the
+    expert count of each layer is in experts_per_layer, applied by moe_structure)."""
+    from trimtab.config import RopeScalingConfig
+    from trimtab.config.sparse import MoEConfig
+
+    experts = [n for n in hf["experts_per_layer"] if n]
+    shared = hf.get("shared_expert_intermediate_size", 0)
+    rope = hf.get("trimtab_rope") or {"type": "none"}
+    return ModelConfig(
+        vocab_size=hf["vocab_size"],
+        d_model=hf["hidden_size"],
+        n_layers=hf["num_hidden_layers"],
+        n_heads=hf["num_attention_heads"],
+        n_kv_heads=hf["num_key_value_heads"],
+        head_dim=hf["head_dim"],
+        ffn_hidden=hf["intermediate_size"],
+        max_seq_len=hf["max_position_embeddings"],
+        rope_theta=float(hf["rope_theta"]),
+        rope_scaling=RopeScalingConfig(**rope),
+        norm_eps=float(hf["rms_norm_eps"]),
+        tie_embeddings=bool(hf["tie_word_embeddings"]),
+        attn_bias=bool(hf.get("attention_bias", False)),
+        qk_norm=bool(hf.get("qk_norm", False)),
+        layer_pattern=list(hf["layer_kinds"]),
+        moe=MoEConfig(
+            n_experts=max(experts, default=8),
+            top_k=hf.get("num_experts_per_tok", 2),
+            expert_hidden=hf.get("moe_intermediate_size", 0),
+            n_shared_experts=1 if shared else 0,
+            shared_hidden=shared,
+            shared_gate=bool(hf.get("shared_expert_gate", False)),
+            norm_topk_prob="true" if hf.get("norm_topk_prob", True) else "false",
+        ),
+    )
+
+
+def moe_structure(cfg: ModelConfig, hf: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Each MoE layer's expert count (unequal after surgery) with the config's knobs, in the form
+    Transformer.load_moe_state takes (the router temperature is 1: export folded it in)."""
+    moe = cfg.moe
+    knobs = {
+        "capacity_factor": moe.capacity_factor,
+        "router_temperature": 1.0,
+        "balance_coef": moe.balance_coef,
+        "z_loss_coef": moe.z_loss_coef,
+        "bias_update_rate": moe.bias_update_rate,
+    }
+    return {str(i): {"n_experts": n, **knobs} for i, n in enumerate(hf["experts_per_layer"]) if n}
+
+
 def remote_tensors(get: Getter, names: Iterable[str], moe_state: dict[str, dict[str, float]]) -> Iterator:
     """The checkpoint's tensors under their own names, each MoE router divided by its layer's
     live temperature (the same logits: x (W / T)^T = (x W^T) / T)."""
