@@ -346,5 +346,7 @@ def test_a_chat_trained_run_exports_its_chat_template(trained, tmp_path):
     assert hf_tok.apply_chat_template(messages, tokenize=False) == doc.text  # the format it learned
     prompt = hf_tok.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
     assert prompt == doc.text[: doc.text.index("5")]
+    end = hf_tok.convert_tokens_to_ids("<|end|>")
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == [hf_tok.eos_token_id, end]
     plain = export_run(trained, tmp_path / "plain")  # trained on code, not chats: no template
     assert "chat_template" not in json.loads((plain / "tokenizer_config.json").read_text())

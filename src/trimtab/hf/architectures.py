@@ -271,6 +271,7 @@ def to_hf_config(cfg: ModelConfig, arch: str, ids: dict[str, Any], dtype: str) -
         "attention_dropout": 0.0,
         "use_cache": True,
         "dtype": dtype,
+        "torch_dtype": dtype,  # the name transformers 4.x reads
         **ids,
     }
     if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM"):

@@ -95,8 +95,9 @@ class Export:
                 state = _read_state(path, verified)
                 tok = TextTokenizer.load(self.run_dir / "tokenizer.json")
                 arch = self._model(_reader(path), state, tok, tmp)
-                _write_json(tmp / "generation_config.json", _generation_config(tok, self.source))
-                write_tokenizer(tok, tmp, self.cfg.model.max_seq_len, chat=_chat_trained(self.cfg))
+                chat = _chat_trained(self.cfg)
+                _write_json(tmp / "generation_config.json", _generation_config(tok, self.source, chat))
+                write_tokenizer(tok, tmp, self.cfg.model.max_seq_len, chat=chat)
                 (tmp / "README.md").write_text(model_card(self.run_dir, self.cfg, state, arch, self.source))
                 _result(verified)
                 if out.exists():
@@ -232,10 +233,17 @@ def _token_ids(tok: TextTokenizer, source: dict | None) -> dict[str, Any]:
     return {"bos_token_id": None, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
 
 
-def _generation_config(tok: TextTokenizer, source: dict | None) -> dict[str, Any]:
+def _generation_config(tok: TextTokenizer, source: dict | None, chat: bool) -> dict[str, Any]:
+    """An imported model's own; else trimtab's ids, and after chat training the end-of-turn
+    token as a second eos, so generation stops where the assistant's turn ends."""
     if source and source.get("generation_config"):
         return source["generation_config"]
-    return {"bos_token_id": None, **{k: v for k, v in _token_ids(tok, source).items() if k != "bos_token_id"}}
+    ids = _token_ids(tok, source)
+    if chat and not tok.hf:
+        from trimtab.data.sources import END
+
+        ids["eos_token_id"] = [tok.eos_id, tok.encode(END)[0]]
+    return ids
 
 
 def _chat_trained(cfg: RunConfig) -> bool:
