@@ -22,7 +22,7 @@ from typing import Any
 from trimtab.config import ModelConfig, RopeScalingConfig
 from trimtab.config.sparse import MoEConfig
 from trimtab.errors import ConfigError
-from trimtab.hf.remote import REMOTE_FIELDS
+from trimtab.hf.remote import REMOTE_FIELDS, shape_fields
 from trimtab.hf.remote import model_config as remote_model_config
 
 DENSE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -255,17 +255,8 @@ def to_hf_config(cfg: ModelConfig, arch: str, ids: dict[str, Any], dtype: str) -
     hf: dict[str, Any] = {
         "architectures": [arch],
         "model_type": MODEL_TYPES[arch],
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model,
-        "intermediate_size": cfg.ffn_hidden,
-        "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads,
-        "head_dim": cfg.head_dim,
+        **shape_fields(cfg),
         "hidden_act": "silu",
-        "max_position_embeddings": cfg.max_seq_len,
-        "rms_norm_eps": cfg.norm_eps,
-        "tie_word_embeddings": cfg.tie_embeddings,
         "rope_parameters": _rope_parameters(cfg),
         "rope_theta": cfg.rope_theta,  # transformers 4.x reads this one
         "attention_dropout": 0.0,

@@ -18,6 +18,23 @@ FILES = ("configuration_trimtab.py", "modeling_trimtab.py")
 Getter = Callable[[str], torch.Tensor]
 
 
+def shape_fields(cfg: ModelConfig) -> dict[str, Any]:
+    """The config.json fields every transformers decoder names the same way (and tools such as
+    lm-eval or inference servers read): sizes, heads, context."""
+    return {
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.ffn_hidden,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "max_position_embeddings": cfg.max_seq_len,
+        "rms_norm_eps": cfg.norm_eps,
+        "tie_word_embeddings": cfg.tie_embeddings,
+    }
+
+
 def remote_config(cfg: ModelConfig, experts: list[int], out: Path, ids: dict[str, Any], dtype: str) -> dict[str, Any]:
     """Copy the modeling files into `out`; return config.json. `experts`: each layer's expert
     count (0: dense feed-forward), as the checkpoint holds them."""
@@ -32,14 +49,7 @@ def remote_config(cfg: ModelConfig, experts: list[int], out: Path, ids: dict[str
             "AutoConfig": "configuration_trimtab.TrimtabConfig",
             "AutoModelForCausalLM": "modeling_trimtab.TrimtabForCausalLM",
         },
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model,
-        "intermediate_size": cfg.ffn_hidden,
-        "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads,
-        "head_dim": cfg.head_dim,
-        "max_position_embeddings": cfg.max_seq_len,
+        **shape_fields(cfg),
         "rope_theta": cfg.rope_theta,
         "trimtab_rope": {
             "type": s.type,
@@ -48,8 +58,6 @@ def remote_config(cfg: ModelConfig, experts: list[int], out: Path, ids: dict[str
             "high_freq_factor": s.high_freq_factor,
             "original_max_seq_len": s.original_max_seq_len,
         },
-        "rms_norm_eps": cfg.norm_eps,
-        "tie_word_embeddings": cfg.tie_embeddings,
         "attention_bias": cfg.attn_bias,
         "qk_norm": cfg.qk_norm,
         "layer_kinds": cfg.layers,
