@@ -50,6 +50,17 @@ def test_training_never_imports_the_orchestrator():
     assert offenders("data", ("trimtab.training", "trimtab.orchestrator", "trimtab.model")) == []
 
 
+def test_interop_reads_run_directories_and_never_trains():
+    """hf, merge and evaluation read run directories (DESIGN.md section 2: the loop never pushes
+    into them); none imports the trainer or the orchestrator, and transformers is no dependency
+    of theirs (only the remote-code files exported beside the weights import it)."""
+    remote = {"hf/remote/configuration_trimtab.py", "hf/remote/modeling_trimtab.py"}
+    for package in ("hf", "merge", "evaluation"):
+        assert offenders(package, ("trimtab.training", "trimtab.orchestrator", "trimtab.cli")) == []
+        users = {m for m, names in modules(package).items() if "transformers" in {n.split(".")[0] for n in names}}
+        assert users == (remote if package == "hf" else set())
+
+
 def test_plan_knows_no_training_and_hardware_knows_nothing_above_it():
     """plan ↛ training: the planner and the trainer both take device, precision and peak FLOP/s
     from trimtab/hardware.py, which imports no other trimtab module but errors and paths."""
