@@ -350,3 +350,15 @@ def test_a_chat_trained_run_exports_its_chat_template(trained, tmp_path):
     assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == [hf_tok.eos_token_id, end]
     plain = export_run(trained, tmp_path / "plain")  # trained on code, not chats: no template
     assert "chat_template" not in json.loads((plain / "tokenizer_config.json").read_text())
+
+
+def test_hugging_face_models_merge_into_a_run_that_exports_back_to_their_class(tmp_path, hf_tokenizer):
+    from trimtab.merge import merge
+
+    a, b = (hf_model("qwen2", tmp_path / name, hf_tokenizer) for name in ("a", "b"))
+    recipe = {"merge_method": "linear", "models": [{"model": str(tmp_path / "a")}, {"model": str(tmp_path / "b")}]}
+    out = export_run(merge(recipe, tmp_path / "merged"), tmp_path / "hf")
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
+    theirs = hf_load(out)
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.allclose(theirs.get_parameter(name), (p + q) / 2, atol=1e-6), name

@@ -78,7 +78,9 @@ def load_run(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokenizer
     run_dir = Path(run_dir)
     if hf.is_hf_dir(run_dir):
         model, _ = hf.load_model(run_dir)
-        return RunConfig(model=model.cfg, out=str(run_dir)), model, hf.load_tokenizer(run_dir)
+        cfg = RunConfig(model=model.cfg, out=str(run_dir))
+        cfg.data.seq_len = min(cfg.data.seq_len, model.cfg.max_seq_len)  # a valid config to write out (merge)
+        return cfg, model, hf.load_tokenizer(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(
             f"'{run_dir}' is neither a run directory (no config.yaml) nor a Hugging Face model directory "
