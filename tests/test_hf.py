@@ -362,3 +362,16 @@ def test_hugging_face_models_merge_into_a_run_that_exports_back_to_their_class(t
     theirs = hf_load(out)
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
         assert torch.allclose(theirs.get_parameter(name), (p + q) / 2, atol=1e-6), name
+
+
+def test_an_imported_run_resumes_after_its_source_directory_is_gone(tmp_path, hf_tokenizer):
+    import shutil
+
+    hf_model("llama3", tmp_path / "hf", hf_tokenizer)
+    run = tmp_path / "run"
+    train = {"max_steps": 2, "eval_every": 0, "batch_tokens": 256, "micro_batch_tokens": 256}
+    kwargs = {"preset": "debug", "out": str(run), "log": FAST["log"], "data": {"max_bytes": 40000, "seq_len": 32}}
+    api.train(train={**train, "init_from": str(tmp_path / "hf")}, **kwargs)
+    shutil.rmtree(tmp_path / "hf")
+    summary = api.train(train={**train, "max_steps": 4, "init_from": str(tmp_path / "hf")}, **kwargs)
+    assert summary["step"] == 4

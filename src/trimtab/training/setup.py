@@ -37,6 +37,7 @@ from trimtab.data import (
 from trimtab.distributed import Parallel
 from trimtab.errors import CheckpointError, ConfigError
 from trimtab.hardware import Precision, choose_precision, peak_flops, pick_device
+from trimtab.hf.architectures import to_model_config
 from trimtab.hf.importer import SOURCE, source_record
 from trimtab.hf.importer import load_weights as load_hf_weights
 from trimtab.model import Transformer, build_model
@@ -146,10 +147,16 @@ def check_resume_compatible(cfg: RunConfig) -> None:
 
 def adopt_hf_model(cfg: RunConfig) -> None:
     """train.init_from a Hugging Face model directory: its config.json is the model (the config's
-    model section is replaced, MoE training knobs included: dropless, its aux-loss coefficient)."""
+    model section is replaced, MoE training knobs included: dropless, its aux-loss coefficient).
+    A resumed run reads it from its hf_source.json, so the directory may be gone by then."""
+    record = cfg.run_dir / SOURCE
     if cfg.train.init_from and hf.is_hf_dir(cfg.train.init_from):
         cfg.model = hf.model_config(cfg.train.init_from)
-        cfg.validate()
+    elif cfg.train.init_from and record.is_file():
+        cfg.model = to_model_config(json.loads(record.read_text())["config"], str(record))
+    else:
+        return
+    cfg.validate()
 
 
 def init_weights_from(cfg: RunConfig, model: Transformer) -> tuple[Path, dict | None]:
