@@ -375,3 +375,19 @@ def test_an_imported_run_resumes_after_its_source_directory_is_gone(tmp_path, hf
     shutil.rmtree(tmp_path / "hf")
     summary = api.train(train={**train, "max_steps": 4, "init_from": str(tmp_path / "hf")}, **kwargs)
     assert summary["step"] == 4
+
+
+def test_documents_begin_with_an_imported_tokenizers_start_token_once(tmp_path, hf_tokenizer):
+    from trimtab.config import DataConfig
+    from trimtab.data.packing import tokenize_documents
+    from trimtab.data.sources import Document
+
+    hf_model("llama3", tmp_path / "hf", hf_tokenizer)
+    tok = api.load_run(tmp_path / "hf")[2]
+    assert (tok.bos_id, tok.eos_id) == (0, 1)
+    docs = [Document([("def f(x):\n    return x\n", True)]), Document([("<s>user: hi</s>\n", False), ("yo", True)])]
+    out = tokenize_documents(docs, tok, DataConfig())
+    first, second = (out.tokens[out.offsets[i] : out.offsets[i + 1]].tolist() for i in range(2))
+    assert first[0] == 0 and first.count(0) == 1 and first[-1] == 1  # bos added, eos closes
+    assert second[0] == 0 and second.count(0) == 1  # the template wrote it: not doubled
+    assert not out.mask[out.offsets[0]]  # the start token is not a target to learn

@@ -63,7 +63,7 @@ def _offsets(lengths: np.ndarray | list[int]) -> np.ndarray:
 def tokenize_documents(
     docs: list[Document], tok: TextTokenizer, cfg: DataConfig, cache_dir: Path | None = None
 ) -> TokenizedDocs:
-    """Tokenize docs (each + eos), cached in cache_dir by (corpus, tokenizer).
+    """Tokenize docs ([bos] + each + eos), cached in cache_dir by (corpus, tokenizer).
 
     cfg is accepted for API stability: none of its fields changes per-document tokenization
     (seq_len / pack / eval_fraction apply afterwards), so it is not part of the cache key.
@@ -99,6 +99,12 @@ def _tokenize(docs: list[Document], tok: TextTokenizer) -> TokenizedDocs:
     segment_ids = iter(encoded)
     for doc in docs:
         n = 0
+        if tok.bos_id is not None and not doc.segments[0][0].startswith(tok.decode([tok.bos_id])):
+            # a tokenizer with a start token (Llama's) saw every document begin with it in
+            # pretraining; a chat template that writes it already is left alone. Not learned.
+            pieces.append([tok.bos_id])
+            flags.append(False)
+            n += 1
         for _, trainable in doc.segments:
             ids = next(segment_ids)
             pieces.append(ids)
