@@ -1,6 +1,7 @@
 """`trimtab doctor` on the CPU, and the micro-batch estimate and precision choices behind it."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -16,7 +17,8 @@ def test_doctor_reports_what_a_run_would_choose(capsys):
     assert main(["doctor", "--preset", "debug"]) == 0
     out = capsys.readouterr().out
     chosen = hardware.choose_precision(torch.device("cpu"), "auto")
-    assert f"precision: {chosen.name} - {chosen.reason}" in out
+    # the reason quotes a speed ratio measured at each call ("2.5x faster"): compare it without the figures
+    assert re.sub(r"[\d.]+x", "Nx", f"precision: {chosen.name} - {chosen.reason}") in re.sub(r"[\d.]+x", "Nx", out)
     for needle in (
         "torch 2.",
         "device: cpu (",

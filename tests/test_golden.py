@@ -47,7 +47,12 @@ def test_debug_run_matches_its_golden_numbers(tmp_path):
         preset="debug",
         overrides={
             "out": str(tmp_path / "g"),
-            "train": {"max_steps": STEPS, "eval_every": 0, "log_every": 5},
+            "train": {
+                "max_steps": STEPS,
+                "eval_every": 0,
+                "log_every": 5,
+                "precision": "fp32",
+            },  # fp32: bf16 autocast on CPU rounds differently on CPUs with and without AVX512-bf16
             "data": {"source": str(CORPUS), "max_bytes": 0},
             "checkpoint": {"every": STEPS},
             "log": {"progress": False, "tensorboard": False},
@@ -59,8 +64,8 @@ def test_debug_run_matches_its_golden_numbers(tmp_path):
     if os.environ.get("TRIMTAB_UPDATE_GOLDEN"):
         GOLDEN.write_text(json.dumps(found, indent=1) + "\n")
     golden = json.loads(GOLDEN.read_text())
-    assert found["losses"] == pytest.approx(golden["losses"], rel=1e-5, abs=1e-6)
+    assert found["losses"] == pytest.approx(golden["losses"], rel=5e-5, abs=1e-6)  # 1.4e-5 at step 20 on an AMD EPYC
     assert found["checksums"].keys() == golden["checksums"].keys()
     for key, (total, absolute) in golden["checksums"].items():
-        assert found["checksums"][key][1] == pytest.approx(absolute, rel=1e-4), key
+        assert found["checksums"][key][1] == pytest.approx(absolute, rel=1e-3), key  # 1.9e-4 on an AMD EPYC
         assert found["checksums"][key][0] == pytest.approx(total, rel=1e-3, abs=1e-3 * absolute), key

@@ -225,7 +225,15 @@ def live_cfg(out, steps=40, **plan):
     torch.set_num_threads(1)
     base = {
         "out": str(out),
-        "train": {"max_steps": steps, "eval_every": 0, "log_every": 1, "batch_tokens": 1024, "eval_tokens": 1024},
+        # fp32: the fit below is pinned to the numbers; bf16 on CPU rounds differently per machine
+        "train": {
+            "max_steps": steps,
+            "eval_every": 0,
+            "log_every": 1,
+            "batch_tokens": 1024,
+            "eval_tokens": 1024,
+            "precision": "fp32",
+        },
         "data": {"max_bytes": 150_000},
         "checkpoint": {"every": 6},
         "log": {"progress": False, "tensorboard": False},

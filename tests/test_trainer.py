@@ -22,7 +22,12 @@ from trimtab.training.trainer import Trainer
 def debug_cfg(out, steps=24, sets=(), **overrides):
     base = {
         "out": str(out),
-        "train": {"max_steps": steps, "eval_every": 0, "log_every": 2},
+        "train": {
+            "max_steps": steps,
+            "eval_every": 0,
+            "log_every": 2,
+            "precision": "fp32",
+        },  # fp32: bf16 autocast on CPU rounds differently on CPUs with and without AVX512-bf16
         "data": {"max_bytes": 150_000},
         "checkpoint": {"every": 8},
         "log": {"progress": False, "tensorboard": False},
