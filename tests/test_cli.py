@@ -274,6 +274,7 @@ CLI_SURFACE = {
     "export": ({"-h", "--help", "--out", "--step", "--dtype"}, ["run_dir"]),
     "merge": ({"-h", "--help", "--out", "--method", "--last"}, ["source"]),
     "presets": ({"-h", "--help"}, []),
+    "data": ({"-h", "--help"}, ["data_command"]),
     "doctor": ({"-h", "--help", "--preset", "--device", "--nproc", "--strategy", "--json"}, []),
 }
 

@@ -24,7 +24,7 @@ def test_layering_preset_file_overrides_and_set(tmp_path):
         ("optim.lrr=1", "unknown config key 'optim.lrr'; did you mean 'optim.lr'?"),
         ("modle.d_model=8", "unknown config key 'modle'; did you mean 'model'?"),
         ("model.d_model=abc", "config key 'model.d_model' must be int, got 'abc'"),
-        ("train.max_steps=-1", "config key 'train.max_steps' must be > 0"),
+        ("train.max_steps=-1", "config key 'train.max_steps' must be a positive number of steps or auto"),
         ("optim.schedule=cosin", "config key 'optim.schedule' must be one of"),
         ("data.seq_len=4096", "data.seq_len' 4096 is larger than the model's model.max_seq_len"),
         ("model.n_kv_heads=3", "config key 'model.n_kv_heads' must divide model.n_heads"),

@@ -1,7 +1,9 @@
-"""The README's Hugging Face / evaluation / merging walk-through, run as written (in a scratch
-directory): if a command there breaks, this fails."""
+"""The README's walk-throughs (Hugging Face / evaluation / merging; prepared data and mixtures),
+run as written in a scratch directory: if a command there breaks, this fails."""
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,25 +14,47 @@ README = Path(__file__).parent.parent / "README.md"
 pytest.importorskip("lm_eval", reason="the walk-through runs lm-eval tasks (the [eval] extra, in [dev])")
 
 
-def walkthrough() -> list[str]:
-    """The indented command block under the '## Hugging Face in and out' heading."""
+def walkthrough(heading: str) -> list[str]:
+    """The indented command block under a README heading."""
     text = README.read_text()
-    section = text[text.index("## Hugging Face in and out") :]
+    section = text[text.index(heading) :]
     lines = section.split("\n\n", 2)[1].splitlines()
     return [line.strip() for line in lines if line.startswith("    ")]
 
 
+def run_all(commands: list[str], cwd: Path) -> None:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    for command in commands:
+        done = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+
+
 def test_the_readme_walkthrough_runs_as_written(tmp_path):
-    commands = walkthrough()
+    commands = walkthrough("## Hugging Face in and out")
     assert any(c.startswith("trimtab export") for c in commands) and any(
         c.startswith("trimtab merge") for c in commands
     )
     (tmp_path / "README.md").write_text(README.read_text())
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    env.setdefault("OMP_NUM_THREADS", "1")
-    for command in commands:
-        done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True)
-        assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    run_all(commands, tmp_path)
     assert (tmp_path / "hf" / "base" / "config.json").is_file()
     assert (tmp_path / "runs" / "merged" / "checkpoints" / "step_000000").is_dir()
     assert list((tmp_path / "runs" / "ft1" / "eval").glob("*.json"))
+
+
+def test_the_readme_data_walkthrough_runs_as_written(tmp_path):
+    """Prepare a directory of JSONL and Parquet files, train two epochs of a 70/30 mixture,
+    interrupted (sigterm) and resumed."""
+    pytest.importorskip("datasets", reason="Parquet is read through datasets (the [data] extra, in [dev])")
+    commands = walkthrough("## Data at scale")
+    assert any(c.startswith("trimtab data prepare") for c in commands)
+    for folder in ("tests/golden", "docs"):
+        shutil.copytree(README.parent / folder, tmp_path / folder)
+    run_all(commands, tmp_path)
+    run = tmp_path / "runs" / "mix"
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [m["step"] for m in lines if "loss" in m]
+    assert 25 in steps and steps[-1] > 25  # stopped at 25, resumed to the end
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["step"] == summary["total_steps"]
+    assert [m for m in lines if "loss" in m][-1]["data/all/share"] == pytest.approx(0.7, abs=0.02)

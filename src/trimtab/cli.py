@@ -157,6 +157,20 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data_prepare(args: argparse.Namespace) -> int:
+    from trimtab.data.prepare import Options, prepare
+
+    options = Options(format=args.format, text_field=args.text_field, skip_bad_records=args.skip_bad_records)
+    manifest = prepare(args.sources, args.out, args.tokenizer, args.vocab_size, options, args.workers)
+    files = sum(1 for f in manifest["files"] if f.get("prepared"))
+    print(
+        f"{args.out}: {manifest.get('tokens', 0):,} tokens in {manifest.get('documents', 0):,} documents from "
+        f"{files} files, {len(manifest['shards'])} shards ({manifest['dtype']}); train on it: "
+        f"trimtab train --set data.source={args.out}"
+    )
+    return 0
+
+
 def _plan(args: argparse.Namespace) -> int:
     from trimtab.plan import plan_command
 
@@ -288,6 +302,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--last", type=int, default=3, help="--method average: how many of the newest checkpoints")
     p.set_defaults(func=_merge)
+
+    p = sub.add_parser("data", help="prepare data: token shards a run reads memory-mapped (docs/data.md)")
+    data_sub = p.add_subparsers(dest="data_command", required=True)
+    p = data_sub.add_parser(
+        "prepare",
+        help="tokenize text, JSONL (.gz, .zst), Parquet, Arrow and CSV files into memory-mapped token shards",
+        description="Tokenize SOURCES (files, directories, globs) into DIR. Re-running adds new files only, "
+        "resumes an interrupted prepare and rebuilds a corrupt shard from its sources.",
+    )
+    p.add_argument("sources", nargs="+", metavar="SOURCE")
+    p.add_argument("--out", required=True, metavar="DIR", help="the prepared directory (created, or added to)")
+    p.add_argument(
+        "--tokenizer", metavar="PATH", help="a tokenizer.json or a Hugging Face model directory (default: train a BPE)"
+    )
+    p.add_argument("--vocab-size", type=int, default=4096, help="vocabulary of the BPE trained when no --tokenizer")
+    p.add_argument("--format", default="auto", choices=("auto", "text", "jsonl", "chat", "instruction"))
+    p.add_argument("--text-field", default="text", help="the record field holding the text (default: text)")
+    p.add_argument(
+        "--skip-bad-records", action="store_true", help="skip malformed records (counted) instead of failing"
+    )
+    p.add_argument("--workers", type=int, default=0, help="processes (default: one per core)")
+    p.set_defaults(func=_data_prepare)
 
     p = sub.add_parser("plan", help="Chinchilla plan: tokens, epochs, steps, FLOPs, memory, time (docs/planner.md)")
     p.add_argument("config", nargs="?", help="run config YAML (optional)")

@@ -315,6 +315,22 @@ class Parallel:
         dist.all_reduce(value)
         return value / self.world
 
+    def sum_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
+        """The ranks' sum of a device tensor (each rank's share of something sharded)."""
+        if self.world > 1:
+            value = value.clone()
+            dist.all_reduce(value)
+        return value
+
+    def first_error(self, error: str) -> str:
+        """`error`, or another rank's when this one has none: every rank learns that one failed
+        (an all-reduce of a flag; the words are this rank's, or a note naming the other)."""
+        if self.world == 1:
+            return error
+        flag = torch.tensor([float(bool(error))], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return error or ("another rank's evaluation failed (its log says why)" if flag.item() else "")
+
     def clip_grad_norm(self, params: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
         """Pre-clip global gradient norm, the same on every rank (FSDP: over all shards)."""
         if not self.fsdp:

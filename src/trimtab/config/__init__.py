@@ -147,18 +147,43 @@ class ModelConfig:
 
 
 @dataclass
+class MixSource:
+    """One source of a weighted mixture (data.mix)."""
+
+    source: str | list[str] = ""  # as data.source: a prepared directory, a file, a directory, a glob or a list
+    weight: float = 1.0  # share of each step's tokens (weights are normalised to sum to 1)
+    name: str = ""  # in logs and metrics; empty: the source's last path component
+
+    @property
+    def label(self) -> str:
+        first = self.source if isinstance(self.source, str) else (self.source[0] if self.source else "")
+        return self.name or Path(first.rstrip("/*")).name or first
+
+
+@dataclass
 class DataConfig:
-    source: str = "builtin"  # "builtin" (Python's own stdlib sources) or a file / directory path
+    # "builtin" (Python's own stdlib sources), a directory `trimtab data prepare` wrote, a file, a
+    # directory, a glob (`**` recurses) or a list of these
+    source: str | list[str] = "builtin"
+    # A weighted mixture instead of one source: [{source, weight, name}], drawn in these
+    # proportions of tokens at every step (data.source is then unused)
+    mix: list[MixSource] = field(default_factory=list)
     format: str = "auto"  # auto | text | jsonl | chat | instruction
-    eval_source: str = ""  # separate eval set; empty: hold out eval_fraction of the documents
+    eval_source: str | list[str] = ""  # separate eval set (as data.source); empty: hold out eval_fraction
     eval_fraction: float = 0.02
     seq_len: int = 256
-    tokenizer: str = ""  # path to a tokenizer.json; empty: train a byte-level BPE on the corpus
+    tokenizer: str = ""  # path to a tokenizer.json; empty: a prepared source's, else a BPE trained on the corpus
     bpe_vocab_size: int = 4096  # size of the byte-level BPE trained on the corpus when no tokenizer is given
     pack: bool = True  # pack documents into full rows; False: one (truncated) document per row
     skip_bad_records: bool = False  # skip malformed JSONL lines (counted) instead of failing
     text_field: str = "text"
-    max_bytes: int = 6_000_000  # cap on the corpus read (0: no cap)
+    max_bytes: int = 6_000_000  # cap on the corpus read into memory (0: no cap); prepared data has none
+    verify_shards: bool = True  # check prepared shards against their sha256 at start (a full read)
+
+    @property
+    def sources(self) -> list[MixSource]:
+        """The sources drawn from: data.mix, or data.source alone with weight 1."""
+        return list(self.mix) or [MixSource(self.source, 1.0)]
 
     def validate(self) -> None:
         _positive(self, "data", "seq_len", "bpe_vocab_size")
@@ -169,6 +194,12 @@ class DataConfig:
         )
         _check(0.0 <= self.eval_fraction < 0.5, "data.eval_fraction", "must be in [0, 0.5)")
         _check(self.max_bytes >= 0, "data.max_bytes", "must be >= 0")
+        for i, part in enumerate(self.mix):
+            _check(bool(part.source), f"data.mix[{i}].source", "must name the source's data")
+            _check(part.weight > 0, f"data.mix[{i}].weight", f"must be > 0, got {part.weight}")
+        labels = [part.label for part in self.mix]
+        dupes = sorted({label for label in labels if labels.count(label) > 1})
+        _check(not dupes, "data.mix", f"has two sources named {', '.join(dupes)}; give each a distinct name")
 
 
 SCHEDULES = ("cosine", "wsd", "constant", "linear", "triangular", "triangular2", "exp_range")
@@ -207,7 +238,10 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 1000
+    # Pretraining steps; "auto": the Chinchilla budget (20 tokens per active parameter, Hoffmann
+    # et al. 2022) from the planner. train.epochs, when set, wins over both.
+    max_steps: int | str = 1000
+    epochs: float = 0.0  # > 0: as many steps as this many passes over the training data
     batch_tokens: int = 16384  # target tokens per optimizer step
     # Token budget of one forward/backward (padding included). 0: auto, the largest that fits:
     # the first step runs as one micro-batch and the orchestrator's OOM path halves it until it fits.
@@ -219,6 +253,8 @@ class TrainConfig:
     activation_checkpointing: bool = False
     eval_every: int = 200  # 0: only at the end
     eval_tokens: int = 65536  # cap on tokens per evaluation
+    # Seconds an evaluation may run; past it, it is abandoned (journaled) and training goes on. 0: no limit
+    eval_timeout: float = 1800.0
     log_every: int = 10
     init_from: str = ""  # run dir or checkpoint dir whose weights start this run (finetuning)
 
@@ -228,7 +264,13 @@ class TrainConfig:
         return self.micro_batch_tokens or self.batch_tokens
 
     def validate(self) -> None:
-        _positive(self, "train", "max_steps", "batch_tokens", "log_every", "eval_tokens")
+        _positive(self, "train", "batch_tokens", "log_every", "eval_tokens")
+        _check(
+            self.max_steps == "auto" or (isinstance(self.max_steps, int) and self.max_steps > 0),
+            "train.max_steps",
+            f"must be a positive number of steps or auto, got {self.max_steps!r}",
+        )
+        _check(self.epochs >= 0, "train.epochs", "must be >= 0 (0: train.max_steps decides)")
         _check(
             0 <= self.micro_batch_tokens <= self.batch_tokens,
             "train.micro_batch_tokens",
@@ -239,6 +281,7 @@ class TrainConfig:
             self.precision in ("auto", "fp32", "bf16", "fp16"), "train.precision", "must be auto, fp32, bf16 or fp16"
         )
         _check(self.eval_every >= 0, "train.eval_every", "must be >= 0")
+        _check(self.eval_timeout >= 0, "train.eval_timeout", "must be >= 0 (0: no limit)")
 
 
 @dataclass
@@ -463,7 +506,13 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     elif origin in (typing.Union, types.UnionType):
         if value is None and type(None) in typing.get_args(tp):
             return None
-        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        for option in options[:-1]:  # the first that takes the value (int before str: 200 stays a number)
+            try:
+                return _coerce(option, value, key)
+            except ConfigError:
+                pass
+        tp = options[-1]
     if tp is bool:
         if isinstance(value, bool):
             return value

@@ -163,6 +163,16 @@ class DataRule:
 
 
 @dataclass
+class EarlyStopRule:
+    """Stop when the validation loss has not improved on its best by `min_delta` for `patience`
+    evaluations in a row (per phase; off by default: a run's length is the user's choice)."""
+
+    enabled: bool = False
+    patience: int = 3  # evaluations without improvement
+    min_delta: float = 0.0  # nats: a smaller improvement does not count
+
+
+@dataclass
 class OrchestratorConfig:
     mode: str = "auto"  # auto: act | advise: journal what it would do | off: no monitoring
     read_every: int = 0  # steps between device reads of step metrics; 0: 1 on CPU, 10 on GPU
@@ -186,8 +196,22 @@ class OrchestratorConfig:
     mod: MoDRule = field(default_factory=MoDRule)
     lr: LRRule = field(default_factory=LRRule)
     data: DataRule = field(default_factory=DataRule)
+    early_stop: EarlyStopRule = field(default_factory=EarlyStopRule)
 
-    RULES = ("spike", "grad", "divergence", "plateau", "oom", "memory", "throughput", "fp16", "moe", "mod", "lr")
+    RULES = (
+        "spike",
+        "grad",
+        "divergence",
+        "plateau",
+        "oom",
+        "memory",
+        "throughput",
+        "fp16",
+        "moe",
+        "mod",
+        "lr",
+        "early_stop",
+    )
 
     def validate(self) -> None:
         if self.mode == "false":  # YAML 1.1 reads a bare `off` as false
@@ -224,3 +248,5 @@ class OrchestratorConfig:
         )
         _check(self.lr.factor > 2, "orchestrator.lr.factor", "must be > 2 (warm-up doubles the LR once)")
         _check(self.oom.max_retries >= 1, "orchestrator.oom.max_retries", "must be >= 1")
+        _positive(self.early_stop, "orchestrator.early_stop", "patience")
+        _check(self.early_stop.min_delta >= 0, "orchestrator.early_stop.min_delta", "must be >= 0")

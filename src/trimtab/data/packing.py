@@ -157,6 +157,14 @@ class Rows:
     def length(self, i: int) -> int:
         return int(self.lengths[i])
 
+    def has_target(self, i: int) -> bool:
+        return True  # rows without a trainable target were dropped when cut (_rows)
+
+    def replace(self, i: int, tokens: np.ndarray) -> None:
+        """Overwrite row i's tokens (fault injection: bad data, as a damaged file would hold)."""
+        start = int(self.starts[i])
+        self.tokens[start : start + len(tokens)] = tokens
+
 
 def _rows(docs: TokenizedDocs, starts: np.ndarray, lengths: np.ndarray) -> Rows:
     """Rows without a single trainable target are dropped: they would add no loss, and a step of
@@ -275,18 +283,60 @@ def collate(rows: Rows, indices: list[int], pad_id: int) -> MicroBatch:
     )
 
 
+class ConcatRows:
+    """Several sources' rows as one set: row j of part p is row offsets[p] + j. Steps, micro-batches
+    and data-parallel shares index this one set, whatever the mixture."""
+
+    def __init__(self, parts: list[Rows]) -> None:
+        self.parts = parts
+        self.offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+        self.n_tokens = sum(p.n_tokens for p in parts)
+
+    def locate(self, i: int) -> tuple[int, int]:
+        part = int(np.searchsorted(self.offsets, i, side="right")) - 1
+        return part, i - int(self.offsets[part])
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def get(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        part, j = self.locate(i)
+        return self.parts[part].get(j)
+
+    def length(self, i: int) -> int:
+        part, j = self.locate(i)
+        return self.parts[part].length(j)
+
+    def sources(self, i: int) -> list[str]:
+        part, j = self.locate(i)
+        return self.parts[part].sources(j)
+
+    def has_target(self, i: int) -> bool:
+        part, j = self.locate(i)
+        return self.parts[part].has_target(j)
+
+    def replace(self, i: int, tokens: np.ndarray) -> None:
+        part, j = self.locate(i)
+        self.parts[part].replace(j, tokens)
+
+
 class BatchLoader:
-    """Steps of ~batch_tokens input positions in a reproducible per-epoch shuffled order."""
+    """Steps of ~batch_tokens input positions, each source in a reproducible per-epoch shuffled
+    order; with several sources (a ConcatRows and their weights), every row goes to the source
+    furthest below its share of the tokens drawn so far, so each step holds the stated
+    proportions to within a row, deterministically (smooth weighted round robin, by tokens)."""
 
     def __init__(
         self,
-        rows: Rows,
+        rows: Rows | ConcatRows,
         batch_tokens: int,
         micro_batch_tokens: int,
         seed: int,
         pad_id: int,
         rank: int = 0,
         world: int = 1,
+        weights: list[float] | None = None,
+        names: list[str] | None = None,
     ) -> None:
         if not len(rows):
             raise ValueError("BatchLoader needs at least one row")
@@ -294,37 +344,66 @@ class BatchLoader:
         # so the global batch, the order and the resumable state do not depend on the world size.
         self.rank, self.world = rank, world
         self.rows = rows
+        parts = rows.parts if isinstance(rows, ConcatRows) else [rows]
+        self.sizes = [len(p) for p in parts]
+        self.base = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        weights = weights or [1.0] * len(parts)
+        self.weights = [w / sum(weights) for w in weights]
+        self.names = names or [f"source{i}" for i in range(len(parts))]
+        self.part_tokens = [p.n_tokens for p in parts]
         self.batch_tokens = batch_tokens
         self.micro_batch_tokens = micro_batch_tokens  # an OOM handler may lower it between steps
         self.seed = seed
         self.pad_id = pad_id
-        self._epoch, self._cursor = 0, 0
-        self._order = self._permutation(0)
+        self._epochs, self._cursors = [0] * len(parts), [0] * len(parts)
+        self._orders = [self._permutation(p, 0) for p in range(len(parts))]
+        self.drawn = [0] * len(parts)  # tokens served from each source
         self.skipped: set[int] = set()  # rows a rollback took out of training (bad data)
 
     @property
     def epoch(self) -> int:
-        return self._epoch
+        """Completed passes: over the one source, or over all a mixture's tokens."""
+        if len(self.sizes) == 1:
+            return self._epochs[0]
+        return int(sum(self.drawn) // max(sum(self.part_tokens), 1))
 
-    def _permutation(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))
+    def _permutation(self, part: int, epoch: int) -> np.ndarray:
+        key = [self.seed, epoch] if part == 0 else [self.seed, part, epoch]  # part 0: the single-source order
+        return np.random.default_rng(key).permutation(self.sizes[part])
 
     def _next_row(self) -> int:
+        total = sum(self.drawn)
+        part = max(range(len(self.sizes)), key=lambda p: self.weights[p] * total - self.drawn[p])
         while True:
-            if self._cursor == len(self._order):
-                self._epoch, self._cursor = self._epoch + 1, 0
-                self._order = self._permutation(self._epoch)
-            self._cursor += 1
-            row = int(self._order[self._cursor - 1])
-            if row not in self.skipped:
+            if self._cursors[part] == self.sizes[part]:
+                self._epochs[part], self._cursors[part] = self._epochs[part] + 1, 0
+                self._orders[part] = self._permutation(part, self._epochs[part])
+            self._cursors[part] += 1
+            row = int(self.base[part] + self._orders[part][self._cursors[part] - 1])
+            if row not in self.skipped and self.rows.has_target(row):
+                self.drawn[part] += self.rows.length(row)
                 return row
 
+    def metrics(self) -> dict[str, float]:
+        """Each source's share of the tokens served so far and its passes over its own data."""
+        if len(self.sizes) == 1:
+            return {}
+        total = max(sum(self.drawn), 1)
+        out = {}
+        for name, drawn, tokens in zip(self.names, self.drawn, self.part_tokens):
+            out[f"data/{name}/share"] = drawn / total
+            out[f"data/{name}/epochs"] = drawn / max(tokens, 1)
+        return out
+
     def skip_rows(self, rows: list[int]) -> int:
-        """Never serve these rows again (the data window behind a rollback); at least one row stays."""
+        """Never serve these rows again (the data window behind a rollback); each source keeps a row."""
         keep = set(self.skipped)
         keep.update(int(r) for r in rows)
-        if len(keep) >= len(self.rows):
-            raise DataError("skipping these rows would leave no training data; the data itself is bad")
+        for part, size in enumerate(self.sizes):
+            if sum(1 for r in keep if self.base[part] <= r < self.base[part + 1]) >= size:
+                raise DataError(
+                    f"skipping these rows would leave no training data in {self.names[part]}; the data itself is bad"
+                )
         added = len(keep) - len(self.skipped)
         self.skipped = keep
         return added
@@ -349,23 +428,35 @@ class BatchLoader:
 
     def state_dict(self) -> dict:
         return {
-            "epoch": self._epoch,
-            "cursor": self._cursor,
+            "epoch": self._epochs[0],  # the first source's position at the top level, as before mixtures
+            "cursor": self._cursors[0],
             "seed": self.seed,
-            "n_rows": len(self.rows),
+            "n_rows": self.sizes[0],
             "skipped": sorted(self.skipped),
+            "parts": [
+                {"name": n, "epoch": e, "cursor": c, "n_rows": size, "drawn": d}
+                for n, e, c, size, d in zip(self.names, self._epochs, self._cursors, self.sizes, self.drawn)
+            ],
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly where `state` was taken (its seed wins over the constructor's)."""
-        if state["n_rows"] != len(self.rows):
+        parts = state.get("parts") or [{**state, "name": self.names[0], "drawn": 0}]
+        if len(parts) != len(self.sizes):
             raise DataError(
-                f"the checkpoint's data loader had {state['n_rows']} rows but the data now "
-                f"gives {len(self.rows)}; resume with the same data.* settings and corpus"
+                f"the checkpoint's data had {len(parts)} sources but the data now has {len(self.sizes)}; "
+                "resume with the same data.mix"
             )
+        for part, (saved, size, name) in enumerate(zip(parts, self.sizes, self.names)):
+            if saved["n_rows"] != size:
+                raise DataError(
+                    f"the checkpoint's data loader had {saved['n_rows']} rows in {name} but the data now "
+                    f"gives {size}; resume with the same data.* settings and corpus"
+                )
+            self._epochs[part], self._cursors[part] = int(saved["epoch"]), int(saved["cursor"])
+            self.drawn[part] = int(saved["drawn"])
         self.seed = int(state["seed"])
-        self._epoch, self._cursor = int(state["epoch"]), int(state["cursor"])
-        self._order = self._permutation(self._epoch)
+        self._orders = [self._permutation(p, e) for p, e in enumerate(self._epochs)]
         self.skipped = set(state.get("skipped", []))
 
 

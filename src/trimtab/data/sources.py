@@ -6,6 +6,7 @@ loss on the prompt side; plain text is one fully trainable segment.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import logging
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.config import DataConfig
+from trimtab.data import formats
 from trimtab.data.chat import ChatFormat, TemplateError, render_segments
 from trimtab.errors import DataError
 
@@ -24,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant")
 END = "<|end|>"
-JSONL_SUFFIXES = (".jsonl",)
+PREPARED_MANIFEST = "trimtab-data.json"  # marks a directory `trimtab data prepare` wrote
 # _render's format as a Jinja chat template (exported with the tokenizer of a chat-trained model)
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
@@ -57,16 +59,21 @@ def corpus_fingerprint(docs: Iterable[Document]) -> str:
 
 
 def read_documents(
-    cfg: DataConfig, source: str | None = None, section: str = "data", chat: ChatFormat | None = None
+    cfg: DataConfig,
+    source: str | list[str] | None = None,
+    section: str = "data",
+    chat: ChatFormat | None = None,
+    key: str = "",
 ) -> tuple[list[Document], int]:
     """Read `source` (default cfg.source) up to cfg.max_bytes; returns (docs, n_skipped_bad_records).
 
-    `section` is the config section named in error messages ("finetune.data" for that phase).
+    `section` is the config section named in error messages ("finetune.data" for that phase),
+    `key` the config key of the source (default: SECTION.source or SECTION.eval_source).
     `chat`: a Hugging Face tokenizer's chat format for chat and instruction records (None:
     trimtab's own, CHAT_TEMPLATE).
     """
     source = cfg.source if source is None else source
-    key = f"{section}.source" if source == cfg.source else f"{section}.eval_source"
+    key = key or (f"{section}.source" if source == cfg.source else f"{section}.eval_source")
     reader = _Reader(cfg, section, key, chat)
     docs, capped = _take_bytes(reader.documents(source), cfg.max_bytes)
     if capped and source != "builtin":
@@ -143,6 +150,36 @@ def _decode(data: bytes) -> str | None:
     return None if "\x00" in text else text
 
 
+GLOB_CHARS = "*?["
+
+
+def source_files(source: str | list[str], key: str) -> list[tuple[Path, bool]]:
+    """The files of a source: a file, a directory (its files, recursively, hidden ones left out),
+    a glob (`**` recurses) or a list of these, in a fixed order; each with whether it was named
+    on its own (a named file must be readable; a directory's unreadable files are skipped)."""
+    out: list[tuple[Path, bool]] = []
+    for item in [source] if isinstance(source, str) else source:
+        if any(c in item for c in GLOB_CHARS):
+            matches = sorted(p for p in glob.glob(item, recursive=True) if Path(p).is_file())
+            if not matches:
+                raise DataError(f"{key} '{item}' matches no file; check the pattern")
+            out += [(Path(p), False) for p in matches]
+            continue
+        path = Path(item)
+        if not path.exists():
+            raise DataError(f"{key} '{item}' does not exist; check the path")
+        if path.is_file():
+            out.append((path, True))
+            continue
+        files = (
+            p
+            for p in path.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
+        out += [(p, False) for p in sorted(files, key=lambda p: p.relative_to(path).as_posix())]
+    return out
+
+
 @dataclass
 class _Reader:
     cfg: DataConfig
@@ -153,28 +190,12 @@ class _Reader:
     n_undecodable: int = 0
     undecodable_example: str = ""
 
-    @property
-    def _as_jsonl(self) -> bool:
-        # "text"/"auto" decide per file by suffix; the record formats read every file as JSONL
-        return self.cfg.format in ("jsonl", "chat", "instruction")
-
-    def documents(self, source: str) -> Iterator[Document]:
+    def documents(self, source: str | list[str]) -> Iterator[Document]:
         if source == "builtin":
             yield from self._builtin()
             return
-        path = Path(source)
-        if not path.exists():
-            raise DataError(f"{self.key} '{source}' does not exist; check the path")
-        if path.is_file():
-            yield from self._file(path, strict=True)
-            return
-        files = (
-            p
-            for p in path.rglob("*")
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
-        )
-        for file in sorted(files, key=lambda p: p.relative_to(path).as_posix()):
-            yield from self._file(file, strict=False)
+        for path, named in source_files(source, self.key):
+            yield from self._file(path, strict=named)
 
     def _builtin(self) -> Iterator[Document]:
         root, files = builtin_files()
@@ -189,78 +210,91 @@ class _Reader:
                 yield Document([(text, True)], f"stdlib/{file.relative_to(root).as_posix()}")
 
     def _file(self, path: Path, strict: bool) -> Iterator[Document]:
-        text = _decode(path.read_bytes())
-        if text is None:
+        if formats.kind_of(path, self.cfg.format) != "text":
+            yield from self._records(path)
+            return
+        try:  # a text file is one document: read whole, so an unreadable one yields nothing
+            text = "".join(record.value for record in formats.records(path, self.cfg.format))
+        except formats.Unreadable:
             if strict:
-                raise DataError(f"{self.key} '{path}' is not UTF-8 text; convert it to UTF-8")
+                raise
             self.n_undecodable += 1
             self.undecodable_example = self.undecodable_example or str(path)
             return
-        if self._as_jsonl or path.suffix.lower() in JSONL_SUFFIXES:
-            yield from self._jsonl(path, text)
-        elif text:
+        if text:
             yield Document([(text, True)], str(path))
 
-    def _jsonl(self, path: Path, text: str) -> Iterator[Document]:
-        # split on "\n" only: JSON strings may legally hold raw U+2028, which splitlines() would cut
-        for lineno, line in enumerate(text.split("\n"), start=1):
-            if not line.strip():
-                continue
+    def _records(self, path: Path) -> Iterator[Document]:
+        for record in formats.records(path, self.cfg.format):
             try:
-                doc = self._record(json.loads(line))
-            except (json.JSONDecodeError, _BadRecord) as exc:
-                problem = (
-                    f"invalid JSON ({exc.msg} at column {exc.colno})"
-                    if isinstance(exc, json.JSONDecodeError)
-                    else str(exc)
-                )
+                doc = to_document(formats.parse_json(record), self.cfg, self.chat)
+            except (json.JSONDecodeError, BadRecord) as exc:
                 if not self.cfg.skip_bad_records:
                     raise DataError(
-                        f"{path}:{lineno}: {problem}; fix the line or set {self.section}.skip_bad_records=true"
+                        f"{record.where}: {describe(exc)}; fix the record or set {self.section}.skip_bad_records=true"
                     ) from None
                 self.n_skipped += 1
                 continue
             if doc.text:
-                doc.source = f"{path}:{lineno}"
+                doc.source = record.where
                 yield doc
 
-    def _record(self, rec: Any) -> Document:
-        if not isinstance(rec, dict):
-            raise _BadRecord(f"expected a JSON object, got {type(rec).__name__}")
-        kind = (
-            self.cfg.format if self.cfg.format in ("text", "chat", "instruction") else _detect(rec, self.cfg.text_field)
-        )
-        if kind == "text":
-            return Document([(_string(rec, self.cfg.text_field), True)])
-        turns = (
-            _chat(rec)
-            if kind == "chat"
-            else [("user", _string(rec, "prompt")), ("assistant", _string(rec, "response"))]
-        )
-        if self.chat is None:
-            return _render(turns)
-        try:
-            return Document(render_segments(self.chat, turns))
-        except TemplateError as exc:
-            raise _BadRecord(str(exc)) from None
+
+def describe(exc: Exception) -> str:
+    """What is wrong with a record, in words."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"invalid JSON ({exc.msg} at column {exc.colno})"
+    return str(exc)
+
+
+def to_document(rec: Any, cfg: DataConfig, chat: ChatFormat | None = None) -> Document:
+    """A record (a JSON object or a table row) as a document: its cfg.text_field, a chat
+    (`messages`) or an instruction (`prompt` / `response`), per cfg.format; BadRecord if it is
+    none of them. `chat`: a Hugging Face tokenizer's chat format (None: trimtab's own)."""
+    if not isinstance(rec, dict):
+        raise BadRecord(f"expected a JSON object, got {type(rec).__name__}")
+    kind = cfg.format if cfg.format in ("text", "chat", "instruction") else _detect(rec, cfg.text_field)
+    if kind == "text":
+        return Document([(_string(rec, cfg.text_field), True)])
+    turns = (
+        _chat(rec) if kind == "chat" else [("user", _string(rec, "prompt")), ("assistant", _string(rec, "response"))]
+    )
+    if chat is None:
+        return _render(turns)
+    try:
+        return Document(render_segments(chat, turns))
+    except TemplateError as exc:
+        raise BadRecord(str(exc)) from None
+
+
+def prepared_dir(source: str | list[str]) -> Path | None:
+    """The directory if `source` is one `trimtab data prepare` wrote (data/prepared.py)."""
+    if isinstance(source, str) and (Path(source) / PREPARED_MANIFEST).is_file():
+        return Path(source)
+    return None
 
 
 def is_chat(cfg: DataConfig) -> bool:
     """Whether this data trains on chat or instruction records: its format says so, or (auto,
-    jsonl) its first record is one."""
+    jsonl) the first record of a source is one."""
     if cfg.format in ("chat", "instruction"):
         return True
-    if cfg.format == "text" or cfg.source == "builtin" or not Path(cfg.source).exists():
+    if cfg.format == "text":
         return False
-    path = Path(cfg.source)
-    files = [path] if path.is_file() else sorted(path.rglob("*.jsonl"))
-    if not files or (cfg.format == "auto" and files[0].suffix.lower() not in JSONL_SUFFIXES):
+    return any(_source_is_chat(part.source, cfg) for part in cfg.sources)
+
+
+def _source_is_chat(source: str | list[str], cfg: DataConfig) -> bool:
+    if source == "builtin":
         return False
-    with open(files[0], encoding="utf-8", errors="replace") as fh:
-        first = next((line for line in fh if line.strip()), "")
+    if (prepared := prepared_dir(source)) is not None:
+        return bool(json.loads((prepared / PREPARED_MANIFEST).read_text()).get("chat", False))
     try:
-        rec = json.loads(first)
-    except json.JSONDecodeError:
+        files = source_files(source, "data.source")
+        first = next((p for p, _ in files if formats.kind_of(p, cfg.format) != "text"), None)
+        record = next(formats.records(first, cfg.format), None) if first else None
+        rec = formats.parse_json(record) if record else None
+    except (DataError, json.JSONDecodeError):
         return False
     return isinstance(rec, dict) and _detect_kind(rec, cfg.text_field) in ("chat", "instruction")
 
@@ -268,11 +302,11 @@ def is_chat(cfg: DataConfig) -> bool:
 def _detect_kind(rec: dict[str, Any], text_field: str) -> str | None:
     try:
         return _detect(rec, text_field)
-    except _BadRecord:
+    except BadRecord:
         return None
 
 
-class _BadRecord(ValueError):
+class BadRecord(ValueError):
     """One JSONL record is malformed; the message says what is wrong with it."""
 
 
@@ -284,33 +318,33 @@ def _detect(rec: dict[str, Any], text_field: str) -> str:
     if "prompt" in rec or "response" in rec:
         return "instruction"
     keys = ", ".join(map(repr, rec)) or "none"
-    raise _BadRecord(f"no '{text_field}', 'messages' or 'prompt'/'response' key (found {keys})")
+    raise BadRecord(f"no '{text_field}', 'messages' or 'prompt'/'response' key (found {keys})")
 
 
 def _string(rec: dict[str, Any], name: str, where: str = "") -> str:
     if name not in rec:
-        raise _BadRecord(f"missing '{where}{name}'")
+        raise BadRecord(f"missing '{where}{name}'")
     if not isinstance(rec[name], str):
-        raise _BadRecord(f"'{where}{name}' must be a string, got {type(rec[name]).__name__}")
+        raise BadRecord(f"'{where}{name}' must be a string, got {type(rec[name]).__name__}")
     return rec[name]
 
 
 def _chat(rec: dict[str, Any]) -> list[tuple[str, str]]:
     messages = rec.get("messages")
     if messages is None:
-        raise _BadRecord("missing 'messages'")
+        raise BadRecord("missing 'messages'")
     if not isinstance(messages, list) or not messages:
-        raise _BadRecord("'messages' must be a non-empty list of {role, content} objects")
+        raise BadRecord("'messages' must be a non-empty list of {role, content} objects")
     turns = []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
-            raise _BadRecord(f"messages[{i}] must be an object, got {type(msg).__name__}")
+            raise BadRecord(f"messages[{i}] must be an object, got {type(msg).__name__}")
         role = msg.get("role")
         if role not in ROLES:
-            raise _BadRecord(f"messages[{i}].role {role!r} is not one of {', '.join(ROLES)}")
+            raise BadRecord(f"messages[{i}].role {role!r} is not one of {', '.join(ROLES)}")
         turns.append((role, _string(msg, "content", where=f"messages[{i}].")))
     if not any(role == "assistant" for role, _ in turns):
-        raise _BadRecord("no assistant message, so nothing to train on")
+        raise BadRecord("no assistant message, so nothing to train on")
     return turns
 
 

@@ -144,10 +144,18 @@ def get_tokenizer(cfg: DataConfig, docs: list[Document], cache_dir: Path) -> Tex
     path = Path(cache_dir) / f"tokenizer-{key.hexdigest()[:20]}.json"
     if path.is_file():
         return TextTokenizer.load(path)
-    start = time.perf_counter()
-    tok = TextTokenizer(_train_bpe(docs, cfg.bpe_vocab_size))
-    logger.info("trained a byte-level BPE tokenizer (vocab %d) in %.1fs", tok.vocab_size, time.perf_counter() - start)
+    tok = train_tokenizer(docs, cfg.bpe_vocab_size)
     tok.save(path)
+    return tok
+
+
+def train_tokenizer(docs: list[Document], vocab_size: int) -> TextTokenizer:
+    """A byte-level BPE of vocab_size trained on docs, with trimtab's special tokens."""
+    if vocab_size < MIN_VOCAB:
+        raise DataError(f"a vocabulary of {vocab_size} is below the {MIN_VOCAB} byte-level base and special tokens")
+    start = time.perf_counter()
+    tok = TextTokenizer(_train_bpe(docs, vocab_size))
+    logger.info("trained a byte-level BPE tokenizer (vocab %d) in %.1fs", tok.vocab_size, time.perf_counter() - start)
     return tok
 
 

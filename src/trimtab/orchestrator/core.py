@@ -21,6 +21,7 @@ from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.distributed import all_max, broadcast_object, is_main
 from trimtab.errors import TrimtabError
 from trimtab.orchestrator import ctl
+from trimtab.orchestrator.evaluation import EarlyStop, early_stop, failed_evaluation
 from trimtab.orchestrator.journal import Decision, Journal
 from trimtab.orchestrator.mod_health import MoDQuality
 from trimtab.orchestrator.moe_health import MoEHealth
@@ -50,6 +51,8 @@ class Orchestrator(Hook):
             self.monitors["moe"] = MoEHealth(cfg)
         if cfg.mod.enabled:
             self.monitors["mod"] = MoDQuality(cfg)
+        if cfg.early_stop.enabled:
+            self.monitors["early_stop"] = EarlyStop(cfg)
         self.policy = Policy(cfg)
         self.journal = Journal(self.run_dir / "decisions.jsonl")
         self.paused: set[str] = set()
@@ -95,6 +98,17 @@ class Orchestrator(Hook):
         self.pending.append(out)
         if len(self.pending) >= self.read_every or out.step >= run.total_steps:
             self._read(run)
+
+    def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None:
+        monitor = self.monitors.get("early_stop")
+        if self.mode == "off" or monitor is None or "early_stop" in self.paused:
+            return
+        if (f := monitor.observe_eval(metrics["step"], run.phase, metrics["val_loss"])) is not None:
+            self._decide(run, f, early_stop(f))
+
+    def on_eval_error(self, run: RunView, step: int, error: str) -> None:
+        if self.mode != "off":
+            self._decide(run, *failed_evaluation(step, error))
 
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
         self._read(run)

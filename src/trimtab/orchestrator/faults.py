@@ -21,6 +21,10 @@ records it there), e.g. oom@10:512@rank1: one rank runs out of memory and all sh
     weights_noise@S[:F]     every block weight gets Gaussian noise of F x its own std (default 1):
                             finite but wrecked weights, as one bad update leaves them
     slow@S[:N]              N steps (default 10) each take 0.25 s longer
+    eval_error@S[:N]        the first N evaluations (default 1) at or after step S fail in a forward,
+                            as a record the model cannot take would make them
+    eval_hang@S[:T]         every forward of the first evaluation at or after S stalls T seconds
+                            (default 5): with train.eval_timeout below that, it is abandoned
     sigterm@S / sigkill@S   the process receives the signal
     corrupt_checkpoint@S    the first checkpoint written at or after S is truncated
     disk_full@S[:N]         the next N checkpoint saves (default 1) at or after S fail with ENOSPC
@@ -69,6 +73,8 @@ KINDS: dict[str, tuple[float | None, bool]] = {
     "weights_nan": (1, True),
     "weights_noise": (1.0, False),
     "slow": (10, True),
+    "eval_error": (1, True),
+    "eval_hang": (5.0, False),
     "sigterm": (1, True),
     "sigkill": (1, True),
     "corrupt_checkpoint": (1, True),
@@ -142,6 +148,7 @@ class FaultInjector(Hook):
         model = run.model
         model.tok_emb.register_forward_pre_hook(self._maybe_oom)
         model.tok_emb.register_forward_pre_hook(self._maybe_lr)
+        model.tok_emb.register_forward_pre_hook(self._maybe_eval_fault)
         model.norm.register_forward_hook(self._maybe_nan_loss)
         for p in model.parameters():
             p.register_hook(self._maybe_bad_grad)
@@ -213,8 +220,7 @@ class FaultInjector(Hook):
         on disk would be: every later read sees it, the orchestrator's row scoring included."""
         data, vocab = run.train_rows, run.model.cfg.vocab_size
         for row in rows:
-            start, n = int(data.starts[row]), data.length(row) + 1
-            data.tokens[start : start + n] = np.random.default_rng(row).integers(0, vocab, n)
+            data.replace(row, np.random.default_rng(row).integers(0, vocab, data.length(row) + 1))
 
     def _refresh(self, run: RunView, batch: StepBatch, poisoned: set[int]) -> None:
         """This step's micro-batches were cut before the rows went bad: read those rows again."""
@@ -242,6 +248,24 @@ class FaultInjector(Hook):
                 f"CUDA out of memory (injected by {fault.spec}): a forward over "
                 f"{args[0].numel()} tokens, more than {int(limit)} fit"
             )
+
+    def _maybe_eval_fault(self, module: torch.nn.Module, args: tuple) -> None:
+        """eval_error / eval_hang, inside the trainer's evaluations only (not the orchestrator's probes)."""
+        if not self.run.evaluating:
+            return
+        step, at = self.run.step, self.record.setdefault("evaluations", {})
+        for fault in self.faults:
+            if fault.kind not in ("eval_error", "eval_hang") or step < fault.step:
+                continue
+            fired = at.setdefault(fault.spec, [])
+            if step not in fired and len(fired) < fault.count:
+                fired.append(step)  # this evaluation is the fault's: every forward of it
+                self._save()
+            if step not in fired:
+                continue
+            if fault.kind == "eval_error":
+                raise RuntimeError(f"injected by {fault.spec}: a record the model cannot take")
+            time.sleep(fault.param)
 
     def _maybe_lr(self, module: torch.nn.Module, args: tuple) -> None:
         """lr_spike: the trainer set this step's LR before the forward; multiply it once."""

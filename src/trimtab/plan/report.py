@@ -71,7 +71,8 @@ def make_plan(
     size = model_size(cfg, _tokenizer_vocab(cfg))
     k, batch, mfu = cfg.plan.tokens_per_param, cfg.train.batch_tokens, cfg.plan.mfu
     optimal = round(k * size.compute_params)
-    run_tokens = cfg.train.max_steps * batch
+    run_steps = math.ceil(optimal / batch) if cfg.train.max_steps == "auto" else int(cfg.train.max_steps)
+    run_tokens = run_steps * batch
     data, tokens = None, optimal
     if data_path is not None:
         dataset_tokens, source = count_dataset_tokens(cfg, data_path)
@@ -95,7 +96,7 @@ def make_plan(
         steps=math.ceil(tokens / batch),
         flops=flops,
         flops_6nd=6.0 * size.compute_params * tokens,
-        run_steps=cfg.train.max_steps,
+        run_steps=run_steps,
         run_tokens=run_tokens,
         run_flops=run_flops,
         data=data,

@@ -48,6 +48,9 @@ class Hook:
 
     def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None: ...
 
+    def on_eval_error(self, run: RunView, step: int, error: str) -> None:
+        """An evaluation was abandoned (an error, train.eval_timeout); training goes on."""
+
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None: ...
 
     def on_save_start(self, run: RunView) -> None: ...
@@ -192,6 +195,9 @@ class ConsoleLogger(Hook):
         self.write(
             f"eval step {metrics['step']}{again}: val_loss {metrics['val_loss']:.4f} val_ppl {metrics['val_ppl']:.2f}"
         )
+
+    def on_eval_error(self, run: RunView, step: int, error: str) -> None:
+        self.write(f"eval step {step} abandoned ({error}); training goes on")
 
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
         if self.bar is not None:

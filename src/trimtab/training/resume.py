@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.checkpoint import latest_valid, set_aside_corrupt
-from trimtab.config import RunConfig
+from trimtab.config import RunConfig, read_saved
 from trimtab.distributed import Parallel
-from trimtab.errors import RunFinished
+from trimtab.errors import ConfigError, RunFinished
 from trimtab.training.schedule import KEYS, configured_lengths
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def _stop_if_finished(cfg: RunConfig, found: Found, dist: Parallel) -> None:
     """The run's length under this config is the configured phase lengths plus the live
     planner's change to pretraining (TrainState.length_delta); a longer one trains on."""
     train = found[1].get("train", {})
-    step, delta, lengths = train.get("step", 0), train.get("length_delta", 0), configured_lengths(cfg)
+    step, delta, lengths = train.get("step", 0), train.get("length_delta", 0), _lengths(cfg)
     total = sum(lengths) + delta
     if step < total:
         return
@@ -50,6 +50,18 @@ def _stop_if_finished(cfg: RunConfig, found: Found, dist: Parallel) -> None:
         f"nothing was trained and nothing in it changed. A larger {longer} trains on",
         summary,
     )
+
+
+def _lengths(cfg: RunConfig) -> list[int]:
+    """The phase lengths; a pretraining length that depends on the data (train.epochs) or the
+    model (max_steps: auto) is the one the run resolved and saved in config.yaml."""
+    if cfg.train.epochs <= 0 and cfg.train.max_steps != "auto":
+        return configured_lengths(cfg)
+    try:
+        saved = read_saved(cfg.run_dir)
+    except (OSError, ConfigError):
+        return [0]  # nothing resolved yet: never finished
+    return [int(saved.train.max_steps)] + configured_lengths(cfg)[1:]
 
 
 def saved_summary(run_dir: Path, found: Found, total: int) -> dict[str, Any]:

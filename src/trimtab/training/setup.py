@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 from collections.abc import Callable
@@ -24,16 +25,10 @@ import yaml
 from trimtab import hf
 from trimtab.checkpoint import is_sharded, latest_valid, load_model
 from trimtab.config import DataConfig, OptimConfig, RunConfig, read_saved
-from trimtab.data import (
-    BatchLoader,
-    MicroBatch,
-    Rows,
-    TextTokenizer,
-    build_splits,
-    eval_batches,
-    get_tokenizer,
-    read_documents,
-)
+from trimtab.data import BatchLoader, MicroBatch, Rows, TextTokenizer, eval_batches, get_tokenizer
+from trimtab.data.dataset import PhaseData, build_phase_data, first_prepared, open_eval_source, open_sources
+from trimtab.data.packing import ConcatRows
+from trimtab.data.prepared import ShardedRows
 from trimtab.distributed import Parallel
 from trimtab.errors import CheckpointError, ConfigError
 from trimtab.hardware import Precision, choose_precision, peak_flops, pick_device
@@ -42,6 +37,7 @@ from trimtab.hf.importer import SOURCE, source_record
 from trimtab.hf.importer import load_weights as load_hf_weights
 from trimtab.model import Transformer, build_model
 from trimtab.paths import cache_dir
+from trimtab.plan.chinchilla import FRESH_EPOCHS, model_size
 from trimtab.training.resume import resume_point
 
 log = logging.getLogger(__name__)
@@ -56,9 +52,11 @@ class Phase:
     steps: int
     data: DataConfig
     optim: OptimConfig
-    train_rows: Rows
+    train_rows: Rows | ConcatRows | ShardedRows
     eval_micro: list[MicroBatch]
     skipped_records: int
+    weights: list[float]  # each source's share of a step's tokens (data.mix)
+    names: list[str]
 
     def loader(self, cfg: RunConfig, pad_id: int, rank: int = 0, world: int = 1) -> BatchLoader:
         """The phase's loader; under data parallelism it serves this rank's share of each step."""
@@ -70,28 +68,33 @@ class Phase:
             pad_id=pad_id,
             rank=rank,
             world=world,
+            weights=self.weights,
+            names=self.names,
         )
 
 
 def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer, list[Phase]]:
-    """Read each phase's documents, get the tokenizer (the run's own one when resuming), split."""
-    specs = [("pretrain", cfg.data, cfg.optim, cfg.train.max_steps, "data")]
+    """Open or read each phase's sources, get the tokenizer (the run's own one when resuming, else
+    data.tokenizer, else a prepared source's, else a BPE trained on the documents), split."""
+    specs = [("pretrain", cfg.data, cfg.optim, "data")]
     if cfg.finetune.steps:
-        specs.append(("finetune", cfg.finetune.data, cfg.finetune.optim, cfg.finetune.steps, "finetune.data"))
+        specs.append(("finetune", cfg.finetune.data, cfg.finetune.optim, "finetune.data"))
     tok = TextTokenizer.load(tok_source) if tok_source is not None else None
     if tok is None and cfg.data.tokenizer:
         tok = TextTokenizer.load(Path(cfg.data.tokenizer), key="data.tokenizer")
+    if tok is None and (prepared := first_prepared([data for _, data, _, _ in specs])) is not None:
+        tok = TextTokenizer.load(prepared / "tokenizer.json", key=f"the tokenizer of {prepared}")
     chat = tok.chat if tok is not None else None  # a Hugging Face tokenizer formats chats its own way
-    docs = [read_documents(data, section=key, chat=chat) for _, data, _, _, key in specs]
+    opened = [open_sources(data, key, chat) for _, data, _, key in specs]
+    evals = [open_eval_source(data, key, chat) for _, data, _, key in specs]
     if tok is None:
-        tok = get_tokenizer(cfg.data, [d for phase_docs, _ in docs for d in phase_docs], cache_dir())
+        docs = [d for group in opened + [[e] for e in evals if e] for s in group for d in (s.docs or [])]
+        tok = get_tokenizer(cfg.data, docs, cache_dir())
     phases, start = [], 0
-    for (name, data, optim, steps, key), (phase_docs, skipped) in zip(specs, docs):
-        eval_docs = read_documents(data, data.eval_source, section=key, chat=chat)[0] if data.eval_source else None
-        train_rows, eval_rows = build_splits(
-            data, tok, phase_docs, eval_docs, seed=cfg.train.seed, cache_dir=cache_dir()
-        )
-        micro = eval_batches(eval_rows, cfg.train.micro_budget, cfg.train.eval_tokens, tok.pad_id)
+    for (name, data, optim, _), sources, eval_source in zip(specs, opened, evals):
+        built = build_phase_data(data, sources, tok, cfg.train.seed, cache_dir(), eval_source)
+        steps = cfg.finetune.steps if name == "finetune" else resolve_max_steps(cfg, built.train.n_tokens, tok)
+        micro = eval_micro(built, cfg.train.micro_budget, cfg.train.eval_tokens, tok.pad_id)
         phases.append(
             Phase(
                 name=name,
@@ -99,13 +102,46 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
                 steps=steps,
                 data=data,
                 optim=optim,
-                train_rows=train_rows,
+                train_rows=built.train,
                 eval_micro=micro,
-                skipped_records=skipped,
+                skipped_records=built.skipped_records,
+                weights=built.weights,
+                names=built.names,
             )
         )
         start += steps
     return tok, phases
+
+
+def eval_micro(built: PhaseData, micro_budget: int, eval_tokens: int, pad_id: int) -> list[MicroBatch]:
+    """Evaluation micro-batches: train.eval_tokens, shared among a mixture's held-out sets by weight."""
+    weights = built.weights if len(built.evals) > 1 else [1.0]
+    out = []
+    for rows, weight in zip(built.evals, weights):
+        if len(rows):
+            out += eval_batches(rows, micro_budget, max(1, int(eval_tokens * weight)), pad_id)
+    return out
+
+
+def resolve_max_steps(cfg: RunConfig, train_tokens: int, tok: TextTokenizer) -> int:
+    """train.max_steps as a number: from train.epochs over the training rows' tokens, or
+    (auto) the Chinchilla budget of this model; written back, so config.yaml records it."""
+    train = cfg.train
+    if train.epochs > 0:
+        train.max_steps = max(1, math.ceil(train.epochs * train_tokens / train.batch_tokens))
+    elif train.max_steps == "auto":
+        size = model_size(cfg, tok.vocab_size)
+        train.max_steps = max(1, math.ceil(size.compute_params * cfg.plan.tokens_per_param / train.batch_tokens))
+    epochs = train.max_steps * train.batch_tokens / max(train_tokens, 1)
+    if epochs > FRESH_EPOCHS:
+        log.warning(
+            "train.max_steps=%d repeats the training data %.1f times; beyond ~%d epochs repeated tokens are worth "
+            "less than fresh ones (Muennighoff et al. 2023): more data, or a smaller model, uses the compute better",
+            train.max_steps,
+            epochs,
+            FRESH_EPOCHS,
+        )
+    return train.max_steps
 
 
 def tokenizer_source(cfg: RunConfig) -> Path | None:

@@ -122,6 +122,7 @@ class Trainer:
             self.control.apply_lengths()
             log.info("resuming from %s (step %d of %d)", run.resume[0], self.state.step, self.total_steps)
         self.last_eval: dict[str, Any] = {}
+        self.evaluating = False  # inside evaluate() (fault injection aims at it)
 
     # ------------------------------------------------------------------------------ the loop
 
@@ -295,6 +296,7 @@ class Trainer:
             "step_time": self.window.seconds / len(losses),
             "epoch": self.loader.epoch,
             "peak_rss_mb": peak_rss_mb(),
+            **self.loader.metrics(),  # a mixture's share of each source so far
         }
         if self.peak_flops:
             metrics["mfu"] = tps * self.flops_per_token / self.peak_flops
@@ -312,10 +314,20 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
+        """The held-out loss, each rank scoring its share of the eval micro-batches. An error or
+        a run past train.eval_timeout abandons it: hooks hear of it (the orchestrator journals
+        it) and training goes on."""
         micro_batches = self.phases[self.state.phase].eval_micro
         if not micro_batches:
             return {}
-        val_loss = self.held_out_loss(micro_batches)
+        self.evaluating = True
+        try:
+            val_loss, error = self._sharded_loss(micro_batches, self.cfg.train.eval_timeout)
+        finally:
+            self.evaluating = False
+        if error:
+            self._call("on_eval_error", self.state.step, error)
+            return {}
         self.last_eval = {
             "step": self.state.step,
             "phase": self.phases[self.state.phase].name,
@@ -324,6 +336,38 @@ class Trainer:
         }
         self._call("on_eval", self.last_eval)
         return self.last_eval
+
+    def _sharded_loss(self, micro_batches: list, timeout: float) -> tuple[float, str]:
+        """(mean loss per target, "") over the micro-batches, rank r scoring micro_batches[r::world];
+        or (nan, what went wrong). Ranks agree after every micro-batch, so an error or a timeout on
+        one rank ends the evaluation on all of them instead of leaving them waiting."""
+        self.model.eval()
+        n, rank, world = len(micro_batches), self.dist.rank, self.dist.world
+        rounds = -(-n // world)  # FSDP: every rank runs as many forwards
+        # [2, n]: each micro-batch's summed loss and target count, filled by the rank that scores
+        # it; summed over ranks and then in order, so the figure does not depend on the world size
+        sums = torch.zeros(2, n, dtype=torch.float64, device=self.device)
+        start, error = time.monotonic(), ""
+        for i in range(rounds):
+            j = rank + i * world  # the micro-batch this rank scores in this round (>= n: a padding forward)
+            micro = micro_batches[min(j, n - 1)]
+            try:
+                with self.precision.autocast():
+                    hidden = self.forward(micro.inputs.to(self.device))
+                if j < n:
+                    targets = micro.targets.to(self.device)
+                    sums[0, j] = cross_entropy_sum(hidden, self.model.lm_head.weight, targets).double()
+                    sums[1, j] = micro.n_targets
+            except Exception as exc:  # a bad record, a kernel error: this evaluation, not the run
+                if is_oom(exc) and self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+            if timeout and not error and time.monotonic() - start > timeout:
+                error = f"timed out after {time.monotonic() - start:.0f}s (train.eval_timeout={timeout:g})"
+            if error := self.dist.first_error(error):
+                return math.nan, f"{error} after {i + 1} of {rounds} micro-batches"
+        total, count = self.dist.sum_over_ranks(sums).sum(dim=1).tolist()
+        return total / max(count, 1), ""
 
     @torch.no_grad()
     def held_out_loss(self, micro_batches: list) -> float:
@@ -341,6 +385,7 @@ class Trainer:
         every, phase = self.cfg.train.eval_every, self.phases[self.state.phase]
         if (every and self.state.step % every == 0) or self.state.step == phase.start + phase.steps:
             self.evaluate()
+            self.control.apply()  # what hooks decided on it (early stopping) holds before the next step
 
     def _maybe_checkpoint(self) -> None:
         every = self.cfg.checkpoint.every

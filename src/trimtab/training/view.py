@@ -60,6 +60,11 @@ class RunView:
         return self._t.dist.is_main
 
     @property
+    def evaluating(self) -> bool:
+        """Inside the trainer's evaluation (its forwards are the held-out loss's)."""
+        return self._t.evaluating
+
+    @property
     def step(self) -> int:
         """Optimizer steps done (a rollback moves it back)."""
         return self._t.state.step

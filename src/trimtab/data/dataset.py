@@ -1,0 +1,125 @@
+"""A phase's data from its config section: each source (data.source, or each of data.mix) read
+into memory or opened as a prepared directory, split into training and evaluation rows, and
+joined for the loader with the mixture's weights.
+
+In memory (text, JSONL, tables): read up to data.max_bytes, tokenized at start (cached).
+Prepared (`trimtab data prepare`): memory-mapped, nothing read ahead, any size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from trimtab.config import DataConfig, MixSource
+from trimtab.data.chat import ChatFormat
+from trimtab.data.packing import ConcatRows, Rows, build_splits
+from trimtab.data.prepared import PreparedData, ShardedRows
+from trimtab.data.sources import Document, prepared_dir, read_documents
+from trimtab.data.tokenizer import TextTokenizer
+from trimtab.errors import DataError
+
+
+@dataclass
+class Source:
+    """One source of a phase, before tokenization: a prepared directory, or documents."""
+
+    spec: MixSource
+    key: str  # its config key, for messages: data.source, data.mix[1].source, ...
+    prepared: PreparedData | None = None
+    docs: list[Document] | None = None
+    skipped_records: int = 0
+
+
+@dataclass
+class PhaseData:
+    train: Rows | ConcatRows | ShardedRows
+    evals: list[Rows | ShardedRows]  # each source's held-out rows, or the eval_source's (one)
+    weights: list[float]  # normalised to sum to 1
+    names: list[str]
+    skipped_records: int
+
+
+def open_sources(cfg: DataConfig, section: str, chat: ChatFormat | None) -> list[Source]:
+    """Each source of the section, opened (prepared) or read (documents)."""
+    out = []
+    for i, spec in enumerate(cfg.sources):
+        key = f"{section}.mix[{i}].source" if cfg.mix else f"{section}.source"
+        if (folder := prepared_dir(spec.source)) is not None:
+            out.append(Source(spec, key, prepared=PreparedData(folder, key, verify=cfg.verify_shards)))
+        else:
+            docs, skipped = read_documents(cfg, spec.source, section=section, chat=chat, key=key)
+            out.append(Source(spec, key, docs=docs, skipped_records=skipped))
+    return out
+
+
+def open_eval_source(cfg: DataConfig, section: str, chat: ChatFormat | None) -> Source | None:
+    """The section's eval_source opened or read; None when it holds its evaluation data out."""
+    if not cfg.eval_source:
+        return None
+    spec, key = MixSource(cfg.eval_source), f"{section}.eval_source"
+    if (folder := prepared_dir(cfg.eval_source)) is not None:
+        return Source(spec, key, prepared=PreparedData(folder, key, verify=cfg.verify_shards))
+    docs, _ = read_documents(cfg, cfg.eval_source, section=section, chat=chat, key=key)
+    return Source(spec, key, docs=docs)
+
+
+def first_prepared(sections: list[DataConfig]) -> Path | None:
+    """The first prepared directory among the sections' sources: a run on prepared data takes
+    its tokenizer."""
+    for cfg in sections:
+        for spec in cfg.sources + ([MixSource(cfg.eval_source)] if cfg.eval_source else []):
+            if (folder := prepared_dir(spec.source)) is not None:
+                return folder
+    return None
+
+
+def build_phase_data(
+    cfg: DataConfig,
+    sources: list[Source],
+    tok: TextTokenizer,
+    seed: int,
+    cache_dir: Path | None,
+    eval_source: Source | None = None,
+) -> PhaseData:
+    """Training and evaluation rows of every source; eval_source (data.eval_source) replaces the
+    hold-out of each source."""
+    fraction = 0.0 if eval_source is not None else cfg.eval_fraction
+    trains, evals = [], []
+    for source in sources:
+        train, held = _split(cfg, source, tok, seed, cache_dir, fraction)
+        if not len(train):
+            raise DataError(
+                f"{source.key} '{source.spec.source}' gives no training row of data.seq_len+1={cfg.seq_len + 1} "
+                "tokens with a trainable target; add data or lower data.seq_len"
+            )
+        trains.append(train)
+        evals.append(held)
+    if eval_source is not None:
+        evals = [_split(cfg, eval_source, tok, seed, cache_dir, 0.0)[0]]
+    weights = [s.spec.weight for s in sources]
+    total = sum(weights)
+    return PhaseData(
+        train=trains[0] if len(trains) == 1 else ConcatRows(trains),
+        evals=evals,
+        weights=[w / total for w in weights],
+        names=[s.spec.label for s in sources],
+        skipped_records=sum(s.skipped_records for s in sources),
+    )
+
+
+def _split(
+    cfg: DataConfig, source: Source, tok: TextTokenizer, seed: int, cache_dir: Path | None, fraction: float
+) -> tuple[Rows | ShardedRows, Rows | ShardedRows]:
+    if source.prepared is not None:
+        if source.prepared.tokenizer_sha != tok.fingerprint:
+            raise DataError(
+                f"{source.key} '{source.spec.source}' was prepared with another tokenizer than this run's "
+                f"({source.prepared.path / 'tokenizer.json'} differs); prepare it with --tokenizer set to the run's "
+                "tokenizer.json, or train a new run on it"
+            )
+        return (
+            ShardedRows(source.prepared, cfg.seq_len, cfg.pack, "train", fraction),
+            ShardedRows(source.prepared, cfg.seq_len, cfg.pack, "eval", fraction),
+        )
+    return build_splits(replace(cfg, eval_fraction=fraction), tok, source.docs, None, seed, cache_dir)

@@ -1,0 +1,154 @@
+"""Files as streams of records, one at a time, so memory stays flat however large a file is.
+
+Plain text (a whole file is one document), JSONL (also gzip / zstd compressed) and the columnar
+formats Parquet, Arrow and CSV, read through Hugging Face `datasets` in streaming mode (the
+`[data]` extra). Each record comes with where it is: its line in a JSONL file, its row in a
+columnar one, so that an error names it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from trimtab.errors import DataError
+
+JSONL = (".jsonl", ".ndjson")
+COMPRESSED = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+COLUMNAR = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}
+TEXT_CHUNK_CHARS = 1_000_000  # a long plain-text file is encoded in pieces of about this size
+
+
+class Unreadable(DataError):
+    """A file that cannot be read as its format: not UTF-8, a broken archive, a damaged table."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record: a JSON object (JSONL, a table row) or a piece of plain text (str)."""
+
+    value: Any
+    where: str  # "FILE:LINE" for a JSONL line, "FILE row N" for a table row, "FILE" for text
+    line: int = 0  # the line (JSONL) or row (table) number, from 1; 0 for plain text
+    last: bool = True  # plain text in pieces: False until a document's last piece
+
+
+def kind_of(path: Path, fmt: str = "auto") -> str:
+    """'jsonl', 'columnar' or 'text', from the name (a compression suffix looked through);
+    `fmt` jsonl/chat/instruction reads any non-columnar file as JSONL."""
+    suffixes = [s.lower() for s in path.suffixes[-2:]]
+    if suffixes and suffixes[-1] in COMPRESSED:
+        suffixes = suffixes[:-1]
+    last = suffixes[-1] if suffixes else ""
+    if last in COLUMNAR:
+        return "columnar"
+    if last in JSONL or fmt in ("jsonl", "chat", "instruction"):
+        return "jsonl"
+    return "text"
+
+
+def records(path: Path, fmt: str = "auto") -> Iterator[Record]:
+    """The records of one file, in order. Raises DataError naming the file for a file that cannot
+    be read as its format (not UTF-8, a broken archive, a damaged table)."""
+    kind = kind_of(path, fmt)
+    try:
+        if kind == "columnar":
+            yield from _table(path)
+        elif kind == "jsonl":
+            with _open_text(path) as fh:
+                for lineno, line in enumerate(_lines(fh), start=1):
+                    if line.strip():
+                        yield Record(line, f"{path}:{lineno}", lineno)
+        else:
+            yield from _text(path)
+    except UnicodeDecodeError as exc:
+        raise Unreadable(f"{path}: not UTF-8 text ({exc.reason}); convert it to UTF-8") from None
+    except (OSError, EOFError, ValueError) as exc:
+        if isinstance(exc, DataError):
+            raise
+        raise Unreadable(f"{path}: cannot be read as {kind} ({_first_line(exc)}); check the file") from None
+
+
+def parse_json(record: Record) -> Any:
+    """A JSONL record's object; json.JSONDecodeError for a bad line (the caller names it)."""
+    return json.loads(record.value) if isinstance(record.value, str) else record.value
+
+
+def _lines(fh: IO[str]) -> Iterator[str]:
+    # split on "\n" only: JSON strings may legally hold raw U+2028, which str.splitlines() cuts
+    buffer = ""
+    while chunk := fh.read(1 << 20):
+        buffer += chunk
+        *lines, buffer = buffer.split("\n")
+        yield from lines
+    if buffer:
+        yield buffer
+
+
+def _open_text(path: Path) -> IO[str]:
+    compression = COMPRESSED.get(path.suffix.lower())
+    if compression == "gzip":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
+    if compression == "zstd":
+        try:
+            import zstandard
+        except ImportError:
+            raise DataError(f"{path}: reading .zst needs zstandard; pip install 'trimtab[data]'") from None
+        stream = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+        return io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
+    return open(path, encoding="utf-8-sig", newline="")
+
+
+def _text(path: Path) -> Iterator[Record]:
+    """A plain-text file as one document, in pieces cut after a blank line (or a line end) so
+    that a file of any size is encoded piece by piece; a NUL byte means binary."""
+    with _open_text(path) as fh:
+        pending = ""
+        while chunk := fh.read(TEXT_CHUNK_CHARS):
+            if "\x00" in chunk:
+                raise UnicodeDecodeError("utf-8", b"\x00", 0, 1, "a NUL byte: binary data")
+            pending += chunk
+            cut = _cut(pending)
+            if cut:
+                yield Record(pending[:cut], str(path), last=False)
+                pending = pending[cut:]
+        yield Record(pending, str(path), last=True)
+
+
+def _cut(text: str) -> int:
+    """Where to end a piece of text: after its last blank line, else its last line end (0: keep
+    all; a piece ending mid-word would tokenize differently from the whole)."""
+    if len(text) < TEXT_CHUNK_CHARS:
+        return 0
+    for sep in ("\n\n", "\n"):
+        at = text.rfind(sep)
+        if at > 0:
+            return at + len(sep)
+    return 0
+
+
+def _table(path: Path) -> Iterator[Record]:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{path}: reading {path.suffix} files needs datasets; pip install 'trimtab[data]'") from None
+    datasets.logging.set_verbosity_error()
+    builder = COLUMNAR[path.suffix.lower() if path.suffix.lower() in COLUMNAR else Path(path.stem).suffix.lower()]
+    try:
+        rows = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True)
+        for i, row in enumerate(rows, start=1):
+            yield Record(row, f"{path} row {i}", i)
+    except DataError:
+        raise
+    except Exception as exc:  # pyarrow and datasets raise many types for a damaged file
+        raise Unreadable(f"{path}: cannot be read as {builder} ({_first_line(exc)}); check the file") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,408 @@
+"""`trimtab data prepare`: text, JSONL and table files -> memory-mapped token shards.
+
+A prepared directory:
+    trimtab-data.json    the manifest: the tokenizer's hash, the token dtype, every source file
+                         (path, sha256, documents, tokens, skipped records) and every shard (its
+                         tokens, documents, files and the sha256 of each of its files)
+    tokenizer.json       the tokenizer the shards were made with (+ tokenizer_config.json)
+    shards/NAME.bin      tokens back to back: uint16 when the vocabulary fits, else uint32
+    shards/NAME.idx.npz  offsets int64 [D+1] (document d is tokens[offsets[d]:offsets[d+1]]),
+                         where int64 [D, 2] (file number in the manifest, line or row; 0: a text
+                         file), masked int64 [S, 2] (spans [start, end) that are not trainable
+                         targets: chat prompts, a start-of-text token)
+
+Documents are tokenized as training reads them (data/packing.py): [bos] + text + eos. Files are
+grouped into jobs of about SHARD_BYTES; a pool of processes runs the jobs, each writing its shards
+under temporary names and renaming them when whole, and the manifest is rewritten (atomically)
+after every job. So an interrupted prepare loses at most the jobs in flight, a re-run prepares
+only the files not yet in the manifest, and nothing already prepared is touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trimtab.config import DataConfig
+from trimtab.data import formats
+from trimtab.data.prepared import MANIFEST_VERSION, PreparedData, read_manifest, write_manifest
+from trimtab.data.sources import BadRecord, Document, _Reader, _take_bytes, describe, source_files, to_document
+from trimtab.data.tokenizer import TextTokenizer, train_tokenizer
+from trimtab.errors import DataError
+
+log = logging.getLogger(__name__)
+
+SHARD_BYTES = 256 << 20  # source bytes per job: a job writes one shard, more for a larger file
+SHARD_TOKENS = 1 << 27  # a shard is closed at the first document end past this many tokens
+ENCODE_CHARS = 4_000_000  # characters per tokenizers.encode_batch call: bounds its memory
+TOKENIZER_SAMPLE_BYTES = 50_000_000  # text a new BPE tokenizer is trained on
+
+
+@dataclass
+class Options:
+    """How records become documents (the data.* keys of the same names)."""
+
+    format: str = "auto"
+    text_field: str = "text"
+    skip_bad_records: bool = False
+
+    def data_config(self) -> DataConfig:
+        return DataConfig(format=self.format, text_field=self.text_field, skip_bad_records=self.skip_bad_records)
+
+
+def prepare(
+    sources: list[str],
+    out: str | Path,
+    tokenizer: str | None = None,
+    vocab_size: int = 4096,
+    options: Options | None = None,
+    workers: int = 0,
+) -> dict[str, Any]:
+    """Prepare `sources` (files, directories, globs) into `out`; returns the manifest. New files
+    are added to an existing directory; files already there are skipped."""
+    out, options = Path(out), options or Options()
+    (out / "shards").mkdir(parents=True, exist_ok=True)
+    for stale in (out / "shards").glob(".tmp-*"):  # jobs an interruption cut short
+        stale.unlink()
+    manifest = read_manifest(out) or _new_manifest(options)
+    _check_options(manifest, options, out)
+    manifest = _drop_corrupt(manifest, out)
+    tok = _tokenizer(manifest, out, tokenizer, vocab_size, sources, options)
+    manifest["tokenizer"] = {"sha256": tok.fingerprint, "vocab_size": tok.vocab_size}
+    manifest["dtype"] = manifest.get("dtype") or ("uint16" if tok.vocab_size <= 1 << 16 else "uint32")
+    files = _new_files(manifest, sources)
+    jobs = _jobs(files)
+    start, done_tokens = time.perf_counter(), 0
+    for i, result in enumerate(_run(jobs, out, manifest["dtype"], options, workers), start=1):
+        for line in result["warnings"]:
+            log.warning("%s", line)
+        _merge(manifest, result)
+        write_manifest(out, manifest)
+        done_tokens += sum(s["tokens"] for s in result["shards"])
+        rate = done_tokens / max(time.perf_counter() - start, 1e-9)
+        log.info("prepared %d/%d jobs: %s tokens so far (%.0f tokens/s)", i, len(jobs), f"{done_tokens:,}", rate)
+    write_manifest(out, manifest)
+    return manifest
+
+
+def _new_manifest(options: Options) -> dict[str, Any]:
+    return {"version": MANIFEST_VERSION, "options": asdict(options), "files": [], "shards": [], "chat": False}
+
+
+def _check_options(manifest: dict[str, Any], options: Options, out: Path) -> None:
+    saved = manifest.get("options", {})
+    for key in ("format", "text_field"):
+        if saved.get(key, getattr(options, key)) != getattr(options, key):
+            raise DataError(
+                f"{out} was prepared with --{key.replace('_', '-')} {saved[key]}, not {getattr(options, key)}; "
+                "prepare into a new directory to change it"
+            )
+
+
+def _drop_corrupt(manifest: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Shards whose files are missing or fail their sha256 leave the manifest, and so do their
+    source files: this run prepares those files again if they are still there."""
+    bad = PreparedData.corrupt_shards(out, manifest)
+    if not bad:
+        return manifest
+    files = {n for shard in manifest["shards"] if shard["name"] in bad for n in shard["files"]}
+    for name, why in bad.items():
+        log.warning("%s: shard %s %s; its source files are prepared again", out, name, why)
+    manifest["shards"] = [s for s in manifest["shards"] if s["name"] not in bad]
+    for n in files:
+        manifest["files"][n]["prepared"] = False
+    return manifest
+
+
+def _tokenizer(
+    manifest: dict[str, Any], out: Path, given: str | None, vocab_size: int, sources: list[str], options: Options
+) -> TextTokenizer:
+    """The directory's tokenizer; a new directory takes --tokenizer (a tokenizer.json or a
+    Hugging Face model directory) or a BPE of vocab_size trained on a sample of the sources."""
+    own = out / "tokenizer.json"
+    if given:
+        path = Path(given) / "tokenizer.json" if Path(given).is_dir() else Path(given)
+        tok = TextTokenizer.load(path, key="--tokenizer")
+        if own.is_file() and TextTokenizer.load(own).fingerprint != tok.fingerprint:
+            raise DataError(
+                f"--tokenizer {given} is not the tokenizer {out} was prepared with ({own}); "
+                "leave --tokenizer out to add files with it, or prepare into a new directory"
+            )
+        if not own.is_file():
+            tok.save(own)
+        return tok
+    if own.is_file():
+        return TextTokenizer.load(own)
+    reader = _Reader(options.data_config(), "data", "the sources")
+    docs, _ = _take_bytes((d for s in sources for d in reader.documents(s)), TOKENIZER_SAMPLE_BYTES)
+    if not docs:
+        raise DataError(f"the sources ({', '.join(sources)}) hold no text; point them at non-empty files")
+    tok = train_tokenizer(docs, vocab_size)
+    tok.save(own)
+    return tok
+
+
+def _new_files(manifest: dict[str, Any], sources: list[str]) -> list[tuple[int, Path, bool]]:
+    """(manifest number, path, named on its own) of each source file not yet prepared;
+    registers new ones in the manifest."""
+    known = {f["path"]: n for n, f in enumerate(manifest["files"])}
+    by_hash = {f["sha256"]: f["path"] for f in manifest["files"] if f.get("prepared")}
+    todo = []
+    for path, named in (pair for source in sources for pair in source_files(source, "data prepare source")):
+        resolved, digest = str(path.resolve()), _sha256(path)
+        n = known.get(resolved)
+        if n is not None and manifest["files"][n].get("prepared"):
+            if manifest["files"][n]["sha256"] != digest:
+                raise DataError(
+                    f"{path} changed since it was prepared into this directory (sha256 differs); restore it, "
+                    "or prepare into a new directory"
+                )
+            continue
+        if n is not None:  # registered by a prepare that stopped before it: take it as it is now
+            manifest["files"][n].update(sha256=digest, bytes=path.stat().st_size)
+        if n is None and digest in by_hash:
+            log.warning("%s: the same bytes as %s, prepared already; skipped", path, by_hash[digest])
+            continue
+        if n is None:
+            n = len(manifest["files"])
+            manifest["files"].append({"path": resolved, "sha256": digest, "bytes": path.stat().st_size})
+            known[resolved] = n
+        if any(t[0] == n for t in todo):
+            continue  # named twice (a file and its directory)
+        todo.append((n, path, named))
+    return todo
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _jobs(files: list[tuple[int, Path, bool]]) -> list[list[tuple[int, str, bool]]]:
+    """Consecutive files grouped into jobs of about SHARD_BYTES of input."""
+    jobs: list[list[tuple[int, str, bool]]] = []
+    size = SHARD_BYTES
+    for n, path, named in files:
+        if size >= SHARD_BYTES:
+            jobs.append([])
+            size = 0
+        jobs[-1].append((n, str(path), named))
+        size += path.stat().st_size
+    return jobs
+
+
+def _run(jobs: list, out: Path, dtype: str, options: Options, workers: int) -> Iterator[dict[str, Any]]:
+    """Each job's result as it completes: in this process for one job or one worker (then the
+    tokenizer's own threads use every core), else in a pool of processes with a thread each."""
+    workers = min(workers or os.cpu_count() or 1, len(jobs))
+    args = [(job, str(out), dtype, asdict(options)) for job in jobs]
+    if workers <= 1:
+        yield from (_job(*a) for a in args)
+        return
+    os.environ["RAYON_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))  # read by spawned workers
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        yield from pool.imap_unordered(_star_job, args)
+
+
+def _star_job(args: tuple) -> dict[str, Any]:
+    return _job(*args)
+
+
+def _merge(manifest: dict[str, Any], result: dict[str, Any]) -> None:
+    for n, stats in result["files"].items():
+        manifest["files"][int(n)].update(stats, prepared=True)
+    manifest["shards"] = sorted(manifest["shards"] + result["shards"], key=lambda s: min(s["files"], default=-1))
+    manifest["chat"] = manifest["chat"] or result["chat"]
+    manifest["tokens"] = sum(s["tokens"] for s in manifest["shards"])
+    manifest["documents"] = sum(s["documents"] for s in manifest["shards"])
+
+
+# ------------------------------------------------------------------------------ inside a worker
+
+
+def _job(job: list[tuple[int, str, bool]], out: str, dtype: str, options: dict[str, Any]) -> dict[str, Any]:
+    tok = TextTokenizer.load(Path(out) / "tokenizer.json")
+    uid = hashlib.sha256(json.dumps(job).encode()).hexdigest()[:12]
+    writer = _Writer(Path(out) / "shards", uid, np.dtype(dtype))
+    encoder = _Encoder(tok, writer)
+    cfg = Options(**options).data_config()
+    warnings = []
+    try:
+        for n, path, named in job:
+            encoder.file = n
+            try:
+                for doc, first, last, line in _pieces(Path(path), cfg, tok):
+                    encoder.add(doc, first, last, line)
+            except formats.Unreadable as exc:
+                if named:  # a file named on its own must be read; a directory's odd file is skipped
+                    raise
+                encoder.unreadable(str(exc))
+                warnings.append(f"{exc}: skipped")
+                continue
+            encoder.flush()
+            if not encoder.stats[n]["documents"] and not encoder.stats[n]["skipped"]:
+                warnings.append(f"{path}: empty, nothing to prepare")
+        writer.close()
+    except BaseException:
+        writer.discard()
+        raise
+    return {"shards": writer.done, "files": encoder.stats, "chat": encoder.chat, "warnings": warnings}
+
+
+def _pieces(path: Path, cfg: DataConfig, tok: TextTokenizer) -> Iterator[tuple[Document | None, bool, bool, int]]:
+    """(document or piece of one, whether it is the first piece, the last, its line or row) of a
+    file; None for a malformed record skipped (skip_bad_records)."""
+    if formats.kind_of(path, cfg.format) == "text":
+        first = True
+        for record in formats.records(path, cfg.format):
+            if record.value or not first:
+                yield Document([(record.value, True)]), first, record.last, 0
+            first = False
+        return
+    for record in formats.records(path, cfg.format):
+        try:
+            doc = to_document(formats.parse_json(record), cfg, tok.chat)
+        except (json.JSONDecodeError, BadRecord) as exc:
+            if not cfg.skip_bad_records:
+                raise DataError(f"{record.where}: {describe(exc)}; fix the record or pass --skip-bad-records") from None
+            yield None, False, False, record.line
+            continue
+        if doc.text:
+            yield doc, True, True, record.line
+
+
+@dataclass
+class _Encoder:
+    """Documents -> tokens, in batches of ENCODE_CHARS characters through encode_batch."""
+
+    tok: TextTokenizer
+    writer: _Writer
+    file: int = 0
+    stats: dict[int, dict[str, int]] = field(default_factory=dict)
+    chat: bool = False
+    _batch: list[tuple[Document, bool, bool, int]] = field(default_factory=list)
+    _chars: int = 0
+
+    def add(self, doc: Document | None, first: bool, last: bool, line: int) -> None:
+        stats = self.stats.setdefault(self.file, {"documents": 0, "tokens": 0, "skipped": 0})
+        if doc is None:
+            stats["skipped"] += 1
+            return
+        self._batch.append((doc, first, last, line))
+        self._chars += sum(len(t) for t, _ in doc.segments)
+        self.chat = self.chat or any(not trainable for _, trainable in doc.segments)
+        if self._chars >= ENCODE_CHARS:
+            self.flush()
+
+    def unreadable(self, why: str) -> None:
+        self._batch, self._chars = [], 0
+        self.stats[self.file] = {"documents": 0, "tokens": 0, "skipped": 0, "unreadable": why}
+
+    def flush(self) -> None:
+        self.stats.setdefault(self.file, {"documents": 0, "tokens": 0, "skipped": 0})
+        texts = [text for doc, *_ in self._batch for text, _ in doc.segments]
+        ids = iter(self.tok.encode_batch(texts))
+        for doc, first, last, line in self._batch:
+            tokens, mask = [], []
+            if first and self.tok.bos_id is not None and not doc.text.startswith(self.tok.decode([self.tok.bos_id])):
+                tokens.append(self.tok.bos_id)  # as data/packing.py: each document starts with it once
+                mask.append(False)
+            for _, trainable in doc.segments:
+                piece = next(ids)
+                tokens += piece
+                mask += [trainable] * len(piece)
+            if last:
+                tokens.append(self.tok.eos_id)
+                mask.append(doc.segments[-1][1] if doc.segments else True)
+            self.writer.add(np.array(tokens, dtype=np.int64), np.array(mask, dtype=bool), last, self.file, line)
+            stats = self.stats[self.file]
+            stats["tokens"] += len(tokens)
+            stats["documents"] += int(last)
+        self._batch, self._chars = [], 0
+
+
+class _Writer:
+    """Appends tokens to the open shard; closes it at a document end past SHARD_TOKENS."""
+
+    def __init__(self, folder: Path, uid: str, dtype: np.dtype) -> None:
+        self.folder, self.uid, self.dtype = folder, uid, dtype
+        self.done: list[dict[str, Any]] = []
+        self._fh = None
+
+    def _open(self) -> None:
+        self.name = f"{self.uid}-{len(self.done):04d}"
+        self._fh = open(self.folder / f".tmp-{self.name}.bin", "wb")
+        self._hash, self._n = hashlib.sha256(), 0
+        self._ends: list[int] = []
+        self._where: list[tuple[int, int]] = []
+        self._masked: list[tuple[int, int]] = []
+        self._files: set[int] = set()
+
+    def add(self, tokens: np.ndarray, mask: np.ndarray, doc_end: bool, file: int, line: int) -> None:
+        """Append a document or a piece of one (doc_end: its last)."""
+        if self._fh is None:
+            self._open()
+        data = tokens.astype(self.dtype).tobytes()
+        self._fh.write(data)
+        self._hash.update(data)
+        for start, end in _false_runs(mask):
+            self._masked.append((self._n + start, self._n + end))
+        self._n += len(tokens)
+        self._files.add(file)
+        if doc_end:
+            self._ends.append(self._n)
+            self._where.append((file, line))
+            if self._n >= SHARD_TOKENS:
+                self.close()
+
+    def close(self) -> None:
+        if self._fh is None or not self._ends:
+            return self.discard()
+        self._fh.close()
+        self._fh = None
+        tmp = self.folder / f".tmp-{self.name}.idx.npz"
+        np.savez(
+            tmp,
+            offsets=np.array([0] + self._ends, dtype=np.int64),
+            where=np.array(self._where, dtype=np.int64).reshape(-1, 2),
+            masked=np.array(self._masked, dtype=np.int64).reshape(-1, 2),
+        )
+        for suffix in (".idx.npz", ".bin"):  # the tokens last: a shard is whole once its .bin exists
+            os.replace(self.folder / f".tmp-{self.name}{suffix}", self.folder / f"{self.name}{suffix}")
+        self.done.append(
+            {
+                "name": self.name,
+                "tokens": self._ends[-1],
+                "documents": len(self._ends),
+                "files": sorted(self._files),
+                "sha256": {"bin": self._hash.hexdigest(), "idx": _sha256(self.folder / f"{self.name}.idx.npz")},
+            }
+        )
+
+    def discard(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+        for path in self.folder.glob(f".tmp-{self.uid}-*"):
+            path.unlink()
+
+
+def _false_runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) of each run of False in a bool array."""
+    if mask.all():
+        return []
+    edges = np.diff(np.concatenate([[1], mask.astype(np.int8), [1]]))
+    return list(zip(np.flatnonzero(edges == -1).tolist(), np.flatnonzero(edges == 1).tolist()))

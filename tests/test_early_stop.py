@@ -1,0 +1,55 @@
+"""Early stopping on the validation loss and evaluations that fail or hang: journaled decisions,
+and training goes on (or stops) as they say."""
+
+import json
+
+import pytest
+
+import trimtab
+from test_trainer import debug_cfg, logged
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def decisions(run_dir):
+    return [json.loads(line) for line in (run_dir / "decisions.jsonl").read_text().splitlines()]
+
+
+def test_no_improvement_for_patience_evaluations_stops_the_run_with_its_evidence(tmp_path):
+    # min_delta of 10 nats: no evaluation after the first can count as an improvement
+    sets = ["orchestrator.early_stop.enabled=true", "orchestrator.early_stop.patience=2"]
+    sets += ["orchestrator.early_stop.min_delta=10", "train.eval_every=2"]
+    summary = trimtab.train(debug_cfg(tmp_path / "r", steps=20, sets=sets))
+    assert summary["step"] == 6 and summary["exit_code"] == 0
+    assert summary["status"].startswith("stopped (early stopping: val_loss")
+    [d] = [d for d in decisions(tmp_path / "r") if d["rule"] == "early_stop"]
+    assert d["step"] == 6 and d["action"] == "stop" and d["mode"] == "auto"
+    assert d["evidence"]["best_step"] == 2 and d["evidence"]["evaluations_without_improvement"] == 2
+    assert [s for s, _ in logged(tmp_path / "r", "val_loss")] == [2, 4, 6]
+
+
+def test_early_stopping_is_off_by_default_and_advise_only_journals(tmp_path):
+    sets = ["orchestrator.early_stop.min_delta=10", "train.eval_every=2"]
+    assert trimtab.train(debug_cfg(tmp_path / "off", steps=8, sets=sets))["step"] == 8
+    sets += ["orchestrator.early_stop.enabled=true", "orchestrator.early_stop.patience=1", "orchestrator.mode=advise"]
+    assert trimtab.train(debug_cfg(tmp_path / "advise", steps=8, sets=sets))["step"] == 8
+    advised = [d for d in decisions(tmp_path / "advise") if d["rule"] == "early_stop"]
+    assert advised and all(d["mode"] == "advise" for d in advised)
+
+
+def test_a_failing_evaluation_is_journaled_and_training_goes_on(tmp_path):
+    cfg = debug_cfg(tmp_path / "r", steps=8, sets=["train.eval_every=2", "faults=[eval_error@4]"])
+    summary = trimtab.train(cfg)
+    assert summary["status"] == "completed" and summary["val_loss"] is not None
+    assert [s for s, _ in logged(tmp_path / "r", "val_loss")] == [2, 6, 8]  # step 4's was abandoned
+    [d] = [d for d in decisions(tmp_path / "r") if d["rule"] == "eval_error"]
+    assert d["step"] == 4 and d["action"] == "none" and "injected by eval_error@4" in d["evidence"]["error"]
+
+
+def test_an_evaluation_past_its_timeout_is_abandoned(tmp_path):
+    sets = ["train.eval_every=2", "faults=[eval_hang@4:1.0]", "train.eval_timeout=0.5"]
+    summary = trimtab.train(debug_cfg(tmp_path / "r", steps=6, sets=sets))
+    assert summary["status"] == "completed"
+    [d] = [d for d in decisions(tmp_path / "r") if d["rule"] == "eval_error"]
+    assert "timed out" in d["evidence"]["error"] and "after 1 of" in d["evidence"]["error"]
+    assert [s for s, _ in logged(tmp_path / "r", "val_loss")] == [2, 6]

@@ -1,0 +1,131 @@
+"""Weighted mixtures of sources, train.epochs and max_steps: auto, through the loader and the
+real training loop on prepared directories."""
+
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import trimtab
+from helpers import StopAt
+from test_trainer import debug_cfg, final_weights, logged
+from trimtab.config import DataConfig, load_config
+from trimtab.data.packing import BatchLoader, ConcatRows, build_splits
+from trimtab.data.prepare import prepare
+from trimtab.data.sources import Document
+from trimtab.errors import DataError
+from trimtab.plan.chinchilla import model_size
+from trimtab.training.setup import resolve_max_steps
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+WORDS = "red green blue cyan magenta yellow black white orange purple brown grey".split()
+
+
+def rows_of(tok, n_docs, seed, seq_len=16):
+    rng = random.Random(seed)
+    docs = [Document([(" ".join(rng.choice(WORDS) for _ in range(40)), True)]) for _ in range(n_docs)]
+    cfg = DataConfig(seq_len=seq_len, eval_fraction=0.0)
+    return build_splits(cfg, tok, docs, None, seed=0)[0]
+
+
+def test_every_step_holds_the_mixture_to_within_a_row_and_resumes_exactly(tokenizer):
+    a, b = rows_of(tokenizer, 30, 0), rows_of(tokenizer, 10, 1)
+    rows = ConcatRows([a, b])
+
+    def loader():
+        return BatchLoader(rows, 160, 160, seed=3, pad_id=0, weights=[7, 3], names=["a", "b"])
+
+    first = loader()
+    drawn, later = [0, 0], []
+    for step in range(40):
+        batch = first.next_batch()
+        for i in batch.rows:
+            drawn[int(i >= len(a))] += rows.length(i)
+        assert abs(drawn[0] - 0.7 * sum(drawn)) <= 16, (step, drawn)  # within one row of 16 tokens
+        if step == 19:
+            state = json.loads(json.dumps(first.state_dict()))
+        elif step > 19:
+            later.append(batch.rows)
+    assert first.metrics()["data/a/share"] == pytest.approx(0.7, abs=0.01)
+    assert first.metrics()["data/b/epochs"] > first.metrics()["data/a/epochs"]  # the small source repeats more
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert [resumed.next_batch().rows for _ in range(20)] == later
+    wrong = BatchLoader(a, 160, 160, seed=3, pad_id=0)
+    with pytest.raises(DataError, match="2 sources but the data now has 1"):
+        wrong.load_state_dict(state)
+
+
+def test_a_single_source_keeps_its_order_and_old_checkpoints_load(tokenizer):
+    rows = rows_of(tokenizer, 20, 0)
+    loader = BatchLoader(rows, 64, 64, seed=5, pad_id=0)
+    order = np.random.default_rng([5, 0]).permutation(len(rows))
+    assert loader.next_batch().rows == order[:4].tolist()  # the order before mixtures existed
+    old = {"epoch": 0, "cursor": 4, "seed": 5, "n_rows": len(rows), "skipped": []}  # a checkpoint from before
+    resumed = BatchLoader(rows, 64, 64, seed=5, pad_id=0)
+    resumed.load_state_dict(old)
+    assert resumed.next_batch().rows == loader.next_batch().rows
+
+
+def corpus(folder, seed, n, field="text"):
+    rng = random.Random(seed)
+    folder.mkdir(parents=True)
+    lines = [json.dumps({field: " ".join(rng.choice(WORDS) for _ in range(60))}) for _ in range(n)]
+    (folder / "part.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def mix_cfg(tmp_path, out, **train):
+    web, code = tmp_path / "web", tmp_path / "code"
+    if not web.exists():
+        prepare([str(corpus(tmp_path / "web-src", 0, 120))], web, vocab_size=300)
+        prepare([str(corpus(tmp_path / "code-src", 1, 60))], code, tokenizer=str(web / "tokenizer.json"))
+    mix = [{"source": str(web), "weight": 0.7}, {"source": str(code), "weight": 0.3, "name": "code"}]
+    return debug_cfg(
+        out,
+        steps=0,
+        data={"mix": mix, "seq_len": 64},
+        train={"max_steps": 1000, "epochs": 2, "batch_tokens": 512, "micro_batch_tokens": 512, **train},
+        checkpoint={"every": 10},
+    )
+
+
+def test_two_epochs_of_a_70_30_mixture_interrupted_and_resumed_equal_one_run(tmp_path):
+    whole = trimtab.train(mix_cfg(tmp_path, tmp_path / "a"))
+    prepared = [json.loads((tmp_path / name / "trimtab-data.json").read_text()) for name in ("web", "code")]
+    train_tokens = sum(m["tokens"] for m in prepared) * 0.98  # less the held-out documents
+    assert whole["total_steps"] == pytest.approx(2 * train_tokens / 512, rel=0.05)
+    saved = load_config(overrides=__import__("yaml").safe_load((tmp_path / "a" / "config.yaml").read_text()))
+    assert saved.train.max_steps == whole["total_steps"]  # resolved and recorded
+    last = [json.loads(ln) for ln in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines() if '"loss"' in ln][-1]
+    assert last["data/web/share"] == pytest.approx(0.7, abs=0.02)
+    assert last["data/code/share"] == pytest.approx(0.3, abs=0.02)
+
+    stop = whole["total_steps"] // 2 + 1
+    first = trimtab.train(mix_cfg(tmp_path, tmp_path / "b"), hooks=[StopAt(stop)])
+    assert first["step"] == stop
+    trimtab.train(mix_cfg(tmp_path, tmp_path / "b"))
+    a, b = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert logged(tmp_path / "a") == logged(tmp_path / "b")
+
+
+@pytest.mark.parametrize("preset", ["debug", "debug-moe"])
+def test_max_steps_auto_is_the_planners_chinchilla_budget(tmp_path, tokenizer, preset, caplog):
+    cfg = load_config(preset=preset, sets=["train.max_steps=auto"])
+    steps = resolve_max_steps(cfg, train_tokens=10_000, tok=tokenizer)
+    size = model_size(cfg, tokenizer.vocab_size)  # active parameters for MoE, as the planner counts
+    assert steps == cfg.train.max_steps == math.ceil(20 * size.compute_params / cfg.train.batch_tokens)
+    assert "repeats the training data" in caplog.text  # 10,000 tokens: far more than 4 epochs
+
+
+def test_prepared_data_with_another_tokenizer_is_refused(tmp_path, tokenizer):
+    prepare([str(corpus(tmp_path / "src", 0, 20))], tmp_path / "p", vocab_size=300)
+    tokenizer.save(tmp_path / "other" / "tokenizer.json")
+    other = str(tmp_path / "other" / "tokenizer.json")
+    cfg = debug_cfg(tmp_path / "r", data={"source": str(tmp_path / "p"), "tokenizer": other})
+    with pytest.raises(DataError, match=r"data.source '.*p' was prepared with another tokenizer"):
+        trimtab.train(cfg)

@@ -1,0 +1,198 @@
+"""`trimtab data prepare` and training on prepared directories: formats, manifest, incremental and
+interrupted prepares, corrupt shards, the held-out split, and parity with the in-memory pipeline."""
+
+import gzip
+import json
+import random
+
+import numpy as np
+import pytest
+
+from trimtab.cli import main
+from trimtab.config import DataConfig
+from trimtab.data import prepare as prepare_py
+from trimtab.data.packing import build_splits
+from trimtab.data.prepare import Options, prepare
+from trimtab.data.prepared import PreparedData, ShardedRows, held_out
+from trimtab.data.sources import read_documents
+from trimtab.data.tokenizer import TextTokenizer
+from trimtab.errors import DataError
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+
+
+def text(rng, n):
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def write_corpus(folder, seed=0):
+    """One file of each format: JSONL, gzip JSONL, plain text, Parquet, CSV."""
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "a.jsonl").write_text("".join(json.dumps({"text": text(rng, 30)}) + "\n" for _ in range(40)))
+    with gzip.open(folder / "b.jsonl.gz", "wt") as fh:
+        fh.writelines(json.dumps({"text": text(rng, 20)}) + "\n" for _ in range(30))
+    (folder / "c.txt").write_text("\n\n".join(text(rng, 25) for _ in range(10)))
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"text": [text(rng, 15) for _ in range(20)], "id": list(range(20))}), folder / "d.parquet")
+    (folder / "e.csv").write_text("text,id\n" + "".join(f'"{text(rng, 10)}",{i}\n' for i in range(10)))
+    return folder
+
+
+@pytest.fixture
+def tok_file(tmp_path, tokenizer):
+    path = tmp_path / "tok" / "tokenizer.json"
+    tokenizer.save(path)
+    return path
+
+
+def documents(data: PreparedData):
+    """Each prepared document's tokens."""
+    bounds = data.doc_bounds()
+    return [data.read(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def test_every_format_is_prepared_and_decodes_back_to_its_records(tmp_path, tok_file):
+    src = write_corpus(tmp_path / "src")
+    manifest = prepare([str(src)], tmp_path / "p", tokenizer=str(tok_file))
+    tok = TextTokenizer.load(tok_file)
+    assert [f["documents"] for f in manifest["files"]] == [40, 30, 1, 20, 10]
+    assert manifest["documents"] == 101 and manifest["dtype"] == "uint16"
+    data = PreparedData(tmp_path / "p")
+    docs = read_documents(DataConfig(source=str(src), max_bytes=0))[0]
+    prepared = documents(data)
+    assert len(prepared) == len(docs) == 101
+    for doc, ids in zip(docs, prepared):
+        assert ids[-1] == tok.eos_id and tok.decode(ids[:-1].tolist()) == doc.text
+    assert data.source(0) == f"{src / 'a.jsonl'}:1" and data.source(45) == f"{src / 'b.jsonl.gz'}:6"
+    assert data.source(70) == str(src / "c.txt") and data.source(71) == f"{src / 'd.parquet'}:1"
+
+
+def test_packed_rows_equal_the_in_memory_pipeline(tmp_path, tok_file):
+    """With no hold-out, a prepared directory gives the very rows the in-memory path cuts."""
+    src = write_corpus(tmp_path / "src")
+    prepare([str(src)], tmp_path / "p", tokenizer=str(tok_file))
+    tok = TextTokenizer.load(tok_file)
+    cfg = DataConfig(source=str(src), max_bytes=0, seq_len=32, eval_fraction=0.0)
+    for pack in (True, False):
+        cfg.pack = pack
+        memory, _ = build_splits(cfg, tok, read_documents(cfg)[0], None, seed=0)
+        sharded = ShardedRows(PreparedData(tmp_path / "p"), 32, pack, "train", 0.0)
+        assert len(sharded) == len(memory) > 10
+        for i in range(len(memory)):
+            assert all(np.array_equal(x, y) for x, y in zip(sharded.get(i), memory.get(i))), (pack, i)
+
+
+def test_the_held_out_split_is_disjoint_fixed_and_near_its_fraction():
+    held = held_out(10_000, 0.05)
+    assert abs(held.mean() - 0.05) < 0.01
+    assert np.array_equal(held, held_out(10_000, 0.05))  # no seed: every run holds out the same documents
+    assert held_out(2, 0.01).sum() == 1 and not held_out(5, 0.0).any()
+
+
+def test_held_out_documents_never_reach_training_rows(tmp_path, tok_file):
+    src = write_corpus(tmp_path / "src")
+    prepare([str(src)], tmp_path / "p", tokenizer=str(tok_file))
+    data = PreparedData(tmp_path / "p")
+    train = ShardedRows(data, 100_000, False, "train", 0.2)  # a row per whole document
+    held = ShardedRows(data, 100_000, False, "eval", 0.2)
+    assert len(train) + len(held) == data.n_docs
+    train_docs = {tuple(train.get(i)[0]) for i in range(len(train))}
+    assert not train_docs & {tuple(held.get(i)[0]) for i in range(len(held))}
+
+
+def test_rerun_adds_only_new_files_and_keeps_the_shards(tmp_path, tok_file):
+    src = write_corpus(tmp_path / "src")
+    prepare([str(src)], tmp_path / "p", tokenizer=str(tok_file))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "p" / "shards").iterdir()}
+    (src / "f.jsonl").write_text(json.dumps({"text": "new words here"}) + "\n")
+    manifest = prepare([str(src)], tmp_path / "p")
+    after = {p.name: p.read_bytes() for p in (tmp_path / "p" / "shards").iterdir()}
+    assert all(after[name] == data for name, data in before.items())  # untouched
+    assert len(after) == len(before) + 2 and manifest["documents"] == 102
+    again = prepare([str(src)], tmp_path / "p")
+    assert again["shards"] == manifest["shards"]  # nothing new: nothing done
+
+
+def test_an_interrupted_prepare_resumes_to_the_same_data(tmp_path, tok_file, monkeypatch):
+    src = write_corpus(tmp_path / "src")
+    good = (src / "c.txt").read_text()
+    (src / "c.txt").write_bytes(b"\x00\x01binary")  # named alone below: it fails its job
+    monkeypatch.setattr(prepare_py, "SHARD_BYTES", 1)  # a job per file, so some finish first
+    files = [str(p) for p in sorted(src.iterdir())]
+    with pytest.raises(DataError, match="c.txt: not UTF-8"):
+        prepare(files, tmp_path / "p", tokenizer=str(tok_file), workers=1)
+    partial = json.loads((tmp_path / "p" / "trimtab-data.json").read_text())
+    assert [f.get("prepared", False) for f in partial["files"]] == [True, True, False, False, False]  # kept
+    (src / "c.txt").write_text(good)
+    prepare(files, tmp_path / "p", tokenizer=str(tok_file), workers=1)
+    prepare(files, tmp_path / "fresh", tokenizer=str(tok_file), workers=1)
+    assert documents(PreparedData(tmp_path / "p")) and all(
+        np.array_equal(a, b)
+        for a, b in zip(documents(PreparedData(tmp_path / "p")), documents(PreparedData(tmp_path / "fresh")))
+    )
+
+
+def test_a_corrupt_shard_is_named_and_rebuilt_from_its_sources(tmp_path, tok_file):
+    src = write_corpus(tmp_path / "src")
+    prepare([str(src)], tmp_path / "p", tokenizer=str(tok_file))
+    [shard] = (tmp_path / "p" / "shards").glob("*.bin")
+    data = bytearray(shard.read_bytes())
+    data[10] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=rf"shard {shard.stem} fails its sha256 check .*{shard.name}"):
+        PreparedData(tmp_path / "p")
+    prepare([str(src)], tmp_path / "p")
+    assert PreparedData(tmp_path / "p").n_docs == 101
+
+
+def test_bad_input_is_named_in_one_line(tmp_path, tok_file, caplog):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text('{"text": "fine"}\n{"body": "no text"}\n')
+    with pytest.raises(DataError, match=r"a.jsonl:2: no 'text', 'messages' or 'prompt'/'response' key"):
+        prepare([str(src)], tmp_path / "p", tokenizer=str(tok_file))
+    manifest = prepare([str(src)], tmp_path / "p", options=Options(skip_bad_records=True))
+    assert manifest["files"][0]["skipped"] == 1 and manifest["documents"] == 1
+    (src / "empty.jsonl").write_text("")
+    (src / "image.bin").write_bytes(bytes(range(256)))
+    prepare([str(src)], tmp_path / "p", options=Options(skip_bad_records=True))
+    assert "empty.jsonl: empty, nothing to prepare" in caplog.text and "image.bin: not UTF-8" in caplog.text
+    with pytest.raises(DataError, match="image.bin: not UTF-8"):  # named on its own, it must be read
+        prepare([str(src / "image.bin")], tmp_path / "q", tokenizer=str(tok_file))
+    with pytest.raises(DataError, match="--text-field"):
+        prepare([str(src)], tmp_path / "p", options=Options(text_field="body"))
+
+
+def test_the_cli_prepares_with_a_trained_tokenizer_in_parallel(tmp_path, capsys, monkeypatch):
+    src = write_corpus(tmp_path / "src")
+    monkeypatch.setattr(prepare_py, "SHARD_BYTES", 1)
+    assert (
+        main(["data", "prepare", str(src), "--out", str(tmp_path / "p"), "--vocab-size", "300", "--workers", "2"]) == 0
+    )
+    assert "101 documents from 5 files, 5 shards (uint16)" in capsys.readouterr().out
+    assert TextTokenizer.load(tmp_path / "p" / "tokenizer.json").vocab_size <= 300
+
+
+def test_zstd_jsonl_arrow_and_chat_records_are_read(tmp_path, tok_file):
+    zstandard = pytest.importorskip("zstandard")
+    pa = pytest.importorskip("pyarrow")
+    src = tmp_path / "src"
+    src.mkdir()
+    lines = "".join(json.dumps({"text": f"record {i}"}) + "\n" for i in range(5)).encode()
+    (src / "a.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines))
+    table = pa.table({"body": ["arrow one", "arrow two"]})
+    with pa.ipc.new_stream(str(src / "b.arrow"), table.schema) as writer:
+        writer.write_table(table)
+    manifest = prepare([str(src / "a.jsonl.zst")], tmp_path / "p", tokenizer=str(tok_file))
+    assert manifest["documents"] == 5
+    arrow = prepare([str(src / "b.arrow")], tmp_path / "q", tokenizer=str(tok_file), options=Options(text_field="body"))
+    assert arrow["documents"] == 2
+    chat = tmp_path / "chat.jsonl"
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    chat.write_text(json.dumps({"messages": turns}) + "\n")
+    manifest = prepare([str(chat)], tmp_path / "c", tokenizer=str(tok_file))
+    data = PreparedData(tmp_path / "c")
+    tokens, mask = data.read(0, data.n_tokens), data.mask(0, data.n_tokens)
+    tok = TextTokenizer.load(tok_file)
+    assert manifest["chat"] and tok.decode(tokens[mask].tolist()) == "hello<|end|>"  # as in memory
