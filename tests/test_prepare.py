@@ -196,3 +196,12 @@ def test_zstd_jsonl_arrow_and_chat_records_are_read(tmp_path, tok_file):
     tokens, mask = data.read(0, data.n_tokens), data.mask(0, data.n_tokens)
     tok = TextTokenizer.load(tok_file)
     assert manifest["chat"] and tok.decode(tokens[mask].tolist()) == "hello<|end|>"  # as in memory
+
+
+def test_the_planner_counts_a_prepared_directory_from_its_manifest(tmp_path, tok_file):
+    from trimtab.config import load_config
+    from trimtab.plan.chinchilla import count_dataset_tokens
+
+    manifest = prepare([str(write_corpus(tmp_path / "src"))], tmp_path / "p", tokenizer=str(tok_file))
+    tokens, how = count_dataset_tokens(load_config(preset="debug"), str(tmp_path / "p"))
+    assert tokens == round(manifest["tokens"] * 0.98) and "manifest" in how

@@ -127,11 +127,14 @@ def count_dataset_tokens(cfg: RunConfig, path: str) -> tuple[int, str]:
     data.max_bytes, the eval hold-out): counted with the run's tokenizer when there is one
     (data.tokenizer, or RUN_DIR/tokenizer.json), else estimated from the text's bytes."""
     from trimtab.data import TextTokenizer, read_documents
+    from trimtab.data.prepared import read_manifest
 
-    data = dataclasses.replace(cfg.data, source=path)
-    docs, _ = read_documents(data)
+    data = dataclasses.replace(cfg.data, source=path, mix=[])
     keep = 1.0 if data.eval_source else 1.0 - data.eval_fraction
     hold_out = f", less the {data.eval_fraction:.0%} eval hold-out" if keep < 1 else ""
+    if (manifest := read_manifest(Path(path))) is not None:  # prepared: the manifest counted them
+        return round(manifest.get("tokens", 0) * keep), f"the prepared directory's manifest{hold_out}"
+    docs, _ = read_documents(data)
     capped = f" (capped by data.max_bytes={data.max_bytes:,}; 0 reads everything)" if data.max_bytes else ""
     tok_path = Path(cfg.data.tokenizer) if cfg.data.tokenizer else cfg.run_dir / "tokenizer.json"
     if tok_path.is_file():
