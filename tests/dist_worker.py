@@ -41,6 +41,7 @@ class Recorder(Hook):
                 "grad_norm": out.grad_norm.item(),
                 "skipped": bool(out.skipped) if out.skipped is not None else False,
                 "micro_batches": len(out.batch.micro),
+                "rows": sorted(out.batch.rows if out.batch.shard is None else out.batch.shard),  # this rank's
             }
         )
 

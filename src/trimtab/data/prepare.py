@@ -12,9 +12,9 @@ A prepared directory:
                          targets: chat prompts, a start-of-text token)
 
 Documents are tokenized as training reads them (data/packing.py): [bos] + text + eos. Files are
-grouped into jobs of about SHARD_BYTES; a pool of processes runs the jobs, each writing its shards
-under temporary names and renaming them when whole, and the manifest is rewritten (atomically)
-after every job. So an interrupted prepare loses at most the jobs in flight, a re-run prepares
+grouped into jobs of up to SHARD_BYTES (smaller, so that every process gets two); a pool of
+processes runs the jobs, each writing its shards under temporary names and renaming them when
+whole, and the manifest is rewritten (atomically) after every job. So an interrupted prepare loses at most the jobs in flight, a re-run prepares
 only the files not yet in the manifest, and nothing already prepared is touched.
 """
 
@@ -42,7 +42,8 @@ from trimtab.errors import DataError
 
 log = logging.getLogger(__name__)
 
-SHARD_BYTES = 256 << 20  # source bytes per job: a job writes one shard, more for a larger file
+SHARD_BYTES = 256 << 20  # source bytes per job at most: a job writes one shard, more for a larger file
+MIN_JOB_BYTES = 16 << 20  # ... and at least, unless the files are smaller
 SHARD_TOKENS = 1 << 27  # a shard is closed at the first document end past this many tokens
 ENCODE_CHARS = 4_000_000  # characters per tokenizers.encode_batch call: bounds its memory
 TOKENIZER_SAMPLE_BYTES = 50_000_000  # text a new BPE tokenizer is trained on
@@ -81,7 +82,8 @@ def prepare(
     manifest["tokenizer"] = {"sha256": tok.fingerprint, "vocab_size": tok.vocab_size}
     manifest["dtype"] = manifest.get("dtype") or ("uint16" if tok.vocab_size <= 1 << 16 else "uint32")
     files = _new_files(manifest, sources)
-    jobs = _jobs(files)
+    workers = workers or os.cpu_count() or 1
+    jobs = _jobs(files, workers)
     start, done_tokens = time.perf_counter(), 0
     for i, result in enumerate(_run(jobs, out, manifest["dtype"], options, workers), start=1):
         for line in result["warnings"]:
@@ -191,12 +193,15 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _jobs(files: list[tuple[int, Path, bool]]) -> list[list[tuple[int, str, bool]]]:
-    """Consecutive files grouped into jobs of about SHARD_BYTES of input."""
+def _jobs(files: list[tuple[int, Path, bool]], workers: int) -> list[list[tuple[int, str, bool]]]:
+    """Consecutive files grouped into jobs of up to SHARD_BYTES of input, smaller when that gives
+    every worker two jobs or more (a file is never split: one large file is one job)."""
+    total = sum(path.stat().st_size for _, path, _ in files)
+    target = min(SHARD_BYTES, max(MIN_JOB_BYTES, total // (2 * workers)))
     jobs: list[list[tuple[int, str, bool]]] = []
-    size = SHARD_BYTES
+    size = target
     for n, path, named in files:
-        if size >= SHARD_BYTES:
+        if size >= target:
             jobs.append([])
             size = 0
         jobs[-1].append((n, str(path), named))
@@ -207,7 +212,7 @@ def _jobs(files: list[tuple[int, Path, bool]]) -> list[list[tuple[int, str, bool
 def _run(jobs: list, out: Path, dtype: str, options: Options, workers: int) -> Iterator[dict[str, Any]]:
     """Each job's result as it completes: in this process for one job or one worker (then the
     tokenizer's own threads use every core), else in a pool of processes with a thread each."""
-    workers = min(workers or os.cpu_count() or 1, len(jobs))
+    workers = min(workers, len(jobs))
     args = [(job, str(out), dtype, asdict(options)) for job in jobs]
     if workers <= 1:
         yield from (_job(*a) for a in args)
