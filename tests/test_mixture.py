@@ -129,3 +129,22 @@ def test_prepared_data_with_another_tokenizer_is_refused(tmp_path, tokenizer):
     cfg = debug_cfg(tmp_path / "r", data={"source": str(tmp_path / "p"), "tokenizer": other})
     with pytest.raises(DataError, match=r"data.source '.*p' was prepared with another tokenizer"):
         trimtab.train(cfg)
+
+
+def test_a_prepared_eval_source_replaces_the_hold_out(tmp_path):
+    prepare([str(corpus(tmp_path / "train-src", 0, 60))], tmp_path / "train", vocab_size=300)
+    prepare(
+        [str(corpus(tmp_path / "val-src", 1, 10))], tmp_path / "val", tokenizer=str(tmp_path / "train/tokenizer.json")
+    )
+    data = {"source": str(tmp_path / "train"), "eval_source": str(tmp_path / "val"), "seq_len": 64}
+    cfg = debug_cfg(tmp_path / "r", steps=4, data=data, train={"batch_tokens": 512, "micro_batch_tokens": 512})
+    summary = trimtab.train(cfg)
+    assert summary["val_loss"] is not None
+    from trimtab.training.setup import build_phases
+
+    [phase] = build_phases(cfg, tmp_path / "r" / "tokenizer.json")[1]
+    assert (
+        phase.train_rows.n_tokens
+        == (json.loads((tmp_path / "train/trimtab-data.json").read_text())["tokens"] - 1) // 64 * 64
+    )
+    assert sum(m.n_targets for m in phase.eval_micro) > 0
