@@ -193,3 +193,11 @@ def test_averaging_the_last_checkpoints_is_their_mean(tmp_path):
         assert torch.allclose(value, sum(t[name] for t in tensors) / 3, atol=1e-7), name
     with pytest.raises(CheckpointError, match="fewer than --last 9"):
         average(run, 9, tmp_path / "avg9")
+
+
+def test_training_into_a_merged_directory_points_to_init_from(runs, tmp_path, capsys):
+    recipe = {"merge_method": "linear", "models": [{"model": str(runs / "ft1")}, {"model": str(runs / "ft2")}]}
+    out = merge(recipe, tmp_path / "merged")
+    flags = ["--set", "log.progress=false", "--set", "data.max_bytes=150000"]
+    assert main(["train", "--preset", "debug", "--out", str(out), "--max-steps", "4", *flags]) == 2
+    assert f"train.init_from={out}" in capsys.readouterr().err

@@ -15,7 +15,7 @@ from typing import Any
 from trimtab.checkpoint import latest_valid, set_aside_corrupt
 from trimtab.config import RunConfig, read_saved
 from trimtab.distributed import Parallel
-from trimtab.errors import ConfigError, RunFinished
+from trimtab.errors import CheckpointError, ConfigError, RunFinished
 from trimtab.training.schedule import KEYS, configured_lengths
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,12 @@ def resume_point(cfg: RunConfig, dist: Parallel) -> Found | None:
     """The newest valid checkpoint (rank 0 reads the directory, and alone moves files). Raises
     RunFinished for a run already at its length; moves corrupt newer checkpoints aside."""
     found = dist.from_main(latest_valid, cfg.run_dir)
+    if found is not None and "train" not in found[1]:  # weights without a training state (trimtab merge)
+        dist.close()
+        raise CheckpointError(
+            f"{cfg.run_dir} holds a merged model, not a run to resume; start a new run from it: "
+            f"--out NEW --set train.init_from={cfg.run_dir}"
+        )
     if found is not None:
         _stop_if_finished(cfg, found, dist)
     dist.on_main(_set_aside, cfg.run_dir, found)
