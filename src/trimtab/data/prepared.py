@@ -1,5 +1,5 @@
-"""Reading a prepared directory (data/prepare.py writes it): token shards memory-mapped, so a
-run's memory does not grow with the corpus, and rows cut from the stream of all shards.
+"""Reading a prepared directory (data/prepare.py writes it): rows read from the token shards on
+demand (pread), so a run's memory does not grow with the corpus, cut from the stream of all shards.
 
 Shapes: K shards, D documents, S masked spans, L = seq_len.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from trimtab.data.sources import PREPARED_MANIFEST
 from trimtab.errors import DataError
 
 MANIFEST_VERSION = 1
+OPEN_SHARDS = 64  # shard files kept open at once
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: multiplicative hashing (Knuth)
 
 
@@ -50,8 +52,8 @@ def _sha256(path: Path) -> str:
 
 
 class PreparedData:
-    """A prepared directory, opened: each shard's tokens memory-mapped, its index in memory
-    (D + S entries, small beside the tokens)."""
+    """A prepared directory, opened: shards read on demand, their index in memory (D + S
+    entries, small beside the tokens)."""
 
     def __init__(self, path: str | Path, key: str = "data.source", verify: bool = True) -> None:
         self.path = Path(path)
@@ -67,12 +69,13 @@ class PreparedData:
         self.manifest = manifest
         self.tokenizer_sha = manifest["tokenizer"]["sha256"]
         self.files = [f["path"] for f in manifest["files"]]
-        dtype = np.dtype(manifest["dtype"])
+        self.dtype = np.dtype(manifest["dtype"])
         self.shards, self.offsets, self.where, masked = [], [], [], []
+        self._fds: OrderedDict[int, int] = OrderedDict()  # shard -> open file descriptor, newest last
         self.base = [0]  # global token position of each shard's first token
         for shard in manifest["shards"]:
             folder = self.path / "shards"
-            self.shards.append(np.memmap(folder / f"{shard['name']}.bin", dtype=dtype, mode="r"))
+            self.shards.append(folder / f"{shard['name']}.bin")
             with np.load(folder / f"{shard['name']}.idx.npz") as idx:
                 self.offsets.append(idx["offsets"] + self.base[-1])
                 self.where.append(idx["where"])
@@ -110,12 +113,29 @@ class PreparedData:
         """Global tokens [start, end) as int64, read across shard boundaries."""
         out = np.empty(end - start, dtype=np.int64)
         k = int(np.searchsorted(self.base, start, side="right")) - 1
-        at = start
+        at, size = start, self.dtype.itemsize
         while at < end:
             stop = min(end, self.base[k + 1])
-            out[at - start : stop - start] = self.shards[k][at - self.base[k] : stop - self.base[k]]
+            data = os.pread(self._fd(k), (stop - at) * size, (at - self.base[k]) * size)
+            out[at - start : stop - start] = np.frombuffer(data, dtype=self.dtype)
             at, k = stop, k + 1
         return out
+
+    def _fd(self, k: int) -> int:
+        """Shard k's file, open for reading. Rows are read with pread, not a memory map: mapped pages
+        count in the process's RSS, which then grew with every row read (176 MB after 330 steps of
+        `small` on 100M tokens) up to the corpus size; read pages stay in the kernel's cache."""
+        if k in self._fds:
+            self._fds.move_to_end(k)
+            return self._fds[k]
+        if len(self._fds) >= OPEN_SHARDS:
+            os.close(self._fds.popitem(last=False)[1])
+        self._fds[k] = os.open(self.shards[k], os.O_RDONLY)
+        return self._fds[k]
+
+    def __del__(self) -> None:
+        for fd in getattr(self, "_fds", {}).values():
+            os.close(fd)
 
     def mask(self, start: int, end: int) -> np.ndarray:
         """bool [end - start]: the token is a trainable target (not inside a masked span)."""
