@@ -164,13 +164,26 @@ def test_bad_input_is_named_in_one_line(tmp_path, tok_file, caplog):
         prepare([str(src)], tmp_path / "p", options=Options(text_field="body"))
 
 
-def test_the_cli_prepares_with_a_trained_tokenizer_in_parallel(tmp_path, capsys, monkeypatch):
+def test_the_cli_prepares_in_parallel_pieces_the_same_documents(tmp_path, capsys, monkeypatch, tok_file):
     src = write_corpus(tmp_path / "src")
-    monkeypatch.setattr(prepare_py, "SHARD_BYTES", 1)
-    assert (
-        main(["data", "prepare", str(src), "--out", str(tmp_path / "p"), "--vocab-size", "300", "--workers", "2"]) == 0
+    whole = documents(
+        PreparedData(prepare([str(src)], tmp_path / "whole", tokenizer=str(tok_file)) and tmp_path / "whole")
     )
-    assert "101 documents from 5 files, 5 shards (uint16)" in capsys.readouterr().out
+    monkeypatch.setattr(prepare_py, "SHARD_BYTES", 2000)  # a.jsonl (8 KB) goes in pieces cut at line ends
+    args = ["data", "prepare", str(src), "--out", str(tmp_path / "p"), "--tokenizer", str(tok_file), "--workers", "2"]
+    assert main(args) == 0
+    assert "101 documents from 5 files" in capsys.readouterr().out
+    manifest = json.loads((tmp_path / "p" / "trimtab-data.json").read_text())
+    pieces = manifest["files"][0]["spans"]
+    assert len(pieces) >= 3 and manifest["files"][0]["done"] == [span[0] for span in pieces]
+    data = PreparedData(tmp_path / "p")
+    assert all(np.array_equal(a, b) for a, b in zip(documents(data), whole)) and len(documents(data)) == len(whole)
+    assert data.source(40) == f"{src / 'b.jsonl.gz'}:1" and data.source(39) == f"{src / 'a.jsonl'}:40"  # lines count on
+
+
+def test_a_vocabulary_is_trained_when_no_tokenizer_is_given(tmp_path):
+    src = write_corpus(tmp_path / "src")
+    prepare([str(src)], tmp_path / "p", vocab_size=300)
     assert TextTokenizer.load(tmp_path / "p" / "tokenizer.json").vocab_size <= 300
 
 

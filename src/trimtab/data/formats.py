@@ -52,13 +52,42 @@ def kind_of(path: Path, fmt: str = "auto") -> str:
     return "text"
 
 
-def records(path: Path, fmt: str = "auto") -> Iterator[Record]:
-    """The records of one file, in order. Raises DataError naming the file for a file that cannot
-    be read as its format (not UTF-8, a broken archive, a damaged table)."""
+Span = list[int]  # [start byte, end byte, number of the line at start]: a piece of a JSONL file
+
+
+def splittable(path: Path, fmt: str = "auto") -> bool:
+    """Whether the file can be read in byte ranges (uncompressed JSONL: a line is a record)."""
+    return kind_of(path, fmt) == "jsonl" and path.suffix.lower() not in COMPRESSED
+
+
+def spans(path: Path, piece: int) -> list[Span]:
+    """The file cut into pieces of about `piece` bytes at line ends, each with its first line's
+    number (counted on the way: one read of the file)."""
+    cuts, line, pos, target = [[0, 1]], 1, 0, piece
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 22):
+            while target < pos + len(block):
+                at = block.find(b"\n", max(target - pos, 0))
+                if at < 0:
+                    break  # the line goes on in the next block: cut there
+                cuts.append([pos + at + 1, line + block.count(b"\n", 0, at + 1)])
+                target = pos + at + 1 + piece
+            line += block.count(b"\n")
+            pos += len(block)
+    ends = [c[0] for c in cuts[1:]] + [pos]
+    return [[start, end, first] for (start, first), end in zip(cuts, ends) if end > start]
+
+
+def records(path: Path, fmt: str = "auto", span: Span | None = None) -> Iterator[Record]:
+    """The records of one file (of its `span` only, for a splittable file), in order. Raises
+    Unreadable naming the file for a file that cannot be read as its format (not UTF-8, a
+    broken archive, a damaged table)."""
     kind = kind_of(path, fmt)
     try:
         if kind == "columnar":
             yield from _table(path)
+        elif splittable(path, fmt):
+            yield from _jsonl_bytes(path, span or [0, path.stat().st_size, 1])
         elif kind == "jsonl":
             with _open_text(path) as fh:
                 for lineno, line in enumerate(_lines(fh), start=1):
@@ -77,6 +106,27 @@ def records(path: Path, fmt: str = "auto") -> Iterator[Record]:
 def parse_json(record: Record) -> Any:
     """A JSONL record's object; json.JSONDecodeError for a bad line (the caller names it)."""
     return json.loads(record.value) if isinstance(record.value, str) else record.value
+
+
+def _jsonl_bytes(path: Path, span: Span) -> Iterator[Record]:
+    """The lines of bytes [start, end) of an uncompressed JSONL file, decoded one by one."""
+    start, end, lineno = span
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        buffer, left = b"", end - start
+        while left > 0 or buffer:
+            chunk = fh.read(min(1 << 20, left)) if left > 0 else b""
+            left -= len(chunk)
+            buffer += chunk
+            lines = buffer.split(b"\n")
+            buffer = lines.pop() if chunk else b""  # the last, unfinished line waits for more
+            for raw in lines:
+                text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+                if text.strip():
+                    yield Record(text, f"{path}:{lineno}", lineno)
+                lineno += 1
+            if not chunk:
+                break
 
 
 def _lines(fh: IO[str]) -> Iterator[str]:

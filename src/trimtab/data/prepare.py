@@ -84,7 +84,7 @@ def prepare(
     manifest["dtype"] = manifest.get("dtype") or ("uint16" if tok.vocab_size <= 1 << 16 else "uint32")
     files = _new_files(manifest, sources)
     workers = workers or os.cpu_count() or 1
-    jobs = _jobs(files, workers)
+    jobs = _jobs(manifest, files, workers, options.format)
     start, done_tokens = time.perf_counter(), 0
     for i, result in enumerate(_run(jobs, out, manifest["dtype"], options, workers), start=1):
         for line in result["warnings"]:
@@ -116,14 +116,20 @@ def _drop_corrupt(manifest: dict[str, Any], out: Path) -> dict[str, Any]:
     """Shards whose files are missing or fail their sha256 leave the manifest, and so do their
     source files: this run prepares those files again if they are still there."""
     bad = PreparedData.corrupt_shards(out, manifest)
-    if not bad:
-        return manifest
-    files = {n for shard in manifest["shards"] if shard["name"] in bad for n in shard["files"]}
     for name, why in bad.items():
         log.warning("%s: shard %s %s; its source files are prepared again", out, name, why)
-    manifest["shards"] = [s for s in manifest["shards"] if s["name"] not in bad]
+    files = {n for shard in manifest["shards"] if shard["name"] in bad for n in shard["files"]}
+    while True:  # a file goes again whole, so every other shard holding part of it goes too
+        dropped = {s["name"] for s in manifest["shards"] if set(s["files"]) & files}
+        grown = files | {n for s in manifest["shards"] if s["name"] in dropped for n in s["files"]}
+        if grown == files:
+            break
+        files = grown
+    manifest["shards"] = [s for s in manifest["shards"] if s["name"] not in dropped | set(bad)]
     for n in files:
-        manifest["files"][n]["prepared"] = False
+        entry = manifest["files"][n]
+        for key in ("prepared", "done", "documents", "tokens", "skipped", "unreadable"):
+            entry.pop(key, None)
     return manifest
 
 
@@ -171,6 +177,11 @@ def _new_files(manifest: dict[str, Any], sources: list[str]) -> list[tuple[int, 
                     "or prepare into a new directory"
                 )
             continue
+        if n is not None and manifest["files"][n].get("done") and manifest["files"][n]["sha256"] != digest:
+            raise DataError(
+                f"{path} changed while it was being prepared in pieces (sha256 differs); restore it, or "
+                "prepare into a new directory"
+            )
         if n is not None:  # registered by a prepare that stopped before it: take it as it is now
             manifest["files"][n].update(sha256=digest, bytes=path.stat().st_size)
         if n is None and digest in by_hash:
@@ -194,18 +205,28 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _jobs(files: list[tuple[int, Path, bool]], workers: int) -> list[list[tuple[int, str, bool]]]:
-    """Consecutive files grouped into jobs of up to SHARD_BYTES of input, smaller when that gives
-    every worker two jobs or more (a file is never split: one large file is one job)."""
+Item = tuple[int, str, bool, "formats.Span | None"]  # (file number, path, named on its own, piece or whole)
+
+
+def _jobs(manifest: dict[str, Any], files: list[tuple[int, Path, bool]], workers: int, fmt: str) -> list[list[Item]]:
+    """Jobs of up to SHARD_BYTES of input, smaller when that gives every worker two or more:
+    consecutive small files grouped, a larger uncompressed JSONL file cut into pieces at line
+    ends (its pieces are kept in the manifest, so a re-run cuts it the same way)."""
     total = sum(path.stat().st_size for _, path, _ in files)
     target = min(SHARD_BYTES, max(MIN_JOB_BYTES, total // (2 * workers)))
-    jobs: list[list[tuple[int, str, bool]]] = []
+    jobs: list[list[Item]] = []
     size = target
     for n, path, named in files:
+        entry = manifest["files"][n]
+        if "spans" in entry or (path.stat().st_size > target and formats.splittable(path, fmt)):
+            entry.setdefault("spans", formats.spans(path, target))
+            entry.setdefault("done", [])
+            jobs += [[(n, str(path), named, span)] for span in entry["spans"] if span[0] not in entry["done"]]
+            continue
         if size >= target:
             jobs.append([])
             size = 0
-        jobs[-1].append((n, str(path), named))
+        jobs[-1].append((n, str(path), named, None))
         size += path.stat().st_size
     return jobs
 
@@ -229,8 +250,15 @@ def _star_job(args: tuple) -> dict[str, Any]:
 
 def _merge(manifest: dict[str, Any], result: dict[str, Any]) -> None:
     for n, stats in result["files"].items():
-        manifest["files"][int(n)].update(stats, prepared=True)
-    manifest["shards"] = sorted(manifest["shards"] + result["shards"], key=lambda s: min(s["files"], default=-1))
+        entry = manifest["files"][int(n)]
+        if result["span"] is None:
+            entry.update(stats, prepared=True)
+            continue
+        for key, value in stats.items():  # a piece of the file: its counts add up
+            entry[key] = entry.get(key, 0) + value
+        entry["done"] = sorted(entry["done"] + [result["span"][0]])
+        entry["prepared"] = len(entry["done"]) == len(entry["spans"])
+    manifest["shards"] = sorted(manifest["shards"] + result["shards"], key=lambda s: (min(s["files"]), s["start"]))
     manifest["chat"] = manifest["chat"] or result["chat"]
     manifest["tokens"] = sum(s["tokens"] for s in manifest["shards"])
     manifest["documents"] = sum(s["documents"] for s in manifest["shards"])
@@ -239,22 +267,23 @@ def _merge(manifest: dict[str, Any], result: dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------ inside a worker
 
 
-def _job(job: list[tuple[int, str, bool]], out: str, dtype: str, options: dict[str, Any]) -> dict[str, Any]:
+def _job(job: list[Item], out: str, dtype: str, options: dict[str, Any]) -> dict[str, Any]:
     tok = TextTokenizer.load(Path(out) / "tokenizer.json")
     uid = hashlib.sha256(json.dumps(job).encode()).hexdigest()[:12]
-    writer = _Writer(Path(out) / "shards", uid, np.dtype(dtype))
+    span = job[0][3]  # a job is several whole files, or one piece of one
+    writer = _Writer(Path(out) / "shards", uid, np.dtype(dtype), span[0] if span else 0)
     encoder = _Encoder(tok, writer)
     cfg = Options(**options).data_config()
     warnings = []
     try:
-        for n, path, named in job:
+        for n, path, named, piece in job:
             encoder.file = n
             try:
-                for doc, first, last, line in _pieces(Path(path), cfg, tok):
+                for doc, first, last, line in _pieces(Path(path), cfg, tok, piece):
                     encoder.add(doc, first, last, line)
             except formats.Unreadable as exc:
-                if named:  # a file named on its own must be read; a directory's odd file is skipped
-                    raise
+                if named or piece:  # a file named on its own must be read, and so must one read in pieces;
+                    raise  # a directory's odd file is skipped
                 encoder.unreadable(str(exc))
                 warnings.append(f"{exc}: skipped")
                 continue
@@ -265,12 +294,14 @@ def _job(job: list[tuple[int, str, bool]], out: str, dtype: str, options: dict[s
     except BaseException:
         writer.discard()
         raise
-    return {"shards": writer.done, "files": encoder.stats, "chat": encoder.chat, "warnings": warnings}
+    return {"shards": writer.done, "files": encoder.stats, "chat": encoder.chat, "warnings": warnings, "span": span}
 
 
-def _pieces(path: Path, cfg: DataConfig, tok: TextTokenizer) -> Iterator[tuple[Document | None, bool, bool, int]]:
+def _pieces(
+    path: Path, cfg: DataConfig, tok: TextTokenizer, span: formats.Span | None = None
+) -> Iterator[tuple[Document | None, bool, bool, int]]:
     """(document or piece of one, whether it is the first piece, the last, its line or row) of a
-    file; None for a malformed record skipped (skip_bad_records)."""
+    file (of `span` of it); None for a malformed record skipped (skip_bad_records)."""
     if formats.kind_of(path, cfg.format) == "text":
         first = True
         for record in formats.records(path, cfg.format):
@@ -278,7 +309,7 @@ def _pieces(path: Path, cfg: DataConfig, tok: TextTokenizer) -> Iterator[tuple[D
                 yield Document([(record.value, True)]), first, record.last, 0
             first = False
         return
-    for record in formats.records(path, cfg.format):
+    for record in formats.records(path, cfg.format, span):
         try:
             doc = to_document(formats.parse_json(record), cfg, tok.chat)
         except (json.JSONDecodeError, BadRecord) as exc:
@@ -343,8 +374,9 @@ class _Encoder:
 class _Writer:
     """Appends tokens to the open shard; closes it at a document end past SHARD_TOKENS."""
 
-    def __init__(self, folder: Path, uid: str, dtype: np.dtype) -> None:
+    def __init__(self, folder: Path, uid: str, dtype: np.dtype, start: int = 0) -> None:
         self.folder, self.uid, self.dtype = folder, uid, dtype
+        self.start = start  # the byte of the file its piece starts at: orders shards of one file
         self.done: list[dict[str, Any]] = []
         self._fh = None
 
@@ -394,6 +426,7 @@ class _Writer:
                 "tokens": self._ends[-1],
                 "documents": len(self._ends),
                 "files": sorted(self._files),
+                "start": self.start,
                 "sha256": {"bin": self._hash.hexdigest(), "idx": _sha256(self.folder / f"{self.name}.idx.npz")},
             }
         )
