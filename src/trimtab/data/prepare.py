@@ -36,7 +36,7 @@ import numpy as np
 
 from trimtab.config import DataConfig
 from trimtab.data import formats
-from trimtab.data.prepared import MANIFEST_VERSION, PreparedData, read_manifest, write_manifest
+from trimtab.data.prepared import MANIFEST_VERSION, PreparedData, read_manifest, sha256_file, write_manifest
 from trimtab.data.sources import BadRecord, Document, _Reader, _take_bytes, describe, source_files, to_document
 from trimtab.data.tokenizer import TextTokenizer, train_tokenizer
 from trimtab.errors import DataError
@@ -168,7 +168,7 @@ def _new_files(manifest: dict[str, Any], sources: list[str]) -> list[tuple[int, 
     by_hash = {f["sha256"]: f["path"] for f in manifest["files"] if f.get("prepared")}
     todo = []
     for path, named in (pair for source in sources for pair in source_files(source, "data prepare source")):
-        resolved, digest = str(path.resolve()), _sha256(path)
+        resolved, digest = str(path.resolve()), sha256_file(path)
         n = known.get(resolved)
         if n is not None and manifest["files"][n].get("prepared"):
             if manifest["files"][n]["sha256"] != digest:
@@ -195,14 +195,6 @@ def _new_files(manifest: dict[str, Any], sources: list[str]) -> list[tuple[int, 
             continue  # named twice (a file and its directory)
         todo.append((n, path, named))
     return todo
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
 
 
 Item = tuple[int, str, bool, "formats.Span | None"]  # (file number, path, named on its own, piece or whole)
@@ -427,7 +419,7 @@ class _Writer:
                 "documents": len(self._ends),
                 "files": sorted(self._files),
                 "start": self.start,
-                "sha256": {"bin": self._hash.hexdigest(), "idx": _sha256(self.folder / f"{self.name}.idx.npz")},
+                "sha256": {"bin": self._hash.hexdigest(), "idx": sha256_file(self.folder / f"{self.name}.idx.npz")},
             }
         )
 

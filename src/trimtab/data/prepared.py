@@ -43,7 +43,7 @@ def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
     os.replace(tmp, Path(path) / PREPARED_MANIFEST)  # atomic: a reader never sees half a manifest
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         while block := fh.read(1 << 22):
@@ -97,7 +97,7 @@ class PreparedData:
                 bad[name] = f"is missing {', '.join(missing)}"
             elif files["bin"].stat().st_size != shard["tokens"] * itemsize:
                 bad[name] = f"has {files['bin'].stat().st_size} bytes, not {shard['tokens'] * itemsize}"
-            elif full and (broken := [k for k, f in files.items() if _sha256(f) != shard["sha256"][k]]):
+            elif full and (broken := [k for k, f in files.items() if sha256_file(f) != shard["sha256"][k]]):
                 bad[name] = f"fails its sha256 check ({', '.join(str(files[k]) for k in broken)}: the file is corrupt)"
         return bad
 

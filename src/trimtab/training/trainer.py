@@ -19,6 +19,7 @@ from trimtab.checkpoint import find_checkpoint, retire_after
 from trimtab.data import StepBatch
 from trimtab.errors import CheckpointError
 from trimtab.training.control import Control
+from trimtab.training.evaluation import sharded_loss
 from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger
 from trimtab.training.loss import cross_entropy_sum
 from trimtab.training.optim import build_optimizer, set_lr
@@ -322,7 +323,7 @@ class Trainer:
             return {}
         self.evaluating = True
         try:
-            val_loss, error = self._sharded_loss(micro_batches, self.cfg.train.eval_timeout)
+            val_loss, error = sharded_loss(self, micro_batches, self.cfg.train.eval_timeout)
         finally:
             self.evaluating = False
         if error:
@@ -336,38 +337,6 @@ class Trainer:
         }
         self._call("on_eval", self.last_eval)
         return self.last_eval
-
-    def _sharded_loss(self, micro_batches: list, timeout: float) -> tuple[float, str]:
-        """(mean loss per target, "") over the micro-batches, rank r scoring micro_batches[r::world];
-        or (nan, what went wrong). Ranks agree after every micro-batch, so an error or a timeout on
-        one rank ends the evaluation on all of them instead of leaving them waiting."""
-        self.model.eval()
-        n, rank, world = len(micro_batches), self.dist.rank, self.dist.world
-        rounds = -(-n // world)  # FSDP: every rank runs as many forwards
-        # [2, n]: each micro-batch's summed loss and target count, filled by the rank that scores
-        # it; summed over ranks and then in order, so the figure does not depend on the world size
-        sums = torch.zeros(2, n, dtype=torch.float64, device=self.device)
-        start, error = time.monotonic(), ""
-        for i in range(rounds):
-            j = rank + i * world  # the micro-batch this rank scores in this round (>= n: a padding forward)
-            micro = micro_batches[min(j, n - 1)]
-            try:
-                with self.precision.autocast():
-                    hidden = self.forward(micro.inputs.to(self.device))
-                if j < n:
-                    targets = micro.targets.to(self.device)
-                    sums[0, j] = cross_entropy_sum(hidden, self.model.lm_head.weight, targets).double()
-                    sums[1, j] = micro.n_targets
-            except Exception as exc:  # a bad record, a kernel error: this evaluation, not the run
-                if is_oom(exc) and self.device.type == "cuda":
-                    torch.cuda.empty_cache()
-                error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-            if timeout and not error and time.monotonic() - start > timeout:
-                error = f"timed out after {time.monotonic() - start:.0f}s (train.eval_timeout={timeout:g})"
-            if error := self.dist.first_error(error):
-                return math.nan, f"{error} after {i + 1} of {rounds} micro-batches"
-        total, count = self.dist.sum_over_ranks(sums).sum(dim=1).tolist()
-        return total / max(count, 1), ""
 
     @torch.no_grad()
     def held_out_loss(self, micro_batches: list) -> float:

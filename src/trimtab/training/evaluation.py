@@ -1,0 +1,52 @@
+"""The held-out loss of a run, each rank scoring its share of the evaluation micro-batches, with
+a timeout and errors agreed by all ranks (Trainer.evaluate journals what went wrong through its
+hooks, and training goes on)."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from trimtab.data import MicroBatch
+from trimtab.training.loss import cross_entropy_sum
+from trimtab.training.runtime import is_oom
+
+if TYPE_CHECKING:
+    from trimtab.training.trainer import Trainer
+
+
+@torch.no_grad()
+def sharded_loss(t: Trainer, micro_batches: list[MicroBatch], timeout: float) -> tuple[float, str]:
+    """(mean loss per target, "") over the micro-batches, rank r scoring micro_batches[r::world];
+    or (nan, what went wrong). Ranks agree after every micro-batch, so an error or a timeout on
+    one rank ends the evaluation on all of them instead of leaving them waiting."""
+    t.model.eval()
+    n, rank, world = len(micro_batches), t.dist.rank, t.dist.world
+    rounds = -(-n // world)  # FSDP: every rank runs as many forwards
+    # [2, n]: each micro-batch's summed loss and target count, filled by the rank that scores
+    # it; summed over ranks and then in order, so the figure does not depend on the world size
+    sums = torch.zeros(2, n, dtype=torch.float64, device=t.device)
+    start, error = time.monotonic(), ""
+    for i in range(rounds):
+        j = rank + i * world  # the micro-batch this rank scores in this round (>= n: a padding forward)
+        micro = micro_batches[min(j, n - 1)]
+        try:
+            with t.precision.autocast():
+                hidden = t.forward(micro.inputs.to(t.device))
+            if j < n:
+                targets = micro.targets.to(t.device)
+                sums[0, j] = cross_entropy_sum(hidden, t.model.lm_head.weight, targets).double()
+                sums[1, j] = micro.n_targets
+        except Exception as exc:  # a bad record, a kernel error: this evaluation, not the run
+            if is_oom(exc) and t.device.type == "cuda":
+                torch.cuda.empty_cache()
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        if timeout and not error and time.monotonic() - start > timeout:
+            error = f"timed out after {time.monotonic() - start:.0f}s (train.eval_timeout={timeout:g})"
+        if error := t.dist.first_error(error):
+            return math.nan, f"{error} after {i + 1} of {rounds} micro-batches"
+    total, count = t.dist.sum_over_ranks(sums).sum(dim=1).tolist()
+    return total / max(count, 1), ""
