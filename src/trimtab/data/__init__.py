@@ -1,33 +1,33 @@
-"""Data pipeline: documents -> tokenizer -> token rows -> step / micro-batches."""
+"""Data pipeline: documents -> tokenizer -> token rows -> step / micro-batches.
 
-from trimtab.data.packing import (
-    IGNORE_INDEX,
-    BatchLoader,
-    MicroBatch,
-    Rows,
-    StepBatch,
-    TokenizedDocs,
-    build_splits,
-    eval_batches,
-    tokenize_documents,
-)
-from trimtab.data.sources import Document, corpus_fingerprint, read_documents
-from trimtab.data.tokenizer import SPECIAL_TOKENS, TextTokenizer, get_tokenizer
+Names resolve on first use: `trimtab data prepare`'s worker processes import the readers and
+the tokenizer, never torch (packing.py's batches need it), which would cost each worker ~1 s.
+"""
 
-__all__ = [
-    "IGNORE_INDEX",
-    "SPECIAL_TOKENS",
-    "BatchLoader",
-    "Document",
-    "MicroBatch",
-    "Rows",
-    "StepBatch",
-    "TextTokenizer",
-    "TokenizedDocs",
-    "build_splits",
-    "corpus_fingerprint",
-    "eval_batches",
-    "get_tokenizer",
-    "read_documents",
-    "tokenize_documents",
-]
+from importlib import import_module
+
+_LAZY = {
+    "IGNORE_INDEX": "trimtab.data.packing",
+    "BatchLoader": "trimtab.data.packing",
+    "MicroBatch": "trimtab.data.packing",
+    "Rows": "trimtab.data.packing",
+    "StepBatch": "trimtab.data.packing",
+    "TokenizedDocs": "trimtab.data.packing",
+    "build_splits": "trimtab.data.packing",
+    "eval_batches": "trimtab.data.packing",
+    "tokenize_documents": "trimtab.data.packing",
+    "Document": "trimtab.data.sources",
+    "corpus_fingerprint": "trimtab.data.sources",
+    "read_documents": "trimtab.data.sources",
+    "SPECIAL_TOKENS": "trimtab.data.tokenizer",
+    "TextTokenizer": "trimtab.data.tokenizer",
+    "get_tokenizer": "trimtab.data.tokenizer",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'trimtab.data' has no attribute '{name}'")
