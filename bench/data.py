@@ -165,8 +165,8 @@ Prepare throughput on the small corpus ({n:,} tokens), tokens/s, median (min-max
 | `datasets.map(tok, batched=True, num_proc={cores})` (Arrow cache) | {spread(theirs)} |
 | ratio per rep | {", ".join(f"{r:.2f}" for r in ratios)} |
 
-Peak RSS of `trimtab train --preset small --max-steps {args.steps}` on prepared data ({args.reps} runs each, interleaved):
-{args.small:.0e} tokens {", ".join(f"{v:.0f}" for v in rss["small"])} MB; {args.large:.0e} tokens
+Peak RSS of `trimtab train --preset small --max-steps {args.steps}` on prepared data ({args.reps} runs
+each, interleaved): {args.small:.0e} tokens {", ".join(f"{v:.0f}" for v in rss["small"])} MB; {args.large:.0e} tokens
 {", ".join(f"{v:.0f}" for v in rss["large"])} MB: **{growth:+.1%}** for {args.large / args.small:.0f}x the corpus
 (goal within 5%).
 
