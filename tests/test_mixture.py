@@ -103,6 +103,10 @@ def test_two_epochs_of_a_70_30_mixture_interrupted_and_resumed_equal_one_run(tmp
     last = [json.loads(ln) for ln in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines() if '"loss"' in ln][-1]
     assert last["data/web/share"] == pytest.approx(0.7, abs=0.02)
     assert last["data/code/share"] == pytest.approx(0.3, abs=0.02)
+    evals = [json.loads(ln) for ln in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines() if "val_loss" in ln]
+    final = evals[-1]  # one figure per source too, and the overall one lies between them
+    assert min(final["val_loss/web"], final["val_loss/code"]) <= final["val_loss"]
+    assert final["val_loss"] <= max(final["val_loss/web"], final["val_loss/code"])
 
     stop = whole["total_steps"] // 2 + 1
     first = trimtab.train(mix_cfg(tmp_path, tmp_path / "b"), hooks=[StopAt(stop)])

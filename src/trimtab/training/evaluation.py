@@ -4,7 +4,6 @@ hooks, and training goes on)."""
 
 from __future__ import annotations
 
-import math
 import time
 from typing import TYPE_CHECKING
 
@@ -19,9 +18,9 @@ if TYPE_CHECKING:
 
 
 @torch.no_grad()
-def sharded_loss(t: Trainer, micro_batches: list[MicroBatch], timeout: float) -> tuple[float, str]:
-    """(mean loss per target, "") over the micro-batches, rank r scoring micro_batches[r::world];
-    or (nan, what went wrong). Ranks agree after every micro-batch, so an error or a timeout on
+def sharded_loss(t: Trainer, micro_batches: list[MicroBatch], timeout: float) -> tuple[list[list[float]], str]:
+    """([summed loss, targets] of each micro-batch, "") with rank r scoring micro_batches[r::world];
+    or ([], what went wrong). Ranks agree after every micro-batch, so an error or a timeout on
     one rank ends the evaluation on all of them instead of leaving them waiting."""
     t.model.eval()
     n, rank, world = len(micro_batches), t.dist.rank, t.dist.world
@@ -47,6 +46,16 @@ def sharded_loss(t: Trainer, micro_batches: list[MicroBatch], timeout: float) ->
         if timeout and not error and time.monotonic() - start > timeout:
             error = f"timed out after {time.monotonic() - start:.0f}s (train.eval_timeout={timeout:g})"
         if error := t.dist.first_error(error):
-            return math.nan, f"{error} after {i + 1} of {rounds} micro-batches"
-    total, count = t.dist.sum_over_ranks(sums).sum(dim=1).tolist()
-    return total / max(count, 1), ""
+            return [], f"{error} after {i + 1} of {rounds} micro-batches"
+    return t.dist.sum_over_ranks(sums).T.tolist(), ""
+
+
+def mean_losses(sums: list[list[float]], sources: list[str]) -> dict[str, float]:
+    """val_loss over all micro-batches, and val_loss/NAME over each source's when there are
+    several (a mixture's held-out sets). Added in micro-batch order: the same for any world size."""
+    groups: dict[str, list[float]] = {"val_loss": [0.0, 0.0]}
+    for (loss, count), name in zip(sums, sources if len(set(sources)) > 1 else [""] * len(sums)):
+        for key in ["val_loss"] + ([f"val_loss/{name}"] if name else []):
+            total = groups.setdefault(key, [0.0, 0.0])
+            total[0], total[1] = total[0] + loss, total[1] + count
+    return {key: loss / max(count, 1) for key, (loss, count) in groups.items()}

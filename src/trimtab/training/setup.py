@@ -54,6 +54,7 @@ class Phase:
     optim: OptimConfig
     train_rows: Rows | ConcatRows | ShardedRows
     eval_micro: list[MicroBatch]
+    eval_sources: list[str]  # the source of each eval micro-batch (a mixture's name for it)
     skipped_records: int
     weights: list[float]  # each source's share of a step's tokens (data.mix)
     names: list[str]
@@ -94,7 +95,7 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
     for (name, data, optim, _), sources, eval_source in zip(specs, opened, evals):
         built = build_phase_data(data, sources, tok, cfg.train.seed, cache_dir(), eval_source)
         steps = cfg.finetune.steps if name == "finetune" else resolve_max_steps(cfg, built.train.n_tokens, tok)
-        micro = eval_micro(built, cfg.train.micro_budget, cfg.train.eval_tokens, tok.pad_id)
+        micro, micro_sources = eval_micro(built, cfg.train.micro_budget, cfg.train.eval_tokens, tok.pad_id)
         phases.append(
             Phase(
                 name=name,
@@ -104,6 +105,7 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
                 optim=optim,
                 train_rows=built.train,
                 eval_micro=micro,
+                eval_sources=micro_sources,
                 skipped_records=built.skipped_records,
                 weights=built.weights,
                 names=built.names,
@@ -113,14 +115,20 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
     return tok, phases
 
 
-def eval_micro(built: PhaseData, micro_budget: int, eval_tokens: int, pad_id: int) -> list[MicroBatch]:
-    """Evaluation micro-batches: train.eval_tokens, shared among a mixture's held-out sets by weight."""
-    weights = built.weights if len(built.evals) > 1 else [1.0]
-    out = []
-    for rows, weight in zip(built.evals, weights):
+def eval_micro(
+    built: PhaseData, micro_budget: int, eval_tokens: int, pad_id: int
+) -> tuple[list[MicroBatch], list[str]]:
+    """Evaluation micro-batches, train.eval_tokens shared among a mixture's held-out sets by
+    weight, and the source of each."""
+    several = len(built.evals) > 1
+    weights, names = (built.weights, built.names) if several else ([1.0], [""])
+    out, sources = [], []
+    for rows, weight, name in zip(built.evals, weights, names):
         if len(rows):
-            out += eval_batches(rows, micro_budget, max(1, int(eval_tokens * weight)), pad_id)
-    return out
+            micro = eval_batches(rows, micro_budget, max(1, int(eval_tokens * weight)), pad_id)
+            out += micro
+            sources += [name] * len(micro)
+    return out, sources
 
 
 def resolve_max_steps(cfg: RunConfig, train_tokens: int, tok: TextTokenizer) -> int:

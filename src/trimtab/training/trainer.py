@@ -19,7 +19,7 @@ from trimtab.checkpoint import find_checkpoint, retire_after
 from trimtab.data import StepBatch
 from trimtab.errors import CheckpointError
 from trimtab.training.control import Control
-from trimtab.training.evaluation import sharded_loss
+from trimtab.training.evaluation import mean_losses, sharded_loss
 from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger
 from trimtab.training.loss import cross_entropy_sum
 from trimtab.training.optim import build_optimizer, set_lr
@@ -323,17 +323,19 @@ class Trainer:
             return {}
         self.evaluating = True
         try:
-            val_loss, error = sharded_loss(self, micro_batches, self.cfg.train.eval_timeout)
+            sums, error = sharded_loss(self, micro_batches, self.cfg.train.eval_timeout)
         finally:
             self.evaluating = False
         if error:
             self._call("on_eval_error", self.state.step, error)
             return {}
+        losses = mean_losses(sums, self.phases[self.state.phase].eval_sources)
         self.last_eval = {
             "step": self.state.step,
             "phase": self.phases[self.state.phase].name,
-            "val_loss": val_loss,
-            "val_ppl": math.exp(min(val_loss, 50.0)),
+            "val_loss": losses["val_loss"],
+            "val_ppl": math.exp(min(losses["val_loss"], 50.0)),
+            **{k: v for k, v in losses.items() if k != "val_loss"},  # each source of a mixture
         }
         self._call("on_eval", self.last_eval)
         return self.last_eval
