@@ -118,6 +118,8 @@ def _jsonl_bytes(path: Path, span: Span) -> Iterator[Record]:
             chunk = fh.read(min(1 << 20, left)) if left > 0 else b""
             left -= len(chunk)
             buffer += chunk
+            if chunk and b"\n" not in chunk:
+                continue  # a long line: split once it ends, not at every chunk of it
             lines = buffer.split(b"\n")
             buffer = lines.pop() if chunk else b""  # the last, unfinished line waits for more
             for raw in lines:
@@ -134,8 +136,9 @@ def _lines(fh: IO[str]) -> Iterator[str]:
     buffer = ""
     while chunk := fh.read(1 << 20):
         buffer += chunk
-        *lines, buffer = buffer.split("\n")
-        yield from lines
+        if "\n" in chunk:  # a long line is split once it ends, not at every chunk of it
+            *lines, buffer = buffer.split("\n")
+            yield from lines
     if buffer:
         yield buffer
 
