@@ -243,3 +243,15 @@ def test_a_prepared_mixture_is_split_disjointly_and_matches_one_process(tmp_path
         assert sorted(mine["rows"] + theirs["rows"]) == whole["rows"], step
     for record in two:
         assert_close(losses(record), losses(one))
+
+
+@pytest.mark.distributed
+def test_an_evaluation_failing_on_one_rank_is_abandoned_on_both(tmp_path):
+    """eval_error on rank 1 alone: rank 0 does not wait for it in a collective; both journal the
+    same eval_error decision and train on."""
+    rank0, rank1 = run(tmp_path / "r", 2, faults=["eval_error@4@rank1"], train={"eval_every": 2, "max_steps": 6})
+    assert rank0["decisions"] == rank1["decisions"]
+    assert [(d["step"], d["rule"], d["action"]) for d in rank0["decisions"]] == [(4, "eval_error", "none")]
+    assert rank0["summary"]["status"] == "completed" and rank0["summary"]["step"] == 6
+    lines = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines if "val_loss" in m] == [2, 6]
