@@ -309,11 +309,7 @@ class Parallel:
         """The ranks' mean of a 0-d device tensor. Every rank evaluates the same held-out rows, so
         this changes nothing, unless one replica's weights went bad alone (a fault in one GPU's
         memory): then all see the NaN and the orchestrator diagnoses it alike everywhere."""
-        if self.world == 1:
-            return value
-        value = value.clone()
-        dist.all_reduce(value)
-        return value / self.world
+        return self.sum_over_ranks(value) / self.world
 
     def sum_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
         """The ranks' sum of a device tensor (each rank's share of something sharded)."""

@@ -37,7 +37,7 @@ import numpy as np
 from trimtab.config import DataConfig
 from trimtab.data import formats
 from trimtab.data.prepared import MANIFEST_VERSION, PreparedData, read_manifest, sha256_file, write_manifest
-from trimtab.data.sources import BadRecord, Document, _Reader, _take_bytes, describe, source_files, to_document
+from trimtab.data.sources import Document, _Reader, _take_bytes, record_documents, source_files
 from trimtab.data.tokenizer import TextTokenizer, train_tokenizer
 from trimtab.errors import DataError
 
@@ -301,15 +301,10 @@ def _pieces(
                 yield Document([(record.value, True)]), first, record.last, 0
             first = False
         return
-    for record in formats.records(path, cfg.format, span):
-        try:
-            doc = to_document(formats.parse_json(record), cfg, tok.chat)
-        except (json.JSONDecodeError, BadRecord) as exc:
-            if not cfg.skip_bad_records:
-                raise DataError(f"{record.where}: {describe(exc)}; fix the record or pass --skip-bad-records") from None
+    for doc, record in record_documents(path, cfg, tok.chat, "pass --skip-bad-records", span):
+        if doc is None:
             yield None, False, False, record.line
-            continue
-        if doc.text:
+        elif doc.text:
             yield doc, True, True, record.line
 
 

@@ -225,22 +225,32 @@ class _Reader:
             yield Document([(text, True)], str(path))
 
     def _records(self, path: Path) -> Iterator[Document]:
-        for record in formats.records(path, self.cfg.format):
-            try:
-                doc = to_document(formats.parse_json(record), self.cfg, self.chat)
-            except (json.JSONDecodeError, BadRecord) as exc:
-                if not self.cfg.skip_bad_records:
-                    raise DataError(
-                        f"{record.where}: {describe(exc)}; fix the record or set {self.section}.skip_bad_records=true"
-                    ) from None
+        for doc, _ in record_documents(path, self.cfg, self.chat, f"set {self.section}.skip_bad_records=true"):
+            if doc is None:
                 self.n_skipped += 1
-                continue
-            if doc.text:
-                doc.source = record.where
+            elif doc.text:
                 yield doc
 
 
-def describe(exc: Exception) -> str:
+def record_documents(
+    path: Path, cfg: DataConfig, chat: ChatFormat | None, fix: str, span: formats.Span | None = None
+) -> Iterator[tuple[Document | None, formats.Record]]:
+    """Each record of a file (of `span` of it) as a document, with the record it came from; None
+    for a malformed record when cfg.skip_bad_records, else a DataError naming FILE:LINE (or FILE
+    row N) and how to skip it (`fix`)."""
+    for record in formats.records(path, cfg.format, span):
+        try:
+            doc = to_document(formats.parse_json(record), cfg, chat)
+        except (json.JSONDecodeError, BadRecord) as exc:
+            if not cfg.skip_bad_records:
+                raise DataError(f"{record.where}: {_describe(exc)}; fix the record or {fix}") from None
+            yield None, record
+            continue
+        doc.source = record.where
+        yield doc, record
+
+
+def _describe(exc: Exception) -> str:
     """What is wrong with a record, in words."""
     if isinstance(exc, json.JSONDecodeError):
         return f"invalid JSON ({exc.msg} at column {exc.colno})"

@@ -43,6 +43,8 @@ def _stop_if_finished(cfg: RunConfig, found: Found, dist: Parallel) -> None:
     planner's change to pretraining (TrainState.length_delta); a longer one trains on."""
     train = found[1].get("train", {})
     step, delta, lengths = train.get("step", 0), train.get("length_delta", 0), _lengths(cfg)
+    if lengths is None:
+        return  # its length is not resolved yet: it cannot have reached it
     total = sum(lengths) + delta
     if step < total:
         return
@@ -58,7 +60,7 @@ def _stop_if_finished(cfg: RunConfig, found: Found, dist: Parallel) -> None:
     )
 
 
-def _lengths(cfg: RunConfig) -> list[int]:
+def _lengths(cfg: RunConfig) -> list[int] | None:
     """The phase lengths; a pretraining length that depends on the data (train.epochs) or the
     model (max_steps: auto) is the one the run resolved and saved in config.yaml."""
     if cfg.train.epochs <= 0 and cfg.train.max_steps != "auto":
@@ -66,7 +68,7 @@ def _lengths(cfg: RunConfig) -> list[int]:
     try:
         saved = read_saved(cfg.run_dir)
     except (OSError, ConfigError):
-        return [0]  # nothing resolved yet: never finished
+        return None
     return [int(saved.train.max_steps)] + configured_lengths(cfg)[1:]
 
 
