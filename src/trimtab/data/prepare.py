@@ -152,7 +152,7 @@ def _tokenizer(
         return tok
     if own.is_file():
         return TextTokenizer.load(own)
-    reader = _Reader(options.data_config(), "data", "the sources")
+    reader = _Reader(options.data_config(), "data", "data prepare source")
     docs, _ = _take_bytes((d for s in sources for d in reader.documents(s)), TOKENIZER_SAMPLE_BYTES)
     if not docs:
         raise DataError(f"the sources ({', '.join(sources)}) hold no text; point them at non-empty files")
