@@ -13,6 +13,7 @@ from trimtab.checkpoint import list_checkpoints
 from trimtab.cli import main
 from trimtab.errors import CheckpointError, ConfigError
 from trimtab.merge import average, merge, methods, read_recipe
+from trimtab.model.layers import split_qkv
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FAST = {"log": {"progress": False, "tensorboard": False}, "data": {"max_bytes": 150000}}
@@ -149,20 +150,19 @@ def test_ties_splits_q_k_v_as_mergekit_sees_them(runs, tmp_path):
     }
     m = weights_of(merge(recipe, tmp_path / "ties"))
     base, a, b = weights_of(runs / "base"), weights_of(runs / "ft1"), weights_of(runs / "ft2")
-    name = "blocks.0.attn.wqkv.weight"
+    name = "blocks.0.attn.qkv.weight"
     cfg = api.load_run(runs / "base")[0].model
-    q = cfg.n_heads * cfg.head_dim  # the q rows; k and v follow
-    kv = cfg.n_kv_heads * cfg.head_dim
-    for rows in (slice(0, q), slice(q, q + kv), slice(q + kv, q + 2 * kv)):  # q, k, v: each its own unit
+    parts = [split_qkv(w[name], cfg.n_heads, cfg.n_kv_heads) for w in (m, base, a, b)]
+    for p_m, p_base, p_a, p_b in zip(*parts):  # q, k, v: each its own unit
         expect = methods.task_arithmetic(
-            base[name][rows],
-            [methods.magnitude(x[name][rows] - base[name][rows], 0.5, False) for x in (a, b)],
+            p_base,
+            [methods.magnitude(x - p_base, 0.5, False) for x in (p_a, p_b)],
             [0.7, 0.3],
             consensus=True,
             normalize=True,
             lambda_=1.0,
         )
-        assert torch.allclose(m[name][rows], expect)
+        assert torch.allclose(p_m, expect)
 
 
 def test_moe_experts_merge_one_by_one_and_mismatches_are_refused(runs, tmp_path):

@@ -66,7 +66,7 @@ def test_the_router_learns_from_the_loss_and_the_predictor_from_its_own_bce():
     m(torch.randint(0, 97, (2, 32)))
     m.aux_loss().backward()
     assert router.predictor[0].weight.grad.abs().sum() > 0
-    assert m.blocks[0].attn.wqkv.weight.grad is None  # the BCE does not steer the model
+    assert m.blocks[0].attn.qkv.weight.grad is None  # the BCE does not steer the model
 
 
 def test_compute_is_really_skipped():

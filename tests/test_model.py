@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from trimtab.config import ModelConfig
 from trimtab.errors import ConfigError
 from trimtab.model import KVCache, Transformer, build_model
-from trimtab.model.layers import Attention, Rotary, RotaryQKV
+from trimtab.model.layers import Attention, Rotary, RotaryQKV, group_qkv, split_qkv
 
 V = 97
 
@@ -88,7 +88,7 @@ def reference_attention(attn: Attention, x: torch.Tensor, theta: float) -> torch
     """Explicit softmax attention with K/V heads repeated for each query group."""
     B, T, _ = x.shape
     H, K, E = attn.n_heads, attn.n_kv_heads, attn.head_dim
-    q, k, v = (x @ attn.wqkv.weight.T).split([H * E, K * E, K * E], -1)
+    q, k, v = (x @ w.T for w in split_qkv(attn.qkv.weight, H, K))
     q, k, v = (t.view(B, T, -1, E).transpose(1, 2) for t in (q, k, v))
     pos = torch.arange(T)
     q, k = rotate_half_reference(q, pos, theta), rotate_half_reference(k, pos, theta)
@@ -105,8 +105,8 @@ def test_attention_matches_reference_with_repeated_kv(kv_heads):
     torch.manual_seed(0)
     attn = Attention(cfg)
     with torch.no_grad():
-        attn.wqkv.weight.normal_(0, 0.3)
-    assert attn.wqkv.weight.shape[0] == (4 + 2 * kv_heads) * 16
+        attn.qkv.weight.normal_(0, 0.3)
+    assert attn.qkv.weight.shape[0] == (4 + 2 * kv_heads) * 16
     x = torch.randn(2, 12, 64)
     rot = Rotary(16, 32, 500.0)
     got = attn(x, rot.table(0, 12), None, None, 0)
@@ -116,8 +116,42 @@ def test_attention_matches_reference_with_repeated_kv(kv_heads):
 def test_rotary_qkv_gradient():
     rot = Rotary(8, 16, 10000.0)
     cos, sin = (t.double() for t in rot.table(3, 5))
-    x = torch.randn(2, 5, 4 + 2 * 2, 8, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda t: RotaryQKV.apply(t, cos, sin, 4, 2), (x,))
+    x = torch.randn(2, 5, 2, 2 + 2, 8, dtype=torch.float64, requires_grad=True)  # K=2 groups of G=2
+    assert torch.autograd.gradcheck(lambda t: RotaryQKV.apply(t, cos, sin), (x,))
+
+
+def test_grouped_qkv_layout_round_trips_and_groups_whole_query_groups():
+    H, K, E = 6, 2, 3
+    q, k, v = (torch.arange(n * E).float().view(n * E, 1) + base for n, base in ((H, 0), (K, 100), (K, 200)))
+    grouped = group_qkv(q, k, v, K)
+    # each kv head's block: its G = 3 query heads, its key, its value
+    assert grouped[: (H // K + 2) * E].flatten().tolist() == [*range(9), 100, 101, 102, 200, 201, 202]
+    for a, b in zip(split_qkv(grouped, H, K), (q, k, v)):
+        assert torch.equal(a, b)
+
+
+def test_checkpoints_with_the_old_qkv_layout_load_as_the_same_model(tmp_path):
+    """Before the grouped layout, the projection was `attn.wqkv` with q, k, v rows apart: such a
+    checkpoint loads into the same function, and its AdamW moments are regrouped with it."""
+    from trimtab.checkpoint import load_weights
+    from trimtab.model.upgrade import upgrade_optimizer
+
+    cfg = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2)
+    m = model(**cfg)
+    old = {}
+    for name, t in m.state_dict().items():
+        if "attn.qkv" in name:
+            name, t = name.replace("attn.qkv", "attn.wqkv"), torch.cat(split_qkv(t, 4, 2))
+        old[name] = t
+    fresh = model(seed=1, **cfg)
+    load_weights(fresh, old, tmp_path)
+    torch.testing.assert_close(fresh(tokens()), m(tokens()))
+    names = [n for n, _ in m.named_parameters()]
+    i = names.index("blocks.0.attn.qkv.weight")
+    moment = old["blocks.0.attn.wqkv.weight"].clone()
+    native = {"state": {i: {"exp_avg": moment, "step": torch.tensor(3.0)}}, "param_groups": []}
+    upgraded = upgrade_optimizer(native, names, m.cfg)["state"][i]
+    assert torch.equal(upgraded["exp_avg"], m.blocks[0].attn.qkv.weight) and upgraded["step"] == 3
 
 
 # --- parameters, FLOPs, init ---------------------------------------------------------------
@@ -147,7 +181,7 @@ def test_init_statistics_and_determinism():
     b = m.blocks[1]
     out_std = 0.03 / math.sqrt(2 * 4)
     for w, std in [
-        (b.attn.wqkv.weight, 0.03),
+        (b.attn.qkv.weight, 0.03),
         (b.ffn.w1.weight, 0.03),
         (b.ffn.w3.weight, 0.03),
         (m.tok_emb.weight, 0.03),
@@ -237,7 +271,6 @@ def to_llama(m: Transformer):
         attn_implementation="eager",
     )
     hf = transformers.LlamaForCausalLM(hf_cfg).eval()
-    E = m.head_dim
     state = {
         "model.embed_tokens.weight": m.tok_emb.weight,
         "model.norm.weight": m.norm.weight,
@@ -245,7 +278,7 @@ def to_llama(m: Transformer):
     }
     for i, b in enumerate(m.blocks):
         p = f"model.layers.{i}."
-        q, k, v = b.attn.wqkv.weight.split([cfg.n_heads * E, cfg.n_kv_heads * E, cfg.n_kv_heads * E])
+        q, k, v = split_qkv(b.attn.qkv.weight, cfg.n_heads, cfg.n_kv_heads)
         state.update(
             {
                 p + "self_attn.q_proj.weight": q,

@@ -32,7 +32,7 @@ HW = Hardware(
 def test_debug_plan_matches_hand_computed_values():
     # debug: V=512, D=96, 5 layers, 4 heads / 2 KV heads of 24, SwiGLU 256, tied embeddings.
     emb = 512 * 96
-    layer = 96 * (4 + 2 * 2) * 24 + 96 * 96 + 3 * 96 * 256 + 2 * 96  # wqkv, wo, w1/w2/w3, two norms
+    layer = 96 * (4 + 2 * 2) * 24 + 96 * 96 + 3 * 96 * 256 + 2 * 96  # qkv, wo, w1/w2/w3, two norms
     total = emb + 5 * layer + 96  # + final norm
     assert total == 557_088
     plan = make_plan(load_config(preset="debug"), hardware=HW)

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from trimtab.errors import CheckpointError
+from trimtab.model.upgrade import upgrade_weights
 
 log = logging.getLogger(__name__)
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
@@ -252,6 +253,19 @@ def is_sharded(path: Path) -> bool:
     return (Path(path) / SHARDED).is_dir()
 
 
+def weight_names(path: Path) -> list[str]:
+    """The names of a checkpoint's weights, from the safetensors header or the DCP metadata."""
+    if is_sharded(path):
+        import torch.distributed.checkpoint as dcp
+
+        meta = dcp.FileSystemReader(str(Path(path) / SHARDED)).read_metadata().state_dict_metadata
+        return [key.removeprefix("model.") for key in meta if key.startswith("model.")]
+    from safetensors import safe_open
+
+    with safe_open(str(Path(path) / "model.safetensors"), "pt") as f:
+        return list(f.keys())
+
+
 def read_sharded_weights(path: Path) -> dict[str, torch.Tensor]:
     """Whole weight tensors from a sharded checkpoint, in this process alone (any world size
     wrote it): torch.distributed.checkpoint reassembles every tensor from its shards."""
@@ -272,7 +286,10 @@ def read_sharded_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: Path) -> None:
-    """Load weights saved by save_checkpoint (tied tensors were stored once)."""
+    """Load weights saved by save_checkpoint (tied tensors were stored once; an older checkpoint's
+    attention projection regrouped, model/upgrade.py)."""
+    if hasattr(model, "cfg"):  # a trimtab Transformer
+        weights = upgrade_weights(weights, model.cfg)
     expected = model.state_dict()
     missing = [k for k in expected if k not in weights and not _is_tied(model, k, weights)]
     unexpected = [k for k in weights if k not in expected]

@@ -39,10 +39,13 @@ from trimtab.checkpoint import (
     digest_files,
     load_checkpoint,
     load_weights,
+    read_sharded_weights,
     save_checkpoint,
+    weight_names,
 )
 from trimtab.config.distributed import DistributedConfig
-from trimtab.errors import ConfigError
+from trimtab.errors import CheckpointError, ConfigError
+from trimtab.model.upgrade import is_legacy, upgrade_optimizer, upgrade_weights
 
 if TYPE_CHECKING:
     from trimtab.hardware import Precision
@@ -430,11 +433,14 @@ class Parallel:
         apply_structure(model, state)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
+        if weights is None and is_legacy(weight_names(path)):
+            weights = read_sharded_weights(path)  # whole, to regroup its attention (model/upgrade.py)
         if weights is None:
             target = {"model": get_model_state_dict(model)}
             _dcp_load(target, path, _CPU_GROUP if self.world > 1 else None)
             set_model_state_dict(model, target["model"])
         elif self.fsdp:  # whole tensors (a one-process checkpoint) scattered into shards
+            weights = upgrade_weights(weights, model.cfg)
             set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
         else:
             load_weights(model, weights, path)
@@ -455,6 +461,14 @@ class Parallel:
         native = optim_state.get("optimizer")  # a one-process checkpoint's
         if optim_state.get("fresh_optimizer") or (native is not None and not native["state"]):
             return  # saved before the first step: the optimizer just built is that state (see save)
+        if is_legacy(weight_names(path)):
+            if native is None:
+                raise CheckpointError(
+                    f"{path}: a sharded checkpoint from before trimtab grouped the attention projection; "
+                    "its optimizer state cannot be resharded: start a new run from its weights "
+                    f"(train.init_from: {path})"
+                )
+            native = upgrade_optimizer(native, _param_names(model, optimizer), model.cfg)
         if "optimizer" not in optim_state:  # sharded: read this world size's shards
             target = {"optim": get_optimizer_state_dict(model, optimizer)}
             _dcp_load(target, path, _CPU_GROUP if self.world > 1 else None)
@@ -463,11 +477,11 @@ class Parallel:
             set_optimizer_state_dict(
                 model,
                 optimizer,
-                _named_optim_state(model, optimizer, optim_state["optimizer"]),
+                _named_optim_state(model, optimizer, native),
                 options=StateDictOptions(full_state_dict=True),
             )
         else:
-            optimizer.load_state_dict(optim_state["optimizer"])
+            optimizer.load_state_dict(native)
 
 
 class _ShardedScaler(torch.amp.GradScaler):
@@ -520,11 +534,16 @@ def _router_tensors(routers: Any, model: nn.Module) -> list[torch.Tensor]:
     return out
 
 
+def _param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The optimizer's parameters' names, in the order optimizer.state_dict() numbers them."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
 def _named_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, native: dict[str, Any]) -> dict[str, Any]:
     """optimizer.state_dict() (parameters numbered in group order) keyed by parameter name, the
     form set_optimizer_state_dict takes."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    fqns = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    fqns = _param_names(model, optimizer)
     return {
         "state": {fqns[i]: v for i, v in native["state"].items()},
         "param_groups": [{**g, "params": [fqns[i] for i in g["params"]]} for g in native["param_groups"]],

@@ -37,6 +37,7 @@ from trimtab.hf.architectures import export_class, to_hf_config
 from trimtab.hf.card import model_card
 from trimtab.hf.importer import SOURCE, SafetensorsDir
 from trimtab.hf.tensors import Getter, to_hf
+from trimtab.model.upgrade import UpgradedReader, is_legacy
 
 log = logging.getLogger(__name__)
 MAX_SHARD_BYTES = 4 * 2**30  # shards above this size split (transformers' own default is 5 GB)
@@ -94,7 +95,7 @@ class Export:
             try:
                 state = _read_state(path, verified)
                 tok = TextTokenizer.load(self.run_dir / "tokenizer.json")
-                arch = self._model(_reader(path), state, tok, tmp)
+                arch = self._model(_reader(path, self.cfg.model), state, tok, tmp)
                 chat = _chat_trained(self.cfg)
                 _write_json(tmp / "generation_config.json", _generation_config(tok, self.source, chat))
                 write_tokenizer(tok, tmp, self.cfg.model.max_seq_len, chat=chat)
@@ -154,12 +155,12 @@ def _result(verified: Future) -> None:
         raise CorruptCheckpoint(str(exc)) from None
 
 
-def _reader(path: Path) -> Getter:
+def _reader(path: Path, cfg: ModelConfig) -> Getter:
     """trimtab tensors of a checkpoint by name, read on demand (a sharded checkpoint is assembled
-    whole first: torch.distributed.checkpoint reads it that way)."""
-    if is_sharded(path):
-        return _Tensors(read_sharded_weights(path))
-    return SafetensorsDir(path)
+    whole first: torch.distributed.checkpoint reads it that way); an older checkpoint's in the
+    current layout (model/upgrade.py)."""
+    reader = _Tensors(read_sharded_weights(path)) if is_sharded(path) else SafetensorsDir(path)
+    return UpgradedReader(reader, reader.names, cfg) if is_legacy(reader.names) else reader
 
 
 class _Tensors(dict):

@@ -24,6 +24,7 @@ from trimtab.hf.remote import moe_structure
 from trimtab.hf.tensors import Recorder, from_hf
 from trimtab.model import Transformer
 from trimtab.model.catalog import uninitialised
+from trimtab.model.upgrade import UpgradedReader, is_legacy
 
 SOURCE = "hf_source.json"  # in a run directory initialised from a Hugging Face model
 
@@ -92,6 +93,9 @@ def load_weights(model: Transformer, path: str | Path) -> torch.dtype:
     hf = read_config(path)
     reader = SafetensorsDir(path)
     get = Recorder(reader, reader.names)
+    if is_legacy(reader.names):  # a trimtab-class export from before the grouped attention layout
+        upgraded = UpgradedReader(reader, reader.names, model.cfg)
+        get = Recorder(upgraded, upgraded.names)
     arch = architecture(hf, str(path / "config.json"))
     if arch == TRIMTAB:  # its own names; each MoE layer's expert count first (surgery may differ)
         model.load_moe_state(moe_structure(model.cfg, hf))

@@ -6,9 +6,10 @@ trimtab                          transformers (layer i: model.layers.{i}.)
 tok_emb.weight                   model.embed_tokens.weight
 blocks.{i}.attn_norm.weight      input_layernorm.weight
 blocks.{i}.ffn_norm.weight       post_attention_layernorm.weight
-blocks.{i}.attn.wqkv.weight      self_attn.q_proj / k_proj / v_proj .weight: rows H*E, K*E, K*E
-                                 (both rotate-half RoPE: no row permutation; INTEROP_NOTES.md)
-blocks.{i}.attn.wqkv.bias        self_attn.q_proj / k_proj / v_proj .bias (Qwen2)
+blocks.{i}.attn.qkv.weight       self_attn.q_proj / k_proj / v_proj .weight: rows H*E, K*E, K*E,
+                                 grouped per kv head (model.layers.group_qkv); both rotate-half
+                                 RoPE: no permutation within a head (INTEROP_NOTES.md)
+blocks.{i}.attn.qkv.bias         self_attn.q_proj / k_proj / v_proj .bias (Qwen2)
 blocks.{i}.attn.{q,k}_norm       self_attn.{q,k}_norm.weight (Qwen3)
 blocks.{i}.attn.wo.weight        self_attn.o_proj.weight
 blocks.{i}.ffn.w1 / w3 / w2      mlp.gate_proj / up_proj / down_proj .weight
@@ -34,6 +35,7 @@ from torch import Tensor
 
 from trimtab.config import ModelConfig
 from trimtab.errors import CheckpointError
+from trimtab.model.layers import group_qkv, split_qkv
 
 Getter = Callable[[str], Tensor]
 Pairs = Iterator[tuple[str, Tensor]]
@@ -63,9 +65,9 @@ def to_hf(get: Getter, cfg: ModelConfig, arch: str, moe_state: dict[str, dict[st
 
 
 def _attention_to_hf(get: Getter, cfg: ModelConfig, t: str, h: str) -> Pairs:
-    sizes = [n * cfg.head_dim for n in (cfg.n_heads, cfg.n_kv_heads, cfg.n_kv_heads)]
     for suffix in ("weight", "bias") if cfg.attn_bias else ("weight",):
-        for name, part in zip(("q_proj", "k_proj", "v_proj"), get(t + "wqkv." + suffix).split(sizes)):
+        parts = split_qkv(get(t + "qkv." + suffix), cfg.n_heads, cfg.n_kv_heads)
+        for name, part in zip(("q_proj", "k_proj", "v_proj"), parts):
             yield f"{h}{name}.{suffix}", part
     if cfg.qk_norm:
         yield h + "q_norm.weight", get(t + "q_norm.weight")
@@ -131,7 +133,8 @@ def from_hf(get: Getter, cfg: ModelConfig, arch: str) -> Pairs:
 
 def _attention_from_hf(get: Getter, cfg: ModelConfig, t: str, h: str) -> Pairs:
     for suffix in ("weight", "bias") if cfg.attn_bias else ("weight",):
-        yield f"{t}wqkv.{suffix}", torch.cat([get(f"{h}{n}.{suffix}") for n in ("q_proj", "k_proj", "v_proj")])
+        q, k, v = (get(f"{h}{n}.{suffix}") for n in ("q_proj", "k_proj", "v_proj"))
+        yield f"{t}qkv.{suffix}", group_qkv(q, k, v, cfg.n_kv_heads)
     if cfg.qk_norm:
         yield t + "q_norm.weight", get(h + "q_norm.weight")
         yield t + "k_norm.weight", get(h + "k_norm.weight")

@@ -30,6 +30,7 @@ from trimtab.merge import methods
 from trimtab.merge.recipe import TASK_ARITHMETIC, Recipe, read_recipe
 from trimtab.merge.units import join, split
 from trimtab.model import Transformer
+from trimtab.model.upgrade import upgrade_weights
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -70,6 +71,7 @@ def average(run_dir: str | Path, last: int, out: str | Path) -> Path:
     states = []
     for path in valid:
         weights, _, state = load_checkpoint(path, optimizer=False)
+        weights = upgrade_weights(weights, cfg.model)
         states.append(state)
         if state.get("moe", {}) != states[0].get("moe", {}):
             raise CheckpointError(

@@ -2,7 +2,8 @@
 
 Shape legend:
     B batch, T time (tokens in this forward), S key length (cached + new), D d_model,
-    H attention heads, K kv heads, E head dim (D / H), F ffn hidden, V vocab.
+    H attention heads, K kv heads, G = H / K query heads per kv head, E head dim (D / H),
+    F ffn hidden, V vocab.
 """
 
 from __future__ import annotations
@@ -71,15 +72,35 @@ def scaled_frequencies(inv_freq: torch.Tensor, s: RopeScalingConfig) -> torch.Te
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, sign: float = 1.0) -> None:
-    """out = x [B, T, n, E] with each pair (x1[i], x2[i]) rotated by sign * angle (in place)."""
+    """out = x [B, T, K, n, E] (cos, sin [..., T, 1, 1, E/2]) with each pair (x1[i], x2[i])
+    rotated by sign * angle (in place)."""
     x1, x2 = x.chunk(2, -1)
     o1, o2 = out.chunk(2, -1)
     torch.mul(x1, cos, out=o1).addcmul_(x2, sin, value=-sign)
     torch.mul(x2, cos, out=o2).addcmul_(x1, sin, value=sign)
 
 
+def group_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
+    """Query, key and value rows (H*E, K*E, K*E; any trailing dims) in the grouped layout of the
+    fused projection: for each kv head g, the rows of its G = H/K query heads, then k_g, then v_g.
+    This is Megatron-LM's linear_qkv layout: tensor parallelism shards the fused weight in
+    contiguous blocks of whole query groups, so every rank holds matching q, k and v heads."""
+    K = n_kv_heads
+    q, k, v = (t.reshape(K, -1, *t.shape[1:]) for t in (q, k, v))  # [K, G*E | E | E, ...]
+    return torch.cat((q, k, v), dim=1).flatten(0, 1)
+
+
+def split_qkv(qkv: torch.Tensor, n_heads: int, n_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inverse of group_qkv: grouped rows -> q [H*E, ...], k [K*E, ...], v [K*E, ...]."""
+    G, K = n_heads // n_kv_heads, n_kv_heads
+    grouped = qkv.reshape(K, G + 2, -1, *qkv.shape[1:])  # [K, G+2, E, ...]
+    q, k, v = grouped.split((G, 1, 1), dim=1)
+    return q.flatten(0, 2), k.flatten(0, 2), v.flatten(0, 2)
+
+
 class RotaryQKV(torch.autograd.Function):
-    """Fused projection [B, T, H+2K, E] -> q [B, H, T, E], k, v [B, K, T, E], q and k rotated.
+    """Fused projection [B, T, K, G+2, E] (grouped, see group_qkv) -> q [B, H, T, E], k, v
+    [B, K, T, E], q and k rotated. K may be a tensor-parallel rank's share of the kv heads.
 
     Written by hand because the backward of a rotation is the inverse rotation, computed straight
     into one gradient buffer for the fused projection: autograd's version of slice / roll /
@@ -87,47 +108,48 @@ class RotaryQKV(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(
-        ctx, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv_heads: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        n_rot = n_heads + n_kv_heads
-        cos, sin = cos.to(qkv.dtype), sin.to(qkv.dtype)  # autocast: qkv may be lower precision
-        qk = qkv.new_empty(*qkv.shape[:2], n_rot, qkv.shape[3])
-        _rotate(qkv[:, :, :n_rot], cos, sin, qk)
+    def forward(ctx, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        B, T, K, G2, E = qkv.shape
+        G = G2 - 2
+        # [T, 1, E/2] (or Mixture-of-Depths' per-token [B, T, 1, E/2]) -> [..., T, 1, 1, E/2];
+        # autocast: qkv may be lower precision
+        cos, sin = cos.unsqueeze(-2).to(qkv.dtype), sin.unsqueeze(-2).to(qkv.dtype)
+        q, k = qkv.new_empty(B, T, K, G, E), qkv.new_empty(B, T, K, 1, E)
+        _rotate(qkv[:, :, :, :G], cos, sin, q)
+        _rotate(qkv[:, :, :, G : G + 1], cos, sin, k)
         ctx.save_for_backward(cos, sin)
-        ctx.heads = n_heads, n_kv_heads
-        qk = qk.transpose(1, 2)
-        return qk[:, :n_heads], qk[:, n_heads:], qkv[:, :, n_rot:].transpose(1, 2)
+        v = qkv[:, :, :, G + 1]
+        return q.view(B, T, K * G, E).transpose(1, 2), k.view(B, T, K, E).transpose(1, 2), v.transpose(1, 2)
 
     @staticmethod
     def backward(ctx, gq: torch.Tensor, gk: torch.Tensor, gv: torch.Tensor):
         cos, sin = ctx.saved_tensors
-        H, K = ctx.heads
-        B, _, T, E = gq.shape
-        grad = gq.new_empty(B, T, H + 2 * K, E)
-        _rotate(gq.transpose(1, 2), cos, sin, grad[:, :, :H], sign=-1.0)
-        _rotate(gk.transpose(1, 2), cos, sin, grad[:, :, H : H + K], sign=-1.0)
-        grad[:, :, H + K :].copy_(gv.transpose(1, 2))
-        return grad, None, None, None, None
+        B, K, T, E = gk.shape
+        G = gq.shape[1] // K
+        grad = gq.new_empty(B, T, K, G + 2, E)
+        _rotate(gq.transpose(1, 2).reshape(B, T, K, G, E), cos, sin, grad[:, :, :, :G], sign=-1.0)
+        _rotate(gk.transpose(1, 2).unsqueeze(3), cos, sin, grad[:, :, :, G : G + 1], sign=-1.0)
+        grad[:, :, :, G + 1].copy_(gv.transpose(1, 2))
+        return grad, None, None
 
 
 class Attention(nn.Module):
     """Causal self-attention with grouped-query heads (Ainslie et al. 2023).
 
-    q, k, v come from one fused projection (rows: H*E query, K*E key, K*E value, each head-major;
-    with a bias when cfg.attn_bias, as Qwen2). K/V heads are shared by H/K query heads inside
+    q, k, v come from one fused projection `qkv` in the grouped layout (group_qkv; with a bias
+    when cfg.attn_bias, as Qwen2). K/V heads are shared by G = H/K query heads inside
     scaled_dot_product_attention (enable_gqa), never repeated in memory. cfg.qk_norm normalises
     each query and key head (RMSNorm over E) before the rotation, as Qwen3 (QK-norm: Dehghani et
-    al. 2023, "Scaling Vision Transformers to 22 Billion Parameters").
+    al. 2023, "Scaling Vision Transformers to 22 Billion Parameters"). Head counts are read from
+    the projection's output, so a tensor-parallel rank runs the same code on its own heads.
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
         self.head_dim = cfg.head_dim or cfg.d_model // cfg.n_heads
-        self.gqa = self.n_kv_heads != self.n_heads
-        rows = (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
-        self.wqkv = nn.Linear(cfg.d_model, rows, bias=cfg.attn_bias)
+        self.group = self.n_heads // self.n_kv_heads
+        self.qkv = nn.Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv_heads) * self.head_dim, bias=cfg.attn_bias)
         self.wo = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
         self.q_norm = RMSNorm(self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
@@ -142,21 +164,21 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """x [B, T, D] -> [B, T, D]. mask: None means causal from position 0 (or a single step)."""
         B, T, _ = x.shape
-        H, K = self.n_heads, self.n_kv_heads
-        qkv = self.wqkv(x).view(B, T, H + 2 * K, self.head_dim)
+        G = self.group
+        qkv = self.qkv(x).view(B, T, -1, G + 2, self.head_dim)  # [B, T, K, G+2, E]
         if self.q_norm is not None:
-            q, k, v = qkv.split((H, K, K), dim=2)
-            qkv = torch.cat((self.q_norm(q), self.k_norm(k), v), dim=2)
-        q, k, v = RotaryQKV.apply(qkv, *rope, H, K)  # [B, H, T, E], [B, K, T, E] x2
+            q, k, v = qkv.split((G, 1, 1), dim=3)
+            qkv = torch.cat((self.q_norm(q), self.k_norm(k), v), dim=3)
+        q, k, v = RotaryQKV.apply(qkv, *rope)  # [B, H, T, E], [B, K, T, E] x2
         if cache is not None:
             k, v = cache.update(layer, k, v)  # [B, K, S, E]
         # No mask tensor in the common cases: is_causal when keys start at position 0 (S == T),
         # nothing when a single new token sees the whole cache; `mask` for chunked prefill.
         causal = mask is None and k.shape[2] == T
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.gqa
+            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=G > 1
         )  # [B, H, T, E]
-        return self.wo(out.transpose(1, 2).reshape(B, T, H * self.head_dim))
+        return self.wo(out.transpose(1, 2).reshape(B, T, -1))
 
 
 class FeedForward(nn.Module):

@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from trimtab.config import ModelConfig
 from trimtab.model.cache import KVCache
-from trimtab.model.layers import Attention, FeedForward, RMSNorm, Rotary
+from trimtab.model.layers import Attention, FeedForward, RMSNorm, Rotary, group_qkv
 from trimtab.model.mod import DepthRouter
 from trimtab.model.moe import MoE
 
@@ -104,6 +104,12 @@ class Transformer(nn.Module):
                 nn.init.zeros_(p)
             elif p.dim() == 1:
                 nn.init.ones_(p)
+            elif name.endswith("attn.qkv.weight"):
+                # Drawn in q, k, v order, then grouped: the same model as the same seed gave
+                # before the fused layout was grouped (golden runs unchanged).
+                heads = torch.empty_like(p).normal_(0.0, std)
+                rows = [n * self.head_dim for n in (self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.n_kv_heads)]
+                p.copy_(group_qkv(*heads.split(rows), self.cfg.n_kv_heads))
             else:
                 residual = name.endswith(("wo.weight", "w2.weight", "ffn.w2"))  # ffn.w2: MoE experts
                 nn.init.normal_(p, 0.0, out_std if residual else std)

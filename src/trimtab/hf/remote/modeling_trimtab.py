@@ -68,7 +68,7 @@ class Attention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.H, self.K, self.E = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.wqkv = nn.Linear(cfg.hidden_size, (self.H + 2 * self.K) * self.E, bias=cfg.attention_bias)
+        self.qkv = nn.Linear(cfg.hidden_size, (self.H + 2 * self.K) * self.E, bias=cfg.attention_bias)
         self.wo = nn.Linear(self.H * self.E, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.E, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.E, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -76,7 +76,10 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, mask):
         """x [B, T, D] -> [B, T, D]; mask None (causal) or boolean [B, 1, T, T] (True: visible)."""
         B, T, _ = x.shape
-        q, k, v = self.wqkv(x).view(B, T, self.H + 2 * self.K, self.E).split((self.H, self.K, self.K), 2)
+        # rows grouped per kv head: G = H / K query heads, then its key, then its value
+        G = self.H // self.K
+        q, k, v = self.qkv(x).view(B, T, self.K, G + 2, self.E).split((G, 1, 1), 3)
+        q, k, v = q.reshape(B, T, self.H, self.E), k.squeeze(3), v.squeeze(3)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
