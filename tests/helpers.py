@@ -1,5 +1,16 @@
 """Test helpers shared by several test modules (pytest puts tests/ on sys.path)."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from trimtab.checkpoint import list_checkpoints, read_sharded_weights
+from trimtab.config import merge
 from trimtab.training.hooks import Hook
 
 # `trimtab train` flags for quick CLI runs: a small corpus slice, no progress bar, TensorBoard or evals
@@ -24,3 +35,54 @@ class StopAt(Hook):
     def on_step_end(self, trainer, out):
         if out.step == self.step:
             trainer.control.request("stop", reason="test")
+
+
+# ------------------------------------------------ torchrun runs (test_distributed, test_tensor_parallel)
+
+WORKER = Path(__file__).with_name("dist_worker.py")
+STEPS = 10
+
+
+def run(out: Path, nproc: int, **overrides) -> list[dict]:
+    """Train in `nproc` processes; each rank's record, rank order."""
+    cfg = merge(
+        {
+            "out": str(out),
+            # fp32: parity is about the arithmetic of sharding; bf16 autocast on CPU rounds
+            # differently across machines (1e-4 drift by step 5 on an AMD EPYC, none on others)
+            "train": {"max_steps": STEPS, "eval_every": 0, "log_every": 1, "precision": "fp32"},
+            "data": {"max_bytes": 150_000},
+            "checkpoint": {"every": 5},
+            "log": {"progress": False, "tensorboard": False},
+        },
+        overrides,
+    )
+    record = out.parent / f"{out.name}-rank{{rank}}.json"
+    launcher = (
+        [sys.executable]
+        if nproc == 1
+        else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    )
+    src = str(WORKER.parent.parent / "src")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [*launcher, str(WORKER), json.dumps(cfg), str(record)], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return [json.loads(Path(str(record).format(rank=r)).read_text()) for r in range(nproc)]
+
+
+def losses(record: dict) -> list[float]:
+    return [s["loss"] for s in record["steps"]]
+
+
+def assert_close(a: list[float], b: list[float], rel: float = 1e-4) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert abs(x - y) <= rel * max(abs(x), abs(y), 1e-6), (a, b)
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    path = list_checkpoints(run_dir)[-1]
+    sharded = (path / "dcp").is_dir()
+    return read_sharded_weights(path) if sharded else load_file(str(path / "model.safetensors"))

@@ -5,73 +5,22 @@ rank saw; one thread per process (the CI machine has 2 cores).
 """
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file
 
+from helpers import STEPS, assert_close, final_weights, losses, run
 from trimtab.api import load_run
-from trimtab.checkpoint import list_checkpoints, read_sharded_weights
-from trimtab.config import load_config, merge
+from trimtab.checkpoint import list_checkpoints
+from trimtab.config import load_config
 from trimtab.data.packing import BatchLoader, Rows, shard_rows
 from trimtab.errors import ConfigError
 from trimtab.orchestrator.faults import parse_fault
 
-WORKER = Path(__file__).with_name("dist_worker.py")
-STEPS = 10
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
-
-
-def run(out: Path, nproc: int, **overrides) -> list[dict]:
-    """Train in `nproc` processes; each rank's record, rank order."""
-    cfg = merge(
-        {
-            "out": str(out),
-            # fp32: parity is about the arithmetic of sharding; bf16 autocast on CPU rounds
-            # differently across machines (1e-4 drift by step 5 on an AMD EPYC, none on others)
-            "train": {"max_steps": STEPS, "eval_every": 0, "log_every": 1, "precision": "fp32"},
-            "data": {"max_bytes": 150_000},
-            "checkpoint": {"every": 5},
-            "log": {"progress": False, "tensorboard": False},
-        },
-        overrides,
-    )
-    record = out.parent / f"{out.name}-rank{{rank}}.json"
-    launcher = (
-        [sys.executable]
-        if nproc == 1
-        else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    )
-    src = str(WORKER.parent.parent / "src")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(
-        [*launcher, str(WORKER), json.dumps(cfg), str(record)], env=env, capture_output=True, text=True, timeout=240
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    return [json.loads(Path(str(record).format(rank=r)).read_text()) for r in range(nproc)]
-
-
-def losses(record: dict) -> list[float]:
-    return [s["loss"] for s in record["steps"]]
-
-
-def assert_close(a: list[float], b: list[float], rel: float = 1e-4) -> None:
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert abs(x - y) <= rel * max(abs(x), abs(y), 1e-6), (a, b)
-
-
-def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    path = list_checkpoints(run_dir)[-1]
-    sharded = (path / "dcp").is_dir()
-    return read_sharded_weights(path) if sharded else load_file(str(path / "model.safetensors"))
 
 
 @pytest.fixture(scope="module")

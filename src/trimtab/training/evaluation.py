@@ -19,11 +19,12 @@ if TYPE_CHECKING:
 
 @torch.no_grad()
 def sharded_loss(t: Trainer, micro_batches: list[MicroBatch], timeout: float) -> tuple[list[list[float]], str]:
-    """([summed loss, targets] of each micro-batch, "") with rank r scoring micro_batches[r::world];
-    or ([], what went wrong). Ranks agree after every micro-batch, so an error or a timeout on
-    one rank ends the evaluation on all of them instead of leaving them waiting."""
+    """([summed loss, targets] of each micro-batch, "") with data-parallel replica r scoring
+    micro_batches[r::replicas] (its tensor-parallel ranks together); or ([], what went wrong).
+    Ranks agree after every micro-batch, so an error or a timeout on one rank ends the
+    evaluation on all of them instead of leaving them waiting."""
     t.model.eval()
-    n, rank, world = len(micro_batches), t.dist.rank, t.dist.world
+    n, rank, world = len(micro_batches), t.dist.dp_rank, t.dist.dp_world
     rounds = -(-n // world)  # FSDP: every rank runs as many forwards
     # [2, n]: each micro-batch's summed loss and target count, filled by the rank that scores
     # it; summed over ranks and then in order, so the figure does not depend on the world size

@@ -376,7 +376,7 @@ class Trainer:
         phase = self.phases[index]
         self.state.phase = index
         self.optimizer = build_optimizer(self.model, phase.optim, self.device)
-        self.loader = phase.loader(self.cfg, self.tok.pad_id, self.dist.rank, self.dist.world)
+        self.loader = phase.loader(self.cfg, self.tok.pad_id, self.dist.dp_rank, self.dist.dp_world)
         self.control.apply_knobs()
 
     def _maybe_next_phase(self) -> None:

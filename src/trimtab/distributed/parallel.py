@@ -1,7 +1,9 @@
-"""Data parallelism under torchrun, in one place: environment, process group, DDP / FSDP2 wrapping,
-the collectives the step needs, and sharded checkpoints.
+"""The trainer's view of parallelism under torchrun: environment, process group and device
+mesh, DDP / FSDP2 / tensor-parallel wrapping, and the collectives the step needs.
 
     torchrun --nproc_per_node 2 -m trimtab train --preset small --set distributed.strategy=fsdp
+    torchrun --nproc_per_node 4 -m trimtab train --preset dense-1b --set distributed.tp=2 \
+        --set distributed.strategy=fsdp
 
 Model code stays single-device. The trainer talks to torch.distributed only through a `Parallel`
 object, whose methods are no-ops (or the plain single-process thing) in one process, and hooks use
@@ -13,98 +15,69 @@ times and memory are reduced to their maximum when the orchestrator reads them, 
 from outside (control commands, a checkpoint's validity, the CPU precision timing) is read by rank
 0 and broadcast. Host-side agreement (out-of-memory flags, signals, errors) goes through a gloo
 group, so NCCL runs add no device sync for it.
+
+The mesh is (dp, tp): ranks r with the same r // tp form one data-parallel replica split by
+tensor parallelism (distributed/tensor.py). They see the same rows and compute the same loss, so
+"over the ranks" below means over the data-parallel replicas (the dp group); agreement (OOM,
+signals, errors) is over every rank.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import errno
 import logging
 import os
 import signal
 from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from trimtab.checkpoint import (
-    SHARDED,
-    apply_structure,
-    checkpoint_root,
-    commit_checkpoint,
-    digest_files,
-    load_checkpoint,
-    load_weights,
-    read_sharded_weights,
-    save_checkpoint,
-    weight_names,
-)
 from trimtab.config.distributed import DistributedConfig
-from trimtab.errors import CheckpointError, ConfigError
-from trimtab.model.upgrade import is_legacy, upgrade_optimizer, upgrade_weights
+from trimtab.distributed.checkpoint import Checkpoints
+from trimtab.distributed.group import (
+    PeerOutOfMemory,
+    all_max,
+    attempt_value,
+    broadcast_object,
+    cpu_group,
+    set_cpu_group,
+)
+from trimtab.distributed.mesh import Mesh
+from trimtab.errors import ConfigError
 
 if TYPE_CHECKING:
     from trimtab.hardware import Precision
 
-_CPU_GROUP: Any = None  # gloo group for host-side agreement; None: the default group (gloo runs)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-# ------------------------------------------------------------------------------ module helpers
-
-
-def _active() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def rank() -> int:
-    return dist.get_rank() if _active() else int(os.environ.get("RANK", "0"))
-
-
-def is_main() -> bool:
-    """Rank 0 writes the run directory's logs, metrics, journal and console output."""
-    return rank() == 0
-
-
-def all_max(values: list[float]) -> list[float]:
-    """Elementwise maximum over ranks of host numbers (step times, memory, flags)."""
-    if not _active():
-        return list(values)
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_CPU_GROUP)
-    return t.tolist()
-
-
-def broadcast_object(obj: Any) -> Any:
-    """Rank 0's `obj` on every rank (what rank 0 read from disk)."""
-    if not _active():
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0, group=_CPU_GROUP)
-    return box[0]
-
-
-class PeerOutOfMemory(torch.OutOfMemoryError):
-    """Another rank ran out of memory: this rank shrinks its micro-batch with it."""
 
 
 # ------------------------------------------------------------------------------ the trainer's view
 
 
-class Parallel:
-    """What the trainer needs from data parallelism; single-process when world == 1."""
+class Parallel(Checkpoints):
+    """What the trainer needs from parallelism; single-process when world == 1."""
 
     def __init__(
-        self, cfg: DistributedConfig, device: torch.device, world: int = 1, rank_: int = 0, owns_group: bool = False
+        self,
+        cfg: DistributedConfig,
+        device: torch.device,
+        world: int = 1,
+        rank_: int = 0,
+        owns_group: bool = False,
+        mesh: Mesh | None = None,
     ) -> None:
         self.cfg, self.device, self.world, self.rank = cfg, device, world, rank_
         self.owns_group = owns_group
+        self.mesh = mesh or Mesh.single()
+        self.dp_world, self.dp_rank = self.mesh.dp, self.mesh.dp_rank(rank_)
         self.ddp: nn.Module | None = None
         self.fsdp = False
+        self._contexts = ExitStack()  # held for the whole run (tensor parallelism's loss)
         self._signal = 0  # a signal this rank received, not yet agreed (signal number)
         self._agreed = False  # the ranks met before this step's communicating backward
 
@@ -112,8 +85,8 @@ class Parallel:
     def start(cls, cfg: DistributedConfig, device: torch.device) -> Parallel:
         """Join torchrun's process group (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR/PORT in the
         environment) or one set up by the caller; one process otherwise."""
-        global _CPU_GROUP
         world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+        mesh = Mesh.of(cfg, world)
         if world == 1:
             return cls(cfg, device)
         if device.type == "mps":
@@ -131,21 +104,27 @@ class Parallel:
             dist.init_process_group(
                 backend, timeout=timedelta(seconds=cfg.timeout_s), device_id=device if backend == "nccl" else None
             )
-        _CPU_GROUP = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        set_cpu_group(None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"))
         if dist.get_rank() != 0:
             logging.getLogger("trimtab").setLevel(logging.ERROR)  # rank 0 speaks for the job
-        return cls(cfg, device, dist.get_world_size(), dist.get_rank(), owns)
+        return cls(cfg, device, world, dist.get_rank(), owns, mesh.build(device))
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the parameters are DTensors (FSDP2 or tensor parallelism)."""
+        return self.fsdp or self.mesh.tp > 1
 
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
             # Every rank reaches the teardown before any tears down: a gloo rank whose peers have
             # already closed their connections can abort in its transport threads ("terminate
             # called without an active exception", seen on 2-process CPU runs).
-            dist.barrier(group=_CPU_GROUP)
+            dist.barrier(group=cpu_group())
+            self._contexts.close()
             dist.destroy_process_group()
             self.owns_group = False
 
@@ -155,7 +134,7 @@ class Parallel:
         """fn(*args) on rank 0, its result (or its exception) on every rank."""
         if self.world == 1:
             return fn(*args)
-        outcome = _attempt_value(fn, *args) if self.is_main else None
+        outcome = attempt_value(fn, *args) if self.is_main else None
         ok, value = broadcast_object(outcome)
         if not ok:
             raise value
@@ -171,7 +150,7 @@ class Parallel:
         if self.world == 1:
             return fn(*args)
         if self.is_main:
-            ok, value = _attempt_value(fn, *args)
+            ok, value = attempt_value(fn, *args)
             broadcast_object((ok, None if ok else value))  # the others wait here for rank 0
         else:
             ok, value = broadcast_object(None)
@@ -188,10 +167,20 @@ class Parallel:
 
     def wrap(self, model: nn.Module, compile: bool, precision: Precision) -> Callable[[torch.Tensor], torch.Tensor]:
         """The callable the trainer runs forward through: model.hidden, compiled and wrapped for
-        data parallelism. `model` keeps its own parameters' names (checkpoints do not change)."""
+        tensor and data parallelism. `model` keeps its own parameters' names (checkpoints do not
+        change)."""
+        if self.mesh.tp > 1:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            from trimtab.distributed.tensor import apply_tensor_parallel
+
+            apply_tensor_parallel(model, self.mesh["tp"])
+            # loss_parallel swaps DTensor's cross-entropy ops for vocabulary-parallel ones, which
+            # the backward needs too: on for the whole run (only the loss has sharded logits)
+            self._contexts.enter_context(loss_parallel())
         if self.world == 1 or self.cfg.strategy == "ddp":
             fn = torch.compile(model.hidden) if compile else model.hidden
-            if self.world == 1:
+            if self.dp_world == 1:
                 return fn
             from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -225,6 +214,8 @@ class Parallel:
             reshard_after_forward=self.cfg.reshard_after_forward,
             offload_policy=offload,
         )
+        if self.mesh.tp > 1:
+            kwargs["mesh"] = self.mesh["dp"]  # 2D: FSDP2 shards the tensor-parallel DTensors over dp
         units = list(getattr(model, "blocks", []))  # one all-gather per block, freed after it
         for block in units:
             if compile:
@@ -243,7 +234,7 @@ class Parallel:
         """fp16's loss scaler. Under FSDP each rank sees only its gradient shard, so an overflow
         must be all-reduced for every rank to skip the same steps (ShardedGradScaler does)."""
         scaler = precision.grad_scaler()
-        return _ShardedScaler(self.device) if scaler is not None and self.fsdp else scaler
+        return _ShardedScaler(self.device) if scaler is not None and self.sharded else scaler
 
     # -------------------------------------------------------------- the step
 
@@ -291,34 +282,37 @@ class Parallel:
         return ""
 
     def reduce_step(self, loss: torch.Tensor, aux: torch.Tensor | None, routers: Any, model: nn.Module) -> None:
-        """Sum every rank's share of the step's loss, auxiliary loss and router statistics, in
+        """Sum every replica's share of the step's loss, auxiliary loss and router statistics, in
         place and in one all-reduce on device (no host sync). Each share is already weighted by
         the global target count, so the sums are the single-process values."""
         self._agreed = False
-        if self.world == 1:
+        if self.mesh.tp > 1 and not self.fsdp:
+            _replicate_grads(model)
+        if self.dp_world == 1:
             return
         if self.ddp is not None:
             self.ddp.require_backward_grad_sync = False
             self.ddp.module.output = None
         tensors = [loss] + ([aux] if aux is not None else []) + _router_tensors(routers, model)
         flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
-        dist.all_reduce(flat)
+        dist.all_reduce(flat, group=self.mesh.dp_group)
         offset = 0
         for t in tensors:
             t.copy_(flat[offset : offset + t.numel()].view_as(t))
             offset += t.numel()
 
     def mean_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
-        """The ranks' mean of a 0-d device tensor. Every rank evaluates the same held-out rows, so
-        this changes nothing, unless one replica's weights went bad alone (a fault in one GPU's
-        memory): then all see the NaN and the orchestrator diagnoses it alike everywhere."""
-        return self.sum_over_ranks(value) / self.world
+        """The replicas' mean of a 0-d device tensor. Every replica evaluates the same held-out
+        rows, so this changes nothing, unless one replica's weights went bad alone (a fault in one
+        GPU's memory): then all see the NaN and the orchestrator diagnoses it alike everywhere."""
+        return self.sum_over_ranks(value) / self.dp_world
 
     def sum_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
-        """The ranks' sum of a device tensor (each rank's share of something sharded)."""
-        if self.world > 1:
+        """The data-parallel replicas' sum of a device tensor (each one's share of something
+        sharded); the tensor-parallel ranks of a replica hold the same value already."""
+        if self.dp_world > 1:
             value = value.clone()
-            dist.all_reduce(value)
+            dist.all_reduce(value, group=self.mesh.dp_group)
         return value
 
     def first_error(self, error: str) -> str:
@@ -331,8 +325,8 @@ class Parallel:
         return error or ("another rank's evaluation failed (its log says why)" if flag.item() else "")
 
     def clip_grad_norm(self, params: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
-        """Pre-clip global gradient norm, the same on every rank (FSDP: over all shards)."""
-        if not self.fsdp:
+        """Pre-clip global gradient norm, the same on every rank (DTensors: over all shards)."""
+        if not self.sharded:
             return torch.nn.utils.clip_grad_norm_(params, max_norm)
         from torch.distributed.tensor import DTensor
 
@@ -351,137 +345,6 @@ class Parallel:
             finite = finite.float().to(self.device)  # on the backend's device (CPU offload keeps weights on the CPU)
             dist.all_reduce(finite, op=dist.ReduceOp.MIN)
         return bool(finite)
-
-    # -------------------------------------------------------------- checkpoints
-
-    def save(
-        self,
-        run_dir: Path,
-        step: int,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        extra: dict[str, Any],
-        state: dict[str, Any],
-        keep: int,
-        protect: tuple[int, ...],
-        before: Callable[[], None],
-    ) -> Path:
-        """One process: model.safetensors + optim.pt. Data-parallel: every rank writes its shards
-        (torch.distributed.checkpoint) into a temp dir; rank 0 writes optim.pt (every rank's RNG)
-        and state.json, then renames. `before` runs first on every rank (hooks; they may fail)."""
-        if self.world == 1:
-            before()
-            return save_checkpoint(
-                run_dir,
-                step,
-                model.state_dict(),
-                {"optimizer": optimizer.state_dict(), **extra},
-                state,
-                keep=keep,
-                protect=protect,
-            )
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-        self._agree_ok(_attempt(before))
-        tmp = checkpoint_root(run_dir) / f".tmp_step_{step:06d}_sharded"
-        self._agree_ok(_attempt(_fresh_dir, tmp) if self.is_main else None)
-        # An optimizer before its first step (the initial checkpoint) has no state to save, and asking
-        # DCP for it would initialise it with a zero-gradient step (AdamW's step count moves): skip it.
-        fresh = not optimizer.state
-        extra = {**extra, "fresh_optimizer": fresh}
-        app = {"model": get_model_state_dict(model)}
-        if not fresh:
-            app["optim"] = get_optimizer_state_dict(model, optimizer)
-        self._agree_ok(_attempt(_dcp_save, app, tmp / SHARDED, _CPU_GROUP))
-        mine = digest_files(sorted((tmp / SHARDED).glob(f"__{self.rank}_*.distcp")), tmp)
-        gathered = [None] * self.world if self.is_main else None
-        dist.gather_object((mine, extra), gathered, dst=0, group=_CPU_GROUP)
-        error = None
-        if self.is_main:
-            digests = {name: d for files, _ in gathered for name, d in files.items()}
-            rng = [e["rng"] for _, e in gathered]
-            error = _attempt(
-                _commit_sharded, run_dir, step, tmp, {**extra, "rng_by_rank": rng}, state, keep, protect, digests
-            )
-        self._agree_ok(error)
-        return checkpoint_root(run_dir) / f"step_{step:06d}"
-
-    def _agree_ok(self, error: OSError | None) -> None:
-        """Raise the first failing rank's OSError on every rank, so the orchestrator's disk-full
-        handling runs alike everywhere (and no rank waits in a collective the others left)."""
-        failures = [None] * self.world
-        mine = None if error is None else (error.errno or errno.EIO, error.strerror or str(error))
-        dist.all_gather_object(failures, mine, group=_CPU_GROUP)
-        first = next((f for f in failures if f is not None), None)
-        if first is not None:
-            raise OSError(*first)
-
-    def read_checkpoint(self, path: Path) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any], dict[str, Any]]:
-        """load_checkpoint for this world size: data-parallel ranks read their own shards later
-        (load_weights, load_optimizer), and skip re-hashing every file: rank 0 verified this
-        checkpoint when it chose it (from_main(latest_valid / find_checkpoint))."""
-        if self.world == 1:
-            return load_checkpoint(path)
-        return load_checkpoint(path, full_weights=False, verified=True)
-
-    def load_model(
-        self, model: nn.Module, weights: dict[str, torch.Tensor] | None, state: dict[str, Any], path: Path
-    ) -> None:
-        """A checkpoint's model (read_checkpoint) into the (wrapped) model: its structure, then its
-        weights; `weights` None: this run's shards are read from the sharded checkpoint directly,
-        resharded to this world size."""
-        apply_structure(model, state)
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
-
-        if weights is None and is_legacy(weight_names(path)):
-            weights = read_sharded_weights(path)  # whole, to regroup its attention (model/upgrade.py)
-        if weights is None:
-            target = {"model": get_model_state_dict(model)}
-            _dcp_load(target, path, _CPU_GROUP if self.world > 1 else None)
-            set_model_state_dict(model, target["model"])
-        elif self.fsdp:  # whole tensors (a one-process checkpoint) scattered into shards
-            weights = upgrade_weights(weights, model.cfg)
-            set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
-        else:
-            load_weights(model, weights, path)
-
-    def load_optimizer(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, optim_state: dict[str, Any], path: Path
-    ) -> None:
-        """Optimizer state from either checkpoint format; also picks this rank's RNG state."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_optimizer_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        by_rank = optim_state.get("rng_by_rank")
-        if by_rank:
-            optim_state["rng"] = by_rank[self.rank] if self.rank < len(by_rank) else by_rank[0]
-        native = optim_state.get("optimizer")  # a one-process checkpoint's
-        if optim_state.get("fresh_optimizer") or (native is not None and not native["state"]):
-            return  # saved before the first step: the optimizer just built is that state (see save)
-        if is_legacy(weight_names(path)):
-            if native is None:
-                raise CheckpointError(
-                    f"{path}: a sharded checkpoint from before trimtab grouped the attention projection; "
-                    "its optimizer state cannot be resharded: start a new run from its weights "
-                    f"(train.init_from: {path})"
-                )
-            native = upgrade_optimizer(native, _param_names(model, optimizer), model.cfg)
-        if "optimizer" not in optim_state:  # sharded: read this world size's shards
-            target = {"optim": get_optimizer_state_dict(model, optimizer)}
-            _dcp_load(target, path, _CPU_GROUP if self.world > 1 else None)
-            set_optimizer_state_dict(model, optimizer, target["optim"])
-        elif self.fsdp:  # a one-process checkpoint: name its state by parameter, then shard it
-            set_optimizer_state_dict(
-                model,
-                optimizer,
-                _named_optim_state(model, optimizer, native),
-                options=StateDictOptions(full_state_dict=True),
-            )
-        else:
-            optimizer.load_state_dict(native)
 
 
 class _ShardedScaler(torch.amp.GradScaler):
@@ -519,6 +382,17 @@ def _sum_hook(_state, bucket):  # unannotated: DDP checks annotations, which are
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
+def _replicate_grads(model: nn.Module) -> None:
+    """Tensor parallelism leaves the gradient of a replicated weight that saw only this rank's
+    part of the sequence (the sequence-parallel norms) as a partial sum: all-reduce it, so the
+    optimizer and the gradient norm see the whole one (FSDP2 does this in its reduce-scatter)."""
+    from torch.distributed.tensor import DTensor
+
+    for p in model.parameters():
+        if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+            p.grad = p.grad.redistribute(placements=p.placements)
+
+
 def _router_tensors(routers: Any, model: nn.Module) -> list[torch.Tensor]:
     """The step's router telemetry (training.runtime.RouterStats) and each MoE layer's load since
     the last bias update: summed over ranks so that the balancing bias and the orchestrator's MoE
@@ -532,77 +406,3 @@ def _router_tensors(routers: Any, model: nn.Module) -> list[torch.Tensor]:
         out.append(mod)
     out += [layer.load for _, layer in model.moe_layers()]
     return out
-
-
-def _param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
-    """The optimizer's parameters' names, in the order optimizer.state_dict() numbers them."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-
-
-def _named_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, native: dict[str, Any]) -> dict[str, Any]:
-    """optimizer.state_dict() (parameters numbered in group order) keyed by parameter name, the
-    form set_optimizer_state_dict takes."""
-    fqns = _param_names(model, optimizer)
-    return {
-        "state": {fqns[i]: v for i, v in native["state"].items()},
-        "param_groups": [{**g, "params": [fqns[i] for i in g["params"]]} for g in native["param_groups"]],
-    }
-
-
-def _dcp_save(app: dict[str, Any], where: Path, group: Any) -> None:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    try:
-        dcp.save(app, checkpoint_id=str(where), process_group=group)
-    except CheckpointException as exc:  # a BaseException: make a failed write an OSError
-        failures = [e for e, _ in exc.failures.values()]
-        first = next((e for e in failures if isinstance(e, OSError)), None)
-        code = getattr(first, "errno", None) or errno.EIO
-        raise OSError(code, f"sharded checkpoint write failed: {first or exc}") from exc
-
-
-def _dcp_load(target: dict[str, Any], path: Path, group: Any) -> None:
-    import torch.distributed.checkpoint as dcp
-
-    dcp.load(
-        target, checkpoint_id=str(Path(path) / SHARDED), process_group=group, no_dist=group is None and not _active()
-    )
-
-
-def _fresh_dir(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-
-
-def _commit_sharded(
-    run_dir: Path,
-    step: int,
-    tmp: Path,
-    extra: dict[str, Any],
-    state: dict[str, Any],
-    keep: int,
-    protect: tuple[int, ...],
-    digests: dict[str, Any],
-) -> None:
-    torch.save(extra, tmp / "optim.pt")
-    commit_checkpoint(run_dir, step, tmp, state, keep, protect, digests)
-
-
-def _attempt(fn: Callable[..., Any], *args: Any) -> OSError | None:
-    """fn(*args); the OSError it raised (disk full, ...) instead of raising it, None if it worked."""
-    try:
-        fn(*args)
-    except OSError as exc:
-        return exc
-    return None
-
-
-def _attempt_value(fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
-    try:
-        return True, fn(*args)
-    except Exception as exc:  # sent to the other ranks, which raise it too
-        return False, exc

@@ -1,0 +1,221 @@
+"""Checkpoints under torchrun: every rank writes its shards with torch.distributed.checkpoint
+(DCP) into one temp directory, rank 0 commits; reading reshards to this run's world size and
+mesh (docs/distributed.md, "Checkpoints")."""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trimtab.checkpoint import (
+    SHARDED,
+    apply_structure,
+    checkpoint_root,
+    commit_checkpoint,
+    digest_files,
+    load_checkpoint,
+    load_weights,
+    read_sharded_weights,
+    save_checkpoint,
+    weight_names,
+)
+from trimtab.distributed.group import active, attempt, cpu_group
+from trimtab.errors import CheckpointError
+from trimtab.model.upgrade import is_legacy, upgrade_optimizer, upgrade_weights
+
+
+class Checkpoints:
+    """The checkpoint half of Parallel (world, rank, is_main, sharded come from it)."""
+
+    def save(
+        self,
+        run_dir: Path,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        extra: dict[str, Any],
+        state: dict[str, Any],
+        keep: int,
+        protect: tuple[int, ...],
+        before: Callable[[], None],
+    ) -> Path:
+        """One process: model.safetensors + optim.pt. Data-parallel: every rank writes its shards
+        (torch.distributed.checkpoint) into a temp dir; rank 0 writes optim.pt (every rank's RNG)
+        and state.json, then renames. `before` runs first on every rank (hooks; they may fail)."""
+        if self.world == 1:
+            before()
+            return save_checkpoint(
+                run_dir,
+                step,
+                model.state_dict(),
+                {"optimizer": optimizer.state_dict(), **extra},
+                state,
+                keep=keep,
+                protect=protect,
+            )
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        self._agree_ok(attempt(before))
+        tmp = checkpoint_root(run_dir) / f".tmp_step_{step:06d}_sharded"
+        self._agree_ok(attempt(_fresh_dir, tmp) if self.is_main else None)
+        # An optimizer before its first step (the initial checkpoint) has no state to save, and asking
+        # DCP for it would initialise it with a zero-gradient step (AdamW's step count moves): skip it.
+        fresh = not optimizer.state
+        extra = {**extra, "fresh_optimizer": fresh}
+        app = {"model": get_model_state_dict(model)}
+        if not fresh:
+            app["optim"] = get_optimizer_state_dict(model, optimizer)
+        self._agree_ok(attempt(_dcp_save, app, tmp / SHARDED, cpu_group()))
+        mine = digest_files(sorted((tmp / SHARDED).glob(f"__{self.rank}_*.distcp")), tmp)
+        gathered = [None] * self.world if self.is_main else None
+        dist.gather_object((mine, extra), gathered, dst=0, group=cpu_group())
+        error = None
+        if self.is_main:
+            digests = {name: d for files, _ in gathered for name, d in files.items()}
+            rng = [e["rng"] for _, e in gathered]
+            error = attempt(
+                _commit_sharded, run_dir, step, tmp, {**extra, "rng_by_rank": rng}, state, keep, protect, digests
+            )
+        self._agree_ok(error)
+        return checkpoint_root(run_dir) / f"step_{step:06d}"
+
+    def _agree_ok(self, error: OSError | None) -> None:
+        """Raise the first failing rank's OSError on every rank, so the orchestrator's disk-full
+        handling runs alike everywhere (and no rank waits in a collective the others left)."""
+        failures = [None] * self.world
+        mine = None if error is None else (error.errno or errno.EIO, error.strerror or str(error))
+        dist.all_gather_object(failures, mine, group=cpu_group())
+        first = next((f for f in failures if f is not None), None)
+        if first is not None:
+            raise OSError(*first)
+
+    def read_checkpoint(self, path: Path) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any], dict[str, Any]]:
+        """load_checkpoint for this world size: data-parallel ranks read their own shards later
+        (load_weights, load_optimizer), and skip re-hashing every file: rank 0 verified this
+        checkpoint when it chose it (from_main(latest_valid / find_checkpoint))."""
+        if self.world == 1:
+            return load_checkpoint(path)
+        return load_checkpoint(path, full_weights=False, verified=True)
+
+    def load_model(
+        self, model: nn.Module, weights: dict[str, torch.Tensor] | None, state: dict[str, Any], path: Path
+    ) -> None:
+        """A checkpoint's model (read_checkpoint) into the (wrapped) model: its structure, then its
+        weights; `weights` None: this run's shards are read from the sharded checkpoint directly,
+        resharded to this world size."""
+        apply_structure(model, state)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+        if weights is None and is_legacy(weight_names(path)):
+            weights = read_sharded_weights(path)  # whole, to regroup its attention (model/upgrade.py)
+        if weights is None:
+            target = {"model": get_model_state_dict(model)}
+            _dcp_load(target, path, cpu_group() if self.world > 1 else None)
+            set_model_state_dict(model, target["model"])
+        elif self.sharded:  # whole tensors (a one-process checkpoint) scattered into shards
+            weights = upgrade_weights(weights, model.cfg)
+            set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+        else:
+            load_weights(model, weights, path)
+
+    def load_optimizer(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, optim_state: dict[str, Any], path: Path
+    ) -> None:
+        """Optimizer state from either checkpoint format; also picks this rank's RNG state."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        by_rank = optim_state.get("rng_by_rank")
+        if by_rank:
+            optim_state["rng"] = by_rank[self.rank] if self.rank < len(by_rank) else by_rank[0]
+        native = optim_state.get("optimizer")  # a one-process checkpoint's
+        if optim_state.get("fresh_optimizer") or (native is not None and not native["state"]):
+            return  # saved before the first step: the optimizer just built is that state (see save)
+        if is_legacy(weight_names(path)):
+            if native is None:
+                raise CheckpointError(
+                    f"{path}: a sharded checkpoint from before trimtab grouped the attention projection; "
+                    "its optimizer state cannot be resharded: start a new run from its weights "
+                    f"(train.init_from: {path})"
+                )
+            native = upgrade_optimizer(native, _param_names(model, optimizer), model.cfg)
+        if "optimizer" not in optim_state:  # sharded: read this world size's shards
+            target = {"optim": get_optimizer_state_dict(model, optimizer)}
+            _dcp_load(target, path, cpu_group() if self.world > 1 else None)
+            set_optimizer_state_dict(model, optimizer, target["optim"])
+        elif self.sharded:  # a one-process checkpoint: name its state by parameter, then shard it
+            set_optimizer_state_dict(
+                model,
+                optimizer,
+                _named_optim_state(model, optimizer, native),
+                options=StateDictOptions(full_state_dict=True),
+            )
+        else:
+            optimizer.load_state_dict(native)
+
+
+def _param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The optimizer's parameters' names, in the order optimizer.state_dict() numbers them."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def _named_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, native: dict[str, Any]) -> dict[str, Any]:
+    """optimizer.state_dict() (parameters numbered in group order) keyed by parameter name, the
+    form set_optimizer_state_dict takes."""
+    fqns = _param_names(model, optimizer)
+    return {
+        "state": {fqns[i]: v for i, v in native["state"].items()},
+        "param_groups": [{**g, "params": [fqns[i] for i in g["params"]]} for g in native["param_groups"]],
+    }
+
+
+def _dcp_save(app: dict[str, Any], where: Path, group: Any) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        dcp.save(app, checkpoint_id=str(where), process_group=group)
+    except CheckpointException as exc:  # a BaseException: make a failed write an OSError
+        failures = [e for e, _ in exc.failures.values()]
+        first = next((e for e in failures if isinstance(e, OSError)), None)
+        code = getattr(first, "errno", None) or errno.EIO
+        raise OSError(code, f"sharded checkpoint write failed: {first or exc}") from exc
+
+
+def _dcp_load(target: dict[str, Any], path: Path, group: Any) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(
+        target, checkpoint_id=str(Path(path) / SHARDED), process_group=group, no_dist=group is None and not active()
+    )
+
+
+def _fresh_dir(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+
+
+def _commit_sharded(
+    run_dir: Path,
+    step: int,
+    tmp: Path,
+    extra: dict[str, Any],
+    state: dict[str, Any],
+    keep: int,
+    protect: tuple[int, ...],
+    digests: dict[str, Any],
+) -> None:
+    torch.save(extra, tmp / "optim.pt")
+    commit_checkpoint(run_dir, step, tmp, state, keep, protect, digests)

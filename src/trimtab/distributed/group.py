@@ -1,0 +1,73 @@
+"""Process-group helpers every module may use (rank 0 speaks for the job; host numbers agreed
+through a gloo group, so NCCL runs add no device sync for them)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+_CPU_GROUP: Any = None  # gloo group for host-side agreement; None: the default group (gloo runs)
+
+
+def cpu_group() -> Any:
+    return _CPU_GROUP
+
+
+def set_cpu_group(group: Any) -> None:
+    global _CPU_GROUP
+    _CPU_GROUP = group
+
+
+def active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if active() else int(os.environ.get("RANK", "0"))
+
+
+def is_main() -> bool:
+    """Rank 0 writes the run directory's logs, metrics, journal and console output."""
+    return rank() == 0
+
+
+def all_max(values: list[float]) -> list[float]:
+    """Elementwise maximum over ranks of host numbers (step times, memory, flags)."""
+    if not active():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=cpu_group())
+    return t.tolist()
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's `obj` on every rank (what rank 0 read from disk)."""
+    if not active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=cpu_group())
+    return box[0]
+
+
+class PeerOutOfMemory(torch.OutOfMemoryError):
+    """Another rank ran out of memory: this rank shrinks its micro-batch with it."""
+
+
+def attempt(fn: Callable[..., Any], *args: Any) -> OSError | None:
+    """fn(*args); the OSError it raised (disk full, ...) instead of raising it, None if it worked."""
+    try:
+        fn(*args)
+    except OSError as exc:
+        return exc
+    return None
+
+
+def attempt_value(fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+    try:
+        return True, fn(*args)
+    except Exception as exc:  # sent to the other ranks, which raise it too
+        return False, exc

@@ -1,0 +1,65 @@
+"""The device mesh: how torchrun's ranks split into data-parallel replicas and tensor-parallel
+groups (torch.distributed.device_mesh).
+
+    ranks 0..world-1 as a (dp, tp) grid, row-major: rank r is tensor-parallel rank r % tp of
+    data-parallel replica r // tp
+
+Tensor-parallel groups are the innermost dimension, so on a multi-GPU node they are neighbouring
+GPUs (NVLink), as torchtitan and Megatron-LM place them: TP communicates in every layer, DP once
+per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from trimtab.config.distributed import DistributedConfig
+from trimtab.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Mesh:
+    dp: int = 1  # data-parallel replicas (DDP / FSDP2 over them)
+    tp: int = 1  # tensor-parallel ranks per replica
+    device_mesh: Any = None  # torch DeviceMesh ("dp", "tp"); None in one process
+
+    @classmethod
+    def single(cls) -> Mesh:
+        return cls()
+
+    @classmethod
+    def of(cls, cfg: DistributedConfig, world: int) -> Mesh:
+        """The sizes for `world` processes; an error naming the key when they do not fit."""
+        if world % cfg.tp:
+            raise ConfigError(
+                f"config key 'distributed.tp' is {cfg.tp}, which does not divide the {world} processes of "
+                "this launch; start a multiple of it (torchrun --nproc_per_node x --nnodes) or lower it"
+            )
+        mesh = cls(dp=world // cfg.tp, tp=cfg.tp)
+        if mesh.tp > 1 and mesh.dp > 1 and cfg.strategy == "ddp":
+            raise ConfigError(
+                f"distributed.tp={cfg.tp} with {mesh.dp} data-parallel replicas needs distributed.strategy=fsdp "
+                "(DDP cannot replicate tensor-parallel weights; FSDP2 shards them over the replicas)"
+            )
+        return mesh
+
+    def build(self, device: torch.device) -> Mesh:
+        """The same sizes with torch's DeviceMesh over the initialised process group."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        grid = init_device_mesh(device.type, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
+        return dataclasses.replace(self, device_mesh=grid)
+
+    def dp_rank(self, rank: int) -> int:
+        return rank // self.tp
+
+    @property
+    def dp_group(self) -> Any:
+        """The process group of this rank's data-parallel peers (None: every rank, the default)."""
+        return None if self.tp == 1 or self.device_mesh is None else self.device_mesh["dp"].get_group()
+
+    def __getitem__(self, name: str) -> Any:
+        return self.device_mesh[name]
