@@ -1,0 +1,243 @@
+"""GPU training speed: bf16 MFU of a preset's whole training step, trimtab vs a plain loop over
+the same model, eager and torch.compile'd.
+
+    python bench/gpu.py [--preset dense-1b] [--steps 8] [--warmup 3] [--reps 3]
+                        [--set model.n_layers=4 ...]   # e.g. moe-7b-shaped layers that fit one GPU
+    python bench/gpu.py --dry-run                       # on a CPU: debug preset, 1 step, no report
+
+Variants, each in its own subprocess (so peak memory is its own), run interleaved `--reps` times:
+
+    trimtab          trimtab.training.Trainer.fit (the product: bf16 autocast, chunked fused
+                     cross-entropy, fused AdamW, the orchestrator on), train.compile=false
+    trimtab-compile  the same with train.compile=true
+    plain            a bare loop over the same model and batches: bf16 autocast, full-logits
+                     F.cross_entropy, fused AdamW, clip; no orchestrator, no wrapping
+
+In one process trimtab's parallel layer wraps nothing (distributed.tp=1, world 1: Parallel.wrap
+returns the model itself or its compiled form), so trimtab / plain is the whole cost of the stack
+around the step: the parallel layer, the hooks and the orchestrator.
+
+MFU = tokens/s x Transformer.flops_per_token(seq_len) / the GPU's dense bf16 peak
+(hardware.GPUS; 989 TFLOP/s for an H100 SXM). Time is wall time between step ends after a CUDA
+synchronize (the trainer's loss read syncs every step). Results go to BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _benchfile import replace_section  # bench/_benchfile.py, next to this file
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = ("trimtab", "trimtab-compile", "plain")
+
+
+def _config(args: argparse.Namespace, out: str, compile_: bool):
+    from trimtab.config import load_config
+
+    steps = args.warmup + args.steps
+    sets = [
+        "log.progress=false",
+        "train.eval_every=0",
+        "checkpoint.every=0",
+        f"train.max_steps={steps}",
+        f"train.compile={str(compile_).lower()}",
+        f"train.batch_tokens={args.batch_tokens}",
+        f"train.micro_batch_tokens={args.micro_batch_tokens}",
+        f"data.max_bytes={args.data_bytes}",
+        *args.set,
+    ]
+    if args.dry_run:
+        sets += ["train.device=cpu"]
+    return load_config(preset=args.preset, overrides={"out": out}, sets=sets)
+
+
+def run_trimtab(args: argparse.Namespace, compile_: bool) -> dict:
+    import torch
+
+    from trimtab.training.hooks import Hook
+    from trimtab.training.setup import setup
+    from trimtab.training.trainer import Trainer
+
+    class Clock(Hook):
+        def __init__(self):
+            self.marks: list[tuple[float, int]] = []
+
+        def on_step_end(self, run, out):
+            _sync()
+            self.marks.append((time.perf_counter(), run.tokens))
+
+    with tempfile.TemporaryDirectory() as out:
+        cfg = _config(args, out, compile_)
+        clock = Clock()
+        trainer = Trainer(setup(cfg), hooks=[clock])
+        start = time.perf_counter()
+        trainer.fit()
+        flops = trainer.flops_per_token
+    (t0, n0), (t1, n1) = clock.marks[args.warmup - 1], clock.marks[-1]
+    return _result(torch, (n1 - n0) / (t1 - t0), t0 - start, flops)
+
+
+def run_plain(args: argparse.Namespace) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from trimtab.data import BatchLoader, build_splits, get_tokenizer, read_documents
+    from trimtab.model import build_model
+    from trimtab.paths import cache_dir
+    from trimtab.training.setup import resolve_model
+
+    cfg = _config(args, "unused", False)
+    docs, _ = read_documents(cfg.data)
+    tok = get_tokenizer(cfg.data, docs, cache_dir())
+    rows, _ = build_splits(cfg.data, tok, docs, None, seed=cfg.train.seed)
+    resolve_model(cfg, tok)
+    loader = BatchLoader(rows, cfg.train.batch_tokens, cfg.train.micro_batch_tokens, cfg.train.seed, tok.pad_id)
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.model).to(device)
+    model.set_activation_checkpointing(cfg.train.activation_checkpointing)  # as the trainer does
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, fused=True)
+    dtype = torch.float32 if args.dry_run else torch.bfloat16
+    start = time.perf_counter()
+    for i in range(args.warmup + args.steps):
+        batch = loader.next_batch()
+        for micro in batch.micro:
+            inputs, targets = micro.inputs.to(device), micro.targets.to(device)
+            with torch.autocast(device.type, dtype=dtype, enabled=not args.dry_run):
+                logits = model(inputs)
+                loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum")
+                loss = loss / batch.n_targets
+                aux = model.aux_loss()  # MoE balance and z losses: the same objective as trimtab's
+                objective = loss if aux is None else loss + micro.n_targets / batch.n_targets * aux
+            objective.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+        if i == args.warmup - 1:
+            t0, n = time.perf_counter(), 0
+        elif i >= args.warmup:
+            n += batch.n_tokens
+    return _result(torch, n / (time.perf_counter() - t0), t0 - start, model.flops_per_token(cfg.data.seq_len))
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _result(torch, tokens_per_s: float, warmup_s: float, flops_per_token: int) -> dict:
+    from trimtab.hardware import gpu_named
+
+    found = gpu_named(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
+    peak = found[1].peak_flops if found else None
+    return {
+        "tokens_per_s": tokens_per_s,
+        "warmup_s": warmup_s,
+        "mfu": tokens_per_s * flops_per_token / peak if peak else None,
+        "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+    }
+
+
+def child(args: argparse.Namespace) -> None:
+    if args.variant == "plain":
+        result = run_plain(args)
+    else:
+        result = run_trimtab(args, compile_=args.variant == "trimtab-compile")
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def parent(args: argparse.Namespace) -> None:
+    variants = args.variants.split(",")
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    passthrough = [f"--set={s}" for s in args.set] + (["--dry-run"] if args.dry_run else [])
+    for name in ("preset", "steps", "warmup", "batch_tokens", "micro_batch_tokens", "data_bytes"):
+        passthrough.append(f"--{name.replace('_', '-')}={getattr(args, name)}")
+    for rep in range(args.reps):
+        for variant in variants:
+            cmd = [sys.executable, __file__, "--child", variant, *passthrough]
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+            if line is None:
+                sys.exit(f"{variant} failed:\n{out.stderr[-4000:]}")
+            result = json.loads(line[7:])
+            runs[variant].append(result)
+            mfu = f"MFU {result['mfu']:.1%}" if result["mfu"] else ""
+            print(f"rep {rep} {variant:16s} {result['tokens_per_s']:10,.0f} tok/s {mfu}", flush=True)
+            if args.save:  # after every run: a time limit that cuts the benchmark short keeps them
+                Path(args.save).write_text(json.dumps(runs))
+    section = report(args, runs)
+    print(section)
+    if not args.dry_run:
+        replace_section(ROOT / "BENCHMARKS.md", _heading(args), section)
+
+
+def _heading(args: argparse.Namespace) -> str:
+    shape = " ".join(f"--set {s}" for s in args.set)
+    return f"## GPU training step (`bench/gpu.py --preset {args.preset}{' ' + shape if shape else ''}`)"
+
+
+def report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
+    first = next(iter(runs.values()))[0]
+    lines = [
+        _heading(args),
+        "",
+        f"{time.strftime('%Y-%m-%d')}, {first['device']}, torch {first['torch']}, {platform.machine()}; "
+        f"bf16 autocast; {args.batch_tokens:,} tokens per step in micro-batches of "
+        f"{args.micro_batch_tokens:,}; {args.steps} timed steps after {args.warmup} warm-up steps, "
+        f"{args.reps} interleaved repetitions (each a fresh process).",
+        "",
+        "| variant | tokens/s (median) | all reps | MFU (median) | warm-up s | peak GPU memory GiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    med = {v: statistics.median(r["tokens_per_s"] for r in rs) for v, rs in runs.items()}
+    for v, rs in runs.items():
+        each = ", ".join(f"{r['tokens_per_s']:,.0f}" for r in rs)
+        mfus = [r["mfu"] for r in rs if r["mfu"]]
+        mfu = f"{statistics.median(mfus):.1%}" if mfus else "-"
+        mem = max((r["peak_mem_gb"] or 0) for r in rs)
+        warm = statistics.median(r["warmup_s"] for r in rs)
+        lines.append(f"| {v} | {med[v]:,.0f} | {each} | {mfu} | {warm:.1f} | {mem:.1f} |")
+    lines.append("")
+    for a, b in (("trimtab", "plain"), ("trimtab-compile", "trimtab")):
+        if a in runs and b in runs:
+            ratios = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(runs[a], runs[b])]
+            lines.append(
+                f"- {a} / {b}: **{med[a] / med[b]:.3f}x** (per repetition {min(ratios):.3f}-{max(ratios):.3f}x)"
+            )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="dense-1b")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--batch-tokens", type=int, default=65536)
+    parser.add_argument("--micro-batch-tokens", type=int, default=16384)
+    parser.add_argument("--data-bytes", type=int, default=24_000_000, help="builtin corpus bytes to read")
+    parser.add_argument("--set", action="append", default=[], help="a config override, key=value")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--save", help="also write the repetitions' results to this JSON file")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, debug preset, 1 step: checks it runs")
+    parser.add_argument("--child", dest="variant", help=argparse.SUPPRESS)
+    ns = parser.parse_args()
+    if ns.dry_run and ns.variant is None:
+        ns.preset, ns.steps, ns.warmup, ns.reps = "debug", 1, 1, 1
+        ns.batch_tokens, ns.micro_batch_tokens, ns.data_bytes = 512, 256, 2_000_000
+        ns.variants = "trimtab,plain"
+    child(ns) if ns.variant else parent(ns)
