@@ -48,7 +48,9 @@ def test_doctor_json_holds_every_fact(capsys):
         "memory",
         "distributed",
         "micro_batch",
+        "layout",
     }
+    assert facts["layout"] is None  # no GPU here: `trimtab plan --gpu` proposes one
     assert (
         facts["device"]["name"] == "cpu" and facts["distributed"]["gloo"] and facts["distributed"]["default"] == "gloo"
     )

@@ -17,7 +17,6 @@ from trimtab.config import load_config
 from trimtab.distributed.mesh import Mesh
 from trimtab.distributed.tensor import check_tensor_parallel
 from trimtab.errors import ConfigError
-from trimtab.model import build_model
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 TP2 = {"distributed": {"tp": 2}}
@@ -111,9 +110,9 @@ def test_tensor_parallel_settings_that_do_not_fit_are_named():
     assert Mesh.of(cfg.distributed, 2) == Mesh(dp=1, tp=2)
     with pytest.raises(ConfigError, match="distributed.tp"):
         load_config(preset="debug", sets=["distributed.tp=0"])
-    model = build_model(load_config(preset="debug", sets=["model.vocab_size=96", "model.n_kv_heads=1"]).model)
+    narrow = load_config(preset="debug", sets=["model.vocab_size=96", "model.n_kv_heads=1"]).model
     with pytest.raises(ConfigError, match="must divide model.n_kv_heads"):
-        check_tensor_parallel(model, 2)
+        check_tensor_parallel(narrow, 2)
     moe = load_config(preset="debug-moe", sets=["model.vocab_size=96"]).model
     with pytest.raises(ConfigError, match="moe layers, which are not tensor-parallel"):
-        check_tensor_parallel(build_model(moe), 2)
+        check_tensor_parallel(moe, 2)

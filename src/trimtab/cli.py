@@ -186,6 +186,7 @@ def _plan(args: argparse.Namespace) -> int:
             budget_hours=args.budget_hours,
             gpu=args.gpu,
             devices=args.devices,
+            gpus_per_node=args.gpus_per_node,
         )
     )
     return 0
@@ -339,7 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--budget-flops", type=float, metavar="F", help="compute budget in FLOPs")
     budget.add_argument("--budget-hours", type=float, metavar="H", help="compute budget in hours on the hardware")
     p.add_argument("--gpu", metavar="NAME", help="plan for this GPU (e.g. H100) instead of this machine")
-    p.add_argument("--devices", type=int, default=1, help="devices training together (default 1)")
+    p.add_argument(
+        "--gpus", "--devices", dest="devices", type=int, default=1, help="devices training together (default 1)"
+    )
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node, for the parallel layout (default 8)")
     p.set_defaults(func=_plan)
 
     p = sub.add_parser("presets", help="list the presets")

@@ -67,7 +67,22 @@ def collect(preset: str = "small", device: str = "auto", nproc: int = 1, strateg
         "memory": {k: None if v is None else round(v / GiB, 1) for k, v in memory.items()},
         "distributed": _distributed(dev),
         "micro_batch": micro,
+        "layout": _layout(cfg, dev),
     }
+
+
+def _layout(cfg: Any, dev: torch.device) -> dict[str, Any] | None:
+    """`trimtab plan`'s parallel layout over this machine's GPUs (None without a GPU it knows)."""
+    import dataclasses
+
+    from trimtab.hardware import gpu_named
+    from trimtab.plan.layout import format_layout, plan_layout
+    from trimtab.plan.memory import detect_hardware
+
+    if dev.type != "cuda" or gpu_named(torch.cuda.get_device_name(dev)) is None:
+        return None
+    plan = plan_layout(cfg, detect_hardware(devices=torch.cuda.device_count()))
+    return {**dataclasses.asdict(plan), "text": format_layout(plan, f"trimtab train --preset {cfg.preset}")}
 
 
 def format_report(facts: dict[str, Any]) -> str:
@@ -109,6 +124,13 @@ def format_report(facts: dict[str, Any]) -> str:
         lines.append(
             f"micro-batch for preset '{mb['preset']}': one row of {mb['tokens']:,} tokens does NOT fit "
             f"({sizes})" + (f"; FSDP over {need} such devices would (distributed.strategy=fsdp)" if need else "")
+        )
+    if facts["layout"]:
+        lines += facts["layout"]["text"]
+    else:
+        lines.append(
+            "parallel layout: needs a GPU of the datasheet table here; `trimtab plan --preset P --gpu H100 "
+            "--gpus N` proposes one for any cluster"
         )
     return "\n".join(lines)
 

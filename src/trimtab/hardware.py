@@ -113,6 +113,7 @@ def _matmul_seconds(dtype: torch.dtype, n: int = 1024, reps: int = 3) -> float:
 class Gpu:
     peak_flops: float  # dense tensor-core FLOP/s (no sparsity), per GPU
     memory_gb: int  # the largest memory variant, GB (10^9 bytes)
+    link: float  # GPU-to-GPU bandwidth inside a node, bytes/s each way (NVLink, else PCIe)
     dtype: str = "bf16"  # what peak_flops is for: pre-Ampere GPUs have no bf16, their fp16 figure
 
 
@@ -120,17 +121,19 @@ class Gpu:
 # figures where there are several); the Ada (RTX 4090) and Ampere GA102 (RTX 3090) whitepapers,
 # bf16 with fp32 accumulate. Device names are matched by substring in this order, so a longer key
 # comes before its prefix (A100 before A10, L40S before L4).
+# Links: NVLink 4 (H100, H200 SXM) 900 GB/s both ways, NVLink 3 (A100 SXM) 600, NVLink 2
+# (V100 SXM2) 300; the others talk over PCIe 4.0 x16 (32 GB/s each way; T4: PCIe 3.0, 16).
 GPUS = {
-    "H200": Gpu(989e12, 141),
-    "H100": Gpu(989e12, 80),
-    "A100": Gpu(312e12, 80),
-    "L40S": Gpu(362e12, 48),
-    "A10": Gpu(125e12, 24),
-    "L4": Gpu(121e12, 24),
-    "4090": Gpu(165e12, 24),
-    "3090": Gpu(71e12, 24),
-    "V100": Gpu(125e12, 32, "fp16"),
-    "T4": Gpu(65e12, 16, "fp16"),
+    "H200": Gpu(989e12, 141, 450e9),
+    "H100": Gpu(989e12, 80, 450e9),
+    "A100": Gpu(312e12, 80, 300e9),
+    "L40S": Gpu(362e12, 48, 32e9),
+    "A10": Gpu(125e12, 24, 32e9),
+    "L4": Gpu(121e12, 24, 32e9),
+    "4090": Gpu(165e12, 24, 32e9),
+    "3090": Gpu(71e12, 24, 32e9),
+    "V100": Gpu(125e12, 32, 150e9, "fp16"),
+    "T4": Gpu(65e12, 16, 16e9, "fp16"),
 }
 
 

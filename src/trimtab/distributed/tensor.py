@@ -20,16 +20,19 @@ Mixture-of-Depths layers are not tensor-parallel yet.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from trimtab.errors import ConfigError
 
+if TYPE_CHECKING:
+    from trimtab.config import ModelConfig
 
-def check_tensor_parallel(model: nn.Module, tp: int) -> None:
-    """A ConfigError naming the setting that does not split over `tp` ranks."""
-    cfg = model.cfg
+
+def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
+    """A ConfigError naming the setting of the (resolved) model config that does not split over
+    `tp` ranks. The planner asks the same question (plan/layout.py)."""
     sizes = {"model.n_kv_heads": cfg.n_kv_heads, "model.ffn_hidden": cfg.ffn_hidden, "model.vocab_size": cfg.vocab_size}
     for key, size in sizes.items():
         if size % tp:
@@ -60,7 +63,7 @@ def apply_tensor_parallel(model: nn.Module, mesh: Any) -> None:
         parallelize_module,
     )
 
-    check_tensor_parallel(model, mesh.size())
+    check_tensor_parallel(model.cfg, mesh.size())
     tied = model.cfg.tie_embeddings
     sequence = (Shard(1),)  # the residual stream's layout between blocks: [B, T/tp, D] on each rank
     parallelize_module(

@@ -12,6 +12,7 @@ from typing import Any
 
 from trimtab.config import RunConfig, load_config
 from trimtab.errors import ConfigError
+from trimtab.hardware import gpu_named
 from trimtab.plan.chinchilla import (
     BudgetPlan,
     DataPlan,
@@ -23,6 +24,7 @@ from trimtab.plan.chinchilla import (
     model_size,
     nearest_preset,
 )
+from trimtab.plan.layout import LayoutPlan, format_layout, plan_layout
 from trimtab.plan.memory import Hardware, MemoryPlan, detect_hardware, hours, memory_plan, named_gpu
 
 
@@ -49,6 +51,8 @@ class Plan:
     hours: float | None
     run_hours: float | None
     budget: BudgetPlan | None = None
+    layout: LayoutPlan | None = None  # on a GPU of hardware.GPUS: mesh, micro-batch, checkpointing
+    launch: str = ""  # what the layout's torchrun line runs
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -63,9 +67,12 @@ def make_plan(
     budget_flops: float | None = None,
     budget_hours: float | None = None,
     hardware: Hardware | None = None,
+    gpus_per_node: int = 8,
+    launch: str = "",
 ) -> Plan:
     """The plan for `cfg`. Data: `dataset_tokens`, or counted at `data_path`; budget: FLOPs or
-    hours on `hardware` (default: this machine, through hardware.py)."""
+    hours on `hardware` (default: this machine, through hardware.py); on GPUs, the parallel
+    layout over hardware.devices of them, `gpus_per_node` to a node."""
     _check_inputs(dataset_tokens, budget_flops, budget_hours)
     hw = hardware or detect_hardware(cfg.train.precision)
     size = model_size(cfg, _tokenizer_vocab(cfg))
@@ -108,6 +115,9 @@ def make_plan(
     )
     if budget_flops or budget_hours:
         plan.budget = _budget(size, hw, mfu, batch, k, budget_flops, budget_hours)
+    if hw.kind == "cuda" and gpu_named(hw.name) and hw.memory_bytes:
+        plan.layout = plan_layout(cfg, hw, gpus_per_node)
+        plan.launch = launch or f"trimtab train --preset {cfg.preset}"
     plan.notes = _notes(plan)
     return plan
 
@@ -211,6 +221,8 @@ def format_plan(plan: Plan) -> str:
     ]
     if plan.budget:
         lines += _budget_lines(plan.budget, s)
+    if plan.layout:
+        lines += [""] + format_layout(plan.layout, plan.launch)
     lines += ["", "Notes"] + [f"  - {n}" for n in plan.notes]
     return "\n".join(lines)
 
@@ -278,6 +290,7 @@ def plan_command(
     budget_hours: float | None = None,
     gpu: str | None = None,
     devices: int = 1,
+    gpus_per_node: int = 8,
 ) -> str:
     """What `trimtab plan` does: resolve the config, plan, save; returns the text to print."""
     cfg = load_config(config, preset=preset, sets=sets)
@@ -292,6 +305,8 @@ def plan_command(
         budget_flops=budget_flops,
         budget_hours=budget_hours,
         hardware=hardware,
+        gpus_per_node=gpus_per_node,
+        launch=f"trimtab train {config}" if config else f"trimtab train --preset {cfg.preset}",
     )
     json_path, txt_path = save_plan(plan, out or cfg.run_dir)
     return f"{format_plan(plan)}\n\nsaved {json_path} and {txt_path}"

@@ -1,0 +1,334 @@
+"""How to lay a run out over N GPUs: the mesh (tensor-parallel size, data-parallel strategy),
+the micro-batch and activation checkpointing, with the memory each GPU holds and an estimated
+step time; `trimtab plan --gpu H100 --gpus 64` and `trimtab doctor` print it (docs/distributed.md).
+
+Every layout trimtab can run is tried (tp in 1, 2, 4, 8 within a node where the model splits;
+DDP or FSDP2 over the replicas; checkpointing off or on) and the fastest that fits is proposed.
+Per GPU, with P parameters, tp tensor-parallel ranks, dp replicas:
+
+    model state   16 P / tp, / dp under FSDP (plan/memory.py: fp32 weights, gradients, moments)
+    FSDP buffers  the largest block gathered twice (this one and the prefetched next) in the
+                  compute dtype plus its fp32 gradient, and the root (embedding, head) gathered
+    activations   micro-batch tokens x plan/memory.py's bytes per token / tp (sequence parallelism
+                  shards the norms and the residual stream too: Korthikanti et al. 2022, eq. 5)
+
+Step time: compute = FLOPs per token x batch tokens / (N x peak x plan.mfu), x 4/3 with
+checkpointing (a second forward). Communication, ring collectives at 80% of the link (what NCCL's
+bus bandwidth reaches), tensor-parallel groups inside a node (NVLink), replicas across nodes when
+the job spans several (the network: one 400 Gb/s NIC per GPU, the DGX/HGX H100 reference):
+
+    tensor parallel  per layer and micro-batch 4 all-gathers / reduce-scatters of the
+                     [tokens, d_model] activations forward and 4 backward (6 forward with
+                     checkpointing), each moving (tp-1)/tp of them; on the critical path
+    DDP              one all-reduce of the fp32 gradients, 2 (dp-1)/dp x 4 P / tp bytes, hidden
+                     behind the last micro-batch's backward where it can be
+    FSDP2            per micro-batch the weights gathered forward and backward in the compute dtype
+                     and the fp32 gradients reduce-scattered, (dp-1)/dp x (2 + 2 + 4) P / tp
+                     bytes, hidden behind that micro-batch's compute where it can be
+
+A starting point, not a promise: smaller tensor-parallel matmuls run below plan.mfu, and a
+network other than the reference changes the data-parallel terms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from trimtab.config import RunConfig
+from trimtab.distributed.tensor import check_tensor_parallel
+from trimtab.errors import ConfigError
+from trimtab.hardware import gpu_named
+from trimtab.model.catalog import meta_model
+from trimtab.plan.memory import USABLE_FRACTION, Hardware, activation_bytes_per_token, activation_width
+
+NETWORK = 50e9  # bytes/s per GPU between nodes, each way: 400 Gb/s InfiniBand / RoCE per GPU
+BUS_EFFICIENCY = 0.8  # share of the link a ring collective's bus bandwidth reaches
+TP_SIZES = (1, 2, 4, 8)
+
+
+@dataclass(kw_only=True)
+class Layout:
+    tp: int
+    dp: int
+    strategy: str  # ddp | fsdp
+    checkpointing: bool
+    micro_batch_tokens: int  # per rank; 0 when not even one row fits
+    accumulation: int  # micro-batches per replica per step
+    state_bytes: int  # per GPU
+    buffer_bytes: int  # FSDP's gathered weights and gradients
+    activation_bytes: int
+    memory_bytes: int  # the three together
+    compute_s: float
+    tp_comm_s: float
+    dp_comm_s: float  # exposed (not hidden behind compute)
+    step_s: float
+    mfu: float  # the estimated step's model FLOPs utilisation
+
+    @property
+    def fits(self) -> bool:
+        return self.micro_batch_tokens > 0
+
+    def settings(self) -> list[str]:
+        """--set overrides that give a run this layout."""
+        parallel = (
+            [f"distributed.strategy={self.strategy}", f"distributed.tp={self.tp}"] if self.tp * self.dp > 1 else []
+        )
+        return parallel + [
+            f"train.micro_batch_tokens={self.micro_batch_tokens}",
+            f"train.activation_checkpointing={str(self.checkpointing).lower()}",
+        ]
+
+
+@dataclass(kw_only=True)
+class LayoutPlan:
+    gpus: int
+    gpus_per_node: int
+    gpu: str
+    link: float  # bytes/s inside a node
+    network: float  # bytes/s between nodes
+    best: Layout | None
+    candidates: list[Layout]  # every layout tried, fastest that fits first
+    reasons: list[str] = field(default_factory=list)  # why the best, and what was ruled out
+    gpus_needed: int | None = None  # when nothing fits: the fewest GPUs (a power of two) that would
+
+
+def plan_layout(cfg: RunConfig, hw: Hardware, gpus_per_node: int = 8) -> LayoutPlan:
+    """The layouts of `cfg` over hw.devices GPUs of hw's kind, best first."""
+    found = gpu_named(hw.name)
+    if found is None or hw.memory_bytes is None or not hw.peak_flops:
+        raise ConfigError(f"{hw.name}: a parallel layout needs a GPU of hardware.GPUS (e.g. --gpu H100)")
+    if gpus_per_node < 1:
+        raise ConfigError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
+    shape = _Shape.of(cfg)
+    candidates, reasons = _search(cfg, shape, hw, gpus_per_node)
+    best = candidates[0] if candidates and candidates[0].fits else None
+    per_node = min(gpus_per_node, hw.devices)
+    plan = LayoutPlan(
+        gpus=hw.devices,
+        gpus_per_node=per_node,
+        gpu=found[0],
+        link=found[1].link,
+        network=NETWORK if hw.devices > per_node else found[1].link,
+        best=best,
+        candidates=candidates,
+        reasons=reasons,
+    )
+    if best is None:
+        plan.gpus_needed = _gpus_needed(cfg, shape, hw, gpus_per_node)
+    return plan
+
+
+def _search(cfg: RunConfig, shape: _Shape, hw: Hardware, gpus_per_node: int) -> tuple[list[Layout], list[str]]:
+    """Every layout over hw.devices GPUs, the fastest that fits first; and why sizes were ruled out."""
+    per_node = min(gpus_per_node, hw.devices)
+    link = gpu_named(hw.name)[1].link
+    network = NETWORK if hw.devices > per_node else link
+    candidates, reasons = [], []
+    for tp in TP_SIZES:
+        why = _tp_problem(cfg, tp, hw.devices, per_node)
+        if why:
+            reasons.append(why) if why != "-" else None
+            if "must divide" not in why:  # a limit of the model or the node: larger sizes share it
+                break
+            continue
+        for strategy, ckpt in _choices(tp, hw.devices // tp):
+            candidates.append(_layout(cfg, shape, hw, tp, strategy, ckpt, link, network))
+    candidates.sort(key=lambda c: (not c.fits, c.step_s if c.fits else c.memory_bytes))
+    return candidates, reasons
+
+
+@dataclass(frozen=True)
+class _Shape:
+    params: int
+    largest_block: int
+    root: int  # embedding, final norm, head
+    flops_per_token: int
+    d_model: int
+    n_layers: int
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> _Shape:
+        model = meta_model(cfg)
+        blocks = [sum(p.numel() for p in block.parameters()) for block in model.blocks]
+        total = model.num_params()
+        return cls(
+            params=total,
+            largest_block=max(blocks),
+            root=total - sum(blocks),
+            flops_per_token=model.flops_per_token(cfg.data.seq_len),
+            d_model=cfg.model.d_model,
+            n_layers=cfg.model.n_layers,
+        )
+
+
+def _tp_problem(cfg: RunConfig, tp: int, gpus: int, per_node: int) -> str:
+    """Why `tp` cannot be used here ('' when it can)."""
+    if gpus * cfg.data.seq_len > cfg.train.batch_tokens * tp:
+        return (
+            f"tp={tp}: {gpus // tp} replicas would share train.batch_tokens={cfg.train.batch_tokens:,}, "
+            f"less than one row of {cfg.data.seq_len:,} tokens each"
+        )
+    if tp == 1:
+        return ""
+    if tp > gpus:
+        return "-"  # not a choice on this many GPUs: nothing to explain
+    if tp > per_node or gpus % tp:
+        return f"tp={tp} and more: tensor-parallel groups stay inside a node of {per_node} GPUs"
+    resolved = dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or cfg.data.bpe_vocab_size)
+    try:
+        check_tensor_parallel(resolved, tp)
+    except ConfigError as exc:
+        return str(exc)
+    return ""
+
+
+def _choices(tp: int, dp: int) -> list[tuple[str, bool]]:
+    """(strategy, checkpointing) pairs: one replica needs no data parallelism (ddp stands for
+    none), and tensor parallelism with several replicas runs under FSDP2 only (distributed/mesh.py)."""
+    strategies = ["ddp"] if dp == 1 else ["fsdp"] if tp > 1 else ["ddp", "fsdp"]
+    return [(s, ckpt) for s in strategies for ckpt in (False, True)]
+
+
+def _layout(
+    cfg: RunConfig, model: _Shape, hw: Hardware, tp: int, strategy: str, ckpt: bool, link: float, network: float
+) -> Layout:
+    dp, p = hw.devices // tp, activation_width(hw.precision)
+    fsdp = strategy == "fsdp" and dp > 1
+    state = 16 * model.params // tp // (dp if fsdp else 1)
+    buffer = (model.largest_block * (2 * p + 4) + model.root * p) // tp if fsdp else 0
+    per_token = activation_bytes_per_token(cfg, p, ckpt) / tp
+    seq, replica_tokens = cfg.data.seq_len, cfg.train.batch_tokens // dp
+    rows = int((hw.memory_bytes * USABLE_FRACTION - state - buffer) // (per_token * seq))
+    rows = max(0, min(rows, replica_tokens // seq))
+    micro = rows * seq
+    accumulation = math.ceil(replica_tokens / micro) if micro else 0
+    flops = model.flops_per_token * cfg.train.batch_tokens
+    compute = flops / (hw.devices * hw.peak_flops * cfg.plan.mfu) * (4 / 3 if ckpt else 1)
+    tp_bytes = (tp - 1) / tp * replica_tokens * model.d_model * p * model.n_layers * (14 if ckpt else 8)
+    tp_comm = tp_bytes / (link * BUS_EFFICIENCY)
+    dp_bus = network * BUS_EFFICIENCY
+    if dp == 1:
+        dp_comm = 0.0
+    elif fsdp:  # every micro-batch: gathers forward and backward, gradient reduce-scatter
+        per_micro = (dp - 1) / dp * model.params / tp * (2 * p + 4) / dp_bus
+        dp_comm = max(0.0, per_micro - compute / max(accumulation, 1)) * max(accumulation, 1)
+    else:  # once: the last backward's all-reduce, overlapped with that backward (2/3 of it)
+        all_reduce = 2 * (dp - 1) / dp * 4 * model.params / tp / dp_bus
+        dp_comm = max(0.0, all_reduce - compute / max(accumulation, 1) * 2 / 3)
+    step = compute + tp_comm + dp_comm
+    activations = round((micro or seq) * per_token)  # what one row would need when none fits
+    return Layout(
+        tp=tp,
+        dp=dp,
+        strategy=strategy,
+        checkpointing=ckpt,
+        micro_batch_tokens=micro,
+        accumulation=accumulation,
+        state_bytes=state,
+        buffer_bytes=buffer,
+        activation_bytes=activations,
+        memory_bytes=state + buffer + activations,
+        compute_s=compute,
+        tp_comm_s=tp_comm,
+        dp_comm_s=dp_comm,
+        step_s=step,
+        mfu=flops / (hw.devices * hw.peak_flops * step),
+    )
+
+
+def _gpus_needed(cfg: RunConfig, shape: _Shape, hw: Hardware, gpus_per_node: int) -> int | None:
+    """The fewest GPUs, doubling, that some layout fits on (None: none up to what the batch's
+    rows can spread over)."""
+    n = hw.devices * 2
+    while n * cfg.data.seq_len <= cfg.train.batch_tokens * max(TP_SIZES):
+        candidates, _ = _search(cfg, shape, dataclasses.replace(hw, devices=n), gpus_per_node)
+        if candidates and candidates[0].fits:
+            return n
+        n *= 2
+    return None
+
+
+# ------------------------------------------------------------------------------------- as text
+
+
+def format_layout(plan: LayoutPlan, command: str) -> list[str]:
+    """The proposal, why, and the alternatives, for `trimtab plan` and `trimtab doctor`;
+    `command` is what the launch line runs (e.g. "trimtab train --preset dense-70b")."""
+    net = f", network {plan.network / 1e9:.0f} GB/s" if plan.network != plan.link else ""
+    lines = [
+        f"Parallel layout on {plan.gpus} x {plan.gpu} ({plan.gpus_per_node} per node; link "
+        f"{plan.link / 1e9:.0f} GB/s{net} per GPU; estimates: plan/layout.py)"
+    ]
+    b = plan.best
+    if b is None:
+        need = f"about {plan.gpus_needed} GPUs" if plan.gpus_needed else f"no number of {plan.gpu}s"
+        lines.append(f"  nothing fits: {need} would hold it with the parallelism trimtab has today")
+        lines += [f"  - {r}" for r in plan.reasons]
+        smallest = plan.candidates[0] if plan.candidates else None
+        if smallest:
+            lines.append(f"  the leanest layout needs {_memory(smallest)} per GPU with a single row")
+        if smallest and smallest.buffer_bytes > smallest.memory_bytes / 4:
+            lines.append(
+                "  FSDP gathers a whole block on every GPU, however many there are; only splitting inside "
+                "a block lowers that: tensor parallelism for dense layers, expert parallelism for MoE "
+                "layers (not in trimtab yet)"
+            )
+        return lines
+    replicas = "one replica" if b.dp == 1 else f"{b.dp} replicas under {'FSDP2' if b.strategy == 'fsdp' else 'DDP'}"
+    nodes = -(-plan.gpus // plan.gpus_per_node)
+    launcher = f"torchrun --nnodes {nodes} --nproc_per_node {plan.gpus_per_node} -m " if plan.gpus > 1 else ""
+    lines += [
+        f"  proposed   tp {b.tp} x dp {b.dp} ({replicas}), activation checkpointing "
+        f"{'on' if b.checkpointing else 'off'}; micro-batch {b.micro_batch_tokens:,} tokens x "
+        f"{b.accumulation} per replica per step",
+        f"  memory     {_memory(b)} per GPU",
+        f"  step       ~{_secs(b.step_s)}: compute {_secs(b.compute_s)} + tensor-parallel {_secs(b.tp_comm_s)} "
+        f"+ data-parallel exposed {_secs(b.dp_comm_s)}, MFU ~{b.mfu:.0%}",
+        f"  run it     {launcher}{command} " + " ".join(f"--set {s}" for s in b.settings()),
+        "  why",
+    ]
+    lines += [f"    - {line}" for line in _why(plan)]
+    lines.append("  alternatives (fastest first)     tp   dp  strategy  ckpt      micro   memory GiB   step s   MFU")
+    for c in plan.candidates[:8]:
+        micro = f"{c.micro_batch_tokens:>10,}" if c.fits else "   no fit "
+        lines.append(
+            f"{'':34}{c.tp:>2} {c.dp:>4}  {c.strategy if c.dp > 1 else '-':8}  {'on' if c.checkpointing else 'off':4}"
+            f" {micro}  {c.memory_bytes / 2**30:>10.1f}  "
+            + (f"{c.step_s:>7.3g}  {c.mfu:>4.0%}" if c.fits else f"{'-':>7}  {'-':>4}")
+        )
+    return lines
+
+
+def _why(plan: LayoutPlan) -> list[str]:
+    """For each setting, the best layout with each other value of it: what the choice won."""
+    b, lines = plan.best, []
+    for name, key in (("tensor parallel", "tp"), ("data parallel", "strategy"), ("checkpointing", "checkpointing")):
+        others = {}
+        for c in plan.candidates:  # fastest first: the first with a value is its best
+            value = getattr(c, key)
+            if value != getattr(b, key) and value not in others and (key != "strategy" or c.dp > 1):
+                others[value] = "does not fit" if not c.fits else f"{_secs(c.step_s)} ({c.step_s / b.step_s:.2f}x)"
+        if others:
+            shown = ", ".join(f"{_value(key, v)}: {t}" for v, t in others.items())
+            lines.append(f"{name}: {_value(key, getattr(b, key))} ({_secs(b.step_s)}) over {shown}")
+    return lines + plan.reasons
+
+
+def _value(key: str, value: object) -> str:
+    if key == "checkpointing":
+        return "on" if value else "off"
+    return f"tp={value}" if key == "tp" else str(value)
+
+
+def _memory(c: Layout) -> str:
+    buffers = f" + FSDP buffers {c.buffer_bytes / 2**30:.1f}" if c.buffer_bytes else ""
+    return (
+        f"{c.memory_bytes / 2**30:.1f} GiB (model state {c.state_bytes / 2**30:.1f}{buffers} + activations "
+        f"{c.activation_bytes / 2**30:.1f})"
+    )
+
+
+def _secs(s: float) -> str:
+    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.3g} s"

@@ -1,0 +1,96 @@
+"""The parallel layout `trimtab plan --gpu H100 --gpus N` proposes (plan/layout.py): it fits,
+it is the fastest of what was tried, it runs (the settings validate and the mesh accepts them),
+and what does not fit says why."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from trimtab.cli import main
+from trimtab.config import load_config
+from trimtab.distributed.mesh import Mesh
+from trimtab.distributed.tensor import check_tensor_parallel
+from trimtab.model.catalog import preset_catalog
+from trimtab.plan.layout import BUS_EFFICIENCY, plan_layout
+from trimtab.plan.memory import USABLE_FRACTION, named_gpu
+
+LARGE = [entry.name for entry in preset_catalog() if entry.total >= 1e9]
+
+
+@pytest.mark.parametrize("preset", LARGE)
+def test_every_large_preset_gets_a_layout_that_fits_and_runs_or_a_reason(preset):
+    cfg = load_config(preset=preset)
+    for gpus in (8, 64, 512):
+        hw = named_gpu("H100", gpus)
+        plan = plan_layout(cfg, hw)
+        if plan.best is None:
+            assert plan.reasons or plan.candidates, preset
+            assert plan.gpus_needed is None or plan.gpus_needed > gpus
+            continue
+        b = plan.best
+        assert b.tp * b.dp == gpus
+        assert b.memory_bytes <= hw.memory_bytes * USABLE_FRACTION
+        assert b.micro_batch_tokens % cfg.data.seq_len == 0
+        assert b.micro_batch_tokens * b.accumulation >= cfg.train.batch_tokens // b.dp
+        assert all(b.step_s <= c.step_s for c in plan.candidates if c.fits)
+        run = load_config(preset=preset, sets=b.settings())  # the proposal is a valid config ...
+        Mesh.of(run.distributed, gpus)  # ... the mesh accepts at this world size ...
+        if b.tp > 1:  # ... and the model splits
+            check_tensor_parallel(replace(run.model, vocab_size=run.data.bpe_vocab_size), b.tp)
+
+
+def test_a_70b_dense_model_on_64_gpus_is_sharded_and_split_inside_nodes():
+    plan = plan_layout(load_config(preset="dense-70b"), named_gpu("H100", 64))
+    b = plan.best
+    assert b.strategy == "fsdp" and b.tp in (1, 2, 4, 8)
+    ddp = [c for c in plan.candidates if c.strategy == "ddp"]
+    assert ddp == [] or not any(c.fits for c in ddp)  # 16 bytes x 70B replicated cannot fit
+    assert {c.tp for c in plan.candidates} == {1, 2, 4, 8}
+
+
+def test_tensor_parallel_traffic_is_the_analytical_volume():
+    """4 collectives forward and 4 backward per layer, each (tp-1)/tp of the [tokens, D]
+    activations at 2 bytes (bf16), over NVLink at BUS_EFFICIENCY."""
+    cfg = load_config(preset="dense-7b")
+    plan = plan_layout(cfg, named_gpu("H100", 8))
+    eager = next(c for c in plan.candidates if c.tp == 8 and not c.checkpointing)
+    m = cfg.model
+    volume = (8 - 1) / 8 * cfg.train.batch_tokens * m.d_model * 2 * m.n_layers * 8
+    assert eager.tp_comm_s == pytest.approx(volume / (450e9 * BUS_EFFICIENCY))
+    recompute = next(c for c in plan.candidates if c.tp == 8 and c.checkpointing)
+    assert recompute.tp_comm_s == pytest.approx(eager.tp_comm_s * 14 / 8)  # the forward's 6 again
+
+
+def test_a_model_that_fits_nowhere_says_what_would_split_it(capsys):
+    plan = plan_layout(load_config(preset="moe-300b"), named_gpu("H100", 64))
+    assert plan.best is None and plan.gpus_needed and plan.gpus_needed > 64
+    assert any("moe layers" in r for r in plan.reasons)
+    main(["plan", "--preset", "hybrid-300b", "--gpu", "H100", "--gpus", "64", "--out", "/tmp/trimtab-plan-layout"])
+    out = capsys.readouterr().out
+    assert "nothing fits" in out and "expert parallelism" in out
+
+
+def test_plan_command_prints_and_saves_the_layout(tmp_path, capsys):
+    args = ["plan", "--preset", "dense-7b", "--gpu", "H100", "--gpus", "16", "--out", str(tmp_path)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "Parallel layout on 16 x H100" in out
+    assert "torchrun --nnodes 2 --nproc_per_node 8 -m trimtab train --preset dense-7b" in out
+    saved = json.loads((tmp_path / "plan.json").read_text())["layout"]
+    assert saved["gpus"] == 16 and saved["best"]["tp"] * saved["best"]["dp"] == 16
+    assert len(saved["candidates"]) >= 4
+
+
+def test_doctor_shows_the_layout_of_the_gpus_it_runs_on(monkeypatch, capsys):
+    """On a machine with 8 H100s (faked: the GPU queries answer as such a machine would)."""
+    from trimtab import doctor
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr("trimtab.plan.memory.detect_hardware", lambda **kw: named_gpu("H100", kw["devices"]))
+    facts = doctor._layout(load_config(preset="dense-7b"), torch.device("cuda"))
+    assert facts["gpus"] == 8 and facts["best"]["tp"] * facts["best"]["dp"] == 8
+    assert any("Parallel layout on 8 x H100" in line for line in facts["text"])
+    assert doctor._layout(load_config(preset="debug"), torch.device("cpu")) is None
