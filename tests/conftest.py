@@ -30,3 +30,13 @@ def tokenizer():
 
     docs = [Document([(f"def f{i}(x):\n    return x * {i}\n", True)]) for i in range(200)]
     return TextTokenizer(_train_bpe(docs, 300))
+
+
+@pytest.fixture(scope="session")
+def single(tmp_path_factory):
+    """The one-process reference run the multi-process tests compare with (tests/helpers.py);
+    its checkpoints are only read, so one run serves them all."""
+    from helpers import run
+
+    out = tmp_path_factory.mktemp("single") / "run"
+    return out, run(out, 1)[0]

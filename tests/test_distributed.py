@@ -24,12 +24,6 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    out = tmp_path_factory.mktemp("single") / "run"
-    return out, run(out, 1)[0]
-
-
-@pytest.fixture(scope="module")
 def fsdp(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp") / "run"
     return out, run(out, 2, distributed={"strategy": "fsdp"})

@@ -94,3 +94,10 @@ def test_doctor_shows_the_layout_of_the_gpus_it_runs_on(monkeypatch, capsys):
     assert facts["gpus"] == 8 and facts["best"]["tp"] * facts["best"]["dp"] == 8
     assert any("Parallel layout on 8 x H100" in line for line in facts["text"])
     assert doctor._layout(load_config(preset="debug"), torch.device("cpu")) is None
+
+
+def test_a_batch_too_small_for_every_replica_moves_gpus_into_tensor_parallelism():
+    """small: 8,192 tokens a step are 32 rows; 64 GPUs cannot be 64 replicas, but 16 x tp 4 can."""
+    plan = plan_layout(load_config(preset="small"), named_gpu("H100", 64))
+    assert any("replicas would share train.batch_tokens" in r for r in plan.reasons)
+    assert plan.best is not None and plan.best.tp >= 2 and plan.best.dp <= 32

@@ -23,12 +23,6 @@ TP2 = {"distributed": {"tp": 2}}
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    out = tmp_path_factory.mktemp("single") / "run"
-    return out, run(out, 1)[0]
-
-
-@pytest.fixture(scope="module")
 def tp2(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp2") / "run"
     return out, run(out, 2, **TP2)

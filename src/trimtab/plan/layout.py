@@ -127,11 +127,11 @@ def _search(cfg: RunConfig, shape: _Shape, hw: Hardware, gpus_per_node: int) -> 
     network = NETWORK if hw.devices > per_node else link
     candidates, reasons = [], []
     for tp in TP_SIZES:
-        why = _tp_problem(cfg, tp, hw.devices, per_node)
+        why, larger_too = _tp_problem(cfg, tp, hw.devices, per_node)
+        reasons += [why] if why else []
+        if larger_too:
+            break
         if why:
-            reasons.append(why) if why != "-" else None
-            if "must divide" not in why:  # a limit of the model or the node: larger sizes share it
-                break
             continue
         for strategy, ckpt in _choices(tp, hw.devices // tp):
             candidates.append(_layout(cfg, shape, hw, tp, strategy, ckpt, link, network))
@@ -163,25 +163,25 @@ class _Shape:
         )
 
 
-def _tp_problem(cfg: RunConfig, tp: int, gpus: int, per_node: int) -> str:
-    """Why `tp` cannot be used here ('' when it can)."""
+def _tp_problem(cfg: RunConfig, tp: int, gpus: int, per_node: int) -> tuple[str, bool]:
+    """Why `tp` cannot be used here ('' when it can), and whether every larger size is ruled out too."""
+    if tp > gpus:
+        return "", True  # not a choice on this many GPUs: nothing to explain
+    if tp > per_node or gpus % tp:
+        return f"tp={tp} and more: tensor-parallel groups stay inside a node of {per_node} GPUs", True
     if gpus * cfg.data.seq_len > cfg.train.batch_tokens * tp:
         return (
             f"tp={tp}: {gpus // tp} replicas would share train.batch_tokens={cfg.train.batch_tokens:,}, "
             f"less than one row of {cfg.data.seq_len:,} tokens each"
-        )
+        ), False
     if tp == 1:
-        return ""
-    if tp > gpus:
-        return "-"  # not a choice on this many GPUs: nothing to explain
-    if tp > per_node or gpus % tp:
-        return f"tp={tp} and more: tensor-parallel groups stay inside a node of {per_node} GPUs"
+        return "", False
     resolved = dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or cfg.data.bpe_vocab_size)
     try:
         check_tensor_parallel(resolved, tp)
-    except ConfigError as exc:
-        return str(exc)
-    return ""
+    except ConfigError as exc:  # layer kinds and qk_norm rule out every size; a divisor only this one
+        return str(exc), "must divide" not in str(exc)
+    return "", False
 
 
 def _choices(tp: int, dp: int) -> list[tuple[str, bool]]:
@@ -331,4 +331,4 @@ def _memory(c: Layout) -> str:
 
 
 def _secs(s: float) -> str:
-    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.3g} s"
+    return f"{s * 1000:.3g} ms" if s < 1 else f"{s:.3g} s"
