@@ -90,17 +90,11 @@ def run_plain(args: argparse.Namespace) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from trimtab.data import BatchLoader, build_splits, get_tokenizer, read_documents
+    from throughput import _batches  # bench/throughput.py: the trainer's loader over the corpus
     from trimtab.model import build_model
-    from trimtab.paths import cache_dir
-    from trimtab.training.setup import resolve_model
 
     cfg = _config(args, "unused", False)
-    docs, _ = read_documents(cfg.data)
-    tok = get_tokenizer(cfg.data, docs, cache_dir())
-    rows, _ = build_splits(cfg.data, tok, docs, None, seed=cfg.train.seed)
-    resolve_model(cfg, tok)
-    loader = BatchLoader(rows, cfg.train.batch_tokens, cfg.train.micro_batch_tokens, cfg.train.seed, tok.pad_id)
+    batches = _batches(cfg, args.warmup + args.steps)
     device = torch.device("cpu" if args.dry_run else "cuda")
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model).to(device)
@@ -108,8 +102,7 @@ def run_plain(args: argparse.Namespace) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, fused=True)
     dtype = torch.float32 if args.dry_run else torch.bfloat16
     start = time.perf_counter()
-    for i in range(args.warmup + args.steps):
-        batch = loader.next_batch()
+    for i, batch in enumerate(batches):
         for micro in batch.micro:
             inputs, targets = micro.inputs.to(device), micro.targets.to(device)
             with torch.autocast(device.type, dtype=dtype, enabled=not args.dry_run):

@@ -63,11 +63,11 @@ def test_tensor_parallel_traffic_is_the_analytical_volume():
     assert recompute.tp_comm_s == pytest.approx(eager.tp_comm_s * 14 / 8)  # the forward's 6 again
 
 
-def test_a_model_that_fits_nowhere_says_what_would_split_it(capsys):
+def test_a_model_that_fits_nowhere_says_what_would_split_it(tmp_path, capsys):
     plan = plan_layout(load_config(preset="moe-300b"), named_gpu("H100", 64))
     assert plan.best is None and plan.gpus_needed and plan.gpus_needed > 64
     assert any("moe layers" in r for r in plan.reasons)
-    main(["plan", "--preset", "hybrid-300b", "--gpu", "H100", "--gpus", "64", "--out", "/tmp/trimtab-plan-layout"])
+    main(["plan", "--preset", "hybrid-300b", "--gpu", "H100", "--gpus", "64", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert "nothing fits" in out and "expert parallelism" in out
 

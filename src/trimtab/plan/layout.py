@@ -104,13 +104,13 @@ def plan_layout(cfg: RunConfig, hw: Hardware, gpus_per_node: int = 8) -> LayoutP
     shape = _Shape.of(cfg)
     candidates, reasons = _search(cfg, shape, hw, gpus_per_node)
     best = candidates[0] if candidates and candidates[0].fits else None
-    per_node = min(gpus_per_node, hw.devices)
+    per_node, link, network = _links(hw, gpus_per_node)
     plan = LayoutPlan(
         gpus=hw.devices,
         gpus_per_node=per_node,
         gpu=found[0],
-        link=found[1].link,
-        network=NETWORK if hw.devices > per_node else found[1].link,
+        link=link,
+        network=network,
         best=best,
         candidates=candidates,
         reasons=reasons,
@@ -120,11 +120,16 @@ def plan_layout(cfg: RunConfig, hw: Hardware, gpus_per_node: int = 8) -> LayoutP
     return plan
 
 
+def _links(hw: Hardware, gpus_per_node: int) -> tuple[int, float, float]:
+    """GPUs in a node, the link inside it and the one data-parallel traffic crosses: the network
+    when the job spans nodes, else the same link."""
+    per_node, link = min(gpus_per_node, hw.devices), gpu_named(hw.name)[1].link
+    return per_node, link, NETWORK if hw.devices > per_node else link
+
+
 def _search(cfg: RunConfig, shape: _Shape, hw: Hardware, gpus_per_node: int) -> tuple[list[Layout], list[str]]:
     """Every layout over hw.devices GPUs, the fastest that fits first; and why sizes were ruled out."""
-    per_node = min(gpus_per_node, hw.devices)
-    link = gpu_named(hw.name)[1].link
-    network = NETWORK if hw.devices > per_node else link
+    per_node, link, network = _links(hw, gpus_per_node)
     candidates, reasons = [], []
     for tp in TP_SIZES:
         why, larger_too = _tp_problem(cfg, tp, hw.devices, per_node)

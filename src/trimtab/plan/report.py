@@ -306,7 +306,7 @@ def plan_command(
         budget_hours=budget_hours,
         hardware=hardware,
         gpus_per_node=gpus_per_node,
-        launch=f"trimtab train {config}" if config else f"trimtab train --preset {cfg.preset}",
+        launch=f"trimtab train {config}" if config else "",
     )
     json_path, txt_path = save_plan(plan, out or cfg.run_dir)
     return f"{format_plan(plan)}\n\nsaved {json_path} and {txt_path}"

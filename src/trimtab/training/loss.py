@@ -9,9 +9,8 @@ result and its gradient are identical to the unchunked loss.
 
 Under tensor parallelism `hidden` is a replicated DTensor and the head's rows are sharded over
 the vocabulary (distributed/tensor.py): each rank computes its [C, V/tp] block of logits and the
-cross entropy
-all-reduces the maxima, the sums of exponentials and the target logits instead of gathering
-the logits (torch's loss_parallel; Megatron-LM's vocab-parallel cross entropy).
+cross entropy all-reduces the maxima, the sums of exponentials and the target logits instead of
+gathering the logits (torch's loss_parallel; Megatron-LM's vocab-parallel cross entropy).
 """
 
 from __future__ import annotations
