@@ -24,6 +24,12 @@ grouped ties one matmul per expert and beats padded by up to 1.25x (2 threads) /
 at E = 32, where the largest load is 1.35x the mean at init (padding grows with imbalance). With
 other processes holding half the CPU and 2 torch threads, padded (fewest parallel regions) was
 2.4-3.8x faster than grouped instead: contention, not the layout, dominates there.
+
+Parallelism is applied from outside (distributed/expert.py): the weights may then be DTensors,
+which the layer reads through `local` (installed with them: this rank's shard as a plain tensor,
+since token groups have data-dependent sizes DTensor cannot express), and `dispatch` (the
+grouped expert compute) may be replaced by one that exchanges the packed rows with the ranks
+owning the experts (expert parallelism, all-to-all).
 """
 
 from __future__ import annotations
@@ -52,12 +58,26 @@ class SwiGLU(nn.Module):
 
     def __init__(self, d_model: int, hidden: int):
         super().__init__()
+        self.local: Callable[[Tensor], Tensor] = _same  # a weight as computed with (module docstring)
         self.w1 = nn.Linear(d_model, hidden, bias=False)
         self.w3 = nn.Linear(d_model, hidden, bias=False)
         self.w2 = nn.Linear(hidden, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        w1, w3, w2 = (self.local(m.weight) for m in (self.w1, self.w3, self.w2))
+        return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
+
+
+def _same(w: Tensor) -> Tensor:
+    return w
+
+
+def grouped_swiglu(xs: Tensor, counts: Tensor, w1: Tensor, w3: Tensor, w2: Tensor) -> Tensor:
+    """xs [M, D] packed by expert, counts [E] rows per expert (sum M) -> [M, D]: each expert's
+    SwiGLU on its rows, three grouped_mm with per-expert offsets, no padding."""
+    offs = counts.cumsum(0).to(torch.int32)
+    h = F.silu(F.grouped_mm(xs, w1, offs=offs)) * F.grouped_mm(xs, w3, offs=offs)
+    return F.grouped_mm(h, w2, offs=offs)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -99,6 +119,10 @@ class MoE(nn.Module):
         self.balance_coef, self.z_loss_coef = float(cfg.balance_coef), float(cfg.z_loss_coef)
         self.bias_update_rate = float(cfg.bias_update_rate)
         self.impl = "auto"  # expert layout: auto | grouped (grouped_mm) | padded (bmm)
+        # (xs, counts, w1, w3, w2) -> out: the grouped layout's expert compute, and a weight as
+        # computed with (module docstring)
+        self.dispatch: Callable[..., Tensor] = grouped_swiglu
+        self.local: Callable[[Tensor], Tensor] = _same
         self.router = nn.Parameter(torch.empty(E, D))  # nn.Linear(D, E) weight layout
         self.w1 = nn.Parameter(torch.empty(E, D, H))  # gate
         self.w3 = nn.Parameter(torch.empty(E, D, H))  # up
@@ -140,7 +164,7 @@ class MoE(nn.Module):
         if self.training and self.jitter > 0:  # multiplicative input jitter (Switch section 2.4)
             x = x * torch.empty_like(x).uniform_(1.0 - self.jitter, 1.0 + self.jitter)
         with torch.autocast(x.device.type, enabled=False):
-            logits = F.linear(x.float(), self.router.float()) / self.router_temperature  # [N, E]
+            logits = F.linear(x.float(), self.local(self.router).float()) / self.router_temperature  # [N, E]
         probs = logits.softmax(-1)
         experts = (probs.detach() + self.expert_bias).topk(self.top_k, -1).indices  # [N, k]
         gates = probs.gather(-1, experts)
@@ -161,21 +185,30 @@ class MoE(nn.Module):
         per_expert = self.capacity_factor * n_tokens * self.top_k / self.n_experts
         return min(n_tokens, math.ceil(per_expert))
 
-    def expert_ffn(self, h: torch.Tensor) -> torch.Tensor:
-        """h [E, C, D] -> [E, C, D]: every expert's SwiGLU on its slots, three bmm."""
-        return torch.bmm(F.silu(torch.bmm(h, self.w1)) * torch.bmm(h, self.w3), self.w2)
+    def experts(self) -> tuple[Tensor, Tensor, Tensor]:
+        """This rank's expert weights w1, w3, w2 as plain tensors ([E, D, H], [E, D, H],
+        [E, H, D] in one process; fewer experts or hidden units when parallel)."""
+        return self.local(self.w1), self.local(self.w3), self.local(self.w2)
 
-    def grouped_layout(self, x: torch.Tensor) -> bool:
-        """Whether forward uses grouped_mm for x: impl "grouped", or "auto" in eager mode on CPU
-        (measured there; CUDA grouped_mm wants bf16 on sm80+, untested here) with rows of a
-        multiple of 16 bytes (a kernel requirement). torch.compile gets "padded": grouped_mm's
-        fake-tensor kernel rejects fp32 (torch 2.13)."""
+    @staticmethod
+    def expert_ffn(h: Tensor, w1: Tensor, w3: Tensor, w2: Tensor) -> Tensor:
+        """h [E, C, D] -> [E, C, D]: every expert's SwiGLU on its slots, three bmm."""
+        return torch.bmm(F.silu(torch.bmm(h, w1)) * torch.bmm(h, w3), w2)
+
+    def grouped_layout(self, x: torch.Tensor, hidden: int | None = None) -> bool:
+        """Whether forward uses grouped_mm for x: always under expert parallelism (it exchanges
+        packed rows), else impl "grouped", or "auto" in eager mode on CPU (measured there; CUDA
+        grouped_mm wants bf16 on sm80+, untested here) with rows of a multiple of 16 bytes (a
+        kernel requirement; `hidden`: this rank's expert width). torch.compile gets "padded":
+        grouped_mm's fake-tensor kernel rejects fp32 (torch 2.13)."""
+        if self.dispatch is not grouped_swiglu:
+            return True
         if self.impl != "auto":
             return self.impl == "grouped"
         if torch.compiler.is_compiling() or x.device.type != "cpu":
             return False
         size = _compute_dtype(x).itemsize
-        return self.d_model * size % 16 == 0 and self.hidden * size % 16 == 0
+        return self.d_model * size % 16 == 0 and (hidden or self.hidden) * size % 16 == 0
 
     # ---- forward -------------------------------------------------------------------------
 
@@ -191,12 +224,15 @@ class MoE(nn.Module):
         sorted_e = flat_e[order]
         rank = torch.arange(A, device=x.device) - (counts.cumsum(0) - counts)[sorted_e]
         cap = self.capacity(N) if self.training else 0
-        layout = self._grouped if self.grouped_layout(xf) else self._padded
-        out, dropped = layout(xf, order, sorted_e, rank, counts, cap)  # [A, D], 0 if dropped
+        weights = self.experts()
+        layout = self._grouped if self.grouped_layout(xf, weights[0].shape[-1]) else self._padded
+        out, dropped = layout(xf, order, sorted_e, rank, counts, cap, weights)  # [A, D], 0 if dropped
         y = torch.bmm(r.gates.to(out.dtype).unsqueeze(1), out.view(N, k, D)).squeeze(1)
         if self.shared is not None:
             shared = self.shared(xf)
-            y = y + (shared * torch.sigmoid(self.shared_gate(xf)) if self.shared_gate is not None else shared)
+            if self.shared_gate is not None:
+                shared = shared * torch.sigmoid(F.linear(xf, self.local(self.shared_gate.weight)))
+            y = y + shared
         self._record(r, dropped)
         return y.view(B, T, D)
 
@@ -208,19 +244,18 @@ class MoE(nn.Module):
         rank: torch.Tensor,
         counts: torch.Tensor,
         cap: int,
+        weights: tuple[Tensor, Tensor, Tensor],
     ) -> tuple[Tensor, Tensor]:
-        """Kept assignments packed by expert, no padding: [M, D] through three grouped_mm with
-        per-expert offsets. Dropless needs no host sync; capacity mode syncs once (M). Rows past
-        the last offset would come back uninitialised, so exactly M rows go in."""
+        """Kept assignments packed by expert, no padding: [M, D] through `dispatch` (three
+        grouped_mm with per-expert offsets, or their expert-parallel exchange). Dropless needs
+        no host sync; capacity mode syncs once (M). Rows past the last offset would come back
+        uninitialised, so exactly M rows go in."""
         A, D = order.numel(), xf.shape[1]
         if cap:
             order, counts = order[rank < cap], counts.clamp(max=cap)
-        offs = counts.cumsum(0).to(torch.int32)
         dt = _compute_dtype(xf)  # grouped_mm is not on autocast's list: cast as mm would be
         xs = xf[order // self.top_k].to(dt)  # [M, D]
-        w1, w3, w2 = (w.to(dt) for w in (self.w1, self.w3, self.w2))
-        h = F.silu(F.grouped_mm(xs, w1, offs=offs)) * F.grouped_mm(xs, w3, offs=offs)
-        out = F.grouped_mm(h, w2, offs=offs)  # [M, D]
+        out = self.dispatch(xs, counts, *(w.to(dt) for w in weights))  # [M, D]
         full = out.new_zeros(A, D).index_copy(0, order, out)  # unique rows: deterministic
         return full, 1.0 - counts.sum() / A
 
@@ -232,6 +267,7 @@ class MoE(nn.Module):
         rank: torch.Tensor,
         counts: torch.Tensor,
         cap: int,
+        weights: tuple[Tensor, Tensor, Tensor],
     ) -> tuple[Tensor, Tensor]:
         """Each assignment gets a slot (expert, rank) in an [E, C, D] buffer, then three bmm.
         Static shapes when compiled in capacity mode (C = capacity); otherwise C is the largest
@@ -248,7 +284,7 @@ class MoE(nn.Module):
         src = torch.full((E * C + 1,), N, dtype=torch.long, device=xf.device)
         src = src.scatter_(0, slot, torch.arange(A, device=xf.device) // k)[: E * C]
         h = F.pad(xf, (0, 0, 0, 1))[src].view(E, C, D)  # gather, not scatter: no atomics
-        out = F.pad(self.expert_ffn(h).view(E * C, D), (0, 0, 0, 1))  # [E * C + 1, D]
+        out = F.pad(self.expert_ffn(h, *weights).view(E * C, D), (0, 0, 0, 1))  # [E * C + 1, D]
         return out[slot], (slot == E * C).sum() / A
 
     def _record(self, r: Routing, dropped: torch.Tensor) -> None:
