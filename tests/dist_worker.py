@@ -1,4 +1,5 @@
-"""Run by tests/test_distributed.py, alone or under torchrun: train the debug preset, then write
+"""Run by tests/test_distributed.py, alone or under torchrun: train the debug preset (or the
+config's "preset"), then write
 what this rank saw (per-step loss, the orchestrator's decisions, knobs, a weight digest) to
 RECORD with {rank} filled in.
 
@@ -62,7 +63,8 @@ class Recorder(Hook):
 
 def main() -> None:
     torch.set_num_threads(1)
-    cfg = load_config(preset="debug", overrides=json.loads(sys.argv[1]))
+    overrides = json.loads(sys.argv[1])
+    cfg = load_config(preset=overrides.pop("preset", "debug"), overrides=overrides)
     recorder = Recorder()
     hooks = built_in_hooks(cfg)
     recorder.orchestrator = next(h for h in hooks if isinstance(h, Orchestrator))

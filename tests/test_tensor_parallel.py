@@ -99,14 +99,17 @@ def test_tensor_parallel_settings_that_do_not_fit_are_named():
     cfg = load_config(preset="debug", sets=["distributed.tp=2"])
     with pytest.raises(ConfigError, match="distributed.tp.*does not divide the 3 processes"):
         Mesh.of(cfg.distributed, 3)
+    assert Mesh.of(cfg.distributed, 4) == Mesh(dp=2, tp=2) and cfg.distributed.data_parallel == "fsdp"  # auto
+    ddp = load_config(preset="debug", sets=["distributed.tp=2", "distributed.strategy=ddp"])
     with pytest.raises(ConfigError, match="strategy=fsdp"):
-        Mesh.of(cfg.distributed, 4)  # 2 replicas under DDP
+        Mesh.of(ddp.distributed, 4)  # 2 replicas under DDP
     assert Mesh.of(cfg.distributed, 2) == Mesh(dp=1, tp=2)
     with pytest.raises(ConfigError, match="distributed.tp"):
         load_config(preset="debug", sets=["distributed.tp=0"])
     narrow = load_config(preset="debug", sets=["model.vocab_size=96", "model.n_kv_heads=1"]).model
     with pytest.raises(ConfigError, match="must divide model.n_kv_heads"):
         check_tensor_parallel(narrow, 2)
-    moe = load_config(preset="debug-moe", sets=["model.vocab_size=96"]).model
-    with pytest.raises(ConfigError, match="moe layers, which are not tensor-parallel"):
-        check_tensor_parallel(moe, 2)
+    check_tensor_parallel(load_config(preset="debug-moe", sets=["model.vocab_size=96"]).model, 2)
+    hybrid = load_config(preset="debug-hybrid", sets=["model.vocab_size=96"]).model
+    with pytest.raises(ConfigError, match="mod, moe\\+mod layers, which are not tensor-parallel"):
+        check_tensor_parallel(hybrid, 2)

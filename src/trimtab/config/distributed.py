@@ -4,7 +4,9 @@ One process (plain `trimtab train`) ignores it. Under torchrun the ranks form a 
 `tp` ranks split each layer's weights (tensor + sequence parallelism), and the dp = world / tp
 data-parallel replicas each hold a disjoint share of each global batch; `ddp` keeps a full
 replica per rank and all-reduces gradients, `fsdp` shards parameters, gradients and optimizer
-state across replicas (FSDP2, `fully_shard`).
+state across replicas (FSDP2, `fully_shard`); `auto` is fsdp when tp or ep split weights
+(DDP cannot replicate sharded weights), else ddp. `ep` groups of data-parallel replicas split
+each MoE layer's experts between them (expert parallelism, distributed/expert.py).
 """
 
 from __future__ import annotations
@@ -13,15 +15,16 @@ from dataclasses import dataclass
 
 from trimtab.config.checks import _check
 
-STRATEGIES = ("ddp", "fsdp")
+STRATEGIES = ("auto", "ddp", "fsdp")
 BACKENDS = ("auto", "nccl", "gloo")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 
 
 @dataclass
 class DistributedConfig:
-    strategy: str = "ddp"  # ddp | fsdp
+    strategy: str = "auto"  # auto | ddp | fsdp (auto: fsdp when tp or ep > 1, else ddp)
     tp: int = 1  # tensor-parallel ranks per replica (neighbouring ranks: one node's GPUs)
+    ep: int = 1  # data-parallel replicas sharing one copy of the experts (divides world / tp)
     backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
     timeout_s: int = 600  # a collective waiting longer fails the job (a rank died or hangs)
     find_unused_parameters: bool = False  # ddp: needed only if some parameter gets no gradient in a step
@@ -36,9 +39,15 @@ class DistributedConfig:
         _check(self.backend in BACKENDS, "distributed.backend", f"must be one of {', '.join(BACKENDS)}")
         _check(self.timeout_s > 0, "distributed.timeout_s", f"must be > 0 (got {self.timeout_s})")
         _check(self.tp >= 1, "distributed.tp", f"must be >= 1 (got {self.tp})")
+        _check(self.ep >= 1, "distributed.ep", f"must be >= 1 (got {self.ep})")
+        _check(
+            not (self.ep > 1 and self.strategy == "ddp"),
+            "distributed.strategy",
+            "is ddp, which cannot hold experts split by distributed.ep; use fsdp (or auto)",
+        )
         for key in ("param_dtype", "reduce_dtype"):
             _check(getattr(self, key) in DTYPES, f"distributed.{key}", f"must be one of {', '.join(DTYPES)}")
-        if self.strategy != "fsdp":
+        if self.data_parallel != "fsdp":
             for key, default in (
                 ("cpu_offload", False),
                 ("param_dtype", "auto"),
@@ -48,7 +57,7 @@ class DistributedConfig:
                 _check(
                     getattr(self, key) == default,
                     f"distributed.{key}",
-                    f"applies to distributed.strategy=fsdp only (strategy is '{self.strategy}')",
+                    f"applies to distributed.strategy=fsdp only (strategy is '{self.strategy}', here ddp)",
                 )
         else:
             _check(
@@ -56,3 +65,10 @@ class DistributedConfig:
                 "distributed.find_unused_parameters",
                 "applies to distributed.strategy=ddp only (strategy is 'fsdp')",
             )
+
+    @property
+    def data_parallel(self) -> str:
+        """The strategy the replicas use: 'ddp' or 'fsdp' (auto resolved)."""
+        if self.strategy == "auto":
+            return "fsdp" if self.tp > 1 or self.ep > 1 else "ddp"
+        return self.strategy

@@ -1,12 +1,16 @@
-"""The device mesh: how torchrun's ranks split into data-parallel replicas and tensor-parallel
-groups (torch.distributed.device_mesh).
+"""The device mesh: how torchrun's ranks split into data-parallel replicas, expert-parallel groups
+and tensor-parallel groups (torch.distributed.device_mesh).
 
-    ranks 0..world-1 as a (dp, tp) grid, row-major: rank r is tensor-parallel rank r % tp of
-    data-parallel replica r // tp
+    ranks 0..world-1 as an (edp, ep, tp) grid, row-major: rank r is tensor-parallel rank r % tp
+    of data-parallel replica dp_rank = r // tp; replica dp_rank is expert-parallel rank
+    dp_rank % ep of expert group dp_rank // ep. "dp" names the flattened (edp, ep): all replicas.
 
 Tensor-parallel groups are the innermost dimension, so on a multi-GPU node they are neighbouring
 GPUs (NVLink), as torchtitan and Megatron-LM place them: TP communicates in every layer, DP once
-per step.
+per step. Expert parallelism is carved out of data parallelism (ep replicas, each with its own
+rows, hold one copy of the experts between them and exchange tokens in every MoE layer), so it
+sits next: the all-to-all stays within a node while ep * tp GPUs fit in one. Dense weights are
+data-parallel over all dp replicas; expert weights over the edp = dp / ep expert groups.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from trimtab.errors import ConfigError
 class Mesh:
     dp: int = 1  # data-parallel replicas (DDP / FSDP2 over them)
     tp: int = 1  # tensor-parallel ranks per replica
-    device_mesh: Any = None  # torch DeviceMesh ("dp", "tp"); None in one process
+    ep: int = 1  # replicas sharing one copy of the experts (divides dp)
+    device_mesh: Any = None  # torch DeviceMesh ("edp", "ep", "tp") + flattened "dp"; None in one process
 
     @classmethod
     def single(cls) -> Mesh:
@@ -38,19 +43,31 @@ class Mesh:
                 f"config key 'distributed.tp' is {cfg.tp}, which does not divide the {world} processes of "
                 "this launch; start a multiple of it (torchrun --nproc_per_node x --nnodes) or lower it"
             )
-        mesh = cls(dp=world // cfg.tp, tp=cfg.tp)
-        if mesh.tp > 1 and mesh.dp > 1 and cfg.strategy == "ddp":
+        mesh = cls(dp=world // cfg.tp, tp=cfg.tp, ep=cfg.ep)
+        if mesh.dp % cfg.ep:
+            raise ConfigError(
+                f"config key 'distributed.ep' is {cfg.ep}, which does not divide the {mesh.dp} data-parallel "
+                f"replicas ({world} processes / distributed.tp={cfg.tp}); choose a divisor of {mesh.dp}"
+            )
+        if mesh.tp > 1 and mesh.dp > 1 and cfg.data_parallel == "ddp":
             raise ConfigError(
                 f"distributed.tp={cfg.tp} with {mesh.dp} data-parallel replicas needs distributed.strategy=fsdp "
                 "(DDP cannot replicate tensor-parallel weights; FSDP2 shards them over the replicas)"
             )
         return mesh
 
+    @property
+    def edp(self) -> int:
+        """Copies of the experts: the expert groups' count."""
+        return self.dp // self.ep
+
     def build(self, device: torch.device) -> Mesh:
         """The same sizes with torch's DeviceMesh over the initialised process group."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        grid = init_device_mesh(device.type, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
+        names = ("edp", "ep", "tp")
+        grid = init_device_mesh(device.type, (self.edp, self.ep, self.tp), mesh_dim_names=names)
+        grid["edp", "ep"]._flatten("dp")  # named on the root mesh: grid["dp"] (torchtitan does the same)
         return dataclasses.replace(self, device_mesh=grid)
 
     def dp_rank(self, rank: int) -> int:
@@ -60,6 +77,11 @@ class Mesh:
     def dp_group(self) -> Any:
         """The process group of this rank's data-parallel peers (None: every rank, the default)."""
         return None if self.tp == 1 or self.device_mesh is None else self.device_mesh["dp"].get_group()
+
+    @property
+    def edp_group(self) -> Any:
+        """The process group of the ranks holding the same experts as this one (None: none other)."""
+        return None if self.edp == 1 or self.device_mesh is None else self.device_mesh["edp"].get_group()
 
     def __getitem__(self, name: str) -> Any:
         return self.device_mesh[name]

@@ -2,8 +2,9 @@
 mesh, DDP / FSDP2 / tensor-parallel wrapping, and the collectives the step needs.
 
     torchrun --nproc_per_node 2 -m trimtab train --preset small --set distributed.strategy=fsdp
-    torchrun --nproc_per_node 4 -m trimtab train --preset dense-1b --set distributed.tp=2 \
-        --set distributed.strategy=fsdp
+    torchrun --nproc_per_node 4 -m trimtab train --preset dense-1b --set distributed.tp=2
+    torchrun --nproc_per_node 4 -m trimtab train --preset debug-moe --set distributed.tp=2 \
+        --set distributed.ep=2
 
 Model code stays single-device. The trainer talks to torch.distributed only through a `Parallel`
 object, whose methods are no-ops (or the plain single-process thing) in one process, and hooks use
@@ -16,10 +17,12 @@ from outside (control commands, a checkpoint's validity, the CPU precision timin
 0 and broadcast. Host-side agreement (out-of-memory flags, signals, errors) goes through a gloo
 group, so NCCL runs add no device sync for it.
 
-The mesh is (dp, tp): ranks r with the same r // tp form one data-parallel replica split by
-tensor parallelism (distributed/tensor.py). They see the same rows and compute the same loss, so
-"over the ranks" below means over the data-parallel replicas (the dp group); agreement (OOM,
-signals, errors) is over every rank.
+The mesh is (edp, ep, tp) (distributed/mesh.py): ranks r with the same r // tp form one
+data-parallel replica split by tensor parallelism (distributed/tensor.py). They see the same rows
+and compute the same loss, so "over the ranks" below means over the data-parallel replicas (the
+dp group); agreement (OOM, signals, errors) is over every rank. Groups of ep replicas split the
+MoE experts between them (distributed/expert.py); the experts' gradients are summed over the
+edp groups holding the same experts, everything else's over all replicas.
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ class Parallel(Checkpoints):
         self.dp_world, self.dp_rank = self.mesh.dp, self.mesh.dp_rank(rank_)
         self.ddp: nn.Module | None = None
         self.fsdp = False
+        self.experts: list[nn.Parameter] = []  # routed experts split by ep: data-parallel over edp only
         self._contexts = ExitStack()  # held for the whole run (tensor parallelism's loss)
         self._signal = 0  # a signal this rank received, not yet agreed (signal number)
         self._agreed = False  # the ranks met before this step's communicating backward
@@ -107,6 +111,9 @@ class Parallel(Checkpoints):
         set_cpu_group(None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"))
         if dist.get_rank() != 0:
             logging.getLogger("trimtab").setLevel(logging.ERROR)  # rank 0 speaks for the job
+        # DTensor warns on every step that the gradient norm of weights split over two mesh
+        # dimensions takes two all-reduces: a few scalars, and every rank gets the same result
+        logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
         return cls(cfg, device, world, dist.get_rank(), owns, mesh.build(device))
 
     @property
@@ -115,8 +122,8 @@ class Parallel(Checkpoints):
 
     @property
     def sharded(self) -> bool:
-        """Whether the parameters are DTensors (FSDP2 or tensor parallelism)."""
-        return self.fsdp or self.mesh.tp > 1
+        """Whether the parameters are DTensors (FSDP2, tensor or expert parallelism)."""
+        return self.fsdp or self.mesh.tp > 1 or self.mesh.ep > 1
 
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
@@ -178,7 +185,13 @@ class Parallel(Checkpoints):
             # loss_parallel swaps DTensor's cross-entropy ops for vocabulary-parallel ones, which
             # the backward needs too: on for the whole run (only the loss has sharded logits)
             self._contexts.enter_context(loss_parallel())
-        if self.world == 1 or self.cfg.strategy == "ddp":
+        if (self.mesh.tp > 1 or self.mesh.ep > 1) and model.moe_layers():
+            from trimtab.distributed.expert import apply_moe_parallel
+
+            self.experts = apply_moe_parallel(model, self.mesh)
+        # auto with one replica (tensor parallelism alone) needs no data-parallel wrapper
+        single = self.dp_world == 1 and self.cfg.strategy == "auto"
+        if self.world == 1 or self.cfg.data_parallel == "ddp" or single:
             fn = torch.compile(model.hidden) if compile else model.hidden
             if self.dp_world == 1:
                 return fn
@@ -213,6 +226,7 @@ class Parallel(Checkpoints):
             mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=DTYPES[self.cfg.reduce_dtype]),
             reshard_after_forward=self.cfg.reshard_after_forward,
             offload_policy=offload,
+            ignored_params=set(self.experts),  # sharded by ep; summed over edp in reduce_step
         )
         if self.mesh.tp > 1:
             kwargs["mesh"] = self.mesh["dp"]  # 2D: FSDP2 shards the tensor-parallel DTensors over dp
@@ -288,18 +302,16 @@ class Parallel(Checkpoints):
         self._agreed = False
         if self.mesh.tp > 1 and not self.fsdp:
             _replicate_grads(model)
+        if self.mesh.edp > 1 and self.experts:
+            grads = [p.grad for p in self.experts if p.grad is not None]
+            _sum_in_place([g.to_local() if hasattr(g, "to_local") else g for g in grads], self.mesh.edp_group)
         if self.dp_world == 1:
             return
         if self.ddp is not None:
             self.ddp.require_backward_grad_sync = False
             self.ddp.module.output = None
         tensors = [loss] + ([aux] if aux is not None else []) + _router_tensors(routers, model)
-        flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
-        dist.all_reduce(flat, group=self.mesh.dp_group)
-        offset = 0
-        for t in tensors:
-            t.copy_(flat[offset : offset + t.numel()].view_as(t))
-            offset += t.numel()
+        _sum_in_place(tensors, self.mesh.dp_group)
 
     def mean_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
         """The replicas' mean of a 0-d device tensor. Every replica evaluates the same held-out
@@ -330,11 +342,18 @@ class Parallel(Checkpoints):
             return torch.nn.utils.clip_grad_norm_(params, max_norm)
         from torch.distributed.tensor import DTensor
 
-        params = [p for p in params if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        # DTensor ops take one mesh at a time: the experts (ep) apart from the rest (dp, tp)
+        groups: dict[Any, list[nn.Parameter]] = {}
+        for p in params:
+            if p.grad is not None:
+                groups.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
+        norms = []
+        for group in groups.values():
+            norm = torch.nn.utils.get_total_norm([p.grad for p in group])
+            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        norm = torch.linalg.vector_norm(torch.stack(norms))
+        for group in groups.values():
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm)
         return norm
 
     def all_finite(self, params: Iterable[torch.Tensor]) -> bool:
@@ -391,6 +410,16 @@ def _replicate_grads(model: nn.Module) -> None:
     for p in model.parameters():
         if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
             p.grad = p.grad.redistribute(placements=p.placements)
+
+
+def _sum_in_place(tensors: list[torch.Tensor], group: Any) -> None:
+    """Sum each tensor over the ranks of `group`, in place, in one all-reduce."""
+    flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
 
 
 def _router_tensors(routers: Any, model: nn.Module) -> list[torch.Tensor]:

@@ -14,8 +14,9 @@ are the same shards, and the loss is computed on them without gathering the logi
 (training/loss.py: vocabulary-parallel cross entropy, loss_parallel).
 
 Requirements, checked with a clear error: n_kv_heads, ffn_hidden and vocab_size divisible by tp
-(the fused projection is grouped per kv head: model.layers.group_qkv). Mixture-of-Experts and
-Mixture-of-Depths layers are not tensor-parallel yet.
+(the fused projection is grouped per kv head: model.layers.group_qkv). Mixture-of-Experts layers
+are split by distributed/expert.py (every rank routes the whole sequence, each computes a slice
+of every expert). Mixture-of-Depths layers are not tensor-parallel yet.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from trimtab.distributed.expert import check_moe_parallel
 from trimtab.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -42,7 +44,8 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
             f"distributed.tp={tp}: model.qk_norm is not tensor-parallel yet (its norms see each rank's "
             "heads); use distributed.tp=1"
         )
-    kinds = sorted({kind for kind in cfg.layers if kind != "dense"})
+    check_moe_parallel(cfg, tp, 1)
+    kinds = sorted({kind for kind in cfg.layers if "mod" in kind})
     if kinds:
         raise ConfigError(
             f"distributed.tp={tp}: the model has {', '.join(kinds)} layers, which are not tensor-parallel "
@@ -52,7 +55,8 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
 
 def apply_tensor_parallel(model: nn.Module, mesh: Any) -> None:
     """Shard `model`'s weights over the 1-D tensor-parallel `mesh` in place (DTensor parameters
-    under their own names, so checkpoints reshard between meshes)."""
+    under their own names, so checkpoints reshard between meshes), all but the MoE layers'
+    (distributed/expert.py)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -82,21 +86,20 @@ def apply_tensor_parallel(model: nn.Module, mesh: Any) -> None:
     if tied:  # the head and the embedding are one DTensor, as they were one tensor
         model.lm_head.weight = model.tok_emb.weight
     others = (None, None, None, None)  # attention's rope, mask, cache, layer
+    dense = {
+        "ffn": PrepareModuleInput(input_layouts=sequence, desired_input_layouts=(Replicate(),)),
+        "ffn.w1": ColwiseParallel(),
+        "ffn.w3": ColwiseParallel(),
+        "ffn.w2": RowwiseParallel(output_layouts=Shard(1)),
+    }
     for block in model.blocks:
-        parallelize_module(
-            block,
-            mesh,
-            {
-                "attn_norm": SequenceParallel(),
-                "attn": PrepareModuleInput(
-                    input_layouts=(*sequence, *others), desired_input_layouts=(Replicate(), *others)
-                ),
-                "attn.qkv": ColwiseParallel(),
-                "attn.wo": RowwiseParallel(output_layouts=Shard(1)),
-                "ffn_norm": SequenceParallel(),
-                "ffn": PrepareModuleInput(input_layouts=sequence, desired_input_layouts=(Replicate(),)),
-                "ffn.w1": ColwiseParallel(),
-                "ffn.w3": ColwiseParallel(),
-                "ffn.w2": RowwiseParallel(output_layouts=Shard(1)),
-            },
-        )
+        plan = {
+            "attn_norm": SequenceParallel(),
+            "attn": PrepareModuleInput(
+                input_layouts=(*sequence, *others), desired_input_layouts=(Replicate(), *others)
+            ),
+            "attn.qkv": ColwiseParallel(),
+            "attn.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+        }
+        parallelize_module(block, mesh, plan if "moe" in block.kind else {**plan, **dense})

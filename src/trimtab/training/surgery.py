@@ -20,11 +20,21 @@ from trimtab.training.optim import carry_state
 Optimizer = torch.optim.Optimizer
 
 
-def moe_layer(model: torch.nn.Module, layer: int, world: int) -> MoE:
-    """MoE layer `layer`, refused under data parallelism (DDP buckets and FSDP shards are laid out
-    for the old parameters, and a reset's noise would differ between ranks)."""
+def moe_layer(model: torch.nn.Module, layer: int, world: int, ep: int = 1, tp: int = 1) -> MoE:
+    """MoE layer `layer`, refused under torchrun (DDP buckets and FSDP shards are laid out for the
+    old parameters, experts split by ep or tp would need re-sharding, and a reset's noise would
+    differ between ranks)."""
     if world > 1:
-        raise ConfigError("expert surgery is not supported under data parallelism yet; run it in one process")
+        split = (
+            f"the experts are split over distributed.ep={ep} ranks"
+            if ep > 1
+            else f"their weights are split by distributed.tp={tp}"
+            if tp > 1
+            else "DDP buckets and FSDP shards are laid out for the old parameters"
+        )
+        raise ConfigError(
+            f"expert surgery is not supported across {world} processes yet ({split}); run it in one process"
+        )
     moe = dict(model.moe_layers()).get(layer)
     if moe is None:
         layers = [i for i, _ in model.moe_layers()]
