@@ -10,10 +10,11 @@ import torch
 
 from trimtab.cli import main
 from trimtab.config import load_config
+from trimtab.distributed.expert import check_moe_parallel
 from trimtab.distributed.mesh import Mesh
 from trimtab.distributed.tensor import check_tensor_parallel
 from trimtab.model.catalog import preset_catalog
-from trimtab.plan.layout import BUS_EFFICIENCY, plan_layout
+from trimtab.plan.layout import BUS_EFFICIENCY, format_layout, plan_layout
 from trimtab.plan.memory import USABLE_FRACTION, named_gpu
 
 LARGE = [entry.name for entry in preset_catalog() if entry.total >= 1e9]
@@ -37,8 +38,10 @@ def test_every_large_preset_gets_a_layout_that_fits_and_runs_or_a_reason(preset)
         assert all(b.step_s <= c.step_s for c in plan.candidates if c.fits)
         run = load_config(preset=preset, sets=b.settings())  # the proposal is a valid config ...
         Mesh.of(run.distributed, gpus)  # ... the mesh accepts at this world size ...
+        model = replace(run.model, vocab_size=run.data.bpe_vocab_size)
         if b.tp > 1:  # ... and the model splits
-            check_tensor_parallel(replace(run.model, vocab_size=run.data.bpe_vocab_size), b.tp)
+            check_tensor_parallel(model, b.tp)
+        check_moe_parallel(model, b.tp, b.ep)
 
 
 def test_a_70b_dense_model_on_64_gpus_is_sharded_and_split_inside_nodes():
@@ -64,12 +67,32 @@ def test_tensor_parallel_traffic_is_the_analytical_volume():
 
 
 def test_a_model_that_fits_nowhere_says_what_would_split_it(tmp_path, capsys):
+    # 16 bytes of state per parameter: 316B parameters over 64 GPUs is 74 GiB each before any activation
     plan = plan_layout(load_config(preset="moe-300b"), named_gpu("H100", 64))
-    assert plan.best is None and plan.gpus_needed and plan.gpus_needed > 64
-    assert any("moe layers" in r for r in plan.reasons)
+    assert plan.best is None and plan.gpus_needed == 128 and not plan.reasons
     main(["plan", "--preset", "hybrid-300b", "--gpu", "H100", "--gpus", "64", "--out", str(tmp_path)])
     out = capsys.readouterr().out
-    assert "nothing fits" in out and "expert parallelism" in out
+    assert "nothing fits" in out and "mod layers, which are not tensor-parallel" in out
+
+
+def test_expert_parallelism_is_proposed_where_it_wins():
+    """moe-7b on 64 GPUs: every ep size that divides the replicas and the experts is tried, with
+    its all-to-all cost; the experts split over ep hold 1/ep of their state per GPU."""
+    cfg = load_config(preset="moe-7b")
+    plan = plan_layout(cfg, named_gpu("H100", 64))
+    by = {(c.tp, c.ep, c.checkpointing): c for c in plan.candidates}
+    assert {c.ep for c in plan.candidates} >= {1, 2, 4, 8}
+    one, eight = by[(1, 1, False)], by[(1, 8, False)]
+    m = cfg.model
+    rows = cfg.train.batch_tokens // 64 * m.moe.top_k * m.d_model * 2  # a replica's routed rows, bf16
+    moe_layers = sum("moe" in kind for kind in m.layers)
+    volume = 7 / 8 * rows * moe_layers * 4  # dispatch + combine, forward and backward
+    assert eight.ep_comm_s == pytest.approx(volume / (450e9 * BUS_EFFICIENCY)) and one.ep_comm_s == 0
+    four = by[(1, 4, False)]  # experts split 8 ways hold half the state of 4 ways; the rest is FSDP's
+    assert eight.strategy == four.strategy == "fsdp" and four.state_bytes > eight.state_bytes
+    assert "distributed.ep=8" in eight.settings() and "distributed.ep=1" not in " ".join(one.settings())
+    text = "\n".join(format_layout(plan, "trimtab train --preset moe-7b"))
+    assert "expert parallel: ep=" in text and "  ep  strategy" in text
 
 
 def test_plan_command_prints_and_saves_the_layout(tmp_path, capsys):

@@ -1,14 +1,19 @@
-"""How to lay a run out over N GPUs: the mesh (tensor-parallel size, data-parallel strategy),
-the micro-batch and activation checkpointing, with the memory each GPU holds and an estimated
-step time; `trimtab plan --gpu H100 --gpus 64` and `trimtab doctor` print it (docs/distributed.md).
+"""How to lay a run out over N GPUs: the mesh (tensor-parallel size, expert-parallel size,
+data-parallel strategy), the micro-batch and activation checkpointing, with the memory each GPU
+holds and an estimated step time; `trimtab plan --gpu H100 --gpus 64` and `trimtab doctor` print
+it (docs/distributed.md).
 
 Every layout trimtab can run is tried (tp in 1, 2, 4, 8 within a node where the model splits;
-DDP or FSDP2 over the replicas; checkpointing off or on) and the fastest that fits is proposed.
-Per GPU, with P parameters, tp tensor-parallel ranks, dp replicas:
+for MoE models ep in 1, 2, 4, ... dividing the replicas and the experts; DDP or FSDP2 over the
+replicas; checkpointing off or on) and the fastest that fits is proposed. Per GPU, with P
+parameters of which P_e are routed experts, tp tensor-parallel ranks, dp replicas, ep of them
+sharing one copy of the experts:
 
-    model state   16 P / tp, / dp under FSDP (plan/memory.py: fp32 weights, gradients, moments)
+    model state   16 (P - P_e) / tp, / dp under FSDP, + 16 P_e / (tp ep) (plan/memory.py: fp32
+                  weights, gradients, moments; split experts are not FSDP-sharded further)
     FSDP buffers  the largest block gathered twice (this one and the prefetched next) in the
-                  compute dtype plus its fp32 gradient, and the root (embedding, head) gathered
+                  compute dtype plus its fp32 gradient (its experts only when ep = 1), and the
+                  root (embedding, head) gathered
     activations   micro-batch tokens x plan/memory.py's bytes per token / tp (sequence parallelism
                   shards the norms and the residual stream too: Korthikanti et al. 2022, eq. 5)
 
@@ -20,11 +25,16 @@ the job spans several (the network: one 400 Gb/s NIC per GPU, the DGX/HGX H100 r
     tensor parallel  per layer and micro-batch 4 all-gathers / reduce-scatters of the
                      [tokens, d_model] activations forward and 4 backward (6 forward with
                      checkpointing), each moving (tp-1)/tp of them; on the critical path
+    expert parallel  per MoE layer and micro-batch 2 all-to-alls forward (dispatch, combine) and
+                     2 backward (3 forward with checkpointing) of the replica's tokens x top_k
+                     rows of d_model, each sending (ep-1)/ep of them; inside a node when ep x tp
+                     GPUs fit in one, else over the network; on the critical path
     DDP              one all-reduce of the fp32 gradients, 2 (dp-1)/dp x 4 P / tp bytes, hidden
                      behind the last micro-batch's backward where it can be
     FSDP2            per micro-batch the weights gathered forward and backward in the compute dtype
                      and the fp32 gradients reduce-scattered, (dp-1)/dp x (2 + 2 + 4) P / tp
-                     bytes, hidden behind that micro-batch's compute where it can be
+                     bytes (P - P_e when ep > 1, whose experts' gradients are all-reduced over
+                     the dp / ep copies once per step), hidden behind compute where it can be
 
 A starting point, not a promise: smaller tensor-parallel matmuls run below plan.mfu, and a
 network other than the reference changes the data-parallel terms.
@@ -52,6 +62,7 @@ TP_SIZES = (1, 2, 4, 8)
 class Layout:
     tp: int
     dp: int
+    ep: int  # replicas sharing one copy of the experts (1: dense, or experts not split)
     strategy: str  # ddp | fsdp
     checkpointing: bool
     micro_batch_tokens: int  # per rank; 0 when not even one row fits
@@ -62,6 +73,7 @@ class Layout:
     memory_bytes: int  # the three together
     compute_s: float
     tp_comm_s: float
+    ep_comm_s: float
     dp_comm_s: float  # exposed (not hidden behind compute)
     step_s: float
     mfu: float  # the estimated step's model FLOPs utilisation
@@ -75,6 +87,7 @@ class Layout:
         parallel = (
             [f"distributed.strategy={self.strategy}", f"distributed.tp={self.tp}"] if self.tp * self.dp > 1 else []
         )
+        parallel += [f"distributed.ep={self.ep}"] if self.ep > 1 else []
         return parallel + [
             f"train.micro_batch_tokens={self.micro_batch_tokens}",
             f"train.activation_checkpointing={str(self.checkpointing).lower()}",
@@ -138,8 +151,11 @@ def _search(cfg: RunConfig, shape: _Shape, hw: Hardware, gpus_per_node: int) -> 
             break
         if why:
             continue
-        for strategy, ckpt in _choices(tp, hw.devices // tp):
-            candidates.append(_layout(cfg, shape, hw, tp, strategy, ckpt, link, network))
+        dp = hw.devices // tp
+        for ep in _expert_sizes(shape, dp):
+            for strategy, ckpt in _choices(tp, dp, ep):
+                ep_link = link if ep * tp <= per_node else network
+                candidates.append(_layout(cfg, shape, hw, (tp, ep), strategy, ckpt, (link, ep_link, network)))
     candidates.sort(key=lambda c: (not c.fits, c.step_s if c.fits else c.memory_bytes))
     return candidates, reasons
 
@@ -147,24 +163,37 @@ def _search(cfg: RunConfig, shape: _Shape, hw: Hardware, gpus_per_node: int) -> 
 @dataclass(frozen=True)
 class _Shape:
     params: int
+    experts: int  # routed experts' parameters (P_e)
     largest_block: int
+    largest_block_experts: int  # that block's routed experts
     root: int  # embedding, final norm, head
     flops_per_token: int
     d_model: int
     n_layers: int
+    moe_layers: int
+    n_experts: int
+    top_k: int
 
     @classmethod
     def of(cls, cfg: RunConfig) -> _Shape:
         model = meta_model(cfg)
         blocks = [sum(p.numel() for p in block.parameters()) for block in model.blocks]
+        experts = [sum(w.numel() for w in (m.w1, m.w3, m.w2)) for _, m in model.moe_layers()]
+        routed = {i: e for (i, _), e in zip(model.moe_layers(), experts)}
+        largest = max(range(len(blocks)), key=lambda i: blocks[i])
         total = model.num_params()
         return cls(
             params=total,
-            largest_block=max(blocks),
+            experts=sum(experts),
+            largest_block=blocks[largest],
+            largest_block_experts=routed.get(largest, 0),
             root=total - sum(blocks),
             flops_per_token=model.flops_per_token(cfg.data.seq_len),
             d_model=cfg.model.d_model,
             n_layers=cfg.model.n_layers,
+            moe_layers=len(experts),
+            n_experts=cfg.model.moe.n_experts if experts else 0,
+            top_k=cfg.model.moe.top_k if experts else 0,
         )
 
 
@@ -189,20 +218,42 @@ def _tp_problem(cfg: RunConfig, tp: int, gpus: int, per_node: int) -> tuple[str,
     return "", False
 
 
-def _choices(tp: int, dp: int) -> list[tuple[str, bool]]:
+def _expert_sizes(model: _Shape, dp: int) -> list[int]:
+    """ep sizes to try: 1, and for a MoE model the powers of two dividing the replicas and the
+    experts."""
+    sizes, ep = [1], 2
+    while model.moe_layers and ep <= dp and dp % ep == 0 and model.n_experts % ep == 0:
+        sizes.append(ep)
+        ep *= 2
+    return sizes
+
+
+def _choices(tp: int, dp: int, ep: int) -> list[tuple[str, bool]]:
     """(strategy, checkpointing) pairs: one replica needs no data parallelism (ddp stands for
-    none), and tensor parallelism with several replicas runs under FSDP2 only (distributed/mesh.py)."""
-    strategies = ["ddp"] if dp == 1 else ["fsdp"] if tp > 1 else ["ddp", "fsdp"]
+    none), and tensor or expert parallelism with several replicas runs under FSDP2 only
+    (distributed/mesh.py)."""
+    strategies = ["ddp"] if dp == 1 else ["fsdp"] if tp > 1 or ep > 1 else ["ddp", "fsdp"]
     return [(s, ckpt) for s in strategies for ckpt in (False, True)]
 
 
 def _layout(
-    cfg: RunConfig, model: _Shape, hw: Hardware, tp: int, strategy: str, ckpt: bool, link: float, network: float
+    cfg: RunConfig,
+    model: _Shape,
+    hw: Hardware,
+    mesh: tuple[int, int],
+    strategy: str,
+    ckpt: bool,
+    links: tuple[float, float, float],
 ) -> Layout:
+    """One layout's memory and step time (module docstring). mesh: (tp, ep); links: bytes/s
+    of the tensor-parallel group, the expert-parallel group and the data-parallel traffic."""
+    (tp, ep), (link, ep_link, network) = mesh, links
     dp, p = hw.devices // tp, activation_width(hw.precision)
     fsdp = strategy == "fsdp" and dp > 1
-    state = 16 * model.params // tp // (dp if fsdp else 1)
-    buffer = (model.largest_block * (2 * p + 4) + model.root * p) // tp if fsdp else 0
+    split = model.experts if ep > 1 else 0  # expert weights held by ep, outside FSDP
+    state = 16 * (model.params - split) // tp // (dp if fsdp else 1) + 16 * split // (tp * ep)
+    gathered = model.largest_block - (model.largest_block_experts if ep > 1 else 0)
+    buffer = (gathered * (2 * p + 4) + model.root * p) // tp if fsdp else 0
     per_token = activation_bytes_per_token(cfg, p, ckpt) / tp
     seq, replica_tokens = cfg.data.seq_len, cfg.train.batch_tokens // dp
     rows = int((hw.memory_bytes * USABLE_FRACTION - state - buffer) // (per_token * seq))
@@ -213,20 +264,25 @@ def _layout(
     compute = flops / (hw.devices * hw.peak_flops * cfg.plan.mfu) * (4 / 3 if ckpt else 1)
     tp_bytes = (tp - 1) / tp * replica_tokens * model.d_model * p * model.n_layers * (14 if ckpt else 8)
     tp_comm = tp_bytes / (link * BUS_EFFICIENCY)
+    exchanged = replica_tokens * model.top_k * model.d_model * p * model.moe_layers * (6 if ckpt else 4)
+    ep_comm = (ep - 1) / ep * exchanged / (ep_link * BUS_EFFICIENCY)
     dp_bus = network * BUS_EFFICIENCY
     if dp == 1:
         dp_comm = 0.0
     elif fsdp:  # every micro-batch: gathers forward and backward, gradient reduce-scatter
-        per_micro = (dp - 1) / dp * model.params / tp * (2 * p + 4) / dp_bus
+        per_micro = (dp - 1) / dp * (model.params - split) / tp * (2 * p + 4) / dp_bus
         dp_comm = max(0.0, per_micro - compute / max(accumulation, 1)) * max(accumulation, 1)
+        edp = dp // ep  # split experts: their gradients all-reduced over the copies, once
+        dp_comm += 2 * (edp - 1) / edp * 4 * split / (tp * ep) / dp_bus
     else:  # once: the last backward's all-reduce, overlapped with that backward (2/3 of it)
         all_reduce = 2 * (dp - 1) / dp * 4 * model.params / tp / dp_bus
         dp_comm = max(0.0, all_reduce - compute / max(accumulation, 1) * 2 / 3)
-    step = compute + tp_comm + dp_comm
+    step = compute + tp_comm + ep_comm + dp_comm
     activations = round((micro or seq) * per_token)  # what one row would need when none fits
     return Layout(
         tp=tp,
         dp=dp,
+        ep=ep,
         strategy=strategy,
         checkpointing=ckpt,
         micro_batch_tokens=micro,
@@ -237,6 +293,7 @@ def _layout(
         memory_bytes=state + buffer + activations,
         compute_s=compute,
         tp_comm_s=tp_comm,
+        ep_comm_s=ep_comm,
         dp_comm_s=dp_comm,
         step_s=step,
         mfu=flops / (hw.devices * hw.peak_flops * step),
@@ -277,29 +334,33 @@ def format_layout(plan: LayoutPlan, command: str) -> list[str]:
         if smallest and smallest.buffer_bytes > smallest.memory_bytes / 4:
             lines.append(
                 "  FSDP gathers a whole block on every GPU, however many there are; only splitting inside "
-                "a block lowers that: tensor parallelism for dense layers, expert parallelism for MoE "
-                "layers (not in trimtab yet)"
+                "a block lowers that: tensor parallelism (distributed.tp) and, for MoE layers, expert "
+                "parallelism (distributed.ep)"
             )
         return lines
     replicas = "one replica" if b.dp == 1 else f"{b.dp} replicas under {'FSDP2' if b.strategy == 'fsdp' else 'DDP'}"
     nodes = -(-plan.gpus // plan.gpus_per_node)
     launcher = f"torchrun --nnodes {nodes} --nproc_per_node {plan.gpus_per_node} -m " if plan.gpus > 1 else ""
     lines += [
-        f"  proposed   tp {b.tp} x dp {b.dp} ({replicas}), activation checkpointing "
+        f"  proposed   tp {b.tp} x dp {b.dp} ({replicas}{_experts(b)}), activation checkpointing "
         f"{'on' if b.checkpointing else 'off'}; micro-batch {b.micro_batch_tokens:,} tokens x "
         f"{b.accumulation} per replica per step",
         f"  memory     {_memory(b)} per GPU",
         f"  step       ~{_secs(b.step_s)}: compute {_secs(b.compute_s)} + tensor-parallel {_secs(b.tp_comm_s)} "
-        f"+ data-parallel exposed {_secs(b.dp_comm_s)}, MFU ~{b.mfu:.0%}",
+        + (f"+ expert-parallel {_secs(b.ep_comm_s)} " if b.ep > 1 else "")
+        + f"+ data-parallel exposed {_secs(b.dp_comm_s)}, MFU ~{b.mfu:.0%}",
         f"  run it     {launcher}{command} " + " ".join(f"--set {s}" for s in b.settings()),
         "  why",
     ]
     lines += [f"    - {line}" for line in _why(plan)]
-    lines.append("  alternatives (fastest first)     tp   dp  strategy  ckpt      micro   memory GiB   step s   MFU")
+    lines.append(
+        "  alternatives (fastest first)     tp   dp   ep  strategy  ckpt      micro   memory GiB   step s   MFU"
+    )
     for c in plan.candidates[:8]:
         micro = f"{c.micro_batch_tokens:>10,}" if c.fits else "   no fit "
         lines.append(
-            f"{'':34}{c.tp:>2} {c.dp:>4}  {c.strategy if c.dp > 1 else '-':8}  {'on' if c.checkpointing else 'off':4}"
+            f"{'':34}{c.tp:>2} {c.dp:>4} {c.ep:>4}  {c.strategy if c.dp > 1 else '-':8}  "
+            f"{'on' if c.checkpointing else 'off':4}"
             f" {micro}  {c.memory_bytes / 2**30:>10.1f}  "
             + (f"{c.step_s:>7.3g}  {c.mfu:>4.0%}" if c.fits else f"{'-':>7}  {'-':>4}")
         )
@@ -309,7 +370,8 @@ def format_layout(plan: LayoutPlan, command: str) -> list[str]:
 def _why(plan: LayoutPlan) -> list[str]:
     """For each setting, the best layout with each other value of it: what the choice won."""
     b, lines = plan.best, []
-    for name, key in (("tensor parallel", "tp"), ("data parallel", "strategy"), ("checkpointing", "checkpointing")):
+    keys = [("tensor parallel", "tp"), ("expert parallel", "ep"), ("data parallel", "strategy")]
+    for name, key in [*keys, ("checkpointing", "checkpointing")]:
         others = {}
         for c in plan.candidates:  # fastest first: the first with a value is its best
             value = getattr(c, key)
@@ -324,7 +386,11 @@ def _why(plan: LayoutPlan) -> list[str]:
 def _value(key: str, value: object) -> str:
     if key == "checkpointing":
         return "on" if value else "off"
-    return f"tp={value}" if key == "tp" else str(value)
+    return f"{key}={value}" if key in ("tp", "ep") else str(value)
+
+
+def _experts(c: Layout) -> str:
+    return f"; every {c.ep} share one copy of the experts" if c.ep > 1 else ""
 
 
 def _memory(c: Layout) -> str:

@@ -157,7 +157,7 @@ def memory_plan(cfg: RunConfig, params: int, hw: Hardware) -> MemoryPlan:
     precision = cfg.train.precision if cfg.train.precision != "auto" else hw.precision
     p = activation_width(precision)
     # FSDP shards the model state over the devices; DDP (and older configs without the section) replicates it.
-    shards = hw.devices if getattr(getattr(cfg, "distributed", None), "strategy", "ddp") == "fsdp" else 1
+    shards = hw.devices if getattr(getattr(cfg, "distributed", None), "data_parallel", "ddp") == "fsdp" else 1
     state = state_bytes(params, shards)
     tokens = cfg.train.micro_budget
     activations = round(tokens * activation_bytes_per_token(cfg, p, cfg.train.activation_checkpointing))
