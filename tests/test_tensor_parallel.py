@@ -78,6 +78,20 @@ def test_checkpoints_reshard_between_meshes(single, tp2, tmp_path):
 
 
 @pytest.mark.distributed
+def test_hybrid_preset_with_qk_norm_under_tp2_matches_one_process(tmp_path):
+    """debug-hybrid (dense, MoE, MoD and MoE+MoD layers) with qk_norm: the MoE layers split each
+    expert's hidden units, the MoD blocks run on the whole sequence (their capacity warms up
+    through token counts like 55 of 64, odd, so nothing needs k divisible by tp), the qk gains
+    see each rank's heads. Loss, gradient norm and weights as one process."""
+    hybrid = {"preset": "debug-hybrid", "model": {"qk_norm": True}, "train": {"batch_tokens": 4096}}
+    one = run(tmp_path / "one", 1, **hybrid)[0]
+    for record in run(tmp_path / "tp2", 2, **hybrid, **TP2):
+        assert_close(losses(record), losses(one))
+        assert_close(grad_norms(record), grad_norms(one))
+        assert_close(record["weights"], one["weights"])
+
+
+@pytest.mark.distributed
 def test_faults_under_tensor_parallelism_are_decided_alike(tmp_path):
     """NaN loss on rank 1 only: both skip. Out of memory at step 6 (both ranks): both halve the
     micro-batch and retry. SIGTERM on rank 1 only: both stop after step 8 with one checkpoint."""
@@ -109,7 +123,7 @@ def test_tensor_parallel_settings_that_do_not_fit_are_named():
     narrow = load_config(preset="debug", sets=["model.vocab_size=96", "model.n_kv_heads=1"]).model
     with pytest.raises(ConfigError, match="must divide model.n_kv_heads"):
         check_tensor_parallel(narrow, 2)
-    check_tensor_parallel(load_config(preset="debug-moe", sets=["model.vocab_size=96"]).model, 2)
-    hybrid = load_config(preset="debug-hybrid", sets=["model.vocab_size=96"]).model
-    with pytest.raises(ConfigError, match="mod, moe\\+mod layers, which are not tensor-parallel"):
-        check_tensor_parallel(hybrid, 2)
+    check_tensor_parallel(load_config(preset="debug-hybrid", sets=["model.vocab_size=96"]).model, 2)
+    odd = load_config(preset="debug-moe", sets=["model.vocab_size=96", "model.moe.expert_hidden=97"]).model
+    with pytest.raises(ConfigError, match="must divide model.moe.expert_hidden"):
+        check_tensor_parallel(odd, 2)

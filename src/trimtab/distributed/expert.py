@@ -24,7 +24,8 @@ Tensor parallelism of a MoE layer: the sequence-parallel input [B, T/tp, D] is a
 every tensor-parallel rank routes the whole sequence alike (so the capacity, the drops, the
 balance statistics and the aux losses are one process's), and each computes its H / tp slice of
 every expert (w1, w3 split by columns, w2 by rows; the shared experts likewise): its output is a
-partial sum, reduce-scattered back to [B, T/tp, D]. The router and the shared gate are
+partial sum, reduce-scattered back to [B, T/tp, D] (in a Mixture-of-Depths block, which runs
+on the whole sequence, the input is whole already and the output is all-reduced). The router and the shared gate are
 replicated; their gradients are partial sums (local_shard) reduced by the parallel code, and the
 aux loss, computed alike on every rank, sends 1 / tp of its gradient from each.
 """
@@ -79,7 +80,7 @@ def apply_moe_parallel(model: nn.Module, mesh: Mesh) -> list[nn.Parameter]:
     check_moe_parallel(model.cfg, mesh.tp, mesh.ep)
     dims = [name for name, size in (("ep", mesh.ep), ("tp", mesh.tp)) if size > 1]
     experts: list[nn.Parameter] = []
-    for _, moe in model.moe_layers():
+    for i, moe in model.moe_layers():
         moe.local = local_shard
         if moe.shared is not None:
             moe.shared.local = local_shard
@@ -90,7 +91,7 @@ def apply_moe_parallel(model: nn.Module, mesh: Mesh) -> list[nn.Parameter]:
                 _swap(moe, name, distribute_tensor(getattr(moe, name).data, grid, placements))
                 experts.append(getattr(moe, name))
         if mesh.tp > 1:
-            _tensor_parallel(moe, mesh.device_mesh["tp"])
+            _tensor_parallel(moe, mesh.device_mesh["tp"], sequence=model.blocks[i].depth is None)
         if mesh.ep > 1:
             moe.dispatch = AllToAll(mesh.device_mesh["ep"].get_group())
     return experts
@@ -106,17 +107,19 @@ def local_shard(w: Tensor) -> Tensor:
     return w.to_local(grad_placements=[Partial() if p.is_replicate() else p for p in w.placements])
 
 
-def _tensor_parallel(moe: MoE, tp: Any) -> None:
+def _tensor_parallel(moe: MoE, tp: Any, sequence: bool) -> None:
     """The router, shared experts and input/output layouts of one MoE layer under tensor
-    parallelism (module docstring)."""
+    parallelism (module docstring); `sequence`: its input and output are sharded over the
+    sequence (else whole on every rank)."""
     replicated = [(moe, "router")] + ([(moe.shared_gate, "weight")] if moe.shared_gate is not None else [])
     for owner, name in replicated:
         _swap(owner, name, distribute_tensor(getattr(owner, name).data, tp, [Replicate()]))
     if moe.shared is not None:  # nn.Linear weights: w1, w3 [H, D] by rows, w2 [D, H] by columns
         for layer, dim in ((moe.shared.w1, 0), (moe.shared.w3, 0), (moe.shared.w2, 1)):
             _swap(layer, "weight", distribute_tensor(layer.weight.data, tp, [Shard(dim)]))
-    moe.register_forward_pre_hook(partial(_gather_sequence, tp))
-    moe.register_forward_hook(partial(_scatter_sequence, tp))
+    layout = [Shard(1)] if sequence else [Replicate()]
+    moe.register_forward_pre_hook(partial(_gather_input, tp, layout))
+    moe.register_forward_hook(partial(_reduce_output, tp, layout))
 
 
 def _swap(owner: nn.Module, name: str, value: Tensor) -> None:
@@ -124,20 +127,21 @@ def _swap(owner: nn.Module, name: str, value: Tensor) -> None:
     setattr(owner, name, nn.Parameter(value, requires_grad=old.requires_grad))
 
 
-def _gather_sequence(tp: Any, _module: nn.Module, args: tuple) -> tuple:
-    """[B, T/tp, D] on each rank -> the whole [B, T, D] on each, whose gradient is a partial sum."""
+def _gather_input(tp: Any, layout: list, _module: nn.Module, args: tuple) -> tuple:
+    """The input in `layout` ([B, T/tp, D] or [B, T, D] on each rank) -> the whole [B, T, D] on
+    each, whose gradient is a partial sum."""
     x = args[0]
     if not isinstance(x, DTensor):
-        x = DTensor.from_local(x, tp, [Shard(1)], run_check=False)
+        x = DTensor.from_local(x, tp, layout, run_check=False)
     return (x.redistribute(tp, [Replicate()]).to_local(grad_placements=[Partial()]),)
 
 
-def _scatter_sequence(tp: Any, module: MoE, _args: tuple, y: Tensor) -> Tensor:
-    """This rank's partial [B, T, D] -> the summed [B, T/tp, D] (reduce-scatter); the aux loss,
-    computed alike on every rank, keeps its value and sends 1 / tp of its gradient."""
+def _reduce_output(tp: Any, layout: list, module: MoE, _args: tuple, y: Tensor) -> Tensor:
+    """This rank's partial [B, T, D] -> the sum in `layout` (reduce-scatter or all-reduce); the
+    aux loss, computed alike on every rank, keeps its value and sends 1 / tp of its gradient."""
     if module.aux_loss is not None:
         module.aux_loss = _ScaleGrad.apply(module.aux_loss, 1.0 / tp.size())
-    return DTensor.from_local(y, tp, [Partial()], run_check=False).redistribute(tp, [Shard(1)]).to_local()
+    return DTensor.from_local(y, tp, [Partial()], run_check=False).redistribute(tp, layout).to_local()
 
 
 class _ScaleGrad(torch.autograd.Function):
