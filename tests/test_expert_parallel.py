@@ -84,6 +84,14 @@ def test_ep2_by_dp2_sums_expert_gradients_over_the_expert_groups(moe_one, tmp_pa
 
 
 @pytest.mark.distributed
+def test_tp2_by_dp2_shards_the_split_experts_with_fsdp2(moe_one, tmp_path):
+    """Tensor parallelism alone splits each expert's hidden units; with two replicas FSDP2
+    shards those DTensors over dp like any other weight (bench/comm.py found them left out once:
+    summed correctly, but held whole by both replicas)."""
+    assert_matches(run(tmp_path / "tp2dp2", 4, **MOE, distributed={"tp": 2}), moe_one[1])
+
+
+@pytest.mark.distributed
 def test_expert_parallel_checkpoints_reshard(moe_one, ep2, tmp_path):
     """The EP=2 run's step-5 checkpoint resumed in one process, and the one-process run's
     resumed under EP=2, both continue as the one-process run did (1e-5)."""

@@ -75,8 +75,8 @@ def check_moe_parallel(cfg: ModelConfig, tp: int, ep: int) -> None:
 def apply_moe_parallel(model: nn.Module, mesh: Mesh) -> list[nn.Parameter]:
     """Shard every MoE layer of `model` over the mesh's ep and tp dimensions in place (DTensor
     parameters under their own names, so checkpoints reshard between meshes). Returns the routed
-    experts' parameters, in model order (the same on every rank): they are data-parallel over
-    the expert groups, not over every replica."""
+    experts' parameters split by ep, in model order (the same on every rank): they are
+    data-parallel over the expert groups, not over every replica."""
     check_moe_parallel(model.cfg, mesh.tp, mesh.ep)
     dims = [name for name, size in (("ep", mesh.ep), ("tp", mesh.tp)) if size > 1]
     experts: list[nn.Parameter] = []
@@ -89,7 +89,8 @@ def apply_moe_parallel(model: nn.Module, mesh: Mesh) -> list[nn.Parameter]:
             for name, hidden in (("w1", 2), ("w3", 2), ("w2", 1)):  # H is dim 2 of w1 / w3, 1 of w2
                 placements = ([Shard(0)] if mesh.ep > 1 else []) + ([Shard(hidden)] if mesh.tp > 1 else [])
                 _swap(moe, name, distribute_tensor(getattr(moe, name).data, grid, placements))
-                experts.append(getattr(moe, name))
+                if mesh.ep > 1:  # split over tp alone, FSDP2 shards them over dp like any weight
+                    experts.append(getattr(moe, name))
         if mesh.tp > 1:
             _tensor_parallel(moe, mesh.device_mesh["tp"], sequence=model.blocks[i].depth is None)
         if mesh.ep > 1:

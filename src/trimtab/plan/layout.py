@@ -24,7 +24,9 @@ the job spans several (the network: one 400 Gb/s NIC per GPU, the DGX/HGX H100 r
 
     tensor parallel  per layer and micro-batch 4 all-gathers / reduce-scatters of the
                      [tokens, d_model] activations forward and 4 backward (6 forward with
-                     checkpointing), each moving (tp-1)/tp of them; on the critical path
+                     checkpointing), each moving (tp-1)/tp of them, and 4 more a step for the
+                     embedding's output and the final norm's; on the critical path (measured on
+                     CPU to the byte: bench/comm.py)
     expert parallel  per MoE layer and micro-batch 2 all-to-alls forward (dispatch, combine) and
                      2 backward (3 forward with checkpointing) of the replica's tokens x top_k
                      rows of d_model, each sending (ep-1)/ep of them; inside a node when ep x tp
@@ -262,21 +264,16 @@ def _layout(
     accumulation = math.ceil(replica_tokens / micro) if micro else 0
     flops = model.flops_per_token * cfg.train.batch_tokens
     compute = flops / (hw.devices * hw.peak_flops * cfg.plan.mfu) * (4 / 3 if ckpt else 1)
-    tp_bytes = (tp - 1) / tp * replica_tokens * model.d_model * p * model.n_layers * (14 if ckpt else 8)
-    tp_comm = tp_bytes / (link * BUS_EFFICIENCY)
-    exchanged = replica_tokens * model.top_k * model.d_model * p * model.moe_layers * (6 if ckpt else 4)
-    ep_comm = (ep - 1) / ep * exchanged / (ep_link * BUS_EFFICIENCY)
+    traffic = _traffic(cfg, model, (tp, ep, dp), fsdp, ckpt, p)
+    tp_comm = traffic.tp / (link * BUS_EFFICIENCY)
+    ep_comm = traffic.ep / (ep_link * BUS_EFFICIENCY)
     dp_bus = network * BUS_EFFICIENCY
-    if dp == 1:
-        dp_comm = 0.0
-    elif fsdp:  # every micro-batch: gathers forward and backward, gradient reduce-scatter
-        per_micro = (dp - 1) / dp * (model.params - split) / tp * (2 * p + 4) / dp_bus
+    if fsdp:  # hidden behind each micro-batch's compute where it can be
+        per_micro = traffic.dp_per_micro / dp_bus
         dp_comm = max(0.0, per_micro - compute / max(accumulation, 1)) * max(accumulation, 1)
-        edp = dp // ep  # split experts: their gradients all-reduced over the copies, once
-        dp_comm += 2 * (edp - 1) / edp * 4 * split / (tp * ep) / dp_bus
+        dp_comm += traffic.dp_once / dp_bus
     else:  # once: the last backward's all-reduce, overlapped with that backward (2/3 of it)
-        all_reduce = 2 * (dp - 1) / dp * 4 * model.params / tp / dp_bus
-        dp_comm = max(0.0, all_reduce - compute / max(accumulation, 1) * 2 / 3)
+        dp_comm = max(0.0, traffic.dp_once / dp_bus - compute / max(accumulation, 1) * 2 / 3)
     step = compute + tp_comm + ep_comm + dp_comm
     activations = round((micro or seq) * per_token)  # what one row would need when none fits
     return Layout(
@@ -298,6 +295,47 @@ def _layout(
         step_s=step,
         mfu=flops / (hw.devices * hw.peak_flops * step),
     )
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Bytes one GPU sends in a step over each dimension's ring collectives (module docstring)."""
+
+    tp: float  # sequence-parallel all-gathers and reduce-scatters, every layer
+    ep: float  # all-to-all dispatch and combine, every MoE layer
+    dp_per_micro: float  # FSDP2: weights gathered forward and backward, gradients reduce-scattered
+    dp_once: float  # DDP's gradient all-reduce, or the split experts' over their copies
+
+
+def _traffic(cfg: RunConfig, model: _Shape, mesh: tuple[int, int, int], fsdp: bool, ckpt: bool, p: int) -> Traffic:
+    """mesh: (tp, ep, dp); p: bytes per activation (and FSDP-gathered weight) element."""
+    tp, ep, dp = mesh
+    replica_tokens = cfg.train.batch_tokens // dp
+    collectives = model.n_layers * (14 if ckpt else 8) + 4  # + embedding and final norm, fwd and bwd
+    tp_bytes = (tp - 1) / tp * replica_tokens * model.d_model * p * collectives
+    exchanged = replica_tokens * model.top_k * model.d_model * p * model.moe_layers * (6 if ckpt else 4)
+    if dp == 1:
+        return Traffic(tp=tp_bytes, ep=(ep - 1) / ep * exchanged, dp_per_micro=0.0, dp_once=0.0)
+    split = model.experts if ep > 1 else 0  # expert weights held by ep, outside FSDP
+    if fsdp:
+        edp = dp // ep  # split experts: their gradients all-reduced over the copies, once
+        per_micro = (dp - 1) / dp * (model.params - split) / tp * (2 * p + 4)
+        once = 2 * (edp - 1) / edp * 4 * split / (tp * ep)
+    else:
+        per_micro, once = 0.0, 2 * (dp - 1) / dp * 4 * model.params / tp
+    return Traffic(tp=tp_bytes, ep=(ep - 1) / ep * exchanged, dp_per_micro=per_micro, dp_once=once)
+
+
+def step_traffic(cfg: RunConfig, world: int, precision: str = "bf16") -> dict[str, float]:
+    """The bytes one GPU sends in a step of `cfg` as configured (its distributed section, micro-
+    batch and checkpointing) on `world` processes, per dimension: what bench/comm.py measures."""
+    tp, ep = cfg.distributed.tp, cfg.distributed.ep
+    dp = world // tp
+    fsdp = cfg.distributed.data_parallel == "fsdp" and dp > 1
+    ckpt = cfg.train.activation_checkpointing
+    traffic = _traffic(cfg, _Shape.of(cfg), (tp, ep, dp), fsdp, ckpt, activation_width(precision))
+    micro_batches = math.ceil(cfg.train.batch_tokens // dp / cfg.train.micro_budget)
+    return {"tp": traffic.tp, "ep": traffic.ep, "dp": traffic.dp_per_micro * micro_batches + traffic.dp_once}
 
 
 def _gpus_needed(cfg: RunConfig, shape: _Shape, hw: Hardware, gpus_per_node: int) -> int | None:
