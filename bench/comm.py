@@ -44,6 +44,7 @@ MESHES = {  # name: (processes, distributed section, other settings)
     "TP 2": (2, {"tp": 2}, []),
     "EP 2 (FSDP2 x2)": (2, {"ep": 2}, []),
     "EP 2 (FSDP2 x2), dropless": (2, {"ep": 2}, DROPLESS),
+    "EP 2 x 2 expert copies, dropless": (4, {"ep": 2}, DROPLESS),
     "TP 2 x FSDP2 2": (4, {"tp": 2}, []),
     "TP 2 x EP 2, dropless": (4, {"tp": 2, "ep": 2}, DROPLESS),
 }

@@ -77,9 +77,10 @@ def test_tp2_by_ep2_matches_one_process(moe_one, tmp_path):
 
 
 @pytest.mark.distributed
-def test_ep2_by_dp2_sums_expert_gradients_over_the_expert_groups(moe_one, tmp_path):
-    """Four replicas, two expert groups of two: each expert's gradient is its group's, summed
-    with the other group's copy (edp all-reduce); the dense weights are FSDP2 over all four."""
+def test_ep2_by_dp2_shards_experts_over_the_expert_groups(moe_one, tmp_path):
+    """Four replicas, two expert groups of two: each expert's gradient is its group's; FSDP2
+    shards the experts over the two groups' copies (their own mesh, edp) and reduce-scatters
+    their gradients there, the dense weights over all four."""
     assert_matches(run(tmp_path / "ep2dp2", 4, **MOE, **EP2), moe_one[1])
 
 

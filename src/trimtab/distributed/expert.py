@@ -18,7 +18,8 @@ assignments by expert, and then
 The row exchange is torch's differentiable all-to-all (functional collectives), so backward
 sends the gradients the same way back. Split sizes are known on the host (one sync per layer,
 as Megatron-LM's all-to-all dispatcher and torchtitan). An expert's gradient sums the rows of
-its whole group; expert groups (edp of them) then sum theirs (Parallel.reduce_step).
+its whole group; FSDP2 shards the experts over the edp groups holding the same ones and
+reduce-scatters their gradients there (Parallel._fully_shard).
 
 Tensor parallelism of a MoE layer: the sequence-parallel input [B, T/tp, D] is all-gathered,
 every tensor-parallel rank routes the whole sequence alike (so the capacity, the drops, the

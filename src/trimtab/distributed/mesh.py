@@ -78,10 +78,5 @@ class Mesh:
         """The process group of this rank's data-parallel peers (None: every rank, the default)."""
         return None if self.tp == 1 or self.device_mesh is None else self.device_mesh["dp"].get_group()
 
-    @property
-    def edp_group(self) -> Any:
-        """The process group of the ranks holding the same experts as this one (None: none other)."""
-        return None if self.edp == 1 or self.device_mesh is None else self.device_mesh["edp"].get_group()
-
     def __getitem__(self, name: str) -> Any:
         return self.device_mesh[name]

@@ -21,8 +21,8 @@ The mesh is (edp, ep, tp) (distributed/mesh.py): ranks r with the same r // tp f
 data-parallel replica split by tensor parallelism (distributed/tensor.py). They see the same rows
 and compute the same loss, so "over the ranks" below means over the data-parallel replicas (the
 dp group); agreement (OOM, signals, errors) is over every rank. Groups of ep replicas split the
-MoE experts between them (distributed/expert.py); the experts' gradients are summed over the
-edp groups holding the same experts, everything else's over all replicas.
+MoE experts between them (distributed/expert.py); FSDP2 shards the experts over the edp groups
+holding the same ones, everything else over all replicas.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class Parallel(Checkpoints):
         self.dp_world, self.dp_rank = self.mesh.dp, self.mesh.dp_rank(rank_)
         self.ddp: nn.Module | None = None
         self.fsdp = False
-        self.experts: list[nn.Parameter] = []  # routed experts split by ep: data-parallel over edp only
+        self.experts: list[nn.Parameter] = []  # routed experts split by ep: FSDP2 over edp only
         self._contexts = ExitStack()  # held for the whole run (tensor parallelism's loss)
         self._signal = 0  # a signal this rank received, not yet agreed (signal number)
         self._agreed = False  # the ranks met before this step's communicating backward
@@ -226,8 +226,9 @@ class Parallel(Checkpoints):
             mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=DTYPES[self.cfg.reduce_dtype]),
             reshard_after_forward=self.cfg.reshard_after_forward,
             offload_policy=offload,
-            ignored_params=set(self.experts),  # sharded by ep; summed over edp in reduce_step
         )
+        if self.experts:  # split by ep: FSDP2 shards them over their copies (edp), not every replica
+            kwargs["shard_placement_fn"] = _expert_placement(self.experts, self.mesh)
         if self.mesh.tp > 1:
             kwargs["mesh"] = self.mesh["dp"]  # 2D: FSDP2 shards the tensor-parallel DTensors over dp
         units = list(getattr(model, "blocks", []))  # one all-gather per block, freed after it
@@ -302,9 +303,6 @@ class Parallel(Checkpoints):
         self._agreed = False
         if self.mesh.tp > 1 and not self.fsdp:
             _replicate_grads(model)
-        if self.mesh.edp > 1 and self.experts:
-            grads = [p.grad for p in self.experts if p.grad is not None]
-            _sum_in_place([g.to_local() if hasattr(g, "to_local") else g for g in grads], self.mesh.edp_group)
         if self.dp_world == 1:
             return
         if self.ddp is not None:
@@ -410,6 +408,25 @@ def _replicate_grads(model: nn.Module) -> None:
     for p in model.parameters():
         if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
             p.grad = p.grad.redistribute(placements=p.placements)
+
+
+def _expert_placement(experts: list[nn.Parameter], mesh: Mesh) -> Callable[[nn.Parameter], Any]:
+    """fully_shard's shard_placement_fn: the experts split by ep are sharded over the edp copies
+    of each expert group (their own FSDP mesh), on the expert dimension when each copy gets
+    whole experts, else on d_model (torchtitan does the same); None: the default for the rest."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, ShardPlacementResult
+    from torch.distributed.tensor import Shard
+
+    info = FSDPMeshInfo(mesh=mesh["edp"], shard_mesh_dim=0)
+    ids = {id(p) for p in experts}
+
+    def place(p: nn.Parameter) -> Any:
+        if id(p) not in ids:
+            return None
+        whole = p.to_local().shape[0] % mesh.edp == 0
+        return ShardPlacementResult(Shard(0) if whole else Shard(1), info)
+
+    return place
 
 
 def _sum_in_place(tensors: list[torch.Tensor], group: Any) -> None:

@@ -9,11 +9,12 @@ replicas; checkpointing off or on) and the fastest that fits is proposed. Per GP
 parameters of which P_e are routed experts, tp tensor-parallel ranks, dp replicas, ep of them
 sharing one copy of the experts:
 
-    model state   16 (P - P_e) / tp, / dp under FSDP, + 16 P_e / (tp ep) (plan/memory.py: fp32
-                  weights, gradients, moments; split experts are not FSDP-sharded further)
+    model state   16 P / tp, / dp under FSDP (plan/memory.py: fp32 weights, gradients, moments;
+                  experts split by ep are FSDP-sharded over their dp / ep copies, the rest
+                  over all dp replicas: the same share)
     FSDP buffers  the largest block gathered twice (this one and the prefetched next) in the
-                  compute dtype plus its fp32 gradient (its experts only when ep = 1), and the
-                  root (embedding, head) gathered
+                  compute dtype plus its fp32 gradient (its experts: this rank's 1 / ep of
+                  them), and the root (embedding, head) gathered
     activations   micro-batch tokens x plan/memory.py's bytes per token / tp (sequence parallelism
                   shards the norms and the residual stream too: Korthikanti et al. 2022, eq. 5)
 
@@ -35,8 +36,9 @@ the job spans several (the network: one 400 Gb/s NIC per GPU, the DGX/HGX H100 r
                      behind the last micro-batch's backward where it can be
     FSDP2            per micro-batch the weights gathered forward and backward in the compute dtype
                      and the fp32 gradients reduce-scattered, (dp-1)/dp x (2 + 2 + 4) P / tp
-                     bytes (P - P_e when ep > 1, whose experts' gradients are all-reduced over
-                     the dp / ep copies once per step), hidden behind compute where it can be
+                     bytes (with ep > 1: P - P_e over the dp replicas, and P_e / ep over the
+                     edp = dp / ep copies of the experts, (edp-1)/edp of it), hidden behind
+                     compute where it can be
 
 A starting point, not a promise: smaller tensor-parallel matmuls run below plan.mfu, and a
 network other than the reference changes the data-parallel terms.
@@ -252,9 +254,8 @@ def _layout(
     (tp, ep), (link, ep_link, network) = mesh, links
     dp, p = hw.devices // tp, activation_width(hw.precision)
     fsdp = strategy == "fsdp" and dp > 1
-    split = model.experts if ep > 1 else 0  # expert weights held by ep, outside FSDP
-    state = 16 * (model.params - split) // tp // (dp if fsdp else 1) + 16 * split // (tp * ep)
-    gathered = model.largest_block - (model.largest_block_experts if ep > 1 else 0)
+    state = 16 * model.params // tp // (dp if fsdp else 1)
+    gathered = model.largest_block - model.largest_block_experts + model.largest_block_experts // ep
     buffer = (gathered * (2 * p + 4) + model.root * p) // tp if fsdp else 0
     per_token = activation_bytes_per_token(cfg, p, ckpt) / tp
     seq, replica_tokens = cfg.data.seq_len, cfg.train.batch_tokens // dp
@@ -304,7 +305,7 @@ class Traffic:
     tp: float  # sequence-parallel all-gathers and reduce-scatters, every layer
     ep: float  # all-to-all dispatch and combine, every MoE layer
     dp_per_micro: float  # FSDP2: weights gathered forward and backward, gradients reduce-scattered
-    dp_once: float  # DDP's gradient all-reduce, or the split experts' over their copies
+    dp_once: float  # DDP's gradient all-reduce
 
 
 def _traffic(cfg: RunConfig, model: _Shape, mesh: tuple[int, int, int], fsdp: bool, ckpt: bool, p: int) -> Traffic:
@@ -316,11 +317,11 @@ def _traffic(cfg: RunConfig, model: _Shape, mesh: tuple[int, int, int], fsdp: bo
     exchanged = replica_tokens * model.top_k * model.d_model * p * model.moe_layers * (6 if ckpt else 4)
     if dp == 1:
         return Traffic(tp=tp_bytes, ep=(ep - 1) / ep * exchanged, dp_per_micro=0.0, dp_once=0.0)
-    split = model.experts if ep > 1 else 0  # expert weights held by ep, outside FSDP
-    if fsdp:
-        edp = dp // ep  # split experts: their gradients all-reduced over the copies, once
-        per_micro = (dp - 1) / dp * (model.params - split) / tp * (2 * p + 4)
-        once = 2 * (edp - 1) / edp * 4 * split / (tp * ep)
+    if fsdp:  # experts split by ep: FSDP over their edp copies only
+        split, edp = (model.experts, dp // ep) if ep > 1 else (0, 1)
+        dense = (dp - 1) / dp * (model.params - split) / tp
+        per_micro = (dense + (edp - 1) / edp * split / (tp * ep)) * (2 * p + 4)
+        once = 0.0
     else:
         per_micro, once = 0.0, 2 * (dp - 1) / dp * 4 * model.params / tp
     return Traffic(tp=tp_bytes, ep=(ep - 1) / ep * exchanged, dp_per_micro=per_micro, dp_once=once)
