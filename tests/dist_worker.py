@@ -42,6 +42,9 @@ class Recorder(Hook):
                 "grad_norm": out.grad_norm.item(),
                 "skipped": bool(out.skipped) if out.skipped is not None else False,
                 "micro_batches": len(out.batch.micro),
+                "aux": out.aux_loss.item() if out.aux_loss is not None else None,
+                "moe": [c.tolist() for c in out.moe["counts"]] if out.moe else None,
+                "mod": out.mod["means"].tolist() if out.mod else None,
                 "rows": sorted(out.batch.rows if out.batch.shard is None else out.batch.shard),  # this rank's
             }
         )

@@ -130,6 +130,8 @@ def test_expert_surgery_under_a_mesh_is_refused_with_the_reason():
         moe_layer(model, 1, world=4, ep=2)
     with pytest.raises(ConfigError, match="split by distributed.tp=2"):
         moe_layer(model, 1, world=2, tp=2)
+    with pytest.raises(ConfigError, match="pipeline stages"):
+        moe_layer(model, 1, world=2, pp=2)
     assert moe_layer(model, 1, world=1) is model.blocks[1].ffn
 
 

@@ -1,11 +1,12 @@
 """The `distributed:` section: how the processes of a `torchrun` launch share the model.
 
-One process (plain `trimtab train`) ignores it. Under torchrun the ranks form a (dp, tp) mesh:
-`tp` ranks split each layer's weights (tensor + sequence parallelism), and the dp = world / tp
+One process (plain `trimtab train`) ignores it. Under torchrun the ranks form a (pp, dp, tp)
+mesh: `pp` pipeline stages each hold a run of consecutive layers (distributed/pipeline.py), `tp`
+ranks split each layer's weights (tensor + sequence parallelism), and the dp = world / (pp * tp)
 data-parallel replicas each hold a disjoint share of each global batch; `ddp` keeps a full
 replica per rank and all-reduces gradients, `fsdp` shards parameters, gradients and optimizer
-state across replicas (FSDP2, `fully_shard`); `auto` is fsdp when tp or ep split weights
-(DDP cannot replicate sharded weights), else ddp. `ep` groups of data-parallel replicas split
+state across replicas (FSDP2, `fully_shard`); `auto` is fsdp when tp, ep or pp split the
+model (DDP cannot replicate sharded weights), else ddp. `ep` groups of data-parallel replicas split
 each MoE layer's experts between them (expert parallelism, distributed/expert.py).
 """
 
@@ -18,13 +19,17 @@ from trimtab.config.checks import _check
 STRATEGIES = ("auto", "ddp", "fsdp")
 BACKENDS = ("auto", "nccl", "gloo")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
+PP_SCHEDULES = ("auto", "gpipe", "1f1b", "interleaved")
 
 
 @dataclass
 class DistributedConfig:
-    strategy: str = "auto"  # auto | ddp | fsdp (auto: fsdp when tp or ep > 1, else ddp)
+    strategy: str = "auto"  # auto | ddp | fsdp (auto: fsdp when tp, ep or pp > 1, else ddp)
     tp: int = 1  # tensor-parallel ranks per replica (neighbouring ranks: one node's GPUs)
     ep: int = 1  # data-parallel replicas sharing one copy of the experts (divides world / tp)
+    pp: int = 1  # pipeline stages (ranks r // (world / pp)), each holding consecutive layers
+    pp_schedule: str = "auto"  # auto | gpipe | 1f1b | interleaved (auto: interleaved if pp_stages_per_rank > 1)
+    pp_stages_per_rank: int = 1  # virtual stages per rank (> 1: interleaved 1F1B, a smaller bubble)
     backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
     timeout_s: int = 600  # a collective waiting longer fails the job (a rank died or hangs)
     find_unused_parameters: bool = False  # ddp: needed only if some parameter gets no gradient in a step
@@ -40,6 +45,7 @@ class DistributedConfig:
         _check(self.timeout_s > 0, "distributed.timeout_s", f"must be > 0 (got {self.timeout_s})")
         _check(self.tp >= 1, "distributed.tp", f"must be >= 1 (got {self.tp})")
         _check(self.ep >= 1, "distributed.ep", f"must be >= 1 (got {self.ep})")
+        self._validate_pipeline()
         _check(
             not (self.ep > 1 and self.strategy == "ddp"),
             "distributed.strategy",
@@ -66,9 +72,44 @@ class DistributedConfig:
                 "applies to distributed.strategy=ddp only (strategy is 'fsdp')",
             )
 
+    def _validate_pipeline(self) -> None:
+        _check(self.pp >= 1, "distributed.pp", f"must be >= 1 (got {self.pp})")
+        _check(self.pp_schedule in PP_SCHEDULES, "distributed.pp_schedule", f"must be one of {', '.join(PP_SCHEDULES)}")
+        v = self.pp_stages_per_rank
+        _check(v >= 1, "distributed.pp_stages_per_rank", f"must be >= 1 (got {v})")
+        _check(
+            self.pp_schedule in ("auto", "interleaved") or v == 1,
+            "distributed.pp_stages_per_rank",
+            f"is {v}, but pp_schedule={self.pp_schedule} runs one stage per rank; use interleaved (or auto)",
+        )
+        _check(
+            self.pp_schedule != "interleaved" or v > 1,
+            "distributed.pp_schedule",
+            "is interleaved, which needs distributed.pp_stages_per_rank >= 2 (stages per rank)",
+        )
+        if self.pp > 1:
+            _check(
+                self.strategy != "ddp",
+                "distributed.strategy",
+                "is ddp, which cannot wrap pipeline stages here; use fsdp (or auto) with distributed.pp",
+            )
+            _check(
+                self.tp == 1 and self.ep == 1,
+                "distributed.pp",
+                f"is {self.pp} with tp={self.tp}, ep={self.ep}: pipeline stages do not compose with tensor or "
+                "expert parallelism yet; use pp with data parallelism (fsdp), or tp/ep without pp",
+            )
+
+    @property
+    def schedule(self) -> str:
+        """The pipeline schedule (auto resolved)."""
+        if self.pp_schedule == "auto":
+            return "interleaved" if self.pp_stages_per_rank > 1 else "1f1b"
+        return self.pp_schedule
+
     @property
     def data_parallel(self) -> str:
         """The strategy the replicas use: 'ddp' or 'fsdp' (auto resolved)."""
         if self.strategy == "auto":
-            return "fsdp" if self.tp > 1 or self.ep > 1 else "ddp"
+            return "fsdp" if self.tp > 1 or self.ep > 1 or self.pp > 1 else "ddp"
         return self.strategy

@@ -31,7 +31,9 @@ from trimtab.model.upgrade import is_legacy, upgrade_optimizer, upgrade_weights
 
 
 class Checkpoints:
-    """The checkpoint half of Parallel (world, rank, is_main, sharded come from it)."""
+    """The checkpoint half of Parallel (world, rank, is_main, sharded, pipeline come from it)."""
+
+    pipeline: Any = None
 
     def save(
         self,
@@ -54,7 +56,8 @@ class Checkpoints:
                 run_dir,
                 step,
                 model.state_dict(),
-                {"optimizer": optimizer.state_dict(), **extra},
+                # the names say which weight each moment belongs to under any later split (pipeline)
+                {"optimizer": optimizer.state_dict(), "param_names": _param_names(model, optimizer), **extra},
                 state,
                 keep=keep,
                 protect=protect,
@@ -110,6 +113,8 @@ class Checkpoints:
         weights; `weights` None: this run's shards are read from the sharded checkpoint directly,
         resharded to this world size."""
         apply_structure(model, state)
+        if self.pipeline is not None:
+            self.pipeline.hollow_others()  # a layer of another stage resized: its tensors go again
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
         if weights is None and is_legacy(weight_names(path)):
@@ -156,7 +161,7 @@ class Checkpoints:
             set_optimizer_state_dict(
                 model,
                 optimizer,
-                _named_optim_state(model, optimizer, native),
+                _named_optim_state(model, optimizer, native, optim_state.get("param_names"), path),
                 options=StateDictOptions(full_state_dict=True),
             )
         else:
@@ -169,13 +174,27 @@ def _param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str
     return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
-def _named_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, native: dict[str, Any]) -> dict[str, Any]:
+def _named_optim_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, native: dict[str, Any], names: list[str] | None, path: Path
+) -> dict[str, Any]:
     """optimizer.state_dict() (parameters numbered in group order) keyed by parameter name, the
-    form set_optimizer_state_dict takes."""
-    fqns = _param_names(model, optimizer)
+    form set_optimizer_state_dict takes, for the parameters this rank holds. The names are the
+    checkpoint's own (saved since 2026-11-25); older ones are numbered as this model's optimizer
+    is, which holds only for a model held whole."""
+    held = _param_names(model, optimizer)
+    if names is None:
+        if sum(len(g["params"]) for g in native["param_groups"]) != len(held):
+            raise CheckpointError(
+                f"{path}: a one-process checkpoint from before optimizer states were named cannot be split "
+                "into pipeline stages; resume it once in one process (or under tp / fsdp), then under pp"
+            )
+        names = held
+    mine = set(held)
     return {
-        "state": {fqns[i]: v for i, v in native["state"].items()},
-        "param_groups": [{**g, "params": [fqns[i] for i in g["params"]]} for g in native["param_groups"]],
+        "state": {names[i]: v for i, v in native["state"].items() if names[i] in mine},
+        "param_groups": [
+            {**g, "params": [names[i] for i in g["params"] if names[i] in mine]} for g in native["param_groups"]
+        ],
     }
 
 

@@ -54,6 +54,7 @@ from trimtab.distributed.mesh import Mesh
 from trimtab.errors import ConfigError
 
 if TYPE_CHECKING:
+    from trimtab.distributed.pipeline import Pipeline
     from trimtab.hardware import Precision
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -81,6 +82,7 @@ class Parallel(Checkpoints):
         self.ddp: nn.Module | None = None
         self.fsdp = False
         self.experts: list[nn.Parameter] = []  # routed experts split by ep: FSDP2 over edp only
+        self.pipeline: Pipeline | None = None  # pp > 1: this rank's stages and their schedules
         self._contexts = ExitStack()  # held for the whole run (tensor parallelism's loss)
         self._signal = 0  # a signal this rank received, not yet agreed (signal number)
         self._agreed = False  # the ranks met before this step's communicating backward
@@ -122,8 +124,8 @@ class Parallel(Checkpoints):
 
     @property
     def sharded(self) -> bool:
-        """Whether the parameters are DTensors (FSDP2, tensor or expert parallelism)."""
-        return self.fsdp or self.mesh.tp > 1 or self.mesh.ep > 1
+        """Whether each rank holds part of the model (FSDP2, tensor, expert or pipeline parallelism)."""
+        return self.fsdp or self.mesh.tp > 1 or self.mesh.ep > 1 or self.mesh.pp > 1
 
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
@@ -175,7 +177,11 @@ class Parallel(Checkpoints):
     def wrap(self, model: nn.Module, compile: bool, precision: Precision) -> Callable[[torch.Tensor], torch.Tensor]:
         """The callable the trainer runs forward through: model.hidden, compiled and wrapped for
         tensor and data parallelism. `model` keeps its own parameters' names (checkpoints do not
-        change)."""
+        change). Under pipeline parallelism the trainer runs self.pipeline instead."""
+        if self.mesh.pp > 1:
+            from trimtab.distributed.pipeline import Pipeline
+
+            self.pipeline = Pipeline(model, self.mesh, self.cfg, self.device)
         if self.mesh.tp > 1:
             from torch.distributed.tensor.parallel import loss_parallel
 
@@ -191,6 +197,10 @@ class Parallel(Checkpoints):
             self.experts = apply_moe_parallel(model, self.mesh)
         # auto with one replica (tensor parallelism alone) needs no data-parallel wrapper
         single = self.dp_world == 1 and self.cfg.strategy == "auto"
+        if self.pipeline is not None and (single or self.world == 1):
+            for block in self.pipeline.blocks() if compile else []:
+                block.compile()
+            return model.hidden
         if self.world == 1 or self.cfg.data_parallel == "ddp" or single:
             fn = torch.compile(model.hidden) if compile else model.hidden
             if self.dp_world == 1:
@@ -229,18 +239,24 @@ class Parallel(Checkpoints):
         )
         if self.experts:  # split by ep: FSDP2 shards them over their copies (edp), not every replica
             kwargs["shard_placement_fn"] = _expert_placement(self.experts, self.mesh)
-        if self.mesh.tp > 1:
-            kwargs["mesh"] = self.mesh["dp"]  # 2D: FSDP2 shards the tensor-parallel DTensors over dp
-        units = list(getattr(model, "blocks", []))  # one all-gather per block, freed after it
+        if self.mesh.tp > 1 or self.mesh.pp > 1:
+            kwargs["mesh"] = self.mesh["dp"]  # 2D: FSDP2 shards over this stage's / TP rank's replicas
+        # one all-gather per block, freed after it (a pipeline: this rank's blocks)
+        units = self.pipeline.blocks() if self.pipeline else list(model.blocks)
         for block in units:
             if compile:
                 block.compile()
             fully_shard(block, **kwargs)
         # The rest (embedding, final norm, tied head) stays gathered after the root's forward: the
         # trainer calls model.hidden, then reads lm_head.weight for the loss outside any forward.
-        fully_shard(model, **{**kwargs, "reshard_after_forward": False})
-        register_fsdp_forward_method(model, "hidden")
-        for unit in [*units, model]:
+        roots = self.pipeline.modules if self.pipeline else [model]
+        if self.pipeline is not None and param_dtype is not None:
+            self.pipeline.dtype = param_dtype  # the stages exchange activations in the gathered weights' dtype
+        for root in roots:
+            fully_shard(root, **{**kwargs, "reshard_after_forward": False})
+        if self.pipeline is None:
+            register_fsdp_forward_method(model, "hidden")
+        for unit in [*units, *roots]:
             unit.set_gradient_divide_factor(1.0)  # sum, not mean: the loss is already global
             unit.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
         self.fsdp = True
@@ -303,13 +319,17 @@ class Parallel(Checkpoints):
         self._agreed = False
         if self.mesh.tp > 1 and not self.fsdp:
             _replicate_grads(model)
-        if self.dp_world == 1:
-            return
         if self.ddp is not None:
             self.ddp.require_backward_grad_sync = False
             self.ddp.module.output = None
-        tensors = [loss] + ([aux] if aux is not None else []) + _router_tensors(routers, model)
-        _sum_in_place(tensors, self.mesh.dp_group)
+        loads = [layer.load for _, layer in model.moe_layers() if layer.load.device.type != "meta"]
+        step = [loss] + ([aux] if aux is not None else []) + _router_tensors(routers)
+        if self.pipeline is not None:  # each stage holds its own layers' telemetry, the last the loss
+            self.pipeline.sum_tied_grads()
+            _sum_in_place(step, self.mesh.step_group)
+            step = []
+        if self.dp_world > 1:
+            _sum_in_place(step + loads, self.mesh.dp_group)
 
     def mean_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
         """The replicas' mean of a 0-d device tensor. Every replica evaluates the same held-out
@@ -347,9 +367,14 @@ class Parallel(Checkpoints):
                 groups.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
         norms = []
         for group in groups.values():
-            norm = torch.nn.utils.get_total_norm([p.grad for p in group])
+            counted = [p.grad for p in group if not (self.pipeline and self.pipeline.duplicate(p))]
+            norm = torch.nn.utils.get_total_norm(counted) if counted else torch.zeros((), device=self.device)
             norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-        norm = torch.linalg.vector_norm(torch.stack(norms))
+        norm = torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros((), device=self.device)
+        if self.pipeline is not None:  # each stage's weights: the squares summed over the stages
+            norm = norm.square()
+            dist.all_reduce(norm, group=self.pipeline.group)
+            norm = norm.sqrt()
         for group in groups.values():
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm)
         return norm
@@ -431,6 +456,8 @@ def _expert_placement(experts: list[nn.Parameter], mesh: Mesh) -> Callable[[nn.P
 
 def _sum_in_place(tensors: list[torch.Tensor], group: Any) -> None:
     """Sum each tensor over the ranks of `group`, in place, in one all-reduce."""
+    if not tensors:
+        return
     flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
     dist.all_reduce(flat, group=group)
     offset = 0
@@ -439,10 +466,10 @@ def _sum_in_place(tensors: list[torch.Tensor], group: Any) -> None:
         offset += t.numel()
 
 
-def _router_tensors(routers: Any, model: nn.Module) -> list[torch.Tensor]:
-    """The step's router telemetry (training.runtime.RouterStats) and each MoE layer's load since
-    the last bias update: summed over ranks so that the balancing bias and the orchestrator's MoE
-    decisions are the same everywhere."""
+def _router_tensors(routers: Any) -> list[torch.Tensor]:
+    """The step's router telemetry (training.runtime.RouterStats): summed over ranks, with each
+    MoE layer's load since the last bias update, so that the balancing bias and the
+    orchestrator's MoE decisions are the same everywhere."""
     out: list[torch.Tensor] = []
     moe = getattr(routers, "moe", None)
     if moe is not None:
@@ -450,5 +477,4 @@ def _router_tensors(routers: Any, model: nn.Module) -> list[torch.Tensor]:
     mod = getattr(routers, "mod", None)
     if isinstance(mod, torch.Tensor) and mod.numel():
         out.append(mod)
-    out += [layer.load for _, layer in model.moe_layers()]
     return out

@@ -147,16 +147,28 @@ class Transformer(nn.Module):
             )
         x = self.tok_emb(tokens)
         rope = self.rotary.table(offset, T)
-        mask = self._chunk_mask(offset, T, tokens.device)
-        ckpt = self.checkpointing and self.training and torch.is_grad_enabled()
-        for i, block in enumerate(self.blocks):
-            if ckpt:
-                x = checkpoint(block, x, rope, mask, cache, i, use_reentrant=False)
-            else:
-                x = block(x, rope, mask, cache, i)
+        x = self.run_blocks(x, range(len(self.blocks)), rope, self._chunk_mask(offset, T, tokens.device), cache)
         if cache is not None:
             cache.advance(T)
         return self.norm(x)
+
+    def run_blocks(
+        self,
+        x: torch.Tensor,
+        layers: range,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """x [B, T, D] through the blocks at `layers` (a pipeline stage runs its own), each
+        recomputed in backward when activation checkpointing is on."""
+        ckpt = self.checkpointing and self.training and torch.is_grad_enabled()
+        for i in layers:
+            if ckpt:
+                x = checkpoint(self.blocks[i], x, rope, mask, cache, i, use_reentrant=False)
+            else:
+                x = self.blocks[i](x, rope, mask, cache, i)
+        return x
 
     @staticmethod
     def _chunk_mask(offset: int, T: int, device: torch.device) -> torch.Tensor | None:

@@ -161,7 +161,7 @@ class Control:
 
     def _surgery(self, op: str, layer: int, expert: int | None) -> str:
         t = self._trainer
-        moe = surgery.moe_layer(t.model, layer, t.dist.world, t.dist.mesh.ep, t.dist.mesh.tp)
+        moe = surgery.moe_layer(t.model, layer, t.dist.world, t.dist.mesh.ep, t.dist.mesh.tp, t.dist.mesh.pp)
 
         def rebuild():
             return build_optimizer(t.model, t.phases[t.state.phase].optim, t.device)
@@ -181,7 +181,7 @@ class Control:
 
     def _reset_router(self, layer: int, expert: int) -> str:
         t = self._trainer
-        moe = surgery.moe_layer(t.model, layer, t.dist.world, t.dist.mesh.ep, t.dist.mesh.tp)
+        moe = surgery.moe_layer(t.model, layer, t.dist.world, t.dist.mesh.ep, t.dist.mesh.tp, t.dist.mesh.pp)
         return f"layer {layer}: {surgery.reset_router(moe, t.optimizer, expert)}"
 
     def _set_knob(self, layers: list[tuple[int, Any]], kind: str, knob: str, value: float, layer: int | None) -> str:

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from trimtab.data import MicroBatch
-from trimtab.training.loss import cross_entropy_sum
 from trimtab.training.runtime import is_oom
 
 if TYPE_CHECKING:
@@ -34,11 +33,9 @@ def sharded_loss(t: Trainer, micro_batches: list[MicroBatch], timeout: float) ->
         j = rank + i * world  # the micro-batch this rank scores in this round (>= n: a padding forward)
         micro = micro_batches[min(j, n - 1)]
         try:
-            with t.precision.autocast():
-                hidden = t.forward(micro.inputs.to(t.device))
+            loss = t.score(micro)
             if j < n:
-                targets = micro.targets.to(t.device)
-                sums[0, j] = cross_entropy_sum(hidden, t.model.lm_head.weight, targets).double()
+                sums[0, j] = loss.double()
                 sums[1, j] = micro.n_targets
         except Exception as exc:  # a bad record, a kernel error: this evaluation, not the run
             if is_oom(exc) and t.device.type == "cuda":

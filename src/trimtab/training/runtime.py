@@ -77,14 +77,17 @@ class MoEStepStats:
     host sync): assignments per expert, and the target-weighted mean dropped fraction, router
     entropy and balance loss."""
 
-    def __init__(self, layers: list) -> None:
+    def __init__(self, layers: list, device: torch.device) -> None:
         self.layers = layers  # [(layer index, MoE)]
-        self.counts = [torch.zeros(moe.n_experts, device=moe.router.device) for _, moe in layers]
-        self.means = torch.zeros(len(layers), 3, device=layers[0][1].router.device) if layers else None
+        self.counts = [torch.zeros(moe.n_experts, device=device) for _, moe in layers]
+        self.means = torch.zeros(len(layers), 3, device=device) if layers else None
 
-    def add(self, share: float) -> None:
-        """After a micro-batch's forward; `share` is its fraction of the step's targets."""
-        for j, (_, moe) in enumerate(self.layers):
+    def add(self, share: float, only: range | None = None) -> None:
+        """After a micro-batch's forward; `share` is its fraction of the step's targets; `only`:
+        the layers that forward ran (a pipeline stage's), else all."""
+        for j, (i, moe) in enumerate(self.layers):
+            if only is not None and i not in only:
+                continue
             st = moe.stats
             self.counts[j] += st["tokens_per_expert"]
             self.means[j] += share * torch.stack([st["dropped"], st["entropy"], st["balance_loss"]]).float()
@@ -98,18 +101,20 @@ class RouterStats:
     layers, and per Mixture-of-Depths layer the target-weighted mean capacity, predictor
     accuracy and gate."""
 
-    def __init__(self, model) -> None:
-        self.moe = MoEStepStats(model.moe_layers()) if model.moe_layers() else None
+    def __init__(self, model, device: torch.device) -> None:
+        self.moe = MoEStepStats(model.moe_layers(), device) if model.moe_layers() else None
         self.mod_layers = model.mod_layers()
-        self.mod = (
-            torch.zeros(len(self.mod_layers), 3, device=model.lm_head.weight.device) if self.mod_layers else None
-        )  # no allocation per step for a model without MoD
+        # no allocation per step for a model without MoD
+        self.mod = torch.zeros(len(self.mod_layers), 3, device=device) if self.mod_layers else None
 
-    def add(self, share: float) -> None:
-        """After a micro-batch's forward; `share` is its fraction of the step's targets."""
+    def add(self, share: float, only: range | None = None) -> None:
+        """After a micro-batch's forward; `share` is its fraction of the step's targets; `only`:
+        the layers that forward ran (a pipeline stage's), else all."""
         if self.moe is not None:
-            self.moe.add(share)
-        for j, (_, router) in enumerate(self.mod_layers):
+            self.moe.add(share, only)
+        for j, (i, router) in enumerate(self.mod_layers):
+            if only is not None and i not in only:
+                continue
             st = router.stats
             self.mod[j] += share * torch.stack([st["capacity"], st["predictor_acc"], st["gate"]]).float()
 

@@ -253,6 +253,7 @@ class Run:
     scaler: torch.amp.GradScaler | None  # fp16 only
     resume: tuple[Path, dict[str, Any]] | None  # the newest valid checkpoint, to resume from
     peak: tuple[float | None, str]  # peak FLOP/s for MFU, and where the figure comes from
+    sizes: dict[str, int]  # the whole model's parameter counts and training FLOPs per token
 
 
 def setup(cfg: RunConfig) -> Run:
@@ -276,6 +277,12 @@ def setup(cfg: RunConfig) -> Run:
     if cfg.train.init_from and not resume:
         source, hf_source = init_weights_from(cfg, model)
         log.info("initialised from %s (train.init_from)", source)
+    sizes = {
+        "params": model.num_params(),
+        "non_embedding_params": model.num_params(exclude_embeddings=True),
+        "active_params": model.num_params(active=True),
+        "flops_per_token": model.flops_per_token(cfg.data.seq_len),
+    }  # before wrap: a pipeline stage holds only its own layers
     forward = dist.wrap(model, cfg.train.compile, precision)
     dist.on_main(prepare_run_dir, cfg, tok, hf_source)
     return Run(
@@ -289,4 +296,5 @@ def setup(cfg: RunConfig) -> Run:
         scaler=dist.grad_scaler(precision),
         resume=resume,
         peak=peak_flops(precision),
+        sizes=sizes,
     )

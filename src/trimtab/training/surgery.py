@@ -20,7 +20,7 @@ from trimtab.training.optim import carry_state
 Optimizer = torch.optim.Optimizer
 
 
-def moe_layer(model: torch.nn.Module, layer: int, world: int, ep: int = 1, tp: int = 1) -> MoE:
+def moe_layer(model: torch.nn.Module, layer: int, world: int, ep: int = 1, tp: int = 1, pp: int = 1) -> MoE:
     """MoE layer `layer`, refused under torchrun (DDP buckets and FSDP shards are laid out for the
     old parameters, experts split by ep or tp would need re-sharding, and a reset's noise would
     differ between ranks)."""
@@ -30,6 +30,8 @@ def moe_layer(model: torch.nn.Module, layer: int, world: int, ep: int = 1, tp: i
             if ep > 1
             else f"their weights are split by distributed.tp={tp}"
             if tp > 1
+            else f"the layers are split over distributed.pp={pp} pipeline stages"
+            if pp > 1
             else "DDP buckets and FSDP shards are laid out for the old parameters"
         )
         raise ConfigError(

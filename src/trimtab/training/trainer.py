@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from trimtab.checkpoint import find_checkpoint, retire_after
-from trimtab.data import StepBatch
+from trimtab.data import MicroBatch, StepBatch
 from trimtab.errors import CheckpointError
 from trimtab.training.control import Control
 from trimtab.training.evaluation import mean_losses, sharded_loss
@@ -99,7 +99,10 @@ class Trainer:
         self.dist, self.device, self.precision = run.dist, run.dist.device, run.precision
         self.tok, self.phases, self.model = run.tok, run.phases, run.model
         self.forward, self.scaler = run.forward, run.scaler  # forward: model.hidden, wrapped
-        self.flops_per_token = self.model.flops_per_token(cfg.data.seq_len)
+        self.sizes = run.sizes  # counted before parallelism split the model
+        self.flops_per_token = self.sizes["flops_per_token"]
+        if self.dist.pipeline is not None:
+            self.dist.pipeline.loss_sum = self._loss_sum
         self.peak_flops, self.peak_source = run.peak
         self.state = TrainState(phase_steps=configured_lengths(cfg))
         self.stop_reason = ""
@@ -159,27 +162,8 @@ class Trainer:
         set_lr(self.optimizer, scheduled * self.state.lr_scale)
         self.model.set_step(self.state.step)  # Mixture-of-Depths capacity warm-up
         self.model.train()
-        loss, aux_total = torch.zeros((), device=self.device), None
-        routers = RouterStats(self.model)
-        for micro in batch.micro:
-            inputs = micro.inputs.to(self.device, non_blocking=True)
-            targets = micro.targets.to(self.device, non_blocking=True)
-            share = micro.n_targets / batch.n_targets
-            with self.precision.autocast():
-                hidden = self.forward(inputs)
-                # Token-normalised loss: each micro-batch's summed loss over the step's total
-                # target count, so the gradient is that of one large batch however it is split
-                # ((x1+x2)/(n1+n2), not (x1/n1+x2/n2)/2; torchtune#1875, transformers#34242).
-                micro_loss = cross_entropy_sum(hidden, self.model.lm_head.weight, targets) / batch.n_targets
-                aux = self.model.aux_loss()  # MoE balance + z, MoD predictor: weighted like the tokens
-                objective = micro_loss if aux is None else micro_loss + share * aux
-            if micro is batch.micro[-1]:  # ranks agree on OOM / signals before gradients are synced
-                self.request_stop(self.dist.agree())
-            (self.scaler.scale(objective) if self.scaler else objective).backward()
-            loss += micro_loss.detach()
-            if aux is not None:
-                aux_total = share * aux.detach() + (0 if aux_total is None else aux_total)
-            routers.add(share)
+        routers = RouterStats(self.model, self.device)
+        loss, aux_total = self._forward_backward(batch, routers)
         self.dist.reduce_step(loss, aux_total, routers, self.model)  # sums over ranks, on device
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
@@ -209,6 +193,51 @@ class Trainer:
             moe=routers.moe_dict(),
             mod=routers.mod_dict(),
         )
+
+    def _forward_backward(self, batch: StepBatch, routers: RouterStats) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Gradients of the step's objective over its micro-batches; returns this rank's share of
+        the token-normalised loss and of the weighted auxiliary losses (0-d, on device)."""
+        if self.dist.pipeline is not None:  # the schedule runs forwards and backwards interleaved
+            scale = self.scaler._scale if self.scaler else None  # private, but get_scale() syncs
+            with self.precision.autocast():
+                loss, aux = self.dist.pipeline.step(batch.micro, batch.n_targets, routers, scale)
+            self.request_stop(self.dist.agree())  # before the update: an OOM anywhere retries the step
+            routed = self.model.moe_layers() or self.model.mod_layers()
+            return loss, aux if routed else None  # every stage alike, whichever holds the layers
+        loss, aux_total = torch.zeros((), device=self.device), None
+        for micro in batch.micro:
+            inputs = micro.inputs.to(self.device, non_blocking=True)
+            targets = micro.targets.to(self.device, non_blocking=True)
+            share = micro.n_targets / batch.n_targets
+            with self.precision.autocast():
+                hidden = self.forward(inputs)
+                # Token-normalised loss: each micro-batch's summed loss over the step's total
+                # target count, so the gradient is that of one large batch however it is split
+                # ((x1+x2)/(n1+n2), not (x1/n1+x2/n2)/2; torchtune#1875, transformers#34242).
+                micro_loss = cross_entropy_sum(hidden, self.model.lm_head.weight, targets) / batch.n_targets
+                aux = self.model.aux_loss()  # MoE balance + z, MoD predictor: weighted like the tokens
+                objective = micro_loss if aux is None else micro_loss + share * aux
+            if micro is batch.micro[-1]:  # ranks agree on OOM / signals before gradients are synced
+                self.request_stop(self.dist.agree())
+            (self.scaler.scale(objective) if self.scaler else objective).backward()
+            loss += micro_loss.detach()
+            if aux is not None:
+                aux_total = share * aux.detach() + (0 if aux_total is None else aux_total)
+            routers.add(share)
+        return loss, aux_total
+
+    def _loss_sum(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The summed loss over the targets of hidden states [B, T, D] (logits never whole)."""
+        return cross_entropy_sum(hidden, self.model.lm_head.weight, targets)
+
+    def score(self, micro: MicroBatch) -> torch.Tensor:
+        """A micro-batch's summed loss over its targets (0-d, on device; no gradient), the same
+        on every pipeline stage."""
+        inputs, targets = micro.inputs.to(self.device), micro.targets.to(self.device)
+        with torch.no_grad(), self.precision.autocast():
+            if self.dist.pipeline is not None:
+                return self.dist.pipeline.score(inputs, targets)
+            return self._loss_sum(self.forward(inputs), targets)
 
     def _update_gate(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor | None:
         """OR of the hooks' skip flags (0-d bool tensors on device), or None when nobody gates."""
@@ -346,9 +375,7 @@ class Trainer:
         self.model.eval()
         total, count = torch.zeros((), device=self.device), 0
         for micro in micro_batches:
-            with self.precision.autocast():
-                hidden = self.forward(micro.inputs.to(self.device))
-                total += cross_entropy_sum(hidden, self.model.lm_head.weight, micro.targets.to(self.device))
+            total += self.score(micro)
             count += micro.n_targets
         return self.dist.mean_over_ranks(total).item() / max(count, 1)  # one verdict if replicas diverged
 
@@ -519,9 +546,9 @@ class Trainer:
             "steps_this_session": self.state.step - step0,
             "seconds": time.perf_counter() - wall0,
             "tokens_per_s": tps,
-            "params": self.model.num_params(),
-            "non_embedding_params": self.model.num_params(exclude_embeddings=True),
-            "active_params": self.model.num_params(active=True),
+            "params": self.sizes["params"],
+            "non_embedding_params": self.sizes["non_embedding_params"],
+            "active_params": self.sizes["active_params"],
             "device": str(self.device),
             "precision": self.precision.name,
             "precision_reason": self.precision.reason,
