@@ -73,12 +73,16 @@ def test_moe_routing_and_balancing_bias_match_one_process(tmp_path):
 
 
 @pytest.mark.distributed
-def test_a_fault_on_one_rank_is_decided_alike_on_both(tmp_path):
-    """NaN loss on rank 1 only: both skip the update. Rank 1 alone runs out of memory: both halve
-    the micro-batch and retry the same rows. Rank 1 alone gets SIGTERM: both stop after the same
-    step and save one checkpoint."""
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_fault_on_one_rank_is_decided_alike_on_both(tmp_path, strategy):
+    """NaN loss on rank 1 only: both skip the update. Rank 1 alone runs out of memory in the
+    middle of a forward (inside the first block): both halve the micro-batch and retry the same
+    rows; under FSDP2 rank 0 is then waiting in the next block's all-gather, so rank 1's block
+    hands its input on and rank 1 says so at the step's agreement point instead of leaving rank
+    0 to the collective timeout. Rank 1 alone gets SIGTERM: both stop after the same step and
+    save one checkpoint."""
     faults = ["nan_loss@4@rank1", "oom@6:600@rank1", "sigterm@8@rank1"]
-    rank0, rank1 = run(tmp_path / "faults", 2, faults=faults)
+    rank0, rank1 = run(tmp_path / "faults", 2, faults=faults, distributed={"strategy": strategy})
     assert rank0["decisions"] == rank1["decisions"]
     for record in (rank0, rank1):
         record["state"].pop("train_seconds")  # each rank's own clock

@@ -48,6 +48,7 @@ from trimtab.distributed.group import (
     attempt_value,
     broadcast_object,
     cpu_group,
+    is_oom,
     set_cpu_group,
 )
 from trimtab.distributed.mesh import Mesh
@@ -86,6 +87,8 @@ class Parallel(Checkpoints):
         self._contexts = ExitStack()  # held for the whole run (tensor parallelism's loss)
         self._signal = 0  # a signal this rank received, not yet agreed (signal number)
         self._agreed = False  # the ranks met before this step's communicating backward
+        self._caught: BaseException | None = None  # an OOM a block swallowed this step (FSDP2), told at agree()
+        self._told: BaseException | None = None  # the last OOM agree() announced
 
     @classmethod
     def start(cls, cfg: DistributedConfig, device: torch.device) -> Parallel:
@@ -246,6 +249,8 @@ class Parallel(Checkpoints):
         for block in units:
             if compile:
                 block.compile()
+            elif self.mesh.tp == 1 and self.mesh.ep == 1:  # its collectives are at its edges only
+                block.forward = self._guarded(block.forward)
             fully_shard(block, **kwargs)
         # The rest (embedding, final norm, tied head) stays gathered after the root's forward: the
         # trainer calls model.hidden, then reads lm_head.weight for the loss outside any forward.
@@ -259,7 +264,25 @@ class Parallel(Checkpoints):
         for unit in [*units, *roots]:
             unit.set_gradient_divide_factor(1.0)  # sum, not mean: the loss is already global
             unit.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
+            unit.set_reduce_scatter_unused_params(True)  # a block skipped after an OOM still reduces (zeros)
         self.fsdp = True
+
+    def _guarded(self, forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        """A block's forward that, out of memory, returns its input unchanged and remembers the
+        error: under FSDP2 the other ranks wait in the next block's all-gather, so this one goes
+        on through every collective of the step (its gradients are garbage) and tells them at
+        agree(), where all discard the step and retry it smaller."""
+
+        def guarded(x: torch.Tensor, *args: Any) -> torch.Tensor:
+            try:
+                return forward(x, *args)
+            except (torch.OutOfMemoryError, RuntimeError) as exc:
+                if not (is_oom(exc) and torch.is_grad_enabled()):
+                    raise
+                self._caught = self._caught or exc
+                return x.clone()
+
+        return guarded
 
     def grad_scaler(self, precision: Precision) -> torch.amp.GradScaler | None:
         """fp16's loss scaler. Under FSDP each rank sees only its gradient shard, so an overflow
@@ -281,7 +304,11 @@ class Parallel(Checkpoints):
         micro-batch instead: whole gradients kept until the last one would cost a full copy."""
         if self.world == 1:
             return ""
-        oom, signum = all_max([0, self._signal])
+        caught, self._caught = self._caught, None
+        oom, signum = all_max([int(caught is not None), self._signal])
+        if caught is not None:
+            self._told = caught  # announced here: announce_oom must not call the others again
+            raise caught
         if oom:
             raise PeerOutOfMemory("out of memory on another rank; every rank retries with a smaller micro-batch")
         self._agreed, self._signal = True, 0
@@ -295,7 +322,7 @@ class Parallel(Checkpoints):
 
     def announce_oom(self, exc: BaseException) -> None:
         """This rank ran out of memory: the others wait in agree() to hear it."""
-        if self.world == 1 or isinstance(exc, PeerOutOfMemory):
+        if self.world == 1 or isinstance(exc, PeerOutOfMemory) or exc is self._told:
             return
         if self._agreed:  # the others are inside the gradient all-reduce and cannot join a retry
             raise RuntimeError(

@@ -32,6 +32,7 @@ from torch import nn
 
 from trimtab.config.distributed import DistributedConfig
 from trimtab.data import IGNORE_INDEX
+from trimtab.distributed.group import is_oom
 from trimtab.distributed.mesh import Mesh
 from trimtab.errors import ConfigError
 
@@ -150,7 +151,9 @@ class Pipeline:
         step = self._step
         try:
             loss = self.loss_sum(hidden, targets) / step["n"]
-        except torch.OutOfMemoryError as exc:
+        except (torch.OutOfMemoryError, RuntimeError) as exc:
+            if not is_oom(exc):
+                raise
             self.oom = self.oom or exc
             return hidden.sum() * 0
         step["loss"] += loss.detach()
@@ -221,8 +224,8 @@ class _Stage(nn.Module):
         index, self.calls = self.calls, self.calls + 1  # the micro-batch (a stage sees them in order)
         try:
             return self._forward(x, index)
-        except torch.OutOfMemoryError as exc:
-            if not self.step:
+        except (torch.OutOfMemoryError, RuntimeError) as exc:
+            if not (self.step and is_oom(exc)):
                 raise
             self.pipeline.oom = self.pipeline.oom or exc
             if self.first:  # a leaf that takes the backward

@@ -132,6 +132,7 @@ class FaultInjector(Hook):
         self._fire_nan: Fault | None = None  # faults firing in the current step's forward/backward
         self._fire_grad: Fault | None = None
         self._lr_factor: float | None = None  # lr_spike: still to apply in this step's first forward
+        self._tokens = 0  # in the forward now running (oom compares it with its limit)
         self.run: RunView | None = None
 
     # ------------------------------------------------------------------ bookkeeping
@@ -146,7 +147,10 @@ class FaultInjector(Hook):
             self.record = json.loads(self.path.read_text())
             self._corrupt(run, self.record["poisoned"])  # a resumed run's data is as bad as before
         model = run.model
-        model.tok_emb.register_forward_pre_hook(self._maybe_oom)
+        # The OOM fires inside the first block's forward, where a real one would (activations),
+        # after FSDP2 gathered the block: sized by the tokens the embedding just saw.
+        model.tok_emb.register_forward_pre_hook(self._count_tokens)
+        model.blocks[0].attn.register_forward_pre_hook(self._maybe_oom)
         model.tok_emb.register_forward_pre_hook(self._maybe_lr)
         model.tok_emb.register_forward_pre_hook(self._maybe_eval_fault)
         model.norm.register_forward_hook(self._maybe_nan_loss)
@@ -232,21 +236,25 @@ class FaultInjector(Hook):
                     micro.inputs[b, :n] = tokens[:-1]
                     micro.targets[b, :n] = torch.where(mask[1:], tokens[1:], micro.targets[b, :n].new_tensor(-100))
 
+    def _count_tokens(self, module: torch.nn.Module, args: tuple) -> None:
+        self._tokens = args[0].numel()  # of the forward now running
+
     def _maybe_oom(self, module: torch.nn.Module, args: tuple) -> None:
         fault = self._active("oom")
         if fault is None or not module.training:
             return
+        tokens = self._tokens
         limit = fault.param
         if limit is None:  # the size in use when the fault starts no longer fits, whatever it was
             limits = self.record.setdefault("oom_limit", {})
             if fault.spec not in limits:
-                limits[fault.spec] = args[0].numel() - 1
+                limits[fault.spec] = tokens - 1
                 self._save()
             limit = limits[fault.spec]
-        if args[0].numel() > limit:
+        if tokens > limit:
             raise torch.OutOfMemoryError(
-                f"CUDA out of memory (injected by {fault.spec}): a forward over "
-                f"{args[0].numel()} tokens, more than {int(limit)} fit"
+                f"CUDA out of memory (injected by {fault.spec}): a forward over {tokens} tokens, "
+                f"more than {int(limit)} fit"
             )
 
     def _maybe_eval_fault(self, module: torch.nn.Module, args: tuple) -> None:

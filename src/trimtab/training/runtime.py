@@ -156,12 +156,6 @@ def moe_metrics(moe: dict[str, Any]) -> dict[str, float | list[int]]:
     return out
 
 
-def is_oom(exc: BaseException) -> bool:
-    """CUDA/MPS OutOfMemoryError, or an allocator failure reported as a RuntimeError (CPU)."""
-    text = str(exc).lower()
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
-
-
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 

@@ -17,6 +17,7 @@ import torch
 
 from trimtab.checkpoint import find_checkpoint, retire_after
 from trimtab.data import MicroBatch, StepBatch
+from trimtab.distributed.group import is_oom
 from trimtab.errors import CheckpointError
 from trimtab.training.control import Control
 from trimtab.training.evaluation import mean_losses, sharded_loss
@@ -26,7 +27,6 @@ from trimtab.training.optim import build_optimizer, set_lr
 from trimtab.training.runtime import (
     LogWindow,
     RouterStats,
-    is_oom,
     mod_metrics,
     moe_metrics,
     peak_rss_mb,
