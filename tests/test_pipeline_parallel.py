@@ -105,6 +105,18 @@ def test_interleaved_and_pipeline_by_fsdp2_match_one_process(tmp_path):
 
 
 @pytest.mark.distributed
+def test_pipeline_by_tensor_and_expert_parallelism_match_one_process(tmp_path):
+    """3D meshes on 4 processes: debug as 2 stages x 2 tensor-parallel ranks (stages exchange
+    each rank's T / tp positions), debug-moe as 2 stages x 2 replicas splitting the experts."""
+    for preset, section in (("debug", {"tp": 2}), ("debug-moe", {"ep": 2})):
+        one = run(tmp_path / f"one-{preset}", 1, preset=preset)[0]
+        for record in run(tmp_path / preset, 4, preset=preset, distributed={"pp": 2, **section}):
+            assert_close(losses(record), losses(one))
+            assert_close(grad_norms(record), grad_norms(one))
+        assert_same_weights(tmp_path / preset, tmp_path / f"one-{preset}")
+
+
+@pytest.mark.distributed
 def test_faults_under_pipeline_parallelism_are_decided_alike(tmp_path):
     """NaN loss (computed on the last stage, rank 1): both skip. Out of memory at step 6 in the
     first stage's forward (rank 0), inside the schedule: the stage hands zeros on, the schedule
@@ -142,7 +154,6 @@ def test_pipeline_settings_that_do_not_fit_are_named():
     for sets, match in (
         (["distributed.pp=0"], "distributed.pp"),
         (["distributed.pp=2", "distributed.strategy=ddp"], "distributed.strategy"),
-        (["distributed.pp=2", "distributed.tp=2"], "do not compose"),
         (["distributed.pp_schedule=1f1b", "distributed.pp_stages_per_rank=2"], "pp_stages_per_rank"),
         (["distributed.pp_schedule=interleaved"], "pp_stages_per_rank >= 2"),
     ):

@@ -93,12 +93,6 @@ class DistributedConfig:
                 "distributed.strategy",
                 "is ddp, which cannot wrap pipeline stages here; use fsdp (or auto) with distributed.pp",
             )
-            _check(
-                self.tp == 1 and self.ep == 1,
-                "distributed.pp",
-                f"is {self.pp} with tp={self.tp}, ep={self.ep}: pipeline stages do not compose with tensor or "
-                "expert parallelism yet; use pp with data parallelism (fsdp), or tp/ep without pp",
-            )
 
     @property
     def schedule(self) -> str:

@@ -82,6 +82,8 @@ def apply_moe_parallel(model: nn.Module, mesh: Mesh) -> list[nn.Parameter]:
     dims = [name for name, size in (("ep", mesh.ep), ("tp", mesh.tp)) if size > 1]
     experts: list[nn.Parameter] = []
     for i, moe in model.moe_layers():
+        if moe.router.is_meta:  # hollow: held by another pipeline stage
+            continue
         moe.local = local_shard
         if moe.shared is not None:
             moe.shared.local = local_shard

@@ -57,7 +57,8 @@ class Pipeline:
         rank = mesh.pp_rank(dist.get_rank())
         self.ids = [rank + k * mesh.pp for k in range(cfg.pp_stages_per_rank)]
         cuts = stage_cuts([_cost(block) for block in model.blocks], _head_cost(model), n_stages)
-        self.stages = [_Stage(model, range(cuts[s], cuts[s + 1]), s, n_stages) for s in self.ids]
+        self.tp = mesh.tp
+        self.stages = [_Stage(model, range(cuts[s], cuts[s + 1]), s, n_stages, mesh.tp) for s in self.ids]
         self.tied = model.lm_head.weight is model.tok_emb.weight
         self.holds_embedding = self.ids[0] == 0 or (self.tied and self.ids[-1] == n_stages - 1)
         self.hollow_others()
@@ -180,7 +181,9 @@ class Pipeline:
             # Shapes given, not inferred: inference would run an extra forward (and count it in
             # the MoE load) when the schedule is built.
             B, T = shape[0] // n, shape[1]
-            hidden = torch.empty(B, T, self.model.cfg.d_model, dtype=self.dtype, device="meta", requires_grad=train)
+            hidden = torch.empty(
+                B, T // self.tp, self.model.cfg.d_model, dtype=self.dtype, device="meta", requires_grad=train
+            )
             tokens = torch.empty(B, T, dtype=torch.long, device="meta")
             stages = [
                 PipelineStage(m, s, self.n_stages, self.device, tokens if s == 0 else hidden, hidden, group=self.group)
@@ -203,9 +206,10 @@ class _Stage(nn.Module):
     the final norm on the last. Registers the model's own modules, so their parameters are the
     model's (names in checkpoints do not change)."""
 
-    def __init__(self, model: nn.Module, layers: range, index: int, n_stages: int) -> None:
+    def __init__(self, model: nn.Module, layers: range, index: int, n_stages: int, tp: int) -> None:
         super().__init__()
         self.layers, self.first, self.last = layers, index == 0, index == n_stages - 1
+        self.tp = tp  # between stages a tensor-parallel rank holds T / tp positions (sequence parallel)
         self.blocks = nn.ModuleList(model.blocks[i] for i in layers)
         # A tied embedding is registered under both names wherever it is held, so that FSDP2
         # swaps both for its sharded parameter and checkpoints name it as one process does.
@@ -235,9 +239,10 @@ class _Stage(nn.Module):
 
     def _forward(self, x: torch.Tensor, index: int) -> torch.Tensor:
         model = self._model[0]
+        T = x.shape[1] if self.first else x.shape[1] * self.tp
         if self.first:
             x = self.tok_emb(x)
-        x = model.run_blocks(x, self.layers, model.rotary.table(0, x.shape[1]))
+        x = model.run_blocks(x, self.layers, model.rotary.table(0, T))
         if self.step:  # training: this micro-batch's router statistics and auxiliary losses
             share = self.step["shares"][index]
             self.step["routers"].add(share, only=self.layers)

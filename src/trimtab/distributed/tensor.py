@@ -66,28 +66,33 @@ def apply_tensor_parallel(model: nn.Module, mesh: Any) -> None:
     (distributed/expert.py)."""
     check_tensor_parallel(model.cfg, mesh.size())
     tied = model.cfg.tie_embeddings
-    parallelize_module(
-        model,
-        mesh,
-        {
-            "tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-            # the final norm's output is gathered over the sequence (a replicated DTensor): the
-            # loss multiplies every token by this rank's vocabulary rows of the head
-            "norm": SequenceParallel(),
-            "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
-        },
-    )
-    gather = PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=False)
-    parallelize_module(model.norm, mesh, gather)
-    if tied:  # the head and the embedding are one DTensor, as they were one tensor
+    plan = {
+        "tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        # the final norm's output is gathered over the sequence (a replicated DTensor): the
+        # loss multiplies every token by this rank's vocabulary rows of the head
+        "norm": SequenceParallel(),
+        "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
+    }
+    parallelize_module(model, mesh, {name: style for name, style in plan.items() if _held(getattr(model, name))})
+    if _held(model.norm):
+        gather = PrepareModuleOutput(
+            output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=False
+        )
+        parallelize_module(model.norm, mesh, gather)
+    if tied and _held(model.tok_emb):  # the head and the embedding are one DTensor, as they were one tensor
         model.lm_head.weight = model.tok_emb.weight
-    for block in model.blocks:
+    for block in filter(_held, model.blocks):
         if block.depth is None:
             parallelize_module(block, mesh, _sequence_plan(block))
         else:
             parallelize_module(block, mesh, _replicated_plan(block))
             block.register_forward_pre_hook(partial(_gather_sequence, mesh))
             block.register_forward_hook(partial(_cut_sequence, mesh))
+
+
+def _held(module: nn.Module) -> bool:
+    """Whether this rank holds `module`'s weights (not hollowed for another pipeline stage)."""
+    return any(True for _ in module.parameters())
 
 
 def _qk_norm(block: nn.Module) -> dict[str, ParallelStyle]:
