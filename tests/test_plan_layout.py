@@ -31,7 +31,7 @@ def test_every_large_preset_gets_a_layout_that_fits_and_runs_or_a_reason(preset)
             assert plan.gpus_needed is None or plan.gpus_needed > gpus
             continue
         b = plan.best
-        assert b.tp * b.dp == gpus
+        assert b.pp * b.tp * b.dp == gpus
         assert b.memory_bytes <= hw.memory_bytes * USABLE_FRACTION
         assert b.micro_batch_tokens % cfg.data.seq_len == 0
         assert b.micro_batch_tokens * b.accumulation >= cfg.train.batch_tokens // b.dp
@@ -81,7 +81,7 @@ def test_expert_parallelism_is_proposed_where_it_wins():
     its all-to-all cost and a smaller gathered block."""
     cfg = load_config(preset="moe-7b")
     plan = plan_layout(cfg, named_gpu("H100", 64))
-    by = {(c.tp, c.ep, c.checkpointing): c for c in plan.candidates}
+    by = {(c.tp, c.ep, c.checkpointing): c for c in plan.candidates if c.pp == 1}
     assert {c.ep for c in plan.candidates} >= {1, 2, 4, 8}
     one, eight = by[(1, 1, False)], by[(1, 8, False)]
     m = cfg.model
@@ -129,3 +129,20 @@ def test_a_batch_too_small_for_every_replica_moves_gpus_into_tensor_parallelism(
     plan = plan_layout(load_config(preset="small"), named_gpu("H100", 64))
     assert any("replicas would share train.batch_tokens" in r for r in plan.reasons)
     assert plan.best is not None and plan.best.tp >= 2 and plan.best.dp <= 32
+
+
+def test_pipeline_stages_are_priced_by_their_bubble_and_sends():
+    """dense-70b on 128 H100s: every stage count is tried; a layout with stages pays the 1F1B
+    bubble ((pp - 1) / m of the compute) and each micro-batch's activations forward and
+    gradients back over the network, and its settings launch it."""
+    cfg = load_config(preset="dense-70b")
+    plan = plan_layout(cfg, named_gpu("H100", 128))
+    assert {c.pp for c in plan.candidates} == {1, 2, 4, 8, 16}
+    for c in plan.candidates:
+        assert c.bubble_s == pytest.approx(c.compute_s * (c.pp - 1) / max(c.accumulation, 1))
+        sends = 2 * cfg.train.batch_tokens / c.dp * cfg.model.d_model * 2 / c.tp if c.pp > 1 else 0
+        assert c.pp_comm_s == pytest.approx(sends / (50e9 * BUS_EFFICIENCY))
+    staged = next(c for c in plan.candidates if c.pp == 4 and c.fits)
+    assert "distributed.pp=4" in staged.settings()
+    Mesh.of(load_config(preset="dense-70b", sets=staged.settings()).distributed, 128)
+    assert "pipeline: pp=" in "\n".join(format_layout(plan, "trimtab train --preset dense-70b"))

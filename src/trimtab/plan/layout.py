@@ -1,27 +1,32 @@
-"""How to lay a run out over N GPUs: the mesh (tensor-parallel size, expert-parallel size,
-data-parallel strategy), the micro-batch and activation checkpointing, with the memory each GPU
+"""How to lay a run out over N GPUs: the mesh (pipeline stages, tensor-parallel size,
+expert-parallel size, data-parallel strategy), the micro-batch and activation checkpointing, with the memory each GPU
 holds and an estimated step time; `trimtab plan --gpu H100 --gpus 64` and `trimtab doctor` print
 it (docs/distributed.md).
 
 Every layout trimtab can run is tried (tp in 1, 2, 4, 8 within a node where the model splits;
-for MoE models ep in 1, 2, 4, ... dividing the replicas and the experts; DDP or FSDP2 over the
-replicas; checkpointing off or on) and the fastest that fits is proposed. Per GPU, with P
-parameters of which P_e are routed experts, tp tensor-parallel ranks, dp replicas, ep of them
-sharing one copy of the experts:
+pp in 1, 2, 4, 8, 16 up to the layer count; for MoE models ep in 1, 2, 4, ... dividing the
+replicas and the experts; DDP or FSDP2 over the replicas; checkpointing off or on) and the
+fastest that fits is proposed. Per GPU, with P parameters of which P_e are routed experts and R
+in the embedding, final norm and head, pp stages, tp tensor-parallel ranks, dp replicas per
+stage, ep of them sharing one copy of the experts:
 
-    model state   16 P / tp, / dp under FSDP (plan/memory.py: fp32 weights, gradients, moments;
+    model state   16 ((P - R) / pp + R) / tp (an end stage holds R), / dp under FSDP
+                  (plan/memory.py: fp32 weights, gradients, moments;
                   experts split by ep are FSDP-sharded over their dp / ep copies, the rest
                   over all dp replicas: the same share)
     FSDP buffers  the largest block gathered twice (this one and the prefetched next) in the
                   compute dtype plus its fp32 gradient (its experts: this rank's 1 / ep of
                   them), and the root (embedding, head) gathered
     activations   micro-batch tokens x plan/memory.py's bytes per token / tp (sequence parallelism
-                  shards the norms and the residual stream too: Korthikanti et al. 2022, eq. 5)
+                  shards the norms and the residual stream too: Korthikanti et al. 2022, eq. 5);
+                  under 1F1B the first stage holds pp micro-batches of its L / pp layers: the same
 
 Step time: compute = FLOPs per token x batch tokens / (N x peak x plan.mfu), x 4/3 with
-checkpointing (a second forward). Communication, ring collectives at 80% of the link (what NCCL's
-bus bandwidth reaches), tensor-parallel groups inside a node (NVLink), replicas across nodes when
-the job spans several (the network: one 400 Gb/s NIC per GPU, the DGX/HGX H100 reference):
+checkpointing (a second forward), plus the pipeline bubble, compute x (pp - 1) / m for m
+micro-batches per replica (1F1B: Narayanan et al. 2021, section 2.2). Communication, ring
+collectives at 80% of the link (what NCCL's bus bandwidth reaches), tensor-parallel groups
+inside a node (NVLink), replicas and stages across nodes when the job spans several (the
+network: one 400 Gb/s NIC per GPU, the DGX/HGX H100 reference):
 
     tensor parallel  per layer and micro-batch 4 all-gathers / reduce-scatters of the
                      [tokens, d_model] activations forward and 4 backward (6 forward with
@@ -32,13 +37,16 @@ the job spans several (the network: one 400 Gb/s NIC per GPU, the DGX/HGX H100 r
                      2 backward (3 forward with checkpointing) of the replica's tokens x top_k
                      rows of d_model, each sending (ep-1)/ep of them; inside a node when ep x tp
                      GPUs fit in one, else over the network; on the critical path
+    pipeline         per micro-batch a stage sends its [tokens / tp, d_model] activations forward
+                     and their gradients back, point to point; stages are the outermost
+                     dimension, over the network when the job spans nodes; on the critical path
     DDP              one all-reduce of the fp32 gradients, 2 (dp-1)/dp x 4 P / tp bytes, hidden
                      behind the last micro-batch's backward where it can be
     FSDP2            per micro-batch the weights gathered forward and backward in the compute dtype
                      and the fp32 gradients reduce-scattered, (dp-1)/dp x (2 + 2 + 4) P / tp
                      bytes (with ep > 1: P - P_e over the dp replicas, and P_e / ep over the
                      edp = dp / ep copies of the experts, (edp-1)/edp of it), hidden behind
-                     compute where it can be
+                     compute where it can be; every term over a stage's share of the layers
 
 A starting point, not a promise: smaller tensor-parallel matmuls run below plan.mfu, and a
 network other than the reference changes the data-parallel terms.
@@ -60,12 +68,14 @@ from trimtab.plan.memory import USABLE_FRACTION, Hardware, activation_bytes_per_
 NETWORK = 50e9  # bytes/s per GPU between nodes, each way: 400 Gb/s InfiniBand / RoCE per GPU
 BUS_EFFICIENCY = 0.8  # share of the link a ring collective's bus bandwidth reaches
 TP_SIZES = (1, 2, 4, 8)
+PP_SIZES = (1, 2, 4, 8, 16)
 
 
 @dataclass(kw_only=True)
 class Layout:
+    pp: int  # pipeline stages
     tp: int
-    dp: int
+    dp: int  # replicas per stage
     ep: int  # replicas sharing one copy of the experts (1: dense, or experts not split)
     strategy: str  # ddp | fsdp
     checkpointing: bool
@@ -76,6 +86,8 @@ class Layout:
     activation_bytes: int
     memory_bytes: int  # the three together
     compute_s: float
+    bubble_s: float  # the pipeline's idle time (1F1B)
+    pp_comm_s: float
     tp_comm_s: float
     ep_comm_s: float
     dp_comm_s: float  # exposed (not hidden behind compute)
@@ -91,6 +103,7 @@ class Layout:
         parallel = (
             [f"distributed.strategy={self.strategy}", f"distributed.tp={self.tp}"] if self.tp * self.dp > 1 else []
         )
+        parallel += [f"distributed.pp={self.pp}"] if self.pp > 1 else []
         parallel += [f"distributed.ep={self.ep}"] if self.ep > 1 else []
         return parallel + [
             f"train.micro_batch_tokens={self.micro_batch_tokens}",
@@ -155,11 +168,13 @@ def _search(cfg: RunConfig, shape: _Shape, hw: Hardware, gpus_per_node: int) -> 
             break
         if why:
             continue
-        dp = hw.devices // tp
-        for ep in _expert_sizes(shape, dp):
-            for strategy, ckpt in _choices(tp, dp, ep):
-                ep_link = link if ep * tp <= per_node else network
-                candidates.append(_layout(cfg, shape, hw, (tp, ep), strategy, ckpt, (link, ep_link, network)))
+        for pp in _pipeline_sizes(cfg, shape, hw.devices, tp):
+            dp = hw.devices // (tp * pp)
+            for ep in _expert_sizes(shape, dp):
+                for strategy, ckpt in _choices(tp, dp, ep, pp):
+                    ep_link = link if ep * tp <= per_node else network
+                    mesh = (tp, ep, pp)
+                    candidates.append(_layout(cfg, shape, hw, mesh, strategy, ckpt, (link, ep_link, network)))
     candidates.sort(key=lambda c: (not c.fits, c.step_s if c.fits else c.memory_bytes))
     return candidates, reasons
 
@@ -232,11 +247,23 @@ def _expert_sizes(model: _Shape, dp: int) -> list[int]:
     return sizes
 
 
-def _choices(tp: int, dp: int, ep: int) -> list[tuple[str, bool]]:
+def _pipeline_sizes(cfg: RunConfig, model: _Shape, gpus: int, tp: int) -> list[int]:
+    """pp sizes to try: dividing the GPUs left after tp, at most one stage a layer, and each
+    stage's replicas still holding a row of the batch."""
+    return [
+        pp
+        for pp in PP_SIZES
+        if pp <= model.n_layers
+        and gpus % (tp * pp) == 0
+        and gpus * cfg.data.seq_len <= cfg.train.batch_tokens * tp * pp
+    ]
+
+
+def _choices(tp: int, dp: int, ep: int, pp: int) -> list[tuple[str, bool]]:
     """(strategy, checkpointing) pairs: one replica needs no data parallelism (ddp stands for
-    none), and tensor or expert parallelism with several replicas runs under FSDP2 only
-    (distributed/mesh.py)."""
-    strategies = ["ddp"] if dp == 1 else ["fsdp"] if tp > 1 or ep > 1 else ["ddp", "fsdp"]
+    none, fsdp under pipeline stages), and tensor, expert or pipeline parallelism with several
+    replicas runs under FSDP2 only (distributed/mesh.py)."""
+    strategies = ["fsdp"] if pp > 1 else ["ddp"] if dp == 1 else ["fsdp"] if tp > 1 or ep > 1 else ["ddp", "fsdp"]
     return [(s, ckpt) for s in strategies for ckpt in (False, True)]
 
 
@@ -244,17 +271,18 @@ def _layout(
     cfg: RunConfig,
     model: _Shape,
     hw: Hardware,
-    mesh: tuple[int, int],
+    mesh: tuple[int, int, int],
     strategy: str,
     ckpt: bool,
     links: tuple[float, float, float],
 ) -> Layout:
-    """One layout's memory and step time (module docstring). mesh: (tp, ep); links: bytes/s
-    of the tensor-parallel group, the expert-parallel group and the data-parallel traffic."""
-    (tp, ep), (link, ep_link, network) = mesh, links
-    dp, p = hw.devices // tp, activation_width(hw.precision)
+    """One layout's memory and step time (module docstring). mesh: (tp, ep, pp); links: bytes/s
+    of the tensor-parallel group, the expert-parallel group and the data-parallel traffic (the
+    pipeline's too)."""
+    (tp, ep, pp), (link, ep_link, network) = mesh, links
+    dp, p = hw.devices // (tp * pp), activation_width(hw.precision)
     fsdp = strategy == "fsdp" and dp > 1
-    state = 16 * model.params // tp // (dp if fsdp else 1)
+    state = 16 * ((model.params - model.root) // pp + model.root) // tp // (dp if fsdp else 1)
     gathered = model.largest_block - model.largest_block_experts + model.largest_block_experts // ep
     buffer = (gathered * (2 * p + 4) + model.root * p) // tp if fsdp else 0
     per_token = activation_bytes_per_token(cfg, p, ckpt) / tp
@@ -265,7 +293,9 @@ def _layout(
     accumulation = math.ceil(replica_tokens / micro) if micro else 0
     flops = model.flops_per_token * cfg.train.batch_tokens
     compute = flops / (hw.devices * hw.peak_flops * cfg.plan.mfu) * (4 / 3 if ckpt else 1)
-    traffic = _traffic(cfg, model, (tp, ep, dp), fsdp, ckpt, p)
+    bubble = compute * (pp - 1) / max(accumulation, 1)
+    traffic = _traffic(cfg, model, (tp, ep, dp, pp), fsdp, ckpt, p)
+    pp_comm = traffic.pp / (network * BUS_EFFICIENCY)
     tp_comm = traffic.tp / (link * BUS_EFFICIENCY)
     ep_comm = traffic.ep / (ep_link * BUS_EFFICIENCY)
     dp_bus = network * BUS_EFFICIENCY
@@ -275,9 +305,10 @@ def _layout(
         dp_comm += traffic.dp_once / dp_bus
     else:  # once: the last backward's all-reduce, overlapped with that backward (2/3 of it)
         dp_comm = max(0.0, traffic.dp_once / dp_bus - compute / max(accumulation, 1) * 2 / 3)
-    step = compute + tp_comm + ep_comm + dp_comm
+    step = compute + bubble + pp_comm + tp_comm + ep_comm + dp_comm
     activations = round((micro or seq) * per_token)  # what one row would need when none fits
     return Layout(
+        pp=pp,
         tp=tp,
         dp=dp,
         ep=ep,
@@ -290,6 +321,8 @@ def _layout(
         activation_bytes=activations,
         memory_bytes=state + buffer + activations,
         compute_s=compute,
+        bubble_s=bubble,
+        pp_comm_s=pp_comm,
         tp_comm_s=tp_comm,
         ep_comm_s=ep_comm,
         dp_comm_s=dp_comm,
@@ -302,39 +335,43 @@ def _layout(
 class Traffic:
     """Bytes one GPU sends in a step over each dimension's ring collectives (module docstring)."""
 
+    pp: float  # activations to the next stage, gradients to the previous one
     tp: float  # sequence-parallel all-gathers and reduce-scatters, every layer
     ep: float  # all-to-all dispatch and combine, every MoE layer
     dp_per_micro: float  # FSDP2: weights gathered forward and backward, gradients reduce-scattered
     dp_once: float  # DDP's gradient all-reduce
 
 
-def _traffic(cfg: RunConfig, model: _Shape, mesh: tuple[int, int, int], fsdp: bool, ckpt: bool, p: int) -> Traffic:
-    """mesh: (tp, ep, dp); p: bytes per activation (and FSDP-gathered weight) element."""
-    tp, ep, dp = mesh
+def _traffic(cfg: RunConfig, model: _Shape, mesh: tuple[int, int, int, int], fsdp: bool, ckpt: bool, p: int) -> Traffic:
+    """mesh: (tp, ep, dp, pp); p: bytes per activation (and FSDP-gathered weight) element. A
+    GPU of a stage moves its 1 / pp of the layers' traffic."""
+    tp, ep, dp, pp = mesh
     replica_tokens = cfg.train.batch_tokens // dp
-    collectives = model.n_layers * (14 if ckpt else 8) + 4  # + embedding and final norm, fwd and bwd
+    collectives = model.n_layers / pp * (14 if ckpt else 8) + 4  # + embedding and final norm, fwd and bwd
     tp_bytes = (tp - 1) / tp * replica_tokens * model.d_model * p * collectives
-    exchanged = replica_tokens * model.top_k * model.d_model * p * model.moe_layers * (6 if ckpt else 4)
+    exchanged = replica_tokens * model.top_k * model.d_model * p * model.moe_layers / pp * (6 if ckpt else 4)
+    sends = 2 * replica_tokens * model.d_model * p / tp if pp > 1 else 0.0
+    routed = (ep - 1) / ep * exchanged
     if dp == 1:
-        return Traffic(tp=tp_bytes, ep=(ep - 1) / ep * exchanged, dp_per_micro=0.0, dp_once=0.0)
+        return Traffic(pp=sends, tp=tp_bytes, ep=routed, dp_per_micro=0.0, dp_once=0.0)
     if fsdp:  # experts split by ep: FSDP over their edp copies only
-        split, edp = (model.experts, dp // ep) if ep > 1 else (0, 1)
-        dense = (dp - 1) / dp * (model.params - split) / tp
+        split, edp = (model.experts / pp, dp // ep) if ep > 1 else (0, 1)
+        dense = (dp - 1) / dp * (model.params / pp - split) / tp
         per_micro = (dense + (edp - 1) / edp * split / (tp * ep)) * (2 * p + 4)
         once = 0.0
     else:
-        per_micro, once = 0.0, 2 * (dp - 1) / dp * 4 * model.params / tp
-    return Traffic(tp=tp_bytes, ep=(ep - 1) / ep * exchanged, dp_per_micro=per_micro, dp_once=once)
+        per_micro, once = 0.0, 2 * (dp - 1) / dp * 4 * model.params / (tp * pp)
+    return Traffic(pp=sends, tp=tp_bytes, ep=routed, dp_per_micro=per_micro, dp_once=once)
 
 
 def step_traffic(cfg: RunConfig, world: int, precision: str = "bf16") -> dict[str, float]:
     """The bytes one GPU sends in a step of `cfg` as configured (its distributed section, micro-
     batch and checkpointing) on `world` processes, per dimension: what bench/comm.py measures."""
-    tp, ep = cfg.distributed.tp, cfg.distributed.ep
-    dp = world // tp
+    tp, ep, pp = cfg.distributed.tp, cfg.distributed.ep, cfg.distributed.pp
+    dp = world // (tp * pp)
     fsdp = cfg.distributed.data_parallel == "fsdp" and dp > 1
     ckpt = cfg.train.activation_checkpointing
-    traffic = _traffic(cfg, _Shape.of(cfg), (tp, ep, dp), fsdp, ckpt, activation_width(precision))
+    traffic = _traffic(cfg, _Shape.of(cfg), (tp, ep, dp, pp), fsdp, ckpt, activation_width(precision))
     micro_batches = math.ceil(cfg.train.batch_tokens // dp / cfg.train.micro_budget)
     return {"tp": traffic.tp, "ep": traffic.ep, "dp": traffic.dp_per_micro * micro_batches + traffic.dp_once}
 
@@ -343,7 +380,7 @@ def _gpus_needed(cfg: RunConfig, shape: _Shape, hw: Hardware, gpus_per_node: int
     """The fewest GPUs, doubling, that some layout fits on (None: none up to what the batch's
     rows can spread over)."""
     n = hw.devices * 2
-    while n * cfg.data.seq_len <= cfg.train.batch_tokens * max(TP_SIZES):
+    while n * cfg.data.seq_len <= cfg.train.batch_tokens * max(TP_SIZES) * max(PP_SIZES):
         candidates, _ = _search(cfg, shape, dataclasses.replace(hw, devices=n), gpus_per_node)
         if candidates and candidates[0].fits:
             return n
@@ -380,12 +417,14 @@ def format_layout(plan: LayoutPlan, command: str) -> list[str]:
     replicas = "one replica" if b.dp == 1 else f"{b.dp} replicas under {'FSDP2' if b.strategy == 'fsdp' else 'DDP'}"
     nodes = -(-plan.gpus // plan.gpus_per_node)
     launcher = f"torchrun --nnodes {nodes} --nproc_per_node {plan.gpus_per_node} -m " if plan.gpus > 1 else ""
+    stages = f"pp {b.pp} x " if b.pp > 1 else ""
     lines += [
-        f"  proposed   tp {b.tp} x dp {b.dp} ({replicas}{_experts(b)}), activation checkpointing "
+        f"  proposed   {stages}tp {b.tp} x dp {b.dp} ({replicas}{_experts(b)}), activation checkpointing "
         f"{'on' if b.checkpointing else 'off'}; micro-batch {b.micro_batch_tokens:,} tokens x "
         f"{b.accumulation} per replica per step",
         f"  memory     {_memory(b)} per GPU",
         f"  step       ~{_secs(b.step_s)}: compute {_secs(b.compute_s)} + tensor-parallel {_secs(b.tp_comm_s)} "
+        + (f"+ pipeline bubble {_secs(b.bubble_s)} + sends {_secs(b.pp_comm_s)} " if b.pp > 1 else "")
         + (f"+ expert-parallel {_secs(b.ep_comm_s)} " if b.ep > 1 else "")
         + f"+ data-parallel exposed {_secs(b.dp_comm_s)}, MFU ~{b.mfu:.0%}",
         f"  run it     {launcher}{command} " + " ".join(f"--set {s}" for s in b.settings()),
@@ -393,12 +432,12 @@ def format_layout(plan: LayoutPlan, command: str) -> list[str]:
     ]
     lines += [f"    - {line}" for line in _why(plan)]
     lines.append(
-        "  alternatives (fastest first)     tp   dp   ep  strategy  ckpt      micro   memory GiB   step s   MFU"
+        "  alternatives (fastest first)  pp  tp   dp   ep  strategy  ckpt      micro   memory GiB   step s   MFU"
     )
     for c in plan.candidates[:8]:
         micro = f"{c.micro_batch_tokens:>10,}" if c.fits else "   no fit "
         lines.append(
-            f"{'':34}{c.tp:>2} {c.dp:>4} {c.ep:>4}  {c.strategy if c.dp > 1 else '-':8}  "
+            f"{'':31}{c.pp:>2}  {c.tp:>2} {c.dp:>4} {c.ep:>4}  {c.strategy if c.dp > 1 else '-':8}  "
             f"{'on' if c.checkpointing else 'off':4}"
             f" {micro}  {c.memory_bytes / 2**30:>10.1f}  "
             + (f"{c.step_s:>7.3g}  {c.mfu:>4.0%}" if c.fits else f"{'-':>7}  {'-':>4}")
@@ -409,7 +448,7 @@ def format_layout(plan: LayoutPlan, command: str) -> list[str]:
 def _why(plan: LayoutPlan) -> list[str]:
     """For each setting, the best layout with each other value of it: what the choice won."""
     b, lines = plan.best, []
-    keys = [("tensor parallel", "tp"), ("expert parallel", "ep"), ("data parallel", "strategy")]
+    keys = [("pipeline", "pp"), ("tensor parallel", "tp"), ("expert parallel", "ep"), ("data parallel", "strategy")]
     for name, key in [*keys, ("checkpointing", "checkpointing")]:
         others = {}
         for c in plan.candidates:  # fastest first: the first with a value is its best
@@ -425,7 +464,7 @@ def _why(plan: LayoutPlan) -> list[str]:
 def _value(key: str, value: object) -> str:
     if key == "checkpointing":
         return "on" if value else "off"
-    return f"{key}={value}" if key in ("tp", "ep") else str(value)
+    return f"{key}={value}" if key in ("tp", "ep", "pp") else str(value)
 
 
 def _experts(c: Layout) -> str:
