@@ -47,6 +47,8 @@ MESHES = {  # name: (processes, distributed section, other settings)
     "EP 2 x 2 expert copies, dropless": (4, {"ep": 2}, DROPLESS),
     "TP 2 x FSDP2 2": (4, {"tp": 2}, []),
     "TP 2 x EP 2, dropless": (4, {"tp": 2, "ep": 2}, DROPLESS),
+    "PP 2": (2, {"pp": 2}, []),
+    "PP 2 x FSDP2 2": (4, {"pp": 2}, []),
 }
 
 
@@ -103,6 +105,8 @@ class Collectives(TorchDispatchMode):
             self.sent["dp"] += (n - 1) / n * _bytes(args[0] if op == "_allgather_base_" else args[1])
         elif op == "alltoall_base_":
             self.sent["dp"] += _others(args[1], args[4], _group(args[2]).rank())
+        elif op == "send":  # pipeline stages, point to point
+            self.sent["pp"] += sum(_bytes(t) for t in args[0])
 
     def _functional(self, op: str, args: dict) -> None:
         if "group_name" not in args:  # bookkeeping ops (wait_tensor, _wrap_tensor_autograd)
@@ -190,12 +194,12 @@ def report(rows: list, args: argparse.Namespace) -> str:
         "the planner's model (`plan.layout.step_traffic`, the formulas `trimtab plan` ranks layouts with), and "
         "their ratio.",
         "",
-        "| mesh | tensor parallel | expert parallel | data parallel |",
-        "|---|---|---|---|",
+        "| mesh | pipeline | tensor parallel | expert parallel | data parallel |",
+        "|---|---|---|---|---|",
     ]
     for name, got, want in rows:
         cells = []
-        for dim in ("tp", "ep", "dp"):
+        for dim in ("pp", "tp", "ep", "dp"):
             g, w = got.get(dim, 0.0) / 1e6, want.get(dim, 0.0) / 1e6
             cells.append(f"{g:.3f} / {w:.3f} ({g / w:.2f})" if w else f"{g:.3f} / -")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -205,7 +209,11 @@ def report(rows: list, args: argparse.Namespace) -> str:
         "expert-parallel traffic falls below the dropless model by the drop rate (high early in training); "
         "dropless, it is the model's up to the routing's imbalance. FSDP2 keeps the root (embedding, final norm, "
         "head) gathered from forward to backward, which the model counts twice. Tensor-parallel traffic includes "
-        "the loss's vocabulary-parallel reductions and the gradient-norm scalars, a few KB.",
+        "the loss's vocabulary-parallel reductions and the gradient-norm scalars, a few KB. Pipeline: rank 0 is "
+        "the first stage and sends activations only (point-to-point sends); its data-parallel column holds the tied "
+        "embedding's gradient summed with the last stage, and under FSDP2 the weights gathered forward per "
+        "micro-batch but backward and reduce-scattered once a step (pipelining defers both to the last backward), "
+        "which the model now counts that way.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -107,7 +107,8 @@ def test_plan_command_prints_and_saves_the_layout(tmp_path, capsys):
     assert "Parallel layout on 16 x H100" in out
     assert "torchrun --nnodes 2 --nproc_per_node 8 -m trimtab train --preset dense-7b" in out
     saved = json.loads((tmp_path / "plan.json").read_text())["layout"]
-    assert saved["gpus"] == 16 and saved["best"]["tp"] * saved["best"]["dp"] == 16
+    best = saved["best"]
+    assert saved["gpus"] == 16 and best["pp"] * best["tp"] * best["dp"] == 16
     assert len(saved["candidates"]) >= 4
 
 

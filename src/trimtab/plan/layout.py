@@ -16,7 +16,9 @@ stage, ep of them sharing one copy of the experts:
                   over all dp replicas: the same share)
     FSDP buffers  the largest block gathered twice (this one and the prefetched next) in the
                   compute dtype plus its fp32 gradient (its experts: this rank's 1 / ep of
-                  them), and the root (embedding, head) gathered
+                  them), and the root (embedding, head) gathered; under pp a stage's whole
+                  share instead (pipelining keeps it gathered, its gradients unsharded, from
+                  the first backward to the last)
     activations   micro-batch tokens x plan/memory.py's bytes per token / tp (sequence parallelism
                   shards the norms and the residual stream too: Korthikanti et al. 2022, eq. 5);
                   under 1F1B the first stage holds pp micro-batches of its L / pp layers: the same
@@ -46,7 +48,9 @@ network: one 400 Gb/s NIC per GPU, the DGX/HGX H100 reference):
                      and the fp32 gradients reduce-scattered, (dp-1)/dp x (2 + 2 + 4) P / tp
                      bytes (with ep > 1: P - P_e over the dp replicas, and P_e / ep over the
                      edp = dp / ep copies of the experts, (edp-1)/edp of it), hidden behind
-                     compute where it can be; every term over a stage's share of the layers
+                     compute where it can be; every term over a stage's share of the layers;
+                     under pp the backward gather and the reduce-scatter once a step (above).
+                     A tied embedding's gradient, 4 R / (tp dp), is summed between the end stages
 
 A starting point, not a promise: smaller tensor-parallel matmuls run below plan.mfu, and a
 network other than the reference changes the data-parallel terms.
@@ -284,6 +288,8 @@ def _layout(
     fsdp = strategy == "fsdp" and dp > 1
     state = 16 * ((model.params - model.root) // pp + model.root) // tp // (dp if fsdp else 1)
     gathered = model.largest_block - model.largest_block_experts + model.largest_block_experts // ep
+    if pp > 1:  # pipelining keeps a stage gathered, gradients unsharded, from its first backward on
+        gathered = (model.params - model.root - model.experts + model.experts // ep) // pp
     buffer = (gathered * (2 * p + 4) + model.root * p) // tp if fsdp else 0
     per_token = activation_bytes_per_token(cfg, p, ckpt) / tp
     seq, replica_tokens = cfg.data.seq_len, cfg.train.batch_tokens // dp
@@ -295,7 +301,7 @@ def _layout(
     compute = flops / (hw.devices * hw.peak_flops * cfg.plan.mfu) * (4 / 3 if ckpt else 1)
     bubble = compute * (pp - 1) / max(accumulation, 1)
     traffic = _traffic(cfg, model, (tp, ep, dp, pp), fsdp, ckpt, p)
-    pp_comm = traffic.pp / (network * BUS_EFFICIENCY)
+    pp_comm = (traffic.pp + traffic.tied) / (network * BUS_EFFICIENCY)
     tp_comm = traffic.tp / (link * BUS_EFFICIENCY)
     ep_comm = traffic.ep / (ep_link * BUS_EFFICIENCY)
     dp_bus = network * BUS_EFFICIENCY
@@ -335,11 +341,12 @@ def _layout(
 class Traffic:
     """Bytes one GPU sends in a step over each dimension's ring collectives (module docstring)."""
 
-    pp: float  # activations to the next stage, gradients to the previous one
+    pp: float  # a middle stage's activations to the next stage and gradients to the previous one
+    tied: float  # an end stage's share of the tied embedding's gradient, summed with the other end
     tp: float  # sequence-parallel all-gathers and reduce-scatters, every layer
     ep: float  # all-to-all dispatch and combine, every MoE layer
     dp_per_micro: float  # FSDP2: weights gathered forward and backward, gradients reduce-scattered
-    dp_once: float  # DDP's gradient all-reduce
+    dp_once: float  # DDP's gradient all-reduce; under pp FSDP2's backward gather and reduce-scatter
 
 
 def _traffic(cfg: RunConfig, model: _Shape, mesh: tuple[int, int, int, int], fsdp: bool, ckpt: bool, p: int) -> Traffic:
@@ -351,17 +358,20 @@ def _traffic(cfg: RunConfig, model: _Shape, mesh: tuple[int, int, int, int], fsd
     tp_bytes = (tp - 1) / tp * replica_tokens * model.d_model * p * collectives
     exchanged = replica_tokens * model.top_k * model.d_model * p * model.moe_layers / pp * (6 if ckpt else 4)
     sends = 2 * replica_tokens * model.d_model * p / tp if pp > 1 else 0.0
-    routed = (ep - 1) / ep * exchanged
+    tied = 4 * model.root / (tp * dp) if pp > 1 and cfg.model.tie_embeddings else 0.0  # fp32, shard of dp
+    stages = {"pp": sends, "tied": tied, "tp": tp_bytes, "ep": (ep - 1) / ep * exchanged}
     if dp == 1:
-        return Traffic(pp=sends, tp=tp_bytes, ep=routed, dp_per_micro=0.0, dp_once=0.0)
+        return Traffic(**stages, dp_per_micro=0.0, dp_once=0.0)
     if fsdp:  # experts split by ep: FSDP over their edp copies only
         split, edp = (model.experts / pp, dp // ep) if ep > 1 else (0, 1)
         dense = (dp - 1) / dp * (model.params / pp - split) / tp
-        per_micro = (dense + (edp - 1) / edp * split / (tp * ep)) * (2 * p + 4)
-        once = 0.0
-    else:
-        per_micro, once = 0.0, 2 * (dp - 1) / dp * 4 * model.params / (tp * pp)
-    return Traffic(pp=sends, tp=tp_bytes, ep=routed, dp_per_micro=per_micro, dp_once=once)
+        shard = dense + (edp - 1) / edp * split / (tp * ep)
+        if pp == 1:
+            return Traffic(**stages, dp_per_micro=shard * (2 * p + 4), dp_once=0.0)
+        # torch.distributed.pipelining keeps a stage's weights gathered from its first backward
+        # and reduce-scatters the gradients once, after the last (set_requires_gradient_sync)
+        return Traffic(**stages, dp_per_micro=shard * p, dp_once=shard * (p + 4))
+    return Traffic(**stages, dp_per_micro=0.0, dp_once=2 * (dp - 1) / dp * 4 * model.params / (tp * pp))
 
 
 def step_traffic(cfg: RunConfig, world: int, precision: str = "bf16") -> dict[str, float]:
@@ -373,7 +383,12 @@ def step_traffic(cfg: RunConfig, world: int, precision: str = "bf16") -> dict[st
     ckpt = cfg.train.activation_checkpointing
     traffic = _traffic(cfg, _Shape.of(cfg), (tp, ep, dp, pp), fsdp, ckpt, activation_width(precision))
     micro_batches = math.ceil(cfg.train.batch_tokens // dp / cfg.train.micro_budget)
-    return {"tp": traffic.tp, "ep": traffic.ep, "dp": traffic.dp_per_micro * micro_batches + traffic.dp_once}
+    return {
+        "pp": traffic.pp / 2,  # rank 0, the first stage, sends activations only
+        "tp": traffic.tp,
+        "ep": traffic.ep,
+        "dp": traffic.dp_per_micro * micro_batches + traffic.dp_once + traffic.tied,
+    }
 
 
 def _gpus_needed(cfg: RunConfig, shape: _Shape, hw: Hardware, gpus_per_node: int) -> int | None:
