@@ -20,7 +20,9 @@ from trimtab.orchestrator.planner import LivePlanner
 from trimtab.sampling import generate as generate_ids
 from trimtab.training.runlock import run_lock
 from trimtab.training.setup import setup
+from trimtab.training.hooks import ReportWriter
 from trimtab.training.signals import StartUpInterrupted, handle_signals
+from trimtab.training.tracking import tracking_hooks
 from trimtab.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -60,8 +62,8 @@ def train_or_raise(config: RunConfig, hooks: list = ()) -> dict:
 
 def built_in_hooks(config: RunConfig) -> list:
     """The hooks every run has beside the loggers: the orchestrator, fault injection when the
-    config asks for faults, and the live Chinchilla planner (handing its run-length findings to
-    the orchestrator's policy)."""
+    config asks for faults, the live Chinchilla planner (handing its run-length findings to
+    the orchestrator's policy), and on rank 0 the report and the experiment trackers."""
     orchestrator = Orchestrator(config.orchestrator, config.run_dir)
     hooks = [orchestrator]
     if config.faults:
@@ -69,6 +71,10 @@ def built_in_hooks(config: RunConfig) -> list:
     if config.plan.status_every:  # the live Chinchilla status (docs/planner.md)
         decide = orchestrator.decide if config.orchestrator.mode != "off" else None
         hooks.append(LivePlanner(config.plan, config.run_dir, decide))
+    if is_main():  # files and trackers: rank 0 speaks for the job
+        if config.log.report:
+            hooks.append(ReportWriter(config.run_dir))  # after the orchestrator, before the trackers that upload it
+        hooks += tracking_hooks(config.log, config.run_dir)
     return hooks
 
 

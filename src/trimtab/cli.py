@@ -205,6 +205,24 @@ def _presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune(args: argparse.Namespace) -> int:
+    from trimtab.tune import tune_command
+
+    return tune_command(args)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from trimtab.report import report_command
+
+    return report_command(args)
+
+
+def _runs(args: argparse.Namespace) -> int:
+    from trimtab.report.runs import runs_command
+
+    return runs_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trimtab", description="Train language models that watch their own training and correct it."
@@ -345,6 +363,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node, for the parallel layout (default 8)")
     p.set_defaults(func=_plan)
+
+    p = sub.add_parser(
+        "tune",
+        help="hyperparameter search with Optuna over a space file (docs/experiments.md)",
+        description="Run trials of SPACE.yaml's study (a base config, a per-trial budget and the config keys to "
+        "search). Workers started anywhere on the same storage join one study; an interrupted study resumes.",
+    )
+    p.add_argument("space", help="the space file (YAML)")
+    p.add_argument("--trials", type=int, help="trials the study should reach in all (default: the space file's)")
+    p.add_argument("--workers", type=int, default=1, help="worker processes on this machine (default 1)")
+    p.add_argument("--storage", help="an Optuna storage URL (default: sqlite:///STUDY_DIR/study.db)")
+    p.add_argument("--out", help="the study directory (default: the space file's study.out, else runs/tune/NAME)")
+    p.set_defaults(func=_tune)
+
+    p = sub.add_parser("report", help="write a self-contained HTML report of one run or several overlaid")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (several: overlaid for comparison)")
+    p.add_argument("--out", help="the HTML file (default: RUN/report.html for one run, else report.html)")
+    p.set_defaults(func=_report)
+
+    p = sub.add_parser("runs", help="a table of the runs under a directory")
+    p.add_argument("root", nargs="?", default="runs", help="the directory to search (default: runs)")
+    p.add_argument("--sort", default="val_loss", help="column to sort by (default: val_loss)")
+    p.add_argument("--json", action="store_true", help="the rows as JSON")
+    p.set_defaults(func=_runs)
 
     p = sub.add_parser("presets", help="list the presets")
     p.set_defaults(func=_presets)

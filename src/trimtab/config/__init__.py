@@ -295,12 +295,42 @@ class CheckpointConfig:
 
 
 @dataclass
-class LogConfig:
-    progress: bool = True  # progress bar on the console
-    tensorboard: bool = True
+class MlflowConfig:
+    """MLflow tracking (training/tracking.py): metrics, the resolved config, decisions as events,
+    the report and the final checkpoint as artifacts."""
+
+    enabled: bool = False
+    uri: str = ""  # tracking URI; empty: sqlite:///<the run directory's parent>/mlflow.db (no server)
+    experiment: str = ""  # empty: the preset's name
 
     def validate(self) -> None:
         pass
+
+
+@dataclass
+class WandbConfig:
+    """Weights & Biases tracking (training/tracking.py); offline writes <run_dir>/wandb for
+    `wandb sync` later and needs no network."""
+
+    enabled: bool = False
+    project: str = "trimtab"
+    mode: str = "offline"  # offline | online
+
+    def validate(self) -> None:
+        _check(self.mode in ("offline", "online"), "log.wandb.mode", "must be offline or online")
+
+
+@dataclass
+class LogConfig:
+    progress: bool = True  # progress bar on the console
+    tensorboard: bool = True
+    report: bool = True  # write RUN_DIR/report.html at the end of the run (trimtab report)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+    def validate(self) -> None:
+        self.mlflow.validate()
+        self.wandb.validate()
 
 
 @dataclass

@@ -208,3 +208,10 @@ class ConsoleLogger(Hook):
             self.bar.write(line, file=sys.stderr)
         else:
             print(line, file=sys.stderr, flush=True)
+
+
+class ReportWriter(Hook):
+    """RUN_DIR/report.html at the end of the run (log.report). PLACEHOLDER: being built."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
