@@ -366,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "tune",
-        help="hyperparameter search with Optuna over a space file (docs/experiments.md)",
+        help="hyperparameter search with Optuna over a space file (docs/tune.md)",
         description="Run trials of SPACE.yaml's study (a base config, a per-trial budget and the config keys to "
         "search). Workers started anywhere on the same storage join one study; an interrupted study resumes.",
     )
