@@ -159,3 +159,14 @@ def test_every_hook_method_takes_the_run_view_first():
                     if first is None or getattr(first.annotation, "id", None) != "RunView":
                         bad.append(f"{path.relative_to(SRC)}: {cls.name}.{fn.name}")
     assert bad == []
+
+
+def test_the_report_reads_files_only():
+    """report (trimtab report, trimtab runs) reads run directories and imports no torch: it runs
+    wherever a run directory is copied to. Its one training import is the run lock's liveness
+    probe (fcntl and json), which tells a running run from a crashed one."""
+    allowed = ("trimtab.training.runlock",)
+    bad = [
+        o for o in offenders("report", ("torch", "trimtab.training", "trimtab.orchestrator")) if not o.endswith(allowed)
+    ]
+    assert bad == []

@@ -9,8 +9,10 @@ it is checkpointed.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -211,7 +213,27 @@ class ConsoleLogger(Hook):
 
 
 class ReportWriter(Hook):
-    """RUN_DIR/report.html at the end of the run (log.report). PLACEHOLDER: being built."""
+    """RUN_DIR/report.html at the end of the run (log.report; trimtab.report, docs/report.md).
+
+    summary.json is written after the hooks' on_train_end, so the summary is handed to the report
+    directly. A report that cannot be written warns and never fails the run: the run's files are
+    all there and `trimtab report RUN_DIR` writes it later."""
 
     def __init__(self, run_dir: Path):
-        self.run_dir = run_dir
+        self.run_dir = Path(run_dir)
+
+    def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
+        start = time.perf_counter()
+        try:
+            from trimtab.report import write_report
+
+            path = write_report([self.run_dir], summary=summary)
+        except Exception as exc:  # noqa: BLE001 -- anything (a full disk, a bug in a plot) must spare the run
+            logging.getLogger(__name__).warning(
+                "report.html not written (%s: %s); the run is unaffected: `trimtab report %s` writes it",
+                type(exc).__name__,
+                exc,
+                self.run_dir,
+            )
+            return
+        run.say(f"report: {path} ({time.perf_counter() - start:.1f}s)")

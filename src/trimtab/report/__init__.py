@@ -1,0 +1,66 @@
+"""`trimtab report`: a run directory (or several, overlaid) as one self-contained HTML file.
+
+It reads only files (DESIGN.md §2: config.yaml, metrics.jsonl, decisions.jsonl, plan_status.jsonl,
+summary.json) and imports no torch, so it runs anywhere the run directory is copied to. A healing
+benchmark's result (healing.json, or the directory holding it) renders as its table and curves.
+docs/report.md says how to read the page.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trimtab.report.healing import Healing, is_healing, load_healing
+from trimtab.report.rundir import NotARunError, Run, is_run_dir, load_run
+
+REPORT = "report.html"
+
+__all__ = ["NotARunError", "default_out", "write_report"]
+
+
+def write_report(paths: list[str | Path], out: str | Path | None = None, summary: dict[str, Any] | None = None) -> Path:
+    """Write the report of `paths` (run directories, healing.json files or the directories holding
+    them) to `out` (default: default_out(paths)); `summary` stands in for a single run's
+    summary.json (at the end of a run, the report is written before it). Returns the file."""
+    from trimtab.report.page import render  # plotly: only when a page is made
+
+    if not paths:
+        raise NotARunError("no run directory given")
+    runs, healings = _load(paths, summary)
+    target = Path(out) if out else default_out(paths)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(render(runs, healings))
+    tmp.replace(target)  # a reader (a browser reloading) never sees half a page
+    return target
+
+
+def default_out(paths: list[str | Path]) -> Path:
+    """RUN/report.html for one run (or beside one healing.json); report.html here for several."""
+    if len(paths) == 1:
+        path = Path(paths[0])
+        return path.with_suffix(".html") if path.is_file() else path / REPORT
+    return Path(REPORT)
+
+
+def _load(paths: list[str | Path], summary: dict[str, Any] | None) -> tuple[list[Run], list[Healing]]:
+    runs: list[Run] = []
+    healings: list[Healing] = []
+    names = _names([Path(p) for p in paths])
+    for path, name in zip(map(Path, paths), names):
+        if is_healing(path) and not is_run_dir(path):
+            healings.append(load_healing(path))
+        else:
+            runs.append(load_run(path, name=name, summary=summary if len(paths) == 1 else None))
+    return runs, healings
+
+
+def _names(paths: list[Path]) -> list[str]:
+    """Each run's label: its directory name, with as many parent names as makes it unique."""
+    parts = [p.resolve().parts for p in paths]
+    for depth in range(1, max((len(p) for p in parts), default=1) + 1):
+        names = ["/".join(p[-depth:]) for p in parts]
+        if len(set(names)) == len(names):
+            return names
+    return [str(p) for p in paths]

@@ -1,0 +1,173 @@
+"""The report page: one self-contained HTML file (plotly.js embedded once, no network to open it).
+
+Top: a summary table per run; then the plots the runs have data for; then the orchestrator's
+decisions as a table (the same ones the loss plot marks); then a healing benchmark's result when
+one was given.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+
+from trimtab.report import figures
+from trimtab.report.healing import HEADER, Healing, curves, table_rows
+from trimtab.report.rundir import Run, finite, healed, val_loss
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5em 2em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.note { color: #666; font-size: 0.9em; }
+.figure { margin-bottom: 1.5em; }
+"""
+
+CAPTIONS = {
+    "loss": "Train loss (solid) and validation loss (dotted) against tokens. Diamonds: the orchestrator's "
+    "decisions (hover: evidence, reasoning, confidence, outcome). Dashed, faded: steps a rollback abandoned.",
+    "lr": "Applied LR (the schedule times the orchestrator's multiplier) against the schedule alone (dotted).",
+    "grad_norm": "Gradient norm before clipping: mean and max over each log interval.",
+    "throughput": "Tokens per second (left) and model FLOPs utilization (right, dotted).",
+    "memory": "Peak resident memory of the process and, on GPU, the CUDA allocator's peak.",
+    "moe_load": "Each expert's share of the routed tokens over the fair share (1 = balanced, 0 = idle).",
+    "moe_balance": "The busiest expert's load over the fair share, and the fraction of tokens dropped by capacity.",
+    "mod": "Mixture-of-Depths: the share of tokens each routed layer processes, and the causal predictor's accuracy.",
+    "chinchilla": "The live planner's fit: the predicted final loss (left) and token progress / convergence (right).",
+}
+
+
+def render(runs: list[Run], healings: list[Healing]) -> str:
+    parts = [_summary_table(runs)] if runs else []
+    for key, build in figures.FIGURES:
+        fig = build(runs) if runs else None
+        if fig is not None:
+            parts.append(_figure(fig, key, CAPTIONS[key]))
+    parts += [_decisions_table(run) for run in runs if run.decisions]
+    parts += [_healing(healing, n) for n, healing in enumerate(healings)]
+    title = "trimtab report: " + ", ".join([r.name for r in runs] + [str(h.path) for h in healings])
+    return (
+        f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{STYLE}</style>\n<script type='text/javascript'>{get_plotlyjs()}</script>\n</head><body>\n"
+        f"<h1>{html.escape(title)}</h1>\n<p class='note'>written {time.strftime('%Y-%m-%d %H:%M:%S')}</p>\n"
+        + "\n".join(parts)
+        + "\n</body></html>\n"
+    )
+
+
+def _figure(fig: go.Figure, key: str, caption: str) -> str:
+    # plotly.js is in the head once; each figure is a div and the call that draws it
+    div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{key}", config={"displaylogo": False})
+    return f"<div class='figure'><p class='note'>{html.escape(caption)}</p>{div}</div>"
+
+
+def _table(header: list[str], rows: list[list[Any]], numeric: set[int] = frozenset()) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>"
+        + "".join(f"<td{' class=num' if j in numeric else ''}>{html.escape(str(c))}</td>" for j, c in enumerate(row))
+        + "</tr>"
+        for row in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+SUMMARY = [
+    "run",
+    "preset",
+    "status",
+    "steps",
+    "tokens",
+    "val loss",
+    "params",
+    "decisions (healed)",
+    "wall",
+    "Chinchilla",
+]
+
+
+def summary_row(run: Run) -> list[Any]:
+    s = run.summary or {}
+    last = run.train[-1] if run.train else {}
+    steps = s.get("step", last.get("step"))
+    total = s.get("total_steps")
+    tokens = s.get("tokens", last.get("tokens"))
+    loss = val_loss(run)
+    params = s.get("params")
+    wall = s.get("seconds")
+    kept = [d for d in run.decisions if not d.get("abandoned")]
+    return [
+        run.name,
+        run.preset or "-",
+        run.detail if run.status != "completed" and run.detail else run.status,
+        f"{steps}/{total}" if steps is not None and total else steps if steps is not None else "-",
+        f"{tokens:,}" if isinstance(tokens, int) else "-",
+        f"{loss:.4f}" if loss is not None else "-",
+        f"{params:,}" if isinstance(params, int) else "-",
+        f"{len(kept)} ({healed(kept)})",
+        f"{wall:.0f} s" if finite(wall) is not None else "-",
+        _chinchilla(run),
+    ]
+
+
+def _chinchilla(run: Run) -> str:
+    if not run.plan:
+        return "-"
+    p = run.plan[-1]
+    return f"step {p.get('step')}: {p.get('phase')}, {p.get('recommendation')} ({p.get('recommended_steps')} steps)"
+
+
+def _summary_table(runs: list[Run]) -> str:
+    notes = []
+    for run in runs:
+        gone = sum(1 for m in run.lines if m.get("abandoned"))
+        if gone:
+            notes.append(
+                f"{run.name}: {gone} logged line(s) abandoned by rollbacks, drawn dashed apart from the curves."
+            )
+    paths = "".join(f"<li>{html.escape(r.name)}: {html.escape(str(r.path))}</li>" for r in runs)
+    return (
+        "<h2>Runs</h2>"
+        + _table(SUMMARY, [summary_row(r) for r in runs], numeric={3, 4, 5, 6, 8})
+        + f"<ul class='note'>{paths}</ul>"
+        + "".join(f"<p class='note'>{html.escape(n)}</p>" for n in notes)
+    )
+
+
+def _decisions_table(run: Run) -> str:
+    rows = [
+        [
+            d.get("step"),
+            d.get("rule", ""),
+            d.get("action", "") + (" (abandoned)" if d.get("abandoned") else ""),
+            d.get("mode", ""),
+            d.get("confidence", ""),
+            (d.get("outcome") or {}).get("result", "pending"),
+            d.get("summary") or "",
+            d.get("reasoning", ""),
+        ]
+        for d in run.decisions
+    ]
+    header = ["step", "rule", "action", "mode", "confidence", "outcome", "evidence", "reasoning"]
+    return f"<h2>Decisions: {html.escape(run.name)}</h2>" + _table(header, rows)
+
+
+def _healing(healing: Healing, n: int) -> str:
+    results = healing.results
+    about = ", ".join(
+        f"{k} {results[k]}" for k in ("date", "preset", "steps", "clean_val_loss", "machine", "code") if k in results
+    )
+    # the verdicts are written for BENCHMARKS.md: its **bold** marks are left out here
+    verdicts = "".join(f"<li>{html.escape(str(v).replace('**', ''))}</li>" for v in results.get("verdicts") or [])
+    fig = curves(healing)
+    return (
+        f"<h2>Healing benchmark: {html.escape(str(healing.path))}</h2><p class='note'>{html.escape(about)}</p>"
+        + _table(HEADER, table_rows(healing))
+        + (f"<ul>{verdicts}</ul>" if verdicts else "")
+        + (_figure(fig, f"healing-{n}", "Train loss of each scenario.") if fig else "")
+    )

@@ -1,0 +1,130 @@
+"""One run directory, read for the report and the runs table: files only, no torch.
+
+What a run leaves (DESIGN.md §2): config.yaml, metrics.jsonl (read through trimtab.metrics, which
+marks the lines a rollback abandoned), decisions.jsonl, plan_status.jsonl (the live Chinchilla
+status), summary.json (written when fit() returns) and RUN_DIR/.lock (held while it trains).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trimtab.errors import TrimtabError
+from trimtab.metrics import METRICS_FILE, read_metrics
+
+CONFIG = "config.yaml"
+SUMMARY = "summary.json"
+
+
+class NotARunError(TrimtabError):
+    """A path given as a run directory is not one; the message names the path and what is missing."""
+
+
+@dataclass
+class Run:
+    path: Path
+    name: str  # how plots and tables label it
+    config: dict[str, Any]
+    lines: list[dict[str, Any]]  # every metrics line, in file order; abandoned ones marked
+    decisions: list[dict[str, Any]]
+    plan: list[dict[str, Any]]  # plan_status.jsonl
+    summary: dict[str, Any] | None
+    status: str  # completed | stopped | failed | running
+    detail: str = ""  # the status in words, e.g. the summary's "stopped (SIGTERM)"
+
+    @property
+    def train(self) -> list[dict[str, Any]]:
+        """Kept training lines (the trajectory)."""
+        return [m for m in self.lines if "loss" in m and not m.get("abandoned")]
+
+    @property
+    def preset(self) -> str:
+        return str(self.config.get("preset") or "")
+
+    def last(self, key: str) -> Any:
+        """The key's value on the last kept line that has it, else None."""
+        for m in reversed(self.lines):
+            if key in m and not m.get("abandoned"):
+                return m[key]
+        return None
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / CONFIG).is_file() and ((path / METRICS_FILE).is_file() or (path / SUMMARY).is_file())
+
+
+def load_run(path: str | Path, name: str | None = None, summary: dict[str, Any] | None = None) -> Run:
+    """Read a run directory; `summary` stands in for summary.json (the report written at the end
+    of a run comes before the file is). Raises NotARunError naming what is missing."""
+    path = Path(path)
+    if not path.is_dir():
+        raise NotARunError(f"{path}: no such directory (expected a run directory with {CONFIG} and {METRICS_FILE})")
+    missing = [f for f in (CONFIG, METRICS_FILE) if not (path / f).is_file()]
+    if missing:
+        raise NotARunError(f"{path} is not a run directory: it has no {' and no '.join(missing)}")
+    config = yaml.safe_load((path / CONFIG).read_text()) or {}
+    if summary is None and (path / SUMMARY).is_file():
+        summary = json.loads((path / SUMMARY).read_text())
+    status, detail = run_status(path, summary)
+    return Run(
+        path=path,
+        name=name or path.name,
+        config=config if isinstance(config, dict) else {},
+        lines=read_metrics(path, abandoned=True),
+        decisions=read_jsonl(path / "decisions.jsonl"),
+        plan=read_jsonl(path / "plan_status.jsonl"),
+        summary=summary,
+        status=status,
+        detail=detail,
+    )
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """decisions.jsonl and plan_status.jsonl (the same reading as orchestrator.journal's, which
+    imports torch); a line cut off by a live writer is left out."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def run_status(path: Path, summary: dict[str, Any] | None) -> tuple[str, str]:
+    """(completed | stopped | failed | running, the summary's own words). A run with no summary is
+    running while a process holds its lock, else it crashed or was killed: failed."""
+    if summary is not None:
+        text = str(summary.get("status", ""))
+        kind = "completed" if text == "completed" else "stopped" if text.startswith("stopped") else "failed"
+        return kind, text
+    from trimtab.training.runlock import liveness  # fcntl and json only, no torch
+
+    alive, evidence = liveness(path)
+    return ("running", f"running ({evidence})") if alive else ("failed", f"failed: no summary.json ({evidence})")
+
+
+def finite(x: Any) -> float | None:
+    """A number for a plot or table: None for missing, NaN or infinite (a gap, not a zero)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    return float(x) if math.isfinite(x) else None
+
+
+def healed(decisions: list[dict[str, Any]]) -> int:
+    """Decisions whose measured outcome says the run recovered."""
+    return sum((d.get("outcome") or {}).get("result") == "recovered" for d in decisions if not d.get("abandoned"))
+
+
+def val_loss(run: Run) -> float | None:
+    if run.summary and finite(run.summary.get("val_loss")) is not None:
+        return float(run.summary["val_loss"])
+    return finite(run.last("val_loss"))

@@ -1,0 +1,108 @@
+"""`trimtab runs DIR`: a table of the run directories under DIR (files only, no torch).
+
+A run directory is one with config.yaml and metrics.jsonl or summary.json; the search does not
+go inside one (its checkpoints hold no runs). Status: completed, stopped (a signal, a person, the
+orchestrator), failed (gave up, or no summary and no live process: crashed or killed) or running
+(a process holds RUN_DIR/.lock).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from trimtab.errors import TrimtabError
+from trimtab.report.rundir import healed, is_run_dir, load_run, val_loss
+
+COLUMNS = ["run", "preset", "status", "steps", "tokens", "val_loss", "decisions", "healed", "wall_s"]
+HEADINGS = {"val_loss": "val loss", "healed": "faults healed", "wall_s": "wall"}
+
+
+class RunsError(TrimtabError):
+    """`trimtab runs` was given a directory that does not exist or a column it does not have."""
+
+
+def find_runs(root: Path) -> list[Path]:
+    """Run directories under root (root itself included), in path order."""
+    found = []
+    for here, dirs, _ in os.walk(root):
+        path = Path(here)
+        if is_run_dir(path):
+            found.append(path)
+            dirs.clear()  # checkpoints/, tb/: nothing to find inside a run
+        else:
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    return sorted(found)
+
+
+def run_row(path: Path, root: Path) -> dict[str, Any]:
+    """One run's row: raw values (None where the run has none), for --json and for sorting."""
+    run = load_run(path)
+    s = run.summary or {}
+    last = run.train[-1] if run.train else {}
+    kept = [d for d in run.decisions if not d.get("abandoned")]
+    rel = path.relative_to(root)
+    return {
+        "run": str(rel) if str(rel) != "." else path.name,
+        "preset": run.preset or None,
+        "status": run.status,
+        "steps": s.get("step", last.get("step")),
+        "tokens": s.get("tokens", last.get("tokens")),
+        "val_loss": val_loss(run),
+        "decisions": len(kept),
+        "healed": healed(kept),
+        "wall_s": round(s["seconds"], 1) if isinstance(s.get("seconds"), (int, float)) else None,
+        "detail": run.detail,
+        "path": str(path),
+    }
+
+
+def list_runs(root: str | Path, sort: str = "val_loss", reverse: bool = False) -> list[dict[str, Any]]:
+    """The rows of the runs under root sorted by a column (reverse: descending); runs without a
+    value in that column come last either way."""
+    root = Path(root)
+    if not root.is_dir():
+        raise RunsError(f"{root}: no such directory (trimtab runs DIR lists the run directories under DIR)")
+    if sort not in COLUMNS:
+        raise RunsError(f"unknown column {sort!r} for --sort; one of {', '.join(COLUMNS)}")
+    rows = [run_row(path, root) for path in find_runs(root)]
+    present = sorted((r for r in rows if r[sort] is not None), key=lambda r: r[sort], reverse=reverse)
+    return present + [r for r in rows if r[sort] is None]
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """Aligned columns, numbers on the right."""
+    cells = [[HEADINGS.get(c, c) for c in COLUMNS]] + [[_cell(c, r[c]) for c in COLUMNS] for r in rows]
+    widths = [max(len(row[j]) for row in cells) for j in range(len(COLUMNS))]
+    numeric = {"steps", "tokens", "val_loss", "decisions", "healed", "wall_s"}
+    lines = [
+        "  ".join(v.rjust(w) if COLUMNS[j] in numeric else v.ljust(w) for j, (v, w) in enumerate(zip(row, widths)))
+        for row in cells
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _cell(column: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if column == "val_loss":
+        return f"{value:.4f}"
+    if column == "tokens":
+        return f"{value:,}"
+    if column == "wall_s":
+        return f"{value:.0f} s"
+    return str(value)
+
+
+def print_runs(root: str | Path, sort: str = "val_loss", reverse: bool = False, as_json: bool = False) -> int:
+    """`trimtab runs`: the table on stdout (as_json: the rows as a JSON list, for scripts)."""
+    rows = list_runs(root, sort, reverse)
+    if as_json:
+        print(json.dumps(rows, indent=1))
+    elif rows:
+        print(format_table(rows))
+    else:
+        print(f"no run directories under {root}")
+    return 0

@@ -1,0 +1,261 @@
+"""trimtab report (report.html) and trimtab runs (the table of runs), on tiny real runs: a dense one
+(its report written by the run itself), a hybrid one (MoE + MoD layers) and one rolled back, and
+the page loaded in a real headless browser (the system's chromium) when there is one."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from plotly.offline import get_plotlyjs
+
+import trimtab.report
+from trimtab.cli import main
+from trimtab.errors import TrimtabError
+from trimtab.report import NotARunError, figures, write_report
+from trimtab.report.rundir import load_run
+from trimtab.report.runs import RunsError, list_runs
+from trimtab.training.hooks import ReportWriter
+from trimtab.training.runlock import run_lock
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+QUICK = {"data": {"max_bytes": 150_000}, "log": {"progress": False, "tensorboard": False}}
+
+
+def _train(out: Path, preset: str, steps: int, **sections) -> Path:
+    from trimtab.api import train
+
+    for name, values in {**QUICK, "train": {"max_steps": steps, "log_every": 1}}.items():
+        sections[name] = {**values, **sections.get(name, {})}
+    train(preset=preset, out=str(out), **sections)
+    return out
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="module")
+def dense(root) -> Path:
+    """Writes its own report.html at the end (log.report defaults on); a live Chinchilla status."""
+    return _train(root / "dense", "debug", 8, train={"eval_every": 4}, plan={"status_every": 4})
+
+
+@pytest.fixture(scope="module")
+def hybrid(root) -> Path:
+    """Dense, MoE, MoD and MoE+MoD layers: every sparse plot has data."""
+    return _train(root / "sweep" / "hybrid", "debug-hybrid", 4, log={"report": False})
+
+
+@pytest.fixture(scope="module")
+def rolled(root) -> Path:
+    """Broken weights at step 7: the held-out check rolls back to step 4, steps 5-7 are abandoned."""
+    return _train(root / "rolled", "debug", 9, checkpoint={"every": 4}, faults=["weights_nan@7"])
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def test_the_run_writes_its_report_at_the_end(dense):
+    page = (dense / "report.html").read_text()
+    assert (dense / "summary.json").is_file()
+    plotly_js = get_plotlyjs()
+    assert page.count(plotly_js[:300]) == 1  # plotly.js embedded once, no CDN
+    assert "<script src=" not in page and page.count("cdn.plot.ly") == plotly_js.count("cdn.plot.ly")
+    assert len(page) < len(plotly_js) + 500_000
+    for key in ("loss", "lr", "grad_norm", "throughput", "memory", "chinchilla"):
+        assert f'id="fig-{key}"' in page, key
+    for key in ("moe_load", "moe_balance", "mod"):  # a dense run has none: no empty plot
+        assert f"fig-{key}" not in page
+    assert ">completed<" in page and ">debug<" in page  # the summary table (summary.json came later)
+
+
+def test_validation_loss_is_placed_at_its_tokens(dense):
+    run = load_run(dense)
+    fig = figures.loss([run])
+    val = next(t for t in fig.data if t.name == "dense validation")
+    tokens = {m["step"]: m["tokens"] for m in run.train}
+    assert list(val.x) == [tokens[4], tokens[8]] and all(v is not None for v in val.y)
+
+
+def test_sparse_runs_get_the_moe_heatmap_and_mod_plots(hybrid):
+    run = load_run(hybrid)
+    heat = figures.moe_load([run])
+    assert heat is not None and all(t.type == "heatmap" for t in heat.data)
+    z = heat.data[0].z
+    experts = run.config["model"]["moe"]["n_experts"]
+    assert len(z) == experts and len(z[0]) == len(run.train)
+    # each column: every expert's load over the fair share, so they sum to the number of experts
+    assert sum(row[0] for row in z) == pytest.approx(experts)
+    mod = figures.mod([run])
+    assert mod is not None and {t.name.split()[-1] for t in mod.data} == {"capacity", "predictor_acc"}
+    page = write_report([hybrid]).read_text()
+    assert all(f"fig-{key}" in page for key in ("moe_load", "moe_balance", "mod"))
+
+
+def test_a_rollback_is_drawn_apart_and_the_decisions_marked(rolled):
+    run = load_run(rolled)
+    assert any(m.get("abandoned") for m in run.lines)
+    fig = figures.loss([run])
+    kept = next(t for t in fig.data if t.name == "rolled train")
+    assert list(kept.x) == sorted(set(kept.x))  # each step once, in order: no zig-zag
+    gone = next(t for t in fig.data if t.name == f"rolled train {figures.ABANDONED}")
+    assert gone.line.dash == "dash" and gone.opacity < 1
+    abandoned_steps = [m["step"] for m in run.lines if m.get("abandoned") and "loss" in m]
+    assert len(gone.x) == len(abandoned_steps) + 1  # from the kept point it branched off
+    marks = {t.name: t for t in fig.data if t.name.startswith("decision: ")}
+    assert "decision: rollback" in marks
+    hover = marks["decision: rollback"].hovertext[0]
+    for part in ("reasoning:", "evidence:", "confidence: ", "outcome: ", "rolled back"):
+        assert part in hover
+    rollback = next(d for d in run.decisions if d["action"] == "rollback")
+    tokens = {m["step"]: m["tokens"] for m in run.train}
+    assert marks["decision: rollback"].x[0] == tokens[rollback["step"]]
+
+
+def test_several_runs_overlay(dense, rolled, tmp_path):
+    out = write_report([dense, rolled], tmp_path / "both.html")
+    page = out.read_text()
+    assert "<td>dense</td>" in page and "<td>rolled</td>" in page
+    loss = figures.loss([load_run(dense, "dense"), load_run(rolled, "rolled")])
+    colours = {t.name: t.line.color for t in loss.data if t.name in ("dense train", "rolled train")}
+    assert len(set(colours.values())) == 2
+    # two runs with the same directory name are told apart by their parents
+    assert trimtab.report._names([Path("/a/x/run"), Path("/a/y/run")]) == ["x/run", "y/run"]
+
+
+def test_a_healing_benchmark_renders_as_its_table_and_curves(dense, rolled, tmp_path):
+    result = {
+        "date": "2026-01-01",
+        "preset": "debug",
+        "runs": {
+            "weights_nan/off": {"mode": "off", "faults": ["weights_nan@7"], "outcome": "ruined (eval loss NaN)",
+                                "val_loss": None, "decisions": [], "wall_s": 3.0, "run_dir": str(dense)},
+            "weights_nan/auto": {"mode": "auto", "faults": ["weights_nan@7"], "outcome": "ok", "val_loss": 5.1,
+                                 "decisions": [{"action": "rollback"}], "steps_redone": 3, "wall_s": 4.0,
+                                 "run_dir": str(rolled)},
+        },
+        "verdicts": ["1/1 scenarios healed"],
+    }  # fmt: skip
+    (tmp_path / "healing.json").write_text(json.dumps(result))
+    page = write_report([tmp_path]).read_text()  # the directory holding healing.json
+    assert (tmp_path / "report.html").is_file()
+    assert "<td>weights_nan</td>" in page and "ruined (eval loss NaN)" in page and "1/1 scenarios healed" in page
+    assert 'id="fig-healing-0"' in page
+
+
+def test_bad_input_names_the_path_and_what_is_missing(tmp_path, capsys):
+    with pytest.raises(NotARunError, match="no such directory"):
+        write_report([tmp_path / "nowhere"])
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "config.yaml").write_text("preset: debug\n")
+    with pytest.raises(TrimtabError, match=r"half is not a run directory: it has no metrics.jsonl"):
+        write_report([tmp_path / "half"])
+    (tmp_path / "x.json").write_text("[1, 2]")
+    with pytest.raises(NotARunError, match="not a healing benchmark result"):
+        write_report([tmp_path / "x.json"])
+    assert main(["report", str(tmp_path / "half")]) == 2
+    assert "metrics.jsonl" in capsys.readouterr().err
+
+
+def test_a_report_that_fails_warns_and_spares_the_run(tmp_path, monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(trimtab.report, "write_report", broken)
+
+    class View:
+        def say(self, line):
+            raise AssertionError("no report, nothing to announce")
+
+    ReportWriter(tmp_path).on_train_end(View(), {"status": "completed"})
+    assert "report.html not written (OSError: No space left on device)" in caplog.text
+
+
+# ---------------------------------------------------------------------------- trimtab runs
+
+
+def test_runs_lists_the_runs_under_a_directory(root, dense, hybrid, rolled, capsys):
+    rows = list_runs(root, "tokens")
+    assert [r["run"] for r in rows] == ["sweep/hybrid", "dense", "rolled"]
+    assert {r["status"] for r in rows} == {"completed"}
+    by_name = {r["run"]: r for r in rows}
+    assert by_name["rolled"]["decisions"] >= 1 and by_name["rolled"]["healed"] >= 1
+    assert by_name["dense"]["steps"] == 8 and by_name["sweep/hybrid"]["preset"] == "debug-hybrid"
+    assert [r["run"] for r in list_runs(root, "tokens", reverse=True)][0] == "rolled"
+    assert main(["runs", str(root), "--json", "--sort", "run"]) == 0
+    assert [r["run"] for r in json.loads(capsys.readouterr().out)] == ["dense", "rolled", "sweep/hybrid"]
+    assert main(["runs", str(root)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:3] == ["run", "preset", "status"] and len(table) == 4
+    with pytest.raises(RunsError, match="unknown column 'loss'.*val_loss"):
+        list_runs(root, "loss")
+
+
+def test_runs_tells_running_from_crashed(dense, tmp_path):
+    live = tmp_path / "live"
+    live.mkdir()
+    for name in ("config.yaml", "metrics.jsonl"):  # no summary.json: running or dead
+        shutil.copy(dense / name, live / name)
+    with run_lock(live):
+        assert [r["status"] for r in list_runs(tmp_path)] == ["running"]
+    assert [r["status"] for r in list_runs(tmp_path)] == ["failed"]
+
+
+# ---------------------------------------------------------------------------- in a real browser
+
+
+def _browser():
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium on PATH (apt-get install chromium): the page is not loaded in a browser")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed (pip install -e '.[dev]')")
+    return chromium, sync_playwright
+
+
+GRAPHS = """() => [...document.querySelectorAll('.plotly-graph-div')].map(el => ({
+    id: el.id,
+    traces: (el.data || []).length,
+    points: (el.data || []).reduce((n, t) => n + [t.y, t.z].filter(Boolean).flat(2).filter(v => v !== null).length, 0),
+}))"""
+
+
+def test_the_page_loads_in_a_browser_with_every_plot_drawn(dense, hybrid, rolled, tmp_path):
+    chromium, sync_playwright = _browser()
+    out = write_report([dense, hybrid, rolled], tmp_path / "all.html")
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+            page.route(
+                "**/*", lambda route: route.abort() if not route.request.url.startswith("file:") else route.continue_()
+            )
+            page.goto(out.as_uri(), wait_until="load")
+            graphs = page.evaluate(GRAPHS)
+        finally:
+            browser.close()
+    assert errors == []
+    ids = {g["id"] for g in graphs}
+    assert {"fig-loss", "fig-moe_load", "fig-mod", "fig-chinchilla"} <= ids
+    assert all(g["traces"] > 0 and g["points"] > 0 for g in graphs), graphs
+
+
+def test_the_report_needs_no_torch(dense, tmp_path):
+    """Run directories are read anywhere they are copied to: making a page and a table loads no torch."""
+    code = (
+        "import sys; from trimtab.report import write_report; from trimtab.report.runs import list_runs; "
+        f"write_report([{str(dense)!r}], {str(tmp_path / 'r.html')!r}); list_runs({str(dense.parent)!r}); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
