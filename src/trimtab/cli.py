@@ -206,21 +206,25 @@ def _presets(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from trimtab.tune import tune_command
+    from trimtab.tune import tune
 
-    return tune_command(args)
+    result = tune(args.space, trials=args.trials, workers=args.workers, storage=args.storage, out=args.out)
+    print(result.summary)
+    return 0 if result.complete else 1  # interrupted: the same command resumes the study
 
 
 def _report(args: argparse.Namespace) -> int:
-    from trimtab.report import report_command
+    from trimtab.report import write_report
 
-    return report_command(args)
+    out = write_report(args.runs, args.out)
+    print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB; opens offline in any browser)", file=sys.stderr)
+    return 0
 
 
 def _runs(args: argparse.Namespace) -> int:
-    from trimtab.report.runs import runs_command
+    from trimtab.report.runs import print_runs
 
-    return runs_command(args)
+    return print_runs(args.root, args.sort, reverse=args.reverse, as_json=args.json)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -378,13 +382,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_tune)
 
     p = sub.add_parser("report", help="write a self-contained HTML report of one run or several overlaid")
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (several: overlaid for comparison)")
+    p.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="run directories (several: overlaid for comparison), or a healing benchmark's healing.json "
+        "(or the directory holding it)",
+    )
     p.add_argument("--out", help="the HTML file (default: RUN/report.html for one run, else report.html)")
     p.set_defaults(func=_report)
 
     p = sub.add_parser("runs", help="a table of the runs under a directory")
     p.add_argument("root", nargs="?", default="runs", help="the directory to search (default: runs)")
-    p.add_argument("--sort", default="val_loss", help="column to sort by (default: val_loss)")
+    p.add_argument(
+        "--sort",
+        default="val_loss",
+        help="column to sort by: run, preset, status, steps, tokens, val_loss, decisions, healed, wall_s "
+        "(default: val_loss; runs without a value last)",
+    )
+    p.add_argument("--reverse", action="store_true", help="sort descending")
     p.add_argument("--json", action="store_true", help="the rows as JSON")
     p.set_defaults(func=_runs)
 

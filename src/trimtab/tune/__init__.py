@@ -1,0 +1,123 @@
+"""Hyperparameter search over trimtab runs with Optuna: `trimtab tune SPACE.yaml` (docs/tune.md).
+
+Every trial is an ordinary run directory under STUDY_DIR/trials; the study lives in an Optuna
+storage (SQLite in STUDY_DIR by default) that workers on this machine and others share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+
+from trimtab.errors import ConfigError
+from trimtab.tune.outputs import best_trials, write_outputs
+from trimtab.tune.space import Param, Space, load_space
+from trimtab.tune.study import open_study, storage_url, study_dir, work
+
+__all__ = ["Param", "Space", "StudyResult", "load_space", "tune", "tune_command"]
+
+
+@dataclass
+class StudyResult:
+    study: optuna.Study
+    directory: Path
+    summary: str
+    complete: bool  # the study has all its trials (False: interrupted; re-run to resume)
+
+    @property
+    def best(self) -> optuna.trial.FrozenTrial | None:
+        found = best_trials(self.study)
+        return found[0] if found else None
+
+
+def tune(
+    space: str | Path | Space,
+    *,
+    trials: int | None = None,
+    workers: int = 1,
+    storage: str | None = None,
+    out: str | Path | None = None,
+) -> StudyResult:
+    """Run the study of a space file until it has its trials (resuming one that exists), with
+    `workers` processes here; write trials.csv and best.yaml to the study directory."""
+    space = space if isinstance(space, Space) else load_space(space)
+    if workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {workers}")
+    directory = study_dir(space, str(out) if out else None)
+    url = storage_url(space, directory, storage)
+    total = space.total(trials)
+    directory.mkdir(parents=True, exist_ok=True)
+    study = open_study(space, url)  # creates the tables and the study once, before workers race to
+    _check_fresh(study, directory)
+    if workers == 1:
+        ran = [work(space, url, directory, total)]
+    else:
+        ran = _spawn(space, url, directory, total, workers)
+    study = open_study(space, url)
+    complete = all(n >= 0 for n in ran)
+    summary = write_outputs(study, space, directory)
+    if not complete:
+        summary += "\ninterrupted: run the same command again to resume the study"
+    return StudyResult(study, directory, summary, complete)
+
+
+def _check_fresh(study: optuna.Study, directory: Path) -> None:
+    trials_dir = directory / "trials"
+    if not study.get_trials(deepcopy=False) and trials_dir.is_dir() and any(trials_dir.iterdir()):
+        raise ConfigError(
+            f"{trials_dir} holds trials of another study (this storage has none); "
+            "pass another --out, or the --storage those trials belong to"
+        )
+
+
+def _spawn(space: Space, url: str, directory: Path, total: int, workers: int) -> list[int]:
+    """`workers` processes on this machine, one torch thread each (they share the cores); each
+    returns -1 (exit code 1) when a signal interrupted its trial."""
+    os.environ["OMP_NUM_THREADS"] = "1"  # read by the children's torch at import
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(space, url, directory, total, i)) for i in range(workers)]
+    for proc in procs:
+        proc.start()
+    # A SIGTERM to this process goes on to the workers: each stops its trial cleanly (saved, queued
+    # again for the resume). Ctrl-C reaches them through the terminal's process group already.
+    previous = signal.signal(signal.SIGTERM, lambda *_: [os.kill(p.pid, signal.SIGTERM) for p in procs if p.pid])
+    try:
+        for proc in procs:
+            _join(proc)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return [0 if proc.exitcode == 0 else -1 for proc in procs]
+
+
+def _join(proc: multiprocessing.process.BaseProcess) -> None:
+    while True:
+        try:
+            proc.join()
+            return
+        except KeyboardInterrupt:  # the worker got it too and is stopping its trial: wait for it
+            continue
+
+
+def _worker(space: Space, url: str, directory: Path, total: int, index: int) -> None:
+    import sys
+
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        sys.exit(0 if work(space, url, directory, total, worker=index) >= 0 else 1)
+    except KeyboardInterrupt:  # between trials: nothing to save; a claimed trial is queued again on resume
+        sys.exit(1)
+
+
+def tune_command(args: argparse.Namespace) -> int:
+    """`trimtab tune SPACE.yaml [--trials N] [--workers N] [--storage URL] [--out DIR]`."""
+    result = tune(args.space, trials=args.trials, workers=args.workers, storage=args.storage, out=args.out)
+    print(result.summary)
+    return 0 if result.complete else 1

@@ -1,0 +1,211 @@
+"""The study: storage, sampler, pruner, and the workers that share it.
+
+Workers on this machine or others join one study through its storage (SQLite in the study
+directory by default, any database URL Optuna accepts). A worker claims a trial only while the
+study is short of its count, so N trials run in all, never more, and none twice:
+
+- on this machine the claim (count, then ask) holds a file lock in the study directory;
+- across machines a trial that finds itself past the count (another machine claimed in the same
+  instant) is told FAIL with the user attr `surplus` before it trains;
+- a trial whose worker died (no heartbeat for GRACE_S) or was interrupted is marked FAIL, not
+  counted, and its parameters are queued again: the next worker re-runs it, resuming its run
+  directory where it has one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import optuna
+from optuna.storages import RDBStorage
+from optuna.trial import FrozenTrial, TrialState
+
+from trimtab.errors import ConfigError
+from trimtab.tune.objective import run_trial
+from trimtab.tune.space import Space
+
+log = logging.getLogger(__name__)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """Heartbeats and fail_stale_trials are marked experimental, and Optuna expects heartbeats
+    with Study.optimize; a study here runs through ask/tell with its own heartbeat thread."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+        yield
+
+
+class GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid, without its study.stop() when the grid is done (allowed only inside
+    Study.optimize; here the worker's count ends the study)."""
+
+    def after_trial(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+HEARTBEAT_S = 10  # a running trial records its heartbeat this often
+GRACE_S = 60  # ... and is stale (its worker gone) after this long without one
+POLL_S = 2.0  # a worker with nothing to claim checks again this often (others' trials may fail)
+SQLITE_TIMEOUT_S = 120  # several processes write one SQLite file: wait for its lock, do not fail
+
+
+def study_dir(space: Space, out: str | None = None) -> Path:
+    return Path(out or space.out or f"runs/tune/{space.name}")
+
+
+def storage_url(space: Space, directory: Path, storage: str | None = None) -> str:
+    return storage or space.storage or f"sqlite:///{(directory / 'study.db').resolve()}"
+
+
+def make_storage(url: str, grace: int | None = None) -> RDBStorage:
+    """An RDB storage with heartbeats; SQLite waits for a locked database instead of failing."""
+    grace = grace or GRACE_S
+    heartbeat = min(HEARTBEAT_S, grace)
+    engine = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if url.startswith("sqlite") else {}
+    try:
+        with quiet():
+            return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat, grace_period=grace)
+    except Exception as exc:  # a malformed URL, a database that cannot be reached
+        raise ConfigError(f"study storage '{url}' cannot be opened: {exc}; pass an Optuna database URL") from None
+
+
+def make_sampler(space: Space, seed: int) -> optuna.samplers.BaseSampler:
+    s, options = optuna.samplers, dict(space.sampler_options)
+    try:
+        if space.sampler == "grid":
+            return GridSampler(space.grid_space(), seed=seed)
+        cls = {"tpe": s.TPESampler, "cmaes": s.CmaEsSampler, "nsga2": s.NSGAIISampler, "random": s.RandomSampler}
+        return cls[space.sampler](seed=seed, **options)
+    except TypeError as exc:
+        raise ConfigError(f"{space.where('study.sampler')}: {exc}") from None
+
+
+def make_pruner(space: Space) -> optuna.pruners.BasePruner:
+    p, options = optuna.pruners, dict(space.pruner_options)
+    if space.pruner == "hyperband":  # resources are training steps: from the first evaluation to the budget
+        options.setdefault("min_resource", int(space.budget.get("eval_every", 1)))
+        if "max_steps" in space.budget:
+            options.setdefault("max_resource", int(space.budget["max_steps"]))
+    cls = {
+        "none": p.NopPruner,
+        "median": p.MedianPruner,
+        "percentile": p.PercentilePruner,
+        "hyperband": p.HyperbandPruner,
+        "successive_halving": p.SuccessiveHalvingPruner,
+        "threshold": p.ThresholdPruner,
+    }
+    try:
+        return cls[space.pruner](**options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{space.where('study.pruner')}: {exc}") from None
+
+
+def open_study(space: Space, url: str, worker: int = 0, grace: int | None = None) -> optuna.Study:
+    """Create or join the study (load_if_exists: re-running resumes it). The sampler's seed moves
+    with the worker and with the trials already there, so two workers, or a resumed worker, do
+    not draw the same random start-up points again."""
+    storage = make_storage(url, grace=grace)
+    directions = ["minimize"] * len(space.objectives)
+    study = optuna.create_study(
+        study_name=space.name, storage=storage, directions=directions, load_if_exists=True, pruner=make_pruner(space)
+    )
+    if len(study.directions) != len(directions):
+        raise ConfigError(
+            f"study '{space.name}' in {url} has {len(study.directions)} objective(s), the space file "
+            f"{len(directions)}; use another study.name or --storage"
+        )
+    seed = space.seed + 1000 * worker + len(study.get_trials(deepcopy=False))
+    if space.sampler == "grid":  # the grid's order comes from the seed and trial k takes point k: one order for all
+        seed = space.seed
+    study.sampler = make_sampler(space, seed)
+    return study
+
+
+def counted(t: FrozenTrial) -> bool:
+    """A trial that counts toward the study's total: done, running, queued, or failed on its own
+    (an error); not one that a dead or interrupted worker left, nor a surplus claim."""
+    if t.state == TrialState.FAIL:
+        return "error" in t.user_attrs
+    return True
+
+
+def finished(t: FrozenTrial) -> bool:
+    return t.state.is_finished() and counted(t)
+
+
+@contextmanager
+def claim_lock(directory: Path) -> Iterator[None]:
+    """One claim at a time among the workers of this machine."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".claim.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def requeue_lost(study: optuna.Study) -> None:
+    """Stale trials (a worker that died) become FAIL; each lost trial (stale or interrupted) is
+    queued again once with its parameters, so its share of the budget is run."""
+    with quiet():
+        optuna.storages.fail_stale_trials(study)
+    trials = study.get_trials(deepcopy=False)
+    again = {t.user_attrs.get("rerun_of") for t in trials}
+    for t in trials:
+        lost = t.state == TrialState.FAIL and not counted(t) and "surplus" not in t.user_attrs
+        origin = t.user_attrs.get("rerun_of", t.number)
+        if lost and origin not in again and t.params:
+            study.enqueue_trial(t.params, user_attrs={"rerun_of": origin}, skip_if_exists=False)
+            again.add(origin)
+
+
+def claim(study: optuna.Study, total: int, directory: Path) -> optuna.Trial | None | bool:
+    """A trial to run; None when the study has its `total`; False when the rest are running."""
+    with claim_lock(directory):
+        requeue_lost(study)
+        trials = study.get_trials(deepcopy=False)
+        if sum(map(finished, trials)) >= total:
+            return None
+        waiting = any(t.state == TrialState.WAITING for t in trials)
+        if sum(map(counted, trials)) >= total and not waiting:
+            return False
+        with quiet():
+            trial = study.ask()
+        study._storage.record_heartbeat(trial._trial_id)  # noqa: SLF001  stale-able from its first instant
+    ahead = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number and counted(t)]
+    if len(ahead) >= total and "rerun_of" not in trial.user_attrs:  # another machine claimed the last one
+        trial.set_user_attr("surplus", True)
+        study.tell(trial, state=TrialState.FAIL)
+        return False
+    return trial
+
+
+def work(space: Space, url: str, directory: Path, total: int, worker: int = 0) -> int:
+    """One worker: claim and run trials until the study has `total`. Returns the trials it ran;
+    stops early (returning -1) when a trial was interrupted by a signal."""
+    study = open_study(space, url, worker)
+    ran = 0
+    while True:
+        trial = claim(study, total, directory)
+        if trial is None:
+            return ran
+        if trial is False:
+            time.sleep(POLL_S)
+            continue
+        result = run_trial(study, trial, space, directory)
+        ran += 1
+        values = ", ".join(f"{v:.4f}" for v in result.values or [])
+        print(f"[tune] trial {trial.number} (worker {worker}): {result.state.name} {values} {trial.params}", flush=True)
+        if result.interrupted:
+            return -1
