@@ -18,9 +18,9 @@ from trimtab.orchestrator import Orchestrator
 from trimtab.orchestrator.faults import FaultInjector
 from trimtab.orchestrator.planner import LivePlanner
 from trimtab.sampling import generate as generate_ids
+from trimtab.training.hooks import ReportWriter
 from trimtab.training.runlock import run_lock
 from trimtab.training.setup import setup
-from trimtab.training.hooks import ReportWriter
 from trimtab.training.signals import StartUpInterrupted, handle_signals
 from trimtab.training.tracking import tracking_hooks
 from trimtab.training.trainer import Trainer
