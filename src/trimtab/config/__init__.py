@@ -302,6 +302,7 @@ class MlflowConfig:
     enabled: bool = False
     uri: str = ""  # tracking URI; empty: sqlite:///<the run directory's parent>/mlflow.db (no server)
     experiment: str = ""  # empty: the preset's name
+    log_checkpoint: bool = True  # the final checkpoint as an artifact (a copy: mind the size)
 
     def validate(self) -> None:
         pass
@@ -315,6 +316,7 @@ class WandbConfig:
     enabled: bool = False
     project: str = "trimtab"
     mode: str = "offline"  # offline | online
+    log_checkpoint: bool = True  # the final checkpoint in the run's artifact (a copy: mind the size)
 
     def validate(self) -> None:
         _check(self.mode in ("offline", "online"), "log.wandb.mode", "must be offline or online")

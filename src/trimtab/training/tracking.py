@@ -1,12 +1,263 @@
-"""Experiment trackers as hooks. PLACEHOLDER: being built."""
+"""Experiment trackers as hooks (docs/tracking.md): MLflow and Weights & Biases see a run's
+metrics, its resolved config, every orchestrator decision and, at the end, the report and the
+final checkpoint. Both libraries are optional (the `track` extra) and imported only when enabled.
+
+A tracker never breaks training: one that fails mid-run warns once and goes quiet (the run's own
+files hold everything; a tracker is a copy). A tracker enabled but not installed is refused before
+training starts. Trackers keep their run id in the checkpoint, so a resumed run continues the same
+tracked run.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from trimtab.config import LogConfig
+from trimtab.checkpoint import latest_valid
+from trimtab.config import LogConfig, MlflowConfig, WandbConfig
+from trimtab.errors import ConfigError
 from trimtab.training.hooks import Hook
 
+if TYPE_CHECKING:
+    from trimtab.training.view import RunView
 
-def tracking_hooks(log: LogConfig, run_dir: Path) -> list[Hook]:
-    return []
+log = logging.getLogger(__name__)
+INSTALL = "pip install -c constraints.txt -e '.[track]'"
+
+
+def tracking_hooks(log_cfg: LogConfig, run_dir: Path) -> list[Hook]:
+    hooks: list[Hook] = []
+    if log_cfg.mlflow.enabled:
+        _require("mlflow", "log.mlflow.enabled")
+        hooks.append(MlflowTracker(log_cfg.mlflow, run_dir))
+    if log_cfg.wandb.enabled:
+        _require("wandb", "log.wandb.enabled")
+        hooks.append(WandbTracker(log_cfg.wandb, run_dir))
+    return hooks
+
+
+def _require(module: str, key: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(f"{key} is true but {module} is not installed; {INSTALL}, or set {key}=false")
+
+
+def flat_config(cfg: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """{"optim": {"lr": 3e-4}} -> {"optim.lr": "0.0003"}; lists as JSON (trackers take strings)."""
+    out: dict[str, str] = {}
+    for key, value in cfg.items():
+        if isinstance(value, dict):
+            out.update(flat_config(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, list) else str(value)
+    return out
+
+
+def read_decisions(run_dir: Path) -> list[dict[str, Any]]:
+    """RUN_DIR/decisions.jsonl's kept decisions (the journal's format: docs/orchestrator.md)."""
+    path = run_dir / "decisions.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [d for d in (json.loads(line) for line in lines if line.strip()) if not d.get("abandoned")]
+
+
+def numbers(metrics: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if k != "step" and isinstance(v, (int, float))}  # NaN too: evidence
+
+
+class Tracker(Hook):
+    """What both trackers share: failure containment, decisions sent once each, the end."""
+
+    name = "tracker"
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.run_id: str | None = None
+        self.sent_decisions: set[int] = set()
+        self.broken = False
+
+    def guard(self, what: str, call, *args) -> None:
+        if self.broken:
+            return
+        try:
+            call(*args)
+        except Exception as exc:  # noqa: BLE001 -- a tracker is a copy of the run's files: never fatal
+            self.broken = True
+            log.warning(
+                "%s: %s failed (%s: %s); tracking stops, training goes on", self.name, what, type(exc).__name__, exc
+            )
+
+    def on_train_start(self, run: RunView) -> None:
+        self.guard("start", self.start, run)
+
+    def on_log(self, run: RunView, metrics: dict[str, Any]) -> None:
+        self.guard("metrics", self.metrics, metrics)
+        self.guard("decisions", self.new_decisions)
+
+    def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None:
+        self.guard("metrics", self.metrics, metrics)
+
+    def on_rollback(self, run: RunView, saved_state: dict[str, Any]) -> None:
+        # Trackers append; they cannot take the abandoned steps back. A marker says where the
+        # replayed steps begin (metrics.jsonl and the report tell kept from abandoned).
+        self.guard("rollback", self.metrics, {"step": run.step, "rollback": 1.0})
+
+    def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
+        self.guard("decisions", self.new_decisions)
+        self.guard("end", self.end, summary)
+
+    def new_decisions(self) -> None:
+        for d in read_decisions(self.run_dir):
+            if d["id"] not in self.sent_decisions:
+                self.decision(d)
+                self.sent_decisions.add(d["id"])
+
+    def artifacts(self) -> list[Path]:
+        """The report, the run's own files and (newest valid) final checkpoint."""
+        files = [self.run_dir / n for n in ("report.html", "config.yaml", "decisions.jsonl", "metrics.jsonl")]
+        return [f for f in files if f.is_file()]
+
+    def checkpoint(self) -> Path | None:
+        found = latest_valid(self.run_dir)
+        return found[0] if found else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "sent_decisions": sorted(self.sent_decisions)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.run_id = state.get("run_id")
+        self.sent_decisions = set(state.get("sent_decisions", []))
+
+    def start(self, run: RunView) -> None: ...
+
+    def metrics(self, metrics: dict[str, Any]) -> None: ...
+
+    def decision(self, d: dict[str, Any]) -> None: ...
+
+    def end(self, summary: dict[str, Any]) -> None: ...
+
+
+class MlflowTracker(Tracker):
+    """MLflow through MlflowClient with an explicit run id (no global active run: several runs in
+    one process, such as tune's trials, never cross). Decisions: a metric `decision/<action>` at
+    the decision's step (its confidence) and tags; the journal itself as an artifact."""
+
+    name = "mlflow"
+
+    def __init__(self, cfg: MlflowConfig, run_dir: Path):
+        super().__init__(run_dir)
+        self.cfg = cfg
+        root = self.run_dir.resolve().parent
+        self.uri = cfg.uri or f"sqlite:///{root / 'mlflow.db'}"
+        self.artifact_root = (root / "mlartifacts").as_uri()
+        self.client = None
+
+    def start(self, run: RunView) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=self.uri)
+        if self.run_id is not None:  # a resumed run continues its tracked run
+            self.client.update_run(self.run_id, status="RUNNING")
+            return
+        name = self.cfg.experiment or run.cfg.preset
+        experiment = self.client.get_experiment_by_name(name)
+        exp_id = experiment.experiment_id if experiment else self.client.create_experiment(name, self.artifact_root)
+        tags = {"trimtab.preset": run.cfg.preset, "trimtab.run_dir": str(self.run_dir.resolve())}
+        self.run_id = self.client.create_run(exp_id, run_name=self.run_dir.name, tags=tags).info.run_id
+        from mlflow.entities import Param
+
+        params = [Param(k, v[:6000]) for k, v in flat_config(run.cfg.to_dict()).items()]
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
+            self.client.log_batch(self.run_id, params=params[i : i + 100])
+
+    def metrics(self, metrics: dict[str, Any]) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now, step = int(time.time() * 1000), int(metrics["step"])
+        batch = [Metric(_key(k), v, now, step) for k, v in numbers(metrics).items()]
+        self.client.log_batch(self.run_id, metrics=batch)
+
+    def decision(self, d: dict[str, Any]) -> None:
+        self.client.log_metric(self.run_id, f"decision/{d['action']}", float(d.get("confidence", 1.0)), step=d["step"])
+        self.client.set_tag(self.run_id, f"decision.{d['id']}", f"step {d['step']} {d['rule']} -> {d['action']}")
+
+    def end(self, summary: dict[str, Any]) -> None:
+        for path in self.artifacts():
+            self.client.log_artifact(self.run_id, str(path))
+        self.client.log_dict(self.run_id, _jsonable(summary), "summary.json")
+        ckpt = self.checkpoint() if self.cfg.log_checkpoint else None
+        if ckpt is not None:
+            self.client.log_artifacts(self.run_id, str(ckpt), f"checkpoint/{ckpt.name}")
+        self.client.set_tag(self.run_id, "trimtab.status", summary.get("status", ""))
+        failed = summary.get("exit_code", 0) not in (0, None)
+        self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
+
+
+def _key(name: str) -> str:
+    """MLflow metric names: alphanumerics, _ - . / and space; others become _."""
+    return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in name)
+
+
+def _jsonable(summary: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(summary, default=str))
+
+
+class WandbTracker(Tracker):
+    """Weights & Biases; offline (the default) writes RUN_DIR/wandb for `wandb sync`, no network.
+    W&B's step must only grow, so metrics go on their own axis `train/step` (define_metric) and a
+    replayed step after a rollback is logged again, not dropped."""
+
+    name = "wandb"
+
+    def __init__(self, cfg: WandbConfig, run_dir: Path):
+        super().__init__(run_dir)
+        self.cfg = cfg
+        self.wb = None
+
+    def start(self, run: RunView) -> None:
+        import wandb
+
+        if self.run_id is None:
+            self.run_id = uuid.uuid4().hex[:12]
+        self.wb = wandb.init(
+            project=self.cfg.project,
+            name=self.run_dir.name,
+            id=self.run_id,
+            resume="allow",
+            dir=str(self.run_dir),
+            mode=self.cfg.mode,
+            config=run.cfg.to_dict(),
+            settings=wandb.Settings(silent=True, console="off"),
+        )
+        self.wb.define_metric("train/step")
+        self.wb.define_metric("*", step_metric="train/step")
+
+    def metrics(self, metrics: dict[str, Any]) -> None:
+        self.wb.log({**numbers(metrics), "train/step": int(metrics["step"])})
+
+    def decision(self, d: dict[str, Any]) -> None:
+        self.wb.log({f"decision/{d['action']}": float(d.get("confidence", 1.0)), "train/step": d["step"]})
+
+    def end(self, summary: dict[str, Any]) -> None:
+        import wandb
+
+        columns = ["id", "step", "rule", "action", "confidence", "reasoning", "outcome"]
+        rows = [
+            [d.get(c) if c != "outcome" else json.dumps(d.get(c)) for c in columns]
+            for d in read_decisions(self.run_dir)
+        ]
+        self.wb.log({"decisions": wandb.Table(columns=columns, data=rows)})
+        self.wb.summary.update({k: v for k, v in _jsonable(summary).items() if isinstance(v, (int, float, str))})
+        artifact = wandb.Artifact(f"run-{self.run_id}", type="trimtab-run")
+        for path in self.artifacts():
+            artifact.add_file(str(path))
+        ckpt = self.checkpoint() if self.cfg.log_checkpoint else None
+        if ckpt is not None:
+            artifact.add_dir(str(ckpt), name=f"checkpoint/{ckpt.name}")
+        self.wb.log_artifact(artifact)
+        self.wb.finish(exit_code=int(summary.get("exit_code", 0) or 0))
