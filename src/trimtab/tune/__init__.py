@@ -6,7 +6,6 @@ storage (SQLite in STUDY_DIR by default) that workers on this machine and others
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import os
 import signal
@@ -20,7 +19,7 @@ from trimtab.tune.outputs import best_trials, write_outputs
 from trimtab.tune.space import Param, Space, load_space
 from trimtab.tune.study import open_study, storage_url, study_dir, work
 
-__all__ = ["Param", "Space", "StudyResult", "load_space", "tune", "tune_command"]
+__all__ = ["Param", "Space", "StudyResult", "load_space", "tune"]
 
 
 @dataclass
@@ -114,10 +113,3 @@ def _worker(space: Space, url: str, directory: Path, total: int, index: int) -> 
         sys.exit(0 if work(space, url, directory, total, worker=index) >= 0 else 1)
     except KeyboardInterrupt:  # between trials: nothing to save; a claimed trial is queued again on resume
         sys.exit(1)
-
-
-def tune_command(args: argparse.Namespace) -> int:
-    """`trimtab tune SPACE.yaml [--trials N] [--workers N] [--storage URL] [--out DIR]`."""
-    result = tune(args.space, trials=args.trials, workers=args.workers, storage=args.storage, out=args.out)
-    print(result.summary)
-    return 0 if result.complete else 1
