@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -158,13 +159,10 @@ class MlflowTracker(Tracker):
     def start(self, run: RunView) -> None:
         from mlflow.tracking import MlflowClient
 
-        self.client = MlflowClient(tracking_uri=self.uri)
+        exp_id = self.connect(MlflowClient, self.cfg.experiment or run.cfg.preset)
         if self.run_id is not None:  # a resumed run continues its tracked run
             self.client.update_run(self.run_id, status="RUNNING")
             return
-        name = self.cfg.experiment or run.cfg.preset
-        experiment = self.client.get_experiment_by_name(name)
-        exp_id = experiment.experiment_id if experiment else self.client.create_experiment(name, self.artifact_root)
         tags = {"trimtab.preset": run.cfg.preset, "trimtab.run_dir": str(self.run_dir.resolve())}
         self.run_id = self.client.create_run(exp_id, run_name=self.run_dir.name, tags=tags).info.run_id
         from mlflow.entities import Param
@@ -173,9 +171,23 @@ class MlflowTracker(Tracker):
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
             self.client.log_batch(self.run_id, params=params[i : i + 100])
 
-    def metrics(self, metrics: dict[str, Any]) -> None:
-        import time
+    def connect(self, client: type, name: str, tries: int = 5) -> str:
+        """The client, and the experiment's id (created if new). Processes starting together on a
+        new store (tune's workers) race to create its tables and the experiment: losers retry."""
+        for attempt in range(1, tries):
+            try:
+                self.client = client(tracking_uri=self.uri)
+                return self._experiment(name)
+            except Exception:  # noqa: BLE001 -- MLflow raises several kinds here; the last try raises
+                time.sleep(0.5 * attempt)
+        self.client = client(tracking_uri=self.uri)
+        return self._experiment(name)
 
+    def _experiment(self, name: str) -> str:
+        found = self.client.get_experiment_by_name(name)
+        return found.experiment_id if found else self.client.create_experiment(name, self.artifact_root)
+
+    def metrics(self, metrics: dict[str, Any]) -> None:
         from mlflow.entities import Metric
 
         now, step = int(time.time() * 1000), int(metrics["step"])
