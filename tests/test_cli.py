@@ -278,6 +278,10 @@ CLI_SURFACE = {
     "presets": ({"-h", "--help"}, []),
     "data": ({"-h", "--help"}, ["data_command"]),
     "doctor": ({"-h", "--help", "--preset", "--device", "--nproc", "--strategy", "--json"}, []),
+    # issue 15, the experiment loop: DESIGN.md section 6 names `report` and `tune`; `runs` lists run directories
+    "tune": ({"-h", "--help", "--trials", "--workers", "--storage", "--out"}, ["space"]),
+    "report": ({"-h", "--help", "--out"}, ["runs"]),
+    "runs": ({"-h", "--help", "--sort", "--reverse", "--json"}, ["root"]),
 }
 
 
