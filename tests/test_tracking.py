@@ -2,10 +2,14 @@
 offline mode, on tiny real runs with an injected fault (so there is a decision to track)."""
 
 import json
+import struct
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from trimtab.config import load_config
 from trimtab.errors import ConfigError
 from trimtab.training import tracking
 
@@ -35,26 +39,43 @@ def _mlflow_run(db: Path, experiment: str):
     return client, runs
 
 
-def test_mlflow_holds_the_metrics_config_decisions_report_and_checkpoint(tmp_path):
+def test_mlflow_holds_the_metrics_config_decisions_report_and_checkpoint(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
-    _train(tmp_path / "a", 10, {"mlflow": {"enabled": True}}, faults=["nan_loss@4"])
+    import trimtab
+
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # MLflow's own defaults would write ./mlflow.db or ./mlruns here
+
+    # weights_nan: three non-finite steps, then a rollback to step 6 and steps 7-9 trained again
+    faults = ["weights_nan@7"]
+    _train(tmp_path / "a", 10, {"mlflow": {"enabled": True}}, faults=faults, checkpoint={"every": 3})
     client, runs = _mlflow_run(tmp_path / "mlflow.db", "debug")  # default store: beside the run directory
     assert len(runs) == 1
-    run = runs[0]
+    run, run_id = runs[0], runs[0].info.run_id
     assert run.info.run_name == "a" and run.info.status == "FINISHED"
     assert float(run.data.params["optim.lr"]) > 0 and run.data.params["model.n_layers"].isdigit()
-    losses = client.get_metric_history(run.info.run_id, "loss")
-    assert [m.step for m in losses] == list(range(1, 11))
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == [5, 10]
-    (decision,) = client.get_metric_history(run.info.run_id, "decision/skip_step")
-    assert decision.step == 4
-    assert run.data.tags["decision.1"] == "step 4 nonfinite -> skip_step"
+    assert json.loads(run.data.params["faults"]) == faults  # lists as JSON
+    # MLflow keeps both branches: the abandoned steps 7-9, then the replayed ones after the marker
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [*range(1, 10), 7, 8, 9, 10]
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "rollback")] == [(6, 1.0)]
+    assert [m.step for m in client.get_metric_history(run_id, "val_loss")] == [5, 10]
+    assert [m.step for m in client.get_metric_history(run_id, "decision/skip_step")] == [7, 8]
+    assert [m.step for m in client.get_metric_history(run_id, "decision/rollback")] == [9]
+    assert run.data.tags["decision.1"] == "step 7 nonfinite -> skip_step"
     assert run.data.tags["trimtab.status"] == "completed"
-    names = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"report.html", "config.yaml", "decisions.jsonl", "summary.json", "checkpoint"} <= names
-    (ckpt,) = client.list_artifacts(run.info.run_id, "checkpoint")
+    assert run.data.tags["trimtab.version"] == trimtab.__version__ and run.data.tags["trimtab.preset"] == "debug"
+    names = {a.path for a in client.list_artifacts(run_id)}
+    assert {"config.yaml", "decisions.jsonl", "decisions.table.json", "summary.json", "checkpoint"} <= names
+    if (tmp_path / "a" / "report.html").exists():
+        assert "report.html" in names
+    rows = json.loads(Path(client.download_artifacts(run_id, "decisions.table.json", str(tmp_path))).read_text())
+    assert [(r[1], r[2], r[3]) for r in rows["data"]][-1] == (9, "nonfinite", "rollback")
+    # the tag MlflowClient.log_table sets: the UI shows the file as a table
+    assert {"path": "decisions.table.json", "type": "table"} in json.loads(run.data.tags["mlflow.loggedArtifacts"])
+    (ckpt,) = client.list_artifacts(run_id, "checkpoint")
     assert ckpt.path == "checkpoint/step_000010"
-    assert (tmp_path / "mlartifacts").is_dir() and not Path("mlruns").exists()  # never in the working directory
+    assert {"model.safetensors", "state.json"} <= {Path(a.path).name for a in client.list_artifacts(run_id, ckpt.path)}
+    assert (tmp_path / "mlartifacts").is_dir() and not any((tmp_path / "cwd").iterdir())  # nothing in the CWD
 
 
 def test_a_resumed_run_continues_its_mlflow_run(tmp_path):
@@ -65,7 +86,34 @@ def test_a_resumed_run_continues_its_mlflow_run(tmp_path):
     client, runs = _mlflow_run(tmp_path / "store.db", "resumed")
     assert len(runs) == 1
     steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")]
-    assert sorted(set(steps)) == list(range(1, 11))
+    assert steps == list(range(1, 11)) and runs[0].info.status == "FINISHED"
+    assert runs[0].data.params["train.max_steps"] == "6"  # params: the first session's config
+
+
+def _wandb_records(path: Path) -> Iterator:
+    """The records of an offline run's .wandb file. wandb 0.31 has no Python reader of its own
+    (wandb-core, in Go, writes and syncs it), so this reads its format: a 7-byte header, then
+    LevelDB's log format (32 KiB blocks of chunks: crc32, length, type) around protobuf Records."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", "not a .wandb file"
+    pos, chunk = 7, b""
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = chunk + data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(chunk)
+            chunk = b""
+            yield record
+
+
+def _items(update) -> dict:
+    return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in update}
 
 
 def test_wandb_offline_writes_the_run_with_config_metrics_and_decisions(tmp_path, monkeypatch):
@@ -73,17 +121,29 @@ def test_wandb_offline_writes_the_run_with_config_metrics_and_decisions(tmp_path
     monkeypatch.setenv("WANDB_MODE", "offline")
     _train(tmp_path / "w", 8, {"wandb": {"enabled": True}}, faults=["nan_loss@3"])
     (offline,) = (tmp_path / "w" / "wandb").glob("offline-run-*")
-    (history,) = offline.glob("run-*.wandb")
-    data = history.read_bytes()  # W&B's protobuf log: its keys are stored as they are
-    for key in (b"val_loss", b"train/step", b"decision/skip_step", b"optim", b"step_000008"):
-        assert key in data, key
+    (history_file,) = offline.glob("run-*.wandb")
+    records = list(_wandb_records(history_file))
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert run.display_name == "w" and "debug" in run.tags
+    config = {item.key: json.loads(item.value_json) for item in run.config.update}
+    assert config["optim"]["lr"] > 0 and config["preset"] == "debug"
+    history = [_items(r.history.item) for r in records if r.WhichOneof("record_type") == "history"]
+    assert [h["train/step"] for h in history if "loss" in h] == list(range(1, 9))
+    assert [h["train/step"] for h in history if "val_loss" in h] == [5, 8]
+    assert [h["train/step"] for h in history if "decision/skip_step" in h] == [3]
     (table,) = offline.glob("files/media/table/decisions_*.table.json")
     rows = json.loads(table.read_text())["data"]
     assert [(r[1], r[2], r[3]) for r in rows] == [(3, "nonfinite", "skip_step")]
+    artifacts = [r.artifact for r in records if r.WhichOneof("record_type") == "artifact"]
+    files = {e.path for a in artifacts for e in a.manifest.contents}
+    assert {"decisions.jsonl", "config.yaml", "checkpoint/step_000008/model.safetensors"} <= files
 
 
 def test_tracking_off_writes_nothing_and_a_missing_library_is_named(tmp_path, monkeypatch):
+    for module in ("mlflow", "wandb"):  # None in sys.modules: any import of them raises
+        monkeypatch.setitem(sys.modules, module, None)
     _train(tmp_path / "off", 2, {"report": False})
+    monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["off"]
     assert not (tmp_path / "off" / "wandb").exists()
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
@@ -101,3 +161,12 @@ def test_a_failing_tracker_never_breaks_training(tmp_path, monkeypatch, caplog):
     summary = _train(tmp_path / "b", 4, {"mlflow": {"enabled": True}})
     assert summary["status"] == "completed" and summary["step"] == 4
     assert "mlflow: metrics failed (OSError: the tracking server went away); tracking stops" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("log.mlflow.uri", "runs/mlflow.db"), ("log.wandb.project", "a/b"), ("log.wandb.mode", "cloud")],
+)
+def test_a_tracker_setting_that_cannot_work_is_refused_naming_its_key(key, value):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(preset="debug", sets=[f"{key}={value}"])

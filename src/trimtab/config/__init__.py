@@ -305,7 +305,19 @@ class MlflowConfig:
     log_checkpoint: bool = True  # the final checkpoint as an artifact (a copy: mind the size)
 
     def validate(self) -> None:
-        pass
+        # A tracker that fails at its start only warns (it never stops a run): a URI that cannot
+        # work is caught here instead, before training. A bare path means MLflow's file store,
+        # which we do not use: write file:/path to mean it.
+        _check(
+            not self.uri or "://" in self.uri or self.uri.startswith(("file:", "databricks")),
+            "log.mlflow.uri",
+            f"must be a tracking URI (sqlite:///path/mlflow.db, http://host:5000, file:/path), not {self.uri!r}",
+        )
+        _check(
+            not self.experiment or self.experiment.strip() == self.experiment,
+            "log.mlflow.experiment",
+            "must not begin or end with spaces",
+        )
 
 
 @dataclass
@@ -320,6 +332,13 @@ class WandbConfig:
 
     def validate(self) -> None:
         _check(self.mode in ("offline", "online"), "log.wandb.mode", "must be offline or online")
+        # W&B's own rules for a project name, checked here rather than failing at the first log.
+        bad = set(self.project) & set("/\\#?%:")
+        _check(
+            0 < len(self.project) <= 128 and not bad,
+            "log.wandb.project",
+            "must be 1-128 characters, none of / \\ # ? % :",
+        )
 
 
 @dataclass

@@ -65,6 +65,25 @@ def read_decisions(run_dir: Path) -> list[dict[str, Any]]:
     return [d for d in (json.loads(line) for line in lines if line.strip()) if not d.get("abandoned")]
 
 
+TABLE_COLUMNS = ("id", "step", "rule", "action", "confidence", "reasoning", "evidence", "outcome")
+
+
+def decision_table(run_dir: Path) -> list[list[Any]]:
+    """The kept decisions as rows of TABLE_COLUMNS; evidence and outcome as JSON text (a table
+    cell holds one value, and an outcome is null until the journal measures it)."""
+    nested = ("evidence", "outcome")
+    return [
+        [json.dumps(d.get(c), default=str) if c in nested else d.get(c) for c in TABLE_COLUMNS]
+        for d in read_decisions(run_dir)
+    ]
+
+
+def trimtab_version() -> str:
+    import trimtab  # here, not at the top: trimtab/__init__ imports the API, which imports this module
+
+    return trimtab.__version__
+
+
 def numbers(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if k != "step" and isinstance(v, (int, float))}  # NaN too: evidence
 
@@ -163,11 +182,16 @@ class MlflowTracker(Tracker):
         if self.run_id is not None:  # a resumed run continues its tracked run
             self.client.update_run(self.run_id, status="RUNNING")
             return
-        tags = {"trimtab.preset": run.cfg.preset, "trimtab.run_dir": str(self.run_dir.resolve())}
+        tags = {
+            "trimtab.preset": run.cfg.preset,
+            "trimtab.run_dir": str(self.run_dir.resolve()),
+            "trimtab.version": trimtab_version(),
+        }
         self.run_id = self.client.create_run(exp_id, run_name=self.run_dir.name, tags=tags).info.run_id
         from mlflow.entities import Param
 
-        params = [Param(k, v[:6000]) for k, v in flat_config(run.cfg.to_dict()).items()]
+        # MLflow's limits: keys of 250 characters, values of 6000 (a long data.mix list is cut).
+        params = [Param(_key(k)[:250], v[:6000]) for k, v in flat_config(run.cfg.to_dict()).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
             self.client.log_batch(self.run_id, params=params[i : i + 100])
 
@@ -202,6 +226,7 @@ class MlflowTracker(Tracker):
         for path in self.artifacts():
             self.client.log_artifact(self.run_id, str(path))
         self.client.log_dict(self.run_id, _jsonable(summary), "summary.json")
+        self.table()
         ckpt = self.checkpoint() if self.cfg.log_checkpoint else None
         if ckpt is not None:
             self.client.log_artifacts(self.run_id, str(ckpt), f"checkpoint/{ckpt.name}")
@@ -209,9 +234,22 @@ class MlflowTracker(Tracker):
         failed = summary.get("exit_code", 0) not in (0, None)
         self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
 
+    def table(self) -> None:
+        """decisions.table.json in the format of MlflowClient.log_table (pandas' "split" JSON) and
+        its tag, so the UI shows it as a table. Not log_table itself: it needs pandas, and it
+        appends to an existing table, which would repeat every decision of a resumed run."""
+        from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
+
+        name = "decisions.table.json"
+        self.client.log_dict(self.run_id, {"columns": list(TABLE_COLUMNS), "data": decision_table(self.run_dir)}, name)
+        logged = json.loads(self.client.get_run(self.run_id).data.tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
+        if {"path": name, "type": "table"} not in logged:
+            logged.append({"path": name, "type": "table"})
+            self.client.set_tag(self.run_id, MLFLOW_LOGGED_ARTIFACTS, json.dumps(logged))
+
 
 def _key(name: str) -> str:
-    """MLflow metric names: alphanumerics, _ - . / and space; others become _."""
+    """MLflow metric and param names: alphanumerics, _ - . / and space; others become _."""
     return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in name)
 
 
@@ -244,6 +282,7 @@ class WandbTracker(Tracker):
             dir=str(self.run_dir),
             mode=self.cfg.mode,
             config=run.cfg.to_dict(),
+            tags=[run.cfg.preset, f"trimtab-{trimtab_version()}"],
             settings=wandb.Settings(silent=True, console="off"),
         )
         self.wb.define_metric("train/step")
@@ -258,12 +297,7 @@ class WandbTracker(Tracker):
     def end(self, summary: dict[str, Any]) -> None:
         import wandb
 
-        columns = ["id", "step", "rule", "action", "confidence", "reasoning", "outcome"]
-        rows = [
-            [d.get(c) if c != "outcome" else json.dumps(d.get(c)) for c in columns]
-            for d in read_decisions(self.run_dir)
-        ]
-        self.wb.log({"decisions": wandb.Table(columns=columns, data=rows)})
+        self.wb.log({"decisions": wandb.Table(columns=list(TABLE_COLUMNS), data=decision_table(self.run_dir))})
         self.wb.summary.update({k: v for k, v in _jsonable(summary).items() if isinstance(v, (int, float, str))})
         artifact = wandb.Artifact(f"run-{self.run_id}", type="trimtab-run")
         for path in self.artifacts():

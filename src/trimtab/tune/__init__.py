@@ -51,6 +51,7 @@ def tune(
     directory = study_dir(space, str(out) if out else None)
     url = storage_url(space, directory, storage)
     total = space.total(trials)
+    space.trials = total  # what the workers and the sampler's start-up share are sized by
     directory.mkdir(parents=True, exist_ok=True)
     study = open_study(space, url)  # creates the tables and the study once, before workers race to
     _check_fresh(study, directory)

@@ -84,6 +84,9 @@ def make_sampler(space: Space, seed: int) -> optuna.samplers.BaseSampler:
     try:
         if space.sampler == "grid":
             return GridSampler(space.grid_space(), seed=seed)
+        if space.sampler == "tpe":  # sized by the budget: Optuna's 10 random start-up trials are most of a small study
+            options.setdefault("n_startup_trials", min(10, max(2, space.total() // 4)))
+            options.setdefault("multivariate", True)  # lr and warm-up (say) interact: model them jointly
         cls = {"tpe": s.TPESampler, "cmaes": s.CmaEsSampler, "nsga2": s.NSGAIISampler, "random": s.RandomSampler}
         return cls[space.sampler](seed=seed, **options)
     except TypeError as exc:
