@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trimtab.checkpoint import latest_valid
-from trimtab.config import LogConfig, MlflowConfig, WandbConfig
+from trimtab.config.log import LogConfig, MlflowConfig, WandbConfig
 from trimtab.errors import ConfigError
 from trimtab.training.hooks import Hook
 
