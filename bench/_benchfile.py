@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -16,3 +20,16 @@ def replace_section(path: Path, heading: str, section: str) -> None:
         end = text.find("\n## ", start + len(heading))
         text = text[:start] + section + (text[end + 1 :] if end >= 0 else "")
     path.write_text(text)
+
+
+@contextmanager
+def scratch(work: str | None, prefix: str) -> Iterator[Path]:
+    """A benchmark's working directory: `work` if given (kept, for a look afterwards), else a
+    temporary one removed at the end, whatever happens."""
+    path = Path(work or tempfile.mkdtemp(prefix=prefix))
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield path
+    finally:
+        if not work:
+            shutil.rmtree(path, ignore_errors=True)

@@ -27,14 +27,13 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from _benchfile import replace_section  # noqa: E402  bench/_benchfile.py, next to this file
+from _benchfile import replace_section, scratch  # noqa: E402  bench/_benchfile.py, next to this file
 
 HEADING = "## Hugging Face export and import (bench/interop.py)"
 OPS = ("trimtab export", "trimtab import", "transformers load", "transformers save")
@@ -166,8 +165,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--work", help="scratch directory (default: a temp dir, removed after)")
     args = parser.parse_args()
-    work = Path(args.work or tempfile.mkdtemp(prefix="trimtab-interop-"))
-    try:
+    with scratch(args.work, "trimtab-interop-") as work:
         run, size = make_run(args.preset, work)
         out, tmp = work / "hf", work / "saved"
         _children_cpu_delta()
@@ -179,9 +177,6 @@ def main() -> None:
         section = report(rows, size, args.preset, args.reps)
         print(section)
         replace_section(ROOT / "BENCHMARKS.md", HEADING, section)
-    finally:
-        if not args.work:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

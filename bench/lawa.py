@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,7 +24,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 
-from _benchfile import replace_section  # noqa: E402  bench/_benchfile.py, next to this file
+from _benchfile import replace_section, scratch  # noqa: E402  bench/_benchfile.py, next to this file
 from trimtab import api  # noqa: E402
 from trimtab.checkpoint import list_checkpoints, load_model  # noqa: E402
 from trimtab.config import read_saved  # noqa: E402
@@ -100,15 +99,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--work", help="scratch directory (default: a temp dir, removed after)")
     args = parser.parse_args()
-    work = Path(args.work or tempfile.mkdtemp(prefix="trimtab-lawa-"))
-    try:
+    with scratch(args.work, "trimtab-lawa-") as work:
         rows = [row for seed in args.seeds for row in one_seed(args.preset, args.every, seed, work)]
         section = report(rows, args.preset, args.every)
         print(section)
         replace_section(ROOT / "BENCHMARKS.md", HEADING, section)
-    finally:
-        if not args.work:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,7 @@ section of BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,9 +23,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-import torch  # noqa: E402
 
-from _benchfile import replace_section  # noqa: E402  bench/_benchfile.py, next to this file
+from _benchfile import replace_section, scratch  # noqa: E402  bench/_benchfile.py, next to this file
 from trimtab import api  # noqa: E402
 from trimtab.config import load_config  # noqa: E402
 from trimtab.tune import tune  # noqa: E402
@@ -108,18 +105,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--work", help="scratch directory (default: a temp dir, removed after)")
     args = parser.parse_args()
-    work = Path(args.work or tempfile.mkdtemp(prefix="trimtab-tune-"))
-    work.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(1)  # as the workers run: the same reduction order, the same losses
-    try:
+    with scratch(args.work, "trimtab-tune-") as work:
         grid_row = grid(work, args.steps, args.workers)
         rows = [(s, *tpe(work, args.steps, grid_row[2] // 3, s)) for s in args.seeds]
         section = report(args.steps, grid_row, rows, rerun(work, grid_row[1]))
         print(section)
         replace_section(ROOT / "BENCHMARKS.md", HEADING, section)
-    finally:
-        if not args.work:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
