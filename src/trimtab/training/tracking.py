@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from trimtab.checkpoint import latest_valid
 from trimtab.config.log import LogConfig, MlflowConfig, WandbConfig
 from trimtab.errors import ConfigError
+from trimtab.report.rundir import read_jsonl
 from trimtab.training.hooks import Hook
 
 if TYPE_CHECKING:
@@ -60,9 +61,7 @@ def flat_config(cfg: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 def read_decisions(run_dir: Path) -> list[dict[str, Any]]:
     """RUN_DIR/decisions.jsonl's kept decisions (the journal's format: docs/orchestrator.md)."""
-    path = run_dir / "decisions.jsonl"
-    lines = path.read_text().splitlines() if path.is_file() else []
-    return [d for d in (json.loads(line) for line in lines if line.strip()) if not d.get("abandoned")]
+    return [d for d in read_jsonl(run_dir / "decisions.jsonl") if not d.get("abandoned")]
 
 
 TABLE_COLUMNS = ("id", "step", "rule", "action", "confidence", "reasoning", "evidence", "outcome")
