@@ -54,6 +54,7 @@ def states(result) -> list[str]:
         ({"optim.lrr": {"uniform": [0.001, 0.01]}}, {}, ["optim.lrr", "did you mean 'optim.lr'"]),
         ({"optim.lr": {"uniform": [0.01, 0.001]}}, {}, ["space.optim.lr", "below"]),
         ({"optim.lr": {"log_uniform": [0, 0.01]}}, {}, ["log_uniform needs low > 0"]),
+        ({"optim.lr": {"log_uniform": ["1e-4", "1e-2"]}}, {}, ["space.optim.lr", "write 1.0e-4"]),  # YAML 1.1 text
         ({"optim.lr": {"normal": [0, 1]}}, {}, ["space.optim.lr", "log_uniform"]),
         ({"optim.lr": {"uniform": [0.001, 0.01]}}, {"sampler": "grid"}, ["grid needs finite values", "steps"]),
         (LR, {"sampler": "bayes"}, ["study.sampler", "tpe"]),

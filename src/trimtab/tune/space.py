@@ -236,7 +236,9 @@ def _param(space: Space, key: str, spec: Any) -> Param:
 
 def _check_range(where: str, kind: str, values: list[Any]) -> None:
     if len(values) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-        raise ConfigError(f"{where}: {kind} takes [low, high] numbers, got {values}")
+        # YAML 1.1 (PyYAML) reads 1e-4 as text: only 1.0e-4 is a number. Say so, it is the usual cause.
+        hint = "; YAML reads 1e-4 as text, write 1.0e-4" if any(isinstance(v, str) and "e" in v for v in values) else ""
+        raise ConfigError(f"{where}: {kind} takes [low, high] numbers, got {values}{hint}")
     lo, hi = values
     if lo >= hi:
         raise ConfigError(f"{where}: low {lo} must be below high {hi}")
