@@ -1,3 +1,5 @@
+import json
+
 import pytest
 import torch
 
@@ -33,10 +35,25 @@ def tokenizer():
 
 
 @pytest.fixture(scope="session")
-def single(tmp_path_factory):
-    """The one-process reference run the multi-process tests compare with (tests/helpers.py);
-    its checkpoints are only read, so one run serves them all."""
+def reference(tmp_path_factory):
+    """`reference(**overrides)`: the one-process run (tests/helpers.py) the multi-process tests
+    compare with, as (run dir, record); one run per distinct config for the whole session, so
+    its checkpoints are only to be read."""
     from helpers import run
 
-    out = tmp_path_factory.mktemp("single") / "run"
-    return out, run(out, 1)[0]
+    runs: dict[str, tuple] = {}
+
+    def get(**overrides):
+        key = json.dumps(overrides, sort_keys=True)
+        if key not in runs:
+            out = tmp_path_factory.mktemp("reference") / "run"
+            runs[key] = (out, run(out, 1, **overrides)[0])
+        return runs[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def single(reference):
+    """The default config's one-process reference run."""
+    return reference()

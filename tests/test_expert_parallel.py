@@ -41,9 +41,8 @@ def assert_matches(records: list[dict], base: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def moe_one(tmp_path_factory):
-    out = tmp_path_factory.mktemp("moe-one") / "run"
-    return out, run(out, 1, **MOE)[0]
+def moe_one(reference):
+    return reference(**MOE)
 
 
 @pytest.fixture(scope="module")

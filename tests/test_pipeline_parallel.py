@@ -84,16 +84,14 @@ def test_checkpoints_reshard_between_pipeline_and_one_process(hybrid, tmp_path):
 
 
 @pytest.mark.distributed
-def test_interleaved_and_pipeline_by_fsdp2_match_one_process(tmp_path):
+def test_interleaved_and_pipeline_by_fsdp2_match_one_process(single, reference, tmp_path):
     """debug (5 layers) as 4 stages on 2 ranks (interleaved 1F1B), and debug-moe on a 2 x 2 mesh:
     two stages, each sharded by FSDP2 over its two replicas (a replica reads half the rows)."""
-    one = run(tmp_path / "one", 1)[0]
     for record in run(tmp_path / "v2", 2, distributed={"pp": 2, "pp_stages_per_rank": 2}):
-        assert_same_run(record, one)
-    assert_same_weights(tmp_path / "v2", tmp_path / "one")
-    moe = {"preset": "debug-moe"}
-    one = run(tmp_path / "one-moe", 1, **moe)[0]
-    records = run(tmp_path / "2d", 4, **moe, **PP2)
+        assert_same_run(record, single[1])
+    assert_same_weights(tmp_path / "v2", single[0])
+    one_dir, one = reference(preset="debug-moe")
+    records = run(tmp_path / "2d", 4, preset="debug-moe", **PP2)
     for step in range(STEPS):
         rows = [records[r]["steps"][step]["rows"] for r in range(4)]
         assert rows[0] == rows[2] and rows[1] == rows[3] and not set(rows[0]) & set(rows[1])
@@ -101,19 +99,19 @@ def test_interleaved_and_pipeline_by_fsdp2_match_one_process(tmp_path):
     for record in records:
         assert_close(losses(record), losses(one))
         assert_close(grad_norms(record), grad_norms(one))
-    assert_same_weights(tmp_path / "2d", tmp_path / "one-moe")
+    assert_same_weights(tmp_path / "2d", one_dir)
 
 
 @pytest.mark.distributed
-def test_pipeline_by_tensor_and_expert_parallelism_match_one_process(tmp_path):
+def test_pipeline_by_tensor_and_expert_parallelism_match_one_process(reference, tmp_path):
     """3D meshes on 4 processes: debug as 2 stages x 2 tensor-parallel ranks (stages exchange
     each rank's T / tp positions), debug-moe as 2 stages x 2 replicas splitting the experts."""
     for preset, section in (("debug", {"tp": 2}), ("debug-moe", {"ep": 2})):
-        one = run(tmp_path / f"one-{preset}", 1, preset=preset)[0]
+        one_dir, one = reference() if preset == "debug" else reference(preset=preset)
         for record in run(tmp_path / preset, 4, preset=preset, distributed={"pp": 2, **section}):
             assert_close(losses(record), losses(one))
             assert_close(grad_norms(record), grad_norms(one))
-        assert_same_weights(tmp_path / preset, tmp_path / f"one-{preset}")
+        assert_same_weights(tmp_path / preset, one_dir)
 
 
 @pytest.mark.distributed
