@@ -23,6 +23,7 @@ from trimtab.api import train_or_raise
 from trimtab.errors import RunFinished, TrimtabError
 from trimtab.orchestrator.journal import read_decisions
 from trimtab.plan import model_size
+from trimtab.report.rundir import healed
 from trimtab.training.hooks import Hook
 from trimtab.tune.space import Space
 
@@ -165,14 +166,14 @@ def _tell(
 ) -> TrialResult:
     """The run's end as an Optuna trial state: PRUNED by the pruner or by an orchestrator that gave
     up (with the reason), FAIL for other failures, COMPLETE with the objectives."""
-    decisions = read_decisions(cfg.run_dir)
+    decisions = [d for d in read_decisions(cfg.run_dir) if not d.get("abandoned")]  # as `trimtab runs`
     attrs = {
         "status": summary.get("status"),
         "exit_code": summary.get("exit_code"),
         "val_loss": summary.get("val_loss"),
         "flops": float(summary.get("tokens", 0)) * model_size(cfg).flops_per_token,
         "decisions": len(decisions),
-        "faults_healed": sum(1 for d in decisions if (d.get("outcome") or {}).get("result") == "recovered"),
+        "faults_healed": healed(decisions),
         "held_evals": hook.held if hook else [],
     }
     for key, value in attrs.items():
