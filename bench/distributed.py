@@ -29,7 +29,7 @@ from _benchfile import replace_section  # bench/_benchfile.py, next to this file
 from trimtab.metrics import read_metrics
 
 sys.path.insert(0, str(Path(__file__).parent))
-from throughput import Contention  # noqa: E402  (bench/ is a folder of scripts, not a package)
+from _measure import Contention  # noqa: E402  (bench/ is a folder of scripts, not a package)
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = {"1 process": (1, "ddp"), "2 processes, DDP": (2, "ddp"), "2 processes, FSDP2": (2, "fsdp")}

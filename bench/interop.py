@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from _benchfile import replace_section, scratch  # noqa: E402  bench/_benchfile.py, next to this file
+from _measure import Contention  # noqa: E402
 
 HEADING = "## Hugging Face export and import (bench/interop.py)"
 OPS = ("trimtab export", "trimtab import", "transformers load", "transformers save")
@@ -93,32 +94,13 @@ def make_run(preset: str, work: Path) -> tuple[Path, int]:
 
 def measure(op: str, run: Path, out: Path, tmp: Path) -> dict:
     code = CHILD.format(src=str(ROOT / "src"), op=op, run=str(run), out=str(out), tmp=str(tmp))
-    busy0, t0 = _busy_seconds(), time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    with Contention() as busy:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     if proc.returncode:
         raise RuntimeError(f"{op} failed:\n{proc.stderr[-3000:]}")
     seconds, rss = json.loads(proc.stdout.strip().splitlines()[-1])
-    wall = time.monotonic() - t0
-    other = max(0.0, _busy_seconds() - busy0 - _children_cpu_delta()) / (wall * (os.cpu_count() or 1))
     shutil.rmtree(tmp, ignore_errors=True)
-    return {"op": op, "seconds": seconds, "rss": rss, "other_cpu": other}
-
-
-_last_children = [0.0]
-
-
-def _children_cpu_delta() -> float:
-    import resource
-
-    u = resource.getrusage(resource.RUSAGE_CHILDREN)
-    total = u.ru_utime + u.ru_stime
-    delta, _last_children[0] = total - _last_children[0], total
-    return delta
-
-
-def _busy_seconds() -> float:
-    fields = [int(v) for v in open("/proc/stat").readline().split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+    return {"op": op, "seconds": seconds, "rss": rss, "other_cpu": busy.other}
 
 
 def report(rows: list[dict], size: int, preset: str, reps: int) -> str:
@@ -168,7 +150,6 @@ def main() -> None:
     with scratch(args.work, "trimtab-interop-") as work:
         run, size = make_run(args.preset, work)
         out, tmp = work / "hf", work / "saved"
-        _children_cpu_delta()
         rows = []
         for rep in range(args.reps):
             for op in OPS:

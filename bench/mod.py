@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from _benchfile import replace_section  # noqa: E402  bench/_benchfile.py, next to this file
-from moe import Contention  # noqa: E402  bench/moe.py, next to this file
+from _measure import Contention  # noqa: E402  bench/_measure.py, next to this file
 from trimtab.config import ModelConfig  # noqa: E402
 from trimtab.model import build_model  # noqa: E402
 

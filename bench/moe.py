@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import resource
 import statistics
 import sys
 import time
@@ -37,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from _benchfile import replace_section  # noqa: E402  bench/_benchfile.py, next to this file
+from _measure import Contention  # noqa: E402
 from trimtab.config.sparse import MoEConfig  # noqa: E402
 from trimtab.model.moe import MoE  # noqa: E402
 
@@ -93,29 +93,6 @@ def module(impl: str):
 
 
 VARIANTS = {"moe": module("auto"), "moe-padded": module("padded"), "slices": slices, "naive": naive}
-
-
-class Contention:
-    """Share of the machine's CPU time used by other processes (this one's own CPU time is
-    subtracted), over the `with` block."""
-
-    def __enter__(self) -> Contention:
-        self.busy0, self.own0, self.t0 = _busy_seconds(), _own_cpu(), time.monotonic()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        busy, own = _busy_seconds() - self.busy0, _own_cpu() - self.own0
-        self.other = max(0.0, busy - own) / ((time.monotonic() - self.t0) * os.cpu_count())
-
-
-def _busy_seconds() -> float:
-    fields = [int(v) for v in open("/proc/stat").readline().split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu() -> float:
-    u = resource.getrusage(resource.RUSAGE_SELF)
-    return u.ru_utime + u.ru_stime
 
 
 def _step(fn, m: MoE, x: torch.Tensor, g: torch.Tensor) -> float:

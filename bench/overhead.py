@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,8 @@ import tempfile
 import time
 
 from _benchfile import replace_section  # bench/_benchfile.py, next to this file
-from throughput import ROOT, Contention  # bench/throughput.py, next to this file
+from _measure import Contention, median_ci  # bench/_measure.py, next to this file
+from throughput import ROOT  # bench/throughput.py, next to this file
 
 HOOK_METHODS = (
     "on_train_start",
@@ -153,17 +153,10 @@ def measure(args: argparse.Namespace) -> dict:
     raise AssertionError("unreachable")
 
 
-def _median_ci(values: list[float], n: int = 2000) -> tuple[float, float]:
-    """Bootstrap 95% interval of the median (seeded, so a report is reproducible from its data)."""
-    rng = random.Random(0)
-    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n))
-    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
-
-
 def write_report(args: argparse.Namespace, runs: list[dict]) -> None:
     ratios = [statistics.median(r["pairs"]) - 1 for r in runs]
     pairs = [x - 1 for r in runs for x in r["pairs"]]
-    (low, high), med_ratio = _median_ci(pairs), statistics.median(pairs)
+    (low, high), med_ratio = median_ci(pairs), statistics.median(pairs)
     direct = [r["auto"]["inside_s"] / r["auto"]["iteration_s"] for r in runs]
     lines = [
         "## Orchestrator overhead (`bench/overhead.py`)",

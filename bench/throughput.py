@@ -1,6 +1,6 @@
 """Training throughput: trimtab vs a minimal PyTorch loop vs transformers' LlamaForCausalLM.
 
-    python bench/throughput.py [--preset small] [--steps 6] [--warmup 2] [--reps 3]
+    python bench/throughput.py [--preset small] [--steps 12] [--warmup 2] [--reps 5]
 
 Each variant trains the same model shape on the same batches (trimtab's loader over the built-in
 corpus) for the same steps, in its own subprocess (so peak RSS is its own). Variants run
@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from _benchfile import replace_section  # bench/_benchfile.py, next to this file
+from _measure import Contention, paired_ratio  # bench/_measure.py, next to this file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -206,30 +207,6 @@ def parent(args: argparse.Namespace) -> None:
     write_report(args, runs)
 
 
-class Contention:
-    """Share of the machine's CPU time used by processes other than the benchmark child."""
-
-    def __enter__(self) -> Contention:
-        self.busy0, self.child0, self.t0 = _busy_seconds(), _children_cpu(), time.monotonic()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        busy = _busy_seconds() - self.busy0
-        ours = _children_cpu() - self.child0
-        self.other = max(0.0, busy - ours) / ((time.monotonic() - self.t0) * os.cpu_count())
-
-
-def _busy_seconds() -> float:
-    fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
     med = {v: statistics.median(r["tokens_per_s"] for r in rs) for v, rs in runs.items()}
     rss = {v: max(r["peak_rss_mb"] for r in rs) for v, rs in runs.items()}
@@ -238,7 +215,8 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
         "",
         f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} cores, torch {__import__('torch').__version__}; {args.steps} timed steps "
-        f"after {args.warmup} warm-up steps, median of {args.reps} interleaved repetitions.",
+        f"after {args.warmup} warm-up steps, {args.reps} interleaved repetitions (each variant in its own "
+        "process); ratios pair repetition i of each variant, median with a bootstrap 95% interval.",
         "",
         "| variant | tokens/s (median) | all reps | warm-up s | peak RSS MB | other processes' CPU share |",
         "|---|---|---|---|---|---|",
@@ -248,18 +226,15 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
         loads = ", ".join(f"{r['other_cpu']:.0%}" for r in rs)
         warm = statistics.median(r["warmup_s"] for r in rs)
         lines.append(f"| {v} | {med[v]:,.0f} | {each} | {warm:.1f} | {rss[v]:,.0f} | {loads} |")
-    ratio_hf = med["trimtab"] / med["transformers"]
-    ratio_min = med["trimtab"] / med["minimal"]
-    lines += [
-        "",
-        f"- trimtab (defaults) / transformers (defaults): **{ratio_hf:.2f}x** (target >= 1.3x)",
-        f"- trimtab / minimal loop, identical settings: **{ratio_min:.3f}x** (target >= 0.98x)",
-    ]
-    if "trimtab-eager" in med:
-        lines.append(
-            f"- trimtab eager / transformers: {med['trimtab-eager'] / med['transformers']:.2f}x "
-            "(what compilation adds is the rest)"
-        )
+    tps = {v: [r["tokens_per_s"] for r in rs] for v, rs in runs.items()}
+    claims = [("trimtab (defaults) / transformers (defaults)", "trimtab", "transformers", 1.3)]
+    claims.append(("trimtab / minimal loop, identical settings", "trimtab", "minimal", 0.98))
+    if "trimtab-eager" in tps:
+        claims.append(("trimtab eager / transformers (compiling adds the rest)", "trimtab-eager", "transformers", 1.0))
+    lines.append("")
+    for name, a, b, target in claims:
+        ratio = paired_ratio(tps[a], tps[b])
+        lines.append(f"- {name}: **{ratio}**; target >= {target:g}x: {ratio.verdict(target)}")
     section = "\n".join(lines) + "\n"
     print(section)
     replace_section(ROOT / "BENCHMARKS.md", "## Training throughput", section)
@@ -268,9 +243,9 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="small")
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--child", dest="variant", help=argparse.SUPPRESS)
     ns = parser.parse_args()
     child(ns) if ns.variant else parent(ns)

@@ -1,0 +1,76 @@
+"""What every benchmark measures with, so a figure says how sure it is: other processes' share of
+the CPUs while it ran (a busy second core slows two-thread torch 3-10x), a bootstrap interval
+for a median, and ratios of paired repetitions with an interval and a verdict against a target
+that says "not resolved" when the interval holds it."""
+
+from __future__ import annotations
+
+import os
+import random
+import resource
+import statistics
+import time
+from dataclasses import dataclass
+
+
+class Contention:
+    """Share of the machine's CPU time used by processes other than this one and its children,
+    over the `with` block."""
+
+    def __enter__(self) -> Contention:
+        self.busy0, self.ours0, self.t0 = _busy_seconds(), _our_cpu(), time.monotonic()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        busy, ours = _busy_seconds() - self.busy0, _our_cpu() - self.ours0
+        self.other = max(0.0, busy - ours) / ((time.monotonic() - self.t0) * (os.cpu_count() or 1))
+
+
+def _busy_seconds() -> float:
+    fields = [int(v) for v in open("/proc/stat").readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # less idle, iowait
+
+
+def _our_cpu() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def median_ci(values: list[float], n: int = 2000) -> tuple[float, float]:
+    """Percentile-bootstrap 95% interval of the median, seeded so a report is reproducible from
+    its data. With few values it is wide (about min to max for 5): honest, not a defect."""
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n))
+    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """The median of paired ratios a_i / b_i (repetition i of a and of b run back to back, so
+    drift of the machine cancels) with its 95% bootstrap interval."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+
+    def verdict(self, target: float) -> str:
+        """Against `target` (a ratio to reach or beat): met, not met, or not resolved."""
+        if self.low >= target:
+            return "met"
+        if self.high < target:
+            return "not met"
+        return f"not resolved: the interval holds {target:g}x"
+
+    def resolves(self, rel: float = 0.05) -> bool:
+        """Whether the interval is narrower than +-`rel` around the value (what a 5% claim needs)."""
+        return self.high / self.value - 1 <= rel and 1 - self.low / self.value <= rel
+
+    def __str__(self) -> str:
+        return f"{self.value:.3f}x (95% interval {self.low:.3f}-{self.high:.3f}, {self.n} pairs)"
+
+
+def paired_ratio(a: list[float], b: list[float]) -> Ratio:
+    ratios = [x / y for x, y in zip(a, b, strict=True)]
+    low, high = median_ci(ratios)
+    return Ratio(statistics.median(ratios), low, high, len(ratios))
