@@ -39,7 +39,7 @@ from pathlib import Path
 
 from _benchfile import replace_section  # bench/_benchfile.py, next to this file
 from _measure import Contention, paired_ratio
-from throughput import _batches  # the same loader and batches as the throughput bench
+from throughput import _batches, timed_fit  # the throughput bench's batches and timed trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("trimtab", "trimtab-loop", "hf-grouped_mm", "hf-eager")
@@ -66,22 +66,9 @@ def _exported(cfg) -> dict:
 
 
 def run_trimtab(args: argparse.Namespace) -> dict:
-    from trimtab.training.hooks import Hook
-    from trimtab.training.setup import setup
-    from trimtab.training.trainer import Trainer
-
-    class Clock(Hook):
-        def __init__(self):
-            self.marks: list[tuple[float, int]] = []
-
-        def on_step_end(self, run, out):
-            self.marks.append((time.perf_counter(), run.tokens))
-
     with tempfile.TemporaryDirectory() as out:
-        clock = Clock()
-        Trainer(setup(_config(args, out)), hooks=[clock]).fit()
-    (t0, n0), (t1, n1) = clock.marks[args.warmup - 1], clock.marks[-1]
-    return {"tokens_per_s": (n1 - n0) / (t1 - t0), "ms_per_step": 1000 * (t1 - t0) / args.steps}
+        timed = timed_fit(_config(args, out), args.warmup)
+    return {"tokens_per_s": timed["tokens_per_s"], "ms_per_step": 1000 * timed["seconds"] / args.steps}
 
 
 def _trimtab_loop(cfg, hf: dict):

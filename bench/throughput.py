@@ -56,7 +56,9 @@ def _batches(cfg, n: int):
     return [loader.next_batch() for _ in range(n)]
 
 
-def run_trimtab(preset: str, warmup: int, steps: int, compile_: bool | None) -> dict:
+def timed_fit(cfg, warmup: int) -> dict:
+    """trimtab's Trainer.fit on `cfg`, timed by a hook at each step's end: tokens/s and seconds
+    over the steps after `warmup`, and the seconds until then (start-up, first steps)."""
     from trimtab.training.hooks import Hook
     from trimtab.training.setup import setup
     from trimtab.training.trainer import Trainer
@@ -68,14 +70,18 @@ def run_trimtab(preset: str, warmup: int, steps: int, compile_: bool | None) -> 
         def on_step_end(self, run, out):
             self.marks.append((time.perf_counter(), run.tokens))
 
+    clock = Clock()
+    trainer = Trainer(setup(cfg), hooks=[clock])
+    start = time.perf_counter()
+    trainer.fit()
+    (t0, n0), (t1, n1) = clock.marks[warmup - 1], clock.marks[-1]
+    return {"tokens_per_s": (n1 - n0) / (t1 - t0), "seconds": t1 - t0, "warmup_s": t0 - start}
+
+
+def run_trimtab(preset: str, warmup: int, steps: int, compile_: bool | None) -> dict:
     with tempfile.TemporaryDirectory() as out:
         cfg = _config(preset, warmup + steps, out, compile_)
-        clock = Clock()
-        trainer = Trainer(setup(cfg), hooks=[clock])
-        start = time.perf_counter()
-        trainer.fit()
-    (t0, n0), (t1, n1) = clock.marks[warmup - 1], clock.marks[-1]
-    return {"tokens_per_s": (n1 - n0) / (t1 - t0), "warmup_s": t0 - start, "compile": cfg.train.compile}
+        return {**timed_fit(cfg, warmup), "compile": cfg.train.compile}
 
 
 def run_minimal(preset: str, warmup: int, steps: int) -> dict:
