@@ -62,10 +62,6 @@ class Ratio:
             return "not met"
         return f"not resolved: the interval holds {target:g}x"
 
-    def resolves(self, rel: float = 0.05) -> bool:
-        """Whether the interval is narrower than +-`rel` around the value (what a 5% claim needs)."""
-        return self.high / self.value - 1 <= rel and 1 - self.low / self.value <= rel
-
     def __str__(self) -> str:
         return f"{self.value:.3f}x (95% interval {self.low:.3f}-{self.high:.3f}, {self.n} pairs)"
 
