@@ -36,6 +36,17 @@ def _our_cpu() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def step_rate(marks: list[tuple[float, int]], warmup: int) -> dict[str, float]:
+    """Speed from (time, tokens so far) marks, one before the first step and one after each:
+    tokens/s is a timed step's mean tokens over the median step time, so one slow step (a
+    collection, the other core waking) moves a repetition less than a total time would."""
+    times, tokens = zip(*marks)
+    steps = range(warmup, len(marks) - 1)
+    step_s = statistics.median(times[i + 1] - times[i] for i in steps)
+    step_tokens = statistics.mean(tokens[i + 1] - tokens[i] for i in steps)
+    return {"tokens_per_s": step_tokens / step_s, "ms_per_step": 1000 * step_s, "warmup_s": times[warmup] - times[0]}
+
+
 def median_ci(values: list[float], n: int = 2000) -> tuple[float, float]:
     """Percentile-bootstrap 95% interval of the median, seeded so a report is reproducible from
     its data. With few values it is wide (about min to max for 5): honest, not a defect."""

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from _benchfile import replace_section  # bench/_benchfile.py, next to this file
-from _measure import Contention, paired_ratio
+from _measure import Contention, paired_ratio, step_rate
 from throughput import _batches, timed_fit  # the throughput bench's batches and timed trainer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,8 +67,7 @@ def _exported(cfg) -> dict:
 
 def run_trimtab(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as out:
-        timed = timed_fit(_config(args, out), args.warmup)
-    return {"tokens_per_s": timed["tokens_per_s"], "ms_per_step": 1000 * timed["seconds"] / args.steps}
+        return timed_fit(_config(args, out), args.warmup)
 
 
 def _trimtab_loop(cfg, hf: dict):
@@ -127,7 +126,7 @@ def _grouped_mm_path(model) -> str:
 
 
 def _loop(model, loss, batches, cfg, warmup: int, prof=None) -> dict:
-    """Train on `batches`; the clock (and `prof`) start after `warmup` steps."""
+    """Train on `batches`, marking each step's end (_measure.step_rate); `prof` runs after `warmup` steps."""
     import torch
 
     o = cfg.optim
@@ -135,22 +134,19 @@ def _loop(model, loss, batches, cfg, warmup: int, prof=None) -> dict:
         model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay, fused=True
     )
     model.train()
+    marks = [(time.perf_counter(), 0)]
     for i, batch in enumerate(batches):
-        if i == warmup:
-            t0, n = time.perf_counter(), 0
-            if prof is not None:
-                prof.start()
+        if i == warmup and prof is not None:
+            prof.start()
         for micro in batch.micro:
             loss(micro, batch).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if i >= warmup:
-            n += batch.n_tokens
-    elapsed = time.perf_counter() - t0
+        marks.append((time.perf_counter(), marks[-1][1] + batch.n_tokens))
     if prof is not None:
         prof.stop()
-    return {"tokens_per_s": n / elapsed, "ms_per_step": 1000 * elapsed / (len(batches) - warmup)}
+    return step_rate(marks, warmup)
 
 
 # Inclusive CPU time of ops that do not nest in one another: where the step goes, by part (on
@@ -249,7 +245,8 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict]], profiled: dict
         f"Exported class {hf['class']}; {time.strftime('%Y-%m-%d')}, "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
         f"{__import__('torch').__version__}, transformers {__import__('transformers').__version__}; fp32; "
-        f"{args.steps} timed steps after {args.warmup} warm-up, {args.reps} interleaved repetitions (each "
+        f"{args.steps} timed steps after {args.warmup} warm-up (tokens/s: a step's mean tokens over the median "
+        f"step time), {args.reps} interleaved repetitions (each "
         f"variant in its own process); transformers' grouped_mm ran {hf.get('grouped_mm')} (torch's kernel "
         "or transformers' fallback). Ratios pair repetition i, median with a bootstrap 95% interval.",
         "",

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from _benchfile import replace_section  # bench/_benchfile.py, next to this file
-from _measure import Contention, paired_ratio  # bench/_measure.py, next to this file
+from _measure import Contention, paired_ratio, step_rate  # bench/_measure.py, next to this file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,8 +57,7 @@ def _batches(cfg, n: int):
 
 
 def timed_fit(cfg, warmup: int) -> dict:
-    """trimtab's Trainer.fit on `cfg`, timed by a hook at each step's end: tokens/s and seconds
-    over the steps after `warmup`, and the seconds until then (start-up, first steps)."""
+    """trimtab's Trainer.fit on `cfg`, timed by a hook at each step's end (_measure.step_rate)."""
     from trimtab.training.hooks import Hook
     from trimtab.training.setup import setup
     from trimtab.training.trainer import Trainer
@@ -72,10 +71,9 @@ def timed_fit(cfg, warmup: int) -> dict:
 
     clock = Clock()
     trainer = Trainer(setup(cfg), hooks=[clock])
-    start = time.perf_counter()
+    clock.marks.append((time.perf_counter(), 0))
     trainer.fit()
-    (t0, n0), (t1, n1) = clock.marks[warmup - 1], clock.marks[-1]
-    return {"tokens_per_s": (n1 - n0) / (t1 - t0), "seconds": t1 - t0, "warmup_s": t0 - start}
+    return step_rate(clock.marks, warmup)
 
 
 def run_trimtab(preset: str, warmup: int, steps: int, compile_: bool | None) -> dict:
@@ -103,10 +101,8 @@ def run_minimal(preset: str, warmup: int, steps: int) -> dict:
         betas=(cfg.optim.beta1, cfg.optim.beta2),
         fused=True,
     )
-    start = time.perf_counter()
-    for i, batch in enumerate(batches):
-        if i == warmup:
-            t0, n = time.perf_counter(), 0
+    marks = [(time.perf_counter(), 0)]
+    for batch in batches:
         for micro in batch.micro:
             logits = forward(micro.inputs)
             loss = (
@@ -120,9 +116,8 @@ def run_minimal(preset: str, warmup: int, steps: int) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss.item()
-        if i >= warmup:
-            n += batch.n_tokens
-    return {"tokens_per_s": n / (time.perf_counter() - t0), "warmup_s": t0 - start, "compile": cfg.train.compile}
+        marks.append((time.perf_counter(), marks[-1][1] + batch.n_tokens))
+    return {**step_rate(marks, warmup), "compile": cfg.train.compile}
 
 
 def run_transformers(preset: str, warmup: int, steps: int) -> dict:
@@ -149,10 +144,8 @@ def run_transformers(preset: str, warmup: int, steps: int) -> dict:
     )
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)  # its defaults
-    start = time.perf_counter()
-    for i, batch in enumerate(batches):
-        if i == warmup:
-            t0, n = time.perf_counter(), 0
+    marks = [(time.perf_counter(), 0)]
+    for batch in batches:
         for micro in batch.micro:
             # transformers shifts labels itself: labels are the inputs, -100 where masked.
             labels = torch.cat([micro.inputs[:, :1], micro.targets[:, :-1]], dim=1)
@@ -161,9 +154,8 @@ def run_transformers(preset: str, warmup: int, steps: int) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if i >= warmup:
-            n += batch.n_tokens
-    return {"tokens_per_s": n / (time.perf_counter() - t0), "warmup_s": t0 - start, "compile": False}
+        marks.append((time.perf_counter(), marks[-1][1] + batch.n_tokens))
+    return {**step_rate(marks, warmup), "compile": False}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -221,7 +213,8 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
         "",
         f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} cores, torch {__import__('torch').__version__}; {args.steps} timed steps "
-        f"after {args.warmup} warm-up steps, {args.reps} interleaved repetitions (each variant in its own "
+        f"after {args.warmup} warm-up steps (tokens/s: a step's mean tokens over the median step time), "
+        f"{args.reps} interleaved repetitions (each variant in its own "
         "process); ratios pair repetition i of each variant, median with a bootstrap 95% interval.",
         "",
         "| variant | tokens/s (median) | all reps | warm-up s | peak RSS MB | other processes' CPU share |",
