@@ -1,6 +1,6 @@
 """Training throughput: trimtab vs a minimal PyTorch loop vs transformers' LlamaForCausalLM.
 
-    python bench/throughput.py [--preset small] [--steps 12] [--warmup 2] [--reps 5]
+    python bench/throughput.py [--preset small] [--steps 12] [--warmup 2] [--reps 5] [--seq-len N]
 
 Each variant trains the same model shape on the same batches (trimtab's loader over the built-in
 corpus) for the same steps, in its own subprocess (so peak RSS is its own). Variants run
@@ -34,13 +34,17 @@ from _measure import Contention, paired_ratio, step_rate  # bench/_measure.py, n
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _config(preset: str, steps: int, out: str, compile_: bool | None = None):
+def _config(args: argparse.Namespace, out: str, compile_: bool | None = None):
+    """The preset at `--seq-len` (its context stretched: the same tokens a step, fewer rows)."""
     from trimtab.config import load_config
 
     sets = ["log.progress=false", "train.eval_every=0", "checkpoint.every=0"]
     if compile_ is not None:
         sets.append(f"train.compile={str(compile_).lower()}")
-    return load_config(preset=preset, overrides={"out": out, "train": {"max_steps": steps}}, sets=sets)
+    if args.seq_len:
+        sets += [f"data.seq_len={args.seq_len}", f"model.max_seq_len={args.seq_len}"]
+    steps = {"max_steps": args.warmup + args.steps}
+    return load_config(preset=args.preset, overrides={"out": out, "train": steps}, sets=sets)
 
 
 def _batches(cfg, n: int):
@@ -76,20 +80,20 @@ def timed_fit(cfg, warmup: int) -> dict:
     return step_rate(clock.marks, warmup)
 
 
-def run_trimtab(preset: str, warmup: int, steps: int, compile_: bool | None) -> dict:
+def run_trimtab(args: argparse.Namespace, compile_: bool | None) -> dict:
     with tempfile.TemporaryDirectory() as out:
-        cfg = _config(preset, warmup + steps, out, compile_)
-        return {**timed_fit(cfg, warmup), "compile": cfg.train.compile}
+        cfg = _config(args, out, compile_)
+        return {**timed_fit(cfg, args.warmup), "compile": cfg.train.compile}
 
 
-def run_minimal(preset: str, warmup: int, steps: int) -> dict:
+def run_minimal(args: argparse.Namespace) -> dict:
     import torch
     import torch.nn.functional as F
 
     from trimtab.model import build_model
 
-    cfg = _config(preset, warmup + steps, "unused")
-    batches = _batches(cfg, warmup + steps)
+    cfg = _config(args, "unused")
+    batches = _batches(cfg, args.warmup + args.steps)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model)
     forward = torch.compile(model) if cfg.train.compile else model
@@ -117,15 +121,15 @@ def run_minimal(preset: str, warmup: int, steps: int) -> dict:
         opt.zero_grad(set_to_none=True)
         loss.item()
         marks.append((time.perf_counter(), marks[-1][1] + batch.n_tokens))
-    return {**step_rate(marks, warmup), "compile": cfg.train.compile}
+    return {**step_rate(marks, args.warmup), "compile": cfg.train.compile}
 
 
-def run_transformers(preset: str, warmup: int, steps: int) -> dict:
+def run_transformers(args: argparse.Namespace) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = _config(preset, warmup + steps, "unused")
-    batches = _batches(cfg, warmup + steps)
+    cfg = _config(args, "unused")
+    batches = _batches(cfg, args.warmup + args.steps)
     m = cfg.model
     torch.manual_seed(cfg.train.seed)
     model = LlamaForCausalLM(
@@ -155,17 +159,17 @@ def run_transformers(preset: str, warmup: int, steps: int) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
         marks.append((time.perf_counter(), marks[-1][1] + batch.n_tokens))
-    return {**step_rate(marks, warmup), "compile": False}
+    return {**step_rate(marks, args.warmup), "compile": False}
 
 
 def child(args: argparse.Namespace) -> None:
     if args.variant.startswith("trimtab"):
         compile_ = False if args.variant == "trimtab-eager" else None
-        result = run_trimtab(args.preset, args.warmup, args.steps, compile_)
+        result = run_trimtab(args, compile_)
     elif args.variant == "minimal":
-        result = run_minimal(args.preset, args.warmup, args.steps)
+        result = run_minimal(args)
     else:
-        result = run_transformers(args.preset, args.warmup, args.steps)
+        result = run_transformers(args)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(result))
 
@@ -189,6 +193,8 @@ def parent(args: argparse.Namespace) -> None:
                 str(args.steps),
                 "--warmup",
                 str(args.warmup),
+                "--seq-len",
+                str(args.seq_len),
             ]
             with Contention() as busy:
                 out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -209,7 +215,7 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
     med = {v: statistics.median(r["tokens_per_s"] for r in rs) for v, rs in runs.items()}
     rss = {v: max(r["peak_rss_mb"] for r in rs) for v, rs in runs.items()}
     lines = [
-        f"## Training throughput (`bench/throughput.py --preset {args.preset}`)",
+        heading(args),
         "",
         f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} cores, torch {__import__('torch').__version__}; {args.steps} timed steps "
@@ -236,7 +242,13 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
         lines.append(f"- {name}: **{ratio}**; target >= {target:g}x: {ratio.verdict(target)}")
     section = "\n".join(lines) + "\n"
     print(section)
-    replace_section(ROOT / "BENCHMARKS.md", "## Training throughput", section)
+    replace_section(ROOT / "BENCHMARKS.md", heading(args), section)
+
+
+def heading(args: argparse.Namespace) -> str:
+    """One section per shape, so a long-context run keeps the default one."""
+    seq = f" --seq-len {args.seq_len}" if args.seq_len else ""
+    return f"## Training throughput (`bench/throughput.py --preset {args.preset}{seq}`)"
 
 
 if __name__ == "__main__":
@@ -245,6 +257,7 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--seq-len", type=int, default=0, help="context length (0: the preset's; same tokens a step)")
     parser.add_argument("--child", dest="variant", help=argparse.SUPPRESS)
     ns = parser.parse_args()
     child(ns) if ns.variant else parent(ns)
