@@ -67,6 +67,9 @@ def test_debug_run_learns_and_writes_its_run_dir(tmp_path):
     assert saved.model.vocab_size == 512  # derived value written out
     assert 400_000 < summary["non_embedding_params"] < 600_000  # debug is ~0.5M
     assert summary["tokens"] >= 40 * 2048  # every step fills its token budget
+    compiled = summary["compile"]  # train.compile auto: 40 debug steps never repay a compile
+    assert not compiled["enabled"] and compiled["reason"].startswith("auto: 40 steps")
+    assert compiled["first_step_s"] > 0 and compiled["steady_step_s"] > 0
 
 
 def test_interrupted_and_resumed_run_equals_uninterrupted_bitwise(tmp_path):

@@ -60,6 +60,12 @@ def _print_summary(summary: dict) -> None:
         lines.append(f"val_loss {summary['val_loss']:.4f} (perplexity {summary['val_ppl']:.2f})")
     if summary.get("mfu") is not None:
         lines.append(f"MFU {summary['mfu']:.1%} of {summary['peak_flops_source']}")
+    compiled = summary.get("compile") or {}
+    if compiled.get("enabled") and compiled.get("cold_start_s") is not None:
+        lines.append(
+            f"torch.compile: cold start {compiled['cold_start_s']:.1f}s (first step {compiled['first_step_s']:.1f}s, "
+            f"then {compiled['steady_step_s']:.2f}s a step)"
+        )
     active = summary.get("active_params", summary["params"])
     sparse = f", {active:,} active per token" if active != summary["params"] else ""
     lines.append(

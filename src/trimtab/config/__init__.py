@@ -250,7 +250,9 @@ class TrainConfig:
     seed: int = 1234
     device: str = "auto"  # auto | cpu | cuda | mps
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
-    compile: bool = False
+    # auto | true | false. auto: torch.compile when the run is long enough to repay its compile
+    # time (training/compiling.py); short and CPU-sized runs stay eager.
+    compile: str = "auto"
     activation_checkpointing: bool = False
     eval_every: int = 200  # 0: only at the end
     eval_tokens: int = 65536  # cap on tokens per evaluation
@@ -281,6 +283,7 @@ class TrainConfig:
         _check(
             self.precision in ("auto", "fp32", "bf16", "fp16"), "train.precision", "must be auto, fp32, bf16 or fp16"
         )
+        _check(self.compile in ("auto", "true", "false"), "train.compile", "must be auto, true or false")
         _check(self.eval_every >= 0, "train.eval_every", "must be >= 0")
         _check(self.eval_timeout >= 0, "train.eval_timeout", "must be >= 0 (0: no limit)")
 

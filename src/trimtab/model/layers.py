@@ -80,6 +80,24 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Te
     torch.mul(x2, cos, out=o2).addcmul_(x1, sin, value=sign)
 
 
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """_rotate as one expression (x [..., E], cos, sin [..., E/2]), for torch.compile: Dynamo
+    cannot trace writes through out= into views, and inductor fuses this into one kernel anyway."""
+    x1, x2 = x.chunk(2, -1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1)
+
+
+def rotary_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """RotaryQKV.forward in differentiable ops: what the compiled model runs."""
+    B, T, K, G2, E = qkv.shape
+    G = G2 - 2
+    cos, sin = cos.unsqueeze(-2).to(qkv.dtype), sin.unsqueeze(-2).to(qkv.dtype)
+    q, k, v = qkv.split((G, 1, 1), dim=3)
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    q, k = q.reshape(B, T, K * G, E), k.reshape(B, T, K, E)
+    return q.transpose(1, 2), k.transpose(1, 2), v[:, :, :, 0].transpose(1, 2)
+
+
 def group_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
     """Query, key and value rows (H*E, K*E, K*E; any trailing dims) in the grouped layout of the
     fused projection: for each kv head g, the rows of its G = H/K query heads, then k_g, then v_g.
@@ -169,7 +187,8 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k, v = qkv.split((G, 1, 1), dim=3)
             qkv = torch.cat((self.q_norm(q), self.k_norm(k), v), dim=3)
-        q, k, v = RotaryQKV.apply(qkv, *rope)  # [B, H, T, E], [B, K, T, E] x2
+        rotary = rotary_qkv if torch.compiler.is_compiling() else RotaryQKV.apply
+        q, k, v = rotary(qkv, *rope)  # [B, H, T, E], [B, K, T, E] x2
         if cache is not None:
             k, v = cache.update(layer, k, v)  # [B, K, S, E]
         # No mask tensor in the common cases: is_causal when keys start at position 0 (S == T),

@@ -38,6 +38,7 @@ from trimtab.hf.importer import load_weights as load_hf_weights
 from trimtab.model import Transformer, build_model
 from trimtab.paths import cache_dir
 from trimtab.plan.chinchilla import FRESH_EPOCHS, model_size
+from trimtab.training.compiling import CompileChoice, choose_compile
 from trimtab.training.resume import resume_point
 
 log = logging.getLogger(__name__)
@@ -253,6 +254,7 @@ class Run:
     scaler: torch.amp.GradScaler | None  # fp16 only
     resume: tuple[Path, dict[str, Any]] | None  # the newest valid checkpoint, to resume from
     peak: tuple[float | None, str]  # peak FLOP/s for MFU, and where the figure comes from
+    compile: CompileChoice  # train.compile resolved (auto: by the run's expected length)
     sizes: dict[str, int]  # the whole model's parameter counts and training FLOPs per token
 
 
@@ -283,7 +285,13 @@ def setup(cfg: RunConfig) -> Run:
         "active_params": model.num_params(active=True),
         "flops_per_token": model.flops_per_token(cfg.data.seq_len),
     }  # before wrap: a pipeline stage holds only its own layers
-    forward = dist.wrap(model, cfg.train.compile, precision)
+    peak = peak_flops(precision)
+    steps = max(0, sum(p.steps for p in phases) - (resume[1]["train"].get("step", 0) if resume else 0))
+    compiling = choose_compile(
+        cfg.train.compile, dist.device, steps, cfg.train.batch_tokens * sizes["flops_per_token"], peak[0]
+    )
+    log.info("torch.compile %s", compiling.reason)
+    forward = dist.wrap(model, compiling.enabled, precision)
     dist.on_main(prepare_run_dir, cfg, tok, hf_source)
     return Run(
         cfg=cfg,
@@ -295,6 +303,7 @@ def setup(cfg: RunConfig) -> Run:
         forward=forward,
         scaler=dist.grad_scaler(precision),
         resume=resume,
-        peak=peak_flops(precision),
+        peak=peak,
+        compile=compiling,
         sizes=sizes,
     )

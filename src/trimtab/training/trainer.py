@@ -19,6 +19,7 @@ from trimtab.checkpoint import find_checkpoint, retire_after
 from trimtab.data import MicroBatch, StepBatch
 from trimtab.distributed.group import is_oom
 from trimtab.errors import CheckpointError
+from trimtab.training.compiling import StepTimes
 from trimtab.training.control import Control
 from trimtab.training.evaluation import mean_losses, sharded_loss
 from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger
@@ -104,6 +105,7 @@ class Trainer:
         if self.dist.pipeline is not None:
             self.dist.pipeline.loss_sum = self._loss_sum
         self.peak_flops, self.peak_source = run.peak
+        self.compile, self.step_times = run.compile, StepTimes()
         self.state = TrainState(phase_steps=configured_lengths(cfg))
         self.stop_reason = ""
         self.exit_code = 0  # the process's, for a scheduler: non-zero when the run gave up
@@ -298,6 +300,7 @@ class Trainer:
         self.state.step = out.step
         self.state.tokens += out.batch.n_tokens
         self.state.train_seconds += out.seconds
+        self.step_times.add(out.seconds)
         self.window.losses.append(out.loss)
         self.window.norms.append(out.grad_norm)
         self.window.skips.append(out.skipped if out.skipped is not None else False)
@@ -555,6 +558,7 @@ class Trainer:
             "val_loss": self.last_eval.get("val_loss"),
             "val_ppl": self.last_eval.get("val_ppl"),
             "skipped_records": sum(p.skipped_records for p in self.phases),
+            "compile": self.step_times.summary(self.compile),
         }
         if self.peak_flops:
             summary["mfu"] = tps * self.flops_per_token / self.peak_flops

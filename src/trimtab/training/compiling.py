@@ -1,0 +1,82 @@
+"""train.compile: whether torch.compile runs this training, and what its cold start cost.
+
+`auto` compiles when the run is long enough to repay the compile: the seconds the run is
+expected to take (its steps' training FLOPs over the device's peak at a typical MFU) times the
+speed-up torch.compile measured on that kind of device must exceed the first step's compile
+time. Short runs, tests and CPU-sized presets stay eager; a long run on a GPU compiles. The
+choice and its arithmetic are logged, and the summary reports the cold start actually paid
+(the first step's time less the median of the next ten; a later recompile, for evaluation's
+no-grad graph or a micro-batch shrunk after an OOM, is not in it).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# Measured step speed-up of train.compile=true over eager, by device type: cuda, dense-1b on an
+# H100 in bf16, 1.115x (BENCHMARKS.md, "GPU training step"); cpu, `small` in fp32 on 2 cores
+# (BENCHMARKS.md, "Training throughput ... --compile").
+SPEEDUP = {"cuda": 1.115, "cpu": 1.04}
+# Seconds the first compiled step costs beyond an eager one. cpu: measured with the speed-up;
+# cuda: not yet measured, a larger model's graph takes longer (the summary's figure corrects it).
+COLD_START_S = {"cuda": 120.0, "cpu": 40.0}
+# MFU assumed for the estimate of the run's length: dense-1b reached 45% eager on an H100; fp32
+# matmuls on this CPU run at about half of the measured peak.
+TYPICAL_MFU = {"cuda": 0.40, "cpu": 0.50}
+
+
+@dataclass(frozen=True)
+class CompileChoice:
+    enabled: bool
+    reason: str
+
+
+def choose_compile(
+    requested: str, device: torch.device, steps: int, step_flops: float, peak: float | None
+) -> CompileChoice:
+    """train.compile true / false as asked; auto: compile when the run's expected time saved
+    (steps x step_flops over peak x TYPICAL_MFU, less that over SPEEDUP) exceeds the cold start."""
+    if requested != "auto":
+        return CompileChoice(requested == "true", f"train.compile={requested}")
+    kind = device.type
+    if kind not in SPEEDUP:
+        return CompileChoice(False, f"auto: torch.compile is not measured on {kind}; eager")
+    if not peak:
+        return CompileChoice(False, f"auto: this {kind}'s peak FLOP/s is unknown, the run's length is not; eager")
+    run_s = steps * step_flops / (peak * TYPICAL_MFU[kind])
+    saved = run_s * (1 - 1 / SPEEDUP[kind])
+    enabled = saved > COLD_START_S[kind]
+    return CompileChoice(
+        enabled,
+        f"auto: {steps} steps, about {run_s:,.0f} s at {TYPICAL_MFU[kind]:.0%} MFU; compiling would save "
+        f"about {saved:,.0f} s ({SPEEDUP[kind]:.3g}x) for about {COLD_START_S[kind]:.0f} s of compiling: "
+        + ("compiled" if enabled else "eager"),
+    )
+
+
+class StepTimes:
+    """The first steps' wall times of this session, for the cold start the summary reports."""
+
+    WINDOW = 10  # steps after the first whose median is the steady step time
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+
+    def add(self, seconds: float) -> None:
+        if len(self.seconds) <= self.WINDOW:
+            self.seconds.append(seconds)
+
+    def summary(self, choice: CompileChoice) -> dict[str, Any]:
+        first, rest = (self.seconds[0], self.seconds[1:]) if self.seconds else (None, [])
+        steady = statistics.median(rest) if rest else None
+        return {
+            "enabled": choice.enabled,
+            "reason": choice.reason,
+            "first_step_s": first,
+            "steady_step_s": steady,
+            "cold_start_s": first - steady if steady is not None else None,
+        }

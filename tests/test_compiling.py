@@ -1,0 +1,90 @@
+"""train.compile: auto compiles only a run long enough to repay the compile; the summary
+reports the cold start paid."""
+
+import pytest
+import torch
+
+from trimtab.config import load_config
+from trimtab.errors import ConfigError
+from trimtab.training.compiling import COLD_START_S, SPEEDUP, TYPICAL_MFU, CompileChoice, StepTimes, choose_compile
+
+CUDA, CPU = torch.device("cuda"), torch.device("cpu")
+
+
+def steps_to_repay(kind: str, step_flops: float, peak: float) -> float:
+    """Steps whose saved time equals the cold start, from the module's own constants."""
+    step_s = step_flops / (peak * TYPICAL_MFU[kind])
+    return COLD_START_S[kind] / (step_s * (1 - 1 / SPEEDUP[kind]))
+
+
+@pytest.mark.parametrize("kind", ["cuda", "cpu"])
+def test_auto_compiles_exactly_the_runs_long_enough_to_repay_it(kind):
+    device, flops, peak = torch.device(kind), 6e15, 1e15  # about 10 s a step at 50%-ish MFU
+    n = steps_to_repay(kind, flops, peak)
+    short, long = (
+        choose_compile("auto", device, int(n * 0.9), flops, peak),
+        choose_compile("auto", device, int(n * 1.1) + 1, flops, peak),
+    )
+    assert not short.enabled and short.reason.endswith("eager")
+    assert long.enabled and long.reason.endswith("compiled")
+    assert f"{int(n * 1.1) + 1} steps" in long.reason  # the arithmetic is in the log line
+
+
+def test_a_1b_model_on_an_h100_compiles_and_the_small_preset_on_a_cpu_does_not():
+    dense_1b = choose_compile("auto", CUDA, 20_000, 65_536 * 6 * 1.1e9, 989e12)
+    assert dense_1b.enabled
+    small = load_config(preset="small")
+    # small: 200 steps of 8,192 tokens, ~30 MFLOPs a token; a 2-core CPU peaks near 100 GFLOP/s
+    assert not choose_compile("auto", CPU, 200, 8192 * 3e7, 1e11).enabled
+    assert small.train.compile == "auto"
+
+
+def test_explicit_choice_wins_and_unknowns_stay_eager():
+    assert choose_compile("true", CPU, 1, 1.0, None) == CompileChoice(True, "train.compile=true")
+    assert not choose_compile("false", CUDA, 10**9, 1e18, 1e15).enabled
+    assert not choose_compile("auto", CUDA, 10**9, 1e18, None).enabled  # an unknown GPU: no estimate
+    mps = choose_compile("auto", torch.device("mps"), 10**9, 1e18, 1e15)
+    assert not mps.enabled and "not measured on mps" in mps.reason
+
+
+def test_config_reads_booleans_and_rejects_other_values():
+    assert load_config(preset="debug", sets=["train.compile=true"]).train.compile == "true"
+    assert load_config(preset="debug", overrides={"train": {"compile": False}}).train.compile == "false"
+    with pytest.raises(ConfigError, match="train.compile"):
+        load_config(preset="debug", sets=["train.compile=sometimes"])
+
+
+def test_step_times_report_the_cold_start_over_the_first_steps():
+    times = StepTimes()
+    for s in [31.0, 1.0, 1.2, 0.8] + [5.0] * 20:  # steps past the window do not count
+        times.add(s)
+    got = times.summary(CompileChoice(True, "train.compile=true"))
+    assert got["first_step_s"] == 31.0 and got["steady_step_s"] == 5.0  # median of steps 2-11
+    assert got["cold_start_s"] == 26.0
+    assert StepTimes().summary(CompileChoice(False, "x"))["cold_start_s"] is None
+
+
+def test_every_layer_kind_compiles_as_one_graph_with_eager_gradients():
+    """torch.compile(fullgraph=True) raises at any graph break; aot_eager traces forward and
+    backward as inductor would but runs them eagerly (seconds, not a CPU compile's minute).
+    debug-hybrid holds every layer kind: dense, MoE, MoD and MoE+MoD."""
+    from trimtab.model import build_model
+
+    cfg = load_config(preset="debug-hybrid")
+    cfg.model.vocab_size = 512
+    torch.manual_seed(0)
+    model = build_model(cfg.model).train()
+    tokens = torch.randint(0, 512, (2, 64))
+
+    def grads(forward) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        out = forward(tokens)
+        out.square().mean().backward()
+        return out.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    eager_out, eager = grads(model.hidden)
+    compiled_out, compiled = grads(torch.compile(model.hidden, backend="aot_eager", fullgraph=True))
+    torch.testing.assert_close(compiled_out, eager_out)
+    for name, grad in compiled.items():  # the MoD predictors' zero gradients exist only compiled
+        torch.testing.assert_close(grad, eager.get(name, torch.zeros_like(grad)), msg=name)
+    assert eager.keys() <= compiled.keys()
