@@ -1,6 +1,7 @@
 """Training throughput: trimtab vs a minimal PyTorch loop vs transformers' LlamaForCausalLM.
 
     python bench/throughput.py [--preset small] [--steps 12] [--warmup 2] [--reps 5] [--seq-len N]
+                               [--compile]
 
 Each variant trains the same model shape on the same batches (trimtab's loader over the built-in
 corpus) for the same steps, in its own subprocess (so peak RSS is its own). Variants run
@@ -8,10 +9,15 @@ interleaved, `--reps` times, and the median is reported; contention is
 measured (CPU time of other processes during each run), because a busy second core slows
 two-thread torch 3-10x. Results go to BENCHMARKS.md.
 
-    trimtab          trimtab.training.Trainer.fit at the preset's defaults
-    trimtab-eager    the same with train.compile=false (when the defaults compile)
+    trimtab          trimtab.training.Trainer.fit at the preset's defaults (train.compile: auto,
+                     which keeps a run this short eager)
     minimal          a bare loop over trimtab's model: identical settings to `trimtab`
     transformers     LlamaForCausalLM (fp32 eager, default attention) + default AdamW, plain loop
+
+`--compile` runs the three torch.compile'd (trimtab+compile: train.compile=true; the loops:
+torch.compile of the model) beside trimtab eager, and reports compiling's speed-up and its cold
+start (the compiled warm-up steps' time less the eager ones', paired by repetition): the figures
+train.compile=auto decides with (src/trimtab/training/compiling.py).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import time
 from pathlib import Path
 
 from _benchfile import replace_section  # bench/_benchfile.py, next to this file
-from _measure import Contention, paired_ratio, step_rate  # bench/_measure.py, next to this file
+from _measure import Contention, median_ci, paired_ratio, step_rate  # bench/_measure.py, next to this file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,16 +83,16 @@ def timed_fit(cfg, warmup: int) -> dict:
     trainer = Trainer(setup(cfg), hooks=[clock])
     clock.marks.append((time.perf_counter(), 0))
     trainer.fit()
-    return step_rate(clock.marks, warmup)
+    return {**step_rate(clock.marks, warmup), "compile": trainer.compile.enabled}
 
 
 def run_trimtab(args: argparse.Namespace, compile_: bool | None) -> dict:
     with tempfile.TemporaryDirectory() as out:
         cfg = _config(args, out, compile_)
-        return {**timed_fit(cfg, args.warmup), "compile": cfg.train.compile}
+        return timed_fit(cfg, args.warmup)
 
 
-def run_minimal(args: argparse.Namespace) -> dict:
+def run_minimal(args: argparse.Namespace, compile_: bool) -> dict:
     import torch
     import torch.nn.functional as F
 
@@ -96,7 +102,7 @@ def run_minimal(args: argparse.Namespace) -> dict:
     batches = _batches(cfg, args.warmup + args.steps)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model)
-    forward = torch.compile(model) if cfg.train.compile else model
+    forward = torch.compile(model) if compile_ else model
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "emb" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "emb" not in n)]
     opt = torch.optim.AdamW(
@@ -121,10 +127,10 @@ def run_minimal(args: argparse.Namespace) -> dict:
         opt.zero_grad(set_to_none=True)
         loss.item()
         marks.append((time.perf_counter(), marks[-1][1] + batch.n_tokens))
-    return {**step_rate(marks, args.warmup), "compile": cfg.train.compile}
+    return {**step_rate(marks, args.warmup), "compile": compile_}
 
 
-def run_transformers(args: argparse.Namespace) -> dict:
+def run_transformers(args: argparse.Namespace, compile_: bool) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -147,38 +153,38 @@ def run_transformers(args: argparse.Namespace) -> dict:
         )
     )
     model.train()
+    forward = torch.compile(model) if compile_ else model
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)  # its defaults
     marks = [(time.perf_counter(), 0)]
     for batch in batches:
         for micro in batch.micro:
             # transformers shifts labels itself: labels are the inputs, -100 where masked.
             labels = torch.cat([micro.inputs[:, :1], micro.targets[:, :-1]], dim=1)
-            loss = model(input_ids=micro.inputs, labels=labels).loss / len(batch.micro)
+            loss = forward(input_ids=micro.inputs, labels=labels).loss / len(batch.micro)
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         marks.append((time.perf_counter(), marks[-1][1] + batch.n_tokens))
-    return {**step_rate(marks, args.warmup), "compile": False}
+    return {**step_rate(marks, args.warmup), "compile": compile_}
 
 
 def child(args: argparse.Namespace) -> None:
-    if args.variant.startswith("trimtab"):
-        compile_ = False if args.variant == "trimtab-eager" else None
-        result = run_trimtab(args, compile_)
-    elif args.variant == "minimal":
-        result = run_minimal(args)
+    name, compile_ = args.variant.removesuffix("+compile"), args.variant.endswith("+compile")
+    if name == "trimtab":
+        result = run_trimtab(args, True if compile_ else None)
+    elif name == "minimal":
+        result = run_minimal(args, compile_)
     else:
-        result = run_transformers(args)
+        result = run_transformers(args, compile_)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(result))
 
 
 def parent(args: argparse.Namespace) -> None:
-    from trimtab.config import load_config
-
-    compiled = load_config(preset=args.preset).train.compile
-    variants = ["trimtab", "minimal", "transformers"] + (["trimtab-eager"] if compiled else [])
+    variants = ["trimtab", "minimal", "transformers"]
+    if args.compile:
+        variants = ["trimtab+compile", "trimtab", "minimal+compile", "transformers+compile"]
     runs: dict[str, list[dict]] = {v: [] for v in variants}
     for rep in range(args.reps):
         for variant in variants:
@@ -232,23 +238,40 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
         warm = statistics.median(r["warmup_s"] for r in rs)
         lines.append(f"| {v} | {med[v]:,.0f} | {each} | {warm:.1f} | {rss[v]:,.0f} | {loads} |")
     tps = {v: [r["tokens_per_s"] for r in rs] for v, rs in runs.items()}
-    claims = [("trimtab (defaults) / transformers (defaults)", "trimtab", "transformers", 1.3)]
-    claims.append(("trimtab / minimal loop, identical settings", "trimtab", "minimal", 0.98))
-    if "trimtab-eager" in tps:
-        claims.append(("trimtab eager / transformers (compiling adds the rest)", "trimtab-eager", "transformers", 1.0))
     lines.append("")
-    for name, a, b, target in claims:
+    for name, a, b, target in claims(args.compile):
         ratio = paired_ratio(tps[a], tps[b])
         lines.append(f"- {name}: **{ratio}**; target >= {target:g}x: {ratio.verdict(target)}")
+    if args.compile:
+        cold = [c["warmup_s"] - e["warmup_s"] for c, e in zip(runs["trimtab+compile"], runs["trimtab"])]
+        low, high = median_ci(cold)
+        lines.append(
+            f"- train.compile cold start (trimtab+compile's {args.warmup} warm-up steps less trimtab's): "
+            f"**{statistics.median(cold):.1f} s** (95% interval {low:.1f}-{high:.1f}, {len(cold)} pairs)"
+        )
     section = "\n".join(lines) + "\n"
     print(section)
     replace_section(ROOT / "BENCHMARKS.md", heading(args), section)
 
 
+def claims(compiled: bool) -> list[tuple[str, str, str, float]]:
+    """(what, numerator variant, denominator variant, target ratio) for the run's variants."""
+    if compiled:
+        return [
+            ("train.compile=true / eager, trimtab", "trimtab+compile", "trimtab", 1.0),
+            ("trimtab / transformers, both compiled", "trimtab+compile", "transformers+compile", 1.3),
+            ("trimtab / minimal loop, both compiled", "trimtab+compile", "minimal+compile", 0.98),
+        ]
+    return [
+        ("trimtab (defaults) / transformers (defaults)", "trimtab", "transformers", 1.3),
+        ("trimtab / minimal loop, identical settings", "trimtab", "minimal", 0.98),
+    ]
+
+
 def heading(args: argparse.Namespace) -> str:
     """One section per shape, so a long-context run keeps the default one."""
-    seq = f" --seq-len {args.seq_len}" if args.seq_len else ""
-    return f"## Training throughput (`bench/throughput.py --preset {args.preset}{seq}`)"
+    flags = (f" --seq-len {args.seq_len}" if args.seq_len else "") + (" --compile" if args.compile else "")
+    return f"## Training throughput (`bench/throughput.py --preset {args.preset}{flags}`)"
 
 
 if __name__ == "__main__":
@@ -258,6 +281,7 @@ if __name__ == "__main__":
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--seq-len", type=int, default=0, help="context length (0: the preset's; same tokens a step)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile every variant (and trimtab eager)")
     parser.add_argument("--child", dest="variant", help=argparse.SUPPRESS)
     ns = parser.parse_args()
     child(ns) if ns.variant else parent(ns)
