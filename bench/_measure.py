@@ -73,6 +73,14 @@ class Ratio:
             return "not met"
         return f"not resolved: the interval holds {target:g}x"
 
+    def at_most(self, target: float) -> str:
+        """Against `target` as an upper bound (a ratio to stay at or under): met, not met, or not resolved."""
+        if self.high <= target:
+            return "met"
+        if self.low > target:
+            return "not met"
+        return f"not resolved: the interval holds {target:g}x"
+
     def __str__(self) -> str:
         return f"{self.value:.3f}x (95% interval {self.low:.3f}-{self.high:.3f}, {self.n} pairs)"
 

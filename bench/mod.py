@@ -1,28 +1,44 @@
-"""Mixture-of-Depths savings: training step time of MoD models vs the same dense model.
+"""Mixture-of-Depths and hybrid models: training step time vs the dense model of the same shape.
 
-    python bench/mod.py [--rows 16] [--seq-len 256] [--reps 5] [--threads 2 1]
+    python bench/mod.py [--rows 16] [--seq-len 256] [--steps 3] [--warmup 1] [--reps 7]
+                        [--threads 2 [1]] [--dry-run]
 
 One training step (forward, backward, AdamW) of the `small` preset's shape (d_model 256, 4
-layers, vocab 4096) on rows x seq_len tokens, for:
+layers, 4 heads, vocab 4096) on rows x seq_len random tokens, fp32, for:
 
     dense            layer_pattern [dense]
     mod c            layer_pattern [mod], every block processes a fraction c of the tokens
     dense+mod 0.125  layer_pattern [dense, mod] at 0.125: the paper's best setting (Raposo et al.
                      2024, section 4: every other block, 12.5% capacity)
+    moe              layer_pattern [moe] at the MoE section's defaults: 8 experts, top-2, expert
+                     hidden = the dense FFN width / top_k rounded up to 64, 704 / 2 -> 384 (a
+                     token's active expert FLOPs 1.09x the dense FFN's), capacity factor 1.25,
+                     balance and z-loss on
+    hybrid           layer_pattern [dense, moe, mod, moe+mod] (the debug-hybrid preset's pattern
+                     and MoD capacities 0.5 and 0.25, its capacity warm-up off) at this shape,
+                     MoE as above
 
-Skipped tokens must skip compute: the target is mod 0.5 <= 0.7x the dense step. The variants
-run interleaved, `--reps` times after two warm-up steps each; the median is reported, with the
-other processes' CPU share (a busy core slows torch several fold). The FLOPs ratio from
-flops_per_token is printed next to the time ratio. Results go to the "Mixture-of-Depths" section
-of BENCHMARKS.md.
+Each variant runs in its own process per repetition (so its peak RSS is its own): `--warmup`
+steps, then the median of `--steps` timed steps. The variants run interleaved, their order
+rotated each repetition, `--reps` times; other processes' CPU share is measured during each run
+(a busy core slows torch several fold). Every "vs dense" step-time ratio pairs repetition i of
+the variant and of dense: the median of the pair ratios with a bootstrap 95% interval
+(_measure.paired_ratio), next to the FLOPs ratio from flops_per_token. Skipped tokens must skip
+compute: the target is mod 0.5 <= 0.7x the dense step (met only when the whole interval is at
+or under it, not met when it is all above, else not resolved). Results go to the
+"Mixture-of-Depths" section of BENCHMARKS.md (`--dry-run`: tiny batch, one step, one
+repetition, printed, nothing written).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import resource
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,24 +50,35 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from _benchfile import replace_section  # noqa: E402  bench/_benchfile.py, next to this file
-from _measure import Contention  # noqa: E402  bench/_measure.py, next to this file
+from _measure import Contention, paired_ratio  # noqa: E402  bench/_measure.py, next to this file
 from trimtab.config import ModelConfig  # noqa: E402
 from trimtab.model import build_model  # noqa: E402
 
-HEADING = "## Mixture-of-Depths (bench/mod.py)"
+HEADING = "## Mixture-of-Depths and hybrid step time (bench/mod.py)"
+VOCAB = 4096
+TARGET = ("mod 0.5", 0.7)  # variant, the most its step may take of the dense step
+# name: (layer_pattern, model.mod fields)
 VARIANTS = {
-    "dense": (["dense"], 1.0),
-    "mod 0.5": (["mod"], 0.5),
-    "mod 0.25": (["mod"], 0.25),
-    "mod 0.125": (["mod"], 0.125),
-    "dense+mod 0.125": (["dense", "mod"], 0.125),
+    "dense": (["dense"], {}),
+    "mod 0.5": (["mod"], {"capacity": 0.5}),
+    "mod 0.25": (["mod"], {"capacity": 0.25}),
+    "mod 0.125": (["mod"], {"capacity": 0.125}),
+    "dense+mod 0.125": (["dense", "mod"], {"capacity": 0.125}),
+    "moe": (["moe"], {}),
+    "hybrid": (["dense", "moe", "mod", "moe+mod"], {"layer_capacity": [0.5, 0.25]}),
 }
 
 
-def build(pattern: list[str], capacity: float, seq_len: int):
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def build(name: str, seq_len: int):
+    pattern, mod = VARIANTS[name]
+    cfg = ModelConfig(vocab_size=VOCAB, d_model=256, n_layers=4, n_heads=4, max_seq_len=seq_len, layer_pattern=pattern)
+    for field, value in mod.items():
+        setattr(cfg.mod, field, value)
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=4096, d_model=256, n_layers=4, n_heads=4, max_seq_len=seq_len, layer_pattern=pattern)
-    cfg.mod.capacity = capacity
     model = build_model(cfg)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -67,87 +94,145 @@ def step(model, opt, tokens: torch.Tensor) -> float:
     return time.perf_counter() - t0
 
 
-def bench(args, threads: int) -> list[dict]:
-    torch.set_num_threads(threads)
-    tokens = torch.randint(0, 4096, (args.rows, args.seq_len + 1))
-    built = {name: build(*spec, args.seq_len) for name, spec in VARIANTS.items()}
-    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+def child(args: argparse.Namespace) -> None:
+    """One variant, one repetition: warm-up steps, then the timed ones; a RESULT line."""
+    torch.set_num_threads(args.threads[0])
+    imports_mb = _rss_mb()
+    model, opt = build(args.variant, args.seq_len)
+    tokens = torch.randint(0, VOCAB, (args.rows, args.seq_len + 1), generator=torch.Generator().manual_seed(0))
+    times = [step(model, opt, tokens) for _ in range(args.warmup + args.steps)][args.warmup :]
+    result = {
+        "ms": statistics.median(times) * 1e3,
+        "flops": model.flops_per_token(args.seq_len),
+        "peak_rss_mb": _rss_mb(),
+        "imports_rss_mb": imports_mb,
+    }
+    print("RESULT " + json.dumps(result))
+
+
+def _run_child(args: argparse.Namespace, variant: str, threads: int) -> dict:
+    cmd = [sys.executable, __file__, "--child", variant, "--threads", str(threads), "--rows", str(args.rows)]
+    cmd += ["--seq-len", str(args.seq_len), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    t0 = time.perf_counter()
     with Contention() as busy:
-        for model, opt in built.values():
-            for _ in range(2):
-                step(model, opt, tokens)
-        for _ in range(args.reps):
-            for name, (model, opt) in built.items():
-                times[name].append(step(model, opt, tokens))
-    dense_ms = statistics.median(times["dense"]) * 1e3
-    dense_flops = built["dense"][0].flops_per_token(args.seq_len)
-    rows = []
-    for name, (model, _) in built.items():
-        ms = statistics.median(times[name]) * 1e3
-        rows.append(
-            {
-                "threads": threads,
-                "variant": name,
-                "ms": ms,
-                "all": times[name],
-                "ratio": ms / dense_ms,
-                "flops": model.flops_per_token(args.seq_len) / dense_flops,
-                "other": busy.other,
-            }
-        )
-        print(
-            f"threads={threads} {name:16s} {ms:8.1f} ms  x{ms / dense_ms:.2f} of dense "
-            f"(FLOPs x{rows[-1]['flops']:.2f})  other CPU {busy.other:.0%}",
-            flush=True,
-        )
-    return rows
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        sys.exit(f"{variant} failed:\n{out.stderr[-3000:]}")
+    return {**json.loads(line[7:]), "other": busy.other, "wall_s": time.perf_counter() - t0}
 
 
-def write_report(args, rows: list[dict], elapsed: float) -> None:
+def bench(args: argparse.Namespace, threads: int) -> dict[str, list[dict]]:
+    names = list(VARIANTS)
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    t0 = time.perf_counter()
+    for rep in range(args.reps):
+        if rep == 1:
+            took = time.perf_counter() - t0
+            print(f"threads={threads}: a repetition took {took:.0f} s, {took * (args.reps - 1):.0f} s left", flush=True)
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:  # rotated: no variant always first
+            runs[name].append(r := _run_child(args, name, threads))
+            print(
+                f"threads={threads} rep {rep} {name:16s} {r['ms']:8.1f} ms/step  peak RSS {r['peak_rss_mb']:6.0f} MB  "
+                f"other CPU {r['other']:.0%}  ({r['wall_s']:.1f} s)",
+                flush=True,
+            )
+    return runs
+
+
+def report(args: argparse.Namespace, results: dict[int, dict[str, list[dict]]], elapsed: float) -> str:
     lines = [
         HEADING,
         "",
         f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores, torch {torch.__version__}; one training step (forward, backward, "
-        f"AdamW) of the `small` shape (d_model 256, 4 layers, vocab 4096) on {args.rows} x "
-        f"{args.seq_len} tokens, fp32; median of {args.reps} interleaved repetitions "
-        f"({elapsed:.0f} s in all). Target: mod 0.5 <= 0.7x dense.",
+        f"{os.cpu_count()} cores, torch {torch.__version__}; a training step (forward, backward, "
+        f"AdamW) of the `small` shape (d_model 256, 4 layers, 4 heads, vocab {VOCAB}) on {args.rows} x "
+        f"{args.seq_len} random tokens, fp32. Each variant in its own process per repetition: "
+        f"{args.warmup} warm-up step(s), then the median of {args.steps} timed steps; {args.reps} "
+        f"repetitions, the variants interleaved (order rotated each repetition); {elapsed:.0f} s in all. "
+        "Step time vs dense: the median of the paired ratios (repetition i of the variant over "
+        "repetition i of dense) with a bootstrap 95% interval. Peak RSS: the process's maximum resident "
+        "set, the interpreter and torch included (in brackets: the part above the imports, "
+        "i.e. model, optimizer state and the step's activations).",
         "",
-        "| torch threads | variant | ms (median) | all reps | step time vs dense | FLOPs vs dense "
-        "(flops_per_token) | other processes' CPU share |",
-        "|---|---|---|---|---|---|---|",
+        "| torch threads | variant | ms/step (median) | all reps | step time vs dense (95% interval) | "
+        "FLOPs vs dense (flops_per_token) | peak RSS MB | other processes' CPU share (median, max) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        each = ", ".join(f"{t * 1e3:.0f}" for t in r["all"])
-        name = f"**{r['variant']}**" if r["variant"] == "mod 0.5" else r["variant"]
-        lines.append(
-            f"| {r['threads']} | {name} | {r['ms']:,.1f} | {each} | {r['ratio']:.2f}x | "
-            f"{r['flops']:.2f}x | {r['other']:.0%} |"
-        )
+    claims, widest = [], (0.0, "")
+    for threads, runs in results.items():
+        dense = [r["ms"] for r in runs["dense"]]
+        dense_flops = runs["dense"][0]["flops"]
+        for name, rs in runs.items():
+            ms = [r["ms"] for r in rs]
+            if name == "dense":
+                vs = "1 (reference)"
+            else:
+                ratio = paired_ratio(ms, dense)
+                vs = f"{ratio.value:.3f}x ({ratio.low:.3f}-{ratio.high:.3f})"
+                half = (ratio.high - ratio.low) / 2 / ratio.value
+                widest = max(widest, (half, f"{name}, {threads} threads"))
+                if name == TARGET[0]:
+                    claims.append(
+                        f"- {name} / dense step time, {threads} torch threads: **{ratio}**; "
+                        f"target <= {TARGET[1]:g}x: {ratio.at_most(TARGET[1])}"
+                    )
+            peak = max(r["peak_rss_mb"] for r in rs)
+            above = max(r["peak_rss_mb"] - r["imports_rss_mb"] for r in rs)
+            others = [r["other"] for r in rs]
+            label = f"**{name}**" if name == TARGET[0] else name
+            lines.append(
+                f"| {threads} | {label} | {statistics.median(ms):,.1f} | {', '.join(f'{m:.0f}' for m in ms)} | {vs} | "
+                f"{rs[0]['flops'] / dense_flops:.2f}x | {peak:,.0f} (+{above:,.0f}) | "
+                f"{statistics.median(others):.0%}, {max(others):.0%} |"
+            )
+    if args.reps < 5:
+        spread = f"- {args.reps} repetition(s): too few for an interval that means anything (5 or more)"
+    else:
+        resolved = "resolves" if widest[0] <= 0.05 else "does not resolve"
+        spread = f"- the widest interval is +-{widest[0]:.1%} of its ratio ({widest[1]}): this run {resolved} 5%"
     lines += [
         "",
+        *claims,
+        spread,
         "- mod c: every block routes the top c of each sequence's tokens through attention and "
         "feed-forward (gathered into a shorter sequence) and the rest along the residual; the "
         "router and the causal predictor run on every token. The lm head and embedding are not "
         "routed, which is why the step time stays above c.",
+        "- moe: flops_per_token counts the router and the top_k experts a token uses; the step also "
+        "pays for sorting and gathering the assignments by expert, the combine, the balance and z "
+        "losses, and experts run as grouped matmuls (on CPU, torch loops one matmul per expert; the "
+        "grouped layout drops assignments past capacity and pads nothing).",
     ]
-    section = "\n".join(lines) + "\n"
-    print(section)
-    replace_section(ROOT / "BENCHMARKS.md", HEADING, section)
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--threads", type=int, nargs="+", default=[torch.get_num_threads(), 1])
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per repetition (their median)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first, per repetition")
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--threads", type=int, nargs="+", default=[2], help="torch threads; several: one run each")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--dry-run", action="store_true", help="2 x 32 tokens, 1 + 1 steps, 1 rep; print only")
+    parser.add_argument("--child", dest="variant", choices=list(VARIANTS), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.dry_run:
+        args.rows, args.seq_len, args.steps, args.warmup, args.reps = 2, 32, 1, 1, 1
+    if args.steps < 1 or args.reps < 1 or args.warmup < 0:
+        parser.error("--steps and --reps must be >= 1, --warmup >= 0")
+    if args.variant:
+        return child(args)
     t0 = time.perf_counter()
-    rows = [row for th in dict.fromkeys(args.threads) for row in bench(args, th)]
-    if not args.no_write:
-        write_report(args, rows, time.perf_counter() - t0)
+    results = {threads: bench(args, threads) for threads in dict.fromkeys(args.threads)}
+    section = report(args, results, time.perf_counter() - t0)
+    print(section)
+    if args.dry_run or args.no_write:
+        print("dry run: BENCHMARKS.md not written" if args.dry_run else "BENCHMARKS.md not written (--no-write)")
+    else:
+        replace_section(ROOT / "BENCHMARKS.md", HEADING, section)
 
 
 if __name__ == "__main__":
