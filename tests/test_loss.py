@@ -1,18 +1,85 @@
+import pytest
 import torch
 import torch.nn.functional as F
 
 from trimtab.training.loss import cross_entropy_sum
 
 
-def test_chunked_loss_and_grads_equal_the_plain_loss():
+def plain_and_grads(hidden, head, targets):
+    plain = F.cross_entropy((hidden @ head.T).flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
+    return plain, torch.autograd.grad(plain, (hidden, head))
+
+
+def case(dtype=torch.float32):
     torch.manual_seed(0)
-    hidden = torch.randn(3, 50, 16, requires_grad=True)
-    head = torch.randn(37, 16, requires_grad=True)
+    hidden = torch.randn(3, 50, 16, dtype=dtype, requires_grad=True)
+    head = torch.randn(37, 16, dtype=dtype, requires_grad=True)
     targets = torch.randint(0, 37, (3, 50))
     targets[0, :7] = -100  # masked prompt side
-    plain = F.cross_entropy((hidden @ head.T).flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
-    grads = torch.autograd.grad(plain, (hidden, head))
-    chunked = cross_entropy_sum(hidden, head, targets, chunk=16)  # 150 tokens: 10 chunks, last partial
-    assert torch.allclose(chunked, plain, rtol=1e-6)
-    for a, b in zip(torch.autograd.grad(chunked, (hidden, head)), grads):
-        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    return hidden, head, targets
+
+
+def test_fused_loss_and_grads_equal_the_plain_loss():
+    hidden, head, targets = case()
+    plain, grads = plain_and_grads(hidden, head, targets)
+    fused = cross_entropy_sum(hidden, head, targets, chunk=16)  # 150 tokens: 10 chunks, last partial
+    assert fused.grad_fn is not None and "LinearCrossEntropy" in type(fused.grad_fn).__name__
+    torch.testing.assert_close(fused, plain, rtol=1e-6, atol=1e-5)
+    for a, b in zip(torch.autograd.grad(fused * 3.0, (hidden, head)), grads):  # the incoming gradient scales
+        torch.testing.assert_close(a, 3.0 * b, rtol=1e-5, atol=1e-5)
+
+
+def test_without_gradients_it_is_the_plain_chunked_loss():
+    hidden, head, targets = case()
+    plain, _ = plain_and_grads(hidden, head, targets)
+    with torch.no_grad():
+        got = cross_entropy_sum(hidden, head, targets, chunk=16)
+    assert got.grad_fn is None
+    torch.testing.assert_close(got, plain.detach(), rtol=1e-6, atol=1e-5)
+
+
+def test_only_the_needed_gradient_is_built_and_a_frozen_head_gets_none():
+    hidden, head, targets = case()
+    head.requires_grad_(False)
+    _, (g_hidden, _) = plain_and_grads(hidden, head.requires_grad_(True), targets)
+    head.requires_grad_(False)
+    fused = cross_entropy_sum(hidden, head, targets, chunk=16)
+    (got,) = torch.autograd.grad(fused, (hidden,))
+    torch.testing.assert_close(got, g_hidden, rtol=1e-5, atol=1e-5)
+
+
+def test_every_target_ignored_gives_zero_loss_and_zero_gradients():
+    hidden, head, targets = case()
+    fused = cross_entropy_sum(hidden, head, torch.full_like(targets, -100), chunk=16)
+    g_hidden, g_head = torch.autograd.grad(fused, (hidden, head))
+    assert fused.item() == 0.0 and not g_hidden.any() and not g_head.any()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16])
+def test_under_autocast_the_gradients_match_autograds_to_its_precision(dtype):
+    hidden, head, targets = case()
+    with torch.autocast("cpu", dtype=dtype):
+        plain = F.cross_entropy(
+            F.linear(hidden, head).float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum"
+        )
+        fused = cross_entropy_sum(hidden, head, targets, chunk=16)
+    torch.testing.assert_close(fused, plain, rtol=2e-2, atol=1e-1)
+    for a, b in zip(torch.autograd.grad(fused, (hidden, head)), torch.autograd.grad(plain, (hidden, head))):
+        assert a.dtype == b.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+
+
+def test_the_logits_are_not_kept_for_the_backward():
+    """What autograd saves: the fused loss keeps [N, D] + [V, D] gradients, never [N, V]."""
+    N, D, V = 512, 8, 4096  # a wide vocabulary, a narrow model: logits dominate
+    hidden = torch.randn(1, N, D, requires_grad=True)
+    head = torch.randn(V, D, requires_grad=True)
+    targets = torch.randint(0, V, (1, N))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        cross_entropy_sum(hidden, head, targets, chunk=128)
+    assert sum(saved) == N * D + V * D, saved
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        plain_and_grads(hidden, head, targets)
+    assert sum(saved) >= N * V  # autograd's loss keeps at least the log-softmax

@@ -1,22 +1,30 @@
-"""Summed next-token cross entropy, computed in token chunks.
+"""Summed next-token cross entropy fused with the lm head: the [N, V] logits never kept.
 
 Shapes: N tokens, D d_model, V vocab, C chunk.
 
-Logits for a whole micro-batch are one [N, V] fp32 tensor (128 MB at N=8192, V=4096); glibc
-maps every allocation above 32 MB fresh from the kernel, and the page faults cost ~10% of a CPU
-step. Chunks of C tokens keep each logits block small enough to be reused from the heap. The
-result and its gradient are identical to the unchunked loss.
+A plain loss keeps the log-softmax of every token's logits for its backward, N x V x 4 bytes
+(512 KB a token at Llama 3's 128K vocabulary, more than a 1B model's activations per token):
+chunking the forward alone does not free it, autograd saves every chunk's. Here the loss runs
+chunk by chunk in the forward and each chunk's gradient is taken there and then (d loss /
+d logits = softmax - onehot), folded into the gradients of the hidden states [N, D] and of the
+head [V, D] and the chunk freed; the backward only scales them by the incoming gradient. Peak
+memory holds one [C, V] block, not N x V: the fused linear cross entropy of Liger-Kernel (Hsu
+et al. 2024, arXiv 2410.10989) and Cut Cross-Entropy (Wijmans et al. 2024, arXiv 2411.09009).
+The FLOPs are the plain loss's: the two backward matmuls move into the forward.
 
-Under tensor parallelism `hidden` is a replicated DTensor and the head's rows are sharded over
-the vocabulary (distributed/tensor.py): each rank computes its [C, V/tp] block of logits and the
-cross entropy all-reduces the maxima, the sums of exponentials and the target logits instead of
-gathering the logits (torch's loss_parallel; Megatron-LM's vocab-parallel cross entropy).
+Without gradients (evaluation) it is the plain chunked loss. Under tensor parallelism `hidden`
+is a replicated DTensor and the head's rows are sharded over the vocabulary
+(distributed/tensor.py): that path keeps autograd's loss, each rank computing its [C, V/tp]
+blocks while the cross entropy all-reduces the maxima, the sums of exponentials and the target
+logits instead of gathering the logits (torch's loss_parallel; Megatron-LM's vocab-parallel
+cross entropy).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 IGNORE_INDEX = -100
 CHUNK_TOKENS = 1024
@@ -27,12 +35,58 @@ def cross_entropy_sum(
 ) -> torch.Tensor:
     """hidden [B, T, D], head weight [V, D], targets [B, T] (-100 ignored) -> summed loss (0-d, fp32)."""
     h, t = hidden.flatten(0, 1), targets.flatten()
-    total = None
-    for start in range(0, h.shape[0], chunk):
-        logits = F.linear(h[start : start + chunk], head).float()  # [C, V] (sharded: [C, V/tp] per rank)
-        part = F.cross_entropy(logits, t[start : start + chunk], ignore_index=IGNORE_INDEX, reduction="sum")
-        total = part if total is None else total + part
-    if total is None:
+    if h.shape[0] == 0:
         return hidden.new_zeros((), dtype=torch.float32)
+    wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or head.requires_grad)
+    if wants_grad and not isinstance(head, DTensor):
+        return LinearCrossEntropy.apply(h, head, t, chunk)
+    parts = [_chunk_loss(F.linear(h[s : s + chunk], head), t[s : s + chunk]) for s in range(0, h.shape[0], chunk)]
+    total = parts[0]
+    for part in parts[1:]:  # not sum(): 0 + a DTensor is not one
+        total = total + part
     to_local = getattr(total, "to_local", None)  # a DTensor under tensor parallelism
     return to_local() if to_local else total  # (the same value on every rank)
+
+
+def _chunk_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """sum over tokens of cross_entropy(h @ head.T, t), gradients taken in the forward."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, head: torch.Tensor, t: torch.Tensor, chunk: int) -> torch.Tensor:
+        # h [N, D], head [V, D], t [N]; under autocast the matmuls run in its dtype, as F.linear's would
+        want_h, want_head = ctx.needs_input_grad[:2]
+        grad_h = torch.empty_like(h) if want_h else None
+        grad_head = torch.zeros(head.shape, dtype=torch.float32, device=head.device) if want_head else None
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        for s in range(0, h.shape[0], chunk):
+            hc, tc = h[s : s + chunk], t[s : s + chunk]
+            logits = F.linear(hc, head).float()  # [C, V]
+            lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [C, 1]
+            valid = tc != IGNORE_INDEX
+            picked = logits.gather(1, tc.clamp(min=0).unsqueeze(1))  # [C, 1]
+            total += ((lse - picked).squeeze(1) * valid).sum()
+            # d (chunk's summed loss) / d logits = softmax - onehot, zero on ignored rows
+            grad = logits.sub_(lse).exp_()
+            grad.scatter_add_(1, tc.clamp(min=0).unsqueeze(1), -torch.ones_like(picked))
+            grad = grad.mul_(valid.unsqueeze(1)).to(hc.dtype)
+            if grad_h is not None:
+                grad_h[s : s + chunk] = grad @ head  # [C, D]
+            if grad_head is not None:
+                if grad.dtype == torch.float32 and not torch.is_autocast_enabled(h.device.type):
+                    grad_head.addmm_(grad.T, hc)  # in place: no [V, D] temporary per chunk
+                else:
+                    grad_head += grad.T @ hc  # a lower-precision product, summed in fp32
+        ctx.save_for_backward(grad_h, grad_head)
+        ctx.head_dtype = head.dtype
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        grad_h, grad_head = ctx.saved_tensors
+        gh = grad_h * grad_out.to(grad_h.dtype) if grad_h is not None else None
+        gw = (grad_head * grad_out).to(ctx.head_dtype) if grad_head is not None else None
+        return gh, gw, None, None
