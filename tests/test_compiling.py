@@ -17,8 +17,14 @@ def steps_to_repay(kind: str, step_flops: float, peak: float) -> float:
     return COLD_START_S[kind] / (step_s * (1 - 1 / SPEEDUP[kind]))
 
 
+@pytest.fixture
+def toolchain(monkeypatch):
+    """As on a machine with inductor's compilers (this one may lack Triton for CUDA)."""
+    monkeypatch.setattr("trimtab.training.compiling.missing_toolchain", lambda kind: "")
+
+
 @pytest.mark.parametrize("kind", ["cuda", "cpu"])
-def test_auto_compiles_exactly_the_runs_long_enough_to_repay_it(kind):
+def test_auto_compiles_exactly_the_runs_long_enough_to_repay_it(kind, toolchain):
     device, flops, peak = torch.device(kind), 6e15, 1e15  # about 10 s a step at 50%-ish MFU
     n = steps_to_repay(kind, flops, peak)
     short, long = (
@@ -30,7 +36,7 @@ def test_auto_compiles_exactly_the_runs_long_enough_to_repay_it(kind):
     assert f"{int(n * 1.1) + 1} steps" in long.reason  # the arithmetic is in the log line
 
 
-def test_a_1b_model_on_an_h100_compiles_and_the_small_preset_on_a_cpu_does_not():
+def test_a_1b_model_on_an_h100_compiles_and_the_small_preset_on_a_cpu_does_not(toolchain):
     dense_1b = choose_compile("auto", CUDA, 20_000, 65_536 * 6 * 1.1e9, 989e12)
     assert dense_1b.enabled
     small = load_config(preset="small")
@@ -45,6 +51,15 @@ def test_explicit_choice_wins_and_unknowns_stay_eager():
     assert not choose_compile("auto", CUDA, 10**9, 1e18, None).enabled  # an unknown GPU: no estimate
     mps = choose_compile("auto", torch.device("mps"), 10**9, 1e18, 1e15)
     assert not mps.enabled and "not measured on mps" in mps.reason
+
+
+def test_auto_stays_eager_without_the_compiler_inductor_needs(monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    choice = choose_compile("auto", CPU, 10**9, 1e18, 1e11)
+    assert not choice.enabled and "no C++ compiler" in choice.reason
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: object())  # Triton there, no C compiler
+    assert "no C compiler" in choose_compile("auto", CUDA, 10**9, 1e18, 1e15).reason
+    assert choose_compile("true", CPU, 1, 1.0, None).enabled  # asked for: torch says what is missing
 
 
 def test_config_reads_booleans_and_rejects_other_values():

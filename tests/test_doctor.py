@@ -72,13 +72,13 @@ def test_micro_batch_estimate_grows_with_memory_and_stays_a_whole_number_of_rows
     small, large = (suggest_micro_batch(cfg, gb * 2**30, "bf16") for gb in (40, 80))
     assert small.fits and large.tokens > small.tokens and small.tokens % seq == large.tokens % seq == 0
     # plan/memory.py's per-token bytes (Korthikanti et al. 2022, adapted): fp32 residual inputs and
-    # bf16 attention / SwiGLU activations per layer, the head's fp32 log-probabilities. Pinned when
-    # doctor moved onto the planner's estimate; its own formula gave 1,652,736 bytes and 28,672
-    # tokens at 80 GiB (no fp32 residual stream, but autocast's weight copies and a loss chunk).
-    assert large.bytes_per_token == 1_627_136 and (small.tokens, large.tokens) == (8192, 32768)
+    # bf16 attention / SwiGLU activations per layer, and at the head the final norm's input and
+    # the fused loss's gradient of its output (fp32; no logits). Pinned; before the fused loss the
+    # head also kept V = 32,000 fp32 log-probabilities a token: 1,627,136 bytes.
+    assert large.bytes_per_token == 1_503_232 and (small.tokens, large.tokens) == (12288, 32768)
     assert not suggest_micro_batch(cfg, 4 * 2**30, "bf16").fits  # 16 bytes a parameter alone is 16 GiB
     fp32 = suggest_micro_batch(cfg, 80 * 2**30, "fp32")
-    # fp32 doubles only the low-precision part: the residual stream and log-probabilities are fp32 anyway
+    # fp32 doubles only the low-precision part: the residual stream and the head's are fp32 anyway
     assert large.bytes_per_token < fp32.bytes_per_token < 2 * large.bytes_per_token and fp32.tokens < large.tokens
     sharded = suggest_micro_batch(cfg, 80 * 2**30, "bf16", world=8, sharded=True)
     assert sharded.state_bytes == large.state_bytes // 8 and sharded.tokens > large.tokens

@@ -49,7 +49,7 @@ def test_debug_plan_matches_hand_computed_values():
     m = plan.memory
     assert (m.weights, m.gradients, m.optimizer) == (4 * total, 4 * total, 8 * total)
     per_layer = 4 * (2 * 96) + 2 * ((3 * 96 + 2 * 48) + (96 + 3 * 256))  # fp32 norm inputs + bf16 rest
-    head = 4 * (96 + 512) + 2 * 96
+    head = 4 * (2 * 96)  # final norm input and the fused loss's gradient of its output: no logits
     assert m.activations == 1024 * (5 * per_layer + head)
     assert m.total == 16 * total + m.activations and m.fits is True
     assert plan.hours == pytest.approx(plan.flops / (1e12 * 0.4) / 3600)
@@ -71,7 +71,7 @@ def test_moe_plan_uses_active_parameters_and_says_so():
     m = plan.memory
     moe_low = (3 * 96 + 96) + (96 + 8 + 1.25 * 2 * (96 + 3 * 128))
     dense_low = (3 * 96 + 96) + (96 + 3 * 256)
-    per_token = 4 * (4 * 192) + 2 * 2 * (dense_low + moe_low) + 4 * (96 + 512) + 2 * 96
+    per_token = 4 * (4 * 192) + 2 * 2 * (dense_low + moe_low) + 4 * (2 * 96)
     assert m.activations == round(1024 * per_token)
 
 

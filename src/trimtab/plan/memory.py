@@ -16,7 +16,8 @@ for GPT with dropout; adapted here to this model: no dropout, SDPA / FlashAttent
     MoE ffn     h + E + c*k*(h + 3*f_e) + 3*f_s (router logits, per routed copy its input and
                 SwiGLU, c = max(1, capacity_factor) for the padded expert buffers, shared experts)
     MoD block   the attention and ffn terms times the layer's capacity (the tokens it processes)
-    head        h (fp32) + h at p + V fp32 log-probabilities (the chunked loss keeps every chunk's)
+    head        h (fp32, the final norm's input) + h (fp32, the gradient of its output, which the
+                fused loss computes in the forward and keeps instead of any [N, V] logits)
 
 p = 2 bytes under bf16 / fp16 autocast, 4 in fp32. With activation checkpointing only each
 block's input (h, fp32) is kept, plus one block's activations while it is recomputed.
@@ -128,8 +129,7 @@ def activation_elements(cfg: RunConfig) -> tuple[list[tuple[float, float]], tupl
             ffn = h + 3 * m.ffn_hidden
         share = next(capacities) if "mod" in kind else 1.0
         layers.append((2.0 * h, share * (attention + ffn)))
-    vocab = m.vocab_size or cfg.data.bpe_vocab_size
-    return layers, (h + vocab, float(h))
+    return layers, (2.0 * h, 0.0)
 
 
 def activation_width(precision: str) -> int:

@@ -11,6 +11,9 @@ no-grad graph or a micro-batch shrunk after an OOM, is not in it).
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +49,10 @@ def choose_compile(
     if kind not in SPEEDUP:
         return CompileChoice(False, f"auto: torch.compile is not measured on {kind}; eager")
     if not peak:
-        return CompileChoice(False, f"auto: this {kind}'s peak FLOP/s is unknown, the run's length is not; eager")
+        return CompileChoice(False, f"auto: the {kind}'s peak FLOP/s is unknown, so is the run's length; eager")
+    missing = missing_toolchain(kind)
+    if missing:
+        return CompileChoice(False, f"auto: {missing}; eager")
     run_s = steps * step_flops / (peak * TYPICAL_MFU[kind])
     saved = run_s * (1 - 1 / SPEEDUP[kind])
     enabled = saved > COLD_START_S[kind]
@@ -56,6 +62,20 @@ def choose_compile(
         f"about {saved:,.0f} s ({SPEEDUP[kind]:.3g}x) for about {COLD_START_S[kind]:.0f} s of compiling: "
         + ("compiled" if enabled else "eager"),
     )
+
+
+def missing_toolchain(kind: str) -> str:
+    """What inductor needs on this device type and cannot find ('' when nothing): a C++
+    compiler for its CPU kernels; on CUDA, Triton and the C compiler Triton builds its launchers with."""
+    if kind == "cpu":
+        if not any(shutil.which(n) for n in (os.environ.get("CXX"), "c++", "g++", "clang++") if n):
+            return "no C++ compiler on PATH (CXX, c++, g++ or clang++), which inductor needs on CPU"
+        return ""
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not installed, which inductor needs on CUDA"
+    if not any(shutil.which(n) for n in (os.environ.get("CC"), "cc", "gcc", "clang") if n):
+        return "no C compiler on PATH (CC, cc, gcc or clang), which Triton needs"
+    return ""
 
 
 class StepTimes:
