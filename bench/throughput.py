@@ -1,7 +1,7 @@
 """Training throughput: trimtab vs a minimal PyTorch loop vs transformers' LlamaForCausalLM.
 
     python bench/throughput.py [--preset small] [--steps 12] [--warmup 2] [--reps 5] [--seq-len N]
-                               [--compile]
+                               [--compile] [--precision auto|fp32|bf16]
 
 Each variant trains the same model shape on the same batches (trimtab's loader over the built-in
 corpus) for the same steps, in its own subprocess (so peak RSS is its own). Variants run
@@ -10,9 +10,14 @@ measured (CPU time of other processes during each run), because a busy second co
 two-thread torch 3-10x. Results go to BENCHMARKS.md.
 
     trimtab          trimtab.training.Trainer.fit at the preset's defaults (train.compile: auto,
-                     which keeps a run this short eager)
-    minimal          a bare loop over trimtab's model: identical settings to `trimtab`
+                     which keeps a run this short eager; train.precision: auto, bf16 autocast on
+                     a CPU with native bf16 matmuls, fp32 elsewhere)
+    minimal          a bare loop over trimtab's model: identical settings to `trimtab`, its
+                     precision included
     transformers     LlamaForCausalLM (fp32 eager, default attention) + default AdamW, plain loop
+
+`--precision P` sets all three to P (trimtab's train.precision, the loops' autocast), for a
+comparison at identical settings throughout; each row says the precision it ran.
 
 `--compile` runs the three torch.compile'd (trimtab+compile: train.compile=true; the loops:
 torch.compile of the model) beside trimtab eager, and reports compiling's speed-up and its cold
@@ -44,7 +49,7 @@ def _config(args: argparse.Namespace, out: str, compile_: bool | None = None):
     """The preset at `--seq-len` (its context stretched: the same tokens a step, fewer rows)."""
     from trimtab.config import load_config
 
-    sets = ["log.progress=false", "train.eval_every=0", "checkpoint.every=0"]
+    sets = ["log.progress=false", "train.eval_every=0", "checkpoint.every=0", f"train.precision={args.precision}"]
     if compile_ is not None:
         sets.append(f"train.compile={str(compile_).lower()}")
     if args.seq_len:
@@ -83,13 +88,22 @@ def timed_fit(cfg, warmup: int) -> dict:
     trainer = Trainer(setup(cfg), hooks=[clock])
     clock.marks.append((time.perf_counter(), 0))
     trainer.fit()
-    return {**step_rate(clock.marks, warmup), "compile": trainer.compile.enabled}
+    return {**step_rate(clock.marks, warmup), "compile": trainer.compile.enabled, "precision": trainer.precision.name}
 
 
 def run_trimtab(args: argparse.Namespace, compile_: bool | None) -> dict:
     with tempfile.TemporaryDirectory() as out:
         cfg = _config(args, out, compile_)
         return timed_fit(cfg, args.warmup)
+
+
+def _precision(name: str):
+    """trimtab's resolution of a train.precision on this CPU (auto: bf16 where its matmuls are native)."""
+    import torch
+
+    from trimtab.hardware import choose_precision
+
+    return choose_precision(torch.device("cpu"), name)
 
 
 def run_minimal(args: argparse.Namespace, compile_: bool) -> dict:
@@ -99,6 +113,7 @@ def run_minimal(args: argparse.Namespace, compile_: bool) -> dict:
     from trimtab.model import build_model
 
     cfg = _config(args, "unused")
+    precision = _precision(cfg.train.precision)
     batches = _batches(cfg, args.warmup + args.steps)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model)
@@ -114,20 +129,21 @@ def run_minimal(args: argparse.Namespace, compile_: bool) -> dict:
     marks = [(time.perf_counter(), 0)]
     for batch in batches:
         for micro in batch.micro:
-            logits = forward(micro.inputs)
-            loss = (
-                F.cross_entropy(
-                    logits.float().flatten(0, 1), micro.targets.flatten(), ignore_index=-100, reduction="sum"
+            with precision.autocast():
+                logits = forward(micro.inputs)
+                loss = (
+                    F.cross_entropy(
+                        logits.float().flatten(0, 1), micro.targets.flatten(), ignore_index=-100, reduction="sum"
+                    )
+                    / batch.n_targets
                 )
-                / batch.n_targets
-            )
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss.item()
         marks.append((time.perf_counter(), marks[-1][1] + batch.n_tokens))
-    return {**step_rate(marks, args.warmup), "compile": compile_}
+    return {**step_rate(marks, args.warmup), "compile": compile_, "precision": precision.name}
 
 
 def run_transformers(args: argparse.Namespace, compile_: bool) -> dict:
@@ -135,6 +151,7 @@ def run_transformers(args: argparse.Namespace, compile_: bool) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = _config(args, "unused")
+    precision = _precision("fp32" if args.precision == "auto" else args.precision)  # its default: fp32
     batches = _batches(cfg, args.warmup + args.steps)
     m = cfg.model
     torch.manual_seed(cfg.train.seed)
@@ -160,13 +177,14 @@ def run_transformers(args: argparse.Namespace, compile_: bool) -> dict:
         for micro in batch.micro:
             # transformers shifts labels itself: labels are the inputs, -100 where masked.
             labels = torch.cat([micro.inputs[:, :1], micro.targets[:, :-1]], dim=1)
-            loss = forward(input_ids=micro.inputs, labels=labels).loss / len(batch.micro)
+            with precision.autocast():
+                loss = forward(input_ids=micro.inputs, labels=labels).loss / len(batch.micro)
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         marks.append((time.perf_counter(), marks[-1][1] + batch.n_tokens))
-    return {**step_rate(marks, args.warmup), "compile": compile_}
+    return {**step_rate(marks, args.warmup), "compile": compile_, "precision": precision.name}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -201,6 +219,8 @@ def parent(args: argparse.Namespace) -> None:
                 str(args.warmup),
                 "--seq-len",
                 str(args.seq_len),
+                "--precision",
+                args.precision,
             ]
             with Contention() as busy:
                 out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -229,14 +249,14 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
         f"{args.reps} interleaved repetitions (each variant in its own "
         "process); ratios pair repetition i of each variant, median with a bootstrap 95% interval.",
         "",
-        "| variant | tokens/s (median) | all reps | warm-up s | peak RSS MB | other processes' CPU share |",
-        "|---|---|---|---|---|---|",
+        "| variant | precision | tokens/s (median) | all reps | warm-up s | peak RSS MB | other processes' CPU share |",
+        "|---|---|---|---|---|---|---|",
     ]
     for v, rs in runs.items():
         each = ", ".join(f"{r['tokens_per_s']:,.0f}" for r in rs)
         loads = ", ".join(f"{r['other_cpu']:.0%}" for r in rs)
         warm = statistics.median(r["warmup_s"] for r in rs)
-        lines.append(f"| {v} | {med[v]:,.0f} | {each} | {warm:.1f} | {rss[v]:,.0f} | {loads} |")
+        lines.append(f"| {v} | {rs[0]['precision']} | {med[v]:,.0f} | {each} | {warm:.1f} | {rss[v]:,.0f} | {loads} |")
     tps = {v: [r["tokens_per_s"] for r in rs] for v, rs in runs.items()}
     lines.append("")
     for name, a, b, target in claims(args.compile):
@@ -271,6 +291,7 @@ def claims(compiled: bool) -> list[tuple[str, str, str, float]]:
 def heading(args: argparse.Namespace) -> str:
     """One section per shape, so a long-context run keeps the default one."""
     flags = (f" --seq-len {args.seq_len}" if args.seq_len else "") + (" --compile" if args.compile else "")
+    flags += f" --precision {args.precision}" if args.precision != "auto" else ""
     return f"## Training throughput (`bench/throughput.py --preset {args.preset}{flags}`)"
 
 
@@ -282,6 +303,7 @@ if __name__ == "__main__":
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--seq-len", type=int, default=0, help="context length (0: the preset's; same tokens a step)")
     parser.add_argument("--compile", action="store_true", help="torch.compile every variant (and trimtab eager)")
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"], help="all three at P")
     parser.add_argument("--child", dest="variant", help=argparse.SUPPRESS)
     ns = parser.parse_args()
     child(ns) if ns.variant else parent(ns)
