@@ -21,8 +21,9 @@ comparison at identical settings throughout; each row says the precision it ran.
 
 `--compile` runs the three torch.compile'd (trimtab+compile: train.compile=true; the loops:
 torch.compile of the model) beside trimtab eager, and reports compiling's speed-up and its cold
-start (the compiled warm-up steps' time less the eager ones', paired by repetition): the figures
-train.compile=auto decides with (src/trimtab/training/compiling.py).
+start (the compiled warm-up steps' time less the eager ones', paired by repetition, every process
+compiling from empty caches): the figures train.compile=auto decides with
+(src/trimtab/training/compiling.py).
 """
 
 from __future__ import annotations
@@ -222,8 +223,11 @@ def parent(args: argparse.Namespace) -> None:
                 "--precision",
                 args.precision,
             ]
-            with Contention() as busy:
-                out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            # Each process compiles from empty caches: inductor's on-disk cache would otherwise
+            # hand every repetition after the first its kernels, and the cold start seem seconds.
+            with tempfile.TemporaryDirectory() as cache, Contention() as busy:
+                env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": cache}
+                out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
             line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if line is None:
                 sys.exit(f"{variant} failed:\n{out.stderr[-3000:]}")
