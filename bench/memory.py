@@ -15,8 +15,8 @@ its neighbour usually settle it in two probes, and bisection settles whatever th
 repeats to within a few MB: one probe is repeated and the difference printed and reported.
 
     trimtab            trimtab.api.train_or_raise (Trainer + the orchestrator and built-in hooks) at the
-                       preset's defaults (its loss: training/loss.py's cross-entropy in 1024-token
-                       chunks), fp32, no compile
+                       preset's defaults (its loss: training/loss.py's cross entropy fused with the
+                       lm head, which keeps no [N, V] logits for the backward), fp32, no compile
     trimtab+ckpt       the same with train.activation_checkpointing=true
     transformers       LlamaForCausalLM of the same shape (local config, sdpa attention), its own loss
                        (labels=...), use_cache=False, default AdamW, plain loop

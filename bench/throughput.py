@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -242,12 +241,14 @@ def parent(args: argparse.Namespace) -> None:
 
 
 def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
+    from trimtab.hardware import cpu_model
+
     med = {v: statistics.median(r["tokens_per_s"] for r in rs) for v, rs in runs.items()}
     rss = {v: max(r["peak_rss_mb"] for r in rs) for v, rs in runs.items()}
     lines = [
         heading(args),
         "",
-        f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
+        f"{time.strftime('%Y-%m-%d')}, {cpu_model()}, "
         f"{os.cpu_count()} cores, torch {__import__('torch').__version__}; {args.steps} timed steps "
         f"after {args.warmup} warm-up steps (tokens/s: a step's mean tokens over the median step time), "
         f"{args.reps} interleaved repetitions (each variant in its own "
@@ -263,7 +264,7 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
         lines.append(f"| {v} | {rs[0]['precision']} | {med[v]:,.0f} | {each} | {warm:.1f} | {rss[v]:,.0f} | {loads} |")
     tps = {v: [r["tokens_per_s"] for r in rs] for v, rs in runs.items()}
     lines.append("")
-    for name, a, b, target in claims(args.compile):
+    for name, a, b, target in claims(args.compile, args.precision):
         ratio = paired_ratio(tps[a], tps[b])
         lines.append(f"- {name}: **{ratio}**; target >= {target:g}x: {ratio.verdict(target)}")
     if args.compile:
@@ -278,16 +279,17 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
     replace_section(ROOT / "BENCHMARKS.md", heading(args), section)
 
 
-def claims(compiled: bool) -> list[tuple[str, str, str, float]]:
+def claims(compiled: bool, precision: str) -> list[tuple[str, str, str, float]]:
     """(what, numerator variant, denominator variant, target ratio) for the run's variants."""
+    each = "each at its default precision" if precision == "auto" else f"both {precision}"
     if compiled:
         return [
             ("train.compile=true / eager, trimtab", "trimtab+compile", "trimtab", 1.0),
-            ("trimtab / transformers, both compiled", "trimtab+compile", "transformers+compile", 1.3),
+            (f"trimtab / transformers, both compiled, {each}", "trimtab+compile", "transformers+compile", 1.3),
             ("trimtab / minimal loop, both compiled", "trimtab+compile", "minimal+compile", 0.98),
         ]
     return [
-        ("trimtab (defaults) / transformers (defaults)", "trimtab", "transformers", 1.3),
+        (f"trimtab / transformers, {each}", "trimtab", "transformers", 1.3),
         ("trimtab / minimal loop, identical settings", "trimtab", "minimal", 0.98),
     ]
 
