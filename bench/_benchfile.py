@@ -33,3 +33,12 @@ def scratch(work: str | None, prefix: str) -> Iterator[Path]:
     finally:
         if not work:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def publish(heading: str, section: str, dry_run: bool = False) -> None:
+    """Print a benchmark's section and write it into BENCHMARKS.md, unless this is a dry run."""
+    print(section)
+    if dry_run:
+        print("dry run: BENCHMARKS.md not written")
+    else:
+        replace_section(Path(__file__).resolve().parent.parent / "BENCHMARKS.md", heading, section)

@@ -44,8 +44,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from _benchfile import replace_section  # bench/_benchfile.py, next to this file
+from _benchfile import publish  # bench/_benchfile.py, next to this file
 from _measure import Contention
+from _peers import llama_like  # bench/_peers.py, next to this file
 from throughput import _batches  # the throughput bench's batches (trimtab's loader)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,25 +115,12 @@ def run_trimtab(args: argparse.Namespace, ckpt: bool, auto: bool) -> dict:
 
 def run_transformers(args: argparse.Namespace, ckpt: bool) -> dict:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = _config(args, args.rows, "unused")
     batches = _batches(cfg, STEPS)
     m, device = cfg.model, "cuda" if _cuda() else "cpu"
     torch.manual_seed(cfg.train.seed)
-    conf = LlamaConfig(
-        vocab_size=m.vocab_size,
-        hidden_size=m.d_model,
-        intermediate_size=m.ffn_hidden,
-        num_hidden_layers=m.n_layers,
-        num_attention_heads=m.n_heads,
-        num_key_value_heads=m.n_kv_heads,
-        max_position_embeddings=m.max_seq_len,
-        rope_theta=m.rope_theta,
-        rms_norm_eps=m.norm_eps,
-        tie_word_embeddings=m.tie_embeddings,
-    )
-    model = LlamaForCausalLM(conf).to(device)
+    model = llama_like(m).to(device)
     if ckpt:
         model.gradient_checkpointing_enable()
     model.train()
@@ -229,11 +217,7 @@ def parent(args: argparse.Namespace) -> None:
     else:
         print("micro-batch auto-sizing: skipped (CUDA only; on CPU nothing runs out of memory before swap)")
     section = report(args, largest, at_common, repeat, auto)
-    print(section)
-    if args.dry_run:
-        print("dry run: BENCHMARKS.md not written")
-    else:
-        replace_section(ROOT / "BENCHMARKS.md", heading(args), section)
+    publish(heading(args), section, args.dry_run)
 
 
 def heading(args: argparse.Namespace) -> str:

@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _benchfile import replace_section  # bench/_benchfile.py, next to this file
+from _benchfile import publish  # bench/_benchfile.py, next to this file
 from _measure import Contention, paired_ratio, step_rate
 from throughput import _batches, timed_fit  # the throughput bench's batches and timed trainer
 
@@ -221,11 +221,7 @@ def parent(args: argparse.Namespace) -> None:
             )
     profiled = _run_child(args, "profile") if args.profile else None
     section = report(args, runs, profiled)
-    print(section)
-    if args.dry_run:
-        print("dry run: BENCHMARKS.md not written")
-    else:
-        replace_section(ROOT / "BENCHMARKS.md", heading(args), section)
+    publish(heading(args), section, args.dry_run)
 
 
 def heading(args: argparse.Namespace) -> str:

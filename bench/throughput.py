@@ -39,8 +39,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from _benchfile import replace_section  # bench/_benchfile.py, next to this file
+from _benchfile import publish  # bench/_benchfile.py, next to this file
 from _measure import Contention, median_ci, paired_ratio, step_rate  # bench/_measure.py, next to this file
+from _peers import llama_like  # bench/_peers.py, next to this file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -148,27 +149,13 @@ def run_minimal(args: argparse.Namespace, compile_: bool) -> dict:
 
 def run_transformers(args: argparse.Namespace, compile_: bool) -> dict:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = _config(args, "unused")
     precision = _precision("fp32" if args.precision == "auto" else args.precision)  # its default: fp32
     batches = _batches(cfg, args.warmup + args.steps)
     m = cfg.model
     torch.manual_seed(cfg.train.seed)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=m.vocab_size,
-            hidden_size=m.d_model,
-            intermediate_size=m.ffn_hidden,
-            num_hidden_layers=m.n_layers,
-            num_attention_heads=m.n_heads,
-            num_key_value_heads=m.n_kv_heads,
-            max_position_embeddings=m.max_seq_len,
-            rope_theta=m.rope_theta,
-            rms_norm_eps=m.norm_eps,
-            tie_word_embeddings=m.tie_embeddings,
-        )
-    )
+    model = llama_like(m)
     model.train()
     forward = torch.compile(model) if compile_ else model
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)  # its defaults
@@ -274,9 +261,7 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
             f"- train.compile cold start (trimtab+compile's {args.warmup} warm-up steps less trimtab's): "
             f"**{statistics.median(cold):.1f} s** (95% interval {low:.1f}-{high:.1f}, {len(cold)} pairs)"
         )
-    section = "\n".join(lines) + "\n"
-    print(section)
-    replace_section(ROOT / "BENCHMARKS.md", heading(args), section)
+    publish(heading(args), "\n".join(lines) + "\n")
 
 
 def claims(compiled: bool, precision: str) -> list[tuple[str, str, str, float]]:

@@ -7,36 +7,31 @@ import sys
 import pytest
 
 
-@pytest.mark.slow  # four variants, each a subprocess that builds a model and trains 2 steps: minutes on 2 cores
-def test_moe_step_dry_run_prints_every_variant_and_the_ratios():
+def dry_run(name: str) -> str:
+    """`trimtab bench NAME --dry-run`'s output, after checking it succeeded and wrote nothing."""
     run = subprocess.run(
-        [sys.executable, "-m", "trimtab", "bench", "moe_step", "--dry-run"],
-        capture_output=True,
-        text=True,
-        timeout=900,
+        [sys.executable, "-m", "trimtab", "bench", name, "--dry-run"], capture_output=True, text=True, timeout=900
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    out = run.stdout
+    assert run.stdout.rstrip().endswith("dry run: BENCHMARKS.md not written")
+    return run.stdout
+
+
+@pytest.mark.slow  # four variants, each a subprocess that builds a model and trains 2 steps: minutes on 2 cores
+def test_moe_step_dry_run_prints_every_variant_and_the_ratios():
+    out = dry_run("moe_step")
     assert "## MoE training step (bench/moe_step.py --preset debug-moe)\n" in out
     for variant in ("trimtab", "trimtab-loop", "hf-grouped_mm", "hf-eager"):
         assert f"\n| {variant} | " in out, variant
     for ratio in ("trimtab-loop / hf-grouped_mm", "trimtab-loop / hf-eager", "trimtab (Trainer, preset defaults)"):
         assert f"- {ratio}" in out and "target >= " in out, ratio
     assert "> 1 in every repetition: " in out
-    assert out.rstrip().endswith("dry run: BENCHMARKS.md not written")
 
 
 @pytest.mark.slow  # seven variants, each a subprocess that builds a model and trains 2 tiny steps: a minute or two
 def test_mod_dry_run_prints_every_variant_the_ratios_and_peak_memory():
-    run = subprocess.run(
-        [sys.executable, "-m", "trimtab", "bench", "mod", "--dry-run"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = run.stdout
-    assert "## Mixture-of-Depths (bench/mod.py)\n" in out
+    out = dry_run("mod")
+    assert "## Mixture-of-Depths and hybrid step time (bench/mod.py)\n" in out
     assert "| 2 | dense | " in out and "| 1 (reference) |" in out
     for variant in ("**mod 0.5**", "mod 0.25", "mod 0.125", "dense+mod 0.125", "moe", "hybrid"):
         row = next((ln for ln in out.splitlines() if ln.startswith(f"| 2 | {variant} | ")), None)
@@ -44,19 +39,11 @@ def test_mod_dry_run_prints_every_variant_the_ratios_and_peak_memory():
         assert row.count("x (") == 1 and " MB" not in row, row  # the ratio's interval; RSS as a number
     assert "peak RSS MB" in out
     assert "- mod 0.5 / dense step time, 2 torch threads: **" in out and "target <= 0.7x: " in out
-    assert out.rstrip().endswith("dry run: BENCHMARKS.md not written")
 
 
 @pytest.mark.slow  # five subprocesses (four variants and a repeat), each building a model and training 2 steps
 def test_memory_dry_run_prints_every_variant_and_the_ratios():
-    run = subprocess.run(
-        [sys.executable, "-m", "trimtab", "bench", "memory", "--dry-run"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = run.stdout
+    out = dry_run("memory")
     assert "## Activation memory: largest batch under a cap (bench/memory.py --preset debug)\n" in out
     for variant in ("trimtab", "trimtab+ckpt", "transformers", "transformers+ckpt"):
         assert f"\n| {variant} | >= 1 | 64 | " in out, variant  # --max-rows 1 in a dry run; debug's seq_len 64
@@ -64,4 +51,3 @@ def test_memory_dry_run_prints_every_variant_and_the_ratios():
         assert f"- largest batch, {ratio}: **" in out, ratio
     assert "- repeatability: trimtab at 1 rows measured twice, " in out
     assert "micro-batch auto-sizing: " in out  # skipped with its reason on CPU, measured on CUDA
-    assert out.rstrip().endswith("dry run: BENCHMARKS.md not written")
