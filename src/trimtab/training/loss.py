@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
 
 IGNORE_INDEX = -100
 CHUNK_TOKENS = 1024
@@ -38,7 +37,7 @@ def cross_entropy_sum(
     if h.shape[0] == 0:
         return hidden.new_zeros((), dtype=torch.float32)
     wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or head.requires_grad)
-    if wants_grad and not isinstance(head, DTensor):
+    if wants_grad and not hasattr(head, "to_local"):  # a DTensor (tensor parallel) keeps autograd's loss
         return LinearCrossEntropy.apply(h, head, t, chunk)
     parts = [_chunk_loss(F.linear(h[s : s + chunk], head), t[s : s + chunk]) for s in range(0, h.shape[0], chunk)]
     total = parts[0]
