@@ -10,7 +10,9 @@ d logits = softmax - onehot), folded into the gradients of the hidden states [N,
 head [V, D] and the chunk freed; the backward only scales them by the incoming gradient. Peak
 memory holds one [C, V] block, not N x V: the fused linear cross entropy of Liger-Kernel (Hsu
 et al. 2024, arXiv 2410.10989) and Cut Cross-Entropy (Wijmans et al. 2024, arXiv 2411.09009).
-The FLOPs are the plain loss's: the two backward matmuls move into the forward.
+The FLOPs are the plain loss's: the two backward matmuls move into the forward. Small chunks
+also keep each logits block reusable from the heap: glibc maps every allocation above 32 MB
+fresh from the kernel, and those page faults cost ~10% of a CPU step.
 
 Without gradients (evaluation) it is the plain chunked loss. Under tensor parallelism `hidden`
 is a replicated DTensor and the head's rows are sharded over the vocabulary
