@@ -113,8 +113,8 @@ class MemoryPlan:
     fits: bool | None  # None: device memory unknown
 
 
-def activation_elements(cfg: RunConfig) -> tuple[list[tuple[float, float]], tuple[float, float]]:
-    """Per token: each layer's (fp32 elements, activation-width elements), and the head's."""
+def activation_elements(cfg: RunConfig) -> tuple[list[tuple[float, float]], float]:
+    """Per token: each layer's (fp32 elements, activation-width elements), and the head's (all fp32)."""
     m = cfg.model
     h, kv = m.d_model, m.n_kv_heads * m.head_dim
     capacities = iter(m.mod_capacities)
@@ -129,7 +129,7 @@ def activation_elements(cfg: RunConfig) -> tuple[list[tuple[float, float]], tupl
             ffn = h + 3 * m.ffn_hidden
         share = next(capacities) if "mod" in kind else 1.0
         layers.append((2.0 * h, share * (attention + ffn)))
-    return layers, (2.0 * h, 0.0)
+    return layers, 2.0 * h
 
 
 def activation_width(precision: str) -> int:
@@ -144,13 +144,13 @@ def state_bytes(params: int, shards: int = 1) -> dict[str, int]:
 
 def activation_bytes_per_token(cfg: RunConfig, p: int, checkpointing: bool) -> float:
     """Bytes kept for backward per token of a micro-batch (the table in the module docstring)."""
-    layers, (head32, head_p) = activation_elements(cfg)
+    layers, head = activation_elements(cfg)
     per_layer = [4 * f32 + p * low for f32, low in layers]
     if checkpointing:
         kept = 4 * cfg.model.d_model * len(layers) + max(per_layer)
     else:
         kept = sum(per_layer)
-    return kept + 4 * head32 + p * head_p
+    return kept + 4 * head
 
 
 def memory_plan(cfg: RunConfig, params: int, hw: Hardware) -> MemoryPlan:

@@ -48,7 +48,7 @@ def choose_compile(
     requested: str, device: torch.device, steps: int, step_flops: float, peak: float | None
 ) -> CompileChoice:
     """train.compile true / false as asked; auto: compile when the run's expected time saved
-    (steps x step_flops over peak x TYPICAL_MFU, less that over SPEEDUP) exceeds the cold start."""
+    (steps x step_flops over peak x TYPICAL_MFU, less that over SPEEDUP) exceeds MARGIN cold starts."""
     if requested != "auto":
         return CompileChoice(requested == "true", f"train.compile={requested}")
     kind = device.type

@@ -67,12 +67,12 @@ class LinearCrossEntropy(torch.autograd.Function):
             hc, tc = h[s : s + chunk], t[s : s + chunk]
             logits = F.linear(hc, head).float()  # [C, V]
             lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [C, 1]
-            valid = tc != IGNORE_INDEX
-            picked = logits.gather(1, tc.clamp(min=0).unsqueeze(1))  # [C, 1]
+            valid, index = tc != IGNORE_INDEX, tc.clamp(min=0).unsqueeze(1)  # index [C, 1]: ignored rows read class 0
+            picked = logits.gather(1, index)  # [C, 1]
             total += ((lse - picked).squeeze(1) * valid).sum()
             # d (chunk's summed loss) / d logits = softmax - onehot, zero on ignored rows
             grad = logits.sub_(lse).exp_()
-            grad.scatter_add_(1, tc.clamp(min=0).unsqueeze(1), -torch.ones_like(picked))
+            grad.scatter_add_(1, index, -torch.ones_like(picked))
             grad = grad.mul_(valid.unsqueeze(1)).to(hc.dtype)
             if grad_h is not None:
                 grad_h[s : s + chunk] = grad @ head  # [C, D]
