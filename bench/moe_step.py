@@ -1,17 +1,21 @@
 """MoE training step: trimtab vs the transformers class trimtab exports the model to.
 
     python bench/moe_step.py [--preset debug-moe|moe-40m] [--experts N] [--steps 10] [--warmup 2]
-                             [--reps 5] [--threads N] [--profile] [--dry-run]
+                             [--reps 5] [--threads N] [--precision auto|fp32|bf16] [--profile]
+                             [--dry-run]
 
 A whole optimizer step (forward, backward, AdamW update) on the same batches (trimtab's loader
-over the built-in corpus), fp32 everywhere (a CPU with bf16 autocast would otherwise skew it).
+over the built-in corpus). `--precision auto` (the default) compares each at its defaults: the
+Trainer at train.precision auto (bf16 autocast on a CPU with native bf16 matmuls, else fp32), the
+loops at transformers' default, fp32. `--precision P` runs all four at P (identical settings);
+each row says the precision it ran.
 Each variant runs in its own subprocess (so peak RSS is its own), the variants interleaved
 `--reps` times so ratios pair repetition i; other processes' CPU share is measured during each
 run, because a busy second core slows two-thread torch 3-10x (one-step times swung 17x on a
 loaded 2-core machine: `--threads 1` there).
 
     trimtab        trimtab.training.Trainer.fit at the preset's defaults (capacity factor, z-loss,
-                   warm-up schedule; fp32; no eval, checkpoints or progress): the product
+                   warm-up schedule, precision; eager; no eval, checkpoints or progress): the product
     trimtab-loop   a bare loop over trimtab's model of the function the exported class computes
                    (dropless, balance loss only): identical settings to the two loops below
     hf-grouped_mm  the exported transformers class (export_class/to_hf_config), its experts on
@@ -39,7 +43,7 @@ from pathlib import Path
 
 from _benchfile import publish  # bench/_benchfile.py, next to this file
 from _measure import Contention, paired_ratio, step_rate
-from throughput import _batches, timed_fit  # the throughput bench's batches and timed trainer
+from throughput import _batches, _precision, timed_fit  # the throughput bench's helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("trimtab", "trimtab-loop", "hf-grouped_mm", "hf-eager")
@@ -48,7 +52,8 @@ VARIANTS = ("trimtab", "trimtab-loop", "hf-grouped_mm", "hf-eager")
 def _config(args: argparse.Namespace, out: str = "unused"):
     from trimtab.config import load_config
 
-    sets = ["log.progress=false", "train.eval_every=0", "checkpoint.every=0", "train.precision=fp32"]
+    sets = ["log.progress=false", "train.eval_every=0", "checkpoint.every=0", "train.compile=false"]
+    sets.append(f"train.precision={args.precision}")
     if args.experts:
         sets.append(f"model.moe.n_experts={args.experts}")
     steps = {"max_steps": args.warmup + args.steps}
@@ -126,9 +131,11 @@ def _grouped_mm_path(model) -> str:
 
 
 def _loop(model, loss, batches, cfg, warmup: int, prof=None) -> dict:
-    """Train on `batches`, marking each step's end (_measure.step_rate); `prof` runs after `warmup` steps."""
+    """Train on `batches`, marking each step's end (_measure.step_rate); `prof` runs after `warmup`
+    steps. Autocast at the config's precision where it names one, else transformers' fp32."""
     import torch
 
+    precision = _precision("fp32" if cfg.train.precision == "auto" else cfg.train.precision)
     o = cfg.optim
     opt = torch.optim.AdamW(
         model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay, fused=True
@@ -139,14 +146,16 @@ def _loop(model, loss, batches, cfg, warmup: int, prof=None) -> dict:
         if i == warmup and prof is not None:
             prof.start()
         for micro in batch.micro:
-            loss(micro, batch).backward()
+            with precision.autocast():
+                step_loss = loss(micro, batch)
+            step_loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         marks.append((time.perf_counter(), marks[-1][1] + batch.n_tokens))
     if prof is not None:
         prof.stop()
-    return step_rate(marks, warmup)
+    return {**step_rate(marks, warmup), "precision": precision.name}
 
 
 # Inclusive CPU time of ops that do not nest in one another: where the step goes, by part (on
@@ -201,6 +210,7 @@ def child(args: argparse.Namespace) -> None:
 def _run_child(args: argparse.Namespace, variant: str) -> dict:
     cmd = [sys.executable, __file__, "--child", variant, "--preset", args.preset, "--steps", str(args.steps)]
     cmd += ["--warmup", str(args.warmup), "--experts", str(args.experts), "--threads", str(args.threads)]
+    cmd += ["--precision", args.precision]
     with Contention() as busy:
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
@@ -230,7 +240,8 @@ def heading(args: argparse.Namespace) -> str:
 
 
 def _flags(args: argparse.Namespace) -> str:
-    return "".join(f" --{k} {getattr(args, k)}" for k in ("experts", "threads") if getattr(args, k))
+    flags = "".join(f" --{k} {getattr(args, k)}" for k in ("experts", "threads") if getattr(args, k))
+    return flags + (f" --precision {args.precision}" if args.precision != "auto" else "")
 
 
 def report(args: argparse.Namespace, runs: dict[str, list[dict]], profiled: dict | None) -> str:
@@ -240,42 +251,47 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict]], profiled: dict
         "",
         f"Exported class {hf['class']}; {time.strftime('%Y-%m-%d')}, "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
-        f"{__import__('torch').__version__}, transformers {__import__('transformers').__version__}; fp32; "
+        f"{__import__('torch').__version__}, transformers {__import__('transformers').__version__}; "
         f"{args.steps} timed steps after {args.warmup} warm-up (tokens/s: a step's mean tokens over the median "
         f"step time), {args.reps} interleaved repetitions (each "
         f"variant in its own process); transformers' grouped_mm ran {hf.get('grouped_mm')} (torch's kernel "
         "or transformers' fallback). Ratios pair repetition i, median with a bootstrap 95% interval.",
         "",
-        "| variant | tokens/s (median) | all reps | ms/step (median) | peak RSS MB | other processes' CPU share |",
-        "|---|---|---|---|---|---|",
+        "| variant | precision | tokens/s (median) | all reps | ms/step (median) | peak RSS MB "
+        "| other processes' CPU share |",
+        "|---|---|---|---|---|---|---|",
     ]
     for v, rs in runs.items():
         tps, ms = (statistics.median(r[k] for r in rs) for k in ("tokens_per_s", "ms_per_step"))
         each = ", ".join(f"{r['tokens_per_s']:,.0f}" for r in rs)
         loads = ", ".join(f"{r['other_cpu']:.0%}" for r in rs)
         rss = max(r["peak_rss_mb"] for r in rs)
-        lines.append(f"| {v} | {tps:,.0f} | {each} | {ms:,.1f} | {rss:,.0f} | {loads} |")
-    lines += ["", *_ratio_lines({v: [r["tokens_per_s"] for r in rs] for v, rs in runs.items()})]
+        lines.append(f"| {v} | {rs[0]['precision']} | {tps:,.0f} | {each} | {ms:,.1f} | {rss:,.0f} | {loads} |")
+    lines += ["", *_ratio_lines({v: [r["tokens_per_s"] for r in rs] for v, rs in runs.items()}, args.precision)]
     if profiled:
         lines += ["", *_profile_table(profiled)]
     return "\n".join(lines) + "\n"
 
 
-def _ratio_lines(tps: dict[str, list[float]]) -> list[str]:
+def _ratio_lines(tps: dict[str, list[float]], precision: str) -> list[str]:
+    same = "same loop" if precision == "auto" else f"same loop, both {precision}"
+    product = "Trainer at the preset's defaults" if precision == "auto" else f"Trainer, {precision}"
     claims = [
-        ("trimtab-loop / hf-grouped_mm (same loop)", "trimtab-loop", "hf-grouped_mm", 1.0),
-        ("trimtab-loop / hf-eager (same loop)", "trimtab-loop", "hf-eager", 1.5),
-        ("trimtab (Trainer, preset defaults) / hf-grouped_mm", "trimtab", "hf-grouped_mm", 1.0),
+        (f"trimtab-loop / hf-grouped_mm ({same})", "trimtab-loop", "hf-grouped_mm", 1.0),
+        (f"trimtab-loop / hf-eager ({same})", "trimtab-loop", "hf-eager", 1.5),
+        (f"trimtab ({product}) / hf-grouped_mm", "trimtab", "hf-grouped_mm", 1.0),
+        (f"trimtab ({product}) / hf-eager", "trimtab", "hf-eager", 1.5),
     ]
     lines = []
     for name, a, b, target in claims:
         ratio = paired_ratio(tps[a], tps[b])
         lines.append(f"- {name}: **{ratio}**; target >= {target:g}x: {ratio.verdict(target)}")
-    least = min(x / y for x, y in zip(tps["trimtab-loop"], tps["hf-grouped_mm"], strict=True))
-    lines.append(
-        f"- smallest trimtab-loop / hf-grouped_mm pair ratio: {least:.3f} "
-        f"(> 1 in every repetition: {'yes' if least > 1 else 'no'})"
-    )
+    for a in ("trimtab-loop", "trimtab"):
+        least = min(x / y for x, y in zip(tps[a], tps["hf-grouped_mm"], strict=True))
+        lines.append(
+            f"- smallest {a} / hf-grouped_mm pair ratio: {least:.3f} "
+            f"(> 1 in every repetition: {'yes' if least > 1 else 'no'})"
+        )
     return lines
 
 
@@ -298,10 +314,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="debug-moe")
     parser.add_argument("--experts", type=int, default=0, help="override model.moe.n_experts (0: the preset's)")
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="torch threads per variant (0: torch's default)")
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"], help="see above")
     parser.add_argument("--profile", action="store_true", help="add trimtab-loop's top ops by self CPU time")
     parser.add_argument("--dry-run", action="store_true", help="1 warm-up + 1 step, 1 rep, debug-moe; print only")
     parser.add_argument("--child", dest="variant", help=argparse.SUPPRESS)

@@ -3,7 +3,8 @@ written down for the user), and the peak FLOP/s that MFU is measured against.
 
 CUDA: bf16 autocast where the GPU supports it (Ampere+), else fp16 with a GradScaler.
 MPS: fp16 autocast. CPU: fp32, unless the CPU has native bf16 (AVX512-BF16 / AMX) and a quick
-matmul measurement shows bf16 is faster; on CPUs without it, bf16 is emulated and slower.
+matmul measurement shows bf16 is faster; on CPUs without it, bf16 is emulated and slower. The
+trainer then times the model's own step before keeping bf16 (training/cpu_precision.py).
 
 The trainer, `trimtab doctor` and `trimtab plan` all ask here, so they agree. One GPU table
 serves MFU and the planner's memory check. A CPU has no datasheet here: its peak is a matmul rate
@@ -92,6 +93,7 @@ def choose_precision(device: torch.device, requested: str) -> Precision:
         return Precision(device, "fp32", f"CPU ({capability}) has no native bf16: fp32 is fastest")
     fp32, bf16 = _matmul_seconds(torch.float32), _matmul_seconds(torch.bfloat16)
     if bf16 < fp32:
+        # a run then keeps bf16 only if its model's step is faster too (training/cpu_precision.py)
         return Precision(device, "bf16", f"CPU ({capability}) bf16 matmul measured {fp32 / bf16:.1f}x faster")
     return Precision(device, "fp32", f"CPU ({capability}) bf16 measured no faster than fp32")
 
@@ -219,14 +221,31 @@ def cpu_peak_path() -> Path:
     return cache_dir() / "cpu_peak.json"
 
 
-def _read_peaks() -> dict[str, dict[str, Any]]:
-    """The cache's well-formed entries; a missing or corrupt file reads as empty (and is rewritten
+def read_cache(path: Path) -> dict[str, Any]:
+    """A JSON object cached in `path`; a missing or corrupt file reads as empty (and is rewritten
     by the next measurement)."""
     try:
-        data = json.loads(cpu_peak_path().read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    return {k: v for k, v in data.items() if _valid(v)} if isinstance(data, dict) else {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_cache(path: Path, data: dict[str, Any]) -> None:
+    """Replace `path` atomically (a reader sees the old file or the new one); a read-only cache
+    costs a re-measurement next time, not the run."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("could not write the cache %s: %s", path, exc)
+
+
+def _read_peaks() -> dict[str, dict[str, Any]]:
+    """The peak cache's well-formed entries."""
+    return {k: v for k, v in read_cache(cpu_peak_path()).items() if _valid(v)}
 
 
 def _valid(entry: Any) -> bool:
@@ -243,12 +262,5 @@ def _keep_max(key: str, entry: dict[str, Any]) -> dict[str, Any]:
     if key in peaks and peaks[key]["flops"] >= entry["flops"]:
         return peaks[key]
     peaks[key] = entry
-    path = cpu_peak_path()
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(peaks, indent=1))
-        os.replace(tmp, path)  # atomic: a reader sees the old file or the new one
-    except OSError as exc:  # a read-only cache costs a re-measurement next time, not the run
-        log.warning("could not cache the CPU peak in %s: %s", path, exc)
+    write_cache(cpu_peak_path(), peaks)
     return entry

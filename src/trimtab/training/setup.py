@@ -39,6 +39,7 @@ from trimtab.model import Transformer, build_model
 from trimtab.paths import cache_dir
 from trimtab.plan.chinchilla import FRESH_EPOCHS, model_size
 from trimtab.training.compiling import CompileChoice, choose_compile
+from trimtab.training.cpu_precision import refine_cpu_precision
 from trimtab.training.resume import resume_point
 
 log = logging.getLogger(__name__)
@@ -267,7 +268,7 @@ def setup(cfg: RunConfig) -> Run:
     adopt_hf_model(cfg)
     dist = Parallel.start(cfg.distributed, pick_device(cfg.train.device))
     resume = resume_point(cfg, dist)
-    precision = dist.same_precision(choose_precision(dist.device, cfg.train.precision))
+    precision = choose_precision(dist.device, cfg.train.precision)
     tok, phases = dist.main_first(build_phases, cfg, tokenizer_source(cfg))
     resolve_model(cfg, tok)
     if resume:
@@ -275,6 +276,8 @@ def setup(cfg: RunConfig) -> Run:
     model = build_model(cfg.model).to(dist.device)
     if cfg.train.activation_checkpointing:
         model.set_activation_checkpointing(True)
+    precision = dist.same_precision(refine_cpu_precision(precision, cfg, model))
+    log.info("precision %s: %s", precision.name, precision.reason)
     hf_source = None
     if cfg.train.init_from and not resume:
         source, hf_source = init_weights_from(cfg, model)

@@ -1,0 +1,112 @@
+"""train.precision auto on a CPU with native bf16: keep bf16 autocast only where it speeds up this
+model's own training step.
+
+Native bf16 matmuls (AVX512-BF16, AMX) run about 2x fp32's at large sizes, which is all that
+hardware.choose_precision measures. A step is more than large matmuls: autocast casts every
+weight and activation it touches each step, and PyTorch's CPU flash attention runs its backward
+slower in bf16 than in fp32 at every shape measured (torch 2.13: 1.07x slower at head dim 64,
+T 256; 5.9x at head dim 24, T 64). Measured on an AVX512-BF16 EPYC (2 cores): `small` (d_model
+256) trains 1.5x faster in bf16, while `debug` and `debug-moe` (d_model 96) train 1.3x and 1.8x
+slower. So the step itself is timed, on a copy of the model (weights, buffers and the RNG
+untouched): forward, loss and backward on random tokens shaped like a micro-batch (at most
+PROBE_TOKENS), fp32 and bf16 interleaved PROBE_REPS times after a warm-up, best of each kept (other
+load only slows a step down). bf16 stays if it is at least MARGIN faster: bf16's 8-bit mantissa is
+not worth less. The answer is cached per CPU, torch, thread count, model shape and probe shape in
+$TRIMTAB_CACHE/cpu_precision.json, so a run and its resumptions agree and the probe runs once.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime
+import hashlib
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from trimtab.config import RunConfig
+from trimtab.hardware import Precision, cpu_model, read_cache, write_cache
+from trimtab.model import Transformer
+from trimtab.paths import cache_dir
+from trimtab.training.loss import cross_entropy_sum
+
+log = logging.getLogger(__name__)
+
+PROBE_TOKENS = 2048  # per timed step: large enough for the BLAS's steady rate on small models
+PROBE_REPS = 3
+MARGIN = 1.1  # bf16 must be at least this much faster than fp32
+
+
+def refine_cpu_precision(precision: Precision, cfg: RunConfig, model: Transformer) -> Precision:
+    """`precision` as chosen from the hardware alone, or fp32 where train.precision is auto, the
+    device a CPU, and bf16 autocast measured no faster on `model`'s training step."""
+    if cfg.train.precision != "auto" or precision.device.type != "cpu" or precision.name != "bf16":
+        return precision
+    rows = max(1, min(cfg.train.micro_budget, PROBE_TOKENS) // cfg.data.seq_len)
+    key = probe_key(cfg, rows)
+    entry = read_cache(cache_path()).get(key)
+    if not _valid(entry):
+        log.info("timing a training step of this model in fp32 and bf16 (once; cached in %s)", cache_path())
+        entry = _probe(model, rows, cfg.data.seq_len)
+        write_cache(cache_path(), {**read_cache(cache_path()), key: entry})
+    speedup = entry["fp32_s"] / entry["bf16_s"]
+    measured = f"this model's training step measured {speedup:.2f}x in bf16 autocast ({entry['measured']}, cached)"
+    if speedup >= MARGIN:
+        return dataclasses.replace(precision, reason=f"{precision.reason}; {measured}")
+    return dataclasses.replace(precision, name="fp32", reason=f"{measured}, under {MARGIN}x: fp32")
+
+
+def cache_path() -> Path:
+    return cache_dir() / "cpu_precision.json"
+
+
+def probe_key(cfg: RunConfig, rows: int) -> str:
+    """What the answer depends on: the CPU, torch and its threads, the model's shape, the probe's."""
+    shape = json.dumps(dataclasses.asdict(cfg.model), sort_keys=True, default=str)
+    digest = hashlib.sha1(shape.encode()).hexdigest()[:12]
+    return (
+        f"{cpu_model()} | torch {torch.__version__} | threads {torch.get_num_threads()} | model {digest}"
+        f" | checkpointing {cfg.train.activation_checkpointing} | {rows} x {cfg.data.seq_len}"
+    )
+
+
+def _valid(entry: object) -> bool:
+    return isinstance(entry, dict) and all(
+        isinstance(entry.get(k), (int, float)) and 0 < entry[k] < math.inf for k in ("fp32_s", "bf16_s")
+    )
+
+
+def _probe(model: Transformer, rows: int, seq_len: int) -> dict:
+    """Best seconds of a forward + loss + backward in fp32 and in bf16 autocast, on a copy."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        probe = copy.deepcopy(model).train()
+        vocab = probe.lm_head.weight.shape[0]
+        tokens = torch.randint(0, vocab, (rows, seq_len + 1), device=next(probe.parameters()).device)
+        best = {"fp32": math.inf, "bf16": math.inf}
+        for rep in range(PROBE_REPS + 1):  # the first round warms up
+            for name in best:
+                seconds = _step_seconds(probe, tokens, torch.bfloat16 if name == "bf16" else None)
+                best[name] = min(best[name], seconds) if rep else best[name]
+    return {
+        "fp32_s": best["fp32"],
+        "bf16_s": best["bf16"],
+        "measured": datetime.date.today().isoformat(),
+        "reps": PROBE_REPS,
+    }
+
+
+def _step_seconds(model: Transformer, tokens: torch.Tensor, dtype: torch.dtype | None) -> float:
+    start = time.perf_counter()
+    with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        loss = cross_entropy_sum(model.hidden(tokens[:, :-1]), model.lm_head.weight, tokens[:, 1:])
+        aux = model.aux_loss()
+        loss = loss if aux is None else loss + aux
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
