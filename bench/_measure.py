@@ -81,6 +81,15 @@ class Ratio:
             return "not met"
         return f"not resolved: the interval holds {target:g}x"
 
+    def within(self, tolerance: float) -> str:
+        """As a claim of parity: the same within +-tolerance (the interval inside 1 +- tolerance),
+        different (the interval outside it), or not resolved to that tolerance."""
+        if 1 - tolerance <= self.low and self.high <= 1 + tolerance:
+            return f"the same within {tolerance:.0%}"
+        if self.high < 1 - tolerance or self.low > 1 + tolerance:
+            return f"different by more than {tolerance:.0%}"
+        return f"not resolved to {tolerance:.0%}"
+
     def __str__(self) -> str:
         return f"{self.value:.3f}x (95% interval {self.low:.3f}-{self.high:.3f}, {self.n} pairs)"
 

@@ -1,18 +1,22 @@
 """MoE training step: trimtab vs the transformers class trimtab exports the model to.
 
-    python bench/moe_step.py [--preset debug-moe|moe-40m] [--experts N] [--steps 10] [--warmup 2]
-                             [--reps 5] [--threads N] [--precision auto|fp32|bf16] [--profile]
+    python bench/moe_step.py [--preset debug-moe|moe-40m] [--experts N] [--steps 30] [--warmup 2]
+                             [--reps 7] [--threads N] [--precision auto|fp32|bf16] [--profile]
                              [--dry-run]
 
 A whole optimizer step (forward, backward, AdamW update) on the same batches (trimtab's loader
 over the built-in corpus). `--precision auto` (the default) compares each at its defaults: the
-Trainer at train.precision auto (bf16 autocast on a CPU with native bf16 matmuls, else fp32), the
-loops at transformers' default, fp32. `--precision P` runs all four at P (identical settings);
-each row says the precision it ran.
-Each variant runs in its own subprocess (so peak RSS is its own), the variants interleaved
-`--reps` times so ratios pair repetition i; other processes' CPU share is measured during each
-run, because a busy second core slows two-thread torch 3-10x (one-step times swung 17x on a
-loaded 2-core machine: `--threads 1` there).
+Trainer at train.precision auto (training/cpu_precision.py: bf16 autocast only where this model's
+step is faster in it), the loops at transformers' default, fp32. `--precision P` runs all four
+at P (identical settings); each row says the precision it ran.
+
+Each repetition is one process that runs the four variants a step of each in turn (the Trainer's
+step, then one of each loop, their order rotating). Run one process per variant instead, the
+same variant swung 20-50% between processes with no other process busy (a shared host's other
+tenants, not visible from here), which no affordable number of repetitions resolves to 5%; step
+by step, every variant sees the same moments of the machine and the paired ratio cancels them.
+Peak RSS comes from a short separate process per variant. Other processes' CPU share is
+measured too, because a busy second core slows two-thread torch 3-10x (`--threads 1` there).
 
     trimtab        trimtab.training.Trainer.fit at the preset's defaults (capacity factor, z-loss,
                    warm-up schedule, precision; eager; no eval, checkpoints or progress): the product
@@ -43,10 +47,11 @@ from pathlib import Path
 
 from _benchfile import publish  # bench/_benchfile.py, next to this file
 from _measure import Contention, paired_ratio, step_rate
-from throughput import _batches, _precision, timed_fit  # the throughput bench's helpers
+from throughput import _batches, _precision, interleaved_fit, timed_fit  # the throughput bench's helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("trimtab", "trimtab-loop", "hf-grouped_mm", "hf-eager")
+RSS_STEPS = 3  # a variant's peak RSS is taken in its own process over this many steps
 
 
 def _config(args: argparse.Namespace, out: str = "unused"):
@@ -130,9 +135,9 @@ def _grouped_mm_path(model) -> str:
         return "unknown"
 
 
-def _loop(model, loss, batches, cfg, warmup: int, prof=None) -> dict:
-    """Train on `batches`, marking each step's end (_measure.step_rate); `prof` runs after `warmup`
-    steps. Autocast at the config's precision where it names one, else transformers' fp32."""
+def _stepper(model, loss, batches, cfg):
+    """step(i): one optimizer step of `model` on batches[i] -> its tokens. The loops' AdamW,
+    clipping and autocast (the config's precision where it names one, else transformers' fp32)."""
     import torch
 
     precision = _precision("fp32" if cfg.train.precision == "auto" else cfg.train.precision)
@@ -141,10 +146,9 @@ def _loop(model, loss, batches, cfg, warmup: int, prof=None) -> dict:
         model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay, fused=True
     )
     model.train()
-    marks = [(time.perf_counter(), 0)]
-    for i, batch in enumerate(batches):
-        if i == warmup and prof is not None:
-            prof.start()
+
+    def step(i: int) -> int:
+        batch = batches[i]
         for micro in batch.micro:
             with precision.autocast():
                 step_loss = loss(micro, batch)
@@ -152,10 +156,43 @@ def _loop(model, loss, batches, cfg, warmup: int, prof=None) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        marks.append((time.perf_counter(), marks[-1][1] + batch.n_tokens))
+        return batch.n_tokens
+
+    step.precision = precision.name
+    return step
+
+
+def _loop(model, loss, batches, cfg, warmup: int, prof=None) -> dict:
+    """Train on `batches`, marking each step's end (_measure.step_rate); `prof` runs after `warmup` steps."""
+    step = _stepper(model, loss, batches, cfg)
+    marks = [(time.perf_counter(), 0)]
+    for i in range(len(batches)):
+        if i == warmup and prof is not None:
+            prof.start()
+        marks.append((time.perf_counter(), marks[-1][1] + step(i)))
     if prof is not None:
         prof.stop()
-    return {**step_rate(marks, warmup), "precision": precision.name}
+    return {**step_rate(marks, warmup), "precision": step.precision}
+
+
+def _build(variant: str, cfg, hf: dict):
+    return _hf(cfg, hf, variant.removeprefix("hf-")) if variant.startswith("hf-") else _trimtab_loop(cfg, hf)
+
+
+def run_interleaved(args: argparse.Namespace) -> dict[str, dict]:
+    """The four variants in this one process, a step of each in turn (throughput.interleaved_fit)."""
+    cfg = _config(args)
+    batches = _batches(cfg, args.warmup + args.steps)  # resolves the vocabulary too
+    hf = _exported(cfg)
+    loops = {v: _build(v, cfg, hf) for v in VARIANTS[1:]}
+    steppers = {v: _stepper(model, loss, batches, cfg) for v, (model, loss) in loops.items()}
+    with tempfile.TemporaryDirectory() as out:
+        result = interleaved_fit(_config(args, out), args.warmup, steppers)
+    for v, step in steppers.items():
+        result[v]["precision"] = step.precision
+    result["hf-grouped_mm"]["grouped_mm"] = _grouped_mm_path(loops["hf-grouped_mm"][0])
+    result["hf-grouped_mm"]["class"] = hf["architectures"][0]
+    return result
 
 
 # Inclusive CPU time of ops that do not nest in one another: where the step goes, by part (on
@@ -188,16 +225,15 @@ def _profile(model, loss, batches, cfg, warmup: int) -> dict:
 def child(args: argparse.Namespace) -> None:
     if args.threads:  # before any work: a busy machine slows multi-threaded torch several fold
         __import__("torch").set_num_threads(args.threads)
-    if args.variant == "trimtab":
+    if args.variant == "interleaved":
+        result = run_interleaved(args)
+    elif args.variant == "trimtab":
         result = run_trimtab(args)
     else:
         cfg = _config(args)
         batches = _batches(cfg, args.warmup + args.steps)  # resolves the vocabulary too
         hf = _exported(cfg)
-        if args.variant.startswith("hf-"):
-            model, loss = _hf(cfg, hf, args.variant.removeprefix("hf-"))
-        else:
-            model, loss = _trimtab_loop(cfg, hf)
+        model, loss = _build(args.variant, cfg, hf)
         measure = _profile if args.variant == "profile" else _loop
         result = measure(model, loss, batches, cfg, args.warmup)
         result["class"] = hf["architectures"][0]
@@ -208,6 +244,8 @@ def child(args: argparse.Namespace) -> None:
 
 
 def _run_child(args: argparse.Namespace, variant: str) -> dict:
+    """Run `variant` (one, "interleaved" or "profile") in a fresh process; its RESULT and the
+    other processes' share of the CPUs meanwhile."""
     cmd = [sys.executable, __file__, "--child", variant, "--preset", args.preset, "--steps", str(args.steps)]
     cmd += ["--warmup", str(args.warmup), "--experts", str(args.experts), "--threads", str(args.threads)]
     cmd += ["--precision", args.precision]
@@ -220,17 +258,22 @@ def _run_child(args: argparse.Namespace, variant: str) -> dict:
 
 
 def parent(args: argparse.Namespace) -> None:
+    """Each repetition one process running the four variants step by step in turn; then one short
+    process per variant for its own peak RSS."""
     runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     for rep in range(args.reps):
+        result = _run_child(args, "interleaved")
         for variant in VARIANTS:
-            runs[variant].append(r := _run_child(args, variant))
+            runs[variant].append(r := {**result[variant], "other_cpu": result["other_cpu"]})
             print(
                 f"rep {rep} {variant:14s} {r['tokens_per_s']:8.0f} tok/s {r['ms_per_step']:8.1f} ms/step  "
                 f"other processes {r['other_cpu']:.0%} of the CPUs",
                 flush=True,
             )
+    short = argparse.Namespace(**{**vars(args), "steps": RSS_STEPS, "warmup": 1})
+    rss = {v: _run_child(short, v)["peak_rss_mb"] for v in VARIANTS}
     profiled = _run_child(args, "profile") if args.profile else None
-    section = report(args, runs, profiled)
+    section = report(args, runs, rss, profiled)
     publish(heading(args), section, args.dry_run)
 
 
@@ -244,7 +287,7 @@ def _flags(args: argparse.Namespace) -> str:
     return flags + (f" --precision {args.precision}" if args.precision != "auto" else "")
 
 
-def report(args: argparse.Namespace, runs: dict[str, list[dict]], profiled: dict | None) -> str:
+def report(args: argparse.Namespace, runs: dict[str, list[dict]], rss: dict[str, float], profiled: dict | None) -> str:
     hf = runs["hf-grouped_mm"][0]
     lines = [
         heading(args),
@@ -253,9 +296,11 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict]], profiled: dict
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
         f"{__import__('torch').__version__}, transformers {__import__('transformers').__version__}; "
         f"{args.steps} timed steps after {args.warmup} warm-up (tokens/s: a step's mean tokens over the median "
-        f"step time), {args.reps} interleaved repetitions (each "
-        f"variant in its own process); transformers' grouped_mm ran {hf.get('grouped_mm')} (torch's kernel "
-        "or transformers' fallback). Ratios pair repetition i, median with a bootstrap 95% interval.",
+        f"step time), {args.reps} repetitions, each one process running the four variants a step of each in "
+        "turn (the Trainer's, then the loops' in rotating order), so every ratio compares steps taken at "
+        "the same moments of the machine; peak RSS from a separate "
+        f"{RSS_STEPS}-step process per variant. transformers' grouped_mm ran {hf.get('grouped_mm')} (torch's "
+        "kernel or transformers' fallback). Ratios pair repetition i, median with a bootstrap 95% interval.",
         "",
         "| variant | precision | tokens/s (median) | all reps | ms/step (median) | peak RSS MB "
         "| other processes' CPU share |",
@@ -265,8 +310,7 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict]], profiled: dict
         tps, ms = (statistics.median(r[k] for r in rs) for k in ("tokens_per_s", "ms_per_step"))
         each = ", ".join(f"{r['tokens_per_s']:,.0f}" for r in rs)
         loads = ", ".join(f"{r['other_cpu']:.0%}" for r in rs)
-        rss = max(r["peak_rss_mb"] for r in rs)
-        lines.append(f"| {v} | {rs[0]['precision']} | {tps:,.0f} | {each} | {ms:,.1f} | {rss:,.0f} | {loads} |")
+        lines.append(f"| {v} | {rs[0]['precision']} | {tps:,.0f} | {each} | {ms:,.1f} | {rss[v]:,.0f} | {loads} |")
     lines += ["", *_ratio_lines({v: [r["tokens_per_s"] for r in rs] for v, rs in runs.items()}, args.precision)]
     if profiled:
         lines += ["", *_profile_table(profiled)]
@@ -285,7 +329,8 @@ def _ratio_lines(tps: dict[str, list[float]], precision: str) -> list[str]:
     lines = []
     for name, a, b, target in claims:
         ratio = paired_ratio(tps[a], tps[b])
-        lines.append(f"- {name}: **{ratio}**; target >= {target:g}x: {ratio.verdict(target)}")
+        line = f"- {name}: **{ratio}**; target >= {target:g}x: {ratio.verdict(target)}"
+        lines.append(line + (f"; as parity: {ratio.within(0.05)}" if target == 1.0 else ""))
     for a in ("trimtab-loop", "trimtab"):
         least = min(x / y for x, y in zip(tps[a], tps["hf-grouped_mm"], strict=True))
         lines.append(
@@ -316,7 +361,7 @@ if __name__ == "__main__":
     parser.add_argument("--experts", type=int, default=0, help="override model.moe.n_experts (0: the preset's)")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--threads", type=int, default=0, help="torch threads per variant (0: torch's default)")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"], help="see above")
     parser.add_argument("--profile", action="store_true", help="add trimtab-loop's top ops by self CPU time")

@@ -4,10 +4,13 @@
                                [--compile] [--precision auto|fp32|bf16]
 
 Each variant trains the same model shape on the same batches (trimtab's loader over the built-in
-corpus) for the same steps, in its own subprocess (so peak RSS is its own). Variants run
-interleaved, `--reps` times, and the median is reported; contention is
-measured (CPU time of other processes during each run), because a busy second core slows
-two-thread torch 3-10x. Results go to BENCHMARKS.md.
+corpus) for the same steps. Each repetition is one process running the three a step of each in
+turn (the Trainer's step, then one of each loop, their order rotating): run one process per
+variant, a variant swung 20-50% between processes on a shared host with nothing else running
+here, while step by step every variant sees the same moments and the paired ratio cancels them.
+Peak RSS comes from a short separate process per variant. Contention is measured (CPU time of
+other processes during each run), because a busy second core slows two-thread torch 3-10x.
+Results go to BENCHMARKS.md.
 
     trimtab          trimtab.training.Trainer.fit at the preset's defaults (train.compile: auto,
                      which keeps a run this short eager; train.precision: auto, bf16 autocast on
@@ -44,6 +47,7 @@ from _measure import Contention, median_ci, paired_ratio, step_rate  # bench/_me
 from _peers import llama_like  # bench/_peers.py, next to this file
 
 ROOT = Path(__file__).resolve().parent.parent
+RSS_STEPS = 3  # eager: a variant's peak RSS is taken in its own process over this many steps
 
 
 def _config(args: argparse.Namespace, out: str, compile_: bool | None = None):
@@ -92,6 +96,47 @@ def timed_fit(cfg, warmup: int) -> dict:
     return {**step_rate(clock.marks, warmup), "compile": trainer.compile.enabled, "precision": trainer.precision.name}
 
 
+def interleaved_fit(cfg, warmup: int, others: dict) -> dict[str, dict]:
+    """trimtab's Trainer.fit on `cfg` and, after each of its steps, one step of every variant in
+    `others` (name -> step(i) -> tokens, their order rotating each step), so all of them run
+    through the same moments of the machine: a slow minute slows every variant alike and the
+    paired ratio cancels it. Each variant's time counts only its own steps."""
+    from trimtab.training.hooks import Hook
+    from trimtab.training.setup import setup
+    from trimtab.training.trainer import Trainer
+
+    names = list(others)
+    spans: dict[str, list[tuple[float, int]]] = {"trimtab": [], **{n: [] for n in names}}
+
+    class Interleave(Hook):
+        def __init__(self):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, run, out):
+            spans["trimtab"].append((time.perf_counter() - self.start, out.batch.n_tokens))
+            i = len(spans["trimtab"]) - 1
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                t0 = time.perf_counter()
+                tokens = others[name](i)
+                spans[name].append((time.perf_counter() - t0, tokens))
+            self.start = time.perf_counter()
+
+    trainer = Trainer(setup(cfg), hooks=[hook := Interleave()])
+    hook.start = time.perf_counter()
+    trainer.fit()
+    result = {name: step_rate(_marks(spans[name]), warmup) for name in spans}
+    result["trimtab"]["precision"] = trainer.precision.name
+    return result
+
+
+def _marks(spans: list[tuple[float, int]]) -> list[tuple[float, int]]:
+    """(seconds, tokens) per step as step_rate's running (time, tokens) marks."""
+    marks = [(0.0, 0)]
+    for seconds, tokens in spans:
+        marks.append((marks[-1][0] + seconds, marks[-1][1] + tokens))
+    return marks
+
+
 def run_trimtab(args: argparse.Namespace, compile_: bool | None) -> dict:
     with tempfile.TemporaryDirectory() as out:
         cfg = _config(args, out, compile_)
@@ -107,17 +152,18 @@ def _precision(name: str):
     return choose_precision(torch.device("cpu"), name)
 
 
-def run_minimal(args: argparse.Namespace, compile_: bool) -> dict:
+def minimal_stepper(cfg, batches, compile_: bool):
+    """step(i) -> tokens: a bare loop over trimtab's model at trimtab's settings (its precision as
+    the Trainer resolves it, AdamW groups, clipping), cross-entropy on the full logits."""
     import torch
     import torch.nn.functional as F
 
     from trimtab.model import build_model
+    from trimtab.training.cpu_precision import refine_cpu_precision
 
-    cfg = _config(args, "unused")
-    precision = _precision(cfg.train.precision)
-    batches = _batches(cfg, args.warmup + args.steps)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model)
+    precision = refine_cpu_precision(_precision(cfg.train.precision), cfg, model)  # as the Trainer resolves it
     forward = torch.compile(model) if compile_ else model
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "emb" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "emb" not in n)]
@@ -127,8 +173,9 @@ def run_minimal(args: argparse.Namespace, compile_: bool) -> dict:
         betas=(cfg.optim.beta1, cfg.optim.beta2),
         fused=True,
     )
-    marks = [(time.perf_counter(), 0)]
-    for batch in batches:
+
+    def step(i: int) -> int:
+        batch = batches[i]
         for micro in batch.micro:
             with precision.autocast():
                 logits = forward(micro.inputs)
@@ -143,24 +190,26 @@ def run_minimal(args: argparse.Namespace, compile_: bool) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss.item()
-        marks.append((time.perf_counter(), marks[-1][1] + batch.n_tokens))
-    return {**step_rate(marks, args.warmup), "compile": compile_, "precision": precision.name}
+        return batch.n_tokens
+
+    step.precision = precision.name
+    return step
 
 
-def run_transformers(args: argparse.Namespace, compile_: bool) -> dict:
+def transformers_stepper(cfg, batches, compile_: bool, precision_name: str):
+    """step(i) -> tokens: LlamaForCausalLM of the same shape at its defaults (fp32 unless
+    `precision_name` names one, default AdamW), a plain loop."""
     import torch
 
-    cfg = _config(args, "unused")
-    precision = _precision("fp32" if args.precision == "auto" else args.precision)  # its default: fp32
-    batches = _batches(cfg, args.warmup + args.steps)
-    m = cfg.model
+    precision = _precision("fp32" if precision_name == "auto" else precision_name)
     torch.manual_seed(cfg.train.seed)
-    model = llama_like(m)
+    model = llama_like(cfg.model)
     model.train()
     forward = torch.compile(model) if compile_ else model
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)  # its defaults
-    marks = [(time.perf_counter(), 0)]
-    for batch in batches:
+
+    def step(i: int) -> int:
+        batch = batches[i]
         for micro in batch.micro:
             # transformers shifts labels itself: labels are the inputs, -100 where masked.
             labels = torch.cat([micro.inputs[:, :1], micro.targets[:, :-1]], dim=1)
@@ -170,61 +219,97 @@ def run_transformers(args: argparse.Namespace, compile_: bool) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        marks.append((time.perf_counter(), marks[-1][1] + batch.n_tokens))
-    return {**step_rate(marks, args.warmup), "compile": compile_, "precision": precision.name}
+        return batch.n_tokens
+
+    step.precision = precision.name
+    return step
+
+
+def run_loop(args: argparse.Namespace, name: str, compile_: bool) -> dict:
+    """One loop variant alone in this process (its peak RSS, or a compiled run)."""
+    cfg = _config(args, "unused")
+    batches = _batches(cfg, args.warmup + args.steps)
+    step = (
+        minimal_stepper(cfg, batches, compile_)
+        if name == "minimal"
+        else transformers_stepper(cfg, batches, compile_, args.precision)
+    )
+    marks = [(time.perf_counter(), 0)]
+    for i in range(len(batches)):
+        marks.append((time.perf_counter(), marks[-1][1] + step(i)))
+    return {**step_rate(marks, args.warmup), "compile": compile_, "precision": step.precision}
+
+
+def run_interleaved(args: argparse.Namespace) -> dict[str, dict]:
+    """The three variants eager in this one process, a step of each in turn (interleaved_fit)."""
+    cfg = _config(args, "unused")
+    batches = _batches(cfg, args.warmup + args.steps)
+    loops = {
+        "minimal": minimal_stepper(cfg, batches, False),
+        "transformers": transformers_stepper(cfg, batches, False, args.precision),
+    }
+    with tempfile.TemporaryDirectory() as out:
+        result = interleaved_fit(_config(args, out, False), args.warmup, loops)
+    for name, step in loops.items():
+        result[name]["precision"] = step.precision
+    return result
 
 
 def child(args: argparse.Namespace) -> None:
     name, compile_ = args.variant.removesuffix("+compile"), args.variant.endswith("+compile")
-    if name == "trimtab":
+    if name == "interleaved":
+        result = run_interleaved(args)
+    elif name == "trimtab":
         result = run_trimtab(args, True if compile_ else None)
-    elif name == "minimal":
-        result = run_minimal(args, compile_)
     else:
-        result = run_transformers(args, compile_)
+        result = run_loop(args, name, compile_)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(result))
 
 
 def parent(args: argparse.Namespace) -> None:
+    """Eager: each repetition one process running the three variants a step of each in turn, then
+    one short process per variant for its peak RSS. --compile: each variant in its own process per
+    repetition (each compiles from empty caches; two Trainers cannot share a process)."""
     variants = ["trimtab", "minimal", "transformers"]
     if args.compile:
         variants = ["trimtab+compile", "trimtab", "minimal+compile", "transformers+compile"]
     runs: dict[str, list[dict]] = {v: [] for v in variants}
     for rep in range(args.reps):
-        for variant in variants:
-            cmd = [
-                sys.executable,
-                __file__,
-                "--child",
-                variant,
-                "--preset",
-                args.preset,
-                "--steps",
-                str(args.steps),
-                "--warmup",
-                str(args.warmup),
-                "--seq-len",
-                str(args.seq_len),
-                "--precision",
-                args.precision,
-            ]
-            # Each process compiles from empty caches: inductor's on-disk cache would otherwise
-            # hand every repetition after the first its kernels, and the cold start seem seconds.
-            with tempfile.TemporaryDirectory() as cache, Contention() as busy:
-                env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": cache}
-                out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
-            line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-            if line is None:
-                sys.exit(f"{variant} failed:\n{out.stderr[-3000:]}")
-            result = {**json.loads(line[7:]), "other_cpu": busy.other}
+        if args.compile:
+            results = {v: _run_child(args, v) for v in variants}
+        else:
+            both = _run_child(args, "interleaved")
+            results = {v: {**both[v], "other_cpu": both["other_cpu"]} for v in variants}
+        for variant, result in results.items():
             runs[variant].append(result)
             print(
                 f"rep {rep} {variant:14s} {result['tokens_per_s']:8.0f} tok/s  "
-                f"other processes {busy.other:.0%} of the CPUs",
+                f"other processes {result['other_cpu']:.0%} of the CPUs",
                 flush=True,
             )
+    if not args.compile:
+        short = argparse.Namespace(**{**vars(args), "steps": RSS_STEPS, "warmup": 1})
+        for variant in variants:
+            rss = _run_child(short, variant)["peak_rss_mb"]
+            for r in runs[variant]:
+                r["peak_rss_mb"] = rss
     write_report(args, runs)
+
+
+def _run_child(args: argparse.Namespace, variant: str) -> dict:
+    """`variant` (or "interleaved") in a fresh process: its RESULT and the other processes' CPU share."""
+    cmd = [sys.executable, __file__, "--child", variant, "--preset", args.preset, "--steps", str(args.steps)]
+    cmd += ["--warmup", str(args.warmup), "--seq-len", str(args.seq_len), "--precision", args.precision]
+    # Each process compiles from empty caches: inductor's on-disk cache would otherwise hand every
+    # repetition after the first its kernels, and the cold start seem seconds.
+    with tempfile.TemporaryDirectory() as cache, Contention() as busy:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": cache}
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        sys.exit(f"{variant} failed:\n{out.stderr[-3000:]}")
+    return {**json.loads(line[7:]), "other_cpu": busy.other}
 
 
 def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
@@ -238,8 +323,14 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
         f"{time.strftime('%Y-%m-%d')}, {cpu_model()}, "
         f"{os.cpu_count()} cores, torch {__import__('torch').__version__}; {args.steps} timed steps "
         f"after {args.warmup} warm-up steps (tokens/s: a step's mean tokens over the median step time), "
-        f"{args.reps} interleaved repetitions (each variant in its own "
-        "process); ratios pair repetition i of each variant, median with a bootstrap 95% interval.",
+        f"{args.reps} repetitions, "
+        + (
+            "each variant in its own process"
+            if args.compile
+            else "each one process running the three a step of each in turn (the Trainer's, then the loops' "
+            f"in rotating order; peak RSS from a separate {RSS_STEPS}-step process per variant)"
+        )
+        + "; ratios pair repetition i of each variant, median with a bootstrap 95% interval.",
         "",
         "| variant | precision | tokens/s (median) | all reps | warm-up s | peak RSS MB | other processes' CPU share |",
         "|---|---|---|---|---|---|---|",

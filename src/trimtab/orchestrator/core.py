@@ -34,7 +34,7 @@ from trimtab.training.runtime import to_host
 
 if TYPE_CHECKING:
     from trimtab.data import StepBatch
-    from trimtab.training.trainer import StepOutput
+    from trimtab.training.state import StepOutput
     from trimtab.training.view import RunView
 
 GATED = ("spike", "grad", "lr")  # rules whose ceilings the update gate checks before the optimizer step

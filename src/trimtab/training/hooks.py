@@ -23,7 +23,7 @@ from trimtab.metrics import ABANDONED, METRICS_FILE, read_metrics
 
 if TYPE_CHECKING:
     from trimtab.data import StepBatch
-    from trimtab.training.trainer import StepOutput
+    from trimtab.training.state import StepOutput
     from trimtab.training.view import RunView
 
 

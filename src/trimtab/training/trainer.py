@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,74 +23,16 @@ from trimtab.training.control import Control
 from trimtab.training.evaluation import mean_losses, sharded_loss
 from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger
 from trimtab.training.loss import cross_entropy_sum
+from trimtab.training.metrics import run_summary, step_metrics
 from trimtab.training.optim import build_optimizer, set_lr
-from trimtab.training.runtime import (
-    LogWindow,
-    RouterStats,
-    mod_metrics,
-    moe_metrics,
-    peak_rss_mb,
-    rng_state,
-    set_rng_state,
-)
+from trimtab.training.runtime import LogWindow, RouterStats, rng_state, set_rng_state
 from trimtab.training.schedule import configured_lengths, phase_lr, reconcile
 from trimtab.training.setup import Run
 from trimtab.training.signals import handle_signals
+from trimtab.training.state import KEPT_ON_ROLLBACK, StepOutput, TrainState
 from trimtab.training.view import RunView
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(kw_only=True)
-class TrainState:
-    step: int = 0  # optimizer steps taken (or skipped by the update gate), over all phases
-    tokens: int = 0  # input tokens trained on
-    phase: int = 0
-    train_seconds: float = 0.0
-    # Knobs that interventions set through Control (None: the phase's config value).
-    lr_scale: float = 1.0  # multiplies the schedule
-    grad_clip: float | None = None
-    weight_decay: float | None = None
-    micro_batch_tokens: int | None = None
-    rollbacks: int = 0
-    length_delta: int = 0  # steps added to (< 0: taken from) pretraining by set_total_steps
-    # The schedule's definition (training/schedule.py): each phase's configured length when last
-    # saved, and the re-warm segments of phases extended after they ended.
-    phase_steps: list[int] = field(default_factory=list)
-    restarts: list[list[Any]] = field(default_factory=list)
-
-
-# What a rollback keeps from the present: the knobs (they are the correction) and the schedule.
-KEPT_ON_ROLLBACK = (
-    "lr_scale",
-    "grad_clip",
-    "weight_decay",
-    "micro_batch_tokens",
-    "rollbacks",
-    "length_delta",
-    "phase_steps",
-    "restarts",
-)
-
-
-@dataclass(kw_only=True)
-class StepOutput:
-    step: int  # the step just taken (1-based count of steps done)
-    loss: torch.Tensor  # 0-d, on device: token-normalised loss of the whole step
-    grad_norm: torch.Tensor  # 0-d, on device: pre-clip global norm
-    lr: float  # the LR the update applied (read from the optimizer)
-    scheduled_lr: float  # the configured schedule's LR for this step, before the multiplier
-    lr_scale: float
-    batch: StepBatch
-    micro_batch_tokens: int  # the budget the step's micro-batches were cut to
-    changes: int = 0  # Control's count of applied actions when the step ran
-    phase: int = 0  # the phase the step belongs to (pretraining, finetuning)
-    seconds: float = 0.0  # wall time of the step, data loading included
-    skipped: torch.Tensor | None = None  # 0-d bool, on device: the update gate withheld the update
-    overflow: torch.Tensor | None = None  # 0-d bool, on device: fp16 GradScaler found inf/NaN
-    aux_loss: torch.Tensor | None = None  # 0-d, on device: the MoE auxiliary losses in the objective
-    moe: dict[str, Any] | None = None  # MoEStepStats.as_dict(): router telemetry per MoE layer
-    mod: dict[str, Any] | None = None  # RouterStats.mod_dict(): per Mixture-of-Depths layer
 
 
 class Trainer:
@@ -153,7 +94,7 @@ class Trainer:
                     self._maybe_eval()
                     self._maybe_checkpoint()
             self.save()
-        summary = self._summary(*start)
+        summary = run_summary(self, *start)
         self._call("on_train_end", summary)
         self.dist.close()
         return summary
@@ -309,41 +250,9 @@ class Trainer:
         self.window.seconds += out.seconds
         self._call("on_step_end", out)
         if self.state.step % self.cfg.train.log_every == 0 or self.state.step == self.total_steps:
-            self._call("on_log", self._log_metrics(out.lr))
-
-    def _log_metrics(self, lr: float) -> dict[str, Any]:
-        losses, norms, skipped = self.window.read()
-        tps = self.window.tokens / max(self.window.seconds, 1e-9)
-        metrics = {
-            "step": self.state.step,
-            "phase": self.phases[self.state.phase].name,
-            "loss": sum(losses) / len(losses),
-            "grad_norm": sum(norms) / len(norms),
-            "grad_norm_max": max(norms),
-            "lr": lr,
-            "lr_scale": self.state.lr_scale,
-            "skipped_steps": skipped,
-            "micro_batch_tokens": self.loader.micro_batch_tokens,
-            "tokens": self.state.tokens,
-            "tokens_per_s": tps,
-            "step_time": self.window.seconds / len(losses),
-            "epoch": self.loader.epoch,
-            "peak_rss_mb": peak_rss_mb(),
-            **self.loader.metrics(),  # a mixture's share of each source so far
-        }
-        if self.peak_flops:
-            metrics["mfu"] = tps * self.flops_per_token / self.peak_flops
-        out = self.last_step_out
-        if out.aux_loss is not None:
-            metrics["aux_loss"] = out.aux_loss.item()
-        if out.moe is not None:
-            metrics.update(moe_metrics(out.moe))
-        if out.mod is not None:
-            metrics.update(mod_metrics(out.mod))
-        if self.device.type == "cuda":
-            metrics["cuda_max_alloc_mb"] = torch.cuda.max_memory_allocated() / 2**20
-        self.window = LogWindow()
-        return metrics
+            metrics = step_metrics(self, out.lr)
+            self.window = LogWindow()  # before the hooks: a checkpoint they ask for saves the new one
+            self._call("on_log", metrics)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
@@ -534,33 +443,3 @@ class Trainer:
     def _call(self, event: str, *args: Any) -> None:
         for hook in self.hooks:
             getattr(hook, event)(self.view, *args)
-
-    def _summary(self, step0: int, tokens0: int, train_seconds0: float, wall0: float) -> dict[str, Any]:
-        """This session's figures: tokens/s over its steps, seconds including eval and saving."""
-        done = self.state.step >= self.total_steps
-        tps = (self.state.tokens - tokens0) / max(self.state.train_seconds - train_seconds0, 1e-9)
-        summary = {
-            "status": "completed" if done else f"{'gave up' if self.exit_code else 'stopped'} ({self.stop_reason})",
-            "exit_code": 0 if done else self.exit_code,
-            "run_dir": str(self.cfg.run_dir),
-            "step": self.state.step,
-            "total_steps": self.total_steps,
-            "tokens": self.state.tokens,
-            "steps_this_session": self.state.step - step0,
-            "seconds": time.perf_counter() - wall0,
-            "tokens_per_s": tps,
-            "params": self.sizes["params"],
-            "non_embedding_params": self.sizes["non_embedding_params"],
-            "active_params": self.sizes["active_params"],
-            "device": str(self.device),
-            "precision": self.precision.name,
-            "precision_reason": self.precision.reason,
-            "val_loss": self.last_eval.get("val_loss"),
-            "val_ppl": self.last_eval.get("val_ppl"),
-            "skipped_records": sum(p.skipped_records for p in self.phases),
-            "compile": self.step_times.summary(self.compile),
-        }
-        if self.peak_flops:
-            summary["mfu"] = tps * self.flops_per_token / self.peak_flops
-            summary["peak_flops_source"] = self.peak_source
-        return summary

@@ -29,7 +29,7 @@ from trimtab.tune.space import Space
 
 if TYPE_CHECKING:
     from trimtab.config import RunConfig
-    from trimtab.training.trainer import StepOutput
+    from trimtab.training.state import StepOutput
     from trimtab.training.view import RunView
 
 log = logging.getLogger(__name__)

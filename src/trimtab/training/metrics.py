@@ -1,0 +1,79 @@
+"""The figures the trainer reports: each log line's metrics and the summary a session ends with."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trimtab.training.runtime import mod_metrics, moe_metrics, peak_rss_mb
+
+if TYPE_CHECKING:
+    from trimtab.training.trainer import Trainer
+
+
+def step_metrics(trainer: Trainer, lr: float) -> dict[str, Any]:
+    """The log line's figures over the steps since the last one (the trainer then starts a new window)."""
+    losses, norms, skipped = trainer.window.read()
+    tps = trainer.window.tokens / max(trainer.window.seconds, 1e-9)
+    metrics = {
+        "step": trainer.state.step,
+        "phase": trainer.phases[trainer.state.phase].name,
+        "loss": sum(losses) / len(losses),
+        "grad_norm": sum(norms) / len(norms),
+        "grad_norm_max": max(norms),
+        "lr": lr,
+        "lr_scale": trainer.state.lr_scale,
+        "skipped_steps": skipped,
+        "micro_batch_tokens": trainer.loader.micro_batch_tokens,
+        "tokens": trainer.state.tokens,
+        "tokens_per_s": tps,
+        "step_time": trainer.window.seconds / len(losses),
+        "epoch": trainer.loader.epoch,
+        "peak_rss_mb": peak_rss_mb(),
+        **trainer.loader.metrics(),  # a mixture's share of each source so far
+    }
+    if trainer.peak_flops:
+        metrics["mfu"] = tps * trainer.flops_per_token / trainer.peak_flops
+    out = trainer.last_step_out
+    if out.aux_loss is not None:
+        metrics["aux_loss"] = out.aux_loss.item()
+    if out.moe is not None:
+        metrics.update(moe_metrics(out.moe))
+    if out.mod is not None:
+        metrics.update(mod_metrics(out.mod))
+    if trainer.device.type == "cuda":
+        metrics["cuda_max_alloc_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return metrics
+
+
+def run_summary(trainer: Trainer, step0: int, tokens0: int, train_seconds0: float, wall0: float) -> dict[str, Any]:
+    """This session's figures: tokens/s over its steps, seconds including eval and saving."""
+    done = trainer.state.step >= trainer.total_steps
+    tps = (trainer.state.tokens - tokens0) / max(trainer.state.train_seconds - train_seconds0, 1e-9)
+    summary = {
+        "status": "completed" if done else f"{'gave up' if trainer.exit_code else 'stopped'} ({trainer.stop_reason})",
+        "exit_code": 0 if done else trainer.exit_code,
+        "run_dir": str(trainer.cfg.run_dir),
+        "step": trainer.state.step,
+        "total_steps": trainer.total_steps,
+        "tokens": trainer.state.tokens,
+        "steps_this_session": trainer.state.step - step0,
+        "seconds": time.perf_counter() - wall0,
+        "tokens_per_s": tps,
+        "params": trainer.sizes["params"],
+        "non_embedding_params": trainer.sizes["non_embedding_params"],
+        "active_params": trainer.sizes["active_params"],
+        "device": str(trainer.device),
+        "precision": trainer.precision.name,
+        "precision_reason": trainer.precision.reason,
+        "val_loss": trainer.last_eval.get("val_loss"),
+        "val_ppl": trainer.last_eval.get("val_ppl"),
+        "skipped_records": sum(p.skipped_records for p in trainer.phases),
+        "compile": trainer.step_times.summary(trainer.compile),
+    }
+    if trainer.peak_flops:
+        summary["mfu"] = tps * trainer.flops_per_token / trainer.peak_flops
+        summary["peak_flops_source"] = trainer.peak_source
+    return summary

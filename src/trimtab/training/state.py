@@ -1,0 +1,63 @@
+"""What the trainer carries between steps and checkpoints (TrainState), and what one step hands
+to the hooks (StepOutput)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from trimtab.data import StepBatch
+
+
+@dataclass(kw_only=True)
+class TrainState:
+    step: int = 0  # optimizer steps taken (or skipped by the update gate), over all phases
+    tokens: int = 0  # input tokens trained on
+    phase: int = 0
+    train_seconds: float = 0.0
+    # Knobs that interventions set through Control (None: the phase's config value).
+    lr_scale: float = 1.0  # multiplies the schedule
+    grad_clip: float | None = None
+    weight_decay: float | None = None
+    micro_batch_tokens: int | None = None
+    rollbacks: int = 0
+    length_delta: int = 0  # steps added to (< 0: taken from) pretraining by set_total_steps
+    # The schedule's definition (training/schedule.py): each phase's configured length when last
+    # saved, and the re-warm segments of phases extended after they ended.
+    phase_steps: list[int] = field(default_factory=list)
+    restarts: list[list[Any]] = field(default_factory=list)
+
+
+# What a rollback keeps from the present: the knobs (they are the correction) and the schedule.
+KEPT_ON_ROLLBACK = (
+    "lr_scale",
+    "grad_clip",
+    "weight_decay",
+    "micro_batch_tokens",
+    "rollbacks",
+    "length_delta",
+    "phase_steps",
+    "restarts",
+)
+
+
+@dataclass(kw_only=True)
+class StepOutput:
+    step: int  # the step just taken (1-based count of steps done)
+    loss: torch.Tensor  # 0-d, on device: token-normalised loss of the whole step
+    grad_norm: torch.Tensor  # 0-d, on device: pre-clip global norm
+    lr: float  # the LR the update applied (read from the optimizer)
+    scheduled_lr: float  # the configured schedule's LR for this step, before the multiplier
+    lr_scale: float
+    batch: StepBatch
+    micro_batch_tokens: int  # the budget the step's micro-batches were cut to
+    changes: int = 0  # Control's count of applied actions when the step ran
+    phase: int = 0  # the phase the step belongs to (pretraining, finetuning)
+    seconds: float = 0.0  # wall time of the step, data loading included
+    skipped: torch.Tensor | None = None  # 0-d bool, on device: the update gate withheld the update
+    overflow: torch.Tensor | None = None  # 0-d bool, on device: fp16 GradScaler found inf/NaN
+    aux_loss: torch.Tensor | None = None  # 0-d, on device: the MoE auxiliary losses in the objective
+    moe: dict[str, Any] | None = None  # MoEStepStats.as_dict(): router telemetry per MoE layer
+    mod: dict[str, Any] | None = None  # RouterStats.mod_dict(): per Mixture-of-Depths layer

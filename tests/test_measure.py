@@ -1,0 +1,37 @@
+"""bench/_measure.py: the verdicts every benchmark's claims go through."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+from _measure import Ratio, paired_ratio, step_rate  # noqa: E402
+
+
+def test_a_claim_is_met_only_when_the_whole_interval_clears_its_target():
+    assert Ratio(1.2, 1.1, 1.3, 5).verdict(1.05) == "met"
+    assert Ratio(0.9, 0.8, 0.95, 5).verdict(1.0) == "not met"
+    assert Ratio(1.02, 0.97, 1.08, 5).verdict(1.0).startswith("not resolved")
+    assert Ratio(0.6, 0.55, 0.65, 5).at_most(0.7) == "met"
+    assert Ratio(0.72, 0.69, 0.75, 5).at_most(0.7).startswith("not resolved")
+
+
+def test_parity_is_resolved_only_inside_the_tolerance():
+    assert Ratio(1.01, 0.97, 1.04, 7).within(0.05) == "the same within 5%"
+    assert Ratio(1.2, 1.1, 1.3, 7).within(0.05) == "different by more than 5%"
+    assert Ratio(1.02, 0.93, 1.08, 7).within(0.05) == "not resolved to 5%"
+
+
+def test_paired_ratios_cancel_drift_that_moves_both_variants():
+    drift = [1.0, 0.7, 1.3, 0.9, 1.1]  # the machine's speed per repetition
+    r = paired_ratio([1.25 * d for d in drift], drift)
+    assert abs(r.value - 1.25) < 1e-9 and abs(r.low - 1.25) < 1e-9 and abs(r.high - 1.25) < 1e-9
+
+
+def test_step_rate_takes_the_median_step_so_one_slow_step_moves_it_little():
+    t, marks = 0.0, [(0.0, 0)]
+    for i, seconds in enumerate([5.0, 1.0, 1.0, 9.0, 1.0]):  # a warm-up step, then one stall
+        t += seconds
+        marks.append((t, 100 * (i + 1)))
+    rate = step_rate(marks, warmup=1)
+    assert rate["tokens_per_s"] == 100.0 and rate["ms_per_step"] == 1000.0 and rate["warmup_s"] == 5.0
