@@ -1,6 +1,6 @@
 """Mixture-of-Depths and hybrid models: training step time vs the dense model of the same shape.
 
-    python bench/mod.py [--rows 16] [--seq-len 256] [--steps 3] [--warmup 1] [--reps 7]
+    python bench/mod.py [--rows 16] [--seq-len 256] [--steps 8] [--warmup 1] [--reps 7]
                         [--threads 2 [1]] [--dry-run]
 
 One training step (forward, backward, AdamW) of the `small` preset's shape (d_model 256, 4
@@ -18,15 +18,17 @@ layers, 4 heads, vocab 4096) on rows x seq_len random tokens, fp32, for:
                      and MoD capacities 0.5 and 0.25, its capacity warm-up off) at this shape,
                      MoE as above
 
-Each variant runs in its own process per repetition (so its peak RSS is its own): `--warmup`
-steps, then the median of `--steps` timed steps. The variants run interleaved, their order
-rotated each repetition, `--reps` times; other processes' CPU share is measured during each run
-(a busy core slows torch several fold). Every "vs dense" step-time ratio pairs repetition i of
-the variant and of dense: the median of the pair ratios with a bootstrap 95% interval
-(_measure.paired_ratio), next to the FLOPs ratio from flops_per_token. Skipped tokens must skip
-compute: the target is mod 0.5 <= 0.7x the dense step (met only when the whole interval is at
-or under it, not met when it is all above, else not resolved). Results go to the
-"Mixture-of-Depths" section of BENCHMARKS.md (`--dry-run`: tiny batch, one step, one
+Each repetition is one process that builds every variant, runs `--warmup` steps of each, then
+`--steps` rounds of one step of each (their order rotating), and takes each variant's median:
+run one process per variant instead, a variant swung 20-50% between processes on a shared host
+with nothing else running here, while round by round every variant sees the same moments. Peak
+RSS comes from a short separate process per variant. `--reps` repetitions; other processes' CPU
+share is measured during each (a busy core slows torch several fold). Every "vs dense" step-time
+ratio pairs repetition i of the variant and of dense: the median of the pair ratios with a
+bootstrap 95% interval (_measure.paired_ratio), next to the FLOPs ratio from flops_per_token.
+Skipped tokens must skip compute: the target is mod 0.5 <= 0.7x the dense step (met only when
+the whole interval is at or under it, not met when it is all above, else not resolved). Results
+go to the "Mixture-of-Depths" section of BENCHMARKS.md (`--dry-run`: tiny batch, one step, one
 repetition, printed, nothing written).
 """
 
@@ -95,19 +97,25 @@ def step(model, opt, tokens: torch.Tensor) -> float:
 
 
 def child(args: argparse.Namespace) -> None:
-    """One variant, one repetition: warm-up steps, then the timed ones; a RESULT line."""
+    """One repetition of every variant ("interleaved"), or one variant alone for its peak RSS:
+    warm-up steps, then rounds of one timed step of each (order rotating); a RESULT line."""
     torch.set_num_threads(args.threads[0])
     imports_mb = _rss_mb()
-    model, opt = build(args.variant, args.seq_len)
+    names = list(VARIANTS) if args.variant == "interleaved" else [args.variant]
+    built = {name: build(name, args.seq_len) for name in names}
     tokens = torch.randint(0, VOCAB, (args.rows, args.seq_len + 1), generator=torch.Generator().manual_seed(0))
-    times = [step(model, opt, tokens) for _ in range(args.warmup + args.steps)][args.warmup :]
+    for name in names:
+        for _ in range(args.warmup):
+            step(*built[name], tokens)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(args.steps):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            times[name].append(step(*built[name], tokens))
     result = {
-        "ms": statistics.median(times) * 1e3,
-        "flops": model.flops_per_token(args.seq_len),
-        "peak_rss_mb": _rss_mb(),
-        "imports_rss_mb": imports_mb,
+        name: {"ms": statistics.median(times[name]) * 1e3, "flops": built[name][0].flops_per_token(args.seq_len)}
+        for name in names
     }
-    print("RESULT " + json.dumps(result))
+    print("RESULT " + json.dumps({**result, "peak_rss_mb": _rss_mb(), "imports_rss_mb": imports_mb}))
 
 
 def _run_child(args: argparse.Namespace, variant: str, threads: int) -> dict:
@@ -123,20 +131,18 @@ def _run_child(args: argparse.Namespace, variant: str, threads: int) -> dict:
 
 
 def bench(args: argparse.Namespace, threads: int) -> dict[str, list[dict]]:
-    names = list(VARIANTS)
-    runs: dict[str, list[dict]] = {name: [] for name in names}
-    t0 = time.perf_counter()
+    runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
     for rep in range(args.reps):
-        if rep == 1:
-            took = time.perf_counter() - t0
-            print(f"threads={threads}: a repetition took {took:.0f} s, {took * (args.reps - 1):.0f} s left", flush=True)
-        for name in names[rep % len(names) :] + names[: rep % len(names)]:  # rotated: no variant always first
-            runs[name].append(r := _run_child(args, name, threads))
-            print(
-                f"threads={threads} rep {rep} {name:16s} {r['ms']:8.1f} ms/step  peak RSS {r['peak_rss_mb']:6.0f} MB  "
-                f"other CPU {r['other']:.0%}  ({r['wall_s']:.1f} s)",
-                flush=True,
-            )
+        r = _run_child(args, "interleaved", threads)
+        for name in VARIANTS:
+            runs[name].append({**r[name], "other": r["other"]})
+            print(f"threads={threads} rep {rep} {name:16s} {r[name]['ms']:8.1f} ms/step  other CPU {r['other']:.0%}")
+        print(f"threads={threads} rep {rep}: {r['wall_s']:.0f} s", flush=True)
+    short = argparse.Namespace(**{**vars(args), "steps": 1, "warmup": 1})
+    for name in VARIANTS:  # each variant's peak RSS in a process of its own
+        alone = _run_child(short, name, threads)
+        for r in runs[name]:
+            r.update(peak_rss_mb=alone["peak_rss_mb"], imports_rss_mb=alone["imports_rss_mb"])
     return runs
 
 
@@ -147,13 +153,13 @@ def report(args: argparse.Namespace, results: dict[int, dict[str, list[dict]]], 
         f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} cores, torch {torch.__version__}; a training step (forward, backward, "
         f"AdamW) of the `small` shape (d_model 256, 4 layers, 4 heads, vocab {VOCAB}) on {args.rows} x "
-        f"{args.seq_len} random tokens, fp32. Each variant in its own process per repetition: "
-        f"{args.warmup} warm-up step(s), then the median of {args.steps} timed steps; {args.reps} "
-        f"repetitions, the variants interleaved (order rotated each repetition); {elapsed:.0f} s in all. "
+        f"{args.seq_len} random tokens, fp32. Each repetition one process running every variant: "
+        f"{args.warmup} warm-up step(s) each, then {args.steps} rounds of one step of each (order rotating), "
+        f"each variant's median; {args.reps} repetitions; {elapsed:.0f} s in all. "
         "Step time vs dense: the median of the paired ratios (repetition i of the variant over "
         "repetition i of dense) with a bootstrap 95% interval. Peak RSS: the process's maximum resident "
-        "set, the interpreter and torch included (in brackets: the part above the imports, "
-        "i.e. model, optimizer state and the step's activations).",
+        "set of a 2-step process running the variant alone, the interpreter and torch included (in "
+        "brackets: the part above the imports, i.e. model, optimizer state and the step's activations).",
         "",
         "| torch threads | variant | ms/step (median) | all reps | step time vs dense (95% interval) | "
         "FLOPs vs dense (flops_per_token) | peak RSS MB | other processes' CPU share (median, max) |",
@@ -211,13 +217,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per repetition (their median)")
+    parser.add_argument("--steps", type=int, default=8, help="timed rounds per repetition (each variant's median)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first, per repetition")
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--threads", type=int, nargs="+", default=[2], help="torch threads; several: one run each")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--dry-run", action="store_true", help="2 x 32 tokens, 1 + 1 steps, 1 rep; print only")
-    parser.add_argument("--child", dest="variant", choices=list(VARIANTS), help=argparse.SUPPRESS)
+    parser.add_argument("--child", dest="variant", choices=[*VARIANTS, "interleaved"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.dry_run:
         args.rows, args.seq_len, args.steps, args.warmup, args.reps = 2, 32, 1, 1, 1
