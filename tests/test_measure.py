@@ -1,10 +1,12 @@
-"""bench/_measure.py: the verdicts every benchmark's claims go through."""
+"""bench/_measure.py and bench/_benchfile.py: the verdicts every benchmark's claims go through,
+and the one section of BENCHMARKS.md each rewrites."""
 
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
+from _benchfile import replace_section  # noqa: E402
 from _measure import Ratio, paired_ratio, step_rate  # noqa: E402
 
 
@@ -35,3 +37,11 @@ def test_step_rate_takes_the_median_step_so_one_slow_step_moves_it_little():
         marks.append((t, 100 * (i + 1)))
     rate = step_rate(marks, warmup=1)
     assert rate["tokens_per_s"] == 100.0 and rate["ms_per_step"] == 1000.0 and rate["warmup_s"] == 5.0
+
+
+def test_a_benchmark_rewrites_only_its_own_section(tmp_path):
+    path = tmp_path / "BENCHMARKS.md"
+    path.write_text("# Benchmarks\n\n## A (x)\n\nold\n## A (x) --more\n\nkept\n")
+    replace_section(path, "## A (x)", "## A (x)\n\nnew\n")  # a heading that begins another's
+    replace_section(path, "## B", "## B\n\nb\n")
+    assert path.read_text() == "# Benchmarks\n\n## A (x)\n\nnew\n\n## A (x) --more\n\nkept\n\n## B\n\nb\n"
