@@ -58,3 +58,14 @@ def test_memory_dry_run_prints_every_variant_and_the_ratios():
         assert f"- largest batch, {ratio}: **" in out, ratio
     assert "- repeatability: trimtab at 1 rows measured twice, " in out
     assert "micro-batch auto-sizing: " in out  # skipped with its reason on CPU, measured on CUDA
+
+
+@pytest.mark.slow  # builds debug and times a few steps in fp32 and bf16: under a minute where bf16 is native
+def test_precision_dry_run_prints_the_speedup_and_what_auto_chose():
+    from trimtab.hardware import cpu_has_native_bf16
+
+    if not cpu_has_native_bf16():
+        pytest.skip("no native bf16 on this CPU: the benchmark refuses (bf16 is emulated, minutes a step)")
+    out = dry_run("precision")
+    assert "## bf16 autocast on this CPU (bench/precision.py)\n" in out
+    assert "\n| debug | " in out and "(>= 1.1x: " in out
