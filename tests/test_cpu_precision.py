@@ -83,3 +83,34 @@ def test_the_probe_times_a_copy_and_leaves_model_and_rng_untouched():
     assert torch.equal(torch.get_rng_state(), rng)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_resumed_run_keeps_the_precision_it_was_trained_in(timings):
+    cfg = _cfg()
+    timings.fp32, timings.bf16 = 1.0, 2.0  # a probe now would say fp32
+    kept = cp.refine_cpu_precision(BF16, cfg, build_model(cfg.model), saved="bf16")
+    assert kept.name == "bf16" and "checkpoint" in kept.reason and timings.calls == []
+    fp32 = Precision(torch.device("cpu"), "fp32", "no native bf16")  # moved to a CPU without bf16
+    assert cp.refine_cpu_precision(fp32, cfg, build_model(cfg.model), saved="bf16") is fp32
+
+
+def test_the_trainer_saves_its_precision_and_a_resume_reuses_it(tmp_path, monkeypatch):
+    from trimtab import hardware
+    from trimtab.training.setup import setup
+    from trimtab.training.trainer import Trainer
+
+    monkeypatch.setenv("TRIMTAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: True)  # bf16 matmuls 2x: a bf16 candidate
+    monkeypatch.setattr(hardware, "_matmul_seconds", lambda dtype, *a, **k: 1.0 if dtype == torch.float32 else 0.5)
+    monkeypatch.setattr(cp, "_probe", lambda *a: {"fp32_s": 1.0, "bf16_s": 2.0, "measured": "x", "reps": 3})
+    sets = ["train.eval_every=0", "log.progress=false", "log.tensorboard=false", "data.max_bytes=150000"]
+    sets += ["model.d_model=32", "model.n_layers=1", "model.n_heads=2"]
+    run = {"out": str(tmp_path / "run")}
+    first = Trainer(setup(load_config(preset="debug", overrides=run, sets=[*sets, "train.max_steps=2"])))
+    assert first.precision.name == "fp32"  # the model's step measured slower in bf16
+    first.fit()
+    monkeypatch.setattr(cp, "_probe", lambda *a: {"fp32_s": 2.0, "bf16_s": 1.0, "measured": "x", "reps": 3})
+    cp.cache_path().unlink()  # a new probe would now say bf16
+    resumed = Trainer(setup(load_config(preset="debug", overrides=run, sets=[*sets, "train.max_steps=3"])))
+    assert resumed.state.step == 2
+    assert resumed.precision.name == "fp32" and "checkpoint" in resumed.precision.reason

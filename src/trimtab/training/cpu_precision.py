@@ -42,11 +42,17 @@ PROBE_REPS = 3
 MARGIN = 1.1  # bf16 must be at least this much faster than fp32
 
 
-def refine_cpu_precision(precision: Precision, cfg: RunConfig, model: Transformer) -> Precision:
+def refine_cpu_precision(
+    precision: Precision, cfg: RunConfig, model: Transformer, saved: str | None = None
+) -> Precision:
     """`precision` as chosen from the hardware alone, or fp32 where train.precision is auto, the
-    device a CPU, and bf16 autocast measured no faster on `model`'s training step."""
+    device a CPU, and bf16 autocast measured no faster on `model`'s training step. A resumed run
+    keeps the precision its checkpoint was trained in (`saved`), so its resumption stays exact
+    whatever the cache now says; a CPU without native bf16 trains in fp32 regardless."""
     if cfg.train.precision != "auto" or precision.device.type != "cpu" or precision.name != "bf16":
         return precision
+    if saved in ("fp32", "bf16"):
+        return dataclasses.replace(precision, name=saved, reason=f"{saved}, as the run trained so far (checkpoint)")
     rows = max(1, min(cfg.train.micro_budget, PROBE_TOKENS) // cfg.data.seq_len)
     key = probe_key(cfg, rows)
     entry = read_cache(cache_path()).get(key)

@@ -276,7 +276,8 @@ def setup(cfg: RunConfig) -> Run:
     model = build_model(cfg.model).to(dist.device)
     if cfg.train.activation_checkpointing:
         model.set_activation_checkpointing(True)
-    precision = dist.same_precision(refine_cpu_precision(precision, cfg, model))
+    saved = resume[1].get("precision") if resume else None
+    precision = dist.same_precision(refine_cpu_precision(precision, cfg, model, saved))
     log.info("precision %s: %s", precision.name, precision.reason)
     hf_source = None
     if cfg.train.init_from and not resume:

@@ -355,6 +355,7 @@ class Trainer:
             "train": vars(self.state).copy(),
             "data": self.loader.state_dict(),
             "good": good,
+            "precision": self.precision.name,  # a resumed auto run keeps it (training/cpu_precision.py)
             "moe": self.model.moe_state(),
             "mod": self.model.mod_state(),
             "log_window": {
