@@ -61,7 +61,7 @@ def test_the_answer_is_cached_per_model_shape(timings):
     assert len(timings.calls) == 2
 
 
-def test_no_probe_unless_auto_on_a_cpu_that_chose_bf16(timings):
+def test_no_probe_unless_auto_on_a_cpu_that_chose_bf16_and_a_small_model(timings, monkeypatch):
     timings.fp32 = timings.bf16 = 1.0
     cfg = _cfg()
     model = build_model(cfg.model)
@@ -70,6 +70,9 @@ def test_no_probe_unless_auto_on_a_cpu_that_chose_bf16(timings):
     asked = _cfg(precision="bf16")
     bf16 = Precision(torch.device("cpu"), "bf16", "train.precision=bf16 (set in config)")
     assert cp.refine_cpu_precision(bf16, asked, build_model(asked.model)) is bf16
+    monkeypatch.setattr(cp, "PROBE_MAX_PARAMS", 1000)  # a large model: matmul-bound, bf16 kept
+    large = cp.refine_cpu_precision(BF16, cfg, model)
+    assert large.name == "bf16" and "matmul-bound" in large.reason
     assert timings.calls == []
 
 

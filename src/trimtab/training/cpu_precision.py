@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 PROBE_TOKENS = 2048  # per timed step: large enough for the BLAS's steady rate on small models
 PROBE_REPS = 3
 MARGIN = 1.1  # bf16 must be at least this much faster than fp32
+# Above this many parameters a step is matmul-bound and bf16 wins (1.6-1.7x measured from 4M up,
+# `small` and `dense-25m`), while the probe's copy would double the model's memory: no probe.
+PROBE_MAX_PARAMS = 100_000_000
 
 
 def refine_cpu_precision(
@@ -53,6 +56,8 @@ def refine_cpu_precision(
         return precision
     if saved in ("fp32", "bf16"):
         return dataclasses.replace(precision, name=saved, reason=f"{saved}, as the run trained so far (checkpoint)")
+    if model.num_params() > PROBE_MAX_PARAMS:
+        return dataclasses.replace(precision, reason=f"{precision.reason}; a model this large is matmul-bound")
     rows = max(1, min(cfg.train.micro_budget, PROBE_TOKENS) // cfg.data.seq_len)
     key = probe_key(cfg, rows)
     entry = read_cache(cache_path()).get(key)
