@@ -5,12 +5,16 @@ that says "not resolved" when the interval holds it."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import resource
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 
 class Contention:
@@ -24,6 +28,18 @@ class Contention:
     def __exit__(self, *exc) -> None:
         busy, ours = _busy_seconds() - self.busy0, _our_cpu() - self.ours0
         self.other = max(0.0, busy - ours) / ((time.monotonic() - self.t0) * (os.cpu_count() or 1))
+
+
+def run_child(cmd: list[str], what: str, cwd: Path, env: dict[str, str] | None = None) -> dict:
+    """Run a benchmark's child process; its `RESULT {json}` line, with the other processes' share
+    of the CPUs meanwhile as "other_cpu". A child that prints none stops the benchmark, showing
+    its stderr."""
+    with Contention() as busy:
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        sys.exit(f"{what} failed:\n{out.stderr[-3000:]}")
+    return {**json.loads(line[7:]), "other_cpu": busy.other}
 
 
 def _busy_seconds() -> float:

@@ -39,14 +39,13 @@ import os
 import platform
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from _benchfile import publish  # bench/_benchfile.py, next to this file
-from _measure import Contention, paired_ratio, step_rate
+from _measure import paired_ratio, run_child, step_rate
 from throughput import _batches, _precision, interleaved_fit, timed_fit  # the throughput bench's helpers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -249,12 +248,7 @@ def _run_child(args: argparse.Namespace, variant: str) -> dict:
     cmd = [sys.executable, __file__, "--child", variant, "--preset", args.preset, "--steps", str(args.steps)]
     cmd += ["--warmup", str(args.warmup), "--experts", str(args.experts), "--threads", str(args.threads)]
     cmd += ["--precision", args.precision]
-    with Contention() as busy:
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
-        sys.exit(f"{variant} failed:\n{out.stderr[-3000:]}")
-    return {**json.loads(line[7:]), "other_cpu": busy.other}
+    return run_child(cmd, variant, ROOT)
 
 
 def parent(args: argparse.Namespace) -> None:

@@ -18,14 +18,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from _benchfile import publish  # bench/_benchfile.py, next to this file
-from _measure import Contention, paired_ratio
+from _measure import paired_ratio, run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADING = "## bf16 autocast on this CPU (bench/precision.py)"
@@ -59,13 +58,7 @@ def child(args: argparse.Namespace) -> None:
 
 
 def _run_child(args: argparse.Namespace, preset: str) -> dict:
-    cmd = [sys.executable, __file__, "--child", preset, "--steps", str(args.steps)]
-    with Contention() as busy:
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
-        sys.exit(f"{preset} failed:\n{out.stderr[-3000:]}")
-    return {**json.loads(line[7:]), "other_cpu": busy.other}
+    return run_child([sys.executable, __file__, "--child", preset, "--steps", str(args.steps)], preset, ROOT)
 
 
 def parent(args: argparse.Namespace) -> None:

@@ -36,14 +36,13 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from _benchfile import publish  # bench/_benchfile.py, next to this file
-from _measure import Contention, median_ci, paired_ratio, step_rate  # bench/_measure.py, next to this file
+from _measure import median_ci, paired_ratio, run_child, step_rate  # bench/_measure.py, next to this file
 from _peers import llama_like  # bench/_peers.py, next to this file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -303,13 +302,9 @@ def _run_child(args: argparse.Namespace, variant: str) -> dict:
     cmd += ["--warmup", str(args.warmup), "--seq-len", str(args.seq_len), "--precision", args.precision]
     # Each process compiles from empty caches: inductor's on-disk cache would otherwise hand every
     # repetition after the first its kernels, and the cold start seem seconds.
-    with tempfile.TemporaryDirectory() as cache, Contention() as busy:
+    with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": cache}
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
-        sys.exit(f"{variant} failed:\n{out.stderr[-3000:]}")
-    return {**json.loads(line[7:]), "other_cpu": busy.other}
+        return run_child(cmd, variant, ROOT, env)
 
 
 def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
