@@ -45,8 +45,8 @@ import time
 from pathlib import Path
 
 from _benchfile import publish  # bench/_benchfile.py, next to this file
-from _measure import paired_ratio, run_child, step_rate
-from throughput import _batches, _precision, interleaved_fit, timed_fit  # the throughput bench's helpers
+from _measure import paired_ratio, run_child
+from throughput import _batches, _precision, interleaved_fit, time_steps, timed_fit  # the throughput bench's helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("trimtab", "trimtab-loop", "hf-grouped_mm", "hf-eager")
@@ -163,15 +163,7 @@ def _stepper(model, loss, batches, cfg):
 
 def _loop(model, loss, batches, cfg, warmup: int, prof=None) -> dict:
     """Train on `batches`, marking each step's end (_measure.step_rate); `prof` runs after `warmup` steps."""
-    step = _stepper(model, loss, batches, cfg)
-    marks = [(time.perf_counter(), 0)]
-    for i in range(len(batches)):
-        if i == warmup and prof is not None:
-            prof.start()
-        marks.append((time.perf_counter(), marks[-1][1] + step(i)))
-    if prof is not None:
-        prof.stop()
-    return {**step_rate(marks, warmup), "precision": step.precision}
+    return time_steps(_stepper(model, loss, batches, cfg), len(batches), warmup, prof)
 
 
 def _build(variant: str, cfg, hf: dict):

@@ -76,23 +76,21 @@ def _batches(cfg, n: int):
 
 
 def timed_fit(cfg, warmup: int) -> dict:
-    """trimtab's Trainer.fit on `cfg`, timed by a hook at each step's end (_measure.step_rate)."""
-    from trimtab.training.hooks import Hook
-    from trimtab.training.setup import setup
-    from trimtab.training.trainer import Trainer
+    """trimtab's Trainer.fit on `cfg` alone, timed step by step (_measure.step_rate)."""
+    return interleaved_fit(cfg, warmup, {})["trimtab"]
 
-    class Clock(Hook):
-        def __init__(self):
-            self.marks: list[tuple[float, int]] = []
 
-        def on_step_end(self, run, out):
-            self.marks.append((time.perf_counter(), run.tokens))
-
-    clock = Clock()
-    trainer = Trainer(setup(cfg), hooks=[clock])
-    clock.marks.append((time.perf_counter(), 0))
-    trainer.fit()
-    return {**step_rate(clock.marks, warmup), "compile": trainer.compile.enabled, "precision": trainer.precision.name}
+def time_steps(step, n: int, warmup: int, prof=None) -> dict:
+    """Run step(i) for i < n, timing each (_measure.step_rate); `prof` records after `warmup` steps."""
+    marks = [(time.perf_counter(), 0)]
+    for i in range(n):
+        if i == warmup and prof is not None:
+            prof.start()
+        tokens = step(i)  # before the clock is read: the mark is this step's end
+        marks.append((time.perf_counter(), marks[-1][1] + tokens))
+    if prof is not None:
+        prof.stop()
+    return {**step_rate(marks, warmup), "precision": step.precision}
 
 
 def interleaved_fit(cfg, warmup: int, others: dict) -> dict[str, dict]:
@@ -114,7 +112,8 @@ def interleaved_fit(cfg, warmup: int, others: dict) -> dict[str, dict]:
         def on_step_end(self, run, out):
             spans["trimtab"].append((time.perf_counter() - self.start, out.batch.n_tokens))
             i = len(spans["trimtab"]) - 1
-            for name in names[i % len(names) :] + names[: i % len(names)]:
+            first = i % len(names) if names else 0
+            for name in names[first:] + names[:first]:
                 t0 = time.perf_counter()
                 tokens = others[name](i)
                 spans[name].append((time.perf_counter() - t0, tokens))
@@ -124,7 +123,7 @@ def interleaved_fit(cfg, warmup: int, others: dict) -> dict[str, dict]:
     hook.start = time.perf_counter()
     trainer.fit()
     result = {name: step_rate(_marks(spans[name]), warmup) for name in spans}
-    result["trimtab"]["precision"] = trainer.precision.name
+    result["trimtab"].update(compile=trainer.compile.enabled, precision=trainer.precision.name)
     return result
 
 
@@ -233,10 +232,7 @@ def run_loop(args: argparse.Namespace, name: str, compile_: bool) -> dict:
         if name == "minimal"
         else transformers_stepper(cfg, batches, compile_, args.precision)
     )
-    marks = [(time.perf_counter(), 0)]
-    for i in range(len(batches)):
-        marks.append((time.perf_counter(), marks[-1][1] + step(i)))
-    return {**step_rate(marks, args.warmup), "compile": compile_, "precision": step.precision}
+    return {**time_steps(step, len(batches), args.warmup), "compile": compile_}
 
 
 def run_interleaved(args: argparse.Namespace) -> dict[str, dict]:
