@@ -15,7 +15,8 @@ token order is kept within an expert) and ranked within it. Ranks >= C = ceil(ca
 N * k / E) are dropped (Switch section 2.2; the token keeps its residual); capacity_factor 0 is
 dropless. Two layouts give the same result:
     grouped  the kept assignments packed by expert, three torch grouped_mm with per-expert
-             offsets: no padding, no host sync when dropless (default on CPU)
+             offsets: no padding, no host sync when dropless (default on CPU, and on CUDA in
+             bf16 on sm80+, the kernel's requirement)
     padded   a slot (expert, rank) per assignment in an [E, C, D] buffer, three bmm: computes
              the padding, static shapes when compiled with a capacity (default elsewhere and
              under torch.compile)
@@ -72,12 +73,26 @@ def _same(w: Tensor) -> Tensor:
     return w
 
 
+# torch.nn.functional.grouped_mm; older torch (2.8-2.9) has only the private op it wraps
+_grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
 def grouped_swiglu(xs: Tensor, counts: Tensor, w1: Tensor, w3: Tensor, w2: Tensor) -> Tensor:
     """xs [M, D] packed by expert, counts [E] rows per expert (sum M) -> [M, D]: each expert's
     SwiGLU on its rows, three grouped_mm with per-expert offsets, no padding."""
     offs = counts.cumsum(0).to(torch.int32)
-    h = F.silu(F.grouped_mm(xs, w1, offs=offs)) * F.grouped_mm(xs, w3, offs=offs)
-    return F.grouped_mm(h, w2, offs=offs)
+    h = F.silu(_grouped_mm(xs, w1, offs=offs)) * _grouped_mm(xs, w3, offs=offs)
+    return _grouped_mm(h, w2, offs=offs)
+
+
+def _grouped_mm_runs_on(x: Tensor, dtype: torch.dtype) -> bool:
+    """Whether grouped_mm has a kernel for x's device in `dtype`: any CPU dtype; CUDA bf16 on
+    compute capability 8.0 or newer (torch's documented requirement)."""
+    if _grouped_mm is None:
+        return False
+    if x.device.type == "cpu":
+        return True
+    return x.device.type == "cuda" and dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (8, 0)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -197,18 +212,19 @@ class MoE(nn.Module):
 
     def grouped_layout(self, x: torch.Tensor, hidden: int | None = None) -> bool:
         """Whether forward uses grouped_mm for x: always under expert parallelism (it exchanges
-        packed rows), else impl "grouped", or "auto" in eager mode on CPU (measured there; CUDA
-        grouped_mm wants bf16 on sm80+, untested here) with rows of a multiple of 16 bytes (a
-        kernel requirement; `hidden`: this rank's expert width). torch.compile gets "padded":
+        packed rows), else impl "grouped", or "auto" in eager mode where grouped_mm has a kernel
+        (CPU; CUDA in bf16 on sm80+) with rows of a multiple of 16 bytes (a kernel requirement;
+        `hidden`: this rank's expert width). Measured faster than padded on both (bench/moe.py
+        on CPU; bench/gpu.py's moe-7b layers on an H200). torch.compile gets "padded":
         grouped_mm's fake-tensor kernel rejects fp32 (torch 2.13)."""
         if self.dispatch is not grouped_swiglu:
             return True
         if self.impl != "auto":
             return self.impl == "grouped"
-        if torch.compiler.is_compiling() or x.device.type != "cpu":
+        dtype = _compute_dtype(x)
+        if torch.compiler.is_compiling() or not _grouped_mm_runs_on(x, dtype):
             return False
-        size = _compute_dtype(x).itemsize
-        return self.d_model * size % 16 == 0 and (hidden or self.hidden) * size % 16 == 0
+        return self.d_model * dtype.itemsize % 16 == 0 and (hidden or self.hidden) * dtype.itemsize % 16 == 0
 
     # ---- forward -------------------------------------------------------------------------
 
