@@ -3,6 +3,8 @@ the same model, eager and torch.compile'd.
 
     python bench/gpu.py [--preset dense-1b] [--steps 8] [--warmup 3] [--reps 3]
                         [--set model.n_layers=4 ...]   # e.g. moe-7b-shaped layers that fit one GPU
+    python bench/gpu.py --moe-impl padded ...           # MoE layers' expert layout (default auto)
+    python bench/gpu.py --load a.json b.json ...        # report saved repetitions (--save), run nothing
     python bench/gpu.py --dry-run                       # on a CPU: debug preset, 1 step, no report
 
 Variants, each in its own subprocess (so peak memory is its own), run interleaved `--reps` times:
@@ -79,11 +81,14 @@ def run_trimtab(args: argparse.Namespace, compile_: bool) -> dict:
         cfg = _config(args, out, compile_)
         clock = Clock()
         trainer = Trainer(setup(cfg), hooks=[clock])
+        _set_moe_impl(trainer.model, args.moe_impl)
         start = time.perf_counter()
-        trainer.fit()
+        summary = trainer.fit()
         flops = trainer.flops_per_token
-    (t0, n0), (t1, n1) = clock.marks[args.warmup - 1], clock.marks[-1]
-    return _result(torch, (n1 - n0) / (t1 - t0), t0 - start, flops)
+    timed = clock.marks[args.warmup - 1 :]
+    (t0, n0), (t1, n1) = timed[0], timed[-1]
+    result = _result(torch, (n1 - n0) / (t1 - t0), t0 - start, flops, [b[0] - a[0] for a, b in zip(timed, timed[1:])])
+    return result | {"cold_start_s": summary["compile"]["cold_start_s"]}
 
 
 def run_plain(args: argparse.Namespace) -> dict:
@@ -99,10 +104,12 @@ def run_plain(args: argparse.Namespace) -> dict:
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model).to(device)
     model.set_activation_checkpointing(cfg.train.activation_checkpointing)  # as the trainer does
+    _set_moe_impl(model, args.moe_impl)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, fused=True)
     dtype = torch.float32 if args.dry_run else torch.bfloat16
     start = time.perf_counter()
-    for i, batch in enumerate(batches):
+    ends = []
+    for batch in batches:
         for micro in batch.micro:
             inputs, targets = micro.inputs.to(device), micro.targets.to(device)
             with torch.autocast(device.type, dtype=dtype, enabled=not args.dry_run):
@@ -115,12 +122,21 @@ def run_plain(args: argparse.Namespace) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        loss.item()
-        if i == args.warmup - 1:
-            t0, n = time.perf_counter(), 0
-        elif i >= args.warmup:
-            n += batch.n_tokens
-    return _result(torch, n / (time.perf_counter() - t0), t0 - start, model.flops_per_token(cfg.data.seq_len))
+        loss.item()  # a host sync: the step has finished on the GPU
+        ends.append(time.perf_counter())
+    timed = ends[args.warmup - 1 :]
+    n = sum(b.n_tokens for b in batches[args.warmup :])
+    step_s = [b - a for a, b in zip(timed, timed[1:])]
+    return _result(torch, n / (timed[-1] - timed[0]), timed[0] - start, model.flops_per_token(cfg.data.seq_len), step_s)
+
+
+def _set_moe_impl(model, impl: str) -> None:
+    """Every MoE layer's expert layout (model.moe: auto | grouped | padded)."""
+    from trimtab.model.moe import MoE
+
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.impl = impl
 
 
 def _sync() -> None:
@@ -130,13 +146,15 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _result(torch, tokens_per_s: float, warmup_s: float, flops_per_token: int) -> dict:
+def _result(torch, tokens_per_s: float, warmup_s: float, flops_per_token: int, step_s: list[float]) -> dict:
     from trimtab.hardware import gpu_named
 
     found = gpu_named(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
     peak = found[1].peak_flops if found else None
     return {
+        "date": time.strftime("%Y-%m-%d"),
         "tokens_per_s": tokens_per_s,
+        "step_s": step_s,
         "warmup_s": warmup_s,
         "mfu": tokens_per_s * flops_per_token / peak if peak else None,
         "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
@@ -154,10 +172,32 @@ def child(args: argparse.Namespace) -> None:
 
 
 def parent(args: argparse.Namespace) -> None:
+    if args.load:
+        runs = _loaded(args.load)
+    else:
+        runs = _run_all(args)
+    section = report(args, runs)
+    print(section)
+    if args.dry_run:
+        print("dry run: BENCHMARKS.md not written")
+    else:
+        replace_section(ROOT / "BENCHMARKS.md", _heading(args), section)
+
+
+def _loaded(paths: list[str]) -> dict[str, list[dict]]:
+    """The repetitions saved by earlier invocations (--save), variant by variant."""
+    runs: dict[str, list[dict]] = {}
+    for path in paths:
+        for variant, results in json.loads(Path(path).read_text()).items():
+            runs.setdefault(variant, []).extend(results)
+    return runs
+
+
+def _run_all(args: argparse.Namespace) -> dict[str, list[dict]]:
     variants = args.variants.split(",")
     runs: dict[str, list[dict]] = {v: [] for v in variants}
     passthrough = [f"--set={s}" for s in args.set] + (["--dry-run"] if args.dry_run else [])
-    for name in ("preset", "steps", "warmup", "batch_tokens", "micro_batch_tokens", "data_bytes"):
+    for name in ("preset", "steps", "warmup", "batch_tokens", "micro_batch_tokens", "data_bytes", "moe_impl"):
         passthrough.append(f"--{name.replace('_', '-')}={getattr(args, name)}")
     for rep in range(args.reps):
         for variant in variants:
@@ -172,15 +212,13 @@ def parent(args: argparse.Namespace) -> None:
             print(f"rep {rep} {variant:16s} {result['tokens_per_s']:10,.0f} tok/s {mfu}", flush=True)
             if args.save:  # after every run: a time limit that cuts the benchmark short keeps them
                 Path(args.save).write_text(json.dumps(runs))
-    section = report(args, runs)
-    print(section)
-    if not args.dry_run:
-        replace_section(ROOT / "BENCHMARKS.md", _heading(args), section)
+    return runs
 
 
 def _heading(args: argparse.Namespace) -> str:
-    shape = " ".join(f"--set {s}" for s in args.set)
-    return f"## GPU training step (`bench/gpu.py --preset {args.preset}{' ' + shape if shape else ''}`)"
+    flags = [f"--preset {args.preset}", *(f"--set {s}" for s in args.set)]
+    flags += [f"--moe-impl {args.moe_impl}"] if args.moe_impl != "auto" else []
+    return f"## GPU training step (`bench/gpu.py {' '.join(flags)}`)"
 
 
 def report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
@@ -188,13 +226,15 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
     lines = [
         _heading(args),
         "",
-        f"{time.strftime('%Y-%m-%d')}, {first['device']}, torch {first['torch']}, {platform.machine()}; "
-        f"bf16 autocast; {args.batch_tokens:,} tokens per step in micro-batches of "
-        f"{args.micro_batch_tokens:,}; {args.steps} timed steps after {args.warmup} warm-up steps, "
-        f"{args.reps} interleaved repetitions (each a fresh process).",
+        f"{first.get('date', time.strftime('%Y-%m-%d'))}, {first['device']}, torch {first['torch']}, "
+        f"{platform.machine()}; bf16 autocast; {args.batch_tokens:,} tokens per step in micro-batches of "
+        f"{args.micro_batch_tokens:,}; {args.steps} timed steps after {args.warmup} warm-up steps; each "
+        "repetition a fresh process. Step times: the fastest and slowest timed step of all repetitions. "
+        "Cold start: the trainer's first step less its steady step (compile time, for the compiled row).",
         "",
-        "| variant | tokens/s (median) | all reps | MFU (median) | warm-up s | peak GPU memory GiB |",
-        "|---|---|---|---|---|---|",
+        "| variant | tokens/s (median) | each repetition | step s (min-max) | MFU (median) | warm-up s "
+        "| cold start s | peak GPU memory GiB |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     med = {v: statistics.median(r["tokens_per_s"] for r in rs) for v, rs in runs.items()}
     for v, rs in runs.items():
@@ -203,7 +243,11 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
         mfu = f"{statistics.median(mfus):.1%}" if mfus else "-"
         mem = max((r["peak_mem_gb"] or 0) for r in rs)
         warm = statistics.median(r["warmup_s"] for r in rs)
-        lines.append(f"| {v} | {med[v]:,.0f} | {each} | {mfu} | {warm:.1f} | {mem:.1f} |")
+        steps = [t for r in rs for t in r.get("step_s", [])]
+        spread = f"{min(steps):.3f}-{max(steps):.3f}" if steps else "-"
+        colds = [r["cold_start_s"] for r in rs if r.get("cold_start_s") is not None]
+        cold = f"{statistics.median(colds):.1f}" if colds else "-"
+        lines.append(f"| {v} | {med[v]:,.0f} | {each} | {spread} | {mfu} | {warm:.1f} | {cold} | {mem:.1f} |")
     lines.append("")
     for a, b in (("trimtab", "plain"), ("trimtab-compile", "trimtab")):
         if a in runs and b in runs:
@@ -225,11 +269,13 @@ if __name__ == "__main__":
     parser.add_argument("--data-bytes", type=int, default=24_000_000, help="builtin corpus bytes to read")
     parser.add_argument("--set", action="append", default=[], help="a config override, key=value")
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--moe-impl", default="auto", choices=("auto", "grouped", "padded"), help="MoE expert layout")
+    parser.add_argument("--load", nargs="+", help="report these --save files' repetitions instead of running")
     parser.add_argument("--save", help="also write the repetitions' results to this JSON file")
     parser.add_argument("--dry-run", action="store_true", help="CPU, debug preset, 1 step: checks it runs")
     parser.add_argument("--child", dest="variant", help=argparse.SUPPRESS)
     ns = parser.parse_args()
-    if ns.dry_run and ns.variant is None:
+    if ns.dry_run and ns.variant is None and not ns.load:  # with --load: report, write nothing
         ns.preset, ns.steps, ns.warmup, ns.reps = "debug", 1, 1, 1
         ns.batch_tokens, ns.micro_batch_tokens, ns.data_bytes = 512, 256, 2_000_000
         ns.variants = "trimtab,plain"

@@ -1,10 +1,14 @@
 """The bench/ scripts' dry runs: each runs end to end, tiny, and writes nothing (BENCHMARKS.md
 is written only by a real run)."""
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
 def dry_run(name: str) -> str:
@@ -69,3 +73,30 @@ def test_precision_dry_run_prints_the_speedup_and_what_auto_chose():
     out = dry_run("precision")
     assert "## bf16 autocast on this CPU (bench/precision.py)\n" in out
     assert "\n| debug | " in out and "(>= 1.1x: " in out
+
+
+def test_gpu_dry_run_trains_trimtab_and_the_plain_loop_on_cpu():
+    out = dry_run("gpu")
+    assert "## GPU training step (`bench/gpu.py --preset debug`)" in out
+    assert "\n| trimtab | " in out and "\n| plain | " in out and "- trimtab / plain: **" in out
+
+
+def test_gpu_reports_saved_repetitions_without_running(tmp_path):
+    """--load: the repetitions of earlier invocations (--save, e.g. from a lent GPU) in one table."""
+    rep = {"date": "2026-11-25", "tokens_per_s": 100.0, "step_s": [0.5, 0.6], "warmup_s": 2.0, "mfu": 0.4}
+    rep |= {"peak_mem_gb": 1.0, "device": "NVIDIA H200", "torch": "2.11.0"}
+    (tmp_path / "a.json").write_text(json.dumps({"trimtab": [rep | {"cold_start_s": 1.0}], "plain": [rep]}))
+    (tmp_path / "b.json").write_text(json.dumps({"trimtab-compile": [rep | {"tokens_per_s": 120.0}]}))
+    args = ["--preset", "moe-7b", "--moe-impl", "padded", "--dry-run", "--load", "a.json", "b.json"]
+    run = subprocess.run([sys.executable, str(BENCH / "gpu.py"), *args], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "## GPU training step (`bench/gpu.py --preset moe-7b --moe-impl padded`)" in run.stdout
+    assert "| trimtab | 100 | 100 | 0.500-0.600 | 40.0% | 2.0 | 1.0 | 1.0 |" in run.stdout
+    assert "- trimtab-compile / trimtab: **1.200x**" in run.stdout and "2026-11-25, NVIDIA H200" in run.stdout
+
+
+def test_loss_dry_run_checks_every_chunk_size_against_the_plain_loss():
+    out = dry_run("loss")
+    assert "## Fused cross-entropy (bench/loss.py)" in out
+    for variant in ("plain", "fused 128", "fused 256"):
+        assert f"\n| {variant} | " in out, variant

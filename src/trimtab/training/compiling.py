@@ -23,16 +23,18 @@ from typing import Any
 
 import torch
 
-# Measured step speed-up of train.compile=true over eager, by device type: cuda, dense-1b on an
-# H100 in bf16, 1.115x (BENCHMARKS.md, "GPU training step"); cpu, `small` on 2 cores, 1.057x in
-# fp32 and 1.095x in bf16 autocast (BENCHMARKS.md, "Training throughput ... --compile"): the
-# lesser, so a CPU compiles only where it pays in either.
+# Measured step speed-up of train.compile=true over eager, by device type: cuda, dense-1b in
+# bf16, 1.115x on an H100 and 1.139x on an H200 (BENCHMARKS.md, "GPU training step"); cpu,
+# `small` on 2 cores, 1.057x in fp32 and 1.095x in bf16 autocast (BENCHMARKS.md, "Training
+# throughput ... --compile"): the lesser of each, so a run compiles only where it pays in either.
 SPEEDUP = {"cuda": 1.115, "cpu": 1.057}
 # Seconds the first compiled step costs beyond an eager one, from empty inductor caches. cpu:
-# `small`, 18.9 s in fp32 and 23.9 s in bf16 (the same runs); cuda: not yet measured, a larger
-# model's graph takes longer (the summary reports the cold start a run paid).
-COLD_START_S = {"cuda": 120.0, "cpu": 24.0}
-# MFU assumed for the estimate of the run's length: dense-1b reached 45% eager on an H100;
+# `small`, 18.9 s in fp32 and 23.9 s in bf16 (the same runs); cuda: dense-1b (22 layers) on an
+# H200, 36.2 s with torch 2.11 (a deeper model's graph takes longer; the summary reports the
+# cold start a run paid).
+COLD_START_S = {"cuda": 36.0, "cpu": 24.0}
+# MFU assumed for the estimate of the run's length: dense-1b reached 45% eager on an H100 and
+# 47.5% on an H200, moe-7b-shaped layers 24% on the H200;
 # `small` in bf16 on the 2-core CPU, 61% of its measured matmul peak.
 TYPICAL_MFU = {"cuda": 0.40, "cpu": 0.60}
 MARGIN = 2.0  # the saving must cover the first compile this many times: the later graphs compile too
