@@ -28,13 +28,29 @@ import torch
 import torch.nn.functional as F
 
 IGNORE_INDEX = -100
-CHUNK_TOKENS = 1024
+CHUNK_TOKENS = 1024  # on a CPU, and the least anywhere
+# On CUDA a chunk's fp32 logits may take this much: the fused loss at one 16,384-token
+# micro-batch (d_model 2048, vocab 50,304, bf16 on an H200) ran at 0.60x the plain loss's speed
+# in 1,024-token chunks, 0.74x in 4,096 and 0.76x in 8,192, its peak memory 1.3, 3.1 and 5.4 GB
+# against the plain loss's 9.7 (BENCHMARKS.md, "Fused cross-entropy"): the kernels are larger
+# and fewer, and the head's gradient is summed over fewer chunks.
+CUDA_CHUNK_BYTES = 2**30
+
+
+def chunk_tokens(head: torch.Tensor) -> int:
+    """Tokens per chunk for a head [V, D]: CHUNK_TOKENS on a CPU; on CUDA as many as fit
+    CUDA_CHUNK_BYTES of fp32 logits, in multiples of CHUNK_TOKENS."""
+    if head.device.type != "cuda":
+        return CHUNK_TOKENS
+    return max(1, CUDA_CHUNK_BYTES // (4 * head.shape[0] * CHUNK_TOKENS)) * CHUNK_TOKENS
 
 
 def cross_entropy_sum(
-    hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, chunk: int = CHUNK_TOKENS
+    hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, chunk: int | None = None
 ) -> torch.Tensor:
-    """hidden [B, T, D], head weight [V, D], targets [B, T] (-100 ignored) -> summed loss (0-d, fp32)."""
+    """hidden [B, T, D], head weight [V, D], targets [B, T] (-100 ignored) -> summed loss (0-d,
+    fp32); `chunk` tokens at a time (default: chunk_tokens(head))."""
+    chunk = chunk or chunk_tokens(head)
     h, t = hidden.flatten(0, 1), targets.flatten()
     if h.shape[0] == 0:
         return hidden.new_zeros((), dtype=torch.float32)
@@ -60,6 +76,9 @@ class LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx, h: torch.Tensor, head: torch.Tensor, t: torch.Tensor, chunk: int) -> torch.Tensor:
         # h [N, D], head [V, D], t [N]; under autocast the matmuls run in its dtype, as F.linear's would
         want_h, want_head = ctx.needs_input_grad[:2]
+        dev = h.device.type
+        # The dtype the two gradient matmuls run in: cast [C, V] once, not once per matmul
+        mm_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
         grad_h = torch.empty_like(h) if want_h else None
         grad_head = torch.zeros(head.shape, dtype=torch.float32, device=head.device) if want_head else None
         total = torch.zeros((), dtype=torch.float32, device=h.device)
@@ -73,11 +92,11 @@ class LinearCrossEntropy(torch.autograd.Function):
             # d (chunk's summed loss) / d logits = softmax - onehot, zero on ignored rows
             grad = logits.sub_(lse).exp_()
             grad.scatter_add_(1, index, -torch.ones_like(picked))
-            grad = grad.mul_(valid.unsqueeze(1)).to(hc.dtype)
+            grad = grad.mul_(valid.unsqueeze(1)).to(mm_dtype)
             if grad_h is not None:
                 grad_h[s : s + chunk] = grad @ head  # [C, D]
             if grad_head is not None:
-                if grad.dtype == torch.float32 and not torch.is_autocast_enabled(h.device.type):
+                if grad.dtype == torch.float32 and not torch.is_autocast_enabled(dev):
                     grad_head.addmm_(grad.T, hc)  # in place: no [V, D] temporary per chunk
                 else:
                     grad_head += grad.T @ hc  # a lower-precision product, summed in fp32
