@@ -1,8 +1,10 @@
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from trimtab.training.loss import cross_entropy_sum
+from trimtab.training.loss import CHUNK_TOKENS, CUDA_CHUNK_BYTES, chunk_tokens, cross_entropy_sum
 
 
 def plain_and_grads(hidden, head, targets):
@@ -83,3 +85,13 @@ def test_the_logits_are_not_kept_for_the_backward():
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
         plain_and_grads(hidden, head, targets)
     assert sum(saved) >= N * V  # autograd's loss keeps at least the log-softmax
+
+
+def test_chunks_are_1024_tokens_on_a_cpu_and_fill_a_gib_of_logits_on_cuda():
+    def head(device, vocab):
+        return SimpleNamespace(device=torch.device(device), shape=(vocab, 2048))
+
+    assert chunk_tokens(head("cpu", 128_256)) == CHUNK_TOKENS == 1024
+    assert CUDA_CHUNK_BYTES == 2**30
+    # vocab 32,000 (dense-1b), 50,304 (moe-7b), 128,256 (Llama 3), 10M (never below one CPU chunk)
+    assert [chunk_tokens(head("cuda", v)) for v in (32_000, 50_304, 128_256, 10**7)] == [8192, 5120, 2048, 1024]
