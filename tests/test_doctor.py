@@ -17,8 +17,10 @@ def test_doctor_reports_what_a_run_would_choose(capsys):
     assert main(["doctor", "--preset", "debug"]) == 0
     out = capsys.readouterr().out
     chosen = hardware.choose_precision(torch.device("cpu"), "auto")
-    # the reason quotes a speed ratio measured at each call ("2.5x faster"): compare it without the figures
-    assert re.sub(r"[\d.]+x", "Nx", f"precision: {chosen.name} - {chosen.reason}") in re.sub(r"[\d.]+x", "Nx", out)
+    if chosen.name == "bf16":  # native bf16: the preset's own step refines it (the test below)
+        assert re.search(r"^precision: (bf16|fp32) - .*training step measured", out, re.M), out
+    else:  # the reason quotes a ratio measured at each call ("2.5x"): compare it without the figures
+        assert re.sub(r"[\d.]+x", "Nx", f"precision: {chosen.name} - {chosen.reason}") in re.sub(r"[\d.]+x", "Nx", out)
     for needle in (
         "torch 2.",
         "device: cpu (",
@@ -34,6 +36,35 @@ def test_doctor_reports_what_a_run_would_choose(capsys):
         "--set train.micro_batch_tokens=2048",
     ):
         assert needle in out, (needle, out)
+
+
+@pytest.mark.parametrize(
+    "preset, bf16_s, expected", [("debug", 1.5, "fp32"), ("small", 0.5, "bf16"), ("dense-7b", None, "bf16")]
+)
+def test_doctor_reports_the_precision_the_presets_own_step_chose(monkeypatch, tmp_path, preset, bf16_s, expected):
+    """On a CPU with native bf16, train.precision auto times the model's step (cpu_precision.py);
+    doctor asks the same question of the preset, so it reports what a run will train in. A preset
+    that sets its precision (dense-7b: bf16) is not probed, nor is its 7B model built."""
+    from trimtab import doctor
+    from trimtab.training import cpu_precision
+
+    monkeypatch.setenv("TRIMTAB_CACHE", str(tmp_path))
+    native = hardware.Precision(torch.device("cpu"), "bf16", "CPU (AVX512_BF16) bf16 matmul measured 2.0x faster")
+    monkeypatch.setattr(
+        doctor,
+        "choose_precision",
+        lambda dev, asked: native if asked == "auto" else hardware.choose_precision(dev, asked),
+    )
+    probed = []
+
+    def probe(model, rows, seq_len):
+        probed.append(model.num_params())
+        return {"fp32_s": 1.0, "bf16_s": bf16_s, "measured": "2026-11-25", "reps": 3}
+
+    monkeypatch.setattr(cpu_precision, "_probe", probe)
+    facts = doctor.collect(preset=preset, device="cpu")
+    assert facts["precision"]["choice"] == expected, facts["precision"]["reason"]
+    assert len(probed) == (0 if bf16_s is None else 1)
 
 
 def test_doctor_json_holds_every_fact(capsys):

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from trimtab.hardware import choose_precision, cpu_has_native_bf16, peak_flops, pick_device
+from trimtab.hardware import Precision, choose_precision, cpu_has_native_bf16, peak_flops, pick_device
 from trimtab.plan.memory import suggest_micro_batch
 
 GiB = 2**30
@@ -26,8 +26,8 @@ def collect(preset: str = "small", device: str = "auto", nproc: int = 1, strateg
     from trimtab.config import load_config
 
     dev = pick_device(device)
-    precision = choose_precision(dev, "auto")
     cfg = load_config(preset=preset)
+    precision = _precision(dev, cfg)
     memory = _memory(dev)
     per_process = memory["gpu_total"] if dev.type == "cuda" else (memory["ram_available"] or 0) // max(nproc, 1)
     advice = suggest_micro_batch(cfg, per_process, precision.name, world=nproc, sharded=strategy == "fsdp")
@@ -69,6 +69,25 @@ def collect(preset: str = "small", device: str = "auto", nproc: int = 1, strateg
         "micro_batch": micro,
         "layout": _layout(cfg, dev),
     }
+
+
+def _precision(dev: torch.device, cfg: Any) -> Precision:
+    """What a run of the preset trains in: its train.precision, and for auto the hardware's
+    choice, which on a CPU with native bf16 the preset's own training step refines
+    (training/cpu_precision.py, through the same cache, so the report and the run agree; the
+    vocabulary as the tokenizer will make it, data.bpe_vocab_size, when the model follows it)."""
+    from trimtab.model import build_model
+    from trimtab.training.cpu_precision import PROBE_MAX_PARAMS, refine_cpu_precision
+
+    precision = choose_precision(dev, cfg.train.precision)
+    if cfg.train.precision != "auto" or dev.type != "cpu" or precision.name != "bf16":
+        return precision
+    cfg.model.vocab_size = cfg.model.vocab_size or cfg.data.bpe_vocab_size
+    with torch.device("meta"):  # the size without the memory: a large preset is not probed
+        model = build_model(cfg.model)
+    if model.num_params() <= PROBE_MAX_PARAMS:
+        model = build_model(cfg.model)
+    return refine_cpu_precision(precision, cfg, model)
 
 
 def _layout(cfg: Any, dev: torch.device) -> dict[str, Any] | None:
