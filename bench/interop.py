@@ -1,20 +1,21 @@
 """Export and import speed and memory of a 1B-class model, against transformers' own.
 
-    python bench/interop.py [--preset dense-1b] [--reps 3] [--work DIR]
+    python bench/interop.py [--preset dense-1b] [--reps 10] [--rss-reps 1] [--work DIR] [--dry-run]
 
 A run directory holding a random `dense-1b`-shaped checkpoint (fp32, 1.1B parameters, 4.4 GB)
-is made once. Then, each in a fresh process (so peak RSS is that operation's alone) and
-interleaved `--reps` times:
+is made once. Four operations:
 
     trimtab export       trimtab.hf.export_run(run, out): checkpoint -> LlamaForCausalLM directory
     trimtab import       trimtab.hf.load_model(out): that directory -> a trimtab model
     transformers load    AutoModelForCausalLM.from_pretrained(out)
-    transformers save    the loaded model's save_pretrained(dir) (load time subtracted)
+    transformers save    the loaded model's save_pretrained(dir)
 
-Wall time is the operation's alone (the process start-up and imports are not counted); peak RSS
-is the process's maximum resident set, reported beside the model's bytes (goal: <= 1.2x). The
-CPU share other processes took is recorded per operation. Results go to the "Hugging Face export
-and import" section of BENCHMARKS.md.
+Time: all four in this one process, `--reps` rounds, each round the four in turn (the order of
+each trimtab / transformers pair alternating between rounds), so a ratio pairs operations run
+at the same moments of the machine; on this shared 2-core host one operation swings up to 1.8x
+between processes. Memory: each operation in a fresh process `--rss-reps` times (its peak RSS
+is then its own), beside the model's bytes (goal: <= 1.2x); it repeats to a few MB. Results go
+to the "Hugging Face export and import" section of BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from _benchfile import replace_section, scratch  # noqa: E402  bench/_benchfile.py, next to this file
-from _measure import Contention  # noqa: E402
+from _measure import Contention, paired_ratio  # noqa: E402
 
 HEADING = "## Hugging Face export and import (bench/interop.py)"
 OPS = ("trimtab export", "trimtab import", "transformers load", "transformers save")
@@ -103,61 +104,96 @@ def measure(op: str, run: Path, out: Path, tmp: Path) -> dict:
     return {"op": op, "seconds": seconds, "rss": rss, "other_cpu": busy.other}
 
 
-def report(rows: list[dict], size: int, preset: str, reps: int) -> str:
+def time_rounds(run: Path, out: Path, tmp: Path, reps: int) -> tuple[dict[str, list[float]], float]:
+    """Seconds of each operation over `reps` rounds in this process, and the CPU share other
+    processes took meanwhile."""
+    import gc
+
+    import transformers
+
+    from trimtab import hf
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    secs: dict[str, list[float]] = {op: [] for op in OPS}
+
+    def timed(op, f):
+        t0 = time.perf_counter()
+        kept = f()
+        secs[op].append(time.perf_counter() - t0)
+        return kept
+
+    def save_pair():
+        hf_model = timed("transformers load", lambda: transformers.AutoModelForCausalLM.from_pretrained(out))
+        timed("transformers save", lambda: hf_model.save_pretrained(tmp))
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def export():
+        shutil.rmtree(out, ignore_errors=True)
+        timed("trimtab export", lambda: hf.export_run(run, out))
+
+    hf.export_run(run, out)  # a directory for the first load, and a warm-up
+    with Contention() as busy:
+        for rep in range(reps):
+            for step in (export, save_pair) if rep % 2 == 0 else (save_pair, export):
+                step()
+                gc.collect()
+            timed("trimtab import", lambda: hf.load_model(out))
+            gc.collect()
+            print(f"round {rep}: " + ", ".join(f"{op} {v[-1]:.1f}s" for op, v in secs.items()), flush=True)
+    return secs, busy.other
+
+
+def report(secs: dict[str, list[float]], other: float, rss: dict[str, float], size: int, preset: str) -> str:
+    reps = len(secs[OPS[0]])
     lines = [
         HEADING,
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs, `{preset}` shape, fp32 weights of {size / 1e9:.2f} GB, {reps} reps "
-        "interleaved, each operation in a fresh process (its wall time excludes start-up and imports).",
+        f"{os.cpu_count()} CPUs, `{preset}` shape, fp32 weights of {size / 1e9:.2f} GB. Time: {reps} rounds of "
+        f"the four operations in one process (other processes took {other:.0%} of the CPU meanwhile); peak "
+        "RSS: each operation in a fresh process.",
         "",
-        "| operation | median s | min-max s | peak RSS GB | RSS / model bytes | other CPU |",
-        "|---|---|---|---|---|---|",
+        "| operation | median s | min-max s | peak RSS GB | RSS / model bytes |",
+        "|---|---|---|---|---|",
     ]
     for op in OPS:
-        mine = [r for r in rows if r["op"] == op]
-        secs = [r["seconds"] for r in mine]
-        rss = max(r["rss"] for r in mine)
-        other = statistics.median(r["other_cpu"] for r in mine)
+        s = secs[op]
         lines.append(
-            f"| {op} | {statistics.median(secs):.1f} | {min(secs):.1f}-{max(secs):.1f} | {rss / 1e9:.2f} | "
-            f"{rss / size:.2f}x | {other:.0%} |"
+            f"| {op} | {statistics.median(s):.2f} | {min(s):.2f}-{max(s):.2f} | {rss[op] / 1e9:.2f} | "
+            f"{rss[op] / size:.2f}x |"
         )
-    ratios = {
-        "export vs transformers save": ("trimtab export", "transformers save"),
-        "import vs transformers load": ("trimtab import", "transformers load"),
-    }
     lines.append("")
-    for name, (a, b) in ratios.items():
-        pairs = [x["seconds"] / y["seconds"] for x, y in zip(_of(rows, a), _of(rows, b))]
-        lines.append(
-            f"- {name}: time ratio median {statistics.median(pairs):.2f} (per rep {min(pairs):.2f}-{max(pairs):.2f}); "
-            "below 1 is faster than transformers"
-        )
+    for name, (a, b) in {
+        "trimtab export / transformers save": ("trimtab export", "transformers save"),
+        "trimtab import / transformers load": ("trimtab import", "transformers load"),
+    }.items():
+        ratio = paired_ratio(secs[a], secs[b])  # seconds: below 1 is faster than transformers
+        lines.append(f"- {name}, time: **{ratio}**; as parity: {ratio.within(0.05)}")
     return "\n".join(lines) + "\n"
-
-
-def _of(rows: list[dict], op: str) -> list[dict]:
-    return [r for r in rows if r["op"] == op]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="dense-1b")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=10, help="rounds of the four operations, timed in one process")
+    parser.add_argument("--rss-reps", type=int, default=1, help="fresh processes per operation for its peak RSS")
     parser.add_argument("--work", help="scratch directory (default: a temp dir, removed after)")
+    parser.add_argument("--dry-run", action="store_true", help="the debug preset, 2 rounds, nothing written")
     args = parser.parse_args()
+    if args.dry_run:
+        args.preset, args.reps, args.rss_reps = "debug", 2, 1
     with scratch(args.work, "trimtab-interop-") as work:
         run, size = make_run(args.preset, work)
         out, tmp = work / "hf", work / "saved"
-        rows = []
-        for rep in range(args.reps):
-            for op in OPS:
-                rows.append(measure(op, run, out, tmp))
-                print(f"rep {rep}: {op} {rows[-1]['seconds']:.1f}s rss {rows[-1]['rss'] / 1e9:.2f} GB", flush=True)
-        section = report(rows, size, args.preset, args.reps)
+        secs, other = time_rounds(run, out, tmp, args.reps)
+        rss = {op: max(measure(op, run, out, tmp)["rss"] for _ in range(args.rss_reps)) for op in OPS}
+        section = report(secs, other, rss, size, args.preset)
         print(section)
-        replace_section(ROOT / "BENCHMARKS.md", HEADING, section)
+        if args.dry_run:
+            print("dry run: BENCHMARKS.md not written")
+        else:
+            replace_section(ROOT / "BENCHMARKS.md", HEADING, section)
 
 
 if __name__ == "__main__":

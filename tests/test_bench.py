@@ -100,3 +100,12 @@ def test_loss_dry_run_checks_every_chunk_size_against_the_plain_loss():
     assert "## Fused cross-entropy (bench/loss.py)" in out
     for variant in ("plain", "fused 128", "fused 256"):
         assert f"\n| {variant} | " in out, variant
+
+
+def test_interop_dry_run_times_the_four_operations_in_rounds_and_states_parity():
+    out = dry_run("interop")
+    assert "## Hugging Face export and import (bench/interop.py)" in out and "Time: 2 rounds" in out
+    for op in ("trimtab export", "trimtab import", "transformers load", "transformers save"):
+        assert f"\n| {op} | " in out, op
+    for ratio in ("trimtab export / transformers save", "trimtab import / transformers load"):
+        assert f"- {ratio}, time: **" in out and "as parity: " in out, ratio
