@@ -1,11 +1,12 @@
 """Data at scale: prepare throughput, memory over corpus size, and the loader's share of a step.
 
-    python bench/data.py [--small 10e6] [--large 100e6] [--reps 3] [--steps 30] [--work DIR]
+    python bench/data.py [--small 10e6] [--large 100e6] [--prepare-reps 12] [--reps 3] [--steps 30] [--work DIR]
 
 1. `trimtab data prepare` against `datasets.map` (batched, num_proc = cores) with the same fast
    tokenizer (transformers' PreTrainedTokenizerFast over the same tokenizer.json), on the same
-   JSONL files; both write their output to disk (shards / Arrow cache). Interleaved repetitions,
-   tokens per second, the per-repetition ratio.
+   JSONL files; both write their output to disk (shards / Arrow cache). `--prepare-reps`
+   repetitions, each one of both back to back (which goes first alternates); tokens per second,
+   and the paired ratio with its 95% interval and a parity verdict (the same within 5%?).
 2. Peak RSS of `trimtab train --preset small` on a prepared corpus of `--small` and `--large`
    tokens (fresh processes, the metrics' peak_rss_mb): memory must not grow with the corpus.
 3. The loader's time per step (BatchLoader.next_batch on the large prepared corpus) against the
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from _benchfile import replace_section  # noqa: E402  bench/_benchfile.py, next to this file
+from _measure import paired_ratio  # noqa: E402
 from trimtab.config import DataConfig  # noqa: E402
 from trimtab.data.packing import BatchLoader  # noqa: E402
 from trimtab.data.prepare import prepare  # noqa: E402
@@ -121,7 +123,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--small", type=float, default=10e6)
     p.add_argument("--large", type=float, default=100e6)
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--prepare-reps", type=int, default=12, help="repetitions of the prepare comparison")
+    p.add_argument("--reps", type=int, default=3, help="training runs per corpus size (peak RSS)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--work", type=Path)
     args = p.parse_args()
@@ -133,13 +136,16 @@ def main() -> None:
             make_corpus(folder, tokens)
     _, n_large = time_prepare(large_src, work / "large", None)  # trains the BPE; the large corpus for 2 and 3
     tokenizer = work / "large" / "tokenizer.json"
-    ours, theirs, ratios = [], [], []
-    for _ in range(args.reps):
-        seconds, n = time_prepare(small_src, work / "small", tokenizer)
-        ours.append(n / seconds)
-        seconds_ds, n_ds = time_datasets(small_src, tokenizer, work / "ds-cache")
-        theirs.append(n_ds / seconds_ds)
-        ratios.append(ours[-1] / theirs[-1])
+    ours, theirs = [], []
+    for rep in range(args.prepare_reps):
+        for ours_now in (True, False) if rep % 2 == 0 else (False, True):
+            if ours_now:
+                seconds, n = time_prepare(small_src, work / "small", tokenizer)
+                ours.append(n / seconds)
+            else:
+                seconds_ds, n_ds = time_datasets(small_src, tokenizer, work / "ds-cache")
+                theirs.append(n_ds / seconds_ds)
+    ratio = paired_ratio(ours, theirs)  # tokens/s: above 1 is faster than datasets.map
     rss = {"small": [], "large": []}
     step_times = []
     for _ in range(args.reps):
@@ -151,19 +157,23 @@ def main() -> None:
     step = statistics.median(step_times)
     growth = statistics.median(rss["large"]) / statistics.median(rss["small"]) - 1
     cores = os.cpu_count()
+    command = f"python bench/data.py --small {args.small:.0e} --large {args.large:.0e}"
+    command += f" --prepare-reps {args.prepare_reps} --reps {args.reps}"
     section = f"""{HEADING}
 
-`python bench/data.py --small {args.small:.0e} --large {args.large:.0e} --reps {args.reps}`, {cores} cores, load
-average {load:.1f} at the start. Corpus: the standard library copied under numbered headers, JSONL;
-tokenizer: the 4096-token BPE prepare trained on it. {n_large:,} tokens in the large corpus.
+`{command}`,
+{cores} cores, load average {load:.1f} at the start. Corpus: the standard library copied under numbered headers,
+JSONL; tokenizer: the 4096-token BPE prepare trained on it. {n_large:,} tokens in the large corpus.
 
-Prepare throughput on the small corpus ({n:,} tokens), tokens/s, median (min-max) of {args.reps} interleaved reps:
+Prepare throughput on the small corpus ({n:,} tokens), tokens/s, median (min-max) of {args.prepare_reps} repetitions,
+each one of both back to back (which went first alternating):
 
 | | tokens/s |
 |---|---|
 | `trimtab data prepare` (shards + manifest) | {spread(ours)} |
 | `datasets.map(tok, batched=True, num_proc={cores})` (Arrow cache) | {spread(theirs)} |
-| ratio per rep | {", ".join(f"{r:.2f}" for r in ratios)} |
+
+- prepare / datasets.map, tokens/s: **{ratio}**; as parity: {ratio.within(0.05)}
 
 Peak RSS of `trimtab train --preset small --max-steps {args.steps}` on prepared data ({args.reps} runs
 each, interleaved): {args.small:.0e} tokens {", ".join(f"{v:.0f}" for v in rss["small"])} MB; {args.large:.0e} tokens
