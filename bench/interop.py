@@ -10,6 +10,10 @@ is made once. Four operations:
     transformers load    AutoModelForCausalLM.from_pretrained(out)
     transformers save    the loaded model's save_pretrained(dir)
 
+A load ends when every weight has been read once (a sum over each parameter): transformers 5
+maps safetensors files lazily, so its from_pretrained alone returns in 0.05 s and the reading
+falls into whatever touches the weights first (its save, a forward).
+
 Time: all four in this one process, `--reps` rounds, each round the four in turn (the order of
 each trimtab / transformers pair alternating between rounds), so a ratio pairs operations run
 at the same moments of the machine; on this shared 2-core host one operation swings up to 1.8x
@@ -42,7 +46,7 @@ OPS = ("trimtab export", "trimtab import", "transformers load", "transformers sa
 
 # Each child times its own operation and reports (seconds, peak RSS bytes) as its last line.
 CHILD = """
-import json, resource, sys, time, warnings
+import json, sys, time, warnings
 sys.path.insert(0, {src!r})
 op, run, out, tmp = {op!r}, {run!r}, {out!r}, {tmp!r}
 warnings.simplefilter("ignore")
@@ -52,18 +56,23 @@ if op.startswith("transformers"):
     transformers.utils.logging.disable_progress_bar()
 else:
     from trimtab import hf
+def touch(model):  # read every weight once: a lazily mapped file is read here
+    for p in model.parameters():
+        p.sum()
 t0 = time.perf_counter()
 if op == "trimtab export":
     hf.export_run(run, out)
 elif op == "trimtab import":
-    hf.load_model(out)
+    touch(hf.load_model(out)[0])
 else:
     model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    touch(model)
     if op == "transformers save":
         t0 = time.perf_counter()
         model.save_pretrained(tmp)
 seconds = time.perf_counter() - t0
-print(json.dumps([seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]))
+from trimtab.training.runtime import peak_rss_mb
+print(json.dumps([seconds, peak_rss_mb() * 2**20]))
 """
 
 
@@ -123,8 +132,13 @@ def time_rounds(run: Path, out: Path, tmp: Path, reps: int) -> tuple[dict[str, l
         secs[op].append(time.perf_counter() - t0)
         return kept
 
+    def touched(model):  # read every weight once (the module docstring)
+        for p in model.parameters():
+            p.sum()
+        return model
+
     def save_pair():
-        hf_model = timed("transformers load", lambda: transformers.AutoModelForCausalLM.from_pretrained(out))
+        hf_model = timed("transformers load", lambda: touched(transformers.AutoModelForCausalLM.from_pretrained(out)))
         timed("transformers save", lambda: hf_model.save_pretrained(tmp))
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -138,7 +152,7 @@ def time_rounds(run: Path, out: Path, tmp: Path, reps: int) -> tuple[dict[str, l
             for step in (export, save_pair) if rep % 2 == 0 else (save_pair, export):
                 step()
                 gc.collect()
-            timed("trimtab import", lambda: hf.load_model(out))
+            timed("trimtab import", lambda: touched(hf.load_model(out)[0]))
             gc.collect()
             print(f"round {rep}: " + ", ".join(f"{op} {v[-1]:.1f}s" for op, v in secs.items()), flush=True)
     return secs, busy.other

@@ -5,7 +5,7 @@
 Every variant trains the same model shape (the preset's, fp32, eager) on the same rows (trimtab's
 loader over the built-in corpus) for 2 optimizer steps of B rows x seq_len as one micro-batch (the
 second step runs with AdamW's state allocated). Its peak memory is the whole process's, since a cap
-applies to the whole process: peak RSS (ru_maxrss) on CPU, the caching allocator's peak reserved
+applies to the whole process: peak RSS (VmHWM) on CPU, the caching allocator's peak reserved
 bytes on CUDA (what torch.cuda.set_per_process_memory_fraction limits and what runs out), read at
 the end of the second step (so trimtab's end-of-run save is not counted). The baseline is the same
 figure with the model and optimizer built and the data loaded, before the first step. Each probe
@@ -37,7 +37,6 @@ import json
 import math
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -70,7 +69,9 @@ def _now_mb() -> float:
 def _peak_mb() -> float:
     if _cuda():
         return __import__("torch").cuda.max_memory_reserved() / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    from trimtab.training.runtime import peak_rss_mb
+
+    return peak_rss_mb()
 
 
 def _seq_len(args: argparse.Namespace) -> int:

@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -55,6 +54,7 @@ from _benchfile import replace_section  # noqa: E402  bench/_benchfile.py, next 
 from _measure import Contention, paired_ratio  # noqa: E402  bench/_measure.py, next to this file
 from trimtab.config import ModelConfig  # noqa: E402
 from trimtab.model import build_model  # noqa: E402
+from trimtab.training.runtime import peak_rss_mb  # noqa: E402
 
 HEADING = "## Mixture-of-Depths and hybrid step time (bench/mod.py)"
 VOCAB = 4096
@@ -69,10 +69,6 @@ VARIANTS = {
     "moe": (["moe"], {}),
     "hybrid": (["dense", "moe", "mod", "moe+mod"], {"layer_capacity": [0.5, 0.25]}),
 }
-
-
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def build(name: str, seq_len: int):
@@ -100,7 +96,7 @@ def child(args: argparse.Namespace) -> None:
     """One repetition of every variant ("interleaved"), or one variant alone for its peak RSS:
     warm-up steps, then rounds of one timed step of each (order rotating); a RESULT line."""
     torch.set_num_threads(args.threads[0])
-    imports_mb = _rss_mb()
+    imports_mb = peak_rss_mb()
     names = list(VARIANTS) if args.variant == "interleaved" else [args.variant]
     built = {name: build(name, args.seq_len) for name in names}
     tokens = torch.randint(0, VOCAB, (args.rows, args.seq_len + 1), generator=torch.Generator().manual_seed(0))
@@ -115,7 +111,7 @@ def child(args: argparse.Namespace) -> None:
         name: {"ms": statistics.median(times[name]) * 1e3, "flops": built[name][0].flops_per_token(args.seq_len)}
         for name in names
     }
-    print("RESULT " + json.dumps({**result, "peak_rss_mb": _rss_mb(), "imports_rss_mb": imports_mb}))
+    print("RESULT " + json.dumps({**result, "peak_rss_mb": peak_rss_mb(), "imports_rss_mb": imports_mb}))
 
 
 def _run_child(args: argparse.Namespace, variant: str, threads: int) -> dict:

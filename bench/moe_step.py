@@ -37,7 +37,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import sys
 import tempfile
@@ -214,6 +213,8 @@ def _profile(model, loss, batches, cfg, warmup: int) -> dict:
 
 
 def child(args: argparse.Namespace) -> None:
+    from trimtab.training.runtime import peak_rss_mb
+
     if args.threads:  # before any work: a busy machine slows multi-threaded torch several fold
         __import__("torch").set_num_threads(args.threads)
     if args.variant == "interleaved":
@@ -230,7 +231,7 @@ def child(args: argparse.Namespace) -> None:
         result["class"] = hf["architectures"][0]
         if args.variant == "hf-grouped_mm":
             result["grouped_mm"] = _grouped_mm_path(model)
-    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["peak_rss_mb"] = peak_rss_mb()
     print("RESULT " + json.dumps(result))
 
 

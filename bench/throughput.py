@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -251,6 +250,8 @@ def run_interleaved(args: argparse.Namespace) -> dict[str, dict]:
 
 
 def child(args: argparse.Namespace) -> None:
+    from trimtab.training.runtime import peak_rss_mb
+
     name, compile_ = args.variant.removesuffix("+compile"), args.variant.endswith("+compile")
     if name == "interleaved":
         result = run_interleaved(args)
@@ -258,7 +259,7 @@ def child(args: argparse.Namespace) -> None:
         result = run_trimtab(args, True if compile_ else None)
     else:
         result = run_loop(args, name, compile_)
-    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["peak_rss_mb"] = peak_rss_mb()
     print("RESULT " + json.dumps(result))
 
 

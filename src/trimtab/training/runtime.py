@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import resource
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,7 +158,20 @@ def moe_metrics(moe: dict[str, Any]) -> dict[str, float | list[int]]:
 
 
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    """This process's peak resident set, MB: Linux's VmHWM, the high-water mark of its own memory
+    map. Not ru_maxrss there: Linux carries a parent's resident set at fork into the child's
+    ru_maxrss across exec, so a run started by a large process (a notebook, a benchmark that
+    trained in-process) would report the parent's size. Elsewhere ru_maxrss (KiB on Linux and
+    the BSDs, bytes on macOS)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024
 
 
 def rng_state() -> dict[str, Any]:
