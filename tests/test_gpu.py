@@ -18,6 +18,7 @@ from trimtab.orchestrator import read_decisions
 from trimtab.training.loss import cross_entropy_sum
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+AUTO = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp16"  # pre-Ampere: fp16
 
 
 def cuda_cfg(out, steps=20, sets=(), preset="debug"):
@@ -49,7 +50,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_cuda_run_trains_in_bf16_learns_and_reports_memory_and_mfu(tmp_path):
     summary = trimtab.train(cuda_cfg(tmp_path / "r", steps=40))
     assert summary["status"] == "completed" and summary["device"].startswith("cuda")
-    assert summary["precision"] == "bf16", summary["precision_reason"]  # auto on a bf16 GPU
+    assert summary["precision"] == AUTO, summary["precision_reason"]
     losses = list(logged(tmp_path / "r").values())
     assert losses[-1] < losses[0] - 0.5, losses
     assert all(m["cuda_max_alloc_mb"] > 0 for m in lines(tmp_path / "r") if "loss" in m)
@@ -107,6 +108,7 @@ def test_a_real_cuda_oom_halves_the_micro_batch_until_the_step_fits(tmp_path):
     assert len(settled) == 1 and batch // 4 <= settled.pop() < batch, settled
 
 
+@pytest.mark.skipif(AUTO != "bf16" or torch.cuda.get_device_capability() < (8, 0), reason="grouped_mm needs sm80+")
 @pytest.mark.parametrize("capacity_factor", [0.0, 1.25])
 def test_grouped_experts_match_padded_on_cuda_in_bf16(capacity_factor):
     """impl auto takes grouped_mm on CUDA in bf16 autocast; it computes what the padded bmm layout
@@ -130,7 +132,7 @@ def test_grouped_experts_match_padded_on_cuda_in_bf16(capacity_factor):
 
 def test_moe_trains_on_cuda(tmp_path):
     summary = trimtab.train(cuda_cfg(tmp_path / "r", steps=30, preset="debug-moe"))
-    assert summary["status"] == "completed" and summary["precision"] == "bf16"
+    assert summary["status"] == "completed" and summary["precision"] == AUTO
     losses = list(logged(tmp_path / "r").values())
     assert losses[-1] < losses[0] - 0.5, losses
 
@@ -145,6 +147,7 @@ def _peak_above_now(f):
     return out, torch.cuda.max_memory_allocated() - base
 
 
+@pytest.mark.skipif(AUTO != "bf16", reason="bf16 autocast, as trained on this GPU's class")
 def test_fused_loss_matches_the_plain_loss_and_keeps_no_logits_on_cuda():
     """bf16 autocast as in training, 16,384 tokens x a 32,000 vocabulary: the plain loss keeps
     [N, V] logits and log-probabilities (2 GB in fp32 alone); the fused loss, whose forward takes
