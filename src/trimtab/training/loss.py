@@ -89,17 +89,20 @@ class LinearCrossEntropy(torch.autograd.Function):
             valid, index = tc != IGNORE_INDEX, tc.clamp(min=0).unsqueeze(1)  # index [C, 1]: ignored rows read class 0
             picked = logits.gather(1, index)  # [C, 1]
             total += ((lse - picked).squeeze(1) * valid).sum()
-            # d (chunk's summed loss) / d logits = softmax - onehot, zero on ignored rows
+            # d (chunk's summed loss) / d logits = softmax - onehot. An ignored row's gradient is
+            # zeroed on the [C, D] side, in its hidden state's gradient and its input to the head's:
+            # one pass over the [C, V] block fewer than masking the block
             grad = logits.sub_(lse).exp_()
             grad.scatter_add_(1, index, -torch.ones_like(picked))
-            grad = grad.mul_(valid.unsqueeze(1)).to(mm_dtype)
+            grad = grad.to(mm_dtype)
+            mask = valid.unsqueeze(1).to(hc.dtype)  # [C, 1]
             if grad_h is not None:
-                grad_h[s : s + chunk] = grad @ head  # [C, D]
+                grad_h[s : s + chunk] = (grad @ head) * mask  # [C, D]
             if grad_head is not None:
                 if grad.dtype == torch.float32 and not torch.is_autocast_enabled(dev):
-                    grad_head.addmm_(grad.T, hc)  # in place: no [V, D] temporary per chunk
+                    grad_head.addmm_(grad.T, hc * mask)  # in place: no [V, D] temporary per chunk
                 else:
-                    grad_head += grad.T @ hc  # a lower-precision product, summed in fp32
+                    grad_head += grad.T @ (hc * mask)  # a lower-precision product, summed in fp32
         ctx.save_for_backward(grad_h, grad_head)
         ctx.head_dtype = head.dtype
         return total
