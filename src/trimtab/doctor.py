@@ -77,14 +77,14 @@ def _precision(dev: torch.device, cfg: Any) -> Precision:
     (training/cpu_precision.py, through the same cache, so the report and the run agree; the
     vocabulary as the tokenizer will make it, data.bpe_vocab_size, when the model follows it)."""
     from trimtab.model import build_model
+    from trimtab.model.catalog import meta_model
     from trimtab.training.cpu_precision import PROBE_MAX_PARAMS, refine_cpu_precision
 
     precision = choose_precision(dev, cfg.train.precision)
     if cfg.train.precision != "auto" or dev.type != "cpu" or precision.name != "bf16":
         return precision
     cfg.model.vocab_size = cfg.model.vocab_size or cfg.data.bpe_vocab_size
-    with torch.device("meta"):  # the size without the memory: a large preset is not probed
-        model = build_model(cfg.model)
+    model = meta_model(cfg)  # the size without the memory: a large preset is not probed
     if model.num_params() <= PROBE_MAX_PARAMS:
         model = build_model(cfg.model)
     return refine_cpu_precision(precision, cfg, model)

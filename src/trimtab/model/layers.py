@@ -18,6 +18,12 @@ from trimtab.config import ModelConfig, RopeScalingConfig
 from trimtab.model.cache import KVCache
 
 
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a matmul on x runs in: autocast's where it is on, else x's."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * weight (Zhang & Sennrich 2019): LayerNorm without centring or bias."""
 

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trimtab.config.sparse import MoEConfig
+from trimtab.model.layers import compute_dtype
 
 
 class Routing(NamedTuple):
@@ -93,12 +94,6 @@ def _grouped_mm_runs_on(x: Tensor, dtype: torch.dtype) -> bool:
     if x.device.type == "cpu":
         return True
     return x.device.type == "cuda" and dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (8, 0)
-
-
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype a matmul on x runs in: autocast's where it is on, else x's."""
-    dev = x.device.type
-    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
 
 
 def _in_recompute() -> bool:
@@ -221,7 +216,7 @@ class MoE(nn.Module):
             return True
         if self.impl != "auto":
             return self.impl == "grouped"
-        dtype = _compute_dtype(x)
+        dtype = compute_dtype(x)
         if torch.compiler.is_compiling() or not _grouped_mm_runs_on(x, dtype):
             return False
         return self.d_model * dtype.itemsize % 16 == 0 and (hidden or self.hidden) * dtype.itemsize % 16 == 0
@@ -269,7 +264,7 @@ class MoE(nn.Module):
         A, D = order.numel(), xf.shape[1]
         if cap:
             order, counts = order[rank < cap], counts.clamp(max=cap)
-        dt = _compute_dtype(xf)  # grouped_mm is not on autocast's list: cast as mm would be
+        dt = compute_dtype(xf)  # grouped_mm is not on autocast's list: cast as mm would be
         xs = xf[order // self.top_k].to(dt)  # [M, D]
         out = self.dispatch(xs, counts, *(w.to(dt) for w in weights))  # [M, D]
         full = out.new_zeros(A, D).index_copy(0, order, out)  # unique rows: deterministic

@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from trimtab.model.layers import compute_dtype
+
 IGNORE_INDEX = -100
 CHUNK_TOKENS = 1024  # on a CPU, and the least anywhere
 # On CUDA a chunk's fp32 logits may take this much: the fused loss at one 16,384-token
@@ -76,9 +78,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx, h: torch.Tensor, head: torch.Tensor, t: torch.Tensor, chunk: int) -> torch.Tensor:
         # h [N, D], head [V, D], t [N]; under autocast the matmuls run in its dtype, as F.linear's would
         want_h, want_head = ctx.needs_input_grad[:2]
-        dev = h.device.type
-        # The dtype the two gradient matmuls run in: cast [C, V] once, not once per matmul
-        mm_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
+        mm_dtype = compute_dtype(h)  # the two gradient matmuls': cast [C, V] once, not per matmul
         grad_h = torch.empty_like(h) if want_h else None
         grad_head = torch.zeros(head.shape, dtype=torch.float32, device=head.device) if want_head else None
         total = torch.zeros((), dtype=torch.float32, device=h.device)
@@ -99,7 +99,7 @@ class LinearCrossEntropy(torch.autograd.Function):
             if grad_h is not None:
                 grad_h[s : s + chunk] = (grad @ head) * mask  # [C, D]
             if grad_head is not None:
-                if grad.dtype == torch.float32 and not torch.is_autocast_enabled(dev):
+                if grad.dtype == torch.float32 and not torch.is_autocast_enabled(h.device.type):
                     grad_head.addmm_(grad.T, hc * mask)  # in place: no [V, D] temporary per chunk
                 else:
                     grad_head += grad.T @ (hc * mask)  # a lower-precision product, summed in fp32
