@@ -44,36 +44,54 @@ from _measure import Contention, paired_ratio  # noqa: E402
 HEADING = "## Hugging Face export and import (bench/interop.py)"
 OPS = ("trimtab export", "trimtab import", "transformers load", "transformers save")
 
-# Each child times its own operation and reports (seconds, peak RSS bytes) as its last line.
+# Each child runs one operation and reports its peak RSS in bytes as its last line.
 CHILD = """
-import json, sys, time, warnings
-sys.path.insert(0, {src!r})
-op, run, out, tmp = {op!r}, {run!r}, {out!r}, {tmp!r}
+import json, sys, warnings
+sys.path.insert(0, {bench!r})
 warnings.simplefilter("ignore")
-if op.startswith("transformers"):
+from interop import one_operation
+from trimtab.training.runtime import peak_rss_mb
+one_operation({op!r}, {run!r}, {out!r}, {tmp!r})
+print(json.dumps(peak_rss_mb() * 2**20))
+"""
+
+
+def _transformers():
     import transformers
+
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-else:
-    from trimtab import hf
-def touch(model):  # read every weight once: a lazily mapped file is read here
+    return transformers
+
+
+def _touched(model):
+    """`model` after reading every weight once (the module docstring: a lazily mapped file is read here)."""
     for p in model.parameters():
         p.sum()
-t0 = time.perf_counter()
-if op == "trimtab export":
-    hf.export_run(run, out)
-elif op == "trimtab import":
-    touch(hf.load_model(out)[0])
-else:
-    model = transformers.AutoModelForCausalLM.from_pretrained(out)
-    touch(model)
-    if op == "transformers save":
-        t0 = time.perf_counter()
-        model.save_pretrained(tmp)
-seconds = time.perf_counter() - t0
-from trimtab.training.runtime import peak_rss_mb
-print(json.dumps([seconds, peak_rss_mb() * 2**20]))
-"""
+    return model
+
+
+def hf_load(out: Path):
+    return _touched(_transformers().AutoModelForCausalLM.from_pretrained(out))
+
+
+def trimtab_load(out: Path):
+    from trimtab import hf
+
+    return _touched(hf.load_model(out)[0])
+
+
+def one_operation(op: str, run: Path, out: Path, tmp: Path) -> None:
+    from trimtab import hf
+
+    if op == "trimtab export":
+        hf.export_run(run, out)
+    elif op == "trimtab import":
+        trimtab_load(out)
+    elif op == "transformers load":
+        hf_load(out)
+    else:
+        hf_load(out).save_pretrained(tmp)
 
 
 def make_run(preset: str, work: Path) -> tuple[Path, int]:
@@ -102,15 +120,14 @@ def make_run(preset: str, work: Path) -> tuple[Path, int]:
     return run, size
 
 
-def measure(op: str, run: Path, out: Path, tmp: Path) -> dict:
-    code = CHILD.format(src=str(ROOT / "src"), op=op, run=str(run), out=str(out), tmp=str(tmp))
-    with Contention() as busy:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+def peak_rss(op: str, run: Path, out: Path, tmp: Path) -> float:
+    """Peak RSS in bytes of `op` run alone in a fresh process."""
+    code = CHILD.format(bench=str(ROOT / "bench"), op=op, run=str(run), out=str(out), tmp=str(tmp))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     if proc.returncode:
         raise RuntimeError(f"{op} failed:\n{proc.stderr[-3000:]}")
-    seconds, rss = json.loads(proc.stdout.strip().splitlines()[-1])
     shutil.rmtree(tmp, ignore_errors=True)
-    return {"op": op, "seconds": seconds, "rss": rss, "other_cpu": busy.other}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def time_rounds(run: Path, out: Path, tmp: Path, reps: int) -> tuple[dict[str, list[float]], float]:
@@ -118,12 +135,8 @@ def time_rounds(run: Path, out: Path, tmp: Path, reps: int) -> tuple[dict[str, l
     processes took meanwhile."""
     import gc
 
-    import transformers
-
     from trimtab import hf
 
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
     secs: dict[str, list[float]] = {op: [] for op in OPS}
 
     def timed(op, f):
@@ -132,13 +145,8 @@ def time_rounds(run: Path, out: Path, tmp: Path, reps: int) -> tuple[dict[str, l
         secs[op].append(time.perf_counter() - t0)
         return kept
 
-    def touched(model):  # read every weight once (the module docstring)
-        for p in model.parameters():
-            p.sum()
-        return model
-
     def save_pair():
-        hf_model = timed("transformers load", lambda: touched(transformers.AutoModelForCausalLM.from_pretrained(out)))
+        hf_model = timed("transformers load", lambda: hf_load(out))
         timed("transformers save", lambda: hf_model.save_pretrained(tmp))
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -152,7 +160,7 @@ def time_rounds(run: Path, out: Path, tmp: Path, reps: int) -> tuple[dict[str, l
             for step in (export, save_pair) if rep % 2 == 0 else (save_pair, export):
                 step()
                 gc.collect()
-            timed("trimtab import", lambda: touched(hf.load_model(out)[0]))
+            timed("trimtab import", lambda: trimtab_load(out))
             gc.collect()
             print(f"round {rep}: " + ", ".join(f"{op} {v[-1]:.1f}s" for op, v in secs.items()), flush=True)
     return secs, busy.other
@@ -201,7 +209,7 @@ def main() -> None:
         run, size = make_run(args.preset, work)
         out, tmp = work / "hf", work / "saved"
         secs, other = time_rounds(run, out, tmp, args.reps)
-        rss = {op: max(measure(op, run, out, tmp)["rss"] for _ in range(args.rss_reps)) for op in OPS}
+        rss = {op: max(peak_rss(op, run, out, tmp) for _ in range(args.rss_reps)) for op in OPS}
         section = report(secs, other, rss, size, args.preset)
         print(section)
         if args.dry_run:
