@@ -79,12 +79,39 @@ def test_export_a_chosen_step_in_bfloat16_and_in_shards(trained, tmp_path):
         export_run(trained, tmp_path / "other", step=7)
 
 
-def test_export_refuses_to_overwrite_what_is_not_an_export(trained, tmp_path):
-    (tmp_path / "mine").mkdir()
-    (tmp_path / "mine" / "notes.txt").write_text("keep me")
-    with pytest.raises(ConfigError, match="not an exported model"):
-        export_run(trained, tmp_path / "mine")
-    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+def test_export_refuses_to_overwrite_what_is_not_an_export(trained, tmp_path, capsys):
+    """A directory with a config.json trimtab did not write is not an earlier export: the CLI
+    refuses it (exit 2, naming the directory and the fix) and deletes nothing."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"model_type": "llama"}')
+    (mine / "notes.txt").write_text("keep me")
+    assert main(["export", str(trained), "--out", str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert str(mine) in err and "not an exported model" in err and "new or empty directory" in err
+    assert sorted(p.name for p in mine.iterdir()) == ["config.json", "notes.txt"]
+    assert (mine / "notes.txt").read_text() == "keep me"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="is a file"):
+        export_run(trained, tmp_path / "file")
+
+
+def test_a_re_export_replaces_only_the_files_the_earlier_export_wrote(trained, tmp_path):
+    out = tmp_path / "hf"
+    out.mkdir()  # an empty directory is fine
+    export_run(trained, out, max_shard_bytes=100_000)
+    written = set(json.loads((out / "trimtab_export.json").read_text())["files"])
+    assert {"config.json", "model.safetensors.index.json", "trimtab_export.json"} <= written
+    assert written == {p.name for p in out.iterdir()}
+    (out / "notes.txt").write_text("keep me")
+    assert main(["export", str(trained), "--out", str(out)]) == 0  # one shard now: the numbered ones go
+    names = {p.name for p in out.iterdir()}
+    assert "notes.txt" in names and "model.safetensors" in names and "model.safetensors.index.json" not in names
+    assert not any(n.startswith("model-0") for n in names)
+    assert (out / "notes.txt").read_text() == "keep me"
+    assert set(json.loads((out / "trimtab_export.json").read_text())["files"]) == names - {"notes.txt"}
+    assert not list(tmp_path.glob(".tmp_*"))
+    hf_load(out)
 
 
 @pytest.mark.parametrize(

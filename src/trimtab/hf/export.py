@@ -5,12 +5,15 @@ offline (AutoModelForCausalLM / AutoTokenizer.from_pretrained(DIR)).
        model.safetensors, or model-0000K-of-0000N.safetensors + model.safetensors.index.json
        tokenizer.json, tokenizer_config.json, special_tokens_map.json
        README.md                the model card (hf/card.py)
+       trimtab_export.json      the files this export wrote (a re-export replaces only those)
        [configuration_trimtab.py, modeling_trimtab.py: trust_remote_code, when no standard class
         computes the model; hf/remote]
 
 Tensors stream from the checkpoint to the shards one at a time: the memory held is one shard
 (max_shard_bytes) plus a tensor, never a second copy of the model. The directory appears whole
-or not at all (written beside DIR, then renamed).
+or not at all (written beside DIR, then renamed). Into a directory that holds an earlier export,
+the files that export wrote (its trimtab_export.json) are replaced and any others kept; a non-empty
+directory without that record is refused, never emptied.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from trimtab.hf.tensors import Getter, to_hf
 from trimtab.model.upgrade import UpgradedReader, is_legacy
 
 log = logging.getLogger(__name__)
+MARKER = "trimtab_export.json"  # {"trimtab_export": 1, "files": [what the export wrote]}
 MAX_SHARD_BYTES = 4 * 2**30  # shards above this size split (transformers' own default is 5 GB)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -91,6 +95,7 @@ class Export:
         a corrupt checkpoint raises CorruptCheckpoint and leaves nothing behind."""
         with ThreadPoolExecutor(1) as pool:
             verified = pool.submit(verify, path)
+            previous = _previous_files(out)
             tmp = _fresh(out)
             try:
                 state = _read_state(path, verified)
@@ -101,9 +106,7 @@ class Export:
                 write_tokenizer(tok, tmp, self.cfg.model.max_seq_len, chat=chat)
                 (tmp / "README.md").write_text(model_card(self.run_dir, self.cfg, state, arch, self.source))
                 _result(verified)
-                if out.exists():
-                    shutil.rmtree(out)
-                os.replace(tmp, out)
+                _install(tmp, out, previous)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
@@ -183,15 +186,55 @@ def _live_config(cfg: ModelConfig, moe_state: dict[str, dict[str, float]]) -> Mo
     return dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, n_experts=counts.pop()))
 
 
+def _previous_files(out: Path) -> list[str]:
+    """The files an earlier export wrote into `out` ([] for a new or empty directory). Refuses a
+    non-empty directory without trimtab's record of them: its files are someone's, not ours."""
+    if not out.exists():
+        return []
+    if not out.is_dir():
+        raise ConfigError(f"--out '{out}' is a file, not a directory; choose a new or empty directory")
+    if not any(out.iterdir()):
+        return []
+    try:
+        files = json.loads((out / MARKER).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(
+            f"--out '{out}' is not empty and is not an exported model (it has no valid {MARKER}, which "
+            "trimtab export writes to record its files); trimtab never deletes files it did not write: "
+            "choose a new or empty directory, or empty this one yourself"
+        ) from None
+    # only plain names inside `out`: an edited record must not make a re-export delete elsewhere
+    return [f for f in files if isinstance(f, str) and f == Path(f).name and f not in ("", ".", "..")]
+
+
 def _fresh(out: Path) -> Path:
-    """A temp dir beside `out`; refuses an `out` that holds something other than an export."""
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "config.json").is_file())):
-        raise ConfigError(f"--out '{out}' exists and is not an exported model; choose an empty or new directory")
+    """A temp dir beside `out`, where the export is written before it is installed."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".tmp_{out.name}_{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     return tmp
+
+
+def _install(tmp: Path, out: Path, previous: list[str]) -> None:
+    """Move the export written in `tmp` into `out`. A new (or empty) `out` appears whole, renamed
+    at once; into an earlier export, file by file: its files replaced or removed, others kept."""
+    files = sorted(p.name for p in tmp.iterdir())
+    _write_json(tmp / MARKER, {"trimtab_export": 1, "files": [*files, MARKER]})
+    if not out.exists() or not any(out.iterdir()):
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+        return
+    # the record lists old and new files first: a crash midway leaves every file we wrote ours
+    _write_json(out / MARKER, {"trimtab_export": 1, "files": sorted({*previous, *files, MARKER})})
+    for name in files:
+        os.replace(tmp / name, out / name)
+    for name in set(previous) - {*files, MARKER}:
+        stale = out / name
+        shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
+    os.replace(tmp / MARKER, out / MARKER)
+    tmp.rmdir()
 
 
 def write_shards(tensors: Iterator[tuple[str, torch.Tensor]], out: Path, dtype: torch.dtype, max_bytes: int) -> None:
