@@ -108,6 +108,29 @@ def test_adapter_loglikelihoods_equal_the_hand_computed_ones(run):
     assert "\n" not in text
 
 
+def merging_split(tok, text):
+    """(context, continuation) cut from `text` whose continuation adds no token: the pair tokenizes
+    to no more tokens than the context alone (its first character merges into the context's last)."""
+    for end in range(2, len(text) + 1):
+        for cut in range(1, end):
+            context, continuation = text[:cut], text[cut:end]
+            if context.strip() == context and len(tok.encode(context + continuation)) <= len(tok.encode(context)):
+                return context, continuation
+    raise AssertionError("no merging split in the text")
+
+
+def test_a_continuation_that_adds_no_token_is_refused_not_scored_as_a_sure_win(run):
+    from trimtab.evaluation.adapter import TrimtabLM
+
+    _, model, tok = api.load_run(run)
+    lm = TrimtabLM(model, tok, batch_size=2)
+    context, continuation = merging_split(tok, TEXT)
+    with pytest.raises(DataError, match=f"continuation {continuation!r} adds no token.*target_delimiter"):
+        lm.loglikelihood(instances("loglikelihood", [PAIRS[0], (context, continuation)]))
+    with pytest.raises(DataError, match="the continuation is empty"):
+        lm.loglikelihood(instances("loglikelihood", [("def f(x):", "")]))
+
+
 def test_adapter_equals_lm_evals_hf_backend_on_the_exported_directory(run, tmp_path):
     from lm_eval.models.huggingface import HFLM
 

@@ -15,6 +15,7 @@ from lm_eval.api.model import TemplateLM
 from tqdm import tqdm
 
 from trimtab.data import TextTokenizer
+from trimtab.errors import DataError
 from trimtab.evaluation.scoring import continuation_scores
 from trimtab.model import Transformer
 from trimtab.sampling import generate
@@ -48,6 +49,9 @@ class TrimtabLM(TemplateLM):
         return self.tok.decode(tokens)
 
     def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False, override_bs: int | None = None):
+        for key, _, continuation in requests:
+            if not continuation:
+                raise DataError(_nothing_to_score(key))
         pairs = [(context, continuation) for _, context, continuation in requests]
         scores = continuation_scores(self.model, pairs, self.tok.pad_id, override_bs or self.batch_size)
         for (key, _, _), score in zip(requests, scores):
@@ -91,3 +95,17 @@ class TrimtabLM(TemplateLM):
             self.cache_hook.add_partial("generate_until", (context, {"until": until}), text)
             out.append(text)
         return out
+
+
+def _nothing_to_score(key: tuple[str, str] | None) -> str:
+    """Why a request has no continuation token. Scoring none would give log-likelihood 0 and
+    greedy, so that choice would always win; lm-eval's hf backend refuses it as well."""
+    context, continuation = key or ("", "")
+    if not continuation:
+        return f"lm-eval request with context ...{context[-40:]!r}: the continuation is empty; fix the task's choices"
+    return (
+        f"lm-eval request with context ...{context[-40:]!r}: its continuation {continuation!r} adds no token, "
+        "it merges into the context's last token when the two are tokenized together (scoring it would "
+        "always win, and lm-eval's hf backend refuses it too); give the task a target_delimiter (e.g. ' ') "
+        "or choices that begin a new token"
+    )

@@ -21,6 +21,8 @@ def continuation_scores(
     without its last token, left-truncated to the model's context, as lm-evaluation-harness's
     causal backends do. Requests run longest first, right-padded (causal attention: a pad never
     changes the tokens before it), and come back in their order."""
+    if not all(context and continuation for context, continuation in pairs):
+        raise ValueError("each pair needs a context and a continuation token (an empty one would score 0)")
     limit = model.cfg.max_seq_len
     order = sorted(range(len(pairs)), key=lambda i: -len(pairs[i][0]) - len(pairs[i][1]))
     out: list[tuple[float, bool]] = [(0.0, False)] * len(pairs)
