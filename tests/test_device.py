@@ -72,6 +72,7 @@ def timer(monkeypatch, tmp_path):
 
     fake.calls, fake.seconds = 0, 0.5
     monkeypatch.setattr(hw, "_matmul_seconds", fake)
+    monkeypatch.setattr(hw, "cpu_ceiling_flops", lambda precision: None)  # this machine's: a test sets one
     return fake
 
 
@@ -146,7 +147,7 @@ def test_a_real_measurement_lands_in_trimtab_cache(monkeypatch, tmp_path):
 
 def test_the_trainer_measures_mfu_against_the_cached_peak(timer, tmp_path, one_thread):
     """No measurement at start: the cached value is the reference in metrics.jsonl and the summary."""
-    peak = 2e9
+    peak = 1e15  # no run beats it
     entry = {"flops": peak, "measured": "2026-01-01", "reps": 10, "threads": 1, "precision": "fp32"}
     hw.cpu_peak_path().write_text(json.dumps({hw.cpu_peak_key("fp32"): entry}))
     sections = {
@@ -164,3 +165,88 @@ def test_the_trainer_measures_mfu_against_the_cached_peak(timer, tmp_path, one_t
     assert len(logged) == 2 and all(m["mfu"] == pytest.approx(m["tokens_per_s"] * fpt / peak) for m in logged)
     assert summary["mfu"] == pytest.approx(summary["tokens_per_s"] * fpt / peak)
     assert summary["peak_flops_source"] == "CPU matmul peak measured 2026-01-01 (cached, 1 thread fp32, best of 10)"
+
+
+def write_peak(flops, **extra):
+    entry = {"flops": flops, "measured": "2026-01-01", "reps": 10, "threads": 1, "precision": "fp32", **extra}
+    hw.cpu_peak_path().write_text(json.dumps({hw.cpu_peak_key("fp32"): entry}))
+
+
+def cached_peak():
+    return json.loads(hw.cpu_peak_path().read_text())[hw.cpu_peak_key("fp32")]
+
+
+def test_a_cached_peak_far_under_the_cpus_ceiling_is_measured_again_once(timer, monkeypatch):
+    """Issue #30: a peak cached on a busy machine was never raised and runs reported MFU 116%."""
+    monkeypatch.setattr(hw, "cpu_ceiling_flops", lambda precision: rate(0.5) * 2)
+    write_peak(rate(0.5) / 100)  # 1/200 of the ceiling: implausible
+    assert hw.peak_flops(CPU)[0] == rate(0.5) and timer.calls == 1
+    assert cached_peak()["flops"] == rate(0.5)
+    write_peak(rate(0.5) / 100)  # measured again and as low: this CPU is that slow, keep it, stop asking
+    timer.seconds = 50.0
+    assert hw.peak_flops(CPU)[0] == rate(0.5) / 100 and timer.calls == 2
+    assert cached_peak()["rechecked"] is True
+    assert hw.peak_flops(CPU)[0] == rate(0.5) / 100 and timer.calls == 2
+
+
+def test_a_peak_above_the_cpus_ceiling_is_not_believed(timer, monkeypatch):
+    monkeypatch.setattr(hw, "cpu_ceiling_flops", lambda precision: rate(0.5))
+    write_peak(rate(0.5) * 10)  # a bad timer
+    timer.seconds = 0.1  # measures above the ceiling too: the ceiling is the most it can be
+    assert hw.peak_flops(CPU)[0] == rate(0.5) and timer.calls == 1
+    assert cached_peak()["flops"] == rate(0.5)
+
+
+FAKE_CPUINFO = """processor\t: 0
+model name\t: Fake CPU
+cpu MHz\t\t: 2500.000
+flags\t\t: fpu sse2 avx FLAGS
+"""
+
+
+@pytest.mark.parametrize(
+    ("flags", "precision", "per_cycle"),
+    [("fma avx2", "fp32", 32), ("fma avx512f", "fp32", 64), ("", "fp32", 16), ("avx512_bf16 amx_bf16", "bf16", 2048)],
+)
+def test_the_cpu_ceiling_is_threads_x_clock_x_flops_per_cycle(monkeypatch, tmp_path, flags, precision, per_cycle):
+    monkeypatch.setattr(hw, "_cpuinfo", lambda: FAKE_CPUINFO.replace("FLAGS", flags))
+    monkeypatch.setattr(hw, "CPUFREQ_MAX", tmp_path / "absent")  # a VM: the MHz line and a turbo margin
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert hw.cpu_ceiling_flops(precision) == 2.5e9 * hw.TURBO_MARGIN * per_cycle
+    (tmp_path / "max").write_text("3800000\n")  # kHz
+    monkeypatch.setattr(hw, "CPUFREQ_MAX", tmp_path / "max")
+    assert hw.cpu_ceiling_flops(precision) == 3.8e9 * per_cycle
+
+
+def test_a_cpu_ceiling_is_unknown_without_flags(monkeypatch):
+    monkeypatch.setattr(hw, "_cpuinfo", lambda: "processor\t: 0\nFeatures\t: fp asimd\n")  # arm64
+    assert hw.cpu_ceiling_flops("fp32") is None
+
+
+def test_a_run_faster_than_the_cached_peak_raises_it(timer, monkeypatch):
+    monkeypatch.setattr(hw, "cpu_ceiling_flops", lambda precision: 1e10)
+    write_peak(1e9)
+    peak, source = hw.beaten_peak(CPU, 3e9, *hw.peak_flops(CPU))
+    assert peak == 3e9 and cached_peak()["flops"] == 3e9 and source.startswith("CPU peak raised to a run's own rate")
+    assert hw.peak_flops(CPU) == (peak, source) and timer.calls == 0
+    assert hw.beaten_peak(CPU, 5e10, peak, source) == (peak, source)  # over the ceiling: the FLOP count is off
+    cuda = hw.Precision(torch.device("cuda"), "bf16", "")
+    assert hw.beaten_peak(cuda, 2e15, 989e12, "H100 datasheet") == (989e12, "H100 datasheet")
+
+
+def test_mfu_never_exceeds_one_and_the_run_raises_a_low_cached_peak(timer, tmp_path, one_thread):
+    write_peak(1.0, rechecked=True)  # 1 FLOP/s: every step beats it
+    sections = {
+        "out": str(tmp_path / "run"),
+        "train": {"max_steps": 4, "log_every": 2, "eval_every": 0, "precision": "fp32"},
+        "data": {"max_bytes": 150_000},
+        "log": {"progress": False, "tensorboard": False},
+    }
+    trainer = Trainer(setup(load_config(preset="debug", overrides=sections)))
+    summary = trainer.fit()
+    lines = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    mfus = [m["mfu"] for m in lines if "mfu" in m] + [summary["mfu"]]
+    assert len(mfus) == 3 and all(0 < m <= 1 for m in mfus) and mfus[0] == 1.0
+    assert cached_peak()["flops"] == trainer.peak_flops > 1.0 and cached_peak()["source"] == "run"
+    assert summary["peak_flops_source"].startswith("CPU peak raised to a run's own rate")
+    assert timer.calls == 0

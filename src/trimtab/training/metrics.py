@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trimtab.hardware import beaten_peak
 from trimtab.training.runtime import mod_metrics, moe_metrics, peak_rss_mb
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def step_metrics(trainer: Trainer, lr: float) -> dict[str, Any]:
         **trainer.loader.metrics(),  # a mixture's share of each source so far
     }
     if trainer.peak_flops:
-        metrics["mfu"] = tps * trainer.flops_per_token / trainer.peak_flops
+        metrics["mfu"] = mfu(trainer, tps)
     out = trainer.last_step_out
     if out.aux_loss is not None:
         metrics["aux_loss"] = out.aux_loss.item()
@@ -74,6 +75,18 @@ def run_summary(trainer: Trainer, step0: int, tokens0: int, train_seconds0: floa
         "compile": trainer.step_times.summary(trainer.compile),
     }
     if trainer.peak_flops:
-        summary["mfu"] = tps * trainer.flops_per_token / trainer.peak_flops
+        summary["mfu"] = mfu(trainer, tps)
         summary["peak_flops_source"] = trainer.peak_source
     return summary
+
+
+def mfu(trainer: Trainer, tokens_per_s: float) -> float:
+    """The share of each device's peak the run's model FLOPs use, at most 1. The tokens are every
+    rank's, the peak one device's. A rate above the peak means the peak was wrong: a CPU's cached
+    one was measured on a busy machine and is raised to the run's (hardware.beaten_peak)."""
+    achieved = tokens_per_s * trainer.flops_per_token / trainer.dist.world
+    if achieved > trainer.peak_flops:
+        trainer.peak_flops, trainer.peak_source = beaten_peak(
+            trainer.precision, achieved, trainer.peak_flops, trainer.peak_source
+        )
+    return min(1.0, achieved / trainer.peak_flops)
