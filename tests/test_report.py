@@ -206,6 +206,38 @@ def test_runs_tells_running_from_crashed(dense, tmp_path):
     assert [r["status"] for r in list_runs(tmp_path)] == ["failed"]
 
 
+def _fake_run(path: Path, lr: float) -> Path:
+    """A finished run's files, written by hand: enough for the runs table."""
+    (path / "checkpoints").mkdir(parents=True)
+    (path / "config.yaml").write_text(f"preset: debug\nout: {path}\noptim: {{lr: {lr}}}\n")
+    lines = [{"step": s, "loss": 5.0 - s, "tokens": 100 * s, "tokens_per_s": 1000.0 + lr} for s in (1, 2)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    (path / "summary.json").write_text(json.dumps({"status": "completed", "step": 2, "tokens": 200, "seconds": 1.0}))
+    return path
+
+
+def _artifact_copy(run: Path, dest: Path) -> Path:
+    """What MLflow keeps of a run: its files, no checkpoints/ (MlflowTracker.end)."""
+    dest.mkdir(parents=True)
+    for name in ("config.yaml", "metrics.jsonl", "summary.json"):
+        shutil.copy(run / name, dest / name)
+    return dest
+
+
+def test_runs_lists_a_tune_trial_once_not_its_tracking_copies(tmp_path):
+    """Issue #30: configs/tune-debug.yaml logs to MLflow next to the trials, and `trimtab runs`
+    listed every trial twice, the second time from mlartifacts/."""
+    trials = tmp_path / "tune" / "trials"
+    for i, lr in enumerate((0.001, 0.002)):
+        trial = _fake_run(trials / f"trial-{i:04d}", lr)
+        _artifact_copy(trial, trials / "mlartifacts" / "1" / f"runid{i}" / "artifacts")
+        _artifact_copy(trial, trials / "mlruns" / "1" / f"runid{i}" / "artifacts")
+    _artifact_copy(trials / "trial-0000", tmp_path / "backup" / "trial-0000")  # a copy anywhere else
+    rows = list_runs(tmp_path, "run")
+    assert [r["run"] for r in rows] == ["tune/trials/trial-0000", "tune/trials/trial-0001"]
+    assert [r["run"] for r in list_runs(tmp_path / "backup", "run")] == ["trial-0000"]  # alone: listed
+
+
 # ---------------------------------------------------------------------------- in a real browser
 
 

@@ -1,20 +1,24 @@
 """`trimtab runs DIR`: a table of the run directories under DIR (files only, no torch).
 
 A run directory is one with config.yaml and metrics.jsonl or summary.json; the search does not
-go inside one (its checkpoints hold no runs). Status: completed, stopped (a signal, a person, the
+go inside one (its checkpoints hold no runs), nor inside a tracking store's tree (mlruns/,
+mlartifacts/, wandb/: the copies of runs it keeps as artifacts), and a directory holding the same
+config.yaml and metrics.jsonl as another is listed once (a copy). Status: completed, stopped (a signal, a person, the
 orchestrator), failed (gave up, or no summary and no live process: crashed or killed) or running
 (a process holds RUN_DIR/.lock).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from trimtab.errors import TrimtabError
-from trimtab.report.rundir import healed, is_run_dir, load_run, val_loss
+from trimtab.metrics import METRICS_FILE
+from trimtab.report.rundir import CONFIG, healed, is_run_dir, load_run, val_loss
 
 COLUMNS = ["run", "preset", "status", "steps", "tokens", "val_loss", "decisions", "healed", "wall_s"]
 HEADINGS = {"val_loss": "val loss", "healed": "faults healed", "wall_s": "wall"}
@@ -24,8 +28,14 @@ class RunsError(TrimtabError):
     """`trimtab runs` was given a directory that does not exist or a column it does not have."""
 
 
+# Where MLflow (file store: mlruns/; tracking server or trimtab's sqlite store: mlartifacts/) and
+# wandb keep their copies of a run's files: tune's trials log theirs next to the trials, and every
+# trial was listed twice.
+TRACKING_STORES = {"mlruns", "mlartifacts", "wandb"}
+
+
 def find_runs(root: Path) -> list[Path]:
-    """Run directories under root (root itself included), in path order."""
+    """Run directories under root (root itself included), in path order, copies left out."""
     found = []
     for here, dirs, _ in os.walk(root):
         path = Path(here)
@@ -33,8 +43,31 @@ def find_runs(root: Path) -> list[Path]:
             found.append(path)
             dirs.clear()  # checkpoints/, tb/: nothing to find inside a run
         else:
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-    return sorted(found)
+            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in TRACKING_STORES)
+    return sorted(_originals(found))
+
+
+def _originals(paths: list[Path]) -> list[Path]:
+    """One directory per run: of those with the same config.yaml and metrics.jsonl (the copy of a
+    run, which the timings in metrics.jsonl tell apart from a rerun), the one the run trained in,
+    its checkpoints/ there, else the shallowest."""
+    groups: dict[str, list[Path]] = {}
+    for path in paths:
+        groups.setdefault(_fingerprint(path), []).append(path)
+    return [min(group, key=_original_first) for group in groups.values()]
+
+
+def _original_first(path: Path) -> tuple[bool, int, str]:
+    return not (path / "checkpoints").is_dir(), len(path.parts), str(path)
+
+
+def _fingerprint(path: Path) -> str:
+    digest = hashlib.sha256()
+    for name in (CONFIG, METRICS_FILE):
+        file = path / name
+        digest.update(file.read_bytes() if file.is_file() else b"")
+        digest.update(b"\0")
+    return digest.hexdigest()
 
 
 def run_row(path: Path, root: Path) -> dict[str, Any]:
