@@ -5,6 +5,7 @@ counts after surgery. Parity against trimtab itself, loaded by transformers offl
 import ast
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,43 @@ def test_a_remote_code_export_imports_back_and_exports_bitwise(tokenizer, tmp_pa
     with safe_open(str(out / "model.safetensors"), "pt") as a, safe_open(str(again / "model.safetensors"), "pt") as b:
         assert set(a.keys()) == set(b.keys())
         assert all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys())
+
+
+@pytest.mark.parametrize("preset", ["debug-mod", "debug-hybrid"])
+def test_left_padded_batched_generation_equals_one_prompt_at_a_time(preset, tokenizer, tmp_path):
+    """What lm-eval does at batch size > 1: prompts of unequal length, left-padded, with their
+    attention_mask. Each row's logits and greedy text are those of its prompt alone."""
+    model = model_of(preset, tokenizer)
+    theirs = remote_export(model, tokenizer, tmp_path)
+    theirs.generation_config.eos_token_id = None
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(1, tokenizer.vocab_size, (n,), generator=gen).tolist() for n in (3, 9, 6)]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        batched = theirs(ids, attention_mask=mask).logits
+        out = theirs.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+        for row, prompt in enumerate(prompts):
+            alone = theirs(torch.tensor([prompt])).logits[0]
+            assert (batched[row, width - len(prompt) :] - alone).abs().max().item() <= TOL
+            assert (model(torch.tensor([prompt]))[0] - alone).abs().max().item() <= TOL
+            single = theirs.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+            assert out[row, width:].tolist() == single[0, len(prompt) :].tolist(), row
+
+
+def test_a_remote_code_exports_tokenizer_loads_as_a_standard_one_without_remote_code(tokenizer, tmp_path):
+    """Only the model needs trust_remote_code: AutoTokenizer gives transformers' own fast tokenizer
+    (the custom config is refused, or not asked for, and the tokenizer never needs it)."""
+    remote_export(model_of("debug-mod", tokenizer), tokenizer, tmp_path)
+    out = tmp_path / "hf"
+    assert "auto_map" not in json.loads((out / "tokenizer_config.json").read_text())
+    assert "AutoTokenizer" not in json.loads((out / "config.json").read_text())["auto_map"]
+    text = "def f3(x):\n    return x * 3\n"
+    for kw in ({}, {"trust_remote_code": False}):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            hf_tok = transformers.AutoTokenizer.from_pretrained(out, **kw)
+        assert type(hf_tok).__module__.startswith("transformers.")
+        assert hf_tok(text).input_ids == tokenizer.encode(text)
+        assert (hf_tok.eos_token_id, hf_tok.pad_token_id) == (tokenizer.eos_id, tokenizer.pad_id)

@@ -15,6 +15,9 @@ eval mode (src/trimtab/model/ of trimtab):
 
 Shape legend: B batch, T time, D hidden, H heads, K kv heads, E head dim, V vocab.
 Generation recomputes the whole sequence each step (no KV cache): correct for every layer kind.
+Padding (attention_mask 0, left or right) changes nothing for the real tokens: positions count
+real tokens only, pad keys are hidden, and every routing decision is a token's own (MoD predictor,
+MoE router), so a pad's never reaches another token.
 """
 
 import math
@@ -38,8 +41,8 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
-def rope_tables(cfg, length, device):
-    """cos, sin [T, 1, E/2] for positions 0..length-1 (float64 angles, then float32, as trimtab),
+def rope_tables(cfg, positions):
+    """cos, sin [..., T, 1, E/2] for positions [..., T] (float64 angles, then float32, as trimtab),
     scaled per trimtab_rope. Computed per forward, not kept in a buffer: transformers builds the
     model on the meta device, where a buffer computed at construction would be lost."""
     E = cfg.head_dim
@@ -54,8 +57,20 @@ def rope_tables(cfg, length, device):
         smooth = (old / wavelen - low) / (high - low)
         blended = (1 - smooth) * scaled / s["factor"] + smooth * scaled
         inv_freq = torch.where((wavelen >= old / high) & (wavelen <= old / low), blended, scaled)
-    angles = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq)
-    return angles.cos()[:, None].float().to(device), angles.sin()[:, None].float().to(device)
+    angles = positions.to(torch.float64)[..., None] * inv_freq.to(positions.device)
+    return angles.cos().unsqueeze(-2).float(), angles.sin().unsqueeze(-2).float()
+
+
+def visibility(attention_mask, T, device):
+    """What each query sees, bool [B, 1, T, T] (True: visible): causal, pad keys hidden; None when
+    nothing is padded (plain causal attention). A pad query sees itself, so that its softmax is
+    not over nothing (NaN); no real token sees it."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    pos = torch.arange(T, device=device)
+    causal = pos[None, :] <= pos[:, None]  # [T, T]
+    real = attention_mask.to(device=device, dtype=torch.bool)
+    return ((causal & real[:, None, :]) | (pos[None, :] == pos[:, None])).unsqueeze(1)
 
 
 def rotate(x, cos, sin):
@@ -156,17 +171,19 @@ class Block(nn.Module):
         h = self.attn(self.attn_norm(x), cos, sin, mask)
         return h + self.ffn(self.ffn_norm(x + h))
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, mask):
+        """mask: visibility() of the batch (None: causal, nothing padded)."""
         if self.depth is None:
-            x = x + self.attn(self.attn_norm(x), cos, sin, None)
+            x = x + self.attn(self.attn_norm(x), cos, sin, mask)
             return x + self.ffn(self.ffn_norm(x))
         chosen = self.depth.predictor(x).squeeze(-1) > 0  # [B, T], from x_t alone: causal
         if not bool(chosen.any()):
             return x
         T = x.shape[1]
         pos = torch.arange(T, device=x.device)
-        causal = pos[None, :] <= pos[:, None]  # [T, T]
-        visible = causal & (chosen[:, None, :] | (pos[None, :] == pos[:, None]))  # [B, T, T]
+        seen = mask[:, 0] if mask is not None else pos[None, :] <= pos[:, None]  # [B or 1, T, T]
+        # processed keys (and itself) among those the batch's mask shows
+        visible = (seen & chosen[:, None, :]) | (pos[None, :] == pos[:, None])  # [B, T, T]
         gate = torch.sigmoid(self.depth.router(x).squeeze(-1).float()).unsqueeze(-1).to(x.dtype)
         update = gate * self.update(x, cos, sin, visible.unsqueeze(1))
         return x + torch.where(chosen.unsqueeze(-1), update, torch.zeros((), dtype=x.dtype, device=x.device))
@@ -198,20 +215,26 @@ class TrimtabForCausalLM(PreTrainedModel, GenerationMixin):
         return self.lm_head
 
     def forward(self, input_ids, attention_mask=None, labels=None, **kwargs):
-        """input_ids [B, T] -> logits [B, T, V]. Right padding only: every position attends to
-        the ones before it, so a pad never changes the tokens before it."""
+        """input_ids [B, T] -> logits [B, T, V]. attention_mask [B, T] (1: token, 0: pad, left or
+        right): each real token's logits are those of its sequence alone, unpadded."""
         T = input_ids.shape[1]
         if T > self.config.max_position_embeddings:
             raise ValueError(f"{T} tokens exceed max_position_embeddings={self.config.max_position_embeddings}")
-        cos, sin = rope_tables(self.config, T, input_ids.device)
+        mask = visibility(attention_mask, T, input_ids.device)
+        if mask is None:
+            positions = torch.arange(T, device=input_ids.device)
+        else:  # a token's position counts the real tokens before it: left padding shifts nothing
+            positions = (attention_mask.to(input_ids.device).long().cumsum(-1) - 1).clamp(min=0)  # [B, T]
+        cos, sin = rope_tables(self.config, positions)
         x = self.tok_emb(input_ids)
         for block in self.blocks:
-            x = block(x, cos, sin)
+            x = block(x, cos, sin, mask)
         logits = self.lm_head(self.norm(x))
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
         return CausalLMOutput(loss=loss, logits=logits)
 
-    def prepare_inputs_for_generation(self, input_ids, **kwargs):
-        return {"input_ids": input_ids}  # no KV cache: the whole sequence every step
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
+        # no KV cache: the whole sequence every step, with its padding mask (batched prompts)
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
