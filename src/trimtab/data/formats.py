@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from trimtab.errors import DataError
+from trimtab.extras import require
 
 JSONL = (".jsonl", ".ndjson")
 COMPRESSED = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
@@ -148,10 +149,7 @@ def _open_text(path: Path) -> IO[str]:
     if compression == "gzip":
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
     if compression == "zstd":
-        try:
-            import zstandard
-        except ImportError:
-            raise DataError(f"{path}: reading .zst needs zstandard; pip install 'trimtab[data]'") from None
+        zstandard = require("zstandard", f"{path}: reading .zst", DataError)
         stream = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
         return io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
     return open(path, encoding="utf-8-sig", newline="")
@@ -186,10 +184,7 @@ def _cut(text: str) -> int:
 
 
 def _table(path: Path) -> Iterator[Record]:
-    try:
-        import datasets
-    except ImportError:
-        raise DataError(f"{path}: reading {path.suffix} files needs datasets; pip install 'trimtab[data]'") from None
+    datasets = require("datasets", f"{path}: reading {path.suffix} files", DataError)
     datasets.logging.set_verbosity_error()
     builder = COLUMNAR[path.suffix.lower() if path.suffix.lower() in COLUMNAR else Path(path.stem).suffix.lower()]
     try:

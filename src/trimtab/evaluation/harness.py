@@ -22,6 +22,7 @@ from trimtab.api import load_run
 from trimtab.checkpoint import latest_valid
 from trimtab.errors import ConfigError
 from trimtab.evaluation.perplexity import read_text, score_text
+from trimtab.extras import require
 
 TASKS_DIR = Path(__file__).parent / "tasks"  # trimtab's own offline tasks
 
@@ -54,11 +55,9 @@ def evaluate(
 
 def run_tasks(model, tok, tasks, include_path, limit, num_fewshot, batch_size) -> dict[str, Any]:
     """lm-evaluation-harness's simple_evaluate with the trimtab adapter; per-task metrics."""
-    try:
-        import lm_eval
-        from lm_eval.tasks import TaskManager
-    except ImportError:
-        raise ConfigError("--tasks needs lm-evaluation-harness: pip install -c constraints.txt -e '.[eval]'") from None
+    lm_eval = require("lm_eval", "--tasks")
+    from lm_eval.tasks import TaskManager
+
     from trimtab.evaluation.adapter import TrimtabLM
 
     paths = [str(TASKS_DIR)] + ([str(include_path)] if include_path else [])

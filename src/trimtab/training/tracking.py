@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from trimtab.checkpoint import latest_valid
 from trimtab.config.log import LogConfig, MlflowConfig, WandbConfig
 from trimtab.errors import ConfigError
+from trimtab.extras import install_command, installed
 from trimtab.report.rundir import read_jsonl
 from trimtab.training.hooks import Hook
 
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from trimtab.training.view import RunView
 
 log = logging.getLogger(__name__)
-INSTALL = "pip install -c constraints.txt -e '.[track]'"
 
 
 def tracking_hooks(log_cfg: LogConfig, run_dir: Path) -> list[Hook]:
@@ -42,10 +42,8 @@ def tracking_hooks(log_cfg: LogConfig, run_dir: Path) -> list[Hook]:
 
 
 def _require(module: str, key: str) -> None:
-    import importlib.util
-
-    if importlib.util.find_spec(module) is None:
-        raise ConfigError(f"{key} is true but {module} is not installed; {INSTALL}, or set {key}=false")
+    if not installed(module):
+        raise ConfigError(f"{key} is true but {module} is not installed; {install_command(module)}, or set {key}=false")
 
 
 def flat_config(cfg: dict[str, Any], prefix: str = "") -> dict[str, str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import optuna
 
 from trimtab.errors import ConfigError
+from trimtab.extras import install_command, installed
 from trimtab.tune.outputs import best_trials, write_outputs
 from trimtab.tune.space import Param, Space, load_space
 from trimtab.tune.study import open_study, storage_url, study_dir, work
@@ -48,6 +49,7 @@ def tune(
     space = space if isinstance(space, Space) else load_space(space)
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
+    _check_trackers(space)
     directory = study_dir(space, str(out) if out else None)
     url = storage_url(space, directory, storage)
     total = space.total(trials)
@@ -65,6 +67,17 @@ def tune(
     if not complete:
         summary += "\ninterrupted: run the same command again to resume the study"
     return StudyResult(study, directory, summary, complete)
+
+
+def _check_trackers(space: Space) -> None:
+    """A tracker the base turns on needs its library: say so once, before any trial starts, not
+    in every trial's failure."""
+    log_cfg = space.base.get("log")
+    for name in ("mlflow", "wandb"):
+        section = log_cfg.get(name) if isinstance(log_cfg, dict) else None
+        if isinstance(section, dict) and section.get("enabled") and not installed(name):
+            key = f"base.log.{name}.enabled"
+            raise ConfigError(f"{space.path}: {key} is true but {name} is not installed; {install_command(name)}")
 
 
 def _check_fresh(study: optuna.Study, directory: Path) -> None:
