@@ -17,6 +17,7 @@ from trimtab.model import Transformer, build_model
 from trimtab.orchestrator import Orchestrator
 from trimtab.orchestrator.faults import FaultInjector
 from trimtab.orchestrator.planner import LivePlanner
+from trimtab.paths import write_atomic
 from trimtab.sampling import generate as generate_ids
 from trimtab.training.hooks import ReportWriter
 from trimtab.training.runlock import run_lock
@@ -56,8 +57,16 @@ def train_or_raise(config: RunConfig, hooks: list = ()) -> dict:
     with handle_signals(run_dir=config.run_dir), run_lock(config.run_dir):  # one `trimtab train` per run directory
         summary = Trainer(setup(config), hooks=built_in_hooks(config) + list(hooks)).fit()
         if is_main():  # under torchrun every rank returns the same summary; rank 0 writes it
-            (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+            _write_summary(config.run_dir, summary)
     return summary
+
+
+def _write_summary(run_dir: Path, summary: dict) -> None:
+    """summary.json; on a full disk the run's outcome (and its exit code) still stands: say so."""
+    try:
+        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=1))
+    except OSError as exc:
+        log.warning("summary.json not written (%s); the run's status: %s", exc, summary.get("status"))
 
 
 def built_in_hooks(config: RunConfig) -> list:

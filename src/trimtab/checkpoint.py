@@ -22,6 +22,7 @@ resumes from it or prunes it. Every file of a checkpoint has the same mode, the 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -29,6 +30,8 @@ import os
 import re
 import shutil
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +46,47 @@ log = logging.getLogger(__name__)
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
 SHARDED = "dcp"  # the torch.distributed.checkpoint directory of a sharded checkpoint
 CORRUPT = "corrupt"  # checkpoints/corrupt/: corrupt checkpoints set aside at resume
+_OS_ERROR = re.compile(r"os error (\d+)")
+NEARLY_FULL = 16 << 20  # bytes free below which a writer's errno-less failure is taken as ENOSPC
+
+
+def write_error(exc: BaseException, where: Path) -> OSError | None:
+    """The OSError behind a failed checkpoint write, whoever raised it; None: not a write failure.
+    A full disk reaches the writers in three forms: Python's own OSError (ENOSPC), safetensors'
+    SafetensorError ("I/O error: No space left on device (os error 28)") and torch.save's
+    RuntimeError ("unexpected pos 576 vs 534", no errno at all). For the last, the file system's
+    free space says which it was: nearly nothing left is ENOSPC, anything else EIO."""
+    if isinstance(exc, OSError):
+        return exc
+    text = str(exc)
+    found = _OS_ERROR.search(text)
+    if found:
+        code = int(found.group(1))
+        return OSError(code, os.strerror(code), str(where))
+    if type(exc).__name__ == "SafetensorError" or isinstance(exc, RuntimeError):
+        code = errno.ENOSPC if _free_bytes(where) < NEARLY_FULL else errno.EIO
+        return OSError(code, os.strerror(code), str(where))
+    return None
+
+
+def _free_bytes(where: Path) -> int:
+    for folder in (where, *where.parents):
+        if folder.exists():
+            return shutil.disk_usage(folder).free
+    return 0
+
+
+@contextmanager
+def writing(where: Path) -> Iterator[None]:
+    """Any failure of the writes inside as an OSError (write_error), so every way a checkpoint
+    write can fail reaches the same handling (the orchestrator's `disk` rule, exit code 4)."""
+    try:
+        yield
+    except Exception as exc:
+        error = write_error(exc, where)
+        if error is None or error is exc:
+            raise
+        raise error from exc
 
 
 def checkpoint_root(run_dir: Path) -> Path:
@@ -74,9 +118,10 @@ def save_checkpoint(
     tmp = root / f".tmp_{final.name}_{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        tmp.mkdir()
-        save_file(_dedup(model_state), str(tmp / "model.safetensors"))
-        torch.save(optim_state, tmp / "optim.pt")
+        with writing(tmp):
+            tmp.mkdir()
+            save_file(_dedup(model_state), str(tmp / "model.safetensors"))
+            torch.save(optim_state, tmp / "optim.pt")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

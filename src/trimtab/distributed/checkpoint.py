@@ -24,6 +24,8 @@ from trimtab.checkpoint import (
     read_sharded_weights,
     save_checkpoint,
     weight_names,
+    write_error,
+    writing,
 )
 from trimtab.distributed.group import active, attempt, cpu_group
 from trimtab.errors import CheckpointError
@@ -205,8 +207,8 @@ def _dcp_save(app: dict[str, Any], where: Path, group: Any) -> None:
     try:
         dcp.save(app, checkpoint_id=str(where), process_group=group)
     except CheckpointException as exc:  # a BaseException: make a failed write an OSError
-        failures = [e for e, _ in exc.failures.values()]
-        first = next((e for e in failures if isinstance(e, OSError)), None)
+        failures = [write_error(e, where) for e, _ in exc.failures.values()]
+        first = next((e for e in failures if e is not None), None)
         code = getattr(first, "errno", None) or errno.EIO
         raise OSError(code, f"sharded checkpoint write failed: {first or exc}") from exc
 
@@ -236,5 +238,6 @@ def _commit_sharded(
     protect: tuple[int, ...],
     digests: dict[str, Any],
 ) -> None:
-    torch.save(extra, tmp / "optim.pt")
+    with writing(tmp):
+        torch.save(extra, tmp / "optim.pt")
     commit_checkpoint(run_dir, step, tmp, state, keep, protect, digests)

@@ -12,13 +12,16 @@ line, and a resumed run's file holds exactly the decisions up to its checkpoint.
 from __future__ import annotations
 
 import json
-import os
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trimtab.distributed import is_main
+from trimtab.paths import write_atomic
 from trimtab.training.actions import describe
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
@@ -73,9 +76,10 @@ class Journal:
         if not is_main():
             return  # data parallelism: every rank holds the same decisions; rank 0 writes them
         lines = sorted([*self.abandoned, *map(asdict, self.decisions)], key=lambda d: d["id"])
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(d, default=_jsonable) + "\n" for d in lines))
-        os.replace(tmp, self.path)
+        try:
+            write_atomic(self.path, "".join(json.dumps(d, default=_jsonable) + "\n" for d in lines))
+        except OSError as exc:  # a full disk: the decisions are in memory (and every checkpoint),
+            log.warning("decisions.jsonl not updated (%s); the next decision writes it whole", exc)
 
     def track_record(self, rule: str, action: str) -> tuple[int, int]:
         """(recovered, judged) of this rule's decisions with this action in this run: how often

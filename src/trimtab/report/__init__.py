@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trimtab.paths import write_atomic
 from trimtab.report.healing import Healing, is_healing, load_healing
 from trimtab.report.rundir import NotARunError, Run, is_run_dir, load_run
 
@@ -30,9 +31,7 @@ def write_report(paths: list[str | Path], out: str | Path | None = None, summary
     runs, healings = _load(paths, summary)
     target = Path(out) if out else default_out(paths)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(render(runs, healings))
-    tmp.replace(target)  # a reader (a browser reloading) never sees half a page
+    write_atomic(target, render(runs, healings))  # a reader (a browser reloading) never sees half a page
     return target
 
 

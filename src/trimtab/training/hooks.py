@@ -20,11 +20,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trimtab.metrics import ABANDONED, METRICS_FILE, read_metrics
+from trimtab.paths import write_atomic
 
 if TYPE_CHECKING:
     from trimtab.data import StepBatch
     from trimtab.training.state import StepOutput
     from trimtab.training.view import RunView
+
+log = logging.getLogger(__name__)
 
 
 class Hook:
@@ -82,6 +85,7 @@ class JsonlLogger(Hook):
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
         self.path = run_dir / METRICS_FILE
+        self.unwritten: list[str] = []  # lines a full disk refused: written with the next ones
 
     def on_train_start(self, run: RunView) -> None:
         # Unmarked lines past the resumed step were written after the checkpoint and will be
@@ -99,8 +103,28 @@ class JsonlLogger(Hook):
         self._write(metrics)
 
     def _write(self, metrics: dict[str, Any]) -> None:
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(metrics) + "\n")
+        """Append a line. A full disk must not end the run (its checkpoints matter more, and the
+        orchestrator frees space for them): the line waits and goes out with the next write."""
+        self.unwritten.append(json.dumps(metrics) + "\n")
+        try:
+            with open(self.path, "a") as fh:
+                fh.write("".join(self.unwritten))
+        except OSError as exc:
+            if len(self.unwritten) == 1:
+                log.warning("metrics.jsonl: %s; its lines are kept in memory until a write succeeds", exc)
+            self._truncate_partial()
+            return
+        self.unwritten = []
+
+    def _truncate_partial(self) -> None:
+        """Cut a half-written line off the end, so every line in the file stays whole."""
+        try:
+            text = self.path.read_bytes()
+            cut = text.rfind(b"\n") + 1
+            if cut < len(text):
+                os.truncate(self.path, cut)
+        except OSError:
+            pass
 
     def _rewrite(self, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> None:
         """Each line through `change` (None drops it), atomically: a reader sees the old file or
@@ -108,9 +132,7 @@ class JsonlLogger(Hook):
         if not self.path.exists():
             return
         lines = [m for m in map(change, read_metrics(self.run_dir, abandoned=True)) if m is not None]
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(m) + "\n" for m in lines))
-        os.replace(tmp, self.path)
+        write_atomic(self.path, "".join(json.dumps(m) + "\n" for m in lines))
 
 
 class TensorBoardLogger(Hook):
@@ -229,7 +251,7 @@ class ReportWriter(Hook):
 
             path = write_report([self.run_dir], summary=summary)
         except Exception as exc:  # noqa: BLE001 -- anything (a full disk, a bug in a plot) must spare the run
-            logging.getLogger(__name__).warning(
+            log.warning(
                 "report.html not written (%s: %s); the run is unaffected: `trimtab report %s` writes it",
                 type(exc).__name__,
                 exc,

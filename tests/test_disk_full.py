@@ -1,0 +1,92 @@
+"""A real full disk, not the injected fault: `trimtab train` on a small tmpfs, through the CLI.
+
+On a full file system the writers fail in their own ways (safetensors' SafetensorError, torch.save's
+RuntimeError "unexpected pos", Python's OSError for the small files); every one of them must reach
+the orchestrator's `disk` rule: free older checkpoints and retry, or stop with exit code 4 and a
+resume point on disk, never a traceback. A debug checkpoint is ~2.2 MB at step 0 (no optimizer
+moments yet) and ~6.6 MB after (weights + AdamW's two moments).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trimtab.checkpoint import latest_valid, list_checkpoints
+from trimtab.orchestrator.journal import read_decisions
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="mounts a tmpfs (Linux)")
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """`small_fs(mb)`: a tmpfs of that size (re-sizable with `.resize(mb)`); skips where this
+    process may not mount one (not root)."""
+    mounted: list[Path] = []
+
+    class FS:
+        def __call__(self, mb: int) -> Path:
+            where = tmp_path / "fs"
+            where.mkdir()
+            done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mb}m", "tmpfs", str(where)], capture_output=True)
+            if done.returncode != 0:
+                pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+            mounted.append(where)
+            return where
+
+        def resize(self, mb: int) -> None:
+            subprocess.run(["mount", "-o", f"remount,size={mb}m", str(mounted[0])], check=True)
+
+    yield FS()
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def train(out: Path, steps: int, *sets: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "trimtab", "train", "--preset", "debug", "--out", str(out), "--max-steps", str(steps)]
+    for s in ("checkpoint.every=10", "train.eval_every=0", "log.progress=false", "log.tensorboard=false", *sets):
+        cmd += ["--set", s]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+
+def leftovers(run: Path) -> list[str]:
+    """Temp files and half-written checkpoints: a failed write must leave none."""
+    return [p.name for p in run.rglob("*") if ".tmp" in p.name]
+
+
+def test_a_full_disk_frees_older_checkpoints_and_trains_to_the_end(small_fs):
+    # 18 MB: step 0 + two full checkpoints fit, a third does not, so every save from step 30
+    # on fails for real, and deleting the older ones makes room for the retry.
+    run = small_fs(18) / "r"
+    done = train(run, 40, "checkpoint.keep=3", "log.report=false")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    disk = [d for d in read_decisions(run) if d["rule"] == "disk"]
+    assert disk and all(d["evidence"]["errno"] == 28 for d in disk)  # ENOSPC, whoever raised it
+    assert all(not str(a).startswith("failed") for d in disk for a in d["applied"])
+    assert latest_valid(run)[0].name == "step_000040"
+    assert json.loads((run / "summary.json").read_text())["exit_code"] == 0
+    assert not leftovers(run)
+
+
+def test_a_disk_too_small_for_any_new_checkpoint_stops_with_exit_4_and_resumes_once_freed(small_fs):
+    fs = small_fs(5)  # step 0 fits, nothing after it
+    run = fs / "r"
+    done = train(run, 30)
+    assert done.returncode == 4, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert "free space" in done.stderr and "resume from step 0" in done.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["exit_code"] == 4
+    assert [p.name for p in list_checkpoints(run)] == ["step_000000"] and latest_valid(run) is not None
+    assert [d["action"] for d in read_decisions(run) if d["rule"] == "disk"][-1] == "stop"
+    assert not leftovers(run)
+
+    small_fs.resize(40)  # a person frees space; the same command resumes and finishes
+    again = train(run, 30)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from" in again.stderr and latest_valid(run)[0].name == "step_000030"
