@@ -66,6 +66,29 @@ FIELDS = {
     },
 }  # fmt: skip
 
+# What each class's config takes for a field config.json omits: transformers' own defaults (the
+# config class's __init__), not one generic value (a Mixtral without rope_theta is 1e6, not 1e4).
+# Copied, not imported, since import runs without transformers; tests/test_hf_defaults.py checks
+# them against transformers. Left out: values derived from others (num_key_value_heads = heads,
+# head_dim = hidden / heads), which to_model_config derives.
+_SHARED = {"rms_norm_eps": 1e-6, "rope_theta": 1e4, "tie_word_embeddings": False, "hidden_act": "silu"}
+_QWEN = {"vocab_size": 151936, "max_position_embeddings": 32768, "use_sliding_window": False}
+_SIZES = {"vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32}
+_MISTRAL = {**_SIZES, "intermediate_size": 14336, "num_key_value_heads": 8, "max_position_embeddings": 131072}
+_QWEN_DENSE = {**_SIZES, **_QWEN, "intermediate_size": 22016, "num_key_value_heads": 32}
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "LlamaForCausalLM": {**_SHARED, **_SIZES, "intermediate_size": 11008, "max_position_embeddings": 2048},
+    "MistralForCausalLM": {**_SHARED, **_MISTRAL, "sliding_window": 4096},
+    "Qwen2ForCausalLM": {**_SHARED, **_QWEN_DENSE},
+    "Qwen3ForCausalLM": {**_SHARED, **_QWEN_DENSE, "head_dim": 128, "attention_bias": False},
+    "MixtralForCausalLM": {**_SHARED, **_MISTRAL, "rms_norm_eps": 1e-5, "rope_theta": 1e6, "sliding_window": None}
+    | {"num_local_experts": 8, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0},
+    "Qwen2MoeForCausalLM": {**_SHARED, **_QWEN, "hidden_size": 2048, "intermediate_size": 5632}
+    | {"num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16, "num_experts": 60}
+    | {"num_experts_per_tok": 4, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632}
+    | {"norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [], "qkv_bias": True}
+    | {"router_aux_loss_coef": 0.001},
+}
 
 TRIMTAB = "TrimtabForCausalLM"  # trimtab's own remote-code export (hf/remote)
 FIELDS[TRIMTAB] = REMOTE_FIELDS
@@ -89,6 +112,7 @@ def to_model_config(hf: dict[str, Any], where: str) -> ModelConfig:
         cfg = remote_model_config(hf)
         cfg.validate()
         return cfg
+    hf = _with_defaults(hf, arch)
     _refuse_unsupported(hf, arch, where)
     heads = hf["num_attention_heads"]
     cfg = ModelConfig(
@@ -100,17 +124,27 @@ def to_model_config(hf: dict[str, Any], where: str) -> ModelConfig:
         head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
         ffn_hidden=hf["intermediate_size"],
         max_seq_len=_context(hf),
-        rope_theta=float(_rope(hf).get("rope_theta", 10000.0)),
+        rope_theta=float(_rope(hf)["rope_theta"]),
         rope_scaling=_rope_scaling(_rope(hf), where),
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        attn_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and hf.get("qkv_bias", True)),
+        norm_eps=float(hf["rms_norm_eps"]),
+        tie_embeddings=bool(hf["tie_word_embeddings"]),
+        attn_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and bool(hf["qkv_bias"])),
         qk_norm=arch == "Qwen3ForCausalLM",
     )
     if arch in MOE:
         cfg.layer_pattern, cfg.moe = _moe(hf, arch)
     cfg.validate()
     return cfg
+
+
+# null means "derived" or "off" for these (transformers' reading); for the rest, the default
+NULLABLE = {"num_key_value_heads", "head_dim", "sliding_window", "rope_parameters", "rope_scaling", "layer_types"}
+
+
+def _with_defaults(hf: dict[str, Any], arch: str) -> dict[str, Any]:
+    """config.json completed with its class's defaults (DEFAULTS)."""
+    given = {k: v for k, v in hf.items() if v is not None or k in NULLABLE}
+    return {**DEFAULTS[arch], **given}
 
 
 def _refuse_unknown(hf: dict[str, Any], arch: str, where: str) -> None:
@@ -151,12 +185,13 @@ def _context(hf: dict[str, Any]) -> int:
 
 
 def _rope(hf: dict[str, Any]) -> dict[str, Any]:
-    """RoPE parameters from transformers 5's rope_parameters, or 4.x's rope_theta + rope_scaling."""
+    """RoPE parameters from transformers 5's rope_parameters, or 4.x's rope_theta + rope_scaling
+    (`hf` has the class's defaults: a missing theta is the class's)."""
     if hf.get("rope_parameters"):
-        return dict(hf["rope_parameters"])
+        return {"rope_theta": hf["rope_theta"], **hf["rope_parameters"]}
     params = dict(hf.get("rope_scaling") or {})
     params.setdefault("rope_type", params.pop("type", "default"))
-    return {**params, "rope_theta": hf.get("rope_theta", 10000.0)}
+    return {**params, "rope_theta": hf["rope_theta"]}
 
 
 def _rope_scaling(rope: dict[str, Any], where: str) -> RopeScalingConfig:
@@ -182,9 +217,9 @@ def _moe(hf: dict[str, Any], arch: str) -> tuple[list[str], MoEConfig]:
     """Layer pattern and MoE section. Training knobs: dropless (as transformers trains), the
     config's aux-loss coefficient, no z-loss."""
     n = hf["num_hidden_layers"]
-    balance = float(hf.get("router_aux_loss_coef", 0.0))
+    balance = float(hf["router_aux_loss_coef"])
     common = dict(capacity_factor=0.0, balance_coef=balance, z_loss_coef=0.0)
-    common["router_jitter"] = float(hf.get("router_jitter_noise", 0.0))
+    common["router_jitter"] = float(hf.get("router_jitter_noise") or 0.0)
     if arch == "MixtralForCausalLM":
         moe = MoEConfig(
             n_experts=hf["num_local_experts"],
@@ -194,9 +229,9 @@ def _moe(hf: dict[str, Any], arch: str) -> tuple[list[str], MoEConfig]:
             **common,
         )
         return ["moe"] * n, moe
-    step, dense = hf.get("decoder_sparse_step", 1), set(hf.get("mlp_only_layers") or [])
+    step, dense = hf["decoder_sparse_step"], set(hf["mlp_only_layers"] or [])
     pattern = ["moe" if i not in dense and (i + 1) % step == 0 else "dense" for i in range(n)]
-    shared = hf.get("shared_expert_intermediate_size", 0)
+    shared = hf["shared_expert_intermediate_size"]
     moe = MoEConfig(
         n_experts=hf["num_experts"],
         top_k=hf["num_experts_per_tok"],
@@ -204,7 +239,7 @@ def _moe(hf: dict[str, Any], arch: str) -> tuple[list[str], MoEConfig]:
         n_shared_experts=1 if shared else 0,
         shared_hidden=shared,
         shared_gate=bool(shared),
-        norm_topk_prob="true" if hf.get("norm_topk_prob", False) else "false",
+        norm_topk_prob="true" if hf["norm_topk_prob"] else "false",
         **common,
     )
     return pattern, moe

@@ -111,10 +111,25 @@ def load_weights(model: Transformer, path: str | Path) -> torch.dtype:
             f"{path}: tensor {exc} is missing; config.json describes a model it does not hold"
         ) from None
     get.check_all_used(str(path), model.cfg.tie_embeddings)
+    if model.cfg.tie_embeddings:
+        _check_tied_head(get, "tok_emb.weight" if arch == TRIMTAB else "model.embed_tokens.weight", path)
     missing = [k for k in params if k not in done and not _derived(model, k)]
     if missing:
         raise CheckpointError(f"{path}: nothing sets '{missing[0]}' of the trimtab model (a conversion gap)")
     return reader.dtype()
+
+
+def _check_tied_head(get: Recorder, embedding: str, path: Path) -> None:
+    """A tied model whose file holds a head too: many save both, equal; a different one is
+    refused (tying would drop it silently, and transformers may load it untied instead)."""
+    if "lm_head.weight" not in get.names or embedding not in get.names:
+        return
+    if not torch.equal(get("lm_head.weight"), get(embedding)):
+        raise CheckpointError(
+            f"{path}: tensor 'lm_head.weight' differs from '{embedding}', but config.json has tie_word_embeddings "
+            "true (the head is the embedding); set tie_word_embeddings to false to keep this head, or remove "
+            "lm_head.weight from the file to tie it"
+        )
 
 
 def _copy(params: dict[str, torch.Tensor], name: str, tensor: torch.Tensor, path: Path) -> None:

@@ -1,0 +1,84 @@
+"""Importing a Hugging Face directory: what a config.json leaves out is its class's default (as
+transformers reads it), and a tied config with a different head in the file is refused."""
+
+import json
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from hf_helpers import TOL, hf_load, max_diff
+from trimtab.errors import CheckpointError
+from trimtab.hf.architectures import MODEL_TYPES, to_model_config
+from trimtab.hf.importer import load_model
+
+transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (parity reference)")
+pytestmark = pytest.mark.usefixtures("one_thread")
+SMALL = dict(vocab_size=320, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
+
+
+def saved(path, cls, **fields):
+    """A tiny random transformers model of class `cls` saved into path; returns it."""
+    torch.manual_seed(0)
+    config = getattr(transformers, cls)(**SMALL, num_key_value_heads=2, max_position_embeddings=64, **fields)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+        model.save_pretrained(path)
+    return model
+
+
+def edit_config(path, drop=(), **change):
+    config = json.loads((path / "config.json").read_text())
+    config = {k: v for k, v in config.items() if k not in drop} | change
+    (path / "config.json").write_text(json.dumps(config))
+
+
+def test_a_mixtral_without_rope_theta_or_eps_imports_with_mixtrals_defaults(tmp_path):
+    """MixtralConfig's defaults are rope_theta 1e6 and rms_norm_eps 1e-5, not Llama's 1e4, 1e-6."""
+    saved(tmp_path, "MixtralConfig", num_local_experts=4, num_experts_per_tok=2)
+    edit_config(tmp_path, drop=("rope_parameters", "rope_theta", "rope_scaling", "rms_norm_eps"))
+    theirs = hf_load(tmp_path)
+    assert theirs.config.rms_norm_eps == 1e-5
+    ours, _ = load_model(tmp_path)
+    assert (ours.cfg.rope_theta, ours.cfg.norm_eps) == (1e6, 1e-5)
+    assert max_diff(ours, theirs, SMALL["vocab_size"]) <= TOL
+
+
+@pytest.mark.parametrize("arch", list(MODEL_TYPES))
+def test_each_omitted_field_reads_as_transformers_reads_it(arch):
+    """A config.json with the sizes only: every other value trimtab uses is the one transformers'
+    config class gives it (derived ones included: kv heads, head dim, the sliding window)."""
+    given = dict(SMALL, num_attention_heads=32, hidden_size=64, max_position_embeddings=8192)
+    hf = {"architectures": [arch], "model_type": MODEL_TYPES[arch], **given}
+    cfg = to_model_config(hf, "config.json")
+    theirs = transformers.AutoConfig.for_model(MODEL_TYPES[arch], **given)
+    rope = getattr(theirs, "rope_parameters", None) or {"rope_theta": theirs.rope_theta}
+    window = getattr(theirs, "sliding_window", None) if getattr(theirs, "use_sliding_window", True) else None
+    head_dim = getattr(theirs, "head_dim", None) or theirs.hidden_size // theirs.num_attention_heads
+    assert cfg.n_kv_heads == theirs.num_key_value_heads and cfg.head_dim == head_dim
+    assert (cfg.rope_theta, cfg.norm_eps) == (rope["rope_theta"], theirs.rms_norm_eps)
+    assert cfg.tie_embeddings == theirs.tie_word_embeddings
+    assert cfg.max_seq_len == min(8192, window or 8192)
+    if arch == "MixtralForCausalLM":
+        assert (cfg.moe.n_experts, cfg.moe.top_k) == (theirs.num_local_experts, theirs.num_experts_per_tok)
+        assert cfg.moe.balance_coef == theirs.router_aux_loss_coef
+    if arch == "Qwen2MoeForCausalLM":
+        assert (cfg.moe.n_experts, cfg.moe.top_k) == (theirs.num_experts, theirs.num_experts_per_tok)
+        assert (cfg.moe.expert_hidden, cfg.moe.shared_hidden) == (
+            theirs.moe_intermediate_size,
+            theirs.shared_expert_intermediate_size,
+        )
+        assert cfg.moe.renormalize == theirs.norm_topk_prob and cfg.attn_bias == theirs.qkv_bias
+
+
+def test_a_tied_config_whose_file_holds_another_head_is_refused_naming_the_tensor(tmp_path):
+    saved(tmp_path, "Qwen2Config", tie_word_embeddings=True)
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    embedding = weights["model.embed_tokens.weight"]
+    save_file({**weights, "lm_head.weight": embedding.clone()}, str(tmp_path / "model.safetensors"))
+    load_model(tmp_path)  # the same head saved twice: fine
+    save_file({**weights, "lm_head.weight": embedding + 0.01}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="'lm_head.weight' differs from 'model.embed_tokens.weight'"):
+        load_model(tmp_path)
