@@ -19,6 +19,7 @@ from trimtab.orchestrator.faults import FaultInjector
 from trimtab.orchestrator.planner import LivePlanner
 from trimtab.paths import write_atomic
 from trimtab.sampling import generate as generate_ids
+from trimtab.sampling import prompt_ids
 from trimtab.training.hooks import ReportWriter
 from trimtab.training.runlock import run_lock
 from trimtab.training.setup import setup
@@ -120,10 +121,11 @@ def generate(
     top_p: float = 0.95,
     seed: int = 0,
 ) -> str:
-    """Continue `prompt` with the run's newest weights (KV-cached sampling). An empty prompt
-    starts from the end-of-text token; a prompt longer than the context keeps its end."""
+    """Continue `prompt` with the run's newest weights (KV-cached sampling). The prompt is tokenized
+    as transformers does (a Hugging Face tokenizer's start token first); an empty one without a
+    start token begins at end-of-text; a prompt longer than the context keeps its end."""
     _, model, tok = load_run(run_dir)
-    ids = tok.encode(prompt)[-(model.cfg.max_seq_len - 1) :] or [tok.eos_id]
+    ids = prompt_ids(tok, prompt, model.cfg.max_seq_len - 1)
     new = generate_ids(
         model, ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos_id=tok.eos_id, seed=seed
     )

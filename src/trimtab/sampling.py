@@ -3,9 +3,26 @@ decoding."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from trimtab.model import Transformer
+
+if TYPE_CHECKING:
+    from trimtab.data import TextTokenizer
+
+
+def prompt_ids(tok: TextTokenizer, prompt: str, limit: int) -> list[int]:
+    """A prompt's ids as transformers' tokenizer(prompt) gives them: with what the tokenizer adds
+    around a text (a Hugging Face model's start token; trimtab's own adds nothing), at most
+    `limit`, the end kept (and the start token, first, where the model always saw it). An empty
+    prompt without a start token starts from end-of-text."""
+    ids = tok.encode(prompt, specials=True)
+    if len(ids) > limit:
+        keep = 1 if tok.bos_id is not None and ids[0] == tok.bos_id else 0
+        ids = ids[:keep] + ids[len(ids) - (limit - keep) :]
+    return ids or [tok.eos_id]
 
 
 def sample_next(
