@@ -218,3 +218,70 @@ def test_the_planner_counts_a_prepared_directory_from_its_manifest(tmp_path, tok
     manifest = prepare([str(write_corpus(tmp_path / "src"))], tmp_path / "p", tokenizer=str(tok_file))
     tokens, how = count_dataset_tokens(load_config(preset="debug"), str(tmp_path / "p"))
     assert tokens == round(manifest["tokens"] * 0.98) and "manifest" in how
+
+
+# ---------------------------------------------------------------------- issue #30: a new user's prepare
+
+
+def bad_records(folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = ['{"text": "fine"}', '{"body": "no text"}', "not json", '{"text": "also fine"}']
+    (folder / "a.jsonl").write_text("".join(line + "\n" for line in lines))
+    return folder
+
+
+def test_a_bad_record_suggests_the_flag_on_the_cli_and_the_option_in_python(tmp_path, capsys, tok_file):
+    src = bad_records(tmp_path / "src")
+    assert main(["data", "prepare", str(src), "--out", str(tmp_path / "p")]) == 2  # a new vocabulary reads it first
+    err = capsys.readouterr().err
+    assert "a.jsonl:2:" in err and "pass --skip-bad-records" in err and "skip_bad_records=true" not in err
+    assert main(["data", "prepare", str(src), "--out", str(tmp_path / "p"), "--tokenizer", str(tok_file)]) == 2
+    assert "pass --skip-bad-records" in capsys.readouterr().err  # and the workers' own read
+    with pytest.raises(DataError, match=r"a.jsonl:2: .*pass Options\(skip_bad_records=True\)"):
+        prepare([str(src)], tmp_path / "q")
+
+
+def test_skipped_records_are_named_on_the_console(tmp_path, caplog, tok_file):
+    """A warning: the CLI's logging prints it on stderr (as trimtab: ...), not only in the manifest."""
+    src = bad_records(tmp_path / "src")
+    args = ["data", "prepare", str(src), "--out", str(tmp_path / "p"), "--tokenizer", str(tok_file)]
+    assert main([*args, "--skip-bad-records"]) == 0
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert f"skipped 2 malformed records: {src / 'a.jsonl'}:2, {src / 'a.jsonl'}:3" in warned
+    assert prepare_py.skipped_line(9, [f"f:{i}" for i in range(1, 6)]) == (
+        "skipped 9 malformed records: f:1, f:2, f:3, f:4, f:5, ..."
+    )
+
+
+def test_a_failed_prepare_leaves_nothing_it_created(tmp_path, tok_file):
+    src = bad_records(tmp_path / "src")
+    for tokenizer in (None, str(tok_file)):  # failing while training a vocabulary, or in a job
+        with pytest.raises(DataError, match="a.jsonl:2"):
+            prepare([str(src)], tmp_path / "new" / "p", tokenizer=tokenizer)
+        assert not (tmp_path / "new" / "p").exists()
+    mine = tmp_path / "mine"  # a directory the user made, with a file of theirs
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(DataError):
+        prepare([str(src)], mine, tokenizer=str(tok_file))
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    good = tmp_path / "good"  # a prepared directory that a later, failing prepare adds to keeps all it had
+    write_corpus(good)
+    prepare([str(good)], tmp_path / "p", tokenizer=str(tok_file))
+    kept = sorted(p.relative_to(tmp_path / "p") for p in (tmp_path / "p").rglob("*"))
+    with pytest.raises(DataError):
+        prepare([str(src)], tmp_path / "p")
+    assert sorted(p.relative_to(tmp_path / "p") for p in (tmp_path / "p").rglob("*")) == kept
+
+
+@pytest.mark.parametrize("held", ["config.yaml", "checkpoints", "metrics.jsonl"])
+def test_prepare_refuses_to_write_into_a_run_directory(tmp_path, capsys, tok_file, held):
+    run = tmp_path / "runs" / "small"
+    (run / "checkpoints").mkdir(parents=True)
+    if held != "checkpoints":
+        (run / "checkpoints").rmdir()
+        (run / held).write_text("")
+    src = write_corpus(tmp_path / "src")
+    assert main(["data", "prepare", str(src), "--out", str(run), "--tokenizer", str(tok_file)]) == 2
+    assert f"--out {run} is a training run's directory (it holds {held})" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == [held]

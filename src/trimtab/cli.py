@@ -167,7 +167,9 @@ def _data_prepare(args: argparse.Namespace) -> int:
     from trimtab.data.prepare import Options, prepare
 
     options = Options(format=args.format, text_field=args.text_field, skip_bad_records=args.skip_bad_records)
-    manifest = prepare(args.sources, args.out, args.tokenizer, args.vocab_size, options, args.workers)
+    manifest = prepare(
+        args.sources, args.out, args.tokenizer, args.vocab_size, options, args.workers, "pass --skip-bad-records"
+    )
     files = sum(1 for f in manifest["files"] if f.get("prepared"))
     print(
         f"{args.out}: {manifest.get('tokens', 0):,} tokens in {manifest.get('documents', 0):,} documents from "

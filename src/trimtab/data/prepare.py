@@ -21,6 +21,7 @@ nothing already prepared is touched.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -62,6 +63,14 @@ class Options:
         return DataConfig(format=self.format, text_field=self.text_field, skip_bad_records=self.skip_bad_records)
 
 
+# How an error tells a malformed record's fix when skip_hint is not given (the Python API); the
+# CLI passes its flag.
+SKIP_HINT = "pass Options(skip_bad_records=True)"
+SKIPPED_SHOWN = 5  # skipped records named on the console (all are counted in the manifest)
+WRITTEN = ("shards", "tokenizer.json", "tokenizer_config.json", "trimtab-data.json")  # what prepare creates in out
+RUN_FILES = ("config.yaml", "checkpoints", "metrics.jsonl", "summary.json")  # a training run's directory
+
+
 def prepare(
     sources: list[str],
     out: str | Path,
@@ -69,33 +78,92 @@ def prepare(
     vocab_size: int = 4096,
     options: Options | None = None,
     workers: int = 0,
+    skip_hint: str = SKIP_HINT,
 ) -> dict[str, Any]:
     """Prepare `sources` (files, directories, globs) into `out`; returns the manifest. New files
-    are added to an existing directory; files already there are skipped."""
-    out, options = Path(out), options or Options()
+    are added to an existing directory; files already there are skipped. `skip_hint`: how the
+    caller turns on skip_bad_records, for the error a malformed record raises."""
+    out = Path(out)
+    _check_out(out)
+    before = {name for name in (*WRITTEN, ".") if (out / name).exists()}
+    try:
+        return _prepare(sources, out, tokenizer, vocab_size, options or Options(), workers, skip_hint)
+    except BaseException:
+        _remove_unfinished(out, before)
+        raise
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out} is a file; give a directory to prepare into")
+    held = [name for name in RUN_FILES if (out / name).exists()]
+    if held:
+        raise DataError(
+            f"--out {out} is a training run's directory (it holds {held[0]}), not one for prepared data; "
+            "prepare into a new directory"
+        )
+
+
+def _remove_unfinished(out: Path, before: set[str]) -> None:
+    """A prepare that failed before it prepared any file leaves nothing behind that it created
+    (an empty shards/, a tokenizer, the directory itself); one that did keeps all, to resume
+    from. Files that were there before it are never touched."""
+    manifest = read_manifest(out) if out.is_dir() else None
+    if manifest and manifest.get("shards"):
+        return
+    for name in WRITTEN:
+        path = out / name
+        if name in before or not path.exists():
+            continue
+        if path.is_dir():
+            for stale in path.glob(".tmp-*"):
+                stale.unlink()
+            with contextlib.suppress(OSError):  # not empty: something not ours is in it
+                path.rmdir()
+        else:
+            path.unlink()
+    if "." not in before:
+        with contextlib.suppress(OSError):
+            out.rmdir()
+
+
+def _prepare(
+    sources: list[str], out: Path, tokenizer: str | None, vocab_size: int, options: Options, workers: int, hint: str
+) -> dict[str, Any]:
     (out / "shards").mkdir(parents=True, exist_ok=True)
     for stale in (out / "shards").glob(".tmp-*"):  # jobs an interruption cut short
         stale.unlink()
     manifest = read_manifest(out) or _new_manifest(options)
     _check_options(manifest, options, out)
     manifest = _drop_corrupt(manifest, out)
-    tok = _tokenizer(manifest, out, tokenizer, vocab_size, sources, options)
+    tok = _tokenizer(manifest, out, tokenizer, vocab_size, sources, options, hint)
     manifest["tokenizer"] = {"sha256": tok.fingerprint, "vocab_size": tok.vocab_size}
     manifest["dtype"] = manifest.get("dtype") or ("uint16" if tok.vocab_size <= 1 << 16 else "uint32")
     files = _new_files(manifest, sources)
     workers = workers or os.cpu_count() or 1
     jobs = _jobs(manifest, files, workers, options.format)
-    start, done_tokens = time.perf_counter(), 0
-    for i, result in enumerate(_run(jobs, out, manifest["dtype"], options, workers), start=1):
+    start, done_tokens, skipped, shown = time.perf_counter(), 0, 0, []
+    for i, result in enumerate(_run(jobs, out, manifest["dtype"], options, workers, hint), start=1):
         for line in result["warnings"]:
             log.warning("%s", line)
         _merge(manifest, result)
         write_manifest(out, manifest)
+        skipped += sum(stats.get("skipped", 0) for stats in result["files"].values())
+        shown += result["skipped"]
         done_tokens += sum(s["tokens"] for s in result["shards"])
         rate = done_tokens / max(time.perf_counter() - start, 1e-9)
         log.info("prepared %d/%d jobs: %s tokens so far (%.0f tokens/s)", i, len(jobs), f"{done_tokens:,}", rate)
     write_manifest(out, manifest)
+    if skipped:
+        log.warning("%s", skipped_line(skipped, shown))
     return manifest
+
+
+def skipped_line(count: int, where: list[str]) -> str:
+    """One console line for the malformed records a prepare skipped: how many, the first few
+    (the manifest counts them per file)."""
+    places = ", ".join(where[:SKIPPED_SHOWN]) + (", ..." if count > min(len(where), SKIPPED_SHOWN) else "")
+    return f"skipped {count:,} malformed record{'s' if count != 1 else ''}: {places}"
 
 
 def _new_manifest(options: Options) -> dict[str, Any]:
@@ -134,7 +202,13 @@ def _drop_corrupt(manifest: dict[str, Any], out: Path) -> dict[str, Any]:
 
 
 def _tokenizer(
-    manifest: dict[str, Any], out: Path, given: str | None, vocab_size: int, sources: list[str], options: Options
+    manifest: dict[str, Any],
+    out: Path,
+    given: str | None,
+    vocab_size: int,
+    sources: list[str],
+    options: Options,
+    hint: str = SKIP_HINT,
 ) -> TextTokenizer:
     """The directory's tokenizer; a new directory takes --tokenizer (a tokenizer.json or a
     Hugging Face model directory) or a BPE of vocab_size trained on a sample of the sources."""
@@ -152,7 +226,7 @@ def _tokenizer(
         return tok
     if own.is_file():
         return TextTokenizer.load(own)
-    reader = _Reader(options.data_config(), "data", "data prepare source")
+    reader = _Reader(options.data_config(), "data", "data prepare source", fix=hint)
     docs, _ = _take_bytes((d for s in sources for d in reader.documents(s)), TOKENIZER_SAMPLE_BYTES)
     if not docs:
         raise DataError(f"the sources ({', '.join(sources)}) hold no text; point them at non-empty files")
@@ -223,11 +297,11 @@ def _jobs(manifest: dict[str, Any], files: list[tuple[int, Path, bool]], workers
     return jobs
 
 
-def _run(jobs: list, out: Path, dtype: str, options: Options, workers: int) -> Iterator[dict[str, Any]]:
+def _run(jobs: list, out: Path, dtype: str, options: Options, workers: int, hint: str) -> Iterator[dict[str, Any]]:
     """Each job's result as it completes: in this process for one job or one worker (then the
     tokenizer's own threads use every core), else in a pool of processes with a thread each."""
     workers = min(workers, len(jobs))
-    args = [(job, str(out), dtype, asdict(options)) for job in jobs]
+    args = [(job, str(out), dtype, asdict(options), hint) for job in jobs]
     if workers <= 1:
         yield from (_job(*a) for a in args)
         return
@@ -259,20 +333,22 @@ def _merge(manifest: dict[str, Any], result: dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------ inside a worker
 
 
-def _job(job: list[Item], out: str, dtype: str, options: dict[str, Any]) -> dict[str, Any]:
+def _job(job: list[Item], out: str, dtype: str, options: dict[str, Any], hint: str = SKIP_HINT) -> dict[str, Any]:
     tok = TextTokenizer.load(Path(out) / "tokenizer.json")
     uid = hashlib.sha256(json.dumps(job).encode()).hexdigest()[:12]
     span = job[0][3]  # a job is several whole files, or one piece of one
     writer = _Writer(Path(out) / "shards", uid, np.dtype(dtype), span[0] if span else 0)
     encoder = _Encoder(tok, writer)
     cfg = Options(**options).data_config()
-    warnings = []
+    warnings, skipped = [], []
     try:
         for n, path, named, piece in job:
             encoder.file = n
             try:
-                for doc, first, last, line in _pieces(Path(path), cfg, tok, piece):
+                for doc, first, last, line, where in _pieces(Path(path), cfg, tok, piece, hint):
                     encoder.add(doc, first, last, line)
+                    if doc is None and len(skipped) < SKIPPED_SHOWN:
+                        skipped.append(where)
             except formats.Unreadable as exc:
                 if named or piece:  # a file named on its own must be read, and so must one read in pieces;
                     raise  # a directory's odd file is skipped
@@ -286,26 +362,34 @@ def _job(job: list[Item], out: str, dtype: str, options: dict[str, Any]) -> dict
     except BaseException:
         writer.discard()
         raise
-    return {"shards": writer.done, "files": encoder.stats, "chat": encoder.chat, "warnings": warnings, "span": span}
+    return {
+        "shards": writer.done,
+        "files": encoder.stats,
+        "chat": encoder.chat,
+        "warnings": warnings,
+        "span": span,
+        "skipped": skipped,
+    }
 
 
 def _pieces(
-    path: Path, cfg: DataConfig, tok: TextTokenizer, span: formats.Span | None = None
-) -> Iterator[tuple[Document | None, bool, bool, int]]:
-    """(document or piece of one, whether it is the first piece, the last, its line or row) of a
-    file (of `span` of it); None for a malformed record skipped (skip_bad_records)."""
+    path: Path, cfg: DataConfig, tok: TextTokenizer, span: formats.Span | None = None, hint: str = SKIP_HINT
+) -> Iterator[tuple[Document | None, bool, bool, int, str]]:
+    """(document or piece of one, whether it is the first piece, the last, its line or row, where
+    it is in words) of a file (of `span` of it); None for a malformed record skipped
+    (skip_bad_records)."""
     if formats.kind_of(path, cfg.format) == "text":
         first = True
         for record in formats.records(path, cfg.format):
             if record.value or not first:
-                yield Document([(record.value, True)]), first, record.last, 0
+                yield Document([(record.value, True)]), first, record.last, 0, record.where
             first = False
         return
-    for doc, record in record_documents(path, cfg, tok.chat, "pass --skip-bad-records", span):
+    for doc, record in record_documents(path, cfg, tok.chat, hint, span):
         if doc is None:
-            yield None, False, False, record.line
+            yield None, False, False, record.line, record.where
         elif doc.text:
-            yield doc, True, True, record.line
+            yield doc, True, True, record.line, record.where
 
 
 @dataclass

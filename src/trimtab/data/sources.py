@@ -186,6 +186,7 @@ class _Reader:
     section: str
     key: str
     chat: ChatFormat | None = None
+    fix: str = ""  # how the caller skips a malformed record (default: the SECTION.skip_bad_records key)
     n_skipped: int = 0
     n_undecodable: int = 0
     undecodable_example: str = ""
@@ -225,7 +226,8 @@ class _Reader:
             yield Document([(text, True)], str(path))
 
     def _records(self, path: Path) -> Iterator[Document]:
-        for doc, _ in record_documents(path, self.cfg, self.chat, f"set {self.section}.skip_bad_records=true"):
+        fix = self.fix or f"set {self.section}.skip_bad_records=true"
+        for doc, _ in record_documents(path, self.cfg, self.chat, fix):
             if doc is None:
                 self.n_skipped += 1
             elif doc.text:
