@@ -201,3 +201,14 @@ def test_training_into_a_merged_directory_points_to_init_from(runs, tmp_path, ca
     flags = ["--set", "log.progress=false", "--set", "data.max_bytes=150000"]
     assert main(["train", "--preset", "debug", "--out", str(out), "--max-steps", "4", *flags]) == 2
     assert f"train.init_from={out}" in capsys.readouterr().err
+
+
+def test_the_hint_to_train_on_a_merged_model_names_a_run_directory_of_its_own(tmp_path, capsys, monkeypatch):
+    """Issue #30: without --out the hinted command trained into runs/<preset>, a finished run."""
+    import trimtab.merge
+
+    out = tmp_path / "merged"
+    monkeypatch.setattr(trimtab.merge, "merge", lambda source, dest: dest)
+    assert main(["merge", "recipe.yaml", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"trimtab train --set train.init_from={out} --out {tmp_path / 'merged-train'};" in printed

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trimtab.errors import RunFinished, TrimtabError
@@ -159,8 +160,15 @@ def _merge(args: argparse.Namespace) -> int:
     else:
         out = merge.merge(args.source, args.out)
         print(f"merged {args.source} into {out}")
-    print(f"train on: trimtab train --set train.init_from={out}; export: trimtab export {out} --out DIR")
+    print(f"train on: {train_from_hint(out)}; export: trimtab export {out} --out DIR")
     return 0
+
+
+def train_from_hint(model: str | Path) -> str:
+    """The command that trains on from `model`, into a run directory of its own: without --out
+    it would land on runs/<preset>, most likely a run that has finished."""
+    model = Path(model)
+    return f"trimtab train --set train.init_from={model} --out {model.with_name(model.name + '-train')}"
 
 
 def _data_prepare(args: argparse.Namespace) -> int:
