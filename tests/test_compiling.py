@@ -93,6 +93,16 @@ def test_step_times_report_the_cold_start_over_the_first_steps():
     assert StepTimes().summary(CompileChoice(False, "x"))["cold_start_s"] is None
 
 
+def test_the_cold_start_is_never_negative():
+    """Issue #30: summary.json's cold_start_s was first - median on eager runs too, as often below 0 as not."""
+    times = StepTimes()
+    for s in [0.07, 0.08, 0.09, 0.08]:  # an eager run: the first step is not the slowest
+        times.add(s)
+    eager = times.summary(CompileChoice(False, "auto: eager"))
+    assert eager["cold_start_s"] is None and eager["first_step_s"] == 0.07 and eager["steady_step_s"] == 0.08
+    assert times.summary(CompileChoice(True, "train.compile=true"))["cold_start_s"] == 0.0  # recompiles in the window
+
+
 def test_every_layer_kind_compiles_as_one_graph_with_eager_gradients():
     """torch.compile(fullgraph=True) raises at any graph break; aot_eager traces forward and
     backward as inductor would but runs them eagerly (seconds, not a CPU compile's minute).

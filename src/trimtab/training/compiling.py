@@ -109,5 +109,15 @@ class StepTimes:
             "reason": choice.reason,
             "first_step_s": first,
             "steady_step_s": steady,
-            "cold_start_s": first - steady if steady is not None else None,
+            "cold_start_s": _cold_start(first, steady) if choice.enabled else None,
         }
+
+
+def _cold_start(first: float | None, steady: float | None) -> float | None:
+    """What compiling added to the first step. An eager run has none: its first step less the
+    median of the next was the noise between two like numbers, negative half the time (issue #30).
+    A compiled first step can still come out under the median when steps in the window recompile
+    (a new shape); the cold start is then nothing measurable, not negative."""
+    if first is None or steady is None:
+        return None
+    return max(0.0, first - steady)
