@@ -163,3 +163,29 @@ def test_trimtab_eval_runs_the_shipped_tasks_and_records_them(run, capsys, tmp_p
     assert json.loads((run / "summary.json").read_text())["eval"] == results
     assert main(["eval", str(run), "--tasks", "no_such_task"]) == 2
     record.unlink()
+
+
+def test_trimtab_eval_prints_no_lm_eval_info_lines_and_LMEVAL_LOG_LEVEL_brings_them_back(
+    run, tmp_path, monkeypatch, caplog, capfd
+):
+    """lm-eval logs ~20 INFO lines a run (seeds, task list, "Building contexts"...) and, outside a
+    git repository, git's error: all noise to a trimtab user. Its warnings are kept."""
+    import logging
+
+    monkeypatch.chdir(tmp_path)  # not a git repository
+    caplog.set_level(logging.INFO)  # the CLI's own level: whatever lm-eval sends at INFO would show
+    assert main(["eval", str(run), "--tasks", "trimtab_tiny", "--limit", "2"]) == 0
+    lm_eval_records = [r for r in caplog.records if r.name.split(".")[0] in ("lm_eval", "lm-eval")]
+    assert not [r.getMessage() for r in lm_eval_records if r.levelno < logging.WARNING]
+    assert not [r for r in lm_eval_records if "--metadata" in r.getMessage()]  # lm-eval's CLI advice
+    out, err = capfd.readouterr()
+    assert "trimtab_tiny: " in out and "not a git repository" not in err
+    assert logging.getLogger("lm_eval").level == logging.NOTSET  # restored after the run
+    logging.getLogger("lm_eval").warning("a warning that matters")
+    assert caplog.records[-1].getMessage() == "a warning that matters"
+    caplog.clear()
+    monkeypatch.setenv("LMEVAL_LOG_LEVEL", "INFO")
+    assert main(["eval", str(run), "--tasks", "trimtab_tiny", "--limit", "2"]) == 0
+    assert any(r.levelno == logging.INFO and r.name.split(".")[0] in ("lm_eval", "lm-eval") for r in caplog.records)
+    for record in (run / "eval").glob("*.json"):
+        record.unlink()

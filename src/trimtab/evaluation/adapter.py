@@ -48,6 +48,10 @@ class TrimtabLM(TemplateLM):
     def tok_decode(self, tokens: list[int], **kwargs: Any) -> str:
         return self.tok.decode(tokens)
 
+    def loglikelihood(self, requests: list, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """lm-eval's own request handling, without its "Tokenizing inputs" bar (instant: noise)."""
+        return super().loglikelihood(requests, disable_tqdm=True)
+
     def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False, override_bs: int | None = None):
         for key, _, continuation in requests:
             if not continuation:
@@ -79,7 +83,7 @@ class TrimtabLM(TemplateLM):
         """Greedy (or sampled, with do_sample) continuation, cut at the first stop string;
         the end-of-text token stops it too."""
         out = []
-        for context, kwargs in tqdm([r.args for r in requests], disable=disable_tqdm):
+        for context, kwargs in tqdm([r.args for r in requests], desc="generating", disable=disable_tqdm):
             kwargs = dict(kwargs)
             until = kwargs.pop("until", None) or []
             until = [until] if isinstance(until, str) else list(until)

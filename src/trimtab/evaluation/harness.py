@@ -6,17 +6,23 @@
     PATH/summary.json "eval"  the latest results, merged in (a run directory's summary)
 
 lm-evaluation-harness is optional (`pip install -c constraints.txt -e '.[eval]'`); the tasks
-shipped in trimtab/evaluation/tasks (trimtab_tiny, _gen, _ppl) run offline.
+shipped in trimtab/evaluation/tasks (trimtab_tiny, _gen, _ppl) run offline. Its INFO log lines
+are off while it runs (its warnings stay); LMEVAL_LOG_LEVEL, lm-eval's own setting, brings them
+back (e.g. LMEVAL_LOG_LEVEL=INFO).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from trimtab.api import load_run
 from trimtab.checkpoint import latest_valid
@@ -67,16 +73,58 @@ def run_tasks(model, tok, tasks, include_path, limit, num_fewshot, batch_size) -
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         raise ConfigError(f"--tasks: unknown task '{unknown[0]}'; list a task lm-eval knows or add --include-path DIR")
-    out = lm_eval.simple_evaluate(
-        model=TrimtabLM(model, tok, batch_size),
-        tasks=list(tasks),
-        task_manager=manager,
-        limit=limit,
-        num_fewshot=num_fewshot,
-        log_samples=False,
-        bootstrap_iters=0,
-    )
+    with _quiet_lm_eval():
+        out = lm_eval.simple_evaluate(
+            model=TrimtabLM(model, tok, batch_size),
+            tasks=list(tasks),
+            task_manager=manager,
+            limit=limit,
+            num_fewshot=num_fewshot,
+            log_samples=False,
+            bootstrap_iters=0,
+        )
     return {task: _clean(metrics) for task, metrics in out["results"].items()}
+
+
+LM_EVAL_LOGGERS = ("lm_eval", "lm-eval")  # its modules log under both names
+
+
+class _NotForTrimtab(logging.Filter):
+    """Drops lm-eval's advice about its own command line (`--metadata`), which trimtab has not;
+    lm-eval gives it for every task that builds its dataset in Python, trimtab's shipped ones."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "can be passed to `--metadata`" not in record.getMessage()
+
+
+@contextmanager
+def _quiet_lm_eval() -> Iterator[None]:
+    """lm-eval at WARNING while it runs (module docstring), unless LMEVAL_LOG_LEVEL says otherwise;
+    and not asking git for the commit of the current directory (not the model's: lm-eval records
+    it in results trimtab does not keep, and outside a repository git prints an error)."""
+    import lm_eval.evaluator
+    import lm_eval.loggers.utils
+
+    level = logging.getLevelName(os.environ.get("LMEVAL_LOG_LEVEL", "WARNING").upper())
+    parents = [logging.getLogger(name) for name in LM_EVAL_LOGGERS]  # children inherit, new ones too
+    named = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict) if n.split(".")[0] in LM_EVAL_LOGGERS]
+    saved = [(lg, lg.level) for lg in parents]
+    noise = _NotForTrimtab()
+    with ExitStack() as stack:
+        for module in (lm_eval.evaluator, lm_eval.loggers.utils):
+            if hasattr(module, "get_git_commit_hash"):
+                stack.enter_context(mock.patch.object(module, "get_git_commit_hash", lambda: None))
+        for lg in parents:
+            lg.setLevel(level if isinstance(level, int) else logging.WARNING)  # an unknown name: the default
+        for lg in {*parents, *named}:
+            lg.addFilter(noise)
+        try:
+            yield
+        finally:
+            for lg in {*parents, *named}:
+                lg.removeFilter(noise)
+            for lg, old in saved:
+                lg.setLevel(old)
 
 
 def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
