@@ -82,3 +82,33 @@ def test_a_tied_config_whose_file_holds_another_head_is_refused_naming_the_tenso
     save_file({**weights, "lm_head.weight": embedding + 0.01}, str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match="'lm_head.weight' differs from 'model.embed_tokens.weight'"):
         load_model(tmp_path)
+
+
+def file_maps(file):
+    """The address ranges where this process maps `file` (Linux's /proc/self/maps)."""
+    lines = open("/proc/self/maps").read().splitlines()  # noqa: SIM115
+    ranges = [line.split()[0].split("-") for line in lines if line.endswith(str(file))]
+    return [(int(lo, 16), int(hi, 16)) for lo, hi in ranges]
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/maps"), reason="reads Linux's /proc/self/maps")
+def test_an_fp32_import_holds_the_files_memory_map_not_a_second_copy(tmp_path):
+    """As transformers loads: a tensor that needs no conversion is the file's mapped memory itself
+    (nothing copied); a converted one (the grouped q/k/v, a bf16 file's fp32) is new memory."""
+    theirs = saved(tmp_path / "fp32", "LlamaConfig", tie_word_embeddings=True)
+    ours, _ = load_model(tmp_path / "fp32")
+    maps = file_maps((tmp_path / "fp32" / "model.safetensors").resolve())
+
+    def mapped(t):
+        return any(lo <= t.data_ptr() < hi for lo, hi in maps)
+
+    assert mapped(ours.tok_emb.weight) and mapped(ours.norm.weight) and mapped(ours.blocks[1].attn.wo.weight)
+    assert ours.lm_head.weight is ours.tok_emb.weight  # still tied: one Parameter
+    assert not mapped(ours.blocks[0].attn.qkv.weight)  # q, k, v grouped: a new tensor
+    assert all(p.requires_grad for p in ours.parameters())
+    assert max_diff(ours, theirs, SMALL["vocab_size"]) <= TOL
+    theirs.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    ours16, dtype = load_model(tmp_path / "bf16")
+    assert dtype == torch.bfloat16 and ours16.norm.weight.dtype == torch.float32
+    assert torch.equal(ours16.norm.weight, theirs.model.norm.weight.float())
+    assert not mapped(ours16.norm.weight)

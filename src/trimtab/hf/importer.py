@@ -85,10 +85,12 @@ def model_config(path: str | Path) -> ModelConfig:
     return to_model_config(read_config(path), str(Path(path) / "config.json"))
 
 
-def load_weights(model: Transformer, path: str | Path) -> torch.dtype:
+def load_weights(model: Transformer, path: str | Path, *, assign: bool = False) -> torch.dtype:
     """Fill `model` (built from model_config(path)) with the directory's weights, converted tensor
     by tensor (fp32 in the model); every parameter must be set, every tensor used. Returns the
-    file's dtype."""
+    file's dtype. `assign` (a CPU model): the tensors become the parameters instead of being
+    copied into them, so a tensor that needs no conversion stays the file's memory map, as
+    transformers loads it (no second copy of the model written; pages read as used)."""
     path = Path(path)
     hf = read_config(path)
     reader = SafetensorsDir(path)
@@ -100,11 +102,12 @@ def load_weights(model: Transformer, path: str | Path) -> torch.dtype:
     if arch == TRIMTAB:  # its own names; each MoE layer's expert count first (surgery may differ)
         model.load_moe_state(moe_structure(model.cfg, hf))
     params = model.state_dict()
+    put = _Assigner(model) if assign else _copy
     done = set()
     pairs = ((name, get(name)) for name in sorted(get.names)) if arch == TRIMTAB else from_hf(get, model.cfg, arch)
     try:
         for name, tensor in pairs:
-            _copy(params, name, tensor, path)
+            put(params, name, tensor, path)
             done.add(name)
     except KeyError as exc:
         raise CheckpointError(
@@ -132,14 +135,43 @@ def _check_tied_head(get: Recorder, embedding: str, path: Path) -> None:
         )
 
 
-def _copy(params: dict[str, torch.Tensor], name: str, tensor: torch.Tensor, path: Path) -> None:
-    target = params[name]
+def _check_shape(target: torch.Tensor, name: str, tensor: torch.Tensor, path: Path) -> None:
     if target.shape != tensor.shape:
         raise CheckpointError(
             f"{path}: tensor for '{name}' has shape {list(tensor.shape)}, the config.json says {list(target.shape)}"
         )
+
+
+def _copy(params: dict[str, torch.Tensor], name: str, tensor: torch.Tensor, path: Path) -> None:
+    _check_shape(params[name], name, tensor, path)
     with torch.no_grad():
-        target.copy_(tensor)
+        params[name].copy_(tensor)
+
+
+class _Assigner:
+    """Sets a model's tensor by name to the given tensor itself, converted only where it must be
+    (dtype, a transposed view made contiguous), every tied name with it (the embedding and the
+    head are one Parameter). The parameter built beside it, never written, is dropped unused."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+        by_object: dict[int, list[str]] = {}
+        for name, tensor in named:
+            by_object.setdefault(id(tensor), []).append(name)
+        self.aliases = {name: by_object[id(tensor)] for name, tensor in named}
+
+    def __call__(self, params: dict[str, torch.Tensor], name: str, tensor: torch.Tensor, path: Path) -> None:
+        target = params[name]
+        _check_shape(target, name, tensor, path)
+        tensor = tensor.to(device=target.device, dtype=target.dtype).contiguous()  # itself when it agrees
+        first, _, leaf = self.aliases[name][0].rpartition(".")
+        old = self.model.get_submodule(first)._parameters.get(leaf)
+        new = torch.nn.Parameter(tensor, requires_grad=old.requires_grad) if old is not None else tensor
+        for alias in self.aliases[name]:  # one object for every tied name
+            owner, _, leaf = alias.rpartition(".")
+            module = self.model.get_submodule(owner)
+            (module._parameters if old is not None else module._buffers)[leaf] = new
 
 
 def _derived(model: Transformer, key: str) -> bool:
@@ -151,7 +183,7 @@ def _derived(model: Transformer, key: str) -> bool:
 def load_model(path: str | Path) -> tuple[Transformer, torch.dtype]:
     """A trimtab model (eval mode) holding a Hugging Face directory's weights, and their dtype."""
     model = uninitialised(model_config(path))
-    dtype = load_weights(model, path)
+    dtype = load_weights(model, path, assign=True)
     return model.eval(), dtype
 
 
