@@ -200,8 +200,9 @@ def _previous_files(out: Path) -> list[str]:
     except (OSError, ValueError, KeyError, TypeError):
         raise ConfigError(
             f"--out '{out}' is not empty and is not an exported model (it has no valid {MARKER}, which "
-            "trimtab export writes to record its files); trimtab never deletes files it did not write: "
-            "choose a new or empty directory, or empty this one yourself"
+            "trimtab export writes to record its files; an export by a trimtab before it has none either); "
+            "trimtab never deletes files it did not write: choose a new or empty directory, or empty this one "
+            "yourself"
         ) from None
     # only plain names inside `out`: an edited record must not make a re-export delete elsewhere
     return [f for f in files if isinstance(f, str) and f == Path(f).name and f not in ("", ".", "..")]
