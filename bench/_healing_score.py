@@ -65,6 +65,8 @@ def worse(auto: dict[str, Any], off: dict[str, Any]) -> bool:
 
 
 def _cell(run: dict[str, Any]) -> str:
+    if run.get("skipped"):
+        return f"skipped ({run['skipped'][:80].replace('|', '/')})"
     first = run["launches"][0]
     before = f" after `{first['status'][:40]}` (exit {first['rc']})" if len(run["launches"]) > 1 else ""
     if run["ratio"] is not None and run["finished"]:
@@ -73,6 +75,17 @@ def _cell(run: dict[str, Any]) -> str:
         return f"{run['val_loss']:.4f} ({run['ratio'] - 1:+.1%}){load}{mark}{before}"
     text = run["outcome"].split(":")[0].replace("|", "/")  # the whole message is in the JSON
     return text + ")" * (text.count("(") - text.count(")")) + f" (exit {run['launches'][-1]['rc']})"
+
+
+def _condition(run: dict[str, Any]) -> str:
+    """What a scenario does: a real condition's setup, or the injected specs (a long series of one
+    kind shortened to its first and last)."""
+    if run.get("kind") == "real":
+        return f"real: {run.get('setup') or '-'}"
+    faults = run["faults"]
+    if len(faults) > 4 and len({f.split("@")[0] for f in faults}) == 1:
+        return f"`{faults[0]}` ... `{faults[-1]}` ({len(faults)} specs)"
+    return f"`{' '.join(faults)}`"
 
 
 def _reference(run: dict[str, Any]) -> str:
@@ -112,10 +125,12 @@ def report(results: dict[str, Any]) -> str:
         f"orchestrator off): {reference}. Steps re-done: steps executed minus the furthest step reached "
         "(rollbacks, restarts). Preemption (sigkill, sigterm, corrupt_checkpoint) is relaunched once, as a "
         "scheduler would; disk_stays_full is relaunched once without its fault, as after a person freed the "
-        "disk. Rows: rows left out / rows the faults poisoned (precision / recall); `slow` has nothing to "
-        "heal (the throughput rule only logs).",
+        "disk. Real conditions (not injected): disk_real and disk_real_full train on a real tmpfs sized from the "
+        "clean run's checkpoints (disk_real_full relaunched once after it is remounted larger), lr_too_high "
+        "with 100x the preset's learning rate. Rows: rows left out / rows the faults poisoned (precision / "
+        "recall); `slow` has nothing to heal (the throughput rule only logs).",
         "",
-        "| scenario | injected | off | auto | auto decisions | rows left out / bad | auto updates skipped "
+        "| scenario | fault | off | auto | auto decisions | rows left out / bad | auto updates skipped "
         "| steps re-done off / auto | wall s off / auto | auto within 3% |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -123,8 +138,13 @@ def report(results: dict[str, Any]) -> str:
         off, auto = runs[f"{name}/off"], runs[f"{name}/auto"]
         clean_off = runs.get(f"clean@{auto['preset']}/off")  # a scenario on a preset of its own
         where = f" on {auto['preset']} (clean: {_reference(clean_off)})" if clean_off else ""
+        if auto.get("skipped"):
+            lines.append(
+                f"| {name} | {_condition(auto)} | {_cell(off)} | {_cell(auto)} | - | - | - | - | - | skipped |"
+            )
+            continue
         lines.append(
-            f"| {name} | `{' '.join(auto['faults'])}`{where} | {_cell(off)} | {_cell(auto)} | "
+            f"| {name} | {_condition(auto)}{where} | {_cell(off)} | {_cell(auto)} | "
             f"{len(auto['decisions'])}: {_actions(auto)} | {_rows(auto)} | {auto['updates_skipped']} | "
             f"{off['steps_redone']} / {auto['steps_redone']} "
             f"| {off['wall_s']:.0f} / {auto['wall_s']:.0f} | {'yes' if auto['outcome'] == 'ok' else '**no**'} |"
@@ -153,7 +173,10 @@ def _false_positive_table(results: dict[str, Any]) -> list[str]:
 
 
 def verdicts(results: dict[str, Any]) -> list[str]:
-    runs, names = results["runs"], results["scenarios"]
+    """The goals met or not, over the scenarios that ran (a skipped one is named, not counted)."""
+    runs = results["runs"]
+    names = [n for n in results["scenarios"] if not runs[f"{n}/auto"].get("skipped")]
+    left = [n for n in results["scenarios"] if n not in names]
     healed = [n for n in names if runs[f"{n}/auto"]["outcome"] == "ok"]
     hurt = [n for n in names if runs[f"{n}/off"]["outcome"] != "ok"]
     behind = [n for n in names if worse(runs[f"{n}/auto"], runs[f"{n}/off"])]
@@ -169,6 +192,8 @@ def verdicts(results: dict[str, Any]) -> list[str]:
         low = [n for n, a in scored if (a["precision"] or 0) < 0.9 or a["recall"] < 0.9]
         cells = ", ".join(f"{n} {a['precision'] or 0:.2f} / {a['recall']:.2f}" for n, a in scored)
         out.append(f"data attribution precision / recall >= 0.9: **{'met' if not low else 'not met'}** ({cells})")
+    if left:
+        out.append("skipped: " + "; ".join(f"{n} ({runs[f'{n}/auto']['skipped']})" for n in left))
     clean_runs = {"clean": runs["clean/auto"], **results.get("false_positives", {})}
     false = sum(len(acting(r["decisions"])) for r in clean_runs.values())
     out.append(

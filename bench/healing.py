@@ -17,20 +17,32 @@ stdout, JSON (--json, default OUT/healing.json) and a section of BENCHMARKS.md (
 Beyond the faults: early_fault (before any checkpoint but the initial one), a long early stretch
 of bad data, bad_rows (a quarter of a few steps' rows: the data attribution's precision and
 recall against the rows the faults poisoned), a disk that stays full (relaunched once without the
-fault, as after a person freed it), repeated OOM, and fault-free auto runs of every debug preset
-over several seeds, where any action the orchestrator takes is a false one (--fp-presets,
---fp-seeds). Goals: auto within 3% of clean and never worse than off, 0 false actions, attribution
-precision and recall >= 0.9.
+fault, as after a person freed it), repeated OOM, faults in the last steps (end_nan, end_noise:
+only the end-of-run check can see and roll them back), bad data spread thinly (thin_bad_data: a
+quarter of every 8th step's rows, ~3% of the rows seen, scored like bad_rows), and fault-free auto
+runs of every debug preset over several seeds, where any action the orchestrator takes is a false
+one (--fp-presets, --fp-seeds). Goals: auto within 3% of clean and never worse than off, 0 false
+actions, attribution precision and recall >= 0.9.
 
 expert_collapse needs routed experts: on a preset without MoE layers it runs on debug-moe, against
 that preset's own clean runs. Its runs are also scored on the load: the busiest expert's share
 over the fair one (max_load), averaged over the last 20 steps, worst MoE layer; at or above
 orchestrator.moe.imbalance (2.5) the run counts as "unbalanced" whatever its loss.
+
+Real conditions, not injected (kind "real" in the JSON and the table): disk_real puts the run
+directory on a real tmpfs sized from the clean run's checkpoints to hold the initial checkpoint and
+2.5 full ones (checkpoint.keep=3), so saves fail for real from the third full one on and freeing
+older checkpoints must make room; disk_real_full's tmpfs holds no full checkpoint (exit 4 expected
+under auto), relaunched once after the tmpfs is remounted large enough, as after a person freed
+space. The tmpfs is mounted by this process (root, Linux): where it cannot be, both scenarios are
+reported as skipped with the reason. lr_too_high trains with optim.lr 100x the preset's, in both
+modes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -42,6 +54,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +65,18 @@ from trimtab.orchestrator.journal import read_decisions
 
 ROOT = Path(__file__).resolve().parent.parent  # the source checkout
 PREEMPTION = ("sigkill", "sigterm", "corrupt_checkpoint")  # relaunched once, as a scheduler would
-FREED = ("disk_stays_full",)  # relaunched once without the fault, as after a person freed the disk
+FREED = ("disk_stays_full", "disk_real_full")  # relaunched once without the fault / on a larger tmpfs
 FP_PRESETS = "debug,debug-moe,debug-mod,debug-hybrid"  # fault-free runs that must take no action
 MOE_SCENARIOS = ("expert_collapse",)  # need a MoE model, and are judged on the load too
 MOE_PRESET = "debug-moe"
 BALANCE_STEPS = 20  # the load is judged over the last this many steps
+# Real conditions: a run directory on a tmpfs holding the initial checkpoint and this many full ones
+# (checkpoint.keep=3); a freed one holds FREED_FULLS (three kept and one being written).
+REAL_DISK = {"disk_real": 2.5, "disk_real_full": 0.5}
+FREED_FULLS = 5.0
+LR_FACTOR = 100  # lr_too_high: optim.lr this many times the preset's
+REAL = (*REAL_DISK, "lr_too_high")
+THIN_EVERY = 8  # thin_bad_data: bad_rows (a quarter of one step's rows) every this many steps
 
 
 def scenarios(steps: int, micro_batch_tokens: int) -> dict[str, list[str]]:
@@ -90,6 +110,121 @@ def scenarios(steps: int, micro_batch_tokens: int) -> dict[str, list[str]]:
         "disk_stays_full": [f"disk_full@{s}:1000"],
         # out of memory twice, each at the micro-batch in use when it strikes
         "repeated_oom": [f"oom@{steps // 4}", f"oom@{steps // 2}"],
+        # faults in the last steps: after them only the end-of-run check can see and undo them
+        "end_nan": [f"weights_nan@{steps}"],
+        "end_noise": [f"weights_noise@{steps - 1}:3"],
+        # a quarter of every 8th step's rows (~3% of the rows seen), from early to late in the run
+        "thin_bad_data": [f"bad_rows@{t}:1" for t in range(THIN_EVERY, steps, THIN_EVERY)],
+        # real conditions, nothing injected (settings() and REAL_DISK say what they are)
+        "disk_real": [],
+        "disk_real_full": [],
+        "lr_too_high": [],
+    }
+
+
+def settings(name: str, lr: float) -> tuple[str, ...]:
+    """The --set items of a scenario's runs (both modes): a real condition's configuration."""
+    if name == "lr_too_high":
+        return (f"optim.lr={lr * LR_FACTOR:g}",)
+    if name in REAL_DISK:  # the sizes assume three kept checkpoints; no 5 MB report.html on the tmpfs
+        return ("checkpoint.keep=3", "log.report=false")
+    return ()
+
+
+def checkpoint_sizes(run_dir: Path) -> tuple[int, int, int] | None:
+    """(initial, full, other) bytes from a finished run: a full checkpoint (its largest), the
+    initial one (step 0 has no optimizer moments: a full one less optim.pt) and the run's other
+    files (metrics, config, tokenizer: report.html aside); None without a checkpoint."""
+    found = [d for d in (run_dir / "checkpoints").glob("step_*") if d.is_dir()]
+    if not found:
+        return None
+    sizes = [{f.name: f.stat().st_size for f in d.iterdir() if f.is_file()} for d in found]
+    full = max(sizes, key=lambda s: sum(s.values()))
+    other = [f for f in run_dir.iterdir() if f.is_file() and f.name != "report.html"]
+    return sum(full.values()) - full.get("optim.pt", 0), sum(full.values()), sum(f.stat().st_size for f in other)
+
+
+def tmpfs_bytes(initial: int, full: int, other: int, fulls: float) -> int:
+    """A tmpfs for a run directory: the initial checkpoint, `fulls` full ones and the other files,
+    with a page for each of ~64 small files (tmpfs rounds every file up to a page), in whole KiB."""
+    return math.ceil((initial + fulls * full + other + 64 * 4096) / 1024) * 1024
+
+
+class Unmountable(Exception):
+    """No tmpfs can be mounted here (not root, not Linux): the scenario is skipped."""
+
+
+@contextlib.contextmanager
+def small_disk(where: Path, size: int) -> Iterator[Callable[[int], None]]:
+    """A tmpfs of `size` bytes mounted at `where` for the duration; yields resize(bytes)."""
+    if os.path.ismount(where):  # left by an interrupted benchmark
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir(parents=True)
+    try:
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size // 1024}k", "tmpfs", str(where)], capture_output=True, text=True
+        )
+        reason = done.stderr.strip() or f"mount exit {done.returncode}"
+    except OSError as exc:
+        done, reason = None, str(exc)
+    if done is None or done.returncode != 0:
+        where.rmdir()
+        raise Unmountable(f"cannot mount a tmpfs: {reason}")
+
+    def resize(size: int) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={size // 1024}k", str(where)], check=True, capture_output=True)
+
+    try:
+        yield resize
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+        with contextlib.suppress(OSError):
+            where.rmdir()
+
+
+def real_setup(name: str, sizes: tuple[int, int, int] | None, lr: float) -> tuple[tuple[int, int] | None, str]:
+    """A real scenario's tmpfs (bytes, bytes once freed; None where there is none) and what the
+    report says of its condition ("" for an injected one)."""
+    if name == "lr_too_high":
+        return None, f"optim.lr={lr * LR_FACTOR:g} ({LR_FACTOR}x the preset's)"
+    if name not in REAL_DISK:
+        return None, ""
+    if sizes is None:
+        return None, "tmpfs (not sized: no clean checkpoint)"
+    size, freed = tmpfs_bytes(*sizes, REAL_DISK[name]), tmpfs_bytes(*sizes, FREED_FULLS)
+    mb = 2**20
+    text = (
+        f"tmpfs {size / mb:.1f} MiB: the initial checkpoint ({sizes[0] / mb:.1f} MiB) + {REAL_DISK[name]:g} full "
+        f"({sizes[1] / mb:.1f} MiB each), checkpoint.keep=3"
+    )
+    return (size, freed), text + (f"; remounted {freed / mb:.1f} MiB for the relaunch" if name in FREED else "")
+
+
+def skipped(mode: str, preset: str, setup: str, reason: str) -> dict[str, Any]:
+    """The entry of a run that could not be made (no tmpfs here): reported, not judged."""
+    return {
+        "mode": mode,
+        "preset": preset,
+        "faults": [],
+        "kind": "real",
+        "setup": setup,
+        "skipped": reason,
+        "launches": [],
+        "finished": False,
+        "status": f"skipped: {reason}",
+        "outcome": f"skipped: {reason}",
+        "val_loss": None,
+        "ratio": None,
+        "decisions": [],
+        "updates_skipped": 0,
+        "steps_executed": 0,
+        "steps_redone": None,
+        "wall_s": 0.0,
+        "other_cpu": 0.0,
+        "run_dir": None,
+        "max_load": None,
+        "attribution": None,
     }
 
 
@@ -111,11 +246,36 @@ def run_training(
     timeout: float,
     preset: str | None = None,
     sets: tuple[str, ...] = (),
+    disk: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """One scenario run, plus one relaunch where it applies: "same" (a scheduler after a
-    preemption) or "freed" (without the faults: a person freed the disk after the run gave up)."""
+    preemption) or "freed" (without the faults: a person freed the disk after the run gave up).
+    disk: (bytes, bytes once freed): the run directory on a tmpfs of that size, which a "freed"
+    relaunch grows; copied to run_dir at the end and unmounted (Unmountable where it cannot be)."""
     shutil.rmtree(run_dir, ignore_errors=True)
-    preset = preset or args.preset
+    fs = run_dir.with_name(run_dir.name + ".fs")
+    with small_disk(fs, disk[0]) if disk else contextlib.nullcontext() as resize:
+        freed = (lambda: resize(disk[1])) if disk else None
+        where = fs / run_dir.name if disk else run_dir
+        run = _launches(where, args, mode, faults, relaunch, timeout, preset or args.preset, sets, freed)
+        if disk and where.is_dir():
+            shutil.copytree(where, run_dir, symlinks=True)  # kept after the tmpfs is gone
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return _scored(run, run_dir)
+
+
+def _launches(
+    run_dir: Path,
+    args: argparse.Namespace,
+    mode: str,
+    faults: list[str],
+    relaunch: str | None,
+    timeout: float,
+    preset: str,
+    sets: tuple[str, ...],
+    freed: Callable[[], None] | None,
+) -> dict[str, Any]:
+    """The launches of one run in `run_dir`; freed() grows its tmpfs before a "freed" relaunch."""
     cmd = [
         sys.executable,
         "-m",
@@ -145,6 +305,8 @@ def run_training(
     launches, executed, reached, wall, other = [], 0, 0, 0.0, []
     for launch in range(2 if relaunch else 1):
         cmd = base if launch and relaunch == "freed" else base + injected
+        if launch and relaunch == "freed" and freed:
+            freed()
         (run_dir / "summary.json").unlink(missing_ok=True)
         before = _cpu_seconds()
         try:
@@ -164,11 +326,6 @@ def run_training(
         if summary is not None and summary["status"] == "completed":
             break
     val = summary.get("val_loss") if summary else None
-    decisions = read_decisions(run_dir)
-    # Per-step lines (train.log_every=1). Updates withheld count on abandoned steps too (the
-    # orchestrator acted there); the load is judged on the kept trajectory only.
-    skipped = sum(m.get("skipped_steps", 0) for m in read_metrics(run_dir, abandoned=True))
-    kept = [m for m in read_metrics(run_dir) if "loss" in m]
     return {
         "mode": mode,
         "preset": preset,
@@ -177,14 +334,26 @@ def run_training(
         "finished": bool(summary) and summary["status"] == "completed",
         "status": launches[-1]["status"],
         "val_loss": None if val is None or not math.isfinite(val) else val,
-        "decisions": [
-            {k: d.get(k) for k in ("step", "rule", "action", "params", "mode", "applied")} for d in decisions
-        ],
-        "updates_skipped": skipped,
         "steps_executed": executed,
         "steps_redone": executed - reached if executed else None,
         "wall_s": round(wall, 1),
         "other_cpu": round(max(other), 3),
+    }
+
+
+def _scored(run: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """The run's decisions, skipped updates, load and attribution, read from its directory."""
+    decisions = read_decisions(run_dir)
+    # Per-step lines (train.log_every=1). Updates withheld count on abandoned steps too (the
+    # orchestrator acted there); the load is judged on the kept trajectory only.
+    skipped = sum(m.get("skipped_steps", 0) for m in read_metrics(run_dir, abandoned=True))
+    kept = [m for m in read_metrics(run_dir) if "loss" in m]
+    return {
+        **run,
+        "decisions": [
+            {k: d.get(k) for k in ("step", "rule", "action", "params", "mode", "applied")} for d in decisions
+        ],
+        "updates_skipped": skipped,
         "run_dir": str(run_dir),
         "max_load": max_load(kept[-BALANCE_STEPS:]),
         "attribution": attribution(run_dir, decisions),
@@ -269,19 +438,32 @@ def main(argv: list[str]) -> int:
             print(f"{key} {mode}: {run['status']}, val_loss {run['val_loss']}, {run['wall_s']:.0f}s", flush=True)
     clean = runs["clean/off"]["val_loss"]
     timeout = args.timeout or max(900.0, 10 * runs["clean/off"]["wall_s"])  # contention slows runs 10x
+    sizes = checkpoint_sizes(Path(runs["clean/off"]["run_dir"]))
     for name in names:
         key = clean_key[presets[name]]
-        limit = load_config(preset=presets[name]).orchestrator.moe.imbalance if name in MOE_SCENARIOS else None
+        cfg = load_config(preset=presets[name])
+        limit = cfg.orchestrator.moe.imbalance if name in MOE_SCENARIOS else None
+        disk, setup = real_setup(name, sizes, cfg.optim.lr)
         for mode in ("off", "auto"):
-            run = run_training(
-                out / f"{name}-{mode}",
-                args,
-                mode,
-                table[name],
-                "same" if name in PREEMPTION else "freed" if name in FREED else None,
-                max(timeout, 10 * runs[f"{key}/off"]["wall_s"]),
-                presets[name],
-            )
+            try:
+                if name in REAL_DISK and disk is None:
+                    raise Unmountable("the clean run left no checkpoint to size the tmpfs from")
+                run = run_training(
+                    out / f"{name}-{mode}",
+                    args,
+                    mode,
+                    table[name],
+                    "same" if name in PREEMPTION else "freed" if name in FREED else None,
+                    max(timeout, 10 * runs[f"{key}/off"]["wall_s"]),
+                    presets[name],
+                    settings(name, cfg.optim.lr),
+                    disk,
+                )
+            except Unmountable as exc:
+                runs.update({f"{name}/{m}": skipped(m, presets[name], setup, str(exc)) for m in ("off", "auto")})
+                print(f"{name:18s} skipped: {exc}", flush=True)
+                break
+            run |= {"kind": "real" if name in REAL else "injected", "setup": setup}
             judge(run, runs[f"{key}/off"]["val_loss"], limit)
             runs[f"{name}/{mode}"] = run
             print(
@@ -293,7 +475,7 @@ def main(argv: list[str]) -> int:
     for key in clean_key.values():
         judge(runs[f"{key}/auto"], runs[f"{key}/off"]["val_loss"])
     false_positives = _fault_free_runs(args, out, timeout)
-    shares = [r["other_cpu"] for r in runs.values()]
+    shares = [r["other_cpu"] for r in runs.values() if not r.get("skipped")]
     code_end = _code_version()
     results = {
         "date": time.strftime("%Y-%m-%d"),

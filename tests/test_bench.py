@@ -109,3 +109,83 @@ def test_interop_dry_run_times_the_four_operations_in_rounds_and_states_parity()
         assert f"\n| {op} | " in out, op
     for ratio in ("trimtab export / transformers save", "trimtab import / transformers load"):
         assert f"- {ratio}, time: **" in out and "as parity: " in out, ratio
+
+
+def _healing():
+    """bench/healing.py imported as `python bench/healing.py` would (its helpers sit beside it)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    import healing
+
+    return healing
+
+
+def test_healing_lists_the_real_end_of_run_and_thin_scenarios_with_their_specs():
+    healing = _healing()
+    table = healing.scenarios(120, 4096)
+    assert table["end_nan"] == ["weights_nan@120"] and table["end_noise"] == ["weights_noise@119:3"]
+    thin = table["thin_bad_data"]  # a quarter of every 8th step's rows: ~3% of the rows seen
+    assert thin[0] == "bad_rows@8:1" and thin[-1] == "bad_rows@112:1" and len(thin) == 14
+    assert len(set(thin)) == len(thin)  # each spec fires once: faults.json keys them by spec
+    from trimtab.orchestrator.faults import parse_faults
+
+    parse_faults([spec for specs in table.values() for spec in specs])  # every spec is one the trainer takes
+    for name in ("disk_real", "disk_real_full", "lr_too_high"):
+        assert table[name] == [] and name in healing.REAL  # nothing injected: a real condition
+    assert healing.settings("lr_too_high", 3e-3) == ("optim.lr=0.3",)
+    assert "checkpoint.keep=3" in healing.settings("disk_real", 3e-3) and healing.settings("nan_loss", 3e-3) == ()
+    assert "disk_real_full" in healing.FREED and "disk_real" not in healing.FREED
+
+
+def test_healing_sizes_the_tmpfs_from_the_clean_runs_checkpoints(tmp_path):
+    healing = _healing()
+    mb = 2**20
+    for step, optim in ((80, 4.4 * mb), (100, 4.4 * mb)):  # a finished debug run: full checkpoints only
+        ckpt = tmp_path / "checkpoints" / f"step_{step:06d}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "model.safetensors").write_bytes(b"\0" * int(2.2 * mb))
+        (ckpt / "optim.pt").write_bytes(b"\0" * int(optim))
+    (tmp_path / "metrics.jsonl").write_bytes(b"\0" * 50_000)
+    (tmp_path / "report.html").write_bytes(b"\0" * 5 * mb)  # not written on the tmpfs (log.report=false)
+    initial, full, other = healing.checkpoint_sizes(tmp_path)
+    assert (initial, full, other) == (int(2.2 * mb), int(2.2 * mb) + int(4.4 * mb), 50_000)
+    (size, freed), text = healing.real_setup("disk_real", (initial, full, other), 3e-3)
+    # the initial checkpoint and two full ones fit, a third does not: saves fail for real mid-run
+    assert initial + 2 * full + other < size < initial + 3 * full
+    assert size % 1024 == 0 and text.startswith("tmpfs 19.0 MiB: the initial checkpoint (2.2 MiB) + 2.5 full")
+    (small, freed), text = healing.real_setup("disk_real_full", (initial, full, other), 3e-3)
+    assert initial + other < small < full  # no full checkpoint fits, even alone: exit 4
+    assert freed > initial + 4 * full + other and "remounted" in text  # three kept and one being written
+    assert healing.real_setup("disk_real", None, 3e-3)[0] is None
+    assert healing.checkpoint_sizes(tmp_path / "nowhere") is None
+
+
+def test_healing_reports_real_and_skipped_scenarios_beside_the_injected_ones():
+    healing = _healing()
+    from _healing_score import judge, report, verdicts
+
+    def run(mode, faults=(), val=3.0, kind="injected", setup=""):
+        out = {"mode": mode, "preset": "debug", "faults": list(faults), "launches": [{"rc": 0, "status": "completed"}]}
+        out |= {"finished": True, "status": "completed", "val_loss": val, "decisions": [], "updates_skipped": 0}
+        out |= {"steps_redone": 0, "wall_s": 1.0, "other_cpu": 0.0, "max_load": None, "attribution": None}
+        out |= {"kind": kind, "setup": setup}
+        judge(out, 3.0)
+        return out
+
+    runs = {"clean/off": run("off"), "clean/auto": run("auto")}
+    runs |= {"end_nan/off": run("off", ["weights_nan@120"], None), "end_nan/auto": run("auto", ["weights_nan@120"])}
+    lr = "optim.lr=0.3 (100x the preset's)"
+    runs |= {"lr_too_high/off": run("off", (), 4.0, "real", lr), "lr_too_high/auto": run("auto", (), 4.0, "real", lr)}
+    runs |= {
+        f"disk_real/{m}": healing.skipped(m, "debug", "tmpfs", "cannot mount a tmpfs: denied") for m in ("off", "auto")
+    }
+    results = {"date": "2026-11-26", "machine": "cpu", "torch": "2", "code": "abc", "preset": "debug", "steps": 120}
+    results |= {"checkpoint_every": 20, "runtime_s": 60, "other_cpu": "0%", "clean_val_loss": 3.0, "runs": runs}
+    results |= {"scenarios": ["end_nan", "lr_too_high", "disk_real"]}
+    results["verdicts"] = verdicts(results)
+    text = report(results)
+    assert "| end_nan | `weights_nan@120` | ruined (eval loss NaN) (exit 0) | 3.0000 (+0.0%) |" in text
+    assert f"| lr_too_high | real: {lr} | 4.0000 (+33.3%) **worse** | " in text
+    assert "| disk_real | real: tmpfs | skipped (cannot mount a tmpfs: denied) | " in text
+    assert "**1/2** (not met: lr_too_high)" in text  # the skipped scenario is named, not counted
+    assert "- skipped: disk_real (cannot mount a tmpfs: denied)" in text
