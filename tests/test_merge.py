@@ -77,6 +77,14 @@ def test_model_stock_interpolates_by_the_angle_of_the_task_vectors():
     assert torch.allclose(got, t * T([1.0, 0.5]))
 
 
+def test_magnitude_keeps_at_least_one_entry_and_model_stock_keeps_the_base_where_t_is_undefined():
+    """mergekit's edges: int(density * n) of 0 keeps the largest entry; opposed task vectors
+    (1 + (N - 1) cos = 0) give the base, not inf."""
+    assert torch.equal(methods.magnitude(T([1.0, -3.0, 2.0]), 0.1, rescale=False), T([0.0, -3.0, 0.0]))
+    base = T([1.0, 1.0])
+    assert torch.equal(methods.model_stock(base, [T([2.0, 1.0]), T([0.0, 1.0])], False), base)
+
+
 # ---- recipes ------------------------------------------------------------------------------------
 
 
@@ -165,16 +173,24 @@ def test_ties_splits_q_k_v_as_mergekit_sees_them(runs, tmp_path):
         assert torch.allclose(p_m, expect)
 
 
-def test_moe_experts_merge_one_by_one_and_mismatches_are_refused(runs, tmp_path):
+def test_moe_experts_merge_as_transformers_fuses_them_and_mismatches_are_refused(runs, tmp_path):
+    """A layer's experts are one unit (gate and up together, down apart: transformers 5's
+    gate_up_proj and down_proj, as mergekit 0.1.5 merges them); per_expert merges each apart."""
     root = tmp_path
     api.train(preset="debug-moe", out=str(root / "m1"), train={"max_steps": 2, "eval_every": 0}, **FAST)
     api.train(preset="debug-moe", out=str(root / "m2"), train={"max_steps": 2, "eval_every": 0, "seed": 5}, **FAST)
     recipe = {"merge_method": "slerp", "base_model": str(root / "m1"), "models": [{"model": str(root / "m2")}]}
     out = merge({**recipe, "parameters": {"t": 0.3}}, root / "slerp")
-    a, b, m = weights_of(root / "m1"), weights_of(root / "m2"), weights_of(out)
-    [name] = [n for n in m if n.endswith("ffn.w1")][:1]
-    for e in range(a[name].shape[0]):
-        assert torch.allclose(m[name][e], methods.slerp(0.3, a[name][e], b[name][e]), atol=1e-6)
+    apart = merge({**recipe, "parameters": {"t": 0.3, "per_expert": True}}, root / "apart")
+    a, b, m, p = weights_of(root / "m1"), weights_of(root / "m2"), weights_of(out), weights_of(apart)
+    [i] = [n.split(".")[1] for n in m if n.endswith("ffn.w1")][:1]
+    w1, w3, w2 = (f"blocks.{i}.ffn.{n}" for n in ("w1", "w3", "w2"))
+    gate_up = [torch.cat([x[w1].mT, x[w3].mT], 1) for x in (a, b, m)]  # [E, 2H, D]
+    assert torch.allclose(gate_up[2], methods.slerp(0.3, gate_up[0], gate_up[1]), atol=1e-6)
+    assert torch.allclose(m[w2].mT, methods.slerp(0.3, a[w2].mT, b[w2].mT), atol=1e-6)
+    for name in (w1, w3, w2):
+        for e in range(a[name].shape[0]):
+            assert torch.allclose(p[name][e], methods.slerp(0.3, a[name][e], b[name][e]), atol=1e-6)
     bad = {"merge_method": "linear", "models": [{"model": str(runs / "ft1")}, {"model": str(root / "m1")}]}
     with pytest.raises(ConfigError, match=r"tensor 'blocks\.\d\.ffn\.\w+'"):
         merge(bad, root / "bad")

@@ -4,8 +4,9 @@ at step 0), which trains (train.init_from), generates, evaluates and exports lik
 
 Inputs are run directories (their newest valid checkpoint) or Hugging Face directories, read
 through trimtab.api.load_run, so every input is a trimtab model with trimtab's tensor names.
-Tensors merge unit by unit as mergekit sees them in Hugging Face files (units.py): q, k and v
-apart, each MoE expert apart. Memory: every input is held at once (N models) plus the output.
+Tensors merge unit by unit as mergekit sees them in transformers 5's layout (units.py): q, k and v
+apart; an MoE layer's experts as two fused tensors (gate_up_proj, down_proj), or each expert apart
+with parameters.per_expert. Memory: every input is held at once (N models) plus the output.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from trimtab.errors import CheckpointError, ConfigError
 from trimtab.hf.importer import SOURCE, is_hf_dir, source_record
 from trimtab.merge import methods
 from trimtab.merge.recipe import TASK_ARITHMETIC, Recipe, read_recipe
-from trimtab.merge.units import join, split
+from trimtab.merge.units import groups, join, split
 from trimtab.model import Transformer
 from trimtab.model.upgrade import upgrade_weights
 
@@ -46,7 +47,11 @@ def merge(recipe: str | Path | dict[str, Any], out: str | Path) -> Path:
     _same_structure(models)
     states = {path: m.state_dict() for path, m in models.items()}
     tied = {"lm_head.weight"} if cfg.model.tie_embeddings else set()  # merged once, as tok_emb
-    merged = {name: _merge_tensor(r, name, states, base_model) for name in states[order[0]] if name not in tied}
+    names = [name for name in states[order[0]] if name not in tied]
+    merged: dict[str, torch.Tensor] = {}
+    for group in groups(names):
+        merged.update(_merge_group(r, group, states, base_model))
+    merged = {name: merged[name] for name in names}
     record = {
         "method": r.method,
         "base_model": r.base,
@@ -115,14 +120,21 @@ def _same_structure(models: dict[str, Transformer]) -> None:
                 )
 
 
-def _merge_tensor(r: Recipe, name: str, states: dict[str, dict], model: Transformer) -> torch.Tensor:
-    if not states[next(iter(states))][name].is_floating_point():
-        return states[r.base or next(iter(states))][name]
-    if name.endswith("expert_bias"):  # selection-only routing state: the base model's routing
-        return states[r.base or next(iter(states))][name]
-    units = {path: split(name, state[name], model.cfg) for path, state in states.items()}
-    parts = [_merge_unit(r, name, k, {p: u[k] for p, u in units.items()}) for k in range(len(units[next(iter(units))]))]
-    return join(name, parts, model.cfg)
+def _merge_group(
+    r: Recipe, names: tuple[str, ...], states: dict[str, dict], model: Transformer
+) -> dict[str, torch.Tensor]:
+    """The merged tensors of one group (units.groups: one tensor, or an MoE layer's w1 and w3)."""
+    first, keep = states[next(iter(states))], states[r.base or next(iter(states))]
+    if not first[names[0]].is_floating_point():
+        return {name: keep[name] for name in names}
+    if names[0].endswith("expert_bias"):  # selection-only routing state: the base model's routing
+        return {name: keep[name] for name in names}
+    per_expert = bool(r.param("per_expert", False))
+    units = {path: split(names, state, model.cfg, per_expert) for path, state in states.items()}
+    key = "+".join(names)
+    n = len(units[next(iter(units))])
+    parts = [_merge_unit(r, key, k, {p: u[k] for p, u in units.items()}) for k in range(n)]
+    return join(names, parts, model.cfg, per_expert)
 
 
 def _merge_unit(r: Recipe, name: str, k: int, x: dict[str, torch.Tensor]) -> torch.Tensor:

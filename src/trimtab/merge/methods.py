@@ -43,12 +43,10 @@ def slerp(t: float, v0: Tensor, v1: Tensor, dot_threshold: float = 0.9995, eps: 
 
 
 def magnitude(delta: Tensor, density: float, rescale: bool) -> Tensor:
-    """Keep the int(density * n) largest |entries| (mergekit sparsify.magnitude)."""
+    """Keep the int(density * n) largest |entries|, at least one (mergekit sparsify.magnitude)."""
     if density >= 1:
         return delta
-    k = int(density * delta.numel())
-    if k <= 0:
-        raise ValueError(f"density {density} keeps no entry of a tensor of {delta.numel()}")
+    k = max(1, int(density * delta.numel()))
     mask = torch.zeros(delta.numel())
     mask[delta.abs().flatten().argsort(descending=True)[:k]] = 1
     return _rescaled(delta, mask.view_as(delta), rescale)
@@ -101,7 +99,8 @@ def task_arithmetic(
 
 def model_stock(base: Tensor, others: list[Tensor], filter_wise: bool) -> Tensor:
     """Model Stock: interpolate between the base and the others' mean by the ratio the mean
-    pairwise angle of their task vectors gives (per row when filter_wise)."""
+    pairwise angle of their task vectors gives (per row when filter_wise); where 1 + (N - 1) cos
+    is 0 (opposed task vectors) the base, as mergekit keeps it."""
     shape = base.shape
     w0 = base.float().reshape(-1) if not filter_wise else base.float().reshape(-1, shape[-1])
     ws = [o.float().reshape(w0.shape) for o in others]
@@ -113,5 +112,7 @@ def model_stock(base: Tensor, others: list[Tensor], filter_wise: bool) -> Tensor
             cosines.append(((offsets[i] * offsets[j]).sum(-1) / norms.clamp(min=1e-6)).clamp(-1, 1))
     cos = torch.stack(cosines).mean(0).unsqueeze(-1)
     n = len(ws)
-    t = n * cos / (1 + (n - 1) * cos)
+    denominator = 1 + (n - 1) * cos
+    singular = denominator.abs() < 1e-6
+    t = torch.where(singular, 0.0, n * cos / torch.where(singular, 1.0, denominator))
     return (t * (sum(ws) / n) + (1 - t) * w0).reshape(shape)

@@ -8,6 +8,7 @@
       - model: runs/ft-chat
         parameters: {weight: 0.4, density: 0.5}
     parameters: {normalize: true, lambda: 1.0}   # method-wide: t (slerp), normalize, rescale, lambda, filter_wise, seed
+                                                 # and trimtab's own per_expert (merge/units.py)
     dtype: float32                # of the merged weights (the run keeps fp32 master weights)
 
 Per-layer gradients (a list for a parameter) and `slices` are mergekit features trimtab does not
@@ -31,7 +32,7 @@ TASK_ARITHMETIC = {
     "dare_linear": ("random", False, False, True),
 }
 METHODS = ("linear", "slerp", *TASK_ARITHMETIC, "model_stock")
-GLOBAL = {"t", "normalize", "rescale", "lambda", "filter_wise", "seed", "int8_mask"}
+GLOBAL = {"t", "normalize", "rescale", "lambda", "filter_wise", "seed", "int8_mask", "per_expert"}
 PER_MODEL = {"weight", "density"}
 
 
@@ -113,6 +114,8 @@ def _check(r: Recipe, where: str) -> None:
         raise ConfigError(f"{where}: slerp needs parameters.t and exactly one model besides base_model")
     if r.method == "model_stock" and len(r.others()) < 2:
         raise ConfigError(f"{where}: model_stock needs at least two models besides base_model")
+    if not isinstance(r.param("per_expert", False), bool):
+        raise ConfigError(f"{where}: parameters.per_expert must be true or false")
     for i, m in enumerate(r.models):
         if not 0 < m.density <= 1:
             raise ConfigError(f"{where}: models[{i}].parameters.density {m.density} must be in (0, 1]")
