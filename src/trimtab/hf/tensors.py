@@ -22,8 +22,16 @@ blocks.{i}.ffn.shared_gate       mlp.shared_expert_gate.weight
 norm.weight, lm_head.weight      model.norm.weight, lm_head.weight (absent when tied)
 
 MOE / GATE / UP / DOWN: Mixtral block_sparse_moe / w1 / w3 / w2; Qwen2-MoE mlp / gate_proj /
-up_proj / down_proj. transformers 5 also reads (and some files hold) the fused per-layer
-MOE.experts.gate_up_proj [E, 2H, D] and MOE.experts.down_proj [E, D, H]; import takes either.
+up_proj / down_proj. Export writes these per-expert names (so does transformers 5's
+save_pretrained). Import also takes transformers 5's in-memory layout, the one mergekit 0.1.5
+writes (transformers' conversion_mapping.py: Mixtral's block_sparse_moe renamed mlp, each
+layer's experts fused by MergeModulelist(dim=0) + Concatenate(dim=1); Qwen2-MoE the same):
+blocks.{i}.ffn.router            mlp.gate.weight [E, D]
+blocks.{i}.ffn.w1 / w3           mlp.experts.gate_up_proj [E, 2H, D]; [e] = cat(GATE[e], UP[e]):
+                                 rows :H = w1[e]^T, rows H: = w3[e]^T (MixtralExperts: gate, up
+                                 = linear(x, gate_up_proj[e]).chunk(2, dim=-1))
+blocks.{i}.ffn.w2                mlp.experts.down_proj [E, D, H]; [e] = DOWN[e] = w2[e]^T
+Import takes any mix transformers reads: either module name, per-expert or fused experts.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ EXPERTS = {  # class -> (MoE module, gate, up, down)
     "MixtralForCausalLM": ("block_sparse_moe", "w1", "w3", "w2"),
     "Qwen2MoeForCausalLM": ("mlp", "gate_proj", "up_proj", "down_proj"),
 }
+FUSED_MODULE = "mlp"  # transformers 5's name of every MoE module (Mixtral's block_sparse_moe renamed)
 MLP = ("gate_proj", "up_proj", "down_proj")
 
 
@@ -143,9 +152,10 @@ def _attention_from_hf(get: Getter, cfg: ModelConfig, t: str, h: str) -> Pairs:
 
 def _moe_from_hf(get: Getter, cfg: ModelConfig, arch: str, t: str, h: str) -> Pairs:
     module, gate, up, down = EXPERTS[arch]
-    m = f"{h}{module}."
-    yield t + "router", get(m + "gate.weight")
-    yield from _experts_from_hf(get, cfg, t, m + "experts.", (gate, up, down))
+    modules = [f"{h}{m}." for m in dict.fromkeys((module, FUSED_MODULE))]  # the class's name first
+    yield t + "router", _first(get, [m + "gate.weight" for m in modules])[1]
+    yield from _experts_from_hf(get, cfg, t, [m + "experts." for m in modules], (gate, up, down))
+    m = modules[0]
     if cfg.moe.n_shared_experts:
         for ours, theirs in zip(("w1", "w3", "w2"), MLP):
             yield f"{t}shared.{ours}.weight", get(f"{m}shared_expert.{theirs}.weight")
@@ -155,15 +165,29 @@ def _moe_from_hf(get: Getter, cfg: ModelConfig, arch: str, t: str, h: str) -> Pa
             get(m + name)
 
 
-def _experts_from_hf(get: Getter, cfg: ModelConfig, t: str, x: str, names: tuple[str, str, str]) -> Pairs:
-    """w1 / w3 [E, D, H] and w2 [E, H, D] from per-expert matrices, or from the fused layout."""
+def _first(get: Getter, names: list[str]) -> tuple[int, Tensor]:
+    """The index and tensor of the first of `names` the file holds; KeyError naming the first if
+    none."""
+    for i, name in enumerate(names):
+        try:
+            return i, get(name)
+        except KeyError:
+            pass
+    raise KeyError(names[0])
+
+
+def _experts_from_hf(get: Getter, cfg: ModelConfig, t: str, xs: list[str], names: tuple[str, str, str]) -> Pairs:
+    """w1 / w3 [E, D, H] and w2 [E, H, D] from per-expert matrices, or from the fused layout
+    (gate_up_proj [E, 2H, D]: gate rows first; down_proj [E, D, H]). `xs`: the experts' prefixes
+    to look under, in order."""
     try:
-        gate_up, down = get(x + "gate_up_proj"), get(x + "down_proj")
+        i, gate_up = _first(get, [x + "gate_up_proj" for x in xs])
     except KeyError:
         E = cfg.moe.n_experts
         for ours, name in zip(("w1", "w3", "w2"), names):
-            yield t + ours, torch.stack([get(f"{x}{e}.{name}.weight").T for e in range(E)])
+            yield t + ours, torch.stack([_first(get, [f"{x}{e}.{name}.weight" for x in xs])[1].T for e in range(E)])
         return
+    down = _first(get, [x + "down_proj" for x in xs[i:] + xs[:i]])[1]  # gate_up_proj's module first
     H = gate_up.shape[1] // 2
     yield t + "w1", gate_up[:, :H].transpose(1, 2)
     yield t + "w3", gate_up[:, H:].transpose(1, 2)
