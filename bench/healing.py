@@ -415,6 +415,8 @@ def main(argv: list[str]) -> int:
         help="seconds per launch before a run counts as stalled (default: 10x the clean run, at least 900)",
     )
     args = parser.parse_args(argv)
+    # stopped (timeout, a scheduler): unwind, so a real-disk scenario's tmpfs is unmounted
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     import torch
 
     from trimtab.config import load_config
