@@ -31,7 +31,8 @@ def small_fs(tmp_path):
         def __call__(self, mb: int) -> Path:
             where = tmp_path / "fs"
             where.mkdir()
-            done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mb}m", "tmpfs", str(where)], capture_output=True)
+            mount = ["mount", "-t", "tmpfs", "-o", f"size={mb}m", "tmpfs", str(where)]
+            done = subprocess.run(mount, capture_output=True)
             if done.returncode != 0:
                 pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
             mounted.append(where)

@@ -17,6 +17,8 @@ from trimtab.orchestrator.core import Orchestrator
 from trimtab.orchestrator.faults import Fault, parse_fault, parse_faults
 from trimtab.orchestrator.journal import Decision, Journal, describe, read_decisions
 from trimtab.orchestrator.monitors import (
+    RESUME_PROBE,
+    AboveStart,
     Divergence,
     Finding,
     Fp16Overflow,
@@ -24,6 +26,7 @@ from trimtab.orchestrator.monitors import (
     LossSpike,
     MemoryPressure,
     NonFinite,
+    OutOfMemory,
     Plateau,
     Rolling,
     StepMetrics,
@@ -48,6 +51,7 @@ def metrics(
     lr=1e-3,
     lr_scale=1.0,
     scheduled_lr=None,
+    micro_batch_tokens=0,
 ):
     return StepMetrics(
         step=step,
@@ -60,6 +64,7 @@ def metrics(
         lr_scale=lr_scale,
         progress=progress,
         memory_frac=memory,
+        micro_batch_tokens=micro_batch_tokens,
         rows=[step],
     )
 
@@ -149,6 +154,66 @@ def test_grad_explosion_ceiling():
     assert m.observe(metrics(7, grad_norm=float("inf"))) is None  # NonFinite's business
 
 
+def test_grad_norm_at_a_new_level_with_a_calm_loss_moves_the_baseline_instead_of_skipping_forever():
+    # The README's mixture run: the norm jumped 0.35 -> ~12 and stayed, the loss flat; the window of
+    # healthy norms never moved, so every later step was flagged and its update withheld.
+    m = GradExplosion(OrchestratorConfig())
+    assert feed(m, [0.35] * 30, key="grad_norm") == [None] * 30
+    found = [m.observe(metrics(31 + i, grad_norm=g, loss=5.05)) for i, g in enumerate([12.0, 11.0, 13.0])]
+    assert [f.rule for f in found] == ["grad", "grad", "grad_level"]
+    assert found[2].family == "baseline" and found[2].evidence["norms"] == [12.0, 11.0, 13.0]
+    assert m.ceiling() == pytest.approx(100.0)  # min(max_norm, 10 x the new mean 12)
+    assert feed(m, [12.0, 10.5, 14.0], key="grad_norm", start=34, loss=5.0) == [None] * 3  # the updates pass
+
+
+@pytest.mark.parametrize(
+    "norms, losses",
+    [
+        ([12.0, 11.0, 13.0], [5.0, 6.5, 7.0]),  # the loss rises with it: an explosion, not a level
+        ([12.0, 60.0, 13.0], [5.0, 5.0, 5.0]),  # no one level
+        ([150.0, 150.0, 150.0], [5.0, 5.0, 5.0]),  # above max_norm: never a level
+    ],
+)
+def test_a_rising_loss_an_erratic_norm_or_one_past_max_norm_is_never_taken_as_a_new_level(norms, losses):
+    m = GradExplosion(OrchestratorConfig())
+    feed(m, [0.35] * 30, key="grad_norm")
+    found = [m.observe(metrics(31 + i, grad_norm=g, loss=v)) for i, (g, v) in enumerate(zip(norms, losses))]
+    assert [f.rule for f in found] == ["grad"] * 3
+
+
+def test_above_start_fires_after_patience_steps_above_the_first_loss_and_again_only_while_it_does_not_fall():
+    m = AboveStart(OrchestratorConfig())
+    assert feed(m, [6.25, 6.1, 6.0, 6.4, 6.45]) == [None] * 5  # within the 0.31-nat margin: noise
+    found = feed(m, [7.0, 8.0, 9.0], start=6)
+    assert found[:2] == [None, None] and found[2].rule == "above_start" and found[2].family == "instability"
+    assert found[2].evidence["start"] == 6.25 and found[2].evidence["since"] == 6
+    assert feed(m, [7.5, 7.4, 7.3], start=9) == [None] * 3  # falling since the cut: give it steps
+    assert feed(m, [8.0, 8.1, 8.2], start=12)[2] is not None  # not falling: cut again
+    assert feed(m, [6.0], start=15) == [None] and m.over == []
+
+
+def test_a_resumed_run_probes_its_shrunk_micro_batch_soon_with_the_back_off_reset():
+    cfg = OrchestratorConfig()
+    m = OutOfMemory(cfg)
+    m.configured, m.probe_after, m.clean = 1024, 800, 5  # shrunk, and one probe already failed
+    m.resumed()
+    found = [m.observe(metrics(100 + i, micro_batch_tokens=256)) for i in range(RESUME_PROBE)]
+    assert found[:-1] == [None] * (RESUME_PROBE - 1) and found[-1].evidence["target"] == 512
+    assert m.probe_after == 2 * cfg.oom.probe_after  # the back-off starts over from the config's
+
+
+def test_throughput_findings_on_a_loaded_machine_are_rate_limited():
+    cfg = OrchestratorConfig()
+    m = Throughput(cfg)
+    feed(m, [1000.0] * 20, key="tokens_per_s")
+    slow = feed(m, [300.0] * 100, key="tokens_per_s", start=21)
+    assert sum(f is not None for f in slow) == 1  # one line for the stretch, not one every 5 steps
+    slower = feed(m, [100.0] * 10, key="tokens_per_s", start=121)  # halved again: worth a line
+    assert sum(f is not None for f in slower) == 1
+    later = feed(m, [300.0] * 10, key="tokens_per_s", start=131 + cfg.throughput.cooldown)
+    assert sum(f is not None for f in later) == 1  # after the cooldown
+
+
 def test_divergence_slope():
     cfg = OrchestratorConfig()
     cfg.divergence.window, cfg.divergence.min_rise = 5, 0.05
@@ -215,6 +280,7 @@ def test_build_monitors_respects_enabled():
     cfg = OrchestratorConfig()
     assert set(build_monitors(cfg)) == {
         "nonfinite",
+        "above_start",
         "spike",
         "grad",
         "divergence",
@@ -357,7 +423,8 @@ def test_divergence_goes_straight_to_the_lr_rung():
     cfg.divergence.lr_factor = 0.3
     policy = Policy(cfg)
     plan = policy.plan(finding(5, rule="divergence"), View())
-    assert plan.action == "scale_lr" and plan.params == {"factor": 0.3} and policy.lr_debt == pytest.approx(0.3)
+    assert plan.action == "scale_lr" and plan.params == {"factor": 0.3}
+    assert policy.lr_debt == 1.0  # a rising trend is the LR's doing: the cut is never given back
 
 
 def test_quiet_resets_the_ladder_and_gives_the_lr_back():
@@ -411,7 +478,7 @@ def test_data_attribution_leaves_out_only_the_rows_that_score_as_outliers():
     assert [p.action for p in plans] == ["skip_step", "skip_step", "skip_data"]
     assert plans[2].params == {"rows": [r for r in range(10, 40) if r % 4 == 0]}  # 7 of 30, not all 30
     e = plans[2].evidence
-    assert (e["rows_scored"], e["rows_left_out"], e["sources"]) == (30, 7, {"corpus.txt": 7})
+    assert (e["rows_scored"], e["rows_outliers"], e["sources"]) == (30, 7, {"corpus.txt": 7})
     assert e["reference_median"] == 5.0 and e["threshold"] == pytest.approx(5.0 + 4 * 1.4826 * 0.1)  # 4 x MAD-std
     assert policy.ladder.rows == [] and policy.ladder.rung == 0
 
@@ -687,7 +754,7 @@ def test_parse_command_valid():
     assert ctl.parse_command("pause-rule", ["nonfinite"])["params"] == {"rule": "nonfinite"}
     assert ctl.parse_command("mode", ["advise"]) == {"action": "set_mode", "params": {"mode": "advise"}}
     assert ctl.parse_command("stop", []) == {"action": "stop", "params": {}}
-    assert set(actions.RULE_NAMES) == {"nonfinite", *OrchestratorConfig.RULES}
+    assert set(actions.RULE_NAMES) == {"nonfinite", "end", *OrchestratorConfig.RULES}
 
 
 @pytest.mark.parametrize(

@@ -31,13 +31,34 @@ class SpikeRule:
 
 @dataclass
 class GradRule:
-    """Pre-clip gradient norm above max_norm, or above factor x its rolling mean."""
+    """Pre-clip gradient norm above max_norm, or above factor x its rolling mean. A new level is
+    not an explosion: `rebase_after` steps in a row over the ceiling, under max_norm, within
+    `rebase_spread` of each other and with a loss that does not rise (rebase_loss_rise), start the
+    window afresh."""
 
     enabled: bool = True
     max_norm: float = 100.0
     factor: float = 10.0
     window: int = 50
     min_samples: int = 20
+    rebase_after: int = 3  # 0: never follow a new level
+    rebase_spread: float = 3.0  # largest / smallest norm of those steps
+    rebase_loss_rise: float = 0.25  # nats over the healthy steps' mean loss that still counts as not rising
+
+
+@dataclass
+class AboveStartRule:
+    """The loss above where the phase started (its first step's loss, the untouched weights') by
+    max(margin, rel_margin x it) for `patience` steps in a row: training made the model worse
+    than doing nothing, from the first steps on, before any window fills. The LR is the cause
+    (a finetuning LR typed for pretraining, a slipped exponent): cut it x lr_factor, again while
+    the loss does not fall, and never give the cut back."""
+
+    enabled: bool = True
+    margin: float = 0.25  # nats
+    rel_margin: float = 0.05  # of the starting loss
+    patience: int = 3
+    lr_factor: float = 0.1
 
 
 @dataclass
@@ -82,13 +103,16 @@ class MemoryRule:
 
 @dataclass
 class ThroughputRule:
-    """Tokens/s below `factor` x its rolling median for `patience` steps."""
+    """Tokens/s below `factor` x its rolling median for `patience` steps. Logged for a person,
+    never acted on: after a finding the rule is quiet for `cooldown` steps unless the rate falls
+    below half of what it reported (a loaded machine would fill the journal)."""
 
     enabled: bool = True
     window: int = 50
     min_samples: int = 10
     factor: float = 0.5
     patience: int = 5
+    cooldown: int = 200
 
 
 @dataclass
@@ -187,6 +211,7 @@ class OrchestratorConfig:
     spike: SpikeRule = field(default_factory=SpikeRule)
     grad: GradRule = field(default_factory=GradRule)
     divergence: DivergenceRule = field(default_factory=DivergenceRule)
+    above_start: AboveStartRule = field(default_factory=AboveStartRule)
     plateau: PlateauRule = field(default_factory=PlateauRule)
     oom: OomRule = field(default_factory=OomRule)
     memory: MemoryRule = field(default_factory=MemoryRule)
@@ -202,6 +227,7 @@ class OrchestratorConfig:
         "spike",
         "grad",
         "divergence",
+        "above_start",
         "plateau",
         "oom",
         "memory",
@@ -229,6 +255,8 @@ class OrchestratorConfig:
         _check(self.spike.min_samples >= 2, "orchestrator.spike.min_samples", "must be >= 2")
         _check(self.divergence.window >= 4, "orchestrator.divergence.window", "must be >= 4")
         _check(0 < self.divergence.lr_factor < 1, "orchestrator.divergence.lr_factor", "must be in (0, 1)")
+        _check(0 < self.above_start.lr_factor < 1, "orchestrator.above_start.lr_factor", "must be in (0, 1)")
+        _positive(self.above_start, "orchestrator.above_start", "patience")
         _check(self.plateau.lr_factor >= 1, "orchestrator.plateau.lr_factor", "must be >= 1 (a raise)")
         _check(self.plateau.max_lr_scale >= 1, "orchestrator.plateau.max_lr_scale", "must be >= 1")
         _check(0 < self.memory.threshold <= 1, "orchestrator.memory.threshold", "must be in (0, 1]")

@@ -50,7 +50,7 @@ class DataAttribution:
         bad = sorted(r for r, loss in scores.items() if not math.isfinite(loss) or loss > threshold)
         evidence = {
             "rows_scored": len(scores),
-            "rows_left_out": len(bad),
+            "rows_outliers": len(bad),  # asked to leave out; Control says how many were not out already
             "threshold": threshold,
             "reference_median": middle,
             "reference_spread": spread,

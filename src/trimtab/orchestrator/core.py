@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from trimtab.training.view import RunView
 
 GATED = ("spike", "grad", "lr")  # rules whose ceilings the update gate checks before the optimizer step
-PER_PHASE = ("spike", "grad", "divergence", "plateau", "throughput")  # windows a new phase starts afresh
+PER_PHASE = ("spike", "grad", "divergence", "above_start", "plateau", "throughput")  # windows a new phase starts afresh
 
 
 class Orchestrator(Hook):
@@ -65,6 +65,7 @@ class Orchestrator(Hook):
         self.phase = 0  # of the last step observed
         self.last_step = 0  # the newest step seen (a rollback moves the run's counter back)
         self.ceilings: dict[str, float] = {}  # the update gate's thresholds, refreshed at each read
+        self.demoted: set[str] = set()  # "rule:action" remedies that fell to advice (low confidence)
 
     # ------------------------------------------------------------------ hook events
 
@@ -74,6 +75,8 @@ class Orchestrator(Hook):
         if "oom" in self.monitors:
             oom = self.monitors["oom"]
             oom.configured = oom.configured or run.configured_micro_batch_tokens
+            if run.step:
+                oom.resumed()
         for change in run.config_changes:
             self._configured(run, change)
         self.journal.write()
@@ -157,6 +160,18 @@ class Orchestrator(Hook):
         self.failed_saves = 0
         if self.mode == "auto" and run.last_good == run.step:
             self.policy.probe_baseline = run.probe_loss()  # the reference for a diagnosis
+
+    def on_phase_end(self, run: RunView) -> None:
+        """The end of a phase is guarded like its middle: a fault in its last steps leaves too few
+        findings to climb the ladder, so the state it ends in is checked before it is saved as
+        final (Policy.verify_end); broken, it is rolled back and the steps trained again."""
+        self._read(run)
+        if self.mode != "auto" or "end" in self.paused:
+            return
+        found = self.policy.verify_end(run)
+        if found is not None:
+            f, remedy = found
+            self._decide(run, f, remedy)
 
     def healthy(self, run: RunView) -> bool:
         """A good rollback target: no escalation under way and no instability in the last steps
@@ -253,11 +268,17 @@ class Orchestrator(Hook):
     def _decide(self, run: RunView, f: Finding, remedy: Remedy, withheld: bool = False) -> Decision:
         """Journal a decision and, in auto mode, request its action; `withheld`: the update gate
         already skipped this step's update (a skip_step decision records what happened)."""
-        confidence = Policy.confidence(f.strength, self.journal.track_record(f.rule, remedy.action))
+        record = self.journal.track_record(f.rule, remedy.action)
+        confidence = Policy.confidence(f.strength, record)
         mode, reasoning = self.mode, remedy.reasoning
+        if remedy.action == "skip_step":
+            reasoning = _skip_wording(mode, withheld)
         acts = remedy.action not in ("skip_step", "none", "stop")
-        if mode == "auto" and acts and confidence < self.cfg.min_confidence:
+        demoted = mode == "auto" and acts and confidence < self.cfg.min_confidence
+        if demoted:
             mode, reasoning = "advise", reasoning + " (confidence below orchestrator.min_confidence)"
+        if acts and self.mode == "auto":
+            self._announce_demotion(run, f.rule, remedy.action, demoted, confidence, record)
         decision = Decision(
             id=self.journal.next_id(),
             step=f.step,
@@ -280,12 +301,34 @@ class Orchestrator(Hook):
         run.say(decision.console_line())
         return decision
 
+    def _announce_demotion(
+        self, run: RunView, rule: str, action: str, demoted: bool, confidence: float, record: tuple[int, int]
+    ) -> None:
+        """One line whenever a remedy falls to advice for lack of confidence, or comes back: the
+        mode a person set must never change in silence."""
+        key = f"{rule}:{action}"
+        if demoted == (key in self.demoted):
+            return
+        if demoted:
+            self.demoted.add(key)
+            run.say(
+                f"[orchestrator] {rule} -> {action} is advice only from now on: its confidence {confidence:.2f} is "
+                f"below orchestrator.min_confidence {self.cfg.min_confidence:g} ({record[0]} of {record[1]} such "
+                "decisions recovered in this run); they are journaled, not applied, until the record improves"
+            )
+        else:
+            self.demoted.discard(key)
+            run.say(f"[orchestrator] {rule} -> {action} is applied again (confidence {confidence:.2f})")
+
     def _applied(self, decision: Decision, line: str) -> None:
         """What Control did; an action that failed is journaled as failed at once (its track
         record falls), never as done."""
         decision.applied.append(line)
         if line.startswith("failed: "):
             decision.outcome = {"result": "failed", "error": line.removeprefix("failed: "), "steps": 0}
+            self.tracking.pop(str(decision.id), None)
+        elif decision.action == "stop":  # the run ends here: steps after a resume judge nothing of it
+            decision.outcome = {"result": "stopped", "steps": 0}
             self.tracking.pop(str(decision.id), None)
         self.journal.write()
 
@@ -409,6 +452,18 @@ class Orchestrator(Hook):
                 monitor.load_state_dict(state["monitors"][name])
         self.recent_losses = Rolling(20, state["recent_losses"])
         self.ceilings = {k: m.ceiling() for k, m in self.monitors.items() if k in GATED}
+
+
+def _skip_wording(mode: str, withheld: bool) -> str:
+    """A skip_step decision's reasoning, from what the update gate did (not what it would do)."""
+    if withheld:
+        return "the update was withheld before the optimizer step: this step did not change the weights"
+    if mode == "auto":
+        return (
+            "the update gate did not withhold it (its ceiling when the step ran was higher, or not set yet): "
+            "the update stands"
+        )
+    return f"in {mode} mode nothing is withheld: the update was applied; auto mode would have withheld it"
 
 
 def _device_values(out: StepOutput, moe: bool) -> dict[str, Any]:

@@ -207,13 +207,26 @@ class LossSpike(Monitor):
 
 
 class GradExplosion(Monitor):
-    """Pre-clip gradient norm above max_norm, or above factor x its rolling mean."""
+    """Pre-clip gradient norm above max_norm, or above factor x its rolling mean.
+
+    The window holds healthy norms only, so on its own it could never follow a legitimate change
+    of level (a new source in a mixture, the end of warm-up): every later step would be flagged
+    and its update withheld, and withholding holds the model where its gradient is large, the
+    remedy causing the symptom (seen on the README's mixture run: 0.35 -> 12 from step 22, 22
+    steps withheld, a flat loss until they stopped). So `rebase_after` steps in a row over the
+    ceiling, at one level (within `rebase_spread`), under max_norm, with the loss not rising
+    (within rebase_loss_rise of the healthy steps before) are a new level of the weights, not an
+    explosion of a batch: different batches give the same norm although no update was applied,
+    so withholding cannot help. The window restarts from them and a `grad_level` finding says
+    so; their updates pass from then on, clipped as ever."""
 
     rule, family = "grad", "instability"
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.grad
         self.window = Rolling(self.cfg.window)
+        self.losses = Rolling(10)  # the healthy steps' losses: what "not rising" compares with
+        self.over: list[list[float]] = []  # [grad norm, loss] of the flagged steps in a row
 
     def ceiling(self) -> float:
         if len(self.window) < self.cfg.min_samples:
@@ -226,7 +239,13 @@ class GradExplosion(Monitor):
         ceiling = self.ceiling()
         if m.grad_norm <= ceiling:
             self.window.add(m.grad_norm)
+            if math.isfinite(m.loss):
+                self.losses.add(m.loss)
+            self.over = []
             return None
+        self.over.append([m.grad_norm, m.loss])
+        if self._new_level():
+            return self._rebase(m, ceiling)
         mean = self.window.mean() if len(self.window) else float("nan")
         return self.finding(
             m,
@@ -234,6 +253,38 @@ class GradExplosion(Monitor):
             f"grad norm {m.grad_norm:.3g} > ceiling {ceiling:.3g} (rolling mean {mean:.3g})",
             0.6 + 0.4 * math.log10(m.grad_norm / ceiling),
         )
+
+    def _new_level(self) -> bool:
+        norms, losses = [g for g, _ in self.over], [v for _, v in self.over]
+        return (
+            self.cfg.rebase_after > 0
+            and len(self.over) >= self.cfg.rebase_after
+            and len(self.losses) > 0
+            and max(norms) < self.cfg.max_norm
+            and max(norms) <= self.cfg.rebase_spread * min(norms)
+            and all(math.isfinite(v) and v <= self.losses.mean() + self.cfg.rebase_loss_rise for v in losses)
+        )
+
+    def _rebase(self, m: StepMetrics, ceiling: float) -> Finding:
+        norms = [g for g, _ in self.over]
+        before = self.window.mean() if len(self.window) else float("nan")
+        self.window = Rolling(self.cfg.window, norms)
+        self.over = []
+        f = self.finding(
+            m,
+            {
+                "norms": norms,
+                "old_mean": before,
+                "old_ceiling": ceiling,
+                "new_ceiling": self.ceiling(),
+                "loss_before": self.losses.mean(),
+            },
+            f"grad norm at a new level: {len(norms)} steps in a row at {min(norms):.3g}-{max(norms):.3g} "
+            f"(was {before:.3g}) with the loss not rising",
+            0.8,
+        )
+        f.rule, f.family = "grad_level", "baseline"
+        return f
 
 
 class Divergence(Monitor):
@@ -269,6 +320,59 @@ class Divergence(Monitor):
         )
         f.rows = rows
         return f
+
+
+class AboveStart(Monitor):
+    """The loss above where the phase started, `patience` steps in a row (skipped steps left out).
+
+    The other rules compare a step with the run's recent past, so they need a window first (10
+    to 50 steps) and follow a run that is bad from its first step: with 100x the preset's LR the
+    loss climbed 6.2 -> 11.5 by step 15 and no rule fired. The first step's loss is the untouched
+    weights' score; a model that scores worse for several steps in a row has been made worse by
+    its training, whatever the windows say. Once it fired it fires again only while the loss does
+    not fall (each time below 98% of the level it reported): a cut is given steps to work."""
+
+    rule, family = "above_start", "instability"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.above_start
+        self.start: float | None = None
+        self.over: list[float] = []  # losses of the steps above the line, in a row
+        self.reported: float | None = None  # the level of the last finding
+        self.since = 0  # the first step of the current stretch above the line
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        if not math.isfinite(m.loss):
+            return None
+        if self.start is None:
+            self.start = m.loss
+            return None
+        line = self.start + max(self.cfg.margin, self.cfg.rel_margin * self.start)
+        if m.skipped:
+            return None
+        if m.loss <= line:
+            self.over = []
+            return None
+        if not self.over:
+            self.since = m.step  # the stretch's first step above the line: the weights before it were sound
+        self.over.append(m.loss)
+        level = sum(self.over[-self.cfg.patience :]) / min(len(self.over), self.cfg.patience)
+        if len(self.over) < self.cfg.patience or (self.reported is not None and level < 0.98 * self.reported):
+            return None
+        self.over, self.reported = [], level
+        return self.finding(
+            m,
+            {
+                "loss": m.loss,
+                "level": level,
+                "start": self.start,
+                "line": line,
+                "patience": self.cfg.patience,
+                "since": self.since,
+            },
+            f"loss {level:.3f} over {self.cfg.patience} steps, above the {self.start:.3f} the phase started at",
+            0.7 + 0.3 * min(1.0, (level - line) / max(line - self.start, 1e-6)),
+        )
 
 
 class Plateau(Monitor):
@@ -310,6 +414,7 @@ class Throughput(Monitor):
         self.window = Rolling(self.cfg.window)
         self.slow = 0
         self.changes = 0
+        self.reported: list[float] = []  # [step, tokens/s] of the last finding
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if m.changes != self.changes:
@@ -322,6 +427,12 @@ class Throughput(Monitor):
         if self.slow < self.cfg.patience:
             return None
         self.slow = 0
+        # Logged, never acted on: one line per slow stretch, another only after the cooldown or
+        # when the rate halves again (a loaded machine filled the journal with dozens a run)
+        quiet = m.step - self.reported[0] < self.cfg.cooldown if self.reported else False
+        if quiet and m.tokens_per_s >= 0.5 * self.reported[1]:
+            return None
+        self.reported = [m.step, m.tokens_per_s]
         median = self.window.median()
         return self.finding(
             m,
@@ -419,6 +530,9 @@ class UnexplainedLR(Monitor):
         return self.finding(m, evidence, summary, 1.0)
 
 
+RESUME_PROBE = 10  # steps after a resume before a shrunk micro-batch is probed at twice the size
+
+
 class OutOfMemory(Monitor):
     """Out-of-memory errors, reported by the trainer's retry path (error()), counted per step; and,
     after `probe_after` clean steps on a micro-batch below the configured one, a probe: try twice
@@ -447,6 +561,14 @@ class OutOfMemory(Monitor):
             rows=list(rows),
         )
 
+    def resumed(self) -> None:
+        """A resumed run is a new process: the fragmentation and the other tenants that made the
+        larger micro-batch fail may be gone, so probe it after RESUME_PROBE steps, with the back-off
+        reset (a run resumed after shrinking otherwise kept its smallest micro-batch to the end)."""
+        if self.cfg.probe_after:
+            self.probe_after = self.cfg.probe_after
+            self.clean = max(self.clean, self.probe_after - RESUME_PROBE)
+
     def observe(self, m: StepMetrics) -> Finding | None:
         if not self.probe_after or not self.configured or m.micro_batch_tokens >= self.configured:
             return None
@@ -471,6 +593,7 @@ MONITORS = {
     "spike": LossSpike,
     "grad": GradExplosion,
     "divergence": Divergence,
+    "above_start": AboveStart,
     "plateau": Plateau,
     "throughput": Throughput,
     "memory": MemoryPressure,

@@ -62,6 +62,13 @@ class Policy:
             "disk": lambda f, view: remedies.disk(f, view, cfg),
             "length": lambda f, view: remedies.length(f, view, cfg),
             "data": self._watched,
+            "baseline": lambda f, view: Remedy(
+                action="none",
+                reasoning="different batches give the same gradient norm although their updates were withheld, so "
+                "the level belongs to the weights, not to a batch, and withholding cannot change it (it holds the "
+                "model where the gradient is large); the loss is not rising: follow the new level, let the updates "
+                "through (clipped as ever)",
+            ),
         }
 
     # ------------------------------------------------------------------ decisions
@@ -92,6 +99,8 @@ class Policy:
 
     def _instability(self, f: Finding, view: Any) -> Remedy:
         ladder, cfg = self.ladder, self.cfg
+        if f.rule == "above_start":
+            return self._lr_too_high(f, view)
         ladder.recent = [s for s in ladder.recent if f.step - s < cfg.escalation_window] + [f.step]
         ladder.last_step = f.step
         ladder.rows = sorted(set(ladder.rows) | set(f.rows))
@@ -106,17 +115,15 @@ class Policy:
         if verdict and verdict[0] == "broken":
             return self._rollback(view, broken=verdict[1])
         if not climb:
-            return Remedy(
-                action="skip_step",
-                reasoning="the update was withheld before the optimizer step, so the weights are untouched",
-            )
+            return Remedy(action="skip_step", reasoning="")  # the orchestrator words it from what the gate did
         ladder.rung, ladder.recent = ladder.rung + 1, []
         if ladder.rung == 1 and view.lr_scale * cfg.lr_cut < cfg.min_lr_scale:
             ladder.rung = 2  # the LR is already at its floor
         if ladder.rung == 1:
             self.last_lr_change = f.step
             factor = cfg.divergence.lr_factor if f.rule == "divergence" else cfg.lr_cut
-            self.lr_debt *= factor
+            if f.rule != "divergence":  # a rising trend is the LR's doing: that cut is never given back
+                self.lr_debt *= factor
             return Remedy(
                 action="scale_lr",
                 params={"factor": factor},
@@ -126,6 +133,36 @@ class Policy:
                 else "the loss trends upward: a lower LR is the standard remedy for divergence",
             )
         return self._rollback(view)
+
+    def _lr_too_high(self, f: Finding, view: Any) -> Remedy:
+        """Training makes the model worse than where the phase started: the LR is too high. Cut
+        it decisively (x above_start.lr_factor, again while the loss does not fall), down to the
+        floor; the cut is never given back (lr_debt stays: restoring would return to the cause).
+        At the floor, the ladder's last rungs: a rollback, then a stop."""
+        self.ladder.last_step = f.step
+        self.last_lr_change = f.step
+        factor = self.cfg.above_start.lr_factor
+        floor = self.cfg.min_lr_scale / view.lr_scale
+        if floor >= 1:
+            return self._rollback(view)
+        factor = max(factor, floor)
+        why = (
+            f"the loss has been above the {f.evidence['start']:.3f} this phase started at for "
+            f"{f.evidence['patience']} steps: training makes the model worse than its untouched weights, which "
+            f"is what an LR far too high does; cut it x{factor:g} (again while the loss does not fall), never "
+            "to be given back"
+        )
+        sound = 0 <= view.last_good < f.evidence["since"]  # saved before the loss left its start
+        if sound and view.rollbacks < self.cfg.max_rollbacks:
+            self.ladder.rung, self.ladder.recent, self.ladder.rows = 0, [], []
+            return Remedy(
+                action="rollback",
+                params={"to": "last_good", "skip_rows": [], "lr_factor": factor},
+                reasoning=why + f"; the steps since step {view.last_good} (the last good checkpoint, saved before "
+                "the loss rose) trained at that LR and left the weights worse than they started: restore it and "
+                "train them again at the lower LR (the data was not at fault)",
+            )
+        return Remedy(action="scale_lr", params={"factor": factor}, reasoning=why)
 
     def _data(self, view: Any, probe: float) -> Remedy | None:
         """The model still scores held-out data as well as at the last good checkpoint, so the bad
@@ -159,7 +196,7 @@ class Policy:
             "score as outliers against held-out rows too; leave them out",
         )
 
-    def _rollback(self, view: Any, broken: float | None = None) -> Remedy:
+    def _rollback(self, view: Any, broken: float | None = None, cause: str = "") -> Remedy:
         """Rung 2 (or straight there when the probe found the weights broken): restore the last
         good checkpoint; rung 3, stop, when none is left or the rollbacks are used up."""
         ladder, cfg = self.ladder, self.cfg
@@ -192,7 +229,7 @@ class Policy:
             if again:
                 params["lr_factor"] = cfg.lr_cut
                 self.lr_debt *= cfg.lr_cut
-            why = self._broken(broken, again)
+            why = self._broken(broken, again, cause)
         else:
             why = (
                 "instability persists after skipping and an LR cut: restore the last good checkpoint (the LR "
@@ -200,9 +237,10 @@ class Policy:
             )
         return Remedy(action="rollback", params=params, reasoning=why, evidence=evidence)
 
-    def _broken(self, probe: float, again: bool) -> str:
-        """The reasoning of a rollback for broken weights."""
-        worse = (
+    def _broken(self, probe: float, again: bool, cause: str = "") -> str:
+        """The reasoning of a rollback for broken weights (`cause`: what found them, if not the
+        diagnosis after flagged steps)."""
+        worse = cause or (
             f"{probe:.4g} on held-out data against {self.probe_baseline:.4g} at the last good checkpoint, though "
             "the flagged steps' updates were withheld: an earlier update broke the weights"
             if math.isfinite(probe)
@@ -232,6 +270,42 @@ class Policy:
         if probe <= self.probe_baseline + max(0.1, 0.05 * self.probe_baseline):
             return "data", probe
         return ("broken", probe) if sudden else None
+
+    def verify_end(self, view: Any) -> tuple[Finding, Remedy] | None:
+        """Is the state a phase ends in sound? The held-out probe against the last good
+        checkpoint's: broken when it is not finite, when it is worse (as the diagnosis measures
+        worse) after instability since that checkpoint, or when it is worse by three times that
+        with no finding at all (wrecked weights whose loss never spiked). Broken: roll back like a
+        diagnosis of broken weights mid-run (the second time within the replay with an LR cut, at
+        max_rollbacks a stop). None when sound, or when nothing can be compared."""
+        if self.probe_baseline is None or (probe := view.probe_loss()) is None:
+            return None
+        margin = max(0.1, 0.05 * self.probe_baseline)
+        unsettled = self.ladder.last_step > view.last_good  # instability since the last good checkpoint
+        if math.isfinite(probe) and probe <= self.probe_baseline + (margin if unsettled else 3 * margin):
+            return None
+        f = Finding(
+            rule="end",
+            family="instability",
+            step=view.step,
+            evidence={
+                "probe": probe,
+                "baseline": self.probe_baseline,
+                "last_good": view.last_good,
+                "instability_since_last_good": unsettled,
+            },
+            summary=f"the phase ends at held-out loss {probe:.4g} against {self.probe_baseline:.4g} at the last "
+            f"good checkpoint (step {view.last_good})",
+            strength=1.0,
+        )
+        self.ladder.last_step = view.step
+        cause = (
+            f"{probe:.4g} on held-out data at the end of the phase against {self.probe_baseline:.4g} at the last "
+            f"good checkpoint (step {view.last_good}), "
+            + ("after instability since then" if unsettled else "with no finding: weights wrecked without a spike")
+            + ", not a state to save as final"
+        )
+        return f, self._rollback(view, broken=probe, cause=cause)
 
     def _plateau(self, f: Finding, view: Any) -> Remedy:
         cfg = self.cfg.plateau

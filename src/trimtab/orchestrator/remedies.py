@@ -11,10 +11,7 @@ from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding
-
-# Exit codes of a run the orchestrator gave up on (0: completed or stopped on request; 2: bad input)
-GAVE_UP = 3  # training could not be healed (every rung tried, out of memory at one row, ...)
-NO_CHECKPOINT = 4  # no checkpoint can be written: the work since the newest on disk is at risk
+from trimtab.training.state import GAVE_UP, NO_CHECKPOINT
 
 
 @dataclass(kw_only=True)

@@ -284,7 +284,7 @@ MOE_KNOBS = {
 }  # action -> the MoE layer's attribute (and config key)
 
 
-RULE_NAMES = ("nonfinite", *OrchestratorConfig.RULES)
+RULE_NAMES = ("nonfinite", "end", *OrchestratorConfig.RULES)  # end: the check of the state a phase ends in
 # The orchestrator's own commands (a person's, through `trimtab ctl`), beside the run's actions:
 # the orchestrator applies them itself, Control never sees them.
 COMMANDS: dict[str, Action] = {

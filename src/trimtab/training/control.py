@@ -101,13 +101,15 @@ class Control:
     def _rollback(self, to: str | int, skip_rows: list[int] | None = None, lr_factor: float | None = None) -> str:
         done = self._trainer.rollback(to)
         if skip_rows:
-            done += f"; {self._trainer.loader.skip_rows(skip_rows)} rows left out of training"
+            done += f"; {self._skip_data(skip_rows)}"
         if lr_factor:  # the knobs survive the restore: the cut holds for the replayed steps
             done += f"; {self._scale_lr(lr_factor)}"
         return done
 
     def _skip_data(self, rows: list[int]) -> str:
-        return f"{self._trainer.loader.skip_rows(rows)} rows left out of training"
+        added = self._trainer.loader.skip_rows(rows)
+        already = len(set(rows)) - added
+        return f"{added} rows left out of training" + (f" ({already} more already were)" if already else "")
 
     def _set_micro_batch_tokens(self, tokens: int) -> str:
         """Micro-batch budget; the step's rows (the optimization batch) stay the same."""

@@ -66,6 +66,11 @@ class Hook:
 
     def on_checkpoint(self, run: RunView, path: Path) -> None: ...
 
+    def on_phase_end(self, run: RunView) -> None:
+        """After a phase's last step (the run's last, for its final phase), before its evaluation
+        and checkpoint: a hook that finds the state broken requests a rollback through Control,
+        and the loop trains the rolled-back steps again, or a stop."""
+
     def healthy(self, run: RunView) -> bool:
         """Whether the checkpoint about to be written is a good rollback target."""
         return True

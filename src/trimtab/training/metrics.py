@@ -51,7 +51,7 @@ def step_metrics(trainer: Trainer, lr: float) -> dict[str, Any]:
 
 def run_summary(trainer: Trainer, step0: int, tokens0: int, train_seconds0: float, wall0: float) -> dict[str, Any]:
     """This session's figures: tokens/s over its steps, seconds including eval and saving."""
-    done = trainer.state.step >= trainer.total_steps
+    done = trainer.state.step >= trainer.total_steps and not trainer.exit_code  # a stop at the end that gave up
     tps = (trainer.state.tokens - tokens0) / max(trainer.state.train_seconds - train_seconds0, 1e-9)
     summary = {
         "status": "completed" if done else f"{'gave up' if trainer.exit_code else 'stopped'} ({trainer.stop_reason})",

@@ -10,6 +10,10 @@ import torch
 
 from trimtab.data import StepBatch
 
+# Exit codes of a run that gave up (0: completed or stopped on request; 2: bad input)
+GAVE_UP = 3  # training could not be healed (every rung tried, out of memory at one row, broken weights)
+NO_CHECKPOINT = 4  # no checkpoint can be written: the work since the newest on disk is at risk
+
 
 @dataclass(kw_only=True)
 class TrainState:

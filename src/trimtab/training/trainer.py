@@ -29,7 +29,7 @@ from trimtab.training.runtime import LogWindow, RouterStats, rng_state, set_rng_
 from trimtab.training.schedule import configured_lengths, phase_lr, reconcile
 from trimtab.training.setup import Run
 from trimtab.training.signals import handle_signals
-from trimtab.training.state import KEPT_ON_ROLLBACK, StepOutput, TrainState
+from trimtab.training.state import GAVE_UP, KEPT_ON_ROLLBACK, StepOutput, TrainState
 from trimtab.training.view import RunView
 
 log = logging.getLogger(__name__)
@@ -90,10 +90,13 @@ class Trainer:
                     break
                 self._after_step(out)  # bookkeeping and hooks: the orchestrator decides here
                 self.control.apply()  # interventions take effect at this one point
+                if self.state.step == out.step and self._phase_ends():
+                    self._call("on_phase_end")  # hooks check the state a phase ends in (a rollback trains on)
+                    self.control.apply()
                 if self.state.step == out.step:  # a rollback restores a step saved (and evaluated if due) before
                     self._maybe_eval()
                     self._maybe_checkpoint()
-            self.save()
+            self._final_save()
         summary = run_summary(self, *start)
         self._call("on_train_end", summary)
         self.dist.close()
@@ -291,17 +294,40 @@ class Trainer:
             count += micro.n_targets
         return self.dist.mean_over_ranks(total).item() / max(count, 1)  # one verdict if replicas diverged
 
+    def _phase_ends(self) -> bool:
+        phase = self.phases[self.state.phase]
+        return self.state.step == phase.start + phase.steps
+
     def _maybe_eval(self) -> None:
-        every, phase = self.cfg.train.eval_every, self.phases[self.state.phase]
-        if (every and self.state.step % every == 0) or self.state.step == phase.start + phase.steps:
+        every = self.cfg.train.eval_every
+        if (every and self.state.step % every == 0) or self._phase_ends():
             self.evaluate()
             self.control.apply()  # what hooks decided on it (early stopping) holds before the next step
 
     def _maybe_checkpoint(self) -> None:
         every = self.cfg.checkpoint.every
-        phase = self.phases[self.state.phase]
-        if (every and self.state.step % every == 0) or self.state.step == phase.start + phase.steps:
+        if (every and self.state.step % every == 0) or self._phase_ends():
             self.save()
+
+    def _final_save(self) -> None:
+        """The run's last checkpoint, as the state it ends in deserves. Weights that are not
+        finite are not saved, and the run is not "completed": it ends with exit code 3 and the
+        newest checkpoint on disk as its resume point. A run that gave up (exit code 3) on weights
+        a hook does not call healthy saves them for inspection in checkpoints/rolled_back/,
+        never as the resume point: re-running starts from the last good state."""
+        if not self.save() and not self.dist.all_finite(self.model.parameters()):
+            self.request_stop(
+                f"the weights are not finite at step {self.state.step}; re-running resumes from the newest "
+                f"checkpoint, step {self.last_saved}",
+                GAVE_UP,
+            )
+            return
+        if self.exit_code == GAVE_UP and self.last_saved == self.state.step and self.last_good < self.state.step:
+            self.dist.on_main(retire_after, self.cfg.run_dir, self.last_good, self.cfg.checkpoint.keep)
+            self.say(
+                f"step {self.state.step}: its weights are not a good state, kept in checkpoints/rolled_back/; "
+                f"re-running resumes from step {self.last_good}, the last good checkpoint"
+            )
 
     def request_stop(self, reason: str, exit_code: int = 0) -> None:
         """Stop after the current step, saving a checkpoint (signals and hooks use this); a
