@@ -2,6 +2,7 @@
 is written only by a real run)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -189,3 +190,16 @@ def test_healing_reports_real_and_skipped_scenarios_beside_the_injected_ones():
     assert "| disk_real | real: tmpfs | skipped (cannot mount a tmpfs: denied) | " in text
     assert "**1/2** (not met: lr_too_high)" in text  # the skipped scenario is named, not counted
     assert "- skipped: disk_real (cannot mount a tmpfs: denied)" in text
+
+
+def test_healing_skips_a_real_disk_scenario_where_no_tmpfs_can_be_mounted(tmp_path, monkeypatch):
+    healing = _healing()
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "mount").write_text("#!/bin/sh\necho 'mount: only root can use \"--types\" option' >&2\nexit 1\n")
+    (fake / "mount").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    with pytest.raises(healing.Unmountable, match="only root can use"):
+        with healing.small_disk(tmp_path / "fs", 2**20):
+            pass
+    assert not (tmp_path / "fs").exists()  # nothing left behind
