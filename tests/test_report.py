@@ -138,6 +138,8 @@ def test_a_healing_benchmark_renders_as_its_table_and_curves(dense, rolled, tmp_
             "weights_nan/auto": {"mode": "auto", "faults": ["weights_nan@7"], "outcome": "ok", "val_loss": 5.1,
                                  "decisions": [{"action": "rollback"}], "steps_redone": 3, "wall_s": 4.0,
                                  "run_dir": str(rolled)},
+            "lr_too_high/auto": {"mode": "auto", "faults": [], "kind": "real", "setup": "optim.lr=0.3 (100x)",
+                                 "outcome": "ok", "val_loss": 5.2, "decisions": [], "wall_s": 4.0},
         },
         "verdicts": ["1/1 scenarios healed"],
     }  # fmt: skip
@@ -145,6 +147,7 @@ def test_a_healing_benchmark_renders_as_its_table_and_curves(dense, rolled, tmp_
     page = write_report([tmp_path]).read_text()  # the directory holding healing.json
     assert (tmp_path / "report.html").is_file()
     assert "<td>weights_nan</td>" in page and "ruined (eval loss NaN)" in page and "1/1 scenarios healed" in page
+    assert "<td>optim.lr=0.3 (100x)</td>" in page  # a real scenario shows its setup where faults go
     assert 'id="fig-healing-0"' in page
 
 

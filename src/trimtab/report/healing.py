@@ -65,7 +65,7 @@ def table_rows(healing: Healing) -> list[list[str]]:
         rows.append(
             [
                 name,
-                ", ".join(auto.get("faults") or off.get("faults") or []) or "-",
+                _faults(off, auto),
                 _outcome(off),
                 _outcome(auto),
                 f"{_num(off.get('val_loss'))} / {_num(auto.get('val_loss'))}",
@@ -75,6 +75,11 @@ def table_rows(healing: Healing) -> list[list[str]]:
             ]
         )
     return rows
+
+
+def _faults(off: dict[str, Any], auto: dict[str, Any]) -> str:
+    """The injected faults, or a real scenario's setup (a tmpfs, a config)."""
+    return ", ".join(auto.get("faults") or off.get("faults") or []) or auto.get("setup") or off.get("setup") or "-"
 
 
 HEADER = ["scenario", "faults", "off", "auto", "eval loss off / auto", "decisions (auto)", "steps redone", "wall"]
