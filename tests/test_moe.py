@@ -259,6 +259,18 @@ def test_update_bias_moves_toward_underloaded_experts():
     torch.testing.assert_close(m.load, load)
 
 
+def test_a_withheld_step_withholds_the_bias_update_too():
+    # The update gate skips a bad step's optimizer update; its routing must not move the bias either
+    # (it did: a stretch of bad batches steered the aux-loss-free bias while their updates were withheld).
+    m = make(top_k=1, bias_update_rate=0.01, capacity_factor=0.0)
+    m(_all_to(m, [0]))
+    m.update_bias(torch.tensor(True))
+    assert (m.expert_bias == 0).all() and (m.load == 0).all()  # the bad step's load is dropped, not carried
+    m(_all_to(m, [0]))
+    m.update_bias(torch.tensor(False))
+    assert m.expert_bias[0] < 0
+
+
 def test_update_bias_noop_at_rate_zero_and_checkpoint_counts_once():
     m = make(bias_update_rate=0.0)
     m(torch.randn(2, 8, D))

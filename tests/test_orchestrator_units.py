@@ -16,6 +16,7 @@ from trimtab.orchestrator import ctl
 from trimtab.orchestrator.core import Orchestrator
 from trimtab.orchestrator.faults import Fault, parse_fault, parse_faults
 from trimtab.orchestrator.journal import Decision, Journal, describe, read_decisions
+from trimtab.orchestrator.moe_health import MoEHealth
 from trimtab.orchestrator.monitors import (
     RESUME_PROBE,
     AboveStart,
@@ -200,6 +201,18 @@ def test_a_resumed_run_probes_its_shrunk_micro_batch_soon_with_the_back_off_rese
     found = [m.observe(metrics(100 + i, micro_batch_tokens=256)) for i in range(RESUME_PROBE)]
     assert found[:-1] == [None] * (RESUME_PROBE - 1) and found[-1].evidence["target"] == 512
     assert m.probe_after == 2 * cfg.oom.probe_after  # the back-off starts over from the config's
+
+
+def test_moe_health_leaves_out_a_withheld_steps_routing():
+    cfg = OrchestratorConfig()
+    cfg.moe.window = 2
+    m = MoEHealth(cfg)
+    collapsed = [(1, [1.0, 0.0, 0.0, 0.0], 0.0, 1)]  # a bad batch's tokens all on expert 0
+    for step in (1, 2, 3):
+        assert m.observe(replace(metrics(step), moe=collapsed, skipped=True)) is None
+    assert m.loads == {}
+    assert m.observe(replace(metrics(4), moe=collapsed)) is None  # the window fills from kept steps only
+    assert m.observe(replace(metrics(5), moe=collapsed)).evidence["kind"] == "collapse"
 
 
 def test_throughput_findings_on_a_loaded_machine_are_rate_limited():

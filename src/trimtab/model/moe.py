@@ -324,15 +324,20 @@ class MoE(nn.Module):
         }
 
     @torch.no_grad()
-    def update_bias(self) -> None:
+    def update_bias(self, skip: Tensor | None = None) -> None:
         """Auxiliary-loss-free balancing (Wang et al. 2024; DeepSeek-V3): bias_e += rate *
         sign(mean load - load_e), centred (as torchtitan), over the load accumulated by
         training forwards since the last call; then the load restarts. Call once per optimizer
-        step; with data parallelism all-reduce `load` first. No-op when bias_update_rate is 0."""
+        step; with data parallelism all-reduce `load` first. No-op when bias_update_rate is 0.
+        `skip` (0-d bool, on device): the step's update was withheld, and so is this one: a bad
+        batch's routing must not steer the bias any more than its gradient steers the weights."""
         if self.bias_update_rate <= 0:
             return
         delta = self.bias_update_rate * torch.sign(self.load.mean() - self.load)
-        self.expert_bias += delta - delta.mean()
+        delta = delta - delta.mean()
+        if skip is not None:
+            delta = torch.where(skip, torch.zeros_like(delta), delta)  # no host sync
+        self.expert_bias += delta
         self.load.zero_()
 
     # ---- surgery: parameters are replaced (rebuild or remap the optimizer afterwards) --------

@@ -36,6 +36,8 @@ class MoEHealth(Monitor):
         self.history: dict[str, list[list[float]]] = {}  # layer -> [max load, dropped] of recent windows
 
     def observe(self, m: StepMetrics) -> Finding | None:
+        if m.skipped:  # a withheld step's routing is a bad batch's: it says nothing of the router's health
+            return None
         findings = []
         for layer, share, dropped, top_k in m.moe or ():
             key = str(layer)

@@ -121,7 +121,7 @@ class Trainer:
         overflow = self._update(skip)
         self.optimizer.zero_grad(set_to_none=True)
         for _, layer in self.model.moe_layers():
-            layer.update_bias()  # aux-loss-free balancing: once per optimizer step
+            layer.update_bias(skip)  # aux-loss-free balancing: once per optimizer step, withheld with it
         return StepOutput(
             step=self.state.step + 1,
             loss=loss,
