@@ -322,7 +322,7 @@ class Trainer:
                 GAVE_UP,
             )
             return
-        if self.exit_code == GAVE_UP and self.last_saved == self.state.step and self.last_good < self.state.step:
+        if self.exit_code == GAVE_UP and self.last_saved == self.state.step and 0 <= self.last_good < self.state.step:
             self.dist.on_main(retire_after, self.cfg.run_dir, self.last_good, self.cfg.checkpoint.keep)
             self.say(
                 f"step {self.state.step}: its weights are not a good state, kept in checkpoints/rolled_back/; "
