@@ -45,3 +45,18 @@ def write_run(path, model, tok, step=0):
     state = {"moe": model.moe_state(), "mod": model.mod_state(), "tokens": 0}
     save_checkpoint(path, step, model.state_dict(), {}, state, keep=1)
     return path
+
+
+def llama_style_tokenizer():
+    """A 300-token byte-level BPE as transformers' fast tokenizer: <s> / </s>, no pad token."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator([f"def f{i}(x):\n    return x * {i}\n" for i in range(200)], trainer)
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")

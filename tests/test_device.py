@@ -145,11 +145,8 @@ def test_a_real_measurement_lands_in_trimtab_cache(monkeypatch, tmp_path):
     assert hw.cpu_peak_key("fp32") in json.loads((tmp_path / "cpu_peak.json").read_text())
 
 
-def test_the_trainer_measures_mfu_against_the_cached_peak(timer, tmp_path, one_thread):
-    """No measurement at start: the cached value is the reference in metrics.jsonl and the summary."""
-    peak = 1e15  # no run beats it
-    entry = {"flops": peak, "measured": "2026-01-01", "reps": 10, "threads": 1, "precision": "fp32"}
-    hw.cpu_peak_path().write_text(json.dumps({hw.cpu_peak_key("fp32"): entry}))
+def four_fp32_steps(tmp_path):
+    """A 4-step fp32 debug run: (its trainer, its summary, its metrics.jsonl lines)."""
     sections = {
         "out": str(tmp_path / "run"),
         "train": {"max_steps": 4, "log_every": 2, "eval_every": 0, "precision": "fp32"},
@@ -158,9 +155,18 @@ def test_the_trainer_measures_mfu_against_the_cached_peak(timer, tmp_path, one_t
     }
     trainer = Trainer(setup(load_config(preset="debug", overrides=sections)))
     summary = trainer.fit()
+    lines = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    return trainer, summary, lines
+
+
+def test_the_trainer_measures_mfu_against_the_cached_peak(timer, tmp_path, one_thread):
+    """No measurement at start: the cached value is the reference in metrics.jsonl and the summary."""
+    peak = 1e15  # no run beats it
+    entry = {"flops": peak, "measured": "2026-01-01", "reps": 10, "threads": 1, "precision": "fp32"}
+    hw.cpu_peak_path().write_text(json.dumps({hw.cpu_peak_key("fp32"): entry}))
+    trainer, summary, lines = four_fp32_steps(tmp_path)
     assert timer.calls == 0
     fpt = trainer.flops_per_token
-    lines = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     logged = [m for m in lines if "tokens_per_s" in m]
     assert len(logged) == 2 and all(m["mfu"] == pytest.approx(m["tokens_per_s"] * fpt / peak) for m in logged)
     assert summary["mfu"] == pytest.approx(summary["tokens_per_s"] * fpt / peak)
@@ -236,15 +242,7 @@ def test_a_run_faster_than_the_cached_peak_raises_it(timer, monkeypatch):
 
 def test_mfu_never_exceeds_one_and_the_run_raises_a_low_cached_peak(timer, tmp_path, one_thread):
     write_peak(1.0, rechecked=True)  # 1 FLOP/s: every step beats it
-    sections = {
-        "out": str(tmp_path / "run"),
-        "train": {"max_steps": 4, "log_every": 2, "eval_every": 0, "precision": "fp32"},
-        "data": {"max_bytes": 150_000},
-        "log": {"progress": False, "tensorboard": False},
-    }
-    trainer = Trainer(setup(load_config(preset="debug", overrides=sections)))
-    summary = trainer.fit()
-    lines = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    trainer, summary, lines = four_fp32_steps(tmp_path)
     mfus = [m["mfu"] for m in lines if "mfu" in m] + [summary["mfu"]]
     assert len(mfus) == 3 and all(0 < m <= 1 for m in mfus) and mfus[0] == 1.0
     assert cached_peak()["flops"] == trainer.peak_flops > 1.0 and cached_peak()["source"] == "run"

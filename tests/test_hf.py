@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from hf_helpers import TOL, greedy_same, hf_load, max_diff, write_run
+from hf_helpers import TOL, greedy_same, hf_load, llama_style_tokenizer, max_diff, write_run
 from trimtab import api
 from trimtab.cli import main
 from trimtab.config import load_config
@@ -163,16 +163,7 @@ ARCHS = {
 @pytest.fixture(scope="module")
 def hf_tokenizer(tmp_path_factory, tokenizer):
     """A Llama-style tokenizer saved by transformers: <s> / </s>, no pad token, no trimtab specials."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator([f"def f{i}(x):\n    return x * {i}\n" for i in range(200)], trainer)
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    fast = llama_style_tokenizer()
     path = tmp_path_factory.mktemp("hf-tok")
     fast.save_pretrained(path)
     return path

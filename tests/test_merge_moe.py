@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from hf_helpers import llama_style_tokenizer
 from trimtab import api
 from trimtab.errors import ConfigError
 from trimtab.hf.tensors import from_hf
@@ -29,17 +30,8 @@ MOE = "model.layers.{i}.block_sparse_moe.experts.{e}.{w}.weight"
 def mixtrals(tmp_path_factory):
     """base and three models a, b, c around it, with larger changes in later experts (so a fused
     tensor's angle is not each expert's), saved with a tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     root = tmp_path_factory.mktemp("mixtrals")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator([f"def f{i}(x):\n    return x * {i}\n" for i in range(200)], trainer)
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    fast = llama_style_tokenizer()
     config = transformers.MixtralConfig(
         vocab_size=320,
         hidden_size=16,
