@@ -307,7 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="write a run as a Hugging Face model directory (transformers loads it)")
     p.add_argument("run_dir")
-    p.add_argument("--out", required=True, help="directory to write (replaced if it holds an earlier export)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="directory to write: new or empty, or an earlier trimtab export (only the files it wrote are replaced)",
+    )
     p.add_argument("--step", type=int, help="the checkpoint to export (default: the newest valid one)")
     p.add_argument(
         "--dtype",
