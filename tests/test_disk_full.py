@@ -91,3 +91,29 @@ def test_a_disk_too_small_for_any_new_checkpoint_stops_with_exit_4_and_resumes_o
     again = train(run, 30)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming from" in again.stderr and latest_valid(run)[0].name == "step_000030"
+
+
+def test_metrics_lines_a_full_disk_cut_short_are_written_once_each_when_space_returns(small_fs):
+    # tmpfs allocates whole pages. Lines of 3 KB on a full disk: an append fails part-way; after
+    # one page is freed the held line fits and the next does not, so the failed append left a
+    # whole line on disk that is still waiting to be written: it must not be written twice.
+    from trimtab.training.hooks import JsonlLogger
+
+    fs = small_fs(1)
+    logger = JsonlLogger(fs)
+    line = {"loss": 1.0, "note": "x" * 3000}
+    (fs / "page").write_bytes(b"x" * 4096)
+    with pytest.raises(OSError), open(fs / "filler", "wb", buffering=0) as fh:
+        while True:
+            fh.write(b"x" * 4096)
+    step = 1
+    while not logger.unwritten:  # until an append no longer fits
+        logger._write({"step": step, **line})
+        step += 1
+    (fs / "page").unlink()  # a page comes free: the held line fits, the next one does not
+    logger._write({"step": step, **line})
+    assert len(logger.unwritten) == 2
+    (fs / "filler").unlink()
+    logger._write({"step": step + 1, **line})
+    steps = [json.loads(text)["step"] for text in (fs / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, step + 2)) and not logger.unwritten

@@ -8,6 +8,7 @@ it is checkpointed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -111,25 +112,19 @@ class JsonlLogger(Hook):
         """Append a line. A full disk must not end the run (its checkpoints matter more, and the
         orchestrator frees space for them): the line waits and goes out with the next write."""
         self.unwritten.append(json.dumps(metrics) + "\n")
+        start = None
         try:
             with open(self.path, "a") as fh:
+                start = fh.tell()
                 fh.write("".join(self.unwritten))
         except OSError as exc:
             if len(self.unwritten) == 1:
                 log.warning("metrics.jsonl: %s; its lines are kept in memory until a write succeeds", exc)
-            self._truncate_partial()
+            if start is not None:  # what part of them reached the file goes: they are all written again
+                with contextlib.suppress(OSError):
+                    os.truncate(self.path, start)
             return
         self.unwritten = []
-
-    def _truncate_partial(self) -> None:
-        """Cut a half-written line off the end, so every line in the file stays whole."""
-        try:
-            text = self.path.read_bytes()
-            cut = text.rfind(b"\n") + 1
-            if cut < len(text):
-                os.truncate(self.path, cut)
-        except OSError:
-            pass
 
     def _rewrite(self, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> None:
         """Each line through `change` (None drops it), atomically: a reader sees the old file or
