@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from trimtab.errors import ConfigError
-from trimtab.paths import cache_dir
+from trimtab.paths import cache_dir, write_atomic
 
 log = logging.getLogger(__name__)
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -338,11 +338,9 @@ def read_cache(path: Path) -> dict[str, Any]:
 def write_cache(path: Path, data: dict[str, Any]) -> None:
     """Replace `path` atomically (a reader sees the old file or the new one); a read-only cache
     costs a re-measurement next time, not the run."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(data, indent=1))
     except OSError as exc:
         log.warning("could not write the cache %s: %s", path, exc)
 

@@ -356,8 +356,10 @@ class AboveStart(Monitor):
         if not self.over:
             self.since = m.step  # the stretch's first step above the line: the weights before it were sound
         self.over.append(m.loss)
-        level = sum(self.over[-self.cfg.patience :]) / min(len(self.over), self.cfg.patience)
-        if len(self.over) < self.cfg.patience or (self.reported is not None and level < 0.98 * self.reported):
+        if len(self.over) < self.cfg.patience:
+            return None
+        level = sum(self.over[-self.cfg.patience :]) / self.cfg.patience
+        if self.reported is not None and level < 0.98 * self.reported:
             return None
         self.over, self.reported = [], level
         return self.finding(
