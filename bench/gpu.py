@@ -5,6 +5,7 @@ the same model, eager and torch.compile'd.
                         [--set model.n_layers=4 ...]   # e.g. moe-7b-shaped layers that fit one GPU
     python bench/gpu.py --moe-impl padded ...           # MoE layers' expert layout (default auto)
     python bench/gpu.py --load a.json b.json ...        # report saved repetitions (--save), run nothing
+    python bench/gpu.py --profile prof.txt ...          # where trimtab's step goes: prof.txt, prof.json
     python bench/gpu.py --dry-run                       # on a CPU: debug preset, 1 step, no report
 
 Variants, each in its own subprocess (so peak memory is its own), run interleaved `--reps` times:
@@ -22,6 +23,16 @@ around the step: the parallel layer, the hooks and the orchestrator.
 MFU = tokens/s x Transformer.flops_per_token(seq_len) / the GPU's dense bf16 peak
 (hardware.GPUS; 989 TFLOP/s for an H100 SXM). Time is wall time between step ends after a CUDA
 synchronize (the trainer's loss read syncs every step). Results go to BENCHMARKS.md.
+
+--profile PATH times nothing: one trimtab process runs its `--steps` steps after the warm-up
+under torch.profiler (CPU and CUDA activity; the CPU's alone on a CPU, with --dry-run the
+debug-moe preset) and writes PATH, key_averages' table of the top 40 ops by CUDA time (self CPU
+time on a CPU), and PATH with suffix .json: the top ops by self device time (each one's ms per
+step, calls per step and share of all kernel time), the top kernels, and the named ranges (the
+MoE layers' "moe.route", "moe.sort", "moe.permute", "moe.experts", "moe.unpermute",
+"moe.combine", "moe.stats", forward only: their backward kernels count under the ops' names;
+the fused loss, "LinearCrossEntropy", its gradients included; "Optimizer.step#...") with their
+total device time per step.
 """
 
 from __future__ import annotations
@@ -70,16 +81,22 @@ def run_trimtab(args: argparse.Namespace, compile_: bool) -> dict:
     from trimtab.training.trainer import Trainer
 
     class Clock(Hook):
-        def __init__(self):
+        def __init__(self, prof=None):
             self.marks: list[tuple[float, int]] = []
+            self.prof = prof  # a torch.profiler.profile over the timed steps (--profile)
 
         def on_step_end(self, run, out):
             _sync()
             self.marks.append((time.perf_counter(), run.tokens))
+            if self.prof is not None and len(self.marks) == args.warmup:
+                self.prof.start()
+            elif self.prof is not None and len(self.marks) == args.warmup + args.steps:
+                self.prof.stop()  # before the end-of-run checkpoint
 
+    prof = _profiler(torch) if args.profile else None
     with tempfile.TemporaryDirectory() as out:
         cfg = _config(args, out, compile_)
-        clock = Clock()
+        clock = Clock(prof)
         trainer = Trainer(setup(cfg), hooks=[clock])
         _set_moe_impl(trainer.model, args.moe_impl)
         start = time.perf_counter()
@@ -88,7 +105,58 @@ def run_trimtab(args: argparse.Namespace, compile_: bool) -> dict:
     timed = clock.marks[args.warmup - 1 :]
     (t0, n0), (t1, n1) = timed[0], timed[-1]
     result = _result(torch, (n1 - n0) / (t1 - t0), t0 - start, flops, [b[0] - a[0] for a, b in zip(timed, timed[1:])])
+    if prof is not None:
+        _write_profile(prof, Path(args.profile), args.steps, torch.cuda.is_available())
     return result | {"cold_start_s": summary["compile"]["cold_start_s"]}
+
+
+def _profiler(torch):
+    from torch.profiler import ProfilerActivity, profile
+
+    # CPU activity on CUDA too: without it the table has kernels only, no aten ops or named ranges
+    cuda = [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
+    return profile(activities=[ProfilerActivity.CPU, *cuda])
+
+
+def _write_profile(prof, path: Path, steps: int, cuda: bool) -> None:
+    """PATH: key_averages' table; PATH.json: the top ops, kernels and named ranges (docstring).
+    The table first: it is the more robust of the two across torch versions."""
+    from torch.autograd import DeviceType
+
+    events = prof.key_averages()
+    sort = "cuda_time_total" if cuda else "self_cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(events.table(sort_by=sort, row_limit=40, max_name_column_width=80) + "\n")
+
+    def self_us(e) -> float:  # the device's time on CUDA, the CPU's on a CPU
+        return e.self_device_time_total if cuda else e.self_cpu_time_total
+
+    def total_us(e) -> float:
+        return e.device_time_total if cuda else e.cpu_time_total
+
+    def annotation(e) -> bool:
+        return bool(getattr(e, "is_user_annotation", False))
+
+    on_device = [e for e in events if e.device_type != DeviceType.CPU and not annotation(e)]
+    # as the table's "Self CUDA time total": the kernels', memcpys' and memsets' own time
+    total = sum(e.self_device_time_total for e in on_device) if cuda else sum(e.self_cpu_time_total for e in events)
+    per_step = max(steps, 1)
+
+    def row(e, time_us: float) -> dict:
+        ms, calls = time_us / 1000 / per_step, e.count / per_step
+        return {"name": e.key, "ms_per_step": ms, "calls_per_step": calls, "share": time_us / total if total else 0.0}
+
+    host = [e for e in events if e.device_type == DeviceType.CPU]
+    ranges = [e for e in host if e.key.startswith(("moe.", "LinearCrossEntropy", "Optimizer."))]
+    summary = {
+        "time": "CUDA" if cuda else "CPU",
+        "steps": steps,
+        "total_ms_per_step": total / 1000 / per_step,
+        "ops": [row(e, self_us(e)) for e in sorted(host, key=self_us, reverse=True)[:30]],
+        "kernels": [row(e, e.self_device_time_total) for e in sorted(on_device, key=self_us, reverse=True)[:20]],
+        "ranges": [row(e, total_us(e)) for e in sorted(ranges, key=total_us, reverse=True)],
+    }
+    path.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
 
 
 def run_plain(args: argparse.Namespace) -> dict:
@@ -172,6 +240,8 @@ def child(args: argparse.Namespace) -> None:
 
 
 def parent(args: argparse.Namespace) -> None:
+    if args.profile:
+        return profile_trimtab(args)
     if args.load:
         runs = _loaded(args.load)
     else:
@@ -193,20 +263,37 @@ def _loaded(paths: list[str]) -> dict[str, list[dict]]:
     return runs
 
 
-def _run_all(args: argparse.Namespace) -> dict[str, list[dict]]:
-    variants = args.variants.split(",")
-    runs: dict[str, list[dict]] = {v: [] for v in variants}
+def profile_trimtab(args: argparse.Namespace) -> None:
+    """--profile: one trimtab process, its timed steps under torch.profiler; prints the top ops."""
+    path = Path(args.profile).resolve()
+    result = _run_child(args, "trimtab", [f"--profile={path}"])
+    print(f"trimtab under the profiler: {result['tokens_per_s']:,.0f} tokens/s (slowed by it); {path}")
+    summary = json.loads(path.with_suffix(".json").read_text())
+    print(f"{summary['time']} time per step: {summary['total_ms_per_step']:.1f} ms; top ops by self time:")
+    for op in summary["ops"][:15] + summary["ranges"]:
+        ms, calls = op["ms_per_step"], op["calls_per_step"]
+        print(f"  {op['name'][:60]:60s} {ms:9.2f} ms {calls:7.1f} calls {op['share']:6.1%}")
+
+
+def _run_child(args: argparse.Namespace, variant: str, extra: list[str] = ()) -> dict:
+    """Run `variant` in a fresh process with args' settings; its RESULT (exits if it failed)."""
     passthrough = [f"--set={s}" for s in args.set] + (["--dry-run"] if args.dry_run else [])
     for name in ("preset", "steps", "warmup", "batch_tokens", "micro_batch_tokens", "data_bytes", "moe_impl"):
         passthrough.append(f"--{name.replace('_', '-')}={getattr(args, name)}")
+    cmd = [sys.executable, __file__, "--child", variant, *passthrough, *extra]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        sys.exit(f"{variant} failed:\n{out.stderr[-4000:]}")
+    return json.loads(line[7:])
+
+
+def _run_all(args: argparse.Namespace) -> dict[str, list[dict]]:
+    variants = args.variants.split(",")
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
     for rep in range(args.reps):
         for variant in variants:
-            cmd = [sys.executable, __file__, "--child", variant, *passthrough]
-            out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-            line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-            if line is None:
-                sys.exit(f"{variant} failed:\n{out.stderr[-4000:]}")
-            result = json.loads(line[7:])
+            result = _run_child(args, variant)
             runs[variant].append(result)
             mfu = f"MFU {result['mfu']:.1%}" if result["mfu"] else ""
             print(f"rep {rep} {variant:16s} {result['tokens_per_s']:10,.0f} tok/s {mfu}", flush=True)
@@ -272,11 +359,12 @@ if __name__ == "__main__":
     parser.add_argument("--moe-impl", default="auto", choices=("auto", "grouped", "padded"), help="MoE expert layout")
     parser.add_argument("--load", nargs="+", help="report these --save files' repetitions instead of running")
     parser.add_argument("--save", help="also write the repetitions' results to this JSON file")
+    parser.add_argument("--profile", metavar="PATH", help="profile trimtab's timed steps to PATH and PATH.json")
     parser.add_argument("--dry-run", action="store_true", help="CPU, debug preset, 1 step: checks it runs")
     parser.add_argument("--child", dest="variant", help=argparse.SUPPRESS)
     ns = parser.parse_args()
     if ns.dry_run and ns.variant is None and not ns.load:  # with --load: report, write nothing
-        ns.preset, ns.steps, ns.warmup, ns.reps = "debug", 1, 1, 1
+        ns.preset, ns.steps, ns.warmup, ns.reps = "debug-moe" if ns.profile else "debug", 1, 1, 1
         ns.batch_tokens, ns.micro_batch_tokens, ns.data_bytes = 512, 256, 2_000_000
         ns.variants = "trimtab,plain"
     child(ns) if ns.variant else parent(ns)

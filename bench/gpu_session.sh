@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
-# One lent GPU's checks and benchmarks in priority order, inside a time budget (a device call
-# runs at most 10 minutes): the CUDA tests, the fused loss by chunk size, moe-7b-shaped layers,
-# dense-1b eager, then dense-1b compiled. Run from the repository root on the GPU machine:
+# One lent GPU's checks and benchmarks in priority order, inside a time budget (a lent machine's
+# start takes minutes of a 15-minute allowance): the CUDA tests, dense-1b trimtab vs the plain
+# loop, a profile of the moe-7b-shaped step, then moe-7b-shaped trimtab vs plain. Run from the
+# repository root on the GPU machine:
 #
-#     OUT=/some/dir bash bench/gpu_session.sh [budget_s]     # default 540
+#     OUT=/some/dir bash bench/gpu_session.sh [budget_s]     # default 420
 #
-# Each stage runs under `timeout` with what is left of the budget, its output in $OUT/<stage>.log
-# (at most 8 files come back from a device call: the logs and gpu.py's --save files). The
-# tables are written to BENCHMARKS.md afterwards, where the repository is, from the saved
-# repetitions: python bench/gpu.py --load $OUT/dense.json $OUT/dense_compile.json ...
+# Each stage runs under `timeout` with the lesser of its limit and what is left of the budget, its
+# output in $OUT/<stage>.log; at most 8 files come back from a device call, and this writes 8:
+# tests.log (the machine's GPU and torch first) dense.log dense.json profile.log profile.txt
+# profile.json moe.log moe.json.
+# The tables are written to BENCHMARKS.md afterwards, where the repository is, from the saved
+# repetitions, e.g. python bench/gpu.py --preset dense-1b --steps 6 --load $OUT/dense.json
 #
-# The machine's image has torch but not plotly (the run report): carry its wheel, e.g.
-#     pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl plotly==7.1.0
-# with .whl/ git-ignored, and name .whl in the device call's carry list.
+# The machine's image has torch but not plotly (the run report) nor narwhals (plotly imports it):
+# carry their wheels, with .whl/ git-ignored, and name .whl in the device call's carry list:
+#     pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl plotly==7.1.0 narwhals==2.29.0
 set -u
-BUDGET=${1:-540}
+BUDGET=${1:-420}
 OUT=${OUT:-/tmp/trimtab-gpu}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRIMTAB_CACHE=/tmp/trimtab-cache
-# Python packages the machine's image lacks, carried as wheels (.whl/, git-ignored)
+# Python packages the machine's image lacks, carried as wheels (.whl/, git-ignored): pure-Python
+# wheels are zip files, unpacked as they are (no pip needed)
 if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl &&
+    for wheel in .whl/*.whl; do python3 -m zipfile -e "$wheel" /tmp/site; done &&
         export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 
@@ -46,17 +50,18 @@ GPU="python3 bench/gpu.py --steps 6 --warmup 3"
 MOE="--preset moe-7b --set model.n_layers=2"
 # Seen on an H200 (2026-11-25): the tests take ~60 s (the compile test 38 of them); a dense-1b
 # process ~75 s (its end-of-run checkpoint of 1.1B parameters and their AdamW state included),
-# the compiled one ~130 s; a moe-7b-shaped process ~50 s, ~60 s with padded experts.
+# the compiled one ~130 s; a moe-7b-shaped process ~50 s, ~60 s with padded experts. So ~10 +
+# 60 + 150 + 50 + 100 = 370 s of 420; the last stage, moe, saves after each variant.
+# The GPU, torch and the imports go to tests.log too: one file fewer to bring back.
 
-stage env 60 bash -c 'nvidia-smi; python3 -c "
+stage tests 30 bash -c 'nvidia-smi; python3 -c "
 import torch, torch.nn.functional as F
 print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), torch.cuda.get_device_capability())
 print(\"F.grouped_mm:\", hasattr(F, \"grouped_mm\"), \"torch._grouped_mm:\", hasattr(torch, \"_grouped_mm\"))
-import trimtab, plotly; print(\"trimtab imports\")"'
-stage tests 150 python3 -m pytest -m gpu tests/test_gpu.py -p no:cacheprovider -q -rA
-stage loss 90 bash -c "python3 bench/loss.py --chunks 1024 4096 5120 8192 --reps 25 &&
-    python3 bench/loss.py --vocab 32000 --chunks 1024 8192 --reps 25"
-stage moe 150 $GPU $MOE --variants trimtab,plain --reps 1 --save "$OUT/moe.json"
-stage dense 240 $GPU --preset dense-1b --variants trimtab,plain --reps 2 --save "$OUT/dense.json"
-stage dense 160 $GPU --preset dense-1b --variants trimtab-compile --reps 1 --save "$OUT/dense_compile.json"
+import trimtab, plotly.graph_objects; print(\"trimtab and plotly import\")"'
+stage tests 90 python3 -m pytest -m gpu tests/test_gpu.py -p no:cacheprovider -q -rA
+stage dense 170 $GPU --preset dense-1b --variants trimtab,plain --reps 1 --save "$OUT/dense.json"
+# trimtab's 3 steps after the warm-up under torch.profiler: profile.txt (the table), profile.json
+stage profile 80 python3 bench/gpu.py --steps 3 --warmup 3 $MOE --profile "$OUT/profile.txt"
+stage moe 120 $GPU $MOE --variants trimtab,plain --reps 1 --save "$OUT/moe.json"
 echo "=== done at ${SECONDS}s"

@@ -96,6 +96,25 @@ def test_gpu_reports_saved_repetitions_without_running(tmp_path):
     assert "- trimtab-compile / trimtab: **1.200x**" in run.stdout and "2026-11-25, NVIDIA H200" in run.stdout
 
 
+def test_gpu_profile_dry_run_writes_the_table_and_the_top_ops(tmp_path):
+    """--profile: trimtab's timed step under torch.profiler (CPU here, debug-moe), its table and
+    JSON, with the MoE layers' named ranges, the fused loss and the optimizer step."""
+    args = ["--dry-run", "--profile", "prof.txt"]
+    run = subprocess.run([sys.executable, str(BENCH / "gpu.py"), *args], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "trimtab under the profiler: " in run.stdout and "moe.experts" in run.stdout
+    assert "Self CPU time total" in (tmp_path / "prof.txt").read_text()
+    summary = json.loads((tmp_path / "prof.json").read_text())
+    assert summary["time"] == "CPU" and summary["steps"] == 1 and summary["total_ms_per_step"] > 0
+    assert len(summary["ops"]) == 30 and all(op["name"].startswith("aten::") for op in summary["ops"][:3])
+    assert all(op["ms_per_step"] >= 0 and op["calls_per_step"] > 0 for op in summary["ops"])
+    assert 0.5 < sum(op["share"] for op in summary["ops"]) <= 1.0 + 1e-9  # the top 30 of all self time
+    ranges = {r["name"] for r in summary["ranges"]}
+    for name in ("moe.route", "moe.sort", "moe.permute", "moe.experts", "moe.unpermute", "moe.combine"):
+        assert name in ranges, name
+    assert "LinearCrossEntropy" in ranges and any(r.startswith("Optimizer.step#") for r in ranges)
+
+
 def test_loss_dry_run_checks_every_chunk_size_against_the_plain_loss():
     out = dry_run("loss")
     assert "## Fused cross-entropy (bench/loss.py)" in out

@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.profiler import record_function
 
 from trimtab.config.sparse import MoEConfig
 from trimtab.model.layers import compute_dtype
@@ -94,6 +96,15 @@ def _grouped_mm_runs_on(x: Tensor, dtype: torch.dtype) -> bool:
     if x.device.type == "cpu":
         return True
     return x.device.type == "cuda" and dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (8, 0)
+
+
+def _label(name: str) -> AbstractContextManager:
+    """A named torch.profiler range over a part of forward ("moe.route", ...; bench/gpu.py
+    --profile), only while a profiler runs: nothing otherwise (record_function costs a few
+    microseconds even then) and nothing under torch.compile (which ignores it, with a warning)."""
+    if not torch.compiler.is_compiling() and torch.autograd._profiler_enabled():
+        return record_function(name)
+    return nullcontext()
 
 
 def _in_recompute() -> bool:
@@ -227,24 +238,29 @@ class MoE(nn.Module):
         B, T, D = x.shape
         xf = x.reshape(B * T, D)  # [N, D]
         N, k = xf.shape[0], self.top_k
-        r = self.route(xf)
+        with _label("moe.route"):
+            r = self.route(xf)
         A = N * k
-        flat_e = r.experts.flatten()  # [A], assignment a = token a // k, choice a % k
-        order = flat_e.argsort(stable=True)  # grouped by expert, token order within each
-        counts = r.counts.long()
-        sorted_e = flat_e[order]
-        rank = torch.arange(A, device=x.device) - (counts.cumsum(0) - counts)[sorted_e]
+        with _label("moe.sort"):
+            flat_e = r.experts.flatten()  # [A], assignment a = token a // k, choice a % k
+            order = flat_e.argsort(stable=True)  # grouped by expert, token order within each
+            counts = r.counts.long()
+            sorted_e = flat_e[order]
+            rank = torch.arange(A, device=x.device) - (counts.cumsum(0) - counts)[sorted_e]
         cap = self.capacity(N) if self.training else 0
         weights = self.experts()
         layout = self._grouped if self.grouped_layout(xf, weights[0].shape[-1]) else self._padded
         out, dropped = layout(xf, order, sorted_e, rank, counts, cap, weights)  # [A, D], 0 if dropped
-        y = torch.bmm(r.gates.to(out.dtype).unsqueeze(1), out.view(N, k, D)).squeeze(1)
+        with _label("moe.combine"):
+            y = torch.bmm(r.gates.to(out.dtype).unsqueeze(1), out.view(N, k, D)).squeeze(1)
         if self.shared is not None:
-            shared = self.shared(xf)
-            if self.shared_gate is not None:
-                shared = shared * torch.sigmoid(F.linear(xf, self.local(self.shared_gate.weight)))
-            y = y + shared
-        self._record(r, dropped)
+            with _label("moe.shared"):
+                shared = self.shared(xf)
+                if self.shared_gate is not None:
+                    shared = shared * torch.sigmoid(F.linear(xf, self.local(self.shared_gate.weight)))
+                y = y + shared
+        with _label("moe.stats"):
+            self._record(r, dropped)
         return y.view(B, T, D)
 
     def _grouped(
@@ -265,9 +281,12 @@ class MoE(nn.Module):
         if cap:
             order, counts = order[rank < cap], counts.clamp(max=cap)
         dt = compute_dtype(xf)  # grouped_mm is not on autocast's list: cast as mm would be
-        xs = xf[order // self.top_k].to(dt)  # [M, D]
-        out = self.dispatch(xs, counts, *(w.to(dt) for w in weights))  # [M, D]
-        full = out.new_zeros(A, D).index_copy(0, order, out)  # unique rows: deterministic
+        with _label("moe.permute"):
+            xs = xf[order // self.top_k].to(dt)  # [M, D]
+        with _label("moe.experts"):
+            out = self.dispatch(xs, counts, *(w.to(dt) for w in weights))  # [M, D]
+        with _label("moe.unpermute"):
+            full = out.new_zeros(A, D).index_copy(0, order, out)  # unique rows: deterministic
         return full, 1.0 - counts.sum() / A
 
     def _padded(
@@ -294,9 +313,12 @@ class MoE(nn.Module):
         # sacrificial entry E * C, which is cut off.
         src = torch.full((E * C + 1,), N, dtype=torch.long, device=xf.device)
         src = src.scatter_(0, slot, torch.arange(A, device=xf.device) // k)[: E * C]
-        h = F.pad(xf, (0, 0, 0, 1))[src].view(E, C, D)  # gather, not scatter: no atomics
-        out = F.pad(self.expert_ffn(h, *weights).view(E * C, D), (0, 0, 0, 1))  # [E * C + 1, D]
-        return out[slot], (slot == E * C).sum() / A
+        with _label("moe.permute"):
+            h = F.pad(xf, (0, 0, 0, 1))[src].view(E, C, D)  # gather, not scatter: no atomics
+        with _label("moe.experts"):
+            out = F.pad(self.expert_ffn(h, *weights).view(E * C, D), (0, 0, 0, 1))  # [E * C + 1, D]
+        with _label("moe.unpermute"):
+            return out[slot], (slot == E * C).sum() / A
 
     def _record(self, r: Routing, dropped: torch.Tensor) -> None:
         """Losses, stats and the load for update_bias; all on device, no host sync.
