@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from _benchfile import replace_section  # bench/_benchfile.py, next to this file
-from trimtab.metrics import read_metrics
+from trimtab.rundir import read_metrics
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _measure import Contention  # noqa: E402  (bench/ is a folder of scripts, not a package)

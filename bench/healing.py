@@ -60,8 +60,8 @@ from typing import Any
 
 from _benchfile import replace_section  # bench/_benchfile.py, next to this file
 from _healing_score import HEADING, attribution, judge, report, verdicts
-from trimtab.metrics import read_metrics
 from trimtab.orchestrator.journal import read_decisions
+from trimtab.rundir import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent  # the source checkout
 PREEMPTION = ("sigkill", "sigterm", "corrupt_checkpoint")  # relaunched once, as a scheduler would

@@ -63,15 +63,34 @@ def test_interop_reads_run_directories_and_never_trains():
 
 def test_plan_knows_no_training_and_hardware_knows_nothing_above_it():
     """plan ↛ training: the planner and the trainer both take device, precision and peak FLOP/s
-    from trimtab/hardware.py, which imports no other trimtab module but errors and paths."""
+    from trimtab/hardware.py, which imports no other trimtab module but errors, paths and rundir."""
     assert offenders("plan", ("trimtab.training", "trimtab.orchestrator")) == []
     own = {n for n in imports_of(SRC / "hardware.py") if n.startswith("trimtab")}
-    assert own <= {"trimtab.errors", "trimtab.paths"}
+    assert own <= {"trimtab.errors", "trimtab.paths", "trimtab.rundir"}
 
 
-def test_the_metrics_reader_reads_files_only():
-    """Report tools and benchmarks read metrics.jsonl with trimtab/metrics.py, without the training stack."""
-    assert {n for n in imports_of(SRC / "metrics.py") if n.startswith(("torch", "trimtab"))} == set()
+def test_the_run_directory_module_is_at_the_bottom_and_torch_free():
+    """trimtab/rundir.py reads and writes a run's files (report tools, tune and benchmarks read runs
+    with it without the training stack): it imports no torch and no trimtab module but errors."""
+    own = {n for n in imports_of(SRC / "rundir.py") if n.startswith(("torch", "trimtab"))}
+    assert own <= {"trimtab.errors"}
+
+
+def _constants(path: Path) -> set[str]:
+    return {n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant)}
+
+
+def test_one_module_names_a_runs_files_and_writes_files_whole():
+    """The run's JSON files are named in rundir.py only (everyone else reads and writes them through
+    it), and the temp-file-and-rename dance is rundir.write_atomic's; the other renames install
+    directories (a checkpoint, an export, a merge) or files a library writes (a tokenizer, arrays,
+    corpus shards)."""
+    files = {"metrics.jsonl", "decisions.jsonl", "plan_status.jsonl", "summary.json"}
+    naming = {m for m in modules("") if _constants(SRC / m) & files}
+    assert naming == {"rundir.py"}
+    renaming = {m for m in modules("") if "os.replace(" in (SRC / m).read_text()}
+    installs = {"checkpoint.py", "hf/export.py", "merge/merge.py", "data/tokenizer.py", "data/packing.py"}
+    assert renaming <= {"rundir.py", "data/prepare.py", *installs}, renaming - installs
 
 
 def test_nothing_imports_the_cli():
@@ -162,11 +181,7 @@ def test_every_hook_method_takes_the_run_view_first():
 
 
 def test_the_report_reads_files_only():
-    """report (trimtab report, trimtab runs) reads run directories and imports no torch: it runs
-    wherever a run directory is copied to. Its one training import is the run lock's liveness
-    probe (fcntl and json), which tells a running run from a crashed one."""
-    allowed = ("trimtab.training.runlock",)
-    bad = [
-        o for o in offenders("report", ("torch", "trimtab.training", "trimtab.orchestrator")) if not o.endswith(allowed)
-    ]
-    assert bad == []
+    """report (trimtab report, trimtab runs) reads run directories (trimtab/rundir.py, which holds
+    the run lock's liveness probe too) and imports no torch, nothing of training or the
+    orchestrator: it runs wherever a run directory is copied to, and no import runs back up."""
+    assert offenders("report", ("torch", "trimtab.training", "trimtab.orchestrator")) == []

@@ -13,8 +13,7 @@ from helpers import FAST
 from trimtab import benchmarks
 from trimtab.checkpoint import list_checkpoints
 from trimtab.cli import build_parser, main
-from trimtab.orchestrator import read_decisions
-from trimtab.training.runlock import run_lock
+from trimtab.rundir import read_decisions, run_lock
 
 
 def test_train_resume_and_generate_like_the_readme(tmp_path, capsys):

@@ -8,7 +8,8 @@ import pytest
 import trimtab
 from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config
-from trimtab.orchestrator import ctl, read_decisions
+from trimtab.orchestrator import ctl
+from trimtab.rundir import read_decisions
 from trimtab.training.hooks import Hook
 
 

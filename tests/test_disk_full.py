@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from trimtab.checkpoint import latest_valid, list_checkpoints
-from trimtab.orchestrator.journal import read_decisions
+from trimtab.rundir import read_decisions
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="mounts a tmpfs (Linux)")
 
@@ -66,7 +66,7 @@ def test_a_full_disk_frees_older_checkpoints_and_trains_to_the_end(small_fs):
     done = train(run, 40, "checkpoint.keep=3", "log.report=false")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
-    disk = [d for d in read_decisions(run) if d["rule"] == "disk"]
+    disk = [d for d in read_decisions(run, abandoned=True) if d["rule"] == "disk"]
     assert disk and all(d["evidence"]["errno"] == 28 for d in disk)  # ENOSPC, whoever raised it
     assert all(not str(a).startswith("failed") for d in disk for a in d["applied"])
     assert latest_valid(run)[0].name == "step_000040"
@@ -84,7 +84,7 @@ def test_a_disk_too_small_for_any_new_checkpoint_stops_with_exit_4_and_resumes_o
     summary = json.loads((run / "summary.json").read_text())
     assert summary["exit_code"] == 4
     assert [p.name for p in list_checkpoints(run)] == ["step_000000"] and latest_valid(run) is not None
-    assert [d["action"] for d in read_decisions(run) if d["rule"] == "disk"][-1] == "stop"
+    assert [d["action"] for d in read_decisions(run, abandoned=True) if d["rule"] == "disk"][-1] == "stop"
     assert not leftovers(run)
 
     small_fs.resize(40)  # a person frees space; the same command resumes and finishes

@@ -14,7 +14,7 @@ from helpers import StopAt
 from trimtab.config import load_config
 from trimtab.config.sparse import MoEConfig
 from trimtab.model.moe import MoE
-from trimtab.orchestrator import read_decisions
+from trimtab.rundir import read_decisions
 from trimtab.training.loss import cross_entropy_sum
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

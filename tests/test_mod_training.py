@@ -12,10 +12,10 @@ import trimtab
 from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config, merge
 from trimtab.config.orchestrator import OrchestratorConfig
-from trimtab.orchestrator import read_decisions
 from trimtab.orchestrator.ctl import parse_command
 from trimtab.orchestrator.mod_health import MoDQuality
 from trimtab.orchestrator.monitors import StepMetrics
+from trimtab.rundir import read_decisions
 from trimtab.training.hooks import Hook
 
 pytestmark = pytest.mark.usefixtures("one_thread")

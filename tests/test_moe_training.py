@@ -12,7 +12,7 @@ from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config, merge
 from trimtab.errors import ConfigError
 from trimtab.model import build_model
-from trimtab.orchestrator import read_decisions
+from trimtab.rundir import read_decisions
 from trimtab.training.hooks import Hook
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -8,7 +8,7 @@ import pytest
 import trimtab
 from test_orchestrator_loop import all_finite, debug_cfg, final_weights
 from trimtab.checkpoint import list_checkpoints
-from trimtab.orchestrator import read_decisions
+from trimtab.rundir import read_decisions
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

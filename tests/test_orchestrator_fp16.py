@@ -3,7 +3,7 @@ of them is the orchestrator's. CPU fp16 is emulated and slow, so the model here 
 
 import trimtab
 from trimtab.config import load_config, merge
-from trimtab.orchestrator import read_decisions
+from trimtab.rundir import read_decisions
 
 TINY = {
     "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1},

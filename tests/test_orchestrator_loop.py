@@ -21,8 +21,8 @@ from trimtab.checkpoint import list_checkpoints, verify
 from trimtab.cli import main
 from trimtab.config import load_config, merge
 from trimtab.errors import CheckpointError
-from trimtab.metrics import read_metrics
-from trimtab.orchestrator import ctl, read_decisions
+from trimtab.orchestrator import ctl
+from trimtab.rundir import read_decisions, read_metrics
 from trimtab.training.hooks import Hook
 
 # ------------------------------------------------------------------------------------ helpers
@@ -62,7 +62,7 @@ def all_finite(weights):
 
 
 def decisions(run_dir, rule=None):
-    return [d for d in read_decisions(run_dir) if rule is None or d["rule"] == rule]
+    return [d for d in read_decisions(run_dir, abandoned=True) if rule is None or d["rule"] == rule]
 
 
 class Snapshot(Hook):
@@ -617,9 +617,9 @@ def test_a_disk_that_stays_full_is_journaled_as_failed_and_stops_before_more_is_
     assert [p.name for p in list_checkpoints(run)] == ["step_000000"]  # the resume point, untouched
     # a person frees the disk and re-runs: it resumes from step 0, and the journal keeps why it stopped
     assert trimtab.train(debug_cfg(run, steps=24))["status"] == "completed"
-    abandoned = [d for d in read_decisions(run) if d.get("abandoned")]
+    abandoned = [d for d in read_decisions(run, abandoned=True) if d.get("abandoned")]
     assert [(d["rule"], d["action"]) for d in abandoned] == [("disk", "save_checkpoint"), ("disk", "stop")]
-    ids = [d["id"] for d in read_decisions(run)]
+    ids = [d["id"] for d in read_decisions(run, abandoned=True)]
     assert ids == sorted(set(ids))  # the new session's decisions number on after them
 
 
@@ -808,4 +808,4 @@ def test_a_new_phase_starts_the_monitors_afresh(tmp_path):
     assert trimtab.train(cfg)["step"] == 32
     losses = by_step(run, "loss")
     assert losses[25] > 1.3 * losses[24]  # the switch really jumps the loss
-    assert read_decisions(run) == []
+    assert read_decisions(run, abandoned=True) == []

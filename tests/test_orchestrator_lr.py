@@ -7,7 +7,7 @@ import pytest
 
 import trimtab
 from test_orchestrator_loop import debug_cfg
-from trimtab.orchestrator import read_decisions
+from trimtab.rundir import read_decisions
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

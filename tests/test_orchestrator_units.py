@@ -15,7 +15,7 @@ from trimtab.errors import ConfigError
 from trimtab.orchestrator import ctl
 from trimtab.orchestrator.core import Orchestrator
 from trimtab.orchestrator.faults import Fault, parse_fault, parse_faults
-from trimtab.orchestrator.journal import Decision, Journal, describe, read_decisions
+from trimtab.orchestrator.journal import Decision, Journal, describe
 from trimtab.orchestrator.moe_health import MoEHealth
 from trimtab.orchestrator.monitors import (
     RESUME_PROBE,
@@ -36,6 +36,7 @@ from trimtab.orchestrator.monitors import (
     build_monitors,
 )
 from trimtab.orchestrator.policy import Policy
+from trimtab.rundir import read_decisions
 from trimtab.training import actions
 from trimtab.training.actions import ACTIONS
 from trimtab.training.control import Control

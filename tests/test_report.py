@@ -15,10 +15,10 @@ import trimtab.report
 from trimtab.cli import main
 from trimtab.errors import TrimtabError
 from trimtab.report import NotARunError, figures, write_report
-from trimtab.report.rundir import load_run
+from trimtab.report.run import load_run
 from trimtab.report.runs import RunsError, list_runs
+from trimtab.rundir import run_lock
 from trimtab.training.hooks import ReportWriter
-from trimtab.training.runlock import run_lock
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -103,7 +103,7 @@ def test_a_rollback_is_drawn_apart_and_the_decisions_marked(rolled):
     fig = figures.loss([run])
     kept = next(t for t in fig.data if t.name == "rolled train")
     assert list(kept.x) == sorted(set(kept.x))  # each step once, in order: no zig-zag
-    gone = next(t for t in fig.data if t.name == f"rolled train {figures.ABANDONED}")
+    gone = next(t for t in fig.data if t.name == f"rolled train {figures.ABANDONED_LABEL}")
     assert gone.line.dash == "dash" and gone.opacity < 1
     abandoned_steps = [m["step"] for m in run.lines if m.get("abandoned") and "loss" in m]
     assert len(gone.x) == len(abandoned_steps) + 1  # from the kept point it branched off

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from trimtab import rundir
 from trimtab.errors import RunStateError
-from trimtab.training import runlock
-from trimtab.training.runlock import LOCK, liveness, run_lock
+from trimtab.rundir import LOCK, liveness, run_lock
 
 
 def test_one_holder_at_a_time_and_released_at_the_end(tmp_path):
@@ -29,7 +29,7 @@ def test_one_holder_at_a_time_and_released_at_the_end(tmp_path):
 
 
 def test_the_heartbeat_beats_while_the_run_lives(tmp_path, monkeypatch):
-    monkeypatch.setattr(runlock, "BEAT_S", 0.05)
+    monkeypatch.setattr(rundir, "BEAT_S", 0.05)
     with run_lock(tmp_path):
         os.utime(tmp_path / LOCK, (0, 0))
         time.sleep(0.5)

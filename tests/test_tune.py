@@ -228,6 +228,6 @@ def test_a_healed_fault_is_not_held_against_the_trial(tmp_path):
 
 
 def _evals(run_dir: Path) -> list[dict]:
-    from trimtab.metrics import read_metrics
+    from trimtab.rundir import read_metrics
 
     return [m for m in read_metrics(run_dir) if "val_loss" in m]

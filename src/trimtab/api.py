@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,10 @@ from trimtab.model import Transformer, build_model
 from trimtab.orchestrator import Orchestrator
 from trimtab.orchestrator.faults import FaultInjector
 from trimtab.orchestrator.planner import LivePlanner
-from trimtab.paths import write_atomic
+from trimtab.rundir import run_lock, write_summary
 from trimtab.sampling import generate as generate_ids
 from trimtab.sampling import prompt_ids
 from trimtab.training.hooks import ReportWriter
-from trimtab.training.runlock import run_lock
 from trimtab.training.setup import setup
 from trimtab.training.signals import StartUpInterrupted, handle_signals
 from trimtab.training.tracking import tracking_hooks
@@ -65,7 +63,7 @@ def train_or_raise(config: RunConfig, hooks: list = ()) -> dict:
 def _write_summary(run_dir: Path, summary: dict) -> None:
     """summary.json; on a full disk the run's outcome (and its exit code) still stands: say so."""
     try:
-        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=1))
+        write_summary(run_dir, summary)
     except OSError as exc:
         log.warning("summary.json not written (%s); the run's status: %s", exc, summary.get("status"))
 

@@ -79,7 +79,7 @@ def _print_summary(summary: dict) -> None:
 
 def _ctl(args: argparse.Namespace) -> int:
     from trimtab.orchestrator import ctl
-    from trimtab.training.runlock import liveness
+    from trimtab.rundir import liveness
 
     command = ctl.parse_command(args.action, args.args)
     running, _ = liveness(args.run_dir)

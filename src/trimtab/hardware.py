@@ -29,7 +29,8 @@ from typing import Any
 import torch
 
 from trimtab.errors import ConfigError
-from trimtab.paths import cache_dir, write_atomic
+from trimtab.paths import cache_dir
+from trimtab.rundir import write_atomic
 
 log = logging.getLogger(__name__)
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -41,6 +41,7 @@ from trimtab.data.prepared import MANIFEST_VERSION, PreparedData, read_manifest,
 from trimtab.data.sources import Document, _Reader, _take_bytes, record_documents, source_files
 from trimtab.data.tokenizer import TextTokenizer, train_tokenizer
 from trimtab.errors import DataError
+from trimtab.rundir import CONFIG, METRICS_FILE, SUMMARY
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class Options:
 SKIP_HINT = "pass Options(skip_bad_records=True)"
 SKIPPED_SHOWN = 5  # skipped records named on the console (all are counted in the manifest)
 WRITTEN = ("shards", "tokenizer.json", "tokenizer_config.json", "trimtab-data.json")  # what prepare creates in out
-RUN_FILES = ("config.yaml", "checkpoints", "metrics.jsonl", "summary.json")  # a training run's directory
+RUN_FILES = (CONFIG, "checkpoints", METRICS_FILE, SUMMARY)  # a training run's directory
 
 
 def prepare(

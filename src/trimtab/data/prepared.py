@@ -18,6 +18,7 @@ import numpy as np
 
 from trimtab.data.sources import PREPARED_MANIFEST
 from trimtab.errors import DataError
+from trimtab.rundir import write_json
 
 MANIFEST_VERSION = 1
 OPEN_SHARDS = 64  # shard files kept open at once
@@ -38,9 +39,7 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
 
 
 def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
-    tmp = Path(path) / f".{PREPARED_MANIFEST}.tmp{os.getpid()}"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, Path(path) / PREPARED_MANIFEST)  # atomic: a reader never sees half a manifest
+    write_json(Path(path) / PREPARED_MANIFEST, manifest)  # a reader never sees half a manifest
 
 
 def sha256_file(path: Path) -> str:

@@ -18,6 +18,7 @@ from trimtab.config import DataConfig
 from trimtab.data.chat import ChatFormat
 from trimtab.data.sources import Document, corpus_fingerprint
 from trimtab.errors import DataError
+from trimtab.rundir import write_json
 
 logger = logging.getLogger(__name__)
 
@@ -81,9 +82,7 @@ class TextTokenizer:
         self._tok.save(str(tmp))
         os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
         if self.hf is not None:  # its settings travel with it (load reads them back)
-            tmp = path.with_name(f"{HF_CONFIG}.tmp{os.getpid()}")
-            tmp.write_text(json.dumps(self.hf, indent=1))
-            os.replace(tmp, path.with_name(HF_CONFIG))
+            write_json(path.with_name(HF_CONFIG), self.hf)
 
     @classmethod
     def load(cls, path: Path, key: str = "tokenizer file") -> TextTokenizer:

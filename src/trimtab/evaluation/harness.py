@@ -13,7 +13,6 @@ back (e.g. LMEVAL_LOG_LEVEL=INFO).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -29,6 +28,7 @@ from trimtab.checkpoint import latest_valid
 from trimtab.errors import ConfigError
 from trimtab.evaluation.perplexity import read_text, score_text
 from trimtab.extras import require
+from trimtab.rundir import CONFIG, read_summary, write_json, write_summary
 
 TASKS_DIR = Path(__file__).parent / "tasks"  # trimtab's own offline tasks
 
@@ -140,14 +140,6 @@ def _step(path: Path) -> int | None:
 def _record(path: Path, results: dict[str, Any]) -> None:
     folder = path / "eval"
     folder.mkdir(exist_ok=True)
-    _write(folder / f"{results['time'].replace(':', '')}.json", results)
-    summary = path / "summary.json"
-    if (path / "config.yaml").is_file():  # a run directory: its summary carries the latest results
-        current = json.loads(summary.read_text()) if summary.is_file() else {}
-        _write(summary, {**current, "eval": results})
-
-
-def _write(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    write_json(folder / f"{results['time'].replace(':', '')}.json", results)
+    if (path / CONFIG).is_file():  # a run directory: its summary carries the latest results
+        write_summary(path, {**(read_summary(path) or {}), "eval": results})

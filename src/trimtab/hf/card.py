@@ -3,13 +3,13 @@ config.yaml, the checkpoint's state.json, summary.json and decisions.jsonl."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from trimtab.config import RunConfig
 from trimtab.model.catalog import family, human_count, model_size
+from trimtab.rundir import DECISIONS_FILE, SUMMARY, read_decisions, read_json
 
 MAX_LISTED = 12  # decisions listed one by one; the rest are counted
 
@@ -17,7 +17,7 @@ MAX_LISTED = 12  # decisions listed one by one; the rest are counted
 def model_card(run_dir: Path, cfg: RunConfig, state: dict[str, Any], arch: str, source: dict | None) -> str:
     total, active, _ = model_size(cfg)
     m = cfg.model
-    summary = _json(run_dir / "summary.json")
+    summary = read_json(run_dir / SUMMARY) or {}
     lines = [
         "---",
         "library_name: transformers",
@@ -39,7 +39,7 @@ def model_card(run_dir: Path, cfg: RunConfig, state: dict[str, Any], arch: str, 
     lines.append(f"- data: {_data(cfg)}")
     if summary.get("val_loss") is not None:
         lines.append(f"- final validation loss: {summary['val_loss']:.4f} (perplexity {summary['val_ppl']:.2f})")
-    lines += ["", "## Orchestrator decisions", *_decisions(run_dir / "decisions.jsonl")]
+    lines += ["", "## Orchestrator decisions", *_decisions(run_dir)]
     return "\n".join(lines) + "\n"
 
 
@@ -55,11 +55,12 @@ def _data(cfg: RunConfig) -> str:
     return "; ".join(parts)
 
 
-def _decisions(path: Path) -> list[str]:
-    """One line per decision (step, rule, action, outcome), the first MAX_LISTED, then counts."""
-    if not path.is_file():
+def _decisions(run_dir: Path) -> list[str]:
+    """One line per decision (step, rule, action, outcome), the first MAX_LISTED, then counts;
+    those of sessions a resume abandoned too (they say why the run stopped)."""
+    if not (run_dir / DECISIONS_FILE).is_file():
         return ["None recorded."]
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = read_decisions(run_dir, abandoned=True)
     if not records:
         return ["None: the run needed no intervention."]
     actions = Counter(r.get("action", "?") for r in records)
@@ -70,10 +71,3 @@ def _decisions(path: Path) -> list[str]:
     if len(records) > MAX_LISTED:
         lines.append(f"- ... {len(records) - MAX_LISTED} more in decisions.jsonl of the run")
     return lines
-
-
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}

@@ -3,7 +3,7 @@
 monitors.py  detectors over per-step metrics -> Finding
 policy.py    findings -> decisions: escalation ladder, cooldowns, confidence
 remedies.py  the remedies of the one-answer families (memory, MoE, MoD, disk, run length, ...)
-journal.py   decisions.jsonl: evidence, reasoning, confidence, outcome
+journal.py   decisions.jsonl: evidence, reasoning, confidence, outcome (read with trimtab.rundir)
 core.py      the trainer hook that ties them together (update gate, OOM, save errors)
 ctl.py       `trimtab ctl`: a person's commands to a running job
 faults.py    fault injection for tests and the healing benchmark
@@ -12,7 +12,7 @@ faults.py    fault injection for tests and the healing benchmark
 from importlib import import_module
 
 # Resolved on first use, so `trimtab ctl` (orchestrator.ctl) does not pay for importing torch.
-_LAZY = {"Orchestrator": "trimtab.orchestrator.core", "read_decisions": "trimtab.orchestrator.journal"}
+_LAZY = {"Orchestrator": "trimtab.orchestrator.core"}
 __all__ = list(_LAZY)
 
 

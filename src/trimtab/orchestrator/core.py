@@ -28,6 +28,7 @@ from trimtab.orchestrator.moe_health import MoEHealth
 from trimtab.orchestrator.monitors import MONITORS, Finding, Rolling, StepMetrics, build_monitors
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.remedies import Remedy
+from trimtab.rundir import DECISIONS_FILE
 from trimtab.training.actions import ACTIONS, COMMANDS, VERBS
 from trimtab.training.hooks import Hook
 from trimtab.training.runtime import to_host
@@ -54,7 +55,7 @@ class Orchestrator(Hook):
         if cfg.early_stop.enabled:
             self.monitors["early_stop"] = EarlyStop(cfg)
         self.policy = Policy(cfg)
-        self.journal = Journal(self.run_dir / "decisions.jsonl")
+        self.journal = Journal(self.run_dir / DECISIONS_FILE)
         self.paused: set[str] = set()
         self.pending: list[StepOutput] = []
         self.tracking: dict[str, dict[str, Any]] = {}  # decision id -> what followed it
@@ -70,6 +71,7 @@ class Orchestrator(Hook):
     # ------------------------------------------------------------------ hook events
 
     def on_train_start(self, run: RunView) -> None:
+        self.journal.on_add = run.decided  # each new decision, to every hook (Hook.on_decision)
         if not self.read_every:
             self.read_every = 1 if run.device.type == "cpu" else 10
         if "oom" in self.monitors:

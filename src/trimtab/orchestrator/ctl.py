@@ -3,7 +3,7 @@
 The command drops one JSON file into RUN_DIR/control/ (written atomically); the job picks it up at
 its next metrics read, applies it through the same Control surface the orchestrator uses, and
 journals it as a manual decision. A command the job cannot apply is answered in a `.error` file.
-A run that is not running (training/runlock.py: no lock held, no fresh heartbeat) gets nothing,
+A run that is not running (trimtab/rundir.py: no lock held, no fresh heartbeat) gets nothing,
 since the command would fire unnoticed whenever it next resumes, unless it is queued on purpose.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.errors import ConfigError, RunStateError
+from trimtab.rundir import liveness, write_json
 from trimtab.training.actions import REQUIRED, VERBS
-from trimtab.training.runlock import liveness
 
 
 def parse_command(verb: str, args: list[str]) -> dict[str, Any]:
@@ -50,9 +50,7 @@ def send(run_dir: str | Path, command: dict[str, Any], queue: bool = False) -> P
     inbox = run_dir / "control"
     inbox.mkdir(exist_ok=True)
     path = inbox / f"{time.time_ns()}-{os.getpid()}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(command))
-    os.replace(tmp, path)
+    write_json(path, command, indent=None)
     return path
 
 

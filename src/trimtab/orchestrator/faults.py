@@ -55,6 +55,7 @@ import numpy as np
 import torch
 
 from trimtab.errors import ConfigError
+from trimtab.rundir import write_json
 from trimtab.training.hooks import Hook
 
 if TYPE_CHECKING:
@@ -178,9 +179,7 @@ class FaultInjector(Hook):
         return next((f for f in self.faults if f.kind == kind and self._due(f)), None)
 
     def _save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.record))
-        os.replace(tmp, self.path)
+        write_json(self.path, self.record, indent=None)
 
     # ------------------------------------------------------------------ injection points
 

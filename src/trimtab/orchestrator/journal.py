@@ -6,19 +6,21 @@
 
 The decisions live in the orchestrator's state (checkpointed) and the file is rewritten from them
 atomically on every change, so the outcome filled in N steps later lands on the decision's own
-line, and a resumed run's file holds exactly the decisions up to its checkpoint.
+line, and a resumed run's file holds exactly the decisions up to its checkpoint. The file is
+trimtab/rundir.py's (read_decisions); each new decision is also handed to `on_add` (the
+orchestrator raises it to every hook as Hook.on_decision: trackers follow decisions that way).
 """
 
 from __future__ import annotations
 
-import json
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trimtab.distributed import is_main
-from trimtab.paths import write_atomic
+from trimtab.rundir import ABANDONED, read_jsonl, write_jsonl
 from trimtab.training.actions import describe
 
 log = logging.getLogger(__name__)
@@ -60,10 +62,13 @@ class Journal:
         # ended without saving again: a crash, a stop on a full disk): kept in the file, marked
         # "abandoned": true, so the reasons a run stopped survive its resume.
         self.abandoned: list[dict[str, Any]] = []
+        self.on_add: Callable[[dict[str, Any]], None] | None = None  # told of each new decision, as written
 
     def add(self, decision: Decision) -> Decision:
         self.decisions.append(decision)
         self.write()
+        if self.on_add is not None:
+            self.on_add(asdict(decision))
         return decision
 
     def next_id(self) -> int:
@@ -77,7 +82,7 @@ class Journal:
             return  # data parallelism: every rank holds the same decisions; rank 0 writes them
         lines = sorted([*self.abandoned, *map(asdict, self.decisions)], key=lambda d: d["id"])
         try:
-            write_atomic(self.path, "".join(json.dumps(d, default=_jsonable) + "\n" for d in lines))
+            write_jsonl(self.path, lines, default=_jsonable)
         except OSError as exc:  # a full disk: the decisions are in memory (and every checkpoint),
             log.warning("decisions.jsonl not updated (%s); the next decision writes it whole", exc)
 
@@ -94,20 +99,9 @@ class Journal:
     def load_state_dict(self, state: list[dict[str, Any]]) -> None:
         self.decisions = [Decision(**d) for d in state]
         kept = {d.id for d in self.decisions}
-        found = _read(self.path)
-        self.abandoned = [{**d, "abandoned": True} for d in found if d["id"] not in kept]
+        found = read_jsonl(self.path)
+        self.abandoned = [{**d, ABANDONED: True} for d in found if d["id"] not in kept]
         self.write()
-
-
-def read_decisions(run_dir: str | Path) -> list[dict[str, Any]]:
-    """A run's decisions, oldest first (those a resume abandoned carry "abandoned": true)."""
-    return _read(Path(run_dir) / "decisions.jsonl")
-
-
-def _read(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _jsonable(value: Any) -> Any:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from trimtab.config.plan import PlanConfig
 from trimtab.orchestrator.monitors import Finding
 from trimtab.plan.curve import RunProgress, Status, format_status, live_status
+from trimtab.rundir import PLAN_STATUS_FILE, append_lines, rewrite_jsonl
 from trimtab.training.hooks import Hook
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ MAX_POINTS = 1024  # beyond this, every other point is dropped (the fit needs th
 class LivePlanner(Hook):
     def __init__(self, cfg: PlanConfig, run_dir: Path, decide: Callable[[RunView, Finding], Any] | None = None):
         self.cfg = cfg
-        self.path = Path(run_dir) / "plan_status.jsonl"
+        self.path = Path(run_dir) / PLAN_STATUS_FILE
         self.decide = decide  # the orchestrator's decide(), when one runs and is not off
         self.points: list[list[float]] = []  # [step, tokens, mean loss of the log window]
         self.last_status = 0  # step of the last status block
@@ -39,9 +40,7 @@ class LivePlanner(Hook):
     def on_train_start(self, run: RunView) -> None:
         if run.is_main and self.path.exists():
             # Lines past the resumed step were written after the checkpoint and will be redone.
-            lines = self.path.read_text().splitlines()
-            kept = [ln for ln in lines if ln.strip() and json.loads(ln)["step"] <= run.step]
-            self.path.write_text("".join(ln + "\n" for ln in kept))
+            rewrite_jsonl(self.path, lambda s: s if s["step"] <= run.step else None)
 
     def on_log(self, run: RunView, metrics: dict[str, Any]) -> None:
         if run.phase != 0 or not self.cfg.status_every:
@@ -68,8 +67,7 @@ class LivePlanner(Hook):
         )
         status = live_status(self.points, progress, self.cfg, lambda steps: self._lr_ok(run, steps))
         if run.is_main:
-            with open(self.path, "a") as fh:
-                fh.write(json.dumps(status.as_dict()) + "\n")
+            append_lines(self.path, json.dumps(status.as_dict()) + "\n")
             run.say(format_status(status, self.cfg.adjust))
         if self._may_decide(status):
             self._propose(run, status)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from trimtab.plan.chinchilla import (
 )
 from trimtab.plan.layout import LayoutPlan, format_layout, plan_layout
 from trimtab.plan.memory import Hardware, MemoryPlan, detect_hardware, hours, memory_plan, named_gpu
+from trimtab.rundir import write_atomic
 
 
 @dataclass(kw_only=True)
@@ -272,9 +272,7 @@ def save_plan(plan: Plan, out: str | Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = (out / "plan.json", out / "plan.txt")
     for path, text in zip(paths, (json.dumps(plan.as_dict(), indent=1), format_plan(plan) + "\n")):
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_atomic(path, text)
     return paths
 
 

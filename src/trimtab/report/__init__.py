@@ -1,6 +1,6 @@
 """`trimtab report`: a run directory (or several, overlaid) as one self-contained HTML file.
 
-It reads only files (DESIGN.md §2: config.yaml, metrics.jsonl, decisions.jsonl, plan_status.jsonl,
+It reads only files (trimtab/rundir.py: config.yaml, metrics.jsonl, decisions.jsonl, plan_status.jsonl,
 summary.json) and imports no torch, so it runs anywhere the run directory is copied to. A healing
 benchmark's result (healing.json, or the directory holding it) renders as its table and curves.
 docs/report.md says how to read the page.
@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trimtab.paths import write_atomic
 from trimtab.report.healing import Healing, is_healing, load_healing
-from trimtab.report.rundir import NotARunError, Run, is_run_dir, load_run
+from trimtab.report.run import NotARunError, Run, is_run_dir, load_run
+from trimtab.rundir import write_atomic
 
 REPORT = "report.html"
 

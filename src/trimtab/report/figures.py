@@ -19,11 +19,11 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from trimtab.report.rundir import Run, finite
+from trimtab.report.run import Run, finite
 
 RUN_COLOURS = qualitative.Plotly
 ACTION_COLOURS = qualitative.Dark24
-ABANDONED = "abandoned (rolled back)"
+ABANDONED_LABEL = "abandoned (rolled back)"
 LAYOUT = {
     "template": "plotly_white",
     "height": 380,
@@ -137,7 +137,7 @@ def _line(
             go.Scatter(
                 x=ax,
                 y=ay,
-                name=f"{name} {ABANDONED}",
+                name=f"{name} {ABANDONED_LABEL}",
                 mode="lines+markers",
                 line={**style, "dash": "dash"},
                 marker={"size": 5},

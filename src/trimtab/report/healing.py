@@ -18,7 +18,7 @@ from plotly.subplots import make_subplots
 
 from trimtab.errors import TrimtabError
 from trimtab.report import figures
-from trimtab.report.rundir import NotARunError, Run, is_run_dir, load_run
+from trimtab.report.run import NotARunError, Run, is_run_dir, load_run
 
 HEALING = "healing.json"
 COLUMNS = 3  # subplots per row of the curves

@@ -16,7 +16,8 @@ from plotly.offline import get_plotlyjs
 
 from trimtab.report import figures
 from trimtab.report.healing import HEADER, Healing, curves, table_rows
-from trimtab.report.rundir import Run, finite, healed, val_loss
+from trimtab.report.run import Run, finite, val_loss
+from trimtab.rundir import healed
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em 2em; color: #222; }

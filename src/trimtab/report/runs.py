@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.errors import TrimtabError
-from trimtab.metrics import METRICS_FILE
-from trimtab.report.rundir import CONFIG, healed, is_run_dir, load_run, val_loss
+from trimtab.report.run import is_run_dir, load_run, val_loss
+from trimtab.rundir import CONFIG, METRICS_FILE, healed
 
 COLUMNS = ["run", "preset", "status", "steps", "tokens", "val_loss", "decisions", "healed", "wall_s"]
 HEADINGS = {"val_loss": "val loss", "healed": "faults healed", "wall_s": "wall"}

@@ -8,10 +8,8 @@ it is checkpointed.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -20,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trimtab.metrics import ABANDONED, METRICS_FILE, read_metrics
-from trimtab.paths import write_atomic
+from trimtab.rundir import ABANDONED, METRICS_FILE, append_lines, rewrite_jsonl
 
 if TYPE_CHECKING:
     from trimtab.data import StepBatch
@@ -57,6 +54,10 @@ class Hook:
     def on_eval_error(self, run: RunView, step: int, error: str) -> None:
         """An evaluation was abandoned (an error, train.eval_timeout); training goes on."""
 
+    def on_decision(self, run: RunView, decision: dict[str, Any]) -> None:
+        """The orchestrator journaled a new decision (its decisions.jsonl record, outcome not yet
+        measured): trackers follow the journal through this, never by reading the file."""
+
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None: ...
 
     def on_save_start(self, run: RunView) -> None: ...
@@ -86,7 +87,7 @@ class Hook:
 
 
 class JsonlLogger(Hook):
-    """metrics.jsonl (the format: trimtab/metrics.py): one line per log interval and per evaluation."""
+    """metrics.jsonl (the format: trimtab/rundir.py): one line per log interval and per evaluation."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
@@ -112,27 +113,18 @@ class JsonlLogger(Hook):
         """Append a line. A full disk must not end the run (its checkpoints matter more, and the
         orchestrator frees space for them): the line waits and goes out with the next write."""
         self.unwritten.append(json.dumps(metrics) + "\n")
-        start = None
         try:
-            with open(self.path, "a") as fh:
-                start = fh.tell()
-                fh.write("".join(self.unwritten))
+            append_lines(self.path, "".join(self.unwritten))  # what part of them reached the file is cut back
         except OSError as exc:
             if len(self.unwritten) == 1:
                 log.warning("metrics.jsonl: %s; its lines are kept in memory until a write succeeds", exc)
-            if start is not None:  # what part of them reached the file goes: they are all written again
-                with contextlib.suppress(OSError):
-                    os.truncate(self.path, start)
             return
         self.unwritten = []
 
     def _rewrite(self, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> None:
         """Each line through `change` (None drops it), atomically: a reader sees the old file or
         the new one, never a mix."""
-        if not self.path.exists():
-            return
-        lines = [m for m in map(change, read_metrics(self.run_dir, abandoned=True)) if m is not None]
-        write_atomic(self.path, "".join(json.dumps(m) + "\n" for m in lines))
+        rewrite_jsonl(self.path, change)
 
 
 class TensorBoardLogger(Hook):

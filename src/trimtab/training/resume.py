@@ -7,7 +7,6 @@ and append a duplicate evaluation to metrics.jsonl).
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from trimtab.checkpoint import latest_valid, set_aside_corrupt
 from trimtab.config import RunConfig, read_saved
 from trimtab.distributed import Parallel
 from trimtab.errors import CheckpointError, ConfigError, RunFinished
+from trimtab.rundir import SUMMARY, read_json
 from trimtab.training.schedule import KEYS, configured_lengths
 
 log = logging.getLogger(__name__)
@@ -75,10 +75,7 @@ def _lengths(cfg: RunConfig) -> list[int] | None:
 def saved_summary(run_dir: Path, found: Found, total: int) -> dict[str, Any]:
     """summary.json as the session that reached this checkpoint wrote it; if it is missing or
     belongs to another step (a session killed before writing it), one from the checkpoint."""
-    try:
-        saved = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        saved = None
+    saved = read_json(run_dir / SUMMARY)
     train = found[1]["train"]
     if isinstance(saved, dict) and saved.get("step") == train["step"]:
         return saved

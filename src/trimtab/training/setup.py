@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from trimtab.hf.importer import load_weights as load_hf_weights
 from trimtab.model import Transformer, build_model
 from trimtab.paths import cache_dir
 from trimtab.plan.chinchilla import FRESH_EPOCHS, model_size
+from trimtab.rundir import CONFIG, write_atomic
 from trimtab.training.compiling import CompileChoice, choose_compile
 from trimtab.training.cpu_precision import refine_cpu_precision
 from trimtab.training.resume import resume_point
@@ -233,9 +233,7 @@ def prepare_run_dir(cfg: RunConfig, tok: TextTokenizer, hf_source: dict | None =
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     if hf_source is not None:  # what export needs to give an imported model back as it came
         (run_dir / SOURCE).write_text(json.dumps(hf_source, indent=1))
-    tmp = run_dir / "config.yaml.tmp"
-    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    os.replace(tmp, run_dir / "config.yaml")
+    write_atomic(run_dir / CONFIG, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     if not (run_dir / "tokenizer.json").is_file():
         tok.save(run_dir / "tokenizer.json.tmp")
         shutil.move(run_dir / "tokenizer.json.tmp", run_dir / "tokenizer.json")

@@ -21,7 +21,7 @@ from trimtab.checkpoint import latest_valid
 from trimtab.config.log import LogConfig, MlflowConfig, WandbConfig
 from trimtab.errors import ConfigError
 from trimtab.extras import install_command, installed
-from trimtab.report.rundir import read_jsonl
+from trimtab.rundir import CONFIG, DECISIONS_FILE, METRICS_FILE, SUMMARY, read_decisions
 from trimtab.training.hooks import Hook
 
 if TYPE_CHECKING:
@@ -57,11 +57,6 @@ def flat_config(cfg: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-def read_decisions(run_dir: Path) -> list[dict[str, Any]]:
-    """RUN_DIR/decisions.jsonl's kept decisions (the journal's format: docs/orchestrator.md)."""
-    return [d for d in read_jsonl(run_dir / "decisions.jsonl") if not d.get("abandoned")]
-
-
 TABLE_COLUMNS = ("id", "step", "rule", "action", "confidence", "reasoning", "evidence", "outcome")
 
 
@@ -86,7 +81,8 @@ def numbers(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 class Tracker(Hook):
-    """What both trackers share: failure containment, decisions sent once each, the end."""
+    """What both trackers share: failure containment, decisions sent once each as the journal
+    takes them (Hook.on_decision), the end."""
 
     name = "tracker"
 
@@ -94,6 +90,8 @@ class Tracker(Hook):
         self.run_dir = Path(run_dir)
         self.run_id: str | None = None
         self.sent_decisions: set[int] = set()
+        self.queued: list[dict[str, Any]] = []  # decisions not sent yet (taken before the tracker started)
+        self.live = False  # between start and end: decisions go out as they come
         self.broken = False
 
     def guard(self, what: str, call, *args) -> None:
@@ -109,10 +107,16 @@ class Tracker(Hook):
 
     def on_train_start(self, run: RunView) -> None:
         self.guard("start", self.start, run)
+        self.live = True
+        self.guard("decisions", self.send_decisions)
 
     def on_log(self, run: RunView, metrics: dict[str, Any]) -> None:
         self.guard("metrics", self.metrics, metrics)
-        self.guard("decisions", self.new_decisions)
+
+    def on_decision(self, run: RunView, decision: dict[str, Any]) -> None:
+        self.queued.append(decision)
+        if self.live:
+            self.guard("decisions", self.send_decisions)
 
     def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None:
         self.guard("metrics", self.metrics, metrics)
@@ -123,18 +127,19 @@ class Tracker(Hook):
         self.guard("rollback", self.metrics, {"step": run.step, "rollback": 1.0})
 
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
-        self.guard("decisions", self.new_decisions)
+        self.live = False
         self.guard("end", self.end, summary)
 
-    def new_decisions(self) -> None:
-        for d in read_decisions(self.run_dir):
+    def send_decisions(self) -> None:
+        queued, self.queued = self.queued, []
+        for d in queued:
             if d["id"] not in self.sent_decisions:
                 self.decision(d)
                 self.sent_decisions.add(d["id"])
 
     def artifacts(self) -> list[Path]:
         """The report, the run's own files and (newest valid) final checkpoint."""
-        files = [self.run_dir / n for n in ("report.html", "config.yaml", "decisions.jsonl", "metrics.jsonl")]
+        files = [self.run_dir / n for n in ("report.html", CONFIG, DECISIONS_FILE, METRICS_FILE)]
         return [f for f in files if f.is_file()]
 
     def checkpoint(self) -> Path | None:
@@ -222,7 +227,7 @@ class MlflowTracker(Tracker):
     def end(self, summary: dict[str, Any]) -> None:
         for path in self.artifacts():
             self.client.log_artifact(self.run_id, str(path))
-        self.client.log_dict(self.run_id, _jsonable(summary), "summary.json")
+        self.client.log_dict(self.run_id, _jsonable(summary), SUMMARY)
         self.table()
         ckpt = self.checkpoint() if self.cfg.log_checkpoint else None
         if ckpt is not None:

@@ -104,6 +104,11 @@ class RunView:
         """One line on the console, above the progress bar."""
         self._t.say(line)
 
+    def decided(self, decision: dict[str, Any]) -> None:
+        """Tell every hook of a decision just journaled (Hook.on_decision); the orchestrator's
+        journal calls this, so trackers follow decisions without reading decisions.jsonl."""
+        self._t._call("on_decision", decision)
+
     # ------------------------------------------------------------------ model and optimizer (read only)
 
     @property

@@ -21,9 +21,8 @@ from optuna.trial import TrialState
 
 from trimtab.api import train_or_raise
 from trimtab.errors import RunFinished, TrimtabError
-from trimtab.orchestrator.journal import read_decisions
 from trimtab.plan import model_size
-from trimtab.report.rundir import healed
+from trimtab.rundir import healed, read_decisions
 from trimtab.training.hooks import Hook
 from trimtab.tune.space import Space
 
@@ -97,11 +96,7 @@ class PruningHook(Hook):
 def _intervention_steps(run_dir: Path) -> list[int]:
     """Steps at which the orchestrator (or a person) changed the run: applied decisions of the
     kept trajectory (a skipped update, an LR change, a rollback, ...)."""
-    return [
-        d["step"]
-        for d in read_decisions(run_dir)
-        if d.get("applied") and d.get("action") not in (None, "none") and not d.get("abandoned")
-    ]
+    return [d["step"] for d in read_decisions(run_dir) if d.get("applied") and d.get("action") not in (None, "none")]
 
 
 @dataclass
@@ -166,7 +161,7 @@ def _tell(
 ) -> TrialResult:
     """The run's end as an Optuna trial state: PRUNED by the pruner or by an orchestrator that gave
     up (with the reason), FAIL for other failures, COMPLETE with the objectives."""
-    decisions = [d for d in read_decisions(cfg.run_dir) if not d.get("abandoned")]  # as `trimtab runs`
+    decisions = read_decisions(cfg.run_dir)  # the kept ones, as `trimtab runs` counts them
     attrs = {
         "status": summary.get("status"),
         "exit_code": summary.get("exit_code"),

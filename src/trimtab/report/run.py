@@ -1,13 +1,12 @@
 """One run directory, read for the report and the runs table: files only, no torch.
 
-What a run leaves (DESIGN.md §2): config.yaml, metrics.jsonl (read through trimtab.metrics, which
-marks the lines a rollback abandoned), decisions.jsonl, plan_status.jsonl (the live Chinchilla
-status), summary.json (written when fit() returns) and RUN_DIR/.lock (held while it trains).
+What a run leaves: config.yaml, metrics.jsonl, decisions.jsonl, plan_status.jsonl (the live
+Chinchilla status), summary.json (written when fit() returns) and RUN_DIR/.lock (held while it
+trains); trimtab/rundir.py reads them all and marks what a rollback or a resume abandoned.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +15,18 @@ from typing import Any
 import yaml
 
 from trimtab.errors import TrimtabError
-from trimtab.metrics import METRICS_FILE, read_metrics
-
-CONFIG = "config.yaml"
-SUMMARY = "summary.json"
+from trimtab.rundir import (
+    ABANDONED,
+    CONFIG,
+    METRICS_FILE,
+    PLAN_STATUS_FILE,
+    SUMMARY,
+    liveness,
+    read_decisions,
+    read_jsonl,
+    read_metrics,
+    read_summary,
+)
 
 
 class NotARunError(TrimtabError):
@@ -41,7 +48,7 @@ class Run:
     @property
     def train(self) -> list[dict[str, Any]]:
         """Kept training lines (the trajectory)."""
-        return [m for m in self.lines if "loss" in m and not m.get("abandoned")]
+        return [m for m in self.lines if "loss" in m and not m.get(ABANDONED)]
 
     @property
     def preset(self) -> str:
@@ -50,7 +57,7 @@ class Run:
     def last(self, key: str) -> Any:
         """The key's value on the last kept line that has it, else None."""
         for m in reversed(self.lines):
-            if key in m and not m.get("abandoned"):
+            if key in m and not m.get(ABANDONED):
                 return m[key]
         return None
 
@@ -69,34 +76,20 @@ def load_run(path: str | Path, name: str | None = None, summary: dict[str, Any] 
     if missing:
         raise NotARunError(f"{path} is not a run directory: it has no {' and no '.join(missing)}")
     config = yaml.safe_load((path / CONFIG).read_text()) or {}
-    if summary is None and (path / SUMMARY).is_file():
-        summary = json.loads((path / SUMMARY).read_text())
+    if summary is None:
+        summary = read_summary(path)
     status, detail = run_status(path, summary)
     return Run(
         path=path,
         name=name or path.name,
         config=config if isinstance(config, dict) else {},
         lines=read_metrics(path, abandoned=True),
-        decisions=read_jsonl(path / "decisions.jsonl"),
-        plan=read_jsonl(path / "plan_status.jsonl"),
+        decisions=read_decisions(path, abandoned=True),
+        plan=read_jsonl(path / PLAN_STATUS_FILE),
         summary=summary,
         status=status,
         detail=detail,
     )
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """decisions.jsonl and plan_status.jsonl (the same reading as orchestrator.journal's, which
-    imports torch); a line cut off by a live writer is left out."""
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
 
 
 def run_status(path: Path, summary: dict[str, Any] | None) -> tuple[str, str]:
@@ -106,7 +99,6 @@ def run_status(path: Path, summary: dict[str, Any] | None) -> tuple[str, str]:
         text = str(summary.get("status", ""))
         kind = "completed" if text == "completed" else "stopped" if text.startswith("stopped") else "failed"
         return kind, text
-    from trimtab.training.runlock import liveness  # fcntl and json only, no torch
 
     alive, evidence = liveness(path)
     return ("running", f"running ({evidence})") if alive else ("failed", f"failed: no summary.json ({evidence})")
@@ -117,11 +109,6 @@ def finite(x: Any) -> float | None:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
     return float(x) if math.isfinite(x) else None
-
-
-def healed(decisions: list[dict[str, Any]]) -> int:
-    """Decisions whose measured outcome says the run recovered."""
-    return sum((d.get("outcome") or {}).get("result") == "recovered" for d in decisions if not d.get("abandoned"))
 
 
 def val_loss(run: Run) -> float | None:

@@ -1,0 +1,277 @@
+"""The files of a run directory, read and written in one place (torch-free: report tools,
+benchmarks, tune and tests read runs with it without the training stack).
+
+    RUN_DIR/config.yaml        the resolved config (written whole, once per session)
+    RUN_DIR/metrics.jsonl      one line per log interval and per evaluation, appended as training goes
+    RUN_DIR/decisions.jsonl    one line per orchestrator decision, rewritten whole on every change
+    RUN_DIR/plan_status.jsonl  the live planner's status blocks, appended
+    RUN_DIR/summary.json       written when fit() returns (and merged into by `trimtab eval`)
+    RUN_DIR/.lock              held while a `trimtab train` runs it, with a heartbeat
+
+A rollback restores an older checkpoint and trains the steps after it again, so a step can appear
+twice in metrics.jsonl. The lines the rollback threw away stay in the file, in place, with
+`"abandoned": true`: each line says for itself whether it belongs to the run's trajectory, so any
+line-by-line filter (jq, pandas) gets it without replaying events, and nothing that happened is
+lost. The unmarked lines, in file order, are the kept trajectory: each step once (per kind of
+line), in order. A resume deletes the unmarked lines past its checkpoint (they are trained again,
+the same), never abandoned ones. decisions.jsonl marks the same way the decisions a resumed run's
+checkpoint does not hold (taken in a session that ended without saving again). The readers here
+leave abandoned records out unless asked for them (`abandoned=True`).
+
+Every small file is written whole (write_atomic): a reader never sees half a file, and a write
+that fails (a full disk) leaves the old file as it was and no temp file.
+
+The run lock: while a run trains, its process (rank 0 under torchrun) holds an exclusive flock on
+RUN_DIR/.lock, a JSON file {pid, host, started}, and a daemon thread touches the file every BEAT_S
+seconds. A second `trimtab train` on the directory fails at once instead of interleaving its
+checkpoints with the first's, and `trimtab ctl` asks liveness() before dropping a command that
+would otherwise wait, unnoticed, for the next resume. The kernel drops a flock with its process, so
+a crash or a SIGKILL never leaves a stale lock; the file stays, and its mtime is the last
+heartbeat. On the lock holder's host the flock decides; another node sharing the filesystem (where
+flock may be local to each node) goes by the heartbeat: fresh within STALE_S means alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from trimtab.errors import RunStateError
+
+CONFIG = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+DECISIONS_FILE = "decisions.jsonl"
+PLAN_STATUS_FILE = "plan_status.jsonl"
+SUMMARY = "summary.json"
+LOCK = ".lock"
+ABANDONED = "abandoned"  # the key set (true) on records a rollback or a resume threw away
+
+BEAT_S = 15.0  # the heartbeat's period
+STALE_S = 60.0  # no heartbeat for this long: not alive (four beats missed)
+RETRIES = 10  # x 50 ms: a liveness() probe holds the lock for microseconds
+
+
+# ---------------------------------------------------------------------------- writing whole files
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """`text` into `path` through a temp file beside it and a rename: a reader never sees half a
+    file, and a write that fails (a full disk) leaves the old file as it was and no temp file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, data: Any, indent: int | None = 1) -> None:
+    """`data` as JSON into `path`, whole (write_atomic)."""
+    write_atomic(path, json.dumps(data, indent=indent))
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file's value; None when it is missing or does not parse."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------------------- JSONL files
+
+
+def read_jsonl(path: Path, abandoned: bool = True) -> list[dict[str, Any]]:
+    """The records of a JSONL file in file order ([] when there is none). A last line without its
+    newline (being written by a live run, or cut off by a crash) and a line that does not parse
+    are left out; with abandoned=False so are the records marked abandoned."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    text = path.read_text()
+    lines = text.splitlines()
+    if not text.endswith("\n"):
+        lines = lines[:-1]
+    records = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records if abandoned else [r for r in records if not r.get(ABANDONED)]
+
+
+def write_jsonl(path: Path, records: Iterable[dict[str, Any]], default: Callable[[Any], Any] | None = None) -> None:
+    """A whole JSONL file, one record a line (write_atomic: a reader sees the old file or the new)."""
+    write_atomic(path, "".join(json.dumps(r, default=default) + "\n" for r in records))
+
+
+def rewrite_jsonl(path: Path, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> None:
+    """Each record of an existing JSONL file through `change` (None drops it), atomically."""
+    if not Path(path).exists():
+        return
+    write_jsonl(path, [r for r in map(change, read_jsonl(path)) if r is not None])
+
+
+def append_lines(path: Path, text: str) -> None:
+    """Append whole lines. A write that fails (a full disk) raises, and what part of `text`
+    reached the file is cut back off first, so the caller can write it all again later."""
+    start = None
+    try:
+        with open(path, "a") as fh:
+            start = fh.tell()
+            fh.write(text)
+    except OSError:
+        if start is not None:
+            with contextlib.suppress(OSError):
+                os.truncate(path, start)
+        raise
+
+
+def read_metrics(run_dir: str | Path, abandoned: bool = False) -> list[dict[str, Any]]:
+    """The lines of RUN_DIR/metrics.jsonl in file order: the kept trajectory, or with
+    abandoned=True every line (those of abandoned steps marked); [] when there is no file."""
+    return read_jsonl(Path(run_dir) / METRICS_FILE, abandoned)
+
+
+def read_decisions(run_dir: str | Path, abandoned: bool = False) -> list[dict[str, Any]]:
+    """A run's decisions, oldest first (the journal's format: docs/orchestrator.md): the kept ones,
+    or with abandoned=True also those a resume abandoned (marked "abandoned": true)."""
+    return read_jsonl(Path(run_dir) / DECISIONS_FILE, abandoned)
+
+
+def healed(decisions: list[dict[str, Any]]) -> int:
+    """Kept decisions whose measured outcome says the run recovered."""
+    return sum((d.get("outcome") or {}).get("result") == "recovered" for d in decisions if not d.get(ABANDONED))
+
+
+# ---------------------------------------------------------------------------- summary.json
+
+
+def read_summary(run_dir: str | Path) -> dict[str, Any] | None:
+    """RUN_DIR/summary.json, or None when there is none (a run still going, or one that crashed)."""
+    path = Path(run_dir) / SUMMARY
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def write_summary(run_dir: str | Path, summary: dict[str, Any]) -> None:
+    write_json(Path(run_dir) / SUMMARY, summary)
+
+
+# ---------------------------------------------------------------------------- the run lock
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """Hold run_dir's lock and beat its heartbeat for the block (on rank 0; other ranks pass)."""
+    if os.environ.get("RANK", "0") != "0":  # torchrun's rank, set before the process group exists
+        yield
+        return
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        _acquire(fd, run_dir)
+        _write_lock(fd, {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()})
+        stop = threading.Event()
+        beat = threading.Thread(target=_beat, args=(fd, stop), daemon=True, name="trimtab-heartbeat")
+        beat.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            beat.join()
+            with contextlib.suppress(OSError):  # over: other nodes need not wait out the heartbeat
+                _write_lock(fd, {**_holder(run_dir), "ended": time.time()})
+    finally:
+        os.close(fd)  # releases the flock
+        if created:
+            _remove_if_empty(run_dir)
+
+
+def liveness(run_dir: str | Path) -> tuple[bool, str]:
+    """(whether a `trimtab train` is running run_dir now, the evidence in a few words)."""
+    run_dir = Path(run_dir)
+    path = run_dir / LOCK
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False, "no heartbeat: never started"
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # shared: two probes never block each other
+    except BlockingIOError:
+        return True, f"locked by {_describe(_holder(run_dir))}"
+    finally:
+        os.close(fd)  # releases the probe's lock
+    holder, age = _holder(run_dir), time.time() - path.stat().st_mtime
+    if "ended" in holder:
+        return False, f"ended {_ago(age)} ago"
+    if holder.get("host") != socket.gethostname() and age < STALE_S:
+        return True, f"heartbeat {_ago(age)} ago from {_describe(holder)}"
+    return False, f"last heartbeat {_ago(age)} ago"
+
+
+def _acquire(fd: int, run_dir: Path) -> None:
+    for _ in range(RETRIES):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            time.sleep(0.05)
+    raise RunStateError(
+        f"'{run_dir}' is being trained by {_describe(_holder(run_dir))}; one `trimtab train` per run "
+        f"directory: wait for it to end, or stop it with `trimtab ctl {run_dir} stop`"
+    )
+
+
+def _write_lock(fd: int, record: dict[str, Any]) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(record).encode(), 0)
+
+
+def _beat(fd: int, stop: threading.Event) -> None:
+    while not stop.wait(BEAT_S):
+        with contextlib.suppress(OSError):  # a full or vanished disk must not end the run
+            os.utime(fd)
+
+
+def _remove_if_empty(run_dir: Path) -> None:
+    """A run that failed before writing anything (bad input) leaves no directory behind."""
+    with contextlib.suppress(OSError):
+        if [p.name for p in run_dir.iterdir()] == [LOCK]:
+            (run_dir / LOCK).unlink()
+            run_dir.rmdir()
+
+
+def _holder(run_dir: Path) -> dict[str, Any]:
+    record = read_json(run_dir / LOCK)  # None: not written yet (the holder started a moment ago)
+    return record if isinstance(record, dict) else {}
+
+
+def _describe(holder: dict[str, Any]) -> str:
+    if "pid" not in holder:
+        return "another process"
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("started", 0)))
+    return f"pid {holder['pid']} on {holder.get('host', '?')} (since {since})"
+
+
+def _ago(seconds: float) -> str:
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"

@@ -1,0 +1,114 @@
+"""trimtab/rundir.py: the one reader and writer of a run's files (the loop's side: test_orchestrator_loop.py)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from trimtab.rundir import (
+    DECISIONS_FILE,
+    append_lines,
+    healed,
+    read_decisions,
+    read_json,
+    read_jsonl,
+    read_metrics,
+    read_summary,
+    rewrite_jsonl,
+    write_json,
+    write_jsonl,
+    write_summary,
+)
+
+
+def test_read_metrics_gives_the_kept_trajectory_or_every_line(tmp_path):
+    assert read_metrics(tmp_path) == []
+    lines = [
+        {"step": 1, "loss": 3.0},
+        {"step": 2, "loss": float("nan"), "abandoned": True},
+        {"step": 2, "val_loss": 9.0, "abandoned": True},
+        {"step": 2, "loss": 2.5},
+    ]
+    text = "".join(json.dumps(m) + "\n" for m in lines)
+    (tmp_path / "metrics.jsonl").write_text(text + '{"step": 3, "lo')  # a line still being written
+    assert read_metrics(tmp_path) == [lines[0], lines[3]]
+    every = read_metrics(tmp_path, abandoned=True)
+    assert [m["step"] for m in every] == [1, 2, 2, 2] and every[2] == lines[2]
+
+
+def test_the_run_directory_module_needs_no_torch():
+    """Report tools, tune and benchmarks read run directories without the training stack."""
+    code = "import sys, trimtab.rundir; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_decisions_kept_or_all_and_the_healed_count(tmp_path):
+    assert read_decisions(tmp_path) == [] and healed([]) == 0
+    ds = [
+        {"id": 1, "step": 3, "outcome": {"result": "recovered"}, "abandoned": True},
+        {"id": 2, "step": 5, "outcome": {"result": "recovered"}},
+        {"id": 3, "step": 9, "outcome": None},
+    ]
+    write_jsonl(tmp_path / DECISIONS_FILE, ds)
+    assert read_decisions(tmp_path) == ds[1:] and read_decisions(tmp_path, abandoned=True) == ds
+    assert healed(read_decisions(tmp_path, abandoned=True)) == 1  # abandoned ones never count
+
+
+def test_whole_files_and_appends_that_a_full_disk_cuts_back(tmp_path, monkeypatch):
+    path = tmp_path / "s.json"
+    write_json(path, {"a": 1})
+    assert read_json(path) == {"a": 1} and read_json(tmp_path / "none.json") is None
+    write_summary(tmp_path, {"status": "completed"})
+    assert read_summary(tmp_path) == {"status": "completed"} and read_summary(tmp_path / "x") is None
+    log = tmp_path / "log.jsonl"
+    append_lines(log, '{"step": 1}\n')
+
+    class Full:  # a file whose write fails half way, as on a full disk
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def tell(self):
+            return self.fh.tell()
+
+        def write(self, text):
+            self.fh.write(text[:3])
+            self.fh.flush()
+            raise OSError(28, "No space left on device")
+
+    real_open = open
+
+    def full_open(p, mode="r", *args, **kwargs):
+        return Full(real_open(p, mode)) if mode == "a" else real_open(p, mode, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", full_open)
+    with pytest.raises(OSError):
+        append_lines(log, '{"step": 2}\n')
+    monkeypatch.undo()
+    assert read_jsonl(log) == [{"step": 1}] and log.read_text() == '{"step": 1}\n'
+    rewrite_jsonl(log, lambda r: {**r, "abandoned": True})
+    assert read_jsonl(log, abandoned=False) == [] and not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+
+
+def test_peak_rss_is_the_processs_own_not_a_large_parents():
+    """Linux carries a parent's resident set into a child's ru_maxrss across fork and exec; the
+    metrics' peak_rss_mb (and the benchmarks' children) read the child's own high-water mark."""
+    from pathlib import Path
+
+    from trimtab.training.runtime import peak_rss_mb
+
+    held = bytearray(1500 * 2**20)  # 1.5 GB resident in this process
+    for i in range(0, len(held), 4096):
+        held[i] = 1
+    assert peak_rss_mb() > 1500
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    code = f"import sys; sys.path.insert(0, {src!r}); import trimtab.training.runtime as r; print(r.peak_rss_mb())"
+    child = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    del held
+    assert 0 < child < 1000, child  # the imports (torch), not this process's 1.5 GB
