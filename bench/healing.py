@@ -60,8 +60,7 @@ from typing import Any
 
 from _benchfile import replace_section  # bench/_benchfile.py, next to this file
 from _healing_score import HEADING, attribution, judge, report, verdicts
-from trimtab.orchestrator.journal import read_decisions
-from trimtab.rundir import read_metrics
+from trimtab.rundir import read_decisions, read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent  # the source checkout
 PREEMPTION = ("sigkill", "sigterm", "corrupt_checkpoint")  # relaunched once, as a scheduler would
@@ -343,7 +342,7 @@ def _launches(
 
 def _scored(run: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     """The run's decisions, skipped updates, load and attribution, read from its directory."""
-    decisions = read_decisions(run_dir)
+    decisions = read_decisions(run_dir, abandoned=True)
     # Per-step lines (train.log_every=1). Updates withheld count on abandoned steps too (the
     # orchestrator acted there); the load is judged on the kept trajectory only.
     skipped = sum(m.get("skipped_steps", 0) for m in read_metrics(run_dir, abandoned=True))

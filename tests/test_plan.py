@@ -17,9 +17,9 @@ from trimtab.cli import main
 from trimtab.config import load_config, merge
 from trimtab.config.plan import PlanConfig
 from trimtab.errors import ConfigError
-from trimtab.orchestrator import read_decisions
 from trimtab.plan import Hardware, LossFit, RunProgress, effective_tokens, fit_loss_curve, live_status, make_plan
 from trimtab.plan.curve import format_status, recommend_steps
+from trimtab.rundir import read_decisions
 
 # A made-up accelerator: 1 TFLOP/s, 1 GB, bf16 activations (2 bytes): no measurement in the tests.
 HW = Hardware(
@@ -270,7 +270,7 @@ def test_live_status_in_a_real_run(tmp_path, capsys):
     assert f"Epochs: {first['epochs_seen']:.2f} of {first['planned_epochs']:.2f} planned" in err
     assert last["fit"]["points"] == 20 and last["fit"]["r2"] > 0.5  # steps 11..30, after the 10-step warm-up
     assert last["loss_now"] == pytest.approx(LossFit(**last["fit"]).predict(tokens[30]))
-    assert [d for d in read_decisions(tmp_path / "r") if d["rule"] == "convergence"] == []
+    assert [d for d in read_decisions(tmp_path / "r", abandoned=True) if d["rule"] == "convergence"] == []
 
 
 def test_adjust_shortens_the_run_journals_it_and_resumes_exactly(tmp_path):
@@ -279,7 +279,7 @@ def test_adjust_shortens_the_run_journals_it_and_resumes_exactly(tmp_path):
     cfg = dict(adjust=True, tolerance=0.1, status_every=24, min_points=8)
     summary = trimtab.train(live_cfg(tmp_path / "a", **cfg))
     assert summary["status"] == "completed" and summary["step"] == summary["total_steps"] == 34
-    (d,) = [d for d in read_decisions(tmp_path / "a") if d["rule"] == "convergence"]
+    (d,) = [d for d in read_decisions(tmp_path / "a", abandoned=True) if d["rule"] == "convergence"]
     assert (d["step"], d["action"], d["params"], d["mode"]) == (24, "set_total_steps", {"steps": 34}, "auto")
     assert d["applied"] == ["total steps 40 -> 34"] and d["family"] == "length"
     ev, fit = d["evidence"], d["evidence"]["fit"]
@@ -300,7 +300,7 @@ def test_adjust_shortens_the_run_journals_it_and_resumes_exactly(tmp_path):
     assert first["step"] == 12
     again = trimtab.train(live_cfg(tmp_path / "b", **cfg))
     assert again["step"] == again["total_steps"] == 34
-    assert read_decisions(tmp_path / "b") == read_decisions(tmp_path / "a")
+    assert read_decisions(tmp_path / "b", abandoned=True) == read_decisions(tmp_path / "a", abandoned=True)
     assert status_lines(tmp_path / "b") == status_lines(tmp_path / "a")
     a, b = (load_file(str(list_checkpoints(tmp_path / r)[-1] / "model.safetensors")) for r in "ab")
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -9,7 +9,7 @@ import pytest
 import trimtab
 from trimtab.config import OptimConfig, load_config, merge
 from trimtab.errors import ConfigError
-from trimtab.orchestrator import read_decisions
+from trimtab.rundir import read_decisions
 from trimtab.training.optim import lr_at
 from trimtab.training.schedule import apply_lengths, phase_lr, reconcile
 
@@ -89,7 +89,7 @@ def test_cyclic_schedules_are_never_cut_as_faults(tmp_path, schedule):
     run = tmp_path / "r"
     sets = [f"optim.schedule={schedule}", "optim.cycle_steps=5", "optim.warmup_steps=2"]
     trimtab.train(cfg(run, 32, sets))
-    assert read_decisions(run) == []
+    assert read_decisions(run, abandoned=True) == []
     optim = load_config(preset="debug", sets=sets).optim
     assert logged(run) == pytest.approx({s: lr_at(s - 1, 32, optim) for s in range(1, 33)})
     assert set(logged(run, "lr_scale").values()) == {1.0}
@@ -101,7 +101,7 @@ def test_extending_a_finished_run_rewarms_and_is_journaled_not_cut(tmp_path):
     first = logged(run)
     summary = trimtab.train(cfg(run, 40))
     assert summary["status"] == "completed" and summary["steps_this_session"] == 20
-    (d,) = read_decisions(run)  # no LR cut: one configuration change, the person's
+    (d,) = read_decisions(run, abandoned=True)  # no LR cut: one configuration change, the person's
     assert (d["rule"], d["mode"], d["step"], d["action"]) == ("config", "manual", 20, "set_total_steps")
     assert (d["evidence"]["old"], d["evidence"]["new"]) == (20, 40) and "re-warm" in d["reasoning"]
     lr = logged(run)
@@ -116,5 +116,5 @@ def test_an_unexplained_lr_is_still_caught_after_an_extension(tmp_path):
     run = tmp_path / "r"
     trimtab.train(cfg(run, 12))
     trimtab.train(cfg(run, 24, faults=["lr_spike@18:20"]))
-    rules = [(d["rule"], d["step"]) for d in read_decisions(run)]
+    rules = [(d["rule"], d["step"]) for d in read_decisions(run, abandoned=True)]
     assert rules == [("config", 12), ("lr", 18)]
