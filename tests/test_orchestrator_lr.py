@@ -6,7 +6,7 @@ import json
 import pytest
 
 import trimtab
-from test_orchestrator_loop import debug_cfg
+from test_orchestrator_loop import debug_cfg, train_lines
 from trimtab.rundir import read_decisions
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -32,3 +32,20 @@ def test_the_preset_lr_raises_no_above_start_finding(tmp_path):
     run = tmp_path / "r"
     trimtab.train(debug_cfg(run, steps=30))
     assert not [d for d in read_decisions(run) if d["rule"] == "above_start"]
+
+
+def test_a_cut_lr_still_too_high_is_cut_again_from_the_start_when_the_gradient_dies_away(tmp_path):
+    """One x0.1 cut of a 100x LR leaves it 10x the preset's: the loss stays under its start, so
+    above_start alone never fires again, but the model stalls where the gradient norm falls to
+    under 0.6x its first steps' (on debug, 120 steps: +10.9% over clean with one cut). The rule
+    cuts again and replays from the start; a run it never fired on is not judged this way."""
+    run = tmp_path / "r"
+    summary = trimtab.train(debug_cfg(run, steps=45, optim={"lr": 0.3}, checkpoint={"every": 15}))
+    cuts = [d for d in read_decisions(run) if d["rule"] == "above_start"]
+    assert [d["action"] for d in cuts] == ["rollback", "rollback"], [(d["step"], d["action"]) for d in cuts]
+    second = cuts[1]
+    assert second["evidence"]["grad_norm"] < 0.6 * second["evidence"]["warm_grad_norm"]
+    assert second["params"]["to"] == 0 and "to step 0" in second["applied"][0]
+    kept = [m for m in train_lines(run) if not m.get("abandoned")]
+    assert kept[-1]["lr_scale"] == pytest.approx(0.01)  # both cuts hold: the preset's LR
+    assert summary["exit_code"] == 0

@@ -52,13 +52,17 @@ class AboveStartRule:
     max(margin, rel_margin x it) for `patience` steps in a row: training made the model worse
     than doing nothing, from the first steps on, before any window fills. The LR is the cause
     (a finetuning LR typed for pretraining, a slipped exponent): cut it x lr_factor, again while
-    the loss does not fall, and never give the cut back."""
+    the loss does not fall, and never give the cut back. Once it fired, also while the gradient
+    norm's median over `window` steps falls under `collapse` x its first `window` steps' (an LR
+    still too high holds the model at a level where the gradient dies away)."""
 
     enabled: bool = True
     margin: float = 0.25  # nats
     rel_margin: float = 0.05  # of the starting loss
     patience: int = 3
     lr_factor: float = 0.1
+    window: int = 10  # steps
+    collapse: float = 0.6  # of the first window's median gradient norm
 
 
 @dataclass
@@ -256,7 +260,8 @@ class OrchestratorConfig:
         _check(self.divergence.window >= 4, "orchestrator.divergence.window", "must be >= 4")
         _check(0 < self.divergence.lr_factor < 1, "orchestrator.divergence.lr_factor", "must be in (0, 1)")
         _check(0 < self.above_start.lr_factor < 1, "orchestrator.above_start.lr_factor", "must be in (0, 1)")
-        _positive(self.above_start, "orchestrator.above_start", "patience")
+        _positive(self.above_start, "orchestrator.above_start", "patience", "window")
+        _check(0 < self.above_start.collapse < 1, "orchestrator.above_start.collapse", "must be in (0, 1)")
         _check(self.plateau.lr_factor >= 1, "orchestrator.plateau.lr_factor", "must be >= 1 (a raise)")
         _check(self.plateau.max_lr_scale >= 1, "orchestrator.plateau.max_lr_scale", "must be >= 1")
         _check(0 < self.memory.threshold <= 1, "orchestrator.memory.threshold", "must be in (0, 1]")

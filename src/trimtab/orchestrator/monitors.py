@@ -330,7 +330,15 @@ class AboveStart(Monitor):
     loss climbed 6.2 -> 11.5 by step 15 and no rule fired. The first step's loss is the untouched
     weights' score; a model that scores worse for several steps in a row has been made worse by
     its training, whatever the windows say. Once it fired it fires again only while the loss does
-    not fall (each time below 98% of the level it reported): a cut is given steps to work."""
+    not fall (each time below 98% of the level it reported): a cut is given steps to work.
+
+    A cut LR can still be far too high without the loss going above its start: on `debug` 2-10x
+    the preset's LR holds the loss near 5.0 (the clean run passes 4.2) and the gradient norm falls
+    to under half its warm-up level, where a sound LR keeps it at 0.6-1.4x. So once the rule has
+    fired (`fired` survives a rollback, which restores the rest of its state), it also compares the
+    median gradient norm of the last `window` steps with that of the first `window` (re-measured
+    after each finding): below `collapse` x it, the LR is still too high and it fires again. A run
+    the rule never fired on is never judged on its gradient norm."""
 
     rule, family = "above_start", "instability"
 
@@ -340,16 +348,21 @@ class AboveStart(Monitor):
         self.over: list[float] = []  # losses of the steps above the line, in a row
         self.reported: float | None = None  # the level of the last finding
         self.since = 0  # the first step of the current stretch above the line
+        self.first_step: int | None = None  # the phase's first step (after a rollback: the replay's)
+        self.grads: list[float] = []  # gradient norms since the phase started or the last finding
+        self.fired = False  # a finding in this phase: the LR was far too high (kept across rollbacks)
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if not math.isfinite(m.loss):
             return None
         if self.start is None:
-            self.start = m.loss
+            self.start, self.first_step = m.loss, m.step
             return None
         line = self.start + max(self.cfg.margin, self.cfg.rel_margin * self.start)
         if m.skipped:
             return None
+        if self.fired and (f := self._collapsed(m, line)) is not None:
+            return f
         if m.loss <= line:
             self.over = []
             return None
@@ -361,7 +374,7 @@ class AboveStart(Monitor):
         level = sum(self.over[-self.cfg.patience :]) / self.cfg.patience
         if self.reported is not None and level < 0.98 * self.reported:
             return None
-        self.over, self.reported = [], level
+        self.over, self.reported, self.fired, self.grads = [], level, True, []
         return self.finding(
             m,
             {
@@ -374,6 +387,42 @@ class AboveStart(Monitor):
             },
             f"loss {level:.3f} over {self.cfg.patience} steps, above the {self.start:.3f} the phase started at",
             0.7 + 0.3 * min(1.0, (level - line) / max(line - self.start, 1e-6)),
+        )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        fired = self.fired  # a rollback restores the weights, not the LR the finding cut: still suspect
+        super().load_state_dict(state)
+        self.fired = fired or bool(state.get("fired"))
+
+    def _collapsed(self, m: StepMetrics, line: float) -> Finding | None:
+        """After a finding: the gradient norm's last `window` steps against its first `window`."""
+        if not math.isfinite(m.grad_norm):
+            return None
+        window = self.cfg.window
+        grads = self.grads + [m.grad_norm]
+        self.grads = grads[:window] + grads[window:][-window:]  # the first window and the last
+        if len(self.grads) < 2 * window:
+            return None
+        warm = sorted(self.grads[:window])[window // 2]
+        now = sorted(self.grads[window:])[window // 2]
+        if now >= self.cfg.collapse * warm:
+            return None
+        self.grads, self.over = [], []
+        return self.finding(
+            m,
+            {
+                "loss": m.loss,
+                "start": self.start,
+                "line": line,
+                "grad_norm": now,
+                "warm_grad_norm": warm,
+                "collapse": self.cfg.collapse,
+                "window": window,
+                "since": self.first_step if self.first_step is not None else m.step,
+            },
+            f"gradient norm {now:.3f} (median of {window} steps) under {self.cfg.collapse:g}x the {warm:.3f} "
+            "of the steps after the LR was cut for being far too high",
+            0.75,
         )
 
 

@@ -143,15 +143,43 @@ class Policy:
         self.last_lr_change = f.step
         factor = self.cfg.above_start.lr_factor
         floor = self.cfg.min_lr_scale / view.lr_scale
-        if floor >= 1:
+        if floor >= 1 - 1e-6 and "warm_grad_norm" in f.evidence:  # at the floor: a replay would repeat itself
+            return Remedy(
+                action="none",
+                reasoning=f"the gradient norm fell to {f.evidence['grad_norm']:.3f}, under "
+                f"{f.evidence['collapse']:g}x the {f.evidence['warm_grad_norm']:.3f} of the first steps: the LR is "
+                f"still too high, but it is at its floor (orchestrator.min_lr_scale={self.cfg.min_lr_scale:g}); "
+                "lower optim.lr",
+            )
+        if floor >= 1 - 1e-6:
             return self._rollback(view)
         factor = max(factor, floor)
-        why = (
-            f"the loss has been above the {f.evidence['start']:.3f} this phase started at for "
-            f"{f.evidence['patience']} steps: training makes the model worse than its untouched weights, which "
-            f"is what an LR far too high does; cut it x{factor:g} (again while the loss does not fall), never "
-            "to be given back"
-        )
+        if "warm_grad_norm" in f.evidence:  # the LR was cut for this already, and the gradient dies away
+            why = (
+                f"the LR was cut for being far too high, and since then the gradient norm fell to "
+                f"{f.evidence['grad_norm']:.3f}, under {f.evidence['collapse']:g}x the "
+                f"{f.evidence['warm_grad_norm']:.3f} of the first steps: the model is held where an LR still too "
+                f"high leaves it (the loss stalls, the gradient dies away); cut it again x{factor:g}, never to be "
+                "given back"
+            )
+        else:
+            why = (
+                f"the loss has been above the {f.evidence['start']:.3f} this phase started at for "
+                f"{f.evidence['patience']} steps: training makes the model worse than its untouched weights, which "
+                f"is what an LR far too high does; cut it x{factor:g} (again while the loss does not fall), never "
+                "to be given back"
+            )
+        if "warm_grad_norm" in f.evidence:  # the steps since the replay began trained at a still-too-high LR
+            start = f.evidence["since"] - 1
+            if view.rollbacks < self.cfg.max_rollbacks and view.has_checkpoint(start):
+                self.ladder.rung, self.ladder.recent, self.ladder.rows = 0, [], []
+                return Remedy(
+                    action="rollback",
+                    params={"to": start, "skip_rows": [], "lr_factor": factor},
+                    reasoning=why + f"; the steps since step {start} trained at that LR and left the model stalled "
+                    "(at the lower LR it stays there): restore that checkpoint and train them again",
+                )
+            return Remedy(action="scale_lr", params={"factor": factor}, reasoning=why)
         sound = 0 <= view.last_good < f.evidence["since"]  # saved before the loss left its start
         if sound and view.rollbacks < self.cfg.max_rollbacks:
             self.ladder.rung, self.ladder.recent, self.ladder.rows = 0, [], []

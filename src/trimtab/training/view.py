@@ -230,6 +230,10 @@ class RunView:
         """Whether a verified checkpoint marked good exists (reads the files: ask only when needed)."""
         return find_checkpoint(self._t.cfg.run_dir, "last_good") is not None
 
+    def has_checkpoint(self, step: int) -> bool:
+        """Whether a valid checkpoint at or before `step` exists (reads the files: ask only when needed)."""
+        return find_checkpoint(self._t.cfg.run_dir, max(0, step)) is not None
+
     @property
     def pretrain(self) -> dict[str, Any]:
         """The pretraining phase's length, configured length, warm-up and unique training tokens
