@@ -26,22 +26,26 @@ def judge(run: dict[str, Any], clean: float | None, balance_limit: float | None 
         run["outcome"] = "ok" if run["ratio"] <= 1 + TOLERANCE else "worse"
 
 
-def attribution(run_dir: Path, decisions: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Rows the orchestrator left out (skip_data, a rollback's skip_rows) against the rows the
-    faults really poisoned (faults.json): precision and recall; None where nothing was poisoned."""
-    path = Path(run_dir) / "faults.json"
-    bad = set(json.loads(path.read_text()).get("poisoned", [])) if path.is_file() else set()
+def attribution(
+    run_dir: Path, decisions: list[dict[str, Any]], bad: set[int] | None = None, touched: set[int] = frozenset()
+) -> dict[str, Any] | None:
+    """Rows the orchestrator left out (skip_data, a rollback's skip_rows) against the bad rows: the
+    rows the faults really poisoned (faults.json), or `bad` where the bench knows them (a real
+    garbage corpus: rows mostly garbage); leaving out a row of `touched` (some garbage, not
+    mostly) is no false alarm. Precision and recall; None where nothing was bad."""
+    if bad is None:
+        path = Path(run_dir) / "faults.json"
+        bad = set(json.loads(path.read_text()).get("poisoned", [])) if path.is_file() else set()
     if not bad:
         return None
     left = {
         r for d in decisions if d["mode"] == "auto" for r in d["params"].get("rows", d["params"].get("skip_rows", []))
     }
-    hit = len(left & bad)
     return {
         "left_out": len(left),
         "bad": len(bad),
-        "precision": hit / len(left) if left else None,
-        "recall": hit / len(bad),
+        "precision": len(left & (bad | touched)) / len(left) if left else None,
+        "recall": len(left & bad) / len(bad),
     }
 
 
@@ -127,7 +131,10 @@ def report(results: dict[str, Any]) -> str:
         "scheduler would; disk_stays_full is relaunched once without its fault, as after a person freed the "
         "disk. Real conditions (not injected): disk_real and disk_real_full train on a real tmpfs sized from the "
         "clean run's checkpoints (disk_real_full relaunched once after it is remounted larger), lr_too_high "
-        "with 100x the preset's learning rate. Rows: rows left out / rows the faults poisoned (precision / "
+        "with 100x the preset's learning rate, garbage_corpus on a JSONL corpus with ~3% garbage documents "
+        "against the same corpus without them (its clean run, orchestrator off, on the same held-out clean "
+        "documents and tokenizer: its % are against that). Rows: rows left out / rows the faults poisoned "
+        "(garbage_corpus: rows at least half garbage; leaving out one with less is no false alarm) (precision / "
         "recall); `slow` has nothing to heal (the throughput rule only logs).",
         "",
         "| scenario | fault | off | auto | auto decisions | rows left out / bad | auto updates skipped "
@@ -138,6 +145,8 @@ def report(results: dict[str, Any]) -> str:
         off, auto = runs[f"{name}/off"], runs[f"{name}/auto"]
         clean_off = runs.get(f"clean@{auto['preset']}/off")  # a scenario on a preset of its own
         where = f" on {auto['preset']} (clean: {_reference(clean_off)})" if clean_off else ""
+        if own := runs.get(f"{name}/clean"):  # a scenario with its own clean reference (garbage_corpus)
+            where = f" (clean: {_reference(own)})"
         if auto.get("skipped"):
             lines.append(
                 f"| {name} | {_condition(auto)} | {_cell(off)} | {_cell(auto)} | - | - | - | - | - | skipped |"

@@ -36,7 +36,12 @@ older checkpoints must make room; disk_real_full's tmpfs holds no full checkpoin
 under auto), relaunched once after the tmpfs is remounted large enough, as after a person freed
 space. The tmpfs is mounted by this process (root, Linux): where it cannot be, both scenarios are
 reported as skipped with the reason. lr_too_high trains with optim.lr 100x the preset's, in both
-modes.
+modes. garbage_corpus trains on a real mixed corpus, a JSONL file of the built-in corpus's text with
+~3% garbage documents (random bytes, base64, hex dumps, other scripts, mojibake) at random places,
+for 3 epochs (the orchestrator names a row on its second sighting); its reference is the same file
+without the garbage lines, orchestrator off, evaluated on the same held-out clean documents with the
+same tokenizer; its rows are scored like bad_rows against the training rows at least half garbage,
+rebuilt from each run's config.yaml (_garbage_corpus.py).
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from _benchfile import replace_section  # bench/_benchfile.py, next to this file
+from _garbage_corpus import describe, prepare, truth
 from _healing_score import HEADING, attribution, judge, report, verdicts
 from trimtab.rundir import read_decisions, read_metrics
 
@@ -74,7 +80,10 @@ BALANCE_STEPS = 20  # the load is judged over the last this many steps
 REAL_DISK = {"disk_real": 2.5, "disk_real_full": 0.5}
 FREED_FULLS = 5.0
 LR_FACTOR = 100  # lr_too_high: optim.lr this many times the preset's
-REAL = (*REAL_DISK, "lr_too_high")
+GARBAGE = "garbage_corpus"  # a real mixed corpus: ~3% garbage documents (_garbage_corpus.py)
+GARBAGE_BYTES = 300_000  # of the built-in corpus: ~2,000 training rows, ~63 steps an epoch on debug
+GARBAGE_EPOCHS = 3  # seen three times: named on the second sighting, left out on the third
+REAL = (*REAL_DISK, "lr_too_high", GARBAGE)
 THIN_EVERY = 8  # thin_bad_data: bad_rows (a quarter of one step's rows) every this many steps
 
 
@@ -118,6 +127,7 @@ def scenarios(steps: int, micro_batch_tokens: int) -> dict[str, list[str]]:
         "disk_real": [],
         "disk_real_full": [],
         "lr_too_high": [],
+        GARBAGE: [],
     }
 
 
@@ -445,19 +455,29 @@ def main(argv: list[str]) -> int:
         cfg = load_config(preset=presets[name])
         limit = cfg.orchestrator.moe.imbalance if name in MOE_SCENARIOS else None
         disk, setup = real_setup(name, sizes, cfg.optim.lr)
+        sets, scenario_args, reference = settings(name, cfg.optim.lr), args, runs[f"{key}/off"]
+        if name == GARBAGE:  # its own corpus, run length and clean reference
+            garbage = prepare(out / GARBAGE, GARBAGE_BYTES, GARBAGE_EPOCHS, presets[name], cfg.train.seed)
+            setup, sets = describe(garbage, GARBAGE_BYTES), garbage["sets"]
+            scenario_args = argparse.Namespace(**{**vars(args), "steps": garbage["steps"]})
+            reference = run_training(
+                out / f"{name}-clean", scenario_args, "off", [], None, timeout, presets[name], garbage["clean_sets"]
+            )
+            runs[f"{name}/clean"] = reference | {"kind": "real", "setup": "the same corpus without the garbage"}
+            print(f"{name} clean off: {reference['status']}, val_loss {reference['val_loss']}", flush=True)
         for mode in ("off", "auto"):
             try:
                 if name in REAL_DISK and disk is None:
                     raise Unmountable("the clean run left no checkpoint to size the tmpfs from")
                 run = run_training(
                     out / f"{name}-{mode}",
-                    args,
+                    scenario_args,
                     mode,
                     table[name],
                     "same" if name in PREEMPTION else "freed" if name in FREED else None,
-                    max(timeout, 10 * runs[f"{key}/off"]["wall_s"]),
+                    max(timeout, 10 * reference["wall_s"]),
                     presets[name],
-                    settings(name, cfg.optim.lr),
+                    sets,
                     disk,
                 )
             except Unmountable as exc:
@@ -465,7 +485,13 @@ def main(argv: list[str]) -> int:
                 print(f"{name:18s} skipped: {exc}", flush=True)
                 break
             run |= {"kind": "real" if name in REAL else "injected", "setup": setup}
-            judge(run, runs[f"{key}/off"]["val_loss"], limit)
+            if name == GARBAGE and (Path(run["run_dir"]) / "config.yaml").is_file():
+                # the garbage rows of the run's own training rows, rebuilt from its config
+                rows = truth(Path(run["run_dir"]))
+                bad, touched = set(rows["bad"]), set(rows["touched"])
+                run["attribution"] = attribution(run["run_dir"], run["decisions"], bad, touched)
+                run["garbage_rows"] = {k: rows[k] if k == "rows" else len(rows[k]) for k in ("rows", "bad", "touched")}
+            judge(run, reference["val_loss"], limit)
             runs[f"{name}/{mode}"] = run
             print(
                 f"{name:18s} {mode:4s} {run['outcome'][:60]:60s} val_loss {run['val_loss']} "

@@ -2,6 +2,7 @@
 is written only by a real run)."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -209,6 +210,104 @@ def test_healing_reports_real_and_skipped_scenarios_beside_the_injected_ones():
     assert "| disk_real | real: tmpfs | skipped (cannot mount a tmpfs: denied) | " in text
     assert "**1/2** (not met: lr_too_high)" in text  # the skipped scenario is named, not counted
     assert "- skipped: disk_real (cannot mount a tmpfs: denied)" in text
+
+
+def test_garbage_corpus_is_deterministic_thin_named_and_leaves_the_clean_file_whole(tmp_path):
+    healing = _healing()
+    import _garbage_corpus as gc
+
+    assert healing.scenarios(120, 4096)[healing.GARBAGE] == [] and healing.GARBAGE in healing.REAL
+    text = "\n\n".join(f"def f{i}():\n    return {i}  # " + "x" * 300 for i in range(12))
+    pieces = gc.documents(text, "stdlib/a.py", size=1000)
+    assert [doc_id for doc_id, _ in pieces] == [f"stdlib/a.py#{k}" for k in range(len(pieces))]
+    assert "\n\n".join(doc for _, doc in pieces) == text and all(len(doc) >= 1000 for _, doc in pieces[:-1])
+    clean = [(f"stdlib/m{i}.py#0", f"import os\n\n\ndef f{i}(x):\n    return x + {i}\n" * 40) for i in range(300)]
+    one, two = gc.write(tmp_path / "one", clean), gc.write(tmp_path / "two", clean)
+    for name in (gc.MIXED, gc.CLEAN, gc.EVAL):  # a fixed seed: the same files byte for byte
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+    records = [json.loads(line) for line in one.mixed.read_text().splitlines()]
+    ids = [r["id"] for r in records]
+    garbage = [i for i in ids if gc.is_garbage(i)]
+    assert len(garbage) == one.n_garbage == two.n_garbage and 0.025 <= len(garbage) / len(ids) <= 0.035
+    assert set(one.kinds) == set(gc.KINDS) and all(one.kinds.values())  # every kind, in turn
+    positions = [ids.index(g) for g in garbage]
+    assert positions != list(range(len(ids) - len(garbage), len(ids)))  # mixed in, not appended
+    # the clean file is the mixed one without its garbage lines; the held-out documents are in neither
+    assert [json.loads(line)["id"] for line in one.clean.read_text().splitlines()] == [
+        i for i in ids if not gc.is_garbage(i)
+    ]
+    held = {json.loads(line)["id"] for line in one.eval.read_text().splitlines()}
+    assert held and not held & set(ids) and one.n_clean + len(held) == len(clean)
+    lengths = {len(doc.encode()) for _, doc in clean}
+    for r in records:
+        if gc.is_garbage(r["id"]):  # as long as a clean document, and not like one
+            assert 0.9 * min(lengths) <= len(r["text"].encode()) <= max(lengths) and "return x" not in r["text"]
+    mojibake = next(r["text"] for r in records if r["id"].startswith("garbage/mojibake/"))
+    assert "Ã" in mojibake or "Ð" in mojibake or "Î" in mojibake
+    hexdump = next(r["text"] for r in records if r["id"].startswith("garbage/hexdump/"))
+    assert hexdump.startswith("00000000: ")
+    # trimtab names each JSONL document FILE:LINE: the ground truth finds every one by that name
+    from trimtab.config import DataConfig
+    from trimtab.data.sources import read_documents
+
+    docs, _ = read_documents(DataConfig(source=str(one.mixed), max_bytes=0))
+    names = gc.ids_by_source(one.mixed)
+    assert [names[d.source] for d in docs] == ids
+
+
+def test_garbage_corpus_ground_truth_is_the_rows_mostly_garbage_and_scores_like_bad_rows():
+    _healing()
+    import numpy as np
+
+    import _garbage_corpus as gc
+    from _healing_score import attribution
+    from trimtab.data.packing import TokenizedDocs, pack_rows
+
+    # documents of 40, 100 (garbage), 30, 70 (garbage) tokens, packed into rows of 16 inputs
+    lengths = [40, 100, 30, 70]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    sources = ["c.jsonl:1", "c.jsonl:2", "c.jsonl:3", "c.jsonl:4"]
+    docs = TokenizedDocs(np.zeros(240, np.int32), np.ones(240, bool), offsets, sources)
+    rows = pack_rows(docs, 16)
+    ids = {"c.jsonl:1": "stdlib/a.py#0", "c.jsonl:2": "garbage/base64/0", "c.jsonl:3": "stdlib/b.py#0"}
+    ids["c.jsonl:4"] = "garbage/hexdump/0"
+    truth = gc.shares(rows, ids)
+    garbage = np.zeros(240, bool)
+    garbage[40:140] = garbage[170:240] = True
+    share = [garbage[s + 1 : s + 17].mean() for s in rows.starts]  # a row's targets
+    assert truth["rows"] == len(rows) == 14
+    assert truth["bad"] == [i for i, f in enumerate(share) if f >= 0.5] == [2, 3, 4, 5, 6, 7, 8, 11, 12, 13]
+    assert truth["touched"] == [i for i, f in enumerate(share) if f > 0] == [2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13]
+    decisions = [{"mode": "auto", "params": {"rows": [3, 4, 5, 6, 7, 8, 10, 11]}}]
+    decisions.append({"mode": "auto", "params": {"rows": [0]}})  # a clean row: a false alarm
+    decisions.append({"mode": "off", "params": {"rows": [12, 13]}})  # off only logs: not left out
+    scored = attribution(Path("nowhere"), decisions, set(truth["bad"]), set(truth["touched"]))
+    # row 10 (7 of its 16 targets garbage) is no false alarm; row 0 is
+    assert scored == {"left_out": 9, "bad": 10, "precision": 8 / 9, "recall": 7 / 10}
+
+
+def test_garbage_corpus_ground_truth_rebuilds_a_runs_rows_from_its_config(tmp_path):
+    _healing()
+    import yaml
+
+    import _garbage_corpus as gc
+    from trimtab.config import load_config
+
+    prepared = gc.prepare(tmp_path / "corpus", 40_000, 3, "debug")
+    assert prepared["steps"] == math.ceil(3 * prepared["steps_per_epoch"]) and prepared["bad"] > 0
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = load_config(preset="debug", sets=[*prepared["sets"], f"out={run_dir}"])
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    (run_dir / "tokenizer.json").write_bytes((tmp_path / "corpus" / "tokenizer.json").read_bytes())
+    truth = gc.truth(run_dir)  # as the trainer builds them: the same rows the bench counted
+    assert (truth["rows"], len(truth["bad"]), len(truth["touched"])) == (
+        prepared["rows"],
+        prepared["bad"],
+        prepared["touched"],
+    )
+    kinds = "garbage documents (printable 1, base64 1, hexdump 1, unicode 1, mojibake 1)"
+    assert kinds in gc.describe(prepared, 40_000)
 
 
 def test_healing_skips_a_real_disk_scenario_where_no_tmpfs_can_be_mounted(tmp_path, monkeypatch):
