@@ -191,6 +191,25 @@ class DataRule:
 
 
 @dataclass
+class RowsRule:
+    """Outlier rows (thinly spread bad data; orchestrator/outliers.py): every step's rows, as the
+    training forward scored them, against the last `window` rows: an outlier is above their
+    median by max(sigma x their spread, min_gap). It is named (and in auto mode left out) when it
+    is an outlier again on its next sighting, or at once by `certain_gap` nats."""
+
+    enabled: bool = True
+    window: int = 512  # training rows: the reference
+    min_reference: int = 128  # rows seen before any is judged
+    sigma: float = 4.0
+    min_gap: float = 1.5  # nats
+    # nats above the median that name a row at its first sighting: garbage scores ~ln(vocab) or
+    # more (6.2 at the debug presets' 512 tokens, 10.4 at 32K) where text sits at 2-5; the debug
+    # corpus's own hardest file (quoted-printable test data) reached 2.4 before the model saw it
+    certain_gap: float = 3.0
+    max_suspects: int = 100_000  # rows remembered from their first sighting
+
+
+@dataclass
 class EarlyStopRule:
     """Stop when the validation loss has not improved on its best by `min_delta` for `patience`
     evaluations in a row (per phase; off by default: a run's length is the user's choice)."""
@@ -225,6 +244,7 @@ class OrchestratorConfig:
     mod: MoDRule = field(default_factory=MoDRule)
     lr: LRRule = field(default_factory=LRRule)
     data: DataRule = field(default_factory=DataRule)
+    rows: RowsRule = field(default_factory=RowsRule)
     early_stop: EarlyStopRule = field(default_factory=EarlyStopRule)
 
     RULES = (
@@ -240,6 +260,7 @@ class OrchestratorConfig:
         "moe",
         "mod",
         "lr",
+        "rows",
         "early_stop",
     )
 
@@ -278,6 +299,12 @@ class OrchestratorConfig:
             self.data.min_gap >= 0 and self.data.watch_steps >= 0,
             "orchestrator.data",
             "min_gap and watch_steps must be >= 0",
+        )
+        _positive(self.rows, "orchestrator.rows", "window", "sigma", "max_suspects")
+        _check(
+            0 <= self.rows.min_gap <= self.rows.certain_gap and self.rows.min_reference >= 0,
+            "orchestrator.rows",
+            "min_gap and min_reference must be >= 0, certain_gap >= min_gap",
         )
         _check(self.lr.factor > 2, "orchestrator.lr.factor", "must be > 2 (warm-up doubles the LR once)")
         _check(self.oom.max_retries >= 1, "orchestrator.oom.max_retries", "must be >= 1")

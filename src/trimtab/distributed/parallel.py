@@ -339,8 +339,11 @@ class Parallel(Checkpoints):
         self._signal = self._signal or signal.Signals[name].value
         return ""
 
-    def reduce_step(self, loss: torch.Tensor, aux: torch.Tensor | None, routers: Any, model: nn.Module) -> None:
-        """Sum every replica's share of the step's loss, auxiliary loss and router statistics, in
+    def reduce_step(
+        self, loss: torch.Tensor, aux: torch.Tensor | None, routers: Any, model: nn.Module, rows: Any = None
+    ) -> None:
+        """Sum every replica's share of the step's loss, auxiliary loss, router statistics and
+        per-row losses (training.runtime.RowLosses: each replica fills its own rows' places), in
         place and in one all-reduce on device (no host sync). Each share is already weighted by
         the global target count, so the sums are the single-process values."""
         self._agreed = False
@@ -351,6 +354,7 @@ class Parallel(Checkpoints):
             self.ddp.module.output = None
         loads = [layer.load for _, layer in model.moe_layers() if layer.load.device.type != "meta"]
         step = [loss] + ([aux] if aux is not None else []) + _router_tensors(routers)
+        step += [rows.values] if rows is not None else []
         if self.pipeline is not None:  # each stage holds its own layers' telemetry, the last the loss
             self.pipeline.sum_tied_grads()
             _sum_in_place(step, self.mesh.step_group)

@@ -26,6 +26,7 @@ from trimtab.orchestrator.journal import Decision, Journal
 from trimtab.orchestrator.mod_health import MoDQuality
 from trimtab.orchestrator.moe_health import MoEHealth
 from trimtab.orchestrator.monitors import MONITORS, Finding, Rolling, StepMetrics, build_monitors
+from trimtab.orchestrator.outliers import OutlierRows
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.remedies import Remedy
 from trimtab.rundir import DECISIONS_FILE
@@ -39,7 +40,8 @@ if TYPE_CHECKING:
     from trimtab.training.view import RunView
 
 GATED = ("spike", "grad", "lr")  # rules whose ceilings the update gate checks before the optimizer step
-PER_PHASE = ("spike", "grad", "divergence", "above_start", "plateau", "throughput")  # windows a new phase starts afresh
+# windows a new phase starts afresh
+PER_PHASE = ("spike", "grad", "divergence", "above_start", "plateau", "throughput", "rows")
 
 
 class Orchestrator(Hook):
@@ -52,6 +54,8 @@ class Orchestrator(Hook):
             self.monitors["moe"] = MoEHealth(cfg)
         if cfg.mod.enabled:
             self.monitors["mod"] = MoDQuality(cfg)
+        if cfg.rows.enabled:
+            self.monitors["rows"] = OutlierRows(cfg)  # thinly spread bad data: rows far above the others
         if cfg.early_stop.enabled:
             self.monitors["early_stop"] = EarlyStop(cfg)
         self.policy = Policy(cfg)
@@ -217,6 +221,7 @@ class Orchestrator(Hook):
                     changes=o.changes,
                     phase=o.phase,
                     rows=o.batch.rows,
+                    row_losses=_row_means(o.batch.rows, values["rows"]),
                     moe=_moe_loads(o, values["moe"], top_k),
                     mod_capacity=values["mod"],
                 )
@@ -227,7 +232,8 @@ class Orchestrator(Hook):
     def _observe(self, run: RunView, m: StepMetrics) -> None:
         if m.phase != self.phase:  # new data, a new schedule: the loss and its noise start over
             self.phase = m.phase
-            self.monitors.update({k: MONITORS[k](self.cfg) for k in PER_PHASE if k in self.monitors})
+            fresh = {**MONITORS, "rows": OutlierRows}
+            self.monitors.update({k: fresh[k](self.cfg) for k in PER_PHASE if k in self.monitors})
             if self.mode == "auto":  # the probe scores the new phase's held-out rows from now on
                 self.policy.probe_baseline = run.probe_loss()
         self.policy.data.record(m.step, m.rows)
@@ -241,7 +247,7 @@ class Orchestrator(Hook):
         for decision in self.journal.pending():
             track = self.tracking.setdefault(str(decision.id), {"losses": [], "findings": 0})
             track["losses"].append(m.loss)
-            track["findings"] += any(f.family == decision.family for f in findings)
+            track["findings"] += any(_same_trouble(decision, f) for f in findings)
             decision.observed += 1
             if decision.observed >= self.cfg.outcome_after:
                 self._judge(decision)
@@ -477,7 +483,28 @@ def _device_values(out: StepOutput, moe: bool) -> dict[str, Any]:
         "overflow": out.overflow if out.overflow is not None else False,
         "mod": out.mod["means"][:, 0].mean() if out.mod else None,
         "moe": {"counts": out.moe["counts"], "means": out.moe["means"]} if moe and out.moe else None,
+        "rows": out.row_losses,
     }
+
+
+def _same_trouble(decision: Decision, f: Finding) -> bool:
+    """Whether finding f says decision's trouble is back: the same family, and for outlier rows
+    the same rows (other rows found later are other data, not a failed remedy)."""
+    if f.family != decision.family:
+        return False
+    return decision.rule != "rows" or bool(set(decision.params.get("rows", ())) & set(f.evidence.get("rows", ())))
+
+
+def _row_means(rows: list[int], host: list[list[float]] | None) -> dict[int, float] | None:
+    """Each row's mean loss from the step's read [R, 2] (summed loss, targets; a row's first place
+    holds it, training.runtime.RowLosses); rows without targets left out."""
+    if host is None:
+        return None
+    means: dict[int, float] = {}
+    for row, (summed, count) in zip(rows, host):
+        if count > 0 and row not in means:
+            means[row] = summed / count
+    return means
 
 
 def _moe_loads(out: StepOutput, host: dict[str, Any] | None, top_k: dict[int, int]) -> list[tuple] | None:

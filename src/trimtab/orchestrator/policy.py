@@ -217,12 +217,19 @@ class Policy:
         return sorted(set(self.ladder.rows) | set(self.data.since(first)))
 
     def _watched(self, f: Finding, view: Any) -> Remedy:
-        return Remedy(
-            action="skip_data",
-            params={"rows": f.evidence["rows"]},
-            reasoning="rows were left out as bad data a few steps ago, so the steps after are watched: these "
-            "score as outliers against held-out rows too; leave them out",
-        )
+        if f.rule == "rows":
+            why = (
+                "these rows' losses are far above the other rows' of the last steps, and stay there: outliers "
+                "again when seen once more, or already by more than text ever is; the model does not learn them "
+                "as it learns the rest (garbage, a broken encoding, a corrupt record), so they are bad data even "
+                "though no step spiked; leave them out of later epochs (this step's update included them)"
+            )
+        else:
+            why = (
+                "rows were left out as bad data a few steps ago, so the steps after are watched: these score as "
+                "outliers against held-out rows too; leave them out"
+            )
+        return Remedy(action="skip_data", params={"rows": f.evidence["rows"]}, reasoning=why)
 
     def _rollback(self, view: Any, broken: float | None = None, cause: str = "") -> Remedy:
         """Rung 2 (or straight there when the probe found the weights broken): restore the last

@@ -109,7 +109,8 @@ class Control:
     def _skip_data(self, rows: list[int]) -> str:
         added = self._trainer.loader.skip_rows(rows)
         already = len(set(rows)) - added
-        return f"{added} rows left out of training" + (f" ({already} more already were)" if already else "")
+        noun = "row" if added == 1 else "rows"
+        return f"{added} {noun} left out of training" + (f" ({already} more already were)" if already else "")
 
     def _set_micro_batch_tokens(self, tokens: int) -> str:
         """Micro-batch budget; the step's rows (the optimization batch) stay the same."""

@@ -48,17 +48,30 @@ def chunk_tokens(head: torch.Tensor) -> int:
 
 
 def cross_entropy_sum(
-    hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, chunk: int | None = None
+    hidden: torch.Tensor,
+    head: torch.Tensor,
+    targets: torch.Tensor,
+    chunk: int | None = None,
+    token_losses: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """hidden [B, T, D], head weight [V, D], targets [B, T] (-100 ignored) -> summed loss (0-d,
-    fp32); `chunk` tokens at a time (default: chunk_tokens(head))."""
+    fp32); `chunk` tokens at a time (default: chunk_tokens(head)). `token_losses` (fp32 [B * T],
+    optional) receives each token's loss (0 where ignored), without gradient: the per-row losses
+    the orchestrator watches, read from the pass that trains (not under tensor parallelism)."""
     chunk = chunk or chunk_tokens(head)
     h, t = hidden.flatten(0, 1), targets.flatten()
     if h.shape[0] == 0:
         return hidden.new_zeros((), dtype=torch.float32)
     wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or head.requires_grad)
     if wants_grad and not hasattr(head, "to_local"):  # a DTensor (tensor parallel) keeps autograd's loss
-        return LinearCrossEntropy.apply(h, head, t, chunk)
+        return LinearCrossEntropy.apply(h, head, t, chunk, token_losses)
+    if token_losses is not None and not wants_grad:  # scoring: the same loss, kept per token
+        for s in range(0, h.shape[0], chunk):
+            logits = F.linear(h[s : s + chunk], head).float()
+            token_losses[s : s + chunk] = F.cross_entropy(
+                logits, t[s : s + chunk], ignore_index=IGNORE_INDEX, reduction="none"
+            )
+        return token_losses.sum()
     parts = [_chunk_loss(F.linear(h[s : s + chunk], head), t[s : s + chunk]) for s in range(0, h.shape[0], chunk)]
     total = parts[0]
     for part in parts[1:]:  # not sum(): 0 + a DTensor is not one
@@ -75,7 +88,9 @@ class LinearCrossEntropy(torch.autograd.Function):
     """sum over tokens of cross_entropy(h @ head.T, t), gradients taken in the forward."""
 
     @staticmethod
-    def forward(ctx, h: torch.Tensor, head: torch.Tensor, t: torch.Tensor, chunk: int) -> torch.Tensor:
+    def forward(
+        ctx, h: torch.Tensor, head: torch.Tensor, t: torch.Tensor, chunk: int, token_losses: torch.Tensor | None
+    ) -> torch.Tensor:
         # h [N, D], head [V, D], t [N]; under autocast the matmuls run in its dtype, as F.linear's would
         want_h, want_head = ctx.needs_input_grad[:2]
         mm_dtype = compute_dtype(h)  # the two gradient matmuls': cast [C, V] once, not per matmul
@@ -88,7 +103,10 @@ class LinearCrossEntropy(torch.autograd.Function):
             lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [C, 1]
             valid, index = tc != IGNORE_INDEX, tc.clamp(min=0).unsqueeze(1)  # index [C, 1]: ignored rows read class 0
             picked = logits.gather(1, index)  # [C, 1]
-            total += ((lse - picked).squeeze(1) * valid).sum()
+            losses = (lse - picked).squeeze(1) * valid  # [C]
+            total += losses.sum()
+            if token_losses is not None:
+                token_losses[s : s + chunk] = losses
             # d (chunk's summed loss) / d logits = softmax - onehot. An ignored row's gradient is
             # zeroed on the [C, D] side, in its hidden state's gradient and its input to the head's:
             # one pass over the [C, V] block fewer than masking the block
@@ -112,4 +130,4 @@ class LinearCrossEntropy(torch.autograd.Function):
         grad_h, grad_head = ctx.saved_tensors
         gh = grad_h * grad_out.to(grad_h.dtype) if grad_h is not None else None
         gw = (grad_head * grad_out).to(ctx.head_dtype) if grad_head is not None else None
-        return gh, gw, None, None
+        return gh, gw, None, None, None

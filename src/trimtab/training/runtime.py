@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from trimtab.data import IGNORE_INDEX
+
 
 @dataclass
 class LogWindow:
@@ -124,6 +126,31 @@ class RouterStats:
 
     def mod_dict(self) -> dict[str, Any] | None:
         return {"layers": [i for i, _ in self.mod_layers], "means": self.mod} if self.mod_layers else None
+
+
+class RowLosses:
+    """One step's loss per dataset row, on device: [R, 2] (summed loss, target count) at each
+    row's place in the step's `rows` (every rank's, so an all-reduce sum gathers them under data
+    parallelism; a row twice in one step sums into one place). The orchestrator's outlier-row
+    rule reads the means; they come from the training forward itself, so watching every row
+    costs one [B * T] write per micro-batch, not a second pass."""
+
+    def __init__(self, rows: list[int], device: torch.device) -> None:
+        self.place: dict[int, int] = {}
+        for i, row in enumerate(rows):
+            self.place.setdefault(row, i)
+        self.values = torch.zeros(len(rows), 2, device=device)
+
+    def buffer(self, targets: torch.Tensor) -> torch.Tensor:
+        """A micro-batch's per-token loss buffer, fp32 [B * T], for cross_entropy_sum to fill."""
+        return torch.zeros(targets.numel(), dtype=torch.float32, device=targets.device)
+
+    def add(self, rows: list[int], token_losses: torch.Tensor, targets: torch.Tensor) -> None:
+        """After a micro-batch's loss: its rows' summed losses and target counts (targets [B, T])."""
+        index = torch.tensor([self.place[r] for r in rows], device=self.values.device)
+        counted = (targets != IGNORE_INDEX).sum(1).float()  # [B]
+        summed = token_losses.view(targets.shape).sum(1)  # [B]
+        self.values.index_add_(0, index, torch.stack([summed, counted], 1))
 
 
 def mod_metrics(mod: dict[str, Any]) -> dict[str, float]:

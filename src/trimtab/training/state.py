@@ -65,3 +65,4 @@ class StepOutput:
     aux_loss: torch.Tensor | None = None  # 0-d, on device: the MoE auxiliary losses in the objective
     moe: dict[str, Any] | None = None  # MoEStepStats.as_dict(): router telemetry per MoE layer
     mod: dict[str, Any] | None = None  # RouterStats.mod_dict(): per Mixture-of-Depths layer
+    row_losses: torch.Tensor | None = None  # [R, 2] on device: RowLosses.values (summed loss, targets) per row

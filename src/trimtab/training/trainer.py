@@ -25,7 +25,7 @@ from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoard
 from trimtab.training.loss import cross_entropy_sum
 from trimtab.training.metrics import run_summary, step_metrics
 from trimtab.training.optim import build_optimizer, set_lr
-from trimtab.training.runtime import LogWindow, RouterStats, rng_state, set_rng_state
+from trimtab.training.runtime import LogWindow, RouterStats, RowLosses, rng_state, set_rng_state
 from trimtab.training.schedule import configured_lengths, phase_lr, reconcile
 from trimtab.training.setup import Run
 from trimtab.training.signals import handle_signals
@@ -109,8 +109,11 @@ class Trainer:
         self.model.set_step(self.state.step)  # Mixture-of-Depths capacity warm-up
         self.model.train()
         routers = RouterStats(self.model, self.device)
-        loss, aux_total = self._forward_backward(batch, routers)
-        self.dist.reduce_step(loss, aux_total, routers, self.model)  # sums over ranks, on device
+        # per-row losses come out of the fused loss (not a pipeline's stages, not a vocab-sharded head)
+        per_row = self.dist.pipeline is None and not hasattr(self.model.lm_head.weight, "to_local")
+        rows = RowLosses(batch.rows, self.device) if per_row else None
+        loss, aux_total = self._forward_backward(batch, routers, rows)
+        self.dist.reduce_step(loss, aux_total, routers, self.model, rows)  # sums over ranks, on device
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         clip = self.control.grad_clip() or math.inf  # inf: measure the norm, change nothing
@@ -138,11 +141,15 @@ class Trainer:
             aux_loss=aux_total,
             moe=routers.moe_dict(),
             mod=routers.mod_dict(),
+            row_losses=rows.values if rows is not None else None,
         )
 
-    def _forward_backward(self, batch: StepBatch, routers: RouterStats) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward_backward(
+        self, batch: StepBatch, routers: RouterStats, rows: RowLosses | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Gradients of the step's objective over its micro-batches; returns this rank's share of
-        the token-normalised loss and of the weighted auxiliary losses (0-d, on device)."""
+        the token-normalised loss and of the weighted auxiliary losses (0-d, on device); each
+        row's loss goes to `rows`."""
         if self.dist.pipeline is not None:  # the schedule runs forwards and backwards interleaved
             scale = self.scaler._scale if self.scaler else None  # private, but get_scale() syncs
             with self.precision.autocast():
@@ -155,12 +162,14 @@ class Trainer:
             inputs = micro.inputs.to(self.device, non_blocking=True)
             targets = micro.targets.to(self.device, non_blocking=True)
             share = micro.n_targets / batch.n_targets
+            token_losses = rows.buffer(targets) if rows is not None else None
             with self.precision.autocast():
                 hidden = self.forward(inputs)
                 # Token-normalised loss: each micro-batch's summed loss over the step's total
                 # target count, so the gradient is that of one large batch however it is split
                 # ((x1+x2)/(n1+n2), not (x1/n1+x2/n2)/2; torchtune#1875, transformers#34242).
-                micro_loss = cross_entropy_sum(hidden, self.model.lm_head.weight, targets) / batch.n_targets
+                summed = cross_entropy_sum(hidden, self.model.lm_head.weight, targets, token_losses=token_losses)
+                micro_loss = summed / batch.n_targets
                 aux = self.model.aux_loss()  # MoE balance + z, MoD predictor: weighted like the tokens
                 objective = micro_loss if aux is None else micro_loss + share * aux
             if micro is batch.micro[-1]:  # ranks agree on OOM / signals before gradients are synced
@@ -170,6 +179,8 @@ class Trainer:
             if aux is not None:
                 aux_total = share * aux.detach() + (0 if aux_total is None else aux_total)
             routers.add(share)
+            if rows is not None:
+                rows.add(micro.rows, token_losses, targets)
         return loss, aux_total
 
     def _loss_sum(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,136 @@
+"""Thinly spread bad data: each row's loss out of the training forward (the fused loss's per-token
+side output, RowLosses) and the outlier-rows rule that names rows which stay far above the rest."""
+
+import json
+import math
+import random
+
+import torch
+import torch.nn.functional as F
+
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.monitors import StepMetrics
+from trimtab.orchestrator.outliers import OutlierRows
+from trimtab.training.loss import cross_entropy_sum
+from trimtab.training.runtime import RowLosses
+
+
+def _inputs(b=3, t=40, d=16, v=50, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(b, t, d, generator=g, requires_grad=True)
+    head = torch.randn(v, d, generator=g, requires_grad=True)
+    targets = torch.randint(0, v, (b, t), generator=g)
+    targets[1, 30:] = -100  # a padded row
+    return hidden, head, targets
+
+
+def test_the_fused_loss_reports_each_tokens_loss_and_its_gradients_do_not_change():
+    hidden, head, targets = _inputs()
+    plain = F.cross_entropy((hidden @ head.T).flatten(0, 1), targets.flatten(), reduction="none")
+    tokens = torch.full((targets.numel(),), float("nan"))
+    loss = cross_entropy_sum(hidden, head, targets, chunk=16, token_losses=tokens)  # chunks cut across rows
+    torch.testing.assert_close(tokens, plain.detach())  # 0 where ignored, as the plain loss's
+    assert not tokens.requires_grad
+    loss.backward()
+    grads = hidden.grad.clone(), head.grad.clone()
+    hidden.grad = head.grad = None
+    cross_entropy_sum(hidden, head, targets, chunk=16).backward()
+    torch.testing.assert_close(grads, (hidden.grad, head.grad), rtol=0, atol=0)
+    with torch.no_grad():  # scoring: the same side output without gradients
+        again = torch.zeros_like(tokens)
+        total = cross_entropy_sum(hidden, head, targets, chunk=16, token_losses=again)
+    torch.testing.assert_close(again, tokens)
+    torch.testing.assert_close(total, loss.detach())
+
+
+def test_row_losses_are_per_row_means_placed_by_the_steps_rows():
+    rows = RowLosses([7, 3, 9, 3], torch.device("cpu"))  # row 3 twice in one step (a tiny dataset wrapped)
+    targets = torch.tensor([[1, 2, -100], [1, 1, 1]])
+    rows.add([9, 3], torch.tensor([1.0, 3.0, 0.0, 2.0, 2.0, 2.0]), targets)
+    rows.add([3], torch.tensor([4.0, 0.0, 0.0]), torch.tensor([[5, -100, -100]]))
+    summed, counted = rows.values.T.tolist()
+    assert summed == [0.0, 10.0, 4.0, 0.0] and counted == [0.0, 4.0, 2.0, 0.0]  # row 3: (6 + 4) / 4 targets
+
+
+class Data:
+    """Steps of 32 rows: text at loss ~N(4, 0.2) falling slowly, with chosen rows' losses set."""
+
+    def __init__(self):
+        self.rng, self.step, self.next_row = random.Random(0), 0, 0
+
+    def step_metrics(self, special: dict[int, float] = {}) -> StepMetrics:
+        self.step += 1
+        rows = list(range(self.next_row, self.next_row + 32 - len(special))) + list(special)
+        self.next_row += 32 - len(special)
+        base = 4.0 - 0.002 * self.step
+        losses = {r: special.get(r, self.rng.gauss(base, 0.2)) for r in rows}
+        return StepMetrics(step=self.step, loss=base, grad_norm=1.0, rows=rows, row_losses=losses)
+
+
+def test_a_row_is_named_when_it_stays_far_out_and_a_hard_row_the_model_learns_is_not():
+    rule, data = OutlierRows(OrchestratorConfig()), Data()
+    for _ in range(5):  # 160 rows: the reference
+        assert rule.observe(data.step_metrics()) is None
+    # first sightings: garbage 2.2 nats out (a suspect), a hard file 2.0 out, garbage 4 nats out
+    f = rule.observe(data.step_metrics({10_000: 6.2, 10_001: 6.0, 10_002: 8.0}))
+    assert f.rule == "rows" and f.family == "data" and f.evidence["rows"] == [10_002]
+    assert set(rule.suspects) == {"10000", "10001"}
+    for _ in range(10):
+        assert rule.observe(data.step_metrics()) is None
+    # the next epoch: the garbage is as far out as before; the hard file was learned (1 nat out)
+    f = rule.observe(data.step_metrics({10_000: 6.2, 10_001: 5.0}))
+    assert f.evidence["rows"] == [10_000] and f.evidence["first_gaps"]["10000"] > 2
+    assert set(rule.suspects) == {"10001"}
+    # a row whose loss is not finite while the rest are is named at once
+    assert rule.observe(data.step_metrics({10_003: math.nan})).evidence["rows"] == [10_003]
+    # a broken forward (most rows not finite) is not the rows' fault
+    step = data.step_metrics()
+    step.row_losses = dict.fromkeys(step.row_losses, math.inf)
+    assert rule.observe(step) is None
+
+
+def test_its_state_is_json_and_resumes_the_same():
+    rule, data = OutlierRows(OrchestratorConfig()), Data()
+    for _ in range(5):
+        rule.observe(data.step_metrics())
+    rule.observe(data.step_metrics({10_000: 6.3}))
+    state = json.loads(json.dumps(rule.state_dict()))
+    again = OutlierRows(OrchestratorConfig())
+    again.load_state_dict(state)
+    assert list(again.recent) == list(rule.recent) and again.suspects == rule.suspects
+    assert again.observe(data.step_metrics({10_000: 6.3})).evidence["rows"] == [10_000]
+
+
+def test_nothing_is_judged_before_the_reference_fills():
+    rule, data = OutlierRows(OrchestratorConfig()), Data()
+    assert rule.observe(data.step_metrics({10_000: 20.0})) is None  # 32 rows seen: under min_reference
+
+
+def test_thinly_spread_garbage_rows_are_named_and_left_out_through_the_loop(tmp_path):
+    """A quarter of two steps' rows turn to garbage for good (bad_rows): no step spikes, yet the
+    rows are named, at once where they are far out and on their next sighting otherwise, and no
+    clean row is (the corpus is repeated ~5 times, so every row is seen again)."""
+    import trimtab
+    from trimtab.config import load_config
+    from trimtab.rundir import read_decisions
+
+    cfg = load_config(
+        preset="debug",
+        overrides={
+            "out": str(tmp_path / "r"),
+            "train": {"max_steps": 48, "eval_every": 0, "precision": "fp32"},
+            "data": {"max_bytes": 60_000},
+            "checkpoint": {"every": 0},
+            "log": {"progress": False, "tensorboard": False, "report": False},
+            "orchestrator": {"throughput": {"enabled": False}},
+            "faults": ["bad_rows@26:2"],
+        },
+    )
+    assert trimtab.train(cfg)["status"] == "completed"
+    poisoned = set(json.loads((tmp_path / "r" / "faults.json").read_text())["poisoned"])
+    named = [d for d in read_decisions(tmp_path / "r") if d["rule"] == "rows"]
+    left_out = {r for d in named for r in d["params"]["rows"]}
+    assert len(poisoned) >= 8 and left_out <= poisoned and len(left_out) >= 0.75 * len(poisoned)
+    assert {d["action"] for d in named} == {"skip_data"} and all(d["mode"] == "auto" for d in named)
+    assert any(d["evidence"]["first_gaps"] for d in named)  # some on their second sighting
+    assert all("left out of training" in d["applied"][0] for d in named)
