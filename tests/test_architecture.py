@@ -1,6 +1,7 @@
-"""The package's import rules (DESIGN.md section 1), checked on the source: imports flow one way."""
+"""The package's import rules (docs/architecture.md section 1), checked on the source: imports flow one way."""
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "trimtab"
@@ -51,9 +52,9 @@ def test_training_never_imports_the_orchestrator():
 
 
 def test_interop_reads_run_directories_and_never_trains():
-    """hf, merge and evaluation read run directories (DESIGN.md section 2: the loop never pushes
-    into them); none imports the trainer or the orchestrator, and transformers is no dependency
-    of theirs (only the remote-code files exported beside the weights import it)."""
+    """hf, merge and evaluation read run directories (docs/architecture.md sections 1 and 4);
+    none imports the trainer or the orchestrator, and transformers is no dependency of theirs
+    (only the remote-code files exported beside the weights import it)."""
     remote = {"hf/remote/configuration_trimtab.py", "hf/remote/modeling_trimtab.py"}
     for package in ("hf", "merge", "evaluation"):
         assert offenders(package, ("trimtab.training", "trimtab.orchestrator", "trimtab.cli")) == []
@@ -185,3 +186,48 @@ def test_the_report_reads_files_only():
     the run lock's liveness probe too) and imports no torch, nothing of training or the
     orchestrator: it runs wherever a run directory is copied to, and no import runs back up."""
     assert offenders("report", ("torch", "trimtab.training", "trimtab.orchestrator")) == []
+
+
+REPO = SRC.parent.parent
+MAP = REPO / "docs" / "architecture.md"
+
+
+def _repo_text_files() -> list[Path]:
+    roots = [REPO / d for d in ("src", "tests", "docs", "bench", "configs")]
+    files = [p for r in roots for p in r.rglob("*") if p.suffix in {".py", ".md", ".yaml", ".yml", ".sh", ".toml"}]
+    return files + [REPO / n for n in ("README.md", "BENCHMARKS.md", "pyproject.toml") if (REPO / n).is_file()]
+
+
+def test_the_repo_cites_its_own_map_not_notes_a_clone_lacks():
+    """Design notes kept outside the repository (DESIGN.md and the others of the shared/ folder)
+    are not in a clone: files cite docs/architecture.md and the other docs/ instead."""
+    outside = re.compile(r"\b(?:DESIGN|PRIOR_ART|INTEROP_NOTES)\.md\b|\bshared/[A-Za-z_]+\.md\b")
+    here = Path(__file__).resolve()
+    bad = [
+        f"{p.relative_to(REPO)}:{i}"
+        for p in _repo_text_files()
+        if p.resolve() != here
+        for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+        if outside.search(line)
+    ]
+    assert bad == []
+
+
+def test_every_orchestrator_rule_is_on_the_map():
+    """Each rule name the orchestrator journals (a Finding's rule in orchestrator/, every rule of
+    OrchestratorConfig.RULES and actions.RULE_NAMES) has its row in docs/architecture.md's rule
+    table: detector, family, remedy, actions, effect, config."""
+    from trimtab.config.orchestrator import OrchestratorConfig
+    from trimtab.training.actions import RULE_NAMES
+
+    found = set()
+    for path in (SRC / "orchestrator").glob("*.py"):
+        text = path.read_text()
+        found |= set(re.findall(r'\brule="(\w+)"', text))
+        found |= set(re.findall(r'\brule, (?:f\.)?family = "(\w+)"', text))
+    table = MAP.read_text().split("\n## 3.")[1].split("\n## 4.")[0]
+    rows = set(re.findall(r"^\| `(\w+)` \|", table, re.MULTILINE))
+    assert {"spike", "rows", "disk"} <= found  # the scan still finds rules
+    assert set(OrchestratorConfig.RULES) | set(RULE_NAMES) | found <= rows, sorted(
+        (set(OrchestratorConfig.RULES) | set(RULE_NAMES) | found) - rows
+    )

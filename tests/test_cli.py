@@ -290,7 +290,7 @@ CLI_SURFACE = {
     "presets": ({"-h", "--help"}, []),
     "data": ({"-h", "--help"}, ["data_command"]),
     "doctor": ({"-h", "--help", "--preset", "--device", "--nproc", "--strategy", "--json"}, []),
-    # issue 15, the experiment loop: DESIGN.md section 6 names `report` and `tune`; `runs` lists run directories
+    # issue 15, the experiment loop: `report` and `tune` (docs/architecture.md section 4, CLI); `runs` lists run directories
     "tune": ({"-h", "--help", "--trials", "--workers", "--storage", "--out"}, ["space"]),
     "report": ({"-h", "--help", "--out"}, ["runs"]),
     "runs": ({"-h", "--help", "--sort", "--reverse", "--json"}, ["root"]),
@@ -298,7 +298,7 @@ CLI_SURFACE = {
 
 
 def test_the_cli_surface_is_frozen():
-    """DESIGN.md section 6: the CLI surface is small and stable; people's scripts call it."""
+    """The CLI surface (docs/architecture.md section 4) is small and stable; people's scripts call it."""
     [subcommands] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     surface = {
         name: ({o for a in p._actions for o in a.option_strings}, [a.dest for a in p._actions if not a.option_strings])

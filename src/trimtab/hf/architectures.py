@@ -1,5 +1,5 @@
 """Hugging Face config.json <-> trimtab ModelConfig, for the architectures whose forward is
-trimtab's function (measured parity in tests/test_hf.py; the facts in shared/INTEROP_NOTES.md).
+trimtab's function (measured parity in tests/test_hf.py; docs/interop.md).
 
     LlamaForCausalLM / MistralForCausalLM   dense, no bias (Llama 3.x RoPE scaling included)
     Qwen2ForCausalLM                        dense, bias on q, k, v

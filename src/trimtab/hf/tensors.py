@@ -8,7 +8,7 @@ blocks.{i}.attn_norm.weight      input_layernorm.weight
 blocks.{i}.ffn_norm.weight       post_attention_layernorm.weight
 blocks.{i}.attn.qkv.weight       self_attn.q_proj / k_proj / v_proj .weight: rows H*E, K*E, K*E,
                                  grouped per kv head (model.layers.group_qkv); both rotate-half
-                                 RoPE: no permutation within a head (INTEROP_NOTES.md)
+                                 RoPE: no permutation within a head
 blocks.{i}.attn.qkv.bias         self_attn.q_proj / k_proj / v_proj .bias (Qwen2)
 blocks.{i}.attn.{q,k}_norm       self_attn.{q,k}_norm.weight (Qwen3)
 blocks.{i}.attn.wo.weight        self_attn.o_proj.weight
