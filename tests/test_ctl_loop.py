@@ -32,7 +32,7 @@ class Person(Hook):
                 "scheduled": trainer.scheduled_lr,
                 "clip": trainer.grad_clip,
                 "lr_scale": trainer.lr_scale,
-                "wd": trainer.optimizer.param_groups[0]["weight_decay"],
+                "wd": trainer.weight_decay,
                 "saved": trainer.last_saved,
             }
 

@@ -95,17 +95,19 @@ def test_surgery_mid_run_then_resume_is_exact(tmp_path):
 
 
 def test_surgery_errors_name_the_fix(tmp_path):
+    done = []
+
     class Bad(Hook):
         def on_train_start(self, run):
-            run.control.request("add_expert", layer=0)
-            run.control.request("prune_expert", layer=1, expert=8)
-            first, second = run.control.apply()
-            assert first.startswith("failed: ") and "not a MoE layer" in first
-            assert second.startswith("failed: ") and "experts 0..7" in second
+            run.control.request("add_expert", on_done=done.append, layer=0)
+            run.control.request("prune_expert", on_done=done.append, layer=1, expert=8)
             with pytest.raises(ConfigError, match="whole number"):
                 run.control.request("prune_expert", layer=1, expert=-1)
 
     trimtab.train(moe_cfg(tmp_path / "r", steps=2), hooks=[Bad()])
+    first, second = done  # applied by the loop after the first step
+    assert first.startswith("failed: ") and "not a MoE layer" in first
+    assert second.startswith("failed: ") and "experts 0..7" in second
 
 
 def test_active_params_and_flops_count_top_k_of_the_experts():

@@ -70,15 +70,15 @@ def _write_summary(run_dir: Path, summary: dict) -> None:
 
 def built_in_hooks(config: RunConfig) -> list:
     """The hooks every run has beside the loggers: the orchestrator, fault injection when the
-    config asks for faults, the live Chinchilla planner (handing its run-length findings to
-    the orchestrator's policy), and on rank 0 the report and the experiment trackers."""
+    config asks for faults (a test instrument: the Trainer hands it its FaultHandle), the live
+    Chinchilla planner (proposing its run-length findings to the orchestrator's policy through
+    the loop), and on rank 0 the report and the experiment trackers."""
     orchestrator = Orchestrator(config.orchestrator, config.run_dir)
     hooks = [orchestrator]
     if config.faults:
         hooks.append(FaultInjector(config.faults, config.run_dir))
     if config.plan.status_every:  # the live Chinchilla status (docs/planner.md)
-        decide = orchestrator.decide if config.orchestrator.mode != "off" else None
-        hooks.append(LivePlanner(config.plan, config.run_dir, decide))
+        hooks.append(LivePlanner(config.plan, config.run_dir, propose=config.orchestrator.mode != "off"))
     if is_main():  # files and trackers: rank 0 speaks for the job
         if config.log.report:
             hooks.append(ReportWriter(config.run_dir))  # after the orchestrator, before the trackers that upload it

@@ -1,8 +1,9 @@
 """The orchestrator: a trainer hook that detects (monitors), decides (policy), acts (through the
 run's Control) and explains (journal).
 
-It sees the run only through its RunView (training/view.py) and changes it only through
-`run.control`, with the actions of the table in training/actions.py. Per step it adds a few device
+It sees the run only through its read-only RunView (training/view.py) and changes it only by
+requests through `run.control`, with the actions of the table in training/actions.py, which the
+loop applies at its points. Per step it adds a few device
 ops to the update gate (is the loss/grad norm finite, under the spike and explosion ceilings) and
 no host sync; step metrics are read from the device once every `read_every` steps (every step on
 CPU, where a read is free) and fed to the monitors in order.
@@ -65,7 +66,6 @@ class Orchestrator(Hook):
         self.tracking: dict[str, dict[str, Any]] = {}  # decision id -> what followed it
         self.recent_losses = Rolling(20)  # healthy losses: the "before" of an outcome
         self.read_every = cfg.read_every
-        self._saving_retry = False
         self.failed_saves = 0  # saves failed since the last that worked (a stretch of work at risk)
         self.phase = 0  # of the last step observed
         self.last_step = 0  # the newest step seen (a rollback moves the run's counter back)
@@ -135,9 +135,16 @@ class Orchestrator(Hook):
         decision = self.decide(run, f)
         return decision.mode == "auto" and decision.action == "set_micro_batch_tokens"
 
+    def on_finding(self, run: RunView, finding: Finding) -> None:
+        """Another hook's finding (the live planner's run length), decided like the orchestrator's own."""
+        self.decide(run, finding)
+
     def on_save_error(self, run: RunView, exc: OSError) -> bool:
-        if self.mode != "auto" or self._saving_retry:
-            return self._saving_retry  # a failed retry: go on training, the next interval tries again
+        """A failed save: the disk rule's remedy is requested; the trainer applies it before the
+        save returns (a failure of that retry does not come back here: training goes on, and the
+        next interval tries again)."""
+        if self.mode != "auto":
+            return False
         if run.stopping:
             return True  # the final save of a stop already decided: the resume point stays on disk
         self.failed_saves += 1
@@ -154,12 +161,7 @@ class Orchestrator(Hook):
             summary=f"checkpoint save failed ({os.strerror(exc.errno) if exc.errno else exc})",
             strength=1.0,
         )
-        self._saving_retry = True
-        try:
-            self.decide(run, f)
-            run.control.apply()
-        finally:
-            self._saving_retry = False
+        self.decide(run, f)
         return True
 
     def on_checkpoint(self, run: RunView, path: Path) -> None:
@@ -203,7 +205,7 @@ class Orchestrator(Hook):
             *seconds, memory = all_max([o.seconds for o in outs] + [-1.0 if memory is None else memory])
             steps = to_host([_device_values(o, "moe" in self.monitors) for o in outs])
             moe = "moe" in self.monitors and any(o.moe for o in outs)  # a walk of the modules: only then
-            top_k = {i: layer.top_k for i, layer in run.model.moe_layers()} if moe else {}
+            top_k = run.moe_top_k() if moe else {}
             for o, values, s in zip(outs, steps, seconds):
                 m = StepMetrics(
                     step=o.step,

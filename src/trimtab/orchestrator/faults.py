@@ -4,6 +4,9 @@
 
 KIND@STEP[:PARAM][@rankR]; what fired is recorded in RUN_DIR/faults.json at once, so a transient
 fault does not fire again after a rollback or a restart (the world, not the run, remembers it).
+The injector is a test instrument (training/instrument.py): it reads the run through its RunView
+like any hook, and writes (weights, the expert bias, the training rows, the LR, the batch about to
+run) only through the FaultHandle the Trainer hands it.
 Under torchrun a fault fires on every rank, or with @rankR on rank R alone (faults.rankR.json
 records it there), e.g. oom@10:512@rank1: one rank runs out of memory and all shrink together.
 
@@ -56,7 +59,7 @@ import torch
 
 from trimtab.errors import ConfigError
 from trimtab.rundir import write_json
-from trimtab.training.hooks import Hook
+from trimtab.training.instrument import FaultHandle, Instrument
 
 if TYPE_CHECKING:
     from trimtab.data import StepBatch
@@ -124,7 +127,7 @@ def parse_faults(specs: list[str]) -> list[Fault]:
     return [parse_fault(spec, f"faults[{i}]") for i, spec in enumerate(specs)]
 
 
-class FaultInjector(Hook):
+class FaultInjector(Instrument):
     def __init__(self, specs: list[str], run_dir: Path):
         self.faults = parse_faults(specs)
         self.path = Path(run_dir) / "faults.json"
@@ -139,6 +142,8 @@ class FaultInjector(Hook):
     # ------------------------------------------------------------------ bookkeeping
 
     def on_train_start(self, run: RunView) -> None:
+        if self.handle is None:
+            raise RuntimeError("FaultInjector: no FaultHandle (the Trainer attaches one to each Instrument hook)")
         self.run = run
         rank = run.rank
         self.faults = [f for f in self.faults if f.rank is None or f.rank == rank]
@@ -146,8 +151,8 @@ class FaultInjector(Hook):
             self.path = self.path.with_name(f"faults.rank{rank}.json")
         if self.path.is_file():
             self.record = json.loads(self.path.read_text())
-            self._corrupt(run, self.record["poisoned"])  # a resumed run's data is as bad as before
-        model = run.model
+            self._corrupt(self.record["poisoned"])  # a resumed run's data is as bad as before
+        model = self.handle.model
         # The OOM fires inside the first block's forward, where a real one would (activations),
         # after FSDP2 gathered the block: sized by the tokens the embedding just saw.
         model.tok_emb.register_forward_pre_hook(self._count_tokens)
@@ -195,45 +200,35 @@ class FaultInjector(Hook):
                 rows = batch.rows if fault.kind == "bad_batch" else [r for r in batch.rows if r % 4 == 0]
                 self.record["poisoned"] = sorted(set(self.record["poisoned"]) | set(rows))
                 self._save()
-                self._corrupt(run, rows)
+                self._corrupt(rows)
             elif fault.kind == "weights_nan" and self._due(fault):
                 with torch.no_grad():
-                    next(_block_matrices(run))[:1].fill_(float("nan"))
+                    next(_block_matrices(self.handle))[:1].fill_(float("nan"))
             elif fault.kind == "weights_noise" and self._due(fault):
-                self._add_noise(run, fault.param)
+                self._add_noise(fault.param)
             elif fault.kind == "expert_collapse" and self._due(fault):
-                for _, moe in run.model.moe_layers():
+                for _, moe in self.handle.model.moe_layers():
                     moe.expert_bias[0] += fault.param
             elif fault.kind == "slow" and self._due(fault):
                 time.sleep(SLOW_SECONDS)
             elif fault.kind in ("sigterm", "sigkill") and self._due(fault):
                 os.kill(os.getpid(), signal.SIGTERM if fault.kind == "sigterm" else signal.SIGKILL)
-        if self.record["poisoned"]:
-            self._refresh(run, batch, set(self.record["poisoned"]))
+        if self.record["poisoned"]:  # this step's micro-batches were cut before the rows went bad
+            self.handle.reload_rows(batch, set(self.record["poisoned"]))
 
-    def _add_noise(self, run: RunView, scale: float) -> None:
+    def _add_noise(self, scale: float) -> None:
         generator = torch.Generator().manual_seed(self.step)  # the same noise on every rank
         with torch.no_grad():
-            for local in _block_matrices(run):
+            for local in _block_matrices(self.handle):
                 noise = torch.randn(local.shape, generator=generator).to(local.device, local.dtype)
                 local.add_(noise * scale * local.float().std().to(local.dtype))
 
-    def _corrupt(self, run: RunView, rows: list[int]) -> None:
+    def _corrupt(self, rows: list[int]) -> None:
         """The rows' tokens become garbage in the dataset itself (reproducibly per row), as bad data
         on disk would be: every later read sees it, the orchestrator's row scoring included."""
-        data, vocab = run.train_rows, run.model.cfg.vocab_size
+        data, vocab = self.handle.train_rows, self.handle.model.cfg.vocab_size
         for row in rows:
             data.replace(row, np.random.default_rng(row).integers(0, vocab, data.length(row) + 1))
-
-    def _refresh(self, run: RunView, batch: StepBatch, poisoned: set[int]) -> None:
-        """This step's micro-batches were cut before the rows went bad: read those rows again."""
-        for micro in batch.micro:
-            for b, row in enumerate(micro.rows):
-                if row in poisoned:
-                    tokens, mask = (torch.from_numpy(a) for a in run.train_rows.get(row))
-                    n = len(tokens) - 1
-                    micro.inputs[b, :n] = tokens[:-1]
-                    micro.targets[b, :n] = torch.where(mask[1:], tokens[1:], micro.targets[b, :n].new_tensor(-100))
 
     def _count_tokens(self, module: torch.nn.Module, args: tuple) -> None:
         self._tokens = args[0].numel()  # of the forward now running
@@ -277,8 +272,7 @@ class FaultInjector(Hook):
     def _maybe_lr(self, module: torch.nn.Module, args: tuple) -> None:
         """lr_spike: the trainer set this step's LR before the forward; multiply it once."""
         if self._lr_factor is not None and module.training:
-            for group in self.run.optimizer.param_groups:
-                group["lr"] *= self._lr_factor
+            self.handle.scale_optimizer_lr(self._lr_factor)
             self._lr_factor = None
 
     def _maybe_nan_loss(self, module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
@@ -314,8 +308,8 @@ class FaultInjector(Hook):
                 fh.truncate(target.stat().st_size // 2)
 
 
-def _block_matrices(run: RunView) -> Iterator[torch.Tensor]:
+def _block_matrices(handle: FaultHandle) -> Iterator[torch.Tensor]:
     """The transformer blocks' weight matrices, each as this rank's local tensor (FSDP: its rows)."""
-    for name, p in run.model.named_parameters():
+    for name, p in handle.model.named_parameters():
         if name.startswith("blocks.") and p.ndim == 2:
             yield p.to_local() if hasattr(p, "to_local") else p

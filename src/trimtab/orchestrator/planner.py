@@ -1,7 +1,8 @@
 """The live Chinchilla planner: a trainer hook that fits the logged loss curve every
 `plan.status_every` steps, prints a status block, appends it to RUN_DIR/plan_status.jsonl and,
-with `plan.adjust`, hands the orchestrator a run-length finding, which its policy turns into a
-journaled set_total_steps decision (orchestrator/remedies.py). The arithmetic is trimtab.plan.curve;
+with `plan.adjust`, proposes a run-length finding (RunView.propose: the loop delivers it to the
+orchestrator's on_finding), which its policy turns into a journaled set_total_steps decision
+(orchestrator/remedies.py). The arithmetic is trimtab.plan.curve;
 docs/planner.md.
 
 It reads only the log lines' mean losses (already on the host), so it adds no device sync. Only
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,10 +29,10 @@ MAX_POINTS = 1024  # beyond this, every other point is dropped (the fit needs th
 
 
 class LivePlanner(Hook):
-    def __init__(self, cfg: PlanConfig, run_dir: Path, decide: Callable[[RunView, Finding], Any] | None = None):
+    def __init__(self, cfg: PlanConfig, run_dir: Path, propose: bool = False):
         self.cfg = cfg
         self.path = Path(run_dir) / PLAN_STATUS_FILE
-        self.decide = decide  # the orchestrator's decide(), when one runs and is not off
+        self.propose = propose  # findings go to the orchestrator (one runs and is not off)
         self.points: list[list[float]] = []  # [step, tokens, mean loss of the log window]
         self.last_status = 0  # step of the last status block
         self.last_proposed = 0  # run length of the last decision, so advice is not journaled again
@@ -83,7 +83,7 @@ class LivePlanner(Hook):
     def _may_decide(self, status: Status) -> bool:
         return (
             self.cfg.adjust
-            and self.decide is not None
+            and self.propose
             and status.recommendation != "continue"
             and status.recommended_steps != self.last_proposed
             and status.step >= self.cfg.min_progress * status.total_steps
@@ -118,7 +118,7 @@ class LivePlanner(Hook):
             summary=summary,
             strength=status.fit["r2"],
         )
-        self.decide(run, finding)
+        run.propose(finding)
 
     def state_dict(self) -> dict[str, Any]:
         return {"points": self.points, "last_status": self.last_status, "last_proposed": self.last_proposed}

@@ -3,7 +3,8 @@
 One entry per action names its parameters (type, bounds, default), its `trimtab ctl` verb, a
 one-line description and how the journal words it. Control's validation, `trimtab ctl`'s parsing
 and help, and the journal's console lines all derive from this table, so adding an action is one
-entry here and one effect in Control.
+entry here and one effect in Control's EFFECTS (training/control.py), which is checked against
+this table when it is imported.
 """
 
 from __future__ import annotations

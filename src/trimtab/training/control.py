@@ -1,9 +1,15 @@
 """Control: the one surface through which the orchestrator, a hook or a person changes a running job.
 
 Every intervention is a request, checked against the action table (training/actions.py) when it
-is made; the trainer applies the queue at one point of the loop (after the step, before
-evaluation and checkpointing), so nothing changes in the middle of a step. The OOM path applies
-its request at once, before it retries the same batch.
+is made; the trainer, never a hook, applies the queue at its points of the loop: after the step's
+hooks (before evaluation and checkpointing), after a phase's end check, after an evaluation, and
+at once after an out-of-memory error (before it retries the same batch) or a failed save (before
+the save returns), so nothing changes in the middle of a step. Hooks hold `Requests`
+(run.control): request() alone.
+
+EFFECTS, at the bottom, names each action's effect: checked against the action table when this
+module is imported, so an action without an effect (or an effect without an action) fails at
+once, not when it is first requested.
 
 The knobs an intervention sets (LR multiplier, grad clip, weight decay, micro-batch budget, run
 length) live in TrainState and are checkpointed, so a resumed run keeps them; a rollback restores
@@ -14,13 +20,14 @@ loader.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trimtab.checkpoint import prune
 from trimtab.errors import ConfigError, TrimtabError
 from trimtab.training import surgery
-from trimtab.training.actions import MOE_KNOBS, action
+from trimtab.training.actions import ACTIONS, MOE_KNOBS, action
 from trimtab.training.optim import build_optimizer
 from trimtab.training.schedule import apply_lengths
 
@@ -28,6 +35,24 @@ if TYPE_CHECKING:
     from trimtab.training.trainer import Trainer
 
 Done = Callable[[str], None]
+
+
+class Requests:
+    """What a hook holds of Control (`run.control`): request() and nothing else; the trainer
+    applies the requests at its points of the loop."""
+
+    __slots__ = ("_request",)
+
+    def __init__(self, control: Control):
+        object.__setattr__(self, "_request", control.request)
+
+    def request(self, name: str, on_done: Done | None = None, **params: Any) -> None:
+        """Queue action `name` with its parameters (Control.request): checked now (ConfigError);
+        what it changed goes to `on_done` when the loop applies it ("failed: ..." when it could not)."""
+        self._request(name, on_done, **params)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"run.control is read-only: request changes with run.control.request(...), not {name}=")
 
 
 class Control:
@@ -43,10 +68,10 @@ class Control:
         """Queue action `name` with its parameters: checked now (ConfigError), applied by apply(),
         which reports what changed to `on_done` ("failed: ..." when it could not be done)."""
         params = action(name).check(params)
-        if name == "skip_step":
-            self.skip_next = True
+        if name in AT_ONCE:
+            line = EFFECTS[name](self, **params)
             if on_done:
-                on_done("the next update will be withheld")
+                on_done(line)
             return
         self._queue.append((name, params, on_done))
 
@@ -56,7 +81,7 @@ class Control:
         while self._queue:
             name, params, on_done = self._queue.pop(0)
             try:
-                line = getattr(self, f"_{name}")(**params)
+                line = EFFECTS[name](self, **params)
             except TrimtabError as exc:  # e.g. no checkpoint to roll back to: say so, go on
                 line = f"failed: {exc}"
             done.append(line)
@@ -83,7 +108,11 @@ class Control:
         t = self._trainer
         t.total_steps = apply_lengths(t.phases, t.state.phase_steps, t.state.length_delta)
 
-    # ------------------------------------------------------------------ effects, one per action
+    # ------------------------------------------------------------------ effects, one per action (EFFECTS)
+
+    def _skip_step(self) -> str:
+        self.skip_next = True  # read by the next step's update gate
+        return "the next update will be withheld"
 
     def _scale_lr(self, factor: float) -> str:
         state = self._trainer.state
@@ -215,3 +244,49 @@ class Control:
         for _, router in layers:  # the current capacity follows the new target (or its warm-up)
             router.set_step(self._trainer.state.step)
         return f"MoD capacity {line.removeprefix('target ')}"
+
+
+# Each action of the table (training/actions.py) -> its effect. skip_step takes effect when it is
+# requested (AT_ONCE): the next step's update gate reads it.
+EFFECTS: dict[str, Callable[..., str]] = {
+    "skip_step": Control._skip_step,
+    "scale_lr": Control._scale_lr,
+    "set_lr": Control._set_lr,
+    "emergency_lr_reduction": Control._emergency_lr_reduction,
+    "rollback": Control._rollback,
+    "skip_data": Control._skip_data,
+    "set_micro_batch_tokens": Control._set_micro_batch_tokens,
+    "set_grad_clip": Control._set_grad_clip,
+    "set_weight_decay": Control._set_weight_decay,
+    "save_checkpoint": Control._save_checkpoint,
+    "stop": Control._stop,
+    "add_expert": Control._add_expert,
+    "prune_expert": Control._prune_expert,
+    "reinit_expert": Control._reinit_expert,
+    "reset_router": Control._reset_router,
+    "set_capacity_factor": Control._set_capacity_factor,
+    "set_router_temperature": Control._set_router_temperature,
+    "set_balance_coef": Control._set_balance_coef,
+    "set_mod_capacity": Control._set_mod_capacity,
+    "set_total_steps": Control._set_total_steps,
+}
+AT_ONCE = frozenset({"skip_step"})
+
+
+def check_effects(effects: dict[str, Callable[..., str]] = EFFECTS) -> None:
+    """Every action of the table has an effect here, and every effect an action, with the same
+    parameter names; ImportError otherwise (called below, at import)."""
+    missing, stray = sorted(set(ACTIONS) - set(effects)), sorted(set(effects) - set(ACTIONS))
+    if missing or stray:
+        raise ImportError(
+            f"training/control.py EFFECTS: no effect for action(s) {missing}; effects for no action {stray} "
+            "(training/actions.py is the table of actions)"
+        )
+    for name, effect in effects.items():
+        takes = list(inspect.signature(effect).parameters)[1:]  # after self
+        wants = [p.name for p in ACTIONS[name].params]
+        if takes != wants:
+            raise ImportError(f"training/control.py EFFECTS: {name}'s effect takes {takes}, the action table {wants}")
+
+
+check_effects()

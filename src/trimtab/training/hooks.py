@@ -1,9 +1,11 @@
 """The hook protocol and the built-in loggers (console progress, metrics.jsonl, TensorBoard).
 
-Hooks see the run (a RunView: figures, read-only handles and `run.control`, training/view.py)
-after each step, each log interval and each evaluation; they never reach into the step itself,
-and change the run only through run.control. A hook with state returns it from state_dict() and
-it is checkpointed.
+Hooks only observe: they see the run through a read-only RunView (figures, copies, reads of the
+model that write nothing, training/view.py) after each step, each log interval and each
+evaluation; they never reach into the step itself, and change the run only by requests through
+run.control, which the loop applies at its points (training/control.py). A hook that makes faults
+on purpose is a test instrument with its own handle (training/instrument.py). A hook with state
+returns it from state_dict() and it is checkpointed.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ class Hook:
         return None
 
     def on_oom(self, run: RunView, exc: BaseException, batch: StepBatch) -> bool:
-        """Out of memory inside the step: return True after shrinking the micro-batch (through
-        run.control) to retry the same rows; False lets the error propagate."""
+        """Out of memory inside the step: return True after requesting a smaller micro-batch
+        (through run.control; the loop applies it at once) to retry the same rows; False lets the
+        error propagate."""
         return False
 
     def on_step_end(self, run: RunView, out: StepOutput) -> None: ...
@@ -58,12 +61,19 @@ class Hook:
         """The orchestrator journaled a new decision (its decisions.jsonl record, outcome not yet
         measured): trackers follow the journal through this, never by reading the file."""
 
+    def on_finding(self, run: RunView, finding: Any) -> None:
+        """Another hook's finding for the orchestrator (RunView.propose: the live planner's run
+        length, an orchestrator.monitors.Finding), delivered by the loop after the step's hooks,
+        before it applies Control."""
+
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None: ...
 
     def on_save_start(self, run: RunView) -> None: ...
 
     def on_save_error(self, run: RunView, exc: OSError) -> bool:
-        """Saving failed (disk full, ...): True if handled and training may go on."""
+        """Saving failed (disk full, ...): True if handled and training may go on. What a hook
+        requested about it (run.control) is applied at once, before the save returns; a failure
+        of that retry does not come back here."""
         return False
 
     def on_checkpoint(self, run: RunView, path: Path) -> None: ...

@@ -2,7 +2,9 @@
 
 The loop reads top to bottom (see fit); logging, evaluation, checkpoints and signals hook around
 the step, and everything stateful goes into the checkpoint so that resume is exact. Hooks see the
-run through a RunView and change it only through Control (training/view.py, training/control.py).
+run through a read-only RunView and change it only through Control's requests, which the loop
+applies at its points (training/view.py, training/control.py); a test instrument (fault injection)
+writes through its own FaultHandle (training/instrument.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from trimtab.training.compiling import StepTimes
 from trimtab.training.control import Control
 from trimtab.training.evaluation import mean_losses, sharded_loss
 from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger
+from trimtab.training.instrument import FaultHandle, Instrument
 from trimtab.training.loss import cross_entropy_sum
 from trimtab.training.metrics import run_summary, step_metrics
 from trimtab.training.optim import build_optimizer, set_lr
@@ -58,6 +61,10 @@ class Trainer:
         self.window = LogWindow()
         self.control = Control(self)
         self.view = RunView(self, self.control)  # what hooks see
+        self.findings: list[Any] = []  # hooks' findings for the orchestrator (RunView.propose)
+        for hook in self.hooks:
+            if isinstance(hook, Instrument):  # fault injection: the one writer beside Control
+                hook.attach(FaultHandle(self))
         self.control.apply_lengths()
         self._enter_phase(0)
         self.resumed_from = run.resume[0] if run.resume else None
@@ -70,6 +77,7 @@ class Trainer:
             log.info("resuming from %s (step %d of %d)", run.resume[0], self.state.step, self.total_steps)
         self.last_eval: dict[str, Any] = {}
         self.evaluating = False  # inside evaluate() (fault injection aims at it)
+        self._saving_again = False  # applying the hooks' requests after a failed save
 
     # ------------------------------------------------------------------------------ the loop
 
@@ -89,6 +97,7 @@ class Trainer:
                 if out is None:  # out of memory with nothing left to shrink: stop_reason says why
                     break
                 self._after_step(out)  # bookkeeping and hooks: the orchestrator decides here
+                self._deliver_findings()  # another hook's finding (the live planner's): decided now
                 self.control.apply()  # interventions take effect at this one point
                 if self.state.step == out.step and self._phase_ends():
                     self._call("on_phase_end")  # hooks check the state a phase ends in (a rollback trains on)
@@ -417,9 +426,18 @@ class Trainer:
                 before=lambda: self._call("on_save_start"),
             )
         except OSError as exc:  # disk full, quota, a vanished mount: a hook may handle it
+            if self._saving_again:  # the hooks' remedy for a failed save failed too: Control's line says so
+                return False
             if not any(h.on_save_error(self.view, exc) for h in self.hooks):
                 raise
-            return self.last_saved == self.state.step  # a hook's retry may have saved it
+            # What the hooks requested about it (free space and save again, stop) is applied
+            # now, before this save returns, as after an out-of-memory error.
+            self._saving_again = True
+            try:
+                self.control.apply()
+            finally:
+                self._saving_again = False
+            return self.last_saved == self.state.step  # a retry may have saved it
         self.last_saved = self.state.step
         self.last_good = self.state.step if good else self.last_good
         self._call("on_checkpoint", path)
@@ -481,3 +499,8 @@ class Trainer:
     def _call(self, event: str, *args: Any) -> None:
         for hook in self.hooks:
             getattr(hook, event)(self.view, *args)
+
+    def _deliver_findings(self) -> None:
+        """The findings hooks proposed during this step (RunView.propose), to every hook's on_finding."""
+        while self.findings:
+            self._call("on_finding", self.findings.pop(0))

@@ -1,9 +1,12 @@
-"""RunView: what a hook sees of a running job.
+"""RunView: what a hook sees of a running job, read only.
 
 Hooks (the orchestrator, the live planner, fault injection, a user's own) receive this view, never
-the Trainer: figures read from the run, read-only handles on the model and optimizer, and
-`control`, the one way to change anything (training/control.py). So every intervention goes through
-the action table and the loop applies it at one point.
+the Trainer: figures read from the run (numbers, copies), reads of the model that write nothing
+(row_losses, probe_loss, moe_knobs, ...), and `control` (training/control.py Requests), the one way
+to change anything: every intervention goes through the action table and the loop applies it at
+its points. The view hands out no model, optimizer or training rows, and refuses attribute
+writes. Fault injection, which must write to make faults, has its own handle
+(training/instrument.py FaultHandle).
 """
 
 from __future__ import annotations
@@ -16,10 +19,9 @@ import torch
 
 from trimtab.checkpoint import find_checkpoint
 from trimtab.config import RunConfig
-from trimtab.data import Rows
 from trimtab.data.packing import micro_batches
 from trimtab.training import scoring
-from trimtab.training.control import Control
+from trimtab.training.control import Control, Requests
 from trimtab.training.optim import lr_at
 
 if TYPE_CHECKING:
@@ -27,16 +29,26 @@ if TYPE_CHECKING:
 
 
 class RunView:
+    __slots__ = ("_t", "_cfg", "control")
+
     def __init__(self, trainer: Trainer, control: Control):
-        self._t = trainer
-        self.control = control
+        object.__setattr__(self, "_t", trainer)
+        object.__setattr__(self, "_cfg", None)
+        object.__setattr__(self, "control", Requests(control))  # request() only: the loop applies
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(
+            f"the run view is read-only (setting {name!r}): change the run with run.control.request(action, ...)"
+        )
 
     # ------------------------------------------------------------------ the run
 
     @property
     def cfg(self) -> RunConfig:
-        """The resolved config (read it, never change it: changes go through control)."""
-        return self._t.cfg
+        """A copy of the resolved config: changing it changes nothing (changes go through control)."""
+        if self._cfg is None:
+            object.__setattr__(self, "_cfg", copy.deepcopy(self._t.cfg))
+        return self._cfg
 
     @property
     def run_dir(self) -> Path:
@@ -97,8 +109,8 @@ class RunView:
 
     @property
     def config_changes(self) -> list[dict[str, Any]]:
-        """Phase lengths a person changed when resuming (training/schedule.py reconcile)."""
-        return self._t.config_changes
+        """Phase lengths a person changed when resuming (training/schedule.py reconcile); a copy."""
+        return copy.deepcopy(self._t.config_changes)
 
     def say(self, line: str) -> None:
         """One line on the console, above the progress bar."""
@@ -109,21 +121,17 @@ class RunView:
         journal calls this, so trackers follow decisions without reading decisions.jsonl."""
         self._t._call("on_decision", decision)
 
-    # ------------------------------------------------------------------ model and optimizer (read only)
+    def propose(self, finding: Any) -> None:
+        """Hand the orchestrator a finding of another hook's (the live planner's run length): the
+        loop delivers it to every hook's on_finding after this step's hooks, before it applies
+        Control, so no hook calls another."""
+        self._t.findings.append(finding)
 
-    @property
-    def model(self) -> torch.nn.Module:
-        return self._t.model
+    # ------------------------------------------------------------------ reads of the model (no writes)
 
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self._t.optimizer
-
-    @property
-    def train_rows(self) -> Rows:
-        """The current phase's training rows (read them; fault injection alone writes through
-        this handle, to make data go bad on purpose)."""
-        return self._t.phases[self._t.state.phase].train_rows
+    def moe_top_k(self) -> dict[int, int]:
+        """Each MoE layer's experts per token: layer index -> top_k."""
+        return {i: layer.top_k for i, layer in self._t.model.moe_layers()}
 
     def moe_knobs(self, layer: int) -> dict[str, float]:
         """A MoE layer's live settings: n_experts, top_k, capacity_factor, router_temperature, balance_coef."""
@@ -190,6 +198,11 @@ class RunView:
     @property
     def grad_clip(self) -> float:
         return self._t.control.grad_clip()
+
+    @property
+    def weight_decay(self) -> float:
+        """The decayed parameter group's weight decay, as the optimizer holds it."""
+        return self._t.optimizer.param_groups[0]["weight_decay"]
 
     @property
     def micro_batch_tokens(self) -> int:
