@@ -1,4 +1,7 @@
-"""`trimtab` command line: each subcommand parses its flags and calls one library function."""
+"""`trimtab` command line: each subcommand parses its flags and calls one library function.
+
+A subcommand is its handler with a table above it: `@command(NAME, HELP, *ARGS)`, each ARG one
+`add_argument` call's flags and keywords; build_parser turns the tables into the argparse parser."""
 
 from __future__ import annotations
 
@@ -6,8 +9,10 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trimtab.errors import RunFinished, TrimtabError
 from trimtab.training.actions import help_text
@@ -16,7 +21,73 @@ from trimtab.training.signals import StartUpInterrupted, handle_signals
 if TYPE_CHECKING:
     from trimtab.config import RunConfig
 
+Arg = tuple[tuple[str, ...], dict[str, Any]]  # one add_argument call: flags (or positional name), keywords
+Handler = Callable[[argparse.Namespace], int]
 
+
+def arg(*flags: str, **kw: Any) -> Arg:
+    return flags, kw
+
+
+class OneOf:
+    """Arguments that exclude each other (an argparse mutually exclusive group)."""
+
+    def __init__(self, *args: Arg) -> None:
+        self.args = args
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str  # "data prepare": `prepare` under the group `data` (GROUPS)
+    func: Handler
+    help: str
+    args: tuple[Arg | OneOf, ...]
+    description: str | None = None
+    epilog: str | None = None
+    raw: bool = False  # description and epilog printed as written (line breaks kept)
+
+
+COMMANDS: list[Command] = []  # in `trimtab --help`'s order: the order of the handlers below
+GROUPS = {"data": "prepare data: token shards a run reads memory-mapped (docs/data.md)"}
+
+
+def command(name: str, help: str, *args: Arg | OneOf, **parser: Any) -> Callable[[Handler], Handler]:
+    """Declare the decorated handler as subcommand `name` taking `args` (`parser`: description, epilog, raw)."""
+
+    def declare(func: Handler) -> Handler:
+        COMMANDS.append(Command(name, func, help, args, **parser))
+        return func
+
+    return declare
+
+
+# shared by train and plan
+CONFIG = arg("config", nargs="?", help="run config YAML (optional)")
+PRESET = arg("--preset", help="model/run preset (see `trimtab presets`); default: small")
+SET = arg(
+    "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one config value (repeatable)"
+)
+
+
+@command(
+    "train",
+    "train (or resume) a run",
+    CONFIG,
+    PRESET,
+    arg("--out", help="run directory; re-running with the same --out resumes"),
+    arg("--max-steps", type=int, help="pretraining steps (train.max_steps)"),
+    SET,
+    arg(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="KIND@STEP[:PARAM]",
+        help="inject a fault, e.g. nan_loss@30 or oom@10:512 (repeatable; see docs/orchestrator.md)",
+    ),
+    arg(
+        "--orchestrator", choices=("auto", "advise", "off"), help="orchestrator mode (orchestrator.mode); default auto"
+    ),
+)
 def _train(args: argparse.Namespace) -> int:
     with handle_signals() as signals:  # start-up begins: a signal ends it cleanly, even in torch's import
         cfg = _train_config(args)
@@ -77,6 +148,18 @@ def _print_summary(summary: dict) -> None:
     print("\n".join(lines))
 
 
+@command(
+    "ctl",
+    "act on a running job (journaled as a manual decision)",
+    arg("run_dir"),
+    arg("action"),
+    arg("args", nargs="*"),
+    arg("--queue", action="store_true", help="if the run is not running, apply the command when it next resumes"),
+    description="Drops a command for the job in RUN_DIR, which applies it at its next step and journals it. "
+    "A run that is not running is refused (nothing is sent) unless --queue.",
+    epilog="actions:\n" + help_text(),
+    raw=True,
+)
 def _ctl(args: argparse.Namespace) -> int:
     from trimtab.orchestrator import ctl
     from trimtab.rundir import liveness
@@ -92,6 +175,14 @@ def _ctl(args: argparse.Namespace) -> int:
     return 0
 
 
+@command(
+    "bench",
+    "list the benchmarks (bench/ of the source checkout), or run one",
+    arg("name", nargs="?", help="the benchmark to run (bench/NAME.py)"),
+    arg("args", nargs=argparse.REMAINDER, help="passed to the benchmark's script"),
+    description="Without NAME: list the benchmarks. With NAME: run bench/NAME.py with ARGS, e.g. "
+    "`trimtab bench healing --scenarios nan_loss --steps 40`; `trimtab bench NAME --help` shows its options.",
+)
 def _bench(args: argparse.Namespace) -> int:
     from trimtab import benchmarks
 
@@ -101,6 +192,17 @@ def _bench(args: argparse.Namespace) -> int:
     return benchmarks.run(args.name, args.args)
 
 
+@command(
+    "generate",
+    "sample text from a trained run",
+    arg("run_dir"),
+    arg("--prompt", default=""),
+    arg("--max-new-tokens", type=int, default=64),
+    arg("--temperature", type=float, default=0.8),
+    arg("--top-k", type=int, default=50),
+    arg("--top-p", type=float, default=0.95),
+    arg("--seed", type=int, default=0),
+)
 def _generate(args: argparse.Namespace) -> int:
     from trimtab import api
 
@@ -117,6 +219,22 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+@command(
+    "export",
+    "write a run as a Hugging Face model directory (transformers loads it)",
+    arg("run_dir"),
+    arg(
+        "--out",
+        required=True,
+        help="directory to write: new or empty, or an earlier trimtab export (only the files it wrote are replaced)",
+    ),
+    arg("--step", type=int, help="the checkpoint to export (default: the newest valid one)"),
+    arg(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        help="weights' dtype (default: the imported model's, else float32)",
+    ),
+)
 def _export(args: argparse.Namespace) -> int:
     from trimtab.hf import export_run
 
@@ -125,6 +243,18 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+@command(
+    "eval",
+    "score a run or a Hugging Face directory: lm-evaluation-harness tasks and/or a text file's perplexity",
+    arg("path", help="a run directory (its newest valid checkpoint) or a Hugging Face model directory"),
+    arg("--tasks", metavar="A,B", help="lm-eval tasks, e.g. trimtab_tiny (shipped, offline) or hellaswag"),
+    arg("--include-path", metavar="DIR", help="a directory of your own lm-eval task YAMLs"),
+    arg("--limit", type=float, help="examples per task (a fraction below 1)"),
+    arg("--num-fewshot", type=int, help="few-shot examples per prompt (default: the task's)"),
+    arg("--batch-size", type=int, default=8),
+    arg("--data", metavar="FILE", help="a text file: perplexity and bits per byte, no lm-eval needed"),
+    arg("--stride", type=int, help="--data window advance in tokens (default: the whole context)"),
+)
 def _eval(args: argparse.Namespace) -> int:
     from trimtab.evaluation import evaluate
 
@@ -151,6 +281,14 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+@command(
+    "merge",
+    "merge models with a mergekit recipe, or average a run's last checkpoints (docs/merge.md)",
+    arg("source", help="a recipe YAML (mergekit format), or with --method average a run directory"),
+    arg("--out", required=True, help="the run directory to write the merged model to (new or empty)"),
+    arg("--method", choices=("recipe", "average"), default="recipe", help="average: LAWA checkpoint averaging"),
+    arg("--last", type=int, default=3, help="--method average: how many of the newest checkpoints"),
+)
 def _merge(args: argparse.Namespace) -> int:
     from trimtab import merge
 
@@ -171,6 +309,22 @@ def train_from_hint(model: str | Path) -> str:
     return f"trimtab train --set train.init_from={model} --out {model.with_name(model.name + '-train')}"
 
 
+@command(
+    "data prepare",
+    "tokenize text, JSONL (.gz, .zst), Parquet, Arrow and CSV files into memory-mapped token shards",
+    arg("sources", nargs="+", metavar="SOURCE"),
+    arg("--out", required=True, metavar="DIR", help="the prepared directory (created, or added to)"),
+    arg(
+        "--tokenizer", metavar="PATH", help="a tokenizer.json or a Hugging Face model directory (default: train a BPE)"
+    ),
+    arg("--vocab-size", type=int, default=4096, help="vocabulary of the BPE trained when no --tokenizer"),
+    arg("--format", default="auto", choices=("auto", "text", "jsonl", "chat", "instruction")),
+    arg("--text-field", default="text", help="the record field holding the text (default: text)"),
+    arg("--skip-bad-records", action="store_true", help="skip malformed records (counted) instead of failing"),
+    arg("--workers", type=int, default=0, help="processes (default: one per core)"),
+    description="Tokenize SOURCES (files, directories, globs) into DIR. Re-running adds new files only, "
+    "resumes an interrupted prepare and rebuilds a corrupt shard from its sources.",
+)
 def _data_prepare(args: argparse.Namespace) -> int:
     from trimtab.data.prepare import Options, prepare
 
@@ -187,6 +341,25 @@ def _data_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+@command(
+    "plan",
+    "Chinchilla plan: tokens, epochs, steps, FLOPs, memory, time (docs/planner.md)",
+    CONFIG,
+    PRESET,
+    arg("--out", help="directory for plan.json and plan.txt; default: the run directory"),
+    SET,
+    OneOf(
+        arg("--dataset-tokens", type=float, metavar="N", help="unique training tokens in the data"),
+        arg("--data", metavar="PATH", help="count the data's tokens (the run's tokenizer, else bytes)"),
+    ),
+    OneOf(
+        arg("--budget-flops", type=float, metavar="F", help="compute budget in FLOPs"),
+        arg("--budget-hours", type=float, metavar="H", help="compute budget in hours on the hardware"),
+    ),
+    arg("--gpu", metavar="NAME", help="plan for this GPU (e.g. H100) instead of this machine"),
+    arg("--gpus", "--devices", dest="devices", type=int, default=1, help="devices training together (default 1)"),
+    arg("--gpus-per-node", type=int, default=8, help="GPUs per node, for the parallel layout (default 8)"),
+)
 def _plan(args: argparse.Namespace) -> int:
     from trimtab.plan import plan_command
 
@@ -208,19 +381,17 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _doctor(args: argparse.Namespace) -> int:
-    from trimtab import doctor
-
-    return doctor.main(args.preset, args.device, args.nproc, args.strategy, args.json)
-
-
-def _presets(args: argparse.Namespace) -> int:
-    from trimtab.model.catalog import format_catalog, preset_catalog
-
-    print(format_catalog(preset_catalog()))
-    return 0
-
-
+@command(
+    "tune",
+    "hyperparameter search with Optuna over a space file (docs/tune.md)",
+    arg("space", help="the space file (YAML)"),
+    arg("--trials", type=int, help="trials the study should reach in all (default: the space file's)"),
+    arg("--workers", type=int, default=1, help="worker processes on this machine (default 1)"),
+    arg("--storage", help="an Optuna storage URL (default: sqlite:///STUDY_DIR/study.db)"),
+    arg("--out", help="the study directory (default: the space file's study.out, else runs/tune/NAME)"),
+    description="Run trials of SPACE.yaml's study (a base config, a per-trial budget and the config keys to "
+    "search). Workers started anywhere on the same storage join one study; an interrupted study resumes.",
+)
 def _tune(args: argparse.Namespace) -> int:
     from trimtab.tune import tune
 
@@ -229,6 +400,18 @@ def _tune(args: argparse.Namespace) -> int:
     return 0 if result.complete else 1  # interrupted: the same command resumes the study
 
 
+@command(
+    "report",
+    "write a self-contained HTML report of one run or several overlaid",
+    arg(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="run directories (several: overlaid for comparison), or a healing benchmark's healing.json "
+        "(or the directory holding it)",
+    ),
+    arg("--out", help="the HTML file (default: RUN/report.html for one run, else report.html)"),
+)
 def _report(args: argparse.Namespace) -> int:
     from trimtab.report import write_report
 
@@ -237,208 +420,74 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+@command(
+    "runs",
+    "a table of the runs under a directory",
+    arg("root", nargs="?", default="runs", help="the directory to search (default: runs)"),
+    arg(
+        "--sort",
+        default="val_loss",
+        help="column to sort by: run, preset, status, steps, tokens, val_loss, decisions, healed, wall_s "
+        "(default: val_loss; runs without a value last)",
+    ),
+    arg("--reverse", action="store_true", help="sort descending"),
+    arg("--json", action="store_true", help="the rows as JSON"),
+)
 def _runs(args: argparse.Namespace) -> int:
     from trimtab.report.runs import print_runs
 
     return print_runs(args.root, args.sort, reverse=args.reverse, as_json=args.json)
 
 
+@command("presets", "list the presets")
+def _presets(args: argparse.Namespace) -> int:
+    from trimtab.model.catalog import format_catalog, preset_catalog
+
+    print(format_catalog(preset_catalog()))
+    return 0
+
+
+@command(
+    "doctor",
+    "device, precision and why, attention kernel, memory, distributed backends, and a micro-batch that fits a preset",
+    arg("--preset", default="small", help="preset to size the micro-batch for (default: small)"),
+    arg("--device", default="auto", choices=("auto", "cpu", "cuda", "mps")),
+    arg("--nproc", type=int, default=1, help="processes per machine it would run (torchrun)"),
+    arg("--strategy", default="ddp", choices=("ddp", "fsdp"), help="distributed.strategy"),
+    arg("--json", action="store_true", help="the facts as JSON"),
+)
+def _doctor(args: argparse.Namespace) -> int:
+    from trimtab import doctor
+
+    return doctor.main(args.preset, args.device, args.nproc, args.strategy, args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trimtab", description="Train language models that watch their own training and correct it."
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("train", help="train (or resume) a run")
-    p.add_argument("config", nargs="?", help="run config YAML (optional)")
-    p.add_argument("--preset", help="model/run preset (see `trimtab presets`); default: small")
-    p.add_argument("--out", help="run directory; re-running with the same --out resumes")
-    p.add_argument("--max-steps", type=int, help="pretraining steps (train.max_steps)")
-    p.add_argument(
-        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one config value (repeatable)"
-    )
-    p.add_argument(
-        "--inject",
-        action="append",
-        default=[],
-        metavar="KIND@STEP[:PARAM]",
-        help="inject a fault, e.g. nan_loss@30 or oom@10:512 (repeatable; see docs/orchestrator.md)",
-    )
-    p.add_argument(
-        "--orchestrator", choices=("auto", "advise", "off"), help="orchestrator mode (orchestrator.mode); default auto"
-    )
-    p.set_defaults(func=_train)
-
-    p = sub.add_parser(
-        "ctl",
-        help="act on a running job (journaled as a manual decision)",
-        description="Drops a command for the job in RUN_DIR, which applies it at its next step and journals it. "
-        "A run that is not running is refused (nothing is sent) unless --queue.",
-        epilog="actions:\n" + help_text(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("run_dir")
-    p.add_argument("action")
-    p.add_argument("args", nargs="*")
-    p.add_argument(
-        "--queue", action="store_true", help="if the run is not running, apply the command when it next resumes"
-    )
-    p.set_defaults(func=_ctl)
-
-    p = sub.add_parser(
-        "bench",
-        help="list the benchmarks (bench/ of the source checkout), or run one",
-        description="Without NAME: list the benchmarks. With NAME: run bench/NAME.py with ARGS, e.g. "
-        "`trimtab bench healing --scenarios nan_loss --steps 40`; `trimtab bench NAME --help` shows its options.",
-    )
-    p.add_argument("name", nargs="?", help="the benchmark to run (bench/NAME.py)")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark's script")
-    p.set_defaults(func=_bench)
-
-    p = sub.add_parser("generate", help="sample text from a trained run")
-    p.add_argument("run_dir")
-    p.add_argument("--prompt", default="")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=50)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=_generate)
-
-    p = sub.add_parser("export", help="write a run as a Hugging Face model directory (transformers loads it)")
-    p.add_argument("run_dir")
-    p.add_argument(
-        "--out",
-        required=True,
-        help="directory to write: new or empty, or an earlier trimtab export (only the files it wrote are replaced)",
-    )
-    p.add_argument("--step", type=int, help="the checkpoint to export (default: the newest valid one)")
-    p.add_argument(
-        "--dtype",
-        choices=("float32", "bfloat16", "float16"),
-        help="weights' dtype (default: the imported model's, else float32)",
-    )
-    p.set_defaults(func=_export)
-
-    p = sub.add_parser(
-        "eval",
-        help="score a run or a Hugging Face directory: lm-evaluation-harness tasks and/or a text file's perplexity",
-    )
-    p.add_argument("path", help="a run directory (its newest valid checkpoint) or a Hugging Face model directory")
-    p.add_argument("--tasks", metavar="A,B", help="lm-eval tasks, e.g. trimtab_tiny (shipped, offline) or hellaswag")
-    p.add_argument("--include-path", metavar="DIR", help="a directory of your own lm-eval task YAMLs")
-    p.add_argument("--limit", type=float, help="examples per task (a fraction below 1)")
-    p.add_argument("--num-fewshot", type=int, help="few-shot examples per prompt (default: the task's)")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--data", metavar="FILE", help="a text file: perplexity and bits per byte, no lm-eval needed")
-    p.add_argument("--stride", type=int, help="--data window advance in tokens (default: the whole context)")
-    p.set_defaults(func=_eval)
-
-    p = sub.add_parser(
-        "merge",
-        help="merge models with a mergekit recipe, or average a run's last checkpoints (docs/merge.md)",
-    )
-    p.add_argument("source", help="a recipe YAML (mergekit format), or with --method average a run directory")
-    p.add_argument("--out", required=True, help="the run directory to write the merged model to (new or empty)")
-    p.add_argument(
-        "--method", choices=("recipe", "average"), default="recipe", help="average: LAWA checkpoint averaging"
-    )
-    p.add_argument("--last", type=int, default=3, help="--method average: how many of the newest checkpoints")
-    p.set_defaults(func=_merge)
-
-    p = sub.add_parser("data", help="prepare data: token shards a run reads memory-mapped (docs/data.md)")
-    data_sub = p.add_subparsers(dest="data_command", required=True)
-    p = data_sub.add_parser(
-        "prepare",
-        help="tokenize text, JSONL (.gz, .zst), Parquet, Arrow and CSV files into memory-mapped token shards",
-        description="Tokenize SOURCES (files, directories, globs) into DIR. Re-running adds new files only, "
-        "resumes an interrupted prepare and rebuilds a corrupt shard from its sources.",
-    )
-    p.add_argument("sources", nargs="+", metavar="SOURCE")
-    p.add_argument("--out", required=True, metavar="DIR", help="the prepared directory (created, or added to)")
-    p.add_argument(
-        "--tokenizer", metavar="PATH", help="a tokenizer.json or a Hugging Face model directory (default: train a BPE)"
-    )
-    p.add_argument("--vocab-size", type=int, default=4096, help="vocabulary of the BPE trained when no --tokenizer")
-    p.add_argument("--format", default="auto", choices=("auto", "text", "jsonl", "chat", "instruction"))
-    p.add_argument("--text-field", default="text", help="the record field holding the text (default: text)")
-    p.add_argument(
-        "--skip-bad-records", action="store_true", help="skip malformed records (counted) instead of failing"
-    )
-    p.add_argument("--workers", type=int, default=0, help="processes (default: one per core)")
-    p.set_defaults(func=_data_prepare)
-
-    p = sub.add_parser("plan", help="Chinchilla plan: tokens, epochs, steps, FLOPs, memory, time (docs/planner.md)")
-    p.add_argument("config", nargs="?", help="run config YAML (optional)")
-    p.add_argument("--preset", help="model/run preset (see `trimtab presets`); default: small")
-    p.add_argument("--out", help="directory for plan.json and plan.txt; default: the run directory")
-    p.add_argument(
-        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one config value (repeatable)"
-    )
-    data = p.add_mutually_exclusive_group()
-    data.add_argument("--dataset-tokens", type=float, metavar="N", help="unique training tokens in the data")
-    data.add_argument("--data", metavar="PATH", help="count the data's tokens (the run's tokenizer, else bytes)")
-    budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--budget-flops", type=float, metavar="F", help="compute budget in FLOPs")
-    budget.add_argument("--budget-hours", type=float, metavar="H", help="compute budget in hours on the hardware")
-    p.add_argument("--gpu", metavar="NAME", help="plan for this GPU (e.g. H100) instead of this machine")
-    p.add_argument(
-        "--gpus", "--devices", dest="devices", type=int, default=1, help="devices training together (default 1)"
-    )
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node, for the parallel layout (default 8)")
-    p.set_defaults(func=_plan)
-
-    p = sub.add_parser(
-        "tune",
-        help="hyperparameter search with Optuna over a space file (docs/tune.md)",
-        description="Run trials of SPACE.yaml's study (a base config, a per-trial budget and the config keys to "
-        "search). Workers started anywhere on the same storage join one study; an interrupted study resumes.",
-    )
-    p.add_argument("space", help="the space file (YAML)")
-    p.add_argument("--trials", type=int, help="trials the study should reach in all (default: the space file's)")
-    p.add_argument("--workers", type=int, default=1, help="worker processes on this machine (default 1)")
-    p.add_argument("--storage", help="an Optuna storage URL (default: sqlite:///STUDY_DIR/study.db)")
-    p.add_argument("--out", help="the study directory (default: the space file's study.out, else runs/tune/NAME)")
-    p.set_defaults(func=_tune)
-
-    p = sub.add_parser("report", help="write a self-contained HTML report of one run or several overlaid")
-    p.add_argument(
-        "runs",
-        nargs="+",
-        metavar="RUN",
-        help="run directories (several: overlaid for comparison), or a healing benchmark's healing.json "
-        "(or the directory holding it)",
-    )
-    p.add_argument("--out", help="the HTML file (default: RUN/report.html for one run, else report.html)")
-    p.set_defaults(func=_report)
-
-    p = sub.add_parser("runs", help="a table of the runs under a directory")
-    p.add_argument("root", nargs="?", default="runs", help="the directory to search (default: runs)")
-    p.add_argument(
-        "--sort",
-        default="val_loss",
-        help="column to sort by: run, preset, status, steps, tokens, val_loss, decisions, healed, wall_s "
-        "(default: val_loss; runs without a value last)",
-    )
-    p.add_argument("--reverse", action="store_true", help="sort descending")
-    p.add_argument("--json", action="store_true", help="the rows as JSON")
-    p.set_defaults(func=_runs)
-
-    p = sub.add_parser("presets", help="list the presets")
-    p.set_defaults(func=_presets)
-
-    p = sub.add_parser(
-        "doctor",
-        help="device, precision and why, attention kernel, memory, distributed "
-        "backends, and a micro-batch that fits a preset",
-    )
-    p.add_argument("--preset", default="small", help="preset to size the micro-batch for (default: small)")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "mps"))
-    p.add_argument("--nproc", type=int, default=1, help="processes per machine it would run (torchrun)")
-    p.add_argument("--strategy", default="ddp", choices=("ddp", "fsdp"), help="distributed.strategy")
-    p.add_argument("--json", action="store_true", help="the facts as JSON")
-    p.set_defaults(func=_doctor)
+    subparsers = {"": parser.add_subparsers(dest="command", required=True)}
+    for c in COMMANDS:
+        group, _, name = c.name.rpartition(" ")
+        if group not in subparsers:  # its group's first command adds the group, e.g. `data`
+            p = subparsers[""].add_parser(group, help=GROUPS[group])
+            subparsers[group] = p.add_subparsers(dest=f"{group}_command", required=True)
+        formatter = argparse.RawDescriptionHelpFormatter if c.raw else argparse.HelpFormatter
+        p = subparsers[group].add_parser(
+            name, help=c.help, description=c.description, epilog=c.epilog, formatter_class=formatter
+        )
+        _add_args(p, c.args)
+        p.set_defaults(func=c.func)
     return parser
+
+
+def _add_args(parser: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup, args: tuple) -> None:
+    for a in args:
+        if isinstance(a, OneOf):
+            _add_args(parser.add_mutually_exclusive_group(), a.args)
+        else:
+            flags, kw = a
+            parser.add_argument(*flags, **kw)
 
 
 def main(argv: list[str] | None = None) -> int:
