@@ -308,3 +308,12 @@ def test_the_cli_surface_is_frozen():
         "the CLI surface changed (a subcommand, option or positional was added, renamed or removed). Changing it "
         "is a deliberate act: if you mean it, update CLI_SURFACE in this test in the same commit and say why there."
     )
+
+
+def test_trimtab_help_lists_the_subcommands_in_their_order():
+    """cli.py declares each subcommand above its handler: the handlers' order is `trimtab --help`'s."""
+    [subcommands] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    assert list(subcommands.choices) == [
+        *("train", "ctl", "bench", "generate", "export", "eval", "merge"),
+        *("data", "plan", "tune", "report", "runs", "presets", "doctor"),
+    ]
