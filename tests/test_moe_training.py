@@ -8,12 +8,15 @@ import torch
 from safetensors.torch import load_file
 
 import trimtab
+from trimtab.api import built_in_hooks
 from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config, merge
 from trimtab.errors import ConfigError
 from trimtab.model import build_model
 from trimtab.rundir import read_decisions
 from trimtab.training.hooks import Hook
+from trimtab.training.setup import setup
+from trimtab.training.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -34,6 +37,7 @@ class Surgeon(Hook):
 
     def __init__(self, stop_at=None):
         self.stop_at, self.done = stop_at, []
+        self.trainer = None  # set by a test that inspects what a hook cannot see: the optimizer
 
     def on_step_end(self, trainer, out):
         c = trainer.control
@@ -46,12 +50,13 @@ class Surgeon(Hook):
         if out.step in plan:
             action, params = plan[out.step]
             c.request(action, on_done=self.done.append, **params)
-        if out.step == 7:  # right after adding: the optimizer holds exactly the live parameters
-            live = {id(p) for p in trainer.model.parameters()}
-            held = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
+        if out.step == 7 and self.trainer:  # right after adding: the optimizer holds exactly the live parameters
+            model, optimizer = self.trainer.model, self.trainer.optimizer
+            live = {id(p) for p in model.parameters()}
+            held = {id(p) for g in optimizer.param_groups for p in g["params"]}
             assert live == held
-            moe = trainer.model.blocks[1].ffn
-            state = trainer.optimizer.state[moe.w1]
+            moe = model.blocks[1].ffn
+            state = optimizer.state[moe.w1]
             assert state["exp_avg"].shape == moe.w1.shape  # moments follow the new shape
             assert state["exp_avg"][8].abs().sum() > 0  # the added expert starts from its source's moments
         if out.step == self.stop_at:
@@ -77,7 +82,9 @@ def test_moe_preset_trains_with_aux_loss_and_telemetry(tmp_path):
 
 def test_surgery_mid_run_then_resume_is_exact(tmp_path):
     surgeon = Surgeon()
-    trimtab.train(moe_cfg(tmp_path / "a"), hooks=[surgeon])
+    cfg = moe_cfg(tmp_path / "a")
+    surgeon.trainer = Trainer(setup(cfg), hooks=built_in_hooks(cfg) + [surgeon])  # as trimtab.train builds it
+    surgeon.trainer.fit()
     assert surgeon.done == [
         "layer 1: add expert 8 (8 -> 9 experts)",
         "layer 3: prune expert 2 (8 -> 7 experts)",
