@@ -20,15 +20,16 @@ import torch
 from trimtab.api import built_in_hooks
 from trimtab.config import load_config
 from trimtab.orchestrator import Orchestrator
-from trimtab.training.hooks import Hook
+from trimtab.training.instrument import Instrument
 from trimtab.training.setup import setup
 from trimtab.training.trainer import Trainer
 
 DECISION_KEYS = ("step", "rule", "action", "params", "mode", "applied", "confidence")
 
 
-class Recorder(Hook):
-    """What one rank saw; every value is rank-independent when the ranks agree."""
+class Recorder(Instrument):
+    """What one rank saw; every value is rank-independent when the ranks agree. A test
+    instrument: it reads the final weights through its FaultHandle (a hook's view has no model)."""
 
     def __init__(self) -> None:
         self.steps: list[dict[str, Any]] = []
@@ -52,7 +53,7 @@ class Recorder(Hook):
     def on_train_end(self, trainer, summary) -> None:
         decisions = [{k: d[k] for k in DECISION_KEYS} for d in map(asdict, self.orchestrator.journal.decisions)]
         # FSDP holds a shard per rank: gather each weight whole (a collective, on every rank).
-        weights = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in trainer.model.parameters()]
+        weights = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in self.handle.model.parameters()]
         self.result = {
             "rank": trainer.rank,
             "world": trainer.world,

@@ -80,7 +80,7 @@ def test_capacity_action_applies_and_survives_resume(tmp_path):
 
     class Look(Hook):
         def on_train_start(self, trainer):
-            seen.update({i: r.target for i, r in trainer.model.mod_layers()})
+            seen.update({i: target for i, (_, target) in trainer.mod_capacities().items()})
 
     trimtab.train(cfg_for("debug-mod", tmp_path / "r", steps=12), hooks=[Look()])
     assert seen == {1: 0.5, 3: 0.25}  # from the checkpoint, not the config

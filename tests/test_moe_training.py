@@ -8,15 +8,13 @@ import torch
 from safetensors.torch import load_file
 
 import trimtab
-from trimtab.api import built_in_hooks
 from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config, merge
 from trimtab.errors import ConfigError
 from trimtab.model import build_model
 from trimtab.rundir import read_decisions
 from trimtab.training.hooks import Hook
-from trimtab.training.setup import setup
-from trimtab.training.trainer import Trainer
+from trimtab.training.instrument import Instrument
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -32,12 +30,12 @@ def moe_cfg(out, steps=16, **overrides):
     return load_config(preset="debug-moe", overrides=merge(base, overrides))
 
 
-class Surgeon(Hook):
-    """Acts like a person with `trimtab ctl`: surgery and knob changes mid-run."""
+class Surgeon(Instrument):
+    """Acts like a person with `trimtab ctl`: surgery and knob changes mid-run. A test instrument
+    too: it checks the live optimizer through its FaultHandle (a hook's view has none)."""
 
     def __init__(self, stop_at=None):
         self.stop_at, self.done = stop_at, []
-        self.trainer = None  # set by a test that inspects what a hook cannot see: the optimizer
 
     def on_step_end(self, trainer, out):
         c = trainer.control
@@ -50,8 +48,8 @@ class Surgeon(Hook):
         if out.step in plan:
             action, params = plan[out.step]
             c.request(action, on_done=self.done.append, **params)
-        if out.step == 7 and self.trainer:  # right after adding: the optimizer holds exactly the live parameters
-            model, optimizer = self.trainer.model, self.trainer.optimizer
+        if out.step == 7:  # right after adding: the optimizer holds exactly the live parameters
+            model, optimizer = self.handle.model, self.handle.optimizer
             live = {id(p) for p in model.parameters()}
             held = {id(p) for g in optimizer.param_groups for p in g["params"]}
             assert live == held
@@ -82,9 +80,7 @@ def test_moe_preset_trains_with_aux_loss_and_telemetry(tmp_path):
 
 def test_surgery_mid_run_then_resume_is_exact(tmp_path):
     surgeon = Surgeon()
-    cfg = moe_cfg(tmp_path / "a")
-    surgeon.trainer = Trainer(setup(cfg), hooks=built_in_hooks(cfg) + [surgeon])  # as trimtab.train builds it
-    surgeon.trainer.fit()
+    trimtab.train(moe_cfg(tmp_path / "a"), hooks=[surgeon])
     assert surgeon.done == [
         "layer 1: add expert 8 (8 -> 9 experts)",
         "layer 3: prune expert 2 (8 -> 7 experts)",
@@ -132,12 +128,13 @@ def test_active_params_and_flops_count_top_k_of_the_experts():
     assert extra == 6 * layers * moe.router.numel()
 
 
-class Starve(Hook):
-    """Makes expert 5 of layer 1 unreachable (a selection bias no token overcomes): a dead expert."""
+class Starve(Instrument):
+    """Makes expert 5 of layer 1 unreachable (a selection bias no token overcomes): a dead expert.
+    A test instrument: it writes through its FaultHandle, as fault injection does."""
 
     def on_step_start(self, trainer, batch):
         if trainer.step == 0:
-            trainer.model.blocks[1].ffn.expert_bias[5] = -1e4
+            self.handle.model.blocks[1].ffn.expert_bias[5] = -1e4
 
 
 def test_dead_expert_is_reinitialised_and_gets_traffic_again(tmp_path):

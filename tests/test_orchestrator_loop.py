@@ -24,6 +24,7 @@ from trimtab.errors import CheckpointError
 from trimtab.orchestrator import ctl
 from trimtab.rundir import read_decisions, read_metrics
 from trimtab.training.hooks import Hook
+from trimtab.training.instrument import Instrument
 
 # ------------------------------------------------------------------------------------ helpers
 
@@ -65,21 +66,24 @@ def decisions(run_dir, rule=None):
     return [d for d in read_decisions(run_dir, abandoned=True) if rule is None or d["rule"] == rule]
 
 
-class Snapshot(Hook):
+class Snapshot(Instrument):
     """Records, for every step, whether the parameters and the optimizer state came out of the
-    step unchanged (compared bitwise with a copy taken in on_step_start)."""
+    step unchanged (compared bitwise with a copy taken in on_step_start). A test instrument: it
+    reads the live model and optimizer through its FaultHandle, which a hook's view never hands out."""
 
     def __init__(self):
         self.unchanged: dict[int, tuple[bool, bool]] = {}
 
     def on_step_start(self, trainer, batch):
-        self.params = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-        self.optim = {id(p): {k: v.clone() for k, v in s.items()} for p, s in trainer.optimizer.state.items()}
+        model, optimizer = self.handle.model, self.handle.optimizer
+        self.params = {n: p.detach().clone() for n, p in model.named_parameters()}
+        self.optim = {id(p): {k: v.clone() for k, v in s.items()} for p, s in optimizer.state.items()}
 
     def on_step_end(self, trainer, out):
-        params = all(torch.equal(self.params[n], p) for n, p in trainer.model.named_parameters())
+        model, optimizer = self.handle.model, self.handle.optimizer
+        params = all(torch.equal(self.params[n], p) for n, p in model.named_parameters())
         optim = bool(self.optim) and all(
-            torch.equal(self.optim[id(p)][k], v) for p, s in trainer.optimizer.state.items() for k, v in s.items()
+            torch.equal(self.optim[id(p)][k], v) for p, s in optimizer.state.items() for k, v in s.items()
         )
         self.unchanged[out.step] = (params, optim)
 

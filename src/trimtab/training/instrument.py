@@ -38,6 +38,12 @@ class FaultHandle:
         t = self._trainer
         return t.phases[t.state.phase].train_rows
 
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The live optimizer (an instrument that checks whether an update was applied reads its
+        state)."""
+        return self._trainer.optimizer
+
     def scale_optimizer_lr(self, factor: float) -> None:
         """Multiply the LR the optimizer holds now (after the trainer set this step's): a stray
         writer, an LR nothing in the config explains."""
