@@ -24,7 +24,7 @@ def test_a_learning_rate_100x_too_high_is_cut_within_the_first_steps_and_the_run
     lines = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
     kept = [m for m in lines if "loss" in m and not m.get("abandoned")]
     assert kept[-1]["loss"] < kept[0]["loss"] - 0.5  # trains from the sound start at the cut LR
-    assert kept[-1]["lr_scale"] == pytest.approx(0.1)  # the cut holds to the end
+    assert kept[-1]["lr_scale"] <= 0.1 + 1e-9  # the cut holds to the end (a second may deepen it: below)
     assert summary["exit_code"] == 0
 
 

@@ -43,7 +43,7 @@ def test_the_fused_loss_reports_each_tokens_loss_and_its_gradients_do_not_change
     torch.testing.assert_close(total, loss.detach())
 
 
-def test_row_losses_are_per_row_means_placed_by_the_steps_rows():
+def test_row_losses_are_per_row_sums_placed_by_the_steps_rows():
     rows = RowLosses([7, 3, 9, 3], torch.device("cpu"))  # row 3 twice in one step (a tiny dataset wrapped)
     targets = torch.tensor([[1, 2, -100], [1, 1, 1]])
     rows.add([9, 3], torch.tensor([1.0, 3.0, 0.0, 2.0, 2.0, 2.0]), targets)
@@ -53,17 +53,18 @@ def test_row_losses_are_per_row_means_placed_by_the_steps_rows():
 
 
 class Data:
-    """Steps of 32 rows: text at loss ~N(4, 0.2) falling slowly, with chosen rows' losses set."""
+    """Steps of 32 rows of 64 targets: text at ~N(4, 0.2) nats falling slowly, with chosen rows' losses set."""
 
     def __init__(self):
         self.rng, self.step, self.next_row = random.Random(0), 0, 0
 
-    def step_metrics(self, special: dict[int, float] = {}) -> StepMetrics:
+    def step_metrics(self, special: dict[int, float] | None = None, targets: int = 64) -> StepMetrics:
+        special = special or {}
         self.step += 1
         rows = list(range(self.next_row, self.next_row + 32 - len(special))) + list(special)
         self.next_row += 32 - len(special)
         base = 4.0 - 0.002 * self.step
-        losses = {r: special.get(r, self.rng.gauss(base, 0.2)) for r in rows}
+        losses = {r: (special.get(r, self.rng.gauss(base, 0.2)), targets) for r in rows}
         return StepMetrics(step=self.step, loss=base, grad_norm=1.0, rows=rows, row_losses=losses)
 
 
@@ -85,8 +86,10 @@ def test_a_row_is_named_when_it_stays_far_out_and_a_hard_row_the_model_learns_is
     assert rule.observe(data.step_metrics({10_003: math.nan})).evidence["rows"] == [10_003]
     # a broken forward (most rows not finite) is not the rows' fault
     step = data.step_metrics()
-    step.row_losses = dict.fromkeys(step.row_losses, math.inf)
+    step.row_losses = dict.fromkeys(step.row_losses, (math.inf, 64))
     assert rule.observe(step) is None
+    # a short row's mean is noise: not judged, however high
+    assert rule.observe(data.step_metrics({10_005: 20.0}, targets=8)) is None
 
 
 def test_its_state_is_json_and_resumes_the_same():

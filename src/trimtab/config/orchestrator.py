@@ -194,17 +194,19 @@ class DataRule:
 class RowsRule:
     """Outlier rows (thinly spread bad data; orchestrator/outliers.py): every step's rows, as the
     training forward scored them, against the last `window` rows: an outlier is above their
-    median by max(sigma x their spread, min_gap). It is named (and in auto mode left out) when it
-    is an outlier again on its next sighting, or at once by `certain_gap` nats."""
+    median by max(sigma x their spread, min_gap). It is named (and in auto mode left out) when
+    it is an outlier again on its next sighting, or at once by `certain_gap` nats."""
 
     enabled: bool = True
     window: int = 512  # training rows: the reference
     min_reference: int = 128  # rows seen before any is judged
+    min_targets: int = 32  # a row's mean over fewer is noise (a document's first line): not judged
     sigma: float = 4.0
     min_gap: float = 1.5  # nats
-    # nats above the median that name a row at its first sighting: garbage scores ~ln(vocab) or
-    # more (6.2 at the debug presets' 512 tokens, 10.4 at 32K) where text sits at 2-5; the debug
-    # corpus's own hardest file (quoted-printable test data) reached 2.4 before the model saw it
+    # nats above the median that name a row at its first sighting: garbage of whole tokens scores
+    # ~ln(vocab) or more (6.2 at the debug presets' 512 tokens, 10.4 at 32K) where text sits at
+    # 2-5; the debug corpus's own hardest file (quoted-printable test data) reached 2.4 above the
+    # median before the model had seen it
     certain_gap: float = 3.0
     max_suspects: int = 100_000  # rows remembered from their first sighting
 

@@ -497,15 +497,16 @@ def _same_trouble(decision: Decision, f: Finding) -> bool:
     return decision.rule != "rows" or bool(set(decision.params.get("rows", ())) & set(f.evidence.get("rows", ())))
 
 
-def _row_means(rows: list[int], host: list[list[float]] | None) -> dict[int, float] | None:
-    """Each row's mean loss from the step's read [R, 2] (summed loss, targets; a row's first place
-    holds it, training.runtime.RowLosses); rows without targets left out."""
+def _row_means(rows: list[int], host: list[list[float]] | None) -> dict[int, tuple[float, int]] | None:
+    """Each row's (mean loss per target in nats, targets) from the step's read [R, 2] (summed
+    loss, targets; a row's first place holds it, training.runtime.RowLosses); rows without
+    targets left out."""
     if host is None:
         return None
-    means: dict[int, float] = {}
+    means: dict[int, tuple[float, int]] = {}
     for row, (summed, count) in zip(rows, host):
         if count > 0 and row not in means:
-            means[row] = summed / count
+            means[row] = (summed / count, int(count))
     return means
 
 

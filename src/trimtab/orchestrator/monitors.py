@@ -38,7 +38,7 @@ class StepMetrics:
     changes: int = 0  # actions applied to the run so far (the orchestrator's and a person's)
     phase: int = 0  # pretraining 0, finetuning 1: new data and a new schedule
     rows: list[int] = field(default_factory=list)
-    row_losses: dict[int, float] | None = None  # each row's mean loss in the training forward (rows with targets)
+    row_losses: dict[int, tuple[float, int]] | None = None  # per row, training forward: mean loss, targets
     moe: list[tuple[int, list[float], float, int]] | None = None  # (layer, load shares, dropped, top_k)
     mod_capacity: float | None = None  # mean capacity of the Mixture-of-Depths layers
 

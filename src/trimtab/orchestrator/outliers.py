@@ -1,19 +1,27 @@
 """Outlier rows: bad data spread thinly, which never spikes a step's loss.
 
-A few garbage documents shuffled through a corpus (random bytes, base64 blobs, mojibake, another
-script) cost a few percent of final loss without any step standing out: attribution after a spike
-(orchestrator/attribution.py) never starts. So every row of every step is watched, at no extra
-cost: the training forward reports each row's mean loss (training.runtime.RowLosses), and a row
-is an outlier when its loss is above the median of the last `window` rows by max(sigma x their
-spread, min_gap), the spread being the median absolute deviation x 1.4826. This is perplexity
-filtering (CCNet, Wenzek et al. 2020, arXiv 1911.00359) done with the model being trained,
-against its own current distribution rather than a fixed reference model.
+A few garbage documents shuffled through a corpus cost a few percent of final loss without any
+step standing out: attribution after a spike (orchestrator/attribution.py) never starts. So every
+row of every step is watched, at no extra cost: the training forward reports each row's mean loss
+(training.runtime.RowLosses), and a row is an outlier when its loss is above the median of the
+last `window` rows by max(sigma x their spread, min_gap), the spread being the median absolute
+deviation x 1.4826. This is perplexity filtering (CCNet, Wenzek et al. 2020, arXiv 1911.00359)
+done with the model being trained, against its own current distribution rather than a fixed
+reference model.
 
 A hard row is not a bad one: a rarer domain of a mixture or an unusual file scores high the first
 time and lower once the model has seen it. So a row is named only when it *stays* an outlier: on
 its second sighting (the next epoch) it must be one again, or on its first already by
-`certain_gap` nats, which learnable text does not reach. Rows seen once are remembered as
-suspects (up to `max_suspects`, the oldest forgotten first).
+`certain_gap` nats, which text does not reach. Rows seen once are remembered as suspects (up to
+`max_suspects`, the oldest forgotten first). Rows with fewer than `min_targets` targets are not
+judged: a mean over a few tokens (a document's first line, without context) is noise.
+
+What it cannot see: garbage the tokenizer splits into many short tokens (random characters,
+base64, hex) once the model has learned that mode: each token is then about as predictable as
+text's (per token, the healing benchmark's garbage corpus scores at the text's median on the
+debug presets' 512-token vocabulary). Per byte it stands out, but so does legitimate text the
+small tokenizer splits as finely; a data filter before training (tokenizer fertility, a reference
+model) is the tool for it.
 """
 
 from __future__ import annotations
@@ -32,14 +40,13 @@ class OutlierRows(Monitor):
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.rows
-        self.recent: deque[float] = deque(maxlen=self.cfg.window)  # training rows' losses: the reference
+        self.recent: deque[float] = deque(maxlen=self.cfg.window)  # healthy rows' losses: the reference
         self.suspects: dict[str, float] = {}  # row (a string: JSON keys) -> its gap at its first sighting
 
     def observe(self, m: StepMetrics) -> Finding | None:
         """This step's rows that stay far above the recent rows (None when none does)."""
-        cfg, losses = self.cfg, m.row_losses
-        if not losses:
-            return None
+        cfg = self.cfg
+        losses = {r: loss for r, (loss, targets) in (m.row_losses or {}).items() if targets >= cfg.min_targets}
         values = [x for x in losses.values() if math.isfinite(x)]
         if len(self.recent) < cfg.min_reference or len(values) < len(losses) / 2:  # a broken forward is not the rows'
             self.recent.extend(values)
@@ -47,37 +54,38 @@ class OutlierRows(Monitor):
         reference = list(self.recent) + values
         middle = median(reference)
         spread = 1.4826 * median([abs(x - middle) for x in reference])
-        gap = max(cfg.sigma * spread, cfg.min_gap)
-        bad, seen_before = [], {}
+        threshold = middle + max(cfg.sigma * spread, cfg.min_gap)
+        named: dict[int, float | None] = {}  # row -> its gap when first seen (None: named at once)
         for row, loss in sorted(losses.items()):
-            if math.isfinite(loss) and loss <= middle + gap:
+            if math.isfinite(loss) and loss <= threshold:
                 continue
             key = str(row)
             if key in self.suspects or not math.isfinite(loss) or loss - middle >= cfg.certain_gap:
-                bad.append(row)
-                seen_before[key] = self.suspects.pop(key, None)
+                named[row] = self.suspects.pop(key, None)
             else:
                 self.suspects[key] = loss - middle
         while len(self.suspects) > cfg.max_suspects:
             del self.suspects[next(iter(self.suspects))]
-        self.recent.extend(x for x in values if x <= middle + gap)
-        if not bad:
-            return None
+        self.recent.extend(x for x in values if x <= threshold)
+        return self._finding(m, losses, named, threshold, middle, spread, len(reference)) if named else None
+
+    def _finding(self, m, losses, named, threshold, middle, spread, n_reference) -> Finding:
+        bad = sorted(named)
+        again = sum(g is not None for g in named.values())
         evidence = {
             "rows": bad,
-            "threshold": middle + gap,
+            "threshold": threshold,
             "median": middle,
             "spread": spread,
-            "rows_reference": len(reference),
+            "rows_reference": n_reference,
             "losses": {str(r): losses[r] for r in bad[:10]},
-            "first_gaps": {k: v for k, v in list(seen_before.items())[:10] if v is not None},
+            "first_gaps": {str(r): g for r, g in list(named.items())[:10] if g is not None},
             "suspects": len(self.suspects),
         }
-        again = sum(v is not None for v in seen_before.values())
         summary = (
-            f"{len(bad)} of the step's {len(losses)} rows score above {middle + gap:.3f} (the last {len(reference)} "
-            f"rows' median {middle:.3f} + {gap:.3f}): {again} an outlier when last seen too, "
-            f"{len(bad) - again} by {cfg.certain_gap:g} nats or more"
+            f"{len(bad)} of the step's {len(losses)} rows score above {threshold:.3f} (the last {n_reference} rows' "
+            f"median {middle:.3f}): {again} an outlier when last seen too, {len(bad) - again} by "
+            f"{self.cfg.certain_gap:g} nats or more"
         )
         return Finding(rule="rows", family="data", step=m.step, evidence=evidence, summary=summary, strength=1.0)
 
