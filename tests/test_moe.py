@@ -9,9 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from trimtab.config import ModelConfig
 from trimtab.config.sparse import MoEConfig
-from trimtab.model.layers import FeedForward
+from trimtab.model.layers import SwiGLU
 from trimtab.model.moe import MoE
 
 D, H = 16, 24
@@ -88,7 +87,7 @@ def test_init_stds_and_zero_bias():
 
 def test_one_expert_equals_dense_swiglu():
     m = make(n_experts=1, top_k=1, capacity_factor=0.0)
-    ffn = FeedForward(ModelConfig(d_model=D, ffn_hidden=H, multiple_of=1))
+    ffn = SwiGLU(D, H)
     with torch.no_grad():
         ffn.w1.weight.copy_(m.w1[0].T)
         ffn.w3.weight.copy_(m.w3[0].T)

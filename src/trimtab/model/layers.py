@@ -9,6 +9,7 @@ Shape legend:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -206,14 +207,24 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(B, T, -1))
 
 
-class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x) (Shazeer 2020, "GLU Variants Improve Transformer")."""
+class SwiGLU(nn.Module):
+    """w2(silu(w1 x) * w3 x) (Shazeer 2020, "GLU Variants Improve Transformer"): a dense block's
+    feed-forward, and a MoE layer's shared experts (model/moe.py).
 
-    def __init__(self, cfg: ModelConfig):
+    `local` is None unless expert parallelism shards the weights as DTensors (the shared experts,
+    distributed/expert.py): it then reads each as this rank's shard and forward computes with
+    those. Otherwise forward calls the Linear modules themselves, which tensor parallelism hooks
+    (distributed/tensor.py)."""
+
+    def __init__(self, d_model: int, hidden: int):
         super().__init__()
-        self.w1 = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)  # gate
-        self.w3 = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)  # up
-        self.w2 = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)  # down
+        self.local: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.w1 = nn.Linear(d_model, hidden, bias=False)  # gate
+        self.w3 = nn.Linear(d_model, hidden, bias=False)  # up
+        self.w2 = nn.Linear(hidden, d_model, bias=False)  # down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        if self.local is None:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        w1, w3, w2 = (self.local(m.weight) for m in (self.w1, self.w3, self.w2))
+        return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from torch.profiler import record_function
 
 from trimtab.config.sparse import MoEConfig
-from trimtab.model.layers import compute_dtype
+from trimtab.model.layers import SwiGLU, compute_dtype
 
 
 class Routing(NamedTuple):
@@ -55,21 +55,6 @@ class Routing(NamedTuple):
     experts: torch.Tensor  # [N, k] long, chosen with probs + expert_bias
     gates: torch.Tensor  # [N, k] fp32, gate weight of each chosen expert (no bias)
     counts: torch.Tensor  # [E] fp32, assignments per expert before capacity
-
-
-class SwiGLU(nn.Module):
-    """w2(silu(w1 x) * w3 x) (Shazeer 2020): the shared experts, always on (DeepSeekMoE)."""
-
-    def __init__(self, d_model: int, hidden: int):
-        super().__init__()
-        self.local: Callable[[Tensor], Tensor] = _same  # a weight as computed with (module docstring)
-        self.w1 = nn.Linear(d_model, hidden, bias=False)
-        self.w3 = nn.Linear(d_model, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, d_model, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w1, w3, w2 = (self.local(m.weight) for m in (self.w1, self.w3, self.w2))
-        return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
 
 
 def _same(w: Tensor) -> Tensor:

@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from trimtab.config import ModelConfig
 from trimtab.model.cache import KVCache
-from trimtab.model.layers import Attention, FeedForward, RMSNorm, Rotary, group_qkv
+from trimtab.model.layers import Attention, RMSNorm, Rotary, SwiGLU, group_qkv
 from trimtab.model.mod import DepthRouter
 from trimtab.model.moe import MoE
 
@@ -35,7 +35,7 @@ class Block(nn.Module):
             out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
             self.ffn = MoE(cfg.d_model, cfg.moe.expert_hidden, cfg.moe, cfg.init_std, out_std)
         else:
-            self.ffn = FeedForward(cfg)
+            self.ffn = SwiGLU(cfg.d_model, cfg.ffn_hidden)
         self.depth = (
             DepthRouter(cfg.d_model, capacity, cfg.mod.warmup_steps, cfg.mod.predictor_loss_coef)
             if "mod" in kind
