@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from trimtab.hardware import Precision, choose_precision, cpu_has_native_bf16, peak_flops, pick_device
+from trimtab.hardware import Precision, choose_precision, cpu_has_native_bf16, meminfo, peak_flops, pick_device
 from trimtab.plan.memory import suggest_micro_batch
 
 GiB = 2**30
@@ -206,14 +206,7 @@ def _attention(dev: torch.device, cfg: Any, dtype: torch.dtype) -> dict[str, Any
 
 
 def _memory(dev: torch.device) -> dict[str, int | None]:
-    info: dict[str, int] = {}
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                key, value = line.split(":", 1)
-                info[key] = int(value.split()[0]) * 1024
-    except (OSError, ValueError):
-        pass
+    info = meminfo()
     total = info.get("MemTotal") or (
         os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import json
 import logging
 import math
@@ -281,6 +282,27 @@ def _cpuinfo() -> str:
         return Path("/proc/cpuinfo").read_text()
     except OSError:
         return ""
+
+
+def meminfo() -> dict[str, int]:
+    """The machine's memory figures from /proc/meminfo in bytes (MemTotal, MemAvailable, ...), as
+    many as could be read; empty where there is none (not Linux). Read here only: the planner's
+    memory check, `trimtab doctor` and the orchestrator's memory rule ask through this and ram_bytes."""
+    info: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                key, value = line.split(":", 1)
+                info[key] = int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return info
+
+
+@functools.cache
+def ram_bytes() -> int | None:
+    """The machine's RAM in bytes (MemTotal), read once; None where unknown."""
+    return meminfo().get("MemTotal")
 
 
 # ------------------------------------------------------------ the most the CPU could do, its ceiling

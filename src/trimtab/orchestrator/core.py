@@ -21,6 +21,7 @@ import torch
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.distributed import all_max, broadcast_object, is_main
 from trimtab.errors import TrimtabError
+from trimtab.hardware import ram_bytes
 from trimtab.orchestrator import ctl
 from trimtab.orchestrator.evaluation import EarlyStop, early_stop, failed_evaluation
 from trimtab.orchestrator.journal import Decision, Journal
@@ -521,20 +522,15 @@ def _moe_loads(out: StepOutput, host: dict[str, Any] | None, top_k: dict[int, in
     return rows
 
 
-_MEM_TOTAL: list[int] = []
-
-
 def memory_fraction(device: torch.device) -> float | None:
     """Share of device memory the allocator holds (CUDA), or of machine RAM this process uses
     (CPU, Linux); no device sync either way."""
     if device.type == "cuda":
         return torch.cuda.memory_reserved(device) / torch.cuda.get_device_properties(device).total_memory
+    total = ram_bytes()
     try:
-        if not _MEM_TOTAL:
-            with open("/proc/meminfo") as fh:
-                _MEM_TOTAL.append(int(fh.readline().split()[1]) * 1024)
         with open("/proc/self/statm") as fh:
             rss = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        return rss / _MEM_TOTAL[0]
     except (OSError, ValueError, IndexError):
         return None
+    return rss / total if total else None

@@ -31,7 +31,7 @@ import torch
 
 from trimtab.config import RunConfig
 from trimtab.errors import ConfigError
-from trimtab.hardware import GPUS, choose_precision, datasheet_source, peak_flops, pick_device
+from trimtab.hardware import GPUS, choose_precision, datasheet_source, peak_flops, pick_device, ram_bytes
 from trimtab.model.catalog import meta_model
 
 STATE_BYTES = {"weights": 4, "gradients": 4, "optimizer": 8}  # per parameter
@@ -78,7 +78,7 @@ def detect_hardware(requested_precision: str = "auto", devices: int = 1) -> Hard
         name = torch.cuda.get_device_name(device)
         memory = torch.cuda.get_device_properties(device).total_memory
     else:
-        name, memory = device.type.upper(), _ram_bytes()
+        name, memory = device.type.upper(), ram_bytes()
     return Hardware(
         name=name,
         kind=device.type,
@@ -88,14 +88,6 @@ def detect_hardware(requested_precision: str = "auto", devices: int = 1) -> Hard
         memory_bytes=memory,
         devices=devices,
     )
-
-
-def _ram_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as fh:
-            return int(fh.readline().split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 @dataclass(kw_only=True)
