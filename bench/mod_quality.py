@@ -33,7 +33,7 @@ from _benchfile import replace_section, scratch  # noqa: E402  bench/_benchfile.
 from _measure import paired_ratio  # noqa: E402
 from trimtab import api  # noqa: E402
 from trimtab.config import load_config  # noqa: E402
-from trimtab.plan import model_size  # noqa: E402
+from trimtab.model.catalog import model_size  # noqa: E402
 
 HEADING = "## Mixture-of-Depths quality at equal compute (bench/mod_quality.py)"
 QUIET = {"log": {"progress": False, "tensorboard": False, "report": False}, "checkpoint": {"every": 0}}

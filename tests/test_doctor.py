@@ -9,7 +9,8 @@ import torch
 from trimtab import hardware
 from trimtab.cli import main
 from trimtab.config import load_config
-from trimtab.plan import Hardware, model_size
+from trimtab.model.catalog import model_size
+from trimtab.plan import Hardware
 from trimtab.plan.memory import USABLE_FRACTION, memory_plan, suggest_micro_batch
 
 

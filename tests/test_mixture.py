@@ -17,7 +17,7 @@ from trimtab.data.packing import BatchLoader, ConcatRows, build_splits
 from trimtab.data.prepare import prepare
 from trimtab.data.sources import Document
 from trimtab.errors import DataError
-from trimtab.plan.chinchilla import model_size
+from trimtab.model.catalog import model_size
 from trimtab.training.setup import resolve_max_steps
 
 pytestmark = pytest.mark.usefixtures("one_thread")

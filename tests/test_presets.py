@@ -15,7 +15,6 @@ from trimtab.config import available_presets, load_config
 from trimtab.model import build_model, preset_size
 from trimtab.model.catalog import PresetInfo, format_catalog, model_size, preset_catalog
 from trimtab.plan import make_plan, named_gpu
-from trimtab.plan.chinchilla import model_size as plan_size
 
 CLASSES = [1e9, 7e9, 14e9, 30e9, 50e9, 100e9, 200e9, 300e9]
 TOLERANCE = 0.15  # a preset is "in" a size class when its total is within 15% of it
@@ -84,8 +83,9 @@ def test_small_preset_meta_size_equals_the_real_model_and_an_independent_count(n
     torch.manual_seed(0)
     real = build_model(cfg.model)
     sizes = (real.num_params(), real.num_params(active=True), real.flops_per_token(cfg.data.seq_len))
-    assert model_size(load_config(preset=name)) == sizes
-    assert preset_size(name) == sizes
+    size = model_size(load_config(preset=name))
+    assert (size.total, size.active, size.flops_per_token) == sizes
+    assert preset_size(name) == size
     row = catalog()[name]
     assert (row.total, row.active, row.flops_per_token) == sizes
     assert independent_count(name, real) == sizes
@@ -132,7 +132,7 @@ def test_large_presets_have_realistic_shapes_and_budgets():
         # the length is the planner's: 20 tokens per parameter a token uses (active ones for MoE)
         assert t.max_steps == "auto", name
         planned = make_plan(cfg, hardware=named_gpu("H100")).run_tokens
-        assert planned == pytest.approx(20 * plan_size(cfg, m.vocab_size or None).compute_params, rel=0.01), name
+        assert planned == pytest.approx(20 * model_size(cfg, m.vocab_size or None).compute_params, rel=0.01), name
         assert "not trainable on CPU" in row.description, name
 
 

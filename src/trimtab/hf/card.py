@@ -15,7 +15,8 @@ MAX_LISTED = 12  # decisions listed one by one; the rest are counted
 
 
 def model_card(run_dir: Path, cfg: RunConfig, state: dict[str, Any], arch: str, source: dict | None) -> str:
-    total, active, _ = model_size(cfg)
+    size = model_size(cfg)
+    total, active = size.total, size.active
     m = cfg.model
     summary = read_json(run_dir / SUMMARY) or {}
     lines = [

@@ -26,6 +26,19 @@ class PresetInfo:
     description: str
 
 
+@dataclass(kw_only=True)
+class ModelSize:
+    total: int  # every parameter, tied weights once
+    active: int  # what one token uses (top_k of each MoE layer's routed experts)
+    non_embedding: int
+    active_non_embedding: int
+    flops_per_token: int  # training (forward + backward) FLOPs at seq_len, Transformer.flops_per_token
+    seq_len: int
+    family: str  # dense | moe | mod | hybrid
+    compute_params: int = 0  # the N of the 20x rule: active for MoE, total otherwise
+    compute_params_kind: str = "total"
+
+
 def family(cfg: ModelConfig) -> str:
     """dense: every layer dense; moe: some MoE layers (dense ones may be interleaved, as Switch
     and DeepSeek do), no Mixture-of-Depths; mod: some MoD layers, no MoE; hybrid: both."""
@@ -70,23 +83,40 @@ def uninitialised(cfg: ModelConfig) -> Transformer:
         return Transformer(cfg)
 
 
-def model_size(cfg: RunConfig) -> tuple[int, int, int]:
-    """(total parameters, active parameters, training FLOPs per token at data.seq_len)."""
-    model = meta_model(cfg)
-    return model.num_params(), model.num_params(active=True), model.flops_per_token(cfg.data.seq_len)
+def model_size(cfg: RunConfig, vocab_size: int | None = None) -> ModelSize:
+    """The size of the model cfg describes (vocab as meta_model), counted on the meta device."""
+    model = meta_model(cfg, vocab_size)
+    size = ModelSize(
+        total=model.num_params(),
+        active=model.num_params(active=True),
+        non_embedding=model.num_params(exclude_embeddings=True),
+        active_non_embedding=model.num_params(exclude_embeddings=True, active=True),
+        flops_per_token=model.flops_per_token(cfg.data.seq_len),
+        seq_len=cfg.data.seq_len,
+        family=family(cfg.model),
+    )
+    size.compute_params, size.compute_params_kind = (
+        (size.active, "active") if size.active != size.total else (size.total, "total")
+    )
+    return size
 
 
-def preset_size(name: str) -> tuple[int, int, int]:
+def preset_size(name: str) -> ModelSize:
     """model_size of a preset."""
     return model_size(load_config(preset=name))
 
 
 def preset_info(name: str) -> PresetInfo:
     cfg = load_config(preset=name)
-    total, active, flops = model_size(cfg)
+    size = model_size(cfg)
     description = read_yaml(PRESET_DIR / f"{name}.yaml").get("description", "")
     return PresetInfo(
-        name=name, family=family(cfg.model), total=total, active=active, flops_per_token=flops, description=description
+        name=name,
+        family=size.family,
+        total=size.total,
+        active=size.active,
+        flops_per_token=size.flops_per_token,
+        description=description,
     )
 
 

@@ -11,7 +11,7 @@ lazily, data (token counting); never training, and training never imports it: th
 is a hook (orchestrator/planner.py), and its run-length changes are orchestrator decisions.
 """
 
-from trimtab.plan.chinchilla import ModelSize, effective_tokens, model_size
+from trimtab.plan.chinchilla import effective_tokens
 from trimtab.plan.curve import LossFit, RunProgress, Status, fit_loss_curve, format_status, live_status
 from trimtab.plan.memory import Hardware, detect_hardware, named_gpu
 from trimtab.plan.report import Plan, format_plan, make_plan, plan_command, save_plan
@@ -19,7 +19,6 @@ from trimtab.plan.report import Plan, format_plan, make_plan, plan_command, save
 __all__ = [
     "Hardware",
     "LossFit",
-    "ModelSize",
     "Plan",
     "RunProgress",
     "Status",
@@ -30,7 +29,6 @@ __all__ = [
     "format_status",
     "live_status",
     "make_plan",
-    "model_size",
     "named_gpu",
     "plan_command",
     "save_plan",

@@ -25,42 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trimtab.config import RunConfig
-from trimtab.model.catalog import family, meta_model
+from trimtab.model.catalog import ModelSize, model_size
 
 FRESH_EPOCHS = 4.0  # Muennighoff et al. 2023: up to here, repeated tokens ~ fresh ones
 MAX_EPOCHS = 16.0  # ... and by here the value of another pass has nearly vanished
 REPEAT_DECAY = 15.4  # R*_D of their fit: the e-folding number of repetitions
 BYTES_PER_TOKEN = 4.0  # rule of thumb for GPT-2-class BPE on English text (OpenAI tokenizer docs)
-
-
-@dataclass(kw_only=True)
-class ModelSize:
-    total: int  # every parameter, tied weights once
-    active: int  # what one token uses (top_k of each MoE layer's routed experts)
-    non_embedding: int
-    active_non_embedding: int
-    flops_per_token: int  # training (forward + backward) FLOPs at seq_len, Transformer.flops_per_token
-    seq_len: int
-    family: str  # dense | moe | mod | hybrid
-    compute_params: int = 0  # the N of the 20x rule: active for MoE, total otherwise
-    compute_params_kind: str = "total"
-
-
-def model_size(cfg: RunConfig, vocab_size: int | None = None) -> ModelSize:
-    model = meta_model(cfg, vocab_size)
-    size = ModelSize(
-        total=model.num_params(),
-        active=model.num_params(active=True),
-        non_embedding=model.num_params(exclude_embeddings=True),
-        active_non_embedding=model.num_params(exclude_embeddings=True, active=True),
-        flops_per_token=model.flops_per_token(cfg.data.seq_len),
-        seq_len=cfg.data.seq_len,
-        family=family(cfg.model),
-    )
-    size.compute_params, size.compute_params_kind = (
-        (size.active, "active") if size.active != size.total else (size.total, "total")
-    )
-    return size
 
 
 def effective_tokens(unique: float, epochs: float) -> float:

@@ -12,15 +12,14 @@ from typing import Any
 from trimtab.config import RunConfig, load_config
 from trimtab.errors import ConfigError
 from trimtab.hardware import gpu_named
+from trimtab.model.catalog import ModelSize, model_size
 from trimtab.plan.chinchilla import (
     BudgetPlan,
     DataPlan,
-    ModelSize,
     _human,
     budget_plan,
     count_dataset_tokens,
     data_plan,
-    model_size,
     nearest_preset,
 )
 from trimtab.plan.layout import LayoutPlan, format_layout, plan_layout

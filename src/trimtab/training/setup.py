@@ -35,8 +35,9 @@ from trimtab.hf.architectures import to_model_config
 from trimtab.hf.importer import SOURCE, source_record
 from trimtab.hf.importer import load_weights as load_hf_weights
 from trimtab.model import Transformer, build_model
+from trimtab.model.catalog import model_size
 from trimtab.paths import cache_dir
-from trimtab.plan.chinchilla import FRESH_EPOCHS, model_size
+from trimtab.plan.chinchilla import FRESH_EPOCHS
 from trimtab.rundir import CONFIG, write_atomic
 from trimtab.training.compiling import CompileChoice, choose_compile
 from trimtab.training.cpu_precision import refine_cpu_precision

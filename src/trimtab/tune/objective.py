@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 
 from trimtab.api import train_or_raise
 from trimtab.errors import RunFinished, TrimtabError
-from trimtab.plan import model_size
+from trimtab.model.catalog import model_size
 from trimtab.rundir import healed, read_decisions
 from trimtab.training.hooks import Hook
 from trimtab.tune.space import Space
