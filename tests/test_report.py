@@ -15,7 +15,7 @@ import trimtab.report
 from trimtab.cli import main
 from trimtab.errors import TrimtabError
 from trimtab.report import NotARunError, figures, write_report
-from trimtab.report.run import load_run
+from trimtab.report.run import read_run
 from trimtab.report.runs import RunsError, list_runs
 from trimtab.rundir import run_lock
 from trimtab.training.hooks import ReportWriter
@@ -75,7 +75,7 @@ def test_the_run_writes_its_report_at_the_end(dense):
 
 
 def test_validation_loss_is_placed_at_its_tokens(dense):
-    run = load_run(dense)
+    run = read_run(dense)
     fig = figures.loss([run])
     val = next(t for t in fig.data if t.name == "dense validation")
     tokens = {m["step"]: m["tokens"] for m in run.train}
@@ -83,7 +83,7 @@ def test_validation_loss_is_placed_at_its_tokens(dense):
 
 
 def test_sparse_runs_get_the_moe_heatmap_and_mod_plots(hybrid):
-    run = load_run(hybrid)
+    run = read_run(hybrid)
     heat = figures.moe_load([run])
     assert heat is not None and all(t.type == "heatmap" for t in heat.data)
     z = heat.data[0].z
@@ -98,7 +98,7 @@ def test_sparse_runs_get_the_moe_heatmap_and_mod_plots(hybrid):
 
 
 def test_a_rollback_is_drawn_apart_and_the_decisions_marked(rolled):
-    run = load_run(rolled)
+    run = read_run(rolled)
     assert any(m.get("abandoned") for m in run.lines)
     fig = figures.loss([run])
     kept = next(t for t in fig.data if t.name == "rolled train")
@@ -121,7 +121,7 @@ def test_several_runs_overlay(dense, rolled, tmp_path):
     out = write_report([dense, rolled], tmp_path / "both.html")
     page = out.read_text()
     assert "<td>dense</td>" in page and "<td>rolled</td>" in page
-    loss = figures.loss([load_run(dense, "dense"), load_run(rolled, "rolled")])
+    loss = figures.loss([read_run(dense, "dense"), read_run(rolled, "rolled")])
     colours = {t.name: t.line.color for t in loss.data if t.name in ("dense train", "rolled train")}
     assert len(set(colours.values())) == 2
     # two runs with the same directory name are told apart by their parents

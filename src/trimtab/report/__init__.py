@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.report.healing import Healing, is_healing, load_healing
-from trimtab.report.run import NotARunError, Run, is_run_dir, load_run
+from trimtab.report.run import NotARunError, RunRecord, is_run_dir, read_run
 from trimtab.rundir import write_atomic
 
 REPORT = "report.html"
@@ -43,15 +43,15 @@ def default_out(paths: list[str | Path]) -> Path:
     return Path(REPORT)
 
 
-def _load(paths: list[str | Path], summary: dict[str, Any] | None) -> tuple[list[Run], list[Healing]]:
-    runs: list[Run] = []
+def _load(paths: list[str | Path], summary: dict[str, Any] | None) -> tuple[list[RunRecord], list[Healing]]:
+    runs: list[RunRecord] = []
     healings: list[Healing] = []
     names = _names([Path(p) for p in paths])
     for path, name in zip(map(Path, paths), names):
         if is_healing(path) and not is_run_dir(path):
             healings.append(load_healing(path))
         else:
-            runs.append(load_run(path, name=name, summary=summary if len(paths) == 1 else None))
+            runs.append(read_run(path, name=name, summary=summary if len(paths) == 1 else None))
     return runs, healings
 
 

@@ -1,4 +1,4 @@
-"""The report's plots: plotly figures built from runs read off disk (rundir.Run).
+"""The report's plots: plotly figures built from runs read off disk (report/run.py: RunRecord).
 
 Every builder takes the runs to overlay (one colour per run) and returns a figure, or None when no
 run has the data (a dense run has no MoE heatmap): a plot is never shown empty. The x axis is
@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from trimtab.report.run import Run, finite
+from trimtab.report.run import RunRecord, finite
 
 RUN_COLOURS = qualitative.Plotly
 ACTION_COLOURS = qualitative.Dark24
@@ -65,7 +65,7 @@ def _or_none(fig: go.Figure) -> go.Figure | None:
 # ------------------------------------------------------------------ step -> tokens, the kept curve
 
 
-def tokens_of(run: Run) -> Callable[[float], float]:
+def tokens_of(run: RunRecord) -> Callable[[float], float]:
     """Tokens at a step, from the training lines (kept ones win), linear between logged steps:
     evaluation lines and decisions carry only the step."""
     known: dict[int, float] = {}
@@ -89,7 +89,7 @@ def tokens_of(run: Run) -> Callable[[float], float]:
 
 
 def _segments(
-    run: Run, key: str, f: Callable[[dict[str, Any]], Any] | None = None
+    run: RunRecord, key: str, f: Callable[[dict[str, Any]], Any] | None = None
 ) -> tuple[list[float | None], list[float | None]]:
     """The abandoned stretches of `key` as one trace with gaps (None) between stretches; each
     starts at the kept point it branched from, so the reader sees where the rollback went back."""
@@ -113,14 +113,14 @@ def _segments(
     return xs, ys
 
 
-def _kept(run: Run, key: str, f: Callable[[dict[str, Any]], Any] | None = None) -> tuple[list[float], list[Any]]:
+def _kept(run: RunRecord, key: str, f: Callable[[dict[str, Any]], Any] | None = None) -> tuple[list[float], list[Any]]:
     at = tokens_of(run)
     lines = [m for m in run.lines if key in m and not m.get("abandoned")]
     return [at(m["step"]) for m in lines], [finite(f(m) if f else m[key]) for m in lines]
 
 
 def _line(
-    fig: go.Figure, run: Run, i: int, key: str, label: str = "", cell: dict[str, int] | None = None, **kw: Any
+    fig: go.Figure, run: RunRecord, i: int, key: str, label: str = "", cell: dict[str, int] | None = None, **kw: Any
 ) -> None:
     """The kept curve of `key`, and its abandoned stretches apart from it (`cell`: row and col
     of a subplot)."""
@@ -152,7 +152,7 @@ def _line(
 # ------------------------------------------------------------------ figures
 
 
-def loss(runs: list[Run]) -> go.Figure | None:
+def loss(runs: list[RunRecord]) -> go.Figure | None:
     fig = _fig("Loss", "loss (nats/token)")
     for i, run in enumerate(runs):
         _line(fig, run, i, "loss", "train")
@@ -173,7 +173,7 @@ def loss(runs: list[Run]) -> go.Figure | None:
     return _or_none(fig)
 
 
-def decisions(runs: list[Run]) -> list[go.Scatter]:
+def decisions(runs: list[RunRecord]) -> list[go.Scatter]:
     """The orchestrator's decisions as markers on each run's loss curve, one colour per action,
     the journal line in the hover."""
     by_action: dict[str, tuple[list[float], list[float | None], list[str]]] = {}
@@ -204,7 +204,7 @@ def decisions(runs: list[Run]) -> list[go.Scatter]:
     ]
 
 
-def _loss_at(run: Run) -> Callable[[int], float | None]:
+def _loss_at(run: RunRecord) -> Callable[[int], float | None]:
     """The kept train loss at the finite logged step nearest a decision's (a decision's own step
     is often a NaN or a spike, or not a logged step)."""
     points = [(m["step"], finite(m["loss"])) for m in run.train]
@@ -214,7 +214,7 @@ def _loss_at(run: Run) -> Callable[[int], float | None]:
     return lambda step: min(points, key=lambda p: (abs(p[0] - step), p[0]))[1]
 
 
-def _hover(run: Run, d: dict[str, Any]) -> str:
+def _hover(run: RunRecord, d: dict[str, Any]) -> str:
     outcome = d.get("outcome") or {}
     params = json.dumps(d.get("params") or {}, default=str)
     rows = [
@@ -238,7 +238,7 @@ def _short(text: str, width: int = 90, limit: int = 400) -> str:
     return "<br>   ".join(html.escape(c.strip()) for c in chunks)
 
 
-def learning_rate(runs: list[Run]) -> go.Figure | None:
+def learning_rate(runs: list[RunRecord]) -> go.Figure | None:
     """Applied LR (what the optimizer used: the schedule times the orchestrator's multiplier)
     against the schedule alone."""
     fig = _fig("Learning rate: scheduled vs applied", "learning rate")
@@ -249,7 +249,7 @@ def learning_rate(runs: list[Run]) -> go.Figure | None:
     return _or_none(fig)
 
 
-def grad_norm(runs: list[Run]) -> go.Figure | None:
+def grad_norm(runs: list[RunRecord]) -> go.Figure | None:
     fig = _fig("Gradient norm", "gradient norm", yaxis_type="log")
     for i, run in enumerate(runs):
         _line(fig, run, i, "grad_norm", "mean over the log interval")
@@ -257,7 +257,7 @@ def grad_norm(runs: list[Run]) -> go.Figure | None:
     return _or_none(fig)
 
 
-def throughput(runs: list[Run]) -> go.Figure | None:
+def throughput(runs: list[RunRecord]) -> go.Figure | None:
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.update_layout(title="Throughput: tokens/s and MFU", xaxis_title="tokens", **LAYOUT)
     fig.update_yaxes(title_text="tokens/s", secondary_y=False)
@@ -272,7 +272,7 @@ def throughput(runs: list[Run]) -> go.Figure | None:
     return _or_none(fig)
 
 
-def memory(runs: list[Run]) -> go.Figure | None:
+def memory(runs: list[RunRecord]) -> go.Figure | None:
     """Every *_mb key of the log lines: peak resident memory, and the CUDA allocator's on GPU."""
     fig = _fig("Memory", "MiB")
     dashes = ["solid", "dot", "dash", "dashdot", "longdash"]
@@ -283,13 +283,13 @@ def memory(runs: list[Run]) -> go.Figure | None:
     return _or_none(fig)
 
 
-def _layers(run: Run, prefix: str, suffix: str) -> list[str]:
+def _layers(run: RunRecord, prefix: str, suffix: str) -> list[str]:
     """Layer numbers that have `prefix/N/suffix` keys, in layer order."""
     found = {k.split("/")[1] for m in run.train for k in m if k.startswith(prefix + "/") and k.endswith("/" + suffix)}
     return sorted(found, key=int)
 
 
-def moe_load(runs: list[Run]) -> go.Figure | None:
+def moe_load(runs: list[RunRecord]) -> go.Figure | None:
     """Each MoE layer's load per expert over training: the expert's share of the assignments over
     the fair share (1 = balanced, 0 = idle)."""
     panels = [(run, layer) for run in runs for layer in _layers(run, "moe", "tokens_per_expert")]
@@ -323,7 +323,7 @@ def moe_load(runs: list[Run]) -> go.Figure | None:
     return _or_none(fig)
 
 
-def moe_balance(runs: list[Run]) -> go.Figure | None:
+def moe_balance(runs: list[RunRecord]) -> go.Figure | None:
     fig = _fig("MoE balance: busiest expert's load and dropped tokens", "x fair share / fraction")
     dashes = ["solid", "dot", "dash", "dashdot"]
     for i, run in enumerate(runs):
@@ -335,7 +335,7 @@ def moe_balance(runs: list[Run]) -> go.Figure | None:
     return _or_none(fig)
 
 
-def mod(runs: list[Run]) -> go.Figure | None:
+def mod(runs: list[RunRecord]) -> go.Figure | None:
     """Mixture-of-Depths: each layer's capacity (share of tokens through the block) and the
     causal predictor's accuracy (how well generation can guess the router's choice)."""
     panels = ("capacity", "predictor_acc")
@@ -353,7 +353,7 @@ def mod(runs: list[Run]) -> go.Figure | None:
     return _or_none(fig)
 
 
-def chinchilla(runs: list[Run]) -> go.Figure | None:
+def chinchilla(runs: list[RunRecord]) -> go.Figure | None:
     """The live planner's status blocks (plan_status.jsonl): the loss its fit predicts at the
     planned end and at the longest allowed run, and the share of the planned tokens seen."""
     fig = make_subplots(specs=[[{"secondary_y": True}]])
@@ -386,7 +386,7 @@ def chinchilla(runs: list[Run]) -> go.Figure | None:
 
 
 # (title, builder) in page order
-FIGURES: list[tuple[str, Callable[[list[Run]], go.Figure | None]]] = [
+FIGURES: list[tuple[str, Callable[[list[RunRecord]], go.Figure | None]]] = [
     ("loss", loss),
     ("lr", learning_rate),
     ("grad_norm", grad_norm),

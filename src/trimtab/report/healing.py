@@ -18,7 +18,7 @@ from plotly.subplots import make_subplots
 
 from trimtab.errors import TrimtabError
 from trimtab.report import figures
-from trimtab.report.run import NotARunError, Run, is_run_dir, load_run
+from trimtab.report.run import NotARunError, RunRecord, is_run_dir, read_run
 
 HEALING = "healing.json"
 COLUMNS = 3  # subplots per row of the curves
@@ -108,13 +108,13 @@ def _run_dir(healing: Healing, entry: dict[str, Any] | None) -> Path | None:
 
 def curves(healing: Healing) -> go.Figure | None:
     """Each scenario's train loss under off (red, dotted) and auto (blue), abandoned stretches apart."""
-    panels: list[tuple[str, dict[str, Run]]] = []
+    panels: list[tuple[str, dict[str, RunRecord]]] = []
     for name in healing.scenarios():
         runs = {}
         for mode in ("auto", "off"):  # off on top, dotted: the two agree until the fault
             path = _run_dir(healing, healing.run(name, mode))
             try:
-                runs[mode] = load_run(path, name=mode) if path else None
+                runs[mode] = read_run(path, name=mode) if path else None
             except (TrimtabError, OSError, ValueError):
                 runs[mode] = None  # a run the benchmark left half-written: its row still shows
         found = {mode: run for mode, run in runs.items() if run is not None}

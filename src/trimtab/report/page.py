@@ -16,7 +16,7 @@ from plotly.offline import get_plotlyjs
 
 from trimtab.report import figures
 from trimtab.report.healing import HEADER, Healing, curves, table_rows
-from trimtab.report.run import Run, finite, val_loss
+from trimtab.report.run import RunRecord, finite, val_loss
 from trimtab.rundir import healed
 
 STYLE = """
@@ -43,7 +43,7 @@ CAPTIONS = {
 }
 
 
-def render(runs: list[Run], healings: list[Healing]) -> str:
+def render(runs: list[RunRecord], healings: list[Healing]) -> str:
     parts = [_summary_table(runs)] if runs else []
     for key, build in figures.FIGURES:
         fig = build(runs) if runs else None
@@ -92,7 +92,7 @@ SUMMARY = [
 ]
 
 
-def summary_row(run: Run) -> list[Any]:
+def summary_row(run: RunRecord) -> list[Any]:
     s = run.summary or {}
     last = run.train[-1] if run.train else {}
     steps = s.get("step", last.get("step"))
@@ -116,14 +116,14 @@ def summary_row(run: Run) -> list[Any]:
     ]
 
 
-def _chinchilla(run: Run) -> str:
+def _chinchilla(run: RunRecord) -> str:
     if not run.plan:
         return "-"
     p = run.plan[-1]
     return f"step {p.get('step')}: {p.get('phase')}, {p.get('recommendation')} ({p.get('recommended_steps')} steps)"
 
 
-def _summary_table(runs: list[Run]) -> str:
+def _summary_table(runs: list[RunRecord]) -> str:
     notes = []
     for run in runs:
         gone = sum(1 for m in run.lines if m.get("abandoned"))
@@ -140,7 +140,7 @@ def _summary_table(runs: list[Run]) -> str:
     )
 
 
-def _decisions_table(run: Run) -> str:
+def _decisions_table(run: RunRecord) -> str:
     rows = [
         [
             d.get("step"),

@@ -34,7 +34,7 @@ class NotARunError(TrimtabError):
 
 
 @dataclass
-class Run:
+class RunRecord:
     path: Path
     name: str  # how plots and tables label it
     config: dict[str, Any]
@@ -66,7 +66,7 @@ def is_run_dir(path: Path) -> bool:
     return (path / CONFIG).is_file() and ((path / METRICS_FILE).is_file() or (path / SUMMARY).is_file())
 
 
-def load_run(path: str | Path, name: str | None = None, summary: dict[str, Any] | None = None) -> Run:
+def read_run(path: str | Path, name: str | None = None, summary: dict[str, Any] | None = None) -> RunRecord:
     """Read a run directory; `summary` stands in for summary.json (the report written at the end
     of a run comes before the file is). Raises NotARunError naming what is missing."""
     path = Path(path)
@@ -79,7 +79,7 @@ def load_run(path: str | Path, name: str | None = None, summary: dict[str, Any] 
     if summary is None:
         summary = read_summary(path)
     status, detail = run_status(path, summary)
-    return Run(
+    return RunRecord(
         path=path,
         name=name or path.name,
         config=config if isinstance(config, dict) else {},
@@ -111,7 +111,7 @@ def finite(x: Any) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
-def val_loss(run: Run) -> float | None:
+def val_loss(run: RunRecord) -> float | None:
     if run.summary and finite(run.summary.get("val_loss")) is not None:
         return float(run.summary["val_loss"])
     return finite(run.last("val_loss"))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.errors import TrimtabError
-from trimtab.report.run import is_run_dir, load_run, val_loss
+from trimtab.report.run import is_run_dir, read_run, val_loss
 from trimtab.rundir import CONFIG, METRICS_FILE, healed
 
 COLUMNS = ["run", "preset", "status", "steps", "tokens", "val_loss", "decisions", "healed", "wall_s"]
@@ -72,7 +72,7 @@ def _fingerprint(path: Path) -> str:
 
 def run_row(path: Path, root: Path) -> dict[str, Any]:
     """One run's row: raw values (None where the run has none), for --json and for sorting."""
-    run = load_run(path)
+    run = read_run(path)
     s = run.summary or {}
     last = run.train[-1] if run.train else {}
     kept = [d for d in run.decisions if not d.get("abandoned")]

@@ -1,6 +1,6 @@
 """setup(): everything a run needs, built before the first step: the process group, data per
 phase, tokenizer, model (wrapped for data parallelism), precision, the checkpoint to resume, and
-the run directory. The Trainer receives this Run and trains it.
+the run directory. The Trainer receives this BuiltRun and trains it.
 
 All user input is read and checked here, before the run directory is touched, so bad input
 never leaves a damaged run behind; a run that has already reached its length stops before
@@ -241,7 +241,7 @@ def prepare_run_dir(cfg: RunConfig, tok: TextTokenizer, hf_source: dict | None =
 
 
 @dataclass(kw_only=True)
-class Run:
+class BuiltRun:
     """What setup() built: the Trainer trains this."""
 
     cfg: RunConfig
@@ -258,7 +258,7 @@ class Run:
     sizes: dict[str, int]  # the whole model's parameter counts and training FLOPs per token
 
 
-def setup(cfg: RunConfig) -> Run:
+def setup(cfg: RunConfig) -> BuiltRun:
     """Build a run from its config: join torchrun's process group, find the checkpoint to resume
     (RunFinished if the run is already at its length), choose device and precision, read and
     tokenize the data, build the model (from train.init_from's weights on a fresh run), wrap it,
@@ -296,7 +296,7 @@ def setup(cfg: RunConfig) -> Run:
     log.info("torch.compile %s", compiling.reason)
     forward = dist.wrap(model, compiling.enabled, precision)
     dist.on_main(prepare_run_dir, cfg, tok, hf_source)
-    return Run(
+    return BuiltRun(
         cfg=cfg,
         dist=dist,
         precision=precision,

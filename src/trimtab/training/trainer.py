@@ -30,7 +30,7 @@ from trimtab.training.metrics import run_summary, step_metrics
 from trimtab.training.optim import build_optimizer, set_lr
 from trimtab.training.runtime import LogWindow, RouterStats, RowLosses, rng_state, set_rng_state
 from trimtab.training.schedule import configured_lengths, phase_lr, reconcile
-from trimtab.training.setup import Run
+from trimtab.training.setup import BuiltRun
 from trimtab.training.signals import handle_signals
 from trimtab.training.state import GAVE_UP, KEPT_ON_ROLLBACK, StepOutput, TrainState
 from trimtab.training.view import RunView
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 class Trainer:
-    def __init__(self, run: Run, hooks: list[Hook] = ()):
+    def __init__(self, run: BuiltRun, hooks: list[Hook] = ()):
         cfg = self.cfg = run.cfg
         self.dist, self.device, self.precision = run.dist, run.dist.device, run.precision
         self.tok, self.phases, self.model = run.tok, run.phases, run.model
