@@ -21,7 +21,10 @@ REQUIRED = object()  # a parameter without a default
 
 
 @dataclass(frozen=True, kw_only=True)
-class Param:
+class ActionParam:
+    """One parameter of an action (ACTIONS): its type, range and default, checked when the action
+    is requested (Control.request) and when `trimtab ctl` sends it."""
+
     name: str
     kind: str  # float | int | str | step ('last_good' or a step number) | rows (list of row ids)
     bounds: str = ""  # e.g. "(0, inf)", "[0, 1]": open or closed ends (numbers only)
@@ -85,7 +88,7 @@ class Action:
     name: str
     help: str  # one line, for `trimtab ctl --help` and docs
     says: str | Callable[[dict[str, Any]], str]  # the journal's words: a format string over the parameters
-    params: tuple[Param, ...] = ()
+    params: tuple[ActionParam, ...] = ()
     verb: str | None = None  # the `trimtab ctl` verb; None: not for people
 
     def check(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -119,9 +122,9 @@ class Action:
         return self.says(values) if callable(self.says) else self.says.format(**values)
 
 
-LAYER = Param(name="layer", kind="int", bounds="[0, inf)", default=None)  # None: every layer of that kind
-MOE_LAYER = Param(name="layer", kind="int", bounds="[0, inf)")  # surgery: one layer, named
-EXPERT = Param(name="expert", kind="int", bounds="[0, inf)")
+LAYER = ActionParam(name="layer", kind="int", bounds="[0, inf)", default=None)  # None: every layer of that kind
+MOE_LAYER = ActionParam(name="layer", kind="int", bounds="[0, inf)")  # surgery: one layer, named
+EXPERT = ActionParam(name="expert", kind="int", bounds="[0, inf)")
 
 _TABLE = (
     Action(name="skip_step", verb="skip-step", says="skip step", help="withhold the next step's update"),
@@ -130,21 +133,21 @@ _TABLE = (
         verb="scale-lr",
         says="lr x{factor:.3g}",
         help="multiply the LR (the schedule keeps its shape)",
-        params=(Param(name="factor", kind="float", bounds="(0, inf)"),),
+        params=(ActionParam(name="factor", kind="float", bounds="(0, inf)"),),
     ),
     Action(
         name="set_lr",
         verb="set-lr",
         says="lr = {value:.3g}",
         help="set the LR now; the schedule keeps its shape from this level",
-        params=(Param(name="value", kind="float", bounds="(0, inf)"),),
+        params=(ActionParam(name="value", kind="float", bounds="(0, inf)"),),
     ),
     Action(
         name="emergency_lr_reduction",
         verb="emergency-lr",
         says="lr x{factor:.3g}",
         help="cut the LR (default x0.1)",
-        params=(Param(name="factor", kind="float", bounds="(0, 1)", default=0.1),),
+        params=(ActionParam(name="factor", kind="float", bounds="(0, 1)", default=0.1),),
     ),
     Action(
         name="rollback",
@@ -156,37 +159,37 @@ _TABLE = (
         ),
         help="restore the last good checkpoint (or the newest at or before step TO); the knobs stay",
         params=(
-            Param(name="to", kind="step", default="last_good"),
-            Param(name="skip_rows", kind="rows", default=None, ctl=False),
-            Param(name="lr_factor", kind="float", bounds="(0, 1)", default=None, ctl=False),  # None: the LR stays
+            ActionParam(name="to", kind="step", default="last_good"),
+            ActionParam(name="skip_rows", kind="rows", default=None, ctl=False),
+            ActionParam(name="lr_factor", kind="float", bounds="(0, 1)", default=None, ctl=False),  # None: the LR stays
         ),
     ),
     Action(
         name="skip_data",
         says="leave out {n_rows} rows",
         help="leave these training rows out from now on",
-        params=(Param(name="rows", kind="rows", ctl=False),),
+        params=(ActionParam(name="rows", kind="rows", ctl=False),),
     ),
     Action(
         name="set_micro_batch_tokens",
         verb="micro-batch",
         says="micro-batch {tokens} tokens",
         help="tokens per forward/backward; the optimization batch stays the same",
-        params=(Param(name="tokens", kind="int", bounds="[1, inf)"),),
+        params=(ActionParam(name="tokens", kind="int", bounds="[1, inf)"),),
     ),
     Action(
         name="set_grad_clip",
         verb="grad-clip",
         says="grad clip {value:g}",
         help="gradient-norm clipping threshold (0: off)",
-        params=(Param(name="value", kind="float", bounds="[0, inf)"),),
+        params=(ActionParam(name="value", kind="float", bounds="[0, inf)"),),
     ),
     Action(
         name="set_weight_decay",
         verb="weight-decay",
         says="weight decay {value:g}",
         help="AdamW weight decay of the decayed parameter group",
-        params=(Param(name="value", kind="float", bounds="[0, inf)"),),
+        params=(ActionParam(name="value", kind="float", bounds="[0, inf)"),),
     ),
     Action(
         name="save_checkpoint",
@@ -196,7 +199,7 @@ _TABLE = (
             + ("" if v["keep"] is None else f" (first delete all but the newest {v['keep']} and the last good one)")
         ),
         help="save a checkpoint now; with KEEP, first delete older ones (never the last good one) to free space",
-        params=(Param(name="keep", kind="int", bounds="[1, inf)", default=None),),
+        params=(ActionParam(name="keep", kind="int", bounds="[1, inf)", default=None),),
     ),
     Action(
         name="stop",
@@ -206,8 +209,8 @@ _TABLE = (
         # exit_code: 0 a requested stop; 3 gave up, training cannot be healed; 4 gave up, no
         # checkpoint can be written (docs/orchestrator.md, exit codes)
         params=(
-            Param(name="reason", kind="str", default="stop requested"),
-            Param(name="exit_code", kind="int", bounds="[0, 125]", default=0, ctl=False),
+            ActionParam(name="reason", kind="str", default="stop requested"),
+            ActionParam(name="exit_code", kind="int", bounds="[0, 125]", default=0, ctl=False),
         ),
     ),
     Action(
@@ -218,7 +221,7 @@ _TABLE = (
             + ("" if v["source"] is None else f" (a copy of expert {v['source']})")
         ),
         help="split an expert in two: a copy of SOURCE (default: the busiest)",
-        params=(MOE_LAYER, Param(name="source", kind="int", bounds="[0, inf)", default=None)),
+        params=(MOE_LAYER, ActionParam(name="source", kind="int", bounds="[0, inf)", default=None)),
     ),
     Action(
         name="prune_expert",
@@ -246,35 +249,35 @@ _TABLE = (
         verb="capacity-factor",
         says="capacity factor {value:g} ({where})",
         help="MoE capacity factor (0: dropless)",
-        params=(Param(name="value", kind="float", bounds="[0, inf)"), LAYER),
+        params=(ActionParam(name="value", kind="float", bounds="[0, inf)"), LAYER),
     ),
     Action(
         name="set_router_temperature",
         verb="router-temperature",
         says="router temperature {value:g} ({where})",
         help="softmax temperature of the MoE router",
-        params=(Param(name="value", kind="float", bounds="(0, inf)"), LAYER),
+        params=(ActionParam(name="value", kind="float", bounds="(0, inf)"), LAYER),
     ),
     Action(
         name="set_balance_coef",
         verb="balance-coef",
         says="balance coefficient {value:g} ({where})",
         help="weight of the MoE load-balancing loss (model.moe.balance_coef)",
-        params=(Param(name="value", kind="float", bounds="[0, inf)"), LAYER),
+        params=(ActionParam(name="value", kind="float", bounds="[0, inf)"), LAYER),
     ),
     Action(
         name="set_mod_capacity",
         verb="mod-capacity",
         says="MoD capacity {value:g} ({where})",
         help="target share of tokens a Mixture-of-Depths block processes",
-        params=(Param(name="value", kind="float", bounds="(0, 1]"), LAYER),
+        params=(ActionParam(name="value", kind="float", bounds="(0, 1]"), LAYER),
     ),
     Action(
         name="set_total_steps",
         verb="total-steps",
         says="run length {steps} steps",
         help="the run's total steps (the pretraining schedule stretches or shrinks to the new end)",
-        params=(Param(name="steps", kind="int", bounds="[1, inf)"),),
+        params=(ActionParam(name="steps", kind="int", bounds="[1, inf)"),),
     ),
 )
 ACTIONS: dict[str, Action] = {a.name: a for a in _TABLE}
@@ -296,21 +299,21 @@ COMMANDS: dict[str, Action] = {
             verb="pause-rule",
             says="pause rule {rule}",
             help="stop acting on one rule's findings",
-            params=(Param(name="rule", kind="str", choices=RULE_NAMES),),
+            params=(ActionParam(name="rule", kind="str", choices=RULE_NAMES),),
         ),
         Action(
             name="resume_rule",
             verb="resume-rule",
             says="resume rule {rule}",
             help="act on a paused rule's findings again",
-            params=(Param(name="rule", kind="str", choices=RULE_NAMES),),
+            params=(ActionParam(name="rule", kind="str", choices=RULE_NAMES),),
         ),
         Action(
             name="set_mode",
             verb="mode",
             says="orchestrator mode {mode}",
             help="auto: act, advise: only journal, off: no monitoring",
-            params=(Param(name="mode", kind="str", choices=MODES),),
+            params=(ActionParam(name="mode", kind="str", choices=MODES),),
         ),
     )
 }

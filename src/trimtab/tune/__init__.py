@@ -17,10 +17,10 @@ import optuna
 from trimtab.errors import ConfigError
 from trimtab.extras import install_command, installed
 from trimtab.tune.outputs import best_trials, write_outputs
-from trimtab.tune.space import Param, Space, load_space
+from trimtab.tune.space import SearchParam, Space, load_space
 from trimtab.tune.study import open_study, storage_url, study_dir, work
 
-__all__ = ["Param", "Space", "StudyResult", "load_space", "tune"]
+__all__ = ["SearchParam", "Space", "StudyResult", "load_space", "tune"]
 
 
 @dataclass

@@ -38,7 +38,7 @@ DEFAULT_TRIALS = 20
 
 
 @dataclass
-class Param:
+class SearchParam:
     """One searched config key: its kind and range (or choices), `steps` points for a grid."""
 
     key: str
@@ -90,7 +90,7 @@ class Space:
     base: dict[str, Any] = field(default_factory=dict)
     base_file: Path | None = None
     budget: dict[str, Any] = field(default_factory=dict)
-    params: list[Param] = field(default_factory=list)
+    params: list[SearchParam] = field(default_factory=list)
 
     def where(self, key: str) -> str:
         return f"{self.path}: {key}"
@@ -214,7 +214,7 @@ def _parse_base(space: Space, base: Any) -> None:
     space.base = base
 
 
-def _param(space: Space, key: str, spec: Any) -> Param:
+def _param(space: Space, key: str, spec: Any) -> SearchParam:
     where = space.where(f"space.{key}")
     hint = "write e.g. {log_uniform: [1e-4, 3e-2]}, {uniform: [0, 0.2]}, {int: [0, 100]} or {choice: [1, 2]}"
     if not isinstance(spec, dict):
@@ -231,7 +231,7 @@ def _param(space: Space, key: str, spec: Any) -> Param:
     steps = int(spec.get("steps", 0))
     if kind == "choice" and steps:
         raise ConfigError(f"{where}: steps is for ranges; a choice already lists its values")
-    return Param(key=key, kind=kind, values=values, steps=steps)
+    return SearchParam(key=key, kind=kind, values=values, steps=steps)
 
 
 def _check_range(where: str, kind: str, values: list[Any]) -> None:
