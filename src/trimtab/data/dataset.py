@@ -21,7 +21,7 @@ from trimtab.errors import DataError
 
 
 @dataclass
-class Source:
+class OpenedSource:
     """One source of a phase, before tokenization: a prepared directory, or documents."""
 
     spec: MixSource
@@ -40,28 +40,28 @@ class PhaseData:
     skipped_records: int
 
 
-def open_sources(cfg: DataConfig, section: str, chat: ChatFormat | None) -> list[Source]:
+def open_sources(cfg: DataConfig, section: str, chat: ChatFormat | None) -> list[OpenedSource]:
     """Each source of the section, opened (prepared) or read (documents)."""
     out = []
     for i, spec in enumerate(cfg.sources):
         key = f"{section}.mix[{i}].source" if cfg.mix else f"{section}.source"
         if (folder := prepared_dir(spec.source)) is not None:
-            out.append(Source(spec, key, prepared=PreparedData(folder, key, verify=cfg.verify_shards)))
+            out.append(OpenedSource(spec, key, prepared=PreparedData(folder, key, verify=cfg.verify_shards)))
         else:
             docs, skipped = read_documents(cfg, spec.source, section=section, chat=chat, key=key)
-            out.append(Source(spec, key, docs=docs, skipped_records=skipped))
+            out.append(OpenedSource(spec, key, docs=docs, skipped_records=skipped))
     return out
 
 
-def open_eval_source(cfg: DataConfig, section: str, chat: ChatFormat | None) -> Source | None:
+def open_eval_source(cfg: DataConfig, section: str, chat: ChatFormat | None) -> OpenedSource | None:
     """The section's eval_source opened or read; None when it holds its evaluation data out."""
     if not cfg.eval_source:
         return None
     spec, key = MixSource(cfg.eval_source), f"{section}.eval_source"
     if (folder := prepared_dir(cfg.eval_source)) is not None:
-        return Source(spec, key, prepared=PreparedData(folder, key, verify=cfg.verify_shards))
+        return OpenedSource(spec, key, prepared=PreparedData(folder, key, verify=cfg.verify_shards))
     docs, _ = read_documents(cfg, cfg.eval_source, section=section, chat=chat, key=key)
-    return Source(spec, key, docs=docs)
+    return OpenedSource(spec, key, docs=docs)
 
 
 def first_prepared(sections: list[DataConfig]) -> Path | None:
@@ -76,11 +76,11 @@ def first_prepared(sections: list[DataConfig]) -> Path | None:
 
 def build_phase_data(
     cfg: DataConfig,
-    sources: list[Source],
+    sources: list[OpenedSource],
     tok: TextTokenizer,
     seed: int,
     cache_dir: Path | None,
-    eval_source: Source | None = None,
+    eval_source: OpenedSource | None = None,
 ) -> PhaseData:
     """Training and evaluation rows of every source; eval_source (data.eval_source) replaces the
     hold-out of each source."""
@@ -109,7 +109,7 @@ def build_phase_data(
 
 
 def _split(
-    cfg: DataConfig, source: Source, tok: TextTokenizer, seed: int, cache_dir: Path | None, fraction: float
+    cfg: DataConfig, source: OpenedSource, tok: TextTokenizer, seed: int, cache_dir: Path | None, fraction: float
 ) -> tuple[Rows | ShardedRows, Rows | ShardedRows]:
     if source.prepared is not None:
         if source.prepared.tokenizer_sha != tok.fingerprint:

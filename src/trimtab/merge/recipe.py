@@ -37,7 +37,9 @@ PER_MODEL = {"weight", "density"}
 
 
 @dataclass
-class Source:
+class RecipeModel:
+    """One model of a merge recipe (`models:`): its path and per-model parameters."""
+
     path: str
     weight: float = 1.0
     density: float = 1.0
@@ -47,11 +49,11 @@ class Source:
 class Recipe:
     method: str
     base: str | None
-    models: list[Source]
+    models: list[RecipeModel]
     parameters: dict[str, Any] = field(default_factory=dict)
     dtype: str = "float32"
 
-    def others(self) -> list[Source]:
+    def others(self) -> list[RecipeModel]:
         """The models other than the base."""
         return [m for m in self.models if m.path != self.base]
 
@@ -71,7 +73,7 @@ def read_recipe(source: str | Path | dict[str, Any]) -> Recipe:
     method = data.get("merge_method")
     if method not in METHODS:
         raise ConfigError(f"{where}: merge_method {method!r} is not one of {', '.join(METHODS)}")
-    models = [_source(m, i, where) for i, m in enumerate(data.get("models") or [])]
+    models = [_model(m, i, where) for i, m in enumerate(data.get("models") or [])]
     recipe = Recipe(
         method, data.get("base_model"), models, _params(data.get("parameters"), GLOBAL, where, "parameters")
     )
@@ -80,11 +82,11 @@ def read_recipe(source: str | Path | dict[str, Any]) -> Recipe:
     return recipe
 
 
-def _source(entry: Any, i: int, where: str) -> Source:
+def _model(entry: Any, i: int, where: str) -> RecipeModel:
     if not isinstance(entry, dict) or "model" not in entry:
         raise ConfigError(f"{where}: models[{i}] must be a mapping with a 'model' path")
     params = _params(entry.get("parameters"), PER_MODEL, where, f"models[{i}].parameters")
-    return Source(str(entry["model"]), **params)
+    return RecipeModel(str(entry["model"]), **params)
 
 
 def _params(data: Any, allowed: set[str], where: str, key: str) -> dict[str, Any]:
