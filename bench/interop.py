@@ -6,7 +6,7 @@ A run directory holding a random `dense-1b`-shaped checkpoint (fp32, 1.1B parame
 is made once. Four operations:
 
     trimtab export       trimtab.hf.export_run(run, out): checkpoint -> LlamaForCausalLM directory
-    trimtab import       trimtab.hf.load_model(out): that directory -> a trimtab model
+    trimtab import       trimtab.hf.import_model(out): that directory -> a trimtab model
     transformers load    AutoModelForCausalLM.from_pretrained(out)
     transformers save    the loaded model's save_pretrained(dir)
 
@@ -78,7 +78,7 @@ def hf_load(out: Path):
 def trimtab_load(out: Path):
     from trimtab import hf
 
-    return _touched(hf.load_model(out)[0])
+    return _touched(hf.import_model(out)[0])
 
 
 def one_operation(op: str, run: Path, out: Path, tmp: Path) -> None:

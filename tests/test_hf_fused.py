@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from hf_helpers import TOL, hf_load, max_diff
 from trimtab.errors import CheckpointError
-from trimtab.hf.importer import load_model
+from trimtab.hf.importer import import_model
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (parity reference)")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -80,10 +80,10 @@ def test_fused_experts_import_as_transformers_reads_them_and_equal_the_per_exper
     memory = theirs.state_dict()  # transformers 5's own layout in memory: the fused one
     assert set(fused_weights) == set(memory) and all(torch.equal(memory[k], v) for k, v in fused_weights.items())
     write(tmp_path / "fused", fused_weights, tmp_path / "per_expert")
-    ours, _ = load_model(tmp_path / "fused")
+    ours, _ = import_model(tmp_path / "fused")
     assert max_diff(ours, theirs, SMALL["vocab_size"]) <= TOL
     assert max_diff(ours, hf_load(tmp_path / "fused"), SMALL["vocab_size"]) <= TOL  # transformers reads it so too
-    reference, _ = load_model(tmp_path / "per_expert")
+    reference, _ = import_model(tmp_path / "per_expert")
     mine, ref = ours.state_dict(), reference.state_dict()
     assert set(mine) == set(ref) and all(torch.equal(mine[k], ref[k]) for k in ref)
 
@@ -94,7 +94,7 @@ def test_gate_is_the_first_half_of_gate_up_proj(tmp_path):
     weights = fused(load_file(str(tmp_path / "per_expert" / "model.safetensors")), "mixtral")
     gate_up = weights["model.layers.0.mlp.experts.gate_up_proj"]
     weights["model.layers.0.mlp.experts.gate_up_proj"] = gate_up.roll(gate_up.shape[1] // 2, dims=1)
-    ours, _ = load_model(write(tmp_path / "swapped", weights, tmp_path / "per_expert"))
+    ours, _ = import_model(write(tmp_path / "swapped", weights, tmp_path / "per_expert"))
     assert max_diff(ours, theirs, SMALL["vocab_size"]) > 1e-3
 
 
@@ -103,7 +103,7 @@ def test_a_mixtral_mixing_layouts_and_module_names_imports_as_transformers_reads
     theirs = saved(tmp_path / "per_expert", "mixtral")
     weights = fused(load_file(str(tmp_path / "per_expert" / "model.safetensors")), "mixtral", layers=[0])
     weights = {k.replace("layers.1.block_sparse_moe.", "layers.1.mlp."): v for k, v in weights.items()}
-    ours, _ = load_model(write(tmp_path / "mixed", weights, tmp_path / "per_expert"))
+    ours, _ = import_model(write(tmp_path / "mixed", weights, tmp_path / "per_expert"))
     assert max_diff(ours, theirs, SMALL["vocab_size"]) <= TOL
     assert max_diff(ours, hf_load(tmp_path / "mixed"), SMALL["vocab_size"]) <= TOL
 
@@ -113,4 +113,4 @@ def test_a_fused_file_without_down_proj_names_the_missing_tensor(tmp_path):
     weights = fused(load_file(str(tmp_path / "per_expert" / "model.safetensors")), "mixtral")
     del weights["model.layers.1.mlp.experts.down_proj"]
     with pytest.raises(CheckpointError, match=r"tensor 'model.layers.1.mlp.experts.down_proj' is missing"):
-        load_model(write(tmp_path / "broken", weights, tmp_path / "per_expert"))
+        import_model(write(tmp_path / "broken", weights, tmp_path / "per_expert"))

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from hf_helpers import TOL, hf_load, max_diff
 from trimtab.errors import CheckpointError
 from trimtab.hf.architectures import MODEL_TYPES, to_model_config
-from trimtab.hf.importer import load_model
+from trimtab.hf.importer import import_model
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (parity reference)")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -41,7 +41,7 @@ def test_a_mixtral_without_rope_theta_or_eps_imports_with_mixtrals_defaults(tmp_
     edit_config(tmp_path, drop=("rope_parameters", "rope_theta", "rope_scaling", "rms_norm_eps"))
     theirs = hf_load(tmp_path)
     assert theirs.config.rms_norm_eps == 1e-5
-    ours, _ = load_model(tmp_path)
+    ours, _ = import_model(tmp_path)
     assert (ours.cfg.rope_theta, ours.cfg.norm_eps) == (1e6, 1e-5)
     assert max_diff(ours, theirs, SMALL["vocab_size"]) <= TOL
 
@@ -78,10 +78,10 @@ def test_a_tied_config_whose_file_holds_another_head_is_refused_naming_the_tenso
     weights = load_file(str(tmp_path / "model.safetensors"))
     embedding = weights["model.embed_tokens.weight"]
     save_file({**weights, "lm_head.weight": embedding.clone()}, str(tmp_path / "model.safetensors"))
-    load_model(tmp_path)  # the same head saved twice: fine
+    import_model(tmp_path)  # the same head saved twice: fine
     save_file({**weights, "lm_head.weight": embedding + 0.01}, str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match="'lm_head.weight' differs from 'model.embed_tokens.weight'"):
-        load_model(tmp_path)
+        import_model(tmp_path)
 
 
 def file_maps(file):
@@ -96,7 +96,7 @@ def test_an_fp32_import_holds_the_files_memory_map_not_a_second_copy(tmp_path):
     """As transformers loads: a tensor that needs no conversion is the file's mapped memory itself
     (nothing copied); a converted one (the grouped q/k/v, a bf16 file's fp32) is new memory."""
     theirs = saved(tmp_path / "fp32", "LlamaConfig", tie_word_embeddings=True)
-    ours, _ = load_model(tmp_path / "fp32")
+    ours, _ = import_model(tmp_path / "fp32")
     maps = file_maps((tmp_path / "fp32" / "model.safetensors").resolve())
 
     def mapped(t):
@@ -108,7 +108,7 @@ def test_an_fp32_import_holds_the_files_memory_map_not_a_second_copy(tmp_path):
     assert all(p.requires_grad for p in ours.parameters())
     assert max_diff(ours, theirs, SMALL["vocab_size"]) <= TOL
     theirs.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
-    ours16, dtype = load_model(tmp_path / "bf16")
+    ours16, dtype = import_model(tmp_path / "bf16")
     assert dtype == torch.bfloat16 and ours16.norm.weight.dtype == torch.float32
     assert torch.equal(ours16.norm.weight, theirs.model.norm.weight.float())
     assert not mapped(ours16.norm.weight)

@@ -91,7 +91,7 @@ def load_run(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokenizer
     Face model directory, a config holding its model and the converted weights."""
     run_dir = Path(run_dir)
     if hf.is_hf_dir(run_dir):
-        model, _ = hf.load_model(run_dir)
+        model, _ = hf.import_model(run_dir)
         cfg = RunConfig(model=model.cfg, out=str(run_dir))
         cfg.data.seq_len = min(cfg.data.seq_len, model.cfg.max_seq_len)  # a valid config to write out (merge)
         return cfg, model, hf.load_tokenizer(run_dir)

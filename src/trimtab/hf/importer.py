@@ -85,7 +85,7 @@ def model_config(path: str | Path) -> ModelConfig:
     return to_model_config(read_config(path), str(Path(path) / "config.json"))
 
 
-def load_weights(model: Transformer, path: str | Path, *, assign: bool = False) -> torch.dtype:
+def import_weights(model: Transformer, path: str | Path, *, assign: bool = False) -> torch.dtype:
     """Fill `model` (built from model_config(path)) with the directory's weights, converted tensor
     by tensor (fp32 in the model); every parameter must be set, every tensor used. Returns the
     file's dtype. `assign` (a CPU model): the tensors become the parameters instead of being
@@ -180,10 +180,10 @@ def _derived(model: Transformer, key: str) -> bool:
     return (key == "lm_head.weight" and model.cfg.tie_embeddings) or key.endswith("expert_bias")
 
 
-def load_model(path: str | Path) -> tuple[Transformer, torch.dtype]:
+def import_model(path: str | Path) -> tuple[Transformer, torch.dtype]:
     """A trimtab model (eval mode) holding a Hugging Face directory's weights, and their dtype."""
     model = uninitialised(model_config(path))
-    dtype = load_weights(model, path, assign=True)
+    dtype = import_weights(model, path, assign=True)
     return model.eval(), dtype
 
 

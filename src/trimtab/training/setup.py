@@ -32,8 +32,7 @@ from trimtab.distributed import Parallel
 from trimtab.errors import CheckpointError, ConfigError
 from trimtab.hardware import Precision, choose_precision, peak_flops, pick_device
 from trimtab.hf.architectures import to_model_config
-from trimtab.hf.importer import SOURCE, source_record
-from trimtab.hf.importer import load_weights as load_hf_weights
+from trimtab.hf.importer import SOURCE, import_weights, source_record
 from trimtab.model import Transformer, build_model
 from trimtab.model.catalog import model_size
 from trimtab.paths import cache_dir
@@ -211,7 +210,7 @@ def init_weights_from(cfg: RunConfig, model: Transformer) -> tuple[Path, dict | 
     model's; returns where they came from and, for the latter, the record export keeps."""
     source = Path(cfg.train.init_from)
     if hf.is_hf_dir(source):
-        dtype = load_hf_weights(model, source)
+        dtype = import_weights(model, source)
         return source, source_record(source, dtype)
     found = latest_valid(source) if (source / "checkpoints").is_dir() else None
     path = found[0] if found else source
