@@ -6,7 +6,7 @@
 
 A whole optimizer step (forward, backward, AdamW update) on the same batches (trimtab's loader
 over the built-in corpus). `--precision auto` (the default) compares each at its defaults: the
-Trainer at train.precision auto (training/cpu_precision.py: bf16 autocast only where this model's
+Trainer at train.precision auto (training/services/cpu_precision.py: bf16 autocast only where this model's
 step is faster in it), the loops at transformers' default, fp32. `--precision P` runs all four
 at P (identical settings); each row says the precision it ran.
 

@@ -3,7 +3,7 @@
     python bench/precision.py [--presets debug debug-moe small] [--steps 10] [--reps 5] [--dry-run]
 
 A CPU with native bf16 (AVX512-BF16, AMX) runs large bf16 matmuls about 2x fp32's, but a training
-step is more than large matmuls (training/cpu_precision.py). This times each preset's step
+step is more than large matmuls (training/services/cpu_precision.py). This times each preset's step
 (forward, trimtab's loss, backward; a micro-batch of random tokens at the preset's shape) in fp32
 and in bf16 autocast, alternating step by step in one process per repetition so both see the
 same moments of the machine, and reports bf16's speed-up (fp32 step time over bf16's, paired by
@@ -38,7 +38,7 @@ def child(args: argparse.Namespace) -> None:
     from trimtab.config import load_config
     from trimtab.hardware import choose_precision
     from trimtab.model import build_model
-    from trimtab.training.cpu_precision import _step_seconds, refine_cpu_precision
+    from trimtab.training.services.cpu_precision import _step_seconds, refine_cpu_precision
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(preset=args.preset, overrides={"out": out}, sets=["train.precision=auto"])

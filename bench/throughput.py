@@ -26,7 +26,7 @@ comparison at identical settings throughout; each row says the precision it ran.
 torch.compile of the model) beside trimtab eager, and reports compiling's speed-up and its cold
 start (the compiled warm-up steps' time less the eager ones', paired by repetition, every process
 compiling from empty caches): the figures train.compile=auto decides with
-(src/trimtab/training/compiling.py).
+(src/trimtab/training/services/compiling.py).
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def minimal_stepper(cfg, batches, compile_: bool):
     import torch.nn.functional as F
 
     from trimtab.model import build_model
-    from trimtab.training.cpu_precision import refine_cpu_precision
+    from trimtab.training.services.cpu_precision import refine_cpu_precision
 
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model)

@@ -94,6 +94,25 @@ def test_one_module_names_a_runs_files_and_writes_files_whole():
     assert renaming <= {"rundir.py", "data/prepare.py", *installs}, renaming - installs
 
 
+def test_the_services_serve_the_loop():
+    """training/services/ (trackers, signals, CPU precision, compile) are called by the loop; of
+    training they import only the loss (cpu_precision times a step as the trainer runs it) and the
+    hook boundary, the Trainer only as a type (`if TYPE_CHECKING:`)."""
+    allowed = {"trimtab.training.loss", "trimtab.training.hooks", "trimtab.training.view"}
+    bad = []
+    for path in (SRC / "training" / "services").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        guarded = _type_checking_imports(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and id(node) not in guarded:
+                if node.module.startswith("trimtab.training") and node.module not in allowed:
+                    bad.append(f"{path.relative_to(SRC)}:{node.lineno} imports {node.module}")
+    assert bad == []
+    loop = {p.name for p in (SRC / "training").glob("*.py")}
+    assert {"trainer.py", "setup.py", "loss.py", "optim.py", "schedule.py", "state.py", "resume.py"} <= loop
+    assert not loop & {"tracking.py", "signals.py", "cpu_precision.py", "compiling.py"}
+
+
 def test_nothing_imports_the_cli():
     bad = [
         f"{m} imports trimtab.cli"

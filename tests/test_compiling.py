@@ -6,7 +6,7 @@ import torch
 
 from trimtab.config import load_config
 from trimtab.errors import ConfigError
-from trimtab.training.compiling import (
+from trimtab.training.services.compiling import (
     COLD_START_S,
     MARGIN,
     SPEEDUP,
@@ -28,7 +28,7 @@ def steps_to_repay(kind: str, step_flops: float, peak: float) -> float:
 @pytest.fixture
 def toolchain(monkeypatch):
     """As on a machine with inductor's compilers (this one may lack Triton for CUDA)."""
-    monkeypatch.setattr("trimtab.training.compiling.missing_toolchain", lambda kind: "")
+    monkeypatch.setattr("trimtab.training.services.compiling.missing_toolchain", lambda kind: "")
 
 
 @pytest.mark.parametrize("kind", ["cuda", "cpu"])

@@ -1,4 +1,4 @@
-"""training.cpu_precision: train.precision auto keeps bf16 on a CPU only where the model's own
+"""training.services.cpu_precision: train.precision auto keeps bf16 on a CPU only where the model's own
 training step measured faster in it."""
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 from trimtab.config import load_config
 from trimtab.hardware import Precision
 from trimtab.model import build_model
-from trimtab.training import cpu_precision as cp
+from trimtab.training.services import cpu_precision as cp
 
 
 def _cfg(precision="auto", **model):

@@ -47,7 +47,7 @@ def test_doctor_reports_the_precision_the_presets_own_step_chose(monkeypatch, tm
     doctor asks the same question of the preset, so it reports what a run will train in. A preset
     that sets its precision (dense-7b: bf16) is not probed, nor is its 7B model built."""
     from trimtab import doctor
-    from trimtab.training import cpu_precision
+    from trimtab.training.services import cpu_precision
 
     monkeypatch.setenv("TRIMTAB_CACHE", str(tmp_path))
     native = hardware.Precision(torch.device("cpu"), "bf16", "CPU (AVX512_BF16) bf16 matmul measured 2.0x faster")

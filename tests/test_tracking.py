@@ -1,4 +1,4 @@
-"""Experiment tracking (training/tracking.py), offline: MLflow in a local SQLite store and W&B in
+"""Experiment tracking (training/services/tracking.py), offline: MLflow in a local SQLite store and W&B in
 offline mode, on tiny real runs with an injected fault (so there is a decision to track)."""
 
 import json
@@ -11,7 +11,7 @@ import pytest
 
 from trimtab.config import load_config
 from trimtab.errors import ConfigError
-from trimtab.training import tracking
+from trimtab.training.services import tracking
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

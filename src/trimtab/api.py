@@ -20,9 +20,9 @@ from trimtab.rundir import run_lock, write_summary
 from trimtab.sampling import generate as generate_ids
 from trimtab.sampling import prompt_ids
 from trimtab.training.hooks import ReportWriter
+from trimtab.training.services.signals import StartUpInterrupted, handle_signals
+from trimtab.training.services.tracking import tracking_hooks
 from trimtab.training.setup import setup
-from trimtab.training.signals import StartUpInterrupted, handle_signals
-from trimtab.training.tracking import tracking_hooks
 from trimtab.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def train(config: RunConfig | str | Path | None = None, *, hooks: list = (), **o
 def train_or_raise(config: RunConfig, hooks: list = ()) -> dict:
     """train() for the CLI: where a call trains nothing it raises RunFinished or
     StartUpInterrupted, whose message says why, instead of returning a summary."""
-    # A signal from here to the first step ends start-up cleanly (training/signals.py).
+    # A signal from here to the first step ends start-up cleanly (training/services/signals.py).
     with handle_signals(run_dir=config.run_dir), run_lock(config.run_dir):  # one `trimtab train` per run directory
         summary = Trainer(setup(config), hooks=built_in_hooks(config) + list(hooks)).fit()
         if is_main():  # under torchrun every rank returns the same summary; rank 0 writes it

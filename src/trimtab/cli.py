@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from trimtab.errors import RunFinished, TrimtabError
 from trimtab.training.actions import help_text
-from trimtab.training.signals import StartUpInterrupted, handle_signals
+from trimtab.training.services.signals import StartUpInterrupted, handle_signals
 
 if TYPE_CHECKING:
     from trimtab.config import RunConfig

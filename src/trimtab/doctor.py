@@ -74,11 +74,11 @@ def collect(preset: str = "small", device: str = "auto", nproc: int = 1, strateg
 def _precision(dev: torch.device, cfg: Any) -> Precision:
     """What a run of the preset trains in: its train.precision, and for auto the hardware's
     choice, which on a CPU with native bf16 the preset's own training step refines
-    (training/cpu_precision.py, through the same cache, so the report and the run agree; the
+    (training/services/cpu_precision.py, through the same cache, so the report and the run agree; the
     vocabulary as the tokenizer will make it, data.bpe_vocab_size, when the model follows it)."""
     from trimtab.model import build_model
     from trimtab.model.catalog import meta_model
-    from trimtab.training.cpu_precision import PROBE_MAX_PARAMS, refine_cpu_precision
+    from trimtab.training.services.cpu_precision import PROBE_MAX_PARAMS, refine_cpu_precision
 
     precision = choose_precision(dev, cfg.train.precision)
     if cfg.train.precision != "auto" or dev.type != "cpu" or precision.name != "bf16":

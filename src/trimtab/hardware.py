@@ -4,7 +4,7 @@ written down for the user), and the peak FLOP/s that MFU is measured against.
 CUDA: bf16 autocast where the GPU supports it (Ampere+), else fp16 with a GradScaler.
 MPS: fp16 autocast. CPU: fp32, unless the CPU has native bf16 (AVX512-BF16 / AMX) and a quick
 matmul measurement shows bf16 is faster; on CPUs without it, bf16 is emulated and slower. The
-trainer then times the model's own step before keeping bf16 (training/cpu_precision.py).
+trainer then times the model's own step before keeping bf16 (training/services/cpu_precision.py).
 
 The trainer, `trimtab doctor` and `trimtab plan` all ask here, so they agree. One GPU table
 serves MFU and the planner's memory check. A CPU has no datasheet here: its peak is a matmul rate
@@ -96,7 +96,7 @@ def choose_precision(device: torch.device, requested: str) -> Precision:
         return Precision(device, "fp32", f"CPU ({capability}) has no native bf16: fp32 is fastest")
     fp32, bf16 = _matmul_seconds(torch.float32), _matmul_seconds(torch.bfloat16)
     if bf16 < fp32:
-        # a run then keeps bf16 only if its model's step is faster too (training/cpu_precision.py)
+        # a run then keeps bf16 only if its model's step is faster too (training/services/cpu_precision.py)
         return Precision(device, "bf16", f"CPU ({capability}) bf16 matmul measured {fp32 / bf16:.1f}x faster")
     return Precision(device, "fp32", f"CPU ({capability}) bf16 measured no faster than fp32")
 

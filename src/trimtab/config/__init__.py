@@ -251,7 +251,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | mps
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     # auto | true | false. auto: torch.compile when the run is long enough to repay its compile
-    # time (training/compiling.py); short and CPU-sized runs stay eager.
+    # time (training/services/compiling.py); short and CPU-sized runs stay eager.
     compile: str = "auto"
     activation_checkpointing: bool = False
     eval_every: int = 200  # 0: only at the end

@@ -1,5 +1,5 @@
 """The `log:` section: console progress, TensorBoard, the end-of-run report and the experiment
-trackers (MLflow, Weights & Biases: training/tracking.py, docs/tracking.md)."""
+trackers (MLflow, Weights & Biases: training/services/tracking.py, docs/tracking.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from trimtab.config.checks import _check
 
 @dataclass
 class MlflowConfig:
-    """MLflow tracking (training/tracking.py): metrics, the resolved config, decisions as events,
+    """MLflow tracking (training/services/tracking.py): metrics, the resolved config, decisions as events,
     the report and the final checkpoint as artifacts."""
 
     enabled: bool = False
@@ -36,7 +36,7 @@ class MlflowConfig:
 
 @dataclass
 class WandbConfig:
-    """Weights & Biases tracking (training/tracking.py); offline writes <run_dir>/wandb for
+    """Weights & Biases tracking (training/services/tracking.py); offline writes <run_dir>/wandb for
     `wandb sync` later and needs no network."""
 
     enabled: bool = False

@@ -1,5 +1,5 @@
 """Small runtime pieces of the trainer: the log window, device reads, RNG state, MoE step stats
-(signals: training/signals.py)."""
+(signals: training/services/signals.py)."""
 
 from __future__ import annotations
 

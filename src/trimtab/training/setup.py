@@ -38,9 +38,9 @@ from trimtab.model.catalog import model_size
 from trimtab.paths import cache_dir
 from trimtab.plan.chinchilla import FRESH_EPOCHS
 from trimtab.rundir import CONFIG, write_atomic
-from trimtab.training.compiling import CompileChoice, choose_compile
-from trimtab.training.cpu_precision import refine_cpu_precision
 from trimtab.training.resume import resume_point
+from trimtab.training.services.compiling import CompileChoice, choose_compile
+from trimtab.training.services.cpu_precision import refine_cpu_precision
 
 log = logging.getLogger(__name__)
 

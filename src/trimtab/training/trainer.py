@@ -20,7 +20,6 @@ from trimtab.checkpoint import find_checkpoint, retire_after
 from trimtab.data import MicroBatch, StepBatch
 from trimtab.distributed.group import is_oom
 from trimtab.errors import CheckpointError
-from trimtab.training.compiling import StepTimes
 from trimtab.training.control import Control
 from trimtab.training.evaluation import mean_losses, sharded_loss
 from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger
@@ -30,8 +29,9 @@ from trimtab.training.metrics import run_summary, step_metrics
 from trimtab.training.optim import build_optimizer, set_lr
 from trimtab.training.runtime import LogWindow, RouterStats, RowLosses, rng_state, set_rng_state
 from trimtab.training.schedule import configured_lengths, phase_lr, reconcile
+from trimtab.training.services.compiling import StepTimes
+from trimtab.training.services.signals import handle_signals
 from trimtab.training.setup import BuiltRun
-from trimtab.training.signals import handle_signals
 from trimtab.training.state import GAVE_UP, KEPT_ON_ROLLBACK, StepOutput, TrainState
 from trimtab.training.view import RunView
 
@@ -401,7 +401,7 @@ class Trainer:
             "train": vars(self.state).copy(),
             "data": self.loader.state_dict(),
             "good": good,
-            "precision": self.precision.name,  # a resumed auto run keeps it (training/cpu_precision.py)
+            "precision": self.precision.name,  # a resumed auto run keeps it (training/services/cpu_precision.py)
             "moe": self.model.moe_state(),
             "mod": self.model.mod_state(),
             "log_window": {
