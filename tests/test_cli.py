@@ -290,7 +290,8 @@ CLI_SURFACE = {
     "presets": ({"-h", "--help"}, []),
     "data": ({"-h", "--help"}, ["data_command"]),
     "doctor": ({"-h", "--help", "--preset", "--device", "--nproc", "--strategy", "--json"}, []),
-    # issue 15, the experiment loop: `report` and `tune` (docs/architecture.md section 4, CLI); `runs` lists run directories
+    # issue 15, the experiment loop: `report` and `tune` (docs/architecture.md section 4, CLI);
+    # `runs` lists run directories
     "tune": ({"-h", "--help", "--trials", "--workers", "--storage", "--out"}, ["space"]),
     "report": ({"-h", "--help", "--out"}, ["runs"]),
     "runs": ({"-h", "--help", "--sort", "--reverse", "--json"}, ["root"]),
