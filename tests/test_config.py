@@ -1,9 +1,10 @@
+import dataclasses
 import logging
 
 import pytest
 import yaml
 
-from trimtab.config import RunConfig, available_presets, load_config
+from trimtab.config import ModelConfig, RunConfig, available_presets, derive, load_config, read_saved, resolve
 from trimtab.errors import ConfigError
 
 
@@ -96,11 +97,65 @@ def test_auto_widths_resolve_to_one_name_each():
     assert load_config(preset="debug").model.moe.expert_hidden == 0  # no MoE layer: nothing to resolve
 
 
+@pytest.mark.parametrize("name", ["debug", "debug-moe", "debug-hybrid", "small"])
+def test_a_resolved_config_is_frozen_and_resolving_it_again_changes_nothing(name):
+    cfg = load_config(preset=name)
+    for section, key in [(cfg, "out"), (cfg.train, "max_steps"), (cfg.model, "vocab_size"), (cfg.model.moe, "top_k")]:
+        with pytest.raises(dataclasses.FrozenInstanceError, match="resolved and read-only"):
+            setattr(section, key, getattr(section, key))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.orchestrator.spike.sigma = 1.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del cfg.plan.adjust
+    assert resolve(cfg) is cfg  # resolved once: a resolved config is kept as it is
+    again = resolve(cfg.to_dict())
+    assert again == cfg and again.to_dict() == cfg.to_dict() and again.frozen
+    assert resolve(yaml.safe_load(yaml.safe_dump(cfg.to_dict()))) == cfg  # as config.yaml holds it
+
+
+def test_derive_makes_a_new_resolved_config_and_leaves_the_old_one():
+    cfg = load_config(preset="debug")
+    new = derive(cfg, {"train": {"max_steps": 5}, "model": {"vocab_size": 300}})
+    assert (new.train.max_steps, new.model.vocab_size) == (5, 300) and new.frozen
+    assert (cfg.train.max_steps, cfg.model.vocab_size) == (load_config(preset="debug").train.max_steps, 0)
+    assert new.optim == cfg.optim and new.model.ffn_hidden == cfg.model.ffn_hidden
+    with pytest.raises(ConfigError, match="train.max_steps"):
+        derive(cfg, {"train": {"max_steps": -1}})  # validated like any resolution
+
+
+def test_a_draft_is_changeable_until_resolved_and_resolving_leaves_it_a_draft():
+    draft = RunConfig(model=ModelConfig(d_model=64, n_heads=4, layer_pattern=["moe"]))
+    draft.model.moe.top_k = 1
+    cfg = resolve(draft)
+    assert (cfg.model.head_dim, cfg.model.moe.top_k, cfg.model.moe.expert_hidden) == (16, 1, 192)
+    assert cfg.frozen and not draft.frozen and not draft.model.moe.frozen
+    assert draft.model.head_dim == 0  # the draft itself is not filled in
+    draft.train.max_steps = 3  # still a draft
+    m = cfg.model.resolved()
+    assert m is cfg.model
+
+
+def test_yaml_off_for_the_orchestrator_mode_is_translated_at_load_only(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("orchestrator:\n  mode: off\n")  # YAML 1.1: false
+    assert load_config(path, preset="debug").orchestrator.mode == "off"
+    assert load_config(preset="debug", sets=["orchestrator.mode=off"]).orchestrator.mode == "off"
+    assert load_config(preset="debug", overrides={"orchestrator": {"mode": "false"}}).orchestrator.mode == "off"
+    with pytest.raises(ConfigError, match="orchestrator.mode"):
+        load_config(preset="debug", sets=["orchestrator.mode=on"])
+
+
+def test_read_saved_resolves_what_a_run_wrote(tmp_path):
+    cfg = load_config(preset="debug-moe", overrides={"out": str(tmp_path)})
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    saved = read_saved(tmp_path)
+    assert saved == cfg and saved.frozen
+
+
 def test_old_checkpoints_moe_knob_names_load():
     from trimtab.model import build_model
 
-    cfg = load_config(preset="debug-moe").model
-    cfg.vocab_size = 64
+    cfg = load_config(preset="debug-moe", sets=["model.vocab_size=64"]).model
     model = build_model(cfg)
     old = {
         "n_experts": 8,

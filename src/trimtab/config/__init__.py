@@ -5,10 +5,17 @@ A run config is built in layers, later ones winning:
 
 Every key is checked: an unknown key names the closest valid one, a wrong type or range names
 the field. Each component receives only its own section (model code sees ModelConfig, ...).
+
+A config is resolved once, by resolve(): older key names and YAML's value quirks translated (only
+there: the code knows one name per thing), every section validated, the values left at auto
+filled (the model's widths), and the result frozen: setting a field of a resolved config raises.
+Code that needs a different config derives a new one (derive(cfg, {section: {key: value}})), which
+goes through resolve() again; a config built by hand (RunConfig(...)) is a draft until resolved.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import logging
@@ -20,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from trimtab.config.checks import _check, _positive
+from trimtab.config.checks import Section, _check, _positive, freeze
 from trimtab.config.distributed import DistributedConfig
 from trimtab.config.log import LogConfig
 from trimtab.config.orchestrator import OrchestratorConfig
@@ -41,7 +48,7 @@ ROPE_SCALINGS = ("none", "linear", "llama3")
 
 
 @dataclass
-class RopeScalingConfig:
+class RopeScalingConfig(Section):
     """Rotary frequencies for a context longer than pretraining's (Hugging Face `rope_scaling`):
     linear divides every frequency by `factor` (position interpolation, Chen et al. 2023);
     llama3 divides only the low frequencies and blends the middle band (Llama 3.1,
@@ -66,7 +73,7 @@ class RopeScalingConfig:
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(Section):
     vocab_size: int = 0  # 0: taken from the tokenizer at setup (written out in config.yaml)
     d_model: int = 256
     n_layers: int = 4
@@ -116,23 +123,28 @@ class ModelConfig:
         self.rope_scaling.validate()
         _check(self.rope_theta > 0, "model.rope_theta", "must be > 0")
         _check(self.init_std > 0, "model.init_std", "must be > 0")
-        self._resolve()
 
-    def _resolve(self) -> None:
-        """Fill the widths left at 0 (auto), so each has one name and config.yaml records what was
-        built: n_kv_heads (= n_heads: plain multi-head attention), head_dim (d_model / n_heads),
+    def resolved(self) -> ModelConfig:
+        """This model validated, with the widths left at 0 (auto) filled, frozen: itself when it
+        already is. The widths get one name each, so config.yaml records what was built:
+        n_kv_heads (= n_heads: plain multi-head attention), head_dim (d_model / n_heads),
         ffn_hidden (8/3 d_model rounded up to multiple_of, the Llama convention) and, with MoE
         layers, moe.expert_hidden (the dense width / top_k, so a token's active FLOPs match the
-        dense FFN's) and moe.shared_hidden."""
-        self.n_kv_heads = self.n_kv_heads or self.n_heads
-        self.head_dim = self.head_dim or self.d_model // self.n_heads
-        if not self.ffn_hidden:
-            self.ffn_hidden = _round_up(int(8 * self.d_model / 3), self.multiple_of)
-        if any("moe" in kind for kind in self.layer_pattern) and not self.moe.expert_hidden:
-            per_expert = -(-self.ffn_hidden // self.moe.top_k)  # ceil
-            self.moe.expert_hidden = max(self.multiple_of, _round_up(per_expert, self.multiple_of))
-        if self.moe.n_shared_experts and not self.moe.shared_hidden:
-            self.moe.shared_hidden = self.moe.n_shared_experts * self.moe.expert_hidden
+        dense FFN's) and moe.shared_hidden. A draft stays as it was (the result is a copy)."""
+        if self.frozen:
+            return self
+        self.validate()
+        m = thawed(self)
+        m.n_kv_heads = m.n_kv_heads or m.n_heads
+        m.head_dim = m.head_dim or m.d_model // m.n_heads
+        if not m.ffn_hidden:
+            m.ffn_hidden = _round_up(int(8 * m.d_model / 3), m.multiple_of)
+        if any("moe" in kind for kind in m.layer_pattern) and not m.moe.expert_hidden:
+            per_expert = -(-m.ffn_hidden // m.moe.top_k)  # ceil
+            m.moe.expert_hidden = max(m.multiple_of, _round_up(per_expert, m.multiple_of))
+        if m.moe.n_shared_experts and not m.moe.shared_hidden:
+            m.moe.shared_hidden = m.moe.n_shared_experts * m.moe.expert_hidden
+        return freeze(m)
 
     @property
     def layers(self) -> list[str]:
@@ -148,7 +160,7 @@ class ModelConfig:
 
 
 @dataclass
-class MixSource:
+class MixSource(Section):
     """One source of a weighted mixture (data.mix)."""
 
     source: str | list[str] = ""  # as data.source: a prepared directory, a file, a directory, a glob or a list
@@ -162,7 +174,7 @@ class MixSource:
 
 
 @dataclass
-class DataConfig:
+class DataConfig(Section):
     # "builtin" (Python's own stdlib sources), a directory `trimtab data prepare` wrote, a file, a
     # directory, a glob (`**` recurses) or a list of these
     source: str | list[str] = "builtin"
@@ -207,7 +219,7 @@ SCHEDULES = ("cosine", "wsd", "constant", "linear", "triangular", "triangular2",
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(Section):
     lr: float = 1e-3
     min_lr_ratio: float = 0.1  # floor of decaying schedules, as a fraction of lr
     weight_decay: float = 0.1
@@ -238,7 +250,7 @@ class OptimConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Section):
     # Pretraining steps; "auto": the Chinchilla budget (20 tokens per active parameter, Hoffmann
     # et al. 2022) from the planner. train.epochs, when set, wins over both.
     max_steps: int | str = 1000
@@ -289,7 +301,7 @@ class TrainConfig:
 
 
 @dataclass
-class CheckpointConfig:
+class CheckpointConfig(Section):
     every: int = 200  # steps between checkpoints (0: only at the end and on signals)
     keep: int = 3  # newest checkpoints kept
 
@@ -299,7 +311,7 @@ class CheckpointConfig:
 
 
 @dataclass
-class FinetuneConfig:
+class FinetuneConfig(Section):
     """An optional second phase on its own data and schedule, run after max_steps of pretraining."""
 
     steps: int = 0  # 0: no finetuning phase
@@ -317,7 +329,7 @@ class FinetuneConfig:
 
 
 @dataclass
-class RunConfig:
+class RunConfig(Section):
     preset: str = DEFAULT_PRESET
     out: str = ""  # run directory; empty: runs/<preset>
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -332,7 +344,8 @@ class RunConfig:
     plan: PlanConfig = field(default_factory=PlanConfig)  # live Chinchilla planner (docs/planner.md)
     faults: list[str] = field(default_factory=list)  # injected faults, KIND@STEP[:PARAM] (tests, bench)
 
-    def validate(self) -> RunConfig:
+    def validate(self) -> None:
+        """Check every section (no value changes: resolve() is what fills and freezes)."""
         for section in (
             self.model,
             self.data,
@@ -353,7 +366,6 @@ class RunConfig:
                 f"{data.seq_len} is larger than the model's model.max_seq_len="
                 f"{self.model.max_seq_len}; lower it or raise model.max_seq_len",
             )
-        return self
 
     @property
     def run_dir(self) -> Path:
@@ -443,7 +455,43 @@ def load_config(
     name = cli.get("preset") or preset or user.get("preset") or DEFAULT_PRESET
     layered = merge(merge(preset_dict(name), upgrade(user, str(path))), upgrade(cli, "the overrides"))
     layered["preset"] = name
-    return from_dict(RunConfig, layered).validate()
+    return resolve(layered)
+
+
+def resolve(config: RunConfig | dict[str, Any]) -> RunConfig:
+    """The one resolution of a run config, from its layered dict or a draft RunConfig: older key
+    names and value spellings translated (upgrade), every key checked and coerced, the model's
+    auto widths filled, every section validated, and the result frozen. A resolved config is
+    returned as it is; resolving a resolved config's dict gives an equal config."""
+    if isinstance(config, RunConfig):
+        if config.frozen:
+            return config
+        config = config.to_dict()
+    cfg = from_dict(RunConfig, upgrade(copy.deepcopy(config)))
+    cfg.model = cfg.model.resolved()
+    cfg.validate()
+    return freeze(cfg)
+
+
+def derive(cfg: RunConfig, changes: dict[str, Any]) -> RunConfig:
+    """A new resolved config: `cfg` with `changes` (sections of keys, as in YAML) merged over it
+    and resolved again; `cfg` itself never changes. Values resolve() filled stay as they were
+    (a model's auto widths are not re-derived from a changed d_model: load_config for that)."""
+    return resolve(merge(cfg.to_dict(), changes))
+
+
+def thawed(obj: Any) -> Any:
+    """A changeable deep copy of a config section (a draft), for building another from it."""
+    out = copy.deepcopy(obj)
+    stack = [out]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Section):
+            object.__setattr__(item, "_frozen", False)
+            stack += [getattr(item, f.name) for f in dataclasses.fields(item)]
+        elif isinstance(item, list):
+            stack += item
+    return out
 
 
 # Keys renamed (one name per thing): an older config still loads; a user's gets a warning.
@@ -453,25 +501,42 @@ RENAMED = {
     ("model", "moe", "aux_loss_coef"): "balance_coef",
 }
 
+# Values spelled another way, read as the one name the code knows (no warning: YAML's doing).
+RESPELLED = {
+    ("orchestrator", "mode"): {False: "off", "false": "off"},  # YAML 1.1 reads a bare `off` as false
+}
+
 
 def upgrade(data: dict[str, Any], source: str = "") -> dict[str, Any]:
-    """`data` with renamed keys under their new names; with `source`, a warning for each."""
+    """`data` with renamed keys under their new names (with `source`, a warning for each) and
+    respelled values in their one spelling: the only place older names are read."""
     for path, new in RENAMED.items():
-        node: Any = data
-        for key in path[:-1]:
-            node = node.get(key) if isinstance(node, dict) else None
+        node = _parent(data, path)
         if isinstance(node, dict) and path[-1] in node:
             old_key, new_key = ".".join(path), ".".join([*path[:-1], new])
             if source:
                 log.warning("%s: config key '%s' is now '%s'; rename it there", source, old_key, new_key)
             node.setdefault(new, node.pop(path[-1]))
+    for path, spellings in RESPELLED.items():
+        node = _parent(data, path)
+        if isinstance(node, dict) and path[-1] in node:
+            value = node[path[-1]]
+            if isinstance(value, (bool, str)) and value in spellings:
+                node[path[-1]] = spellings[value]
     return data
+
+
+def _parent(data: dict[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = data
+    for key in path[:-1]:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
 
 
 def read_saved(run_dir: str | Path) -> RunConfig:
     """The resolved config a run directory was trained with (config.yaml), older key names upgraded."""
     path = Path(run_dir) / "config.yaml"
-    return from_dict(RunConfig, upgrade(yaml.safe_load(path.read_text()) or {})).validate()
+    return resolve(yaml.safe_load(path.read_text()) or {})
 
 
 def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:

@@ -1,10 +1,50 @@
-"""Validation helpers shared by the config sections: each error names the key and the fix."""
+"""What the config sections share: validation helpers (each error names the key and the fix) and
+Section, the base that makes a resolved config read-only."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from trimtab.errors import ConfigError
+
+
+class Section:
+    """Base of every config dataclass. Built, it is a draft that may still be changed; resolved
+    (trimtab.config.resolve), it is frozen: setting a field raises FrozenInstanceError, and code
+    that needs a different config derives a new one (trimtab.config.derive)."""
+
+    _frozen = False  # set on the instance by freeze(); not a field (asdict, replace and == ignore it)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._frozen:
+            raise dataclasses.FrozenInstanceError(
+                f"the config is resolved and read-only (setting {type(self).__name__}.{name}); "
+                "derive a changed copy with trimtab.config.derive(cfg, {section: {key: value}})"
+            )
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if self._frozen:
+            raise dataclasses.FrozenInstanceError(f"the config is resolved and read-only (deleting {name})")
+        object.__delattr__(self, name)
+
+    @property
+    def frozen(self) -> bool:
+        """Whether this section belongs to a resolved config (read-only)."""
+        return self._frozen
+
+
+def freeze(obj: Any) -> Any:
+    """Make a config dataclass and every section and list entry inside it read-only; returns it."""
+    if isinstance(obj, Section):
+        for f in dataclasses.fields(obj):
+            freeze(getattr(obj, f.name))
+        object.__setattr__(obj, "_frozen", True)
+    elif isinstance(obj, list):
+        for item in obj:
+            freeze(item)
+    return obj
 
 
 def _check(ok: bool, key: str, message: str) -> None:

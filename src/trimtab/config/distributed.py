@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trimtab.config.checks import _check
+from trimtab.config.checks import Section, _check
 
 STRATEGIES = ("auto", "ddp", "fsdp")
 BACKENDS = ("auto", "nccl", "gloo")
@@ -23,7 +23,7 @@ PP_SCHEDULES = ("auto", "gpipe", "1f1b", "interleaved")
 
 
 @dataclass
-class DistributedConfig:
+class DistributedConfig(Section):
     strategy: str = "auto"  # auto | ddp | fsdp (auto: fsdp when tp, ep or pp > 1, else ddp)
     tp: int = 1  # tensor-parallel ranks per replica (neighbouring ranks: one node's GPUs)
     ep: int = 1  # data-parallel replicas sharing one copy of the experts (divides world / tp)

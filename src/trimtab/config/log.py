@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trimtab.config.checks import _check
+from trimtab.config.checks import Section, _check
 
 
 @dataclass
-class MlflowConfig:
+class MlflowConfig(Section):
     """MLflow tracking (training/services/tracking.py): metrics, the resolved config, decisions as events,
     the report and the final checkpoint as artifacts."""
 
@@ -35,7 +35,7 @@ class MlflowConfig:
 
 
 @dataclass
-class WandbConfig:
+class WandbConfig(Section):
     """Weights & Biases tracking (training/services/tracking.py); offline writes <run_dir>/wandb for
     `wandb sync` later and needs no network."""
 
@@ -56,7 +56,7 @@ class WandbConfig:
 
 
 @dataclass
-class LogConfig:
+class LogConfig(Section):
     progress: bool = True  # progress bar on the console
     tensorboard: bool = True
     report: bool = True  # write RUN_DIR/report.html at the end of the run (trimtab report)

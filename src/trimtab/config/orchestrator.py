@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trimtab.config.checks import _check, _positive
+from trimtab.config.checks import Section, _check, _positive
 
 MODES = ("auto", "advise", "off")
 
 
 @dataclass
-class SpikeRule:
+class SpikeRule(Section):
     """Loss above the trend of its window (a line against log(step)) + max(sigma x residual std,
     min_rise)."""
 
@@ -30,7 +30,7 @@ class SpikeRule:
 
 
 @dataclass
-class GradRule:
+class GradRule(Section):
     """Pre-clip gradient norm above max_norm, or above factor x its rolling mean. A new level is
     not an explosion: `rebase_after` steps in a row over the ceiling, under max_norm, within
     `rebase_spread` of each other and with a loss that does not rise (rebase_loss_rise), start the
@@ -47,7 +47,7 @@ class GradRule:
 
 
 @dataclass
-class AboveStartRule:
+class AboveStartRule(Section):
     """The loss above where the phase started (its first step's loss, the untouched weights') by
     max(margin, rel_margin x it) for `patience` steps in a row: training made the model worse
     than doing nothing, from the first steps on, before any window fills. The LR is the cause
@@ -66,7 +66,7 @@ class AboveStartRule:
 
 
 @dataclass
-class DivergenceRule:
+class DivergenceRule(Section):
     """The least-squares line through the last `window` losses rises by min_rise of its mean."""
 
     enabled: bool = True
@@ -76,7 +76,7 @@ class DivergenceRule:
 
 
 @dataclass
-class PlateauRule:
+class PlateauRule(Section):
     """Loss variance below `variance` for `window` steps while far from the planned end."""
 
     enabled: bool = True
@@ -88,7 +88,7 @@ class PlateauRule:
 
 
 @dataclass
-class OomRule:
+class OomRule(Section):
     """Out of memory: halve the micro-batch (more accumulation), retry the same batch."""
 
     enabled: bool = True
@@ -97,7 +97,7 @@ class OomRule:
 
 
 @dataclass
-class MemoryRule:
+class MemoryRule(Section):
     """Memory in use above `threshold` of the device (or the machine, on CPU)."""
 
     enabled: bool = True
@@ -106,7 +106,7 @@ class MemoryRule:
 
 
 @dataclass
-class ThroughputRule:
+class ThroughputRule(Section):
     """Tokens/s below `factor` x its rolling median for `patience` steps. Logged for a person,
     never acted on: after a finding the rule is quiet for `cooldown` steps unless the rate falls
     below half of what it reported (a loaded machine would fill the journal)."""
@@ -120,7 +120,7 @@ class ThroughputRule:
 
 
 @dataclass
-class Fp16Rule:
+class Fp16Rule(Section):
     """GradScaler overflow storm: at least `max_overflows` skipped steps within `window`."""
 
     enabled: bool = True
@@ -130,7 +130,7 @@ class Fp16Rule:
 
 
 @dataclass
-class LRRule:
+class LRRule(Section):
     """The LR the optimizer applies is more than `factor` above what the config's schedule and the
     journaled multiplier explain: a stray writer of the optimizer's LR or a schedule bug, not a
     decision. The step is skipped and the multiplier brings the LR back to the explained level.
@@ -141,7 +141,7 @@ class LRRule:
 
 
 @dataclass
-class MoERule:
+class MoERule(Section):
     """Mixture-of-Experts health, per MoE layer, over the mean load of the last `window` steps."""
 
     enabled: bool = True
@@ -165,7 +165,7 @@ class MoERule:
 
 
 @dataclass
-class MoDRule:
+class MoDRule(Section):
     """Mixture-of-Depths quality: the loss of the last `recent` steps is above the mean of the
     `window` steps before them by `tolerance` (a fraction) while the capacity fell by at least
     `min_drop` between the two -> the capacity goes back to where it was before the fall."""
@@ -178,7 +178,7 @@ class MoDRule:
 
 
 @dataclass
-class DataRule:
+class DataRule(Section):
     """Data attribution: when a bad stretch is the data's, the rows of its flagged steps are scored
     one by one on the current weights and a row is left out when its loss is above the held-out
     rows' median (scored alike) by max(sigma x their spread, min_gap); the spread is the median
@@ -191,7 +191,7 @@ class DataRule:
 
 
 @dataclass
-class RowsRule:
+class RowsRule(Section):
     """Outlier rows (thinly spread bad data; orchestrator/outliers.py): every step's rows, as the
     training forward scored them, against the last `window` rows: an outlier is above their
     median by max(sigma x their spread, min_gap). It is named (and in auto mode left out) when
@@ -212,7 +212,7 @@ class RowsRule:
 
 
 @dataclass
-class EarlyStopRule:
+class EarlyStopRule(Section):
     """Stop when the validation loss has not improved on its best by `min_delta` for `patience`
     evaluations in a row (per phase; off by default: a run's length is the user's choice)."""
 
@@ -222,7 +222,7 @@ class EarlyStopRule:
 
 
 @dataclass
-class OrchestratorConfig:
+class OrchestratorConfig(Section):
     mode: str = "auto"  # auto: act | advise: journal what it would do | off: no monitoring
     read_every: int = 0  # steps between device reads of step metrics; 0: 1 on CPU, 10 on GPU
     outcome_after: int = 20  # steps after a decision when its outcome is judged
@@ -267,8 +267,6 @@ class OrchestratorConfig:
     )
 
     def validate(self) -> None:
-        if self.mode == "false":  # YAML 1.1 reads a bare `off` as false
-            self.mode = "off"
         _check(self.mode in MODES, "orchestrator.mode", f"must be one of {', '.join(MODES)}")
         _check(self.read_every >= 0, "orchestrator.read_every", "must be >= 0")
         _positive(self, "orchestrator", "outcome_after", "escalate_after", "escalation_window")

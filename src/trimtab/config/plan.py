@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trimtab.config.checks import _check
+from trimtab.config.checks import Section, _check
 
 
 @dataclass
-class PlanConfig:
+class PlanConfig(Section):
     status_every: int = 100  # steps between status blocks (at the next log line); 0: no live planner
     adjust: bool = False  # let the orchestrator change the run length (journaled decisions)
     # The run is set to the shortest length whose predicted final loss is within `tolerance`

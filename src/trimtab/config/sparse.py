@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trimtab.config.checks import _check, _positive
+from trimtab.config.checks import Section, _check, _positive
 
 LAYER_KINDS = ("dense", "moe", "mod", "moe+mod")
 
 
 @dataclass
-class MoEConfig:
+class MoEConfig(Section):
     n_experts: int = 8
     top_k: int = 2
     n_shared_experts: int = 0  # always-on experts added to the routed output (DeepSeekMoE)
@@ -66,7 +66,7 @@ class MoEConfig:
 
 
 @dataclass
-class MoDConfig:
+class MoDConfig(Section):
     capacity: float = 0.5  # fraction of tokens each MoD block processes (Raposo et al. 2024: 0.125)
     # One capacity per MoD layer, in layer order (overrides `capacity`); empty: all `capacity`.
     layer_capacity: list[float] = field(default_factory=list)
