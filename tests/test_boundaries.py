@@ -51,13 +51,13 @@ class Writer(Hook):
             "apply control": lambda: run.control.apply(),
             "replace control": lambda: setattr(run, "control", None),
             "assign on control": lambda: setattr(run.control, "request", None),
+            "set a config field": lambda: setattr(run.cfg.train, "max_steps", 1),
         }
         for what, attempt in attempts.items():
             try:
                 attempt()
             except AttributeError as exc:
                 self.raised[what] = str(exc)
-        run.cfg.train.max_steps = 1  # a copy: the run keeps its length
         self.cfg_max_steps = run.cfg.train.max_steps
 
 
@@ -74,10 +74,12 @@ def test_a_hook_cannot_write_through_the_view(tmp_path):
         "apply control",
         "replace control",
         "assign on control",
+        "set a config field",
     }, writer.raised
     assert "read-only" in writer.raised["assign a new attribute"]
     assert "run.control.request" in writer.raised["assign on control"]
-    assert writer.cfg_max_steps == 1 and summary["step"] == 3  # the copy changed, the run did not
+    assert "resolved and read-only" in writer.raised["set a config field"]
+    assert writer.cfg_max_steps == 3 and summary["step"] == 3  # the config is frozen: the run kept its length
 
 
 def test_requests_through_the_view_are_applied_by_the_loop(tmp_path):

@@ -109,8 +109,7 @@ def test_every_layer_kind_compiles_as_one_graph_with_eager_gradients():
     debug-hybrid holds every layer kind: dense, MoE, MoD and MoE+MoD."""
     from trimtab.model import build_model
 
-    cfg = load_config(preset="debug-hybrid")
-    cfg.model.vocab_size = 512
+    cfg = load_config(preset="debug-hybrid", sets=["model.vocab_size=512"])
     torch.manual_seed(0)
     model = build_model(cfg.model).train()
     tokens = torch.randint(0, 512, (2, 64))

@@ -1,5 +1,6 @@
 """`trimtab doctor` on the CPU, and the micro-batch estimate and precision choices behind it."""
 
+import dataclasses
 import json
 import re
 
@@ -152,8 +153,8 @@ def test_doctor_suggests_the_most_rows_the_plan_says_fit(preset, gib, precision,
     )
 
     def planned_total(tokens: int) -> int:
-        cfg.train.micro_batch_tokens = tokens
-        return memory_plan(cfg, params, hw).total
+        trial = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch_tokens=tokens))
+        return memory_plan(trial, params, hw).total
 
     assert planned_total(advice.tokens) <= USABLE_FRACTION * memory < planned_total(advice.tokens + seq)
 

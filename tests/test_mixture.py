@@ -122,7 +122,8 @@ def test_max_steps_auto_is_the_planners_chinchilla_budget(tmp_path, tokenizer, p
     cfg = load_config(preset=preset, sets=["train.max_steps=auto"])
     steps = resolve_max_steps(cfg, train_tokens=10_000, tok=tokenizer)
     size = model_size(cfg, tokenizer.vocab_size)  # active parameters for MoE, as the planner counts
-    assert steps == cfg.train.max_steps == math.ceil(20 * size.compute_params / cfg.train.batch_tokens)
+    assert steps == math.ceil(20 * size.compute_params / cfg.train.batch_tokens)
+    assert cfg.train.max_steps == "auto"  # the resolved config is not changed: setup completes a copy
     assert "repeats the training data" in caplog.text  # 10,000 tokens: far more than 4 epochs
 
 

@@ -114,8 +114,7 @@ def test_surgery_errors_name_the_fix(tmp_path):
 
 
 def test_active_params_and_flops_count_top_k_of_the_experts():
-    cfg = load_config(preset="debug-moe").model
-    cfg.vocab_size = 512
+    cfg = load_config(preset="debug-moe", sets=["model.vocab_size=512"]).model
     model = build_model(cfg)
     moe = model.blocks[1].ffn
     per_expert = moe.w1[0].numel() + moe.w2[0].numel() + moe.w3[0].numel()

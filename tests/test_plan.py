@@ -14,7 +14,7 @@ import trimtab
 from helpers import StopAt
 from trimtab.checkpoint import list_checkpoints
 from trimtab.cli import main
-from trimtab.config import load_config, merge
+from trimtab.config import derive, load_config, merge
 from trimtab.config.plan import PlanConfig
 from trimtab.errors import ConfigError
 from trimtab.plan import Hardware, LossFit, RunProgress, effective_tokens, fit_loss_curve, live_status, make_plan
@@ -168,7 +168,7 @@ def test_data_path_estimated_from_bytes_or_counted_with_the_tokenizer(tmp_path):
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     raw.add_special_tokens(["<|endoftext|>"])
     raw.save(str(tmp_path / "tok.json"))
-    cfg.data.tokenizer = str(tmp_path / "tok.json")
+    cfg = derive(cfg, {"data": {"tokenizer": str(tmp_path / "tok.json")}})
     counted = make_plan(cfg, data_path=str(corpus), hardware=HW).data
     tok = TextTokenizer.load(tmp_path / "tok.json")
     assert counted.dataset_tokens == round((len(tok.encode(corpus.read_text())) + 1) * 0.98)

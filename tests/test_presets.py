@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trimtab.cli import main
-from trimtab.config import available_presets, load_config
+from trimtab.config import available_presets, derive, load_config
 from trimtab.model import build_model, preset_size
 from trimtab.model.catalog import PresetInfo, format_catalog, model_size, preset_catalog
 from trimtab.plan import make_plan, named_gpu
@@ -79,7 +79,7 @@ def test_every_preset_loads_validates_and_has_a_description():
 @pytest.mark.parametrize("name", small_presets())
 def test_small_preset_meta_size_equals_the_real_model_and_an_independent_count(name):
     cfg = load_config(preset=name)
-    cfg.model.vocab_size = cfg.data.bpe_vocab_size
+    cfg = derive(cfg, {"model": {"vocab_size": cfg.data.bpe_vocab_size}})
     torch.manual_seed(0)
     real = build_model(cfg.model)
     sizes = (real.num_params(), real.num_params(active=True), real.flops_per_token(cfg.data.seq_len))

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from trimtab import hf
 from trimtab.checkpoint import latest_valid, load_model
-from trimtab.config import RunConfig, load_config, read_saved
+from trimtab.config import DataConfig, RunConfig, load_config, read_saved, resolve
 from trimtab.data import TextTokenizer
 from trimtab.distributed import is_main
 from trimtab.errors import CheckpointError, RunFinished
@@ -92,8 +93,8 @@ def load_run(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokenizer
     run_dir = Path(run_dir)
     if hf.is_hf_dir(run_dir):
         model, _ = hf.import_model(run_dir)
-        cfg = RunConfig(model=model.cfg, out=str(run_dir))
-        cfg.data.seq_len = min(cfg.data.seq_len, model.cfg.max_seq_len)  # a valid config to write out (merge)
+        seq_len = min(DataConfig().seq_len, model.cfg.max_seq_len)  # a valid config to write out (merge)
+        cfg = resolve({"model": asdict(model.cfg), "out": str(run_dir), "data": {"seq_len": seq_len}})
         return cfg, model, hf.load_tokenizer(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(

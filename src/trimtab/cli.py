@@ -103,7 +103,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _train_config(args: argparse.Namespace) -> RunConfig:
-    from trimtab.config import load_config
+    from trimtab.config import derive, load_config
 
     overrides: dict = {}
     if args.out:
@@ -118,7 +118,7 @@ def _train_config(args: argparse.Namespace) -> RunConfig:
 
         for spec in args.inject:
             parse_fault(spec, "--inject")
-        cfg.faults = [*cfg.faults, *args.inject]
+        cfg = derive(cfg, {"faults": [*cfg.faults, *args.inject]})
     return cfg
 
 

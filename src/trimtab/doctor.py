@@ -76,6 +76,7 @@ def _precision(dev: torch.device, cfg: Any) -> Precision:
     choice, which on a CPU with native bf16 the preset's own training step refines
     (training/services/cpu_precision.py, through the same cache, so the report and the run agree; the
     vocabulary as the tokenizer will make it, data.bpe_vocab_size, when the model follows it)."""
+    from trimtab.config import derive
     from trimtab.model import build_model
     from trimtab.model.catalog import meta_model
     from trimtab.training.services.cpu_precision import PROBE_MAX_PARAMS, refine_cpu_precision
@@ -83,7 +84,7 @@ def _precision(dev: torch.device, cfg: Any) -> Precision:
     precision = choose_precision(dev, cfg.train.precision)
     if cfg.train.precision != "auto" or dev.type != "cpu" or precision.name != "bf16":
         return precision
-    cfg.model.vocab_size = cfg.model.vocab_size or cfg.data.bpe_vocab_size
+    cfg = derive(cfg, {"model": {"vocab_size": cfg.model.vocab_size or cfg.data.bpe_vocab_size}})
     model = meta_model(cfg)  # the size without the memory: a large preset is not probed
     if model.num_params() <= PROBE_MAX_PARAMS:
         model = build_model(cfg.model)

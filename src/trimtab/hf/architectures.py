@@ -109,13 +109,12 @@ def to_model_config(hf: dict[str, Any], where: str) -> ModelConfig:
     arch = architecture(hf, where)
     _refuse_unknown(hf, arch, where)
     if arch == TRIMTAB:
-        cfg = remote_model_config(hf)
-        cfg.validate()
-        return cfg
+        return remote_model_config(hf).resolved()
     hf = _with_defaults(hf, arch)
     _refuse_unsupported(hf, arch, where)
     heads = hf["num_attention_heads"]
-    cfg = ModelConfig(
+    layer_pattern, moe = _moe(hf, arch) if arch in MOE else ([], MoEConfig())
+    return ModelConfig(
         vocab_size=hf["vocab_size"],
         d_model=hf["hidden_size"],
         n_layers=hf["num_hidden_layers"],
@@ -130,11 +129,9 @@ def to_model_config(hf: dict[str, Any], where: str) -> ModelConfig:
         tie_embeddings=bool(hf["tie_word_embeddings"]),
         attn_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and bool(hf["qkv_bias"])),
         qk_norm=arch == "Qwen3ForCausalLM",
-    )
-    if arch in MOE:
-        cfg.layer_pattern, cfg.moe = _moe(hf, arch)
-    cfg.validate()
-    return cfg
+        layer_pattern=layer_pattern,
+        moe=moe,
+    ).resolved()
 
 
 # null means "derived" or "off" for these (transformers' reading); for the rest, the default

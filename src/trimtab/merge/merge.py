@@ -23,7 +23,7 @@ import torch
 
 from trimtab.api import load_run
 from trimtab.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint, verify
-from trimtab.config import RunConfig, dump_config
+from trimtab.config import RunConfig, derive, dump_config
 from trimtab.data import TextTokenizer
 from trimtab.errors import CheckpointError, ConfigError
 from trimtab.hf.importer import SOURCE, is_hf_dir, source_record
@@ -186,8 +186,7 @@ def _write(
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir()
-        cfg.out = str(out)
-        dump_config(cfg, tmp / "config.yaml")
+        dump_config(derive(cfg, {"out": str(out)}), tmp / "config.yaml")
         tok.save(tmp / "tokenizer.json")
         if hf_source is not None:
             (tmp / SOURCE).write_text(json.dumps(hf_source, indent=1))

@@ -78,9 +78,8 @@ def meta_model(cfg: RunConfig, vocab_size: int | None = None) -> Transformer:
 def uninitialised(cfg: ModelConfig) -> Transformer:
     """A CPU model whose weights are about to be overwritten (by a Hugging Face file): memory
     allocated, no initial weights drawn (seconds saved on a 1B model); buffers computed as usual."""
-    cfg.validate()
     with _Sizing():
-        return Transformer(cfg)
+        return Transformer(cfg.resolved())
 
 
 def model_size(cfg: RunConfig, vocab_size: int | None = None) -> ModelSize:

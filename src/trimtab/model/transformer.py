@@ -284,6 +284,5 @@ def _inactive(moe: MoE) -> int:
 def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> Transformer:
     """Validate cfg (ConfigError), build and initialise a Transformer (on CPU, so a seed gives
     the same weights on any device), then move it to `device`."""
-    cfg.validate()
-    model = Transformer(cfg)
+    model = Transformer(cfg.resolved())
     return model.to(device) if device is not None else model

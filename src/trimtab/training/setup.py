@@ -14,7 +14,7 @@ import logging
 import math
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ import yaml
 
 from trimtab import hf
 from trimtab.checkpoint import is_sharded, latest_valid, load_model
-from trimtab.config import DataConfig, OptimConfig, RunConfig, read_saved
+from trimtab.config import DataConfig, OptimConfig, RunConfig, derive, read_saved, resolve
 from trimtab.data import BatchLoader, MicroBatch, Rows, TextTokenizer, eval_batches, get_tokenizer
 from trimtab.data.dataset import PhaseData, build_phase_data, first_prepared, open_eval_source, open_sources
 from trimtab.data.packing import ConcatRows
@@ -135,23 +135,24 @@ def eval_micro(
 
 def resolve_max_steps(cfg: RunConfig, train_tokens: int, tok: TextTokenizer) -> int:
     """train.max_steps as a number: from train.epochs over the training rows' tokens, or
-    (auto) the Chinchilla budget of this model; written back, so config.yaml records it."""
+    (auto) the Chinchilla budget of this model (setup's completed config records it)."""
     train = cfg.train
+    steps = train.max_steps
     if train.epochs > 0:
-        train.max_steps = max(1, math.ceil(train.epochs * train_tokens / train.batch_tokens))
-    elif train.max_steps == "auto":
+        steps = max(1, math.ceil(train.epochs * train_tokens / train.batch_tokens))
+    elif steps == "auto":
         size = model_size(cfg, tok.vocab_size)
-        train.max_steps = max(1, math.ceil(size.compute_params * cfg.plan.tokens_per_param / train.batch_tokens))
-    epochs = train.max_steps * train.batch_tokens / max(train_tokens, 1)
+        steps = max(1, math.ceil(size.compute_params * cfg.plan.tokens_per_param / train.batch_tokens))
+    epochs = steps * train.batch_tokens / max(train_tokens, 1)
     if epochs > FRESH_EPOCHS:
         log.warning(
             "train.max_steps=%d repeats the training data %.1f times; beyond ~%d epochs repeated tokens are worth "
             "less than fresh ones (Muennighoff et al. 2023): more data, or a smaller model, uses the compute better",
-            train.max_steps,
+            steps,
             epochs,
             FRESH_EPOCHS,
         )
-    return train.max_steps
+    return steps
 
 
 def tokenizer_source(cfg: RunConfig) -> Path | None:
@@ -164,17 +165,19 @@ def tokenizer_source(cfg: RunConfig) -> Path | None:
     return next((path for path in candidates if path.is_file()), None)
 
 
-def resolve_model(cfg: RunConfig, tok: TextTokenizer) -> None:
-    """The vocabulary, the one model value only the tokenizer knows (the config resolves the
-    others), so config.yaml records exactly what was built."""
+def complete(cfg: RunConfig, tok: TextTokenizer, phases: list[Phase]) -> RunConfig:
+    """The run's config completed with the values only the data knows, so config.yaml records
+    exactly what was built: the vocabulary (the tokenizer's, when model.vocab_size is 0) and
+    the pretraining length (train.max_steps from train.epochs or auto). A new config: `cfg` is
+    resolved, never changed."""
     m = cfg.model
-    if m.vocab_size == 0:
-        m.vocab_size = tok.vocab_size
-    elif m.vocab_size < tok.vocab_size:
+    if 0 < m.vocab_size < tok.vocab_size:
         raise ConfigError(
             f"config key 'model.vocab_size' ({m.vocab_size}) is smaller than the "
             f"tokenizer's vocabulary ({tok.vocab_size}); set it to 0 to follow the tokenizer"
         )
+    changes = {"model": {"vocab_size": m.vocab_size or tok.vocab_size}, "train": {"max_steps": phases[0].steps}}
+    return derive(cfg, changes)
 
 
 def check_resume_compatible(cfg: RunConfig) -> None:
@@ -191,18 +194,19 @@ def check_resume_compatible(cfg: RunConfig) -> None:
         )
 
 
-def adopt_hf_model(cfg: RunConfig) -> None:
-    """train.init_from a Hugging Face model directory: its config.json is the model (the config's
-    model section is replaced, MoE training knobs included: dropless, its aux-loss coefficient).
-    A resumed run reads it from its hf_source.json, so the directory may be gone by then."""
+def adopt_hf_model(cfg: RunConfig) -> RunConfig:
+    """train.init_from a Hugging Face model directory: its config.json is the model (a config
+    whose model section is replaced, MoE training knobs included: dropless, its aux-loss
+    coefficient). A resumed run reads it from its hf_source.json, so the directory may be gone
+    by then. Without one, `cfg` itself."""
     record = cfg.run_dir / SOURCE
     if cfg.train.init_from and hf.is_hf_dir(cfg.train.init_from):
-        cfg.model = hf.model_config(cfg.train.init_from)
+        model = hf.model_config(cfg.train.init_from)
     elif cfg.train.init_from and record.is_file():
-        cfg.model = to_model_config(json.loads(record.read_text())["config"], str(record))
+        model = to_model_config(json.loads(record.read_text())["config"], str(record))
     else:
-        return
-    cfg.validate()
+        return cfg
+    return derive(cfg, {"model": asdict(model)})
 
 
 def init_weights_from(cfg: RunConfig, model: Transformer) -> tuple[Path, dict | None]:
@@ -263,14 +267,14 @@ def setup(cfg: RunConfig) -> BuiltRun:
     tokenize the data, build the model (from train.init_from's weights on a fresh run), wrap it,
     and write config.yaml and tokenizer.json into the run directory."""
     torch.manual_seed(cfg.train.seed)
-    adopt_hf_model(cfg)
+    cfg = adopt_hf_model(resolve(cfg))  # a draft RunConfig(...) is resolved here; a resolved one is kept
     dist = Parallel.start(cfg.distributed, pick_device(cfg.train.device))
     resume = resume_point(cfg, dist)
     precision = choose_precision(dist.device, cfg.train.precision)
     tok, phases = dist.main_first(build_phases, cfg, tokenizer_source(cfg))
-    resolve_model(cfg, tok)
+    cfg = complete(cfg, tok, phases)
     if resume:
-        check_resume_compatible(cfg)  # after resolve_model: derived values compare too
+        check_resume_compatible(cfg)  # after complete: derived values compare too
     model = build_model(cfg.model).to(dist.device)
     if cfg.train.activation_checkpointing:
         model.set_activation_checkpointing(True)

@@ -29,11 +29,10 @@ if TYPE_CHECKING:
 
 
 class RunView:
-    __slots__ = ("_t", "_cfg", "control")
+    __slots__ = ("_t", "control")
 
     def __init__(self, trainer: Trainer, control: Control):
         object.__setattr__(self, "_t", trainer)
-        object.__setattr__(self, "_cfg", None)
         object.__setattr__(self, "control", Requests(control))  # request() only: the loop applies
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -45,10 +44,8 @@ class RunView:
 
     @property
     def cfg(self) -> RunConfig:
-        """A copy of the resolved config: changing it changes nothing (changes go through control)."""
-        if self._cfg is None:
-            object.__setattr__(self, "_cfg", copy.deepcopy(self._t.cfg))
-        return self._cfg
+        """The resolved config, read-only (setting a field raises; changes go through control)."""
+        return self._t.cfg
 
     @property
     def run_dir(self) -> Path:

@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 import yaml
 
-from trimtab.config import RunConfig, load_config, merge, nested
+from trimtab.config import RunConfig, derive, load_config, merge, nested
 from trimtab.errors import ConfigError
 
 SAMPLERS = ("tpe", "cmaes", "nsga2", "grid", "random")
@@ -118,7 +118,8 @@ class Space:
         data["out"] = str(out)
         cfg = load_config(self.base_file, overrides=data)
         if "tokens" in self.budget:  # a token budget: as many steps as this trial's batch needs
-            cfg.train.max_steps = max(1, math.ceil(int(self.budget["tokens"]) / cfg.train.batch_tokens))
+            steps = max(1, math.ceil(int(self.budget["tokens"]) / cfg.train.batch_tokens))
+            cfg = derive(cfg, {"train": {"max_steps": steps}})
         return cfg
 
     def _budget_overrides(self) -> dict[str, Any]:
