@@ -120,8 +120,7 @@ def test_active_params_and_flops_count_top_k_of_the_experts():
     per_expert = moe.w1[0].numel() + moe.w2[0].numel() + moe.w3[0].numel()
     layers = len(model.moe_layers())
     assert model.num_params() - model.num_params(active=True) == layers * (8 - 2) * per_expert
-    dense = load_config(preset="debug-moe", sets=["model.layer_pattern=[dense]"]).model
-    dense.vocab_size = 512
+    dense = load_config(preset="debug-moe", sets=["model.layer_pattern=[dense]", "model.vocab_size=512"]).model
     # expert width = dense width / top_k, so a token's FLOPs match the dense model's, plus the router
     extra = model.flops_per_token(64) - build_model(dense).flops_per_token(64)
     assert extra == 6 * layers * moe.router.numel()
