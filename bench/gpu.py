@@ -167,7 +167,7 @@ def run_plain(args: argparse.Namespace) -> dict:
     from trimtab.model import build_model
 
     cfg = _config(args, "unused", False)
-    batches = _batches(cfg, args.warmup + args.steps)
+    cfg, batches = _batches(cfg, args.warmup + args.steps)
     device = torch.device("cpu" if args.dry_run else "cuda")
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model).to(device)

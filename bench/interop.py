@@ -99,13 +99,13 @@ def make_run(preset: str, work: Path) -> tuple[Path, int]:
     import torch
 
     from trimtab.checkpoint import save_checkpoint
-    from trimtab.config import dump_config, load_config
+    from trimtab.config import derive, dump_config, load_config
     from trimtab.data.sources import Document
     from trimtab.data.tokenizer import TextTokenizer, _train_bpe
     from trimtab.model.catalog import uninitialised
 
     cfg = load_config(preset=preset, overrides={"out": str(work / "run")})
-    cfg.model.vocab_size = cfg.model.vocab_size or cfg.data.bpe_vocab_size
+    cfg = derive(cfg, {"model": {"vocab_size": cfg.model.vocab_size or cfg.data.bpe_vocab_size}})
     model = uninitialised(cfg.model)
     with torch.no_grad():
         for p in model.parameters():

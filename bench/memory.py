@@ -118,7 +118,7 @@ def run_transformers(args: argparse.Namespace, ckpt: bool) -> dict:
     import torch
 
     cfg = _config(args, args.rows, "unused")
-    batches = _batches(cfg, STEPS)
+    cfg, batches = _batches(cfg, STEPS)
     m, device = cfg.model, "cuda" if _cuda() else "cpu"
     torch.manual_seed(cfg.train.seed)
     model = llama_like(m).to(device)

@@ -172,7 +172,7 @@ def _build(variant: str, cfg, hf: dict):
 def run_interleaved(args: argparse.Namespace) -> dict[str, dict]:
     """The four variants in this one process, a step of each in turn (throughput.interleaved_fit)."""
     cfg = _config(args)
-    batches = _batches(cfg, args.warmup + args.steps)  # resolves the vocabulary too
+    cfg, batches = _batches(cfg, args.warmup + args.steps)  # with the tokenizer's vocabulary
     hf = _exported(cfg)
     loops = {v: _build(v, cfg, hf) for v in VARIANTS[1:]}
     steppers = {v: _stepper(model, loss, batches, cfg) for v, (model, loss) in loops.items()}
@@ -223,7 +223,7 @@ def child(args: argparse.Namespace) -> None:
         result = run_trimtab(args)
     else:
         cfg = _config(args)
-        batches = _batches(cfg, args.warmup + args.steps)  # resolves the vocabulary too
+        cfg, batches = _batches(cfg, args.warmup + args.steps)  # with the tokenizer's vocabulary
         hf = _exported(cfg)
         model, loss = _build(args.variant, cfg, hf)
         measure = _profile if args.variant == "profile" else _loop

@@ -42,7 +42,7 @@ def child(args: argparse.Namespace) -> None:
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(preset=args.preset, overrides={"out": out}, sets=["train.precision=auto"])
-        _batches(cfg, 0)
+        cfg, _ = _batches(cfg, 0)  # the tokenizer's vocabulary
         torch.manual_seed(0)
         model = build_model(cfg.model).train()
         chosen = refine_cpu_precision(choose_precision(torch.device("cpu"), "auto"), cfg, model)

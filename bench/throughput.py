@@ -62,16 +62,18 @@ def _config(args: argparse.Namespace, out: str, compile_: bool | None = None):
 
 
 def _batches(cfg, n: int):
+    """(cfg with the tokenizer's vocabulary, the first n step batches of its data): a resolved
+    config is never changed, the completed one is a new config."""
+    from trimtab.config import derive
     from trimtab.data import BatchLoader, build_splits, get_tokenizer, read_documents
     from trimtab.paths import cache_dir
-    from trimtab.training.setup import resolve_model
 
     docs, _ = read_documents(cfg.data)
     tok = get_tokenizer(cfg.data, docs, cache_dir())
     rows, _ = build_splits(cfg.data, tok, docs, None, seed=cfg.train.seed)
-    resolve_model(cfg, tok)
+    cfg = derive(cfg, {"model": {"vocab_size": cfg.model.vocab_size or tok.vocab_size}})
     loader = BatchLoader(rows, cfg.train.batch_tokens, cfg.train.micro_batch_tokens, cfg.train.seed, tok.pad_id)
-    return [loader.next_batch() for _ in range(n)]
+    return cfg, [loader.next_batch() for _ in range(n)]
 
 
 def timed_fit(cfg, warmup: int) -> dict:
@@ -225,7 +227,7 @@ def transformers_stepper(cfg, batches, compile_: bool, precision_name: str):
 def run_loop(args: argparse.Namespace, name: str, compile_: bool) -> dict:
     """One loop variant alone in this process (its peak RSS, or a compiled run)."""
     cfg = _config(args, "unused")
-    batches = _batches(cfg, args.warmup + args.steps)
+    cfg, batches = _batches(cfg, args.warmup + args.steps)
     step = (
         minimal_stepper(cfg, batches, compile_)
         if name == "minimal"
@@ -237,7 +239,7 @@ def run_loop(args: argparse.Namespace, name: str, compile_: bool) -> dict:
 def run_interleaved(args: argparse.Namespace) -> dict[str, dict]:
     """The three variants eager in this one process, a step of each in turn (interleaved_fit)."""
     cfg = _config(args, "unused")
-    batches = _batches(cfg, args.warmup + args.steps)
+    cfg, batches = _batches(cfg, args.warmup + args.steps)
     loops = {
         "minimal": minimal_stepper(cfg, batches, False),
         "transformers": transformers_stepper(cfg, batches, False, args.precision),
