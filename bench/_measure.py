@@ -30,16 +30,40 @@ class Contention:
         self.other = max(0.0, busy - ours) / ((time.monotonic() - self.t0) * (os.cpu_count() or 1))
 
 
-def run_child(cmd: list[str], what: str, cwd: Path, env: dict[str, str] | None = None) -> dict:
-    """Run a benchmark's child process; its `RESULT {json}` line, with the other processes' share
-    of the CPUs meanwhile as "other_cpu". A child that prints none stops the benchmark, showing
-    its stderr."""
+def emit(result: dict) -> None:
+    """A child process's result, for `run_child`: one `RESULT {json}` line on stdout."""
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def run_child(
+    cmd: list[str],
+    what: str,
+    cwd: Path | str | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+    tolerate: str | None = None,
+) -> dict:
+    """Run a benchmark's child process; its `RESULT {json}` line (`emit`), with the other
+    processes' share of the CPUs meanwhile as "other_cpu". A child that prints none stops the
+    benchmark, showing its stderr, unless its stderr holds `tolerate` (any case): then the
+    result is {"failed": True, "other_cpu": ...}."""
     with Contention() as busy:
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env)
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+    line = next((ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("RESULT ")), None)
     if line is None:
-        sys.exit(f"{what} failed:\n{out.stderr[-3000:]}")
+        if tolerate is not None and tolerate.lower() in out.stderr.lower():
+            return {"failed": True, "other_cpu": busy.other}
+        sys.exit(f"{what} failed (exit {out.returncode}):\n{out.stdout[-1000:]}\n{out.stderr[-3000:]}")
     return {**json.loads(line[7:]), "other_cpu": busy.other}
+
+
+def run_python(code: str, what: str, cwd: Path | str | None = None, env: dict[str, str] | None = None) -> dict:
+    """`python -c code` as a child (`code` ends by calling `emit`, importable from `_measure`
+    since bench/ is on the child's path); its result as `run_child` returns it."""
+    bench = str(Path(__file__).resolve().parent)
+    env = dict(env or os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [bench, env.get("PYTHONPATH")]))
+    return run_child([sys.executable, "-c", code], what, cwd, env)
 
 
 def _busy_seconds() -> float:
@@ -111,6 +135,11 @@ class Ratio:
 
 
 def paired_ratio(a: list[float], b: list[float]) -> Ratio:
-    ratios = [x / y for x, y in zip(a, b, strict=True)]
+    """a_i / b_i for repetitions i of a and b run back to back: their median and its interval."""
+    return median_ratio([x / y for x, y in zip(a, b, strict=True)])
+
+
+def median_ratio(ratios: list[float]) -> Ratio:
+    """Ratios already paired (e.g. by a child, block by block): their median and its interval."""
     low, high = median_ci(ratios)
     return Ratio(statistics.median(ratios), low, high, len(ratios))

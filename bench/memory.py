@@ -33,18 +33,15 @@ nothing written).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from _benchfile import publish  # bench/_benchfile.py, next to this file
-from _measure import Contention
+from _measure import emit, run_child
 from _peers import llama_like  # bench/_peers.py, next to this file
 from throughput import _batches  # the throughput bench's batches (trimtab's loader)
 
@@ -150,7 +147,7 @@ def child(args: argparse.Namespace) -> None:
         result = run_trimtab(args, ckpt, auto=args.variant == "trimtab-auto")
     else:
         result = run_transformers(args, ckpt)
-    print("RESULT " + json.dumps(result))
+    emit(result)
 
 
 def probe(args: argparse.Namespace, variant: str, rows: int) -> dict:
@@ -158,18 +155,15 @@ def probe(args: argparse.Namespace, variant: str, rows: int) -> dict:
     cmd = [sys.executable, __file__, "--child", variant, "--preset", args.preset, "--rows", str(rows)]
     cmd += ["--seq-len", str(args.seq_len), "--cap-mb", str(args.cap_mb)]
     t0 = time.perf_counter()
-    with Contention() as busy:
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if line is None and "out of memory" not in out.stderr.lower():
-        sys.exit(f"{variant} at {rows} rows failed:\n{out.stderr[-3000:]}")
-    r = json.loads(line[7:]) if line else {"base_mb": 0.0, "peak_mb": float("inf"), "micro_rows": 0}
-    r.update(rows=rows, seconds=time.perf_counter() - t0, other_cpu=busy.other)
+    r = run_child(cmd, f"{variant} at {rows} rows", ROOT, tolerate="out of memory")
+    if r.pop("failed", False):
+        r |= {"base_mb": 0.0, "peak_mb": float("inf"), "micro_rows": 0}
+    r.update(rows=rows, seconds=time.perf_counter() - t0)
     r["fits"] = r["peak_mb"] <= args.cap_mb and (variant == "trimtab-auto" or r["micro_rows"] == rows)
     DONE.append(r)
     print(
         f"{variant:18s} {rows:5d} rows  peak {r['peak_mb']:8.0f} MB  base {r['base_mb']:6.0f} MB  "
-        f"{'fits' if r['fits'] else 'over'}  {r['seconds']:5.1f} s  other processes {busy.other:.0%}",
+        f"{'fits' if r['fits'] else 'over'}  {r['seconds']:5.1f} s  other processes {r['other_cpu']:.0%}",
         flush=True,
     )
     return r
@@ -217,8 +211,8 @@ def parent(args: argparse.Namespace) -> None:
         auto = probe(args, "trimtab-auto", args.max_rows)
     else:
         print("micro-batch auto-sizing: skipped (CUDA only; on CPU nothing runs out of memory before swap)")
-    section = report(args, largest, at_common, repeat, auto)
-    publish(heading(args), section, args.dry_run)
+    body = report(args, largest, at_common, repeat, auto)
+    publish(heading(args), body, precision="fp32", other_cpu=[r["other_cpu"] for r in DONE], dry_run=args.dry_run)
 
 
 def heading(args: argparse.Namespace) -> str:
@@ -227,7 +221,6 @@ def heading(args: argparse.Namespace) -> str:
 
 
 def report(args, largest: dict, at_common: dict, repeat: dict | None, auto: dict | None) -> str:
-    import torch
     import transformers
 
     seq, common = _seq_len(args), min(largest.values())
@@ -235,15 +228,10 @@ def report(args, largest: dict, at_common: dict, repeat: dict | None, auto: dict
     head += "| MB a row above baseline | baseline MB (model, optimizer, data loaded) |"
     unit = "peak reserved CUDA memory" if _cuda() else "peak RSS of the whole process"
     lines = [
-        heading(args),
-        "",
-        f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
-        f"{', ' + torch.cuda.get_device_name() if _cuda() else ''}, torch {torch.__version__}, transformers "
-        f"{transformers.__version__}; cap {args.cap_mb:,} MB of {unit}; fp32, eager, seq_len {seq}, {STEPS} "
+        f"transformers {transformers.__version__}; cap {args.cap_mb:,} MB of {unit}; eager, seq_len {seq}, {STEPS} "
         f"optimizer steps of one micro-batch; rows searched up to {args.max_rows} (powers of two, then an "
         f"interpolated guess and bisection): {len(DONE)} probes, each its own process, "
-        f"{sum(r['seconds'] for r in DONE) / 60:.0f} min in all, other processes at most "
-        f"{max(r['other_cpu'] for r in DONE):.0%} of the CPUs.",
+        f"{sum(r['seconds'] for r in DONE) / 60:.0f} min in all.",
         "",
         head,
         "|---|---|---|---|---|---|",

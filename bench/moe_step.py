@@ -34,17 +34,13 @@ step" section of BENCHMARKS.md (`--dry-run`: one tiny repetition, printed, nothi
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from _benchfile import publish  # bench/_benchfile.py, next to this file
-from _measure import paired_ratio, run_child
+from _benchfile import precisions, publish  # bench/_benchfile.py, next to this file
+from _measure import emit, paired_ratio, run_child
 from throughput import _batches, _precision, interleaved_fit, time_steps, timed_fit  # the throughput bench's helpers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -232,7 +228,7 @@ def child(args: argparse.Namespace) -> None:
         if args.variant == "hf-grouped_mm":
             result["grouped_mm"] = _grouped_mm_path(model)
     result["peak_rss_mb"] = peak_rss_mb()
-    print("RESULT " + json.dumps(result))
+    emit(result)
 
 
 def _run_child(args: argparse.Namespace, variant: str) -> dict:
@@ -260,8 +256,10 @@ def parent(args: argparse.Namespace) -> None:
     short = argparse.Namespace(**{**vars(args), "steps": RSS_STEPS, "warmup": 1})
     rss = {v: _run_child(short, v)["peak_rss_mb"] for v in VARIANTS}
     profiled = _run_child(args, "profile") if args.profile else None
-    section = report(args, runs, rss, profiled)
-    publish(heading(args), section, args.dry_run)
+    body = report(args, runs, rss, profiled)
+    precision = precisions({v: rs[0]["precision"] for v, rs in runs.items()})
+    other = [r["other_cpu"] for r in runs["trimtab"]]  # one process per repetition runs all four
+    publish(heading(args), body, precision=precision, other_cpu=other, dry_run=args.dry_run)
 
 
 def heading(args: argparse.Namespace) -> str:
@@ -277,11 +275,7 @@ def _flags(args: argparse.Namespace) -> str:
 def report(args: argparse.Namespace, runs: dict[str, list[dict]], rss: dict[str, float], profiled: dict | None) -> str:
     hf = runs["hf-grouped_mm"][0]
     lines = [
-        heading(args),
-        "",
-        f"Exported class {hf['class']}; {time.strftime('%Y-%m-%d')}, "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
-        f"{__import__('torch').__version__}, transformers {__import__('transformers').__version__}; "
+        f"Exported class {hf['class']}; transformers {__import__('transformers').__version__}; "
         f"{args.steps} timed steps after {args.warmup} warm-up (tokens/s: a step's mean tokens over the median "
         f"step time), {args.reps} repetitions, each one process running the four variants a step of each in "
         "turn (the Trainer's, then the loops' in rotating order), so every ratio compares steps taken at "

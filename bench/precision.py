@@ -15,16 +15,13 @@ autocast on this CPU" section of BENCHMARKS.md (`--dry-run`: debug only, 1 rep, 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from _benchfile import publish  # bench/_benchfile.py, next to this file
-from _measure import paired_ratio, run_child
+from _measure import emit, paired_ratio, run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADING = "## bf16 autocast on this CPU (bench/precision.py)"
@@ -54,7 +51,7 @@ def child(args: argparse.Namespace) -> None:
                 seconds = _step_seconds(model, tokens, torch.bfloat16 if name == "bf16" else None)
                 times[name] += [seconds] if i else []
     result = {name: statistics.median(t) for name, t in times.items()}
-    print("RESULT " + json.dumps({**result, "tokens": tokens[:, 1:].numel(), "chosen": chosen.name}))
+    emit({**result, "tokens": tokens[:, 1:].numel(), "chosen": chosen.name})
 
 
 def _run_child(args: argparse.Namespace, preset: str) -> dict:
@@ -62,7 +59,7 @@ def _run_child(args: argparse.Namespace, preset: str) -> dict:
 
 
 def parent(args: argparse.Namespace) -> None:
-    from trimtab.hardware import cpu_has_native_bf16, cpu_model
+    from trimtab.hardware import cpu_has_native_bf16
 
     if not cpu_has_native_bf16():
         sys.exit("this CPU has no native bf16 (emulated: far slower); train.precision auto picks fp32 here")
@@ -72,10 +69,7 @@ def parent(args: argparse.Namespace) -> None:
             runs[preset].append(r := _run_child(args, preset))
             print(f"rep {rep} {preset:10s} fp32 {r['fp32'] * 1e3:8.1f} ms  bf16 {r['bf16'] * 1e3:8.1f} ms", flush=True)
     lines = [
-        HEADING,
-        "",
-        f"{time.strftime('%Y-%m-%d')}, {cpu_model()}, {os.cpu_count()} cores, torch {__import__('torch').__version__};"
-        f" one micro-batch per step (forward, loss, backward), {args.steps} timed steps of each precision "
+        f"One micro-batch per step (forward, loss, backward), {args.steps} timed steps of each precision "
         f"alternating in one process, after a warm-up of each; {args.reps} repetitions (a process each). "
         "Speed-up: fp32 step time over bf16's, paired by repetition, median with a bootstrap 95% interval; "
         "train.precision auto keeps bf16 at >= 1.1x (its probe's verdict, cached per shape, in the last column).",
@@ -93,7 +87,8 @@ def parent(args: argparse.Namespace) -> None:
             f"| {preset} | {rs[0]['tokens']:,} | {fp32:,.1f} | {bf16:,.1f} | {ratio} (>= 1.1x: {verdict}) | "
             f"{rs[0]['chosen']} | {loads} |"
         )
-    publish(HEADING, "\n".join(lines) + "\n", args.dry_run)
+    other = [r["other_cpu"] for rs in runs.values() for r in rs]
+    publish(HEADING, "\n".join(lines), precision="fp32 and bf16 autocast", other_cpu=other, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ compiling from empty caches): the figures train.compile=auto decides with
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -40,8 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from _benchfile import publish  # bench/_benchfile.py, next to this file
-from _measure import median_ci, paired_ratio, run_child, step_rate  # bench/_measure.py, next to this file
+from _benchfile import precisions, publish  # bench/_benchfile.py, next to this file
+from _measure import emit, median_ci, paired_ratio, run_child, step_rate  # bench/_measure.py, next to this file
 from _peers import llama_like  # bench/_peers.py, next to this file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -262,7 +261,7 @@ def child(args: argparse.Namespace) -> None:
     else:
         result = run_loop(args, name, compile_)
     result["peak_rss_mb"] = peak_rss_mb()
-    print("RESULT " + json.dumps(result))
+    emit(result)
 
 
 def parent(args: argparse.Namespace) -> None:
@@ -307,15 +306,10 @@ def _run_child(args: argparse.Namespace, variant: str) -> dict:
 
 
 def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
-    from trimtab.hardware import cpu_model
-
     med = {v: statistics.median(r["tokens_per_s"] for r in rs) for v, rs in runs.items()}
     rss = {v: max(r["peak_rss_mb"] for r in rs) for v, rs in runs.items()}
     lines = [
-        heading(args),
-        "",
-        f"{time.strftime('%Y-%m-%d')}, {cpu_model()}, "
-        f"{os.cpu_count()} cores, torch {__import__('torch').__version__}; {args.steps} timed steps "
+        f"{args.steps} timed steps "
         f"after {args.warmup} warm-up steps (tokens/s: a step's mean tokens over the median step time), "
         f"{args.reps} repetitions, "
         + (
@@ -347,7 +341,13 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
             f"- train.compile cold start (trimtab+compile's {args.warmup} warm-up steps less trimtab's): "
             f"**{statistics.median(cold):.1f} s** (95% interval {low:.1f}-{high:.1f}, {len(cold)} pairs)"
         )
-    publish(heading(args), "\n".join(lines) + "\n")
+    precision = precisions({v: rs[0]["precision"] for v, rs in runs.items()})
+    other = (
+        [r["other_cpu"] for rs in runs.values() for r in rs]
+        if args.compile
+        else [r["other_cpu"] for r in runs["trimtab"]]
+    )
+    publish(heading(args), "\n".join(lines), precision=precision, other_cpu=other, dry_run=args.dry_run)
 
 
 def claims(compiled: bool, precision: str) -> list[tuple[str, str, str, float]]:
@@ -381,6 +381,9 @@ if __name__ == "__main__":
     parser.add_argument("--seq-len", type=int, default=0, help="context length (0: the preset's; same tokens a step)")
     parser.add_argument("--compile", action="store_true", help="torch.compile every variant (and trimtab eager)")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"], help="all three at P")
+    parser.add_argument("--dry-run", action="store_true", help="debug preset, 1 warm-up + 1 step, 1 rep; print only")
     parser.add_argument("--child", dest="variant", help=argparse.SUPPRESS)
     ns = parser.parse_args()
+    if ns.dry_run:
+        ns.preset, ns.steps, ns.warmup, ns.reps = "debug", 1, 1, 1
     child(ns) if ns.variant else parent(ns)
