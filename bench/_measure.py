@@ -66,6 +66,36 @@ def run_python(code: str, what: str, cwd: Path | str | None = None, env: dict[st
     return run_child([sys.executable, "-c", code], what, cwd, env)
 
 
+def run_train(
+    args: list[str],
+    run_dir: Path | str,
+    what: str,
+    launcher: list[str] | None = None,
+    cwd: Path | str | None = None,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+) -> dict:
+    """`trimtab train ARGS --out RUN_DIR` as a child process (under `launcher`, e.g. torchrun's;
+    this Python by default). Its results are what it writes, read through trimtab.rundir:
+    "summary" (summary.json; None if none), "metrics" (metrics.jsonl's kept lines), with
+    "returncode", "stderr" and "other_cpu" (other processes' CPU share meanwhile). A failed run
+    stops the benchmark, showing its stderr, unless check=False."""
+    from trimtab.rundir import read_metrics, read_summary
+
+    cmd = [*(launcher or [sys.executable]), "-m", "trimtab", "train", *args, "--out", str(run_dir)]
+    with Contention() as busy:
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env)
+    if check and out.returncode:
+        sys.exit(f"{what} failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
+    return {
+        "summary": read_summary(run_dir),
+        "metrics": read_metrics(run_dir),
+        "returncode": out.returncode,
+        "stderr": out.stderr,
+        "other_cpu": busy.other,
+    }
+
+
 def _busy_seconds() -> float:
     fields = [int(v) for v in open("/proc/stat").readline().split()[1:]]
     return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # less idle, iowait

@@ -41,13 +41,13 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _benchfile import replace_section  # bench/_benchfile.py, next to this file
+from _benchfile import publish  # bench/_benchfile.py, next to this file
+from _measure import emit, paired_ratio, run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("trimtab", "trimtab-compile", "plain")
@@ -236,7 +236,7 @@ def child(args: argparse.Namespace) -> None:
         result = run_plain(args)
     else:
         result = run_trimtab(args, compile_=args.variant == "trimtab-compile")
-    print("RESULT " + json.dumps(result), flush=True)
+    emit(result)
 
 
 def parent(args: argparse.Namespace) -> None:
@@ -246,12 +246,18 @@ def parent(args: argparse.Namespace) -> None:
         runs = _loaded(args.load)
     else:
         runs = _run_all(args)
-    section = report(args, runs)
-    print(section)
-    if args.dry_run:
-        print("dry run: BENCHMARKS.md not written")
-    else:
-        replace_section(ROOT / "BENCHMARKS.md", _heading(args), section)
+    first = next(iter(runs.values()))[0]  # saved repetitions (--load) carry their own date, device and torch
+    other = [r["other_cpu"] for rs in runs.values() for r in rs if r.get("other_cpu") is not None]
+    publish(
+        _heading(args),
+        report(args, runs),
+        precision="fp32 (a CPU dry run)" if args.dry_run and first["device"] == "cpu" else "bf16 autocast",
+        other_cpu=other or None,
+        dry_run=args.dry_run,
+        date=first.get("date"),
+        on=None if first["device"] == "cpu" else f"{first['device']} ({platform.machine()} host)",
+        torch_version=first["torch"],
+    )
 
 
 def _loaded(paths: list[str]) -> dict[str, list[dict]]:
@@ -281,11 +287,7 @@ def _run_child(args: argparse.Namespace, variant: str, extra: list[str] = ()) ->
     for name in ("preset", "steps", "warmup", "batch_tokens", "micro_batch_tokens", "data_bytes", "moe_impl"):
         passthrough.append(f"--{name.replace('_', '-')}={getattr(args, name)}")
     cmd = [sys.executable, __file__, "--child", variant, *passthrough, *extra]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
-        sys.exit(f"{variant} failed:\n{out.stderr[-4000:]}")
-    return json.loads(line[7:])
+    return run_child(cmd, variant, ROOT)
 
 
 def _run_all(args: argparse.Namespace) -> dict[str, list[dict]]:
@@ -309,12 +311,8 @@ def _heading(args: argparse.Namespace) -> str:
 
 
 def report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
-    first = next(iter(runs.values()))[0]
     lines = [
-        _heading(args),
-        "",
-        f"{first.get('date', time.strftime('%Y-%m-%d'))}, {first['device']}, torch {first['torch']}, "
-        f"{platform.machine()}; bf16 autocast; {args.batch_tokens:,} tokens per step in micro-batches of "
+        f"{args.batch_tokens:,} tokens per step in micro-batches of "
         f"{args.micro_batch_tokens:,}; {args.steps} timed steps after {args.warmup} warm-up steps; each "
         "repetition a fresh process. Step times: the fastest and slowest timed step of all repetitions. "
         "Cold start: the trainer's first step less its steady step (compile time, for the compiled row).",
@@ -337,11 +335,9 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
         lines.append(f"| {v} | {med[v]:,.0f} | {each} | {spread} | {mfu} | {warm:.1f} | {cold} | {mem:.1f} |")
     lines.append("")
     for a, b in (("trimtab", "plain"), ("trimtab-compile", "trimtab")):
-        if a in runs and b in runs:
-            ratios = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(runs[a], runs[b])]
-            lines.append(
-                f"- {a} / {b}: **{med[a] / med[b]:.3f}x** (per repetition {min(ratios):.3f}-{max(ratios):.3f}x)"
-            )
+        if a in runs and b in runs and len(runs[a]) == len(runs[b]):  # repetition i of each, paired
+            ratio = paired_ratio([r["tokens_per_s"] for r in runs[a]], [r["tokens_per_s"] for r in runs[b]])
+            lines.append(f"- {a} / {b}, tokens/s: **{ratio}**")
     return "\n".join(lines) + "\n"
 
 

@@ -35,11 +35,7 @@ repetition, printed, nothing written).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -50,8 +46,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from _benchfile import replace_section  # noqa: E402  bench/_benchfile.py, next to this file
-from _measure import Contention, paired_ratio  # noqa: E402  bench/_measure.py, next to this file
+from _benchfile import publish  # noqa: E402  bench/_benchfile.py, next to this file
+from _measure import emit, paired_ratio, run_child  # noqa: E402  bench/_measure.py, next to this file
 from trimtab.config import ModelConfig  # noqa: E402
 from trimtab.model import build_model  # noqa: E402
 from trimtab.training.runtime import peak_rss_mb  # noqa: E402
@@ -111,19 +107,15 @@ def child(args: argparse.Namespace) -> None:
         name: {"ms": statistics.median(times[name]) * 1e3, "flops": built[name][0].flops_per_token(args.seq_len)}
         for name in names
     }
-    print("RESULT " + json.dumps({**result, "peak_rss_mb": peak_rss_mb(), "imports_rss_mb": imports_mb}))
+    emit({**result, "peak_rss_mb": peak_rss_mb(), "imports_rss_mb": imports_mb})
 
 
 def _run_child(args: argparse.Namespace, variant: str, threads: int) -> dict:
     cmd = [sys.executable, __file__, "--child", variant, "--threads", str(threads), "--rows", str(args.rows)]
     cmd += ["--seq-len", str(args.seq_len), "--steps", str(args.steps), "--warmup", str(args.warmup)]
     t0 = time.perf_counter()
-    with Contention() as busy:
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
-        sys.exit(f"{variant} failed:\n{out.stderr[-3000:]}")
-    return {**json.loads(line[7:]), "other": busy.other, "wall_s": time.perf_counter() - t0}
+    result = run_child(cmd, variant, ROOT)
+    return {**result, "other": result["other_cpu"], "wall_s": time.perf_counter() - t0}
 
 
 def bench(args: argparse.Namespace, threads: int) -> dict[str, list[dict]]:
@@ -144,10 +136,7 @@ def bench(args: argparse.Namespace, threads: int) -> dict[str, list[dict]]:
 
 def report(args: argparse.Namespace, results: dict[int, dict[str, list[dict]]], elapsed: float) -> str:
     lines = [
-        HEADING,
-        "",
-        f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores, torch {torch.__version__}; a training step (forward, backward, "
+        "A training step (forward, backward, "
         f"AdamW) of the `small` shape (d_model 256, 4 layers, 4 heads, vocab {VOCAB}) on {args.rows} x "
         f"{args.seq_len} random tokens, fp32. Each repetition one process running every variant: "
         f"{args.warmup} warm-up step(s) each, then {args.steps} rounds of one step of each (order rotating), "
@@ -229,12 +218,10 @@ def main() -> None:
         return child(args)
     t0 = time.perf_counter()
     results = {threads: bench(args, threads) for threads in dict.fromkeys(args.threads)}
-    section = report(args, results, time.perf_counter() - t0)
-    print(section)
-    if args.dry_run or args.no_write:
-        print("dry run: BENCHMARKS.md not written" if args.dry_run else "BENCHMARKS.md not written (--no-write)")
-    else:
-        replace_section(ROOT / "BENCHMARKS.md", HEADING, section)
+    body = report(args, results, time.perf_counter() - t0)
+    other = [r["other"] for runs in results.values() for r in runs["dense"]]  # one process a repetition
+    markdown = "-" if args.no_write else None
+    publish(HEADING, body, precision="fp32", other_cpu=other, dry_run=args.dry_run, markdown=markdown)
 
 
 if __name__ == "__main__":

@@ -25,19 +25,16 @@ go to the `## Orchestrator overhead` section of BENCHMARKS.md. Target: < 1% of s
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from _benchfile import replace_section  # bench/_benchfile.py, next to this file
-from _measure import Contention, median_ci  # bench/_measure.py, next to this file
+from _benchfile import publish  # bench/_benchfile.py, next to this file
+from _measure import emit, median_ratio, run_child  # bench/_measure.py, next to this file
 from throughput import ROOT  # bench/throughput.py, next to this file
 
+HEADING = "## Orchestrator overhead (`bench/overhead.py`)"
 HOOK_METHODS = (
     "on_train_start",
     "on_step_start",
@@ -91,8 +88,9 @@ def child(args: argparse.Namespace) -> None:
         clock = Clock(orch)
         for name in HOOK_METHODS:  # on the instance: inherited no-ops are part of the hook's cost too
             setattr(orch, name, timed(getattr(orch, name)))
-        Trainer(setup(cfg), hooks=[orch, clock]).fit()
-    result = {"decisions": len(orch.journal.decisions), "pairs": []}
+        ready = setup(cfg)
+        Trainer(ready, hooks=[orch, clock]).fit()
+    result = {"decisions": len(orch.journal.decisions), "pairs": [], "precision": ready.precision.name}
     blocks: dict[int, list[float]] = {}
     for step, _, seconds, _ in clock.steps:  # block b holds the steps s with s // block == b: odd = auto
         if step > args.warmup and step // args.block > args.warmup // args.block:
@@ -107,7 +105,7 @@ def child(args: argparse.Namespace) -> None:
             "iteration_s": statistics.median(s[2] for s in steps),
             "inside_s": sum(s[3] for s in steps) / len(steps),
         }
-    print("RESULT " + json.dumps(result))
+    emit(result)
 
 
 def parent(args: argparse.Namespace) -> None:
@@ -141,28 +139,20 @@ def measure(args: argparse.Namespace) -> dict:
         str(args.warmup),
     ]
     for attempt in range(args.retries + 1):
-        with Contention() as busy:
-            out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-        line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        if line is None:
-            sys.exit(f"the benchmark process failed:\n{out.stderr[-3000:]}")
-        if busy.other <= args.max_other or attempt == args.retries:
-            return {**json.loads(line[7:]), "other_cpu": busy.other, "attempts": attempt + 1}
-        print(f"  other processes used {busy.other:.0%} of the CPUs; measuring again in 30 s", flush=True)
+        result = run_child(cmd, "the benchmark process", ROOT)
+        if result["other_cpu"] <= args.max_other or attempt == args.retries:
+            return {**result, "attempts": attempt + 1}
+        print(f"  other processes used {result['other_cpu']:.0%} of the CPUs; measuring again in 30 s", flush=True)
         time.sleep(30)
     raise AssertionError("unreachable")
 
 
 def write_report(args: argparse.Namespace, runs: list[dict]) -> None:
     ratios = [statistics.median(r["pairs"]) - 1 for r in runs]
-    pairs = [x - 1 for r in runs for x in r["pairs"]]
-    (low, high), med_ratio = median_ci(pairs), statistics.median(pairs)
+    pairs = median_ratio([x for r in runs for x in r["pairs"]])  # auto / off, block by block
     direct = [r["auto"]["inside_s"] / r["auto"]["iteration_s"] for r in runs]
     lines = [
-        "## Orchestrator overhead (`bench/overhead.py`)",
-        "",
-        f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"torch {__import__('torch').__version__}; preset {args.preset}, fault-free, {args.steps} steps per "
+        f"Preset {args.preset}, fault-free, {args.steps} steps per "
         f"process, the mode alternating off / auto every {args.block} steps inside each process (runs in "
         f"separate processes differ by more than 1% on their own); the first {args.warmup} steps left out; "
         f"median loop-iteration time per mode; {args.reps} processes.",
@@ -179,18 +169,16 @@ def write_report(args: argparse.Namespace, runs: list[dict]) -> None:
             f"{share:.3%} | {r['decisions']} | {r['other_cpu']:.0%} |"
         )
     med_direct = statistics.median(direct)
-    verdict = "met" if high < 0.01 else "not met" if low >= 0.01 else "not resolved: the interval holds 1%"
+    verdict = pairs.at_most(1.01)
     lines += [
         "",
         f"- direct cost, time inside the orchestrator's hooks in auto: **{med_direct:.2%}** of the step "
         f"(median of the processes; target < 1%: {'met' if med_direct < 0.01 else 'not met'})",
-        f"- end to end, auto / off iteration time: **{med_ratio:+.2%}** (median of {len(pairs)} block "
-        f"pairs, 95% interval {low:+.2%} to {high:+.2%}; target < 1%: {verdict})",
-        "",
+        f"- end to end, auto / off iteration time: **{pairs.value - 1:+.2%}** (median of {pairs.n} block "
+        f"pairs, 95% interval {pairs.low - 1:+.2%} to {pairs.high - 1:+.2%}; target < 1%: {verdict})",
     ]
-    section = "\n".join(lines)
-    print("\n" + section)
-    replace_section(ROOT / "BENCHMARKS.md", "## Orchestrator overhead", section)
+    other = [r["other_cpu"] for r in runs]
+    publish(HEADING, "\n".join(lines), precision=runs[0]["precision"], other_cpu=other, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":
@@ -207,6 +195,9 @@ if __name__ == "__main__":
         help="CPU share of other processes above which a run is measured again (default 0.1)",
     )
     parser.add_argument("--retries", type=int, default=3)
+    parser.add_argument("--dry-run", action="store_true", help="40 steps in blocks of 10, 1 process; print only")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ns = parser.parse_args()
+    if ns.dry_run:
+        ns.steps, ns.block, ns.warmup, ns.reps, ns.retries = 40, 10, 0, 1, 0
     child(ns) if ns.child else parent(ns)
