@@ -25,12 +25,8 @@ to the "Hugging Face export and import" section of BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,21 +34,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from _benchfile import replace_section, scratch  # noqa: E402  bench/_benchfile.py, next to this file
-from _measure import Contention, paired_ratio  # noqa: E402
+from _benchfile import publish, scratch  # noqa: E402  bench/_benchfile.py, next to this file
+from _measure import Contention, paired_ratio, run_python  # noqa: E402
 
 HEADING = "## Hugging Face export and import (bench/interop.py)"
 OPS = ("trimtab export", "trimtab import", "transformers load", "transformers save")
 
-# Each child runs one operation and reports its peak RSS in bytes as its last line.
+# Each child runs one operation and emits its peak RSS in bytes (bench/ is on its path: run_python).
 CHILD = """
-import json, sys, warnings
-sys.path.insert(0, {bench!r})
+import warnings
 warnings.simplefilter("ignore")
+from _measure import emit
 from interop import one_operation
 from trimtab.training.runtime import peak_rss_mb
 one_operation({op!r}, {run!r}, {out!r}, {tmp!r})
-print(json.dumps(peak_rss_mb() * 2**20))
+emit({{"peak_rss": peak_rss_mb() * 2**20}})
 """
 
 
@@ -122,12 +118,10 @@ def make_run(preset: str, work: Path) -> tuple[Path, int]:
 
 def peak_rss(op: str, run: Path, out: Path, tmp: Path) -> float:
     """Peak RSS in bytes of `op` run alone in a fresh process."""
-    code = CHILD.format(bench=str(ROOT / "bench"), op=op, run=str(run), out=str(out), tmp=str(tmp))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    if proc.returncode:
-        raise RuntimeError(f"{op} failed:\n{proc.stderr[-3000:]}")
+    code = CHILD.format(op=op, run=str(run), out=str(out), tmp=str(tmp))
+    result = run_python(code, op)
     shutil.rmtree(tmp, ignore_errors=True)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return result["peak_rss"]
 
 
 def time_rounds(run: Path, out: Path, tmp: Path, reps: int) -> tuple[dict[str, list[float]], float]:
@@ -166,15 +160,12 @@ def time_rounds(run: Path, out: Path, tmp: Path, reps: int) -> tuple[dict[str, l
     return secs, busy.other
 
 
-def report(secs: dict[str, list[float]], other: float, rss: dict[str, float], size: int, preset: str) -> str:
+def report(secs: dict[str, list[float]], rss: dict[str, float], size: int, preset: str) -> str:
     reps = len(secs[OPS[0]])
     lines = [
-        HEADING,
-        "",
-        f"Measured {time.strftime('%Y-%m-%d')} on {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs, `{preset}` shape, fp32 weights of {size / 1e9:.2f} GB. Time: {reps} rounds of "
-        f"the four operations in one process (other processes took {other:.0%} of the CPU meanwhile); peak "
-        "RSS: each operation in a fresh process.",
+        f"`{preset}` shape, fp32 weights of {size / 1e9:.2f} GB. Time: {reps} rounds of the four operations in "
+        "one process (the header's CPU share: other processes' meanwhile); peak RSS: each operation in a fresh "
+        "process.",
         "",
         "| operation | median s | min-max s | peak RSS GB | RSS / model bytes |",
         "|---|---|---|---|---|",
@@ -210,12 +201,8 @@ def main() -> None:
         out, tmp = work / "hf", work / "saved"
         secs, other = time_rounds(run, out, tmp, args.reps)
         rss = {op: max(peak_rss(op, run, out, tmp) for _ in range(args.rss_reps)) for op in OPS}
-        section = report(secs, other, rss, size, args.preset)
-        print(section)
-        if args.dry_run:
-            print("dry run: BENCHMARKS.md not written")
-        else:
-            replace_section(ROOT / "BENCHMARKS.md", HEADING, section)
+        body = report(secs, rss, size, args.preset)
+        publish(HEADING, body, precision="fp32 weights", other_cpu=other, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from _benchfile import replace_section  # noqa: E402  bench/_benchfile.py, next to this file
+from _benchfile import publish  # noqa: E402  bench/_benchfile.py, next to this file
+from _measure import Contention, paired_ratio  # noqa: E402
 from trimtab.training.loss import cross_entropy_sum  # noqa: E402
 
 HEADING = "## Fused cross-entropy (bench/loss.py)"
@@ -87,38 +88,34 @@ def main(args: argparse.Namespace) -> None:
     del ref_grads
     times: dict[str, list[float]] = {n: [] for n in fs}
     peaks: dict[str, float] = {}
-    for _ in range(2):  # warm-up
-        for f in fs.values():
-            timed(f, h, w, t, autocast)
-    for _ in range(args.reps):
-        for name, f in fs.items():
-            s, peak = timed(f, h, w, t, autocast)
-            times[name].append(s)
-            peaks[name] = max(peaks.get(name, 0.0), peak)
-    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    with Contention() as busy:
+        for _ in range(2):  # warm-up
+            for f in fs.values():
+                timed(f, h, w, t, autocast)
+        for _ in range(args.reps):
+            for name, f in fs.items():
+                s, peak = timed(f, h, w, t, autocast)
+                times[name].append(s)
+                peaks[name] = max(peaks.get(name, 0.0), peak)
     lines = [
-        HEADING,
-        "",
-        f"{time.strftime('%Y-%m-%d')}, {name}, torch {torch.__version__}; {N:,} tokens, d_model {D}, vocab "
-        f"{V:,}; forward + backward, {'bf16 autocast' if autocast else 'fp32'}; median of {args.reps} "
-        "alternating repetitions after 2 warm-ups.",
+        f"{N:,} tokens, d_model {D}, vocab {V:,}; forward + backward; median of {args.reps} alternating "
+        "repetitions after 2 warm-ups; vs plain: plain's time over the variant's, paired by repetition, "
+        "median with a bootstrap 95% interval.",
         "",
         "| variant | ms (median) | min-max | vs plain | peak memory above inputs MiB |",
         "|---|---|---|---|---|",
     ]
-    base = statistics.median(times["plain"])
     for n, ts in times.items():
-        med = statistics.median(ts)
+        med, vs = statistics.median(ts), paired_ratio(times["plain"], ts)
         lines.append(
-            f"| {n} | {1e3 * med:.2f} | {1e3 * min(ts):.2f}-{1e3 * max(ts):.2f} | {base / med:.2f}x "
-            f"| {peaks[n] / 2**20:,.0f} |"
+            f"| {n} | {1e3 * med:.2f} | {1e3 * min(ts):.2f}-{1e3 * max(ts):.2f} | {vs.value:.2f}x "
+            f"({vs.low:.2f}-{vs.high:.2f}) | {peaks[n] / 2**20:,.0f} |"
         )
-    section = "\n".join(lines) + "\n"
-    print(section)
-    if args.dry_run:
-        print("dry run: BENCHMARKS.md not written")
-    elif not args.no_write:
-        replace_section(ROOT / "BENCHMARKS.md", HEADING, section)
+    precision = "bf16 autocast" if autocast else "fp32"
+    markdown = "-" if args.no_write else None
+    publish(
+        HEADING, "\n".join(lines), precision=precision, other_cpu=busy.other, dry_run=args.dry_run, markdown=markdown
+    )
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@ section of BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import time
@@ -35,7 +33,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from _benchfile import replace_section  # noqa: E402  bench/_benchfile.py, next to this file
+from _benchfile import publish  # noqa: E402  bench/_benchfile.py, next to this file
 from _measure import Contention  # noqa: E402
 from trimtab.config.sparse import MoEConfig  # noqa: E402
 from trimtab.model.moe import MoE  # noqa: E402
@@ -158,10 +156,7 @@ def bench_size(args, E: int, threads: int) -> list[dict]:
 
 def write_report(args, rows: list[dict], elapsed: float) -> None:
     lines = [
-        HEADING,
-        "",
-        f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores, torch {torch.__version__}; one MoE layer forward + backward "
+        "One MoE layer forward + backward "
         f"(router, dispatch, experts, combine), N={args.tokens} tokens, D={args.d_model}, "
         f"expert hidden {args.hidden}, top-{args.top_k}, fp32, random-init router; median of "
         f"{args.reps} interleaved repetitions ({elapsed:.0f} s in all).",
@@ -187,9 +182,9 @@ def write_report(args, rows: list[dict], elapsed: float) -> None:
         "masked (timed in dropless mode only: its cost does not depend on capacity).",
         "- Max abs diff: each variant's output vs the naive loop with the same capacity.",
     ]
-    section = "\n".join(lines) + "\n"
-    print(section)
-    replace_section(ROOT / "BENCHMARKS.md", HEADING, section)
+    other = [r["other"] for r in rows if r["variant"] == "naive"]  # one figure per (threads, E)
+    markdown = "-" if args.no_write else None
+    publish(HEADING, "\n".join(lines), precision="fp32", other_cpu=other, dry_run=args.dry_run, markdown=markdown)
 
 
 def main() -> None:
@@ -213,11 +208,13 @@ def main() -> None:
         help="torch intra-op thread counts to run (default: torch's, then 1)",
     )
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--dry-run", action="store_true", help="256 tokens, 4 experts, 1 rep, 1 thread; print only")
     args = parser.parse_args()
+    if args.dry_run:
+        args.tokens, args.d_model, args.hidden, args.experts, args.reps, args.threads = 256, 32, 44, [4], 1, [1]
     t0 = time.perf_counter()
     rows = [row for th in dict.fromkeys(args.threads) for E in args.experts for row in bench_size(args, E, th)]
-    if not args.no_write:
-        write_report(args, rows, time.perf_counter() - t0)
+    write_report(args, rows, time.perf_counter() - t0)
 
 
 if __name__ == "__main__":
