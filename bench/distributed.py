@@ -15,21 +15,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import torch
-
-from _benchfile import replace_section  # bench/_benchfile.py, next to this file
-from trimtab.rundir import read_metrics
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _measure import Contention  # noqa: E402  (bench/ is a folder of scripts, not a package)
+from _benchfile import precisions, publish  # bench/_benchfile.py, next to this file
+from _measure import paired_ratio, run_train  # bench/_measure.py
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = {"1 process": (1, "ddp"), "2 processes, DDP": (2, "ddp"), "2 processes, FSDP2": (2, "fsdp")}
@@ -51,29 +43,15 @@ def run(preset: str, nproc: int, strategy: str, steps: int, warmup: int) -> dict
             "train.log_every=1",
             f"distributed.strategy={strategy}",
         ]
-        cmd = [
-            *launcher,
-            "-m",
-            "trimtab",
-            "train",
-            "--preset",
-            preset,
-            "--out",
-            f"{tmp}/run",
-            "--max-steps",
-            str(steps),
-            *[a for s in sets for a in ("--set", s)],
-        ]
+        args = ["--preset", preset, "--max-steps", str(steps), *[a for s in sets for a in ("--set", s)]]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        with Contention() as busy:
-            done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
-        if done.returncode:
-            sys.exit(f"{preset} {nproc} {strategy} failed:\n{done.stderr[-4000:]}")
-        steps_ = [m for m in read_metrics(f"{tmp}/run") if "tokens_per_s" in m and m["step"] > warmup]
+        done = run_train(args, f"{tmp}/run", f"{preset} {nproc} {strategy}", launcher, ROOT, env)
+        steps_ = [m for m in done["metrics"] if "tokens_per_s" in m and m["step"] > warmup]
         return {
             "tokens_per_s": statistics.median(m["tokens_per_s"] for m in steps_),
             "loss": steps_[-1]["loss"],
-            "other_cpu": busy.other,
+            "other_cpu": done["other_cpu"],
+            "precision": done["summary"]["precision"],
         }
 
 
@@ -83,7 +61,10 @@ def main() -> None:
     parser.add_argument("--steps", nargs="+", type=int, default=[30, 10])
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--dry-run", action="store_true", help="debug, 4 steps, 1 rep; print only")
     args = parser.parse_args()
+    if args.dry_run:
+        args.presets, args.steps, args.warmup, args.reps = ["debug"], [4], 1, 1
     results: dict[str, dict[str, list[dict]]] = {p: {v: [] for v in VARIANTS} for p in args.presets}
     for rep in range(args.reps):
         for preset, steps in zip(args.presets, args.steps):
@@ -100,12 +81,10 @@ def main() -> None:
 
 def write_report(args: argparse.Namespace, results: dict[str, dict[str, list[dict]]]) -> None:
     lines = [
-        HEADING,
-        "",
-        f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, torch "
-        f"{torch.__version__}, gloo over loopback; one torch thread per process (so 2 processes use both "
+        "Gloo over loopback; one torch thread per process (so 2 processes use both "
         f"cores); median of the steps after {args.warmup} warm-up steps, median of {args.reps} interleaved "
-        "repetitions. Same global batch in every variant (the preset's train.batch_tokens).",
+        "repetitions. Same global batch in every variant (the preset's train.batch_tokens). vs 1 process: "
+        "tokens/s over the same repetition's single process, median with a bootstrap 95% interval.",
         "",
     ]
     for preset, steps in zip(args.presets, args.steps):
@@ -115,12 +94,14 @@ def write_report(args: argparse.Namespace, results: dict[str, dict[str, list[dic
             "| variant | tokens/s (median) | all reps | vs 1 process | final loss | other processes' CPU share |",
             "|---|---|---|---|---|---|",
         ]
-        base = statistics.median(r["tokens_per_s"] for r in results[preset]["1 process"])
+        base = [r["tokens_per_s"] for r in results[preset]["1 process"]]
         for variant, reps in results[preset].items():
             tps = statistics.median(r["tokens_per_s"] for r in reps)
             each = ", ".join(format(r["tokens_per_s"], ",.0f") for r in reps)
             other = ", ".join(format(r["other_cpu"], ".0%") for r in reps)
-            lines.append(f"| {variant} | {tps:,.0f} | {each} | {tps / base:.2f}x | {reps[-1]['loss']:.4f} | {other} |")
+            vs = paired_ratio([r["tokens_per_s"] for r in reps], base)
+            vs_text = f"{vs.value:.2f}x ({vs.low:.2f}-{vs.high:.2f})"
+            lines.append(f"| {variant} | {tps:,.0f} | {each} | {vs_text} | {reps[-1]['loss']:.4f} | {other} |")
         lines.append("")
     lines += [
         "Two processes on two cores cannot exceed 2x. The rest is communication over loopback TCP: DDP "
@@ -128,9 +109,11 @@ def write_report(args: argparse.Namespace, results: dict[str, dict[str, list[dic
         "again in the backward and reduce-scatters its gradients, a dozen collectives per step, which "
         "on `debug` (a 0.2 s step, 0.5M parameters) eat about all the second core gives. Equal final "
         "losses: the variants train the same model.",
-        "",
     ]
-    replace_section(ROOT / "BENCHMARKS.md", HEADING, "\n".join(lines))
+    runs = [r for by_variant in results.values() for reps in by_variant.values() for r in reps]
+    precision = precisions({f"{v}": r["precision"] for by_v in results.values() for v, rs in by_v.items() for r in rs})
+    other = [r["other_cpu"] for r in runs]
+    publish(HEADING, "\n".join(lines), precision=precision, other_cpu=other, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,7 +23,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 
-from _benchfile import replace_section, scratch  # noqa: E402  bench/_benchfile.py, next to this file
+from _benchfile import precisions, publish, scratch  # noqa: E402  bench/_benchfile.py, next to this file
+from _measure import Contention  # noqa: E402
 from trimtab import api  # noqa: E402
 from trimtab.checkpoint import list_checkpoints, load_model  # noqa: E402
 from trimtab.config import read_saved  # noqa: E402
@@ -35,6 +35,7 @@ from trimtab.training.setup import build_phases  # noqa: E402
 
 HEADING = "## Checkpoint averaging (bench/lawa.py)"
 KS = (2, 3, 5)
+PRECISIONS: dict[str, str] = {}  # each seed's run: the precision train.precision resolved to
 
 
 def val_loss(run_dir: Path, checkpoint: Path, batches) -> float:
@@ -49,10 +50,11 @@ def val_loss(run_dir: Path, checkpoint: Path, batches) -> float:
     return total / count
 
 
-def one_seed(preset: str, every: int, seed: int, work: Path) -> list[dict]:
+def one_seed(preset: str, every: int, seed: int, work: Path, steps: int | None = None) -> list[dict]:
     run = work / f"{preset}-seed{seed}"
-    overrides = {"train": {"seed": seed}, "checkpoint": {"every": every, "keep": 1000}, "log": {"progress": False}}
-    api.train(preset=preset, out=str(run), **overrides)
+    train = {"seed": seed} | ({"max_steps": steps} if steps else {})
+    overrides = {"train": train, "checkpoint": {"every": every, "keep": 1000}, "log": {"progress": False}}
+    PRECISIONS[f"seed {seed}"] = api.train(preset=preset, out=str(run), **overrides)["precision"]
     cfg = read_saved(run)
     batches = build_phases(cfg, run / "tokenizer.json")[1][0].eval_micro
     steps = [p for p in list_checkpoints(run) if int(p.name[5:]) > 0]
@@ -78,9 +80,7 @@ def one_seed(preset: str, every: int, seed: int, work: Path) -> list[dict]:
 
 def report(rows: list[dict], preset: str, every: int) -> str:
     lines = [
-        HEADING,
-        "",
-        f"Measured {time.strftime('%Y-%m-%d')}: `{preset}`, a checkpoint every {every} steps, the run's own held-out "
+        f"`{preset}`, a checkpoint every {every} steps, the run's own held-out "
         "batches; the average of the last K checkpoints (K including the one compared against).",
         "",
         "| seed | at step | last checkpoint | " + " | ".join(f"mean of last {k}" for k in KS) + " |",
@@ -98,12 +98,16 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=20)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--work", help="scratch directory (default: a temp dir, removed after)")
+    parser.add_argument("--dry-run", action="store_true", help="debug, 20 steps, a checkpoint every 2; print only")
     args = parser.parse_args()
-    with scratch(args.work, "trimtab-lawa-") as work:
-        rows = [row for seed in args.seeds for row in one_seed(args.preset, args.every, seed, work)]
-        section = report(rows, args.preset, args.every)
-        print(section)
-        replace_section(ROOT / "BENCHMARKS.md", HEADING, section)
+    steps = None
+    if args.dry_run:
+        args.preset, args.every, args.seeds, steps = "debug", 2, [0], 20
+    with scratch(args.work, "trimtab-lawa-") as work, Contention() as busy:
+        rows = [row for seed in args.seeds for row in one_seed(args.preset, args.every, seed, work, steps)]
+    # losses, not timings: the CPU share is recorded, it moves no figure
+    body = report(rows, args.preset, args.every)
+    publish(HEADING, body, precision=precisions(PRECISIONS), other_cpu=busy.other, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,6 @@ recorded too (on this CPU it says what the skipped tokens save). Results go to t
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import time
@@ -29,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from _benchfile import replace_section, scratch  # noqa: E402  bench/_benchfile.py, next to this file
-from _measure import paired_ratio  # noqa: E402
+from _benchfile import precisions, publish, scratch  # noqa: E402  bench/_benchfile.py, next to this file
+from _measure import Contention, paired_ratio  # noqa: E402
 from trimtab import api  # noqa: E402
 from trimtab.config import load_config  # noqa: E402
 from trimtab.model.catalog import model_size  # noqa: E402
@@ -61,7 +59,8 @@ def measure(presets: list[str], plans: dict[str, dict], seeds: list[int], work: 
         for p in presets:  # interleaved, so the machine's drift touches every preset alike
             t0 = time.perf_counter()
             summary = api.train(config(p, plans[p]["steps"], seed, work / f"{p}-{seed}"))
-            runs[p].append({"val_loss": summary["val_loss"], "seconds": time.perf_counter() - t0})
+            seconds = time.perf_counter() - t0
+            runs[p].append({"val_loss": summary["val_loss"], "seconds": seconds, "precision": summary["precision"]})
             print(f"seed {seed} {p}: val_loss {summary['val_loss']:.4f} ({runs[p][-1]['seconds']:.0f} s)", flush=True)
     return runs
 
@@ -69,10 +68,7 @@ def measure(presets: list[str], plans: dict[str, dict], seeds: list[int], work: 
 def report(args: argparse.Namespace, plans: dict[str, dict], runs: dict[str, list[dict]]) -> str:
     ref = args.presets[0]
     lines = [
-        HEADING,
-        "",
-        f"`python bench/mod_quality.py --steps {args.steps}`: {time.strftime('%Y-%m-%d')}, "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; every preset trained for "
+        f"`python bench/mod_quality.py --steps {args.steps}`: every preset trained for "
         f"{plans[ref]['budget']:.3g} training FLOPs (the reference `{ref}`'s {args.steps} steps), once per "
         f"train.seed {', '.join(map(str, args.seeds))}, validation loss at the end.",
         "",
@@ -100,12 +96,16 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--presets", nargs="+", default=["debug", "debug-mod"], help="the first is the reference")
     parser.add_argument("--work", help="scratch directory (default: a temp dir, removed after)")
+    parser.add_argument("--dry-run", action="store_true", help="4 reference steps, 1 seed; print only")
     args = parser.parse_args()
-    with scratch(args.work, "trimtab-mod-quality-") as work:
+    if args.dry_run:
+        args.steps, args.seeds = 4, [1]
+    with scratch(args.work, "trimtab-mod-quality-") as work, Contention() as busy:
         plans = plan(args.presets, args.steps, work)
-        section = report(args, plans, measure(args.presets, plans, args.seeds, work))
-    print(section)
-    replace_section(ROOT / "BENCHMARKS.md", HEADING, section)
+        runs = measure(args.presets, plans, args.seeds, work)
+    precision = precisions({p: rs[0]["precision"] for p, rs in runs.items()})
+    # losses, not timings: the CPU share moves only the wall times
+    publish(HEADING, report(args, plans, runs), precision=precision, other_cpu=busy.other, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":

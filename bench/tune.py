@@ -29,13 +29,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 
-from _benchfile import replace_section, scratch  # noqa: E402  bench/_benchfile.py, next to this file
+from _benchfile import precisions, publish, scratch  # noqa: E402  bench/_benchfile.py, next to this file
+from _measure import Contention  # noqa: E402
 from trimtab import api  # noqa: E402
 from trimtab.config import load_config  # noqa: E402
 from trimtab.tune import tune  # noqa: E402
 
 HEADING = "## Hyperparameter search (bench/tune.py)"
 LR = [3e-4, 3e-2]
+PRECISIONS: dict[str, str] = {}  # the precision each retrained run resolved to (train.precision auto)
 
 
 def space_file(work: Path, name: str, sampler: dict, space: dict, steps: int, seed: int) -> Path:
@@ -74,7 +76,9 @@ def retrain(work: Path, attrs: dict, seed: int | None = None) -> float:
     config = attrs["config"]
     train = {**config["train"], **({} if seed is None else {"seed": seed})}
     out = Path(tempfile.mkdtemp(dir=work, prefix="retrain-"))
-    return api.train(load_config(overrides={**config, "train": train, "out": str(out)}))["val_loss"]
+    summary = api.train(load_config(overrides={**config, "train": train, "out": str(out)}))
+    PRECISIONS[out.name] = summary["precision"]
+    return summary["val_loss"]
 
 
 def confirm(work: Path, attrs: dict, seeds: list[int]) -> float:
@@ -88,8 +92,6 @@ def report(args: argparse.Namespace, grid_row: tuple, rows: list[tuple], again: 
     best, attrs, n, seconds = grid_row
     params = attrs["config"]["optim"]
     lines = [
-        HEADING,
-        "",
         f"`python bench/tune.py --steps {steps} --lrs {lrs} --warmups {' '.join(map(str, warmups))}`: `debug`, "
         f"{steps} steps a trial, final validation loss; grid: {lrs} learning rates log-spaced over "
         f"[{LR[0]:g}, {LR[1]:g}] x warm-up {{{', '.join(map(str, warmups))}}} = {n} trials "
@@ -131,15 +133,18 @@ def main() -> None:
     parser.add_argument("--confirm", type=int, nargs="+", default=[1, 2, 3], help="train seeds to retrain bests with")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--work", help="scratch directory (default: a temp dir, removed after)")
+    parser.add_argument("--dry-run", action="store_true", help="4-step trials, a 3 x 2 grid, 1 TPE seed; print only")
     args = parser.parse_args()
-    with scratch(args.work, "trimtab-tune-") as work:
+    if args.dry_run:
+        args.steps, args.lrs, args.warmups, args.seeds, args.confirm, args.workers = 4, 3, [0, 2], [0], [1], 1
+    with scratch(args.work, "trimtab-tune-") as work, Contention() as busy:
         grid_row = grid(work, args.steps, args.lrs, args.warmups, args.workers)
         rows = [(s, *tpe(work, args.steps, args.warmups, grid_row[2] // 3, s)) for s in args.seeds]
         rows = [(*row, confirm(work, row[3], args.confirm)) for row in rows]
         again, grid_mean = retrain(work, grid_row[1]), confirm(work, grid_row[1], args.confirm)
-        section = report(args, grid_row, rows, again, grid_mean)
-        print(section)
-        replace_section(ROOT / "BENCHMARKS.md", HEADING, section)
+    body = report(args, grid_row, rows, again, grid_mean)
+    # validation losses, not timings: the CPU share says only how long the wall times took
+    publish(HEADING, body, precision=precisions(PRECISIONS), other_cpu=busy.other, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":
