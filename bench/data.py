@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from _benchfile import replace_section  # noqa: E402  bench/_benchfile.py, next to this file
-from _measure import paired_ratio  # noqa: E402
+from _benchfile import publish  # noqa: E402  bench/_benchfile.py, next to this file
+from _measure import Contention, paired_ratio, run_python, run_train  # noqa: E402
 from trimtab.config import DataConfig  # noqa: E402
 from trimtab.data.packing import BatchLoader  # noqa: E402
 from trimtab.data.prepare import prepare  # noqa: E402
@@ -42,6 +41,7 @@ from trimtab.data.prepared import PreparedData, ShardedRows  # noqa: E402
 from trimtab.data.sources import read_documents  # noqa: E402
 
 HEADING = "## Data at scale (bench/data.py)"
+PRECISIONS: set[str] = set()  # what train.precision auto resolved to in the training runs
 BYTES_PER_TOKEN = 3.3  # measured for the stdlib with the 4096-token BPE (refined from the first prepare)
 
 
@@ -79,16 +79,16 @@ def time_datasets(src: Path, tokenizer: Path, cache: Path) -> tuple[float, int]:
     code = f"""
 import os, time, datasets
 from transformers import PreTrainedTokenizerFast
+from _measure import emit
 start = time.perf_counter()
 tok = PreTrainedTokenizerFast(tokenizer_file={str(tokenizer)!r})
 ds = datasets.load_dataset("json", data_files={str(src / "*.jsonl")!r}, split="train", cache_dir={str(cache)!r})
 ids = ds.map(lambda b: tok(b["text"]), batched=True, num_proc=os.cpu_count(), remove_columns=["text"])
 n = sum(len(x) for x in ids.with_format("numpy")["input_ids"])
-print(time.perf_counter() - start, n)
+emit({{"seconds": time.perf_counter() - start, "tokens": int(n)}})
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    seconds, n = done.stdout.split()[-2:]
-    return float(seconds), int(n)
+    done = run_python(code, "datasets.map")
+    return done["seconds"], done["tokens"]
 
 
 def train_rss(data: Path, out: Path, steps: int) -> tuple[float, float]:
@@ -96,10 +96,10 @@ def train_rss(data: Path, out: Path, steps: int) -> tuple[float, float]:
     shutil.rmtree(out, ignore_errors=True)
     sets = [f"data.source={data}", "log.progress=false", "log.tensorboard=false", "train.eval_every=0"]
     sets += ["checkpoint.every=0", "train.log_every=5"]
-    cmd = [sys.executable, "-m", "trimtab", "train", "--preset", "small", "--out", str(out), "--max-steps", str(steps)]
-    subprocess.run(cmd + [x for s in sets for x in ("--set", s)], check=True, capture_output=True)
-    lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
-    logged = [m for m in lines if "peak_rss_mb" in m]
+    args = ["--preset", "small", "--max-steps", str(steps), *[x for s in sets for x in ("--set", s)]]
+    done = run_train(args, out, f"trimtab train on {data.name}")
+    PRECISIONS.add(done["summary"]["precision"])
+    logged = [m for m in done["metrics"] if "peak_rss_mb" in m]
     return max(m["peak_rss_mb"] for m in logged), statistics.median(m["step_time"] for m in logged[1:])
 
 
@@ -127,9 +127,21 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3, help="training runs per corpus size (peak RSS)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--work", type=Path)
+    p.add_argument("--dry-run", action="store_true", help="2e5 / 1e6 tokens, 1 rep of each part, 11 steps; print only")
     args = p.parse_args()
+    if args.dry_run:
+        args.small, args.large, args.prepare_reps, args.reps, args.steps = 2e5, 1e6, 2, 1, 11
     work = args.work or Path(tempfile.mkdtemp(prefix="trimtab-bench-data-"))
-    load = os.getloadavg()[0]
+    with Contention() as busy:
+        section = measure(args, work)
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+    precision = ", ".join(sorted(PRECISIONS)) + " (training runs)"
+    publish(HEADING, section, precision=precision, other_cpu=busy.other, dry_run=args.dry_run)
+
+
+def measure(args: argparse.Namespace, work: Path) -> str:
+    """The three measurements; the section's body."""
     small_src, large_src = work / "src-small", work / "src-large"
     for folder, tokens in ((small_src, args.small), (large_src, args.large)):
         if not folder.exists():
@@ -159,10 +171,7 @@ def main() -> None:
     cores = os.cpu_count()
     command = f"python bench/data.py --small {args.small:.0e} --large {args.large:.0e}"
     command += f" --prepare-reps {args.prepare_reps} --reps {args.reps}"
-    section = f"""{HEADING}
-
-`{command}`,
-{cores} cores, load average {load:.1f} at the start. Corpus: the standard library copied under numbered headers,
+    return f"""`{command}`. Corpus: the standard library copied under numbered headers,
 JSONL; tokenizer: the 4096-token BPE prepare trained on it. {n_large:,} tokens in the large corpus.
 
 Prepare throughput on the small corpus ({n:,} tokens), tokens/s, median (min-max) of {args.prepare_reps} repetitions,
@@ -183,8 +192,6 @@ each, interleaved): {args.small:.0e} tokens {", ".join(f"{v:.0f}" for v in rss["
 Loader: `BatchLoader.next_batch` on the large corpus {loader * 1e3:.2f} ms per step (median of 200)
 against a step of {step:.2f} s: **{loader / step:.2%}** of the step (goal under 2%).
 """
-    replace_section(ROOT / "BENCHMARKS.md", HEADING, section)
-    print(section)
 
 
 if __name__ == "__main__":
