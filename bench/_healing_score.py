@@ -117,15 +117,15 @@ def _rows(run: dict[str, Any]) -> str:
 
 
 def report(results: dict[str, Any]) -> str:
+    """The section's body: the header line (date, machine, torch, precision, the CPU share) is
+    _benchfile.publish's, from the same results."""
     runs, clean = results["runs"], results["clean_val_loss"]
     reference = f"eval loss **{clean:.4f}**" if clean else f"**{runs['clean/off']['status']}**"
     lines = [
-        HEADING,
-        "",
-        f"{results['date']}, {results['machine']}, torch {results['torch']}, code {results['code']}; preset "
+        f"Code {results['code']}; preset "
         f"{results['preset']}, {results['steps']} steps, checkpoint every {results['checkpoint_every']}; "
         f"each run a `trimtab train` subprocess, one after another (total {results['runtime_s'] / 60:.1f} "
-        f"min); other processes' CPU share during the runs {results['other_cpu']}. Clean run (no fault, "
+        f"min). Clean run (no fault, "
         f"orchestrator off): {reference}. Steps re-done: steps executed minus the furthest step reached "
         "(rollbacks, restarts). Preemption (sigkill, sigterm, corrupt_checkpoint) is relaunched once, as a "
         "scheduler would; disk_stays_full is relaunched once without its fault, as after a person freed the "

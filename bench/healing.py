@@ -51,21 +51,21 @@ import contextlib
 import json
 import math
 import os
-import platform
 import re
-import resource
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from _benchfile import replace_section  # bench/_benchfile.py, next to this file
+from _benchfile import machine, precisions, publish  # bench/_benchfile.py, next to this file
 from _garbage_corpus import describe, prepare, truth
 from _healing_score import HEADING, attribution, judge, report, verdicts
+from _measure import Contention
 from trimtab.rundir import read_decisions, read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent  # the source checkout
@@ -317,21 +317,24 @@ def _launches(
         if launch and relaunch == "freed" and freed:
             freed()
         (run_dir / "summary.json").unlink(missing_ok=True)
-        before = _cpu_seconds()
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-            rc, err = proc.returncode, proc.stderr
-        except subprocess.TimeoutExpired as exc:
-            rc, err = None, exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        (w, busy, ours) = (x - y for x, y in zip(_cpu_seconds(), before))
-        wall += w
-        other.append(max(0.0, busy - ours) / (max(w, 1e-9) * (os.cpu_count() or 1)))
+        t0 = time.monotonic()
+        with Contention() as busy:
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+                rc, err = proc.returncode, proc.stderr
+            except subprocess.TimeoutExpired as exc:
+                rc, err = None, exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        wall += time.monotonic() - t0
+        other.append(busy.other)
+        # Steps executed, counted from the per-step progress lines (train.log_every=1): metrics.jsonl
+        # cannot count them, since a resume drops the lines a killed launch wrote past its checkpoint.
         steps = [int(s) for s in re.findall(r"^step (\d+)/\d+ ", err, re.M)]
         executed, reached = executed + len(steps), max([reached, *steps])
         summary_path = run_dir / "summary.json"
         # a run that gave up (exit 3 / 4) still writes its summary; a crash leaves none
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
         launches.append({"rc": rc, "status": summary["status"] if summary else _failure(rc, err)})
+        precision = summary.get("precision") if summary else None
         if summary is not None and summary["status"] == "completed":
             break
     val = summary.get("val_loss") if summary else None
@@ -347,6 +350,7 @@ def _launches(
         "steps_redone": executed - reached if executed else None,
         "wall_s": round(wall, 1),
         "other_cpu": round(max(other), 3),
+        "precision": precision,
     }
 
 
@@ -388,19 +392,6 @@ def _failure(rc: int | None, stderr: str) -> str:
     return f"crashed ({kind}): {last}" if kind else f"crashed: {last}"
 
 
-def _cpu_seconds() -> tuple[float, float, float]:
-    """(wall clock, CPU seconds the machine was busy, CPU seconds of our finished children): over a
-    run, busy minus ours is what other processes took, as bench/throughput.py measures it (a busy
-    second core slows two-thread torch 3-10x)."""
-    try:
-        fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
-        busy = (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-    except OSError:
-        busy = 0.0
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.monotonic(), busy, usage.ru_utime + usage.ru_stime
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="trimtab bench healing", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -423,7 +414,22 @@ def main(argv: list[str]) -> int:
         default=0,
         help="seconds per launch before a run counts as stalled (default: 10x the clean run, at least 900)",
     )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="12 steps, the nan_loss scenario, no fault-free runs; the section printed, not written",
+    )
     args = parser.parse_args(argv)
+    if args.dry_run:
+        args.steps, args.scenarios, args.fp_presets = 12, args.scenarios or "nan_loss", ""
+        if args.out == parser.get_default("out"):  # a dry run's runs go where nothing is kept
+            with tempfile.TemporaryDirectory(prefix="trimtab-bench-healing-") as tmp:
+                args.out = tmp
+                return _main(args, parser)
+    return _main(args, parser)
+
+
+def _main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     # stopped (timeout, a scheduler): unwind, so a real-disk scenario's tmpfs is unmounted
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     import torch
@@ -508,7 +514,7 @@ def main(argv: list[str]) -> int:
         "date": time.strftime("%Y-%m-%d"),
         "torch": torch.__version__,
         "code": code if code == code_end else f"{code}..{code_end} (changed during the runs)",
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "machine": machine(),
         "preset": args.preset,
         "steps": args.steps,
         "checkpoint_every": max(1, args.steps // 6),
@@ -520,13 +526,21 @@ def main(argv: list[str]) -> int:
         "false_positives": false_positives,
     }
     results["verdicts"] = verdicts(results)
-    section = report(results)
-    print("\n" + section)
     json_path = Path(args.json) if args.json else out / "healing.json"
     json_path.write_text(json.dumps(results, indent=1))
-    if args.markdown != "-":
-        replace_section(Path(args.markdown), HEADING.split(" (")[0], section)
-        print(f"wrote {json_path} and the '{HEADING}' section of {args.markdown}")
+    measured = {key: r["precision"] for key, r in runs.items() if r.get("precision")}
+    publish(
+        HEADING,
+        report(results),
+        precision=precisions(measured) if measured else "not recorded (no run finished)",
+        other_cpu=shares,
+        dry_run=args.dry_run,
+        markdown=args.markdown,
+        date=results["date"],
+        on=results["machine"],
+        torch_version=results["torch"],
+    )
+    print(f"wrote {json_path}" + ("" if args.dry_run or args.markdown == "-" else f" and {args.markdown}"))
     return 0
 
 
