@@ -33,7 +33,8 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from _benchfile import replace_section  # bench/_benchfile.py, next to this file
+from _benchfile import publish  # bench/_benchfile.py, next to this file
+from _measure import Contention
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADING = "## Communication volume per step (`bench/comm.py`)"
@@ -174,20 +175,23 @@ def main() -> None:
     ap.add_argument("--preset", default="debug-moe")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--dry-run", action="store_true", help="the DDP x2 mesh only, 1 + 1 steps; print only")
     args = ap.parse_args()
+    meshes = dict(list(MESHES.items())[:1]) if args.dry_run else MESHES
+    if args.dry_run:
+        args.warmup, args.steps = 1, 1
     rows = []
-    for name, (nproc, section, sets) in MESHES.items():
-        got = measure(args.preset, nproc, section, sets, args.warmup, args.steps)
-        want = analytical(args.preset, nproc, section, sets)
-        rows.append((name, got, want))
-        print(name, {k: round(v / 1e6, 3) for k, v in got.items()}, {k: round(v / 1e6, 3) for k, v in want.items()})
-    replace_section(ROOT / "BENCHMARKS.md", HEADING, report(rows, args))
+    with Contention() as busy:  # bytes are a count, not a timing: the share is recorded, it moves nothing
+        for name, (nproc, section, sets) in meshes.items():
+            got = measure(args.preset, nproc, section, sets, args.warmup, args.steps)
+            want = analytical(args.preset, nproc, section, sets)
+            rows.append((name, got, want))
+            print(name, {k: round(v / 1e6, 3) for k, v in got.items()}, {k: round(v / 1e6, 3) for k, v in want.items()})
+    publish(HEADING, report(rows, args), precision="fp32", other_cpu=busy.other, dry_run=args.dry_run)
 
 
 def report(rows: list, args: argparse.Namespace) -> str:
     lines = [
-        HEADING,
-        "",
         f"`{args.preset}` (4 layers, 2 of them MoE: 8 experts, top-2), fp32, 4,096-token steps in 1,024-token "
         f"micro-batches; mean of {args.steps} steps after {args.warmup} of warm-up, rank 0. MB one rank sends per "
         "step, measured (every collective seen by a dispatch mode, counted as ring bytes: module docstring) / "
