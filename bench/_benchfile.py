@@ -6,6 +6,7 @@ the CPUs meanwhile (`_measure.Contention`), so a figure says where and how it wa
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import statistics
 import tempfile
@@ -16,6 +17,9 @@ from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 DRY_RUN = "dry run: BENCHMARKS.md not written"
+HEADER = re.compile(  # what `header` writes, for tests and readers
+    r"Measured \d{4}-\d\d-\d\d on .+; torch \S+; precision .+; other processes' CPU share .+\."
+)
 
 
 def replace_section(path: Path, heading: str, section: str) -> None:

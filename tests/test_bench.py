@@ -11,16 +11,37 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+from _benchfile import HEADER  # noqa: E402  bench/_benchfile.py: what every section's header line holds
 
 
-def dry_run(name: str) -> str:
-    """`trimtab bench NAME --dry-run`'s output, after checking it succeeded and wrote nothing."""
+def dry_run(name: str, *args: str) -> str:
+    """`trimtab bench NAME --dry-run`'s output, after checking it succeeded, wrote nothing and
+    printed its section through the harness: the heading, then the header line (date, machine,
+    torch, precision, other processes' CPU share)."""
+    before = (BENCH.parent / "BENCHMARKS.md").read_bytes()
     run = subprocess.run(
-        [sys.executable, "-m", "trimtab", "bench", name, "--dry-run"], capture_output=True, text=True, timeout=900
+        [sys.executable, "-m", "trimtab", "bench", name, "--dry-run", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.rstrip().endswith("dry run: BENCHMARKS.md not written")
+    assert "dry run: BENCHMARKS.md not written" in run.stdout.rstrip().splitlines()[-2:]
+    assert (BENCH.parent / "BENCHMARKS.md").read_bytes() == before
+    lines = run.stdout.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("## ")]
+    assert len(starts) == 1, starts  # one section
+    assert lines[starts[0] + 1] == "" and HEADER.fullmatch(lines[starts[0] + 2]), lines[starts[0] : starts[0] + 3]
     return run.stdout
+
+
+def header(out: str) -> str:
+    """The header line of the one section in `out`."""
+    lines = out.splitlines()
+    return lines[next(i for i, line in enumerate(lines) if line.startswith("## ")) + 2]
 
 
 @pytest.mark.slow  # one process with the four variants, then one per variant for its peak RSS: a minute or two
@@ -80,7 +101,8 @@ def test_precision_dry_run_prints_the_speedup_and_what_auto_chose():
 def test_gpu_dry_run_trains_trimtab_and_the_plain_loop_on_cpu():
     out = dry_run("gpu")
     assert "## GPU training step (`bench/gpu.py --preset debug`)" in out
-    assert "\n| trimtab | " in out and "\n| plain | " in out and "- trimtab / plain: **" in out
+    assert "\n| trimtab | " in out and "\n| plain | " in out and "- trimtab / plain, tokens/s: **" in out
+    assert "; precision fp32 (a CPU dry run); other processes' CPU share " in header(out)
 
 
 def test_gpu_reports_saved_repetitions_without_running(tmp_path):
@@ -94,7 +116,11 @@ def test_gpu_reports_saved_repetitions_without_running(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert "## GPU training step (`bench/gpu.py --preset moe-7b --moe-impl padded`)" in run.stdout
     assert "| trimtab | 100 | 100 | 0.500-0.600 | 40.0% | 2.0 | 1.0 | 1.0 |" in run.stdout
-    assert "- trimtab-compile / trimtab: **1.200x**" in run.stdout and "2026-11-25, NVIDIA H200" in run.stdout
+    assert "- trimtab-compile / trimtab, tokens/s: **1.200x (95% interval 1.200-1.200, 1 pairs)**" in run.stdout
+    assert (
+        "Measured 2026-11-25 on NVIDIA H200 (" in run.stdout
+        and "; torch 2.11.0; precision bf16 autocast;" in run.stdout
+    )
 
 
 def test_gpu_profile_dry_run_writes_the_table_and_the_top_ops(tmp_path):
@@ -321,3 +347,77 @@ def test_healing_skips_a_real_disk_scenario_where_no_tmpfs_can_be_mounted(tmp_pa
         with healing.small_disk(tmp_path / "fs", 2**20):
             pass
     assert not (tmp_path / "fs").exists()  # nothing left behind
+
+
+def test_moe_dry_run_times_every_variant_on_a_tiny_layer():
+    out = dry_run("moe")
+    assert "## MoE expert compute (bench/moe.py)\n" in out and "; precision fp32;" in header(out)
+    for variant in ("**moe**", "moe-padded", "slices", "naive"):
+        assert f" | {variant} | " in out, variant
+
+
+@pytest.mark.slow  # a 40-step debug run with the orchestrator: a minute or more on two busy cores
+def test_overhead_dry_run_pairs_blocks_of_off_and_auto():
+    out = dry_run("overhead")
+    assert "## Orchestrator overhead (`bench/overhead.py`)\n" in out and "\n| 0 | " in out
+    assert "- end to end, auto / off iteration time: **" in out and "block pairs, 95% interval" in out
+
+
+@pytest.mark.slow  # three processes (one in-process loop, three 3-step RSS runs) on debug: about a minute
+def test_throughput_dry_run_prints_every_variant_and_the_paired_ratios():
+    out = dry_run("throughput")
+    assert "## Training throughput (`bench/throughput.py --preset debug`)\n" in out
+    for variant in ("trimtab", "minimal", "transformers"):
+        assert f"\n| {variant} | " in out, variant
+    assert "- trimtab / minimal loop, identical settings: **" in out and "pairs)**; target >= 0.98x: " in out
+
+
+@pytest.mark.slow  # three trimtab train runs, two of them under torchrun: half a minute or more
+def test_distributed_dry_run_compares_one_process_with_ddp_and_fsdp():
+    out = dry_run("distributed")
+    for variant in ("1 process", "2 processes, DDP", "2 processes, FSDP2"):
+        assert f"\n| {variant} | " in out, variant
+    assert "| 1.00x (1.00-1.00) |" in out  # 1 process against itself
+
+
+@pytest.mark.slow  # one torchrun of 2 processes on debug-moe
+def test_comm_dry_run_counts_one_mesh_against_the_planner():
+    out = dry_run("comm")
+    assert "## Communication volume per step (`bench/comm.py`)\n" in out and "\n| DDP x2 | " in out
+    assert "; precision fp32;" in header(out)
+
+
+@pytest.mark.slow  # a 20-step debug run with ten checkpoints, then their averages evaluated: under a minute
+def test_lawa_dry_run_averages_the_last_checkpoints():
+    out = dry_run("lawa")
+    assert "## Checkpoint averaging (bench/lawa.py)\n" in out and "\n| 0 | 10 | " in out and "\n| 0 | 20 | " in out
+
+
+@pytest.mark.slow  # two 4-step trainings
+def test_mod_quality_dry_run_compares_at_equal_flops():
+    out = dry_run("mod_quality")
+    assert "\n| debug | " in out and "\n| debug-mod | " in out
+    assert "- debug-mod / debug validation loss at equal FLOPs: **" in out
+
+
+@pytest.mark.slow  # a 6-trial grid, 2 TPE trials and three retrainings of 4 steps: a minute or two
+def test_tune_dry_run_searches_a_tiny_grid_and_tpe():
+    out = dry_run("tune")
+    assert "## Hyperparameter search (bench/tune.py)\n" in out and "Grid best: **" in out
+    assert "\n| 0 | 2 | " in out  # TPE seed 0, a third of the 6 grid trials
+
+
+@pytest.mark.slow  # builds two corpora, prepares them, datasets.map twice and two `small` trainings: minutes
+def test_data_dry_run_prepares_trains_and_times_the_loader():
+    out = dry_run("data")
+    assert "## Data at scale (bench/data.py)\n" in out and "- prepare / datasets.map, tokens/s: **" in out
+    assert "Loader: `BatchLoader.next_batch`" in out
+
+
+@pytest.mark.slow  # four 12-step trainings (clean and nan_loss, off and auto)
+def test_healing_dry_run_runs_one_scenario_into_a_temporary_directory(tmp_path):
+    out = dry_run("healing", "--json", str(tmp_path / "healing.json"))
+    assert "## Fault healing (`trimtab bench healing`)\n" in out and "\n| nan_loss | " in out
+    results = json.loads((tmp_path / "healing.json").read_text())
+    assert results["scenarios"] == ["nan_loss"] and results["steps"] == 12
+    assert not Path("runs/bench-healing").exists() or "nan_loss-off" not in os.listdir("runs/bench-healing")

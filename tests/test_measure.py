@@ -6,8 +6,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
-from _benchfile import replace_section  # noqa: E402
-from _measure import Ratio, paired_ratio, step_rate  # noqa: E402
+import pytest  # noqa: E402
+
+from _benchfile import DRY_RUN, HEADER, precisions, publish, replace_section  # noqa: E402
+from _measure import Ratio, median_ratio, paired_ratio, run_child, run_python, step_rate  # noqa: E402
 
 
 def test_a_claim_is_met_only_when_the_whole_interval_clears_its_target():
@@ -45,3 +47,35 @@ def test_a_benchmark_rewrites_only_its_own_section(tmp_path):
     replace_section(path, "## A (x)", "## A (x)\n\nnew\n")  # a heading that begins another's
     replace_section(path, "## B", "## B\n\nb\n")
     assert path.read_text() == "# Benchmarks\n\n## A (x)\n\nnew\n\n## A (x) --more\n\nkept\n\n## B\n\nb\n"
+
+
+def test_a_published_section_opens_with_the_header_and_a_dry_run_writes_nothing(tmp_path, capsys):
+    path = tmp_path / "BENCHMARKS.md"
+    path.write_text("# Benchmarks\n\n## X (bench/x.py)\n\nold\n")
+    section = publish("## X (bench/x.py)", "body\n", precision="bf16", other_cpu=[0.1, 0.3, 0.2], markdown=path)
+    heading, blank, header, blank2, body = section.splitlines()
+    assert (heading, blank, blank2, body) == ("## X (bench/x.py)", "", "", "body")
+    assert HEADER.fullmatch(header), header
+    assert "; precision bf16; other processes' CPU share median 20% (max 30%) over 3 runs." in header
+    assert path.read_text() == "# Benchmarks\n\n" + section and section in capsys.readouterr().out
+    publish("## X (bench/x.py)", "new", precision="fp32", other_cpu=0.0, markdown=path, dry_run=True)
+    assert path.read_text() == "# Benchmarks\n\n" + section and capsys.readouterr().out.endswith(DRY_RUN + "\n")
+    saved = publish("## Y", "b", precision="bf16 autocast", other_cpu=None, markdown="-", date="2026-01-02", on="H200",
+                    torch_version="2.9")  # fmt: skip
+    assert "Measured 2026-01-02 on H200; torch 2.9; precision bf16 autocast; other processes' CPU share not " in saved
+    assert (
+        precisions({"a": "bf16", "b": "bf16"}) == "bf16" and precisions({"a": "bf16", "b": "fp32"}) == "a bf16, b fp32"
+    )
+
+
+def test_a_child_hands_back_json_and_a_failure_stops_the_benchmark_with_its_stderr(tmp_path):
+    ok = run_python("from _measure import emit\nprint('noise')\nemit({'x': 1.5})", "ok")
+    assert ok["x"] == 1.5 and 0.0 <= ok["other_cpu"]
+    child = [sys.executable, "-c", "import sys; sys.exit('out of memory: no')"]
+    assert run_child(child, "oom", tmp_path, tolerate="Out of Memory")["failed"] is True
+    with pytest.raises(SystemExit, match="boom failed \\(exit 1\\)"):
+        run_child([sys.executable, "-c", "import sys; sys.exit('no result')"], "boom")
+
+
+def test_ratios_a_child_paired_get_the_same_interval_as_paired_ones():
+    assert median_ratio([1.0, 2.0, 4.0]) == paired_ratio([1.0, 2.0, 4.0], [1.0, 1.0, 1.0])
