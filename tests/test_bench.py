@@ -380,7 +380,6 @@ def test_distributed_dry_run_compares_one_process_with_ddp_and_fsdp():
     assert "| 1.00x (1.00-1.00) |" in out  # 1 process against itself
 
 
-@pytest.mark.slow  # one torchrun of 2 processes on debug-moe
 def test_comm_dry_run_counts_one_mesh_against_the_planner():
     out = dry_run("comm")
     assert "## Communication volume per step (`bench/comm.py`)\n" in out and "\n| DDP x2 | " in out
