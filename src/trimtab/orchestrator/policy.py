@@ -49,6 +49,7 @@ class Policy:
         self.restore_failed = False
         self.probe_baseline: float | None = None  # held-out loss at the last good checkpoint
         self.last_broken = -1  # finding step of the last rollback for broken weights (-1: none)
+        self.last_rollback_to = -1  # the checkpoint step the last ladder rollback restored (-1: none)
         self.data = DataAttribution(cfg)  # which rows of a bad stretch are bad (orchestrator/attribution.py)
         self.dispatch = {
             "instability": self._instability,
@@ -256,6 +257,14 @@ class Policy:
         ladder.rung, ladder.rows, ladder.recent = 0, [], []  # the ladder starts over; rollbacks stay counted
         self.last_lr_change = ladder.last_step
         params: dict[str, Any] = {"to": "last_good", "skip_rows": rows}
+        # The last rollback restored this same checkpoint and the trouble came back before the replay
+        # saved a newer good one: the checkpoint itself holds the update that broke the run (a spike
+        # shows on the step after the update that caused it, and the checkpoint was written between
+        # them). Go one checkpoint further back.
+        earlier = self.last_rollback_to == view.last_good >= 1 and view.has_checkpoint(view.last_good - 1)
+        if earlier:
+            params["to"] = view.last_good - 1
+        self.last_rollback_to = view.last_good - 1 if earlier else view.last_good
         if broken is not None:
             # A first breakage may be transient (a bit flip, one bad value): replay as it was. One that
             # comes back within the replay is not: the same steps at this LR break the weights again.
@@ -269,6 +278,11 @@ class Policy:
             why = (
                 "instability persists after skipping and an LR cut: restore the last good checkpoint (the LR "
                 f"stays cut) and leave out the {len(rows)} rows of the bad steps that score as outliers"
+            )
+        if earlier:
+            why += (
+                f"; the last rollback restored step {view.last_good} and the trouble came back before a newer good "
+                "checkpoint: that checkpoint holds the update that broke the run, so restore the one before it"
             )
         return Remedy(action="rollback", params=params, reasoning=why, evidence=evidence)
 
@@ -417,6 +431,7 @@ class Policy:
             "restore_failed": self.restore_failed,
             "probe_baseline": self.probe_baseline,
             "last_broken": self.last_broken,
+            "last_rollback_to": self.last_rollback_to,
             "data": self.data.state_dict(),
         }
 
@@ -425,4 +440,5 @@ class Policy:
         for key in ("last_lr_change", "lr_debt", "last_restore", "restore_failed", "probe_baseline"):
             setattr(self, key, state[key])
         self.last_broken = state.get("last_broken", -1)
+        self.last_rollback_to = state.get("last_rollback_to", -1)
         self.data.load_state_dict(state.get("data", {}))
