@@ -366,9 +366,14 @@ class View:
     has_good_checkpoint: bool = True
     bad_row_loss: float = 9.0  # what each row of the flagged steps scores (held-out rows: 5.0)
     probe: float | None = None  # the held-out probe's loss (None: no held-out data)
+    last_good: int = 20  # the newest good checkpoint's step
+    checkpoints: tuple[int, ...] = (0, 10, 20)  # the steps of the checkpoints kept
 
     def probe_loss(self):
         return self.probe
+
+    def has_checkpoint(self, step):
+        return any(c <= step for c in self.checkpoints)
 
     def row_losses(self, rows):
         return {r: self.bad_row_loss for r in rows}
@@ -384,6 +389,21 @@ def finding(step, rule="spike", family="instability", rows=None, strength=1.0):
     rows = rows if rows is not None else [step * 10, step * 10 + 1]
     evidence = {"retry": 1} if rule == "oom" else {}
     return Finding(rule=rule, family=family, step=step, evidence=evidence, summary="", strength=strength, rows=rows)
+
+
+def test_a_second_rollback_to_the_same_checkpoint_goes_one_further_back():
+    """The replay from step 20 met the trouble again before a newer good checkpoint: step 20's
+    checkpoint holds the update that broke the run (the spike shows on the step after it)."""
+    policy, view = Policy(OrchestratorConfig()), View()
+    first = [policy.plan(finding(s), view) for s in range(21, 27)][-1]
+    assert first.action == "rollback" and first.params["to"] == "last_good"
+    view.rollbacks = 1
+    second = [policy.plan(finding(s), view) for s in range(21, 27)][-1]
+    assert second.action == "rollback" and second.params["to"] == 19  # the newest checkpoint at or before: 10
+    assert "restore the one before it" in second.reasoning
+    view.rollbacks, view.last_good = 2, 30  # a newer good checkpoint since: back to last_good
+    third = [policy.plan(finding(s), view) for s in range(31, 37)][-1]
+    assert third.params["to"] == "last_good"
 
 
 def test_ladder_climbs_skip_lr_rollback_stop():

@@ -261,7 +261,10 @@ class Policy:
         # saved a newer good one: the checkpoint itself holds the update that broke the run (a spike
         # shows on the step after the update that caused it, and the checkpoint was written between
         # them). Go one checkpoint further back.
-        earlier = self.last_rollback_to == view.last_good >= 1 and view.has_checkpoint(view.last_good - 1)
+        # (Broken weights found by the probe have their own answer to a recurrence: the LR cut below.)
+        earlier = (
+            broken is None and self.last_rollback_to == view.last_good >= 1 and view.has_checkpoint(view.last_good - 1)
+        )
         if earlier:
             params["to"] = view.last_good - 1
         self.last_rollback_to = view.last_good - 1 if earlier else view.last_good
