@@ -3,7 +3,7 @@
 The orchestrator's data attribution (which rows of a bad stretch are bad) compares the rows of
 flagged steps with held-out rows scored the same way, so a model that is merely worse than usual
 shifts both alike. Evaluation mode, no gradients; the loss goes through the same chunked
-cross-entropy as training, one row at a time, so no [B, T, V] logits are ever held.
+cross-entropy as training, so no [B, T, V] logits are ever held.
 """
 
 from __future__ import annotations
@@ -19,16 +19,17 @@ from trimtab.training.runtime import read_scalars
 
 @torch.no_grad()
 def row_losses(model, forward, precision, micro_batches: list[MicroBatch], device: torch.device) -> list[float]:
-    """Each row's mean loss per target (micro-batch order, rows in order); one device read."""
+    """Each row's mean loss per target (micro-batch order, rows in order); one device read. One
+    loss call per micro-batch: the chunked loss keeps each token's loss (token_losses), summed per row."""
     model.eval()
     losses = []
     for micro in micro_batches:
         targets = micro.targets.to(device)
+        tokens = torch.zeros(targets.numel(), dtype=torch.float32, device=device)
         with precision.autocast():
-            hidden = forward(micro.inputs.to(device))  # [B, T, D]
-            for b in range(targets.shape[0]):
-                n = (targets[b] != IGNORE_INDEX).sum().clamp(min=1)
-                losses.append(cross_entropy_sum(hidden[b : b + 1], model.lm_head.weight, targets[b : b + 1]) / n)
+            cross_entropy_sum(forward(micro.inputs.to(device)), model.lm_head.weight, targets, token_losses=tokens)
+        counted = (targets != IGNORE_INDEX).sum(1).clamp(min=1)  # [B]
+        losses.extend(tokens.view(targets.shape).sum(1) / counted)
     return read_scalars(losses)
 
 
