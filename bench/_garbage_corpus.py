@@ -162,7 +162,9 @@ def prepare(where: Path, max_bytes: int, epochs: float, preset: str, seed: int =
     counted = shares(rows, ids_by_source(corpus.mixed))
     common = (f"data.eval_source={corpus.eval}", "data.max_bytes=0", f"data.tokenizer={where / 'tokenizer.json'}")
     per_epoch = rows.n_tokens / cfg.train.batch_tokens
+    screened = screen_score(mixed, tok, cfg.data.garbage_sigma)
     return {
+        "screen": screened,
         "corpus": corpus,
         "sets": (f"data.source={corpus.mixed}", *common),
         "clean_sets": (f"data.source={corpus.clean}", *common),
@@ -175,17 +177,52 @@ def prepare(where: Path, max_bytes: int, epochs: float, preset: str, seed: int =
     }
 
 
+def screen_score(data: Any, tok: Any, sigma: float) -> dict[str, Any]:
+    """The garbage screen (data/quality.py) on the mixed file's documents, as a run with
+    data.garbage_filter=drop applies it: documents flagged, against the garbage ones, with
+    precision and recall and the flagged share of each garbage kind."""
+    import numpy as np
+
+    from trimtab.data import quality
+    from trimtab.data.sources import read_documents
+
+    docs = read_documents(data)[0]
+    ids = ids_by_source(Path(data.source))
+    n_bytes = np.array([len(doc.text.encode()) for doc in docs])
+    n_tokens = np.array([len(t) + 1 for t in tok.encode_batch([doc.text for doc in docs])])  # + eos, as trained
+    found = quality.screen(n_bytes, n_tokens, sigma)
+    bad = np.array([is_garbage(ids.get(doc.source, "")) for doc in docs])
+    hit = found.flagged & bad
+    kinds = {k: [ids.get(d.source, "").split("/")[1] == k for d in docs] for k in KINDS}
+    return {
+        "flagged": found.count,
+        "garbage": int(bad.sum()),
+        "precision": float(hit.sum() / found.count) if found.count else None,
+        "recall": float(hit.sum() / bad.sum()) if bad.any() else None,
+        "threshold": found.threshold,
+        "by_kind": {k: f"{int((found.flagged & np.array(m)).sum())}/{sum(m)}" for k, m in kinds.items()},
+    }
+
+
 def describe(prepared: dict[str, Any], max_bytes: int) -> str:
     """The setup cell of the report."""
     c: Corpus = prepared["corpus"]
     kinds = ", ".join(f"{kind} {n}" for kind, n in c.kinds.items())
+    screen = prepared["screen"]
     return (
         f"{c.n_garbage} garbage documents ({kinds}) at random places among {c.n_clean} of the built-in corpus "
         f"(its first {max_bytes / 1000:g} KB cut at blank lines into ~{DOC_BYTES / 1000:g} KB documents), one JSONL "
         f"file: {prepared['bad']} of {prepared['rows']} training rows mostly garbage; "
         f"{prepared['steps']} steps ({prepared['steps'] / prepared['steps_per_epoch']:.1f} epochs); eval on "
-        f"{prepared['n_eval']} held-out clean documents, one tokenizer trained on the clean text"
+        f"{prepared['n_eval']} held-out clean documents, one tokenizer trained on the clean text; the garbage "
+        f"screen (data.garbage_filter, threshold {screen['threshold']:.2f}x the median bytes per token) flags "
+        f"{screen['flagged']} documents, precision {_fraction(screen['precision'])}, recall "
+        f"{_fraction(screen['recall'])} ({', '.join(f'{k} {v}' for k, v in screen['by_kind'].items())})"
     )
+
+
+def _fraction(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def is_garbage(doc_id: str) -> bool:

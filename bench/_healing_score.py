@@ -133,7 +133,9 @@ def report(results: dict[str, Any]) -> str:
         "clean run's checkpoints (disk_real_full relaunched once after it is remounted larger), lr_too_high "
         "with 100x the preset's learning rate, garbage_corpus on a JSONL corpus with ~3% garbage documents "
         "against the same corpus without them (its clean run, orchestrator off, on the same held-out clean "
-        "documents and tokenizer: its % are against that). Rows: rows left out / rows the faults poisoned "
+        "documents and tokenizer: its % are against that), garbage_screened on the same corpus with "
+        "data.garbage_filter=drop (documents that pack like garbage left out before training). Rows: rows "
+        "left out / rows the faults poisoned "
         "(garbage_corpus: rows at least half garbage; leaving out one with less is no false alarm) (precision / "
         "recall); `slow` has nothing to heal (the throughput rule only logs).",
         "",
@@ -145,7 +147,8 @@ def report(results: dict[str, Any]) -> str:
         off, auto = runs[f"{name}/off"], runs[f"{name}/auto"]
         clean_off = runs.get(f"clean@{auto['preset']}/off")  # a scenario on a preset of its own
         where = f" on {auto['preset']} (clean: {_reference(clean_off)})" if clean_off else ""
-        if own := runs.get(f"{name}/clean"):  # a scenario with its own clean reference (garbage_corpus)
+        own = runs.get(f"{name}/clean") or runs.get(f"{name.replace('_screened', '_corpus')}/clean")
+        if own:  # a scenario with its own clean reference (garbage_corpus, garbage_screened)
             where = f" (clean: {_reference(own)})"
         if auto.get("skipped"):
             lines.append(

@@ -91,7 +91,7 @@ def test_one_module_names_a_runs_files_and_writes_files_whole():
     assert naming == {"rundir.py"}
     renaming = {m for m in modules("") if "os.replace(" in (SRC / m).read_text()}
     installs = {"checkpoint.py", "hf/export.py", "merge/merge.py", "data/tokenizer.py", "data/packing.py"}
-    assert renaming <= {"rundir.py", "data/prepare.py", *installs}, renaming - installs
+    assert renaming <= {"rundir.py", "data/shards.py", *installs}, renaming - installs
 
 
 def test_the_services_serve_the_loop():

@@ -321,6 +321,12 @@ def train_from_hint(model: str | Path) -> str:
     arg("--format", default="auto", choices=("auto", "text", "jsonl", "chat", "instruction")),
     arg("--text-field", default="text", help="the record field holding the text (default: text)"),
     arg("--skip-bad-records", action="store_true", help="skip malformed records (counted) instead of failing"),
+    arg(
+        "--garbage-filter",
+        default="warn",
+        choices=("off", "warn", "drop"),
+        help="documents that pack like random bytes, base64 or mis-encoded text: name them (warn), leave them out",
+    ),
     arg("--workers", type=int, default=0, help="processes (default: one per core)"),
     description="Tokenize SOURCES (files, directories, globs) into DIR. Re-running adds new files only, "
     "resumes an interrupted prepare and rebuilds a corrupt shard from its sources.",
@@ -328,7 +334,7 @@ def train_from_hint(model: str | Path) -> str:
 def _data_prepare(args: argparse.Namespace) -> int:
     from trimtab.data.prepare import Options, prepare
 
-    options = Options(format=args.format, text_field=args.text_field, skip_bad_records=args.skip_bad_records)
+    options = Options(args.format, args.text_field, args.skip_bad_records, args.garbage_filter)
     manifest = prepare(
         args.sources, args.out, args.tokenizer, args.vocab_size, options, args.workers, "pass --skip-bad-records"
     )

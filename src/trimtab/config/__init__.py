@@ -192,6 +192,12 @@ class DataConfig(Section):
     text_field: str = "text"
     max_bytes: int = 6_000_000  # cap on the corpus read into memory (0: no cap); prepared data has none
     verify_shards: bool = True  # check prepared shards against their sha256 at start (a full read)
+    # Documents whose bytes per token lie garbage_sigma robust deviations under their source's median
+    # (random bytes, base64, hex dumps, mis-encoded text: data/quality.py): warn (named on the
+    # console), drop (left out of training) or off. In-memory sources at start; prepared data when
+    # it is prepared.
+    garbage_filter: str = "warn"
+    garbage_sigma: float = 6.0
 
     @property
     def sources(self) -> list[MixSource]:
@@ -207,6 +213,8 @@ class DataConfig(Section):
         )
         _check(0.0 <= self.eval_fraction < 0.5, "data.eval_fraction", "must be in [0, 0.5)")
         _check(self.max_bytes >= 0, "data.max_bytes", "must be >= 0")
+        _check(self.garbage_filter in ("off", "warn", "drop"), "data.garbage_filter", "must be one of off, warn, drop")
+        _check(self.garbage_sigma > 0, "data.garbage_sigma", f"must be > 0, got {self.garbage_sigma}")
         for i, part in enumerate(self.mix):
             _check(bool(part.source), f"data.mix[{i}].source", "must name the source's data")
             _check(part.weight > 0, f"data.mix[{i}].weight", f"must be > 0, got {part.weight}")

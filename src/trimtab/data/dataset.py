@@ -87,7 +87,7 @@ def build_phase_data(
     fraction = 0.0 if eval_source is not None else cfg.eval_fraction
     trains, evals = [], []
     for source in sources:
-        train, held = _split(cfg, source, tok, seed, cache_dir, fraction)
+        train, held = _split(cfg, source, tok, seed, cache_dir, fraction, screen=True)
         if not len(train):
             raise DataError(
                 f"{source.key} '{source.spec.source}' gives no training row of data.seq_len+1={cfg.seq_len + 1} "
@@ -109,8 +109,16 @@ def build_phase_data(
 
 
 def _split(
-    cfg: DataConfig, source: OpenedSource, tok: TextTokenizer, seed: int, cache_dir: Path | None, fraction: float
+    cfg: DataConfig,
+    source: OpenedSource,
+    tok: TextTokenizer,
+    seed: int,
+    cache_dir: Path | None,
+    fraction: float,
+    screen: bool = False,
 ) -> tuple[Rows | ShardedRows, Rows | ShardedRows]:
+    """The source's (train, held-out) rows; screen: its documents are screened for garbage
+    (data.garbage_filter) first. A separate eval set is the user's own choice and is not."""
     if source.prepared is not None:
         if source.prepared.tokenizer_sha != tok.fingerprint:
             raise DataError(
@@ -122,4 +130,5 @@ def _split(
             ShardedRows(source.prepared, cfg.seq_len, cfg.pack, "train", fraction),
             ShardedRows(source.prepared, cfg.seq_len, cfg.pack, "eval", fraction),
         )
-    return build_splits(replace(cfg, eval_fraction=fraction), tok, source.docs, None, seed, cache_dir)
+    key = source.key if screen else ""
+    return build_splits(replace(cfg, eval_fraction=fraction), tok, source.docs, None, seed, cache_dir, key)

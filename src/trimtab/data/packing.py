@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from trimtab.config import DataConfig
+from trimtab.data import quality
 from trimtab.data.sources import Document, corpus_fingerprint
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import DataError
@@ -199,9 +200,14 @@ def build_splits(
     eval_docs: list[Document] | None,
     seed: int,
     cache_dir: Path | None = None,
+    key: str = "",
 ) -> tuple[Rows, Rows]:
-    """(train, eval) rows; eval is eval_docs, else a held-out cfg.eval_fraction of docs."""
+    """(train, eval) rows; eval is eval_docs, else a held-out cfg.eval_fraction of docs. With
+    `key` (the source's config key, for the console line), docs are screened for garbage first
+    (cfg.garbage_filter: named, or left out before the hold-out)."""
     tokenized = tokenize_documents(docs, tok, cfg, cache_dir)
+    if key and cfg.garbage_filter != "off":
+        tokenized = _screen(tokenized, docs, cfg, key)
     if eval_docs is not None:
         train, held = tokenized, tokenize_documents(eval_docs, tok, cfg, cache_dir)
     else:
@@ -221,6 +227,19 @@ def build_splits(
             cfg.seq_len + 1,
         )
     return train_rows, eval_rows
+
+
+def _screen(tokenized: TokenizedDocs, docs: list[Document], cfg: DataConfig, key: str) -> TokenizedDocs:
+    """The documents without those data/quality.py flags as garbage when cfg.garbage_filter is
+    drop; all of them (named on the console) when it is warn."""
+    n_bytes = np.array([sum(len(text.encode()) for text, _ in doc.segments) for doc in docs])
+    found = quality.screen(n_bytes, np.diff(tokenized.offsets), cfg.garbage_sigma)
+    if not found.count:
+        return tokenized
+    drop = cfg.garbage_filter == "drop"
+    names = [doc.source or f"document {i}" for i, doc in enumerate(docs)]
+    logger.warning("%s", quality.report(found, names, n_bytes, key, drop))
+    return tokenized.select(~found.flagged) if drop else tokenized
 
 
 def _hold_out(docs: TokenizedDocs, fraction: float, seed: int) -> tuple[TokenizedDocs, TokenizedDocs]:

@@ -22,23 +22,21 @@ nothing already prepared is touched.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import multiprocessing
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from trimtab.config import DataConfig
-from trimtab.data import formats
+from trimtab.data import formats, quality
 from trimtab.data.prepared import MANIFEST_VERSION, PreparedData, read_manifest, sha256_file, write_manifest
-from trimtab.data.sources import Document, _Reader, _take_bytes, record_documents, source_files
+from trimtab.data.shards import SKIP_HINT, SKIPPED_SHOWN, Item, Options, run_job
+from trimtab.data.sources import Document, _Reader, _take_bytes, source_files
 from trimtab.data.tokenizer import TextTokenizer, train_tokenizer
 from trimtab.errors import DataError
 from trimtab.rundir import CONFIG, METRICS_FILE, SUMMARY
@@ -47,27 +45,10 @@ log = logging.getLogger(__name__)
 
 SHARD_BYTES = 256 << 20  # source bytes per job at most: a job writes one shard, more for a larger file
 MIN_JOB_BYTES = 16 << 20  # ... and at least, unless the files are smaller
-SHARD_TOKENS = 1 << 27  # a shard is closed at the first document end past this many tokens
-ENCODE_CHARS = 4_000_000  # characters per tokenizers.encode_batch call: bounds its memory
 TOKENIZER_SAMPLE_BYTES = 50_000_000  # text a new BPE tokenizer is trained on
+SCALE_SAMPLE_BYTES = 8_000_000  # text the garbage screen measures the sources' packing on (data/quality.py)
 
 
-@dataclass
-class Options:
-    """How records become documents (the data.* keys of the same names)."""
-
-    format: str = "auto"
-    text_field: str = "text"
-    skip_bad_records: bool = False
-
-    def data_config(self) -> DataConfig:
-        return DataConfig(format=self.format, text_field=self.text_field, skip_bad_records=self.skip_bad_records)
-
-
-# How an error tells a malformed record's fix when skip_hint is not given (the Python API); the
-# CLI passes its flag.
-SKIP_HINT = "pass Options(skip_bad_records=True)"
-SKIPPED_SHOWN = 5  # skipped records named on the console (all are counted in the manifest)
 WRITTEN = ("shards", "tokenizer.json", "tokenizer_config.json", "trimtab-data.json")  # what prepare creates in out
 RUN_FILES = (CONFIG, "checkpoints", METRICS_FILE, SUMMARY)  # a training run's directory
 
@@ -141,23 +122,58 @@ def _prepare(
     manifest["tokenizer"] = {"sha256": tok.fingerprint, "vocab_size": tok.vocab_size}
     manifest["dtype"] = manifest.get("dtype") or ("uint16" if tok.vocab_size <= 1 << 16 else "uint32")
     files = _new_files(manifest, sources)
+    _measure_scale(manifest, [str(path) for _, path, _ in files], tok, options, hint)
     workers = workers or os.cpu_count() or 1
     jobs = _jobs(manifest, files, workers, options.format)
-    start, done_tokens, skipped, shown = time.perf_counter(), 0, 0, []
-    for i, result in enumerate(_run(jobs, out, manifest["dtype"], options, workers, hint), start=1):
+    start, done_tokens, skipped, shown, garbage = time.perf_counter(), 0, 0, [], []
+    for i, result in enumerate(_run(jobs, out, manifest, options, workers, hint), start=1):
         for line in result["warnings"]:
             log.warning("%s", line)
         _merge(manifest, result)
         write_manifest(out, manifest)
         skipped += sum(stats.get("skipped", 0) for stats in result["files"].values())
         shown += result["skipped"]
+        garbage += [f"{manifest['files'][n]['path']}:{line}" for n, line in result["garbage"]]
         done_tokens += sum(s["tokens"] for s in result["shards"])
         rate = done_tokens / max(time.perf_counter() - start, 1e-9)
         log.info("prepared %d/%d jobs: %s tokens so far (%.0f tokens/s)", i, len(jobs), f"{done_tokens:,}", rate)
     write_manifest(out, manifest)
     if skipped:
         log.warning("%s", skipped_line(skipped, shown))
+    if garbage:
+        log.warning("%s", _garbage_line(manifest, garbage, options.garbage_filter == "drop"))
     return manifest
+
+
+def _measure_scale(manifest: dict[str, Any], files: list[str], tok: TextTokenizer, options: Options, hint: str) -> None:
+    """The garbage screen's scale, measured once on a sample of the files to prepare and kept in
+    the manifest, so that files added later are judged alike (null: too few documents to say)."""
+    if options.garbage_filter == "off" or "garbage" in manifest or not files:
+        return
+    reader = _Reader(options.data_config(), "data", "data prepare source", fix=hint)
+
+    def readable() -> Iterator[Document]:  # a file that fails is named by its own job, not here
+        for path in files:
+            with contextlib.suppress(DataError, formats.Unreadable):
+                yield from reader.documents(path)
+
+    docs, _ = _take_bytes(readable(), SCALE_SAMPLE_BYTES)
+    texts = [doc.text for doc in docs]
+    n_tokens = [len(ids) for ids in tok.encode_batch(texts)]
+    found = quality.scale(np.array([len(t.encode()) for t in texts]), np.array(n_tokens), options.garbage_sigma)
+    manifest["garbage"] = found and {"median": found[0], "threshold": found[1], "sigma": options.garbage_sigma}
+
+
+def _garbage_line(manifest: dict[str, Any], names: list[str], dropped: bool) -> str:
+    count = sum(f.get("garbage", 0) for f in manifest["files"])
+    scale = manifest["garbage"]
+    places = ", ".join(names[: quality.SHOWN]) + (", ..." if count > quality.SHOWN else "")
+    done = "left out (--garbage-filter drop)" if dropped else "kept; --garbage-filter drop leaves them out"
+    return (
+        f"{count:,} documents pack under {scale['threshold']:.2f}x the sources' median {scale['median']:.2f} bytes "
+        f"per token, as random bytes, base64, hex dumps, mis-encoded text and scripts the tokenizer does not know do "
+        f"(counted per file in the manifest): {places}; {done}"
+    )
 
 
 def skipped_line(count: int, where: list[str]) -> str:
@@ -197,7 +213,7 @@ def _drop_corrupt(manifest: dict[str, Any], out: Path) -> dict[str, Any]:
     manifest["shards"] = [s for s in manifest["shards"] if s["name"] not in dropped | set(bad)]
     for n in files:
         entry = manifest["files"][n]
-        for key in ("prepared", "done", "documents", "tokens", "skipped", "unreadable"):
+        for key in ("prepared", "done", "documents", "tokens", "skipped", "unreadable", "garbage"):
             entry.pop(key, None)
     return manifest
 
@@ -272,9 +288,6 @@ def _new_files(manifest: dict[str, Any], sources: list[str]) -> list[tuple[int, 
     return todo
 
 
-Item = tuple[int, str, bool, "formats.Span | None"]  # (file number, path, named on its own, piece or whole)
-
-
 def _jobs(manifest: dict[str, Any], files: list[tuple[int, Path, bool]], workers: int, fmt: str) -> list[list[Item]]:
     """Jobs of up to SHARD_BYTES of input, smaller when that gives every worker two or more:
     consecutive small files grouped, a larger uncompressed JSONL file cut into pieces at line
@@ -298,13 +311,16 @@ def _jobs(manifest: dict[str, Any], files: list[tuple[int, Path, bool]], workers
     return jobs
 
 
-def _run(jobs: list, out: Path, dtype: str, options: Options, workers: int, hint: str) -> Iterator[dict[str, Any]]:
+def _run(
+    jobs: list, out: Path, manifest: dict[str, Any], options: Options, workers: int, hint: str
+) -> Iterator[dict[str, Any]]:
     """Each job's result as it completes: in this process for one job or one worker (then the
     tokenizer's own threads use every core), else in a pool of processes with a thread each."""
     workers = min(workers, len(jobs))
-    args = [(job, str(out), dtype, asdict(options), hint) for job in jobs]
+    scale = manifest.get("garbage") if options.garbage_filter != "off" else None
+    args = [(job, str(out), manifest["dtype"], asdict(options), hint, scale) for job in jobs]
     if workers <= 1:
-        yield from (_job(*a) for a in args)
+        yield from (run_job(*a) for a in args)
         return
     os.environ["RAYON_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))  # read by spawned workers
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
@@ -312,7 +328,7 @@ def _run(jobs: list, out: Path, dtype: str, options: Options, workers: int, hint
 
 
 def _star_job(args: tuple) -> dict[str, Any]:
-    return _job(*args)
+    return run_job(*args)
 
 
 def _merge(manifest: dict[str, Any], result: dict[str, Any]) -> None:
@@ -329,191 +345,3 @@ def _merge(manifest: dict[str, Any], result: dict[str, Any]) -> None:
     manifest["chat"] = manifest["chat"] or result["chat"]
     manifest["tokens"] = sum(s["tokens"] for s in manifest["shards"])
     manifest["documents"] = sum(s["documents"] for s in manifest["shards"])
-
-
-# ------------------------------------------------------------------------------ inside a worker
-
-
-def _job(job: list[Item], out: str, dtype: str, options: dict[str, Any], hint: str = SKIP_HINT) -> dict[str, Any]:
-    tok = TextTokenizer.load(Path(out) / "tokenizer.json")
-    uid = hashlib.sha256(json.dumps(job).encode()).hexdigest()[:12]
-    span = job[0][3]  # a job is several whole files, or one piece of one
-    writer = _Writer(Path(out) / "shards", uid, np.dtype(dtype), span[0] if span else 0)
-    encoder = _Encoder(tok, writer)
-    cfg = Options(**options).data_config()
-    warnings, skipped = [], []
-    try:
-        for n, path, named, piece in job:
-            encoder.file = n
-            try:
-                for doc, first, last, line, where in _pieces(Path(path), cfg, tok, piece, hint):
-                    encoder.add(doc, first, last, line)
-                    if doc is None and len(skipped) < SKIPPED_SHOWN:
-                        skipped.append(where)
-            except formats.Unreadable as exc:
-                if named or piece:  # a file named on its own must be read, and so must one read in pieces;
-                    raise  # a directory's odd file is skipped
-                encoder.unreadable(str(exc))
-                warnings.append(f"{exc}: skipped")
-                continue
-            encoder.flush()
-            if not encoder.stats[n]["documents"] and not encoder.stats[n]["skipped"]:
-                warnings.append(f"{path}: empty, nothing to prepare")
-        writer.close()
-    except BaseException:
-        writer.discard()
-        raise
-    return {
-        "shards": writer.done,
-        "files": encoder.stats,
-        "chat": encoder.chat,
-        "warnings": warnings,
-        "span": span,
-        "skipped": skipped,
-    }
-
-
-def _pieces(
-    path: Path, cfg: DataConfig, tok: TextTokenizer, span: formats.Span | None = None, hint: str = SKIP_HINT
-) -> Iterator[tuple[Document | None, bool, bool, int, str]]:
-    """(document or piece of one, whether it is the first piece, the last, its line or row, where
-    it is in words) of a file (of `span` of it); None for a malformed record skipped
-    (skip_bad_records)."""
-    if formats.kind_of(path, cfg.format) == "text":
-        first = True
-        for record in formats.records(path, cfg.format):
-            if record.value or not first:
-                yield Document([(record.value, True)]), first, record.last, 0, record.where
-            first = False
-        return
-    for doc, record in record_documents(path, cfg, tok.chat, hint, span):
-        if doc is None:
-            yield None, False, False, record.line, record.where
-        elif doc.text:
-            yield doc, True, True, record.line, record.where
-
-
-@dataclass
-class _Encoder:
-    """Documents -> tokens, in batches of ENCODE_CHARS characters through encode_batch."""
-
-    tok: TextTokenizer
-    writer: _Writer
-    file: int = 0
-    stats: dict[int, dict[str, int]] = field(default_factory=dict)
-    chat: bool = False
-    _batch: list[tuple[Document, bool, bool, int]] = field(default_factory=list)
-    _chars: int = 0
-
-    def add(self, doc: Document | None, first: bool, last: bool, line: int) -> None:
-        stats = self.stats.setdefault(self.file, {"documents": 0, "tokens": 0, "skipped": 0})
-        if doc is None:
-            stats["skipped"] += 1
-            return
-        self._batch.append((doc, first, last, line))
-        self._chars += sum(len(t) for t, _ in doc.segments)
-        self.chat = self.chat or any(not trainable for _, trainable in doc.segments)
-        if self._chars >= ENCODE_CHARS:
-            self.flush()
-
-    def unreadable(self, why: str) -> None:
-        self._batch, self._chars = [], 0
-        self.stats[self.file] = {"documents": 0, "tokens": 0, "skipped": 0, "unreadable": why}
-
-    def flush(self) -> None:
-        self.stats.setdefault(self.file, {"documents": 0, "tokens": 0, "skipped": 0})
-        texts = [text for doc, *_ in self._batch for text, _ in doc.segments]
-        ids = iter(self.tok.encode_batch(texts))
-        for doc, first, last, line in self._batch:
-            tokens, mask = [], []
-            if first and self.tok.bos_id is not None and not doc.text.startswith(self.tok.decode([self.tok.bos_id])):
-                tokens.append(self.tok.bos_id)  # as data/packing.py: each document starts with it once
-                mask.append(False)
-            for _, trainable in doc.segments:
-                piece = next(ids)
-                tokens += piece
-                mask += [trainable] * len(piece)
-            if last:
-                tokens.append(self.tok.eos_id)
-                mask.append(doc.segments[-1][1] if doc.segments else True)
-            self.writer.add(np.array(tokens, dtype=np.int64), np.array(mask, dtype=bool), last, self.file, line)
-            stats = self.stats[self.file]
-            stats["tokens"] += len(tokens)
-            stats["documents"] += int(last)
-        self._batch, self._chars = [], 0
-
-
-class _Writer:
-    """Appends tokens to the open shard; closes it at a document end past SHARD_TOKENS."""
-
-    def __init__(self, folder: Path, uid: str, dtype: np.dtype, start: int = 0) -> None:
-        self.folder, self.uid, self.dtype = folder, uid, dtype
-        self.start = start  # the byte of the file its piece starts at: orders shards of one file
-        self.done: list[dict[str, Any]] = []
-        self._fh = None
-
-    def _open(self) -> None:
-        self.name = f"{self.uid}-{len(self.done):04d}"
-        self._fh = open(self.folder / f".tmp-{self.name}.bin", "wb")
-        self._hash, self._n = hashlib.sha256(), 0
-        self._ends: list[int] = []
-        self._where: list[tuple[int, int]] = []
-        self._masked: list[tuple[int, int]] = []
-        self._files: set[int] = set()
-
-    def add(self, tokens: np.ndarray, mask: np.ndarray, doc_end: bool, file: int, line: int) -> None:
-        """Append a document or a piece of one (doc_end: its last)."""
-        if self._fh is None:
-            self._open()
-        data = tokens.astype(self.dtype).tobytes()
-        self._fh.write(data)
-        self._hash.update(data)
-        for start, end in _false_runs(mask):
-            self._masked.append((self._n + start, self._n + end))
-        self._n += len(tokens)
-        self._files.add(file)
-        if doc_end:
-            self._ends.append(self._n)
-            self._where.append((file, line))
-            if self._n >= SHARD_TOKENS:
-                self.close()
-
-    def close(self) -> None:
-        if self._fh is None or not self._ends:
-            return self.discard()
-        self._fh.close()
-        self._fh = None
-        tmp = self.folder / f".tmp-{self.name}.idx.npz"
-        np.savez(
-            tmp,
-            offsets=np.array([0] + self._ends, dtype=np.int64),
-            where=np.array(self._where, dtype=np.int64).reshape(-1, 2),
-            masked=np.array(self._masked, dtype=np.int64).reshape(-1, 2),
-        )
-        for suffix in (".idx.npz", ".bin"):  # the tokens last: a shard is whole once its .bin exists
-            os.replace(self.folder / f".tmp-{self.name}{suffix}", self.folder / f"{self.name}{suffix}")
-        self.done.append(
-            {
-                "name": self.name,
-                "tokens": self._ends[-1],
-                "documents": len(self._ends),
-                "files": sorted(self._files),
-                "start": self.start,
-                "sha256": {"bin": self._hash.hexdigest(), "idx": sha256_file(self.folder / f"{self.name}.idx.npz")},
-            }
-        )
-
-    def discard(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
-        for path in self.folder.glob(f".tmp-{self.uid}-*"):
-            path.unlink()
-
-
-def _false_runs(mask: np.ndarray) -> list[tuple[int, int]]:
-    """[start, end) of each run of False in a bool array."""
-    if mask.all():
-        return []
-    edges = np.diff(np.concatenate([[1], mask.astype(np.int8), [1]]))
-    return list(zip(np.flatnonzero(edges == -1).tolist(), np.flatnonzero(edges == 1).tolist()))

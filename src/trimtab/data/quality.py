@@ -1,0 +1,103 @@
+"""Garbage documents found before training, by how the tokenizer packs them.
+
+A BPE trained on a corpus packs its text into tokens of several bytes (2-4 bytes per token for
+vocabularies of 512-32K on code and English); random bytes, base64 and hex dumps, mis-encoded text
+(mojibake) and letters of scripts the tokenizer never learnt fall apart into single bytes and
+characters, 1-2 bytes per token (the compression view of a tokenizer's fertility, subwords per
+word, of Rust et al. 2021, "How Good is Your Tokenizer?"). A source's own documents set the
+scale: a document is flagged when its log bytes per token lies `sigma` robust standard deviations
+(1.4826 x the median absolute deviation) under the source's median, and under CAP x the median
+whatever the spread (a source of near-identical documents would otherwise flag small variation).
+
+Why before training: once a model has learnt the mode "random characters here", such a document
+scores near the corpus's median loss per token, so the orchestrator's per-row rule
+(orchestrator/outliers.py) cannot see it (docs/orchestrator.md, the rows rule's blind spot).
+
+Measured (docs/data.md): the threshold (6 sigma) falls at 0.48-0.52x the median on the built-in
+corpus with a 512- and a 4,096-token BPE, and at 0.66x on this repository's own source; the
+healing benchmark's garbage packs at 0.28-0.45x, clean documents at 0.58x and above, except
+embedded binary literals (test_lzma's compressed bytes, 0.38x) and rot13 text (this.py, 0.45x),
+which are garbage to a language model too. A minority language inside a source packs like
+garbage, which is why the default only reports.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+FILTERS = ("off", "warn", "drop")
+MIN_BYTES = 256  # shorter documents are not judged: a few tokens say little of how text packs
+MIN_DOCS = 20  # judged documents a source needs for its median to be a reference
+CAP = 0.75  # a flagged document packs under this fraction of the median, however tight the source
+SHOWN = 5  # documents named on the console
+
+
+@dataclass(frozen=True)
+class Screened:
+    """What the screen found in one source's documents."""
+
+    flagged: np.ndarray  # bool [D]: packs under threshold x the median
+    packing: np.ndarray  # float [D]: bytes per token of each document
+    median: float  # the source's median bytes per token (judged documents only); nan: none judged
+    threshold: float  # the flagged documents' packing is under this fraction of the median
+
+    @property
+    def count(self) -> int:
+        return int(self.flagged.sum())
+
+
+def screen(n_bytes: np.ndarray, n_tokens: np.ndarray, sigma: float) -> Screened:
+    """Documents of n_bytes UTF-8 bytes and n_tokens tokens each ([D] both): those of at least
+    MIN_BYTES whose log bytes per token lies `sigma` robust standard deviations under the median
+    of such documents (and under CAP x the median). Nothing is flagged without MIN_DOCS
+    documents to measure the source by."""
+    packing = packed(n_bytes, n_tokens)
+    found = scale(n_bytes, n_tokens, sigma)
+    if found is None:
+        return Screened(np.zeros(len(packing), dtype=bool), packing, float("nan"), 0.0)
+    median, threshold = found
+    return Screened(flags(n_bytes, n_tokens, median, threshold), packing, median, threshold)
+
+
+def packed(n_bytes: np.ndarray, n_tokens: np.ndarray) -> np.ndarray:
+    """Bytes per token of each document."""
+    return np.asarray(n_bytes, dtype=np.float64) / np.maximum(np.asarray(n_tokens, dtype=np.float64), 1)
+
+
+def scale(n_bytes: np.ndarray, n_tokens: np.ndarray, sigma: float) -> tuple[float, float] | None:
+    """(median bytes per token, threshold as a fraction of it) of a source from its documents (or
+    a sample of them); None with fewer than MIN_DOCS documents of MIN_BYTES."""
+    judged = np.asarray(n_bytes) >= MIN_BYTES
+    if judged.sum() < MIN_DOCS:
+        return None
+    logs = np.log(packed(n_bytes, n_tokens)[judged])
+    centre = float(np.median(logs))
+    spread = 1.4826 * float(np.median(np.abs(logs - centre)))
+    return math.exp(centre), min(CAP, math.exp(-sigma * spread))
+
+
+def flags(n_bytes: np.ndarray, n_tokens: np.ndarray, median: float, threshold: float) -> np.ndarray:
+    """bool [D]: the documents of MIN_BYTES that pack under threshold x median."""
+    return (np.asarray(n_bytes) >= MIN_BYTES) & (packed(n_bytes, n_tokens) < threshold * median)
+
+
+def report(found: Screened, names: list[str], n_bytes: np.ndarray, key: str, dropped: bool) -> str:
+    """One console line: how many documents, their share of the bytes, the first few by name with
+    their packing against the median, and what was done."""
+    where = np.flatnonzero(found.flagged)
+    share = float(np.asarray(n_bytes)[where].sum()) / max(float(np.sum(n_bytes)), 1.0)
+    first = ", ".join(f"{names[i]} ({found.packing[i] / found.median:.2f}x)" for i in where[:SHOWN])
+    more = ", ..." if len(where) > SHOWN else ""
+    done = (
+        "left out (data.garbage_filter=drop)"
+        if dropped
+        else "kept; data.garbage_filter=drop leaves them out, off skips this check"
+    )
+    return (
+        f"{key}: {len(where):,} of {len(found.flagged):,} documents ({share:.1%} of the bytes) pack under "
+        f"{found.threshold:.2f}x the source's median {found.median:.2f} bytes per token, as random bytes, base64, "
+        f"hex dumps, mis-encoded text and scripts the tokenizer does not know do: {first}{more}; {done}"
+    )

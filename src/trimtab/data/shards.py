@@ -1,0 +1,265 @@
+"""Inside a `data prepare` worker (data/prepare.py runs the jobs): a job's files read into documents,
+tokenized in batches, screened for garbage (data/quality.py) and written to shards under
+temporary names, renamed when whole."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trimtab.config import DataConfig
+from trimtab.data import formats, quality
+from trimtab.data.prepared import sha256_file
+from trimtab.data.sources import Document, record_documents
+from trimtab.data.tokenizer import TextTokenizer
+
+SHARD_TOKENS = 1 << 27  # a shard is closed at the first document end past this many tokens
+ENCODE_CHARS = 4_000_000  # characters per tokenizers.encode_batch call: bounds its memory
+
+
+@dataclass
+class Options:
+    """How records become documents (the data.* keys of the same names)."""
+
+    format: str = "auto"
+    text_field: str = "text"
+    skip_bad_records: bool = False
+    garbage_filter: str = "warn"  # off | warn | drop: documents that pack like garbage (data/quality.py)
+    garbage_sigma: float = 6.0
+
+    def data_config(self) -> DataConfig:
+        return DataConfig(
+            format=self.format,
+            text_field=self.text_field,
+            skip_bad_records=self.skip_bad_records,
+            garbage_filter=self.garbage_filter,
+            garbage_sigma=self.garbage_sigma,
+        )
+
+
+# How an error tells a malformed record's fix when skip_hint is not given (the Python API); the
+# CLI passes its flag.
+SKIP_HINT = "pass Options(skip_bad_records=True)"
+SKIPPED_SHOWN = 5  # skipped records named on the console (all are counted in the manifest)
+
+
+Item = tuple[int, str, bool, "formats.Span | None"]  # (file number, path, named on its own, piece or whole)
+
+
+def run_job(
+    job: list[Item],
+    out: str,
+    dtype: str,
+    options: dict[str, Any],
+    hint: str = SKIP_HINT,
+    scale: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    tok = TextTokenizer.load(Path(out) / "tokenizer.json")
+    uid = hashlib.sha256(json.dumps(job).encode()).hexdigest()[:12]
+    span = job[0][3]  # a job is several whole files, or one piece of one
+    writer = _Writer(Path(out) / "shards", uid, np.dtype(dtype), span[0] if span else 0)
+    encoder = _Encoder(tok, writer, scale=scale, drop=options["garbage_filter"] == "drop")
+    cfg = Options(**options).data_config()
+    warnings, skipped = [], []
+    try:
+        for n, path, named, piece in job:
+            encoder.file = n
+            try:
+                for doc, first, last, line, where in _pieces(Path(path), cfg, tok, piece, hint):
+                    encoder.add(doc, first, last, line)
+                    if doc is None and len(skipped) < SKIPPED_SHOWN:
+                        skipped.append(where)
+            except formats.Unreadable as exc:
+                if named or piece:  # a file named on its own must be read, and so must one read in pieces;
+                    raise  # a directory's odd file is skipped
+                encoder.unreadable(str(exc))
+                warnings.append(f"{exc}: skipped")
+                continue
+            encoder.flush()
+            if not encoder.stats[n]["documents"] and not encoder.stats[n]["skipped"]:
+                warnings.append(f"{path}: empty, nothing to prepare")
+        writer.close()
+    except BaseException:
+        writer.discard()
+        raise
+    return {
+        "shards": writer.done,
+        "files": encoder.stats,
+        "chat": encoder.chat,
+        "warnings": warnings,
+        "span": span,
+        "skipped": skipped,
+        "garbage": encoder.garbage,
+    }
+
+
+def _pieces(
+    path: Path, cfg: DataConfig, tok: TextTokenizer, span: formats.Span | None = None, hint: str = SKIP_HINT
+) -> Iterator[tuple[Document | None, bool, bool, int, str]]:
+    """(document or piece of one, whether it is the first piece, the last, its line or row, where
+    it is in words) of a file (of `span` of it); None for a malformed record skipped
+    (skip_bad_records)."""
+    if formats.kind_of(path, cfg.format) == "text":
+        first = True
+        for record in formats.records(path, cfg.format):
+            if record.value or not first:
+                yield Document([(record.value, True)]), first, record.last, 0, record.where
+            first = False
+        return
+    for doc, record in record_documents(path, cfg, tok.chat, hint, span):
+        if doc is None:
+            yield None, False, False, record.line, record.where
+        elif doc.text:
+            yield doc, True, True, record.line, record.where
+
+
+@dataclass
+class _Encoder:
+    """Documents -> tokens, in batches of ENCODE_CHARS characters through encode_batch."""
+
+    tok: TextTokenizer
+    writer: _Writer
+    scale: dict[str, float] | None = None  # the garbage screen's (median, threshold); None: off
+    drop: bool = False  # leave out what the screen flags (else count and name it only)
+    garbage: list[tuple[int, int]] = field(default_factory=list)  # (file, line) of the first flagged
+    file: int = 0
+    stats: dict[int, dict[str, int]] = field(default_factory=dict)
+    chat: bool = False
+    _batch: list[tuple[Document, bool, bool, int]] = field(default_factory=list)
+    _chars: int = 0
+
+    def add(self, doc: Document | None, first: bool, last: bool, line: int) -> None:
+        stats = self.stats.setdefault(self.file, {"documents": 0, "tokens": 0, "skipped": 0})
+        if doc is None:
+            stats["skipped"] += 1
+            return
+        self._batch.append((doc, first, last, line))
+        self._chars += sum(len(t) for t, _ in doc.segments)
+        self.chat = self.chat or any(not trainable for _, trainable in doc.segments)
+        if self._chars >= ENCODE_CHARS:
+            self.flush()
+
+    def unreadable(self, why: str) -> None:
+        self._batch, self._chars = [], 0
+        self.stats[self.file] = {"documents": 0, "tokens": 0, "skipped": 0, "unreadable": why}
+
+    def flush(self) -> None:
+        self.stats.setdefault(self.file, {"documents": 0, "tokens": 0, "skipped": 0})
+        texts = [text for doc, *_ in self._batch for text, _ in doc.segments]
+        ids = iter(self.tok.encode_batch(texts))
+        encoded = [[next(ids) for _ in doc.segments] for doc, *_ in self._batch]
+        flagged = self._screen(encoded)
+        for (doc, first, last, line), pieces, bad in zip(self._batch, encoded, flagged):
+            if bad:
+                self.stats[self.file]["garbage"] = self.stats[self.file].get("garbage", 0) + 1
+                if len(self.garbage) < quality.SHOWN:
+                    self.garbage.append((self.file, line))
+                if self.drop:
+                    continue
+            tokens, mask = [], []
+            if first and self.tok.bos_id is not None and not doc.text.startswith(self.tok.decode([self.tok.bos_id])):
+                tokens.append(self.tok.bos_id)  # as data/packing.py: each document starts with it once
+                mask.append(False)
+            for piece, (_, trainable) in zip(pieces, doc.segments):
+                tokens += piece
+                mask += [trainable] * len(piece)
+            if last:
+                tokens.append(self.tok.eos_id)
+                mask.append(doc.segments[-1][1] if doc.segments else True)
+            self.writer.add(np.array(tokens, dtype=np.int64), np.array(mask, dtype=bool), last, self.file, line)
+            stats = self.stats[self.file]
+            stats["tokens"] += len(tokens)
+            stats["documents"] += int(last)
+        self._batch, self._chars = [], 0
+
+    def _screen(self, encoded: list[list[list[int]]]) -> np.ndarray:
+        """bool [batch]: the whole documents (not pieces of a text file) the screen flags."""
+        whole = np.array([first and last for _, first, last, _ in self._batch], dtype=bool)
+        if self.scale is None or not whole.any():
+            return np.zeros(len(self._batch), dtype=bool)
+        n_bytes = np.array([len(doc.text.encode()) for doc, *_ in self._batch])
+        n_tokens = np.array([sum(len(p) for p in pieces) for pieces in encoded])
+        return whole & quality.flags(n_bytes, n_tokens, self.scale["median"], self.scale["threshold"])
+
+
+class _Writer:
+    """Appends tokens to the open shard; closes it at a document end past SHARD_TOKENS."""
+
+    def __init__(self, folder: Path, uid: str, dtype: np.dtype, start: int = 0) -> None:
+        self.folder, self.uid, self.dtype = folder, uid, dtype
+        self.start = start  # the byte of the file its piece starts at: orders shards of one file
+        self.done: list[dict[str, Any]] = []
+        self._fh = None
+
+    def _open(self) -> None:
+        self.name = f"{self.uid}-{len(self.done):04d}"
+        self._fh = open(self.folder / f".tmp-{self.name}.bin", "wb")
+        self._hash, self._n = hashlib.sha256(), 0
+        self._ends: list[int] = []
+        self._where: list[tuple[int, int]] = []
+        self._masked: list[tuple[int, int]] = []
+        self._files: set[int] = set()
+
+    def add(self, tokens: np.ndarray, mask: np.ndarray, doc_end: bool, file: int, line: int) -> None:
+        """Append a document or a piece of one (doc_end: its last)."""
+        if self._fh is None:
+            self._open()
+        data = tokens.astype(self.dtype).tobytes()
+        self._fh.write(data)
+        self._hash.update(data)
+        for start, end in _false_runs(mask):
+            self._masked.append((self._n + start, self._n + end))
+        self._n += len(tokens)
+        self._files.add(file)
+        if doc_end:
+            self._ends.append(self._n)
+            self._where.append((file, line))
+            if self._n >= SHARD_TOKENS:
+                self.close()
+
+    def close(self) -> None:
+        if self._fh is None or not self._ends:
+            return self.discard()
+        self._fh.close()
+        self._fh = None
+        tmp = self.folder / f".tmp-{self.name}.idx.npz"
+        np.savez(
+            tmp,
+            offsets=np.array([0] + self._ends, dtype=np.int64),
+            where=np.array(self._where, dtype=np.int64).reshape(-1, 2),
+            masked=np.array(self._masked, dtype=np.int64).reshape(-1, 2),
+        )
+        for suffix in (".idx.npz", ".bin"):  # the tokens last: a shard is whole once its .bin exists
+            os.replace(self.folder / f".tmp-{self.name}{suffix}", self.folder / f"{self.name}{suffix}")
+        self.done.append(
+            {
+                "name": self.name,
+                "tokens": self._ends[-1],
+                "documents": len(self._ends),
+                "files": sorted(self._files),
+                "start": self.start,
+                "sha256": {"bin": self._hash.hexdigest(), "idx": sha256_file(self.folder / f"{self.name}.idx.npz")},
+            }
+        )
+
+    def discard(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+        for path in self.folder.glob(f".tmp-{self.uid}-*"):
+            path.unlink()
+
+
+def _false_runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) of each run of False in a bool array."""
+    if mask.all():
+        return []
+    edges = np.diff(np.concatenate([[1], mask.astype(np.int8), [1]]))
+    return list(zip(np.flatnonzero(edges == -1).tolist(), np.flatnonzero(edges == 1).tolist()))
