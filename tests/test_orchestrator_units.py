@@ -17,25 +17,11 @@ from trimtab.orchestrator.core import Orchestrator
 from trimtab.orchestrator.faults import Fault, parse_fault, parse_faults
 from trimtab.orchestrator.journal import Decision, Journal, describe
 from trimtab.orchestrator.moe_health import MoEHealth
-from trimtab.orchestrator.monitors import (
-    RESUME_PROBE,
-    AboveStart,
-    Divergence,
-    Finding,
-    Fp16Overflow,
-    GradExplosion,
-    LossSpike,
-    MemoryPressure,
-    NonFinite,
-    OutOfMemory,
-    Plateau,
-    Rolling,
-    StepMetrics,
-    Throughput,
-    UnexplainedLR,
-    build_monitors,
-)
+from trimtab.orchestrator.monitors import Finding, GradExplosion, LossSpike, NonFinite, Rolling, StepMetrics
 from trimtab.orchestrator.policy import Policy
+from trimtab.orchestrator.resources import RESUME_PROBE, Fp16Overflow, MemoryPressure, OutOfMemory, Throughput
+from trimtab.orchestrator.rules import build_monitors
+from trimtab.orchestrator.trends import AboveStart, Divergence, Plateau, UnexplainedLR
 from trimtab.rundir import read_decisions
 from trimtab.training import actions
 from trimtab.training.actions import ACTIONS

@@ -27,10 +27,11 @@ from trimtab.orchestrator.evaluation import EarlyStop, early_stop, failed_evalua
 from trimtab.orchestrator.journal import Decision, Journal
 from trimtab.orchestrator.mod_health import MoDQuality
 from trimtab.orchestrator.moe_health import MoEHealth
-from trimtab.orchestrator.monitors import MONITORS, Finding, Rolling, StepMetrics, build_monitors
+from trimtab.orchestrator.monitors import Finding, Rolling, StepMetrics
 from trimtab.orchestrator.outliers import OutlierRows
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.remedies import Remedy
+from trimtab.orchestrator.rules import MONITORS, build_monitors
 from trimtab.rundir import DECISIONS_FILE
 from trimtab.training.actions import ACTIONS, COMMANDS, VERBS
 from trimtab.training.hooks import Hook

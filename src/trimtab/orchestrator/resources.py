@@ -1,0 +1,154 @@
+"""Detectors of the machine (monitors.py has the kit): slowdowns (Throughput), memory close to
+the limit (MemoryPressure), fp16 overflow (Fp16Overflow) and out-of-memory errors (OutOfMemory)."""
+
+from __future__ import annotations
+
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.monitors import Finding, Monitor, Rolling, StepMetrics
+
+
+class Throughput(Monitor):
+    """Tokens/s below factor x its rolling median for `patience` consecutive steps. An action
+    applied to the run (a smaller micro-batch, a new expert, a rollback: the orchestrator's own or
+    a person's) starts a fresh baseline, so the rule reports a slower machine, not those changes."""
+
+    rule, family = "throughput", "throughput"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.throughput
+        self.window = Rolling(self.cfg.window)
+        self.slow = 0
+        self.changes = 0
+        self.reported: list[float] = []  # [step, tokens/s] of the last finding
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        if m.changes != self.changes:
+            self.changes, self.window, self.slow = m.changes, Rolling(self.cfg.window), 0
+        if len(self.window) < self.cfg.min_samples or m.tokens_per_s >= self.cfg.factor * self.window.median():
+            self.window.add(m.tokens_per_s)
+            self.slow = 0
+            return None
+        self.slow += 1
+        if self.slow < self.cfg.patience:
+            return None
+        self.slow = 0
+        # Logged, never acted on: one line per slow stretch, another only after the cooldown or
+        # when the rate halves again (a loaded machine filled the journal with dozens a run)
+        quiet = m.step - self.reported[0] < self.cfg.cooldown if self.reported else False
+        if quiet and m.tokens_per_s >= 0.5 * self.reported[1]:
+            return None
+        self.reported = [m.step, m.tokens_per_s]
+        median = self.window.median()
+        return self.finding(
+            m,
+            {"tokens_per_s": m.tokens_per_s, "median": median, "patience": self.cfg.patience},
+            f"{m.tokens_per_s:,.0f} tokens/s < {self.cfg.factor:g} x median {median:,.0f} "
+            f"for {self.cfg.patience} steps",
+            1 - m.tokens_per_s / median,
+        )
+
+
+class MemoryPressure(Monitor):
+    """Memory in use above the threshold for `patience` consecutive readings."""
+
+    rule, family = "memory", "memory"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.memory
+        self.high = 0
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        if m.memory_frac is None or m.memory_frac <= self.cfg.threshold:
+            self.high = 0
+            return None
+        self.high += 1
+        if self.high < self.cfg.patience:
+            return None
+        self.high = 0
+        return self.finding(
+            m,
+            {"memory_frac": m.memory_frac, "threshold": self.cfg.threshold},
+            f"memory {m.memory_frac:.0%} in use > {self.cfg.threshold:.0%}",
+            0.6 + 0.4 * (m.memory_frac - self.cfg.threshold) / (1 - self.cfg.threshold + 1e-9),
+        )
+
+
+class Fp16Overflow(Monitor):
+    """An overflow storm: the GradScaler skipped at least max_overflows of the last `window` steps."""
+
+    rule, family = "fp16", "fp16"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.fp16
+        self.window = Rolling(self.cfg.window)
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        self.window.add(float(m.overflow))
+        count = int(sum(self.window.values))
+        if count < self.cfg.max_overflows:
+            return None
+        self.window = Rolling(self.cfg.window)
+        return self.finding(
+            m,
+            {"overflows": count, "window": self.cfg.window},
+            f"{count} fp16 overflows in {self.cfg.window} steps",
+            count / self.cfg.window + 0.5,
+        )
+
+
+RESUME_PROBE = 10  # steps after a resume before a shrunk micro-batch is probed at twice the size
+
+
+class OutOfMemory(Monitor):
+    """Out-of-memory errors, reported by the trainer's retry path (error()), counted per step; and,
+    after `probe_after` clean steps on a micro-batch below the configured one, a probe: try twice
+    the size again, waiting twice as long before the next probe (back-off)."""
+
+    rule, family = "oom", "memory"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.oom
+        self.configured = 0  # the micro-batch the run started with (set by the orchestrator)
+        self.last = -1  # step of the last out-of-memory error
+        self.retries = 0  # errors in that step
+        self.clean = 0  # steps since, below the configured micro-batch
+        self.probe_after = cfg.oom.probe_after
+
+    def error(self, step: int, micro_batch_tokens: int, message: str, rows: list[int]) -> Finding:
+        self.retries = self.retries + 1 if step == self.last else 1
+        self.last, self.clean = step, 0
+        return Finding(
+            rule=self.rule,
+            family=self.family,
+            step=step,
+            evidence={"kind": "oom", "micro_batch_tokens": micro_batch_tokens, "retry": self.retries, "error": message},
+            summary=f"out of memory at a micro-batch of {micro_batch_tokens} tokens",
+            strength=1.0,
+            rows=list(rows),
+        )
+
+    def resumed(self) -> None:
+        """A resumed run is a new process: the fragmentation and the other tenants that made the
+        larger micro-batch fail may be gone, so probe it after RESUME_PROBE steps, with the back-off
+        reset (a run resumed after shrinking otherwise kept its smallest micro-batch to the end)."""
+        if self.cfg.probe_after:
+            self.probe_after = self.cfg.probe_after
+            self.clean = max(self.clean, self.probe_after - RESUME_PROBE)
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        if not self.probe_after or not self.configured or m.micro_batch_tokens >= self.configured:
+            return None
+        self.clean += 1
+        if self.clean < self.probe_after:
+            return None
+        clean, self.clean, self.probe_after = self.clean, 0, self.probe_after * 2  # back off if it fails again
+        target = min(m.micro_batch_tokens * 2, self.configured)
+        evidence = {"kind": "probe", "micro_batch_tokens": m.micro_batch_tokens, "clean_steps": clean, "target": target}
+        return Finding(
+            rule=self.rule,
+            family=self.family,
+            step=m.step,
+            evidence=evidence,
+            summary=f"{clean} steps without running out of memory",
+            strength=0.6,
+        )

@@ -1,0 +1,28 @@
+"""Every orchestrator rule's monitor by name (the names of OrchestratorConfig's sections and of the
+journal's `rule`); the policy handles their findings by family (policy.py)."""
+
+from __future__ import annotations
+
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.monitors import GradExplosion, LossSpike, Monitor, NonFinite
+from trimtab.orchestrator.resources import Fp16Overflow, MemoryPressure, OutOfMemory, Throughput
+from trimtab.orchestrator.trends import AboveStart, Divergence, Plateau, UnexplainedLR
+
+MONITORS = {
+    "nonfinite": NonFinite,
+    "spike": LossSpike,
+    "grad": GradExplosion,
+    "divergence": Divergence,
+    "above_start": AboveStart,
+    "plateau": Plateau,
+    "throughput": Throughput,
+    "memory": MemoryPressure,
+    "fp16": Fp16Overflow,
+    "lr": UnexplainedLR,
+    "oom": OutOfMemory,
+}
+
+
+def build_monitors(cfg: OrchestratorConfig) -> dict[str, Monitor]:
+    """Every enabled rule's monitor; non-finite values are always watched."""
+    return {name: cls(cfg) for name, cls in MONITORS.items() if name == "nonfinite" or getattr(cfg, name).enabled}

@@ -1,0 +1,217 @@
+"""Detectors of a run's course (monitors.py has the kit): a loss that climbs for good
+(Divergence), a loss above where the run started (AboveStart: an LR far too high from the first
+steps), a loss that stopped falling (Plateau), and a learning rate the schedule does not explain
+(UnexplainedLR)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.monitors import Finding, Monitor, Rolling, StepMetrics
+
+
+class Divergence(Monitor):
+    """The loss trends up: the least-squares line through the window rises by min_rise of its mean.
+    Steps whose update was withheld are left out (their loss is a spike's or bad data's, not the
+    trajectory's); the finding carries the window's rows, so the policy can tell bad data from a
+    bad LR and attribute it to rows."""
+
+    rule, family = "divergence", "instability"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.divergence
+        self.window = Rolling(self.cfg.window)
+        self.rows: list[list[int]] = []  # each window step's rows
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        if not math.isfinite(m.loss) or m.skipped:
+            return None
+        self.window.add(m.loss)
+        self.rows = (self.rows + [list(m.rows)])[-self.cfg.window :]
+        if not self.window.full():
+            return None
+        mean, rise = self.window.mean(), self.window.slope() * (len(self.window) - 1)
+        if rise <= self.cfg.min_rise * mean:
+            return None
+        rows = sorted({r for step in self.rows for r in step})
+        self.window, self.rows = Rolling(self.cfg.window), []  # a fresh window before it can fire again
+        f = self.finding(
+            m,
+            {"rise": rise, "mean": mean, "window": self.cfg.window},
+            f"loss rose {rise:.3f} ({rise / mean:.1%}) over {self.cfg.window} steps",
+            0.5 + 0.5 * rise / (2 * self.cfg.min_rise * mean),
+        )
+        f.rows = rows
+        return f
+
+
+class AboveStart(Monitor):
+    """The loss above where the phase started, `patience` steps in a row (skipped steps left out).
+
+    The other rules compare a step with the run's recent past, so they need a window first (10
+    to 50 steps) and follow a run that is bad from its first step: with 100x the preset's LR the
+    loss climbed 6.2 -> 11.5 by step 15 and no rule fired. The first step's loss is the untouched
+    weights' score; a model that scores worse for several steps in a row has been made worse by
+    its training, whatever the windows say. Once it fired it fires again only while the loss does
+    not fall (each time below 98% of the level it reported): a cut is given steps to work.
+
+    A cut LR can still be far too high without the loss going above its start: on `debug` 2-10x
+    the preset's LR holds the loss near 5.0 (the clean run passes 4.2) and the gradient norm falls
+    to under half its warm-up level, where a sound LR keeps it at 0.6-1.4x. So once the rule has
+    fired (`fired` survives a rollback, which restores the rest of its state), it also compares the
+    median gradient norm of the last `window` steps with that of the first `window` (re-measured
+    after each finding): below `collapse` x it, the LR is still too high and it fires again. A run
+    the rule never fired on is never judged on its gradient norm."""
+
+    rule, family = "above_start", "instability"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.above_start
+        self.start: float | None = None
+        self.over: list[float] = []  # losses of the steps above the line, in a row
+        self.reported: float | None = None  # the level of the last finding
+        self.since = 0  # the first step of the current stretch above the line
+        self.first_step: int | None = None  # the phase's first step (after a rollback: the replay's)
+        self.grads: list[float] = []  # gradient norms since the phase started or the last finding
+        self.fired = False  # a finding in this phase: the LR was far too high (kept across rollbacks)
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        if not math.isfinite(m.loss):
+            return None
+        if self.start is None:
+            self.start, self.first_step = m.loss, m.step
+            return None
+        line = self.start + max(self.cfg.margin, self.cfg.rel_margin * self.start)
+        if m.skipped:
+            return None
+        if self.fired and (f := self._collapsed(m, line)) is not None:
+            return f
+        if m.loss <= line:
+            self.over = []
+            return None
+        if not self.over:
+            self.since = m.step  # the stretch's first step above the line: the weights before it were sound
+        self.over.append(m.loss)
+        if len(self.over) < self.cfg.patience:
+            return None
+        level = sum(self.over[-self.cfg.patience :]) / self.cfg.patience
+        if self.reported is not None and level < 0.98 * self.reported:
+            return None
+        self.over, self.reported, self.fired, self.grads = [], level, True, []
+        return self.finding(
+            m,
+            {
+                "loss": m.loss,
+                "level": level,
+                "start": self.start,
+                "line": line,
+                "patience": self.cfg.patience,
+                "since": self.since,
+            },
+            f"loss {level:.3f} over {self.cfg.patience} steps, above the {self.start:.3f} the phase started at",
+            0.7 + 0.3 * min(1.0, (level - line) / max(line - self.start, 1e-6)),
+        )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        fired = self.fired  # a rollback restores the weights, not the LR the finding cut: still suspect
+        super().load_state_dict(state)
+        self.fired = fired or bool(state.get("fired"))
+
+    def _collapsed(self, m: StepMetrics, line: float) -> Finding | None:
+        """After a finding: the gradient norm's last `window` steps against its first `window`."""
+        if not math.isfinite(m.grad_norm):
+            return None
+        window = self.cfg.window
+        grads = self.grads + [m.grad_norm]
+        self.grads = grads[:window] + grads[window:][-window:]  # the first window and the last
+        if len(self.grads) < 2 * window:
+            return None
+        warm = sorted(self.grads[:window])[window // 2]
+        now = sorted(self.grads[window:])[window // 2]
+        if now >= self.cfg.collapse * warm:
+            return None
+        self.grads, self.over = [], []
+        return self.finding(
+            m,
+            {
+                "loss": m.loss,
+                "start": self.start,
+                "line": line,
+                "grad_norm": now,
+                "warm_grad_norm": warm,
+                "collapse": self.cfg.collapse,
+                "window": window,
+                "since": self.first_step if self.first_step is not None else m.step,
+            },
+            f"gradient norm {now:.3f} (median of {window} steps) under {self.cfg.collapse:g}x the {warm:.3f} "
+            "of the steps after the LR was cut for being far too high",
+            0.75,
+        )
+
+
+class Plateau(Monitor):
+    """Loss variance below a threshold for `window` steps while far from the planned end."""
+
+    rule, family = "plateau", "plateau"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.plateau
+        self.window = Rolling(self.cfg.window)
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        if not math.isfinite(m.loss) or m.skipped:  # a withheld update's loss says nothing of progress
+            return None
+        self.window.add(m.loss)
+        if not self.window.full() or m.progress >= self.cfg.max_progress:
+            return None
+        variance = self.window.std() ** 2
+        if variance >= self.cfg.variance:
+            return None
+        self.window = Rolling(self.cfg.window)
+        return self.finding(
+            m,
+            {"variance": variance, "window": self.cfg.window, "progress": m.progress},
+            f"loss variance {variance:.1e} < {self.cfg.variance:.0e} for {self.cfg.window} steps",
+            0.5 + 0.5 * (1 - variance / self.cfg.variance),
+        )
+
+
+class UnexplainedLR(Monitor):
+    """The LR the optimizer applies is more than `factor` above what the config's schedule and the
+    journal explain (the schedule's LR for that step x the multiplier decisions set). A schedule the
+    config asks for (cyclic restarts included) and a run length a person or the planner changes are
+    explained by construction; a stray writer of the optimizer's LR or a schedule bug is not. After
+    a finding the new level counts as explained (the remedy compensates for it), so one departure
+    is answered once, and a second one on top of it again."""
+
+    rule, family = "lr", "lr"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.lr
+        self.explained = 1.0  # applied / (schedule x multiplier) accounted for by earlier findings
+
+    def ceiling(self) -> float:
+        """The update gate's bound on that ratio."""
+        return self.cfg.factor * self.explained
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        if m.scheduled_lr <= 0 or m.lr_scale <= 0:
+            return None
+        ratio = m.lr / (m.scheduled_lr * m.lr_scale)
+        if ratio <= self.ceiling():
+            return None
+        explained, self.explained = self.explained, ratio
+        evidence = {
+            "lr": m.lr,
+            "scheduled_lr": m.scheduled_lr,
+            "lr_scale": m.lr_scale,
+            "ratio": ratio,
+            "explained": explained,
+        }
+        summary = (
+            f"the optimizer applies lr {m.lr:.3g}, x{ratio / explained:.3g} what the schedule "
+            f"({m.scheduled_lr:.3g}) and the multiplier ({m.lr_scale:.3g}) explain"
+        )
+        return self.finding(m, evidence, summary, 1.0)
