@@ -1,7 +1,8 @@
 """`trimtab` command line: each subcommand parses its flags and calls one library function.
 
-A subcommand is its handler with a table above it: `@command(NAME, HELP, *ARGS)`, each ARG one
-`add_argument` call's flags and keywords; build_parser turns the tables into the argparse parser."""
+A subcommand is its handler with a table above it: `@command(NAME, HELP, *ARGS)` (commands.py),
+each ARG one `add_argument` call's flags and keywords; build_parser turns the tables into the
+argparse parser."""
 
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from trimtab.commands import COMMANDS, OneOf, add_args, arg, command
 from trimtab.errors import RunFinished, TrimtabError
 from trimtab.training.actions import help_text
 from trimtab.training.services.signals import StartUpInterrupted, handle_signals
@@ -21,44 +21,7 @@ from trimtab.training.services.signals import StartUpInterrupted, handle_signals
 if TYPE_CHECKING:
     from trimtab.config import RunConfig
 
-Arg = tuple[tuple[str, ...], dict[str, Any]]  # one add_argument call: flags (or positional name), keywords
-Handler = Callable[[argparse.Namespace], int]
-
-
-def arg(*flags: str, **kw: Any) -> Arg:
-    return flags, kw
-
-
-class OneOf:
-    """Arguments that exclude each other (an argparse mutually exclusive group)."""
-
-    def __init__(self, *args: Arg) -> None:
-        self.args = args
-
-
-@dataclass(frozen=True)
-class Command:
-    name: str  # "data prepare": `prepare` under the group `data` (GROUPS)
-    func: Handler
-    help: str
-    args: tuple[Arg | OneOf, ...]
-    description: str | None = None
-    epilog: str | None = None
-    raw: bool = False  # description and epilog printed as written (line breaks kept)
-
-
-COMMANDS: list[Command] = []  # in `trimtab --help`'s order: the order of the handlers below
 GROUPS = {"data": "prepare data: token shards a run reads memory-mapped (docs/data.md)"}
-
-
-def command(name: str, help: str, *args: Arg | OneOf, **parser: Any) -> Callable[[Handler], Handler]:
-    """Declare the decorated handler as subcommand `name` taking `args` (`parser`: description, epilog, raw)."""
-
-    def declare(func: Handler) -> Handler:
-        COMMANDS.append(Command(name, func, help, args, **parser))
-        return func
-
-    return declare
 
 
 # shared by train and plan
@@ -482,18 +445,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = subparsers[group].add_parser(
             name, help=c.help, description=c.description, epilog=c.epilog, formatter_class=formatter
         )
-        _add_args(p, c.args)
+        add_args(p, c.args)
         p.set_defaults(func=c.func)
     return parser
-
-
-def _add_args(parser: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup, args: tuple) -> None:
-    for a in args:
-        if isinstance(a, OneOf):
-            _add_args(parser.add_mutually_exclusive_group(), a.args)
-        else:
-            flags, kw = a
-            parser.add_argument(*flags, **kw)
 
 
 def main(argv: list[str] | None = None) -> int:

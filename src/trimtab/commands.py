@@ -1,0 +1,58 @@
+"""The command table of the `trimtab` CLI: a subcommand is its handler with `@command(NAME, HELP,
+*ARGS)` above it (cli.py), each ARG one `add_argument` call's flags and keywords, collected in
+COMMANDS in declaration order; cli.build_parser turns them into the argparse parser."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Arg = tuple[tuple[str, ...], dict[str, Any]]  # one add_argument call: flags (or positional name), keywords
+Handler = Callable[[argparse.Namespace], int]
+
+
+def arg(*flags: str, **kw: Any) -> Arg:
+    return flags, kw
+
+
+class OneOf:
+    """Arguments that exclude each other (an argparse mutually exclusive group)."""
+
+    def __init__(self, *args: Arg) -> None:
+        self.args = args
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str  # "data prepare": `prepare` under the group `data` (GROUPS)
+    func: Handler
+    help: str
+    args: tuple[Arg | OneOf, ...]
+    description: str | None = None
+    epilog: str | None = None
+    raw: bool = False  # description and epilog printed as written (line breaks kept)
+
+
+COMMANDS: list[Command] = []  # in `trimtab --help`'s order: the order of cli.py's handlers
+
+
+def command(name: str, help: str, *args: Arg | OneOf, **parser: Any) -> Callable[[Handler], Handler]:
+    """Declare the decorated handler as subcommand `name` taking `args` (`parser`: description, epilog, raw)."""
+
+    def declare(func: Handler) -> Handler:
+        COMMANDS.append(Command(name, func, help, args, **parser))
+        return func
+
+    return declare
+
+
+def add_args(parser: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup, args: tuple) -> None:
+    """Each Arg an add_argument call on parser; each OneOf a mutually exclusive group."""
+    for a in args:
+        if isinstance(a, OneOf):
+            add_args(parser.add_mutually_exclusive_group(), a.args)
+        else:
+            flags, kw = a
+            parser.add_argument(*flags, **kw)
