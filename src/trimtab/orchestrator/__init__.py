@@ -4,6 +4,7 @@ monitors.py  detectors over per-step metrics -> Finding: the kit, and one bad st
 trends.py    detectors of the run's course (divergence, above the start, plateau, LR)
 resources.py detectors of the machine (throughput, memory, fp16 overflow, OOM)
 rules.py     every rule's monitor by name
+readings.py  a step's values read off the device in one copy -> StepMetrics fields
 policy.py    findings -> decisions: escalation ladder, cooldowns, confidence
 remedies.py  the remedies of the one-answer families (memory, MoE, MoD, disk, run length, ...)
 journal.py   decisions.jsonl: evidence, reasoning, confidence, outcome (read with trimtab.rundir)

@@ -21,8 +21,7 @@ import torch
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.distributed import all_max, broadcast_object, is_main
 from trimtab.errors import TrimtabError
-from trimtab.hardware import ram_bytes
-from trimtab.orchestrator import ctl
+from trimtab.orchestrator import ctl, readings
 from trimtab.orchestrator.evaluation import EarlyStop, early_stop, failed_evaluation
 from trimtab.orchestrator.journal import Decision, Journal
 from trimtab.orchestrator.mod_health import MoDQuality
@@ -201,11 +200,11 @@ class Orchestrator(Hook):
     def _read(self, run: RunView) -> None:
         outs, self.pending = self.pending, []
         if outs and self.mode != "off":
-            memory = memory_fraction(run.device)
+            memory = readings.memory_fraction(run.device)
             # Data parallelism: the slowest rank's step times and the fullest device, so every
             # rank's monitors see the same numbers and decide alike.
             *seconds, memory = all_max([o.seconds for o in outs] + [-1.0 if memory is None else memory])
-            steps = to_host([_device_values(o, "moe" in self.monitors) for o in outs])
+            steps = to_host([readings.device_values(o, "moe" in self.monitors) for o in outs])
             moe = "moe" in self.monitors and any(o.moe for o in outs)  # a walk of the modules: only then
             top_k = run.moe_top_k() if moe else {}
             for o, values, s in zip(outs, steps, seconds):
@@ -225,8 +224,8 @@ class Orchestrator(Hook):
                     changes=o.changes,
                     phase=o.phase,
                     rows=o.batch.rows,
-                    row_losses=_row_means(o.batch.rows, values["rows"]),
-                    moe=_moe_loads(o, values["moe"], top_k),
+                    row_losses=readings.row_means(o.batch.rows, values["rows"]),
+                    moe=readings.moe_loads(o, values["moe"], top_k),
                     mod_capacity=values["mod"],
                 )
                 self._observe(run, m)
@@ -478,60 +477,9 @@ def _skip_wording(mode: str, withheld: bool) -> str:
     return f"in {mode} mode nothing is withheld: the update was applied; auto mode would have withheld it"
 
 
-def _device_values(out: StepOutput, moe: bool) -> dict[str, Any]:
-    """The step's values still on the device, to read in one copy with the others (to_host)."""
-    return {
-        "loss": out.loss,
-        "grad_norm": out.grad_norm,
-        "skipped": out.skipped if out.skipped is not None else False,
-        "overflow": out.overflow if out.overflow is not None else False,
-        "mod": out.mod["means"][:, 0].mean() if out.mod else None,
-        "moe": {"counts": out.moe["counts"], "means": out.moe["means"]} if moe and out.moe else None,
-        "rows": out.row_losses,
-    }
-
-
 def _same_trouble(decision: Decision, f: Finding) -> bool:
     """Whether finding f says decision's trouble is back: the same family, and for outlier rows
     the same rows (other rows found later are other data, not a failed remedy)."""
     if f.family != decision.family:
         return False
     return decision.rule != "rows" or bool(set(decision.params.get("rows", ())) & set(f.evidence.get("rows", ())))
-
-
-def _row_means(rows: list[int], host: list[list[float]] | None) -> dict[int, tuple[float, int]] | None:
-    """Each row's (mean loss per target in nats, targets) from the step's read [R, 2] (summed
-    loss, targets; a row's first place holds it, training.runtime.RowLosses); rows without
-    targets left out."""
-    if host is None:
-        return None
-    means: dict[int, tuple[float, int]] = {}
-    for row, (summed, count) in zip(rows, host):
-        if count > 0 and row not in means:
-            means[row] = (summed / count, int(count))
-    return means
-
-
-def _moe_loads(out: StepOutput, host: dict[str, Any] | None, top_k: dict[int, int]) -> list[tuple] | None:
-    """Each MoE layer's (layer, load shares, dropped fraction, top_k) from the step's read values."""
-    if host is None:
-        return None
-    rows = []
-    for layer, counts, means in zip(out.moe["layers"], host["counts"], host["means"]):
-        total = sum(counts) or 1.0
-        rows.append((layer, [c / total for c in counts], means[0], top_k.get(layer, 1)))  # means: dropped, ...
-    return rows
-
-
-def memory_fraction(device: torch.device) -> float | None:
-    """Share of device memory the allocator holds (CUDA), or of machine RAM this process uses
-    (CPU, Linux); no device sync either way."""
-    if device.type == "cuda":
-        return torch.cuda.memory_reserved(device) / torch.cuda.get_device_properties(device).total_memory
-    total = ram_bytes()
-    try:
-        with open("/proc/self/statm") as fh:
-            rss = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-    return rss / total if total else None

@@ -1,0 +1,66 @@
+"""A step's readings for the monitors: what the orchestrator copies off the device in one read
+(device_values) and how it turns the copies into StepMetrics fields (row_means, moe_loads), and
+the memory share no copy is needed for (memory_fraction)."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trimtab.hardware import ram_bytes
+
+if TYPE_CHECKING:
+    from trimtab.training.state import StepOutput
+
+
+def device_values(out: StepOutput, moe: bool) -> dict[str, Any]:
+    """The step's values still on the device, to read in one copy with the others (to_host)."""
+    return {
+        "loss": out.loss,
+        "grad_norm": out.grad_norm,
+        "skipped": out.skipped if out.skipped is not None else False,
+        "overflow": out.overflow if out.overflow is not None else False,
+        "mod": out.mod["means"][:, 0].mean() if out.mod else None,
+        "moe": {"counts": out.moe["counts"], "means": out.moe["means"]} if moe and out.moe else None,
+        "rows": out.row_losses,
+    }
+
+
+def row_means(rows: list[int], host: list[list[float]] | None) -> dict[int, tuple[float, int]] | None:
+    """Each row's (mean loss per target in nats, targets) from the step's read [R, 2] (summed
+    loss, targets; a row's first place holds it, training.runtime.RowLosses); rows without
+    targets left out."""
+    if host is None:
+        return None
+    means: dict[int, tuple[float, int]] = {}
+    for row, (summed, count) in zip(rows, host):
+        if count > 0 and row not in means:
+            means[row] = (summed / count, int(count))
+    return means
+
+
+def moe_loads(out: StepOutput, host: dict[str, Any] | None, top_k: dict[int, int]) -> list[tuple] | None:
+    """Each MoE layer's (layer, load shares, dropped fraction, top_k) from the step's read values."""
+    if host is None:
+        return None
+    rows = []
+    for layer, counts, means in zip(out.moe["layers"], host["counts"], host["means"]):
+        total = sum(counts) or 1.0
+        rows.append((layer, [c / total for c in counts], means[0], top_k.get(layer, 1)))  # means: dropped, ...
+    return rows
+
+
+def memory_fraction(device: torch.device) -> float | None:
+    """Share of device memory the allocator holds (CUDA), or of machine RAM this process uses
+    (CPU, Linux); no device sync either way."""
+    if device.type == "cuda":
+        return torch.cuda.memory_reserved(device) / torch.cuda.get_device_properties(device).total_memory
+    total = ram_bytes()
+    try:
+        with open("/proc/self/statm") as fh:
+            rss = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+    return rss / total if total else None
