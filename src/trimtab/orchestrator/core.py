@@ -22,7 +22,7 @@ from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.distributed import all_max, broadcast_object, is_main
 from trimtab.errors import TrimtabError
 from trimtab.orchestrator import ctl, readings
-from trimtab.orchestrator.evaluation import EarlyStop, early_stop, failed_evaluation
+from trimtab.orchestrator.evaluation import EarlyStop, eval_failure
 from trimtab.orchestrator.journal import Decision, Journal
 from trimtab.orchestrator.mod_health import MoDQuality
 from trimtab.orchestrator.moe_health import MoEHealth
@@ -114,11 +114,11 @@ class Orchestrator(Hook):
         if self.mode == "off" or monitor is None or "early_stop" in self.paused:
             return
         if (f := monitor.observe_eval(metrics["step"], run.phase, metrics["val_loss"])) is not None:
-            self._decide(run, f, early_stop(f))
+            self.decide(run, f)
 
     def on_eval_error(self, run: RunView, step: int, error: str) -> None:
         if self.mode != "off":
-            self._decide(run, *failed_evaluation(step, error))
+            self.decide(run, eval_failure(step, error))
 
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
         self._read(run)

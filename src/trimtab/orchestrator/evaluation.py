@@ -65,8 +65,9 @@ def early_stop(f: Finding) -> Remedy:
     )
 
 
-def failed_evaluation(step: int, error: str) -> tuple[Finding, Remedy]:
-    finding = Finding(
+def eval_failure(step: int, error: str) -> Finding:
+    """A failed evaluation as a finding (family evaluation): the policy answers it (failed_evaluation)."""
+    return Finding(
         rule="eval_error",
         family="evaluation",
         step=step,
@@ -74,9 +75,11 @@ def failed_evaluation(step: int, error: str) -> tuple[Finding, Remedy]:
         summary=f"the evaluation at step {step} failed: {error}",
         strength=1.0,
     )
-    remedy = Remedy(
+
+
+def failed_evaluation(f: Finding) -> Remedy:
+    return Remedy(
         action="none",
         reasoning="an evaluation is a measurement, not training: its result is dropped and training goes on; "
         "the next evaluation runs as scheduled",
     )
-    return finding, remedy
