@@ -12,7 +12,7 @@ from trimtab.config import load_config
 from trimtab.training import control as control_module
 from trimtab.training.actions import ACTIONS
 from trimtab.training.control import AT_ONCE, EFFECTS, Control, check_effects
-from trimtab.training.hooks import Hook
+from trimtab.training.hooks import Hook, HookWroteError
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trimtab"
 
@@ -158,3 +158,29 @@ def test_the_fault_injector_is_the_one_instrument():
         if "FaultHandle(" in p.read_text() and p.name not in ("instrument.py",)
     ]
     assert handles == ["training/trainer.py"]  # created there alone, for Instrument hooks
+
+
+def test_a_hook_that_writes_into_the_step_it_was_shown_fails(tmp_path):
+    """The batch and the StepOutput a hook is shown are the step's own tensors: a write into one
+    in place is caught at the hook boundary (their version counters) and names the hook, the event
+    and the tensor."""
+
+    class Scaler(Hook):
+        def on_step_end(self, run, out):
+            out.loss.mul_(0.5)
+
+    class Poisoner(Hook):
+        def on_step_start(self, run, batch):
+            batch.micro[0].inputs[0, 0] = 1
+
+    with pytest.raises(HookWroteError, match=r"Scaler.on_step_end wrote into arg0.loss in place"):
+        trimtab.train(_tiny(tmp_path / "a"), hooks=[Scaler()])
+    with pytest.raises(HookWroteError, match=r"Poisoner.on_step_start wrote into arg0.micro\[0\].inputs"):
+        trimtab.train(_tiny(tmp_path / "b"), hooks=[Poisoner()])
+
+    class Reader(Hook):  # reading, and changing copies, is what hooks do
+        def on_step_end(self, run, out):
+            self.halved = out.loss.detach().clone().mul_(0.5).item()
+
+    reader = Reader()
+    assert trimtab.train(_tiny(tmp_path / "c"), hooks=[reader])["step"] == 3 and reader.halved > 0

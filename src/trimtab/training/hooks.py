@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trimtab.errors import TrimtabError
 from trimtab.rundir import ABANDONED, METRICS_FILE, append_lines, rewrite_jsonl
 
 if TYPE_CHECKING:
@@ -28,6 +29,41 @@ if TYPE_CHECKING:
     from trimtab.training.view import RunView
 
 log = logging.getLogger(__name__)
+
+
+class HookWroteError(TrimtabError):
+    """A hook changed a tensor of the step it was shown (a batch, a StepOutput) in place."""
+
+
+def tensors_of(value: Any, name: str) -> list[tuple[str, torch.Tensor]]:
+    """Every tensor inside an event's argument (a StepBatch, a StepOutput: dataclasses, dicts,
+    lists), with where it is, for the seal around a hook call."""
+    if isinstance(value, torch.Tensor):
+        return [(name, value)]
+    if isinstance(value, dict):
+        return [t for k, v in value.items() for t in tensors_of(v, f"{name}[{k!r}]")]
+    if isinstance(value, (list, tuple)):
+        return [t for i, v in enumerate(value) for t in tensors_of(v, f"{name}[{i}]")]
+    if hasattr(value, "__dataclass_fields__"):
+        return [t for f in value.__dataclass_fields__ for t in tensors_of(getattr(value, f), f"{name}.{f}")]
+    return []
+
+
+def call_sealed(hook: Hook, event: str, view: RunView, *args: Any) -> Any:
+    """hook.event(view, *args), checking that it wrote into none of the tensors it was shown:
+    each tensor's version counter (torch bumps it on every in-place write) is read before and
+    after, a few integer reads a step. A test instrument writes through its own handle
+    (training/instrument.py) and is called as it is."""
+    seal = [(where, t, t._version) for i, a in enumerate(args) for where, t in tensors_of(a, f"arg{i}")]
+    result = getattr(hook, event)(view, *args)
+    for where, tensor, version in seal:
+        if tensor._version != version:
+            raise HookWroteError(
+                f"{type(hook).__name__}.{event} wrote into {where} in place: hooks only observe "
+                "(docs/architecture.md); copy it first (tensor.clone()), or change the run with "
+                "run.control.request(...)"
+            )
+    return result
 
 
 class Hook:

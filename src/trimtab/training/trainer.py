@@ -22,7 +22,7 @@ from trimtab.distributed.group import is_oom
 from trimtab.errors import CheckpointError
 from trimtab.training.control import Control
 from trimtab.training.evaluation import mean_losses, sharded_loss
-from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger
+from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger, call_sealed
 from trimtab.training.instrument import FaultHandle, Instrument
 from trimtab.training.loss import cross_entropy_sum
 from trimtab.training.metrics import run_summary, step_metrics
@@ -249,7 +249,7 @@ class Trainer:
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
                 budget = self.loader.micro_batch_tokens
-                handled = any(h.on_oom(self.view, exc, batch) for h in self.hooks)
+                handled = any(self._hook(h, "on_oom", exc, batch) for h in self.hooks)
                 self.control.apply()
                 if self.stop_reason:
                     return None
@@ -498,7 +498,13 @@ class Trainer:
 
     def _call(self, event: str, *args: Any) -> None:
         for hook in self.hooks:
-            getattr(hook, event)(self.view, *args)
+            self._hook(hook, event, *args)
+
+    def _hook(self, hook: Hook, event: str, *args: Any) -> Any:
+        """hook.event(view, *args), sealed (hooks.call_sealed) unless it is a test instrument."""
+        if isinstance(hook, Instrument):
+            return getattr(hook, event)(self.view, *args)
+        return call_sealed(hook, event, self.view, *args)
 
     def _deliver_findings(self) -> None:
         """The findings hooks proposed during this step (RunView.propose), to every hook's on_finding."""
