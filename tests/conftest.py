@@ -1,7 +1,50 @@
 import json
+from pathlib import Path
 
 import pytest
 import torch
+
+# The quick tier (`pytest --quick`, the edit loop): the cheapest tests by their measured time in
+# DURATIONS, added until QUICK_BUDGET_S is spent, plus tests not measured yet (new ones: most likely
+# the ones being written). `pytest --store-durations` measures them again (on a quiet machine, all
+# tests: CI's tier). The full tier, `pytest`, is what CI runs.
+DURATIONS = Path(__file__).with_name("durations.json")
+QUICK_BUDGET_S = 75.0  # test time; with collection and start-up the tier stays under 2 minutes
+
+
+def pytest_addoption(parser):
+    parser.addoption("--quick", action="store_true", help="the quick tier: the cheapest tests by tests/durations.json")
+    parser.addoption("--store-durations", action="store_true", help="write the tests' times to tests/durations.json")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--quick"):
+        return
+    known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    spent, keep = 0.0, set()
+    for item in sorted((i for i in items if i.nodeid in known), key=lambda i: known[i.nodeid]):
+        spent += known[item.nodeid]
+        if spent > QUICK_BUDGET_S:
+            break
+        keep.add(item.nodeid)
+    chosen = [i for i in items if i.nodeid in keep or i.nodeid not in known]
+    config.hook.pytest_deselected(items=[i for i in items if i not in chosen])
+    items[:] = chosen
+
+
+_times: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    _times[report.nodeid] = _times.get(report.nodeid, 0.0) + report.duration  # setup + call + teardown
+
+
+def pytest_sessionfinish(session):
+    if not session.config.getoption("--store-durations") or hasattr(session.config, "workerinput"):
+        return  # under xdist the controller gets every worker's reports and writes once
+    known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    known.update({k: round(v, 3) for k, v in _times.items()})
+    DURATIONS.write_text(json.dumps(dict(sorted(known.items())), indent=0) + "\n")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -813,3 +813,18 @@ def test_a_new_phase_starts_the_monitors_afresh(tmp_path):
     losses = by_step(run, "loss")
     assert losses[25] > 1.3 * losses[24]  # the switch really jumps the loss
     assert read_decisions(run, abandoned=True) == []
+
+
+def test_withheld_updates_are_made_up_once_the_stretch_is_over(tmp_path):
+    """Three bad steps' updates withheld: once five steps pass quietly, pretraining grows by three
+    steps (journaled), so the run makes as many updates on good data as its length promised."""
+    run = tmp_path / "r"
+    spike = ["orchestrator.spike.window=8", "orchestrator.spike.min_samples=8", "orchestrator.spike.sigma=3"]
+    summary = trimtab.train(debug_cfg(run, steps=32, faults=["bad_batch@18:3"], sets=spike))
+    withheld = [s for s, skipped in by_step(run, "skipped_steps").items() if skipped]
+    [made] = decisions(run, "make_up")
+    assert made["evidence"]["withheld"] == 3 and made["evidence"]["withheld_steps"] == [18, 19, 20]
+    assert made["step"] == 25 and made["action"] == "set_total_steps" and made["params"]["steps"] == 35
+    assert made["applied"] == ["total steps 32 -> 35"]
+    assert summary["status"] == "completed" and summary["step"] == 35 and withheld  # the 3 steps are made up
+    assert sum(m.get("skipped_steps", 0) for m in read_metrics(run) if m["step"] <= 24) == 3

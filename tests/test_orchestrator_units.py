@@ -960,3 +960,31 @@ def test_after_rows_were_left_out_the_next_steps_rows_are_watched():
     assert step(23, [240]) is None  # the watch is over
     data.shift()  # a rollback: remembered steps and the watch start over
     assert data.since(0) == [] and data.watch_until == -1
+
+
+def test_make_up_waits_for_quiet_caps_and_credits_what_a_rollback_replays():
+    from trimtab.config.orchestrator import MakeUpRule
+    from trimtab.orchestrator.make_up import MakeUp
+    from trimtab.orchestrator.make_up import remedy as make_up_remedy
+
+    owed = MakeUp(MakeUpRule(quiet_steps=3, max_fraction=0.05))  # at most 5 of 100 steps
+
+    def step(n, skipped=False, unstable=-1):
+        return owed.observe(StepMetrics(step=n, loss=1.0, grad_norm=1.0, skipped=skipped), unstable, 100, 100)
+
+    assert [step(n, skipped=True, unstable=n) for n in (10, 11)] == [None, None]
+    assert step(12, unstable=11) is None and step(13, unstable=11) is None  # not quiet long enough
+    f = step(14, unstable=11)
+    assert (f.evidence["withheld"], f.evidence["extend"], f.evidence["new_total"]) == (2, 2, 102)
+    owed.rolled_back(10)  # step 11 is trained again: the step made up for it is a credit
+    assert (owed.made, owed.credit) == ([10], 1)
+    for n in range(20, 26):
+        step(n, skipped=True, unstable=n)
+    f = step(29, unstable=25)  # 6 withheld, 1 credited, 4 left under the cap of 5
+    assert (f.evidence["withheld"], f.evidence["credit"], f.evidence["extend"]) == (6, 1, 4)
+    assert owed.credit == 0 and len(owed.made) == 5
+    step(40, skipped=True)
+    capped = step(43)
+    assert capped.evidence["extend"] == 0 and owed.state_dict()["owed"] == []
+    assert make_up_remedy(capped, None, OrchestratorConfig()).action == "none"  # the cap is reached: said, not done
+    assert step(44) is None  # nothing owed: nothing to say

@@ -212,6 +212,19 @@ class RowsRule(Section):
 
 
 @dataclass
+class MakeUpRule(Section):
+    """Updates withheld by the update gate are made up: once a bad stretch is over (no instability
+    for `quiet_steps`), the pretraining phase grows by as many steps, so the run makes the updates
+    on good data its length promised (its LR schedule stretches to the new end). At most
+    `max_fraction` of the phase's configured steps in all: past that the data or the run has a
+    problem more steps do not fix."""
+
+    enabled: bool = True
+    quiet_steps: int = 5  # steps without an instability finding before the withheld steps are made up
+    max_fraction: float = 0.1
+
+
+@dataclass
 class EarlyStopRule(Section):
     """Stop when the validation loss has not improved on its best by `min_delta` for `patience`
     evaluations in a row (per phase; off by default: a run's length is the user's choice)."""
@@ -247,6 +260,7 @@ class OrchestratorConfig(Section):
     lr: LRRule = field(default_factory=LRRule)
     data: DataRule = field(default_factory=DataRule)
     rows: RowsRule = field(default_factory=RowsRule)
+    make_up: MakeUpRule = field(default_factory=MakeUpRule)
     early_stop: EarlyStopRule = field(default_factory=EarlyStopRule)
 
     RULES = (
@@ -263,6 +277,7 @@ class OrchestratorConfig(Section):
         "mod",
         "lr",
         "rows",
+        "make_up",
         "early_stop",
     )
 
@@ -283,6 +298,8 @@ class OrchestratorConfig(Section):
         _check(0 < self.above_start.lr_factor < 1, "orchestrator.above_start.lr_factor", "must be in (0, 1)")
         _positive(self.above_start, "orchestrator.above_start", "patience", "window")
         _check(0 < self.above_start.collapse < 1, "orchestrator.above_start.collapse", "must be in (0, 1)")
+        _positive(self.make_up, "orchestrator.make_up", "quiet_steps")
+        _check(0 <= self.make_up.max_fraction <= 1, "orchestrator.make_up.max_fraction", "must be in [0, 1]")
         _check(self.plateau.lr_factor >= 1, "orchestrator.plateau.lr_factor", "must be >= 1 (a raise)")
         _check(self.plateau.max_lr_scale >= 1, "orchestrator.plateau.max_lr_scale", "must be >= 1")
         _check(0 < self.memory.threshold <= 1, "orchestrator.memory.threshold", "must be in (0, 1]")

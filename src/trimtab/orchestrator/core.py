@@ -24,6 +24,7 @@ from trimtab.errors import TrimtabError
 from trimtab.orchestrator import ctl, readings
 from trimtab.orchestrator.evaluation import EarlyStop, eval_failure
 from trimtab.orchestrator.journal import Decision, Journal
+from trimtab.orchestrator.make_up import MakeUp
 from trimtab.orchestrator.mod_health import MoDQuality
 from trimtab.orchestrator.moe_health import MoEHealth
 from trimtab.orchestrator.monitors import Finding, Rolling, StepMetrics
@@ -60,6 +61,7 @@ class Orchestrator(Hook):
             self.monitors["rows"] = OutlierRows(cfg)  # thinly spread bad data: rows far above the others
         if cfg.early_stop.enabled:
             self.monitors["early_stop"] = EarlyStop(cfg)
+        self.make_up = MakeUp(cfg.make_up) if cfg.make_up.enabled else None  # withheld updates owed
         self.policy = Policy(cfg)
         self.journal = Journal(self.run_dir / DECISIONS_FILE)
         self.paused: set[str] = set()
@@ -192,6 +194,8 @@ class Orchestrator(Hook):
         """Monitors go back with the weights; decisions, ladder and knobs stay (they are the fix)."""
         self.pending = []
         self.policy.shift(self.last_step - run.step)
+        if self.make_up is not None:
+            self.make_up.rolled_back(run.step)
         if saved_state:
             self._load_monitors(saved_state)
 
@@ -270,6 +274,10 @@ class Orchestrator(Hook):
         unstable = [f for f in findings if f.family == "instability"]
         for f in unstable[:1] + [f for f in findings if f.family != "instability"]:  # one rung per step
             self._decide(run, f, self.policy.plan(f, run), withheld=m.skipped)
+        if self.make_up is not None and self.mode == "auto" and "make_up" not in self.paused:
+            owed = self.make_up.observe(m, self.policy.ladder.last_step, run.total_steps, run.pretrain["steps"])
+            if owed is not None:
+                self.decide(run, owed)
 
     def decide(self, run: RunView, f: Finding) -> Decision:
         """The policy's decision on finding f (the orchestrator's own, or another hook's such as
@@ -444,6 +452,7 @@ class Orchestrator(Hook):
             "paused": sorted(self.paused),
             "mode": self.mode,
             "phase": self.phase,
+            "make_up": self.make_up.state_dict() if self.make_up is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -455,6 +464,8 @@ class Orchestrator(Hook):
         self.tracking = state["tracking"]
         self.paused = set(state["paused"])
         self.phase = state.get("phase", 0)
+        if self.make_up is not None and state.get("make_up"):
+            self.make_up.load_state_dict(state["make_up"])
         self.mode = state["mode"] if self.cfg.mode == "auto" or state["mode"] == self.cfg.mode else self.cfg.mode
 
     def _load_monitors(self, state: dict[str, Any]) -> None:

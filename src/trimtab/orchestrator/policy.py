@@ -14,10 +14,11 @@ weights (roll back at once, keeping the data; when they break again within the r
 rollback cuts the LR too). Other families have one remedy each (orchestrator/remedies.py):
 plateau -> raise the LR within limits, an unexplained LR -> bring it back, memory -> halve the
 micro-batch, throughput -> log, fp16 overflow storm -> cut the LR, MoE and MoD health, a failed
-save, the run's length, early stopping, a failed evaluation. A person's commands (`trimtab ctl`)
-and config changes found on resume are not findings: core.py journals them as theirs (mode
-manual). Confidence = evidence strength x the track record of this remedy for this
-rule in this run (a Beta(3, 1) prior on "recovered", updated by outcomes).
+save, the run's length, early stopping, a failed evaluation, withheld updates made up
+(make_up.py). A person's commands (`trimtab ctl`) and config changes found on resume are not
+findings: core.py journals them as theirs (mode manual). Confidence = evidence strength x the
+track record of this remedy for this rule in this run (a Beta(3, 1) prior on "recovered",
+updated by outcomes).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
-from trimtab.orchestrator import evaluation, remedies
+from trimtab.orchestrator import evaluation, make_up, remedies
 from trimtab.orchestrator.attribution import DataAttribution
 from trimtab.orchestrator.monitors import Finding
 from trimtab.orchestrator.remedies import GAVE_UP, Remedy
@@ -67,6 +68,7 @@ class Policy:
             "data": self._watched,
             "convergence": lambda f, view: evaluation.early_stop(f),
             "evaluation": lambda f, view: evaluation.failed_evaluation(f),
+            "make_up": lambda f, view: make_up.remedy(f, view, cfg),
             "baseline": lambda f, view: Remedy(
                 action="none",
                 reasoning="different batches give the same gradient norm although their updates were withheld, so "

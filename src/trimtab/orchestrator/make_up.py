@@ -1,0 +1,100 @@
+"""Withheld updates made up (orchestrator.make_up).
+
+The update gate withholds a bad step's update so it never touches the weights; the step still
+counts toward the run's length, so a long bad stretch leaves the run that many updates short of
+what train.max_steps promised. Measured on debug-hybrid (200 steps, 25 steps of garbage from step
+25; BENCHMARKS.md, healing): 25 updates withheld end 3.2% above the clean run; the same run with 25
+steps more ends 1.9% above it. So once a stretch is over (no instability for `quiet_steps`), the
+pretraining phase grows by the updates withheld in it (set_total_steps: the LR schedule stretches
+to the new end), at most `max_fraction` of the phase in all. A rollback that replays withheld steps
+gives them back: the steps made up for them are credited against the next stretch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trimtab.config.orchestrator import MakeUpRule, OrchestratorConfig
+from trimtab.orchestrator.monitors import Finding, StepMetrics
+from trimtab.orchestrator.remedies import Remedy
+
+SHOWN = 20  # withheld steps listed in a finding's evidence
+
+
+class MakeUp:
+    rule, family = "make_up", "make_up"
+
+    def __init__(self, cfg: MakeUpRule):
+        self.cfg = cfg
+        self.owed: list[int] = []  # steps whose update was withheld, not made up yet
+        self.made: list[int] = []  # withheld steps made up (their steps granted)
+        self.credit = 0  # steps granted for withheld updates that a rollback then replayed
+
+    def observe(self, m: StepMetrics, last_unstable: int, total: int, configured: int) -> Finding | None:
+        """After each step: a finding when updates were withheld and the stretch is over. total:
+        the run's steps now; configured: the pretraining phase's configured steps (the cap's base)."""
+        if m.phase != 0:  # only pretraining's length can change (Control.set_total_steps)
+            self.owed.clear()
+            return None
+        if m.skipped:
+            self.owed.append(m.step)
+        if not self.owed or m.step - max(last_unstable, self.owed[-1]) < self.cfg.quiet_steps:
+            return None
+        owed, self.owed = self.owed, []
+        paid = min(self.credit, len(owed))
+        self.credit -= paid
+        room = max(0, int(self.cfg.max_fraction * configured) - len(self.made))
+        extend = min(len(owed) - paid, room)
+        self.made += owed[paid : paid + extend]
+        if len(owed) == paid:  # a rollback replayed as many withheld steps as were made up for
+            return None
+        evidence = {
+            "withheld": len(owed),
+            "withheld_steps": owed[:SHOWN],
+            "credit": paid,
+            "made_up_before": len(self.made) - extend,
+            "cap": int(self.cfg.max_fraction * configured),
+            "extend": extend,
+            "total_steps": total,
+            "new_total": total + extend,
+        }
+        summary = f"{len(owed)} update(s) withheld in steps {owed[0]}-{owed[-1]}"
+        return Finding(
+            rule=self.rule, family=self.family, step=m.step, evidence=evidence, summary=summary, strength=1.0
+        )
+
+    def rolled_back(self, step: int) -> None:
+        """A rollback to `step`: withheld steps after it are trained again, so they are owed no
+        longer, and the steps already made up for such steps are a credit."""
+        self.owed = [s for s in self.owed if s <= step]
+        replayed = [s for s in self.made if s > step]
+        self.credit += len(replayed)
+        self.made = [s for s in self.made if s <= step]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"owed": list(self.owed), "made": list(self.made), "credit": self.credit}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.owed, self.made, self.credit = list(state["owed"]), list(state["made"]), int(state["credit"])
+
+
+def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
+    e = f.evidence
+    if e["extend"] <= 0:
+        return Remedy(
+            action="none",
+            reasoning=f"{e['made_up_before']} withheld updates are made up already, "
+            f"orchestrator.make_up.max_fraction={cfg.make_up.max_fraction:g} of the phase: the run is not "
+            "lengthened further (a stretch this long is the data's or the run's problem, not one more steps fix)",
+        )
+    short = (
+        f" ({e['withheld'] - e['extend'] - e['credit']} not: the cap is reached)" if e["extend"] < e["withheld"] else ""
+    )
+    credit = f", less {e['credit']} granted before for steps a rollback replayed" if e["credit"] else ""
+    return Remedy(
+        action="set_total_steps",
+        params={"steps": e["new_total"]},
+        reasoning=f"the update gate withheld {e['withheld']} update(s){credit}: the run would make that many fewer "
+        f"updates on good data than its length promised; {e['extend']} step(s) are added to pretraining{short}, "
+        "its LR schedule stretched to the new end (orchestrator.make_up: off with enabled=false)",
+    )
