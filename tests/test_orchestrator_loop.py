@@ -145,10 +145,12 @@ def runs(tmp_path_factory):
 def test_nan_loss_is_skipped_and_leaves_finite_weights(runs):
     run, summary, _ = runs["nan"]
     assert summary["status"] == "completed"
-    (d,) = decisions(run)
+    (d, made) = decisions(run)
     assert (d["step"], d["rule"], d["action"], d["mode"]) == (10, "nonfinite", "skip_step", "auto")
     assert d["applied"] and 0 < d["confidence"] <= 1
     assert d["outcome"]["result"] == "recovered"
+    # the withheld update is made up once five steps pass quietly: the run makes its 24 updates
+    assert (made["step"], made["rule"], made["params"]) == (15, "make_up", {"steps": 25}) and summary["step"] == 25
     assert all_finite(final_weights(run))
     losses = by_step(run, "loss")
     assert math.isnan(losses[10]) and math.isfinite(losses[24])
@@ -431,7 +433,9 @@ def test_bad_data_that_outlasts_the_incident_is_left_out_by_the_watch(tmp_path):
 def test_lr_spike_is_caught_before_it_is_applied_and_undone(tmp_path, runs):
     run = tmp_path / "r"
     snap = Snapshot()
-    summary = trimtab.train(debug_cfg(run, steps=24, faults=["lr_spike@12:50"]), hooks=[snap])  # as "clean"
+    # as "clean" (the withheld step made up would stretch the schedule the LRs are compared on)
+    sets = ["orchestrator.make_up.enabled=false"]
+    summary = trimtab.train(debug_cfg(run, steps=24, faults=["lr_spike@12:50"], sets=sets), hooks=[snap])
     assert summary["status"] == "completed"
     ds = decisions(run)
     assert [(d["step"], d["rule"], d["action"]) for d in ds] == [(12, "lr", "scale_lr")]
@@ -688,15 +692,18 @@ def test_resume_restores_the_orchestrator_exactly(tmp_path):
     first = trimtab.train(debug_cfg(tmp_path / "b", steps=18, faults=faults, sets=sets), hooks=[StopAt(9)])
     assert first["status"] == "stopped (test)"
     second = trimtab.train(debug_cfg(tmp_path / "b", steps=18, faults=faults, sets=sets))
-    assert second["steps_this_session"] == 9
+    assert second["steps_this_session"] == 10  # 18 steps and 1 made up (the cap: 10% of 18)
     a, b = decisions(tmp_path / "a"), decisions(tmp_path / "b")
-    # the run crossed the stop with a cut LR, a ladder at rung 1 and decisions still being judged
+    # the run crossed the stop with a cut LR, a ladder at rung 1, withheld updates owed and
+    # decisions still being judged
     assert [(d["step"], d["rule"], d["action"]) for d in a] == [
         (5, "nonfinite", "skip_step"),
         (6, "nonfinite", "skip_step"),
         (7, "nonfinite", "scale_lr"),
         (12, "lr_restore", "scale_lr"),
+        (12, "make_up", "set_total_steps"),
         (13, "grad", "skip_step"),
+        (18, "make_up", "none"),
     ]
     assert [(d["step"], d["rule"], d["action"]) for d in b] == [(d["step"], d["rule"], d["action"]) for d in a]
     assert b == a  # evidence, confidence, applied and outcomes too

@@ -58,7 +58,8 @@ class MakeUp:
             "total_steps": total,
             "new_total": total + extend,
         }
-        summary = f"{len(owed)} update(s) withheld in steps {owed[0]}-{owed[-1]}"
+        where = f"step {owed[0]}" if len(owed) == 1 else f"steps {owed[0]}-{owed[-1]}"
+        summary = f"{len(owed)} update{'s' if len(owed) > 1 else ''} withheld ({where})"
         return Finding(
             rule=self.rule, family=self.family, step=m.step, evidence=evidence, summary=summary, strength=1.0
         )
