@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import math
 import random
 import string
@@ -244,7 +245,12 @@ def truth(run_dir: Path) -> dict[str, Any]:
     from trimtab.training.setup import build_phases
 
     cfg = load_config(Path(run_dir) / "config.yaml")
-    _, phases = build_phases(cfg, Path(run_dir) / "tokenizer.json")
+    quiet = logging.getLogger("trimtab.data")  # the run said it already (the garbage screen's line)
+    level, _ = quiet.level, quiet.setLevel(logging.ERROR)
+    try:
+        _, phases = build_phases(cfg, Path(run_dir) / "tokenizer.json")
+    finally:
+        quiet.setLevel(level)
     rows = phases[0].train_rows
     ids = ids_by_source(Path(cfg.data.source))
     return shares(rows, ids) | {"steps_per_epoch": rows.n_tokens / cfg.train.batch_tokens}
