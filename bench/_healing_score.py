@@ -202,7 +202,7 @@ def verdicts(results: dict[str, Any]) -> list[str]:
     scored = [(n, runs[f"{n}/auto"]["attribution"]) for n in names if runs[f"{n}/auto"].get("attribution")]
     if scored:
         low = [n for n, a in scored if (a["precision"] or 0) < 0.9 or a["recall"] < 0.9]
-        cells = ", ".join(f"{n} {a['precision'] or 0:.2f} / {a['recall']:.2f}" for n, a in scored)
+        cells = ", ".join(f"{n} {_rows(runs[f'{n}/auto'])}" for n, _ in scored)
         out.append(f"data attribution precision / recall >= 0.9: **{'met' if not low else 'not met'}** ({cells})")
     if left:
         out.append("skipped: " + "; ".join(f"{n} ({runs[f'{n}/auto']['skipped']})" for n in left))
