@@ -1,8 +1,24 @@
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+# `pytest` runs on two pytest-xdist workers (pyproject's addopts). Each takes one torch thread, and
+# so do the runs it starts: two threads slow 3-10x when the other core is busy.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+# Tests that start process groups (torchrun, 2 ranks each) share one worker: two at once would put
+# four processes on two cores, and the one-process references they compare with (the session's
+# `reference` fixture) are computed once instead of once per worker.
+PROCESS_GROUPS = {
+    "test_distributed.py",
+    "test_tensor_parallel.py",
+    "test_pipeline_parallel.py",
+    "test_expert_parallel.py",
+}
 
 # The quick tier (`pytest --quick`, the edit loop): the cheapest tests by their measured time in
 # DURATIONS, added until QUICK_BUDGET_S is spent, plus tests not measured yet (new ones: most likely
@@ -18,6 +34,9 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in PROCESS_GROUPS:
+            item.add_marker(pytest.mark.xdist_group("process_groups"))
     if not config.getoption("--quick"):
         return
     known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}

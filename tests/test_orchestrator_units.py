@@ -988,3 +988,6 @@ def test_make_up_waits_for_quiet_caps_and_credits_what_a_rollback_replays():
     assert capped.evidence["extend"] == 0 and owed.state_dict()["owed"] == []
     assert make_up_remedy(capped, None, OrchestratorConfig()).action == "none"  # the cap is reached: said, not done
     assert step(44) is None  # nothing owed: nothing to say
+    short = MakeUp(MakeUpRule(quiet_steps=1))  # 10% of 9 steps: not one step to spare, so not a word
+    assert short.observe(StepMetrics(step=3, loss=1.0, grad_norm=1.0, skipped=True), 3, 9, 9) is None
+    assert short.observe(StepMetrics(step=5, loss=1.0, grad_norm=1.0), 3, 9, 9) is None and not short.owed

@@ -41,9 +41,12 @@ class MakeUp:
         if not self.owed or m.step - max(last_unstable, self.owed[-1]) < self.cfg.quiet_steps:
             return None
         owed, self.owed = self.owed, []
+        cap = int(self.cfg.max_fraction * configured)
+        if cap == 0:  # a run this short has no step to spare: nothing to make up, nothing to say
+            return None
         paid = min(self.credit, len(owed))
         self.credit -= paid
-        room = max(0, int(self.cfg.max_fraction * configured) - len(self.made))
+        room = max(0, cap - len(self.made))
         extend = min(len(owed) - paid, room)
         self.made += owed[paid : paid + extend]
         if len(owed) == paid:  # a rollback replayed as many withheld steps as were made up for
@@ -53,7 +56,7 @@ class MakeUp:
             "withheld_steps": owed[:SHOWN],
             "credit": paid,
             "made_up_before": len(self.made) - extend,
-            "cap": int(self.cfg.max_fraction * configured),
+            "cap": cap,
             "extend": extend,
             "total_steps": total,
             "new_total": total + extend,
