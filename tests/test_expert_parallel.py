@@ -17,8 +17,8 @@ import torch.distributed as dist
 from helpers import STEPS, assert_close, final_weights, losses, run
 from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config
-from trimtab.distributed.expert import check_moe_parallel
 from trimtab.distributed.mesh import Mesh
+from trimtab.distributed.splits import check_moe_parallel
 from trimtab.errors import ConfigError
 from trimtab.model import build_model
 from trimtab.training.surgery import moe_layer

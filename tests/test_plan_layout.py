@@ -10,9 +10,8 @@ import torch
 
 from trimtab.cli import main
 from trimtab.config import load_config
-from trimtab.distributed.expert import check_moe_parallel
 from trimtab.distributed.mesh import Mesh
-from trimtab.distributed.tensor import check_tensor_parallel
+from trimtab.distributed.splits import check_moe_parallel, check_tensor_parallel
 from trimtab.model.catalog import preset_catalog
 from trimtab.plan.layout import BUS_EFFICIENCY, format_layout, plan_layout
 from trimtab.plan.memory import USABLE_FRACTION, named_gpu

@@ -15,7 +15,7 @@ from helpers import STEPS, assert_close, final_weights, losses, run
 from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config
 from trimtab.distributed.mesh import Mesh
-from trimtab.distributed.tensor import check_tensor_parallel
+from trimtab.distributed.splits import check_tensor_parallel
 from trimtab.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")

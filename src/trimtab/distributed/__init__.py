@@ -3,6 +3,7 @@
 group.py       rank 0 speaks for the job; host numbers agreed over ranks
 mesh.py        the device mesh: data-parallel replicas x tensor-parallel ranks
 tensor.py      tensor + sequence parallelism applied to a Transformer (DTensor plans)
+splits.py      which model settings split over tp / ep ranks (config checks, no torch.distributed)
 parallel.py    Parallel: the trainer's view (wrapping, the step's collectives)
 checkpoint.py  sharded checkpoints (DCP), resharded on load
 """

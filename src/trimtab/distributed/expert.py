@@ -42,35 +42,11 @@ from torch import Tensor, nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
-from trimtab.errors import ConfigError
+from trimtab.distributed.splits import check_moe_parallel
 from trimtab.model.moe import MoE, grouped_swiglu
 
 if TYPE_CHECKING:
-    from trimtab.config import ModelConfig
     from trimtab.distributed.mesh import Mesh
-
-
-def check_moe_parallel(cfg: ModelConfig, tp: int, ep: int) -> None:
-    """A ConfigError naming the (resolved) model setting that does not split over tp / ep."""
-    moe = cfg.moe
-    has_moe = any("moe" in kind for kind in cfg.layers)
-    if ep > 1 and not has_moe:
-        raise ConfigError(f"distributed.ep={ep}: the model has no MoE layers to split; use distributed.ep=1")
-    if not has_moe:
-        return
-    if moe.n_experts % ep:
-        raise ConfigError(
-            f"distributed.ep={ep} must divide model.moe.n_experts ({moe.n_experts}); lower distributed.ep"
-        )
-    sizes = {"model.moe.expert_hidden": moe.expert_hidden, "model.moe.shared_hidden": moe.shared_hidden}
-    for key, size in sizes.items():
-        if size % tp:
-            raise ConfigError(f"distributed.tp={tp} must divide {key} ({size}); lower distributed.tp")
-    if tp > 1 and moe.router_jitter > 0:
-        raise ConfigError(
-            f"distributed.tp={tp}: model.moe.router_jitter draws noise on each rank, so the tensor-parallel "
-            "ranks would route differently; set it to 0"
-        )
 
 
 def apply_moe_parallel(model: nn.Module, mesh: Mesh) -> list[nn.Parameter]:

@@ -43,21 +43,10 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from trimtab.distributed.expert import check_moe_parallel
-from trimtab.errors import ConfigError
+from trimtab.distributed.splits import check_tensor_parallel
 
 if TYPE_CHECKING:
-    from trimtab.config import ModelConfig
-
-
-def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
-    """A ConfigError naming the setting of the (resolved) model config that does not split over
-    `tp` ranks. The planner asks the same question (plan/layout.py)."""
-    sizes = {"model.n_kv_heads": cfg.n_kv_heads, "model.ffn_hidden": cfg.ffn_hidden, "model.vocab_size": cfg.vocab_size}
-    for key, size in sizes.items():
-        if size % tp:
-            raise ConfigError(f"distributed.tp={tp} must divide {key} ({size}); lower distributed.tp")
-    check_moe_parallel(cfg, tp, 1)
+    pass
 
 
 def apply_tensor_parallel(model: nn.Module, mesh: Any) -> None:

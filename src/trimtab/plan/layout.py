@@ -63,7 +63,7 @@ import math
 from dataclasses import dataclass, field
 
 from trimtab.config import RunConfig
-from trimtab.distributed.tensor import check_tensor_parallel
+from trimtab.distributed.splits import check_tensor_parallel
 from trimtab.errors import ConfigError
 from trimtab.hardware import gpu_named
 from trimtab.model.catalog import meta_model
