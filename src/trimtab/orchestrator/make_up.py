@@ -32,7 +32,7 @@ class MakeUp:
 
     def observe(self, m: StepMetrics, last_unstable: int, total: int, configured: int) -> Finding | None:
         """After each step: a finding when updates were withheld and the stretch is over. total:
-        the run's steps now; configured: the pretraining phase's configured steps (the cap's base)."""
+        the run's steps now; configured: the pretraining phase's length now (the cap's base)."""
         if m.phase != 0:  # only pretraining's length can change (Control.set_total_steps)
             self.owed.clear()
             return None
