@@ -13,8 +13,9 @@ A prepared directory:
 
 Documents are tokenized as training reads them (data/packing.py): [bos] + text + eos. Files are
 grouped into jobs of up to SHARD_BYTES (smaller, so that every process gets two); a pool of
-processes runs the jobs, each writing its shards under temporary names and renaming them when
-whole, and the manifest is rewritten (atomically) after every job. So an interrupted prepare
+processes runs the jobs (data/shards.py: read, tokenize, screen for garbage with the scale this
+module measured once, data/quality.py), each writing its shards under temporary names and renaming
+them when whole, and the manifest is rewritten (atomically) after every job. So an interrupted prepare
 loses at most the jobs in flight, a re-run prepares only the files not yet in the manifest, and
 nothing already prepared is touched.
 """
