@@ -190,7 +190,8 @@ def screen_score(data: Any, tok: Any, sigma: float) -> dict[str, Any]:
     docs = read_documents(data)[0]
     ids = ids_by_source(Path(data.source))
     n_bytes = np.array([len(doc.text.encode()) for doc in docs])
-    n_tokens = np.array([len(t) + 1 for t in tok.encode_batch([doc.text for doc in docs])])  # + eos, as trained
+    texts = [doc.text for doc in docs]  # tokens counted as trained: start token, text, end token
+    n_tokens = np.array([len(t) + 1 + tok.prepends_bos(text) for t, text in zip(tok.encode_batch(texts), texts)])
     found = quality.screen(n_bytes, n_tokens, sigma)
     bad = np.array([is_garbage(ids.get(doc.source, "")) for doc in docs])
     hit = found.flagged & bad

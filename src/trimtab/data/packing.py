@@ -100,9 +100,7 @@ def _tokenize(docs: list[Document], tok: TextTokenizer) -> TokenizedDocs:
     segment_ids = iter(encoded)
     for doc in docs:
         n = 0
-        if tok.bos_id is not None and not doc.segments[0][0].startswith(tok.decode([tok.bos_id])):
-            # a tokenizer with a start token (Llama's) saw every document begin with it in
-            # pretraining; a chat template that writes it already is left alone. Not learned.
+        if tok.prepends_bos(doc.segments[0][0]):
             pieces.append([tok.bos_id])
             flags.append(False)
             n += 1

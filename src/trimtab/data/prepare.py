@@ -160,7 +160,8 @@ def _measure_scale(manifest: dict[str, Any], files: list[str], tok: TextTokenize
 
     docs, _ = _take_bytes(readable(), SCALE_SAMPLE_BYTES)
     texts = [doc.text for doc in docs]
-    n_tokens = [len(ids) for ids in tok.encode_batch(texts)]
+    # counted as trained (start token, text, end token), as the jobs and the in-memory screen count
+    n_tokens = [len(ids) + 1 + tok.prepends_bos(text) for ids, text in zip(tok.encode_batch(texts), texts)]
     found = quality.scale(np.array([len(t.encode()) for t in texts]), np.array(n_tokens), options.garbage_sigma)
     manifest["garbage"] = found and {"median": found[0], "threshold": found[1], "sigma": options.garbage_sigma}
 

@@ -164,7 +164,7 @@ class _Encoder:
                 if self.drop:
                     continue
             tokens, mask = [], []
-            if first and self.tok.bos_id is not None and not doc.text.startswith(self.tok.decode([self.tok.bos_id])):
+            if first and self.tok.prepends_bos(doc.text):
                 tokens.append(self.tok.bos_id)  # as data/packing.py: each document starts with it once
                 mask.append(False)
             for piece, (_, trainable) in zip(pieces, doc.segments):
@@ -185,7 +185,13 @@ class _Encoder:
         if self.scale is None or not whole.any():
             return np.zeros(len(self._batch), dtype=bool)
         n_bytes = np.array([len(doc.text.encode()) for doc, *_ in self._batch])
-        n_tokens = np.array([sum(len(p) for p in pieces) for pieces in encoded])
+        # counted as trained, as the in-memory screen counts them: start token, text, end token
+        n_tokens = np.array(
+            [
+                sum(map(len, pieces)) + 1 + self.tok.prepends_bos(doc.text)
+                for (doc, *_), pieces in zip(self._batch, encoded)
+            ]
+        )
         return whole & quality.flags(n_bytes, n_tokens, self.scale["median"], self.scale["threshold"])
 
 

@@ -75,6 +75,12 @@ class TextTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)
 
+    def prepends_bos(self, text: str) -> bool:
+        """Whether a document beginning with `text` is trained with the start token before it: a
+        tokenizer with one (Llama's) saw every document begin with it in pretraining; a chat
+        template that writes it already is left alone. Not learned."""
+        return self.bos_id is not None and not text.startswith(self.decode([self.bos_id]))
+
     def save(self, path: Path) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
