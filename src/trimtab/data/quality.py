@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FILTERS = ("off", "warn", "drop")
 MIN_BYTES = 256  # shorter documents are not judged: a few tokens say little of how text packs
 MIN_DOCS = 20  # judged documents a source needs for its median to be a reference
 CAP = 0.75  # a flagged document packs under this fraction of the median, however tight the source
