@@ -126,7 +126,7 @@ def _prepare(
     _measure_scale(manifest, [str(path) for _, path, _ in files], tok, options, hint)
     workers = workers or os.cpu_count() or 1
     jobs = _jobs(manifest, files, workers, options.format)
-    start, done_tokens, skipped, shown, garbage = time.perf_counter(), 0, 0, [], []
+    start, done_tokens, skipped, shown, flagged, garbage = time.perf_counter(), 0, 0, [], 0, []
     for i, result in enumerate(_run(jobs, out, manifest, options, workers, hint), start=1):
         for line in result["warnings"]:
             log.warning("%s", line)
@@ -134,6 +134,7 @@ def _prepare(
         write_manifest(out, manifest)
         skipped += sum(stats.get("skipped", 0) for stats in result["files"].values())
         shown += result["skipped"]
+        flagged += sum(stats.get("garbage", 0) for stats in result["files"].values())
         garbage += [f"{manifest['files'][n]['path']}:{line}" for n, line in result["garbage"]]
         done_tokens += sum(s["tokens"] for s in result["shards"])
         rate = done_tokens / max(time.perf_counter() - start, 1e-9)
@@ -141,8 +142,8 @@ def _prepare(
     write_manifest(out, manifest)
     if skipped:
         log.warning("%s", skipped_line(skipped, shown))
-    if garbage:
-        log.warning("%s", _garbage_line(manifest, garbage, options.garbage_filter == "drop"))
+    if flagged:
+        log.warning("%s", _garbage_line(manifest, flagged, garbage, options.garbage_filter == "drop"))
     return manifest
 
 
@@ -166,8 +167,9 @@ def _measure_scale(manifest: dict[str, Any], files: list[str], tok: TextTokenize
     manifest["garbage"] = found and {"median": found[0], "threshold": found[1], "sigma": options.garbage_sigma}
 
 
-def _garbage_line(manifest: dict[str, Any], names: list[str], dropped: bool) -> str:
-    count = sum(f.get("garbage", 0) for f in manifest["files"])
+def _garbage_line(manifest: dict[str, Any], count: int, names: list[str], dropped: bool) -> str:
+    """One console line for the documents this prepare flagged (the files prepared before it have
+    their own counts in the manifest)."""
     scale = manifest["garbage"]
     places = ", ".join(names[: quality.SHOWN]) + (", ..." if count > quality.SHOWN else "")
     done = "left out (--garbage-filter drop)" if dropped else "kept; --garbage-filter drop leaves them out"
