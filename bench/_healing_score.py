@@ -147,8 +147,7 @@ def report(results: dict[str, Any]) -> str:
         off, auto = runs[f"{name}/off"], runs[f"{name}/auto"]
         clean_off = runs.get(f"clean@{auto['preset']}/off")  # a scenario on a preset of its own
         where = f" on {auto['preset']} (clean: {_reference(clean_off)})" if clean_off else ""
-        own = runs.get(f"{name}/clean") or runs.get(f"{name.replace('_screened', '_corpus')}/clean")
-        if own:  # a scenario with its own clean reference (garbage_corpus, garbage_screened)
+        if own := runs.get(auto.get("reference", "")):  # its own clean reference (garbage_corpus, garbage_screened)
             where = f" (clean: {_reference(own)})"
         if auto.get("skipped"):
             lines.append(

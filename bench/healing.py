@@ -506,6 +506,8 @@ def _main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 print(f"{name:18s} skipped: {exc}", flush=True)
                 break
             run |= {"kind": "real" if name in REAL else "injected", "setup": setup}
+            if name in (GARBAGE, SCREENED):  # judged against its own corpus's clean run
+                run["reference"] = f"{GARBAGE}/clean"
             if name in (GARBAGE, SCREENED) and (Path(run["run_dir"]) / "config.yaml").is_file():
                 # the garbage rows of the run's own training rows, rebuilt from its config
                 rows = truth(Path(run["run_dir"]))
