@@ -46,9 +46,8 @@ def pytest_collection_modifyitems(config, items):
         if spent > QUICK_BUDGET_S:
             break
         keep.add(item.nodeid)
-    chosen = [i for i in items if i.nodeid in keep or i.nodeid not in known]
-    config.hook.pytest_deselected(items=[i for i in items if i not in chosen])
-    items[:] = chosen
+    config.hook.pytest_deselected(items=[i for i in items if i.nodeid in known and i.nodeid not in keep])
+    items[:] = [i for i in items if i.nodeid in keep or i.nodeid not in known]
 
 
 _times: dict[str, float] = {}
