@@ -41,6 +41,9 @@ class StopAt(Hook):
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 STEPS = 10
+# debug-hybrid (dense, MoE, MoD and MoE+MoD layers; tied embedding) with qk_norm, as the pipeline
+# and tensor-parallel tests train it: one config, so its one-process reference is run once
+HYBRID = {"preset": "debug-hybrid", "model": {"qk_norm": True}, "train": {"eval_every": 5, "batch_tokens": 4096}}
 
 
 def run(out: Path, nproc: int, **overrides) -> list[dict]:
@@ -53,7 +56,8 @@ def run(out: Path, nproc: int, **overrides) -> list[dict]:
             "train": {"max_steps": STEPS, "eval_every": 0, "log_every": 1, "precision": "fp32"},
             "data": {"max_bytes": 150_000},
             "checkpoint": {"every": 5},
-            "log": {"progress": False, "tensorboard": False},
+            # the report (0.6 s a run) is tested on its own (tests/test_report.py)
+            "log": {"progress": False, "tensorboard": False, "report": False},
         },
         overrides,
     )

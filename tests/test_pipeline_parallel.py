@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import STEPS, assert_close, final_weights, losses, run
+from helpers import HYBRID, STEPS, assert_close, final_weights, losses, run
 from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config
 from trimtab.distributed.mesh import Mesh
@@ -20,7 +20,6 @@ from trimtab.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 PP2 = {"distributed": {"pp": 2}}
-HYBRID = {"preset": "debug-hybrid", "train": {"eval_every": 5, "batch_tokens": 4096}}
 
 
 def grad_norms(record: dict) -> list[float]:
@@ -48,10 +47,11 @@ def assert_same_weights(ours_dir, theirs_dir, rel: float = 1e-4) -> None:
 
 
 @pytest.fixture(scope="module")
-def hybrid(tmp_path_factory):
-    """debug-hybrid (dense, MoE, MoD, MoE+MoD layers; tied embedding) in one process and PP=2."""
-    root = tmp_path_factory.mktemp("pp")
-    return {n: (root / str(n), run(root / str(n), n, **HYBRID, **({} if n == 1 else PP2))) for n in (1, 2)}
+def hybrid(reference, tmp_path_factory):
+    """debug-hybrid (helpers.HYBRID) in one process and PP=2, as {nproc: (run dir, records)}."""
+    out = tmp_path_factory.mktemp("pp") / "2"
+    one_dir, one = reference(**HYBRID)
+    return {1: (one_dir, [one]), 2: (out, run(out, 2, **HYBRID, **PP2))}
 
 
 @pytest.mark.distributed

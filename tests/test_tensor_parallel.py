@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import STEPS, assert_close, final_weights, losses, run
+from helpers import HYBRID, STEPS, assert_close, final_weights, losses, run
 from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config
 from trimtab.distributed.mesh import Mesh
@@ -78,14 +78,13 @@ def test_checkpoints_reshard_between_meshes(single, tp2, tmp_path):
 
 
 @pytest.mark.distributed
-def test_hybrid_preset_with_qk_norm_under_tp2_matches_one_process(tmp_path):
+def test_hybrid_preset_with_qk_norm_under_tp2_matches_one_process(reference, tmp_path):
     """debug-hybrid (dense, MoE, MoD and MoE+MoD layers) with qk_norm: the MoE layers split each
     expert's hidden units, the MoD blocks run on the whole sequence (their capacity warms up
     through token counts like 55 of 64, odd, so nothing needs k divisible by tp), the qk gains
     see each rank's heads. Loss, gradient norm and weights as one process."""
-    hybrid = {"preset": "debug-hybrid", "model": {"qk_norm": True}, "train": {"batch_tokens": 4096}}
-    one = run(tmp_path / "one", 1, **hybrid)[0]
-    for record in run(tmp_path / "tp2", 2, **hybrid, **TP2):
+    one = reference(**HYBRID)[1]
+    for record in run(tmp_path / "tp2", 2, **HYBRID, **TP2):
         assert_close(losses(record), losses(one))
         assert_close(grad_norms(record), grad_norms(one))
         assert_close(record["weights"], one["weights"])
