@@ -18,6 +18,7 @@ PROCESS_GROUPS = {
     "test_tensor_parallel.py",
     "test_pipeline_parallel.py",
     "test_expert_parallel.py",
+    "test_resilience.py",
 }
 
 # The quick tier (`pytest --quick`, the edit loop): the cheapest tests by their measured time in
@@ -118,3 +119,12 @@ def reference(tmp_path_factory):
 def single(reference):
     """The default config's one-process reference run."""
     return reference()
+
+
+@pytest.fixture(scope="session")
+def ddp(tmp_path_factory):
+    """The default config under torchrun, 2 processes (DDP), undisturbed: (run dir, records)."""
+    from helpers import run
+
+    out = tmp_path_factory.mktemp("ddp") / "run"
+    return out, run(out, 2)

@@ -46,8 +46,9 @@ STEPS = 10
 HYBRID = {"preset": "debug-hybrid", "model": {"qk_norm": True}, "train": {"eval_every": 5, "batch_tokens": 4096}}
 
 
-def run(out: Path, nproc: int, **overrides) -> list[dict]:
-    """Train in `nproc` processes; each rank's record, rank order."""
+def run(out: Path, nproc: int, restarts: int = 0, **overrides) -> list[dict]:
+    """Train in `nproc` processes (torchrun restarting the job up to `restarts` times when a rank
+    fails); each rank's record of the last session, rank order."""
     cfg = merge(
         {
             "out": str(out),
@@ -65,7 +66,10 @@ def run(out: Path, nproc: int, **overrides) -> list[dict]:
     launcher = (
         [sys.executable]
         if nproc == 1
-        else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        else [
+            *(sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"),
+            f"--max-restarts={restarts}",
+        ]
     )
     src = str(WORKER.parent.parent / "src")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}

@@ -77,6 +77,15 @@ def test_the_run_directory_module_is_at_the_bottom_and_torch_free():
     assert own <= {"trimtab.errors"}
 
 
+def test_resilience_is_torch_free_below_the_loop():
+    """resilience/ (the watchdog, the goodput ledger, a lost session's files) runs while the main
+    thread is stuck inside torch and is read by `trimtab runs`: no torch, and of trimtab only
+    rundir and itself; the loop feeds the watchdog, the orchestrator's `Resilience` hook the ledger."""
+    for name, names in modules("resilience").items():
+        own = {n for n in names if n.startswith(("torch", "trimtab"))}
+        assert {n for n in own if not n.startswith("trimtab.resilience")} <= {"trimtab.rundir"}, name
+
+
 def _constants(path: Path) -> set[str]:
     return {n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant)}
 
@@ -86,7 +95,7 @@ def test_one_module_names_a_runs_files_and_writes_files_whole():
     it), and the temp-file-and-rename dance is rundir.write_atomic's; the other renames install
     directories (a checkpoint, an export, a merge) or files a library writes (a tokenizer, arrays,
     corpus shards)."""
-    files = {"metrics.jsonl", "decisions.jsonl", "plan_status.jsonl", "summary.json"}
+    files = {"metrics.jsonl", "decisions.jsonl", "plan_status.jsonl", "summary.json", "goodput.json"}
     naming = {m for m in modules("") if _constants(SRC / m) & files}
     assert naming == {"rundir.py"}
     renaming = {m for m in modules("") if "os.replace(" in (SRC / m).read_text()}

@@ -47,10 +47,9 @@ def check_parity(single, records, run_dir) -> None:
 
 
 @pytest.mark.distributed
-def test_ddp_matches_one_process_for_the_same_global_batch(single, tmp_path):
-    records = run(tmp_path / "ddp", 2)
-    check_parity(single, records, tmp_path / "ddp")
-    assert (list_checkpoints(tmp_path / "ddp")[-1] / "dcp" / ".metadata").is_file()
+def test_ddp_matches_one_process_for_the_same_global_batch(single, ddp):
+    check_parity(single, ddp[1], ddp[0])
+    assert (list_checkpoints(ddp[0])[-1] / "dcp" / ".metadata").is_file()
 
 
 @pytest.mark.distributed

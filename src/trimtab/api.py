@@ -17,6 +17,7 @@ from trimtab.model import Transformer, build_model
 from trimtab.orchestrator import Orchestrator
 from trimtab.orchestrator.faults import FaultInjector
 from trimtab.orchestrator.planner import LivePlanner
+from trimtab.orchestrator.restarts import Resilience
 from trimtab.rundir import run_lock, write_summary
 from trimtab.sampling import generate as generate_ids
 from trimtab.sampling import prompt_ids
@@ -70,12 +71,13 @@ def _write_summary(run_dir: Path, summary: dict) -> None:
 
 
 def built_in_hooks(config: RunConfig) -> list:
-    """The hooks every run has beside the loggers: the orchestrator, fault injection when the
+    """The hooks every run has beside the loggers: the orchestrator, the goodput ledger, fault injection when the
     config asks for faults (a test instrument: the Trainer hands it its FaultHandle), the live
     Chinchilla planner (proposing its run-length findings to the orchestrator's policy through
     the loop), and on rank 0 the report and the experiment trackers."""
     orchestrator = Orchestrator(config.orchestrator, config.run_dir)
-    hooks = [orchestrator]
+    # goodput accounting; a restart journaled (orchestrator/restarts.py)
+    hooks = [orchestrator, Resilience(config.run_dir, journal=config.orchestrator.mode != "off")]
     if config.faults:
         hooks.append(FaultInjector(config.faults, config.run_dir))
     if config.plan.status_every:  # the live Chinchilla status (docs/planner.md)

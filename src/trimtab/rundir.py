@@ -49,6 +49,7 @@ from trimtab.errors import RunStateError
 CONFIG = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 DECISIONS_FILE = "decisions.jsonl"
+GOODPUT_FILE = "goodput.json"  # where the run's wall time went, by session (resilience/goodput.py)
 PLAN_STATUS_FILE = "plan_status.jsonl"
 SUMMARY = "summary.json"
 LOCK = ".lock"

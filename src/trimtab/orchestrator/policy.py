@@ -69,6 +69,7 @@ class Policy:
             "convergence": lambda f, view: evaluation.early_stop(f),
             "evaluation": lambda f, view: evaluation.failed_evaluation(f),
             "make_up": lambda f, view: make_up.remedy(f, view, cfg),
+            "cluster": lambda f, view: remedies.restart(f),
             "baseline": lambda f, view: Remedy(
                 action="none",
                 reasoning="different batches give the same gradient norm although their updates were withheld, so "

@@ -112,6 +112,25 @@ def mod(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     )
 
 
+def restart(f: Finding) -> Remedy:
+    """A session lost (a rank killed, hung or crashed) and the job restarted by torchrun's elastic
+    agent: done before this decision; it records the resume and why (docs/resilience.md)."""
+    e = f.evidence
+    why = {
+        "hang": "its watchdog ended the stalled section instead of waiting out the collective timeout, and wrote "
+        f"every rank's stack ({e.get('stacks')})",
+        "lost_rank": "the other ranks' collectives failed with it",
+        "crash": "its error ended the step on every rank",
+    }[e.get("kind", "lost_rank")]
+    return Remedy(
+        action="resume",
+        params={"step": e["resumed_step"], "world": e["world_after"]},
+        reasoning=f"{why}; torchrun's elastic agent restarted the job and it resumed from the newest valid "
+        f"checkpoint (step {e['resumed_step']}) with the data order continued exactly: the steps after it "
+        f"({e['steps_lost']}) are trained again",
+    )
+
+
 def length(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     """The live planner's run-length finding (orchestrator/planner.py): shorten or extend."""
     e = f.evidence

@@ -37,6 +37,7 @@ from trimtab.model import Transformer, build_model
 from trimtab.model.catalog import model_size
 from trimtab.paths import cache_dir
 from trimtab.plan.chinchilla import FRESH_EPOCHS
+from trimtab.resilience.watchdog import Watchdog, make_watchdog
 from trimtab.rundir import CONFIG, write_atomic
 from trimtab.training.resume import resume_point
 from trimtab.training.services.compiling import CompileChoice, choose_compile
@@ -259,6 +260,7 @@ class BuiltRun:
     peak: tuple[float | None, str]  # peak FLOP/s for MFU, and where the figure comes from
     compile: CompileChoice  # train.compile resolved (auto: by the run's expected length)
     sizes: dict[str, int]  # the whole model's parameter counts and training FLOPs per token
+    watchdog: Watchdog  # this rank's hang watchdog (resilience/watchdog.py), fed by the loop
 
 
 def setup(cfg: RunConfig) -> BuiltRun:
@@ -312,4 +314,5 @@ def setup(cfg: RunConfig) -> BuiltRun:
         peak=peak,
         compile=compiling,
         sizes=sizes,
+        watchdog=make_watchdog(cfg.resilience, cfg.run_dir, dist.rank, dist.world),
     )

@@ -50,6 +50,7 @@ class Trainer:
             self.dist.pipeline.loss_sum = self._loss_sum
         self.peak_flops, self.peak_source = run.peak
         self.compile, self.step_times = run.compile, StepTimes()
+        self.watchdog = run.watchdog  # beaten at each section of a step: a hung rank ends fast
         self.state = TrainState(phase_steps=configured_lengths(cfg))
         self.stop_reason = ""
         self.exit_code = 0  # the process's, for a scheduler: non-zero when the run gave up
@@ -84,16 +85,18 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         start = (self.state.step, self.state.tokens, self.state.train_seconds, time.perf_counter())
         # From here a signal finishes the step, saves and returns (before, it ended start-up).
-        with handle_signals(self):
+        with handle_signals(self), self.watchdog.watching():
             self._call("on_train_start")
             if self.resumed_from is None:
                 self.save()  # the initial weights: a good state to return to before any other exists
             while self.state.step < self.total_steps and not self.stop_reason:
                 self._maybe_next_phase()
                 t0 = time.perf_counter()
+                self.watchdog.beat("data", self.state.step + 1)
                 batch = self.loader.next_batch()
                 self._call("on_step_start", batch)
                 out = self._step_with_oom_retry(batch, t0)
+                self.watchdog.beat("hooks")
                 if out is None:  # out of memory with nothing left to shrink: stop_reason says why
                     break
                 self._after_step(out)  # bookkeeping and hooks: the orchestrator decides here
@@ -121,8 +124,11 @@ class Trainer:
         # per-row losses come out of the fused loss (not a pipeline's stages, not a vocab-sharded head)
         per_row = self.dist.pipeline is None and not hasattr(self.model.lm_head.weight, "to_local")
         rows = RowLosses(batch.rows, self.device) if per_row else None
+        self.watchdog.beat("forward_backward")
         loss, aux_total = self._forward_backward(batch, routers, rows)
+        self.watchdog.beat("sync")
         self.dist.reduce_step(loss, aux_total, routers, self.model, rows)  # sums over ranks, on device
+        self.watchdog.beat("optimizer")
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         clip = self.control.grad_clip() or math.inf  # inf: measure the norm, change nothing
@@ -285,6 +291,7 @@ class Trainer:
         micro_batches = self.phases[self.state.phase].eval_micro
         if not micro_batches:
             return {}
+        self.watchdog.beat("evaluation")
         self.evaluating = True
         try:
             sums, error = sharded_loss(self, micro_batches, self.cfg.train.eval_timeout)
@@ -389,6 +396,7 @@ class Trainer:
         into NaN; the newest one on disk stays the run's resume point."""
         if self.state.step == self.last_saved:
             return True
+        self.watchdog.beat("checkpoint")
         if not self.dist.all_finite(self.model.parameters()):
             self.say(
                 f"step {self.state.step}: the weights are not finite: no checkpoint written (the resume "

@@ -1,0 +1,137 @@
+"""The hook that keeps the goodput ledger (resilience/goodput.py) and tells the orchestrator of a
+restart: a session that begins where a lost one ended proposes a `restart` finding (rule
+`restart`, family `cluster`) with what the lost session's files say (resilience/incidents.py),
+journaled like any decision: which rank, the step, the world before and after, steps lost, the
+time down.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trimtab.distributed import broadcast_object
+from trimtab.orchestrator.monitors import Finding
+from trimtab.resilience.goodput import Ledger
+from trimtab.resilience.incidents import last_life, localize
+from trimtab.training.hooks import Hook
+
+if TYPE_CHECKING:
+    from trimtab.training.state import StepOutput
+    from trimtab.training.view import RunView
+
+
+def process_started() -> float:
+    """This process's start (wall time): /proc/<pid>'s creation on Linux, else now."""
+    try:
+        return os.stat(f"/proc/{os.getpid()}").st_ctime
+    except OSError:
+        return time.time()
+
+
+def restart_count() -> int:
+    """torchrun's count of this job's restarts (0: the first launch, or no torchrun)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+class Resilience(Hook):
+    def __init__(self, run_dir: str | Path, journal: bool = True):
+        self.run_dir = Path(run_dir)
+        self.journal = journal  # propose restarts to the orchestrator (off: it does not run)
+        self.ledger: Ledger | None = None  # rank 0's: it writes goodput.json
+        self.incident: dict[str, Any] | None = None  # this session's restart incident, until the first step
+        self.last_end = 0.0  # wall time the previous step ended (the process start before the first)
+        self.pending = {"checkpoint": 0.0, "evaluation": 0.0}  # between two steps
+        self.save_started = 0.0
+        self.steps = 0  # this session's
+
+    def on_train_start(self, run: RunView) -> None:
+        started = process_started()
+        self.last_end = started
+        incident = None
+        if run.is_main:
+            self.ledger = Ledger(self.run_dir)
+            previous = self.ledger.sessions[-1] if self.ledger.sessions else None
+            life, step = last_life(self.run_dir, previous["started"]) if previous else (0.0, 0)
+            if previous is not None and previous.get("end") is None:
+                previous["step"] = max(previous["step"], step)
+                self.ledger.high = max(self.ledger.high, step)
+            incident = self.ledger.open(started, run.step, run.world, restart_count(), life)
+            if incident is not None:
+                incident.update(localize(self.run_dir, previous["started"], f"session{incident['session']}"))
+                self.ledger.write(force=True)
+        incident = broadcast_object(incident)  # every rank's orchestrator journals it alike
+        if incident is not None:
+            self.incident = incident
+            run.say(f"[resilience] {restart_finding(incident, run.step).summary}")
+            if self.journal:
+                run.propose(restart_finding(incident, run.step))
+
+    def on_step_end(self, run: RunView, out: StepOutput) -> None:
+        if self.ledger is None:
+            return
+        now = time.time()
+        between = max(0.0, now - out.seconds - self.last_end)  # since the previous step: saves, evaluations, hooks
+        checkpoint, evaluation = self.pending["checkpoint"], self.pending["evaluation"]
+        self.ledger.add("checkpoint", checkpoint)
+        self.ledger.add("evaluation", evaluation)
+        rest = max(0.0, between - checkpoint - evaluation)
+        first, self.steps = not self.steps, self.steps + 1
+        self.ledger.add("start_up" if first else "other", rest)
+        if first and self.incident is not None:
+            incident = self.ledger.incidents[-1]
+            incident["recover_s"] = round(incident["down_s"] + rest + checkpoint, 3)
+        self.ledger.step(out.step, out.seconds)
+        self.pending = {"checkpoint": 0.0, "evaluation": 0.0}
+        self.last_end = now
+        self.ledger.write()
+
+    def on_save_start(self, run: RunView) -> None:
+        self.save_started = time.time()
+
+    def on_checkpoint(self, run: RunView, path: Path) -> None:
+        if self.save_started:
+            self.pending["checkpoint"] += time.time() - self.save_started
+            self.save_started = 0.0
+
+    def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None:
+        self.pending["evaluation"] += max(0.0, time.time() - self.last_end)
+
+    def on_eval_error(self, run: RunView, step: int, error: str) -> None:
+        self.pending["evaluation"] += max(0.0, time.time() - self.last_end)
+
+    def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
+        if self.ledger is None:
+            return
+        self.ledger.add("checkpoint", self.pending["checkpoint"])  # the final save
+        self.ledger.add("evaluation", self.pending["evaluation"])
+        self.pending = {"checkpoint": 0.0, "evaluation": 0.0}
+        self.ledger.close(summary["status"])
+        summary["goodput"] = self.ledger.summary()
+
+
+def restart_finding(incident: dict[str, Any], step: int) -> Finding:
+    kind = incident.get("kind", "lost_rank")
+    blamed = incident.get("ranks_to_blame") or []
+    who = f"rank {', '.join(map(str, blamed))}" if blamed else "the job"
+    what = {
+        "hang": f"{who} stopped in {incident.get('section')} for {incident.get('stalled_s', 0):.0f} s "
+        f"(timeout {incident.get('timeout_s') or 0:.0f} s)",
+        "lost_rank": f"{who} lost without a word",
+        "crash": f"{who} failed: {str(incident.get('error'))[:120]}",
+    }[kind]
+    return Finding(
+        rule="restart",
+        family="cluster",
+        step=step,
+        evidence=incident,
+        summary=f"{what} at step {incident['step']}; resumed at step {incident['resumed_step']} on "
+        f"{incident['world_after']} ranks ({_steps(incident['steps_lost'])} lost, {incident['down_s']:.1f} s down)",
+        strength=1.0,
+    )
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"

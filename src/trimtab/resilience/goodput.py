@@ -1,0 +1,132 @@
+"""Goodput: where a run's wall time went, over every session of it (restarts included).
+
+RUN_DIR/goodput.json, written by rank 0 (atomically, at most every WRITE_S and at each end):
+
+    {"sessions": [{"started", "beat", "end", "restart", "world", "from_step", "step",
+                   "down_s", "seconds": {"productive": ..., "redone": ..., ...}}, ...],
+     "incidents": [{"kind": "restart", "step", "resumed_step", "steps_lost", "down_s",
+                    "recover_s", "lost_ranks", ...}, ...]}
+
+Each second of a session is one of BUCKETS: `productive` (steps at a position the run had not
+reached before), `redone` (steps trained again after a restart or a rollback threw them away),
+`checkpoint` (saves), `evaluation`, `start_up` (process start to the first step: imports, data,
+resume), `other` (logging, the orchestrator's reads, the report). A session that never said it
+ended (killed, crashed, its node lost) was lost: the time from its last sign of life to the next
+session's start is `down` (the restart). ETTR, the effective training time ratio of Llama 3's
+and ByteRobust's reports, is productive / wall, wall being every session's time plus the downs.
+A gap after a session that ended on purpose (a stop, a preemption that saved) is not the run's.
+
+Torch-free: `trimtab runs` and the report read it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from trimtab.rundir import GOODPUT_FILE, read_json, write_json
+
+BUCKETS = ("productive", "redone", "checkpoint", "evaluation", "start_up", "other")
+WRITE_S = 5.0  # the ledger's sign of life when nothing else happens
+
+
+class Ledger:
+    def __init__(self, run_dir: str | Path, write: bool = True):
+        self.path = Path(run_dir) / GOODPUT_FILE
+        self.write_enabled = write
+        data = read_json(self.path)
+        data = data if isinstance(data, dict) else {}
+        self.sessions: list[dict[str, Any]] = data.get("sessions", [])
+        self.incidents: list[dict[str, Any]] = data.get("incidents", [])
+        self.high = max((s["step"] for s in self.sessions), default=0)  # the furthest any session trained
+        self.session: dict[str, Any] = {}
+        self._written = 0.0
+
+    def open(self, started: float, from_step: int, world: int, restart: int, last_life: float) -> dict | None:
+        """Begin this session (process start `started`, resumed at `from_step`); the incident when
+        the previous session was lost, its last sign of life the latest of its own beat and
+        `last_life` (the run lock's heartbeat, the ranks' beats)."""
+        previous = self.sessions[-1] if self.sessions else None
+        incident, down = None, 0.0
+        if previous is not None and previous.get("end") is None:
+            previous["beat"] = max(previous["beat"], last_life)
+            down = max(0.0, started - previous["beat"])
+            incident = {
+                "kind": "restart",
+                "session": len(self.sessions),
+                "step": previous["step"],
+                "resumed_step": from_step,
+                "steps_lost": max(0, previous["step"] - from_step),
+                "down_s": round(down, 3),
+                "world_before": previous["world"],
+                "world_after": world,
+                "restart": restart,
+            }
+            self.incidents.append(incident)
+        self.session = {
+            "started": started,
+            "beat": time.time(),
+            "end": None,
+            "restart": restart,
+            "world": world,
+            "from_step": from_step,
+            "step": from_step,
+            "down_s": round(down, 3),
+            "seconds": dict.fromkeys(BUCKETS, 0.0),
+        }
+        self.sessions.append(self.session)
+        self.write(force=True)
+        return incident
+
+    def step(self, step: int, seconds: float) -> None:
+        """A step done: productive the first time the run reaches its position, redone after."""
+        self.add("productive" if step > self.high else "redone", seconds)
+        self.high = max(self.high, step)
+        self.session["step"] = step
+
+    def add(self, bucket: str, seconds: float) -> None:
+        self.session["seconds"][bucket] += max(0.0, seconds)
+
+    def close(self, end: str) -> None:
+        self.session["end"] = end
+        self.write(force=True)
+
+    def write(self, force: bool = False) -> None:
+        now = time.time()
+        if not self.write_enabled or (not force and now - self._written < WRITE_S):
+            return
+        self.session["beat"], self._written = now, now
+        seconds = self.session["seconds"]
+        seconds["other"] = 0.0
+        seconds["other"] = max(0.0, now - self.session["started"] - sum(seconds.values()))
+        try:
+            write_json(self.path, {"sessions": self.sessions, "incidents": self.incidents})
+        except OSError:  # a full disk must not end the run; the next write tries again
+            pass
+
+    def summary(self) -> dict[str, Any]:
+        return totals(self.sessions, self.incidents)
+
+
+def totals(sessions: list[dict[str, Any]], incidents: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's wall time by bucket, `down` between lost sessions and their restarts, and ETTR."""
+    seconds = {b: round(sum(s["seconds"][b] for s in sessions), 3) for b in BUCKETS}
+    seconds["down"] = round(sum(s.get("down_s", 0.0) for s in sessions), 3)
+    wall = sum(seconds.values())
+    return {
+        "ettr": round(seconds["productive"] / wall, 4) if wall > 0 else None,
+        "wall_s": round(wall, 3),
+        "seconds": seconds,
+        "sessions": len(sessions),
+        "incidents": len(incidents),
+        "steps_lost": sum(i.get("steps_lost", 0) for i in incidents),
+    }
+
+
+def read_goodput(run_dir: str | Path) -> dict[str, Any] | None:
+    """The run's totals from RUN_DIR/goodput.json, None when it has none."""
+    data = read_json(Path(run_dir) / GOODPUT_FILE)
+    if not isinstance(data, dict) or not data.get("sessions"):
+        return None
+    return totals(data["sessions"], data.get("incidents", []))

@@ -1,0 +1,100 @@
+"""What ended a lost session, read from the files its ranks left (rank 0 of the next session
+reads them): RUN_DIR/ranks/rankR.json (each rank's beats and exit record, resilience/watchdog.py),
+RUN_DIR/hangs/ (the watchdog's stacks and alarm), the run lock's heartbeat and metrics.jsonl.
+
+    hang       a rank's watchdog ended a section that ran past its timeout; the rank that
+               stopped is the one in the earliest section of the step (the others wait for it
+               in a collective)
+    lost_rank  a rank left no exit record: killed (SIGKILL, the OOM killer), its process or its
+               node gone; its beats stopped first
+    crash      every rank left an exit record: the first error is the cause
+
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from trimtab.resilience.watchdog import ALARM, HANGS, RANKS
+from trimtab.rundir import LOCK, METRICS_FILE, read_json
+
+# a step's sections in the order the loop enters them (resilience/watchdog.py): where a hang stopped
+SECTIONS = ("start-up", "data", "forward_backward", "sync", "optimizer", "hooks", "evaluation", "checkpoint")
+TAIL_BYTES = 1 << 16
+
+
+def last_life(run_dir: Path, since: float) -> tuple[float, int]:
+    """The lost session's last sign of life (wall time) and the newest step it logged: the run
+    lock's heartbeat (rank 0), the ranks' beats, metrics.jsonl's last lines."""
+    times, steps = [0.0], [0]
+    with contextlib.suppress(OSError):
+        times.append((run_dir / LOCK).stat().st_mtime)
+    for record in _records(run_dir / RANKS, since):
+        times.append(record["time"])
+        steps.append(record.get("step", 1) - 1)  # the step it was in: the one before is done
+    with contextlib.suppress(OSError), open(run_dir / METRICS_FILE, "rb") as fh:
+        fh.seek(max(0, os.fstat(fh.fileno()).st_size - TAIL_BYTES))
+        for line in fh.read().decode(errors="replace").splitlines()[1:]:
+            if line.startswith('{"step": '):
+                with contextlib.suppress(ValueError):
+                    steps.append(int(line[9 : line.index(",")]))
+    return max(times), max(steps)
+
+
+def localize(run_dir: Path, since: float, archive_as: str) -> dict[str, Any]:
+    """The evidence of how the session that started at `since` ended: kind, the ranks to blame,
+    every rank's last record. Its hang stacks move to RUN_DIR/hangs/<archive_as>/."""
+    ranks = {r["rank"]: r for r in _records(run_dir / RANKS, since)}
+    hangs = [r for r in _records(run_dir / HANGS, since) if "section" in r]
+    evidence: dict[str, Any] = {
+        "ranks": {
+            str(k): {key: r.get(key) for key in ("host", "step", "section", "exit")} for k, r in sorted(ranks.items())
+        }
+    }
+    if hangs:
+        first = min(SECTIONS.index(h["section"]) if h["section"] in SECTIONS else 0 for h in hangs)
+        stopped = [h for h in hangs if h["section"] in SECTIONS and SECTIONS.index(h["section"]) == first]
+        stopped = stopped or hangs
+        evidence.update(
+            kind="hang",
+            ranks_to_blame=sorted(h["rank"] for h in stopped),
+            section=stopped[0]["section"],
+            stalled_s=max(h["seconds"] for h in hangs),
+            timeout_s=min((h["timeout_s"] for h in hangs if h.get("raised")), default=None),
+            stacks=_archive(run_dir, archive_as),
+        )
+        return evidence
+    silent = sorted(k for k, r in ranks.items() if not r.get("exit"))
+    if silent:  # every rank silent: the whole job went at once (a node, the agent): none to blame
+        evidence.update(kind="lost_rank", ranks_to_blame=silent if len(silent) < len(ranks) else [])
+    elif ranks:
+        first = min(ranks.values(), key=lambda r: r["time"])
+        evidence.update(kind="crash", ranks_to_blame=[first["rank"]], error=first.get("exit"))
+    else:
+        evidence.update(kind="lost_rank", ranks_to_blame=[])  # no watchdog ran: nothing names a rank
+    return evidence
+
+
+def _records(folder: Path, since: float) -> list[dict[str, Any]]:
+    """The JSON records in `folder` written by the session that started at `since`."""
+    records = []
+    for path in sorted(folder.glob("rank*.json")) if folder.is_dir() else []:
+        record = read_json(path)
+        if isinstance(record, dict) and record.get("time", 0) >= since and "rank" in record:
+            records.append(record)
+    return records
+
+
+def _archive(run_dir: Path, name: str) -> str:
+    """hangs/'s files of the lost session into hangs/<name>/ (a later hang writes afresh)."""
+    folder, target = run_dir / HANGS, run_dir / HANGS / name
+    target.mkdir(parents=True, exist_ok=True)
+    for path in list(folder.glob("rank*.*")) + [folder / ALARM]:
+        if path.is_file():
+            shutil.move(str(path), target / path.name)
+    return str(target.relative_to(run_dir))

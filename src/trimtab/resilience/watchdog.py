@@ -1,0 +1,206 @@
+"""The hang watchdog: a thread per rank that ends a stalled process fast and leaves its stack.
+
+A rank that stops (a deadlock, a device that no longer answers, a peer's OOM inside a backward)
+stalls every rank in its next collective, which waits out the process group's timeout (600 s by
+default; PRIOR_ART: NVRx, torchelastic). Here the loop beats at each section of a step (data,
+forward_backward, sync, optimizer, hooks, evaluation, checkpoint); a section that runs past its
+timeout ends the process, so torchrun's elastic agent restarts the job from the newest
+checkpoint at once. Timeouts follow NVRx: a section's first run in a process gets
+`first_timeout_s` (start-up, compilation, first save), later runs `timeout_factor` x the longest
+seen, at least `min_timeout_s`.
+
+Before it ends the process, the watchdog writes every thread's Python stack to
+RUN_DIR/hangs/rankR.txt and raises the alarm in RUN_DIR/hangs/alarm.json; every other rank's
+watchdog sees the alarm within a poll and writes its own stack too, so the hang explains itself
+(the rank still in `data` while the others wait in `sync` is the one that stopped). Each rank also
+keeps RUN_DIR/ranks/rankR.json (host, pid, step, section; every `beat_s`): after a restart, the
+rank whose beats stopped first and that left no exit record is the one that was lost.
+
+Torch-free (the thread must run while the main thread is stuck inside torch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from trimtab.rundir import read_json, write_json
+
+HUNG = 5  # the process's exit code when the watchdog ended it (docs/orchestrator.md, exit codes)
+HANGS, RANKS, ALARM = "hangs", "ranks", "alarm.json"
+POLL_S = 0.5
+GRACE_S = 5.0  # how long the rank that raised the alarm waits for the others' stacks
+
+
+class Watchdog:
+    """Feed it with beat(section, step) from the loop; start() / stop() around training."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        rank: int,
+        world: int,
+        *,
+        first_timeout_s: float,
+        timeout_factor: float,
+        min_timeout_s: float,
+        beat_s: float,
+    ) -> None:
+        self.run_dir, self.rank, self.world = Path(run_dir), rank, world
+        self.first_timeout_s, self.timeout_factor, self.min_timeout_s = first_timeout_s, timeout_factor, min_timeout_s
+        self.beat_s = beat_s
+        self.section, self.step, self.since = "start-up", 0, time.monotonic()
+        self.longest: dict[str, float] = {}  # section -> its longest completed run in this process
+        self.started = time.time()  # an alarm older than this process is a past session's
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_beat_file = 0.0
+
+    # ------------------------------------------------------------------ from the loop
+
+    def beat(self, section: str, step: int | None = None) -> None:
+        """The loop enters `section` (of step `step`): the previous section completed."""
+        now = time.monotonic()
+        done = now - self.since
+        if done > self.longest.get(self.section, 0.0):
+            self.longest[self.section] = done
+        self.section, self.since = section, now
+        if step is not None:
+            self.step = step
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[Watchdog]:
+        """Watch for the block; an error that ends it is the rank's exit record (what a restart reads)."""
+        self.start()
+        try:
+            yield self
+        except BaseException as exc:
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            self.stop(f"{type(exc).__name__}: {first}"[:300])
+            raise
+        self.stop()
+
+    def start(self) -> Watchdog:
+        with contextlib.suppress(OSError):
+            (self.run_dir / RANKS).mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="trimtab-watchdog")
+        self._thread.start()
+        return self
+
+    def stop(self, exit_record: str | None = None) -> None:
+        """Training is over (or failed with `exit_record`): no more timeouts; the rank's file says so."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._write_beat(exit=exit_record or "ended")
+
+    def timeout(self, section: str) -> float:
+        if section not in self.longest:
+            return self.first_timeout_s
+        return max(self.min_timeout_s, self.timeout_factor * self.longest[section])
+
+    # ------------------------------------------------------------------ the thread
+
+    def _watch(self) -> None:
+        while not self._stop.wait(POLL_S):
+            section, since = self.section, self.since  # one read: the loop may move on meanwhile
+            elapsed, limit = time.monotonic() - since, self.timeout(section)
+            if elapsed > limit:
+                self._end(raised=True, section=section, elapsed=elapsed, limit=limit)
+            elif self._alarm() is not None:
+                self._end(raised=False, section=section, elapsed=elapsed, limit=limit)
+            elif time.time() - self._last_beat_file >= self.beat_s:
+                self._write_beat()
+
+    def _alarm(self) -> dict[str, Any] | None:
+        path = self.run_dir / HANGS / ALARM
+        with contextlib.suppress(OSError):
+            if path.stat().st_mtime >= self.started:
+                return read_json(path)
+        return None
+
+    def _end(self, *, raised: bool, section: str, elapsed: float, limit: float) -> None:
+        """Write this rank's stack (and raise the alarm, or answer it), then end the process."""
+        folder = self.run_dir / HANGS
+        with contextlib.suppress(OSError):
+            folder.mkdir(parents=True, exist_ok=True)
+            record = {
+                "rank": self.rank,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "step": self.step,
+                "section": section,
+                "seconds": round(elapsed, 3),
+                "timeout_s": round(limit, 3),
+                "raised": raised,
+                "time": time.time(),
+            }
+            with open(folder / f"rank{self.rank}.txt", "w") as fh:
+                fh.write(
+                    f"rank {self.rank} at step {self.step}, section {section} for {elapsed:.1f} s "
+                    f"(timeout {limit:.1f} s){'' if raised else '; ended on the alarm of another rank'}\n\n"
+                )
+                fh.flush()
+                faulthandler.dump_traceback(fh, all_threads=True)
+            write_json(folder / f"rank{self.rank}.json", record)
+            if raised and self._alarm() is None:
+                write_json(folder / ALARM, record)
+            self._write_beat(exit=f"hung in {section}" if raised else "ended on another rank's hang alarm")
+        if raised:  # the others' stacks, before torchrun's agent tears the job down
+            deadline = time.monotonic() + GRACE_S
+            while time.monotonic() < deadline and len(list(folder.glob("rank*.txt"))) < self.world:
+                time.sleep(0.1)
+        os._exit(HUNG)
+
+    def _write_beat(self, **extra: Any) -> None:
+        self._last_beat_file = time.time()
+        record = {
+            "rank": self.rank,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "step": self.step,
+            "section": self.section,
+            "time": self._last_beat_file,
+            "started": self.started,
+            **extra,
+        }
+        with contextlib.suppress(OSError):  # a full disk must not end the run
+            write_json(self.run_dir / RANKS / f"rank{self.rank}.json", record, indent=None)
+
+
+class NoWatchdog(Watchdog):
+    """The watchdog switched off: beats cost one call; no thread, no files."""
+
+    def __init__(self) -> None:
+        self.section, self.step, self.since, self.longest = "start-up", 0, time.monotonic(), {}
+
+    def beat(self, section: str, step: int | None = None) -> None:
+        pass
+
+    def start(self) -> Watchdog:
+        return self
+
+    def stop(self, exit_record: str | None = None) -> None:
+        pass
+
+
+def make_watchdog(cfg: Any, run_dir: Path, rank: int, world: int) -> Watchdog:
+    """The `resilience:` section's watchdog for this rank (auto: on under torchrun)."""
+    if cfg.watchdog == "off" or (cfg.watchdog == "auto" and world == 1):
+        return NoWatchdog()
+    return Watchdog(
+        run_dir,
+        rank,
+        world,
+        first_timeout_s=cfg.first_timeout_s,
+        timeout_factor=cfg.timeout_factor,
+        min_timeout_s=cfg.min_timeout_s,
+        beat_s=cfg.beat_s,
+    )

@@ -1,0 +1,131 @@
+"""Cluster faults under torchrun (gloo, one thread per process): a rank killed from outside, a
+rank that stops; the job restarted by torchrun's elastic agent (--max-restarts) ends as the
+undisturbed run does, and the restart is journaled and counted in the goodput ledger."""
+
+import json
+
+import pytest
+import torch.distributed as dist
+
+from helpers import assert_close, losses, run
+from trimtab.config import load_config
+from trimtab.errors import ConfigError
+from trimtab.orchestrator.faults import parse_fault
+from trimtab.resilience.goodput import read_goodput
+from trimtab.rundir import read_decisions, read_json
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
+
+
+def assert_same_tail(records: list[dict], base: list[dict], resumed: int) -> None:
+    """The restarted session's steps (after the checkpoint at `resumed`) as the undisturbed run's:
+    the same rows on each rank, the same loss (1e-5) and final weights."""
+    for ours, theirs in zip(records, base):
+        tail = [s for s in theirs["steps"] if s["step"] > resumed]
+        assert [s["step"] for s in ours["steps"]] == [s["step"] for s in tail]
+        assert [s["rows"] for s in ours["steps"]] == [s["rows"] for s in tail]
+        assert_close(losses(ours), [s["loss"] for s in tail], rel=1e-5)
+        assert_close(ours["weights"], theirs["weights"], rel=1e-5)
+        assert ours["summary"] == theirs["summary"]
+
+
+def restart_decision(run_dir) -> dict:
+    (decision,) = [d for d in read_decisions(run_dir) if d["rule"] == "restart"]
+    assert decision["action"] == "resume" and decision["mode"] == "auto"
+    return decision
+
+
+@pytest.mark.distributed
+def test_a_rank_killed_from_outside_is_restarted_and_the_run_ends_as_undisturbed(ddp, tmp_path):
+    """kill_rank@7:1: SIGKILL to rank 1 as step 7 begins (a lost process or node). Rank 0's next
+    collective fails; torchrun restarts both; they resume from step 5 and end with the rows, loss
+    and weights of the undisturbed run. The journal names rank 1 (it left no exit record; rank 0
+    left its error), and the ledger counts two sessions, the step redone and the time down."""
+    out = tmp_path / "killed"
+    records = run(out, 2, restarts=1, faults=["kill_rank@7:1"])
+    assert_same_tail(records, ddp[1], resumed=5)
+    decision = restart_decision(out)
+    evidence = decision["evidence"]
+    assert evidence["kind"] == "lost_rank" and evidence["ranks_to_blame"] == [1]
+    assert evidence["step"] == 6 and evidence["resumed_step"] == 5 and evidence["steps_lost"] == 1
+    assert evidence["world_before"] == evidence["world_after"] == 2 and evidence["down_s"] > 0
+    assert "exit" in evidence["ranks"]["0"] and evidence["ranks"]["0"]["exit"] not in (None, "ended")
+    assert decision["applied"] == ["resumed at step 5 on 2 ranks"]
+    goodput = read_goodput(out)
+    assert goodput["sessions"] == 2 and goodput["incidents"] == 1 and goodput["steps_lost"] == 1
+    seconds = goodput["seconds"]
+    assert seconds["redone"] > 0 and seconds["down"] > 0 and seconds["productive"] > 0
+    assert 0 < goodput["ettr"] < 1
+    ledger = read_json(out / "goodput.json")
+    assert ledger["sessions"][0]["end"] is None and ledger["sessions"][1]["end"] == "completed"
+    assert ledger["incidents"][0]["recover_s"] >= ledger["incidents"][0]["down_s"]
+
+
+@pytest.mark.distributed
+def test_a_hung_rank_is_ended_within_twice_its_timeout_with_every_stack_written(ddp, tmp_path):
+    """hang_rank@7:1: rank 1 stops as step 7 begins and rank 0 waits for it in the gradient
+    all-reduce. Both watchdogs end their process within twice the section's timeout (not the
+    collective's 600 s), each rank's stack is in hangs/, the journal names rank 1 (in `data`
+    while rank 0 waited further on), and the restarted job ends as the undisturbed run."""
+    out = tmp_path / "hung"
+    resilience = {"min_timeout_s": 4.0, "first_timeout_s": 120.0}
+    records = run(out, 2, restarts=1, faults=["hang_rank@7:1"], resilience=resilience)
+    assert_same_tail(records, ddp[1], resumed=5)
+    evidence = restart_decision(out)["evidence"]
+    assert evidence["kind"] == "hang" and evidence["ranks_to_blame"] == [1] and evidence["section"] == "data"
+    assert evidence["timeout_s"] >= 4.0 and evidence["stalled_s"] <= 2 * evidence["timeout_s"]
+    stacks = out / evidence["stacks"]
+    assert "hang_rank" in (stacks / "rank1.txt").read_text() or "faults.py" in (stacks / "rank1.txt").read_text()
+    assert "forward_backward" in (stacks / "rank0.txt").read_text().splitlines()[0]
+    assert read_goodput(out)["incidents"] == 1
+
+
+def test_a_run_accounts_for_its_wall_time_and_a_stop_is_not_downtime(tmp_path):
+    """One process: summary.json's goodput splits the session's time into its buckets (they sum
+    to the wall time), the steps all productive; a session stopped on purpose and resumed adds a
+    session but no incident and no down time, and its steps are productive too (none redone)."""
+    import trimtab
+
+    cfg = {
+        "out": str(tmp_path / "r"),
+        "train": {"max_steps": 8, "eval_every": 4, "precision": "fp32"},
+        "data": {"max_bytes": 60_000},
+        "checkpoint": {"every": 4},
+        "log": {"progress": False, "tensorboard": False, "report": False},
+    }
+    first = trimtab.train(preset="debug", faults=["sigterm@6"], **cfg)
+    assert first["status"].startswith("stopped")
+    summary = trimtab.train(preset="debug", **cfg)
+    goodput = summary["goodput"]
+    assert goodput["sessions"] == 2 and goodput["incidents"] == 0 and goodput["steps_lost"] == 0
+    seconds = goodput["seconds"]
+    assert seconds["productive"] > 0 and seconds["checkpoint"] > 0 and seconds["evaluation"] > 0
+    assert seconds["redone"] == 0 and seconds["down"] == 0 and seconds["start_up"] > 0
+    assert abs(sum(seconds.values()) - goodput["wall_s"]) < 0.01 and 0 < goodput["ettr"] < 1
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["goodput"] == goodput
+    assert [s["end"] for s in read_json(tmp_path / "r" / "goodput.json")["sessions"]] == [
+        first["status"],
+        "completed",
+    ]
+
+
+def test_rank_faults_name_their_rank():
+    fault = parse_fault("kill_rank@7:1")
+    assert (fault.kind, fault.step, fault.rank, fault.count) == ("kill_rank", 7, 1, 1)
+    assert parse_fault("hang_rank@3:0").rank == 0
+    for bad in ("kill_rank@7", "kill_rank@7:x", "hang_rank@7:1@rank1"):
+        with pytest.raises(ConfigError, match="@STEP:RANK"):
+            parse_fault(bad)
+
+
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ({"watchdog": "always"}, "resilience.watchdog"),
+        ({"timeout_factor": 0.5}, "resilience.timeout_factor"),
+        ({"min_timeout_s": 100, "first_timeout_s": 10}, "resilience.first_timeout_s"),
+    ],
+)
+def test_resilience_settings_that_cannot_work_are_named(section, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(preset="debug", overrides={"resilience": section})
