@@ -515,16 +515,26 @@ def _router_tensors(routers: Any) -> list[torch.Tensor]:
 
 
 def _restart_store(timeout_s: float) -> dict[str, Any]:
-    """init_process_group's store for a job torchrun restarted: the agent's store, with this
-    attempt's own key prefix. torchrun (>= 2.5) hands its workers the store its rendezvous keeps
-    (TORCHELASTIC_USE_AGENT_STORE) and the keys a group writes there outlive a failed attempt: a
-    restarted rank may read a peer's address from the attempt before and fail to connect
-    (pytorch/pytorch#135712; measured here: 4 of 6 restarts of 2 gloo ranks failed so, none with
-    a prefix). Empty (torch's own env:// init) on a first attempt or without torchrun's store.
-    The restart count is each node's agent's own: consistent on one node and when every node
-    restarts together."""
+    """init_process_group's store for a one-node job torchrun restarted: the agent's store, with
+    this attempt's own key prefix. torchrun (>= 2.5) hands its workers the store its rendezvous
+    keeps (TORCHELASTIC_USE_AGENT_STORE) and the keys a group writes there outlive a failed
+    attempt: a restarted rank may read a peer's address from the attempt before and fail to
+    connect (pytorch/pytorch#135712; measured here: 4 of 6 restarts of 2 gloo ranks failed so, 0 of
+    10 with the prefix). The restart count is each agent's own, so the prefix is used on one node
+    only; across nodes `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` gives every attempt a fresh store
+    (docs/resilience.md). Empty (torch's own env:// init) otherwise."""
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    if not attempt or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if (
+        shared
+        and os.environ.get("GROUP_WORLD_SIZE", "1") != "1"
+        and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    ):
+        logging.getLogger("trimtab").warning(
+            "torchrun restarts across nodes with its shared store may fail to reconnect "
+            "(pytorch/pytorch#135712): export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun"
+        )
+    if not attempt or not shared or os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
         return {}
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     agent = dist.TCPStore(
