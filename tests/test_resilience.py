@@ -80,6 +80,22 @@ def test_a_hung_rank_is_ended_within_twice_its_timeout_with_every_stack_written(
     assert read_goodput(out)["incidents"] == 1
 
 
+@pytest.mark.distributed
+def test_a_rank_slowed_down_is_named_with_the_evidence_and_nothing_else_changes(ddp, tmp_path):
+    """slow_rank@3:1:4: from step 3 rank 1's forwards take 4x as long. With windows of 2 steps and
+    a patience of 2, the straggler rule names rank 1 (its compute below 0.75 of rank 0's, rank 0
+    waiting for it), once, logged only: the losses are the undisturbed run's."""
+    out = tmp_path / "slow"
+    straggler = {"window": 2, "patience": 2}
+    records = run(out, 2, faults=["slow_rank@3:1:4"], orchestrator={"straggler": straggler})
+    for ours, theirs in zip(records, ddp[1]):
+        assert_close(losses(ours), losses(theirs), rel=1e-6)
+    (named,) = [d for d in read_decisions(out) if d["rule"] == "straggler"]
+    assert named["action"] == "none" and named["evidence"]["ranks"] == [1] and named["step"] <= 8
+    scores = named["evidence"]["scores"]
+    assert scores[0] == 1.0 and scores[1] < 0.75 and records[0]["decisions"] == records[1]["decisions"]
+
+
 def test_a_run_accounts_for_its_wall_time_and_a_stop_is_not_downtime(tmp_path):
     """One process: summary.json's goodput splits the session's time into its buckets (they sum
     to the wall time), the steps all productive; a session stopped on purpose and resumed adds a
@@ -113,7 +129,9 @@ def test_rank_faults_name_their_rank():
     fault = parse_fault("kill_rank@7:1")
     assert (fault.kind, fault.step, fault.rank, fault.count) == ("kill_rank", 7, 1, 1)
     assert parse_fault("hang_rank@3:0").rank == 0
-    for bad in ("kill_rank@7", "kill_rank@7:x", "hang_rank@7:1@rank1"):
+    slow = parse_fault("slow_rank@3:1:2.5")
+    assert (slow.rank, slow.param) == (1, 2.5) and parse_fault("slow_rank@3:1").param == 3.0
+    for bad in ("kill_rank@7", "kill_rank@7:x", "hang_rank@7:1@rank1", "kill_rank@7:1:2", "slow_rank@3:1:0.5"):
         with pytest.raises(ConfigError, match="@STEP:RANK"):
             parse_fault(bad)
 

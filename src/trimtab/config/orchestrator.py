@@ -120,6 +120,18 @@ class ThroughputRule(Section):
 
 
 @dataclass
+class StragglerRule(Section):
+    """Under torchrun, a rank whose compute per step (its step time less its wait at the step's
+    agreement point) is below `threshold` of the fastest rank's speed for `patience` windows of
+    `window` steps is named (NVRx's straggler score and threshold; logged for a person)."""
+
+    enabled: bool = True
+    window: int = 20
+    threshold: float = 0.75
+    patience: int = 3
+
+
+@dataclass
 class Fp16Rule(Section):
     """GradScaler overflow storm: at least `max_overflows` skipped steps within `window`."""
 
@@ -254,6 +266,7 @@ class OrchestratorConfig(Section):
     oom: OomRule = field(default_factory=OomRule)
     memory: MemoryRule = field(default_factory=MemoryRule)
     throughput: ThroughputRule = field(default_factory=ThroughputRule)
+    straggler: StragglerRule = field(default_factory=StragglerRule)
     fp16: Fp16Rule = field(default_factory=Fp16Rule)
     moe: MoERule = field(default_factory=MoERule)
     mod: MoDRule = field(default_factory=MoDRule)
@@ -272,6 +285,7 @@ class OrchestratorConfig(Section):
         "oom",
         "memory",
         "throughput",
+        "straggler",
         "fp16",
         "moe",
         "mod",
@@ -290,7 +304,7 @@ class OrchestratorConfig(Section):
         _check(self.lr_restore_after >= 0, "orchestrator.lr_restore_after", "must be >= 0")
         _check(self.max_rollbacks >= 0, "orchestrator.max_rollbacks", "must be >= 0")
         _check(0 < self.min_lr_scale <= 1, "orchestrator.min_lr_scale", "must be in (0, 1]")
-        for name in ("spike", "grad", "divergence", "plateau", "throughput", "fp16", "moe", "mod"):
+        for name in ("spike", "grad", "divergence", "plateau", "throughput", "straggler", "fp16", "moe", "mod"):
             _positive(getattr(self, name), f"orchestrator.{name}", "window")
         _check(self.spike.min_samples >= 2, "orchestrator.spike.min_samples", "must be >= 2")
         _check(self.divergence.window >= 4, "orchestrator.divergence.window", "must be >= 4")
@@ -304,6 +318,8 @@ class OrchestratorConfig(Section):
         _check(self.plateau.max_lr_scale >= 1, "orchestrator.plateau.max_lr_scale", "must be >= 1")
         _check(0 < self.memory.threshold <= 1, "orchestrator.memory.threshold", "must be in (0, 1]")
         _check(0 < self.throughput.factor < 1, "orchestrator.throughput.factor", "must be in (0, 1)")
+        _check(0 < self.straggler.threshold < 1, "orchestrator.straggler.threshold", "must be in (0, 1)")
+        _positive(self.straggler, "orchestrator.straggler", "patience")
         _check(
             self.moe.imbalance > 1 and 0 < self.moe.collapse <= 1 and 0 < self.moe.improving <= 1,
             "orchestrator.moe",

@@ -8,7 +8,7 @@ parallel.py    Parallel: the trainer's view (wrapping, the step's collectives)
 checkpoint.py  sharded checkpoints (DCP), resharded on load
 """
 
-from trimtab.distributed.group import PeerOutOfMemory, all_max, broadcast_object, is_main, rank
+from trimtab.distributed.group import PeerOutOfMemory, all_gather_floats, all_max, broadcast_object, is_main, rank
 from trimtab.distributed.parallel import Parallel
 
-__all__ = ["Parallel", "PeerOutOfMemory", "all_max", "broadcast_object", "is_main", "rank"]
+__all__ = ["Parallel", "PeerOutOfMemory", "all_gather_floats", "all_max", "broadcast_object", "is_main", "rank"]

@@ -44,6 +44,16 @@ def all_max(values: list[float]) -> list[float]:
     return t.tolist()
 
 
+def all_gather_floats(values: list[float]) -> list[list[float]]:
+    """Every rank's `values` (host numbers), rank order; [values] in one process."""
+    if not active():
+        return [list(values)]
+    mine = torch.tensor(values, dtype=torch.float64)
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, mine, group=cpu_group())
+    return [t.tolist() for t in out]
+
+
 def broadcast_object(obj: Any) -> Any:
     """Rank 0's `obj` on every rank (what rank 0 read from disk)."""
     if not active():

@@ -31,6 +31,7 @@ import dataclasses
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from datetime import timedelta
@@ -87,6 +88,7 @@ class Parallel(Checkpoints):
         self._contexts = ExitStack()  # held for the whole run (tensor parallelism's loss)
         self._signal = 0  # a signal this rank received, not yet agreed (signal number)
         self._agreed = False  # the ranks met before this step's communicating backward
+        self.waited = 0.0  # seconds this rank waited at the agreement points (the straggler rule)
         self._caught: BaseException | None = None  # an OOM a block swallowed this step (FSDP2), told at agree()
         self._told: BaseException | None = None  # the last OOM agree() announced
 
@@ -308,7 +310,9 @@ class Parallel(Checkpoints):
         if self.world == 1:
             return ""
         caught, self._caught = self._caught, None
+        arrived = time.perf_counter()
         oom, signum = all_max([int(caught is not None), self._signal])
+        self.waited += time.perf_counter() - arrived  # for the others: how much faster this rank is
         if caught is not None:
             self._told = caught  # announced here: announce_oom must not call the others again
             raise caught

@@ -32,6 +32,7 @@ from trimtab.orchestrator.outliers import OutlierRows
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.remedies import Remedy
 from trimtab.orchestrator.rules import MONITORS, build_monitors
+from trimtab.orchestrator.stragglers import Stragglers
 from trimtab.rundir import DECISIONS_FILE
 from trimtab.training.actions import ACTIONS, COMMANDS, VERBS
 from trimtab.training.hooks import Hook
@@ -62,6 +63,7 @@ class Orchestrator(Hook):
         if cfg.early_stop.enabled:
             self.monitors["early_stop"] = EarlyStop(cfg)
         self.make_up = MakeUp(cfg.make_up) if cfg.make_up.enabled else None  # withheld updates owed
+        self.stragglers = Stragglers(cfg) if cfg.straggler.enabled else None  # under torchrun: a slow rank
         self.policy = Policy(cfg)
         self.journal = Journal(self.run_dir / DECISIONS_FILE)
         self.paused: set[str] = set()
@@ -107,6 +109,9 @@ class Orchestrator(Hook):
 
     def on_step_end(self, run: RunView, out: StepOutput) -> None:
         self.last_step = out.step
+        if self.stragglers is not None and run.world > 1 and self.mode != "off" and "straggler" not in self.paused:
+            if (f := self.stragglers.observe(out.step, out.seconds, run.waited_s)) is not None:
+                self.decide(run, f)
         self.pending.append(out)
         if len(self.pending) >= self.read_every or out.step >= run.total_steps:
             self._read(run)
@@ -455,6 +460,7 @@ class Orchestrator(Hook):
             "mode": self.mode,
             "phase": self.phase,
             "make_up": self.make_up.state_dict() if self.make_up is not None else None,
+            "stragglers": self.stragglers.state_dict() if self.stragglers is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -468,6 +474,8 @@ class Orchestrator(Hook):
         self.phase = state.get("phase", 0)
         if self.make_up is not None and state.get("make_up"):
             self.make_up.load_state_dict(state["make_up"])
+        if self.stragglers is not None and state.get("stragglers"):
+            self.stragglers.load_state_dict(state["stragglers"])
         self.mode = state["mode"] if self.cfg.mode == "auto" or state["mode"] == self.cfg.mode else self.cfg.mode
 
     def _load_monitors(self, state: dict[str, Any]) -> None:

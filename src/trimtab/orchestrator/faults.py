@@ -31,6 +31,8 @@ records it there), e.g. oom@10:512@rank1: one rank runs out of memory and all sh
     sigterm@S / sigkill@S   the process receives the signal
     kill_rank@S:R           under torchrun, rank R is killed (SIGKILL) as step S begins: a lost
                             process or node (torchrun --max-restarts restarts the job; docs/resilience.md)
+    slow_rank@S:R:F         under torchrun, from step S on rank R's forwards take F times as long
+                            (default 3): a throttled device; every rank waits for it
     hang_rank@S:R           under torchrun, rank R stops as step S begins and never comes back (a
                             deadlock, a device that no longer answers); the others wait for it in the
                             step's collectives until the watchdog ends the job (resilience.watchdog)
@@ -91,8 +93,9 @@ KINDS: dict[str, tuple[float | None, bool]] = {
     "expert_collapse": (1.0, False),
     "kill_rank": (None, False),
     "hang_rank": (None, False),
+    "slow_rank": (3.0, False),
 }
-RANK_FAULTS = ("kill_rank", "hang_rank")  # PARAM is the rank: KIND@STEP:RANK
+RANK_FAULTS = ("kill_rank", "hang_rank", "slow_rank")  # PARAM is the rank (and slow_rank's factor): KIND@STEP:RANK
 SLOW_SECONDS = 0.25
 
 
@@ -119,10 +122,14 @@ def parse_fault(spec: str, key: str = "faults") -> Fault:
         raise ConfigError(f"{key}: unknown fault '{kind}' in '{spec}'; one of {', '.join(KINDS)}")
     if not step_text.isdigit():
         raise ConfigError(f"{key}: '{spec}' must look like KIND@STEP[:PARAM], e.g. nan_loss@30")
-    if kind in RANK_FAULTS:  # one firing, on the rank its PARAM names
-        if at_rank or not param_text.isdigit():
-            raise ConfigError(f"{key}: '{spec}' must look like {kind}@STEP:RANK, e.g. {kind}@{step_text}:1")
-        return Fault(kind, int(step_text), 1.0, spec.strip(), int(param_text))
+    if kind in RANK_FAULTS:  # on the rank its PARAM names
+        rank_part, _, factor_text = param_text.partition(":")
+        factor = _number(factor_text) if kind == "slow_rank" and factor_text else KINDS[kind][0]
+        slow_ok = kind != "slow_rank" or (factor is not None and factor > 1)
+        if at_rank or not rank_part.isdigit() or (factor_text and kind != "slow_rank") or not slow_ok:
+            shape = "STEP:RANK:FACTOR (FACTOR > 1)" if kind == "slow_rank" else "STEP:RANK"
+            raise ConfigError(f"{key}: '{spec}' must look like {kind}@{shape}, e.g. {kind}@{step_text}:1")
+        return Fault(kind, int(step_text), factor or 1.0, spec.strip(), int(rank_part))
     default, is_count = KINDS[kind]
     try:
         param = float(param_text) if param_text else default
@@ -133,6 +140,13 @@ def parse_fault(spec: str, key: str = "faults") -> Fault:
         raise ConfigError(f"{key}: '{spec}' needs {need} after ':' (e.g. {kind}@{step_text}:512)")
     param = None if param is None else float(param)
     return Fault(kind, int(step_text), param, spec.strip(), int(rank_text) if at_rank else None)
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def parse_faults(specs: list[str]) -> list[Fault]:
@@ -149,6 +163,7 @@ class FaultInjector(Instrument):
         self._fire_grad: Fault | None = None
         self._lr_factor: float | None = None  # lr_spike: still to apply in this step's first forward
         self._tokens = 0  # in the forward now running (oom compares it with its limit)
+        self._forward_t0 = 0.0  # when the forward now running began (slow_rank)
         self.run: RunView | None = None
 
     # ------------------------------------------------------------------ bookkeeping
@@ -172,6 +187,8 @@ class FaultInjector(Instrument):
         model.tok_emb.register_forward_pre_hook(self._maybe_lr)
         model.tok_emb.register_forward_pre_hook(self._maybe_eval_fault)
         model.norm.register_forward_hook(self._maybe_nan_loss)
+        model.tok_emb.register_forward_pre_hook(self._forward_starts)
+        model.norm.register_forward_hook(self._maybe_slow_forward)
         for p in model.parameters():
             p.register_hook(self._maybe_bad_grad)
         if any(f.kind == "expert_collapse" for f in self.faults) and not model.moe_layers():
@@ -289,6 +306,15 @@ class FaultInjector(Instrument):
         if self._lr_factor is not None and module.training:
             self.handle.scale_optimizer_lr(self._lr_factor)
             self._lr_factor = None
+
+    def _forward_starts(self, module: torch.nn.Module, args: tuple) -> None:
+        self._forward_t0 = time.perf_counter()
+
+    def _maybe_slow_forward(self, module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
+        """slow_rank: this forward took factor x as long (a throttled device)."""
+        fault = self._active("slow_rank")
+        if fault is not None and module.training:
+            time.sleep((fault.param - 1) * (time.perf_counter() - self._forward_t0))
 
     def _maybe_nan_loss(self, module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
         if self._fire_nan is not None and module.training:

@@ -70,6 +70,12 @@ class Policy:
             "evaluation": lambda f, view: evaluation.failed_evaluation(f),
             "make_up": lambda f, view: make_up.remedy(f, view, cfg),
             "cluster": lambda f, view: remedies.restart(f),
+            "straggler": lambda f, view: Remedy(
+                action="none",
+                reasoning="every rank waits for the slowest at each collective, so the job runs at its speed; named "
+                "for a person (a throttled or failing device, a noisy neighbour, a slow link): restarting without its "
+                "node is the scheduler's call (docs/resilience.md)",
+            ),
             "baseline": lambda f, view: Remedy(
                 action="none",
                 reasoning="different batches give the same gradient norm although their updates were withheld, so "

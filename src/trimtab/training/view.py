@@ -64,6 +64,11 @@ class RunView:
         return self._t.dist.world
 
     @property
+    def waited_s(self) -> float:
+        """Seconds this rank has waited for the others at the steps' agreement points (0 alone)."""
+        return self._t.dist.waited
+
+    @property
     def is_main(self) -> bool:
         """Rank 0 alone prints and writes files (every rank decides alike: the metrics are reduced)."""
         return self._t.dist.is_main

@@ -1,0 +1,89 @@
+"""Stragglers: one slow rank slows every rank (they wait for it at each collective), and nobody
+is told. Every `window` steps each rank's compute over the window (its step time less what it
+waited at the steps' agreement points, Parallel.agree) is gathered; a rank whose speed is below
+`threshold` of the fastest rank's for `patience` windows in a row is named with the evidence
+(NVIDIA's resiliency extension scores ranks the same way: the best rank's time over this rank's,
+0.75 its threshold). Its score against its own best window says whether it slowed down or was
+always slow. Logged for a person, never acted on: restarting without a node is the job
+scheduler's call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.distributed import all_gather_floats
+from trimtab.orchestrator.monitors import Finding
+
+
+class Stragglers:
+    rule, family = "straggler", "straggler"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.straggler
+        self.seconds = 0.0  # this rank's step time over the window so far
+        self.steps = 0
+        self.waited = 0.0  # RunView.waited_s at the window's start
+        self.strikes: dict[int, int] = {}  # rank -> windows in a row below the threshold
+        self.named: set[int] = set()  # named in this slow stretch (again only after it recovers)
+        self.best: list[float] = []  # each rank's fastest window (seconds of compute per step)
+
+    def observe(self, step: int, seconds: float, waited_s: float) -> Finding | None:
+        """A step of `seconds` done; every `window` steps (on every rank alike: a collective),
+        the finding when a rank has been slow for `patience` windows."""
+        self.seconds += seconds
+        self.steps += 1
+        if self.steps < self.cfg.window:
+            return None
+        mine = (self.seconds - (waited_s - self.waited)) / self.steps
+        self.seconds, self.steps, self.waited = 0.0, 0, waited_s
+        compute = [max(row[0], 1e-9) for row in all_gather_floats([mine])]
+        self.best = [min(b, c) for b, c in zip(self.best, compute)] if self.best else list(compute)
+        fastest = min(compute)
+        scores = [fastest / c for c in compute]
+        for rank, score in enumerate(scores):
+            slow = score < self.cfg.threshold
+            self.strikes[rank] = self.strikes.get(rank, 0) + 1 if slow else 0
+            if not slow:
+                self.named.discard(rank)
+        due = [r for r, n in self.strikes.items() if n >= self.cfg.patience and r not in self.named]
+        if not due:
+            return None
+        self.named |= set(due)
+        return self._finding(step, due, compute, scores)
+
+    def _finding(self, step: int, ranks: list[int], compute: list[float], scores: list[float]) -> Finding:
+        own = {r: self.best[r] / compute[r] for r in ranks}
+        evidence: dict[str, Any] = {
+            "ranks": ranks,
+            "compute_s_per_step": [round(c, 6) for c in compute],
+            "scores": [round(s, 3) for s in scores],
+            "own_scores": {str(r): round(v, 3) for r, v in own.items()},
+            "threshold": self.cfg.threshold,
+            "windows": self.cfg.patience,
+            "window": self.cfg.window,
+        }
+        worst = min(ranks, key=lambda r: scores[r])
+        history = "slower than its own best" if own[worst] < self.cfg.threshold else "as slow as ever"
+        summary = (
+            f"rank {', '.join(map(str, ranks))} computes at {scores[worst]:.2f}x the fastest rank's speed "
+            f"({compute[worst] * 1e3:.1f} vs {min(compute) * 1e3:.1f} ms a step) for {self.cfg.patience} "
+            f"windows of {self.cfg.window} steps ({history}); every rank waits for it"
+        )
+        return Finding(
+            rule=self.rule,
+            family=self.family,
+            step=step,
+            evidence=evidence,
+            summary=summary,
+            strength=1 - scores[worst],
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"strikes": {str(k): v for k, v in self.strikes.items()}, "named": sorted(self.named), "best": self.best}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.strikes = {int(k): v for k, v in state.get("strikes", {}).items()}
+        self.named = set(state.get("named", []))
+        self.best = list(state.get("best", []))
