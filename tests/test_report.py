@@ -3,6 +3,7 @@
 the page loaded in a real headless browser (the system's chromium) when there is one."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -72,6 +73,7 @@ def test_the_run_writes_its_report_at_the_end(dense):
     for key in ("moe_load", "moe_balance", "mod"):  # a dense run has none: no empty plot
         assert f"fig-{key}" not in page
     assert ">completed<" in page and ">debug<" in page  # the summary table (summary.json came later)
+    assert "<h2>Goodput</h2>" in page and re.search(r"<td class=num>\d+\.\d%</td>", page)  # ETTR, every session
 
 
 def test_validation_loss_is_placed_at_its_tokens(dense):
@@ -189,12 +191,14 @@ def test_runs_lists_the_runs_under_a_directory(root, dense, hybrid, rolled, caps
     by_name = {r["run"]: r for r in rows}
     assert by_name["rolled"]["decisions"] >= 1 and by_name["rolled"]["healed"] >= 1
     assert by_name["dense"]["steps"] == 8 and by_name["sweep/hybrid"]["preset"] == "debug-hybrid"
+    assert all(0 < r["ettr"] < 1 for r in rows)  # productive / wall, from goodput.json (docs/resilience.md)
     assert [r["run"] for r in list_runs(root, "tokens", reverse=True)][0] == "rolled"
     assert main(["runs", str(root), "--json", "--sort", "run"]) == 0
     assert [r["run"] for r in json.loads(capsys.readouterr().out)] == ["dense", "rolled", "sweep/hybrid"]
     assert main(["runs", str(root)]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:3] == ["run", "preset", "status"] and len(table) == 4
+    assert table[0].split()[-1] == "ETTR" and table[1].endswith("%")
     with pytest.raises(RunsError, match="unknown column 'loss'.*val_loss"):
         list_runs(root, "loss")
 

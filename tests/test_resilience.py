@@ -125,6 +125,39 @@ def test_a_run_accounts_for_its_wall_time_and_a_stop_is_not_downtime(tmp_path):
     ]
 
 
+def test_checkpoints_come_at_youngs_interval_when_failures_are_expected_often(tmp_path):
+    """With a mean time between failures of seconds (orchestrator.checkpoint_interval.mtbf_hours),
+    Young's interval from the measured save stall and step time is far shorter than
+    checkpoint.every=50: the rule sets it (journaled, action set_checkpoint_every) and the
+    checkpoints come at the new interval; the knob is checkpointed, so a resume keeps it."""
+    import trimtab
+    from trimtab.checkpoint import list_checkpoints
+
+    run_dir = tmp_path / "r"
+    summary = trimtab.train(
+        preset="debug",
+        out=str(run_dir),
+        train={"max_steps": 24, "eval_every": 0, "precision": "fp32"},
+        data={"max_bytes": 60_000},
+        checkpoint={"every": 50, "keep": 100},
+        log={"progress": False, "tensorboard": False, "report": False},
+        orchestrator={"checkpoint_interval": {"mtbf_hours": 0.0005}},
+    )
+    assert summary["status"] == "completed"
+    (decision,) = [d for d in read_decisions(run_dir) if d["rule"] == "checkpoint_interval"][:1]
+    every = decision["params"]["steps"]
+    assert decision["action"] == "set_checkpoint_every" and 1 <= every < 50 and decision["mode"] == "auto"
+    assert decision["evidence"]["mtbf_h"] == 0.0005 and decision["evidence"]["save_stall_s"] > 0
+    saved = [int(p.name.split("_")[1]) for p in list_checkpoints(run_dir)]
+    later = [s for s in saved if decision["step"] < s < 24]
+    assert later and all(s % every == 0 for s in later) or every > 24 - decision["step"]
+    last = json.loads((list_checkpoints(run_dir)[-1] / "state.json").read_text())
+    assert (
+        last["train"]["checkpoint_every"]
+        == [d for d in read_decisions(run_dir) if d["rule"] == "checkpoint_interval"][-1]["params"]["steps"]
+    )
+
+
 def test_rank_faults_name_their_rank():
     fault = parse_fault("kill_rank@7:1")
     assert (fault.kind, fault.step, fault.rank, fault.count) == ("kill_rank", 7, 1, 1)
@@ -134,6 +167,39 @@ def test_rank_faults_name_their_rank():
     for bad in ("kill_rank@7", "kill_rank@7:x", "hang_rank@7:1@rank1", "kill_rank@7:1:2", "slow_rank@3:1:0.5"):
         with pytest.raises(ConfigError, match="@STEP:RANK"):
             parse_fault(bad)
+
+
+def test_young_interval_and_expected_ettr_follow_their_formulas():
+    """Young's interval sqrt(2 C M); ETTR 1 - C/T - (R + T/2)/M; more devices, a shorter MTBF, a
+    shorter interval and a lower ETTR; an asynchronous save stalls less and trains more."""
+    from trimtab.plan.resilience import FAILURES_PER_DEVICE_HOUR, expected_ettr, resilience_plan, young_interval
+
+    assert young_interval(50.0, 3600.0) == pytest.approx(600.0)
+    assert expected_ettr(50.0, 600.0, 300.0, 3600.0) == pytest.approx(1 - 50 / 600 - 600 / 3600)
+    plans = [resilience_plan(n, 10 * 2**40) for n in (1024, 16_384)]
+    assert plans[0].mtbf_h == pytest.approx(1 / (1024 * FAILURES_PER_DEVICE_HOUR))
+    assert plans[1].mtbf_h < plans[0].mtbf_h
+    for plan in plans:
+        sync, async_ = plan.strategies
+        assert async_.stall_s < sync.stall_s and async_.ettr > sync.ettr and async_.interval_s < sync.interval_s
+    assert plans[1].strategies[0].ettr < plans[0].strategies[0].ettr
+    stepped = resilience_plan(1024, 10 * 2**40, step_s=7.0)
+    assert all(s.interval_s % 7.0 == pytest.approx(0.0, abs=1e-9) for s in stepped.strategies)
+
+
+def test_plan_shows_the_checkpoint_interval_and_ettr_for_many_gpus(tmp_path, capsys):
+    from trimtab.cli import main
+
+    assert main(["plan", "--preset", "dense-7b", "--gpu", "H100", "--gpus", "16384", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "Resilience on 16,384 devices" in out and "(Young): expected ETTR" in out
+    saved = json.loads((tmp_path / "plan.json").read_text())["resilience"]
+    assert saved["devices"] == 16_384 and [s["name"] for s in saved["strategies"]] == [
+        "synchronous save",
+        "asynchronous save",
+    ]
+    assert main(["plan", "--preset", "debug", "--out", str(tmp_path)]) == 0
+    assert "Resilience" not in capsys.readouterr().out  # one device: nothing to plan
 
 
 @pytest.mark.parametrize(

@@ -132,6 +132,18 @@ class StragglerRule(Section):
 
 
 @dataclass
+class CheckpointIntervalRule(Section):
+    """Checkpoints as often as Young's optimum, sqrt(2 x save stall x MTBF) (Young 1974), when that
+    is more often than checkpoint.every: the save stall measured (the slowest rank's), the MTBF
+    `mtbf_hours` or, at 0, the world size at Llama 3's failure rate (trimtab/plan/resilience.py).
+    Changes the interval when it moves by more than `tolerance` of it."""
+
+    enabled: bool = True
+    mtbf_hours: float = 0.0
+    tolerance: float = 0.2
+
+
+@dataclass
 class Fp16Rule(Section):
     """GradScaler overflow storm: at least `max_overflows` skipped steps within `window`."""
 
@@ -267,6 +279,7 @@ class OrchestratorConfig(Section):
     memory: MemoryRule = field(default_factory=MemoryRule)
     throughput: ThroughputRule = field(default_factory=ThroughputRule)
     straggler: StragglerRule = field(default_factory=StragglerRule)
+    checkpoint_interval: CheckpointIntervalRule = field(default_factory=CheckpointIntervalRule)
     fp16: Fp16Rule = field(default_factory=Fp16Rule)
     moe: MoERule = field(default_factory=MoERule)
     mod: MoDRule = field(default_factory=MoDRule)
@@ -286,6 +299,7 @@ class OrchestratorConfig(Section):
         "memory",
         "throughput",
         "straggler",
+        "checkpoint_interval",
         "fp16",
         "moe",
         "mod",
@@ -320,6 +334,12 @@ class OrchestratorConfig(Section):
         _check(0 < self.throughput.factor < 1, "orchestrator.throughput.factor", "must be in (0, 1)")
         _check(0 < self.straggler.threshold < 1, "orchestrator.straggler.threshold", "must be in (0, 1)")
         _positive(self.straggler, "orchestrator.straggler", "patience")
+        _check(self.checkpoint_interval.mtbf_hours >= 0, "orchestrator.checkpoint_interval.mtbf_hours", "must be >= 0")
+        _check(
+            0 < self.checkpoint_interval.tolerance < 1,
+            "orchestrator.checkpoint_interval.tolerance",
+            "must be in (0, 1)",
+        )
         _check(
             self.moe.imbalance > 1 and 0 < self.moe.collapse <= 1 and 0 < self.moe.improving <= 1,
             "orchestrator.moe",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from trimtab.distributed import all_max, broadcast_object, is_main
 from trimtab.errors import TrimtabError
 from trimtab.orchestrator import ctl, readings
 from trimtab.orchestrator.evaluation import EarlyStop, eval_failure
+from trimtab.orchestrator.interval import CheckpointInterval
 from trimtab.orchestrator.journal import Decision, Journal
 from trimtab.orchestrator.make_up import MakeUp
 from trimtab.orchestrator.mod_health import MoDQuality
@@ -64,6 +66,8 @@ class Orchestrator(Hook):
             self.monitors["early_stop"] = EarlyStop(cfg)
         self.make_up = MakeUp(cfg.make_up) if cfg.make_up.enabled else None  # withheld updates owed
         self.stragglers = Stragglers(cfg) if cfg.straggler.enabled else None  # under torchrun: a slow rank
+        self.interval = CheckpointInterval(cfg) if cfg.checkpoint_interval.enabled else None  # Young's
+        self.save_started, self.save_stall = 0.0, 0.0  # this rank's last save, until _read agrees it
         self.policy = Policy(cfg)
         self.journal = Journal(self.run_dir / DECISIONS_FILE)
         self.paused: set[str] = set()
@@ -172,7 +176,12 @@ class Orchestrator(Hook):
         self.decide(run, f)
         return True
 
+    def on_save_start(self, run: RunView) -> None:
+        self.save_started = time.perf_counter()
+
     def on_checkpoint(self, run: RunView, path: Path) -> None:
+        if self.save_started:  # the stall the save cost training (the interval rule's C)
+            self.save_stall, self.save_started = time.perf_counter() - self.save_started, 0.0
         self.failed_saves = 0
         if self.mode == "auto" and run.last_good == run.step:
             self.policy.probe_baseline = run.probe_loss()  # the reference for a diagnosis
@@ -212,7 +221,10 @@ class Orchestrator(Hook):
             memory = readings.memory_fraction(run.device)
             # Data parallelism: the slowest rank's step times and the fullest device, so every
             # rank's monitors see the same numbers and decide alike.
-            *seconds, memory = all_max([o.seconds for o in outs] + [-1.0 if memory is None else memory])
+            *seconds, memory, stall = all_max(
+                [o.seconds for o in outs] + [-1.0 if memory is None else memory, self.save_stall]
+            )
+            self.save_stall = 0.0
             steps = to_host([readings.device_values(o, "moe" in self.monitors) for o in outs])
             moe = "moe" in self.monitors and any(o.moe for o in outs)  # a walk of the modules: only then
             top_k = run.moe_top_k() if moe else {}
@@ -238,6 +250,7 @@ class Orchestrator(Hook):
                     mod_capacity=values["mod"],
                 )
                 self._observe(run, m)
+            self._checkpoint_interval(run, seconds, stall)
             self.ceilings = {k: m.ceiling() for k, m in self.monitors.items() if k in GATED}
         self._take_commands(run)
 
@@ -377,6 +390,14 @@ class Orchestrator(Hook):
             "findings_after": track["findings"],
         }
         self.journal.write()
+
+    def _checkpoint_interval(self, run: RunView, seconds: list[float], stall: float) -> None:
+        """The steps' and a save's times (every rank's slowest) to the interval rule."""
+        if self.interval is None or "checkpoint_interval" in self.paused:
+            return
+        every, configured = run.checkpoint_every, run.cfg.checkpoint.every
+        if (f := self.interval.observe(run.step, seconds, stall, run.world, every, configured)) is not None:
+            self.decide(run, f)
 
     def _configured(self, run: RunView, change: dict[str, Any]) -> None:
         """A person's configuration change found on resume (a phase's length): journaled as theirs."""

@@ -70,6 +70,12 @@ class Policy:
             "evaluation": lambda f, view: evaluation.failed_evaluation(f),
             "make_up": lambda f, view: make_up.remedy(f, view, cfg),
             "cluster": lambda f, view: remedies.restart(f),
+            "checkpoint": lambda f, view: Remedy(
+                action="set_checkpoint_every",
+                params={"steps": f.evidence["steps"]},
+                reasoning="a failure loses on average half an interval of work and each save stalls training: Young's "
+                "interval sqrt(2 x stall x MTBF) minimises their sum (Young 1974); never longer than checkpoint.every",
+            ),
             "straggler": lambda f, view: Remedy(
                 action="none",
                 reasoning="every rank waits for the slowest at each collective, so the job runs at its speed; named "

@@ -23,7 +23,8 @@ from trimtab.plan.chinchilla import (
     nearest_preset,
 )
 from trimtab.plan.layout import LayoutPlan, format_layout, plan_layout
-from trimtab.plan.memory import Hardware, MemoryPlan, detect_hardware, hours, memory_plan, named_gpu
+from trimtab.plan.memory import STATE_BYTES, Hardware, MemoryPlan, detect_hardware, hours, memory_plan, named_gpu
+from trimtab.plan.resilience import ResiliencePlan, format_resilience, resilience_plan
 from trimtab.rundir import write_atomic
 
 
@@ -52,6 +53,7 @@ class Plan:
     budget: BudgetPlan | None = None
     layout: LayoutPlan | None = None  # on a GPU of hardware.GPUS: mesh, micro-batch, checkpointing
     launch: str = ""  # what the layout's torchrun line runs
+    resilience: ResiliencePlan | None = None  # more than one device: checkpoint interval, expected ETTR
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -117,6 +119,10 @@ def make_plan(
     if hw.kind == "cuda" and gpu_named(hw.name) and hw.memory_bytes:
         plan.layout = plan_layout(cfg, hw, gpus_per_node)
         plan.launch = launch or f"trimtab train --preset {cfg.preset}"
+    if hw.devices > 1:
+        state = size.total * (STATE_BYTES["weights"] + STATE_BYTES["optimizer"])
+        step_s = plan.run_hours * 3600 / run_steps if plan.run_hours else None
+        plan.resilience = resilience_plan(hw.devices, state, step_s)
     plan.notes = _notes(plan)
     return plan
 
@@ -222,6 +228,8 @@ def format_plan(plan: Plan) -> str:
         lines += _budget_lines(plan.budget, s)
     if plan.layout:
         lines += [""] + format_layout(plan.layout, plan.launch)
+    if plan.resilience:
+        lines += [""] + format_resilience(plan.resilience)
     lines += ["", "Notes"] + [f"  - {n}" for n in plan.notes]
     return "\n".join(lines)
 

@@ -88,6 +88,7 @@ SUMMARY = [
     "params",
     "decisions (healed)",
     "wall",
+    "ETTR",
     "Chinchilla",
 ]
 
@@ -112,6 +113,7 @@ def summary_row(run: RunRecord) -> list[Any]:
         f"{params:,}" if isinstance(params, int) else "-",
         f"{len(kept)} ({healed(kept)})",
         f"{wall:.0f} s" if finite(wall) is not None else "-",
+        f"{run.goodput['ettr']:.1%}" if run.goodput and run.goodput.get("ettr") is not None else "-",
         _chinchilla(run),
     ]
 
@@ -134,9 +136,32 @@ def _summary_table(runs: list[RunRecord]) -> str:
     paths = "".join(f"<li>{html.escape(r.name)}: {html.escape(str(r.path))}</li>" for r in runs)
     return (
         "<h2>Runs</h2>"
-        + _table(SUMMARY, [summary_row(r) for r in runs], numeric={3, 4, 5, 6, 8})
+        + _table(SUMMARY, [summary_row(r) for r in runs], numeric={3, 4, 5, 6, 8, 9})
         + f"<ul class='note'>{paths}</ul>"
         + "".join(f"<p class='note'>{html.escape(n)}</p>" for n in notes)
+        + _goodput_table(runs)
+    )
+
+
+GOODPUT = ["productive", "redone", "checkpoint", "evaluation", "start_up", "other", "down"]
+
+
+def _goodput_table(runs: list[RunRecord]) -> str:
+    """Where each run's wall time went, over every session (docs/resilience.md)."""
+    rows = [
+        [r.name, g["sessions"], g["incidents"], g["steps_lost"]]
+        + [f"{g['seconds'].get(b, 0):.1f} s" for b in GOODPUT]
+        + [f"{g['ettr']:.1%}" if g.get("ettr") is not None else "-"]
+        for r in runs
+        if (g := r.goodput)
+    ]
+    if not rows:
+        return ""
+    header = ["run", "sessions", "restarts", "steps lost", *(b.replace("_", "-") for b in GOODPUT), "ETTR"]
+    return (
+        "<h2>Goodput</h2><p class='note'>Wall time by where it went, over every session; down: from a lost "
+        "session's last sign of life to the restart; ETTR: productive / all.</p>"
+        + _table(header, rows, numeric=set(range(1, len(header))))
     )
 
 

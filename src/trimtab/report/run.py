@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from trimtab.errors import TrimtabError
+from trimtab.resilience.goodput import read_goodput
 from trimtab.rundir import (
     ABANDONED,
     CONFIG,
@@ -44,6 +45,7 @@ class RunRecord:
     summary: dict[str, Any] | None
     status: str  # completed | stopped | failed | running
     detail: str = ""  # the status in words, e.g. the summary's "stopped (SIGTERM)"
+    goodput: dict[str, Any] | None = None  # goodput.json's totals (resilience/goodput.py): ETTR, time by bucket
 
     @property
     def train(self) -> list[dict[str, Any]]:
@@ -89,6 +91,7 @@ def read_run(path: str | Path, name: str | None = None, summary: dict[str, Any] 
         summary=summary,
         status=status,
         detail=detail,
+        goodput=(summary or {}).get("goodput") or read_goodput(path),
     )
 
 

@@ -20,8 +20,8 @@ from trimtab.errors import TrimtabError
 from trimtab.report.run import is_run_dir, read_run, val_loss
 from trimtab.rundir import CONFIG, METRICS_FILE, healed
 
-COLUMNS = ["run", "preset", "status", "steps", "tokens", "val_loss", "decisions", "healed", "wall_s"]
-HEADINGS = {"val_loss": "val loss", "healed": "faults healed", "wall_s": "wall"}
+COLUMNS = ["run", "preset", "status", "steps", "tokens", "val_loss", "decisions", "healed", "wall_s", "ettr"]
+HEADINGS = {"val_loss": "val loss", "healed": "faults healed", "wall_s": "wall", "ettr": "ETTR"}
 
 
 class RunsError(TrimtabError):
@@ -87,6 +87,7 @@ def run_row(path: Path, root: Path) -> dict[str, Any]:
         "decisions": len(kept),
         "healed": healed(kept),
         "wall_s": round(s["seconds"], 1) if isinstance(s.get("seconds"), (int, float)) else None,
+        "ettr": (run.goodput or {}).get("ettr"),  # productive / wall over every session (docs/resilience.md)
         "detail": run.detail,
         "path": str(path),
     }
@@ -109,7 +110,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     """Aligned columns, numbers on the right."""
     cells = [[HEADINGS.get(c, c) for c in COLUMNS]] + [[_cell(c, r[c]) for c in COLUMNS] for r in rows]
     widths = [max(len(row[j]) for row in cells) for j in range(len(COLUMNS))]
-    numeric = {"steps", "tokens", "val_loss", "decisions", "healed", "wall_s"}
+    numeric = {"steps", "tokens", "val_loss", "decisions", "healed", "wall_s", "ettr"}
     lines = [
         "  ".join(v.rjust(w) if COLUMNS[j] in numeric else v.ljust(w) for j, (v, w) in enumerate(zip(row, widths)))
         for row in cells
@@ -126,6 +127,8 @@ def _cell(column: str, value: Any) -> str:
         return f"{value:,}"
     if column == "wall_s":
         return f"{value:.0f} s"
+    if column == "ettr":
+        return f"{value:.1%}"
     return str(value)
 
 

@@ -279,6 +279,13 @@ _TABLE = (
         help="the run's total steps (the pretraining schedule stretches or shrinks to the new end)",
         params=(ActionParam(name="steps", kind="int", bounds="[1, inf)"),),
     ),
+    Action(
+        name="set_checkpoint_every",
+        verb="checkpoint-every",
+        says="a checkpoint every {steps} steps",
+        help="steps between checkpoints (the checkpoint interval rule sets it from save cost and MTBF)",
+        params=(ActionParam(name="steps", kind="int", bounds="[1, inf)"),),
+    ),
 )
 ACTIONS: dict[str, Action] = {a.name: a for a in _TABLE}
 MOE_KNOBS = {

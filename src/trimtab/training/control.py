@@ -175,6 +175,17 @@ class Control:
         self._trainer.request_stop(reason, exit_code)
         return f"stopping: {reason}" + (f" (exit code {exit_code})" if exit_code else "")
 
+    def _set_checkpoint_every(self, steps: int) -> str:
+        """Steps between checkpoints from now on (TrainState, so a resume keeps it)."""
+        state = self._trainer.state
+        old, state.checkpoint_every = self.checkpoint_every(), steps
+        return f"checkpoint every {old} -> {steps} steps"
+
+    def checkpoint_every(self) -> int:
+        """Steps between checkpoints: the knob, else checkpoint.every (0: only at the end)."""
+        t = self._trainer
+        return t.state.checkpoint_every or t.cfg.checkpoint.every
+
     def _set_total_steps(self, steps: int) -> str:
         """The run's length, through the pretraining phase (the live planner's shorten / extend):
         its LR schedule is a function of the phase length, so it stretches or shrinks to the new
@@ -269,6 +280,7 @@ EFFECTS: dict[str, Callable[..., str]] = {
     "set_balance_coef": Control._set_balance_coef,
     "set_mod_capacity": Control._set_mod_capacity,
     "set_total_steps": Control._set_total_steps,
+    "set_checkpoint_every": Control._set_checkpoint_every,
 }
 AT_ONCE = frozenset({"skip_step"})
 

@@ -26,6 +26,7 @@ class TrainState:
     grad_clip: float | None = None
     weight_decay: float | None = None
     micro_batch_tokens: int | None = None
+    checkpoint_every: int | None = None  # steps between checkpoints (None: checkpoint.every)
     rollbacks: int = 0
     length_delta: int = 0  # steps added to (< 0: taken from) pretraining by set_total_steps
     # The schedule's definition (training/schedule.py): each phase's configured length when last
@@ -40,6 +41,7 @@ KEPT_ON_ROLLBACK = (
     "grad_clip",
     "weight_decay",
     "micro_batch_tokens",
+    "checkpoint_every",
     "rollbacks",
     "length_delta",
     "phase_steps",

@@ -332,7 +332,7 @@ class Trainer:
             self.control.apply()  # what hooks decided on it (early stopping) holds before the next step
 
     def _maybe_checkpoint(self) -> None:
-        every = self.cfg.checkpoint.every
+        every = self.control.checkpoint_every()
         if (every and self.state.step % every == 0) or self._phase_ends():
             self.save()
 

@@ -207,6 +207,11 @@ class RunView:
         return self._t.optimizer.param_groups[0]["weight_decay"]
 
     @property
+    def checkpoint_every(self) -> int:
+        """Steps between checkpoints now (the knob a decision set, else checkpoint.every)."""
+        return self._t.control.checkpoint_every()
+
+    @property
     def micro_batch_tokens(self) -> int:
         return self._t.loader.micro_batch_tokens
 
