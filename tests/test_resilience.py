@@ -3,6 +3,11 @@ rank that stops; the job restarted by torchrun's elastic agent (--max-restarts) 
 undisturbed run does, and the restart is journaled and counted in the goodput ledger."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch.distributed as dist
@@ -12,7 +17,7 @@ from trimtab.config import load_config
 from trimtab.errors import ConfigError
 from trimtab.orchestrator.faults import parse_fault
 from trimtab.resilience.goodput import read_goodput
-from trimtab.rundir import read_decisions, read_json
+from trimtab.rundir import read_decisions, read_json, read_metrics
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 
@@ -156,6 +161,53 @@ def test_checkpoints_come_at_youngs_interval_when_failures_are_expected_often(tm
         last["train"]["checkpoint_every"]
         == [d for d in read_decisions(run_dir) if d["rule"] == "checkpoint_interval"][-1]["params"]["steps"]
     )
+
+
+@pytest.mark.distributed
+def test_a_process_frozen_from_outside_is_found_and_the_cli_run_ends_as_undisturbed(tmp_path):
+    """`torchrun --max-restarts 1 -m trimtab train`; once step 8 is logged the test freezes rank 1
+    (SIGSTOP: its watchdog thread stops with it). Rank 0 waits for it in a collective until its
+    watchdog ends it (min_timeout_s 4) and raises the alarm; rank 1 writes no stack; torchrun
+    restarts both (the frozen one killed), the run resumes from step 5 and ends with the losses
+    of the same command undisturbed. The journal blames rank 1: it did not answer the alarm."""
+    sets = {
+        "train.max_steps": 24,
+        "train.eval_every": 0,
+        "train.log_every": 1,
+        "train.precision": "fp32",
+        "data.max_bytes": 150000,
+        "checkpoint.every": 5,
+        "log.progress": "false",
+        "log.tensorboard": "false",
+        "log.report": "false",
+        "resilience.min_timeout_s": 4,
+    }
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def launch(out):
+        args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+        cmd = [*torchrun, "--max-restarts=1", "-m", "trimtab", "train", "--preset", "debug", "--out", str(out), *args]
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    frozen = launch(tmp_path / "frozen")
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(m.get("step", 0) >= 8 for m in read_metrics(tmp_path / "frozen")):
+        time.sleep(0.05)
+    os.kill(read_json(tmp_path / "frozen" / "ranks" / "rank1.json")["pid"], signal.SIGSTOP)
+    plain = launch(tmp_path / "plain")
+    for proc in (frozen, plain):
+        _, stderr = proc.communicate(timeout=240)
+        assert proc.returncode == 0, stderr[-3000:]
+    ours, theirs = (read_metrics(tmp_path / name) for name in ("frozen", "plain"))
+    assert [m["step"] for m in ours if "loss" in m] == list(range(1, 25))
+    assert_close([m["loss"] for m in ours if "loss" in m], [m["loss"] for m in theirs if "loss" in m], rel=1e-5)
+    evidence = restart_decision(tmp_path / "frozen")["evidence"]
+    assert evidence["kind"] == "hang" and evidence["ranks_to_blame"] == [1] and evidence["silent"] == [1]
+    assert evidence["resumed_step"] in (5, 10) and evidence["down_s"] >= 0
+    assert (tmp_path / "frozen" / evidence["stacks"] / "rank0.txt").is_file()
+    assert not (tmp_path / "frozen" / evidence["stacks"] / "rank1.txt").exists()
+    assert json.loads((tmp_path / "frozen" / "summary.json").read_text())["goodput"]["incidents"] == 1
 
 
 def test_rank_faults_name_their_rank():

@@ -188,7 +188,10 @@ def run_lock(run_dir: Path) -> Iterator[None]:
     fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         _acquire(fd, run_dir)
-        _write_lock(fd, {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()})
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+        if os.fstat(fd).st_size:  # the last heartbeat of the session before (a restart reads it)
+            record["previous_beat"] = os.fstat(fd).st_mtime
+        _write_lock(fd, record)
         stop = threading.Event()
         beat = threading.Thread(target=_beat, args=(fd, stop), daemon=True, name="trimtab-heartbeat")
         beat.start()

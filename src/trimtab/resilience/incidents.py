@@ -3,8 +3,8 @@ reads them): RUN_DIR/ranks/rankR.json (each rank's beats and exit record, resili
 RUN_DIR/hangs/ (the watchdog's stacks and alarm), the run lock's heartbeat and metrics.jsonl.
 
     hang       a rank's watchdog ended a section that ran past its timeout; the rank that
-               stopped is the one in the earliest section of the step (the others wait for it
-               in a collective)
+               stopped is one that wrote no stack (frozen, its watchdog with it, or gone), else
+               the one in the earliest section of the step (the others wait for it in a collective)
     lost_rank  a rank left no exit record: killed (SIGKILL, the OOM killer), its process or its
                node gone; its beats stopped first
     crash      every rank left an exit record: the first error is the cause
@@ -30,10 +30,15 @@ TAIL_BYTES = 1 << 16
 
 def last_life(run_dir: Path, since: float) -> tuple[float, int]:
     """The lost session's last sign of life (wall time) and the newest step it logged: the run
-    lock's heartbeat (rank 0), the ranks' beats, metrics.jsonl's last lines."""
+    lock's heartbeat (rank 0; as it was before this session took the lock), the ranks' beats,
+    metrics.jsonl's last lines."""
     times, steps = [0.0], [0]
-    with contextlib.suppress(OSError):
-        times.append((run_dir / LOCK).stat().st_mtime)
+    lock = read_json(run_dir / LOCK)
+    if isinstance(lock, dict) and lock.get("pid") == os.getpid():  # this session holds it now
+        times.append(lock.get("previous_beat", 0.0))
+    else:
+        with contextlib.suppress(OSError):
+            times.append((run_dir / LOCK).stat().st_mtime)
     for record in _records(run_dir / RANKS, since):
         times.append(record["time"])
         steps.append(record.get("step", 1) - 1)  # the step it was in: the one before is done
@@ -60,10 +65,13 @@ def localize(run_dir: Path, since: float, archive_as: str) -> dict[str, Any]:
         first = min(SECTIONS.index(h["section"]) if h["section"] in SECTIONS else 0 for h in hangs)
         stopped = [h for h in hangs if h["section"] in SECTIONS and SECTIONS.index(h["section"]) == first]
         stopped = stopped or hangs
+        # a rank that wrote no stack did not answer the alarm: frozen (its watchdog too) or gone
+        mute = sorted(set(ranks) - {h["rank"] for h in hangs})
         evidence.update(
             kind="hang",
-            ranks_to_blame=sorted(h["rank"] for h in stopped),
-            section=stopped[0]["section"],
+            ranks_to_blame=mute or sorted(h["rank"] for h in stopped),
+            silent=mute,
+            section=(ranks[mute[0]].get("section") if mute else stopped[0]["section"]),
             stalled_s=max(h["seconds"] for h in hangs),
             timeout_s=min((h["timeout_s"] for h in hangs if h.get("raised")), default=None),
             stacks=_archive(run_dir, archive_as),
