@@ -25,7 +25,7 @@ from trimtab.errors import TrimtabError
 from trimtab.orchestrator import ctl, readings
 from trimtab.orchestrator.evaluation import EarlyStop, eval_failure
 from trimtab.orchestrator.interval import CheckpointInterval
-from trimtab.orchestrator.journal import Decision, Journal
+from trimtab.orchestrator.journal import Decision, Journal, person_decision
 from trimtab.orchestrator.make_up import MakeUp
 from trimtab.orchestrator.mod_health import MoDQuality
 from trimtab.orchestrator.moe_health import MoEHealth
@@ -402,20 +402,10 @@ class Orchestrator(Hook):
     def _configured(self, run: RunView, change: dict[str, Any]) -> None:
         """A person's configuration change found on resume (a phase's length): journaled as theirs."""
         summary = f"{change['key']} {change['old']} -> {change['new']} on resume at step {run.step}"
-        decision = Decision(
-            id=self.journal.next_id(),
-            step=run.step,
-            rule="config",
-            evidence=change,
-            reasoning=f"changed in the config by a person: {change['effect']}",
-            action="set_total_steps",
-            params={"steps": run.total_steps},
-            confidence=1.0,
-            mode="manual",
-            family="config",
-            summary=summary,
-            applied=[f"total steps {run.total_steps}"],
-            outcome={"result": "applied"},
+        reasoning = f"changed in the config by a person: {change['effect']}"
+        params, applied = {"steps": run.total_steps}, [f"total steps {run.total_steps}"]
+        decision = person_decision(
+            self.journal.next_id(), run.step, "config", change, reasoning, "set_total_steps", params, summary, applied
         )
         self.journal.add(decision)
         run.say(decision.console_line())
@@ -443,19 +433,9 @@ class Orchestrator(Hook):
         if action in COMMANDS:
             params = COMMANDS[action].check(params)
         summary = " ".join([action, *(str(v) for v in params.values())])
-        decision = Decision(
-            id=self.journal.next_id(),
-            step=run.step,
-            rule="manual",
-            evidence={"command": action, **params},
-            reasoning="requested by a person (trimtab ctl)",
-            action=action,
-            params=params,
-            confidence=1.0,
-            mode="manual",
-            family="manual",
-            summary=summary,
-            outcome={"result": "applied"},
+        evidence, reasoning = {"command": action, **params}, "requested by a person (trimtab ctl)"
+        decision = person_decision(
+            self.journal.next_id(), run.step, "manual", evidence, reasoning, action, params, summary
         )
         if action in ACTIONS:  # checked here, so a bad value is answered before anything is journaled
             run.control.request(action, on_done=lambda line, d=decision: self._applied(d, line), **params)

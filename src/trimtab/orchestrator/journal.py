@@ -54,6 +54,36 @@ class Decision:
         )
 
 
+def person_decision(
+    id: int,
+    step: int,
+    rule: str,
+    evidence: dict[str, Any],
+    reasoning: str,
+    action: str,
+    params: dict[str, Any],
+    summary: str,
+    applied: list[str] = (),
+) -> Decision:
+    """A person's decision (a `trimtab ctl` command, a config change found on resume): confidence
+    1, mode manual, its family its rule, applied as it is journaled."""
+    return Decision(
+        id=id,
+        step=step,
+        rule=rule,
+        evidence=evidence,
+        reasoning=reasoning,
+        action=action,
+        params=params,
+        confidence=1.0,
+        mode="manual",
+        family=rule,
+        summary=summary,
+        applied=list(applied),
+        outcome={"result": "applied"},
+    )
+
+
 class Journal:
     def __init__(self, path: Path):
         self.path = Path(path)

@@ -16,6 +16,7 @@ from trimtab.distributed import broadcast_object
 from trimtab.orchestrator.monitors import Finding
 from trimtab.resilience.goodput import Ledger
 from trimtab.resilience.incidents import last_life, localize
+from trimtab.resilience.watchdog import process_start
 from trimtab.training.hooks import Hook
 
 if TYPE_CHECKING:
@@ -24,11 +25,8 @@ if TYPE_CHECKING:
 
 
 def process_started() -> float:
-    """This process's start (wall time): /proc/<pid>'s creation on Linux, else now."""
-    try:
-        return os.stat(f"/proc/{os.getpid()}").st_ctime
-    except OSError:
-        return time.time()
+    """This process's start (wall time; now where /proc cannot say)."""
+    return process_start(os.getpid()) or time.time()
 
 
 def restart_count() -> int:
@@ -119,7 +117,9 @@ def restart_finding(incident: dict[str, Any], step: int) -> Finding:
     what = {
         "hang": f"{who} stopped in {incident.get('section')} for {incident.get('stalled_s', 0):.0f} s "
         f"(timeout {incident.get('timeout_s') or 0:.0f} s)",
-        "lost_rank": f"{who} lost without a word",
+        "lost_rank": f"{who} lost without a word"
+        if blamed
+        else "the session ended without a word (killed, crashed or its node lost)",
         "crash": f"{who} failed: {str(incident.get('error'))[:120]}",
     }[kind]
     return Finding(

@@ -24,7 +24,17 @@ from trimtab.resilience.watchdog import ALARM, HANGS, RANKS
 from trimtab.rundir import LOCK, METRICS_FILE, read_json
 
 # a step's sections in the order the loop enters them (resilience/watchdog.py): where a hang stopped
-SECTIONS = ("start-up", "data", "forward_backward", "sync", "optimizer", "hooks", "evaluation", "checkpoint")
+SECTIONS = (
+    "start-up",
+    "data",
+    "forward_backward",
+    "sync",
+    "optimizer",
+    "hooks",
+    "rollback",
+    "evaluation",
+    "checkpoint",
+)
 TAIL_BYTES = 1 << 16
 
 

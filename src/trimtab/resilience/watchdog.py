@@ -3,7 +3,7 @@
 A rank that stops (a deadlock, a device that no longer answers, a peer's OOM inside a backward)
 stalls every rank in its next collective, which waits out the process group's timeout (600 s by
 default; PRIOR_ART: NVRx, torchelastic). Here the loop beats at each section of a step (data,
-forward_backward, sync, optimizer, hooks, evaluation, checkpoint); a section that runs past its
+forward_backward, sync, optimizer, hooks, rollback, evaluation, checkpoint); a section that runs past its
 timeout ends the process, so torchrun's elastic agent restarts the job from the newest
 checkpoint at once. Timeouts follow NVRx: a section's first run in a process gets
 `first_timeout_s` (start-up, compilation, first save), later runs `timeout_factor` x the longest
@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import os
+import signal
 import socket
 import threading
 import time
@@ -157,7 +158,20 @@ class Watchdog:
             deadline = time.monotonic() + GRACE_S
             while time.monotonic() < deadline and len(list(folder.glob("rank*.txt"))) < self.world:
                 time.sleep(0.1)
+            self._end_mute_peers(folder)
         os._exit(HUNG)
+
+    def _end_mute_peers(self, folder: Path) -> None:
+        """Ranks of this job on this host that wrote no stack within the grace are frozen (a
+        stopped process, a deadlock that holds the GIL): SIGKILL them, as NVRx ends hung ranks, so
+        torchrun restarts now instead of after its own 30 s wait for a SIGTERM they cannot take."""
+        answered, host = {p.stem for p in folder.glob("rank*.txt")}, socket.gethostname()
+        for path in (self.run_dir / RANKS).glob("rank*.json"):
+            beat = read_json(path)
+            mute = isinstance(beat, dict) and path.stem not in answered and beat.get("host") == host
+            if mute and beat.get("pid") not in (None, os.getpid()) and _alive_since(int(beat["pid"]), beat["time"]):
+                with contextlib.suppress(OSError):
+                    os.kill(int(beat["pid"]), signal.SIGKILL)
 
     def _write_beat(self, **extra: Any) -> None:
         self._last_beat_file = time.time()
@@ -173,6 +187,25 @@ class Watchdog:
         }
         with contextlib.suppress(OSError):  # a full disk must not end the run
             write_json(self.run_dir / RANKS / f"rank{self.rank}.json", record, indent=None)
+
+
+def process_start(pid: int) -> float | None:
+    """When process `pid` started (wall time, to ~10 ms): /proc/PID/stat's start in clock ticks
+    after boot, the boot from /proc/uptime; None where there is no such process (or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _alive_since(pid: int, when: float) -> bool:
+    """Process `pid` runs and ran at `when` already (not a later process given the same number)."""
+    start = process_start(pid)
+    return start is not None and start <= when + 1.0
 
 
 class NoWatchdog(Watchdog):

@@ -66,6 +66,15 @@ def call_sealed(hook: Hook, event: str, view: RunView, *args: Any) -> Any:
     return result
 
 
+def keyed(hooks: list[Hook]) -> list[tuple[str, Hook]]:
+    """Each hook with its checkpoint key: the class name, numbered only when a class appears twice,
+    so turning TensorBoard on or off between sessions does not orphan another hook's state."""
+    names = [type(h).__name__ for h in hooks]
+    return [
+        (n if names.count(n) == 1 else f"{n}#{names[:i].count(n)}", h) for i, (n, h) in enumerate(zip(names, hooks))
+    ]
+
+
 class Hook:
     """Base class: override what you need. All methods are optional."""
 

@@ -22,7 +22,7 @@ from trimtab.distributed.group import is_oom
 from trimtab.errors import CheckpointError
 from trimtab.training.control import Control
 from trimtab.training.evaluation import mean_losses, sharded_loss
-from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger, call_sealed
+from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger, call_sealed, keyed
 from trimtab.training.instrument import FaultHandle, Instrument
 from trimtab.training.loss import cross_entropy_sum
 from trimtab.training.metrics import run_summary, step_metrics
@@ -418,7 +418,7 @@ class Trainer:
                 "tokens": self.window.tokens,
                 "seconds": self.window.seconds,
             },
-            "hooks": {key: h.state_dict() for key, h in self._keyed_hooks()},
+            "hooks": {key: h.state_dict() for key, h in keyed(self.hooks)},
         }
         extra = {"rng": rng_state(), "scaler": self.scaler.state_dict() if self.scaler else {}}
         try:
@@ -453,6 +453,7 @@ class Trainer:
 
     def rollback(self, to: str | int = "last_good") -> str:
         """Restore weights, optimizer, data position and RNG from a checkpoint; keep the knobs."""
+        self.watchdog.beat("rollback")  # a load from disk: its own timeout, not the hooks' few milliseconds
         found = self.dist.from_main(find_checkpoint, self.cfg.run_dir, to)
         if found is None:
             what = "good checkpoint" if to == "last_good" else f"checkpoint at or before step {to}"
@@ -485,22 +486,13 @@ class Trainer:
         if rollback:
             self.loader.skipped |= skipped
             self.window = LogWindow()
-            for key, hook in self._keyed_hooks():
+            for key, hook in keyed(self.hooks):
                 hook.on_rollback(self.view, state["hooks"].get(key, {}))
             return
         window = state["log_window"]
         self.window = LogWindow(window["losses"], window["norms"], window["tokens"], window["seconds"])
-        for key, hook in self._keyed_hooks():
+        for key, hook in keyed(self.hooks):
             hook.load_state_dict(state["hooks"].get(key, {}))
-
-    def _keyed_hooks(self) -> list[tuple[str, Hook]]:
-        """Checkpoint keys: the class name, numbered only when a class appears twice, so turning
-        TensorBoard on or off between sessions does not orphan another hook's state."""
-        names = [type(h).__name__ for h in self.hooks]
-        return [
-            (n if names.count(n) == 1 else f"{n}#{names[:i].count(n)}", h)
-            for i, (n, h) in enumerate(zip(names, self.hooks))
-        ]
 
     # ------------------------------------------------------------------------------ helpers
 
