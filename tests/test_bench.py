@@ -149,6 +149,17 @@ def test_loss_dry_run_checks_every_chunk_size_against_the_plain_loss():
         assert f"\n| {variant} | " in out, variant
 
 
+@pytest.mark.slow  # three 2-process torchrun runs, one of them restarted twice: about a minute
+def test_resilience_dry_run_restarts_names_the_slow_rank_and_projects_ettr():
+    out = dry_run("resilience")
+    assert "## Resilience: lost ranks, hangs, a slow rank (`bench/resilience.py`)" in out
+    killed = next(line for line in out.splitlines() if line.startswith("| rank killed (SIGKILL) x2 |"))
+    assert "| yes | 2 |" in killed  # the undisturbed run's loss, two restarts
+    assert next(line for line in out.splitlines() if line.startswith("| rank 3x slower; named at step"))
+    for gpus in ("1,024", "16,384", "131,072"):
+        assert f"\n| {gpus} | " in out, gpus
+
+
 def test_interop_dry_run_times_the_four_operations_in_rounds_and_states_parity():
     out = dry_run("interop")
     assert "## Hugging Face export and import (bench/interop.py)" in out and "Time: 2 rounds" in out

@@ -101,6 +101,42 @@ def test_a_rank_slowed_down_is_named_with_the_evidence_and_nothing_else_changes(
     assert scores[0] == 1.0 and scores[1] < 0.75 and records[0]["decisions"] == records[1]["decisions"]
 
 
+@pytest.mark.distributed
+def test_a_bit_flipped_in_one_replica_is_caught_and_rolled_back_to_when_they_agreed(ddp, tmp_path):
+    """bitflip@7:1: one mantissa bit of one weight flips on rank 1 as step 7 begins (finite: no
+    rule on the loss sees it, and DDP, averaging gradients, keeps the replicas apart for good). The
+    replica check every 2 steps finds the two checksums apart at step 8 (two replicas: no majority
+    to say which one, so both are named), the run rolls back to the checkpoint of step 5 (they
+    agreed at step 6) and ends with the undisturbed run's weights on both ranks."""
+    out = tmp_path / "flip"
+    records = run(out, 2, faults=["bitflip@7:1"], orchestrator={"replicas": {"every": 2}})
+    (found,) = [d for d in read_decisions(out) if d["rule"] == "replicas"]
+    assert found["step"] == 8 and found["evidence"]["ranks"] == [0, 1] and found["evidence"]["agreed_step"] == 6
+    assert "no majority" in found["summary"]
+    assert found["action"] == "rollback" and "to step 5" in found["applied"][0]
+    for ours, theirs in zip(records, ddp[1]):
+        assert ours["weights"] == records[0]["weights"]  # the replicas agree again
+        assert_close(ours["weights"], theirs["weights"], rel=1e-5)
+        assert ours["summary"] == theirs["summary"]
+
+
+def test_the_replica_unlike_the_majority_is_named(monkeypatch):
+    """Three replicas, one checksum apart: that rank alone; all alike: agreed, nothing found."""
+    from trimtab.config import OrchestratorConfig
+    from trimtab.orchestrator import replicas
+
+    gathered = {}
+    monkeypatch.setattr(replicas, "all_gather_floats", lambda mine: gathered["values"])
+    check = replicas.Replicas(OrchestratorConfig())
+    halves = lambda v: [float(v // replicas.HALF), float(v % replicas.HALF)]  # noqa: E731
+    gathered["values"] = [halves(2**40 + 7)] * 3
+    assert check.observe(50, 2**40 + 7) is None and check.agreed == 50
+    assert check.observe(60, 0) is None  # not a check step
+    gathered["values"] = [halves(2**40 + 7), halves(2**40 + 7 + 2**12), halves(2**40 + 7)]
+    found = check.observe(100, 2**40 + 7)
+    assert found.evidence["ranks"] == [1] and found.evidence["agreed_step"] == 50 and "rank 1 holds" in found.summary
+
+
 def test_a_run_accounts_for_its_wall_time_and_a_stop_is_not_downtime(tmp_path):
     """One process: summary.json's goodput splits the session's time into its buckets (they sum
     to the wall time), the steps all productive; a session stopped on purpose and resumed adds a

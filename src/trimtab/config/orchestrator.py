@@ -132,6 +132,17 @@ class StragglerRule(Section):
 
 
 @dataclass
+class ReplicasRule(Section):
+    """Data-parallel replicas (every rank holding the whole model: DDP) agree: every `every` steps
+    each rank's exact checksum of its weights (their bits summed as integers) is gathered; a rank
+    that differs from the others holds silently corrupted weights (a bit flip that stays finite)
+    and the run rolls back to the last checkpoint from when they agreed."""
+
+    enabled: bool = True
+    every: int = 50
+
+
+@dataclass
 class CheckpointIntervalRule(Section):
     """Checkpoints as often as Young's optimum, sqrt(2 x save stall x MTBF) (Young 1974), when that
     is more often than checkpoint.every: the save stall measured (the slowest rank's), the MTBF
@@ -280,6 +291,7 @@ class OrchestratorConfig(Section):
     throughput: ThroughputRule = field(default_factory=ThroughputRule)
     straggler: StragglerRule = field(default_factory=StragglerRule)
     checkpoint_interval: CheckpointIntervalRule = field(default_factory=CheckpointIntervalRule)
+    replicas: ReplicasRule = field(default_factory=ReplicasRule)
     fp16: Fp16Rule = field(default_factory=Fp16Rule)
     moe: MoERule = field(default_factory=MoERule)
     mod: MoDRule = field(default_factory=MoDRule)
@@ -300,6 +312,7 @@ class OrchestratorConfig(Section):
         "throughput",
         "straggler",
         "checkpoint_interval",
+        "replicas",
         "fp16",
         "moe",
         "mod",

@@ -33,6 +33,7 @@ from trimtab.orchestrator.monitors import Finding, Rolling, StepMetrics
 from trimtab.orchestrator.outliers import OutlierRows
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.remedies import Remedy
+from trimtab.orchestrator.replicas import Replicas
 from trimtab.orchestrator.rules import MONITORS, build_monitors
 from trimtab.orchestrator.stragglers import Stragglers
 from trimtab.rundir import DECISIONS_FILE
@@ -67,6 +68,7 @@ class Orchestrator(Hook):
         self.make_up = MakeUp(cfg.make_up) if cfg.make_up.enabled else None  # withheld updates owed
         self.stragglers = Stragglers(cfg) if cfg.straggler.enabled else None  # under torchrun: a slow rank
         self.interval = CheckpointInterval(cfg) if cfg.checkpoint_interval.enabled else None  # Young's
+        self.replicas = Replicas(cfg) if cfg.replicas.enabled else None  # DDP replicas still agree
         self.save_started, self.save_stall = 0.0, 0.0  # this rank's last save, until _read agrees it
         self.policy = Policy(cfg)
         self.journal = Journal(self.run_dir / DECISIONS_FILE)
@@ -115,6 +117,9 @@ class Orchestrator(Hook):
         self.last_step = out.step
         if self.stragglers is not None and run.world > 1 and self.mode != "off" and "straggler" not in self.paused:
             if (f := self.stragglers.observe(out.step, out.seconds, run.waited_s)) is not None:
+                self.decide(run, f)
+        if self.replicas is not None and run.replicated and self.mode != "off" and "replicas" not in self.paused:
+            if out.step % self.replicas.every == 0 and (f := self.replicas.observe(out.step, run.weight_checksum())):
                 self.decide(run, f)
         self.pending.append(out)
         if len(self.pending) >= self.read_every or out.step >= run.total_steps:
@@ -462,6 +467,7 @@ class Orchestrator(Hook):
             "phase": self.phase,
             "make_up": self.make_up.state_dict() if self.make_up is not None else None,
             "stragglers": self.stragglers.state_dict() if self.stragglers is not None else None,
+            "replicas": self.replicas.state_dict() if self.replicas is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -477,6 +483,8 @@ class Orchestrator(Hook):
             self.make_up.load_state_dict(state["make_up"])
         if self.stragglers is not None and state.get("stragglers"):
             self.stragglers.load_state_dict(state["stragglers"])
+        if self.replicas is not None and state.get("replicas"):
+            self.replicas.load_state_dict(state["replicas"])
         self.mode = state["mode"] if self.cfg.mode == "auto" or state["mode"] == self.cfg.mode else self.cfg.mode
 
     def _load_monitors(self, state: dict[str, Any]) -> None:

@@ -33,6 +33,8 @@ records it there), e.g. oom@10:512@rank1: one rank runs out of memory and all sh
                             process or node (torchrun --max-restarts restarts the job; docs/resilience.md)
     slow_rank@S:R:F         under torchrun, from step S on rank R's forwards take F times as long
                             (default 3): a throttled device; every rank waits for it
+    bitflip@S:R             under torchrun, one bit of one weight of rank R flips as step S begins
+                            (a mantissa bit: the weight stays finite): silent data corruption
     hang_rank@S:R           under torchrun, rank R stops as step S begins and never comes back (a
                             deadlock, a device that no longer answers); the others wait for it in the
                             step's collectives until the watchdog ends the job (resilience.watchdog)
@@ -94,8 +96,14 @@ KINDS: dict[str, tuple[float | None, bool]] = {
     "kill_rank": (None, False),
     "hang_rank": (None, False),
     "slow_rank": (3.0, False),
+    "bitflip": (None, False),
 }
-RANK_FAULTS = ("kill_rank", "hang_rank", "slow_rank")  # PARAM is the rank (and slow_rank's factor): KIND@STEP:RANK
+RANK_FAULTS = (
+    "kill_rank",
+    "hang_rank",
+    "slow_rank",
+    "bitflip",
+)  # PARAM is the rank (and slow_rank's factor): KIND@STEP:RANK
 SLOW_SECONDS = 0.25
 
 
@@ -230,6 +238,11 @@ class FaultInjector(Instrument):
                 self.record["poisoned"] = sorted(set(self.record["poisoned"]) | set(rows))
                 self._save()
                 self._corrupt(rows)
+            elif fault.kind == "bitflip" and self._due(fault):
+                with torch.no_grad():  # a low mantissa bit of the first element: ~1e-4 relative, finite
+                    first = next(_block_matrices(self.handle)).view(-1)[:1]
+                    bits, bit = (torch.int32, 12) if first.element_size() == 4 else (torch.int16, 3)
+                    first.view(bits).bitwise_xor_(1 << bit)
             elif fault.kind == "weights_nan" and self._due(fault):
                 with torch.no_grad():
                     next(_block_matrices(self.handle))[:1].fill_(float("nan"))

@@ -70,6 +70,13 @@ class Policy:
             "evaluation": lambda f, view: evaluation.failed_evaluation(f),
             "make_up": lambda f, view: make_up.remedy(f, view, cfg),
             "cluster": lambda f, view: remedies.restart(f),
+            "replicas": lambda f, view: Remedy(
+                action="rollback",
+                params={"to": f.evidence["agreed_step"]},
+                reasoning="DDP averages gradients, not weights, so replicas that differ stay apart and every step "
+                "trains a mix of them: restore the newest checkpoint from when they agreed on every rank (a "
+                "checkpoint written since may hold a corrupted copy) and train the steps again",
+            ),
             "checkpoint": lambda f, view: Remedy(
                 action="set_checkpoint_every",
                 params={"steps": f.evidence["steps"]},

@@ -64,6 +64,21 @@ class RunView:
         return self._t.dist.world
 
     @property
+    def replicated(self) -> bool:
+        """Under torchrun, every rank holds the whole model (DDP: no FSDP, tensor, expert or pipeline split)."""
+        return self._t.dist.world > 1 and not self._t.dist.sharded
+
+    def weight_checksum(self) -> int:
+        """An exact checksum of this rank's weights: their bits as integers, summed (order-free, so
+        replicas that hold the same weights agree bit for bit; one flipped bit changes it)."""
+        sums = []
+        for p in self._t.model.parameters():
+            local = (p.to_local() if hasattr(p, "to_local") else p).detach().contiguous()
+            bits = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[local.element_size()]
+            sums.append(local.view(bits).sum(dtype=torch.int64))
+        return int(torch.stack(sums).sum()) if sums else 0
+
+    @property
     def waited_s(self) -> float:
         """Seconds this rank has waited for the others at the steps' agreement points (0 alone)."""
         return self._t.dist.waited

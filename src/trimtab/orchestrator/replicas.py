@@ -1,0 +1,56 @@
+"""Replica agreement: silent data corruption that stays finite (a bit flipped in a weight by a
+faulty device or memory) makes one data-parallel replica's weights differ from the others', and
+DDP, which averages gradients, never notices: the replicas drift apart for good. Every `every`
+steps each rank's exact checksum of its weights (RunView.weight_checksum) is gathered; the ranks
+that differ from the majority are named and the run rolls back to the newest checkpoint from when
+the replicas last agreed (so a checkpoint written from a corrupted copy is never the target).
+Only where every rank holds the whole model (RunView.replicated: DDP).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.distributed import all_gather_floats
+from trimtab.orchestrator.monitors import Finding
+
+HALF = 1 << 31  # a 64-bit checksum crosses the gather as two exact float64 halves
+
+
+class Replicas:
+    rule, family = "replicas", "replicas"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.every = cfg.replicas.every
+        self.agreed = 0  # the last step all replicas held the same weights (0: the start)
+
+    def observe(self, step: int, checksum: int) -> Finding | None:
+        """Every `every` steps (a collective on every rank): the finding when replicas disagree."""
+        if step % self.every:
+            return None
+        value = checksum & ((1 << 62) - 1)
+        gathered = all_gather_floats([float(value // HALF), float(value % HALF)])
+        sums = [int(hi) * HALF + int(lo) for hi, lo in gathered]
+        majority, count = Counter(sums).most_common(1)[0]
+        if count == len(sums):
+            self.agreed = step
+            return None
+        odd = (
+            [rank for rank, s in enumerate(sums) if s != majority] if count > len(sums) / 2 else list(range(len(sums)))
+        )
+        evidence = {
+            "ranks": odd,
+            "checksums": [f"{s:016x}" for s in sums],
+            "agreed_step": self.agreed,
+            "every": self.every,
+        }
+        who = f"rank {', '.join(map(str, odd))}" if len(odd) < len(sums) else "every rank (no majority)"
+        summary = f"{who} holds weights unlike the other replicas' (exact checksums); they agreed at step {self.agreed}"
+        return Finding(rule=self.rule, family=self.family, step=step, evidence=evidence, summary=summary, strength=1.0)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"agreed": self.agreed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.agreed = state.get("agreed", 0)
