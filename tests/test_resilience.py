@@ -295,3 +295,9 @@ def test_plan_shows_the_checkpoint_interval_and_ettr_for_many_gpus(tmp_path, cap
 def test_resilience_settings_that_cannot_work_are_named(section, message):
     with pytest.raises(ConfigError, match=message):
         load_config(preset="debug", overrides={"resilience": section})
+
+
+def test_the_watchdog_switches_read_as_written():
+    """YAML 1.1 reads a bare on / off as true / false: `--set resilience.watchdog=off` means off."""
+    for word in ("on", "off", "auto"):
+        assert load_config(preset="debug", sets=[f"resilience.watchdog={word}"]).resilience.watchdog == word

@@ -515,6 +515,7 @@ RENAMED = {
 # Values spelled another way, read as the one name the code knows (no warning: YAML's doing).
 RESPELLED = {
     ("orchestrator", "mode"): {False: "off", "false": "off"},  # YAML 1.1 reads a bare `off` as false
+    ("resilience", "watchdog"): {False: "off", "false": "off", True: "on", "true": "on"},  # and `on` as true
 }
 
 
