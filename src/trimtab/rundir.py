@@ -63,25 +63,28 @@ RETRIES = 10  # x 50 ms: a liveness() probe holds the lock for microseconds
 # ---------------------------------------------------------------------------- writing whole files
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str, durable: bool = True) -> None:
     """`text` into `path` through a temp file beside it and a rename: a reader never sees half a
-    file, and a write that fails (a full disk) leaves the old file as it was and no temp file."""
+    file, and a write that fails (a full disk) leaves the old file as it was and no temp file.
+    durable=False skips the fsync: the file outlives a crash of the process, not of the machine
+    (for a record rewritten every second, where a sync would cost more than the record is worth)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
-def write_json(path: Path, data: Any, indent: int | None = 1) -> None:
+def write_json(path: Path, data: Any, indent: int | None = 1, durable: bool = True) -> None:
     """`data` as JSON into `path`, whole (write_atomic)."""
-    write_atomic(path, json.dumps(data, indent=indent))
+    write_atomic(path, json.dumps(data, indent=indent), durable)
 
 
 def read_json(path: Path) -> Any:

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trimtab.distributed import broadcast_object
+from trimtab.distributed import broadcast_object, is_main
 from trimtab.orchestrator.monitors import Finding
 from trimtab.resilience.goodput import Ledger
-from trimtab.resilience.incidents import last_life, localize
+from trimtab.resilience.incidents import last_life, last_logged_step, localize
 from trimtab.resilience.watchdog import process_start
 from trimtab.training.hooks import Hook
 
@@ -44,6 +44,8 @@ class Resilience(Hook):
         self.pending = {"checkpoint": 0.0, "evaluation": 0.0}  # between two steps
         self.save_started = 0.0
         self.steps = 0  # this session's
+        # before the loggers drop the lines a lost session logged past its checkpoint (rank 0 reads)
+        self.logged = last_logged_step(self.run_dir) if is_main() else 0
 
     def on_train_start(self, run: RunView) -> None:
         started = process_started()
@@ -53,6 +55,7 @@ class Resilience(Hook):
             self.ledger = Ledger(self.run_dir)
             previous = self.ledger.sessions[-1] if self.ledger.sessions else None
             life, step = last_life(self.run_dir, previous["started"]) if previous else (0.0, 0)
+            step = max(step, self.logged)
             if previous is not None and previous.get("end") is None:
                 previous["step"] = max(previous["step"], step)
                 self.ledger.high = max(self.ledger.high, step)

@@ -1,6 +1,7 @@
 """Goodput: where a run's wall time went, over every session of it (restarts included).
 
-RUN_DIR/goodput.json, written by rank 0 (atomically, at most every WRITE_S and at each end):
+RUN_DIR/goodput.json, written by rank 0 (atomically, at most every WRITE_S without a sync, and
+synced at each session's start and end):
 
     {"sessions": [{"started", "beat", "end", "restart", "world", "from_step", "step",
                    "down_s", "seconds": {"productive": ..., "redone": ..., ...}}, ...],
@@ -28,7 +29,7 @@ from typing import Any
 from trimtab.rundir import GOODPUT_FILE, read_json, write_json
 
 BUCKETS = ("productive", "redone", "checkpoint", "evaluation", "start_up", "other")
-WRITE_S = 5.0  # the ledger's sign of life when nothing else happens
+WRITE_S = 1.0  # the ledger's freshness: what a lost session's record can miss
 
 
 class Ledger:
@@ -101,7 +102,7 @@ class Ledger:
         seconds["other"] = 0.0
         seconds["other"] = max(0.0, now - self.session["started"] - sum(seconds.values()))
         try:
-            write_json(self.path, {"sessions": self.sessions, "incidents": self.incidents})
+            write_json(self.path, {"sessions": self.sessions, "incidents": self.incidents}, durable=force)
         except OSError:  # a full disk must not end the run; the next write tries again
             pass
 

@@ -39,9 +39,8 @@ TAIL_BYTES = 1 << 16
 
 
 def last_life(run_dir: Path, since: float) -> tuple[float, int]:
-    """The lost session's last sign of life (wall time) and the newest step it logged: the run
-    lock's heartbeat (rank 0; as it was before this session took the lock), the ranks' beats,
-    metrics.jsonl's last lines."""
+    """The lost session's last sign of life (wall time) and the newest step its ranks were in: the
+    run lock's heartbeat (rank 0; as it was before this session took the lock), the ranks' beats."""
     times, steps = [0.0], [0]
     lock = read_json(run_dir / LOCK)
     if isinstance(lock, dict) and lock.get("pid") == os.getpid():  # this session holds it now
@@ -52,13 +51,21 @@ def last_life(run_dir: Path, since: float) -> tuple[float, int]:
     for record in _records(run_dir / RANKS, since):
         times.append(record["time"])
         steps.append(record.get("step", 1) - 1)  # the step it was in: the one before is done
+    return max(times), max(steps)
+
+
+def last_logged_step(run_dir: Path) -> int:
+    """The newest step metrics.jsonl logged (its last lines; 0 without one). Read before a resumed
+    run's logger drops the lines of the steps a lost session trained past its checkpoint."""
+    steps = [0]
     with contextlib.suppress(OSError), open(run_dir / METRICS_FILE, "rb") as fh:
-        fh.seek(max(0, os.fstat(fh.fileno()).st_size - TAIL_BYTES))
-        for line in fh.read().decode(errors="replace").splitlines()[1:]:
+        start = max(0, os.fstat(fh.fileno()).st_size - TAIL_BYTES)
+        fh.seek(start)
+        for line in fh.read().decode(errors="replace").splitlines()[1 if start else 0 :]:  # a cut first line
             if line.startswith('{"step": '):
                 with contextlib.suppress(ValueError):
                     steps.append(int(line[9 : line.index(",")]))
-    return max(times), max(steps)
+    return max(steps)
 
 
 def localize(run_dir: Path, since: float, archive_as: str) -> dict[str, Any]:

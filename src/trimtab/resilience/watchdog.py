@@ -186,7 +186,7 @@ class Watchdog:
             **extra,
         }
         with contextlib.suppress(OSError):  # a full disk must not end the run
-            write_json(self.run_dir / RANKS / f"rank{self.rank}.json", record, indent=None)
+            write_json(self.run_dir / RANKS / f"rank{self.rank}.json", record, indent=None, durable="exit" in extra)
 
 
 def process_start(pid: int) -> float | None:
