@@ -150,9 +150,11 @@ def main() -> None:
     body = (
         f"`{args.preset}`, {args.nproc} gloo processes (one thread each) under `torchrun --standalone "
         f"--max-restarts 3`, {steps} steps, a checkpoint every {every}; the process group's timeout "
-        f"{args.pg_timeout} s. Recover: from the failure (the lost session's last sign of life) to training "
-        "again; stall: how long the hung section ran before the watchdog ended it (timeout: 5x the longest "
-        "run of that section, at least `resilience.min_timeout_s`, here 5 s). ETTR: productive / wall over "
+        f"{args.pg_timeout} s. Recover: from the lost session's end (its last sign of life) to training "
+        "again, restart and resume included; stall: how long the hung section ran before the watchdog ended it "
+        "(timeout: 5x the longest run of that section, at least `resilience.min_timeout_s`, here 5 s). Without "
+        "the watchdog a hang lasts the process group's timeout and the stopped rank, which ignores torchrun's "
+        "SIGTERM, is killed 30 s later: the wall column shows the cost. ETTR: productive / wall over "
         "every session; on a model this small the start-up (imports, data, the first step) is most of a run, "
         "so compare the scenarios with the undisturbed row, not with a cluster's figures.\n\n"
         + table(results, steps)
