@@ -11,7 +11,7 @@ seen, at least `min_timeout_s`.
 
 Before it ends the process, the watchdog writes every thread's Python stack to
 RUN_DIR/hangs/rankR.txt and raises the alarm in RUN_DIR/hangs/alarm.json; every other rank's
-watchdog sees the alarm within a poll and writes its own stack too, so the hang explains itself
+watchdog sees the alarm within ALARM_POLL_S and writes its own stack too, so the hang explains itself
 (the rank still in `data` while the others wait in `sync` is the one that stopped). Each rank also
 keeps RUN_DIR/ranks/rankR.json (host, pid, step, section; every `beat_s`): after a restart, the
 rank whose beats stopped first and that left no exit record is the one that was lost.
@@ -36,7 +36,8 @@ from trimtab.rundir import read_json, write_json
 
 HUNG = 5  # the process's exit code when the watchdog ended it (docs/orchestrator.md, exit codes)
 HANGS, RANKS, ALARM = "hangs", "ranks", "alarm.json"
-POLL_S = 0.5
+POLL_S = 0.5  # the timeouts' resolution
+ALARM_POLL_S = 2.0  # one stat of hangs/alarm.json per rank this often (a shared filesystem's load)
 GRACE_S = 5.0  # how long the rank that raised the alarm waits for the others' stacks
 
 
@@ -57,9 +58,11 @@ class Watchdog:
         self.run_dir, self.rank, self.world = Path(run_dir), rank, world
         self.first_timeout_s, self.timeout_factor, self.min_timeout_s = first_timeout_s, timeout_factor, min_timeout_s
         self.beat_s = beat_s
-        self.section, self.step, self.since = "start-up", 0, time.monotonic()
+        self.current = ("start-up", time.monotonic())  # (section, when it began): one object, read whole
+        self.step = 0
         self.longest: dict[str, float] = {}  # section -> its longest completed run in this process
         self.started = time.time()  # an alarm older than this process is a past session's
+        self._alarm_checked = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_beat_file = 0.0
@@ -69,10 +72,10 @@ class Watchdog:
     def beat(self, section: str, step: int | None = None) -> None:
         """The loop enters `section` (of step `step`): the previous section completed."""
         now = time.monotonic()
-        done = now - self.since
-        if done > self.longest.get(self.section, 0.0):
-            self.longest[self.section] = done
-        self.section, self.since = section, now
+        previous, since = self.current
+        if now - since > self.longest.get(previous, 0.0):
+            self.longest[previous] = now - since
+        self.current = (section, now)  # one store: the thread never sees a section with another's start
         if step is not None:
             self.step = step
 
@@ -111,16 +114,17 @@ class Watchdog:
 
     def _watch(self) -> None:
         while not self._stop.wait(POLL_S):
-            section, since = self.section, self.since  # one read: the loop may move on meanwhile
+            section, since = self.current
             elapsed, limit = time.monotonic() - since, self.timeout(section)
             if elapsed > limit:
                 self._end(raised=True, section=section, elapsed=elapsed, limit=limit)
-            elif self._alarm() is not None:
+            elif time.monotonic() - self._alarm_checked >= ALARM_POLL_S and self._alarm() is not None:
                 self._end(raised=False, section=section, elapsed=elapsed, limit=limit)
             elif time.time() - self._last_beat_file >= self.beat_s:
                 self._write_beat()
 
     def _alarm(self) -> dict[str, Any] | None:
+        self._alarm_checked = time.monotonic()
         path = self.run_dir / HANGS / ALARM
         with contextlib.suppress(OSError):
             if path.stat().st_mtime >= self.started:
@@ -180,7 +184,7 @@ class Watchdog:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "step": self.step,
-            "section": self.section,
+            "section": self.current[0],
             "time": self._last_beat_file,
             "started": self.started,
             **extra,
@@ -212,7 +216,7 @@ class NoWatchdog(Watchdog):
     """The watchdog switched off: beats cost one call; no thread, no files."""
 
     def __init__(self) -> None:
-        self.section, self.step, self.since, self.longest = "start-up", 0, time.monotonic(), {}
+        self.current, self.step, self.longest = ("start-up", time.monotonic()), 0, {}
 
     def beat(self, section: str, step: int | None = None) -> None:
         pass
