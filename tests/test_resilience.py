@@ -131,7 +131,7 @@ def test_the_replica_unlike_the_majority_is_named(monkeypatch):
     halves = lambda v: [float(v // replicas.HALF), float(v % replicas.HALF)]  # noqa: E731
     gathered["values"] = [halves(2**40 + 7)] * 3
     assert check.observe(50, 2**40 + 7) is None and check.agreed == 50
-    assert check.observe(60, 0) is None  # not a check step
+    assert check.due(100) and not check.due(60)  # a check every 50 steps (the default)
     gathered["values"] = [halves(2**40 + 7), halves(2**40 + 7 + 2**12), halves(2**40 + 7)]
     found = check.observe(100, 2**40 + 7)
     assert found.evidence["ranks"] == [1] and found.evidence["agreed_step"] == 50 and "rank 1 holds" in found.summary

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,7 +68,7 @@ class Orchestrator(Hook):
         self.stragglers = Stragglers(cfg) if cfg.straggler.enabled else None  # under torchrun: a slow rank
         self.interval = CheckpointInterval(cfg) if cfg.checkpoint_interval.enabled else None  # Young's
         self.replicas = Replicas(cfg) if cfg.replicas.enabled else None  # DDP replicas still agree
-        self.save_started, self.save_stall = 0.0, 0.0  # this rank's last save, until _read agrees it
+        self.save_stall = 0.0  # this rank's newest save, until _read agrees it over the ranks
         self.policy = Policy(cfg)
         self.journal = Journal(self.run_dir / DECISIONS_FILE)
         self.paused: set[str] = set()
@@ -119,7 +118,7 @@ class Orchestrator(Hook):
             if (f := self.stragglers.observe(out.step, out.seconds, run.waited_s)) is not None:
                 self.decide(run, f)
         if self.replicas is not None and run.replicated and self.mode != "off" and "replicas" not in self.paused:
-            if out.step % self.replicas.every == 0 and (f := self.replicas.observe(out.step, run.weight_checksum())):
+            if self.replicas.due(out.step) and (f := self.replicas.observe(out.step, run.weight_checksum())):
                 self.decide(run, f)
         self.pending.append(out)
         if len(self.pending) >= self.read_every or out.step >= run.total_steps:
@@ -181,12 +180,8 @@ class Orchestrator(Hook):
         self.decide(run, f)
         return True
 
-    def on_save_start(self, run: RunView) -> None:
-        self.save_started = time.perf_counter()
-
     def on_checkpoint(self, run: RunView, path: Path) -> None:
-        if self.save_started:  # the stall the save cost training (the interval rule's C)
-            self.save_stall, self.save_started = time.perf_counter() - self.save_started, 0.0
+        self.save_stall = run.save_seconds  # the stall the save cost training (the interval rule's C)
         self.failed_saves = 0
         if self.mode == "auto" and run.last_good == run.step:
             self.policy.probe_baseline = run.probe_loss()  # the reference for a diagnosis

@@ -25,10 +25,12 @@ class Replicas:
         self.every = cfg.replicas.every
         self.agreed = 0  # the last step all replicas held the same weights (0: the start)
 
+    def due(self, step: int) -> bool:
+        """A check at this step (every rank alike): only then is a checksum worth computing."""
+        return step % self.every == 0
+
     def observe(self, step: int, checksum: int) -> Finding | None:
-        """Every `every` steps (a collective on every rank): the finding when replicas disagree."""
-        if step % self.every:
-            return None
+        """A due step's check (a collective on every rank): the finding when replicas disagree."""
         value = checksum & ((1 << 62) - 1)
         gathered = all_gather_floats([float(value // HALF), float(value % HALF)])
         sums = [int(hi) * HALF + int(lo) for hi, lo in gathered]

@@ -42,7 +42,6 @@ class Resilience(Hook):
         self.incident: dict[str, Any] | None = None  # this session's restart incident, until the first step
         self.last_end = 0.0  # wall time the previous step ended (the process start before the first)
         self.pending = {"checkpoint": 0.0, "evaluation": 0.0}  # between two steps
-        self.save_started = 0.0
         self.steps = 0  # this session's
         # before the loggers drop the lines a lost session logged past its checkpoint (rank 0 reads)
         self.logged = last_logged_step(self.run_dir) if is_main() else 0
@@ -65,10 +64,10 @@ class Resilience(Hook):
                 self.ledger.write(force=True)
         incident = broadcast_object(incident)  # every rank's orchestrator journals it alike
         if incident is not None:
-            self.incident = incident
-            run.say(f"[resilience] {restart_finding(incident, run.step).summary}")
+            self.incident, finding = incident, restart_finding(incident, run.step)
+            run.say(f"[resilience] {finding.summary}")
             if self.journal:
-                run.propose(restart_finding(incident, run.step))
+                run.propose(finding)
 
     def on_step_end(self, run: RunView, out: StepOutput) -> None:
         if self.ledger is None:
@@ -89,18 +88,17 @@ class Resilience(Hook):
         self.last_end = now
         self.ledger.write()
 
-    def on_save_start(self, run: RunView) -> None:
-        self.save_started = time.time()
-
     def on_checkpoint(self, run: RunView, path: Path) -> None:
-        if self.save_started:
-            self.pending["checkpoint"] += time.time() - self.save_started
-            self.save_started = 0.0
+        self.pending["checkpoint"] += run.save_seconds
 
     def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None:
-        self.pending["evaluation"] += max(0.0, time.time() - self.last_end)
+        self._evaluated()
 
     def on_eval_error(self, run: RunView, step: int, error: str) -> None:
+        self._evaluated()
+
+    def _evaluated(self) -> None:
+        """An evaluation just ended: it ran since the step before it (the loop evaluates first)."""
         self.pending["evaluation"] += max(0.0, time.time() - self.last_end)
 
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:

@@ -5,8 +5,8 @@ synced at each session's start and end):
 
     {"sessions": [{"started", "beat", "end", "restart", "world", "from_step", "step",
                    "down_s", "seconds": {"productive": ..., "redone": ..., ...}}, ...],
-     "incidents": [{"kind": "restart", "step", "resumed_step", "steps_lost", "down_s",
-                    "recover_s", "lost_ranks", ...}, ...]}
+     "incidents": [{"kind", "step", "resumed_step", "steps_lost", "down_s", "recover_s",
+                    "ranks_to_blame", "ranks", ...}, ...]}     (kind: resilience/incidents.py)
 
 Each second of a session is one of BUCKETS: `productive` (steps at a position the run had not
 reached before), `redone` (steps trained again after a restart or a rollback threw them away),
@@ -33,9 +33,8 @@ WRITE_S = 1.0  # the ledger's freshness: what a lost session's record can miss
 
 
 class Ledger:
-    def __init__(self, run_dir: str | Path, write: bool = True):
+    def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / GOODPUT_FILE
-        self.write_enabled = write
         data = read_json(self.path)
         data = data if isinstance(data, dict) else {}
         self.sessions: list[dict[str, Any]] = data.get("sessions", [])
@@ -95,12 +94,11 @@ class Ledger:
 
     def write(self, force: bool = False) -> None:
         now = time.time()
-        if not self.write_enabled or (not force and now - self._written < WRITE_S):
+        if not force and now - self._written < WRITE_S:
             return
         self.session["beat"], self._written = now, now
-        seconds = self.session["seconds"]
-        seconds["other"] = 0.0
-        seconds["other"] = max(0.0, now - self.session["started"] - sum(seconds.values()))
+        seconds = self.session["seconds"]  # other: what no bucket took
+        seconds["other"] = max(0.0, now - self.session["started"] - sum(v for b, v in seconds.items() if b != "other"))
         try:
             write_json(self.path, {"sessions": self.sessions, "incidents": self.incidents}, durable=force)
         except OSError:  # a full disk must not end the run; the next write tries again

@@ -5,8 +5,8 @@ RUN_DIR/hangs/ (the watchdog's stacks and alarm), the run lock's heartbeat and m
     hang       a rank's watchdog ended a section that ran past its timeout; the rank that
                stopped is one that wrote no stack (frozen, its watchdog with it, or gone), else
                the one in the earliest section of the step (the others wait for it in a collective)
-    lost_rank  a rank left no exit record: killed (SIGKILL, the OOM killer), its process or its
-               node gone; its beats stopped first
+    lost_rank  a rank left no exit record while the others left theirs (the error from the
+               collective it left): killed (SIGKILL, the OOM killer), its process or its node gone
     crash      every rank left an exit record: the first error is the cause
 
 Torch-free.

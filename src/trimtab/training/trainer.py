@@ -70,6 +70,7 @@ class Trainer:
         self._enter_phase(0)
         self.resumed_from = run.resume[0] if run.resume else None
         self.last_saved = self.last_good = -1
+        self.save_seconds = 0.0  # what the newest save stalled training (goodput, the checkpoint interval)
         self.config_changes: list[dict[str, Any]] = []  # phase lengths a person changed on resume
         if run.resume:
             self._load(run.resume[0], rollback=False)
@@ -421,6 +422,7 @@ class Trainer:
             "hooks": {key: h.state_dict() for key, h in keyed(self.hooks)},
         }
         extra = {"rng": rng_state(), "scaler": self.scaler.state_dict() if self.scaler else {}}
+        started = time.perf_counter()
         try:
             path = self.dist.save(
                 self.cfg.run_dir,
@@ -446,7 +448,7 @@ class Trainer:
             finally:
                 self._saving_again = False
             return self.last_saved == self.state.step  # a retry may have saved it
-        self.last_saved = self.state.step
+        self.last_saved, self.save_seconds = self.state.step, time.perf_counter() - started
         self.last_good = self.state.step if good else self.last_good
         self._call("on_checkpoint", path)
         return True

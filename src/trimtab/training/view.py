@@ -251,6 +251,11 @@ class RunView:
     # ------------------------------------------------------------------ checkpoints and data
 
     @property
+    def save_seconds(self) -> float:
+        """How long the newest save stalled training (this rank's), read in on_checkpoint."""
+        return self._t.save_seconds
+
+    @property
     def last_good(self) -> int:
         """Step of the newest checkpoint this session marked good (-1: none yet)."""
         return self._t.last_good
