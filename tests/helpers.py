@@ -40,6 +40,7 @@ class StopAt(Hook):
 # ------------------------------------------------ torchrun runs (test_distributed, test_tensor_parallel)
 
 WORKER = Path(__file__).with_name("dist_worker.py")
+SRC = str(WORKER.parent.parent / "src")
 STEPS = 10
 # debug-hybrid (dense, MoE, MoD and MoE+MoD layers; tied embedding) with qk_norm, as the pipeline
 # and tensor-parallel tests train it: one config, so its one-process reference is run once
@@ -63,21 +64,47 @@ def run(out: Path, nproc: int, restarts: int = 0, **overrides) -> list[dict]:
         overrides,
     )
     record = out.parent / f"{out.name}-rank{{rank}}.json"
-    launcher = (
-        [sys.executable]
-        if nproc == 1
-        else [
-            *(sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"),
-            f"--max-restarts={restarts}",
-        ]
-    )
-    src = str(WORKER.parent.parent / "src")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(
-        [*launcher, str(WORKER), json.dumps(cfg), str(record)], env=env, capture_output=True, text=True, timeout=240
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    argv = [json.dumps(cfg), str(record)]
+    if restarts:
+        _torchrun(nproc, restarts, argv)
+    else:
+        _forked(nproc, argv, log=out.parent / f"{out.name}.log")
     return [json.loads(Path(str(record).format(rank=r)).read_text()) for r in range(nproc)]
+
+
+def _torchrun(nproc: int, restarts: int, argv: list[str]) -> None:
+    """The job under torchrun: its agent restarts the ranks when one fails."""
+    launcher = [
+        *(sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"),
+        f"--max-restarts={restarts}",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([*launcher, str(WORKER), *argv], env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+
+
+_server: subprocess.Popen | None = None
+
+
+def _forked(nproc: int, argv: list[str], log: Path) -> None:
+    """The job's ranks forked by this test process's fork server (tests/forkserver.py: torch
+    imported once, torchrun's environment per rank), started on first use."""
+    global _server
+    if _server is None or _server.poll() is not None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, str(WORKER.parent), os.environ.get("PYTHONPATH", "")])}
+        _server = subprocess.Popen(
+            [sys.executable, str(WORKER.with_name("forkserver.py"))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+    _server.stdin.write(json.dumps({"nproc": nproc, "argv": argv, "timeout": 240, "log": str(log)}) + "\n")
+    _server.stdin.flush()
+    rc = json.loads(_server.stdout.readline() or '{"rc": "the fork server died"}')["rc"]
+    logs = [Path(f"{log}.rank{r}") for r in range(nproc)]
+    told = "".join(f"--- rank {r}\n{p.read_text()[-4000:]}" for r, p in enumerate(logs) if p.is_file())
+    assert rc == 0, f"exit {rc}\n{told}"
 
 
 def losses(record: dict) -> list[float]:

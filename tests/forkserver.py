@@ -1,0 +1,105 @@
+"""A fork server for the tests' process groups: torch and trimtab imported once, each job's ranks
+forked from here (tests/helpers.py `run`).
+
+A torchrun job of 2 ranks spends ~5 s of CPU before its first step (an agent process and one
+interpreter per rank, each importing torch and trimtab); the suite starts ~50 of them on two
+cores. Forked ranks start in milliseconds, with the environment torchrun gives (RANK, LOCAL_RANK,
+WORLD_SIZE, MASTER_ADDR/PORT) and fresh process state: each rank still joins its own process group
+(trimtab's `Parallel.start`), so the arithmetic under test is the one torchrun runs. torchrun itself,
+its restarts and a rank killed under it are tested through it (tests/test_resilience.py,
+tests/test_cli.py). Safe to fork: this process runs no torch op and holds one thread.
+
+Protocol, one JSON line each way per job:
+    in:  {"nproc": N, "argv": [...dist_worker.py arguments], "timeout": seconds, "log": path}
+    out: {"rc": exit code of the first rank to fail (0: all passed; -9: past the timeout)}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import dist_worker  # noqa: E402  (after OMP_NUM_THREADS: imports torch)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(job: dict, rank: int, port: int) -> None:
+    """The child: torchrun's environment, output to the job's log, dist_worker's main, then out
+    without the server's exit handlers."""
+    code = 1
+    try:
+        log = os.open(f"{job['log']}.rank{rank}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        if job["nproc"] > 1:
+            os.environ.update(
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                WORLD_SIZE=str(job["nproc"]),
+                LOCAL_WORLD_SIZE=str(job["nproc"]),
+                GROUP_WORLD_SIZE="1",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                TORCHELASTIC_RESTART_COUNT="0",
+                TORCHELASTIC_MAX_RESTARTS="0",
+            )
+        sys.argv = ["dist_worker.py", *job["argv"]]
+        dist_worker.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _run(job: dict) -> int:
+    """Fork the job's ranks and wait; the first to fail ends the others (as torchrun does)."""
+    port = _free_port()
+    pids = []
+    for rank in range(job["nproc"]):
+        pid = os.fork()
+        if pid == 0:
+            _rank(job, rank, port)
+        pids.append(pid)
+    deadline, rc, alive = time.monotonic() + job["timeout"], 0, set(pids)
+    while alive:
+        for pid in list(alive):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                alive.discard(pid)
+                code = os.waitstatus_to_exitcode(status)
+                if code and not rc:
+                    rc = code
+        if alive and (rc or time.monotonic() > deadline):
+            rc = rc or -9
+            for pid in alive:
+                os.kill(pid, 9)
+            for pid in alive:
+                os.waitpid(pid, 0)
+            alive.clear()
+        time.sleep(0.02)
+    return rc
+
+
+def main() -> None:
+    for line in iter(sys.stdin.readline, ""):
+        print(json.dumps({"rc": _run(json.loads(line))}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
