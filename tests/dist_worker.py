@@ -1,7 +1,7 @@
 """Run by tests/test_distributed.py, alone or under torchrun: train the debug preset (or the
 config's "preset"), then write
 what this rank saw (per-step loss, the orchestrator's decisions, knobs, a weight digest) to
-RECORD with {rank} filled in.
+RECORD with {rank} filled in ({world} and {first}, the session's first step, where it names them).
 
     python tests/dist_worker.py '{"out": ...}' RECORD                     (one process)
     torchrun --standalone --nproc_per_node 2 tests/dist_worker.py '{...}' RECORD
@@ -20,6 +20,7 @@ import torch
 from trimtab.api import built_in_hooks
 from trimtab.config import load_config
 from trimtab.orchestrator import Orchestrator
+from trimtab.rundir import run_lock
 from trimtab.training.instrument import Instrument
 from trimtab.training.setup import setup
 from trimtab.training.trainer import Trainer
@@ -72,8 +73,11 @@ def main() -> None:
     recorder = Recorder()
     hooks = built_in_hooks(cfg)
     recorder.orchestrator = next(h for h in hooks if isinstance(h, Orchestrator))
-    Trainer(setup(cfg), hooks=[*hooks, recorder]).fit()
-    Path(sys.argv[2].format(rank=recorder.result["rank"])).write_text(json.dumps(recorder.result))
+    with run_lock(cfg.run_dir):  # as `trimtab train` holds it: one job per run directory
+        Trainer(setup(cfg), hooks=[*hooks, recorder]).fit()
+    first = recorder.steps[0]["step"] if recorder.steps else None  # this session's first step
+    record = sys.argv[2].format(rank=recorder.result["rank"], world=recorder.result["world"], first=first)
+    Path(record).write_text(json.dumps(recorder.result))
 
 
 if __name__ == "__main__":

@@ -18,20 +18,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 import traceback
 
 os.environ["OMP_NUM_THREADS"] = "1"
 
+import torch._dynamo  # noqa: E402, F401  (what an optimizer's first construction imports: 1.4 s)
+
 import dist_worker  # noqa: E402  (after OMP_NUM_THREADS: imports torch)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+import trimtab.report  # noqa: E402, F401  (the end of a run)
+from helpers import free_port  # noqa: E402
 
 
 def _rank(job: dict, rank: int, port: int) -> None:
@@ -69,7 +66,7 @@ def _rank(job: dict, rank: int, port: int) -> None:
 
 def _run(job: dict) -> int:
     """Fork the job's ranks and wait; the first to fail ends the others (as torchrun does)."""
-    port = _free_port()
+    port = free_port()
     pids = []
     for rank in range(job["nproc"]):
         pid = os.fork()

@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -47,10 +48,16 @@ STEPS = 10
 HYBRID = {"preset": "debug-hybrid", "model": {"qk_norm": True}, "train": {"eval_every": 5, "batch_tokens": 4096}}
 
 
-def run(out: Path, nproc: int, restarts: int = 0, **overrides) -> list[dict]:
-    """Train in `nproc` processes (torchrun restarting the job up to `restarts` times when a rank
-    fails); each rank's record of the last session, rank order."""
-    cfg = merge(
+def free_port() -> int:
+    """A TCP port free on this host now (a rendezvous store's)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def config(out: Path, **overrides) -> dict:
+    """The tests' process-group run: debug, STEPS steps, fp32, checkpoints every 5; `overrides` on top."""
+    return merge(
         {
             "out": str(out),
             # fp32: parity is about the arithmetic of sharding; bf16 autocast on CPU rounds
@@ -63,6 +70,12 @@ def run(out: Path, nproc: int, restarts: int = 0, **overrides) -> list[dict]:
         },
         overrides,
     )
+
+
+def run(out: Path, nproc: int, restarts: int = 0, **overrides) -> list[dict]:
+    """Train in `nproc` processes (torchrun restarting the job up to `restarts` times when a rank
+    fails); each rank's record of the last session, rank order."""
+    cfg = config(out, **overrides)
     record = out.parent / f"{out.name}-rank{{rank}}.json"
     argv = [json.dumps(cfg), str(record)]
     if restarts:

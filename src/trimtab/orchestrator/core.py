@@ -333,7 +333,8 @@ class Orchestrator(Hook):
         if remedy.action == "skip_step":
             decision.applied = ["update withheld before the optimizer step"] if withheld else []
         elif remedy.action == "resume":
-            decision.applied = [f"resumed at step {remedy.params['step']} on {remedy.params['world']} ranks"]
+            world = remedy.params["world"]
+            decision.applied = [f"resumed at step {remedy.params['step']} on {world} rank{'s' if world != 1 else ''}"]
         elif mode == "auto" and remedy.action != "none":
             run.control.request(remedy.action, on_done=lambda line, d=decision: self._applied(d, line), **remedy.params)
         self.journal.add(decision)

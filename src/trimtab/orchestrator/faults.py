@@ -31,6 +31,9 @@ records it there), e.g. oom@10:512@rank1: one rank runs out of memory and all sh
     sigterm@S / sigkill@S   the process receives the signal
     kill_rank@S:R           under torchrun, rank R is killed (SIGKILL) as step S begins: a lost
                             process or node (torchrun --max-restarts restarts the job; docs/resilience.md)
+    lose_node@S[:N]         under torchrun with several nodes (--nnodes MIN:MAX), node N (default: the
+                            last) is lost as step S begins: its agent and every rank on it get SIGKILL.
+                            The others restart on the nodes left (docs/resilience.md, elastic)
     slow_rank@S:R:F         under torchrun, from step S on rank R's forwards take F times as long
                             (default 3): a throttled device; every rank waits for it
     bitflip@S:R             under torchrun, one bit of one weight of rank R flips as step S begins
@@ -97,6 +100,7 @@ KINDS: dict[str, tuple[float | None, bool]] = {
     "hang_rank": (None, False),
     "slow_rank": (3.0, False),
     "bitflip": (None, False),
+    "lose_node": (None, False),
 }
 RANK_FAULTS = (
     "kill_rank",
@@ -130,6 +134,10 @@ def parse_fault(spec: str, key: str = "faults") -> Fault:
         raise ConfigError(f"{key}: unknown fault '{kind}' in '{spec}'; one of {', '.join(KINDS)}")
     if not step_text.isdigit():
         raise ConfigError(f"{key}: '{spec}' must look like KIND@STEP[:PARAM], e.g. nan_loss@30")
+    if kind == "lose_node":  # on every rank (each remembers it fired); acted on by node N's
+        if at_rank or (param_text and not param_text.isdigit()):
+            raise ConfigError(f"{key}: '{spec}' must look like lose_node@STEP[:NODE], e.g. lose_node@{step_text}:1")
+        return Fault(kind, int(step_text), float(param_text) if param_text else None, spec.strip())
     if kind in RANK_FAULTS:  # on the rank its PARAM names
         rank_part, _, factor_text = param_text.partition(":")
         factor = _number(factor_text) if kind == "slow_rank" and factor_text else KINDS[kind][0]
@@ -155,6 +163,12 @@ def _number(text: str) -> float | None:
         return float(text)
     except ValueError:
         return None
+
+
+def _on_node(fault: Fault) -> bool:
+    """Whether this rank is on the node lose_node names (torchrun's GROUP_RANK; the last by default)."""
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    return int(os.environ.get("GROUP_RANK", "0")) == (nodes - 1 if fault.param is None else int(fault.param))
 
 
 def parse_faults(specs: list[str]) -> list[Fault]:
@@ -199,6 +213,12 @@ class FaultInjector(Instrument):
         model.norm.register_forward_hook(self._maybe_slow_forward)
         for p in model.parameters():
             p.register_hook(self._maybe_bad_grad)
+        unfired = [f for f in self.faults if f.kind == "lose_node" and not self.record["fired"].get(f.spec)]
+        if unfired and int(os.environ.get("GROUP_WORLD_SIZE", "1")) < 2:
+            raise ConfigError(
+                f"faults: {unfired[0].spec} needs a job of several nodes: torchrun --nnodes MIN:MAX "
+                "(c10d rendezvous) with an agent per node"
+            )
         if any(f.kind == "expert_collapse" for f in self.faults) and not model.moe_layers():
             raise ConfigError("faults: expert_collapse needs a Mixture-of-Experts model (e.g. --preset debug-moe)")
 
@@ -255,6 +275,9 @@ class FaultInjector(Instrument):
                 time.sleep(SLOW_SECONDS)
             elif fault.kind in ("sigterm", "sigkill", "kill_rank") and self._due(fault):
                 os.kill(os.getpid(), signal.SIGTERM if fault.kind == "sigterm" else signal.SIGKILL)
+            elif fault.kind == "lose_node" and self._due(fault) and _on_node(fault):
+                os.kill(os.getppid(), signal.SIGKILL)  # torchrun's agent: the node's ranks are its children
+                os.kill(os.getpid(), signal.SIGKILL)
             elif fault.kind == "hang_rank" and self._due(fault):
                 while True:  # stopped for good: only the watchdog (or a person) ends it
                     time.sleep(3600)

@@ -120,13 +120,18 @@ def restart(f: Finding) -> Remedy:
         "hang": "its watchdog ended the stalled section instead of waiting out the collective timeout, and wrote "
         f"every rank's stack ({e.get('stacks')})",
         "lost_rank": "the other ranks' collectives failed with it",
+        "lost_node": "the other nodes' collectives failed with it, and the rendezvous went on without it",
         "crash": "its error ended the step on every rank",
+        "resized": "the job saved and stopped for a new rendezvous",
     }[e.get("kind", "lost_rank")]
+    world = f"{e['world_after']} rank{'s' if e['world_after'] != 1 else ''}"
+    if e["world_after"] != e["world_before"]:  # the global batch is the config's: each rank reads another share
+        world += f" (was {e['world_before']}; every step still trains the same rows, split {e['world_after']} ways)"
     return Remedy(
         action="resume",
         params={"step": e["resumed_step"], "world": e["world_after"]},
-        reasoning=f"{why}; torchrun's elastic agent restarted the job and it resumed from the newest valid "
-        f"checkpoint (step {e['resumed_step']}) with the data order continued exactly: the steps after it "
+        reasoning=f"{why}; torchrun's elastic agent restarted the job on {world} and it resumed from the newest "
+        f"valid checkpoint (step {e['resumed_step']}) with the data order continued exactly: the steps after it "
         f"({e['steps_lost']}) are trained again",
     )
 

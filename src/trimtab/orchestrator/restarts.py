@@ -34,6 +34,26 @@ def restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
+def node_count() -> int:
+    """The nodes torchrun's rendezvous admitted (1 without torchrun)."""
+    return int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
+
+
+def resized(previous: dict[str, Any], step: int, world: int) -> dict[str, Any]:
+    """The evidence of a world change at a clean restart (not an incident: nothing was lost), e.g.
+    torchrun's agent stopping the job to admit a node that came back (--nnodes MIN:MAX)."""
+    return {
+        "kind": "resized",
+        "step": previous["step"],
+        "resumed_step": step,
+        "steps_lost": max(0, previous["step"] - step),  # none when it saved where it stopped
+        "down_s": round(max(0.0, process_started() - previous["beat"]), 3),
+        "world_before": previous["world"],
+        "world_after": world,
+        "nodes_after": node_count(),
+    }
+
+
 class Resilience(Hook):
     def __init__(self, run_dir: str | Path, journal: bool = True):
         self.run_dir = Path(run_dir)
@@ -61,7 +81,10 @@ class Resilience(Hook):
             incident = self.ledger.open(started, run.step, run.world, restart_count(), life)
             if incident is not None:
                 incident.update(localize(self.run_dir, previous["started"], f"session{incident['session']}"))
+                incident["nodes_after"] = node_count()
                 self.ledger.write(force=True)
+            elif previous is not None and previous["world"] != run.world:  # a clean stop, then another world
+                incident = resized(previous, run.step, run.world)
         incident = broadcast_object(incident)  # every rank's orchestrator journals it alike
         if incident is not None:
             self.incident, finding = incident, restart_finding(incident, run.step)
@@ -80,7 +103,7 @@ class Resilience(Hook):
         rest = max(0.0, between - checkpoint - evaluation)
         first, self.steps = not self.steps, self.steps + 1
         self.ledger.add("start_up" if first else "other", rest)
-        if first and self.incident is not None:
+        if first and self.incident is not None and self.incident["kind"] != "resized":  # a ledger incident
             incident = self.ledger.incidents[-1]
             incident["recover_s"] = round(incident["down_s"] + rest + checkpoint, 3)
         self.ledger.step(out.step, out.seconds)
@@ -115,23 +138,32 @@ def restart_finding(incident: dict[str, Any], step: int) -> Finding:
     kind = incident.get("kind", "lost_rank")
     blamed = incident.get("ranks_to_blame") or []
     who = f"rank {', '.join(map(str, blamed))}" if blamed else "the job"
+    nodes = ", ".join(map(str, incident.get("nodes_to_blame", [])))
     what = {
         "hang": f"{who} stopped in {incident.get('section')} for {incident.get('stalled_s', 0):.0f} s "
         f"(timeout {incident.get('timeout_s') or 0:.0f} s)",
         "lost_rank": f"{who} lost without a word"
         if blamed
         else "the session ended without a word (killed, crashed or its node lost)",
+        "lost_node": f"node {nodes} ({who}, host {', '.join(incident.get('hosts_to_blame', []))}) lost without a word",
         "crash": f"{who} failed: {str(incident.get('error'))[:120]}",
+        "resized": "the job stopped cleanly and came back on another world (a node joined or left)",
     }[kind]
+    before, after = incident["world_before"], incident["world_after"]
+    world = ranks(after) + (f" (was {before})" if before != after else "")
     return Finding(
         rule="restart",
         family="cluster",
         step=step,
         evidence=incident,
         summary=f"{what} at step {incident['step']}; resumed at step {incident['resumed_step']} on "
-        f"{incident['world_after']} ranks ({_steps(incident['steps_lost'])} lost, {incident['down_s']:.1f} s down)",
+        f"{world} ({_steps(incident['steps_lost'])} lost, {incident['down_s']:.1f} s down)",
         strength=1.0,
     )
+
+
+def ranks(n: int) -> str:
+    return f"{n} rank" if n == 1 else f"{n} ranks"
 
 
 def _steps(n: int) -> str:

@@ -6,7 +6,9 @@ RUN_DIR/hangs/ (the watchdog's stacks and alarm), the run lock's heartbeat and m
                stopped is one that wrote no stack (frozen, its watchdog with it, or gone), else
                the one in the earliest section of the step (the others wait for it in a collective)
     lost_rank  a rank left no exit record while the others left theirs (the error from the
-               collective it left): killed (SIGKILL, the OOM killer), its process or its node gone
+               collective it left): killed (SIGKILL, the OOM killer), its process gone
+    lost_node  as lost_rank, and the silent ranks are every rank of one or more nodes (torchrun's
+               node rank in their beats) while other nodes spoke: a node gone, or its agent
     crash      every rank left an exit record: the first error is the cause
 
 Torch-free.
@@ -75,7 +77,8 @@ def localize(run_dir: Path, since: float, archive_as: str) -> dict[str, Any]:
     hangs = [r for r in _records(run_dir / HANGS, since) if "section" in r]
     evidence: dict[str, Any] = {
         "ranks": {
-            str(k): {key: r.get(key) for key in ("host", "step", "section", "exit")} for k, r in sorted(ranks.items())
+            str(k): {key: r.get(key) for key in ("host", "node", "step", "section", "exit")}
+            for k, r in sorted(ranks.items())
         }
     }
     if hangs:
@@ -97,12 +100,25 @@ def localize(run_dir: Path, since: float, archive_as: str) -> dict[str, Any]:
     silent = sorted(k for k, r in ranks.items() if not r.get("exit"))
     if silent:  # every rank silent: the whole job went at once (a node, the agent): none to blame
         evidence.update(kind="lost_rank", ranks_to_blame=silent if len(silent) < len(ranks) else [])
+        evidence.update(_lost_nodes(ranks, silent))
     elif ranks:
         first = min(ranks.values(), key=lambda r: r["time"])
         evidence.update(kind="crash", ranks_to_blame=[first["rank"]], error=first.get("exit"))
     else:
         evidence.update(kind="lost_rank", ranks_to_blame=[])  # no watchdog ran: nothing names a rank
     return evidence
+
+
+def _lost_nodes(ranks: dict[int, dict[str, Any]], silent: list[int]) -> dict[str, Any]:
+    """lost_node evidence when the silent ranks are whole nodes and some node spoke; else nothing."""
+    nodes: dict[int, set[int]] = {}
+    for rank, record in ranks.items():
+        nodes.setdefault(int(record.get("node") or 0), set()).add(rank)
+    gone = sorted(n for n, members in nodes.items() if members <= set(silent))
+    if not gone or len(gone) == len(nodes) or {r for n in gone for r in nodes[n]} != set(silent):
+        return {}
+    hosts = sorted({ranks[r].get("host") for n in gone for r in nodes[n]})
+    return {"kind": "lost_node", "nodes_to_blame": gone, "hosts_to_blame": hosts}
 
 
 def _records(folder: Path, since: float) -> list[dict[str, Any]]:

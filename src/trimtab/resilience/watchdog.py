@@ -182,6 +182,7 @@ class Watchdog:
         record = {
             "rank": self.rank,
             "host": socket.gethostname(),
+            "node": int(os.environ.get("GROUP_RANK", "0")),  # torchrun's node rank
             "pid": os.getpid(),
             "step": self.step,
             "section": self.current[0],
