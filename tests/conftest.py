@@ -75,6 +75,20 @@ def _shared_cache(tmp_path_factory):
     mp.undo()
 
 
+# Modules whose runs' report.html is looked at; elsewhere the end-of-run report (0.3-0.7 s of plotly
+# per run, ~160 runs in the suite) is not written. It never changes a run (ReportWriter warns and
+# goes on whatever fails), and tests/test_report.py tests it end to end, written by default.
+REPORTED = {"test_report.py", "test_tracking.py"}
+
+
+@pytest.fixture(autouse=True)
+def _no_report(request, monkeypatch):
+    if request.path.name not in REPORTED:
+        from trimtab.training.hooks import ReportWriter
+
+        monkeypatch.setattr(ReportWriter, "on_train_end", lambda self, run, summary: None)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One torch thread for a module's tiny models: a second intra-op thread only adds sync cost

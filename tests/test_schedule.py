@@ -89,7 +89,7 @@ def test_cyclic_schedules_are_never_cut_as_faults(tmp_path, schedule):
     run = tmp_path / "r"
     sets = [f"optim.schedule={schedule}", "optim.cycle_steps=5", "optim.warmup_steps=2"]
     trimtab.train(cfg(run, 32, sets))
-    assert read_decisions(run, abandoned=True) == []
+    assert [d for d in read_decisions(run, abandoned=True) if d["rule"] != "throughput"] == []  # a busy host: log only
     optim = load_config(preset="debug", sets=sets).optim
     assert logged(run) == pytest.approx({s: lr_at(s - 1, 32, optim) for s in range(1, 33)})
     assert set(logged(run, "lr_scale").values()) == {1.0}
@@ -101,7 +101,8 @@ def test_extending_a_finished_run_rewarms_and_is_journaled_not_cut(tmp_path):
     first = logged(run)
     summary = trimtab.train(cfg(run, 40))
     assert summary["status"] == "completed" and summary["steps_this_session"] == 20
-    (d,) = read_decisions(run, abandoned=True)  # no LR cut: one configuration change, the person's
+    # no LR cut: one configuration change, the person's (throughput: a busy host may slow a few steps)
+    (d,) = [d for d in read_decisions(run, abandoned=True) if d["rule"] != "throughput"]
     assert (d["rule"], d["mode"], d["step"], d["action"]) == ("config", "manual", 20, "set_total_steps")
     assert (d["evidence"]["old"], d["evidence"]["new"]) == (20, 40) and "re-warm" in d["reasoning"]
     lr = logged(run)
