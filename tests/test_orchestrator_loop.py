@@ -203,12 +203,41 @@ def test_bad_gradients_are_skipped(tmp_path, fault, rule):
     assert summary["status"] == "completed"
     (d,) = decisions(tmp_path / "r")
     assert (d["step"], d["rule"], d["action"]) == (6, rule, "skip_step")
+    assert d["evidence"]["rerun"]["verdict"] == "reproducible"  # computed twice, bad twice: not the machine
     if rule == "grad":
         assert d["evidence"]["grad_norm"] > 1e4 and d["evidence"]["ceiling"] == 100.0
     else:
         assert math.isinf(d["evidence"]["grad_norm"]) and math.isfinite(d["evidence"]["loss"])
     assert snap.unchanged[6] == (True, True) and snap.unchanged[7][0] is False
     assert all_finite(final_weights(tmp_path / "r"))
+
+
+def test_a_bit_flipped_in_a_gradient_is_rerun_and_the_step_trains_as_undisturbed(tmp_path):
+    """grad_bitflip@6: the top exponent bit of one gradient element flips in step 6's backward (x
+    2^128: the norm overflows), once, as silent corruption in a device would. The gate flags the
+    step, the trainer computes it again from the same weights on the same rows, gets the clean
+    gradient, and applies it: the run's losses and final weights are the undisturbed run's,
+    bitwise; the journal names a transient fault, not a skip."""
+    trimtab.train(debug_cfg(tmp_path / "clean", steps=8))
+    trimtab.train(debug_cfg(tmp_path / "r", steps=8, faults=["grad_bitflip@6"]))
+    (d,) = decisions(tmp_path / "r")
+    assert (d["step"], d["rule"], d["action"], d["family"]) == (6, "rerun", "rerun_step", "hardware")
+    rerun = d["evidence"]
+    assert rerun["verdict"] == "transient" and math.isinf(rerun["grad_norm"][0]) and rerun["grad_norm"][1] < 100
+    assert rerun["loss"][0] == rerun["loss"][1] and d["applied"] == [
+        "the re-run's update applied; the first computation's discarded"
+    ]
+    assert by_step(tmp_path / "r", "loss") == by_step(tmp_path / "clean", "loss")
+    ours, theirs = final_weights(tmp_path / "r"), final_weights(tmp_path / "clean")
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
+def test_without_the_rerun_a_flipped_bit_withholds_the_step(tmp_path):
+    """resilience.rerun off: the same flip is an unexplained non-finite gradient; the update is
+    withheld, so the run differs from the undisturbed one by that step."""
+    trimtab.train(debug_cfg(tmp_path / "r", steps=8, faults=["grad_bitflip@6"], resilience={"rerun": False}))
+    (d,) = decisions(tmp_path / "r")
+    assert (d["step"], d["rule"], d["action"]) == (6, "nonfinite", "skip_step") and "rerun" not in d["evidence"]
 
 
 # ------------------------------------------------------------------------------------ escalation
@@ -398,6 +427,7 @@ def test_bad_batch_spikes_are_skipped_and_training_recovers(tmp_path, runs):
     # the third finding would climb, but the model still scores as well as at the last good
     # checkpoint on held-out data: the data is to blame, so its rows go and the LR stays
     assert [(d["step"], d["action"]) for d in ds] == [(18, "skip_step"), (19, "skip_step"), (20, "skip_data")]
+    assert ds[0]["evidence"]["rerun"]["verdict"] == "reproducible"  # the same rows, the same spike: the data
     assert all(d["evidence"]["loss"] > d["evidence"]["ceiling"] for d in ds)
     poisoned = json.loads((run / "faults.json").read_text())["poisoned"]
     assert len(poisoned) == 3 * 16 and sorted(ds[-1]["params"]["rows"]) == sorted(poisoned)

@@ -249,6 +249,19 @@ def test_rank_faults_name_their_rank():
     for bad in ("kill_rank@7", "kill_rank@7:x", "hang_rank@7:1@rank1", "kill_rank@7:1:2", "slow_rank@3:1:0.5"):
         with pytest.raises(ConfigError, match="@STEP:RANK"):
             parse_fault(bad)
+    assert parse_fault("grad_bitflip@5").rank == 0 and parse_fault("grad_bitflip@5:1").rank == 1  # one process: 0
+    assert parse_fault("lose_node@6").param is None and parse_fault("lose_node@6:0").param == 0.0  # the last node
+    for bad in ("lose_node@6:x", "lose_node@6@rank1"):
+        with pytest.raises(ConfigError, match="lose_node@STEP"):
+            parse_fault(bad)
+
+
+def test_a_lost_node_needs_a_job_of_several_nodes(tmp_path):
+    import trimtab
+
+    cfg = load_config(preset="debug", overrides={"out": str(tmp_path / "r"), "faults": ["lose_node@3"]})
+    with pytest.raises(ConfigError, match=r"lose_node@3 needs a job of several nodes: torchrun --nnodes MIN:MAX"):
+        trimtab.train(cfg)
 
 
 def test_young_interval_and_expected_ettr_follow_their_formulas():
@@ -301,6 +314,20 @@ def test_the_watchdog_switches_read_as_written():
     """YAML 1.1 reads a bare on / off as true / false: `--set resilience.watchdog=off` means off."""
     for word in ("on", "off", "auto"):
         assert load_config(preset="debug", sets=[f"resilience.watchdog={word}"]).resilience.watchdog == word
+
+
+@pytest.mark.distributed
+def test_a_bit_flipped_in_one_ranks_gradient_is_rerun_on_both_and_trains_as_undisturbed(ddp, tmp_path):
+    """grad_bitflip@7:1: one gradient element of rank 1 gets its top exponent bit flipped in step
+    7's backward, before the all-reduce (x 2^128, as silent corruption in one device). Both ranks
+    see the overflowing norm, compute the step again together, find it clean and apply it: the
+    rows, losses and weights are the undisturbed run's; the journal names a transient fault."""
+    out = tmp_path / "gradflip"
+    records = run(out, 2, faults=["grad_bitflip@7:1"])
+    assert_same_tail(records, ddp[1], resumed=0)
+    (d,) = [d for d in read_decisions(out) if d["rule"] != "straggler"]
+    assert (d["step"], d["rule"], d["action"], d["evidence"]["verdict"]) == (7, "rerun", "rerun_step", "transient")
+    assert records[0]["decisions"] == records[1]["decisions"]
 
 
 def node(port: int, host_store: bool, cfg: dict, record: str, log) -> subprocess.Popen:

@@ -311,6 +311,7 @@ class OrchestratorConfig(Section):
         "memory",
         "throughput",
         "straggler",
+        "rerun",
         "checkpoint_interval",
         "replicas",
         "fp16",

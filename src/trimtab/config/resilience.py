@@ -22,6 +22,9 @@ class ResilienceConfig(Section):
     timeout_factor: float = 5.0  # afterwards: this many times the longest run of that section seen
     min_timeout_s: float = 60.0  # never less (a slow filesystem, a busy host)
     beat_s: float = 10.0  # each rank writes RUN_DIR/ranks/rankR.json this often (what a restart reads)
+    # A step the update gate flags is computed again before it is judged: a different result was a
+    # transient fault and the re-run's update is applied (training/rerun.py; Megatron-LM's rerun)
+    rerun: bool = True
 
     def validate(self) -> None:
         _check(self.watchdog in WATCHDOG_MODES, "resilience.watchdog", f"must be one of {', '.join(WATCHDOG_MODES)}")

@@ -35,6 +35,7 @@ from trimtab.orchestrator.remedies import Remedy
 from trimtab.orchestrator.replicas import Replicas
 from trimtab.orchestrator.rules import MONITORS, build_monitors
 from trimtab.orchestrator.stragglers import Stragglers
+from trimtab.orchestrator.transient import rerun_finding
 from trimtab.rundir import DECISIONS_FILE
 from trimtab.training.actions import ACTIONS, COMMANDS, VERBS
 from trimtab.training.hooks import Hook
@@ -73,6 +74,7 @@ class Orchestrator(Hook):
         self.journal = Journal(self.run_dir / DECISIONS_FILE)
         self.paused: set[str] = set()
         self.pending: list[StepOutput] = []
+        self.reruns: dict[int, dict[str, Any]] = {}  # reproducible re-runs, until their step is read
         self.tracking: dict[str, dict[str, Any]] = {}  # decision id -> what followed it
         self.recent_losses = Rolling(20)  # healthy losses: the "before" of an outcome
         self.read_every = cfg.read_every
@@ -114,6 +116,9 @@ class Orchestrator(Hook):
 
     def on_step_end(self, run: RunView, out: StepOutput) -> None:
         self.last_step = out.step
+        if out.rerun is not None and "rerun" not in self.paused:
+            if (f := rerun_finding(out.step, out.rerun, self.reruns)) is not None:
+                self.decide(run, f)
         if self.stragglers is not None and run.world > 1 and self.mode != "off" and "straggler" not in self.paused:
             if (f := self.stragglers.observe(out.step, out.seconds, run.waited_s)) is not None:
                 self.decide(run, f)
@@ -206,7 +211,7 @@ class Orchestrator(Hook):
 
     def on_rollback(self, run: RunView, saved_state: dict[str, Any]) -> None:
         """Monitors go back with the weights; decisions, ladder and knobs stay (they are the fix)."""
-        self.pending = []
+        self.pending, self.reruns = [], {}
         self.policy.shift(self.last_step - run.step)
         if self.make_up is not None:
             self.make_up.rolled_back(run.step)
@@ -265,6 +270,9 @@ class Orchestrator(Hook):
         findings = [
             f for name, mon in self.monitors.items() if name not in self.paused and (f := mon.observe(m)) is not None
         ]
+        if (rerun := self.reruns.pop(m.step, None)) is not None:  # computed twice, the same: not a fault
+            for f in findings:
+                f.evidence["rerun"] = rerun
         if self.mode == "auto" and (watched := self.policy.data.watch(run, m)):
             # the steps after rows were left out: their bad rows go, whether or not the step also spiked
             # (a spike alone only withholds the update; the rows would come back in the next epoch)
@@ -332,6 +340,8 @@ class Orchestrator(Hook):
         )
         if remedy.action == "skip_step":
             decision.applied = ["update withheld before the optimizer step"] if withheld else []
+        elif remedy.action == "rerun_step":
+            decision.applied = ["the re-run's update applied; the first computation's discarded"]
         elif remedy.action == "resume":
             world = remedy.params["world"]
             decision.applied = [f"resumed at step {remedy.params['step']} on {world} rank{'s' if world != 1 else ''}"]

@@ -38,6 +38,10 @@ records it there), e.g. oom@10:512@rank1: one rank runs out of memory and all sh
                             (default 3): a throttled device; every rank waits for it
     bitflip@S:R             under torchrun, one bit of one weight of rank R flips as step S begins
                             (a mantissa bit: the weight stays finite): silent data corruption
+    grad_bitflip@S[:R]      in step S's first backward on rank R (default 0; one process: 0), the top
+                            exponent bit of one gradient element flips: x 2^128, finite, and the
+                            gradient norm overflows. Once: the step computed again is clean (a
+                            transient fault, as silent data corruption in a device; training/rerun.py)
     hang_rank@S:R           under torchrun, rank R stops as step S begins and never comes back (a
                             deadlock, a device that no longer answers); the others wait for it in the
                             step's collectives until the watchdog ends the job (resilience.watchdog)
@@ -101,8 +105,10 @@ KINDS: dict[str, tuple[float | None, bool]] = {
     "slow_rank": (3.0, False),
     "bitflip": (None, False),
     "lose_node": (None, False),
+    "grad_bitflip": (None, False),
 }
 RANK_FAULTS = (
+    "grad_bitflip",
     "kill_rank",
     "hang_rank",
     "slow_rank",
@@ -142,6 +148,7 @@ def parse_fault(spec: str, key: str = "faults") -> Fault:
         rank_part, _, factor_text = param_text.partition(":")
         factor = _number(factor_text) if kind == "slow_rank" and factor_text else KINDS[kind][0]
         slow_ok = kind != "slow_rank" or (factor is not None and factor > 1)
+        rank_part = rank_part or ("0" if kind == "grad_bitflip" else "")  # one process: rank 0
         if at_rank or not rank_part.isdigit() or (factor_text and kind != "slow_rank") or not slow_ok:
             shape = "STEP:RANK:FACTOR (FACTOR > 1)" if kind == "slow_rank" else "STEP:RANK"
             raise ConfigError(f"{key}: '{spec}' must look like {kind}@{shape}, e.g. {kind}@{step_text}:1")
@@ -183,6 +190,7 @@ class FaultInjector(Instrument):
         self.step = 0
         self._fire_nan: Fault | None = None  # faults firing in the current step's forward/backward
         self._fire_grad: Fault | None = None
+        self._flip_grad = False  # grad_bitflip: one gradient element of this step's next backward
         self._lr_factor: float | None = None  # lr_spike: still to apply in this step's first forward
         self._tokens = 0  # in the forward now running (oom compares it with its limit)
         self._forward_t0 = 0.0  # when the forward now running began (slow_rank)
@@ -258,6 +266,8 @@ class FaultInjector(Instrument):
                 self.record["poisoned"] = sorted(set(self.record["poisoned"]) | set(rows))
                 self._save()
                 self._corrupt(rows)
+            elif fault.kind == "grad_bitflip" and self._due(fault):
+                self._flip_grad = True
             elif fault.kind == "bitflip" and self._due(fault):
                 with torch.no_grad():  # a low mantissa bit of the first element: ~1e-4 relative, finite
                     first = next(_block_matrices(self.handle)).view(-1)[:1]
@@ -358,6 +368,13 @@ class FaultInjector(Instrument):
         return output
 
     def _maybe_bad_grad(self, grad: torch.Tensor) -> torch.Tensor:
+        if self._flip_grad:  # once: the step's re-run computes it clean
+            self._flip_grad = False
+            grad = grad.clone()
+            at = int(grad.abs().argmax())  # the largest element: below 2, so the flip multiplies it
+            bits = grad.view(-1)[at : at + 1].view(torch.int32 if grad.element_size() == 4 else torch.int16)
+            bits.bitwise_xor_(1 << (30 if grad.element_size() == 4 else 14))  # the exponent's top bit
+            return grad
         fault = self._fire_grad
         if fault is None:
             return grad

@@ -68,3 +68,4 @@ class StepOutput:
     moe: dict[str, Any] | None = None  # MoEStepStats.as_dict(): router telemetry per MoE layer
     mod: dict[str, Any] | None = None  # RouterStats.mod_dict(): per Mixture-of-Depths layer
     row_losses: torch.Tensor | None = None  # [R, 2] on device: RowLosses.values (summed loss, targets) per row
+    rerun: dict[str, Any] | None = None  # a flagged step computed twice: the verdict (training/rerun.py)

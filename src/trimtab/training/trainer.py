@@ -27,6 +27,7 @@ from trimtab.training.instrument import FaultHandle, Instrument
 from trimtab.training.loss import cross_entropy_sum
 from trimtab.training.metrics import run_summary, step_metrics
 from trimtab.training.optim import build_optimizer, set_lr
+from trimtab.training.rerun import Gradients, compare
 from trimtab.training.runtime import LogWindow, RouterStats, RowLosses, rng_state, set_rng_state
 from trimtab.training.schedule import configured_lengths, phase_lr, reconcile
 from trimtab.training.services.compiling import StepTimes
@@ -51,6 +52,9 @@ class Trainer:
         self.peak_flops, self.peak_source = run.peak
         self.compile, self.step_times = run.compile, StepTimes()
         self.watchdog = run.watchdog  # beaten at each section of a step: a hung rank ends fast
+        # a flagged step computed again before it is judged (training/rerun.py); fp16's GradScaler
+        # unscales once per update, and skips non-finite steps itself
+        self.rerun = cfg.resilience.rerun and not self.scaler
         self.state = TrainState(phase_steps=configured_lengths(cfg))
         self.stop_reason = ""
         self.exit_code = 0  # the process's, for a scheduler: non-zero when the run gave up
@@ -121,6 +125,41 @@ class Trainer:
         set_lr(self.optimizer, scheduled * self.state.lr_scale)
         self.model.set_step(self.state.step)  # Mixture-of-Depths capacity warm-up
         self.model.train()
+        clip = self.control.grad_clip() or math.inf  # inf: measure the norm, change nothing
+        forced = self.control.skip_next  # a person's skip: nothing to re-run
+        grads = self._gradients(batch, clip)
+        # Checked before the update, so a bad step is never applied (torchtitan#4226).
+        skip = self._update_gate(grads.loss, grads.grad_norm)
+        rerun = None
+        if self.rerun and skip is not None and not forced and bool(skip):  # one host read a step
+            grads, skip, rerun = self._rerun(batch, clip, grads)
+        lr = self.optimizer.param_groups[0]["lr"]  # what the update applies
+        overflow = self._update(skip)
+        self.optimizer.zero_grad(set_to_none=True)
+        for _, layer in self.model.moe_layers():
+            layer.update_bias(skip)  # aux-loss-free balancing: once per optimizer step, withheld with it
+        return StepOutput(
+            step=self.state.step + 1,
+            loss=grads.loss,
+            grad_norm=grads.grad_norm,
+            lr=lr,
+            scheduled_lr=scheduled,
+            lr_scale=self.state.lr_scale,
+            batch=batch,
+            micro_batch_tokens=self.loader.micro_batch_tokens,
+            changes=self.control.applied,
+            phase=self.state.phase,
+            skipped=skip,
+            overflow=overflow,
+            aux_loss=grads.aux,
+            moe=grads.routers.moe_dict(),
+            mod=grads.routers.mod_dict(),
+            row_losses=grads.rows.values if grads.rows is not None else None,
+            rerun=rerun,
+        )
+
+    def _gradients(self, batch: StepBatch, clip: float) -> Gradients:
+        """The step's gradients in .grad, summed over the ranks, unscaled, clipped to `clip`."""
         routers = RouterStats(self.model, self.device)
         # per-row losses come out of the fused loss (not a pipeline's stages, not a vocab-sharded head)
         per_row = self.dist.pipeline is None and not hasattr(self.model.lm_head.weight, "to_local")
@@ -132,33 +171,17 @@ class Trainer:
         self.watchdog.beat("optimizer")
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        clip = self.control.grad_clip() or math.inf  # inf: measure the norm, change nothing
         grad_norm = self.dist.clip_grad_norm(self.model.parameters(), clip)
-        # Checked before the update, so a bad step is never applied (torchtitan#4226).
-        skip = self._update_gate(loss, grad_norm)
-        lr = self.optimizer.param_groups[0]["lr"]  # what the update applies
-        overflow = self._update(skip)
+        return Gradients(loss, aux_total, routers, rows, grad_norm)
+
+    def _rerun(self, batch: StepBatch, clip: float, first: Gradients) -> tuple[Gradients, torch.Tensor | None, dict]:
+        """A flagged step's gradients computed again from the same weights on the same rows
+        (training/rerun.py): the re-run's stand, gated afresh; the verdict for the orchestrator."""
         self.optimizer.zero_grad(set_to_none=True)
         for _, layer in self.model.moe_layers():
-            layer.update_bias(skip)  # aux-loss-free balancing: once per optimizer step, withheld with it
-        return StepOutput(
-            step=self.state.step + 1,
-            loss=loss,
-            grad_norm=grad_norm,
-            lr=lr,
-            scheduled_lr=scheduled,
-            lr_scale=self.state.lr_scale,
-            batch=batch,
-            micro_batch_tokens=self.loader.micro_batch_tokens,
-            changes=self.control.applied,
-            phase=self.state.phase,
-            skipped=skip,
-            overflow=overflow,
-            aux_loss=aux_total,
-            moe=routers.moe_dict(),
-            mod=routers.mod_dict(),
-            row_losses=rows.values if rows is not None else None,
-        )
+            layer.load.zero_()  # the first computation's routing counts
+        again = self._gradients(batch, clip)
+        return again, self._update_gate(again.loss, again.grad_norm), compare(first, again)
 
     def _forward_backward(
         self, batch: StepBatch, routers: RouterStats, rows: RowLosses | None = None
