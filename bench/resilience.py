@@ -1,4 +1,4 @@
-"""Cluster faults under torchrun on CPU (lost ranks, hangs, a slow rank): goodput measured, ETTR projected at scale.
+"""Cluster faults under torchrun on CPU (lost ranks, hangs, a slow rank, flipped bits): goodput, ETTR projected.
 
     python bench/resilience.py [--preset debug] [--nproc 2] [--steps 60] [--dry-run]
 
@@ -10,7 +10,9 @@ there), restarts, steps lost, the time to recover per incident (from the failure
 down + start-up), the hang's stall, and ETTR (productive / wall over every session, goodput.json).
 The hang is also run with the watchdog off, as plain torchrun runs it: the stalled collective
 waits out the process group's timeout (`distributed.timeout_s`, set to `--pg-timeout`; torch's
-default is 600 s). Then a projection at scale (trimtab/plan/resilience.py): the Young interval and
+default is 600 s); the flipped gradient bit (silent corruption in one rank's backward) with the
+re-run of a flagged step off (`resilience.rerun`): the step's update is withheld instead.
+Then a projection at scale (trimtab/plan/resilience.py): the Young interval and
 the expected ETTR at 1,024 / 16,384 / 131,072 GPUs for `--scale-preset`, with the recovery time
 assumed for a GPU cluster and with the one measured here. Results go to the "Resilience" section
 of BENCHMARKS.md.
@@ -35,7 +37,7 @@ from trimtab.plan.resilience import RECOVERY_S, resilience_plan
 from trimtab.rundir import read_decisions, read_json
 
 ROOT = Path(__file__).resolve().parent.parent
-HEADING = "## Resilience: lost ranks, hangs, a slow rank (`bench/resilience.py`)"
+HEADING = "## Resilience: lost ranks, hangs, a slow rank, flipped bits (`bench/resilience.py`)"
 SCALES = (1024, 16_384, 131_072)
 
 
@@ -49,6 +51,11 @@ def scenarios(steps: int, nproc: int) -> dict[str, tuple[list[str], list[str]]]:
         "rank hung x2, watchdog": ([f"hang_rank@{a}:{last}", f"hang_rank@{b}:0"], ["resilience.min_timeout_s=5"]),
         "rank hung x1, watchdog off": ([f"hang_rank@{a}:{last}"], ["resilience.watchdog=off"]),
         "rank 3x slower": ([f"slow_rank@2:{last}:3"], []),
+        "gradient bit flipped x2, rerun": ([f"grad_bitflip@{a}:{last}", f"grad_bitflip@{b}:0"], []),
+        "gradient bit flipped x2, rerun off": (
+            [f"grad_bitflip@{a}:{last}", f"grad_bitflip@{b}:0"],
+            ["resilience.rerun=false"],
+        ),
     }
 
 
@@ -82,6 +89,8 @@ def run(preset: str, nproc: int, steps: int, every: int, pg_timeout: int, faults
             "goodput": done["summary"]["goodput"],
             "incidents": ledger["incidents"],
             "stragglers": [d for d in decisions if d["rule"] == "straggler"],
+            "reruns": [d["step"] for d in decisions if d["rule"] == "rerun"],
+            "withheld": [d["step"] for d in decisions if d["action"] == "skip_step"],
             "other_cpu": done["other_cpu"],
         }
 
@@ -98,6 +107,8 @@ def table(results: dict[str, dict], steps: int) -> str:
         stalls = [i["stalled_s"] for i in incidents if "stalled_s" in i]
         same = abs(r["loss"] - clean) <= 1e-5 * abs(clean)
         named = f"; named at step {r['stragglers'][0]['step']}" if r["stragglers"] else ""
+        named += f"; transient, re-run at steps {', '.join(map(str, r['reruns']))}" if r["reruns"] else ""
+        named += f"; update withheld at steps {', '.join(map(str, r['withheld']))}" if r["withheld"] else ""
         rows.append(
             f"| {name}{named} | {r['loss']:.6f} | {'yes' if same else 'NO'} | {len(incidents)} | "
             f"{sum(i['steps_lost'] for i in incidents)} | {_list(recover)} | {_list(stalls)} | "

@@ -152,7 +152,7 @@ def test_loss_dry_run_checks_every_chunk_size_against_the_plain_loss():
 @pytest.mark.slow  # three 2-process torchrun runs, one of them restarted twice: about a minute
 def test_resilience_dry_run_restarts_names_the_slow_rank_and_projects_ettr():
     out = dry_run("resilience")
-    assert "## Resilience: lost ranks, hangs, a slow rank (`bench/resilience.py`)" in out
+    assert "## Resilience: lost ranks, hangs, a slow rank, flipped bits (`bench/resilience.py`)" in out
     killed = next(line for line in out.splitlines() if line.startswith("| rank killed (SIGKILL) x2 |"))
     assert "| yes | 2 |" in killed  # the undisturbed run's loss, two restarts
     assert next(line for line in out.splitlines() if line.startswith("| rank 3x slower; named at step"))
