@@ -142,3 +142,12 @@ def ddp(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("ddp") / "run"
     return out, run(out, 2)
+
+
+@pytest.fixture(scope="session")
+def fsdp(tmp_path_factory):
+    """The default config sharded by FSDP2 over 2 processes, undisturbed: (run dir, records)."""
+    from helpers import run
+
+    out = tmp_path_factory.mktemp("fsdp") / "run"
+    return out, run(out, 2, distributed={"strategy": "fsdp"})

@@ -23,12 +23,6 @@ from trimtab.orchestrator.faults import parse_fault
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 
 
-@pytest.fixture(scope="module")
-def fsdp(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fsdp") / "run"
-    return out, run(out, 2, distributed={"strategy": "fsdp"})
-
-
 def check_parity(single, records, run_dir) -> None:
     base_dir, base = single
     for record in records:

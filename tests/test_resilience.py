@@ -67,6 +67,18 @@ def test_a_rank_killed_from_outside_is_restarted_and_the_run_ends_as_undisturbed
 
 
 @pytest.mark.distributed
+def test_a_rank_killed_under_fsdp2_resumes_its_sharded_checkpoint_as_undisturbed(fsdp, tmp_path):
+    """kill_rank@7:1 with FSDP2: each rank holds a shard of the weights and optimizer state; the
+    restarted job reads the step-5 DCP checkpoint and ends with the undisturbed FSDP2 run's rows,
+    losses and whole weights."""
+    out = tmp_path / "killed"
+    records = run(out, 2, restarts=1, faults=["kill_rank@7:1"], distributed={"strategy": "fsdp"})
+    assert_same_tail(records, fsdp[1], resumed=5)
+    evidence = restart_decision(out)["evidence"]
+    assert (evidence["kind"], evidence["ranks_to_blame"], evidence["steps_lost"]) == ("lost_rank", [1], 1)
+
+
+@pytest.mark.distributed
 def test_a_hung_rank_is_ended_within_twice_its_timeout_with_every_stack_written(ddp, tmp_path):
     """hang_rank@7:1: rank 1 stops as step 7 begins and rank 0 waits for it in the gradient
     all-reduce. Both watchdogs end their process within twice the section's timeout (not the
