@@ -417,3 +417,35 @@ def test_a_lost_node_leaves_the_run_on_the_rest_and_a_returning_node_grows_it_ba
         assert_close([ran[s["step"]][1]], [s["loss"]], rel=1e-5)
     last = json.loads((tmp_path / f"rec-2-{grown['resumed_step'] + 1}-0.json").read_text())
     assert_close(last["weights"], reference[0]["weights"], rel=1e-5)
+
+
+@pytest.mark.distributed
+def test_a_straggler_node_is_excluded_and_the_job_goes_on_without_it(tmp_path):
+    """orchestrator.straggler.exclude in an elastic job of two nodes of one rank: node 1's rank
+    runs 4x slower from step 3; the straggler rule names it, saves, and ends node 1's agent and
+    rank; node 0's agent restarts its rank alone, which resumes from that checkpoint, nothing lost,
+    every step still training the undisturbed 2-rank run's rows."""
+    steps, out = 16, tmp_path / "excluded"
+    overrides = {"train": {"max_steps": steps}, "checkpoint": {"every": 4}}
+    reference = run(tmp_path / "reference", 2, **overrides)
+    straggler = {"window": 2, "patience": 2, "exclude": True}
+    cfg = config(out, **overrides, faults=["slow_rank@3:1:4"], orchestrator={"straggler": straggler})
+    record, port = str(tmp_path / "rec-{world}-{first}-{rank}.json"), free_port()
+    with open(tmp_path / "agents.log", "w") as log:
+        first = node(port, True, cfg, record, log)
+        time.sleep(1.0)  # its store first
+        slow = node(port, False, cfg, record, log)
+        told = (slow.wait(timeout=120), first.wait(timeout=120)), (tmp_path / "agents.log").read_text()[-6000:]
+        assert told[0] == (-signal.SIGKILL, 0), told[1]
+    (named,) = [d for d in read_decisions(out) if d["rule"] == "straggler"]
+    assert named["action"] == "exclude_node" and named["params"] == {"node": 1} and named["evidence"]["ranks"] == [1]
+    (restart,) = [d["evidence"] for d in read_decisions(out) if d["rule"] == "restart"]
+    assert restart["kind"] == "excluded" and restart["nodes_to_blame"] == [1] and restart["steps_lost"] == 0
+    assert restart["resumed_step"] == named["step"] and restart["world_after"] == 1
+    (session,) = [json.loads(p.read_text()) for p in tmp_path.glob("rec-1-*-0.json")]
+    assert [s["step"] for s in session["steps"]] == list(range(named["step"] + 1, steps + 1))
+    for ours in session["steps"]:
+        theirs = [rank["steps"][ours["step"] - 1] for rank in reference]
+        assert sorted(ours["rows"]) == sorted(theirs[0]["rows"] + theirs[1]["rows"])
+        assert_close([ours["loss"]], [theirs[0]["loss"]], rel=1e-5)
+    assert_close(session["weights"], reference[0]["weights"], rel=1e-5)

@@ -129,6 +129,9 @@ class StragglerRule(Section):
     window: int = 20
     threshold: float = 0.75
     patience: int = 3
+    # restart without the straggler's node when the job is elastic (torchrun --nnodes MIN:MAX,
+    # several nodes): save, end that node's agent and ranks, resume on the others. Off: logged only
+    exclude: bool = False
 
 
 @dataclass

@@ -74,6 +74,7 @@ import numpy as np
 import torch
 
 from trimtab.errors import ConfigError
+from trimtab.resilience.elastic import leave_job, node_count, node_rank
 from trimtab.rundir import write_json
 from trimtab.training.instrument import FaultHandle, Instrument
 
@@ -173,9 +174,8 @@ def _number(text: str) -> float | None:
 
 
 def _on_node(fault: Fault) -> bool:
-    """Whether this rank is on the node lose_node names (torchrun's GROUP_RANK; the last by default)."""
-    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
-    return int(os.environ.get("GROUP_RANK", "0")) == (nodes - 1 if fault.param is None else int(fault.param))
+    """Whether this rank is on the node lose_node names (the last by default)."""
+    return node_rank() == (node_count() - 1 if fault.param is None else int(fault.param))
 
 
 def parse_faults(specs: list[str]) -> list[Fault]:
@@ -222,7 +222,7 @@ class FaultInjector(Instrument):
         for p in model.parameters():
             p.register_hook(self._maybe_bad_grad)
         unfired = [f for f in self.faults if f.kind == "lose_node" and not self.record["fired"].get(f.spec)]
-        if unfired and int(os.environ.get("GROUP_WORLD_SIZE", "1")) < 2:
+        if unfired and node_count() < 2:
             raise ConfigError(
                 f"faults: {unfired[0].spec} needs a job of several nodes: torchrun --nnodes MIN:MAX "
                 "(c10d rendezvous) with an agent per node"
@@ -286,8 +286,7 @@ class FaultInjector(Instrument):
             elif fault.kind in ("sigterm", "sigkill", "kill_rank") and self._due(fault):
                 os.kill(os.getpid(), signal.SIGTERM if fault.kind == "sigterm" else signal.SIGKILL)
             elif fault.kind == "lose_node" and self._due(fault) and _on_node(fault):
-                os.kill(os.getppid(), signal.SIGKILL)  # torchrun's agent: the node's ranks are its children
-                os.kill(os.getpid(), signal.SIGKILL)
+                leave_job()
             elif fault.kind == "hang_rank" and self._due(fault):
                 while True:  # stopped for good: only the watchdog (or a person) ends it
                     time.sleep(3600)

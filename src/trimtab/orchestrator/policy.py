@@ -91,12 +91,7 @@ class Policy:
                 reasoning="a failure loses on average half an interval of work and each save stalls training: Young's "
                 "interval sqrt(2 x stall x MTBF) minimises their sum (Young 1974); never longer than checkpoint.every",
             ),
-            "straggler": lambda f, view: Remedy(
-                action="none",
-                reasoning="every rank waits for the slowest at each collective, so the job runs at its speed; named "
-                "for a person (a throttled or failing device, a noisy neighbour, a slow link): restarting without its "
-                "node is the scheduler's call (docs/resilience.md)",
-            ),
+            "straggler": lambda f, view: remedies.straggler(f, cfg),
             "baseline": lambda f, view: Remedy(
                 action="none",
                 reasoning="different batches give the same gradient norm although their updates were withheld, so "

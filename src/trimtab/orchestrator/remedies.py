@@ -11,6 +11,7 @@ from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding
+from trimtab.resilience.elastic import node_count, node_of
 from trimtab.training.state import GAVE_UP, NO_CHECKPOINT
 
 
@@ -112,6 +113,30 @@ def mod(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     )
 
 
+def straggler(f: Finding, cfg: OrchestratorConfig) -> Remedy:
+    """A rank persistently slower than the others: logged; with `straggler.exclude` in an elastic
+    job of several nodes, the job restarts without its node (never node 0: in the usual launch its
+    agent hosts the rendezvous, which would end with it)."""
+    slow = "every rank waits for the slowest at each collective, so the job runs at its speed"
+    nodes = sorted({node_of(r) for r in f.evidence["ranks"]})
+    if cfg.straggler.exclude and node_count() > 1 and len(nodes) == 1 and nodes[0] > 0:
+        return Remedy(
+            action="exclude_node",
+            params={"node": nodes[0]},
+            reasoning=f"{slow}: save, end node {nodes[0]}'s agent and ranks, and let torchrun's elastic agents "
+            "resume on the other nodes from that checkpoint, each step still training the same rows "
+            "(orchestrator.straggler.exclude; docs/resilience.md)",
+        )
+    why = "orchestrator.straggler.exclude is off" if not cfg.straggler.exclude else "no other node to go on with"
+    if cfg.straggler.exclude and (len(nodes) > 1 or nodes[0] == 0) and node_count() > 1:
+        why = "the slow ranks are on node 0 (the rendezvous' host in the usual launch) or on several nodes"
+    return Remedy(
+        action="none",
+        reasoning=f"{slow}; named for a person (a throttled or failing device, a noisy neighbour, a slow link): "
+        f"not excluded, {why} (docs/resilience.md)",
+    )
+
+
 def restart(f: Finding) -> Remedy:
     """A session lost (a rank killed, hung or crashed) and the job restarted by torchrun's elastic
     agent: done before this decision; it records the resume and why (docs/resilience.md)."""
@@ -123,6 +148,7 @@ def restart(f: Finding) -> Remedy:
         "lost_node": "the other nodes' collectives failed with it, and the rendezvous went on without it",
         "crash": "its error ended the step on every rank",
         "resized": "the job saved and stopped for a new rendezvous",
+        "excluded": "the orchestrator excluded a straggler's node after a checkpoint",
     }[e.get("kind", "lost_rank")]
     world = f"{e['world_after']} rank{'s' if e['world_after'] != 1 else ''}"
     if e["world_after"] != e["world_before"]:  # the global batch is the config's: each rank reads another share

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from trimtab.distributed import broadcast_object, is_main
 from trimtab.orchestrator.monitors import Finding
+from trimtab.resilience.elastic import node_count
 from trimtab.resilience.goodput import Ledger
 from trimtab.resilience.incidents import last_life, last_logged_step, localize
 from trimtab.resilience.watchdog import process_start
@@ -32,11 +33,6 @@ def process_started() -> float:
 def restart_count() -> int:
     """torchrun's count of this job's restarts (0: the first launch, or no torchrun)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-
-
-def node_count() -> int:
-    """The nodes torchrun's rendezvous admitted (1 without torchrun)."""
-    return int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
 
 
 def resized(previous: dict[str, Any], step: int, world: int) -> dict[str, Any]:
@@ -148,6 +144,7 @@ def restart_finding(incident: dict[str, Any], step: int) -> Finding:
         "lost_node": f"node {nodes} ({who}, host {', '.join(incident.get('hosts_to_blame', []))}) lost without a word",
         "crash": f"{who} failed: {str(incident.get('error'))[:120]}",
         "resized": "the job stopped cleanly and came back on another world (a node joined or left)",
+        "excluded": f"node {nodes} ({who}) excluded as a straggler",
     }[kind]
     before, after = incident["world_before"], incident["world_after"]
     world = ranks(after) + (f" (was {before})" if before != after else "")

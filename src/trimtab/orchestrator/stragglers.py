@@ -4,8 +4,8 @@ waited at the steps' agreement points, Parallel.agree) is gathered; a rank whose
 `threshold` of the fastest rank's for `patience` windows in a row is named with the evidence
 (NVIDIA's resiliency extension scores ranks the same way: the best rank's time over this rank's,
 0.75 its threshold). Its score against its own best window says whether it slowed down or was
-always slow. Logged for a person, never acted on: restarting without a node is the job
-scheduler's call.
+always slow. Logged for a person; with `straggler.exclude` in an elastic job of several nodes,
+the job restarts without the slow rank's node (remedies.straggler, action exclude_node).
 """
 
 from __future__ import annotations

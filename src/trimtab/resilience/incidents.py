@@ -10,6 +10,8 @@ RUN_DIR/hangs/ (the watchdog's stacks and alarm), the run lock's heartbeat and m
     lost_node  as lost_rank, and the silent ranks are every rank of one or more nodes (torchrun's
                node rank in their beats) while other nodes spoke: a node gone, or its agent
     crash      every rank left an exit record: the first error is the cause
+    excluded   a rank's exit record says the orchestrator excluded its node (a straggler's,
+               orchestrator.straggler.exclude): not a failure, a decision
 
 Torch-free.
 """
@@ -96,6 +98,11 @@ def localize(run_dir: Path, since: float, archive_as: str) -> dict[str, Any]:
             timeout_s=min((h["timeout_s"] for h in hangs if h.get("raised")), default=None),
             stacks=_archive(run_dir, archive_as),
         )
+        return evidence
+    excluded = sorted(k for k, r in ranks.items() if str(r.get("exit") or "").startswith("excluded"))
+    if excluded:
+        nodes = sorted({int(ranks[r].get("node") or 0) for r in excluded})
+        evidence.update(kind="excluded", ranks_to_blame=excluded, nodes_to_blame=nodes)
         return evidence
     silent = sorted(k for k, r in ranks.items() if not r.get("exit"))
     if silent:  # every rank silent: the whole job went at once (a node, the agent): none to blame

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trimtab.resilience.elastic import node_rank
 from trimtab.rundir import read_json, write_json
 
 HUNG = 5  # the process's exit code when the watchdog ended it (docs/orchestrator.md, exit codes)
@@ -182,7 +183,7 @@ class Watchdog:
         record = {
             "rank": self.rank,
             "host": socket.gethostname(),
-            "node": int(os.environ.get("GROUP_RANK", "0")),  # torchrun's node rank
+            "node": node_rank(),  # torchrun's
             "pid": os.getpid(),
             "step": self.step,
             "section": self.current[0],

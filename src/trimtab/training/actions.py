@@ -214,6 +214,13 @@ _TABLE = (
         ),
     ),
     Action(
+        name="exclude_node",
+        verb="exclude-node",
+        says="save and restart without node {node}",
+        help="elastic jobs (torchrun --nnodes MIN:MAX): save, end NODE's agent and ranks, resume on the others",
+        params=(ActionParam(name="node", kind="int", bounds="[1, inf)"),),
+    ),
+    Action(
         name="add_expert",
         verb="add-expert",
         says=lambda v: (

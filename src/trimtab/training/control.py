@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from trimtab.checkpoint import prune
 from trimtab.errors import ConfigError, TrimtabError
+from trimtab.resilience.elastic import leave_job, node_count, node_rank
 from trimtab.training import surgery
 from trimtab.training.actions import ACTIONS, MOE_KNOBS, action
 from trimtab.training.optim import build_optimizer
@@ -175,6 +176,21 @@ class Control:
         self._trainer.request_stop(reason, exit_code)
         return f"stopping: {reason}" + (f" (exit code {exit_code})" if exit_code else "")
 
+    def _exclude_node(self, node: int) -> str:
+        """Save, then end `node`'s part of an elastic job: its ranks leave (resilience/elastic.py)
+        once every rank has the checkpoint; the others' next collective fails and torchrun's
+        agents restart them on the nodes left, from this checkpoint."""
+        t = self._trainer
+        if node >= node_count():
+            raise TrimtabError(f"exclude_node: no node {node} in this job ({node_count()} node(s) under torchrun)")
+        if not t.save():
+            raise TrimtabError(f"the checkpoint at step {t.state.step} could not be written: node {node} stays")
+        t.dist.from_main(lambda: None)  # every rank past the save before any leaves
+        if node_rank() == node:
+            t.watchdog.stop(exit_record=f"excluded at step {t.state.step} (exclude_node)")
+            leave_job()
+        return f"checkpoint at step {t.state.step}; node {node} leaves the job"
+
     def _set_checkpoint_every(self, steps: int) -> str:
         """Steps between checkpoints from now on (TrainState, so a resume keeps it)."""
         state = self._trainer.state
@@ -281,6 +297,7 @@ EFFECTS: dict[str, Callable[..., str]] = {
     "set_mod_capacity": Control._set_mod_capacity,
     "set_total_steps": Control._set_total_steps,
     "set_checkpoint_every": Control._set_checkpoint_every,
+    "exclude_node": Control._exclude_node,
 }
 AT_ONCE = frozenset({"skip_step"})
 
