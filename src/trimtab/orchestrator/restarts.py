@@ -143,7 +143,7 @@ def restart_finding(incident: dict[str, Any], step: int) -> Finding:
         else "the session ended without a word (killed, crashed or its node lost)",
         "lost_node": f"node {nodes} ({who}, host {', '.join(incident.get('hosts_to_blame', []))}) lost without a word",
         "crash": f"{who} failed: {str(incident.get('error'))[:120]}",
-        "resized": "the job stopped cleanly and came back on another world (a node joined or left)",
+        "resized": "the job stopped cleanly and came back on another world (a node joined or left, or another launch)",
         "excluded": f"node {nodes} ({who}) excluded as a straggler",
     }[kind]
     before, after = incident["world_before"], incident["world_after"]
