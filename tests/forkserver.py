@@ -9,8 +9,14 @@ WORLD_SIZE, MASTER_ADDR/PORT) and fresh process state: each rank still joins its
 its restarts and a rank killed under it are tested through it (tests/test_resilience.py,
 tests/test_cli.py). Safe to fork: this process runs no torch op and holds one thread.
 
+The same for `trimtab` commands (tests/helpers.py `trimtab_cli`): `trimtab.cli.main` in a forked
+child with the command's working directory and environment, which is what the console script runs
+(tests/test_cli.py still starts real interpreters where the process itself is tested: signals,
+torchrun, the console script).
+
 Protocol, one JSON line each way per job:
     in:  {"nproc": N, "argv": [...dist_worker.py arguments], "timeout": seconds, "log": path}
+         or {"cli": [...trimtab arguments], "cwd": dir, "env": {...}, "timeout": seconds, "log": path}
     out: {"rc": exit code of the first rank to fail (0: all passed; -9: past the timeout)}
 """
 
@@ -27,6 +33,9 @@ os.environ["OMP_NUM_THREADS"] = "1"
 import torch._dynamo  # noqa: E402, F401  (what an optimizer's first construction imports: 1.4 s)
 
 import dist_worker  # noqa: E402  (after OMP_NUM_THREADS: imports torch)
+import trimtab.api  # noqa: E402, F401
+import trimtab.cli  # noqa: E402  (its commands import lazily; not lm_eval: it starts a thread)
+import trimtab.hf.export  # noqa: E402, F401  (transformers)
 import trimtab.report  # noqa: E402, F401  (the end of a run)
 from helpers import free_port  # noqa: E402
 
@@ -64,14 +73,37 @@ def _rank(job: dict, rank: int, port: int) -> None:
         os._exit(code)
 
 
+def _cli(job: dict) -> None:
+    """The child of a `trimtab` command: its directory, environment and output files."""
+    code = 1
+    try:
+        os.chdir(job["cwd"])
+        os.environ.clear()
+        os.environ.update(job["env"])
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(os.open(f"{job['log']}.out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
+        os.dup2(os.open(f"{job['log']}.err", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+        sys.argv = ["trimtab", *job["cli"]]
+        code = trimtab.cli.main(job["cli"])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def _run(job: dict) -> int:
-    """Fork the job's ranks and wait; the first to fail ends the others (as torchrun does)."""
+    """Fork the job's ranks (or its command) and wait; the first to fail ends the others (as
+    torchrun does)."""
     port = free_port()
     pids = []
-    for rank in range(job["nproc"]):
+    for rank in range(job.get("nproc", 1)):
         pid = os.fork()
         if pid == 0:
-            _rank(job, rank, port)
+            _cli(job) if "cli" in job else _rank(job, rank, port)
         pids.append(pid)
     deadline, rc, alive = time.monotonic() + job["timeout"], 0, set(pids)
     while alive:

@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -96,12 +97,31 @@ def _torchrun(nproc: int, restarts: int, argv: list[str]) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
 
 
+def _forked(nproc: int, argv: list[str], log: Path) -> None:
+    """The job's ranks forked by this test process's fork server (tests/forkserver.py: torch
+    imported once, torchrun's environment per rank)."""
+    rc = _fork_server({"nproc": nproc, "argv": argv, "timeout": 240, "log": str(log)})
+    logs = [Path(f"{log}.rank{r}") for r in range(nproc)]
+    told = "".join(f"--- rank {r}\n{p.read_text()[-4000:]}" for r, p in enumerate(logs) if p.is_file())
+    assert rc == 0, f"exit {rc}\n{told}"
+
+
+def trimtab_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`trimtab ARGS` run to its end in `cwd` (the environment: this process's, or `env`), forked
+    by the fork server: trimtab.cli.main in a fresh process, as the console script runs it."""
+    log = Path(tempfile.mkdtemp(prefix="trimtab-cli-")) / "log"
+    rc = _fork_server(
+        {"cli": list(args), "cwd": str(cwd), "env": dict(env or os.environ), "timeout": 600, "log": str(log)}
+    )
+    out, err = (Path(f"{log}.{name}").read_text() for name in ("out", "err"))
+    return subprocess.CompletedProcess(["trimtab", *args], rc, out, err)
+
+
 _server: subprocess.Popen | None = None
 
 
-def _forked(nproc: int, argv: list[str], log: Path) -> None:
-    """The job's ranks forked by this test process's fork server (tests/forkserver.py: torch
-    imported once, torchrun's environment per rank), started on first use."""
+def _fork_server(job: dict) -> int:
+    """Send a job to this test process's fork server (started on first use); its exit code."""
     global _server
     if _server is None or _server.poll() is not None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, str(WORKER.parent), os.environ.get("PYTHONPATH", "")])}
@@ -112,12 +132,9 @@ def _forked(nproc: int, argv: list[str], log: Path) -> None:
             text=True,
             env=env,
         )
-    _server.stdin.write(json.dumps({"nproc": nproc, "argv": argv, "timeout": 240, "log": str(log)}) + "\n")
+    _server.stdin.write(json.dumps(job) + "\n")
     _server.stdin.flush()
-    rc = json.loads(_server.stdout.readline() or '{"rc": "the fork server died"}')["rc"]
-    logs = [Path(f"{log}.rank{r}") for r in range(nproc)]
-    told = "".join(f"--- rank {r}\n{p.read_text()[-4000:]}" for r, p in enumerate(logs) if p.is_file())
-    assert rc == 0, f"exit {rc}\n{told}"
+    return json.loads(_server.stdout.readline() or '{"rc": "the fork server died"}')["rc"]
 
 
 def losses(record: dict) -> list[float]:

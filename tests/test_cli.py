@@ -6,10 +6,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from helpers import FAST
+from helpers import FAST, trimtab_cli
 from trimtab import benchmarks
 from trimtab.checkpoint import list_checkpoints
 from trimtab.cli import build_parser, main
@@ -160,10 +161,9 @@ def test_a_finished_run_says_so_in_one_line_and_exits_zero(tmp_path, capsys):
 
 
 def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    """`python -m trimtab ARGS` as a user runs it: the exit code is the process's."""
-    return subprocess.run(
-        [sys.executable, "-m", "trimtab", *args], capture_output=True, text=True, cwd=cwd, timeout=120
-    )
+    """`trimtab ARGS` in a process of its own (forked with trimtab imported: tests/forkserver.py):
+    the exit code is the process's."""
+    return trimtab_cli(list(args), cwd or Path.cwd())
 
 
 def test_bench_lists_the_scripts_and_runs_nothing(tmp_path):

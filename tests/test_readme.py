@@ -3,12 +3,15 @@ run as written in a scratch directory: if a command there breaks, this fails."""
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import trimtab_cli
 
 README = Path(__file__).parent.parent / "README.md"
 pytest.importorskip("lm_eval", reason="the walk-through runs lm-eval tasks (the [eval] extra, in [dev])")
@@ -23,10 +26,18 @@ def walkthrough(heading: str) -> list[str]:
 
 
 def run_all(commands: list[str], cwd: Path) -> None:
+    """Each command through bash, as a reader pastes it; the `trimtab` commands after the first (which
+    runs the console script itself) through the fork server: trimtab.cli.main in a fresh process
+    without the 3-4 s of imports (tests/forkserver.py)."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.setdefault("OMP_NUM_THREADS", "1")
-    for command in commands:
-        done = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True)
+    for i, command in enumerate(commands):
+        words = shlex.split(command, comments=True)
+        plain = words[0] == "trimtab" and not any(c in command.split("#")[0] for c in "|&;<>$`")
+        if i and plain:
+            done = trimtab_cli(words[1:], cwd, env)
+        else:
+            done = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True)
         assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
 
 
