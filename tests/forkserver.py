@@ -40,59 +40,53 @@ import trimtab.report  # noqa: E402, F401  (the end of a run)
 from helpers import free_port  # noqa: E402
 
 
+def _child(body) -> None:
+    """Run `body` in a forked child and leave with its exit code, without the server's exit
+    handlers (a traceback on stderr for an exception)."""
+    code = 1
+    try:
+        code = body() or 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def _rank(job: dict, rank: int, port: int) -> None:
-    """The child: torchrun's environment, output to the job's log, dist_worker's main, then out
-    without the server's exit handlers."""
-    code = 1
-    try:
-        log = os.open(f"{job['log']}.rank{rank}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        if job["nproc"] > 1:
-            os.environ.update(
-                RANK=str(rank),
-                LOCAL_RANK=str(rank),
-                WORLD_SIZE=str(job["nproc"]),
-                LOCAL_WORLD_SIZE=str(job["nproc"]),
-                GROUP_WORLD_SIZE="1",
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                TORCHELASTIC_RESTART_COUNT="0",
-                TORCHELASTIC_MAX_RESTARTS="0",
-            )
-        sys.argv = ["dist_worker.py", *job["argv"]]
-        dist_worker.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    """The child of a rank: torchrun's environment, output to the job's log, dist_worker's main."""
+    log = os.open(f"{job['log']}.rank{rank}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    if job["nproc"] > 1:
+        os.environ.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(job["nproc"]),
+            LOCAL_WORLD_SIZE=str(job["nproc"]),
+            GROUP_WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            TORCHELASTIC_RESTART_COUNT="0",
+            TORCHELASTIC_MAX_RESTARTS="0",
+        )
+    sys.argv = ["dist_worker.py", *job["argv"]]
+    dist_worker.main()
 
 
-def _cli(job: dict) -> None:
+def _cli(job: dict) -> int:
     """The child of a `trimtab` command: its directory, environment and output files."""
-    code = 1
-    try:
-        os.chdir(job["cwd"])
-        os.environ.clear()
-        os.environ.update(job["env"])
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        os.dup2(os.open(f"{job['log']}.out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
-        os.dup2(os.open(f"{job['log']}.err", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
-        sys.argv = ["trimtab", *job["cli"]]
-        code = trimtab.cli.main(job["cli"])
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    os.chdir(job["cwd"])
+    os.environ.clear()
+    os.environ.update(job["env"])
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(os.open(f"{job['log']}.out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
+    os.dup2(os.open(f"{job['log']}.err", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+    sys.argv = ["trimtab", *job["cli"]]
+    return trimtab.cli.main(job["cli"])
 
 
 def _run(job: dict) -> int:
@@ -103,7 +97,7 @@ def _run(job: dict) -> int:
     for rank in range(job.get("nproc", 1)):
         pid = os.fork()
         if pid == 0:
-            _cli(job) if "cli" in job else _rank(job, rank, port)
+            _child((lambda: _cli(job)) if "cli" in job else (lambda r=rank: _rank(job, r, port)))
         pids.append(pid)
     deadline, rc, alive = time.monotonic() + job["timeout"], 0, set(pids)
     while alive:
