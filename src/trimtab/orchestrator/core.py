@@ -31,7 +31,7 @@ from trimtab.orchestrator.moe_health import MoEHealth
 from trimtab.orchestrator.monitors import Finding, Rolling, StepMetrics
 from trimtab.orchestrator.outliers import OutlierRows
 from trimtab.orchestrator.policy import Policy
-from trimtab.orchestrator.remedies import Remedy
+from trimtab.orchestrator.remedies import Remedy, ranks
 from trimtab.orchestrator.replicas import Replicas
 from trimtab.orchestrator.rules import MONITORS, build_monitors
 from trimtab.orchestrator.stragglers import Stragglers
@@ -343,8 +343,7 @@ class Orchestrator(Hook):
         elif remedy.action == "rerun_step":
             decision.applied = ["the re-run's update applied; the first computation's discarded"]
         elif remedy.action == "resume":
-            world = remedy.params["world"]
-            decision.applied = [f"resumed at step {remedy.params['step']} on {world} rank{'s' if world != 1 else ''}"]
+            decision.applied = [f"resumed at step {remedy.params['step']} on {ranks(remedy.params['world'])}"]
         elif mode == "auto" and remedy.action != "none":
             run.control.request(remedy.action, on_done=lambda line, d=decision: self._applied(d, line), **remedy.params)
         self.journal.add(decision)

@@ -113,6 +113,11 @@ def mod(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     )
 
 
+def ranks(n: int) -> str:
+    """`n` ranks in words ("1 rank", "2 ranks"): the journal's restart lines."""
+    return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
 def straggler(f: Finding, cfg: OrchestratorConfig) -> Remedy:
     """A rank persistently slower than the others: logged; with `straggler.exclude` in an elastic
     job of several nodes, the job restarts without its node (never node 0: in the usual launch its
@@ -127,8 +132,11 @@ def straggler(f: Finding, cfg: OrchestratorConfig) -> Remedy:
             "resume on the other nodes from that checkpoint, each step still training the same rows "
             "(orchestrator.straggler.exclude; docs/resilience.md)",
         )
-    why = "orchestrator.straggler.exclude is off" if not cfg.straggler.exclude else "no other node to go on with"
-    if cfg.straggler.exclude and (len(nodes) > 1 or nodes[0] == 0) and node_count() > 1:
+    if not cfg.straggler.exclude:
+        why = "orchestrator.straggler.exclude is off"
+    elif node_count() < 2:
+        why = "no other node to go on with"
+    else:
         why = "the slow ranks are on node 0 (the rendezvous' host in the usual launch) or on several nodes"
     return Remedy(
         action="none",
@@ -150,7 +158,7 @@ def restart(f: Finding) -> Remedy:
         "resized": "the job saved and stopped for a new rendezvous",
         "excluded": "the orchestrator excluded a straggler's node after a checkpoint",
     }[e.get("kind", "lost_rank")]
-    world = f"{e['world_after']} rank{'s' if e['world_after'] != 1 else ''}"
+    world = ranks(e["world_after"])
     if e["world_after"] != e["world_before"]:  # the global batch is the config's: each rank reads another share
         world += f" (was {e['world_before']}; every step still trains the same rows, split {e['world_after']} ways)"
     return Remedy(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from trimtab.distributed import broadcast_object, is_main
 from trimtab.orchestrator.monitors import Finding
+from trimtab.orchestrator.remedies import ranks
 from trimtab.resilience.elastic import node_count
 from trimtab.resilience.goodput import Ledger
 from trimtab.resilience.incidents import last_life, last_logged_step, localize
@@ -157,10 +158,6 @@ def restart_finding(incident: dict[str, Any], step: int) -> Finding:
         f"{world} ({_steps(incident['steps_lost'])} lost, {incident['down_s']:.1f} s down)",
         strength=1.0,
     )
-
-
-def ranks(n: int) -> str:
-    return f"{n} rank" if n == 1 else f"{n} ranks"
 
 
 def _steps(n: int) -> str:
