@@ -431,3 +431,9 @@ def test_healing_dry_run_runs_one_scenario_into_a_temporary_directory(tmp_path):
     results = json.loads((tmp_path / "healing.json").read_text())
     assert results["scenarios"] == ["nan_loss"] and results["steps"] == 12
     assert not Path("runs/bench-healing").exists() or "nan_loss-off" not in os.listdir("runs/bench-healing")
+
+
+def test_checkpoint_dry_run_pairs_synchronous_and_background_saves():
+    out = dry_run("checkpoint")
+    assert "## Checkpoint stall: synchronous vs background saves (`bench/checkpoint.py`)\n" in out
+    assert "\n| `debug` | 0.6M | " in out and "2 pairs)** |" in out

@@ -30,7 +30,7 @@ import os
 import re
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -110,8 +110,11 @@ def save_checkpoint(
     state: dict[str, Any],
     keep: int,
     protect: tuple[int, ...] = (),
+    written: Callable[[], None] | None = None,
 ) -> Path:
-    """Write checkpoint `step` atomically and prune to the newest `keep` (plus `protect` steps)."""
+    """Write checkpoint `step` atomically and prune to the newest `keep` (plus `protect` steps).
+    `written` runs once the files are in the temp directory, before the commit (where the
+    kill_in_save fault lands)."""
     root = checkpoint_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
@@ -125,6 +128,8 @@ def save_checkpoint(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if written is not None:
+        written()
     return commit_checkpoint(run_dir, step, tmp, state, keep, protect)
 
 

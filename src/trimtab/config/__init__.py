@@ -313,6 +313,9 @@ class TrainConfig(Section):
 class CheckpointConfig(Section):
     every: int = 200  # steps between checkpoints (0: only at the end and on signals)
     keep: int = 3  # newest checkpoints kept
+    # Written in the background: a save stalls training only while the state is copied to host
+    # memory, once per save (DCP's async save; docs/resilience.md, "Asynchronous checkpoints")
+    asynchronous: bool = False
 
     def validate(self) -> None:
         _check(self.every >= 0, "checkpoint.every", "must be >= 0")

@@ -5,7 +5,9 @@ mesh (docs/distributed.md, "Checkpoints")."""
 from __future__ import annotations
 
 import errno
+import threading
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +34,39 @@ from trimtab.errors import CheckpointError
 from trimtab.model.upgrade import is_legacy, upgrade_optimizer, upgrade_weights
 
 
+class BackgroundWrite:
+    """fn(*args) in a daemon thread (a process that ends, or is killed, leaves at most an
+    uncommitted temp directory, never a step_* one); result() joins it and raises its error."""
+
+    def __init__(self, step: int, fn: Callable[..., Path], args: tuple[Any, ...]) -> None:
+        self._path: Path | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args), name=f"checkpoint-{step}", daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[..., Path], args: tuple[Any, ...]) -> None:
+        try:
+            with writing(checkpoint_root(args[0])):
+                self._path = fn(*args)
+        except BaseException as exc:  # raised in the training thread, at result()
+            self._error = exc
+
+    def result(self) -> Path:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._path
+
+
 class Checkpoints:
     """The checkpoint half of Parallel (world, rank, is_main, sharded, pipeline come from it)."""
 
     pipeline: Any = None
+
+    written: Callable[[], None] | None = None  # in the writer, before the commit (the kill_in_save fault)
+    _write: BackgroundWrite | None = None  # the checkpoint being written in the background
+    _stager: Any = None  # its host copy's buffers, reused from save to save
+    _group: Any = None  # the background writer's own gloo group: the training thread keeps its own
 
     def save(
         self,
@@ -48,38 +79,87 @@ class Checkpoints:
         keep: int,
         protect: tuple[int, ...],
         before: Callable[[], None],
+        background: bool = False,
     ) -> Path:
         """One process: model.safetensors + optim.pt. Data-parallel: every rank writes its shards
         (torch.distributed.checkpoint) into a temp dir; rank 0 writes optim.pt (every rank's RNG)
-        and state.json, then renames. `before` runs first on every rank (hooks; they may fail)."""
+        and state.json, then renames. `before` runs first on every rank (hooks; they may fail).
+        `background`: DCP's asynchronous save, as its thread mode does it: the state is copied to
+        host memory here (all that stalls training), and a thread writes and commits it while
+        training goes on; finish_save waits for it. The previous write is finished first, so one
+        host copy exists at a time (its buffers reused: bounded memory)."""
+        self.finish_save()
         if self.world == 1:
             before()
-            return save_checkpoint(
-                run_dir,
-                step,
-                model.state_dict(),
-                # the names say which weight each moment belongs to under any later split (pipeline)
-                {"optimizer": optimizer.state_dict(), "param_names": _param_names(model, optimizer), **extra},
-                state,
-                keep=keep,
-                protect=protect,
-            )
+            # the names say which weight each moment belongs to under any later split (pipeline)
+            optim = {"optimizer": optimizer.state_dict(), "param_names": _param_names(model, optimizer), **extra}
+            parts = (model.state_dict(), optim, state)
+            if background:
+                parts = self._stage(parts)
+            return self._run(background, step, save_checkpoint, run_dir, step, *parts, keep, protect, self.written)
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
         self._agree_ok(attempt(before))
-        tmp = checkpoint_root(run_dir) / f".tmp_step_{step:06d}_sharded"
-        self._agree_ok(attempt(_fresh_dir, tmp) if self.is_main else None)
         # An optimizer before its first step (the initial checkpoint) has no state to save, and asking
         # DCP for it would initialise it with a zero-gradient step (AdamW's step count moves): skip it.
         fresh = not optimizer.state
-        extra = {**extra, "fresh_optimizer": fresh}
         app = {"model": get_model_state_dict(model)}
         if not fresh:
             app["optim"] = get_optimizer_state_dict(model, optimizer)
-        self._agree_ok(attempt(_dcp_save, app, tmp / SHARDED, cpu_group()))
+        parts = (app, {**extra, "fresh_optimizer": fresh}, state)
+        if background:
+            parts = self._stage(parts)
+        group = self._writer_group() if background else cpu_group()
+        return self._run(background, step, self._write_sharded, run_dir, step, *parts, keep, protect, group)
+
+    def finish_save(self) -> Path | None:
+        """Wait for the checkpoint being written in the background: its directory once committed
+        (None: none was being written); a failed write's OSError is raised here."""
+        write, self._write = self._write, None
+        return None if write is None else write.result()
+
+    def _run(self, background: bool, step: int, fn: Callable[..., Path], *args: Any) -> Path:
+        if not background:
+            return fn(*args)
+        self._write = BackgroundWrite(step, fn, args)
+        return checkpoint_root(args[0]) / f"step_{step:06d}"
+
+    def _stage(self, parts: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A host copy of every tensor in `parts` (nested dicts and lists; the rest deep-copied):
+        what the background thread writes while training changes the originals."""
+        from torch.distributed.checkpoint.staging import StateDictStager
+
+        if self._stager is None:
+            self._stager = StateDictStager(pin_memory=torch.cuda.is_available())
+        return tuple(self._stager.stage({"part": part}, non_blocking=False)["part"] for part in parts)
+
+    def _writer_group(self) -> Any:
+        """A gloo group of its own for the background writer's collectives, made by every rank at
+        its first background save (they all save at the same step)."""
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.cfg.timeout_s))
+        return self._group
+
+    def _write_sharded(
+        self,
+        run_dir: Path,
+        step: int,
+        app: dict[str, Any],
+        extra: dict[str, Any],
+        state: dict[str, Any],
+        keep: int,
+        protect: tuple[int, ...],
+        group: Any,
+    ) -> Path:
+        """Every rank's shards into a temp dir, rank 0's commit (collectives on `group`)."""
+        tmp = checkpoint_root(run_dir) / f".tmp_step_{step:06d}_sharded"
+        self._agree_ok(attempt(_fresh_dir, tmp) if self.is_main else None, group)
+        self._agree_ok(attempt(_dcp_save, app, tmp / SHARDED, group), group)
+        if self.written is not None:
+            self.written()
         mine = digest_files(sorted((tmp / SHARDED).glob(f"__{self.rank}_*.distcp")), tmp)
         gathered = [None] * self.world if self.is_main else None
-        dist.gather_object((mine, extra), gathered, dst=0, group=cpu_group())
+        dist.gather_object((mine, extra), gathered, dst=0, group=group)
         error = None
         if self.is_main:
             digests = {name: d for files, _ in gathered for name, d in files.items()}
@@ -87,15 +167,15 @@ class Checkpoints:
             error = attempt(
                 _commit_sharded, run_dir, step, tmp, {**extra, "rng_by_rank": rng}, state, keep, protect, digests
             )
-        self._agree_ok(error)
+        self._agree_ok(error, group)
         return checkpoint_root(run_dir) / f"step_{step:06d}"
 
-    def _agree_ok(self, error: OSError | None) -> None:
+    def _agree_ok(self, error: OSError | None, group: Any = None) -> None:
         """Raise the first failing rank's OSError on every rank, so the orchestrator's disk-full
         handling runs alike everywhere (and no rank waits in a collective the others left)."""
         failures = [None] * self.world
         mine = None if error is None else (error.errno or errno.EIO, error.strerror or str(error))
-        dist.all_gather_object(failures, mine, group=cpu_group())
+        dist.all_gather_object(failures, mine, group=group or cpu_group())
         first = next((f for f in failures if f is not None), None)
         if first is not None:
             raise OSError(*first)

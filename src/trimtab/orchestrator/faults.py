@@ -46,6 +46,9 @@ records it there), e.g. oom@10:512@rank1: one rank runs out of memory and all sh
                             deadlock, a device that no longer answers); the others wait for it in the
                             step's collectives until the watchdog ends the job (resilience.watchdog)
     corrupt_checkpoint@S    the first checkpoint written at or after S is truncated
+    kill_in_save@S[:R]      rank R (default 0; one process: 0) receives SIGKILL while it writes the
+                            first checkpoint at or after S: its files written, not yet committed
+                            (with checkpoint.asynchronous, in the background writer as training goes on)
     disk_full@S[:N]         the next N checkpoint saves (default 1) at or after S fail with ENOSPC
     expert_collapse@S[:M]   every MoE layer's routing collapses onto expert 0: its selection bias
                             (expert_bias) rises by M (default 1). Router probs lie in [0, 1], so M >= 1
@@ -107,9 +110,11 @@ KINDS: dict[str, tuple[float | None, bool]] = {
     "bitflip": (None, False),
     "lose_node": (None, False),
     "grad_bitflip": (None, False),
+    "kill_in_save": (None, False),
 }
 RANK_FAULTS = (
     "grad_bitflip",
+    "kill_in_save",
     "kill_rank",
     "hang_rank",
     "slow_rank",
@@ -149,7 +154,7 @@ def parse_fault(spec: str, key: str = "faults") -> Fault:
         rank_part, _, factor_text = param_text.partition(":")
         factor = _number(factor_text) if kind == "slow_rank" and factor_text else KINDS[kind][0]
         slow_ok = kind != "slow_rank" or (factor is not None and factor > 1)
-        rank_part = rank_part or ("0" if kind == "grad_bitflip" else "")  # one process: rank 0
+        rank_part = rank_part or ("0" if kind in ("grad_bitflip", "kill_in_save") else "")  # one process: 0
         if at_rank or not rank_part.isdigit() or (factor_text and kind != "slow_rank") or not slow_ok:
             shape = "STEP:RANK:FACTOR (FACTOR > 1)" if kind == "slow_rank" else "STEP:RANK"
             raise ConfigError(f"{key}: '{spec}' must look like {kind}@{shape}, e.g. {kind}@{step_text}:1")
@@ -388,6 +393,8 @@ class FaultInjector(Instrument):
         fault = self._first_due("disk_full")
         if fault is not None:
             raise OSError(errno.ENOSPC, f"No space left on device (injected by {fault.spec})")
+        if self._first_due("kill_in_save") is not None:
+            self.handle.before_commit(lambda: os.kill(os.getpid(), signal.SIGKILL))
 
     def on_checkpoint(self, run: RunView, path: Path) -> None:
         self.step = run.step

@@ -165,10 +165,11 @@ class Control:
         last good one are deleted. The line says what happened, a failed save included."""
         t = self._trainer
         freed = ""
+        t.finish_save()  # a checkpoint still being written is neither pruned nor written twice
         if keep is not None:
             gone = t.dist.from_main(prune, t.cfg.run_dir, keep, (t.last_good,))
             freed = f"deleted {len(gone)} older checkpoint(s); " if gone else ""
-        if not t.save():
+        if not t.save(wait=True):
             raise TrimtabError(f"{freed}the checkpoint at step {t.state.step} could not be written")
         return f"{freed}checkpoint at step {t.state.step}"
 
@@ -183,7 +184,7 @@ class Control:
         t = self._trainer
         if node >= node_count():
             raise TrimtabError(f"exclude_node: no node {node} in this job ({node_count()} node(s) under torchrun)")
-        if not t.save():
+        if not t.save(wait=True):
             raise TrimtabError(f"the checkpoint at step {t.state.step} could not be written: node {node} stays")
         t.dist.from_main(lambda: None)  # every rank past the save before any leaves
         if node_rank() == node:

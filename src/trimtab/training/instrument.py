@@ -9,6 +9,7 @@ instrument, and the run has one only when the config asks for faults (`faults:`,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -49,6 +50,11 @@ class FaultHandle:
         writer, an LR nothing in the config explains."""
         for group in self._trainer.optimizer.param_groups:
             group["lr"] *= factor
+
+    def before_commit(self, fn: Callable[[], None]) -> None:
+        """Run `fn` in the checkpoint writer once this rank's files of the save now starting are
+        written, before the commit (kill_in_save: a process killed mid-write)."""
+        self._trainer.dist.written = fn
 
     def reload_rows(self, batch: StepBatch, rows: set[int]) -> None:
         """Read these rows of the batch about to run again from the training rows: its

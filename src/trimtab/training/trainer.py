@@ -16,30 +16,29 @@ from typing import Any
 
 import torch
 
-from trimtab.checkpoint import find_checkpoint, retire_after
 from trimtab.data import MicroBatch, StepBatch
 from trimtab.distributed.group import is_oom
-from trimtab.errors import CheckpointError
+from trimtab.training.checkpointing import Checkpointing
 from trimtab.training.control import Control
 from trimtab.training.evaluation import mean_losses, sharded_loss
-from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger, call_sealed, keyed
+from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger, call_sealed
 from trimtab.training.instrument import FaultHandle, Instrument
 from trimtab.training.loss import cross_entropy_sum
 from trimtab.training.metrics import run_summary, step_metrics
 from trimtab.training.optim import build_optimizer, set_lr
 from trimtab.training.rerun import Gradients, compare
-from trimtab.training.runtime import LogWindow, RouterStats, RowLosses, rng_state, set_rng_state
+from trimtab.training.runtime import LogWindow, RouterStats, RowLosses
 from trimtab.training.schedule import configured_lengths, phase_lr, reconcile
 from trimtab.training.services.compiling import StepTimes
 from trimtab.training.services.signals import handle_signals
 from trimtab.training.setup import BuiltRun
-from trimtab.training.state import GAVE_UP, KEPT_ON_ROLLBACK, StepOutput, TrainState
+from trimtab.training.state import StepOutput, TrainState
 from trimtab.training.view import RunView
 
 log = logging.getLogger(__name__)
 
 
-class Trainer:
+class Trainer(Checkpointing):
     def __init__(self, run: BuiltRun, hooks: list[Hook] = ()):
         cfg = self.cfg = run.cfg
         self.dist, self.device, self.precision = run.dist, run.dist.device, run.precision
@@ -84,6 +83,7 @@ class Trainer:
         self.last_eval: dict[str, Any] = {}
         self.evaluating = False  # inside evaluate() (fault injection aims at it)
         self._saving_again = False  # applying the hooks' requests after a failed save
+        self._writing: tuple[int, tuple[int, int]] | None = None  # a background save: step, resume point before
 
     # ------------------------------------------------------------------------------ the loop
 
@@ -360,26 +360,6 @@ class Trainer:
         if (every and self.state.step % every == 0) or self._phase_ends():
             self.save()
 
-    def _final_save(self) -> None:
-        """The run's last checkpoint, as the state it ends in deserves. Weights that are not
-        finite are not saved, and the run is not "completed": it ends with exit code 3 and the
-        newest checkpoint on disk as its resume point. A run that gave up (exit code 3) on weights
-        a hook does not call healthy saves them for inspection in checkpoints/rolled_back/,
-        never as the resume point: re-running starts from the last good state."""
-        if not self.save() and not self.dist.all_finite(self.model.parameters()):
-            self.request_stop(
-                f"the weights are not finite at step {self.state.step}; re-running resumes from the newest "
-                f"checkpoint, step {self.last_saved}",
-                GAVE_UP,
-            )
-            return
-        if self.exit_code == GAVE_UP and self.last_saved == self.state.step and 0 <= self.last_good < self.state.step:
-            self.dist.on_main(retire_after, self.cfg.run_dir, self.last_good, self.cfg.checkpoint.keep)
-            self.say(
-                f"step {self.state.step}: its weights are not a good state, kept in checkpoints/rolled_back/; "
-                f"re-running resumes from step {self.last_good}, the last good checkpoint"
-            )
-
     def request_stop(self, reason: str, exit_code: int = 0) -> None:
         """Stop after the current step, saving a checkpoint (signals and hooks use this); a
         non-zero `exit_code` says the run gave up (docs/orchestrator.md, exit codes)."""
@@ -410,114 +390,6 @@ class Trainer:
         """One line on the console, above the progress bar."""
         console = next((h for h in self.hooks if isinstance(h, ConsoleLogger)), None)
         console.write(line) if console else log.warning(line)
-
-    # ------------------------------------------------------------------------------ checkpoints
-
-    def save(self) -> bool:
-        """Write a checkpoint of this step; whether one is on disk now (False: the save failed and
-        a hook took the error, so training goes on, or the weights are not finite). A checkpoint
-        with NaN/Inf weights is never written: it could only be a resume target that resumes
-        into NaN; the newest one on disk stays the run's resume point."""
-        if self.state.step == self.last_saved:
-            return True
-        self.watchdog.beat("checkpoint")
-        if not self.dist.all_finite(self.model.parameters()):
-            self.say(
-                f"step {self.state.step}: the weights are not finite: no checkpoint written (the resume "
-                f"point stays step {self.last_saved})"
-            )
-            return False
-        good = all(h.healthy(self.view) for h in self.hooks)  # a rollback target (the weights are finite)
-        losses, norms, _ = self.window.read()
-        state = {
-            "train": vars(self.state).copy(),
-            "data": self.loader.state_dict(),
-            "good": good,
-            "precision": self.precision.name,  # a resumed auto run keeps it (training/services/cpu_precision.py)
-            "moe": self.model.moe_state(),
-            "mod": self.model.mod_state(),
-            "log_window": {
-                "losses": losses,
-                "norms": norms,
-                "tokens": self.window.tokens,
-                "seconds": self.window.seconds,
-            },
-            "hooks": {key: h.state_dict() for key, h in keyed(self.hooks)},
-        }
-        extra = {"rng": rng_state(), "scaler": self.scaler.state_dict() if self.scaler else {}}
-        started = time.perf_counter()
-        try:
-            path = self.dist.save(
-                self.cfg.run_dir,
-                self.state.step,
-                self.model,
-                self.optimizer,
-                extra,
-                state,
-                keep=self.cfg.checkpoint.keep,
-                protect=(self.last_good,),
-                before=lambda: self._call("on_save_start"),
-            )
-        except OSError as exc:  # disk full, quota, a vanished mount: a hook may handle it
-            if self._saving_again:  # the hooks' remedy for a failed save failed too: Control's line says so
-                return False
-            if not any(h.on_save_error(self.view, exc) for h in self.hooks):
-                raise
-            # What the hooks requested about it (free space and save again, stop) is applied
-            # now, before this save returns, as after an out-of-memory error.
-            self._saving_again = True
-            try:
-                self.control.apply()
-            finally:
-                self._saving_again = False
-            return self.last_saved == self.state.step  # a retry may have saved it
-        self.last_saved, self.save_seconds = self.state.step, time.perf_counter() - started
-        self.last_good = self.state.step if good else self.last_good
-        self._call("on_checkpoint", path)
-        return True
-
-    def rollback(self, to: str | int = "last_good") -> str:
-        """Restore weights, optimizer, data position and RNG from a checkpoint; keep the knobs."""
-        self.watchdog.beat("rollback")  # a load from disk: its own timeout, not the hooks' few milliseconds
-        found = self.dist.from_main(find_checkpoint, self.cfg.run_dir, to)
-        if found is None:
-            what = "good checkpoint" if to == "last_good" else f"checkpoint at or before step {to}"
-            raise CheckpointError(f"no {what} to roll back to in {self.cfg.run_dir / 'checkpoints'}")
-        step = self.state.step
-        self._load(found[0], rollback=True)
-        self.last_eval = {}  # it judged the abandoned weights
-        self.dist.on_main(retire_after, self.cfg.run_dir, self.state.step, self.cfg.checkpoint.keep)
-        return f"rolled back from step {step} to step {self.state.step}"
-
-    def _load(self, path, rollback: bool) -> None:
-        weights, optim_state, state = self.dist.read_checkpoint(path)
-        self.dist.load_model(self.model, weights, state, path)  # any checkpoint format, any world size
-        kept = {k: getattr(self.state, k) for k in KEPT_ON_ROLLBACK}
-        skipped = self.loader.skipped
-        self.state = TrainState(**state["train"])
-        self.state.phase_steps = self.state.phase_steps or configured_lengths(self.cfg)  # older checkpoints
-        if rollback:
-            self.state.__dict__.update(kept, rollbacks=kept["rollbacks"] + 1)
-        self.control.apply_lengths()
-        self._enter_phase(self.state.phase)
-        self.dist.load_optimizer(self.model, self.optimizer, optim_state, path)
-        self.control.apply_knobs()  # load_state_dict brought back the saved weight decay
-        if self.scaler and optim_state["scaler"]:
-            self.scaler.load_state_dict(optim_state["scaler"])
-        set_rng_state(optim_state["rng"])
-        self.loader.load_state_dict(state["data"])
-        self.last_saved = self.state.step
-        self.last_good = self.state.step if state.get("good", True) else -1
-        if rollback:
-            self.loader.skipped |= skipped
-            self.window = LogWindow()
-            for key, hook in keyed(self.hooks):
-                hook.on_rollback(self.view, state["hooks"].get(key, {}))
-            return
-        window = state["log_window"]
-        self.window = LogWindow(window["losses"], window["norms"], window["tokens"], window["seconds"])
-        for key, hook in keyed(self.hooks):
-            hook.load_state_dict(state["hooks"].get(key, {}))
 
     # ------------------------------------------------------------------------------ helpers
 
