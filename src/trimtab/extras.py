@@ -22,6 +22,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "lm_eval": ("lm-evaluation-harness", "eval"),
     "mlflow": ("mlflow", "track"),
     "wandb": ("wandb", "track"),
+    "torchft": ("torchft", "ft"),
 }
 
 

@@ -3,11 +3,42 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trimtab.config.checks import Section, _check
 
 WATCHDOG_MODES = ("auto", "on", "off")
+
+
+@dataclass
+class FtConfig(Section):
+    """Per-step fault tolerance across replica groups through torchft (distributed/ft.py): each
+    group is one `trimtab train` process with its own run directory; a Lighthouse forms a quorum
+    every step; the groups alive average their gradients and step, a failed group is dropped and
+    its replacement copies the state of a healthy one live."""
+
+    enabled: bool = False
+    lighthouse: str = ""  # the Lighthouse's address (http://HOST:PORT); empty: $TORCHFT_LIGHTHOUSE
+    replica_group: int = 0  # this process's group, 0 .. groups - 1: its share of each step's rows
+    groups: int = 1  # replica groups the data is split over (the global batch is theirs together)
+    min_replicas: int = 1  # groups a step needs to commit
+    timeout_s: float = 30.0  # a quorum, an all-reduce or a recovery waits this long for a peer
+
+    def validate(self) -> None:
+        if not self.enabled:
+            return
+        _check(self.groups >= 1, "resilience.ft.groups", "must be >= 1")
+        _check(
+            0 <= self.replica_group < self.groups,
+            "resilience.ft.replica_group",
+            f"must be 0 .. {self.groups - 1} (resilience.ft.groups is {self.groups})",
+        )
+        _check(
+            1 <= self.min_replicas <= self.groups,
+            "resilience.ft.min_replicas",
+            f"must be 1 .. resilience.ft.groups ({self.groups})",
+        )
+        _check(self.timeout_s > 0, "resilience.ft.timeout_s", "must be > 0 seconds")
 
 
 @dataclass
@@ -25,6 +56,7 @@ class ResilienceConfig(Section):
     # A step the update gate flags is computed again before it is judged: a different result was a
     # transient fault and the re-run's update is applied (training/rerun.py; Megatron-LM's rerun)
     rerun: bool = True
+    ft: FtConfig = field(default_factory=FtConfig)
 
     def validate(self) -> None:
         _check(self.watchdog in WATCHDOG_MODES, "resilience.watchdog", f"must be one of {', '.join(WATCHDOG_MODES)}")
@@ -36,3 +68,4 @@ class ResilienceConfig(Section):
             "resilience.first_timeout_s",
             f"must be >= resilience.min_timeout_s ({self.min_timeout_s}): the first run of a section is the slowest",
         )
+        self.ft.validate()

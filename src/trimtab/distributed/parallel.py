@@ -56,6 +56,7 @@ from trimtab.distributed.mesh import Mesh
 from trimtab.errors import ConfigError
 
 if TYPE_CHECKING:
+    from trimtab.distributed.ft import ReplicaGroups
     from trimtab.distributed.pipeline import Pipeline
     from trimtab.hardware import Precision
 
@@ -91,6 +92,7 @@ class Parallel(Checkpoints):
         self.waited = 0.0  # seconds this rank waited at the agreement points (the straggler rule)
         self._caught: BaseException | None = None  # an OOM a block swallowed this step (FSDP2), told at agree()
         self._told: BaseException | None = None  # the last OOM agree() announced
+        self.replicas: ReplicaGroups | None = None  # resilience.ft: the step averaged across replica groups
 
     @classmethod
     def start(cls, cfg: DistributedConfig, device: torch.device) -> Parallel:
@@ -368,6 +370,8 @@ class Parallel(Checkpoints):
             step = []
         if self.dp_world > 1:
             _sum_in_place(step + loads, self.mesh.dp_group)
+        if self.replicas is not None:  # and across torchft's replica groups (one process each)
+            self.replicas.average(step + loads + [p.grad for p in model.parameters() if p.grad is not None])
 
     def mean_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
         """The replicas' mean of a 0-d device tensor. Every replica evaluates the same held-out

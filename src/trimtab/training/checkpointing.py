@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from trimtab.checkpoint import find_checkpoint, retire_after
+from trimtab.checkpoint import apply_structure, find_checkpoint, retire_after
 from trimtab.errors import CheckpointError
 from trimtab.training.hooks import keyed
 from trimtab.training.runtime import LogWindow, rng_state, set_rng_state
@@ -174,7 +174,37 @@ class Checkpointing:
             for key, hook in keyed(self.hooks):
                 hook.on_rollback(self.view, state["hooks"].get(key, {}))
             return
+        self._resume_window_and_hooks(state)
+
+    def _resume_window_and_hooks(self, state: dict[str, Any]) -> None:
         window = state["log_window"]
         self.window = LogWindow(window["losses"], window["norms"], window["tokens"], window["seconds"])
         for key, hook in keyed(self.hooks):
             hook.load_state_dict(state["hooks"].get(key, {}))
+
+    # ------------------------------------------------------------------ replica groups (resilience.ft)
+
+    def _replica_state(self) -> dict[str, Any]:
+        """What a replacement replica group receives live from this one (distributed/ft.py): a
+        checkpoint's content, in memory (torchft copies it to host memory and serves it)."""
+        return {
+            "model": self.model.state_dict(),
+            "optim": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else {},
+            "state": self._checkpoint_state(good=True),
+        }
+
+    def _take_replica_state(self, received: dict[str, Any]) -> None:
+        """A healthy group's state (_replica_state), taken as a resume from it would take it."""
+        state = received["state"]
+        apply_structure(self.model, state)  # experts added or pruned there
+        self.model.load_state_dict(received["model"])
+        self.state = TrainState(**state["train"])
+        self.control.apply_lengths()
+        self._enter_phase(self.state.phase)
+        self.optimizer.load_state_dict(received["optim"])
+        self.control.apply_knobs()
+        if self.scaler and received["scaler"]:
+            self.scaler.load_state_dict(received["scaler"])
+        self.loader.load_state_dict(state["data"])
+        self._resume_window_and_hooks(state)

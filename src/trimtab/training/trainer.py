@@ -17,7 +17,9 @@ from typing import Any
 import torch
 
 from trimtab.data import MicroBatch, StepBatch
+from trimtab.distributed.ft import ReplicaGroups
 from trimtab.distributed.group import is_oom
+from trimtab.errors import ConfigError
 from trimtab.training.checkpointing import Checkpointing
 from trimtab.training.control import Control
 from trimtab.training.evaluation import mean_losses, sharded_loss
@@ -69,6 +71,11 @@ class Trainer(Checkpointing):
         for hook in self.hooks:
             if isinstance(hook, Instrument):  # fault injection: the one writer beside Control
                 hook.attach(FaultHandle(self))
+        ft = cfg.resilience.ft
+        if ft.enabled and self.dist.world > 1:
+            raise ConfigError("resilience.ft: a replica group is one process for now; run one trimtab train per group")
+        # each phase's loader reads this process's share of each step's rows
+        self.data_shard = (ft.replica_group, ft.groups) if ft.enabled else (self.dist.dp_rank, self.dist.dp_world)
         self.control.apply_lengths()
         self._enter_phase(0)
         self.resumed_from = run.resume[0] if run.resume else None
@@ -84,6 +91,10 @@ class Trainer(Checkpointing):
         self.evaluating = False  # inside evaluate() (fault injection aims at it)
         self._saving_again = False  # applying the hooks' requests after a failed save
         self._writing: tuple[int, tuple[int, int]] | None = None  # a background save: step, resume point before
+        self.replicas = None  # resilience.ft: this process is one replica group (distributed/ft.py)
+        if ft.enabled:
+            self.replicas = ReplicaGroups(ft, cfg.run_dir, self.say, self._replica_state, self._take_replica_state)
+        self.dist.replicas = self.replicas  # reduce_step averages each step across the groups
 
     # ------------------------------------------------------------------------------ the loop
 
@@ -98,6 +109,8 @@ class Trainer(Checkpointing):
                 self._maybe_next_phase()
                 t0 = time.perf_counter()
                 self.watchdog.beat("data", self.state.step + 1)
+                if self.replicas is not None and self.replicas.quorum(lambda: self.state.step):  # resilience.ft
+                    self.save()  # a replacement's state, received live: a resume point of its own
                 batch = self.loader.next_batch()
                 self._call("on_step_start", batch)
                 out = self._step_with_oom_retry(batch, t0)
@@ -116,6 +129,8 @@ class Trainer(Checkpointing):
             self._final_save()
         summary = run_summary(self, *start)
         self._call("on_train_end", summary)
+        if self.replicas is not None:
+            self.replicas.close()
         self.dist.close()
         return summary
 
@@ -134,6 +149,8 @@ class Trainer(Checkpointing):
         if self.rerun and skip is not None and not forced and bool(skip):  # one host read a step
             grads, skip, rerun = self._rerun(batch, clip, grads)
         lr = self.optimizer.param_groups[0]["lr"]  # what the update applies
+        if self.replicas is not None and not self.replicas.commit(self.state.step + 1):  # a group failed in it
+            skip = torch.ones((), dtype=torch.bool, device=self.device)  # withheld on every group
         overflow = self._update(skip)
         self.optimizer.zero_grad(set_to_none=True)
         for _, layer in self.model.moe_layers():
@@ -372,7 +389,7 @@ class Trainer(Checkpointing):
         phase = self.phases[index]
         self.state.phase = index
         self.optimizer = build_optimizer(self.model, phase.optim, self.device)
-        self.loader = phase.loader(self.cfg, self.tok.pad_id, self.dist.dp_rank, self.dist.dp_world)
+        self.loader = phase.loader(self.cfg, self.tok.pad_id, *self.data_shard)
         self.control.apply_knobs()
 
     def _maybe_next_phase(self) -> None:
