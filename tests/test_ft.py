@@ -91,6 +91,35 @@ def test_a_replica_group_killed_is_dropped_and_its_replacement_heals_live(tmp_pa
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.distributed
+def test_two_replica_groups_train_exactly_as_one_process(tmp_path):
+    """Every group present: the average scaled by groups / participants is the one-process sum,
+    so the losses are those of one process training the whole batch (fp32)."""
+    from torchft._torchft import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=1000)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    short = ["--max-steps", "8", "--set", "train.precision=fp32"]
+    try:
+        other = subprocess.Popen(
+            [sys.executable, "-m", "trimtab", *command(tmp_path / "g1", 1, lighthouse.address(), *short)],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        ours = trimtab_cli(command(tmp_path / "g0", 0, lighthouse.address(), *short), cwd=tmp_path, env=env)
+        _, err = other.communicate(timeout=300)
+    finally:
+        other.kill()
+        lighthouse.shutdown()
+    assert ours.returncode == 0 and other.returncode == 0, ours.stderr[-2000:] + err[-2000:]
+    alone = trimtab_cli(command(tmp_path / "one", 0, "", *short, "--set", "resilience.ft.enabled=false"), tmp_path)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    losses = {g: [m["loss"] for m in read_metrics(tmp_path / g) if "loss" in m] for g in ("g0", "g1", "one")}
+    assert len(losses["one"]) == 8 and losses["g0"] == losses["g1"]
+    assert all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(losses["g0"], losses["one"], strict=True))
+
+
 def test_ft_needs_a_lighthouse_and_a_group_in_range(monkeypatch):
     from trimtab.distributed.ft import lighthouse_address
 
