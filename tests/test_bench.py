@@ -156,6 +156,8 @@ def test_resilience_dry_run_restarts_names_the_slow_rank_and_projects_ettr():
     killed = next(line for line in out.splitlines() if line.startswith("| rank killed (SIGKILL) x2 |"))
     assert "| yes | 2 |" in killed  # the undisturbed run's loss, two restarts
     assert next(line for line in out.splitlines() if line.startswith("| rank 3x slower; named at step"))
+    replaced = next(line for line in out.splitlines() if line.startswith("| torchft, replica group killed"))
+    assert "; withheld at steps " in replaced and "GROUPS DIFFER" not in replaced and "| 2 | 0 |" in replaced
     for gpus in ("1,024", "16,384", "131,072"):
         assert f"\n| {gpus} | " in out, gpus
 

@@ -19,6 +19,7 @@ from trimtab.config import load_config
 from trimtab.errors import ConfigError
 from trimtab.rundir import read_metrics
 
+os.environ.setdefault("RUST_LOG", "warn")  # torchft's Lighthouse, in this process, logs each quorum at info
 torchft = pytest.importorskip("torchft")
 
 

@@ -287,8 +287,9 @@ def test_young_interval_and_expected_ettr_follow_their_formulas():
     assert plans[0].mtbf_h == pytest.approx(1 / (1024 * FAILURES_PER_DEVICE_HOUR))
     assert plans[1].mtbf_h < plans[0].mtbf_h
     for plan in plans:
-        sync, async_ = plan.strategies
+        sync, async_, ft = plan.strategies
         assert async_.stall_s < sync.stall_s and async_.ettr > sync.ettr and async_.interval_s < sync.interval_s
+        assert ft.ettr > async_.ettr  # no restart, no work redone: a group's share missing while it recovers
     assert plans[1].strategies[0].ettr < plans[0].strategies[0].ettr
     stepped = resilience_plan(1024, 10 * 2**40, step_s=7.0)
     assert all(s.interval_s % 7.0 == pytest.approx(0.0, abs=1e-9) for s in stepped.strategies)
@@ -304,6 +305,7 @@ def test_plan_shows_the_checkpoint_interval_and_ettr_for_many_gpus(tmp_path, cap
     assert saved["devices"] == 16_384 and [s["name"] for s in saved["strategies"]] == [
         "synchronous save",
         "asynchronous save",
+        "per-step FT",
     ]
     assert main(["plan", "--preset", "debug", "--out", str(tmp_path)]) == 0
     assert "Resilience" not in capsys.readouterr().out  # one device: nothing to plan

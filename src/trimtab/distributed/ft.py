@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+import time
 import warnings
 from collections.abc import Callable
 from datetime import timedelta
@@ -145,7 +146,7 @@ class ReplicaGroups:
         return False
 
     def _record(self, **record: Any) -> None:
-        append_lines(self.journal, json.dumps(record) + "\n")
+        append_lines(self.journal, json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)

@@ -12,6 +12,14 @@ A synchronous save stalls for the whole write (every device at WRITE_BYTES_PER_S
 FS_BYTES_PER_S together); an asynchronous one (DCP's async_save) only for the copy of its share to
 host memory, the write proceeding beside training. The bandwidths and the recovery time are
 assumptions, named as such in the output: a run measures its own (goodput.json).
+
+Per-step fault tolerance (torchft replica groups, resilience.ft) changes what a failure costs: no
+restart and no work trained again; the groups that keep going lose the step the failed group was
+in (withheld) and the quorum's change, FT_STALL_S, and the failed group's share of the devices
+(GROUP_DEVICES of them) is missing for its replacement's recovery R. Checkpoints stay
+asynchronous at Young's interval, for failures of the whole job:
+
+    ETTR_ft     1 - C / interval - (FT_STALL_S + R x GROUP_DEVICES / devices) / MTBF
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ WRITE_BYTES_PER_S = 1e9  # per device to a shared filesystem (assumed: a paralle
 FS_BYTES_PER_S = 1e12  # the filesystem's aggregate write bandwidth, all devices together (assumed)
 STAGE_BYTES_PER_S = 25e9  # per device, device to pinned host memory (PCIe 4/5 x16, measured ~25 GB/s)
 RECOVERY_S = 300.0  # restart, rendezvous, checkpoint load and warm-up (assumed; measure yours: goodput.json)
+GROUP_DEVICES = 8  # a torchft replica group: one node of 8 GPUs (assumed)
+FT_STALL_S = 10.0  # per failure, for the groups that go on: a withheld step and a new quorum (assumed)
 
 
 @dataclass(kw_only=True)
@@ -66,9 +76,11 @@ def resilience_plan(
     failures_per_device_hour: float = FAILURES_PER_DEVICE_HOUR,
     recovery_s: float = RECOVERY_S,
     rate_source: str = RATE_SOURCE,
+    ft_stall_s: float = FT_STALL_S,
 ) -> ResiliencePlan:
     """Checkpoint intervals and expected ETTR for `devices` writing `state_bytes` together (DCP
-    spreads one copy over every rank), synchronous against asynchronous saves."""
+    spreads one copy over every rank): synchronous saves, asynchronous saves, and asynchronous
+    saves with per-step fault tolerance across replica groups."""
     mtbf_s = 3600.0 / (devices * failures_per_device_hour)
     write = state_bytes / min(devices * WRITE_BYTES_PER_S, FS_BYTES_PER_S)
     stage = state_bytes / devices / STAGE_BYTES_PER_S
@@ -79,6 +91,10 @@ def resilience_plan(
             interval = max(1, round(interval / step_s)) * step_s
         ettr = expected_ettr(stall, interval, recovery_s, mtbf_s)
         strategies.append(Strategy(name=name, stall_s=stall, interval_s=interval, ettr=ettr))
+    async_ = strategies[-1]
+    lost = ft_stall_s + recovery_s * min(1.0, GROUP_DEVICES / devices)  # per failure (module docstring)
+    ettr = min(1.0, max(0.0, 1.0 - async_.stall_s / async_.interval_s - lost / mtbf_s))
+    strategies.append(Strategy(name="per-step FT", stall_s=async_.stall_s, interval_s=async_.interval_s, ettr=ettr))
     return ResiliencePlan(
         devices=devices,
         mtbf_h=mtbf_s / 3600.0,
@@ -103,4 +119,8 @@ def format_resilience(plan: ResiliencePlan) -> list[str]:
             f"  {s.name:<17} stall {s.stall_s:.3g} s -> every {steps}{s.interval_s / 60:.1f} min (Young): "
             f"expected ETTR {s.ettr:.1%}"
         )
+    lines.append(
+        f"  per-step FT: torchft replica groups (resilience.ft) of {GROUP_DEVICES} devices; a failure costs the others "
+        f"a withheld step and a new quorum ({FT_STALL_S:.0f} s assumed) and its own group its recovery, no work redone"
+    )
     return lines
