@@ -166,8 +166,9 @@ def run_ft(preset: str, steps: int, every: int, faults: list[str]) -> dict:
         "withheld": withheld,
         # from a group's death to its replacement training again with the healed state
         "rejoin_s": [min(t for t in healed if t > d) - d for d in deaths],
-        # what a death cost the group that kept going: its withheld steps beyond a typical step
-        "stall_s": [m["step_time"] - typical for m in metrics if m["step"] in withheld],
+        # what a death cost the group that kept going: its withheld step (work thrown away, made up
+        # at the end) and anything it waited beyond a typical step
+        "stall_s": [max(m["step_time"], typical) for m in metrics if m["step"] in withheld],
         "other_cpu": busy.other,
     }
 
@@ -268,7 +269,8 @@ def main() -> None:
         "Lighthouse, no torchrun: the row is the group that kept going (one session; its ETTR over its own "
         "wall); restarts: group 1's replacements (the same command run again, as a scheduler would), recover: "
         "from a death to the replacement training again with the state it received live, stall: the withheld "
-        "step's time beyond a typical step for the group that went on. Its final loss is not the undisturbed "
+        "step's time (its work thrown away, the step made up at the end) for the group that went on. "
+        "Its final loss is not the undisturbed "
         "one by design: the steps the groups trained apart (a group alone, a withheld step) train other rows; "
         "the undisturbed pair trains exactly as the undisturbed torchrun run.\n\n"
         + table(results, steps)

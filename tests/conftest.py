@@ -19,7 +19,12 @@ PROCESS_GROUPS = {
     "test_pipeline_parallel.py",
     "test_expert_parallel.py",
     "test_resilience.py",
+    "test_async_checkpoint.py",
+    "test_ft.py",
 }
+# Modules whose tests share a module-scoped fixture that trains: on one worker it is computed once
+# (the golden runs: three trainings a preset), split over two it is computed on each.
+SHARED_RUNS = {"test_golden.py", "test_eval.py"}
 
 # The quick tier (`pytest --quick`, the edit loop): the cheapest tests by their measured time in
 # DURATIONS, added until QUICK_BUDGET_S is spent, plus tests not measured yet (new ones: most likely
@@ -38,6 +43,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in PROCESS_GROUPS:
             item.add_marker(pytest.mark.xdist_group("process_groups"))
+        elif item.path.name in SHARED_RUNS:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
     if not config.getoption("--quick"):
         return
     known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}

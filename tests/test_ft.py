@@ -1,8 +1,8 @@
 """Per-step fault tolerance across replica groups through torchft (resilience.ft): two groups, one
 process each, a Lighthouse in this test. A group killed mid-run is dropped from the quorum while
 the other keeps stepping (one session, no restart); the same command run again resumes from its
-own checkpoint, joins the quorum and receives the healthy group's state live; both end with the
-same weights, bit for bit."""
+own checkpoint, joins the quorum and receives the healthy group's state live; a rollback after
+that takes both to the same checkpoint; both end with the same weights, bit for bit."""
 
 import json
 import os
@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from helpers import trimtab_cli
 from trimtab.config import load_config
 from trimtab.errors import ConfigError
-from trimtab.rundir import read_metrics
+from trimtab.rundir import read_decisions, read_metrics
 
 os.environ.setdefault("RUST_LOG", "warn")  # torchft's Lighthouse, in this process, logs each quorum at info
 torchft = pytest.importorskip("torchft")
@@ -55,8 +55,10 @@ def test_a_replica_group_killed_is_dropped_and_its_replacement_heals_live(tmp_pa
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # group 0 first, each step 0.25 s slower: group 1 joins it, is killed at step 12, and its
     # replacement joins well before the end
+    # weights_nan@20 on both: the orchestrator rolls both back, each from its own checkpoints
+    broken = ("--inject", "weights_nan@20")
     survivor = subprocess.Popen(
-        [sys.executable, "-m", "trimtab", *command(g0, 0, lighthouse.address(), "--inject", "slow@1:100")],
+        [sys.executable, "-m", "trimtab", *command(g0, 0, lighthouse.address(), "--inject", "slow@1:100", *broken)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -65,9 +67,10 @@ def test_a_replica_group_killed_is_dropped_and_its_replacement_heals_live(tmp_pa
     try:
         while not (g0 / "quorum.jsonl").is_file() and survivor.poll() is None:
             time.sleep(0.1)
-        killed = trimtab_cli(command(g1, 1, lighthouse.address(), "--inject", "sigkill@12"), cwd=tmp_path, env=env)
+        faults = ("--inject", "sigkill@12", *broken)
+        killed = trimtab_cli(command(g1, 1, lighthouse.address(), *faults), cwd=tmp_path, env=env)
         assert killed.returncode == -9, killed.stderr[-3000:]
-        again = trimtab_cli(command(g1, 1, lighthouse.address(), "--inject", "sigkill@12"), cwd=tmp_path, env=env)
+        again = trimtab_cli(command(g1, 1, lighthouse.address(), *faults), cwd=tmp_path, env=env)
         out, err = survivor.communicate(timeout=300)
     finally:
         survivor.kill()
@@ -87,6 +90,10 @@ def test_a_replica_group_killed_is_dropped_and_its_replacement_heals_live(tmp_pa
     # the replacement: resumed from its own checkpoint, then received the survivor's state
     assert "resuming from" in again.stderr and quorums(g1)[-1]["healed"] and quorums(g1)[-1]["step"] >= 12
     assert "this group received a healthy group's state" in again.stderr
+    # weights_nan@20: both groups roll back, each from its own checkpoints, to the same step (the
+    # state both saved when it went from one to the other)
+    rollbacks = [[d["applied"] for d in read_decisions(g) if d["action"] == "rollback"] for g in (g0, g1)]
+    assert rollbacks[0] == rollbacks[1] and len(rollbacks[0]) == 1, rollbacks
     final = f"checkpoints/step_{steps[-1]:06d}/model.safetensors"
     a, b = load_file(g0 / final), load_file(g1 / final)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

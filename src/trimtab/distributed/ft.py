@@ -82,7 +82,7 @@ class ReplicaGroups:
             pg=ProcessGroupGloo(timeout=timeout),
             min_replica_size=cfg.min_replicas,
             load_state_dict=self._healed(load_state_dict),
-            state_dict=state_dict,
+            state_dict=self._sending(state_dict),
             use_async_quorum=False,
             replica_id=f"trimtab_group{cfg.replica_group}",
             store_addr="localhost",
@@ -96,6 +96,14 @@ class ReplicaGroups:
         )
         self.participants = 0  # in the newest quorum
         self.healed = False  # this step's quorum brought the state of another group
+        self.sent = False  # this step's quorum sent this group's state to a replacement
+
+    def _sending(self, state_dict: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+        def wrapped() -> dict[str, Any]:
+            self.sent = True
+            return state_dict()
+
+        return wrapped
 
     def _healed(self, load: Callable[[dict], None]) -> Callable[[dict], None]:
         def wrapped(state: dict) -> None:
@@ -105,10 +113,11 @@ class ReplicaGroups:
         return wrapped
 
     def quorum(self, step: Callable[[], int]) -> bool:
-        """Start a step: the groups alive now; whether this group received a healthy one's state
-        (a replacement). A change is said and recorded in quorum.jsonl at `step()`, the step
-        trained last (the received one's, after healing)."""
-        self.healed = False
+        """Start a step: the groups alive now; whether a state went from one group to another
+        (this one received it, or sent it): then every group in the quorum saves a checkpoint
+        of that same state, so their checkpoints, and a rollback's targets, stay alike. A change
+        is said and recorded in quorum.jsonl at `step()`, the step trained last."""
+        self.healed = self.sent = False
         self.manager.start_quorum()
         before, self.participants = self.participants, self.manager.num_participants()
         if self.participants != before or self.healed:
@@ -116,7 +125,16 @@ class ReplicaGroups:
             self._record(step=step, participants=self.participants, before=before, healed=self.healed)
             healed = " (this group received a healthy group's state)" if self.healed else ""
             self.say(f"step {step}: {self.participants} of {self.cfg.groups} replica groups{healed}")
-        return self.healed
+        return self.healed or self.sent
+
+    def agree_min(self, value: int) -> int:
+        """The smallest of the participants' `value`s (a rollback's target step, so that every
+        group loads the same checkpoint)."""
+        from torch.distributed import ReduceOp
+
+        t = torch.tensor([float(value)])
+        self.manager.allreduce(t, reduce_op=ReduceOp.MIN).wait()
+        return int(t.item())
 
     def average(self, tensors: list[torch.Tensor]) -> None:
         """The participants' sum-equivalent of each tensor, in place, in one all-reduce: each

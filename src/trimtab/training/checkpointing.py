@@ -140,6 +140,8 @@ class Checkpointing:
         self.watchdog.beat("rollback")  # a load from disk: its own timeout, not the hooks' few milliseconds
         self.finish_save()
         found = self.dist.from_main(find_checkpoint, self.cfg.run_dir, to)
+        if found is not None and self.replicas is not None:  # every replica group loads the same step
+            found = self.dist.from_main(find_checkpoint, self.cfg.run_dir, self.replicas.agree_min(found[1]["step"]))
         if found is None:
             what = "good checkpoint" if to == "last_good" else f"checkpoint at or before step {to}"
             raise CheckpointError(f"no {what} to roll back to in {self.cfg.run_dir / 'checkpoints'}")
