@@ -79,6 +79,19 @@ def test_a_rank_killed_under_fsdp2_resumes_its_sharded_checkpoint_as_undisturbed
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # 40 s on 2 cores (4 ranks, two runs, one under torchrun); the 2-rank test above is CI's
+def test_a_rank_of_a_4_process_fsdp2_job_killed_resumes_as_undisturbed(tmp_path):
+    """The same on 4 ranks: rank 3 killed as step 7 begins; every rank's shard of the step-5
+    checkpoint read back, the rows, losses and weights of the undisturbed 4-rank run."""
+    sharded = {"distributed": {"strategy": "fsdp"}}
+    base = run(tmp_path / "base", 4, **sharded)
+    records = run(tmp_path / "killed", 4, restarts=1, faults=["kill_rank@7:3"], **sharded)
+    assert_same_tail(records, base, resumed=5)
+    evidence = restart_decision(tmp_path / "killed")["evidence"]
+    assert (evidence["kind"], evidence["ranks_to_blame"], evidence["world_after"]) == ("lost_rank", [3], 4)
+
+
+@pytest.mark.distributed
 def test_a_hung_rank_is_ended_within_twice_its_timeout_with_every_stack_written(ddp, tmp_path):
     """hang_rank@7:1: rank 1 stops as step 7 begins and rank 0 waits for it in the gradient
     all-reduce. Both watchdogs end their process within twice the section's timeout (not the
