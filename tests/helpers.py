@@ -86,6 +86,22 @@ def run(out: Path, nproc: int, restarts: int = 0, **overrides) -> list[dict]:
     return [json.loads(Path(str(record).format(rank=r)).read_text()) for r in range(nproc)]
 
 
+def run_relaunched(out: Path, nproc: int, launches: int = 2, **overrides) -> tuple[list[dict], int]:
+    """run(out, nproc, restarts=launches - 1) without torchrun's agent: the job is forked again
+    while it fails, as the agent would restart it, at a fork's cost instead of torchrun's (for
+    tests of what a restarted job resumes, not of torchrun). Returns the records and how many
+    launches it took."""
+    cfg = config(out, **overrides)
+    record = out.parent / f"{out.name}-rank{{rank}}.json"
+    argv = [json.dumps(cfg), str(record)]
+    for launch in range(launches):
+        log = out.parent / f"{out.name}.{launch}.log"
+        if _fork_server({"nproc": nproc, "argv": argv, "timeout": 240, "log": str(log)}) == 0:
+            return [json.loads(Path(str(record).format(rank=r)).read_text()) for r in range(nproc)], launch + 1
+    told = Path(f"{log}.rank0").read_text()[-4000:]
+    raise AssertionError(f"{launches} launches failed; the last one's rank 0:\n{told}")
+
+
 def _torchrun(nproc: int, restarts: int, argv: list[str]) -> None:
     """The job under torchrun: its agent restarts the ranks when one fails."""
     launcher = [

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-from helpers import assert_close, run, trimtab_cli
+from helpers import assert_close, run_relaunched, trimtab_cli
 from trimtab.checkpoint import latest_valid, list_checkpoints
 
 STEPS = ["--max-steps", "12", "--set", "checkpoint.every=4", "--set", "checkpoint.keep=5"]
@@ -69,11 +69,12 @@ def test_a_process_killed_while_its_checkpoint_is_written_resumes_from_the_one_b
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 def test_an_fsdp2_rank_killed_in_its_background_write_resumes_as_undisturbed(fsdp, tmp_path):
     """FSDP2 on 2 ranks, asynchronous: rank 1 is killed in its writer thread while step 5's
-    shards are being written; rank 0 trains on until its next collective fails; torchrun
-    restarts both from step 0 (step 5 was never committed) and they end as the undisturbed run."""
+    shards are being written; rank 0 trains on until its next collective fails; the job started
+    again resumes from step 0 (step 5 was never committed) and ends as the undisturbed run."""
     out = tmp_path / "killed"
     overrides = {"distributed": {"strategy": "fsdp"}, "checkpoint": {"every": 5, "asynchronous": True}}
-    records = run(out, 2, restarts=1, faults=["kill_in_save@5:1"], **overrides)
+    records, launches = run_relaunched(out, 2, faults=["kill_in_save@5:1"], **overrides)
+    assert launches == 2 and not (out / "checkpoints" / ".tmp_step_000005_sharded").exists()
     for ours, theirs in zip(records, fsdp[1]):
         assert [s["rows"] for s in ours["steps"]] == [s["rows"] for s in theirs["steps"]]
         assert_close(ours["weights"], theirs["weights"], rel=1e-5)
