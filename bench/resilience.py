@@ -70,19 +70,27 @@ def ft_scenarios(steps: int) -> dict[str, list[str]]:
     }
 
 
+def quiet_run(every: int) -> list[str]:
+    """The --set lines every scenario shares: no console, report or evaluation, fp32, a metrics
+    line a step, a checkpoint every `every` steps."""
+    return [
+        "log.progress=false",
+        "log.tensorboard=false",
+        "log.report=false",
+        "train.eval_every=0",
+        "train.log_every=1",
+        "train.precision=fp32",
+        f"checkpoint.every={every}",
+    ]
+
+
 def run(preset: str, nproc: int, steps: int, every: int, pg_timeout: int, faults: list[str], sets: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
         launcher.append("--max-restarts=3")
         base = [
-            "log.progress=false",
-            "log.tensorboard=false",
-            "log.report=false",
-            "train.eval_every=0",
-            "train.log_every=1",
-            "train.precision=fp32",
-            f"checkpoint.every={every}",
+            *quiet_run(every),
             f"distributed.timeout_s={pg_timeout}",
             "orchestrator.straggler.window=3",
             "orchestrator.straggler.patience=2",
@@ -119,13 +127,7 @@ def run_ft(preset: str, steps: int, every: int, faults: list[str]) -> dict:
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1 if faults else 2, join_timeout_ms=200)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RUST_LOG": "warn"}
     sets = [
-        "log.progress=false",
-        "log.tensorboard=false",
-        "log.report=false",
-        "train.eval_every=0",
-        "train.log_every=1",
-        "train.precision=fp32",
-        f"checkpoint.every={every}",
+        *quiet_run(every),
         "resilience.ft.enabled=true",
         "resilience.ft.groups=2",
         f"resilience.ft.lighthouse={lighthouse.address()}",
