@@ -991,3 +991,29 @@ def test_make_up_waits_for_quiet_caps_and_credits_what_a_rollback_replays():
     short = MakeUp(MakeUpRule(quiet_steps=1))  # 10% of 9 steps: not one step to spare, so not a word
     assert short.observe(StepMetrics(step=3, loss=1.0, grad_norm=1.0, skipped=True), 3, 9, 9) is None
     assert short.observe(StepMetrics(step=5, loss=1.0, grad_norm=1.0), 3, 9, 9) is None and not short.owed
+
+
+def test_a_suspect_device_is_named_and_its_node_left_out_only_where_allowed(monkeypatch):
+    """Transient faults counted per rank: the second on rank 3 names it a suspect; with
+    orchestrator.rerun.exclude in an elastic job of 2 nodes of 2 ranks, its node (1) is left out;
+    never node 0, never when the setting is off."""
+    from trimtab.orchestrator import remedies
+    from trimtab.orchestrator.transient import rerun_finding
+
+    verdict = {"verdict": "transient", "loss": [2.0, 2.0], "grad_norm": [1e38, 1.0], "ranks": [3]}
+    faults, reproducible = {}, {}
+    first = rerun_finding(7, verdict, reproducible, faults, suspect_after=2)
+    second = rerun_finding(9, verdict, reproducible, faults, suspect_after=2)
+    assert first.evidence["suspects"] == [] and second.evidence["suspects"] == [3] and faults == {"3": 2}
+    assert "rank 3 2 times in this run: a suspect device" in second.summary
+    cfg = load_config(None).orchestrator
+    assert remedies.transient(first, cfg).action == "rerun_step"
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    named = remedies.transient(second, cfg)
+    assert named.action == "rerun_step" and "orchestrator.rerun.exclude is off" in named.reasoning
+    cfg = load_config(None, overrides={"orchestrator": {"rerun": {"exclude": True}}}).orchestrator
+    excluded = remedies.transient(second, cfg)
+    assert excluded.action == "exclude_node" and excluded.params == {"node": 1}
+    on_node_0 = rerun_finding(11, {**verdict, "ranks": [1]}, reproducible, {"1": 1}, suspect_after=2)
+    assert remedies.transient(on_node_0, cfg).action == "rerun_step"  # rank 1 is on node 0

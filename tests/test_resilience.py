@@ -345,15 +345,26 @@ def test_the_watchdog_switches_read_as_written():
 
 @pytest.mark.distributed
 def test_a_bit_flipped_in_one_ranks_gradient_is_rerun_on_both_and_trains_as_undisturbed(ddp, tmp_path):
-    """grad_bitflip@7:1: one gradient element of rank 1 gets its top exponent bit flipped in step
-    7's backward, before the all-reduce (x 2^128, as silent corruption in one device). Both ranks
-    see the overflowing norm, compute the step again together, find it clean and apply it: the
-    rows, losses and weights are the undisturbed run's; the journal names a transient fault."""
+    """grad_bitflip@7:1 and @9:1: one gradient element of rank 1 gets its top exponent bit flipped
+    in the backward, before the all-reduce (x 2^128, as silent corruption in one device). Both
+    ranks see the overflowing norm, compute the step again together, find it clean and apply it:
+    the rows, losses and weights are the undisturbed run's; the journal names a transient fault
+    and the rank whose own gradient differed (rank 1), the second time as a suspect device."""
     out = tmp_path / "gradflip"
-    records = run(out, 2, faults=["grad_bitflip@7:1"])
+    records = run(out, 2, faults=["grad_bitflip@7:1", "grad_bitflip@9:1"])
     assert_same_tail(records, ddp[1], resumed=0)
-    (d,) = [d for d in read_decisions(out) if d["rule"] != "straggler"]
-    assert (d["step"], d["rule"], d["action"], d["evidence"]["verdict"]) == (7, "rerun", "rerun_step", "transient")
+    first, second = [d for d in read_decisions(out) if d["rule"] != "straggler"]
+    for d, step in ((first, 7), (second, 9)):
+        assert (d["step"], d["rule"], d["action"], d["evidence"]["verdict"]) == (
+            step,
+            "rerun",
+            "rerun_step",
+            "transient",
+        )
+        assert d["evidence"]["ranks"] == [1]
+    assert first["evidence"]["suspects"] == [] and second["evidence"]["suspects"] == [1]
+    assert "rank 1 2 times in this run: a suspect device" in second["summary"]
+    assert "orchestrator.rerun.exclude is off" in second["reasoning"]
     assert records[0]["decisions"] == records[1]["decisions"]
 
 

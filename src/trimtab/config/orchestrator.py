@@ -135,6 +135,17 @@ class StragglerRule(Section):
 
 
 @dataclass
+class RerunRule(Section):
+    """A step the update gate flagged is computed again (resilience.rerun; training/rerun.py); a
+    different result is a transient fault, and under DDP the rank whose own gradient differed is
+    named. A rank named `suspect_after` times is a suspect device (Megatron-LM counts them too)."""
+
+    suspect_after: int = 2
+    # restart without the suspect's node when the job is elastic (as straggler.exclude). Off: named
+    exclude: bool = False
+
+
+@dataclass
 class ReplicasRule(Section):
     """Data-parallel replicas (every rank holding the whole model: DDP) agree: every `every` steps
     each rank's exact checksum of its weights (their bits summed as integers) is gathered; a rank
@@ -293,6 +304,7 @@ class OrchestratorConfig(Section):
     memory: MemoryRule = field(default_factory=MemoryRule)
     throughput: ThroughputRule = field(default_factory=ThroughputRule)
     straggler: StragglerRule = field(default_factory=StragglerRule)
+    rerun: RerunRule = field(default_factory=RerunRule)
     checkpoint_interval: CheckpointIntervalRule = field(default_factory=CheckpointIntervalRule)
     replicas: ReplicasRule = field(default_factory=ReplicasRule)
     fp16: Fp16Rule = field(default_factory=Fp16Rule)
@@ -351,6 +363,7 @@ class OrchestratorConfig(Section):
         _check(0 < self.throughput.factor < 1, "orchestrator.throughput.factor", "must be in (0, 1)")
         _check(0 < self.straggler.threshold < 1, "orchestrator.straggler.threshold", "must be in (0, 1)")
         _positive(self.straggler, "orchestrator.straggler", "patience")
+        _positive(self.rerun, "orchestrator.rerun", "suspect_after")
         _check(self.checkpoint_interval.mtbf_hours >= 0, "orchestrator.checkpoint_interval.mtbf_hours", "must be >= 0")
         _check(
             0 < self.checkpoint_interval.tolerance < 1,

@@ -93,6 +93,7 @@ class Parallel(Checkpoints):
         self._caught: BaseException | None = None  # an OOM a block swallowed this step (FSDP2), told at agree()
         self._told: BaseException | None = None  # the last OOM agree() announced
         self.replicas: ReplicaGroups | None = None  # resilience.ft: the step averaged across replica groups
+        self.local_sq: torch.Tensor | None = None  # DDP: this rank's own gradient's sum of squares (watch_local)
 
     @classmethod
     def start(cls, cfg: DistributedConfig, device: torch.device) -> Parallel:
@@ -225,7 +226,7 @@ class Parallel(Checkpoints):
                 forward_sync_buffers=False,
                 find_unused_parameters=self.cfg.find_unused_parameters,
             )
-            self.ddp.register_comm_hook(None, _sum_hook)
+            self.ddp.register_comm_hook(self, _sum_hook)
             self.ddp.require_backward_grad_sync = False  # forwards never arm the all-reduce: agree() does
             return self.ddp
         self._fully_shard(model, compile, precision)
@@ -373,6 +374,15 @@ class Parallel(Checkpoints):
         if self.replicas is not None:  # and across torchft's replica groups (one process each)
             self.replicas.average(step + loads + [p.grad for p in model.parameters() if p.grad is not None])
 
+    def watch_local(self) -> torch.Tensor | None:
+        """Start measuring this rank's own gradient in the coming backward (DDP, where the
+        gradient is all-reduced inside the backward and no rank's own survives it): its sum of
+        squares, on device, filled by the all-reduce hook; None where nothing is all-reduced so."""
+        if self.ddp is None:
+            return None
+        self.local_sq = torch.zeros((), device=self.device)
+        return self.local_sq
+
     def mean_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
         """The replicas' mean of a 0-d device tensor. Every replica evaluates the same held-out
         rows, so this changes nothing, unless one replica's weights went bad alone (a fault in one
@@ -459,9 +469,13 @@ class _Forward(nn.Module):
         return out
 
 
-def _sum_hook(_state, bucket):  # unannotated: DDP checks annotations, which are strings here
+def _sum_hook(parallel, bucket):  # unannotated: DDP checks annotations, which are strings here
     """DDP averages gradients by default; each rank's loss is already its share of the global
-    token-normalised loss, so the global gradient is the plain sum (a dist.GradBucket -> Future)."""
+    token-normalised loss, so the global gradient is the plain sum (a dist.GradBucket -> Future).
+    With `parallel.local_sq` set, this rank's own gradient's sum of squares is added to it first
+    (on device): what tells which rank computed a step wrong (training/rerun.py)."""
+    if parallel.local_sq is not None:
+        parallel.local_sq += bucket.buffer().detach().float().square().sum()
     work = dist.all_reduce(bucket.buffer(), async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])
 

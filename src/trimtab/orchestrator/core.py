@@ -75,6 +75,7 @@ class Orchestrator(Hook):
         self.paused: set[str] = set()
         self.pending: list[StepOutput] = []
         self.reruns: dict[int, dict[str, Any]] = {}  # reproducible re-runs, until their step is read
+        self.transient_faults: dict[str, int] = {}  # rank -> transient faults its gradient showed (re-runs)
         self.tracking: dict[str, dict[str, Any]] = {}  # decision id -> what followed it
         self.recent_losses = Rolling(20)  # healthy losses: the "before" of an outcome
         self.read_every = cfg.read_every
@@ -117,7 +118,8 @@ class Orchestrator(Hook):
     def on_step_end(self, run: RunView, out: StepOutput) -> None:
         self.last_step = out.step
         if out.rerun is not None and "rerun" not in self.paused:
-            if (f := rerun_finding(out.step, out.rerun, self.reruns)) is not None:
+            suspect_after = self.cfg.rerun.suspect_after
+            if (f := rerun_finding(out.step, out.rerun, self.reruns, self.transient_faults, suspect_after)) is not None:
                 self.decide(run, f)
         if self.stragglers is not None and run.world > 1 and self.mode != "off" and "straggler" not in self.paused:
             if (f := self.stragglers.observe(out.step, out.seconds, run.waited_s)) is not None:
@@ -473,6 +475,7 @@ class Orchestrator(Hook):
             "make_up": self.make_up.state_dict() if self.make_up is not None else None,
             "stragglers": self.stragglers.state_dict() if self.stragglers is not None else None,
             "replicas": self.replicas.state_dict() if self.replicas is not None else None,
+            "transient_faults": dict(self.transient_faults),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -486,6 +489,7 @@ class Orchestrator(Hook):
         self.phase = state.get("phase", 0)
         if self.make_up is not None and state.get("make_up"):
             self.make_up.load_state_dict(state["make_up"])
+        self.transient_faults = dict(state.get("transient_faults", {}))
         if self.stragglers is not None and state.get("stragglers"):
             self.stragglers.load_state_dict(state["stragglers"])
         if self.replicas is not None and state.get("replicas"):

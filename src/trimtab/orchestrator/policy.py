@@ -70,14 +70,7 @@ class Policy:
             "evaluation": lambda f, view: evaluation.failed_evaluation(f),
             "make_up": lambda f, view: make_up.remedy(f, view, cfg),
             "cluster": lambda f, view: remedies.restart(f),
-            "hardware": lambda f, view: Remedy(
-                action="rerun_step",
-                params={"step": f.step},
-                reasoning="the same weights on the same rows must give the same loss and gradient, and did not: the "
-                "first computation was wrong (a flipped bit in a device's memory or arithmetic, a flaky link), not "
-                "the data; the re-run's update was applied, so the step trains as if nothing happened (Megatron-LM's "
-                "rerun; docs/resilience.md)",
-            ),
+            "hardware": lambda f, view: remedies.transient(f, cfg),
             "replicas": lambda f, view: Remedy(
                 action="rollback",
                 params={"to": f.evidence["agreed_step"]},

@@ -120,29 +120,57 @@ def ranks(n: int) -> str:
 
 def straggler(f: Finding, cfg: OrchestratorConfig) -> Remedy:
     """A rank persistently slower than the others: logged; with `straggler.exclude` in an elastic
-    job of several nodes, the job restarts without its node (never node 0: in the usual launch its
-    agent hosts the rendezvous, which would end with it)."""
+    job of several nodes, the job restarts without its node (`_exclude`)."""
     slow = "every rank waits for the slowest at each collective, so the job runs at its speed"
-    nodes = sorted({node_of(r) for r in f.evidence["ranks"]})
-    if cfg.straggler.exclude and node_count() > 1 and len(nodes) == 1 and nodes[0] > 0:
-        return Remedy(
-            action="exclude_node",
-            params={"node": nodes[0]},
-            reasoning=f"{slow}: save, end node {nodes[0]}'s agent and ranks, and let torchrun's elastic agents "
-            "resume on the other nodes from that checkpoint, each step still training the same rows "
-            "(orchestrator.straggler.exclude; docs/resilience.md)",
-        )
-    if not cfg.straggler.exclude:
-        why = "orchestrator.straggler.exclude is off"
-    elif node_count() < 2:
-        why = "no other node to go on with"
-    else:
-        why = "the slow ranks are on node 0 (the rendezvous' host in the usual launch) or on several nodes"
-    return Remedy(
+    excluded, why = _exclude(f.evidence["ranks"], cfg.straggler.exclude, "orchestrator.straggler.exclude", slow)
+    return excluded or Remedy(
         action="none",
         reasoning=f"{slow}; named for a person (a throttled or failing device, a noisy neighbour, a slow link): "
         f"not excluded, {why} (docs/resilience.md)",
     )
+
+
+def transient(f: Finding, cfg: OrchestratorConfig) -> Remedy:
+    """A transient fault: the re-run's update was applied (the step trained as if nothing happened);
+    a suspect device (a rank faulted `rerun.suspect_after` times), with `rerun.exclude` in an
+    elastic job of several nodes, has its node left out (`_exclude`)."""
+    applied = (
+        "the same weights on the same rows must give the same loss and gradient, and did not: the first "
+        "computation was wrong (a flipped bit in a device's memory or arithmetic, a flaky link), not the data; "
+        "the re-run's update was applied, so the step trains as if nothing happened (Megatron-LM's rerun"
+    )
+    suspects = f.evidence.get("suspects", [])
+    if not suspects:
+        return Remedy(action="rerun_step", params={"step": f.step}, reasoning=applied + "; docs/resilience.md)")
+    named = ("rank " if len(suspects) == 1 else "ranks ") + ", ".join(map(str, suspects))
+    faulty = f"{applied}); {named} computed a step wrong again and again"
+    excluded, why = _exclude(suspects, cfg.rerun.exclude, "orchestrator.rerun.exclude", faulty)
+    return excluded or Remedy(
+        action="rerun_step",
+        params={"step": f.step},
+        reasoning=f"{faulty}: named a suspect device for a person to check (docs/resilience.md); not excluded, {why}",
+    )
+
+
+def _exclude(bad: list[int], allowed: bool, key: str, because: str) -> tuple[Remedy | None, str]:
+    """An exclude_node remedy for the node of the `bad` ranks, where `allowed` (the config `key`)
+    and the job is elastic with several nodes and the ranks on one node, never node 0 (in the usual
+    launch its agent hosts the rendezvous, which would end with it); else None and why not."""
+    nodes = sorted({node_of(r) for r in bad})
+    if allowed and node_count() > 1 and len(nodes) == 1 and nodes[0] > 0:
+        remedy = Remedy(
+            action="exclude_node",
+            params={"node": nodes[0]},
+            reasoning=f"{because}: save, end node {nodes[0]}'s agent and ranks, and let torchrun's elastic agents "
+            f"resume on the other nodes from that checkpoint, each step still training the same rows ({key}; "
+            "docs/resilience.md)",
+        )
+        return remedy, ""
+    if not allowed:
+        return None, f"{key} is off"
+    if node_count() < 2:
+        return None, "no other node to go on with"
+    return None, "the ranks are on node 0 (the rendezvous' host in the usual launch) or on several nodes"
 
 
 def restart(f: Finding) -> Remedy:

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from trimtab.distributed.group import all_gather_floats
 from trimtab.training.runtime import RouterStats, RowLosses
 
 TOLERANCE = 1e-3  # relative: non-deterministic GPU reductions differ by ~1e-6; a fault by orders of magnitude
@@ -39,6 +40,7 @@ class Gradients:
     routers: RouterStats
     rows: RowLosses | None
     grad_norm: torch.Tensor  # 0-d: the pre-clip global norm
+    local_sq: torch.Tensor | None = None  # 0-d: this rank's own gradient's sum of squares (DDP)
 
 
 def compare(first: Gradients, again: Gradients) -> dict[str, Any]:
@@ -50,6 +52,16 @@ def compare(first: Gradients, again: Gradients) -> dict[str, Any]:
     }
     same = all(_same(a, b) for a, b in values.values())
     return {"verdict": "reproducible" if same else "transient", **values}
+
+
+def ranks_that_differ(first: Gradients, again: Gradients) -> list[int]:
+    """The ranks whose own gradient differed between the two computations (every rank gathers
+    both sums of squares: two floats each): the device that computed the step wrong. Empty
+    where no rank's own gradient was measured (one process, FSDP2, tensor parallelism)."""
+    if first.local_sq is None or again.local_sq is None:
+        return []
+    rows = all_gather_floats([float(first.local_sq), float(again.local_sq)])
+    return [rank for rank, (a, b) in enumerate(rows) if not _same(a, b)]
 
 
 def _same(a: float, b: float) -> bool:

@@ -28,7 +28,7 @@ from trimtab.training.instrument import FaultHandle, Instrument
 from trimtab.training.loss import cross_entropy_sum
 from trimtab.training.metrics import run_summary, step_metrics
 from trimtab.training.optim import build_optimizer, set_lr
-from trimtab.training.rerun import Gradients, compare
+from trimtab.training.rerun import Gradients, compare, ranks_that_differ
 from trimtab.training.runtime import LogWindow, RouterStats, RowLosses
 from trimtab.training.schedule import configured_lengths, phase_lr, reconcile
 from trimtab.training.services.compiling import StepTimes
@@ -182,6 +182,7 @@ class Trainer(Checkpointing):
         per_row = self.dist.pipeline is None and not hasattr(self.model.lm_head.weight, "to_local")
         rows = RowLosses(batch.rows, self.device) if per_row else None
         self.watchdog.beat("forward_backward")
+        local_sq = self.dist.watch_local() if self.rerun else None  # whose computation a re-run faults
         loss, aux_total = self._forward_backward(batch, routers, rows)
         self.watchdog.beat("sync")
         self.dist.reduce_step(loss, aux_total, routers, self.model, rows)  # sums over ranks, on device
@@ -189,7 +190,7 @@ class Trainer(Checkpointing):
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         grad_norm = self.dist.clip_grad_norm(self.model.parameters(), clip)
-        return Gradients(loss, aux_total, routers, rows, grad_norm)
+        return Gradients(loss, aux_total, routers, rows, grad_norm, local_sq)
 
     def _rerun(self, batch: StepBatch, clip: float, first: Gradients) -> tuple[Gradients, torch.Tensor | None, dict]:
         """A flagged step's gradients computed again from the same weights on the same rows
@@ -198,7 +199,10 @@ class Trainer(Checkpointing):
         for _, layer in self.model.moe_layers():
             layer.load.zero_()  # the first computation's routing counts
         again = self._gradients(batch, clip)
-        return again, self._update_gate(again.loss, again.grad_norm), compare(first, again)
+        verdict = compare(first, again)
+        if verdict["verdict"] == "transient":
+            verdict["ranks"] = ranks_that_differ(first, again)
+        return again, self._update_gate(again.loss, again.grad_norm), verdict
 
     def _forward_backward(
         self, batch: StepBatch, routers: RouterStats, rows: RowLosses | None = None
