@@ -57,6 +57,7 @@ class ReplicaGroups:
     def __init__(
         self,
         cfg: FtConfig,
+        device: torch.device,
         run_dir: Path,
         say: Callable[[str], None],
         state_dict: Callable[[], dict[str, Any]],
@@ -65,7 +66,7 @@ class ReplicaGroups:
         os.environ.setdefault("RUST_LOG", "warn")  # torchft's Manager logs each quorum and commit at info
         require("torchft", "resilience.ft")
         import torch.distributed as dist
-        from torchft import Manager, ProcessGroupGloo
+        from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 
         # a state received live is read from an HTTP response's bytes, which torch warns of once
         warnings.filterwarnings("ignore", message="The given buffer is not writable")
@@ -74,12 +75,13 @@ class ReplicaGroups:
         # line (the quorum's size, a withheld step with its error: `error`)
         for name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-        self.cfg, self.journal, self.say = cfg, Path(run_dir) / "quorum.jsonl", say
+        self.cfg, self.device, self.journal, self.say = cfg, device, Path(run_dir) / "quorum.jsonl", say
         timeout = timedelta(seconds=cfg.timeout_s)
         # The group's own store (one process per group here: its rank 0 is this process)
         self._store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
         self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=timeout),
+            # the step's tensors stay where they are: NCCL between GPUs (not yet run on GPUs here)
+            pg=ProcessGroupNCCL(timeout=timeout) if device.type == "cuda" else ProcessGroupGloo(timeout=timeout),
             min_replica_size=cfg.min_replicas,
             load_state_dict=self._healed(load_state_dict),
             state_dict=self._sending(state_dict),
@@ -114,9 +116,9 @@ class ReplicaGroups:
 
     def quorum(self, step: Callable[[], int]) -> bool:
         """Start a step: the groups alive now; whether a state went from one group to another
-        (this one received it, or sent it): then every group in the quorum saves a checkpoint
-        of that same state, so their checkpoints, and a rollback's targets, stay alike. A change
-        is said and recorded in quorum.jsonl at `step()`, the step trained last."""
+        (this one received it, or sent it): then both save a checkpoint of that same state, so
+        their checkpoints, and a rollback's targets, stay alike. A change is said and recorded in
+        quorum.jsonl at `step()`, the step trained last."""
         self.healed = self.sent = False
         self.manager.start_quorum()
         before, self.participants = self.participants, self.manager.num_participants()
@@ -132,7 +134,7 @@ class ReplicaGroups:
         group loads the same checkpoint)."""
         from torch.distributed import ReduceOp
 
-        t = torch.tensor([float(value)])
+        t = torch.tensor([float(value)], device=self.device)
         self.manager.allreduce(t, reduce_op=ReduceOp.MIN).wait()
         return int(t.item())
 

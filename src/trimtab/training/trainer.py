@@ -93,7 +93,9 @@ class Trainer(Checkpointing):
         self._writing: tuple[int, tuple[int, int]] | None = None  # a background save: step, resume point before
         self.replicas = None  # resilience.ft: this process is one replica group (distributed/ft.py)
         if ft.enabled:
-            self.replicas = ReplicaGroups(ft, cfg.run_dir, self.say, self._replica_state, self._take_replica_state)
+            self.replicas = ReplicaGroups(
+                ft, self.device, cfg.run_dir, self.say, self._replica_state, self._take_replica_state
+            )
         self.dist.replicas = self.replicas  # reduce_step averages each step across the groups
 
     # ------------------------------------------------------------------------------ the loop
