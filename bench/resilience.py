@@ -70,6 +70,14 @@ def ft_scenarios(steps: int) -> dict[str, list[str]]:
     }
 
 
+def heading(preset: str, nproc: int) -> str:
+    """The section of BENCHMARKS.md: the default run's, or one of its own for another preset or
+    process count (both kept)."""
+    if (preset, nproc) == ("debug", 2):
+        return HEADING
+    return f"## Resilience on {nproc} processes, `{preset}` (`bench/resilience.py --preset {preset} --nproc {nproc}`)"
+
+
 def quiet_run(every: int) -> list[str]:
     """The --set lines every scenario shares: no console, report or evaluation, fp32, a metrics
     line a step, a checkpoint every `every` steps."""
@@ -288,7 +296,7 @@ def main() -> None:
         + projection(args.scale_preset, measured, ft_stall)
     )
     publish(
-        HEADING,
+        heading(args.preset, args.nproc),
         body,
         precision="fp32",
         other_cpu=[r["other_cpu"] for r in results.values()],
