@@ -112,7 +112,7 @@ class Trainer(Checkpointing):
                 t0 = time.perf_counter()
                 self.watchdog.beat("data", self.state.step + 1)
                 if self.replicas is not None and self.replicas.quorum(lambda: self.state.step):  # resilience.ft
-                    self.save()  # a state sent to a replacement: on every group, a checkpoint of it
+                    self.save()  # a state went to a replacement: sender and receiver save it alike
                 batch = self.loader.next_batch()
                 self._call("on_step_start", batch)
                 out = self._step_with_oom_retry(batch, t0)
