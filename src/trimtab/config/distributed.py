@@ -32,7 +32,9 @@ class DistributedConfig(Section):
     pp_stages_per_rank: int = 1  # virtual stages per rank (> 1: interleaved 1F1B, a smaller bubble)
     backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
     timeout_s: int = 600  # a collective waiting longer fails the job (a rank died or hangs)
-    find_unused_parameters: bool = False  # ddp: needed only if some parameter gets no gradient in a step
+    # ddp: needed only if some parameter gets no gradient in a step; on with more than 2 replicas
+    # whatever this says, so that a restarted run sums gradients in the same order (exact resume)
+    find_unused_parameters: bool = False
     # fsdp only
     reshard_after_forward: bool = True  # free gathered weights after each block's forward (less memory)
     cpu_offload: bool = False  # parameters, gradients and optimizer state live in CPU memory

@@ -134,6 +134,17 @@ class Parallel(Checkpoints):
         return self.rank == 0
 
     @property
+    def find_unused(self) -> bool:
+        """DDP's find_unused_parameters: as configured, and always with more than two replicas,
+        where DDP must not rebuild its buckets after a process's first step (it never does when
+        it looks for unused parameters). A restarted session's first step would all-reduce in the
+        initial layout where the undisturbed run used the rebuilt one, and an element's place in
+        the buffer decides the order gloo's and NCCL's rings add the ranks' values: with three or
+        more, a different rounding, and no exact resume (docs/resilience.md). The graph walk it
+        costs measured within noise (debug-moe, 4 ranks: 108 vs 109 ms a step)."""
+        return self.cfg.find_unused_parameters or self.dp_world > 2
+
+    @property
     def sharded(self) -> bool:
         """Whether each rank holds part of the model (FSDP2, tensor, expert or pipeline parallelism)."""
         return self.fsdp or self.mesh.tp > 1 or self.mesh.ep > 1 or self.mesh.pp > 1
@@ -224,7 +235,7 @@ class Parallel(Checkpoints):
                 _Forward(model, fn),
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 forward_sync_buffers=False,
-                find_unused_parameters=self.cfg.find_unused_parameters,
+                find_unused_parameters=self.find_unused,
             )
             self.ddp.register_comm_hook(self, _sum_hook)
             self.ddp.require_backward_grad_sync = False  # forwards never arm the all-reduce: agree() does
@@ -326,7 +337,7 @@ class Parallel(Checkpoints):
             from torch.nn.parallel.distributed import _find_tensors
 
             self.ddp.require_backward_grad_sync = True
-            outputs = list(_find_tensors(self.ddp.module.output)) if self.cfg.find_unused_parameters else []
+            outputs = list(_find_tensors(self.ddp.module.output)) if self.find_unused else []
             self.ddp.reducer.prepare_for_backward(outputs)
         return signal.Signals(int(signum)).name if signum else ""
 
