@@ -66,8 +66,9 @@ def child(preset: str, reps: int, out: str) -> None:
         for key, value in zip(times, (sync, stall, write)):
             times[key].append(value)
     params = sum(p.numel() for p in trainer.model.parameters())
-    bytes_ = sum(f.stat().st_size for f in (trainer.cfg.run_dir / "checkpoints").glob("step_*/*") if f.is_file())
-    emit({"params": params, "bytes": bytes_ / 2, "first": first, **times})
+    kept = list((trainer.cfg.run_dir / "checkpoints").glob("step_*"))
+    bytes_ = sum(f.stat().st_size for c in kept for f in c.iterdir() if f.is_file()) / len(kept)
+    emit({"params": params, "bytes": bytes_, "first": first, **times})
 
 
 def row(preset: str, r: dict) -> str:

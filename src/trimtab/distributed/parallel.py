@@ -486,7 +486,7 @@ def _sum_hook(parallel, bucket):  # unannotated: DDP checks annotations, which a
     With `parallel.local_sq` set, this rank's own gradient's sum of squares is added to it first
     (on device): what tells which rank computed a step wrong (training/rerun.py)."""
     if parallel.local_sq is not None:
-        parallel.local_sq += bucket.buffer().detach().float().square().sum()
+        parallel.local_sq += torch.linalg.vector_norm(bucket.buffer().detach(), dtype=torch.float32).square()
     work = dist.all_reduce(bucket.buffer(), async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])
 

@@ -184,7 +184,7 @@ def restart(f: Finding) -> Remedy:
         "lost_node": "the other nodes' collectives failed with it, and the rendezvous went on without it",
         "crash": "its error ended the step on every rank",
         "resized": "the job saved and stopped for a new rendezvous",
-        "excluded": "the orchestrator excluded a straggler's node after a checkpoint",
+        "excluded": "the orchestrator excluded its node (a straggler's or a suspect device's) after a checkpoint",
     }[e.get("kind", "lost_rank")]
     world = ranks(e["world_after"])
     if e["world_after"] != e["world_before"]:  # the global batch is the config's: each rank reads another share

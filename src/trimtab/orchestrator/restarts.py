@@ -145,7 +145,7 @@ def restart_finding(incident: dict[str, Any], step: int) -> Finding:
         "lost_node": f"node {nodes} ({who}, host {', '.join(incident.get('hosts_to_blame', []))}) lost without a word",
         "crash": f"{who} failed: {str(incident.get('error'))[:120]}",
         "resized": "the job stopped cleanly and came back on another world (a node joined or left, or another launch)",
-        "excluded": f"node {nodes} ({who}) excluded as a straggler",
+        "excluded": f"node {nodes} ({who}) excluded by the orchestrator (a straggler or a suspect device)",
     }[kind]
     before, after = incident["world_before"], incident["world_after"]
     world = ranks(after) + (f" (was {before})" if before != after else "")

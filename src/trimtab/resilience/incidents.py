@@ -10,8 +10,9 @@ RUN_DIR/hangs/ (the watchdog's stacks and alarm), the run lock's heartbeat and m
     lost_node  as lost_rank, and the silent ranks are every rank of one or more nodes (torchrun's
                node rank in their beats) while other nodes spoke: a node gone, or its agent
     crash      every rank left an exit record: the first error is the cause
-    excluded   a rank's exit record says the orchestrator excluded its node (a straggler's,
-               orchestrator.straggler.exclude): not a failure, a decision
+    excluded   a rank's exit record says the orchestrator excluded its node (a straggler's or a
+               suspect device's: orchestrator.straggler.exclude, orchestrator.rerun.exclude): not a
+               failure, a decision
 
 Torch-free.
 """
