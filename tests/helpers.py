@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -76,14 +77,12 @@ def config(out: Path, **overrides) -> dict:
 def run(out: Path, nproc: int, restarts: int = 0, **overrides) -> list[dict]:
     """Train in `nproc` processes (torchrun restarting the job up to `restarts` times when a rank
     fails); each rank's record of the last session, rank order."""
-    cfg = config(out, **overrides)
-    record = out.parent / f"{out.name}-rank{{rank}}.json"
-    argv = [json.dumps(cfg), str(record)]
+    argv, records = _job(out, nproc, overrides)
     if restarts:
         _torchrun(nproc, restarts, argv)
     else:
         _forked(nproc, argv, log=out.parent / f"{out.name}.log")
-    return [json.loads(Path(str(record).format(rank=r)).read_text()) for r in range(nproc)]
+    return records()
 
 
 def run_relaunched(out: Path, nproc: int, launches: int = 2, **overrides) -> tuple[list[dict], int]:
@@ -91,15 +90,21 @@ def run_relaunched(out: Path, nproc: int, launches: int = 2, **overrides) -> tup
     while it fails, as the agent would restart it, at a fork's cost instead of torchrun's (for
     tests of what a restarted job resumes, not of torchrun). Returns the records and how many
     launches it took."""
-    cfg = config(out, **overrides)
-    record = out.parent / f"{out.name}-rank{{rank}}.json"
-    argv = [json.dumps(cfg), str(record)]
+    argv, records = _job(out, nproc, overrides)
     for launch in range(launches):
         log = out.parent / f"{out.name}.{launch}.log"
         if _fork_server({"nproc": nproc, "argv": argv, "timeout": 240, "log": str(log)}) == 0:
-            return [json.loads(Path(str(record).format(rank=r)).read_text()) for r in range(nproc)], launch + 1
+            return records(), launch + 1
     told = Path(f"{log}.rank0").read_text()[-4000:]
     raise AssertionError(f"{launches} launches failed; the last one's rank 0:\n{told}")
+
+
+def _job(out: Path, nproc: int, overrides: dict) -> tuple[list[str], Callable[[], list[dict]]]:
+    """A job's worker arguments (its config, where each rank writes its record) and the reader of
+    those records, rank order."""
+    record = out.parent / f"{out.name}-rank{{rank}}.json"
+    argv = [json.dumps(config(out, **overrides)), str(record)]
+    return argv, lambda: [json.loads(Path(str(record).format(rank=r)).read_text()) for r in range(nproc)]
 
 
 def _torchrun(nproc: int, restarts: int, argv: list[str]) -> None:
