@@ -128,6 +128,99 @@ def test_two_replica_groups_train_exactly_as_one_process(tmp_path):
     assert all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(losses["g0"], losses["one"], strict=True))
 
 
+def torchrun(out, group: int, lighthouse: str, *extra: str) -> list[str]:
+    """One replica group of two FSDP2 ranks (torchrun), as a user starts it."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "trimtab"]
+    return launcher + command(out, group, lighthouse, "--set", "distributed.strategy=fsdp", *extra)
+
+
+@pytest.mark.distributed
+def test_replica_groups_of_two_fsdp2_ranks_train_as_one_process_and_heal_shard_by_shard(tmp_path):
+    """torchft's HSDP: two groups of two FSDP2 ranks each (rank r of one group averages with rank
+    r of the other). With the Lighthouse waiting for both groups, every step has both: the losses
+    are one process's on the whole batch. One group's rank killed at step 12 ends that group
+    (torchrun); the survivor withholds step 12 and waits in the quorum for a replacement, which
+    resumes from its own sharded checkpoint, receives each rank's shards live from the same rank
+    of the survivor, and both end with the same weights, bit for bit."""
+    from torchft._torchft import LighthouseServer
+
+    from helpers import final_weights
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=1000)
+    g0, g1 = tmp_path / "group0", tmp_path / "group1"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    short = ["--max-steps", "16", "--set", "train.precision=fp32", "--set", "checkpoint.every=5"]
+    short += ["--set", "resilience.ft.timeout_s=90"]  # the survivor waits for the replacement's start
+    popen = dict(env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        survivor = subprocess.Popen(torchrun(g0, 0, lighthouse.address(), *short), **popen)
+        killed = subprocess.run(torchrun(g1, 1, lighthouse.address(), *short, "--inject", "kill_rank@12:1"), **popen)
+        assert killed.returncode != 0 and "resuming from" not in killed.stderr, killed.stderr[-3000:]
+        again = subprocess.run(torchrun(g1, 1, lighthouse.address(), *short, "--inject", "kill_rank@12:1"), **popen)
+        _, err = survivor.communicate(timeout=300)
+    finally:
+        survivor.kill()
+        lighthouse.shutdown()
+    assert again.returncode == 0 and survivor.returncode == 0, again.stderr[-3000:] + err[-3000:]
+    alone = trimtab_cli(command(tmp_path / "one", 0, "", *short, "--set", "resilience.ft.enabled=false"), tmp_path)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    losses = {g: [m["loss"] for m in read_metrics(tmp_path / g) if "loss" in m] for g in ("group0", "one")}
+    assert len(losses["group0"]) == 16 and "resuming from" not in err
+    assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(losses["group0"][:11], losses["one"][:11], strict=True))
+    assert [r["step"] for r in quorums(g0) if r.get("withheld")] == [12]
+    assert "resuming from" in again.stderr and quorums(g1)[-1]["healed"] and quorums(g1)[-1]["step"] >= 11
+    a, b = final_weights(g0), final_weights(g1)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_ft_refuses_groups_split_other_than_data_parallel():
+    from trimtab.distributed.ft import check_groups
+    from trimtab.distributed.mesh import Mesh
+
+    check_groups(Mesh(dp=4))
+    with pytest.raises(ConfigError, match=r"resilience.ft with distributed.tp=2: .* set those to 1"):
+        check_groups(Mesh(dp=2, tp=2))
+
+
+def test_a_rollback_target_is_a_checkpoint_every_group_holds():
+    """Three groups whose checkpoints differ past step 10 (one saved at a heal, one at a `ctl
+    save`, one on its own interval): each agrees on the newest step all of them hold."""
+    import threading
+
+    from trimtab.distributed.ft import ReplicaGroups
+
+    held = [{0, 5, 10, 12, 15}, {0, 5, 10, 13, 15}, {0, 5, 10, 12, 14, 15}]
+    values, agreed = [], [None]
+    arrived = threading.Barrier(3, action=lambda: agreed.__setitem__(0, min(values)) or values.clear())
+    read = threading.Barrier(3)
+    chosen = [None] * 3
+
+    def agree_min(value: int) -> int:  # the all-reduce, stood in for by two barriers
+        values.append(value)
+        arrived.wait()
+        result = agreed[0]
+        read.wait()
+        return result
+
+    def group(g: int, newest: int) -> None:
+        replicas = object.__new__(ReplicaGroups)
+        replicas.agree_min = agree_min
+        chosen[g] = replicas.common_step(newest, lambda s: max(x for x in held[g] | {-1} if x <= s))
+
+    threads = [threading.Thread(target=group, args=(g, max(h))) for g, h in enumerate(held)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert chosen == [15, 15, 15]
+    threads = [threading.Thread(target=group, args=(g, n)) for g, n in enumerate((14, 13, 14))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert chosen == [10, 10, 10]
+
+
 def test_ft_needs_a_lighthouse_and_a_group_in_range(monkeypatch):
     from trimtab.distributed.ft import lighthouse_address
 

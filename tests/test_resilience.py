@@ -385,8 +385,8 @@ def test_a_bit_flipped_in_one_ranks_gradient_is_rerun_on_both_and_trains_as_undi
     assert records[0]["decisions"] == records[1]["decisions"]
 
 
-def node(port: int, host_store: bool, cfg: dict, record: str, log) -> subprocess.Popen:
-    """One node's torchrun agent with 1 rank in an elastic job of 1 to 2 nodes (c10d rendezvous
+def node(port: int, host_store: bool, cfg: dict, record: str, log, ranks: int = 1) -> subprocess.Popen:
+    """One node's torchrun agent with `ranks` ranks in an elastic job of 1 to 2 nodes (c10d rendezvous
     on `port`, hosted by the first node's agent); its own store per attempt for the ranks
     (TORCH_DISABLE_SHARE_RDZV_TCP_STORE, docs/resilience.md)."""
     # a lost node leaves the rendezvous when it misses keep_alive_max_attempt beats (default 3 x 5 s)
@@ -394,7 +394,7 @@ def node(port: int, host_store: bool, cfg: dict, record: str, log) -> subprocess
         f"is_host={int(host_store)},last_call_timeout=2,join_timeout=120,keep_alive_interval=2,keep_alive_max_attempt=3"
     )
     command = [
-        *(sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc_per_node=1"),
+        *(sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", f"--nproc_per_node={ranks}"),
         *("--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic", f"--rdzv-conf={rdzv}"),
         *("--max-restarts=3", "--monitor-interval=0.2", str(WORKER), json.dumps(cfg), record),
     ]
@@ -410,42 +410,49 @@ def wait_for(condition, what: str, timeout: float = 120.0) -> None:
 
 
 @pytest.mark.distributed
-def test_a_lost_node_leaves_the_run_on_the_rest_and_a_returning_node_grows_it_back(tmp_path):
-    """Two nodes of one rank each (two torchrun agents, --nnodes 1:2). lose_node@6:1 kills node
-    1's agent and rank as step 6 begins; node 0's agent restarts its rank alone, which resumes from
-    step 4 reading every row of each step, as the undisturbed 2-rank run trains them. A node
-    started again joins at the next rendezvous: node 0's agent stops its rank (SIGTERM: a
-    checkpoint at the step it reached) and the job resumes on 2 ranks from there. The journal
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_lost_node_leaves_the_run_on_the_rest_and_a_returning_node_grows_it_back(tmp_path, ranks):
+    """Two nodes of `ranks` ranks each (two torchrun agents, --nnodes 1:2; 2: 4 -> 2 -> 4 ranks).
+    lose_node@6:1 kills node 1's agent and ranks as step 6 begins; node 0's agent restarts its
+    ranks alone, which resume from step 4 reading every row of each step, as the undisturbed run
+    on both nodes trains them. A node started again joins at the next rendezvous: node 0's agent
+    stops its ranks (SIGTERM: a checkpoint at the step they reached) and the job resumes on both
+    nodes from there. The journal
     names the lost node and the growth; the losses and final weights are the undisturbed run's."""
     steps, out = 24, tmp_path / "elastic"
     overrides = {"train": {"max_steps": steps}, "checkpoint": {"every": 4}}
-    reference = run(tmp_path / "reference", 2, **overrides)
+    reference = run(tmp_path / "reference", 2 * ranks, **overrides)
     cfg = config(out, **overrides, faults=["lose_node@6:1", f"slow@1:{steps}"])  # slow: 0.25 s a step
     record, port = str(tmp_path / "rec-{world}-{first}-{rank}.json"), free_port()
     sessions = lambda: read_json(out / "goodput.json")["sessions"]  # noqa: E731
     with open(tmp_path / "agents.log", "w") as log:
-        first = node(port, True, cfg, record, log)
+        first = node(port, True, cfg, record, log, ranks)
         time.sleep(1.0)  # its store first
-        lost = node(port, False, cfg, record, log)
+        lost = node(port, False, cfg, record, log, ranks)
         assert lost.wait(timeout=120) == -signal.SIGKILL
-        wait_for(lambda: len(sessions()) == 2 and sessions()[1]["step"] >= sessions()[1]["from_step"] + 2, "1 rank")
-        back = node(port, False, cfg, record, log)
+        wait_for(
+            lambda: len(sessions()) == 2 and sessions()[1]["step"] >= sessions()[1]["from_step"] + 2, "node 0 alone"
+        )
+        back = node(port, False, cfg, record, log, ranks)
         told = (first.wait(timeout=180), back.wait(timeout=60)), (tmp_path / "agents.log").read_text()[-6000:]
         assert told[0] == (0, 0), told[1]
-    assert [s["world"] for s in sessions()] == [2, 1, 2] and [s["from_step"] for s in sessions()][:2] == [0, 4]
+    assert [s["world"] for s in sessions()] == [2 * ranks, ranks, 2 * ranks]
+    assert [s["from_step"] for s in sessions()][:2] == [0, 4]
     lost_node, grown = [d["evidence"] for d in read_decisions(out) if d["rule"] == "restart"]
     assert (
-        lost_node["kind"] == "lost_node" and lost_node["nodes_to_blame"] == [1] and lost_node["ranks_to_blame"] == [1]
+        lost_node["kind"] == "lost_node"
+        and lost_node["nodes_to_blame"] == [1]
+        and lost_node["ranks_to_blame"] == list(range(ranks, 2 * ranks))
     )
     assert (lost_node["step"], lost_node["resumed_step"], lost_node["world_after"], lost_node["nodes_after"]) == (
         5,
         4,
-        1,
+        ranks,
         1,
     )
     assert grown["kind"] == "resized" and (grown["world_before"], grown["world_after"], grown["nodes_after"]) == (
-        1,
-        2,
+        ranks,
+        2 * ranks,
         2,
     )
     assert grown["steps_lost"] == 0 and grown["resumed_step"] == sessions()[2]["from_step"] > 4
@@ -458,7 +465,7 @@ def test_a_lost_node_leaves_the_run_on_the_rest_and_a_returning_node_grows_it_ba
         theirs = sorted(r for rank in reference for r in rank["steps"][s["step"] - 1]["rows"])
         assert sorted(ran[s["step"]][0]) == theirs, s["step"]
         assert_close([ran[s["step"]][1]], [s["loss"]], rel=1e-5)
-    last = json.loads((tmp_path / f"rec-2-{grown['resumed_step'] + 1}-0.json").read_text())
+    last = json.loads((tmp_path / f"rec-{2 * ranks}-{grown['resumed_step'] + 1}-0.json").read_text())
     assert_close(last["weights"], reference[0]["weights"], rel=1e-5)
 
 

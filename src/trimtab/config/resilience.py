@@ -13,13 +13,14 @@ WATCHDOG_MODES = ("auto", "on", "off")
 @dataclass
 class FtConfig(Section):
     """Per-step fault tolerance across replica groups through torchft (distributed/ft.py): each
-    group is one `trimtab train` process with its own run directory; a Lighthouse forms a quorum
-    every step; the groups alive average their gradients and step, a failed group is dropped and
-    its replacement copies the state of a healthy one live."""
+    group is one `trimtab train` job (one process, or torchrun's data-parallel ranks) with its own
+    run directory; a Lighthouse forms a quorum every step; the groups alive average their
+    gradients and step, a failed group is dropped and its replacement copies the state of a
+    healthy one live."""
 
     enabled: bool = False
     lighthouse: str = ""  # the Lighthouse's address (http://HOST:PORT); empty: $TORCHFT_LIGHTHOUSE
-    replica_group: int = 0  # this process's group, 0 .. groups - 1: its share of each step's rows
+    replica_group: int = 0  # this job's group, 0 .. groups - 1: its share of each step's rows
     groups: int = 1  # replica groups the data is split over (the global batch is theirs together)
     min_replicas: int = 1  # groups a step needs to commit
     timeout_s: float = 30.0  # a quorum, an all-reduce or a recovery waits this long for a peer

@@ -382,7 +382,7 @@ class Parallel(Checkpoints):
             step = []
         if self.dp_world > 1:
             _sum_in_place(step + loads, self.mesh.dp_group)
-        if self.replicas is not None:  # and across torchft's replica groups (one process each)
+        if self.replicas is not None:  # and across torchft's replica groups (rank r with rank r)
             self.replicas.average(step + loads + [p.grad for p in model.parameters() if p.grad is not None])
 
     def watch_local(self) -> torch.Tensor | None:

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from trimtab.checkpoint import apply_structure, find_checkpoint, retire_after
+from trimtab.distributed.ft import shard_like
 from trimtab.errors import CheckpointError
 from trimtab.training.hooks import keyed
 from trimtab.training.runtime import LogWindow, rng_state, set_rng_state
@@ -140,8 +141,8 @@ class Checkpointing:
         self.watchdog.beat("rollback")  # a load from disk: its own timeout, not the hooks' few milliseconds
         self.finish_save()
         found = self.dist.from_main(find_checkpoint, self.cfg.run_dir, to)
-        if found is not None and self.replicas is not None:  # every replica group loads the same step
-            found = self.dist.from_main(find_checkpoint, self.cfg.run_dir, self.replicas.agree_min(found[1]["step"]))
+        if found is not None and self.replicas is not None:
+            found = self._common_checkpoint(found[1]["step"])
         if found is None:
             what = "good checkpoint" if to == "last_good" else f"checkpoint at or before step {to}"
             raise CheckpointError(f"no {what} to roll back to in {self.cfg.run_dir / 'checkpoints'}")
@@ -150,6 +151,16 @@ class Checkpointing:
         self.last_eval = {}  # it judged the abandoned weights
         self.dist.on_main(retire_after, self.cfg.run_dir, self.state.step, self.cfg.checkpoint.keep)
         return f"rolled back from step {step} to step {self.state.step}"
+
+    def _common_checkpoint(self, step: int) -> tuple[Any, dict[str, Any]] | None:
+        """The newest checkpoint at or before `step` that every replica group holds (resilience.ft)."""
+
+        def held(target: int) -> int:
+            found = self.dist.from_main(find_checkpoint, self.cfg.run_dir, target)
+            return found[1]["step"] if found is not None else -1
+
+        step = self.replicas.common_step(step, held)
+        return self.dist.from_main(find_checkpoint, self.cfg.run_dir, step) if step >= 0 else None
 
     def _load(self, path, rollback: bool) -> None:
         weights, optim_state, state = self.dist.read_checkpoint(path)
@@ -200,7 +211,11 @@ class Checkpointing:
         """A healthy group's state (_replica_state), taken as a resume from it would take it."""
         state = received["state"]
         apply_structure(self.model, state)  # experts added or pruned there
-        self.model.load_state_dict(received["model"])
+        ours = self.model.state_dict()  # FSDP2: each shard comes as a local tensor; made a DTensor again
+        self.model.load_state_dict({k: shard_like(v, ours.get(k)) for k, v in received["model"].items()})
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        for index, moments in received["optim"]["state"].items():
+            moments.update({name: shard_like(v, params[index]) for name, v in moments.items()})
         self.state = TrainState(**state["train"])
         self.control.apply_lengths()
         self._enter_phase(self.state.phase)

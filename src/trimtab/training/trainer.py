@@ -17,9 +17,8 @@ from typing import Any
 import torch
 
 from trimtab.data import MicroBatch, StepBatch
-from trimtab.distributed.ft import ReplicaGroups
+from trimtab.distributed.ft import ReplicaGroups, check_groups
 from trimtab.distributed.group import is_oom
-from trimtab.errors import ConfigError
 from trimtab.training.checkpointing import Checkpointing
 from trimtab.training.control import Control
 from trimtab.training.evaluation import mean_losses, sharded_loss
@@ -72,10 +71,13 @@ class Trainer(Checkpointing):
             if isinstance(hook, Instrument):  # fault injection: the one writer beside Control
                 hook.attach(FaultHandle(self))
         ft = cfg.resilience.ft
-        if ft.enabled and self.dist.world > 1:
-            raise ConfigError("resilience.ft: a replica group is one process for now; run one trimtab train per group")
-        # each phase's loader reads this process's share of each step's rows
-        self.data_shard = (ft.replica_group, ft.groups) if ft.enabled else (self.dist.dp_rank, self.dist.dp_world)
+        # each phase's loader reads this process's share of each step's rows: with replica groups,
+        # each group's ranks a slice of the groups' (distributed/ft.py)
+        self.data_shard = (self.dist.dp_rank, self.dist.dp_world)
+        if ft.enabled:
+            check_groups(self.dist.mesh)
+            world = self.dist.dp_world
+            self.data_shard = (ft.replica_group * world + self.dist.dp_rank, ft.groups * world)
         self.control.apply_lengths()
         self._enter_phase(0)
         self.resumed_from = run.resume[0] if run.resume else None
@@ -94,7 +96,13 @@ class Trainer(Checkpointing):
         self.replicas = None  # resilience.ft: this process is one replica group (distributed/ft.py)
         if ft.enabled:
             self.replicas = ReplicaGroups(
-                ft, self.device, cfg.run_dir, self.say, self._replica_state, self._take_replica_state
+                ft,
+                (self.dist.rank, self.dist.world),
+                self.device,
+                cfg.run_dir,
+                self.say,
+                self._replica_state,
+                self._take_replica_state,
             )
         self.dist.replicas = self.replicas  # reduce_step averages each step across the groups
 
