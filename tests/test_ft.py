@@ -128,15 +128,16 @@ def test_two_replica_groups_train_exactly_as_one_process(tmp_path):
     assert all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(losses["g0"], losses["one"], strict=True))
 
 
-def torchrun(out, group: int, lighthouse: str, *extra: str) -> list[str]:
-    """One replica group of two FSDP2 ranks (torchrun), as a user starts it."""
+def torchrun(out, group: int, lighthouse: str, strategy: str, *extra: str) -> list[str]:
+    """One replica group of two ranks (torchrun, DDP or FSDP2), as a user starts it."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "trimtab"]
-    return launcher + command(out, group, lighthouse, "--set", "distributed.strategy=fsdp", *extra)
+    return launcher + command(out, group, lighthouse, "--set", f"distributed.strategy={strategy}", *extra)
 
 
 @pytest.mark.distributed
-def test_replica_groups_of_two_fsdp2_ranks_train_as_one_process_and_heal_shard_by_shard(tmp_path):
-    """torchft's HSDP: two groups of two FSDP2 ranks each (rank r of one group averages with rank
+@pytest.mark.parametrize("strategy", ["fsdp", pytest.param("ddp", marks=pytest.mark.slow)])
+def test_replica_groups_of_two_ranks_train_as_one_process_and_heal_shard_by_shard(tmp_path, strategy):
+    """torchft's HSDP: two groups of two FSDP2 (or DDP) ranks each (rank r of one group averages with rank
     r of the other). With the Lighthouse waiting for both groups, every step has both: the losses
     are one process's on the whole batch. One group's rank killed at step 12 ends that group
     (torchrun); the survivor withholds step 12 and waits in the quorum for a replacement, which
@@ -153,10 +154,14 @@ def test_replica_groups_of_two_fsdp2_ranks_train_as_one_process_and_heal_shard_b
     short += ["--set", "resilience.ft.timeout_s=90"]  # the survivor waits for the replacement's start
     popen = dict(env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        survivor = subprocess.Popen(torchrun(g0, 0, lighthouse.address(), *short), **popen)
-        killed = subprocess.run(torchrun(g1, 1, lighthouse.address(), *short, "--inject", "kill_rank@12:1"), **popen)
+        survivor = subprocess.Popen(torchrun(g0, 0, lighthouse.address(), strategy, *short), **popen)
+        killed = subprocess.run(
+            torchrun(g1, 1, lighthouse.address(), strategy, *short, "--inject", "kill_rank@12:1"), **popen
+        )
         assert killed.returncode != 0 and "resuming from" not in killed.stderr, killed.stderr[-3000:]
-        again = subprocess.run(torchrun(g1, 1, lighthouse.address(), *short, "--inject", "kill_rank@12:1"), **popen)
+        again = subprocess.run(
+            torchrun(g1, 1, lighthouse.address(), strategy, *short, "--inject", "kill_rank@12:1"), **popen
+        )
         _, err = survivor.communicate(timeout=300)
     finally:
         survivor.kill()
