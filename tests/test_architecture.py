@@ -62,6 +62,13 @@ def test_interop_reads_run_directories_and_never_trains():
         assert users == (remote if package == "hf" else set())
 
 
+def test_rl_parts_know_no_trainer():
+    """rl/'s rollouts, rewards, objective and tasks sit below the loop that will drive them: the
+    model, the data readers and sampling, never the trainer, the orchestrator or torch.distributed."""
+    above = ("trimtab.training", "trimtab.orchestrator", "trimtab.distributed", "torch.distributed")
+    assert offenders("rl", above) == []
+
+
 def test_plan_knows_no_training_and_hardware_knows_nothing_above_it():
     """plan ↛ training: the planner and the trainer both take device, precision and peak FLOP/s
     from trimtab/hardware.py, which imports no other trimtab module but errors, paths and rundir."""

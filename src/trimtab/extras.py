@@ -23,6 +23,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "mlflow": ("mlflow", "track"),
     "wandb": ("wandb", "track"),
     "torchft": ("torchft", "ft"),
+    "math_verify": ("math-verify", "rl"),
 }
 
 

@@ -2,7 +2,10 @@
 
 Shape legend: B batch, K kv heads, L max cached length, T new tokens, E head dim.
 
-A Mixture-of-Depths layer writes keys only for the tokens it processes; `keep` says which.
+A Mixture-of-Depths layer writes keys only for the tokens it processes; `keep` says which. A batch
+of prompts of different lengths is left-padded (`pad`): `valid` marks the positions that hold a
+real token, and no real token attends to the others. RoPE scores depend only on the distance
+between two positions, so a left-padded row attends exactly as the same row alone would.
 """
 
 from __future__ import annotations
@@ -31,8 +34,14 @@ class KVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.keep: list[torch.Tensor | None] = [None] * n_layers  # [B, L] per Mixture-of-Depths layer
+        self.valid: torch.Tensor | None = None  # [B, L] bool: False at a left pad (None: no pads)
         self.max_len = max_len
         self.pos = 0
+
+    def pad(self, pads: list[int]) -> None:
+        """Row b begins with pads[b] positions of padding (before any token is cached)."""
+        device = self.k[0].device
+        self.valid = torch.arange(self.max_len, device=device) >= torch.tensor(pads, device=device)[:, None]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v [B, K, T, E] at the current offset; return all cached K/V [B, K, pos+T, E]."""
@@ -45,7 +54,8 @@ class KVCache:
         """Record which of the T new positions have keys in `layer` (keep [B, T] bool: a
         Mixture-of-Depths layer skips the rest); return the mask of all positions [B, pos+T]."""
         if self.keep[layer] is None:
-            self.keep[layer] = torch.ones(keep.shape[0], self.max_len, dtype=torch.bool, device=keep.device)
+            ones = torch.ones(keep.shape[0], self.max_len, dtype=torch.bool, device=keep.device)
+            self.keep[layer] = ones if self.valid is None else self.valid.clone()
         end = self.pos + keep.shape[1]
         self.keep[layer][:, self.pos : end] = keep
         return self.keep[layer][:, :end]

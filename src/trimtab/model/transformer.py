@@ -68,6 +68,16 @@ class Block(nn.Module):
         return h + self.ffn(self.ffn_norm(x + h))
 
 
+def cache_mask(cache: KVCache, T: int) -> torch.Tensor:
+    """Boolean [B, 1, T, S] mask for T new tokens after a left-padded cache: each sees the real
+    tokens up to itself, and itself (a pad position attends to itself alone, so no row of the
+    attention is empty: an empty one is NaN, which a zero weight would not stop)."""
+    q = torch.arange(cache.pos, cache.pos + T, device=cache.valid.device)[:, None]  # [T, 1]
+    k = torch.arange(cache.pos + T, device=cache.valid.device)  # [S]
+    seen = (k <= q) & cache.valid[:, None, : cache.pos + T]  # [B, T, S]
+    return (seen | (k == q)).unsqueeze(1)
+
+
 class Transformer(nn.Module):
     """Token embedding, n_layers pre-norm blocks, final RMSNorm, lm head (tied to the embedding
     when cfg.tie_embeddings). forward returns logits; the loss is the trainer's."""
@@ -147,7 +157,9 @@ class Transformer(nn.Module):
             )
         x = self.tok_emb(tokens)
         rope = self.rotary.table(offset, T)
-        x = self.run_blocks(x, range(len(self.blocks)), rope, self._chunk_mask(offset, T, tokens.device), cache)
+        padded = cache is not None and cache.valid is not None  # a batch of prompts of different lengths
+        mask = cache_mask(cache, T) if padded else self._chunk_mask(offset, T, tokens.device)
+        x = self.run_blocks(x, range(len(self.blocks)), rope, mask, cache)
         if cache is not None:
             cache.advance(T)
         return self.norm(x)

@@ -1,0 +1,108 @@
+"""The GRPO family's advantages and policy objective, normalised exactly however a step is split.
+
+Advantages (one scalar per response, broadcast over its tokens), from the rewards of a group of
+responses to one prompt:
+    grpo         (r - mean) / (std + eps) over the group (Shao et al. 2024, DeepSeekMath)
+    dr_grpo      r - mean: no division by the std (Liu et al. 2025, "Understanding R1-Zero-Like
+                 Training"), which up-weights groups whose rewards barely differ
+    rloo         r - the mean of the group's other responses (Ahmadian et al. 2024)
+    reinforce++  r - mean over the group, divided by the std over the whole batch (Hu 2025,
+                 REINFORCE++ with a baseline)
+
+The objective per token is PPO's clipped surrogate, -min(ratio A, clip(ratio, 1 - eps_low,
+1 + eps_high) A) with ratio = pi / pi_old, the clip higher than low above (DAPO, Yu et al. 2025).
+The step's loss is sum(weight_t x objective_t) / normaliser, where the weights and the normaliser
+are fixed by the whole step (every micro-batch and every rank), so the gradient is the same
+however the step is split (the sums are added; the normaliser is global):
+    token_mean     weight 1, normaliser: the step's response tokens (DAPO; the default)
+    seq_mean       weight 1 / the response's length, normaliser: the step's responses (GRPO)
+    constant       weight 1, normaliser: responses x max_new_tokens (Dr. GRPO)
+
+Shape legend: N responses, G responses per group, T response tokens (padded), mask [N, T] true
+at a response token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BASELINES = ("grpo", "dr_grpo", "rloo", "reinforce++")
+AGGREGATIONS = ("token_mean", "seq_mean", "constant")
+EPS = 1e-6
+
+
+def advantages(rewards: torch.Tensor, baseline: str = "grpo") -> torch.Tensor:
+    """rewards [N / G, G] (one row a group) -> advantages [N / G, G]."""
+    mean = rewards.mean(dim=1, keepdim=True)
+    if baseline == "grpo":
+        return (rewards - mean) / (rewards.std(dim=1, keepdim=True, unbiased=True) + EPS)
+    if baseline == "dr_grpo":
+        return rewards - mean
+    if baseline == "rloo":
+        G = rewards.shape[1]
+        return (rewards - mean) * G / (G - 1)  # r - (sum - r) / (G - 1)
+    if baseline == "reinforce++":
+        centred = rewards - mean
+        return centred / (centred.std(unbiased=True) + EPS)
+    raise ValueError(f"baseline '{baseline}': one of {', '.join(BASELINES)}")
+
+
+def token_weights(mask: torch.Tensor, aggregation: str) -> torch.Tensor:
+    """Each response token's weight in the step's sum [N, T] (0 off the responses)."""
+    mask = mask.float()
+    if aggregation in ("token_mean", "constant"):
+        return mask
+    if aggregation == "seq_mean":
+        return mask / mask.sum(dim=1, keepdim=True).clamp(min=1)
+    raise ValueError(f"aggregation '{aggregation}': one of {', '.join(AGGREGATIONS)}")
+
+
+def normaliser(lengths: list[int], aggregation: str, max_new_tokens: int) -> float:
+    """The step's normaliser from every response's length (all micro-batches, all ranks)."""
+    if aggregation == "token_mean":
+        return float(max(sum(lengths), 1))
+    if aggregation == "seq_mean":
+        return float(max(len(lengths), 1))
+    if aggregation == "constant":
+        return float(max(len(lengths), 1) * max_new_tokens)
+    raise ValueError(f"aggregation '{aggregation}': one of {', '.join(AGGREGATIONS)}")
+
+
+@dataclass
+class PolicyTerms:
+    """A micro-batch's sums (0-d tensors, on device; divide by the step's normaliser)."""
+
+    objective: torch.Tensor  # sum of weight x clipped surrogate (what is differentiated)
+    clipped: torch.Tensor  # weight of the tokens whose ratio was clipped (the clip fraction's numerator)
+    ratio_max: torch.Tensor  # the largest ratio pi / pi_old (an importance-ratio blow-up)
+    kl: torch.Tensor  # sum of weight x k3 KL to the old policy (Schulman's estimator)
+
+
+def policy_terms(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantage: torch.Tensor,
+    weights: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+) -> PolicyTerms:
+    """The clipped surrogate's sums over a micro-batch: logprobs [N, T] (with gradient),
+    old_logprobs [N, T] (the behaviour policy's), advantage [N] or [N, T], weights [N, T]
+    (token_weights: 0 off the responses)."""
+    if advantage.dim() == 1:
+        advantage = advantage[:, None]
+    log_ratio = (logprobs - old_logprobs).masked_fill(weights == 0, 0.0)
+    ratio = log_ratio.exp()
+    clipped_ratio = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    surrogate = -torch.minimum(ratio * advantage, clipped_ratio * advantage)  # [N, T]
+    with torch.no_grad():
+        was_clipped = (ratio * advantage > clipped_ratio * advantage).float()
+        kl = (-log_ratio).exp() + log_ratio - 1.0  # k3 of KL(pi_old || pi): >= 0, unbiased
+    return PolicyTerms(
+        objective=(weights * surrogate).sum(),
+        clipped=(weights * was_clipped).sum(),
+        ratio_max=ratio.detach().masked_fill(weights == 0, 0.0).max(),
+        kl=(weights * kl).sum(),
+    )

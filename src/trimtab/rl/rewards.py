@@ -1,0 +1,197 @@
+"""Verifiable rewards: a response checked against a prompt's answer, in worker processes with a
+real wall-clock limit (a verification that hangs, a sympy simplification that never ends, is
+killed with its process: reward 0, said in the returned events, and the pool goes on).
+
+A verifier is named by a spec (`rl.reward`):
+    math              answer equivalence through Hugging Face's math-verify (extra `rl`): LaTeX,
+                      \\boxed{}, fractions, sets, intervals
+    exact             the response's final answer (the last \\boxed{...}, else what follows the
+                      last '####', else its last line) equals the answer, spaces ignored
+    regex:PATTERN     PATTERN's first group (or whole match) in the response equals the answer
+    format:PATTERN    1 when the whole response matches PATTERN (a format reward), else 0
+    python:MOD:FN     any function FN(response, answer) -> float, imported from module MOD
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import re
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from trimtab.errors import ConfigError
+from trimtab.extras import require
+
+Verifier = Callable[[str, str], float]
+STARTUP_S = 120  # a worker's imports (a Python verifier's module: perhaps torch)
+
+
+def final_answer(text: str) -> str:
+    """The answer a response ends with: the last \\boxed{...} (braces nested), else what follows
+    the last '####', else the last non-empty line."""
+    start = text.rfind("\\boxed{")
+    if start >= 0:
+        depth, i = 0, start + len("\\boxed")
+        for j in range(i, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            if depth == 0:
+                return text[i + 1 : j].strip()
+    if "####" in text:
+        return text.rsplit("####", 1)[1].strip()
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _exact(response: str, answer: str) -> float:
+    return float(re.sub(r"\s+", "", final_answer(response)) == re.sub(r"\s+", "", answer))
+
+
+def _math(response: str, answer: str) -> float:
+    from math_verify import parse, verify
+
+    # math-verify's own timeouts use signal.alarm, which only the main thread may set: this runs
+    # in the worker's main thread, and the pool's wall-clock limit stands behind it
+    return float(verify(parse(answer), parse(response)))
+
+
+def _regex(pattern: str) -> Verifier:
+    compiled = re.compile(pattern, re.DOTALL)
+
+    def check(response: str, answer: str) -> float:
+        found = compiled.search(response)
+        said = (found.group(1) if compiled.groups else found.group(0)) if found else None
+        return float(said is not None and said.strip() == answer.strip())
+
+    return check
+
+
+def _format(pattern: str) -> Verifier:
+    compiled = re.compile(pattern, re.DOTALL)
+    return lambda response, answer: float(compiled.fullmatch(response.strip()) is not None)
+
+
+def verifier(spec: str) -> Verifier:
+    """The verifier a spec names; ConfigError (naming rl.reward) when it names none."""
+    kind, _, rest = spec.partition(":")
+    try:
+        if kind == "exact" and not rest:
+            return _exact
+        if kind == "math" and not rest:
+            require("math_verify", f"rl.reward '{spec}'")
+            return _math
+        if kind == "regex" and rest:
+            return _regex(rest)
+        if kind == "format" and rest:
+            return _format(rest)
+        if kind == "python" and rest.count(":") == 1:
+            module, name = rest.split(":")
+            return getattr(importlib.import_module(module), name)
+    except (ImportError, re.error, AttributeError) as exc:
+        raise ConfigError(f"rl.reward '{spec}': {exc}") from None
+    raise ConfigError(
+        f"rl.reward '{spec}' names no verifier: use math, exact, regex:PATTERN, format:PATTERN "
+        "or python:MODULE:FUNCTION"
+    )
+
+
+def _serve(spec: str, conn: Connection) -> None:
+    """A worker: verify what it is sent until the pool closes its end."""
+    check = verifier(spec)
+    conn.send("ready")  # its imports done: the pool's clock starts with the first job
+    while True:
+        try:
+            index, response, answer = conn.recv()
+        except EOFError:
+            return
+        try:
+            conn.send((index, float(check(response, answer)), ""))
+        except Exception as exc:  # noqa: BLE001 - a verifier's error is a reward of 0, said
+            conn.send((index, 0.0, f"{type(exc).__name__}: {exc}"))
+
+
+@dataclass
+class _Worker:
+    process: Any
+    conn: Connection
+    job: tuple[int, float] | None = None  # (index, started) while it verifies one
+
+
+@dataclass
+class Scored:
+    rewards: list[float]
+    events: list[dict[str, Any]] = field(default_factory=list)  # timeouts and errors: index, kind, detail
+
+
+class VerifierPool:
+    """`workers` processes verifying under `timeout_s` each; a verification past it is killed
+    with its process (a fresh one takes its place) and tried again up to `retries` times."""
+
+    def __init__(self, spec: str, workers: int = 2, timeout_s: float = 5.0, retries: int = 1) -> None:
+        verifier(spec)  # a bad spec is told here, not by a worker
+        self.spec, self.timeout_s, self.retries = spec, timeout_s, retries
+        self._ctx = multiprocessing.get_context("forkserver")  # no copy of the trainer's threads
+        self._workers = [self._start() for _ in range(workers)]
+
+    def _start(self) -> _Worker:
+        ours, theirs = self._ctx.Pipe()
+        process = self._ctx.Process(target=_serve, args=(self.spec, theirs), daemon=True)
+        process.start()
+        theirs.close()
+        if not ours.poll(STARTUP_S) or ours.recv() != "ready":
+            process.kill()
+            raise RuntimeError(f"a verifier process for rl.reward '{self.spec}' did not start within {STARTUP_S} s")
+        return _Worker(process, ours)
+
+    def _replace(self, worker: _Worker) -> None:
+        worker.process.kill()
+        worker.process.join()
+        worker.conn.close()
+        self._workers[self._workers.index(worker)] = self._start()
+
+    def score(self, responses: list[str], answers: list[str]) -> Scored:
+        """Each response's reward (0 for one that timed out or raised, each said in `events`)."""
+        out = Scored([0.0] * len(responses))
+        pending, tries = deque(range(len(responses))), [0] * len(responses)
+        while pending or any(w.job for w in self._workers):
+            for w in self._workers:
+                if w.job is None and pending:
+                    index = pending.popleft()
+                    w.conn.send((index, responses[index], answers[index]))
+                    w.job, tries[index] = (index, time.monotonic()), tries[index] + 1
+            busy = [w for w in self._workers if w.job]
+            soonest = min(w.job[1] for w in busy) + self.timeout_s
+            ready = wait([w.conn for w in busy], timeout=max(0.0, soonest - time.monotonic()))
+            for w in busy:
+                index, started = w.job
+                if w.conn in ready:
+                    try:
+                        _, value, error = w.conn.recv()
+                    except EOFError:  # the process died (a crash in native code): tried again
+                        value, error = None, "the verifier's process died"
+                    if value is not None:  # a verdict (an error in the verifier: 0, said)
+                        out.rewards[index], w.job = value, None
+                        if error:
+                            out.events.append({"index": index, "kind": "error", "detail": error})
+                        continue
+                elif time.monotonic() - started < self.timeout_s:
+                    continue
+                else:
+                    error = f"no verdict within {self.timeout_s:g} s"
+                self._replace(w)
+                if tries[index] <= self.retries:
+                    pending.appendleft(index)
+                else:
+                    out.events.append({"index": index, "kind": "timeout", "detail": error})
+        return out
+
+    def close(self) -> None:
+        for w in self._workers:
+            w.conn.close()
+            w.process.join(timeout=1)
+            if w.process.is_alive():
+                w.process.kill()

@@ -1,0 +1,98 @@
+"""Rollouts: a batch of responses generated at once on the KV cache, with the log-probability the
+generating policy gave each token (the behaviour policy of the PPO-family objectives).
+
+Prompts of different lengths are left-padded into one batch (model/cache.py: `pad`), so one
+prefill forward and then one forward per new token serve every row; a row that drew end-of-text
+stops (its later positions are padding, never trained) and the batch stops when all rows have.
+With greedy decoding each row's tokens are those of `sampling.generate` on that prompt alone.
+
+The behaviour log-probability of a token is log softmax(logits / temperature) at it: the
+distribution the trainer's objective evaluates (rl/loss.py), whatever nucleus (top-p) filter
+restricted the draw. This is the engine's whole interface to the trainer (`generate` with the
+policy's weights, its version recorded); a serving engine (vLLM, SGLang) in its place returns
+the same fields, and receives new weights where this one reads the trainer's model.
+
+Shape legend: B rows (prompts x samples per prompt), P the longest prompt, N new tokens, V vocab.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trimtab.model import Transformer
+from trimtab.sampling import sample_next
+
+
+@dataclass
+class Rollout:
+    prompt: list[int]
+    tokens: list[int]  # the response, ending with end-of-text when it was drawn
+    logprobs: list[float]  # the behaviour policy's log-probability of each response token
+    truncated: bool  # the budget ran out before end-of-text
+    version: int = 0  # the policy version (optimizer steps) that generated it
+
+
+def generate(
+    model: Transformer,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    eos_id: int,
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    version: int = 0,
+) -> list[Rollout]:
+    """One response per prompt (repeat a prompt for a group of samples). temperature <= 0 is
+    greedy (its log-probabilities: at temperature 1)."""
+    longest, limit = max(len(p) for p in prompts), model.cfg.max_seq_len
+    if min(len(p) for p in prompts) == 0 or longest >= limit:
+        raise ValueError(f"every prompt needs 1 to {limit - 1} tokens (model.max_seq_len={limit}); got {longest}")
+    budget = min(max_new_tokens, limit - longest)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            tokens, logprobs = _decode(model, prompts, budget, eos_id, temperature, top_p, generator)
+    finally:
+        model.train(was_training)
+    return [_rollout(p, t, lp, eos_id, version) for p, t, lp in zip(prompts, tokens.tolist(), logprobs.tolist())]
+
+
+def _decode(
+    model: Transformer,
+    prompts: list[list[int]],
+    budget: int,
+    eos_id: int,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The new tokens [B, n] and their behaviour log-probabilities [B, n], n <= budget (a row
+    done early holds end-of-text after its end)."""
+    device = model.lm_head.weight.device
+    longest = max(len(p) for p in prompts)
+    pads = [longest - len(p) for p in prompts]
+    batch = torch.tensor([[eos_id] * pad + p for pad, p in zip(pads, prompts)], device=device)  # [B, P]
+    cache = model.new_cache(batch=len(prompts), max_len=longest + budget)
+    cache.pad(pads)
+    logits = model(batch, cache)[:, -1]  # [B, V]
+    done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    tokens, logprobs = [], []
+    for _ in range(budget):
+        token = sample_next(logits, temperature, 0, top_p, generator)  # [B]
+        scaled = logits.float() / temperature if temperature > 0 else logits.float()
+        logprobs.append(torch.log_softmax(scaled, dim=-1).gather(1, token[:, None]).squeeze(1))
+        tokens.append(torch.where(done, eos_id, token))
+        done |= token == eos_id
+        if bool(done.all()):  # one host read a token: the batch ends with its longest response
+            break
+        logits = model(tokens[-1][:, None], cache)[:, -1]
+    return torch.stack(tokens, 1), torch.stack(logprobs, 1)
+
+
+def _rollout(prompt: list[int], tokens: list[int], logprobs: list[float], eos_id: int, version: int) -> Rollout:
+    end = tokens.index(eos_id) + 1 if eos_id in tokens else len(tokens)
+    return Rollout(prompt, tokens[:end], logprobs[:end], truncated=eos_id not in tokens, version=version)

@@ -1,0 +1,25 @@
+"""Verifiers for tests/test_rl_rewards.py (python:rl_verifiers:NAME), imported by the pool's
+worker processes: no torch, so a worker starts in a blink."""
+
+import os
+import time
+
+
+def flaky(response: str, answer: str) -> float:
+    """Hangs on 'hang', raises on 'raise', kills its own process on 'crash'; else exact."""
+    if response == "hang":
+        time.sleep(600)
+    if response == "raise":
+        raise ValueError("cannot read this answer")
+    if response == "crash":
+        os._exit(3)
+    return float(response == answer)
+
+
+def hang_once(response: str, answer: str) -> float:
+    """Hangs the first time it sees a response (a marker file per response), then answers."""
+    marker = os.path.join(answer, response)
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        time.sleep(600)
+    return 1.0

@@ -1,0 +1,69 @@
+"""The GRPO family's advantages and clipped objective (rl/loss.py): each baseline's values, the
+clip's asymmetry, and a step's gradient that is the same however the step is split."""
+
+import pytest
+import torch
+
+from trimtab.rl.loss import advantages, normaliser, policy_terms, token_weights
+
+
+def test_each_baseline():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    grpo = advantages(r, "grpo")
+    std = torch.tensor([1.0, 0.0, 0.0, 1.0]).std()
+    assert torch.allclose(grpo[0], (r[0] - 0.5) / std, atol=1e-5) and torch.equal(grpo[1], torch.zeros(4))
+    assert torch.equal(advantages(r, "dr_grpo")[0], r[0] - 0.5)
+    # rloo: each response against the mean of the other three
+    assert torch.allclose(advantages(r, "rloo")[0], torch.tensor([1 - 1 / 3, -2 / 3, -2 / 3, 1 - 1 / 3]))
+    centred = r - r.mean(1, keepdim=True)
+    assert torch.allclose(advantages(r, "reinforce++"), centred / centred.std(), atol=1e-5)
+    with pytest.raises(ValueError, match="one of grpo, dr_grpo, rloo, reinforce"):
+        advantages(r, "ppo")
+
+
+def test_the_clip_is_asymmetric_and_stops_the_gradient_past_it():
+    old = torch.zeros(1, 4)
+    new = torch.log(torch.tensor([[1.1, 1.3, 0.7, 0.9]])).requires_grad_()
+    weights = torch.ones(1, 4)
+    terms = policy_terms(new, old, torch.tensor([1.0]), weights, eps_low=0.2, eps_high=0.28)
+    terms.objective.backward()
+    # A > 0: ratio 1.3 is past 1 + 0.28 (no gradient), 1.1 and 0.9 inside, 0.7 below 1 - 0.2 but
+    # min() keeps the unclipped (smaller) term there, so it keeps its gradient
+    assert new.grad[0, 1] == 0 and all(new.grad[0, i] != 0 for i in (0, 2, 3))
+    assert float(terms.clipped) == 1.0 and float(terms.ratio_max) == pytest.approx(1.3)
+    assert float(terms.kl) > 0
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean", "constant"])
+def test_a_step_split_into_micro_batches_and_ranks_has_the_gradient_of_the_whole(aggregation):
+    """8 responses of ragged lengths: the whole step at once, then 4 micro-batches, then 2 ranks
+    of 2 micro-batches (their gradients summed, as the all-reduce does): the same gradient."""
+    g = torch.Generator().manual_seed(0)
+    N, T = 8, 6
+    lengths = [6, 1, 3, 5, 2, 6, 4, 2]
+    mask = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+    logits = torch.randn(N, T, generator=g)
+    old = logits.detach() + 0.3 * torch.randn(N, T, generator=g)
+    adv = advantages(torch.randint(0, 2, (N // 4, 4), generator=g).float(), "grpo").reshape(-1)
+    norm = normaliser(lengths, aggregation, max_new_tokens=T)
+
+    def grad(splits: list[list[int]]) -> torch.Tensor:
+        x = logits.clone().requires_grad_()
+        for rows in splits:
+            w = token_weights(mask[rows], aggregation)
+            (policy_terms(x[rows], old[rows], adv[rows], w).objective / norm).backward()
+        return x.grad
+
+    whole = grad([list(range(N))])
+    assert torch.allclose(grad([[0, 1], [2, 3], [4, 5], [6, 7]]), whole, atol=1e-7)
+    rank0, rank1 = grad([[0, 1], [2, 3]]), grad([[4, 5], [6, 7]])
+    assert torch.allclose(rank0 + rank1, whole, atol=1e-7)
+    assert whole[~mask].abs().sum() == 0  # nothing reaches a padded position
+    if aggregation == "seq_mean":
+        return  # equal micro-batches of whole responses: the naive mean below happens to agree
+    # a per-micro-batch token mean (the bug this rules out) would not be the whole's gradient
+    x = logits.clone().requires_grad_()
+    for rows in ([0, 1], [2, 3], [4, 5], [6, 7]):
+        w = token_weights(mask[rows], aggregation)
+        (policy_terms(x[rows], old[rows], adv[rows], w).objective / w.sum() / 4).backward()
+    assert not torch.allclose(x.grad, whole, atol=1e-4)

@@ -1,0 +1,72 @@
+"""Verifiable rewards (rl/rewards.py): the built-in verifiers, and the pool that kills a hung
+verification with its process, says it, and goes on."""
+
+import time
+
+import pytest
+
+from trimtab.errors import ConfigError
+from trimtab.rl.rewards import VerifierPool, final_answer, verifier
+
+
+def test_the_final_answer_is_the_last_boxed_then_after_hashes_then_the_last_line():
+    assert final_answer(r"so \boxed{1} no, \boxed{\frac{1}{2}} done") == r"\frac{1}{2}"
+    assert final_answer("work\n#### 42 ") == "42"
+    assert final_answer("first\n  the end  \n\n") == "the end"
+    assert final_answer("") == ""
+
+
+def test_the_built_in_verifiers():
+    assert verifier("exact")(r"it is \boxed{ 4 2 }", "42") == 1.0
+    assert verifier("exact")("#### 41", "42") == 0.0
+    assert verifier(r"regex:answer: (-?\d+)")("so answer: 17.", "17") == 1.0
+    assert verifier(r"regex:answer: (-?\d+)")("no answer", "17") == 0.0
+    assert verifier(r"format:<think>.*</think>\s*\d+")("<think>a\nb</think> 7", "") == 1.0
+    assert verifier(r"format:<think>.*</think>\s*\d+")("7", "") == 0.0
+    math = verifier("math")
+    assert math(r"The answer is $\boxed{\frac{1}{2}}$", "0.5") == 1.0
+    assert math(r"The answer is $\boxed{\frac{1}{3}}$", "0.5") == 0.0
+    assert verifier("python:rl_verifiers:flaky")("a", "a") == 1.0
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("nope", "names no verifier: use math, exact"),
+        ("exact:x", "names no verifier"),
+        ("regex:(", "rl.reward 'regex:\\(':"),
+        ("python:no_such_module_here:f", "no_such_module_here"),
+        ("python:rl_verifiers:missing", "missing"),
+    ],
+)
+def test_a_bad_spec_is_told_with_the_key(spec, says):
+    with pytest.raises(ConfigError, match=says):
+        verifier(spec)
+
+
+def test_a_hung_verification_is_killed_at_its_limit_and_the_rest_are_scored():
+    """Four answers, one verification that never ends, one that raises, one that kills its own
+    process: the rewards of the others are exact; each failure is 0 and said; the hung one is
+    killed at the limit (with one retry: twice the limit), not waited for."""
+    pool = VerifierPool("python:rl_verifiers:flaky", workers=2, timeout_s=1.0, retries=1)
+    try:
+        started = time.monotonic()
+        scored = pool.score(["a", "hang", "b", "raise", "crash", "c"], ["a", "x", "x", "x", "x", "c"])
+        took = time.monotonic() - started
+        assert scored.rewards == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+        said = {e["index"]: (e["kind"], e["detail"]) for e in scored.events}
+        assert said[1] == ("timeout", "no verdict within 1 s") and said[3][0] == "error" and "cannot read" in said[3][1]
+        assert said[4] == ("timeout", "the verifier's process died") and set(said) == {1, 3, 4}
+        assert took < 8, took  # two tries of 1 s for the hung one, beside the others
+        assert pool.score(["a"], ["a"]).rewards == [1.0]  # the pool goes on with fresh workers
+    finally:
+        pool.close()
+
+
+def test_a_verification_that_hangs_once_is_tried_again(tmp_path):
+    pool = VerifierPool("python:rl_verifiers:hang_once", workers=1, timeout_s=0.5, retries=1)
+    try:
+        scored = pool.score(["r1", "r2"], [str(tmp_path)] * 2)
+    finally:
+        pool.close()
+    assert scored.rewards == [1.0, 1.0] and scored.events == []
