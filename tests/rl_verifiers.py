@@ -23,3 +23,9 @@ def hang_once(response: str, answer: str) -> float:
         open(marker, "w").close()
         time.sleep(600)
     return 1.0
+
+
+def starts_with_space(response: str, answer: str) -> float:
+    """1 when the response begins with a space: about half a small model's first tokens do, so
+    groups differ and the policy can learn to (tests/test_rl_train.py)."""
+    return float(response.startswith(" "))

@@ -247,6 +247,8 @@ def test_a_run_being_trained_takes_commands_and_refuses_a_second_train(tmp_path,
 # subcommand -> (its option strings, its positional names in order)
 CLI_SURFACE = {
     "train": ({"-h", "--help", "--preset", "--out", "--max-steps", "--set", "--inject", "--orchestrator"}, ["config"]),
+    # issue 33: `rl` trains with the rl section on, train's flags (docs/rl.md)
+    "rl": ({"-h", "--help", "--preset", "--out", "--max-steps", "--set", "--inject", "--orchestrator"}, ["config"]),
     "ctl": ({"-h", "--help", "--queue"}, ["run_dir", "action", "args"]),
     "bench": ({"-h", "--help"}, ["name", "args"]),
     "generate": (
@@ -315,6 +317,6 @@ def test_trimtab_help_lists_the_subcommands_in_their_order():
     """cli.py declares each subcommand above its handler: the handlers' order is `trimtab --help`'s."""
     [subcommands] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     assert list(subcommands.choices) == [
-        *("train", "ctl", "bench", "generate", "export", "eval", "merge"),
+        *("train", "rl", "ctl", "bench", "generate", "export", "eval", "merge"),
         *("data", "plan", "tune", "report", "runs", "presets", "doctor"),
     ]

@@ -100,6 +100,7 @@ def test_a_replica_group_killed_is_dropped_and_its_replacement_heals_live(tmp_pa
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # the default tier checks the same parity with groups of two FSDP2 ranks (below)
 def test_two_replica_groups_train_exactly_as_one_process(tmp_path):
     """Every group present: the average scaled by groups / participants is the one-process sum,
     so the losses are those of one process training the whole batch (fp32)."""

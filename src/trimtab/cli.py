@@ -33,6 +33,17 @@ SET = arg(
 
 
 @command(
+    "rl",
+    "reinforcement learning on verifiable rewards from a trained model (train.init_from; docs/rl.md)",
+    CONFIG,
+    PRESET,
+    arg("--out", help="run directory; re-running with the same --out resumes"),
+    arg("--max-steps", type=int, help="RL steps (train.max_steps)"),
+    SET,
+    arg("--inject", action="append", default=[], metavar="KIND@STEP[:PARAM]", help="inject a fault (repeatable)"),
+    arg("--orchestrator", choices=("auto", "advise", "off"), help="orchestrator mode (orchestrator.mode)"),
+)
+@command(
     "train",
     "train (or resume) a run",
     CONFIG,
@@ -53,7 +64,7 @@ SET = arg(
 )
 def _train(args: argparse.Namespace) -> int:
     with handle_signals() as signals:  # start-up begins: a signal ends it cleanly, even in torch's import
-        cfg = _train_config(args)
+        cfg = _train_config(args, rl=args.command == "rl")
         signals.run_dir = cfg.run_dir
         from trimtab import api
 
@@ -65,16 +76,22 @@ def _train(args: argparse.Namespace) -> int:
     return summary.get("exit_code", 0)  # non-zero: the orchestrator gave up (docs/orchestrator.md)
 
 
-def _train_config(args: argparse.Namespace) -> RunConfig:
+# Under `trimtab rl` the loss is the policy objective, not a likelihood: the rules that judge a
+# likelihood's course (a spike, a rise above the start, divergence, a plateau, an early stop, bad
+# rows by their loss) are off unless a --set turns one on (docs/rl.md).
+RL_OFF = ("spike", "above_start", "divergence", "plateau", "early_stop", "rows")
+
+
+def _train_config(args: argparse.Namespace, rl: bool = False) -> RunConfig:
     from trimtab.config import derive, load_config
 
-    overrides: dict = {}
+    overrides: dict = {"rl": {"enabled": True}, "orchestrator": {r: {"enabled": False} for r in RL_OFF}} if rl else {}
     if args.out:
         overrides["out"] = args.out
     if args.max_steps is not None:
         overrides["train"] = {"max_steps": args.max_steps}
     if args.orchestrator:
-        overrides["orchestrator"] = {"mode": args.orchestrator}
+        overrides.setdefault("orchestrator", {})["mode"] = args.orchestrator
     cfg = load_config(args.config, preset=args.preset, overrides=overrides, sets=args.set)
     if args.inject:
         from trimtab.orchestrator.faults import parse_fault

@@ -33,6 +33,7 @@ from trimtab.config.log import LogConfig
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.config.plan import PlanConfig
 from trimtab.config.resilience import ResilienceConfig
+from trimtab.config.rl import RLConfig
 from trimtab.config.sparse import LAYER_KINDS, MoDConfig, MoEConfig
 from trimtab.errors import ConfigError
 
@@ -355,6 +356,7 @@ class RunConfig(Section):
     distributed: DistributedConfig = field(default_factory=DistributedConfig)  # torchrun launches
     plan: PlanConfig = field(default_factory=PlanConfig)  # live Chinchilla planner (docs/planner.md)
     resilience: ResilienceConfig = field(default_factory=ResilienceConfig)  # hangs, restarts (docs/resilience.md)
+    rl: RLConfig = field(default_factory=RLConfig)  # reinforcement learning on verifiable rewards (docs/rl.md)
     faults: list[str] = field(default_factory=list)  # injected faults, KIND@STEP[:PARAM] (tests, bench)
 
     def validate(self) -> None:
@@ -371,6 +373,7 @@ class RunConfig(Section):
             self.distributed,
             self.plan,
             self.resilience,
+            self.rl,
         ):
             section.validate()
         for key, data in (("data.seq_len", self.data), ("finetune.data.seq_len", self.finetune.data)):

@@ -25,11 +25,13 @@ at a response token.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-BASELINES = ("grpo", "dr_grpo", "rloo", "reinforce++")
-AGGREGATIONS = ("token_mean", "seq_mean", "constant")
+from trimtab.config.rl import AGGREGATIONS, BASELINES
+
 EPS = 1e-6
 
 
@@ -106,3 +108,21 @@ def policy_terms(
         ratio_max=ratio.detach().masked_fill(weights == 0, 0.0).max(),
         kl=(weights * kl).sum(),
     )
+
+
+def policy_from_hidden(
+    hidden: torch.Tensor,
+    head: torch.Tensor,
+    targets: torch.Tensor,
+    micro: Any,
+    temperature: float,
+    eps_low: float,
+    eps_high: float,
+) -> PolicyTerms:
+    """The objective's sums for a micro-batch of rollouts (rl/batches.py: PolicyMicroBatch, its
+    tensors on hidden's device): hidden [B, T, D], head [V, D], targets [B, T] (IGNORE where
+    no response token). The policy's log-probabilities are taken at the rollouts' temperature,
+    as their behaviour log-probabilities were."""
+    logits = F.linear(hidden, head).float() / temperature  # [B, T, V]
+    logprobs = logits.log_softmax(-1).gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)  # [B, T]
+    return policy_terms(logprobs, micro.old_logprobs, micro.advantage, micro.weights, eps_low, eps_high)

@@ -38,6 +38,7 @@ from trimtab.model.catalog import model_size
 from trimtab.paths import cache_dir
 from trimtab.plan.chinchilla import FRESH_EPOCHS
 from trimtab.resilience.watchdog import Watchdog, make_watchdog
+from trimtab.rl.phase import RLPhase, build_rl_phase
 from trimtab.rundir import CONFIG, write_atomic
 from trimtab.training.resume import resume_point
 from trimtab.training.services.compiling import CompileChoice, choose_compile
@@ -80,6 +81,8 @@ class Phase:
 def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer, list[Phase]]:
     """Open or read each phase's sources, get the tokenizer (the run's own one when resuming, else
     data.tokenizer, else a prepared source's, else a BPE trained on the documents), split."""
+    if cfg.rl.enabled:
+        return _rl_phases(cfg, tok_source)
     specs = [("pretrain", cfg.data, cfg.optim, "data")]
     if cfg.finetune.steps:
         specs.append(("finetune", cfg.finetune.data, cfg.finetune.optim, "finetune.data"))
@@ -116,6 +119,19 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
         )
         start += steps
     return tok, phases
+
+
+def _rl_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer, list[RLPhase]]:
+    """An RL run's one phase, with the tokenizer of the model it trains."""
+    tok = TextTokenizer.load(tok_source) if tok_source is not None else None
+    if tok is None and cfg.data.tokenizer:
+        tok = TextTokenizer.load(Path(cfg.data.tokenizer), key="data.tokenizer")
+    if tok is None:
+        raise ConfigError(
+            "rl: the tokenizer of the model to train is unknown; set train.init_from (a trimtab run or a "
+            "Hugging Face model directory) or data.tokenizer"
+        )
+    return tok, [build_rl_phase(cfg, tok)]
 
 
 def eval_micro(
@@ -271,6 +287,8 @@ def setup(cfg: RunConfig) -> BuiltRun:
     torch.manual_seed(cfg.train.seed)
     cfg = adopt_hf_model(resolve(cfg))  # a draft RunConfig(...) is resolved here; a resolved one is kept
     dist = Parallel.start(cfg.distributed, pick_device(cfg.train.device))
+    if cfg.rl.enabled and dist.world > 1:
+        raise ConfigError("rl: one process for now (data-parallel rollouts come next); run it without torchrun")
     resume = resume_point(cfg, dist)
     precision = choose_precision(dist.device, cfg.train.precision)
     tok, phases = dist.main_first(build_phases, cfg, tokenizer_source(cfg))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -19,6 +20,9 @@ import torch
 from trimtab.data import MicroBatch, StepBatch
 from trimtab.distributed.ft import ReplicaGroups, check_groups
 from trimtab.distributed.group import is_oom
+from trimtab.rl.batches import PolicyMicroBatch, RolloutBatch, RolloutLoader
+from trimtab.rl.loss import policy_from_hidden
+from trimtab.rl.rollout import Rollout, generate
 from trimtab.training.checkpointing import Checkpointing
 from trimtab.training.control import Control
 from trimtab.training.evaluation import mean_losses, sharded_loss
@@ -190,6 +194,7 @@ class Trainer(Checkpointing):
         routers = RouterStats(self.model, self.device)
         # per-row losses come out of the fused loss (not a pipeline's stages, not a vocab-sharded head)
         per_row = self.dist.pipeline is None and not hasattr(self.model.lm_head.weight, "to_local")
+        per_row = per_row and not isinstance(batch, RolloutBatch)  # RL: no likelihood per row to watch
         rows = RowLosses(batch.rows, self.device) if per_row else None
         self.watchdog.beat("forward_backward")
         local_sq = self.dist.watch_local() if self.rerun else None  # whose computation a re-run faults
@@ -238,7 +243,10 @@ class Trainer(Checkpointing):
                 # Token-normalised loss: each micro-batch's summed loss over the step's total
                 # target count, so the gradient is that of one large batch however it is split
                 # ((x1+x2)/(n1+n2), not (x1/n1+x2/n2)/2; torchtune#1875, transformers#34242).
-                summed = cross_entropy_sum(hidden, self.model.lm_head.weight, targets, token_losses=token_losses)
+                if isinstance(micro, PolicyMicroBatch):  # RL: the clipped policy objective (rl/loss.py)
+                    summed = self._policy_sum(hidden, targets, micro, batch)
+                else:
+                    summed = cross_entropy_sum(hidden, self.model.lm_head.weight, targets, token_losses=token_losses)
                 micro_loss = summed / batch.n_targets
                 aux = self.model.aux_loss()  # MoE balance + z, MoD predictor: weighted like the tokens
                 objective = micro_loss if aux is None else micro_loss + share * aux
@@ -252,6 +260,36 @@ class Trainer(Checkpointing):
             if rows is not None:
                 rows.add(micro.rows, token_losses, targets)
         return loss, aux_total
+
+    def _policy_sum(
+        self, hidden: torch.Tensor, targets: torch.Tensor, micro: PolicyMicroBatch, batch: RolloutBatch
+    ) -> torch.Tensor:
+        """A micro-batch of rollouts' summed clipped objective; its sums for the metrics go to
+        the batch (the loader reads them at the log line)."""
+        rl = self.cfg.rl
+        on = {k: getattr(micro, k).to(self.device, non_blocking=True) for k in ("old_logprobs", "advantage", "weights")}
+        here = replace(micro, **on)
+        terms = policy_from_hidden(
+            hidden, self.model.lm_head.weight, targets, here, rl.temperature, rl.eps_low, rl.eps_high
+        )
+        batch.terms.append(terms)
+        return terms.objective
+
+    def _rollouts(self, prompts: list[list[int]], seed: int) -> list[Rollout]:
+        """The RL phase's policy: responses to `prompts` from the model being trained (rl/rollout.py)."""
+        rl = self.cfg.rl
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        with self.precision.autocast():
+            return generate(
+                self.model,
+                prompts,
+                rl.max_new_tokens,
+                self.tok.eos_id,
+                temperature=rl.temperature,
+                top_p=rl.top_p,
+                generator=generator,
+                version=self.state.step,
+            )
 
     def _loss_sum(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The summed loss over the targets of hidden states [B, T, D] (logits never whole)."""
@@ -404,6 +442,8 @@ class Trainer(Checkpointing):
         self.state.phase = index
         self.optimizer = build_optimizer(self.model, phase.optim, self.device)
         self.loader = phase.loader(self.cfg, self.tok.pad_id, *self.data_shard)
+        if isinstance(self.loader, RolloutLoader):  # an RL phase generates with the model it trains
+            self.loader.policy = self._rollouts
         self.control.apply_knobs()
 
     def _maybe_next_phase(self) -> None:

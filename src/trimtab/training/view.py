@@ -283,5 +283,5 @@ class RunView:
             "steps": phase.steps,
             "configured_steps": self._t.cfg.train.max_steps,
             "warmup_steps": phase.optim.warmup_steps,
-            "dataset_tokens": phase.train_rows.n_tokens,
+            "dataset_tokens": phase.train_rows.n_tokens if phase.train_rows is not None else 0,  # RL: prompts
         }

@@ -1,0 +1,196 @@
+"""The RL step's batch: prompts drawn in a seeded order, a group of responses to each from the
+policy being trained, their rewards, advantages and behaviour log-probabilities, cut into
+micro-batches the trainer's loop trains like any other step (training/trainer.py: the objective
+is rl/loss.py's where a micro-batch carries a policy's fields).
+
+`RolloutLoader` is the loop's loader for an RL phase: the same protocol as data/packing.py's
+BatchLoader (next_batch, regroup after an OOM, skip_rows after a rollback, metrics,
+state_dict), so the orchestrator heals RL steps as it heals pretraining ones. Its state is the
+order's position and the draws made: the sampling generator of a step is seeded from the run's
+seed and the draw count, so a resumed run generates exactly what the uninterrupted one did.
+
+Shape legend: B sequences in a micro-batch, T its longest prompt + response - 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from trimtab.config.rl import RLConfig
+from trimtab.data.packing import IGNORE_INDEX, MicroBatch, StepBatch
+from trimtab.data.tokenizer import TextTokenizer
+from trimtab.errors import DataError
+from trimtab.rl.loss import PolicyTerms, advantages, normaliser, token_weights
+from trimtab.rl.rewards import VerifierPool
+from trimtab.rl.rollout import Rollout
+from trimtab.rl.tasks import Problem
+
+Policy = Callable[[list[list[int]], int], list[Rollout]]  # prompts, sampling seed -> one rollout each
+
+
+@dataclass
+class PolicyMicroBatch(MicroBatch):
+    old_logprobs: torch.Tensor = None  # fp32 [B, T]: the behaviour policy's, at each target (0 elsewhere)
+    advantage: torch.Tensor = None  # fp32 [B]: each response's
+    weights: torch.Tensor = None  # fp32 [B, T]: each target's weight in the step's sum (rl/loss.py)
+
+
+@dataclass
+class RolloutBatch(StepBatch):
+    rollouts: list[Rollout] = field(default_factory=list)  # group_size consecutive ones a prompt
+    advantage: list[float] = field(default_factory=list)  # each rollout's
+    rewards: list[float] = field(default_factory=list)
+    failures: int = 0  # verifications that timed out or raised (their reward: 0)
+    terms: list[PolicyTerms] = field(default_factory=list)  # the objective's sums, filled by the trainer
+
+
+class RolloutLoader:
+    def __init__(
+        self,
+        problems: list[Problem],
+        tok: TextTokenizer,
+        cfg: RLConfig,
+        micro_batch_tokens: int,
+        seed: int,
+        max_prompt_tokens: int,
+    ) -> None:
+        self.problems, self.tok, self.cfg, self.seed = problems, tok, cfg, seed
+        self.micro_batch_tokens = micro_batch_tokens  # an OOM handler may lower it between steps
+        # a step's size in tokens, as the OOM handler bounds a micro-batch by (its prompts' at most)
+        self.batch_tokens = cfg.prompts_per_step * cfg.group_size * (max_prompt_tokens + cfg.max_new_tokens)
+        self.policy: Policy | None = None  # the trainer's model generating (Trainer._enter_phase)
+        self.epoch, self.cursor, self.draws = 0, 0, 0
+        self.skipped: set[int] = set()
+        self._order = self._permutation(0)
+        self._pool: VerifierPool | None = None
+        self._window: list[RolloutBatch] = []  # the steps since metrics() was read
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.problems))
+
+    def _next_problem(self) -> int:
+        while True:
+            if self.cursor == len(self._order):
+                self.epoch, self.cursor = self.epoch + 1, 0
+                self._order = self._permutation(self.epoch)
+            self.cursor += 1
+            index = int(self._order[self.cursor - 1])
+            if index not in self.skipped:
+                return index
+
+    def next_batch(self) -> RolloutBatch:
+        """A step: prompts_per_step prompts, group_size responses to each, scored."""
+        cfg = self.cfg
+        chosen = [self._next_problem() for _ in range(cfg.prompts_per_step)]
+        prompts = [self.tok.encode(self.problems[i].prompt, specials=True) for i in chosen]
+        seed = self.seed * 1_000_003 + self.draws  # the step's sampling seed: a resumed run draws alike
+        self.draws += 1
+        rollouts = self.policy([p for p in prompts for _ in range(cfg.group_size)], seed)
+        answers = [self.problems[i].answer for i in chosen for _ in range(cfg.group_size)]
+        rewards, failures = self._score(rollouts, answers)
+        adv = advantages(torch.tensor(rewards).view(-1, cfg.group_size), cfg.baseline).view(-1).tolist()
+        rows = [i for i in chosen for _ in range(cfg.group_size)]
+        n_tokens = sum(len(r.prompt) + len(r.tokens) - 1 for r in rollouts)
+        batch = RolloutBatch([], 0, n_tokens, rows, None, rollouts, adv, rewards, failures)
+        self._window.append(batch)
+        return self.regroup(batch)
+
+    def _score(self, rollouts: list[Rollout], answers: list[str]) -> tuple[list[float], int]:
+        """Each response's reward, and how many verifications failed (timed out or raised: 0)."""
+        if self._pool is None:
+            cfg = self.cfg
+            self._pool = VerifierPool(cfg.reward, cfg.verifier_workers, cfg.verifier_timeout_s, cfg.verifier_retries)
+        eos = self.tok.eos_id
+        scored = self._pool.score([self.tok.decode([t for t in r.tokens if t != eos]) for r in rollouts], answers)
+        return scored.rewards, len(scored.events)
+
+    def regroup(self, batch: RolloutBatch) -> RolloutBatch:
+        """The step's sequences cut into micro-batches of the current budget: longest first,
+        filled while rows x the first (longest) one's width fit micro_batch_tokens."""
+        cfg, rollouts = self.cfg, batch.rollouts
+        width = [len(r.prompt) + len(r.tokens) - 1 for r in rollouts]  # input positions
+        groups: list[list[int]] = []
+        for i in sorted(range(len(rollouts)), key=lambda i: -width[i]):
+            if groups and (len(groups[-1]) + 1) * width[groups[-1][0]] <= self.micro_batch_tokens:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        batch.micro = [
+            self._collate([rollouts[i] for i in g], [batch.advantage[i] for i in g], g, batch) for g in groups
+        ]
+        batch.n_targets = normaliser([len(r.tokens) for r in rollouts], cfg.aggregation, cfg.max_new_tokens)
+        return batch
+
+    def _collate(
+        self, rollouts: list[Rollout], adv: list[float], group: list[int], batch: RolloutBatch
+    ) -> PolicyMicroBatch:
+        width = max(len(r.prompt) + len(r.tokens) - 1 for r in rollouts)
+        inputs = torch.full((len(rollouts), width), self.tok.pad_id, dtype=torch.long)
+        targets = torch.full((len(rollouts), width), IGNORE_INDEX, dtype=torch.long)
+        old = torch.zeros(len(rollouts), width)
+        for b, r in enumerate(rollouts):
+            seq, start = r.prompt + r.tokens, len(r.prompt) - 1  # the first response token's input position
+            inputs[b, : len(seq) - 1] = torch.tensor(seq[:-1])
+            targets[b, start : start + len(r.tokens)] = torch.tensor(r.tokens)
+            old[b, start : start + len(r.tokens)] = torch.tensor(r.logprobs)
+        weights = token_weights(targets != IGNORE_INDEX, self.cfg.aggregation)
+        n = int((targets != IGNORE_INDEX).sum())
+        advantage = torch.tensor([batch.advantage[i] for i in group])
+        return PolicyMicroBatch(inputs, targets, n, [batch.rows[i] for i in group], old, advantage, weights)
+
+    def skip_rows(self, rows: list[int]) -> int:
+        """Never draw these prompts again (after a rollback that blamed them)."""
+        keep = self.skipped | {int(r) for r in rows}
+        if len(keep) >= len(self.problems):
+            raise DataError("skipping these prompts would leave none to train on; the prompts themselves are bad")
+        added, self.skipped = len(keep) - len(self.skipped), keep
+        return added
+
+    def metrics(self) -> dict[str, float]:
+        """The RL figures over the steps since the last read (one host read of the objective's sums)."""
+        window, self._window = self._window, []
+        if not window:
+            return {}
+        rewards = [r for b in window for r in b.rewards]
+        rollouts = [r for b in window for r in b.rollouts]
+        G = self.cfg.group_size
+        groups = [b.rewards[i : i + G] for b in window for i in range(0, len(b.rewards), G)]
+        out = {
+            "rl/reward": sum(rewards) / len(rewards),
+            "rl/zero_variance_groups": sum(max(g) == min(g) for g in groups) / len(groups),
+            "rl/response_tokens": sum(len(r.tokens) for r in rollouts) / len(rollouts),
+            "rl/truncated": sum(r.truncated for r in rollouts) / len(rollouts),
+            "rl/verifier_failures": float(sum(b.failures for b in window)),
+        }
+        terms = [(t, b.n_targets) for b in window for t in b.terms]
+        if terms:
+            out["rl/clip_fraction"] = sum(float(t.clipped) / n for t, n in terms) / len(window)
+            out["rl/kl"] = sum(float(t.kl) / n for t, n in terms) / len(window)
+            out["rl/ratio_max"] = max(float(t.ratio_max) for t, _ in terms)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "cursor": self.cursor,
+            "draws": self.draws,
+            "seed": self.seed,
+            "n_rows": len(self.problems),
+            "skipped": sorted(self.skipped),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly where `state` was taken."""
+        if state.get("n_rows") != len(self.problems):
+            raise DataError(
+                f"the checkpoint's RL run had {state.get('n_rows')} prompts but rl.prompts now has "
+                f"{len(self.problems)}; resume with the same prompts"
+            )
+        self.seed, self.epoch, self.cursor, self.draws = state["seed"], state["epoch"], state["cursor"], state["draws"]
+        self.skipped = set(state["skipped"])
+        self._order = self._permutation(self.epoch)

@@ -1,0 +1,78 @@
+"""An RL run's one phase (rl.enabled, `trimtab rl`): its prompts, split into the ones trained on
+and the held-out ones, and its loader (rl/batches.py). training/setup.py builds it in place of
+the pretraining and finetuning phases; the loop takes it as it takes them."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trimtab.config import DataConfig, OptimConfig, RunConfig
+from trimtab.data.tokenizer import TextTokenizer
+from trimtab.errors import ConfigError
+from trimtab.rl.batches import RolloutLoader
+from trimtab.rl.tasks import Problem, arithmetic, held_out, read_problems
+
+BUILTIN = "builtin:arithmetic"
+TRAIN_PROBLEMS = 100_000  # the built-in task's training problems at most (two digits: ~18,000 in all)
+
+
+@dataclass
+class RLPhase:
+    name: str
+    start: int
+    steps: int
+    data: DataConfig  # seq_len: the longest prompt + response (the OOM handler's smallest micro-batch)
+    optim: OptimConfig
+    problems: list[Problem]
+    held_out: list[Problem]
+    tok: TextTokenizer
+    max_prompt_tokens: int
+    eval_micro: list[Any] = field(default_factory=list)  # no held-out loss: RL is judged by its rewards
+    eval_sources: list[str] = field(default_factory=list)
+    skipped_records: int = 0
+    weights: list[float] = field(default_factory=lambda: [1.0])
+    names: list[str] = field(default_factory=lambda: ["rl"])
+    train_rows: Any = None  # no token rows: the prompts are the data
+
+    def loader(self, cfg: RunConfig, pad_id: int, rank: int = 0, world: int = 1) -> RolloutLoader:
+        del pad_id, rank, world  # one process (checked at setup); padding is the tokenizer's
+        return RolloutLoader(
+            self.problems, self.tok, cfg.rl, cfg.train.micro_budget, cfg.train.seed, self.max_prompt_tokens
+        )
+
+
+def problems_of(cfg: RunConfig) -> tuple[list[Problem], list[Problem]]:
+    """rl.prompts split into the problems trained on and rl.held_out held-out ones (a hash of
+    the prompt decides, so a file's held-out problems never reach training)."""
+    spec, seed, n_held = cfg.rl.prompts, cfg.train.seed, cfg.rl.held_out
+    if spec.startswith(BUILTIN):
+        digits = spec[len(BUILTIN) :].lstrip(":")
+        if digits and not digits.isdigit():
+            raise ConfigError(f"rl.prompts '{spec}': {BUILTIN}[:DIGITS], e.g. {BUILTIN}:2")
+        d = int(digits or 2)
+        return arithmetic(TRAIN_PROBLEMS, seed, d), arithmetic(n_held, seed, d, split="held_out")
+    path = Path(spec)
+    if not path.is_file():
+        raise ConfigError(f"rl.prompts '{spec}' is no file; a JSONL of prompts and answers, or {BUILTIN}")
+    every = read_problems(path)
+    train = [p for p in every if not held_out(p.prompt)]
+    if not train:
+        raise ConfigError(f"rl.prompts '{spec}': every prompt fell in the held-out split; add prompts")
+    return train, [p for p in every if held_out(p.prompt)][:n_held]
+
+
+def build_rl_phase(cfg: RunConfig, tok: TextTokenizer) -> RLPhase:
+    if cfg.train.max_steps == "auto" or cfg.train.epochs > 0:
+        raise ConfigError("rl: set train.max_steps to the RL steps to take (auto and train.epochs are pretraining's)")
+    train, held = problems_of(cfg)
+    longest = max(len(tok.encode(p.prompt, specials=True)) for p in train + held)
+    if longest + cfg.rl.max_new_tokens > cfg.model.max_seq_len:
+        raise ConfigError(
+            f"rl.max_new_tokens={cfg.rl.max_new_tokens} after a prompt of {longest} tokens exceeds "
+            f"model.max_seq_len={cfg.model.max_seq_len}; lower rl.max_new_tokens or shorten the prompts"
+        )
+    data = dataclasses.replace(cfg.data, seq_len=longest + cfg.rl.max_new_tokens)
+    return RLPhase("rl", 0, int(cfg.train.max_steps), data, cfg.optim, train, held, tok, longest)

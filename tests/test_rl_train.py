@@ -1,0 +1,70 @@
+"""`trimtab rl` (rl/, training/trainer.py): GRPO steps through the trainer's loop, from a trained
+run's weights: the policy learns a reward it can reach, the RL figures are logged, a clean run
+takes no action, and an interrupted run resumes to exactly the uninterrupted one's weights."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers import FAST, trimtab_cli
+from trimtab.rundir import read_decisions
+
+RL = [
+    "--preset", "debug",
+    "--set", "log.progress=false", "--set", "log.report=false", "--set", "train.log_every=1",
+    "--set", "rl.prompts_per_step=8", "--set", "rl.group_size=8", "--set", "rl.max_new_tokens=2",
+    "--set", "rl.reward=python:rl_verifiers:starts_with_space",
+    "--set", "optim.warmup_steps=0", "--set", "optim.lr=1e-2", "--set", "checkpoint.every=3",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A debug run of two steps: a tokenizer and weights to start RL from."""
+    out = tmp_path_factory.mktemp("rl") / "base"
+    done = trimtab_cli(["train", "--preset", "debug", "--out", str(out), "--max-steps", "2", *FAST], out.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def rl(out, base, steps: int, *extra: str):
+    done = trimtab_cli(
+        ["rl", *RL, "--out", str(out), "--max-steps", str(steps), "--set", f"train.init_from={base}", *extra],
+        out.parent,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "rl/reward" in line]
+
+
+def test_the_policy_learns_a_reward_it_can_reach_and_a_clean_run_takes_no_action(tmp_path, base):
+    logged = rl(tmp_path / "rl", base, 16)
+    rewards = [m["rl/reward"] for m in logged]
+    assert len(rewards) == 16 and sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.3, rewards
+    for key in ("rl/zero_variance_groups", "rl/response_tokens", "rl/truncated", "rl/clip_fraction", "rl/kl"):
+        assert key in logged[-1], key
+    assert logged[-1]["phase"] == "rl" and logged[-1]["rl/verifier_failures"] == 0
+    assert read_decisions(tmp_path / "rl") == []
+
+
+def test_an_interrupted_rl_run_resumes_to_the_uninterrupted_weights(tmp_path, base):
+    whole = rl(tmp_path / "whole", base, 4)
+    first = rl(tmp_path / "parts", base, 4, "--inject", "sigterm@2")
+    assert [m["step"] for m in first] == [1, 2]
+    both = rl(tmp_path / "parts", base, 4)  # the run's whole log: the first session's steps, then the resumed ones
+    assert [m["step"] for m in both] == list(range(1, 5))
+    assert [m["rl/reward"] for m in both] == [m["rl/reward"] for m in whole]
+    a = load_file(tmp_path / "whole/checkpoints/step_000004/model.safetensors")
+    b = load_file(tmp_path / "parts/checkpoints/step_000004/model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_rl_needs_a_model_to_start_from_and_a_length(tmp_path):
+    done = trimtab_cli(["rl", "--preset", "debug", "--out", str(tmp_path / "r"), "--max-steps", "2"], tmp_path)
+    assert (
+        done.returncode == 2
+        and "rl: the tokenizer of the model to train is unknown; set train.init_from" in done.stderr
+    )
+    done = trimtab_cli(["rl", "--preset", "debug", "--out", str(tmp_path / "r"), "--set", "rl.group_size=1"], tmp_path)
+    assert done.returncode == 2 and "rl.group_size" in done.stderr
