@@ -32,35 +32,27 @@ SET = arg(
 )
 
 
+# shared by train and rl
+OUT = arg("--out", help="run directory; re-running with the same --out resumes")
+INJECT = arg(
+    "--inject",
+    action="append",
+    default=[],
+    metavar="KIND@STEP[:PARAM]",
+    help="inject a fault, e.g. nan_loss@30 or oom@10:512 (repeatable; see docs/orchestrator.md)",
+)
+MODE = arg("--orchestrator", choices=("auto", "advise", "off"), help="orchestrator mode (orchestrator.mode): auto")
+
+
 @command(
     "rl",
     "reinforcement learning on verifiable rewards from a trained model (train.init_from; docs/rl.md)",
-    CONFIG,
-    PRESET,
-    arg("--out", help="run directory; re-running with the same --out resumes"),
-    arg("--max-steps", type=int, help="RL steps (train.max_steps)"),
-    SET,
-    arg("--inject", action="append", default=[], metavar="KIND@STEP[:PARAM]", help="inject a fault (repeatable)"),
-    arg("--orchestrator", choices=("auto", "advise", "off"), help="orchestrator mode (orchestrator.mode)"),
+    *(CONFIG, PRESET, OUT, arg("--max-steps", type=int, help="RL steps (train.max_steps)"), SET, INJECT, MODE),
 )
 @command(
     "train",
     "train (or resume) a run",
-    CONFIG,
-    PRESET,
-    arg("--out", help="run directory; re-running with the same --out resumes"),
-    arg("--max-steps", type=int, help="pretraining steps (train.max_steps)"),
-    SET,
-    arg(
-        "--inject",
-        action="append",
-        default=[],
-        metavar="KIND@STEP[:PARAM]",
-        help="inject a fault, e.g. nan_loss@30 or oom@10:512 (repeatable; see docs/orchestrator.md)",
-    ),
-    arg(
-        "--orchestrator", choices=("auto", "advise", "off"), help="orchestrator mode (orchestrator.mode); default auto"
-    ),
+    *(CONFIG, PRESET, OUT, arg("--max-steps", type=int, help="pretraining steps (train.max_steps)"), SET, INJECT, MODE),
 )
 def _train(args: argparse.Namespace) -> int:
     with handle_signals() as signals:  # start-up begins: a signal ends it cleanly, even in torch's import
