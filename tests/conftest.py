@@ -41,7 +41,9 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.path.name in PROCESS_GROUPS:
+        # a test that mostly waits (keep-alive beats, a frozen rank's timeout) runs beside the
+        # others: its few processes barely use the cores while it waits
+        if item.path.name in PROCESS_GROUPS and not item.get_closest_marker("mostly_waits"):
             item.add_marker(pytest.mark.xdist_group("process_groups"))
         elif item.path.name in SHARED_RUNS:
             item.add_marker(pytest.mark.xdist_group(item.path.stem))

@@ -46,6 +46,7 @@ def quorums(out) -> list[dict]:
     return [json.loads(line) for line in (out / "quorum.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.mostly_waits  # the survivor sleeps 0.25 s a step (slow@) to outlast the replacement's start
 @pytest.mark.distributed
 def test_a_replica_group_killed_is_dropped_and_its_replacement_heals_live(tmp_path):
     from torchft._torchft import LighthouseServer

@@ -409,6 +409,7 @@ def wait_for(condition, what: str, timeout: float = 120.0) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.mostly_waits
 @pytest.mark.distributed
 @pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_lost_node_leaves_the_run_on_the_rest_and_a_returning_node_grows_it_back(tmp_path, ranks):
@@ -469,6 +470,7 @@ def test_a_lost_node_leaves_the_run_on_the_rest_and_a_returning_node_grows_it_ba
     assert_close(last["weights"], reference[0]["weights"], rel=1e-5)
 
 
+@pytest.mark.mostly_waits
 @pytest.mark.distributed
 def test_a_straggler_node_is_excluded_and_the_job_goes_on_without_it(tmp_path):
     """orchestrator.straggler.exclude in an elastic job of two nodes of one rank: node 1's rank

@@ -39,13 +39,19 @@ def rl(out, base, steps: int, *extra: str):
 
 
 def test_the_policy_learns_a_reward_it_can_reach_and_a_clean_run_takes_no_action(tmp_path, base):
-    logged = rl(tmp_path / "rl", base, 16)
+    logged = rl(tmp_path / "rl", base, 16, "--set", "train.eval_every=8", "--set", "rl.held_out=16")
     rewards = [m["rl/reward"] for m in logged]
     assert len(rewards) == 16 and sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.3, rewards
     for key in ("rl/zero_variance_groups", "rl/response_tokens", "rl/truncated", "rl/clip_fraction", "rl/kl"):
         assert key in logged[-1], key
     assert logged[-1]["phase"] == "rl" and logged[-1]["rl/verifier_failures"] == 0
     assert read_decisions(tmp_path / "rl") == []
+    # the held-out prompts answered greedily at steps 8 and 16, and the last figures in the summary
+    lines = [json.loads(line) for line in (tmp_path / "rl/metrics.jsonl").read_text().splitlines()]
+    evals = [m for m in lines if "rl/held_out_pass@1" in m]
+    assert [m["step"] for m in evals] == [8, 16] and all(0 <= m["rl/held_out_pass@1"] <= 1 for m in evals)
+    summary = json.loads((tmp_path / "rl/summary.json").read_text())
+    assert summary["rl/held_out_pass@1"] == evals[-1]["rl/held_out_pass@1"] and summary["status"] == "completed"
 
 
 def test_an_interrupted_rl_run_resumes_to_the_uninterrupted_weights(tmp_path, base):

@@ -30,7 +30,8 @@ from trimtab.rl.rewards import VerifierPool
 from trimtab.rl.rollout import Rollout
 from trimtab.rl.tasks import Problem
 
-Policy = Callable[[list[list[int]], int], list[Rollout]]  # prompts, sampling seed -> one rollout each
+# prompts, a sampling seed (None: greedy) -> one rollout each
+Policy = Callable[[list[list[int]], int | None], list[Rollout]]
 
 
 @dataclass
@@ -58,8 +59,10 @@ class RolloutLoader:
         micro_batch_tokens: int,
         seed: int,
         max_prompt_tokens: int,
+        held_out: list[Problem] | None = None,
     ) -> None:
         self.problems, self.tok, self.cfg, self.seed = problems, tok, cfg, seed
+        self.held_out = held_out or []  # answered greedily at each evaluation (evaluate)
         self.micro_batch_tokens = micro_batch_tokens  # an OOM handler may lower it between steps
         # a step's size in tokens, as the OOM handler bounds a micro-batch by (its prompts' at most)
         self.batch_tokens = cfg.prompts_per_step * cfg.group_size * (max_prompt_tokens + cfg.max_new_tokens)
@@ -108,6 +111,19 @@ class RolloutLoader:
         eos = self.tok.eos_id
         scored = self._pool.score([self.tok.decode([t for t in r.tokens if t != eos]) for r in rollouts], answers)
         return scored.rewards, len(scored.events)
+
+    def evaluate(self) -> dict[str, float]:
+        """The held-out prompts answered greedily by the policy, scored: the mean reward and
+        pass@1 (the share whose reward is full); {} without held-out prompts."""
+        if not self.held_out:
+            return {}
+        rollouts = self.policy([self.tok.encode(p.prompt, specials=True) for p in self.held_out], None)
+        rewards, failures = self._score(rollouts, [p.answer for p in self.held_out])
+        return {
+            "rl/held_out_reward": sum(rewards) / len(rewards),
+            "rl/held_out_pass@1": sum(r >= 1.0 for r in rewards) / len(rewards),
+            "rl/held_out_verifier_failures": float(failures),
+        }
 
     def regroup(self, batch: RolloutBatch) -> RolloutBatch:
         """The step's sequences cut into micro-batches of the current budget: longest first,

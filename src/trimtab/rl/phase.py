@@ -39,8 +39,9 @@ class RLPhase:
 
     def loader(self, cfg: RunConfig, pad_id: int, rank: int = 0, world: int = 1) -> RolloutLoader:
         del pad_id, rank, world  # one process (checked at setup); padding is the tokenizer's
+        train = cfg.train
         return RolloutLoader(
-            self.problems, self.tok, cfg.rl, cfg.train.micro_budget, cfg.train.seed, self.max_prompt_tokens
+            self.problems, self.tok, cfg.rl, train.micro_budget, train.seed, self.max_prompt_tokens, self.held_out
         )
 
 

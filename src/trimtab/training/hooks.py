@@ -263,9 +263,11 @@ class ConsoleLogger(Hook):
 
     def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None:
         again = " (trained again after a rollback)" if metrics["step"] <= self.replayed_until else ""
-        self.write(
-            f"eval step {metrics['step']}{again}: val_loss {metrics['val_loss']:.4f} val_ppl {metrics['val_ppl']:.2f}"
-        )
+        if "val_loss" in metrics:
+            figures = f"val_loss {metrics['val_loss']:.4f} val_ppl {metrics['val_ppl']:.2f}"
+        else:  # an RL run's: held-out rewards (rl/batches.py)
+            figures = " ".join(f"{k.removeprefix('rl/')} {v:.4f}" for k, v in metrics.items() if k.startswith("rl/"))
+        self.write(f"eval step {metrics['step']}{again}: {figures}")
 
     def on_eval_error(self, run: RunView, step: int, error: str) -> None:
         self.write(f"eval step {step} abandoned ({error}); training goes on")

@@ -73,6 +73,7 @@ def run_summary(trainer: Trainer, step0: int, tokens0: int, train_seconds0: floa
         "val_ppl": trainer.last_eval.get("val_ppl"),
         "skipped_records": sum(p.skipped_records for p in trainer.phases),
         "compile": trainer.step_times.summary(trainer.compile),
+        **{k: v for k, v in trainer.last_eval.items() if k.startswith("rl/")},  # an RL run's held-out rewards
     }
     if trainer.peak_flops:
         summary["mfu"] = mfu(trainer, tps)

@@ -275,17 +275,18 @@ class Trainer(Checkpointing):
         batch.terms.append(terms)
         return terms.objective
 
-    def _rollouts(self, prompts: list[list[int]], seed: int) -> list[Rollout]:
-        """The RL phase's policy: responses to `prompts` from the model being trained (rl/rollout.py)."""
+    def _rollouts(self, prompts: list[list[int]], seed: int | None) -> list[Rollout]:
+        """The RL phase's policy: responses to `prompts` from the model being trained
+        (rl/rollout.py), sampled from `seed`, or greedy (None: an evaluation's)."""
         rl = self.cfg.rl
-        generator = torch.Generator(device=self.device).manual_seed(seed)
+        generator = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else None
         with self.precision.autocast():
             return generate(
                 self.model,
                 prompts,
                 rl.max_new_tokens,
                 self.tok.eos_id,
-                temperature=rl.temperature,
+                temperature=rl.temperature if seed is not None else 0.0,
                 top_p=rl.top_p,
                 generator=generator,
                 version=self.state.step,
@@ -381,6 +382,8 @@ class Trainer(Checkpointing):
         """The held-out loss, each rank scoring its share of the eval micro-batches. An error or
         a run past train.eval_timeout abandons it: hooks hear of it (the orchestrator journals
         it) and training goes on."""
+        if isinstance(self.loader, RolloutLoader):  # RL: held-out prompts answered and scored
+            return self._evaluate_rl()
         micro_batches = self.phases[self.state.phase].eval_micro
         if not micro_batches:
             return {}
@@ -401,6 +404,15 @@ class Trainer(Checkpointing):
             "val_ppl": math.exp(min(losses["val_loss"], 50.0)),
             **{k: v for k, v in losses.items() if k != "val_loss"},  # each source of a mixture
         }
+        self._call("on_eval", self.last_eval)
+        return self.last_eval
+
+    def _evaluate_rl(self) -> dict[str, Any]:
+        self.watchdog.beat("evaluation")
+        figures = self.loader.evaluate()
+        if not figures:
+            return {}
+        self.last_eval = {"step": self.state.step, "phase": self.phases[self.state.phase].name, **figures}
         self._call("on_eval", self.last_eval)
         return self.last_eval
 
