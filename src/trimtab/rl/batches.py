@@ -51,6 +51,8 @@ class RolloutBatch(StepBatch):
 
 
 class RolloutLoader:
+    """An RL phase's steps (see the module docstring); `policy` is set by the trainer."""
+
     def __init__(
         self,
         problems: list[Problem],
@@ -136,15 +138,13 @@ class RolloutLoader:
                 groups[-1].append(i)
             else:
                 groups.append([i])
-        batch.micro = [
-            self._collate([rollouts[i] for i in g], [batch.advantage[i] for i in g], g, batch) for g in groups
-        ]
+        batch.micro = [self._collate(batch, group) for group in groups]
         batch.n_targets = normaliser([len(r.tokens) for r in rollouts], cfg.aggregation, cfg.max_new_tokens)
         return batch
 
-    def _collate(
-        self, rollouts: list[Rollout], adv: list[float], group: list[int], batch: RolloutBatch
-    ) -> PolicyMicroBatch:
+    def _collate(self, batch: RolloutBatch, group: list[int]) -> PolicyMicroBatch:
+        """The step's rollouts `group` (their indices in `batch`) as one micro-batch."""
+        rollouts = [batch.rollouts[i] for i in group]
         width = max(len(r.prompt) + len(r.tokens) - 1 for r in rollouts)
         inputs = torch.full((len(rollouts), width), self.tok.pad_id, dtype=torch.long)
         targets = torch.full((len(rollouts), width), IGNORE_INDEX, dtype=torch.long)
@@ -158,6 +158,12 @@ class RolloutLoader:
         n = int((targets != IGNORE_INDEX).sum())
         advantage = torch.tensor([batch.advantage[i] for i in group])
         return PolicyMicroBatch(inputs, targets, n, [batch.rows[i] for i in group], old, advantage, weights)
+
+    def close(self) -> None:
+        """End the verifier pool's processes (the run is over)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def skip_rows(self, rows: list[int]) -> int:
         """Never draw these prompts again (after a rollback that blamed them)."""

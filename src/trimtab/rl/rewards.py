@@ -124,7 +124,8 @@ class _Worker:
 @dataclass
 class Scored:
     rewards: list[float]
-    events: list[dict[str, Any]] = field(default_factory=list)  # timeouts and errors: index, kind, detail
+    # each verification that failed: index, kind (timeout | error | died) and detail
+    events: list[dict[str, Any]] = field(default_factory=list)
 
 
 class VerifierPool:
@@ -172,7 +173,7 @@ class VerifierPool:
                     try:
                         _, value, error = w.conn.recv()
                     except EOFError:  # the process died (a crash in native code): tried again
-                        value, error = None, "the verifier's process died"
+                        value, error, kind = None, "the verifier's process died", "died"
                     if value is not None:  # a verdict (an error in the verifier: 0, said)
                         out.rewards[index], w.job = value, None
                         if error:
@@ -181,12 +182,12 @@ class VerifierPool:
                 elif time.monotonic() - started < self.timeout_s:
                     continue
                 else:
-                    error = f"no verdict within {self.timeout_s:g} s"
+                    error, kind = f"no verdict within {self.timeout_s:g} s", "timeout"
                 self._replace(w)
                 if tries[index] <= self.retries:
                     pending.appendleft(index)
                 else:
-                    out.events.append({"index": index, "kind": "timeout", "detail": error})
+                    out.events.append({"index": index, "kind": kind, "detail": error})
         return out
 
     def close(self) -> None:

@@ -145,6 +145,8 @@ class Trainer(Checkpointing):
         self._call("on_train_end", summary)
         if self.replicas is not None:
             self.replicas.close()
+        if isinstance(self.loader, RolloutLoader):
+            self.loader.close()  # its verifier processes
         self.dist.close()
         return summary
 
@@ -194,7 +196,9 @@ class Trainer(Checkpointing):
         routers = RouterStats(self.model, self.device)
         # per-row losses come out of the fused loss (not a pipeline's stages, not a vocab-sharded head)
         per_row = self.dist.pipeline is None and not hasattr(self.model.lm_head.weight, "to_local")
-        per_row = per_row and not isinstance(batch, RolloutBatch)  # RL: no likelihood per row to watch
+        if isinstance(batch, RolloutBatch):  # RL: no likelihood per row to watch; this computation's sums
+            per_row = False
+            batch.terms.clear()  # (a re-run or an OOM retry computes them again)
         rows = RowLosses(batch.rows, self.device) if per_row else None
         self.watchdog.beat("forward_backward")
         local_sq = self.dist.watch_local() if self.rerun else None  # whose computation a re-run faults
