@@ -30,6 +30,8 @@ class RLConfig(Section):
     aggregation: str = "token_mean"  # token_mean (DAPO) | seq_mean (GRPO) | constant (Dr. GRPO)
     eps_low: float = 0.2  # the clip below 1 (PPO)
     eps_high: float = 0.28  # the clip above 1 (DAPO's clip-higher)
+    dynamic_sampling: bool = False  # DAPO: groups with equal rewards dropped, more prompts drawn instead
+    resample_rounds: int = 3  # dynamic sampling's extra draws a step at most
     verifier_workers: int = 2  # processes scoring responses
     verifier_timeout_s: float = 10.0  # a verification past this is killed: reward 0, said
     verifier_retries: int = 1
@@ -47,3 +49,4 @@ class RLConfig(Section):
         _check(self.verifier_workers >= 1, "rl.verifier_workers", "must be >= 1")
         _check(self.verifier_timeout_s > 0, "rl.verifier_timeout_s", "must be > 0 seconds")
         _check(self.verifier_retries >= 0, "rl.verifier_retries", "must be >= 0")
+        _check(self.resample_rounds >= 0, "rl.resample_rounds", "must be >= 0")

@@ -47,6 +47,7 @@ class RolloutBatch(StepBatch):
     advantage: list[float] = field(default_factory=list)  # each rollout's
     rewards: list[float] = field(default_factory=list)
     failures: int = 0  # verifications that timed out or raised (their reward: 0)
+    drawn: list[list[float]] = field(default_factory=list)  # every group drawn's rewards (dynamic sampling drops some)
     terms: list[PolicyTerms] = field(default_factory=list)  # the objective's sums, filled by the trainer
 
 
@@ -74,6 +75,7 @@ class RolloutLoader:
         self._order = self._permutation(0)
         self._pool: VerifierPool | None = None
         self._window: list[RolloutBatch] = []  # the steps since metrics() was read
+        self._failed = 0  # this step's verifications that failed so far
 
     def _permutation(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.problems))
@@ -89,21 +91,43 @@ class RolloutLoader:
                 return index
 
     def next_batch(self) -> RolloutBatch:
-        """A step: prompts_per_step prompts, group_size responses to each, scored."""
-        cfg = self.cfg
-        chosen = [self._next_problem() for _ in range(cfg.prompts_per_step)]
-        prompts = [self.tok.encode(self.problems[i].prompt, specials=True) for i in chosen]
-        seed = self.seed * 1_000_003 + self.draws  # the step's sampling seed: a resumed run draws alike
-        self.draws += 1
-        rollouts = self.policy([p for p in prompts for _ in range(cfg.group_size)], seed)
-        answers = [self.problems[i].answer for i in chosen for _ in range(cfg.group_size)]
-        rewards, failures = self._score(rollouts, answers)
-        adv = advantages(torch.tensor(rewards).view(-1, cfg.group_size), cfg.baseline).view(-1).tolist()
-        rows = [i for i in chosen for _ in range(cfg.group_size)]
+        """A step: prompts_per_step prompts, group_size responses to each, scored. With
+        rl.dynamic_sampling (DAPO), groups whose rewards are all equal (no advantage, no
+        gradient) are dropped and more prompts drawn in their place, up to rl.resample_rounds
+        times; a step that finds none with a signal trains what it drew (nothing to learn)."""
+        cfg, G = self.cfg, self.cfg.group_size
+        drawn = self._groups(cfg.prompts_per_step)
+        groups = drawn
+        if cfg.dynamic_sampling:
+            groups = [g for g in drawn if max(g[2]) != min(g[2])]
+            for _ in range(cfg.resample_rounds):
+                if len(groups) >= cfg.prompts_per_step:
+                    break
+                more = self._groups(cfg.prompts_per_step - len(groups))
+                drawn += more
+                groups += [g for g in more if max(g[2]) != min(g[2])]
+            groups = groups or drawn[-cfg.prompts_per_step :]
+        rollouts = [r for _, group, _ in groups for r in group]
+        rewards = [x for _, _, scores in groups for x in scores]
+        adv = advantages(torch.tensor(rewards).view(-1, G), cfg.baseline).view(-1).tolist()
+        rows = [problem for problem, _, _ in groups for _ in range(G)]
         n_tokens = sum(len(r.prompt) + len(r.tokens) - 1 for r in rollouts)
-        batch = RolloutBatch([], 0, n_tokens, rows, None, rollouts, adv, rewards, failures)
+        failures, self._failed = self._failed, 0
+        batch = RolloutBatch([], 0, n_tokens, rows, None, rollouts, adv, rewards, failures, [g[2] for g in drawn])
         self._window.append(batch)
         return self.regroup(batch)
+
+    def _groups(self, n: int) -> list[tuple[int, list[Rollout], list[float]]]:
+        """`n` prompts drawn, group_size responses to each, scored: (problem, responses, rewards)."""
+        G = self.cfg.group_size
+        chosen = [self._next_problem() for _ in range(n)]
+        prompts = [self.tok.encode(self.problems[i].prompt, specials=True) for i in chosen]
+        seed = self.seed * 1_000_003 + self.draws  # each draw's sampling seed: a resumed run draws alike
+        self.draws += 1
+        rollouts = self.policy([p for p in prompts for _ in range(G)], seed)
+        rewards, failures = self._score(rollouts, [self.problems[i].answer for i in chosen for _ in range(G)])
+        self._failed += failures
+        return [(i, rollouts[k * G : (k + 1) * G], rewards[k * G : (k + 1) * G]) for k, i in enumerate(chosen)]
 
     def _score(self, rollouts: list[Rollout], answers: list[str]) -> tuple[list[float], int]:
         """Each response's reward, and how many verifications failed (timed out or raised: 0)."""
@@ -178,13 +202,13 @@ class RolloutLoader:
         window, self._window = self._window, []
         if not window:
             return {}
-        rewards = [r for b in window for r in b.rewards]
+        groups = [g for b in window for g in b.drawn]  # every group drawn, trained or dropped
+        rewards = [r for g in groups for r in g]
         rollouts = [r for b in window for r in b.rollouts]
-        G = self.cfg.group_size
-        groups = [b.rewards[i : i + G] for b in window for i in range(0, len(b.rewards), G)]
         out = {
             "rl/reward": sum(rewards) / len(rewards),
             "rl/zero_variance_groups": sum(max(g) == min(g) for g in groups) / len(groups),
+            "rl/groups_drawn": len(groups) / len(window),
             "rl/response_tokens": sum(len(r.tokens) for r in rollouts) / len(rollouts),
             "rl/truncated": sum(r.truncated for r in rollouts) / len(rollouts),
             "rl/verifier_failures": float(sum(b.failures for b in window)),

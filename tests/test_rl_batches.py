@@ -1,0 +1,76 @@
+"""The RL step's batch (rl/batches.py) with a scripted policy: micro-batches that hold each
+response's targets and behaviour log-probabilities where the trainer needs them, and DAPO's
+dynamic sampling, which trains only groups whose rewards differ."""
+
+from trimtab.config.rl import RLConfig
+from trimtab.data.packing import IGNORE_INDEX
+from trimtab.rl.batches import RolloutLoader
+from trimtab.rl.rollout import Rollout
+from trimtab.rl.tasks import Problem
+
+EOS = 0
+
+
+class CharTokenizer:
+    eos_id = pad_id = EOS
+
+    def encode(self, text: str, specials: bool = False) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(map(chr, ids))
+
+
+def policy(prompts: list[list[int]], seed: int | None) -> list[Rollout]:
+    """Problem qN (N even): every response wrong; N odd: the group's responses alternate right, wrong."""
+    out = []
+    for k, prompt in enumerate(prompts):
+        right = int(chr(prompt[-1])) % 2 == 1 and k % 2 == 0
+        tokens = [ord("x" if right else "y"), EOS]
+        out.append(Rollout(prompt, tokens, [-0.5, -0.25], truncated=False))
+    return out
+
+
+def loader(**rl) -> RolloutLoader:
+    cfg = RLConfig(**{"group_size": 2, "prompts_per_step": 2, "reward": "exact", "verifier_workers": 1, **rl})
+    problems = [Problem(f"q{i}", "x") for i in range(10)]
+    made = RolloutLoader(problems, CharTokenizer(), cfg, micro_batch_tokens=8, seed=0, max_prompt_tokens=2)
+    made.policy = policy
+    return made
+
+
+def test_a_step_holds_each_response_at_its_place_with_its_advantage():
+    ours = loader()
+    try:
+        batch = ours.next_batch()
+    finally:
+        ours.close()
+    assert len(batch.rollouts) == 4 and batch.n_targets == 8  # token_mean: every response token
+    for micro in batch.micro:
+        for b, row in enumerate(micro.targets):
+            where = (row != IGNORE_INDEX).nonzero().flatten().tolist()
+            assert where == [1, 2]  # the prompt "qN" is 2 tokens: its last input predicts the first response token
+            assert micro.old_logprobs[b, 1:3].tolist() == [-0.5, -0.25] and micro.inputs[b, 0] == ord("q")
+        assert micro.inputs.shape[0] * micro.inputs.shape[1] <= 8  # the micro-batch budget
+    assert sum(m.inputs.shape[0] for m in batch.micro) == 4
+
+
+def test_dynamic_sampling_trains_only_groups_whose_rewards_differ_and_resumes_alike():
+    plain, dynamic = loader(), loader(dynamic_sampling=True, resample_rounds=5)
+    try:
+        drawn = plain.next_batch()
+        assert drawn.rewards == [x for g in drawn.drawn for x in g] and len(drawn.drawn) == 2  # trains what it drew
+        steps = [dynamic.next_batch() for _ in range(3)]
+        state = dynamic.state_dict()
+        again = loader(dynamic_sampling=True, resample_rounds=5)
+        again.load_state_dict(state)
+        assert again.next_batch().rows == dynamic.next_batch().rows  # the same draws after a resume
+        again.close()
+    finally:
+        plain.close()
+        dynamic.close()
+    for batch in steps:
+        groups = [batch.rewards[i : i + 2] for i in range(0, len(batch.rewards), 2)]
+        assert len(groups) == 2 and all(max(g) != min(g) for g in groups)  # both groups informative
+        assert all(row % 2 == 1 for row in batch.rows)  # the odd problems: the ones with a signal
+    assert sum(len(b.drawn) for b in steps) > 6  # some draws were dropped and drawn again
