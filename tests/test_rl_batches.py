@@ -4,7 +4,7 @@ dynamic sampling, which trains only groups whose rewards differ."""
 
 from trimtab.config.rl import RLConfig
 from trimtab.data.packing import IGNORE_INDEX
-from trimtab.rl.batches import RolloutLoader
+from trimtab.rl.batches import RolloutLoader, overlong_penalty
 from trimtab.rl.rollout import Rollout
 from trimtab.rl.tasks import Problem
 
@@ -74,3 +74,25 @@ def test_dynamic_sampling_trains_only_groups_whose_rewards_differ_and_resumes_al
         assert len(groups) == 2 and all(max(g) != min(g) for g in groups)  # both groups informative
         assert all(row % 2 == 1 for row in batch.rows)  # the odd problems: the ones with a signal
     assert sum(len(b.drawn) for b in steps) > 6  # some draws were dropped and drawn again
+
+
+def test_overlong_responses_can_be_penalised_softly_or_left_out():
+    cfg = RLConfig(max_new_tokens=8, overlong_buffer=4)
+    assert [overlong_penalty(n, cfg) for n in (3, 4, 6, 8)] == [0.0, 0.0, -0.5, -1.0]
+    assert overlong_penalty(8, RLConfig(max_new_tokens=8)) == 0.0  # no buffer: no penalty
+
+    def cut_first(prompts, seed):  # the first response of each group runs to the budget, uncut by EOS
+        return [
+            Rollout(p, [ord("y")] * 3 if k % 2 == 0 else [ord("x"), EOS], [-1.0] * (3 if k % 2 == 0 else 2), k % 2 == 0)
+            for k, p in enumerate(prompts)
+        ]
+
+    ours = loader(overlong_filter=True, max_new_tokens=3)
+    ours.policy = cut_first
+    try:
+        batch = ours.next_batch()
+    finally:
+        ours.close()
+    assert sum(m.inputs.shape[0] for m in batch.micro) == 2 and batch.n_targets == 4  # the two whole responses
+    rows = [row[row != IGNORE_INDEX].tolist() for m in batch.micro for row in m.targets]
+    assert rows == [[ord("x"), EOS]] * 2

@@ -32,6 +32,8 @@ class RLConfig(Section):
     eps_high: float = 0.28  # the clip above 1 (DAPO's clip-higher)
     dynamic_sampling: bool = False  # DAPO: groups with equal rewards dropped, more prompts drawn instead
     resample_rounds: int = 3  # dynamic sampling's extra draws a step at most
+    overlong_filter: bool = False  # DAPO: responses cut at max_new_tokens are left out of the loss
+    overlong_buffer: int = 0  # DAPO's soft penalty: the last N tokens of the budget cost up to 1 reward
     verifier_workers: int = 2  # processes scoring responses
     verifier_timeout_s: float = 10.0  # a verification past this is killed: reward 0, said
     verifier_retries: int = 1
@@ -50,3 +52,8 @@ class RLConfig(Section):
         _check(self.verifier_timeout_s > 0, "rl.verifier_timeout_s", "must be > 0 seconds")
         _check(self.verifier_retries >= 0, "rl.verifier_retries", "must be >= 0")
         _check(self.resample_rounds >= 0, "rl.resample_rounds", "must be >= 0")
+        _check(
+            0 <= self.overlong_buffer < self.max_new_tokens,
+            "rl.overlong_buffer",
+            f"must be 0 .. rl.max_new_tokens - 1 ({self.max_new_tokens - 1})",
+        )

@@ -51,6 +51,15 @@ class RolloutBatch(StepBatch):
     terms: list[PolicyTerms] = field(default_factory=list)  # the objective's sums, filled by the trainer
 
 
+def overlong_penalty(length: int, cfg: RLConfig) -> float:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13): 0 up to max_new_tokens -
+    overlong_buffer tokens, then falling linearly to -1 at the budget (0 with no buffer)."""
+    start = cfg.max_new_tokens - cfg.overlong_buffer
+    if not cfg.overlong_buffer or length <= start:
+        return 0.0
+    return (start - length) / cfg.overlong_buffer
+
+
 class RolloutLoader:
     """An RL phase's steps (see the module docstring); `policy` is set by the trainer."""
 
@@ -126,6 +135,7 @@ class RolloutLoader:
         self.draws += 1
         rollouts = self.policy([p for p in prompts for _ in range(G)], seed)
         rewards, failures = self._score(rollouts, [self.problems[i].answer for i in chosen for _ in range(G)])
+        rewards = [r + overlong_penalty(len(ro.tokens), self.cfg) for r, ro in zip(rewards, rollouts)]
         self._failed += failures
         return [(i, rollouts[k * G : (k + 1) * G], rewards[k * G : (k + 1) * G]) for k, i in enumerate(chosen)]
 
@@ -153,17 +163,21 @@ class RolloutLoader:
 
     def regroup(self, batch: RolloutBatch) -> RolloutBatch:
         """The step's sequences cut into micro-batches of the current budget: longest first,
-        filled while rows x the first (longest) one's width fit micro_batch_tokens."""
+        filled while rows x the first (longest) one's width fit micro_batch_tokens. With
+        rl.overlong_filter the responses cut at the budget are left out (DAPO's overlong
+        filtering: a cut response's reward says nothing of its answer)."""
         cfg, rollouts = self.cfg, batch.rollouts
         width = [len(r.prompt) + len(r.tokens) - 1 for r in rollouts]  # input positions
+        trained = [i for i, r in enumerate(rollouts) if not (cfg.overlong_filter and r.truncated)]
+        trained = trained or list(range(len(rollouts)))  # every response cut: trained as they are
         groups: list[list[int]] = []
-        for i in sorted(range(len(rollouts)), key=lambda i: -width[i]):
+        for i in sorted(trained, key=lambda i: -width[i]):
             if groups and (len(groups[-1]) + 1) * width[groups[-1][0]] <= self.micro_batch_tokens:
                 groups[-1].append(i)
             else:
                 groups.append([i])
         batch.micro = [self._collate(batch, group) for group in groups]
-        batch.n_targets = normaliser([len(r.tokens) for r in rollouts], cfg.aggregation, cfg.max_new_tokens)
+        batch.n_targets = normaliser([len(rollouts[i].tokens) for i in trained], cfg.aggregation, cfg.max_new_tokens)
         return batch
 
     def _collate(self, batch: RolloutBatch, group: list[int]) -> PolicyMicroBatch:
