@@ -29,3 +29,8 @@ def starts_with_space(response: str, answer: str) -> float:
     """1 when the response begins with a space: about half a small model's first tokens do, so
     groups differ and the policy can learn to (tests/test_rl_train.py)."""
     return float(response.startswith(" "))
+
+
+def nothing(response: str, answer: str) -> float:
+    """0 for every response: every group earns one reward, the signal is gone (rule rl_signal)."""
+    return 0.0

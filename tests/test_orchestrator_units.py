@@ -40,6 +40,7 @@ def metrics(
     lr_scale=1.0,
     scheduled_lr=None,
     micro_batch_tokens=0,
+    rl_flat_groups=None,
 ):
     return StepMetrics(
         step=step,
@@ -54,6 +55,7 @@ def metrics(
         memory_frac=memory,
         micro_batch_tokens=micro_batch_tokens,
         rows=[step],
+        rl_flat_groups=rl_flat_groups,
     )
 
 
@@ -290,6 +292,7 @@ def test_build_monitors_respects_enabled():
         "fp16",
         "lr",
         "oom",  # the OOM path's retries and its probe back up live in a monitor too
+        "rl_signal",  # silent outside `trimtab rl`: only an RL step carries its reading
     }  # moe: the orchestrator adds MoEHealth
     cfg.spike.enabled = cfg.plateau.enabled = False
     assert "spike" not in build_monitors(cfg) and "plateau" not in build_monitors(cfg)
@@ -1017,3 +1020,28 @@ def test_a_suspect_device_is_named_and_its_node_left_out_only_where_allowed(monk
     assert excluded.action == "exclude_node" and excluded.params == {"node": 1}
     on_node_0 = rerun_finding(11, {**verdict, "ranks": [1]}, reproducible, {"1": 1}, suspect_after=2)
     assert remedies.transient(on_node_0, cfg).action == "rerun_step"  # rank 1 is on node 0
+
+
+def test_groups_that_teach_nothing_raise_the_rl_temperature_up_to_its_ceiling():
+    """rl_signal: the share of groups with one reward for all responses, averaged over the
+    window; at the threshold the temperature rises by the factor, then stops at the ceiling."""
+    from types import SimpleNamespace
+
+    from trimtab.orchestrator.rl_health import NoLearningSignal, remedy
+
+    cfg = OrchestratorConfig()
+    cfg.rl_signal.window, cfg.rl_signal.threshold = 3, 0.75
+    mon = NoLearningSignal(cfg)
+    assert mon.observe(metrics(1)) is None  # not an RL step
+    shares = [0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0]
+    found = [mon.observe(metrics(i + 1, rl_flat_groups=v)) for i, v in enumerate(shares)]
+    # means of three: .5 .5 .67 below 0.75, then .83 at step 6; a fresh window: 1.0 at step 9
+    assert [f is not None for f in found] == [False] * 5 + [True, False, False, True]
+    assert found[5].rule == "rl_signal" and found[5].evidence["flat_groups"] == pytest.approx(5 / 6)
+    assert found[5].strength == pytest.approx(2 / 3) and found[8].strength == 1.0
+    raised = remedy(found[5], SimpleNamespace(rl_temperature=1.0), cfg)
+    assert (raised.action, raised.params) == ("set_rl_temperature", {"value": 1.25})
+    capped = remedy(found[5], SimpleNamespace(rl_temperature=1.8), cfg)
+    assert capped.params == {"value": 2.0}
+    said = remedy(found[5], SimpleNamespace(rl_temperature=2.0), cfg)
+    assert said.action == "none" and "rl.group_size" in said.reasoning

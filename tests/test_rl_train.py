@@ -66,6 +66,20 @@ def test_an_interrupted_rl_run_resumes_to_the_uninterrupted_weights(tmp_path, ba
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_groups_that_teach_nothing_raise_the_temperature_up_to_the_ceiling(tmp_path, base):
+    """rl_signal: a reward no response earns leaves every group flat; each window of 2 steps the
+    orchestrator samples warmer (x1.25), the objective follows, and at the ceiling it says so."""
+    sets = ["--set", "rl.reward=python:rl_verifiers:nothing", "--set", "orchestrator.rl_signal.window=2"]
+    logged = rl(tmp_path / "flat", base, 10, *sets, "--set", "orchestrator.rl_signal.max_temperature=1.6")
+    decisions = [d for d in read_decisions(tmp_path / "flat") if d["rule"] == "rl_signal"]
+    raised = [d["params"]["value"] for d in decisions if d["action"] == "set_rl_temperature" and d["applied"]]
+    assert raised[:2] == [1.25, 1.5625] and any(d["action"] == "none" for d in decisions), decisions
+    assert logged[0]["rl/temperature"] == 1.0 and logged[-1]["rl/temperature"] == raised[-1]
+    assert all(m["rl/zero_variance_groups"] == 1.0 and m["loss"] == 0.0 for m in logged)
+    state = json.loads(sorted((tmp_path / "flat/checkpoints").glob("step_*"))[-1].joinpath("state.json").read_text())
+    assert state["train"]["rl_temperature"] == raised[-1]  # checkpointed: a resume samples as warm
+
+
 def test_rl_needs_a_model_to_start_from_and_a_length(tmp_path):
     done = trimtab_cli(["rl", "--preset", "debug", "--out", str(tmp_path / "r"), "--max-steps", "2"], tmp_path)
     assert (

@@ -227,6 +227,21 @@ class MoDRule(Section):
 
 
 @dataclass
+class RLSignalRule(Section):
+    """RL's learning signal (`trimtab rl`, docs/rl.md): when the share of groups whose responses
+    all earned the same reward (advantage 0: no gradient) averages `threshold` or more over
+    `window` steps, the sampling temperature rises by `factor`, up to `max_temperature`, so a
+    group's answers differ; at the ceiling the rule says so for a person (more samples per
+    prompt, easier prompts, a warmer start)."""
+
+    enabled: bool = True
+    window: int = 5
+    threshold: float = 0.75
+    factor: float = 1.25
+    max_temperature: float = 2.0
+
+
+@dataclass
 class DataRule(Section):
     """Data attribution: when a bad stretch is the data's, the rows of its flagged steps are scored
     one by one on the current weights and a row is left out when its loss is above the held-out
@@ -310,6 +325,7 @@ class OrchestratorConfig(Section):
     fp16: Fp16Rule = field(default_factory=Fp16Rule)
     moe: MoERule = field(default_factory=MoERule)
     mod: MoDRule = field(default_factory=MoDRule)
+    rl_signal: RLSignalRule = field(default_factory=RLSignalRule)
     lr: LRRule = field(default_factory=LRRule)
     data: DataRule = field(default_factory=DataRule)
     rows: RowsRule = field(default_factory=RowsRule)
@@ -332,6 +348,7 @@ class OrchestratorConfig(Section):
         "fp16",
         "moe",
         "mod",
+        "rl_signal",
         "lr",
         "rows",
         "make_up",
@@ -350,6 +367,9 @@ class OrchestratorConfig(Section):
         for name in ("spike", "grad", "divergence", "plateau", "throughput", "straggler", "fp16", "moe", "mod"):
             _positive(getattr(self, name), f"orchestrator.{name}", "window")
         _check(self.spike.min_samples >= 2, "orchestrator.spike.min_samples", "must be >= 2")
+        _positive(self.rl_signal, "orchestrator.rl_signal", "window", "max_temperature")
+        _check(0 < self.rl_signal.threshold <= 1, "orchestrator.rl_signal.threshold", "must be in (0, 1]")
+        _check(self.rl_signal.factor > 1, "orchestrator.rl_signal.factor", "must be > 1 (it raises the temperature)")
         _check(self.divergence.window >= 4, "orchestrator.divergence.window", "must be >= 4")
         _check(0 < self.divergence.lr_factor < 1, "orchestrator.divergence.lr_factor", "must be in (0, 1)")
         _check(0 < self.above_start.lr_factor < 1, "orchestrator.above_start.lr_factor", "must be in (0, 1)")

@@ -44,6 +44,7 @@ class StepMetrics:
     row_losses: dict[int, tuple[float, int]] | None = None  # per row, training forward: mean loss, targets
     moe: list[tuple[int, list[float], float, int]] | None = None  # (layer, load shares, dropped, top_k)
     mod_capacity: float | None = None  # mean capacity of the Mixture-of-Depths layers
+    rl_flat_groups: float | None = None  # RL: the share of the step's groups with equal rewards (no signal)
 
 
 @dataclass(kw_only=True)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
-from trimtab.orchestrator import evaluation, make_up, remedies
+from trimtab.orchestrator import evaluation, make_up, remedies, rl_health
 from trimtab.orchestrator.attribution import DataAttribution
 from trimtab.orchestrator.monitors import Finding
 from trimtab.orchestrator.remedies import GAVE_UP, Remedy
@@ -63,6 +63,7 @@ class Policy:
             "throughput": lambda f, view: remedies.throughput(f, view, cfg),
             "moe": lambda f, view: remedies.moe(f, view, cfg),
             "mod": lambda f, view: remedies.mod(f, view, cfg),
+            "rl": lambda f, view: rl_health.remedy(f, view, cfg),
             "disk": lambda f, view: remedies.disk(f, view, cfg),
             "length": lambda f, view: remedies.length(f, view, cfg),
             "data": self._watched,

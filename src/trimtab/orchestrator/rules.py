@@ -6,6 +6,7 @@ from __future__ import annotations
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import GradExplosion, LossSpike, Monitor, NonFinite
 from trimtab.orchestrator.resources import Fp16Overflow, MemoryPressure, OutOfMemory, Throughput
+from trimtab.orchestrator.rl_health import NoLearningSignal
 from trimtab.orchestrator.trends import AboveStart, Divergence, Plateau, UnexplainedLR
 
 MONITORS = {
@@ -20,6 +21,7 @@ MONITORS = {
     "fp16": Fp16Overflow,
     "lr": UnexplainedLR,
     "oom": OutOfMemory,
+    "rl_signal": NoLearningSignal,
 }
 
 

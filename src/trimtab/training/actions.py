@@ -280,6 +280,13 @@ _TABLE = (
         params=(ActionParam(name="value", kind="float", bounds="(0, 1]"), LAYER),
     ),
     Action(
+        name="set_rl_temperature",
+        verb="rl-temperature",
+        says="RL sampling temperature {value:g}",
+        help="the temperature RL samples responses at, and evaluates their log-probabilities at (rl.temperature)",
+        params=(ActionParam(name="value", kind="float", bounds="(0, inf)"),),
+    ),
+    Action(
         name="set_total_steps",
         verb="total-steps",
         says="run length {steps} steps",

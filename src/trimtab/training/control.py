@@ -273,6 +273,12 @@ class Control:
             router.set_step(self._trainer.state.step)
         return f"MoD capacity {line.removeprefix('target ')}"
 
+    def _set_rl_temperature(self, value: float) -> str:
+        t = self._trainer
+        before = t.rl_temperature
+        t.state.rl_temperature = value
+        return f"RL sampling temperature {before:g} -> {value:g}"
+
 
 # Each action of the table (training/actions.py) -> its effect. skip_step takes effect when it is
 # requested (AT_ONCE): the next step's update gate reads it.
@@ -296,6 +302,7 @@ EFFECTS: dict[str, Callable[..., str]] = {
     "set_router_temperature": Control._set_router_temperature,
     "set_balance_coef": Control._set_balance_coef,
     "set_mod_capacity": Control._set_mod_capacity,
+    "set_rl_temperature": Control._set_rl_temperature,
     "set_total_steps": Control._set_total_steps,
     "set_checkpoint_every": Control._set_checkpoint_every,
     "exclude_node": Control._exclude_node,

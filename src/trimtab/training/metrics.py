@@ -33,8 +33,10 @@ def step_metrics(trainer: Trainer, lr: float) -> dict[str, Any]:
         "step_time": trainer.window.seconds / len(losses),
         "epoch": trainer.loader.epoch,
         "peak_rss_mb": peak_rss_mb(),
-        **trainer.loader.metrics(),  # a mixture's share of each source so far
+        **trainer.loader.metrics(),  # a mixture's share of each source so far; an RL step's figures
     }
+    if trainer.cfg.rl.enabled:
+        metrics["rl/temperature"] = trainer.rl_temperature  # rule rl_signal's knob
     if trainer.peak_flops:
         metrics["mfu"] = mfu(trainer, tps)
     out = trainer.last_step_out

@@ -27,6 +27,7 @@ class TrainState:
     weight_decay: float | None = None
     micro_batch_tokens: int | None = None
     checkpoint_every: int | None = None  # steps between checkpoints (None: checkpoint.every)
+    rl_temperature: float | None = None  # RL's sampling temperature (None: rl.temperature)
     rollbacks: int = 0
     length_delta: int = 0  # steps added to (< 0: taken from) pretraining by set_total_steps
     # The schedule's definition (training/schedule.py): each phase's configured length when last
@@ -42,6 +43,7 @@ KEPT_ON_ROLLBACK = (
     "weight_decay",
     "micro_batch_tokens",
     "checkpoint_every",
+    "rl_temperature",
     "rollbacks",
     "length_delta",
     "phase_steps",

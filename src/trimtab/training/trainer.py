@@ -274,10 +274,16 @@ class Trainer(Checkpointing):
         on = {k: getattr(micro, k).to(self.device, non_blocking=True) for k in ("old_logprobs", "advantage", "weights")}
         here = replace(micro, **on)
         terms = policy_from_hidden(
-            hidden, self.model.lm_head.weight, targets, here, rl.temperature, rl.eps_low, rl.eps_high
+            hidden, self.model.lm_head.weight, targets, here, self.rl_temperature, rl.eps_low, rl.eps_high
         )
         batch.terms.append(terms)
         return terms.objective
+
+    @property
+    def rl_temperature(self) -> float:
+        """RL's sampling temperature: the orchestrator's or a person's (rule rl_signal), else
+        rl.temperature. The objective evaluates the policy at it, as the rollouts were drawn."""
+        return self.state.rl_temperature or self.cfg.rl.temperature
 
     def _rollouts(self, prompts: list[list[int]], seed: int | None) -> list[Rollout]:
         """The RL phase's policy: responses to `prompts` from the model being trained
@@ -290,7 +296,7 @@ class Trainer(Checkpointing):
                 prompts,
                 rl.max_new_tokens,
                 self.tok.eos_id,
-                temperature=rl.temperature if seed is not None else 0.0,
+                temperature=self.rl_temperature if seed is not None else 0.0,
                 top_p=rl.top_p,
                 generator=generator,
                 version=self.state.step,

@@ -231,6 +231,11 @@ class RunView:
         return self._t.loader.micro_batch_tokens
 
     @property
+    def rl_temperature(self) -> float:
+        """RL's sampling temperature now (the knob a decision set, else rl.temperature)."""
+        return self._t.rl_temperature
+
+    @property
     def configured_micro_batch_tokens(self) -> int:
         """The budget the config starts with (train.micro_batch_tokens, or the whole step when auto)."""
         return self._t.cfg.train.micro_budget
