@@ -255,7 +255,7 @@ class Orchestrator(Hook):
                     row_losses=readings.row_means(o.batch.rows, values["rows"]),
                     moe=readings.moe_loads(o, values["moe"], top_k),
                     mod_capacity=values["mod"],
-                    rl_flat_groups=readings.flat_groups(o.batch),
+                    rl_flat_groups=getattr(o.batch, "flat_share", None),  # an RL step's (rl/batches.py)
                 )
                 self._observe(run, m)
             self._checkpoint_interval(run, seconds, stall)

@@ -28,13 +28,6 @@ def device_values(out: StepOutput, moe: bool) -> dict[str, Any]:
     }
 
 
-def flat_groups(batch: Any) -> float | None:
-    """An RL step's share of groups drawn whose rewards are all equal (rl/batches.py:
-    RolloutBatch.drawn, host values); None for any other step."""
-    drawn = getattr(batch, "drawn", None)
-    return sum(max(g) == min(g) for g in drawn) / len(drawn) if drawn else None
-
-
 def row_means(rows: list[int], host: list[list[float]] | None) -> dict[int, tuple[float, int]] | None:
     """Each row's (mean loss per target in nats, targets) from the step's read [R, 2] (summed
     loss, targets; a row's first place holds it, training.runtime.RowLosses); rows without

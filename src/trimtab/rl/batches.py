@@ -34,6 +34,15 @@ from trimtab.rl.tasks import Problem
 Policy = Callable[[list[list[int]], int | None], list[Rollout]]
 
 
+def flat(rewards: list[float]) -> bool:
+    """A group whose responses all earned one reward: advantage 0, nothing to learn."""
+    return max(rewards) == min(rewards)
+
+
+def flat_share(groups: list[list[float]]) -> float:
+    return sum(map(flat, groups)) / max(len(groups), 1)
+
+
 @dataclass
 class PolicyMicroBatch(MicroBatch):
     old_logprobs: torch.Tensor = None  # fp32 [B, T]: the behaviour policy's, at each target (0 elsewhere)
@@ -49,6 +58,11 @@ class RolloutBatch(StepBatch):
     failures: int = 0  # verifications that timed out or raised (their reward: 0)
     drawn: list[list[float]] = field(default_factory=list)  # every group drawn's rewards (dynamic sampling drops some)
     terms: list[PolicyTerms] = field(default_factory=list)  # the objective's sums, filled by the trainer
+
+    @property
+    def flat_share(self) -> float:
+        """The share of the groups drawn that teach nothing (the orchestrator's rule rl_signal)."""
+        return flat_share(self.drawn)
 
 
 def overlong_penalty(length: int, cfg: RLConfig) -> float:
@@ -108,13 +122,13 @@ class RolloutLoader:
         drawn = self._groups(cfg.prompts_per_step)
         groups = drawn
         if cfg.dynamic_sampling:
-            groups = [g for g in drawn if max(g[2]) != min(g[2])]
+            groups = [g for g in drawn if not flat(g[2])]
             for _ in range(cfg.resample_rounds):
                 if len(groups) >= cfg.prompts_per_step:
                     break
                 more = self._groups(cfg.prompts_per_step - len(groups))
                 drawn += more
-                groups += [g for g in more if max(g[2]) != min(g[2])]
+                groups += [g for g in more if not flat(g[2])]
             groups = groups or drawn[-cfg.prompts_per_step :]
         rollouts = [r for _, group, _ in groups for r in group]
         rewards = [x for _, _, scores in groups for x in scores]
@@ -221,7 +235,7 @@ class RolloutLoader:
         rollouts = [r for b in window for r in b.rollouts]
         out = {
             "rl/reward": sum(rewards) / len(rewards),
-            "rl/zero_variance_groups": sum(max(g) == min(g) for g in groups) / len(groups),
+            "rl/zero_variance_groups": flat_share(groups),
             "rl/groups_drawn": len(groups) / len(window),
             "rl/response_tokens": sum(len(r.tokens) for r in rollouts) / len(rollouts),
             "rl/truncated": sum(r.truncated for r in rollouts) / len(rollouts),

@@ -142,7 +142,7 @@ class Checkpointing:
         self.finish_save()
         found = self.dist.from_main(find_checkpoint, self.cfg.run_dir, to)
         if found is not None and self.replicas is not None:
-            found = self._common_checkpoint(found[1]["step"])
+            found = self._common_checkpoint(found)
         if found is None:
             what = "good checkpoint" if to == "last_good" else f"checkpoint at or before step {to}"
             raise CheckpointError(f"no {what} to roll back to in {self.cfg.run_dir / 'checkpoints'}")
@@ -152,15 +152,18 @@ class Checkpointing:
         self.dist.on_main(retire_after, self.cfg.run_dir, self.state.step, self.cfg.checkpoint.keep)
         return f"rolled back from step {step} to step {self.state.step}"
 
-    def _common_checkpoint(self, step: int) -> tuple[Any, dict[str, Any]] | None:
-        """The newest checkpoint at or before `step` that every replica group holds (resilience.ft)."""
+    def _common_checkpoint(self, newest: tuple[Any, dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:
+        """The newest checkpoint at or before this group's `newest` that every replica group
+        holds (resilience.ft); each candidate is found (and verified) once."""
+        found = {newest[1]["step"]: newest}  # target step -> this group's newest at or before it
 
         def held(target: int) -> int:
-            found = self.dist.from_main(find_checkpoint, self.cfg.run_dir, target)
-            return found[1]["step"] if found is not None else -1
+            if target not in found:
+                found[target] = self.dist.from_main(find_checkpoint, self.cfg.run_dir, target)
+            return found[target][1]["step"] if found[target] is not None else -1
 
-        step = self.replicas.common_step(step, held)
-        return self.dist.from_main(find_checkpoint, self.cfg.run_dir, step) if step >= 0 else None
+        step = self.replicas.common_step(newest[1]["step"], held)
+        return found[step] if step >= 0 else None  # common_step ends on a step held() found here
 
     def _load(self, path, rollback: bool) -> None:
         weights, optim_state, state = self.dist.read_checkpoint(path)

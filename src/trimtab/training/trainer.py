@@ -389,11 +389,23 @@ class Trainer(Checkpointing):
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
-        """The held-out loss, each rank scoring its share of the eval micro-batches. An error or
-        a run past train.eval_timeout abandons it: hooks hear of it (the orchestrator journals
-        it) and training goes on."""
+        """The held-out figures, hooks told (on_eval): the loss, each rank scoring its share of
+        the eval micro-batches, or an RL phase's held-out rewards. An error or a run past
+        train.eval_timeout abandons it: hooks hear of it (the orchestrator journals it) and
+        training goes on."""
         if isinstance(self.loader, RolloutLoader):  # RL: held-out prompts answered and scored
-            return self._evaluate_rl()
+            self.watchdog.beat("evaluation")
+            figures = self.loader.evaluate()
+        else:
+            figures = self._held_out_figures()
+        if not figures:
+            return {}
+        self.last_eval = {"step": self.state.step, "phase": self.phases[self.state.phase].name, **figures}
+        self._call("on_eval", self.last_eval)
+        return self.last_eval
+
+    def _held_out_figures(self) -> dict[str, Any]:
+        """val_loss, val_ppl and each mixture source's loss; {} without eval data or on an error."""
         micro_batches = self.phases[self.state.phase].eval_micro
         if not micro_batches:
             return {}
@@ -407,24 +419,11 @@ class Trainer(Checkpointing):
             self._call("on_eval_error", self.state.step, error)
             return {}
         losses = mean_losses(sums, self.phases[self.state.phase].eval_sources)
-        self.last_eval = {
-            "step": self.state.step,
-            "phase": self.phases[self.state.phase].name,
+        return {
             "val_loss": losses["val_loss"],
             "val_ppl": math.exp(min(losses["val_loss"], 50.0)),
             **{k: v for k, v in losses.items() if k != "val_loss"},  # each source of a mixture
         }
-        self._call("on_eval", self.last_eval)
-        return self.last_eval
-
-    def _evaluate_rl(self) -> dict[str, Any]:
-        self.watchdog.beat("evaluation")
-        figures = self.loader.evaluate()
-        if not figures:
-            return {}
-        self.last_eval = {"step": self.state.step, "phase": self.phases[self.state.phase].name, **figures}
-        self._call("on_eval", self.last_eval)
-        return self.last_eval
 
     @torch.no_grad()
     def held_out_loss(self, micro_batches: list) -> float:
