@@ -96,3 +96,16 @@ def test_overlong_responses_can_be_penalised_softly_or_left_out():
     assert sum(m.inputs.shape[0] for m in batch.micro) == 2 and batch.n_targets == 4  # the two whole responses
     rows = [row[row != IGNORE_INDEX].tolist() for m in batch.micro for row in m.targets]
     assert rows == [[ord("x"), EOS]] * 2
+
+
+def test_each_micro_batch_holds_its_part_of_the_step_normaliser():
+    """The trainer weights a micro-batch's auxiliary losses by n_targets / the step's: under
+    every aggregation the micro-batches' parts add up to the step's normaliser."""
+    for aggregation, whole in (("token_mean", 8), ("seq_mean", 4), ("constant", 4 * 16)):
+        ours = loader(aggregation=aggregation)
+        try:
+            batch = ours.next_batch()
+        finally:
+            ours.close()
+        assert len(batch.micro) == 2 and batch.n_targets == whole
+        assert sum(m.n_targets for m in batch.micro) == whole, aggregation

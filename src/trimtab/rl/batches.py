@@ -48,6 +48,7 @@ class PolicyMicroBatch(MicroBatch):
     old_logprobs: torch.Tensor = None  # fp32 [B, T]: the behaviour policy's, at each target (0 elsewhere)
     advantage: torch.Tensor = None  # fp32 [B]: each response's
     weights: torch.Tensor = None  # fp32 [B, T]: each target's weight in the step's sum (rl/loss.py)
+    # n_targets: this micro-batch's part of the step's normaliser (its response tokens under token_mean)
 
 
 @dataclass
@@ -206,8 +207,11 @@ class RolloutLoader:
             inputs[b, : len(seq) - 1] = torch.tensor(seq[:-1])
             targets[b, start : start + len(r.tokens)] = torch.tensor(r.tokens)
             old[b, start : start + len(r.tokens)] = torch.tensor(r.logprobs)
-        weights = token_weights(targets != IGNORE_INDEX, self.cfg.aggregation)
-        n = int((targets != IGNORE_INDEX).sum())
+        cfg = self.cfg
+        weights = token_weights(targets != IGNORE_INDEX, cfg.aggregation)
+        # its part of the step's normaliser (their sum is the step's): the share the trainer
+        # weights this micro-batch's auxiliary losses and router statistics by
+        n = int(normaliser([len(r.tokens) for r in rollouts], cfg.aggregation, cfg.max_new_tokens))
         advantage = torch.tensor([batch.advantage[i] for i in group])
         return PolicyMicroBatch(inputs, targets, n, [batch.rows[i] for i in group], old, advantage, weights)
 
@@ -241,11 +245,13 @@ class RolloutLoader:
             "rl/truncated": sum(r.truncated for r in rollouts) / len(rollouts),
             "rl/verifier_failures": float(sum(b.failures for b in window)),
         }
-        terms = [(t, b.n_targets) for b in window for t in b.terms]
-        if terms:
-            out["rl/clip_fraction"] = sum(float(t.clipped) / n for t, n in terms) / len(window)
-            out["rl/kl"] = sum(float(t.kl) / n for t, n in terms) / len(window)
-            out["rl/ratio_max"] = max(float(t.ratio_max) for t, _ in terms)
+        trained = [b for b in window if b.terms]
+        if trained:  # each step's weighted means over its response tokens, then over the steps
+            weight = [float(sum(m.weights.sum() for m in b.micro)) for b in trained]
+            for key, name in (("rl/clip_fraction", "clipped"), ("rl/kl", "kl")):
+                out[key] = sum(float(sum(getattr(t, name) for t in b.terms)) / w for b, w in zip(trained, weight))
+                out[key] /= len(trained)
+            out["rl/ratio_max"] = max(float(t.ratio_max) for b in trained for t in b.terms)
         return out
 
     def state_dict(self) -> dict[str, Any]:
