@@ -13,6 +13,9 @@ Variants, each in its own subprocess (so peak memory is its own), run interleave
     trimtab          trimtab.training.Trainer.fit (the product: bf16 autocast, chunked fused
                      cross-entropy, fused AdamW, the orchestrator on), train.compile=false
     trimtab-compile  the same with train.compile=true
+    trimtab-fp8      train.precision=fp8: the linear layers' matmuls in float8 through torchao
+                     (train.fp8_recipe: --set train.fp8_recipe=rowwise), the rest as trimtab
+    trimtab-fp8-compile  the same with train.compile=true (float8's scaling fuses under compile)
     plain            a bare loop over the same model and batches: bf16 autocast, full-logits
                      F.cross_entropy, fused AdamW, clip; no orchestrator, no wrapping
 
@@ -50,10 +53,10 @@ from _benchfile import publish  # bench/_benchfile.py, next to this file
 from _measure import emit, paired_ratio, run_child
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("trimtab", "trimtab-compile", "plain")
+VARIANTS = ("trimtab", "trimtab-compile", "plain")  # and trimtab-fp8, trimtab-fp8-compile (sm89+)
 
 
-def _config(args: argparse.Namespace, out: str, compile_: bool):
+def _config(args: argparse.Namespace, out: str, compile_: bool, fp8: bool = False):
     from trimtab.config import load_config
 
     steps = args.warmup + args.steps
@@ -66,6 +69,7 @@ def _config(args: argparse.Namespace, out: str, compile_: bool):
         f"train.batch_tokens={args.batch_tokens}",
         f"train.micro_batch_tokens={args.micro_batch_tokens}",
         f"data.max_bytes={args.data_bytes}",
+        *(["train.precision=fp8"] if fp8 else []),
         *args.set,
     ]
     if args.dry_run:
@@ -73,7 +77,7 @@ def _config(args: argparse.Namespace, out: str, compile_: bool):
     return load_config(preset=args.preset, overrides={"out": out}, sets=sets)
 
 
-def run_trimtab(args: argparse.Namespace, compile_: bool) -> dict:
+def run_trimtab(args: argparse.Namespace, compile_: bool, fp8: bool = False) -> dict:
     import torch
 
     from trimtab.training.hooks import Hook
@@ -95,7 +99,7 @@ def run_trimtab(args: argparse.Namespace, compile_: bool) -> dict:
 
     prof = _profiler(torch) if args.profile else None
     with tempfile.TemporaryDirectory() as out:
-        cfg = _config(args, out, compile_)
+        cfg = _config(args, out, compile_, fp8)
         clock = Clock(prof)
         trainer = Trainer(setup(cfg), hooks=[clock])
         _set_moe_impl(trainer.model, args.moe_impl)
@@ -235,7 +239,7 @@ def child(args: argparse.Namespace) -> None:
     if args.variant == "plain":
         result = run_plain(args)
     else:
-        result = run_trimtab(args, compile_=args.variant == "trimtab-compile")
+        result = run_trimtab(args, compile_=args.variant.endswith("-compile"), fp8="-fp8" in args.variant)
     emit(result)
 
 
@@ -334,7 +338,8 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
         cold = f"{statistics.median(colds):.1f}" if colds else "-"
         lines.append(f"| {v} | {med[v]:,.0f} | {each} | {spread} | {mfu} | {warm:.1f} | {cold} | {mem:.1f} |")
     lines.append("")
-    for a, b in (("trimtab", "plain"), ("trimtab-compile", "trimtab")):
+    pairs = (("trimtab", "plain"), ("trimtab-compile", "trimtab"), ("trimtab-fp8", "trimtab"))
+    for a, b in (*pairs, ("trimtab-fp8-compile", "trimtab-compile")):
         if a in runs and b in runs and len(runs[a]) == len(runs[b]):  # repetition i of each, paired
             ratio = paired_ratio([r["tokens_per_s"] for r in runs[a]], [r["tokens_per_s"] for r in runs[b]])
             lines.append(f"- {a} / {b}, tokens/s: **{ratio}**")

@@ -186,3 +186,23 @@ def test_compiled_cuda_training_matches_eager(tmp_path):
     assert compiled["compile"]["cold_start_s"] > 0
     a, b = logged(tmp_path / "e"), logged(tmp_path / "c")
     torch.testing.assert_close(torch.tensor(list(b.values())), torch.tensor(list(a.values())), rtol=2e-2, atol=0)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="float8 needs sm89+"
+)
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_fp8_trains_on_cuda_alongside_bf16(tmp_path, recipe):
+    """The same 40 steps in bf16 and in float8: both learn, and fp8's curve stays near bf16's
+    (float8's 3-bit mantissa: a few percent, not a different run)."""
+    pytest.importorskip("torchao.float8")
+    sets = ["model.d_model=256", "model.n_heads=4", "model.n_layers=2"]
+    bf16 = trimtab.train(cuda_cfg(tmp_path / "bf16", steps=40, sets=[*sets, "train.precision=bf16"]))
+    fp8_sets = [*sets, "train.precision=fp8", f"train.fp8_recipe={recipe}"]
+    fp8 = trimtab.train(cuda_cfg(tmp_path / "fp8", steps=40, sets=fp8_sets))
+    assert bf16["status"] == fp8["status"] == "completed" and fp8["precision"] == "fp8"
+    a, b = logged(tmp_path / "bf16"), logged(tmp_path / "fp8")
+    assert b[40] < b[1] - 0.5, b
+    late = [abs(a[s] - b[s]) / a[s] for s in range(31, 41)]
+    assert max(late) < 0.05, late
+    assert read_decisions(tmp_path / "fp8") == []  # the orchestrator saw nothing to heal

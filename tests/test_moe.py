@@ -149,6 +149,28 @@ def test_capacity_drops_the_right_fraction_in_token_order(top_k, capacity_factor
     assert m.stats["dropped"].item() == 0.0
 
 
+def test_under_compile_dropless_bf16_takes_the_grouped_layout(monkeypatch):
+    """torch.compile traces grouped_mm in bf16 when dropless (whole graphs; padded's largest-load
+    read broke the graph at every MoE layer); fp32 and capacity mode stay padded."""
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    x = torch.randn(2, 8, D)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert make(capacity_factor=0).grouped_layout(x)
+        assert not make(capacity_factor=1.25).grouped_layout(x)
+        assert make(capacity_factor=1.25).eval().grouped_layout(x)  # eval is dropless
+    assert not make(capacity_factor=0).grouped_layout(x)  # fp32: grouped_mm's fake kernel rejects it
+
+
+@pytest.mark.slow
+def test_a_compiled_moe_layer_in_bf16_is_one_graph_and_matches_eager():
+    m = make(capacity_factor=0)
+    x = torch.randn(2, 16, D)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        explained = torch._dynamo.explain(m)(x)
+        assert explained.graph_break_count == 0, explained.break_reasons
+        torch.testing.assert_close(torch.compile(m)(x), m(x), rtol=1e-2, atol=1e-2)
+
+
 def test_layout_choice_and_autocast():
     x = torch.randn(2, 8, D)
     assert make().grouped_layout(x) and not make(h=6).grouped_layout(x)  # 24-byte rows

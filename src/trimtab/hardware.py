@@ -34,13 +34,15 @@ from trimtab.paths import cache_dir
 from trimtab.rundir import write_atomic
 
 log = logging.getLogger(__name__)
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# fp8: the linear layers' matmuls in float8 (training/services/float8.py), the rest in bf16 autocast
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+FP8_CAPABILITY = (8, 9)  # Ada and Hopper: the first with float8 tensor cores (torch._scaled_mm)
 
 
 @dataclass
 class Precision:
     device: torch.device
-    name: str  # fp32 | bf16 | fp16
+    name: str  # fp32 | bf16 | fp16 | fp8
     reason: str
 
     @property
@@ -78,7 +80,30 @@ def cpu_has_native_bf16() -> bool:
     )
 
 
+def fp8_unsupported(device: torch.device) -> str | None:
+    """Why train.precision=fp8 cannot run on `device`, or None where it can: an NVIDIA GPU of
+    compute capability 8.9 or newer, with torchao installed."""
+    if device.type != "cuda":
+        return f"float8 matmuls need an NVIDIA GPU of compute capability 8.9+ (Ada, Hopper); this is {device.type}"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < FP8_CAPABILITY:
+        name = torch.cuda.get_device_name(device)
+        major, minor = capability
+        return f"{name} is compute capability {major}.{minor}; float8 tensor cores need 8.9+ (Ada, Hopper)"
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError:
+        return "float8 training runs through torchao, which is not installed: pip install 'trimtab[fp8]'"
+    return None
+
+
 def choose_precision(device: torch.device, requested: str) -> Precision:
+    if requested == "fp8":
+        if reason := fp8_unsupported(device):
+            raise ConfigError(f"train.precision=fp8: {reason}; use bf16 (or auto)")
+        if device.type == "cuda":  # sm89+, as bf16 below: TF32 for the fp32 matmuls left
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        return Precision(device, "fp8", "train.precision=fp8 (set in config): float8 linear layers, bf16 autocast")
     if requested != "auto":
         return Precision(device, requested, f"train.precision={requested} (set in config)")
     if device.type == "cuda":

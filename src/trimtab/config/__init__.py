@@ -271,7 +271,9 @@ class TrainConfig(Section):
     micro_batch_tokens: int = 4096
     seed: int = 1234
     device: str = "auto"  # auto | cpu | cuda | mps
-    precision: str = "auto"  # auto | fp32 | bf16 | fp16
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16 | fp8 (CUDA sm89+, torchao; docs/precision.md)
+    # fp8's scaling: tensorwise (one scale per tensor, fastest) | rowwise (a scale per row, more accurate)
+    fp8_recipe: str = "tensorwise"
     # auto | true | false. auto: torch.compile when the run is long enough to repay its compile
     # time (training/services/compiling.py); short and CPU-sized runs stay eager.
     compile: str = "auto"
@@ -303,8 +305,11 @@ class TrainConfig(Section):
         )
         _check(self.device in ("auto", "cpu", "cuda", "mps"), "train.device", "must be auto, cpu, cuda or mps")
         _check(
-            self.precision in ("auto", "fp32", "bf16", "fp16"), "train.precision", "must be auto, fp32, bf16 or fp16"
+            self.precision in ("auto", "fp32", "bf16", "fp16", "fp8"),
+            "train.precision",
+            "must be auto, fp32, bf16, fp16 or fp8",
         )
+        _check(self.fp8_recipe in ("tensorwise", "rowwise"), "train.fp8_recipe", "must be tensorwise or rowwise")
         _check(self.compile in ("auto", "true", "false"), "train.compile", "must be auto, true or false")
         _check(self.eval_every >= 0, "train.eval_every", "must be >= 0")
         _check(self.eval_timeout >= 0, "train.eval_timeout", "must be >= 0 (0: no limit)")

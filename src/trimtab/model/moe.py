@@ -16,10 +16,9 @@ N * k / E) are dropped (Switch section 2.2; the token keeps its residual); capac
 dropless. Two layouts give the same result:
     grouped  the kept assignments packed by expert, three torch grouped_mm with per-expert
              offsets: no padding, no host sync when dropless (default on CPU, and on CUDA in
-             bf16 on sm80+, the kernel's requirement)
+             bf16 on sm80+, the kernel's requirement; under torch.compile in bf16, dropless)
     padded   a slot (expert, rank) per assignment in an [E, C, D] buffer, three bmm: computes
-             the padding, static shapes when compiled with a capacity (default elsewhere and
-             under torch.compile)
+             the padding, static shapes when compiled with a capacity (default elsewhere)
 Measured on a quiet 2-core CPU (bench/moe.py: N 4096, D 256, H 352, top-2, E 8-32, fwd + bwd):
 grouped ties one matmul per expert and beats padded by up to 1.25x (2 threads) / 1.5x (1 thread)
 at E = 32, where the largest load is 1.35x the mean at init (padding grows with imbalance). With
@@ -206,14 +205,19 @@ class MoE(nn.Module):
         packed rows), else impl "grouped", or "auto" in eager mode where grouped_mm has a kernel
         (CPU; CUDA in bf16 on sm80+) with rows of a multiple of 16 bytes (a kernel requirement;
         `hidden`: this rank's expert width). Measured faster than padded on both (bench/moe.py
-        on CPU; bench/gpu.py's moe-7b layers on an H200). torch.compile gets "padded":
-        grouped_mm's fake-tensor kernel rejects fp32 (torch 2.13)."""
+        on CPU; bench/gpu.py's moe-7b layers on an H200). Under torch.compile, grouped in bf16
+        when dropless: compiled whole (padded's largest-load read is a host sync that broke the
+        graph at every MoE layer, which ran eager); padded otherwise: grouped_mm's fake-tensor
+        kernel rejects fp32 (torch 2.13), and a capacity's dropping is a data-dependent shape
+        for grouped where padded's is static."""
         if self.dispatch is not grouped_swiglu:
             return True
         if self.impl != "auto":
             return self.impl == "grouped"
         dtype = compute_dtype(x)
-        if torch.compiler.is_compiling() or not _grouped_mm_runs_on(x, dtype):
+        if not _grouped_mm_runs_on(x, dtype):
+            return False
+        if torch.compiler.is_compiling() and (dtype != torch.bfloat16 or (self.training and self.capacity_factor > 0)):
             return False
         return self.d_model * dtype.itemsize % 16 == 0 and (hidden or self.hidden) * dtype.itemsize % 16 == 0
 

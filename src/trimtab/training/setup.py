@@ -43,6 +43,7 @@ from trimtab.rundir import CONFIG, write_atomic
 from trimtab.training.resume import resume_point
 from trimtab.training.services.compiling import CompileChoice, choose_compile
 from trimtab.training.services.cpu_precision import refine_cpu_precision
+from trimtab.training.services.float8 import to_float8
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +306,10 @@ def setup(cfg: RunConfig) -> BuiltRun:
     if cfg.train.init_from and not resume:
         source, hf_source = init_weights_from(cfg, model)
         log.info("initialised from %s (train.init_from)", source)
+    if precision.name == "fp8":
+        if cfg.distributed.tp > 1:
+            raise ConfigError("train.precision=fp8 with distributed.tp > 1 is not supported yet; use bf16 or tp 1")
+        to_float8(model, cfg.train.fp8_recipe)
     sizes = {
         "params": model.num_params(),
         "non_embedding_params": model.num_params(exclude_embeddings=True),
