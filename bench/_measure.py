@@ -12,6 +12,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,21 +41,41 @@ def run_child(
     what: str,
     cwd: Path | str | None = None,
     env: dict[str, str] | None = None,
-    timeout: float | None = None,
     tolerate: str | None = None,
+    echo: bool = False,
 ) -> dict:
     """Run a benchmark's child process; its `RESULT {json}` line (`emit`), with the other
     processes' share of the CPUs meanwhile as "other_cpu". A child that prints none stops the
     benchmark, showing its stderr, unless its stderr holds `tolerate` (any case): then the
-    result is {"failed": True, "other_cpu": ...}."""
+    result is {"failed": True, "other_cpu": ...}. `echo`: the child's stderr is also copied to
+    ours as it comes, so a benchmark killed by a time limit still shows how far each child got."""
     with Contention() as busy:
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
-    line = next((ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("RESULT ")), None)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
+        err: list[str] = []
+        pump = threading.Thread(target=_copy_lines, args=(proc.stderr, err, echo), daemon=True)
+        pump.start()
+        try:
+            stdout = proc.stdout.read()
+            proc.wait()
+        except BaseException:  # interrupted: the child must not outlive us
+            proc.kill()
+            raise
+        pump.join()
+    stderr = "".join(err)
+    line = next((ln for ln in reversed(stdout.splitlines()) if ln.startswith("RESULT ")), None)
     if line is None:
-        if tolerate is not None and tolerate.lower() in out.stderr.lower():
+        if tolerate is not None and tolerate.lower() in stderr.lower():
             return {"failed": True, "other_cpu": busy.other}
-        sys.exit(f"{what} failed (exit {out.returncode}):\n{out.stdout[-1000:]}\n{out.stderr[-3000:]}")
+        sys.exit(f"{what} failed (exit {proc.returncode}):\n{stdout[-1000:]}\n{stderr[-3000:]}")
     return {**json.loads(line[7:]), "other_cpu": busy.other}
+
+
+def _copy_lines(stream, into: list[str], echo: bool) -> None:
+    for line in stream:
+        into.append(line)
+        if echo:
+            sys.stderr.write(line)
+            sys.stderr.flush()
 
 
 def run_python(code: str, what: str, cwd: Path | str | None = None, env: dict[str, str] | None = None) -> dict:

@@ -250,6 +250,7 @@ def parent(args: argparse.Namespace) -> None:
         runs = _loaded(args.load)
     else:
         runs = _run_all(args)
+    runs = {v: rs for v, rs in runs.items() if rs}  # a variant a time limit cut before it ended: none
     first = next(iter(runs.values()))[0]  # saved repetitions (--load) carry their own date, device and torch
     other = [r["other_cpu"] for rs in runs.values() for r in rs if r.get("other_cpu") is not None]
     publish(
@@ -291,7 +292,7 @@ def _run_child(args: argparse.Namespace, variant: str, extra: list[str] = ()) ->
     for name in ("preset", "steps", "warmup", "batch_tokens", "micro_batch_tokens", "data_bytes", "moe_impl"):
         passthrough.append(f"--{name.replace('_', '-')}={getattr(args, name)}")
     cmd = [sys.executable, __file__, "--child", variant, *passthrough, *extra]
-    return run_child(cmd, variant, ROOT)
+    return run_child(cmd, variant, ROOT, echo=True)  # a stage cut by its time limit still logs each child's progress
 
 
 def _run_all(args: argparse.Namespace) -> dict[str, list[dict]]:
