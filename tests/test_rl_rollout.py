@@ -3,11 +3,13 @@ cache, for every kind of layer (dense, MoE, Mixture-of-Depths, both)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from trimtab.config import ModelConfig
 from trimtab.model import Transformer, build_model
+from trimtab.rl.replay import collate, recording, replaying
 from trimtab.rl.rollout import generate
 from trimtab.sampling import generate as generate_one
 
@@ -64,3 +66,51 @@ def test_prompts_the_model_cannot_hold_are_refused():
         generate(m, [[1] * 32], 4, EOS)
     with pytest.raises(ValueError, match="every prompt needs"):
         generate(m, [[1], []], 4, EOS)
+
+
+def _batch_logprobs(m: Transformer, rollouts, experts=None) -> list[list[float]]:
+    """Each response token's log-probability from one training-mode forward over the rollouts,
+    right-padded into one batch as rl/batches.py collates them."""
+    width = max(len(r.prompt) + len(r.tokens) - 1 for r in rollouts)
+    inputs = torch.full((len(rollouts), width), EOS)
+    for b, r in enumerate(rollouts):
+        seq = r.prompt + r.tokens
+        inputs[b, : len(seq) - 1] = torch.tensor(seq[:-1])
+    m.train()
+    with torch.no_grad(), replaying(m, experts):
+        full = torch.log_softmax(m(inputs).float(), -1)
+    m.eval()
+    return [[float(full[b, len(r.prompt) - 1 + i, t]) for i, t in enumerate(r.tokens)] for b, r in enumerate(rollouts)]
+
+
+def test_routing_replay_gives_the_training_forward_the_routing_generation_chose():
+    """A MoE policy whose training forward drops tokens past a capacity (generation never does)
+    and rounds differently: replaying generation's experts (rl/replay.py) brings the training
+    forward's log-probabilities back to the behaviour ones."""
+    m = model(["moe"])
+    for _, layer in m.moe_layers():
+        layer.capacity_factor = 1.0  # tight: a training forward drops some assignments
+    g = torch.Generator().manual_seed(3)
+    prompts = [p for p in PROMPTS for _ in range(4)]
+    rollouts = generate(m, prompts, 10, EOS, temperature=1.0, generator=g, record_routing=True)
+    for r in rollouts:  # every input position of its own: prompt, then the fed response tokens
+        assert r.experts.shape == (2, len(r.prompt) + len(r.tokens) - 1, 2) and r.experts.dtype == np.int16
+    # the prompt's choices are the ones a full forward over the prompt alone makes
+    alone = rollouts[1]
+    with recording(m, 1) as routes:
+        m(torch.tensor([alone.prompt]))
+    assert (routes.sequence(0, 0, len(alone.prompt)) == alone.experts[:, : len(alone.prompt)]).all()
+
+    behaviour = [r.logprobs for r in rollouts]
+    replayed = _batch_logprobs(
+        m,
+        rollouts,
+        collate([r.experts for r in rollouts], width=max(len(r.prompt) + len(r.tokens) - 1 for r in rollouts)),
+    )
+    for got, want in zip(replayed, behaviour):
+        assert got == pytest.approx(want, abs=1e-4)
+    unreplayed = _batch_logprobs(m, rollouts)
+    worst = max(abs(a - b) for got, want in zip(unreplayed, behaviour) for a, b in zip(got, want))
+    assert worst > 1e-2  # the capacity's drops, without replay
+    assert all(layer.replay is None and layer.recorded is None for _, layer in m.moe_layers())
+    assert generate(m, PROMPTS, 4, EOS, temperature=0.0)[0].experts is None  # off by default

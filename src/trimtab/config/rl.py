@@ -34,6 +34,9 @@ class RLConfig(Section):
     resample_rounds: int = 3  # dynamic sampling's extra draws a step at most
     overlong_filter: bool = False  # DAPO: responses cut at max_new_tokens are left out of the loss
     overlong_buffer: int = 0  # DAPO's soft penalty: the last N tokens of the budget cost up to 1 reward
+    # MoE policies: the experts generation chose are imposed on the training forward (R3,
+    # arXiv 2510.11370; rl/replay.py), so rounding never routes the two passes apart
+    routing_replay: bool = True
     verifier_workers: int = 2  # processes scoring responses
     verifier_timeout_s: float = 10.0  # a verification past this is killed: reward 0, said
     verifier_retries: int = 1

@@ -128,6 +128,10 @@ class MoE(nn.Module):
         # computed with (module docstring)
         self.dispatch: Callable[..., Tensor] = grouped_swiglu
         self.local: Callable[[Tensor], Tensor] = _same
+        # Rollout routing replay (rl/replay.py): `recorded` collects each forward's choices [N, k]
+        # while a policy generates; `replay` [N, k] imposes them on the training forward
+        self.recorded: list[Tensor] | None = None
+        self.replay: Tensor | None = None
         self.router = nn.Parameter(torch.empty(E, D))  # nn.Linear(D, E) weight layout
         self.w1 = nn.Parameter(torch.empty(E, D, H))  # gate
         self.w3 = nn.Parameter(torch.empty(E, D, H))  # up
@@ -165,13 +169,20 @@ class MoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> Routing:
         """x [N, D] -> Routing. The router runs in fp32 even under autocast ("selective
-        precision", Switch section 2.4): bf16 logits make the softmax and top-k unstable."""
+        precision", Switch section 2.4): bf16 logits make the softmax and top-k unstable. With
+        `replay` set the experts are those given (the gates still the router's probabilities of
+        them, so the router learns as it would have)."""
         if self.training and self.jitter > 0:  # multiplicative input jitter (Switch section 2.4)
             x = x * torch.empty_like(x).uniform_(1.0 - self.jitter, 1.0 + self.jitter)
         with torch.autocast(x.device.type, enabled=False):
             logits = F.linear(x.float(), self.local(self.router).float()) / self.router_temperature  # [N, E]
         probs = logits.softmax(-1)
-        experts = (probs.detach() + self.expert_bias).topk(self.top_k, -1).indices  # [N, k]
+        if self.replay is not None:  # the choices generation made for these tokens (routing replay)
+            experts = self.replay  # [N, k]
+        else:
+            experts = (probs.detach() + self.expert_bias).topk(self.top_k, -1).indices  # [N, k]
+        if self.recorded is not None:
+            self.recorded.append(experts)
         gates = probs.gather(-1, experts)
         if self.renormalize:  # over the chosen k (Mixtral; DeepSeek-V3 eq. 13).
             gates = gates / gates.sum(-1, keepdim=True)
@@ -236,7 +247,8 @@ class MoE(nn.Module):
             counts = r.counts.long()
             sorted_e = flat_e[order]
             rank = torch.arange(A, device=x.device) - (counts.cumsum(0) - counts)[sorted_e]
-        cap = self.capacity(N) if self.training else 0
+        # replayed routing is generation's, which is dropless (eval): so is its training forward
+        cap = self.capacity(N) if self.training and self.replay is None else 0
         weights = self.experts()
         layout = self._grouped if self.grouped_layout(xf, weights[0].shape[-1]) else self._padded
         out, dropped = layout(xf, order, sorted_e, rank, counts, cap, weights)  # [A, D], 0 if dropped

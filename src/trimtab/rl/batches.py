@@ -25,6 +25,7 @@ from trimtab.config.rl import RLConfig
 from trimtab.data.packing import IGNORE_INDEX, MicroBatch, StepBatch
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import DataError
+from trimtab.rl import replay
 from trimtab.rl.loss import PolicyTerms, advantages, normaliser, token_weights
 from trimtab.rl.rewards import VerifierPool
 from trimtab.rl.rollout import Rollout
@@ -48,6 +49,7 @@ class PolicyMicroBatch(MicroBatch):
     old_logprobs: torch.Tensor = None  # fp32 [B, T]: the behaviour policy's, at each target (0 elsewhere)
     advantage: torch.Tensor = None  # fp32 [B]: each response's
     weights: torch.Tensor = None  # fp32 [B, T]: each target's weight in the step's sum (rl/loss.py)
+    experts: torch.Tensor | None = None  # long [B, T, MoE layers, k]: generation's routing, replayed (rl/replay.py)
     # n_targets: this micro-batch's part of the step's normaliser (its response tokens under token_mean)
 
 
@@ -213,7 +215,8 @@ class RolloutLoader:
         # weights this micro-batch's auxiliary losses and router statistics by
         n = int(normaliser([len(r.tokens) for r in rollouts], cfg.aggregation, cfg.max_new_tokens))
         advantage = torch.tensor([batch.advantage[i] for i in group])
-        return PolicyMicroBatch(inputs, targets, n, [batch.rows[i] for i in group], old, advantage, weights)
+        experts = replay.collate([r.experts for r in rollouts], width) if rollouts[0].experts is not None else None
+        return PolicyMicroBatch(inputs, targets, n, [batch.rows[i] for i in group], old, advantage, weights, experts)
 
     def close(self) -> None:
         """End the verifier pool's processes (the run is over)."""

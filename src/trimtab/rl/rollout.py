@@ -19,9 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from trimtab.model import Transformer
+from trimtab.rl.replay import recording
 from trimtab.sampling import sample_next
 
 
@@ -32,6 +34,9 @@ class Rollout:
     logprobs: list[float]  # the behaviour policy's log-probability of each response token
     truncated: bool  # the budget ran out before end-of-text
     version: int = 0  # the policy version (optimizer steps) that generated it
+    # int16 [MoE layers, input positions, k]: the experts chosen at each of its input positions
+    # (prompt + response less the last token), for routing replay (rl/replay.py); None without
+    experts: np.ndarray | None = None
 
 
 def generate(
@@ -44,9 +49,11 @@ def generate(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
     version: int = 0,
+    record_routing: bool = False,
 ) -> list[Rollout]:
     """One response per prompt (repeat a prompt for a group of samples). temperature <= 0 is
-    greedy (its log-probabilities: at temperature 1)."""
+    greedy (its log-probabilities: at temperature 1). `record_routing`: each rollout keeps its
+    MoE layers' choices (Rollout.experts; rl/replay.py)."""
     longest, limit = max(len(p) for p in prompts), model.cfg.max_seq_len
     if min(len(p) for p in prompts) == 0 or longest >= limit:
         raise ValueError(f"every prompt needs 1 to {limit - 1} tokens (model.max_seq_len={limit}); got {longest}")
@@ -54,11 +61,15 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), recording(model, len(prompts), record_routing) as routes:
             tokens, logprobs = _decode(model, prompts, budget, eos_id, temperature, top_p, generator)
+            rows = zip(prompts, tokens.tolist(), logprobs.tolist())
+            rollouts = [_rollout(p, t, lp, eos_id, version) for p, t, lp in rows]
+            for row, r in enumerate(rollouts if routes else []):
+                r.experts = routes.sequence(row, longest - len(r.prompt), len(r.prompt) + len(r.tokens) - 1)
     finally:
         model.train(was_training)
-    return [_rollout(p, t, lp, eos_id, version) for p, t, lp in zip(prompts, tokens.tolist(), logprobs.tolist())]
+    return rollouts
 
 
 def _decode(

@@ -22,6 +22,7 @@ from trimtab.distributed.ft import ReplicaGroups, check_groups
 from trimtab.distributed.group import is_oom
 from trimtab.rl.batches import PolicyMicroBatch, RolloutBatch, RolloutLoader
 from trimtab.rl.loss import policy_from_hidden
+from trimtab.rl.replay import replaying
 from trimtab.rl.rollout import Rollout, generate
 from trimtab.training.checkpointing import Checkpointing
 from trimtab.training.control import Control
@@ -238,25 +239,28 @@ class Trainer(Checkpointing):
             return loss, aux if routed else None  # every stage alike, whichever holds the layers
         loss, aux_total = torch.zeros((), device=self.device), None
         for micro in batch.micro:
-            inputs = micro.inputs.to(self.device, non_blocking=True)
-            targets = micro.targets.to(self.device, non_blocking=True)
-            share = micro.n_targets / batch.n_targets
-            token_losses = rows.buffer(targets) if rows is not None else None
-            with self.precision.autocast():
-                hidden = self.forward(inputs)
-                # Token-normalised loss: each micro-batch's summed loss over the step's total
-                # target count, so the gradient is that of one large batch however it is split
-                # ((x1+x2)/(n1+n2), not (x1/n1+x2/n2)/2; torchtune#1875, transformers#34242).
-                if isinstance(micro, PolicyMicroBatch):  # RL: the clipped policy objective (rl/loss.py)
-                    summed = self._policy_sum(hidden, targets, micro, batch)
-                else:
-                    summed = cross_entropy_sum(hidden, self.model.lm_head.weight, targets, token_losses=token_losses)
-                micro_loss = summed / batch.n_targets
-                aux = self.model.aux_loss()  # MoE balance + z, MoD predictor: weighted like the tokens
-                objective = micro_loss if aux is None else micro_loss + share * aux
-            if micro is batch.micro[-1]:  # ranks agree on OOM / signals before gradients are synced
-                self.request_stop(self.dist.agree())
-            (self.scaler.scale(objective) if self.scaler else objective).backward()
+            # RL on a MoE policy: the routing its generation chose, through the backward (rl/replay.py)
+            with replaying(self.model, getattr(micro, "experts", None)):
+                inputs = micro.inputs.to(self.device, non_blocking=True)
+                targets = micro.targets.to(self.device, non_blocking=True)
+                share = micro.n_targets / batch.n_targets
+                token_losses = rows.buffer(targets) if rows is not None else None
+                with self.precision.autocast():
+                    hidden = self.forward(inputs)
+                    # Token-normalised loss: each micro-batch's summed loss over the step's total
+                    # target count, so the gradient is that of one large batch however it is split
+                    # ((x1+x2)/(n1+n2), not (x1/n1+x2/n2)/2; torchtune#1875, transformers#34242).
+                    if isinstance(micro, PolicyMicroBatch):  # RL: the clipped policy objective (rl/loss.py)
+                        summed = self._policy_sum(hidden, targets, micro, batch)
+                    else:
+                        head = self.model.lm_head.weight
+                        summed = cross_entropy_sum(hidden, head, targets, token_losses=token_losses)
+                    micro_loss = summed / batch.n_targets
+                    aux = self.model.aux_loss()  # MoE balance + z, MoD predictor: weighted like the tokens
+                    objective = micro_loss if aux is None else micro_loss + share * aux
+                if micro is batch.micro[-1]:  # ranks agree on OOM / signals before gradients are synced
+                    self.request_stop(self.dist.agree())
+                (self.scaler.scale(objective) if self.scaler else objective).backward()
             loss += micro_loss.detach()
             if aux is not None:
                 aux_total = share * aux.detach() + (0 if aux_total is None else aux_total)
@@ -300,6 +304,7 @@ class Trainer(Checkpointing):
                 top_p=rl.top_p,
                 generator=generator,
                 version=self.state.step,
+                record_routing=rl.routing_replay and seed is not None,  # for the objective's forward
             )
 
     def _loss_sum(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,98 @@
+"""Rollout routing replay (R3; Ma et al. 2025, "Stabilizing MoE Reinforcement Learning by
+Aligning Training and Inference Routers", arXiv 2510.11370): the experts a Mixture-of-Experts
+policy chose for each token while generating are imposed on the training forward over the same
+tokens.
+
+Why: generation decodes a token at a time on the KV cache while training runs whole sequences,
+so their matmuls round differently; a dense policy's log-probabilities then differ by ~1e-7, but
+a router's top-k turns a near-tie flipped by that rounding into another expert and the token's
+log-probability moves by far more (debug-moe on a CPU in fp32, a few RL steps in: importance
+ratios up to 1.12 against 1.0000005 for the dense preset; `rl/ratio_max`). The objective then
+treats the policy's own samples as off-policy, clips them and trains against noise. Replayed,
+both passes route alike: the gates stay the router's probabilities of the replayed experts, so
+the router is trained as it would have been.
+
+Shapes: B rows, P the longest prompt (left-padded), L MoE layers, k experts per token, n a
+sequence's input positions (its prompt and response less the last token), W a micro-batch's width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from trimtab.model import Transformer
+
+
+class Routes:
+    """What the MoE layers chose during one generation of `rows` rows: per layer, the prefill's
+    [B * P, k] then each decode step's [B, k]."""
+
+    def __init__(self, layers: list[list[torch.Tensor]], rows: int) -> None:
+        self.layers, self.rows = layers, rows
+        self._host: list[tuple[np.ndarray, np.ndarray]] | None = None
+
+    def sequence(self, row: int, pad: int, n: int) -> np.ndarray:
+        """Row `row`'s choices at its first `n` input positions (its prompt after `pad` padding
+        positions, then its fed tokens): int16 [L, n, k]."""
+        if self._host is None:  # one device read per layer and step for the whole batch
+            self._host = [self._gather(records) for records in self.layers]
+        return np.stack([np.concatenate([prefill[row, pad:], steps[:, row]])[:n] for prefill, steps in self._host])
+
+    def _gather(self, records: list[torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+        """[B, P, k] and [steps, B, k], int16 on the host."""
+        k = records[0].shape[1]
+        prefill = records[0].view(self.rows, -1, k).to("cpu", torch.int16).numpy()
+        steps = torch.stack(records[1:]) if len(records) > 1 else records[0].new_zeros(0, self.rows, k)
+        return prefill, steps.to("cpu", torch.int16).numpy()
+
+
+@contextmanager
+def recording(model: Transformer, rows: int, on: bool = True) -> Iterator[Routes | None]:
+    """While on, every MoE layer of `model` keeps the experts it chooses for a batch of `rows`
+    rows; yields their Routes (None for a model without MoE layers, or when off)."""
+    layers = [layer for _, layer in model.moe_layers()] if on else []
+    if not layers:
+        yield None
+        return
+    for layer in layers:
+        layer.recorded = []
+    try:
+        yield Routes([layer.recorded for layer in layers], rows)
+    finally:
+        for layer in layers:
+            layer.recorded = None
+
+
+def collate(routes: list[np.ndarray], width: int) -> torch.Tensor:
+    """Sequences' choices [L, n_b, k] as one micro-batch's [B, W, L, k] (long): positions past a
+    sequence's end (padding, never a target) take experts 0 .. k-1."""
+    L, _, k = routes[0].shape
+    out = torch.arange(k).expand(len(routes), width, L, k).clone()
+    for b, r in enumerate(routes):
+        out[b, : r.shape[1]] = torch.from_numpy(r.astype(np.int64)).transpose(0, 1)
+    return out
+
+
+@contextmanager
+def replaying(model: Transformer, experts: torch.Tensor | None) -> Iterator[None]:
+    """Impose `experts` [B, W, L, k] on the MoE layers over a micro-batch's forward and backward
+    (activation checkpointing routes again in the backward); nothing when None."""
+    if experts is None:
+        yield
+        return
+    layers = [layer for _, layer in model.moe_layers()]
+    B, W, L, k = experts.shape
+    if L != len(layers):
+        raise ValueError(f"routing replay: {L} layers recorded, the model has {len(layers)} MoE layers")
+    device = model.lm_head.weight.device
+    for i, layer in enumerate(layers):
+        layer.replay = experts[:, :, i].reshape(B * W, k).to(device, non_blocking=True)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.replay = None
