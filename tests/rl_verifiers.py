@@ -34,3 +34,9 @@ def starts_with_space(response: str, answer: str) -> float:
 def nothing(response: str, answer: str) -> float:
     """0 for every response: every group earns one reward, the signal is gone (rule rl_signal)."""
     return 0.0
+
+
+def slow(response: str, answer: str) -> float:
+    """starts_with_space after 0.25 s: sound, but slower than a tight timeout (rule rl_verifier)."""
+    time.sleep(0.25)
+    return starts_with_space(response, answer)

@@ -41,6 +41,7 @@ def metrics(
     scheduled_lr=None,
     micro_batch_tokens=0,
     rl_flat_groups=None,
+    rl_verifications=None,
 ):
     return StepMetrics(
         step=step,
@@ -56,6 +57,7 @@ def metrics(
         micro_batch_tokens=micro_batch_tokens,
         rows=[step],
         rl_flat_groups=rl_flat_groups,
+        rl_verifications=rl_verifications,
     )
 
 
@@ -293,6 +295,7 @@ def test_build_monitors_respects_enabled():
         "lr",
         "oom",  # the OOM path's retries and its probe back up live in a monitor too
         "rl_signal",  # silent outside `trimtab rl`: only an RL step carries its reading
+        "rl_verifier",
     }  # moe: the orchestrator adds MoEHealth
     cfg.spike.enabled = cfg.plateau.enabled = False
     assert "spike" not in build_monitors(cfg) and "plateau" not in build_monitors(cfg)
@@ -1045,3 +1048,27 @@ def test_groups_that_teach_nothing_raise_the_rl_temperature_up_to_its_ceiling():
     assert capped.params == {"value": 2.0}
     said = remedy(found[5], SimpleNamespace(rl_temperature=2.0), cfg)
     assert said.action == "none" and "rl.group_size" in said.reasoning
+
+
+def test_a_verifier_that_fails_gets_longer_or_is_said():
+    """rl_verifier: the window's failed share of verifications; timeouts raise the timeout by the
+    factor up to the ceiling, a verifier that raises is said for a person."""
+    from types import SimpleNamespace
+
+    from trimtab.orchestrator.rl_health import VerifierFailures, remedy
+
+    cfg = OrchestratorConfig()
+    cfg.rl_verifier.window, cfg.rl_verifier.threshold = 2, 0.25
+    mon = VerifierFailures(cfg)
+    assert mon.observe(metrics(1)) is None  # not an RL step
+    steps = [(8, 1, 1), (8, 2, 2), (8, 4, 4), (8, 0, 0), (8, 0, 0), (8, 8, 1)]
+    found = [mon.observe(metrics(i + 1, rl_verifications=v)) for i, v in enumerate(steps)]
+    # shares over two steps: 3/16 below, then 6/16 at step 3; a fresh window: 0, then 8/16 at step 6
+    assert [f is not None for f in found] == [False, False, True, False, False, True]
+    assert found[2].evidence == {"failed": 6, "timeouts": 6, "scored": 16, "share": 0.375, "window": 2}
+    raised = remedy(found[2], SimpleNamespace(rl_verifier_timeout=10.0), cfg)
+    assert (raised.action, raised.params) == ("set_verifier_timeout", {"value": 20.0})
+    capped = remedy(found[2], SimpleNamespace(rl_verifier_timeout=120.0), cfg)
+    assert capped.action == "none" and "max_timeout_s" in capped.reasoning
+    broken = remedy(found[5], SimpleNamespace(rl_verifier_timeout=10.0), cfg)  # 1 timeout of 8 failures
+    assert broken.action == "none" and "fix rl.reward's verifier" in broken.reasoning

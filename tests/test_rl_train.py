@@ -80,6 +80,24 @@ def test_groups_that_teach_nothing_raise_the_temperature_up_to_the_ceiling(tmp_p
     assert state["train"]["rl_temperature"] == raised[-1]  # checkpointed: a resume samples as warm
 
 
+def test_verifications_that_time_out_get_a_longer_timeout(tmp_path, base):
+    """rl_verifier: a sound verifier slower than a tight rl.verifier_timeout_s (0.25 s against
+    0.1, killed each time: reward 0) fails every verification; after a window of 2 steps the
+    orchestrator allows 4x longer and the verifications succeed from then on."""
+    small = ["--set", "rl.prompts_per_step=2", "--set", "rl.group_size=4", "--set", "rl.verifier_retries=0"]
+    small += ["--set", "rl.held_out=0"]  # no evaluation: the slow verifier would score 64 more
+    rule = ["--set", "orchestrator.rl_verifier.window=2", "--set", "orchestrator.rl_verifier.factor=4"]
+    slow = ["--set", "rl.reward=python:rl_verifiers:slow", "--set", "rl.verifier_timeout_s=0.1", *small, *rule]
+    logged = rl(tmp_path / "slow", base, 4, *slow)
+    decisions = [d for d in read_decisions(tmp_path / "slow") if d["rule"] == "rl_verifier"]
+    assert [(d["step"], d["action"], d["params"]) for d in decisions] == [(2, "set_verifier_timeout", {"value": 0.4})]
+    assert decisions[0]["evidence"]["timeouts"] == decisions[0]["evidence"]["failed"] == 16
+    assert [m["rl/verifier_failures"] for m in logged] == [8, 8, 0, 0]
+    assert [m["rl/verifier_timeout_s"] for m in logged] == [0.1, 0.1, 0.4, 0.4]
+    state = json.loads(sorted((tmp_path / "slow/checkpoints").glob("step_*"))[-1].joinpath("state.json").read_text())
+    assert state["train"]["rl_verifier_timeout"] == 0.4  # checkpointed: a resume keeps it
+
+
 def test_rl_needs_a_model_to_start_from_and_a_length(tmp_path):
     done = trimtab_cli(["rl", "--preset", "debug", "--out", str(tmp_path / "r"), "--max-steps", "2"], tmp_path)
     assert (

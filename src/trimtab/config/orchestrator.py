@@ -242,6 +242,21 @@ class RLSignalRule(Section):
 
 
 @dataclass
+class RLVerifierRule(Section):
+    """RL's verifier (`trimtab rl`, docs/rl.md): when `threshold` or more of the verifications of
+    the last `window` steps failed (timed out, raised, or their process died: reward 0 each), a
+    storm mostly of timeouts raises rl.verifier_timeout_s by `factor`, up to `max_timeout_s` (a
+    slow verifier or a loaded machine); one of errors is said for a person (the verifier itself
+    is broken: its rewards are not the task's)."""
+
+    enabled: bool = True
+    window: int = 3
+    threshold: float = 0.1
+    factor: float = 2.0
+    max_timeout_s: float = 120.0
+
+
+@dataclass
 class DataRule(Section):
     """Data attribution: when a bad stretch is the data's, the rows of its flagged steps are scored
     one by one on the current weights and a row is left out when its loss is above the held-out
@@ -326,6 +341,7 @@ class OrchestratorConfig(Section):
     moe: MoERule = field(default_factory=MoERule)
     mod: MoDRule = field(default_factory=MoDRule)
     rl_signal: RLSignalRule = field(default_factory=RLSignalRule)
+    rl_verifier: RLVerifierRule = field(default_factory=RLVerifierRule)
     lr: LRRule = field(default_factory=LRRule)
     data: DataRule = field(default_factory=DataRule)
     rows: RowsRule = field(default_factory=RowsRule)
@@ -349,6 +365,7 @@ class OrchestratorConfig(Section):
         "moe",
         "mod",
         "rl_signal",
+        "rl_verifier",
         "lr",
         "rows",
         "make_up",
@@ -370,6 +387,9 @@ class OrchestratorConfig(Section):
         _positive(self.rl_signal, "orchestrator.rl_signal", "window", "max_temperature")
         _check(0 < self.rl_signal.threshold <= 1, "orchestrator.rl_signal.threshold", "must be in (0, 1]")
         _check(self.rl_signal.factor > 1, "orchestrator.rl_signal.factor", "must be > 1 (it raises the temperature)")
+        _positive(self.rl_verifier, "orchestrator.rl_verifier", "window", "max_timeout_s")
+        _check(0 < self.rl_verifier.threshold <= 1, "orchestrator.rl_verifier.threshold", "must be in (0, 1]")
+        _check(self.rl_verifier.factor > 1, "orchestrator.rl_verifier.factor", "must be > 1 (it raises the timeout)")
         _check(self.divergence.window >= 4, "orchestrator.divergence.window", "must be >= 4")
         _check(0 < self.divergence.lr_factor < 1, "orchestrator.divergence.lr_factor", "must be in (0, 1)")
         _check(0 < self.above_start.lr_factor < 1, "orchestrator.above_start.lr_factor", "must be in (0, 1)")

@@ -256,6 +256,7 @@ class Orchestrator(Hook):
                     moe=readings.moe_loads(o, values["moe"], top_k),
                     mod_capacity=values["mod"],
                     rl_flat_groups=getattr(o.batch, "flat_share", None),  # an RL step's (rl/batches.py)
+                    rl_verifications=getattr(o.batch, "verifications", None),
                 )
                 self._observe(run, m)
             self._checkpoint_interval(run, seconds, stall)

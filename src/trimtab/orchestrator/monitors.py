@@ -45,6 +45,7 @@ class StepMetrics:
     moe: list[tuple[int, list[float], float, int]] | None = None  # (layer, load shares, dropped, top_k)
     mod_capacity: float | None = None  # mean capacity of the Mixture-of-Depths layers
     rl_flat_groups: float | None = None  # RL: the share of the step's groups with equal rewards (no signal)
+    rl_verifications: tuple[int, int, int] | None = None  # RL: the step's verifications, failed, timed out
 
 
 @dataclass(kw_only=True)

@@ -61,6 +61,13 @@ class RolloutBatch(StepBatch):
     failures: int = 0  # verifications that timed out or raised (their reward: 0)
     drawn: list[list[float]] = field(default_factory=list)  # every group drawn's rewards (dynamic sampling drops some)
     terms: list[PolicyTerms] = field(default_factory=list)  # the objective's sums, filled by the trainer
+    verified: int = 0  # responses scored this step, dynamic sampling's extra draws included
+    timeouts: int = 0  # of the failures, those that ran past the timeout
+
+    @property
+    def verifications(self) -> tuple[int, int, int]:
+        """Responses scored, failed and timed out this step (the orchestrator's rule rl_verifier)."""
+        return self.verified, self.failures, self.timeouts
 
     @property
     def flat_share(self) -> float:
@@ -101,7 +108,19 @@ class RolloutLoader:
         self._order = self._permutation(0)
         self._pool: VerifierPool | None = None
         self._window: list[RolloutBatch] = []  # the steps since metrics() was read
-        self._failed = 0  # this step's verifications that failed so far
+        self._scored = [0, 0, 0]  # this step's verifications so far: scored, failed, timed out
+        self._timeout_s = cfg.verifier_timeout_s
+
+    @property
+    def verifier_timeout_s(self) -> float:
+        return self._timeout_s
+
+    @verifier_timeout_s.setter
+    def verifier_timeout_s(self, value: float) -> None:
+        """Seconds a verification may run (rule rl_verifier raises it); the next one sees it."""
+        self._timeout_s = value
+        if self._pool is not None:
+            self._pool.timeout_s = value
 
     def _permutation(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.problems))
@@ -138,8 +157,9 @@ class RolloutLoader:
         adv = advantages(torch.tensor(rewards).view(-1, G), cfg.baseline).view(-1).tolist()
         rows = [problem for problem, _, _ in groups for _ in range(G)]
         n_tokens = sum(len(r.prompt) + len(r.tokens) - 1 for r in rollouts)
-        failures, self._failed = self._failed, 0
+        (verified, failures, timeouts), self._scored = self._scored, [0, 0, 0]
         batch = RolloutBatch([], 0, n_tokens, rows, None, rollouts, adv, rewards, failures, [g[2] for g in drawn])
+        batch.verified, batch.timeouts = verified, timeouts
         self._window.append(batch)
         return self.regroup(batch)
 
@@ -151,19 +171,20 @@ class RolloutLoader:
         seed = self.seed * 1_000_003 + self.draws  # each draw's sampling seed: a resumed run draws alike
         self.draws += 1
         rollouts = self.policy([p for p in prompts for _ in range(G)], seed)
-        rewards, failures = self._score(rollouts, [self.problems[i].answer for i in chosen for _ in range(G)])
+        rewards, events = self._score(rollouts, [self.problems[i].answer for i in chosen for _ in range(G)])
         rewards = [r + overlong_penalty(len(ro.tokens), self.cfg) for r, ro in zip(rewards, rollouts)]
-        self._failed += failures
+        timeouts = sum(e["kind"] == "timeout" for e in events)
+        self._scored = [a + b for a, b in zip(self._scored, (len(rollouts), len(events), timeouts))]
         return [(i, rollouts[k * G : (k + 1) * G], rewards[k * G : (k + 1) * G]) for k, i in enumerate(chosen)]
 
-    def _score(self, rollouts: list[Rollout], answers: list[str]) -> tuple[list[float], int]:
-        """Each response's reward, and how many verifications failed (timed out or raised: 0)."""
+    def _score(self, rollouts: list[Rollout], answers: list[str]) -> tuple[list[float], list[dict[str, Any]]]:
+        """Each response's reward, and the verifications that failed (timed out or raised: 0)."""
         if self._pool is None:
             cfg = self.cfg
-            self._pool = VerifierPool(cfg.reward, cfg.verifier_workers, cfg.verifier_timeout_s, cfg.verifier_retries)
+            self._pool = VerifierPool(cfg.reward, cfg.verifier_workers, self._timeout_s, cfg.verifier_retries)
         eos = self.tok.eos_id
         scored = self._pool.score([self.tok.decode([t for t in r.tokens if t != eos]) for r in rollouts], answers)
-        return scored.rewards, len(scored.events)
+        return scored.rewards, scored.events
 
     def evaluate(self) -> dict[str, float]:
         """The held-out prompts answered greedily by the policy, scored: the mean reward and
@@ -175,7 +196,7 @@ class RolloutLoader:
         return {
             "rl/held_out_reward": sum(rewards) / len(rewards),
             "rl/held_out_pass@1": sum(r >= 1.0 for r in rewards) / len(rewards),
-            "rl/held_out_verifier_failures": float(failures),
+            "rl/held_out_verifier_failures": float(len(failures)),
         }
 
     def regroup(self, batch: RolloutBatch) -> RolloutBatch:

@@ -287,6 +287,13 @@ _TABLE = (
         params=(ActionParam(name="value", kind="float", bounds="(0, inf)"),),
     ),
     Action(
+        name="set_verifier_timeout",
+        verb="verifier-timeout",
+        says="RL verifier timeout {value:g} s",
+        help="seconds one verification of an RL response may take before it is killed (rl.verifier_timeout_s)",
+        params=(ActionParam(name="value", kind="float", bounds="(0, inf)"),),
+    ),
+    Action(
         name="set_total_steps",
         verb="total-steps",
         says="run length {steps} steps",

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from trimtab.checkpoint import prune
 from trimtab.errors import ConfigError, TrimtabError
 from trimtab.resilience.elastic import leave_job, node_count, node_rank
+from trimtab.rl.batches import RolloutLoader
 from trimtab.training import surgery
 from trimtab.training.actions import ACTIONS, MOE_KNOBS, action
 from trimtab.training.optim import build_optimizer
@@ -104,6 +105,8 @@ class Control:
             t.loader.micro_batch_tokens = t.state.micro_batch_tokens
         if t.state.weight_decay is not None:
             t.optimizer.param_groups[0]["weight_decay"] = t.state.weight_decay  # the decay group
+        if t.state.rl_verifier_timeout is not None and isinstance(t.loader, RolloutLoader):
+            t.loader.verifier_timeout_s = t.state.rl_verifier_timeout
 
     def apply_lengths(self) -> None:
         t = self._trainer
@@ -273,6 +276,14 @@ class Control:
             router.set_step(self._trainer.state.step)
         return f"MoD capacity {line.removeprefix('target ')}"
 
+    def _set_verifier_timeout(self, value: float) -> str:
+        t = self._trainer
+        if not isinstance(t.loader, RolloutLoader):
+            return "no RL phase is running: the verifier timeout is unchanged"
+        before, t.state.rl_verifier_timeout = t.loader.verifier_timeout_s, value
+        t.loader.verifier_timeout_s = value
+        return f"RL verifier timeout {before:g} -> {value:g} s"
+
     def _set_rl_temperature(self, value: float) -> str:
         t = self._trainer
         before = t.rl_temperature
@@ -303,6 +314,7 @@ EFFECTS: dict[str, Callable[..., str]] = {
     "set_balance_coef": Control._set_balance_coef,
     "set_mod_capacity": Control._set_mod_capacity,
     "set_rl_temperature": Control._set_rl_temperature,
+    "set_verifier_timeout": Control._set_verifier_timeout,
     "set_total_steps": Control._set_total_steps,
     "set_checkpoint_every": Control._set_checkpoint_every,
     "exclude_node": Control._exclude_node,

@@ -37,6 +37,8 @@ def step_metrics(trainer: Trainer, lr: float) -> dict[str, Any]:
     }
     if trainer.cfg.rl.enabled:
         metrics["rl/temperature"] = trainer.rl_temperature  # rule rl_signal's knob
+        if (timeout := getattr(trainer.loader, "verifier_timeout_s", None)) is not None:
+            metrics["rl/verifier_timeout_s"] = timeout  # rule rl_verifier's knob
     if trainer.peak_flops:
         metrics["mfu"] = mfu(trainer, tps)
     out = trainer.last_step_out

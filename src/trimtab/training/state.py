@@ -28,6 +28,7 @@ class TrainState:
     micro_batch_tokens: int | None = None
     checkpoint_every: int | None = None  # steps between checkpoints (None: checkpoint.every)
     rl_temperature: float | None = None  # RL's sampling temperature (None: rl.temperature)
+    rl_verifier_timeout: float | None = None  # seconds a verification may take (None: rl.verifier_timeout_s)
     rollbacks: int = 0
     length_delta: int = 0  # steps added to (< 0: taken from) pretraining by set_total_steps
     # The schedule's definition (training/schedule.py): each phase's configured length when last
@@ -44,6 +45,7 @@ KEPT_ON_ROLLBACK = (
     "micro_batch_tokens",
     "checkpoint_every",
     "rl_temperature",
+    "rl_verifier_timeout",
     "rollbacks",
     "length_delta",
     "phase_steps",

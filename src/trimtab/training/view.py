@@ -236,6 +236,12 @@ class RunView:
         return self._t.rl_temperature
 
     @property
+    def rl_verifier_timeout(self) -> float:
+        """Seconds an RL verification may take now (the knob a decision set, else rl.verifier_timeout_s)."""
+        loader = self._t.loader
+        return getattr(loader, "verifier_timeout_s", self._t.cfg.rl.verifier_timeout_s)
+
+    @property
     def configured_micro_batch_tokens(self) -> int:
         """The budget the config starts with (train.micro_batch_tokens, or the whole step when auto)."""
         return self._t.cfg.train.micro_budget
