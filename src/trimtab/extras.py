@@ -24,6 +24,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "wandb": ("wandb", "track"),
     "torchft": ("torchft", "ft"),
     "math_verify": ("math-verify", "rl"),
+    "torchao": ("torchao", "fp8"),
 }
 
 

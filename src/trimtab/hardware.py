@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import importlib.util
 import json
 import logging
 import math
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 
 from trimtab.errors import ConfigError
+from trimtab.extras import missing
 from trimtab.paths import cache_dir
 from trimtab.rundir import write_atomic
 
@@ -90,10 +92,8 @@ def fp8_unsupported(device: torch.device) -> str | None:
         name = torch.cuda.get_device_name(device)
         major, minor = capability
         return f"{name} is compute capability {major}.{minor}; float8 tensor cores need 8.9+ (Ada, Hopper)"
-    try:
-        import torchao.float8  # noqa: F401
-    except ImportError:
-        return "float8 training runs through torchao, which is not installed: pip install 'trimtab[fp8]'"
+    if importlib.util.find_spec("torchao") is None:
+        return missing("torchao", "float8 training")
     return None
 
 
