@@ -76,16 +76,16 @@ def test_a_run_trains_in_fp8_and_resumes_in_bf16(tmp_path, monkeypatch):
 
     monkeypatch.setattr(hardware, "fp8_unsupported", lambda device: None)  # the CPU stands in for an sm89+ GPU
     run = {"out": str(tmp_path / "run")}
-    fp8 = Trainer(setup(load_config(preset="debug", overrides=run, sets=[*SETS, "train.max_steps=6", FP8])))
+    fp8 = Trainer(setup(load_config(preset="debug", overrides=run, sets=[*SETS, "train.max_steps=4", FP8])))
     assert fp8.precision.name == "fp8" and fp8.precision.autocast_dtype == torch.bfloat16
     assert sum(isinstance(m, Float8Linear) for m in fp8.model.modules()) == 10
     summary = fp8.fit()
     rows = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in rows if "loss" in r]
-    assert len(losses) == 6 and min(losses[-2:]) < losses[0] - 0.5, losses
+    assert len(losses) == 4 and losses[-1] < losses[0] - 0.3, losses
     assert summary["precision"] == "fp8" and "float8" in summary["precision_reason"]
 
-    bf16 = [*SETS, "train.max_steps=8", "train.precision=bf16"]
+    bf16 = [*SETS, "train.max_steps=5", "train.precision=bf16"]
     resumed = Trainer(setup(load_config(preset="debug", overrides=run, sets=bf16)))
-    assert resumed.state.step == 6 and not any(isinstance(m, Float8Linear) for m in resumed.model.modules())
+    assert resumed.state.step == 4 and not any(isinstance(m, Float8Linear) for m in resumed.model.modules())
     resumed.fit()

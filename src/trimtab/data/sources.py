@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.config import DataConfig
-from trimtab.data import formats
+from trimtab.data import arithmetic, formats
 from trimtab.data.chat import ChatFormat, TemplateError, render_segments
 from trimtab.errors import DataError
 
@@ -76,7 +76,7 @@ def read_documents(
     key = key or (f"{section}.source" if source == cfg.source else f"{section}.eval_source")
     reader = _Reader(cfg, section, key, chat)
     docs, capped = _take_bytes(reader.documents(source), cfg.max_bytes)
-    if capped and source != "builtin":
+    if capped and source != "builtin" and not str(source).startswith(arithmetic.SOURCE):
         logger.warning(
             "%s '%s': reached %s.max_bytes=%d, the rest is not read; set it to 0 to read all",
             key,
@@ -195,6 +195,9 @@ class _Reader:
         if source == "builtin":
             yield from self._builtin()
             return
+        if isinstance(source, str) and source.startswith(arithmetic.SOURCE):
+            yield from self._arithmetic(source)
+            return
         for path, named in source_files(source, self.key):
             yield from self._file(path, strict=named)
 
@@ -209,6 +212,16 @@ class _Reader:
             text = _decode(file.read_bytes())
             if text:  # a few stdlib test files are deliberately not UTF-8
                 yield Document([(text, True)], f"stdlib/{file.relative_to(root).as_posix()}")
+
+    def _arithmetic(self, source: str) -> Iterator[Document]:
+        """The built-in arithmetic task's train problems as text (data/arithmetic.py): a
+        supervised warm start for RL on the same task; its held-out problems are never read."""
+        try:
+            digits = arithmetic.digits_of(source)
+        except ValueError as exc:
+            raise DataError(f"{self.key} {exc}") from None
+        for i, (prompt, answer) in enumerate(arithmetic.problems(arithmetic.DOCUMENTS, 0, digits)):
+            yield Document([(arithmetic.text(prompt, answer), True)], f"arithmetic/{i}")
 
     def _file(self, path: Path, strict: bool) -> Iterator[Document]:
         if formats.kind_of(path, self.cfg.format) != "text":
@@ -297,7 +310,7 @@ def is_chat(cfg: DataConfig) -> bool:
 
 
 def _source_is_chat(source: str | list[str], cfg: DataConfig) -> bool:
-    if source == "builtin":
+    if source == "builtin" or str(source).startswith(arithmetic.SOURCE):
         return False
     if (prepared := prepared_dir(source)) is not None:
         return bool(json.loads((prepared / PREPARED_MANIFEST).read_text()).get("chat", False))

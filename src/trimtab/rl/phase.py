@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.config import DataConfig, OptimConfig, RunConfig
+from trimtab.data.arithmetic import SOURCE, digits_of, held_out
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import ConfigError
 from trimtab.rl.batches import RolloutLoader
-from trimtab.rl.tasks import Problem, arithmetic, held_out, read_problems
+from trimtab.rl.tasks import Problem, arithmetic, read_problems
 
-BUILTIN = "builtin:arithmetic"
 TRAIN_PROBLEMS = 100_000  # the built-in task's training problems at most (two digits: ~18,000 in all)
 
 
@@ -49,15 +49,15 @@ def problems_of(cfg: RunConfig) -> tuple[list[Problem], list[Problem]]:
     """rl.prompts split into the problems trained on and rl.held_out held-out ones (a hash of
     the prompt decides, so a file's held-out problems never reach training)."""
     spec, seed, n_held = cfg.rl.prompts, cfg.train.seed, cfg.rl.held_out
-    if spec.startswith(BUILTIN):
-        digits = spec[len(BUILTIN) :].lstrip(":")
-        if digits and not digits.isdigit():
-            raise ConfigError(f"rl.prompts '{spec}': {BUILTIN}[:DIGITS], e.g. {BUILTIN}:2")
-        d = int(digits or 2)
-        return arithmetic(TRAIN_PROBLEMS, seed, d), arithmetic(n_held, seed, d, split="held_out")
+    try:
+        digits = digits_of(spec)
+    except ValueError as exc:
+        raise ConfigError(f"rl.prompts {exc}") from None
+    if digits is not None:
+        return arithmetic(TRAIN_PROBLEMS, seed, digits), arithmetic(n_held, seed, digits, split="held_out")
     path = Path(spec)
     if not path.is_file():
-        raise ConfigError(f"rl.prompts '{spec}' is no file; a JSONL of prompts and answers, or {BUILTIN}")
+        raise ConfigError(f"rl.prompts '{spec}' is no file; a JSONL of prompts and answers, or {SOURCE}")
     every = read_problems(path)
     train = [p for p in every if not held_out(p.prompt)]
     if not train:

@@ -2,19 +2,16 @@
 data/formats.py reads), or the built-in arithmetic task, generated from a seed, so the whole
 path (a supervised warm start, then RL) runs offline.
 
-The built-in task: `A+B=` or `A-B=` with operands below 10^digits; the answer is the result's
-digits. Problems are split into train and held-out by a hash of the problem, so the held-out ones
-are never trained on whatever the seed and size.
+The built-in task and its train / held-out split are data/arithmetic.py's, shared with the
+supervised warm start on the same task (`data.source: builtin:arithmetic`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from trimtab.data.arithmetic import problems
 from trimtab.data.formats import parse_json, records
 from trimtab.errors import DataError
 
@@ -26,32 +23,9 @@ class Problem:
     where: str = ""  # FILE:LINE for a problem read from a file
 
 
-def held_out(prompt: str, share: float = 0.1) -> bool:
-    """Whether a problem is in the held-out split (a stable hash, not the draw's order)."""
-    digest = hashlib.sha256(prompt.encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < share
-
-
 def arithmetic(n: int, seed: int = 0, digits: int = 2, split: str = "train", share: float = 0.1) -> list[Problem]:
-    """`n` distinct problems of the split (`train` or `held_out`), the same for the same
-    arguments. Fewer if the split has fewer (digits=1: 200 problems in all)."""
-    if split not in ("train", "held_out"):
-        raise ValueError(f"split '{split}': train or held_out")
-    rng, top = random.Random(seed), 10**digits
-    if digits <= 2:  # every problem, shuffled: the split runs out instead of drawing forever
-        every = [(a, op, b) for a in range(top) for op in "+-" for b in range(top)]
-        rng.shuffle(every)
-        draws = iter(every)
-    else:
-        draws = ((rng.randrange(top), rng.choice("+-"), rng.randrange(top)) for _ in itertools.count())
-    problems: dict[str, Problem] = {}
-    for a, op, b in draws:
-        if len(problems) == n:
-            break
-        prompt = f"{a}{op}{b}="
-        if held_out(prompt, share) == (split == "held_out"):
-            problems.setdefault(prompt, Problem(prompt, str(a + b if op == "+" else a - b)))
-    return list(problems.values())
+    """`n` distinct problems of the built-in task's split (`train` or `held_out`; data/arithmetic.py)."""
+    return [Problem(prompt, answer) for prompt, answer in problems(n, seed, digits, split, share)]
 
 
 def read_problems(path: Path) -> list[Problem]:
