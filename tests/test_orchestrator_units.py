@@ -1025,9 +1025,10 @@ def test_a_suspect_device_is_named_and_its_node_left_out_only_where_allowed(monk
     assert remedies.transient(on_node_0, cfg).action == "rerun_step"  # rank 1 is on node 0
 
 
-def test_groups_that_teach_nothing_raise_the_rl_temperature_up_to_its_ceiling():
+def test_groups_that_teach_nothing_turn_on_dynamic_sampling_then_raise_the_temperature_to_its_ceiling():
     """rl_signal: the share of groups with one reward for all responses, averaged over the
-    window; at the threshold the temperature rises by the factor, then stops at the ceiling."""
+    window; at the threshold dynamic sampling turns on, then the temperature rises by the
+    factor, then stops at the ceiling."""
     from types import SimpleNamespace
 
     from trimtab.orchestrator.rl_health import NoLearningSignal, remedy
@@ -1042,11 +1043,13 @@ def test_groups_that_teach_nothing_raise_the_rl_temperature_up_to_its_ceiling():
     assert [f is not None for f in found] == [False] * 5 + [True, False, False, True]
     assert found[5].rule == "rl_signal" and found[5].evidence["flat_groups"] == pytest.approx(5 / 6)
     assert found[5].strength == pytest.approx(2 / 3) and found[8].strength == 1.0
-    raised = remedy(found[5], SimpleNamespace(rl_temperature=1.0), cfg)
+    first = remedy(found[5], SimpleNamespace(rl_temperature=1.0, rl_dynamic_sampling=False), cfg)
+    assert (first.action, first.params) == ("set_dynamic_sampling", {"value": "on"})
+    raised = remedy(found[5], SimpleNamespace(rl_temperature=1.0, rl_dynamic_sampling=True), cfg)
     assert (raised.action, raised.params) == ("set_rl_temperature", {"value": 1.25})
-    capped = remedy(found[5], SimpleNamespace(rl_temperature=1.8), cfg)
-    assert capped.params == {"value": 2.0}
-    said = remedy(found[5], SimpleNamespace(rl_temperature=2.0), cfg)
+    capped = remedy(found[5], SimpleNamespace(rl_temperature=1.4, rl_dynamic_sampling=True), cfg)
+    assert capped.params == {"value": 1.5}
+    said = remedy(found[5], SimpleNamespace(rl_temperature=1.5, rl_dynamic_sampling=True), cfg)
     assert said.action == "none" and "rl.group_size" in said.reasoning
 
 

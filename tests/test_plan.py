@@ -208,6 +208,11 @@ def test_recommended_length_by_hand():
     assert recommend_steps(fit, run, 100.0, loose, lambda s: True) == 50
     assert recommend_steps(fit, run, 100.0, loose, lambda s: s >= 80) == 80  # the LR guard pulls it back
     assert recommend_steps(fit, run, 100.0, PlanConfig(tolerance=0.2, min_change=0.6), lambda s: True) == 100
+    # a curve fitted below 0 (an RL objective's): the tolerance is of its size, not a scale that
+    # moved the limit below every candidate (StopIteration crashed `trimtab rl`'s live planner);
+    # -2 + 10/150 = -1.933, within 1% of its size needs 10 / steps <= 0.0860 -> 117 steps
+    below = LossFit(E=-2.0, B=1.0, beta=1.0, d_ref=1000.0, r2=1.0, points=20)
+    assert recommend_steps(below, run, 100.0, PlanConfig(), lambda s: True) == 117
     points = [[s, 100 * s, 2 + 10 / s] for s in range(1, 31)]
     status = live_status(points, run, PlanConfig())
     assert (status.recommendation, status.recommended_steps, status.phase) == ("extend", 115, "convergence")

@@ -49,7 +49,8 @@ def test_the_policy_learns_a_reward_it_can_reach_and_a_clean_run_takes_no_action
     # the held-out prompts answered greedily at steps 8 and 16, and the last figures in the summary
     lines = [json.loads(line) for line in (tmp_path / "rl/metrics.jsonl").read_text().splitlines()]
     evals = [m for m in lines if "rl/held_out_pass@1" in m]
-    assert [m["step"] for m in evals] == [8, 16] and all(0 <= m["rl/held_out_pass@1"] <= 1 for m in evals)
+    # the starting policy at step 0 (the baseline), then every 8 steps
+    assert [m["step"] for m in evals] == [0, 8, 16] and all(0 <= m["rl/held_out_pass@1"] <= 1 for m in evals)
     summary = json.loads((tmp_path / "rl/summary.json").read_text())
     assert summary["rl/held_out_pass@1"] == evals[-1]["rl/held_out_pass@1"] and summary["status"] == "completed"
 
@@ -66,18 +67,28 @@ def test_an_interrupted_rl_run_resumes_to_the_uninterrupted_weights(tmp_path, ba
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_groups_that_teach_nothing_raise_the_temperature_up_to_the_ceiling(tmp_path, base):
-    """rl_signal: a reward no response earns leaves every group flat; each window of 2 steps the
-    orchestrator samples warmer (x1.25), the objective follows, and at the ceiling it says so."""
+def test_groups_that_teach_nothing_turn_on_dynamic_sampling_then_raise_the_temperature(tmp_path, base):
+    """rl_signal: a reward no response earns leaves every group flat; after a window of 2 steps
+    the orchestrator turns dynamic sampling on (each step then draws 4x the prompts, still flat);
+    each next window it samples warmer (x1.25), the objective follows, and at the ceiling it
+    says so."""
     sets = ["--set", "rl.reward=python:rl_verifiers:nothing", "--set", "orchestrator.rl_signal.window=2"]
+    sets += ["--set", "rl.prompts_per_step=4", "--set", "rl.group_size=4"]
     logged = rl(tmp_path / "flat", base, 10, *sets, "--set", "orchestrator.rl_signal.max_temperature=1.6")
     decisions = [d for d in read_decisions(tmp_path / "flat") if d["rule"] == "rl_signal"]
+    assert (decisions[0]["step"], decisions[0]["action"], decisions[0]["params"]) == (
+        2,
+        "set_dynamic_sampling",
+        {"value": "on"},
+    )
+    assert [m["rl/groups_drawn"] for m in logged[:4]] == [4, 4, 16, 16]  # 3 resampling rounds a step
     raised = [d["params"]["value"] for d in decisions if d["action"] == "set_rl_temperature" and d["applied"]]
-    assert raised[:2] == [1.25, 1.5625] and any(d["action"] == "none" for d in decisions), decisions
+    assert raised == [1.25, 1.5625, 1.6] and decisions[-1]["action"] == "none", decisions
     assert logged[0]["rl/temperature"] == 1.0 and logged[-1]["rl/temperature"] == raised[-1]
     assert all(m["rl/zero_variance_groups"] == 1.0 and m["loss"] == 0.0 for m in logged)
     state = json.loads(sorted((tmp_path / "flat/checkpoints").glob("step_*"))[-1].joinpath("state.json").read_text())
-    assert state["train"]["rl_temperature"] == raised[-1]  # checkpointed: a resume samples as warm
+    # checkpointed: a resume samples as warm, and as selectively
+    assert state["train"]["rl_temperature"] == raised[-1] and state["train"]["rl_dynamic_sampling"] is True
 
 
 def test_verifications_that_time_out_get_a_longer_timeout(tmp_path, base):

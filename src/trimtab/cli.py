@@ -77,7 +77,10 @@ RL_OFF = ("spike", "above_start", "divergence", "plateau", "early_stop", "rows")
 def _train_config(args: argparse.Namespace, rl: bool = False) -> RunConfig:
     from trimtab.config import derive, load_config
 
-    overrides: dict = {"rl": {"enabled": True}, "orchestrator": {r: {"enabled": False} for r in RL_OFF}} if rl else {}
+    # RL's loss is a clipped objective, not a likelihood: the rules that judge a likelihood's course
+    # and the live planner's loss-curve fit are off (a --set turns one back on)
+    off = {"orchestrator": {r: {"enabled": False} for r in RL_OFF}, "plan": {"status_every": 0}}
+    overrides: dict = {"rl": {"enabled": True}, **off} if rl else {}
     if args.out:
         overrides["out"] = args.out
     if args.max_steps is not None:

@@ -230,15 +230,17 @@ class MoDRule(Section):
 class RLSignalRule(Section):
     """RL's learning signal (`trimtab rl`, docs/rl.md): when the share of groups whose responses
     all earned the same reward (advantage 0: no gradient) averages `threshold` or more over
-    `window` steps, the sampling temperature rises by `factor`, up to `max_temperature`, so a
-    group's answers differ; at the ceiling the rule says so for a person (more samples per
-    prompt, easier prompts, a warmer start)."""
+    `window` steps, dynamic sampling turns on (flat groups dropped, more prompts drawn: the
+    policy's samples unchanged); if groups stay flat with it, the sampling temperature rises by
+    `factor`, up to `max_temperature`, so a group's answers differ; at the ceiling the rule says
+    so for a person (more samples per prompt, easier prompts, a warmer start). The ceiling is low:
+    a weak policy sampled at 2.0 lost its held-out pass@1 (0.15 to 0.005, docs/rl.md)."""
 
     enabled: bool = True
     window: int = 5
     threshold: float = 0.75
     factor: float = 1.25
-    max_temperature: float = 2.0
+    max_temperature: float = 1.5
 
 
 @dataclass

@@ -4,9 +4,14 @@ and of the verifier failing (rl_verifier), and their remedies.
 GRPO's advantage compares the responses of a group: when they all earn the same reward (all right,
 or, far more often early on, all wrong) the advantage is 0 and the group contributes no gradient,
 "loss 0, nothing learns". The monitor averages the share of such groups over `window` steps and
-fires at `threshold` or above. Remedy: the sampling temperature rises by `factor` (up to
+fires at `threshold` or above. Remedy, gentlest first: dynamic sampling (DAPO: flat groups
+dropped, more prompts drawn until groups with a signal fill the step), which leaves the policy's
+samples as they are; then, if groups stay flat, the sampling temperature rises by `factor` (up to
 `max_temperature`), so a group's answers spread and some differ; at the ceiling, the finding is
-said for a person (more samples per prompt, easier prompts, a warmer start).
+said for a person (more samples per prompt, easier prompts, a warmer start). The order is
+measured: on the built-in arithmetic task from a weak warm start (held-out pass@1 0.15), raising
+the temperature to 2.0 took pass@1 to 0.005 in 100 steps, where dynamic sampling took it to 0.19
+(docs/rl.md).
 """
 
 from __future__ import annotations
@@ -77,6 +82,13 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     if f.rule == "rl_verifier":
         return _verifier_remedy(f, view, cfg)
     rule = cfg.rl_signal
+    if not view.rl_dynamic_sampling:
+        return Remedy(
+            action="set_dynamic_sampling",
+            params={"value": "on"},
+            reasoning="groups whose responses all earn one reward teach nothing: drop them and draw more prompts "
+            "until groups with a signal fill the step (DAPO's dynamic sampling; the policy's samples unchanged)",
+        )
     now = view.rl_temperature
     value = round(min(rule.max_temperature, now * rule.factor), 4)
     if value <= now:
@@ -89,8 +101,8 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     return Remedy(
         action="set_rl_temperature",
         params={"value": value},
-        reasoning=f"groups whose responses all earn one reward teach nothing: sample warmer ({now:g} -> {value:g}) "
-        "so a group's answers spread and some differ; the objective follows the same temperature",
+        reasoning=f"groups stay flat with dynamic sampling on: sample warmer ({now:g} -> {value:g}) so a group's "
+        "answers spread and some differ; the objective follows the same temperature",
     )
 
 

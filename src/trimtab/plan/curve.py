@@ -206,9 +206,10 @@ def recommend_steps(
     hi = max(math.floor(t0 * (1 + cfg.max_extend)), total)
     if lo >= hi:
         return total
-    limit = fit.predict(hi * per_step) * (1 + cfg.tolerance)
+    longest = fit.predict(hi * per_step)
+    limit = longest + cfg.tolerance * abs(longest)  # a loss fitted below 0 (an RL objective) too
     candidates = sorted({int(round(c)) for c in np.linspace(lo, hi, 257)} | {total})
-    target = next(c for c in candidates if fit.predict(c * per_step) <= limit)
+    target = next((c for c in candidates if fit.predict(c * per_step) <= limit), hi)
     toward = [c for c in candidates if min(target, total) <= c <= max(target, total)]
     for c in toward if target < total else reversed(toward):
         if c == total or lr_ok(c):

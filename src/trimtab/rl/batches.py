@@ -110,6 +110,7 @@ class RolloutLoader:
         self._window: list[RolloutBatch] = []  # the steps since metrics() was read
         self._scored = [0, 0, 0]  # this step's verifications so far: scored, failed, timed out
         self._timeout_s = cfg.verifier_timeout_s
+        self.dynamic_sampling = cfg.dynamic_sampling  # rule rl_signal may turn it on
 
     @property
     def verifier_timeout_s(self) -> float:
@@ -143,7 +144,7 @@ class RolloutLoader:
         cfg, G = self.cfg, self.cfg.group_size
         drawn = self._groups(cfg.prompts_per_step)
         groups = drawn
-        if cfg.dynamic_sampling:
+        if self.dynamic_sampling:
             groups = [g for g in drawn if not flat(g[2])]
             for _ in range(cfg.resample_rounds):
                 if len(groups) >= cfg.prompts_per_step:

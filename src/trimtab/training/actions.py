@@ -287,6 +287,13 @@ _TABLE = (
         params=(ActionParam(name="value", kind="float", bounds="(0, inf)"),),
     ),
     Action(
+        name="set_dynamic_sampling",
+        verb="dynamic-sampling",
+        says="RL dynamic sampling {value}",
+        help="RL drops groups whose responses all earned one reward and draws more prompts (rl.dynamic_sampling)",
+        params=(ActionParam(name="value", kind="str", choices=("on", "off")),),
+    ),
+    Action(
         name="set_verifier_timeout",
         verb="verifier-timeout",
         says="RL verifier timeout {value:g} s",

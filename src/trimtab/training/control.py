@@ -105,8 +105,11 @@ class Control:
             t.loader.micro_batch_tokens = t.state.micro_batch_tokens
         if t.state.weight_decay is not None:
             t.optimizer.param_groups[0]["weight_decay"] = t.state.weight_decay  # the decay group
-        if t.state.rl_verifier_timeout is not None and isinstance(t.loader, RolloutLoader):
-            t.loader.verifier_timeout_s = t.state.rl_verifier_timeout
+        if isinstance(t.loader, RolloutLoader):
+            if t.state.rl_verifier_timeout is not None:
+                t.loader.verifier_timeout_s = t.state.rl_verifier_timeout
+            if t.state.rl_dynamic_sampling is not None:
+                t.loader.dynamic_sampling = t.state.rl_dynamic_sampling
 
     def apply_lengths(self) -> None:
         t = self._trainer
@@ -276,6 +279,14 @@ class Control:
             router.set_step(self._trainer.state.step)
         return f"MoD capacity {line.removeprefix('target ')}"
 
+    def _set_dynamic_sampling(self, value: str) -> str:
+        t = self._trainer
+        if not isinstance(t.loader, RolloutLoader):
+            return "no RL phase is running: dynamic sampling is unchanged"
+        before = "on" if t.loader.dynamic_sampling else "off"
+        t.state.rl_dynamic_sampling = t.loader.dynamic_sampling = value == "on"
+        return f"RL dynamic sampling {before} -> {value}"
+
     def _set_verifier_timeout(self, value: float) -> str:
         t = self._trainer
         if not isinstance(t.loader, RolloutLoader):
@@ -315,6 +326,7 @@ EFFECTS: dict[str, Callable[..., str]] = {
     "set_mod_capacity": Control._set_mod_capacity,
     "set_rl_temperature": Control._set_rl_temperature,
     "set_verifier_timeout": Control._set_verifier_timeout,
+    "set_dynamic_sampling": Control._set_dynamic_sampling,
     "set_total_steps": Control._set_total_steps,
     "set_checkpoint_every": Control._set_checkpoint_every,
     "exclude_node": Control._exclude_node,

@@ -29,6 +29,7 @@ class TrainState:
     checkpoint_every: int | None = None  # steps between checkpoints (None: checkpoint.every)
     rl_temperature: float | None = None  # RL's sampling temperature (None: rl.temperature)
     rl_verifier_timeout: float | None = None  # seconds a verification may take (None: rl.verifier_timeout_s)
+    rl_dynamic_sampling: bool | None = None  # RL drops flat groups and draws more (None: rl.dynamic_sampling)
     rollbacks: int = 0
     length_delta: int = 0  # steps added to (< 0: taken from) pretraining by set_total_steps
     # The schedule's definition (training/schedule.py): each phase's configured length when last
@@ -46,6 +47,7 @@ KEPT_ON_ROLLBACK = (
     "checkpoint_every",
     "rl_temperature",
     "rl_verifier_timeout",
+    "rl_dynamic_sampling",
     "rollbacks",
     "length_delta",
     "phase_steps",

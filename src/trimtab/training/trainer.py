@@ -120,6 +120,8 @@ class Trainer(Checkpointing):
             self._call("on_train_start")
             if self.resumed_from is None:
                 self.save()  # the initial weights: a good state to return to before any other exists
+                if isinstance(self.loader, RolloutLoader):
+                    self.evaluate()  # the starting policy's held-out figures: what RL is measured against
             while self.state.step < self.total_steps and not self.stop_reason:
                 self._maybe_next_phase()
                 t0 = time.perf_counter()

@@ -236,6 +236,11 @@ class RunView:
         return self._t.rl_temperature
 
     @property
+    def rl_dynamic_sampling(self) -> bool:
+        """Whether RL drops flat groups and draws more now (a decision's, else rl.dynamic_sampling)."""
+        return bool(getattr(self._t.loader, "dynamic_sampling", self._t.cfg.rl.dynamic_sampling))
+
+    @property
     def rl_verifier_timeout(self) -> float:
         """Seconds an RL verification may take now (the knob a decision set, else rl.verifier_timeout_s)."""
         loader = self._t.loader
