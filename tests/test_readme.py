@@ -21,8 +21,8 @@ def walkthrough(heading: str) -> list[str]:
     """The indented command block under a README heading."""
     text = README.read_text()
     section = text[text.index(heading) :]
-    lines = section.split("\n\n", 2)[1].splitlines()
-    return [line.strip() for line in lines if line.startswith("    ")]
+    lines = section.split("\n\n", 2)[1].replace("\\\n", " ").splitlines()  # continuation lines joined
+    return [" ".join(line.split()) for line in lines if line.startswith("    ")]
 
 
 def run_all(commands: list[str], cwd: Path) -> None:
@@ -69,3 +69,16 @@ def test_the_readme_data_walkthrough_runs_as_written(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["step"] == summary["total_steps"]
     assert [m for m in lines if "loss" in m][-1]["data/all/share"] == pytest.approx(0.7, abs=0.02)
+
+
+@pytest.mark.slow
+def test_the_readme_rl_walkthrough_learns_as_written(tmp_path):
+    """A supervised warm start on the built-in arithmetic task, then RL on it (~3 min): the
+    held-out pass@1 rises over the starting policy's (README: +0.12 on average over 3 seeds from
+    one warm start, +0.04 from this test's, which starts stronger)."""
+    commands = walkthrough("Reinforcement learning on the built-in arithmetic task")
+    assert [c.split()[:2] for c in commands] == [["trimtab", "train"], ["trimtab", "rl"]]
+    run_all(commands, tmp_path)
+    lines = (tmp_path / "runs/arith-rl/metrics.jsonl").read_text().splitlines()
+    passes = {m["step"]: m["rl/held_out_pass@1"] for m in map(json.loads, lines) if "rl/held_out_pass@1" in m}
+    assert sorted(passes) == [0, 100, 200, 300] and passes[300] > passes[0], passes
