@@ -95,15 +95,16 @@ def run_train(
     cwd: Path | str | None = None,
     env: dict[str, str] | None = None,
     check: bool = True,
+    command: str = "train",
 ) -> dict:
-    """`trimtab train ARGS --out RUN_DIR` as a child process (under `launcher`, e.g. torchrun's;
+    """`trimtab COMMAND ARGS --out RUN_DIR` (train, or rl) as a child process (under `launcher`, e.g. torchrun's;
     this Python by default). Its results are what it writes, read through trimtab.rundir:
     "summary" (summary.json; None if none), "metrics" (metrics.jsonl's kept lines), with
     "returncode", "stderr" and "other_cpu" (other processes' CPU share meanwhile). A failed run
     stops the benchmark, showing its stderr, unless check=False."""
     from trimtab.rundir import read_metrics, read_summary
 
-    cmd = [*(launcher or [sys.executable]), "-m", "trimtab", "train", *args, "--out", str(run_dir)]
+    cmd = [*(launcher or [sys.executable]), "-m", "trimtab", command, *args, "--out", str(run_dir)]
     with Contention() as busy:
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env)
     if check and out.returncode:
