@@ -24,6 +24,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from _benchfile import publish  # bench/_benchfile.py, next to this file
@@ -115,8 +116,9 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true", help="a few steps, one seed: checks it runs")
     args = parser.parse_args()
     args.seeds = [int(s) for s in args.seeds.split(",")]
-    if args.dry_run:
+    if args.dry_run:  # in a scratch directory
         args.seeds, args.sft_steps, args.steps, args.held_out = args.seeds[:1], 20, 2, 8
+        args.out = tempfile.mkdtemp(prefix="bench-rl-")
     rows = measure(args)
     heading = "## RL on the built-in arithmetic task (`bench/rl.py`)"
     publish(heading, report(args, rows), precision="fp32 (CPU)", other_cpu=None, dry_run=args.dry_run)

@@ -162,6 +162,9 @@ def test_resilience_dry_run_restarts_names_the_slow_rank_and_projects_ettr():
         assert f"\n| {gpus} | " in out, gpus
 
 
+# slow tier: export, import and their parity have their own tests (tests/test_hf*.py); this checks
+# the benchmark runs (CI under 10 minutes, issue 31)
+@pytest.mark.slow
 def test_interop_dry_run_times_the_four_operations_in_rounds_and_states_parity():
     out = dry_run("interop")
     assert "## Hugging Face export and import (bench/interop.py)" in out and "Time: 2 rounds" in out
@@ -439,3 +442,28 @@ def test_checkpoint_dry_run_pairs_synchronous_and_background_saves():
     out = dry_run("checkpoint")
     assert "## Checkpoint stall: synchronous vs background saves (`bench/checkpoint.py`)\n" in out
     assert "\n| `debug` | 0.6M | " in out and "2 pairs)** |" in out
+
+
+def test_rl_report_pools_the_seeds_and_resolves_only_a_gain_outside_the_interval():
+    """bench/rl.py's claim: RL's mean pass@1 over each control's, as a difference of proportions
+    over every seed's held-out problems with a 95% normal interval."""
+    import argparse
+
+    from rl import _difference, report
+
+    d, low, high = _difference(0.3, 0.2, 600)
+    se = math.sqrt(0.3 * 0.7 / 600 + 0.2 * 0.8 / 600)
+    assert d == pytest.approx(0.1) and (low, high) == pytest.approx((0.1 - 1.96 * se, 0.1 + 1.96 * se))
+    rows = [
+        {"seed": s, "start": 0.15, "rl": 0.30, "sft": 0.17, "random": r} for s, r in ((1, 0.28), (2, 0.27), (3, 0.29))
+    ]
+    out = report(argparse.Namespace(sft_steps=1500, steps=300, held_out=200), rows)
+    assert "| mean | 0.150 | 0.300 | 0.170 | 0.280 |" in out
+    assert "rl - the warm start: **+0.150**" in out and out.count(": resolved") == 2  # start and sft
+    assert "rl - the random reward: **+0.020**" in out and "not resolved" in out
+
+
+@pytest.mark.slow  # six trimtab runs (~40 s)
+def test_rl_dry_run_trains_every_arm_and_scores_them():
+    out = dry_run("rl")
+    assert "| 1 | " in out and "rl - the supervised continuation" in out

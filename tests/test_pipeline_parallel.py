@@ -102,6 +102,8 @@ def test_interleaved_and_pipeline_by_fsdp2_match_one_process(single, reference, 
     assert_same_weights(tmp_path / "2d", one_dir)
 
 
+# slow tier: a combination of layouts each tested alone in the default tier (CI under 10 minutes, issue 31)
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_pipeline_by_tensor_and_expert_parallelism_match_one_process(reference, tmp_path):
     """3D meshes on 4 processes: debug as 2 stages x 2 tensor-parallel ranks (stages exchange
