@@ -509,11 +509,13 @@ def test_plateau_raises_the_lr_within_max_lr_scale(tmp_path):
     ]
     trimtab.train(debug_cfg(run, steps=28, sets=sets))
     ds = decisions(run, "plateau")
-    assert [d["step"] for d in ds] == [6, 12, 18, 24]  # the loss cannot move at this LR
+    assert [d["step"] for d in ds] == [6, 12, 18]  # the loss cannot move at this LR
     raises = [d for d in ds if d["action"] == "scale_lr"]
     assert len(raises) == 1 and raises[0]["params"] == {"factor": 1.5} and raises[0]["applied"]
-    # the next raise would take the multiplier to 2.25 > plateau.max_lr_scale (2): logged instead
+    # the next raise would take the multiplier to 2.25 > plateau.max_lr_scale (2): logged instead,
+    # once: the same finding at step 24 is that decision again, not a new line every window
     assert ds[-1]["action"] == "none" and "max_lr_scale" in ds[-1]["reasoning"]
+    assert ds[-1]["evidence"]["seen_again_at"] == [24]
     scales = by_step(run, "lr_scale")
     assert max(scales.values()) == 1.5 and scales[28] == 1.5 and scales[raises[0]["step"]] == 1.0
 

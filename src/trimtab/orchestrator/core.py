@@ -317,6 +317,11 @@ class Orchestrator(Hook):
     def _decide(self, run: RunView, f: Finding, remedy: Remedy, withheld: bool = False) -> Decision:
         """Journal a decision and, in auto mode, request its action; `withheld`: the update gate
         already skipped this step's update (a skip_step decision records what happened)."""
+        if remedy.action == "none" and (again := self.journal.repeat_of(f.rule, "none", remedy.reasoning)):
+            # the same finding, the same word for a person: its steps added to that decision, once
+            again.evidence["seen_again_at"] = [*again.evidence.get("seen_again_at", []), f.step]
+            self.journal.write()
+            return again
         record = self.journal.track_record(f.rule, remedy.action)
         confidence = Policy.confidence(f.strength, record)
         mode, reasoning = self.mode, remedy.reasoning

@@ -104,6 +104,13 @@ class Journal:
     def next_id(self) -> int:
         return max([len(self.decisions), *(d["id"] for d in self.abandoned)]) + 1
 
+    def repeat_of(self, rule: str, action: str, reasoning: str) -> Decision | None:
+        """This rule's latest decision when it was this action for this reason: a finding that
+        comes back to the same answer (a ceiling reached, a remedy a person must take) is that
+        decision again, not a new one."""
+        last = next((d for d in reversed(self.decisions) if d.rule == rule), None)
+        return last if last is not None and (last.action, last.reasoning) == (action, reasoning) else None
+
     def pending(self) -> list[Decision]:
         return [d for d in self.decisions if d.outcome is None]
 
