@@ -38,6 +38,8 @@ def test_a_ragged_batch_generates_each_prompt_as_alone_with_its_behaviour_logpro
             full = torch.log_softmax(m(torch.tensor([prompt + r.tokens]))[0].float(), -1)
         expected = [float(full[len(prompt) - 1 + i, t]) for i, t in enumerate(r.tokens)]
         assert r.logprobs == pytest.approx(expected, abs=1e-4)
+        at = full[len(prompt) - 1 : len(prompt) - 1 + len(r.tokens)]  # the distributions drawn from
+        assert r.entropy == pytest.approx(float(-(at.exp() * at).sum(-1).mean()), abs=1e-4)
         assert r.truncated == (EOS not in r.tokens) and len(r.tokens) <= 12
 
 

@@ -42,7 +42,14 @@ def test_the_policy_learns_a_reward_it_can_reach_and_a_clean_run_takes_no_action
     logged = rl(tmp_path / "rl", base, 16, "--set", "train.eval_every=8", "--set", "rl.held_out=16")
     rewards = [m["rl/reward"] for m in logged]
     assert len(rewards) == 16 and sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.3, rewards
-    for key in ("rl/zero_variance_groups", "rl/response_tokens", "rl/truncated", "rl/clip_fraction", "rl/kl"):
+    for key in (
+        "rl/zero_variance_groups",
+        "rl/response_tokens",
+        "rl/truncated",
+        "rl/clip_fraction",
+        "rl/kl",
+        "rl/entropy",
+    ):
         assert key in logged[-1], key
     assert logged[-1]["phase"] == "rl" and logged[-1]["rl/verifier_failures"] == 0
     assert read_decisions(tmp_path / "rl") == []

@@ -267,6 +267,7 @@ class RolloutLoader:
             "rl/zero_variance_groups": flat_share(groups),
             "rl/groups_drawn": len(groups) / len(window),
             "rl/response_tokens": sum(len(r.tokens) for r in rollouts) / len(rollouts),
+            "rl/entropy": sum(r.entropy for r in rollouts) / len(rollouts),  # nats a response token
             "rl/truncated": sum(r.truncated for r in rollouts) / len(rollouts),
             "rl/verifier_failures": float(sum(b.failures for b in window)),
         }

@@ -34,6 +34,9 @@ class Rollout:
     logprobs: list[float]  # the behaviour policy's log-probability of each response token
     truncated: bool  # the budget ran out before end-of-text
     version: int = 0  # the policy version (optimizer steps) that generated it
+    # the mean entropy (nats) of the distribution each response token was drawn from (at the
+    # rollout's temperature): a policy collapsing onto one answer shows here first (rl/entropy)
+    entropy: float = 0.0
     # int16 [MoE layers, input positions, k]: the experts chosen at each of its input positions
     # (prompt + response less the last token), for routing replay (rl/replay.py); None without
     experts: np.ndarray | None = None
@@ -62,9 +65,9 @@ def generate(
     model.eval()
     try:
         with torch.inference_mode(), recording(model, len(prompts), record_routing) as routes:
-            tokens, logprobs = _decode(model, prompts, budget, eos_id, temperature, top_p, generator)
-            rows = zip(prompts, tokens.tolist(), logprobs.tolist())
-            rollouts = [_rollout(p, t, lp, eos_id, version) for p, t, lp in rows]
+            tokens, logprobs, entropies = _decode(model, prompts, budget, eos_id, temperature, top_p, generator)
+            rows = zip(prompts, tokens.tolist(), logprobs.tolist(), entropies.tolist())
+            rollouts = [_rollout(p, t, lp, h, eos_id, version) for p, t, lp, h in rows]
             for row, r in enumerate(rollouts if routes else []):
                 r.experts = routes.sequence(row, longest - len(r.prompt), len(r.prompt) + len(r.tokens) - 1)
     finally:
@@ -80,9 +83,10 @@ def _decode(
     temperature: float,
     top_p: float,
     generator: torch.Generator | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The new tokens [B, n] and their behaviour log-probabilities [B, n], n <= budget (a row
-    done early holds end-of-text after its end)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The new tokens [B, n], their behaviour log-probabilities [B, n] and the entropies of the
+    distributions they were drawn from [B, n], n <= budget (a row done early holds end-of-text
+    after its end)."""
     device = model.lm_head.weight.device
     longest = max(len(p) for p in prompts)
     pads = [longest - len(p) for p in prompts]
@@ -91,19 +95,24 @@ def _decode(
     cache.pad(pads)
     logits = model(batch, cache)[:, -1]  # [B, V]
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
-    tokens, logprobs = [], []
+    tokens, logprobs, entropies = [], [], []
     for _ in range(budget):
         token = sample_next(logits, temperature, 0, top_p, generator)  # [B]
         scaled = logits.float() / temperature if temperature > 0 else logits.float()
-        logprobs.append(torch.log_softmax(scaled, dim=-1).gather(1, token[:, None]).squeeze(1))
+        logp = torch.log_softmax(scaled, dim=-1)  # [B, V]
+        logprobs.append(logp.gather(1, token[:, None]).squeeze(1))
+        entropies.append(-(logp.exp() * logp).sum(-1))
         tokens.append(torch.where(done, eos_id, token))
         done |= token == eos_id
         if bool(done.all()):  # one host read a token: the batch ends with its longest response
             break
         logits = model(tokens[-1][:, None], cache)[:, -1]
-    return torch.stack(tokens, 1), torch.stack(logprobs, 1)
+    return torch.stack(tokens, 1), torch.stack(logprobs, 1), torch.stack(entropies, 1)
 
 
-def _rollout(prompt: list[int], tokens: list[int], logprobs: list[float], eos_id: int, version: int) -> Rollout:
+def _rollout(
+    prompt: list[int], tokens: list[int], logprobs: list[float], entropies: list[float], eos_id: int, version: int
+) -> Rollout:
     end = tokens.index(eos_id) + 1 if eos_id in tokens else len(tokens)
-    return Rollout(prompt, tokens[:end], logprobs[:end], truncated=eos_id not in tokens, version=version)
+    entropy = sum(entropies[:end]) / end
+    return Rollout(prompt, tokens[:end], logprobs[:end], eos_id not in tokens, version, entropy=entropy)
