@@ -17,7 +17,7 @@ from trimtab.training.loss import cross_entropy_sum
 pytest.importorskip("torchao.float8")
 from torchao.float8.float8_linear import Float8Linear  # noqa: E402
 
-from trimtab.training.services.float8 import to_bf16, to_float8  # noqa: E402
+from trimtab.training.services.float8 import to_float8  # noqa: E402
 
 SETS = ["train.eval_every=0", "log.progress=false", "log.tensorboard=false", "data.max_bytes=150000"]
 SETS += ["model.d_model=64", "model.n_layers=2", "model.n_heads=4", "optim.warmup_steps=0", "train.log_every=1"]
@@ -65,9 +65,6 @@ def test_the_linear_layers_train_in_float8_and_keep_their_names(recipe):
         assert q.grad is not None and torch.isfinite(q.grad).all(), name
         cos = torch.nn.functional.cosine_similarity(p.grad.flatten(), q.grad.flatten(), dim=0)
         assert cos > 0.9, (name, cos.item())
-
-    assert to_bf16(fp8) == len(swapped) and not any(isinstance(m, Float8Linear) for m in fp8.modules())
-    assert {n: p for n, p in fp8.named_parameters()} == weights
 
 
 def test_a_run_trains_in_fp8_and_resumes_in_bf16(tmp_path, monkeypatch):

@@ -42,19 +42,3 @@ def to_float8(model: nn.Module, recipe: str = "tensorwise") -> list[str]:
     convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=_eligible)
     log.info("float8 (%s scaling): %d linear layers; lm head, routers and experts stay bf16", recipe, len(swapped))
     return swapped
-
-
-def to_bf16(model: nn.Module) -> int:
-    """Undo to_float8: each Float8Linear back to a plain nn.Linear holding the same Parameters
-    (optimizer state stays theirs). Returns how many were swapped back."""
-    from torchao.float8.float8_linear import Float8Linear
-
-    swapped = 0
-    for module in list(model.modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, Float8Linear):
-                plain = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
-                plain.weight, plain.bias = child.weight, child.bias
-                setattr(module, child_name, plain)
-                swapped += 1
-    return swapped
