@@ -515,7 +515,7 @@ def test_plateau_raises_the_lr_within_max_lr_scale(tmp_path):
     # the next raise would take the multiplier to 2.25 > plateau.max_lr_scale (2): logged instead,
     # once: the same finding at step 24 is that decision again, not a new line every window
     assert ds[-1]["action"] == "none" and "max_lr_scale" in ds[-1]["reasoning"]
-    assert ds[-1]["evidence"]["seen_again_at"] == [24]
+    assert (ds[-1]["evidence"]["seen_again"], ds[-1]["evidence"]["last_seen_at"]) == (1, 24)
     scales = by_step(run, "lr_scale")
     assert max(scales.values()) == 1.5 and scales[28] == 1.5 and scales[raises[0]["step"]] == 1.0
 

@@ -318,8 +318,10 @@ class Orchestrator(Hook):
         """Journal a decision and, in auto mode, request its action; `withheld`: the update gate
         already skipped this step's update (a skip_step decision records what happened)."""
         if remedy.action == "none" and (again := self.journal.repeat_of(f.rule, "none", remedy.reasoning)):
-            # the same finding, the same word for a person: its steps added to that decision, once
-            again.evidence["seen_again_at"] = [*again.evidence.get("seen_again_at", []), f.step]
+            # the same finding, the same word for a person: counted on that decision (a count, not
+            # a list: a long run's journal is rewritten whole at every decision)
+            again.evidence["seen_again"] = again.evidence.get("seen_again", 0) + 1
+            again.evidence["last_seen_at"] = f.step
             self.journal.write()
             return again
         record = self.journal.track_record(f.rule, remedy.action)
