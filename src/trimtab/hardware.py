@@ -97,20 +97,23 @@ def fp8_unsupported(device: torch.device) -> str | None:
     return None
 
 
+def _tf32_on_ampere(device: torch.device) -> None:
+    """Ampere+: the fp32 matmuls autocast leaves run on TF32 tensor cores (10-bit mantissa, fp32
+    range), as nanoGPT / torchtitan do; PyTorch's default is exact fp32."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+
+
 def choose_precision(device: torch.device, requested: str) -> Precision:
     if requested == "fp8":
         if reason := fp8_unsupported(device):
             raise ConfigError(f"train.precision=fp8: {reason}; use bf16 (or auto)")
-        if device.type == "cuda":  # sm89+, as bf16 below: TF32 for the fp32 matmuls left
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        _tf32_on_ampere(device)
         return Precision(device, "fp8", "train.precision=fp8 (set in config): float8 linear layers, bf16 autocast")
     if requested != "auto":
         return Precision(device, requested, f"train.precision={requested} (set in config)")
     if device.type == "cuda":
-        if torch.cuda.get_device_capability(device)[0] >= 8:
-            # Ampere+: the fp32 matmuls autocast leaves run on TF32 tensor cores (10-bit mantissa,
-            # fp32 range), as nanoGPT / torchtitan do; PyTorch's default is exact fp32.
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        _tf32_on_ampere(device)
         if torch.cuda.is_bf16_supported():
             return Precision(device, "bf16", "CUDA device supports bf16 (Ampere+: TF32 for fp32 matmuls)")
         return Precision(device, "fp16", "CUDA device without bf16 (pre-Ampere): fp16 + GradScaler")

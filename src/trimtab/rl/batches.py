@@ -159,8 +159,21 @@ class RolloutLoader:
         rows = [problem for problem, _, _ in groups for _ in range(G)]
         n_tokens = sum(len(r.prompt) + len(r.tokens) - 1 for r in rollouts)
         (verified, failures, timeouts), self._scored = self._scored, [0, 0, 0]
-        batch = RolloutBatch([], 0, n_tokens, rows, None, rollouts, adv, rewards, failures, [g[2] for g in drawn])
-        batch.verified, batch.timeouts = verified, timeouts
+        drawn_rewards = [g[2] for g in drawn]
+        batch = RolloutBatch(
+            [],
+            0,
+            n_tokens,
+            rows,
+            None,
+            rollouts,
+            adv,
+            rewards,
+            failures,
+            drawn_rewards,
+            verified=verified,
+            timeouts=timeouts,
+        )
         self._window.append(batch)
         return self.regroup(batch)
 
