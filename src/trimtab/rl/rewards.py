@@ -15,8 +15,11 @@ A verifier is named by a spec (`rl.reward`):
 from __future__ import annotations
 
 import importlib
-import multiprocessing
+import os
 import re
+import socket
+import subprocess
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -116,7 +119,7 @@ def _serve(spec: str, conn: Connection) -> None:
 
 @dataclass
 class _Worker:
-    process: Any
+    process: subprocess.Popen
     conn: Connection
     job: tuple[int, float] | None = None  # (index, started) while it verifies one
 
@@ -130,27 +133,43 @@ class Scored:
 
 class VerifierPool:
     """`workers` processes verifying under `timeout_s` each; a verification past it is killed
-    with its process (a fresh one takes its place) and tried again up to `retries` times."""
+    with its process (a fresh one takes its place) and tried again up to `retries` times.
+
+    A worker is a fresh interpreter (`python -m trimtab.rl.rewards`, ~0.2 s) on a socket pair,
+    not a multiprocessing child: those re-run the parent's main module in every new process
+    (Python 3.11's forkserver never preloads it), which under torchrun or a script that imports
+    torch is seconds of CPU at each start and each replacement of a killed worker."""
 
     def __init__(self, spec: str, workers: int = 2, timeout_s: float = 5.0, retries: int = 1) -> None:
         verifier(spec)  # a bad spec is told here, not by a worker
         self.spec, self.timeout_s, self.retries = spec, timeout_s, retries
-        self._ctx = multiprocessing.get_context("forkserver")  # no copy of the trainer's threads
         self._workers = [self._start() for _ in range(workers)]
 
     def _start(self) -> _Worker:
-        ours, theirs = self._ctx.Pipe()
-        process = self._ctx.Process(target=_serve, args=(self.spec, theirs), daemon=True)
-        process.start()
+        ours, theirs = socket.socketpair()
+        # the trainer's import path, so a python:MODULE:FUNCTION found here is found there
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "trimtab.rl.rewards", self.spec, str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
         theirs.close()
-        if not ours.poll(STARTUP_S) or ours.recv() != "ready":
+        conn = Connection(ours.detach())
+        try:
+            ready = conn.poll(STARTUP_S) and conn.recv() == "ready"
+        except EOFError:
+            ready = False
+        if not ready:
             process.kill()
+            process.wait()
             raise RuntimeError(f"a verifier process for rl.reward '{self.spec}' did not start within {STARTUP_S} s")
-        return _Worker(process, ours)
+        return _Worker(process, conn)
 
     def _replace(self, worker: _Worker) -> None:
         worker.process.kill()
-        worker.process.join()
+        worker.process.wait()
         worker.conn.close()
         self._workers[self._workers.index(worker)] = self._start()
 
@@ -192,7 +211,13 @@ class VerifierPool:
 
     def close(self) -> None:
         for w in self._workers:
-            w.conn.close()
-            w.process.join(timeout=1)
-            if w.process.is_alive():
+            w.conn.close()  # an idle worker sees the end of its input and leaves
+            try:
+                w.process.wait(timeout=1)
+            except subprocess.TimeoutExpired:  # one still verifying
                 w.process.kill()
+                w.process.wait()
+
+
+if __name__ == "__main__":  # a worker (VerifierPool._start): SPEC, then its end of the socket pair
+    _serve(sys.argv[1], Connection(int(sys.argv[2])))
