@@ -40,3 +40,16 @@ def slow(response: str, answer: str) -> float:
     """starts_with_space after 0.25 s: sound, but slower than a tight timeout (rule rl_verifier)."""
     time.sleep(0.25)
     return starts_with_space(response, answer)
+
+
+def half_credit(response: str, answer: str) -> float:
+    """0.5 for a response that starts with a space, 1 when a digit follows the space: at a high
+    learning rate the policy settles on the half it finds first and stops exploring (rl_entropy)."""
+    spaced = response.startswith(" ")
+    return 0.5 * spaced + 0.5 * (spaced and response[1:2].isdigit())
+
+
+def longer(response: str, answer: str) -> float:
+    """The longer the better (characters, up to 40): a reward that teaches a policy to run on
+    past its answer into the length budget (rule rl_length)."""
+    return min(len(response), 40) / 40

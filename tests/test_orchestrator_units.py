@@ -40,8 +40,7 @@ def metrics(
     lr_scale=1.0,
     scheduled_lr=None,
     micro_batch_tokens=0,
-    rl_flat_groups=None,
-    rl_verifications=None,
+    rl=None,
 ):
     return StepMetrics(
         step=step,
@@ -56,8 +55,7 @@ def metrics(
         memory_frac=memory,
         micro_batch_tokens=micro_batch_tokens,
         rows=[step],
-        rl_flat_groups=rl_flat_groups,
-        rl_verifications=rl_verifications,
+        rl=rl,
     )
 
 
@@ -296,6 +294,8 @@ def test_build_monitors_respects_enabled():
         "oom",  # the OOM path's retries and its probe back up live in a monitor too
         "rl_signal",  # silent outside `trimtab rl`: only an RL step carries its reading
         "rl_verifier",
+        "rl_entropy",
+        "rl_length",
     }  # moe: the orchestrator adds MoEHealth
     cfg.spike.enabled = cfg.plateau.enabled = False
     assert "spike" not in build_monitors(cfg) and "plateau" not in build_monitors(cfg)
@@ -1038,7 +1038,7 @@ def test_groups_that_teach_nothing_turn_on_dynamic_sampling_then_raise_the_tempe
     mon = NoLearningSignal(cfg)
     assert mon.observe(metrics(1)) is None  # not an RL step
     shares = [0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0]
-    found = [mon.observe(metrics(i + 1, rl_flat_groups=v)) for i, v in enumerate(shares)]
+    found = [mon.observe(metrics(i + 1, rl={"flat_groups": v})) for i, v in enumerate(shares)]
     # means of three: .5 .5 .67 below 0.75, then .83 at step 6; a fresh window: 1.0 at step 9
     assert [f is not None for f in found] == [False] * 5 + [True, False, False, True]
     assert found[5].rule == "rl_signal" and found[5].evidence["flat_groups"] == pytest.approx(5 / 6)
@@ -1053,6 +1053,69 @@ def test_groups_that_teach_nothing_turn_on_dynamic_sampling_then_raise_the_tempe
     assert said.action == "none" and "rl.group_size" in said.reasoning
 
 
+def test_an_entropy_collapse_before_the_task_is_learned_gets_a_bonus_then_a_lower_lr():
+    """rl_entropy: the window's entropy against the phase's first window's; not while the reward
+    says the task is solved; the bonus starts at coef, doubles to the ceiling, then the LR halves."""
+    from types import SimpleNamespace
+
+    from trimtab.orchestrator.rl_health import EntropyCollapse, remedy
+
+    cfg = OrchestratorConfig()
+    cfg.rl_entropy.window, cfg.rl_entropy.threshold = 2, 0.25
+    mon = EntropyCollapse(cfg)
+    step = lambda i, entropy, reward: mon.observe(metrics(i, rl={"entropy": entropy, "reward": reward}))  # noqa: E731
+    assert mon.observe(metrics(1)) is None  # not an RL step
+    # the start: 2.0 nats; then 1.0 (50%), then 0.3 with the reward at 0.95 (solved), then at 0.2
+    found = [step(i + 1, e, r) for i, (e, r) in enumerate([(2, 0.1), (2, 0.1), (1, 0.1), (1, 0.1), (0.3, 0.95)])]
+    found += [step(6, 0.3, 0.95), step(7, 0.3, 0.2)]
+    assert [f is not None for f in found] == [False] * 6 + [True]
+    f = found[-1]
+    assert f.rule == "rl_entropy" and f.evidence["start_entropy"] == 2.0
+    assert f.evidence["entropy"] == pytest.approx(0.3) and f.evidence["reward"] == pytest.approx(0.575)
+    assert f.strength == pytest.approx(0.5 + 0.5 * (1 - 0.3 / 0.5))
+    ladder = [remedy(f, SimpleNamespace(rl_entropy_coef=c), cfg) for c in (0.0, 0.01, 0.04, 0.05)]
+    assert [(r.action, r.params) for r in ladder] == [
+        ("set_entropy_bonus", {"value": 0.01}),
+        ("set_entropy_bonus", {"value": 0.02}),
+        ("set_entropy_bonus", {"value": 0.05}),  # capped at max_coef
+        ("scale_lr", {"factor": cfg.lr_cut}),
+    ]
+
+
+def test_responses_cut_at_the_budget_get_filtered_then_penalised_then_said():
+    """rl_length: the window's share of truncated responses against the phase's first window's;
+    the filter, then the soft penalty over a quarter of the budget, then a word."""
+    from types import SimpleNamespace
+
+    from trimtab.orchestrator.rl_health import LengthRunaway, remedy
+
+    cfg = OrchestratorConfig()
+    cfg.rl_length.window, cfg.rl_length.threshold = 2, 0.5
+    mon = LengthRunaway(cfg)
+    shares = [0.0, 0.25, 0.25, 0.5, 0.75, 1.0, 0.0]
+    found = [
+        mon.observe(metrics(i + 1, rl={"truncated": v, "response_tokens": 4 + 8 * v})) for i, v in enumerate(shares)
+    ]
+    # the start: 0.125; means of two: .375, .625 at step 5 (.5 above the start); a fresh window: .5 at step 7
+    assert [f is not None for f in found] == [False] * 4 + [True, False, True]
+    assert found[4].evidence == {
+        "truncated": 0.625,
+        "start_truncated": 0.125,
+        "response_tokens": 9.0,
+        "start_response_tokens": 5.0,
+        "window": 2,
+    }
+    every_one_cut = LengthRunaway(cfg)  # a budget every response fills from the start: the run's design
+    assert not any(every_one_cut.observe(metrics(i, rl={"truncated": 1.0, "response_tokens": 2.0})) for i in range(9))
+    view = lambda filtering, buffer: SimpleNamespace(rl_overlong=(filtering, buffer), rl_max_new_tokens=16)  # noqa: E731
+    ladder = [remedy(found[4], view(*knobs), cfg) for knobs in ((False, 0), (True, 0), (True, 4))]
+    assert [(r.action, r.params) for r in ladder[:2]] == [
+        ("set_overlong_filter", {"value": "on"}),
+        ("set_overlong_penalty", {"tokens": 4}),
+    ]
+    assert ladder[2].action == "none" and "rl.max_new_tokens" in ladder[2].reasoning
+
+
 def test_a_verifier_that_fails_gets_longer_or_is_said():
     """rl_verifier: the window's failed share of verifications; timeouts raise the timeout by the
     factor up to the ceiling, a verifier that raises is said for a person."""
@@ -1065,7 +1128,7 @@ def test_a_verifier_that_fails_gets_longer_or_is_said():
     mon = VerifierFailures(cfg)
     assert mon.observe(metrics(1)) is None  # not an RL step
     steps = [(8, 1, 1), (8, 2, 2), (8, 4, 4), (8, 0, 0), (8, 0, 0), (8, 8, 1)]
-    found = [mon.observe(metrics(i + 1, rl_verifications=v)) for i, v in enumerate(steps)]
+    found = [mon.observe(metrics(i + 1, rl={"verifications": v})) for i, v in enumerate(steps)]
     # shares over two steps: 3/16 below, then 6/16 at step 3; a fresh window: 0, then 8/16 at step 6
     assert [f is not None for f in found] == [False, False, True, False, False, True]
     assert found[2].evidence == {"failed": 6, "timeouts": 6, "scored": 16, "share": 0.375, "window": 2}

@@ -77,9 +77,8 @@ def test_dynamic_sampling_trains_only_groups_whose_rewards_differ_and_resumes_al
 
 
 def test_overlong_responses_can_be_penalised_softly_or_left_out():
-    cfg = RLConfig(max_new_tokens=8, overlong_buffer=4)
-    assert [overlong_penalty(n, cfg) for n in (3, 4, 6, 8)] == [0.0, 0.0, -0.5, -1.0]
-    assert overlong_penalty(8, RLConfig(max_new_tokens=8)) == 0.0  # no buffer: no penalty
+    assert [overlong_penalty(n, 8, 4) for n in (3, 4, 6, 8)] == [0.0, 0.0, -0.5, -1.0]
+    assert overlong_penalty(8, 8, 0) == 0.0  # no buffer: no penalty
 
     def cut_first(prompts, seed):  # the first response of each group runs to the budget, uncut by EOS
         return [
@@ -87,7 +86,8 @@ def test_overlong_responses_can_be_penalised_softly_or_left_out():
             for k, p in enumerate(prompts)
         ]
 
-    ours = loader(overlong_filter=True, max_new_tokens=3)
+    ours = loader(max_new_tokens=3)
+    ours.overlong_filter = True  # the knob (rl.overlong_filter, or rule rl_length's action)
     ours.policy = cut_first
     try:
         batch = ours.next_batch()

@@ -67,3 +67,31 @@ def test_a_step_split_into_micro_batches_and_ranks_has_the_gradient_of_the_whole
         w = token_weights(mask[rows], aggregation)
         (policy_terms(x[rows], old[rows], adv[rows], w).objective / w.sum() / 4).backward()
     assert not torch.allclose(x.grad, whole, atol=1e-4)
+
+
+def test_an_entropy_bonus_widens_the_policy_and_is_off_by_default():
+    """policy_from_hidden with entropy_coef: the objective less coef x the weighted entropy, whose
+    gradient alone (advantages 0) makes the distribution flatter; with 0 no entropy is computed."""
+    from types import SimpleNamespace
+
+    from trimtab.rl.loss import policy_from_hidden
+
+    torch.manual_seed(0)
+    hidden, head = torch.randn(2, 3, 8), (3 * torch.randn(16, 8)).requires_grad_()
+    targets = torch.randint(0, 16, (2, 3))
+    micro = SimpleNamespace(old_logprobs=torch.zeros(2, 3), advantage=torch.zeros(2), weights=torch.ones(2, 3))
+    assert policy_from_hidden(hidden, head, targets, micro, 1.0, 0.2, 0.28).entropy is None
+
+    @torch.no_grad()
+    def entropy() -> float:
+        logp = torch.nn.functional.linear(hidden, head).log_softmax(-1)
+        return float(-(logp.exp() * logp).sum(-1).mean())
+
+    terms = policy_from_hidden(hidden, head, targets, micro, 1.0, 0.2, 0.28, entropy_coef=0.5)
+    assert float(terms.entropy) == pytest.approx(6 * entropy(), rel=1e-5)  # 6 tokens of weight 1
+    assert float(terms.objective) == pytest.approx(-0.5 * float(terms.entropy), rel=1e-5)
+    before = entropy()
+    terms.objective.backward()
+    with torch.no_grad():
+        head -= 0.1 * head.grad
+    assert entropy() > before

@@ -259,6 +259,42 @@ class RLVerifierRule(Section):
 
 
 @dataclass
+class RLEntropyRule(Section):
+    """RL's entropy (`trimtab rl`, docs/rl.md): when the sampled tokens' mean entropy over
+    `window` steps falls below `threshold` x its mean over the phase's first `window` steps while
+    the mean reward stays under `solved` (a solved task may well be answered one way), the policy
+    is collapsing onto few answers before it has learned the task: exploration ends and the
+    gradient with it (DAPO, Yu et al. 2025, sec. 3.1). Remedy: an entropy bonus in the objective
+    at `coef`, multiplied by `factor` while it recurs, up to `max_coef`; then the learning rate
+    halved (a collapse the bonus cannot hold is usually an LR too high for RL)."""
+
+    enabled: bool = True
+    window: int = 5
+    threshold: float = 0.25
+    solved: float = 0.9
+    coef: float = 0.01
+    factor: float = 2.0
+    max_coef: float = 0.05
+
+
+@dataclass
+class RLLengthRule(Section):
+    """RL's response length (`trimtab rl`, docs/rl.md): when `threshold` or more of the
+    responses of the last `window` steps ran to rl.max_new_tokens without ending, `rise` more
+    than in the phase's first `window` steps, the responses have grown into the budget and their
+    rewards grade unfinished answers (a length runaway). Remedy, gentlest first:
+    DAPO's overlong filtering (cut responses left out of the loss), then its soft overlong penalty
+    over the last `buffer` of the budget (a share of rl.max_new_tokens) so lengths come back
+    under it; still cut, the rule says so (raise rl.max_new_tokens if the task needs longer)."""
+
+    enabled: bool = True
+    window: int = 5
+    threshold: float = 0.5
+    rise: float = 0.25
+    buffer: float = 0.25
+
+
+@dataclass
 class DataRule(Section):
     """Data attribution: when a bad stretch is the data's, the rows of its flagged steps are scored
     one by one on the current weights and a row is left out when its loss is above the held-out
@@ -344,6 +380,8 @@ class OrchestratorConfig(Section):
     mod: MoDRule = field(default_factory=MoDRule)
     rl_signal: RLSignalRule = field(default_factory=RLSignalRule)
     rl_verifier: RLVerifierRule = field(default_factory=RLVerifierRule)
+    rl_entropy: RLEntropyRule = field(default_factory=RLEntropyRule)
+    rl_length: RLLengthRule = field(default_factory=RLLengthRule)
     lr: LRRule = field(default_factory=LRRule)
     data: DataRule = field(default_factory=DataRule)
     rows: RowsRule = field(default_factory=RowsRule)
@@ -368,6 +406,8 @@ class OrchestratorConfig(Section):
         "mod",
         "rl_signal",
         "rl_verifier",
+        "rl_entropy",
+        "rl_length",
         "lr",
         "rows",
         "make_up",
@@ -392,6 +432,12 @@ class OrchestratorConfig(Section):
         _positive(self.rl_verifier, "orchestrator.rl_verifier", "window", "max_timeout_s")
         _check(0 < self.rl_verifier.threshold <= 1, "orchestrator.rl_verifier.threshold", "must be in (0, 1]")
         _check(self.rl_verifier.factor > 1, "orchestrator.rl_verifier.factor", "must be > 1 (it raises the timeout)")
+        _positive(self.rl_entropy, "orchestrator.rl_entropy", "window", "coef", "max_coef")
+        _check(0 < self.rl_entropy.threshold < 1, "orchestrator.rl_entropy.threshold", "must be in (0, 1)")
+        _check(self.rl_entropy.factor > 1, "orchestrator.rl_entropy.factor", "must be > 1 (it raises the bonus)")
+        _positive(self.rl_length, "orchestrator.rl_length", "window", "rise")
+        _check(0 < self.rl_length.threshold <= 1, "orchestrator.rl_length.threshold", "must be in (0, 1]")
+        _check(0 < self.rl_length.buffer < 1, "orchestrator.rl_length.buffer", "must be in (0, 1) of the budget")
         _check(self.divergence.window >= 4, "orchestrator.divergence.window", "must be >= 4")
         _check(0 < self.divergence.lr_factor < 1, "orchestrator.divergence.lr_factor", "must be in (0, 1)")
         _check(0 < self.above_start.lr_factor < 1, "orchestrator.above_start.lr_factor", "must be in (0, 1)")

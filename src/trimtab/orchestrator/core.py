@@ -255,8 +255,7 @@ class Orchestrator(Hook):
                     row_losses=readings.row_means(o.batch.rows, values["rows"]),
                     moe=readings.moe_loads(o, values["moe"], top_k),
                     mod_capacity=values["mod"],
-                    rl_flat_groups=getattr(o.batch, "flat_share", None),  # an RL step's (rl/batches.py)
-                    rl_verifications=getattr(o.batch, "verifications", None),
+                    rl=getattr(o.batch, "health", None),  # an RL step's figures (rl/batches.py)
                 )
                 self._observe(run, m)
             self._checkpoint_interval(run, seconds, stall)

@@ -44,8 +44,10 @@ class StepMetrics:
     row_losses: dict[int, tuple[float, int]] | None = None  # per row, training forward: mean loss, targets
     moe: list[tuple[int, list[float], float, int]] | None = None  # (layer, load shares, dropped, top_k)
     mod_capacity: float | None = None  # mean capacity of the Mixture-of-Depths layers
-    rl_flat_groups: float | None = None  # RL: the share of the step's groups with equal rewards (no signal)
-    rl_verifications: tuple[int, int, int] | None = None  # RL: the step's verifications, failed, timed out
+    # RL: the step's figures (rl/batches.py RolloutBatch.health): flat_groups (the share of its
+    # groups with equal rewards), verifications (scored, failed, timed out), reward, entropy,
+    # truncated, response_tokens
+    rl: dict[str, Any] | None = None
 
 
 @dataclass(kw_only=True)

@@ -1,5 +1,6 @@
-"""RL's health (`trimtab rl`, docs/rl.md): monitors of the groups that teach nothing (rl_signal)
-and of the verifier failing (rl_verifier), and their remedies.
+"""RL's health (`trimtab rl`, docs/rl.md): monitors of the groups that teach nothing (rl_signal),
+of the verifier failing (rl_verifier), of the policy's entropy collapsing (rl_entropy) and of
+responses running to the length budget (rl_length), and their remedies.
 
 GRPO's advantage compares the responses of a group: when they all earn the same reward (all right,
 or, far more often early on, all wrong) the advantage is 0 and the group contributes no gradient,
@@ -31,9 +32,9 @@ class NoLearningSignal(Monitor):
         self.window = Rolling(self.cfg.window)
 
     def observe(self, m: StepMetrics) -> Finding | None:
-        if m.rl_flat_groups is None:
+        if (share := (m.rl or {}).get("flat_groups")) is None:
             return None
-        self.window.add(m.rl_flat_groups)
+        self.window.add(share)
         if len(self.window) < self.cfg.window or self.window.mean() < self.cfg.threshold:
             return None
         share, self.window = self.window.mean(), Rolling(self.cfg.window)  # a fresh window after the remedy
@@ -59,9 +60,9 @@ class VerifierFailures(Monitor):
         self.window: list[tuple[int, int, int]] = []
 
     def observe(self, m: StepMetrics) -> Finding | None:
-        if m.rl_verifications is None:
+        if (counts := (m.rl or {}).get("verifications")) is None:
             return None
-        self.window = [*self.window, m.rl_verifications][-self.cfg.window :]
+        self.window = [*self.window, counts][-self.cfg.window :]
         scored, failed, timeouts = (sum(column) for column in zip(*self.window))
         share = failed / max(scored, 1)
         if len(self.window) < self.cfg.window or share < self.cfg.threshold:
@@ -76,11 +77,97 @@ class VerifierFailures(Monitor):
         return self.finding(m, evidence, summary, min(1.0, strength))
 
 
+class EntropyCollapse(Monitor):
+    """The sampled tokens' entropy over `window` steps against the phase's first `window` steps
+    (the starting policy's): below `threshold` x that while the reward is under `solved`, the
+    policy has stopped exploring before it has learned. Evidence: both entropies, the reward."""
+
+    rule, family = "rl_entropy", "rl"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.rl_entropy
+        self.start: list[float] = []  # the phase's first window of entropies
+        self.window: list[tuple[float, float]] = []  # (entropy, reward) of the last steps
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        rl, rule = m.rl or {}, self.cfg
+        if rl.get("entropy") is None:
+            return None
+        if len(self.start) < rule.window:
+            self.start.append(rl["entropy"])
+            return None
+        self.window = [*self.window, (rl["entropy"], rl["reward"])][-rule.window :]
+        entropy = sum(e for e, _ in self.window) / len(self.window)
+        reward = sum(r for _, r in self.window) / len(self.window)
+        start = sum(self.start) / len(self.start)
+        if len(self.window) < rule.window or entropy >= rule.threshold * start or reward >= rule.solved:
+            return None
+        self.window = []  # a fresh window after the remedy
+        evidence = {"entropy": entropy, "start_entropy": start, "reward": reward, "window": rule.window}
+        summary = (
+            f"the sampled tokens' entropy fell to {entropy:.3g} nats, {entropy / max(start, 1e-12):.0%} of the "
+            f"starting policy's {start:.3g} (threshold {rule.threshold:.0%}), with the reward at {reward:.2f} "
+            f"(under {rule.solved:g}): the policy collapses onto few answers before it has learned the task"
+        )
+        strength = 0.5 + 0.5 * (1 - entropy / max(rule.threshold * start, 1e-12))
+        return self.finding(m, evidence, summary, min(1.0, strength))
+
+
+class LengthRunaway(Monitor):
+    """The share of responses cut at rl.max_new_tokens over `window` steps against the phase's
+    first `window` steps: at `threshold` or more, and `rise` above where the policy started, the
+    responses have grown into the budget and rewards grade unfinished answers. (A budget every
+    response fills from the first step is the run's design, a tiny one for a tiny task, not a
+    runaway.) Evidence: both shares and the mean lengths."""
+
+    rule, family = "rl_length", "rl"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.rl_length
+        self.start: list[tuple[float, float]] = []  # the phase's first window: (truncated share, tokens)
+        self.window: list[tuple[float, float]] = []  # the last steps'
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        rl, rule = m.rl or {}, self.cfg
+        if rl.get("truncated") is None:
+            return None
+        seen = (rl["truncated"], rl["response_tokens"])
+        if len(self.start) < rule.window:
+            self.start.append(seen)
+            return None
+        self.window = [*self.window, seen][-rule.window :]
+        share, length = (sum(column) / len(self.window) for column in zip(*self.window))
+        start, start_length = (sum(column) / len(self.start) for column in zip(*self.start))
+        if len(self.window) < rule.window or share < rule.threshold or share - start < rule.rise:
+            return None
+        self.window = []
+        evidence = {
+            "truncated": share,
+            "start_truncated": start,
+            "response_tokens": length,
+            "start_response_tokens": start_length,
+            "window": rule.window,
+        }
+        summary = (
+            f"{share:.0%} of the responses of the last {rule.window} steps ran to the length budget without "
+            f"ending ({start:.0%} at the start, threshold {rule.threshold:.0%}; {start_length:.1f} -> "
+            f"{length:.1f} tokens): their rewards grade unfinished answers"
+        )
+        strength = 0.5 + 0.5 * (share - rule.threshold) / max(1 - rule.threshold, 1e-9)
+        return self.finding(m, evidence, summary, min(1.0, strength))
+
+
 def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
-    """rl_signal: a higher sampling temperature; rl_verifier: a longer verifier timeout; or, at
-    a ceiling (or a verifier that raises), a word for a person."""
+    """rl_signal: dynamic sampling, then a higher sampling temperature; rl_verifier: a longer
+    verifier timeout; rl_entropy: an entropy bonus, then a lower LR; rl_length: overlong
+    filtering, then the soft overlong penalty; at a ceiling (or a verifier that raises), a word
+    for a person."""
     if f.rule == "rl_verifier":
         return _verifier_remedy(f, view, cfg)
+    if f.rule == "rl_entropy":
+        return _entropy_remedy(view, cfg)
+    if f.rule == "rl_length":
+        return _length_remedy(view, cfg)
     rule = cfg.rl_signal
     if not view.rl_dynamic_sampling:
         return Remedy(
@@ -129,4 +216,51 @@ def _verifier_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
         params={"value": value},
         reasoning=f"verifications ran past rl.verifier_timeout_s and scored 0: allow longer ({now:g} -> "
         f"{value:g} s) so a slow but sound verification gives its verdict",
+    )
+
+
+def _entropy_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:
+    """A bonus for entropy in the objective holds the distribution open; doubled while the
+    collapse recurs, to the ceiling; then the LR halves (RL collapses fastest at a high LR)."""
+    rule, now = cfg.rl_entropy, view.rl_entropy_coef
+    value = round(min(rule.max_coef, now * rule.factor if now else rule.coef), 6)
+    if value > now:
+        return Remedy(
+            action="set_entropy_bonus",
+            params={"value": value},
+            reasoning=f"reward the policy's entropy in the objective ({now:g} -> {value:g} x nats a token) so "
+            "it keeps sampling answers it has not settled on; it costs nothing where the entropy is already high",
+        )
+    return Remedy(
+        action="scale_lr",
+        params={"factor": cfg.lr_cut},
+        reasoning=f"the entropy collapses with the bonus at orchestrator.rl_entropy.max_coef ({now:g}): each "
+        "update moves the policy too far onto the answers it already prefers; a lower learning rate",
+    )
+
+
+def _length_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:
+    """Cut responses out of the loss first (their reward is noise about the answer), then a
+    penalty that grows over the budget's last tokens; then a word for a person."""
+    filtering, buffer = view.rl_overlong
+    if not filtering:
+        return Remedy(
+            action="set_overlong_filter",
+            params={"value": "on"},
+            reasoning="a response cut at the budget is graded unfinished: leave such responses out of the loss "
+            "(DAPO's overlong filtering), so their rewards do not teach the policy about its answers",
+        )
+    tokens = max(1, int(view.rl_max_new_tokens * cfg.rl_length.buffer))
+    if buffer < tokens:
+        return Remedy(
+            action="set_overlong_penalty",
+            params={"tokens": tokens},
+            reasoning=f"responses still run to the budget with the filter on: a reward penalty growing over the "
+            f"budget's last {tokens} tokens (DAPO's soft overlong punishment) brings their lengths back under it",
+        )
+    return Remedy(
+        action="none",
+        reasoning="responses still run to rl.max_new_tokens with the overlong filter and penalty on: the task "
+        "needs longer answers than the budget (raise rl.max_new_tokens) or the policy repeats itself (a lower "
+        "LR, a stronger warm start)",
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import GradExplosion, LossSpike, Monitor, NonFinite
 from trimtab.orchestrator.resources import Fp16Overflow, MemoryPressure, OutOfMemory, Throughput
-from trimtab.orchestrator.rl_health import NoLearningSignal, VerifierFailures
+from trimtab.orchestrator.rl_health import EntropyCollapse, LengthRunaway, NoLearningSignal, VerifierFailures
 from trimtab.orchestrator.trends import AboveStart, Divergence, Plateau, UnexplainedLR
 
 MONITORS = {
@@ -23,6 +23,8 @@ MONITORS = {
     "oom": OutOfMemory,
     "rl_signal": NoLearningSignal,
     "rl_verifier": VerifierFailures,
+    "rl_entropy": EntropyCollapse,
+    "rl_length": LengthRunaway,
 }
 
 

@@ -65,23 +65,30 @@ class RolloutBatch(StepBatch):
     timeouts: int = 0  # of the failures, those that ran past the timeout
 
     @property
-    def verifications(self) -> tuple[int, int, int]:
-        """Responses scored, failed and timed out this step (the orchestrator's rule rl_verifier)."""
-        return self.verified, self.failures, self.timeouts
+    def health(self) -> dict[str, Any]:
+        """The step's figures the orchestrator's RL rules read (orchestrator/rl_health.py): the
+        share of the groups drawn that teach nothing (rl_signal), the verifications scored,
+        failed and timed out (rl_verifier), the sampled tokens' entropy against the mean reward
+        (rl_entropy), and the share of responses cut at the budget (rl_length)."""
+        drawn = [r for g in self.drawn for r in g]
+        n = max(len(self.rollouts), 1)
+        return {
+            "flat_groups": flat_share(self.drawn),
+            "verifications": (self.verified, self.failures, self.timeouts),
+            "reward": sum(drawn) / max(len(drawn), 1),
+            "entropy": sum(r.entropy for r in self.rollouts) / n,
+            "truncated": sum(r.truncated for r in self.rollouts) / n,
+            "response_tokens": sum(len(r.tokens) for r in self.rollouts) / n,
+        }
 
-    @property
-    def flat_share(self) -> float:
-        """The share of the groups drawn that teach nothing (the orchestrator's rule rl_signal)."""
-        return flat_share(self.drawn)
 
-
-def overlong_penalty(length: int, cfg: RLConfig) -> float:
-    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13): 0 up to max_new_tokens -
-    overlong_buffer tokens, then falling linearly to -1 at the budget (0 with no buffer)."""
-    start = cfg.max_new_tokens - cfg.overlong_buffer
-    if not cfg.overlong_buffer or length <= start:
+def overlong_penalty(length: int, budget: int, buffer: int) -> float:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13): 0 up to `budget` (max_new_tokens)
+    - `buffer` tokens, then falling linearly to -1 at the budget (0 with no buffer)."""
+    start = budget - buffer
+    if not buffer or length <= start:
         return 0.0
-    return (start - length) / cfg.overlong_buffer
+    return (start - length) / buffer
 
 
 class RolloutLoader:
@@ -111,6 +118,8 @@ class RolloutLoader:
         self._scored = [0, 0, 0]  # this step's verifications so far: scored, failed, timed out
         self._timeout_s = cfg.verifier_timeout_s
         self.dynamic_sampling = cfg.dynamic_sampling  # rule rl_signal may turn it on
+        # rule rl_length may turn the filter on, then the soft penalty (its buffer in tokens)
+        self.overlong_filter, self.overlong_buffer = cfg.overlong_filter, cfg.overlong_buffer
 
     @property
     def verifier_timeout_s(self) -> float:
@@ -186,7 +195,8 @@ class RolloutLoader:
         self.draws += 1
         rollouts = self.policy([p for p in prompts for _ in range(G)], seed)
         rewards, events = self._score(rollouts, [self.problems[i].answer for i in chosen for _ in range(G)])
-        rewards = [r + overlong_penalty(len(ro.tokens), self.cfg) for r, ro in zip(rewards, rollouts)]
+        budget, buffer = self.cfg.max_new_tokens, self.overlong_buffer
+        rewards = [r + overlong_penalty(len(ro.tokens), budget, buffer) for r, ro in zip(rewards, rollouts)]
         timeouts = sum(e["kind"] == "timeout" for e in events)
         self._scored = [a + b for a, b in zip(self._scored, (len(rollouts), len(events), timeouts))]
         return [(i, rollouts[k * G : (k + 1) * G], rewards[k * G : (k + 1) * G]) for k, i in enumerate(chosen)]
@@ -220,7 +230,7 @@ class RolloutLoader:
         filtering: a cut response's reward says nothing of its answer)."""
         cfg, rollouts = self.cfg, batch.rollouts
         width = [len(r.prompt) + len(r.tokens) - 1 for r in rollouts]  # input positions
-        trained = [i for i, r in enumerate(rollouts) if not (cfg.overlong_filter and r.truncated)]
+        trained = [i for i, r in enumerate(rollouts) if not (self.overlong_filter and r.truncated)]
         trained = trained or list(range(len(rollouts)))  # every response cut: trained as they are
         groups: list[list[int]] = []
         for i in sorted(trained, key=lambda i: -width[i]):

@@ -10,7 +10,9 @@ responses to one prompt:
                  REINFORCE++ with a baseline)
 
 The objective per token is PPO's clipped surrogate, -min(ratio A, clip(ratio, 1 - eps_low,
-1 + eps_high) A) with ratio = pi / pi_old, the clip higher than low above (DAPO, Yu et al. 2025).
+1 + eps_high) A) with ratio = pi / pi_old, the clip higher than low above (DAPO, Yu et al. 2025),
+less `entropy_coef` x the entropy of the policy's distribution at the token (an entropy bonus,
+Williams & Peng 1991; what rule rl_entropy turns on when the policy collapses onto few answers).
 The step's loss is sum(weight_t x objective_t) / normaliser, where the weights and the normaliser
 are fixed by the whole step (every micro-batch and every rank), so the gradient is the same
 however the step is split (the sums are added; the normaliser is global):
@@ -80,6 +82,7 @@ class PolicyTerms:
     clipped: torch.Tensor  # weight of the tokens whose ratio was clipped (the clip fraction's numerator)
     ratio_max: torch.Tensor  # the largest ratio pi / pi_old (an importance-ratio blow-up)
     kl: torch.Tensor  # sum of weight x k3 KL to the old policy (Schulman's estimator)
+    entropy: torch.Tensor | None = None  # sum of weight x the policy's entropy (nats), with an entropy bonus
 
 
 def policy_terms(
@@ -89,10 +92,12 @@ def policy_terms(
     weights: torch.Tensor,
     eps_low: float = 0.2,
     eps_high: float = 0.28,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> PolicyTerms:
     """The clipped surrogate's sums over a micro-batch: logprobs [N, T] (with gradient),
     old_logprobs [N, T] (the behaviour policy's), advantage [N] or [N, T], weights [N, T]
-    (token_weights: 0 off the responses)."""
+    (token_weights: 0 off the responses); entropy [N, T] (with gradient) with a bonus."""
     if advantage.dim() == 1:
         advantage = advantage[:, None]
     log_ratio = (logprobs - old_logprobs).masked_fill(weights == 0, 0.0)
@@ -102,11 +107,13 @@ def policy_terms(
     with torch.no_grad():
         was_clipped = (ratio * advantage > clipped_ratio * advantage).float()
         kl = (-log_ratio).exp() + log_ratio - 1.0  # k3 of KL(pi_old || pi): >= 0, unbiased
+    bonus = None if entropy is None else (weights * entropy).sum()
     return PolicyTerms(
-        objective=(weights * surrogate).sum(),
+        objective=(weights * surrogate).sum() - (entropy_coef * bonus if bonus is not None else 0.0),
         clipped=(weights * was_clipped).sum(),
         ratio_max=ratio.detach().masked_fill(weights == 0, 0.0).max(),
         kl=(weights * kl).sum(),
+        entropy=None if bonus is None else bonus.detach(),
     )
 
 
@@ -118,11 +125,16 @@ def policy_from_hidden(
     temperature: float,
     eps_low: float,
     eps_high: float,
+    entropy_coef: float = 0.0,
 ) -> PolicyTerms:
     """The objective's sums for a micro-batch of rollouts (rl/batches.py: PolicyMicroBatch, its
     tensors on hidden's device): hidden [B, T, D], head [V, D], targets [B, T] (IGNORE where
     no response token). The policy's log-probabilities are taken at the rollouts' temperature,
     as their behaviour log-probabilities were."""
     logits = F.linear(hidden, head).float() / temperature  # [B, T, V]
-    logprobs = logits.log_softmax(-1).gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)  # [B, T]
-    return policy_terms(logprobs, micro.old_logprobs, micro.advantage, micro.weights, eps_low, eps_high)
+    every = logits.log_softmax(-1)
+    logprobs = every.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)  # [B, T]
+    entropy = -(every.exp() * every).sum(-1) if entropy_coef else None  # [B, T]
+    return policy_terms(
+        logprobs, micro.old_logprobs, micro.advantage, micro.weights, eps_low, eps_high, entropy, entropy_coef
+    )

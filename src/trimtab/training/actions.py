@@ -287,6 +287,27 @@ _TABLE = (
         params=(ActionParam(name="value", kind="float", bounds="(0, inf)"),),
     ),
     Action(
+        name="set_entropy_bonus",
+        verb="entropy-bonus",
+        says="RL entropy bonus {value:g}",
+        help="the weight of the policy's entropy in the RL objective (rl.entropy_coef)",
+        params=(ActionParam(name="value", kind="float", bounds="[0, inf)"),),
+    ),
+    Action(
+        name="set_overlong_filter",
+        verb="overlong-filter",
+        says="RL overlong filter {value}",
+        help="RL leaves responses cut at rl.max_new_tokens out of the loss (rl.overlong_filter)",
+        params=(ActionParam(name="value", kind="str", choices=("on", "off")),),
+    ),
+    Action(
+        name="set_overlong_penalty",
+        verb="overlong-penalty",
+        says="RL overlong penalty over the last {tokens} tokens",
+        help="RL's soft penalty: the last TOKENS of the budget cost up to 1 reward (rl.overlong_buffer)",
+        params=(ActionParam(name="tokens", kind="int", bounds="[0, inf)"),),
+    ),
+    Action(
         name="set_dynamic_sampling",
         verb="dynamic-sampling",
         says="RL dynamic sampling {value}",

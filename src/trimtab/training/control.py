@@ -110,6 +110,10 @@ class Control:
                 t.loader.verifier_timeout_s = t.state.rl_verifier_timeout
             if t.state.rl_dynamic_sampling is not None:
                 t.loader.dynamic_sampling = t.state.rl_dynamic_sampling
+            if t.state.rl_overlong_filter is not None:
+                t.loader.overlong_filter = t.state.rl_overlong_filter
+            if t.state.rl_overlong_buffer is not None:
+                t.loader.overlong_buffer = t.state.rl_overlong_buffer
 
     def apply_lengths(self) -> None:
         t = self._trainer
@@ -295,6 +299,29 @@ class Control:
         t.loader.verifier_timeout_s = value
         return f"RL verifier timeout {before:g} -> {value:g} s"
 
+    def _set_entropy_bonus(self, value: float) -> str:
+        t = self._trainer
+        before, t.state.rl_entropy_coef = t.rl_entropy_coef, value
+        return f"RL entropy bonus {before:g} -> {value:g}"
+
+    def _set_overlong_filter(self, value: str) -> str:
+        t = self._trainer
+        if not isinstance(t.loader, RolloutLoader):
+            return "no RL phase is running: the overlong filter is unchanged"
+        before = "on" if t.loader.overlong_filter else "off"
+        t.state.rl_overlong_filter = t.loader.overlong_filter = value == "on"
+        return f"RL overlong filter {before} -> {value}"
+
+    def _set_overlong_penalty(self, tokens: int) -> str:
+        t = self._trainer
+        if not isinstance(t.loader, RolloutLoader):
+            return "no RL phase is running: the overlong penalty is unchanged"
+        if tokens >= t.cfg.rl.max_new_tokens:
+            return f"the overlong buffer must be under rl.max_new_tokens ({t.cfg.rl.max_new_tokens}): unchanged"
+        before, t.state.rl_overlong_buffer = t.loader.overlong_buffer, tokens
+        t.loader.overlong_buffer = tokens
+        return f"RL overlong penalty buffer {before} -> {tokens} tokens"
+
     def _set_rl_temperature(self, value: float) -> str:
         t = self._trainer
         before = t.rl_temperature
@@ -325,6 +352,9 @@ EFFECTS: dict[str, Callable[..., str]] = {
     "set_balance_coef": Control._set_balance_coef,
     "set_mod_capacity": Control._set_mod_capacity,
     "set_rl_temperature": Control._set_rl_temperature,
+    "set_entropy_bonus": Control._set_entropy_bonus,
+    "set_overlong_filter": Control._set_overlong_filter,
+    "set_overlong_penalty": Control._set_overlong_penalty,
     "set_verifier_timeout": Control._set_verifier_timeout,
     "set_dynamic_sampling": Control._set_dynamic_sampling,
     "set_total_steps": Control._set_total_steps,

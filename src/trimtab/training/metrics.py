@@ -37,8 +37,11 @@ def step_metrics(trainer: Trainer, lr: float) -> dict[str, Any]:
     }
     if trainer.cfg.rl.enabled:
         metrics["rl/temperature"] = trainer.rl_temperature  # rule rl_signal's knob
+        metrics["rl/entropy_coef"] = trainer.rl_entropy_coef  # rule rl_entropy's
         if (timeout := getattr(trainer.loader, "verifier_timeout_s", None)) is not None:
             metrics["rl/verifier_timeout_s"] = timeout  # rule rl_verifier's knob
+            metrics["rl/overlong_filter"] = float(trainer.loader.overlong_filter)  # rule rl_length's
+            metrics["rl/overlong_buffer"] = trainer.loader.overlong_buffer
     if trainer.peak_flops:
         metrics["mfu"] = mfu(trainer, tps)
     out = trainer.last_step_out

@@ -30,6 +30,9 @@ class TrainState:
     rl_temperature: float | None = None  # RL's sampling temperature (None: rl.temperature)
     rl_verifier_timeout: float | None = None  # seconds a verification may take (None: rl.verifier_timeout_s)
     rl_dynamic_sampling: bool | None = None  # RL drops flat groups and draws more (None: rl.dynamic_sampling)
+    rl_entropy_coef: float | None = None  # RL's entropy bonus (None: rl.entropy_coef)
+    rl_overlong_filter: bool | None = None  # RL leaves responses cut at the budget out (None: rl.overlong_filter)
+    rl_overlong_buffer: int | None = None  # RL's soft overlong penalty, in tokens (None: rl.overlong_buffer)
     rollbacks: int = 0
     length_delta: int = 0  # steps added to (< 0: taken from) pretraining by set_total_steps
     # The schedule's definition (training/schedule.py): each phase's configured length when last
@@ -48,6 +51,9 @@ KEPT_ON_ROLLBACK = (
     "rl_temperature",
     "rl_verifier_timeout",
     "rl_dynamic_sampling",
+    "rl_entropy_coef",
+    "rl_overlong_filter",
+    "rl_overlong_buffer",
     "rollbacks",
     "length_delta",
     "phase_steps",

@@ -280,7 +280,14 @@ class Trainer(Checkpointing):
         on = {k: getattr(micro, k).to(self.device, non_blocking=True) for k in ("old_logprobs", "advantage", "weights")}
         here = replace(micro, **on)
         terms = policy_from_hidden(
-            hidden, self.model.lm_head.weight, targets, here, self.rl_temperature, rl.eps_low, rl.eps_high
+            hidden,
+            self.model.lm_head.weight,
+            targets,
+            here,
+            self.rl_temperature,
+            rl.eps_low,
+            rl.eps_high,
+            self.rl_entropy_coef,
         )
         batch.terms.append(terms)
         return terms.objective
@@ -290,6 +297,12 @@ class Trainer(Checkpointing):
         """RL's sampling temperature: the orchestrator's or a person's (rule rl_signal), else
         rl.temperature. The objective evaluates the policy at it, as the rollouts were drawn."""
         return self.state.rl_temperature or self.cfg.rl.temperature
+
+    @property
+    def rl_entropy_coef(self) -> float:
+        """RL's entropy bonus: the orchestrator's or a person's (rule rl_entropy), else rl.entropy_coef."""
+        coef = self.state.rl_entropy_coef
+        return self.cfg.rl.entropy_coef if coef is None else coef
 
     def _rollouts(self, prompts: list[list[int]], seed: int | None) -> list[Rollout]:
         """The RL phase's policy: responses to `prompts` from the model being trained

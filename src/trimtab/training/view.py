@@ -236,6 +236,24 @@ class RunView:
         return self._t.rl_temperature
 
     @property
+    def rl_entropy_coef(self) -> float:
+        """RL's entropy bonus now (the knob a decision set, else rl.entropy_coef)."""
+        return self._t.rl_entropy_coef
+
+    @property
+    def rl_overlong(self) -> tuple[bool, int]:
+        """RL's overlong filter and penalty buffer now (a decision's, else the rl section's)."""
+        rl = self._t.cfg.rl
+        loader = self._t.loader
+        return getattr(loader, "overlong_filter", rl.overlong_filter), getattr(
+            loader, "overlong_buffer", rl.overlong_buffer
+        )
+
+    @property
+    def rl_max_new_tokens(self) -> int:
+        return self._t.cfg.rl.max_new_tokens
+
+    @property
     def rl_dynamic_sampling(self) -> bool:
         """Whether RL drops flat groups and draws more now (a decision's, else rl.dynamic_sampling)."""
         return bool(getattr(self._t.loader, "dynamic_sampling", self._t.cfg.rl.dynamic_sampling))
