@@ -36,7 +36,6 @@ SHARED_RUNS = {
     "test_report.py",
     "test_rl_train.py",
 }
-UNMEASURED_S = 2.0  # a test not in DURATIONS yet, for the order below
 
 # The quick tier (`pytest --quick`, the edit loop): the cheapest tests by their measured time in
 # DURATIONS, added until QUICK_BUDGET_S is spent, plus tests not measured yet (new ones: most likely
@@ -59,10 +58,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("process_groups"))
         elif item.path.name in SHARED_RUNS:
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
-    known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
-    _longest_first(items, known)
     if not config.getoption("--quick"):
         return
+    known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
     spent, keep = 0.0, set()
     for item in sorted((i for i in items if i.nodeid in known), key=lambda i: known[i.nodeid]):
         spent += known[item.nodeid]
@@ -71,22 +69,6 @@ def pytest_collection_modifyitems(config, items):
         keep.add(item.nodeid)
     config.hook.pytest_deselected(items=[i for i in items if i.nodeid in known and i.nodeid not in keep])
     items[:] = [i for i in items if i.nodeid in keep or i.nodeid not in known]
-
-
-def _longest_first(items: list, known: dict[str, float]) -> None:
-    """Order the work units (a group's tests together, else one test) longest first by their
-    measured times: the workers take units in this order (pyproject: --no-loadscope-reorder), so
-    the last ones to start are short and the two workers end together (in file order the longest
-    single tests, the README's and the elastic ones, came last, one worker running them alone)."""
-
-    def unit(item) -> str:
-        group = item.get_closest_marker("xdist_group")
-        return group.args[0] if group else item.nodeid
-
-    total: dict[str, float] = {}
-    for item in items:
-        total[unit(item)] = total.get(unit(item), 0.0) + known.get(item.nodeid, UNMEASURED_S)
-    items.sort(key=lambda item: (-total[unit(item)], unit(item)))  # stable: a unit keeps its order
 
 
 _times: dict[str, float] = {}

@@ -53,3 +53,10 @@ def longer(response: str, answer: str) -> float:
     """The longer the better (characters, up to 40): a reward that teaches a policy to run on
     past its answer into the length budget (rule rl_length)."""
     return min(len(response), 40) / 40
+
+
+def no_space(response: str, answer: str) -> float:
+    """starts_with_space's opposite: as the held-out verifier (rl.held_out_reward) of a run
+    trained on starts_with_space, the training reward rises as the held-out one falls, the sign
+    of reward hacking (rule rl_hacking)."""
+    return 1.0 - starts_with_space(response, answer)

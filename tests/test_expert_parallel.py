@@ -86,6 +86,7 @@ def test_ep2_by_dp2_shards_experts_over_the_expert_groups(moe_one, tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # 4 ranks, 19 s; CI keeps TP x FSDP2 (test_tensor_parallel.py) and EP x DP (above)
 def test_tp2_by_dp2_shards_the_split_experts_with_fsdp2(moe_one, tmp_path):
     """Tensor parallelism alone splits each expert's hidden units; with two replicas FSDP2
     shards those DTensors over dp like any other weight (bench/comm.py found them left out once:

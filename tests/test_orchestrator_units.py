@@ -296,6 +296,7 @@ def test_build_monitors_respects_enabled():
         "rl_verifier",
         "rl_entropy",
         "rl_length",
+        "rl_hacking",
     }  # moe: the orchestrator adds MoEHealth
     cfg.spike.enabled = cfg.plateau.enabled = False
     assert "spike" not in build_monitors(cfg) and "plateau" not in build_monitors(cfg)
@@ -1114,6 +1115,35 @@ def test_responses_cut_at_the_budget_get_filtered_then_penalised_then_said():
         ("set_overlong_penalty", {"tokens": 4}),
     ]
     assert ladder[2].action == "none" and "rl.max_new_tokens" in ladder[2].reasoning
+
+
+def test_a_held_out_reward_falling_as_the_training_reward_rises_rolls_back_to_the_best_then_stops():
+    """rl_hacking: judged at evaluations, against the best held-out reward and the training
+    reward at it; a fall inside `drop`, or with the training reward flat, is not counted."""
+    from trimtab.orchestrator.rl_health import RewardHacking, remedy
+
+    cfg = OrchestratorConfig()
+    cfg.rl_hacking.window, cfg.rl_hacking.patience, cfg.rl_hacking.drop = 2, 2, 0.1
+    mon = RewardHacking(cfg)
+
+    def evaluation(step: int, train: float, held_out: float):
+        for i in range(2):
+            assert mon.observe(metrics(step - 1 + i, rl={"reward": train})) is None
+        return mon.observe_eval(step, 0, held_out)
+
+    # best 0.5 at step 2 (training 0.2); then a fall within noise, a fall with a flat training
+    # reward, and two falls with it rising: the second of those fires
+    found = [evaluation(2, 0.2, 0.5), evaluation(4, 0.3, 0.45), evaluation(6, 0.2, 0.3)]
+    found += [evaluation(8, 0.4, 0.35), evaluation(10, 0.6, 0.2)]
+    assert [f is not None for f in found] == [False] * 4 + [True]
+    f = found[-1]
+    assert f.rule == "rl_hacking" and f.evidence["best_step"] == 2 and f.evidence["best_held_out_reward"] == 0.5
+    assert f.evidence["train_reward"] == pytest.approx(0.6) and f.evidence["train_reward_at_best"] == pytest.approx(0.2)
+    first = remedy(f, None, cfg)
+    assert (first.action, first.params) == ("rollback", {"to": 2, "lr_factor": cfg.lr_cut})
+    again = [evaluation(12, 0.7, 0.2), evaluation(14, 0.8, 0.1)]
+    assert again[0] is None and again[1].evidence["times"] == 2
+    assert remedy(again[1], None, cfg).action == "stop"
 
 
 def test_a_verifier_that_fails_gets_longer_or_is_said():

@@ -67,6 +67,7 @@ def test_a_rank_killed_from_outside_is_restarted_and_the_run_ends_as_undisturbed
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # CI's sharded resume after a kill: test_async_checkpoint.py's FSDP2 rank killed in its write
 def test_a_rank_killed_under_fsdp2_resumes_its_sharded_checkpoint_as_undisturbed(fsdp, tmp_path):
     """kill_rank@7:1 with FSDP2: each rank holds a shard of the weights and optimizer state; the
     restarted job reads the step-5 DCP checkpoint and ends with the undisturbed FSDP2 run's rows,

@@ -81,7 +81,13 @@ def test_a_finished_phase_cannot_change_once_a_later_one_started():
 # ------------------------------------------------------------------------------------ through the loop
 
 
-@pytest.mark.parametrize("schedule", ["triangular", "triangular2", "exp_range"])
+# CI runs one cyclic schedule through the loop (8 s each); the shapes of all three are tests/test_optim.py's
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "schedule", ["triangular", pytest.param("triangular2", marks=SLOW), pytest.param("exp_range", marks=SLOW)]
+)
 def test_cyclic_schedules_are_never_cut_as_faults(tmp_path, schedule):
     """Each cycle restarts the LR x10 (min_lr_ratio 0.1): the config asks for it, so the LR rule
     stays silent and the applied LR is the schedule's, cycle after cycle (before the fix, every

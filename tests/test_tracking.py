@@ -4,6 +4,7 @@ offline mode, on tiny real runs with an injected fault (so there is a decision t
 import json
 import struct
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -112,6 +113,21 @@ def _wandb_records(path: Path) -> Iterator:
             yield record
 
 
+def _settled_records(path: Path, timeout_s: float = 30.0) -> list:
+    """_wandb_records once the file is whole: wandb-core (a process of its own) may still be
+    writing its last record when wandb.finish() has returned (seen under load: a truncated tail)."""
+    from google.protobuf.message import DecodeError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return list(_wandb_records(path))
+        except DecodeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def _items(update) -> dict:
     return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in update}
 
@@ -122,7 +138,7 @@ def test_wandb_offline_writes_the_run_with_config_metrics_and_decisions(tmp_path
     _train(tmp_path / "w", 8, {"wandb": {"enabled": True}}, faults=["nan_loss@3"])
     (offline,) = (tmp_path / "w" / "wandb").glob("offline-run-*")
     (history_file,) = offline.glob("run-*.wandb")
-    records = list(_wandb_records(history_file))
+    records = _settled_records(history_file)
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert run.display_name == "w" and "debug" in run.tags
     config = {item.key: json.loads(item.value_json) for item in run.config.update}

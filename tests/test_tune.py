@@ -120,6 +120,7 @@ def test_tpe_study_resumes_to_its_count_and_writes_best_yaml(tmp_path):
     assert "best: trial" in second.summary
 
 
+@pytest.mark.slow  # 11 s; CI's two workers on one study: test_two_workers_share_one_sqlite_study
 def test_grid_runs_every_point_once_across_two_workers(tmp_path):
     space = {"optim.lr": {"choice": [0.002, 0.005]}, "optim.warmup_steps": {"int": [0, 4], "steps": 2}}
     result = tune(write_space(tmp_path, study={"sampler": "grid"}, space=space), workers=2, out=tmp_path / "g")

@@ -295,6 +295,21 @@ class RLLengthRule(Section):
 
 
 @dataclass
+class RLHackingRule(Section):
+    """Reward hacking (`trimtab rl`, docs/rl.md): at each evaluation, when the held-out reward
+    (rl.held_out_reward's verifier, else rl.reward's) has fallen `drop` or more below its best
+    while the training reward of the last `window` steps rose `rise` or more above its level at
+    that best, for `patience` evaluations in a row, the run rolls back to the best held-out
+    policy with the learning rate cut (orchestrator.lr_cut); a second time, it stops there."""
+
+    enabled: bool = True
+    window: int = 5
+    patience: int = 2
+    drop: float = 0.1
+    rise: float = 0.05
+
+
+@dataclass
 class DataRule(Section):
     """Data attribution: when a bad stretch is the data's, the rows of its flagged steps are scored
     one by one on the current weights and a row is left out when its loss is above the held-out
@@ -382,6 +397,7 @@ class OrchestratorConfig(Section):
     rl_verifier: RLVerifierRule = field(default_factory=RLVerifierRule)
     rl_entropy: RLEntropyRule = field(default_factory=RLEntropyRule)
     rl_length: RLLengthRule = field(default_factory=RLLengthRule)
+    rl_hacking: RLHackingRule = field(default_factory=RLHackingRule)
     lr: LRRule = field(default_factory=LRRule)
     data: DataRule = field(default_factory=DataRule)
     rows: RowsRule = field(default_factory=RowsRule)
@@ -408,6 +424,7 @@ class OrchestratorConfig(Section):
         "rl_verifier",
         "rl_entropy",
         "rl_length",
+        "rl_hacking",
         "lr",
         "rows",
         "make_up",
@@ -438,6 +455,8 @@ class OrchestratorConfig(Section):
         _positive(self.rl_length, "orchestrator.rl_length", "window", "rise")
         _check(0 < self.rl_length.threshold <= 1, "orchestrator.rl_length.threshold", "must be in (0, 1]")
         _check(0 < self.rl_length.buffer < 1, "orchestrator.rl_length.buffer", "must be in (0, 1) of the budget")
+        _positive(self.rl_hacking, "orchestrator.rl_hacking", "window", "patience", "drop")
+        _check(self.rl_hacking.rise >= 0, "orchestrator.rl_hacking.rise", "must be >= 0")
         _check(self.divergence.window >= 4, "orchestrator.divergence.window", "must be >= 4")
         _check(0 < self.divergence.lr_factor < 1, "orchestrator.divergence.lr_factor", "must be in (0, 1)")
         _check(0 < self.above_start.lr_factor < 1, "orchestrator.above_start.lr_factor", "must be in (0, 1)")

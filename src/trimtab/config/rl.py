@@ -21,6 +21,9 @@ class RLConfig(Section):
     prompts: str = "builtin:arithmetic"  # a JSONL file of {"prompt", "answer"}, or the built-in task
     held_out: int = 64  # held-out prompts scored (greedy pass@1) at each evaluation
     reward: str = "exact"  # the verifier (rl/rewards.py): math | exact | regex:P | format:P | python:M:F
+    # the held-out prompts' verifier ("": rl.reward): a stricter check than the one trained on
+    # shows reward hacking (rule rl_hacking), as the task's true measure
+    held_out_reward: str = ""
     group_size: int = 8  # responses per prompt (the group the advantage is taken over)
     prompts_per_step: int = 8  # prompts per optimizer step (all ranks together)
     max_new_tokens: int = 16  # a response's budget; longer ones are cut (truncated)

@@ -132,11 +132,16 @@ class Orchestrator(Hook):
             self._read(run)
 
     def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None:
-        monitor = self.monitors.get("early_stop")
-        if self.mode == "off" or monitor is None or "early_stop" in self.paused:
+        """Rules that judge evaluations: early stopping on the validation loss, reward hacking on
+        an RL run's held-out reward."""
+        if self.mode == "off":
             return
-        if (f := monitor.observe_eval(metrics["step"], run.phase, metrics["val_loss"])) is not None:
-            self.decide(run, f)
+        for rule, key in (("early_stop", "val_loss"), ("rl_hacking", "rl/held_out_reward")):
+            monitor = self.monitors.get(rule)
+            if monitor is None or rule in self.paused or key not in metrics:
+                continue
+            if (f := monitor.observe_eval(metrics["step"], run.phase, metrics[key])) is not None:
+                self.decide(run, f)
 
     def on_eval_error(self, run: RunView, step: int, error: str) -> None:
         if self.mode != "off":

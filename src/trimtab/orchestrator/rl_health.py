@@ -1,6 +1,7 @@
 """RL's health (`trimtab rl`, docs/rl.md): monitors of the groups that teach nothing (rl_signal),
-of the verifier failing (rl_verifier), of the policy's entropy collapsing (rl_entropy) and of
-responses running to the length budget (rl_length), and their remedies.
+of the verifier failing (rl_verifier), of the policy's entropy collapsing (rl_entropy), of
+responses running to the length budget (rl_length) and of the training reward parting from the
+held-out one (rl_hacking), and their remedies.
 
 GRPO's advantage compares the responses of a group: when they all earn the same reward (all right,
 or, far more often early on, all wrong) the advantage is 0 and the group contributes no gradient,
@@ -157,6 +158,56 @@ class LengthRunaway(Monitor):
         return self.finding(m, evidence, summary, min(1.0, strength))
 
 
+class RewardHacking(Monitor):
+    """At each RL evaluation: the held-out reward against its best so far, and the training
+    reward of the last `window` steps against its level at that best. Fallen by `drop` or more
+    while the training reward rose by `rise` or more, for `patience` evaluations in a row: the
+    policy learns what the verifier pays for on the training prompts, not the task (reward
+    hacking; or overfitting to the training prompts, which the same sign shows). A drop under the
+    held-out set's own noise is not counted: with n prompts, pass@1's standard error is
+    sqrt(p (1 - p) / n), so `drop` should stand well above it (0.1: two errors at n = 100)."""
+
+    rule, family = "rl_hacking", "rl"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.rl_hacking
+        self.recent: list[float] = []  # the training reward of the last steps
+        self.best: float | None = None
+        self.best_step, self.train_at_best, self.since, self.fired = 0, 0.0, 0, 0
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        if (reward := (m.rl or {}).get("reward")) is not None:
+            self.recent = [*self.recent, reward][-self.cfg.window :]
+        return None  # judged at evaluations (observe_eval)
+
+    def observe_eval(self, step: int, phase: int, held_out: float) -> Finding | None:
+        rule = self.cfg
+        train = sum(self.recent) / len(self.recent) if self.recent else 0.0
+        if self.best is None or held_out > self.best:
+            self.best, self.best_step, self.train_at_best, self.since = held_out, step, train, 0
+            return None
+        fallen, rose = self.best - held_out, train - self.train_at_best
+        self.since = self.since + 1 if fallen >= rule.drop and rose >= rule.rise else 0
+        if self.since < rule.patience:
+            return None
+        self.since, self.fired = 0, self.fired + 1
+        evidence = {
+            "held_out_reward": held_out,
+            "best_held_out_reward": self.best,
+            "best_step": self.best_step,
+            "train_reward": train,
+            "train_reward_at_best": self.train_at_best,
+            "evaluations": rule.patience,
+            "times": self.fired,
+        }
+        summary = (
+            f"the held-out reward fell from {self.best:.3f} (step {self.best_step}) to {held_out:.3f} while the "
+            f"training reward rose from {self.train_at_best:.3f} to {train:.3f}, {rule.patience} evaluations in "
+            "a row: the policy learns what the verifier pays for on the training prompts, not the task"
+        )
+        return Finding(rule=self.rule, family=self.family, step=step, evidence=evidence, summary=summary, strength=1.0)
+
+
 def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     """rl_signal: dynamic sampling, then a higher sampling temperature; rl_verifier: a longer
     verifier timeout; rl_entropy: an entropy bonus, then a lower LR; rl_length: overlong
@@ -168,6 +219,8 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
         return _entropy_remedy(view, cfg)
     if f.rule == "rl_length":
         return _length_remedy(view, cfg)
+    if f.rule == "rl_hacking":
+        return _hacking_remedy(f, cfg)
     rule = cfg.rl_signal
     if not view.rl_dynamic_sampling:
         return Remedy(
@@ -263,4 +316,24 @@ def _length_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:
         reasoning="responses still run to rl.max_new_tokens with the overlong filter and penalty on: the task "
         "needs longer answers than the budget (raise rl.max_new_tokens) or the policy repeats itself (a lower "
         "LR, a stronger warm start)",
+    )
+
+
+def _hacking_remedy(f: Finding, cfg: OrchestratorConfig) -> Remedy:
+    """Back to the policy of the best held-out reward with a smaller step, once; again, the run
+    stops there: its best policy is in that checkpoint, and more of the same training hacks on."""
+    best = f.evidence["best_step"]
+    if f.evidence["times"] == 1:
+        return Remedy(
+            action="rollback",
+            params={"to": best, "lr_factor": cfg.lr_cut},
+            reasoning=f"the training reward is no longer the task's: restore the policy of the best held-out reward "
+            f"(the newest checkpoint at or before step {best}) and train on with a smaller learning rate, "
+            "which moves the policy less far towards what the verifier pays for",
+        )
+    return Remedy(
+        action="stop",
+        reasoning=f"the held-out reward falls again while the training reward rises: more training hacks the "
+        f"verifier; the best policy is the checkpoint at or before step {best} (a stricter verifier, "
+        "rl.reward, or rl.held_out_reward measuring the task, is the lasting fix)",
     )

@@ -6,7 +6,13 @@ from __future__ import annotations
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import GradExplosion, LossSpike, Monitor, NonFinite
 from trimtab.orchestrator.resources import Fp16Overflow, MemoryPressure, OutOfMemory, Throughput
-from trimtab.orchestrator.rl_health import EntropyCollapse, LengthRunaway, NoLearningSignal, VerifierFailures
+from trimtab.orchestrator.rl_health import (
+    EntropyCollapse,
+    LengthRunaway,
+    NoLearningSignal,
+    RewardHacking,
+    VerifierFailures,
+)
 from trimtab.orchestrator.trends import AboveStart, Divergence, Plateau, UnexplainedLR
 
 MONITORS = {
@@ -25,6 +31,7 @@ MONITORS = {
     "rl_verifier": VerifierFailures,
     "rl_entropy": EntropyCollapse,
     "rl_length": LengthRunaway,
+    "rl_hacking": RewardHacking,
 }
 
 

@@ -114,6 +114,7 @@ class RolloutLoader:
         self.skipped: set[int] = set()
         self._order = self._permutation(0)
         self._pool: VerifierPool | None = None
+        self._held_out_pool: VerifierPool | None = None  # rl.held_out_reward's, when it differs
         self._window: list[RolloutBatch] = []  # the steps since metrics() was read
         self._scored = [0, 0, 0]  # this step's verifications so far: scored, failed, timed out
         self._timeout_s = cfg.verifier_timeout_s
@@ -201,13 +202,23 @@ class RolloutLoader:
         self._scored = [a + b for a, b in zip(self._scored, (len(rollouts), len(events), timeouts))]
         return [(i, rollouts[k * G : (k + 1) * G], rewards[k * G : (k + 1) * G]) for k, i in enumerate(chosen)]
 
-    def _score(self, rollouts: list[Rollout], answers: list[str]) -> tuple[list[float], list[dict[str, Any]]]:
-        """Each response's reward, and the verifications that failed (timed out or raised: 0)."""
+    def _score(
+        self, rollouts: list[Rollout], answers: list[str], held_out: bool = False
+    ) -> tuple[list[float], list[dict[str, Any]]]:
+        """Each response's reward, and the verifications that failed (timed out or raised: 0);
+        held-out responses by rl.held_out_reward's verifier where it names another."""
+        cfg = self.cfg
         if self._pool is None:
-            cfg = self.cfg
             self._pool = VerifierPool(cfg.reward, cfg.verifier_workers, self._timeout_s, cfg.verifier_retries)
+        pool = self._pool
+        if held_out and cfg.held_out_reward not in ("", cfg.reward):
+            if self._held_out_pool is None:
+                spec, workers, retries = cfg.held_out_reward, cfg.verifier_workers, cfg.verifier_retries
+                self._held_out_pool = VerifierPool(spec, workers, self._timeout_s, retries, key="rl.held_out_reward")
+            pool = self._held_out_pool
+        pool.timeout_s = self._timeout_s
         eos = self.tok.eos_id
-        scored = self._pool.score([self.tok.decode([t for t in r.tokens if t != eos]) for r in rollouts], answers)
+        scored = pool.score([self.tok.decode([t for t in r.tokens if t != eos]) for r in rollouts], answers)
         return scored.rewards, scored.events
 
     def evaluate(self) -> dict[str, float]:
@@ -216,7 +227,7 @@ class RolloutLoader:
         if not self.held_out:
             return {}
         rollouts = self.policy([self.tok.encode(p.prompt, specials=True) for p in self.held_out], None)
-        rewards, failures = self._score(rollouts, [p.answer for p in self.held_out])
+        rewards, failures = self._score(rollouts, [p.answer for p in self.held_out], held_out=True)
         return {
             "rl/held_out_reward": sum(rewards) / len(rewards),
             "rl/held_out_pass@1": sum(r >= 1.0 for r in rewards) / len(rewards),
@@ -265,9 +276,10 @@ class RolloutLoader:
 
     def close(self) -> None:
         """End the verifier pool's processes (the run is over)."""
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        for pool in (self._pool, self._held_out_pool):
+            if pool is not None:
+                pool.close()
+        self._pool = self._held_out_pool = None
 
     def skip_rows(self, rows: list[int]) -> int:
         """Never draw these prompts again (after a rollback that blamed them)."""

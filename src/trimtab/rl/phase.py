@@ -14,6 +14,7 @@ from trimtab.data.arithmetic import SOURCE, digits_of, held_out
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import ConfigError
 from trimtab.rl.batches import RolloutLoader
+from trimtab.rl.rewards import verifier
 from trimtab.rl.tasks import Problem, arithmetic, read_problems
 
 TRAIN_PROBLEMS = 100_000  # the built-in task's training problems at most (two digits: ~18,000 in all)
@@ -68,6 +69,9 @@ def problems_of(cfg: RunConfig) -> tuple[list[Problem], list[Problem]]:
 def build_rl_phase(cfg: RunConfig, tok: TextTokenizer) -> RLPhase:
     if cfg.train.max_steps == "auto" or cfg.train.epochs > 0:
         raise ConfigError("rl: set train.max_steps to the RL steps to take (auto and train.epochs are pretraining's)")
+    verifier(cfg.rl.reward)  # a verifier that is not there is told now, not at the first step's scoring
+    if cfg.rl.held_out_reward:
+        verifier(cfg.rl.held_out_reward, "rl.held_out_reward")
     train, held = problems_of(cfg)
     longest = max(len(tok.encode(p.prompt, specials=True)) for p in train + held)
     if longest + cfg.rl.max_new_tokens > cfg.model.max_seq_len:

@@ -78,14 +78,14 @@ def _format(pattern: str) -> Verifier:
     return lambda response, answer: float(compiled.fullmatch(response.strip()) is not None)
 
 
-def verifier(spec: str) -> Verifier:
-    """The verifier a spec names; ConfigError (naming rl.reward) when it names none."""
+def verifier(spec: str, key: str = "rl.reward") -> Verifier:
+    """The verifier a spec names; ConfigError (naming the config `key`) when it names none."""
     kind, _, rest = spec.partition(":")
     try:
         if kind == "exact" and not rest:
             return _exact
         if kind == "math" and not rest:
-            require("math_verify", f"rl.reward '{spec}'")
+            require("math_verify", f"{key} '{spec}'")
             return _math
         if kind == "regex" and rest:
             return _regex(rest)
@@ -95,10 +95,9 @@ def verifier(spec: str) -> Verifier:
             module, name = rest.split(":")
             return getattr(importlib.import_module(module), name)
     except (ImportError, re.error, AttributeError) as exc:
-        raise ConfigError(f"rl.reward '{spec}': {exc}") from None
+        raise ConfigError(f"{key} '{spec}': {exc}") from None
     raise ConfigError(
-        f"rl.reward '{spec}' names no verifier: use math, exact, regex:PATTERN, format:PATTERN "
-        "or python:MODULE:FUNCTION"
+        f"{key} '{spec}' names no verifier: use math, exact, regex:PATTERN, format:PATTERN or python:MODULE:FUNCTION"
     )
 
 
@@ -140,8 +139,10 @@ class VerifierPool:
     (Python 3.11's forkserver never preloads it), which under torchrun or a script that imports
     torch is seconds of CPU at each start and each replacement of a killed worker."""
 
-    def __init__(self, spec: str, workers: int = 2, timeout_s: float = 5.0, retries: int = 1) -> None:
-        verifier(spec)  # a bad spec is told here, not by a worker
+    def __init__(
+        self, spec: str, workers: int = 2, timeout_s: float = 5.0, retries: int = 1, key: str = "rl.reward"
+    ) -> None:
+        verifier(spec, key)  # a bad spec is told here, not by a worker
         self.spec, self.timeout_s, self.retries = spec, timeout_s, retries
         self._workers = [self._start() for _ in range(workers)]
 
