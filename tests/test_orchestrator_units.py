@@ -1083,9 +1083,10 @@ def test_an_entropy_collapse_before_the_task_is_learned_gets_a_bonus_then_a_lowe
     ]
 
 
-def test_responses_cut_at_the_budget_get_filtered_then_penalised_then_said():
+def test_responses_grown_into_the_budget_get_the_soft_penalty_then_a_wider_one_then_a_word():
     """rl_length: the window's share of truncated responses against the phase's first window's;
-    the filter, then the soft penalty over a quarter of the budget, then a word."""
+    the soft penalty over a quarter of the budget, then half, then a word; the filter is not a
+    step of it (it would leave the cut responses, and the penalty's gradient, out)."""
     from types import SimpleNamespace
 
     from trimtab.orchestrator.rl_health import LengthRunaway, remedy
@@ -1109,10 +1110,10 @@ def test_responses_cut_at_the_budget_get_filtered_then_penalised_then_said():
     every_one_cut = LengthRunaway(cfg)  # a budget every response fills from the start: the run's design
     assert not any(every_one_cut.observe(metrics(i, rl={"truncated": 1.0, "response_tokens": 2.0})) for i in range(9))
     view = lambda filtering, buffer: SimpleNamespace(rl_overlong=(filtering, buffer), rl_max_new_tokens=16)  # noqa: E731
-    ladder = [remedy(found[4], view(*knobs), cfg) for knobs in ((False, 0), (True, 0), (True, 4))]
+    ladder = [remedy(found[4], view(*knobs), cfg) for knobs in ((False, 0), (True, 4), (False, 8))]
     assert [(r.action, r.params) for r in ladder[:2]] == [
-        ("set_overlong_filter", {"value": "on"}),
         ("set_overlong_penalty", {"tokens": 4}),
+        ("set_overlong_penalty", {"tokens": 8}),
     ]
     assert ladder[2].action == "none" and "rl.max_new_tokens" in ladder[2].reasoning
 

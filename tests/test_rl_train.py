@@ -124,3 +124,82 @@ def test_rl_needs_a_model_to_start_from_and_a_length(tmp_path):
     )
     done = trimtab_cli(["rl", "--preset", "debug", "--out", str(tmp_path / "r"), "--set", "rl.group_size=1"], tmp_path)
     assert done.returncode == 2 and "rl.group_size" in done.stderr
+
+
+def decided(out, rule: str) -> list[dict]:
+    return [d for d in read_decisions(out) if d["rule"] == rule]
+
+
+def test_an_entropy_collapse_gets_an_entropy_bonus_and_the_entropy_comes_back(tmp_path, base):
+    """rl_entropy, for real: at lr 1e-2 a reward that pays half for a leading space, and the rest
+    for a digit after it that one token never shows, collapses the sampled first token from ~6.2
+    nats to ~1.7 at a reward of 0.5; the bonus doubles each window of 3 steps (0.01, 0.02, 0.04),
+    and the entropy's fall reverses (1.26 -> 1.7 on the machine this was written on)."""
+    sets = ["--set", "rl.reward=python:rl_verifiers:half_credit", "--set", "rl.max_new_tokens=1"]
+    sets += ["--set", "orchestrator.rl_entropy.window=3", "--set", "orchestrator.rl_entropy.threshold=0.35"]
+    logged = rl(tmp_path / "e", base, 26, *sets)
+    decisions = decided(tmp_path / "e", "rl_entropy")
+    assert [d["params"] for d in decisions[:3]] == [{"value": 0.01}, {"value": 0.02}, {"value": 0.04}], decisions
+    first = decisions[0]["evidence"]
+    assert first["entropy"] < 0.35 * first["start_entropy"] and first["reward"] < 0.9
+    entropy = [m["rl/entropy"] for m in logged]
+    assert entropy[-1] > 1.1 * min(entropy), entropy  # the collapse stopped and went back
+    assert logged[-1]["rl/entropy_coef"] >= 0.04
+
+
+def test_a_training_reward_parting_from_the_held_out_one_rolls_back_to_the_best_then_stops(tmp_path, base):
+    """rl_hacking, for real: trained on starts_with_space, measured on its opposite
+    (rl.held_out_reward), the held-out reward falls from its best as the training reward rises;
+    the run goes back to the best evaluation's checkpoint (kept from pruning) with the LR halved,
+    and when that happens again it stops."""
+    sets = ["--set", "rl.held_out_reward=python:rl_verifiers:no_space", "--set", "rl.held_out=16"]
+    sets += ["--set", "train.eval_every=2", "--set", "checkpoint.every=2", "--set", "orchestrator.rl_hacking.window=2"]
+    rl(tmp_path / "h", base, 24, *sets)
+    first, second = decided(tmp_path / "h", "rl_hacking")
+    best = first["evidence"]["best_step"]
+    assert (first["action"], first["params"]) == ("rollback", {"to": best, "lr_factor": 0.5})
+    assert first["applied"] == [f"rolled back from step {first['step']} to step {best}; lr multiplier 1 -> 0.5"]
+    assert first["evidence"]["held_out_reward"] <= first["evidence"]["best_held_out_reward"] - 0.1
+    assert first["evidence"]["train_reward"] >= first["evidence"]["train_reward_at_best"] + 0.05
+    assert second["action"] == "stop" and second["evidence"]["times"] == 2 and second["step"] < 24
+    summary = json.loads((tmp_path / "h/summary.json").read_text())
+    assert summary["status"] != "completed" and (tmp_path / f"h/checkpoints/step_{best:06d}").is_dir()
+
+
+@pytest.fixture(scope="module")
+def arithmetic(tmp_path_factory):
+    """150 steps of debug on the built-in arithmetic task: a policy that answers and ends."""
+    out = tmp_path_factory.mktemp("rl") / "arithmetic"
+    done = trimtab_cli(
+        [
+            "train",
+            "--preset",
+            "debug",
+            "--out",
+            str(out),
+            "--max-steps",
+            "150",
+            "--set",
+            "data.source=builtin:arithmetic",
+        ],
+        out.parent,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow  # 150 steps of a warm start first (~40 s on one core)
+def test_responses_that_run_into_the_budget_get_the_soft_overlong_penalty_and_come_back(tmp_path, arithmetic):
+    """rl_length, for real: from a warm start whose answers end (2% cut at 8 tokens), a reward
+    for longer responses runs them into the budget (95% cut within 6 steps); the soft penalty
+    over the budget's last quarter, then half, brings them back under it (3% cut by step 24)."""
+    sets = ["--set", "rl.reward=python:rl_verifiers:longer", "--set", "rl.max_new_tokens=8", "--set", "optim.lr=1e-3"]
+    sets += ["--set", "rl.prompts=builtin:arithmetic", "--set", "orchestrator.rl_length.window=3"]
+    logged = rl(tmp_path / "l", arithmetic, 24, *sets)
+    decisions = decided(tmp_path / "l", "rl_length")
+    assert [(d["action"], d["params"]) for d in decisions[:2]] == [
+        ("set_overlong_penalty", {"tokens": 2}),
+        ("set_overlong_penalty", {"tokens": 4}),
+    ]
+    truncated = [m["rl/truncated"] for m in logged]
+    assert max(truncated[:3]) < 0.2 and max(truncated) > 0.8 and sum(truncated[-4:]) / 4 < 0.3, truncated

@@ -180,6 +180,13 @@ class RewardHacking(Monitor):
             self.recent = [*self.recent, reward][-self.cfg.window :]
         return None  # judged at evaluations (observe_eval)
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A rollback restores the windows, not what was decided: a second finding after one
+        still stops the run."""
+        fired = self.fired
+        super().load_state_dict(state)
+        self.fired = max(self.fired, fired)
+
     def observe_eval(self, step: int, phase: int, held_out: float) -> Finding | None:
         rule = self.cfg
         train = sum(self.recent) / len(self.recent) if self.recent else 0.0
@@ -210,9 +217,9 @@ class RewardHacking(Monitor):
 
 def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     """rl_signal: dynamic sampling, then a higher sampling temperature; rl_verifier: a longer
-    verifier timeout; rl_entropy: an entropy bonus, then a lower LR; rl_length: overlong
-    filtering, then the soft overlong penalty; at a ceiling (or a verifier that raises), a word
-    for a person."""
+    verifier timeout; rl_entropy: an entropy bonus, then a lower LR; rl_length: the soft
+    overlong penalty, then a wider one; rl_hacking: back to the best policy, then stop; at a
+    ceiling (or a verifier that raises), a word for a person."""
     if f.rule == "rl_verifier":
         return _verifier_remedy(f, view, cfg)
     if f.rule == "rl_entropy":
@@ -293,29 +300,27 @@ def _entropy_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:
 
 
 def _length_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:
-    """Cut responses out of the loss first (their reward is noise about the answer), then a
-    penalty that grows over the budget's last tokens; then a word for a person."""
-    filtering, buffer = view.rl_overlong
-    if not filtering:
-        return Remedy(
-            action="set_overlong_filter",
-            params={"value": "on"},
-            reasoning="a response cut at the budget is graded unfinished: leave such responses out of the loss "
-            "(DAPO's overlong filtering), so their rewards do not teach the policy about its answers",
-        )
-    tokens = max(1, int(view.rl_max_new_tokens * cfg.rl_length.buffer))
-    if buffer < tokens:
-        return Remedy(
-            action="set_overlong_penalty",
-            params={"tokens": tokens},
-            reasoning=f"responses still run to the budget with the filter on: a reward penalty growing over the "
-            f"budget's last {tokens} tokens (DAPO's soft overlong punishment) brings their lengths back under it",
-        )
+    """DAPO's soft overlong punishment over the budget's last `buffer` share, then over twice
+    that; then a word for a person. Not the overlong filter: it leaves the cut responses out of
+    the loss, and with them the only gradient that shortens them (measured: a runaway from 2% to
+    97% cut stayed at 95% with the filter on, penalty or not)."""
+    _, buffer = view.rl_overlong
+    budget = view.rl_max_new_tokens
+    for share in (cfg.rl_length.buffer, min(2 * cfg.rl_length.buffer, 0.75)):
+        tokens = min(budget - 1, max(1, round(budget * share)))
+        if buffer < tokens:
+            return Remedy(
+                action="set_overlong_penalty",
+                params={"tokens": tokens},
+                reasoning=f"responses grow into the budget and are graded unfinished: a reward penalty growing over "
+                f"the budget's last {tokens} of {budget} tokens (DAPO's soft overlong punishment) brings their "
+                "lengths back under it (the overlong filter goes off: the penalty needs the cut responses trained)",
+            )
     return Remedy(
         action="none",
-        reasoning="responses still run to rl.max_new_tokens with the overlong filter and penalty on: the task "
-        "needs longer answers than the budget (raise rl.max_new_tokens) or the policy repeats itself (a lower "
-        "LR, a stronger warm start)",
+        reasoning="responses still run to rl.max_new_tokens with the soft overlong penalty over most of the budget: "
+        "the task needs longer answers than the budget (raise rl.max_new_tokens) or the policy repeats itself "
+        "(a lower LR, a stronger warm start)",
     )
 
 

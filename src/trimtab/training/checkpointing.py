@@ -61,6 +61,8 @@ class Checkpointing:
         good = all(h.healthy(self.view) for h in self.hooks)  # a rollback target (the weights are finite)
         background = self.cfg.checkpoint.asynchronous and not wait
         started, before = time.perf_counter(), (self.last_saved, self.last_good)
+        if self.best_eval is not None and self.best_checkpoint < 0:  # evaluations come before saves
+            self.best_checkpoint = self.state.step if self.state.step == self.best_eval[0] else self.last_saved
         try:
             path = self.dist.save(
                 self.cfg.run_dir,
@@ -70,7 +72,7 @@ class Checkpointing:
                 {"rng": rng_state(), "scaler": self.scaler.state_dict() if self.scaler else {}},
                 self._checkpoint_state(good),
                 keep=self.cfg.checkpoint.keep,
-                protect=(self.last_good,),
+                protect=(self.last_good, self.best_checkpoint),
                 before=lambda: self._call("on_save_start"),
                 background=background,
             )

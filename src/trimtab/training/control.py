@@ -320,7 +320,10 @@ class Control:
             return f"the overlong buffer must be under rl.max_new_tokens ({t.cfg.rl.max_new_tokens}): unchanged"
         before, t.state.rl_overlong_buffer = t.loader.overlong_buffer, tokens
         t.loader.overlong_buffer = tokens
-        return f"RL overlong penalty buffer {before} -> {tokens} tokens"
+        done = f"RL overlong penalty buffer {before} -> {tokens} tokens"
+        if tokens and t.loader.overlong_filter:  # the penalty acts through the cut responses' gradient
+            done += f"; {self._set_overlong_filter('off')}"
+        return done
 
     def _set_rl_temperature(self, value: float) -> str:
         t = self._trainer

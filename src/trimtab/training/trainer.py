@@ -87,6 +87,10 @@ class Trainer(Checkpointing):
         self._enter_phase(0)
         self.resumed_from = run.resume[0] if run.resume else None
         self.last_saved = self.last_good = -1
+        # the best evaluation (step, score: higher is better) and the newest checkpoint at or
+        # before it, kept from pruning: a rollback to the best policy (rule rl_hacking) finds it
+        self.best_eval: tuple[int, float] | None = None
+        self.best_checkpoint = -1
         self.save_seconds = 0.0  # what the newest save stalled training (goodput, the checkpoint interval)
         self.config_changes: list[dict[str, Any]] = []  # phase lengths a person changed on resume
         if run.resume:
@@ -421,6 +425,9 @@ class Trainer(Checkpointing):
         if not figures:
             return {}
         self.last_eval = {"step": self.state.step, "phase": self.phases[self.state.phase].name, **figures}
+        score = figures["rl/held_out_reward"] if "rl/held_out_reward" in figures else -figures.get("val_loss", math.inf)
+        if self.best_eval is None or score > self.best_eval[1]:
+            self.best_eval, self.best_checkpoint = (self.state.step, score), -1  # found at the next save
         self._call("on_eval", self.last_eval)
         return self.last_eval
 
