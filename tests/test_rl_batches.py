@@ -109,3 +109,30 @@ def test_each_micro_batch_holds_its_part_of_the_step_normaliser():
             ours.close()
         assert len(batch.micro) == 2 and batch.n_targets == whole
         assert sum(m.n_targets for m in batch.micro) == whole, aggregation
+
+
+def test_pass_at_k_is_the_unbiased_estimator_over_sampled_held_out_responses():
+    """Chen et al. 2021: 1 - C(n - c, k) / C(n, k); the loader samples n responses a held-out
+    prompt with one seed at every evaluation and reports k = 2, 4 .. n beside greedy pass@1."""
+    from math import comb
+
+    from trimtab.rl.batches import pass_at_k
+
+    assert pass_at_k(8, 0, 4) == 0.0 and pass_at_k(8, 5, 4) == 1.0 and pass_at_k(4, 1, 1) == 0.25
+    assert pass_at_k(8, 2, 4) == 1 - comb(6, 4) / comb(8, 4)
+    seeds = []
+
+    def every_other_right(prompts, seed):  # greedy: all wrong; sampled: the odd-indexed ones right
+        seeds.append(seed)
+        return [Rollout(p, [ord("x" if seed is not None and k % 2 else "y"), EOS], [-1.0] * 2, False)
+                for k, p in enumerate(prompts)]  # fmt: skip
+
+    ours = loader(held_out_samples=4)
+    ours.held_out, ours.policy = [Problem("q1", "x"), Problem("q2", "x")], every_other_right
+    try:
+        first, again = ours.evaluate(), ours.evaluate()
+    finally:
+        ours.close()
+    assert first["rl/held_out_pass@1"] == 0.0 and "rl/held_out_pass@8" not in first
+    assert first["rl/held_out_pass@2"] == 1 - comb(2, 2) / comb(4, 2) and first["rl/held_out_pass@4"] == 1.0
+    assert first == again and seeds[1] == seeds[3] is not None  # the same draw at each evaluation

@@ -20,6 +20,7 @@ class RLConfig(Section):
     enabled: bool = False  # on under `trimtab rl`
     prompts: str = "builtin:arithmetic"  # a JSONL file of {"prompt", "answer"}, or the built-in task
     held_out: int = 64  # held-out prompts scored (greedy pass@1) at each evaluation
+    held_out_samples: int = 0  # n >= 2: n sampled responses a held-out prompt, pass@k for k = 2, 4, .. n
     reward: str = "exact"  # the verifier (rl/rewards.py): math | exact | regex:P | format:P | python:M:F
     # the held-out prompts' verifier ("": rl.reward): a stricter check than the one trained on
     # shows reward hacking (rule rl_hacking), as the task's true measure
@@ -50,6 +51,7 @@ class RLConfig(Section):
         _check(self.prompts_per_step >= 1, "rl.prompts_per_step", "must be >= 1")
         _check(self.max_new_tokens >= 1, "rl.max_new_tokens", "must be >= 1")
         _check(self.held_out >= 0, "rl.held_out", "must be >= 0")
+        _check(self.held_out_samples != 1 and self.held_out_samples >= 0, "rl.held_out_samples", "0 (off) or >= 2")
         _check(self.temperature > 0, "rl.temperature", "must be > 0 (a group of greedy answers is one answer)")
         _check(0 < self.top_p <= 1, "rl.top_p", "must be in (0, 1]")
         _check(self.baseline in BASELINES, "rl.baseline", f"must be one of {', '.join(BASELINES)}")

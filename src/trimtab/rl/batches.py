@@ -14,6 +14,7 @@ Shape legend: B sequences in a micro-batch, T its longest prompt + response - 1.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ from trimtab.rl.tasks import Problem
 
 # prompts, a sampling seed (None: greedy) -> one rollout each
 Policy = Callable[[list[list[int]], int | None], list[Rollout]]
+HELD_OUT_DRAW = 999_983  # the held-out samples' seed offset: no training draw's (those count from 0)
 
 
 def flat(rewards: list[float]) -> bool:
@@ -80,6 +82,12 @@ class RolloutBatch(StepBatch):
             "truncated": sum(r.truncated for r in self.rollouts) / n,
             "response_tokens": sum(len(r.tokens) for r in self.rollouts) / n,
         }
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The chance that k of n sampled responses, c of them right, hold a right one: Chen et al.
+    2021's unbiased estimator 1 - C(n - c, k) / C(n, k)."""
+    return 1.0 if n - c < k else 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def overlong_penalty(length: int, budget: int, buffer: int) -> float:
@@ -223,16 +231,30 @@ class RolloutLoader:
 
     def evaluate(self) -> dict[str, float]:
         """The held-out prompts answered greedily by the policy, scored: the mean reward and
-        pass@1 (the share whose reward is full); {} without held-out prompts."""
+        pass@1 (the share whose reward is full); with rl.held_out_samples n, also n responses a
+        prompt sampled at the run's temperature and pass@k for k = 2, 4, .. up to n (the same
+        sampling seed at every evaluation, so their course is the policy's, not the draw's);
+        {} without held-out prompts."""
         if not self.held_out:
             return {}
-        rollouts = self.policy([self.tok.encode(p.prompt, specials=True) for p in self.held_out], None)
-        rewards, failures = self._score(rollouts, [p.answer for p in self.held_out], held_out=True)
-        return {
+        prompts = [self.tok.encode(p.prompt, specials=True) for p in self.held_out]
+        answers = [p.answer for p in self.held_out]
+        rewards, failures = self._score(self.policy(prompts, None), answers, held_out=True)
+        figures = {
             "rl/held_out_reward": sum(rewards) / len(rewards),
             "rl/held_out_pass@1": sum(r >= 1.0 for r in rewards) / len(rewards),
             "rl/held_out_verifier_failures": float(len(failures)),
         }
+        n = self.cfg.held_out_samples
+        if n >= 2:
+            sampled = self.policy([p for p in prompts for _ in range(n)], self.seed * 1_000_003 + HELD_OUT_DRAW)
+            scores, _ = self._score(sampled, [a for a in answers for _ in range(n)], held_out=True)
+            right = [sum(r >= 1.0 for r in scores[i * n : (i + 1) * n]) for i in range(len(prompts))]
+            k = 2
+            while k <= n:
+                figures[f"rl/held_out_pass@{k}"] = sum(pass_at_k(n, c, k) for c in right) / len(right)
+                k *= 2
+        return figures
 
     def regroup(self, batch: RolloutBatch) -> RolloutBatch:
         """The step's sequences cut into micro-batches of the current budget: longest first,
