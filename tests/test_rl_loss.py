@@ -95,3 +95,22 @@ def test_an_entropy_bonus_widens_the_policy_and_is_off_by_default():
     with torch.no_grad():
         head -= 0.1 * head.grad
     assert entropy() > before
+
+
+def test_the_kl_term_to_the_reference_is_grpos_estimator_and_pulls_towards_it():
+    """kl_coef x sum(weight x (pi_ref / pi - log(pi_ref / pi) - 1)): 0 where the policy is the
+    reference, positive elsewhere, and its gradient alone (advantages 0) moves the policy's
+    log-probabilities towards the reference's."""
+    logprobs = torch.log(torch.tensor([[0.5, 0.2, 0.9]])).requires_grad_()
+    ref = torch.log(torch.tensor([[0.5, 0.4, 0.6]]))
+    weights, zero = torch.tensor([[1.0, 1.0, 0.0]]), torch.zeros(1)
+    terms = policy_terms(logprobs, logprobs.detach(), zero, weights, ref_logprobs=ref, kl_coef=0.5)
+    r = torch.log(torch.tensor(0.4 / 0.2))
+    assert float(terms.kl_ref) == pytest.approx(float(r.exp() - r - 1))  # token 0: 0; token 2: weight 0
+    assert float(terms.objective.detach()) == pytest.approx(0.5 * float(terms.kl_ref))
+    terms.objective.backward()
+    assert logprobs.grad[0, 0] == 0 and logprobs.grad[0, 1] < 0 and logprobs.grad[0, 2] == 0  # descent raises 0.2
+    same = policy_terms(logprobs.detach(), logprobs.detach(), zero, weights, ref_logprobs=logprobs.detach())
+    assert (
+        float(same.kl_ref) == 0.0 and policy_terms(logprobs.detach(), logprobs.detach(), zero, weights).kl_ref is None
+    )

@@ -203,3 +203,21 @@ def test_responses_that_run_into_the_budget_get_the_soft_overlong_penalty_and_co
     ]
     truncated = [m["rl/truncated"] for m in logged]
     assert max(truncated[:3]) < 0.2 and max(truncated) > 0.8 and sum(truncated[-4:]) / 4 < 0.3, truncated
+
+
+def test_a_kl_term_holds_the_policy_near_its_start_and_resumes_exactly(tmp_path, base):
+    """rl.kl_coef: KL to the frozen starting policy (the run's step-0 checkpoint, kept from
+    pruning even with checkpoint.keep=1) stays ~3x lower at beta 1 than at ~0; a run with the
+    term, stopped and resumed, reloads that reference and ends with the uninterrupted weights."""
+    sets = ["--set", "checkpoint.keep=1", "--set", "rl.held_out=0"]
+    held = rl(tmp_path / "held", base, 8, *sets, "--set", "rl.kl_coef=1.0")
+    free = rl(tmp_path / "free", base, 8, *sets, "--set", "rl.kl_coef=1e-9")
+    late = lambda logged: sum(m["rl/kl_ref"] for m in logged[4:]) / 4  # noqa: E731
+    assert late(held) < 0.6 * late(free), ([m["rl/kl_ref"] for m in held], [m["rl/kl_ref"] for m in free])
+    assert (tmp_path / "held/checkpoints/step_000000").is_dir()
+    rl(tmp_path / "parts", base, 8, *sets, "--set", "rl.kl_coef=1.0", "--inject", "sigterm@4")
+    resumed = rl(tmp_path / "parts", base, 8, *sets, "--set", "rl.kl_coef=1.0")
+    assert [m["rl/kl_ref"] for m in resumed] == [m["rl/kl_ref"] for m in held]
+    a = load_file(tmp_path / "held/checkpoints/step_000008/model.safetensors")
+    b = load_file(tmp_path / "parts/checkpoints/step_000008/model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -39,6 +39,7 @@ class RLConfig(Section):
     overlong_filter: bool = False  # DAPO: responses cut at max_new_tokens are left out of the loss
     overlong_buffer: int = 0  # DAPO's soft penalty: the last N tokens of the budget cost up to 1 reward
     entropy_coef: float = 0.0  # an entropy bonus in the objective (rule rl_entropy turns it on)
+    kl_coef: float = 0.0  # beta: KL to the frozen starting policy in the objective (rl/reference.py)
     # MoE policies: the experts generation chose are imposed on the training forward (R3,
     # arXiv 2510.11370; rl/replay.py), so rounding never routes the two passes apart
     routing_replay: bool = True
@@ -62,6 +63,7 @@ class RLConfig(Section):
         _check(self.verifier_retries >= 0, "rl.verifier_retries", "must be >= 0")
         _check(self.resample_rounds >= 0, "rl.resample_rounds", "must be >= 0")
         _check(self.entropy_coef >= 0, "rl.entropy_coef", "must be >= 0 (a bonus for entropy, not a penalty)")
+        _check(self.kl_coef >= 0, "rl.kl_coef", "must be >= 0 (0: no KL term)")
         _check(
             0 <= self.overlong_buffer < self.max_new_tokens,
             "rl.overlong_buffer",

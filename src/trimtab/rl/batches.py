@@ -331,7 +331,9 @@ class RolloutLoader:
         trained = [b for b in window if b.terms]
         if trained:  # each step's weighted means over its response tokens, then over the steps
             weight = [float(sum(m.weights.sum() for m in b.micro)) for b in trained]
-            for key, name in (("rl/clip_fraction", "clipped"), ("rl/kl", "kl")):
+            for key, name in (("rl/clip_fraction", "clipped"), ("rl/kl", "kl"), ("rl/kl_ref", "kl_ref")):
+                if getattr(trained[0].terms[0], name) is None:  # a term the objective has not got
+                    continue
                 out[key] = sum(float(sum(getattr(t, name) for t in b.terms)) / w for b, w in zip(trained, weight))
                 out[key] /= len(trained)
             out["rl/ratio_max"] = max(float(t.ratio_max) for b in trained for t in b.terms)

@@ -12,7 +12,9 @@ responses to one prompt:
 The objective per token is PPO's clipped surrogate, -min(ratio A, clip(ratio, 1 - eps_low,
 1 + eps_high) A) with ratio = pi / pi_old, the clip higher than low above (DAPO, Yu et al. 2025),
 less `entropy_coef` x the entropy of the policy's distribution at the token (an entropy bonus,
-Williams & Peng 1991; what rule rl_entropy turns on when the policy collapses onto few answers).
+Williams & Peng 1991; what rule rl_entropy turns on when the policy collapses onto few answers),
+plus `kl_coef` x GRPO's estimator of KL(pi || pi_ref) at the token, pi_ref the frozen starting
+policy (rl/reference.py; Shao et al. 2024, eq. 4).
 The step's loss is sum(weight_t x objective_t) / normaliser, where the weights and the normaliser
 are fixed by the whole step (every micro-batch and every rank), so the gradient is the same
 however the step is split (the sums are added; the normaliser is global):
@@ -83,6 +85,7 @@ class PolicyTerms:
     ratio_max: torch.Tensor  # the largest ratio pi / pi_old (an importance-ratio blow-up)
     kl: torch.Tensor  # sum of weight x k3 KL to the old policy (Schulman's estimator)
     entropy: torch.Tensor | None = None  # sum of weight x the policy's entropy (nats), with an entropy bonus
+    kl_ref: torch.Tensor | None = None  # sum of weight x the KL estimate to the reference, with a KL term
 
 
 def policy_terms(
@@ -94,10 +97,13 @@ def policy_terms(
     eps_high: float = 0.28,
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
 ) -> PolicyTerms:
     """The clipped surrogate's sums over a micro-batch: logprobs [N, T] (with gradient),
     old_logprobs [N, T] (the behaviour policy's), advantage [N] or [N, T], weights [N, T]
-    (token_weights: 0 off the responses); entropy [N, T] (with gradient) with a bonus."""
+    (token_weights: 0 off the responses); entropy [N, T] (with gradient) with a bonus;
+    ref_logprobs [N, T] (the reference policy's) with a KL term."""
     if advantage.dim() == 1:
         advantage = advantage[:, None]
     log_ratio = (logprobs - old_logprobs).masked_fill(weights == 0, 0.0)
@@ -108,12 +114,18 @@ def policy_terms(
         was_clipped = (ratio * advantage > clipped_ratio * advantage).float()
         kl = (-log_ratio).exp() + log_ratio - 1.0  # k3 of KL(pi_old || pi): >= 0, unbiased
     bonus = None if entropy is None else (weights * entropy).sum()
+    kl_ref = None
+    if ref_logprobs is not None:
+        to_ref = (ref_logprobs - logprobs).masked_fill(weights == 0, 0.0)
+        kl_ref = (weights * (to_ref.exp() - to_ref - 1.0)).sum()  # KL(pi || pi_ref), GRPO's k3
+    objective = (weights * surrogate).sum() - (entropy_coef * bonus if bonus is not None else 0.0)
     return PolicyTerms(
-        objective=(weights * surrogate).sum() - (entropy_coef * bonus if bonus is not None else 0.0),
+        objective=objective + (kl_coef * kl_ref if kl_ref is not None else 0.0),
         clipped=(weights * was_clipped).sum(),
         ratio_max=ratio.detach().masked_fill(weights == 0, 0.0).max(),
         kl=(weights * kl).sum(),
         entropy=None if bonus is None else bonus.detach(),
+        kl_ref=None if kl_ref is None else kl_ref.detach(),
     )
 
 
@@ -126,6 +138,8 @@ def policy_from_hidden(
     eps_low: float,
     eps_high: float,
     entropy_coef: float = 0.0,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
 ) -> PolicyTerms:
     """The objective's sums for a micro-batch of rollouts (rl/batches.py: PolicyMicroBatch, its
     tensors on hidden's device): hidden [B, T, D], head [V, D], targets [B, T] (IGNORE where
@@ -136,5 +150,14 @@ def policy_from_hidden(
     logprobs = every.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)  # [B, T]
     entropy = -(every.exp() * every).sum(-1) if entropy_coef else None  # [B, T]
     return policy_terms(
-        logprobs, micro.old_logprobs, micro.advantage, micro.weights, eps_low, eps_high, entropy, entropy_coef
+        logprobs,
+        micro.old_logprobs,
+        micro.advantage,
+        micro.weights,
+        eps_low,
+        eps_high,
+        entropy,
+        entropy_coef,
+        ref_logprobs,
+        kl_coef,
     )

@@ -22,6 +22,7 @@ from trimtab.distributed.ft import ReplicaGroups, check_groups
 from trimtab.distributed.group import is_oom
 from trimtab.rl.batches import PolicyMicroBatch, RolloutBatch, RolloutLoader
 from trimtab.rl.loss import policy_from_hidden
+from trimtab.rl.reference import load_reference, reference_logprobs
 from trimtab.rl.replay import replaying
 from trimtab.rl.rollout import Rollout, generate
 from trimtab.training.checkpointing import Checkpointing
@@ -91,6 +92,7 @@ class Trainer(Checkpointing):
         # before it, kept from pruning: a rollback to the best policy (rule rl_hacking) finds it
         self.best_eval: tuple[int, float] | None = None
         self.best_checkpoint = -1
+        self.reference: Any = None  # RL's frozen starting policy, with rl.kl_coef (loaded at first use)
         self.save_seconds = 0.0  # what the newest save stalled training (goodput, the checkpoint interval)
         self.config_changes: list[dict[str, Any]] = []  # phase lengths a person changed on resume
         if run.resume:
@@ -257,7 +259,7 @@ class Trainer(Checkpointing):
                     # target count, so the gradient is that of one large batch however it is split
                     # ((x1+x2)/(n1+n2), not (x1/n1+x2/n2)/2; torchtune#1875, transformers#34242).
                     if isinstance(micro, PolicyMicroBatch):  # RL: the clipped policy objective (rl/loss.py)
-                        summed = self._policy_sum(hidden, targets, micro, batch)
+                        summed = self._policy_sum(hidden, inputs, targets, micro, batch)
                     else:
                         head = self.model.lm_head.weight
                         summed = cross_entropy_sum(hidden, head, targets, token_losses=token_losses)
@@ -276,13 +278,23 @@ class Trainer(Checkpointing):
         return loss, aux_total
 
     def _policy_sum(
-        self, hidden: torch.Tensor, targets: torch.Tensor, micro: PolicyMicroBatch, batch: RolloutBatch
+        self,
+        hidden: torch.Tensor,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        micro: PolicyMicroBatch,
+        batch: RolloutBatch,
     ) -> torch.Tensor:
         """A micro-batch of rollouts' summed clipped objective; its sums for the metrics go to
         the batch (the loader reads them at the log line)."""
         rl = self.cfg.rl
         on = {k: getattr(micro, k).to(self.device, non_blocking=True) for k in ("old_logprobs", "advantage", "weights")}
         here = replace(micro, **on)
+        ref = None
+        if rl.kl_coef:  # the frozen starting policy's log-probabilities (rl/reference.py)
+            if self.reference is None:
+                self.reference = load_reference(self.cfg.model, self.cfg.run_dir, self.device)
+            ref = reference_logprobs(self.reference, inputs, targets, self.rl_temperature)
         terms = policy_from_hidden(
             hidden,
             self.model.lm_head.weight,
@@ -292,6 +304,8 @@ class Trainer(Checkpointing):
             rl.eps_low,
             rl.eps_high,
             self.rl_entropy_coef,
+            ref,
+            rl.kl_coef,
         )
         batch.terms.append(terms)
         return terms.objective

@@ -1,0 +1,45 @@
+"""The frozen reference policy of RL's KL term (`rl.kl_coef` > 0; off by default, as in DAPO and
+Dr. GRPO, which found it holds the policy back on verifiable rewards): the policy's starting
+weights, read from the run's own step-0 checkpoint. That checkpoint is kept from pruning while
+the term is on, so a resumed run compares with the same reference wherever train.init_from has
+gone since. The objective adds kl_coef x GRPO's per-token estimator of KL(pi || pi_ref)
+(Shao et al. 2024, eq. 4: pi_ref / pi - log(pi_ref / pi) - 1, unbiased and never negative;
+rl/loss.py), evaluated at the rollouts' temperature as the policy is.
+
+Shape legend: B rows, T positions, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from trimtab.checkpoint import load_model
+from trimtab.config import ModelConfig
+from trimtab.errors import ConfigError
+from trimtab.model import Transformer, build_model
+
+
+def load_reference(cfg: ModelConfig, run_dir: Path, device: torch.device) -> Transformer:
+    """The run's starting policy, frozen, on `device`."""
+    path = Path(run_dir) / "checkpoints" / "step_000000"
+    if not path.is_dir():
+        raise ConfigError(
+            f"rl.kl_coef: the reference policy is the run's step-0 checkpoint, and {path} is not there (pruned "
+            "before the KL term was on); start a new run with rl.kl_coef set, or set rl.kl_coef=0"
+        )
+    reference = build_model(cfg)
+    load_model(reference, path)
+    return reference.to(device).eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def reference_logprobs(
+    reference: Transformer, inputs: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """The reference's log-probability of each target [B, T] (inputs, targets [B, T]; the
+    values off the responses are never read: their weights are 0)."""
+    logits = F.linear(reference.hidden(inputs), reference.lm_head.weight).float() / temperature  # [B, T, V]
+    return logits.log_softmax(-1).gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
