@@ -467,3 +467,11 @@ def test_rl_report_pools_the_seeds_and_resolves_only_a_gain_outside_the_interval
 def test_rl_dry_run_trains_every_arm_and_scores_them():
     out = dry_run("rl")
     assert "| 1 | " in out and "rl - the supervised continuation" in out
+
+
+@pytest.mark.slow  # 10 s (transformers); generation's own parity: tests/test_rl_rollout.py
+def test_generate_dry_run_times_both_engines_in_rounds_and_compares_their_tokens():
+    out = dry_run("generate")
+    assert "## RL rollout generation (bench/generate.py)" in out and "2 rounds" in out
+    assert "\n| trimtab `rl.rollout.generate` | " in out and "\n| transformers `generate` | " in out
+    assert "trimtab against transformers: **" in out and "The same greedy tokens: yes" in out
