@@ -13,6 +13,7 @@ from trimtab.config import DataConfig, RunConfig, load_config, read_saved, resol
 from trimtab.data import TextTokenizer
 from trimtab.distributed import is_main
 from trimtab.errors import CheckpointError, RunFinished
+from trimtab.extras import require
 from trimtab.model import Transformer, build_model
 from trimtab.orchestrator import Orchestrator
 from trimtab.orchestrator.faults import FaultInjector
@@ -22,6 +23,7 @@ from trimtab.rundir import run_lock, write_summary
 from trimtab.sampling import generate as generate_ids
 from trimtab.sampling import prompt_ids
 from trimtab.training.hooks import ReportWriter
+from trimtab.training.services.prometheus import PrometheusExporter
 from trimtab.training.services.signals import StartUpInterrupted, handle_signals
 from trimtab.training.services.tracking import tracking_hooks
 from trimtab.training.setup import setup
@@ -82,6 +84,9 @@ def built_in_hooks(config: RunConfig) -> list:
         hooks.append(FaultInjector(config.faults, config.run_dir))
     if config.plan.status_every:  # the live Chinchilla status (docs/planner.md)
         hooks.append(LivePlanner(config.plan, config.run_dir, propose=config.orchestrator.mode != "off"))
+    if config.log.prometheus.enabled:  # every rank serves its own /metrics
+        require("prometheus_client", "log.prometheus.enabled")
+        hooks.append(PrometheusExporter(config.log.prometheus, config.run_dir))
     if is_main():  # files and trackers: rank 0 speaks for the job
         if config.log.report:
             hooks.append(ReportWriter(config.run_dir))  # after the orchestrator, before the trackers that upload it

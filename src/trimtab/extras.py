@@ -22,6 +22,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "lm_eval": ("lm-evaluation-harness", "eval"),
     "mlflow": ("mlflow", "track"),
     "wandb": ("wandb", "track"),
+    "prometheus_client": ("prometheus-client", "track"),
     "torchft": ("torchft", "ft"),
     "math_verify": ("math-verify", "rl"),
     "torchao": ("torchao", "fp8"),

@@ -1,5 +1,6 @@
-"""The `log:` section: console progress, TensorBoard, the end-of-run report and the experiment
-trackers (MLflow, Weights & Biases: training/services/tracking.py, docs/tracking.md)."""
+"""The `log:` section: console progress, TensorBoard, the end-of-run report, the experiment
+trackers (MLflow, Weights & Biases: training/services/tracking.py, docs/tracking.md) and live
+metrics for Prometheus (training/services/prometheus.py)."""
 
 from __future__ import annotations
 
@@ -56,13 +57,28 @@ class WandbConfig(Section):
 
 
 @dataclass
+class PrometheusConfig(Section):
+    """Live metrics for Prometheus (training/services/prometheus.py, docs/tracking.md): every rank
+    serves /metrics on `port` + its local rank, labelled with the run, the rank and the host."""
+
+    enabled: bool = False
+    port: int = 9400
+    addr: str = "0.0.0.0"  # the interface to listen on (127.0.0.1: this machine only)
+
+    def validate(self) -> None:
+        _check(1 <= self.port <= 65535, "log.prometheus.port", "must be a TCP port, 1-65535")
+
+
+@dataclass
 class LogConfig(Section):
     progress: bool = True  # progress bar on the console
     tensorboard: bool = True
     report: bool = True  # write RUN_DIR/report.html at the end of the run (trimtab report)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
 
     def validate(self) -> None:
         self.mlflow.validate()
         self.wandb.validate()
+        self.prometheus.validate()
