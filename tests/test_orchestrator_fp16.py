@@ -1,6 +1,8 @@
 """fp16 with a GradScaler through the real loop: overflow steps are the scaler's to skip; a storm
 of them is the orchestrator's. CPU fp16 is emulated and slow, so the model here is tiny."""
 
+import json
+
 import trimtab
 from trimtab.config import load_config, merge
 from trimtab.rundir import read_decisions
@@ -29,3 +31,17 @@ def test_fp16_overflow_storm_cuts_the_lr_and_is_not_journaled_as_nonfinite(tmp_p
     assert [(d["step"], d["rule"], d["action"]) for d in decisions] == [(10, "fp16", "scale_lr")]
     assert decisions[0]["applied"] == ["lr multiplier 1 -> 0.5"]
     assert decisions[0]["outcome"]["result"] == "recovered"
+
+
+def test_the_loss_scale_follows_train_loss_scale_and_stops_at_its_floor(tmp_path):
+    """train.loss_scale: init 1024, growth x4 after 3 clean steps, backoff x0.25, floor 128:
+    overflows injected at steps 5-7 take the scale 4096 -> 1024 -> 256 -> 128 (not 64: the
+    floor), then three clean steps grow it to 512, and the logged scale says so."""
+    scale = {"init": 1024, "growth_interval": 3, "growth_factor": 4.0, "backoff_factor": 0.25, "floor": 128}
+    overrides = merge(TINY, {"out": str(tmp_path / "r"), "faults": ["inf_grad@5:3"], "train": {"loss_scale": scale}})
+    overrides["train"]["log_every"] = 1
+    overrides["orchestrator"]["fp16"]["max_overflows"] = 10  # the scaler's to handle here, not the rule's
+    trimtab.train(load_config(preset="debug", overrides=overrides))
+    logged = [json.loads(line) for line in (tmp_path / "r/metrics.jsonl").read_text().splitlines()]
+    scales = [m["loss_scale"] for m in logged if "loss_scale" in m][:11]
+    assert scales == [1024, 1024, 4096, 4096, 1024, 256, 128, 128, 128, 512, 512], scales

@@ -56,10 +56,11 @@ class Precision:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def grad_scaler(self) -> torch.amp.GradScaler | None:
+    def grad_scaler(self, **scaling: float) -> torch.amp.GradScaler | None:
+        """fp16's GradScaler with `scaling` (train.loss_scale's, as GradScaler's arguments)."""
         # bf16 has fp32's exponent range; only fp16 needs loss scaling.
         if self.name == "fp16":
-            return torch.amp.GradScaler(self.device.type)
+            return torch.amp.GradScaler(self.device.type, **scaling)
         return None
 
 

@@ -30,6 +30,7 @@ import yaml
 from trimtab.config.checks import Section, _check, _positive, freeze
 from trimtab.config.distributed import DistributedConfig
 from trimtab.config.log import LogConfig
+from trimtab.config.loss_scale import LossScaleConfig
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.config.plan import PlanConfig
 from trimtab.config.resilience import ResilienceConfig
@@ -274,6 +275,7 @@ class TrainConfig(Section):
     precision: str = "auto"  # auto | fp32 | bf16 | fp16 | fp8 (CUDA sm89+, torchao; docs/precision.md)
     # fp8's scaling: tensorwise (one scale per tensor, fastest) | rowwise (a scale per row, more accurate)
     fp8_recipe: str = "tensorwise"
+    loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)  # fp16's (config/loss_scale.py)
     # auto | true | false. auto: torch.compile when the run is long enough to repay its compile
     # time (training/services/compiling.py); short and CPU-sized runs stay eager.
     compile: str = "auto"
@@ -310,6 +312,7 @@ class TrainConfig(Section):
             "must be auto, fp32, bf16, fp16 or fp8",
         )
         _check(self.fp8_recipe in ("tensorwise", "rowwise"), "train.fp8_recipe", "must be tensorwise or rowwise")
+        self.loss_scale.validate()
         _check(self.compile in ("auto", "true", "false"), "train.compile", "must be auto, true or false")
         _check(self.eval_every >= 0, "train.eval_every", "must be >= 0")
         _check(self.eval_timeout >= 0, "train.eval_timeout", "must be >= 0 (0: no limit)")

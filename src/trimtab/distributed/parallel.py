@@ -42,6 +42,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trimtab.config.distributed import DistributedConfig
+from trimtab.config.loss_scale import LossScaleConfig
 from trimtab.distributed.checkpoint import Checkpoints
 from trimtab.distributed.group import (
     PeerOutOfMemory,
@@ -303,11 +304,12 @@ class Parallel(Checkpoints):
 
         return guarded
 
-    def grad_scaler(self, precision: Precision) -> torch.amp.GradScaler | None:
-        """fp16's loss scaler. Under FSDP each rank sees only its gradient shard, so an overflow
-        must be all-reduced for every rank to skip the same steps (ShardedGradScaler does)."""
-        scaler = precision.grad_scaler()
-        return _ShardedScaler(self.device) if scaler is not None and self.sharded else scaler
+    def grad_scaler(self, precision: Precision, scale: LossScaleConfig) -> torch.amp.GradScaler | None:
+        """fp16's loss scaler (train.loss_scale). Under FSDP each rank sees only its gradient
+        shard, so an overflow must be all-reduced for every rank to skip the same steps
+        (ShardedGradScaler does)."""
+        scaler = precision.grad_scaler(**scale.scaler_args())
+        return _ShardedScaler(self.device, scale) if scaler is not None and self.sharded else scaler
 
     # -------------------------------------------------------------- the step
 
@@ -456,8 +458,8 @@ class _ShardedScaler(torch.amp.GradScaler):
     """GradScaler whose inf/NaN check covers every rank's shard. (torch's ShardedGradScaler
     does the same but keeps found_inf 1-element, which fused AdamW's 0-d step counts reject.)"""
 
-    def __init__(self, device: torch.device) -> None:
-        super().__init__(device.type)
+    def __init__(self, device: torch.device, scale: LossScaleConfig) -> None:
+        super().__init__(device.type, **scale.scaler_args())
         self.comm_device = device
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:

@@ -42,6 +42,8 @@ def step_metrics(trainer: Trainer, lr: float) -> dict[str, Any]:
             metrics["rl/verifier_timeout_s"] = timeout  # rule rl_verifier's knob
             metrics["rl/overlong_filter"] = float(trainer.loader.overlong_filter)  # rule rl_length's
             metrics["rl/overlong_buffer"] = trainer.loader.overlong_buffer
+    if trainer.scaler is not None:  # fp16's loss scale (train.loss_scale)
+        metrics["loss_scale"] = trainer.scaler.get_scale()
     if trainer.peak_flops:
         metrics["mfu"] = mfu(trainer, tps)
     out = trainer.last_step_out

@@ -332,7 +332,7 @@ def setup(cfg: RunConfig) -> BuiltRun:
         phases=phases,
         model=model,
         forward=forward,
-        scaler=dist.grad_scaler(precision),
+        scaler=dist.grad_scaler(precision, cfg.train.loss_scale),
         resume=resume,
         peak=peak,
         compile=compiling,

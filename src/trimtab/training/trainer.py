@@ -368,7 +368,9 @@ class Trainer(Checkpointing):
             if skip is None or not bool(skip):  # fp16 only (pre-Ampere GPUs, MPS): one read
                 self.scaler.step(self.optimizer)
             self.scaler.update()
-            return self.scaler._scale < before  # the scaler backs off only when it found inf/NaN
+            overflow = self.scaler._scale < before  # the scaler backs off only when it found inf/NaN
+            self.scaler._scale.clamp_(min=self.cfg.train.loss_scale.floor)  # on device: no sync
+            return overflow
         if skip is None:
             self.optimizer.step()
         elif self.optimizer.defaults.get("fused"):

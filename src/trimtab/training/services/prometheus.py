@@ -39,6 +39,7 @@ GAUGES = {
     "peak_rss_mb": ("trimtab_peak_rss_megabytes", "the process's peak resident memory"),
     "cuda_max_alloc_mb": ("trimtab_cuda_max_allocated_megabytes", "the CUDA device's peak memory allocated"),
     "step_time": ("trimtab_step_seconds", "seconds a step over the last log window"),
+    "loss_scale": ("trimtab_loss_scale", "fp16's loss scale (train.loss_scale)"),
 }
 
 
