@@ -75,3 +75,29 @@ def test_a_port_already_taken_is_refused_naming_the_setting(tmp_path):
                 preset="debug", out=str(tmp_path / "r"), **{**RUN, "log": {**RUN["log"], "prometheus": prometheus}}
             )
     assert not (tmp_path / "r" / "checkpoints").is_dir() or not any((tmp_path / "r" / "checkpoints").iterdir())
+
+
+def test_the_shipped_dashboard_and_alerts_read_only_series_the_exporter_serves(tmp_path):
+    """docs/grafana/trimtab.json and alerts.yml parse, and every trimtab_* name in their
+    expressions is a series a live exporter serves."""
+    import json
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from trimtab.config.log import PrometheusConfig
+    from trimtab.training.services.prometheus import PrometheusExporter
+
+    docs = Path(__file__).parent.parent / "docs" / "grafana"
+    dashboard = json.loads((docs / "trimtab.json").read_text())
+    rules = yaml.safe_load((docs / "alerts.yml").read_text())["groups"][0]["rules"]
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]] + [r["expr"] for r in rules]
+    exporter = PrometheusExporter(PrometheusConfig(enabled=True, port=free_port(), addr="127.0.0.1"), tmp_path)
+    try:
+        families = list(exporter.registry.collect())  # a labelled series has no sample before its first value
+        served = {f.name + ("_total" if f.type == "counter" else "") for f in families}
+    finally:
+        exporter.on_train_end(None, {})
+    used = {name for e in exprs for name in re.findall(r"\btrimtab_[a-z_]+", e)}
+    assert len(used) >= 12 and used <= served, used - served
