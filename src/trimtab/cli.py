@@ -340,6 +340,7 @@ def _data_prepare(args: argparse.Namespace) -> int:
     arg("--gpu", metavar="NAME", help="plan for this GPU (e.g. H100) instead of this machine"),
     arg("--gpus", "--devices", dest="devices", type=int, default=1, help="devices training together (default 1)"),
     arg("--gpus-per-node", type=int, default=8, help="GPUs per node, for the parallel layout (default 8)"),
+    arg("--emit", choices=("slurm", "k8s"), help="also write a launch file: a Slurm script or a PyTorchJob"),
 )
 def _plan(args: argparse.Namespace) -> int:
     from trimtab.plan import plan_command
@@ -357,6 +358,7 @@ def _plan(args: argparse.Namespace) -> int:
             gpu=args.gpu,
             devices=args.devices,
             gpus_per_node=args.gpus_per_node,
+            emit=args.emit,
         )
     )
     return 0

@@ -296,8 +296,10 @@ def plan_command(
     gpu: str | None = None,
     devices: int = 1,
     gpus_per_node: int = 8,
+    emit: str | None = None,
 ) -> str:
-    """What `trimtab plan` does: resolve the config, plan, save; returns the text to print."""
+    """What `trimtab plan` does: resolve the config, plan, save (with `emit`, a cluster launch
+    file too: plan/launch.py); returns the text to print."""
     cfg = load_config(config, preset=preset, sets=sets)
     if devices < 1:
         raise ConfigError(f"--devices must be >= 1, got {devices}")
@@ -314,4 +316,11 @@ def plan_command(
         launch=f"trimtab train {config}" if config else "",
     )
     json_path, txt_path = save_plan(plan, out or cfg.run_dir)
-    return f"{format_plan(plan)}\n\nsaved {json_path} and {txt_path}"
+    saved = f"saved {json_path} and {txt_path}"
+    if emit:
+        from trimtab.plan.launch import launch_file
+
+        name, text = launch_file(plan, emit, config)
+        write_atomic(json_path.parent / name, text)
+        saved += f", and {json_path.parent / name} ({emit})"
+    return f"{format_plan(plan)}\n\n{saved}"

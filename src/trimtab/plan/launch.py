@@ -1,0 +1,143 @@
+"""Cluster launch files from a plan (`trimtab plan --gpus N --emit slurm|k8s`, docs/planner.md):
+the layout the planner chose (mesh, micro-batch, checkpointing) as a Slurm batch script or a
+Kubeflow PyTorchJob, each starting torchrun's elastic agent on every node (c10d rendezvous, a
+few restarts: a lost rank restarts the job from its newest checkpoint, docs/resilience.md) with
+the asynchronous checkpoint interval of the plan's resilience section (Young's).
+
+The files are a start, not a cluster's whole policy: the partition, the image, the volume for the
+run directory and the account are the site's; each is a marked line to edit.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+import yaml
+
+from trimtab.errors import ConfigError
+from trimtab.plan.report import Plan
+
+EMITS = ("slurm", "k8s")
+PORT = 29500  # torchrun's rendezvous port on the first node
+MAX_RESTARTS = 3
+
+
+def launch_file(plan: Plan, emit: str, config: str | None) -> tuple[str, str]:
+    """(file name, text) of the `emit` launch file for `plan`."""
+    if plan.layout is None or plan.layout.best is None:
+        raise ConfigError("plan --emit needs a layout that fits: name the GPU (--gpu H100) and enough --gpus")
+    if emit == "slurm":
+        return "launch.sbatch", _slurm(plan, config)
+    if emit == "k8s":
+        return "launch.yaml", _k8s(plan, config)
+    raise ConfigError(f"plan --emit {emit}: one of {', '.join(EMITS)}")
+
+
+def _nodes(plan: Plan) -> tuple[int, int]:
+    """(nodes, GPUs a node) the layout runs on."""
+    layout = plan.layout
+    per_node = min(layout.gpus, layout.gpus_per_node)
+    return -(-layout.gpus // per_node), per_node
+
+
+def _train_args(plan: Plan, config: str | None) -> list[str]:
+    """`trimtab train`'s arguments: the config (or preset) and the layout's settings, with the
+    checkpoint interval the resilience section proposes for asynchronous saves."""
+    args = [config] if config else ["--preset", plan.preset]
+    sets = plan.layout.best.settings()
+    strategies = {s.name: s for s in plan.resilience.strategies} if plan.resilience else {}
+    if "asynchronous save" in strategies and plan.resilience.step_s:
+        every = max(1, round(strategies["asynchronous save"].interval_s / plan.resilience.step_s))
+        sets += ["checkpoint.asynchronous=true", f"checkpoint.every={every}"]
+    return args + [word for s in sets for word in ("--set", s)]
+
+
+def _torchrun(nodes: int, per_node: int, endpoint: str, job_id: str) -> list[str]:
+    return [
+        "torchrun",
+        f"--nnodes={nodes}",
+        f"--nproc_per_node={per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={job_id}",
+        f"--max-restarts={MAX_RESTARTS}",
+        "-m",
+        "trimtab",
+        "train",
+    ]
+
+
+def _shell(words: list[str]) -> str:
+    """A command line: words naming a shell variable double-quoted (expanded), the rest quoted."""
+    return " ".join(f'"{w}"' if "$" in w else shlex.quote(w) for w in words)
+
+
+def _slurm(plan: Plan, config: str | None) -> str:
+    nodes, per_node = _nodes(plan)
+    torchrun = _torchrun(nodes, per_node, f"$HEAD:{PORT}", "$SLURM_JOB_ID")
+    command = _shell(torchrun + _train_args(plan, config))
+    b = plan.layout.best
+    return f"""#!/bin/bash
+# trimtab plan --emit slurm: {plan.preset} on {plan.layout.gpus} x {plan.layout.gpu}
+# layout: pp {b.pp} x tp {b.tp} x dp {b.dp} (ep {b.ep}, {b.strategy}), micro-batch {b.micro_batch_tokens} tokens
+#SBATCH --job-name=trimtab-{plan.preset}
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node={per_node}
+#SBATCH --cpus-per-task={8 * per_node}
+#SBATCH --exclusive
+#SBATCH --requeue
+#SBATCH --signal=B:TERM@120
+# EDIT: --partition, --account, --time as the site asks
+set -euo pipefail
+HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export OMP_NUM_THREADS=8
+# one torchrun agent a node; SIGTERM before the time limit: each rank saves and exits 0 (resumable)
+srun --kill-on-bad-exit=0 {command}
+"""
+
+
+def _k8s(plan: Plan, config: str | None) -> str:
+    nodes, per_node = _nodes(plan)
+    name = f"trimtab-{plan.preset}".replace(".", "-").lower()
+    endpoint = f"{name}-master-0:{PORT}"
+    # the run directory on the volume every pod mounts: checkpoints outlive a pod
+    command = _torchrun(nodes, per_node, endpoint, name) + _train_args(plan, config) + ["--set", f"out=/runs/{name}"]
+
+    def replica(count: int) -> dict:
+        return {
+            "replicas": count,
+            "restartPolicy": "OnFailure",
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "pytorch",
+                            "image": "trimtab:latest",  # EDIT: the image built from the repository's Dockerfile
+                            "command": list(command),  # a list each: no YAML anchors
+                            "env": [{"name": "OMP_NUM_THREADS", "value": "8"}],
+                            "resources": {"limits": {"nvidia.com/gpu": per_node}},
+                            "volumeMounts": [{"name": "runs", "mountPath": "/runs"}],
+                        }
+                    ],
+                    "volumes": [{"name": "runs", "persistentVolumeClaim": {"claimName": "trimtab-runs"}}],  # EDIT
+                }
+            },
+        }
+
+    specs = {"Master": replica(1)} | ({"Worker": replica(nodes - 1)} if nodes > 1 else {})
+    job = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name, "labels": {"app": "trimtab", "preset": plan.preset}},
+        "spec": {
+            "elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": nodes, "maxReplicas": nodes, "maxRestarts": 3},
+            "pytorchReplicaSpecs": specs,
+        },
+    }
+    b = plan.layout.best
+    head = (
+        f"# trimtab plan --emit k8s: {plan.preset} on {plan.layout.gpus} x {plan.layout.gpu}; layout pp {b.pp} x "
+        f"tp {b.tp} x dp {b.dp} (ep {b.ep}, {b.strategy})\n"
+    )
+    return head + yaml.safe_dump(job, sort_keys=False)

@@ -1,0 +1,65 @@
+"""`trimtab plan --emit slurm|k8s` (plan/launch.py) and the Dockerfile: the files parse (bash -n,
+YAML) and carry the plan's numbers: nodes, GPUs a node, the layout's settings, the checkpoint
+interval of its resilience section."""
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trimtab.cli import main
+
+ROOT = Path(__file__).parent.parent
+
+
+def plan(tmp_path: Path, emit: str, capsys) -> tuple[dict, str]:
+    args = ["plan", "--preset", "dense-1b", "--gpu", "H100", "--gpus", "16", "--out", str(tmp_path), "--emit", emit]
+    assert main(args) == 0
+    assert "launch." in capsys.readouterr().out
+    saved = json.loads((tmp_path / "plan.json").read_text())
+    name = {"slurm": "launch.sbatch", "k8s": "launch.yaml"}[emit]
+    return saved, (tmp_path / name).read_text()
+
+
+def settings(saved: dict) -> list[str]:
+    best = saved["layout"]["best"]
+    return [f"train.micro_batch_tokens={best['micro_batch_tokens']}", f"distributed.strategy={best['strategy']}"]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash checks the script's syntax")
+def test_the_slurm_script_parses_and_carries_the_plan(tmp_path, capsys):
+    saved, script = plan(tmp_path, "slurm", capsys)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "launch.sbatch")]).returncode == 0
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script
+    assert "--nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d" in script and "-m trimtab train" in script
+    assert all(f"--set {s}" in script for s in settings(saved))
+    every = int(re.search(r"checkpoint\.every=(\d+)", script).group(1))
+    assert every > 1 and "checkpoint.asynchronous=true" in script
+
+
+def test_the_pytorchjob_parses_and_carries_the_plan(tmp_path, capsys):
+    saved, text = plan(tmp_path, "k8s", capsys)
+    job = yaml.safe_load(text)
+    assert job["kind"] == "PyTorchJob" and job["spec"]["elasticPolicy"]["rdzvBackend"] == "c10d"
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    assert specs["Master"]["replicas"] + specs["Worker"]["replicas"] == 2
+    container = specs["Worker"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
+    command = " ".join(container["command"])
+    assert command.startswith("torchrun --nnodes=2 --nproc_per_node=8") and "out=/runs/" in command
+    assert all(s in container["command"] for s in settings(saved))
+
+
+def test_emitting_needs_a_layout_that_fits(tmp_path, capsys):
+    assert main(["plan", "--preset", "debug", "--out", str(tmp_path), "--emit", "slurm"]) == 2
+    assert "plan --emit needs a layout" in capsys.readouterr().err
+
+
+def test_the_dockerfile_installs_the_torch_the_constraints_pin():
+    pinned = re.search(r"^torch==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M).group(1)
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert f"torch=={pinned}" in dockerfile and "-c constraints.txt" in dockerfile
