@@ -102,7 +102,7 @@ def _constants(path: Path) -> set[str]:
 def test_one_module_names_a_runs_files_and_writes_files_whole():
     """The run's JSON files are named in rundir.py only (everyone else reads and writes them through
     it), and the temp-file-and-rename dance is rundir.write_atomic's; the other renames install
-    directories (a checkpoint, an export, a merge) or files a library writes (a tokenizer, arrays,
+    directories (a checkpoint, a snapshot, an export, a merge) or files a library writes (a tokenizer, arrays,
     corpus shards)."""
     files = {"metrics.jsonl", "decisions.jsonl", "plan_status.jsonl", "summary.json", "goodput.json"}
     naming = {m for m in modules("") if _constants(SRC / m) & files}

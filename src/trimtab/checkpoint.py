@@ -123,7 +123,7 @@ def save_checkpoint(
     try:
         with writing(tmp):
             tmp.mkdir()
-            save_file(_dedup(model_state), str(tmp / "model.safetensors"))
+            save_file(dedup(model_state), str(tmp / "model.safetensors"))
             torch.save(optim_state, tmp / "optim.pt")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -145,12 +145,19 @@ def commit_checkpoint(
     """Finish a checkpoint whose files are in `tmp`: state.json with the manifest of every file
     (`digests` holds those already hashed, e.g. by the rank that wrote them), fsync, rename to
     step_<step>, prune."""
-    root = checkpoint_root(run_dir)
-    final = root / f"step_{step:06d}"
+    final = install(tmp, checkpoint_root(run_dir) / f"step_{step:06d}", {**state, "step": step}, digests)
+    prune(run_dir, keep, protect=(*protect, step))
+    return final
+
+
+def install(tmp: Path, final: Path, state: dict[str, Any], digests: dict[str, dict[str, Any]] | None = None) -> Path:
+    """Seal the files in `tmp` (state.json with the manifest of every file: `digests` holds those
+    already hashed, e.g. by the rank that wrote them), fsync, and rename it to `final` (a
+    checkpoint, a lean snapshot), replacing one there; `tmp` is removed on any failure."""
     try:
         files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         manifest = {name: (digests or {}).get(name) or _digest(tmp / name) for name in files}
-        _write_json(tmp / "state.json", {**state, "step": step, "manifest": manifest})
+        _write_json(tmp / "state.json", {**state, "manifest": manifest})
         # safetensors writes 0600, torch and dcp 0666 & ~umask: give every file the mode open() gave
         # state.json (reading the umask with os.umask would set it process-wide for a moment)
         mode = (tmp / "state.json").stat().st_mode & 0o777
@@ -164,11 +171,10 @@ def commit_checkpoint(
         if final.exists():  # re-saving a step (after a rollback): replace it whole
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync(root)
+        _fsync(final.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    prune(run_dir, keep, protect=(*protect, step))
     return final
 
 
@@ -359,7 +365,7 @@ def _is_tied(model: torch.nn.Module, key: str, weights: dict[str, torch.Tensor])
     return any(k in weights for k, v in sd.items() if k != key and v.data_ptr() == ptr)
 
 
-def _dedup(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def dedup(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """safetensors refuses aliased tensors: keep the first name of each storage."""
     seen: set[int] = set()
     out = {}

@@ -203,7 +203,10 @@ def _generate(args: argparse.Namespace) -> int:
         required=True,
         help="directory to write: new or empty, or an earlier trimtab export (only the files it wrote are replaced)",
     ),
-    arg("--step", type=int, help="the checkpoint to export (default: the newest valid one)"),
+    OneOf(
+        arg("--step", type=int, help="the checkpoint to export (default: the newest valid one)"),
+        arg("--snapshot", type=int, metavar="STEP", help="a lean snapshot to export (checkpoint.snapshot_every)"),
+    ),
     arg(
         "--dtype",
         choices=("float32", "bfloat16", "float16"),
@@ -213,7 +216,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from trimtab.hf import export_run
 
-    out = export_run(args.run_dir, args.out, step=args.step, dtype=args.dtype)
+    out = export_run(args.run_dir, args.out, step=args.step, dtype=args.dtype, snapshot=args.snapshot)
     print(f"exported {args.run_dir} to {out} (load it with transformers' AutoModelForCausalLM.from_pretrained)")
     return 0
 

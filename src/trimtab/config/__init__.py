@@ -325,10 +325,18 @@ class CheckpointConfig(Section):
     # Written in the background: a save stalls training only while the state is copied to host
     # memory, once per save (DCP's async save; docs/resilience.md, "Asynchronous checkpoints")
     asynchronous: bool = False
+    # Lean snapshots (snapshots.py): weights only, bf16, every N steps (0: none), for evaluation
+    # and export; the newest snapshot_keep kept, and every snapshot_keep_every-th step's (0: none)
+    snapshot_every: int = 0
+    snapshot_keep: int = 3
+    snapshot_keep_every: int = 0
 
     def validate(self) -> None:
         _check(self.every >= 0, "checkpoint.every", "must be >= 0")
         _check(self.keep >= 1, "checkpoint.keep", "must be >= 1")
+        _check(self.snapshot_every >= 0, "checkpoint.snapshot_every", "must be >= 0 (0: no snapshots)")
+        _check(self.snapshot_keep >= 1, "checkpoint.snapshot_keep", "must be >= 1")
+        _check(self.snapshot_keep_every >= 0, "checkpoint.snapshot_keep_every", "must be >= 0 (0: none)")
 
 
 @dataclass

@@ -41,6 +41,7 @@ from trimtab.hf.card import model_card
 from trimtab.hf.importer import SOURCE, SafetensorsDir
 from trimtab.hf.tensors import Getter, to_hf
 from trimtab.model.upgrade import UpgradedReader, is_legacy
+from trimtab.snapshots import list_snapshots, snapshot_root
 
 log = logging.getLogger(__name__)
 MARKER = "trimtab_export.json"  # {"trimtab_export": 1, "files": [what the export wrote]}
@@ -55,9 +56,11 @@ def export_run(
     step: int | None = None,
     dtype: str | None = None,
     max_shard_bytes: int = MAX_SHARD_BYTES,
+    snapshot: int | None = None,
 ) -> Path:
-    """Export checkpoint `step` (default: the newest valid one) of `run_dir` into `out`. dtype:
-    float32 | bfloat16 | float16; default the imported model's own, else float32. Returns out."""
+    """Export checkpoint `step` (default: the newest valid one), or lean snapshot `snapshot`
+    (snapshots.py), of `run_dir` into `out`. dtype: float32 | bfloat16 | float16; default the
+    imported model's own, else float32. Returns out."""
     run_dir, out = Path(run_dir), Path(out)
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(f"'{run_dir}' is not a run directory (no config.yaml); pass the --out of a run")
@@ -66,7 +69,7 @@ def export_run(
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype '{dtype}' is not one of {', '.join(DTYPES)}")
     job = Export(run_dir, read_saved(run_dir), source, DTYPES[dtype], max_shard_bytes)
-    candidates = _candidates(run_dir, step)
+    candidates = _candidates(run_dir, step) if snapshot is None else [_snapshot(run_dir, snapshot)]
     for path in candidates:
         try:
             return job.write(path, out)
@@ -107,8 +110,10 @@ class Export:
                 (tmp / "README.md").write_text(model_card(self.run_dir, self.cfg, state, arch, self.source))
                 _result(verified)
                 _install(tmp, out, previous)
-            except BaseException:
+            except BaseException as exc:
                 shutil.rmtree(tmp, ignore_errors=True)
+                if not isinstance(exc, CorruptCheckpoint):
+                    _result(verified)  # a file unreadable because it is corrupt (truncated) is said as such
                 raise
         return out
 
@@ -140,6 +145,14 @@ def _candidates(run_dir: Path, step: int | None) -> list[Path]:
     if not found:
         raise CheckpointError(f"'{run_dir}' has no checkpoint yet; train it first")
     return found
+
+
+def _snapshot(run_dir: Path, step: int) -> Path:
+    path = snapshot_root(run_dir) / f"step_{step:06d}"
+    if not path.is_dir():
+        have = ", ".join(p.name.removeprefix("step_").lstrip("0") or "0" for p in list_snapshots(run_dir))
+        raise CheckpointError(f"{run_dir} has no lean snapshot at step {step} (it has: {have or 'none'})")
+    return path
 
 
 def _read_state(path: Path, verified: Future) -> dict[str, Any]:

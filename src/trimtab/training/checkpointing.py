@@ -10,7 +10,8 @@ from typing import Any
 
 from trimtab.checkpoint import apply_structure, find_checkpoint, retire_after
 from trimtab.distributed.ft import shard_like
-from trimtab.errors import CheckpointError
+from trimtab.errors import CheckpointError, ConfigError
+from trimtab.snapshots import save_snapshot
 from trimtab.training.hooks import keyed
 from trimtab.training.runtime import LogWindow, rng_state, set_rng_state
 from trimtab.training.schedule import configured_lengths
@@ -86,6 +87,24 @@ class Checkpointing:
         else:
             self._call("on_checkpoint", path)
         return True
+
+    def snapshot(self) -> None:
+        """A lean snapshot of this step (snapshots.py): bf16 weights only, by rank 0. A failed
+        write is said and training goes on: the checkpoints are the run's record, a snapshot a copy."""
+        if self.dist.sharded:  # each rank holds part of the weights: gathering them is not built yet
+            raise ConfigError(
+                "checkpoint.snapshot_every: lean snapshots need every weight on one rank; not yet under FSDP2, "
+                "tensor, expert or pipeline parallelism (set checkpoint.snapshot_every=0)"
+            )
+        c = self.cfg.checkpoint
+        try:
+            state = {"tokens": self.state.tokens, "moe": self.model.moe_state(), "mod": self.model.mod_state()}
+            weights = self.model.state_dict()
+            self.dist.on_main(
+                save_snapshot, self.cfg.run_dir, self.state.step, weights, state, c.snapshot_keep, c.snapshot_keep_every
+            )
+        except OSError as exc:
+            self.say(f"step {self.state.step}: the lean snapshot was not written ({exc}); training goes on")
 
     def finish_save(self) -> None:
         """Wait for the checkpoint being written in the background (checkpoint.asynchronous): its

@@ -492,6 +492,9 @@ class Trainer(Checkpointing):
         every = self.control.checkpoint_every()
         if (every and self.state.step % every == 0) or self._phase_ends():
             self.save()
+        lean = self.cfg.checkpoint.snapshot_every
+        if lean and self.state.step % lean == 0:
+            self.snapshot()
 
     def request_stop(self, reason: str, exit_code: int = 0) -> None:
         """Stop after the current step, saving a checkpoint (signals and hooks use this); a
