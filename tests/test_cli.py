@@ -270,6 +270,7 @@ CLI_SURFACE = {
             "--gpus",
             "--devices",
             "--gpus-per-node",
+            "--emit",  # issue 34: a Slurm script or a PyTorchJob from the plan
         },
         ["config"],
     ),
@@ -287,7 +288,8 @@ CLI_SURFACE = {
         },
         ["path"],
     ),
-    "export": ({"-h", "--help", "--out", "--step", "--dtype"}, ["run_dir"]),
+    # --snapshot (issue 34): a lean bf16 snapshot exported instead of a checkpoint
+    "export": ({"-h", "--help", "--out", "--step", "--snapshot", "--dtype"}, ["run_dir"]),
     "merge": ({"-h", "--help", "--out", "--method", "--last"}, ["source"]),
     "presets": ({"-h", "--help"}, []),
     "data": ({"-h", "--help"}, ["data_command"]),
