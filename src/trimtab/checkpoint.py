@@ -95,7 +95,11 @@ def checkpoint_root(run_dir: Path) -> Path:
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """Checkpoint directories, oldest first."""
-    root = checkpoint_root(run_dir)
+    return step_dirs(checkpoint_root(run_dir))
+
+
+def step_dirs(root: Path) -> list[Path]:
+    """The step_N directories under `root` (checkpoints, lean snapshots), oldest first."""
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name)]

@@ -15,16 +15,13 @@ the newest one.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from trimtab.checkpoint import dedup, install, writing
-
-STEP_DIR = re.compile(r"^step_(\d+)$")
+from trimtab.checkpoint import STEP_DIR, dedup, install, step_dirs, writing
 
 
 def snapshot_root(run_dir: Path) -> Path:
@@ -33,11 +30,7 @@ def snapshot_root(run_dir: Path) -> Path:
 
 def list_snapshots(run_dir: Path) -> list[Path]:
     """Snapshot directories, oldest first."""
-    root = snapshot_root(run_dir)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name)]
-    return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
+    return step_dirs(snapshot_root(run_dir))
 
 
 def save_snapshot(

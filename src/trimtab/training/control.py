@@ -284,12 +284,17 @@ class Control:
         return f"MoD capacity {line.removeprefix('target ')}"
 
     def _set_dynamic_sampling(self, value: str) -> str:
+        return self._rl_switch("dynamic sampling", "dynamic_sampling", value)
+
+    def _rl_switch(self, what: str, knob: str, value: str) -> str:
+        """An RL loader's on/off knob `knob`, kept in the train state as rl_<knob> (checkpointed)."""
         t = self._trainer
         if not isinstance(t.loader, RolloutLoader):
-            return "no RL phase is running: dynamic sampling is unchanged"
-        before = "on" if t.loader.dynamic_sampling else "off"
-        t.state.rl_dynamic_sampling = t.loader.dynamic_sampling = value == "on"
-        return f"RL dynamic sampling {before} -> {value}"
+            return f"no RL phase is running: {what} is unchanged"
+        before = "on" if getattr(t.loader, knob) else "off"
+        setattr(t.loader, knob, value == "on")
+        setattr(t.state, f"rl_{knob}", value == "on")
+        return f"RL {what} {before} -> {value}"
 
     def _set_verifier_timeout(self, value: float) -> str:
         t = self._trainer
@@ -305,12 +310,7 @@ class Control:
         return f"RL entropy bonus {before:g} -> {value:g}"
 
     def _set_overlong_filter(self, value: str) -> str:
-        t = self._trainer
-        if not isinstance(t.loader, RolloutLoader):
-            return "no RL phase is running: the overlong filter is unchanged"
-        before = "on" if t.loader.overlong_filter else "off"
-        t.state.rl_overlong_filter = t.loader.overlong_filter = value == "on"
-        return f"RL overlong filter {before} -> {value}"
+        return self._rl_switch("overlong filter", "overlong_filter", value)
 
     def _set_overlong_penalty(self, tokens: int) -> str:
         t = self._trainer
