@@ -321,7 +321,7 @@ class TrainConfig(Section):
 @dataclass
 class CheckpointConfig(Section):
     every: int = 200  # steps between checkpoints (0: only at the end and on signals)
-    keep: int = 3  # newest checkpoints kept
+    keep: int = 3  # newest checkpoints kept (beside them: the last good one, the best evaluation's)
     # Written in the background: a save stalls training only while the state is copied to host
     # memory, once per save (DCP's async save; docs/resilience.md, "Asynchronous checkpoints")
     asynchronous: bool = False
