@@ -91,11 +91,6 @@ class Checkpointing:
     def snapshot(self) -> None:
         """A lean snapshot of this step (snapshots.py): bf16 weights only, by rank 0. A failed
         write is said and training goes on: the checkpoints are the run's record, a snapshot a copy."""
-        if self.dist.sharded:  # each rank holds part of the weights: gathering them is not built yet
-            raise ConfigError(
-                "checkpoint.snapshot_every: lean snapshots need every weight on one rank; not yet under FSDP2, "
-                "tensor, expert or pipeline parallelism (set checkpoint.snapshot_every=0)"
-            )
         c = self.cfg.checkpoint
         try:
             state = {"tokens": self.state.tokens, "moe": self.model.moe_state(), "mod": self.model.mod_state()}
@@ -105,6 +100,15 @@ class Checkpointing:
             )
         except OSError as exc:
             self.say(f"step {self.state.step}: the lean snapshot was not written ({exc}); training goes on")
+
+    def check_snapshots(self) -> None:
+        """Refused before training, not at the first snapshot: a snapshot needs every weight on
+        one rank, and gathering sharded ones is not built yet."""
+        if self.cfg.checkpoint.snapshot_every and self.dist.sharded:
+            raise ConfigError(
+                "checkpoint.snapshot_every: lean snapshots need every weight on one rank; not yet under FSDP2, "
+                "tensor, expert or pipeline parallelism (set checkpoint.snapshot_every=0)"
+            )
 
     def finish_save(self) -> None:
         """Wait for the checkpoint being written in the background (checkpoint.asynchronous): its

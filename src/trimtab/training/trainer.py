@@ -93,6 +93,7 @@ class Trainer(Checkpointing):
         self.best_eval: tuple[int, float] | None = None
         self.best_checkpoint = -1
         self.reference: Any = None  # RL's frozen starting policy, with rl.kl_coef (loaded at first use)
+        self.check_snapshots()
         self.save_seconds = 0.0  # what the newest save stalled training (goodput, the checkpoint interval)
         self.config_changes: list[dict[str, Any]] = []  # phase lengths a person changed on resume
         if run.resume:
