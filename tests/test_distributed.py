@@ -195,3 +195,14 @@ def test_an_evaluation_failing_on_one_rank_is_abandoned_on_both(tmp_path):
     assert rank0["summary"]["status"] == "completed" and rank0["summary"]["step"] == 6
     lines = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines if "val_loss" in m] == [2, 6]
+
+
+@pytest.mark.distributed
+def test_lean_snapshots_are_refused_under_fsdp2_before_training(tmp_path):
+    """checkpoint.snapshot_every needs every weight on one rank: under FSDP2 each rank holds a
+    shard, so the run stops at start-up naming the key, before a step is taken."""
+    with pytest.raises(
+        AssertionError, match=r"checkpoint\.snapshot_every: lean snapshots need every weight on one rank"
+    ):
+        run(tmp_path / "s", 2, distributed={"strategy": "fsdp"}, checkpoint={"snapshot_every": 2})
+    assert not (tmp_path / "s" / "metrics.jsonl").is_file() or "loss" not in (tmp_path / "s/metrics.jsonl").read_text()
