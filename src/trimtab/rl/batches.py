@@ -125,21 +125,11 @@ class RolloutLoader:
         self._held_out_pool: VerifierPool | None = None  # rl.held_out_reward's, when it differs
         self._window: list[RolloutBatch] = []  # the steps since metrics() was read
         self._scored = [0, 0, 0]  # this step's verifications so far: scored, failed, timed out
-        self._timeout_s = cfg.verifier_timeout_s
+        # seconds a verification may run (rule rl_verifier raises it): each scoring reads it
+        self.verifier_timeout_s = cfg.verifier_timeout_s
         self.dynamic_sampling = cfg.dynamic_sampling  # rule rl_signal may turn it on
         # rule rl_length may turn the filter on, then the soft penalty (its buffer in tokens)
         self.overlong_filter, self.overlong_buffer = cfg.overlong_filter, cfg.overlong_buffer
-
-    @property
-    def verifier_timeout_s(self) -> float:
-        return self._timeout_s
-
-    @verifier_timeout_s.setter
-    def verifier_timeout_s(self, value: float) -> None:
-        """Seconds a verification may run (rule rl_verifier raises it); the next one sees it."""
-        self._timeout_s = value
-        if self._pool is not None:
-            self._pool.timeout_s = value
 
     def _permutation(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.problems))
@@ -215,16 +205,16 @@ class RolloutLoader:
     ) -> tuple[list[float], list[dict[str, Any]]]:
         """Each response's reward, and the verifications that failed (timed out or raised: 0);
         held-out responses by rl.held_out_reward's verifier where it names another."""
-        cfg = self.cfg
+        cfg, timeout = self.cfg, self.verifier_timeout_s
         if self._pool is None:
-            self._pool = VerifierPool(cfg.reward, cfg.verifier_workers, self._timeout_s, cfg.verifier_retries)
+            self._pool = VerifierPool(cfg.reward, cfg.verifier_workers, timeout, cfg.verifier_retries)
         pool = self._pool
         if held_out and cfg.held_out_reward not in ("", cfg.reward):
             if self._held_out_pool is None:
                 spec, workers, retries = cfg.held_out_reward, cfg.verifier_workers, cfg.verifier_retries
-                self._held_out_pool = VerifierPool(spec, workers, self._timeout_s, retries, key="rl.held_out_reward")
+                self._held_out_pool = VerifierPool(spec, workers, timeout, retries, key="rl.held_out_reward")
             pool = self._held_out_pool
-        pool.timeout_s = self._timeout_s
+        pool.timeout_s = timeout  # the knob as it is now
         eos = self.tok.eos_id
         scored = pool.score([self.tok.decode([t for t in r.tokens if t != eos]) for r in rollouts], answers)
         return scored.rewards, scored.events

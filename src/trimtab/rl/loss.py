@@ -129,6 +129,18 @@ def policy_terms(
     )
 
 
+def log_distribution(hidden: torch.Tensor, head: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(logits / temperature) [B, T, V] of hidden states [B, T, D] through head [V, D],
+    in fp32: the distribution a rollout was drawn from (rl/rollout.py), for policy and reference."""
+    return (F.linear(hidden, head).float() / temperature).log_softmax(-1)
+
+
+def at_targets(every: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each target's log-probability [B, T] from log_distribution's [B, T, V] (IGNORE targets
+    read token 0: their weights are 0)."""
+    return every.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+
+
 def policy_from_hidden(
     hidden: torch.Tensor,
     head: torch.Tensor,
@@ -145,9 +157,8 @@ def policy_from_hidden(
     tensors on hidden's device): hidden [B, T, D], head [V, D], targets [B, T] (IGNORE where
     no response token). The policy's log-probabilities are taken at the rollouts' temperature,
     as their behaviour log-probabilities were."""
-    logits = F.linear(hidden, head).float() / temperature  # [B, T, V]
-    every = logits.log_softmax(-1)
-    logprobs = every.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)  # [B, T]
+    every = log_distribution(hidden, head, temperature)
+    logprobs = at_targets(every, targets)
     entropy = -(every.exp() * every).sum(-1) if entropy_coef else None  # [B, T]
     return policy_terms(
         logprobs,

@@ -14,12 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from trimtab.checkpoint import load_model
 from trimtab.config import ModelConfig
 from trimtab.errors import ConfigError
 from trimtab.model import Transformer, build_model
+from trimtab.rl.loss import at_targets, log_distribution
 
 
 def load_reference(cfg: ModelConfig, run_dir: Path, device: torch.device) -> Transformer:
@@ -41,5 +41,4 @@ def reference_logprobs(
 ) -> torch.Tensor:
     """The reference's log-probability of each target [B, T] (inputs, targets [B, T]; the
     values off the responses are never read: their weights are 0)."""
-    logits = F.linear(reference.hidden(inputs), reference.lm_head.weight).float() / temperature  # [B, T, V]
-    return logits.log_softmax(-1).gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return at_targets(log_distribution(reference.hidden(inputs), reference.lm_head.weight, temperature), targets)

@@ -52,26 +52,27 @@ class PrometheusExporter(Hook):
         self.port = cfg.port + int(os.environ.get("LOCAL_RANK", "0"))
         self.registry = prom.CollectorRegistry()
         labels = {"run": Path(run_dir).name, "rank": os.environ.get("RANK", "0"), "host": socket.gethostname()}
-        names = list(labels)
-
-        def gauge(name: str, text: str, extra: tuple[str, ...] = ()) -> Any:
-            return prom.Gauge(name, text, [*names, *extra], registry=self.registry)
-
         self._labels = labels
-        self.gauges = {key: gauge(name, text).labels(**labels) for key, (name, text) in GAUGES.items()}
-        self.step = gauge("trimtab_step", "optimizer steps taken").labels(**labels)
-        self.tokens = gauge("trimtab_tokens", "input tokens trained on").labels(**labels)
-        self.heartbeat = gauge("trimtab_last_step_timestamp_seconds", "when the last step ended (unix time)")
-        self.heartbeat = self.heartbeat.labels(**labels)
-        self.checkpoint_step = gauge("trimtab_checkpoint_step", "the newest checkpoint's step").labels(**labels)
-        self.checkpoint_time = gauge("trimtab_checkpoint_timestamp_seconds", "when the newest checkpoint was written")
-        self.checkpoint_time = self.checkpoint_time.labels(**labels)
-        self.rl = gauge("trimtab_rl", "an RL run's figures (rl/NAME in metrics.jsonl)", ("figure",))
-        self.decisions = prom.Counter(
-            "trimtab_decisions", "the orchestrator's decisions", [*names, "rule", "action"], registry=self.registry
+
+        def series(kind: Any, name: str, text: str, extra: tuple[str, ...] = ()) -> Any:
+            """A metric labelled with the run, rank and host: this process's series, or with
+            `extra` labels the family (its series made per value)."""
+            family = kind(name, text, [*labels, *extra], registry=self.registry)
+            return family if extra else family.labels(**labels)
+
+        self.gauges = {key: series(prom.Gauge, name, text) for key, (name, text) in GAUGES.items()}
+        self.step = series(prom.Gauge, "trimtab_step", "optimizer steps taken")
+        self.tokens = series(prom.Gauge, "trimtab_tokens", "input tokens trained on")
+        self.heartbeat = series(
+            prom.Gauge, "trimtab_last_step_timestamp_seconds", "when the last step ended (unix time)"
         )
-        self.rollbacks = prom.Counter("trimtab_rollbacks", "rollbacks to a checkpoint", names, registry=self.registry)
-        self.rollbacks = self.rollbacks.labels(**labels)
+        self.checkpoint_step = series(prom.Gauge, "trimtab_checkpoint_step", "the newest checkpoint's step")
+        self.checkpoint_time = series(
+            prom.Gauge, "trimtab_checkpoint_timestamp_seconds", "when the newest checkpoint was written"
+        )
+        self.rl = series(prom.Gauge, "trimtab_rl", "an RL run's figures (rl/NAME in metrics.jsonl)", ("figure",))
+        self.decisions = series(prom.Counter, "trimtab_decisions", "the orchestrator's decisions", ("rule", "action"))
+        self.rollbacks = series(prom.Counter, "trimtab_rollbacks", "rollbacks to a checkpoint")
         try:
             self.server, self.thread = prom.start_http_server(self.port, cfg.addr, registry=self.registry)
         except OSError as exc:
