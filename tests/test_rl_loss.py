@@ -114,3 +114,25 @@ def test_the_kl_term_to_the_reference_is_grpos_estimator_and_pulls_towards_it():
     assert (
         float(same.kl_ref) == 0.0 and policy_terms(logprobs.detach(), logprobs.detach(), zero, weights).kl_ref is None
     )
+
+
+def test_the_decoupled_objective_weights_each_token_by_its_truncated_importance_weight():
+    """Asynchronous rollouts (rl.max_staleness): the clip is around the proximal policy (the one
+    trained, detached: one update a batch), each token weighted by min(pi / pi_behaviour, cap).
+    The gradient of a token's log-probability is -min(w, cap) x A x weight; on-policy rollouts
+    (w = 1) give the coupled objective's gradient."""
+    behaviour = torch.log(torch.tensor([[0.5, 0.2, 0.1]]))
+    now = torch.log(torch.tensor([[0.6, 0.5, 0.1]]))  # w = 1.2, 2.5 (capped at 2), 1.0
+    logp = now.clone().requires_grad_()
+    terms = policy_terms(logp, behaviour, torch.tensor([1.5]), torch.ones(1, 3), behaviour_cap=2.0)
+    terms.objective.backward()
+    assert torch.allclose(logp.grad, -1.5 * torch.tensor([[1.2, 2.0, 1.0]]), atol=1e-5)
+    assert float(terms.behaviour_weight) == pytest.approx(1.2 + 2.0 + 1.0, rel=1e-5)
+    assert float(terms.behaviour_capped) == 1.0 and float(terms.clipped) == 0.0  # the ratio to pi_prox is 1
+    assert float(terms.ratio_max) == pytest.approx(2.5, rel=1e-5)  # pi / pi_behaviour, before the cap
+    on = now.clone().requires_grad_()
+    coupled = now.clone().requires_grad_()
+    policy_terms(on, now, torch.tensor([1.5]), torch.ones(1, 3), behaviour_cap=2.0).objective.backward()
+    policy_terms(coupled, now, torch.tensor([1.5]), torch.ones(1, 3)).objective.backward()
+    assert torch.allclose(on.grad, coupled.grad)
+    assert policy_terms(coupled, now, torch.tensor([1.5]), torch.ones(1, 3)).behaviour_weight is None

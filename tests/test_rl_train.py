@@ -74,6 +74,28 @@ def test_an_interrupted_rl_run_resumes_to_the_uninterrupted_weights(tmp_path, ba
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_asynchronous_rollouts_learn_from_a_policy_two_steps_behind_and_resume_exactly(tmp_path, base):
+    """rl.max_staleness 2 (rl/engine.py): the batch trained at step s is the policy of step s - 2's
+    (the starting policy's before), generated in the rollout thread; the decoupled objective
+    learns from them; a run stopped at step 3 resumes with the two batches it had generated
+    ahead (in the checkpoint) to the uninterrupted run's weights; another staleness is refused."""
+    stale = ("--set", "rl.max_staleness=2")
+    whole = rl(tmp_path / "whole", base, 12, *stale)
+    assert [m["rl/staleness"] for m in whole] == [0, 1] + [2] * 10
+    assert all(0 < m["rl/behaviour_weight"] <= 2 for m in whole) and "rl/behaviour_capped" in whole[-1]
+    rewards = [m["rl/reward"] for m in whole]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.3, rewards
+    rl(tmp_path / "parts", base, 12, *stale, "--inject", "sigterm@3")
+    both = rl(tmp_path / "parts", base, 12, *stale)
+    assert [m["rl/reward"] for m in both] == rewards
+    a = load_file(tmp_path / "whole/checkpoints/step_000012/model.safetensors")
+    b = load_file(tmp_path / "parts/checkpoints/step_000012/model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    other = ["rl", *RL, "--out", str(tmp_path / "parts"), "--max-steps", "14", "--set", f"train.init_from={base}"]
+    done = trimtab_cli([*other, "--set", "rl.max_staleness=1"], tmp_path)
+    assert done.returncode == 2 and "rl.max_staleness" in done.stderr, done.stderr[-2000:]
+
+
 def test_groups_that_teach_nothing_turn_on_dynamic_sampling_then_raise_the_temperature(tmp_path, base):
     """rl_signal: a reward no response earns leaves every group flat; after a window of 2 steps
     the orchestrator turns dynamic sampling on (each step then draws 4x the prompts, still flat);

@@ -15,6 +15,7 @@ Shape legend: B sequences in a micro-batch, T its longest prompt + response - 1.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ from trimtab.data.packing import IGNORE_INDEX, MicroBatch, StepBatch
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import DataError
 from trimtab.rl import replay
+from trimtab.rl.engine import RolloutQueue
 from trimtab.rl.loss import PolicyTerms, advantages, normaliser, token_weights
 from trimtab.rl.rewards import VerifierPool
 from trimtab.rl.rollout import Rollout
@@ -34,6 +36,8 @@ from trimtab.rl.tasks import Problem
 
 # prompts, a sampling seed (None: greedy) -> one rollout each
 Policy = Callable[[list[list[int]], int | None], list[Rollout]]
+# a policy generating from the weights as they are now, in the rollout thread, and their version
+Snapshot = Callable[[], tuple[Policy, int]]
 HELD_OUT_DRAW = 999_983  # the held-out samples' seed offset: no training draw's (those count from 0)
 
 
@@ -65,6 +69,7 @@ class RolloutBatch(StepBatch):
     terms: list[PolicyTerms] = field(default_factory=list)  # the objective's sums, filled by the trainer
     verified: int = 0  # responses scored this step, dynamic sampling's extra draws included
     timeouts: int = 0  # of the failures, those that ran past the timeout
+    staleness: float = 0.0  # optimizer steps from the rollouts' policy to the one trained (mean)
 
     @property
     def health(self) -> dict[str, Any]:
@@ -99,6 +104,19 @@ def overlong_penalty(length: int, budget: int, buffer: int) -> float:
     return (start - length) / buffer
 
 
+BATCH_FIELDS = ("n_tokens", "rows", "advantage", "rewards", "failures", "drawn", "verified", "timeouts")
+
+
+def batch_state(batch: RolloutBatch) -> dict[str, Any]:
+    """A generated step (before its micro-batches are cut) as JSON holds it."""
+    return {**{k: getattr(batch, k) for k in BATCH_FIELDS}, "rollouts": [r.state_dict() for r in batch.rollouts]}
+
+
+def batch_from_state(state: dict[str, Any]) -> RolloutBatch:
+    rollouts = [Rollout.from_state(r) for r in state["rollouts"]]
+    return RolloutBatch([], 0, rollouts=rollouts, **{k: state[k] for k in BATCH_FIELDS})
+
+
 class RolloutLoader:
     """An RL phase's steps (see the module docstring); `policy` is set by the trainer."""
 
@@ -118,6 +136,10 @@ class RolloutLoader:
         # a step's size in tokens, as the OOM handler bounds a micro-batch by (its prompts' at most)
         self.batch_tokens = cfg.prompts_per_step * cfg.group_size * (max_prompt_tokens + cfg.max_new_tokens)
         self.policy: Policy | None = None  # the trainer's model generating (Trainer._enter_phase)
+        self.snapshot: Snapshot | None = None  # asynchronous rollouts' policies (rl.max_staleness)
+        self._queue: RolloutQueue[RolloutBatch] | None = None  # the batches generating ahead
+        self._scoring = threading.Lock()  # the rollout thread and an evaluation share the verifiers
+        self.version = 0  # the newest snapshot's (the policy being trained, asynchronously)
         self.epoch, self.cursor, self.draws = 0, 0, 0
         self.skipped: set[int] = set()
         self._order = self._permutation(0)
@@ -145,19 +167,38 @@ class RolloutLoader:
                 return index
 
     def next_batch(self) -> RolloutBatch:
-        """A step: prompts_per_step prompts, group_size responses to each, scored. With
+        """A step's batch: generated now by the policy being trained, or with rl.max_staleness
+        eta taken from the batches generated ahead, eta steps before (rl/engine.py)."""
+        eta = self.cfg.max_staleness
+        if not eta:
+            batch = self._produce(self.policy, self.dynamic_sampling, self.overlong_buffer)
+        else:
+            self._queue = self._queue or RolloutQueue(eta)
+            batch = self._queue.next(self._job)  # queues one batch from this step's policy
+            batch.staleness = self.version - sum(r.version for r in batch.rollouts) / len(batch.rollouts)
+        self._window.append(batch)
+        return self.regroup(batch)
+
+    def _job(self) -> Callable[[], RolloutBatch]:
+        """A batch to generate in the rollout thread, from the weights and knobs as they are now."""
+        policy, self.version = self.snapshot()
+        dynamic, buffer = self.dynamic_sampling, self.overlong_buffer
+        return lambda: self._produce(policy, dynamic, buffer)
+
+    def _produce(self, policy: Policy, dynamic_sampling: bool, overlong_buffer: int) -> RolloutBatch:
+        """prompts_per_step prompts, group_size responses to each, scored. With
         rl.dynamic_sampling (DAPO), groups whose rewards are all equal (no advantage, no
         gradient) are dropped and more prompts drawn in their place, up to rl.resample_rounds
         times; a step that finds none with a signal trains what it drew (nothing to learn)."""
         cfg, G = self.cfg, self.cfg.group_size
-        drawn = self._groups(cfg.prompts_per_step)
+        drawn = self._groups(cfg.prompts_per_step, policy, overlong_buffer)
         groups = drawn
-        if self.dynamic_sampling:
+        if dynamic_sampling:
             groups = [g for g in drawn if not flat(g[2])]
             for _ in range(cfg.resample_rounds):
                 if len(groups) >= cfg.prompts_per_step:
                     break
-                more = self._groups(cfg.prompts_per_step - len(groups))
+                more = self._groups(cfg.prompts_per_step - len(groups), policy, overlong_buffer)
                 drawn += more
                 groups += [g for g in more if not flat(g[2])]
             groups = groups or drawn[-cfg.prompts_per_step :]
@@ -168,7 +209,7 @@ class RolloutLoader:
         n_tokens = sum(len(r.prompt) + len(r.tokens) - 1 for r in rollouts)
         (verified, failures, timeouts), self._scored = self._scored, [0, 0, 0]
         drawn_rewards = [g[2] for g in drawn]
-        batch = RolloutBatch(
+        return RolloutBatch(
             [],
             0,
             n_tokens,
@@ -182,19 +223,17 @@ class RolloutLoader:
             verified=verified,
             timeouts=timeouts,
         )
-        self._window.append(batch)
-        return self.regroup(batch)
 
-    def _groups(self, n: int) -> list[tuple[int, list[Rollout], list[float]]]:
+    def _groups(self, n: int, policy: Policy, buffer: int) -> list[tuple[int, list[Rollout], list[float]]]:
         """`n` prompts drawn, group_size responses to each, scored: (problem, responses, rewards)."""
         G = self.cfg.group_size
         chosen = [self._next_problem() for _ in range(n)]
         prompts = [self.tok.encode(self.problems[i].prompt, specials=True) for i in chosen]
         seed = self.seed * 1_000_003 + self.draws  # each draw's sampling seed: a resumed run draws alike
         self.draws += 1
-        rollouts = self.policy([p for p in prompts for _ in range(G)], seed)
+        rollouts = policy([p for p in prompts for _ in range(G)], seed)
         rewards, events = self._score(rollouts, [self.problems[i].answer for i in chosen for _ in range(G)])
-        budget, buffer = self.cfg.max_new_tokens, self.overlong_buffer
+        budget = self.cfg.max_new_tokens
         rewards = [r + overlong_penalty(len(ro.tokens), budget, buffer) for r, ro in zip(rewards, rollouts)]
         timeouts = sum(e["kind"] == "timeout" for e in events)
         self._scored = [a + b for a, b in zip(self._scored, (len(rollouts), len(events), timeouts))]
@@ -214,9 +253,10 @@ class RolloutLoader:
                 spec, workers, retries = cfg.held_out_reward, cfg.verifier_workers, cfg.verifier_retries
                 self._held_out_pool = VerifierPool(spec, workers, timeout, retries, key="rl.held_out_reward")
             pool = self._held_out_pool
-        pool.timeout_s = timeout  # the knob as it is now
         eos = self.tok.eos_id
-        scored = pool.score([self.tok.decode([t for t in r.tokens if t != eos]) for r in rollouts], answers)
+        with self._scoring:
+            pool.timeout_s = timeout  # the knob as it is now
+            scored = pool.score([self.tok.decode([t for t in r.tokens if t != eos]) for r in rollouts], answers)
         return scored.rewards, scored.events
 
     def evaluate(self) -> dict[str, float]:
@@ -287,7 +327,11 @@ class RolloutLoader:
         return PolicyMicroBatch(inputs, targets, n, [batch.rows[i] for i in group], old, advantage, weights, experts)
 
     def close(self) -> None:
-        """End the verifier pool's processes (the run is over)."""
+        """End the rollout thread and the verifier pool's processes (the run is over, or a
+        rollback builds the loader anew)."""
+        if self._queue is not None:
+            self._queue.close()
+            self._queue = None
         for pool in (self._pool, self._held_out_pool):
             if pool is not None:
                 pool.close()
@@ -318,10 +362,14 @@ class RolloutLoader:
             "rl/truncated": sum(r.truncated for r in rollouts) / len(rollouts),
             "rl/verifier_failures": float(sum(b.failures for b in window)),
         }
+        if self.cfg.max_staleness:
+            out["rl/staleness"] = sum(b.staleness for b in window) / len(window)
         trained = [b for b in window if b.terms]
         if trained:  # each step's weighted means over its response tokens, then over the steps
             weight = [float(sum(m.weights.sum() for m in b.micro)) for b in trained]
-            for key, name in (("rl/clip_fraction", "clipped"), ("rl/kl", "kl"), ("rl/kl_ref", "kl_ref")):
+            sums = (("rl/clip_fraction", "clipped"), ("rl/kl", "kl"), ("rl/kl_ref", "kl_ref"))
+            sums += (("rl/behaviour_weight", "behaviour_weight"), ("rl/behaviour_capped", "behaviour_capped"))
+            for key, name in sums:
                 if getattr(trained[0].terms[0], name) is None:  # a term the objective has not got
                     continue
                 out[key] = sum(float(sum(getattr(t, name) for t in b.terms)) / w for b, w in zip(trained, weight))
@@ -330,7 +378,12 @@ class RolloutLoader:
         return out
 
     def state_dict(self) -> dict[str, Any]:
+        """The order's position and the draws made; asynchronously, also the batches generated
+        ahead (waited for first: their draws move the position)."""
+        ahead = [batch_state(b) for b in self._queue.ahead()] if self._queue else []
         return {
+            "ahead": ahead,
+            "version": self.version,
             "epoch": self.epoch,
             "cursor": self.cursor,
             "draws": self.draws,
@@ -349,3 +402,12 @@ class RolloutLoader:
         self.seed, self.epoch, self.cursor, self.draws = state["seed"], state["epoch"], state["cursor"], state["draws"]
         self.skipped = set(state["skipped"])
         self._order = self._permutation(self.epoch)
+        self.version = state.get("version", 0)
+        if state.get("ahead"):
+            if self.cfg.max_staleness != len(state["ahead"]):
+                raise DataError(
+                    f"the checkpoint's RL run generated {len(state['ahead'])} batches ahead (rl.max_staleness) "
+                    f"but rl.max_staleness is now {self.cfg.max_staleness}; resume with the same setting"
+                )
+            self._queue = RolloutQueue(self.cfg.max_staleness)
+            self._queue.restore([batch_from_state(b) for b in state["ahead"]])

@@ -15,6 +15,14 @@ less `entropy_coef` x the entropy of the policy's distribution at the token (an 
 Williams & Peng 1991; what rule rl_entropy turns on when the policy collapses onto few answers),
 plus `kl_coef` x GRPO's estimator of KL(pi || pi_ref) at the token, pi_ref the frozen starting
 policy (rl/reference.py; Shao et al. 2024, eq. 4).
+With asynchronous rollouts (rl.max_staleness > 0) the objective is decoupled PPO (Hilton et al.
+2022, "Batch size-invariance for policy optimization"; AReaL, Fu et al. 2025, eq. 5): the clip
+is taken around the proximal policy pi_prox, the one before this step's update, and each token
+is weighted by pi_prox / pi_behaviour, the stale rollouts' importance weight, truncated at
+rl.behaviour_weight_cap (truncated importance sampling, which also absorbs the generation
+engine's numerical mismatch with the trainer). One optimizer step per batch: pi_prox is the
+policy the step's forward evaluates, its log-probabilities detached, so the clip never binds and
+the gradient is min(w, cap) x A x grad log pi.
 The step's loss is sum(weight_t x objective_t) / normaliser, where the weights and the normaliser
 are fixed by the whole step (every micro-batch and every rank), so the gradient is the same
 however the step is split (the sums are added; the normaliser is global):
@@ -86,6 +94,9 @@ class PolicyTerms:
     kl: torch.Tensor  # sum of weight x k3 KL to the old policy (Schulman's estimator)
     entropy: torch.Tensor | None = None  # sum of weight x the policy's entropy (nats), with an entropy bonus
     kl_ref: torch.Tensor | None = None  # sum of weight x the KL estimate to the reference, with a KL term
+    # decoupled objective: sum of weight x the truncated importance weight, and of the tokens capped
+    behaviour_weight: torch.Tensor | None = None
+    behaviour_capped: torch.Tensor | None = None
 
 
 def policy_terms(
@@ -99,33 +110,45 @@ def policy_terms(
     entropy_coef: float = 0.0,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    behaviour_cap: float | None = None,
 ) -> PolicyTerms:
     """The clipped surrogate's sums over a micro-batch: logprobs [N, T] (with gradient),
     old_logprobs [N, T] (the behaviour policy's), advantage [N] or [N, T], weights [N, T]
     (token_weights: 0 off the responses); entropy [N, T] (with gradient) with a bonus;
-    ref_logprobs [N, T] (the reference policy's) with a KL term."""
+    ref_logprobs [N, T] (the reference policy's) with a KL term; behaviour_cap: the decoupled
+    objective (see the module docstring)."""
     if advantage.dim() == 1:
         advantage = advantage[:, None]
-    log_ratio = (logprobs - old_logprobs).masked_fill(weights == 0, 0.0)
+    off = weights == 0
+    # log pi / pi_behaviour: how far the rollouts' policy is from this one (staleness, mismatch)
+    behaviour_log = (logprobs.detach() - old_logprobs).masked_fill(off, 0.0)
+    anchor = old_logprobs if behaviour_cap is None else logprobs.detach()  # pi_old, or pi_prox
+    log_ratio = (logprobs - anchor).masked_fill(off, 0.0)
     ratio = log_ratio.exp()
     clipped_ratio = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     surrogate = -torch.minimum(ratio * advantage, clipped_ratio * advantage)  # [N, T]
+    is_weight = None
+    if behaviour_cap is not None:
+        is_weight = behaviour_log.exp().clamp(max=behaviour_cap)
+        surrogate = is_weight * surrogate
     with torch.no_grad():
         was_clipped = (ratio * advantage > clipped_ratio * advantage).float()
-        kl = (-log_ratio).exp() + log_ratio - 1.0  # k3 of KL(pi_old || pi): >= 0, unbiased
+        kl = (-behaviour_log).exp() + behaviour_log - 1.0  # k3 of KL(pi_old || pi): >= 0, unbiased
     bonus = None if entropy is None else (weights * entropy).sum()
     kl_ref = None
     if ref_logprobs is not None:
-        to_ref = (ref_logprobs - logprobs).masked_fill(weights == 0, 0.0)
+        to_ref = (ref_logprobs - logprobs).masked_fill(off, 0.0)
         kl_ref = (weights * (to_ref.exp() - to_ref - 1.0)).sum()  # KL(pi || pi_ref), GRPO's k3
     objective = (weights * surrogate).sum() - (entropy_coef * bonus if bonus is not None else 0.0)
     return PolicyTerms(
         objective=objective + (kl_coef * kl_ref if kl_ref is not None else 0.0),
         clipped=(weights * was_clipped).sum(),
-        ratio_max=ratio.detach().masked_fill(weights == 0, 0.0).max(),
+        ratio_max=behaviour_log.exp().masked_fill(off, 0.0).max(),
         kl=(weights * kl).sum(),
         entropy=None if bonus is None else bonus.detach(),
         kl_ref=None if kl_ref is None else kl_ref.detach(),
+        behaviour_weight=None if is_weight is None else (weights * is_weight).sum(),
+        behaviour_capped=None if is_weight is None else (weights * (behaviour_log.exp() > behaviour_cap)).sum(),
     )
 
 
@@ -152,6 +175,7 @@ def policy_from_hidden(
     entropy_coef: float = 0.0,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    behaviour_cap: float | None = None,
 ) -> PolicyTerms:
     """The objective's sums for a micro-batch of rollouts (rl/batches.py: PolicyMicroBatch, its
     tensors on hidden's device): hidden [B, T, D], head [V, D], targets [B, T] (IGNORE where
@@ -171,4 +195,5 @@ def policy_from_hidden(
         entropy_coef,
         ref_logprobs,
         kl_coef,
+        behaviour_cap,
     )

@@ -41,6 +41,17 @@ class Rollout:
     # (prompt + response less the last token), for routing replay (rl/replay.py); None without
     experts: np.ndarray | None = None
 
+    def state_dict(self) -> dict:
+        """As JSON holds it (a checkpoint's queued rollouts, rl/engine.py)."""
+        state = dict(vars(self))
+        state["experts"] = None if self.experts is None else self.experts.tolist()
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict) -> Rollout:
+        experts = state["experts"]
+        return cls(**{**state, "experts": None if experts is None else np.asarray(experts, dtype=np.int16)})
+
 
 def generate(
     model: Transformer,

@@ -20,7 +20,8 @@ import torch
 from trimtab.data import MicroBatch, StepBatch
 from trimtab.distributed.ft import ReplicaGroups, check_groups
 from trimtab.distributed.group import is_oom
-from trimtab.rl.batches import PolicyMicroBatch, RolloutBatch, RolloutLoader
+from trimtab.model import build_model
+from trimtab.rl.batches import Policy, PolicyMicroBatch, RolloutBatch, RolloutLoader
 from trimtab.rl.loss import policy_from_hidden
 from trimtab.rl.reference import load_reference, reference_logprobs
 from trimtab.rl.replay import replaying
@@ -93,6 +94,7 @@ class Trainer(Checkpointing):
         self.best_eval: tuple[int, float] | None = None
         self.best_checkpoint = -1
         self.reference: Any = None  # RL's frozen starting policy, with rl.kl_coef (loaded at first use)
+        self.behaviour: list[Any] = []  # asynchronous RL's generating copies of the policy (_policy_snapshot)
         self.check_snapshots()
         self.save_seconds = 0.0  # what the newest save stalled training (goodput, the checkpoint interval)
         self.config_changes: list[dict[str, Any]] = []  # phase lengths a person changed on resume
@@ -307,6 +309,7 @@ class Trainer(Checkpointing):
             self.rl_entropy_coef,
             ref,
             rl.kl_coef,
+            rl.behaviour_weight_cap if rl.max_staleness else None,  # the decoupled objective
         )
         batch.terms.append(terms)
         return terms.objective
@@ -326,18 +329,40 @@ class Trainer(Checkpointing):
     def _rollouts(self, prompts: list[list[int]], seed: int | None) -> list[Rollout]:
         """The RL phase's policy: responses to `prompts` from the model being trained
         (rl/rollout.py), sampled from `seed`, or greedy (None: an evaluation's)."""
+        return self._generate(self.model, prompts, seed, self.rl_temperature, self.state.step)
+
+    def _policy_snapshot(self) -> tuple[Policy, int]:
+        """Asynchronous RL's policy for a batch generated ahead (rl/engine.py): the weights as
+        they are now in a model of their own (the trainer's go on changing while the rollout
+        thread generates), and their version. max_staleness + 2 such models are kept in turn:
+        at most max_staleness + 1 batches are queued, so the oldest is free when reused."""
+        copies = self.behaviour
+        if len(copies) < self.cfg.rl.max_staleness + 2:
+            copies.append(build_model(self.cfg.model).to(self.device).eval().requires_grad_(False))
+        frozen = copies.pop(0)
+        copies.append(frozen)
+        frozen.load_moe_state(self.model.moe_state())  # surgery may have changed the experts
+        frozen.load_mod_state(self.model.mod_state())
+        frozen.set_step(self.state.step)
+        frozen.load_state_dict(self.model.state_dict())
+        temperature, version = self.rl_temperature, self.state.step
+        return lambda prompts, seed: self._generate(frozen, prompts, seed, temperature, version), version
+
+    def _generate(
+        self, model: torch.nn.Module, prompts: list[list[int]], seed: int | None, temperature: float, version: int
+    ) -> list[Rollout]:
         rl = self.cfg.rl
         generator = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else None
-        with self.precision.autocast():
+        with self.precision.autocast():  # thread-local: entered in the thread that generates
             return generate(
-                self.model,
+                model,
                 prompts,
                 rl.max_new_tokens,
                 self.tok.eos_id,
-                temperature=self.rl_temperature if seed is not None else 0.0,
+                temperature=temperature if seed is not None else 0.0,
                 top_p=rl.top_p,
                 generator=generator,
-                version=self.state.step,
+                version=version,
                 record_routing=rl.routing_replay and seed is not None,  # for the objective's forward
             )
 
@@ -509,9 +534,11 @@ class Trainer(Checkpointing):
         phase = self.phases[index]
         self.state.phase = index
         self.optimizer = build_optimizer(self.model, phase.optim, self.device)
+        if isinstance(getattr(self, "loader", None), RolloutLoader):
+            self.loader.close()  # its rollout thread and verifier processes (a rollback, a resume)
         self.loader = phase.loader(self.cfg, self.tok.pad_id, *self.data_shard)
         if isinstance(self.loader, RolloutLoader):  # an RL phase generates with the model it trains
-            self.loader.policy = self._rollouts
+            self.loader.policy, self.loader.snapshot = self._rollouts, self._policy_snapshot
         self.control.apply_knobs()
 
     def _maybe_next_phase(self) -> None:

@@ -1,0 +1,59 @@
+"""Asynchronous rollouts (rl.max_staleness = eta > 0), after AReaL's fully asynchronous RL (Fu et
+al. 2025, "AReaL: A Large-Scale Asynchronous Reinforcement Learning System for Language
+Reasoning"): the coming steps' batches are generated in a background thread, each by a copy of
+the policy taken when it was asked for, while the trainer trains the batches before them; the
+objective corrects for their staleness (rl/loss.py: decoupled PPO with truncated importance
+weights).
+
+The staleness is bounded and fixed, not left to timing: the batch trained at step s is generated
+by the policy of step s - eta (in the first eta steps: the starting policy's), so an asynchronous
+run is reproducible, and it resumes exactly: a checkpoint holds the batches already generated
+(RolloutLoader.state_dict). Generation and training overlap where the machine has room: torch
+releases the GIL inside its kernels. A serving engine in the thread's place (vLLM, SGLang)
+receives the weights where this one copies the model (Trainer._policy_snapshot).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class RolloutQueue(Generic[T]):
+    """The batches generated ahead of the one trained, oldest first, made in one background
+    thread in the order they were asked for."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth  # eta: the batches kept generating ahead of the step's
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="trimtab-rollouts")
+        self._ahead: deque[Future[T]] = deque()
+
+    def next(self, job: Callable[[], Callable[[], T]]) -> T:
+        """This step's batch. Before it is taken, the queue is filled to depth + 1 with jobs
+        made by `job()` now (from the current weights): one a step once full, depth + 1 at the
+        start. A job's error is raised here, in the trainer's thread."""
+        while len(self._ahead) <= self.depth:
+            self._ahead.append(self._thread.submit(job()))
+        return self._ahead.popleft().result()
+
+    def ahead(self) -> list[T]:
+        """The queued batches, waited for (a checkpoint holds them)."""
+        return [f.result() for f in self._ahead]
+
+    def restore(self, batches: list[T]) -> None:
+        """Queue batches generated before a resume (ahead() then)."""
+        for batch in batches:
+            done: Future[T] = Future()
+            done.set_result(batch)
+            self._ahead.append(done)
+
+    def close(self) -> None:
+        """Drop what is queued; the batch generating now finishes first (a thread cannot be killed)."""
+        for future in self._ahead:
+            future.cancel()
+        self._ahead.clear()
+        self._thread.shutdown(wait=True, cancel_futures=True)
