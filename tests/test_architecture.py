@@ -86,6 +86,14 @@ def test_the_run_directory_module_is_at_the_bottom_and_torch_free():
     assert own <= {"trimtab.errors"}
 
 
+def test_object_storage_is_torch_free_and_low():
+    """trimtab/storage.py (checkpoint.dir in object storage) moves files and knows nothing of their
+    contents: no torch, and of trimtab only errors, extras (fsspec, s3fs) and rundir; the loop's
+    side (the upload hook, the restore at start-up) is training/services/storage.py."""
+    own = {n for n in imports_of(SRC / "storage.py") if n.startswith(("torch", "trimtab"))}
+    assert own <= {"trimtab.errors", "trimtab.extras", "trimtab.rundir"}
+
+
 def test_resilience_is_torch_free_below_the_loop():
     """resilience/ (the watchdog, the goodput ledger, a lost session's files) runs while the main
     thread is stuck inside torch and is read by `trimtab runs`: no torch, and of trimtab only
@@ -102,13 +110,13 @@ def _constants(path: Path) -> set[str]:
 def test_one_module_names_a_runs_files_and_writes_files_whole():
     """The run's JSON files are named in rundir.py only (everyone else reads and writes them through
     it), and the temp-file-and-rename dance is rundir.write_atomic's; the other renames install
-    directories (a checkpoint, a snapshot, an export, a merge) or files a library writes (a tokenizer, arrays,
-    corpus shards)."""
+    directories (a checkpoint, a snapshot, an export, a merge, a checkpoint downloaded from object storage)
+    or files a library writes (a tokenizer, arrays, corpus shards)."""
     files = {"metrics.jsonl", "decisions.jsonl", "plan_status.jsonl", "summary.json", "goodput.json"}
     naming = {m for m in modules("") if _constants(SRC / m) & files}
     assert naming == {"rundir.py"}
     renaming = {m for m in modules("") if "os.replace(" in (SRC / m).read_text()}
-    installs = {"checkpoint.py", "hf/export.py", "merge/merge.py", "data/tokenizer.py", "data/packing.py"}
+    installs = {"checkpoint.py", "storage.py", "hf/export.py", "merge/merge.py", "data/tokenizer.py", "data/packing.py"}
     assert renaming <= {"rundir.py", "data/shards.py", *installs}, renaming - installs
 
 

@@ -25,6 +25,7 @@ from trimtab.sampling import prompt_ids
 from trimtab.training.hooks import ReportWriter
 from trimtab.training.services.prometheus import PrometheusExporter
 from trimtab.training.services.signals import StartUpInterrupted, handle_signals
+from trimtab.training.services.storage import RemoteCheckpoints
 from trimtab.training.services.tracking import tracking_hooks
 from trimtab.training.setup import setup
 from trimtab.training.trainer import Trainer
@@ -88,6 +89,8 @@ def built_in_hooks(config: RunConfig) -> list:
         require("prometheus_client", "log.prometheus.enabled")
         hooks.append(PrometheusExporter(config.log.prometheus, config.run_dir))
     if is_main():  # files and trackers: rank 0 speaks for the job
+        if config.checkpoint.dir:  # object storage: each checkpoint uploaded once on disk (docs/storage.md)
+            hooks.append(RemoteCheckpoints(config.checkpoint.dir, config.run_dir, config.checkpoint.keep))
         if config.log.report:
             hooks.append(ReportWriter(config.run_dir))  # after the orchestrator, before the trackers that upload it
         hooks += tracking_hooks(config.log, config.run_dir)

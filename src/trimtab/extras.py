@@ -26,6 +26,8 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "torchft": ("torchft", "ft"),
     "math_verify": ("math-verify", "rl"),
     "torchao": ("torchao", "fp8"),
+    "fsspec": ("fsspec", "storage"),
+    "s3fs": ("s3fs", "storage"),
 }
 
 

@@ -330,9 +330,24 @@ class CheckpointConfig(Section):
     snapshot_every: int = 0
     snapshot_keep: int = 3
     snapshot_keep_every: int = 0
+    # Object storage for the checkpoints (docs/storage.md): "" keeps them in the run directory
+    # alone; s3://bucket/prefix (any fsspec URL) also uploads each one there, manifest last, and a
+    # run directory without a valid checkpoint resumes from the newest complete one there.
+    # Credentials come from the standard AWS environment and files, never from here.
+    dir: str = ""
 
     def validate(self) -> None:
         _check(self.every >= 0, "checkpoint.every", "must be >= 0")
+        _check(
+            not self.dir or "://" in self.dir,
+            "checkpoint.dir",
+            f"must be a storage URL (s3://bucket/prefix, any fsspec URL) or empty, got {self.dir!r}",
+        )
+        _check(
+            "@" not in self.dir.split("://", 1)[-1].split("/", 1)[0],
+            "checkpoint.dir",
+            "must not hold credentials (user:password@); use the standard AWS environment or files",
+        )
         _check(self.keep >= 1, "checkpoint.keep", "must be >= 1")
         _check(self.snapshot_every >= 0, "checkpoint.snapshot_every", "must be >= 0 (0: no snapshots)")
         _check(self.snapshot_keep >= 1, "checkpoint.snapshot_keep", "must be >= 1")

@@ -16,16 +16,21 @@ from trimtab.config import RunConfig, read_saved
 from trimtab.distributed import Parallel
 from trimtab.errors import CheckpointError, ConfigError, RunFinished
 from trimtab.rundir import SUMMARY, read_json
+from trimtab.storage import Remote
 from trimtab.training.schedule import KEYS, configured_lengths
+from trimtab.training.services.storage import restore_from
 
 log = logging.getLogger(__name__)
 Found = tuple[Path, dict[str, Any]]  # a checkpoint directory and its state.json
 
 
-def resume_point(cfg: RunConfig, dist: Parallel) -> Found | None:
-    """The newest valid checkpoint (rank 0 reads the directory, and alone moves files). Raises
+def resume_point(cfg: RunConfig, dist: Parallel, remote: Remote | None = None) -> Found | None:
+    """The newest valid checkpoint (rank 0 reads the directory, and alone moves files); with
+    none there, the newest valid one in `remote` (checkpoint.dir), downloaded into it. Raises
     RunFinished for a run already at its length; moves corrupt newer checkpoints aside."""
     found = dist.from_main(latest_valid, cfg.run_dir)
+    if found is None and remote is not None:
+        found = dist.from_main(restore_from, remote, cfg.run_dir)
     if found is not None and "train" not in found[1]:  # weights without a training state (trimtab merge)
         dist.close()
         raise CheckpointError(

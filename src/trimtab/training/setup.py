@@ -44,6 +44,7 @@ from trimtab.training.resume import resume_point
 from trimtab.training.services.compiling import CompileChoice, choose_compile
 from trimtab.training.services.cpu_precision import refine_cpu_precision
 from trimtab.training.services.float8 import to_float8
+from trimtab.training.services.storage import open_store
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +291,9 @@ def setup(cfg: RunConfig) -> BuiltRun:
     dist = Parallel.start(cfg.distributed, pick_device(cfg.train.device))
     if cfg.rl.enabled and dist.world > 1:
         raise ConfigError("rl: one process for now (data-parallel rollouts come next); run it without torchrun")
-    resume = resume_point(cfg, dist)
+    # checkpoint.dir checked before anything is written; a run directory without a valid
+    # checkpoint resumes from the store's newest (training/services/storage.py)
+    resume = resume_point(cfg, dist, open_store(cfg, dist.world))
     precision = choose_precision(dist.device, cfg.train.precision)
     tok, phases = dist.main_first(build_phases, cfg, tokenizer_source(cfg))
     cfg = complete(cfg, tok, phases)

@@ -1,0 +1,249 @@
+"""Checkpoints in object storage: `checkpoint.dir: s3://bucket/prefix` (any fsspec URL) holds a
+copy of the run's checkpoints (docs/storage.md).
+
+The run directory's checkpoints/ stays the working copy the trainer writes atomically (a rename);
+each committed checkpoint is then uploaded here. An object store has no rename, so completeness is
+said by order instead: every file of a checkpoint first, its state.json (the manifest: size and
+sha256 of every file) last. A step_N prefix without state.json is an upload that did not finish
+and is never resumed from; one whose files do not match the manifest is skipped for the one
+before it, as on disk. The run's own files a resume reads (config.yaml, tokenizer.json) go to
+run/ beside the checkpoints.
+
+    s3://bucket/prefix/step_000120/{model.safetensors, optim.pt, state.json}
+    s3://bucket/prefix/run/{config.yaml, tokenizer.json}
+
+Credentials come from where the store's own client looks (for S3: the AWS environment variables,
+~/.aws/credentials, AWS_PROFILE, an instance role; AWS_ENDPOINT_URL for another S3 API server),
+never from the config: a URL with user:password@ is refused, and text that could hold an
+endpoint's userinfo is redacted before it is said. Torch-free: it moves files and knows nothing
+of their contents (the caller hands restore() its verify).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from trimtab.errors import ConfigError
+from trimtab.extras import require
+from trimtab.rundir import write_atomic
+
+log = logging.getLogger(__name__)
+MANIFEST = "state.json"  # written last: its presence is what makes an uploaded checkpoint complete
+RUN = "run"  # the run's own files a resume reads, beside the checkpoints
+RUN_FILES = ("config.yaml", "tokenizer.json")
+STEP = re.compile(r"^step_(\d{6,})$")
+# stores whose first path component is a bucket (it must exist; nothing here creates one)
+BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}
+# S3 clients: fail in seconds on a dead endpoint, not in minutes of retries (a closed port is refused
+# at once; a silent one costs connect_timeout per attempt)
+S3_CONFIG = {"connect_timeout": 10, "read_timeout": 120, "retries": {"max_attempts": 3, "mode": "standard"}}
+_USERINFO = re.compile(r"//[^/@\s]+@")
+
+
+def is_url(text: str) -> bool:
+    """Whether a path setting names object storage (any fsspec URL) rather than a local path."""
+    return "://" in str(text)
+
+
+def redact(text: str) -> str:
+    """`text` with any URL's user:password@ replaced: what a client's error says is safe to log."""
+    return _USERINFO.sub("//***@", str(text))
+
+
+class Remote:
+    """One checkpoint.dir: step_N prefixes under `root` on the fsspec file system `fs`."""
+
+    def __init__(self, fs: Any, root: str, url: str) -> None:
+        self.fs, self.root, self.url = fs, root.rstrip("/"), url
+
+    def listing(self) -> tuple[list[str], list[str]]:
+        """(complete, partial) step_N names, oldest first: complete ones have their state.json."""
+        self.fs.invalidate_cache()  # s3fs caches listings; another writer may have changed them
+        try:
+            files = self.fs.find(self.root)
+        except FileNotFoundError:
+            return [], []
+        contents: dict[str, set[str]] = {}
+        for path in files:
+            parts = path[len(self.root) :].strip("/").split("/", 1)
+            if len(parts) == 2 and STEP.match(parts[0]):
+                contents.setdefault(parts[0], set()).add(parts[1])
+        names = sorted(contents, key=step_of)
+        return [n for n in names if MANIFEST in contents[n]], [n for n in names if MANIFEST not in contents[n]]
+
+    def upload(self, local: Path) -> None:
+        """Copy checkpoint directory `local` to step_N here: a re-saved step's old state.json is
+        removed first (the prefix reads as partial while it is replaced), then every file,
+        then state.json; files of the old copy that the new one lacks are removed before it."""
+        target = f"{self.root}/{local.name}"
+        old = set(self._files(target))
+        if MANIFEST in old:
+            self.fs.rm_file(f"{target}/{MANIFEST}")
+        names = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+        for name in (n for n in names if n != MANIFEST):
+            self._put(local / name, f"{target}/{name}")
+        for stale in old - set(names):
+            self.fs.rm_file(f"{target}/{stale}")
+        self._put(local / MANIFEST, f"{target}/{MANIFEST}")
+
+    def download(self, name: str, into: Path) -> None:
+        """Every file of step `name` that its state.json lists, and state.json last, into `into`."""
+        source = f"{self.root}/{name}"
+        manifest = json.loads(self.fs.cat_file(f"{source}/{MANIFEST}")).get("manifest", {})
+        for file in (*manifest, MANIFEST):
+            (into / file).parent.mkdir(parents=True, exist_ok=True)
+            self.fs.get_file(f"{source}/{file}", str(into / file))
+
+    def delete(self, name: str) -> None:
+        self.fs.rm(f"{self.root}/{name}", recursive=True)
+
+    def put_run_files(self, run_dir: Path) -> None:
+        for name in RUN_FILES:
+            if (run_dir / name).is_file():
+                self._put(run_dir / name, f"{self.root}/{RUN}/{name}")
+
+    def get_run_files(self, run_dir: Path) -> list[str]:
+        """The run files this run directory lacks, from run/; returns those it got."""
+        got = []
+        for name in RUN_FILES:
+            source = f"{self.root}/{RUN}/{name}"
+            if not (run_dir / name).is_file() and self.fs.exists(source):
+                run_dir.mkdir(parents=True, exist_ok=True)
+                write_atomic(run_dir / name, self.fs.cat_file(source).decode("utf-8"))
+                got.append(name)
+        return got
+
+    def _files(self, prefix: str) -> list[str]:
+        self.fs.invalidate_cache(prefix)
+        try:
+            return [p[len(prefix) :].strip("/") for p in self.fs.find(prefix)]
+        except FileNotFoundError:
+            return []
+
+    def _put(self, local: Path, remote: str) -> None:
+        if _local(self.fs):
+            self.fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)  # a file system needs its folders
+        self.fs.put_file(str(local), remote)
+
+
+def _local(fs: Any) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return not BUCKETED & set(protocols)
+
+
+def step_of(name: str) -> int:
+    return int(STEP.match(name).group(1))
+
+
+def open_remote(url: str, key: str = "checkpoint.dir") -> Remote:
+    """The store at `url`, checked now: reachable, credentials found and accepted, the bucket
+    there, writable (a probe object written and removed). Each failure is a ConfigError naming
+    `key` and the fix (exit code 2), before anything is written."""
+    parts = urlsplit(url)
+    if "@" in parts.netloc:
+        raise ConfigError(
+            f"config key '{key}' holds credentials (user:password@ in the URL); remove them and use the "
+            "store's standard credentials (for S3: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE, "
+            "~/.aws/credentials)"
+        )
+    fsspec = require("fsspec", key)
+    if parts.scheme in ("s3", "s3a"):
+        require("s3fs", key)
+    options = {"config_kwargs": S3_CONFIG} if parts.scheme in ("s3", "s3a") else {}
+    try:  # a fresh client: one cached by fsspec would keep the endpoint and credentials it was made with
+        fs, root = fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
+    except (ImportError, ValueError) as exc:
+        raise ConfigError(f"config key '{key}' = '{url}' is not a usable storage URL ({redact(exc)})") from None
+    remote = Remote(fs, root, url)
+    _check(remote, key)
+    return remote
+
+
+def _check(remote: Remote, key: str) -> None:
+    fs, root, url = remote.fs, remote.root, remote.url
+    bucket = root.split("/", 1)[0]
+    probe = f"{root}/.trimtab-probe-{os.getpid()}"
+    try:
+        if _local(fs):
+            fs.makedirs(root, exist_ok=True)
+        else:
+            fs.ls(bucket)  # the bucket exists and these credentials may list it
+        fs.pipe_file(probe, b"")
+        fs.rm_file(probe)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"config key '{key}' = '{url}': bucket '{bucket}' does not exist; create it "
+            f"(aws s3 mb s3://{bucket}) or fix {key}"
+        ) from None
+    except PermissionError as exc:
+        raise ConfigError(
+            f"config key '{key}' = '{url}': access denied ({redact(exc)}); give these credentials read and "
+            f"write access to the bucket, use others (AWS_PROFILE, AWS_ACCESS_KEY_ID), or fix {key}"
+        ) from None
+    except Exception as exc:  # the client's own types (botocore's): told apart by name, not imported
+        raise ConfigError(f"config key '{key}' = '{url}': {_explain(exc, key)}") from None
+
+
+def _explain(exc: BaseException, key: str) -> str:
+    name = type(exc).__name__
+    if "Credentials" in name:  # NoCredentialsError, PartialCredentialsError
+        return (
+            f"no credentials found ({name}); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE "
+            "or ~/.aws/credentials (credentials never go in the config)"
+        )
+    if "Connect" in name or "Timeout" in name or isinstance(exc, (ConnectionError, TimeoutError)):
+        return (
+            f"the object store is unreachable ({name}: {redact(exc)}); check the network and AWS_ENDPOINT_URL "
+            f"(for an S3 API server other than AWS), or fix {key}"
+        )
+    return f"the object store refused the check ({name}: {redact(exc)}); fix {key} or the store's settings"
+
+
+def restore(remote: Remote, root: Path, verify: Callable[[Path], dict[str, Any]]) -> tuple[Path, dict] | None:
+    """The newest complete checkpoint in `remote` whose files `verify` (checkpoint.verify: the
+    manifest's sizes and sha256), downloaded into `root` as step_N; None when there is none.
+    Partial uploads and ones that fail verification are skipped, each with a warning line."""
+    complete, partial = remote.listing()
+    for name in partial:
+        log.warning("%s/%s: skipped, an upload that did not finish (no %s)", remote.url, name, MANIFEST)
+    for name in reversed(complete):
+        tmp = root / f".tmp_{name}_remote"  # prune() removes one a killed download leaves
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            remote.download(name, tmp)
+            state = verify(tmp)
+        except Exception as exc:  # a corrupt or vanished copy: the one before it, as on disk
+            shutil.rmtree(tmp, ignore_errors=True)
+            log.warning("%s/%s: skipped, not a valid checkpoint (%s)", remote.url, name, redact(exc))
+            continue
+        final = root / name
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        log.info("restored %s from %s/%s", final, remote.url, name)
+        return final, state
+    return None
+
+
+def retain(remote: Remote, local: set[str], keep: int) -> list[str]:
+    """Remote retention after an upload, following the local prune: keep what the run directory
+    keeps (the newest `keep`, the protected steps) and the newest `keep` here older than the
+    newest local one; delete partial uploads (one writer: none is in flight) and checkpoints
+    newer than the newest local one that it lacks (a rolled-back trajectory, a copy found corrupt).
+    Returns the deleted names."""
+    complete, partial = remote.listing()
+    newest = max((step_of(n) for n in local), default=-1)
+    older = [n for n in complete if step_of(n) <= newest]
+    kept = set(local) | set(older[-keep:])
+    gone = [*partial, *(n for n in complete if n not in kept)]
+    for name in gone:
+        remote.delete(name)
+    return gone

@@ -1,0 +1,93 @@
+"""checkpoint.dir in object storage (storage.py, docs/storage.md), around the loop: the store
+opened and checked at start-up (before anything is written), a run directory without a valid
+checkpoint restored from it, and each committed checkpoint uploaded by a hook on rank 0.
+
+The upload runs in the training thread after the checkpoint is on disk (Hook.on_checkpoint: at
+once for a synchronous save, when the next save or the run's end collects a background one), so
+it stalls training for its duration. A failed upload is said and training goes on: the run
+directory's checkpoint is the resume point, and the next checkpoint is uploaded again.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trimtab.checkpoint import checkpoint_root, list_checkpoints, verify
+from trimtab.config import RunConfig
+from trimtab.errors import ConfigError
+from trimtab.storage import Remote, open_remote, redact, restore, retain
+from trimtab.training.hooks import Hook
+
+if TYPE_CHECKING:
+    from trimtab.training.view import RunView
+
+log = logging.getLogger(__name__)
+
+
+def open_store(cfg: RunConfig, world: int) -> Remote | None:
+    """checkpoint.dir opened and checked (storage.open_remote: ConfigError, exit 2), or None
+    when it is empty. One process for now: a data-parallel run writes its checkpoints sharded
+    by every rank into a shared directory, whose upload and per-rank restore are not built."""
+    url = cfg.checkpoint.dir
+    if not url:
+        return None
+    if world > 1 or cfg.resilience.ft.enabled:
+        raise ConfigError(
+            "config key 'checkpoint.dir': object storage for checkpoints is one process for now (not under "
+            "torchrun or resilience.ft); unset checkpoint.dir and copy checkpoints/ with the job's own tooling"
+        )
+    return open_remote(url)
+
+
+def restore_from(remote: Remote, run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """A run directory with no valid checkpoint (a fresh machine, a lost disk): the run files it
+    lacks and the newest valid checkpoint in `remote`, downloaded and verified; None: none there."""
+    got = remote.get_run_files(run_dir)
+    if got:
+        log.info("restored %s from %s/run", ", ".join(got), remote.url)
+    found = restore(remote, checkpoint_root(run_dir), verify)
+    if found is None:
+        log.info("%s holds no complete checkpoint: the run starts at step 0", remote.url)
+    return found
+
+
+class RemoteCheckpoints(Hook):
+    """Uploads each checkpoint once it is on disk (manifest last), then prunes the store as the
+    run directory was pruned (storage.retain)."""
+
+    def __init__(self, url: str, run_dir: Path, keep: int) -> None:
+        self.remote = open_remote(url)
+        self.run_dir, self.keep = Path(run_dir), keep
+        self._run_files = False  # config.yaml and tokenizer.json uploaded this session
+
+    def on_checkpoint(self, run: RunView, path: Path) -> None:
+        path = Path(path)
+        try:
+            if not self._run_files:
+                self.remote.put_run_files(self.run_dir)
+                self._run_files = True
+            if path.is_dir():  # pruned already when a background save is collected late: nothing to copy
+                self.remote.upload(path)
+            self._retain()
+        except Exception as exc:  # a network or store failure: the local checkpoint stands
+            log.warning(
+                "%s was not uploaded to %s (%s: %s); training goes on, the next checkpoint is uploaded again",
+                path.name,
+                self.remote.url,
+                type(exc).__name__,
+                redact(exc),
+            )
+
+    def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
+        """A final checkpoint set aside after its upload (rolled_back/) leaves the store too."""
+        try:
+            self._retain()
+        except Exception as exc:
+            log.warning("%s was not pruned (%s: %s)", self.remote.url, type(exc).__name__, redact(exc))
+
+    def _retain(self) -> None:
+        local = {p.name for p in list_checkpoints(self.run_dir)}
+        if local:  # never prune the store after a run directory with nothing in it
+            retain(self.remote, local, self.keep)

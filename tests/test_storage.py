@@ -1,0 +1,254 @@
+"""checkpoint.dir in object storage (trimtab/storage.py, training/services/storage.py,
+docs/storage.md), against a real S3 API server: moto's, started by the test and spoken to over
+HTTP through s3fs and botocore as production speaks to S3 (AWS_ENDPOINT_URL points them at it)."""
+
+import json
+import logging
+import shutil
+import time
+import uuid
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import trimtab
+from helpers import FAST, StopAt, free_port, trimtab_cli
+from trimtab.checkpoint import list_checkpoints
+from trimtab.config import load_config, merge
+from trimtab.errors import ConfigError
+from trimtab.storage import MANIFEST, Remote, open_remote, redact, restore
+
+pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
+
+SECRET = "s3cr3t-never-logged-9f2c"  # the test credentials' secret: never in a log line or a run file
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{server._port}"
+    server.stop()
+
+
+def aws_env(monkeypatch, endpoint, credentials=True):
+    """The standard AWS environment, pointed at the test's server; nothing read from this host's
+    ~/.aws or an instance role."""
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/aws-config")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    if credentials:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+
+
+@pytest.fixture
+def bucket(monkeypatch, endpoint):
+    """A new bucket on the test's server, the environment set for it; its s3:// URL."""
+    aws_env(monkeypatch, endpoint)
+    name = f"ckpt-{uuid.uuid4().hex[:12]}"
+    import s3fs
+
+    s3fs.S3FileSystem(skip_instance_cache=True).mkdir(name)
+    return f"s3://{name}"
+
+
+def debug_cfg(out, steps=8, sets=(), **overrides):
+    base = {
+        "out": str(out),
+        "train": {"max_steps": steps, "eval_every": 0, "log_every": 1, "precision": "fp32"},
+        "data": {"max_bytes": 150_000},
+        "checkpoint": {"every": 3},
+        "log": {"progress": False, "tensorboard": False, "report": False},
+    }
+    return load_config(preset="debug", overrides=merge(base, overrides), sets=list(sets))
+
+
+def logged(run_dir):
+    lines = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(m["step"], m["loss"]) for m in lines if "loss" in m]
+
+
+def final_weights(run_dir):
+    return load_file(str(list_checkpoints(run_dir)[-1] / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The reference: the same 8 steps, one session, no object storage."""
+    out = tmp_path_factory.mktemp("reference") / "a"
+    trimtab.train(debug_cfg(out))
+    return out
+
+
+def interrupted(tmp_path, url):
+    """A run with checkpoint.dir, stopped after step 5 of 8 (saved: 0, 3, 5, each uploaded), then
+    its run directory lost: a fresh machine with only the bucket."""
+    out = tmp_path / "b"
+    first = trimtab.train(debug_cfg(out, checkpoint={"dir": url}), hooks=[StopAt(5)])
+    assert first["step"] == 5
+    complete, partial = open_remote(url).listing()
+    assert complete == ["step_000000", "step_000003", "step_000005"] and partial == []
+    shutil.rmtree(out)
+    return out
+
+
+def assert_same_run(a, b, from_step):
+    wa, wb = final_weights(a), final_weights(b)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert [x for x in logged(a) if x[0] > from_step] == logged(b)
+
+
+def test_interrupted_run_resumes_exactly_from_the_bucket(tmp_path, bucket, uninterrupted, caplog):
+    """The issue's done-when: a debug run with checkpoint.dir on s3 is interrupted, its machine
+    lost, and the next session resumes from the bucket exactly (weights bitwise, the loss curve)."""
+    caplog.set_level(logging.INFO)
+    out = interrupted(tmp_path, f"{bucket}/runs/b")
+    second = trimtab.train(debug_cfg(out, checkpoint={"dir": f"{bucket}/runs/b"}))
+    assert second["step"] == 8 and second["steps_this_session"] == 3  # resumed at step 5
+    assert (out / "config.yaml").is_file() and (out / "tokenizer.json").is_file()  # from run/
+    assert_same_run(uninterrupted, out, 5)
+    # the bucket follows the run directory's retention (keep 3)
+    remote = open_remote(f"{bucket}/runs/b")
+    assert remote.listing() == ([p.name for p in list_checkpoints(out)], [])
+    # the credentials are nowhere: not in a log line, not in a run file
+    assert SECRET not in caplog.text
+    assert all(SECRET.encode() not in p.read_bytes() for p in out.rglob("*") if p.is_file())
+
+
+def test_a_partial_upload_is_never_resumed_and_a_corrupt_one_falls_back(tmp_path, bucket, uninterrupted, caplog):
+    """step 5's upload lost its manifest (the writer died before it), step 3's weights are
+    damaged in the bucket: the resume skips both, each said, and starts exactly from step 0."""
+    url = f"{bucket}/b"
+    out = interrupted(tmp_path, url)
+    fs = open_remote(url).fs
+    fs.rm_file(f"{url}/step_000005/{MANIFEST}")
+    weights = f"{url}/step_000003/model.safetensors"
+    data = bytearray(fs.cat_file(weights))
+    data[-1] ^= 0xFF
+    fs.pipe_file(weights, bytes(data))
+    second = trimtab.train(debug_cfg(out, checkpoint={"dir": url}))
+    assert second["steps_this_session"] == 8  # from step 0's checkpoint
+    assert "step_000005: skipped, an upload that did not finish" in caplog.text
+    assert "step_000003: skipped, not a valid checkpoint" in caplog.text
+    assert_same_run(uninterrupted, out, 0)
+    assert "step_000005" not in open_remote(url).listing()[0]
+
+
+def test_restore_takes_the_newest_valid_checkpoint(tmp_path, bucket, caplog):
+    """storage.restore on its own: the corrupt newest is skipped for the one before it."""
+    remote = open_remote(f"{bucket}/r")
+    for step in (1, 2):
+        local = tmp_path / "src" / f"step_{step:06d}"
+        local.mkdir(parents=True)
+        (local / "w.bin").write_bytes(bytes([step]) * 10)
+        (local / MANIFEST).write_text(json.dumps({"step": step, "manifest": {"w.bin": 10}}))
+        remote.upload(local)
+    remote.fs.pipe_file(f"{bucket}/r/step_000002/w.bin", b"short")
+
+    def verify(path):
+        state = json.loads((path / MANIFEST).read_text())
+        assert (path / "w.bin").stat().st_size == state["manifest"]["w.bin"], "truncated"
+        return state
+
+    found = restore(remote, tmp_path / "dst", verify)
+    assert found[0] == tmp_path / "dst" / "step_000001" and found[1]["step"] == 1
+    assert sorted(p.name for p in (tmp_path / "dst").iterdir()) == ["step_000001"]  # no temp dir left
+    assert "step_000002: skipped, not a valid checkpoint (truncated" in caplog.text
+
+
+class Recording:
+    """A file system that records the order of the writes Remote makes."""
+
+    def __init__(self, fs):
+        self.fs, self.writes = fs, []
+
+    def __getattr__(self, name):
+        return getattr(self.fs, name)
+
+    def put_file(self, local, remote):
+        self.writes.append(("put", remote.rsplit("/", 1)[-1]))
+        self.fs.put_file(local, remote)
+
+    def rm_file(self, path):
+        self.writes.append(("rm", path.rsplit("/", 1)[-1]))
+        self.fs.rm_file(path)
+
+
+def test_the_manifest_is_uploaded_last_and_removed_first_when_a_step_is_saved_again(tmp_path):
+    """An object store has no rename: completeness is state.json written after every file; a step
+    saved again (after a rollback) reads as partial while it is replaced, never as a mix."""
+    remote = open_remote(f"memory://trimtab-test-{uuid.uuid4().hex[:8]}/ckpt")
+    remote.fs = recording = Recording(remote.fs)
+    local = tmp_path / "step_000004"
+    (local / "dcp").mkdir(parents=True)
+    for name in ("model.safetensors", "optim.pt", "dcp/x.distcp", MANIFEST):
+        (local / name).write_text(name)
+    remote.upload(local)
+    assert recording.writes[-1] == ("put", MANIFEST) and len(recording.writes) == 4
+    recording.writes.clear()
+    (local / "dcp" / "x.distcp").unlink()
+    remote.upload(local)
+    assert recording.writes == [
+        ("rm", MANIFEST),
+        ("put", "model.safetensors"),
+        ("put", "optim.pt"),
+        ("rm", "x.distcp"),
+        ("put", MANIFEST),
+    ]
+    assert remote.listing() == (["step_000004"], [])
+
+
+def test_a_missing_bucket_is_a_config_error_naming_the_key(bucket):
+    missing = f"{bucket}-absent"
+    with pytest.raises(ConfigError, match=r"checkpoint.dir.*bucket 'ckpt-\w+-absent' does not exist; create it"):
+        open_remote(f"{missing}/run")
+
+
+def test_an_unreachable_endpoint_fails_in_seconds(monkeypatch, endpoint):
+    aws_env(monkeypatch, f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=r"checkpoint.dir.*unreachable .*AWS_ENDPOINT_URL"):
+        open_remote("s3://any-bucket/run")
+    assert time.monotonic() - started < 30
+
+
+def test_missing_credentials_name_the_standard_places(monkeypatch, endpoint):
+    aws_env(monkeypatch, endpoint, credentials=False)
+    with pytest.raises(ConfigError, match=r"checkpoint.dir.*no credentials found.*AWS_ACCESS_KEY_ID"):
+        open_remote("s3://any-bucket/run")
+
+
+def test_credentials_in_the_url_are_refused_and_never_repeated():
+    with pytest.raises(ConfigError, match="checkpoint.dir") as refused:
+        load_config(preset="debug", overrides={"checkpoint": {"dir": f"s3://AKIA:{SECRET}@bucket/run"}})
+    assert SECRET not in str(refused.value)
+    with pytest.raises(ConfigError, match="must be a storage URL"):
+        load_config(preset="debug", overrides={"checkpoint": {"dir": "bucket/run"}})
+    assert redact(f"http://key:{SECRET}@host:9000/x") == "http://***@host:9000/x"
+
+
+def test_a_bad_bucket_on_the_command_line_exits_2_and_writes_nothing(tmp_path, bucket):
+    """The CLI: one line naming checkpoint.dir and the fix, exit code 2, no run directory."""
+    out = tmp_path / "run"
+    args = ["train", "--preset", "debug", "--out", str(out), "--max-steps", "2", *FAST]
+    done = trimtab_cli([*args, "--set", f"checkpoint.dir={bucket}-absent/run"], cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("trimtab: error: config key 'checkpoint.dir'") and "does not exist" in last, last
+    assert "Traceback" not in done.stderr and not out.exists()
+
+
+def test_a_remote_run_is_one_process_for_now(tmp_path):
+    cfg = debug_cfg(tmp_path / "r", checkpoint={"dir": "memory://x/y"})
+    from trimtab.training.services.storage import open_store
+
+    with pytest.raises(ConfigError, match=r"checkpoint.dir.*one process for now"):
+        open_store(cfg, world=2)
+    assert isinstance(open_store(cfg, world=1), Remote)
