@@ -14,10 +14,11 @@ from safetensors.torch import load_file
 
 import trimtab
 from helpers import FAST, StopAt, free_port, trimtab_cli
+from trimtab import storage
 from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config, merge
 from trimtab.errors import ConfigError
-from trimtab.storage import MANIFEST, Remote, open_remote, redact, restore
+from trimtab.storage import MANIFEST, Remote, open_remote, redact, restore, retain
 
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
@@ -252,3 +253,49 @@ def test_a_remote_run_is_one_process_for_now(tmp_path):
     with pytest.raises(ConfigError, match=r"checkpoint.dir.*one process for now"):
         open_store(cfg, world=2)
     assert isinstance(open_store(cfg, world=1), Remote)
+
+
+def fake_step(root, step, payload=b"w"):
+    local = root / f"step_{step:06d}"
+    local.mkdir(parents=True, exist_ok=True)
+    (local / "w.bin").write_bytes(payload)
+    (local / MANIFEST).write_text(json.dumps({"step": step, "manifest": {}}))
+    return local
+
+
+def test_retention_follows_the_run_directory(tmp_path):
+    """The store keeps what the run directory keeps plus its own newest `keep` below the newest
+    local one; partial uploads and steps newer than the run directory's newest that it lacks (a
+    rolled-back trajectory) go."""
+    remote = open_remote(f"memory://trimtab-test-{uuid.uuid4().hex[:8]}/ckpt")
+    for step in (0, 2, 4, 6, 8, 10, 12):
+        remote.upload(fake_step(tmp_path, step))
+    remote.fs.rm_file(f"{remote.root}/step_000012/{MANIFEST}")  # a killed upload
+    # the run rolled back to 4 and saved 6 again: its directory holds 2 (last good), 4, 6
+    gone = retain(remote, {"step_000002", "step_000004", "step_000006"}, keep=2)
+    assert sorted(gone) == ["step_000000", "step_000008", "step_000010", "step_000012"]
+    assert remote.listing() == (["step_000002", "step_000004", "step_000006"], [])
+    # a restored run directory holds few checkpoints: the store's older ones within `keep` stay
+    remote.upload(fake_step(tmp_path, 7))
+    assert retain(remote, {"step_000006", "step_000007"}, keep=3) == ["step_000002"]
+    assert remote.listing()[0] == ["step_000004", "step_000006", "step_000007"]
+
+
+def test_a_store_that_refuses_access_says_so(monkeypatch):
+    remote = open_remote(f"memory://trimtab-test-{uuid.uuid4().hex[:8]}/ckpt")
+
+    def denied(*args, **kwargs):
+        raise PermissionError("Access Denied")
+
+    monkeypatch.setattr(remote.fs, "pipe_file", denied)
+    with pytest.raises(ConfigError, match=r"checkpoint.dir.*access denied \(Access Denied\); give these credentials"):
+        storage._check(remote, "checkpoint.dir")
+
+
+def test_background_checkpoints_are_uploaded_once_on_disk(tmp_path, bucket):
+    """checkpoint.asynchronous: each checkpoint is uploaded when its write is collected (the
+    next save, the run's end); the store ends as the run directory."""
+    out, url = tmp_path / "r", f"{bucket}/async"
+    trimtab.train(debug_cfg(out, steps=6, checkpoint={"dir": url, "asynchronous": True}))
+    local = [p.name for p in list_checkpoints(out)]
+    assert local[-1] == "step_000006" and open_remote(url).listing() == (local, [])
