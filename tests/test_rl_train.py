@@ -243,3 +243,19 @@ def test_a_kl_term_holds_the_policy_near_its_start_and_resumes_exactly(tmp_path,
     a = load_file(tmp_path / "held/checkpoints/step_000008/model.safetensors")
     b = load_file(tmp_path / "parts/checkpoints/step_000008/model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_rollouts_out_of_memory_are_generated_in_smaller_passes_and_a_spent_budget_stops(tmp_path, base):
+    """An out-of-memory error generating a step's 64 rollouts (rollout_oom: more than 20 rows at
+    once do not fit from step 3 on): the orchestrator halves the rows a pass (32, then 16), the
+    step's prompts are generated again and training goes on, the knob kept in the checkpoint; with
+    one retry allowed the run stops, saying why, with exit code 3 (gave up)."""
+    logged = rl(tmp_path / "rl", base, 5, "--inject", "rollout_oom@3:20")
+    assert [m["step"] for m in logged] == [1, 2, 3, 4, 5]
+    assert [d["params"]["at_once"] for d in decided(tmp_path / "rl", "oom")] == [32, 16]
+    state = json.loads((tmp_path / "rl/checkpoints/step_000005/state.json").read_text())
+    assert state["train"]["rl_generation_rows"] == 16
+    args = ["rl", *RL, "--out", str(tmp_path / "spent"), "--max-steps", "4", "--set", f"train.init_from={base}"]
+    done = trimtab_cli([*args, "--set", "orchestrator.oom.max_retries=1", "--inject", "rollout_oom@2:10"], tmp_path)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "out of memory generating rollouts after 1 retries" in done.stderr

@@ -163,6 +163,14 @@ class Orchestrator(Hook):
         decision = self.decide(run, f)
         return decision.mode == "auto" and decision.action == "set_micro_batch_tokens"
 
+    def on_rollout_oom(self, run: RunView, exc: BaseException) -> bool:
+        if self.mode == "off" or "oom" not in self.monitors or "oom" in self.paused:
+            return False
+        message = str(exc).splitlines()[0][:200]
+        f = self.monitors["oom"].rollout_error(run.step + 1, run.rl_generation_rows, message)
+        decision = self.decide(run, f)
+        return decision.mode == "auto" and decision.action == "set_generation_rows"
+
     def on_finding(self, run: RunView, finding: Finding) -> None:
         """Another hook's finding (the live planner's run length), decided like the orchestrator's own."""
         self.decide(run, finding)

@@ -20,6 +20,8 @@ records it there), e.g. oom@10:512@rank1: one rank runs out of memory and all sh
                             the trainer set it (default 10): an LR nothing in the config explains
     oom@S[:T]               from step S on, a forward over more than T tokens raises OutOfMemoryError;
                             without T, the micro-batch in use at step S no longer fits
+    rollout_oom@S[:R]       from step S on, RL's generation over more than R rows at once raises
+                            OutOfMemoryError; without R, the generation batch in use at step S no longer fits
     weights_nan@S           a weight matrix row becomes NaN
     weights_noise@S[:F]     every block weight gets Gaussian noise of F x its own std (default 1):
                             finite but wrecked weights, as one bad update leaves them
@@ -94,6 +96,7 @@ KINDS: dict[str, tuple[float | None, bool]] = {
     "bad_rows": (4, True),
     "lr_spike": (10.0, False),
     "oom": (None, False),
+    "rollout_oom": (None, False),
     "weights_nan": (1, True),
     "weights_noise": (1.0, False),
     "slow": (10, True),
@@ -164,7 +167,8 @@ def parse_fault(spec: str, key: str = "faults") -> Fault:
         param = float(param_text) if param_text else default
     except ValueError:
         raise ConfigError(f"{key}: the parameter of '{spec}' must be a number") from None
-    if (param is None and kind != "oom") or (param is not None and param <= 0) or (is_count and param != int(param)):
+    sized = kind in ("oom", "rollout_oom")  # without PARAM: the size in use when it starts
+    if (param is None and not sized) or (param is not None and param <= 0) or (is_count and param != int(param)):
         need = "a whole number of firings" if is_count else "a positive number"
         raise ConfigError(f"{key}: '{spec}' needs {need} after ':' (e.g. {kind}@{step_text}:512)")
     param = None if param is None else float(param)
@@ -219,6 +223,7 @@ class FaultInjector(Instrument):
         # after FSDP2 gathered the block: sized by the tokens the embedding just saw.
         model.tok_emb.register_forward_pre_hook(self._count_tokens)
         model.blocks[0].attn.register_forward_pre_hook(self._maybe_oom)
+        model.blocks[0].attn.register_forward_pre_hook(self._maybe_rollout_oom)
         model.tok_emb.register_forward_pre_hook(self._maybe_lr)
         model.tok_emb.register_forward_pre_hook(self._maybe_eval_fault)
         model.norm.register_forward_hook(self._maybe_nan_loss)
@@ -330,6 +335,24 @@ class FaultInjector(Instrument):
         if tokens > limit:
             raise torch.OutOfMemoryError(
                 f"CUDA out of memory (injected by {fault.spec}): a forward over {tokens} tokens, "
+                f"more than {int(limit)} fit"
+            )
+
+    def _maybe_rollout_oom(self, module: torch.nn.Module, args: tuple) -> None:
+        """rollout_oom: RL's generation (the model in eval mode, outside evaluations) over more
+        rows than fit; the step is the one whose rollouts these are (generated before it starts)."""
+        started = [f for f in self.faults if f.kind == "rollout_oom" and self.run.step + 1 >= f.step]
+        if not started or module.training or self.run.evaluating:
+            return
+        fault, rows = max(started, key=lambda f: f.step), args[0].shape[0]
+        limits = self.record.setdefault("rollout_oom_limit", {})
+        if fault.param is None and fault.spec not in limits:
+            limits[fault.spec] = rows - 1
+            self._save()
+        limit = fault.param if fault.param is not None else limits[fault.spec]
+        if rows > limit:
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory (injected by {fault.spec}): generating {rows} rows at once, "
                 f"more than {int(limit)} fit"
             )
 

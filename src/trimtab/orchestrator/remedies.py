@@ -36,6 +36,8 @@ def memory(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
             reasoning="probe: a larger micro-batch is faster; if it runs out of memory it is halved again "
             "and the next probe waits twice as long",
         )
+    if f.evidence.get("kind") == "rollout_oom":
+        return _rollout_oom(f, cfg)
     if f.rule == "oom" and f.evidence["retry"] > cfg.oom.max_retries:
         return Remedy(
             action="stop",
@@ -66,6 +68,29 @@ def memory(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
         else "memory is nearly full: a smaller micro-batch now avoids an out-of-memory crash later"
     )
     return Remedy(action="set_micro_batch_tokens", params={"tokens": half}, reasoning=why)
+
+
+def _rollout_oom(f: Finding, cfg: OrchestratorConfig) -> Remedy:
+    """RL's generation ran out of memory: generate the step's rollouts in halves (the same
+    prompts and groups; the KV cache of half the rows at a time)."""
+    rows, retry = f.evidence["generation_rows"], f.evidence["retry"]
+    if retry > cfg.oom.max_retries or rows <= 1:
+        why = f"after {cfg.oom.max_retries} retries" if rows > 1 else "generating one row at a time"
+        return Remedy(
+            action="stop",
+            params={
+                "reason": f"out of memory generating rollouts {why}; lower rl.max_new_tokens or the model size",
+                "exit_code": GAVE_UP,
+            },
+            reasoning="the generation batch cannot be split further, or the retry budget "
+            "(orchestrator.oom.max_retries) is spent",
+        )
+    return Remedy(
+        action="set_generation_rows",
+        params={"at_once": rows // 2},
+        reasoning="out of memory in generation: half the rows at a time holds half the KV cache; the step's "
+        "prompts and groups stay the same, only generated in more passes",
+    )
 
 
 def throughput(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:

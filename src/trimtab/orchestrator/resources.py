@@ -127,6 +127,19 @@ class OutOfMemory(Monitor):
             rows=list(rows),
         )
 
+    def rollout_error(self, step: int, rows: int, message: str) -> Finding:
+        """Out of memory generating RL's rollouts `rows` at a time (before the step's update)."""
+        self.retries = self.retries + 1 if step == self.last else 1
+        self.last = step
+        return Finding(
+            rule=self.rule,
+            family=self.family,
+            step=step,
+            evidence={"kind": "rollout_oom", "generation_rows": rows, "retry": self.retries, "error": message},
+            summary=f"out of memory generating rollouts {rows} rows at a time",
+            strength=1.0,
+        )
+
     def resumed(self) -> None:
         """A resumed run is a new process: the fragmentation and the other tenants that made the
         larger micro-batch fail may be gone, so probe it after RESUME_PROBE steps, with the back-off

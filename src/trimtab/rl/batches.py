@@ -140,6 +140,7 @@ class RolloutLoader:
         self._queue: RolloutQueue[RolloutBatch] | None = None  # the batches generating ahead
         self._scoring = threading.Lock()  # the rollout thread and an evaluation share the verifiers
         self.version = 0  # the newest snapshot's (the policy being trained, asynchronously)
+        self.generation_rows = 0  # rows generated in one pass (0: all at once; an OOM halves it)
         self.epoch, self.cursor, self.draws = 0, 0, 0
         self.skipped: set[int] = set()
         self._order = self._permutation(0)
@@ -231,13 +232,20 @@ class RolloutLoader:
         prompts = [self.tok.encode(self.problems[i].prompt, specials=True) for i in chosen]
         seed = self.seed * 1_000_003 + self.draws  # each draw's sampling seed: a resumed run draws alike
         self.draws += 1
-        rollouts = policy([p for p in prompts for _ in range(G)], seed)
+        rollouts = self._generate(policy, [p for p in prompts for _ in range(G)], seed)
         rewards, events = self._score(rollouts, [self.problems[i].answer for i in chosen for _ in range(G)])
         budget = self.cfg.max_new_tokens
         rewards = [r + overlong_penalty(len(ro.tokens), budget, buffer) for r, ro in zip(rewards, rollouts)]
         timeouts = sum(e["kind"] == "timeout" for e in events)
         self._scored = [a + b for a, b in zip(self._scored, (len(rollouts), len(events), timeouts))]
         return [(i, rollouts[k * G : (k + 1) * G], rewards[k * G : (k + 1) * G]) for k, i in enumerate(chosen)]
+
+    def _generate(self, policy: Policy, rows: list[list[int]], seed: int | None) -> list[Rollout]:
+        """One response a row, generation_rows rows a pass; each pass after the first samples
+        from a seed of its own (the same seed twice would draw the same responses; None: greedy)."""
+        every = self.generation_rows or len(rows)
+        seeds = [None if seed is None else seed + (i << 48) for i in range(len(rows))]
+        return [r for i, at in enumerate(range(0, len(rows), every)) for r in policy(rows[at : at + every], seeds[i])]
 
     def _score(
         self, rollouts: list[Rollout], answers: list[str], held_out: bool = False
@@ -269,7 +277,7 @@ class RolloutLoader:
             return {}
         prompts = [self.tok.encode(p.prompt, specials=True) for p in self.held_out]
         answers = [p.answer for p in self.held_out]
-        rewards, failures = self._score(self.policy(prompts, None), answers, held_out=True)
+        rewards, failures = self._score(self._generate(self.policy, prompts, None), answers, held_out=True)
         figures = {
             "rl/held_out_reward": sum(rewards) / len(rewards),
             "rl/held_out_pass@1": sum(r >= 1.0 for r in rewards) / len(rewards),
@@ -277,7 +285,8 @@ class RolloutLoader:
         }
         n = self.cfg.held_out_samples
         if n >= 2:
-            sampled = self.policy([p for p in prompts for _ in range(n)], self.seed * 1_000_003 + HELD_OUT_DRAW)
+            rows, seed = [p for p in prompts for _ in range(n)], self.seed * 1_000_003 + HELD_OUT_DRAW
+            sampled = self._generate(self.policy, rows, seed)
             scores, _ = self._score(sampled, [a for a in answers for _ in range(n)], held_out=True)
             right = [sum(r >= 1.0 for r in scores[i * n : (i + 1) * n]) for i in range(len(prompts))]
             k = 2

@@ -315,6 +315,13 @@ _TABLE = (
         params=(ActionParam(name="value", kind="str", choices=("on", "off")),),
     ),
     Action(
+        name="set_generation_rows",
+        verb="generation-rows",
+        says="RL generation {at_once} rows at a time",
+        help="rows RL generates in one pass (a step's prompts x group in several passes after an out-of-memory error)",
+        params=(ActionParam(name="at_once", kind="int", bounds="[1, inf)"),),
+    ),
+    Action(
         name="set_verifier_timeout",
         verb="verifier-timeout",
         says="RL verifier timeout {value:g} s",

@@ -93,6 +93,11 @@ class Hook:
         error propagate."""
         return False
 
+    def on_rollout_oom(self, run: RunView, exc: BaseException) -> bool:
+        """Out of memory generating an RL step's rollouts: return True after requesting fewer
+        rows generated at a time (run.control; applied at once) to generate them again."""
+        return False
+
     def on_step_end(self, run: RunView, out: StepOutput) -> None: ...
 
     def on_log(self, run: RunView, metrics: dict[str, Any]) -> None: ...

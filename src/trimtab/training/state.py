@@ -33,6 +33,7 @@ class TrainState:
     rl_entropy_coef: float | None = None  # RL's entropy bonus (None: rl.entropy_coef)
     rl_overlong_filter: bool | None = None  # RL leaves responses cut at the budget out (None: rl.overlong_filter)
     rl_overlong_buffer: int | None = None  # RL's soft overlong penalty, in tokens (None: rl.overlong_buffer)
+    rl_generation_rows: int | None = None  # RL's rows generated at a time after an OOM (None: a whole step's)
     rollbacks: int = 0
     length_delta: int = 0  # steps added to (< 0: taken from) pretraining by set_total_steps
     # The schedule's definition (training/schedule.py): each phase's configured length when last
@@ -54,6 +55,7 @@ KEPT_ON_ROLLBACK = (
     "rl_entropy_coef",
     "rl_overlong_filter",
     "rl_overlong_buffer",
+    "rl_generation_rows",
     "rollbacks",
     "length_delta",
     "phase_steps",

@@ -137,7 +137,9 @@ class Trainer(Checkpointing):
                 self.watchdog.beat("data", self.state.step + 1)
                 if self.replicas is not None and self.replicas.quorum(lambda: self.state.step):  # resilience.ft
                     self.save()  # a state went to a replacement: sender and receiver save it alike
-                batch = self.loader.next_batch()
+                batch = self._next_batch()
+                if batch is None:  # out of memory generating, with nothing left to shrink: stop_reason says why
+                    break
                 self._call("on_step_start", batch)
                 out = self._step_with_oom_retry(batch, t0)
                 self.watchdog.beat("hooks")
@@ -408,6 +410,25 @@ class Trainer(Checkpointing):
         elif not bool(skip):
             self.optimizer.step()
         return None
+
+    def _next_batch(self) -> StepBatch | None:
+        """The loader's next step; an RL phase's rollouts generated again in smaller passes
+        while a hook (the orchestrator) halves them after an out-of-memory error; None if it gave up."""
+        while True:
+            try:
+                return self.loader.next_batch()
+            except (torch.OutOfMemoryError, RuntimeError) as exc:
+                if not (is_oom(exc) and isinstance(self.loader, RolloutLoader)):
+                    raise
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                rows = self.view.rl_generation_rows
+                handled = any(self._hook(h, "on_rollout_oom", exc) for h in self.hooks)
+                self.control.apply()
+                if self.stop_reason:
+                    return None
+                if not handled or self.view.rl_generation_rows >= rows:
+                    raise  # nobody shrank the generation batch: it would fail again
 
     def _step_with_oom_retry(self, batch: StepBatch, t0: float) -> StepOutput | None:
         """train_step, retried on the same rows in smaller micro-batches while a hook (the

@@ -236,6 +236,13 @@ class RunView:
         return self._t.rl_temperature
 
     @property
+    def rl_generation_rows(self) -> int:
+        """Rows RL generates at a time now: a decision's, else a whole step's."""
+        loader = self._t.loader
+        rl = self._t.cfg.rl
+        return getattr(loader, "generation_rows", 0) or rl.prompts_per_step * rl.group_size
+
+    @property
     def rl_entropy_coef(self) -> float:
         """RL's entropy bonus now (the knob a decision set, else rl.entropy_coef)."""
         return self._t.rl_entropy_coef
