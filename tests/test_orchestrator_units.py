@@ -294,6 +294,7 @@ def test_build_monitors_respects_enabled():
         "oom",  # the OOM path's retries and its probe back up live in a monitor too
         "rl_signal",  # silent outside `trimtab rl`: only an RL step carries its reading
         "rl_verifier",
+        "rl_ratio",
         "rl_entropy",
         "rl_length",
         "rl_hacking",

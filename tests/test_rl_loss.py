@@ -130,6 +130,7 @@ def test_the_decoupled_objective_weights_each_token_by_its_truncated_importance_
     assert float(terms.behaviour_weight) == pytest.approx(1.2 + 2.0 + 1.0, rel=1e-5)
     assert float(terms.behaviour_capped) == 1.0 and float(terms.clipped) == 0.0  # the ratio to pi_prox is 1
     assert float(terms.ratio_max) == pytest.approx(2.5, rel=1e-5)  # pi / pi_behaviour, before the cap
+    assert float(terms.off_policy) == 1.0  # 2.5 is outside [1 - 0.2, 1 + 0.28] (rule rl_ratio)
     on = now.clone().requires_grad_()
     coupled = now.clone().requires_grad_()
     policy_terms(on, now, torch.tensor([1.5]), torch.ones(1, 3), behaviour_cap=2.0).objective.backward()

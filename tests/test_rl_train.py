@@ -79,7 +79,7 @@ def test_asynchronous_rollouts_learn_from_a_policy_two_steps_behind_and_resume_e
     (the starting policy's before), generated in the rollout thread; the decoupled objective
     learns from them; a run stopped at step 3 resumes with the two batches it had generated
     ahead (in the checkpoint) to the uninterrupted run's weights; another staleness is refused."""
-    stale = ("--set", "rl.max_staleness=2")
+    stale = ("--set", "rl.max_staleness=2", "--set", "orchestrator.rl_ratio.enabled=false")  # lr 1e-2: it acts
     whole = rl(tmp_path / "whole", base, 12, *stale)
     assert [m["rl/staleness"] for m in whole] == [0, 1] + [2] * 10
     assert all(0 < m["rl/behaviour_weight"] <= 2 for m in whole) and "rl/behaviour_capped" in whole[-1]
@@ -259,3 +259,16 @@ def test_rollouts_out_of_memory_are_generated_in_smaller_passes_and_a_spent_budg
     done = trimtab_cli([*args, "--set", "orchestrator.oom.max_retries=1", "--inject", "rollout_oom@2:10"], tmp_path)
     assert done.returncode == 3, done.stderr[-2000:]
     assert "out of memory generating rollouts after 1 retries" in done.stderr
+
+
+def test_rollouts_too_far_off_the_policy_trained_are_generated_fresher_then_on_policy(tmp_path, base):
+    """rl_ratio, for real: at lr 1e-2 a step moves the policy so far that rollouts generated two
+    steps behind have 60-90% of their tokens' pi / pi_behaviour outside the clip range; after 3
+    such steps the staleness halves (2 -> 1), recurs, and goes to 0 (synchronous), where the share
+    falls to 0 and the reward climbs (to ~0.9 by step 10)."""
+    logged = rl(tmp_path / "rl", base, 12, "--set", "rl.max_staleness=2")
+    decisions = decided(tmp_path / "rl", "rl_ratio")
+    assert [d["params"]["steps"] for d in decisions] == [1, 0], decisions
+    assert decisions[0]["evidence"]["off_policy"] >= 0.2 and decisions[0]["evidence"]["staleness"] > 1
+    after = [m for m in logged if m["step"] > decisions[-1]["step"]]
+    assert after and all(m["rl/off_policy"] < 0.2 and m["rl/staleness"] == 0 for m in after), after

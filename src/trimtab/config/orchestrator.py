@@ -295,6 +295,21 @@ class RLLengthRule(Section):
 
 
 @dataclass
+class RLRatioRule(Section):
+    """RL's importance ratios (`trimtab rl`, docs/rl.md): when, in every one of `window` steps,
+    `threshold` or more of the response tokens have pi / pi_behaviour outside the clip range (the
+    policy that generated the rollouts too far from the one trained: stale asynchronous
+    rollouts, an LR that moves the policy too far a step, or the generation engine disagreeing
+    with the trainer), the objective's clip and the importance-weight cap discard most of the
+    step. Remedy: asynchronous rollouts' staleness halved (rl.max_staleness, to 0: synchronous);
+    synchronous, the learning rate cut (orchestrator.lr_cut)."""
+
+    enabled: bool = True
+    window: int = 3
+    threshold: float = 0.2
+
+
+@dataclass
 class RLHackingRule(Section):
     """Reward hacking (`trimtab rl`, docs/rl.md): at each evaluation, when the held-out reward
     (rl.held_out_reward's verifier, else rl.reward's) has fallen `drop` or more below its best
@@ -398,6 +413,7 @@ class OrchestratorConfig(Section):
     rl_entropy: RLEntropyRule = field(default_factory=RLEntropyRule)
     rl_length: RLLengthRule = field(default_factory=RLLengthRule)
     rl_hacking: RLHackingRule = field(default_factory=RLHackingRule)
+    rl_ratio: RLRatioRule = field(default_factory=RLRatioRule)
     lr: LRRule = field(default_factory=LRRule)
     data: DataRule = field(default_factory=DataRule)
     rows: RowsRule = field(default_factory=RowsRule)
@@ -425,6 +441,7 @@ class OrchestratorConfig(Section):
         "rl_entropy",
         "rl_length",
         "rl_hacking",
+        "rl_ratio",
         "lr",
         "rows",
         "make_up",
@@ -456,6 +473,8 @@ class OrchestratorConfig(Section):
         _check(0 < self.rl_length.threshold <= 1, "orchestrator.rl_length.threshold", "must be in (0, 1]")
         _check(0 < self.rl_length.buffer < 1, "orchestrator.rl_length.buffer", "must be in (0, 1) of the budget")
         _positive(self.rl_hacking, "orchestrator.rl_hacking", "window", "patience", "drop")
+        _positive(self.rl_ratio, "orchestrator.rl_ratio", "window")
+        _check(0 < self.rl_ratio.threshold <= 1, "orchestrator.rl_ratio.threshold", "must be in (0, 1]")
         _check(self.rl_hacking.rise >= 0, "orchestrator.rl_hacking.rise", "must be >= 0")
         _check(self.divergence.window >= 4, "orchestrator.divergence.window", "must be >= 4")
         _check(0 < self.divergence.lr_factor < 1, "orchestrator.divergence.lr_factor", "must be in (0, 1)")

@@ -1,7 +1,8 @@
 """RL's health (`trimtab rl`, docs/rl.md): monitors of the groups that teach nothing (rl_signal),
 of the verifier failing (rl_verifier), of the policy's entropy collapsing (rl_entropy), of
-responses running to the length budget (rl_length) and of the training reward parting from the
-held-out one (rl_hacking), and their remedies.
+responses running to the length budget (rl_length), of the training reward parting from the
+held-out one (rl_hacking) and of rollouts too far off the policy trained (rl_ratio), and their
+remedies.
 
 GRPO's advantage compares the responses of a group: when they all earn the same reward (all right,
 or, far more often early on, all wrong) the advantage is 0 and the group contributes no gradient,
@@ -158,6 +159,37 @@ class LengthRunaway(Monitor):
         return self.finding(m, evidence, summary, min(1.0, strength))
 
 
+class OffPolicy(Monitor):
+    """The share of response tokens whose pi / pi_behaviour lies outside the clip range, in every
+    step of `window` (a step's own is noise: one sharp token moves it): at `threshold` or more,
+    the rollouts' policy is too far from the one trained. Evidence: the mean share, the KL to the
+    rollouts' policy, the staleness."""
+
+    rule, family = "rl_ratio", "rl"
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.cfg = cfg.rl_ratio
+        self.window: list[tuple[float, float, float]] = []  # the last steps': (share off, kl, staleness)
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        rl, rule = m.rl or {}, self.cfg
+        if rl.get("off_policy") is None:
+            return None
+        self.window = [*self.window, (rl["off_policy"], rl["kl"], rl["staleness"])][-rule.window :]
+        if len(self.window) < rule.window or min(w[0] for w in self.window) < rule.threshold:
+            return None
+        share, kl, staleness = (sum(column) / len(self.window) for column in zip(*self.window))
+        self.window = []
+        evidence = {"off_policy": share, "kl": kl, "staleness": staleness, "window": rule.window}
+        summary = (
+            f"{share:.0%} of the response tokens of the last {rule.window} steps had pi / pi_behaviour outside the "
+            f"clip range (threshold {rule.threshold:.0%}; KL to the rollouts' policy {kl:.3g} a token, rollouts "
+            f"{staleness:.1f} steps behind): the objective discards most of their gradient"
+        )
+        strength = 0.5 + 0.5 * (share - rule.threshold) / max(1 - rule.threshold, 1e-9)
+        return self.finding(m, evidence, summary, min(1.0, strength))
+
+
 class RewardHacking(Monitor):
     """At each RL evaluation: the held-out reward against its best so far, and the training
     reward of the last `window` steps against its level at that best. Fallen by `drop` or more
@@ -228,6 +260,8 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
         return _length_remedy(view, cfg)
     if f.rule == "rl_hacking":
         return _hacking_remedy(f, cfg)
+    if f.rule == "rl_ratio":
+        return _ratio_remedy(view, cfg)
     rule = cfg.rl_signal
     if not view.rl_dynamic_sampling:
         return Remedy(
@@ -250,6 +284,27 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
         params={"value": value},
         reasoning=f"groups stay flat with dynamic sampling on: sample warmer ({now:g} -> {value:g}) so a group's "
         "answers spread and some differ; the objective follows the same temperature",
+    )
+
+
+def _ratio_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:
+    """Stale rollouts first (the cheap cause to remove: generate from a newer policy); on-policy
+    already, the step moves the policy too far: a lower LR."""
+    eta = view.rl_max_staleness
+    if eta > 0:
+        return Remedy(
+            action="set_max_staleness",
+            params={"steps": eta // 2},
+            reasoning=f"the rollouts, generated up to {eta} steps behind, are too far from the policy trained: the "
+            "clip and the importance-weight cap discard most of their tokens' gradient; generate them from a "
+            f"newer policy ({eta} -> {eta // 2} steps behind)",
+        )
+    return Remedy(
+        action="scale_lr",
+        params={"factor": cfg.lr_cut},
+        reasoning="on-policy rollouts are off the clip range: each update moves the policy further than the "
+        "trust region allows (or the generation engine disagrees with the trainer: compare rl/kl at a tiny LR); "
+        "a lower learning rate",
     )
 
 

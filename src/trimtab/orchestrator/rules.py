@@ -10,6 +10,7 @@ from trimtab.orchestrator.rl_health import (
     EntropyCollapse,
     LengthRunaway,
     NoLearningSignal,
+    OffPolicy,
     RewardHacking,
     VerifierFailures,
 )
@@ -32,6 +33,7 @@ MONITORS = {
     "rl_entropy": EntropyCollapse,
     "rl_length": LengthRunaway,
     "rl_hacking": RewardHacking,
+    "rl_ratio": OffPolicy,
 }
 
 

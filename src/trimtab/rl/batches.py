@@ -76,7 +76,8 @@ class RolloutBatch(StepBatch):
         """The step's figures the orchestrator's RL rules read (orchestrator/rl_health.py): the
         share of the groups drawn that teach nothing (rl_signal), the verifications scored,
         failed and timed out (rl_verifier), the sampled tokens' entropy against the mean reward
-        (rl_entropy), and the share of responses cut at the budget (rl_length)."""
+        (rl_entropy), the share of responses cut at the budget (rl_length), and once trained, the
+        share of tokens whose rollouts' policy is off the clip range (rl_ratio)."""
         drawn = [r for g in self.drawn for r in g]
         n = max(len(self.rollouts), 1)
         return {
@@ -86,7 +87,17 @@ class RolloutBatch(StepBatch):
             "entropy": sum(r.entropy for r in self.rollouts) / n,
             "truncated": sum(r.truncated for r in self.rollouts) / n,
             "response_tokens": sum(len(r.tokens) for r in self.rollouts) / n,
+            **self._trained_shares(),
         }
+
+    def _trained_shares(self) -> dict[str, float]:
+        """Of the tokens trained (after the objective's forward; one host read): the share off
+        the clip range from the rollouts' policy (rule rl_ratio) and the mean KL to it."""
+        if not self.terms:
+            return {}
+        tokens = max(float(sum(m.weights.sum() for m in self.micro)), 1e-12)
+        off, kl = (float(sum(getattr(t, k) for t in self.terms)) / tokens for k in ("off_policy", "kl"))
+        return {"off_policy": off, "kl": kl, "staleness": self.staleness}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -141,6 +152,7 @@ class RolloutLoader:
         self._scoring = threading.Lock()  # the rollout thread and an evaluation share the verifiers
         self.version = 0  # the newest snapshot's (the policy being trained, asynchronously)
         self.generation_rows = 0  # rows generated in one pass (0: all at once; an OOM halves it)
+        self.max_staleness = cfg.max_staleness  # rule rl_ratio may lower it (set_max_staleness)
         self.epoch, self.cursor, self.draws = 0, 0, 0
         self.skipped: set[int] = set()
         self._order = self._permutation(0)
@@ -170,7 +182,10 @@ class RolloutLoader:
     def next_batch(self) -> RolloutBatch:
         """A step's batch: generated now by the policy being trained, or with rl.max_staleness
         eta taken from the batches generated ahead, eta steps before (rl/engine.py)."""
-        eta = self.cfg.max_staleness
+        eta = self.max_staleness
+        if self._queue is not None and self._queue.depth != eta:  # lowered: the batches ahead are too stale
+            self._queue.close()
+            self._queue = None
         if not eta:
             batch = self._produce(self.policy, self.dynamic_sampling, self.overlong_buffer)
         else:
@@ -377,7 +392,8 @@ class RolloutLoader:
         if trained:  # each step's weighted means over its response tokens, then over the steps
             weight = [float(sum(m.weights.sum() for m in b.micro)) for b in trained]
             sums = (("rl/clip_fraction", "clipped"), ("rl/kl", "kl"), ("rl/kl_ref", "kl_ref"))
-            sums += (("rl/behaviour_weight", "behaviour_weight"), ("rl/behaviour_capped", "behaviour_capped"))
+            sums += (("rl/off_policy", "off_policy"), ("rl/behaviour_weight", "behaviour_weight"))
+            sums += (("rl/behaviour_capped", "behaviour_capped"),)
             for key, name in sums:
                 if getattr(trained[0].terms[0], name) is None:  # a term the objective has not got
                     continue
@@ -413,10 +429,10 @@ class RolloutLoader:
         self._order = self._permutation(self.epoch)
         self.version = state.get("version", 0)
         if state.get("ahead"):
-            if self.cfg.max_staleness != len(state["ahead"]):
+            if self.max_staleness != len(state["ahead"]):
                 raise DataError(
                     f"the checkpoint's RL run generated {len(state['ahead'])} batches ahead (rl.max_staleness) "
-                    f"but rl.max_staleness is now {self.cfg.max_staleness}; resume with the same setting"
+                    f"but rl.max_staleness is now {self.max_staleness}; resume with the same setting"
                 )
-            self._queue = RolloutQueue(self.cfg.max_staleness)
+            self._queue = RolloutQueue(self.max_staleness)
             self._queue.restore([batch_from_state(b) for b in state["ahead"]])

@@ -36,6 +36,7 @@ at a response token.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +93,9 @@ class PolicyTerms:
     clipped: torch.Tensor  # weight of the tokens whose ratio was clipped (the clip fraction's numerator)
     ratio_max: torch.Tensor  # the largest ratio pi / pi_old (an importance-ratio blow-up)
     kl: torch.Tensor  # sum of weight x k3 KL to the old policy (Schulman's estimator)
+    # weight of the tokens whose pi / pi_behaviour lies outside [1 - eps_low, 1 + eps_high]: the
+    # rollouts' policy too far from the one trained (staleness, an engine mismatch; rule rl_ratio)
+    off_policy: torch.Tensor | None = None
     entropy: torch.Tensor | None = None  # sum of weight x the policy's entropy (nats), with an entropy bonus
     kl_ref: torch.Tensor | None = None  # sum of weight x the KL estimate to the reference, with a KL term
     # decoupled objective: sum of weight x the truncated importance weight, and of the tokens capped
@@ -134,6 +138,7 @@ def policy_terms(
     with torch.no_grad():
         was_clipped = (ratio * advantage > clipped_ratio * advantage).float()
         kl = (-behaviour_log).exp() + behaviour_log - 1.0  # k3 of KL(pi_old || pi): >= 0, unbiased
+        outside = (behaviour_log < math.log1p(-eps_low)) | (behaviour_log > math.log1p(eps_high))
     bonus = None if entropy is None else (weights * entropy).sum()
     kl_ref = None
     if ref_logprobs is not None:
@@ -145,6 +150,7 @@ def policy_terms(
         clipped=(weights * was_clipped).sum(),
         ratio_max=behaviour_log.exp().masked_fill(off, 0.0).max(),
         kl=(weights * kl).sum(),
+        off_policy=(weights * outside).sum(),
         entropy=None if bonus is None else bonus.detach(),
         kl_ref=None if kl_ref is None else kl_ref.detach(),
         behaviour_weight=None if is_weight is None else (weights * is_weight).sum(),

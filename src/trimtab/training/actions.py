@@ -315,6 +315,13 @@ _TABLE = (
         params=(ActionParam(name="value", kind="str", choices=("on", "off")),),
     ),
     Action(
+        name="set_max_staleness",
+        verb="max-staleness",
+        says="RL rollouts at most {steps} steps behind",
+        help="how many optimizer steps behind the policy trained RL's rollouts may be generated (rl.max_staleness)",
+        params=(ActionParam(name="steps", kind="int", bounds="[0, inf)"),),
+    ),
+    Action(
         name="set_generation_rows",
         verb="generation-rows",
         says="RL generation {at_once} rows at a time",

@@ -114,6 +114,8 @@ class Control:
                 t.loader.overlong_filter = t.state.rl_overlong_filter
             if t.state.rl_overlong_buffer is not None:
                 t.loader.overlong_buffer = t.state.rl_overlong_buffer
+            if t.state.rl_max_staleness is not None:
+                t.loader.max_staleness = t.state.rl_max_staleness
             if t.state.rl_generation_rows is not None:
                 t.loader.generation_rows = t.state.rl_generation_rows
 
@@ -314,6 +316,14 @@ class Control:
         t.loader.generation_rows = t.state.rl_generation_rows = at_once
         return f"RL generation rows at a time {before} -> {at_once}"
 
+    def _set_max_staleness(self, steps: int) -> str:
+        t = self._trainer
+        if not isinstance(t.loader, RolloutLoader):
+            return "no RL phase is running: the staleness bound is unchanged"
+        before = t.loader.max_staleness
+        t.loader.max_staleness = t.state.rl_max_staleness = steps
+        return f"RL rollouts at most {before} -> {steps} steps behind (the batches generated ahead dropped)"
+
     def _set_entropy_bonus(self, value: float) -> str:
         t = self._trainer
         before, t.state.rl_entropy_coef = t.rl_entropy_coef, value
@@ -370,6 +380,7 @@ EFFECTS: dict[str, Callable[..., str]] = {
     "set_overlong_penalty": Control._set_overlong_penalty,
     "set_verifier_timeout": Control._set_verifier_timeout,
     "set_generation_rows": Control._set_generation_rows,
+    "set_max_staleness": Control._set_max_staleness,
     "set_dynamic_sampling": Control._set_dynamic_sampling,
     "set_total_steps": Control._set_total_steps,
     "set_checkpoint_every": Control._set_checkpoint_every,

@@ -33,6 +33,7 @@ class TrainState:
     rl_entropy_coef: float | None = None  # RL's entropy bonus (None: rl.entropy_coef)
     rl_overlong_filter: bool | None = None  # RL leaves responses cut at the budget out (None: rl.overlong_filter)
     rl_overlong_buffer: int | None = None  # RL's soft overlong penalty, in tokens (None: rl.overlong_buffer)
+    rl_max_staleness: int | None = None  # RL's rollouts' staleness bound (None: rl.max_staleness)
     rl_generation_rows: int | None = None  # RL's rows generated at a time after an OOM (None: a whole step's)
     rollbacks: int = 0
     length_delta: int = 0  # steps added to (< 0: taken from) pretraining by set_total_steps
@@ -56,6 +57,7 @@ KEPT_ON_ROLLBACK = (
     "rl_overlong_filter",
     "rl_overlong_buffer",
     "rl_generation_rows",
+    "rl_max_staleness",
     "rollbacks",
     "length_delta",
     "phase_steps",

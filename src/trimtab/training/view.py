@@ -236,6 +236,11 @@ class RunView:
         return self._t.rl_temperature
 
     @property
+    def rl_max_staleness(self) -> int:
+        """Optimizer steps RL's rollouts may be behind now (a decision's, else rl.max_staleness)."""
+        return getattr(self._t.loader, "max_staleness", self._t.cfg.rl.max_staleness)
+
+    @property
     def rl_generation_rows(self) -> int:
         """Rows RL generates at a time now: a decision's, else a whole step's."""
         loader = self._t.loader
