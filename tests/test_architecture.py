@@ -88,10 +88,10 @@ def test_the_run_directory_module_is_at_the_bottom_and_torch_free():
 
 def test_object_storage_is_torch_free_and_low():
     """trimtab/storage.py (checkpoint.dir in object storage) moves files and knows nothing of their
-    contents: no torch, and of trimtab only errors, extras (fsspec, s3fs) and rundir; the loop's
+    contents: no torch, and of trimtab only errors, extras (fsspec, s3fs), paths and rundir; the loop's
     side (the upload hook, the restore at start-up) is training/services/storage.py."""
     own = {n for n in imports_of(SRC / "storage.py") if n.startswith(("torch", "trimtab"))}
-    assert own <= {"trimtab.errors", "trimtab.extras", "trimtab.rundir"}
+    assert own <= {"trimtab.errors", "trimtab.extras", "trimtab.paths", "trimtab.rundir"}
 
 
 def test_resilience_is_torch_free_below_the_loop():

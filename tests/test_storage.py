@@ -299,3 +299,46 @@ def test_background_checkpoints_are_uploaded_once_on_disk(tmp_path, bucket):
     trimtab.train(debug_cfg(out, steps=6, checkpoint={"dir": url, "asynchronous": True}))
     local = [p.name for p in list_checkpoints(out)]
     assert local[-1] == "step_000006" and open_remote(url).listing() == (local, [])
+
+
+def test_other_paths_read_and_write_object_storage(tmp_path, bucket, monkeypatch, caplog):
+    """train.init_from, trimtab eval and trimtab export's RUN_DIR read a run from its
+    checkpoint.dir (fetched into the cache, verified); export --out uploads, its record last."""
+    from trimtab.evaluation import evaluate
+    from trimtab.hf import export_run
+
+    caplog.set_level(logging.INFO)
+    monkeypatch.setenv("TRIMTAB_CACHE", str(tmp_path / "cache"))
+    source, url = tmp_path / "source", f"{bucket}/source"
+    trimtab.train(debug_cfg(source, steps=4, checkpoint={"dir": url}))
+    text = tmp_path / "notes.txt"
+    text.write_text("def add(a, b):\n    return a + b\n" * 40)
+    here = evaluate(source, data=str(text))["data"]
+    there = evaluate(url, data=str(text))  # the newest checkpoint, step 4, fetched
+    assert there["step"] == 4 and there["data"]["perplexity"] == here["perplexity"]
+    assert str(tmp_path / "cache") in there["model"]  # results recorded in the cached copy
+    # an export from the bucket, into the bucket: the same files as a local export
+    export_run(source, tmp_path / "local-export")
+    assert export_run(url, f"{bucket}/export") == f"{bucket}/export"
+    fs = open_remote(f"{bucket}/export").fs
+    exported = {p.rsplit("/", 1)[-1] for p in fs.find(f"{bucket}/export")}
+    assert exported == {p.name for p in (tmp_path / "local-export").iterdir()}
+    ours = (tmp_path / "local-export" / "model.safetensors").read_bytes()
+    assert fs.cat_file(f"{bucket}/export/model.safetensors") == ours
+    # train.init_from the bucket's step 3: the new run starts from exactly those weights
+    start = tmp_path / "finetune"
+    trimtab.train(debug_cfg(start, steps=1, train={"init_from": f"{url}/step_000003"}))
+    assert "train.init_from " + f"{url}/step_000003: fetched into" in caplog.text
+    first = load_file(str(list_checkpoints(start)[0] / "model.safetensors"))
+    origin = load_file(str(list_checkpoints(source)[0].parent / "step_000003" / "model.safetensors"))
+    assert first.keys() == origin.keys() and all(torch.equal(first[k], origin[k]) for k in first)
+
+
+def test_an_export_never_overwrites_a_prefix_it_did_not_write(tmp_path, bucket):
+    from trimtab.hf import export_run
+
+    fs = open_remote(bucket).fs
+    fs.pipe_file(f"{bucket}/theirs/data.bin", b"someone's")
+    with pytest.raises(ConfigError, match=r"--out '.*/theirs' is not empty and holds no trimtab export"):
+        export_run(tmp_path / "never-read", f"{bucket}/theirs")
+    assert fs.cat_file(f"{bucket}/theirs/data.bin") == b"someone's"

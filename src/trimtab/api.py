@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab import hf
-from trimtab.checkpoint import latest_valid, load_model
+from trimtab.checkpoint import latest_valid, load_model, local_run
 from trimtab.config import DataConfig, RunConfig, load_config, read_saved, resolve
 from trimtab.data import TextTokenizer
 from trimtab.distributed import is_main
@@ -100,7 +100,7 @@ def built_in_hooks(config: RunConfig) -> list:
 def load_run(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokenizer]:
     """The run's resolved config, its newest valid weights and its tokenizer; or, for a Hugging
     Face model directory, a config holding its model and the converted weights."""
-    run_dir = Path(run_dir)
+    run_dir = local_run(run_dir, "the run directory")  # a run in object storage: fetched into the cache
     if hf.is_hf_dir(run_dir):
         model, _ = hf.import_model(run_dir)
         seq_len = min(DataConfig().seq_len, model.cfg.max_seq_len)  # a valid config to write out (merge)

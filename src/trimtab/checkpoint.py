@@ -41,6 +41,7 @@ from safetensors.torch import load_file, save_file
 
 from trimtab.errors import CheckpointError
 from trimtab.model.upgrade import upgrade_weights
+from trimtab.storage import fetch_run, is_url
 
 log = logging.getLogger(__name__)
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
@@ -87,6 +88,16 @@ def writing(where: Path) -> Iterator[None]:
         if error is None or error is exc:
             raise
         raise error from exc
+
+
+def local_run(path: str | Path, key: str) -> Path:
+    """`path` as a local directory: a path as it is; a run in object storage (its checkpoint.dir,
+    or a step_N under it) fetched into the cache with its newest valid checkpoint (or that one),
+    verified (storage.fetch_run). `key` names the setting or argument in its errors. A URL must
+    not go through Path first: Path("s3://b/x") is "s3:/b/x"."""
+    if is_url(str(path)):
+        return fetch_run(str(path), key, verify)
+    return Path(path)
 
 
 def checkpoint_root(run_dir: Path) -> Path:

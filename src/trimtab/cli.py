@@ -255,7 +255,7 @@ def _eval(args: argparse.Namespace) -> int:
         )
     for task, metrics in results.get("tasks", {}).items():
         print(f"{task}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "alias"))
-    print(f"results in {args.path}/eval/")
+    print(f"results in {results['model']}/eval/")  # a run in object storage: its cached copy
     return 0
 
 

@@ -21,6 +21,7 @@ of their contents (the caller hands restore() its verify).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from urllib.parse import urlsplit
 
 from trimtab.errors import ConfigError
 from trimtab.extras import require
+from trimtab.paths import cache_dir
 from trimtab.rundir import write_atomic
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,11 @@ BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}
 # at once; a silent one costs connect_timeout per attempt)
 S3_CONFIG = {"connect_timeout": 10, "read_timeout": 120, "retries": {"max_attempts": 3, "mode": "standard"}}
 _USERINFO = re.compile(r"//[^/@\s]+@")
+
+
+def _named(key: str) -> str:
+    """How an error names where a URL came from: a config key, or a command's argument."""
+    return f"config key '{key}'" if re.fullmatch(r"[a-z_]+(\.[a-z_]+)+", key) else key
 
 
 def is_url(text: str) -> bool:
@@ -143,14 +150,14 @@ def step_of(name: str) -> int:
     return int(STEP.match(name).group(1))
 
 
-def open_remote(url: str, key: str = "checkpoint.dir") -> Remote:
+def open_remote(url: str, key: str = "checkpoint.dir", write: bool = True) -> Remote:
     """The store at `url`, checked now: reachable, credentials found and accepted, the bucket
-    there, writable (a probe object written and removed). Each failure is a ConfigError naming
-    `key` and the fix (exit code 2), before anything is written."""
+    there, and (`write`) writable: a probe object written and removed. Each failure is a
+    ConfigError naming `key` and the fix (exit code 2), before anything is written."""
     parts = urlsplit(url)
     if "@" in parts.netloc:
         raise ConfigError(
-            f"config key '{key}' holds credentials (user:password@ in the URL); remove them and use the "
+            f"{_named(key)} holds credentials (user:password@ in the URL); remove them and use the "
             "store's standard credentials (for S3: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE, "
             "~/.aws/credentials)"
         )
@@ -161,35 +168,40 @@ def open_remote(url: str, key: str = "checkpoint.dir") -> Remote:
     try:  # a fresh client: one cached by fsspec would keep the endpoint and credentials it was made with
         fs, root = fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
     except (ImportError, ValueError) as exc:
-        raise ConfigError(f"config key '{key}' = '{url}' is not a usable storage URL ({redact(exc)})") from None
+        raise ConfigError(f"{_named(key)} = '{url}' is not a usable storage URL ({redact(exc)})") from None
     remote = Remote(fs, root, url)
-    _check(remote, key)
+    _check(remote, key, write)
     return remote
 
 
-def _check(remote: Remote, key: str) -> None:
+def _check(remote: Remote, key: str, write: bool = True) -> None:
     fs, root, url = remote.fs, remote.root, remote.url
     bucket = root.split("/", 1)[0]
     probe = f"{root}/.trimtab-probe-{os.getpid()}"
     try:
-        if _local(fs):
-            fs.makedirs(root, exist_ok=True)
-        else:
+        if not _local(fs):
             fs.ls(bucket)  # the bucket exists and these credentials may list it
-        fs.pipe_file(probe, b"")
-        fs.rm_file(probe)
+        elif write:
+            fs.makedirs(root, exist_ok=True)
+        elif not fs.exists(root):
+            raise FileNotFoundError(root)
+        if write:
+            fs.pipe_file(probe, b"")
+            fs.rm_file(probe)
     except FileNotFoundError:
+        what = f"bucket '{bucket}'" if not _local(fs) else f"'{root}'"
         raise ConfigError(
-            f"config key '{key}' = '{url}': bucket '{bucket}' does not exist; create it "
-            f"(aws s3 mb s3://{bucket}) or fix {key}"
+            f"{_named(key)} = '{url}': {what} does not exist; create it"
+            + (f" (aws s3 mb s3://{bucket})" if not _local(fs) else "")
+            + f" or fix {key}"
         ) from None
     except PermissionError as exc:
         raise ConfigError(
-            f"config key '{key}' = '{url}': access denied ({redact(exc)}); give these credentials read and "
+            f"{_named(key)} = '{url}': access denied ({redact(exc)}); give these credentials read and "
             f"write access to the bucket, use others (AWS_PROFILE, AWS_ACCESS_KEY_ID), or fix {key}"
         ) from None
     except Exception as exc:  # the client's own types (botocore's): told apart by name, not imported
-        raise ConfigError(f"config key '{key}' = '{url}': {_explain(exc, key)}") from None
+        raise ConfigError(f"{_named(key)} = '{url}': {_explain(exc, key)}") from None
 
 
 def _explain(exc: BaseException, key: str) -> str:
@@ -207,11 +219,16 @@ def _explain(exc: BaseException, key: str) -> str:
     return f"the object store refused the check ({name}: {redact(exc)}); fix {key} or the store's settings"
 
 
-def restore(remote: Remote, root: Path, verify: Callable[[Path], dict[str, Any]]) -> tuple[Path, dict] | None:
-    """The newest complete checkpoint in `remote` whose files `verify` (checkpoint.verify: the
-    manifest's sizes and sha256), downloaded into `root` as step_N; None when there is none.
-    Partial uploads and ones that fail verification are skipped, each with a warning line."""
+def restore(
+    remote: Remote, root: Path, verify: Callable[[Path], dict[str, Any]], only: str | None = None
+) -> tuple[Path, dict] | None:
+    """The newest complete checkpoint in `remote` (or step `only`) whose files `verify`
+    (checkpoint.verify: the manifest's sizes and sha256), downloaded into `root` as step_N; None
+    when there is none. Partial uploads and ones that fail verification are skipped, each with
+    a warning line."""
     complete, partial = remote.listing()
+    if only is not None:
+        complete, partial = [n for n in complete if n == only], [n for n in partial if n == only]
     for name in partial:
         log.warning("%s/%s: skipped, an upload that did not finish (no %s)", remote.url, name, MANIFEST)
     for name in reversed(complete):
@@ -247,3 +264,71 @@ def retain(remote: Remote, local: set[str], keep: int) -> list[str]:
     for name in gone:
         remote.delete(name)
     return gone
+
+
+def fetch_run(url: str, key: str, verify: Callable[[Path], dict[str, Any]]) -> Path:
+    """A run in object storage as a local run directory, for what reads one (train.init_from,
+    trimtab eval, export, generate): `url` is a run's checkpoint.dir (its newest valid checkpoint)
+    or one step_N under it. Its config.yaml, tokenizer.json and that checkpoint are downloaded
+    (verified against the manifest) into a cache folder named by the URL, which is returned;
+    a checkpoint already there and valid is not downloaded again."""
+    only = None
+    parent, _, last = url.rstrip("/").rpartition("/")
+    if STEP.match(last):
+        url, only = parent, last
+    remote = open_remote(url, key, write=False)
+    local = cache_dir() / "remote" / hashlib.sha256(f"{url}/{only or ''}".encode()).hexdigest()[:16]
+    for name in RUN_FILES:  # the newest ones: the run may have been restarted since
+        (local / name).unlink(missing_ok=True)
+    if "config.yaml" not in remote.get_run_files(local):
+        raise ConfigError(f"{_named(key)} = '{url}' holds no trimtab run (no {RUN}/config.yaml); fix {key}")
+    root = local / "checkpoints"
+    found = _cached(root, remote, only, verify) or restore(remote, root, verify, only)
+    if found is None:
+        raise ConfigError(f"{_named(key)} = '{url}' holds no complete, valid checkpoint{f' {only}' if only else ''}")
+    for old in root.iterdir():  # one checkpoint a cache folder
+        if old != found[0]:
+            shutil.rmtree(old, ignore_errors=True)
+    return local
+
+
+def _cached(root: Path, remote: Remote, only: str | None, verify: Callable[[Path], dict[str, Any]]) -> Any:
+    """The cache's copy of the checkpoint fetch_run would download, if it is there and valid."""
+    complete, _ = remote.listing()
+    name = only or (complete[-1] if complete else None)
+    if name is None or not (root / name / MANIFEST).is_file():
+        return None
+    try:
+        return root / name, verify(root / name)
+    except Exception:
+        return None
+
+
+def export_record(remote: Remote, marker: str) -> list[str]:
+    """The files an earlier export wrote under `remote` (its `marker` lists them; [] for an empty
+    prefix). A prefix holding other files is refused: trimtab never deletes what it did not write."""
+    files = remote._files(remote.root)
+    if not files:
+        return []
+    try:
+        return json.loads(remote.fs.cat_file(f"{remote.root}/{marker}"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(
+            f"--out '{remote.url}' is not empty and holds no trimtab export (no valid {marker}); trimtab never "
+            "deletes files it did not write: choose a new or empty prefix"
+        ) from None
+
+
+def publish(local: Path, remote: Remote, marker: str, previous: list[str]) -> None:
+    """Upload directory `local` to `remote`, `marker` (the record of its files) last: an earlier
+    one's marker is removed first, so a prefix being replaced reads as unfinished, never as a mix;
+    the files the earlier export wrote that this one lacks are removed before the new marker."""
+    names = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+    present = set(remote._files(remote.root))
+    if marker in present:
+        remote.fs.rm_file(f"{remote.root}/{marker}")
+    for name in (n for n in names if n != marker):
+        remote._put(local / name, f"{remote.root}/{name}")
+    for stale in (set(previous) - set(names)) & present:
+        remote.fs.rm_file(f"{remote.root}/{stale}")
+    remote._put(local / marker, f"{remote.root}/{marker}")

@@ -24,7 +24,7 @@ from typing import Any
 from unittest import mock
 
 from trimtab.api import load_run
-from trimtab.checkpoint import latest_valid
+from trimtab.checkpoint import latest_valid, local_run
 from trimtab.errors import ConfigError
 from trimtab.evaluation.perplexity import read_text, score_text
 from trimtab.extras import require
@@ -47,7 +47,7 @@ def evaluate(
     """Score the model at `path` and record the results (module docstring); returns them."""
     if not tasks and not data:
         raise ConfigError("trimtab eval needs --tasks and/or --data; e.g. --tasks trimtab_tiny or --data notes.txt")
-    path = Path(path)
+    path = local_run(path, "trimtab eval's PATH")  # a run in object storage: its cached copy, where results go
     _, model, tok = load_run(path)
     results: dict[str, Any] = {"model": str(path), "step": _step(path), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     if data:

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from trimtab.checkpoint import is_sharded, list_checkpoints, read_sharded_weights, verify
+from trimtab.checkpoint import is_sharded, list_checkpoints, local_run, read_sharded_weights, verify
 from trimtab.config import ModelConfig, RunConfig, read_saved
 from trimtab.data import TextTokenizer
 from trimtab.errors import CheckpointError, ConfigError
@@ -42,6 +43,7 @@ from trimtab.hf.importer import SOURCE, SafetensorsDir
 from trimtab.hf.tensors import Getter, to_hf
 from trimtab.model.upgrade import UpgradedReader, is_legacy
 from trimtab.snapshots import list_snapshots, snapshot_root
+from trimtab.storage import export_record, is_url, open_remote, publish
 
 log = logging.getLogger(__name__)
 MARKER = "trimtab_export.json"  # {"trimtab_export": 1, "files": [what the export wrote]}
@@ -57,11 +59,16 @@ def export_run(
     dtype: str | None = None,
     max_shard_bytes: int = MAX_SHARD_BYTES,
     snapshot: int | None = None,
-) -> Path:
+) -> Path | str:
     """Export checkpoint `step` (default: the newest valid one), or lean snapshot `snapshot`
     (snapshots.py), of `run_dir` into `out`. dtype: float32 | bfloat16 | float16; default the
-    imported model's own, else float32. Returns out."""
-    run_dir, out = Path(run_dir), Path(out)
+    imported model's own, else float32. Returns out. Either may be in object storage (a URL):
+    `run_dir` a run's checkpoint.dir, `out` a prefix the export is uploaded to (_export_to)."""
+    if is_url(str(out)):
+        return _export_to(str(out), run_dir, step=step, dtype=dtype, max_shard_bytes=max_shard_bytes, snapshot=snapshot)
+    if is_url(str(run_dir)) and step is not None and snapshot is None:
+        run_dir = f"{str(run_dir).rstrip('/')}/step_{step:06d}"  # that checkpoint alone is fetched
+    run_dir, out = local_run(run_dir, "trimtab export's RUN_DIR"), Path(out)
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(f"'{run_dir}' is not a run directory (no config.yaml); pass the --out of a run")
     source = json.loads((run_dir / SOURCE).read_text()) if (run_dir / SOURCE).is_file() else None
@@ -78,6 +85,19 @@ def export_run(
                 raise CheckpointError(str(exc)) from None
             log.warning("skipping corrupt checkpoint: %s", exc)
     raise AssertionError("unreachable: the last candidate returns or raises")
+
+
+def _export_to(url: str, run_dir: str | Path, **options: Any) -> str:
+    """An export into object storage: the store checked first (storage.open_remote: a missing
+    bucket, no credentials, exit 2 before any work), the export written whole in a local staging
+    folder, then uploaded with trimtab_export.json last (storage.publish): a prefix without it
+    is an upload that did not finish."""
+    remote = open_remote(url, "trimtab export --out")
+    previous = export_record(remote, MARKER)  # refuses a prefix holding files not an export's
+    with tempfile.TemporaryDirectory(prefix="trimtab-export-") as staging:
+        local = export_run(run_dir, Path(staging) / "out", **options)
+        publish(local, remote, MARKER, previous)
+    return url
 
 
 class CorruptCheckpoint(Exception):

@@ -22,7 +22,7 @@ import torch
 import yaml
 
 from trimtab import hf
-from trimtab.checkpoint import is_sharded, latest_valid, load_model
+from trimtab.checkpoint import is_sharded, latest_valid, load_model, local_run
 from trimtab.config import DataConfig, OptimConfig, RunConfig, derive, read_saved, resolve
 from trimtab.data import BatchLoader, MicroBatch, Rows, TextTokenizer, eval_batches, get_tokenizer
 from trimtab.data.dataset import PhaseData, build_phase_data, first_prepared, open_eval_source, open_sources
@@ -40,6 +40,7 @@ from trimtab.plan.chinchilla import FRESH_EPOCHS
 from trimtab.resilience.watchdog import Watchdog, make_watchdog
 from trimtab.rl.phase import RLPhase, build_rl_phase
 from trimtab.rundir import CONFIG, write_atomic
+from trimtab.storage import is_url
 from trimtab.training.resume import resume_point
 from trimtab.training.services.compiling import CompileChoice, choose_compile
 from trimtab.training.services.cpu_precision import refine_cpu_precision
@@ -294,6 +295,10 @@ def setup(cfg: RunConfig) -> BuiltRun:
     # checkpoint.dir checked before anything is written; a run directory without a valid
     # checkpoint resumes from the store's newest (training/services/storage.py)
     resume = resume_point(cfg, dist, open_store(cfg, dist.world))
+    if cfg.train.init_from and is_url(cfg.train.init_from) and not resume:  # another run in object storage
+        local = dist.main_first(local_run, cfg.train.init_from, "train.init_from")
+        log.info("train.init_from %s: fetched into %s", cfg.train.init_from, local)
+        cfg = derive(cfg, {"train": {"init_from": str(local)}})
     precision = choose_precision(dist.device, cfg.train.precision)
     tok, phases = dist.main_first(build_phases, cfg, tokenizer_source(cfg))
     cfg = complete(cfg, tok, phases)
