@@ -25,6 +25,7 @@ from pathlib import Path
 from _benchfile import publish  # bench/_benchfile.py, next to this file
 from _measure import paired_ratio, run_train
 from rl import LR, TASK, _env
+from trimtab.rundir import read_decisions
 
 RL = ["--set", "rl.max_new_tokens=6", "--set", "rl.dynamic_sampling=true", "--set", "rl.reward=exact", *LR]
 
@@ -42,7 +43,8 @@ def _arm(args, out: Path, warm: Path, seed: int, staleness: int) -> dict:
         elapsed += m["step_time"]
         seconds[m["step"]] = elapsed
     step_s = statistics.median(m["step_time"] for m in steps[2:])  # past the first steps' start-up
-    return {"passes": passes, "seconds": seconds, "step_s": step_s, "other_cpu": run["other_cpu"]}
+    acted = sum(d["rule"] == "rl_ratio" for d in read_decisions(out))  # staleness lowered (docs/rl.md)
+    return {"passes": passes, "seconds": seconds, "step_s": step_s, "other_cpu": run["other_cpu"], "acted": acted}
 
 
 def measure(args) -> dict[int, list[dict]]:
@@ -86,8 +88,8 @@ def report(args, arms: dict[int, list[dict]]) -> str:
         f"to {end:.3f}.",
         "",
         "| rl.max_staleness | seconds a step (median over seeds) | step time vs synchronous | final pass@1 | "
-        "steps to target | training seconds to target |",
-        "|---|---|---|---|---|---|",
+        "steps to target | training seconds to target | rl_ratio decisions |",
+        "|---|---|---|---|---|---|---|",
     ]
     for eta, runs in arms.items():
         ratio = "1" if eta == 0 else str(paired_ratio([r["step_s"] for r in runs], [r["step_s"] for r in sync]))
@@ -95,7 +97,8 @@ def report(args, arms: dict[int, list[dict]]) -> str:
         reach = ("not reached", "-") if hit is None else (str(hit[0]), f"{hit[1]:.1f}")
         step_s = statistics.median(r["step_s"] for r in runs)
         final = courses[eta][max(courses[eta])]
-        lines.append(f"| {eta} | {step_s:.3f} | {ratio} | {final:.3f} | {reach[0]} | {reach[1]} |")
+        acted = sum(r["acted"] for r in runs)
+        lines.append(f"| {eta} | {step_s:.3f} | {ratio} | {final:.3f} | {reach[0]} | {reach[1]} | {acted} |")
     lines += ["", "pass@1 course (mean over seeds), by step:", ""]
     steps = sorted(courses[0])
     lines += ["| step | " + " | ".join(f"staleness {eta}" for eta in arms) + " |", "|---" * (len(arms) + 1) + "|"]
