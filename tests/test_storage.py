@@ -342,3 +342,32 @@ def test_an_export_never_overwrites_a_prefix_it_did_not_write(tmp_path, bucket):
     with pytest.raises(ConfigError, match=r"--out '.*/theirs' is not empty and holds no trimtab export"):
         export_run(tmp_path / "never-read", f"{bucket}/theirs")
     assert fs.cat_file(f"{bucket}/theirs/data.bin") == b"someone's"
+
+
+def test_data_sources_and_prepared_shards_in_object_storage(tmp_path, bucket, monkeypatch, caplog):
+    """data.source a prefix in the bucket: fetched into the cache once (used again while the
+    bucket's listing is unchanged), and the run is the one the same local folder gives; prepared
+    shards (trimtab data prepare) from the bucket as well."""
+    from trimtab.data.prepare import prepare
+    from trimtab.data.sources import builtin_files
+
+    caplog.set_level(logging.INFO)
+    monkeypatch.setenv("TRIMTAB_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for path in builtin_files()[1][:40]:
+        (folder / path.name).write_bytes(path.read_bytes())
+    fs = open_remote(bucket).fs
+    fs.put(str(folder), f"{bucket}/corpus", recursive=True)
+    here = tmp_path / "here"
+    trimtab.train(debug_cfg(here, steps=2, data={"source": str(folder)}))
+    there = debug_cfg(tmp_path / "there", steps=2, data={"source": f"{bucket}/corpus"})
+    trimtab.train(there)
+    assert logged(here) == logged(tmp_path / "there")
+    assert caplog.text.count("data.source: fetched") == 1
+    trimtab.train(debug_cfg(tmp_path / "again", steps=2, data={"source": f"{bucket}/corpus"}))
+    assert caplog.text.count("data.source: fetched") == 1  # the cached copy, used again
+    prepare([str(folder)], tmp_path / "prepared", tokenizer=str(here / "tokenizer.json"))
+    fs.put(str(tmp_path / "prepared"), f"{bucket}/prepared", recursive=True)
+    summary = trimtab.train(debug_cfg(tmp_path / "shards", steps=2, data={"source": f"{bucket}/prepared"}))
+    assert summary["step"] == 2 and caplog.text.count("data.source: fetched") == 2

@@ -332,3 +332,59 @@ def publish(local: Path, remote: Remote, marker: str, previous: list[str]) -> No
     for stale in (set(previous) - set(names)) & present:
         remote.fs.rm_file(f"{remote.root}/{stale}")
     remote._put(local / marker, f"{remote.root}/{marker}")
+
+
+def mirror(url: str, key: str) -> Path:
+    """A file or a prefix in object storage (a data source, prepared shards) copied whole into
+    $TRIMTAB_CACHE/remote-data/, its last path component kept (a file's extension says its
+    format); the local path. A copy there whose record (every file's size and ETag or mtime)
+    matches the store's listing now is used again; otherwise it is fetched into a temp folder
+    and renamed into place, so a killed fetch leaves no copy that looks complete."""
+    remote = open_remote(url, key, write=False)
+    files = _listing(remote)
+    if not files:
+        raise ConfigError(f"{_named(key)} = '{url}': nothing there (no file, no prefix with files); fix {key}")
+    version = {n: d.get("ETag") or d.get("mtime") or d.get("LastModified") for n, d in files.items()}
+    listing = {name: [d.get("size"), version[name]] for name, d in files.items()}
+    listing = json.loads(json.dumps(listing, default=str))  # datetimes as text: the record compares as read back
+    folder = cache_dir() / "remote-data" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    local, record = folder / (remote.root.rsplit("/", 1)[-1] or "data"), folder / "fetched.json"
+    if local.exists() and record.is_file() and json.loads(record.read_text()) == listing:
+        return local
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".tmp-{os.getpid()}"
+    _remove(tmp)
+    try:
+        for name in files:
+            target = tmp / name if name else tmp
+            target.parent.mkdir(parents=True, exist_ok=True)
+            remote.fs.get_file(f"{remote.root}/{name}" if name else remote.root, str(target))
+        record.unlink(missing_ok=True)
+        _remove(local)
+        os.replace(tmp, local)
+    except BaseException:
+        _remove(tmp)
+        raise
+    write_atomic(record, json.dumps(listing))
+    log.info("%s: fetched %d file(s) from %s into %s", key, len(files), url, local)
+    return local
+
+
+def _listing(remote: Remote) -> dict[str, dict[str, Any]]:
+    """The files at remote.root by their path below it ("" for root itself, a file)."""
+    fs, root = remote.fs, remote.root
+    fs.invalidate_cache()
+    try:
+        info = fs.info(root)
+    except FileNotFoundError:
+        return {}
+    if info["type"] == "file":
+        return {"": info}
+    return {path[len(root) :].strip("/"): d for path, d in fs.find(root, detail=True).items()}
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

@@ -45,7 +45,7 @@ from trimtab.training.resume import resume_point
 from trimtab.training.services.compiling import CompileChoice, choose_compile
 from trimtab.training.services.cpu_precision import refine_cpu_precision
 from trimtab.training.services.float8 import to_float8
-from trimtab.training.services.storage import open_store
+from trimtab.training.services.storage import local_sources, open_store
 
 log = logging.getLogger(__name__)
 
@@ -300,6 +300,7 @@ def setup(cfg: RunConfig) -> BuiltRun:
         log.info("train.init_from %s: fetched into %s", cfg.train.init_from, local)
         cfg = derive(cfg, {"train": {"init_from": str(local)}})
     precision = choose_precision(dist.device, cfg.train.precision)
+    cfg = dist.main_first(local_sources, cfg)  # data paths in object storage: their cached copies
     tok, phases = dist.main_first(build_phases, cfg, tokenizer_source(cfg))
     cfg = complete(cfg, tok, phases)
     if resume:

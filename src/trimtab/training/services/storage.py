@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trimtab.checkpoint import checkpoint_root, list_checkpoints, verify
-from trimtab.config import RunConfig
+from trimtab.config import DataConfig, RunConfig, derive
 from trimtab.errors import ConfigError
-from trimtab.storage import Remote, open_remote, redact, restore, retain
+from trimtab.storage import Remote, is_url, mirror, open_remote, redact, restore, retain
 from trimtab.training.hooks import Hook
 
 if TYPE_CHECKING:
@@ -51,6 +51,47 @@ def restore_from(remote: Remote, run_dir: Path) -> tuple[Path, dict[str, Any]] |
     if found is None:
         log.info("%s holds no complete checkpoint: the run starts at step 0", remote.url)
     return found
+
+
+def local_sources(cfg: RunConfig) -> RunConfig:
+    """`cfg` with every data path in object storage (data.source, its mix, eval_source and
+    tokenizer, the same under finetune.data) replaced by its copy in the cache (storage.mirror:
+    a file or a whole prefix, prepared shards included, fetched once and used again while the
+    store's listing is unchanged); `cfg` itself when none is a URL."""
+    changes = {}
+    for section, data in (("data", cfg.data), ("finetune.data", cfg.finetune.data)):
+        found = _local_data(data, section)
+        if found:
+            changes[section] = found
+    if not changes:
+        return cfg
+    nested = {"data": changes.get("data", {})} if "data" in changes else {}
+    if "finetune.data" in changes:
+        nested["finetune"] = {"data": changes["finetune.data"]}
+    return derive(cfg, nested)
+
+
+def _local_data(data: DataConfig, section: str) -> dict[str, Any]:
+    def local(value: str | list[str], key: str) -> str | list[str]:
+        if isinstance(value, list):
+            return [local(v, f"{key}[{i}]") for i, v in enumerate(value)]
+        return str(mirror(value, key)) if value and is_url(value) else value
+
+    changes = {}
+    for name in ("source", "eval_source", "tokenizer"):
+        value = getattr(data, name)
+        if _has_url(value):
+            changes[name] = local(value, f"{section}.{name}")
+    if any(_has_url(m.source) for m in data.mix):
+        changes["mix"] = [
+            {"source": local(m.source, f"{section}.mix[{i}].source"), "weight": m.weight, "name": m.label}
+            for i, m in enumerate(data.mix)
+        ]
+    return changes
+
+
+def _has_url(value: str | list[str]) -> bool:
+    return any(is_url(v) for v in value) if isinstance(value, list) else bool(value) and is_url(value)
 
 
 class RemoteCheckpoints(Hook):
