@@ -365,9 +365,9 @@ def test_data_sources_and_prepared_shards_in_object_storage(tmp_path, bucket, mo
     trimtab.train(there)
     assert logged(here) == logged(tmp_path / "there")
     assert caplog.text.count("data.source: fetched") == 1
-    trimtab.train(debug_cfg(tmp_path / "again", steps=2, data={"source": f"{bucket}/corpus"}))
-    assert caplog.text.count("data.source: fetched") == 1  # the cached copy, used again
+    copy = storage.mirror(f"{bucket}/corpus", "data.source")  # the cached copy, used again
+    assert copy.parent.parent == tmp_path / "cache" / "remote-data" and caplog.text.count("data.source: fetched") == 1
     prepare([str(folder)], tmp_path / "prepared", tokenizer=str(here / "tokenizer.json"))
     fs.put(str(tmp_path / "prepared"), f"{bucket}/prepared", recursive=True)
-    summary = trimtab.train(debug_cfg(tmp_path / "shards", steps=2, data={"source": f"{bucket}/prepared"}))
-    assert summary["step"] == 2 and caplog.text.count("data.source: fetched") == 2
+    summary = trimtab.train(debug_cfg(tmp_path / "shards", steps=1, data={"source": f"{bucket}/prepared"}))
+    assert summary["step"] == 1 and caplog.text.count("data.source: fetched") == 2
