@@ -371,3 +371,22 @@ def test_data_sources_and_prepared_shards_in_object_storage(tmp_path, bucket, mo
     fs.put(str(tmp_path / "prepared"), f"{bucket}/prepared", recursive=True)
     summary = trimtab.train(debug_cfg(tmp_path / "shards", steps=1, data={"source": f"{bucket}/prepared"}))
     assert summary["step"] == 1 and caplog.text.count("data.source: fetched") == 2
+
+
+def test_each_tuning_trial_has_its_own_prefix(tmp_path):
+    """A checkpoint.dir resumes what it holds: trimtab tune gives each trial (and best.yaml's
+    run) a prefix of its own under the base's, or the second trial would resume the first."""
+    import yaml
+
+    from trimtab.tune import load_space
+
+    doc = {
+        "study": {"name": "s", "seed": 0},
+        "base": {"preset": "debug", "checkpoint": {"dir": "s3://bucket/study/"}},
+        "budget": {"max_steps": 2},
+        "space": {"optim.lr": {"log_uniform": [1.0e-3, 1.0e-2]}},
+    }
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+    space = load_space(tmp_path / "s.yaml")
+    cfg = space.config({"optim.lr": 1e-3}, tmp_path / "trials" / "trial_0003")
+    assert cfg.checkpoint.dir == "s3://bucket/study/trial_0003"

@@ -66,6 +66,9 @@ def write_best(trial: FrozenTrial, space: Space, directory: Path) -> Path:
     config = dict(trial.user_attrs["config"])
     config["out"] = str(directory / "best")
     config["faults"] = []
+    stored = config.get("checkpoint", {}).get("dir")
+    if stored:  # the trial's own prefix (tune/space.py) would resume the trial: best's, beside it
+        config["checkpoint"] = {**config["checkpoint"], "dir": f"{stored.rstrip('/').rsplit('/', 1)[0]}/best"}
     values = ", ".join(f"{v:.6g}" for v in trial.values)
     head = (
         f"# best trial {trial.number} of study '{space.name}' ({', '.join(space.objectives)}: {values})\n"

@@ -117,6 +117,8 @@ class Space:
             data = merge(data, nested(key.split("."), value))
         data["out"] = str(out)
         cfg = load_config(self.base_file, overrides=data)
+        if cfg.checkpoint.dir:  # one run a checkpoint.dir (it resumes what it finds): a prefix a trial
+            cfg = derive(cfg, {"checkpoint": {"dir": f"{cfg.checkpoint.dir.rstrip('/')}/{Path(out).name}"}})
         if "tokens" in self.budget:  # a token budget: as many steps as this trial's batch needs
             steps = max(1, math.ceil(int(self.budget["tokens"]) / cfg.train.batch_tokens))
             cfg = derive(cfg, {"train": {"max_steps": steps}})
