@@ -475,3 +475,61 @@ def test_generate_dry_run_times_both_engines_in_rounds_and_compares_their_tokens
     assert "## RL rollout generation (bench/generate.py)" in out and "2 rounds" in out
     assert "\n| trimtab `rl.rollout.generate` | " in out and "\n| transformers `generate` | " in out
     assert "trimtab against transformers: **" in out and "The same greedy tokens: yes" in out
+
+
+def test_rl_async_report_reads_each_arms_course_against_the_synchronous_target():
+    """bench/rl_async.py: the target is the warm start plus a share of the synchronous arm's
+    gain; each arm's seconds to it are its mean over the seeds at the first step its mean
+    course reaches it; the step-time ratio is paired by seed."""
+    import argparse
+
+    from rl_async import report
+
+    def run(passes, step_s):
+        return {"passes": passes, "seconds": {0: 0.0, 10: 10 * step_s, 20: 20 * step_s}, "step_s": step_s, "acted": 0}
+
+    arms = {
+        0: [run({0: 0.1, 10: 0.2, 20: 0.3}, 1.0), run({0: 0.1, 10: 0.2, 20: 0.3}, 1.0)],
+        1: [run({0: 0.1, 10: 0.3, 20: 0.3}, 0.5), run({0: 0.1, 10: 0.3, 20: 0.3}, 0.5)],
+    }
+    args = argparse.Namespace(sft_steps=600, steps=20, held_out=100, eval_every=10, target=0.8, seeds=[1, 2])
+    out = report(args, arms)
+    assert "Target: 0.260" in out  # 0.1 + 0.8 x (0.3 - 0.1)
+    assert "| 0 | 1.000 | 1 | 0.300 | 20 | 20.0 | 0 |" in out
+    assert "| 1 | 0.500 | 0.500x" in out and "| 0.300 | 10 | 5.0 | 0 |" in out
+
+
+def test_rl_healing_report_judges_each_run_against_the_clean_one():
+    import argparse
+
+    from rl_healing import report
+
+    def run(finished, held_out, decisions=()):
+        status = {"finished": finished, "exit": 0 if finished else 1, "held_out": held_out, "start": 0.5}
+        return {**status, "decisions": list(decisions), "seconds": 5.0}
+
+    runs = {
+        "clean/off": run(True, 0.9),
+        "clean/auto": run(True, 0.9),
+        "rollout_oom/off": run(False, None),
+        "rollout_oom/auto": run(True, 0.85, ["oom:set_generation_rows"]),
+        "slow_verifier/off": run(True, 0.5),
+        "slow_verifier/auto": run(True, 0.6, ["rl_verifier:set_verifier_timeout"]),
+    }
+    out = report(argparse.Namespace(steps=16, scenarios=["clean", "rollout_oom", "slow_verifier"]), runs)
+    assert "| rollout_oom | crashed (exit 1) (-, 5 s) | ok (0.850, 5 s) | oom:set_generation_rows (1) |" in out
+    assert "| slow_verifier | worse (0.500, 5 s) | worse (0.600, 5 s) |" in out
+    assert "auto ok: **2/3** (not: slow_verifier)" in out and "never worse than off: **met**" in out
+    assert "false actions on the clean run: **0**" in out
+
+
+@pytest.mark.slow  # about 15 s: a warm start, then each arm a few steps
+def test_rl_async_dry_run_runs_every_arm():
+    out = dry_run("rl_async")
+    assert "| 0 | " in out and "| 2 | " in out and "pass@1 course" in out
+
+
+@pytest.mark.slow  # four trimtab runs (~60 s)
+def test_rl_healing_dry_run_heals_a_rollout_oom_that_crashes_without_the_orchestrator():
+    out = dry_run("rl_healing")
+    assert "| rollout_oom | crashed (exit 1)" in out and "oom:set_generation_rows" in out
