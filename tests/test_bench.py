@@ -533,3 +533,10 @@ def test_rl_async_dry_run_runs_every_arm():
 def test_rl_healing_dry_run_heals_a_rollout_oom_that_crashes_without_the_orchestrator():
     out = dry_run("rl_healing")
     assert "| rollout_oom | crashed (exit 1)" in out and "oom:set_generation_rows" in out
+
+
+@pytest.mark.slow  # two trainers, a few steps each (~40 s); TRL is a bench peer, not a dependency
+def test_rl_trl_dry_run_times_both_trainers_on_the_same_exported_model():
+    pytest.importorskip("trl")
+    out = dry_run("rl_trl")
+    assert "| trimtab `rl` | " in out and "| TRL `GRPOTrainer` | " in out and "TRL / trimtab, time a step: **" in out
