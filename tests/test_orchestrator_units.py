@@ -276,6 +276,13 @@ def test_fp16_overflow_count():
     f = m.observe(metrics(3, overflow=True))
     assert f.rule == "fp16" and f.evidence["overflows"] == 2 and len(m.window) == 0
     assert feed(Fp16Overflow(cfg), [True, False, False, False, True], key="overflow") == [None] * 5  # 4 apart
+    # train.loss_scale.growth_interval 2: the scaler grows every 2 clean steps and overflows at each
+    # growth that overshoots, 2 of 4 steps by design; a storm is max_overflows beyond those
+    m = Fp16Overflow(cfg)
+    m.growth_interval = 2
+    assert feed(m, [True, False, True, False], key="overflow") == [None] * 4
+    f = [m.observe(metrics(5 + i, overflow=True)) for i in range(4)][-1]
+    assert f is not None and f.evidence["growth_overflows"] == 2 and f.evidence["overflows"] == 4
 
 
 def test_build_monitors_respects_enabled():

@@ -170,7 +170,8 @@ class CheckpointIntervalRule(Section):
 
 @dataclass
 class Fp16Rule(Section):
-    """GradScaler overflow storm: at least `max_overflows` skipped steps within `window`."""
+    """GradScaler overflow storm: at least `max_overflows` skipped steps within `window`, beyond the
+    one each train.loss_scale.growth_interval steps the scaler's own growth costs."""
 
     enabled: bool = True
     window: int = 20

@@ -96,6 +96,8 @@ class Orchestrator(Hook):
             oom.configured = oom.configured or run.configured_micro_batch_tokens
             if run.step:
                 oom.resumed()
+        if (fp16 := self.monitors.get("fp16")) is not None:  # the scaler's growth costs overflows of its own
+            fp16.growth_interval = run.cfg.train.loss_scale.growth_interval
         for change in run.config_changes:
             self._configured(run, change)
         self.journal.write()

@@ -74,24 +74,32 @@ class MemoryPressure(Monitor):
 
 
 class Fp16Overflow(Monitor):
-    """An overflow storm: the GradScaler skipped at least max_overflows of the last `window` steps."""
+    """An overflow storm: the GradScaler skipped at least max_overflows of the last `window` steps
+    beyond the ones its own growth costs. The scaler grows the scale after every
+    train.loss_scale.growth_interval clean steps and backs off at the overflow a too-large scale
+    causes, so one overflow each growth_interval steps is the scaler working, not a storm: with a
+    short interval (say 2) those would otherwise read as one."""
 
     rule, family = "fp16", "fp16"
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.fp16
         self.window = Rolling(self.cfg.window)
+        self.growth_interval = 2000  # train.loss_scale.growth_interval (the orchestrator sets it)
 
     def observe(self, m: StepMetrics) -> Finding | None:
         self.window.add(float(m.overflow))
         count = int(sum(self.window.values))
-        if count < self.cfg.max_overflows:
+        probes = self.cfg.window // self.growth_interval  # the growth overflows the window holds
+        if count < self.cfg.max_overflows + probes:
             return None
         self.window = Rolling(self.cfg.window)
+        evidence = {"overflows": count, "window": self.cfg.window, "growth_interval": self.growth_interval}
         return self.finding(
             m,
-            {"overflows": count, "window": self.cfg.window},
-            f"{count} fp16 overflows in {self.cfg.window} steps",
+            {**evidence, "growth_overflows": probes},
+            f"{count} fp16 overflows in {self.cfg.window} steps (the scaler's own growth costs {probes}: one every "
+            f"train.loss_scale.growth_interval = {self.growth_interval} steps)",
             count / self.cfg.window + 0.5,
         )
 
