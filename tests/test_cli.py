@@ -249,6 +249,8 @@ CLI_SURFACE = {
     "train": ({"-h", "--help", "--preset", "--out", "--max-steps", "--set", "--inject", "--orchestrator"}, ["config"]),
     # issue 33: `rl` trains with the rl section on, train's flags (docs/rl.md)
     "rl": ({"-h", "--help", "--preset", "--out", "--max-steps", "--set", "--inject", "--orchestrator"}, ["config"]),
+    # issue 33: `dpo` trains with the dpo section on, train's flags (docs/rl.md, DPO)
+    "dpo": ({"-h", "--help", "--preset", "--out", "--max-steps", "--set", "--inject", "--orchestrator"}, ["config"]),
     "ctl": ({"-h", "--help", "--queue"}, ["run_dir", "action", "args"]),
     "bench": ({"-h", "--help"}, ["name", "args"]),
     "generate": (
@@ -319,6 +321,6 @@ def test_trimtab_help_lists_the_subcommands_in_their_order():
     """cli.py declares each subcommand above its handler: the handlers' order is `trimtab --help`'s."""
     [subcommands] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     assert list(subcommands.choices) == [
-        *("train", "rl", "ctl", "bench", "generate", "export", "eval", "merge"),
+        *("train", "rl", "dpo", "ctl", "bench", "generate", "export", "eval", "merge"),
         *("data", "plan", "tune", "report", "runs", "presets", "doctor"),
     ]

@@ -45,6 +45,11 @@ MODE = arg("--orchestrator", choices=("auto", "advise", "off"), help="orchestrat
 
 
 @command(
+    "dpo",
+    "direct preference optimization on preference pairs from a trained model (train.init_from; docs/rl.md)",
+    *(CONFIG, PRESET, OUT, arg("--max-steps", type=int, help="DPO steps (train.max_steps)"), SET, INJECT, MODE),
+)
+@command(
     "rl",
     "reinforcement learning on verifiable rewards from a trained model (train.init_from; docs/rl.md)",
     *(CONFIG, PRESET, OUT, arg("--max-steps", type=int, help="RL steps (train.max_steps)"), SET, INJECT, MODE),
@@ -56,7 +61,7 @@ MODE = arg("--orchestrator", choices=("auto", "advise", "off"), help="orchestrat
 )
 def _train(args: argparse.Namespace) -> int:
     with handle_signals() as signals:  # start-up begins: a signal ends it cleanly, even in torch's import
-        cfg = _train_config(args, rl=args.command == "rl")
+        cfg = _train_config(args, args.command if args.command in ("rl", "dpo") else None)
         signals.run_dir = cfg.run_dir
         from trimtab import api
 
@@ -68,19 +73,19 @@ def _train(args: argparse.Namespace) -> int:
     return summary.get("exit_code", 0)  # non-zero: the orchestrator gave up (docs/orchestrator.md)
 
 
-# Under `trimtab rl` the loss is the policy objective, not a likelihood: the rules that judge a
-# likelihood's course (a spike, a rise above the start, divergence, a plateau, an early stop, bad
-# rows by their loss) are off unless a --set turns one on (docs/rl.md).
+# Under `trimtab rl` and `trimtab dpo` the loss is a policy objective, not a likelihood: the rules
+# that judge a likelihood's course (a spike, a rise above the start, divergence, a plateau, an
+# early stop, bad rows by their loss) are off unless a --set turns one on (docs/rl.md).
 RL_OFF = ("spike", "above_start", "divergence", "plateau", "early_stop", "rows")
 
 
-def _train_config(args: argparse.Namespace, rl: bool = False) -> RunConfig:
+def _train_config(args: argparse.Namespace, section: str | None = None) -> RunConfig:
     from trimtab.config import derive, load_config
 
     # RL's loss is a clipped objective, not a likelihood: the rules that judge a likelihood's course
     # and the live planner's loss-curve fit are off (a --set turns one back on)
     off = {"orchestrator": {r: {"enabled": False} for r in RL_OFF}, "plan": {"status_every": 0}}
-    overrides: dict = {"rl": {"enabled": True}, **off} if rl else {}
+    overrides: dict = {section: {"enabled": True}, **off} if section else {}  # rl or dpo: on
     if args.out:
         overrides["out"] = args.out
     if args.max_steps is not None:

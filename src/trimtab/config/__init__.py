@@ -29,6 +29,7 @@ import yaml
 
 from trimtab.config.checks import Section, _check, _positive, freeze
 from trimtab.config.distributed import DistributedConfig
+from trimtab.config.dpo import DPOConfig
 from trimtab.config.log import LogConfig
 from trimtab.config.loss_scale import LossScaleConfig
 from trimtab.config.orchestrator import OrchestratorConfig
@@ -388,6 +389,7 @@ class RunConfig(Section):
     plan: PlanConfig = field(default_factory=PlanConfig)  # live Chinchilla planner (docs/planner.md)
     resilience: ResilienceConfig = field(default_factory=ResilienceConfig)  # hangs, restarts (docs/resilience.md)
     rl: RLConfig = field(default_factory=RLConfig)  # reinforcement learning on verifiable rewards (docs/rl.md)
+    dpo: DPOConfig = field(default_factory=DPOConfig)  # preference pairs (docs/rl.md, DPO)
     faults: list[str] = field(default_factory=list)  # injected faults, KIND@STEP[:PARAM] (tests, bench)
 
     def validate(self) -> None:
@@ -405,8 +407,10 @@ class RunConfig(Section):
             self.plan,
             self.resilience,
             self.rl,
+            self.dpo,
         ):
             section.validate()
+        _check(not (self.rl.enabled and self.dpo.enabled), "dpo.enabled", "and rl.enabled are two runs; turn one off")
         for key, data in (("data.seq_len", self.data), ("finetune.data.seq_len", self.finetune.data)):
             _check(
                 data.seq_len <= self.model.max_seq_len or (key.startswith("finetune") and not self.finetune.steps),

@@ -73,8 +73,12 @@ class Checkpointing:
                 {"rng": rng_state(), "scaler": self.scaler.state_dict() if self.scaler else {}},
                 self._checkpoint_state(good),
                 keep=self.cfg.checkpoint.keep,
-                # step 0 is the KL term's reference policy (rl/reference.py)
-                protect=(self.last_good, self.best_checkpoint, 0 if self.cfg.rl.kl_coef else -1),
+                # step 0 is the KL term's and DPO's reference policy (rl/reference.py)
+                protect=(
+                    self.last_good,
+                    self.best_checkpoint,
+                    0 if self.cfg.rl.kl_coef or self.cfg.dpo.enabled else -1,
+                ),
                 before=lambda: self._call("on_save_start"),
                 background=background,
             )

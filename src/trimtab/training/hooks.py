@@ -267,11 +267,12 @@ class ConsoleLogger(Hook):
             print(f"step {metrics['step']}/{run.total_steps} {text}", file=sys.stderr, flush=True)
 
     def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None:
-        again = " (trained again after a rollback)" if metrics["step"] <= self.replayed_until else ""
+        again = " (trained again after a rollback)" if 0 < metrics["step"] <= self.replayed_until else ""
         if "val_loss" in metrics:
             figures = f"val_loss {metrics['val_loss']:.4f} val_ppl {metrics['val_ppl']:.2f}"
-        else:  # an RL run's: held-out rewards (rl/batches.py)
-            figures = " ".join(f"{k.removeprefix('rl/')} {v:.4f}" for k, v in metrics.items() if k.startswith("rl/"))
+        else:  # an RL run's held-out rewards (rl/batches.py), a DPO run's pairs (rl/preference.py)
+            held = [(k.split("/", 1)[1], v) for k, v in metrics.items() if k.startswith(("rl/", "dpo/"))]
+            figures = " ".join(f"{k} {v:.4f}" for k, v in held)
         self.write(f"eval step {metrics['step']}{again}: {figures}")
 
     def on_eval_error(self, run: RunView, step: int, error: str) -> None:

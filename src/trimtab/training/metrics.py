@@ -82,7 +82,8 @@ def run_summary(trainer: Trainer, step0: int, tokens0: int, train_seconds0: floa
         "val_ppl": trainer.last_eval.get("val_ppl"),
         "skipped_records": sum(p.skipped_records for p in trainer.phases),
         "compile": trainer.step_times.summary(trainer.compile),
-        **{k: v for k, v in trainer.last_eval.items() if k.startswith("rl/")},  # an RL run's held-out rewards
+        # an RL run's held-out rewards, a DPO run's held-out pairs
+        **{k: v for k, v in trainer.last_eval.items() if k.startswith(("rl/", "dpo/"))},
     }
     if trainer.peak_flops:
         summary["mfu"] = mfu(trainer, tps)

@@ -38,6 +38,7 @@ from trimtab.model.catalog import model_size
 from trimtab.paths import cache_dir
 from trimtab.plan.chinchilla import FRESH_EPOCHS
 from trimtab.resilience.watchdog import Watchdog, make_watchdog
+from trimtab.rl.dpo_phase import DPOPhase, build_dpo_phase
 from trimtab.rl.phase import RLPhase, build_rl_phase
 from trimtab.rundir import CONFIG, write_atomic
 from trimtab.storage import is_url
@@ -84,7 +85,7 @@ class Phase:
 def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer, list[Phase]]:
     """Open or read each phase's sources, get the tokenizer (the run's own one when resuming, else
     data.tokenizer, else a prepared source's, else a BPE trained on the documents), split."""
-    if cfg.rl.enabled:
+    if cfg.rl.enabled or cfg.dpo.enabled:
         return _rl_phases(cfg, tok_source)
     specs = [("pretrain", cfg.data, cfg.optim, "data")]
     if cfg.finetune.steps:
@@ -124,17 +125,17 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
     return tok, phases
 
 
-def _rl_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer, list[RLPhase]]:
-    """An RL run's one phase, with the tokenizer of the model it trains."""
+def _rl_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer, list[RLPhase | DPOPhase]]:
+    """An RL or DPO run's one phase, with the tokenizer of the model it trains."""
     tok = TextTokenizer.load(tok_source) if tok_source is not None else None
     if tok is None and cfg.data.tokenizer:
         tok = TextTokenizer.load(Path(cfg.data.tokenizer), key="data.tokenizer")
     if tok is None:
         raise ConfigError(
-            "rl: the tokenizer of the model to train is unknown; set train.init_from (a trimtab run or a "
-            "Hugging Face model directory) or data.tokenizer"
+            f"{'dpo' if cfg.dpo.enabled else 'rl'}: the tokenizer of the model to train is unknown; set "
+            "train.init_from (a trimtab run or a Hugging Face model directory) or data.tokenizer"
         )
-    return tok, [build_rl_phase(cfg, tok)]
+    return tok, [build_dpo_phase(cfg, tok) if cfg.dpo.enabled else build_rl_phase(cfg, tok)]
 
 
 def eval_micro(
@@ -292,6 +293,8 @@ def setup(cfg: RunConfig) -> BuiltRun:
     dist = Parallel.start(cfg.distributed, pick_device(cfg.train.device))
     if cfg.rl.enabled and dist.world > 1:
         raise ConfigError("rl: one process for now (data-parallel rollouts come next); run it without torchrun")
+    if cfg.dpo.enabled and dist.world > 1:
+        raise ConfigError("dpo: one process for now (data-parallel pairs come next); run it without torchrun")
     # checkpoint.dir checked before anything is written; a run directory without a valid
     # checkpoint resumes from the store's newest (training/services/storage.py)
     resume = resume_point(cfg, dist, open_store(cfg, dist.world))

@@ -22,7 +22,9 @@ from trimtab.distributed.ft import ReplicaGroups, check_groups
 from trimtab.distributed.group import is_oom
 from trimtab.model import build_model
 from trimtab.rl.batches import Policy, PolicyMicroBatch, RolloutBatch, RolloutLoader
-from trimtab.rl.loss import policy_from_hidden
+from trimtab.rl.dpo import dpo_from_hidden
+from trimtab.rl.loss import at_targets, log_distribution, policy_from_hidden
+from trimtab.rl.preference import PairBatch, PairLoader, PairMicroBatch
 from trimtab.rl.reference import load_reference, reference_logprobs
 from trimtab.rl.replay import replaying
 from trimtab.rl.rollout import Rollout, generate
@@ -93,7 +95,7 @@ class Trainer(Checkpointing):
         # before it, kept from pruning: a rollback to the best policy (rule rl_hacking) finds it
         self.best_eval: tuple[int, float] | None = None
         self.best_checkpoint = -1
-        self.reference: Any = None  # RL's frozen starting policy, with rl.kl_coef (loaded at first use)
+        self.reference: Any = None  # the frozen starting policy of rl.kl_coef and DPO (loaded at first use)
         self.behaviour: list[Any] = []  # asynchronous RL's generating copies of the policy (_policy_snapshot)
         self.check_snapshots()
         self.save_seconds = 0.0  # what the newest save stalled training (goodput, the checkpoint interval)
@@ -129,7 +131,7 @@ class Trainer(Checkpointing):
             self._call("on_train_start")
             if self.resumed_from is None:
                 self.save()  # the initial weights: a good state to return to before any other exists
-                if isinstance(self.loader, RolloutLoader):
+                if isinstance(self.loader, (RolloutLoader, PairLoader)):
                     self.evaluate()  # the starting policy's held-out figures: what RL is measured against
             while self.state.step < self.total_steps and not self.stop_reason:
                 self._maybe_next_phase()
@@ -210,7 +212,7 @@ class Trainer(Checkpointing):
         routers = RouterStats(self.model, self.device)
         # per-row losses come out of the fused loss (not a pipeline's stages, not a vocab-sharded head)
         per_row = self.dist.pipeline is None and not hasattr(self.model.lm_head.weight, "to_local")
-        if isinstance(batch, RolloutBatch):  # RL: no likelihood per row to watch; this computation's sums
+        if isinstance(batch, (RolloutBatch, PairBatch)):  # RL, DPO: no likelihood per row; this computation's sums
             per_row = False
             batch.terms.clear()  # (a re-run or an OOM retry computes them again)
         rows = RowLosses(batch.rows, self.device) if per_row else None
@@ -265,6 +267,8 @@ class Trainer(Checkpointing):
                     # ((x1+x2)/(n1+n2), not (x1/n1+x2/n2)/2; torchtune#1875, transformers#34242).
                     if isinstance(micro, PolicyMicroBatch):  # RL: the clipped policy objective (rl/loss.py)
                         summed = self._policy_sum(hidden, inputs, targets, micro, batch)
+                    elif isinstance(micro, PairMicroBatch):  # DPO: the preference loss (rl/dpo.py)
+                        summed = self._dpo_sum(hidden, inputs, targets, batch)
                     else:
                         head = self.model.lm_head.weight
                         summed = cross_entropy_sum(hidden, head, targets, token_losses=token_losses)
@@ -297,9 +301,7 @@ class Trainer(Checkpointing):
         here = replace(micro, **on)
         ref = None
         if rl.kl_coef:  # the frozen starting policy's log-probabilities (rl/reference.py)
-            if self.reference is None:
-                self.reference = load_reference(self.cfg.model, self.cfg.run_dir, self.device)
-            ref = reference_logprobs(self.reference, inputs, targets, self.rl_temperature)
+            ref = reference_logprobs(self._reference(), inputs, targets, self.rl_temperature)
         terms = policy_from_hidden(
             hidden,
             self.model.lm_head.weight,
@@ -315,6 +317,34 @@ class Trainer(Checkpointing):
         )
         batch.terms.append(terms)
         return terms.objective
+
+    def _dpo_sum(
+        self, hidden: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, batch: PairBatch
+    ) -> torch.Tensor:
+        """A micro-batch of preference pairs' summed DPO loss against the reference; its sums
+        for the metrics go to the batch."""
+        ref = reference_logprobs(self._reference(), inputs, targets, 1.0)
+        terms = dpo_from_hidden(hidden, self.model.lm_head.weight, targets, ref, self.cfg.dpo)
+        batch.terms.append(terms)
+        return terms.objective
+
+    def _reference(self) -> torch.nn.Module:
+        """The frozen starting policy of RL's KL term and of DPO (rl/reference.py), loaded at
+        first use from the step-0 checkpoint (a background write of it finished first)."""
+        if self.reference is None:
+            self.finish_save()
+            key = "dpo" if self.cfg.dpo.enabled else "rl.kl_coef"
+            self.reference = load_reference(self.cfg.model, self.cfg.run_dir, self.device, key)
+        return self.reference
+
+    @torch.no_grad()
+    def _pair_logprobs(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A DPO evaluation's: the policy's and the reference's log-probability of each target [B, T]."""
+        self.model.eval()
+        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        with self.precision.autocast():
+            policy = at_targets(log_distribution(self.forward(inputs), self.model.lm_head.weight, 1.0), targets)
+            return policy, reference_logprobs(self._reference(), inputs, targets, 1.0)
 
     @property
     def rl_temperature(self) -> float:
@@ -480,7 +510,7 @@ class Trainer(Checkpointing):
         the eval micro-batches, or an RL phase's held-out rewards. An error or a run past
         train.eval_timeout abandons it: hooks hear of it (the orchestrator journals it) and
         training goes on."""
-        if isinstance(self.loader, RolloutLoader):  # RL: held-out prompts answered and scored
+        if isinstance(self.loader, (RolloutLoader, PairLoader)):  # RL, DPO: held-out prompts, pairs scored
             self.watchdog.beat("evaluation")
             figures = self.loader.evaluate()
         else:
@@ -488,7 +518,8 @@ class Trainer(Checkpointing):
         if not figures:
             return {}
         self.last_eval = {"step": self.state.step, "phase": self.phases[self.state.phase].name, **figures}
-        score = figures["rl/held_out_reward"] if "rl/held_out_reward" in figures else -figures.get("val_loss", math.inf)
+        score = next((figures[k] for k in ("rl/held_out_reward", "dpo/held_out_accuracy") if k in figures), None)
+        score = -figures.get("val_loss", math.inf) if score is None else score
         if self.best_eval is None or score > self.best_eval[1]:
             self.best_eval, self.best_checkpoint = (self.state.step, score), -1  # found at the next save
         self._call("on_eval", self.last_eval)
@@ -560,6 +591,8 @@ class Trainer(Checkpointing):
         self.loader = phase.loader(self.cfg, self.tok.pad_id, *self.data_shard)
         if isinstance(self.loader, RolloutLoader):  # an RL phase generates with the model it trains
             self.loader.policy, self.loader.snapshot = self._rollouts, self._policy_snapshot
+        if isinstance(self.loader, PairLoader):  # DPO scores held-out pairs, answers held-out problems
+            self.loader.scorer, self.loader.policy = self._pair_logprobs, self._rollouts
         self.control.apply_knobs()
 
     def _maybe_next_phase(self) -> None:

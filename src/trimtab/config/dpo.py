@@ -1,0 +1,44 @@
+"""The `dpo:` section: direct preference optimization on offline preference pairs (rl/dpo.py,
+rl/pairs.py; docs/rl.md, DPO).
+
+`trimtab dpo` trains with this section on (`enabled`), from train.init_from's weights: each step
+reads `pairs_per_step` pairs of a prompt with a chosen and a rejected response, and takes one
+optimizer step on the DPO loss against the frozen starting policy (the reference).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trimtab.config.checks import Section, _check
+
+LOSSES = ("sigmoid", "ipo", "hinge")
+
+
+@dataclass
+class DPOConfig(Section):
+    enabled: bool = False  # on under `trimtab dpo`
+    # a JSONL file of {"prompt", "chosen", "rejected"}, or the built-in arithmetic task's pairs
+    # (chosen: the right answer, rejected: a wrong one); builtin:arithmetic[:DIGITS]
+    pairs: str = "builtin:arithmetic"
+    pairs_per_step: int = 16  # preference pairs per optimizer step
+    beta: float = 0.1  # the implicit reward's scale: beta x log(pi / pi_ref); lower drifts further
+    loss: str = "sigmoid"  # sigmoid (DPO, Rafailov et al. 2023) | ipo (Azar et al. 2023) | hinge (SLiC)
+    label_smoothing: float = 0.0  # cDPO: the share of pairs assumed mislabelled (sigmoid only)
+    # RPO: + sft_coef x the chosen response's negative log-likelihood per token, which keeps DPO
+    # from lowering the chosen response with the rejected one (0: plain DPO)
+    sft_coef: float = 0.0
+    held_out: int = 64  # held-out pairs scored (preference accuracy, margin) at each evaluation
+
+    def validate(self) -> None:
+        _check(self.pairs_per_step >= 1, "dpo.pairs_per_step", "must be >= 1")
+        _check(self.beta > 0, "dpo.beta", "must be > 0 (e.g. 0.1)")
+        _check(self.loss in LOSSES, "dpo.loss", f"must be one of {', '.join(LOSSES)}")
+        _check(0 <= self.label_smoothing < 0.5, "dpo.label_smoothing", "must be in [0, 0.5) (0: plain DPO)")
+        _check(
+            self.label_smoothing == 0 or self.loss == "sigmoid",
+            "dpo.label_smoothing",
+            "applies to dpo.loss=sigmoid only (cDPO); set it to 0",
+        )
+        _check(self.sft_coef >= 0, "dpo.sft_coef", "must be >= 0 (0: plain DPO)")
+        _check(self.held_out >= 0, "dpo.held_out", "must be >= 0")

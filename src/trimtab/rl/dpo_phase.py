@@ -1,0 +1,86 @@
+"""A DPO run's one phase (dpo.enabled, `trimtab dpo`): its preference pairs, split into the ones
+trained on and the held-out ones, and its loader (rl/preference.py). training/setup.py builds it
+in place of the pretraining and finetuning phases; the loop takes it as it takes them."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trimtab.config import DataConfig, OptimConfig, RunConfig
+from trimtab.data.arithmetic import SOURCE, digits_of, held_out, problems
+from trimtab.data.tokenizer import TextTokenizer
+from trimtab.errors import ConfigError, DataError
+from trimtab.rl.pairs import Pair, Tokens, arithmetic_pairs, read_pairs, tokenize
+from trimtab.rl.preference import PairLoader
+
+TRAIN_PAIRS = 100_000  # the built-in task's training pairs at most (two digits: ~18,000 in all)
+
+
+@dataclass
+class DPOPhase:
+    name: str
+    start: int
+    steps: int
+    data: DataConfig  # seq_len: the longest pair's sequence (the OOM handler's smallest micro-batch)
+    optim: OptimConfig
+    pairs: list[Tokens]
+    held_out: list[Tokens]
+    # the built-in task's held-out problems (prompt tokens, answer), answered greedily at evaluations
+    problems: list[tuple[list[int], str]]
+    tok: TextTokenizer
+    eval_micro: list[Any] = field(default_factory=list)  # no held-out loss: DPO is judged by its pairs
+    eval_sources: list[str] = field(default_factory=list)
+    skipped_records: int = 0
+    weights: list[float] = field(default_factory=lambda: [1.0])
+    names: list[str] = field(default_factory=lambda: ["dpo"])
+    train_rows: Any = None  # no token rows: the pairs are the data
+
+    def loader(self, cfg: RunConfig, pad_id: int, rank: int = 0, world: int = 1) -> PairLoader:
+        del rank, world  # one process (checked at setup)
+        train = cfg.train
+        return PairLoader(
+            self.pairs, self.held_out, cfg.dpo, train.micro_budget, train.seed, pad_id, self.problems, self.tok
+        )
+
+
+def pairs_of(cfg: RunConfig) -> tuple[list[Pair], list[Pair], list[tuple[str, str]]]:
+    """dpo.pairs split into the pairs trained on and dpo.held_out held-out ones (a hash of the
+    prompt decides, so a file's held-out prompts never reach training), and the built-in task's
+    held-out problems (prompt, answer)."""
+    spec, seed, n_held = cfg.dpo.pairs, cfg.train.seed, cfg.dpo.held_out
+    try:
+        digits = digits_of(spec)
+    except ValueError as exc:
+        raise ConfigError(f"dpo.pairs {exc}") from None
+    if digits is not None:
+        held = arithmetic_pairs(n_held, seed, digits, split="held_out")
+        return arithmetic_pairs(TRAIN_PAIRS, seed, digits), held, problems(n_held, seed, digits, "held_out")
+    path = Path(spec)
+    if not path.is_file():
+        raise ConfigError(
+            f"dpo.pairs '{spec}' is no file; a JSONL of prompts, chosen and rejected responses, or {SOURCE}"
+        )
+    every = read_pairs(path)
+    train = [p for p in every if not held_out(p.prompt)]
+    if not train:
+        raise ConfigError(f"dpo.pairs '{spec}': every prompt fell in the held-out split; add pairs")
+    return train, [p for p in every if held_out(p.prompt)][:n_held], []
+
+
+def build_dpo_phase(cfg: RunConfig, tok: TextTokenizer) -> DPOPhase:
+    if cfg.train.max_steps == "auto" or cfg.train.epochs > 0:
+        raise ConfigError("dpo: set train.max_steps to the DPO steps to take (auto and train.epochs are pretraining's)")
+    train, held, answers = pairs_of(cfg)
+    tokens = [[tokenize(p, tok) for p in group] for group in (train, held)]
+    longest = max((t.width + 1, p.where) for group, toks in zip((train, held), tokens) for p, t in zip(group, toks))
+    if longest[0] > cfg.model.max_seq_len:
+        raise DataError(
+            f"{longest[1] or 'a built-in pair'}: a pair of {longest[0]} tokens (prompt + response) exceeds "
+            f"model.max_seq_len={cfg.model.max_seq_len}; shorten it or drop it"
+        )
+    data = dataclasses.replace(cfg.data, seq_len=longest[0])
+    prompts = [(tok.encode(prompt, specials=True), answer) for prompt, answer in answers]
+    return DPOPhase("dpo", 0, int(cfg.train.max_steps), data, cfg.optim, *tokens, prompts, tok)

@@ -1,0 +1,195 @@
+"""The DPO step's batch: preference pairs drawn in a seeded order, cut into micro-batches of whole
+pairs the trainer's loop trains like any other step (training/trainer.py: the loss is
+rl/dpo.py's where a micro-batch carries pairs).
+
+`PairLoader` is the loop's loader for a DPO phase: the same protocol as data/packing.py's
+BatchLoader (next_batch, regroup after an OOM, skip_rows after a rollback, metrics,
+state_dict), so the orchestrator heals DPO steps as it heals pretraining ones. Its state is the
+order's position: a resumed run trains exactly the pairs the uninterrupted one did.
+
+Shape legend: N pairs in a micro-batch, B = 2N rows (the chosen responses, then the rejected
+ones, pair i's at rows i and N + i), T the longest prompt + response - 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from trimtab.config.dpo import DPOConfig
+from trimtab.data.packing import IGNORE_INDEX, MicroBatch, StepBatch
+from trimtab.data.tokenizer import TextTokenizer
+from trimtab.errors import DataError
+from trimtab.rl.batches import Policy
+from trimtab.rl.dpo import DPOTerms, dpo_terms, sequence_logprobs
+from trimtab.rl.pairs import Tokens
+from trimtab.rl.rewards import verifier
+
+# inputs, targets [B, T] -> the policy's and the reference's log-probability at each target [B, T]
+Scorer = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class PairMicroBatch(MicroBatch):
+    """Whole pairs (see the shape legend); n_targets: its pairs (its part of the step's count)."""
+
+
+@dataclass
+class PairBatch(StepBatch):
+    terms: list[DPOTerms] = field(default_factory=list)  # each micro-batch's sums, filled by the trainer
+
+
+def collate(pairs: list[Tokens], pad_id: int, rows: list[int]) -> PairMicroBatch:
+    """Pairs as one micro-batch: the chosen rows, then the rejected ones; targets only on the
+    responses (the prompt is given, not learnt)."""
+    width = max(p.width for p in pairs)
+    seqs = [(p.prompt, p.chosen) for p in pairs] + [(p.prompt, p.rejected) for p in pairs]
+    inputs = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    targets = torch.full((len(seqs), width), IGNORE_INDEX, dtype=torch.long)
+    for b, (prompt, response) in enumerate(seqs):
+        seq, start = prompt + response, len(prompt) - 1  # the first response token's input position
+        inputs[b, : len(seq) - 1] = torch.tensor(seq[:-1])
+        targets[b, start : start + len(response)] = torch.tensor(response)
+    return PairMicroBatch(inputs, targets, len(pairs), rows + rows)
+
+
+def group_pairs(widths: dict[int, int], budget: int) -> list[list[int]]:
+    """Pair indices (keys of widths) in micro-batches: longest first, filled while 2 x pairs x the
+    first (longest) one's width fit `budget` tokens; a pair over it alone."""
+    groups: list[list[int]] = []
+    for i in sorted(widths, key=lambda i: -widths[i]):
+        if groups and 2 * (len(groups[-1]) + 1) * widths[groups[-1][0]] <= budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+class PairLoader:
+    """A DPO phase's steps (see the module docstring); `scorer` and `policy` are set by the
+    trainer (its model's and the reference's log-probabilities; greedy answers)."""
+
+    def __init__(
+        self,
+        pairs: list[Tokens],
+        held_out: list[Tokens],
+        cfg: DPOConfig,
+        micro_batch_tokens: int,
+        seed: int,
+        pad_id: int,
+        problems: list[tuple[list[int], str]] | None = None,
+        tok: TextTokenizer | None = None,
+    ) -> None:
+        self.pairs, self.held_out, self.cfg, self.seed, self.pad_id = pairs, held_out, cfg, seed, pad_id
+        self.problems, self.tok = problems or [], tok  # held-out prompts and answers answered greedily
+        self.micro_batch_tokens = micro_batch_tokens  # an OOM handler may lower it between steps
+        # a step's size in tokens, as the OOM handler bounds a micro-batch by
+        self.batch_tokens = cfg.pairs_per_step * 2 * max(p.width for p in pairs)
+        self.scorer: Scorer | None = None
+        self.policy: Policy | None = None
+        self.epoch, self.cursor = 0, 0
+        self.skipped: set[int] = set()
+        self._order = self._permutation(0)
+        self._window: list[PairBatch] = []  # the steps since metrics() was read
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.pairs))
+
+    def _next_pair(self) -> int:
+        while True:
+            if self.cursor == len(self._order):
+                self.epoch, self.cursor = self.epoch + 1, 0
+                self._order = self._permutation(self.epoch)
+            self.cursor += 1
+            index = int(self._order[self.cursor - 1])
+            if index not in self.skipped:
+                return index
+
+    def next_batch(self) -> PairBatch:
+        rows = [self._next_pair() for _ in range(self.cfg.pairs_per_step)]
+        n_tokens = sum(2 * self.pairs[i].width for i in rows)
+        batch = PairBatch([], len(rows), n_tokens, rows)
+        self._window.append(batch)
+        return self.regroup(batch)
+
+    def regroup(self, batch: PairBatch) -> PairBatch:
+        """The step's pairs cut into micro-batches of the current budget (whole pairs: the loss
+        compares a pair's two responses); the step's pair count normalises them all."""
+        widths = {k: self.pairs[i].width for k, i in enumerate(batch.rows)}  # by position: a pair drawn twice
+        rows = [[batch.rows[k] for k in group] for group in group_pairs(widths, self.micro_batch_tokens)]
+        batch.micro = [collate([self.pairs[i] for i in r], self.pad_id, r) for r in rows]
+        return batch
+
+    def skip_rows(self, rows: list[int]) -> int:
+        """Never draw these pairs again (after a rollback that blamed them)."""
+        keep = self.skipped | {int(r) for r in rows}
+        if len(keep) >= len(self.pairs):
+            raise DataError("skipping these pairs would leave none to train on; the pairs themselves are bad")
+        added, self.skipped = len(keep) - len(self.skipped), keep
+        return added
+
+    def metrics(self) -> dict[str, float]:
+        """The DPO figures over the steps since the last read, per pair (one host read)."""
+        window, self._window = self._window, []
+        terms = [t for b in window for t in b.terms]
+        if not terms:
+            return {}
+        return summarise(terms, "dpo/")
+
+    def evaluate(self) -> dict[str, float]:
+        """The held-out pairs scored by the policy against the reference: the share the policy
+        prefers rightly, the mean margin and loss; with the built-in task, also its held-out
+        problems answered greedily (pass@1: the share answered right); {} with neither."""
+        figures: dict[str, float] = {}
+        if self.held_out:
+            terms = []
+            for group in group_pairs({i: p.width for i, p in enumerate(self.held_out)}, self.micro_batch_tokens):
+                micro = collate([self.held_out[i] for i in group], self.pad_id, group)
+                policy, reference = self.scorer(micro.inputs, micro.targets)
+                targets = micro.targets.to(policy.device)
+                seq = [sequence_logprobs(x, targets) for x in (policy, reference)]
+                terms.append(dpo_terms(*seq, (targets != IGNORE_INDEX).sum(-1), self.cfg))
+            figures = summarise(terms, "dpo/held_out_")
+        if self.problems:
+            rollouts = self.policy([p for p, _ in self.problems], None)
+            exact, eos = verifier("exact"), self.tok.eos_id
+            right = [
+                exact(self.tok.decode([t for t in r.tokens if t != eos]), a)
+                for r, (_, a) in zip(rollouts, self.problems)
+            ]
+            figures["dpo/held_out_pass@1"] = sum(right) / len(right)
+        return figures
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "cursor": self.cursor,
+            "seed": self.seed,
+            "n_rows": len(self.pairs),
+            "skipped": sorted(self.skipped),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly where `state` was taken."""
+        if state.get("n_rows") != len(self.pairs):
+            raise DataError(
+                f"the checkpoint's DPO run had {state.get('n_rows')} pairs but dpo.pairs now has "
+                f"{len(self.pairs)}; resume with the same pairs"
+            )
+        self.seed, self.epoch, self.cursor = state["seed"], state["epoch"], state["cursor"]
+        self.skipped = set(state["skipped"])
+        self._order = self._permutation(self.epoch)
+
+
+def summarise(terms: list[DPOTerms], prefix: str) -> dict[str, float]:
+    """Per-pair means of micro-batches' sums: the loss, the preference accuracy (the share of
+    pairs whose implicit reward prefers the chosen response), the margin and each reward."""
+    n = sum(t.pairs for t in terms)
+    names = ("objective", "correct", "margin", "chosen_reward", "rejected_reward")
+    sums = torch.stack([torch.stack([getattr(t, k).detach().float() for k in names]) for t in terms]).sum(0)
+    figures = dict(zip(("loss", "accuracy", "margin", "chosen_reward", "rejected_reward"), (sums / n).tolist()))
+    return {prefix + k: v for k, v in figures.items()}

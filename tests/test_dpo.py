@@ -1,0 +1,234 @@
+"""DPO (rl/dpo.py, rl/pairs.py, rl/preference.py, `trimtab dpo`): the loss is the papers' formula,
+a step's gradient is the same however its pairs are split into micro-batches, a run from a
+trained model's weights learns a preference that holds on held-out pairs, an interrupted run
+resumes to the uninterrupted one's weights, and a bad pairs file is named by file and line."""
+
+import json
+import math
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers import FAST, trimtab_cli
+from trimtab.config import ModelConfig, load_config
+from trimtab.config.dpo import DPOConfig
+from trimtab.data.packing import IGNORE_INDEX
+from trimtab.errors import ConfigError, DataError
+from trimtab.model import build_model
+from trimtab.rl.dpo import dpo_from_hidden, dpo_terms, pair_losses
+from trimtab.rl.pairs import Pair, Tokens, arithmetic_pairs, read_pairs
+from trimtab.rl.preference import PairLoader
+from trimtab.rl.reference import reference_logprobs
+from trimtab.rundir import read_decisions
+
+log_sigmoid = lambda x: -math.log1p(math.exp(-x))  # noqa: E731
+
+
+def test_the_loss_is_the_papers_formula_for_each_variant():
+    """2 pairs: rows (chosen 1, chosen 2, rejected 1, rejected 2), log-probabilities summed
+    over each response; h = (log pi_w - log ref_w) - (log pi_l - log ref_l)."""
+    policy = torch.tensor([-3.0, -5.0, -4.0, -4.5])
+    ref = torch.tensor([-3.5, -4.0, -3.0, -4.0])
+    h = [(-3.0 + 3.5) - (-4.0 + 3.0), (-5.0 + 4.0) - (-4.5 + 4.0)]  # 1.5, -0.5
+    beta = 0.5
+    losses, chosen, rejected = pair_losses(policy, ref, beta)
+    assert losses.tolist() == pytest.approx([-log_sigmoid(beta * x) for x in h])  # Rafailov et al. eq. 7
+    assert chosen.tolist() == pytest.approx([0.25, -0.5]) and rejected.tolist() == pytest.approx([-0.5, -0.25])
+    eps = 0.2  # cDPO
+    smoothed, _, _ = pair_losses(policy, ref, beta, "sigmoid", eps)
+    want = [-(1 - eps) * log_sigmoid(beta * x) - eps * log_sigmoid(-beta * x) for x in h]
+    assert smoothed.tolist() == pytest.approx(want)
+    ipo, _, _ = pair_losses(policy, ref, beta, "ipo")  # Azar et al. eq. 17
+    assert ipo.tolist() == pytest.approx([(x - 1 / (2 * beta)) ** 2 for x in h])
+    hinge, _, _ = pair_losses(policy, ref, beta, "hinge")
+    assert hinge.tolist() == pytest.approx([max(0.0, 1 - beta * x) for x in h])
+    # RPO: + alpha x the chosen responses' NLL per token (lengths 2 and 4); the figures are DPO's
+    terms = dpo_terms(policy, ref, torch.tensor([2, 4, 3, 3]), DPOConfig(beta=beta, sft_coef=0.5))
+    assert terms.objective.item() == pytest.approx(sum(-log_sigmoid(beta * x) for x in h) + 0.5 * (3 / 2 + 5 / 4))
+    assert (terms.correct.item(), terms.margin.item(), terms.pairs) == (1.0, pytest.approx(0.75 - 0.25), 2)
+    # the gradient raises the chosen response's log-probability and lowers the rejected one's
+    x = policy.clone().requires_grad_()
+    pair_losses(x, ref, beta)[0].sum().backward()
+    assert (x.grad[:2] < 0).all() and (x.grad[2:] > 0).all()
+
+
+def tokens(n: int, seed: int = 0) -> list[Tokens]:
+    """n pairs of ragged prompts and responses over a vocabulary of 50."""
+    rng = random.Random(seed)
+    ids = lambda k: [rng.randrange(1, 50) for _ in range(k)]  # noqa: E731
+    return [Tokens(ids(rng.randint(1, 5)), ids(rng.randint(1, 4)), ids(rng.randint(1, 4))) for _ in range(n)]
+
+
+def test_a_step_split_into_micro_batches_has_the_gradient_of_the_whole():
+    """8 pairs of ragged lengths through a tiny model: in one micro-batch, then in micro-batches
+    of at most 24 tokens (whole pairs each: 4 or more of them), the step's loss (each
+    micro-batch's sum over the step's pair count) has the same gradient; a per-micro-batch mean
+    would not."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16))
+    reference = build_model(model.cfg).requires_grad_(False)  # another model: the reference differs
+    cfg = DPOConfig(pairs_per_step=8, beta=0.5, sft_coef=0.3)
+
+    def grad(budget: int, per_micro_mean: bool = False) -> tuple[torch.Tensor, int]:
+        loader = PairLoader(tokens(20), [], cfg, budget, seed=0, pad_id=0)
+        batch = loader.next_batch()
+        model.zero_grad()
+        for micro in batch.micro:
+            ref = reference_logprobs(reference, micro.inputs, micro.targets, 1.0)
+            terms = dpo_from_hidden(model.hidden(micro.inputs), model.lm_head.weight, micro.targets, ref, cfg)
+            (terms.objective / (terms.pairs if per_micro_mean else batch.n_targets)).backward()
+            assert micro.inputs.shape[0] == 2 * micro.n_targets  # whole pairs
+        return torch.cat([p.grad.flatten() for p in model.parameters()]), len(batch.micro)
+
+    whole, one = grad(10_000)
+    split, several = grad(24)
+    assert one == 1 and several >= 4
+    assert torch.allclose(split, whole, atol=1e-6)
+    naive, _ = grad(24, per_micro_mean=True)
+    assert not torch.allclose(naive, whole, atol=1e-4)
+
+
+def test_a_micro_batch_holds_each_pair_chosen_then_rejected_with_targets_on_the_responses():
+    pairs = [Tokens([1, 2, 3], [4, 5], [6]), Tokens([7], [8], [9, 10, 11])]
+    loader = PairLoader(pairs, [], DPOConfig(pairs_per_step=2), 1000, seed=0, pad_id=0)
+    (micro,) = loader.next_batch().micro
+    order = micro.rows[:2]  # longest first; the rejected rows in the same order after the chosen
+    assert micro.rows == order * 2 and micro.n_targets == 2
+    rows = [(i, side) for side in ("chosen", "rejected") for i in order]
+    for b, (i, side) in enumerate(rows):
+        pair = pairs[i]
+        response = getattr(pair, side)
+        where = (micro.targets[b] != IGNORE_INDEX).nonzero().flatten().tolist()
+        assert where == list(range(len(pair.prompt) - 1, len(pair.prompt) - 1 + len(response)))
+        assert micro.targets[b, where].tolist() == response
+        assert micro.inputs[b, : len(pair.prompt)].tolist() == pair.prompt
+
+
+def test_the_built_in_pairs_prefer_the_right_answer_and_keep_held_out_problems_out():
+    train, held = arithmetic_pairs(500, seed=1), arithmetic_pairs(50, seed=1, split="held_out")
+    for p in train + held:
+        a, op, b = p.prompt.rstrip("=").partition("+") if "+" in p.prompt[1:] else p.prompt.rstrip("=").rpartition("-")
+        right = int(a) + int(b) if op == "+" else int(a) - int(b)
+        assert p.chosen == f" {right}" and p.rejected != p.chosen and 1 <= abs(int(p.rejected) - right) <= 9
+    assert not {p.prompt for p in train} & {p.prompt for p in held}
+    assert arithmetic_pairs(50, seed=1, split="held_out") == held  # the same from the same seed
+
+
+def test_a_bad_pairs_file_is_named_by_file_and_line(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    good = json.dumps({"prompt": "2+3=", "chosen": " 5", "rejected": " 6"})
+    path.write_text(good + "\n" + json.dumps({"prompt": "1+1=", "chosen": " 2"}) + "\n")
+    with pytest.raises(DataError, match=rf"{path}:2: a preference pair needs 'rejected'"):
+        read_pairs(path)
+    path.write_text(good + "\n" + good + "\n{not json\n")
+    with pytest.raises(DataError, match=rf"{path}:3: invalid JSON"):
+        read_pairs(path)
+    path.write_text(json.dumps({"prompt": "x", "chosen": "y", "rejected": "y"}) + "\n")
+    with pytest.raises(DataError, match=rf"{path}:1: its chosen and rejected responses are the same"):
+        read_pairs(path)
+    path.write_text(good + "\n")
+    assert read_pairs(path) == [Pair("2+3=", " 5", " 6", f"{path}:1")]
+
+
+@pytest.mark.parametrize(
+    "sets, key",
+    [
+        ({"dpo": {"loss": "kto"}}, "dpo.loss"),
+        ({"dpo": {"beta": 0}}, "dpo.beta"),
+        ({"dpo": {"sft_coef": -1}}, "dpo.sft_coef"),
+        ({"dpo": {"loss": "ipo", "label_smoothing": 0.1}}, "dpo.label_smoothing"),
+        ({"dpo": {"enabled": True}, "rl": {"enabled": True}}, "dpo.enabled"),
+    ],
+)
+def test_dpo_settings_are_checked(sets, key):
+    with pytest.raises(ConfigError, match=key):
+        load_config(preset="debug", overrides=sets)
+
+
+DPO = [
+    "--preset", "debug",
+    "--set", "log.progress=false", "--set", "log.report=false", "--set", "train.log_every=1",
+    "--set", "optim.warmup_steps=0", "--set", "optim.lr=1e-2", "--set", "checkpoint.every=3",
+    "--set", "checkpoint.keep=1", "--set", "dpo.held_out=32", "--set", "dpo.pairs_per_step=16",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A debug run of two steps: a tokenizer and weights to start DPO from."""
+    out = tmp_path_factory.mktemp("dpo") / "base"
+    done = trimtab_cli(["train", "--preset", "debug", "--out", str(out), "--max-steps", "2", *FAST], out.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """600 pairs whose preference holds for any prompt: the sum chosen, a letter rejected."""
+    rng = random.Random(0)
+    path = tmp_path_factory.mktemp("dpo") / "pairs.jsonl"
+    lines = []
+    for _ in range(600):
+        a, b = rng.randrange(100), rng.randrange(100)
+        wrong = rng.choice("abcdefgh")
+        lines.append(json.dumps({"prompt": f"{a}+{b}=", "chosen": f" {a + b}", "rejected": f" {wrong}"}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def dpo(out, base, steps: int, *extra: str) -> list[dict]:
+    done = trimtab_cli(
+        ["dpo", *DPO, "--out", str(out), "--max-steps", str(steps), "--set", f"train.init_from={base}", *extra],
+        out.parent,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_dpo_run_learns_a_preference_that_holds_on_held_out_pairs(tmp_path, base, pairs):
+    """From a model that knows nothing of the pairs (step 0: the policy is the reference, every
+    margin 0), 12 steps at lr 1e-2 prefer the chosen response on every held-out pair, the margin
+    grows between evaluations, the rejected response's reward falls below 0; the step-0
+    checkpoint (the reference) is kept with checkpoint.keep=1; a clean run takes no action."""
+    lines = dpo(tmp_path / "d", base, 12, "--set", f"dpo.pairs={pairs}", "--set", "train.eval_every=6")
+    evals = [m for m in lines if "dpo/held_out_accuracy" in m]
+    assert [m["step"] for m in evals] == [0, 6, 12]
+    assert evals[0]["dpo/held_out_accuracy"] == 0 and evals[0]["dpo/held_out_loss"] == pytest.approx(math.log(2))
+    assert evals[-1]["dpo/held_out_accuracy"] == 1.0
+    margins = [m["dpo/held_out_margin"] for m in evals]
+    assert margins[0] == 0 and 0 < margins[1] < margins[2], margins
+    assert evals[-1]["dpo/held_out_rejected_reward"] < 0 < evals[-1]["dpo/held_out_chosen_reward"]
+    steps = [m for m in lines if "dpo/accuracy" in m]
+    assert len(steps) == 12 and steps[0]["loss"] == pytest.approx(math.log(2), abs=1e-4)  # policy == reference
+    assert steps[-1]["loss"] < 0.4 and steps[-1]["dpo/accuracy"] > 0.9 and steps[-1]["phase"] == "dpo"
+    for key in ("dpo/margin", "dpo/chosen_reward", "dpo/rejected_reward"):
+        assert key in steps[-1], key
+    assert (tmp_path / "d/checkpoints/step_000000").is_dir() and read_decisions(tmp_path / "d") == []
+    summary = json.loads((tmp_path / "d/summary.json").read_text())
+    assert summary["status"] == "completed" and summary["dpo/held_out_accuracy"] == 1.0
+
+
+def test_an_interrupted_dpo_run_resumes_to_the_uninterrupted_weights(tmp_path, base, pairs):
+    sets = ("--set", f"dpo.pairs={pairs}", "--set", "dpo.held_out=0")
+    whole = [m["dpo/margin"] for m in dpo(tmp_path / "whole", base, 6, *sets) if "dpo/margin" in m]
+    dpo(tmp_path / "parts", base, 6, *sets, "--inject", "sigterm@4")
+    both = [m["dpo/margin"] for m in dpo(tmp_path / "parts", base, 6, *sets) if "dpo/margin" in m]
+    assert both == whole and len(whole) == 6
+    a = load_file(tmp_path / "whole/checkpoints/step_000006/model.safetensors")
+    b = load_file(tmp_path / "parts/checkpoints/step_000006/model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_dpo_needs_a_model_to_start_from_and_a_readable_pairs_file(tmp_path, base):
+    done = trimtab_cli(["dpo", "--preset", "debug", "--out", str(tmp_path / "r"), "--max-steps", "2"], tmp_path)
+    assert done.returncode == 2 and "dpo: the tokenizer of the model to train is unknown" in done.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "1+1=", "chosen": " 2"}\n')
+    done = trimtab_cli(
+        ["dpo", *DPO, "--out", str(tmp_path / "b"), "--max-steps", "2"]
+        + ["--set", f"train.init_from={base}", "--set", f"dpo.pairs={bad}"],
+        tmp_path,
+    )
+    assert done.returncode == 2 and f"{bad}:1: a preference pair needs 'rejected'" in done.stderr, done.stderr[-2000:]
