@@ -58,6 +58,15 @@ def rolled(root) -> Path:
     return _train(root / "rolled", "debug", 9, checkpoint={"every": 4}, faults=["weights_nan@7"])
 
 
+@pytest.fixture(scope="module")
+def rl_run(root, dense) -> Path:
+    """RL from the dense run on the built-in arithmetic task, whose exact answers a model of 8
+    steps never gives: every group is flat, so rule rl_signal acts (a decision to mark)."""
+    rl = {"enabled": True, "prompts_per_step": 4, "group_size": 4, "max_new_tokens": 2, "held_out": 8}
+    train = {"init_from": str(dense), "eval_every": 3}
+    return _train(root / "rl", "debug", 6, rl=rl, train=train, log={"report": False})
+
+
 # ---------------------------------------------------------------------------- report
 
 
@@ -298,3 +307,16 @@ def test_the_report_needs_no_torch(dense, tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_an_rl_run_gets_its_reward_and_what_its_rules_read_with_the_decisions_marked(rl_run, dense):
+    run = read_run(rl_run)
+    reward = figures.rl_reward([run])
+    names = {t.name for t in reward.data}
+    assert {"rl train reward", "rl held-out reward", "rl held-out pass@1"} <= names, names
+    assert "decision: set_dynamic_sampling" in names  # rl_signal's, on the reward curve
+    signals = figures.rl_signals([run])
+    assert {"rl flat groups", "rl cut at the budget", "rl entropy"} <= {t.name for t in signals.data}
+    assert figures.rl_reward([read_run(dense)]) is None and figures.rl_signals([read_run(dense)]) is None
+    page = write_report([rl_run]).read_text()
+    assert "fig-rl_reward" in page and "fig-rl_signals" in page

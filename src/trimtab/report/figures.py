@@ -173,12 +173,12 @@ def loss(runs: list[RunRecord]) -> go.Figure | None:
     return _or_none(fig)
 
 
-def decisions(runs: list[RunRecord]) -> list[go.Scatter]:
-    """The orchestrator's decisions as markers on each run's loss curve, one colour per action,
-    the journal line in the hover."""
+def decisions(runs: list[RunRecord], key: str = "loss") -> list[go.Scatter]:
+    """The orchestrator's decisions as markers on each run's curve of `key` (the loss; RL's
+    reward), one colour per action, the journal line in the hover."""
     by_action: dict[str, tuple[list[float], list[float | None], list[str]]] = {}
     for run in runs:
-        at, on_curve = tokens_of(run), _loss_at(run)
+        at, on_curve = tokens_of(run), _value_at(run, key)
         for d in run.decisions:
             xs, ys, texts = by_action.setdefault(str(d.get("action", "none")), ([], [], []))
             xs.append(at(d["step"]))
@@ -204,10 +204,10 @@ def decisions(runs: list[RunRecord]) -> list[go.Scatter]:
     ]
 
 
-def _loss_at(run: RunRecord) -> Callable[[int], float | None]:
-    """The kept train loss at the finite logged step nearest a decision's (a decision's own step
-    is often a NaN or a spike, or not a logged step)."""
-    points = [(m["step"], finite(m["loss"])) for m in run.train]
+def _value_at(run: RunRecord, key: str) -> Callable[[int], float | None]:
+    """The kept value of `key` at the finite logged step nearest a decision's (a decision's own
+    step is often a NaN or a spike, or not a logged step)."""
+    points = [(m["step"], finite(m[key])) for m in run.lines if key in m and not m.get("abandoned")]
     points = [(s, v) for s, v in points if v is not None]
     if not points:
         return lambda step: None
@@ -385,9 +385,64 @@ def chinchilla(runs: list[RunRecord]) -> go.Figure | None:
     return _or_none(fig)
 
 
+def rl_reward(runs: list[RunRecord]) -> go.Figure | None:
+    """RL runs: the training reward (each step's, over every group drawn), the held-out reward
+    and pass@1 at each evaluation, and the orchestrator's decisions on the training reward."""
+    fig = _fig("RL reward", "reward, pass@1")
+    for i, run in enumerate(runs):
+        _line(fig, run, i, "rl/reward", "train reward")
+        for key, label, dash in (
+            ("rl/held_out_reward", "held-out reward", "dot"),
+            ("rl/held_out_pass@1", "held-out pass@1", "dash"),
+        ):
+            xs, ys = _kept(run, key)
+            if xs:
+                line = {"color": colour(i), "dash": dash, "width": 2}
+                fig.add_trace(
+                    go.Scatter(
+                        x=xs, y=ys, name=f"{run.name} {label}", mode="lines+markers", line=line, legendgroup=run.name
+                    )
+                )
+    if not _has_data(fig):
+        return None
+    for trace in decisions([run for run in runs if any("rl/reward" in m for m in run.lines)], key="rl/reward"):
+        fig.add_trace(trace)
+    return fig
+
+
+# what RL's rules read (orchestrator/rl_health.py): shares of a step, left axis
+RL_SHARES = (
+    ("rl/zero_variance_groups", "flat groups", "solid"),
+    ("rl/truncated", "cut at the budget", "dash"),
+    ("rl/clip_fraction", "clipped", "dot"),
+    ("rl/off_policy", "off the clip range", "dashdot"),
+)
+
+
+def rl_signals(runs: list[RunRecord]) -> go.Figure | None:
+    """RL runs: the shares RL's rules read (flat groups, responses cut at the budget, clipped and
+    off-policy tokens) and, on the right, the sampled tokens' entropy and the rollouts' staleness."""
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.update_layout(title="RL: what the rules read", xaxis_title="tokens", **LAYOUT)
+    fig.update_yaxes(title_text="share of the step (0-1)", secondary_y=False)
+    fig.update_yaxes(title_text="entropy (nats/token), staleness (steps)", secondary_y=True)
+    right = (("rl/entropy", "entropy", "longdash"), ("rl/staleness", "staleness", "longdashdot"))
+    for i, run in enumerate(runs):
+        for series, secondary in ((RL_SHARES, False), (right, True)):
+            for key, label, dash in series:
+                xs, ys = _kept(run, key)
+                if xs:
+                    line = {"color": colour(i), "dash": dash, "width": 1 if secondary else 2}
+                    trace = go.Scatter(x=xs, y=ys, name=f"{run.name} {label}", line=line, legendgroup=run.name)
+                    fig.add_trace(trace, secondary_y=secondary)
+    return _or_none(fig)
+
+
 # (title, builder) in page order
 FIGURES: list[tuple[str, Callable[[list[RunRecord]], go.Figure | None]]] = [
     ("loss", loss),
+    ("rl_reward", rl_reward),
+    ("rl_signals", rl_signals),
     ("lr", learning_rate),
     ("grad_norm", grad_norm),
     ("throughput", throughput),

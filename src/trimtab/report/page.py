@@ -32,6 +32,10 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 CAPTIONS = {
     "loss": "Train loss (solid) and validation loss (dotted) against tokens. Diamonds: the orchestrator's "
     "decisions (hover: evidence, reasoning, confidence, outcome). Dashed, faded: steps a rollback abandoned.",
+    "rl_reward": "RL: the training reward of each step (over every group drawn), the held-out reward (dotted) and "
+    "pass@1 (dashed) at each evaluation. Diamonds: the orchestrator's decisions.",
+    "rl_signals": "RL: what the rules read: the share of flat groups, of responses cut at the budget, of clipped and "
+    "off-policy tokens (left); the sampled tokens' entropy and the rollouts' staleness (right).",
     "lr": "Applied LR (the schedule times the orchestrator's multiplier) against the schedule alone (dotted).",
     "grad_norm": "Gradient norm before clipping: mean and max over each log interval.",
     "throughput": "Tokens per second (left) and model FLOPs utilization (right, dotted).",
