@@ -11,7 +11,8 @@ held-out prompts scored greedily at the end (`rl/held_out_reward`). Each run is 
 Scenarios:
     clean              no fault (auto must take no action: a false one otherwise)
     slow_verifier      a sound verifier taking 0.25 s under a 0.1 s rl.verifier_timeout_s (real:
-                       every verification is killed at the timeout and scores 0)
+                       every verification is killed at the timeout and scores 0; the held-out
+                       prompts scored by the same check without the sleep)
     nan_loss           nan_loss@6: the objective is NaN for a step
     rollout_oom        rollout_oom@6:20: generating more than 20 rows at once runs out of memory
     sigkill            sigkill@6, relaunched once as a scheduler would (exact resume)
@@ -44,11 +45,14 @@ REWARD = "python:_rl_verifiers:leading_space"
 SLOW = "python:_rl_verifiers:slow_leading_space"
 SCENARIOS = {
     "clean": [],
+    # the held-out prompts scored by the sound check: the policy's measure, not the timeout's
     "slow_verifier": [
         "--set",
-        "rl.reward=python:_rl_verifiers:slow_leading_space",
+        f"rl.reward={SLOW}",
         "--set",
         "rl.verifier_timeout_s=0.1",
+        "--set",
+        f"rl.held_out_reward={REWARD}",
     ],
     "nan_loss": ["--inject", "nan_loss@6"],
     "rollout_oom": ["--inject", "rollout_oom@6:20"],
