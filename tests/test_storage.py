@@ -246,13 +246,14 @@ def test_a_bad_bucket_on_the_command_line_exits_2_and_writes_nothing(tmp_path, b
     assert "Traceback" not in done.stderr and not out.exists()
 
 
-def test_a_remote_run_is_one_process_for_now(tmp_path):
+def test_replica_groups_and_a_store_are_refused_together(tmp_path):
     cfg = debug_cfg(tmp_path / "r", checkpoint={"dir": "memory://x/y"})
     from trimtab.training.services.storage import open_store
 
-    with pytest.raises(ConfigError, match=r"checkpoint.dir.*one process for now"):
-        open_store(cfg, world=2)
-    assert isinstance(open_store(cfg, world=1), Remote)
+    assert isinstance(open_store(cfg), Remote)
+    ft = debug_cfg(tmp_path / "r", checkpoint={"dir": "memory://x/y"}, resilience={"ft": {"enabled": True}})
+    with pytest.raises(ConfigError, match=r"checkpoint.dir.*not built for resilience.ft"):
+        open_store(ft)
 
 
 def fake_step(root, step, payload=b"w"):
@@ -390,3 +391,26 @@ def test_each_tuning_trial_has_its_own_prefix(tmp_path):
     space = load_space(tmp_path / "s.yaml")
     cfg = space.config({"optim.lr": 1e-3}, tmp_path / "trials" / "trial_0003")
     assert cfg.checkpoint.dir == "s3://bucket/study/trial_0003"
+
+
+@pytest.mark.slow
+def test_a_data_parallel_run_uploads_its_sharded_checkpoints(tmp_path, bucket):
+    """Two ranks (DDP: sharded checkpoints, every rank's DCP files in one directory): rank 0
+    uploads each whole; the run directory lost, one process resumes from the bucket's newest."""
+    import helpers
+
+    # the ranks are forked by the test process's fork server, with its environment: one started
+    # before this test's AWS environment was set would not reach the bucket, so start it afresh
+    if helpers._server is not None and helpers._server.poll() is None:
+        helpers._server.stdin.close()  # it ends at the end of its input
+        helpers._server.wait(timeout=60)
+    helpers._server = None
+    out, url, steps = tmp_path / "dp", f"{bucket}/dp", helpers.STEPS
+    helpers.run(out, 2, checkpoint={"dir": url})
+    complete, partial = open_remote(url).listing()
+    assert complete[-1] == f"step_{steps:06d}" and partial == []
+    files = open_remote(url).fs.find(f"{url}/{complete[-1]}")
+    assert sum(p.endswith(".distcp") for p in files) == 2  # both ranks' shards
+    shutil.rmtree(out)
+    summary = trimtab.train(debug_cfg(out, steps=steps + 2, checkpoint={"dir": url, "every": 5}))
+    assert summary["steps_this_session"] == 2  # resumed at the last step, resharded to one process

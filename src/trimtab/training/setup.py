@@ -297,7 +297,7 @@ def setup(cfg: RunConfig) -> BuiltRun:
         raise ConfigError("dpo: one process for now (data-parallel pairs come next); run it without torchrun")
     # checkpoint.dir checked before anything is written; a run directory without a valid
     # checkpoint resumes from the store's newest (training/services/storage.py)
-    resume = resume_point(cfg, dist, open_store(cfg, dist.world))
+    resume = resume_point(cfg, dist, open_store(cfg))
     if cfg.train.init_from and is_url(cfg.train.init_from) and not resume:  # another run in object storage
         local = dist.main_first(local_run, cfg.train.init_from, "train.init_from")
         log.info("train.init_from %s: fetched into %s", cfg.train.init_from, local)

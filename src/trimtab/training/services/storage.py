@@ -26,17 +26,20 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def open_store(cfg: RunConfig, world: int) -> Remote | None:
+def open_store(cfg: RunConfig) -> Remote | None:
     """checkpoint.dir opened and checked (storage.open_remote: ConfigError, exit 2), or None
-    when it is empty. One process for now: a data-parallel run writes its checkpoints sharded
-    by every rank into a shared directory, whose upload and per-rank restore are not built."""
+    when it is empty. Under torchrun every rank checks it (each fails alike, before any
+    collective); rank 0 alone restores and uploads: a sharded checkpoint is one directory that
+    every rank wrote into, on the file system the job shares, and is uploaded and restored whole.
+    Not with resilience.ft: each replica group keeps checkpoints of its own, which one prefix
+    cannot hold apart."""
     url = cfg.checkpoint.dir
     if not url:
         return None
-    if world > 1 or cfg.resilience.ft.enabled:
+    if cfg.resilience.ft.enabled:
         raise ConfigError(
-            "config key 'checkpoint.dir': object storage for checkpoints is one process for now (not under "
-            "torchrun or resilience.ft); unset checkpoint.dir and copy checkpoints/ with the job's own tooling"
+            "config key 'checkpoint.dir': object storage for checkpoints is not built for resilience.ft's replica "
+            "groups yet; unset checkpoint.dir (or resilience.ft.enabled)"
         )
     return open_remote(url)
 
