@@ -414,3 +414,13 @@ def test_a_data_parallel_run_uploads_its_sharded_checkpoints(tmp_path, bucket):
     shutil.rmtree(out)
     summary = trimtab.train(debug_cfg(out, steps=steps + 2, checkpoint={"dir": url, "every": 5}))
     assert summary["steps_this_session"] == 2  # resumed at the last step, resharded to one process
+
+
+def test_a_manifest_naming_files_outside_its_checkpoint_is_not_restored(tmp_path, caplog):
+    remote = open_remote(f"memory://trimtab-test-{uuid.uuid4().hex[:8]}/ckpt")
+    local = fake_step(tmp_path / "src", 3)
+    (local / MANIFEST).write_text(json.dumps({"step": 3, "manifest": {"../../escaped": {}}}))
+    remote.upload(local)
+    assert restore(remote, tmp_path / "dst", lambda path: {}) is None
+    assert "names a file outside the checkpoint: '../../escaped'" in caplog.text
+    assert not (tmp_path / "escaped").exists()

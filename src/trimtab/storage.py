@@ -105,6 +105,9 @@ class Remote:
         """Every file of step `name` that its state.json lists, and state.json last, into `into`."""
         source = f"{self.root}/{name}"
         manifest = json.loads(self.fs.cat_file(f"{source}/{MANIFEST}")).get("manifest", {})
+        outside = [f for f in manifest if Path(f).is_absolute() or ".." in Path(f).parts]
+        if outside:  # the bucket's word is not trusted with where files land
+            raise ValueError(f"its manifest names a file outside the checkpoint: {outside[0]!r}")
         for file in (*manifest, MANIFEST):
             (into / file).parent.mkdir(parents=True, exist_ok=True)
             self.fs.get_file(f"{source}/{file}", str(into / file))
