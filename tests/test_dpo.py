@@ -14,11 +14,12 @@ from safetensors.torch import load_file
 from helpers import FAST, trimtab_cli
 from trimtab.config import ModelConfig, load_config
 from trimtab.config.dpo import DPOConfig
+from trimtab.data.chat import ChatFormat
 from trimtab.data.packing import IGNORE_INDEX
 from trimtab.errors import ConfigError, DataError
 from trimtab.model import build_model
 from trimtab.rl.dpo import dpo_from_hidden, dpo_terms, pair_losses
-from trimtab.rl.pairs import Pair, Tokens, arithmetic_pairs, read_pairs
+from trimtab.rl.pairs import Pair, Tokens, arithmetic_pairs, read_pairs, tokenize
 from trimtab.rl.preference import PairLoader
 from trimtab.rl.reference import reference_logprobs
 from trimtab.rundir import read_decisions
@@ -116,6 +117,32 @@ def test_the_built_in_pairs_prefer_the_right_answer_and_keep_held_out_problems_o
     assert arithmetic_pairs(50, seed=1, split="held_out") == held  # the same from the same seed
 
 
+class CharTokenizer:
+    eos_id = 0
+    chat = None
+
+    def encode(self, text: str, specials: bool = False) -> list[int]:
+        return [ord(c) for c in text]
+
+
+def test_a_pair_is_tokenized_as_the_model_sees_it_with_or_without_a_chat_template():
+    pair = Pair("2+3=", " 5", " 6")
+    tok = CharTokenizer()
+    assert tokenize(pair, tok) == Tokens([ord(c) for c in "2+3="], [ord(" "), ord("5"), 0], [ord(" "), ord("6"), 0])
+    tok.chat = ChatFormat(
+        "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+        "{% if add_generation_prompt %}<s>assistant: {% endif %}",
+        {},
+    )
+    text = lambda ids: "".join(map(chr, ids))  # noqa: E731
+    got = tokenize(pair, tok)
+    assert (text(got.prompt), text(got.chosen), text(got.rejected)) == (
+        "<s>user: 2+3=</s><s>assistant: ",
+        " 5</s>",
+        " 6</s>",
+    )
+
+
 def test_a_bad_pairs_file_is_named_by_file_and_line(tmp_path):
     path = tmp_path / "pairs.jsonl"
     good = json.dumps({"prompt": "2+3=", "chosen": " 5", "rejected": " 6"})
@@ -191,7 +218,8 @@ def test_a_dpo_run_learns_a_preference_that_holds_on_held_out_pairs(tmp_path, ba
     """From a model that knows nothing of the pairs (step 0: the policy is the reference, every
     margin 0), 12 steps at lr 1e-2 prefer the chosen response on every held-out pair, the margin
     grows between evaluations, the rejected response's reward falls below 0; the step-0
-    checkpoint (the reference) is kept with checkpoint.keep=1; a clean run takes no action."""
+    checkpoint (the reference) and the best evaluation's are kept with checkpoint.keep=1; a clean
+    run takes no action."""
     lines = dpo(tmp_path / "d", base, 12, "--set", f"dpo.pairs={pairs}", "--set", "train.eval_every=6")
     evals = [m for m in lines if "dpo/held_out_accuracy" in m]
     assert [m["step"] for m in evals] == [0, 6, 12]
@@ -205,7 +233,11 @@ def test_a_dpo_run_learns_a_preference_that_holds_on_held_out_pairs(tmp_path, ba
     assert steps[-1]["loss"] < 0.4 and steps[-1]["dpo/accuracy"] > 0.9 and steps[-1]["phase"] == "dpo"
     for key in ("dpo/margin", "dpo/chosen_reward", "dpo/rejected_reward"):
         assert key in steps[-1], key
-    assert (tmp_path / "d/checkpoints/step_000000").is_dir() and read_decisions(tmp_path / "d") == []
+    assert read_decisions(tmp_path / "d") == []
+    # kept with checkpoint.keep=1: the reference (step 0) and the best evaluation's (its accuracy first 1)
+    best = next(m["step"] for m in evals if m["dpo/held_out_accuracy"] == 1.0)
+    kept = {p.name for p in (tmp_path / "d/checkpoints").glob("step_*")}
+    assert {"step_000000", f"step_{best:06d}"} <= kept and "step_000003" not in kept, kept
     summary = json.loads((tmp_path / "d/summary.json").read_text())
     assert summary["status"] == "completed" and summary["dpo/held_out_accuracy"] == 1.0
 
@@ -232,3 +264,20 @@ def test_dpo_needs_a_model_to_start_from_and_a_readable_pairs_file(tmp_path, bas
         tmp_path,
     )
     assert done.returncode == 2 and f"{bad}:1: a preference pair needs 'rejected'" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_step_out_of_memory_is_trained_again_in_micro_batches_of_whole_pairs(tmp_path, base, pairs):
+    """oom@2: step 2's forward no longer fits; the orchestrator halves the micro-batch budget and
+    the step is trained again on the same pairs in smaller micro-batches: the same figures and
+    weights as a run that never ran out (to float rounding)."""
+    sets = ("--set", f"dpo.pairs={pairs}", "--set", "dpo.held_out=0")
+    whole = [m for m in dpo(tmp_path / "whole", base, 3, *sets) if "dpo/margin" in m]
+    healed = [m for m in dpo(tmp_path / "oom", base, 3, *sets, "--inject", "oom@2") if "dpo/margin" in m]
+    decisions = [d for d in read_decisions(tmp_path / "oom") if d["rule"] == "oom"]
+    assert decisions and {(d["step"], d["action"]) for d in decisions} == {(2, "set_micro_batch_tokens")}
+    assert healed[-1]["micro_batch_tokens"] < whole[-1]["micro_batch_tokens"]
+    for a, b in zip(whole, healed):
+        assert a["dpo/margin"] == pytest.approx(b["dpo/margin"], rel=1e-4, abs=1e-6)
+    a = load_file(tmp_path / "whole/checkpoints/step_000003/model.safetensors")
+    b = load_file(tmp_path / "oom/checkpoints/step_000003/model.safetensors")
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)

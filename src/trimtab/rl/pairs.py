@@ -86,12 +86,13 @@ def tokenize(pair: Pair, tok: TextTokenizer) -> Tokens:
     if chat is None or chat.template is None:
         response = lambda text: tok.encode(text) + [tok.eos_id]  # noqa: E731
         return Tokens(tok.encode(pair.prompt, specials=True), response(pair.chosen), response(pair.rejected))
+    turns = [[("user", pair.prompt), ("assistant", reply)] for reply in (pair.chosen, pair.rejected)]
     try:
-        chosen, rejected = (
-            render_segments(chat, [("user", pair.prompt), ("assistant", r)]) for r in (pair.chosen, pair.rejected)
-        )
+        rendered = [render_segments(chat, t) for t in turns]
     except TemplateError as exc:
         raise DataError(f"{pair.where or 'a preference pair'}: {exc}") from None
-    # segments: the prompt (not trainable), the reply with its end-of-turn (trainable), the rest
-    prompt = tok.encode(chosen[0][0])
-    return Tokens(prompt, tok.encode(chosen[1][0]), tok.encode(rejected[1][0]))
+    # each: the prompt (not trainable), the reply with its end-of-turn (trainable), what follows
+    first = [next(i for i, (_, trainable) in enumerate(segments) if trainable) for segments in rendered]
+    prompt = "".join(text for text, _ in rendered[0][: first[0]])
+    chosen, rejected = (segments[i][0] for segments, i in zip(rendered, first))
+    return Tokens(tok.encode(prompt), tok.encode(chosen), tok.encode(rejected))
