@@ -70,7 +70,7 @@ def test_prompts_the_model_cannot_hold_are_refused():
         generate(m, [[1], []], 4, EOS)
 
 
-def _batch_logprobs(m: Transformer, rollouts, experts=None) -> list[list[float]]:
+def _batch_logprobs(m: Transformer, rollouts, experts=None, depth: bool = False) -> list[list[float]]:
     """Each response token's log-probability from one training-mode forward over the rollouts,
     right-padded into one batch as rl/batches.py collates them."""
     width = max(len(r.prompt) + len(r.tokens) - 1 for r in rollouts)
@@ -79,7 +79,7 @@ def _batch_logprobs(m: Transformer, rollouts, experts=None) -> list[list[float]]
         seq = r.prompt + r.tokens
         inputs[b, : len(seq) - 1] = torch.tensor(seq[:-1])
     m.train()
-    with torch.no_grad(), replaying(m, experts):
+    with torch.no_grad(), replaying(m, experts, depth):
         full = torch.log_softmax(m(inputs).float(), -1)
     m.eval()
     return [[float(full[b, len(r.prompt) - 1 + i, t]) for i, t in enumerate(r.tokens)] for b, r in enumerate(rollouts)]
@@ -116,3 +116,20 @@ def test_routing_replay_gives_the_training_forward_the_routing_generation_chose(
     assert worst > 1e-2  # the capacity's drops, without replay
     assert all(layer.replay is None and layer.recorded is None for _, layer in m.moe_layers())
     assert generate(m, PROMPTS, 4, EOS, temperature=0.0)[0].experts is None  # off by default
+
+
+def test_routing_replay_routes_a_mixture_of_depths_policy_by_its_predictor_as_generation_does():
+    """A MoD policy's training forward sends the top-k tokens at its capacity through a block,
+    generation those its causal predictor picks: replayed (rl/replay.py, depth), the training
+    forward routes by the predictor and its log-probabilities are the behaviour ones."""
+    m = model(["dense", "mod"])
+    for _, router in m.mod_layers():
+        router.capacity = 0.5
+    g = torch.Generator().manual_seed(3)
+    rollouts = generate(m, [p for p in PROMPTS for _ in range(4)], 10, EOS, temperature=1.0, generator=g)
+    behaviour = [r.logprobs for r in rollouts]
+    for got, want in zip(_batch_logprobs(m, rollouts, depth=True), behaviour):
+        assert got == pytest.approx(want, abs=1e-4)
+    worst = max(abs(a - b) for got, want in zip(_batch_logprobs(m, rollouts), behaviour) for a, b in zip(got, want))
+    assert worst > 1e-2  # top-k at half the tokens, without replay
+    assert all(not router.replay for _, router in m.mod_layers())

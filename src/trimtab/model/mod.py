@@ -62,6 +62,9 @@ class DepthRouter(nn.Module):
         self.capacity = 1.0 if warmup_steps else self.target
         self.aux_loss: torch.Tensor | None = None
         self.stats: dict[str, torch.Tensor] = {}
+        # RL's routing replay (rl/replay.py): a training forward routes by the causal predictor,
+        # as generation did, instead of by top-k at the capacity
+        self.replay = False
 
     def set_step(self, step: int) -> None:
         """Capacity at optimizer step `step`: linear from 1.0 down to `target` over warmup_steps."""
@@ -75,7 +78,7 @@ class DepthRouter(nn.Module):
     def forward(
         self, x: torch.Tensor, f: Residual, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache | None, layer: int
     ) -> torch.Tensor:
-        if self.training and cache is None:
+        if self.training and cache is None and not self.replay:
             return self._top_k(x, f, rope, layer)
         return self._predicted(x, f, rope, cache, layer)
 
@@ -108,6 +111,11 @@ class DepthRouter(nn.Module):
         causal = k_pos <= q_pos[:, None]  # [T, S]
         visible = causal & (keep[:, None, :] | (k_pos == q_pos[:, None]))  # [B, T, S]
         score = self.router(x).squeeze(-1).float()
+        if self.training:  # replayed: no top-k for the predictor to learn; the share processed
+            self.aux_loss = None
+            gate = (torch.sigmoid(score.detach()) * chosen).sum() / chosen.sum()
+            share = chosen.float().mean()
+            self.stats = {"capacity": share, "predictor_acc": torch.ones_like(share), "gate": gate}
         update = torch.sigmoid(score).unsqueeze(-1).to(x.dtype) * f(x, rope, visible.unsqueeze(1), cache, layer)
         return x + torch.where(chosen.unsqueeze(-1), update, torch.zeros((), dtype=update.dtype, device=x.device))
 

@@ -1,7 +1,10 @@
 """Rollout routing replay (R3; Ma et al. 2025, "Stabilizing MoE Reinforcement Learning by
 Aligning Training and Inference Routers", arXiv 2510.11370): the experts a Mixture-of-Experts
 policy chose for each token while generating are imposed on the training forward over the same
-tokens.
+tokens. A Mixture-of-Depths policy's routing is replayed likewise, without a record: generation
+routes each token by the block's causal predictor, and so does the replayed training forward
+(the top-k at the training capacity would send other tokens through: debug-mod, CPU, fp32,
+5-8% of the response tokens off the clip range on-policy, 0 replayed).
 
 Why: generation decodes a token at a time on the KV cache while training runs whole sequences,
 so their matmuls round differently; a dense policy's log-probabilities then differ by ~1e-7, but
@@ -78,9 +81,22 @@ def collate(routes: list[np.ndarray], width: int) -> torch.Tensor:
 
 
 @contextmanager
-def replaying(model: Transformer, experts: torch.Tensor | None) -> Iterator[None]:
+def replaying(model: Transformer, experts: torch.Tensor | None, depth: bool = False) -> Iterator[None]:
     """Impose `experts` [B, W, L, k] on the MoE layers over a micro-batch's forward and backward
-    (activation checkpointing routes again in the backward); nothing when None."""
+    (activation checkpointing routes again in the backward), and with `depth`, generation's
+    routing on the Mixture-of-Depths layers: each token through a block or not as the causal
+    predictor chose, as generation does, not by top-k at the training capacity; nothing when
+    neither."""
+    if depth and model.mod_layers():
+        for _, router in model.mod_layers():
+            router.replay = True
+        try:
+            with replaying(model, experts):
+                yield
+        finally:
+            for _, router in model.mod_layers():
+                router.replay = False
+        return
     if experts is None:
         yield
         return

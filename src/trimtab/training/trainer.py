@@ -255,7 +255,8 @@ class Trainer(Checkpointing):
         loss, aux_total = torch.zeros((), device=self.device), None
         for micro in batch.micro:
             # RL on a MoE policy: the routing its generation chose, through the backward (rl/replay.py)
-            with replaying(self.model, getattr(micro, "experts", None)):
+            depth = isinstance(micro, PolicyMicroBatch) and self.cfg.rl.routing_replay
+            with replaying(self.model, getattr(micro, "experts", None), depth):
                 inputs = micro.inputs.to(self.device, non_blocking=True)
                 targets = micro.targets.to(self.device, non_blocking=True)
                 share = micro.n_targets / batch.n_targets
