@@ -424,3 +424,20 @@ def test_a_manifest_naming_files_outside_its_checkpoint_is_not_restored(tmp_path
     assert restore(remote, tmp_path / "dst", lambda path: {}) is None
     assert "names a file outside the checkpoint: '../../escaped'" in caplog.text
     assert not (tmp_path / "escaped").exists()
+
+
+def test_an_upload_survives_the_run_directory_moving_its_checkpoint(tmp_path):
+    """The upload thread reads hard links made at once: the local prune (or a rollback) taking
+    the checkpoint away while it uploads leaves the upload whole."""
+    from trimtab.training.services.storage import RemoteCheckpoints
+
+    url = f"memory://trimtab-test-{uuid.uuid4().hex[:8]}/ckpt"
+    hook = RemoteCheckpoints(url, tmp_path, keep=3)
+    step = fake_step(tmp_path / "checkpoints", 5, payload=b"x" * 1_000_000)
+    hook.on_checkpoint(None, step)
+    shutil.rmtree(step)  # pruned locally while it uploads
+    hook.wait()
+    remote = open_remote(url)
+    assert remote.listing() == (["step_000005"], [])
+    assert remote.fs.cat_file(f"{remote.root}/step_000005/w.bin") == b"x" * 1_000_000
+    assert not any((tmp_path / "checkpoints" / ".upload").iterdir())  # the links removed

@@ -2,15 +2,18 @@
 opened and checked at start-up (before anything is written), a run directory without a valid
 checkpoint restored from it, and each committed checkpoint uploaded by a hook on rank 0.
 
-The upload runs in the training thread after the checkpoint is on disk (Hook.on_checkpoint: at
-once for a synchronous save, when the next save or the run's end collects a background one), so
-it stalls training for its duration. A failed upload is said and training goes on: the run
-directory's checkpoint is the resume point, and the next checkpoint is uploaded again.
+The upload starts once the checkpoint is on disk (Hook.on_checkpoint: at once for a synchronous
+save, when the next save or the run's end collects a background one) and runs in a thread of its
+own while training goes on (RemoteCheckpoints). A failed upload is said and training goes on:
+the run directory's checkpoint is the resume point, and the next checkpoint is uploaded again.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -98,40 +101,88 @@ def _has_url(value: str | list[str]) -> bool:
 
 
 class RemoteCheckpoints(Hook):
-    """Uploads each checkpoint once it is on disk (manifest last), then prunes the store as the
-    run directory was pruned (storage.retain)."""
+    """Uploads each checkpoint once it is on disk (manifest last), in a thread of its own, then
+    prunes the store as the run directory was pruned (storage.retain).
+
+    The upload works on hard links of the checkpoint's files in checkpoints/.upload/ (made at
+    once: a checkpoint's files are written once and never changed), so training goes on while it
+    uploads and the run directory's own pruning, rollback or corrupt-checkpoint handling may move
+    the checkpoint meanwhile. One upload at a time: the next checkpoint waits for the one before
+    (its stall is what uploading is slower than checkpointing); the run's end waits for the last.
+    A process killed mid-upload leaves a prefix without state.json: partial, never resumed from."""
 
     def __init__(self, url: str, run_dir: Path, keep: int) -> None:
         self.remote = open_remote(url)
         self.run_dir, self.keep = Path(run_dir), keep
+        self.staging = checkpoint_root(self.run_dir) / ".upload"
+        shutil.rmtree(self.staging, ignore_errors=True)  # a killed session's links
         self._run_files = False  # config.yaml and tokenizer.json uploaded this session
+        self._thread: threading.Thread | None = None
 
     def on_checkpoint(self, run: RunView, path: Path) -> None:
+        self.wait()
         path = Path(path)
+        if not path.is_dir():  # pruned already when a background save is collected late: nothing to copy
+            return
         try:
-            if not self._run_files:
-                self.remote.put_run_files(self.run_dir)
-                self._run_files = True
-            if path.is_dir():  # pruned already when a background save is collected late: nothing to copy
-                self.remote.upload(path)
-            self._retain()
-        except Exception as exc:  # a network or store failure: the local checkpoint stands
-            log.warning(
-                "%s was not uploaded to %s (%s: %s); training goes on, the next checkpoint is uploaded again",
-                path.name,
-                self.remote.url,
-                type(exc).__name__,
-                redact(exc),
-            )
+            links = _link(path, self.staging / path.name)
+        except OSError as exc:
+            self._failed(path.name, exc)
+            return
+        self._thread = threading.Thread(target=self._upload, args=(links,), name=f"upload-{path.name}", daemon=True)
+        self._thread.start()
 
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
-        """A final checkpoint set aside after its upload (rolled_back/) leaves the store too."""
+        """The last upload finished; a final checkpoint set aside after its upload (rolled_back/)
+        leaves the store too."""
+        self.wait()
         try:
             self._retain()
         except Exception as exc:
             log.warning("%s was not pruned (%s: %s)", self.remote.url, type(exc).__name__, redact(exc))
 
+    def wait(self) -> None:
+        """Until the upload in flight, if any, has ended (it says its own failure)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _upload(self, links: Path) -> None:
+        try:
+            if not self._run_files:
+                self.remote.put_run_files(self.run_dir)
+                self._run_files = True
+            self.remote.upload(links)
+            self._retain()
+        except Exception as exc:  # a network or store failure: the local checkpoint stands
+            self._failed(links.name, exc)
+        finally:
+            shutil.rmtree(links, ignore_errors=True)
+
+    def _failed(self, name: str, exc: BaseException) -> None:
+        log.warning(
+            "%s was not uploaded to %s (%s: %s); training goes on, the next checkpoint is uploaded again",
+            name,
+            self.remote.url,
+            type(exc).__name__,
+            redact(exc),
+        )
+
     def _retain(self) -> None:
         local = {p.name for p in list_checkpoints(self.run_dir)}
         if local:  # never prune the store after a run directory with nothing in it
             retain(self.remote, local, self.keep)
+
+
+def _link(source: Path, target: Path) -> Path:
+    """`target` holding hard links to every file of `source` (copies where the file system has no
+    hard links): what the upload reads while the run directory goes on changing."""
+    shutil.rmtree(target, ignore_errors=True)
+    for file in (p for p in source.rglob("*") if p.is_file()):
+        dest = target / file.relative_to(source)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(file, dest)
+        except OSError:
+            shutil.copy2(file, dest)
+    return target
