@@ -59,7 +59,8 @@ def test_dynamic_sampling_trains_only_groups_whose_rewards_differ_and_resumes_al
     plain, dynamic = loader(), loader(dynamic_sampling=True, resample_rounds=5)
     try:
         drawn = plain.next_batch()
-        assert drawn.rewards == [x for g in drawn.drawn for x in g] and len(drawn.drawn) == 2  # trains what it drew
+        assert len(drawn.rewards) == 4 and drawn.sums["groups"] == 2  # trains what it drew
+        assert drawn.sums["reward"] == sum(drawn.rewards) and drawn.sums["verified"] == 4
         steps = [dynamic.next_batch() for _ in range(3)]
         state = dynamic.state_dict()
         again = loader(dynamic_sampling=True, resample_rounds=5)
@@ -73,7 +74,7 @@ def test_dynamic_sampling_trains_only_groups_whose_rewards_differ_and_resumes_al
         groups = [batch.rewards[i : i + 2] for i in range(0, len(batch.rewards), 2)]
         assert len(groups) == 2 and all(max(g) != min(g) for g in groups)  # both groups informative
         assert all(row % 2 == 1 for row in batch.rows)  # the odd problems: the ones with a signal
-    assert sum(len(b.drawn) for b in steps) > 6  # some draws were dropped and drawn again
+    assert sum(b.sums["groups"] for b in steps) > 6  # some draws were dropped and drawn again
 
 
 def test_overlong_responses_can_be_penalised_softly_or_left_out():

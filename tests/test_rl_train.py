@@ -272,3 +272,47 @@ def test_rollouts_too_far_off_the_policy_trained_are_generated_fresher_then_on_p
     assert decisions[0]["evidence"]["off_policy"] >= 0.2 and decisions[0]["evidence"]["staleness"] > 1
     after = [m for m in logged if m["step"] > decisions[-1]["step"]]
     assert after and all(m["rl/off_policy"] < 0.2 and m["rl/staleness"] == 0 for m in after), after
+
+
+def test_data_parallel_rollouts_answer_a_share_each_and_agree_on_every_figure(tmp_path, base):
+    """RL under torchrun's data parallelism (2 ranks, DDP): each rank answers 4 of a step's 8
+    prompts; the step's counts and normaliser are both ranks' (one small all-reduce), so both
+    decide and update alike, the log counts every rank's groups, and the policy learns the reward
+    as one process does."""
+    from helpers import run
+    from trimtab.cli import RL_OFF
+
+    rl = {"enabled": True, "prompts_per_step": 8, "group_size": 8, "max_new_tokens": 2, "held_out": 8}
+    rl["reward"] = "python:rl_verifiers:starts_with_space"
+    likelihood_rules_off = {rule: {"enabled": False} for rule in RL_OFF}  # as `trimtab rl` turns them off
+    train = {"init_from": str(base), "max_steps": 12}
+    ranks = run(
+        tmp_path / "dp", 2, rl=rl, train=train, optim={"lr": 1e-2, "warmup_steps": 0}, orchestrator=likelihood_rules_off
+    )
+    a, b = ranks
+    assert a["weights"] == b["weights"] and a["decisions"] == b["decisions"] and a["summary"]["status"] == "completed"
+    assert all(len(s["rows"]) == 32 for s in a["steps"] + b["steps"])  # 4 prompts x 8 responses a rank
+    assert all(set(x["rows"]).isdisjoint(y["rows"]) for x, y in zip(a["steps"], b["steps"]))  # prompts apart
+    logged = [json.loads(line) for line in (tmp_path / "dp/metrics.jsonl").read_text().splitlines()]
+    logged = [m for m in logged if "rl/reward" in m]
+    assert [m["rl/groups_drawn"] for m in logged] == [8.0] * 12  # both ranks' groups
+    rewards = [m["rl/reward"] for m in logged]
+    assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.3, rewards
+
+
+def test_data_parallel_dynamic_sampling_draws_as_many_rounds_on_every_rank(tmp_path, base):
+    """Under data parallelism the orchestrator decides on every rank's counts, and dynamic
+    sampling's rounds continue while every rank's groups with a signal fall short (an all-reduce
+    a round): with a reward no response earns, both ranks turn it on at step 2 and draw the same
+    three extra rounds a step (16 groups, 8 a rank), in lockstep (a rank that stopped early would
+    hang the other)."""
+    from helpers import run
+    from trimtab.cli import RL_OFF
+
+    rl = {"enabled": True, "prompts_per_step": 4, "group_size": 4, "max_new_tokens": 2, "held_out": 0}
+    rl["reward"] = "python:rl_verifiers:nothing"
+    rules = {rule: {"enabled": False} for rule in RL_OFF} | {"rl_signal": {"window": 2}}
+    a, b = run(tmp_path / "flat", 2, rl=rl, train={"init_from": str(base), "max_steps": 4}, orchestrator=rules)
+    assert a["decisions"] == b["decisions"] and a["decisions"][0]["action"] == "set_dynamic_sampling"
+    logged = [json.loads(line) for line in (tmp_path / "flat/metrics.jsonl").read_text().splitlines()]
+    assert [m["rl/groups_drawn"] for m in logged if "rl/groups_drawn" in m] == [4, 4, 16, 16]

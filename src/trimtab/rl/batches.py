@@ -46,10 +46,6 @@ def flat(rewards: list[float]) -> bool:
     return max(rewards) == min(rewards)
 
 
-def flat_share(groups: list[list[float]]) -> float:
-    return sum(map(flat, groups)) / max(len(groups), 1)
-
-
 @dataclass
 class PolicyMicroBatch(MicroBatch):
     old_logprobs: torch.Tensor = None  # fp32 [B, T]: the behaviour policy's, at each target (0 elsewhere)
@@ -59,45 +55,62 @@ class PolicyMicroBatch(MicroBatch):
     # n_targets: this micro-batch's part of the step's normaliser (its response tokens under token_mean)
 
 
+# A step's counts, summed over the data-parallel ranks (RolloutLoader.all_sum): the groups drawn
+# and those with one reward for every response, the responses scored (dynamic sampling's extra
+# draws included), their rewards' sum, the verifications failed and timed out; of the responses
+# trained, their number, entropies, truncations and tokens
+SUMS = ("groups", "flat", "verified", "reward", "failures", "timeouts", "rollouts", "entropy", "truncated", "tokens")
+# the objective's sums the figures read (rl/loss.py PolicyTerms), with their token weight
+TERMS = ("clipped", "kl", "off_policy", "kl_ref", "behaviour_weight", "behaviour_capped")
+
+
 @dataclass
 class RolloutBatch(StepBatch):
     rollouts: list[Rollout] = field(default_factory=list)  # group_size consecutive ones a prompt
     advantage: list[float] = field(default_factory=list)  # each rollout's
     rewards: list[float] = field(default_factory=list)
-    failures: int = 0  # verifications that timed out or raised (their reward: 0)
-    drawn: list[list[float]] = field(default_factory=list)  # every group drawn's rewards (dynamic sampling drops some)
+    sums: dict[str, float] = field(default_factory=dict)  # SUMS, every rank's
     terms: list[PolicyTerms] = field(default_factory=list)  # the objective's sums, filled by the trainer
-    verified: int = 0  # responses scored this step, dynamic sampling's extra draws included
-    timeouts: int = 0  # of the failures, those that ran past the timeout
+    totals: dict[str, Any] = field(default_factory=dict)  # TERMS over the micro-batches and ranks (settle)
     staleness: float = 0.0  # optimizer steps from the rollouts' policy to the one trained (mean)
+    normaliser: float = 0.0  # the step's, every rank's responses (rl/loss.py)
 
     @property
     def health(self) -> dict[str, Any]:
-        """The step's figures the orchestrator's RL rules read (orchestrator/rl_health.py): the
-        share of the groups drawn that teach nothing (rl_signal), the verifications scored,
-        failed and timed out (rl_verifier), the sampled tokens' entropy against the mean reward
-        (rl_entropy), the share of responses cut at the budget (rl_length), and once trained, the
-        share of tokens whose rollouts' policy is off the clip range (rl_ratio)."""
-        drawn = [r for g in self.drawn for r in g]
-        n = max(len(self.rollouts), 1)
-        return {
-            "flat_groups": flat_share(self.drawn),
-            "verifications": (self.verified, self.failures, self.timeouts),
-            "reward": sum(drawn) / max(len(drawn), 1),
-            "entropy": sum(r.entropy for r in self.rollouts) / n,
-            "truncated": sum(r.truncated for r in self.rollouts) / n,
-            "response_tokens": sum(len(r.tokens) for r in self.rollouts) / n,
-            **self._trained_shares(),
-        }
+        """The step's figures the orchestrator's RL rules read (orchestrator/rl_health.py), every
+        rank's: the share of the groups drawn that teach nothing (rl_signal), the verifications
+        scored, failed and timed out (rl_verifier), the sampled tokens' entropy against the mean
+        reward (rl_entropy), the share of responses cut at the budget (rl_length), and once
+        trained, the share of tokens whose rollouts' policy is off the clip range (rl_ratio)."""
+        figures = step_figures(self.sums)
+        figures["verifications"] = tuple(int(self.sums[k]) for k in ("verified", "failures", "timeouts"))
+        if self.totals:  # one host read
+            weight = max(float(self.totals["weight"]), 1e-12)
+            figures |= {k: float(self.totals[k]) / weight for k in ("off_policy", "kl")}
+            figures["staleness"] = self.staleness
+        return figures
 
-    def _trained_shares(self) -> dict[str, float]:
-        """Of the tokens trained (after the objective's forward; one host read): the share off
-        the clip range from the rollouts' policy (rule rl_ratio) and the mean KL to it."""
-        if not self.terms:
-            return {}
-        tokens = max(float(sum(m.weights.sum() for m in self.micro)), 1e-12)
-        off, kl = (float(sum(getattr(t, k) for t in self.terms)) / tokens for k in ("off_policy", "kl"))
-        return {"off_policy": off, "kl": kl, "staleness": self.staleness}
+    def settle(self, over_ranks: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """After the step's objective: its TERMS summed over the micro-batches and, by
+        `over_ranks`, the data-parallel ranks, with their token weight, on device (no host read)."""
+        names = [k for k in TERMS if getattr(self.terms[0], k) is not None]
+        device = self.terms[0].objective.device
+        weight = sum(m.weights.sum() for m in self.micro).to(device)
+        summed = over_ranks(torch.stack([sum(getattr(t, k) for t in self.terms) for k in names] + [weight]))
+        self.totals = dict(zip([*names, "weight"], summed))
+        self.totals["ratio_max"] = torch.stack([t.ratio_max for t in self.terms]).max()  # this rank's
+
+
+def step_figures(sums: dict[str, float]) -> dict[str, float]:
+    """Shares and means from SUMS (one step's, or a log window's added)."""
+    n = max(sums["rollouts"], 1)
+    return {
+        "flat_groups": sums["flat"] / max(sums["groups"], 1),
+        "reward": sums["reward"] / max(sums["verified"], 1),
+        "entropy": sums["entropy"] / n,
+        "truncated": sums["truncated"] / n,
+        "response_tokens": sums["tokens"] / n,
+    }
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -115,7 +128,7 @@ def overlong_penalty(length: int, budget: int, buffer: int) -> float:
     return (start - length) / buffer
 
 
-BATCH_FIELDS = ("n_tokens", "rows", "advantage", "rewards", "failures", "drawn", "verified", "timeouts")
+BATCH_FIELDS = ("n_tokens", "rows", "advantage", "rewards", "sums")
 
 
 def batch_state(batch: RolloutBatch) -> dict[str, Any]:
@@ -140,8 +153,14 @@ class RolloutLoader:
         seed: int,
         max_prompt_tokens: int,
         held_out: list[Problem] | None = None,
+        rank: int = 0,
+        world: int = 1,
     ) -> None:
         self.problems, self.tok, self.cfg, self.seed = problems, tok, cfg, seed
+        # data parallelism: each rank answers every world-th prompt drawn; the step's counts and
+        # normaliser are every rank's, summed by the trainer's all_sum (Trainer._all_sum)
+        self.rank, self.world = rank, world
+        self.all_sum: Callable[[list[float]], list[float]] = lambda values: values
         self.held_out = held_out or []  # answered greedily at each evaluation (evaluate)
         self.micro_batch_tokens = micro_batch_tokens  # an OOM handler may lower it between steps
         # a step's size in tokens, as the OOM handler bounds a micro-batch by (its prompts' at most)
@@ -206,47 +225,51 @@ class RolloutLoader:
         rl.dynamic_sampling (DAPO), groups whose rewards are all equal (no advantage, no
         gradient) are dropped and more prompts drawn in their place, up to rl.resample_rounds
         times; a step that finds none with a signal trains what it drew (nothing to learn)."""
-        cfg, G = self.cfg, self.cfg.group_size
-        drawn = self._groups(cfg.prompts_per_step, policy, overlong_buffer)
+        cfg, G, P = self.cfg, self.cfg.group_size, self.cfg.prompts_per_step
+        drawn = self._groups(P, policy, overlong_buffer)
         groups = drawn
-        if dynamic_sampling:
+        if dynamic_sampling:  # every rank's groups with a signal counted: all ranks draw alike
             groups = [g for g in drawn if not flat(g[2])]
             for _ in range(cfg.resample_rounds):
-                if len(groups) >= cfg.prompts_per_step:
+                kept = int(self.all_sum([len(groups)])[0])
+                if kept >= P:
                     break
-                more = self._groups(cfg.prompts_per_step - len(groups), policy, overlong_buffer)
+                more = self._groups(P - kept, policy, overlong_buffer)
                 drawn += more
                 groups += [g for g in more if not flat(g[2])]
-            groups = groups or drawn[-cfg.prompts_per_step :]
+            groups = groups or drawn[-max(P // self.world, 1) :]
         rollouts = [r for _, group, _ in groups for r in group]
         rewards = [x for _, _, scores in groups for x in scores]
         adv = advantages(torch.tensor(rewards).view(-1, G), cfg.baseline).view(-1).tolist()
         rows = [problem for problem, _, _ in groups for _ in range(G)]
         n_tokens = sum(len(r.prompt) + len(r.tokens) - 1 for r in rollouts)
         (verified, failures, timeouts), self._scored = self._scored, [0, 0, 0]
-        drawn_rewards = [g[2] for g in drawn]
-        return RolloutBatch(
-            [],
-            0,
-            n_tokens,
-            rows,
-            None,
-            rollouts,
-            adv,
-            rewards,
-            failures,
-            drawn_rewards,
-            verified=verified,
-            timeouts=timeouts,
-        )
+        local = {
+            "groups": len(drawn),
+            "flat": sum(flat(g[2]) for g in drawn),
+            "verified": verified,
+            "reward": sum(x for g in drawn for x in g[2]),
+            "failures": failures,
+            "timeouts": timeouts,
+            "rollouts": len(rollouts),
+            "entropy": sum(r.entropy for r in rollouts),
+            "truncated": sum(r.truncated for r in rollouts),
+            "tokens": sum(len(r.tokens) for r in rollouts),
+        }
+        sums = dict(zip(SUMS, self.all_sum([local[k] for k in SUMS])))
+        return RolloutBatch([], 0, n_tokens, rows, None, rollouts, adv, rewards, sums)
 
     def _groups(self, n: int, policy: Policy, buffer: int) -> list[tuple[int, list[Rollout], list[float]]]:
-        """`n` prompts drawn, group_size responses to each, scored: (problem, responses, rewards)."""
+        """`n` prompts drawn (every rank draws the same), this rank's share of them (every
+        world-th) answered group_size times and scored: (problem, responses, rewards)."""
         G = self.cfg.group_size
-        chosen = [self._next_problem() for _ in range(n)]
+        chosen = [self._next_problem() for _ in range(n)][self.rank :: self.world]
         prompts = [self.tok.encode(self.problems[i].prompt, specials=True) for i in chosen]
-        seed = self.seed * 1_000_003 + self.draws  # each draw's sampling seed: a resumed run draws alike
+        # each draw's sampling seed, a rank's own: a resumed run draws alike
+        seed = self.seed * 1_000_003 + self.draws + (self.rank << 32)
         self.draws += 1
+        if not chosen:
+            return []
         rollouts = self._generate(policy, [p for p in prompts for _ in range(G)], seed)
         rewards, events = self._score(rollouts, [self.problems[i].answer for i in chosen for _ in range(G)])
         budget = self.cfg.max_new_tokens
@@ -326,7 +349,10 @@ class RolloutLoader:
             else:
                 groups.append([i])
         batch.micro = [self._collate(batch, group) for group in groups]
-        batch.n_targets = normaliser([len(rollouts[i].tokens) for i in trained], cfg.aggregation, cfg.max_new_tokens)
+        if not batch.normaliser:  # every rank's responses: each rank's share of the step's gradient
+            local = normaliser([len(rollouts[i].tokens) for i in trained], cfg.aggregation, cfg.max_new_tokens)
+            batch.normaliser = self.all_sum([local])[0] if self.world > 1 else local
+        batch.n_targets = batch.normaliser
         return batch
 
     def _collate(self, batch: RolloutBatch, group: list[int]) -> PolicyMicroBatch:
@@ -374,32 +400,26 @@ class RolloutLoader:
         window, self._window = self._window, []
         if not window:
             return {}
-        groups = [g for b in window for g in b.drawn]  # every group drawn, trained or dropped
-        rewards = [r for g in groups for r in g]
-        rollouts = [r for b in window for r in b.rollouts]
+        sums = {k: sum(b.sums[k] for b in window) for k in SUMS}
+        figures = step_figures(sums)
         out = {
-            "rl/reward": sum(rewards) / len(rewards),
-            "rl/zero_variance_groups": flat_share(groups),
-            "rl/groups_drawn": len(groups) / len(window),
-            "rl/response_tokens": sum(len(r.tokens) for r in rollouts) / len(rollouts),
-            "rl/entropy": sum(r.entropy for r in rollouts) / len(rollouts),  # nats a response token
-            "rl/truncated": sum(r.truncated for r in rollouts) / len(rollouts),
-            "rl/verifier_failures": float(sum(b.failures for b in window)),
+            "rl/reward": figures["reward"],
+            "rl/zero_variance_groups": figures["flat_groups"],
+            "rl/groups_drawn": sums["groups"] / len(window),
+            "rl/response_tokens": figures["response_tokens"],
+            "rl/entropy": figures["entropy"],  # nats a response token
+            "rl/truncated": figures["truncated"],
+            "rl/verifier_failures": float(sums["failures"]),
         }
         if self.cfg.max_staleness:
             out["rl/staleness"] = sum(b.staleness for b in window) / len(window)
-        trained = [b for b in window if b.terms]
-        if trained:  # each step's weighted means over its response tokens, then over the steps
-            weight = [float(sum(m.weights.sum() for m in b.micro)) for b in trained]
-            sums = (("rl/clip_fraction", "clipped"), ("rl/kl", "kl"), ("rl/kl_ref", "kl_ref"))
-            sums += (("rl/off_policy", "off_policy"), ("rl/behaviour_weight", "behaviour_weight"))
-            sums += (("rl/behaviour_capped", "behaviour_capped"),)
-            for key, name in sums:
-                if getattr(trained[0].terms[0], name) is None:  # a term the objective has not got
-                    continue
-                out[key] = sum(float(sum(getattr(t, name) for t in b.terms)) / w for b, w in zip(trained, weight))
-                out[key] /= len(trained)
-            out["rl/ratio_max"] = max(float(t.ratio_max) for b in trained for t in b.terms)
+        trained = [b for b in window if b.totals]
+        for key in TERMS:  # each step's weighted mean over its response tokens, then over the steps
+            if trained and key in trained[0].totals:  # a term the objective has
+                share = sum(float(b.totals[key]) / max(float(b.totals["weight"]), 1e-12) for b in trained)
+                out[f"rl/{'clip_fraction' if key == 'clipped' else key}"] = share / len(trained)
+        if trained:
+            out["rl/ratio_max"] = max(float(b.totals["ratio_max"]) for b in trained)
         return out
 
     def state_dict(self) -> dict[str, Any]:

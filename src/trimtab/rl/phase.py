@@ -39,10 +39,18 @@ class RLPhase:
     train_rows: Any = None  # no token rows: the prompts are the data
 
     def loader(self, cfg: RunConfig, pad_id: int, rank: int = 0, world: int = 1) -> RolloutLoader:
-        del pad_id, rank, world  # one process (checked at setup); padding is the tokenizer's
+        del pad_id  # padding is the tokenizer's
         train = cfg.train
         return RolloutLoader(
-            self.problems, self.tok, cfg.rl, train.micro_budget, train.seed, self.max_prompt_tokens, self.held_out
+            self.problems,
+            self.tok,
+            cfg.rl,
+            train.micro_budget,
+            train.seed,
+            self.max_prompt_tokens,
+            self.held_out,
+            rank,
+            world,
         )
 
 

@@ -283,6 +283,28 @@ class BuiltRun:
     watchdog: Watchdog  # this rank's hang watchdog (resilience/watchdog.py), fed by the loop
 
 
+def check_rl_ranks(cfg: RunConfig, dist: Parallel) -> None:
+    """RL under torchrun: data-parallel rollouts, each rank answering its share of a step's
+    prompts with the whole model (its generation runs alone: a sharded model's ranks would have
+    to decode in lockstep), synchronously (each rank's rollouts generated ahead would have to be
+    in the checkpoint)."""
+    rl = cfg.rl
+    if dist.sharded or cfg.resilience.ft.enabled:
+        raise ConfigError(
+            "rl under torchrun: data parallelism only (distributed.strategy=ddp, no tensor, expert or pipeline "
+            "parallelism, no resilience.ft): each rank generates with the whole model"
+        )
+    if rl.prompts_per_step % dist.dp_world:
+        raise ConfigError(
+            f"rl.prompts_per_step={rl.prompts_per_step} must be a multiple of the {dist.dp_world} data-parallel "
+            "ranks (each answers its share of the step's prompts)"
+        )
+    if rl.max_staleness:
+        raise ConfigError(
+            "rl.max_staleness: asynchronous rollouts run in one process for now; set it to 0 under torchrun"
+        )
+
+
 def setup(cfg: RunConfig) -> BuiltRun:
     """Build a run from its config: join torchrun's process group, find the checkpoint to resume
     (RunFinished if the run is already at its length), choose device and precision, read and
@@ -292,7 +314,7 @@ def setup(cfg: RunConfig) -> BuiltRun:
     cfg = adopt_hf_model(resolve(cfg))  # a draft RunConfig(...) is resolved here; a resolved one is kept
     dist = Parallel.start(cfg.distributed, pick_device(cfg.train.device))
     if cfg.rl.enabled and dist.world > 1:
-        raise ConfigError("rl: one process for now (data-parallel rollouts come next); run it without torchrun")
+        check_rl_ranks(cfg, dist)
     if cfg.dpo.enabled and dist.world > 1:
         raise ConfigError("dpo: one process for now (data-parallel pairs come next); run it without torchrun")
     # checkpoint.dir checked before anything is written; a run directory without a valid

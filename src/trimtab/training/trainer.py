@@ -225,6 +225,8 @@ class Trainer(Checkpointing):
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         grad_norm = self.dist.clip_grad_norm(self.model.parameters(), clip)
+        if isinstance(batch, RolloutBatch):  # the objective's sums for the RL figures, every rank's
+            batch.settle(self.dist.sum_over_ranks)
         return Gradients(loss, aux_total, routers, rows, grad_norm, local_sq)
 
     def _rerun(self, batch: StepBatch, clip: float, first: Gradients) -> tuple[Gradients, torch.Tensor | None, dict]:
@@ -358,6 +360,13 @@ class Trainer(Checkpointing):
         """RL's entropy bonus: the orchestrator's or a person's (rule rl_entropy), else rl.entropy_coef."""
         coef = self.state.rl_entropy_coef
         return self.cfg.rl.entropy_coef if coef is None else coef
+
+    def _all_sum(self, values: list[float]) -> list[float]:
+        """RL's step counts summed over the data-parallel ranks (one small all-reduce)."""
+        if self.dist.dp_world == 1:
+            return values
+        summed = self.dist.sum_over_ranks(torch.tensor(values, dtype=torch.float64, device=self.device))
+        return summed.tolist()
 
     def _rollouts(self, prompts: list[list[int]], seed: int | None) -> list[Rollout]:
         """The RL phase's policy: responses to `prompts` from the model being trained
@@ -592,6 +601,7 @@ class Trainer(Checkpointing):
         self.loader = phase.loader(self.cfg, self.tok.pad_id, *self.data_shard)
         if isinstance(self.loader, RolloutLoader):  # an RL phase generates with the model it trains
             self.loader.policy, self.loader.snapshot = self._rollouts, self._policy_snapshot
+            self.loader.all_sum = self._all_sum
         if isinstance(self.loader, PairLoader):  # DPO scores held-out pairs, answers held-out problems
             self.loader.scorer, self.loader.policy = self._pair_logprobs, self._rollouts
         self.control.apply_knobs()
