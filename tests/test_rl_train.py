@@ -316,3 +316,21 @@ def test_data_parallel_dynamic_sampling_draws_as_many_rounds_on_every_rank(tmp_p
     assert a["decisions"] == b["decisions"] and a["decisions"][0]["action"] == "set_dynamic_sampling"
     logged = [json.loads(line) for line in (tmp_path / "flat/metrics.jsonl").read_text().splitlines()]
     assert [m["rl/groups_drawn"] for m in logged if "rl/groups_drawn" in m] == [4, 4, 16, 16]
+
+
+def test_rl_under_torchrun_refuses_what_it_cannot_split_naming_the_key():
+    from types import SimpleNamespace
+
+    from trimtab.config import load_config
+    from trimtab.errors import ConfigError
+    from trimtab.training.setup import check_rl_ranks
+
+    cfg = load_config(preset="debug", overrides={"rl": {"enabled": True, "prompts_per_step": 8}})
+    check_rl_ranks(cfg, SimpleNamespace(sharded=False, dp_world=2))  # DDP, 4 prompts a rank: fine
+    with pytest.raises(ConfigError, match="rl.prompts_per_step=8 must be a multiple of the 3"):
+        check_rl_ranks(cfg, SimpleNamespace(sharded=False, dp_world=3))
+    with pytest.raises(ConfigError, match="data parallelism only"):
+        check_rl_ranks(cfg, SimpleNamespace(sharded=True, dp_world=2))
+    cfg = load_config(preset="debug", overrides={"rl": {"enabled": True, "max_staleness": 1}})
+    with pytest.raises(ConfigError, match="rl.max_staleness"):
+        check_rl_ranks(cfg, SimpleNamespace(sharded=False, dp_world=2))
