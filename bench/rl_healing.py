@@ -10,9 +10,9 @@ held-out prompts scored greedily at the end (`rl/held_out_reward`). Each run is 
 `python -m trimtab rl` subprocess; one that exits non-zero or leaves no summary crashed.
 Scenarios:
     clean              no fault (auto must take no action: a false one otherwise)
-    slow_verifier      a sound verifier taking 0.25 s under a 0.1 s rl.verifier_timeout_s (real:
-                       every verification is killed at the timeout and scores 0; the held-out
-                       prompts scored by the same check without the sleep)
+    slow_verifier      a sound verifier taking 0.25 s under a 0.15 s rl.verifier_timeout_s, no
+                       retries (real: every verification is killed at the timeout and scores 0;
+                       the held-out prompts scored by the same check without the sleep)
     nan_loss           nan_loss@6: the objective is NaN for a step
     rollout_oom        rollout_oom@6:20: generating more than 20 rows at once runs out of memory
     sigkill            sigkill@6, relaunched once as a scheduler would (exact resume)
@@ -47,12 +47,8 @@ SCENARIOS = {
     "clean": [],
     # the held-out prompts scored by the sound check: the policy's measure, not the timeout's
     "slow_verifier": [
-        "--set",
-        f"rl.reward={SLOW}",
-        "--set",
-        "rl.verifier_timeout_s=0.1",
-        "--set",
-        f"rl.held_out_reward={REWARD}",
+        *("--set", f"rl.reward={SLOW}", "--set", "rl.verifier_timeout_s=0.15", "--set", "rl.verifier_retries=0"),
+        *("--set", f"rl.held_out_reward={REWARD}"),
     ],
     "nan_loss": ["--inject", "nan_loss@6"],
     "rollout_oom": ["--inject", "rollout_oom@6:20"],
