@@ -19,6 +19,7 @@ from trimtab.data.packing import IGNORE_INDEX
 from trimtab.errors import ConfigError, DataError
 from trimtab.model import build_model
 from trimtab.rl.dpo import dpo_from_hidden, dpo_terms, pair_losses
+from trimtab.rl.dpo_phase import build_dpo_phase
 from trimtab.rl.pairs import Pair, Tokens, arithmetic_pairs, read_pairs, tokenize
 from trimtab.rl.preference import PairLoader
 from trimtab.rl.reference import reference_logprobs
@@ -281,3 +282,17 @@ def test_a_step_out_of_memory_is_trained_again_in_micro_batches_of_whole_pairs(t
     a = load_file(tmp_path / "whole/checkpoints/step_000003/model.safetensors")
     b = load_file(tmp_path / "oom/checkpoints/step_000003/model.safetensors")
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+
+
+def test_a_pair_longer_than_the_model_reads_is_named_before_training(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    lines = [{"prompt": f"{i}+1=", "chosen": f" {i + 1}", "rejected": " x"} for i in range(40)]
+    lines[7]["rejected"] = " x" * 5000
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    cfg = load_config(preset="debug", overrides={"dpo": {"pairs": str(path)}, "train": {"max_steps": 2}})
+    with pytest.raises(DataError, match=rf"{path}:8: a pair of 10005 tokens .* exceeds model.max_seq_len="):
+        build_dpo_phase(cfg, CharTokenizer())
+    sets = {"dpo": {"pairs": str(tmp_path / "no.jsonl")}, "train": {"max_steps": 2}}
+    cfg = load_config(preset="debug", overrides=sets)
+    with pytest.raises(ConfigError, match="dpo.pairs '.*no.jsonl' is no file"):
+        build_dpo_phase(cfg, CharTokenizer())

@@ -46,6 +46,11 @@ class Tokens:
         """Input positions of the longer of its two sequences (prompt + response - 1)."""
         return len(self.prompt) + max(len(self.chosen), len(self.rejected)) - 1
 
+    @property
+    def positions(self) -> int:
+        """Input positions of its two sequences, padding excluded."""
+        return 2 * len(self.prompt) + len(self.chosen) + len(self.rejected) - 2
+
 
 def read_pairs(path: Path) -> list[Pair]:
     """Every pair of a file; a DataError naming the file and line of a bad one."""

@@ -58,8 +58,8 @@ def collate(pairs: list[Tokens], pad_id: int, rows: list[int]) -> PairMicroBatch
 
 
 def group_pairs(widths: dict[int, int], budget: int) -> list[list[int]]:
-    """Pair indices (keys of widths) in micro-batches: longest first, filled while 2 x pairs x the
-    first (longest) one's width fit `budget` tokens; a pair over it alone."""
+    """The keys of `widths` (a step's pairs, by position) in micro-batches: longest first, filled
+    while 2 x pairs x the first (longest) one's width fit `budget` tokens; a pair over it alone."""
     groups: list[list[int]] = []
     for i in sorted(widths, key=lambda i: -widths[i]):
         if groups and 2 * (len(groups[-1]) + 1) * widths[groups[-1][0]] <= budget:
@@ -111,7 +111,7 @@ class PairLoader:
 
     def next_batch(self) -> PairBatch:
         rows = [self._next_pair() for _ in range(self.cfg.pairs_per_step)]
-        n_tokens = sum(2 * self.pairs[i].width for i in rows)
+        n_tokens = sum(self.pairs[i].positions for i in rows)
         batch = PairBatch([], len(rows), n_tokens, rows)
         self._window.append(batch)
         return self.regroup(batch)
