@@ -11,16 +11,15 @@ end-of-turn tokens part of the response); without one, the prompt as RL's prompt
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from trimtab.data.arithmetic import problems
 from trimtab.data.chat import TemplateError, render_segments
-from trimtab.data.formats import parse_json, records
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import DataError
+from trimtab.rl.tasks import json_lines
 
 KEYS = ("prompt", "chosen", "rejected")
 
@@ -55,11 +54,7 @@ class Tokens:
 def read_pairs(path: Path) -> list[Pair]:
     """Every pair of a file; a DataError naming the file and line of a bad one."""
     out = []
-    for record in records(Path(path), fmt="jsonl"):
-        try:
-            value = parse_json(record)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{record.where}: invalid JSON ({exc.msg} at column {exc.colno}); fix the line") from None
+    for record, value in json_lines(path):
         if not isinstance(value, dict) or not all(isinstance(value.get(k), str) for k in KEYS):
             missing = [k for k in KEYS if not isinstance(value, dict) or not isinstance(value.get(k), str)]
             raise DataError(

@@ -8,11 +8,14 @@ supervised warm start on the same task (`data.source: builtin:arithmetic`).
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trimtab.data.arithmetic import problems
-from trimtab.data.formats import parse_json, records
+from trimtab.data.formats import Record, parse_json, records
 from trimtab.errors import DataError
 
 
@@ -28,11 +31,20 @@ def arithmetic(n: int, seed: int = 0, digits: int = 2, split: str = "train", sha
     return [Problem(prompt, answer) for prompt, answer in problems(n, seed, digits, split, share)]
 
 
+def json_lines(path: Path) -> Iterator[tuple[Record, Any]]:
+    """Each line of a JSONL file (any format data/formats.py reads) with its value; a DataError
+    naming the file and line of one that is not JSON."""
+    for record in records(Path(path), fmt="jsonl"):
+        try:
+            yield record, parse_json(record)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{record.where}: invalid JSON ({exc.msg} at column {exc.colno}); fix the line") from None
+
+
 def read_problems(path: Path) -> list[Problem]:
     """Every problem of a prompt file; a DataError naming the file and line of a bad one."""
     out = []
-    for record in records(Path(path), fmt="jsonl"):
-        value = parse_json(record)
+    for record, value in json_lines(path):
         if not isinstance(value, dict) or not isinstance(value.get("prompt"), str) or "answer" not in value:
             raise DataError(
                 f'{record.where}: a prompt record needs "prompt" (text) and "answer", e.g. '
