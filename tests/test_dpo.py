@@ -18,6 +18,8 @@ from trimtab.data.chat import ChatFormat
 from trimtab.data.packing import IGNORE_INDEX
 from trimtab.errors import ConfigError, DataError
 from trimtab.model import build_model
+from trimtab.report import figures
+from trimtab.report.run import read_run
 from trimtab.rl.dpo import dpo_from_hidden, dpo_terms, pair_losses
 from trimtab.rl.dpo_phase import build_dpo_phase
 from trimtab.rl.pairs import Pair, Tokens, arithmetic_pairs, read_pairs, tokenize
@@ -241,6 +243,10 @@ def test_a_dpo_run_learns_a_preference_that_holds_on_held_out_pairs(tmp_path, ba
     assert {"step_000000", f"step_{best:06d}"} <= kept and "step_000003" not in kept, kept
     summary = json.loads((tmp_path / "d/summary.json").read_text())
     assert summary["status"] == "completed" and summary["dpo/held_out_accuracy"] == 1.0
+    # the report's DPO figure
+    traces = {t.name for t in figures.dpo_preference([read_run(tmp_path / "d")]).data}
+    assert {"d train accuracy", "d held-out accuracy", "d train margin", "d held-out margin"} <= traces, traces
+    assert figures.dpo_preference([read_run(base)]) is None
 
 
 def test_an_interrupted_dpo_run_resumes_to_the_uninterrupted_weights(tmp_path, base, pairs):

@@ -438,11 +438,36 @@ def rl_signals(runs: list[RunRecord]) -> go.Figure | None:
     return _or_none(fig)
 
 
+def dpo_preference(runs: list[RunRecord]) -> go.Figure | None:
+    """DPO runs: the share of pairs whose implicit reward prefers the chosen response, each
+    step's and the held-out pairs' at each evaluation (left), and their margins (right)."""
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.update_layout(title="DPO: preference", xaxis_title="tokens", **LAYOUT)
+    fig.update_yaxes(title_text="accuracy (share of pairs)", secondary_y=False)
+    fig.update_yaxes(title_text="margin r(chosen) - r(rejected)", secondary_y=True)
+    series = (
+        ("dpo/accuracy", "train accuracy", "solid", False),
+        ("dpo/held_out_accuracy", "held-out accuracy", "dash", False),
+        ("dpo/margin", "train margin", "dot", True),
+        ("dpo/held_out_margin", "held-out margin", "dashdot", True),
+    )
+    for i, run in enumerate(runs):
+        for key, label, dash, secondary in series:
+            xs, ys = _kept(run, key)
+            if xs:
+                line = {"color": colour(i), "dash": dash, "width": 1 if secondary else 2}
+                mode = "lines+markers" if "held_out" in key else "lines"
+                trace = go.Scatter(x=xs, y=ys, name=f"{run.name} {label}", mode=mode, line=line, legendgroup=run.name)
+                fig.add_trace(trace, secondary_y=secondary)
+    return _or_none(fig)
+
+
 # (title, builder) in page order
 FIGURES: list[tuple[str, Callable[[list[RunRecord]], go.Figure | None]]] = [
     ("loss", loss),
     ("rl_reward", rl_reward),
     ("rl_signals", rl_signals),
+    ("dpo_preference", dpo_preference),
     ("lr", learning_rate),
     ("grad_norm", grad_norm),
     ("throughput", throughput),

@@ -36,6 +36,8 @@ CAPTIONS = {
     "pass@1 (dashed) at each evaluation. Diamonds: the orchestrator's decisions.",
     "rl_signals": "RL: what the rules read: the share of flat groups, of responses cut at the budget, of clipped and "
     "off-policy tokens (left); the sampled tokens' entropy and the rollouts' staleness (right).",
+    "dpo_preference": "DPO: the share of pairs whose implicit reward prefers the chosen response, each step's "
+    "(solid) and the held-out pairs' at each evaluation (dashed), and the margins between the two rewards (right).",
     "lr": "Applied LR (the schedule times the orchestrator's multiplier) against the schedule alone (dotted).",
     "grad_norm": "Gradient norm before clipping: mean and max over each log interval.",
     "throughput": "Tokens per second (left) and model FLOPs utilization (right, dotted).",
