@@ -302,3 +302,13 @@ def test_a_pair_longer_than_the_model_reads_is_named_before_training(tmp_path):
     cfg = load_config(preset="debug", overrides=sets)
     with pytest.raises(ConfigError, match="dpo.pairs '.*no.jsonl' is no file"):
         build_dpo_phase(cfg, CharTokenizer())
+
+
+def test_the_built_in_pairs_train_offline_and_their_problems_are_answered_at_evaluations(tmp_path, base):
+    """dpo.pairs' default, builtin:arithmetic: the held-out pairs scored and their problems
+    answered greedily (pass@1) before the first step and at the end."""
+    lines = dpo(tmp_path / "b", base, 2, "--set", "dpo.held_out=8", "--set", "rl.max_new_tokens=4")
+    evals = [m for m in lines if "dpo/held_out_accuracy" in m]
+    assert [m["step"] for m in evals] == [0, 2]
+    assert all(0 <= m["dpo/held_out_pass@1"] <= 1 for m in evals)
+    assert [m["step"] for m in lines if "dpo/accuracy" in m] == [1, 2]

@@ -82,5 +82,7 @@ def build_dpo_phase(cfg: RunConfig, tok: TextTokenizer) -> DPOPhase:
             f"model.max_seq_len={cfg.model.max_seq_len}; shorten it or drop it"
         )
     data = dataclasses.replace(cfg.data, seq_len=longest[0])
-    prompts = [(tok.encode(prompt, specials=True), answer) for prompt, answer in answers]
+    # the built-in task's held-out problems are its held-out pairs' (the same draw): their prompts
+    # as the pairs put them (a chat template's turn); a file's pairs have no problems
+    prompts = [(t.prompt, a) for t, (_, a) in zip(tokens[1], answers, strict=True)] if answers else []
     return DPOPhase("dpo", 0, int(cfg.train.max_steps), data, cfg.optim, *tokens, prompts, tok)
