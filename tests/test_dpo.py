@@ -312,3 +312,20 @@ def test_the_built_in_pairs_train_offline_and_their_problems_are_answered_at_eva
     assert [m["step"] for m in evals] == [0, 2]
     assert all(0 <= m["dpo/held_out_pass@1"] <= 1 for m in evals)
     assert [m["step"] for m in lines if "dpo/accuracy" in m] == [1, 2]
+
+
+def test_pairs_a_rollback_blamed_are_never_drawn_again_and_the_order_resumes_exactly():
+    cfg = DPOConfig(pairs_per_step=3)
+    loader = PairLoader(tokens(10), [], cfg, 1000, seed=0, pad_id=0)
+    loader.next_batch()
+    assert loader.skip_rows([2, 5]) == 2 and loader.skip_rows([5]) == 0
+    state = loader.state_dict()
+    drawn = [loader.next_batch().rows for _ in range(6)]  # into the next epochs
+    assert all(2 not in rows and 5 not in rows for rows in drawn)
+    again = PairLoader(tokens(10), [], cfg, 1000, seed=0, pad_id=0)
+    again.load_state_dict(state)
+    assert [again.next_batch().rows for _ in range(6)] == drawn
+    with pytest.raises(DataError, match="would leave none to train on"):
+        loader.skip_rows(range(10))
+    with pytest.raises(DataError, match="had 10 pairs but dpo.pairs now has 9"):
+        PairLoader(tokens(9), [], cfg, 1000, seed=0, pad_id=0).load_state_dict(state)
