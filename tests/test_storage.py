@@ -441,3 +441,20 @@ def test_an_upload_survives_the_run_directory_moving_its_checkpoint(tmp_path):
     assert remote.listing() == (["step_000005"], [])
     assert remote.fs.cat_file(f"{remote.root}/step_000005/w.bin") == b"x" * 1_000_000
     assert not any((tmp_path / "checkpoints" / ".upload").iterdir())  # the links removed
+
+
+def test_a_restored_run_that_compares_with_its_start_gets_the_step_0_checkpoint_too(tmp_path, bucket):
+    """RL's KL term and DPO read their reference from the run's step-0 checkpoint: a fresh machine
+    restores it beside the newest, which alone would leave the reference unreadable."""
+    from trimtab.config import load_config
+    from trimtab.training.services.storage import reference_steps, restore_from
+
+    remote = open_remote(f"{bucket}/ref")
+    for step in (0, 4, 8):
+        remote.upload(fake_step(tmp_path / "src", step))
+    run_dir = tmp_path / "run"
+    found = restore_from(remote, run_dir, ("step_000000",))
+    assert found[0].name == "step_000008"
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000000", "step_000008"]
+    assert reference_steps(load_config(preset="debug", overrides={"dpo": {"enabled": True}})) == ("step_000000",)
+    assert reference_steps(load_config(preset="debug")) == ()

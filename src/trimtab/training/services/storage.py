@@ -47,16 +47,28 @@ def open_store(cfg: RunConfig) -> Remote | None:
     return open_remote(url)
 
 
-def restore_from(remote: Remote, run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+def restore_from(remote: Remote, run_dir: Path, also: tuple[str, ...] = ()) -> tuple[Path, dict[str, Any]] | None:
     """A run directory with no valid checkpoint (a fresh machine, a lost disk): the run files it
-    lacks and the newest valid checkpoint in `remote`, downloaded and verified; None: none there."""
+    lacks and the newest valid checkpoint in `remote`, downloaded and verified, and the `also`
+    steps (the step-0 checkpoint RL's KL term and DPO read their reference from: reference_steps);
+    None: none there."""
     got = remote.get_run_files(run_dir)
     if got:
         log.info("restored %s from %s/run", ", ".join(got), remote.url)
     found = restore(remote, checkpoint_root(run_dir), verify)
     if found is None:
         log.info("%s holds no complete checkpoint: the run starts at step 0", remote.url)
+        return None
+    for name in also:
+        if name != found[0].name and restore(remote, checkpoint_root(run_dir), verify, only=name) is None:
+            log.warning("%s/%s: not in the store; what reads it will say so", remote.url, name)
     return found
+
+
+def reference_steps(cfg: RunConfig) -> tuple[str, ...]:
+    """The checkpoints besides the newest a restored run reads: RL's KL term and DPO compare with
+    the run's step-0 weights (rl/reference.py)."""
+    return ("step_000000",) if cfg.dpo.enabled or (cfg.rl.enabled and cfg.rl.kl_coef) else ()
 
 
 def local_sources(cfg: RunConfig) -> RunConfig:
