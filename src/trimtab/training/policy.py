@@ -1,0 +1,143 @@
+"""The Trainer's policy half: RL's and DPO's objectives on a micro-batch (rl/loss.py, rl/dpo.py),
+their frozen reference, RL's policies that generate (the model trained, or for asynchronous
+rollouts a copy of it: rl/engine.py) and its step counts summed over the data-parallel ranks.
+A mixin of Trainer (training/trainer.py), whose state it reads; the loop calls it from
+_forward_backward and hands its policies to the RL loader (Trainer._enter_phase).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from trimtab.model import build_model
+from trimtab.rl.batches import Policy, PolicyMicroBatch, RolloutBatch
+from trimtab.rl.dpo import dpo_from_hidden
+from trimtab.rl.loss import at_targets, log_distribution, policy_from_hidden
+from trimtab.rl.preference import PairBatch
+from trimtab.rl.reference import load_reference, reference_logprobs
+from trimtab.rl.rollout import Rollout, generate
+
+
+class PolicyTraining:
+    """What a Trainer trains policies with (RL, DPO); `reference` and `behaviour` are its state."""
+
+    def _policy_sum(
+        self,
+        hidden: torch.Tensor,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        micro: PolicyMicroBatch,
+        batch: RolloutBatch,
+    ) -> torch.Tensor:
+        """A micro-batch of rollouts' summed clipped objective; its sums for the metrics go to
+        the batch (the loader reads them at the log line)."""
+        rl = self.cfg.rl
+        on = {k: getattr(micro, k).to(self.device, non_blocking=True) for k in ("old_logprobs", "advantage", "weights")}
+        here = replace(micro, **on)
+        ref = None
+        if rl.kl_coef:  # the frozen starting policy's log-probabilities (rl/reference.py)
+            ref = reference_logprobs(self._reference(), inputs, targets, self.rl_temperature)
+        terms = policy_from_hidden(
+            hidden,
+            self.model.lm_head.weight,
+            targets,
+            here,
+            self.rl_temperature,
+            rl.eps_low,
+            rl.eps_high,
+            self.rl_entropy_coef,
+            ref,
+            rl.kl_coef,
+            rl.behaviour_weight_cap if rl.max_staleness else None,  # the decoupled objective
+        )
+        batch.terms.append(terms)
+        return terms.objective
+
+    def _dpo_sum(
+        self, hidden: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, batch: PairBatch
+    ) -> torch.Tensor:
+        """A micro-batch of preference pairs' summed DPO loss against the reference; its sums
+        for the metrics go to the batch."""
+        ref = reference_logprobs(self._reference(), inputs, targets, 1.0)
+        terms = dpo_from_hidden(hidden, self.model.lm_head.weight, targets, ref, self.cfg.dpo)
+        batch.terms.append(terms)
+        return terms.objective
+
+    def _reference(self) -> torch.nn.Module:
+        """The frozen starting policy of RL's KL term and of DPO (rl/reference.py), loaded at
+        first use from the step-0 checkpoint (a background write of it finished first)."""
+        if self.reference is None:
+            self.finish_save()
+            key = "dpo" if self.cfg.dpo.enabled else "rl.kl_coef"
+            self.reference = load_reference(self.cfg.model, self.cfg.run_dir, self.device, key)
+        return self.reference
+
+    @torch.no_grad()
+    def _pair_logprobs(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A DPO evaluation's: the policy's and the reference's log-probability of each target [B, T]."""
+        self.model.eval()
+        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        with self.precision.autocast():
+            policy = at_targets(log_distribution(self.forward(inputs), self.model.lm_head.weight, 1.0), targets)
+            return policy, reference_logprobs(self._reference(), inputs, targets, 1.0)
+
+    @property
+    def rl_temperature(self) -> float:
+        """RL's sampling temperature: the orchestrator's or a person's (rule rl_signal), else
+        rl.temperature. The objective evaluates the policy at it, as the rollouts were drawn."""
+        return self.state.rl_temperature or self.cfg.rl.temperature
+
+    @property
+    def rl_entropy_coef(self) -> float:
+        """RL's entropy bonus: the orchestrator's or a person's (rule rl_entropy), else rl.entropy_coef."""
+        coef = self.state.rl_entropy_coef
+        return self.cfg.rl.entropy_coef if coef is None else coef
+
+    def _all_sum(self, values: list[float]) -> list[float]:
+        """RL's step counts summed over the data-parallel ranks (one small all-reduce)."""
+        if self.dist.dp_world == 1:
+            return values
+        summed = self.dist.sum_over_ranks(torch.tensor(values, dtype=torch.float64, device=self.device))
+        return summed.tolist()
+
+    def _rollouts(self, prompts: list[list[int]], seed: int | None) -> list[Rollout]:
+        """The RL phase's policy: responses to `prompts` from the model being trained
+        (rl/rollout.py), sampled from `seed`, or greedy (None: an evaluation's)."""
+        return self._generate(self.model, prompts, seed, self.rl_temperature, self.state.step)
+
+    def _policy_snapshot(self) -> tuple[Policy, int]:
+        """Asynchronous RL's policy for a batch generated ahead (rl/engine.py): the weights as
+        they are now in a model of their own (the trainer's go on changing while the rollout
+        thread generates), and their version. max_staleness + 2 such models are kept in turn:
+        at most max_staleness + 1 batches are queued, so the oldest is free when reused."""
+        copies = self.behaviour
+        if len(copies) < self.cfg.rl.max_staleness + 2:
+            copies.append(build_model(self.cfg.model).to(self.device).eval().requires_grad_(False))
+        frozen = copies.pop(0)
+        copies.append(frozen)
+        frozen.load_moe_state(self.model.moe_state())  # surgery may have changed the experts
+        frozen.load_mod_state(self.model.mod_state())
+        frozen.set_step(self.state.step)
+        frozen.load_state_dict(self.model.state_dict())
+        temperature, version = self.rl_temperature, self.state.step
+        return lambda prompts, seed: self._generate(frozen, prompts, seed, temperature, version), version
+
+    def _generate(
+        self, model: torch.nn.Module, prompts: list[list[int]], seed: int | None, temperature: float, version: int
+    ) -> list[Rollout]:
+        rl = self.cfg.rl
+        generator = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else None
+        with self.precision.autocast():  # thread-local: entered in the thread that generates
+            return generate(
+                model,
+                prompts,
+                rl.max_new_tokens,
+                self.tok.eos_id,
+                temperature=temperature if seed is not None else 0.0,
+                top_p=rl.top_p,
+                generator=generator,
+                version=version,
+                record_routing=rl.routing_replay and seed is not None,  # for the objective's forward
+            )
