@@ -66,7 +66,8 @@ TERMS = ("clipped", "kl", "off_policy", "kl_ref", "behaviour_weight", "behaviour
 
 @dataclass
 class RolloutBatch(StepBatch):
-    rollouts: list[Rollout] = field(default_factory=list)  # group_size consecutive ones a prompt
+    # group_size consecutive ones a prompt; no tensors (a hook's seal need not walk them)
+    rollouts: list[Rollout] = field(default_factory=list, metadata={"sealed": False})
     advantage: list[float] = field(default_factory=list)  # each rollout's
     rewards: list[float] = field(default_factory=list)
     sums: dict[str, float] = field(default_factory=dict)  # SUMS, every rank's

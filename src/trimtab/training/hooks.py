@@ -14,7 +14,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,18 +35,28 @@ class HookWroteError(TrimtabError):
     """A hook changed a tensor of the step it was shown (a batch, a StepOutput) in place."""
 
 
-def tensors_of(value: Any, name: str) -> list[tuple[str, torch.Tensor]]:
+SCALARS = (int, float, bool, str, type(None))
+
+
+def tensors_of(value: Any, where: tuple = ()) -> Iterator[tuple[tuple, torch.Tensor]]:
     """Every tensor inside an event's argument (a StepBatch, a StepOutput: dataclasses, dicts,
-    lists), with where it is, for the seal around a hook call."""
+    lists), with where it is (a path, put in words only for an error), for the seal around a hook
+    call. A list or tuple whose first item is a plain value is taken to hold no tensor: an RL
+    step's rollouts hold thousands of token ids and log-probabilities, whose walk cost ~30 ms a
+    step (debug, CPU) before."""
     if isinstance(value, torch.Tensor):
-        return [(name, value)]
-    if isinstance(value, dict):
-        return [t for k, v in value.items() for t in tensors_of(v, f"{name}[{k!r}]")]
-    if isinstance(value, (list, tuple)):
-        return [t for i, v in enumerate(value) for t in tensors_of(v, f"{name}[{i}]")]
-    if hasattr(value, "__dataclass_fields__"):
-        return [t for f in value.__dataclass_fields__ for t in tensors_of(getattr(value, f), f"{name}.{f}")]
-    return []
+        yield where, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from tensors_of(v, (*where, f"[{k!r}]"))
+    elif isinstance(value, (list, tuple)):
+        if value and not isinstance(value[0], SCALARS):
+            for i, v in enumerate(value):
+                yield from tensors_of(v, (*where, f"[{i}]"))
+    elif hasattr(value, "__dataclass_fields__"):
+        for f, spec in value.__dataclass_fields__.items():
+            if spec.metadata.get("sealed", True):  # a field that holds no tensor says so (RL's rollouts)
+                yield from tensors_of(getattr(value, f), (*where, f".{f}"))
 
 
 def call_sealed(hook: Hook, event: str, view: RunView, *args: Any) -> Any:
@@ -54,12 +64,12 @@ def call_sealed(hook: Hook, event: str, view: RunView, *args: Any) -> Any:
     each tensor's version counter (torch bumps it on every in-place write) is read before and
     after, a few integer reads a step. A test instrument writes through its own handle
     (training/instrument.py) and is called as it is."""
-    seal = [(where, t, t._version) for i, a in enumerate(args) for where, t in tensors_of(a, f"arg{i}")]
+    seal = [(i, where, t, t._version) for i, a in enumerate(args) for where, t in tensors_of(a)]
     result = getattr(hook, event)(view, *args)
-    for where, tensor, version in seal:
+    for i, where, tensor, version in seal:
         if tensor._version != version:
             raise HookWroteError(
-                f"{type(hook).__name__}.{event} wrote into {where} in place: hooks only observe "
+                f"{type(hook).__name__}.{event} wrote into arg{i}{''.join(where)} in place: hooks only observe "
                 "(docs/architecture.md); copy it first (tensor.clone()), or change the run with "
                 "run.control.request(...)"
             )
