@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from trimtab.config.rl import RLConfig
@@ -30,6 +29,7 @@ from trimtab.errors import DataError
 from trimtab.rl import replay
 from trimtab.rl.engine import RolloutQueue
 from trimtab.rl.loss import PolicyTerms, advantages, normaliser, token_weights
+from trimtab.rl.order import EpochOrder
 from trimtab.rl.rewards import VerifierPool
 from trimtab.rl.rollout import Rollout
 from trimtab.rl.tasks import Problem
@@ -173,9 +173,8 @@ class RolloutLoader:
         self.version = 0  # the newest snapshot's (the policy being trained, asynchronously)
         self.generation_rows = 0  # rows generated in one pass (0: all at once; an OOM halves it)
         self.max_staleness = cfg.max_staleness  # rule rl_ratio may lower it (set_max_staleness)
-        self.epoch, self.cursor, self.draws = 0, 0, 0
-        self.skipped: set[int] = set()
-        self._order = self._permutation(0)
+        self.order = EpochOrder(len(problems), seed, "prompts", "rl.prompts")
+        self.draws = 0  # the sampling draws made (each draw's seed counts from it)
         self._pool: VerifierPool | None = None
         self._held_out_pool: VerifierPool | None = None  # rl.held_out_reward's, when it differs
         self._window: list[RolloutBatch] = []  # the steps since metrics() was read
@@ -186,18 +185,17 @@ class RolloutLoader:
         # rule rl_length may turn the filter on, then the soft penalty (its buffer in tokens)
         self.overlong_filter, self.overlong_buffer = cfg.overlong_filter, cfg.overlong_buffer
 
-    def _permutation(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.problems))
+    @property
+    def epoch(self) -> int:
+        return self.order.epoch
 
-    def _next_problem(self) -> int:
-        while True:
-            if self.cursor == len(self._order):
-                self.epoch, self.cursor = self.epoch + 1, 0
-                self._order = self._permutation(self.epoch)
-            self.cursor += 1
-            index = int(self._order[self.cursor - 1])
-            if index not in self.skipped:
-                return index
+    @property
+    def skipped(self) -> set[int]:
+        return self.order.skipped
+
+    @skipped.setter
+    def skipped(self, rows: set[int]) -> None:
+        self.order.skipped = rows
 
     def next_batch(self) -> RolloutBatch:
         """A step's batch: generated now by the policy being trained, or with rl.max_staleness
@@ -264,7 +262,7 @@ class RolloutLoader:
         """`n` prompts drawn (every rank draws the same), this rank's share of them (every
         world-th) answered group_size times and scored: (problem, responses, rewards)."""
         G = self.cfg.group_size
-        chosen = [self._next_problem() for _ in range(n)][self.rank :: self.world]
+        chosen = [self.order.next() for _ in range(n)][self.rank :: self.world]
         prompts = [self.tok.encode(self.problems[i].prompt, specials=True) for i in chosen]
         # each draw's sampling seed, a rank's own: a resumed run draws alike
         seed = self.seed * 1_000_003 + self.draws + (self.rank << 32)
@@ -390,11 +388,7 @@ class RolloutLoader:
 
     def skip_rows(self, rows: list[int]) -> int:
         """Never draw these prompts again (after a rollback that blamed them)."""
-        keep = self.skipped | {int(r) for r in rows}
-        if len(keep) >= len(self.problems):
-            raise DataError("skipping these prompts would leave none to train on; the prompts themselves are bad")
-        added, self.skipped = len(keep) - len(self.skipped), keep
-        return added
+        return self.order.skip(rows)
 
     def metrics(self) -> dict[str, float]:
         """The RL figures over the steps since the last read (one host read of the objective's sums)."""
@@ -427,27 +421,12 @@ class RolloutLoader:
         """The order's position and the draws made; asynchronously, also the batches generated
         ahead (waited for first: their draws move the position)."""
         ahead = [batch_state(b) for b in self._queue.ahead()] if self._queue else []
-        return {
-            "ahead": ahead,
-            "version": self.version,
-            "epoch": self.epoch,
-            "cursor": self.cursor,
-            "draws": self.draws,
-            "seed": self.seed,
-            "n_rows": len(self.problems),
-            "skipped": sorted(self.skipped),
-        }
+        return {"ahead": ahead, "version": self.version, "draws": self.draws, **self.order.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where `state` was taken."""
-        if state.get("n_rows") != len(self.problems):
-            raise DataError(
-                f"the checkpoint's RL run had {state.get('n_rows')} prompts but rl.prompts now has "
-                f"{len(self.problems)}; resume with the same prompts"
-            )
-        self.seed, self.epoch, self.cursor, self.draws = state["seed"], state["epoch"], state["cursor"], state["draws"]
-        self.skipped = set(state["skipped"])
-        self._order = self._permutation(self.epoch)
+        self.order.load_state_dict(state, "RL")
+        self.seed, self.draws = state["seed"], state["draws"]
         self.version = state.get("version", 0)
         if state.get("ahead"):
             if self.max_staleness != len(state["ahead"]):

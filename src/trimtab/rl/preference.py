@@ -17,15 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from trimtab.config.dpo import DPOConfig
 from trimtab.data.packing import IGNORE_INDEX, MicroBatch, StepBatch
 from trimtab.data.tokenizer import TextTokenizer
-from trimtab.errors import DataError
 from trimtab.rl.batches import Policy
 from trimtab.rl.dpo import DPOTerms, dpo_terms, sequence_logprobs
+from trimtab.rl.order import EpochOrder
 from trimtab.rl.pairs import Tokens
 from trimtab.rl.rewards import verifier
 
@@ -84,33 +83,30 @@ class PairLoader:
         problems: list[tuple[list[int], str]] | None = None,
         tok: TextTokenizer | None = None,
     ) -> None:
-        self.pairs, self.held_out, self.cfg, self.seed, self.pad_id = pairs, held_out, cfg, seed, pad_id
+        self.pairs, self.held_out, self.cfg, self.pad_id = pairs, held_out, cfg, pad_id
         self.problems, self.tok = problems or [], tok  # held-out prompts and answers answered greedily
         self.micro_batch_tokens = micro_batch_tokens  # an OOM handler may lower it between steps
         # a step's size in tokens, as the OOM handler bounds a micro-batch by
         self.batch_tokens = cfg.pairs_per_step * 2 * max(p.width for p in pairs)
         self.scorer: Scorer | None = None
         self.policy: Policy | None = None
-        self.epoch, self.cursor = 0, 0
-        self.skipped: set[int] = set()
-        self._order = self._permutation(0)
+        self.order = EpochOrder(len(pairs), seed, "pairs", "dpo.pairs")
         self._window: list[PairBatch] = []  # the steps since metrics() was read
 
-    def _permutation(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.pairs))
+    @property
+    def epoch(self) -> int:
+        return self.order.epoch
 
-    def _next_pair(self) -> int:
-        while True:
-            if self.cursor == len(self._order):
-                self.epoch, self.cursor = self.epoch + 1, 0
-                self._order = self._permutation(self.epoch)
-            self.cursor += 1
-            index = int(self._order[self.cursor - 1])
-            if index not in self.skipped:
-                return index
+    @property
+    def skipped(self) -> set[int]:
+        return self.order.skipped
+
+    @skipped.setter
+    def skipped(self, rows: set[int]) -> None:
+        self.order.skipped = rows
 
     def next_batch(self) -> PairBatch:
-        rows = [self._next_pair() for _ in range(self.cfg.pairs_per_step)]
+        rows = [self.order.next() for _ in range(self.cfg.pairs_per_step)]
         n_tokens = sum(self.pairs[i].positions for i in rows)
         batch = PairBatch([], len(rows), n_tokens, rows)
         self._window.append(batch)
@@ -126,11 +122,7 @@ class PairLoader:
 
     def skip_rows(self, rows: list[int]) -> int:
         """Never draw these pairs again (after a rollback that blamed them)."""
-        keep = self.skipped | {int(r) for r in rows}
-        if len(keep) >= len(self.pairs):
-            raise DataError("skipping these pairs would leave none to train on; the pairs themselves are bad")
-        added, self.skipped = len(keep) - len(self.skipped), keep
-        return added
+        return self.order.skip(rows)
 
     def metrics(self) -> dict[str, float]:
         """The DPO figures over the steps since the last read, per pair (one host read)."""
@@ -165,24 +157,11 @@ class PairLoader:
         return figures
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "epoch": self.epoch,
-            "cursor": self.cursor,
-            "seed": self.seed,
-            "n_rows": len(self.pairs),
-            "skipped": sorted(self.skipped),
-        }
+        return self.order.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where `state` was taken."""
-        if state.get("n_rows") != len(self.pairs):
-            raise DataError(
-                f"the checkpoint's DPO run had {state.get('n_rows')} pairs but dpo.pairs now has "
-                f"{len(self.pairs)}; resume with the same pairs"
-            )
-        self.seed, self.epoch, self.cursor = state["seed"], state["epoch"], state["cursor"]
-        self.skipped = set(state["skipped"])
-        self._order = self._permutation(self.epoch)
+        self.order.load_state_dict(state, "DPO")
 
 
 def summarise(terms: list[DPOTerms], prefix: str) -> dict[str, float]:

@@ -1,0 +1,64 @@
+"""The order a loader of a policy phase draws its items in (RL's prompts, DPO's pairs): a seeded
+permutation an epoch, each epoch its own (epoch-aware seeds, as AReaL's), resumed exactly from
+its state, the items a rollback blamed left out for good."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from trimtab.errors import DataError
+
+
+class EpochOrder:
+    """Draws indices 0 .. n-1; `what` names the items and `key` their config key in errors."""
+
+    def __init__(self, n: int, seed: int, what: str, key: str) -> None:
+        self.n, self.seed, self.what, self.key = n, seed, what, key
+        self.epoch, self.cursor = 0, 0
+        self.skipped: set[int] = set()
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(self.n)
+
+    def next(self) -> int:
+        while True:
+            if self.cursor == len(self._order):
+                self.epoch, self.cursor = self.epoch + 1, 0
+                self._order = self._permutation(self.epoch)
+            self.cursor += 1
+            index = int(self._order[self.cursor - 1])
+            if index not in self.skipped:
+                return index
+
+    def skip(self, rows: list[int]) -> int:
+        """Never draw these again (after a rollback that blamed them); how many are new."""
+        keep = self.skipped | {int(r) for r in rows}
+        if len(keep) >= self.n:
+            raise DataError(
+                f"skipping these {self.what} would leave none to train on; the {self.what} themselves are bad"
+            )
+        added, self.skipped = len(keep) - len(self.skipped), keep
+        return added
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "cursor": self.cursor,
+            "seed": self.seed,
+            "n_rows": self.n,
+            "skipped": sorted(self.skipped),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], run: str) -> None:
+        """Continue exactly where `state` was taken (`run`: the checkpoint's kind, for the error)."""
+        if state.get("n_rows") != self.n:
+            raise DataError(
+                f"the checkpoint's {run} run had {state.get('n_rows')} {self.what} but {self.key} now has "
+                f"{self.n}; resume with the same {self.what}"
+            )
+        self.seed, self.epoch, self.cursor = state["seed"], state["epoch"], state["cursor"]
+        self.skipped = set(state["skipped"])
+        self._order = self._permutation(self.epoch)
