@@ -29,7 +29,7 @@ from trimtab.errors import DataError
 from trimtab.rl import replay
 from trimtab.rl.engine import RolloutQueue
 from trimtab.rl.loss import PolicyTerms, advantages, normaliser, token_weights
-from trimtab.rl.order import EpochOrder
+from trimtab.rl.order import EpochOrder, Ordered
 from trimtab.rl.rewards import VerifierPool
 from trimtab.rl.rollout import Rollout
 from trimtab.rl.tasks import Problem
@@ -142,7 +142,7 @@ def batch_from_state(state: dict[str, Any]) -> RolloutBatch:
     return RolloutBatch([], 0, rollouts=rollouts, **{k: state[k] for k in BATCH_FIELDS})
 
 
-class RolloutLoader:
+class RolloutLoader(Ordered):
     """An RL phase's steps (see the module docstring); `policy` is set by the trainer."""
 
     def __init__(
@@ -184,18 +184,6 @@ class RolloutLoader:
         self.dynamic_sampling = cfg.dynamic_sampling  # rule rl_signal may turn it on
         # rule rl_length may turn the filter on, then the soft penalty (its buffer in tokens)
         self.overlong_filter, self.overlong_buffer = cfg.overlong_filter, cfg.overlong_buffer
-
-    @property
-    def epoch(self) -> int:
-        return self.order.epoch
-
-    @property
-    def skipped(self) -> set[int]:
-        return self.order.skipped
-
-    @skipped.setter
-    def skipped(self, rows: set[int]) -> None:
-        self.order.skipped = rows
 
     def next_batch(self) -> RolloutBatch:
         """A step's batch: generated now by the policy being trained, or with rl.max_staleness
@@ -385,10 +373,6 @@ class RolloutLoader:
             if pool is not None:
                 pool.close()
         self._pool = self._held_out_pool = None
-
-    def skip_rows(self, rows: list[int]) -> int:
-        """Never draw these prompts again (after a rollback that blamed them)."""
-        return self.order.skip(rows)
 
     def metrics(self) -> dict[str, float]:
         """The RL figures over the steps since the last read (one host read of the objective's sums)."""

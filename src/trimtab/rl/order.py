@@ -62,3 +62,27 @@ class EpochOrder:
         self.seed, self.epoch, self.cursor = state["seed"], state["epoch"], state["cursor"]
         self.skipped = set(state["skipped"])
         self._order = self._permutation(self.epoch)
+
+
+class Ordered:
+    """A loader drawing through an EpochOrder (`order`): the loop's view of its position (epoch)
+    and of the items a rollback left out (skipped, skip_rows: the loader protocol of
+    data/packing.py)."""
+
+    order: EpochOrder
+
+    @property
+    def epoch(self) -> int:
+        return self.order.epoch
+
+    @property
+    def skipped(self) -> set[int]:
+        return self.order.skipped
+
+    @skipped.setter
+    def skipped(self, rows: set[int]) -> None:
+        self.order.skipped = rows
+
+    def skip_rows(self, rows: list[int]) -> int:
+        """Never draw these again (after a rollback that blamed them)."""
+        return self.order.skip(rows)

@@ -24,7 +24,7 @@ from trimtab.data.packing import IGNORE_INDEX, MicroBatch, StepBatch
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.rl.batches import Policy
 from trimtab.rl.dpo import DPOTerms, dpo_terms, sequence_logprobs
-from trimtab.rl.order import EpochOrder
+from trimtab.rl.order import EpochOrder, Ordered
 from trimtab.rl.pairs import Tokens
 from trimtab.rl.rewards import verifier
 
@@ -68,7 +68,7 @@ def group_pairs(widths: dict[int, int], budget: int) -> list[list[int]]:
     return groups
 
 
-class PairLoader:
+class PairLoader(Ordered):
     """A DPO phase's steps (see the module docstring); `scorer` and `policy` are set by the
     trainer (its model's and the reference's log-probabilities; greedy answers)."""
 
@@ -93,18 +93,6 @@ class PairLoader:
         self.order = EpochOrder(len(pairs), seed, "pairs", "dpo.pairs")
         self._window: list[PairBatch] = []  # the steps since metrics() was read
 
-    @property
-    def epoch(self) -> int:
-        return self.order.epoch
-
-    @property
-    def skipped(self) -> set[int]:
-        return self.order.skipped
-
-    @skipped.setter
-    def skipped(self, rows: set[int]) -> None:
-        self.order.skipped = rows
-
     def next_batch(self) -> PairBatch:
         rows = [self.order.next() for _ in range(self.cfg.pairs_per_step)]
         n_tokens = sum(self.pairs[i].positions for i in rows)
@@ -119,10 +107,6 @@ class PairLoader:
         rows = [[batch.rows[k] for k in group] for group in group_pairs(widths, self.micro_batch_tokens)]
         batch.micro = [collate([self.pairs[i] for i in r], self.pad_id, r) for r in rows]
         return batch
-
-    def skip_rows(self, rows: list[int]) -> int:
-        """Never draw these pairs again (after a rollback that blamed them)."""
-        return self.order.skip(rows)
 
     def metrics(self) -> dict[str, float]:
         """The DPO figures over the steps since the last read, per pair (one host read)."""
