@@ -54,8 +54,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         # a test that mostly waits (keep-alive beats, a frozen rank's timeout) runs beside the
         # others: its few processes barely use the cores while it waits
-        if item.path.name in PROCESS_GROUPS and not item.get_closest_marker("mostly_waits"):
+        waits = item.get_closest_marker("mostly_waits")
+        if item.path.name in PROCESS_GROUPS and not waits:
             item.add_marker(pytest.mark.xdist_group("process_groups"))
+        elif waits:  # one worker for a module's: they may share a fixture (test_resilience's `elastic`)
+            item.add_marker(pytest.mark.xdist_group(f"{item.path.stem}-waits"))
         elif item.path.name in SHARED_RUNS:
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
     if not config.getoption("--quick"):

@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -139,23 +140,26 @@ def trimtab_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -
 
 
 _server: subprocess.Popen | None = None
+_server_lock = threading.Lock()  # one job at a time: tests that run jobs from threads wait their turn
 
 
 def _fork_server(job: dict) -> int:
     """Send a job to this test process's fork server (started on first use); its exit code."""
     global _server
-    if _server is None or _server.poll() is not None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, str(WORKER.parent), os.environ.get("PYTHONPATH", "")])}
-        _server = subprocess.Popen(
-            [sys.executable, str(WORKER.with_name("forkserver.py"))],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-    _server.stdin.write(json.dumps(job) + "\n")
-    _server.stdin.flush()
-    return json.loads(_server.stdout.readline() or '{"rc": "the fork server died"}')["rc"]
+    with _server_lock:
+        if _server is None or _server.poll() is not None:
+            path = os.pathsep.join([SRC, str(WORKER.parent), os.environ.get("PYTHONPATH", "")])
+            env = {**os.environ, "PYTHONPATH": path}
+            _server = subprocess.Popen(
+                [sys.executable, str(WORKER.with_name("forkserver.py"))],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        _server.stdin.write(json.dumps(job) + "\n")
+        _server.stdin.flush()
+        return json.loads(_server.stdout.readline() or '{"rc": "the fork server died"}')["rc"]
 
 
 def losses(record: dict) -> list[float]:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch.distributed as dist
@@ -410,17 +411,13 @@ def wait_for(condition, what: str, timeout: float = 120.0) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.mostly_waits
-@pytest.mark.distributed
-@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_a_lost_node_leaves_the_run_on_the_rest_and_a_returning_node_grows_it_back(tmp_path, ranks):
+def lost_node(tmp_path, ranks: int) -> dict:
     """Two nodes of `ranks` ranks each (two torchrun agents, --nnodes 1:2; 2: 4 -> 2 -> 4 ranks).
     lose_node@6:1 kills node 1's agent and ranks as step 6 begins; node 0's agent restarts its
-    ranks alone, which resume from step 4 reading every row of each step, as the undisturbed run
-    on both nodes trains them. A node started again joins at the next rendezvous: node 0's agent
-    stops its ranks (SIGTERM: a checkpoint at the step they reached) and the job resumes on both
-    nodes from there. The journal
-    names the lost node and the growth; the losses and final weights are the undisturbed run's."""
+    ranks alone, which resume from step 4; a node started again joins at the next rendezvous:
+    node 0's agent stops its ranks (SIGTERM: a checkpoint at the step they reached) and the job
+    resumes on both nodes from there. Returns what the test checks: the sessions, the restart
+    decisions, what the sessions trained, the last session's record and the undisturbed run's."""
     steps, out = 24, tmp_path / "elastic"
     overrides = {"train": {"max_steps": steps}, "checkpoint": {"every": 4}}
     reference = run(tmp_path / "reference", 2 * ranks, **overrides)
@@ -438,48 +435,21 @@ def test_a_lost_node_leaves_the_run_on_the_rest_and_a_returning_node_grows_it_ba
         back = node(port, False, cfg, record, log, ranks)
         told = (first.wait(timeout=180), back.wait(timeout=60)), (tmp_path / "agents.log").read_text()[-6000:]
         assert told[0] == (0, 0), told[1]
-    assert [s["world"] for s in sessions()] == [2 * ranks, ranks, 2 * ranks]
-    assert [s["from_step"] for s in sessions()][:2] == [0, 4]
-    lost_node, grown = [d["evidence"] for d in read_decisions(out) if d["rule"] == "restart"]
-    assert (
-        lost_node["kind"] == "lost_node"
-        and lost_node["nodes_to_blame"] == [1]
-        and lost_node["ranks_to_blame"] == list(range(ranks, 2 * ranks))
-    )
-    assert (lost_node["step"], lost_node["resumed_step"], lost_node["world_after"], lost_node["nodes_after"]) == (
-        5,
-        4,
-        ranks,
-        1,
-    )
-    assert grown["kind"] == "resized" and (grown["world_before"], grown["world_after"], grown["nodes_after"]) == (
-        ranks,
-        2 * ranks,
-        2,
-    )
-    assert grown["steps_lost"] == 0 and grown["resumed_step"] == sessions()[2]["from_step"] > 4
     ran = {}  # step -> (rows of every rank, loss) as the sessions that were not lost trained it
     for path in tmp_path.glob("rec-*.json"):
         for s in json.loads(path.read_text())["steps"]:
             ran[s["step"]] = (ran.get(s["step"], ([], None))[0] + s["rows"], s["loss"])
-    assert sorted(ran) == list(range(5, steps + 1))
-    for s in reference[0]["steps"][4:]:
-        theirs = sorted(r for rank in reference for r in rank["steps"][s["step"] - 1]["rows"])
-        assert sorted(ran[s["step"]][0]) == theirs, s["step"]
-        assert_close([ran[s["step"]][1]], [s["loss"]], rel=1e-5)
-    last = json.loads((tmp_path / f"rec-{2 * ranks}-{grown['resumed_step'] + 1}-0.json").read_text())
-    assert_close(last["weights"], reference[0]["weights"], rel=1e-5)
+    restarts = [d["evidence"] for d in read_decisions(out) if d["rule"] == "restart"]
+    grown_from = sessions()[-1]["from_step"]
+    last = json.loads((tmp_path / f"rec-{2 * ranks}-{grown_from + 1}-0.json").read_text())
+    found = {"steps": steps, "sessions": sessions(), "restarts": restarts, "ran": ran, "last": last}
+    return {**found, "reference": reference}
 
 
-@pytest.mark.mostly_waits
-@pytest.mark.distributed
-def test_a_straggler_node_is_excluded_and_the_job_goes_on_without_it(tmp_path):
-    """orchestrator.straggler.exclude in an elastic job of two nodes of one rank: node 1's rank
-    runs 10x slower from step 3 (far below the threshold: a score near 0.75, as a 4x forward
-    measured on a busy 2-core host, is decided with too little confidence to act, advice only);
-    the straggler rule names it, saves, and ends node 1's agent and
-    rank; node 0's agent restarts its rank alone, which resumes from that checkpoint, nothing lost,
-    every step still training the undisturbed 2-rank run's rows."""
+def straggler_node(tmp_path) -> dict:
+    """orchestrator.straggler.exclude in an elastic job of two nodes of one rank, node 1's rank 10x
+    slower from step 3. Returns what the test checks: the decisions, the session after the
+    exclusion and the undisturbed run's records."""
     steps, out = 16, tmp_path / "excluded"
     overrides = {"train": {"max_steps": steps}, "checkpoint": {"every": 4}}
     reference = run(tmp_path / "reference", 2, **overrides)
@@ -492,13 +462,73 @@ def test_a_straggler_node_is_excluded_and_the_job_goes_on_without_it(tmp_path):
         slow = node(port, False, cfg, record, log)
         told = (slow.wait(timeout=120), first.wait(timeout=120)), (tmp_path / "agents.log").read_text()[-6000:]
         assert told[0] == (-signal.SIGKILL, 0), told[1]
-    (named,) = [d for d in read_decisions(out) if d["rule"] == "straggler"]
+    sessions = [json.loads(p.read_text()) for p in tmp_path.glob("rec-1-*-0.json")]
+    return {"steps": steps, "decisions": read_decisions(out), "sessions": sessions, "reference": reference}
+
+
+@pytest.fixture(scope="module")
+def elastic(tmp_path_factory):
+    """The two elastic jobs of two nodes, started together: each mostly waits (rendezvous beats, a
+    node's slowed steps) with a core idle, so one after the other they held a test worker ~75 s
+    (tests/conftest.py keeps both tests on one worker). Futures: a job's failure is raised in
+    its own test."""
+    with ThreadPoolExecutor(2) as pool:
+        return {
+            "lost": pool.submit(lost_node, tmp_path_factory.mktemp("lost"), 1),
+            "straggler": pool.submit(straggler_node, tmp_path_factory.mktemp("straggler")),
+        }
+
+
+@pytest.mark.mostly_waits
+@pytest.mark.distributed
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_lost_node_leaves_the_run_on_the_rest_and_a_returning_node_grows_it_back(request, tmp_path, ranks):
+    """lost_node: node 0's ranks alone resume from step 4 reading every row of each step, as the
+    undisturbed run on both nodes trains them, and the returning node grows the job back. The
+    journal names the lost node and the growth; the losses and final weights are the undisturbed
+    run's."""
+    found = request.getfixturevalue("elastic")["lost"].result() if ranks == 1 else lost_node(tmp_path, ranks)
+    sessions, reference = found["sessions"], found["reference"]
+    assert [s["world"] for s in sessions] == [2 * ranks, ranks, 2 * ranks]
+    assert [s["from_step"] for s in sessions][:2] == [0, 4]
+    lost, grown = found["restarts"]
+    assert (
+        lost["kind"] == "lost_node"
+        and lost["nodes_to_blame"] == [1]
+        and lost["ranks_to_blame"] == list(range(ranks, 2 * ranks))
+    )
+    assert (lost["step"], lost["resumed_step"], lost["world_after"], lost["nodes_after"]) == (5, 4, ranks, 1)
+    assert grown["kind"] == "resized" and (grown["world_before"], grown["world_after"], grown["nodes_after"]) == (
+        ranks,
+        2 * ranks,
+        2,
+    )
+    assert grown["steps_lost"] == 0 and grown["resumed_step"] == sessions[2]["from_step"] > 4
+    ran = found["ran"]
+    assert sorted(ran) == list(range(5, found["steps"] + 1))
+    for s in reference[0]["steps"][4:]:
+        theirs = sorted(r for rank in reference for r in rank["steps"][s["step"] - 1]["rows"])
+        assert sorted(ran[s["step"]][0]) == theirs, s["step"]
+        assert_close([ran[s["step"]][1]], [s["loss"]], rel=1e-5)
+    assert_close(found["last"]["weights"], reference[0]["weights"], rel=1e-5)
+
+
+@pytest.mark.mostly_waits
+@pytest.mark.distributed
+def test_a_straggler_node_is_excluded_and_the_job_goes_on_without_it(elastic):
+    """straggler_node: a score near 0.75, as a 4x forward measured on a busy 2-core host, is
+    decided with too little confidence to act, advice only; this 10x rank is named, a checkpoint
+    saved and node 1's agent and rank ended; node 0's agent restarts its rank alone, which resumes
+    from that checkpoint, nothing lost, every step still training the undisturbed 2-rank run's rows."""
+    found = elastic["straggler"].result()
+    decisions, reference = found["decisions"], found["reference"]
+    (named,) = [d for d in decisions if d["rule"] == "straggler"]
     assert named["action"] == "exclude_node" and named["params"] == {"node": 1} and named["evidence"]["ranks"] == [1]
-    (restart,) = [d["evidence"] for d in read_decisions(out) if d["rule"] == "restart"]
+    (restart,) = [d["evidence"] for d in decisions if d["rule"] == "restart"]
     assert restart["kind"] == "excluded" and restart["nodes_to_blame"] == [1] and restart["steps_lost"] == 0
     assert restart["resumed_step"] == named["step"] and restart["world_after"] == 1
-    (session,) = [json.loads(p.read_text()) for p in tmp_path.glob("rec-1-*-0.json")]
-    assert [s["step"] for s in session["steps"]] == list(range(named["step"] + 1, steps + 1))
+    (session,) = found["sessions"]
+    assert [s["step"] for s in session["steps"]] == list(range(named["step"] + 1, found["steps"] + 1))
     for ours in session["steps"]:
         theirs = [rank["steps"][ours["step"] - 1] for rank in reference]
         assert sorted(ours["rows"]) == sorted(theirs[0]["rows"] + theirs[1]["rows"])
