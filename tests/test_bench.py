@@ -133,7 +133,9 @@ def test_gpu_profile_dry_run_writes_the_table_and_the_top_ops(tmp_path):
     assert "Self CPU time total" in (tmp_path / "prof.txt").read_text()
     summary = json.loads((tmp_path / "prof.json").read_text())
     assert summary["time"] == "CPU" and summary["steps"] == 1 and summary["total_ms_per_step"] > 0
-    assert len(summary["ops"]) == 30 and all(op["name"].startswith("aten::") for op in summary["ops"][:3])
+    # the kernels lead (a named range's self time can outrank the second on a busy host)
+    assert len(summary["ops"]) == 30 and summary["ops"][0]["name"].startswith("aten::")
+    assert sum(op["name"].startswith("aten::") for op in summary["ops"]) >= 20
     assert all(op["ms_per_step"] >= 0 and op["calls_per_step"] > 0 for op in summary["ops"])
     assert 0.5 < sum(op["share"] for op in summary["ops"]) <= 1.0 + 1e-9  # the top 30 of all self time
     ranges = {r["name"] for r in summary["ranges"]}
