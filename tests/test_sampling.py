@@ -7,7 +7,7 @@ import torch
 
 from trimtab.config import ModelConfig
 from trimtab.model import Transformer, build_model
-from trimtab.sampling import generate, sample_next
+from trimtab.sampling import draw, generate, sample_next
 
 V = 97
 
@@ -63,6 +63,16 @@ def test_seeded_sampling_is_reproducible_and_random():
     assert torch.equal(runs[0], runs[1])
     assert not torch.equal(runs[0], runs[2])
     assert len(set(runs[0][:, 0].tolist())) > 3
+
+
+def test_draws_follow_the_distribution_and_never_a_token_without_probability():
+    probs = torch.tensor([[0.1, 0.0, 0.6, 0.3, 0.0]]).repeat(20_000, 1)  # 20k rows, one draw each
+    got = draw(probs, torch.Generator().manual_seed(0))
+    share = torch.bincount(got, minlength=5) / len(got)
+    assert share[1] == 0 and share[4] == 0  # a filtered token, and the last one
+    assert torch.allclose(share, probs[0], atol=0.015)  # 0.6's standard error over 20k: 0.0035
+    # a row need not sum to 1; one with a single token left draws it
+    assert draw(torch.tensor([[0.0, 2.0, 0.0], [0.0, 0.0, 1e-30]])).tolist() == [1, 2]
 
 
 def test_top_k_keeps_only_the_k_best():

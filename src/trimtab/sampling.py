@@ -46,8 +46,21 @@ def sample_next(
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
         logits = _nucleus(logits, top_p)
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return draw(logits.softmax(dim=-1), generator)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One index per row of probs [B, V] (each row's sum > 0) -> LongTensor [B], by inverse
+    transform sampling: one uniform a row, against the running sum. torch.multinomial draws one
+    exponential per entry instead (0.7 ms for 64 x 512 on a CPU core, 14x this: a tenth of an
+    RL step's generation). In float64, so the running sum over a large vocabulary keeps the
+    smallest probabilities."""
+    cdf = probs.double().cumsum(-1)  # [B, V]
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
+    index = torch.searchsorted(cdf, u, right=True).squeeze(-1)  # the first token whose sum passes u
+    # u rounds up to the total with probability ~2^-53: then the last token with any probability
+    # (the first to reach the total), never one a filter removed
+    return torch.minimum(index, cdf.argmax(-1))
 
 
 def _nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
