@@ -79,7 +79,9 @@ def test_an_entropy_bonus_widens_the_policy_and_is_off_by_default():
     torch.manual_seed(0)
     hidden, head = torch.randn(2, 3, 8), (3 * torch.randn(16, 8)).requires_grad_()
     targets = torch.randint(0, 16, (2, 3))
-    micro = SimpleNamespace(old_logprobs=torch.zeros(2, 3), advantage=torch.zeros(2), weights=torch.ones(2, 3))
+    micro = SimpleNamespace(
+        targets=targets, old_logprobs=torch.zeros(2, 3), advantage=torch.zeros(2), weights=torch.ones(2, 3)
+    )
     assert policy_from_hidden(hidden, head, targets, micro, 1.0, 0.2, 0.28).entropy is None
 
     @torch.no_grad()
@@ -95,6 +97,34 @@ def test_an_entropy_bonus_widens_the_policy_and_is_off_by_default():
     with torch.no_grad():
         head -= 0.1 * head.grad
     assert entropy() > before
+
+
+def test_only_the_response_tokens_go_through_the_head_and_nothing_else_changes():
+    """policy_from_hidden takes the head's distribution at the response tokens only (a prompt's
+    positions have no target): the objective, its figures and the gradients of hidden states and
+    head are those of the whole [B, T, V] computed and weighted 0 off the responses."""
+    from types import SimpleNamespace
+
+    from trimtab.rl.loss import at_targets, log_distribution, policy_from_hidden
+
+    torch.manual_seed(0)
+    hidden, head = torch.randn(2, 5, 8, requires_grad=True), (3 * torch.randn(16, 8)).requires_grad_()
+    targets = torch.tensor([[-100, -100, 3, 7, -100], [-100, 4, 4, 9, 1]])  # prompts, responses, padding
+    weights = (targets >= 0).float() / 7
+    old = torch.where(targets >= 0, -2.0 + 0.1 * torch.randn(2, 5), torch.zeros(2, 5))
+    micro = SimpleNamespace(targets=targets, old_logprobs=old, advantage=torch.tensor([1.0, -0.5]), weights=weights)
+    found = policy_from_hidden(hidden, head, targets, micro, 0.7, 0.2, 0.28, entropy_coef=0.1)
+    found.objective.backward()
+    grads = hidden.grad.clone(), head.grad.clone()
+    hidden.grad, head.grad = None, None
+    every = log_distribution(hidden, head, 0.7)  # [B, T, V]: every position
+    entropy = -(every.exp() * every).sum(-1)
+    whole = policy_terms(at_targets(every, targets), old, micro.advantage, weights, 0.2, 0.28, entropy, 0.1)
+    whole.objective.backward()
+    for name in ("objective", "clipped", "kl", "off_policy", "entropy", "ratio_max"):
+        assert torch.allclose(getattr(found, name), getattr(whole, name), atol=1e-6), name
+    assert torch.allclose(grads[0], hidden.grad, atol=1e-6) and torch.allclose(grads[1], head.grad, atol=1e-6)
+    assert grads[0][0, :2].abs().sum() == 0  # a prompt's positions get no gradient from the head
 
 
 def test_the_kl_term_to_the_reference_is_grpos_estimator_and_pulls_towards_it():

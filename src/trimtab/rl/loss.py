@@ -187,9 +187,13 @@ def policy_from_hidden(
     tensors on hidden's device): hidden [B, T, D], head [V, D], targets [B, T] (IGNORE where
     no response token). The policy's log-probabilities are taken at the rollouts' temperature,
     as their behaviour log-probabilities were."""
-    every = log_distribution(hidden, head, temperature)
-    logprobs = at_targets(every, targets)
-    entropy = -(every.exp() * every).sum(-1) if entropy_coef else None  # [B, T]
+    # The response tokens' distributions only: a prompt's positions have no target, and their
+    # logits' fp32 log-softmax [B, T, V] was most of the head's time and memory. Where they are,
+    # from the micro-batch's targets on the host (no device sync); [B, T] again after.
+    at = (micro.targets >= 0).flatten().nonzero().squeeze(1).to(hidden.device, non_blocking=True)  # [N]
+    every = log_distribution(hidden.flatten(0, 1).index_select(0, at), head, temperature)  # [N, V]
+    logprobs = _spread(at_targets(every, targets.flatten().index_select(0, at)), at, targets.shape)
+    entropy = _spread(-(every.exp() * every).sum(-1), at, targets.shape) if entropy_coef else None
     return policy_terms(
         logprobs,
         micro.old_logprobs,
@@ -203,3 +207,8 @@ def policy_from_hidden(
         kl_coef,
         behaviour_cap,
     )
+
+
+def _spread(values: torch.Tensor, at: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """values [N] at the flat positions `at` of a [B, T] tensor, 0 elsewhere (differentiable)."""
+    return values.new_zeros(shape.numel()).index_copy(0, at, values).view(shape)
