@@ -31,10 +31,10 @@ def policy(prompts: list[list[int]], seed: int | None) -> list[Rollout]:
     return out
 
 
-def loader(**rl) -> RolloutLoader:
+def loader(micro_batch_tokens: int = 8, **rl) -> RolloutLoader:
     cfg = RLConfig(**{"group_size": 2, "prompts_per_step": 2, "reward": "exact", "verifier_workers": 1, **rl})
     problems = [Problem(f"q{i}", "x") for i in range(10)]
-    made = RolloutLoader(problems, CharTokenizer(), cfg, micro_batch_tokens=8, seed=0, max_prompt_tokens=2)
+    made = RolloutLoader(problems, CharTokenizer(), cfg, micro_batch_tokens, seed=0, max_prompt_tokens=2)
     made.policy = policy
     return made
 
@@ -53,6 +53,17 @@ def test_a_step_holds_each_response_at_its_place_with_its_advantage():
             assert micro.old_logprobs[b, 1:3].tolist() == [-0.5, -0.25] and micro.inputs[b, 0] == ord("q")
         assert micro.inputs.shape[0] * micro.inputs.shape[1] <= 8  # the micro-batch budget
     assert sum(m.inputs.shape[0] for m in batch.micro) == 4
+
+
+def test_an_auto_micro_batch_is_the_whole_step():
+    """train.micro_batch_tokens 0 (auto): the step's responses in one micro-batch, however small
+    pretraining's train.batch_tokens (which RL does not read)."""
+    ours = loader(micro_batch_tokens=0)
+    try:
+        (micro,) = ours.next_batch().micro
+    finally:
+        ours.close()
+    assert micro.inputs.shape[0] == 4
 
 
 def test_dynamic_sampling_trains_only_groups_whose_rewards_differ_and_resumes_alike():

@@ -163,9 +163,11 @@ class RolloutLoader(Ordered):
         self.rank, self.world = rank, world
         self.all_sum: Callable[[list[float]], list[float]] = lambda values: values
         self.held_out = held_out or []  # answered greedily at each evaluation (evaluate)
-        self.micro_batch_tokens = micro_batch_tokens  # an OOM handler may lower it between steps
         # a step's size in tokens, as the OOM handler bounds a micro-batch by (its prompts' at most)
         self.batch_tokens = cfg.prompts_per_step * cfg.group_size * (max_prompt_tokens + cfg.max_new_tokens)
+        # train.micro_batch_tokens, 0 (auto) the whole step (not train.batch_tokens: pretraining's);
+        # an OOM handler may lower it between steps
+        self.micro_batch_tokens = micro_batch_tokens or self.batch_tokens
         self.policy: Policy | None = None  # the trainer's model generating (Trainer._enter_phase)
         self.snapshot: Snapshot | None = None  # asynchronous rollouts' policies (rl.max_staleness)
         self._queue: RolloutQueue[RolloutBatch] | None = None  # the batches generating ahead

@@ -42,7 +42,7 @@ class DPOPhase:
         del rank, world  # one process (checked at setup)
         train = cfg.train
         return PairLoader(
-            self.pairs, self.held_out, cfg.dpo, train.micro_budget, train.seed, pad_id, self.problems, self.tok
+            self.pairs, self.held_out, cfg.dpo, train.micro_batch_tokens, train.seed, pad_id, self.problems, self.tok
         )
 
 

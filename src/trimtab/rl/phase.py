@@ -45,7 +45,7 @@ class RLPhase:
             self.problems,
             self.tok,
             cfg.rl,
-            train.micro_budget,
+            train.micro_batch_tokens,  # 0 (auto): the whole step (RolloutLoader)
             train.seed,
             self.max_prompt_tokens,
             self.held_out,

@@ -85,9 +85,10 @@ class PairLoader(Ordered):
     ) -> None:
         self.pairs, self.held_out, self.cfg, self.pad_id = pairs, held_out, cfg, pad_id
         self.problems, self.tok = problems or [], tok  # held-out prompts and answers answered greedily
-        self.micro_batch_tokens = micro_batch_tokens  # an OOM handler may lower it between steps
         # a step's size in tokens, as the OOM handler bounds a micro-batch by
         self.batch_tokens = cfg.pairs_per_step * 2 * max(p.width for p in pairs)
+        # train.micro_batch_tokens, 0 (auto) the whole step; an OOM handler may lower it between steps
+        self.micro_batch_tokens = micro_batch_tokens or self.batch_tokens
         self.scorer: Scorer | None = None
         self.policy: Policy | None = None
         self.order = EpochOrder(len(pairs), seed, "pairs", "dpo.pairs")
