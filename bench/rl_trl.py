@@ -103,7 +103,10 @@ def _trimtab(args, work: Path, model: Path, prompts: Path, rep: int) -> dict:
     sets += ["--set", f"optim.lr={args.lr}", "--set", "optim.warmup_steps=0", "--set", "checkpoint.every=0"]
     sets += ["--set", "train.log_every=1", "--set", "train.eval_every=0", "--set", "log.progress=false"]
     sets += ["--set", "log.report=false", "--set", "log.tensorboard=false", "--set", "train.precision=fp32"]
-    sets += ["--max-steps", str(args.steps)]
+    # one forward and backward of the step's responses, as TRL's (per_device_train_batch_size =
+    # the step's rows, no accumulation): micro-batches as large as fit (the preset's 1024 tokens
+    # would split them in two)
+    sets += ["--set", "train.micro_batch_tokens=0", "--max-steps", str(args.steps)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCH), os.environ.get("PYTHONPATH")]))}
     out = work / f"trimtab-{rep}"
     cmd = [sys.executable, "-m", "trimtab", "rl", *sets, "--out", str(out)]
