@@ -260,6 +260,42 @@ def test_an_interrupted_dpo_run_resumes_to_the_uninterrupted_weights(tmp_path, b
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_data_parallel_pairs_train_as_one_process_and_agree_on_every_figure(tmp_path, base, pairs):
+    """DPO under torchrun's data parallelism (2 ranks, DDP): each rank trains 8 of a step's 16
+    pairs, the loss normalised by the step's 16 and the gradients summed, so both ranks end with
+    one process's weights and log its figures (summed over the ranks); a pair count the ranks
+    cannot split, or a sharded model, is refused naming the key."""
+    from types import SimpleNamespace
+
+    from helpers import assert_close, run
+    from trimtab.cli import RL_OFF
+    from trimtab.training.setup import check_dpo_ranks
+
+    dpo = {"enabled": True, "pairs": str(pairs), "pairs_per_step": 16, "held_out": 16}
+    job = dict(
+        dpo=dpo,
+        train={"init_from": str(base), "max_steps": 6, "eval_every": 3},
+        optim={"lr": 1e-2, "warmup_steps": 0},
+        orchestrator={rule: {"enabled": False} for rule in RL_OFF},  # as `trimtab dpo` turns them off
+    )
+    (one,) = run(tmp_path / "one", 1, **job)
+    a, b = run(tmp_path / "dp", 2, **job)
+    assert a["weights"] == b["weights"] and a["decisions"] == b["decisions"] == one["decisions"] == []
+    assert_close(a["weights"], one["weights"], rel=1e-4)
+    assert all(len(s["rows"]) == 8 for s in a["steps"] + b["steps"])  # 8 pairs a rank
+    for x, y, z in zip(a["steps"], b["steps"], one["steps"], strict=True):
+        assert sorted(x["rows"] + y["rows"]) == sorted(z["rows"])  # the same pairs, split
+    lines = {name: (tmp_path / name / "metrics.jsonl").read_text().splitlines() for name in ("one", "dp")}
+    logged = {name: [m for m in map(json.loads, text) if "dpo/loss" in m] for name, text in lines.items()}
+    for key in ("dpo/loss", "dpo/accuracy", "dpo/margin", "loss"):
+        assert_close([m[key] for m in logged["dp"]], [m[key] for m in logged["one"]], rel=1e-4)
+    cfg = load_config(preset="debug", overrides={"dpo": {"enabled": True, "pairs_per_step": 16}})
+    with pytest.raises(ConfigError, match="dpo.pairs_per_step=16 must be a multiple of the 3"):
+        check_dpo_ranks(cfg, SimpleNamespace(sharded=False, dp_world=3))
+    with pytest.raises(ConfigError, match="data parallelism only"):
+        check_dpo_ranks(cfg, SimpleNamespace(sharded=True, dp_world=2))
+
+
 def test_dpo_needs_a_model_to_start_from_and_a_readable_pairs_file(tmp_path, base):
     done = trimtab_cli(["dpo", "--preset", "debug", "--out", str(tmp_path / "r"), "--max-steps", "2"], tmp_path)
     assert done.returncode == 2 and "dpo: the tokenizer of the model to train is unknown" in done.stderr

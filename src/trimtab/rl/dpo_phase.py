@@ -39,10 +39,18 @@ class DPOPhase:
     train_rows: Any = None  # no token rows: the pairs are the data
 
     def loader(self, cfg: RunConfig, pad_id: int, rank: int = 0, world: int = 1) -> PairLoader:
-        del rank, world  # one process (checked at setup)
         train = cfg.train
         return PairLoader(
-            self.pairs, self.held_out, cfg.dpo, train.micro_batch_tokens, train.seed, pad_id, self.problems, self.tok
+            self.pairs,
+            self.held_out,
+            cfg.dpo,
+            train.micro_batch_tokens,
+            train.seed,
+            pad_id,
+            self.problems,
+            self.tok,
+            rank,
+            world,
         )
 
 

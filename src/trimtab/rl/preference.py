@@ -82,8 +82,14 @@ class PairLoader(Ordered):
         pad_id: int,
         problems: list[tuple[list[int], str]] | None = None,
         tok: TextTokenizer | None = None,
+        rank: int = 0,
+        world: int = 1,
     ) -> None:
         self.pairs, self.held_out, self.cfg, self.pad_id = pairs, held_out, cfg, pad_id
+        # data parallelism: every rank draws the step's pairs alike (the order's state is every
+        # rank's) and trains every world-th; the pair count that normalises the loss is the step's
+        self.rank, self.world = rank, world
+        self.all_sum: Callable[[list[float]], list[float]] = lambda values: values  # over the ranks (the trainer's)
         self.problems, self.tok = problems or [], tok  # held-out prompts and answers answered greedily
         # a step's size in tokens, as the OOM handler bounds a micro-batch by
         self.batch_tokens = cfg.pairs_per_step * 2 * max(p.width for p in pairs)
@@ -95,9 +101,10 @@ class PairLoader(Ordered):
         self._window: list[PairBatch] = []  # the steps since metrics() was read
 
     def next_batch(self) -> PairBatch:
-        rows = [self.order.next() for _ in range(self.cfg.pairs_per_step)]
+        drawn = [self.order.next() for _ in range(self.cfg.pairs_per_step)]
+        rows = drawn[self.rank :: self.world]  # this rank's
         n_tokens = sum(self.pairs[i].positions for i in rows)
-        batch = PairBatch([], len(rows), n_tokens, rows)
+        batch = PairBatch([], len(drawn), n_tokens, rows)
         self._window.append(batch)
         return self.regroup(batch)
 
@@ -115,7 +122,7 @@ class PairLoader(Ordered):
         terms = [t for b in window for t in b.terms]
         if not terms:
             return {}
-        return summarise(terms, "dpo/")
+        return summarise(terms, "dpo/", self.all_sum)
 
     def evaluate(self) -> dict[str, float]:
         """The held-out pairs scored by the policy against the reference: the share the policy
@@ -149,11 +156,14 @@ class PairLoader(Ordered):
         self.order.load_state_dict(state, "DPO")
 
 
-def summarise(terms: list[DPOTerms], prefix: str) -> dict[str, float]:
-    """Per-pair means of micro-batches' sums: the loss, the preference accuracy (the share of
-    pairs whose implicit reward prefers the chosen response), the margin and each reward."""
-    n = sum(t.pairs for t in terms)
+def summarise(
+    terms: list[DPOTerms], prefix: str, over_ranks: Callable[[list[float]], list[float]] | None = None
+) -> dict[str, float]:
+    """Per-pair means of micro-batches' sums (`over_ranks`: summed over the data-parallel ranks
+    first): the loss, the preference accuracy (the share of pairs whose implicit reward prefers
+    the chosen response), the margin and each reward."""
     names = ("objective", "correct", "margin", "chosen_reward", "rejected_reward")
     sums = torch.stack([torch.stack([getattr(t, k).detach().float() for k in names]) for t in terms]).sum(0)
-    figures = dict(zip(("loss", "accuracy", "margin", "chosen_reward", "rejected_reward"), (sums / n).tolist()))
+    *summed, n = (over_ranks or (lambda values: values))([*sums.tolist(), float(sum(t.pairs for t in terms))])
+    figures = dict(zip(("loss", "accuracy", "margin", "chosen_reward", "rejected_reward"), (x / n for x in summed)))
     return {prefix + k: v for k, v in figures.items()}

@@ -96,7 +96,7 @@ class PolicyTraining:
         return self.cfg.rl.entropy_coef if coef is None else coef
 
     def _all_sum(self, values: list[float]) -> list[float]:
-        """RL's step counts summed over the data-parallel ranks (one small all-reduce)."""
+        """RL's step counts and DPO's figures summed over the data-parallel ranks (one small all-reduce)."""
         if self.dist.dp_world == 1:
             return values
         summed = self.dist.sum_over_ranks(torch.tensor(values, dtype=torch.float64, device=self.device))

@@ -305,6 +305,21 @@ def check_rl_ranks(cfg: RunConfig, dist: Parallel) -> None:
         )
 
 
+def check_dpo_ranks(cfg: RunConfig, dist: Parallel) -> None:
+    """DPO under torchrun: data-parallel pairs, each rank training its share of a step's pairs
+    with the whole model (its held-out problems answered greedily, as RL's rollouts)."""
+    if dist.sharded or cfg.resilience.ft.enabled:
+        raise ConfigError(
+            "dpo under torchrun: data parallelism only (distributed.strategy=ddp, no tensor, expert or pipeline "
+            "parallelism, no resilience.ft): each rank answers its held-out problems with the whole model"
+        )
+    if cfg.dpo.pairs_per_step % dist.dp_world:
+        raise ConfigError(
+            f"dpo.pairs_per_step={cfg.dpo.pairs_per_step} must be a multiple of the {dist.dp_world} data-parallel "
+            "ranks (each trains its share of the step's pairs)"
+        )
+
+
 def setup(cfg: RunConfig) -> BuiltRun:
     """Build a run from its config: join torchrun's process group, find the checkpoint to resume
     (RunFinished if the run is already at its length), choose device and precision, read and
@@ -316,7 +331,7 @@ def setup(cfg: RunConfig) -> BuiltRun:
     if cfg.rl.enabled and dist.world > 1:
         check_rl_ranks(cfg, dist)
     if cfg.dpo.enabled and dist.world > 1:
-        raise ConfigError("dpo: one process for now (data-parallel pairs come next); run it without torchrun")
+        check_dpo_ranks(cfg, dist)
     # checkpoint.dir checked before anything is written; a run directory without a valid
     # checkpoint resumes from the store's newest (training/services/storage.py)
     resume = resume_point(cfg, dist, open_store(cfg))

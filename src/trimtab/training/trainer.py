@@ -480,6 +480,7 @@ class Trainer(Checkpointing, PolicyTraining):
             self.loader.all_sum = self._all_sum
         if isinstance(self.loader, PairLoader):  # DPO scores held-out pairs, answers held-out problems
             self.loader.scorer, self.loader.policy = self._pair_logprobs, self._rollouts
+            self.loader.all_sum = self._all_sum
         self.control.apply_knobs()
 
     def _maybe_next_phase(self) -> None:
