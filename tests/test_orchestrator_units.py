@@ -1091,10 +1091,12 @@ def test_an_entropy_collapse_before_the_task_is_learned_gets_a_bonus_then_a_lowe
     ]
 
 
-def test_responses_grown_into_the_budget_get_the_soft_penalty_then_a_wider_one_then_a_word():
+def test_responses_grown_into_the_budget_get_the_soft_penalty_a_wider_one_a_rollback_then_a_word():
     """rl_length: the window's share of truncated responses against the phase's first window's;
-    the soft penalty over a quarter of the budget, then half, then a word; the filter is not a
-    step of it (it would leave the cut responses, and the penalty's gradient, out)."""
+    the soft penalty over a quarter of the budget, then half, then once back to the last step
+    with fewer cut than the threshold (the penalty kept), then a word; the filter is not a step
+    of it (it would leave the cut responses, and the penalty's gradient, out). A rollback is
+    seen by the step count going back, and remembered across the monitor's restored state."""
     from types import SimpleNamespace
 
     from trimtab.orchestrator.rl_health import LengthRunaway, remedy
@@ -1114,16 +1116,33 @@ def test_responses_grown_into_the_budget_get_the_soft_penalty_then_a_wider_one_t
         "response_tokens": 9.0,
         "start_response_tokens": 5.0,
         "window": 2,
+        "short_step": 3,  # step 4's 0.5 reached the threshold
+        "after_rollback": False,
     }
     every_one_cut = LengthRunaway(cfg)  # a budget every response fills from the start: the run's design
     assert not any(every_one_cut.observe(metrics(i, rl={"truncated": 1.0, "response_tokens": 2.0})) for i in range(9))
-    view = lambda filtering, buffer: SimpleNamespace(rl_overlong=(filtering, buffer), rl_max_new_tokens=16)  # noqa: E731
+
+    def view(filtering: bool, buffer: int, rollbacks: int = 0) -> SimpleNamespace:
+        return SimpleNamespace(
+            rl_overlong=(filtering, buffer), rl_max_new_tokens=16, rollbacks=rollbacks, has_checkpoint=lambda s: s >= 0
+        )
+
     ladder = [remedy(found[4], view(*knobs), cfg) for knobs in ((False, 0), (True, 4), (False, 8))]
-    assert [(r.action, r.params) for r in ladder[:2]] == [
+    assert [(r.action, r.params) for r in ladder] == [
         ("set_overlong_penalty", {"tokens": 4}),
         ("set_overlong_penalty", {"tokens": 8}),
+        ("rollback", {"to": 3}),
     ]
-    assert ladder[2].action == "none" and "rl.max_new_tokens" in ladder[2].reasoning
+    used_up = remedy(found[4], view(False, 8, rollbacks=cfg.max_rollbacks), cfg)
+    assert used_up.action == "none" and "rl.max_new_tokens" in used_up.reasoning
+    state = mon.state_dict()
+    mon.load_state_dict(LengthRunaway(cfg).state_dict())  # the rollback restores a fresh-looking state
+    assert mon.last_step == 7 and not mon.rolled_back
+    mon.observe(metrics(4, rl={"truncated": 0.0, "response_tokens": 4.0}))  # step 4 again: the run went back
+    assert mon.rolled_back and state["rolled_back"] is False
+    later = [mon.observe(metrics(5 + i, rl={"truncated": v, "response_tokens": 12.0})) for i, v in enumerate([0, 1, 1])]
+    again = later[-1]
+    assert again.evidence["after_rollback"] and remedy(again, view(False, 8), cfg).action == "none"
 
 
 def test_a_held_out_reward_falling_as_the_training_reward_rises_rolls_back_to_the_best_then_stops():

@@ -128,11 +128,24 @@ class LengthRunaway(Monitor):
         self.cfg = cfg.rl_length
         self.start: list[tuple[float, float]] = []  # the phase's first window: (truncated share, tokens)
         self.window: list[tuple[float, float]] = []  # the last steps'
+        self.short_step = 0  # the last step with fewer responses cut than the threshold: before a runaway
+        self.last_step = 0  # the newest step seen, and whether a rollback came since (both kept across it)
+        self.rolled_back = False
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A rollback restores the windows, not what was seen: that the run went back is kept."""
+        last, rolled = self.last_step, self.rolled_back
+        super().load_state_dict(state)
+        self.last_step, self.rolled_back = max(self.last_step, last), self.rolled_back or rolled
 
     def observe(self, m: StepMetrics) -> Finding | None:
         rl, rule = m.rl or {}, self.cfg
         if rl.get("truncated") is None:
             return None
+        self.rolled_back = self.rolled_back or m.step <= self.last_step
+        self.last_step = m.step
+        if rl["truncated"] < rule.threshold:
+            self.short_step = m.step
         seen = (rl["truncated"], rl["response_tokens"])
         if len(self.start) < rule.window:
             self.start.append(seen)
@@ -149,6 +162,8 @@ class LengthRunaway(Monitor):
             "response_tokens": length,
             "start_response_tokens": start_length,
             "window": rule.window,
+            "short_step": self.short_step,
+            "after_rollback": self.rolled_back,
         }
         summary = (
             f"{share:.0%} of the responses of the last {rule.window} steps ran to the length budget without "
@@ -257,7 +272,7 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     if f.rule == "rl_entropy":
         return _entropy_remedy(view, cfg)
     if f.rule == "rl_length":
-        return _length_remedy(view, cfg)
+        return _length_remedy(f, view, cfg)
     if f.rule == "rl_hacking":
         return _hacking_remedy(f, cfg)
     if f.rule == "rl_ratio":
@@ -354,11 +369,15 @@ def _entropy_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:
     )
 
 
-def _length_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:
+def _length_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     """DAPO's soft overlong punishment over the budget's last `buffer` share, then over twice
-    that; then a word for a person. Not the overlong filter: it leaves the cut responses out of
-    the loss, and with them the only gradient that shortens them (measured: a runaway from 2% to
-    97% cut stayed at 95% with the filter on, penalty or not)."""
+    that; then, once, back to the last checkpoint before the runaway with the penalty kept; then
+    a word for a person. The penalty grades every cut response alike, so it teaches ending only
+    while some responses still end: measured (tests/test_rl_train.py's task, seeds 0-3), two runs
+    whose responses had all run to the budget stayed there through step 48 with it; with it on
+    from a policy that still ended, none ran away. Not the overlong filter: it leaves the cut
+    responses out of the loss, and with them the only gradient that shortens them (measured: a
+    runaway from 2% to 97% cut stayed at 95% with the filter on, penalty or not)."""
     _, buffer = view.rl_overlong
     budget = view.rl_max_new_tokens
     for share in (cfg.rl_length.buffer, min(2 * cfg.rl_length.buffer, 0.75)):
@@ -371,10 +390,21 @@ def _length_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:
                 f"the budget's last {tokens} of {budget} tokens (DAPO's soft overlong punishment) brings their "
                 "lengths back under it (the overlong filter goes off: the penalty needs the cut responses trained)",
             )
+    before = f.evidence["short_step"]
+    if not f.evidence["after_rollback"] and view.rollbacks < cfg.max_rollbacks and view.has_checkpoint(before):
+        return Remedy(
+            action="rollback",
+            params={"to": before},
+            reasoning=f"the responses still run to the budget with the penalty over {buffer} of {budget} tokens: "
+            "once every response is cut, the penalty grades them all alike and nothing teaches ending. Back to "
+            f"the policy of step {before} or before, whose responses still ended, with the penalty kept from "
+            "the start",
+        )
     return Remedy(
         action="none",
-        reasoning="responses still run to rl.max_new_tokens with the soft overlong penalty over most of the budget: "
-        "the task needs longer answers than the budget (raise rl.max_new_tokens) or the policy repeats itself "
+        reasoning="responses still run to rl.max_new_tokens with the soft overlong penalty over most of the budget"
+        + (", after a rollback to before the runaway" if f.evidence["after_rollback"] else "")
+        + ": the task needs longer answers than the budget (raise rl.max_new_tokens) or the policy repeats itself "
         "(a lower LR, a stronger warm start)",
     )
 
