@@ -2,8 +2,11 @@
 response's targets and behaviour log-probabilities where the trainer needs them, and DAPO's
 dynamic sampling, which trains only groups whose rewards differ."""
 
+import pytest
+
 from trimtab.config.rl import RLConfig
 from trimtab.data.packing import IGNORE_INDEX
+from trimtab.errors import DataError
 from trimtab.rl.batches import RolloutLoader, overlong_penalty
 from trimtab.rl.rollout import Rollout
 from trimtab.rl.tasks import Problem
@@ -64,6 +67,18 @@ def test_an_auto_micro_batch_is_the_whole_step():
     finally:
         ours.close()
     assert micro.inputs.shape[0] == 4
+
+
+def test_batches_generated_ahead_resume_on_as_many_ranks_only():
+    """Asynchronous rollouts under torchrun keep every rank's batches ahead (`ahead_ranks`): a
+    resume on another number of ranks is refused, naming what to do."""
+    ours = loader(max_staleness=1)
+    try:
+        state = {**ours.state_dict(), "ahead_ranks": [[], []]}
+        with pytest.raises(DataError, match="generated batches ahead on 2 ranks, this one has 1"):
+            ours.load_state_dict(state)
+    finally:
+        ours.close()
 
 
 def test_dynamic_sampling_trains_only_groups_whose_rewards_differ_and_resumes_alike():

@@ -54,6 +54,32 @@ def all_gather_floats(values: list[float]) -> list[list[float]]:
     return [t.tolist() for t in out]
 
 
+def side_sum() -> Callable[[list[float]], list[float]]:
+    """A sum over the ranks of host numbers on a gloo group of its own, for a background thread
+    (asynchronous RL's rollout thread): its collectives on the trainer's group would interleave
+    with the trainer's in an order the ranks do not share. Every rank calls this at the same
+    point (a new group is made by all of them)."""
+    if not active():
+        return list
+    group = dist.new_group(backend="gloo")
+
+    def summed(values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, group=group)
+        return t.tolist()
+
+    return summed
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's `obj` (picklable), rank order; [obj] in one process."""
+    if not active():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj, group=cpu_group())
+    return out
+
+
 def broadcast_object(obj: Any) -> Any:
     """Rank 0's `obj` on every rank (what rank 0 read from disk)."""
     if not active():

@@ -38,6 +38,7 @@ from trimtab.rl.tasks import Problem
 Policy = Callable[[list[list[int]], int | None], list[Rollout]]
 # a policy generating from the weights as they are now, in the rollout thread, and their version
 Snapshot = Callable[[], tuple[Policy, int]]
+Sum = Callable[[list[float]], list[float]]  # host numbers summed over the data-parallel ranks
 HELD_OUT_DRAW = 999_983  # the held-out samples' seed offset: no training draw's (those count from 0)
 
 
@@ -161,7 +162,12 @@ class RolloutLoader(Ordered):
         # data parallelism: each rank answers every world-th prompt drawn; the step's counts and
         # normaliser are every rank's, summed by the trainer's all_sum (Trainer._all_sum)
         self.rank, self.world = rank, world
-        self.all_sum: Callable[[list[float]], list[float]] = lambda values: values
+        self.all_sum: Sum = lambda values: values
+        # asynchronously: the rollout thread's sums, on a group of their own (distributed/group.py
+        # side_sum), and every rank's batches generated ahead gathered into the checkpoint (a
+        # collective: every rank saves)
+        self.side_sum: Sum = lambda values: values
+        self.gather: Callable[[Any], list[Any]] = lambda value: [value]
         self.held_out = held_out or []  # answered greedily at each evaluation (evaluate)
         # a step's size in tokens, as the OOM handler bounds a micro-batch by (its prompts' at most)
         self.batch_tokens = cfg.prompts_per_step * cfg.group_size * (max_prompt_tokens + cfg.max_new_tokens)
@@ -195,7 +201,7 @@ class RolloutLoader(Ordered):
             self._queue.close()
             self._queue = None
         if not eta:
-            batch = self._produce(self.policy, self.dynamic_sampling, self.overlong_buffer)
+            batch = self._produce(self.policy, self.dynamic_sampling, self.overlong_buffer, self.all_sum)
         else:
             self._queue = self._queue or RolloutQueue(eta)
             batch = self._queue.next(self._job)  # queues one batch from this step's policy
@@ -207,9 +213,9 @@ class RolloutLoader(Ordered):
         """A batch to generate in the rollout thread, from the weights and knobs as they are now."""
         policy, self.version = self.snapshot()
         dynamic, buffer = self.dynamic_sampling, self.overlong_buffer
-        return lambda: self._produce(policy, dynamic, buffer)
+        return lambda: self._produce(policy, dynamic, buffer, self.side_sum)
 
-    def _produce(self, policy: Policy, dynamic_sampling: bool, overlong_buffer: int) -> RolloutBatch:
+    def _produce(self, policy: Policy, dynamic_sampling: bool, overlong_buffer: int, all_sum: Sum) -> RolloutBatch:
         """prompts_per_step prompts, group_size responses to each, scored. With
         rl.dynamic_sampling (DAPO), groups whose rewards are all equal (no advantage, no
         gradient) are dropped and more prompts drawn in their place, up to rl.resample_rounds
@@ -220,7 +226,7 @@ class RolloutLoader(Ordered):
         if dynamic_sampling:  # every rank's groups with a signal counted: all ranks draw alike
             groups = [g for g in drawn if not flat(g[2])]
             for _ in range(cfg.resample_rounds):
-                kept = int(self.all_sum([len(groups)])[0])
+                kept = int(all_sum([len(groups)])[0])
                 if kept >= P:
                     break
                 more = self._groups(P - kept, policy, overlong_buffer)
@@ -245,7 +251,7 @@ class RolloutLoader(Ordered):
             "truncated": sum(r.truncated for r in rollouts),
             "tokens": sum(len(r.tokens) for r in rollouts),
         }
-        sums = dict(zip(SUMS, self.all_sum([local[k] for k in SUMS])))
+        sums = dict(zip(SUMS, all_sum([local[k] for k in SUMS])))
         return RolloutBatch([], 0, n_tokens, rows, None, rollouts, adv, rewards, sums)
 
     def _groups(self, n: int, policy: Policy, buffer: int) -> list[tuple[int, list[Rollout], list[float]]]:
@@ -407,18 +413,27 @@ class RolloutLoader(Ordered):
         """The order's position and the draws made; asynchronously, also the batches generated
         ahead (waited for first: their draws move the position)."""
         ahead = [batch_state(b) for b in self._queue.ahead()] if self._queue else []
-        return {"ahead": ahead, "version": self.version, "draws": self.draws, **self.order.state_dict()}
+        queued = {"ahead_ranks": self.gather(ahead)} if self.world > 1 else {"ahead": ahead}  # each rank's own
+        return {**queued, "version": self.version, "draws": self.draws, **self.order.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where `state` was taken."""
         self.order.load_state_dict(state, "RL")
         self.seed, self.draws = state["seed"], state["draws"]
         self.version = state.get("version", 0)
-        if state.get("ahead"):
-            if self.max_staleness != len(state["ahead"]):
+        ranks = state.get("ahead_ranks")
+        if ranks is not None and len(ranks) != self.world:
+            raise DataError(
+                f"the checkpoint's RL run generated batches ahead on {len(ranks)} ranks, this one has {self.world}: "
+                "resume on as many ranks (each rank's rollouts are its own), or with rl.max_staleness=0 from a "
+                "checkpoint of a synchronous run"
+            )
+        ahead = ranks[self.rank] if ranks is not None else state.get("ahead")
+        if ahead:
+            if self.max_staleness != len(ahead):
                 raise DataError(
-                    f"the checkpoint's RL run generated {len(state['ahead'])} batches ahead (rl.max_staleness) "
+                    f"the checkpoint's RL run generated {len(ahead)} batches ahead (rl.max_staleness) "
                     f"but rl.max_staleness is now {self.max_staleness}; resume with the same setting"
                 )
             self._queue = RolloutQueue(self.max_staleness)
-            self._queue.restore([batch_from_state(b) for b in state["ahead"]])
+            self._queue.restore([batch_from_state(b) for b in ahead])

@@ -286,8 +286,7 @@ class BuiltRun:
 def check_rl_ranks(cfg: RunConfig, dist: Parallel) -> None:
     """RL under torchrun: data-parallel rollouts, each rank answering its share of a step's
     prompts with the whole model (its generation runs alone: a sharded model's ranks would have
-    to decode in lockstep), synchronously (each rank's rollouts generated ahead would have to be
-    in the checkpoint)."""
+    to decode in lockstep)."""
     rl = cfg.rl
     if dist.sharded or cfg.resilience.ft.enabled:
         raise ConfigError(
@@ -298,10 +297,6 @@ def check_rl_ranks(cfg: RunConfig, dist: Parallel) -> None:
         raise ConfigError(
             f"rl.prompts_per_step={rl.prompts_per_step} must be a multiple of the {dist.dp_world} data-parallel "
             "ranks (each answers its share of the step's prompts)"
-        )
-    if rl.max_staleness:
-        raise ConfigError(
-            "rl.max_staleness: asynchronous rollouts run in one process for now; set it to 0 under torchrun"
         )
 
 

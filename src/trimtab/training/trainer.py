@@ -18,7 +18,7 @@ import torch
 
 from trimtab.data import MicroBatch, StepBatch
 from trimtab.distributed.ft import ReplicaGroups, check_groups
-from trimtab.distributed.group import is_oom
+from trimtab.distributed.group import gather_objects, is_oom, side_sum
 from trimtab.rl.batches import PolicyMicroBatch, RolloutBatch, RolloutLoader
 from trimtab.rl.preference import PairBatch, PairLoader, PairMicroBatch
 from trimtab.rl.replay import replaying
@@ -478,6 +478,8 @@ class Trainer(Checkpointing, PolicyTraining):
         if isinstance(self.loader, RolloutLoader):  # an RL phase generates with the model it trains
             self.loader.policy, self.loader.snapshot = self._rollouts, self._policy_snapshot
             self.loader.all_sum = self._all_sum
+            if self.cfg.rl.max_staleness and self.dist.world > 1:  # the rollout thread's sums apart
+                self.loader.side_sum, self.loader.gather = side_sum(), gather_objects
         if isinstance(self.loader, PairLoader):  # DPO scores held-out pairs, answers held-out problems
             self.loader.scorer, self.loader.policy = self._pair_logprobs, self._rollouts
             self.loader.all_sum = self._all_sum
