@@ -92,6 +92,17 @@ def test_top_p_keeps_the_nucleus():
 # --- generate ------------------------------------------------------------------------------
 
 
+def test_next_logits_are_the_whole_forwards_last_position(model):
+    """Transformer.next_logits: the head on the last position only, as the decoders take it
+    (a prompt's [B, T, V] never made), equal to the full forward's last row."""
+    tokens = torch.tensor([[5, 17, 42, 3, 9], [1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        whole = model(tokens)[:, -1]
+        cache = model.new_cache(batch=2, max_len=8)
+        assert torch.allclose(model.next_logits(tokens, cache), whole, atol=1e-5)
+        assert cache.pos == 5  # the cache moved on as a forward's does
+
+
 def test_greedy_generate_matches_uncached_decoding(model):
     prompt = [5, 17, 42, 3]
     got = generate(model, prompt, 10, temperature=0.0)

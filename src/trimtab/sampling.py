@@ -122,7 +122,7 @@ def _decode(
     inputs = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     out: list[int] = []
     for _ in range(budget):
-        logits = model(inputs, cache)[:, -1]
+        logits = model.next_logits(inputs, cache)
         token = sample_next(logits, temperature, top_k, top_p, generator)
         out.append(int(token))
         if out[-1] == eos_id:

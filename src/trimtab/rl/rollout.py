@@ -104,7 +104,7 @@ def _decode(
     batch = torch.tensor([[eos_id] * pad + p for pad, p in zip(pads, prompts)], device=device)  # [B, P]
     cache = model.new_cache(batch=len(prompts), max_len=longest + budget)
     cache.pad(pads)
-    logits = model(batch, cache)[:, -1]  # [B, V]
+    logits = model.next_logits(batch, cache)  # [B, V]
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     tokens, logprobs, entropies = [], [], []
     for _ in range(budget):
@@ -117,7 +117,7 @@ def _decode(
         done |= token == eos_id
         if bool(done.all()):  # one host read a token: the batch ends with its longest response
             break
-        logits = model(tokens[-1][:, None], cache)[:, -1]
+        logits = model.next_logits(tokens[-1][:, None], cache)
     return torch.stack(tokens, 1), torch.stack(logprobs, 1), torch.stack(entropies, 1)
 
 
