@@ -22,6 +22,7 @@ from trimtab.report import figures
 from trimtab.report.run import read_run
 from trimtab.rl.dpo import dpo_from_hidden, dpo_terms, pair_losses
 from trimtab.rl.dpo_phase import build_dpo_phase
+from trimtab.rl.loss import response_positions
 from trimtab.rl.pairs import Pair, Tokens, arithmetic_pairs, read_pairs, tokenize
 from trimtab.rl.preference import PairLoader
 from trimtab.rl.reference import reference_logprobs
@@ -80,8 +81,9 @@ def test_a_step_split_into_micro_batches_has_the_gradient_of_the_whole():
         batch = loader.next_batch()
         model.zero_grad()
         for micro in batch.micro:
-            ref = reference_logprobs(reference, micro.inputs, micro.targets, 1.0)
-            terms = dpo_from_hidden(model.hidden(micro.inputs), model.lm_head.weight, micro.targets, ref, cfg)
+            at = response_positions(micro.targets, torch.device("cpu"))
+            ref = reference_logprobs(reference, micro.inputs, micro.targets, 1.0, at)
+            terms = dpo_from_hidden(model.hidden(micro.inputs), model.lm_head.weight, micro.targets, ref, cfg, at)
             (terms.objective / (terms.pairs if per_micro_mean else batch.n_targets)).backward()
             assert micro.inputs.shape[0] == 2 * micro.n_targets  # whole pairs
         return torch.cat([p.grad.flatten() for p in model.parameters()]), len(batch.micro)

@@ -170,6 +170,32 @@ def at_targets(every: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return every.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
 
 
+# The objectives read the head's distribution at the response tokens only: a prompt's positions
+# have no target, and their [B, T, V] fp32 log-softmax would be most of the head's time and
+# memory (a DPO pair's prompt is often longer than its responses).
+
+
+def response_positions(targets: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The flat positions [N] of the targets [B, T] that are response tokens, from the
+    micro-batch's host copy (no device sync), on `device`."""
+    return (targets >= 0).flatten().nonzero().squeeze(1).to(device, non_blocking=True)
+
+
+def distribution_at(hidden: torch.Tensor, head: torch.Tensor, at: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log_distribution [N, V] of hidden [B, T, D] at the flat positions `at` [N] only."""
+    return log_distribution(hidden.flatten(0, 1).index_select(0, at), head, temperature)
+
+
+def logprobs_at(every: torch.Tensor, targets: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """distribution_at's [N, V] read at the targets [B, T], as [B, T] (0 off the responses)."""
+    return spread(at_targets(every, targets.flatten().index_select(0, at)), at, targets.shape)
+
+
+def spread(values: torch.Tensor, at: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """values [N] at the flat positions `at` of a [B, T] tensor, 0 elsewhere (differentiable)."""
+    return values.new_zeros(shape.numel()).index_copy(0, at, values).view(shape)
+
+
 def policy_from_hidden(
     hidden: torch.Tensor,
     head: torch.Tensor,
@@ -187,13 +213,10 @@ def policy_from_hidden(
     tensors on hidden's device): hidden [B, T, D], head [V, D], targets [B, T] (IGNORE where
     no response token). The policy's log-probabilities are taken at the rollouts' temperature,
     as their behaviour log-probabilities were."""
-    # The response tokens' distributions only: a prompt's positions have no target, and their
-    # logits' fp32 log-softmax [B, T, V] was most of the head's time and memory. Where they are,
-    # from the micro-batch's targets on the host (no device sync); [B, T] again after.
-    at = (micro.targets >= 0).flatten().nonzero().squeeze(1).to(hidden.device, non_blocking=True)  # [N]
-    every = log_distribution(hidden.flatten(0, 1).index_select(0, at), head, temperature)  # [N, V]
-    logprobs = _spread(at_targets(every, targets.flatten().index_select(0, at)), at, targets.shape)
-    entropy = _spread(-(every.exp() * every).sum(-1), at, targets.shape) if entropy_coef else None
+    at = response_positions(micro.targets, hidden.device)  # [N]
+    every = distribution_at(hidden, head, at, temperature)  # [N, V]
+    logprobs = logprobs_at(every, targets, at)
+    entropy = spread(-(every.exp() * every).sum(-1), at, targets.shape) if entropy_coef else None
     return policy_terms(
         logprobs,
         micro.old_logprobs,
@@ -207,8 +230,3 @@ def policy_from_hidden(
         kl_coef,
         behaviour_cap,
     )
-
-
-def _spread(values: torch.Tensor, at: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """values [N] at the flat positions `at` of a [B, T] tensor, 0 elsewhere (differentiable)."""
-    return values.new_zeros(shape.numel()).index_copy(0, at, values).view(shape)

@@ -20,7 +20,7 @@ from trimtab.checkpoint import load_model
 from trimtab.config import ModelConfig
 from trimtab.errors import ConfigError
 from trimtab.model import Transformer, build_model
-from trimtab.rl.loss import at_targets, log_distribution
+from trimtab.rl.loss import distribution_at, logprobs_at
 
 
 def load_reference(cfg: ModelConfig, run_dir: Path, device: torch.device, key: str = "rl.kl_coef") -> Transformer:
@@ -39,8 +39,9 @@ def load_reference(cfg: ModelConfig, run_dir: Path, device: torch.device, key: s
 
 @torch.no_grad()
 def reference_logprobs(
-    reference: Transformer, inputs: torch.Tensor, targets: torch.Tensor, temperature: float
+    reference: Transformer, inputs: torch.Tensor, targets: torch.Tensor, temperature: float, at: torch.Tensor
 ) -> torch.Tensor:
-    """The reference's log-probability of each target [B, T] (inputs, targets [B, T]; the
-    values off the responses are never read: their weights are 0)."""
-    return at_targets(log_distribution(reference.hidden(inputs), reference.lm_head.weight, temperature), targets)
+    """The reference's log-probability of each target [B, T] (inputs, targets [B, T]; `at` the
+    responses' flat positions, rl/loss.py response_positions: 0 elsewhere, never read)."""
+    every = distribution_at(reference.hidden(inputs), reference.lm_head.weight, at, temperature)
+    return logprobs_at(every, targets, at)

@@ -11,10 +11,11 @@ from dataclasses import replace
 
 import torch
 
+from trimtab.data.packing import MicroBatch
 from trimtab.model import build_model
 from trimtab.rl.batches import Policy, PolicyMicroBatch, RolloutBatch
 from trimtab.rl.dpo import dpo_from_hidden
-from trimtab.rl.loss import at_targets, log_distribution, policy_from_hidden
+from trimtab.rl.loss import distribution_at, logprobs_at, policy_from_hidden, response_positions
 from trimtab.rl.preference import PairBatch
 from trimtab.rl.reference import load_reference, reference_logprobs
 from trimtab.rl.rollout import Rollout, generate
@@ -38,7 +39,8 @@ class PolicyTraining:
         here = replace(micro, **on)
         ref = None
         if rl.kl_coef:  # the frozen starting policy's log-probabilities (rl/reference.py)
-            ref = reference_logprobs(self._reference(), inputs, targets, self.rl_temperature)
+            at = response_positions(micro.targets, self.device)
+            ref = reference_logprobs(self._reference(), inputs, targets, self.rl_temperature, at)
         terms = policy_from_hidden(
             hidden,
             self.model.lm_head.weight,
@@ -56,12 +58,13 @@ class PolicyTraining:
         return terms.objective
 
     def _dpo_sum(
-        self, hidden: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, batch: PairBatch
+        self, hidden: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, micro: MicroBatch, batch: PairBatch
     ) -> torch.Tensor:
         """A micro-batch of preference pairs' summed DPO loss against the reference; its sums
         for the metrics go to the batch."""
-        ref = reference_logprobs(self._reference(), inputs, targets, 1.0)
-        terms = dpo_from_hidden(hidden, self.model.lm_head.weight, targets, ref, self.cfg.dpo)
+        at = response_positions(micro.targets, self.device)  # the heads read the responses only
+        ref = reference_logprobs(self._reference(), inputs, targets, 1.0, at)
+        terms = dpo_from_hidden(hidden, self.model.lm_head.weight, targets, ref, self.cfg.dpo, at)
         batch.terms.append(terms)
         return terms.objective
 
@@ -78,10 +81,11 @@ class PolicyTraining:
     def _pair_logprobs(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A DPO evaluation's: the policy's and the reference's log-probability of each target [B, T]."""
         self.model.eval()
+        at = response_positions(targets, self.device)
         inputs, targets = inputs.to(self.device), targets.to(self.device)
         with self.precision.autocast():
-            policy = at_targets(log_distribution(self.forward(inputs), self.model.lm_head.weight, 1.0), targets)
-            return policy, reference_logprobs(self._reference(), inputs, targets, 1.0)
+            policy = logprobs_at(distribution_at(self.forward(inputs), self.model.lm_head.weight, at, 1.0), targets, at)
+            return policy, reference_logprobs(self._reference(), inputs, targets, 1.0, at)
 
     @property
     def rl_temperature(self) -> float:

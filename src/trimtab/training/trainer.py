@@ -266,7 +266,7 @@ class Trainer(Checkpointing, PolicyTraining):
                     if isinstance(micro, PolicyMicroBatch):  # RL: the clipped policy objective (rl/loss.py)
                         summed = self._policy_sum(hidden, inputs, targets, micro, batch)
                     elif isinstance(micro, PairMicroBatch):  # DPO: the preference loss (rl/dpo.py)
-                        summed = self._dpo_sum(hidden, inputs, targets, batch)
+                        summed = self._dpo_sum(hidden, inputs, targets, micro, batch)
                     else:
                         head = self.model.lm_head.weight
                         summed = cross_entropy_sum(hidden, head, targets, token_losses=token_losses)
