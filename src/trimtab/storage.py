@@ -35,12 +35,15 @@ from urllib.parse import urlsplit
 from trimtab.errors import ConfigError
 from trimtab.extras import require
 from trimtab.paths import cache_dir
-from trimtab.rundir import write_atomic
+from trimtab.rundir import DECISIONS_FILE, GOODPUT_FILE, METRICS_FILE, write_atomic
 
 log = logging.getLogger(__name__)
 MANIFEST = "state.json"  # written last: its presence is what makes an uploaded checkpoint complete
 RUN = "run"  # the run's own files a resume reads, beside the checkpoints
 RUN_FILES = ("config.yaml", "tokenizer.json")
+# the run's record, uploaded again with each checkpoint (a fresh machine goes on with its loss
+# curve, its decisions and its goodput ledger; a resume drops the lines past its checkpoint)
+RECORD_FILES = (METRICS_FILE, DECISIONS_FILE, GOODPUT_FILE)
 STEP = re.compile(r"^step_(\d{6,})$")
 # stores whose first path component is a bucket (it must exist; nothing here creates one)
 BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}
@@ -115,15 +118,15 @@ class Remote:
     def delete(self, name: str) -> None:
         self.fs.rm(f"{self.root}/{name}", recursive=True)
 
-    def put_run_files(self, run_dir: Path) -> None:
-        for name in RUN_FILES:
+    def put_run_files(self, run_dir: Path, names: tuple[str, ...] = RUN_FILES) -> None:
+        for name in names:
             if (run_dir / name).is_file():
                 self._put(run_dir / name, f"{self.root}/{RUN}/{name}")
 
-    def get_run_files(self, run_dir: Path) -> list[str]:
-        """The run files this run directory lacks, from run/; returns those it got."""
+    def get_run_files(self, run_dir: Path, names: tuple[str, ...] = RUN_FILES) -> list[str]:
+        """The run files (`names`) this run directory lacks, from run/; returns those it got."""
         got = []
-        for name in RUN_FILES:
+        for name in names:
             source = f"{self.root}/{RUN}/{name}"
             if not (run_dir / name).is_file() and self.fs.exists(source):
                 run_dir.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 """checkpoint.dir in object storage (storage.py, docs/storage.md), around the loop: the store
 opened and checked at start-up (before anything is written), a run directory without a valid
-checkpoint restored from it, and each committed checkpoint uploaded by a hook on rank 0.
+checkpoint restored from it (with the run's record files: metrics, decisions, goodput), and
+each committed checkpoint uploaded by a hook on rank 0, the record files as they were at it after.
 
 The upload starts once the checkpoint is on disk (Hook.on_checkpoint: at once for a synchronous
 save, when the next save or the run's end collects a background one) and runs in a thread of its
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from trimtab.checkpoint import checkpoint_root, list_checkpoints, verify
 from trimtab.config import DataConfig, RunConfig, derive
 from trimtab.errors import ConfigError
-from trimtab.storage import Remote, is_url, mirror, open_remote, redact, restore, retain
+from trimtab.storage import RECORD_FILES, RUN_FILES, Remote, is_url, mirror, open_remote, redact, restore, retain
 from trimtab.training.hooks import Hook
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def restore_from(remote: Remote, run_dir: Path, also: tuple[str, ...] = ()) -> t
     lacks and the newest valid checkpoint in `remote`, downloaded and verified, and the `also`
     steps (the step-0 checkpoint RL's KL term and DPO read their reference from: reference_steps);
     None: none there."""
-    got = remote.get_run_files(run_dir)
+    got = remote.get_run_files(run_dir, RUN_FILES + RECORD_FILES)
     if got:
         log.info("restored %s from %s/run", ", ".join(got), remote.url)
     found = restore(remote, checkpoint_root(run_dir), verify)
@@ -138,10 +139,12 @@ class RemoteCheckpoints(Hook):
             return
         try:
             links = _link(path, self.staging / path.name)
+            records = _copy_records(self.run_dir, self.staging / f"{path.name}.run")  # as they are at this step
         except OSError as exc:
             self._failed(path.name, exc)
             return
-        self._thread = threading.Thread(target=self._upload, args=(links,), name=f"upload-{path.name}", daemon=True)
+        args = (links, records)
+        self._thread = threading.Thread(target=self._upload, args=args, name=f"upload-{path.name}", daemon=True)
         self._thread.start()
 
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
@@ -159,17 +162,19 @@ class RemoteCheckpoints(Hook):
             self._thread.join()
             self._thread = None
 
-    def _upload(self, links: Path) -> None:
+    def _upload(self, links: Path, records: Path) -> None:
         try:
             if not self._run_files:
                 self.remote.put_run_files(self.run_dir)
                 self._run_files = True
             self.remote.upload(links)
+            self.remote.put_run_files(records, RECORD_FILES)  # after the checkpoint they lead up to
             self._retain()
         except Exception as exc:  # a network or store failure: the local checkpoint stands
             self._failed(links.name, exc)
         finally:
             shutil.rmtree(links, ignore_errors=True)
+            shutil.rmtree(records, ignore_errors=True)
 
     def _failed(self, name: str, exc: BaseException) -> None:
         log.warning(
@@ -197,4 +202,15 @@ def _link(source: Path, target: Path) -> Path:
             os.link(file, dest)
         except OSError:
             shutil.copy2(file, dest)
+    return target
+
+
+def _copy_records(run_dir: Path, target: Path) -> Path:
+    """`target` holding copies of the run's record files (RECORD_FILES) as they are now: they are
+    appended to and rewritten in place while the upload reads them."""
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for name in RECORD_FILES:
+        if (run_dir / name).is_file():
+            shutil.copy2(run_dir / name, target / name)
     return target
