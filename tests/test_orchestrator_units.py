@@ -1060,6 +1060,24 @@ def test_groups_that_teach_nothing_turn_on_dynamic_sampling_then_raise_the_tempe
     assert capped.params == {"value": 1.5}
     said = remedy(found[5], SimpleNamespace(rl_temperature=1.5, rl_dynamic_sampling=True), cfg)
     assert said.action == "none" and "rl.group_size" in said.reasoning
+    # groups flat because solved (every response at the best reward): dynamic sampling, as DAPO
+    # does for them, but never warmer sampling, which would only unlearn them
+    learnt = NoLearningSignal(cfg)
+    found = [learnt.observe(metrics(i + 1, rl={"flat_groups": 1.0, "solved_groups": 0.9})) for i in range(3)]
+    assert found[2].evidence["solved_groups"] == pytest.approx(0.9)
+    first = remedy(found[2], SimpleNamespace(rl_temperature=1.0, rl_dynamic_sampling=False), cfg)
+    assert first.action == "set_dynamic_sampling"
+    then = remedy(found[2], SimpleNamespace(rl_temperature=1.0, rl_dynamic_sampling=True), cfg)
+    assert then.action == "none" and "solved" in then.reasoning
+
+
+def test_solved_groups_earned_the_full_reward_with_every_response():
+    from trimtab.rl.batches import solved
+
+    assert solved([[1, 1], [0, 0], [1, 0]], 1.0) == 1  # flat at 0 is stuck, a mixed group is neither
+    assert solved([[0.5, 0.5], [0.5, 0.5]], 1.0) == 0  # every response at a partial credit: stuck
+    assert solved([[1, 1], [1, 1]], 1.0) == 2 and solved([], 1.0) == 0
+    assert solved([[0.5, 0.5]], 0.5) == 1  # a verifier whose full score is 0.5 (rl.full_reward)
 
 
 def test_an_entropy_collapse_before_the_task_is_learned_gets_a_bonus_then_a_lower_lr():

@@ -25,6 +25,9 @@ class RLConfig(Section):
     # the held-out prompts' verifier ("": rl.reward): a stricter check than the one trained on
     # shows reward hacking (rule rl_hacking), as the task's true measure
     held_out_reward: str = ""
+    # what a right response earns (the built-in verifiers' 1): a group whose every response earned
+    # it is solved, not stuck (rule rl_signal never samples those warmer); a partial credit is not it
+    full_reward: float = 1.0
     group_size: int = 8  # responses per prompt (the group the advantage is taken over)
     prompts_per_step: int = 8  # prompts per optimizer step (all ranks together)
     max_new_tokens: int = 16  # a response's budget; longer ones are cut (truncated)

@@ -45,8 +45,8 @@ class StepMetrics:
     moe: list[tuple[int, list[float], float, int]] | None = None  # (layer, load shares, dropped, top_k)
     mod_capacity: float | None = None  # mean capacity of the Mixture-of-Depths layers
     # RL: the step's figures (rl/batches.py RolloutBatch.health): flat_groups (the share of its
-    # groups with equal rewards), verifications (scored, failed, timed out), reward, entropy,
-    # truncated, response_tokens
+    # groups with equal rewards), solved_groups (of them, those all at rl.full_reward),
+    # verifications (scored, failed, timed out), reward, entropy, truncated, response_tokens
     rl: dict[str, Any] | None = None
 
 

@@ -27,23 +27,37 @@ from trimtab.orchestrator.remedies import Remedy
 
 
 class NoLearningSignal(Monitor):
+    """The share of a step's groups whose responses all earned one reward, over `window` steps:
+    at `threshold` or more, most prompts teach nothing. Evidence: that share, and the part of it
+    solved (every response at rl.full_reward: prompts the policy has learnt), which the remedy
+    tells apart from the stuck rest (flat at 0, or at a partial credit)."""
+
     rule, family = "rl_signal", "rl"
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.rl_signal
         self.window = Rolling(self.cfg.window)
+        self.solved = Rolling(self.cfg.window)
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if (share := (m.rl or {}).get("flat_groups")) is None:
             return None
         self.window.add(share)
+        self.solved.add(m.rl.get("solved_groups", 0.0))
         if len(self.window) < self.cfg.window or self.window.mean() < self.cfg.threshold:
             return None
-        share, self.window = self.window.mean(), Rolling(self.cfg.window)  # a fresh window after the remedy
-        evidence = {"flat_groups": share, "window": self.cfg.window, "threshold": self.cfg.threshold}
+        share, solved = self.window.mean(), self.solved.mean()
+        self.window, self.solved = Rolling(self.cfg.window), Rolling(self.cfg.window)  # fresh after the remedy
+        evidence = {
+            "flat_groups": share,
+            "solved_groups": solved,
+            "window": self.cfg.window,
+            "threshold": self.cfg.threshold,
+        }
         summary = (
             f"{share:.0%} of the groups of the last {self.cfg.window} steps earned one reward for every "
-            f"response (threshold {self.cfg.threshold:.0%}): no advantage, no gradient"
+            f"response ({solved:.0%} all at the full reward; threshold {self.cfg.threshold:.0%}): no advantage, "
+            "no gradient"
         )
         # 0.5 at the threshold, 1 when every group is flat
         strength = 0.5 + 0.5 * (share - self.cfg.threshold) / max(1 - self.cfg.threshold, 1e-9)
@@ -284,6 +298,14 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
             params={"value": "on"},
             reasoning="groups whose responses all earn one reward teach nothing: drop them and draw more prompts "
             "until groups with a signal fill the step (DAPO's dynamic sampling; the policy's samples unchanged)",
+        )
+    stuck = f.evidence["flat_groups"] - f.evidence.get("solved_groups", 0.0)
+    if stuck < rule.threshold:  # mostly learnt: warmer sampling would only unlearn them
+        return Remedy(
+            action="none",
+            reasoning=f"the flat groups are mostly solved ({f.evidence['solved_groups']:.0%} of the groups earned "
+            f"rl.full_reward with every response, {stuck:.0%} are stuck): the policy has learnt these prompts, and "
+            "dynamic sampling already looks for the others; harder prompts (rl.prompts), or the run has done its work",
         )
     now = view.rl_temperature
     value = round(min(rule.max_temperature, now * rule.factor), 4)

@@ -47,6 +47,13 @@ def flat(rewards: list[float]) -> bool:
     return max(rewards) == min(rewards)
 
 
+def solved(groups: list[list[float]], full: float) -> int:
+    """Of the groups' rewards, those every response of which earned the full reward (rl.full_reward):
+    prompts the policy has learnt. Nothing to learn there either, but warmer sampling would only
+    unlearn them, where a group flat at 0 or at a partial credit needs it (rule rl_signal)."""
+    return sum(min(g) >= full for g in groups)
+
+
 @dataclass
 class PolicyMicroBatch(MicroBatch):
     old_logprobs: torch.Tensor = None  # fp32 [B, T]: the behaviour policy's, at each target (0 elsewhere)
@@ -57,10 +64,23 @@ class PolicyMicroBatch(MicroBatch):
 
 
 # A step's counts, summed over the data-parallel ranks (RolloutLoader.all_sum): the groups drawn
-# and those with one reward for every response, the responses scored (dynamic sampling's extra
-# draws included), their rewards' sum, the verifications failed and timed out; of the responses
-# trained, their number, entropies, truncations and tokens
-SUMS = ("groups", "flat", "verified", "reward", "failures", "timeouts", "rollouts", "entropy", "truncated", "tokens")
+# and those with one reward for every response, of these the solved ones (all at rl.full_reward),
+# the responses scored (dynamic sampling's extra draws included), their
+# rewards' sum, the verifications failed and timed out; of the responses trained, their number,
+# entropies, truncations and tokens
+SUMS = (
+    "groups",
+    "flat",
+    "solved",
+    "verified",
+    "reward",
+    "failures",
+    "timeouts",
+    "rollouts",
+    "entropy",
+    "truncated",
+    "tokens",
+)
 # the objective's sums the figures read (rl/loss.py PolicyTerms), with their token weight
 TERMS = ("clipped", "kl", "off_policy", "kl_ref", "behaviour_weight", "behaviour_capped")
 
@@ -108,6 +128,7 @@ def step_figures(sums: dict[str, float]) -> dict[str, float]:
     n = max(sums["rollouts"], 1)
     return {
         "flat_groups": sums["flat"] / max(sums["groups"], 1),
+        "solved_groups": sums.get("solved", 0) / max(sums["groups"], 1),  # a checkpoint's older batches: none
         "reward": sums["reward"] / max(sums["verified"], 1),
         "entropy": sums["entropy"] / n,
         "truncated": sums["truncated"] / n,
@@ -242,6 +263,7 @@ class RolloutLoader(Ordered):
         local = {
             "groups": len(drawn),
             "flat": sum(flat(g[2]) for g in drawn),
+            "solved": solved([g[2] for g in drawn], self.cfg.full_reward),
             "verified": verified,
             "reward": sum(x for g in drawn for x in g[2]),
             "failures": failures,
@@ -387,11 +409,12 @@ class RolloutLoader(Ordered):
         window, self._window = self._window, []
         if not window:
             return {}
-        sums = {k: sum(b.sums[k] for b in window) for k in SUMS}
+        sums = {k: sum(b.sums.get(k, 0) for b in window) for k in SUMS}  # an older checkpoint's: no "solved"
         figures = step_figures(sums)
         out = {
             "rl/reward": figures["reward"],
             "rl/zero_variance_groups": figures["flat_groups"],
+            "rl/solved_groups": figures["solved_groups"],
             "rl/groups_drawn": sums["groups"] / len(window),
             "rl/response_tokens": figures["response_tokens"],
             "rl/entropy": figures["entropy"],  # nats a response token
