@@ -316,7 +316,9 @@ def test_an_rl_run_gets_its_reward_and_what_its_rules_read_with_the_decisions_ma
     assert {"rl train reward", "rl held-out reward", "rl held-out pass@1"} <= names, names
     assert "decision: set_dynamic_sampling" in names  # rl_signal's, on the reward curve
     signals = figures.rl_signals([run])
-    assert {"rl flat groups", "rl cut at the budget", "rl entropy"} <= {t.name for t in signals.data}
+    assert {"rl flat groups", "rl solved (flat at rl.full_reward)", "rl cut at the budget", "rl entropy"} <= {
+        t.name for t in signals.data
+    }
     assert figures.rl_reward([read_run(dense)]) is None and figures.rl_signals([read_run(dense)]) is None
     page = write_report([rl_run]).read_text()
     assert "fig-rl_reward" in page and "fig-rl_signals" in page

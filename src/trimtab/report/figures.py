@@ -413,6 +413,7 @@ def rl_reward(runs: list[RunRecord]) -> go.Figure | None:
 # what RL's rules read (orchestrator/rl_health.py): shares of a step, left axis
 RL_SHARES = (
     ("rl/zero_variance_groups", "flat groups", "solid"),
+    ("rl/solved_groups", "solved (flat at rl.full_reward)", "4px,2px"),
     ("rl/truncated", "cut at the budget", "dash"),
     ("rl/clip_fraction", "clipped", "dot"),
     ("rl/off_policy", "off the clip range", "dashdot"),
@@ -420,8 +421,9 @@ RL_SHARES = (
 
 
 def rl_signals(runs: list[RunRecord]) -> go.Figure | None:
-    """RL runs: the shares RL's rules read (flat groups, responses cut at the budget, clipped and
-    off-policy tokens) and, on the right, the sampled tokens' entropy and the rollouts' staleness."""
+    """RL runs: the shares RL's rules read (flat groups and the solved ones among them, responses
+    cut at the budget, clipped and off-policy tokens) and, on the right, the sampled tokens'
+    entropy and the rollouts' staleness."""
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.update_layout(title="RL: what the rules read", xaxis_title="tokens", **LAYOUT)
     fig.update_yaxes(title_text="share of the step (0-1)", secondary_y=False)

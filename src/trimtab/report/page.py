@@ -34,7 +34,8 @@ CAPTIONS = {
     "decisions (hover: evidence, reasoning, confidence, outcome). Dashed, faded: steps a rollback abandoned.",
     "rl_reward": "RL: the training reward of each step (over every group drawn), the held-out reward (dotted) and "
     "pass@1 (dashed) at each evaluation. Diamonds: the orchestrator's decisions.",
-    "rl_signals": "RL: what the rules read: the share of flat groups, of responses cut at the budget, of clipped and "
+    "rl_signals": "RL: what the rules read: the share of flat groups (and of solved ones, every response at "
+    "rl.full_reward), of responses cut at the budget, of clipped and "
     "off-policy tokens (left); the sampled tokens' entropy and the rollouts' staleness (right).",
     "dpo_preference": "DPO: the share of pairs whose implicit reward prefers the chosen response, each step's "
     "(solid) and the held-out pairs' at each evaluation (dashed), and the margins between the two rewards (right).",
