@@ -1112,7 +1112,7 @@ def test_an_entropy_collapse_before_the_task_is_learned_gets_a_bonus_then_a_lowe
 def test_responses_grown_into_the_budget_get_the_soft_penalty_a_wider_one_a_rollback_then_a_word():
     """rl_length: the window's share of truncated responses against the phase's first window's;
     the soft penalty over a quarter of the budget, then half, then once back to the last step
-    with fewer cut than the threshold (the penalty kept), then a word; the filter is not a step
+    whose share cut stood within `rise` of the start's (the penalty kept), then a word; the filter is not a step
     of it (it would leave the cut responses, and the penalty's gradient, out). A rollback is
     seen by the step count going back, and remembered across the monitor's restored state."""
     from types import SimpleNamespace
@@ -1134,7 +1134,7 @@ def test_responses_grown_into_the_budget_get_the_soft_penalty_a_wider_one_a_roll
         "response_tokens": 9.0,
         "start_response_tokens": 5.0,
         "window": 2,
-        "short_step": 3,  # step 4's 0.5 reached the threshold
+        "short_step": 3,  # step 4's 0.5 is more than `rise` (0.25) above the start's 0.125
         "after_rollback": False,
     }
     every_one_cut = LengthRunaway(cfg)  # a budget every response fills from the start: the run's design

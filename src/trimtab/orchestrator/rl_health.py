@@ -142,7 +142,7 @@ class LengthRunaway(Monitor):
         self.cfg = cfg.rl_length
         self.start: list[tuple[float, float]] = []  # the phase's first window: (truncated share, tokens)
         self.window: list[tuple[float, float]] = []  # the last steps'
-        self.short_step = 0  # the last step with fewer responses cut than the threshold: before a runaway
+        self.short_step = 0  # the last step whose share cut had not risen from the start's: before a runaway
         self.last_step = 0  # the newest step seen, and whether a rollback came since (both kept across it)
         self.rolled_back = False
 
@@ -158,8 +158,9 @@ class LengthRunaway(Monitor):
             return None
         self.rolled_back = self.rolled_back or m.step <= self.last_step
         self.last_step = m.step
-        if rl["truncated"] < rule.threshold:
-            self.short_step = m.step
+        start = sum(s for s, _ in self.start) / len(self.start) if self.start else 0.0
+        if len(self.start) < rule.window or rl["truncated"] <= start + rule.rise:
+            self.short_step = m.step  # not yet risen `rise` above the start (the rollback's target)
         seen = (rl["truncated"], rl["response_tokens"])
         if len(self.start) < rule.window:
             self.start.append(seen)
@@ -176,7 +177,7 @@ class LengthRunaway(Monitor):
             "response_tokens": length,
             "start_response_tokens": start_length,
             "window": rule.window,
-            "short_step": self.short_step,
+            "short_step": self.short_step,  # the rollback's target
             "after_rollback": self.rolled_back,
         }
         summary = (
@@ -393,7 +394,8 @@ def _entropy_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:
 
 def _length_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     """DAPO's soft overlong punishment over the budget's last `buffer` share, then over twice
-    that; then, once, back to the last checkpoint before the runaway with the penalty kept; then
+    that; then, once, back to the last checkpoint before the runaway (the last step whose share
+    cut stood within `rise` of the start's) with the penalty kept; then
     a word for a person. The penalty grades every cut response alike, so it teaches ending only
     while some responses still end: measured (tests/test_rl_train.py's task, seeds 0-3), two runs
     whose responses had all run to the budget stayed there through step 48 with it; with it on
@@ -419,8 +421,8 @@ def _length_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
             params={"to": before},
             reasoning=f"the responses still run to the budget with the penalty over {buffer} of {budget} tokens: "
             "once every response is cut, the penalty grades them all alike and nothing teaches ending. Back to "
-            f"the policy of step {before} or before, whose responses still ended, with the penalty kept from "
-            "the start",
+            f"the policy of step {before} or before, whose responses still ended as at the start, with the "
+            "penalty kept from the start",
         )
     return Remedy(
         action="none",
