@@ -65,9 +65,9 @@ class PolicyMicroBatch(MicroBatch):
 
 # A step's counts, summed over the data-parallel ranks (RolloutLoader.all_sum): the groups drawn
 # and those with one reward for every response, of these the solved ones (all at rl.full_reward),
-# the responses scored (dynamic sampling's extra draws included), their
-# rewards' sum, the verifications failed and timed out; of the responses trained, their number,
-# entropies, truncations and tokens
+# the responses scored (dynamic sampling's extra draws included), their rewards' sum, the
+# verifications failed and timed out; of the responses trained, their number, entropies,
+# truncations and tokens
 SUMS = (
     "groups",
     "flat",
