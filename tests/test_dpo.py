@@ -271,7 +271,7 @@ def test_data_parallel_pairs_train_as_one_process_and_agree_on_every_figure(tmp_
 
     from helpers import assert_close, run
     from trimtab.cli import RL_OFF
-    from trimtab.training.setup import check_dpo_ranks
+    from trimtab.training.setup import check_policy_ranks
 
     dpo = {"enabled": True, "pairs": str(pairs), "pairs_per_step": 16, "held_out": 16}
     job = dict(
@@ -293,9 +293,9 @@ def test_data_parallel_pairs_train_as_one_process_and_agree_on_every_figure(tmp_
         assert_close([m[key] for m in logged["dp"]], [m[key] for m in logged["one"]], rel=1e-4)
     cfg = load_config(preset="debug", overrides={"dpo": {"enabled": True, "pairs_per_step": 16}})
     with pytest.raises(ConfigError, match="dpo.pairs_per_step=16 must be a multiple of the 3"):
-        check_dpo_ranks(cfg, SimpleNamespace(sharded=False, dp_world=3))
+        check_policy_ranks(cfg, SimpleNamespace(sharded=False, dp_world=3))
     with pytest.raises(ConfigError, match="data parallelism only"):
-        check_dpo_ranks(cfg, SimpleNamespace(sharded=True, dp_world=2))
+        check_policy_ranks(cfg, SimpleNamespace(sharded=True, dp_world=2))
 
 
 def test_dpo_needs_a_model_to_start_from_and_a_readable_pairs_file(tmp_path, base):

@@ -359,11 +359,11 @@ def test_rl_under_torchrun_refuses_what_it_cannot_split_naming_the_key():
 
     from trimtab.config import load_config
     from trimtab.errors import ConfigError
-    from trimtab.training.setup import check_rl_ranks
+    from trimtab.training.setup import check_policy_ranks
 
     cfg = load_config(preset="debug", overrides={"rl": {"enabled": True, "prompts_per_step": 8}})
-    check_rl_ranks(cfg, SimpleNamespace(sharded=False, dp_world=2))  # DDP, 4 prompts a rank: fine
+    check_policy_ranks(cfg, SimpleNamespace(sharded=False, dp_world=2))  # DDP, 4 prompts a rank: fine
     with pytest.raises(ConfigError, match="rl.prompts_per_step=8 must be a multiple of the 3"):
-        check_rl_ranks(cfg, SimpleNamespace(sharded=False, dp_world=3))
+        check_policy_ranks(cfg, SimpleNamespace(sharded=False, dp_world=3))
     with pytest.raises(ConfigError, match="data parallelism only"):
-        check_rl_ranks(cfg, SimpleNamespace(sharded=True, dp_world=2))
+        check_policy_ranks(cfg, SimpleNamespace(sharded=True, dp_world=2))

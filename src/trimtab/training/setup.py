@@ -283,35 +283,24 @@ class BuiltRun:
     watchdog: Watchdog  # this rank's hang watchdog (resilience/watchdog.py), fed by the loop
 
 
-def check_rl_ranks(cfg: RunConfig, dist: Parallel) -> None:
-    """RL under torchrun: data-parallel rollouts, each rank answering its share of a step's
-    prompts with the whole model (its generation runs alone: a sharded model's ranks would have
-    to decode in lockstep)."""
-    rl = cfg.rl
+def check_policy_ranks(cfg: RunConfig, dist: Parallel) -> None:
+    """RL and DPO under torchrun: data parallelism, each rank taking its share of a step's
+    prompts (pairs) with the whole model (its generation runs alone: a sharded model's ranks
+    would have to decode in lockstep)."""
+    section, key, per_step, items = (
+        ("rl", "rl.prompts_per_step", cfg.rl.prompts_per_step, "prompts")
+        if cfg.rl.enabled
+        else ("dpo", "dpo.pairs_per_step", cfg.dpo.pairs_per_step, "pairs")
+    )
     if dist.sharded or cfg.resilience.ft.enabled:
         raise ConfigError(
-            "rl under torchrun: data parallelism only (distributed.strategy=ddp, no tensor, expert or pipeline "
-            "parallelism, no resilience.ft): each rank generates with the whole model"
+            f"{section} under torchrun: data parallelism only (distributed.strategy=ddp, no tensor, expert or "
+            "pipeline parallelism, no resilience.ft): each rank generates with the whole model"
         )
-    if rl.prompts_per_step % dist.dp_world:
+    if per_step % dist.dp_world:
         raise ConfigError(
-            f"rl.prompts_per_step={rl.prompts_per_step} must be a multiple of the {dist.dp_world} data-parallel "
-            "ranks (each answers its share of the step's prompts)"
-        )
-
-
-def check_dpo_ranks(cfg: RunConfig, dist: Parallel) -> None:
-    """DPO under torchrun: data-parallel pairs, each rank training its share of a step's pairs
-    with the whole model (its held-out problems answered greedily, as RL's rollouts)."""
-    if dist.sharded or cfg.resilience.ft.enabled:
-        raise ConfigError(
-            "dpo under torchrun: data parallelism only (distributed.strategy=ddp, no tensor, expert or pipeline "
-            "parallelism, no resilience.ft): each rank answers its held-out problems with the whole model"
-        )
-    if cfg.dpo.pairs_per_step % dist.dp_world:
-        raise ConfigError(
-            f"dpo.pairs_per_step={cfg.dpo.pairs_per_step} must be a multiple of the {dist.dp_world} data-parallel "
-            "ranks (each trains its share of the step's pairs)"
+            f"{key}={per_step} must be a multiple of the {dist.dp_world} data-parallel ranks (each takes its "
+            f"share of the step's {items})"
         )
 
 
@@ -323,10 +312,8 @@ def setup(cfg: RunConfig) -> BuiltRun:
     torch.manual_seed(cfg.train.seed)
     cfg = adopt_hf_model(resolve(cfg))  # a draft RunConfig(...) is resolved here; a resolved one is kept
     dist = Parallel.start(cfg.distributed, pick_device(cfg.train.device))
-    if cfg.rl.enabled and dist.world > 1:
-        check_rl_ranks(cfg, dist)
-    if cfg.dpo.enabled and dist.world > 1:
-        check_dpo_ranks(cfg, dist)
+    if (cfg.rl.enabled or cfg.dpo.enabled) and dist.world > 1:
+        check_policy_ranks(cfg, dist)
     # checkpoint.dir checked before anything is written; a run directory without a valid
     # checkpoint resumes from the store's newest (training/services/storage.py)
     resume = resume_point(cfg, dist, open_store(cfg))
