@@ -74,22 +74,21 @@ def test_an_entropy_bonus_widens_the_policy_and_is_off_by_default():
     gradient alone (advantages 0) makes the distribution flatter; with 0 no entropy is computed."""
     from types import SimpleNamespace
 
-    from trimtab.rl.loss import policy_from_hidden
+    from trimtab.rl.loss import policy_from_hidden, response_positions
 
     torch.manual_seed(0)
     hidden, head = torch.randn(2, 3, 8), (3 * torch.randn(16, 8)).requires_grad_()
     targets = torch.randint(0, 16, (2, 3))
-    micro = SimpleNamespace(
-        targets=targets, old_logprobs=torch.zeros(2, 3), advantage=torch.zeros(2), weights=torch.ones(2, 3)
-    )
-    assert policy_from_hidden(hidden, head, targets, micro, 1.0, 0.2, 0.28).entropy is None
+    micro = SimpleNamespace(old_logprobs=torch.zeros(2, 3), advantage=torch.zeros(2), weights=torch.ones(2, 3))
+    at = response_positions(targets, torch.device("cpu"))
+    assert policy_from_hidden(hidden, head, targets, at, micro, 1.0, 0.2, 0.28).entropy is None
 
     @torch.no_grad()
     def entropy() -> float:
         logp = torch.nn.functional.linear(hidden, head).log_softmax(-1)
         return float(-(logp.exp() * logp).sum(-1).mean())
 
-    terms = policy_from_hidden(hidden, head, targets, micro, 1.0, 0.2, 0.28, entropy_coef=0.5)
+    terms = policy_from_hidden(hidden, head, targets, at, micro, 1.0, 0.2, 0.28, entropy_coef=0.5)
     assert float(terms.entropy) == pytest.approx(6 * entropy(), rel=1e-5)  # 6 tokens of weight 1
     assert float(terms.objective.detach()) == pytest.approx(-0.5 * float(terms.entropy), rel=1e-5)
     before = entropy()
@@ -105,15 +104,16 @@ def test_only_the_response_tokens_go_through_the_head_and_nothing_else_changes()
     head are those of the whole [B, T, V] computed and weighted 0 off the responses."""
     from types import SimpleNamespace
 
-    from trimtab.rl.loss import at_targets, log_distribution, policy_from_hidden
+    from trimtab.rl.loss import at_targets, log_distribution, policy_from_hidden, response_positions
 
     torch.manual_seed(0)
     hidden, head = torch.randn(2, 5, 8, requires_grad=True), (3 * torch.randn(16, 8)).requires_grad_()
     targets = torch.tensor([[-100, -100, 3, 7, -100], [-100, 4, 4, 9, 1]])  # prompts, responses, padding
     weights = (targets >= 0).float() / 7
     old = torch.where(targets >= 0, -2.0 + 0.1 * torch.randn(2, 5), torch.zeros(2, 5))
-    micro = SimpleNamespace(targets=targets, old_logprobs=old, advantage=torch.tensor([1.0, -0.5]), weights=weights)
-    found = policy_from_hidden(hidden, head, targets, micro, 0.7, 0.2, 0.28, entropy_coef=0.1)
+    micro = SimpleNamespace(old_logprobs=old, advantage=torch.tensor([1.0, -0.5]), weights=weights)
+    at = response_positions(targets, torch.device("cpu"))
+    found = policy_from_hidden(hidden, head, targets, at, micro, 0.7, 0.2, 0.28, entropy_coef=0.1)
     found.objective.backward()
     grads = hidden.grad.clone(), head.grad.clone()
     hidden.grad, head.grad = None, None

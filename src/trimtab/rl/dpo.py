@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from trimtab.config.dpo import DPOConfig
 from trimtab.data.packing import IGNORE_INDEX
-from trimtab.rl.loss import distribution_at, logprobs_at
+from trimtab.rl.loss import target_logprobs
 
 
 @dataclass
@@ -99,6 +99,6 @@ def dpo_from_hidden(
     targets [B, T] (IGNORE_INDEX off the responses), ref_logprobs [B, T] (the reference's at each
     target; rl/reference.py), `at` the responses' flat positions (rl/loss.py: the head reads
     those only). Both at temperature 1: the policies themselves."""
-    policy = sequence_logprobs(logprobs_at(distribution_at(hidden, head, at, 1.0), targets, at), targets)
+    policy = sequence_logprobs(target_logprobs(hidden, head, targets, at, 1.0), targets)
     lengths = (targets != IGNORE_INDEX).sum(-1)
     return dpo_terms(policy, sequence_logprobs(ref_logprobs, targets), lengths, cfg)

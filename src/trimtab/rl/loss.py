@@ -191,6 +191,14 @@ def logprobs_at(every: torch.Tensor, targets: torch.Tensor, at: torch.Tensor) ->
     return spread(at_targets(every, targets.flatten().index_select(0, at)), at, targets.shape)
 
 
+def target_logprobs(
+    hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, at: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """Each response target's log-probability [B, T] under the head at `temperature`, the head
+    read at the positions `at` only (0 elsewhere): a reference's, DPO's policy's."""
+    return logprobs_at(distribution_at(hidden, head, at, temperature), targets, at)
+
+
 def spread(values: torch.Tensor, at: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """values [N] at the flat positions `at` of a [B, T] tensor, 0 elsewhere (differentiable)."""
     return values.new_zeros(shape.numel()).index_copy(0, at, values).view(shape)
@@ -200,6 +208,7 @@ def policy_from_hidden(
     hidden: torch.Tensor,
     head: torch.Tensor,
     targets: torch.Tensor,
+    at: torch.Tensor,
     micro: Any,
     temperature: float,
     eps_low: float,
@@ -211,9 +220,9 @@ def policy_from_hidden(
 ) -> PolicyTerms:
     """The objective's sums for a micro-batch of rollouts (rl/batches.py: PolicyMicroBatch, its
     tensors on hidden's device): hidden [B, T, D], head [V, D], targets [B, T] (IGNORE where
-    no response token). The policy's log-probabilities are taken at the rollouts' temperature,
-    as their behaviour log-probabilities were."""
-    at = response_positions(micro.targets, hidden.device)  # [N]
+    no response token), `at` [N] their response positions (response_positions: the head reads
+    those only). The policy's log-probabilities are taken at the rollouts' temperature, as their
+    behaviour log-probabilities were."""
     every = distribution_at(hidden, head, at, temperature)  # [N, V]
     logprobs = logprobs_at(every, targets, at)
     entropy = spread(-(every.exp() * every).sum(-1), at, targets.shape) if entropy_coef else None

@@ -20,7 +20,7 @@ from trimtab.checkpoint import load_model
 from trimtab.config import ModelConfig
 from trimtab.errors import ConfigError
 from trimtab.model import Transformer, build_model
-from trimtab.rl.loss import distribution_at, logprobs_at
+from trimtab.rl.loss import target_logprobs
 
 
 def load_reference(cfg: ModelConfig, run_dir: Path, device: torch.device, key: str = "rl.kl_coef") -> Transformer:
@@ -43,5 +43,4 @@ def reference_logprobs(
 ) -> torch.Tensor:
     """The reference's log-probability of each target [B, T] (inputs, targets [B, T]; `at` the
     responses' flat positions, rl/loss.py response_positions: 0 elsewhere, never read)."""
-    every = distribution_at(reference.hidden(inputs), reference.lm_head.weight, at, temperature)
-    return logprobs_at(every, targets, at)
+    return target_logprobs(reference.hidden(inputs), reference.lm_head.weight, targets, at, temperature)

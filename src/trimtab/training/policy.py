@@ -15,7 +15,7 @@ from trimtab.data.packing import MicroBatch
 from trimtab.model import build_model
 from trimtab.rl.batches import Policy, PolicyMicroBatch, RolloutBatch
 from trimtab.rl.dpo import dpo_from_hidden
-from trimtab.rl.loss import distribution_at, logprobs_at, policy_from_hidden, response_positions
+from trimtab.rl.loss import policy_from_hidden, response_positions, target_logprobs
 from trimtab.rl.preference import PairBatch
 from trimtab.rl.reference import load_reference, reference_logprobs
 from trimtab.rl.rollout import Rollout, generate
@@ -37,14 +37,15 @@ class PolicyTraining:
         rl = self.cfg.rl
         on = {k: getattr(micro, k).to(self.device, non_blocking=True) for k in ("old_logprobs", "advantage", "weights")}
         here = replace(micro, **on)
+        at = response_positions(micro.targets, self.device)  # the heads read the responses only
         ref = None
         if rl.kl_coef:  # the frozen starting policy's log-probabilities (rl/reference.py)
-            at = response_positions(micro.targets, self.device)
             ref = reference_logprobs(self._reference(), inputs, targets, self.rl_temperature, at)
         terms = policy_from_hidden(
             hidden,
             self.model.lm_head.weight,
             targets,
+            at,
             here,
             self.rl_temperature,
             rl.eps_low,
@@ -84,7 +85,7 @@ class PolicyTraining:
         at = response_positions(targets, self.device)
         inputs, targets = inputs.to(self.device), targets.to(self.device)
         with self.precision.autocast():
-            policy = logprobs_at(distribution_at(self.forward(inputs), self.model.lm_head.weight, at, 1.0), targets, at)
+            policy = target_logprobs(self.forward(inputs), self.model.lm_head.weight, targets, at, 1.0)
             return policy, reference_logprobs(self._reference(), inputs, targets, 1.0, at)
 
     @property
