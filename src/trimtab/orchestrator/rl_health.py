@@ -395,8 +395,8 @@ def _entropy_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:
 def _length_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     """DAPO's soft overlong punishment over the budget's last `buffer` share, then over twice
     that; then, once, back to the last checkpoint before the runaway (the last step whose share
-    cut stood within `rise` of the start's) with the penalty kept; then
-    a word for a person. The penalty grades every cut response alike, so it teaches ending only
+    cut stood within `rise` of the start's) with the penalty kept; then a word for a person.
+    The penalty grades every cut response alike, so it teaches ending only
     while some responses still end: measured (tests/test_rl_train.py's task, seeds 0-3), two runs
     whose responses had all run to the budget stayed there through step 48 with it; with it on
     from a policy that still ended, none ran away. Not the overlong filter: it leaves the cut

@@ -22,7 +22,7 @@ import torch
 from trimtab.config.dpo import DPOConfig
 from trimtab.data.packing import IGNORE_INDEX, MicroBatch, StepBatch
 from trimtab.data.tokenizer import TextTokenizer
-from trimtab.rl.batches import Policy
+from trimtab.rl.batches import Policy, Sum
 from trimtab.rl.dpo import DPOTerms, dpo_terms, sequence_logprobs
 from trimtab.rl.order import EpochOrder, Ordered
 from trimtab.rl.pairs import Tokens
@@ -89,7 +89,7 @@ class PairLoader(Ordered):
         # data parallelism: every rank draws the step's pairs alike (the order's state is every
         # rank's) and trains every world-th; the pair count that normalises the loss is the step's
         self.rank, self.world = rank, world
-        self.all_sum: Callable[[list[float]], list[float]] = lambda values: values  # over the ranks (the trainer's)
+        self.all_sum: Sum = lambda values: values  # over the ranks (the trainer's)
         self.problems, self.tok = problems or [], tok  # held-out prompts and answers answered greedily
         # a step's size in tokens, as the OOM handler bounds a micro-batch by
         self.batch_tokens = cfg.pairs_per_step * 2 * max(p.width for p in pairs)
@@ -156,9 +156,7 @@ class PairLoader(Ordered):
         self.order.load_state_dict(state, "DPO")
 
 
-def summarise(
-    terms: list[DPOTerms], prefix: str, over_ranks: Callable[[list[float]], list[float]] | None = None
-) -> dict[str, float]:
+def summarise(terms: list[DPOTerms], prefix: str, over_ranks: Sum | None = None) -> dict[str, float]:
     """Per-pair means of micro-batches' sums (`over_ranks`: summed over the data-parallel ranks
     first): the loss, the preference accuracy (the share of pairs whose implicit reward prefers
     the chosen response), the margin and each reward."""
