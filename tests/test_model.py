@@ -230,12 +230,15 @@ def test_activation_checkpointing_gives_identical_grads():
 # --- KV cache ------------------------------------------------------------------------------
 
 
-def test_kv_cache_prefill_then_decode_matches_full_forward():
+@pytest.mark.parametrize("grad", [True, False], ids=["autograd", "inference"])
+def test_kv_cache_prefill_then_decode_matches_full_forward(grad):
+    """Without autograd (generation), a decoding step takes layers.decode_attention's path."""
     m, x = model().eval(), tokens(3, 20)
     spread_weights(m)
     full = m(x)
     cache = m.new_cache(3)
-    steps = [m(x[:, :8], cache)] + [m(x[:, t : t + 1], cache) for t in range(8, 20)]
+    with torch.inference_mode(not grad):
+        steps = [m(x[:, :8], cache)] + [m(x[:, t : t + 1], cache) for t in range(8, 20)]
     assert cache.pos == 20
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
 
