@@ -92,7 +92,7 @@ class DepthRouter(nn.Module):
         idx = score.topk(k, dim=-1, sorted=False).indices.sort(dim=-1).values  # [B, k], causal order
         chosen = torch.zeros_like(score).scatter_(1, idx, 1.0)
         self._record(x, score, chosen)
-        cos, sin = rope  # [T, 1, E/2] -> [B, k, 1, E/2]: each token keeps its position
+        cos, sin = rope  # [T, 1, E] -> [B, k, 1, E]: each token keeps its position
         rows = idx.unsqueeze(-1).expand(B, k, D)
         xs = x.gather(1, rows)  # [B, k, D]
         gate = torch.sigmoid(score.gather(1, idx)).unsqueeze(-1).to(x.dtype)
