@@ -189,6 +189,21 @@ def test_a_training_reward_parting_from_the_held_out_one_rolls_back_to_the_best_
     assert summary["status"] != "completed" and (tmp_path / f"h/checkpoints/step_{best:06d}").is_dir()
 
 
+def test_nans_that_outlast_skips_and_an_lr_cut_roll_back_keeping_the_prompts(tmp_path, base):
+    """The instability ladder's last rung on an RL phase: NaN for 8 steps (skip, skip, LR cut,
+    skip, skip, then restore the last good checkpoint). Data attribution scores token rows; an RL
+    phase's rows are prompts (it had crashed on them), so the rollback keeps them and says why,
+    and the run trains to its end."""
+    rl(tmp_path / "n", base, 16, "--inject", "nan_loss@8:8")
+    decisions = decided(tmp_path / "n", "nonfinite")
+    assert [d["action"] for d in decisions[:6]] == ["skip_step"] * 2 + ["scale_lr"] + ["skip_step"] * 2 + ["rollback"]
+    rollback = decisions[5]
+    assert rollback["params"]["skip_rows"] == [] and "RL prompts" in rollback["reasoning"]
+    assert rollback["applied"][0].startswith(f"rolled back from step {rollback['step']} to step 6")
+    summary = json.loads((tmp_path / "n/summary.json").read_text())
+    assert summary["status"] == "completed" and summary["step"] == summary["total_steps"] >= 16
+
+
 @pytest.fixture(scope="module")
 def arithmetic(tmp_path_factory):
     """150 steps of debug on the built-in arithmetic task: a policy that answers and ends."""

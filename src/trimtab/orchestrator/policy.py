@@ -301,9 +301,16 @@ class Policy:
                 self.lr_debt *= cfg.lr_cut
             why = self._broken(broken, again, cause)
         else:
+            data = (
+                f"leave out the {len(rows)} rows of the bad steps that score as outliers"
+                if rows
+                else "keep the data: no row of the bad steps scores as an outlier"
+                if evidence.get("rows_scored")
+                else "keep the data: this phase's rows (RL prompts, DPO pairs) have no loss of their own to score"
+            )
             why = (
                 "instability persists after skipping and an LR cut: restore the last good checkpoint (the LR "
-                f"stays cut) and leave out the {len(rows)} rows of the bad steps that score as outliers"
+                f"stays cut) and {data}"
             )
         if earlier:
             why += (

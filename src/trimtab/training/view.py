@@ -162,9 +162,13 @@ class RunView:
 
     def row_losses(self, rows: list[int]) -> dict[int, float]:
         """Each of these training rows' mean loss per target on the current weights (data
-        attribution: which rows of a bad stretch are bad)."""
+        attribution: which rows of a bad stretch are bad). {} in an RL or DPO phase: its rows
+        are prompts and preference pairs, with no loss of their own that would single out bad
+        data (a policy objective is scaled by advantages, a pair's by its margin)."""
         t = self._t
         phase = t.phases[t.state.phase]
+        if phase.train_rows is None:
+            return {}
         micro = micro_batches(phase.train_rows, list(rows), t.loader.micro_batch_tokens, t.tok.pad_id)
         losses = scoring.row_losses(t.model, t.forward, t.precision, micro, t.device)
         return dict(zip((r for m in micro for r in m.rows), losses))
