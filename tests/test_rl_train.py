@@ -204,6 +204,26 @@ def test_nans_that_outlast_skips_and_an_lr_cut_roll_back_keeping_the_prompts(tmp
     assert summary["status"] == "completed" and summary["step"] == summary["total_steps"] >= 16
 
 
+def test_nan_weights_are_found_by_the_probe_and_rolled_back_at_once(tmp_path, base):
+    """weights_nan (a NaN row in the first query projection): every step is NaN; at the third
+    finding the diagnosis probes the weights and rolls back at once, as in pretraining. The probe
+    (the LM loss of held-out prompts, rl/phase.py prompt_probe) alone would read finite: torch's
+    CPU flash attention gives a NaN query a zero output, so it also checks the weights are finite."""
+    rl(tmp_path / "w", base, 10, "--inject", "weights_nan@5")
+    decisions = decided(tmp_path / "w", "nonfinite")
+    assert [d["action"] for d in decisions[:3]] == ["skip_step", "skip_step", "rollback"], decisions
+    assert "the weights themselves are broken" in decisions[2]["reasoning"]
+    summary = json.loads((tmp_path / "w/summary.json").read_text())
+    assert summary["status"] == "completed"
+
+
+def test_faults_that_corrupt_token_rows_are_refused_in_rl_naming_why(tmp_path, base):
+    args = ["rl", *RL, "--out", str(tmp_path / "b"), "--max-steps", "3", "--set", f"train.init_from={base}"]
+    done = trimtab_cli([*args, "--inject", "bad_rows@2"], tmp_path)
+    assert done.returncode != 0 and "bad_rows@2 turns training rows of tokens to garbage" in done.stderr
+    assert "an RL or DPO run has none" in done.stderr
+
+
 @pytest.fixture(scope="module")
 def arithmetic(tmp_path_factory):
     """150 steps of debug on the built-in arithmetic task: a policy that answers and ends."""

@@ -239,6 +239,12 @@ class FaultInjector(Instrument):
             )
         if any(f.kind == "expert_collapse" for f in self.faults) and not model.moe_layers():
             raise ConfigError("faults: expert_collapse needs a Mixture-of-Experts model (e.g. --preset debug-moe)")
+        corrupting = [f.spec for f in self.faults if f.kind in ("bad_batch", "bad_rows")]
+        if corrupting and self.handle.train_rows is None:
+            raise ConfigError(
+                f"faults: {corrupting[0]} turns training rows of tokens to garbage; an RL or DPO run has none "
+                "(its data are prompts or preference pairs): inject it into pretraining or finetuning"
+            )
 
     def _due(self, fault: Fault) -> bool:
         """Whether `fault` fires at the current step; counts the firing."""
@@ -339,10 +345,11 @@ class FaultInjector(Instrument):
             )
 
     def _maybe_rollout_oom(self, module: torch.nn.Module, args: tuple) -> None:
-        """rollout_oom: RL's generation (the model in eval mode, outside evaluations) over more
-        rows than fit; the step is the one whose rollouts these are (generated before it starts)."""
+        """rollout_oom: RL's generation (in inference mode, outside evaluations: not the
+        orchestrator's probe, a no_grad forward) over more rows than fit; the step is the one
+        whose rollouts these are (generated before it starts)."""
         started = [f for f in self.faults if f.kind == "rollout_oom" and self.run.step + 1 >= f.step]
-        if not started or module.training or self.run.evaluating:
+        if not started or not torch.is_inference_mode_enabled() or self.run.evaluating:
             return
         fault, rows = max(started, key=lambda f: f.step), args[0].shape[0]
         limits = self.record.setdefault("rollout_oom_limit", {})

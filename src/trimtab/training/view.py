@@ -12,6 +12,7 @@ writes. Fault injection, which must write to make faults, has its own handle
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -189,10 +190,16 @@ class RunView:
         return scoring.sources_of(self._t.phases[self._t.state.phase].train_rows, list(rows))
 
     def probe_loss(self) -> float | None:
-        """The model's loss on one held-out micro-batch, now (a host read): tells a broken model
-        from bad training data. None without held-out data."""
-        micro = self._t.phases[self._t.state.phase].eval_micro
-        return self._t.held_out_loss(micro[:1]) if micro else None
+        """The model's loss on the phase's probe (one held-out micro-batch; RL and DPO: prompts),
+        now (a host read): tells a broken model from bad training data. None without one; NaN
+        whenever a weight is not finite, which a loss need not show: torch's CPU flash-attention
+        kernel gives a query with a NaN weight a zero output, not NaN (a NaN row in the first
+        query projection left the loss finite)."""
+        t = self._t
+        micro = t.phases[t.state.phase].probe
+        if not t.dist.all_finite(t.model.parameters()):
+            return math.nan
+        return t.held_out_loss(micro) if micro else None
 
     # ------------------------------------------------------------------ knobs
 
