@@ -217,6 +217,17 @@ def test_nan_weights_are_found_by_the_probe_and_rolled_back_at_once(tmp_path, ba
     assert summary["status"] == "completed"
 
 
+def test_a_failed_evaluation_is_journaled_and_training_goes_on(tmp_path, base):
+    """eval_error: the held-out evaluation at step 4 fails in a forward. RL's evaluations were
+    unguarded (an error there ended the run, and the injector did not take them for one); it is
+    abandoned and journaled as in pretraining, and the evaluations after it run."""
+    sets = ["--set", "train.eval_every=2", "--set", "rl.held_out=8", "--set", "rl.prompts=builtin:arithmetic"]
+    rl(tmp_path / "e", base, 6, *sets, "--set", "rl.reward=exact", "--inject", "eval_error@4")
+    assert [(d["step"], d["action"]) for d in decided(tmp_path / "e", "eval_error")] == [(4, "none")]
+    lines = [json.loads(line) for line in (tmp_path / "e/metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines if "rl/held_out_reward" in m] == [0, 2, 6]
+
+
 def test_faults_that_corrupt_token_rows_are_refused_in_rl_naming_why(tmp_path, base):
     args = ["rl", *RL, "--out", str(tmp_path / "b"), "--max-steps", "3", "--set", f"train.init_from={base}"]
     done = trimtab_cli([*args, "--inject", "bad_rows@2"], tmp_path)

@@ -397,8 +397,7 @@ class Trainer(Checkpointing, PolicyTraining):
         train.eval_timeout abandons it: hooks hear of it (the orchestrator journals it) and
         training goes on."""
         if isinstance(self.loader, (RolloutLoader, PairLoader)):  # RL, DPO: held-out prompts, pairs scored
-            self.watchdog.beat("evaluation")
-            figures = self.loader.evaluate()
+            figures = self._policy_figures()
         else:
             figures = self._held_out_figures()
         if not figures:
@@ -410,6 +409,26 @@ class Trainer(Checkpointing, PolicyTraining):
             self.best_eval, self.best_checkpoint = (self.state.step, score), -1  # found at the next save
         self._call("on_eval", self.last_eval)
         return self.last_eval
+
+    def _policy_figures(self) -> dict[str, Any]:
+        """An RL or DPO phase's held-out figures (its loader's); {} on an error, which abandons
+        this evaluation, not the run (an out-of-memory error generating the held-out answers, a
+        response the verifier cannot take), as for a held-out loss. The ranks agree after it:
+        RL's evaluation has no collective inside (every rank answers every held-out prompt);
+        DPO's sums its figures over the ranks, so an error on one rank alone there still ends
+        the run (by the watchdog, with every stack written)."""
+        self.watchdog.beat("evaluation")
+        self.evaluating, error = True, ""
+        try:
+            figures = self.loader.evaluate()
+        except Exception as exc:  # this evaluation's failure, told to the hooks
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        finally:
+            self.evaluating = False
+        if error := self.dist.first_error(error):
+            self._call("on_eval_error", self.state.step, error)
+            return {}
+        return figures
 
     def _held_out_figures(self) -> dict[str, Any]:
         """val_loss, val_ppl and each mixture source's loss; {} without eval data or on an error."""
