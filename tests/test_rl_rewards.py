@@ -63,6 +63,18 @@ def test_a_hung_verification_is_killed_at_its_limit_and_the_rest_are_scored():
         pool.close()
 
 
+def test_verifications_queued_behind_a_hung_one_are_scored_and_not_counted_against_it():
+    """A worker holds several jobs at once (rewards.PIPELINE): the ones waiting behind a hung
+    verification go to a fresh worker, untried; with no retry, only the hung one is lost."""
+    pool = VerifierPool("python:rl_verifiers:flaky", workers=1, timeout_s=0.5, retries=0)
+    try:
+        scored = pool.score(["a", "hang", "b", "c", "d"], ["a", "x", "b", "c", "x"])
+    finally:
+        pool.close()
+    assert scored.rewards == [1.0, 0.0, 1.0, 1.0, 0.0]
+    assert [(e["index"], e["kind"]) for e in scored.events] == [(1, "timeout")]
+
+
 def test_a_verification_that_hangs_once_is_tried_again(tmp_path):
     pool = VerifierPool("python:rl_verifiers:hang_once", workers=1, timeout_s=0.5, retries=1)
     try:
