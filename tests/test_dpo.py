@@ -20,7 +20,7 @@ from trimtab.errors import ConfigError, DataError
 from trimtab.model import build_model
 from trimtab.report import figures
 from trimtab.report.run import read_run
-from trimtab.rl.dpo import dpo_from_hidden, dpo_terms, pair_losses
+from trimtab.rl.dpo import dpo_from_hidden, dpo_terms, pair_losses, reference_free_losses
 from trimtab.rl.dpo_phase import build_dpo_phase
 from trimtab.rl.loss import response_positions
 from trimtab.rl.pairs import Pair, Tokens, arithmetic_pairs, read_pairs, tokenize
@@ -57,6 +57,26 @@ def test_the_loss_is_the_papers_formula_for_each_variant():
     x = policy.clone().requires_grad_()
     pair_losses(x, ref, beta)[0].sum().backward()
     assert (x.grad[:2] < 0).all() and (x.grad[2:] > 0).all()
+
+
+def test_the_reference_free_losses_are_their_papers_formulas():
+    """SimPO (Meng et al. eq. 6) and ORPO (Hong et al. eq. 6-7) on 2 pairs of summed
+    log-probabilities and lengths in tokens: the reward is beta x the mean log-probability."""
+    policy, lengths, beta = torch.tensor([-3.0, -5.0, -4.0, -4.5]), torch.tensor([2, 4, 4, 3]), 2.0
+    mean = [-1.5, -1.25, -1.0, -1.5]
+    losses, chosen, rejected = reference_free_losses(policy, lengths, beta, "simpo", 0.5)
+    assert losses.tolist() == pytest.approx([-log_sigmoid(beta * (w - r) - 0.5) for w, r in zip(mean[:2], mean[2:])])
+    assert chosen.tolist() == pytest.approx([-3.0, -2.5]) and rejected.tolist() == pytest.approx([-2.0, -3.0])
+    odds = [m - math.log(1 - math.exp(m)) for m in mean]
+    orpo, _, _ = reference_free_losses(policy, lengths, 0.1, "orpo")
+    want = [-mean[i] - 0.1 * log_sigmoid(odds[i] - odds[i + 2]) for i in range(2)]
+    assert orpo.tolist() == pytest.approx(want)
+    # through dpo_terms with no reference; a certain response (log-probability 0) stays finite
+    terms = dpo_terms(policy, None, lengths, DPOConfig(beta=beta, loss="simpo"))
+    assert (terms.correct.item(), terms.margin.item()) == (1.0, pytest.approx(-1.0 + 0.5))
+    x = torch.tensor([0.0, -5.0, -4.0, -4.5], requires_grad=True)
+    reference_free_losses(x, lengths, 0.1, "orpo")[0].sum().backward()
+    assert torch.isfinite(x.grad).all() and (x.grad[1] < 0) and (x.grad[3] > 0)
 
 
 def tokens(n: int, seed: int = 0) -> list[Tokens]:
@@ -249,6 +269,21 @@ def test_a_dpo_run_learns_a_preference_that_holds_on_held_out_pairs(tmp_path, ba
     traces = {t.name for t in figures.dpo_preference([read_run(tmp_path / "d")]).data}
     assert {"d train accuracy", "d held-out accuracy", "d train margin", "d held-out margin"} <= traces, traces
     assert figures.dpo_preference([read_run(base)]) is None
+
+
+@pytest.mark.parametrize("loss", ["simpo", "orpo"])
+def test_a_reference_free_loss_learns_the_preference_with_no_reference_kept(tmp_path, base, pairs, loss):
+    """SimPO and ORPO compare the policy's own likelihoods: 12 steps prefer the chosen response on
+    every held-out pair, and with checkpoint.keep=1 the step-0 checkpoint (a reference's) is not
+    kept: nothing reads it."""
+    sets = ["--set", f"dpo.pairs={pairs}", "--set", "train.eval_every=6", "--set", f"dpo.loss={loss}"]
+    lines = dpo(tmp_path / loss, base, 12, *sets, "--set", f"dpo.beta={2.0 if loss == 'simpo' else 0.1}")
+    evals = [m for m in lines if "dpo/held_out_accuracy" in m]
+    assert evals[-1]["dpo/held_out_accuracy"] == 1.0 > evals[0]["dpo/held_out_accuracy"], evals
+    assert evals[-1]["dpo/held_out_margin"] > evals[0]["dpo/held_out_margin"]
+    kept = {p.name for p in (tmp_path / loss / "checkpoints").glob("step_*")}
+    assert "step_000000" not in kept and "step_000012" in kept, kept
+    assert read_decisions(tmp_path / loss) == []
 
 
 def test_an_interrupted_dpo_run_resumes_to_the_uninterrupted_weights(tmp_path, base, pairs):

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from trimtab.config.checks import Section, _check
 
-LOSSES = ("sigmoid", "ipo", "hinge")
+LOSSES = ("sigmoid", "ipo", "hinge", "simpo", "orpo")
+REFERENCE_FREE = ("simpo", "orpo")  # losses of the policy's likelihoods alone: no reference model
 
 
 @dataclass
@@ -23,12 +24,20 @@ class DPOConfig(Section):
     pairs: str = "builtin:arithmetic"
     pairs_per_step: int = 16  # preference pairs per optimizer step
     beta: float = 0.1  # the implicit reward's scale: beta x log(pi / pi_ref); lower drifts further
-    loss: str = "sigmoid"  # sigmoid (DPO, Rafailov et al. 2023) | ipo (Azar et al. 2023) | hinge (SLiC)
+    # against the reference: sigmoid (DPO, Rafailov et al. 2023) | ipo (Azar et al. 2023) | hinge
+    # (SLiC); without one: simpo (Meng et al. 2024; its paper's beta: 2-2.5) | orpo (Hong et al. 2024)
+    loss: str = "sigmoid"
     label_smoothing: float = 0.0  # cDPO: the share of pairs assumed mislabelled (sigmoid only)
     # RPO: + sft_coef x the chosen response's negative log-likelihood per token, which keeps DPO
     # from lowering the chosen response with the rejected one (0: plain DPO)
     sft_coef: float = 0.0
     held_out: int = 64  # held-out pairs scored (preference accuracy, margin) at each evaluation
+    simpo_gamma: float = 0.5  # SimPO's target reward margin (dpo.loss=simpo)
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether the loss compares the policy with the frozen starting one (step 0's weights)."""
+        return self.loss not in REFERENCE_FREE
 
     def validate(self) -> None:
         _check(self.pairs_per_step >= 1, "dpo.pairs_per_step", "must be >= 1")
@@ -41,4 +50,6 @@ class DPOConfig(Section):
             "applies to dpo.loss=sigmoid only (cDPO); set it to 0",
         )
         _check(self.sft_coef >= 0, "dpo.sft_coef", "must be >= 0 (0: plain DPO)")
+        _check(self.sft_coef == 0 or self.loss != "orpo", "dpo.sft_coef", "must be 0 with dpo.loss=orpo (its own)")
+        _check(self.simpo_gamma >= 0, "dpo.simpo_gamma", "must be >= 0 (SimPO's margin; e.g. 0.5)")
         _check(self.held_out >= 0, "dpo.held_out", "must be >= 0")

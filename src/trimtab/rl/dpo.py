@@ -10,6 +10,12 @@ log-ratio difference. Per pair (dpo.loss):
     ipo       (h - 1 / (2 beta))^2 (IPO, Azar et al. 2023, eq. 17): a target margin instead of an
               ever-growing one, so a policy cannot drive the rejected response's probability to 0
     hinge     max(0, 1 - beta h) (SLiC-HF's calibration loss, Zhao et al. 2023)
+and with no reference at all (reference_free_losses: the reward is beta x the mean log-probability
+of the response's tokens, so no reference model is loaded or run):
+    simpo     -log sigmoid(r(y_w) - r(y_l) - gamma) (SimPO, Meng et al. 2024, eq. 6)
+    orpo      the chosen response's NLL per token + beta x -log sigmoid(log odds(y_w) - log odds(y_l)),
+              odds(y) = p / (1 - p) with p the mean token probability exp(mean log pi) (ORPO, Hong
+              et al. 2024, eq. 6-7: supervised fine-tuning with an odds-ratio penalty; beta is its lambda)
 With dpo.sft_coef alpha, each pair adds alpha x the chosen response's negative log-likelihood per
 token (RPO, Pang et al. 2024, "Iterative Reasoning Preference Optimization", eq. 2): DPO alone can
 lower both responses' likelihoods as long as the rejected one falls faster, which on answers that
@@ -70,10 +76,32 @@ def pair_losses(
     return losses, beta * ratio[:n].detach(), beta * ratio[n:].detach()
 
 
-def dpo_terms(policy: torch.Tensor, reference: torch.Tensor, lengths: torch.Tensor, cfg: DPOConfig) -> DPOTerms:
-    """The sums of a micro-batch's pairs from its rows' response log-probabilities and lengths
-    in tokens [2N]."""
-    losses, chosen, rejected = pair_losses(policy, reference, cfg.beta, cfg.loss, cfg.label_smoothing)
+def reference_free_losses(
+    policy: torch.Tensor, lengths: torch.Tensor, beta: float, loss: str, gamma: float = 0.5
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """policy [2N] (as pair_losses'), lengths [2N] the responses' tokens -> each pair's SimPO or
+    ORPO loss [N] and its responses' rewards beta x mean log-probability [N] (module docstring)."""
+    n = policy.shape[0] // 2
+    mean = policy / lengths.clamp(min=1)  # log-probability per token
+    reward = beta * mean
+    if loss == "simpo":
+        losses = -F.logsigmoid(reward[:n] - reward[n:] - gamma)
+    elif loss == "orpo":
+        # log(1 - p) = log(-expm1(log p)), exact for p near 0; -inf at p = 1, kept off by the clamp
+        log_odds = mean - torch.log(-torch.expm1(mean.clamp(max=-1e-6)))
+        losses = -mean[:n] - beta * F.logsigmoid(log_odds[:n] - log_odds[n:])
+    else:
+        raise ValueError(f"dpo.loss '{loss}' has a reference: use pair_losses")
+    return losses, reward[:n].detach(), reward[n:].detach()
+
+
+def dpo_terms(policy: torch.Tensor, reference: torch.Tensor | None, lengths: torch.Tensor, cfg: DPOConfig) -> DPOTerms:
+    """The sums of a micro-batch's pairs from its rows' response log-probabilities (the
+    reference's: None for a reference-free loss) and lengths in tokens [2N]."""
+    if reference is None:
+        losses, chosen, rejected = reference_free_losses(policy, lengths, cfg.beta, cfg.loss, cfg.simpo_gamma)
+    else:
+        losses, chosen, rejected = pair_losses(policy, reference, cfg.beta, cfg.loss, cfg.label_smoothing)
     n = chosen.shape[0]
     if cfg.sft_coef:  # RPO: the chosen responses' likelihood held up
         losses = losses - cfg.sft_coef * policy[:n] / lengths[:n].clamp(min=1)
@@ -91,14 +119,15 @@ def dpo_from_hidden(
     hidden: torch.Tensor,
     head: torch.Tensor,
     targets: torch.Tensor,
-    ref_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
     cfg: DPOConfig,
     at: torch.Tensor,
 ) -> DPOTerms:
     """A micro-batch of pairs' sums: hidden [B, T, D] (the policy's, with gradient), head [V, D],
     targets [B, T] (IGNORE_INDEX off the responses), ref_logprobs [B, T] (the reference's at each
-    target; rl/reference.py), `at` the responses' flat positions (rl/loss.py: the head reads
-    those only). Both at temperature 1: the policies themselves."""
+    target; rl/reference.py; None for a reference-free loss), `at` the responses' flat positions
+    (rl/loss.py: the head reads those only). Both at temperature 1: the policies themselves."""
     policy = sequence_logprobs(target_logprobs(hidden, head, targets, at, 1.0), targets)
     lengths = (targets != IGNORE_INDEX).sum(-1)
-    return dpo_terms(policy, sequence_logprobs(ref_logprobs, targets), lengths, cfg)
+    reference = None if ref_logprobs is None else sequence_logprobs(ref_logprobs, targets)
+    return dpo_terms(policy, reference, lengths, cfg)

@@ -135,7 +135,7 @@ class PairLoader(Ordered):
                 micro = collate([self.held_out[i] for i in group], self.pad_id, group)
                 policy, reference = self.scorer(micro.inputs, micro.targets)
                 targets = micro.targets.to(policy.device)
-                seq = [sequence_logprobs(x, targets) for x in (policy, reference)]
+                seq = [None if x is None else sequence_logprobs(x, targets) for x in (policy, reference)]
                 terms.append(dpo_terms(*seq, (targets != IGNORE_INDEX).sum(-1), self.cfg))
             figures = summarise(terms, "dpo/held_out_")
         if self.problems:

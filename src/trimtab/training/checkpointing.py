@@ -77,7 +77,7 @@ class Checkpointing:
                 protect=(
                     self.last_good,
                     self.best_checkpoint,
-                    0 if self.cfg.rl.kl_coef or self.cfg.dpo.enabled else -1,
+                    0 if self.cfg.rl.kl_coef or (self.cfg.dpo.enabled and self.cfg.dpo.uses_reference) else -1,
                 ),
                 before=lambda: self._call("on_save_start"),
                 background=background,

@@ -61,10 +61,10 @@ class PolicyTraining:
     def _dpo_sum(
         self, hidden: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, micro: MicroBatch, batch: PairBatch
     ) -> torch.Tensor:
-        """A micro-batch of preference pairs' summed DPO loss against the reference; its sums
-        for the metrics go to the batch."""
+        """A micro-batch of preference pairs' summed DPO loss against the reference (none for
+        SimPO and ORPO); its sums for the metrics go to the batch."""
         at = response_positions(micro.targets, self.device)  # the heads read the responses only
-        ref = reference_logprobs(self._reference(), inputs, targets, 1.0, at)
+        ref = reference_logprobs(self._reference(), inputs, targets, 1.0, at) if self.cfg.dpo.uses_reference else None
         terms = dpo_from_hidden(hidden, self.model.lm_head.weight, targets, ref, self.cfg.dpo, at)
         batch.terms.append(terms)
         return terms.objective
@@ -79,13 +79,16 @@ class PolicyTraining:
         return self.reference
 
     @torch.no_grad()
-    def _pair_logprobs(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A DPO evaluation's: the policy's and the reference's log-probability of each target [B, T]."""
+    def _pair_logprobs(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A DPO evaluation's: the policy's and the reference's log-probability of each target [B, T]
+        (the reference's None for a reference-free loss)."""
         self.model.eval()
         at = response_positions(targets, self.device)
         inputs, targets = inputs.to(self.device), targets.to(self.device)
         with self.precision.autocast():
             policy = target_logprobs(self.forward(inputs), self.model.lm_head.weight, targets, at, 1.0)
+            if not self.cfg.dpo.uses_reference:
+                return policy, None
             return policy, reference_logprobs(self._reference(), inputs, targets, 1.0, at)
 
     @property
