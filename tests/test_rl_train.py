@@ -314,6 +314,25 @@ def test_rollouts_out_of_memory_are_generated_in_smaller_passes_and_a_spent_budg
     assert "out of memory generating rollouts after 1 retries" in done.stderr
 
 
+def test_asynchronous_rollouts_out_of_memory_are_generated_again_in_smaller_passes(tmp_path, base):
+    """rl.max_staleness=1: the batch generated ahead for step 4 (during step 3) runs out of memory
+    in the rollout thread (more than 20 rows from step 3 on), which ended the run at step 3's
+    checkpoint (it waits for the batches ahead). The checkpoint holds those before it; at its turn
+    the failed batch is generated again in smaller passes (32, then 16) and training goes on; a
+    run killed after that checkpoint resumes from it to the end."""
+    sets = ["--set", "rl.max_staleness=1", "--inject", "rollout_oom@3:20"]
+    logged = rl(tmp_path / "a", base, 6, *sets)
+    assert [m["step"] for m in logged] == [1, 2, 3, 4, 5, 6]
+    assert [d["params"]["at_once"] for d in decided(tmp_path / "a", "oom")] == [32, 16]
+    state = json.loads((tmp_path / "a/checkpoints/step_000003/state.json").read_text())["data"]
+    assert state["ahead"] == [] and state["max_staleness"] == 1
+    args = ["rl", *RL, "--max-steps", "6", "--set", f"train.init_from={base}", *sets]
+    killed = trimtab_cli([*args, "--out", str(tmp_path / "k"), "--inject", "sigkill@5"], tmp_path)
+    assert killed.returncode != 0
+    resumed = rl(tmp_path / "k", base, 6, *sets)
+    assert [m["step"] for m in resumed][-1] == 6
+
+
 def test_rollouts_too_far_off_the_policy_trained_are_generated_fresher_then_on_policy(tmp_path, base):
     """rl_ratio, for real: at lr 1e-2 a step moves the policy so far that rollouts generated two
     steps behind have 60-90% of their tokens' pi / pi_behaviour outside the clip range; after 3

@@ -223,7 +223,7 @@ class FaultInjector(Instrument):
         # after FSDP2 gathered the block: sized by the tokens the embedding just saw.
         model.tok_emb.register_forward_pre_hook(self._count_tokens)
         model.blocks[0].attn.register_forward_pre_hook(self._maybe_oom)
-        model.blocks[0].attn.register_forward_pre_hook(self._maybe_rollout_oom)
+        self.handle.gate_rollouts(self._maybe_rollout_oom)
         model.tok_emb.register_forward_pre_hook(self._maybe_lr)
         model.tok_emb.register_forward_pre_hook(self._maybe_eval_fault)
         model.norm.register_forward_hook(self._maybe_nan_loss)
@@ -344,14 +344,14 @@ class FaultInjector(Instrument):
                 f"more than {int(limit)} fit"
             )
 
-    def _maybe_rollout_oom(self, module: torch.nn.Module, args: tuple) -> None:
-        """rollout_oom: RL's generation (in inference mode, outside evaluations: not the
-        orchestrator's probe, a no_grad forward) over more rows than fit; the step is the one
-        whose rollouts these are (generated before it starts)."""
+    def _maybe_rollout_oom(self, rows: int) -> None:
+        """rollout_oom: a pass of RL's generation (outside evaluations) over more rows than fit,
+        before it starts (the trainer's gate: asynchronous rollouts too, in their thread); the
+        step is the one after the trainer's now (rollouts are generated before their step)."""
         started = [f for f in self.faults if f.kind == "rollout_oom" and self.run.step + 1 >= f.step]
-        if not started or not torch.is_inference_mode_enabled() or self.run.evaluating:
+        if not started or self.run.evaluating:
             return
-        fault, rows = max(started, key=lambda f: f.step), args[0].shape[0]
+        fault = max(started, key=lambda f: f.step)
         limits = self.record.setdefault("rollout_oom_limit", {})
         if fault.param is None and fault.spec not in limits:
             limits[fault.spec] = rows - 1

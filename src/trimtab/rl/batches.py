@@ -437,6 +437,7 @@ class RolloutLoader(Ordered):
         ahead (waited for first: their draws move the position)."""
         ahead = [batch_state(b) for b in self._queue.ahead()] if self._queue else []
         queued = {"ahead_ranks": self.gather(ahead)} if self.world > 1 else {"ahead": ahead}  # each rank's own
+        queued["max_staleness"] = self.max_staleness if self._queue else 0  # ahead may hold fewer (a failure)
         return {**queued, "version": self.version, "draws": self.draws, **self.order.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -453,9 +454,10 @@ class RolloutLoader(Ordered):
             )
         ahead = ranks[self.rank] if ranks is not None else state.get("ahead")
         if ahead:
-            if self.max_staleness != len(ahead):
+            saved = state.get("max_staleness", len(ahead))  # older checkpoints: as many as it generated ahead
+            if self.max_staleness != saved:
                 raise DataError(
-                    f"the checkpoint's RL run generated {len(ahead)} batches ahead (rl.max_staleness) "
+                    f"the checkpoint's RL run generated batches {saved} steps ahead (rl.max_staleness) "
                     f"but rl.max_staleness is now {self.max_staleness}; resume with the same setting"
                 )
             self._queue = RolloutQueue(self.max_staleness)

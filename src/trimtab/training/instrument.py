@@ -51,6 +51,12 @@ class FaultHandle:
         for group in self._trainer.optimizer.param_groups:
             group["lr"] *= factor
 
+    def gate_rollouts(self, gate: Callable[[int], None]) -> None:
+        """Call gate(rows) before each pass of RL generation, in the thread that generates
+        (asynchronous RL's rollout thread too, on the policy's copies): it may raise, as a
+        generation that does not fit would (rollout_oom)."""
+        self._trainer.rollout_gate = gate
+
     def before_commit(self, fn: Callable[[], None]) -> None:
         """Run `fn` in the checkpoint writer once this rank's files of the save now starting are
         written, before the commit (kill_in_save: a process killed mid-write)."""

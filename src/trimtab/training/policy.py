@@ -136,6 +136,8 @@ class PolicyTraining:
         self, model: torch.nn.Module, prompts: list[list[int]], seed: int | None, temperature: float, version: int
     ) -> list[Rollout]:
         rl = self.cfg.rl
+        if self.rollout_gate is not None:  # fault injection (rollout_oom), in the generating thread
+            self.rollout_gate(len(prompts))
         generator = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else None
         with self.precision.autocast():  # thread-local: entered in the thread that generates
             return generate(
