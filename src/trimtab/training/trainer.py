@@ -417,8 +417,8 @@ class Trainer(Checkpointing, PolicyTraining):
         this evaluation, not the run (an out-of-memory error generating the held-out answers, a
         response the verifier cannot take), as for a held-out loss. The ranks agree after it:
         RL's evaluation has no collective inside (every rank answers every held-out prompt);
-        DPO's sums its figures over the ranks, so an error on one rank alone there still ends
-        the run (by the watchdog, with every stack written)."""
+        DPO's sums its figures over the ranks inside, where the others would wait for a rank
+        that failed alone: not handled yet."""
         self.watchdog.beat("evaluation")
         self.evaluating, error = True, ""
         try:
