@@ -415,10 +415,9 @@ class Trainer(Checkpointing, PolicyTraining):
     def _policy_figures(self) -> dict[str, Any]:
         """An RL or DPO phase's held-out figures (its loader's); {} on an error, which abandons
         this evaluation, not the run (an out-of-memory error generating the held-out answers, a
-        response the verifier cannot take), as for a held-out loss. The ranks agree after it:
-        RL's evaluation has no collective inside (every rank answers every held-out prompt);
-        DPO's sums its figures over the ranks inside, where the others would wait for a rank
-        that failed alone: not handled yet."""
+        response the verifier cannot take), as for a held-out loss. The ranks agree after it;
+        neither evaluation has a collective inside (every rank answers every held-out prompt
+        and scores every held-out pair), so a rank that failed alone keeps none waiting."""
         self.watchdog.beat("evaluation")
         self.evaluating, error = True, ""
         try:
