@@ -8,7 +8,6 @@ from trimtab.config.rl import RLConfig
 from trimtab.data.packing import IGNORE_INDEX
 from trimtab.errors import DataError
 from trimtab.rl.batches import RolloutLoader, overlong_penalty
-from trimtab.rl.phase import PROBE_PROMPTS, prompt_probe
 from trimtab.rl.rollout import Rollout
 from trimtab.rl.tasks import Problem
 
@@ -164,13 +163,3 @@ def test_pass_at_k_is_the_unbiased_estimator_over_sampled_held_out_responses():
     assert first["rl/held_out_pass@1"] == 0.0 and "rl/held_out_pass@8" not in first
     assert first["rl/held_out_pass@2"] == 1 - comb(2, 2) / comb(4, 2) and first["rl/held_out_pass@4"] == 1.0
     assert first == again and seeds[1] == seeds[3] is not None  # the same draw at each evaluation
-
-
-def test_the_probe_of_a_phase_trained_on_responses_is_its_prompts_own_tokens():
-    """rl/phase.py prompt_probe: the orchestrator's probe for RL and DPO, one micro-batch of
-    prompts (2 tokens or more), every next token a target."""
-    (probe,) = prompt_probe([[1, 2, 3], [4], [5, 6]], pad_id=0)
-    assert probe.inputs.tolist() == [[1, 2], [5, 0]] and probe.targets.tolist() == [[2, 3], [6, -100]]
-    assert probe.n_targets == 3 and probe.rows == [0, 1]
-    assert prompt_probe([[7]], pad_id=0) == []
-    assert len(prompt_probe([[1, 2]] * 40, pad_id=0)[0].rows) == PROBE_PROMPTS

@@ -300,17 +300,6 @@ def collate(rows: Rows, indices: list[int], pad_id: int) -> MicroBatch:
     )
 
 
-def token_batch(seqs: list[list[int]], pad_id: int) -> MicroBatch:
-    """Token sequences (2 tokens or more) as one right-padded micro-batch, each next token a
-    target; its rows number them in order."""
-    width = max(len(s) for s in seqs) - 1
-    inputs = torch.full((len(seqs), width), pad_id, dtype=torch.int64)
-    targets = torch.full((len(seqs), width), IGNORE_INDEX, dtype=torch.int64)
-    for b, s in enumerate(seqs):
-        inputs[b, : len(s) - 1], targets[b, : len(s) - 1] = torch.tensor(s[:-1]), torch.tensor(s[1:])
-    return MicroBatch(inputs, targets, sum(len(s) - 1 for s in seqs), list(range(len(seqs))))
-
-
 class ConcatRows:
     """Several sources' rows as one set: row j of part p is row offsets[p] + j. Steps, micro-batches
     and data-parallel shares index this one set, whatever the mixture."""

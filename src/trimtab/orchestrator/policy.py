@@ -342,13 +342,11 @@ class Policy:
         findings (spikes, NaN), whose updates the gate withheld, held-out rows scoring worse mean
         the weights broke before the first of them (one update wrecked them: every batch since
         scores high); after a rising trend they mean the model drifts, which the LR cut answers."""
-        if self.probe_baseline is None:
-            return None
         probe = view.probe_loss()
-        if probe is None:
-            return None
-        if not math.isfinite(probe):
+        if probe is not None and not math.isfinite(probe):  # NaN weights: with or without held-out data
             return "broken", probe
+        if self.probe_baseline is None or probe is None:
+            return None
         if probe <= self.probe_baseline + max(0.1, 0.05 * self.probe_baseline):
             return "data", probe
         return ("broken", probe) if sudden else None

@@ -11,11 +11,9 @@ from typing import Any
 
 from trimtab.config import DataConfig, OptimConfig, RunConfig
 from trimtab.data.arithmetic import SOURCE, digits_of, held_out, problems
-from trimtab.data.packing import MicroBatch
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import ConfigError, DataError
 from trimtab.rl.pairs import Pair, Tokens, arithmetic_pairs, read_pairs, tokenize
-from trimtab.rl.phase import PROBE_PROMPTS, prompt_probe
 from trimtab.rl.preference import PairLoader
 
 TRAIN_PAIRS = 100_000  # the built-in task's training pairs at most (two digits: ~18,000 in all)
@@ -34,7 +32,6 @@ class DPOPhase:
     problems: list[tuple[list[int], str]]
     tok: TextTokenizer
     eval_micro: list[Any] = field(default_factory=list)  # no held-out loss: DPO is judged by its pairs
-    probe: list[MicroBatch] = field(default_factory=list)  # RunView.probe_loss's (rl/phase.py prompt_probe)
     eval_sources: list[str] = field(default_factory=list)
     skipped_records: int = 0
     weights: list[float] = field(default_factory=lambda: [1.0])
@@ -96,5 +93,4 @@ def build_dpo_phase(cfg: RunConfig, tok: TextTokenizer) -> DPOPhase:
     # the built-in task's held-out problems are its held-out pairs' (the same draw): their prompts
     # as the pairs put them (a chat template's turn); a file's pairs have no problems
     prompts = [(t.prompt, a) for t, (_, a) in zip(tokens[1], answers, strict=True)] if answers else []
-    probe = prompt_probe([t.prompt for t in (tokens[1] or tokens[0])[:PROBE_PROMPTS]], tok.pad_id)
-    return DPOPhase("dpo", 0, int(cfg.train.max_steps), data, cfg.optim, *tokens, prompts, tok, probe=probe)
+    return DPOPhase("dpo", 0, int(cfg.train.max_steps), data, cfg.optim, *tokens, prompts, tok)

@@ -11,7 +11,6 @@ from typing import Any
 
 from trimtab.config import DataConfig, OptimConfig, RunConfig
 from trimtab.data.arithmetic import SOURCE, digits_of, held_out
-from trimtab.data.packing import MicroBatch, token_batch
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import ConfigError
 from trimtab.rl.batches import RolloutLoader
@@ -19,19 +18,6 @@ from trimtab.rl.rewards import verifier
 from trimtab.rl.tasks import Problem, arithmetic, read_problems
 
 TRAIN_PROBLEMS = 100_000  # the built-in task's training problems at most (two digits: ~18,000 in all)
-PROBE_PROMPTS = 16
-
-
-def prompt_probe(prompts: list[list[int]], pad_id: int) -> list[MicroBatch]:
-    """The orchestrator's probe for a phase trained on responses (RL, DPO): the language-
-    modelling loss of up to PROBE_PROMPTS prompts' own tokens. Neither objective trains on
-    them, so the loss holds still while the policy learns (the README's 300 RL steps, pass@1
-    0.15 -> 0.235: 2.079-2.098 nats at every 25th step, against the diagnosis's 0.1 margin) and
-    jumps when the weights break: what tells broken weights from a bad step, at once and at a
-    phase's end (orchestrator/policy.py), as held-out text does in pretraining. [] when no
-    prompt has 2 tokens."""
-    seqs = [p for p in prompts if len(p) > 1][:PROBE_PROMPTS]
-    return [token_batch(seqs, pad_id)] if seqs else []
 
 
 @dataclass
@@ -46,7 +32,6 @@ class RLPhase:
     tok: TextTokenizer
     max_prompt_tokens: int
     eval_micro: list[Any] = field(default_factory=list)  # no held-out loss: RL is judged by its rewards
-    probe: list[MicroBatch] = field(default_factory=list)  # RunView.probe_loss's (prompt_probe)
     eval_sources: list[str] = field(default_factory=list)
     skipped_records: int = 0
     weights: list[float] = field(default_factory=lambda: [1.0])
@@ -103,5 +88,4 @@ def build_rl_phase(cfg: RunConfig, tok: TextTokenizer) -> RLPhase:
             f"model.max_seq_len={cfg.model.max_seq_len}; lower rl.max_new_tokens or shorten the prompts"
         )
     data = dataclasses.replace(cfg.data, seq_len=longest + cfg.rl.max_new_tokens)
-    probe = prompt_probe([tok.encode(p.prompt, specials=True) for p in (held or train)[:PROBE_PROMPTS]], tok.pad_id)
-    return RLPhase("rl", 0, int(cfg.train.max_steps), data, cfg.optim, train, held, tok, longest, probe=probe)
+    return RLPhase("rl", 0, int(cfg.train.max_steps), data, cfg.optim, train, held, tok, longest)

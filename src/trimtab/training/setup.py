@@ -67,11 +67,6 @@ class Phase:
     weights: list[float]  # each source's share of a step's tokens (data.mix)
     names: list[str]
 
-    @property
-    def probe(self) -> list[MicroBatch]:
-        """What the orchestrator's probe scores (RunView.probe_loss): one held-out micro-batch."""
-        return self.eval_micro[:1]
-
     def loader(self, cfg: RunConfig, pad_id: int, rank: int = 0, world: int = 1) -> BatchLoader:
         """The phase's loader; under data parallelism it serves this rank's share of each step."""
         return BatchLoader(

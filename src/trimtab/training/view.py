@@ -190,16 +190,16 @@ class RunView:
         return scoring.sources_of(self._t.phases[self._t.state.phase].train_rows, list(rows))
 
     def probe_loss(self) -> float | None:
-        """The model's loss on the phase's probe (one held-out micro-batch; RL and DPO: prompts),
-        now (a host read): tells a broken model from bad training data. None without one; NaN
-        whenever a weight is not finite, which a loss need not show: torch's CPU flash-attention
-        kernel gives a query with a NaN weight a zero output, not NaN (a NaN row in the first
-        query projection left the loss finite)."""
+        """The model's loss on one held-out micro-batch, now (a host read): tells a broken model
+        from bad training data. NaN whenever a weight is not finite, which a loss need not show
+        (torch's CPU flash-attention kernel gives a query with a NaN weight a zero output, not NaN:
+        a NaN row in the first query projection left the loss finite); else None without held-out
+        data (RL and DPO: their objectives move a held-out text's loss, so none is compared)."""
         t = self._t
-        micro = t.phases[t.state.phase].probe
+        micro = t.phases[t.state.phase].eval_micro
         if not t.dist.all_finite(t.model.parameters()):
             return math.nan
-        return t.held_out_loss(micro) if micro else None
+        return t.held_out_loss(micro[:1]) if micro else None
 
     # ------------------------------------------------------------------ knobs
 
