@@ -158,16 +158,16 @@ class LengthRunaway(Monitor):
             return None
         self.rolled_back = self.rolled_back or m.step <= self.last_step
         self.last_step = m.step
-        start = sum(s for s, _ in self.start) / len(self.start) if self.start else 0.0
-        if len(self.start) < rule.window or rl["truncated"] <= start + rule.rise:
-            self.short_step = m.step  # not yet risen `rise` above the start (the rollback's target)
         seen = (rl["truncated"], rl["response_tokens"])
         if len(self.start) < rule.window:
             self.start.append(seen)
+            self.short_step = m.step  # not yet risen `rise` above the start (the rollback's target)
             return None
+        start, start_length = (sum(column) / len(self.start) for column in zip(*self.start))
+        if rl["truncated"] <= start + rule.rise:
+            self.short_step = m.step
         self.window = [*self.window, seen][-rule.window :]
         share, length = (sum(column) / len(self.window) for column in zip(*self.window))
-        start, start_length = (sum(column) / len(self.start) for column in zip(*self.start))
         if len(self.window) < rule.window or share < rule.threshold or share - start < rule.rise:
             return None
         self.window = []

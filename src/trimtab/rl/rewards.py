@@ -192,7 +192,8 @@ class VerifierPool:
                     try:
                         while w.jobs and w.conn.poll():  # every verdict in (an error in the verifier: 0, said)
                             index, value, error = w.conn.recv()
-                            out.rewards[index], _ = value, w.jobs.popleft()
+                            out.rewards[index] = value
+                            w.jobs.popleft()
                             w.since = time.monotonic()  # the next one's verification begins
                             if error:
                                 out.events.append({"index": index, "kind": "error", "detail": error})

@@ -16,6 +16,11 @@ if TYPE_CHECKING:
     from trimtab.training.trainer import Trainer
 
 
+def error_line(exc: BaseException) -> str:
+    """An evaluation's failure in one line for the journal: its type and its message's first line."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+
+
 @torch.no_grad()
 def sharded_loss(t: Trainer, micro_batches: list[MicroBatch], timeout: float) -> tuple[list[list[float]], str]:
     """([summed loss, targets] of each micro-batch, "") with data-parallel replica r scoring
@@ -40,7 +45,7 @@ def sharded_loss(t: Trainer, micro_batches: list[MicroBatch], timeout: float) ->
         except Exception as exc:  # a bad record, a kernel error: this evaluation, not the run
             if is_oom(exc) and t.device.type == "cuda":
                 torch.cuda.empty_cache()
-            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+            error = error_line(exc)
         if timeout and not error and time.monotonic() - start > timeout:
             error = f"timed out after {time.monotonic() - start:.0f}s (train.eval_timeout={timeout:g})"
         if error := t.dist.first_error(error):

@@ -25,7 +25,7 @@ from trimtab.rl.preference import PairBatch, PairLoader, PairMicroBatch
 from trimtab.rl.replay import replaying
 from trimtab.training.checkpointing import Checkpointing
 from trimtab.training.control import Control
-from trimtab.training.evaluation import mean_losses, sharded_loss
+from trimtab.training.evaluation import error_line, mean_losses, sharded_loss
 from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger, call_sealed
 from trimtab.training.instrument import FaultHandle, Instrument
 from trimtab.training.loss import cross_entropy_sum
@@ -423,7 +423,7 @@ class Trainer(Checkpointing, PolicyTraining):
         try:
             figures = self.loader.evaluate()
         except Exception as exc:  # this evaluation's failure, told to the hooks
-            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+            error = error_line(exc)
         finally:
             self.evaluating = False
         if error := self.dist.first_error(error):
