@@ -11,11 +11,14 @@ from trimtab.checkpoint import (
     latest_valid,
     list_checkpoints,
     load_checkpoint,
+    load_model,
     load_weights,
     save_checkpoint,
     set_aside_corrupt,
 )
+from trimtab.config import load_config
 from trimtab.errors import CheckpointError
+from trimtab.model.transformer import Transformer
 
 
 class Tied(nn.Module):
@@ -93,6 +96,20 @@ def test_weights_for_another_shape_are_refused(tmp_path):
     other = nn.Sequential(nn.Linear(3, 3))
     with pytest.raises(CheckpointError, match="do not fit this model"):
         load_weights(other, weights, path)
+
+
+@pytest.mark.parametrize(
+    ("saved", "loaded", "named"), [("debug-moe", "debug", "MoE"), ("debug-hybrid", "debug-moe", "Mixture-of-Depths")]
+)
+def test_a_checkpoint_of_other_layer_kinds_is_refused_naming_both(tmp_path, saved, loaded, named):
+    """A MoE or MoD checkpoint loaded into a model of other layer kinds (init_from with another
+    preset) is refused with both layer lists, not a KeyError from deep inside the model."""
+    model = Transformer(load_config(preset=saved, sets=["model.vocab_size=64"]).model)
+    state = {"moe": model.moe_state(), "mod": model.mod_state()}
+    path = save_checkpoint(tmp_path, 1, model.state_dict(), {}, state, keep=1)
+    other = Transformer(load_config(preset=loaded, sets=["model.vocab_size=64"]).model)
+    with pytest.raises(CheckpointError, match=f"its {named} layers are \\[.*\\], this model's .*preset"):
+        load_model(other, path)
 
 
 def test_corrupt_checkpoints_set_aside_are_kept_out_of_resume_and_pruning(tmp_path):

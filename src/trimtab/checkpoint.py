@@ -307,15 +307,24 @@ def load_model(model: torch.nn.Module, path: Path) -> dict[str, Any]:
     returns the checkpoint's state.json. For generation, finetuning from a run, and the trainer's
     one-process resume alike (distributed.Parallel.load_model under torchrun)."""
     weights, _, state = load_checkpoint(path, optimizer=False)
-    apply_structure(model, state)
+    apply_structure(model, state, path)
     load_weights(model, weights, path)
     return state
 
 
-def apply_structure(model: torch.nn.Module, state: dict[str, Any]) -> None:
+def apply_structure(model: torch.nn.Module, state: dict[str, Any], source: Path | str = "the checkpoint") -> None:
     """What state.json holds of the model beyond its weights, applied before them: each MoE
     layer's expert count (surgery changes it) and live router knobs, each Mixture-of-Depths
-    layer's target capacity (the orchestrator and people change them while training)."""
+    layer's target capacity (the orchestrator and people change them while training). A
+    checkpoint whose MoE or MoD layers are not the model's is refused, naming both."""
+    for kind, name, ours in (("moe", "MoE", model.moe_layers()), ("mod", "Mixture-of-Depths", model.mod_layers())):
+        saved, here = sorted(int(i) for i in state.get(kind, {})), [i for i, _ in ours]
+        if kind in state and saved != here:
+            raise CheckpointError(
+                f"{source}: its {name} layers are {saved}, this model's {here}: the model config "
+                "(the preset, model.layer_pattern) differs from the one that trained it; use the same "
+                "model settings (the run's own preset) or a new --out"
+            )
     model.load_moe_state(state.get("moe", {}))
     model.load_mod_state(state.get("mod", {}))
 

@@ -194,7 +194,7 @@ class Checkpoints:
         """A checkpoint's model (read_checkpoint) into the (wrapped) model: its structure, then its
         weights; `weights` None: this run's shards are read from the sharded checkpoint directly,
         resharded to this world size."""
-        apply_structure(model, state)
+        apply_structure(model, state, path)
         if self.pipeline is not None:
             self.pipeline.hollow_others()  # a layer of another stage resized: its tensors go again
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
