@@ -136,3 +136,6 @@ def test_mod_monitor_fires_only_when_a_capacity_fall_costs_loss():
     found = feed(MoDQuality(cfg), cut)
     assert len(found) == 1 and found[0].evidence["restore_to"] == 0.5
     assert found[0].evidence["rise"] == pytest.approx(0.1) and found[0].strength == 1.0
+    # an RL objective: 0 while no group has a signal, then signed; no relative rise to judge
+    policy = [(0.5, 0.0)] * 10 + [(0.05, 0.0)] + [(0.05, -0.01), (0.05, 0.02)]
+    assert feed(MoDQuality(cfg), policy) == []

@@ -228,6 +228,8 @@ def test_divergence_slope():
     assert feed(Divergence(cfg), [5.0, 5.0, 5.0, 5.0, 5.0]) == [None] * 5
     assert feed(Divergence(cfg), [5.4, 5.3, 5.2, 5.1, 5.0]) == [None] * 5
     assert feed(Divergence(cfg), [5.0, 5.02, 5.04, 5.06, 5.08]) == [None] * 5  # rise 0.08 < 5% of 5.04
+    # an objective that is no likelihood (RL's, 0 with no signal): no relative rise to judge
+    assert feed(Divergence(cfg), [-0.04, -0.03, -0.02, -0.01, 0.0]) == [None] * 5
 
 
 def test_plateau_variance():

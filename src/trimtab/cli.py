@@ -75,8 +75,9 @@ def _train(args: argparse.Namespace) -> int:
 
 # Under `trimtab rl` and `trimtab dpo` the loss is a policy objective, not a likelihood: the rules
 # that judge a likelihood's course (a spike, a rise above the start, divergence, a plateau, an
-# early stop, bad rows by their loss) are off unless a --set turns one on (docs/rl.md).
-RL_OFF = ("spike", "above_start", "divergence", "plateau", "early_stop", "rows")
+# early stop, bad rows by their loss, a Mixture-of-Depths layer's loss after its capacity fell) are
+# off unless a --set turns one on (docs/rl.md).
+RL_OFF = ("spike", "above_start", "divergence", "plateau", "early_stop", "rows", "mod")
 
 
 def _train_config(args: argparse.Namespace, section: str | None = None) -> RunConfig:

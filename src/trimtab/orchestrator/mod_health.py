@@ -35,6 +35,9 @@ class MoDQuality(Monitor):
         loss_after = sum(loss for _, loss in after) / cfg.recent
         cap_before = sum(c for c, _ in before) / cfg.window
         cap_after = sum(c for c, _ in after) / cfg.recent
+        # a relative rise needs a positive loss: an RL objective (0 with no signal, signed) has none
+        if loss_before <= 0:
+            return None
         rise = loss_after / loss_before - 1
         if rise <= cfg.tolerance or cap_before - cap_after < cfg.min_drop:
             return None

@@ -33,7 +33,7 @@ class Divergence(Monitor):
         if not self.window.full():
             return None
         mean, rise = self.window.mean(), self.window.slope() * (len(self.window) - 1)
-        if rise <= self.cfg.min_rise * mean:
+        if mean <= 0 or rise <= self.cfg.min_rise * mean:  # relative to a likelihood's (positive) mean
             return None
         rows = sorted({r for step in self.rows for r in step})
         self.window, self.rows = Rolling(self.cfg.window), []  # a fresh window before it can fire again
