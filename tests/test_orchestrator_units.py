@@ -304,6 +304,7 @@ def test_build_monitors_respects_enabled():
         "rl_signal",  # silent outside `trimtab rl`: only an RL step carries its reading
         "rl_verifier",
         "rl_ratio",
+        "rl_reward",
         "rl_entropy",
         "rl_length",
         "rl_hacking",

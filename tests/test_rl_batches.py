@@ -163,3 +163,29 @@ def test_pass_at_k_is_the_unbiased_estimator_over_sampled_held_out_responses():
     assert first["rl/held_out_pass@1"] == 0.0 and "rl/held_out_pass@8" not in first
     assert first["rl/held_out_pass@2"] == 1 - comb(2, 2) / comb(4, 2) and first["rl/held_out_pass@4"] == 1.0
     assert first == again and seeds[1] == seeds[3] is not None  # the same draw at each evaluation
+
+
+def test_the_step_reports_its_groups_verifier_scores_without_the_overlong_penalty_and_its_temperature():
+    """rule rl_reward's figures: each drawn group's mean score by the verifier alone (the
+    overlong penalty is shaping: it is taken back out), summed and squared over the groups, and
+    the temperature the responses were sampled at."""
+
+    def cut_first(prompts, seed):  # the first response of each group runs to the budget (wrong), the second is right
+        return [
+            Rollout(p, [ord("y")] * 3, [-1.0] * 3, True, temperature=0.7)
+            if k % 2 == 0
+            else Rollout(p, [ord("x"), EOS], [-1.0] * 2, False, temperature=0.7)
+            for k, p in enumerate(prompts)
+        ]
+
+    ours = loader(max_new_tokens=3)
+    ours.overlong_buffer = 2  # 3 tokens: -1; 2 tokens: -0.5
+    ours.policy = cut_first
+    try:
+        batch = ours.next_batch()
+    finally:
+        ours.close()
+    assert batch.rewards == [-1.0, 0.5] * 2  # trained with the penalty
+    health = batch.health
+    assert health["score_n"] == 2 and health["score"] == pytest.approx(1.0) and health["score_sq"] == pytest.approx(0.5)
+    assert health["temperature"] == pytest.approx(0.7)

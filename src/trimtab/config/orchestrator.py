@@ -326,6 +326,22 @@ class RLHackingRule(Section):
 
 
 @dataclass
+class RLRewardRule(Section):
+    """RL's reward below its start (`trimtab rl`, docs/rl.md): when the verifier's mean score of
+    the last `window` steps has fallen `drop` or more below the phase's first `start_steps`',
+    `sigmas` standard errors clear of their sampling noise (over groups), the updates make the
+    policy worse (an LR far too high for RL): the run rolls back to the last policy above that
+    line with the LR x `lr_factor`; with no rollback left, it stops."""
+
+    enabled: bool = True
+    start_steps: int = 3
+    window: int = 10
+    drop: float = 0.5
+    sigmas: float = 2.5
+    lr_factor: float = 0.1
+
+
+@dataclass
 class DataRule(Section):
     """Data attribution: when a bad stretch is the data's, the rows of its flagged steps are scored
     one by one on the current weights and a row is left out when its loss is above the held-out
@@ -415,6 +431,7 @@ class OrchestratorConfig(Section):
     rl_length: RLLengthRule = field(default_factory=RLLengthRule)
     rl_hacking: RLHackingRule = field(default_factory=RLHackingRule)
     rl_ratio: RLRatioRule = field(default_factory=RLRatioRule)
+    rl_reward: RLRewardRule = field(default_factory=RLRewardRule)
     lr: LRRule = field(default_factory=LRRule)
     data: DataRule = field(default_factory=DataRule)
     rows: RowsRule = field(default_factory=RowsRule)
@@ -443,6 +460,7 @@ class OrchestratorConfig(Section):
         "rl_length",
         "rl_hacking",
         "rl_ratio",
+        "rl_reward",
         "lr",
         "rows",
         "make_up",
@@ -476,6 +494,9 @@ class OrchestratorConfig(Section):
         _positive(self.rl_hacking, "orchestrator.rl_hacking", "window", "patience", "drop")
         _positive(self.rl_ratio, "orchestrator.rl_ratio", "window")
         _check(0 < self.rl_ratio.threshold <= 1, "orchestrator.rl_ratio.threshold", "must be in (0, 1]")
+        _positive(self.rl_reward, "orchestrator.rl_reward", "start_steps", "window", "sigmas")
+        _check(0 < self.rl_reward.drop <= 1, "orchestrator.rl_reward.drop", "must be in (0, 1]")
+        _check(0 < self.rl_reward.lr_factor < 1, "orchestrator.rl_reward.lr_factor", "must be in (0, 1)")
         _check(self.rl_hacking.rise >= 0, "orchestrator.rl_hacking.rise", "must be >= 0")
         _check(self.divergence.window >= 4, "orchestrator.divergence.window", "must be >= 4")
         _check(0 < self.divergence.lr_factor < 1, "orchestrator.divergence.lr_factor", "must be in (0, 1)")

@@ -24,6 +24,7 @@ from typing import Any
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, Rolling, StepMetrics
 from trimtab.orchestrator.remedies import Remedy
+from trimtab.orchestrator.rl_reward import reward_remedy
 
 
 class NoLearningSignal(Monitor):
@@ -280,7 +281,8 @@ class RewardHacking(Monitor):
 def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     """rl_signal: dynamic sampling, then a higher sampling temperature; rl_verifier: a longer
     verifier timeout; rl_entropy: an entropy bonus, then a lower LR; rl_length: the soft
-    overlong penalty, then a wider one; rl_hacking: back to the best policy, then stop; at a
+    overlong penalty, then a wider one; rl_hacking: back to the best policy, then stop; rl_reward: back
+    to the last policy above the line with a smaller LR (orchestrator/rl_reward.py); at a
     ceiling (or a verifier that raises), a word for a person."""
     if f.rule == "rl_verifier":
         return _verifier_remedy(f, view, cfg)
@@ -292,6 +294,8 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
         return _hacking_remedy(f, cfg)
     if f.rule == "rl_ratio":
         return _ratio_remedy(view, cfg)
+    if f.rule == "rl_reward":
+        return reward_remedy(f, view, cfg)
     rule = cfg.rl_signal
     if not view.rl_dynamic_sampling:
         return Remedy(

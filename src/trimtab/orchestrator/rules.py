@@ -14,6 +14,7 @@ from trimtab.orchestrator.rl_health import (
     RewardHacking,
     VerifierFailures,
 )
+from trimtab.orchestrator.rl_reward import RewardFall
 from trimtab.orchestrator.trends import AboveStart, Divergence, Plateau, UnexplainedLR
 
 MONITORS = {
@@ -34,6 +35,7 @@ MONITORS = {
     "rl_length": LengthRunaway,
     "rl_hacking": RewardHacking,
     "rl_ratio": OffPolicy,
+    "rl_reward": RewardFall,
 }
 
 

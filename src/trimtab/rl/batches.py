@@ -65,15 +65,19 @@ class PolicyMicroBatch(MicroBatch):
 
 # A step's counts, summed over the data-parallel ranks (RolloutLoader.all_sum): the groups drawn
 # and those with one reward for every response, of these the solved ones (all at rl.full_reward),
-# the responses scored (dynamic sampling's extra draws included), their rewards' sum, the
-# verifications failed and timed out; of the responses trained, their number, entropies,
-# truncations and tokens
+# the responses scored (dynamic sampling's extra draws included), their rewards' sum, the groups'
+# mean verifier scores (the rewards less the overlong penalty) summed and squared, the responses'
+# sampling temperatures summed; the verifications failed and timed out; of the responses trained,
+# their number, entropies, truncations and tokens
 SUMS = (
     "groups",
     "flat",
     "solved",
     "verified",
     "reward",
+    "score",
+    "score_sq",
+    "temperature",
     "failures",
     "timeouts",
     "rollouts",
@@ -106,6 +110,9 @@ class RolloutBatch(StepBatch):
         trained, the share of tokens whose rollouts' policy is off the clip range (rl_ratio)."""
         figures = step_figures(self.sums)
         figures["verifications"] = tuple(int(self.sums[k]) for k in ("verified", "failures", "timeouts"))
+        if "score" in self.sums:  # rl_reward's, per group (a checkpoint's older batches: none)
+            figures |= {"score_n": self.sums["groups"], "score": self.sums["score"], "score_sq": self.sums["score_sq"]}
+            figures["temperature"] = round(self.sums["temperature"] / max(self.sums["verified"], 1), 6)
         if self.totals:  # one host read
             weight = max(float(self.totals["weight"]), 1e-12)
             figures |= {k: float(self.totals[k]) / weight for k in ("off_policy", "kl")}
@@ -260,12 +267,19 @@ class RolloutLoader(Ordered):
         rows = [problem for problem, _, _ in groups for _ in range(G)]
         n_tokens = sum(len(r.prompt) + len(r.tokens) - 1 for r in rollouts)
         (verified, failures, timeouts), self._scored = self._scored, [0, 0, 0]
+        # each group's mean score by the verifier alone (the overlong penalty taken back out): rl_reward's
+        budget = cfg.max_new_tokens
+        penalty = [overlong_penalty(len(r.tokens), budget, overlong_buffer) for g in drawn for r in g[1]]
+        scores = [sum(g[2]) / G - sum(penalty[k * G : (k + 1) * G]) / G for k, g in enumerate(drawn)]
         local = {
             "groups": len(drawn),
             "flat": sum(flat(g[2]) for g in drawn),
             "solved": solved([g[2] for g in drawn], self.cfg.full_reward),
             "verified": verified,
             "reward": sum(x for g in drawn for x in g[2]),
+            "score": sum(scores),
+            "score_sq": sum(x * x for x in scores),
+            "temperature": sum(r.temperature for g in drawn for r in g[1]),
             "failures": failures,
             "timeouts": timeouts,
             "rollouts": len(rollouts),

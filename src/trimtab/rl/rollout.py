@@ -40,6 +40,7 @@ class Rollout:
     # int16 [MoE layers, input positions, k]: the experts chosen at each of its input positions
     # (prompt + response less the last token), for routing replay (rl/replay.py); None without
     experts: np.ndarray | None = None
+    temperature: float = 1.0  # the one it was sampled at (<= 0: greedy)
 
     def state_dict(self) -> dict:
         """As JSON holds it (a checkpoint's queued rollouts, rl/engine.py)."""
@@ -78,7 +79,7 @@ def generate(
         with torch.inference_mode(), recording(model, len(prompts), record_routing) as routes:
             tokens, logprobs, entropies = _decode(model, prompts, budget, eos_id, temperature, top_p, generator)
             rows = zip(prompts, tokens.tolist(), logprobs.tolist(), entropies.tolist())
-            rollouts = [_rollout(p, t, lp, h, eos_id, version) for p, t, lp, h in rows]
+            rollouts = [_rollout(p, t, lp, h, eos_id, version, temperature) for p, t, lp, h in rows]
             for row, r in enumerate(rollouts if routes else []):
                 r.experts = routes.sequence(row, longest - len(r.prompt), len(r.prompt) + len(r.tokens) - 1)
     finally:
@@ -122,8 +123,14 @@ def _decode(
 
 
 def _rollout(
-    prompt: list[int], tokens: list[int], logprobs: list[float], entropies: list[float], eos_id: int, version: int
+    prompt: list[int],
+    tokens: list[int],
+    logprobs: list[float],
+    entropies: list[float],
+    eos_id: int,
+    version: int,
+    temperature: float,
 ) -> Rollout:
     end = tokens.index(eos_id) + 1 if eos_id in tokens else len(tokens)
     entropy = sum(entropies[:end]) / end
-    return Rollout(prompt, tokens[:end], logprobs[:end], eos_id not in tokens, version, entropy=entropy)
+    return Rollout(prompt, tokens[:end], logprobs[:end], eos_id not in tokens, version, entropy, None, temperature)
