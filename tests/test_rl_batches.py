@@ -189,3 +189,29 @@ def test_the_step_reports_its_groups_verifier_scores_without_the_overlong_penalt
     health = batch.health
     assert health["score_n"] == 2 and health["score"] == pytest.approx(1.0) and health["score_sq"] == pytest.approx(0.5)
     assert health["temperature"] == pytest.approx(0.7)
+
+
+def test_a_step_whose_generation_ran_out_of_memory_draws_the_same_prompts_again():
+    """The trainer asks again after an out-of-memory error (the orchestrator halves the passes):
+    the retry answers the prompts the failed draw took, with its sampling seeds, as a run that
+    never failed does (they were left out of the epoch before)."""
+    import torch
+
+    calls = []
+
+    def fails_once(prompts, seed):
+        calls.append(seed)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("injected")
+        return policy(prompts, seed)
+
+    failing, clean = loader(), loader()
+    failing.policy = fails_once
+    try:
+        with pytest.raises(torch.OutOfMemoryError):
+            failing.next_batch()
+        again, first = failing.next_batch(), clean.next_batch()
+    finally:
+        failing.close()
+        clean.close()
+    assert again.rows == first.rows and again.rewards == first.rewards and calls[0] == calls[1]

@@ -432,3 +432,29 @@ def test_rl_under_torchrun_refuses_what_it_cannot_split_naming_the_key():
         check_policy_ranks(cfg, SimpleNamespace(sharded=False, dp_world=3))
     with pytest.raises(ConfigError, match="data parallelism only"):
         check_policy_ranks(cfg, SimpleNamespace(sharded=True, dp_world=2))
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_one_ranks_rollouts_out_of_memory_shrink_every_ranks_generation_alike(tmp_path, base, staleness):
+    """Under torchrun, rank 1 alone runs out of memory generating its 32 rollouts (more than 20
+    rows do not fit from step 3 on), synchronous or in the rollout thread: every rank hears it at
+    the step's sum, all halve their generation passes together (32 -> 16 rows), the decision the
+    same on both and journaled once, and the job ends with the ranks' weights equal. (Rank 1 used
+    to handle it alone, unjournaled, its passes no longer its peer's; any other error there left
+    rank 0 waiting in the sum.)"""
+    from helpers import run
+    from trimtab.cli import RL_OFF
+
+    rl = {"enabled": True, "prompts_per_step": 8, "group_size": 8, "max_new_tokens": 2, "held_out": 0}
+    rl |= {"reward": "python:rl_verifiers:starts_with_space", "max_staleness": staleness}
+    rules = {rule: {"enabled": False} for rule in [*RL_OFF, "rl_ratio"]}
+    job = dict(rl=rl, optim={"lr": 1e-2, "warmup_steps": 0}, orchestrator=rules)
+    a, b = run(
+        tmp_path / "oom", 2, train={"init_from": str(base), "max_steps": 5}, faults=["rollout_oom@3:20@rank1"], **job
+    )
+    assert a["decisions"] == b["decisions"] and a["weights"] == b["weights"]
+    assert [(d["action"], d["params"]["at_once"]) for d in a["decisions"] if d["rule"] == "oom"] == [
+        ("set_generation_rows", 16)
+    ]
+    assert [d["rule"] for d in read_decisions(tmp_path / "oom")].count("oom") == 1
+    assert a["summary"]["status"] == "completed" and all(len(s["rows"]) == 32 for s in a["steps"] + b["steps"])

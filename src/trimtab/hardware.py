@@ -423,3 +423,9 @@ def _keep_max(key: str, entry: dict[str, Any], ceiling: float | None = None) -> 
     peaks[key] = entry
     write_cache(cpu_peak_path(), peaks)
     return entry
+
+
+def is_oom(exc: BaseException) -> bool:
+    """CUDA/MPS OutOfMemoryError, or an allocator failure reported as a RuntimeError (CPU)."""
+    text = str(exc).lower()
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text

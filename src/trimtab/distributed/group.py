@@ -89,12 +89,6 @@ def broadcast_object(obj: Any) -> Any:
     return box[0]
 
 
-def is_oom(exc: BaseException) -> bool:
-    """CUDA/MPS OutOfMemoryError, or an allocator failure reported as a RuntimeError (CPU)."""
-    text = str(exc).lower()
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
-
-
 class PeerOutOfMemory(torch.OutOfMemoryError):
     """Another rank ran out of memory: this rank shrinks its micro-batch with it."""
 

@@ -50,11 +50,11 @@ from trimtab.distributed.group import (
     attempt_value,
     broadcast_object,
     cpu_group,
-    is_oom,
     set_cpu_group,
 )
 from trimtab.distributed.mesh import Mesh
 from trimtab.errors import ConfigError
+from trimtab.hardware import is_oom
 
 if TYPE_CHECKING:
     from trimtab.distributed.ft import ReplicaGroups

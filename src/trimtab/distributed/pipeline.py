@@ -32,9 +32,9 @@ from torch import nn
 
 from trimtab.config.distributed import DistributedConfig
 from trimtab.data import IGNORE_INDEX
-from trimtab.distributed.group import is_oom
 from trimtab.distributed.mesh import Mesh
 from trimtab.errors import ConfigError
+from trimtab.hardware import is_oom
 
 KEPT_SCHEDULES = 8  # schedules (with their buffers) kept per shape
 LossSum = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # hidden [B, T, D], targets [B, T] -> summed loss

@@ -26,6 +26,7 @@ from trimtab.config.rl import RLConfig
 from trimtab.data.packing import IGNORE_INDEX, MicroBatch, StepBatch
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import DataError
+from trimtab.hardware import is_oom
 from trimtab.rl import replay
 from trimtab.rl.engine import RolloutQueue
 from trimtab.rl.loss import PolicyTerms, advantages, normaliser, token_weights
@@ -215,6 +216,7 @@ class RolloutLoader(Ordered):
         self._held_out_pool: VerifierPool | None = None  # rl.held_out_reward's, when it differs
         self._window: list[RolloutBatch] = []  # the steps since metrics() was read
         self._scored = [0, 0, 0]  # this step's verifications so far: scored, failed, timed out
+        self._failed: Exception | None = None  # this rank's generation error, until every rank hears it (_sum)
         # seconds a verification may run (rule rl_verifier raises it): each scoring reads it
         self.verifier_timeout_s = cfg.verifier_timeout_s
         self.dynamic_sampling = cfg.dynamic_sampling  # rule rl_signal may turn it on
@@ -244,6 +246,19 @@ class RolloutLoader(Ordered):
         return lambda: self._produce(policy, dynamic, buffer, self.side_sum)
 
     def _produce(self, policy: Policy, dynamic_sampling: bool, overlong_buffer: int, all_sum: Sum) -> RolloutBatch:
+        """_draw; one that raised (out of memory: the orchestrator halves the passes and the trainer
+        asks again) gives its prompts and sampling seeds back, so the retry draws the same ones
+        (they were left out of the epoch before; asynchronously, the batch queued behind it takes
+        them, and the failed one draws the next)."""
+        mark = self.order.state_dict(), self.draws
+        try:
+            return self._draw(policy, dynamic_sampling, overlong_buffer, all_sum)
+        except BaseException:
+            self.order.load_state_dict(mark[0], "rl")
+            self.draws = mark[1]
+            raise
+
+    def _draw(self, policy: Policy, dynamic_sampling: bool, overlong_buffer: int, all_sum: Sum) -> RolloutBatch:
         """prompts_per_step prompts, group_size responses to each, scored. With
         rl.dynamic_sampling (DAPO), groups whose rewards are all equal (no advantage, no
         gradient) are dropped and more prompts drawn in their place, up to rl.resample_rounds
@@ -254,7 +269,7 @@ class RolloutLoader(Ordered):
         if dynamic_sampling:  # every rank's groups with a signal counted: all ranks draw alike
             groups = [g for g in drawn if not flat(g[2])]
             for _ in range(cfg.resample_rounds):
-                kept = int(all_sum([len(groups)])[0])
+                kept = int(self._sum(all_sum, [len(groups)])[0])
                 if kept >= P:
                     break
                 more = self._groups(P - kept, policy, overlong_buffer)
@@ -287,8 +302,29 @@ class RolloutLoader(Ordered):
             "truncated": sum(r.truncated for r in rollouts),
             "tokens": sum(len(r.tokens) for r in rollouts),
         }
-        sums = dict(zip(SUMS, all_sum([local[k] for k in SUMS])))
+        sums = dict(zip(SUMS, self._sum(all_sum, [local[k] for k in SUMS])))
         return RolloutBatch([], 0, n_tokens, rows, None, rollouts, adv, rewards, sums)
+
+    def _sum(self, all_sum: Sum, values: list[float]) -> list[float]:
+        """all_sum(values), told whether any rank's generation (or scoring) failed since the last
+        sum: then every rank raises here together, the failing one its own error, the others an
+        out-of-memory error where it was one (so all generate in smaller passes, the
+        orchestrator's decision the same on every rank and journaled once), else a RuntimeError.
+        One rank raising alone left the others waiting in this sum: an out-of-memory error on
+        one rank was handled by it alone, unjournaled, its generation passes no longer its
+        peers'; any other error would hang the job."""
+        failed, self._failed = self._failed, None
+        oom = failed is not None and is_oom(failed)
+        *summed, ooms, errors = all_sum([*values, int(oom), int(failed is not None and not oom)])
+        if failed is not None:
+            raise failed
+        if errors:
+            raise RuntimeError("another rank failed generating or scoring its rollouts: its log names the error")
+        if ooms:
+            raise torch.OutOfMemoryError(
+                "out of memory generating rollouts on another rank: every rank generates in smaller passes"
+            )
+        return summed
 
     def _groups(self, n: int, policy: Policy, buffer: int) -> list[tuple[int, list[Rollout], list[float]]]:
         """`n` prompts drawn (every rank draws the same), this rank's share of them (every
@@ -299,10 +335,16 @@ class RolloutLoader(Ordered):
         # each draw's sampling seed, a rank's own: a resumed run draws alike
         seed = self.seed * 1_000_003 + self.draws + (self.rank << 32)
         self.draws += 1
-        if not chosen:
+        if not chosen or self._failed is not None:
             return []
-        rollouts = self._generate(policy, [p for p in prompts for _ in range(G)], seed)
-        rewards, events = self._score(rollouts, [self.problems[i].answer for i in chosen for _ in range(G)])
+        try:
+            rollouts = self._generate(policy, [p for p in prompts for _ in range(G)], seed)
+            rewards, events = self._score(rollouts, [self.problems[i].answer for i in chosen for _ in range(G)])
+        except Exception as exc:  # under torchrun, raised on every rank at the step's next sum (_sum)
+            if self.world == 1:
+                raise
+            self._failed = exc
+            return []
         budget = self.cfg.max_new_tokens
         rewards = [r + overlong_penalty(len(ro.tokens), budget, buffer) for r, ro in zip(rewards, rollouts)]
         timeouts = sum(e["kind"] == "timeout" for e in events)

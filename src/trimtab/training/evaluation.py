@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from trimtab.data import MicroBatch
-from trimtab.distributed.group import is_oom
+from trimtab.hardware import is_oom
 
 if TYPE_CHECKING:
     from trimtab.training.trainer import Trainer

@@ -19,7 +19,8 @@ import torch
 
 from trimtab.data import MicroBatch, StepBatch
 from trimtab.distributed.ft import ReplicaGroups, check_groups
-from trimtab.distributed.group import gather_objects, is_oom, side_sum
+from trimtab.distributed.group import gather_objects, side_sum
+from trimtab.hardware import is_oom
 from trimtab.rl.batches import PolicyMicroBatch, RolloutBatch, RolloutLoader
 from trimtab.rl.preference import PairBatch, PairLoader, PairMicroBatch
 from trimtab.rl.replay import replaying

@@ -253,10 +253,12 @@ class RunView:
 
     @property
     def rl_generation_rows(self) -> int:
-        """Rows RL generates at a time now: a decision's, else a whole step's."""
+        """Rows RL generates at a time now: a decision's, else a whole step's (under data
+        parallelism, this rank's share of its prompts: the first halving halves what it holds)."""
         loader = self._t.loader
         rl = self._t.cfg.rl
-        return getattr(loader, "generation_rows", 0) or rl.prompts_per_step * rl.group_size
+        share = -(-rl.prompts_per_step // getattr(loader, "world", 1))
+        return getattr(loader, "generation_rows", 0) or share * rl.group_size
 
     @property
     def rl_entropy_coef(self) -> float:
