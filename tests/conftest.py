@@ -50,6 +50,7 @@ def pytest_addoption(parser):
     parser.addoption("--store-durations", action="store_true", help="write the tests' times to tests/durations.json")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own (--dist loadgroup reads the xdist_group marks there)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         # a test that mostly waits (keep-alive beats, a frozen rank's timeout) runs beside the
