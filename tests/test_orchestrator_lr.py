@@ -49,3 +49,20 @@ def test_a_cut_lr_still_too_high_is_cut_again_from_the_start_when_the_gradient_d
     kept = [m for m in train_lines(run) if not m.get("abandoned")]
     assert kept[-1]["lr_scale"] == pytest.approx(0.01)  # both cuts hold: the preset's LR
     assert summary["exit_code"] == 0
+
+
+def test_a_finetuning_lr_far_too_high_is_cut_back_at_the_phase_start_and_the_replay_judged_afresh(tmp_path):
+    """Pretraining, then a finetuning phase at ~30x the preset's LR (no warm-up): above_start
+    rolls back to the checkpoint where pretraining ended, LR x0.1, twice. That checkpoint holds
+    the orchestrator's pretraining windows; the finetuning steps replayed after it start them
+    afresh as the first pass did. (They were judged against pretraining's trend: every replayed
+    step a "spike", updates withheld, an LR cut and a rollback spent on nothing.)"""
+    run = tmp_path / "r"
+    finetune = {"steps": 16, "data": {"source": "builtin", "seq_len": 64}, "optim": {"lr": 0.1, "warmup_steps": 0}}
+    summary = trimtab.train(debug_cfg(run, steps=24, finetune=finetune))
+    decisions = read_decisions(run, abandoned=True)
+    assert [(d["rule"], d["action"], d["params"].get("lr_factor")) for d in decisions] == [
+        ("above_start", "rollback", 0.1)
+    ] * 2, decisions
+    assert all("rolled back from step 28 to step 24" in d["applied"][0] for d in decisions)
+    assert summary["exit_code"] == 0 and summary["step"] == 40

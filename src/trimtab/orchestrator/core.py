@@ -227,13 +227,17 @@ class Orchestrator(Hook):
         return ladder.rung == 0 and (ladder.last_step < 0 or run.step - ladder.last_step > 5)
 
     def on_rollback(self, run: RunView, saved_state: dict[str, Any]) -> None:
-        """Monitors go back with the weights; decisions, ladder and knobs stay (they are the fix)."""
+        """Monitors go back with the weights, and so does the phase they were watching (a
+        rollback to the last checkpoint of pretraining restores its windows: the finetuning
+        phase replayed after it must start them afresh again, not be judged against them);
+        decisions, ladder and knobs stay (they are the fix)."""
         self.pending, self.reruns = [], {}
         self.policy.shift(self.last_step - run.step)
         if self.make_up is not None:
             self.make_up.rolled_back(run.step)
         if saved_state:
             self._load_monitors(saved_state)
+            self.phase = saved_state.get("phase", self.phase)
 
     # ------------------------------------------------------------------ reading and deciding
 
