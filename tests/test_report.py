@@ -17,7 +17,7 @@ from trimtab.cli import main
 from trimtab.errors import TrimtabError
 from trimtab.report import NotARunError, figures, write_report
 from trimtab.report.run import read_run
-from trimtab.report.runs import RunsError, list_runs
+from trimtab.report.runs import RunsError, format_table, list_runs
 from trimtab.rundir import run_lock
 from trimtab.training.hooks import ReportWriter
 
@@ -210,6 +210,18 @@ def test_runs_lists_the_runs_under_a_directory(root, dense, hybrid, rolled, caps
     assert table[0].split()[-1] == "ETTR" and table[1].endswith("%")
     with pytest.raises(RunsError, match="unknown column 'loss'.*val_loss"):
         list_runs(root, "loss")
+
+
+def test_runs_show_an_rl_or_dpo_runs_held_out_figure(tmp_path):
+    """RL and DPO runs have no validation loss: their last held-out pass@1 / accuracy (from
+    summary.json) is the column to compare them by."""
+    for name, key, value in (("rl", "rl/held_out_pass@1", 0.25), ("dpo", "dpo/held_out_accuracy", 0.75)):
+        run = _fake_run(tmp_path / name, 1e-4)
+        summary = json.loads((run / "summary.json").read_text())
+        (run / "summary.json").write_text(json.dumps(summary | {key: value}))
+    rows = list_runs(tmp_path, "held_out", reverse=True)
+    assert [(r["run"], r["held_out"], r["val_loss"]) for r in rows] == [("dpo", 0.75, None), ("rl", 0.25, None)]
+    assert "held-out" in format_table(rows).splitlines()[0] and "0.750" in format_table(rows)
 
 
 def test_runs_tells_running_from_crashed(dense, tmp_path):

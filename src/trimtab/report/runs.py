@@ -20,8 +20,22 @@ from trimtab.errors import TrimtabError
 from trimtab.report.run import is_run_dir, read_run, val_loss
 from trimtab.rundir import CONFIG, METRICS_FILE, healed
 
-COLUMNS = ["run", "preset", "status", "steps", "tokens", "val_loss", "decisions", "healed", "wall_s", "ettr"]
-HEADINGS = {"val_loss": "val loss", "healed": "faults healed", "wall_s": "wall", "ettr": "ETTR"}
+COLUMNS = [
+    "run",
+    "preset",
+    "status",
+    "steps",
+    "tokens",
+    "val_loss",
+    "held_out",
+    "decisions",
+    "healed",
+    "wall_s",
+    "ettr",
+]
+HEADINGS = {"val_loss": "val loss", "held_out": "held-out", "healed": "faults healed", "wall_s": "wall", "ettr": "ETTR"}
+# An RL or DPO run's last held-out figure (higher is better): it has no validation loss
+HELD_OUT = ("rl/held_out_pass@1", "dpo/held_out_accuracy")
 
 
 class RunsError(TrimtabError):
@@ -84,6 +98,7 @@ def run_row(path: Path, root: Path) -> dict[str, Any]:
         "steps": s.get("step", last.get("step")),
         "tokens": s.get("tokens", last.get("tokens")),
         "val_loss": val_loss(run),
+        "held_out": next((s[k] for k in HELD_OUT if isinstance(s.get(k), (int, float))), None),
         "decisions": len(kept),
         "healed": healed(kept),
         "wall_s": round(s["seconds"], 1) if isinstance(s.get("seconds"), (int, float)) else None,
@@ -110,7 +125,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     """Aligned columns, numbers on the right."""
     cells = [[HEADINGS.get(c, c) for c in COLUMNS]] + [[_cell(c, r[c]) for c in COLUMNS] for r in rows]
     widths = [max(len(row[j]) for row in cells) for j in range(len(COLUMNS))]
-    numeric = {"steps", "tokens", "val_loss", "decisions", "healed", "wall_s", "ettr"}
+    numeric = {"steps", "tokens", "val_loss", "held_out", "decisions", "healed", "wall_s", "ettr"}
     lines = [
         "  ".join(v.rjust(w) if COLUMNS[j] in numeric else v.ljust(w) for j, (v, w) in enumerate(zip(row, widths)))
         for row in cells
@@ -123,6 +138,8 @@ def _cell(column: str, value: Any) -> str:
         return "-"
     if column == "val_loss":
         return f"{value:.4f}"
+    if column == "held_out":
+        return f"{value:.3f}"
     if column == "tokens":
         return f"{value:,}"
     if column == "wall_s":
