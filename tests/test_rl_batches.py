@@ -215,3 +215,4 @@ def test_a_step_whose_generation_ran_out_of_memory_draws_the_same_prompts_again(
         failing.close()
         clean.close()
     assert again.rows == first.rows and again.rewards == first.rewards and calls[0] == calls[1]
+    assert again.sums == first.sums  # the figures too: the failed draw counted nothing

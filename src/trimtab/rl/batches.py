@@ -250,12 +250,12 @@ class RolloutLoader(Ordered):
         asks again) gives its prompts and sampling seeds back, so the retry draws the same ones
         (they were left out of the epoch before; asynchronously, the batch queued behind it takes
         them, and the failed one draws the next)."""
-        mark = self.order.state_dict(), self.draws
+        mark = self.order.state_dict(), self.draws, list(self._scored)
         try:
             return self._draw(policy, dynamic_sampling, overlong_buffer, all_sum)
         except BaseException:
             self.order.load_state_dict(mark[0], "rl")
-            self.draws = mark[1]
+            self.draws, self._scored = mark[1], mark[2]  # the retry counts its own verifications
             raise
 
     def _draw(self, policy: Policy, dynamic_sampling: bool, overlong_buffer: int, all_sum: Sum) -> RolloutBatch:
