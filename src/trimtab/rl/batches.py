@@ -215,7 +215,9 @@ class RolloutLoader(Ordered):
         self._pool: VerifierPool | None = None
         self._held_out_pool: VerifierPool | None = None  # rl.held_out_reward's, when it differs
         self._window: list[RolloutBatch] = []  # the steps since metrics() was read
-        self._scored = [0, 0, 0]  # this step's verifications so far: scored, failed, timed out
+        # this step's verifications so far: scored, failed, timed out, and the groups' mean verifier
+        # scores summed and squared (rule rl_reward's: the overlong penalty is not the verifier's)
+        self._scored = [0, 0, 0, 0.0, 0.0]
         self._failed: Exception | None = None  # this rank's generation error, until every rank hears it (_sum)
         # seconds a verification may run (rule rl_verifier raises it): each scoring reads it
         self.verifier_timeout_s = cfg.verifier_timeout_s
@@ -281,19 +283,15 @@ class RolloutLoader(Ordered):
         adv = advantages(torch.tensor(rewards).view(-1, G), cfg.baseline).view(-1).tolist()
         rows = [problem for problem, _, _ in groups for _ in range(G)]
         n_tokens = sum(len(r.prompt) + len(r.tokens) - 1 for r in rollouts)
-        (verified, failures, timeouts), self._scored = self._scored, [0, 0, 0]
-        # each group's mean score by the verifier alone (the overlong penalty taken back out): rl_reward's
-        budget = cfg.max_new_tokens
-        penalty = [overlong_penalty(len(r.tokens), budget, overlong_buffer) for g in drawn for r in g[1]]
-        scores = [sum(g[2]) / G - sum(penalty[k * G : (k + 1) * G]) / G for k, g in enumerate(drawn)]
+        (verified, failures, timeouts, score, score_sq), self._scored = self._scored, [0, 0, 0, 0.0, 0.0]
         local = {
             "groups": len(drawn),
             "flat": sum(flat(g[2]) for g in drawn),
             "solved": solved([g[2] for g in drawn], self.cfg.full_reward),
             "verified": verified,
             "reward": sum(x for g in drawn for x in g[2]),
-            "score": sum(scores),
-            "score_sq": sum(x * x for x in scores),
+            "score": score,
+            "score_sq": score_sq,
             "temperature": sum(r.temperature for g in drawn for r in g[1]),
             "failures": failures,
             "timeouts": timeouts,
@@ -345,10 +343,12 @@ class RolloutLoader(Ordered):
                 raise
             self._failed = exc
             return []
+        scores = [sum(rewards[k * G : (k + 1) * G]) / G for k in range(len(chosen))]  # the verifier's, a group
         budget = self.cfg.max_new_tokens
         rewards = [r + overlong_penalty(len(ro.tokens), budget, buffer) for r, ro in zip(rewards, rollouts)]
         timeouts = sum(e["kind"] == "timeout" for e in events)
-        self._scored = [a + b for a, b in zip(self._scored, (len(rollouts), len(events), timeouts))]
+        counts = (len(rollouts), len(events), timeouts, sum(scores), sum(x * x for x in scores))
+        self._scored = [a + b for a, b in zip(self._scored, counts)]
         return [(i, rollouts[k * G : (k + 1) * G], rewards[k * G : (k + 1) * G]) for k, i in enumerate(chosen)]
 
     def _generate(self, policy: Policy, rows: list[list[int]], seed: int | None) -> list[Rollout]:
