@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import trimtab_cli
 from trimtab.checkpoint import latest_valid, list_checkpoints
 from trimtab.rundir import read_decisions
 
@@ -47,11 +48,12 @@ def small_fs(tmp_path):
 
 
 def train(out: Path, steps: int, *sets: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "trimtab", "train", "--preset", "debug", "--out", str(out), "--max-steps", str(steps)]
+    """`trimtab train` to its end, forked by the tests' fork server (tests/forkserver.py: the same
+    trimtab.cli.main in a fresh process, without the 3-4 s of imports)."""
+    args = ["train", "--preset", "debug", "--out", str(out), "--max-steps", str(steps)]
     for s in ("checkpoint.every=10", "train.eval_every=0", "log.progress=false", "log.tensorboard=false", *sets):
-        cmd += ["--set", s]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        args += ["--set", s]
+    return trimtab_cli(args, out.parent, {**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def leftovers(run: Path) -> list[str]:
