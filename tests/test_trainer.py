@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 import trimtab
 from helpers import StopAt
 from trimtab.checkpoint import list_checkpoints
-from trimtab.config import load_config, merge
-from trimtab.errors import CheckpointError, DataError
+from trimtab.config import load_config, merge, read_saved
+from trimtab.errors import CheckpointError, ConfigError, DataError
 from trimtab.training import setup as setup_py
 from trimtab.training.setup import setup
 from trimtab.training.trainer import Trainer
@@ -151,6 +151,38 @@ def test_corrupt_newest_checkpoint_falls_back(tmp_path, caplog):
         summary = trimtab.train(debug_cfg(tmp_path / "r", steps=16))
     assert "skipping corrupt checkpoint" in caplog.text
     assert summary["steps_this_session"] == 8 and summary["step"] == 16
+
+
+def test_a_damaged_config_yaml_is_checked_against_the_checkpoint_and_written_again(tmp_path, caplog):
+    """A run's config.yaml cut short (a disk fault): export names it and the fix; a resume with
+    another model is refused from the checkpoint's weights before config.yaml is written again
+    (it wrote the wrong model there once, which then refused the right one); the run's own
+    settings resume and config.yaml records them again."""
+    run = tmp_path / "r"
+    trimtab.train(debug_cfg(run, steps=8))
+    (run / "config.yaml").write_text("model: [\n")
+    with pytest.raises(ConfigError, match=r"config.yaml:2: invalid YAML .*restore it, or remove it"):
+        trimtab.load_run(run)
+    with pytest.raises(CheckpointError, match="weights do not fit this model"):
+        trimtab.train(debug_cfg(run, steps=12, sets=["model.d_model=128"]))
+    assert (run / "config.yaml").read_text() == "model: [\n"
+    with caplog.at_level(logging.WARNING):
+        summary = trimtab.train(debug_cfg(run, steps=12))
+    assert "the model is checked against the checkpoint instead" in caplog.text
+    assert summary["status"] == "completed" and summary["steps_this_session"] == 4
+    assert read_saved(run).model.d_model == 96
+
+
+def test_a_damaged_run_tokenizer_is_refused_with_the_way_back(tmp_path):
+    run = tmp_path / "r"
+    trimtab.train(debug_cfg(run, steps=8))
+    good = (run / "tokenizer.json").read_bytes()
+    (run / "tokenizer.json").write_text("{garbage")
+    with pytest.raises(DataError, match=r"run's tokenizer .* remove it and run the same command again"):
+        trimtab.train(debug_cfg(run, steps=12))
+    (run / "tokenizer.json").unlink()  # the fix the error gives: the BPE is trained again, the same
+    assert trimtab.train(debug_cfg(run, steps=12))["steps_this_session"] == 4
+    assert (run / "tokenizer.json").read_bytes() == good
 
 
 def test_loss_is_token_normalised_across_micro_batches(tmp_path):

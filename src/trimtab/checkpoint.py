@@ -335,15 +335,29 @@ def is_sharded(path: Path) -> bool:
 
 def weight_names(path: Path) -> list[str]:
     """The names of a checkpoint's weights, from the safetensors header or the DCP metadata."""
+    return list(weight_shapes(path))
+
+
+def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """A checkpoint's weights' names and shapes, read from the safetensors header or the DCP
+    metadata (no tensor data)."""
     if is_sharded(path):
         import torch.distributed.checkpoint as dcp
 
         meta = dcp.FileSystemReader(str(Path(path) / SHARDED)).read_metadata().state_dict_metadata
-        return [key.removeprefix("model.") for key in meta if key.startswith("model.")]
+        return {key.removeprefix("model."): tuple(m.size) for key, m in meta.items() if key.startswith("model.")}
     from safetensors import safe_open
 
     with safe_open(str(Path(path) / "model.safetensors"), "pt") as f:
-        return list(f.keys())
+        return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+
+
+def check_fits(model: torch.nn.Module, path: Path, state: dict[str, Any]) -> None:
+    """Refuse a checkpoint whose weights would not load into `model` (load_model's checks, from
+    the checkpoint's header alone), before anything is written: a resume that cannot compare
+    the run's config.yaml with its own (damaged) compares with the checkpoint."""
+    apply_structure(model, state, path)
+    _check_weights(model, {k: torch.empty(shape, device="meta") for k, shape in weight_shapes(path).items()}, path)
 
 
 def read_sharded_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -368,6 +382,12 @@ def read_sharded_weights(path: Path) -> dict[str, torch.Tensor]:
 def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: Path) -> None:
     """Load weights saved by save_checkpoint (tied tensors were stored once; an older checkpoint's
     attention projection regrouped, model/upgrade.py)."""
+    weights = _check_weights(model, weights, source)
+    model.load_state_dict(weights, strict=False)
+
+
+def _check_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: Path) -> dict[str, torch.Tensor]:
+    """`weights` in the model's layout (upgraded), refused with CheckpointError if they do not fit it."""
     if hasattr(model, "cfg"):  # a trimtab Transformer
         weights = upgrade_weights(weights, model.cfg)
     expected = model.state_dict()
@@ -380,7 +400,7 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], sourc
             f"{unexpected[:3]}, shape mismatch {mismatched[:3]}); the model config differs from the "
             "one that trained it: use the same model settings or a new --out"
         )
-    model.load_state_dict(weights, strict=False)
+    return weights
 
 
 def _is_tied(model: torch.nn.Module, key: str, weights: dict[str, torch.Tensor]) -> bool:

@@ -11,6 +11,15 @@ class ConfigError(TrimtabError):
     """A config key, value or file is wrong; the message names the key and the fix."""
 
 
+class SavedConfigError(ConfigError):
+    """A run directory's own config.yaml is missing or unreadable; `problem` says what is wrong
+    with it (the message adds the fix)."""
+
+    def __init__(self, message: str, problem: str = ""):
+        super().__init__(message)
+        self.problem = problem or message
+
+
 class DataError(TrimtabError):
     """A data source is missing, empty or malformed; the message names the file/line and the fix."""
 

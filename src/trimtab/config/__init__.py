@@ -37,7 +37,7 @@ from trimtab.config.plan import PlanConfig
 from trimtab.config.resilience import ResilienceConfig
 from trimtab.config.rl import RLConfig
 from trimtab.config.sparse import LAYER_KINDS, MoDConfig, MoEConfig
-from trimtab.errors import ConfigError
+from trimtab.errors import ConfigError, SavedConfigError
 
 log = logging.getLogger(__name__)
 PRESET_DIR = Path(__file__).parent.parent / "presets"
@@ -587,9 +587,19 @@ def _parent(data: dict[str, Any], path: tuple[str, ...]) -> Any:
 
 
 def read_saved(run_dir: str | Path) -> RunConfig:
-    """The resolved config a run directory was trained with (config.yaml), older key names upgraded."""
+    """The resolved config a run directory was trained with (config.yaml), older key names
+    upgraded. SavedConfigError where it is missing or damaged (a disk fault, a hand edit)."""
     path = Path(run_dir) / "config.yaml"
-    return resolve(yaml.safe_load(path.read_text()) or {})
+    if not path.is_file():
+        raise SavedConfigError(f"'{run_dir}' holds no config.yaml: not a trimtab run directory; pass a run's --out")
+    try:
+        return resolve(read_yaml(path))
+    except ConfigError as exc:
+        raise SavedConfigError(
+            f"{exc}. It is the config run directory '{run_dir}' was trained with: restore it, or remove it and "
+            "run `trimtab train` with this run's settings, which writes it again and resumes from the checkpoints",
+            problem=str(exc),
+        ) from None
 
 
 def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:

@@ -91,9 +91,11 @@ class TextTokenizer:
             write_json(path.with_name(HF_CONFIG), self.hf)
 
     @classmethod
-    def load(cls, path: Path, key: str = "tokenizer file") -> TextTokenizer:
+    def load(
+        cls, path: Path, key: str = "tokenizer file", fix: str = "save it with tokenizers' Tokenizer.save"
+    ) -> TextTokenizer:
         """Load a tokenizer.json (a Hugging Face one when a tokenizer_config.json sits beside it);
-        `key` names it in errors (e.g. "data.tokenizer")."""
+        `key` names it in errors (e.g. "data.tokenizer"), `fix` ends the error of an unreadable one."""
         path = Path(path)
         if not path.is_file():
             raise DataError(f"{key} '{path}' does not exist; check the path")
@@ -101,9 +103,7 @@ class TextTokenizer:
             tok = Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception for unreadable files
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise DataError(
-                f"{key} '{path}' is not a tokenizers JSON file ({reason}); save it with tokenizers' Tokenizer.save"
-            ) from None
+            raise DataError(f"{key} '{path}' is not a tokenizers JSON file ({reason}); {fix}") from None
         if (path.parent / HF_CONFIG).is_file():
             return cls(tok, _hf_settings(tok, path.parent / HF_CONFIG, key))
         if tok.token_to_id(EOS) is None:

@@ -22,14 +22,14 @@ import torch
 import yaml
 
 from trimtab import hf
-from trimtab.checkpoint import is_sharded, latest_valid, load_model, local_run
+from trimtab.checkpoint import check_fits, is_sharded, latest_valid, load_model, local_run
 from trimtab.config import DataConfig, OptimConfig, RunConfig, derive, read_saved, resolve
 from trimtab.data import BatchLoader, MicroBatch, Rows, TextTokenizer, eval_batches, get_tokenizer
 from trimtab.data.dataset import PhaseData, build_phase_data, first_prepared, open_eval_source, open_sources
 from trimtab.data.packing import ConcatRows
 from trimtab.data.prepared import ShardedRows
 from trimtab.distributed import Parallel
-from trimtab.errors import CheckpointError, ConfigError
+from trimtab.errors import CheckpointError, ConfigError, SavedConfigError
 from trimtab.hardware import Precision, choose_precision, peak_flops, pick_device
 from trimtab.hf.architectures import to_model_config
 from trimtab.hf.importer import SOURCE, import_weights, source_record
@@ -90,7 +90,7 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
     specs = [("pretrain", cfg.data, cfg.optim, "data")]
     if cfg.finetune.steps:
         specs.append(("finetune", cfg.finetune.data, cfg.finetune.optim, "finetune.data"))
-    tok = TextTokenizer.load(tok_source) if tok_source is not None else None
+    tok = run_tokenizer(cfg, tok_source) if tok_source is not None else None
     if tok is None and cfg.data.tokenizer:
         tok = TextTokenizer.load(Path(cfg.data.tokenizer), key="data.tokenizer")
     if tok is None and (prepared := first_prepared([data for _, data, _, _ in specs])) is not None:
@@ -127,7 +127,7 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
 
 def _rl_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer, list[RLPhase | DPOPhase]]:
     """An RL or DPO run's one phase, with the tokenizer of the model it trains."""
-    tok = TextTokenizer.load(tok_source) if tok_source is not None else None
+    tok = run_tokenizer(cfg, tok_source) if tok_source is not None else None
     if tok is None and cfg.data.tokenizer:
         tok = TextTokenizer.load(Path(cfg.data.tokenizer), key="data.tokenizer")
     if tok is None:
@@ -176,6 +176,18 @@ def resolve_max_steps(cfg: RunConfig, train_tokens: int, tok: TextTokenizer) -> 
     return steps
 
 
+def run_tokenizer(cfg: RunConfig, path: Path) -> TextTokenizer:
+    """The tokenizer.json of this run (resumed) or of the run train.init_from names; a damaged one
+    is refused with the way back."""
+    if path.parent == cfg.run_dir:  # a BPE trimtab trained comes out the same from the same data
+        fix = (
+            "it is the tokenizer this run trained with: restore it, or remove it and run the same command "
+            "again, which makes it as the run first did (the resume checks that the data's rows still match)"
+        )
+        return TextTokenizer.load(path, key="the run's tokenizer", fix=fix)
+    return TextTokenizer.load(path, key="train.init_from's tokenizer", fix="restore it (that run's tokenizer.json)")
+
+
 def tokenizer_source(cfg: RunConfig) -> Path | None:
     """A resumed run keeps its tokenizer; a finetune from another run takes that run's."""
     if cfg.data.tokenizer:
@@ -201,11 +213,17 @@ def complete(cfg: RunConfig, tok: TextTokenizer, phases: list[Phase]) -> RunConf
     return derive(cfg, changes)
 
 
-def check_resume_compatible(cfg: RunConfig) -> None:
-    """A run dir with checkpoints only resumes with the same model shape."""
+def check_resume_compatible(cfg: RunConfig) -> bool:
+    """A run dir with checkpoints only resumes with the same model shape. False where its
+    config.yaml is damaged (a disk fault, a hand edit): the caller checks the model against the
+    checkpoint itself (checkpoint.check_fits) before config.yaml is written again."""
     if not (cfg.run_dir / "config.yaml").is_file():
-        return
-    saved = read_saved(cfg.run_dir).to_dict()["model"]
+        return True
+    try:
+        saved = read_saved(cfg.run_dir).to_dict()["model"]
+    except SavedConfigError as exc:
+        log.warning("%s; the model is checked against the checkpoint instead", exc.problem)
+        return False
     ours = cfg.to_dict()["model"]
     diff = sorted(k for k in ours if saved.get(k) != ours[k])
     if diff:
@@ -213,6 +231,7 @@ def check_resume_compatible(cfg: RunConfig) -> None:
             f"{cfg.run_dir} holds a run with a different model (model.{diff[0]}: "
             f"{saved.get(diff[0])!r} there, {ours[diff[0]]!r} now); use a new --out or the same model settings"
         )
+    return True
 
 
 def adopt_hf_model(cfg: RunConfig) -> RunConfig:
@@ -325,9 +344,10 @@ def setup(cfg: RunConfig) -> BuiltRun:
     cfg = dist.main_first(local_sources, cfg)  # data paths in object storage: their cached copies
     tok, phases = dist.main_first(build_phases, cfg, tokenizer_source(cfg))
     cfg = complete(cfg, tok, phases)
-    if resume:
-        check_resume_compatible(cfg)  # after complete: derived values compare too
+    compared = check_resume_compatible(cfg) if resume else True  # after complete: derived values compare too
     model = build_model(cfg.model).to(dist.device)
+    if not compared:
+        check_fits(model, *resume)
     if cfg.train.activation_checkpointing:
         model.set_activation_checkpointing(True)
     saved = resume[1].get("precision") if resume else None
