@@ -234,6 +234,21 @@ def test_runs_tells_running_from_crashed(dense, tmp_path):
     assert [r["status"] for r in list_runs(tmp_path)] == ["failed"]
 
 
+def test_runs_and_report_list_a_run_whose_files_a_disk_fault_damaged(tmp_path):
+    """One run's config.yaml and summary.json garbled: the table still lists it and the others
+    (it stopped the whole listing with a traceback), the report still draws it."""
+    _fake_run(tmp_path / "good", 1e-3)
+    bad = _fake_run(tmp_path / "bad", 2e-3)
+    (bad / "config.yaml").write_text("optim: [\n")
+    (bad / "summary.json").write_text('{"status": "compl')
+    rows = {r["run"]: r for r in list_runs(tmp_path, "run")}
+    assert rows["good"]["status"] == "completed" and rows["good"]["preset"] == "debug"
+    assert rows["bad"]["status"] == "failed" and rows["bad"]["detail"].startswith("failed: summary.json unreadable")
+    assert rows["bad"]["steps"] == 2  # from its metrics
+    write_report([bad], tmp_path / "bad.html")
+    assert (tmp_path / "bad.html").stat().st_size > 0
+
+
 def _fake_run(path: Path, lr: float) -> Path:
     """A finished run's files, written by hand: enough for the runs table."""
     (path / "checkpoints").mkdir(parents=True)

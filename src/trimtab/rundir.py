@@ -168,9 +168,10 @@ def healed(decisions: list[dict[str, Any]]) -> int:
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any] | None:
-    """RUN_DIR/summary.json, or None when there is none (a run still going, or one that crashed)."""
-    path = Path(run_dir) / SUMMARY
-    return json.loads(path.read_text()) if path.is_file() else None
+    """RUN_DIR/summary.json, or None when there is none (a run still going, or one that crashed)
+    or it is damaged (not a JSON object: a disk fault; the next session writes it whole again)."""
+    found = read_json(Path(run_dir) / SUMMARY)
+    return found if isinstance(found, dict) else None
 
 
 def write_summary(run_dir: str | Path, summary: dict[str, Any]) -> None:

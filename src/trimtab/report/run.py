@@ -77,7 +77,10 @@ def read_run(path: str | Path, name: str | None = None, summary: dict[str, Any] 
     missing = [f for f in (CONFIG, METRICS_FILE) if not (path / f).is_file()]
     if missing:
         raise NotARunError(f"{path} is not a run directory: it has no {' and no '.join(missing)}")
-    config = yaml.safe_load((path / CONFIG).read_text()) or {}
+    try:
+        config = yaml.safe_load((path / CONFIG).read_text()) or {}
+    except yaml.YAMLError:  # damaged (a disk fault): listed and drawn all the same, its settings unknown
+        config = {}
     if summary is None:
         summary = read_summary(path)
     status, detail = run_status(path, summary)
@@ -104,7 +107,8 @@ def run_status(path: Path, summary: dict[str, Any] | None) -> tuple[str, str]:
         return kind, text
 
     alive, evidence = liveness(path)
-    return ("running", f"running ({evidence})") if alive else ("failed", f"failed: no summary.json ({evidence})")
+    missing = "summary.json unreadable" if (path / SUMMARY).is_file() else "no summary.json"
+    return ("running", f"running ({evidence})") if alive else ("failed", f"failed: {missing} ({evidence})")
 
 
 def finite(x: Any) -> float | None:
