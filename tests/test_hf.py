@@ -444,3 +444,20 @@ def test_documents_begin_with_an_imported_tokenizers_start_token_once(tmp_path, 
     assert first[0] == 0 and first.count(0) == 1 and first[-1] == 1  # bos added, eos closes
     assert second[0] == 0 and second.count(0) == 1  # the template wrote it: not doubled
     assert not out.mask[out.offsets[0]]  # the start token is not a target to learn
+
+
+def test_a_damaged_hf_source_record_is_named_with_its_fix(tokenizer, tmp_path):
+    """hf_source.json garbled by a disk fault: export and a resume name it and the way out (a
+    JSONDecodeError traceback before), and export goes on without it once it is removed."""
+    from trimtab.training.setup import adopt_hf_model
+
+    model = build_model(dataclasses.replace(load_config(preset="debug").model, vocab_size=tokenizer.vocab_size))
+    run = write_run(tmp_path / "r", model, tokenizer)
+    (run / "hf_source.json").write_text('{"path": "/models/qw')
+    with pytest.raises(ConfigError, match=r"hf_source.json is damaged.*remove it to export"):
+        export_run(run, tmp_path / "hf")
+    cfg = load_config(preset="debug", overrides={"out": str(run), "train": {"init_from": str(run)}})
+    with pytest.raises(ConfigError, match=r"hf_source.json is damaged.*set train.init_from to that model's directory"):
+        adopt_hf_model(cfg)
+    (run / "hf_source.json").unlink()
+    assert (export_run(run, tmp_path / "hf") / "config.json").is_file()

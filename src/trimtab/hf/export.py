@@ -39,7 +39,7 @@ from trimtab.data import TextTokenizer
 from trimtab.errors import CheckpointError, ConfigError
 from trimtab.hf.architectures import export_class, to_hf_config
 from trimtab.hf.card import model_card
-from trimtab.hf.importer import SOURCE, SafetensorsDir
+from trimtab.hf.importer import SafetensorsDir, read_source
 from trimtab.hf.tensors import Getter, to_hf
 from trimtab.model.upgrade import UpgradedReader, is_legacy
 from trimtab.snapshots import list_snapshots, snapshot_root
@@ -71,7 +71,8 @@ def export_run(
     run_dir, out = local_run(run_dir, "trimtab export's RUN_DIR"), Path(out)
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(f"'{run_dir}' is not a run directory (no config.yaml); pass the --out of a run")
-    source = json.loads((run_dir / SOURCE).read_text()) if (run_dir / SOURCE).is_file() else None
+    fix = "restore it, or remove it to export with trimtab's own mapping of the model (float32 unless --dtype)"
+    source = read_source(run_dir, fix)
     dtype = dtype or (source["dtype"] if source else "float32")
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype '{dtype}' is not one of {', '.join(DTYPES)}")

@@ -197,6 +197,23 @@ def load_tokenizer(path: str | Path) -> TextTokenizer:
     return TextTokenizer.load(path / "tokenizer.json", key=f"the tokenizer of {path}")
 
 
+def read_source(run_dir: str | Path, fix: str) -> dict[str, Any] | None:
+    """RUN_DIR/hf_source.json (source_record), None for a run not imported from Hugging Face; a
+    damaged one (a disk fault) is refused naming it and `fix`."""
+    record = Path(run_dir) / SOURCE
+    if not record.is_file():
+        return None
+    try:
+        found = json.loads(record.read_text())
+    except ValueError:
+        found = None
+    if not isinstance(found, dict) or not isinstance(found.get("config"), dict):
+        raise ConfigError(
+            f"{record} is damaged: it should record the Hugging Face model this run was initialised from; {fix}"
+        )
+    return found
+
+
 def source_record(path: str | Path, dtype: torch.dtype) -> dict[str, Any]:
     """What RUN_DIR/hf_source.json keeps of an imported model."""
     path = Path(path)

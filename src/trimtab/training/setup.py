@@ -9,7 +9,6 @@ anything is built (training/resume.py).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import shutil
@@ -32,7 +31,7 @@ from trimtab.distributed import Parallel
 from trimtab.errors import CheckpointError, ConfigError, SavedConfigError
 from trimtab.hardware import Precision, choose_precision, peak_flops, pick_device
 from trimtab.hf.architectures import to_model_config
-from trimtab.hf.importer import SOURCE, import_weights, source_record
+from trimtab.hf.importer import SOURCE, import_weights, read_source, source_record
 from trimtab.model import Transformer, build_model
 from trimtab.model.catalog import model_size
 from trimtab.paths import cache_dir
@@ -40,7 +39,7 @@ from trimtab.plan.chinchilla import FRESH_EPOCHS
 from trimtab.resilience.watchdog import Watchdog, make_watchdog
 from trimtab.rl.dpo_phase import DPOPhase, build_dpo_phase
 from trimtab.rl.phase import RLPhase, build_rl_phase
-from trimtab.rundir import CONFIG, write_atomic
+from trimtab.rundir import CONFIG, write_atomic, write_json
 from trimtab.storage import is_url
 from trimtab.training.resume import resume_point
 from trimtab.training.services.compiling import CompileChoice, choose_compile
@@ -243,7 +242,8 @@ def adopt_hf_model(cfg: RunConfig) -> RunConfig:
     if cfg.train.init_from and hf.is_hf_dir(cfg.train.init_from):
         model = hf.model_config(cfg.train.init_from)
     elif cfg.train.init_from and record.is_file():
-        model = to_model_config(json.loads(record.read_text())["config"], str(record))
+        fix = f"restore it, or set train.init_from to that model's directory ({cfg.train.init_from} now)"
+        model = to_model_config(read_source(cfg.run_dir, fix)["config"], str(record))
     else:
         return cfg
     return derive(cfg, {"model": asdict(model)})
@@ -276,7 +276,7 @@ def prepare_run_dir(cfg: RunConfig, tok: TextTokenizer, hf_source: dict | None =
     run_dir = cfg.run_dir
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     if hf_source is not None:  # what export needs to give an imported model back as it came
-        (run_dir / SOURCE).write_text(json.dumps(hf_source, indent=1))
+        write_json(run_dir / SOURCE, hf_source)
     write_atomic(run_dir / CONFIG, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     if not (run_dir / "tokenizer.json").is_file():
         tok.save(run_dir / "tokenizer.json.tmp")
