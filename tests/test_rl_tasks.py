@@ -2,6 +2,7 @@
 
 import pytest
 
+from trimtab.data.arithmetic import split_held_out
 from trimtab.errors import DataError
 from trimtab.rl.tasks import arithmetic, read_problems
 
@@ -33,3 +34,22 @@ def test_a_prompt_file_is_read_and_a_bad_line_named(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(DataError, match="no prompts"):
         read_problems(tmp_path / "empty.jsonl")
+
+
+def test_a_files_held_out_split_trains_every_other_prompt_and_keeps_a_prompts_items_together():
+    """rl.held_out / dpo.held_out of a file: the n lowest-hashing prompts' items held out (at most
+    a tenth of the file), the rest trained on in file order (it held a hash's 10% out whatever n
+    was: with n = 0 a tenth of a file was never trained on nor evaluated); a prompt with several
+    items (DPO pairs) is held out whole; a prompt's place does not depend on the other lines."""
+    items = [(f"{a}+{b}=", i) for i, (a, b) in enumerate((a, b) for a in range(20) for b in range(2))]
+    items += [("0+0=", "again"), ("0+0=", "and again")]  # the same prompt three times in all
+    prompt = lambda item: item[0]  # noqa: E731
+    assert split_held_out(items, 0, prompt) == (items, [])
+    assert len(split_held_out(items, 64, prompt)[1]) == 4  # a tenth of the 42 lines, not 64
+    train, held = split_held_out(items, 3, prompt)
+    assert len(held) == 3 and len(train) + len(held) <= len(items)
+    assert not {prompt(i) for i in train} & {prompt(i) for i in held}  # never both
+    assert train == [i for i in items if prompt(i) not in {prompt(h) for h in held}]  # file order
+    assert sum(prompt(i) == "0+0=" for i in train) in (0, 3)  # together, on one side
+    rest = items[10:]  # other lines gone: a held prompt that is left stays held
+    assert {prompt(i) for i in split_held_out(rest, 3, prompt)[1]} >= {prompt(i) for i in held if i in rest}

@@ -15,15 +15,41 @@ from __future__ import annotations
 import hashlib
 import itertools
 import random
+from collections import Counter
+from collections.abc import Callable
+from typing import TypeVar
 
+T = TypeVar("T")
 SOURCE = "builtin:arithmetic"  # [:DIGITS]
 DOCUMENTS = 50_000  # problems a supervised source renders at most (2 digits: every train one, ~18,000)
 
 
+def _rank(prompt: str) -> float:
+    """A prompt's place in [0, 1): a stable hash, not the draw's order."""
+    return int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "big") / 2**64
+
+
 def held_out(prompt: str, share: float = 0.1) -> bool:
-    """Whether a problem is in the held-out split (a stable hash, not the draw's order)."""
-    digest = hashlib.sha256(prompt.encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < share
+    """Whether a problem of the built-in task is in its held-out split."""
+    return _rank(prompt) < share
+
+
+def split_held_out(items: list[T], n: int, prompt: Callable[[T], str], share: float = 0.1) -> tuple[list[T], list[T]]:
+    """A file's items (RL prompts, DPO pairs) as (trained on, held out): the prompts that hash
+    lowest are held out until they hold n items, at most `share` of the file (a small file keeps
+    most of itself for training whatever n asks), every item of a held-out prompt with them, so no
+    held-out prompt is ever trained on; the rest, in file order, are trained on (n = 0: all).
+    Stable: a prompt's place depends on the prompt alone."""
+    n = min(n, int(len(items) * share))
+    held_prompts: set[str] = set()
+    count, total = Counter(prompt(item) for item in items), 0
+    for text in sorted(count, key=_rank):
+        if total >= n:
+            break
+        held_prompts.add(text)
+        total += count[text]
+    held = [item for item in items if prompt(item) in held_prompts]
+    return [item for item in items if prompt(item) not in held_prompts], held[:n]
 
 
 def digits_of(spec: str) -> int | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.config import DataConfig, OptimConfig, RunConfig
-from trimtab.data.arithmetic import SOURCE, digits_of, held_out, problems
+from trimtab.data.arithmetic import SOURCE, digits_of, problems, split_held_out
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import ConfigError, DataError
 from trimtab.rl.pairs import Pair, Tokens, arithmetic_pairs, read_pairs, tokenize
@@ -55,8 +55,8 @@ class DPOPhase:
 
 
 def pairs_of(cfg: RunConfig) -> tuple[list[Pair], list[Pair], list[tuple[str, str]]]:
-    """dpo.pairs split into the pairs trained on and dpo.held_out held-out ones (a hash of the
-    prompt decides, so a file's held-out prompts never reach training), and the built-in task's
+    """dpo.pairs split into the pairs trained on and dpo.held_out held-out ones (split_held_out:
+    every pair of a held-out prompt is kept from training), and the built-in task's
     held-out problems (prompt, answer)."""
     spec, seed, n_held = cfg.dpo.pairs, cfg.train.seed, cfg.dpo.held_out
     try:
@@ -71,11 +71,13 @@ def pairs_of(cfg: RunConfig) -> tuple[list[Pair], list[Pair], list[tuple[str, st
         raise ConfigError(
             f"dpo.pairs '{spec}' is no file; a JSONL of prompts, chosen and rejected responses, or {SOURCE}"
         )
-    every = read_pairs(path)
-    train = [p for p in every if not held_out(p.prompt)]
+    train, held = split_held_out(read_pairs(path), n_held, lambda p: p.prompt)
     if not train:
-        raise ConfigError(f"dpo.pairs '{spec}': every prompt fell in the held-out split; add pairs")
-    return train, [p for p in every if held_out(p.prompt)][:n_held], []
+        raise ConfigError(
+            f"dpo.pairs '{spec}': every prompt fell in the held-out split (one prompt holds nearly every "
+            "pair); add pairs with other prompts"
+        )
+    return train, held, []
 
 
 def build_dpo_phase(cfg: RunConfig, tok: TextTokenizer) -> DPOPhase:

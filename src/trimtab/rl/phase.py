@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.config import DataConfig, OptimConfig, RunConfig
-from trimtab.data.arithmetic import SOURCE, digits_of, held_out
+from trimtab.data.arithmetic import SOURCE, digits_of, split_held_out
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import ConfigError
 from trimtab.rl.batches import RolloutLoader
@@ -55,8 +55,8 @@ class RLPhase:
 
 
 def problems_of(cfg: RunConfig) -> tuple[list[Problem], list[Problem]]:
-    """rl.prompts split into the problems trained on and rl.held_out held-out ones (a hash of
-    the prompt decides, so a file's held-out problems never reach training)."""
+    """rl.prompts split into the problems trained on and rl.held_out held-out ones (a file's by
+    split_held_out: a held-out prompt never reaches training; the built-in task's by its hash split)."""
     spec, seed, n_held = cfg.rl.prompts, cfg.train.seed, cfg.rl.held_out
     try:
         digits = digits_of(spec)
@@ -67,11 +67,13 @@ def problems_of(cfg: RunConfig) -> tuple[list[Problem], list[Problem]]:
     path = Path(spec)
     if not path.is_file():
         raise ConfigError(f"rl.prompts '{spec}' is no file; a JSONL of prompts and answers, or {SOURCE}")
-    every = read_problems(path)
-    train = [p for p in every if not held_out(p.prompt)]
+    train, held = split_held_out(read_problems(path), n_held, lambda p: p.prompt)
     if not train:
-        raise ConfigError(f"rl.prompts '{spec}': every prompt fell in the held-out split; add prompts")
-    return train, [p for p in every if held_out(p.prompt)][:n_held]
+        raise ConfigError(
+            f"rl.prompts '{spec}': every prompt fell in the held-out split (one prompt holds nearly every "
+            "line); add other prompts"
+        )
+    return train, held
 
 
 def build_rl_phase(cfg: RunConfig, tok: TextTokenizer) -> RLPhase:
