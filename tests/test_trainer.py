@@ -171,6 +171,11 @@ def test_a_damaged_config_yaml_is_checked_against_the_checkpoint_and_written_aga
     assert "the model is checked against the checkpoint instead" in caplog.text
     assert summary["status"] == "completed" and summary["steps_this_session"] == 4
     assert read_saved(run).model.d_model == 96
+    (run / "config.yaml").unlink()  # removed, as the error's fix says: checked against the checkpoint too
+    with pytest.raises(CheckpointError, match="weights do not fit this model"):
+        trimtab.train(debug_cfg(run, steps=16, sets=["model.d_model=128"]))
+    assert not (run / "config.yaml").exists()
+    assert trimtab.train(debug_cfg(run, steps=16))["steps_this_session"] == 4
 
 
 def test_a_damaged_run_tokenizer_is_refused_with_the_way_back(tmp_path):

@@ -214,10 +214,10 @@ def complete(cfg: RunConfig, tok: TextTokenizer, phases: list[Phase]) -> RunConf
 
 def check_resume_compatible(cfg: RunConfig) -> bool:
     """A run dir with checkpoints only resumes with the same model shape. False where its
-    config.yaml is damaged (a disk fault, a hand edit): the caller checks the model against the
-    checkpoint itself (checkpoint.check_fits) before config.yaml is written again."""
+    config.yaml is missing or damaged (a disk fault, a hand edit): the caller checks the model
+    against the checkpoint itself (checkpoint.check_fits) before config.yaml is written again."""
     if not (cfg.run_dir / "config.yaml").is_file():
-        return True
+        return False
     try:
         saved = read_saved(cfg.run_dir).to_dict()["model"]
     except SavedConfigError as exc:
