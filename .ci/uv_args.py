@@ -12,8 +12,12 @@ import sys
 
 # pip's precedence for `pip install`: its environment variables, then [install], then [global]
 SECTIONS = (":env:", "install", "global")
-MULTI = {"extra-index-url": "--extra-index-url", "find-links": "--find-links", "constraint": "--constraint"}
-MULTI["trusted-host"] = "--allow-insecure-host"
+MULTI = {
+    "extra-index-url": "--extra-index-url",
+    "find-links": "--find-links",
+    "constraint": "--constraint",
+    "trusted-host": "--allow-insecure-host",
+}
 
 
 def settings() -> dict[str, str]:
