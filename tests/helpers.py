@@ -131,11 +131,12 @@ def _forked(nproc: int, argv: list[str], log: Path) -> None:
 def trimtab_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`trimtab ARGS` run to its end in `cwd` (the environment: this process's, or `env`), forked
     by the fork server: trimtab.cli.main in a fresh process, as the console script runs it."""
-    log = Path(tempfile.mkdtemp(prefix="trimtab-cli-")) / "log"
-    rc = _fork_server(
-        {"cli": list(args), "cwd": str(cwd), "env": dict(env or os.environ), "timeout": 600, "log": str(log)}
-    )
-    out, err = (Path(f"{log}.{name}").read_text() for name in ("out", "err"))
+    with tempfile.TemporaryDirectory(prefix="trimtab-cli-") as logs:
+        log = Path(logs) / "log"
+        rc = _fork_server(
+            {"cli": list(args), "cwd": str(cwd), "env": dict(env or os.environ), "timeout": 600, "log": str(log)}
+        )
+        out, err = (Path(f"{log}.{name}").read_text() for name in ("out", "err"))
     return subprocess.CompletedProcess(["trimtab", *args], rc, out, err)
 
 
