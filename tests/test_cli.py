@@ -96,6 +96,11 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
         "checkpoint.every=0",
         "--set",
         "train.log_every=1",
+        # eager, no report: 100000 steps would be long enough for auto to compile (~8 s of imports)
+        "--set",
+        "train.compile=false",
+        "--set",
+        "log.report=false",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
