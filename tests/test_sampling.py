@@ -75,6 +75,16 @@ def test_draws_follow_the_distribution_and_never_a_token_without_probability():
     assert draw(torch.tensor([[0.0, 2.0, 0.0], [0.0, 0.0, 1e-30]])).tolist() == [1, 2]
 
 
+def test_a_uniform_at_the_total_draws_the_last_token_with_probability_and_nan_a_valid_one(monkeypatch):
+    """u = the running total (a uniform rounding up, ~2^-53): the last token with any
+    probability, never the filtered ones after it; a NaN row (a policy gone NaN) any valid index."""
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kw: torch.ones(*shape, dtype=kw["dtype"]))
+    probs = torch.tensor([[0.1, 0.0, 0.6, 0.3, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0, 0.0, 0.0]])
+    assert draw(probs).tolist() == [3, 1]
+    nan = draw(torch.full((2, 6), float("nan")))
+    assert ((nan >= 0) & (nan < 6)).all()
+
+
 def test_top_k_keeps_only_the_k_best():
     x = logits()[:1] / 3
     top3 = set(x[0].topk(3).indices.tolist())
