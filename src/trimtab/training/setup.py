@@ -89,9 +89,7 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
     specs = [("pretrain", cfg.data, cfg.optim, "data")]
     if cfg.finetune.steps:
         specs.append(("finetune", cfg.finetune.data, cfg.finetune.optim, "finetune.data"))
-    tok = run_tokenizer(cfg, tok_source) if tok_source is not None else None
-    if tok is None and cfg.data.tokenizer:
-        tok = TextTokenizer.load(Path(cfg.data.tokenizer), key="data.tokenizer")
+    tok = given_tokenizer(cfg, tok_source)
     if tok is None and (prepared := first_prepared([data for _, data, _, _ in specs])) is not None:
         tok = TextTokenizer.load(prepared / "tokenizer.json", key=f"the tokenizer of {prepared}")
     chat = tok.chat if tok is not None else None  # a Hugging Face tokenizer formats chats its own way
@@ -126,9 +124,7 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
 
 def _rl_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer, list[RLPhase | DPOPhase]]:
     """An RL or DPO run's one phase, with the tokenizer of the model it trains."""
-    tok = run_tokenizer(cfg, tok_source) if tok_source is not None else None
-    if tok is None and cfg.data.tokenizer:
-        tok = TextTokenizer.load(Path(cfg.data.tokenizer), key="data.tokenizer")
+    tok = given_tokenizer(cfg, tok_source)
     if tok is None:
         raise ConfigError(
             f"{'dpo' if cfg.dpo.enabled else 'rl'}: the tokenizer of the model to train is unknown; set "
@@ -175,9 +171,12 @@ def resolve_max_steps(cfg: RunConfig, train_tokens: int, tok: TextTokenizer) -> 
     return steps
 
 
-def run_tokenizer(cfg: RunConfig, path: Path) -> TextTokenizer:
-    """The tokenizer.json of this run (resumed) or of the run train.init_from names; a damaged one
-    is refused with the way back."""
+def given_tokenizer(cfg: RunConfig, path: Path | None) -> TextTokenizer | None:
+    """The tokenizer already chosen: `path` (tokenizer_source: this run's, resumed, or the run
+    train.init_from names; a damaged one is refused with the way back), else data.tokenizer,
+    else None."""
+    if path is None:
+        return TextTokenizer.load(Path(cfg.data.tokenizer), key="data.tokenizer") if cfg.data.tokenizer else None
     if path.parent == cfg.run_dir:  # a BPE trimtab trained comes out the same from the same data
         fix = (
             "it is the tokenizer this run trained with: restore it, or remove it and run the same command "
