@@ -419,19 +419,35 @@ def test_asynchronous_data_parallel_rollouts_learn_and_resume_with_every_ranks_b
     assert resumed[0]["weights"] == a["weights"] and resumed[1]["weights"] == b["weights"]
 
 
-def test_rl_under_torchrun_refuses_what_it_cannot_split_naming_the_key():
-    from types import SimpleNamespace
-
+@pytest.mark.parametrize(
+    "layout, refused",
+    [
+        ({}, False),  # auto over 2 processes: DDP, 4 prompts a rank
+        ({"strategy": "ddp"}, False),
+        ({"strategy": "fsdp"}, True),  # was let through: FSDP2's gathered weights became inference tensors
+        ({"tp": 2}, True),
+        ({"strategy": "ddp", "world": 3}, "rl.prompts_per_step=8 must be a multiple of the 3"),
+    ],
+    ids=["auto", "ddp", "fsdp", "tp", "ddp-3-ranks"],
+)
+def test_rl_under_torchrun_refuses_what_it_cannot_split_naming_the_key(layout, refused):
+    """The layout as setup builds it for `world` processes, before the model is wrapped (where the
+    check runs): a sharded model is refused, a prompt count the ranks cannot split too."""
     from trimtab.config import load_config
+    from trimtab.distributed.mesh import Mesh
+    from trimtab.distributed.parallel import Parallel
     from trimtab.errors import ConfigError
     from trimtab.training.setup import check_policy_ranks
 
-    cfg = load_config(preset="debug", overrides={"rl": {"enabled": True, "prompts_per_step": 8}})
-    check_policy_ranks(cfg, SimpleNamespace(sharded=False, dp_world=2))  # DDP, 4 prompts a rank: fine
-    with pytest.raises(ConfigError, match="rl.prompts_per_step=8 must be a multiple of the 3"):
-        check_policy_ranks(cfg, SimpleNamespace(sharded=False, dp_world=3))
-    with pytest.raises(ConfigError, match="data parallelism only"):
-        check_policy_ranks(cfg, SimpleNamespace(sharded=True, dp_world=2))
+    layout = dict(layout)
+    world = layout.pop("world", 2)
+    cfg = load_config(preset="debug", overrides={"rl": {"enabled": True, "prompts_per_step": 8}, "distributed": layout})
+    ranks = Parallel(cfg.distributed, torch.device("cpu"), world, 0, mesh=Mesh.of(cfg.distributed, world))
+    if not refused:
+        check_policy_ranks(cfg, ranks)
+        return
+    with pytest.raises(ConfigError, match="data parallelism only" if refused is True else refused):
+        check_policy_ranks(cfg, ranks)
 
 
 @pytest.mark.parametrize("staleness", [0, 1])

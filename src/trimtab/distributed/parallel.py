@@ -84,7 +84,11 @@ class Parallel(Checkpoints):
         self.mesh = mesh or Mesh.single()
         self.dp_world, self.dp_rank = self.mesh.dp, self.mesh.dp_rank(rank_)
         self.ddp: nn.Module | None = None
-        self.fsdp = False
+        # FSDP2 over the replicas: decided here, applied by wrap, so `sharded` holds before the
+        # model is wrapped (setup refuses RL and DPO on a sharded model then). Auto with one
+        # replica (tensor or pipeline parallelism alone) needs no data-parallel wrapper.
+        self.single_replica = self.dp_world == 1 and cfg.strategy == "auto"
+        self.fsdp = world > 1 and cfg.data_parallel == "fsdp" and not self.single_replica
         self.experts: list[nn.Parameter] = []  # routed experts split by ep: FSDP2 over edp only
         self.pipeline: Pipeline | None = None  # pp > 1: this rank's stages and their schedules
         self._contexts = ExitStack()  # held for the whole run (tensor parallelism's loss)
@@ -218,13 +222,11 @@ class Parallel(Checkpoints):
             from trimtab.distributed.expert import apply_moe_parallel
 
             self.experts = apply_moe_parallel(model, self.mesh)
-        # auto with one replica (tensor parallelism alone) needs no data-parallel wrapper
-        single = self.dp_world == 1 and self.cfg.strategy == "auto"
-        if self.pipeline is not None and (single or self.world == 1):
+        if self.pipeline is not None and (self.single_replica or self.world == 1):
             for block in self.pipeline.blocks() if compile else []:
                 block.compile()
             return model.hidden
-        if self.world == 1 or self.cfg.data_parallel == "ddp" or single:
+        if not self.fsdp:
             fn = torch.compile(model.hidden) if compile else model.hidden
             if self.dp_world == 1:
                 return fn
@@ -285,7 +287,6 @@ class Parallel(Checkpoints):
             unit.set_gradient_divide_factor(1.0)  # sum, not mean: the loss is already global
             unit.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
             unit.set_reduce_scatter_unused_params(True)  # a block skipped after an OOM still reduces (zeros)
-        self.fsdp = True
 
     def _guarded(self, forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         """A block's forward that, out of memory, returns its input unchanged and remembers the
