@@ -16,6 +16,11 @@ def flaky(response: str, answer: str) -> float:
     return float(response == answer)
 
 
+def not_a_number(response: str, answer: str):
+    """What a verifier returns by mistake: NaN, an infinity, text; a number otherwise."""
+    return {"nan": float("nan"), "inf": float("inf"), "text": "1"}.get(response, 1.0)
+
+
 def hang_once(response: str, answer: str) -> float:
     """Hangs the first time it sees a response (a marker file per response), then answers."""
     marker = os.path.join(answer, response)

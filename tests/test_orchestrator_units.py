@@ -1072,6 +1072,16 @@ def test_groups_that_teach_nothing_turn_on_dynamic_sampling_then_raise_the_tempe
     assert first.action == "set_dynamic_sampling"
     then = remedy(found[2], SimpleNamespace(rl_temperature=1.0, rl_dynamic_sampling=True), cfg)
     assert then.action == "none" and "solved" in then.reasoning
+    # groups flat because the verifier fails (scored 0 whatever the response): rl_verifier's to
+    # say, not a signal that sampling brings back; once it verifies again, flat groups are found
+    broken = NoLearningSignal(cfg)
+    failing = {"flat_groups": 1.0, "verifications": (64, 60, 0)}  # 94% failed: past rl_verifier's threshold
+    assert [broken.observe(metrics(i + 1, rl=failing)) for i in range(4)] == [None] * 4
+    state = broken.state_dict()
+    assert "failing" not in state and state["failed"] == [60 / 64] * 3  # a config value is not state
+    verified = {"flat_groups": 1.0, "verifications": (64, 0, 0)}
+    found = [broken.observe(metrics(i + 5, rl=verified)) for i in range(3)]
+    assert [f is not None for f in found] == [False, False, True]
 
 
 def test_solved_groups_earned_the_full_reward_with_every_response():

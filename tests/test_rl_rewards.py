@@ -63,6 +63,22 @@ def test_a_hung_verification_is_killed_at_its_limit_and_the_rest_are_scored():
         pool.close()
 
 
+def test_a_reward_that_is_no_finite_number_is_the_verifiers_error_not_a_nan_in_training():
+    """A verifier returning NaN made every advantage of its group NaN: each step's loss was NaN
+    and the orchestrator skipped, cut the LR and rolled back a sound model. Such a return, an
+    infinity or text, is the verifier's error now: reward 0, said (rule rl_verifier's evidence)."""
+    pool = VerifierPool("python:rl_verifiers:not_a_number", workers=1, timeout_s=5.0, retries=0)
+    try:
+        scored = pool.score(["nan", "inf", "text", "fine"], ["", "", "", ""])
+    finally:
+        pool.close()
+    assert scored.rewards == [0.0, 0.0, 0.0, 1.0]
+    said = {e["index"]: (e["kind"], e["detail"]) for e in scored.events}
+    assert said[0] == ("error", "ValueError: the verifier returned nan, not a finite number")
+    assert said[1] == ("error", "ValueError: the verifier returned inf, not a finite number")
+    assert said[2] == ("error", "TypeError: the verifier returned str '1', not a number") and set(said) == {0, 1, 2}
+
+
 def test_verifications_queued_behind_a_hung_one_are_scored_and_not_counted_against_it():
     """A worker holds several jobs at once (rewards.PIPELINE): the ones waiting behind a hung
     verification go to a fresh worker, untried; with no retry, only the hung one is lost."""

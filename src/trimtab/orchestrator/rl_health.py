@@ -31,21 +31,32 @@ class NoLearningSignal(Monitor):
     """The share of a step's groups whose responses all earned one reward, over `window` steps:
     at `threshold` or more, most prompts teach nothing. Evidence: that share, and the part of it
     solved (every response at rl.full_reward: prompts the policy has learnt), which the remedy
-    tells apart from the stuck rest (flat at 0, or at a partial credit)."""
+    tells apart from the stuck rest (flat at 0, or at a partial credit). Groups flat because
+    their verifications failed (rl_verifier's share of failures or more) are the verifier's
+    fault, which sampling does not mend: no finding then (rl_verifier's says it)."""
 
     rule, family = "rl_signal", "rl"
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.rl_signal
+        self.failing = cfg.rl_verifier.threshold
         self.window = Rolling(self.cfg.window)
         self.solved = Rolling(self.cfg.window)
+        self.failed = Rolling(self.cfg.window)  # the share of the step's verifications that failed
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in super().state_dict().items() if k != "failing"}  # config, not state
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if (share := (m.rl or {}).get("flat_groups")) is None:
             return None
         self.window.add(share)
         self.solved.add(m.rl.get("solved_groups", 0.0))
+        scored, failed, _ = m.rl.get("verifications") or (0, 0, 0)
+        self.failed.add(failed / max(scored, 1))
         if len(self.window) < self.cfg.window or self.window.mean() < self.cfg.threshold:
+            return None
+        if self.failed.mean() >= self.failing:
             return None
         share, solved = self.window.mean(), self.solved.mean()
         self.window, self.solved = Rolling(self.cfg.window), Rolling(self.cfg.window)  # fresh after the remedy

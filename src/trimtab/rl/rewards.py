@@ -15,6 +15,7 @@ A verifier is named by a spec (`rl.reward`):
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import pickle
 import re
@@ -114,9 +115,22 @@ def _serve(spec: str, conn: Connection) -> None:
         except EOFError:
             return
         try:
-            conn.send((index, float(check(response, answer)), ""))
+            conn.send((index, _reward(check(response, answer)), ""))
         except Exception as exc:  # noqa: BLE001 - a verifier's error is a reward of 0, said
             conn.send((index, 0.0, f"{type(exc).__name__}: {exc}"))
+
+
+def _reward(value: Any) -> float:
+    """A verifier's return as a reward: a finite number, else the verifier's error. A NaN or an
+    infinity would make its whole group's advantages NaN, the step's loss NaN, and the
+    orchestrator would take the model for broken (rule nonfinite) where the verifier is
+    (rule rl_verifier); text is refused rather than read by float() ('1' would pass, 'yes' not)."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"the verifier returned {type(value).__name__} {value[:40]!r}, not a number")
+    reward = float(value)
+    if not math.isfinite(reward):
+        raise ValueError(f"the verifier returned {reward}, not a finite number")
+    return reward
 
 
 @dataclass
