@@ -32,6 +32,11 @@ def test_layering_preset_file_overrides_and_set(tmp_path):
         ("rl.eps_low=1.5", "config key 'rl.eps_low' must be in (0, 1)"),
         ("rl.eps_high=0", "config key 'rl.eps_high' must be > 0"),  # was told as rl.eps_low's
         ("rl.group_size=1", "config key 'rl.group_size' must be >= 2"),
+        ("optim.lr=inf", "config key 'optim.lr' must be a finite number (got inf)"),  # was accepted
+        ("optim.grad_clip=-1", "config key 'optim.grad_clip' must be >= 0 (got -1.0)"),
+        ("rl.kl_coef=inf", "config key 'rl.kl_coef' must be a finite number"),
+        ("rl.full_reward=nan", "config key 'rl.full_reward' must be a finite number (got nan)"),
+        ("dpo.beta=inf", "config key 'dpo.beta' must be a finite number"),
     ],
 )
 def test_bad_values_name_the_key(item, message):

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from trimtab.config.checks import Section, _check, _positive, freeze
+from trimtab.config.checks import Section, _check, _finite, _positive, freeze
 from trimtab.config.distributed import DistributedConfig
 from trimtab.config.dpo import DPOConfig
 from trimtab.config.log import LogConfig
@@ -248,14 +248,12 @@ class OptimConfig(Section):
 
     def validate(self) -> None:
         _positive(self, "optim", "lr", "eps", "cycle_steps")
+        _finite(self, "optim", "lr", "eps", "weight_decay")
         _check(self.schedule in SCHEDULES, "optim.schedule", f"must be one of {', '.join(SCHEDULES)}")
         _check(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", "must be in [0, 1]")
         _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1/beta2", "must be in [0, 1)")
-        _check(
-            self.weight_decay >= 0 and self.grad_clip >= 0 and self.warmup_steps >= 0,
-            "optim",
-            "weight_decay, grad_clip and warmup_steps must be >= 0",
-        )
+        for key in ("weight_decay", "grad_clip", "warmup_steps"):
+            _check(getattr(self, key) >= 0, f"optim.{key}", f"must be >= 0 (got {getattr(self, key)})")
         _check(0 < self.decay_fraction <= 1, "optim.decay_fraction", "must be in (0, 1]")
         _check(0 < self.gamma <= 1, "optim.gamma", "must be in (0, 1]")
         _check(self.fused in ("auto", "true", "false"), "optim.fused", "must be auto, true or false")

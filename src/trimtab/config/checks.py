@@ -4,6 +4,7 @@ Section, the base that makes a resolved config read-only."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from trimtab.errors import ConfigError
@@ -55,3 +56,11 @@ def _check(ok: bool, key: str, message: str) -> None:
 def _positive(obj: Any, section: str, *names: str) -> None:
     for name in names:
         _check(getattr(obj, name) > 0, f"{section}.{name}", f"must be > 0 (got {getattr(obj, name)})")
+
+
+def _finite(obj: Any, section: str, *names: str) -> None:
+    """Numbers a training step multiplies by: an infinity (YAML's .inf, `--set KEY=inf`) would
+    make its first update NaN, which the orchestrator would take for a broken model."""
+    for name in names:
+        value = getattr(obj, name)
+        _check(math.isfinite(value), f"{section}.{name}", f"must be a finite number (got {value})")

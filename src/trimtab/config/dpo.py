@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trimtab.config.checks import Section, _check
+from trimtab.config.checks import Section, _check, _finite
 
 LOSSES = ("sigmoid", "ipo", "hinge", "simpo", "orpo")
 REFERENCE_FREE = ("simpo", "orpo")  # losses of the policy's likelihoods alone: no reference model
@@ -42,6 +42,7 @@ class DPOConfig(Section):
     def validate(self) -> None:
         _check(self.pairs_per_step >= 1, "dpo.pairs_per_step", "must be >= 1")
         _check(self.beta > 0, "dpo.beta", "must be > 0 (e.g. 0.1)")
+        _finite(self, "dpo", "beta")
         _check(self.loss in LOSSES, "dpo.loss", f"must be one of {', '.join(LOSSES)}")
         _check(0 <= self.label_smoothing < 0.5, "dpo.label_smoothing", "must be in [0, 0.5) (0: plain DPO)")
         _check(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trimtab.config.checks import Section, _check
+from trimtab.config.checks import Section, _check, _finite
 
 BASELINES = ("grpo", "dr_grpo", "rloo", "reinforce++")
 AGGREGATIONS = ("token_mean", "seq_mean", "constant")
@@ -76,6 +76,7 @@ class RLConfig(Section):
         _check(self.max_staleness >= 0, "rl.max_staleness", "must be >= 0 (0: synchronous rollouts)")
         _check(self.behaviour_weight_cap >= 1, "rl.behaviour_weight_cap", "must be >= 1 (a weight of 1 is on-policy)")
         _check(self.kl_coef >= 0, "rl.kl_coef", "must be >= 0 (0: no KL term)")
+        _finite(self, "rl", "kl_coef", "entropy_coef", "full_reward")
         _check(
             0 <= self.overlong_buffer < self.max_new_tokens,
             "rl.overlong_buffer",
