@@ -402,3 +402,6 @@ def test_pairs_a_rollback_blamed_are_never_drawn_again_and_the_order_resumes_exa
         loader.skip_rows(range(10))
     with pytest.raises(DataError, match="had 10 pairs but dpo.pairs now has 9"):
         PairLoader(tokens(9), [], cfg, 1000, seed=0, pad_id=0).load_state_dict(state)
+    # as many pairs, other ones (an edited file): the indices, and the pairs left out, would be others'
+    with pytest.raises(DataError, match="drew from other pairs than dpo.pairs holds now"):
+        PairLoader(tokens(10, seed=1), [], cfg, 1000, seed=0, pad_id=0).load_state_dict(state)

@@ -34,9 +34,9 @@ def policy(prompts: list[list[int]], seed: int | None) -> list[Rollout]:
     return out
 
 
-def loader(micro_batch_tokens: int = 8, **rl) -> RolloutLoader:
+def loader(micro_batch_tokens: int = 8, answer: str = "x", **rl) -> RolloutLoader:
     cfg = RLConfig(**{"group_size": 2, "prompts_per_step": 2, "reward": "exact", "verifier_workers": 1, **rl})
-    problems = [Problem(f"q{i}", "x") for i in range(10)]
+    problems = [Problem(f"q{i}", answer) for i in range(10)]
     made = RolloutLoader(problems, CharTokenizer(), cfg, micro_batch_tokens, seed=0, max_prompt_tokens=2)
     made.policy = policy
     return made
@@ -93,6 +93,10 @@ def test_dynamic_sampling_trains_only_groups_whose_rewards_differ_and_resumes_al
         again.load_state_dict(state)
         assert again.next_batch().rows == dynamic.next_batch().rows  # the same draws after a resume
         again.close()
+        edited = loader(dynamic_sampling=True, resample_rounds=5, answer="y")  # as many prompts, other answers
+        with pytest.raises(DataError, match="drew from other prompts than rl.prompts holds now"):
+            edited.load_state_dict(state)
+        edited.close()
     finally:
         plain.close()
         dynamic.close()

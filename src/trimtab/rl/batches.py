@@ -30,7 +30,7 @@ from trimtab.hardware import is_oom
 from trimtab.rl import replay
 from trimtab.rl.engine import RolloutQueue
 from trimtab.rl.loss import PolicyTerms, advantages, normaliser, token_weights
-from trimtab.rl.order import EpochOrder, Ordered
+from trimtab.rl.order import EpochOrder, Ordered, fingerprint
 from trimtab.rl.rewards import VerifierPool
 from trimtab.rl.rollout import Rollout
 from trimtab.rl.tasks import Problem
@@ -210,7 +210,8 @@ class RolloutLoader(Ordered):
         self.version = 0  # the newest snapshot's (the policy being trained, asynchronously)
         self.generation_rows = 0  # rows generated in one pass (0: all at once; an OOM halves it)
         self.max_staleness = cfg.max_staleness  # rule rl_ratio may lower it (set_max_staleness)
-        self.order = EpochOrder(len(problems), seed, "prompts", "rl.prompts")
+        items = fingerprint((p.prompt, p.answer) for p in problems)
+        self.order = EpochOrder(len(problems), seed, "prompts", "rl.prompts", items)
         self.draws = 0  # the sampling draws made (each draw's seed counts from it)
         self._pool: VerifierPool | None = None
         self._held_out_pool: VerifierPool | None = None  # rl.held_out_reward's, when it differs

@@ -4,6 +4,8 @@ its state, the items a rollback blamed left out for good."""
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -11,11 +13,22 @@ import numpy as np
 from trimtab.errors import DataError
 
 
-class EpochOrder:
-    """Draws indices 0 .. n-1; `what` names the items and `key` their config key in errors."""
+def fingerprint(items: Iterable[Any]) -> str:
+    """The items' content, in order, as a digest: a checkpoint's order resumes only over the items
+    it was drawn from (an index means another item in an edited file, and the items a rollback
+    left out would be others)."""
+    digest = hashlib.sha256()
+    for item in items:
+        digest.update(repr(item).encode())
+    return digest.hexdigest()[:16]
 
-    def __init__(self, n: int, seed: int, what: str, key: str) -> None:
-        self.n, self.seed, self.what, self.key = n, seed, what, key
+
+class EpochOrder:
+    """Draws indices 0 .. n-1; `what` names the items and `key` their config key in errors;
+    `items` (their content) is checked on resume."""
+
+    def __init__(self, n: int, seed: int, what: str, key: str, items: str = "") -> None:
+        self.n, self.seed, self.what, self.key, self.items = n, seed, what, key, items
         self.epoch, self.cursor = 0, 0
         self.skipped: set[int] = set()
         self._order = self._permutation(0)
@@ -49,6 +62,7 @@ class EpochOrder:
             "cursor": self.cursor,
             "seed": self.seed,
             "n_rows": self.n,
+            "items": self.items,
             "skipped": sorted(self.skipped),
         }
 
@@ -58,6 +72,12 @@ class EpochOrder:
             raise DataError(
                 f"the checkpoint's {run} run had {state.get('n_rows')} {self.what} but {self.key} now has "
                 f"{self.n}; resume with the same {self.what}"
+            )
+        if state.get("items") and self.items and state["items"] != self.items:  # older checkpoints: none
+            raise DataError(
+                f"the checkpoint's {run} run drew from other {self.what} than {self.key} holds now (as many, "
+                f"but their text, order or tokenization differs); resume with the {self.what} it was trained "
+                "on, or start a new run (train.init_from) from its weights"
             )
         self.seed, self.epoch, self.cursor = state["seed"], state["epoch"], state["cursor"]
         self.skipped = set(state["skipped"])

@@ -24,7 +24,7 @@ from trimtab.data.packing import IGNORE_INDEX, MicroBatch, StepBatch
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.rl.batches import Policy, Sum
 from trimtab.rl.dpo import DPOTerms, dpo_terms, sequence_logprobs
-from trimtab.rl.order import EpochOrder, Ordered
+from trimtab.rl.order import EpochOrder, Ordered, fingerprint
 from trimtab.rl.pairs import Tokens
 from trimtab.rl.rewards import verifier
 
@@ -97,7 +97,8 @@ class PairLoader(Ordered):
         self.micro_batch_tokens = micro_batch_tokens or self.batch_tokens
         self.scorer: Scorer | None = None
         self.policy: Policy | None = None
-        self.order = EpochOrder(len(pairs), seed, "pairs", "dpo.pairs")
+        items = fingerprint((p.prompt, p.chosen, p.rejected) for p in pairs)  # as tokenized
+        self.order = EpochOrder(len(pairs), seed, "pairs", "dpo.pairs", items)
         self._window: list[PairBatch] = []  # the steps since metrics() was read
 
     def next_batch(self) -> PairBatch:
