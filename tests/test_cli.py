@@ -66,6 +66,23 @@ def test_bad_input_is_one_clear_line_and_exit_2(argv, message, capsys, tmp_path)
     assert not (tmp_path / "x").exists()  # bad input never leaves a run directory behind
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--max-new-tokens", "-3"], "argument --max-new-tokens: must be at least 1, got -3"),  # was a traceback
+        (["--temperature", "nan"], "argument --temperature: must be at least 0, got nan"),
+        (["--top-p", "0"], "argument --top-p: must be above 0 and at most 1, got 0"),
+        (["--top-k", "-1"], "argument --top-k: must be at least 0, got -1"),
+    ],
+)
+def test_generate_refuses_sampling_flags_out_of_range_naming_the_flag(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["generate", "RUN", *flags])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    ok = build_parser().parse_args(["generate", "RUN", "--temperature", "0", "--top-p", "1", "--max-new-tokens", "1"])
+    assert (ok.temperature, ok.top_p, ok.max_new_tokens) == (0.0, 1.0, 1)
+
+
 def test_empty_corpus_and_malformed_jsonl(tmp_path, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_text("")

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trimtab.commands import COMMANDS, OneOf, add_args, arg, command
+from trimtab.commands import COMMANDS, OneOf, add_args, arg, command, number
 from trimtab.errors import RunFinished, TrimtabError
 from trimtab.training.actions import help_text
 from trimtab.training.services.signals import StartUpInterrupted, handle_signals
@@ -178,10 +178,10 @@ def _bench(args: argparse.Namespace) -> int:
     "sample text from a trained run",
     arg("run_dir"),
     arg("--prompt", default=""),
-    arg("--max-new-tokens", type=int, default=64),
-    arg("--temperature", type=float, default=0.8),
-    arg("--top-k", type=int, default=50),
-    arg("--top-p", type=float, default=0.95),
+    arg("--max-new-tokens", type=number(int, 1), default=64),
+    arg("--temperature", type=number(float, 0), default=0.8, help="0: greedy"),
+    arg("--top-k", type=number(int, 0), default=50, help="0: no top-k filter"),
+    arg("--top-p", type=number(float, 0, 1, above=True), default=0.95),
     arg("--seed", type=int, default=0),
 )
 def _generate(args: argparse.Namespace) -> int:

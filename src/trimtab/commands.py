@@ -17,6 +17,24 @@ def arg(*flags: str, **kw: Any) -> Arg:
     return flags, kw
 
 
+def number(kind: type, low: float, high: float | None = None, above: bool = False) -> Callable[[str], Any]:
+    """An argparse type: a `kind` (int or float) at least `low` (above it when `above`) and at most
+    `high`; argparse's error names the flag, as for a word that is no number."""
+
+    def parse(text: str) -> Any:
+        value = kind(text)
+        nan = value != value  # compares as neither below nor above
+        if nan or value < low or (above and value == low) or (high is not None and value > high):
+            span = f"{'above' if above else 'at least'} {low:g}" + (
+                f" and at most {high:g}" if high is not None else ""
+            )
+            raise argparse.ArgumentTypeError(f"must be {span}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse's "invalid int value: 'x'"
+    return parse
+
+
 class OneOf:
     """Arguments that exclude each other (an argparse mutually exclusive group)."""
 
