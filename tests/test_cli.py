@@ -67,17 +67,22 @@ def test_bad_input_is_one_clear_line_and_exit_2(argv, message, capsys, tmp_path)
 
 
 @pytest.mark.parametrize(
-    "flags, message",
+    "argv, message",
     [
-        (["--max-new-tokens", "-3"], "argument --max-new-tokens: must be at least 1, got -3"),  # was a traceback
-        (["--temperature", "nan"], "argument --temperature: must be at least 0, got nan"),
-        (["--top-p", "0"], "argument --top-p: must be above 0 and at most 1, got 0"),
-        (["--top-k", "-1"], "argument --top-k: must be at least 0, got -1"),
+        (["generate", "RUN", "--max-new-tokens", "-3"], "argument --max-new-tokens: must be at least 1, got -3"),
+        (["generate", "RUN", "--temperature", "nan"], "argument --temperature: must be at least 0, got nan"),
+        (["generate", "RUN", "--top-p", "0"], "argument --top-p: must be above 0 and at most 1, got 0"),
+        (["generate", "RUN", "--top-k", "-1"], "argument --top-k: must be at least 0, got -1"),
+        (["eval", "RUN", "--batch-size", "0"], "argument --batch-size: must be at least 1, got 0"),
+        (["eval", "RUN", "--limit", "-1"], "argument --limit: must be above 0, got -1"),
+        (["tune", "SPACE", "--trials", "0"], "argument --trials: must be at least 1, got 0"),
     ],
 )
-def test_generate_refuses_sampling_flags_out_of_range_naming_the_flag(flags, message, capsys):
+def test_numeric_flags_out_of_range_are_refused_naming_the_flag(argv, message, capsys):
+    """Each of these was a traceback from deep inside (range() step 0, islice) or a silent
+    fallback (a negative temperature sampled greedily)."""
     with pytest.raises(SystemExit) as exit_:
-        build_parser().parse_args(["generate", "RUN", *flags])
+        build_parser().parse_args(argv)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
     ok = build_parser().parse_args(["generate", "RUN", "--temperature", "0", "--top-p", "1", "--max-new-tokens", "1"])
     assert (ok.temperature, ok.top_p, ok.max_new_tokens) == (0.0, 1.0, 1)

@@ -61,7 +61,7 @@ def states(result) -> list[str]:
         (LR, {"sampler": "nsga2", "objectives": ["val_loss"]}, ["two objectives"]),
         (LR, {"objectives": ["val_loss", "flops"], "pruner": "median"}, ["single-objective"]),
         (LR, {"direction": "max"}, ["unknown study key 'direction'"]),
-        ({"optim.warmup_steps": {"int": [-5, 5]}}, {}, ["low ends", "warmup_steps must be >= 0"]),
+        ({"optim.warmup_steps": {"int": [-5, 5]}}, {}, ["low ends", "'optim.warmup_steps' must be >= 0"]),
     ],
 )
 def test_space_errors_name_the_file_key_and_fix(tmp_path, space, study, words):

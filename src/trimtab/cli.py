@@ -233,11 +233,11 @@ def _export(args: argparse.Namespace) -> int:
     arg("path", help="a run directory (its newest valid checkpoint) or a Hugging Face model directory"),
     arg("--tasks", metavar="A,B", help="lm-eval tasks, e.g. trimtab_tiny (shipped, offline) or hellaswag"),
     arg("--include-path", metavar="DIR", help="a directory of your own lm-eval task YAMLs"),
-    arg("--limit", type=float, help="examples per task (a fraction below 1)"),
-    arg("--num-fewshot", type=int, help="few-shot examples per prompt (default: the task's)"),
-    arg("--batch-size", type=int, default=8),
+    arg("--limit", type=number(float, 0, above=True), help="examples per task (a fraction below 1)"),
+    arg("--num-fewshot", type=number(int, 0), help="few-shot examples per prompt (default: the task's)"),
+    arg("--batch-size", type=number(int, 1), default=8),
     arg("--data", metavar="FILE", help="a text file: perplexity and bits per byte, no lm-eval needed"),
-    arg("--stride", type=int, help="--data window advance in tokens (default: the whole context)"),
+    arg("--stride", type=number(int, 1), help="--data window advance in tokens (default: the whole context)"),
 )
 def _eval(args: argparse.Namespace) -> int:
     from trimtab.evaluation import evaluate
@@ -271,7 +271,7 @@ def _eval(args: argparse.Namespace) -> int:
     arg("source", help="a recipe YAML (mergekit format), or with --method average a run directory"),
     arg("--out", required=True, help="the run directory to write the merged model to (new or empty)"),
     arg("--method", choices=("recipe", "average"), default="recipe", help="average: LAWA checkpoint averaging"),
-    arg("--last", type=int, default=3, help="--method average: how many of the newest checkpoints"),
+    arg("--last", type=number(int, 1), default=3, help="--method average: how many of the newest checkpoints"),
 )
 def _merge(args: argparse.Namespace) -> int:
     from trimtab import merge
@@ -311,7 +311,7 @@ def train_from_hint(model: str | Path) -> str:
         choices=("off", "warn", "drop"),
         help="documents that pack like random bytes, base64 or mis-encoded text: name them (warn), leave them out",
     ),
-    arg("--workers", type=int, default=0, help="processes (default: one per core)"),
+    arg("--workers", type=number(int, 0), default=0, help="processes (default: one per core)"),
     description="Tokenize SOURCES (files, directories, globs) into DIR. Re-running adds new files only, "
     "resumes an interrupted prepare and rebuilds a corrupt shard from its sources.",
 )
@@ -348,7 +348,7 @@ def _data_prepare(args: argparse.Namespace) -> int:
     ),
     arg("--gpu", metavar="NAME", help="plan for this GPU (e.g. H100) instead of this machine"),
     arg("--gpus", "--devices", dest="devices", type=int, default=1, help="devices training together (default 1)"),
-    arg("--gpus-per-node", type=int, default=8, help="GPUs per node, for the parallel layout (default 8)"),
+    arg("--gpus-per-node", type=number(int, 1), default=8, help="GPUs per node, for the parallel layout (default 8)"),
     arg("--emit", choices=("slurm", "k8s"), help="also write a launch file: a Slurm script or a PyTorchJob"),
 )
 def _plan(args: argparse.Namespace) -> int:
@@ -377,8 +377,8 @@ def _plan(args: argparse.Namespace) -> int:
     "tune",
     "hyperparameter search with Optuna over a space file (docs/tune.md)",
     arg("space", help="the space file (YAML)"),
-    arg("--trials", type=int, help="trials the study should reach in all (default: the space file's)"),
-    arg("--workers", type=int, default=1, help="worker processes on this machine (default 1)"),
+    arg("--trials", type=number(int, 1), help="trials the study should reach in all (default: the space file's)"),
+    arg("--workers", type=number(int, 1), default=1, help="worker processes on this machine (default 1)"),
     arg("--storage", help="an Optuna storage URL (default: sqlite:///STUDY_DIR/study.db)"),
     arg("--out", help="the study directory (default: the space file's study.out, else runs/tune/NAME)"),
     description="Run trials of SPACE.yaml's study (a base config, a per-trial budget and the config keys to "
@@ -444,7 +444,7 @@ def _presets(args: argparse.Namespace) -> int:
     "device, precision and why, attention kernel, memory, distributed backends, and a micro-batch that fits a preset",
     arg("--preset", default="small", help="preset to size the micro-batch for (default: small)"),
     arg("--device", default="auto", choices=("auto", "cpu", "cuda", "mps")),
-    arg("--nproc", type=int, default=1, help="processes per machine it would run (torchrun)"),
+    arg("--nproc", type=number(int, 1), default=1, help="processes per machine it would run (torchrun)"),
     arg("--strategy", default="ddp", choices=("ddp", "fsdp"), help="distributed.strategy"),
     arg("--json", action="store_true", help="the facts as JSON"),
 )
