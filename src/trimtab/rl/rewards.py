@@ -125,6 +125,8 @@ def _reward(value: Any) -> float:
     infinity would make its whole group's advantages NaN, the step's loss NaN, and the
     orchestrator would take the model for broken (rule nonfinite) where the verifier is
     (rule rl_verifier); text is refused rather than read by float() ('1' would pass, 'yes' not)."""
+    if value is None:  # the commonest slip: a branch without a return
+        raise TypeError("the verifier returned None, not a number (a path through it without a return?)")
     if isinstance(value, (str, bytes)):
         raise TypeError(f"the verifier returned {type(value).__name__} {value[:40]!r}, not a number")
     reward = float(value)
