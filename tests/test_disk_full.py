@@ -121,3 +121,19 @@ def test_metrics_lines_a_full_disk_cut_short_are_written_once_each_when_space_re
     logger._write({"step": step + 1, **line})
     steps = [json.loads(text)["step"] for text in (fs / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, step + 2)) and not logger.unwritten
+
+
+def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing(small_fs, tmp_path, capsys):
+    """Outside training (whose disk rule frees checkpoints) a full disk was a safetensors
+    traceback; `trimtab export` (merge, data prepare alike) now says it in one line, exit 2,
+    and its staging directory is gone. A debug model's weights are ~2.2 MB: 1 MB cannot hold them."""
+    from trimtab.cli import main
+
+    run = tmp_path / "r"
+    done = train(run, 1, "log.report=false")
+    assert done.returncode == 0, done.stderr[-3000:]
+    disk = small_fs(1)
+    assert main(["export", str(run), "--out", str(disk / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "trimtab: error: the disk is full" in err and "No space left on device" in err and "Traceback" not in err
+    assert list(disk.iterdir()) == []  # no half-written export, no staging directory

@@ -7,6 +7,7 @@ argparse parser."""
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -473,6 +474,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _disk_full(exc: BaseException) -> bool:
+    """No space left, however the writer said it: Python's OSError, or safetensors' error text."""
+    return getattr(exc, "errno", None) == errno.ENOSPC or f"os error {errno.ENOSPC})" in str(exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="trimtab: %(message)s")
     args = build_parser().parse_args(argv)
@@ -485,6 +491,16 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 speaks for the job
             print(f"trimtab: {stopped}", file=sys.stderr)
         return 0
+    except Exception as exc:
+        if not _disk_full(exc):
+            raise
+        # training meets a full disk in its own way (rule disk: older checkpoints freed, or exit 4);
+        # export, merge, data prepare and the rest stop here, their partial output removed or resumable
+        print(
+            f"trimtab: error: the disk is full ({exc}); free space or write elsewhere, then run it again",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":
