@@ -474,11 +474,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _disk_full(exc: BaseException) -> bool:
-    """No space left, however the writer said it: Python's OSError, or safetensors' error text."""
-    return getattr(exc, "errno", None) == errno.ENOSPC or f"os error {errno.ENOSPC})" in str(exc)
-
-
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="trimtab: %(message)s")
     args = build_parser().parse_args(argv)
@@ -492,7 +487,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trimtab: {stopped}", file=sys.stderr)
         return 0
     except Exception as exc:
-        if not _disk_full(exc):
+        from trimtab.checkpoint import os_error  # imports torch: only once something failed
+
+        error = os_error(exc)  # Python's OSError, or safetensors' "... (os error 28)"
+        if error is None or error.errno != errno.ENOSPC:
             raise
         # training meets a full disk in its own way (rule disk: older checkpoints freed, or exit 4);
         # export, merge, data prepare and the rest stop here, their partial output removed or resumable
