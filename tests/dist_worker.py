@@ -10,6 +10,8 @@ RECORD with {rank} filled in ({world} and {first}, the session's first step, whe
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -66,7 +68,8 @@ class Recorder(Instrument):
         }
 
 
-def main() -> None:
+def main() -> str:
+    """Train; write this rank's record; return the run's status."""
     torch.set_num_threads(1)
     overrides = json.loads(sys.argv[1])
     cfg = load_config(preset=overrides.pop("preset", "debug"), overrides=overrides)
@@ -78,7 +81,15 @@ def main() -> None:
     first = recorder.steps[0]["step"] if recorder.steps else None  # this session's first step
     record = sys.argv[2].format(rank=recorder.result["rank"], world=recorder.result["world"], first=first)
     Path(record).write_text(json.dumps(recorder.result))
+    return recorder.result["summary"]["status"]
 
 
 if __name__ == "__main__":
-    main()
+    status = main()
+    # A worker forked by torchrun's agent (tests/helpers.py TORCHRUN) that returns waits for the
+    # agent's word that every worker has; an agent stopping its workers (SIGTERM: a node joined the
+    # job) never gives it, and kills them 30 s later. A rank stopped leaves, as a process would.
+    if status.startswith("stopped") and multiprocessing.parent_process() is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

@@ -108,12 +108,26 @@ def _job(out: Path, nproc: int, overrides: dict) -> tuple[list[str], Callable[[]
     return argv, lambda: [json.loads(Path(str(record).format(rank=r)).read_text()) for r in range(nproc)]
 
 
+# torchrun (`python -m torch.distributed.run`: its argument parsing, elastic agent, rendezvous and
+# restarts) with the ranks forked from its agent, which imported torch and trimtab once: torchrun's
+# own `--run-path --start-method fork` (the script run by runpy in the forked worker). A rank
+# started as a fresh `python` spends ~3.4 s of CPU importing them (torch._dynamo is what an
+# optimizer's first construction imports), a restarted job as much again, ~25 rank starts in the
+# suite. The environment must set OMP_NUM_THREADS=1: an OpenMP pool does not survive a fork.
+# Followed by torchrun's other arguments, then a script's absolute path (TRIMTAB_MAIN: `trimtab`).
+TORCHRUN = [
+    sys.executable,
+    "-c",
+    "import torch._dynamo, trimtab.api, trimtab.cli, trimtab.hf.export; from torch.distributed.run import main; main()",
+    "--run-path",
+    "--start-method=fork",
+]
+TRIMTAB_MAIN = str(Path(SRC) / "trimtab" / "__main__.py")
+
+
 def _torchrun(nproc: int, restarts: int, argv: list[str]) -> None:
     """The job under torchrun: its agent restarts the ranks when one fails."""
-    launcher = [
-        *(sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"),
-        f"--max-restarts={restarts}",
-    ]
+    launcher = [*TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", f"--max-restarts={restarts}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([*launcher, str(WORKER), *argv], env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]

@@ -138,7 +138,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
     step = int(ckpt.name.split("_")[1])
     assert initial.name == "step_000000"
     assert step > 0
-    resumed = subprocess.run([*cmd[:9], str(step + 2), *cmd[10:]], capture_output=True, text=True, env=env)
+    # the same command again, forked by the fork server (trimtab.cli.main in a fresh process)
+    resumed = trimtab_cli([*cmd[3:9], str(step + 2), *cmd[10:]], tmp_path, env)
     assert resumed.returncode == 0, resumed.stderr
     assert f"completed: step {step + 2}/{step + 2}" in resumed.stdout
     assert f"resuming from {ckpt}" in resumed.stderr
@@ -167,7 +168,7 @@ def test_sigterm_during_start_up_exits_zero_and_the_rerun_trains(tmp_path):
     )
     assert not out.exists()  # stopped before it wrote anything: not even an empty run directory
     assert not [p for p in (tmp_path / "cache").rglob("*") if ".tmp" in p.name]
-    rerun = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    rerun = trimtab_cli(cmd[3:], tmp_path, env)  # the fork server's fresh process: torch imported once
     assert rerun.returncode == 0, rerun.stderr
     assert "completed: step 2/2 (2 this session," in rerun.stdout
 

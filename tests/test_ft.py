@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import trimtab_cli
+from helpers import TORCHRUN, TRIMTAB_MAIN, trimtab_cli
 from trimtab.config import load_config
 from trimtab.errors import ConfigError
 from trimtab.rundir import read_decisions, read_metrics
@@ -132,7 +132,7 @@ def test_two_replica_groups_train_exactly_as_one_process(tmp_path):
 
 def torchrun(out, group: int, lighthouse: str, strategy: str, *extra: str) -> list[str]:
     """One replica group of two ranks (torchrun, DDP or FSDP2), as a user starts it."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "trimtab"]
+    launcher = [*TORCHRUN, "--standalone", "--nproc_per_node=2", TRIMTAB_MAIN]
     return launcher + command(out, group, lighthouse, "--set", f"distributed.strategy={strategy}", *extra)
 
 

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch.distributed as dist
 
-from helpers import SRC, WORKER, assert_close, config, free_port, losses, run, run_relaunched
+from helpers import SRC, TORCHRUN, WORKER, assert_close, config, free_port, losses, run, run_relaunched
 from trimtab.config import load_config
 from trimtab.errors import ConfigError
 from trimtab.orchestrator.faults import parse_fault
@@ -396,7 +396,7 @@ def node(port: int, host_store: bool, cfg: dict, record: str, log, ranks: int = 
         f"is_host={int(host_store)},last_call_timeout=2,join_timeout=120,keep_alive_interval=2,keep_alive_max_attempt=3"
     )
     command = [
-        *(sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", f"--nproc_per_node={ranks}"),
+        *(*TORCHRUN, "--nnodes=1:2", f"--nproc_per_node={ranks}"),
         *("--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic", f"--rdzv-conf={rdzv}"),
         *("--max-restarts=3", "--monitor-interval=0.2", str(WORKER), json.dumps(cfg), record),
     ]
