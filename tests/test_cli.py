@@ -1,6 +1,7 @@
 """The CLI as a user runs it: exit codes, one-line errors, the README's commands."""
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -171,6 +172,26 @@ def test_sigterm_during_start_up_exits_zero_and_the_rerun_trains(tmp_path):
     rerun = trimtab_cli(cmd[3:], tmp_path, env)  # the fork server's fresh process: torch imported once
     assert rerun.returncode == 0, rerun.stderr
     assert "completed: step 2/2 (2 this session," in rerun.stdout
+
+
+def test_a_resume_over_a_corpus_edited_to_as_many_rows_is_refused(tmp_path, capsys):
+    """The corpus reordered between two sessions cuts into as many rows as before: resumed, the
+    run would draw other rows at its checkpoint's positions (and a rollback would leave other rows
+    out) without a word. The resume is refused naming the source; the data restored resumes."""
+    data = tmp_path / "code.jsonl"
+    lines = [json.dumps({"text": f"def f{i}(x):\n    return x * {i} + {i * i}\n"}) for i in range(400)]
+    data.write_text("\n".join(lines) + "\n")
+    train = ["train", "--preset", "debug", "--out", str(tmp_path / "r"), *FAST, "--set", f"data.source={data}"]
+    train += ["--set", "data.eval_fraction=0", "--set", "checkpoint.every=2", "--set", "log.report=false"]
+    assert main([*train, "--max-steps", "2"]) == 0
+    data.write_text("\n".join(reversed(lines)) + "\n")  # the same documents, the same tokens in all
+    capsys.readouterr()
+    assert main([*train, "--max-steps", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "read other data in code.jsonl than the data now gives: as many rows (" in err and "train.init_from" in err
+    data.write_text("\n".join(lines) + "\n")
+    assert main([*train, "--max-steps", "4"]) == 0
+    assert "completed: step 4/4 (2 this session" in capsys.readouterr().out
 
 
 def test_a_finished_run_says_so_in_one_line_and_exits_zero(tmp_path, capsys):

@@ -386,6 +386,22 @@ def test_resume_from_state_dict_gives_identical_batches_across_epochs():
     assert len(epochs) >= 3
     with pytest.raises(DataError, match="rows"):
         BatchLoader(synthetic_rows(5), 60, 30, 9, 0).load_state_dict(state)
+    # as many rows, other tokens (an edited corpus): refused, naming what to do
+    with pytest.raises(DataError, match=r"other data in source0 .* as many rows \(23\), other tokens"):
+        BatchLoader(synthetic_rows(seed=1), 60, 30, 9, 0).load_state_dict(state)
+    # a checkpoint from before the digest resumes as it did
+    older = {**state, "parts": [{k: v for k, v in part.items() if k != "digest"} for part in state["parts"]]}
+    BatchLoader(synthetic_rows(seed=1), 60, 30, 9, 0).load_state_dict(older)
+
+
+def test_the_digest_is_taken_before_a_row_is_rewritten_in_memory():
+    """Fault injection's bad data rewrites a row in memory: a loader made afterwards (a phase
+    entered again by a rollback) still holds the data's own digest, and so does one made fresh."""
+    rows = synthetic_rows()
+    state = BatchLoader(rows, 60, 30, 9, 0).state_dict()
+    rows.replace(3, np.zeros(rows.length(3) + 1, dtype=np.int32))
+    BatchLoader(rows, 60, 30, 9, 0).load_state_dict(state)
+    BatchLoader(synthetic_rows(), 60, 30, 9, 0).load_state_dict(state)
 
 
 def test_halving_micro_batch_tokens_keeps_rows_and_targets():

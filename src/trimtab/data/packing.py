@@ -134,6 +134,20 @@ class Rows:
         self.lengths = lengths.astype(np.int64)  # [R] input positions, each <= seq_len
         self.n_tokens = int(self.lengths.sum())
         self.docs = docs  # the documents the rows were cut from: their sources
+        self._fingerprint: str | None = None
+
+    def fingerprint(self) -> str:
+        """What the rows hold (their tokens, masks, starts and lengths) as a digest, for a resumed
+        loader to check against its checkpoint's. Taken once, at the first loader, before fault
+        injection rewrites a row in memory (`replace`): 5 ms for the built-in corpus, 0.3 s for 100M tokens."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256()
+            tokens, mask = np.ascontiguousarray(self.tokens, np.int32), np.ascontiguousarray(self.mask, np.bool_)
+            for a in (tokens, mask, self.starts, self.lengths):  # one dtype each, fresh or from the cache
+                digest.update(str(a.shape).encode())
+                digest.update(a.view(np.uint8))
+            self._fingerprint = digest.hexdigest()[:16]
+        return self._fingerprint
 
     def sources(self, i: int) -> list[str]:
         """The sources of the documents row i overlaps (a packed row can span several)."""
@@ -376,6 +390,9 @@ class BatchLoader:
         self._orders = [self._permutation(p, 0) for p in range(len(parts))]
         self.drawn = [0] * len(parts)  # tokens served from each source
         self.skipped: set[int] = set()  # rows a rollback took out of training (bad data)
+        # what each source's rows hold: a resume over other data with as many rows is refused (the
+        # order and the rows a rollback left out would then be other rows)
+        self.digests = [p.fingerprint() for p in parts]
 
     @property
     def epoch(self) -> int:
@@ -451,8 +468,10 @@ class BatchLoader:
             "n_rows": self.sizes[0],
             "skipped": sorted(self.skipped),
             "parts": [
-                {"name": n, "epoch": e, "cursor": c, "n_rows": size, "drawn": d}
-                for n, e, c, size, d in zip(self.names, self._epochs, self._cursors, self.sizes, self.drawn)
+                {"name": n, "epoch": e, "cursor": c, "n_rows": size, "drawn": d, "digest": digest}
+                for n, e, c, size, d, digest in zip(
+                    self.names, self._epochs, self._cursors, self.sizes, self.drawn, self.digests
+                )
             ],
         }
 
@@ -469,6 +488,12 @@ class BatchLoader:
                 raise DataError(
                     f"the checkpoint's data loader had {saved['n_rows']} rows in {name} but the data now "
                     f"gives {size}; resume with the same data.* settings and corpus"
+                )
+            if saved.get("digest", self.digests[part]) != self.digests[part]:  # older checkpoints: none
+                raise DataError(
+                    f"the checkpoint's data loader read other data in {name} than the data now gives: as many "
+                    f"rows ({size}), other tokens (the corpus, its order or a data.* setting changed); resume "
+                    "with the data it was trained on, or start a new run from its weights (train.init_from)"
                 )
             self._epochs[part], self._cursors[part] = int(saved["epoch"]), int(saved["cursor"])
             self.drawn[part] = int(saved["drawn"])
