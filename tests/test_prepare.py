@@ -11,7 +11,7 @@ import pytest
 from trimtab.cli import main
 from trimtab.config import DataConfig
 from trimtab.data import prepare as prepare_py
-from trimtab.data.packing import build_splits
+from trimtab.data.packing import BatchLoader, build_splits
 from trimtab.data.prepare import Options, prepare
 from trimtab.data.prepared import PreparedData, ShardedRows, held_out
 from trimtab.data.sources import read_documents
@@ -81,6 +81,23 @@ def test_packed_rows_equal_the_in_memory_pipeline(tmp_path, tok_file):
         assert len(sharded) == len(memory) > 10
         for i in range(len(memory)):
             assert all(np.array_equal(x, y) for x, y in zip(sharded.get(i), memory.get(i))), (pack, i)
+
+
+def test_a_loader_resumes_only_over_the_prepared_data_it_drew_from(tmp_path, tok_file):
+    """The same documents prepared in another order cut into as many packed rows holding other
+    tokens: a checkpoint's loader state is refused there (the digest is the manifest's shard
+    sha256s and the row bounds, no token read), and accepted over the same directory reopened."""
+    lines = [json.dumps({"text": f"{WORDS[i % 12]} " * (3 + i % 7)}) + "\n" for i in range(60)]
+    for name, order in (("a", lines), ("b", lines[::-1])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "docs.jsonl").write_text("".join(order))
+        prepare([str(tmp_path / name / "docs.jsonl")], tmp_path / f"p{name}", tokenizer=str(tok_file))
+    a, b = (ShardedRows(PreparedData(tmp_path / f"p{n}"), 16, True, "train", 0.0) for n in "ab")
+    assert len(a) == len(b) > 4 and a.get(0)[0].tolist() != b.get(0)[0].tolist()
+    state = BatchLoader(a, 64, 64, seed=0, pad_id=0).state_dict()
+    BatchLoader(ShardedRows(PreparedData(tmp_path / "pa"), 16, True, "train", 0.0), 64, 64, 0, 0).load_state_dict(state)
+    with pytest.raises(DataError, match="other data in source0 than the data now gives: as many rows"):
+        BatchLoader(b, 64, 64, seed=0, pad_id=0).load_state_dict(state)
 
 
 def test_the_held_out_split_is_disjoint_fixed_and_near_its_fraction():

@@ -226,8 +226,8 @@ class ShardedRows:
 
     def fingerprint(self) -> str:
         """What the rows hold as a digest (packing.Rows.fingerprint's), without reading a token:
-        the tokenizer's and the shards' sha256s as the manifest holds them
-        and where each row begins and ends."""
+        the tokenizer's and the shards' sha256s as the manifest holds them, and where each row
+        begins and ends."""
         shards = [shard["sha256"] for shard in self.data.manifest["shards"]]
         digest = hashlib.sha256(json.dumps([self.data.tokenizer_sha, shards, self.seq_len, self.pack]).encode())
         for a in (self._segments.start, self._segments.vstart) if self.pack else (self._starts, self._lengths):
