@@ -50,6 +50,17 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def rows_digest(head: str, *arrays: np.ndarray) -> str:
+    """A short digest of `head` and the arrays' values (each as its shape and bytes): what a
+    split's rows hold, for a resumed loader to check (packing.Rows, ShardedRows)."""
+    digest = hashlib.sha256(head.encode())
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        digest.update(str(a.shape).encode())
+        digest.update(a.view(np.uint8))
+    return digest.hexdigest()[:16]
+
+
 class PreparedData:
     """A prepared directory, opened: shards read on demand, their index in memory (D + S
     entries, small beside the tokens)."""
@@ -229,10 +240,9 @@ class ShardedRows:
         the tokenizer's and the shards' sha256s as the manifest holds them, and where each row
         begins and ends."""
         shards = [shard["sha256"] for shard in self.data.manifest["shards"]]
-        digest = hashlib.sha256(json.dumps([self.data.tokenizer_sha, shards, self.seq_len, self.pack]).encode())
-        for a in (self._segments.start, self._segments.vstart) if self.pack else (self._starts, self._lengths):
-            digest.update(np.ascontiguousarray(a, dtype=np.int64).view(np.uint8))
-        return digest.hexdigest()[:16]
+        head = json.dumps([self.data.tokenizer_sha, shards, self.seq_len, self.pack])
+        bounds = (self._segments.start, self._segments.vstart) if self.pack else (self._starts, self._lengths)
+        return rows_digest(head, *(np.asarray(a, dtype=np.int64) for a in bounds))
 
     def length(self, i: int) -> int:
         return self.seq_len if self.pack else int(self._lengths[i])
