@@ -56,7 +56,7 @@ def test_the_answer_is_cached_per_model_shape(timings):
     timings.fp32, timings.bf16 = 9.0, 1.0  # a new probe would now say bf16: the cache answers
     again = cp.refine_cpu_precision(BF16, cfg, build_model(cfg.model))
     assert first.name == again.name == "fp32" and len(timings.calls) == 1
-    cp.cache_path().write_text("{not json")  # a corrupt cache is measured again, not an error
+    cp.cpu_precision_path().write_text("{not json")  # a corrupt cache is measured again, not an error
     assert cp.refine_cpu_precision(BF16, cfg, build_model(cfg.model)).name == "bf16"
     assert len(timings.calls) == 2
 
@@ -113,7 +113,7 @@ def test_the_trainer_saves_its_precision_and_a_resume_reuses_it(tmp_path, monkey
     assert first.precision.name == "fp32"  # the model's step measured slower in bf16
     first.fit()
     monkeypatch.setattr(cp, "_probe", lambda *a: {"fp32_s": 2.0, "bf16_s": 1.0, "measured": "x", "reps": 3})
-    cp.cache_path().unlink()  # a new probe would now say bf16
+    cp.cpu_precision_path().unlink()  # a new probe would now say bf16
     resumed = Trainer(setup(load_config(preset="debug", overrides=run, sets=[*sets, "train.max_steps=3"])))
     assert resumed.state.step == 2
     assert resumed.precision.name == "fp32" and "checkpoint" in resumed.precision.reason

@@ -20,13 +20,39 @@ def test_cpu_without_native_bf16_trains_in_fp32(monkeypatch):
     assert p.autocast_dtype is None and p.grad_scaler() is None
 
 
-def test_cpu_with_bf16_picks_the_faster_measured_dtype(monkeypatch):
+def test_cpu_with_bf16_picks_the_faster_measured_dtype_measured_once(tmp_path, monkeypatch):
     monkeypatch.setattr(hw, "cpu_has_native_bf16", lambda: True)
-    monkeypatch.setattr(hw, "_matmul_seconds", lambda dtype, *a, **k: 1.0 if dtype == torch.float32 else 0.5)
+    monkeypatch.setenv("TRIMTAB_CACHE", str(tmp_path / "a"))
+    timed = []
+    monkeypatch.setattr(
+        hw, "_matmul_seconds", lambda dtype, *a: timed.append(dtype) or (1.0 if dtype == torch.float32 else 0.5)
+    )
     p = hw.choose_precision(torch.device("cpu"), "auto")
-    assert p.name == "bf16" and "2.0x faster" in p.reason
-    monkeypatch.setattr(hw, "_matmul_seconds", lambda dtype, *a, **k: 0.5 if dtype == torch.float32 else 1.0)
+    assert p.name == "bf16" and "2.0x faster" in p.reason and "cached" in p.reason and len(timed) == 2
+    assert hw.choose_precision(torch.device("cpu"), "auto").name == "bf16" and len(timed) == 2  # read, not timed
+    monkeypatch.setattr(hw, "_matmul_seconds", lambda dtype, *a: 0.5 if dtype == torch.float32 else 1.0)
+    assert hw.choose_precision(torch.device("cpu"), "auto").name == "bf16"  # the cache's answer
+    hw.cpu_precision_path().write_text("{not json")  # a corrupt cache is measured again
     assert hw.choose_precision(torch.device("cpu"), "auto").name == "fp32"
+    monkeypatch.setenv("TRIMTAB_CACHE", str(tmp_path / "b"))  # another machine's cache: its own measurement
+    monkeypatch.setattr(hw, "_matmul_seconds", lambda dtype, *a: 1.0 if dtype == torch.float32 else 0.5)
+    assert hw.choose_precision(torch.device("cpu"), "auto").name == "bf16"
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)  # another thread count: measured again
+    monkeypatch.setattr(hw, "_matmul_seconds", lambda dtype, *a: 0.5 if dtype == torch.float32 else 1.0)
+    assert hw.choose_precision(torch.device("cpu"), "auto").name == "fp32"
+
+
+def test_measuring_the_cpu_draws_none_of_the_runs_random_numbers(tmp_path, monkeypatch):
+    """The bf16 / fp32 matmuls (and the peak's) draw from their own generator: from the global one,
+    a run's initial weights depended on whether this machine's cache held the timings yet."""
+    monkeypatch.setenv("TRIMTAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(hw, "MATMUL_N", 64)
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    torch.manual_seed(3)
+    assert hw.timings_valid(hw.cpu_matmul_timings())  # measured: nothing in the cache
+    hw._matmul_seconds(torch.float32, 64, 2)
+    assert torch.equal(torch.rand(4), expected)
 
 
 def test_requested_precision_wins_and_fp16_gets_a_scaler():

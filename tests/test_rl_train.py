@@ -359,7 +359,7 @@ def test_data_parallel_rollouts_answer_a_share_each_and_agree_on_every_figure(tm
     likelihood_rules_off = {rule: {"enabled": False} for rule in RL_OFF}  # as `trimtab rl` turns them off
     train = {"init_from": str(base), "max_steps": 12}
     ranks = run(
-        tmp_path / "dp", 2, rl=rl, train=train, optim={"lr": 1e-2, "warmup_steps": 0}, orchestrator=likelihood_rules_off
+        tmp_path / "dp", 2, rl=rl, train=train, optim={"lr": 2e-2, "warmup_steps": 0}, orchestrator=likelihood_rules_off
     )
     a, b = ranks
     assert a["weights"] == b["weights"] and a["decisions"] == b["decisions"] and a["summary"]["status"] == "completed"
@@ -369,6 +369,7 @@ def test_data_parallel_rollouts_answer_a_share_each_and_agree_on_every_figure(tm
     logged = [m for m in logged if "rl/reward" in m]
     assert [m["rl/groups_drawn"] for m in logged] == [8.0] * 12  # both ranks' groups
     rewards = [m["rl/reward"] for m in logged]
+    # lr 2e-2: the gain over seeds 1, 3, 4 and 1234 was 0.74-0.85; at 1e-2, 0.10-0.56 over eight
     assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.3, rewards
 
 

@@ -3,7 +3,7 @@ written down for the user), and the peak FLOP/s that MFU is measured against.
 
 CUDA: bf16 autocast where the GPU supports it (Ampere+), else fp16 with a GradScaler.
 MPS: fp16 autocast. CPU: fp32, unless the CPU has native bf16 (AVX512-BF16 / AMX) and a quick
-matmul measurement shows bf16 is faster; on CPUs without it, bf16 is emulated and slower. The
+matmul measurement (once, cached) shows bf16 is faster; on CPUs without it, bf16 is emulated and slower. The
 trainer then times the model's own step before keeping bf16 (training/services/cpu_precision.py).
 
 The trainer, `trimtab doctor` and `trimtab plan` all ask here, so they agree. One GPU table
@@ -123,17 +123,48 @@ def choose_precision(device: torch.device, requested: str) -> Precision:
     capability = torch.backends.cpu.get_cpu_capability()
     if not cpu_has_native_bf16():
         return Precision(device, "fp32", f"CPU ({capability}) has no native bf16: fp32 is fastest")
-    fp32, bf16 = _matmul_seconds(torch.float32), _matmul_seconds(torch.bfloat16)
+    timed = cpu_matmul_timings()
+    fp32, bf16, when = timed["fp32_s"], timed["bf16_s"], f"({timed['measured']}, cached)"
     if bf16 < fp32:
         # a run then keeps bf16 only if its model's step is faster too (training/services/cpu_precision.py)
-        return Precision(device, "bf16", f"CPU ({capability}) bf16 matmul measured {fp32 / bf16:.1f}x faster")
-    return Precision(device, "fp32", f"CPU ({capability}) bf16 measured no faster than fp32")
+        return Precision(device, "bf16", f"CPU ({capability}) bf16 matmul measured {fp32 / bf16:.1f}x faster {when}")
+    return Precision(device, "fp32", f"CPU ({capability}) bf16 measured no faster than fp32 {when}")
 
 
-def _matmul_seconds(dtype: torch.dtype, n: int = 1024, reps: int = 3) -> float:
-    """Best time of `reps` n x n matmuls: the best is the least disturbed by other load."""
-    a = torch.randn(n, n, dtype=dtype)
-    b = torch.randn(n, n, dtype=dtype)
+def cpu_matmul_timings() -> dict[str, Any]:
+    """Best seconds of an n x n matmul in fp32 and in bf16 on this CPU, torch and thread count:
+    measured the first time, then read from cpu_precision_path() (every start measured them
+    otherwise: 0.2-0.4 s of a 2-core machine's time)."""
+    key = f"{cpu_model()} | torch {torch.__version__} | threads {torch.get_num_threads()} | matmul {MATMUL_N}"
+    entry = read_cache(cpu_precision_path()).get(key)
+    if not timings_valid(entry):
+        entry = {
+            "fp32_s": _matmul_seconds(torch.float32, MATMUL_N),
+            "bf16_s": _matmul_seconds(torch.bfloat16, MATMUL_N),
+            "measured": datetime.date.today().isoformat(),
+        }
+        write_cache(cpu_precision_path(), {**read_cache(cpu_precision_path()), key: entry})
+    return entry
+
+
+def timings_valid(entry: object) -> bool:
+    """A cached fp32 / bf16 timing (the matmul's here, a model step's in cpu_precision.py) that
+    can be compared: both positive and finite."""
+    return isinstance(entry, dict) and all(
+        isinstance(entry.get(k), (int, float)) and 0 < entry[k] < math.inf for k in ("fp32_s", "bf16_s")
+    )
+
+
+MATMUL_N = 1024  # the bf16 / fp32 comparison's size: seconds at most
+
+
+def _matmul_seconds(dtype: torch.dtype, n: int, reps: int = 3) -> float:
+    """Best time of `reps` n x n matmuls: the best is the least disturbed by other load. Its own
+    generator: drawn from the global one, a run's initial weights would depend on whether this
+    was measured or read from the cache."""
+    rng = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=rng).to(dtype)
+    b = torch.randn(n, n, generator=rng).to(dtype)
     a @ b  # warm-up
     best = math.inf
     for _ in range(reps):
@@ -375,6 +406,12 @@ def _max_clock_hz(cpuinfo: str) -> float | None:
 
 def cpu_peak_path() -> Path:
     return cache_dir() / "cpu_peak.json"
+
+
+def cpu_precision_path() -> Path:
+    """bf16 against fp32 on this CPU: the matmul's timings (cpu_matmul_timings) and each model
+    step's (training/services/cpu_precision.py)."""
+    return cache_dir() / "cpu_precision.json"
 
 
 def read_cache(path: Path) -> dict[str, Any]:

@@ -25,14 +25,12 @@ import json
 import logging
 import math
 import time
-from pathlib import Path
 
 import torch
 
 from trimtab.config import RunConfig
-from trimtab.hardware import Precision, cpu_model, read_cache, write_cache
+from trimtab.hardware import Precision, cpu_model, cpu_precision_path, read_cache, timings_valid, write_cache
 from trimtab.model import Transformer
-from trimtab.paths import cache_dir
 from trimtab.training.loss import cross_entropy_sum
 
 log = logging.getLogger(__name__)
@@ -60,20 +58,16 @@ def refine_cpu_precision(
         return dataclasses.replace(precision, reason=f"{precision.reason}; a model this large is matmul-bound")
     rows = max(1, min(cfg.train.micro_budget, PROBE_TOKENS) // cfg.data.seq_len)
     key = probe_key(cfg, rows)
-    entry = read_cache(cache_path()).get(key)
-    if not _valid(entry):
-        log.info("timing a training step of this model in fp32 and bf16 (once; cached in %s)", cache_path())
+    entry = read_cache(cpu_precision_path()).get(key)
+    if not timings_valid(entry):
+        log.info("timing a training step of this model in fp32 and bf16 (once; cached in %s)", cpu_precision_path())
         entry = _probe(model, rows, cfg.data.seq_len)
-        write_cache(cache_path(), {**read_cache(cache_path()), key: entry})
+        write_cache(cpu_precision_path(), {**read_cache(cpu_precision_path()), key: entry})
     speedup = entry["fp32_s"] / entry["bf16_s"]
     measured = f"this model's training step measured {speedup:.2f}x in bf16 autocast ({entry['measured']}, cached)"
     if speedup >= MARGIN:
         return dataclasses.replace(precision, reason=f"{precision.reason}; {measured}")
     return dataclasses.replace(precision, name="fp32", reason=f"{measured}, under {MARGIN}x: fp32")
-
-
-def cache_path() -> Path:
-    return cache_dir() / "cpu_precision.json"
 
 
 def probe_key(cfg: RunConfig, rows: int) -> str:
@@ -83,12 +77,6 @@ def probe_key(cfg: RunConfig, rows: int) -> str:
     return (
         f"{cpu_model()} | torch {torch.__version__} | threads {torch.get_num_threads()} | model {digest}"
         f" | checkpointing {cfg.train.activation_checkpointing} | {rows} x {cfg.data.seq_len}"
-    )
-
-
-def _valid(entry: object) -> bool:
-    return isinstance(entry, dict) and all(
-        isinstance(entry.get(k), (int, float)) and 0 < entry[k] < math.inf for k in ("fp32_s", "bf16_s")
     )
 
 
