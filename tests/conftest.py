@@ -103,21 +103,25 @@ def pytest_sessionfinish(session):
 
 @pytest.fixture(autouse=True, scope="session")
 def _shared_cache(tmp_path_factory):
-    """One tokenizer/token cache for the whole session, never the user's ~/.cache."""
+    """One cache (tokenizers, tokens, the CPU's measured peak and bf16 timings) for the whole
+    session, never the user's ~/.cache: under xdist one for both workers (their basetemps' common
+    folder), so each is built or measured once (its writes are atomic renames, as for two runs
+    of a user's sharing ~/.cache/trimtab)."""
     mp = pytest.MonkeyPatch()
-    mp.setenv("TRIMTAB_CACHE", str(tmp_path_factory.mktemp("trimtab-cache")))
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent / "trimtab-cache" if os.environ.get("PYTEST_XDIST_WORKER") else base / "trimtab-cache"
+    shared.mkdir(exist_ok=True)
+    mp.setenv("TRIMTAB_CACHE", str(shared))
     yield
     mp.undo()
 
 
-# Modules whose runs' report.html is looked at; elsewhere the end-of-run report (0.3-0.7 s of plotly
-# per run, ~160 runs in the suite) is not written. It never changes a run (ReportWriter warns and
-# goes on whatever fails), and tests/test_report.py tests it end to end, written by default.
-REPORTED = {"test_report.py", "test_tracking.py"}
-
-
 @pytest.fixture(autouse=True)
 def _no_report(request, monkeypatch):
+    """The end-of-run report, only where it is looked at (helpers.REPORTED; `trimtab` commands the
+    fork server runs: helpers.trimtab_cli)."""
+    from helpers import REPORTED
+
     if request.path.name not in REPORTED:
         from trimtab.training.hooks import ReportWriter
 

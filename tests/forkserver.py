@@ -16,12 +16,14 @@ torchrun, the console script).
 
 Protocol, one JSON line each way per job:
     in:  {"nproc": N, "argv": [...dist_worker.py arguments], "timeout": seconds, "log": path}
-         or {"cli": [...trimtab arguments], "cwd": dir, "env": {...}, "timeout": seconds, "log": path}
+         or {"cli": [...trimtab arguments], "cwd": dir, "env": {...}, "timeout": seconds, "log": path,
+             "report": false: no end-of-run report (tests/helpers.py REPORTED)}
     out: {"rc": exit code of the first rank to fail (0: all passed; -9: past the timeout)}
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -30,14 +32,13 @@ import traceback
 
 os.environ["OMP_NUM_THREADS"] = "1"
 
-import torch._dynamo  # noqa: E402, F401  (what an optimizer's first construction imports: 1.4 s)
-
 import dist_worker  # noqa: E402  (after OMP_NUM_THREADS: imports torch)
-import trimtab.api  # noqa: E402, F401
-import trimtab.cli  # noqa: E402  (its commands import lazily; not lm_eval: it starts a thread)
-import trimtab.hf.export  # noqa: E402, F401  (transformers)
-import trimtab.report  # noqa: E402, F401  (the end of a run)
-from helpers import free_port  # noqa: E402
+import trimtab.cli  # noqa: E402
+from helpers import PRELOADED, free_port  # noqa: E402
+from trimtab.training.hooks import ReportWriter  # noqa: E402
+
+for _name in PRELOADED:  # what each child would otherwise import again (tests/helpers.py)
+    importlib.import_module(_name)
 
 
 def _child(body) -> None:
@@ -86,6 +87,8 @@ def _cli(job: dict) -> int:
     os.dup2(os.open(f"{job['log']}.out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
     os.dup2(os.open(f"{job['log']}.err", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
     sys.argv = ["trimtab", *job["cli"]]
+    if not job.get("report", True):  # as tests/conftest.py `_no_report` in the test's own process
+        ReportWriter.on_train_end = lambda self, run, summary: None
     return trimtab.cli.main(job["cli"])
 
 

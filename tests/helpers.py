@@ -108,6 +108,23 @@ def _job(out: Path, nproc: int, overrides: dict) -> tuple[list[str], Callable[[]
     return argv, lambda: [json.loads(Path(str(record).format(rank=r)).read_text()) for r in range(nproc)]
 
 
+# What a process that forks runs (tests/forkserver.py, TORCHRUN's agent) imports first, so that each
+# child does not: an optimizer's first construction imports torch._dynamo (1.5 s of CPU), a run's
+# TensorBoard writer torch.utils.tensorboard, its checkpoint torch.distributed.checkpoint (with its
+# fsspec writer) and its end the report; `trimtab` commands their modules (not lm_eval's: it starts
+# a thread). Measured over the suite (py-spy): the children of the fork server spent 21 s of CPU
+# importing tensorboard and DCP, one at a time.
+PRELOADED = (
+    "torch._dynamo",
+    "torch.utils.tensorboard",
+    "torch.distributed.checkpoint.state_dict",
+    "torch.distributed.checkpoint._fsspec_filesystem",
+    "trimtab.api",
+    "trimtab.cli",
+    "trimtab.hf.export",
+    "trimtab.report",
+)
+
 # torchrun (`python -m torch.distributed.run`: its argument parsing, elastic agent, rendezvous and
 # restarts) with the ranks forked from its agent, which imported torch and trimtab once: torchrun's
 # own `--run-path --start-method fork` (the script run by runpy in the forked worker). A rank
@@ -118,7 +135,7 @@ def _job(out: Path, nproc: int, overrides: dict) -> tuple[list[str], Callable[[]
 TORCHRUN = [
     sys.executable,
     "-c",
-    "import torch._dynamo, trimtab.api, trimtab.cli, trimtab.hf.export; from torch.distributed.run import main; main()",
+    f"import {', '.join(PRELOADED)}; from torch.distributed.run import main; main()",
     "--run-path",
     "--start-method=fork",
 ]
@@ -149,9 +166,23 @@ def trimtab_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -
         log = Path(logs) / "log"
         rc = _fork_server(
             {"cli": list(args), "cwd": str(cwd), "env": dict(env or os.environ), "timeout": 600, "log": str(log)}
+            | {"report": _reported()}
         )
         out, err = (Path(f"{log}.{name}").read_text() for name in ("out", "err"))
     return subprocess.CompletedProcess(["trimtab", *args], rc, out, err)
+
+
+# Modules whose runs' report.html is looked at; elsewhere the end-of-run report (0.3-0.7 s of plotly
+# per run, ~160 runs in the suite) is not written (tests/conftest.py `_no_report`, and trimtab_cli).
+# It never changes a run (ReportWriter warns and goes on whatever fails), and tests/test_report.py
+# tests it end to end, written by default.
+REPORTED = {"test_report.py", "test_tracking.py"}
+
+
+def _reported() -> bool:
+    """Whether the test running looks at its runs' reports (REPORTED)."""
+    test = os.environ.get("PYTEST_CURRENT_TEST", "")
+    return Path(test.split("::")[0]).name in REPORTED
 
 
 _server: subprocess.Popen | None = None

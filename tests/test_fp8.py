@@ -3,6 +3,7 @@ reason where float8 tensor cores are missing; where allowed, the linear layers t
 through torchao (here on the CPU, torchao's emulated float8 matmuls standing in for the GPU's),
 checkpoints keep their keys, and a run resumes in either precision."""
 
+import importlib.util
 import json
 
 import pytest
@@ -13,11 +14,17 @@ from trimtab.config import load_config
 from trimtab.errors import ConfigError
 from trimtab.model import build_model
 from trimtab.training.loss import cross_entropy_sum
+from trimtab.training.services.float8 import to_float8
 
-pytest.importorskip("torchao.float8")
-from torchao.float8.float8_linear import Float8Linear  # noqa: E402
+# torchao imported by the tests that use it, not at collection (2.3 s of CPU in each test worker)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is not installed")
 
-from trimtab.training.services.float8 import to_float8  # noqa: E402
+
+def float8_linear() -> type:
+    from torchao.float8.float8_linear import Float8Linear  # noqa: PLC0415
+
+    return Float8Linear
+
 
 SETS = ["train.eval_every=0", "log.progress=false", "log.tensorboard=false", "data.max_bytes=150000"]
 SETS += ["model.d_model=64", "model.n_layers=2", "model.n_heads=4", "optim.warmup_steps=0", "train.log_every=1"]
@@ -47,7 +54,7 @@ def test_the_linear_layers_train_in_float8_and_keep_their_names(recipe):
     swapped = to_float8(fp8, recipe)
     # every attention and feed-forward projection, not the lm head
     assert len(swapped) == 2 * 5 and not any("lm_head" in n for n in swapped)
-    assert all(isinstance(fp8.get_submodule(n), Float8Linear) for n in swapped)
+    assert all(isinstance(fp8.get_submodule(n), float8_linear()) for n in swapped)
     assert type(fp8.lm_head) is torch.nn.Linear
     # the same Parameters under the same names: checkpoints and optimizers are unchanged
     assert {n: p for n, p in fp8.named_parameters()} == weights and fp8.state_dict().keys() == plain.state_dict().keys()
@@ -75,7 +82,7 @@ def test_a_run_trains_in_fp8_and_resumes_in_bf16(tmp_path, monkeypatch):
     run = {"out": str(tmp_path / "run")}
     fp8 = Trainer(setup(load_config(preset="debug", overrides=run, sets=[*SETS, "train.max_steps=4", FP8])))
     assert fp8.precision.name == "fp8" and fp8.precision.autocast_dtype == torch.bfloat16
-    assert sum(isinstance(m, Float8Linear) for m in fp8.model.modules()) == 10
+    assert sum(isinstance(m, float8_linear()) for m in fp8.model.modules()) == 10
     summary = fp8.fit()
     rows = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in rows if "loss" in r]
@@ -84,5 +91,5 @@ def test_a_run_trains_in_fp8_and_resumes_in_bf16(tmp_path, monkeypatch):
 
     bf16 = [*SETS, "train.max_steps=5", "train.precision=bf16"]
     resumed = Trainer(setup(load_config(preset="debug", overrides=run, sets=bf16)))
-    assert resumed.state.step == 4 and not any(isinstance(m, Float8Linear) for m in resumed.model.modules())
+    assert resumed.state.step == 4 and not any(isinstance(m, float8_linear()) for m in resumed.model.modules())
     resumed.fit()
