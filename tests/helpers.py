@@ -108,12 +108,13 @@ def _job(out: Path, nproc: int, overrides: dict) -> tuple[list[str], Callable[[]
     return argv, lambda: [json.loads(Path(str(record).format(rank=r)).read_text()) for r in range(nproc)]
 
 
-# What a process that forks runs (tests/forkserver.py, TORCHRUN's agent) imports first, so that each
-# child does not: an optimizer's first construction imports torch._dynamo (1.5 s of CPU), a run's
-# TensorBoard writer torch.utils.tensorboard, its checkpoint torch.distributed.checkpoint (with its
-# fsspec writer) and its end the report; `trimtab` commands their modules (not lm_eval's: it starts
-# a thread). Measured over the suite (py-spy): the children of the fork server spent 21 s of CPU
-# importing tensorboard and DCP, one at a time.
+# What the fork server (tests/forkserver.py) imports first, so that its children do not: an
+# optimizer's first construction imports torch._dynamo (1.5 s of CPU), a run's TensorBoard writer
+# torch.utils.tensorboard, its checkpoint torch.distributed.checkpoint (with its fsspec writer) and
+# its end the report; `trimtab` commands their modules (not lm_eval's: it starts a thread).
+# Measured over the suite (py-spy): its children had spent 21 s of CPU importing tensorboard and
+# DCP, each its own. TORCHRUN's agent imports less: its ranks (tests/dist_worker.py) write no
+# TensorBoard or report, and every agent started pays for what it imports (~25 in the suite).
 PRELOADED = (
     "torch._dynamo",
     "torch.utils.tensorboard",
@@ -135,7 +136,7 @@ PRELOADED = (
 TORCHRUN = [
     sys.executable,
     "-c",
-    f"import {', '.join(PRELOADED)}; from torch.distributed.run import main; main()",
+    "import torch._dynamo, trimtab.api, trimtab.cli, trimtab.hf.export; from torch.distributed.run import main; main()",
     "--run-path",
     "--start-method=fork",
 ]

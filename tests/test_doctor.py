@@ -64,6 +64,7 @@ def test_doctor_reports_the_precision_the_presets_own_step_chose(monkeypatch, tm
         return {"fp32_s": 1.0, "bf16_s": bf16_s, "measured": "2026-11-25", "reps": 3}
 
     monkeypatch.setattr(cpu_precision, "_probe", probe)
+    monkeypatch.setattr(doctor, "peak_flops", lambda precision: (1e11, "a test's"))  # not measured: 2 s a dtype
     facts = doctor.collect(preset=preset, device="cpu")
     assert facts["precision"]["choice"] == expected, facts["precision"]["reason"]
     assert len(probed) == (0 if bf16_s is None else 1)
