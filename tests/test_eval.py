@@ -148,11 +148,16 @@ def test_adapter_equals_lm_evals_hf_backend_on_the_exported_directory(run, tmp_p
     assert ours.loglikelihood_rolling(rolling)[0] == pytest.approx(theirs.loglikelihood_rolling(rolling)[0], abs=1e-3)
 
 
-def test_trimtab_eval_runs_the_shipped_tasks_and_records_them(run, capsys, tmp_path):
+def test_trimtab_eval_runs_the_shipped_tasks_and_records_them(run, capsys, tmp_path, monkeypatch):
+    import torch.utils.collect_env
+
     data = tmp_path / "notes.txt"
     data.write_text(TEXT)
     tasks = "trimtab_tiny,trimtab_tiny_gen,trimtab_tiny_ppl"
+    collected = []  # lm-eval's environment report, which trimtab does not keep: not collected (2 s)
+    monkeypatch.setattr(torch.utils.collect_env, "get_pretty_env_info", lambda: collected.append(1) or "")
     assert main(["eval", str(run), "--tasks", tasks, "--data", str(data), "--limit", "4"]) == 0
+    assert collected == []
     printed = capsys.readouterr().out
     assert "trimtab_tiny: " in printed and "bits per byte" in printed
     [record] = (run / "eval").glob("*.json")
@@ -161,8 +166,13 @@ def test_trimtab_eval_runs_the_shipped_tasks_and_records_them(run, capsys, tmp_p
     assert 0 <= results["tasks"]["trimtab_tiny"]["acc"] <= 1
     assert results["tasks"]["trimtab_tiny_ppl"]["bits_per_byte"] > 0
     assert json.loads((run / "summary.json").read_text())["eval"] == results
-    assert main(["eval", str(run), "--tasks", "no_such_task"]) == 2
     record.unlink()
+
+
+@pytest.mark.parametrize("run", ["debug"], indirect=True)  # one preset: the answer is lm-eval's index (15 s)
+def test_an_unknown_task_is_refused_after_lm_evals_own_tasks_are_searched(run, capsys):
+    assert main(["eval", str(run), "--tasks", "no_such_task"]) == 2
+    assert "--tasks: unknown task 'no_such_task'" in capsys.readouterr().err
 
 
 def test_trimtab_eval_prints_no_lm_eval_info_lines_and_LMEVAL_LOG_LEVEL_brings_them_back(

@@ -101,7 +101,9 @@ class _NotForTrimtab(logging.Filter):
 def _quiet_lm_eval() -> Iterator[None]:
     """lm-eval at WARNING while it runs (module docstring), unless LMEVAL_LOG_LEVEL says otherwise;
     and not asking git for the commit of the current directory (not the model's: lm-eval records
-    it in results trimtab does not keep, and outside a repository git prints an error)."""
+    it in results trimtab does not keep, and outside a repository git prints an error), nor
+    collecting its environment report for those results (torch's collect_env: pip, conda, lscpu
+    and nvidia-smi run as subprocesses, ~2 s of each `trimtab eval` on 2 CPU cores)."""
     import lm_eval.evaluator
     import lm_eval.loggers.utils
 
@@ -114,6 +116,8 @@ def _quiet_lm_eval() -> Iterator[None]:
         for module in (lm_eval.evaluator, lm_eval.loggers.utils):
             if hasattr(module, "get_git_commit_hash"):
                 stack.enter_context(mock.patch.object(module, "get_git_commit_hash", lambda: None))
+        if hasattr(lm_eval.evaluator, "add_env_info"):
+            stack.enter_context(mock.patch.object(lm_eval.evaluator, "add_env_info", lambda storage: None))
         for lg in parents:
             lg.setLevel(level if isinstance(level, int) else logging.WARNING)  # an unknown name: the default
         for lg in {*parents, *named}:
