@@ -101,7 +101,9 @@ def _trimtab(args, work: Path, model: Path, prompts: Path, rep: int) -> dict:
     sets = ["--preset", args.preset, "--set", f"train.init_from={model}", "--set", f"rl.prompts={prompts}"]
     sets += ["--set", f"rl.reward={REWARD}", "--set", f"rl.group_size={args.group}", "--set", "rl.held_out=0"]
     sets += ["--set", f"rl.prompts_per_step={args.prompts_per_step}", "--set", f"rl.max_new_tokens={args.new}"]
-    sets += ["--set", f"optim.lr={args.lr}", "--set", "optim.warmup_steps=0", "--set", "checkpoint.every=0"]
+    # a constant LR, as TRL's (lr_scheduler_type="constant")
+    sets += ["--set", f"optim.lr={args.lr}", "--set", "optim.schedule=constant", "--set", "optim.warmup_steps=0"]
+    sets += ["--set", "checkpoint.every=0"]
     sets += ["--set", "train.log_every=1", "--set", "train.eval_every=0", "--set", "log.progress=false"]
     sets += ["--set", "log.report=false", "--set", "log.tensorboard=false", "--set", "train.precision=fp32"]
     # one forward and backward of the step's responses, as TRL's (per_device_train_batch_size =
