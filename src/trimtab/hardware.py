@@ -3,8 +3,9 @@ written down for the user), and the peak FLOP/s that MFU is measured against.
 
 CUDA: bf16 autocast where the GPU supports it (Ampere+), else fp16 with a GradScaler.
 MPS: fp16 autocast. CPU: fp32, unless the CPU has native bf16 (AVX512-BF16 / AMX) and a quick
-matmul measurement (once, cached) shows bf16 is faster; on CPUs without it, bf16 is emulated and slower. The
-trainer then times the model's own step before keeping bf16 (training/services/cpu_precision.py).
+matmul measurement (once, cached) shows bf16 is faster; on CPUs without it, bf16 is emulated and
+slower. The trainer then times the model's own step before keeping bf16
+(training/services/cpu_precision.py).
 
 The trainer, `trimtab doctor` and `trimtab plan` all ask here, so they agree. One GPU table
 serves MFU and the planner's memory check. A CPU has no datasheet here: its peak is a matmul rate
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 # fp8: the linear layers' matmuls in float8 (training/services/float8.py), the rest in bf16 autocast
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 FP8_CAPABILITY = (8, 9)  # Ada and Hopper: the first with float8 tensor cores (torch._scaled_mm)
+MATMUL_N = 1024  # the CPU's bf16 / fp32 comparison: 10-30 ms a matmul on one core
 
 
 @dataclass
@@ -153,9 +155,6 @@ def timings_valid(entry: object) -> bool:
     return isinstance(entry, dict) and all(
         isinstance(entry.get(k), (int, float)) and 0 < entry[k] < math.inf for k in ("fp32_s", "bf16_s")
     )
-
-
-MATMUL_N = 1024  # the bf16 / fp32 comparison's size: seconds at most
 
 
 def _matmul_seconds(dtype: torch.dtype, n: int, reps: int = 3) -> float:
