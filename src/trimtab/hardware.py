@@ -25,6 +25,7 @@ import math
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,14 +138,23 @@ def cpu_matmul_timings() -> dict[str, Any]:
     """Best seconds of an n x n matmul in fp32 and in bf16 on this CPU, torch and thread count:
     measured the first time, then read from cpu_precision_path() (every start measured them
     otherwise: 0.2-0.4 s of a 2-core machine's time)."""
-    key = f"{cpu_model()} | torch {torch.__version__} | threads {torch.get_num_threads()} | matmul {MATMUL_N}"
-    entry = read_cache(cpu_precision_path()).get(key)
-    if not timings_valid(entry):
-        entry = {
+    return cached_timings(
+        f"{machine_key()} | matmul {MATMUL_N}",
+        lambda: {
             "fp32_s": _matmul_seconds(torch.float32, MATMUL_N),
             "bf16_s": _matmul_seconds(torch.bfloat16, MATMUL_N),
             "measured": datetime.date.today().isoformat(),
-        }
+        },
+    )
+
+
+def cached_timings(key: str, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The fp32 / bf16 timings cached in cpu_precision_path() under `key` (the matmul's here, a
+    model step's in training/services/cpu_precision.py): `measure()`d when the cache has none
+    usable, and recorded beside whatever the file holds then (another process may have written)."""
+    entry = read_cache(cpu_precision_path()).get(key)
+    if not timings_valid(entry):
+        entry = measure()
         write_cache(cpu_precision_path(), {**read_cache(cpu_precision_path()), key: entry})
     return entry
 
@@ -324,9 +334,14 @@ def beaten_peak(precision: Precision, achieved: float, peak: float, source: str)
 _WARNED: set[str] = set()
 
 
+def machine_key() -> str:
+    """What a CPU measurement depends on: the CPU, the BLAS torch ships, its thread count."""
+    return f"{cpu_model()} | torch {torch.__version__} | threads {torch.get_num_threads()}"
+
+
 def cpu_peak_key(precision: str) -> str:
-    """What the peak depends on: the CPU, the BLAS torch ships, its thread count, the dtype."""
-    return f"{cpu_model()} | torch {torch.__version__} | threads {torch.get_num_threads()} | {precision}"
+    """What the peak depends on: machine_key's and the dtype."""
+    return f"{machine_key()} | {precision}"
 
 
 def cpu_model() -> str:

@@ -29,7 +29,7 @@ import time
 import torch
 
 from trimtab.config import RunConfig
-from trimtab.hardware import Precision, cpu_model, cpu_precision_path, read_cache, timings_valid, write_cache
+from trimtab.hardware import Precision, cached_timings, cpu_precision_path, machine_key
 from trimtab.model import Transformer
 from trimtab.training.loss import cross_entropy_sum
 
@@ -57,12 +57,12 @@ def refine_cpu_precision(
     if model.num_params() > PROBE_MAX_PARAMS:
         return dataclasses.replace(precision, reason=f"{precision.reason}; a model this large is matmul-bound")
     rows = max(1, min(cfg.train.micro_budget, PROBE_TOKENS) // cfg.data.seq_len)
-    key = probe_key(cfg, rows)
-    entry = read_cache(cpu_precision_path()).get(key)
-    if not timings_valid(entry):
+
+    def measure() -> dict:
         log.info("timing a training step of this model in fp32 and bf16 (once; cached in %s)", cpu_precision_path())
-        entry = _probe(model, rows, cfg.data.seq_len)
-        write_cache(cpu_precision_path(), {**read_cache(cpu_precision_path()), key: entry})
+        return _probe(model, rows, cfg.data.seq_len)
+
+    entry = cached_timings(probe_key(cfg, rows), measure)
     speedup = entry["fp32_s"] / entry["bf16_s"]
     measured = f"this model's training step measured {speedup:.2f}x in bf16 autocast ({entry['measured']}, cached)"
     if speedup >= MARGIN:
@@ -75,7 +75,7 @@ def probe_key(cfg: RunConfig, rows: int) -> str:
     shape = json.dumps(dataclasses.asdict(cfg.model), sort_keys=True, default=str)
     digest = hashlib.sha1(shape.encode()).hexdigest()[:12]
     return (
-        f"{cpu_model()} | torch {torch.__version__} | threads {torch.get_num_threads()} | model {digest}"
+        f"{machine_key()} | model {digest}"
         f" | checkpointing {cfg.train.activation_checkpointing} | {rows} x {cfg.data.seq_len}"
     )
 
