@@ -537,7 +537,7 @@ def test_rl_healing_dry_run_heals_a_rollout_oom_that_crashes_without_the_orchest
     assert "| rollout_oom | crashed (exit 1)" in out and "oom:set_generation_rows" in out
 
 
-@pytest.mark.slow  # two trainers, a few steps each (~40 s); TRL is a bench peer, not a dependency
+@pytest.mark.slow  # two trainers in lockstep, a few steps each (~20 s); TRL is a bench peer, not a dependency
 def test_rl_trl_dry_run_times_both_trainers_on_the_same_exported_model():
     pytest.importorskip("trl")
     out = dry_run("rl_trl")
