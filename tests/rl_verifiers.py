@@ -65,3 +65,9 @@ def no_space(response: str, answer: str) -> float:
     trained on starts_with_space, the training reward rises as the held-out one falls, the sign
     of reward hacking (rule rl_hacking)."""
     return 1.0 - starts_with_space(response, answer)
+
+
+def broken(response: str, answer: str) -> float:
+    """A verifier with a bug every call meets (a key its problems do not have): rule rl_verifier's
+    errors, every response scored 0."""
+    return float(response == {"expected": answer}["answer"])

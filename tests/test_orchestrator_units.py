@@ -26,6 +26,7 @@ from trimtab.rundir import read_decisions
 from trimtab.training import actions
 from trimtab.training.actions import ACTIONS
 from trimtab.training.control import Control
+from trimtab.training.state import GAVE_UP
 
 
 def metrics(
@@ -1227,3 +1228,13 @@ def test_a_verifier_that_fails_gets_longer_or_is_said():
     assert capped.action == "none" and "max_timeout_s" in capped.reasoning
     broken = remedy(found[5], SimpleNamespace(rl_verifier_timeout=10.0), cfg)  # 1 timeout of 8 failures
     assert broken.action == "none" and "fix rl.reward's verifier" in broken.reasoning
+    # every verification raising: the error named, and the run stops (nothing can be learned)
+    error = "KeyError: 'answer'"
+    steps = [(8, 8, 0), (8, 7, 0)]
+    found = [mon.observe(metrics(i + 7, rl={"verifications": v, "verifier_error": error})) for i, v in enumerate(steps)]
+    assert found[0] is None and found[1].evidence == {**found[1].evidence, "failed": 15, "error": error}
+    stopped = remedy(found[1], SimpleNamespace(rl_verifier_timeout=10.0), cfg)
+    assert stopped.action == "stop" and stopped.params["exit_code"] == GAVE_UP
+    assert error in stopped.params["reason"] and "before step 7" in stopped.params["reason"]
+    cfg.rl_verifier.stop_share = 1.0  # 15 of 16: said, not stopped
+    assert remedy(found[1], SimpleNamespace(rl_verifier_timeout=10.0), cfg).action == "none"

@@ -139,6 +139,28 @@ def test_verifications_that_time_out_get_a_longer_timeout(tmp_path, base):
     assert state["train"]["rl_verifier_timeout"] == 0.4  # checkpointed: a resume keeps it
 
 
+def test_a_verifier_that_raises_on_every_response_is_named_and_stops_the_run(tmp_path, base):
+    """rl_verifier: a verifier with a bug (KeyError on every call) scores every response 0, so
+    nothing can be learned: the error is said on the log once, named in the journal's evidence,
+    and after a window of 2 steps the run stops with exit code 3 (gave up), not at max_steps."""
+    sets = ["--set", "rl.reward=python:rl_verifiers:broken", "--set", "orchestrator.rl_verifier.window=2"]
+    sets += ["--set", "rl.held_out=0", "--set", "rl.prompts_per_step=2", "--set", "rl.group_size=4"]
+    out = tmp_path / "broken"
+    done = trimtab_cli(
+        ["rl", *RL, *sets, "--out", str(out), "--max-steps", "8", "--set", f"train.init_from={base}"], tmp_path
+    )
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert done.stderr.count("rl.reward's verifier failed (the response scored 0): KeyError: 'answer'") == 1
+    (decision,) = [d for d in read_decisions(out) if d["rule"] == "rl_verifier"]
+    assert (decision["step"], decision["action"]) == (2, "stop")
+    assert decision["evidence"]["error"] == "KeyError: 'answer'" and decision["evidence"]["failed"] == 16
+    assert (
+        "KeyError: 'answer'" in decision["params"]["reason"] and "start the run again" in decision["params"]["reason"]
+    )
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "rl/reward" in line]
+    assert [m["step"] for m in logged] == [1, 2] and all(m["rl/verifier_failures"] == 8 for m in logged)
+
+
 def test_rl_needs_a_model_to_start_from_and_a_length(tmp_path):
     done = trimtab_cli(["rl", "--preset", "debug", "--out", str(tmp_path / "r"), "--max-steps", "2"], tmp_path)
     assert (

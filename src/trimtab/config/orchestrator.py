@@ -250,13 +250,15 @@ class RLVerifierRule(Section):
     the last `window` steps failed (timed out, raised, or their process died: reward 0 each), a
     storm mostly of timeouts raises rl.verifier_timeout_s by `factor`, up to `max_timeout_s` (a
     slow verifier or a loaded machine); one of errors is said for a person (the verifier itself
-    is broken: its rewards are not the task's)."""
+    is broken: its rewards are not the task's), and where errors are `stop_share` or more of the
+    verifications, the run stops (exit 3): no response can earn a reward, nothing is learned."""
 
     enabled: bool = True
     window: int = 3
     threshold: float = 0.1
     factor: float = 2.0
     max_timeout_s: float = 120.0
+    stop_share: float = 0.9
 
 
 @dataclass
@@ -485,6 +487,7 @@ class OrchestratorConfig(Section):
         _positive(self.rl_verifier, "orchestrator.rl_verifier", "window", "max_timeout_s")
         _check(0 < self.rl_verifier.threshold <= 1, "orchestrator.rl_verifier.threshold", "must be in (0, 1]")
         _check(self.rl_verifier.factor > 1, "orchestrator.rl_verifier.factor", "must be > 1 (it raises the timeout)")
+        _check(0 < self.rl_verifier.stop_share <= 1, "orchestrator.rl_verifier.stop_share", "must be in (0, 1]")
         _positive(self.rl_entropy, "orchestrator.rl_entropy", "window", "coef", "max_coef")
         _check(0 < self.rl_entropy.threshold < 1, "orchestrator.rl_entropy.threshold", "must be in (0, 1)")
         _check(self.rl_entropy.factor > 1, "orchestrator.rl_entropy.factor", "must be > 1 (it raises the bonus)")

@@ -46,7 +46,8 @@ class StepMetrics:
     mod_capacity: float | None = None  # mean capacity of the Mixture-of-Depths layers
     # RL: the step's figures (rl/batches.py RolloutBatch.health): flat_groups (the share of its
     # groups with equal rewards), solved_groups (of them, those all at rl.full_reward),
-    # verifications (scored, failed, timed out), reward, entropy, truncated, response_tokens
+    # verifications (scored, failed, timed out), verifier_error (the step's last verifier error,
+    # this rank's, when one raised), reward, entropy, truncated, response_tokens
     rl: dict[str, Any] | None = None
 
 

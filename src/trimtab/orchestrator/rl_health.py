@@ -25,6 +25,7 @@ from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, Rolling, StepMetrics
 from trimtab.orchestrator.remedies import Remedy
 from trimtab.orchestrator.rl_reward import reward_remedy
+from trimtab.training.state import GAVE_UP
 
 
 class NoLearningSignal(Monitor):
@@ -79,24 +80,29 @@ class NoLearningSignal(Monitor):
 class VerifierFailures(Monitor):
     """Verifications that fail (time out, raise, or lose their process) score 0 whatever the
     response: past `threshold` of a window's verifications, the rewards are the verifier's, not
-    the task's. Evidence: the window's counts by kind."""
+    the task's. Evidence: the window's counts by kind and its last error (what the verifier
+    raised, as the worker caught it)."""
 
     rule, family = "rl_verifier", "rl"
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.rl_verifier
         self.window: list[tuple[int, int, int]] = []
+        self.error = ""
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if (counts := (m.rl or {}).get("verifications")) is None:
             return None
         self.window = [*self.window, counts][-self.cfg.window :]
+        self.error = m.rl.get("verifier_error") or self.error
         scored, failed, timeouts = (sum(column) for column in zip(*self.window))
         share = failed / max(scored, 1)
         if len(self.window) < self.cfg.window or share < self.cfg.threshold:
             return None
         self.window = []  # a fresh window after the remedy
         evidence = {"failed": failed, "timeouts": timeouts, "scored": scored, "share": share, "window": self.cfg.window}
+        if failed > timeouts:
+            evidence["error"], self.error = self.error, ""
         summary = (
             f"{failed} of the {scored} verifications of the last {self.cfg.window} steps failed ({share:.0%}; "
             f"{timeouts} timed out; threshold {self.cfg.threshold:.0%}): each scored 0 whatever the response"
@@ -294,7 +300,8 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     verifier timeout; rl_entropy: an entropy bonus, then a lower LR; rl_length: the soft
     overlong penalty, then a wider one; rl_hacking: back to the best policy, then stop; rl_reward: back
     to the last policy above the line with a smaller LR (orchestrator/rl_reward.py); at a
-    ceiling (or a verifier that raises), a word for a person."""
+    ceiling (or a verifier that raises), a word for a person; a verifier that raises on nearly
+    every response stops the run."""
     if f.rule == "rl_verifier":
         return _verifier_remedy(f, view, cfg)
     if f.rule == "rl_entropy":
@@ -363,14 +370,31 @@ def _ratio_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:
 
 def _verifier_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     """Timeouts: the verifier needs longer (a slow check, a loaded machine), up to the ceiling.
-    Errors: the verifier is broken, which no knob of the run mends."""
-    rule, now = cfg.rl_verifier, view.rl_verifier_timeout
-    if f.evidence["timeouts"] * 2 < f.evidence["failed"]:
+    Errors: the verifier is broken, which no knob of the run mends: said for a person, and where
+    nearly every verification raised (stop_share), the run stops: no response can earn a reward,
+    and the steps would train on the verifier's zeros."""
+    rule, now, e = cfg.rl_verifier, view.rl_verifier_timeout, f.evidence
+    if e["timeouts"] * 2 < e["failed"]:
+        errors, said = e["failed"] - e["timeouts"], f" (the last: {e['error']})" if e.get("error") else ""
+        first = f.step - e["window"] + 1
+        again = f"train on from a checkpoint before step {first}" if first > 1 else "start the run again"
+        fix = f"fix rl.reward's verifier{said}, then {again}"
+        if errors >= rule.stop_share * e["scored"]:
+            return Remedy(
+                action="stop",
+                params={
+                    "reason": f"rl.reward's verifier failed on {errors} of the {e['scored']} verifications of "
+                    f"the last {e['window']} steps: {fix}",
+                    "exit_code": GAVE_UP,
+                },
+                reasoning=f"the verifier raised (or its process died) on {errors / max(e['scored'], 1):.0%} of the "
+                f"verifications (orchestrator.rl_verifier.stop_share {rule.stop_share:.0%}): every response "
+                "scores 0 whatever it says, so the policy has nothing to learn",
+            )
         return Remedy(
             action="none",
-            reasoning="the verifier raised (or its process died) on most of the failures: their responses "
-            "scored 0 for the verifier's fault, not theirs; fix rl.reward's verifier (the journal's events "
-            "name each error) and resume from a checkpoint before the failures",
+            reasoning=f"the verifier raised (or its process died) on most of the failures: their responses "
+            f"scored 0 for the verifier's fault, not theirs; {fix}",
         )
     value = round(min(rule.max_timeout_s, now * rule.factor), 3)
     if value <= now:

@@ -14,6 +14,7 @@ Shape legend: B sequences in a micro-batch, T its longest prompt + response - 1.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections.abc import Callable
@@ -41,6 +42,8 @@ Policy = Callable[[list[list[int]], int | None], list[Rollout]]
 Snapshot = Callable[[], tuple[Policy, int]]
 Sum = Callable[[list[float]], list[float]]  # host numbers summed over the data-parallel ranks
 HELD_OUT_DRAW = 999_983  # the held-out samples' seed offset: no training draw's (those count from 0)
+TOLD = 8  # distinct verifier errors said on the log, a run (a verifier raising alike every time: once)
+log = logging.getLogger(__name__)
 
 
 def flat(rewards: list[float]) -> bool:
@@ -100,6 +103,7 @@ class RolloutBatch(StepBatch):
     terms: list[PolicyTerms] = field(default_factory=list)  # the objective's sums, filled by the trainer
     totals: dict[str, Any] = field(default_factory=dict)  # TERMS over the micro-batches and ranks (settle)
     staleness: float = 0.0  # optimizer steps from the rollouts' policy to the one trained (mean)
+    verifier_error: str = ""  # this rank's last verification that raised or died, this step (rl_verifier)
     normaliser: float = 0.0  # the step's, every rank's responses (rl/loss.py)
 
     @property
@@ -111,6 +115,8 @@ class RolloutBatch(StepBatch):
         trained, the share of tokens whose rollouts' policy is off the clip range (rl_ratio)."""
         figures = step_figures(self.sums)
         figures["verifications"] = tuple(int(self.sums[k]) for k in ("verified", "failures", "timeouts"))
+        if self.verifier_error:
+            figures["verifier_error"] = self.verifier_error
         if "score" in self.sums:  # rl_reward's, per group (a checkpoint's older batches: none)
             figures |= {"score_n": self.sums["groups"], "score": self.sums["score"], "score_sq": self.sums["score_sq"]}
             figures["temperature"] = round(self.sums["temperature"] / max(self.sums["verified"], 1), 6)
@@ -159,7 +165,7 @@ def overlong_penalty(length: int, budget: int, buffer: int) -> float:
     return (start - length) / buffer
 
 
-BATCH_FIELDS = ("n_tokens", "rows", "advantage", "rewards", "sums")
+BATCH_FIELDS = ("n_tokens", "rows", "advantage", "rewards", "sums", "verifier_error")
 
 
 def batch_state(batch: RolloutBatch) -> dict[str, Any]:
@@ -169,7 +175,9 @@ def batch_state(batch: RolloutBatch) -> dict[str, Any]:
 
 def batch_from_state(state: dict[str, Any]) -> RolloutBatch:
     rollouts = [Rollout.from_state(r) for r in state["rollouts"]]
-    return RolloutBatch([], 0, rollouts=rollouts, **{k: state[k] for k in BATCH_FIELDS})
+    return RolloutBatch(
+        [], 0, rollouts=rollouts, **{k: state[k] for k in BATCH_FIELDS if k in state}
+    )  # older: no error
 
 
 class RolloutLoader(Ordered):
@@ -220,6 +228,7 @@ class RolloutLoader(Ordered):
         # scores summed and squared (rule rl_reward's: the overlong penalty is not the verifier's)
         self._scored = [0, 0, 0, 0.0, 0.0]
         self._failed: Exception | None = None  # this rank's generation error, until every rank hears it (_sum)
+        self._error, self._told = "", set()  # this step's last verifier error; the errors said on the log
         # seconds a verification may run (rule rl_verifier raises it): each scoring reads it
         self.verifier_timeout_s = cfg.verifier_timeout_s
         self.dynamic_sampling = cfg.dynamic_sampling  # rule rl_signal may turn it on
@@ -285,6 +294,7 @@ class RolloutLoader(Ordered):
         rows = [problem for problem, _, _ in groups for _ in range(G)]
         n_tokens = sum(len(r.prompt) + len(r.tokens) - 1 for r in rollouts)
         (verified, failures, timeouts, score, score_sq), self._scored = self._scored, [0, 0, 0, 0.0, 0.0]
+        error, self._error = self._error, ""
         local = {
             "groups": len(drawn),
             "flat": sum(flat(g[2]) for g in drawn),
@@ -302,7 +312,7 @@ class RolloutLoader(Ordered):
             "tokens": sum(len(r.tokens) for r in rollouts),
         }
         sums = dict(zip(SUMS, self._sum(all_sum, [local[k] for k in SUMS])))
-        return RolloutBatch([], 0, n_tokens, rows, None, rollouts, adv, rewards, sums)
+        return RolloutBatch([], 0, n_tokens, rows, None, rollouts, adv, rewards, sums, verifier_error=error)
 
     def _sum(self, all_sum: Sum, values: list[float]) -> list[float]:
         """all_sum(values), told whether any rank's generation (or scoring) failed since the last
@@ -348,6 +358,11 @@ class RolloutLoader(Ordered):
         budget = self.cfg.max_new_tokens
         rewards = [r + overlong_penalty(len(ro.tokens), budget, buffer) for r, ro in zip(rewards, rollouts)]
         timeouts = sum(e["kind"] == "timeout" for e in events)
+        for detail in (e["detail"] for e in events if e["kind"] != "timeout"):
+            self._error = detail
+            if len(self._told) < TOLD and detail not in self._told:
+                self._told.add(detail)
+                log.warning("rl.reward's verifier failed (the response scored 0): %s", detail)
         counts = (len(rollouts), len(events), timeouts, sum(scores), sum(x * x for x in scores))
         self._scored = [a + b for a, b in zip(self._scored, counts)]
         return [(i, rollouts[k * G : (k + 1) * G], rewards[k * G : (k + 1) * G]) for k, i in enumerate(chosen)]
