@@ -2,6 +2,8 @@
 
 import datetime
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -117,6 +119,27 @@ def test_cpu_peak_is_measured_once_then_read_from_the_cache(timer):
     assert hw.peak_flops(CPU) == (rate(0.5), expected) and timer.calls == 1
     saved = json.loads(hw.cpu_peak_path().read_text())
     assert list(saved) == [hw.cpu_peak_key("fp32")] and hw.cpu_model() in hw.cpu_peak_key("fp32")
+
+
+def test_processes_starting_together_on_a_cold_cache_measure_once(timer, monkeypatch, caplog):
+    """hardware.measuring: two starts at once (a job's ranks, two test workers) take turns, and
+    the second reads the first's entry (flock: two opens of the lock conflict, in one process too);
+    a holder that never lets go is waited for `wait_s`, then measured alongside, said."""
+    measure = hw._matmul_seconds
+
+    def slow(dtype, n, reps):
+        time.sleep(0.3)  # long enough that the other thread asks while this one measures
+        return measure(dtype, n, reps)
+
+    monkeypatch.setattr(hw, "_matmul_seconds", slow)
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda _: hw.peak_flops(CPU)[0], range(2)))
+    assert got == [rate(0.5)] * 2 and timer.calls == 1
+    with hw.measuring(hw.cpu_peak_path()):
+        start = time.monotonic()
+        with hw.measuring(hw.cpu_peak_path(), wait_s=0.2):
+            waited = time.monotonic() - start
+    assert 0.2 <= waited < 5 and "locked past 0 s by a process measuring" in caplog.text
 
 
 def test_a_lower_measurement_never_replaces_a_higher_cached_peak(timer):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import fcntl
 import functools
 import importlib.util
 import json
@@ -25,7 +26,7 @@ import math
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,10 +153,14 @@ def cached_timings(key: str, measure: Callable[[], dict[str, Any]]) -> dict[str,
     """The fp32 / bf16 timings cached in cpu_precision_path() under `key` (the matmul's here, a
     model step's in training/services/cpu_precision.py): `measure()`d when the cache has none
     usable, and recorded beside whatever the file holds then (another process may have written)."""
-    entry = read_cache(cpu_precision_path()).get(key)
+    path = cpu_precision_path()
+    entry = read_cache(path).get(key)
     if not timings_valid(entry):
-        entry = measure()
-        write_cache(cpu_precision_path(), {**read_cache(cpu_precision_path()), key: entry})
+        with measuring(path):
+            entry = read_cache(path).get(key)  # measured by another process while this one waited
+            if not timings_valid(entry):
+                entry = measure()
+                write_cache(path, {**read_cache(path), key: entry})
     return entry
 
 
@@ -251,7 +256,10 @@ def cpu_peak_flops(precision: str) -> tuple[float | None, str]:
     if precision == "bf16" and not cpu_has_native_bf16():
         # emulated: ~0.2 GFLOP/s measured on an AVX2 EPYC, a minute per 2048^3 matmul
         return None, "CPU bf16 is emulated on this CPU: no peak"
-    entry = _plausible_cached_peak(precision) or measure_cpu_peak(precision)
+    entry = _plausible_cached_peak(precision)
+    if entry is None:
+        with measuring(cpu_peak_path()):
+            entry = _plausible_cached_peak(precision) or measure_cpu_peak(precision)
     return entry["flops"], describe_peak(entry)
 
 
@@ -436,6 +444,35 @@ def read_cache(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+@contextlib.contextmanager
+def measuring(path: Path, wait_s: float = 120.0) -> Iterator[None]:
+    """One process at a time measures what `path` caches (the ranks of a job, or test workers,
+    starting together on a cold cache): two at once would each time a machine the other keeps
+    busy (a low peak, a wrong precision chosen) and spend the time twice. The next finds the
+    first's entry once it has the lock. A holder stopped (SIGSTOP) past `wait_s` is not waited
+    for; one that died has dropped its lock with its process (flock)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # a read-only cache: measured unlocked, as it is not written either
+        yield
+        return
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    log.warning("%s is locked past %.0f s by a process measuring: measuring alongside", path, wait_s)
+                    break
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def write_cache(path: Path, data: dict[str, Any]) -> None:
