@@ -23,6 +23,7 @@ Protocol, one JSON line each way per job:
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -39,6 +40,10 @@ from trimtab.training.hooks import ReportWriter  # noqa: E402
 
 for _name in PRELOADED:  # what each child would otherwise import again (tests/helpers.py)
     importlib.import_module(_name)
+# frozen before the forks (the gc module's advice): a child's collection neither walks nor writes
+# into the objects it inherits, so their pages stay shared instead of being copied into each child
+gc.collect()
+gc.freeze()
 
 
 def _child(body) -> None:
