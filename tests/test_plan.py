@@ -331,3 +331,18 @@ def test_set_total_steps_checks_its_input(tmp_path):
         load_config(preset="debug", sets=["plan.tolerance=2"])
     with pytest.raises(ConfigError, match="did you mean 'plan.status_every'"):
         load_config(preset="debug", sets=["plan.status_evry=5"])
+
+
+def test_a_plan_with_a_layout_times_its_run_and_checkpoints_by_the_layouts_step():
+    """On many GPUs the layout's step estimate (communication counted: here 2.2x the step at the
+    assumed MFU) is the step the checkpoint interval is whole steps of, and the run's time at it
+    is shown beside the assumed-MFU time: one plan, one step."""
+    from trimtab.plan.memory import named_gpu
+    from trimtab.plan.report import format_plan
+
+    plan = make_plan(load_config(preset="moe-2.4t"), hardware=named_gpu("H200", devices=8192))
+    step, assumed = plan.layout.best.step_s, plan.run_hours * 3600 / plan.run_steps
+    assert plan.resilience.step_s == step and step > 1.5 * assumed
+    assert all(s.interval_s / step == pytest.approx(round(s.interval_s / step)) for s in plan.resilience.strategies)
+    days = plan.run_steps * step / 86_400
+    assert f"  with the layout {days:.1f} days for the configured run" in format_plan(plan)

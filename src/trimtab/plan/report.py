@@ -121,10 +121,17 @@ def make_plan(
         plan.launch = launch or f"trimtab train --preset {cfg.preset}"
     if hw.devices > 1:
         state = size.total * (STATE_BYTES["weights"] + STATE_BYTES["optimizer"])
-        step_s = plan.run_hours * 3600 / run_steps if plan.run_hours else None
-        plan.resilience = resilience_plan(hw.devices, state, step_s)
+        plan.resilience = resilience_plan(hw.devices, state, _step_s(plan))
     plan.notes = _notes(plan)
     return plan
+
+
+def _step_s(plan: Plan) -> float | None:
+    """One optimizer step's seconds: the proposed layout's estimate where there is one (its
+    communication counted), else the plan's time at the assumed MFU over its steps."""
+    if plan.layout is not None and plan.layout.best is not None:
+        return plan.layout.best.step_s
+    return plan.run_hours * 3600 / plan.run_steps if plan.run_hours else None
 
 
 def _check_inputs(dataset_tokens: int | None, budget_flops: float | None, budget_hours: float | None) -> None:
@@ -224,6 +231,11 @@ def format_plan(plan: Plan) -> str:
         f"  planned run     {_hours(plan.hours)}",
         f"  configured run  {_hours(plan.run_hours)}",
     ]
+    if plan.layout is not None and (b := plan.layout.best) is not None:  # communication counted
+        lines.append(
+            f"  with the layout {_hours(plan.run_steps * b.step_s / 3600)} for the configured run "
+            f"(its step estimate below, MFU ~{b.mfu:.0%}; the checkpoint interval counts in these steps)"
+        )
     if plan.budget:
         lines += _budget_lines(plan.budget, s)
     if plan.layout:
