@@ -16,7 +16,7 @@ from trimtab.model import build_model, preset_size
 from trimtab.model.catalog import PresetInfo, format_catalog, model_size, preset_catalog
 from trimtab.plan import make_plan, named_gpu
 
-CLASSES = [1e9, 7e9, 14e9, 30e9, 50e9, 100e9, 200e9, 300e9]
+CLASSES = [1e9, 7e9, 14e9, 30e9, 50e9, 100e9, 200e9, 300e9, 2.4e12]  # to the largest the documents name
 TOLERANCE = 0.15  # a preset is "in" a size class when its total is within 15% of it
 SMALL = 50e6  # below this a preset is built for real on the CPU in the tests
 
@@ -96,7 +96,7 @@ def test_small_presets_cover_every_cpu_family():
     assert {catalog()[n].family for n in small_presets()} >= {"dense", "moe"}
 
 
-def test_each_size_class_from_1b_to_300b_has_a_preset():
+def test_each_size_class_from_1b_to_2_4t_has_a_preset():
     for size in CLASSES:
         near = [r.name for r in catalog().values() if abs(r.total / size - 1) <= TOLERANCE]
         assert near, f"no preset within {TOLERANCE:.0%} of {size / 1e9:g}B"
@@ -109,13 +109,13 @@ def test_sized_names_tell_family_and_total():
     claim and of the family their layer_pattern gives."""
     sized = 0
     for name, row in catalog().items():
-        match = re.fullmatch(r"(dense|moe|mod|hybrid)-(\d+)([mb])", name)
+        match = re.fullmatch(r"(dense|moe|mod|hybrid)-(\d+(?:\.\d+)?)([mbt])", name)
         if match:
             sized += 1
-            claimed = int(match[2]) * (1e6 if match[3] == "m" else 1e9)
+            claimed = float(match[2]) * {"m": 1e6, "b": 1e9, "t": 1e12}[match[3]]
             assert abs(row.total / claimed - 1) <= TOLERANCE, (name, row.total)
             assert row.family == match[1], (name, row.family)
-    assert sized >= 12
+    assert sized >= 13
 
 
 def test_large_presets_have_realistic_shapes_and_budgets():
@@ -154,6 +154,8 @@ def test_active_is_below_total_exactly_for_presets_with_experts():
             assert row.active == row.total, name
     mixtral = catalog()["moe-50b"]  # Mixtral 8x7B: 12.9B of 46.7B active
     assert mixtral.active / mixtral.total == pytest.approx(12.9 / 46.7, rel=0.02)
+    largest = catalog()["moe-2.4t"]  # the largest the documents name: 300B active in a 2.4T MoE
+    assert largest.total == pytest.approx(2.4e12, rel=0.01) and largest.active == pytest.approx(300e9, rel=0.01)
 
 
 def test_presets_command_lists_every_preset_by_total(monkeypatch, capsys):
