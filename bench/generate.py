@@ -1,10 +1,12 @@
 """RL rollout generation speed: trimtab's batched KV-cached generation (rl/rollout.py) against
-transformers' batched `generate` on the same weights, prompts and lengths, on CPU.
+transformers' batched `generate` on the same weights, prompts and lengths, on CPU or a GPU.
 
     python bench/generate.py [--preset dense-25m] [--batch 64] [--new 32] [--reps 7] [--dry-run]
+    python bench/generate.py --device cuda --dtype bf16 --preset dense-1b --new 128   # its own section
 
 A random checkpoint of `preset`'s model (bench/interop.py's `make_run`) is exported to a
-Hugging Face directory and loaded by transformers (LlamaForCausalLM), in fp32 both. `batch`
+Hugging Face directory and loaded by transformers (LlamaForCausalLM), both in --dtype (fp32;
+bf16 weights on a GPU) on --device (a GPU's figures go to a section of their own). `batch`
 prompts of ragged lengths (8 to 24 tokens, left-padded for transformers with its attention mask)
 are answered greedily with `new` tokens each and no end-of-text stop, so both make the same number
 of tokens; the tokens themselves are compared (parity: the same greedy answers, a sign both
@@ -40,6 +42,11 @@ def prompts_of(batch: int, vocab: int) -> list[list[int]]:
     return [torch.randint(2, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
+def heading(device: str) -> str:
+    """The CPU's section, or a device's own (a GPU run never overwrites the CPU figures)."""
+    return HEADING if device == "cpu" else f"## RL rollout generation on {device.upper()} (bench/generate.py)"
+
+
 def ours(model, prompts: list[list[int]], new: int) -> list[list[int]]:
     from trimtab.rl.rollout import generate
 
@@ -53,8 +60,8 @@ def theirs(model, prompts: list[list[int]], new: int) -> list[list[int]]:
     import torch
 
     width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     with torch.no_grad():
         out = model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
@@ -69,6 +76,8 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--work", default=None)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="both models' weights")
     ap.add_argument("--dry-run", action="store_true", help="debug, 8 prompts, 8 tokens, 2 rounds; no BENCHMARKS.md")
     args = ap.parse_args()
     if args.dry_run:
@@ -83,9 +92,10 @@ def main() -> None:
     with scratch(args.work, "trimtab-generate-") as work:
         run, _ = make_run(args.preset, work)
         hf_dir = export_run(run, work / "hf")
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
         _, model, _ = api.load_run(run)
-        model.eval()
-        reference = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+        model = model.to(args.device, dtype).eval()
+        reference = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype).to(args.device).eval()
         reference.generation_config.eos_token_id = None
         prompts = prompts_of(args.batch, model.cfg.vocab_size)
         same = ours(model, prompts, args.new) == theirs(reference, prompts, args.new)  # also a warm-up
@@ -100,9 +110,11 @@ def main() -> None:
     tokens = args.batch * args.new
     ratio = paired_ratio(times["transformers"], times["trimtab"])  # > 1: trimtab is faster
     rate = {k: tokens / statistics.median(v) for k, v in times.items()}
-    body = f"""`{args.preset}` (random weights, fp32, {sum(p.numel() for p in model.parameters()):,} parameters),
+    where = f"{torch.get_num_threads()} torch threads" if args.device == "cpu" else torch.cuda.get_device_name()
+    size = sum(p.numel() for p in model.parameters())
+    body = f"""`{args.preset}` (random weights, {args.dtype}, {size:,} parameters),
 {args.batch} prompts of 8-24 tokens, {args.new} new tokens each, greedy, no end-of-text stop;
-{torch.get_num_threads()} torch threads; {args.reps} rounds, the two back to back in each.
+{where}; {args.reps} rounds, the two back to back in each.
 
 | engine | tokens/s (median) | round times (s) |
 |---|---|---|
@@ -112,7 +124,7 @@ def main() -> None:
 trimtab against transformers: **{ratio}** (their time over ours: > 1, trimtab is faster).
 The same greedy tokens: {"yes" if same else "no (rounding: the two differ in the order of their sums)"}.
 """
-    publish(HEADING, body, precision="fp32", other_cpu=contention.other, dry_run=args.dry_run)
+    publish(heading(args.device), body, precision=args.dtype, other_cpu=contention.other, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # One lent GPU's checks and benchmarks in priority order, inside a time budget (a lent machine's
 # start takes minutes of a 15-minute allowance): the CUDA tests, the moe-7b-shaped step without
-# activation checkpointing, eager and compiled, then dense-1b compiled in fp8 and in bf16. Earlier
+# activation checkpointing, eager and compiled, then dense-1b compiled in fp8 and in bf16, then
+# RL's rollout generation against transformers' in bf16 where time is left. Earlier
 # sessions' stages (dense-1b and moe-7b-shaped trimtab vs the plain loop, the profile) are in git
 # history and BENCHMARKS.md. Run from the repository root on the GPU machine:
 #
 #     OUT=/some/dir bash bench/gpu_session.sh [budget_s]     # default 540
 #
 # Each stage runs under `timeout` with the lesser of its limit and what is left of the budget, its
-# output in $OUT/<stage>.log; at most 8 files come back from a device call, and this writes 6:
-# tests.log (the machine's GPU and torch first) moe.log moe.json dense.log dense.json.
+# output in $OUT/<stage>.log; at most 8 files come back from a device call, and this writes 7:
+# tests.log (the machine's GPU and torch first) moe.log moe.json dense.log dense.json generate.log
+# (its table printed in the log: BENCHMARKS.md "RL rollout generation on CUDA").
 # The tables are written to BENCHMARKS.md afterwards, where the repository is, from the saved
 # repetitions, e.g. python bench/gpu.py --preset dense-1b --steps 6 --load $OUT/dense.json
 # (a --load rewrites the section of its heading: load a partial file into a new section's flags).
@@ -71,4 +73,8 @@ stage moe 150 $GPU $MOE $NOCKPT --variants trimtab,trimtab-compile --reps 1 --sa
 # FP8 (goal >= 1.3x bf16 tokens/s on dense-1b): both compiled, fp8 first, its recompiles logged
 stage dense 330 env TORCH_LOGS=recompiles $GPU --preset dense-1b --variants trimtab-fp8-compile,trimtab-compile \
     --reps 1 --save "$OUT/dense.json"
+# RL rollouts on the GPU (issue 35): trimtab's batched generation against transformers' on
+# dense-1b's shape in bf16, 64 prompts x 128 tokens (bench/generate.py; its CPU section apart)
+stage generate 150 python3 bench/generate.py --device cuda --dtype bf16 --preset dense-1b --batch 64 --new 128 \
+    --reps 3 --work /tmp/trimtab-generate
 echo "=== done at ${SECONDS}s"
