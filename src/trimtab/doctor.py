@@ -30,7 +30,9 @@ def collect(preset: str = "small", device: str = "auto", nproc: int = 1, strateg
     precision = _precision(dev, cfg)
     memory = _memory(dev)
     per_process = memory["gpu_total"] if dev.type == "cuda" else (memory["ram_available"] or 0) // max(nproc, 1)
-    advice = suggest_micro_batch(cfg, per_process, precision.name, world=nproc, sharded=strategy == "fsdp")
+    advice = suggest_micro_batch(
+        cfg, per_process, precision.name, world=nproc, sharded=strategy == "fsdp", device=dev.type
+    )
     micro = {
         "preset": preset,
         "tokens": advice.tokens,

@@ -13,7 +13,8 @@ stage, ep of them sharing one copy of the experts:
     model state   16 ((P - R) / pp + R) / tp (an end stage holds R), / dp under FSDP
                   (plan/memory.py: fp32 weights, gradients, moments;
                   experts split by ep are FSDP-sharded over their dp / ep copies, the rest
-                  over all dp replicas: the same share)
+                  over all dp replicas: the same share); without FSDP, + 2 (P - R) / pp / tp
+                  in bf16 (autocast's copies of the weights)
     FSDP buffers  the largest block gathered twice (this one and the prefetched next) in the
                   compute dtype plus its fp32 gradient (its experts: this rank's 1 / ep of
                   them), and the root (embedding, head) gathered; under pp a stage's whole
@@ -67,7 +68,7 @@ from trimtab.distributed.splits import check_tensor_parallel
 from trimtab.errors import ConfigError
 from trimtab.hardware import gpu_named
 from trimtab.model.catalog import meta_model
-from trimtab.plan.memory import USABLE_FRACTION, Hardware, activation_bytes_per_token, activation_width
+from trimtab.plan.memory import USABLE_FRACTION, Hardware, activation_bytes_per_token, activation_width, weight_casts
 
 NETWORK = 50e9  # bytes/s per GPU between nodes, each way: 400 Gb/s InfiniBand / RoCE per GPU
 BUS_EFFICIENCY = 0.8  # share of the link a ring collective's bus bandwidth reaches
@@ -287,6 +288,7 @@ def _layout(
     dp, p = hw.devices // (tp * pp), activation_width(hw.precision)
     fsdp = strategy == "fsdp" and dp > 1
     state = 16 * ((model.params - model.root) // pp + model.root) // tp // (dp if fsdp else 1)
+    state += weight_casts((model.params - model.root) // pp // tp, p, dp if fsdp else 1)
     gathered = model.largest_block - model.largest_block_experts + model.largest_block_experts // ep
     if pp > 1:  # pipelining keeps a stage gathered, gradients unsharded, from its first backward on
         gathered = (model.params - model.root - model.experts + model.experts // ep) // pp

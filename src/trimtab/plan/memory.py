@@ -4,23 +4,37 @@ micro-batch that fits a device (`trimtab doctor` suggests it): one estimate for 
 Model state, per parameter (trimtab keeps fp32 weights and lets autocast cast per op):
 weights 4 bytes, gradients 4, AdamW's two fp32 moments 8: 16 bytes, the figure ZeRO
 (Rajbhandari et al. 2020) gives for mixed-precision Adam. FSDP shards all three over the devices.
+Under bf16 / fp16 autocast with whole fp32 weights (not FSDP, whose gathered weights are already
+bf16), autocast keeps a low-precision copy of each matmul weight through the forward and its
+backward keeps them: 2 bytes per non-embedding parameter.
 
-Activations saved for backward, per token of a micro-batch (Korthikanti et al. 2022, "Reducing
-Activation Recomputation in Large Transformer Models", count s*b*h*(34 + 5*a*s/h) bytes per layer
-for GPT with dropout; adapted here to this model: no dropout, SDPA / FlashAttention (Dao et al.
-2022), which keeps no s x s score matrix, so the 5as/h term is gone, SwiGLU and GQA):
+Activations saved for backward, in bytes per token of a micro-batch. Korthikanti et al. 2022
+("Reducing Activation Recomputation in Large Transformer Models") count s*b*h*(34 + 5*a*s/h) for
+GPT with dropout; this model has no dropout and SDPA / FlashAttention (Dao et al. 2022) keeps no
+s x s scores, so what is left is counted tensor by tensor as autograd saves them here (measured
+with saved_tensors_hooks: tests/test_plan.py holds the count to it):
 
-    per layer   2h (the two RMSNorm inputs: the fp32 residual stream, 4 bytes each)
-              + 3h + 2*h_kv (attention: norm output, q, k, v, SDPA output) at the activation width p
-              + h + 3f (SwiGLU: norm output, w1 and w3 outputs, their gated product) at p
-    MoE ffn     h + E + c*k*(h + 3*f_e) + 3*f_s (router logits, per routed copy its input and
-                SwiGLU, c = max(1, capacity_factor) for the padded expert buffers, shared experts)
-    MoD block   the attention and ffn terms times the layer's capacity (the tokens it processes)
-    head        h (fp32, the final norm's input) + h (fp32, the gradient of its output, which the
-                fused loss computes in the forward and keeps instead of any [N, V] logits)
+    norm        4h + 4: its fp32 input and 1/rms (torch's fused RMSNorm, as on CUDA; on a CPU
+                torch's composite keeps x/rms too, another 4h)
+    attention   norm + p*(4h + 3*h_kv) + 4*H: the norm output cast for qkv; q and k rotated; the
+                qkv projection's output, which v is a view of; SDPA's output (the o input is a
+                view of it); SDPA's fp32 log-sum-exp per head
+    SwiGLU      norm + p*(a*h + 4f): the norm output, cast for w1 and again for w3 under low-
+                precision autocast (a = 2; a = 1 in fp32); w1's and w3's outputs, silu's, the product
+    MoE ffn     norm + 4h + 4E + 12k (the router in fp32: its input, logits, top-k indices and
+                weights) + c*k*(3p*h + 4p*f_e + 16) (per routed copy: its input, its SwiGLU, the
+                expert's output, the copy the combine keeps, two indices; c = max(1,
+                capacity_factor) for padded buffers) + p*(a*h + 4*f_s) for the shared experts
+    MoD block   the attention and ffn terms times the layer's capacity (the tokens it processes),
+                + 10h + 64 for every token: the router's and the predictor's fp32 input, the gather
+                of the chosen tokens and the scatter of their update (measured at h = 96-384)
+    head        norm (the final one) + 4h (the gradient of its output, which the fused loss
+                computes in the forward and keeps instead of any [N, V] logits) + 8 (the token id)
 
-p = 2 bytes under bf16 / fp16 autocast, 4 in fp32. With activation checkpointing only each
-block's input (h, fp32) is kept, plus one block's activations while it is recomputed.
+h = d_model, h_kv = kv heads x head dim, H heads, f = ffn_hidden, f_e = expert_hidden, f_s =
+n_shared_experts x f_e, E experts, k = top_k; p = 2 bytes under bf16 / fp16 autocast, 4 in fp32.
+With activation checkpointing only each block's input (h, fp32) is kept, plus one block's
+activations while it is recomputed.
 """
 
 from __future__ import annotations
@@ -35,8 +49,8 @@ from trimtab.hardware import GPUS, choose_precision, datasheet_source, peak_flop
 from trimtab.model.catalog import meta_model
 
 STATE_BYTES = {"weights": 4, "gradients": 4, "optimizer": 8}  # per parameter
-# What a micro-batch suggestion may fill: the CUDA context, the allocator's fragmentation and
-# autocast's low-precision weight copies are not counted above (docs/planner.md: keep 10-20% free).
+# What a micro-batch suggestion may fill: the CUDA context, the allocator's fragmentation and the
+# fused loss's chunk of logits are not counted above (docs/planner.md: keep 10-20% free).
 USABLE_FRACTION = 0.85
 
 
@@ -96,6 +110,7 @@ class MemoryPlan:
     gradients: int
     optimizer: int
     activations: int  # one micro-batch of train.micro_batch_tokens
+    casts: int  # autocast's low-precision copies of the weights (module docstring)
     total: int
     micro_batch_tokens: int
     activation_bytes: int  # p
@@ -105,23 +120,33 @@ class MemoryPlan:
     fits: bool | None  # None: device memory unknown
 
 
-def activation_elements(cfg: RunConfig) -> tuple[list[tuple[float, float]], float]:
-    """Per token: each layer's (fp32 elements, activation-width elements), and the head's (all fp32)."""
+def activation_bytes(cfg: RunConfig, p: int, fused_norm: bool = True) -> tuple[list[float], float]:
+    """Bytes saved for backward per token: each layer's, and the head's (the module docstring's
+    table). `fused_norm`: torch's RMSNorm kernel (CUDA), else its composite (a CPU: x/rms kept)."""
     m = cfg.model
-    h, kv = m.d_model, m.n_kv_heads * m.head_dim
+    h, kv, heads = m.d_model, m.n_kv_heads * m.head_dim, m.n_heads
+    norm = (4 if fused_norm else 8) * h + 4
+    casts = 2 if p < 4 else 1  # autocast casts the norm output once for w1 and again for w3
+
+    def swiglu(f: float) -> float:
+        return p * (casts * h + 4 * f)
+
     capacities = iter(m.mod_capacities)
     layers = []
     for kind in m.layers:
-        attention = 3 * h + 2 * kv
+        attention = norm + p * (4 * h + 3 * kv) + 4 * heads
         if "moe" in kind:
             moe, fe = m.moe, m.moe.expert_hidden
-            slack = max(1.0, moe.capacity_factor)
-            ffn = h + moe.n_experts + slack * moe.top_k * (h + 3 * fe) + 3 * moe.n_shared_experts * fe
+            routed = max(1.0, moe.capacity_factor) * moe.top_k * (3 * p * h + 4 * p * fe + 16)
+            ffn = norm + 4 * h + 4 * moe.n_experts + 12 * moe.top_k + routed
+            ffn += swiglu(moe.n_shared_experts * fe) if moe.n_shared_experts else 0
         else:
-            ffn = h + 3 * m.ffn_hidden
-        share = next(capacities) if "mod" in kind else 1.0
-        layers.append((2.0 * h, share * (attention + ffn)))
-    return layers, 2.0 * h
+            ffn = norm + swiglu(m.ffn_hidden)
+        if "mod" in kind:
+            layers.append(next(capacities) * (attention + ffn) + 10 * h + 64)
+        else:
+            layers.append(attention + ffn)
+    return layers, norm + 4 * h + 8
 
 
 def activation_width(precision: str) -> int:
@@ -134,32 +159,38 @@ def state_bytes(params: int, shards: int = 1) -> dict[str, int]:
     return {k: params * b // shards for k, b in STATE_BYTES.items()}
 
 
-def activation_bytes_per_token(cfg: RunConfig, p: int, checkpointing: bool) -> float:
+def activation_bytes_per_token(cfg: RunConfig, p: int, checkpointing: bool, fused_norm: bool = True) -> float:
     """Bytes kept for backward per token of a micro-batch (the table in the module docstring)."""
-    layers, head = activation_elements(cfg)
-    per_layer = [4 * f32 + p * low for f32, low in layers]
-    if checkpointing:
-        kept = 4 * cfg.model.d_model * len(layers) + max(per_layer)
-    else:
-        kept = sum(per_layer)
-    return kept + 4 * head
+    layers, head = activation_bytes(cfg, p, fused_norm)
+    kept = 4 * cfg.model.d_model * len(layers) + max(layers) if checkpointing else sum(layers)
+    return kept + head
 
 
-def memory_plan(cfg: RunConfig, params: int, hw: Hardware) -> MemoryPlan:
+def weight_casts(matmul_params: int, p: int, shards: int) -> int:
+    """Autocast's copies of whole fp32 weights in low precision (module docstring); none in fp32
+    or under FSDP."""
+    return 2 * matmul_params if p == 2 and shards == 1 else 0
+
+
+def memory_plan(cfg: RunConfig, params: int, hw: Hardware, matmul_params: int | None = None) -> MemoryPlan:
+    """Per device; `matmul_params`: the non-embedding parameters autocast casts (default: all)."""
     precision = cfg.train.precision if cfg.train.precision != "auto" else hw.precision
     p = activation_width(precision)
     # FSDP shards the model state over the devices; DDP (and older configs without the section) replicates it.
     shards = hw.devices if getattr(getattr(cfg, "distributed", None), "data_parallel", "ddp") == "fsdp" else 1
     state = state_bytes(params, shards)
+    casts = weight_casts(params if matmul_params is None else matmul_params, p, shards)
     tokens = cfg.train.micro_budget
-    activations = round(tokens * activation_bytes_per_token(cfg, p, cfg.train.activation_checkpointing))
-    total = sum(state.values()) + activations
+    per_token = activation_bytes_per_token(cfg, p, cfg.train.activation_checkpointing, fused_norm=hw.kind != "cpu")
+    activations = round(tokens * per_token)
+    total = sum(state.values()) + casts + activations
     fits = None if hw.memory_bytes is None else total <= hw.memory_bytes
     return MemoryPlan(
         weights=state["weights"],
         gradients=state["gradients"],
         optimizer=state["optimizer"],
         activations=activations,
+        casts=casts,
         total=total,
         micro_batch_tokens=tokens,
         activation_bytes=p,
@@ -186,13 +217,16 @@ def suggest_micro_batch(
     world: int = 1,
     sharded: bool = False,
     checkpointing: bool | None = None,
+    device: str = "cuda",
 ) -> MicroBatchAdvice:
     """The most whole rows whose memory_plan total fits in USABLE_FRACTION of `memory_bytes` per
     device (`trimtab doctor`'s suggestion; the OOM rule corrects it while training), capped at
-    train.batch_tokens. `sharded`: FSDP over `world` devices."""
+    train.batch_tokens. `sharded`: FSDP over `world` devices; `device`: its type."""
     ckpt = cfg.train.activation_checkpointing if checkpointing is None else checkpointing
-    state = sum(state_bytes(meta_model(cfg).num_params(), world if sharded else 1).values())
-    per_token = activation_bytes_per_token(cfg, activation_width(precision), ckpt)
+    model, p, shards = meta_model(cfg), activation_width(precision), world if sharded else 1
+    state = sum(state_bytes(model.num_params(), shards).values())
+    state += weight_casts(model.num_params(exclude_embeddings=True), p, shards)
+    per_token = activation_bytes_per_token(cfg, p, ckpt, fused_norm=device != "cpu")
     seq = cfg.data.seq_len
     usable = int(memory_bytes * USABLE_FRACTION) - state
     rows = int(usable // (per_token * seq)) if usable > 0 else 0

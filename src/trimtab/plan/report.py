@@ -108,7 +108,7 @@ def make_plan(
         run_tokens=run_tokens,
         run_flops=run_flops,
         data=data,
-        memory=memory_plan(cfg, size.total, hw),
+        memory=memory_plan(cfg, size.total, hw, size.non_embedding),
         hardware=hw,
         mfu=mfu,
         hours=hours(flops, hw, mfu),
@@ -221,7 +221,7 @@ def format_plan(plan: Plan) -> str:
         f"{m.activation_bytes} bytes{', checkpointed' if m.checkpointing else ''}"
         f"{f', FSDP over {m.shards}' if m.shards > 1 else ''})",
         f"  weights {_gb(m.weights)}  gradients {_gb(m.gradients)}  AdamW moments {_gb(m.optimizer)}  "
-        f"activations {_gb(m.activations)}",
+        f"activations {_gb(m.activations)}" + (f"  autocast weight copies {_gb(m.casts)}" if m.casts else ""),
         f"  total {_gb(m.total)}"
         + (
             "" if m.fits is None else f" of {_gb(m.device_memory)} on {hw.name}: {'fits' if m.fits else 'does NOT fit'}"
@@ -231,7 +231,7 @@ def format_plan(plan: Plan) -> str:
         f"  planned run     {_hours(plan.hours)}",
         f"  configured run  {_hours(plan.run_hours)}",
     ]
-    if plan.layout is not None and (b := plan.layout.best) is not None:  # communication counted
+    if hw.devices > 1 and plan.layout is not None and (b := plan.layout.best) is not None:  # communication counted
         lines.append(
             f"  with the layout {_hours(plan.run_steps * b.step_s / 3600)} for the configured run "
             f"(its step estimate below, MFU ~{b.mfu:.0%}; the checkpoint interval counts in these steps)"
