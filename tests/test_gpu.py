@@ -1,6 +1,7 @@
 """CUDA-only paths, run where a GPU is (`pytest -m gpu`; skipped without one): bf16 training,
 resume, a real out-of-memory error and micro-batch auto-sizing under a memory cap, grouped_mm
-experts, the fused loss's memory, and torch.compile. Tiny models: seconds each, the compile aside."""
+experts, the fused loss's memory, torch.compile, and RL's rollouts and steps. Tiny models:
+seconds each, the compile aside."""
 
 import gc
 import json
@@ -206,3 +207,33 @@ def test_fp8_trains_on_cuda_alongside_bf16(tmp_path, recipe):
     late = [abs(a[s] - b[s]) / a[s] for s in range(31, 41)]
     assert max(late) < 0.05, late
     assert read_decisions(tmp_path / "fp8") == []  # the orchestrator saw nothing to heal
+
+
+def test_rl_rollouts_on_cuda_are_the_cpus_and_an_rl_run_trains_there(tmp_path, monkeypatch):
+    """RL on a GPU (issue 35): a ragged batch's greedy rollouts on CUDA (SDPA in every decoding
+    step; the CPU decodes in its own products) are the CPU's tokens with the same behaviour
+    log-probabilities, in fp32; then `trimtab rl` runs its steps on CUDA in bf16, rewards scored by
+    the verifier pool, the figures logged."""
+    from test_rl_rollout import EOS, PROMPTS, model
+    from trimtab.cli import main
+    from trimtab.rl.rollout import generate
+
+    # fp32 as the CPU computes it: a CUDA run turns TF32 on for the process (hardware.py)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    cpu = model([])
+    on_cpu = generate(cpu, PROMPTS, 12, EOS, temperature=0.0)
+    on_gpu = generate(cpu.cuda(), PROMPTS, 12, EOS, temperature=0.0)
+    assert [r.tokens for r in on_gpu] == [r.tokens for r in on_cpu]
+    for a, b in zip(on_gpu, on_cpu, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
+    base = tmp_path / "base"
+    assert trimtab.train(cuda_cfg(base, steps=2))["status"] == "completed"
+    sets = ["rl.reward=python:rl_verifiers:starts_with_space", "rl.prompts_per_step=8", "rl.group_size=8"]
+    sets += ["rl.max_new_tokens=4", "rl.held_out=8", "train.eval_every=4", f"train.init_from={base}"]
+    sets += ["train.device=cuda", "log.progress=false", "train.log_every=1"]
+    argv = ["rl", "--preset", "debug", "--out", str(tmp_path / "rl"), "--max-steps", "4"]
+    assert main([*argv, *(a for s in sets for a in ("--set", s))]) == 0
+    rl = [m for m in lines(tmp_path / "rl") if "rl/reward" in m]
+    assert [m["step"] for m in rl] == [1, 2, 3, 4] and all(m["rl/verifier_failures"] == 0 for m in rl)
+    assert any("rl/held_out_pass@1" in m for m in lines(tmp_path / "rl"))
