@@ -175,9 +175,8 @@ def batch_state(batch: RolloutBatch) -> dict[str, Any]:
 
 def batch_from_state(state: dict[str, Any]) -> RolloutBatch:
     rollouts = [Rollout.from_state(r) for r in state["rollouts"]]
-    return RolloutBatch(
-        [], 0, rollouts=rollouts, **{k: state[k] for k in BATCH_FIELDS if k in state}
-    )  # older: no error
+    fields = {k: state[k] for k in BATCH_FIELDS if k in state}  # a checkpoint's older batches: no verifier_error
+    return RolloutBatch([], 0, rollouts=rollouts, **fields)
 
 
 class RolloutLoader(Ordered):
