@@ -71,10 +71,11 @@ def test_moe_plan_uses_active_parameters_and_says_so():
     assert plan.steps == math.ceil(20 * active / 2048)
     assert any("ACTIVE parameters" in n and f"{20 * total:,}" in n for n in plan.notes)
     # activations of a MoE layer: the router in fp32 (input, logits, top-2 indices and weights) and,
-    # per routed copy (x 1.25 capacity slack), its input, SwiGLU, output, combined copy, two indices
+    # per routed copy (a capacity factor drops some, pads none), its input, SwiGLU, output, combined
+    # copy, two indices
     m = plan.memory
     norm, attention = 388, 388 + 2 * (4 * 96 + 3 * 48) + 16
-    moe = norm + 4 * 96 + 4 * 8 + 12 * 2 + 1.25 * 2 * (3 * 2 * 96 + 4 * 2 * 128 + 16)
+    moe = norm + 4 * 96 + 4 * 8 + 12 * 2 + 2 * (3 * 2 * 96 + 4 * 2 * 128 + 16)
     dense = norm + 2 * (2 * 96 + 4 * 256)
     per_token = 2 * (2 * attention + dense + moe) + norm + 4 * 96 + 8
     assert m.activations == round(1024 * per_token)
@@ -387,8 +388,11 @@ def _saved_bytes_per_token(cfg, autocast: bool) -> float:
         ("debug", [], False),
         ("debug", ["model.d_model=256", "model.n_kv_heads=1", "model.n_layers=2"], True),
         ("debug-moe", ["model.moe.capacity_factor=0"], True),
+        ("debug-moe", ["model.moe.capacity_factor=0"], False),
+        ("debug-moe", [], True),  # capacity factor 1.25: copies dropped, never padded
         ("debug-moe", ["model.moe.capacity_factor=0", "model.moe.n_shared_experts=1"], True),
         ("debug-mod", ["model.mod.warmup_steps=0"], True),
+        ("debug-hybrid", ["model.mod.warmup_steps=0"], True),
     ],
 )
 def test_the_activation_estimate_is_what_autograd_saves(preset, sets, autocast):

@@ -22,9 +22,10 @@ with saved_tensors_hooks: tests/test_plan.py holds the count to it):
     SwiGLU      norm + p*(a*h + 4f): the norm output, cast for w1 and again for w3 under low-
                 precision autocast (a = 2; a = 1 in fp32); w1's and w3's outputs, silu's, the product
     MoE ffn     norm + 4h + 4E + 12k (the router in fp32: its input, logits, top-k indices and
-                weights) + c*k*(3p*h + 4p*f_e + 16) (per routed copy: its input, its SwiGLU, the
-                expert's output, the copy the combine keeps, two indices; c = max(1,
-                capacity_factor) for padded buffers) + p*(a*h + 4*f_s) for the shared experts
+                weights) + k*(3p*h + 4p*f_e + 16) (per routed copy: its input, its SwiGLU, the
+                expert's output, the copy the combine keeps, two indices; a capacity factor drops
+                copies, never adds any: the grouped layout keeps no padding) + p*(a*h + 4*f_s) for
+                the shared experts
     MoD block   the attention and ffn terms times the layer's capacity (the tokens it processes),
                 + 10h + 64 for every token: the router's and the predictor's fp32 input, the gather
                 of the chosen tokens and the scatter of their update (measured at h = 96-384)
@@ -137,7 +138,7 @@ def activation_bytes(cfg: RunConfig, p: int, fused_norm: bool = True) -> tuple[l
         attention = norm + p * (4 * h + 3 * kv) + 4 * heads
         if "moe" in kind:
             moe, fe = m.moe, m.moe.expert_hidden
-            routed = max(1.0, moe.capacity_factor) * moe.top_k * (3 * p * h + 4 * p * fe + 16)
+            routed = moe.top_k * (3 * p * h + 4 * p * fe + 16)
             ffn = norm + 4 * h + 4 * moe.n_experts + 12 * moe.top_k + routed
             ffn += swiglu(moe.n_shared_experts * fe) if moe.n_shared_experts else 0
         else:
