@@ -151,12 +151,12 @@ def test_doctor_suggests_the_most_rows_the_plan_says_fit(preset, gib, precision,
             memory_bytes=memory,
             devices=world,
         ),
-        model_size(cfg).total,
+        model_size(cfg),
     )
 
     def planned_total(tokens: int) -> int:
         trial = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch_tokens=tokens))
-        return memory_plan(trial, params, hw).total
+        return memory_plan(trial, params.total, hw, params.non_embedding).total
 
     assert planned_total(advice.tokens) <= USABLE_FRACTION * memory < planned_total(advice.tokens + seq)
 

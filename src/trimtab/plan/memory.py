@@ -173,14 +173,15 @@ def weight_casts(matmul_params: int, p: int, shards: int) -> int:
     return 2 * matmul_params if p == 2 and shards == 1 else 0
 
 
-def memory_plan(cfg: RunConfig, params: int, hw: Hardware, matmul_params: int | None = None) -> MemoryPlan:
-    """Per device; `matmul_params`: the non-embedding parameters autocast casts (default: all)."""
+def memory_plan(cfg: RunConfig, params: int, hw: Hardware, matmul_params: int) -> MemoryPlan:
+    """Per device; `matmul_params`: the non-embedding parameters autocast casts (as
+    suggest_micro_batch counts them: one estimate for both)."""
     precision = cfg.train.precision if cfg.train.precision != "auto" else hw.precision
     p = activation_width(precision)
     # FSDP shards the model state over the devices; DDP (and older configs without the section) replicates it.
     shards = hw.devices if getattr(getattr(cfg, "distributed", None), "data_parallel", "ddp") == "fsdp" else 1
     state = state_bytes(params, shards)
-    casts = weight_casts(params if matmul_params is None else matmul_params, p, shards)
+    casts = weight_casts(matmul_params, p, shards)
     tokens = cfg.train.micro_budget
     per_token = activation_bytes_per_token(cfg, p, cfg.train.activation_checkpointing, fused_norm=hw.kind != "cpu")
     activations = round(tokens * per_token)
