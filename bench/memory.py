@@ -17,7 +17,7 @@ repeats to within a few MB: one probe is repeated and the difference printed and
     trimtab            trimtab.api.train_or_raise (Trainer + the orchestrator and built-in hooks) at the
                        preset's defaults (its loss: training/loss.py's cross entropy fused with the
                        lm head, which keeps no [N, V] logits for the backward), fp32, no compile
-    trimtab+ckpt       the same with train.activation_checkpointing=true
+    trimtab+ckpt       the same with train.activation_checkpointing=full
     transformers       LlamaForCausalLM of the same shape (local config, sdpa attention), its own loss
                        (labels=...), use_cache=False, default AdamW, plain loop
     transformers+ckpt  the same after model.gradient_checkpointing_enable()
@@ -87,7 +87,7 @@ def _config(args: argparse.Namespace, rows: int, out: str, ckpt: bool = False, a
     if args.seq_len:
         sets += [f"data.seq_len={seq}", f"model.max_seq_len={seq}"]
     train = {"max_steps": STEPS, "batch_tokens": rows * seq, "micro_batch_tokens": 0 if auto else rows * seq}
-    train["activation_checkpointing"] = ckpt
+    train["activation_checkpointing"] = "full" if ckpt else "off"
     return load_config(preset=args.preset, overrides={"out": out, "train": train}, sets=sets)
 
 

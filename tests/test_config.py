@@ -153,6 +153,20 @@ def test_yaml_off_for_the_orchestrator_mode_is_translated_at_load_only(tmp_path)
         load_config(preset="debug", sets=["orchestrator.mode=on"])
 
 
+def test_activation_checkpointing_reads_the_older_booleans_as_full_and_off(tmp_path):
+    """A config (or a run directory's config.yaml) from before selective checkpointing said true
+    or false: they still mean a whole block's recompute and none."""
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  activation_checkpointing: true\n")
+    assert load_config(path, preset="debug").train.activation_checkpointing == "full"
+    for value, mode in [("false", "off"), ("true", "full"), ("selective", "selective"), ("full", "full")]:
+        cfg = load_config(preset="debug", sets=[f"train.activation_checkpointing={value}"])
+        assert cfg.train.activation_checkpointing == mode
+    assert load_config(preset="dense-7b").train.activation_checkpointing == "full"
+    with pytest.raises(ConfigError, match="train.activation_checkpointing.*off, selective, full"):
+        load_config(preset="debug", sets=["train.activation_checkpointing=some"])
+
+
 def test_read_saved_resolves_what_a_run_wrote(tmp_path):
     cfg = load_config(preset="debug-moe", overrides={"out": str(tmp_path)})
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))

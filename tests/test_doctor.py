@@ -117,8 +117,11 @@ def test_micro_batch_estimate_grows_with_memory_and_stays_a_whole_number_of_rows
     sharded = suggest_micro_batch(cfg, 80 * 2**30, "bf16", world=8, sharded=True)
     casts = 2 * meta_model(cfg).num_params(exclude_embeddings=True)  # autocast's bf16 weights: not under FSDP
     assert sharded.state_bytes == (large.state_bytes - casts) // 8 and sharded.tokens > large.tokens
-    ckpt = suggest_micro_batch(cfg, 80 * 2**30, "bf16", checkpointing=True)
+    ckpt = suggest_micro_batch(cfg, 80 * 2**30, "bf16", checkpointing="full")
     assert ckpt.bytes_per_token < large.bytes_per_token / 4 and ckpt.tokens > 4 * large.tokens
+    # selective keeps the matmuls' and attention's outputs: about half of off, without a second forward
+    selective = suggest_micro_batch(cfg, 80 * 2**30, "bf16", checkpointing="selective")
+    assert 0.4 < selective.bytes_per_token / large.bytes_per_token < 0.6 and selective.tokens > large.tokens
     tiny = load_config(preset="debug")
     assert suggest_micro_batch(tiny, 64 * 2**30, "fp32").tokens == tiny.train.batch_tokens  # capped
 
@@ -127,6 +130,7 @@ def test_micro_batch_estimate_grows_with_memory_and_stays_a_whole_number_of_rows
     "preset, gib, precision, world, strategy, ckpt",
     [
         ("dense-1b", 40, "bf16", 1, "ddp", "false"),
+        ("dense-1b", 40, "bf16", 1, "ddp", "selective"),
         ("dense-1b", 80, "fp32", 1, "ddp", "true"),
         ("dense-7b", 80, "bf16", 8, "fsdp", "true"),
         ("mod-1b", 40, "bf16", 1, "ddp", "false"),

@@ -95,6 +95,15 @@ def test_tp2_by_dp2_shards_the_split_experts_with_fsdp2(moe_one, tmp_path):
 
 
 @pytest.mark.distributed
+def test_expert_parallelism_under_selective_checkpointing_matches_one_process(moe_one, tmp_path):
+    """Selective checkpointing (model/recompute.py) keeps each block's matmul and routing outputs;
+    its backward's re-run exchanges the tokens between the expert groups again (the all-to-all's
+    output is not kept) and takes the kept top-k: the run is one process's without checkpointing."""
+    selective = {**MOE, "train": {**MOE["train"], "activation_checkpointing": "selective"}}
+    assert_matches(run(tmp_path / "ep2-selective", 2, **selective, **EP2), moe_one[1])
+
+
+@pytest.mark.distributed
 def test_expert_parallel_checkpoints_reshard(moe_one, ep2, tmp_path):
     """The EP=2 run's step-5 checkpoint resumed in one process, and the one-process run's
     resumed under EP=2, both continue as the one-process run did (1e-5)."""

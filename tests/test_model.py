@@ -8,8 +8,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trimtab.config import ModelConfig
+from trimtab.config.sparse import MoDConfig, MoEConfig
 from trimtab.errors import ConfigError
 from trimtab.model import KVCache, Transformer, build_model
 from trimtab.model.layers import Attention, Rotary, RotaryQKV, group_qkv, split_qkv
@@ -213,18 +215,86 @@ def grads(m: Transformer, x: torch.Tensor) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in m.named_parameters()}
 
 
-def test_activation_checkpointing_gives_identical_grads():
-    m, x = model(), tokens(2, 16)
+class _Matmuls(TorchDispatchMode):
+    """Counts the matmuls dispatched while it is on (a backward's recompute included)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func in (torch.ops.aten.mm.default, torch.ops.aten._grouped_mm.default)
+        return func(*args, **(kwargs or {}))
+
+
+CHECKPOINTED_MODELS = {
+    "dense": {},
+    "moe, grouped, jitter": {
+        "layer_pattern": ["moe", "dense"],
+        "moe": MoEConfig(n_experts=4, top_k=2, router_jitter=0.1),
+    },
+    "moe, padded, capacity": {"layer_pattern": ["moe"], "moe": MoEConfig(n_experts=4, top_k=2, n_shared_experts=1)},
+    "mod + moe": {
+        "layer_pattern": ["moe+mod", "mod"],
+        "moe": MoEConfig(n_experts=4, top_k=1),
+        "mod": MoDConfig(capacity=0.5),
+    },
+}
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kind", CHECKPOINTED_MODELS)
+def test_activation_checkpointing_gives_identical_grads(kind, autocast):
+    """full and selective give the gradients of off bit for bit (a block's re-run computes what
+    its forward did: the same routing, jitter included); full runs the blocks' matmuls again in the
+    backward, selective does not (it keeps their outputs)."""
+    m, x = model(**CHECKPOINTED_MODELS[kind]), tokens(2, 16)
+    if "padded" in kind:
+        for _, moe in m.moe_layers():
+            moe.impl = "padded"
     spread_weights(m, 0.1)
-    calls = []
+    calls, backward_matmuls, out = [], {}, {}
     m.blocks[0].attn.register_forward_hook(lambda *_: calls.append(1))
-    plain = grads(m, x)
-    assert len(calls) == 1
-    m.set_activation_checkpointing(True)
-    ckpt = grads(m, x)
-    assert len(calls) == 3  # forward, then recomputed in backward
-    for name in plain:
-        torch.testing.assert_close(ckpt[name], plain[name], rtol=0, atol=0, msg=name)
+    for mode in ("off", "selective", "full"):
+        m.set_activation_checkpointing(mode)
+        m.zero_grad(set_to_none=True)
+        torch.manual_seed(7)  # the router's jitter
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = F.cross_entropy(m(x).flatten(0, 1).float(), x.flatten(), reduction="sum")
+        with _Matmuls() as mm:
+            loss.backward()
+        backward_matmuls[mode] = mm.count
+        out[mode] = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+    assert len(calls) == 5  # three forwards, then the block run again by selective and full
+    assert backward_matmuls["selective"] == backward_matmuls["off"] < backward_matmuls["full"]
+    for mode in ("selective", "full"):
+        assert out[mode].keys() == out["off"].keys()
+        for name, grad in out["off"].items():
+            torch.testing.assert_close(out[mode][name], grad, rtol=0, atol=0, msg=f"{mode}: {name}")
+
+
+@pytest.mark.slow  # torch.compile: ~10-25 s on a CPU
+@pytest.mark.parametrize("kind", ["dense", "moe, grouped, jitter"])
+def test_selective_checkpointing_compiles_to_the_eager_gradients(kind):
+    """Under torch.compile the selective policy tags the traced graph (the partitioner saves the
+    kept ops' outputs); the gradients are eager's, off, to fp32 rounding."""
+    m, x = model(**CHECKPOINTED_MODELS[kind]), tokens(2, 16)
+    spread_weights(m, 0.1)
+    compiled = torch.compile(m)
+    out = {}
+    for mode, net in (("off", m), ("selective", compiled)):
+        m.set_activation_checkpointing(mode)
+        m.zero_grad(set_to_none=True)
+        torch.manual_seed(7)
+        F.cross_entropy(net(x).flatten(0, 1), x.flatten(), reduction="sum").backward()
+        out[mode] = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+    for name, grad in out["off"].items():
+        torch.testing.assert_close(out["selective"][name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_an_unknown_checkpointing_mode_is_refused_with_the_modes():
+    with pytest.raises(ValueError, match="off, selective, full"):
+        model().set_activation_checkpointing("partial")
 
 
 # --- KV cache ------------------------------------------------------------------------------

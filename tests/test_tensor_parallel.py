@@ -50,6 +50,16 @@ def test_tp2_matches_one_process(single, tp2):
 
 
 @pytest.mark.distributed
+def test_tp2_under_selective_checkpointing_matches_one_process(single, tmp_path):
+    """Selective checkpointing's saved outputs are DTensors under tensor parallelism, and its
+    re-run gathers the sequence-parallel activations again: the same run as one process's."""
+    records = run(tmp_path / "tp2-selective", 2, **TP2, train={"activation_checkpointing": "selective"})
+    for record in records:
+        assert_close(losses(record), losses(single[1]))
+        assert_close(record["weights"], single[1]["weights"])
+
+
+@pytest.mark.distributed
 def test_tp_by_dp_with_fsdp2_matches_one_process(single, tmp_path):
     """A 2 x 2 mesh: ranks 0-1 and 2-3 are two replicas, each split by tensor parallelism and
     sharded by FSDP2 over the replicas; a replica reads half of every step's rows."""

@@ -227,6 +227,7 @@ class DataConfig(Section):
         _check(not dupes, "data.mix", f"has two sources named {', '.join(dupes)}; give each a distinct name")
 
 
+CHECKPOINTING = ("off", "selective", "full")  # train.activation_checkpointing
 SCHEDULES = ("cosine", "wsd", "constant", "linear", "triangular", "triangular2", "exp_range")
 
 
@@ -278,7 +279,11 @@ class TrainConfig(Section):
     # auto | true | false. auto: torch.compile when the run is long enough to repay its compile
     # time (training/services/compiling.py); short and CPU-sized runs stay eager.
     compile: str = "auto"
-    activation_checkpointing: bool = False
+    # off | selective | full (docs/planner.md, "Activation checkpointing"). full: each block keeps
+    # only its input and runs its forward again in the backward (a third more compute); selective:
+    # a block keeps its matmuls' and attention's outputs and recomputes only the cheap ops between
+    # them (norms, rotations, activations, casts), about half the memory of off at a few percent.
+    activation_checkpointing: str = "off"
     eval_every: int = 200  # 0: only at the end
     eval_tokens: int = 65536  # cap on tokens per evaluation
     # Seconds an evaluation may run; past it, it is abandoned (journaled) and training goes on. 0: no limit
@@ -313,6 +318,11 @@ class TrainConfig(Section):
         _check(self.fp8_recipe in ("tensorwise", "rowwise"), "train.fp8_recipe", "must be tensorwise or rowwise")
         self.loss_scale.validate()
         _check(self.compile in ("auto", "true", "false"), "train.compile", "must be auto, true or false")
+        _check(
+            self.activation_checkpointing in CHECKPOINTING,
+            "train.activation_checkpointing",
+            f"must be one of {', '.join(CHECKPOINTING)} (true reads as full, false as off)",
+        )
         _check(self.eval_every >= 0, "train.eval_every", "must be >= 0")
         _check(self.eval_timeout >= 0, "train.eval_timeout", "must be >= 0 (0: no limit)")
 
@@ -555,6 +565,8 @@ RENAMED = {
 RESPELLED = {
     ("orchestrator", "mode"): {False: "off", "false": "off"},  # YAML 1.1 reads a bare `off` as false
     ("resilience", "watchdog"): {False: "off", "false": "off", True: "on", "true": "on"},  # and `on` as true
+    # a boolean before selective checkpointing existed: true was a whole block's recompute
+    ("train", "activation_checkpointing"): {False: "off", "false": "off", True: "full", "true": "full"},
 }
 
 

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trimtab.model.cache import KVCache
+from trimtab.model.recompute import in_recompute
 
 # f(x, rope, mask, cache, layer) -> the block's residual update, same shape as x
 Residual = Callable[[torch.Tensor, tuple, torch.Tensor | None, KVCache | None, int], torch.Tensor]
@@ -124,6 +125,8 @@ class DepthRouter(nn.Module):
         model, paper section 3.5), and stats; no host sync."""
         logits = self.predictor(x.detach()).squeeze(-1).float()
         bce = F.binary_cross_entropy_with_logits(logits, chosen)
+        if in_recompute():  # computed again for what their backward saves; the forward's are kept
+            return
         self.aux_loss = self.predictor_loss_coef * bce if self.predictor_loss_coef > 0 else None
         gate = (torch.sigmoid(score.detach()) * chosen).sum() / chosen.sum()
         self.stats = {

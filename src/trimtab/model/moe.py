@@ -46,6 +46,7 @@ from torch.profiler import record_function
 
 from trimtab.config.sparse import MoEConfig
 from trimtab.model.layers import SwiGLU, compute_dtype
+from trimtab.model.recompute import in_recompute
 
 
 class Routing(NamedTuple):
@@ -89,11 +90,6 @@ def _label(name: str) -> AbstractContextManager:
     if not torch.compiler.is_compiling() and torch.autograd._profiler_enabled():
         return record_function(name)
     return nullcontext()
-
-
-def _in_recompute() -> bool:
-    """True while activation checkpointing re-runs a forward inside backward."""
-    return not torch.compiler.is_compiling() and torch._C._current_graph_task_id() != -1
 
 
 class MoE(nn.Module):
@@ -332,11 +328,13 @@ class MoE(nn.Module):
         E = self.n_experts
         balance = E * ((r.counts / r.experts.numel()) * r.probs.mean(0)).sum()
         z = torch.logsumexp(r.logits, -1).square().mean()
+        if in_recompute():  # computed again for what their backward saves; the forward's are kept
+            return
         if self.training and (self.balance_coef > 0 or self.z_loss_coef > 0):
             self.aux_loss = self.balance_coef * balance + self.z_loss_coef * z
         else:
             self.aux_loss = None
-        if self.training and self.bias_update_rate > 0 and not _in_recompute():
+        if self.training and self.bias_update_rate > 0:
             self.load += r.counts
         self.stats = {
             "tokens_per_expert": r.counts,

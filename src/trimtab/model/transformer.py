@@ -18,6 +18,7 @@ from trimtab.model.cache import KVCache
 from trimtab.model.layers import Attention, RMSNorm, Rotary, SwiGLU, group_qkv
 from trimtab.model.mod import DepthRouter
 from trimtab.model.moe import MoE
+from trimtab.model.recompute import MODES, selective_contexts
 
 
 class Block(nn.Module):
@@ -99,7 +100,7 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.rotary = Rotary(self.head_dim, cfg.max_seq_len, cfg.rope_theta, cfg.rope_scaling)
-        self.checkpointing = False
+        self.checkpointing = "off"  # model/recompute.py's modes
         self.reset_parameters()
 
     @torch.no_grad()
@@ -124,9 +125,12 @@ class Transformer(nn.Module):
                 residual = name.endswith(("wo.weight", "w2.weight", "ffn.w2"))  # ffn.w2: MoE experts
                 nn.init.normal_(p, 0.0, out_std if residual else std)
 
-    def set_activation_checkpointing(self, enabled: bool) -> None:
-        """Recompute each block's activations in backward instead of storing them (training only)."""
-        self.checkpointing = enabled
+    def set_activation_checkpointing(self, mode: str) -> None:
+        """off | selective | full (model/recompute.py): what of each block's activations its
+        backward computes again instead of keeping them from the forward (in training only)."""
+        if mode not in MODES:
+            raise ValueError(f"activation checkpointing must be one of {', '.join(MODES)}, got {mode!r}")
+        self.checkpointing = mode
 
     def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
         """An empty KVCache matching this model's shape, dtype and device."""
@@ -179,11 +183,12 @@ class Transformer(nn.Module):
         cache: KVCache | None = None,
     ) -> torch.Tensor:
         """x [B, T, D] through the blocks at `layers` (a pipeline stage runs its own), each
-        recomputed in backward when activation checkpointing is on."""
-        ckpt = self.checkpointing and self.training and torch.is_grad_enabled()
+        checkpointed as self.checkpointing says in training."""
+        mode = self.checkpointing if self.training and torch.is_grad_enabled() else "off"
+        contexts = {"context_fn": selective_contexts} if mode == "selective" else {}
         for i in layers:
-            if ckpt:
-                x = checkpoint(self.blocks[i], x, rope, mask, cache, i, use_reentrant=False)
+            if mode != "off":
+                x = checkpoint(self.blocks[i], x, rope, mask, cache, i, use_reentrant=False, **contexts)
             else:
                 x = self.blocks[i](x, rope, mask, cache, i)
         return x

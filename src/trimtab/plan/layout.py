@@ -5,8 +5,8 @@ it (docs/distributed.md).
 
 Every layout trimtab can run is tried (tp in 1, 2, 4, 8 within a node where the model splits;
 pp in 1, 2, 4, 8, 16 up to the layer count; for MoE models ep in 1, 2, 4, ... dividing the
-replicas and the experts; DDP or FSDP2 over the replicas; checkpointing off or on) and the
-fastest that fits is proposed. Per GPU, with P parameters of which P_e are routed experts and R
+replicas and the experts; DDP or FSDP2 over the replicas; checkpointing off, selective or
+full) and the fastest that fits is proposed. Per GPU, with P parameters of which P_e are routed experts and R
 in the embedding, final norm and head, pp stages, tp tensor-parallel ranks, dp replicas per
 stage, ep of them sharing one copy of the experts:
 
@@ -24,16 +24,17 @@ stage, ep of them sharing one copy of the experts:
                   shards the norms and the residual stream too: Korthikanti et al. 2022, eq. 5);
                   under 1F1B the first stage holds pp micro-batches of its L / pp layers: the same
 
-Step time: compute = FLOPs per token x batch tokens / (N x peak x plan.mfu), x 4/3 with
-checkpointing (a second forward), plus the pipeline bubble, compute x (pp - 1) / m for m
-micro-batches per replica (1F1B: Narayanan et al. 2021, section 2.2). Communication, ring
+Step time: compute = FLOPs per token x batch tokens / (N x peak x plan.mfu), x RECOMPUTE
+(full checkpointing 4/3: a second forward; selective 1.05, assumed), plus the pipeline bubble,
+compute x (pp - 1) / m for m micro-batches per replica (1F1B: Narayanan et al. 2021, section 2.2). Communication, ring
 collectives at 80% of the link (what NCCL's bus bandwidth reaches), tensor-parallel groups
 inside a node (NVLink), replicas and stages across nodes when the job spans several (the
 network: one 400 Gb/s NIC per GPU, the DGX/HGX H100 reference):
 
     tensor parallel  per layer and micro-batch 4 all-gathers / reduce-scatters of the
                      [tokens, d_model] activations forward and 4 backward (6 forward with
-                     checkpointing), each moving (tp-1)/tp of them, and 4 more a step for the
+                     checkpointing, full or selective: a block's re-run repeats them), each
+                     moving (tp-1)/tp of them, and 4 more a step for the
                      embedding's output and the final norm's; on the critical path (measured on
                      CPU to the byte: bench/comm.py)
     expert parallel  per MoE layer and micro-batch 2 all-to-alls forward (dispatch, combine) and
@@ -63,7 +64,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from trimtab.config import RunConfig
+from trimtab.config import CHECKPOINTING, RunConfig
 from trimtab.distributed.splits import check_tensor_parallel
 from trimtab.errors import ConfigError
 from trimtab.hardware import gpu_named
@@ -74,6 +75,11 @@ NETWORK = 50e9  # bytes/s per GPU between nodes, each way: 400 Gb/s InfiniBand /
 BUS_EFFICIENCY = 0.8  # share of the link a ring collective's bus bandwidth reaches
 TP_SIZES = (1, 2, 4, 8)
 PP_SIZES = (1, 2, 4, 8, 16)
+# A step's compute under each train.activation_checkpointing, as a multiple of off's: full runs
+# the forward again (a third more: forward 1, backward 2); selective runs again only the
+# memory-bound ops between matmuls, assumed 5% (not a FLOP count: bandwidth; bench/recompute.py
+# measures it, on a CPU so far, docs/planner.md)
+RECOMPUTE = {"off": 1.0, "selective": 1.05, "full": 4 / 3}
 
 
 @dataclass(kw_only=True)
@@ -83,7 +89,7 @@ class Layout:
     dp: int  # replicas per stage
     ep: int  # replicas sharing one copy of the experts (1: dense, or experts not split)
     strategy: str  # ddp | fsdp
-    checkpointing: bool
+    checkpointing: str  # off | selective | full
     micro_batch_tokens: int  # per rank; 0 when not even one row fits
     accumulation: int  # micro-batches per replica per step
     state_bytes: int  # per GPU
@@ -112,7 +118,7 @@ class Layout:
         parallel += [f"distributed.ep={self.ep}"] if self.ep > 1 else []
         return parallel + [
             f"train.micro_batch_tokens={self.micro_batch_tokens}",
-            f"train.activation_checkpointing={str(self.checkpointing).lower()}",
+            f"train.activation_checkpointing={self.checkpointing}",
         ]
 
 
@@ -264,12 +270,12 @@ def _pipeline_sizes(cfg: RunConfig, model: _Shape, gpus: int, tp: int) -> list[i
     ]
 
 
-def _choices(tp: int, dp: int, ep: int, pp: int) -> list[tuple[str, bool]]:
+def _choices(tp: int, dp: int, ep: int, pp: int) -> list[tuple[str, str]]:
     """(strategy, checkpointing) pairs: one replica needs no data parallelism (ddp stands for
     none, fsdp under pipeline stages), and tensor, expert or pipeline parallelism with several
     replicas runs under FSDP2 only (distributed/mesh.py)."""
     strategies = ["fsdp"] if pp > 1 else ["ddp"] if dp == 1 else ["fsdp"] if tp > 1 or ep > 1 else ["ddp", "fsdp"]
-    return [(s, ckpt) for s in strategies for ckpt in (False, True)]
+    return [(s, ckpt) for s in strategies for ckpt in CHECKPOINTING]
 
 
 def _layout(
@@ -278,7 +284,7 @@ def _layout(
     hw: Hardware,
     mesh: tuple[int, int, int],
     strategy: str,
-    ckpt: bool,
+    ckpt: str,
     links: tuple[float, float, float],
 ) -> Layout:
     """One layout's memory and step time (module docstring). mesh: (tp, ep, pp); links: bytes/s
@@ -300,7 +306,7 @@ def _layout(
     micro = rows * seq
     accumulation = math.ceil(replica_tokens / micro) if micro else 0
     flops = model.flops_per_token * cfg.train.batch_tokens
-    compute = flops / (hw.devices * hw.peak_flops * cfg.plan.mfu) * (4 / 3 if ckpt else 1)
+    compute = flops / (hw.devices * hw.peak_flops * cfg.plan.mfu) * RECOMPUTE[ckpt]
     bubble = compute * (pp - 1) / max(accumulation, 1)
     traffic = _traffic(cfg, model, (tp, ep, dp, pp), fsdp, ckpt, p)
     pp_comm = (traffic.pp + traffic.tied) / (network * BUS_EFFICIENCY)
@@ -351,14 +357,15 @@ class Traffic:
     dp_once: float  # DDP's gradient all-reduce; under pp FSDP2's backward gather and reduce-scatter
 
 
-def _traffic(cfg: RunConfig, model: _Shape, mesh: tuple[int, int, int, int], fsdp: bool, ckpt: bool, p: int) -> Traffic:
+def _traffic(cfg: RunConfig, model: _Shape, mesh: tuple[int, int, int, int], fsdp: bool, ckpt: str, p: int) -> Traffic:
     """mesh: (tp, ep, dp, pp); p: bytes per activation (and FSDP-gathered weight) element. A
     GPU of a stage moves its 1 / pp of the layers' traffic."""
     tp, ep, dp, pp = mesh
     replica_tokens = cfg.train.batch_tokens // dp
-    collectives = model.n_layers / pp * (14 if ckpt else 8) + 4  # + embedding and final norm, fwd and bwd
+    again = ckpt != "off"  # a block's re-run exchanges its activations again, selective's as full's
+    collectives = model.n_layers / pp * (14 if again else 8) + 4  # + embedding and final norm, fwd and bwd
     tp_bytes = (tp - 1) / tp * replica_tokens * model.d_model * p * collectives
-    exchanged = replica_tokens * model.top_k * model.d_model * p * model.moe_layers / pp * (6 if ckpt else 4)
+    exchanged = replica_tokens * model.top_k * model.d_model * p * model.moe_layers / pp * (6 if again else 4)
     sends = 2 * replica_tokens * model.d_model * p / tp if pp > 1 else 0.0
     tied = 4 * model.root / (tp * dp) if pp > 1 and cfg.model.tie_embeddings else 0.0  # fp32, shard of dp
     stages = {"pp": sends, "tied": tied, "tp": tp_bytes, "ep": (ep - 1) / ep * exchanged}
@@ -437,7 +444,7 @@ def format_layout(plan: LayoutPlan, command: str) -> list[str]:
     stages = f"pp {b.pp} x " if b.pp > 1 else ""
     lines += [
         f"  proposed   {stages}tp {b.tp} x dp {b.dp} ({replicas}{_experts(b)}), activation checkpointing "
-        f"{'on' if b.checkpointing else 'off'}; micro-batch {b.micro_batch_tokens:,} tokens x "
+        f"{b.checkpointing}; micro-batch {b.micro_batch_tokens:,} tokens x "
         f"{b.accumulation} per replica per step",
         f"  memory     {_memory(b)} per GPU",
         f"  step       ~{_secs(b.step_s)}: compute {_secs(b.compute_s)} + tensor-parallel {_secs(b.tp_comm_s)} "
@@ -449,13 +456,13 @@ def format_layout(plan: LayoutPlan, command: str) -> list[str]:
     ]
     lines += [f"    - {line}" for line in _why(plan)]
     lines.append(
-        "  alternatives (fastest first)  pp  tp   dp   ep  strategy  ckpt      micro   memory GiB   step s   MFU"
+        "  alternatives (fastest first)  pp  tp   dp   ep  strategy  ckpt           micro   memory GiB   step s   MFU"
     )
     for c in plan.candidates[:8]:
         micro = f"{c.micro_batch_tokens:>10,}" if c.fits else "   no fit "
         lines.append(
             f"{'':31}{c.pp:>2}  {c.tp:>2} {c.dp:>4} {c.ep:>4}  {c.strategy if c.dp > 1 else '-':8}  "
-            f"{'on' if c.checkpointing else 'off':4}"
+            f"{c.checkpointing:9}"
             f" {micro}  {c.memory_bytes / 2**30:>10.1f}  "
             + (f"{c.step_s:>7.3g}  {c.mfu:>4.0%}" if c.fits else f"{'-':>7}  {'-':>4}")
         )
@@ -479,8 +486,6 @@ def _why(plan: LayoutPlan) -> list[str]:
 
 
 def _value(key: str, value: object) -> str:
-    if key == "checkpointing":
-        return "on" if value else "off"
     return f"{key}={value}" if key in ("tp", "ep", "pp") else str(value)
 
 

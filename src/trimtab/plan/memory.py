@@ -34,8 +34,18 @@ with saved_tensors_hooks: tests/test_plan.py holds the count to it):
 
 h = d_model, h_kv = kv heads x head dim, H heads, f = ffn_hidden, f_e = expert_hidden, f_s =
 n_shared_experts x f_e, E experts, k = top_k; p = 2 bytes under bf16 / fp16 autocast, 4 in fp32.
-With activation checkpointing only each block's input (h, fp32) is kept, plus one block's
-activations while it is recomputed.
+
+train.activation_checkpointing (model/recompute.py) changes what a layer keeps:
+
+    full        its input (4h, fp32), plus one block's activations above while it runs again
+    selective   its input (4h) and its matmuls' and attention's outputs:
+                attention  p*(h + 2*h_kv) (qkv) + p*h + 4*H (SDPA's output and log-sum-exp) + p*h (o)
+                SwiGLU     p*(2f + h): w1's, w3's and w2's outputs
+                MoE ffn    4E (router logits) + 28k (top-k values and indices, the sort of the
+                           assignments) + k*p*(2f_e + h) (the grouped matmuls) + p*h (combine)
+                           + p*(2f_s + h) for the shared experts
+                MoD block  4h + capacity x (the rest) + 16 (the router's top-k)
+                plus, while one block runs again, what it keeps under off less the above
 """
 
 from __future__ import annotations
@@ -44,7 +54,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trimtab.config import RunConfig
+from trimtab.config import CHECKPOINTING, RunConfig
 from trimtab.errors import ConfigError
 from trimtab.hardware import GPUS, choose_precision, datasheet_source, peak_flops, pick_device, ram_bytes
 from trimtab.model.catalog import meta_model
@@ -115,7 +125,7 @@ class MemoryPlan:
     total: int
     micro_batch_tokens: int
     activation_bytes: int  # p
-    checkpointing: bool
+    checkpointing: str  # off | selective | full
     shards: int  # devices the model state is split over (FSDP), else 1
     device_memory: int | None
     fits: bool | None  # None: device memory unknown
@@ -160,11 +170,48 @@ def state_bytes(params: int, shards: int = 1) -> dict[str, int]:
     return {k: params * b // shards for k, b in STATE_BYTES.items()}
 
 
-def activation_bytes_per_token(cfg: RunConfig, p: int, checkpointing: bool, fused_norm: bool = True) -> float:
-    """Bytes kept for backward per token of a micro-batch (the table in the module docstring)."""
+def selective_bytes(cfg: RunConfig, p: int) -> list[float]:
+    """Bytes per token each layer keeps under selective checkpointing (model/recompute.py; the
+    module docstring's second table)."""
+    m = cfg.model
+    h, kv, heads = m.d_model, m.n_kv_heads * m.head_dim, m.n_heads
+    attention = 4 * h + p * (h + 2 * kv) + p * h + 4 * heads + p * h
+    capacities = iter(m.mod_capacities)
+    layers = []
+    for kind in m.layers:
+        if "moe" in kind:
+            moe, fe, fs = m.moe, m.moe.expert_hidden, m.moe.n_shared_experts * m.moe.expert_hidden
+            ffn = 4 * moe.n_experts + 28 * moe.top_k + moe.top_k * p * (2 * fe + h) + p * h
+            ffn += p * (2 * fs + h) if fs else 0
+        else:
+            ffn = p * (2 * m.ffn_hidden + h)
+        if "mod" in kind:
+            layers.append(4 * h + next(capacities) * (attention - 4 * h + ffn) + 16)
+        else:
+            layers.append(attention + ffn)
+    return layers
+
+
+def activation_bytes_per_token(cfg: RunConfig, p: int, checkpointing: str, fused_norm: bool = True) -> float:
+    """Bytes kept for backward per token of a micro-batch at the activations' peak (the tables in
+    the module docstring), under train.activation_checkpointing's `checkpointing`."""
+    return sum(kept_bytes_per_token(cfg, p, checkpointing, fused_norm))
+
+
+def kept_bytes_per_token(cfg: RunConfig, p: int, checkpointing: str, fused_norm: bool = True) -> tuple[float, float]:
+    """(bytes per token the forward leaves for the backward, what one block computes again in it
+    on top): off keeps everything and recomputes nothing; full keeps each block's input and runs
+    a block's forward again; selective keeps its outputs of model/recompute.py and recomputes the
+    rest of a block."""
+    if checkpointing not in CHECKPOINTING:
+        raise ValueError(f"checkpointing must be one of {', '.join(CHECKPOINTING)}, got {checkpointing!r}")
     layers, head = activation_bytes(cfg, p, fused_norm)
-    kept = 4 * cfg.model.d_model * len(layers) + max(layers) if checkpointing else sum(layers)
-    return kept + head
+    if checkpointing == "full":
+        return 4 * cfg.model.d_model * len(layers) + head, max(layers)
+    if checkpointing == "selective":
+        kept = selective_bytes(cfg, p)
+        return sum(kept) + head, max(max(a - k, 0) for a, k in zip(layers, kept, strict=True))
+    return sum(layers) + head, 0.0
 
 
 def weight_casts(matmul_params: int, p: int, shards: int) -> int:
@@ -218,7 +265,7 @@ def suggest_micro_batch(
     precision: str,
     world: int = 1,
     sharded: bool = False,
-    checkpointing: bool | None = None,
+    checkpointing: str | None = None,
     device: str = "cuda",
 ) -> MicroBatchAdvice:
     """The most whole rows whose memory_plan total fits in USABLE_FRACTION of `memory_bytes` per

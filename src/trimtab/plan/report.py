@@ -218,7 +218,7 @@ def format_plan(plan: Plan) -> str:
         f"{plan.run_flops:.3g} FLOPs",
         "",
         f"Memory per device (estimate; {m.micro_batch_tokens:,}-token micro-batch, activations "
-        f"{m.activation_bytes} bytes{', checkpointed' if m.checkpointing else ''}"
+        f"{m.activation_bytes} bytes{f', checkpointing {m.checkpointing}' if m.checkpointing != 'off' else ''}"
         f"{f', FSDP over {m.shards}' if m.shards > 1 else ''})",
         f"  weights {_gb(m.weights)}  gradients {_gb(m.gradients)}  AdamW moments {_gb(m.optimizer)}  "
         f"activations {_gb(m.activations)}" + (f"  autocast weight copies {_gb(m.casts)}" if m.casts else ""),

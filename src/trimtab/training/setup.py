@@ -347,8 +347,7 @@ def setup(cfg: RunConfig) -> BuiltRun:
     model = build_model(cfg.model).to(dist.device)
     if not compared:
         check_fits(model, *resume)
-    if cfg.train.activation_checkpointing:
-        model.set_activation_checkpointing(True)
+    model.set_activation_checkpointing(cfg.train.activation_checkpointing)
     saved = resume[1].get("precision") if resume else None
     precision = dist.same_precision(refine_cpu_precision(precision, cfg, model, saved))
     log.info("precision %s: %s", precision.name, precision.reason)
