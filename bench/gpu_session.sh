@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One lent GPU's checks and benchmarks in priority order, inside a time budget (a lent machine's
 # start takes minutes of a 15-minute allowance): the CUDA tests, the moe-7b-shaped step without
-# activation checkpointing, eager and compiled, then dense-1b compiled in fp8 and in bf16, then
+# activation checkpointing, eager and compiled, dense-1b's step under each checkpointing mode,
+# then dense-1b compiled in fp8 and in bf16, then
 # RL's rollout generation against transformers' in bf16 where time is left. Earlier
 # sessions' stages (dense-1b and moe-7b-shaped trimtab vs the plain loop, the profile) are in git
 # history and BENCHMARKS.md. Run from the repository root on the GPU machine:
@@ -10,8 +11,9 @@
 #
 # Each stage runs under `timeout` with the lesser of its limit and what is left of the budget, its
 # output in $OUT/<stage>.log; at most 8 files come back from a device call, and this writes 7:
-# tests.log (the machine's GPU and torch first) moe.log moe.json dense.log dense.json generate.log
-# (its table printed in the log: BENCHMARKS.md "RL rollout generation on CUDA").
+# tests.log (the machine's GPU and torch first) moe.log moe.json recompute.log dense.log dense.json
+# generate.log (tables printed in the logs: BENCHMARKS.md "RL rollout generation on CUDA",
+# "Activation checkpointing ... on <GPU>").
 # The tables are written to BENCHMARKS.md afterwards, where the repository is, from the saved
 # repetitions, e.g. python bench/gpu.py --preset dense-1b --steps 6 --load $OUT/dense.json
 # (a --load rewrites the section of its heading: load a partial file into a new section's flags).
@@ -70,6 +72,9 @@ stage tests 100 python3 -m pytest -m gpu tests/test_gpu.py -p no:cacheprovider -
 # MoE (issue 35's >= 40% MFU goal): without checkpointing (2 layers fit), eager and compiled (grouped
 # experts traced whole since 2026-11-27: the compiled row has never been measured with it)
 stage moe 150 $GPU $MOE $NOCKPT --variants trimtab,trimtab-compile --reps 1 --save "$OUT/moe.json"
+# Activation checkpointing off / selective / full on dense-1b's step: selective's cost on a GPU
+# (the planner assumes 1.05x off's compute) and each mode's memory against plan/memory.py
+stage recompute 90 python3 bench/recompute.py --device cuda --presets dense-1b --reps 1 --steps 4
 # FP8 (goal >= 1.3x bf16 tokens/s on dense-1b): both compiled, fp8 first, its recompiles logged
 stage dense 330 env TORCH_LOGS=recompiles $GPU --preset dense-1b --variants trimtab-fp8-compile,trimtab-compile \
     --reps 1 --save "$OUT/dense.json"

@@ -144,6 +144,17 @@ def test_gpu_profile_dry_run_writes_the_table_and_the_top_ops(tmp_path):
     assert "LinearCrossEntropy" in ranges and any(r.startswith("Optimizer.step#") for r in ranges)
 
 
+def test_recompute_dry_run_times_each_checkpointing_mode_and_measures_what_it_keeps():
+    out = dry_run("recompute")
+    assert "## Activation checkpointing: off, selective, full (bench/recompute.py)" in out
+    rows = {
+        mode: next(ln for ln in out.splitlines() if ln.startswith(f"| debug | {mode} | "))
+        for mode in ("off", "selective", "full")
+    }
+    kept = {mode: float(row.split(" | ")[5].replace(",", "")) for mode, row in rows.items()}
+    assert kept["full"] < kept["selective"] < 0.6 * kept["off"]  # measured, not the estimate (the next column)
+
+
 def test_loss_dry_run_checks_every_chunk_size_against_the_plain_loss():
     out = dry_run("loss")
     assert "## Fused cross-entropy (bench/loss.py)" in out
