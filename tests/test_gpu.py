@@ -83,6 +83,18 @@ def _peak_reserved_of_one_step(out, sets) -> int:
     return torch.cuda.max_memory_reserved()
 
 
+def _train_capped(cap_bytes: float, cfg) -> dict:
+    """trimtab.train(cfg) with this process's CUDA memory capped at `cap_bytes` (lifted after)."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(cap_bytes / torch.cuda.get_device_properties(0).total_memory)
+    try:
+        return trimtab.train(cfg)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+
+
 def test_a_real_cuda_oom_halves_the_micro_batch_until_the_step_fits(tmp_path):
     """train.micro_batch_tokens 0 (auto) under a memory cap the whole batch exceeds and a quarter
     of it fits (set_per_process_memory_fraction, calibrated from two uncapped runs): the
@@ -93,20 +105,32 @@ def test_a_real_cuda_oom_halves_the_micro_batch_until_the_step_fits(tmp_path):
     whole = _peak_reserved_of_one_step(tmp_path / "whole", [*sets, f"train.micro_batch_tokens={batch}"])
     quarter = _peak_reserved_of_one_step(tmp_path / "quarter", [*sets, f"train.micro_batch_tokens={batch // 4}"])
     assert whole > 1.5 * quarter, (whole, quarter)  # the cap below separates them
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.set_per_process_memory_fraction((whole + quarter) / 2 / torch.cuda.get_device_properties(0).total_memory)
     run = tmp_path / "capped"
-    try:
-        summary = trimtab.train(cuda_cfg(run, steps=4, sets=[*sets, "train.micro_batch_tokens=0"]))
-    finally:
-        torch.cuda.set_per_process_memory_fraction(1.0)
-        torch.cuda.empty_cache()
+    summary = _train_capped((whole + quarter) / 2, cuda_cfg(run, steps=4, sets=[*sets, "train.micro_batch_tokens=0"]))
     assert summary["status"] == "completed"
     ds = [d for d in read_decisions(run) if d["rule"] == "oom"]
     assert ds and ds[0]["step"] == 1 and "out of memory" in str(ds[0]["evidence"]).lower(), ds
     settled = set(logged(run, "micro_batch_tokens").values())
     assert len(settled) == 1 and batch // 4 <= settled.pop() < batch, settled
+
+
+def test_a_real_cuda_oom_at_one_row_turns_on_selective_checkpointing(tmp_path):
+    """A row of 4,096 tokens of a 512-wide model, under a cap between its step's peak with
+    checkpointing off and with selective (calibrated from two uncapped runs): the orchestrator
+    cannot halve one row, so it recomputes more (selective), retries the same row, and the run
+    completes at one row."""
+    seq = 4096
+    sets = [f"data.seq_len={seq}", f"model.max_seq_len={seq}", "model.d_model=512", "model.n_heads=8"]
+    sets += [f"train.batch_tokens={2 * seq}", f"train.micro_batch_tokens={seq}", f"train.eval_tokens={seq}"]
+    sets += ["data.max_bytes=2000000", "train.precision=bf16"]
+    off = _peak_reserved_of_one_step(tmp_path / "off", sets)
+    selective = _peak_reserved_of_one_step(tmp_path / "selective", [*sets, "train.activation_checkpointing=selective"])
+    assert off > 1.2 * selective, (off, selective)  # the cap below separates them
+    run = tmp_path / "capped"
+    summary = _train_capped((off + selective) / 2, cuda_cfg(run, steps=4, sets=sets))
+    assert summary["status"] == "completed", summary["status"]
+    ds = [d for d in read_decisions(run) if d["rule"] == "oom"]
+    assert [(d["action"], d["params"]) for d in ds] == [("set_activation_checkpointing", {"mode": "selective"})], ds
 
 
 @pytest.mark.skipif(AUTO != "bf16" or torch.cuda.get_device_capability() < (8, 0), reason="grouped_mm needs sm80+")

@@ -588,14 +588,49 @@ def test_oom_with_orchestrator_off_raises(tmp_path):
 
 
 def test_oom_below_one_row_stops_with_a_clear_status(tmp_path):
+    """Not even one row with every block recomputed whole: the injected limit is 10 tokens' worth
+    of activations, a row of 64 weighs 42 selective and 20 full (plan/memory.py)."""
     run = tmp_path / "r"
     summary = trimtab.train(debug_cfg(run, steps=8, faults=["oom@4:10"]))
-    assert summary["status"].startswith("gave up (out of memory with a micro-batch of one row (64 tokens)")
+    assert summary["status"].startswith(
+        "gave up (out of memory with a micro-batch of one row (64 tokens) and activation checkpointing full"
+    )
     assert summary["step"] == 3 and summary["exit_code"] == 3
     ds = decisions(run)
-    assert [d["params"].get("tokens") for d in ds] == [512, 256, 128, 64, None]
+    assert [d["params"].get("tokens", d["params"].get("mode")) for d in ds] == [
+        512,
+        256,
+        128,
+        64,
+        "selective",
+        "full",
+        None,
+    ]
     assert ds[-1]["action"] == "stop" and {d["step"] for d in ds} == {4}
     assert [p.name for p in list_checkpoints(run)][-1] == "step_000003"
+
+
+def test_oom_at_one_row_recomputes_more_and_a_resumed_run_keeps_it(tmp_path, runs):
+    """A row of 64 tokens no longer fits from step 4 (48 tokens' worth of activations do): the
+    micro-batch halves to one row, then selective checkpointing (42 tokens' worth) fits, with the
+    same gradients: the losses stay the clean run's. The mode is in the checkpoint: stopped at
+    step 10 and resumed, the run probes a doubled micro-batch (as any resumed run does), which
+    runs out of memory under selective checkpointing and is halved back; nothing else."""
+    run = tmp_path / "r"
+    summary = trimtab.train(debug_cfg(run, faults=["oom@4:48"]), hooks=[StopAt(10)])
+    assert summary["step"] == 10
+    ds = decisions(run)
+    assert [d["params"].get("tokens", d["params"].get("mode")) for d in ds] == [512, 256, 128, 64, "selective"]
+    assert ds[-1]["applied"] == ["activation checkpointing off -> selective"] and {d["step"] for d in ds} == {4}
+    summary = trimtab.train(debug_cfg(run, faults=["oom@4:48"]))
+    assert summary["status"] == "completed" and summary["step"] == 24
+    probe, halved = decisions(run)[5:]
+    assert probe["params"] == {"tokens": 128} and halved["params"] == {"tokens": 64}
+    assert "activation checkpointing selective: 84 tokens' worth" in halved["evidence"]["error"]
+    losses, clean = by_step(run, "loss"), by_step(runs["clean"][0], "loss")
+    assert all(losses[s] == clean[s] for s in range(1, 4))
+    assert all(losses[s] == pytest.approx(clean[s], rel=1e-4) for s in range(4, 11))
+    assert losses[24] == pytest.approx(clean[24], abs=1e-3)
 
 
 def test_auto_micro_batch_finds_the_largest_that_fits(tmp_path):

@@ -367,6 +367,7 @@ class View:
     lr_scale: float = 1.0
     micro_batch_tokens: int = 1024
     min_micro_batch_tokens: int = 64
+    activation_checkpointing: str = "off"
     rollbacks: int = 0
     has_good_checkpoint: bool = True
     bad_row_loss: float = 9.0  # what each row of the flagged steps scores (held-out rows: 5.0)
@@ -570,15 +571,26 @@ def test_first_plateau_without_any_instability_raises_the_lr():
     assert plan.action == "scale_lr", plan.reasoning
 
 
-def test_memory_and_oom_halve_the_micro_batch_then_stop():
+def test_memory_and_oom_halve_the_micro_batch_then_recompute_more_then_stop():
     policy = Policy(OrchestratorConfig())
     plan = policy.plan(finding(5, "oom", "memory"), View(micro_batch_tokens=1024))
     assert plan.action == "set_micro_batch_tokens" and plan.params == {"tokens": 512}
     plan = policy.plan(finding(5, "memory", "memory"), View(micro_batch_tokens=128))
     assert plan.action == "set_micro_batch_tokens" and plan.params == {"tokens": 64}
-    assert policy.plan(finding(5, "oom", "memory"), View(micro_batch_tokens=96)).action == "stop"  # 48 < a row
-    stop = policy.plan(finding(5, "oom", "memory"), View(micro_batch_tokens=64))
-    assert stop.action == "stop" and "one row" in stop.params["reason"]
+    # at one row (half of 96 is less than a row of 64), an OOM checkpoints more: off, selective, full
+    for mode, more in [("off", "selective"), ("selective", "full")]:
+        plan = policy.plan(finding(5, "oom", "memory"), View(micro_batch_tokens=96, activation_checkpointing=mode))
+        assert plan.action == "set_activation_checkpointing" and plan.params == {"mode": more}
+        assert "one row (96 tokens)" in plan.reasoning and "same bit for bit" in plan.reasoning
+    stop = policy.plan(finding(5, "oom", "memory"), View(micro_batch_tokens=64, activation_checkpointing="full"))
+    assert stop.action == "stop" and "one row (64 tokens) and activation checkpointing full" in stop.params["reason"]
+    cfg = OrchestratorConfig()
+    cfg.oom.recompute = False  # the user keeps the step's speed: one row is the end
+    stop = Policy(cfg).plan(finding(5, "oom", "memory"), View(micro_batch_tokens=64))
+    assert stop.action == "stop" and "set train.activation_checkpointing" in stop.params["reason"]
+    spent = finding(5, "oom", "memory")
+    spent.evidence["retry"] = 9  # past orchestrator.oom.max_retries (8): no more recompute either
+    assert "after 8 retries" in policy.plan(spent, View(micro_batch_tokens=64)).params["reason"]
 
 
 def test_memory_pressure_at_one_row_does_not_stop_a_healthy_run():

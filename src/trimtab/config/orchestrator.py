@@ -89,10 +89,12 @@ class PlateauRule(Section):
 
 @dataclass
 class OomRule(Section):
-    """Out of memory: halve the micro-batch (more accumulation), retry the same batch."""
+    """Out of memory: halve the micro-batch (more accumulation), retry the same batch; at one row,
+    recompute more activations (train.activation_checkpointing off -> selective -> full)."""
 
     enabled: bool = True
-    max_retries: int = 6  # halvings within one step before giving up
+    max_retries: int = 8  # retries within one step (halvings, then more recompute) before giving up
+    recompute: bool = True  # at one row: checkpoint more before giving up (steps run slower)
     probe_after: int = 200  # clean steps before trying a doubled micro-batch again (0: never)
 
 

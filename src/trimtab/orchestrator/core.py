@@ -163,7 +163,7 @@ class Orchestrator(Hook):
         message = str(exc).splitlines()[0][:200]
         f = self.monitors["oom"].error(run.step + 1, run.micro_batch_tokens, message, batch.rows)
         decision = self.decide(run, f)
-        return decision.mode == "auto" and decision.action == "set_micro_batch_tokens"
+        return decision.mode == "auto" and decision.action in ("set_micro_batch_tokens", "set_activation_checkpointing")
 
     def on_rollout_oom(self, run: RunView, exc: BaseException) -> bool:
         if self.mode == "off" or "oom" not in self.monitors or "oom" in self.paused:

@@ -18,7 +18,9 @@ records it there), e.g. oom@10:512@rank1: one rank runs out of memory and all sh
                             clean: what the orchestrator's data attribution must tell apart
     lr_spike@S:F            from step S on, a stray writer multiplies the optimizer's LR by F after
                             the trainer set it (default 10): an LR nothing in the config explains
-    oom@S[:T]               from step S on, a forward over more than T tokens raises OutOfMemoryError;
+    oom@S[:T]               from step S on, a forward whose activations weigh more than T tokens' do
+                            without checkpointing raises OutOfMemoryError (weighed by plan/memory.py
+                            under train.activation_checkpointing: selective and full fit more);
                             without T, the micro-batch in use at step S no longer fits
     rollout_oom@S[:R]       from step S on, RL's generation over more than R rows at once raises
                             OutOfMemoryError; without R, the generation batch in use at step S no longer fits
@@ -78,7 +80,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from trimtab.config import CHECKPOINTING
 from trimtab.errors import ConfigError
+from trimtab.plan.memory import activation_bytes_per_token
 from trimtab.resilience.elastic import leave_job, node_count, node_rank
 from trimtab.rundir import write_json
 from trimtab.training.instrument import FaultHandle, Instrument
@@ -219,6 +223,8 @@ class FaultInjector(Instrument):
             self.record = json.loads(self.path.read_text())
             self._corrupt(self.record["poisoned"])  # a resumed run's data is as bad as before
         model = self.handle.model
+        off = activation_bytes_per_token(run.cfg, 2, "off")
+        self._activation_share = {m: activation_bytes_per_token(run.cfg, 2, m) / off for m in CHECKPOINTING}
         # The OOM fires inside the first block's forward, where a real one would (activations),
         # after FSDP2 gathered the block: sized by the tokens the embedding just saw.
         model.tok_emb.register_forward_pre_hook(self._count_tokens)
@@ -330,7 +336,9 @@ class FaultInjector(Instrument):
         fault = self._active("oom")
         if fault is None or not module.training:
             return
-        tokens = self._tokens
+        # what the forward's activations weigh, in tokens' worth without checkpointing (plan/memory.py)
+        mode = self.handle.model.checkpointing
+        tokens = self._tokens * self._activation_share[mode]
         limit = fault.param
         if limit is None:  # the size in use when the fault starts no longer fits, whatever it was
             limits = self.record.setdefault("oom_limit", {})
@@ -340,8 +348,8 @@ class FaultInjector(Instrument):
             limit = limits[fault.spec]
         if tokens > limit:
             raise torch.OutOfMemoryError(
-                f"CUDA out of memory (injected by {fault.spec}): a forward over {tokens} tokens, "
-                f"more than {int(limit)} fit"
+                f"CUDA out of memory (injected by {fault.spec}): a forward over {self._tokens} tokens "
+                f"(activation checkpointing {mode}: {tokens:.0f} tokens' worth without it), more than {limit:.0f} fit"
             )
 
     def _maybe_rollout_oom(self, rows: int) -> None:

@@ -26,6 +26,21 @@ class Remedy:
     evidence: dict[str, Any] = field(default_factory=dict)  # what the policy measured itself (journaled)
 
 
+# At one row an out-of-memory error recomputes more (model/recompute.py): the next mode, and why.
+RECOMPUTE_MORE = {
+    "off": (
+        "selective",
+        "selective checkpointing keeps each block's matmul and attention outputs and computes the cheap ops "
+        "between them again in the backward: about half the activation memory, no matmul run twice",
+    ),
+    "selective": (
+        "full",
+        "full checkpointing keeps each block's input alone and runs its forward again in the backward: the "
+        "least activation memory, about a third more compute a step",
+    ),
+}
+
+
 def memory(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     """Memory pressure or an out-of-memory error: halve the micro-batch (twice the accumulation:
     the optimization batch stays the same); after a clean stretch, probe a larger one."""
@@ -38,28 +53,41 @@ def memory(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
         )
     if f.evidence.get("kind") == "rollout_oom":
         return _rollout_oom(f, cfg)
+    half = view.micro_batch_tokens // 2
+    one_row = half < view.min_micro_batch_tokens
+    if one_row and f.rule == "memory":
+        return Remedy(
+            action="none",
+            reasoning="memory is nearly full but the micro-batch is already one row; logged for a person "
+            "(an out-of-memory error would stop the run)",
+        )
+    more = RECOMPUTE_MORE.get(view.activation_checkpointing) if one_row and cfg.oom.recompute else None
+    if one_row and more is None:
+        mode = view.activation_checkpointing
+        return Remedy(
+            action="stop",
+            params={
+                "reason": f"out of memory with a micro-batch of one row ({view.micro_batch_tokens} tokens) "
+                f"and activation checkpointing {mode}; lower data.seq_len or the model size, "
+                + ("set train.activation_checkpointing, " if mode != "full" else "")
+                + "or use a device with more memory",
+                "exit_code": GAVE_UP,
+            },
+            reasoning="the micro-batch cannot be split further"
+            + (" and activations are already recomputed whole" if mode == "full" else ""),
+        )
     if f.rule == "oom" and f.evidence["retry"] > cfg.oom.max_retries:
         return Remedy(
             action="stop",
             params={"reason": f"out of memory after {cfg.oom.max_retries} retries", "exit_code": GAVE_UP},
             reasoning="the retry budget for one step is spent (orchestrator.oom.max_retries)",
         )
-    half = view.micro_batch_tokens // 2
-    if half < view.min_micro_batch_tokens and f.rule == "memory":
+    if more is not None:
         return Remedy(
-            action="none",
-            reasoning="memory is nearly full but the micro-batch is already one row; logged for a person "
-            "(an out-of-memory error would stop the run)",
-        )
-    if half < view.min_micro_batch_tokens:
-        return Remedy(
-            action="stop",
-            params={
-                "reason": f"out of memory with a micro-batch of one row ({view.micro_batch_tokens} tokens); "
-                "lower data.seq_len or the model size, or use a device with more memory",
-                "exit_code": GAVE_UP,
-            },
-            reasoning="the micro-batch cannot be split further",
+            action="set_activation_checkpointing",
+            params={"mode": more[0]},
+            reasoning=f"out of memory with a micro-batch of one row ({view.micro_batch_tokens} tokens): {more[1]}; "
+            "the gradients are the same bit for bit, and the same rows are retried",
         )
     why = (
         "out of memory: half the micro-batch with twice the accumulation keeps the optimization batch "

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from trimtab.config import CHECKPOINTING
 from trimtab.config.orchestrator import MODES, OrchestratorConfig
 from trimtab.errors import ConfigError
 
@@ -176,6 +177,13 @@ _TABLE = (
         says="micro-batch {tokens} tokens",
         help="tokens per forward/backward; the optimization batch stays the same",
         params=(ActionParam(name="tokens", kind="int", bounds="[1, inf)"),),
+    ),
+    Action(
+        name="set_activation_checkpointing",
+        verb="checkpointing",
+        says="activation checkpointing {mode}",
+        help="what a block's backward computes again instead of keeping it (train.activation_checkpointing)",
+        params=(ActionParam(name="mode", kind="str", choices=CHECKPOINTING),),
     ),
     Action(
         name="set_grad_clip",

@@ -103,6 +103,8 @@ class Control:
         t = self._trainer
         if t.state.micro_batch_tokens:
             t.loader.micro_batch_tokens = t.state.micro_batch_tokens
+        if t.state.activation_checkpointing:
+            t.model.set_activation_checkpointing(t.state.activation_checkpointing)
         if t.state.weight_decay is not None:
             t.optimizer.param_groups[0]["weight_decay"] = t.state.weight_decay  # the decay group
         if isinstance(t.loader, RolloutLoader):
@@ -163,6 +165,14 @@ class Control:
         tokens = max(min(tokens, t.loader.batch_tokens), t.phases[t.state.phase].data.seq_len)
         t.loader.micro_batch_tokens = t.state.micro_batch_tokens = tokens
         return f"micro-batch {old} -> {tokens} tokens"
+
+    def _set_activation_checkpointing(self, mode: str) -> str:
+        """What each block keeps for its backward (model/recompute.py); gradients stay the same."""
+        t = self._trainer
+        old = t.model.checkpointing
+        t.model.set_activation_checkpointing(mode)
+        t.state.activation_checkpointing = mode
+        return f"activation checkpointing {old} -> {mode}"
 
     def _set_grad_clip(self, value: float) -> str:
         old, self._trainer.state.grad_clip = self.grad_clip(), value
@@ -362,6 +372,7 @@ EFFECTS: dict[str, Callable[..., str]] = {
     "rollback": Control._rollback,
     "skip_data": Control._skip_data,
     "set_micro_batch_tokens": Control._set_micro_batch_tokens,
+    "set_activation_checkpointing": Control._set_activation_checkpointing,
     "set_grad_clip": Control._set_grad_clip,
     "set_weight_decay": Control._set_weight_decay,
     "save_checkpoint": Control._save_checkpoint,

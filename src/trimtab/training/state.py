@@ -26,6 +26,7 @@ class TrainState:
     grad_clip: float | None = None
     weight_decay: float | None = None
     micro_batch_tokens: int | None = None
+    activation_checkpointing: str | None = None  # off | selective | full (None: train.activation_checkpointing)
     checkpoint_every: int | None = None  # steps between checkpoints (None: checkpoint.every)
     rl_temperature: float | None = None  # RL's sampling temperature (None: rl.temperature)
     rl_verifier_timeout: float | None = None  # seconds a verification may take (None: rl.verifier_timeout_s)
@@ -49,6 +50,7 @@ KEPT_ON_ROLLBACK = (
     "grad_clip",
     "weight_decay",
     "micro_batch_tokens",
+    "activation_checkpointing",
     "checkpoint_every",
     "rl_temperature",
     "rl_verifier_timeout",

@@ -350,8 +350,9 @@ class Trainer(Checkpointing, PolicyTraining):
                     raise  # nobody shrank the generation batch: it would fail again
 
     def _step_with_oom_retry(self, batch: StepBatch, t0: float) -> StepOutput | None:
-        """train_step, retried on the same rows in smaller micro-batches while a hook (the
-        orchestrator) shrinks the budget after an out-of-memory error; None if it gave up."""
+        """train_step, retried on the same rows while a hook (the orchestrator) lightens it after
+        an out-of-memory error: smaller micro-batches, or at one row more activation
+        checkpointing; None if it gave up."""
         while True:
             try:
                 out = self.train_step(batch)
@@ -364,13 +365,15 @@ class Trainer(Checkpointing, PolicyTraining):
                 self.optimizer.zero_grad(set_to_none=True)
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
-                budget = self.loader.micro_batch_tokens
+                before = (self.loader.micro_batch_tokens, self.model.checkpointing)
                 handled = any(self._hook(h, "on_oom", exc, batch) for h in self.hooks)
                 self.control.apply()
                 if self.stop_reason:
                     return None
-                if not handled or self.loader.micro_batch_tokens >= budget:
-                    raise  # nobody shrank the micro-batch: a retry would fail the same way
+                budget, recompute = before
+                lighter = self.loader.micro_batch_tokens < budget or self.model.checkpointing != recompute
+                if not handled or not lighter:
+                    raise  # no smaller micro-batch, no more recompute: a retry would fail the same way
             batch = self.loader.regroup(batch)
             self._call("on_step_start", batch)
 

@@ -242,6 +242,11 @@ class RunView:
         return self._t.loader.micro_batch_tokens
 
     @property
+    def activation_checkpointing(self) -> str:
+        """off | selective | full: what each block keeps for its backward now."""
+        return self._t.model.checkpointing
+
+    @property
     def rl_temperature(self) -> float:
         """RL's sampling temperature now (the knob a decision set, else rl.temperature)."""
         return self._t.rl_temperature
