@@ -100,6 +100,20 @@ def test_doctor_names_the_fsdp_size_of_a_model_that_does_not_fit(capsys):
     assert "does NOT fit" in out and "FSDP over" in out
 
 
+def test_doctor_says_which_checkpointing_lets_a_row_fit(monkeypatch, capsys):
+    """dense-1b in 26 GiB of RAM: its model state leaves room for one row only when every block
+    recomputes its forward; the doctor says so beside the configured mode's verdict."""
+    from trimtab import doctor
+
+    memory = {"ram_total": 32 * 2**30, "ram_available": 26 * 2**30, "gpu_total": None, "gpu_free": None}
+    monkeypatch.setattr(doctor, "_memory", lambda dev: memory)
+    monkeypatch.setattr(doctor, "peak_flops", lambda precision: (1e11, "a test's"))  # not measured: 2 s a dtype
+    assert main(["doctor", "--preset", "dense-1b"]) == 0
+    out = capsys.readouterr().out
+    assert "one row of 4,096 tokens does NOT fit" in out and "checkpointing off)" in out
+    assert re.search(r"by train.activation_checkpointing: off none, selective none, full [\d,]+ tokens", out), out
+
+
 def test_micro_batch_estimate_grows_with_memory_and_stays_a_whole_number_of_rows():
     cfg = load_config(preset="dense-1b")
     seq = cfg.data.seq_len

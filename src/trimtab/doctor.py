@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from trimtab.config import CHECKPOINTING
 from trimtab.hardware import Precision, choose_precision, cpu_has_native_bf16, meminfo, peak_flops, pick_device
 from trimtab.plan.memory import suggest_micro_batch
 
@@ -30,9 +31,19 @@ def collect(preset: str = "small", device: str = "auto", nproc: int = 1, strateg
     precision = _precision(dev, cfg)
     memory = _memory(dev)
     per_process = memory["gpu_total"] if dev.type == "cuda" else (memory["ram_available"] or 0) // max(nproc, 1)
-    advice = suggest_micro_batch(
-        cfg, per_process, precision.name, world=nproc, sharded=strategy == "fsdp", device=dev.type
-    )
+    modes = {
+        mode: suggest_micro_batch(
+            cfg,
+            per_process,
+            precision.name,
+            world=nproc,
+            sharded=strategy == "fsdp",
+            checkpointing=mode,
+            device=dev.type,
+        )
+        for mode in CHECKPOINTING
+    }
+    advice = modes[cfg.train.activation_checkpointing]
     micro = {
         "preset": preset,
         "tokens": advice.tokens,
@@ -43,6 +54,9 @@ def collect(preset: str = "small", device: str = "auto", nproc: int = 1, strateg
         "activation_kb_per_token": round(advice.bytes_per_token / 1024, 1),
         "processes": nproc,
         "strategy": strategy,
+        "checkpointing": cfg.train.activation_checkpointing,
+        # the suggestion under each train.activation_checkpointing (0: not one row fits)
+        "by_checkpointing": {mode: a.tokens if a.fits else 0 for mode, a in modes.items()},
     }
     if not advice.fits:
         micro["fsdp_devices_needed"] = _devices_needed(cfg, per_process, precision.name)
@@ -135,17 +149,23 @@ def format_report(facts: dict[str, Any]) -> str:
         f"model state {mb['state_gb']} GiB per process, {mb['activation_kb_per_token']} KiB of "
         f"activations per token, {mb['per_process_memory_gb']} GiB per process"
     )
+    modes = ", ".join(f"{m} {t:,}" if t else f"{m} none" for m, t in mb["by_checkpointing"].items())
+    differ = len(set(mb["by_checkpointing"].values())) > 1  # the same: each capped at the step
+    others = f"; by train.activation_checkpointing: {modes} tokens" if differ else ""
     if mb["fits"]:
         configured = f"{mb['configured']:,}" if mb["configured"] else "0 (auto: the whole step, halved on OOM)"
         lines.append(
-            f"micro-batch for preset '{mb['preset']}': ~{mb['tokens']:,} tokens ({sizes}; the preset "
-            f"sets {configured}) -> --set train.micro_batch_tokens={mb['tokens']}"
+            f"micro-batch for preset '{mb['preset']}': ~{mb['tokens']:,} tokens ({sizes}, checkpointing "
+            f"{mb['checkpointing']}; the preset sets {configured}) -> --set train.micro_batch_tokens={mb['tokens']}"
+            + others
         )
     else:
         need = mb.get("fsdp_devices_needed")
         lines.append(
             f"micro-batch for preset '{mb['preset']}': one row of {mb['tokens']:,} tokens does NOT fit "
-            f"({sizes})" + (f"; FSDP over {need} such devices would (distributed.strategy=fsdp)" if need else "")
+            f"({sizes}, checkpointing {mb['checkpointing']})"
+            + (f"; FSDP over {need} such devices would (distributed.strategy=fsdp)" if need else "")
+            + others
         )
     if facts["layout"]:
         lines += facts["layout"]["text"]
