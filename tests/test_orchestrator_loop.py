@@ -614,8 +614,8 @@ def test_oom_at_one_row_recomputes_more_and_a_resumed_run_keeps_it(tmp_path, run
     """A row of 64 tokens no longer fits from step 4 (48 tokens' worth of activations do): the
     micro-batch halves to one row, then selective checkpointing (42 tokens' worth) fits, with the
     same gradients: the losses stay the clean run's. The mode is in the checkpoint: stopped at
-    step 10 and resumed, the run probes a doubled micro-batch (as any resumed run does), which
-    runs out of memory under selective checkpointing and is halved back; nothing else."""
+    step 10 and resumed, the run is at selective, and probes lighter checkpointing soon (as a
+    resumed run probes what an OOM shrank), which runs out of memory and recomputes again."""
     run = tmp_path / "r"
     summary = trimtab.train(debug_cfg(run, faults=["oom@4:48"]), hooks=[StopAt(10)])
     assert summary["step"] == 10
@@ -624,9 +624,10 @@ def test_oom_at_one_row_recomputes_more_and_a_resumed_run_keeps_it(tmp_path, run
     assert ds[-1]["applied"] == ["activation checkpointing off -> selective"] and {d["step"] for d in ds} == {4}
     summary = trimtab.train(debug_cfg(run, faults=["oom@4:48"]))
     assert summary["status"] == "completed" and summary["step"] == 24
-    probe, halved = decisions(run)[5:]
-    assert probe["params"] == {"tokens": 128} and halved["params"] == {"tokens": 64}
-    assert "activation checkpointing selective: 84 tokens' worth" in halved["evidence"]["error"]
+    probe, again = decisions(run)[5:]
+    assert probe["evidence"]["checkpointing"] == "selective" and probe["params"] == {"mode": "off"}
+    assert again["params"] == {"mode": "selective"} and again["step"] == probe["step"] + 1
+    assert "activation checkpointing off: 64 tokens' worth" in again["evidence"]["error"]
     losses, clean = by_step(run, "loss"), by_step(runs["clean"][0], "loss")
     assert all(losses[s] == clean[s] for s in range(1, 4))
     assert all(losses[s] == pytest.approx(clean[s], rel=1e-4) for s in range(4, 11))

@@ -593,6 +593,31 @@ def test_memory_and_oom_halve_the_micro_batch_then_recompute_more_then_stop():
     assert "after 8 retries" in policy.plan(spent, View(micro_batch_tokens=64)).params["reason"]
 
 
+def test_a_raised_checkpointing_is_probed_lighter_before_a_larger_micro_batch():
+    """After an OOM made the run recompute more, the probe tries one step lighter first (full ->
+    selective -> the configured off), each after a clean stretch twice the last, then the micro-batch."""
+    from trimtab.orchestrator.resources import OutOfMemory
+
+    cfg = OrchestratorConfig()
+    cfg.oom.probe_after = 4
+    monitor, policy = OutOfMemory(cfg), Policy(cfg)
+    monitor.configured = 1024
+
+    def first_probe(step: int, mode: str):
+        for s in range(step, step + 100):
+            f = monitor.observe(StepMetrics(step=s, loss=3.0, grad_norm=1.0, micro_batch_tokens=64, checkpointing=mode))
+            if f is not None:
+                return s, f
+
+    (at, f), view = first_probe(1, "full"), View(micro_batch_tokens=64, activation_checkpointing="full")
+    plan = policy.plan(f, view)
+    assert at == 4 and plan.action == "set_activation_checkpointing" and plan.params == {"mode": "selective"}
+    at, f = first_probe(at + 1, "selective")
+    assert at == 4 + 8 and policy.plan(f, view).params == {"mode": "off"}  # the back-off doubled the wait
+    at, f = first_probe(at + 1, "off")
+    assert at == 12 + 16 and policy.plan(f, view).params == {"tokens": 128}
+
+
 def test_memory_pressure_at_one_row_does_not_stop_a_healthy_run():
     plan = Policy(OrchestratorConfig()).plan(finding(5, "memory", "memory"), View(micro_batch_tokens=64))
     assert plan.action == "none"

@@ -94,6 +94,7 @@ class Orchestrator(Hook):
         if "oom" in self.monitors:
             oom = self.monitors["oom"]
             oom.configured = oom.configured or run.configured_micro_batch_tokens
+            oom.configured_checkpointing = run.cfg.train.activation_checkpointing
             if run.step:
                 oom.resumed()
         if (fp16 := self.monitors.get("fp16")) is not None:  # the scaler's growth costs overflows of its own
@@ -268,6 +269,7 @@ class Orchestrator(Hook):
                     progress=o.step / max(run.total_steps, 1),
                     memory_frac=None if memory < 0 else memory,
                     micro_batch_tokens=o.micro_batch_tokens,
+                    checkpointing=run.activation_checkpointing,
                     changes=o.changes,
                     phase=o.phase,
                     rows=o.batch.rows,

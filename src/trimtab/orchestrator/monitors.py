@@ -38,6 +38,7 @@ class StepMetrics:
     progress: float = 0.0  # step / total steps
     memory_frac: float | None = None  # device (or machine) memory in use, 0..1, where known
     micro_batch_tokens: int = 0
+    checkpointing: str = "off"  # train.activation_checkpointing in use (an OOM may have raised it)
     changes: int = 0  # actions applied to the run so far (the orchestrator's and a person's)
     phase: int = 0  # pretraining 0, finetuning 1: new data and a new schedule
     rows: list[int] = field(default_factory=list)

@@ -44,6 +44,13 @@ RECOMPUTE_MORE = {
 def memory(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     """Memory pressure or an out-of-memory error: halve the micro-batch (twice the accumulation:
     the optimization batch stays the same); after a clean stretch, probe a larger one."""
+    if f.evidence.get("kind") == "probe" and "target_checkpointing" in f.evidence:
+        return Remedy(
+            action="set_activation_checkpointing",
+            params={"mode": f.evidence["target_checkpointing"]},
+            reasoning="probe: lighter activation checkpointing recomputes less and is faster; if it runs out of "
+            "memory the rule recomputes more again and the next probe waits twice as long",
+        )
     if f.evidence.get("kind") == "probe":
         return Remedy(
             action="set_micro_batch_tokens",

@@ -3,6 +3,7 @@ the limit (MemoryPressure), fp16 overflow (Fp16Overflow) and out-of-memory error
 
 from __future__ import annotations
 
+from trimtab.config import CHECKPOINTING
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, Rolling, StepMetrics
 
@@ -109,14 +110,16 @@ RESUME_PROBE = 10  # steps after a resume before a shrunk micro-batch is probed 
 
 class OutOfMemory(Monitor):
     """Out-of-memory errors, reported by the trainer's retry path (error()), counted per step; and,
-    after `probe_after` clean steps on a micro-batch below the configured one, a probe: try twice
-    the size again, waiting twice as long before the next probe (back-off)."""
+    after `probe_after` clean steps on a lighter setting than configured, a probe, waiting twice as
+    long before the next one (back-off): first checkpointing one step lighter where an error had
+    made it heavier (its speed is the larger), then a micro-batch of twice the size."""
 
     rule, family = "oom", "memory"
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.oom
         self.configured = 0  # the micro-batch the run started with (set by the orchestrator)
+        self.configured_checkpointing = "off"  # train.activation_checkpointing (set by the orchestrator)
         self.last = -1  # step of the last out-of-memory error
         self.retries = 0  # errors in that step
         self.clean = 0  # steps since, below the configured micro-batch
@@ -157,14 +160,20 @@ class OutOfMemory(Monitor):
             self.clean = max(self.clean, self.probe_after - RESUME_PROBE)
 
     def observe(self, m: StepMetrics) -> Finding | None:
-        if not self.probe_after or not self.configured or m.micro_batch_tokens >= self.configured:
+        heavier = CHECKPOINTING.index(m.checkpointing) > CHECKPOINTING.index(self.configured_checkpointing)
+        smaller = self.configured and m.micro_batch_tokens < self.configured
+        if not self.probe_after or not (heavier or smaller):
             return None
         self.clean += 1
         if self.clean < self.probe_after:
             return None
         clean, self.clean, self.probe_after = self.clean, 0, self.probe_after * 2  # back off if it fails again
-        target = min(m.micro_batch_tokens * 2, self.configured)
-        evidence = {"kind": "probe", "micro_batch_tokens": m.micro_batch_tokens, "clean_steps": clean, "target": target}
+        evidence = {"kind": "probe", "micro_batch_tokens": m.micro_batch_tokens, "clean_steps": clean}
+        if heavier:
+            lighter = CHECKPOINTING[CHECKPOINTING.index(m.checkpointing) - 1]
+            evidence |= {"checkpointing": m.checkpointing, "target_checkpointing": lighter}
+        else:
+            evidence["target"] = min(m.micro_batch_tokens * 2, self.configured)
         return Finding(
             rule=self.rule,
             family=self.family,
