@@ -48,6 +48,15 @@ MESHES = {  # name: (processes, distributed section, other settings)
     "EP 2 x 2 expert copies, dropless": (4, {"ep": 2}, DROPLESS),
     "TP 2 x FSDP2 2": (4, {"tp": 2}, []),
     "TP 2 x EP 2, dropless": (4, {"tp": 2, "ep": 2}, DROPLESS),
+    # a block's re-run in the backward gathers and exchanges again up to the last tensor its
+    # backward needs (model/recompute.py keeps no collective's output), as full checkpointing's does
+    "TP 2, full checkpointing": (2, {"tp": 2}, ["train.activation_checkpointing=full"]),
+    "TP 2, selective checkpointing": (2, {"tp": 2}, ["train.activation_checkpointing=selective"]),
+    "EP 2 (FSDP2 x2), dropless, selective checkpointing": (
+        2,
+        {"ep": 2},
+        [*DROPLESS, "train.activation_checkpointing=selective"],
+    ),
     "PP 2": (2, {"pp": 2}, []),
     "PP 2 x FSDP2 2": (4, {"pp": 2}, []),
 }
@@ -217,7 +226,11 @@ def report(rows: list, args: argparse.Namespace) -> str:
         "the first stage and sends activations only (point-to-point sends); its data-parallel column holds the tied "
         "embedding's gradient summed with the last stage, and under FSDP2 the weights gathered forward per "
         "micro-batch but backward and reduce-scattered once a step (pipelining defers both to the last backward), "
-        "which the model now counts that way.",
+        "which the model now counts that way. Checkpointing (full or selective): a block's re-run in the backward "
+        "gathers and exchanges again up to the last tensor its backward needs, 3 of a layer's 4 tensor-parallel "
+        "collectives (not the reduce-scatter after w2) and both all-to-alls; the model had counted the 6 "
+        "collectives of a whole forward for full checkpointing, 25% more than it moves, and was corrected by this "
+        "measurement.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -32,9 +32,9 @@ inside a node (NVLink), replicas and stages across nodes when the job spans seve
 network: one 400 Gb/s NIC per GPU, the DGX/HGX H100 reference):
 
     tensor parallel  per layer and micro-batch 4 all-gathers / reduce-scatters of the
-                     [tokens, d_model] activations forward and 4 backward (6 forward with
-                     checkpointing, full or selective: a block's re-run repeats them), each
-                     moving (tp-1)/tp of them, and 4 more a step for the
+                     [tokens, d_model] activations forward and 4 backward (3 more with
+                     checkpointing, full or selective: a block's re-run repeats all but the
+                     last), each moving (tp-1)/tp of them, and 4 more a step for the
                      embedding's output and the final norm's; on the critical path (measured on
                      CPU to the byte: bench/comm.py)
     expert parallel  per MoE layer and micro-batch 2 all-to-alls forward (dispatch, combine) and
@@ -362,8 +362,11 @@ def _traffic(cfg: RunConfig, model: _Shape, mesh: tuple[int, int, int, int], fsd
     GPU of a stage moves its 1 / pp of the layers' traffic."""
     tp, ep, dp, pp = mesh
     replica_tokens = cfg.train.batch_tokens // dp
-    again = ckpt != "off"  # a block's re-run exchanges its activations again, selective's as full's
-    collectives = model.n_layers / pp * (14 if again else 8) + 4  # + embedding and final norm, fwd and bwd
+    # A block's re-run (either checkpointing) gathers and exchanges again up to the last tensor its
+    # backward needs: 3 of its 4 tensor-parallel collectives (not the reduce-scatter after w2) and
+    # both all-to-alls (the combine's output is what the gates' gradient needs); bench/comm.py
+    again = ckpt != "off"
+    collectives = model.n_layers / pp * (11 if again else 8) + 4  # + embedding and final norm, fwd and bwd
     tp_bytes = (tp - 1) / tp * replica_tokens * model.d_model * p * collectives
     exchanged = replica_tokens * model.top_k * model.d_model * p * model.moe_layers / pp * (6 if again else 4)
     sends = 2 * replica_tokens * model.d_model * p / tp if pp > 1 else 0.0
