@@ -354,6 +354,26 @@ def test_a_plan_with_a_layout_times_its_run_and_checkpoints_by_the_layouts_step(
     assert f"  with the layout {days:.1f} days for the configured run" in format_plan(plan)
 
 
+def test_a_tensor_parallel_rank_keeps_the_gathered_inputs_whole():
+    """Sequence parallelism splits the norms and the residual stream over the tp ranks, but the
+    matmuls keep the all-gathered input they read (autocast's casts of it: qkv's, and w1's and
+    w3's), and selective checkpointing keeps the row-parallel wo and w2 outputs, partial sums of
+    the whole sequence: whole on every rank. Measured with model/recompute.py's measure_kept_bytes
+    on each rank of TP=2 over gloo (debug at d_model 256, bf16, a square of the hidden states for
+    the loss: the fused loss's share, its input's fp32 gradient, is the same size): 38,950 B/token
+    off and 20,050 selective, where / tp alone counts 34,602 and 16,982 (another run read 5% more:
+    a collective's buffer still alive at the forward's end)."""
+    from trimtab.plan.memory import kept_bytes_per_rank, kept_bytes_per_token
+
+    sets = ["model.vocab_size=512", "data.seq_len=64", "model.d_model=256", "model.n_heads=8", "model.n_kv_heads=2"]
+    cfg = load_config(preset="debug", sets=sets)
+    for mode, measured in (("off", 38_950), ("selective", 20_050)):
+        per_rank, _ = kept_bytes_per_rank(cfg, 2, mode, 2, fused_norm=False)
+        assert per_rank == pytest.approx(measured, rel=0.005), (mode, per_rank)
+        assert kept_bytes_per_token(cfg, 2, mode, fused_norm=False)[0] / 2 < 0.9 * measured
+    assert kept_bytes_per_rank(cfg, 2, "off", 1) == kept_bytes_per_token(cfg, 2, "off")
+
+
 @pytest.mark.parametrize(
     "preset, sets, autocast",
     [

@@ -147,10 +147,18 @@ _MARK = "trimtab.recompute.mark"
 
 
 def _profiled_bytes(profiler: torch.profiler.profile) -> int:
-    """Allocated and not yet freed when the range _MARK began, from the profiler's trace."""
+    """Bytes allocated under the profiler and not freed when the range _MARK began, from its trace,
+    block by block (the allocator's running total would also drop for blocks allocated before the
+    profiler started and freed under it: a previous step's buffers, a collective's)."""
     with tempfile.TemporaryDirectory() as tmp:
         profiler.export_chrome_trace(f"{tmp}/trace.json")
         events = json.loads(Path(f"{tmp}/trace.json").read_text())["traceEvents"]
     end = next(e["ts"] for e in events if e.get("name") == _MARK)
-    memory = [e["args"] for e in events if e.get("name") == "[memory]" and e["ts"] <= end]
-    return memory[-1]["Total Allocated"] - (memory[0]["Total Allocated"] - memory[0]["Bytes"])
+    live: dict[int, int] = {}
+    for e in sorted((e for e in events if e.get("name") == "[memory]" and e["ts"] <= end), key=lambda e: e["ts"]):
+        address, size = e["args"]["Addr"], e["args"]["Bytes"]
+        if size > 0:
+            live[address] = size
+        else:
+            live.pop(address, None)
+    return sum(live.values())

@@ -20,8 +20,10 @@ stage, ep of them sharing one copy of the experts:
                   them), and the root (embedding, head) gathered; under pp a stage's whole
                   share instead (pipelining keeps it gathered, its gradients unsharded, from
                   the first backward to the last)
-    activations   micro-batch tokens x plan/memory.py's bytes per token / tp (sequence parallelism
-                  shards the norms and the residual stream too: Korthikanti et al. 2022, eq. 5);
+    activations   micro-batch tokens x plan/memory.py's bytes per token on a rank
+                  (kept_bytes_per_rank: sequence parallelism splits the norms and the residual
+                  stream, / tp, but every rank keeps the gathered inputs its matmuls read and,
+                  under selective checkpointing, the row-parallel outputs whole: whole_bytes);
                   under 1F1B the first stage holds pp micro-batches of its L / pp layers: the same
 
 Step time: compute = FLOPs per token x batch tokens / (N x peak x plan.mfu), x RECOMPUTE
@@ -69,7 +71,7 @@ from trimtab.distributed.splits import check_tensor_parallel
 from trimtab.errors import ConfigError
 from trimtab.hardware import gpu_named
 from trimtab.model.catalog import meta_model
-from trimtab.plan.memory import USABLE_FRACTION, Hardware, activation_bytes_per_token, activation_width, weight_casts
+from trimtab.plan.memory import USABLE_FRACTION, Hardware, activation_width, kept_bytes_per_rank, weight_casts
 
 NETWORK = 50e9  # bytes/s per GPU between nodes, each way: 400 Gb/s InfiniBand / RoCE per GPU
 BUS_EFFICIENCY = 0.8  # share of the link a ring collective's bus bandwidth reaches
@@ -299,7 +301,7 @@ def _layout(
     if pp > 1:  # pipelining keeps a stage gathered, gradients unsharded, from its first backward on
         gathered = (model.params - model.root - model.experts + model.experts // ep) // pp
     buffer = (gathered * (2 * p + 4) + model.root * p) // tp if fsdp else 0
-    per_token = activation_bytes_per_token(cfg, p, ckpt) / tp
+    per_token = sum(kept_bytes_per_rank(cfg, p, ckpt, tp))
     seq, replica_tokens = cfg.data.seq_len, cfg.train.batch_tokens // dp
     rows = int((hw.memory_bytes * USABLE_FRACTION - state - buffer) // (per_token * seq))
     rows = max(0, min(rows, replica_tokens // seq))

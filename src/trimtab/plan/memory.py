@@ -214,6 +214,58 @@ def kept_bytes_per_token(cfg: RunConfig, p: int, checkpointing: str, fused_norm:
     return sum(layers) + head, 0.0
 
 
+def whole_bytes(cfg: RunConfig, p: int, checkpointing: str) -> tuple[float, float]:
+    """Of kept_bytes_per_token's two parts, the bytes per token every tensor-parallel rank keeps
+    whole (not divided by tp). torch's sequence parallelism gathers a block's normed input over
+    the sequence and the matmuls keep the gathered copy (autocast's cast of it), where Megatron-LM
+    keeps the shard and gathers again in the backward (Korthikanti et al. 2022, eq. 5); a
+    row-parallel matmul's output, which selective checkpointing keeps, is the whole sequence's
+    partial sum; the loss's gradient of its input is whole; MoE layers route every token on
+    every rank; Mixture-of-Depths blocks run unsplit (distributed/tensor.py). Checkpointed, the
+    block inputs are sharded, and a block that runs again holds its share under off meanwhile."""
+    off = _whole_layers(cfg, p, "off")
+    head = 4 * cfg.model.d_model + 8
+    if checkpointing == "off":
+        return sum(off) + head, 0.0
+    if checkpointing == "full":
+        return head, max(off)
+    kept = _whole_layers(cfg, p, "selective")
+    return sum(kept) + head, max(o - k for o, k in zip(off, kept, strict=True))
+
+
+def _whole_layers(cfg: RunConfig, p: int, mode: str) -> list[float]:
+    """Each layer's whole bytes per token (whole_bytes) under off or selective."""
+    m, moe = cfg.model, cfg.model.moe
+    h, k, a = m.d_model, moe.top_k, 2 if p < 4 else 1
+    shared = (a if mode == "off" else 1) * p * h if moe.n_shared_experts else 0
+    layers, _ = activation_bytes(cfg, p)
+    kept = selective_bytes(cfg, p)
+    whole = []
+    for kind, everything, selective in zip(m.layers, layers, kept, strict=True):
+        if "mod" in kind:  # unsplit: an upper bound (its heads and hidden units are split)
+            whole.append(everything if mode == "off" else selective)
+        elif "moe" in kind and mode == "off":  # qkv's input; the router's, the routed copies', the combine's
+            whole.append(p * h + 4 * h + 4 * moe.n_experts + 12 * k + k * (3 * p * h + 16) + shared)
+        elif "moe" in kind:  # wo's output; the router's, the grouped w2's and the combine's
+            whole.append(p * h + 4 * moe.n_experts + 28 * k + k * p * h + p * h + shared)
+        else:  # off: the gathered input cast for qkv and for w1 / w3; selective: wo's and w2's outputs
+            whole.append((1 + a) * p * h if mode == "off" else 2 * p * h)
+    return whole
+
+
+def kept_bytes_per_rank(
+    cfg: RunConfig, p: int, checkpointing: str, tp: int, fused_norm: bool = True
+) -> tuple[float, float]:
+    """kept_bytes_per_token on one of tp tensor-parallel ranks: what sequence parallelism
+    splits, / tp, and what every rank keeps whole (whole_bytes) as it is."""
+    parts = kept_bytes_per_token(cfg, p, checkpointing, fused_norm)
+    if tp == 1:
+        return parts
+    whole = whole_bytes(cfg, p, checkpointing)
+    kept, again = ((all_ - w) / tp + w for all_, w in zip(parts, whole, strict=True))
+    return kept, again
+
+
 def weight_casts(matmul_params: int, p: int, shards: int) -> int:
     """Autocast's copies of whole fp32 weights in low precision (module docstring); none in fp32
     or under FSDP."""
