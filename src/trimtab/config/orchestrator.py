@@ -95,7 +95,7 @@ class OomRule(Section):
     enabled: bool = True
     max_retries: int = 8  # retries within one step (halvings, then more recompute) before giving up
     recompute: bool = True  # at one row: checkpoint more before giving up (steps run slower)
-    probe_after: int = 200  # clean steps before trying a doubled micro-batch again (0: never)
+    probe_after: int = 200  # clean steps before trying lighter checkpointing or a doubled micro-batch (0: never)
 
 
 @dataclass
