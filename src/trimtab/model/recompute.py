@@ -32,8 +32,6 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext, create_selective_checkpoint_contexts
 
-MODES = ("off", "selective", "full")
-
 
 def _ops(*names: str) -> frozenset:
     """The aten overloads named, those this build of torch has (cuDNN attention is CUDA's)."""

@@ -13,12 +13,12 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trimtab.config import ModelConfig
+from trimtab.config import CHECKPOINTING, ModelConfig
 from trimtab.model.cache import KVCache
 from trimtab.model.layers import Attention, RMSNorm, Rotary, SwiGLU, group_qkv
 from trimtab.model.mod import DepthRouter
 from trimtab.model.moe import MoE
-from trimtab.model.recompute import MODES, selective_contexts
+from trimtab.model.recompute import selective_contexts
 
 
 class Block(nn.Module):
@@ -128,8 +128,8 @@ class Transformer(nn.Module):
     def set_activation_checkpointing(self, mode: str) -> None:
         """off | selective | full (model/recompute.py): what of each block's activations its
         backward computes again instead of keeping them from the forward (in training only)."""
-        if mode not in MODES:
-            raise ValueError(f"activation checkpointing must be one of {', '.join(MODES)}, got {mode!r}")
+        if mode not in CHECKPOINTING:
+            raise ValueError(f"activation checkpointing must be one of {', '.join(CHECKPOINTING)}, got {mode!r}")
         self.checkpointing = mode
 
     def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from trimtab.config import CHECKPOINTING
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding
 from trimtab.resilience.elastic import node_count, node_of
@@ -26,18 +27,13 @@ class Remedy:
     evidence: dict[str, Any] = field(default_factory=dict)  # what the policy measured itself (journaled)
 
 
-# At one row an out-of-memory error recomputes more (model/recompute.py): the next mode, and why.
-RECOMPUTE_MORE = {
-    "off": (
-        "selective",
-        "selective checkpointing keeps each block's matmul and attention outputs and computes the cheap ops "
-        "between them again in the backward: about half the activation memory, no matmul run twice",
-    ),
-    "selective": (
-        "full",
-        "full checkpointing keeps each block's input alone and runs its forward again in the backward: the "
-        "least activation memory, about a third more compute a step",
-    ),
+# At one row an out-of-memory error recomputes more (model/recompute.py): the next of
+# CHECKPOINTING's modes, and why it helps.
+RECOMPUTE_WHY = {
+    "selective": "selective checkpointing keeps each block's matmul and attention outputs and computes the cheap "
+    "ops between them again in the backward: about half the activation memory, no matmul run twice",
+    "full": "full checkpointing keeps each block's input alone and runs its forward again in the backward: the "
+    "least activation memory, about a third more compute a step",
 }
 
 
@@ -68,9 +64,10 @@ def memory(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
             reasoning="memory is nearly full but the micro-batch is already one row; logged for a person "
             "(an out-of-memory error would stop the run)",
         )
-    more = RECOMPUTE_MORE.get(view.activation_checkpointing) if one_row and cfg.oom.recompute else None
+    mode = view.activation_checkpointing
+    heavier = CHECKPOINTING[CHECKPOINTING.index(mode) + 1 :]
+    more = heavier[0] if one_row and cfg.oom.recompute and heavier else None
     if one_row and more is None:
-        mode = view.activation_checkpointing
         return Remedy(
             action="stop",
             params={
@@ -92,8 +89,9 @@ def memory(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     if more is not None:
         return Remedy(
             action="set_activation_checkpointing",
-            params={"mode": more[0]},
-            reasoning=f"out of memory with a micro-batch of one row ({view.micro_batch_tokens} tokens): {more[1]}; "
+            params={"mode": more},
+            reasoning=f"out of memory with a micro-batch of one row ({view.micro_batch_tokens} tokens): "
+            f"{RECOMPUTE_WHY[more]}; "
             "the gradients are the same bit for bit, and the same rows are retried",
         )
     why = (
