@@ -86,3 +86,48 @@ def test_person_drives_every_knob_through_ctl(tmp_path):
     assert lines[-1]["lr_scale"] == pytest.approx(seen[10]["lr_scale"])  # knobs survive the rollback
     state = json.loads((list_checkpoints(run)[-1] / "state.json").read_text())
     assert state["train"]["grad_clip"] == 0.25 and state["train"]["weight_decay"] == 0.0  # and a restart
+
+
+class Knobs(Person):
+    """A person, and the micro-batch and checkpointing each step ran with."""
+
+    def __init__(self, run_dir, script):
+        super().__init__(run_dir, script)
+        self.ran = {}
+
+    def on_step_end(self, trainer, out):
+        super().on_step_end(trainer, out)
+        self.ran[out.step] = (trainer.micro_batch_tokens, trainer.activation_checkpointing)
+
+
+def test_a_persons_micro_batch_and_checkpointing_are_not_probed_back(tmp_path):
+    """The OOM rule's probe returns a lighter setting toward the configured one after a clean
+    stretch; a person's own (`ctl micro-batch`, `ctl checkpointing`) is the setting from then on,
+    over a resume too: it used to be doubled and lightened back after `probe_after` steps."""
+    run = tmp_path / "r"
+
+    def cfg(steps):
+        sets = {"train": {"max_steps": steps, "eval_every": 0, "batch_tokens": 1024, "micro_batch_tokens": 1024}}
+        return load_config(
+            preset="debug",
+            overrides={
+                "out": str(run),
+                **sets,
+                "data": {"max_bytes": 150_000},
+                "log": {"progress": False, "tensorboard": False},
+                "orchestrator": {"throughput": {"enabled": False}, "oom": {"probe_after": 3}},
+            },
+        )
+
+    person = Knobs(run, {2: ("micro-batch", "256"), 3: ("checkpointing", "full")})
+    assert trimtab.train(cfg(12), hooks=[person])["status"] == "completed"
+    assert all(person.ran[s] == (256, "full") for s in range(6, 13)), person.ran
+    again = Knobs(run, {})
+    assert trimtab.train(cfg(20), hooks=[again])["status"] == "completed"  # resumed at 12
+    assert set(again.ran.values()) == {(256, "full")}, again.ran
+    ds = read_decisions(run)
+    assert not [d for d in ds if d["rule"] == "oom"]  # no probe
+    assert [d["action"] for d in ds if d["rule"] == "manual"] == [
+        "set_micro_batch_tokens",
+        "set_activation_checkpointing",
+    ]

@@ -618,6 +618,29 @@ def test_a_raised_checkpointing_is_probed_lighter_before_a_larger_micro_batch():
     assert at == 12 + 16 and policy.plan(f, view).params == {"tokens": 128}
 
 
+def test_after_a_persons_micro_batch_the_probe_returns_to_theirs_not_the_configs():
+    from trimtab.orchestrator.resources import OutOfMemory
+
+    cfg = OrchestratorConfig()
+    cfg.oom.probe_after = 2
+    monitor = OutOfMemory(cfg)
+    monitor.configured, monitor.configured_checkpointing = 1024, "off"
+    monitor.set_by_person(micro_batch_tokens=256)
+    monitor.set_by_person(checkpointing="selective")
+    assert monitor.person_checkpointing == "selective"
+    quiet = [
+        monitor.observe(StepMetrics(step=s, loss=3.0, grad_norm=1.0, micro_batch_tokens=256, checkpointing="selective"))
+        for s in range(1, 9)
+    ]
+    assert quiet == [None] * 8  # the person's own setting is not "lighter than configured"
+    monitor.error(9, 256, "CUDA out of memory", [])  # the rule halves it to 128, then probes back to 256
+    probes = [
+        monitor.observe(StepMetrics(step=s, loss=3.0, grad_norm=1.0, micro_batch_tokens=128, checkpointing="selective"))
+        for s in (10, 11)
+    ]
+    assert probes[0] is None and probes[1].evidence["target"] == 256
+
+
 def test_memory_pressure_at_one_row_does_not_stop_a_healthy_run():
     plan = Policy(OrchestratorConfig()).plan(finding(5, "memory", "memory"), View(micro_batch_tokens=64))
     assert plan.action == "none"

@@ -94,7 +94,7 @@ class Orchestrator(Hook):
         if "oom" in self.monitors:
             oom = self.monitors["oom"]
             oom.configured = oom.configured or run.configured_micro_batch_tokens
-            oom.configured_checkpointing = run.cfg.train.activation_checkpointing
+            oom.configured_checkpointing = oom.person_checkpointing or run.cfg.train.activation_checkpointing
             if run.step:
                 oom.resumed()
         if (fp16 := self.monitors.get("fp16")) is not None:  # the scaler's growth costs overflows of its own
@@ -400,9 +400,9 @@ class Orchestrator(Hook):
             self.demoted.discard(key)
             run.say(f"[orchestrator] {rule} -> {action} is applied again (confidence {confidence:.2f})")
 
-    def _applied(self, decision: Decision, line: str) -> None:
+    def _applied(self, decision: Decision, line: str, run: RunView | None = None) -> None:
         """What Control did; an action that failed is journaled as failed at once (its track
-        record falls), never as done."""
+        record falls), never as done. `run` is given for a person's command."""
         decision.applied.append(line)
         if line.startswith("failed: "):
             decision.outcome = {"result": "failed", "error": line.removeprefix("failed: "), "steps": 0}
@@ -410,6 +410,11 @@ class Orchestrator(Hook):
         elif decision.action == "stop":  # the run ends here: steps after a resume judge nothing of it
             decision.outcome = {"result": "stopped", "steps": 0}
             self.tracking.pop(str(decision.id), None)
+        elif run is not None and "oom" in self.monitors:  # a person's setting: what the probe returns to
+            if decision.action == "set_micro_batch_tokens":
+                self.monitors["oom"].set_by_person(micro_batch_tokens=run.micro_batch_tokens)
+            elif decision.action == "set_activation_checkpointing":
+                self.monitors["oom"].set_by_person(checkpointing=run.activation_checkpointing)
         self.journal.write()
 
     def _judge(self, d: Decision) -> None:
@@ -479,7 +484,7 @@ class Orchestrator(Hook):
             self.journal.next_id(), run.step, "manual", evidence, reasoning, action, params, summary
         )
         if action in ACTIONS:  # checked here, so a bad value is answered before anything is journaled
-            run.control.request(action, on_done=lambda line, d=decision: self._applied(d, line), **params)
+            run.control.request(action, on_done=lambda line, d=decision: self._applied(d, line, run), **params)
         elif action == "set_mode":
             self.mode = params["mode"]
             decision.applied = [f"mode {self.mode}"]

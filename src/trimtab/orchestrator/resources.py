@@ -120,6 +120,7 @@ class OutOfMemory(Monitor):
         self.cfg = cfg.oom
         self.configured = 0  # the micro-batch the run started with (set by the orchestrator)
         self.configured_checkpointing = "off"  # train.activation_checkpointing (set by the orchestrator)
+        self.person_checkpointing = ""  # a person's `trimtab ctl RUN checkpointing MODE`, kept over a resume
         self.last = -1  # step of the last out-of-memory error
         self.retries = 0  # errors in that step
         self.clean = 0  # steps since, below the configured micro-batch
@@ -150,6 +151,15 @@ class OutOfMemory(Monitor):
             summary=f"out of memory generating rollouts {rows} rows at a time",
             strength=1.0,
         )
+
+    def set_by_person(self, micro_batch_tokens: int = 0, checkpointing: str = "") -> None:
+        """A person's micro-batch or checkpointing (`trimtab ctl`), as applied, is the run's setting
+        from now on: the probe returns to it after an error, never past it (it used to probe a
+        person's smaller micro-batch or heavier checkpointing back to the config's)."""
+        self.configured = micro_batch_tokens or self.configured
+        if checkpointing:
+            self.configured_checkpointing = self.person_checkpointing = checkpointing
+        self.clean = 0
 
     def resumed(self) -> None:
         """A resumed run is a new process: the fragmentation and the other tenants that made the
