@@ -73,12 +73,21 @@ def test_the_readme_data_walkthrough_runs_as_written(tmp_path):
 
 @pytest.mark.slow
 def test_the_readme_rl_walkthrough_learns_as_written(tmp_path):
-    """A supervised warm start on the built-in arithmetic task, then RL on it (~3 min): the
-    held-out pass@1 rises over the starting policy's (README: +0.12 on average over 3 seeds from
-    one warm start, +0.07 from this test's, which starts stronger)."""
+    """A supervised warm start on the built-in arithmetic task, then RL on it as written, and with
+    the README's seeds 1-2-3 (~4 min): the held-out pass@1 rises over the starting policy's on
+    average. One seed's 200 problems do not resolve a gain this size (README: the default seed
+    went 0.26 -> 0.24 on one host, seeds 1-2-3 gained 0.05-0.07 there and 0.10-0.14 on another)."""
     commands = walkthrough("Reinforcement learning on the built-in arithmetic task")
     assert [c.split()[:2] for c in commands] == [["trimtab", "train"], ["trimtab", "rl"]]
-    run_all(commands, tmp_path)
-    lines = (tmp_path / "runs/arith-rl/metrics.jsonl").read_text().splitlines()
-    passes = {m["step"]: m["rl/held_out_pass@1"] for m in map(json.loads, lines) if "rl/held_out_pass@1" in m}
-    assert sorted(passes) == [0, 100, 200, 300] and passes[300] > passes[0], passes
+    seeded = [
+        commands[1].replace("runs/arith-rl", f"runs/rl{seed}") + f" --set train.seed={seed}" for seed in (1, 2, 3)
+    ]
+    run_all(commands + seeded, tmp_path)
+
+    def passes(run: str) -> dict[int, float]:
+        lines = (tmp_path / "runs" / run / "metrics.jsonl").read_text().splitlines()
+        return {m["step"]: m["rl/held_out_pass@1"] for m in map(json.loads, lines) if "rl/held_out_pass@1" in m}
+
+    assert sorted(passes("arith-rl")) == [0, 100, 200, 300]
+    gains = [passes(f"rl{seed}")[300] - passes(f"rl{seed}")[0] for seed in (1, 2, 3)]
+    assert sum(gains) / 3 > 0.02, gains
