@@ -152,7 +152,7 @@ def test_recompute_dry_run_times_each_checkpointing_mode_and_measures_what_it_ke
         for mode in ("off", "selective", "full")
     }
     kept = {mode: float(row.split(" | ")[5].replace(",", "")) for mode, row in rows.items()}
-    assert kept["full"] < kept["selective"] < 0.6 * kept["off"]  # measured, not the estimate (the next column)
+    assert kept["full"] < kept["selective"] < 0.7 * kept["off"]  # measured, not the estimate (the next column)
 
 
 def test_loss_dry_run_checks_every_chunk_size_against_the_plain_loss():

@@ -122,8 +122,9 @@ def test_micro_batch_estimate_grows_with_memory_and_stays_a_whole_number_of_rows
     # plan/memory.py's per-token bytes: the tensors autograd keeps (tests/test_plan.py measures
     # them), fp32 norm inputs and bf16 attention / SwiGLU activations per layer, and at the head the
     # final norm's and the fused loss's gradient of its output (fp32; no logits). Pinned; before
-    # they were counted tensor by tensor, 1,503,232 bytes (0.77x: H100's measured peak read 31% over).
-    assert large.bytes_per_token == 1_945_532 and (small.tokens, large.tokens) == (8192, 24576)
+    # they were counted tensor by tensor, 1,503,232 bytes (0.77x: H100's measured peak read 31% over);
+    # then 1,945,532, until the model shed three tensors it kept for nothing (model/layers.py).
+    assert large.bytes_per_token == 1_506_236 and (small.tokens, large.tokens) == (8192, 32768)
     assert not suggest_micro_batch(cfg, 4 * 2**30, "bf16").fits  # 16 bytes a parameter alone is 16 GiB
     fp32 = suggest_micro_batch(cfg, 80 * 2**30, "fp32")
     # fp32 doubles only the low-precision part: the residual stream and the head's are fp32 anyway
@@ -133,9 +134,9 @@ def test_micro_batch_estimate_grows_with_memory_and_stays_a_whole_number_of_rows
     assert sharded.state_bytes == (large.state_bytes - casts) // 8 and sharded.tokens > large.tokens
     ckpt = suggest_micro_batch(cfg, 80 * 2**30, "bf16", checkpointing="full")
     assert ckpt.bytes_per_token < large.bytes_per_token / 4 and ckpt.tokens > 4 * large.tokens
-    # selective keeps the matmuls' and attention's outputs: about half of off, without a second forward
+    # selective keeps the matmuls' and attention's outputs: about 0.73x of off (dense-1b), without a second forward
     selective = suggest_micro_batch(cfg, 80 * 2**30, "bf16", checkpointing="selective")
-    assert 0.4 < selective.bytes_per_token / large.bytes_per_token < 0.6 and selective.tokens > large.tokens
+    assert 0.6 < selective.bytes_per_token / large.bytes_per_token < 0.8 and selective.tokens > large.tokens
     tiny = load_config(preset="debug")
     assert suggest_micro_batch(tiny, 64 * 2**30, "fp32").tokens == tiny.train.batch_tokens  # capped
 

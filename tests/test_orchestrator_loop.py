@@ -611,18 +611,18 @@ def test_oom_below_one_row_stops_with_a_clear_status(tmp_path):
 
 
 def test_oom_at_one_row_recomputes_more_and_a_resumed_run_keeps_it(tmp_path, runs):
-    """A row of 64 tokens no longer fits from step 4 (48 tokens' worth of activations do): the
-    micro-batch halves to one row, then selective checkpointing (42 tokens' worth) fits, with the
+    """A row of 64 tokens no longer fits from step 4 (56 tokens' worth of activations do): the
+    micro-batch halves to one row, then selective checkpointing (51 tokens' worth) fits, with the
     same gradients: the losses stay the clean run's. The mode is in the checkpoint: stopped at
     step 10 and resumed, the run is at selective, and probes lighter checkpointing soon (as a
     resumed run probes what an OOM shrank), which runs out of memory and recomputes again."""
     run = tmp_path / "r"
-    summary = trimtab.train(debug_cfg(run, faults=["oom@4:48"]), hooks=[StopAt(10)])
+    summary = trimtab.train(debug_cfg(run, faults=["oom@4:56"]), hooks=[StopAt(10)])
     assert summary["step"] == 10
     ds = decisions(run)
     assert [d["params"].get("tokens", d["params"].get("mode")) for d in ds] == [512, 256, 128, 64, "selective"]
     assert ds[-1]["applied"] == ["activation checkpointing off -> selective"] and {d["step"] for d in ds} == {4}
-    summary = trimtab.train(debug_cfg(run, faults=["oom@4:48"]))
+    summary = trimtab.train(debug_cfg(run, faults=["oom@4:56"]))
     assert summary["status"] == "completed" and summary["step"] == 24
     probe, again = decisions(run)[5:]
     assert probe["evidence"]["checkpointing"] == "selective" and probe["params"] == {"mode": "off"}

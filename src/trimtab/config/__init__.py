@@ -282,7 +282,7 @@ class TrainConfig(Section):
     # off | selective | full (docs/planner.md, "Activation checkpointing"). full: each block keeps
     # only its input and runs its forward again in the backward (a third more compute); selective:
     # a block keeps its matmuls' and attention's outputs and recomputes only the cheap ops between
-    # them (norms, rotations, activations, casts), about half the memory of off at a few percent.
+    # them (norms, rotations, activations, casts), 0.6-0.75x the memory of off at a few percent.
     activation_checkpointing: str = "off"
     eval_every: int = 200  # 0: only at the end
     eval_tokens: int = 65536  # cap on tokens per evaluation

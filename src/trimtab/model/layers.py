@@ -25,6 +25,57 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
 
 
+class CastTwice(torch.autograd.Function):
+    """x in a lower precision for two matmuls (SwiGLU's w1 and w3) as one tensor in memory:
+    autocast casts x for each and each keeps its own copy for the backward. Two outputs (one a
+    view of the other) keep the two gradients apart, summed in x's precision as autocast's two
+    casts' would be (one low-precision tensor would sum them in its own): gradients unchanged."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.dtype = x.dtype
+        low = x.to(dtype)
+        return low, low.view_as(low)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, None]:
+        present = [g.to(ctx.dtype) for g in grads if g is not None]
+        return (present[0] + present[1] if len(present) == 2 else present[0] if present else None), None
+
+
+def cast_twice(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x for two matmuls: CastTwice in eager mode where autocast would cast it; x twice otherwise
+    (under torch.compile the partitioner chooses what to keep)."""
+    dtype = compute_dtype(x)
+    if dtype == x.dtype or not x.is_floating_point() or torch.compiler.is_compiling():
+        return x, x
+    return CastTwice.apply(x, dtype)
+
+
+class SiluMul(torch.autograd.Function):
+    """silu(a) * b, SwiGLU's gate (Shazeer 2020), keeping a and b for the backward and computing
+    silu(a) again there: autograd's two ops keep a, silu(a) and b, a third more. The backward is
+    autograd's, op for op (the product's two products, silu's own backward kernel), so gradients
+    are unchanged to the bit; recomputing silu is one elementwise pass, as Megatron-LM's and
+    Liger-Kernel's fused SwiGLU do."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return F.silu(a) * b
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = ctx.saved_tensors
+        return torch.ops.aten.silu_backward(grad * b, a), grad * F.silu(a)
+
+
+def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """silu(a) * b: SiluMul in eager mode; the plain ops under torch.compile, whose partitioner
+    chooses what to keep itself."""
+    return F.silu(a) * b if torch.compiler.is_compiling() else SiluMul.apply(a, b)
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * weight (Zhang & Sennrich 2019): LayerNorm without centring or bias."""
 
@@ -158,7 +209,8 @@ class RotaryQKV(torch.autograd.Function):
         q = (xq * cq).addcmul_(swap_halves(xq), sq)  # [B, T, K, G, E]: _rotate's
         k = (xk * ck).addcmul_(swap_halves(xk), sk)
         ctx.save_for_backward(*tables)
-        v = qkv[:, :, :, G + 1]
+        # v copied out: a view would keep the whole projection alive for SDPA's backward
+        v = qkv[:, :, :, G + 1].clone()
         return q.view(B, T, K * G, E).transpose(1, 2), k.view(B, T, K, E).transpose(1, 2), v.transpose(1, 2)
 
     @staticmethod
@@ -267,7 +319,8 @@ class SwiGLU(nn.Module):
         self.w2 = nn.Linear(hidden, d_model, bias=False)  # down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x1, x3 = cast_twice(x)
         if self.local is None:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+            return self.w2(silu_mul(self.w1(x1), self.w3(x3)))
         w1, w3, w2 = (self.local(m.weight) for m in (self.w1, self.w3, self.w2))
-        return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
+        return F.linear(silu_mul(F.linear(x1, w1), F.linear(x3, w3)), w2)

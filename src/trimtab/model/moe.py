@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from torch.profiler import record_function
 
 from trimtab.config.sparse import MoEConfig
-from trimtab.model.layers import SwiGLU, compute_dtype
+from trimtab.model.layers import SwiGLU, compute_dtype, silu_mul
 from trimtab.model.recompute import in_recompute
 
 
@@ -69,7 +69,7 @@ def grouped_swiglu(xs: Tensor, counts: Tensor, w1: Tensor, w3: Tensor, w2: Tenso
     """xs [M, D] packed by expert, counts [E] rows per expert (sum M) -> [M, D]: each expert's
     SwiGLU on its rows, three grouped_mm with per-expert offsets, no padding."""
     offs = counts.cumsum(0).to(torch.int32)
-    h = F.silu(_grouped_mm(xs, w1, offs=offs)) * _grouped_mm(xs, w3, offs=offs)
+    h = silu_mul(_grouped_mm(xs, w1, offs=offs), _grouped_mm(xs, w3, offs=offs))
     return _grouped_mm(h, w2, offs=offs)
 
 
@@ -205,7 +205,7 @@ class MoE(nn.Module):
     @staticmethod
     def expert_ffn(h: Tensor, w1: Tensor, w3: Tensor, w2: Tensor) -> Tensor:
         """h [E, C, D] -> [E, C, D]: every expert's SwiGLU on its slots, three bmm."""
-        return torch.bmm(F.silu(torch.bmm(h, w1)) * torch.bmm(h, w3), w2)
+        return torch.bmm(silu_mul(torch.bmm(h, w1), torch.bmm(h, w3)), w2)
 
     def grouped_layout(self, x: torch.Tensor, hidden: int | None = None) -> bool:
         """Whether forward uses grouped_mm for x: always under expert parallelism (it exchanges

@@ -16,15 +16,16 @@ with saved_tensors_hooks: tests/test_plan.py holds the count to it):
 
     norm        4h + 4: its fp32 input and 1/rms (torch's fused RMSNorm, as on CUDA; on a CPU
                 torch's composite keeps x/rms too, another 4h)
-    attention   norm + p*(4h + 3*h_kv) + 4*H: the norm output cast for qkv; q and k rotated; the
-                qkv projection's output, which v is a view of; SDPA's output (the o input is a
-                view of it); SDPA's fp32 log-sum-exp per head
-    SwiGLU      norm + p*(a*h + 4f): the norm output, cast for w1 and again for w3 under low-
-                precision autocast (a = 2; a = 1 in fp32); w1's and w3's outputs, silu's, the product
+    attention   norm + p*(3h + 2*h_kv) + 4*H: the norm output cast for qkv; q and k rotated; v
+                (copied out of the projection's output, which a view would keep whole); SDPA's
+                output (the o input is a view of it); SDPA's fp32 log-sum-exp per head
+    SwiGLU      norm + p*(h + 3f): the norm output, cast once for w1 and w3; w1's and w3's outputs
+                (silu(w1 x) is computed again in the backward: model/layers.py's SiluMul), the
+                product
     MoE ffn     norm + 4h + 4E + 12k (the router in fp32: its input, logits, top-k indices and
-                weights) + k*(3p*h + 4p*f_e + 16) (per routed copy: its input, its SwiGLU, the
+                weights) + k*(3p*h + 3p*f_e + 16) (per routed copy: its input, its SwiGLU, the
                 expert's output, the copy the combine keeps, two indices; a capacity factor drops
-                copies, never adds any: the grouped layout keeps no padding) + p*(a*h + 4*f_s) for
+                copies, never adds any: the grouped layout keeps no padding) + p*(h + 3*f_s) for
                 the shared experts
     MoD block   the attention and ffn terms times the layer's capacity (the tokens it processes),
                 + 10h + 64 for every token: the router's and the predictor's fp32 input, the gather
@@ -137,18 +138,17 @@ def activation_bytes(cfg: RunConfig, p: int, fused_norm: bool = True) -> tuple[l
     m = cfg.model
     h, kv, heads = m.d_model, m.n_kv_heads * m.head_dim, m.n_heads
     norm = (4 if fused_norm else 8) * h + 4
-    casts = 2 if p < 4 else 1  # autocast casts the norm output once for w1 and again for w3
 
     def swiglu(f: float) -> float:
-        return p * (casts * h + 4 * f)
+        return p * (h + 3 * f)
 
     capacities = iter(m.mod_capacities)
     layers = []
     for kind in m.layers:
-        attention = norm + p * (4 * h + 3 * kv) + 4 * heads
+        attention = norm + p * (3 * h + 2 * kv) + 4 * heads
         if "moe" in kind:
             moe, fe = m.moe, m.moe.expert_hidden
-            routed = moe.top_k * (3 * p * h + 4 * p * fe + 16)
+            routed = moe.top_k * (3 * p * h + 3 * p * fe + 16)
             ffn = norm + 4 * h + 4 * moe.n_experts + 12 * moe.top_k + routed
             ffn += swiglu(moe.n_shared_experts * fe) if moe.n_shared_experts else 0
         else:
@@ -236,8 +236,8 @@ def whole_bytes(cfg: RunConfig, p: int, checkpointing: str) -> tuple[float, floa
 def _whole_layers(cfg: RunConfig, p: int, mode: str) -> list[float]:
     """Each layer's whole bytes per token (whole_bytes) under off or selective."""
     m, moe = cfg.model, cfg.model.moe
-    h, k, a = m.d_model, moe.top_k, 2 if p < 4 else 1
-    shared = (a if mode == "off" else 1) * p * h if moe.n_shared_experts else 0
+    h, k = m.d_model, moe.top_k
+    shared = p * h if moe.n_shared_experts else 0
     layers, _ = activation_bytes(cfg, p)
     kept = selective_bytes(cfg, p)
     whole = []
@@ -248,8 +248,8 @@ def _whole_layers(cfg: RunConfig, p: int, mode: str) -> list[float]:
             whole.append(p * h + 4 * h + 4 * moe.n_experts + 12 * k + k * (3 * p * h + 16) + shared)
         elif "moe" in kind:  # wo's output; the router's, the grouped w2's and the combine's
             whole.append(p * h + 4 * moe.n_experts + 28 * k + k * p * h + p * h + shared)
-        else:  # off: the gathered input cast for qkv and for w1 / w3; selective: wo's and w2's outputs
-            whole.append((1 + a) * p * h if mode == "off" else 2 * p * h)
+        else:  # off: the gathered input cast for qkv and (once) for w1 and w3; selective: wo's and w2's outputs
+            whole.append(2 * p * h)
     return whole
 
 
