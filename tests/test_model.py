@@ -415,3 +415,25 @@ def test_swiglu_keeps_a_third_less_with_autograds_own_gradients(autocast):
             t.grad = None
     assert [torch.equal(a, b) for a, b in zip(*grads, strict=True)] == [True] * 4
     assert kept[1] - kept[0] == (n * (f + h) * 2 if autocast else n * f * 4), kept
+
+
+def test_unpermute_is_index_copy_without_keeping_the_rows():
+    """The experts' output rows back in assignment order (zeros where dropped): index_copy's values
+    and gradient, but its backward keeps the index only, where index_copy keeps the rows too."""
+    from trimtab.model.moe import Unpermute
+
+    torch.manual_seed(0)
+    rows, order = torch.randn(6, 8, requires_grad=True), torch.tensor([5, 0, 3, 7, 1, 2])  # 2 of 8 dropped
+    weight = torch.randn(8, 8)
+    results, kept = [], []
+    for unpermute in (lambda r: Unpermute.apply(r, order, 8), lambda r: r.new_zeros(8, 8).index_copy(0, order, r)):
+        saved: list[torch.Tensor] = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: saved.append(t) or t, lambda t: t):
+            out = unpermute(rows * 1.0)
+        (out * weight).sum().backward()
+        results.append((out.detach(), rows.grad.clone()))
+        kept.append(sum(t.numel() * t.element_size() for t in saved if t.is_floating_point()))
+        rows.grad = None
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert results[0][0][[4, 6]].eq(0).all()  # the dropped assignments
+    assert kept == [0, 6 * 8 * 4]

@@ -71,11 +71,11 @@ def test_moe_plan_uses_active_parameters_and_says_so():
     assert plan.steps == math.ceil(20 * active / 2048)
     assert any("ACTIVE parameters" in n and f"{20 * total:,}" in n for n in plan.notes)
     # activations of a MoE layer: the router in fp32 (input, logits, top-2 indices and weights) and,
-    # per routed copy (a capacity factor drops some, pads none), its input, SwiGLU, output, combined
+    # per routed copy (a capacity factor drops some, pads none), its input, SwiGLU, the combined
     # copy, two indices
     m = plan.memory
     norm, attention = 388, 388 + 2 * (3 * 96 + 2 * 48) + 16
-    moe = norm + 4 * 96 + 4 * 8 + 12 * 2 + 2 * (3 * 2 * 96 + 3 * 2 * 128 + 16)
+    moe = norm + 4 * 96 + 4 * 8 + 12 * 2 + 2 * (2 * 2 * 96 + 3 * 2 * 128 + 16)
     dense = norm + 2 * (96 + 3 * 256)
     per_token = 2 * (2 * attention + dense + moe) + norm + 4 * 96 + 8
     assert m.activations == round(1024 * per_token)

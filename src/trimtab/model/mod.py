@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trimtab.model.cache import KVCache
+from trimtab.model.layers import compute_dtype
 from trimtab.model.recompute import in_recompute
 
 # f(x, rope, mask, cache, layer) -> the block's residual update, same shape as x
@@ -85,17 +86,18 @@ class DepthRouter(nn.Module):
 
     def _top_k(self, x: torch.Tensor, f: Residual, rope: tuple, layer: int) -> torch.Tensor:
         B, T, D = x.shape
-        score = self.router(x).squeeze(-1).float()  # [B, T]
+        low = x.to(compute_dtype(x))  # cast once for the router and the predictor: each kept its own
+        score = self.router(low).squeeze(-1).float()  # [B, T]
         k = self.tokens(T)
         if k == T:  # capacity 1 (warm-up start): every token, no gather
-            self._record(x, score, torch.ones_like(score))
+            self._record(low, score, torch.ones_like(score))
             return x + torch.sigmoid(score).unsqueeze(-1).to(x.dtype) * f(x, rope, None, None, layer)
         idx = score.topk(k, dim=-1, sorted=False).indices.sort(dim=-1).values  # [B, k], causal order
         chosen = torch.zeros_like(score).scatter_(1, idx, 1.0)
-        self._record(x, score, chosen)
+        self._record(low, score, chosen)
         cos, sin = rope  # [T, 1, E] -> [B, k, 1, E]: each token keeps its position
         rows = idx.unsqueeze(-1).expand(B, k, D)
-        xs = x.gather(1, rows)  # [B, k, D]
+        xs = x[torch.arange(B, device=x.device).unsqueeze(-1), idx]  # [B, k, D]: gather's backward would keep x
         gate = torch.sigmoid(score.gather(1, idx)).unsqueeze(-1).to(x.dtype)
         # Causal among the chosen: sorted by position, so is_causal on the short sequence is right.
         return x.scatter(1, rows, xs + gate * f(xs, (cos[idx], sin[idx]), None, None, layer))

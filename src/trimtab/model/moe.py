@@ -73,6 +73,30 @@ def grouped_swiglu(xs: Tensor, counts: Tensor, w1: Tensor, w3: Tensor, w2: Tenso
     return _grouped_mm(h, w2, offs=offs)
 
 
+class Unpermute(torch.autograd.Function):
+    """out [M, D], the kept assignments' rows packed by expert -> [A, D] in assignment order,
+    zeros where dropped: index_copy, whose backward keeps its source only to read its shape
+    (torch's derivatives.yaml), a copy of every routed row for nothing. This one keeps the index;
+    its backward is index_copy's (a gather of the gradient rows, exact)."""
+
+    @staticmethod
+    def forward(ctx, out: Tensor, order: Tensor, A: int) -> Tensor:
+        ctx.save_for_backward(order)
+        return out.new_zeros(A, out.shape[1]).index_copy_(0, order, out)  # unique rows: deterministic
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        (order,) = ctx.saved_tensors
+        return grad.index_select(0, order), None, None
+
+
+def unpermute(out: Tensor, order: Tensor, A: int) -> Tensor:
+    """Unpermute in eager mode; index_copy under torch.compile, whose partitioner keeps what it needs."""
+    if torch.compiler.is_compiling():
+        return out.new_zeros(A, out.shape[1]).index_copy(0, order, out)
+    return Unpermute.apply(out, order, A)
+
+
 def _grouped_mm_runs_on(x: Tensor, dtype: torch.dtype) -> bool:
     """Whether grouped_mm has a kernel for x's device in `dtype`: any CPU dtype; CUDA bf16 on
     compute capability 8.0 or newer (torch's documented requirement)."""
@@ -274,7 +298,7 @@ class MoE(nn.Module):
         grouped_mm with per-expert offsets, or their expert-parallel exchange). Dropless needs
         no host sync; capacity mode syncs once (M). Rows past the last offset would come back
         uninitialised, so exactly M rows go in."""
-        A, D = order.numel(), xf.shape[1]
+        A = order.numel()
         if cap:
             order, counts = order[rank < cap], counts.clamp(max=cap)
         dt = compute_dtype(xf)  # grouped_mm is not on autocast's list: cast as mm would be
@@ -283,7 +307,7 @@ class MoE(nn.Module):
         with _label("moe.experts"):
             out = self.dispatch(xs, counts, *(w.to(dt) for w in weights))  # [M, D]
         with _label("moe.unpermute"):
-            full = out.new_zeros(A, D).index_copy(0, order, out)  # unique rows: deterministic
+            full = unpermute(out, order, A)
         return full, 1.0 - counts.sum() / A
 
     def _padded(

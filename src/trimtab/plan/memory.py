@@ -23,13 +23,15 @@ with saved_tensors_hooks: tests/test_plan.py holds the count to it):
                 (silu(w1 x) is computed again in the backward: model/layers.py's SiluMul), the
                 product
     MoE ffn     norm + 4h + 4E + 12k (the router in fp32: its input, logits, top-k indices and
-                weights) + k*(3p*h + 3p*f_e + 16) (per routed copy: its input, its SwiGLU, the
-                expert's output, the copy the combine keeps, two indices; a capacity factor drops
+                weights) + k*(2p*h + 3p*f_e + 16) (per routed copy: its input, its SwiGLU, the
+                copy the combine keeps, two indices: model/moe.py's Unpermute keeps no copy of the
+                expert's output, which torch's index_copy would; a capacity factor drops
                 copies, never adds any: the grouped layout keeps no padding) + p*(h + 3*f_s) for
                 the shared experts
     MoD block   the attention and ffn terms times the layer's capacity (the tokens it processes),
-                + 10h + 64 for every token: the router's and the predictor's fp32 input, the gather
-                of the chosen tokens and the scatter of their update (measured at h = 96-384)
+                + 4h + 64 for every token: the router's input (cast once, the predictor reads the
+                same copy), the gate and the scatter of the update (measured at h = 96-384; the
+                chosen tokens are taken by indexing, which keeps the index where gather kept x)
     head        norm (the final one) + 4h (the gradient of its output, which the fused loss
                 computes in the forward and keeps instead of any [N, V] logits) + 8 (the token id)
 
@@ -148,13 +150,13 @@ def activation_bytes(cfg: RunConfig, p: int, fused_norm: bool = True) -> tuple[l
         attention = norm + p * (3 * h + 2 * kv) + 4 * heads
         if "moe" in kind:
             moe, fe = m.moe, m.moe.expert_hidden
-            routed = moe.top_k * (3 * p * h + 3 * p * fe + 16)
+            routed = moe.top_k * (2 * p * h + 3 * p * fe + 16)
             ffn = norm + 4 * h + 4 * moe.n_experts + 12 * moe.top_k + routed
             ffn += swiglu(moe.n_shared_experts * fe) if moe.n_shared_experts else 0
         else:
             ffn = norm + swiglu(m.ffn_hidden)
         if "mod" in kind:
-            layers.append(next(capacities) * (attention + ffn) + 10 * h + 64)
+            layers.append(next(capacities) * (attention + ffn) + 4 * h + 64)
         else:
             layers.append(attention + ffn)
     return layers, norm + 4 * h + 8
@@ -245,7 +247,7 @@ def _whole_layers(cfg: RunConfig, p: int, mode: str) -> list[float]:
         if "mod" in kind:  # unsplit: an upper bound (its heads and hidden units are split)
             whole.append(everything if mode == "off" else selective)
         elif "moe" in kind and mode == "off":  # qkv's input; the router's, the routed copies', the combine's
-            whole.append(p * h + 4 * h + 4 * moe.n_experts + 12 * k + k * (3 * p * h + 16) + shared)
+            whole.append(p * h + 4 * h + 4 * moe.n_experts + 12 * k + k * (2 * p * h + 16) + shared)
         elif "moe" in kind:  # wo's output; the router's, the grouped w2's and the combine's
             whole.append(p * h + 4 * moe.n_experts + 28 * k + k * p * h + p * h + shared)
         else:  # off: the gathered input cast for qkv and (once) for w1 and w3; selective: wo's and w2's outputs
