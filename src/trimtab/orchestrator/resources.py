@@ -118,7 +118,7 @@ class OutOfMemory(Monitor):
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.oom
-        self.configured = 0  # the micro-batch the run started with (set by the orchestrator)
+        self.configured = 0  # the micro-batch the run started with (set by the orchestrator), or a person's since
         self.configured_checkpointing = "off"  # train.activation_checkpointing (set by the orchestrator)
         self.person_checkpointing = ""  # a person's `trimtab ctl RUN checkpointing MODE`, kept over a resume
         self.last = -1  # step of the last out-of-memory error
