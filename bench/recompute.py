@@ -46,6 +46,7 @@ def child(args: argparse.Namespace) -> None:
     from trimtab.model.recompute import measure_kept_bytes
     from trimtab.plan.memory import activation_bytes_per_token
     from trimtab.plan.memory import kept_bytes_per_token as estimate
+    from trimtab.training.loss import model_loss
 
     device = torch.device(args.device)
     dtype = torch.bfloat16 if args.dtype == "bf16" else None
@@ -68,7 +69,7 @@ def child(args: argparse.Namespace) -> None:
     kept, p = {}, 2 if dtype else 4
     for mode in MODES:
         model.set_activation_checkpointing(mode)
-        kept[mode] = measure_kept_bytes(model, lambda t: _loss(model, t, dtype), lambda n: tokens[:n])
+        kept[mode] = measure_kept_bytes(model, lambda t: model_loss(model, t, dtype), lambda n: tokens[:n])
     fused = device.type == "cuda"
     emit(
         {
@@ -84,27 +85,18 @@ def child(args: argparse.Namespace) -> None:
     )
 
 
-def _loss(model, tokens, dtype):
-    import torch
-
-    from trimtab.training.loss import cross_entropy_sum
-
-    with torch.autocast(tokens.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-        loss = cross_entropy_sum(model.hidden(tokens[:, :-1]), model.lm_head.weight, tokens[:, 1:])
-        aux = model.aux_loss()
-    return loss if aux is None else loss + aux
-
-
 def _step(model, opt, tokens, dtype) -> tuple[float, int]:
     """One training step's seconds and, on CUDA, its peak allocated bytes."""
     import torch
+
+    from trimtab.training.loss import model_loss
 
     cuda = tokens.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    _loss(model, tokens, dtype).backward()
+    model_loss(model, tokens, dtype).backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
     if cuda:

@@ -80,6 +80,16 @@ def cross_entropy_sum(
     return to_local() if to_local else total  # (the same value on every rank)
 
 
+def model_loss(model: torch.nn.Module, tokens: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """A whole row batch's training loss outside the trainer (the CPU precision probe, benches):
+    the summed next-token loss of tokens [B, T] plus the layers' auxiliary losses, under autocast
+    to `dtype` (None: in the weights' precision)."""
+    with torch.autocast(tokens.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        loss = cross_entropy_sum(model.hidden(tokens[:, :-1]), model.lm_head.weight, tokens[:, 1:])
+        aux = model.aux_loss()
+    return loss if aux is None else loss + aux
+
+
 def _chunk_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
 

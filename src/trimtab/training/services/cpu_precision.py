@@ -31,7 +31,7 @@ import torch
 from trimtab.config import RunConfig
 from trimtab.hardware import Precision, cached_timings, cpu_precision_path, machine_key
 from trimtab.model import Transformer
-from trimtab.training.loss import cross_entropy_sum
+from trimtab.training.loss import model_loss
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +102,6 @@ def _probe(model: Transformer, rows: int, seq_len: int) -> dict:
 
 def _step_seconds(model: Transformer, tokens: torch.Tensor, dtype: torch.dtype | None) -> float:
     start = time.perf_counter()
-    with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-        loss = cross_entropy_sum(model.hidden(tokens[:, :-1]), model.lm_head.weight, tokens[:, 1:])
-        aux = model.aux_loss()
-        loss = loss if aux is None else loss + aux
-    loss.backward()
+    model_loss(model, tokens, dtype).backward()
     model.zero_grad(set_to_none=True)
     return time.perf_counter() - start
