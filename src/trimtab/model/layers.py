@@ -39,8 +39,10 @@ class CastTwice(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, None]:
-        present = [g.to(ctx.dtype) for g in grads if g is not None]
-        return (present[0] + present[1] if len(present) == 2 else present[0] if present else None), None
+        present = [g.to(ctx.dtype) for g in grads if g is not None]  # None: an output not used
+        if not present:
+            return None, None
+        return (present[0] + present[1] if len(present) == 2 else present[0]), None
 
 
 def cast_twice(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
