@@ -10,10 +10,12 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from trimtab.config.sparse import MoEConfig
+from trimtab.model import moe as moe_module
 from trimtab.model.layers import SwiGLU
 from trimtab.model.moe import MoE
 
 D, H = 16, 24
+GROUPED_MM = moe_module._grouped_mm
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -149,26 +151,68 @@ def test_capacity_drops_the_right_fraction_in_token_order(top_k, capacity_factor
     assert m.stats["dropped"].item() == 0.0
 
 
-def test_under_compile_dropless_bf16_takes_the_grouped_layout(monkeypatch):
-    """torch.compile traces grouped_mm in bf16 when dropless (whole graphs; padded's largest-load
-    read broke the graph at every MoE layer); fp32 and capacity mode stay padded."""
+def test_under_compile_bf16_takes_the_grouped_layout(monkeypatch):
+    """torch.compile traces grouped_mm in bf16, with or without a capacity (whole graphs;
+    padded's largest-load read broke the graph at every MoE layer); fp32 stays padded."""
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     x = torch.randn(2, 8, D)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert make(capacity_factor=0).grouped_layout(x)
-        assert not make(capacity_factor=1.25).grouped_layout(x)
-        assert make(capacity_factor=1.25).eval().grouped_layout(x)  # eval is dropless
+        assert make(capacity_factor=1.25).grouped_layout(x)
     assert not make(capacity_factor=0).grouped_layout(x)  # fp32: grouped_mm's fake kernel rejects it
 
 
 @pytest.mark.slow
-def test_a_compiled_moe_layer_in_bf16_is_one_graph_and_matches_eager():
-    m = make(capacity_factor=0)
+@pytest.mark.parametrize("capacity_factor", [0.0, 1.0])
+def test_a_compiled_moe_layer_in_bf16_is_one_graph_and_matches_eager(capacity_factor):
+    m = make(capacity_factor=capacity_factor)
+    with torch.no_grad():
+        m.router[0] += 0.5 * m.router[1]  # skew the load so capacity bites
     x = torch.randn(2, 16, D)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         explained = torch._dynamo.explain(m)(x)
         assert explained.graph_break_count == 0, explained.break_reasons
         torch.testing.assert_close(torch.compile(m)(x), m(x), rtol=1e-2, atol=1e-2)
+    assert (m.stats["dropped"] > 0) == (capacity_factor > 0)
+
+
+class _Uninitialised(torch.autograd.Function):
+    """grouped_mm as CUDA runs it: the rows past the last offset come back uninitialised, in the
+    output and in the input's gradient (NaN here: garbage that spreads if read)."""
+
+    @staticmethod
+    def forward(ctx, a, b, offs):
+        ctx.save_for_backward(a, b, offs)
+        out = GROUPED_MM(a, b, offs=offs)
+        out[int(offs[-1]) :] = math.nan
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b, offs = ctx.saved_tensors
+        with torch.enable_grad():
+            a, b = a.detach().requires_grad_(), b.detach().requires_grad_()
+            ga, gb = torch.autograd.grad(GROUPED_MM(a, b, offs=offs), (a, b), grad)
+        ga = ga.clone()
+        ga[int(offs[-1]) :] = math.nan
+        return ga, gb, None
+
+
+def test_dropped_rows_past_the_last_offset_are_never_read(monkeypatch):
+    """With a capacity, the grouped layout passes every assignment, the dropped ones after the
+    last offset (a static shape, no host read); what grouped_mm leaves there must not reach the
+    output or any gradient."""
+    m = make(capacity_factor=1.0, impl="grouped")
+    with torch.no_grad():
+        m.router[0] += 0.5 * m.router[1]
+    x = torch.randn(4, 9, D)
+    want_y, want = m(x), grads(m, x, m)
+    assert m.stats["dropped"] > 0
+    monkeypatch.setattr(moe_module, "_grouped_mm", lambda a, b, offs: _Uninitialised.apply(a, b, offs))
+    assert torch.equal(m(x), want_y)
+    got = grads(m, x, m)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
 
 
 def test_layout_choice_and_autocast():

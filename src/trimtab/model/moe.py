@@ -15,8 +15,8 @@ token order is kept within an expert) and ranked within it. Ranks >= C = ceil(ca
 N * k / E) are dropped (Switch section 2.2; the token keeps its residual); capacity_factor 0 is
 dropless. Two layouts give the same result:
     grouped  the kept assignments packed by expert, three torch grouped_mm with per-expert
-             offsets: no padding, no host sync when dropless (default on CPU, and on CUDA in
-             bf16 on sm80+, the kernel's requirement; under torch.compile in bf16, dropless)
+             offsets: no padding, no host sync (default on CPU, and on CUDA in bf16 on sm80+,
+             the kernel's requirement; under torch.compile in bf16)
     padded   a slot (expert, rank) per assignment in an [E, C, D] buffer, three bmm: computes
              the padding, static shapes when compiled with a capacity (default elsewhere)
 Measured on a quiet 2-core CPU (bench/moe.py: N 4096, D 256, H 352, top-2, E 8-32, fwd + bwd):
@@ -236,11 +236,10 @@ class MoE(nn.Module):
         packed rows), else impl "grouped", or "auto" in eager mode where grouped_mm has a kernel
         (CPU; CUDA in bf16 on sm80+) with rows of a multiple of 16 bytes (a kernel requirement;
         `hidden`: this rank's expert width). Measured faster than padded on both (bench/moe.py
-        on CPU; bench/gpu.py's moe-7b layers on an H200). Under torch.compile, grouped in bf16
-        when dropless: compiled whole (padded's largest-load read is a host sync that broke the
-        graph at every MoE layer, which ran eager); padded otherwise: grouped_mm's fake-tensor
-        kernel rejects fp32 (torch 2.13), and a capacity's dropping is a data-dependent shape
-        for grouped where padded's is static."""
+        on CPU; bench/gpu.py's moe-7b layers on an H200). Under torch.compile, grouped in bf16,
+        compiled whole with or without a capacity (padded's largest-load read when dropless is a
+        host sync that broke the graph at every MoE layer, which ran eager); padded in fp32:
+        grouped_mm's fake-tensor kernel rejects it (torch 2.13)."""
         if self.dispatch is not grouped_swiglu:
             return True
         if self.impl != "auto":
@@ -248,7 +247,7 @@ class MoE(nn.Module):
         dtype = compute_dtype(x)
         if not _grouped_mm_runs_on(x, dtype):
             return False
-        if torch.compiler.is_compiling() and (dtype != torch.bfloat16 or (self.training and self.capacity_factor > 0)):
+        if torch.compiler.is_compiling() and dtype != torch.bfloat16:
             return False
         return self.d_model * dtype.itemsize % 16 == 0 and (hidden or self.hidden) * dtype.itemsize % 16 == 0
 
@@ -295,17 +294,29 @@ class MoE(nn.Module):
         weights: tuple[Tensor, Tensor, Tensor],
     ) -> tuple[Tensor, Tensor]:
         """Kept assignments packed by expert, no padding: [M, D] through `dispatch` (three
-        grouped_mm with per-expert offsets, or their expert-parallel exchange). Dropless needs
-        no host sync; capacity mode syncs once (M). Rows past the last offset would come back
-        uninitialised, so exactly M rows go in."""
-        A = order.numel()
+        grouped_mm with per-expert offsets, or their expert-parallel exchange), no host sync.
+        With a capacity, the dropped assignments go after the kept ones, all A rows go in, and
+        the rows past the last offset (which grouped_mm leaves uninitialised, in the forward
+        and in the input's gradient) are zeroed at both ends: a static shape, where taking the
+        M kept rows would read M on the host. The expert-parallel exchange reads its row counts
+        anyway: it is sent only the kept rows."""
+        A, kept = order.numel(), None
         if cap:
-            order, counts = order[rank < cap], counts.clamp(max=cap)
+            counts, kept = counts.clamp(max=cap), rank < cap  # kept: in expert-sorted order
+            if self.dispatch is grouped_swiglu:
+                last = (~kept).to(torch.uint8).argsort(stable=True)  # dropped last, kept ones still by expert
+                order, kept = order[last], kept[last].unsqueeze(-1)  # [A], [A, 1]
+            else:
+                order, kept = order[kept], None
         dt = compute_dtype(xf)  # grouped_mm is not on autocast's list: cast as mm would be
         with _label("moe.permute"):
-            xs = xf[order // self.top_k].to(dt)  # [M, D]
+            xs = xf[order // self.top_k].to(dt)  # [M, D] (capacity, one process: [A, D])
+            if kept is not None:
+                xs = torch.where(kept, xs, 0.0)  # its backward zeroes the dropped rows' gradient
         with _label("moe.experts"):
-            out = self.dispatch(xs, counts, *(w.to(dt) for w in weights))  # [M, D]
+            out = self.dispatch(xs, counts, *(w.to(dt) for w in weights))
+            if kept is not None:
+                out = torch.where(kept, out, 0.0)
         with _label("moe.unpermute"):
             full = unpermute(out, order, A)
         return full, 1.0 - counts.sum() / A
