@@ -17,6 +17,7 @@ from torch import nn
 
 from trimtab.config import ModelConfig, RopeScalingConfig
 from trimtab.model.cache import KVCache
+from trimtab.model.recompute import output_unread
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -320,9 +321,14 @@ class SwiGLU(nn.Module):
         self.w3 = nn.Linear(d_model, hidden, bias=False)  # up
         self.w2 = nn.Linear(hidden, d_model, bias=False)  # down
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: bool = False) -> torch.Tensor:
+        """`residual`: the output is only added to the residual stream (model/recompute.py)."""
         x1, x3 = cast_twice(x)
         if self.local is None:
-            return self.w2(silu_mul(self.w1(x1), self.w3(x3)))
+            h = silu_mul(self.w1(x1), self.w3(x3))
+            with output_unread(residual):
+                return self.w2(h)
         w1, w3, w2 = (self.local(m.weight) for m in (self.w1, self.w3, self.w2))
-        return F.linear(silu_mul(F.linear(x1, w1), F.linear(x3, w3)), w2)
+        h = silu_mul(F.linear(x1, w1), F.linear(x3, w3))
+        with output_unread(residual):
+            return F.linear(h, w2)

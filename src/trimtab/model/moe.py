@@ -46,7 +46,7 @@ from torch.profiler import record_function
 
 from trimtab.config.sparse import MoEConfig
 from trimtab.model.layers import SwiGLU, compute_dtype, silu_mul
-from trimtab.model.recompute import in_recompute
+from trimtab.model.recompute import in_recompute, output_unread
 
 
 class Routing(NamedTuple):
@@ -253,7 +253,8 @@ class MoE(nn.Module):
 
     # ---- forward -------------------------------------------------------------------------
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: bool = False) -> torch.Tensor:
+        """`residual`: the output is only added to the residual stream (model/recompute.py)."""
         B, T, D = x.shape
         xf = x.reshape(B * T, D)  # [N, D]
         N, k = xf.shape[0], self.top_k
@@ -271,16 +272,20 @@ class MoE(nn.Module):
         weights = self.experts()
         layout = self._grouped if self.grouped_layout(xf, weights[0].shape[-1]) else self._padded
         out, dropped = layout(xf, order, sorted_e, rank, counts, cap, weights)  # [A, D], 0 if dropped
-        with _label("moe.combine"):
+        # Selective checkpointing's re-run stops once it has what the backward needs: the stats
+        # (the auxiliary losses' graph) come before the shared experts, whose w2 ends the forward.
+        with _label("moe.stats"):
+            self._record(r, dropped)
+        with _label("moe.combine"), output_unread(residual):
             y = torch.bmm(r.gates.to(out.dtype).unsqueeze(1), out.view(N, k, D)).squeeze(1)
         if self.shared is not None:
             with _label("moe.shared"):
-                shared = self.shared(xf)
-                if self.shared_gate is not None:
-                    shared = shared * torch.sigmoid(F.linear(xf, self.local(self.shared_gate.weight)))
+                shared = self.shared(xf, residual and self.shared_gate is None)  # the gate's backward reads it
+                if self.shared_gate is not None:  # in fp32, as the router: it reads the router's input
+                    with torch.autocast(xf.device.type, enabled=False):  # (autocast would keep a cast copy)
+                        gate = F.linear(xf.float(), self.local(self.shared_gate.weight).float())  # [N, 1]
+                    shared = shared * torch.sigmoid(gate).to(shared.dtype)
                 y = y + shared
-        with _label("moe.stats"):
-            self._record(r, dropped)
         return y.view(B, T, D)
 
     def _grouped(

@@ -11,9 +11,13 @@
                Activation Recomputation in Large Transformer Models", section 5, selected by op
                as torchtitan's "op" policy; torch.utils.checkpoint's selective contexts)
 
-A matmul's output is kept even where nothing but the re-run would read it (the last projection of
-a dense block, the MoE combine): the re-run stops once the backward has what it needs, so such an
-output costs memory (p*h bytes a token) and saves nothing; telling it apart would need the graph.
+A matmul whose output nothing in the backward reads is run under `output_unread()` and not kept:
+a block's last projection (the dense FFN's w2, the MoE combine and shared expert), whose output
+is only added to the residual stream (the add's backward reads neither side), p*h bytes a token
+a block for nothing; the re-run stops once the backward has what it needs, before it. Not inside a
+Mixture-of-Depths block, whose router gate multiplies the update (its backward reads it). The
+model says so because the policy sees an op, not who reads its output.
+
 The top-k and sort outputs (MoE and Mixture-of-Depths routing) are kept for correctness as well
 as time: the re-run must route every token as the forward did, which a tie broken otherwise on a
 re-run would not.
@@ -24,7 +28,9 @@ from __future__ import annotations
 import gc
 import json
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +77,29 @@ def in_recompute() -> bool:
     return not torch.compiler.is_compiling() and torch._C._current_graph_task_id() != -1
 
 
+MATMULS = _ops("mm", "addmm", "bmm", "_grouped_mm", "_scaled_mm", "_scaled_grouped_mm")
+_UNREAD = threading.local()  # per thread: a CUDA backward re-runs a block on autograd's own thread
+
+
+@contextmanager
+def output_unread(unread: bool = True) -> Iterator[None]:
+    """The matmuls inside compute an output no backward reads (module docstring): selective
+    checkpointing does not keep it. Eager only: under torch.compile the partitioner chooses."""
+    if not unread or torch.compiler.is_compiling():
+        yield
+        return
+    before = getattr(_UNREAD, "on", False)
+    _UNREAD.on = True
+    try:
+        yield
+    finally:
+        _UNREAD.on = before
+
+
 def _policy(ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in KEPT else CheckpointPolicy.PREFER_RECOMPUTE
+    if op not in KEPT or (op in MATMULS and getattr(_UNREAD, "on", False)):
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    return CheckpointPolicy.MUST_SAVE
 
 
 def selective_contexts() -> tuple[Any, Any]:

@@ -54,7 +54,7 @@ class Block(nn.Module):
         if self.depth is not None:
             return self.depth(x, self.update, rope, cache, layer)
         x = x + self.attn(self.attn_norm(x), rope, mask, cache, layer)
-        return x + self.ffn(self.ffn_norm(x))
+        return x + self.ffn(self.ffn_norm(x), residual=True)
 
     def update(
         self,

@@ -27,7 +27,8 @@ with saved_tensors_hooks: tests/test_plan.py holds the count to it):
                 copy the combine keeps, two indices: model/moe.py's Unpermute keeps no copy of the
                 expert's output, which torch's index_copy would; a capacity factor drops
                 copies, never adds any: the grouped layout keeps no padding) + p*(h + 3*f_s) for
-                the shared experts
+                the shared experts (+ p*h + 6 under Qwen2-MoE's gate, which multiplies their
+                output; computed in fp32 on the router's input, it keeps no other copy)
     MoD block   the attention and ffn terms times the layer's capacity (the tokens it processes),
                 + 4h + 64 for every token: the router's input (cast once, the predictor reads the
                 same copy), the gate and the scatter of the update (measured at h = 96-384; the
@@ -41,13 +42,15 @@ n_shared_experts x f_e, E experts, k = top_k; p = 2 bytes under bf16 / fp16 auto
 train.activation_checkpointing (model/recompute.py) changes what a layer keeps:
 
     full        its input (4h, fp32), plus one block's activations above while it runs again
-    selective   its input (4h) and its matmuls' and attention's outputs:
+    selective   its input (4h) and its matmuls' and attention's outputs, but for the block's
+                last projection, which only joins the residual stream (no backward reads it):
                 attention  p*(h + 2*h_kv) (qkv) + p*h + 4*H (SDPA's output and log-sum-exp) + p*h (o)
-                SwiGLU     p*(2f + h): w1's, w3's and w2's outputs
+                SwiGLU     p*2f: w1's and w3's outputs
                 MoE ffn    4E (router logits) + 28k (top-k values and indices, the sort of the
-                           assignments) + k*p*(2f_e + h) (the grouped matmuls) + p*h (combine)
-                           + p*(2f_s + h) for the shared experts
-                MoD block  4h + capacity x (the rest) + 16 (the router's top-k)
+                           assignments) + k*p*(2f_e + h) (the grouped matmuls) + p*2f_s for the
+                           shared experts (+ p*h under Qwen2-MoE's shared gate, which reads it)
+                MoD block  4h + capacity x (the rest, with the last projections: the router's gate
+                           multiplies them) + 16 (the router's top-k)
                 plus, while one block runs again, what it keeps under off less the above
 """
 
@@ -153,6 +156,7 @@ def activation_bytes(cfg: RunConfig, p: int, fused_norm: bool = True) -> tuple[l
             routed = moe.top_k * (2 * p * h + 3 * p * fe + 16)
             ffn = norm + 4 * h + 4 * moe.n_experts + 12 * moe.top_k + routed
             ffn += swiglu(moe.n_shared_experts * fe) if moe.n_shared_experts else 0
+            ffn += p * h + 6 if moe.shared_gate else 0  # the shared output and the gate, which multiply
         else:
             ffn = norm + swiglu(m.ffn_hidden)
         if "mod" in kind:
@@ -181,14 +185,16 @@ def selective_bytes(cfg: RunConfig, p: int) -> list[float]:
     capacities = iter(m.mod_capacities)
     layers = []
     for kind in m.layers:
+        last = p * h  # the ffn's last projection (combine, shared experts' w2): kept inside MoD only
         if "moe" in kind:
             moe, fe, fs = m.moe, m.moe.expert_hidden, m.moe.n_shared_experts * m.moe.expert_hidden
-            ffn = 4 * moe.n_experts + 28 * moe.top_k + moe.top_k * p * (2 * fe + h) + p * h
-            ffn += p * (2 * fs + h) if fs else 0
+            ffn = 4 * moe.n_experts + 28 * moe.top_k + moe.top_k * p * (2 * fe + h)
+            ffn += p * (2 * fs + (h if moe.shared_gate else 0)) if fs else 0
+            last += p * h if fs and not moe.shared_gate else 0
         else:
-            ffn = p * (2 * m.ffn_hidden + h)
+            ffn = p * 2 * m.ffn_hidden
         if "mod" in kind:
-            layers.append(4 * h + next(capacities) * (attention - 4 * h + ffn) + 16)
+            layers.append(4 * h + next(capacities) * (attention - 4 * h + ffn + last) + 16)
         else:
             layers.append(attention + ffn)
     return layers
@@ -239,7 +245,8 @@ def _whole_layers(cfg: RunConfig, p: int, mode: str) -> list[float]:
     """Each layer's whole bytes per token (whole_bytes) under off or selective."""
     m, moe = cfg.model, cfg.model.moe
     h, k = m.d_model, moe.top_k
-    shared = p * h if moe.n_shared_experts else 0
+    shared = p * h if moe.n_shared_experts else 0  # off: its input's cast; the w2 output its gate reads
+    shared += p * h if moe.shared_gate else 0
     layers, _ = activation_bytes(cfg, p)
     kept = selective_bytes(cfg, p)
     whole = []
@@ -248,10 +255,10 @@ def _whole_layers(cfg: RunConfig, p: int, mode: str) -> list[float]:
             whole.append(everything if mode == "off" else selective)
         elif "moe" in kind and mode == "off":  # qkv's input; the router's, the routed copies', the combine's
             whole.append(p * h + 4 * h + 4 * moe.n_experts + 12 * k + k * (2 * p * h + 16) + shared)
-        elif "moe" in kind:  # wo's output; the router's, the grouped w2's and the combine's
-            whole.append(p * h + 4 * moe.n_experts + 28 * k + k * p * h + p * h + shared)
-        else:  # off: the gathered input cast for qkv and (once) for w1 and w3; selective: wo's and w2's outputs
-            whole.append(2 * p * h)
+        elif "moe" in kind:  # wo's output; the router's and the grouped w2's (the shared w2's under its gate)
+            whole.append(p * h + 4 * moe.n_experts + 28 * k + k * p * h + (p * h if moe.shared_gate else 0))
+        else:  # off: the gathered input cast for qkv and (once) for w1 and w3; selective: wo's output
+            whole.append(2 * p * h if mode == "off" else p * h)
     return whole
 
 
