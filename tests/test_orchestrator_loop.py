@@ -582,9 +582,23 @@ def test_oom_halves_the_micro_batch_and_keeps_the_loss(runs):
     assert losses[24] == pytest.approx(clean[24], abs=1e-3)
 
 
-def test_oom_with_orchestrator_off_raises(tmp_path):
-    with pytest.raises(torch.OutOfMemoryError, match="injected by oom@2:512"):
-        trimtab.train(debug_cfg(tmp_path / "r", steps=4, faults=["oom@2:512"], orchestrator={"mode": "off"}))
+@pytest.mark.parametrize("mode", ["off", "advise"])
+def test_oom_the_orchestrator_does_not_heal_stops_with_exit_3_and_what_to_change(tmp_path, mode):
+    """Off or advising, nothing shrinks the micro-batch: the run stops with the fix in its status
+    and the last step's state saved (a traceback ended it before, exit 1, no summary), and the
+    same command with the fix resumes there."""
+    run, faults = tmp_path / "r", ["oom@2:512"]
+    summary = trimtab.train(debug_cfg(run, steps=4, faults=faults, orchestrator={"mode": mode}))
+    assert summary["status"].startswith("gave up (out of memory at step 2 in micro-batches of 1,024 tokens (")
+    assert "Lower train.micro_batch_tokens (--set train.micro_batch_tokens=...)" in summary["status"]
+    assert summary["exit_code"] == 3 and summary["step"] == 1
+    assert [p.name for p in list_checkpoints(run)][-1] == "step_000001"
+    advice = [d["params"] for d in decisions(run, "oom")]
+    assert advice == ([{"tokens": 512}] if mode == "advise" else [])  # journaled, not applied
+    resumed = trimtab.train(
+        debug_cfg(run, steps=4, faults=faults, orchestrator={"mode": mode}, train={"micro_batch_tokens": 512})
+    )
+    assert resumed["status"] == "completed" and resumed["step"] == 4
 
 
 def test_oom_below_one_row_stops_with_a_clear_status(tmp_path):
@@ -794,6 +808,7 @@ def test_ctl_commands_mid_run(tmp_path, capsys):
             {"action": "scale_lr", "params": {"factor": -1}},  # a hand-written bad one
             {"action": "fly"},
         ],
+        8: [ctl.parse_command("total-steps", ["4"])],  # well-formed, but the run is past step 4
     }
     summary = trimtab.train(debug_cfg(run, steps=10, faults=["nan_loss@7"]), hooks=[Person(plan)])
     assert summary["status"] == "completed"
@@ -801,7 +816,10 @@ def test_ctl_commands_mid_run(tmp_path, capsys):
     assert [(d["step"], d["rule"], d["action"], d["mode"]) for d in ds] == [
         (3, "manual", "pause_rule", "manual"),
         (5, "manual", "scale_lr", "manual"),
+        (9, "manual", "set_total_steps", "manual"),
     ]
+    failure = "set_total_steps: 4 would end pretraining before the current step 9"
+    assert ds[2]["applied"] == [f"failed: {failure}"] and ds[2]["outcome"]["result"] == "failed"
     assert ds[0]["applied"] == ["paused rules: nonfinite"]
     assert ds[1]["params"] == {"factor": 0.5} and ds[1]["applied"] == ["lr multiplier 1 -> 0.5"]
     # the NaN at step 7 was not journaled (the rule is paused) ...
@@ -809,11 +827,13 @@ def test_ctl_commands_mid_run(tmp_path, capsys):
     scales = by_step(run, "lr_scale")
     assert [scales[s] for s in range(1, 11)] == [1.0] * 5 + [0.5] * 5
     errors = sorted((run / "control").glob("*.error"))
-    assert len(errors) == 2 and not list((run / "control").glob("*.json"))
+    assert len(errors) == 3 and not list((run / "control").glob("*.json"))  # answered when read, or when applied
     texts = " | ".join(e.read_text() for e in errors)
     assert "'factor' must be a number in (0, inf), got -1" in texts and "unknown action 'fly'" in texts
+    assert failure in texts
     err = capsys.readouterr().err
     assert "[orchestrator] step 5 manual: scale_lr 0.5 -> lr x0.5" in err and "rejected control/" in err
+    assert f"[orchestrator] step 9 manual: set_total_steps 4 failed, nothing changed: {failure}" in err
 
 
 def test_ctl_mode_off_stops_watching(tmp_path):

@@ -29,6 +29,7 @@ from trimtab.orchestrator.make_up import MakeUp
 from trimtab.orchestrator.mod_health import MoDQuality
 from trimtab.orchestrator.moe_health import MoEHealth
 from trimtab.orchestrator.monitors import Finding, Rolling, StepMetrics
+from trimtab.orchestrator.outcomes import Outcomes
 from trimtab.orchestrator.outliers import OutlierRows
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.remedies import Remedy, ranks
@@ -76,7 +77,7 @@ class Orchestrator(Hook):
         self.pending: list[StepOutput] = []
         self.reruns: dict[int, dict[str, Any]] = {}  # reproducible re-runs, until their step is read
         self.transient_faults: dict[str, int] = {}  # rank -> transient faults its gradient showed (re-runs)
-        self.tracking: dict[str, dict[str, Any]] = {}  # decision id -> what followed it
+        self.outcomes = Outcomes(self.journal, cfg.outcome_after)  # what followed each decision, judged
         self.recent_losses = Rolling(20)  # healthy losses: the "before" of an outcome
         self.read_every = cfg.read_every
         self.failed_saves = 0  # saves failed since the last that worked (a stretch of work at risk)
@@ -154,7 +155,7 @@ class Orchestrator(Hook):
         self._read(run)
         for decision in self.journal.pending():  # judge what there is, rather than leave it open
             if decision.observed:
-                self._judge(decision)
+                self.outcomes.judge(decision)
         self.journal.write()
         summary["decisions"] = len(self.journal.decisions)
 
@@ -301,13 +302,7 @@ class Orchestrator(Hook):
             # the steps after rows were left out: their bad rows go, whether or not the step also spiked
             # (a spike alone only withholds the update; the rows would come back in the next epoch)
             findings.append(watched)
-        for decision in self.journal.pending():
-            track = self.tracking.setdefault(str(decision.id), {"losses": [], "findings": 0})
-            track["losses"].append(m.loss)
-            track["findings"] += any(_same_trouble(decision, f) for f in findings)
-            decision.observed += 1
-            if decision.observed >= self.cfg.outcome_after:
-                self._judge(decision)
+        self.outcomes.follow(m, findings)
         if not findings and math.isfinite(m.loss):
             self.recent_losses.add(m.loss)
         restore = self.policy.quiet(m.step)
@@ -400,41 +395,28 @@ class Orchestrator(Hook):
             self.demoted.discard(key)
             run.say(f"[orchestrator] {rule} -> {action} is applied again (confidence {confidence:.2f})")
 
-    def _applied(self, decision: Decision, line: str, run: RunView | None = None) -> None:
+    def _applied(self, decision: Decision, line: str, run: RunView | None = None, name: str = "") -> None:
         """What Control did; an action that failed is journaled as failed at once (its track
-        record falls), never as done. `run` is given for a person's command."""
+        record falls), never as done. `run` is given for a person's command, and `name`, its
+        control file's, which a failure answers (as one refused when it was read)."""
         decision.applied.append(line)
         if line.startswith("failed: "):
-            decision.outcome = {"result": "failed", "error": line.removeprefix("failed: "), "steps": 0}
-            self.tracking.pop(str(decision.id), None)
+            error = line.removeprefix("failed: ")
+            decision.outcome = {"result": "failed", "error": error, "steps": 0}
+            self.outcomes.drop(decision)
+            if run is not None:
+                if name and is_main():
+                    ctl.answer(self.run_dir, name, error)
+                said = f"[orchestrator] step {decision.step} manual: {decision.summary} failed, nothing changed"
+                run.say(f"{said}: {error}")
         elif decision.action == "stop":  # the run ends here: steps after a resume judge nothing of it
             decision.outcome = {"result": "stopped", "steps": 0}
-            self.tracking.pop(str(decision.id), None)
+            self.outcomes.drop(decision)
         elif run is not None and "oom" in self.monitors:  # a person's setting: what the probe returns to
             if decision.action == "set_micro_batch_tokens":
                 self.monitors["oom"].set_by_person(micro_batch_tokens=run.micro_batch_tokens)
             elif decision.action == "set_activation_checkpointing":
                 self.monitors["oom"].set_by_person(checkpointing=run.activation_checkpointing)
-        self.journal.write()
-
-    def _judge(self, d: Decision) -> None:
-        """Recovered: no finding of the same family since, finite losses, and the loss back near
-        (instability) or below (plateau) where it was before."""
-        track = self.tracking.pop(str(d.id), {"losses": [], "findings": 0})
-        losses = [v for v in track["losses"] if math.isfinite(v)]
-        after = sum(losses) / len(losses) if losses else float("nan")
-        ok = track["findings"] == 0 and math.isfinite(after)
-        if ok and d.loss_before is not None and d.family == "instability":
-            ok = after <= d.loss_before * 1.05
-        if ok and d.loss_before is not None and d.family == "plateau" and d.action != "none":
-            ok = after < d.loss_before
-        d.outcome = {
-            "result": "recovered" if ok else "not recovered",
-            "steps": len(track["losses"]),
-            "loss_before": d.loss_before,
-            "loss_after": after,
-            "findings_after": track["findings"],
-        }
         self.journal.write()
 
     def _checkpoint_interval(self, run: RunView, seconds: list[float], stall: float) -> None:
@@ -467,13 +449,13 @@ class Orchestrator(Hook):
                 params = command.get("params", {})
                 if not isinstance(params, dict):
                     raise TrimtabError(f"'params' must be a mapping, got {params!r}")
-                self._manual(run, command["action"], dict(params))
+                self._manual(run, command["action"], dict(params), name)
             except (TrimtabError, TypeError, ValueError) as exc:  # a person's file: answer, never crash
                 if is_main():
                     ctl.answer(self.run_dir, name, str(exc))
                 run.say(f"[orchestrator] rejected control/{name}: {exc}")
 
-    def _manual(self, run: RunView, action: str, params: dict[str, Any]) -> None:
+    def _manual(self, run: RunView, action: str, params: dict[str, Any], name: str = "") -> None:
         if action not in ACTIONS and action not in COMMANDS:
             raise TrimtabError(f"unknown action '{action}'; one of {', '.join(VERBS)} (trimtab ctl)")
         if action in COMMANDS:
@@ -484,7 +466,7 @@ class Orchestrator(Hook):
             self.journal.next_id(), run.step, "manual", evidence, reasoning, action, params, summary
         )
         if action in ACTIONS:  # checked here, so a bad value is answered before anything is journaled
-            run.control.request(action, on_done=lambda line, d=decision: self._applied(d, line, run), **params)
+            run.control.request(action, on_done=lambda line, d=decision: self._applied(d, line, run, name), **params)
         elif action == "set_mode":
             self.mode = params["mode"]
             decision.applied = [f"mode {self.mode}"]
@@ -502,7 +484,8 @@ class Orchestrator(Hook):
             "recent_losses": list(self.recent_losses.values),
             "policy": self.policy.state_dict(),
             "journal": self.journal.state_dict(),
-            "tracking": self.tracking,
+            "tracking": self.outcomes.tracking,
+            "healthy_losses": self.outcomes.state_dict()["healthy"],
             "paused": sorted(self.paused),
             "mode": self.mode,
             "phase": self.phase,
@@ -518,7 +501,7 @@ class Orchestrator(Hook):
         self._load_monitors(state)
         self.policy.load_state_dict(state["policy"])
         self.journal.load_state_dict(state["journal"])
-        self.tracking = state["tracking"]
+        self.outcomes.load_state_dict(state["tracking"], state.get("healthy_losses", []))
         self.paused = set(state["paused"])
         self.phase = state.get("phase", 0)
         if self.make_up is not None and state.get("make_up"):
@@ -548,11 +531,3 @@ def _skip_wording(mode: str, withheld: bool) -> str:
             "the update stands"
         )
     return f"in {mode} mode nothing is withheld: the update was applied; auto mode would have withheld it"
-
-
-def _same_trouble(decision: Decision, f: Finding) -> bool:
-    """Whether finding f says decision's trouble is back: the same family, and for outlier rows
-    the same rows (other rows found later are other data, not a failed remedy)."""
-    if f.family != decision.family:
-        return False
-    return decision.rule != "rows" or bool(set(decision.params.get("rows", ())) & set(f.evidence.get("rows", ())))

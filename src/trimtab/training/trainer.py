@@ -344,10 +344,10 @@ class Trainer(Checkpointing, PolicyTraining):
                 rows = self.view.rl_generation_rows
                 handled = any(self._hook(h, "on_rollout_oom", exc) for h in self.hooks)
                 self.control.apply()
+                if not self.stop_reason and (not handled or self.view.rl_generation_rows >= rows):
+                    self._oom_stop(exc, f"generating {rows} rollouts at a time", "rl.prompts_per_step", handled)
                 if self.stop_reason:
                     return None
-                if not handled or self.view.rl_generation_rows >= rows:
-                    raise  # nobody shrank the generation batch: it would fail again
 
     def _step_with_oom_retry(self, batch: StepBatch, t0: float) -> StepOutput | None:
         """train_step, retried on the same rows while a hook (the orchestrator) lightens it after
@@ -363,17 +363,19 @@ class Trainer(Checkpointing, PolicyTraining):
                     raise
                 self.dist.announce_oom(exc)  # the other ranks shrink with this one
                 self.optimizer.zero_grad(set_to_none=True)
+                for _, layer in self.model.moe_layers():
+                    layer.load.zero_()  # the failed try's routing counts: the retry counts its tokens again
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
                 before = (self.loader.micro_batch_tokens, self.model.checkpointing)
                 handled = any(self._hook(h, "on_oom", exc, batch) for h in self.hooks)
                 self.control.apply()
-                if self.stop_reason:
-                    return None
                 budget, recompute = before
                 lighter = self.loader.micro_batch_tokens < budget or self.model.checkpointing != recompute
-                if not handled or not lighter:
-                    raise  # no smaller micro-batch, no more recompute: a retry would fail the same way
+                if not self.stop_reason and (not handled or not lighter):  # a retry would fail the same way
+                    self._oom_stop(exc, f"in micro-batches of {budget:,} tokens", "train.micro_batch_tokens", handled)
+                if self.stop_reason:
+                    return None
             batch = self.loader.regroup(batch)
             self._call("on_step_start", batch)
 
@@ -483,6 +485,22 @@ class Trainer(Checkpointing, PolicyTraining):
         lean = self.cfg.checkpoint.snapshot_every
         if lean and self.state.step % lean == 0:
             self.snapshot()
+
+    def _oom_stop(self, exc: BaseException, what: str, key: str, handled: bool) -> None:
+        """Out of memory and nothing made the work lighter (the orchestrator off, advising only or
+        with its rule paused; or nothing left to shrink): stop with exit code 3 and save the last
+        step's state, where a traceback would end the run without a word of what to change."""
+        why = (
+            "nothing was left to make it lighter"
+            if handled
+            else "no hook made it lighter: the orchestrator is off, advises only or has paused its oom rule"
+        )
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        self.request_stop(
+            f"out of memory at step {self.state.step + 1} {what} ({first}); {why}. Lower {key} (--set {key}=...) "
+            "or let the orchestrator heal it (--orchestrator auto), then re-run the same command to resume",
+            exit_code=3,
+        )
 
     def request_stop(self, reason: str, exit_code: int = 0) -> None:
         """Stop after the current step, saving a checkpoint (signals and hooks use this); a

@@ -1,0 +1,88 @@
+"""A decision's measured outcome: the steps that followed it, judged after `outcome_after` of them.
+
+Recovered means no finding of the same trouble since, finite losses, and the loss back near
+(instability: within 5%) or below (plateau) what it is compared with. That is the healthy losses'
+mean before the decision, for steps the run had not trained before; a step a rollback replays is
+compared with the loss the run had at that same step before (the same rows, at the same point of
+the schedule): a rollback to an early checkpoint replays steps whose loss was higher than the one
+just before the fault, and a faithful replay of them is a recovery, not a failure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import Any
+
+from trimtab.orchestrator.journal import Decision, Journal
+from trimtab.orchestrator.monitors import Finding, StepMetrics
+
+KEEP = 4096  # healthy losses kept by step: a rollback goes back a checkpoint interval or a few
+
+
+class Outcomes:
+    def __init__(self, journal: Journal, outcome_after: int) -> None:
+        self.journal, self.outcome_after = journal, outcome_after
+        self.tracking: dict[str, dict[str, Any]] = {}  # decision id -> what followed it
+        self.healthy: OrderedDict[int, float] = OrderedDict()  # step -> its loss, steps without findings
+
+    def follow(self, m: StepMetrics, findings: list[Finding]) -> None:
+        """A step read: each pending decision's record grows, and is judged once long enough."""
+        reference = self.healthy.get(m.step)  # the loss this step had before a rollback replayed it
+        for decision in self.journal.pending():
+            track = self.tracking.setdefault(str(decision.id), {"losses": [], "findings": 0})
+            track["losses"].append(m.loss)
+            track.setdefault("references", [None] * (len(track["losses"]) - 1)).append(reference)
+            track["findings"] += any(same_trouble(decision, f) for f in findings)
+            decision.observed += 1
+            if decision.observed >= self.outcome_after:
+                self.judge(decision)
+        if not findings and math.isfinite(m.loss):
+            self.healthy[m.step] = m.loss
+            self.healthy.move_to_end(m.step)
+            while len(self.healthy) > KEEP:
+                self.healthy.popitem(last=False)
+
+    def drop(self, decision: Decision) -> None:
+        """No outcome to measure (it failed, or it stopped the run)."""
+        self.tracking.pop(str(decision.id), None)
+
+    def judge(self, d: Decision) -> None:
+        track = self.tracking.pop(str(d.id), {"losses": [], "findings": 0})
+        references = track.get("references") or [None] * len(track["losses"])
+        pairs = [(v, r) for v, r in zip(track["losses"], references, strict=True) if math.isfinite(v)]
+        after = sum(v for v, _ in pairs) / len(pairs) if pairs else float("nan")
+        before = d.loss_before
+        if pairs and before is not None:
+            before = sum(before if r is None else r for _, r in pairs) / len(pairs)
+        ok = track["findings"] == 0 and math.isfinite(after)
+        if ok and before is not None and d.family == "instability":
+            ok = after <= before * 1.05
+        if ok and before is not None and d.family == "plateau" and d.action != "none":
+            ok = after < before
+        d.outcome = {
+            "result": "recovered" if ok else "not recovered",
+            "steps": len(track["losses"]),
+            "loss_before": before,
+            "loss_after": after,
+            "findings_after": track["findings"],
+        }
+        replayed = sum(r is not None for _, r in pairs)
+        if replayed:  # compared step by step with the run before the rollback
+            d.outcome["replayed_steps"] = replayed
+        self.journal.write()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"tracking": self.tracking, "healthy": [[s, v] for s, v in self.healthy.items()]}
+
+    def load_state_dict(self, tracking: dict[str, Any], healthy: list[list[float]]) -> None:
+        self.tracking = tracking
+        self.healthy = OrderedDict((int(s), float(v)) for s, v in healthy)
+
+
+def same_trouble(decision: Decision, f: Finding) -> bool:
+    """Whether finding f says decision's trouble is back: the same family, and for outlier rows
+    the same rows (other rows found later are other data, not a failed remedy)."""
+    if f.family != decision.family:
+        return False
+    return decision.rule != "rows" or bool(set(decision.params.get("rows", ())) & set(f.evidence.get("rows", ())))
