@@ -190,3 +190,28 @@ def test_old_checkpoints_moe_knob_names_load():
     model.load_moe_state({"1": old})
     moe = model.blocks[1].ffn
     assert (moe.router_temperature, moe.balance_coef, moe.capacity_factor) == (2.0, 0.03, 1.5)
+
+
+def test_a_yaml_list_of_sources_is_read_and_trains(tmp_path):
+    """data.source, data.eval_source and a mixture's source take a list (docs/data.md): the union
+    type's last option was never tried, so every list was refused ('must be list')."""
+    import trimtab
+
+    for name, text in (("a.txt", "def alpha():\n    return 1\n"), ("b.txt", "class Beta:\n    pass\n")):
+        (tmp_path / name).write_text(text * 400)
+    files = [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"data": {"source": files, "eval_source": files[:1], "bpe_vocab_size": 300}}))
+    cfg = load_config(config, overrides={"out": str(tmp_path / "r")}, preset="debug")
+    assert list(cfg.data.source) == files and list(cfg.data.eval_source) == files[:1]
+    mixed = load_config(preset="debug", overrides={"data": {"mix": [{"source": files, "weight": 1.0}]}})
+    assert list(mixed.data.mix[0].source) == files
+    with pytest.raises(ConfigError, match="config key 'data.source' must be str or list, got {'dir': 'x'}"):
+        load_config(preset="debug", overrides={"data": {"source": {"dir": "x"}}})
+    quick = {"max_steps": 2, "eval_every": 0, "batch_tokens": 256, "micro_batch_tokens": 0, "eval_tokens": 256}
+    summary = trimtab.train(
+        load_config(
+            config, preset="debug", overrides={"out": str(tmp_path / "r"), "train": quick, "log": {"progress": False}}
+        )
+    )
+    assert summary["status"] == "completed"

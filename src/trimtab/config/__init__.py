@@ -640,12 +640,13 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         if value is None and type(None) in typing.get_args(tp):
             return None
         options = [a for a in typing.get_args(tp) if a is not type(None)]
-        for option in options[:-1]:  # the first that takes the value (int before str: 200 stays a number)
+        for option in options:  # the first that takes the value (int before str: 200 stays a number)
             try:
                 return _coerce(option, value, key)
             except ConfigError:
                 pass
-        tp = options[-1]
+        names = " or ".join(getattr(o, "__name__", str(o)) for o in options)
+        raise ConfigError(f"config key '{key}' must be {names}, got {value!r}")
     if tp is bool:
         if isinstance(value, bool):
             return value
