@@ -824,6 +824,7 @@ def test_ctl_commands_mid_run(tmp_path, capsys):
             {"action": "fly"},
         ],
         8: [ctl.parse_command("total-steps", ["4"])],  # well-formed, but the run is past step 4
+        9: [ctl.parse_command("rl-temperature", ["0.5"])],  # a knob of `trimtab rl` runs
     }
     summary = trimtab.train(debug_cfg(run, steps=10, faults=["nan_loss@7"]), hooks=[Person(plan)])
     assert summary["status"] == "completed"
@@ -832,6 +833,7 @@ def test_ctl_commands_mid_run(tmp_path, capsys):
         (3, "manual", "pause_rule", "manual"),
         (5, "manual", "scale_lr", "manual"),
         (9, "manual", "set_total_steps", "manual"),
+        (10, "manual", "set_rl_temperature", "manual"),
     ]
     failure = "set_total_steps: 4 would end pretraining before the current step 9"
     assert ds[2]["applied"] == [f"failed: {failure}"] and ds[2]["outcome"]["result"] == "failed"
@@ -842,10 +844,10 @@ def test_ctl_commands_mid_run(tmp_path, capsys):
     scales = by_step(run, "lr_scale")
     assert [scales[s] for s in range(1, 11)] == [1.0] * 5 + [0.5] * 5
     errors = sorted((run / "control").glob("*.error"))
-    assert len(errors) == 3 and not list((run / "control").glob("*.json"))  # answered when read, or when applied
+    assert len(errors) == 4 and not list((run / "control").glob("*.json"))  # answered when read, or when applied
     texts = " | ".join(e.read_text() for e in errors)
     assert "'factor' must be a number in (0, inf), got -1" in texts and "unknown action 'fly'" in texts
-    assert failure in texts
+    assert failure in texts and "set_rl_temperature: a knob of reinforcement learning" in texts
     err = capsys.readouterr().err
     assert "[orchestrator] step 5 manual: scale_lr 0.5 -> lr x0.5" in err and "rejected control/" in err
     assert f"[orchestrator] step 9 manual: set_total_steps 4 failed, nothing changed: {failure}" in err

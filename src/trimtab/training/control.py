@@ -83,6 +83,8 @@ class Control:
         while self._queue:
             name, params, on_done = self._queue.pop(0)
             try:
+                if name in RL_ONLY and not self._trainer.cfg.rl.enabled:
+                    raise ConfigError(f"{name}: a knob of reinforcement learning, which this run has not (trimtab rl)")
                 line = EFFECTS[name](self, **params)
             except TrimtabError as exc:  # e.g. no checkpoint to roll back to: say so, go on
                 line = f"failed: {exc}"
@@ -398,6 +400,20 @@ EFFECTS: dict[str, Callable[..., str]] = {
     "exclude_node": Control._exclude_node,
 }
 AT_ONCE = frozenset({"skip_step"})
+# Knobs of `trimtab rl` runs: elsewhere a person's command for one fails (answered in control/*.error)
+# instead of being journaled as if it had changed something
+RL_ONLY = frozenset(
+    {
+        "set_rl_temperature",
+        "set_entropy_bonus",
+        "set_overlong_filter",
+        "set_overlong_penalty",
+        "set_dynamic_sampling",
+        "set_max_staleness",
+        "set_generation_rows",
+        "set_verifier_timeout",
+    }
+)
 
 
 def check_effects(effects: dict[str, Callable[..., str]] = EFFECTS) -> None:
