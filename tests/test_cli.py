@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -28,6 +29,18 @@ def test_train_resume_and_generate_like_the_readme(tmp_path, capsys):
     assert [p.name for p in list_checkpoints(tmp_path / "r1")][-1] == "step_000010"
     assert main(["generate", out, "--prompt", "def ", "--max-new-tokens", "8"]) == 0
     assert capsys.readouterr().out.startswith("def ")
+
+
+def test_generate_says_when_the_context_leaves_fewer_new_tokens_than_asked(tmp_path, caplog):
+    """A prompt near the model's context (128 positions in debug) leaves room for a few tokens:
+    said, not a silent one-token answer."""
+    out = str(tmp_path / "r")
+    assert main(["train", "--preset", "debug", "--out", out, "--max-steps", "2", *FAST]) == 0
+    with caplog.at_level(logging.WARNING, logger="trimtab"):
+        assert main(["generate", out, "--prompt", "x " * 400, "--max-new-tokens", "100"]) == 0
+    assert "the prompt (cut to its end) takes 127 of the model's 128 positions: at most 1 new tokens of the 100" in (
+        caplog.text
+    )
 
 
 @pytest.mark.parametrize("preset", ["debug-moe", "debug-mod", "debug-hybrid"])

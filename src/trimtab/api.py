@@ -134,7 +134,18 @@ def generate(
     as transformers does (a Hugging Face tokenizer's start token first); an empty one without a
     start token begins at end-of-text; a prompt longer than the context keeps its end."""
     _, model, tok = load_run(run_dir)
-    ids = prompt_ids(tok, prompt, model.cfg.max_seq_len - 1)
+    context = model.cfg.max_seq_len
+    ids = prompt_ids(tok, prompt, context - 1)
+    if len(ids) + max_new_tokens > context:  # the model has no positions past its context
+        cut = len(tok.encode(prompt, specials=True)) > len(ids)
+        log.warning(
+            "the prompt%s takes %d of the model's %d positions: at most %d new tokens of the %d asked for",
+            " (cut to its end)" if cut else "",
+            len(ids),
+            context,
+            context - len(ids),
+            max_new_tokens,
+        )
     new = generate_ids(
         model, ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos_id=tok.eos_id, seed=seed
     )
