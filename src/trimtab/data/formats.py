@@ -8,9 +8,11 @@ columnar one, so that an error names it.
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import io
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,9 @@ JSONL = (".jsonl", ".ndjson")
 COMPRESSED = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 COLUMNAR = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}
 TEXT_CHUNK_CHARS = 1_000_000  # a long plain-text file is encoded in pieces of about this size
+# the last whitespace before a non-space, searched in reversed text: where a line too long for one
+# piece is cut (byte-level pre-tokenizers attach a space to the word after it)
+_SPACE_BEFORE_WORD = re.compile(r"\S\s")
 
 
 class Unreadable(DataError):
@@ -97,11 +102,16 @@ def records(path: Path, fmt: str = "auto", span: Span | None = None) -> Iterator
         else:
             yield from _text(path)
     except UnicodeDecodeError as exc:
-        raise Unreadable(f"{path}: not UTF-8 text ({exc.reason}); convert it to UTF-8") from None
+        raise Unreadable(_not_utf8(path, _bad_line(path), exc)) from None
     except (OSError, EOFError, ValueError) as exc:
         if isinstance(exc, DataError):
             raise
         raise Unreadable(f"{path}: cannot be read as {kind} ({_first_line(exc)}); check the file") from None
+
+
+def _not_utf8(path: Path, line: int, exc: UnicodeDecodeError) -> str:
+    at = f" at line {line}" if line else ""
+    return f"{path}: not UTF-8 text{at} ({exc.reason}); convert it to UTF-8"
 
 
 def parse_json(record: Record) -> Any:
@@ -124,7 +134,10 @@ def _jsonl_bytes(path: Path, span: Span) -> Iterator[Record]:
             lines = buffer.split(b"\n")
             buffer = lines.pop() if chunk else b""  # the last, unfinished line waits for more
             for raw in lines:
-                text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+                try:
+                    text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+                except UnicodeDecodeError as exc:
+                    raise Unreadable(_not_utf8(path, lineno, exc)) from None
                 if text.strip():
                     yield Record(text, f"{path}:{lineno}", lineno)
                 lineno += 1
@@ -144,15 +157,36 @@ def _lines(fh: IO[str]) -> Iterator[str]:
         yield buffer
 
 
-def _open_text(path: Path) -> IO[str]:
+def _open_bytes(path: Path) -> IO[bytes]:
+    """The file's bytes, decompressed."""
     compression = COMPRESSED.get(path.suffix.lower())
     if compression == "gzip":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
+        return gzip.open(path, "rb")
     if compression == "zstd":
         zstandard = require("zstandard", f"{path}: reading .zst", DataError)
-        stream = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
-        return io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
-    return open(path, encoding="utf-8-sig", newline="")
+        return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+    return open(path, "rb")
+
+
+def _open_text(path: Path) -> IO[str]:
+    return io.TextIOWrapper(_open_bytes(path), encoding="utf-8-sig", newline="")
+
+
+def _bad_line(path: Path) -> int:
+    """The line of the file's first byte that is not UTF-8 (0: none found). The decoder that
+    failed read in blocks and cannot tell, so the error path reads the file once more, up to it."""
+    decoder, line = codecs.getincrementaldecoder("utf-8")(), 1
+    try:
+        with _open_bytes(path) as fh:
+            while block := fh.read(1 << 22):
+                decoder.decode(block)
+                line += block.count(b"\n")
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError as exc:  # exc.object: a split character's held-back bytes (no newline), the block
+        return line + exc.object.count(b"\n", 0, exc.start)
+    except (OSError, EOFError):  # a damaged archive: the line is unknown
+        return 0
+    return 0
 
 
 def _text(path: Path) -> Iterator[Record]:
@@ -164,23 +198,31 @@ def _text(path: Path) -> Iterator[Record]:
             if "\x00" in chunk:
                 raise UnicodeDecodeError("utf-8", b"\x00", 0, 1, "a NUL byte: binary data")
             pending += chunk
-            cut = _cut(pending)
-            if cut:
+            while cut := _cut(pending):
                 yield Record(pending[:cut], str(path), last=False)
                 pending = pending[cut:]
         yield Record(pending, str(path), last=True)
 
 
 def _cut(text: str) -> int:
-    """Where to end a piece of text: after its last blank line, else its last line end (0: keep
-    all; a piece ending mid-word would tokenize differently from the whole)."""
+    """Where to end a piece of text (0: keep all, it is short): after its last blank line, else
+    its last line end; a piece ending mid-word would tokenize differently from the whole. A line
+    longer than a piece (a file with no newline) is cut before a space, else at the piece size,
+    so that no piece, and no encode call, grows with the file."""
     if len(text) < TEXT_CHUNK_CHARS:
         return 0
     for sep in ("\n\n", "\n"):
         at = text.rfind(sep)
         if at > 0:
             return at + len(sep)
-    return 0
+    return _space_cut(text[:TEXT_CHUNK_CHARS])
+
+
+def _space_cut(head: str) -> int:
+    """The start of the last whitespace that precedes a word in the second half of `head` (so
+    the word keeps its space, as a pre-tokenizer splits it), else len(head)."""
+    found = _SPACE_BEFORE_WORD.search(head[: len(head) // 2 - 1 : -1])
+    return len(head) - found.end() if found else len(head)
 
 
 def _table(path: Path) -> Iterator[Record]:

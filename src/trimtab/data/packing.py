@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import zipfile
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -74,9 +75,8 @@ def tokenize_documents(
     if cache_dir is not None:
         key = hashlib.sha256(f"{corpus_fingerprint(docs)}:{tok.fingerprint}:{CACHE_VERSION}".encode())
         path = Path(cache_dir) / f"tokens-{key.hexdigest()[:20]}.npz"
-        if path.is_file():
-            with np.load(path) as data:  # the sources are not cached: the documents name them
-                return TokenizedDocs(data["tokens"], data["mask"], data["offsets"], [d.source for d in docs])
+        if path.is_file() and (cached := _load_cached(path, docs)) is not None:
+            return cached
     tokenized = _tokenize(docs, tok)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -84,6 +84,17 @@ def tokenize_documents(
         np.savez(tmp, tokens=tokenized.tokens, mask=tokenized.mask, offsets=tokenized.offsets)
         os.replace(tmp, path)
     return tokenized
+
+
+def _load_cached(path: Path, docs: list[Document]) -> TokenizedDocs | None:
+    """The cached tokens of docs; None (a miss, rebuilt and written over) when the entry cannot be
+    read: writes are atomic, so that is a disk fault or a partial copy of the cache."""
+    try:
+        with np.load(path) as data:  # the sources are not cached: the documents name them
+            return TokenizedDocs(data["tokens"], data["mask"], data["offsets"], [d.source for d in docs])
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as exc:  # numpy and zipfile raise these
+        logger.warning("token cache %s cannot be read (%s); tokenizing again and replacing it", path, exc)
+        return None
 
 
 def _tokenize(docs: list[Document], tok: TextTokenizer) -> TokenizedDocs:

@@ -67,7 +67,7 @@ def prepare(
     are added to an existing directory; files already there are skipped. `skip_hint`: how the
     caller turns on skip_bad_records, for the error a malformed record raises."""
     out = Path(out)
-    _check_out(out)
+    _check_out(out, sources)
     before = {name for name in (*WRITTEN, ".") if (out / name).exists()}
     try:
         return _prepare(sources, out, tokenizer, vocab_size, options or Options(), workers, skip_hint)
@@ -76,9 +76,14 @@ def prepare(
         raise
 
 
-def _check_out(out: Path) -> None:
+def _check_out(out: Path, sources: list[str]) -> None:
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out} is a file; give a directory to prepare into")
+    for source in sources:  # its files would be left out (never read prepare's own output as text)
+        if Path(source).is_dir() and Path(source).resolve().is_relative_to(out.resolve()):
+            raise DataError(
+                f"--out {out} is or holds the source directory {source}; prepare into a directory outside the sources"
+            )
     held = [name for name in RUN_FILES if (out / name).exists()]
     if held:
         raise DataError(
@@ -122,7 +127,7 @@ def _prepare(
     tok = _tokenizer(manifest, out, tokenizer, vocab_size, sources, options, hint)
     manifest["tokenizer"] = {"sha256": tok.fingerprint, "vocab_size": tok.vocab_size}
     manifest["dtype"] = manifest.get("dtype") or ("uint16" if tok.vocab_size <= 1 << 16 else "uint32")
-    files = _new_files(manifest, sources)
+    files = _new_files(manifest, sources, out)
     _measure_scale(manifest, [str(path) for _, path, _ in files], tok, options, hint)
     workers = workers or os.cpu_count() or 1
     jobs = _jobs(manifest, files, workers, options.format)
@@ -152,7 +157,7 @@ def _measure_scale(manifest: dict[str, Any], files: list[str], tok: TextTokenize
     the manifest, so that files added later are judged alike (null: too few documents to say)."""
     if options.garbage_filter == "off" or "garbage" in manifest or not files:
         return
-    reader = _Reader(options.data_config(), "data", "data prepare source", fix=hint)
+    reader = _Reader(options.data_config(), "data", "data prepare source", fix=hint, limit=SCALE_SAMPLE_BYTES)
 
     def readable() -> Iterator[Document]:  # a file that fails is named by its own job, not here
         for path in files:
@@ -247,7 +252,9 @@ def _tokenizer(
         return tok
     if own.is_file():
         return TextTokenizer.load(own)
-    reader = _Reader(options.data_config(), "data", "data prepare source", fix=hint)
+    reader = _Reader(
+        options.data_config(), "data", "data prepare source", fix=hint, limit=TOKENIZER_SAMPLE_BYTES, exclude=(out,)
+    )
     docs, _ = _take_bytes((d for s in sources for d in reader.documents(s)), TOKENIZER_SAMPLE_BYTES)
     if not docs:
         raise DataError(f"the sources ({', '.join(sources)}) hold no text; point them at non-empty files")
@@ -256,13 +263,15 @@ def _tokenizer(
     return tok
 
 
-def _new_files(manifest: dict[str, Any], sources: list[str]) -> list[tuple[int, Path, bool]]:
-    """(manifest number, path, named on its own) of each source file not yet prepared;
-    registers new ones in the manifest."""
+def _new_files(manifest: dict[str, Any], sources: list[str], out: Path) -> list[tuple[int, Path, bool]]:
+    """(manifest number, path, named on its own) of each source file not yet prepared, none of
+    them under `out` (its tokenizer is written before this lists the files); registers new ones
+    in the manifest."""
     known = {f["path"]: n for n, f in enumerate(manifest["files"])}
     by_hash = {f["sha256"]: f["path"] for f in manifest["files"] if f.get("prepared")}
     todo = []
-    for path, named in (pair for source in sources for pair in source_files(source, "data prepare source")):
+    listed = (pair for source in sources for pair in source_files(source, "data prepare source", (out,)))
+    for path, named in listed:
         resolved, digest = str(path.resolve()), sha256_file(path)
         n = known.get(resolved)
         if n is not None and manifest["files"][n].get("prepared"):

@@ -6,6 +6,7 @@ loss on the prompt side; plain text is one fully trainable segment.
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import json
@@ -21,6 +22,7 @@ from trimtab.config import DataConfig
 from trimtab.data import arithmetic, formats
 from trimtab.data.chat import ChatFormat, TemplateError, render_segments
 from trimtab.errors import DataError
+from trimtab.rundir import CONFIG, METRICS_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +76,7 @@ def read_documents(
     """
     source = cfg.source if source is None else source
     key = key or (f"{section}.source" if source == cfg.source else f"{section}.eval_source")
-    reader = _Reader(cfg, section, key, chat)
+    reader = _Reader(cfg, section, key, chat, limit=cfg.max_bytes)
     docs, capped = _take_bytes(reader.documents(source), cfg.max_bytes)
     if capped and source != "builtin" and not str(source).startswith(arithmetic.SOURCE):
         logger.warning(
@@ -86,7 +88,7 @@ def read_documents(
         )
     if reader.n_undecodable:
         logger.warning(
-            "%s '%s': skipped %d files that are not UTF-8 text (e.g. %s)",
+            "%s '%s': skipped %d files that cannot be read as text (the first: %s)",
             key,
             source,
             reader.n_undecodable,
@@ -153,14 +155,17 @@ def _decode(data: bytes) -> str | None:
 GLOB_CHARS = "*?["
 
 
-def source_files(source: str | list[str], key: str) -> list[tuple[Path, bool]]:
+def source_files(source: str | list[str], key: str, exclude: Iterable[Path] = ()) -> list[tuple[Path, bool]]:
     """The files of a source: a file, a directory (its files, recursively, hidden ones left out),
     a glob (`**` recurses) or a list of these, in a fixed order; each with whether it was named
-    on its own (a named file must be readable; a directory's unreadable files are skipped)."""
+    on its own (a named file must be readable; a directory's unreadable files are skipped).
+    Nothing under `exclude` (prepare's --out) is listed."""
     out: list[tuple[Path, bool]] = []
+    skip = {os.path.realpath(p) for p in exclude}
     for item in [source] if isinstance(source, str) else source:
         if any(c in item for c in GLOB_CHARS):
             matches = sorted(p for p in glob.glob(item, recursive=True) if Path(p).is_file())
+            matches = [p for p in matches if not _inside(os.path.realpath(p), skip)]
             if not matches:
                 raise DataError(f"{key} '{item}' matches no file; check the pattern")
             out += [(Path(p), False) for p in matches]
@@ -171,13 +176,50 @@ def source_files(source: str | list[str], key: str) -> list[tuple[Path, bool]]:
         if path.is_file():
             out.append((path, True))
             continue
-        files = (
-            p
-            for p in path.rglob("*")
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
-        )
+        files = _walk(path, key, skip)
         out += [(p, False) for p in sorted(files, key=lambda p: p.relative_to(path).as_posix())]
     return out
+
+
+def _inside(real: str, dirs: set[str]) -> bool:
+    return any(real == d or real.startswith(d.rstrip(os.sep) + os.sep) for d in dirs)
+
+
+def _walk(root: Path, key: str, skip: set[str]) -> list[Path]:
+    """The files under root, hidden ones left out; symlinked directories are followed, each real
+    directory once (a link loop ends there). trimtab's own outputs are not text to train on: a
+    prepared dataset or a run directory inside the tree is skipped, with a warning."""
+    seen, files = set(skip), []
+    for folder, dirs, names in os.walk(root, followlinks=True):
+        seen.add(os.path.realpath(folder))
+        kept = []
+        for name in sorted(dirs):
+            sub = Path(folder) / name
+            real = os.path.realpath(sub)
+            if name.startswith(".") or _inside(real, skip) or real in seen:
+                continue  # hidden, excluded, or reached already (a link loop or a second link)
+            if why := _own_output(sub):
+                _warn_skipped(key, str(root), str(sub), why)
+                continue
+            seen.add(real)
+            kept.append(name)
+        dirs[:] = kept
+        files += [Path(folder) / n for n in names if not n.startswith(".") and (Path(folder) / n).is_file()]
+    return files
+
+
+def _own_output(folder: Path) -> str:
+    """Why `folder` is trimtab's own output, not a corpus ('' when it is not)."""
+    if (folder / PREPARED_MANIFEST).is_file():
+        return f"prepared data (it holds {PREPARED_MANIFEST}); name it as a source of its own to train on it"
+    if (folder / CONFIG).is_file() and ((folder / "checkpoints").is_dir() or (folder / METRICS_FILE).is_file()):
+        return f"a training run's directory (it holds {CONFIG} and its checkpoints or {METRICS_FILE})"
+    return ""
+
+
+@functools.cache  # the files of a source are listed several times in a run: warn once
+def _warn_skipped(key: str, source: str, folder: str, why: str) -> None:
+    logger.warning("%s '%s': skipped %s, %s", key, source, folder, why)
 
 
 @dataclass
@@ -187,6 +229,8 @@ class _Reader:
     key: str
     chat: ChatFormat | None = None
     fix: str = ""  # how the caller skips a malformed record (default: the SECTION.skip_bad_records key)
+    limit: int = 0  # the bytes the caller takes at most (0: all): a file's records are held back up to it
+    exclude: tuple[Path, ...] = ()  # directories never read (prepare's --out)
     n_skipped: int = 0
     n_undecodable: int = 0
     undecodable_example: str = ""
@@ -198,7 +242,7 @@ class _Reader:
         if isinstance(source, str) and source.startswith(arithmetic.SOURCE):
             yield from self._arithmetic(source)
             return
-        for path, named in source_files(source, self.key):
+        for path, named in source_files(source, self.key, self.exclude):
             yield from self._file(path, strict=named)
 
     def _builtin(self) -> Iterator[Document]:
@@ -225,26 +269,46 @@ class _Reader:
 
     def _file(self, path: Path, strict: bool) -> Iterator[Document]:
         if formats.kind_of(path, self.cfg.format) != "text":
-            yield from self._records(path)
+            yield from self._records(path, strict)
             return
         try:  # a text file is one document: read whole, so an unreadable one yields nothing
             text = "".join(record.value for record in formats.records(path, self.cfg.format))
-        except formats.Unreadable:
+        except formats.Unreadable as exc:
             if strict:
                 raise
-            self.n_undecodable += 1
-            self.undecodable_example = self.undecodable_example or str(path)
+            self._unreadable(exc)
             return
         if text:
             yield Document([(text, True)], str(path))
 
-    def _records(self, path: Path) -> Iterator[Document]:
+    def _records(self, path: Path, strict: bool) -> Iterator[Document]:
+        """The file's records as documents. They are held back until the file is read, or until
+        the caller has all it takes (self.limit): so a directory's file found unreadable part way
+        (a bad byte on line 20) is skipped whole, as a text file is."""
         fix = self.fix or f"set {self.section}.skip_bad_records=true"
-        for doc, _ in record_documents(path, self.cfg, self.chat, fix):
-            if doc is None:
-                self.n_skipped += 1
-            elif doc.text:
-                yield doc
+        held, chars, skipped = [], 0, 0
+        try:
+            for doc, _ in record_documents(path, self.cfg, self.chat, fix):
+                if doc is None:
+                    skipped += 1
+                elif doc.text:
+                    held.append(doc)
+                    chars += len(doc.text)  # at most its bytes: the limit is never passed unread
+                if self.limit and chars > self.limit:
+                    self.n_skipped += skipped
+                    yield from held
+                    held, chars, skipped = [], 0, 0
+        except formats.Unreadable as exc:
+            if strict:
+                raise
+            self._unreadable(exc)
+            return
+        self.n_skipped += skipped
+        yield from held
+
+    def _unreadable(self, exc: formats.Unreadable) -> None:
+        self.n_undecodable += 1
+        self.undecodable_example = self.undecodable_example or str(exc).split("; ")[0]
 
 
 def record_documents(

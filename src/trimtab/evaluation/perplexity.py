@@ -18,8 +18,10 @@ from trimtab.model import Transformer
 
 
 def read_text(path: str | Path) -> str:
-    """The file's text; DataError naming it when missing, empty or not UTF-8 text."""
+    """The file's text; DataError naming it when missing, a directory, empty or not UTF-8 text."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"--data '{path}' is a directory; pass one text file (e.g. one of its files)")
     if not path.is_file():
         raise DataError(f"--data '{path}' does not exist; pass a text file")
     data = path.read_bytes()

@@ -1,0 +1,181 @@
+"""Awkward inputs to the data readers and `trimtab data prepare`, each written as real files: bad
+bytes inside a directory, trimtab's own outputs inside a source, symlinked directories, a text
+file with no newline, a damaged token cache, a directory given to `trimtab eval --data`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+
+from trimtab.config import DataConfig
+from trimtab.data import formats, packing
+from trimtab.data.prepare import Options, prepare
+from trimtab.data.prepared import PreparedData
+from trimtab.data.sources import Document, read_documents, source_files
+from trimtab.errors import DataError
+from trimtab.evaluation.perplexity import read_text
+
+WORDS = "alpha beta  gamma\tdelta epsilon, zeta: eta 12 345 theta! iota kappa".split(" ")
+
+
+def jsonl_with_bad_byte(path, n=40, bad=20):
+    """n {"text"} records, line `bad` holding an invalid UTF-8 byte."""
+    lines = [json.dumps({"text": f"document number {i} " * 5}).encode() for i in range(n)]
+    lines[bad - 1] = b'{"text": "bad \xff\xfe bytes here"}'
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+# ------------------------------------------------------------- a bad byte in a directory's JSONL
+
+
+def test_a_directorys_jsonl_with_a_bad_byte_is_skipped_whole_with_its_line(tmp_path, caplog):
+    jsonl_with_bad_byte(tmp_path / "src" / "b.jsonl")
+    (tmp_path / "src" / "ok.txt").write_text("fine text " * 20)
+    docs, _ = read_documents(DataConfig(source=str(tmp_path / "src"), skip_bad_records=True))
+    assert [d.source for d in docs] == [str(tmp_path / "src" / "ok.txt")]  # none of b.jsonl, not its first 19
+    assert "skipped 1 files that cannot be read as text" in caplog.text
+    assert "b.jsonl: not UTF-8 text at line 20" in caplog.text
+
+
+def test_a_named_file_with_a_bad_byte_names_its_line(tmp_path):
+    path = jsonl_with_bad_byte(tmp_path / "b.jsonl")
+    with pytest.raises(DataError, match=r"b.jsonl: not UTF-8 text at line 20 \(invalid start byte\); convert it"):
+        read_documents(DataConfig(source=str(path)))
+    text = tmp_path / "c.txt"
+    text.write_bytes(b"one\ntwo\nthree \xe9 four\n")  # latin-1, in a file read through the text decoder
+    with pytest.raises(DataError, match=r"c.txt: not UTF-8 text at line 3 "):
+        read_documents(DataConfig(source=str(text)))
+
+
+def test_prepare_trains_its_tokenizer_past_a_directorys_bad_jsonl(tmp_path, caplog):
+    jsonl_with_bad_byte(tmp_path / "src" / "b.jsonl")
+    (tmp_path / "src" / "ok.txt").write_text("fine text " * 200)
+    manifest = prepare([str(tmp_path / "src")], tmp_path / "p", vocab_size=300, options=Options(skip_bad_records=True))
+    assert [f["documents"] for f in manifest["files"]] == [0, 1]
+    assert "b.jsonl: not UTF-8 text at line 20" in manifest["files"][0]["unreadable"]
+
+
+def test_records_past_the_callers_limit_are_not_read(tmp_path):
+    """A file's records are held back to skip it whole, but only up to what the caller takes: a
+    bad byte past max_bytes is never reached."""
+    path = jsonl_with_bad_byte(tmp_path / "src" / "b.jsonl", n=400, bad=390)
+    docs, _ = read_documents(DataConfig(source=str(path.parent), max_bytes=2000))
+    assert docs and all(d.source.startswith(str(path)) for d in docs)
+
+
+# ------------------------------------------------------------ trimtab's own outputs in a source
+
+
+def test_prepare_into_its_own_source_reads_only_the_sources(tmp_path, tokenizer):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("alpha beta gamma\n" * 50)
+    (src / "b.jsonl").write_text("".join(json.dumps({"text": f"record {i}"}) + "\n" for i in range(5)))
+    for given in (None, "tok"):  # the tokenizer trained on the sources, or given
+        if given:
+            tokenizer.save(tmp_path / "tok" / "tokenizer.json")
+        out = src / f"prep-{given}"
+        for _ in range(2):  # the re-run finds its own manifest and shards there too
+            manifest = prepare([str(src)], out, tokenizer=given and str(tmp_path / given), vocab_size=300)
+        assert [f["path"] for f in manifest["files"]] == [str((src / n).resolve()) for n in ("a.txt", "b.jsonl")]
+
+
+def test_prepare_refuses_an_out_that_holds_a_source(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("text\n")
+    with pytest.raises(DataError, match="--out .* is or holds the source directory .*src; prepare into a directory"):
+        prepare([str(tmp_path / "src")], tmp_path / "src", vocab_size=300)
+
+
+def test_a_prepared_or_run_directory_inside_a_source_is_skipped_with_a_warning(tmp_path, caplog):
+    src = tmp_path / "corpus"
+    (src / "data").mkdir(parents=True)
+    (src / "data" / "a.txt").write_text("text")
+    (src / "prep" / "shards").mkdir(parents=True)
+    (src / "prep" / "trimtab-data.json").write_text("{}")
+    (src / "prep" / "tokenizer.json").write_text("{}")
+    (src / "run" / "checkpoints").mkdir(parents=True)
+    (src / "run" / "config.yaml").write_text("seed: 0\n")
+    (src / "run" / "metrics.jsonl").write_text('{"step": 1}\n')
+    (src / "notes").mkdir()
+    (src / "notes" / "config.yaml").write_text("a corpus file, not a run\n")  # no checkpoints or metrics
+    with caplog.at_level(logging.WARNING):
+        files = [p.relative_to(src).as_posix() for p, _ in source_files(str(src), "data.source")]
+        source_files(str(src), "data.source")
+    assert files == ["data/a.txt", "notes/config.yaml"]
+    assert caplog.text.count("prep, prepared data (it holds trimtab-data.json)") == 1  # once per directory
+    assert caplog.text.count("run, a training run's directory") == 1
+
+
+# ------------------------------------------------------------------------ symlinked directories
+
+
+def test_symlinked_directories_are_followed_once_and_loops_end(tmp_path):
+    shared = tmp_path / "shared"
+    (shared / "deep").mkdir(parents=True)
+    (shared / "deep" / "x.txt").write_text("x")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "own.txt").write_text("own")
+    os.symlink(shared, src / "linked")
+    os.symlink(shared, src / "linked_again")  # the same directory twice: read once
+    os.symlink(src, src / "linked" / "deep" / "back")  # a loop back to the source
+    files = [p.relative_to(src).as_posix() for p, _ in source_files(str(src), "data.source")]
+    assert files == ["linked/deep/x.txt", "own.txt"]
+
+
+# ------------------------------------------------------------------ one very long line of text
+
+
+def test_a_line_longer_than_a_piece_is_cut_at_a_space_into_the_same_tokens(tmp_path, tokenizer, monkeypatch):
+    monkeypatch.setattr(formats, "TEXT_CHUNK_CHARS", 64)
+    text = " ".join(WORDS * 40)  # no newline at all; spaces, a tab, double spaces, digits
+    path = tmp_path / "src" / "long.txt"
+    path.parent.mkdir()
+    path.write_text(text)
+    pieces = [r.value for r in formats.records(path)]
+    assert "".join(pieces) == text and len(pieces) > 20 and max(map(len, pieces)) <= 64
+    assert all(p[0].isspace() and not p[1].isspace() for p in pieces[1:])  # cut before the space a word keeps
+    tokenizer.save(tmp_path / "tok.json")
+    prepare([str(path)], tmp_path / "p", tokenizer=str(tmp_path / "tok.json"))
+    ids = PreparedData(tmp_path / "p").read(0, PreparedData(tmp_path / "p").n_tokens)
+    assert ids[:-1].tolist() == tokenizer.encode(text)  # the whole line's tokens, then eos
+
+
+def test_a_line_with_no_space_is_cut_at_the_piece_size(tmp_path, monkeypatch):
+    monkeypatch.setattr(formats, "TEXT_CHUNK_CHARS", 64)
+    text = "é" * 300 + "a b" + "漢" * 200
+    path = tmp_path / "blob.txt"
+    path.write_text(text)
+    pieces = [r.value for r in formats.records(path)]
+    assert "".join(pieces) == text and max(map(len, pieces)) <= 64
+
+
+# ------------------------------------------------------------------------------ token cache
+
+
+def test_a_damaged_token_cache_entry_is_rebuilt(tmp_path, tokenizer, caplog):
+    docs = [Document([(f"def f{i}(x):\n    return x\n", True)]) for i in range(20)]
+    cfg = DataConfig()
+    fresh = packing.tokenize_documents(docs, tokenizer, cfg, tmp_path)
+    (entry,) = tmp_path.glob("tokens-*.npz")
+    entry.write_bytes(entry.read_bytes()[:100])  # a partial copy of the cache
+    again = packing.tokenize_documents(docs, tokenizer, cfg, tmp_path)
+    assert np.array_equal(again.tokens, fresh.tokens) and "cannot be read" in caplog.text
+    with np.load(entry) as data:  # written over whole
+        assert np.array_equal(data["tokens"], fresh.tokens)
+    assert [p.name for p in tmp_path.iterdir()] == [entry.name]
+
+
+# ------------------------------------------------------------------------------- eval --data
+
+
+def test_eval_data_that_is_a_directory_says_so(tmp_path):
+    with pytest.raises(DataError, match="is a directory; pass one text file"):
+        read_text(tmp_path)
