@@ -120,11 +120,13 @@ def _split(
     """The source's (train, held-out) rows; screen: its documents are screened for garbage
     (data.garbage_filter) first. A separate eval set is the user's own choice and is not."""
     if source.prepared is not None:
-        if source.prepared.tokenizer_sha != tok.fingerprint:
+        if not tok.made(source.prepared.tokenizer_sha):
+            theirs = source.prepared.path / "tokenizer.json"
+            differs = tok.difference(TextTokenizer.load(theirs)) or f"{theirs} is not the one it recorded"
             raise DataError(
                 f"{source.key} '{source.spec.source}' was prepared with another tokenizer than this run's "
-                f"({source.prepared.path / 'tokenizer.json'} differs); prepare it with --tokenizer set to the run's "
-                "tokenizer.json, or train a new run on it"
+                f"({differs}, this run's first); prepare it with --tokenizer set to the run's tokenizer.json, "
+                "or train a new run on it"
             )
         return (
             ShardedRows(source.prepared, cfg.seq_len, cfg.pack, "train", fraction),

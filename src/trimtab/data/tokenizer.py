@@ -11,6 +11,7 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -48,9 +49,41 @@ class TextTokenizer:
         self.pad_id: int = tok.token_to_id(pad) if pad else self.eos_id
         bos = _content(hf.get("bos_token")) if hf else None
         self.bos_id: int | None = tok.token_to_id(bos) if bos else None  # trimtab's own has none
-        # identifies the exact vocabulary + merges: part of the token cache key
-        settings = json.dumps(hf, sort_keys=True) if hf else ""  # its end-of-text id shapes the rows
-        self.fingerprint = hashlib.sha256((tok.to_str() + settings).encode()).hexdigest()
+        # what decides the rows it makes: the token cache's key, a prepared dataset's record
+        self.fingerprint = _fingerprint(tok, self.special_ids)
+        # before, all of tokenizer_config.json counted (model_max_length...): what data prepared then recorded
+        self._legacy = _sha256(tok.to_str() + json.dumps(hf, sort_keys=True)) if hf else self.fingerprint
+
+    @property
+    def special_ids(self) -> tuple[int, int, int | None]:
+        """The end-of-text, pad and start ids: where documents end and begin in the rows."""
+        return self.eos_id, self.pad_id, self.bos_id
+
+    def definition(self) -> dict[str, Any]:
+        """tokenizer.json as tokenizers writes it (vocabulary, merges, normalizer, pre-tokenizer...)."""
+        return json.loads(self._tok.to_str())
+
+    def made(self, fingerprint: str) -> bool:
+        """Whether rows recorded with `fingerprint` (a prepared dataset's) are this tokenizer's:
+        its fingerprint, or the one it had before only what decides the rows counted."""
+        return fingerprint in (self.fingerprint, self._legacy)
+
+    def difference(self, other: TextTokenizer) -> str:
+        """What of the fingerprint differs in `other`, in words (this one's value first); "" if nothing."""
+        ours, theirs = self._tok.get_vocab(with_added_tokens=True), other._tok.get_vocab(with_added_tokens=True)
+        found = []
+        if ours != theirs:
+            same = sum(theirs.get(token) == i for token, i in ours.items())
+            found.append(f"the vocabularies differ ({len(ours)} vs {len(theirs)} tokens, {same} with the same id)")
+        mine, its = self.definition(), other.definition()
+        told = {"added_tokens", "model"} if ours != theirs else {"added_tokens"}  # said by the vocabularies
+        if sections := [k for k in sorted((mine.keys() | its.keys()) - told) if mine.get(k) != its.get(k)]:
+            found.append(f"tokenizer.json differs in {', '.join(repr(k) for k in sections)}")
+        names = ("end-of-text", "pad", "start")
+        found += [
+            f"the {n} id differs ({a} vs {b})" for n, a, b in zip(names, self.special_ids, other.special_ids) if a != b
+        ]
+        return "; ".join(found)
 
     @property
     def chat(self) -> ChatFormat | None:
@@ -110,6 +143,19 @@ class TextTokenizer:
             raise DataError(f"{key} '{path}' has no {EOS} token; add it to the tokenizer's vocabulary")
         tok.add_special_tokens(SPECIAL_TOKENS)  # no-op for those present; new ids for the rest
         return cls(tok)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _fingerprint(tok: Tokenizer, special_ids: tuple[int, int, int | None]) -> str:
+    """tokenizer.json as tokenizers writes it (vocabulary, merges, normalizer, pre-tokenizer...)
+    and the special ids; nothing else of a Hugging Face tokenizer_config.json counts (its
+    model_max_length, its class: an exported run's tokenizer is that run's). The special ids of
+    trimtab's own tokenizer add nothing, so its fingerprint is the one recorded before."""
+    own = (tok.token_to_id(EOS), tok.token_to_id(PAD), None)
+    return _sha256(tok.to_str() + ("" if special_ids == own else json.dumps(special_ids)))
 
 
 def _content(token: str | dict | None) -> str | None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from trimtab.config import ModelConfig
 from trimtab.data import TextTokenizer
@@ -44,10 +44,9 @@ class SafetensorsDir:
     def __init__(self, path: Path):
         index = path / "model.safetensors.index.json"
         if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            self.files = {name: path / shard for name, shard in weight_map.items()}
+            self.files = {name: path / shard for name, shard in _weight_map(index).items()}
         elif (path / "model.safetensors").is_file():
-            with safe_open(str(path / "model.safetensors"), "pt") as f:
+            with _opened(path / "model.safetensors") as f:
                 self.files = {name: path / "model.safetensors" for name in f.keys()}  # noqa: SIM118
         else:
             raise CheckpointError(
@@ -63,12 +62,40 @@ class SafetensorsDir:
         file = self.files[name]
         if not file.is_file():
             raise CheckpointError(f"{file}: missing (listed in model.safetensors.index.json)")
-        with safe_open(str(file), "pt") as handle:
+        with _opened(file) as handle:
             return handle.get_tensor(name)
 
     def dtype(self) -> torch.dtype:
         """The dtype of the floating-point weights (the first tensor's)."""
         return self(next(iter(sorted(self.files)))).dtype
+
+
+def _opened(file: Path) -> Any:
+    """safe_open(file), a damaged file (truncated by an interrupted download or copy, or not
+    safetensors at all) refused naming it: safetensors' own error names neither file nor fix."""
+    try:
+        return safe_open(str(file), "pt")
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(
+            f"{file}: not a readable safetensors file ({exc}); it is damaged or incomplete (an interrupted "
+            "download or copy): download it again, or save the model again with save_pretrained"
+        ) from None
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    """model.safetensors.index.json's {tensor: shard file}, a damaged index refused naming it."""
+    try:
+        found = json.loads(index.read_text()).get("weight_map")
+    except (OSError, ValueError, AttributeError) as exc:  # AttributeError: JSON, but not an object
+        found, reason = None, str(exc) or type(exc).__name__
+    else:
+        reason = "no 'weight_map' of tensor names to shard files"
+    if not isinstance(found, dict) or not all(isinstance(v, str) for v in found.values()):
+        raise CheckpointError(
+            f"{index}: not a valid safetensors index ({reason}); it is damaged or incomplete (an interrupted "
+            "download or copy): download it again, or save the model again with save_pretrained"
+        )
+    return found
 
 
 def read_config(path: str | Path) -> dict[str, Any]:

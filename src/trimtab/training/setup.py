@@ -176,7 +176,7 @@ def given_tokenizer(cfg: RunConfig, path: Path | None) -> TextTokenizer | None:
     train.init_from names; a damaged one is refused with the way back), else data.tokenizer,
     else None."""
     if path is None:
-        return TextTokenizer.load(Path(cfg.data.tokenizer), key="data.tokenizer") if cfg.data.tokenizer else None
+        return _data_tokenizer(cfg) if cfg.data.tokenizer else None
     if path.parent == cfg.run_dir:  # a BPE trimtab trained comes out the same from the same data
         fix = (
             "it is the tokenizer this run trained with: restore it, or remove it and run the same command "
@@ -186,14 +186,43 @@ def given_tokenizer(cfg: RunConfig, path: Path | None) -> TextTokenizer | None:
     return TextTokenizer.load(path, key="train.init_from's tokenizer", fix="restore it (that run's tokenizer.json)")
 
 
+def _data_tokenizer(cfg: RunConfig) -> TextTokenizer:
+    """data.tokenizer; beside a Hugging Face train.init_from it must tokenize as the model's own
+    does, whose ids index the embeddings (another would be read under the wrong rows, silently)."""
+    tok = TextTokenizer.load(Path(cfg.data.tokenizer), key="data.tokenizer")
+    model_dir = Path(cfg.train.init_from)
+    if not (cfg.train.init_from and hf.is_hf_dir(model_dir) and (model_dir / "tokenizer.json").is_file()):
+        return tok
+    own = hf.load_tokenizer(model_dir)
+    if own.fingerprint != tok.fingerprint:
+        raise ConfigError(
+            f"config key 'data.tokenizer' ({cfg.data.tokenizer}) is not the tokenizer of train.init_from's model "
+            f"({model_dir / 'tokenizer.json'}): {tok.difference(own)}; the model's embeddings are indexed by its "
+            "own tokenizer's ids, so leave data.tokenizer unset (the model's is used) or point it at that file"
+        )
+    return tok
+
+
 def tokenizer_source(cfg: RunConfig) -> Path | None:
-    """A resumed run keeps its tokenizer; a finetune from another run takes that run's."""
+    """A resumed run keeps its tokenizer; a finetune from another run or a Hugging Face model
+    takes that one's. A model directory without one is refused: a BPE trained here would map
+    text to ids other than those its embeddings were trained on."""
     if cfg.data.tokenizer:
-        return None  # the user's own tokenizer.json, loaded by get_tokenizer
+        return None  # the user's own tokenizer.json, loaded by given_tokenizer
     candidates = [cfg.run_dir / "tokenizer.json"]
     if cfg.train.init_from:
         candidates.append(_run_dir_of(cfg.train.init_from) / "tokenizer.json")
-    return next((path for path in candidates if path.is_file()), None)
+    found = next((path for path in candidates if path.is_file()), None)
+    if found is None and cfg.train.init_from and hf.is_hf_dir(cfg.train.init_from):
+        model_dir = cfg.train.init_from
+        raise ConfigError(
+            f"train.init_from '{model_dir}' has no tokenizer.json; fine-tuning needs the model's own tokenizer, "
+            "whose ids its embeddings are indexed by (one trained on the data would map text to other ids): save "
+            f"it into that directory (in transformers: AutoTokenizer.from_pretrained(<the model's name>)"
+            f".save_pretrained('{model_dir}')), or set data.tokenizer to the model's tokenizer.json (with its "
+            "tokenizer_config.json beside it)"
+        )
+    return found
 
 
 def complete(cfg: RunConfig, tok: TextTokenizer, phases: list[Phase]) -> RunConfig:
@@ -203,12 +232,26 @@ def complete(cfg: RunConfig, tok: TextTokenizer, phases: list[Phase]) -> RunConf
     resolved, never changed."""
     m = cfg.model
     if 0 < m.vocab_size < tok.vocab_size:
-        raise ConfigError(
-            f"config key 'model.vocab_size' ({m.vocab_size}) is smaller than the "
-            f"tokenizer's vocabulary ({tok.vocab_size}); set it to 0 to follow the tokenizer"
-        )
+        raise ConfigError(_vocab_too_small(cfg, tok.vocab_size))
     changes = {"model": {"vocab_size": m.vocab_size or tok.vocab_size}, "train": {"max_steps": phases[0].steps}}
     return derive(cfg, changes)
+
+
+def _vocab_too_small(cfg: RunConfig, tokens: int) -> str:
+    """The error of a model vocabulary smaller than the tokenizer's, with the fix that applies: an
+    imported model's vocab_size is its config.json's (adopt_hf_model), not model.vocab_size's."""
+    vocab, model_dir = cfg.model.vocab_size, cfg.train.init_from
+    if model_dir and (hf.is_hf_dir(model_dir) or (cfg.run_dir / SOURCE).is_file()):
+        return (
+            f"train.init_from's model ({model_dir}) has vocab_size {vocab} in its config.json, smaller than its "
+            f"tokenizer's vocabulary ({tokens}): ids from {vocab} up have no embedding; use the tokenizer the "
+            f"model was trained with, or grow its embeddings in transformers (model.resize_token_embeddings({tokens})"
+            ", then save_pretrained)"
+        )
+    return (
+        f"config key 'model.vocab_size' ({vocab}) is smaller than the tokenizer's vocabulary ({tokens}); "
+        "set it to 0 to follow the tokenizer"
+    )
 
 
 def check_resume_compatible(cfg: RunConfig) -> bool:
