@@ -3,7 +3,9 @@
 at step 0), which trains (train.init_from), generates, evaluates and exports like any run.
 
 Inputs are run directories (their newest valid checkpoint) or Hugging Face directories, read
-through trimtab.api.load_run, so every input is a trimtab model with trimtab's tensor names.
+through trimtab.api.load_run, so every input is a trimtab model with trimtab's tensor names. They
+must be one architecture with one tokenizer: the same tensors (_same_structure) and the same
+settings that decide the function or the ids (_same_function), else the merge is refused.
 Tensors merge unit by unit as mergekit sees them in transformers 5's layout (units.py): q, k and v
 apart; an MoE layer's experts as two fused tensors (gate_up_proj, down_proj), or each expert apart
 with parameters.per_expert. Memory: every input is held at once (N models) plus the output.
@@ -45,6 +47,7 @@ def merge(recipe: str | Path | dict[str, Any], out: str | Path) -> Path:
     cfg, base_model, tok = loaded[order[0]]
     models = {path: m for path, (_, m, _) in loaded.items()}
     _same_structure(models)
+    _same_function({path: (m, t) for path, (_, m, t) in loaded.items()})
     states = {path: m.state_dict() for path, m in models.items()}
     tied = {"lm_head.weight"} if cfg.model.tie_embeddings else set()  # merged once, as tok_emb
     names = [name for name in states[order[0]] if name not in tied]
@@ -118,6 +121,92 @@ def _same_structure(models: dict[str, Transformer]) -> None:
                 raise ConfigError(
                     f"tensor '{name}': shape {list(sa[name].shape)} in {first} vs {list(sb[name].shape)} in {path}"
                 )
+
+
+# What, besides the tensors (_same_structure: names, shapes, so expert counts), decides the function
+# the weights compute or the ids a text becomes. Inputs that differ in any of it are refused: the
+# output would silently take the first input's. Not compared, as it changes neither: a trimtab
+# run's training settings (optimizer, schedule, data, seed, precision), names and dtypes, and of
+# the model config max_seq_len (it only bounds the length: the rotary tables hold the same values,
+# cut shorter), multiple_of (it only derives the widths, compared), init_std (initialisation only)
+# and layer_pattern as written (compared expanded to one kind per layer, `layers`).
+MODEL = (
+    "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden",
+    "norm_eps", "rope_theta", "tie_embeddings", "attn_bias", "qk_norm", "layers",
+)  # fmt: skip
+ROPE_SCALING = {  # the rope_scaling fields each type reads
+    "none": (),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_seq_len"),
+}
+# With MoE layers (renormalize: norm_topk_prob resolved, so auto and true agree for top_k > 1). Not
+# compared: capacity_factor (tokens are dropped only in training), router_jitter (training noise),
+# balance_coef, z_loss_coef, bias_update_rate (losses, training updates).
+MOE = ("top_k", "renormalize", "expert_hidden", "n_shared_experts", "shared_hidden", "shared_gate")
+# Also compared, live from the checkpoint (the orchestrator changes them, so the config may be
+# stale): each MoE router's temperature; each Mixture-of-Depths layer's target capacity (the share
+# of tokens a training forward processes, which its predictor learns to pick; warmup_steps and
+# predictor_loss_coef are training settings). The tokenizer: its tokenizer.json (vocabulary,
+# merges, added and special tokens, normalizer, pre-tokenizer, post-processor, decoder) but for
+# truncation and padding (how a batch is cut, not a text's ids), and the start and end-of-text ids
+# put around documents; not tokenizer_config.json's other fields (chat template, model_max_length):
+# the output keeps the first input's.
+
+
+def _same_function(inputs: dict[str, tuple[Transformer, TextTokenizer]]) -> None:
+    """Refuse inputs whose weights compute different functions or whose tokenizers give other ids,
+    naming both inputs, the first setting that differs and its two values."""
+    (first, a), *rest = ((path, _settings(*m)) for path, m in inputs.items())
+    for path, b in rest:
+        for name in a:
+            if found := _difference(name, a[name], b.get(name, ABSENT)):
+                setting, x, y = found
+                raise ConfigError(
+                    f"{first} and {path} are not one architecture with one tokenizer: {setting} is {_short(x)} "
+                    f"in {first}, {_short(y)} in {path}; merge only models that differ in their weights"
+                )
+
+
+def _settings(model: Transformer, tok: TextTokenizer) -> dict[str, Any]:
+    """What of a model and its tokenizer _same_function compares (the table above)."""
+    c = model.cfg.resolved()
+    found = {f"model.{f}": getattr(c, f) for f in MODEL}
+    found["model.rope_scaling"] = {f: getattr(c.rope_scaling, f) for f in ("type", *ROPE_SCALING[c.rope_scaling.type])}
+    if model.moe_layers():
+        found |= {f"model.moe.{f}": getattr(c.moe, f) for f in MOE}
+        found["router_temperature"] = {i: s["router_temperature"] for i, s in model.moe_state().items()}
+    if model.mod_layers():
+        found["Mixture-of-Depths capacity"] = model.mod_state()
+    tokenizer = tok.definition()  # what decides the ids, as loaded
+    found["tokenizer"] = {k: v for k, v in tokenizer.items() if k not in ("version", "truncation", "padding")}
+    return found | {"tokenizer.bos_id": tok.bos_id, "tokenizer.eos_id": tok.eos_id}
+
+
+def _difference(name: str, x: Any, y: Any) -> tuple[str, Any, Any] | None:
+    """The innermost entry where x and y (nested dicts and lists) differ: its name, its two values;
+    None where they are equal."""
+    while x != y and type(x) is type(y) and isinstance(x, (dict, list)):
+        keys = range(max(len(x), len(y))) if isinstance(x, list) else [*x, *(k for k in y if k not in x)]
+        k = next(k for k in keys if _at(x, k) != _at(y, k))
+        name, x, y = f"{name}[{k!r}]", _at(x, k), _at(y, k)
+    return (name, x, y) if x != y else None
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "absent"
+
+
+ABSENT = _Absent()  # an entry one side lacks
+
+
+def _at(x: dict | list, k: Any) -> Any:
+    return x[k] if (k in x if isinstance(x, dict) else k < len(x)) else ABSENT
+
+
+def _short(x: Any) -> str:
+    text = repr(x)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _merge_group(
