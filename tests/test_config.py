@@ -215,3 +215,10 @@ def test_a_yaml_list_of_sources_is_read_and_trains(tmp_path):
         )
     )
     assert summary["status"] == "completed"
+
+
+def test_a_source_beside_a_mixture_is_refused_not_ignored():
+    mix = [{"source": "a.txt", "weight": 1.0}]
+    with pytest.raises(ConfigError, match="config key 'data.source' 'b.txt' is unused beside data.mix: add it"):
+        load_config(preset="debug", overrides={"data": {"mix": mix, "source": "b.txt"}})
+    assert load_config(preset="debug", overrides={"data": {"mix": mix}}).data.sources[0].source == "a.txt"

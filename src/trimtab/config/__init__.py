@@ -222,6 +222,9 @@ class DataConfig(Section):
         for i, part in enumerate(self.mix):
             _check(bool(part.source), f"data.mix[{i}].source", "must name the source's data")
             _check(part.weight > 0, f"data.mix[{i}].weight", f"must be > 0, got {part.weight}")
+        source = self.source if isinstance(self.source, str) else ", ".join(self.source)
+        mixed = "add it to data.mix as one more source, or remove it"
+        _check(not self.mix or source == "builtin", "data.source", f"'{source}' is unused beside data.mix: {mixed}")
         labels = [part.label for part in self.mix]
         dupes = sorted({label for label in labels if labels.count(label) > 1})
         _check(not dupes, "data.mix", f"has two sources named {', '.join(dupes)}; give each a distinct name")
