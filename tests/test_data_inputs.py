@@ -61,6 +61,29 @@ def test_prepare_trains_its_tokenizer_past_a_directorys_bad_jsonl(tmp_path, capl
     assert "b.jsonl: not UTF-8 text at line 20" in manifest["files"][0]["unreadable"]
 
 
+def test_prepare_writes_nothing_of_a_directorys_file_found_unreadable_after_its_first_batches(
+    tmp_path, tokenizer, monkeypatch
+):
+    """A text file encoded in several batches with a bad byte near its end: its first batches
+    were in the shard (unended, uncounted) while the manifest said it was skipped. It is now
+    read through once before, and skipped whole."""
+    from trimtab.data import shards
+
+    monkeypatch.setattr(shards, "ENCODE_CHARS", 100)  # batches of 100 characters (prepare's in this process)
+    monkeypatch.setattr(formats, "TEXT_CHUNK_CHARS", 64)
+    src = tmp_path / "src"
+    src.mkdir()
+    good = b"alpha beta gamma delta\n" * 4000  # past the text decoder's first block
+    (src / "a.txt").write_bytes(good + b"bad \xff byte\n")
+    (src / "b.txt").write_text("fine text here\n" * 10)
+    tokenizer.save(tmp_path / "tok.json")
+    manifest = prepare([str(src)], tmp_path / "p", tokenizer=str(tmp_path / "tok.json"), workers=1)
+    assert [f["documents"] for f in manifest["files"]] == [0, 1]
+    assert "a.txt: not UTF-8 text at line 4001" in manifest["files"][0]["unreadable"]
+    data = PreparedData(tmp_path / "p")
+    assert data.n_tokens == manifest["files"][1]["tokens"]  # nothing of a.txt in the shards
+
+
 def test_records_past_the_callers_limit_are_not_read(tmp_path):
     """A file's records are held back to skip it whole, but only up to what the caller takes: a
     bad byte past max_bytes is never reached."""

@@ -175,6 +175,27 @@ def _open_text(path: Path) -> IO[str]:
 def _bad_line(path: Path) -> int:
     """The line of the file's first byte that is not UTF-8 (0: none found). The decoder that
     failed read in blocks and cannot tell, so the error path reads the file once more, up to it."""
+    try:
+        found = _first_undecodable(path)
+    except (OSError, EOFError):  # a damaged archive: the line is unknown
+        return 0
+    return found[0] if found else 0
+
+
+def check_text(path: Path) -> None:
+    """Unreadable unless the whole file (decompressed) is UTF-8 text: read once, in blocks. For a
+    file encoded in several batches (prepare's shards), whose first batches would be written
+    before a bad byte further on is met."""
+    try:
+        found = _first_undecodable(path)
+    except (OSError, EOFError) as exc:
+        raise Unreadable(f"{path}: cannot be read ({_first_line(exc)}); check the file") from None
+    if found:
+        raise Unreadable(_not_utf8(path, *found))
+
+
+def _first_undecodable(path: Path) -> tuple[int, UnicodeDecodeError] | None:
+    """(line, error) of the file's first byte that is not UTF-8; None when there is none."""
     decoder, line = codecs.getincrementaldecoder("utf-8")(), 1
     try:
         with _open_bytes(path) as fh:
@@ -183,10 +204,8 @@ def _bad_line(path: Path) -> int:
                 line += block.count(b"\n")
         decoder.decode(b"", final=True)
     except UnicodeDecodeError as exc:  # exc.object: a split character's held-back bytes (no newline), the block
-        return line + exc.object.count(b"\n", 0, exc.start)
-    except (OSError, EOFError):  # a damaged archive: the line is unknown
-        return 0
-    return 0
+        return line + exc.object.count(b"\n", 0, exc.start), exc
+    return None
 
 
 def _text(path: Path) -> Iterator[Record]:

@@ -72,6 +72,8 @@ def run_job(
         for n, path, named, piece in job:
             encoder.file = n
             try:
+                if not (named or piece) and _in_batches(Path(path), cfg):
+                    formats.check_text(Path(path))  # skipped whole, before any of it is written
                 for doc, first, last, line, where in _pieces(Path(path), cfg, tok, piece, hint):
                     encoder.add(doc, first, last, line)
                     if doc is None and len(skipped) < SKIPPED_SHOWN:
@@ -98,6 +100,14 @@ def run_job(
         "skipped": skipped,
         "garbage": encoder.garbage,
     }
+
+
+def _in_batches(path: Path, cfg: DataConfig) -> bool:
+    """Whether a directory's file may be encoded in several batches (more than ENCODE_CHARS of
+    text: a compressed one may hold that much), so that a bad byte met part way would leave its
+    first batches in the shard. Columnar files are read by datasets and not checked ahead."""
+    big = path.stat().st_size > ENCODE_CHARS or path.suffix.lower() in formats.COMPRESSED
+    return big and formats.kind_of(path, cfg.format) != "columnar"
 
 
 def _pieces(
