@@ -202,3 +202,20 @@ def test_a_damaged_token_cache_entry_is_rebuilt(tmp_path, tokenizer, caplog):
 def test_eval_data_that_is_a_directory_says_so(tmp_path):
     with pytest.raises(DataError, match="is a directory; pass one text file"):
         read_text(tmp_path)
+
+
+def test_a_json_array_of_records_is_read_as_text_with_the_conversion_said(tmp_path, caplog):
+    """A .json file stays a plain-text document (code corpora hold config files), but one that
+    opens as an array of objects says how to make it JSONL; gzip'd too."""
+    import gzip
+
+    records = '[\n  {"text": "first record"},\n  {"text": "second"}\n]\n'
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "alpaca.json").write_text(records)
+    with gzip.open(tmp_path / "src" / "more.json.gz", "wt") as fh:
+        fh.write(records)
+    (tmp_path / "src" / "config.json").write_text('{"name": "a setting"}')
+    docs, _ = read_documents(DataConfig(source=str(tmp_path / "src")))
+    assert sorted(d.text for d in docs) == sorted([records, records, '{"name": "a setting"}'])
+    said = [r.getMessage() for r in caplog.records if "write it as JSONL" in r.getMessage()]
+    assert len(said) == 2 and all("alpaca.json" in m or "more.json.gz" in m for m in said)

@@ -9,9 +9,11 @@ columnar one, so that an error names it.
 from __future__ import annotations
 
 import codecs
+import functools
 import gzip
 import io
 import json
+import logging
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +22,8 @@ from typing import IO, Any
 
 from trimtab.errors import DataError
 from trimtab.extras import require
+
+logger = logging.getLogger(__name__)
 
 JSONL = (".jsonl", ".ndjson")
 COMPRESSED = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
@@ -211,9 +215,13 @@ def _first_undecodable(path: Path) -> tuple[int, UnicodeDecodeError] | None:
 def _text(path: Path) -> Iterator[Record]:
     """A plain-text file as one document, in pieces cut after a blank line (or a line end) so
     that a file of any size is encoded piece by piece; a NUL byte means binary."""
+    json_file = Path(path.stem if path.suffix.lower() in COMPRESSED else path).suffix.lower() == ".json"
     with _open_text(path) as fh:
         pending = ""
         while chunk := fh.read(TEXT_CHUNK_CHARS):
+            if json_file and not pending:
+                _hint_json_records(path, chunk[:256])
+                json_file = False
             if "\x00" in chunk:
                 raise UnicodeDecodeError("utf-8", b"\x00", 0, 1, "a NUL byte: binary data")
             pending += chunk
@@ -221,6 +229,20 @@ def _text(path: Path) -> Iterator[Record]:
                 yield Record(pending[:cut], str(path), last=False)
                 pending = pending[cut:]
         yield Record(pending, str(path), last=True)
+
+
+@functools.cache  # once a file: prepare reads it twice (the tokenizer's sample, the shards)
+def _hint_json_records(path: Path, head: str) -> None:
+    """A .json file is text (a document like any other: code corpora hold config files); one that
+    opens as an array of objects is more likely records meant as documents (Alpaca's format):
+    said, with the conversion."""
+    if re.match(r"\s*\[\s*\{", head):
+        logger.warning(
+            "%s is read as one plain-text document; if it is an array of records, write it as JSONL (one "
+            'object a line: `python -c "import json,sys; [print(json.dumps(r)) for r in json.load(sys.stdin)]" '
+            "< FILE.json > FILE.jsonl`) to train on each record's text",
+            path,
+        )
 
 
 def _cut(text: str) -> int:
