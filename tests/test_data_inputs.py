@@ -219,3 +219,20 @@ def test_a_json_array_of_records_is_read_as_text_with_the_conversion_said(tmp_pa
     assert sorted(d.text for d in docs) == sorted([records, records, '{"name": "a setting"}'])
     said = [r.getMessage() for r in caplog.records if "write it as JSONL" in r.getMessage()]
     assert len(said) == 2 and all("alpaca.json" in m or "more.json.gz" in m for m in said)
+
+
+def test_a_prepared_source_too_small_to_hold_out_a_row_says_evaluation_is_skipped(tmp_path, tokenizer, caplog):
+    """As the in-memory split says it (it was silent: no val_loss, no word why)."""
+    import trimtab
+    from trimtab.config import load_config
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "one.txt").write_text("def f(x):\n    return x * 2\n" * 100)  # one document: its tail held out
+    tokenizer.save(tmp_path / "tok.json")
+    prepare([str(tmp_path / "src")], tmp_path / "p", tokenizer=str(tmp_path / "tok.json"))
+    quick = {"max_steps": 1, "batch_tokens": 128, "micro_batch_tokens": 0, "eval_tokens": 128}
+    sets = {"train": quick, "data": {"source": str(tmp_path / "p"), "seq_len": 64}, "log": {"progress": False}}
+    with caplog.at_level(logging.WARNING, logger="trimtab"):
+        summary = trimtab.train(load_config(preset="debug", overrides={"out": str(tmp_path / "r"), **sets}))
+    assert summary["status"] == "completed" and summary["val_loss"] is None
+    assert "its held-out share (data.eval_fraction=0.02) is too small for one row of data.seq_len+1=65" in caplog.text

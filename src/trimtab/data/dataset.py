@@ -8,6 +8,7 @@ Prepared (`trimtab data prepare`): memory-mapped, nothing read ahead, any size.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from trimtab.data.prepared import PreparedData, ShardedRows
 from trimtab.data.sources import Document, prepared_dir, read_documents
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import DataError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -128,9 +131,16 @@ def _split(
                 f"({differs}, this run's first); prepare it with --tokenizer set to the run's tokenizer.json, "
                 "or train a new run on it"
             )
-        return (
-            ShardedRows(source.prepared, cfg.seq_len, cfg.pack, "train", fraction),
-            ShardedRows(source.prepared, cfg.seq_len, cfg.pack, "eval", fraction),
-        )
+        held = ShardedRows(source.prepared, cfg.seq_len, cfg.pack, "eval", fraction)
+        if fraction > 0 and not len(held):  # as the in-memory split says it
+            logger.warning(
+                "%s '%s': its held-out share (data.eval_fraction=%g) is too small for one row of data.seq_len+1=%d "
+                "tokens; evaluation is skipped (raise data.eval_fraction, or give data.eval_source)",
+                source.key,
+                source.spec.source,
+                fraction,
+                cfg.seq_len + 1,
+            )
+        return ShardedRows(source.prepared, cfg.seq_len, cfg.pack, "train", fraction), held
     key = source.key if screen else ""
     return build_splits(replace(cfg, eval_fraction=fraction), tok, source.docs, None, seed, cache_dir, key)
