@@ -236,3 +236,19 @@ def test_a_prepared_source_too_small_to_hold_out_a_row_says_evaluation_is_skippe
         summary = trimtab.train(load_config(preset="debug", overrides={"out": str(tmp_path / "r"), **sets}))
     assert summary["status"] == "completed" and summary["val_loss"] is None
     assert "its held-out share (data.eval_fraction=0.02) is too small for one row of data.seq_len+1=65" in caplog.text
+
+
+def test_the_same_bytes_twice_are_prepared_once_in_one_call_as_across_calls(tmp_path, tokenizer, caplog):
+    """Identical files were both kept when prepared in one call, the second skipped when added by
+    a re-run: the corpus depended on how it was fed."""
+    (tmp_path / "src").mkdir()
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / "src" / name).write_text("def f(x):\n    return x\n" * 20)
+    tokenizer.save(tmp_path / "tok.json")
+    together = prepare([str(tmp_path / "src")], tmp_path / "one", tokenizer=str(tmp_path / "tok.json"))
+    prepare([str(tmp_path / "src" / "a.txt")], tmp_path / "two", tokenizer=str(tmp_path / "tok.json"))
+    apart = prepare([str(tmp_path / "src" / "b.txt")], tmp_path / "two")
+    assert [f["path"].rsplit("/", 1)[1] for f in together["files"]] == ["a.txt"]
+    assert [f["path"].rsplit("/", 1)[1] for f in apart["files"]] == ["a.txt"]
+    assert PreparedData(tmp_path / "one").n_tokens == PreparedData(tmp_path / "two").n_tokens
+    assert caplog.text.count("b.txt: the same bytes as") == 2

@@ -288,8 +288,8 @@ def _new_files(manifest: dict[str, Any], sources: list[str], out: Path) -> list[
             )
         if n is not None:  # registered by a prepare that stopped before it: take it as it is now
             manifest["files"][n].update(sha256=digest, bytes=path.stat().st_size)
-        if n is None and digest in by_hash:
-            log.warning("%s: the same bytes as %s, prepared already; skipped", path, by_hash[digest])
+        if n is None and digest in by_hash:  # prepared before, or earlier in this same call
+            log.warning("%s: the same bytes as %s; skipped", path, by_hash[digest])
             continue
         if n is None:
             n = len(manifest["files"])
@@ -297,6 +297,7 @@ def _new_files(manifest: dict[str, Any], sources: list[str], out: Path) -> list[
             known[resolved] = n
         if any(t[0] == n for t in todo):
             continue  # named twice (a file and its directory)
+        by_hash.setdefault(digest, resolved)
         todo.append((n, path, named))
     return todo
 
