@@ -1,11 +1,12 @@
-"""The held-out loss of a run, each rank scoring its share of the evaluation micro-batches, with
-a timeout and errors agreed by all ranks (Trainer.evaluate journals what went wrong through its
-hooks, and training goes on)."""
+"""A run's held-out figures: its loss, each rank scoring its share of the evaluation
+micro-batches, or an RL / DPO phase's (its loader's), with a timeout and errors agreed by all
+ranks (Trainer.evaluate journals what went wrong through its hooks, and training goes on)."""
 
 from __future__ import annotations
 
+import math
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -62,3 +63,44 @@ def mean_losses(sums: list[list[float]], sources: list[str]) -> dict[str, float]
             total = groups.setdefault(key, [0.0, 0.0])
             total[0], total[1] = total[0] + loss, total[1] + count
     return {key: loss / max(count, 1) for key, (loss, count) in groups.items()}
+
+
+def held_out_figures(t: Trainer) -> tuple[dict[str, Any], str]:
+    """(val_loss, val_ppl and each mixture source's loss; "") or ({}, what went wrong); ({}, "")
+    without eval data."""
+    micro_batches = t.phases[t.state.phase].eval_micro
+    if not micro_batches:
+        return {}, ""
+    t.watchdog.beat("evaluation")
+    t.evaluating = True
+    try:
+        sums, error = sharded_loss(t, micro_batches, t.cfg.train.eval_timeout)
+    finally:
+        t.evaluating = False
+    if error:
+        return {}, error
+    losses = mean_losses(sums, t.phases[t.state.phase].eval_sources)
+    return {
+        "val_loss": losses["val_loss"],
+        "val_ppl": math.exp(min(losses["val_loss"], 50.0)),
+        **{k: v for k, v in losses.items() if k != "val_loss"},  # each source of a mixture
+    }, ""
+
+
+def policy_figures(t: Trainer) -> tuple[dict[str, Any], str]:
+    """An RL or DPO phase's held-out figures (its loader's), or ({}, what went wrong): an error
+    abandons this evaluation, not the run (an out-of-memory error generating the held-out
+    answers, a response the verifier cannot take), as for a held-out loss. The ranks agree after
+    it; neither evaluation has a collective inside (every rank answers every held-out prompt and
+    scores every held-out pair), so a rank that failed alone keeps none waiting."""
+    t.watchdog.beat("evaluation")
+    t.evaluating, error, figures = True, "", {}
+    try:
+        figures = t.loader.evaluate()
+    except Exception as exc:  # this evaluation's failure, told to the hooks
+        error = error_line(exc)
+    finally:
+        t.evaluating = False
+    if error := t.dist.first_error(error):
+        return {}, error
+    return figures, ""

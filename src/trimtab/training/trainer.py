@@ -26,7 +26,7 @@ from trimtab.rl.preference import PairBatch, PairLoader, PairMicroBatch
 from trimtab.rl.replay import replaying
 from trimtab.training.checkpointing import Checkpointing
 from trimtab.training.control import Control
-from trimtab.training.evaluation import error_line, mean_losses, sharded_loss
+from trimtab.training.evaluation import held_out_figures, policy_figures
 from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger, call_sealed
 from trimtab.training.instrument import FaultHandle, Instrument
 from trimtab.training.loss import cross_entropy_sum
@@ -404,10 +404,10 @@ class Trainer(Checkpointing, PolicyTraining):
         the eval micro-batches, or an RL phase's held-out rewards. An error or a run past
         train.eval_timeout abandons it: hooks hear of it (the orchestrator journals it) and
         training goes on."""
-        if isinstance(self.loader, (RolloutLoader, PairLoader)):  # RL, DPO: held-out prompts, pairs scored
-            figures = self._policy_figures()
-        else:
-            figures = self._held_out_figures()
+        policy = isinstance(self.loader, (RolloutLoader, PairLoader))  # RL, DPO: held-out prompts, pairs scored
+        figures, error = policy_figures(self) if policy else held_out_figures(self)
+        if error:
+            self._call("on_eval_error", self.state.step, error)
         if not figures:
             return {}
         self.last_eval = {"step": self.state.step, "phase": self.phases[self.state.phase].name, **figures}
@@ -417,46 +417,6 @@ class Trainer(Checkpointing, PolicyTraining):
             self.best_eval, self.best_checkpoint = (self.state.step, score), -1  # found at the next save
         self._call("on_eval", self.last_eval)
         return self.last_eval
-
-    def _policy_figures(self) -> dict[str, Any]:
-        """An RL or DPO phase's held-out figures (its loader's); {} on an error, which abandons
-        this evaluation, not the run (an out-of-memory error generating the held-out answers, a
-        response the verifier cannot take), as for a held-out loss. The ranks agree after it;
-        neither evaluation has a collective inside (every rank answers every held-out prompt
-        and scores every held-out pair), so a rank that failed alone keeps none waiting."""
-        self.watchdog.beat("evaluation")
-        self.evaluating, error = True, ""
-        try:
-            figures = self.loader.evaluate()
-        except Exception as exc:  # this evaluation's failure, told to the hooks
-            error = error_line(exc)
-        finally:
-            self.evaluating = False
-        if error := self.dist.first_error(error):
-            self._call("on_eval_error", self.state.step, error)
-            return {}
-        return figures
-
-    def _held_out_figures(self) -> dict[str, Any]:
-        """val_loss, val_ppl and each mixture source's loss; {} without eval data or on an error."""
-        micro_batches = self.phases[self.state.phase].eval_micro
-        if not micro_batches:
-            return {}
-        self.watchdog.beat("evaluation")
-        self.evaluating = True
-        try:
-            sums, error = sharded_loss(self, micro_batches, self.cfg.train.eval_timeout)
-        finally:
-            self.evaluating = False
-        if error:
-            self._call("on_eval_error", self.state.step, error)
-            return {}
-        losses = mean_losses(sums, self.phases[self.state.phase].eval_sources)
-        return {
-            "val_loss": losses["val_loss"],
-            "val_ppl": math.exp(min(losses["val_loss"], 50.0)),
-            **{k: v for k, v in losses.items() if k != "val_loss"},  # each source of a mixture
-        }
 
     @torch.no_grad()
     def held_out_loss(self, micro_batches: list) -> float:
