@@ -180,6 +180,9 @@ def test_a_bad_pairs_file_is_named_by_file_and_line(tmp_path):
     path.write_text(json.dumps({"prompt": "x", "chosen": "y", "rejected": "y"}) + "\n")
     with pytest.raises(DataError, match=rf"{path}:1: its chosen and rejected responses are the same"):
         read_pairs(path)
+    path.write_text(json.dumps({"prompt": "", "chosen": " 2", "rejected": " 3"}) + "\n")  # crashed collating
+    with pytest.raises(DataError, match=rf'{path}:1: an empty "prompt"'):
+        read_pairs(path)
     path.write_text(good + "\n")
     assert read_pairs(path) == [Pair("2+3=", " 5", " 6", f"{path}:1")]
 
@@ -405,3 +408,13 @@ def test_pairs_a_rollback_blamed_are_never_drawn_again_and_the_order_resumes_exa
     # as many pairs, other ones (an edited file): the indices, and the pairs left out, would be others'
     with pytest.raises(DataError, match="drew from other pairs than dpo.pairs holds now"):
         PairLoader(tokens(10, seed=1), [], cfg, 1000, seed=0, pad_id=0).load_state_dict(state)
+
+
+@pytest.mark.parametrize("section", ["rl", "dpo"])
+def test_rl_and_dpo_from_a_model_that_does_not_exist_say_so(tmp_path, section):
+    """It read 'the tokenizer of the model to train is unknown; set train.init_from', set already."""
+    from trimtab.training.setup import setup
+
+    overrides = {"out": str(tmp_path / "r"), section: {"enabled": True}, "train": {"init_from": str(tmp_path / "no")}}
+    with pytest.raises(ConfigError, match=r"config key 'train.init_from' = '.*/no' does not exist; point it at"):
+        setup(load_config(preset="debug", overrides=overrides))

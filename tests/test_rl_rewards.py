@@ -44,6 +44,25 @@ def test_a_bad_spec_is_told_with_the_key(spec, says):
         verifier(spec)
 
 
+def test_a_verifier_module_that_fails_to_import_is_told_with_the_key(tmp_path, monkeypatch):
+    """Its own error at import (a syntax error, a failing statement) was a traceback."""
+    (tmp_path / "broken_syntax.py").write_text("def f(x)\n    return 1\n")
+    (tmp_path / "broken_statement.py").write_text("raise ValueError('no database')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"rl.reward 'python:broken_syntax:f': importing broken_syntax failed"):
+        verifier("python:broken_syntax:f")
+    with pytest.raises(ConfigError, match=r"importing broken_statement failed: ValueError: no database"):
+        verifier("python:broken_statement:f")
+
+
+def test_a_verifier_timeout_past_a_day_is_refused():
+    """inf (or 1e10) overflowed the wait on the verifier processes mid-run."""
+    from trimtab.config import load_config
+
+    with pytest.raises(ConfigError, match=r"rl.verifier_timeout_s' must be in \(0, 86400\] seconds"):
+        load_config(preset="debug", sets=["rl.verifier_timeout_s=inf"])
+
+
 def test_a_hung_verification_is_killed_at_its_limit_and_the_rest_are_scored():
     """Four answers, one verification that never ends, one that raises, one that kills its own
     process: the rewards of the others are exact; each failure is 0 and said; the hung one is

@@ -34,6 +34,12 @@ def test_a_prompt_file_is_read_and_a_bad_line_named(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(DataError, match="no prompts"):
         read_problems(tmp_path / "empty.jsonl")
+    bad.write_text('{"prompt": "2+3=", "answer": "5"}\n{"prompt": " ", "answer": "0"}\n')  # crashed mid-run when drawn
+    with pytest.raises(DataError, match=r'bad.jsonl:2: an empty "prompt"'):
+        read_problems(bad)
+    bad.write_text('{"prompt": "2+3=", "answer": null}\n')  # read as the answer "None"
+    with pytest.raises(DataError, match=r'bad.jsonl:1: a prompt record needs "prompt" \(text\) and "answer"'):
+        read_problems(bad)
 
 
 def test_a_files_held_out_split_trains_every_other_prompt_and_keeps_a_prompts_items_together():

@@ -63,6 +63,8 @@ def read_pairs(path: Path) -> list[Pair]:
             )
         if value["chosen"] == value["rejected"]:
             raise DataError(f"{record.where}: its chosen and rejected responses are the same text; fix or drop it")
+        if not value["prompt"].strip():  # no context to prefer one response in
+            raise DataError(f'{record.where}: an empty "prompt"; give the text the responses follow, or drop it')
         out.append(Pair(value["prompt"], value["chosen"], value["rejected"], record.where))
     if not out:
         raise DataError(f"{path}: no preference pairs in it")

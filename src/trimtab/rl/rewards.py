@@ -82,6 +82,17 @@ def _format(pattern: str) -> Verifier:
     return lambda response, answer: float(compiled.fullmatch(response.strip()) is not None)
 
 
+def _imported(module: str, spec: str, key: str) -> Any:
+    """A verifier's module; its own error at import (a syntax error, a failing statement) said as
+    the config's: the module is the person's code, its traceback is not trimtab's."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"{key} '{spec}': importing {module} failed: {type(exc).__name__}: {exc}") from None
+
+
 def verifier(spec: str, key: str = "rl.reward") -> Verifier:
     """The verifier a spec names; ConfigError (naming the config `key`) when it names none."""
     kind, _, rest = spec.partition(":")
@@ -97,7 +108,7 @@ def verifier(spec: str, key: str = "rl.reward") -> Verifier:
             return _format(rest)
         if kind == "python" and rest.count(":") == 1:
             module, name = rest.split(":")
-            return getattr(importlib.import_module(module), name)
+            return getattr(_imported(module, spec, key), name)
     except (ImportError, re.error, AttributeError) as exc:
         raise ConfigError(f"{key} '{spec}': {exc}") from None
     raise ConfigError(

@@ -45,12 +45,15 @@ def read_problems(path: Path) -> list[Problem]:
     """Every problem of a prompt file; a DataError naming the file and line of a bad one."""
     out = []
     for record, value in json_lines(path):
-        if not isinstance(value, dict) or not isinstance(value.get("prompt"), str) or "answer" not in value:
+        answer = value.get("answer") if isinstance(value, dict) else None
+        if not isinstance(value, dict) or not isinstance(value.get("prompt"), str) or answer is None:
             raise DataError(
                 f'{record.where}: a prompt record needs "prompt" (text) and "answer", e.g. '
                 '{"prompt": "2+3=", "answer": "5"}'
             )
-        out.append(Problem(value["prompt"], str(value["answer"]), record.where))
+        if not value["prompt"].strip():  # nothing to condition on: generation had no token to start from
+            raise DataError(f'{record.where}: an empty "prompt"; give the text the response follows, or drop it')
+        out.append(Problem(value["prompt"], str(answer), record.where))
     if not out:
         raise DataError(f"{path}: no prompts in it")
     return out

@@ -341,7 +341,7 @@ _TABLE = (
         verb="verifier-timeout",
         says="RL verifier timeout {value:g} s",
         help="seconds one verification of an RL response may take before it is killed (rl.verifier_timeout_s)",
-        params=(ActionParam(name="value", kind="float", bounds="(0, inf)"),),
+        params=(ActionParam(name="value", kind="float", bounds="(0, 86400]"),),
     ),
     Action(
         name="set_total_steps",

@@ -125,6 +125,11 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
 def _rl_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer, list[RLPhase | DPOPhase]]:
     """An RL or DPO run's one phase, with the tokenizer of the model it trains."""
     tok = given_tokenizer(cfg, tok_source)
+    if tok is None and cfg.train.init_from and not Path(cfg.train.init_from).exists():  # said as `train` says it
+        raise ConfigError(
+            f"config key 'train.init_from' = '{cfg.train.init_from}' does not exist; point it at a run "
+            "directory, a checkpoints/step_* directory or a Hugging Face model directory"
+        )
     if tok is None:
         raise ConfigError(
             f"{'dpo' if cfg.dpo.enabled else 'rl'}: the tokenizer of the model to train is unknown; set "
