@@ -84,12 +84,18 @@ def test_bad_input_is_one_clear_line_and_exit_2(argv, message, capsys, tmp_path)
     "argv, message",
     [
         (["generate", "RUN", "--max-new-tokens", "-3"], "argument --max-new-tokens: must be at least 1, got -3"),
-        (["generate", "RUN", "--temperature", "nan"], "argument --temperature: must be at least 0, got nan"),
+        (
+            ["generate", "RUN", "--temperature", "nan"],
+            "argument --temperature: must be a finite number at least 0, got nan",
+        ),
         (["generate", "RUN", "--top-p", "0"], "argument --top-p: must be above 0 and at most 1, got 0"),
         (["generate", "RUN", "--top-k", "-1"], "argument --top-k: must be at least 0, got -1"),
         (["eval", "RUN", "--batch-size", "0"], "argument --batch-size: must be at least 1, got 0"),
         (["eval", "RUN", "--limit", "-1"], "argument --limit: must be above 0, got -1"),
         (["tune", "SPACE", "--trials", "0"], "argument --trials: must be at least 1, got 0"),
+        (["plan", "--dataset-tokens", "nan"], "argument --dataset-tokens: must be a finite number above 0, got nan"),
+        (["plan", "--budget-flops", "inf"], "argument --budget-flops: must be a finite number above 0, got inf"),
+        (["plan", "--budget-hours", "0"], "argument --budget-hours: must be above 0, got 0"),
     ],
 )
 def test_numeric_flags_out_of_range_are_refused_naming_the_flag(argv, message, capsys):

@@ -340,12 +340,22 @@ def _data_prepare(args: argparse.Namespace) -> int:
     arg("--out", help="directory for plan.json and plan.txt; default: the run directory"),
     SET,
     OneOf(
-        arg("--dataset-tokens", type=float, metavar="N", help="unique training tokens in the data"),
+        arg(
+            "--dataset-tokens",
+            type=number(float, 0, above=True),
+            metavar="N",
+            help="unique training tokens in the data",
+        ),
         arg("--data", metavar="PATH", help="count the data's tokens (the run's tokenizer, else bytes)"),
     ),
     OneOf(
-        arg("--budget-flops", type=float, metavar="F", help="compute budget in FLOPs"),
-        arg("--budget-hours", type=float, metavar="H", help="compute budget in hours on the hardware"),
+        arg("--budget-flops", type=number(float, 0, above=True), metavar="F", help="compute budget in FLOPs"),
+        arg(
+            "--budget-hours",
+            type=number(float, 0, above=True),
+            metavar="H",
+            help="compute budget in hours on the hardware",
+        ),
     ),
     arg("--gpu", metavar="NAME", help="plan for this GPU (e.g. H100) instead of this machine"),
     arg("--gpus", "--devices", dest="devices", type=int, default=1, help="devices training together (default 1)"),
@@ -403,7 +413,10 @@ def _tune(args: argparse.Namespace) -> int:
         help="run directories (several: overlaid for comparison), or a healing benchmark's healing.json "
         "(or the directory holding it)",
     ),
-    arg("--out", help="the HTML file (default: RUN/report.html for one run, else report.html)"),
+    arg(
+        "--out",
+        help="the HTML file, or a directory to hold report.html (default: RUN/report.html, or report.html for several)",
+    ),
 )
 def _report(args: argparse.Namespace) -> int:
     from trimtab.report import write_report

@@ -5,6 +5,7 @@ COMMANDS in declaration order; cli.build_parser turns them into the argparse par
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,12 +24,12 @@ def number(kind: type, low: float, high: float | None = None, above: bool = Fals
 
     def parse(text: str) -> Any:
         value = kind(text)
-        nan = value != value  # compares as neither below nor above
-        if nan or value < low or (above and value == low) or (high is not None and value > high):
+        odd = value != value or value in (math.inf, -math.inf)  # nan compares as neither; no count is infinite
+        if odd or value < low or (above and value == low) or (high is not None and value > high):
             span = f"{'above' if above else 'at least'} {low:g}" + (
                 f" and at most {high:g}" if high is not None else ""
             )
-            raise argparse.ArgumentTypeError(f"must be {span}, got {text}")
+            raise argparse.ArgumentTypeError(f"must be {'a finite number ' if odd else ''}{span}, got {text}")
         return value
 
     parse.__name__ = kind.__name__  # argparse's "invalid int value: 'x'"
