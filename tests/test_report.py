@@ -247,6 +247,13 @@ def test_runs_and_report_list_a_run_whose_files_a_disk_fault_damaged(tmp_path):
     assert rows["bad"]["steps"] == 2  # from its metrics
     write_report([bad], tmp_path / "bad.html")
     assert (tmp_path / "bad.html").stat().st_size > 0
+    # lines of metrics.jsonl and decisions.jsonl that are JSON but not a record, or not UTF-8
+    with open(bad / "metrics.jsonl", "ab") as fh:
+        fh.write(b"[1, 2]\n" + b'{"step": 3, "loss": 1.5, "tokens": 300, "tokens_per_s": 1000.0}\n' + b"\xff\xfe\n")
+    (bad / "decisions.jsonl").write_text("[1, 2]\n")
+    rows = {r["run"]: r for r in list_runs(tmp_path, "run")}
+    assert rows["bad"]["steps"] == 3 and rows["good"]["status"] == "completed"
+    assert write_report([bad], tmp_path) == tmp_path / "report.html"  # --out a directory: its report.html
 
 
 def _fake_run(path: Path, lr: float) -> Path:

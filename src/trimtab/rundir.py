@@ -100,12 +100,13 @@ def read_json(path: Path) -> Any:
 
 def read_jsonl(path: Path, abandoned: bool = True) -> list[dict[str, Any]]:
     """The records of a JSONL file in file order ([] when there is none). A last line without its
-    newline (being written by a live run, or cut off by a crash) and a line that does not parse
-    are left out; with abandoned=False so are the records marked abandoned."""
+    newline (being written by a live run, or cut off by a crash), a line that does not parse (or
+    holds bytes that are not UTF-8) and one that is not a JSON object are left out; with
+    abandoned=False so are the records marked abandoned."""
     path = Path(path)
     if not path.is_file():
         return []
-    text = path.read_text()
+    text = path.read_bytes().decode(errors="replace")  # a damaged byte spoils its line, not the file
     lines = text.splitlines()
     if not text.endswith("\n"):
         lines = lines[:-1]
@@ -114,9 +115,11 @@ def read_jsonl(path: Path, abandoned: bool = True) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(record, dict):  # every record trimtab writes is an object: anything else is damage
+            records.append(record)
     return records if abandoned else [r for r in records if not r.get(ABANDONED)]
 
 

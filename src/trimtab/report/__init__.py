@@ -30,6 +30,8 @@ def write_report(paths: list[str | Path], out: str | Path | None = None, summary
         raise NotARunError("no run directory given")
     runs, healings = _load(paths, summary)
     target = Path(out) if out else default_out(paths)
+    if target.is_dir():  # `--out DIR`, as `trimtab plan --out` takes a directory
+        target = target / REPORT
     target.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(target, render(runs, healings))  # a reader (a browser reloading) never sees half a page
     return target
