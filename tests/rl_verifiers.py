@@ -18,7 +18,7 @@ def flaky(response: str, answer: str) -> float:
 
 def not_a_number(response: str, answer: str):
     """What a verifier returns by mistake: NaN, an infinity, text; a number otherwise."""
-    return {"nan": float("nan"), "inf": float("inf"), "text": "1", "none": None}.get(response, 1.0)
+    return {"nan": float("nan"), "inf": float("inf"), "text": "1", "none": None, "huge": 1e300}.get(response, 1.0)
 
 
 def hang_once(response: str, answer: str) -> float:

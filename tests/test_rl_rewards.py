@@ -88,15 +88,16 @@ def test_a_reward_that_is_no_finite_number_is_the_verifiers_error_not_a_nan_in_t
     infinity or text, is the verifier's error now: reward 0, said (rule rl_verifier's evidence)."""
     pool = VerifierPool("python:rl_verifiers:not_a_number", workers=1, timeout_s=5.0, retries=0)
     try:
-        scored = pool.score(["nan", "inf", "text", "none", "fine"], [""] * 5)
+        scored = pool.score(["nan", "inf", "text", "none", "huge", "fine"], [""] * 6)
     finally:
         pool.close()
-    assert scored.rewards == [0.0, 0.0, 0.0, 0.0, 1.0]
+    assert scored.rewards == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert scored.events[-1]["detail"] == "ValueError: the verifier returned 1e+300, beyond the +-1e+06 a reward may be"
     said = {e["index"]: (e["kind"], e["detail"]) for e in scored.events}
     assert said[0] == ("error", "ValueError: the verifier returned nan, not a finite number")
     assert said[1] == ("error", "ValueError: the verifier returned inf, not a finite number")
     assert said[2] == ("error", "TypeError: the verifier returned str '1', not a number")
-    assert said[3][0] == "error" and "returned None" in said[3][1] and set(said) == {0, 1, 2, 3}
+    assert said[3][0] == "error" and "returned None" in said[3][1] and set(said) == {0, 1, 2, 3, 4}
 
 
 def test_verifications_queued_behind_a_hung_one_are_scored_and_not_counted_against_it():

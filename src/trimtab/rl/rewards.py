@@ -131,6 +131,9 @@ def _serve(spec: str, conn: Connection) -> None:
             conn.send((index, 0.0, f"{type(exc).__name__}: {exc}"))
 
 
+MAX_REWARD = 1e6  # rewards are scores (0-1, a few points): far past this, fp32 advantages overflow
+
+
 def _reward(value: Any) -> float:
     """A verifier's return as a reward: a finite number, else the verifier's error. A NaN or an
     infinity would make its whole group's advantages NaN, the step's loss NaN, and the
@@ -143,6 +146,8 @@ def _reward(value: Any) -> float:
     reward = float(value)
     if not math.isfinite(reward):
         raise ValueError(f"the verifier returned {reward}, not a finite number")
+    if abs(reward) > MAX_REWARD:  # finite, but its group's fp32 advantages would overflow the same way
+        raise ValueError(f"the verifier returned {reward:g}, beyond the +-{MAX_REWARD:g} a reward may be")
     return reward
 
 
