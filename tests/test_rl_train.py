@@ -63,12 +63,15 @@ def test_the_policy_learns_a_reward_it_can_reach_and_a_clean_run_takes_no_action
 
 
 def test_an_interrupted_rl_run_resumes_to_the_uninterrupted_weights(tmp_path, base):
-    whole = rl(tmp_path / "whole", base, 4)
-    first = rl(tmp_path / "parts", base, 4, "--inject", "sigterm@2")
-    assert [m["step"] for m in first] == [1, 2]
-    both = rl(tmp_path / "parts", base, 4)  # the run's whole log: the first session's steps, then the resumed ones
-    assert [m["step"] for m in both] == list(range(1, 5))
-    assert [m["rl/reward"] for m in both] == [m["rl/reward"] for m in whole]
+    """...and logs its figures: stopped at step 2 of a log window of 3 steps, the line at step 3
+    averages steps 1-3 as the uninterrupted run's (the resumed session's step alone before)."""
+    window = ("--set", "train.log_every=3")
+    whole = rl(tmp_path / "whole", base, 4, *window)
+    assert rl(tmp_path / "parts", base, 4, *window, "--inject", "sigterm@2") == []  # stopped inside the window
+    both = rl(tmp_path / "parts", base, 4, *window)
+    assert [m["step"] for m in both] == [m["step"] for m in whole] == [3, 4]
+    figures = lambda lines: [{k: v for k, v in m.items() if k.startswith("rl/")} for m in lines]  # noqa: E731
+    assert figures(both) == figures(whole)
     a = load_file(tmp_path / "whole/checkpoints/step_000004/model.safetensors")
     b = load_file(tmp_path / "parts/checkpoints/step_000004/model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)

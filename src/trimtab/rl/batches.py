@@ -179,6 +179,24 @@ def batch_from_state(state: dict[str, Any]) -> RolloutBatch:
     return RolloutBatch([], 0, rollouts=rollouts, **fields)
 
 
+@dataclass
+class _Logged:
+    """What metrics() reads of a step's batch, as a checkpoint keeps it (host numbers)."""
+
+    sums: dict[str, float]
+    staleness: float
+    totals: dict[str, float]
+
+    @classmethod
+    def of(cls, batch: Any) -> dict[str, Any]:
+        totals = {k: float(v) for k, v in batch.totals.items()}  # one host read a tensor, at a save
+        return {
+            "sums": {k: float(v) for k, v in batch.sums.items()},
+            "staleness": float(batch.staleness),
+            "totals": totals,
+        }
+
+
 class RolloutLoader(Ordered):
     """An RL phase's steps (see the module docstring); `policy` is set by the trainer."""
 
@@ -504,17 +522,21 @@ class RolloutLoader(Ordered):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """The order's position and the draws made; asynchronously, also the batches generated
-        ahead (waited for first: their draws move the position)."""
+        """The order's position, the draws made and the figures of the steps not logged yet;
+        asynchronously, also the batches generated ahead (waited for first: their draws move the
+        position)."""
         ahead = [batch_state(b) for b in self._queue.ahead()] if self._queue else []
         queued = {"ahead_ranks": self.gather(ahead)} if self.world > 1 else {"ahead": ahead}  # each rank's own
         queued["max_staleness"] = self.max_staleness if self._queue else 0  # ahead may hold fewer (a failure)
-        return {**queued, "version": self.version, "draws": self.draws, **self.order.state_dict()}
+        logged = [_Logged.of(b) for b in self._window]  # every rank's figures already (all_sum, settle)
+        return {**queued, "version": self.version, "draws": self.draws, "log_window": logged, **self.order.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where `state` was taken."""
         self.order.load_state_dict(state, "RL")
         self.seed, self.draws = state["seed"], state["draws"]
+        # the next log line averages the steps since the last one, as without the stop
+        self._window = [_Logged(**w) for w in state.get("log_window", [])]
         self.version = state.get("version", 0)
         ranks = state.get("ahead_ranks")
         if ranks is not None and len(ranks) != self.world:

@@ -100,6 +100,7 @@ class PairLoader(Ordered):
         items = fingerprint((p.prompt, p.chosen, p.rejected) for p in pairs)  # as tokenized
         self.order = EpochOrder(len(pairs), seed, "pairs", "dpo.pairs", items)
         self._window: list[PairBatch] = []  # the steps since metrics() was read
+        self._carried: list[float] | None = None  # a resumed checkpoint's window, summed (SUMMED + pairs)
 
     def next_batch(self) -> PairBatch:
         drawn = [self.order.next() for _ in range(self.cfg.pairs_per_step)]
@@ -120,10 +121,11 @@ class PairLoader(Ordered):
     def metrics(self) -> dict[str, float]:
         """The DPO figures over the steps since the last read, per pair (one host read)."""
         window, self._window = self._window, []
+        carried, self._carried = self._carried, None
         terms = [t for b in window for t in b.terms]
-        if not terms:
+        if not terms and carried is None:
             return {}
-        return summarise(terms, "dpo/", self.all_sum)
+        return summarise(terms, "dpo/", self.all_sum, carried)
 
     def evaluate(self) -> dict[str, float]:
         """The held-out pairs scored by the policy against the reference: the share the policy
@@ -150,19 +152,43 @@ class PairLoader(Ordered):
         return figures
 
     def state_dict(self) -> dict[str, Any]:
-        return self.order.state_dict()
+        """The order's position, and the steps not logged yet as their sums over the ranks (every
+        rank saves, so each calls the collective)."""
+        local = sums_of([t for b in self._window for t in b.terms])
+        return {**self.order.state_dict(), "log_window": self.all_sum(local)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly where `state` was taken."""
+        """Continue exactly where `state` was taken: the next log line averages the steps since
+        the last one, as without the stop (the window's sums carried by rank 0 alone, so that the
+        sum over the ranks counts them once)."""
         self.order.load_state_dict(state, "DPO")
+        window = state.get("log_window") or [0.0]
+        self._window, self._carried = [], None
+        if window[-1]:  # pairs in it
+            self._carried = window if self.rank == 0 else [0.0] * len(window)
 
 
-def summarise(terms: list[DPOTerms], prefix: str, over_ranks: Sum | None = None) -> dict[str, float]:
-    """Per-pair means of micro-batches' sums (`over_ranks`: summed over the data-parallel ranks
-    first): the loss, the preference accuracy (the share of pairs whose implicit reward prefers
-    the chosen response), the margin and each reward."""
-    names = ("objective", "correct", "margin", "chosen_reward", "rejected_reward")
-    sums = torch.stack([torch.stack([getattr(t, k).detach().float() for k in names]) for t in terms]).sum(0)
-    *summed, n = (over_ranks or (lambda values: values))([*sums.tolist(), float(sum(t.pairs for t in terms))])
+SUMMED = ("objective", "correct", "margin", "chosen_reward", "rejected_reward")  # DPOTerms' sums
+
+
+def sums_of(terms: list[DPOTerms], start: list[float] | None = None) -> list[float]:
+    """`start` (zeros by default) plus the micro-batches' sums of SUMMED, then their pair count,
+    added one term after another in float64 (one host read): a window resumed from its start's
+    sums adds up to what the window uninterrupted did, to the bit."""
+    total = list(start) if start is not None else [0.0] * (len(SUMMED) + 1)
+    if terms:
+        rows = torch.stack([torch.stack([getattr(t, k).detach().double() for k in SUMMED]) for t in terms]).tolist()
+        for row, t in zip(rows, terms):
+            total = [a + b for a, b in zip(total, [*row, float(t.pairs)], strict=True)]
+    return total
+
+
+def summarise(
+    terms: list[DPOTerms], prefix: str, over_ranks: Sum | None = None, carried: list[float] | None = None
+) -> dict[str, float]:
+    """Per-pair means of micro-batches' sums (`carried`: sums_of earlier ones added; `over_ranks`:
+    summed over the data-parallel ranks first): the loss, the preference accuracy (the share of
+    pairs whose implicit reward prefers the chosen response), the margin and each reward."""
+    *summed, n = (over_ranks or (lambda values: values))(sums_of(terms, carried))
     figures = dict(zip(("loss", "accuracy", "margin", "chosen_reward", "rejected_reward"), (x / n for x in summed)))
     return {prefix + k: v for k, v in figures.items()}
