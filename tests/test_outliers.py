@@ -88,6 +88,12 @@ def test_a_row_is_named_when_it_stays_far_out_and_a_hard_row_the_model_learns_is
     step = data.step_metrics()
     step.row_losses = dict.fromkeys(step.row_losses, (math.inf, 64))
     assert rule.observe(step) is None
+    # nor is one data-parallel rank's share (its weights gone NaN): half of the rows, or a quarter
+    for share in (2, 4):
+        step = data.step_metrics()
+        rows = enumerate(step.row_losses.items())
+        step.row_losses = {r: (math.nan, 64) if i % share == 1 else v for i, (r, v) in rows}
+        assert rule.observe(step) is None, share
     # a short row's mean is noise: not judged, however high
     assert rule.observe(data.step_metrics({10_005: 20.0}, targets=8)) is None
 

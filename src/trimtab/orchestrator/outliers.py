@@ -48,7 +48,10 @@ class OutlierRows(Monitor):
         cfg = self.cfg
         losses = {r: loss for r, (loss, targets) in (m.row_losses or {}).items() if targets >= cfg.min_targets}
         values = [x for x in losses.values() if math.isfinite(x)]
-        if len(self.recent) < cfg.min_reference or len(values) < len(losses) / 2:  # a broken forward is not the rows'
+        # One row not finite among finite ones is that row's (named below); two or more are a broken
+        # computation, not two rows of data gone at once: a whole forward, or under data
+        # parallelism one rank's share of the rows (its weights gone bad: rule nonfinite's)
+        if len(self.recent) < cfg.min_reference or len(losses) - len(values) >= 2:
             self.recent.extend(values)
             return None
         reference = list(self.recent) + values
