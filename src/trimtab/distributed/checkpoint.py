@@ -105,7 +105,7 @@ class Checkpoints:
         fresh = not optimizer.state
         app = {"model": get_model_state_dict(model)}
         if not fresh:
-            app["optim"] = get_optimizer_state_dict(model, optimizer)
+            app["optim"] = get_optimizer_state_dict(model, optimizer, options=_by_parameter())
         parts = (app, {**extra, "fresh_optimizer": fresh}, state)
         if background:
             parts = self._stage(parts)
@@ -236,9 +236,10 @@ class Checkpoints:
                 )
             native = upgrade_optimizer(native, _param_names(model, optimizer), model.cfg)
         if "optimizer" not in optim_state:  # sharded: read this world size's shards
-            target = {"optim": get_optimizer_state_dict(model, optimizer)}
+            options = _by_parameter() if _keyed_by_parameter(path) else None
+            target = {"optim": get_optimizer_state_dict(model, optimizer, options=options)}
             _dcp_load(target, path, cpu_group() if self.world > 1 else None)
-            set_optimizer_state_dict(model, optimizer, target["optim"])
+            set_optimizer_state_dict(model, optimizer, target["optim"], options=options)
         elif self.sharded:  # a one-process checkpoint: name its state by parameter, then shard it
             set_optimizer_state_dict(
                 model,
@@ -291,6 +292,26 @@ def _dcp_save(app: dict[str, Any], where: Path, group: Any) -> None:
         first = next((e for e in failures if e is not None), None)
         code = getattr(first, "errno", None) or errno.EIO
         raise OSError(code, f"sharded checkpoint write failed: {first or exc}") from exc
+
+
+def _by_parameter() -> Any:
+    """The optimizer's state and param-group settings keyed by parameter name. Keyed by group
+    index, pipeline stages wrote the same keys for their different groups, one stage's were kept,
+    and a resume on stages met a group without lr or betas (KeyError: 'betas')."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def _keyed_by_parameter(path: Path) -> bool:
+    """Whether a sharded checkpoint keys its optimizer by parameter (_by_parameter), as written
+    since; older ones key the param groups by index, and are read as written."""
+    import re
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = FileSystemReader(str(Path(path) / SHARDED)).read_metadata().state_dict_metadata
+    return not any(re.match(r"optim\.param_groups\.\d+\.", k) for k in keys)
 
 
 def _dcp_load(target: dict[str, Any], path: Path, group: Any) -> None:
