@@ -154,10 +154,29 @@ def test_distributed_config_errors_name_the_key():
     assert cfg.distributed.cpu_offload and cfg.distributed.param_dtype == "bf16"
 
 
-def test_a_fault_can_name_its_rank():
+@pytest.mark.distributed
+def test_faults_every_rank_met_do_not_fire_again_when_the_world_grows(tmp_path):
+    """One process meets nan_loss@3 and stops at step 6; resumed on two ranks, the new rank 1
+    (no record of its own) fired both again: a NaN step and a stop at step 7."""
+    faults = ["nan_loss@3", "sigterm@6"]
+    (alone,) = run(tmp_path / "r", 1, faults=faults)
+    assert alone["summary"]["status"] == "stopped (SIGTERM)"
+    rank0, rank1 = run(tmp_path / "r", 2, faults=faults)
+    for record in (rank0, rank1):
+        again = [(d["step"], d["rule"]) for d in record["decisions"] if d["step"] > 6 and d["rule"] == "nonfinite"]
+        assert record["summary"]["status"] == "completed" and not again, again
+
+
+def test_a_fault_can_name_its_rank(tmp_path):
     assert parse_fault("oom@6:600@rank1").rank == 1 and parse_fault("oom@6:600").rank is None
     with pytest.raises(ConfigError, match="@rankR"):
         parse_fault("nan_loss@3@rankx")
+    # one the job has not is said at the start (it never fired, silently)
+    from trimtab.api import train_or_raise
+
+    cfg = load_config(preset="debug", overrides={"out": str(tmp_path / "r"), "faults": ["nan_loss@1@rank5"]})
+    with pytest.raises(ConfigError, match=r"faults: nan_loss@1@rank5 names a rank this job has not \(ranks 0-0\)"):
+        train_or_raise(cfg)
 
 
 @pytest.mark.distributed

@@ -215,13 +215,19 @@ class FaultInjector(Instrument):
         if self.handle is None:
             raise RuntimeError("FaultInjector: no FaultHandle (the Trainer attaches one to each Instrument hook)")
         self.run = run
-        rank = run.rank
+        rank, first = run.rank, self.path
+        if outside := [f.spec for f in self.faults if f.rank is not None and f.rank >= run.world]:
+            raise ConfigError(f"faults: {outside[0]} names a rank this job has not (ranks 0-{run.world - 1})")
+        everyone = {f.spec for f in self.faults if f.rank is None}
         self.faults = [f for f in self.faults if f.rank is None or f.rank == rank]
         if rank:  # each rank remembers its own firings; rank 0 keeps the usual file
             self.path = self.path.with_name(f"faults.rank{rank}.json")
         if self.path.is_file():
             self.record = json.loads(self.path.read_text())
-            self._corrupt(self.record["poisoned"])  # a resumed run's data is as bad as before
+        elif rank and first.is_file():  # a rank new to the run (the world grew): what every rank met, it met
+            record = json.loads(first.read_text())
+            self.record = {**record, "fired": {k: v for k, v in record["fired"].items() if k in everyone}}
+        self._corrupt(self.record["poisoned"])  # a resumed run's data is as bad as before
         model = self.handle.model
         off = activation_bytes_per_token(run.cfg, 2, "off")
         self._activation_share = {m: activation_bytes_per_token(run.cfg, 2, m) / off for m in CHECKPOINTING}
