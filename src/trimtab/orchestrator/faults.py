@@ -216,7 +216,8 @@ class FaultInjector(Instrument):
             raise RuntimeError("FaultInjector: no FaultHandle (the Trainer attaches one to each Instrument hook)")
         self.run = run
         rank, first = run.rank, self.path
-        if outside := [f.spec for f in self.faults if f.rank is not None and f.rank >= run.world]:
+        # checked as a job starts: an elastic job resumed on fewer ranks has lost the ones that met theirs
+        if not run.step and (outside := [f.spec for f in self.faults if f.rank is not None and f.rank >= run.world]):
             raise ConfigError(f"faults: {outside[0]} names a rank this job has not (ranks 0-{run.world - 1})")
         everyone = {f.spec for f in self.faults if f.rank is None}
         self.faults = [f for f in self.faults if f.rank is None or f.rank == rank]
