@@ -146,6 +146,15 @@ def test_expert_surgery_under_a_mesh_is_refused_with_the_reason():
     assert moe_layer(model, 1, world=1) is model.blocks[1].ffn
 
 
+@pytest.mark.distributed
+def test_expert_parallelism_of_a_dense_model_is_refused_at_the_start(tmp_path):
+    """It ran as plain FSDP2, silently: the check was reached only with MoE layers on the rank."""
+    from helpers import run
+
+    with pytest.raises(AssertionError, match=r"distributed.ep=2: the model has no MoE layers to split"):
+        run(tmp_path / "r", 2, distributed={"ep": 2, "strategy": "fsdp"})
+
+
 def test_expert_parallel_settings_that_do_not_fit_are_named():
     cfg = load_config(preset="debug-moe", sets=["distributed.ep=2"])
     assert cfg.distributed.data_parallel == "fsdp"  # auto: experts split need FSDP2
