@@ -230,14 +230,20 @@ class Trainer(Checkpointing, PolicyTraining):
     def _rerun(self, batch: StepBatch, clip: float, first: Gradients) -> tuple[Gradients, torch.Tensor | None, dict]:
         """A flagged step's gradients computed again from the same weights on the same rows
         (training/rerun.py): the re-run's stand, gated afresh; the verdict for the orchestrator."""
-        self.optimizer.zero_grad(set_to_none=True)
-        for _, layer in self.model.moe_layers():
-            layer.load.zero_()  # the first computation's routing counts
+        self._discard_gradients()
         again = self._gradients(batch, clip)
         verdict = compare(first, again)
         if verdict["verdict"] == "transient":
             verdict["ranks"] = ranks_that_differ(first, again)
         return again, self._update_gate(again.loss, again.grad_norm), verdict
+
+    def _discard_gradients(self) -> None:
+        """Forget a computation of this step's gradients, which a re-run or an out-of-memory retry
+        computes again: the gradients, and the MoE layers' routing counts each computation adds to
+        (the balancing bias reads them once a step)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        for _, layer in self.model.moe_layers():
+            layer.load.zero_()
 
     def _forward_backward(
         self, batch: StepBatch, routers: RouterStats, rows: RowLosses | None = None
@@ -362,9 +368,7 @@ class Trainer(Checkpointing, PolicyTraining):
                 if not is_oom(exc):
                     raise
                 self.dist.announce_oom(exc)  # the other ranks shrink with this one
-                self.optimizer.zero_grad(set_to_none=True)
-                for _, layer in self.model.moe_layers():
-                    layer.load.zero_()  # the failed try's routing counts: the retry counts its tokens again
+                self._discard_gradients()
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
                 before = (self.loader.micro_batch_tokens, self.model.checkpointing)
