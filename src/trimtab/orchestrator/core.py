@@ -484,8 +484,7 @@ class Orchestrator(Hook):
             "recent_losses": list(self.recent_losses.values),
             "policy": self.policy.state_dict(),
             "journal": self.journal.state_dict(),
-            "tracking": self.outcomes.tracking,
-            "healthy_losses": self.outcomes.state_dict()["healthy"],
+            **self.outcomes.state_dict(),
             "paused": sorted(self.paused),
             "mode": self.mode,
             "phase": self.phase,
@@ -501,7 +500,7 @@ class Orchestrator(Hook):
         self._load_monitors(state)
         self.policy.load_state_dict(state["policy"])
         self.journal.load_state_dict(state["journal"])
-        self.outcomes.load_state_dict(state["tracking"], state.get("healthy_losses", []))
+        self.outcomes.load_state_dict(state)
         self.paused = set(state["paused"])
         self.phase = state.get("phase", 0)
         if self.make_up is not None and state.get("make_up"):

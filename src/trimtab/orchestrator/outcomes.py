@@ -73,11 +73,12 @@ class Outcomes:
         self.journal.write()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"tracking": self.tracking, "healthy": [[s, v] for s, v in self.healthy.items()]}
+        """Its part of the orchestrator's state (keys of its own there)."""
+        return {"tracking": self.tracking, "healthy_losses": [[s, v] for s, v in self.healthy.items()]}
 
-    def load_state_dict(self, tracking: dict[str, Any], healthy: list[list[float]]) -> None:
-        self.tracking = tracking
-        self.healthy = OrderedDict((int(s), float(v)) for s, v in healthy)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.tracking = state["tracking"]
+        self.healthy = OrderedDict((int(s), float(v)) for s, v in state.get("healthy_losses", []))  # older: none
 
 
 def same_trouble(decision: Decision, f: Finding) -> bool:

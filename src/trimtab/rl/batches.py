@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -188,13 +188,10 @@ class _Logged:
     totals: dict[str, float]
 
     @classmethod
-    def of(cls, batch: Any) -> dict[str, Any]:
-        totals = {k: float(v) for k, v in batch.totals.items()}  # one host read a tensor, at a save
-        return {
-            "sums": {k: float(v) for k, v in batch.sums.items()},
-            "staleness": float(batch.staleness),
-            "totals": totals,
-        }
+    def of(cls, batch: Any) -> _Logged:
+        """A batch's (or a _Logged's) figures; a host read a tensor, at a save."""
+        floats = lambda d: {k: float(v) for k, v in d.items()}  # noqa: E731
+        return cls(floats(batch.sums), float(batch.staleness), floats(batch.totals))
 
 
 class RolloutLoader(Ordered):
@@ -528,7 +525,7 @@ class RolloutLoader(Ordered):
         ahead = [batch_state(b) for b in self._queue.ahead()] if self._queue else []
         queued = {"ahead_ranks": self.gather(ahead)} if self.world > 1 else {"ahead": ahead}  # each rank's own
         queued["max_staleness"] = self.max_staleness if self._queue else 0  # ahead may hold fewer (a failure)
-        logged = [_Logged.of(b) for b in self._window]  # every rank's figures already (all_sum, settle)
+        logged = [asdict(_Logged.of(b)) for b in self._window]  # every rank's figures already (all_sum, settle)
         return {**queued, "version": self.version, "draws": self.draws, "log_window": logged, **self.order.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
