@@ -11,10 +11,12 @@ from trimtab.orchestrator.monitors import StepMetrics
 from trimtab.orchestrator.rl_reward import RewardFall, reward_remedy
 
 
-def step_of(i: int, groups: list[float], temperature: float = 1.0) -> StepMetrics:
-    """An RL step whose drawn groups scored these means."""
+def step_of(i: int, groups: list[float], reward: float | None = None, buffer: int = 0) -> StepMetrics:
+    """An RL step whose drawn groups scored these means; the reward trained on is their mean
+    unless an overlong penalty (`buffer` tokens) makes it `reward`."""
     rl = {"score_n": len(groups), "score": sum(groups), "score_sq": sum(g * g for g in groups)}
-    return StepMetrics(step=i, loss=0.0, grad_norm=1.0, rl=rl | {"temperature": temperature})
+    rl |= {"reward": sum(groups) / len(groups) if reward is None else reward, "overlong_buffer": buffer}
+    return StepMetrics(step=i, loss=0.0, grad_norm=1.0, rl=rl | {"temperature": 1.0})
 
 
 def feed(monitor: RewardFall, steps: list[list[float]], start: int = 1) -> list:
@@ -59,6 +61,25 @@ def test_a_reward_that_holds_or_rises_is_never_found(cfg):
     mon = RewardFall(cfg)
     start = [[0.2, 0.1, 0.3, 0.2]] * 3
     assert feed(mon, start + [[0.15, 0.1, 0.2, 0.15]] * 10 + [[0.6, 0.7, 0.5, 0.6]] * 10) == [None] * 23
+
+
+def test_a_fall_the_overlong_penalty_pays_for_is_no_fault_but_a_fall_under_it_is(cfg):
+    """A verifier that pays for length pays less as the overlong penalty brings the responses
+    back under the budget: the reward trained on (the penalty included) rises, the rule keeps
+    quiet. A new penalty starts the line again; under it, a fall of both is found."""
+    mon = RewardFall(cfg)
+    healthy = [[0.5, 0.25, 0.5, 0.25] * 2] * 3
+    assert feed(mon, healthy) == [None] * 3
+    shorter = [step_of(4 + i, [0.3 * 0.7**i] * 8, reward=-0.8 + 0.1 * i, buffer=4) for i in range(8)]
+    assert [mon.observe(m) for m in shorter] == [None] * 8
+    assert mon.overlong_buffer == 4 and len(mon.start) == 3  # the line starts again under the penalty
+    mon = RewardFall(cfg)
+    under = [step_of(1 + i, [0.4] * 8, reward=-0.1, buffer=4) for i in range(3)]
+    worse = [step_of(4 + i, [0.0] * 8, reward=-0.5, buffer=4) for i in range(3)]
+    found = [mon.observe(m) for m in under + worse]
+    assert [f is not None for f in found] == [False] * 5 + [True]
+    evidence = found[5].evidence
+    assert evidence["reward"] == pytest.approx(-0.5) and evidence["start_reward"] == pytest.approx(-0.1)
 
 
 def test_the_remedy_rolls_back_with_a_smaller_lr_then_stops():

@@ -302,7 +302,8 @@ def test_responses_that_run_into_the_budget_get_the_soft_overlong_penalty_and_co
         assert later["action"] == "rollback"
         assert later["params"]["to"] == later["evidence"]["short_step"] < later["step"]
     truncated = [m["rl/truncated"] for m in logged]
-    assert max(truncated[:3]) < 0.2 and max(truncated) > 0.8 and sum(truncated[-4:]) / 4 < 0.3, truncated
+    assert truncated[0] < 0.2 and max(truncated) > 0.8 and sum(truncated[-4:]) / 4 < 0.3, truncated
+    assert not decided(tmp_path / "l", "rl_reward")  # the verifier pays for length: the penalty's fall is no fault
 
 
 def test_a_kl_term_holds_the_policy_near_its_start_and_resumes_exactly(tmp_path, base):

@@ -18,7 +18,14 @@ its difficulty (the responses one by one would count a window's few dozen prompt
 independent draws, and understate the noise up to sqrt(group size) times). The sampling
 temperature is not a reason to start again: rule rl_signal warms the sampling when groups go flat,
 which a collapsing policy makes them (above, 1.0 -> 1.5 while the reward fell); the evidence
-records both temperatures. Remedy: back to the policy of the last step whose window still stood
+records both temperatures. The overlong penalty is: rule rl_length sets it to trade the verifier's
+score of answers that run on for answers that end (a verifier that pays for length pays less by
+design): a new penalty starts the line again from its first `start_steps`, and the rule fires only
+where the reward trained on (the penalty's included) fell too; it rises as a penalty does its work
+(measured, tests/test_rl_train.py's overlong run: a verifier paying for length fell 0.31 -> 0.15 as
+the penalty brought the responses cut from 98% to 6%, and the reward trained on rose -0.78 -> -0.02;
+the rule, blind to that, rolled back three times and stopped the run). Without a penalty the two
+are one. Remedy: back to the policy of the last step whose window still stood
 above the line, with the LR cut x `lr_factor`; when no rollback is left, the run stops there
 (its better policy is in the checkpoints). Measured on that run (60 steps): the held-out pass@1
 ended at 0.094 (0.14 at the start) where the same run with the rule off ended at 0.
@@ -46,6 +53,7 @@ class RewardFall(Monitor):
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.rl_reward
         self.temperature: float | None = None  # the start's sampling temperature
+        self.overlong_buffer = 0  # the soft overlong penalty the start was scored under (tokens)
         self.start: list[list[float]] = []  # the first `start_steps` steps' SCORE sums
         self.window: list[list[float]] = []  # the last steps'
         self.good_step = 0  # the last step whose window stood above the line: the rollback's target
@@ -61,7 +69,9 @@ class RewardFall(Monitor):
         rl, rule = m.rl or {}, self.cfg
         if rl.get("score_n") is None or not rl["score_n"]:
             return None
-        seen = [rl[k] for k in SCORE]
+        seen = [*(rl[k] for k in SCORE), rl["reward"]]
+        if rl.get("overlong_buffer", 0) != self.overlong_buffer:  # another objective: its own start
+            self.start, self.window, self.overlong_buffer = [], [], rl.get("overlong_buffer", 0)
         if len(self.start) < rule.start_steps:
             self.start.append(seen)
             self.temperature = rl["temperature"]
@@ -75,19 +85,21 @@ class RewardFall(Monitor):
         if len(self.window) < rule.window or now > line:
             return None
         z = (start - now) / max(math.hypot(start_se, now_se), 1e-12)
-        if z < rule.sigmas:
+        if z < rule.sigmas or _reward(self.window) >= _reward(self.start):
             return None
-        self.window, self.fired = [], self.fired + 1
         evidence = {
             "score": now,
             "start_score": start,
+            "reward": _reward(self.window),  # the reward trained on, the overlong penalty included
+            "start_reward": _reward(self.start),
             "z": z,
             "window": rule.window,
             "start_temperature": self.temperature,
             "temperature": rl["temperature"],
             "good_step": self.good_step,
-            "times": self.fired,
+            "times": self.fired + 1,
         }
+        self.window, self.fired = [], self.fired + 1
         summary = (
             f"the verifier's mean score over the last {rule.window} steps fell to {now:.3f} from the {start:.3f} "
             f"of the phase's first {rule.start_steps} ({z:.1f} standard errors, "
@@ -98,10 +110,15 @@ class RewardFall(Monitor):
 
 def _mean_and_se(steps: list[list[float]]) -> tuple[float, float]:
     """The mean group score over the steps and its standard error."""
-    n, total, squares = (sum(column) for column in zip(*steps))
+    n, total, squares = (sum(step[k] for step in steps) for k in range(3))
     mean = total / max(n, 1)
     variance = max(squares / max(n, 1) - mean * mean, 0.0)
     return mean, math.sqrt(variance / max(n, 1))
+
+
+def _reward(steps: list[list[float]]) -> float:
+    """The steps' mean reward trained on (older checkpoints' windows: their verifier score)."""
+    return sum(step[3] if len(step) > 3 else step[1] / max(step[0], 1) for step in steps) / max(len(steps), 1)
 
 
 def reward_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:

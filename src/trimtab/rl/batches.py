@@ -105,6 +105,7 @@ class RolloutBatch(StepBatch):
     staleness: float = 0.0  # optimizer steps from the rollouts' policy to the one trained (mean)
     verifier_error: str = ""  # this rank's last verification that raised or died, this step (rl_verifier)
     normaliser: float = 0.0  # the step's, every rank's responses (rl/loss.py)
+    overlong_buffer: int = 0  # the soft overlong penalty the rewards carry, in tokens (rule rl_length's knob)
 
     @property
     def health(self) -> dict[str, Any]:
@@ -120,6 +121,7 @@ class RolloutBatch(StepBatch):
         if "score" in self.sums:  # rl_reward's, per group (a checkpoint's older batches: none)
             figures |= {"score_n": self.sums["groups"], "score": self.sums["score"], "score_sq": self.sums["score_sq"]}
             figures["temperature"] = round(self.sums["temperature"] / max(self.sums["verified"], 1), 6)
+            figures["overlong_buffer"] = self.overlong_buffer
         if self.totals:  # one host read
             weight = max(float(self.totals["weight"]), 1e-12)
             figures |= {k: float(self.totals[k]) / weight for k in ("off_policy", "kl")}
@@ -165,7 +167,7 @@ def overlong_penalty(length: int, budget: int, buffer: int) -> float:
     return (start - length) / buffer
 
 
-BATCH_FIELDS = ("n_tokens", "rows", "advantage", "rewards", "sums", "verifier_error")
+BATCH_FIELDS = ("n_tokens", "rows", "advantage", "rewards", "sums", "verifier_error", "overlong_buffer")
 
 
 def batch_state(batch: RolloutBatch) -> dict[str, Any]:
@@ -175,7 +177,7 @@ def batch_state(batch: RolloutBatch) -> dict[str, Any]:
 
 def batch_from_state(state: dict[str, Any]) -> RolloutBatch:
     rollouts = [Rollout.from_state(r) for r in state["rollouts"]]
-    fields = {k: state[k] for k in BATCH_FIELDS if k in state}  # a checkpoint's older batches: no verifier_error
+    fields = {k: state[k] for k in BATCH_FIELDS if k in state}  # older checkpoints' batches: fewer fields
     return RolloutBatch([], 0, rollouts=rollouts, **fields)
 
 
@@ -326,7 +328,8 @@ class RolloutLoader(Ordered):
             "tokens": sum(len(r.tokens) for r in rollouts),
         }
         sums = dict(zip(SUMS, self._sum(all_sum, [local[k] for k in SUMS])))
-        return RolloutBatch([], 0, n_tokens, rows, None, rollouts, adv, rewards, sums, verifier_error=error)
+        shaping = {"verifier_error": error, "overlong_buffer": overlong_buffer}
+        return RolloutBatch([], 0, n_tokens, rows, None, rollouts, adv, rewards, sums, **shaping)
 
     def _sum(self, all_sum: Sum, values: list[float]) -> list[float]:
         """all_sum(values), told whether any rank's generation (or scoring) failed since the last
