@@ -328,8 +328,8 @@ class RolloutLoader(Ordered):
             "tokens": sum(len(r.tokens) for r in rollouts),
         }
         sums = dict(zip(SUMS, self._sum(all_sum, [local[k] for k in SUMS])))
-        shaping = {"verifier_error": error, "overlong_buffer": overlong_buffer}
-        return RolloutBatch([], 0, n_tokens, rows, None, rollouts, adv, rewards, sums, **shaping)
+        fields = {"verifier_error": error, "overlong_buffer": overlong_buffer}
+        return RolloutBatch([], 0, n_tokens, rows, None, rollouts, adv, rewards, sums, **fields)
 
     def _sum(self, all_sum: Sum, values: list[float]) -> list[float]:
         """all_sum(values), told whether any rank's generation (or scoring) failed since the last
