@@ -12,7 +12,8 @@ import yaml
 
 from hf_helpers import llama_style_tokenizer, write_run
 from trimtab import api
-from trimtab.config import ModelConfig, MoEConfig
+from trimtab.config.model import ModelConfig
+from trimtab.config.sparse import MoEConfig
 from trimtab.errors import ConfigError
 from trimtab.merge import merge
 from trimtab.model import build_model

@@ -3,6 +3,7 @@ Section, the base that makes a resolved config read-only."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from typing import Any
@@ -46,6 +47,20 @@ def freeze(obj: Any) -> Any:
         for item in obj:
             freeze(item)
     return obj
+
+
+def thawed(obj: Any) -> Any:
+    """A changeable deep copy of a config section (a draft), for building another from it."""
+    out = copy.deepcopy(obj)
+    stack = [out]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Section):
+            object.__setattr__(item, "_frozen", False)
+            stack += [getattr(item, f.name) for f in dataclasses.fields(item)]
+        elif isinstance(item, list):
+            stack += item
+    return out
 
 
 def _check(ok: bool, key: str, message: str) -> None:

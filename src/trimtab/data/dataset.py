@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from trimtab.config import DataConfig, MixSource
+from trimtab.config.data import DataConfig, MixSource
 from trimtab.data.chat import ChatFormat
 from trimtab.data.packing import ConcatRows, Rows, build_splits
 from trimtab.data.prepared import PreparedData, ShardedRows

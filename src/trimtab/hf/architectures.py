@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trimtab.config import ModelConfig, RopeScalingConfig
+from trimtab.config.model import ModelConfig, RopeScalingConfig
 from trimtab.config.sparse import MoEConfig
 from trimtab.errors import ConfigError
 from trimtab.hf.remote import REMOTE_FIELDS, shape_fields

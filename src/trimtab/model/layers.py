@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trimtab.config import ModelConfig, RopeScalingConfig
+from trimtab.config.model import ModelConfig, RopeScalingConfig
 from trimtab.model.cache import KVCache
 from trimtab.model.recompute import output_unread
 

@@ -86,7 +86,7 @@ REMOTE_FIELDS = {
 def model_config(hf: dict[str, Any]) -> ModelConfig:
     """The ModelConfig a TrimtabForCausalLM config.json describes (remote_config's inverse; the
     expert count of each layer is in experts_per_layer, applied by moe_structure)."""
-    from trimtab.config import RopeScalingConfig
+    from trimtab.config.model import RopeScalingConfig
     from trimtab.config.sparse import MoEConfig
 
     experts = [n for n in hf["experts_per_layer"] if n]

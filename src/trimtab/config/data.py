@@ -1,0 +1,76 @@
+"""The data's section of a run config (data.*): where the training and held-out text comes from
+(one source or a weighted mixture), its format, tokenizer, row length and quality filter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trimtab.config.checks import Section, _check, _positive
+
+
+@dataclass
+class MixSource(Section):
+    """One source of a weighted mixture (data.mix)."""
+
+    source: str | list[str] = ""  # as data.source: a prepared directory, a file, a directory, a glob or a list
+    weight: float = 1.0  # share of each step's tokens (weights are normalised to sum to 1)
+    name: str = ""  # in logs and metrics; empty: the source's last path component
+
+    @property
+    def label(self) -> str:
+        first = self.source if isinstance(self.source, str) else (self.source[0] if self.source else "")
+        return self.name or Path(first.rstrip("/*")).name or first
+
+
+@dataclass
+class DataConfig(Section):
+    # "builtin" (Python's own stdlib sources), a directory `trimtab data prepare` wrote, a file, a
+    # directory, a glob (`**` recurses) or a list of these
+    source: str | list[str] = "builtin"
+    # A weighted mixture instead of one source: [{source, weight, name}], drawn in these
+    # proportions of tokens at every step (data.source is then unused)
+    mix: list[MixSource] = field(default_factory=list)
+    format: str = "auto"  # auto | text | jsonl | chat | instruction
+    eval_source: str | list[str] = ""  # separate eval set (as data.source); empty: hold out eval_fraction
+    eval_fraction: float = 0.02
+    seq_len: int = 256
+    tokenizer: str = ""  # path to a tokenizer.json; empty: a prepared source's, else a BPE trained on the corpus
+    bpe_vocab_size: int = 4096  # size of the byte-level BPE trained on the corpus when no tokenizer is given
+    pack: bool = True  # pack documents into full rows; False: one (truncated) document per row
+    skip_bad_records: bool = False  # skip malformed JSONL lines (counted) instead of failing
+    text_field: str = "text"
+    max_bytes: int = 6_000_000  # cap on the corpus read into memory (0: no cap); prepared data has none
+    verify_shards: bool = True  # check prepared shards against their sha256 at start (a full read)
+    # Documents whose bytes per token lie garbage_sigma robust deviations under their source's median
+    # (random bytes, base64, hex dumps, mis-encoded text: data/quality.py): warn (named on the
+    # console), drop (left out of training) or off. In-memory sources at start; prepared data when
+    # it is prepared.
+    garbage_filter: str = "warn"
+    garbage_sigma: float = 6.0
+
+    @property
+    def sources(self) -> list[MixSource]:
+        """The sources drawn from: data.mix, or data.source alone with weight 1."""
+        return list(self.mix) or [MixSource(self.source, 1.0)]
+
+    def validate(self) -> None:
+        _positive(self, "data", "seq_len", "bpe_vocab_size")
+        _check(
+            self.format in ("auto", "text", "jsonl", "chat", "instruction"),
+            "data.format",
+            "must be one of auto, text, jsonl, chat, instruction",
+        )
+        _check(0.0 <= self.eval_fraction < 0.5, "data.eval_fraction", "must be in [0, 0.5)")
+        _check(self.max_bytes >= 0, "data.max_bytes", "must be >= 0")
+        _check(self.garbage_filter in ("off", "warn", "drop"), "data.garbage_filter", "must be one of off, warn, drop")
+        _check(self.garbage_sigma > 0, "data.garbage_sigma", f"must be > 0, got {self.garbage_sigma}")
+        for i, part in enumerate(self.mix):
+            _check(bool(part.source), f"data.mix[{i}].source", "must name the source's data")
+            _check(part.weight > 0, f"data.mix[{i}].weight", f"must be > 0, got {part.weight}")
+        source = self.source if isinstance(self.source, str) else ", ".join(self.source)
+        mixed = "add it to data.mix as one more source, or remove it"
+        _check(not self.mix or source == "builtin", "data.source", f"'{source}' is unused beside data.mix: {mixed}")
+        labels = [part.label for part in self.mix]
+        dupes = sorted({label for label in labels if labels.count(label) > 1})
+        _check(not dupes, "data.mix", f"has two sources named {', '.join(dupes)}; give each a distinct name")
