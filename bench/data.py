@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from _benchfile import publish  # noqa: E402  bench/_benchfile.py, next to this file
 from _measure import Contention, paired_ratio, run_python, run_train  # noqa: E402
 from trimtab.config import DataConfig  # noqa: E402
-from trimtab.data.packing import BatchLoader  # noqa: E402
+from trimtab.data.batches import BatchLoader  # noqa: E402
 from trimtab.data.prepare import prepare  # noqa: E402
 from trimtab.data.prepared import PreparedData, ShardedRows  # noqa: E402
 from trimtab.data.sources import read_documents  # noqa: E402

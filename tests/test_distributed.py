@@ -16,7 +16,8 @@ from helpers import STEPS, assert_close, final_weights, losses, run
 from trimtab.api import load_run
 from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config
-from trimtab.data.packing import BatchLoader, Rows, shard_rows
+from trimtab.data.batches import BatchLoader, shard_rows
+from trimtab.data.packing import Rows
 from trimtab.errors import ConfigError
 from trimtab.orchestrator.faults import parse_fault
 

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from helpers import FAST, trimtab_cli
 from trimtab.config import ModelConfig, load_config
 from trimtab.config.dpo import DPOConfig
+from trimtab.data.batches import IGNORE_INDEX
 from trimtab.data.chat import ChatFormat
-from trimtab.data.packing import IGNORE_INDEX
 from trimtab.errors import ConfigError, DataError
 from trimtab.model import build_model
 from trimtab.report import figures

@@ -13,7 +13,8 @@ import trimtab
 from helpers import StopAt
 from test_trainer import debug_cfg, final_weights, logged
 from trimtab.config import DataConfig, load_config
-from trimtab.data.packing import BatchLoader, ConcatRows, build_splits
+from trimtab.data.batches import BatchLoader
+from trimtab.data.packing import ConcatRows, build_splits
 from trimtab.data.prepare import prepare
 from trimtab.data.sources import Document
 from trimtab.errors import DataError

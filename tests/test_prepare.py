@@ -11,7 +11,8 @@ import pytest
 from trimtab.cli import main
 from trimtab.config import DataConfig
 from trimtab.data import prepare as prepare_py
-from trimtab.data.packing import BatchLoader, build_splits
+from trimtab.data.batches import BatchLoader
+from trimtab.data.packing import build_splits
 from trimtab.data.prepare import Options, prepare
 from trimtab.data.prepared import PreparedData, ShardedRows, held_out
 from trimtab.data.sources import read_documents

@@ -5,7 +5,7 @@ dynamic sampling, which trains only groups whose rewards differ."""
 import pytest
 
 from trimtab.config.rl import RLConfig
-from trimtab.data.packing import IGNORE_INDEX
+from trimtab.data.batches import IGNORE_INDEX
 from trimtab.errors import DataError
 from trimtab.rl.batches import RolloutLoader, overlong_penalty
 from trimtab.rl.rollout import Rollout

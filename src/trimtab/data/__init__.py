@@ -1,20 +1,20 @@
 """Data pipeline: documents -> tokenizer -> token rows -> step / micro-batches.
 
 Names resolve on first use: `trimtab data prepare`'s worker processes import the readers and
-the tokenizer, never torch (packing.py's batches need it), which would cost each worker ~1 s.
+the tokenizer, never torch (batches.py's micro-batches need it), which would cost each worker ~1 s.
 """
 
 from importlib import import_module
 
 _LAZY = {
-    "IGNORE_INDEX": "trimtab.data.packing",
-    "BatchLoader": "trimtab.data.packing",
-    "MicroBatch": "trimtab.data.packing",
+    "IGNORE_INDEX": "trimtab.data.batches",
+    "BatchLoader": "trimtab.data.batches",
+    "MicroBatch": "trimtab.data.batches",
     "Rows": "trimtab.data.packing",
-    "StepBatch": "trimtab.data.packing",
+    "StepBatch": "trimtab.data.batches",
     "TokenizedDocs": "trimtab.data.packing",
     "build_splits": "trimtab.data.packing",
-    "eval_batches": "trimtab.data.packing",
+    "eval_batches": "trimtab.data.batches",
     "tokenize_documents": "trimtab.data.packing",
     "Document": "trimtab.data.sources",
     "corpus_fingerprint": "trimtab.data.sources",

@@ -3,7 +3,7 @@ policy being trained, their rewards, advantages and behaviour log-probabilities,
 micro-batches the trainer's loop trains like any other step (training/trainer.py: the objective
 is rl/loss.py's where a micro-batch carries a policy's fields).
 
-`RolloutLoader` is the loop's loader for an RL phase: the same protocol as data/packing.py's
+`RolloutLoader` is the loop's loader for an RL phase: the same protocol as data/batches.py's
 BatchLoader (next_batch, regroup after an OOM, skip_rows after a rollback, metrics,
 state_dict), so the orchestrator heals RL steps as it heals pretraining ones. Its state is the
 order's position and the draws made: the sampling generator of a step is seeded from the run's
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from trimtab.config.rl import RLConfig
-from trimtab.data.packing import IGNORE_INDEX, MicroBatch, StepBatch
+from trimtab.data.batches import IGNORE_INDEX, MicroBatch, StepBatch
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import DataError
 from trimtab.hardware import is_oom

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from trimtab.config.dpo import DPOConfig
-from trimtab.data.packing import IGNORE_INDEX
+from trimtab.data.batches import IGNORE_INDEX
 from trimtab.rl.loss import target_logprobs
 
 

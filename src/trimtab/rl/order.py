@@ -87,7 +87,7 @@ class EpochOrder:
 class Ordered:
     """A loader drawing through an EpochOrder (`order`): the loop's view of its position (epoch)
     and of the items a rollback left out (skipped, skip_rows: the loader protocol of
-    data/packing.py)."""
+    data/batches.py)."""
 
     order: EpochOrder
 

@@ -2,7 +2,7 @@
 pairs the trainer's loop trains like any other step (training/trainer.py: the loss is
 rl/dpo.py's where a micro-batch carries pairs).
 
-`PairLoader` is the loop's loader for a DPO phase: the same protocol as data/packing.py's
+`PairLoader` is the loop's loader for a DPO phase: the same protocol as data/batches.py's
 BatchLoader (next_batch, regroup after an OOM, skip_rows after a rollback, metrics,
 state_dict), so the orchestrator heals DPO steps as it heals pretraining ones. Its state is the
 order's position: a resumed run trains exactly the pairs the uninterrupted one did.
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from trimtab.config.dpo import DPOConfig
-from trimtab.data.packing import IGNORE_INDEX, MicroBatch, StepBatch
+from trimtab.data.batches import IGNORE_INDEX, MicroBatch, StepBatch
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.rl.batches import Policy, Sum
 from trimtab.rl.dpo import DPOTerms, dpo_terms, sequence_logprobs

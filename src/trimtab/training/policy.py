@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import torch
 
-from trimtab.data.packing import MicroBatch
+from trimtab.data.batches import MicroBatch
 from trimtab.model import build_model
 from trimtab.rl.batches import Policy, PolicyMicroBatch, RolloutBatch
 from trimtab.rl.dpo import dpo_from_hidden

@@ -20,7 +20,7 @@ import torch
 
 from trimtab.checkpoint import find_checkpoint
 from trimtab.config import RunConfig
-from trimtab.data.packing import micro_batches
+from trimtab.data.batches import micro_batches
 from trimtab.training import scoring
 from trimtab.training.control import Control, Requests
 from trimtab.training.optim import lr_at

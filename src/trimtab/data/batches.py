@@ -1,0 +1,284 @@
+"""Steps and micro-batches from token rows: the training loader (one source or a weighted
+mixture, resumable, skipping rows a rollback left out), the evaluation batches, and each
+data-parallel rank's share of a step.
+
+Shapes: B rows in a micro-batch, T = its longest row. A row of n input positions stores n+1
+tokens: inputs are tokens[:-1], targets tokens[1:].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from trimtab.data.packing import ConcatRows, Rows
+from trimtab.errors import DataError
+
+IGNORE_INDEX = -100  # cross_entropy's default ignore_index
+
+
+@dataclass
+class MicroBatch:
+    inputs: torch.Tensor  # int64 [B, T], right-padded with pad_id
+    targets: torch.Tensor  # int64 [B, T] next tokens; IGNORE_INDEX where masked or padding
+    n_targets: int  # number of targets != IGNORE_INDEX
+    rows: list[int]  # dataset row of each of the B rows
+
+
+@dataclass
+class StepBatch:
+    micro: list[MicroBatch]
+    n_targets: int  # sum over micro-batches: the loss is normalized by this
+    n_tokens: int  # input positions in the step, padding excluded
+    rows: list[int]  # dataset row indices in the step (all ranks' rows under data parallelism)
+    shard: list[int] | None = None  # this rank's rows under data parallelism; None: all of `rows`
+
+
+def group_rows(rows: Rows, indices: list[int], micro_batch_tokens: int) -> list[list[int]]:
+    """Longest first (stable), filled greedily while n_rows * max_len <= micro_batch_tokens;
+    sorting by length keeps padding low."""
+    groups: list[list[int]] = []
+    for i in sorted(indices, key=lambda i: -rows.length(i)):
+        # the first row of a group is its longest, so it sets the padded width
+        if groups and (len(groups[-1]) + 1) * rows.length(groups[-1][0]) <= micro_batch_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def micro_batches(rows: Rows, indices: list[int], micro_batch_tokens: int, pad_id: int) -> list[MicroBatch]:
+    """`indices` of `rows` grouped (group_rows) and collated into micro-batches of the budget."""
+    return [collate(rows, group, pad_id) for group in group_rows(rows, indices, micro_batch_tokens)]
+
+
+def collate(rows: Rows, indices: list[int], pad_id: int) -> MicroBatch:
+    width = max(rows.length(i) for i in indices)
+    inputs = np.full((len(indices), width), pad_id, dtype=np.int64)
+    targets = np.full((len(indices), width), IGNORE_INDEX, dtype=np.int64)
+    for b, i in enumerate(indices):
+        tokens, mask = rows.get(i)
+        n = len(tokens) - 1
+        inputs[b, :n] = tokens[:-1]
+        targets[b, :n] = np.where(mask[1:], tokens[1:], IGNORE_INDEX)
+    return MicroBatch(
+        torch.from_numpy(inputs), torch.from_numpy(targets), int((targets != IGNORE_INDEX).sum()), list(indices)
+    )
+
+
+class BatchLoader:
+    """Steps of ~batch_tokens input positions, each source in a reproducible per-epoch shuffled
+    order; with several sources (a ConcatRows and their weights), every row goes to the source
+    furthest below its share of the tokens drawn so far, so each step holds the stated
+    proportions to within a row, deterministically (smooth weighted round robin, by tokens)."""
+
+    def __init__(
+        self,
+        rows: Rows | ConcatRows,
+        batch_tokens: int,
+        micro_batch_tokens: int,
+        seed: int,
+        pad_id: int,
+        rank: int = 0,
+        world: int = 1,
+        weights: list[float] | None = None,
+        names: list[str] | None = None,
+    ) -> None:
+        if not len(rows):
+            raise ValueError("BatchLoader needs at least one row")
+        # Every rank draws the same global step and keeps its own share of the rows (see shard_step),
+        # so the global batch, the order and the resumable state do not depend on the world size.
+        self.rank, self.world = rank, world
+        self.rows = rows
+        parts = rows.parts if isinstance(rows, ConcatRows) else [rows]
+        self.sizes = [len(p) for p in parts]
+        self.base = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        weights = weights or [1.0] * len(parts)
+        self.weights = [w / sum(weights) for w in weights]
+        self.names = names or [f"source{i}" for i in range(len(parts))]
+        self.part_tokens = [p.n_tokens for p in parts]
+        self.batch_tokens = batch_tokens
+        self.micro_batch_tokens = micro_batch_tokens  # an OOM handler may lower it between steps
+        self.seed = seed
+        self.pad_id = pad_id
+        self._epochs, self._cursors = [0] * len(parts), [0] * len(parts)
+        self._orders = [self._permutation(p, 0) for p in range(len(parts))]
+        self.drawn = [0] * len(parts)  # tokens served from each source
+        self.skipped: set[int] = set()  # rows a rollback took out of training (bad data)
+        # what each source's rows hold: a resume over other data with as many rows is refused (the
+        # order and the rows a rollback left out would then be other rows)
+        self.digests = [p.fingerprint() for p in parts]
+
+    @property
+    def epoch(self) -> int:
+        """Completed passes: over the one source, or over all a mixture's tokens."""
+        if len(self.sizes) == 1:
+            return self._epochs[0]
+        return int(sum(self.drawn) // max(sum(self.part_tokens), 1))
+
+    def _permutation(self, part: int, epoch: int) -> np.ndarray:
+        key = [self.seed, epoch] if part == 0 else [self.seed, part, epoch]  # part 0: the single-source order
+        return np.random.default_rng(key).permutation(self.sizes[part])
+
+    def _next_row(self) -> int:
+        total = sum(self.drawn)
+        part = max(range(len(self.sizes)), key=lambda p: self.weights[p] * total - self.drawn[p])
+        while True:
+            if self._cursors[part] == self.sizes[part]:
+                self._epochs[part], self._cursors[part] = self._epochs[part] + 1, 0
+                self._orders[part] = self._permutation(part, self._epochs[part])
+            self._cursors[part] += 1
+            row = int(self.base[part] + self._orders[part][self._cursors[part] - 1])
+            if row not in self.skipped and self.rows.has_target(row):
+                self.drawn[part] += self.rows.length(row)
+                return row
+
+    def metrics(self) -> dict[str, float]:
+        """Each source's share of the tokens served so far and its passes over its own data."""
+        if len(self.sizes) == 1:
+            return {}
+        total = max(sum(self.drawn), 1)
+        out = {}
+        for name, drawn, tokens in zip(self.names, self.drawn, self.part_tokens):
+            out[f"data/{name}/share"] = drawn / total
+            out[f"data/{name}/epochs"] = drawn / max(tokens, 1)
+        return out
+
+    def skip_rows(self, rows: list[int]) -> int:
+        """Never serve these rows again (the data window behind a rollback); each source keeps a row."""
+        keep = set(self.skipped)
+        keep.update(int(r) for r in rows)
+        for part, size in enumerate(self.sizes):
+            if sum(1 for r in keep if self.base[part] <= r < self.base[part + 1]) >= size:
+                raise DataError(
+                    f"skipping these rows would leave no training data in {self.names[part]}; the data itself is bad"
+                )
+        added = len(keep) - len(self.skipped)
+        self.skipped = keep
+        return added
+
+    def regroup(self, batch: StepBatch) -> StepBatch:
+        """The same rows split into micro-batches of the current budget (after an OOM)."""
+        return self._step(batch.rows, batch.n_tokens)
+
+    def next_batch(self) -> StepBatch:
+        indices: list[int] = []
+        n_tokens = 0
+        while not indices or n_tokens < self.batch_tokens:
+            indices.append(self._next_row())
+            n_tokens += self.rows.length(indices[-1])
+        return self._step(indices, n_tokens)
+
+    def _step(self, indices: list[int], n_tokens: int) -> StepBatch:
+        if self.world > 1:
+            return shard_step(self.rows, indices, n_tokens, self.micro_batch_tokens, self.pad_id, self.rank, self.world)
+        micro = micro_batches(self.rows, indices, self.micro_batch_tokens, self.pad_id)
+        return StepBatch(micro, sum(m.n_targets for m in micro), n_tokens, indices)
+
+    def state_dict(self) -> dict:
+        return {
+            "epoch": self._epochs[0],  # the first source's position at the top level, as before mixtures
+            "cursor": self._cursors[0],
+            "seed": self.seed,
+            "n_rows": self.sizes[0],
+            "skipped": sorted(self.skipped),
+            "parts": [
+                {"name": n, "epoch": e, "cursor": c, "n_rows": size, "drawn": d, "digest": digest}
+                for n, e, c, size, d, digest in zip(
+                    self.names, self._epochs, self._cursors, self.sizes, self.drawn, self.digests
+                )
+            ],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue exactly where `state` was taken (its seed wins over the constructor's)."""
+        parts = state.get("parts") or [{**state, "name": self.names[0], "drawn": 0}]
+        if len(parts) != len(self.sizes):
+            raise DataError(
+                f"the checkpoint's data had {len(parts)} sources but the data now has {len(self.sizes)}; "
+                "resume with the same data.mix"
+            )
+        for part, (saved, size, name) in enumerate(zip(parts, self.sizes, self.names)):
+            if saved["n_rows"] != size:
+                raise DataError(
+                    f"the checkpoint's data loader had {saved['n_rows']} rows in {name} but the data now "
+                    f"gives {size}; resume with the same data.* settings and corpus"
+                )
+            if saved.get("digest", self.digests[part]) != self.digests[part]:  # older checkpoints: none
+                raise DataError(
+                    f"the checkpoint's data loader read other data in {name} than the data now gives: as many "
+                    f"rows ({size}), other tokens (the corpus, its order or a data.* setting changed); resume "
+                    "with the data it was trained on, or start a new run from its weights (train.init_from)"
+                )
+            self._epochs[part], self._cursors[part] = int(saved["epoch"]), int(saved["cursor"])
+            self.drawn[part] = int(saved["drawn"])
+        self.seed = int(state["seed"])
+        self._orders = [self._permutation(p, e) for p, e in enumerate(self._epochs)]
+        self.skipped = set(state.get("skipped", []))
+
+
+def eval_batches(rows: Rows, micro_batch_tokens: int, max_tokens: int, pad_id: int) -> list[MicroBatch]:
+    """Rows in order while their input positions fit in max_tokens (at least one row)."""
+    indices: list[int] = []
+    n_tokens = 0
+    for i in range(len(rows)):
+        if indices and n_tokens + rows.length(i) > max_tokens:
+            break
+        indices.append(i)
+        n_tokens += rows.length(i)
+    return micro_batches(rows, indices, micro_batch_tokens, pad_id)
+
+
+# ------------------------------------------------------------------------------ data parallelism
+
+
+def shard_rows(rows: Rows, indices: list[int], world: int) -> list[list[int]]:
+    """Split a step's rows into `world` disjoint shares of about equal tokens: the rows in the
+    order one process groups them (longest first, stable), cut into contiguous runs at equal
+    token counts (a row goes to the share holding its middle token). With micro_batch_tokens =
+    batch_tokens / world each rank's micro-batch then holds exactly the rows of one of a single
+    process's micro-batches, so even batch-dependent routing (MoE capacity and balance loss)
+    matches one process. Deterministic: every rank computes every share without communicating."""
+    order = sorted(indices, key=lambda i: -rows.length(i))
+    total = max(sum(rows.length(i) for i in order), 1)
+    shares: list[list[int]] = [[] for _ in range(world)]
+    seen = 0
+    for i in order:
+        n = rows.length(i)
+        shares[min(world - 1, int(world * (seen + n / 2) / total))].append(i)
+        seen += n
+    return shares
+
+
+def shard_step(
+    rows: Rows, indices: list[int], n_tokens: int, micro_batch_tokens: int, pad_id: int, rank: int, world: int
+) -> StepBatch:
+    """This rank's share of a global step, in as many micro-batches as every other rank's.
+
+    n_targets stays the global count, so each rank's summed loss over it adds up (all-reduce sum)
+    to the single-process loss and gradient. The micro-batch counts are equal because FSDP gathers
+    weights in every forward: a rank with fewer forwards would leave the others waiting."""
+    shares = shard_rows(rows, indices, world)
+    counts = [len(group_rows(rows, share, micro_batch_tokens)) if share else 0 for share in shares]
+    groups = group_rows(rows, shares[rank], micro_batch_tokens) if shares[rank] else []
+    while len(groups) < max(counts):
+        widest = max(range(len(groups)), key=lambda g: len(groups[g]), default=None)
+        if widest is None or len(groups[widest]) == 1:
+            break
+        group = groups.pop(widest)  # smaller micro-batches cost speed, never the result
+        groups[widest:widest] = [group[: len(group) // 2], group[len(group) // 2 :]]
+    micro = [collate(rows, group, pad_id) for group in groups]
+    while len(micro) < max(counts):  # fewer rows than the others have micro-batches
+        micro.append(_padding(rows, indices[0], pad_id))
+    n_targets = sum(int(rows.get(i)[1][1:].sum()) for i in indices)
+    return StepBatch(micro, n_targets, n_tokens, list(indices), shares[rank])
+
+
+def _padding(rows: Rows, row: int, pad_id: int) -> MicroBatch:
+    """A micro-batch that trains nothing (every target ignored): it only keeps the forward count
+    equal across ranks."""
+    micro = collate(rows, [row], pad_id)
+    micro.targets.fill_(IGNORE_INDEX)
+    return MicroBatch(micro.inputs, micro.targets, 0, [])
