@@ -3,8 +3,10 @@ through a gloo group, so NCCL runs add no device sync for them)."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -107,3 +109,36 @@ def attempt_value(fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
         return True, fn(*args)
     except Exception as exc:  # sent to the other ranks, which raise it too
         return False, exc
+
+
+def restart_store(timeout_s: float) -> dict[str, Any]:
+    """init_process_group's store for a one-node job torchrun restarted: the agent's store, with
+    this attempt's own key prefix. torchrun (>= 2.5) hands its workers the store its rendezvous
+    keeps (TORCHELASTIC_USE_AGENT_STORE) and the keys a group writes there outlive a failed
+    attempt: a restarted rank may read a peer's address from the attempt before and fail to
+    connect (pytorch/pytorch#135712; measured here: 4 of 6 restarts of 2 gloo ranks failed so, 0 of
+    10 with the prefix). The restart count is each agent's own, so the prefix is used on one node
+    only; across nodes `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` gives every attempt a fresh store
+    (docs/resilience.md). Empty (torch's own env:// init) otherwise."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if (
+        shared
+        and os.environ.get("GROUP_WORLD_SIZE", "1") != "1"
+        and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    ):
+        logging.getLogger("trimtab").warning(
+            "torchrun restarts across nodes with its shared store may fail to reconnect "
+            "(pytorch/pytorch#135712): export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun"
+        )
+    if not attempt or not shared or os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
+        return {}
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    agent = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    return {"store": dist.PrefixStore(f"trimtab/attempt_{attempt}", agent), "rank": rank, "world_size": world}

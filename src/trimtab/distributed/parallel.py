@@ -44,12 +44,14 @@ from torch import nn
 from trimtab.config.distributed import DistributedConfig
 from trimtab.config.loss_scale import LossScaleConfig
 from trimtab.distributed.checkpoint import Checkpoints
+from trimtab.distributed.fsdp import ShardedScaler, fully_shard_model
 from trimtab.distributed.group import (
     PeerOutOfMemory,
     all_max,
     attempt_value,
     broadcast_object,
     cpu_group,
+    restart_store,
     set_cpu_group,
 )
 from trimtab.distributed.mesh import Mesh
@@ -60,9 +62,6 @@ if TYPE_CHECKING:
     from trimtab.distributed.ft import ReplicaGroups
     from trimtab.distributed.pipeline import Pipeline
     from trimtab.hardware import Precision
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
 
 # ------------------------------------------------------------------------------ the trainer's view
 
@@ -124,7 +123,7 @@ class Parallel(Checkpoints):
                 backend,
                 timeout=timedelta(seconds=cfg.timeout_s),
                 device_id=device if backend == "nccl" else None,
-                **_restart_store(cfg.timeout_s),
+                **restart_store(cfg.timeout_s),
             )
         set_cpu_group(None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"))
         if dist.get_rank() != 0:
@@ -247,52 +246,10 @@ class Parallel(Checkpoints):
             self.ddp.register_comm_hook(self, _sum_hook)
             self.ddp.require_backward_grad_sync = False  # forwards never arm the all-reduce: agree() does
             return self.ddp
-        self._fully_shard(model, compile, precision)
+        fully_shard_model(self, model, compile, precision)
         return model.hidden
 
-    def _fully_shard(self, model: nn.Module, compile: bool, precision: Precision) -> None:
-        from torch.distributed.fsdp import (
-            CPUOffloadPolicy,
-            MixedPrecisionPolicy,
-            OffloadPolicy,
-            fully_shard,
-            register_fsdp_forward_method,
-        )
-
-        param_dtype = precision.autocast_dtype if self.cfg.param_dtype == "auto" else DTYPES[self.cfg.param_dtype]
-        offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.cfg.cpu_offload else OffloadPolicy()
-        kwargs = dict(
-            mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=DTYPES[self.cfg.reduce_dtype]),
-            reshard_after_forward=self.cfg.reshard_after_forward,
-            offload_policy=offload,
-        )
-        if self.experts:  # split by ep: FSDP2 shards them over their copies (edp), not every replica
-            kwargs["shard_placement_fn"] = _expert_placement(self.experts, self.mesh)
-        if self.mesh.tp > 1 or self.mesh.pp > 1:
-            kwargs["mesh"] = self.mesh["dp"]  # 2D: FSDP2 shards over this stage's / TP rank's replicas
-        # one all-gather per block, freed after it (a pipeline: this rank's blocks)
-        units = self.pipeline.blocks() if self.pipeline else list(model.blocks)
-        for block in units:
-            if compile:
-                block.compile()
-            elif self.mesh.tp == 1 and self.mesh.ep == 1:  # its collectives are at its edges only
-                block.forward = self._guarded(block.forward)
-            fully_shard(block, **kwargs)
-        # The rest (embedding, final norm, tied head) stays gathered after the root's forward: the
-        # trainer calls model.hidden, then reads lm_head.weight for the loss outside any forward.
-        roots = self.pipeline.modules if self.pipeline else [model]
-        if self.pipeline is not None and param_dtype is not None:
-            self.pipeline.dtype = param_dtype  # the stages exchange activations in the gathered weights' dtype
-        for root in roots:
-            fully_shard(root, **{**kwargs, "reshard_after_forward": False})
-        if self.pipeline is None:
-            register_fsdp_forward_method(model, "hidden")
-        for unit in [*units, *roots]:
-            unit.set_gradient_divide_factor(1.0)  # sum, not mean: the loss is already global
-            unit.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
-            unit.set_reduce_scatter_unused_params(True)  # a block skipped after an OOM still reduces (zeros)
-
-    def _guarded(self, forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def oom_guarded(self, forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         """A block's forward that, out of memory, returns its input unchanged and remembers the
         error: under FSDP2 the other ranks wait in the next block's all-gather, so this one goes
         on through every collective of the step (its gradients are garbage) and tells them at
@@ -314,7 +271,7 @@ class Parallel(Checkpoints):
         shard, so an overflow must be all-reduced for every rank to skip the same steps
         (ShardedGradScaler does)."""
         scaler = precision.grad_scaler(**scale.scaler_args())
-        return _ShardedScaler(self.device, scale) if scaler is not None and self.sharded else scaler
+        return ShardedScaler(self.device, scale) if scaler is not None and self.sharded else scaler
 
     # -------------------------------------------------------------- the step
 
@@ -459,22 +416,6 @@ class Parallel(Checkpoints):
         return bool(finite)
 
 
-class _ShardedScaler(torch.amp.GradScaler):
-    """GradScaler whose inf/NaN check covers every rank's shard. (torch's ShardedGradScaler
-    does the same but keeps found_inf 1-element, which fused AdamW's 0-d step counts reject.)"""
-
-    def __init__(self, device: torch.device, scale: LossScaleConfig) -> None:
-        super().__init__(device.type, **scale.scaler_args())
-        self.comm_device = device
-
-    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        super().unscale_(optimizer)
-        for found in self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values():
-            agreed = found.to(self.comm_device)  # NCCL wants it on the GPU (CPU offload: it is not)
-            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-            found.copy_(agreed)
-
-
 class _Forward(nn.Module):
     def __init__(self, model: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         super().__init__()
@@ -509,25 +450,6 @@ def _replicate_grads(model: nn.Module) -> None:
             p.grad = p.grad.redistribute(placements=p.placements)
 
 
-def _expert_placement(experts: list[nn.Parameter], mesh: Mesh) -> Callable[[nn.Parameter], Any]:
-    """fully_shard's shard_placement_fn: the experts split by ep are sharded over the edp copies
-    of each expert group (their own FSDP mesh), on the expert dimension when each copy gets
-    whole experts, else on d_model (torchtitan does the same); None: the default for the rest."""
-    from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, ShardPlacementResult
-    from torch.distributed.tensor import Shard
-
-    info = FSDPMeshInfo(mesh=mesh["edp"], shard_mesh_dim=0)
-    ids = {id(p) for p in experts}
-
-    def place(p: nn.Parameter) -> Any:
-        if id(p) not in ids:
-            return None
-        whole = p.to_local().shape[0] % mesh.edp == 0
-        return ShardPlacementResult(Shard(0) if whole else Shard(1), info)
-
-    return place
-
-
 def _sum_in_place(tensors: list[torch.Tensor], group: Any) -> None:
     """Sum each tensor over the ranks of `group`, in place, in one all-reduce."""
     if not tensors:
@@ -552,36 +474,3 @@ def _router_tensors(routers: Any) -> list[torch.Tensor]:
     if isinstance(mod, torch.Tensor) and mod.numel():
         out.append(mod)
     return out
-
-
-def _restart_store(timeout_s: float) -> dict[str, Any]:
-    """init_process_group's store for a one-node job torchrun restarted: the agent's store, with
-    this attempt's own key prefix. torchrun (>= 2.5) hands its workers the store its rendezvous
-    keeps (TORCHELASTIC_USE_AGENT_STORE) and the keys a group writes there outlive a failed
-    attempt: a restarted rank may read a peer's address from the attempt before and fail to
-    connect (pytorch/pytorch#135712; measured here: 4 of 6 restarts of 2 gloo ranks failed so, 0 of
-    10 with the prefix). The restart count is each agent's own, so the prefix is used on one node
-    only; across nodes `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` gives every attempt a fresh store
-    (docs/resilience.md). Empty (torch's own env:// init) otherwise."""
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    if (
-        shared
-        and os.environ.get("GROUP_WORLD_SIZE", "1") != "1"
-        and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
-    ):
-        logging.getLogger("trimtab").warning(
-            "torchrun restarts across nodes with its shared store may fail to reconnect "
-            "(pytorch/pytorch#135712): export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun"
-        )
-    if not attempt or not shared or os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
-        return {}
-    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-    agent = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        world,
-        is_master=False,
-        timeout=timedelta(seconds=timeout_s),
-    )
-    return {"store": dist.PrefixStore(f"trimtab/attempt_{attempt}", agent), "rank": rank, "world_size": world}
