@@ -1146,7 +1146,7 @@ def test_groups_that_teach_nothing_turn_on_dynamic_sampling_then_raise_the_tempe
 
 
 def test_solved_groups_earned_the_full_reward_with_every_response():
-    from trimtab.rl.batches import solved
+    from trimtab.rl.step import solved
 
     assert solved([[1, 1], [0, 0], [1, 0]], 1.0) == 1  # flat at 0 is stuck, a mixed group is neither
     assert solved([[0.5, 0.5], [0.5, 0.5]], 1.0) == 0  # every response at a partial credit: stuck

@@ -7,8 +7,9 @@ import pytest
 from trimtab.config.rl import RLConfig
 from trimtab.data.batches import IGNORE_INDEX
 from trimtab.errors import DataError
-from trimtab.rl.batches import RolloutLoader, overlong_penalty
+from trimtab.rl.batches import RolloutLoader
 from trimtab.rl.rollout import Rollout
+from trimtab.rl.step import overlong_penalty
 from trimtab.rl.tasks import Problem
 
 EOS = 0
@@ -147,7 +148,7 @@ def test_pass_at_k_is_the_unbiased_estimator_over_sampled_held_out_responses():
     prompt with one seed at every evaluation and reports k = 2, 4 .. n beside greedy pass@1."""
     from math import comb
 
-    from trimtab.rl.batches import pass_at_k
+    from trimtab.rl.step import pass_at_k
 
     assert pass_at_k(8, 0, 4) == 0.0 and pass_at_k(8, 5, 4) == 1.0 and pass_at_k(4, 1, 1) == 0.25
     assert pass_at_k(8, 2, 4) == 1 - comb(6, 4) / comb(8, 4)

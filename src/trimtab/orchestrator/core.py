@@ -277,7 +277,7 @@ class Orchestrator(Hook):
                     row_losses=readings.row_means(o.batch.rows, values["rows"]),
                     moe=readings.moe_loads(o, values["moe"], top_k),
                     mod_capacity=values["mod"],
-                    rl=getattr(o.batch, "health", None),  # an RL step's figures (rl/batches.py)
+                    rl=getattr(o.batch, "health", None),  # an RL step's figures (rl/step.py)
                 )
                 self._observe(run, m)
             self._checkpoint_interval(run, seconds, stall)

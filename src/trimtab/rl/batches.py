@@ -1,4 +1,4 @@
-"""The RL step's batch: prompts drawn in a seeded order, a group of responses to each from the
+"""The RL phase's loader: prompts drawn in a seeded order, a group of responses to each from the
 policy being trained, their rewards, advantages and behaviour log-probabilities, cut into
 micro-batches the trainer's loop trains like any other step (training/trainer.py: the objective
 is rl/loss.py's where a micro-batch carries a policy's fields).
@@ -15,25 +15,37 @@ Shape legend: B sequences in a micro-batch, T its longest prompt + response - 1.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
 from trimtab.config.rl import RLConfig
-from trimtab.data.batches import IGNORE_INDEX, MicroBatch, StepBatch
+from trimtab.data.batches import IGNORE_INDEX
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import DataError
 from trimtab.hardware import is_oom
 from trimtab.rl import replay
 from trimtab.rl.engine import RolloutQueue
-from trimtab.rl.loss import PolicyTerms, advantages, normaliser, token_weights
+from trimtab.rl.loss import advantages, normaliser, token_weights
 from trimtab.rl.order import EpochOrder, Ordered, fingerprint
 from trimtab.rl.rewards import VerifierPool
 from trimtab.rl.rollout import Rollout
+from trimtab.rl.step import (
+    SUMS,
+    TERMS,
+    PolicyMicroBatch,
+    RolloutBatch,
+    batch_from_state,
+    batch_state,
+    flat,
+    overlong_penalty,
+    pass_at_k,
+    solved,
+    step_figures,
+)
 from trimtab.rl.tasks import Problem
 
 # prompts, a sampling seed (None: greedy) -> one rollout each
@@ -44,141 +56,6 @@ Sum = Callable[[list[float]], list[float]]  # host numbers summed over the data-
 HELD_OUT_DRAW = 999_983  # the held-out samples' seed offset: no training draw's (those count from 0)
 TOLD = 8  # distinct verifier errors said on the log, a run (a verifier raising alike every time: once)
 log = logging.getLogger(__name__)
-
-
-def flat(rewards: list[float]) -> bool:
-    """A group whose responses all earned one reward: advantage 0, nothing to learn."""
-    return max(rewards) == min(rewards)
-
-
-def solved(groups: list[list[float]], full: float) -> int:
-    """Of the groups' rewards, those every response of which earned the full reward (rl.full_reward):
-    prompts the policy has learnt. Nothing to learn there either, but warmer sampling would only
-    unlearn them, where a group flat at 0 or at a partial credit needs it (rule rl_signal)."""
-    return sum(min(g) >= full for g in groups)
-
-
-@dataclass
-class PolicyMicroBatch(MicroBatch):
-    old_logprobs: torch.Tensor = None  # fp32 [B, T]: the behaviour policy's, at each target (0 elsewhere)
-    advantage: torch.Tensor = None  # fp32 [B]: each response's
-    weights: torch.Tensor = None  # fp32 [B, T]: each target's weight in the step's sum (rl/loss.py)
-    experts: torch.Tensor | None = None  # long [B, T, MoE layers, k]: generation's routing, replayed (rl/replay.py)
-    # n_targets: this micro-batch's part of the step's normaliser (its response tokens under token_mean)
-
-
-# A step's counts, summed over the data-parallel ranks (RolloutLoader.all_sum): the groups drawn
-# and those with one reward for every response, of these the solved ones (all at rl.full_reward),
-# the responses scored (dynamic sampling's extra draws included), their rewards' sum, the groups'
-# mean verifier scores (the rewards less the overlong penalty) summed and squared, the responses'
-# sampling temperatures summed; the verifications failed and timed out; of the responses trained,
-# their number, entropies, truncations and tokens
-SUMS = (
-    "groups",
-    "flat",
-    "solved",
-    "verified",
-    "reward",
-    "score",
-    "score_sq",
-    "temperature",
-    "failures",
-    "timeouts",
-    "rollouts",
-    "entropy",
-    "truncated",
-    "tokens",
-)
-# the objective's sums the figures read (rl/loss.py PolicyTerms), with their token weight
-TERMS = ("clipped", "kl", "off_policy", "kl_ref", "behaviour_weight", "behaviour_capped")
-
-
-@dataclass
-class RolloutBatch(StepBatch):
-    # group_size consecutive ones a prompt; no tensors (a hook's seal need not walk them)
-    rollouts: list[Rollout] = field(default_factory=list, metadata={"sealed": False})
-    advantage: list[float] = field(default_factory=list)  # each rollout's
-    rewards: list[float] = field(default_factory=list)
-    sums: dict[str, float] = field(default_factory=dict)  # SUMS, every rank's
-    terms: list[PolicyTerms] = field(default_factory=list)  # the objective's sums, filled by the trainer
-    totals: dict[str, Any] = field(default_factory=dict)  # TERMS over the micro-batches and ranks (settle)
-    staleness: float = 0.0  # optimizer steps from the rollouts' policy to the one trained (mean)
-    verifier_error: str = ""  # this rank's last verification that raised or died, this step (rl_verifier)
-    normaliser: float = 0.0  # the step's, every rank's responses (rl/loss.py)
-    overlong_buffer: int = 0  # the soft overlong penalty the rewards carry, in tokens (rule rl_length's knob)
-
-    @property
-    def health(self) -> dict[str, Any]:
-        """The step's figures the orchestrator's RL rules read (orchestrator/rl_health.py), every
-        rank's: the share of the groups drawn that teach nothing (rl_signal), the verifications
-        scored, failed and timed out (rl_verifier), the sampled tokens' entropy against the mean
-        reward (rl_entropy), the share of responses cut at the budget (rl_length), and once
-        trained, the share of tokens whose rollouts' policy is off the clip range (rl_ratio)."""
-        figures = step_figures(self.sums)
-        figures["verifications"] = tuple(int(self.sums[k]) for k in ("verified", "failures", "timeouts"))
-        if self.verifier_error:
-            figures["verifier_error"] = self.verifier_error
-        if "score" in self.sums:  # rl_reward's, per group (a checkpoint's older batches: none)
-            figures |= {"score_n": self.sums["groups"], "score": self.sums["score"], "score_sq": self.sums["score_sq"]}
-            figures["temperature"] = round(self.sums["temperature"] / max(self.sums["verified"], 1), 6)
-            figures["overlong_buffer"] = self.overlong_buffer
-        if self.totals:  # one host read
-            weight = max(float(self.totals["weight"]), 1e-12)
-            figures |= {k: float(self.totals[k]) / weight for k in ("off_policy", "kl")}
-            figures["staleness"] = self.staleness
-        return figures
-
-    def settle(self, over_ranks: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """After the step's objective: its TERMS summed over the micro-batches and, by
-        `over_ranks`, the data-parallel ranks, with their token weight, on device (no host read)."""
-        names = [k for k in TERMS if getattr(self.terms[0], k) is not None]
-        device = self.terms[0].objective.device
-        weight = sum(m.weights.sum() for m in self.micro).to(device)
-        summed = over_ranks(torch.stack([sum(getattr(t, k) for t in self.terms) for k in names] + [weight]))
-        self.totals = dict(zip([*names, "weight"], summed))
-        self.totals["ratio_max"] = torch.stack([t.ratio_max for t in self.terms]).max()  # this rank's
-
-
-def step_figures(sums: dict[str, float]) -> dict[str, float]:
-    """Shares and means from SUMS (one step's, or a log window's added)."""
-    n = max(sums["rollouts"], 1)
-    return {
-        "flat_groups": sums["flat"] / max(sums["groups"], 1),
-        "solved_groups": sums.get("solved", 0) / max(sums["groups"], 1),  # a checkpoint's older batches: none
-        "reward": sums["reward"] / max(sums["verified"], 1),
-        "entropy": sums["entropy"] / n,
-        "truncated": sums["truncated"] / n,
-        "response_tokens": sums["tokens"] / n,
-    }
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """The chance that k of n sampled responses, c of them right, hold a right one: Chen et al.
-    2021's unbiased estimator 1 - C(n - c, k) / C(n, k)."""
-    return 1.0 if n - c < k else 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def overlong_penalty(length: int, budget: int, buffer: int) -> float:
-    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13): 0 up to `budget` (max_new_tokens)
-    - `buffer` tokens, then falling linearly to -1 at the budget (0 with no buffer)."""
-    start = budget - buffer
-    if not buffer or length <= start:
-        return 0.0
-    return (start - length) / buffer
-
-
-BATCH_FIELDS = ("n_tokens", "rows", "advantage", "rewards", "sums", "verifier_error", "overlong_buffer")
-
-
-def batch_state(batch: RolloutBatch) -> dict[str, Any]:
-    """A generated step (before its micro-batches are cut) as JSON holds it."""
-    return {**{k: getattr(batch, k) for k in BATCH_FIELDS}, "rollouts": [r.state_dict() for r in batch.rollouts]}
-
-
-def batch_from_state(state: dict[str, Any]) -> RolloutBatch:
-    rollouts = [Rollout.from_state(r) for r in state["rollouts"]]
-    fields = {k: state[k] for k in BATCH_FIELDS if k in state}  # older checkpoints' batches: fewer fields
-    return RolloutBatch([], 0, rollouts=rollouts, **fields)
 
 
 @dataclass

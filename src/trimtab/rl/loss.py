@@ -218,7 +218,7 @@ def policy_from_hidden(
     kl_coef: float = 0.0,
     behaviour_cap: float | None = None,
 ) -> PolicyTerms:
-    """The objective's sums for a micro-batch of rollouts (rl/batches.py: PolicyMicroBatch, its
+    """The objective's sums for a micro-batch of rollouts (rl/step.py: PolicyMicroBatch, its
     tensors on hidden's device): hidden [B, T, D], head [V, D], targets [B, T] (IGNORE where
     no response token), `at` [N] their response positions (response_positions: the head reads
     those only). The policy's log-probabilities are taken at the rollouts' temperature, as their

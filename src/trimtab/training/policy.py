@@ -13,12 +13,13 @@ import torch
 
 from trimtab.data.batches import MicroBatch
 from trimtab.model import build_model
-from trimtab.rl.batches import Policy, PolicyMicroBatch, RolloutBatch
+from trimtab.rl.batches import Policy
 from trimtab.rl.dpo import dpo_from_hidden
 from trimtab.rl.loss import policy_from_hidden, response_positions, target_logprobs
 from trimtab.rl.preference import PairBatch
 from trimtab.rl.reference import load_reference, reference_logprobs
 from trimtab.rl.rollout import Rollout, generate
+from trimtab.rl.step import PolicyMicroBatch, RolloutBatch
 
 
 class PolicyTraining:

@@ -21,9 +21,10 @@ from trimtab.data import MicroBatch, StepBatch
 from trimtab.distributed.ft import ReplicaGroups, check_groups
 from trimtab.distributed.group import gather_objects, side_sum
 from trimtab.hardware import is_oom
-from trimtab.rl.batches import PolicyMicroBatch, RolloutBatch, RolloutLoader
+from trimtab.rl.batches import RolloutLoader
 from trimtab.rl.preference import PairBatch, PairLoader, PairMicroBatch
 from trimtab.rl.replay import replaying
+from trimtab.rl.step import PolicyMicroBatch, RolloutBatch
 from trimtab.training.checkpointing import Checkpointing
 from trimtab.training.control import Control
 from trimtab.training.evaluation import held_out_figures, policy_figures
