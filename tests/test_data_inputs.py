@@ -92,6 +92,19 @@ def test_records_past_the_callers_limit_are_not_read(tmp_path):
     assert docs and all(d.source.startswith(str(path)) for d in docs)
 
 
+def test_a_text_file_is_read_only_as_far_as_the_caller_takes(tmp_path):
+    """A plain-text file is one document, read whole so that a bad byte skips it whole; but not
+    past max_bytes (a corpus of one huge file would be read into memory for a sample of it): its
+    first megabytes train, a bad byte 3 MB in is never reached."""
+    path = tmp_path / "big.txt"
+    line = "the quick brown fox jumps over the lazy dog\n"
+    path.write_bytes((line * (3_000_000 // len(line))).encode() + b"\xff\xfe bad\n")
+    docs, _ = read_documents(DataConfig(source=str(path), max_bytes=1_000_000))
+    assert len(docs) == 1 and 900_000 < len(docs[0].text) <= 1_000_000 and docs[0].text.endswith("dog\n")
+    with pytest.raises(DataError, match="big.txt"):  # read to the end, the bad byte is found and named
+        read_documents(DataConfig(source=str(path), max_bytes=0))
+
+
 # ------------------------------------------------------------ trimtab's own outputs in a source
 
 

@@ -271,14 +271,19 @@ class _Reader:
         if formats.kind_of(path, self.cfg.format) != "text":
             yield from self._records(path, strict)
             return
-        try:  # a text file is one document: read whole, so an unreadable one yields nothing
-            text = "".join(record.value for record in formats.records(path, self.cfg.format))
+        parts, chars = [], 0
+        try:  # a text file is one document: read whole (up to the limit), so an unreadable one yields nothing
+            for record in formats.records(path, self.cfg.format):
+                parts.append(record.value)
+                chars += len(record.value)
+                if self.limit and chars > self.limit:
+                    break  # the caller takes no more: a 30 GB file is not read into memory for 6 MB of it
         except formats.Unreadable as exc:
             if strict:
                 raise
             self._unreadable(exc)
             return
-        if text:
+        if text := "".join(parts):
             yield Document([(text, True)], str(path))
 
     def _records(self, path: Path, strict: bool) -> Iterator[Document]:
