@@ -191,6 +191,11 @@ def test_a_resumed_run_probes_its_shrunk_micro_batch_soon_with_the_back_off_rese
     found = [m.observe(metrics(100 + i, micro_batch_tokens=256)) for i in range(RESUME_PROBE)]
     assert found[:-1] == [None] * (RESUME_PROBE - 1) and found[-1].evidence["target"] == 512
     assert m.probe_after == 2 * cfg.oom.probe_after  # the back-off starts over from the config's
+    # the journal says what was seen: RESUME_PROBE clean steps in the new process, not probe_after
+    assert found[-1].evidence["clean_steps"] == RESUME_PROBE and "since the run resumed" in found[-1].summary
+    n = m.probe_after
+    later = [m.observe(metrics(200 + i, micro_batch_tokens=256)) for i in range(n)]
+    assert later[-1].evidence["clean_steps"] == n and "resumed" not in later[-1].summary
 
 
 def test_moe_health_leaves_out_a_withheld_steps_routing():

@@ -125,6 +125,7 @@ class OutOfMemory(Monitor):
         self.retries = 0  # errors in that step
         self.clean = 0  # steps since, below the configured micro-batch
         self.probe_after = cfg.oom.probe_after
+        self.since_resume: int | None = None  # clean steps in this process, when it resumed shrunk
 
     def error(self, step: int, micro_batch_tokens: int, message: str, rows: list[int]) -> Finding:
         self.retries = self.retries + 1 if step == self.last else 1
@@ -168,6 +169,7 @@ class OutOfMemory(Monitor):
         if self.cfg.probe_after:
             self.probe_after = self.cfg.probe_after
             self.clean = max(self.clean, self.probe_after - RESUME_PROBE)
+            self.since_resume = 0
 
     def observe(self, m: StepMetrics) -> Finding | None:
         heavier = CHECKPOINTING.index(m.checkpointing) > CHECKPOINTING.index(self.configured_checkpointing)
@@ -175,10 +177,17 @@ class OutOfMemory(Monitor):
         if not self.probe_after or not (heavier or smaller):
             return None
         self.clean += 1
+        self.since_resume = None if self.since_resume is None else self.since_resume + 1
         if self.clean < self.probe_after:
             return None
         clean, self.clean, self.probe_after = self.clean, 0, self.probe_after * 2  # back off if it fails again
         evidence = {"kind": "probe", "micro_batch_tokens": m.micro_batch_tokens, "clean_steps": clean}
+        summary = f"{clean} steps without running out of memory"
+        if self.since_resume is not None:  # what counted was the new process, not the steps before it
+            evidence["clean_steps"], self.since_resume = self.since_resume, None
+            summary = (
+                f"{evidence['clean_steps']} steps without running out of memory since the run resumed (a new process)"
+            )
         if heavier:
             lighter = CHECKPOINTING[CHECKPOINTING.index(m.checkpointing) - 1]
             evidence |= {"checkpointing": m.checkpointing, "target_checkpointing": lighter}
@@ -189,6 +198,6 @@ class OutOfMemory(Monitor):
             family=self.family,
             step=m.step,
             evidence=evidence,
-            summary=f"{clean} steps without running out of memory",
+            summary=summary,
             strength=0.6,
         )
