@@ -228,6 +228,21 @@ def test_a_finished_run_says_so_in_one_line_and_exits_zero(tmp_path, capsys):
     )
 
 
+def test_init_from_weights_of_another_model_names_the_settings_and_the_command_that_fits(tmp_path, capsys):
+    """train.init_from a run of another model (the default preset's is not a merge's or a debug
+    run's): the differing model.* settings and a command with that run's config.yaml, which trains."""
+    base, fast = tmp_path / "base", [*FAST, "--max-steps", "1"]
+    assert main(["train", "--preset", "debug", "--out", str(base), *fast]) == 0
+    capsys.readouterr()
+    other = ["--set", f"train.init_from={base}", "--out", str(tmp_path / "other")]
+    assert main(["train", "--preset", "debug-moe", *other, *fast]) == 2
+    err = capsys.readouterr().err
+    assert f"'train.init_from' = '{base}' holds another model than this run's (model.n_layers 5 there" in err
+    assert "model.layer_pattern [] there, ['dense', 'moe'] here" in err
+    assert f"trimtab train {base / 'config.yaml'} --set train.init_from={base} --out DIR" in err
+    assert main(["train", str(base / "config.yaml"), *other, *fast]) == 0
+
+
 def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
     """`trimtab ARGS` in a process of its own (forked with trimtab imported: tests/forkserver.py):
     the exit code is the process's."""

@@ -10,6 +10,7 @@ import argparse
 import errno
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -288,10 +289,14 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def train_from_hint(model: str | Path) -> str:
-    """The command that trains on from `model`, into a run directory of its own: without --out
-    it would land on runs/<preset>, most likely a run that has finished."""
+    """The command that trains on from `model` (a run directory): with its config.yaml, whose
+    model the weights are (the default preset's is another), into a run directory of its own
+    (without --out it would land on runs/<preset>, most likely a run that has finished)."""
+    from trimtab.rundir import CONFIG as CONFIG_FILE
+
     model = Path(model)
-    return f"trimtab train --set train.init_from={model} --out {model.with_name(model.name + '-train')}"
+    config, out = shlex.quote(str(model / CONFIG_FILE)), shlex.quote(str(model.with_name(model.name + "-train")))
+    return f"trimtab train {config} --set train.init_from={shlex.quote(str(model))} --out {out}"
 
 
 @command(
@@ -327,7 +332,7 @@ def _data_prepare(args: argparse.Namespace) -> int:
     print(
         f"{args.out}: {manifest.get('tokens', 0):,} tokens in {manifest.get('documents', 0):,} documents from "
         f"{files} files, {len(manifest['shards'])} shards ({manifest['dtype']}); train on it: "
-        f"trimtab train --set data.source={args.out}"
+        f"trimtab train --set data.source={shlex.quote(str(args.out))}"
     )
     return 0
 

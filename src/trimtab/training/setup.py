@@ -310,8 +310,37 @@ def init_weights_from(cfg: RunConfig, model: Transformer) -> tuple[Path, dict | 
             f"config key 'train.init_from' = '{source}' has no valid checkpoint; "
             "point it at a run directory, a checkpoints/step_* directory or a Hugging Face model directory"
         )
-    load_model(model, path)
+    try:
+        load_model(model, path)
+    except CheckpointError as exc:
+        raise ConfigError(_unfit(cfg, source, exc)) from None
     return path, None
+
+
+def _unfit(cfg: RunConfig, source: Path, exc: CheckpointError) -> str:
+    """Why train.init_from's weights do not fit this run's model, and the command that trains on
+    from them: the model.* settings that differ from those of the run that trained them (its
+    config.yaml), where it has one; the weights' own account otherwise."""
+    run = _run_dir_of(str(source))
+    try:
+        theirs = _leaves(asdict(read_saved(run).model), "model.")
+    except (ConfigError, OSError):
+        return f"config key 'train.init_from' = '{source}': {exc}"
+    ours = _leaves(asdict(cfg.model), "model.")
+    differ = [f"{k} {theirs[k]} there, {ours[k]} here" for k in ours if k in theirs and theirs[k] != ours[k]]
+    return (
+        f"config key 'train.init_from' = '{source}' holds another model than this run's ({'; '.join(differ[:4])}"
+        f"{'; ...' if len(differ) > 4 else ''}): train on with that run's model settings, e.g. "
+        f"trimtab train {run / CONFIG} --set train.init_from={source} --out DIR (or its --preset)"
+    )
+
+
+def _leaves(section: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """A config section's values by their dotted keys (model.moe.top_k), its own before its sections'."""
+    flat = {prefix + k: v for k, v in section.items() if not isinstance(v, dict)}
+    for k, v in section.items():
+        flat |= _leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {}
+    return flat
 
 
 def _run_dir_of(init_from: str) -> Path:
