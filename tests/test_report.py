@@ -254,6 +254,8 @@ def test_runs_and_report_list_a_run_whose_files_a_disk_fault_damaged(tmp_path):
     rows = {r["run"]: r for r in list_runs(tmp_path, "run")}
     assert rows["bad"]["steps"] == 3 and rows["good"]["status"] == "completed"
     assert write_report([bad], tmp_path) == tmp_path / "report.html"  # --out a directory: its report.html
+    for new in (f"{tmp_path / 'new'}/", tmp_path / "fresh"):  # a new one too, with or without its slash
+        assert write_report([bad], new) == Path(new) / "report.html" and (Path(new) / "report.html").is_file()
 
 
 def _fake_run(path: Path, lr: float) -> Path:

@@ -8,6 +8,7 @@ docs/report.md says how to read the page.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from trimtab.rundir import write_atomic
 REPORT = "report.html"
 
 __all__ = ["NotARunError", "default_out", "write_report"]
+
+HTML = (".html", ".htm")  # --out names a page; anything else is a directory to hold report.html
 
 
 def write_report(paths: list[str | Path], out: str | Path | None = None, summary: dict[str, Any] | None = None) -> Path:
@@ -30,8 +33,8 @@ def write_report(paths: list[str | Path], out: str | Path | None = None, summary
         raise NotARunError("no run directory given")
     runs, healings = _load(paths, summary)
     target = Path(out) if out else default_out(paths)
-    if target.is_dir():  # `--out DIR`, as `trimtab plan --out` takes a directory
-        target = target / REPORT
+    if out and (target.is_dir() or str(out).endswith(("/", os.sep)) or target.suffix.lower() not in HTML):
+        target = target / REPORT  # `--out DIR` (new ones too), as `trimtab plan --out` takes a directory
     target.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(target, render(runs, healings))  # a reader (a browser reloading) never sees half a page
     return target
