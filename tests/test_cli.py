@@ -243,6 +243,22 @@ def test_init_from_weights_of_another_model_names_the_settings_and_the_command_t
     assert main(["train", str(base / "config.yaml"), *other, *fast]) == 0
 
 
+def test_output_into_a_closed_pipe_ends_quietly_and_runs_help_names_every_column(tmp_path):
+    """`trimtab presets | head -1`: the reader left; no traceback, exit 0. `runs --help` lists
+    every column --sort takes."""
+    script = (
+        "import os, sys; r, w = os.pipe(); os.close(r); os.dup2(w, 1)\n"
+        "from trimtab.cli import main; sys.exit(main(['presets']))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    from trimtab.report.runs import COLUMNS
+
+    runs = build_parser()._subparsers._group_actions[0].choices["runs"]
+    sort = next(a for a in runs._actions if a.dest == "sort")
+    assert all(column in sort.help for column in COLUMNS), sort.help
+
+
 def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
     """`trimtab ARGS` in a process of its own (forked with trimtab imported: tests/forkserver.py):
     the exit code is the process's."""

@@ -438,8 +438,8 @@ def _report(args: argparse.Namespace) -> int:
     arg(
         "--sort",
         default="val_loss",
-        help="column to sort by: run, preset, status, steps, tokens, val_loss, decisions, healed, wall_s "
-        "(default: val_loss; runs without a value last)",
+        help="column to sort by: run, preset, status, steps, tokens, val_loss, held_out, decisions, healed, "
+        "wall_s, ettr (default: val_loss; runs without a value last)",
     ),
     arg("--reverse", action="store_true", help="sort descending"),
     arg("--json", action="store_true", help="the rows as JSON"),
@@ -500,6 +500,9 @@ def main(argv: list[str] | None = None) -> int:
     except TrimtabError as exc:
         print(f"trimtab: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `trimtab runs | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush writes nowhere
+        return 0
     except (RunFinished, StartUpInterrupted) as stopped:  # nothing trained, on purpose: not an error
         if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 speaks for the job
             print(f"trimtab: {stopped}", file=sys.stderr)
