@@ -58,6 +58,8 @@ def test_a_run_is_scraped_live_and_its_decisions_are_counted(tmp_path):
     for gauge in ("trimtab_loss", "trimtab_lr", "trimtab_grad_norm", "trimtab_tokens_per_second"):
         assert series(late, gauge, **labels) is not None, gauge
     assert series(late, "trimtab_val_loss", **labels) is not None  # the evaluation at step 4
+    # a figure not yet measured has no series (a 0 would read as a perfect held-out loss)
+    assert series(early, "trimtab_val_loss", **labels) is None and series(late, "trimtab_loss_scale") is None
     # the fault at step 3: none before it, one nonfinite decision after
     assert series(early, "trimtab_decisions_total", rule="nonfinite") is None
     assert series(late, "trimtab_decisions_total", rule="nonfinite", action="skip_step", **labels) == 1.0

@@ -60,7 +60,11 @@ class PrometheusExporter(Hook):
             family = kind(name, text, [*labels, *extra], registry=self.registry)
             return family if extra else family.labels(**labels)
 
-        self.gauges = {key: series(prom.Gauge, name, text) for key, (name, text) in GAUGES.items()}
+        # a figure's series appears with its first value: a gauge at 0 would read as a held-out
+        # loss of 0 before the first evaluation, and fp32's loss scale as 0
+        self.gauges = {
+            key: prom.Gauge(name, text, list(labels), registry=self.registry) for key, (name, text) in GAUGES.items()
+        }
         self.step = series(prom.Gauge, "trimtab_step", "optimizer steps taken")
         self.tokens = series(prom.Gauge, "trimtab_tokens", "input tokens trained on")
         self.heartbeat = series(
@@ -97,7 +101,7 @@ class PrometheusExporter(Hook):
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 continue
             if key in self.gauges:
-                self.gauges[key].set(value)
+                self.gauges[key].labels(**self._labels).set(value)
             elif key == "tokens":
                 self.tokens.set(value)
             elif key.startswith("rl/"):
