@@ -60,6 +60,18 @@ def test_mixture_of_depths_and_hybrids_leave_with_their_own_function(preset, tok
     assert greedy_same(model, theirs, tokenizer.vocab_size)
 
 
+def test_the_export_command_says_how_a_remote_code_model_loads(tokenizer, tmp_path, capsys):
+    """`trimtab export` of a MoD model prints the load call with trust_remote_code=True (as
+    written without it, transformers refuses); a dense export's call has none."""
+    from trimtab.cli import main
+
+    for preset, remote in (("debug-mod", True), ("debug", False)):
+        run = write_run(tmp_path / preset, model_of(preset, tokenizer), tokenizer)
+        assert main(["export", str(run), "--out", str(tmp_path / f"{preset}-hf")]) == 0
+        printed = capsys.readouterr().out
+        assert ("from_pretrained(DIR, trust_remote_code=True)" in printed) is remote, printed
+
+
 def test_moe_after_surgery_with_a_selection_bias_and_a_gated_shared_expert(tokenizer, tmp_path):
     base = load_config(preset="debug-moe").model.moe
     moe_cfg = dataclasses.replace(base, n_shared_experts=1, shared_gate=True, top_k=1)

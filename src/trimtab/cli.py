@@ -225,7 +225,9 @@ def _export(args: argparse.Namespace) -> int:
     from trimtab.hf import export_run
 
     out = export_run(args.run_dir, args.out, step=args.step, dtype=args.dtype, snapshot=args.snapshot)
-    print(f"exported {args.run_dir} to {out} (load it with transformers' AutoModelForCausalLM.from_pretrained)")
+    remote = ", trust_remote_code=True" if any(Path(out).glob("modeling_*.py")) else ""  # its own model code
+    load = f"transformers' AutoModelForCausalLM.from_pretrained(DIR{remote})"
+    print(f"exported {args.run_dir} to {out} (load it with {load})")
     return 0
 
 
