@@ -754,6 +754,19 @@ def test_journal_round_trip_with_nan_evidence(tmp_path):
     assert describe("set_micro_batch_tokens", {"tokens": 512}) == "micro-batch 512 tokens"
 
 
+def test_a_resume_after_a_rollback_gives_new_decisions_new_ids(tmp_path):
+    """Decision 2 abandoned by a rollback, 3 taken after it; a resume from a checkpoint holding
+    1 and 3 gives the next decision id 4 (it gave 3 again: two decisions, one outcome track)."""
+    journal = Journal(tmp_path / "decisions.jsonl")
+    for i in (1, 2, 3):
+        journal.add(decision(i, 10 * i, "spike", "skip_step"))
+    kept = [d for d in journal.state_dict() if d["id"] != 2]
+    journal.load_state_dict(kept)  # the rollback's: 2 abandoned
+    resumed = Journal(tmp_path / "decisions.jsonl")
+    resumed.load_state_dict(kept)
+    assert resumed.next_id() == 4 and [d["id"] for d in read_decisions(tmp_path, abandoned=True)] == [1, 2, 3]
+
+
 # ------------------------------------------------------------------------------------ fault specs
 
 

@@ -102,7 +102,10 @@ class Journal:
         return decision
 
     def next_id(self) -> int:
-        return max([len(self.decisions), *(d["id"] for d in self.abandoned)]) + 1
+        """One past every id given: the kept decisions' (not their count: a rollback's abandoned
+        ones sit between them, and a resume after it would hand out a kept decision's id again,
+        merging two decisions' outcomes) and the abandoned ones'."""
+        return max([0, *(d.id for d in self.decisions), *(d["id"] for d in self.abandoned)]) + 1
 
     def repeat_of(self, rule: str, action: str, reasoning: str) -> Decision | None:
         """This rule's latest decision when it was this action for this reason: a finding that
