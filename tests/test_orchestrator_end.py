@@ -24,16 +24,31 @@ def test_weights_broken_at_the_last_step_are_rolled_back_and_the_steps_trained_a
     assert list_checkpoints(run)[-1].name == "step_000024" and all_finite(final_weights(run))
 
 
-def test_wrecked_weights_that_never_spike_are_caught_at_the_end(tmp_path):
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_wrecked_weights_that_never_spike_are_caught_at_the_end(tmp_path, asynchronous):
     # Noise of 3x each block weight's std one step before the end: finite, and the last step's
     # spike alone climbs nothing. The end check finds the held-out loss far above the last good
     # checkpoint's, rolls back, and the replay (the fault has fired) ends where a clean run does.
+    # With saves written in the background too (its reference was never set: no check).
     clean = trimtab.train(debug_cfg(tmp_path / "clean", steps=24, train={"eval_every": 24}))
-    run = tmp_path / "r"
-    summary = trimtab.train(debug_cfg(run, steps=24, faults=["weights_noise@24:3"], train={"eval_every": 24}))
+    run, written = tmp_path / "r", {"checkpoint": {"every": 8, "asynchronous": asynchronous}}
+    summary = trimtab.train(
+        debug_cfg(run, steps=24, faults=["weights_noise@24:3"], train={"eval_every": 24}, **written)
+    )
     assert [d["action"] for d in read_decisions(run) if d["rule"] == "end"] == ["rollback"]
     assert summary["exit_code"] == 0
     assert summary["val_loss"] == pytest.approx(clean["val_loss"], rel=1e-3)
+
+
+def test_a_resumed_run_checks_its_end_against_the_checkpoint_it_resumed_from(tmp_path):
+    """The end check's reference is the held-out loss at the last good checkpoint, kept in that
+    checkpoint: a run trained to step 20 and extended to 40 compares with step 20's. (It kept the
+    checkpoint before's, step 0's: far higher, and 2x noise at step 40 passed as a good end.)"""
+    run, cfg = tmp_path / "r", {"checkpoint": {"every": 20}, "train": {"eval_every": 40}}
+    trimtab.train(debug_cfg(run, steps=20, **cfg))
+    trimtab.train(debug_cfg(run, steps=40, faults=["weights_noise@40:2"], **cfg))
+    (end,) = [d for d in read_decisions(run) if d["rule"] == "end"]
+    assert end["action"] == "rollback" and end["evidence"]["baseline"] < 6.0, end["evidence"]
 
 
 def test_with_the_orchestrator_off_non_finite_final_weights_end_the_run_as_failed(tmp_path):

@@ -85,6 +85,7 @@ class Orchestrator(Hook):
         self.last_step = 0  # the newest step seen (a rollback moves the run's counter back)
         self.ceilings: dict[str, float] = {}  # the update gate's thresholds, refreshed at each read
         self.demoted: set[str] = set()  # "rule:action" remedies that fell to advice (low confidence)
+        self._baseline_before: tuple[float | None] | None = None  # the reference a save being written replaced
 
     # ------------------------------------------------------------------ hook events
 
@@ -183,6 +184,8 @@ class Orchestrator(Hook):
         """A failed save: the disk rule's remedy is requested; the trainer applies it before the
         save returns (a failure of that retry does not come back here: training goes on, and the
         next interval tries again)."""
+        if self._baseline_before is not None:  # the checkpoint measured is not on disk: nor its reference
+            (self.policy.probe_baseline,), self._baseline_before = self._baseline_before, None
         if self.mode != "auto":
             return False
         if run.stopping:
@@ -204,11 +207,19 @@ class Orchestrator(Hook):
         self.decide(run, f)
         return True
 
+    def on_save_prepare(self, run: RunView, good: bool) -> None:
+        """A good checkpoint's held-out loss, the reference a diagnosis and the end check compare
+        with, measured before its state is taken: in that checkpoint, so a resume from it judges
+        against it (measured once the save was done, each checkpoint held the one before's, and a
+        background save's never matched its step: the end check was never armed)."""
+        if self.mode == "auto" and good:
+            self._baseline_before = (self.policy.probe_baseline,)
+            self.policy.probe_baseline = run.probe_loss()
+
     def on_checkpoint(self, run: RunView, path: Path) -> None:
         self.save_stall = run.save_seconds  # the stall the save cost training (the interval rule's C)
         self.failed_saves = 0
-        if self.mode == "auto" and run.last_good == run.step:
-            self.policy.probe_baseline = run.probe_loss()  # the reference for a diagnosis
+        self._baseline_before = None  # the checkpoint measured is on disk
 
     def on_phase_end(self, run: RunView) -> None:
         """The end of a phase is guarded like its middle: a fault in its last steps leaves too few

@@ -60,6 +60,7 @@ class Checkpointing:
             )
             return False
         good = all(h.healthy(self.view) for h in self.hooks)  # a rollback target (the weights are finite)
+        self._call("on_save_prepare", good)
         background = self.cfg.checkpoint.asynchronous and not wait
         started, before = time.perf_counter(), (self.last_saved, self.last_good)
         if self.best_eval is not None and self.best_checkpoint < 0:  # evaluations come before saves

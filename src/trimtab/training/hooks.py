@@ -128,6 +128,10 @@ class Hook:
 
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None: ...
 
+    def on_save_prepare(self, run: RunView, good: bool) -> None:
+        """A checkpoint of this step is about to be written (`good`: a rollback target, as every
+        hook's healthy() said): what a hook sets now goes into its state in that checkpoint."""
+
     def on_save_start(self, run: RunView) -> None: ...
 
     def on_save_error(self, run: RunView, exc: OSError) -> bool:
