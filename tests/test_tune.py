@@ -54,7 +54,9 @@ def states(result) -> list[str]:
         ({"optim.lrr": {"uniform": [0.001, 0.01]}}, {}, ["optim.lrr", "did you mean 'optim.lr'"]),
         ({"optim.lr": {"uniform": [0.01, 0.001]}}, {}, ["space.optim.lr", "below"]),
         ({"optim.lr": {"log_uniform": [0, 0.01]}}, {}, ["log_uniform needs low > 0"]),
-        ({"optim.lr": {"log_uniform": ["1e-4", "1e-2"]}}, {}, ["space.optim.lr", "write 1.0e-4"]),  # YAML 1.1 text
+        ({"optim.lr": {"log_uniform": ["1e-2", "1e-4"]}}, {}, ["space.optim.lr", "low 0.01 must be below high 0.0001"]),
+        ({"optim.lr": {"uniform": ["low", "1e-2"]}}, {}, ["space.optim.lr", "takes [low, high] numbers"]),
+        ({"optim.lr": {"choice": []}}, {}, ["space.optim.lr", "choice needs at least one value"]),
         ({"optim.lr": {"normal": [0, 1]}}, {}, ["space.optim.lr", "log_uniform"]),
         ({"optim.lr": {"uniform": [0.001, 0.01]}}, {"sampler": "grid"}, ["grid needs finite values", "steps"]),
         (LR, {"sampler": "bayes"}, ["study.sampler", "tpe"]),
@@ -71,6 +73,49 @@ def test_space_errors_name_the_file_key_and_fix(tmp_path, space, study, words):
     assert str(path) in str(exc.value)
     for word in words:
         assert word in str(exc.value)
+
+
+def test_space_reads_numbers_yaml_reads_as_text(tmp_path):
+    # YAML 1.1 reads 1e-4 as text; a run config takes it as a number, and so does a space file
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "base: {preset: debug}\n"
+        "space:\n"
+        "  optim.lr: {log_uniform: [1e-4, 1e-2]}\n"
+        "  optim.warmup_steps: {int: [0, 1e1]}\n"
+        "  optim.weight_decay: {choice: [1e-2, 0.1]}\n"
+        "  log.mlflow.experiment: {choice: ['1e3', e]}\n"  # a str key's choices stay text
+    )
+    params = {p.key: p.values for p in load_space(path).params}
+    assert params == {
+        "optim.lr": [1e-4, 1e-2],
+        "optim.warmup_steps": [0, 10],
+        "optim.weight_decay": [1e-2, 0.1],
+        "log.mlflow.experiment": ["1e3", "e"],
+    }
+    assert isinstance(params["optim.warmup_steps"][1], int)
+
+
+@pytest.mark.parametrize(
+    ("base", "budget", "words"),
+    [
+        ({"optim": {"lrr": 1}}, None, ["s.yaml: base:", "'optim.lrr'", "the space file's base: section"]),
+        ({}, {"max_steps": -1}, ["s.yaml: budget:", "'train.max_steps'", "the space file's budget: section"]),
+    ],
+)
+def test_a_typo_in_base_or_budget_is_blamed_on_its_section(tmp_path, base, budget, words):
+    with pytest.raises(ConfigError) as exc:
+        load_space(write_space(tmp_path, base=base, budget=budget))
+    for word in words:
+        assert word in str(exc.value)
+    assert "low ends" not in str(exc.value)  # not blamed on the searched keys
+
+
+def test_a_base_the_searched_keys_make_valid_is_not_refused(tmp_path):
+    # data.seq_len 256 is above the debug preset's model.max_seq_len (128), which the space raises
+    base = {"data": {"seq_len": 256}}
+    space = {"model.max_seq_len": {"choice": [256, 512]}}
+    assert load_space(write_space(tmp_path, base=base, space=space)).params[0].values == [256, 512]
 
 
 def test_space_grid_points_and_budget(tmp_path):

@@ -5,7 +5,9 @@ ConfigError naming the file, the key and the fix.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -227,21 +229,50 @@ def _param(space: Space, key: str, spec: Any) -> SearchParam:
     if len(kinds) != 1 or extra:
         raise ConfigError(f"{where}: one of {', '.join(KINDS)} (and optionally steps) expected; {hint}")
     kind, values = kinds[0], spec[kinds[0]]
-    if not isinstance(values, list) or not values:
+    if not isinstance(values, list):
         raise ConfigError(f"{where}: {kind} takes a list; {hint}")
+    if not values:
+        raise ConfigError(f"{where}: {kind} needs at least one value; {hint}")
     if kind != "choice":
+        values = [_number(v, whole=kind == "int") for v in values]
         _check_range(where, kind, values)
+    elif _takes_float(key):  # as a run config reads them: a float key's '1e-4' is the number
+        values = [_number(v) for v in values]
     steps = int(spec.get("steps", 0))
     if kind == "choice" and steps:
         raise ConfigError(f"{where}: steps is for ranges; a choice already lists its values")
     return SearchParam(key=key, kind=kind, values=values, steps=steps)
 
 
+def _number(value: Any, whole: bool = False) -> Any:
+    """A numeric string as its number, as run configs read one: YAML 1.1 (PyYAML) reads 1e-4 as
+    text, only 1.0e-4 as a number. With `whole`, a whole number as an int ('1e3': 1000). Anything
+    else (a word, 'nan', 'inf') is returned as it is, for the caller's check to refuse."""
+    if not isinstance(value, str):
+        return value
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    if not math.isfinite(number):
+        return value
+    return int(number) if whole and number.is_integer() else number
+
+
+def _takes_float(key: str) -> bool:
+    """Whether run config key `key` (dotted) is a float (or may be one); False for an unknown key,
+    which the config build at the space's ends names."""
+    tp: Any = RunConfig
+    for name in key.split("."):
+        if not dataclasses.is_dataclass(tp):
+            return False
+        tp = typing.get_type_hints(tp).get(name)
+    return tp is float or float in typing.get_args(tp)
+
+
 def _check_range(where: str, kind: str, values: list[Any]) -> None:
     if len(values) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-        # YAML 1.1 (PyYAML) reads 1e-4 as text: only 1.0e-4 is a number. Say so, it is the usual cause.
-        hint = "; YAML reads 1e-4 as text, write 1.0e-4" if any(isinstance(v, str) and "e" in v for v in values) else ""
-        raise ConfigError(f"{where}: {kind} takes [low, high] numbers, got {values}{hint}")
+        raise ConfigError(f"{where}: {kind} takes [low, high] numbers (e.g. [1e-4, 3e-2]), got {values}")
     lo, hi = values
     if lo >= hi:
         raise ConfigError(f"{where}: low {lo} must be below high {hi}")
@@ -275,8 +306,24 @@ def _check_keys(space: Space) -> None:
         try:
             space.config(values, out="unused")
         except ConfigError as exc:
+            _check_base(space)  # a typo in base: or budget: fails at both ends: blame its section
             keys = ", ".join(f"{k}={v}" for k, v in values.items())
             raise ConfigError(
                 f"{space.path}: the space's {'low' if end == 0 else 'high'} ends ({keys}) over the base config "
                 f"do not make a valid config: {exc}; fix the key or range in the space file"
+            ) from None
+
+
+def _check_base(space: Space) -> None:
+    """Build the config of base: alone, then with budget:, naming the section at fault. Called only
+    once an end of the space failed: a base the searched keys make valid (a seq_len above the
+    preset's max_seq_len, with model.max_seq_len searched) is not refused."""
+    extra = f" (or its config file {space.base_file})" if space.base_file else ""
+    sections = (("base", {}, f"base: section{extra}"), ("budget", space._budget_overrides(), "budget: section"))
+    for name, overrides, fix in sections:
+        try:
+            load_config(space.base_file, overrides=merge(merge(space.base, overrides), {"out": "unused"}))
+        except ConfigError as exc:
+            raise ConfigError(
+                f"{space.where(name)}: not a valid config: {exc}; fix it in the space file's {fix}"
             ) from None
