@@ -96,6 +96,9 @@ def test_bad_input_is_one_clear_line_and_exit_2(argv, message, capsys, tmp_path)
         (["plan", "--dataset-tokens", "nan"], "argument --dataset-tokens: must be a finite number above 0, got nan"),
         (["plan", "--budget-flops", "inf"], "argument --budget-flops: must be a finite number above 0, got inf"),
         (["plan", "--budget-hours", "0"], "argument --budget-hours: must be above 0, got 0"),
+        (["plan", "--gpus", "0"], "argument --gpus/--devices: must be at least 1, got 0"),
+        (["data", "prepare", "x", "--out", "y", "--vocab-size", "1"], "argument --vocab-size: must be at least 2"),
+        (["merge", "R", "--out", "y", "--last", "0"], "argument --last: must be at least 1, got 0"),
     ],
 )
 def test_numeric_flags_out_of_range_are_refused_naming_the_flag(argv, message, capsys):

@@ -92,6 +92,7 @@ def test_magnitude_keeps_at_least_one_entry_and_model_stock_keeps_the_base_where
     ("recipe", "message"),
     [
         ({"merge_method": "frankenmerge", "models": [{"model": "a"}]}, "is not one of"),
+        ({"models": [{"model": "a"}]}, "no merge_method; add one of linear"),
         ({"merge_method": "ties", "models": [{"model": "a"}]}, "needs 'base_model'"),
         ({"merge_method": "slerp", "base_model": "a", "models": [{"model": "b"}]}, "needs parameters.t"),
         ({"merge_method": "linear", "slices": []}, "'slices'"),
@@ -107,6 +108,18 @@ def test_magnitude_keeps_at_least_one_entry_and_model_stock_keeps_the_base_where
 def test_a_bad_recipe_is_refused_naming_the_key(recipe, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         read_recipe(recipe)
+
+
+def test_an_empty_recipe_file_or_a_run_directory_is_refused_naming_it(tmp_path):
+    empty = tmp_path / "recipe.yaml"
+    empty.write_text("# nothing yet\n")
+    with pytest.raises(ConfigError) as exc:
+        read_recipe(empty)
+    assert f"{empty}: the recipe is empty" in str(exc.value) and "merge_method None" not in str(exc.value)
+    with pytest.raises(ConfigError, match="is a directory, not a recipe file; .* add --method average"):
+        read_recipe(tmp_path)
+    with pytest.raises(ConfigError, match="recipe file '.*nosuch.yaml' does not exist"):
+        read_recipe(tmp_path / "nosuch.yaml")
 
 
 # ---- real runs ----------------------------------------------------------------------------------
@@ -220,11 +233,16 @@ def test_training_into_a_merged_directory_points_to_init_from(runs, tmp_path, ca
 
 
 def test_the_hint_to_train_on_a_merged_model_names_a_run_directory_of_its_own(tmp_path, capsys, monkeypatch):
-    """Issue #30: without --out the hinted command trained into runs/<preset>, a finished run."""
+    """Issue #30: without --out the hinted command trained into runs/<preset>, a finished run; and
+    without the merged run's config.yaml, into the default preset's model, which its weights do
+    not fit. --last belongs to --method average: with a recipe it is refused, not ignored."""
     import trimtab.merge
 
     out = tmp_path / "merged"
     monkeypatch.setattr(trimtab.merge, "merge", lambda source, dest: dest)
     assert main(["merge", "recipe.yaml", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert f"trimtab train --set train.init_from={out} --out {tmp_path / 'merged-train'};" in printed
+    hint = f"trimtab train {out / 'config.yaml'} --set train.init_from={out} --out {tmp_path / 'merged-train'};"
+    assert hint in printed, printed
+    assert main(["merge", "recipe.yaml", "--out", str(out), "--last", "2"]) == 2
+    assert "--last is for --method average" in capsys.readouterr().err

@@ -159,6 +159,20 @@ def test_cli_prints_and_saves_the_plan(tmp_path, capsys):
     assert "unknown GPU 'nope'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--data", "nosuch"], "--data 'nosuch' does not exist; check the path"),
+        (["--data", "nosuch*.txt"], "--data 'nosuch*.txt' matches no file"),
+    ],
+)
+def test_cli_errors_name_the_flags_typed(tmp_path, capsys, monkeypatch, flags, message):
+    monkeypatch.chdir(tmp_path)  # nosuch: relative to here
+    assert main(["plan", "--preset", "debug", "--out", str(tmp_path / "plan"), "--gpu", "H100", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "data.source" not in err
+
+
 def test_data_path_estimated_from_bytes_or_counted_with_the_tokenizer(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("def f(x):\n    return x + 1\n" * 400)  # 10,800 bytes

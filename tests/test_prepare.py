@@ -14,7 +14,7 @@ from trimtab.data import prepare as prepare_py
 from trimtab.data.batches import BatchLoader
 from trimtab.data.packing import build_splits
 from trimtab.data.prepare import Options, prepare
-from trimtab.data.prepared import PreparedData, ShardedRows, held_out
+from trimtab.data.prepared import PreparedData, ShardedRows, held_out, read_manifest
 from trimtab.data.sources import read_documents
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import DataError
@@ -203,6 +203,27 @@ def test_a_vocabulary_is_trained_when_no_tokenizer_is_given(tmp_path):
     src = write_corpus(tmp_path / "src")
     prepare([str(src)], tmp_path / "p", vocab_size=300)
     assert TextTokenizer.load(tmp_path / "p" / "tokenizer.json").vocab_size <= 300
+
+
+def test_a_vocab_size_other_than_the_directorys_is_refused(tmp_path, caplog, capsys, tok_file):
+    """A directory keeps its tokenizer: a --vocab-size that differs was silently ignored."""
+    rng = random.Random(0)
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in "abcd":
+        (src / f"{name}.txt").write_text("\n\n".join(text(rng, 25) for _ in range(10)))
+    prepare([str(src / "a.txt")], tmp_path / "p", vocab_size=300)
+    with pytest.raises(DataError, match=r"prepared with --vocab-size 300, not --vocab-size 500; leave --vocab-size"):
+        prepare([str(src / "b.txt")], tmp_path / "p", vocab_size=500)
+    args = ["data", "prepare", str(src / "b.txt"), "--out", str(tmp_path / "p"), "--vocab-size", "500"]
+    assert main(args) == 2 and "not --vocab-size 500" in capsys.readouterr().err
+    prepare([str(src / "b.txt")], tmp_path / "p", vocab_size=300)  # its own size, or none: added with its tokenizer
+    prepare([str(src / "c.txt")], tmp_path / "p")
+    main(["data", "prepare", str(src / "d.txt"), "--out", str(tmp_path / "p")])  # the flag left out: its own
+    assert sum(f.get("prepared", False) for f in read_manifest(tmp_path / "p")["files"]) == 4
+    prepare([str(src / "a.txt")], tmp_path / "q", tokenizer=str(tok_file))
+    with pytest.raises(DataError, match=r"prepared with --tokenizer \(a vocabulary of \d+\), not --vocab-size 500"):
+        prepare([str(src / "b.txt")], tmp_path / "q", vocab_size=500)
 
 
 def test_zstd_jsonl_arrow_and_chat_records_are_read(tmp_path, tok_file):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trimtab.commands import COMMANDS, OneOf, add_args, arg, command, number
-from trimtab.errors import RunFinished, TrimtabError
+from trimtab.errors import ConfigError, RunFinished, TrimtabError
 from trimtab.training.actions import help_text
 from trimtab.training.services.signals import StartUpInterrupted, handle_signals
 
@@ -275,14 +275,20 @@ def _eval(args: argparse.Namespace) -> int:
     arg("source", help="a recipe YAML (mergekit format), or with --method average a run directory"),
     arg("--out", required=True, help="the run directory to write the merged model to (new or empty)"),
     arg("--method", choices=("recipe", "average"), default="recipe", help="average: LAWA checkpoint averaging"),
-    arg("--last", type=number(int, 1), default=3, help="--method average: how many of the newest checkpoints"),
+    arg("--last", type=number(int, 1), help="--method average: how many of the newest checkpoints (default 3)"),
 )
 def _merge(args: argparse.Namespace) -> int:
     from trimtab import merge
 
+    if args.method != "average" and args.last is not None:
+        raise ConfigError(
+            "--last is for --method average (a run's newest checkpoints); a recipe lists its models: drop "
+            "--last, or pass a run directory with --method average"
+        )
     if args.method == "average":
-        out = merge.average(args.source, args.last, args.out)
-        print(f"averaged the last {args.last} checkpoints of {args.source} into {out}")
+        last = args.last or 3
+        out = merge.average(args.source, last, args.out)
+        print(f"averaged the last {last} checkpoints of {args.source} into {out}")
     else:
         out = merge.merge(args.source, args.out)
         print(f"merged {args.source} into {out}")
@@ -309,7 +315,11 @@ def train_from_hint(model: str | Path) -> str:
     arg(
         "--tokenizer", metavar="PATH", help="a tokenizer.json or a Hugging Face model directory (default: train a BPE)"
     ),
-    arg("--vocab-size", type=int, default=4096, help="vocabulary of the BPE trained when no --tokenizer"),
+    arg(
+        "--vocab-size",
+        type=number(int, 2),
+        help="vocabulary of the BPE a new directory trains when no --tokenizer (default 4096)",
+    ),
     arg("--format", default="auto", choices=("auto", "text", "jsonl", "chat", "instruction")),
     arg("--text-field", default="text", help="the record field holding the text (default: text)"),
     arg("--skip-bad-records", action="store_true", help="skip malformed records (counted) instead of failing"),
@@ -365,7 +375,7 @@ def _data_prepare(args: argparse.Namespace) -> int:
         ),
     ),
     arg("--gpu", metavar="NAME", help="plan for this GPU (e.g. H100) instead of this machine"),
-    arg("--gpus", "--devices", dest="devices", type=int, default=1, help="devices training together (default 1)"),
+    arg("--gpus", "--devices", dest="devices", type=number(int, 1), default=1, help="devices training together"),
     arg("--gpus-per-node", type=number(int, 1), default=8, help="GPUs per node, for the parallel layout (default 8)"),
     arg("--emit", choices=("slurm", "k8s"), help="also write a launch file: a Slurm script or a PyTorchJob"),
 )

@@ -48,6 +48,7 @@ SHARD_BYTES = 256 << 20  # source bytes per job at most: a job writes one shard,
 MIN_JOB_BYTES = 16 << 20  # ... and at least, unless the files are smaller
 TOKENIZER_SAMPLE_BYTES = 50_000_000  # text a new BPE tokenizer is trained on
 SCALE_SAMPLE_BYTES = 8_000_000  # text the garbage screen measures the sources' packing on (data/quality.py)
+DEFAULT_VOCAB_SIZE = 4096  # the BPE a new directory trains when neither --tokenizer nor --vocab-size is given
 
 
 WRITTEN = ("shards", "tokenizer.json", "tokenizer_config.json", "trimtab-data.json")  # what prepare creates in out
@@ -58,14 +59,16 @@ def prepare(
     sources: list[str],
     out: str | Path,
     tokenizer: str | None = None,
-    vocab_size: int = 4096,
+    vocab_size: int | None = None,
     options: Options | None = None,
     workers: int = 0,
     skip_hint: str = SKIP_HINT,
 ) -> dict[str, Any]:
     """Prepare `sources` (files, directories, globs) into `out`; returns the manifest. New files
-    are added to an existing directory; files already there are skipped. `skip_hint`: how the
-    caller turns on skip_bad_records, for the error a malformed record raises."""
+    are added to an existing directory; files already there are skipped. `vocab_size`: the BPE a
+    new directory trains (None: DEFAULT_VOCAB_SIZE); one other than an existing directory's is
+    refused (_check_vocab_size). `skip_hint`: how the caller turns on skip_bad_records, for the
+    error a malformed record raises."""
     out = Path(out)
     _check_out(out, sources)
     before = {name for name in (*WRITTEN, ".") if (out / name).exists()}
@@ -116,7 +119,13 @@ def _remove_unfinished(out: Path, before: set[str]) -> None:
 
 
 def _prepare(
-    sources: list[str], out: Path, tokenizer: str | None, vocab_size: int, options: Options, workers: int, hint: str
+    sources: list[str],
+    out: Path,
+    tokenizer: str | None,
+    vocab_size: int | None,
+    options: Options,
+    workers: int,
+    hint: str,
 ) -> dict[str, Any]:
     (out / "shards").mkdir(parents=True, exist_ok=True)
     for stale in (out / "shards").glob(".tmp-*"):  # jobs an interruption cut short
@@ -125,7 +134,8 @@ def _prepare(
     _check_options(manifest, options, out)
     manifest = _drop_corrupt(manifest, out)
     tok = _tokenizer(manifest, out, tokenizer, vocab_size, sources, options, hint)
-    manifest["tokenizer"] = {"sha256": tok.fingerprint, "vocab_size": tok.vocab_size}
+    # bpe_vocab_size (set by _tokenizer) kept: the --vocab-size asked for, which a small corpus's BPE falls short of
+    manifest["tokenizer"] = {**manifest.get("tokenizer", {}), "sha256": tok.fingerprint, "vocab_size": tok.vocab_size}
     manifest["dtype"] = manifest.get("dtype") or ("uint16" if tok.vocab_size <= 1 << 16 else "uint32")
     files = _new_files(manifest, sources, out)
     _measure_scale(manifest, [str(path) for _, path, _ in files], tok, options, hint)
@@ -231,13 +241,14 @@ def _tokenizer(
     manifest: dict[str, Any],
     out: Path,
     given: str | None,
-    vocab_size: int,
+    vocab_size: int | None,
     sources: list[str],
     options: Options,
     hint: str = SKIP_HINT,
 ) -> TextTokenizer:
     """The directory's tokenizer; a new directory takes --tokenizer (a tokenizer.json or a
-    Hugging Face model directory) or a BPE of vocab_size trained on a sample of the sources."""
+    Hugging Face model directory) or a BPE of vocab_size trained on a sample of the sources. The
+    manifest's tokenizer.bpe_vocab_size records the size asked for (null: a given tokenizer)."""
     own = out / "tokenizer.json"
     if given:
         path = Path(given) / "tokenizer.json" if Path(given).is_dir() else Path(given)
@@ -249,18 +260,48 @@ def _tokenizer(
             )
         if not own.is_file():
             tok.save(own)
+            manifest["tokenizer"] = {"bpe_vocab_size": None}
         return tok
     if own.is_file():
-        return TextTokenizer.load(own)
+        tok = TextTokenizer.load(own)
+        _check_vocab_size(manifest, out, tok, vocab_size)
+        return tok
     reader = _Reader(
         options.data_config(), "data", "data prepare source", fix=hint, limit=TOKENIZER_SAMPLE_BYTES, exclude=(out,)
     )
     docs, _ = _take_bytes((d for s in sources for d in reader.documents(s)), TOKENIZER_SAMPLE_BYTES)
     if not docs:
         raise DataError(f"the sources ({', '.join(sources)}) hold no text; point them at non-empty files")
-    tok = train_tokenizer(docs, vocab_size)
+    size = vocab_size or DEFAULT_VOCAB_SIZE
+    tok = train_tokenizer(docs, size)
     tok.save(own)
+    manifest["tokenizer"] = {"bpe_vocab_size": size}
     return tok
+
+
+def _check_vocab_size(manifest: dict[str, Any], out: Path, tok: TextTokenizer, vocab_size: int | None) -> None:
+    """Refuse a --vocab-size other than the one the directory's tokenizer was made with: the
+    directory keeps its tokenizer, so the flag would be silently ignored. A manifest from before
+    bpe_vocab_size was recorded cannot tell (a small corpus's BPE falls short of the size asked):
+    a warning."""
+    saved = manifest.get("tokenizer", {})
+    made = saved.get("bpe_vocab_size", tok.vocab_size)
+    if vocab_size is None or made == vocab_size:
+        return
+    if "bpe_vocab_size" not in saved:
+        log.warning(
+            "%s: keeps the tokenizer it was prepared with (a vocabulary of %d); --vocab-size %d applies to a "
+            "new directory only",
+            out,
+            tok.vocab_size,
+            vocab_size,
+        )
+        return
+    was = f"--vocab-size {made}" if made is not None else f"--tokenizer (a vocabulary of {tok.vocab_size})"
+    raise DataError(
+        f"{out} was prepared with {was}, not --vocab-size {vocab_size}; leave --vocab-size out to add files "
+        "with its tokenizer, or prepare into a new directory"
+    )
 
 
 def _new_files(manifest: dict[str, Any], sources: list[str], out: Path) -> list[tuple[int, Path, bool]]:

@@ -64,13 +64,17 @@ class Recipe:
 def read_recipe(source: str | Path | dict[str, Any]) -> Recipe:
     """A Recipe from a YAML file or its dict; ConfigError naming the key and the fix."""
     where = str(source) if not isinstance(source, dict) else "the recipe"
-    data = read_yaml(source) if not isinstance(source, dict) else dict(source)
+    data = dict(source) if isinstance(source, dict) else _read(Path(source))
+    if not data:
+        raise ConfigError(f"{where}: the recipe is empty; write merge_method, base_model and models (docs/merge.md)")
     for key in data:
         if key == "slices":
             raise ConfigError(f"{where}: 'slices' (layer ranges from several models) is not supported; use 'models'")
         if key not in ("merge_method", "base_model", "models", "parameters", "dtype"):
             raise ConfigError(f"{where}: unknown key '{key}'")
     method = data.get("merge_method")
+    if method is None:
+        raise ConfigError(f"{where}: no merge_method; add one of {', '.join(METHODS)} (e.g. 'merge_method: ties')")
     if method not in METHODS:
         raise ConfigError(f"{where}: merge_method {method!r} is not one of {', '.join(METHODS)}")
     models = [_model(m, i, where) for i, m in enumerate(data.get("models") or [])]
@@ -80,6 +84,16 @@ def read_recipe(source: str | Path | dict[str, Any]) -> Recipe:
     recipe.dtype = data.get("dtype", "float32")
     _check(recipe, where)
     return recipe
+
+
+def _read(path: Path) -> dict[str, Any]:
+    if path.is_dir():  # a run directory, without --method average
+        raise ConfigError(
+            f"{path} is a directory, not a recipe file; to average a run's checkpoints add --method average"
+        )
+    if not path.exists():
+        raise ConfigError(f"recipe file '{path}' does not exist; check the path")
+    return read_yaml(path)
 
 
 def _model(entry: Any, i: int, where: str) -> RecipeModel:

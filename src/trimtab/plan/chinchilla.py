@@ -92,10 +92,12 @@ def data_plan(
     return plan
 
 
-def count_dataset_tokens(cfg: RunConfig, path: str) -> tuple[int, str]:
+def count_dataset_tokens(cfg: RunConfig, path: str, key: str = "--data") -> tuple[int, str]:
     """Training tokens in the data at `path` as the run would read it (data.format,
     data.max_bytes, the eval hold-out): counted with the run's tokenizer when there is one
-    (data.tokenizer, or RUN_DIR/tokenizer.json), else estimated from the text's bytes."""
+    (data.tokenizer, or RUN_DIR/tokenizer.json), else estimated from the text's bytes. `key`:
+    how errors name the path (`trimtab plan --data`), not data.source, which the plan leaves
+    unread."""
     from trimtab.data import TextTokenizer, read_documents
     from trimtab.data.prepared import read_manifest
 
@@ -104,7 +106,7 @@ def count_dataset_tokens(cfg: RunConfig, path: str) -> tuple[int, str]:
     hold_out = f", less the {data.eval_fraction:.0%} eval hold-out" if keep < 1 else ""
     if (manifest := read_manifest(Path(path))) is not None:  # prepared: the manifest counted them
         return round(manifest.get("tokens", 0) * keep), f"the prepared directory's manifest{hold_out}"
-    docs, _ = read_documents(data)
+    docs, _ = read_documents(data, key=key)
     capped = f" (capped by data.max_bytes={data.max_bytes:,}; 0 reads everything)" if data.max_bytes else ""
     tok_path = Path(cfg.data.tokenizer) if cfg.data.tokenizer else cfg.run_dir / "tokenizer.json"
     if tok_path.is_file():

@@ -312,9 +312,9 @@ def plan_command(
 ) -> str:
     """What `trimtab plan` does: resolve the config, plan, save (with `emit`, a cluster launch
     file too: plan/launch.py); returns the text to print."""
+    if devices < 1:  # the flag's two names: which one was typed is not known here
+        raise ConfigError(f"--gpus/--devices must be >= 1, got {devices}")
     cfg = load_config(config, preset=preset, sets=sets)
-    if devices < 1:
-        raise ConfigError(f"--devices must be >= 1, got {devices}")
     hardware = named_gpu(gpu, devices) if gpu else detect_hardware(cfg.train.precision, devices)
     tokens = None if dataset_tokens is None else round(dataset_tokens)  # the CLI reads 1e9 as a float
     plan = make_plan(
