@@ -348,8 +348,12 @@ def test_chat_data_with_a_tokenizer_without_template_is_refused_naming_the_line(
         json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
     )
     tok = api.load_run(tmp_path / "hf")[2]
-    with pytest.raises(DataError, match=r"chat.jsonl:1: the tokenizer has no chat template"):
-        read_documents(DataConfig(source=str(data), format="chat"), chat=tok.chat)
+    for skip in (False, True):  # the tokenizer's fault, not the record's: skipping would skip them all
+        with pytest.raises(
+            DataError, match=r"chat.jsonl:1: a chat record, and the tokenizer has no chat template"
+        ) as e:
+            read_documents(DataConfig(source=str(data), format="chat", skip_bad_records=skip), chat=tok.chat)
+        assert "skip" not in str(e.value)
 
 
 def test_moe_experts_in_transformers_5_fused_layout_import_too(tmp_path, hf_tokenizer):

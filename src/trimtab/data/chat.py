@@ -33,6 +33,10 @@ class TemplateError(ValueError):
     """The chat template cannot render this record, or renders it in a way trimtab cannot mask."""
 
 
+class MissingTemplate(TemplateError):
+    """The tokenizer has no chat template: no chat record can be rendered (not one record's fault)."""
+
+
 def _raise(message: str) -> None:
     raise TemplateError(message)
 
@@ -50,7 +54,7 @@ def _compile(template: str) -> jinja2.Template:
 def render_segments(chat: ChatFormat, turns: Turns) -> list[tuple[str, bool]]:
     """(text, trainable) segments of the record: assistant replies trainable, the rest not."""
     if chat.template is None:
-        raise TemplateError("the tokenizer has no chat template (tokenizer_config.json 'chat_template'); add one")
+        raise MissingTemplate("the tokenizer has no chat template (tokenizer_config.json 'chat_template'); add one")
     compiled, specials = _compile(chat.template), chat.specials
     messages = [{"role": role, "content": content} for role, content in turns]
 

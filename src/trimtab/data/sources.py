@@ -20,7 +20,7 @@ from typing import Any
 
 from trimtab.config import DataConfig
 from trimtab.data import arithmetic, formats
-from trimtab.data.chat import ChatFormat, TemplateError, render_segments
+from trimtab.data.chat import ChatFormat, MissingTemplate, TemplateError, render_segments
 from trimtab.errors import DataError
 from trimtab.rundir import CONFIG, METRICS_FILE
 
@@ -325,6 +325,8 @@ def record_documents(
     for record in formats.records(path, cfg.format, span):
         try:
             doc = to_document(formats.parse_json(record), cfg, chat)
+        except MissingTemplate as exc:
+            raise DataError(f"{record.where}: a chat record, and {exc}") from None
         except (json.JSONDecodeError, BadRecord) as exc:
             if not cfg.skip_bad_records:
                 raise DataError(f"{record.where}: {_describe(exc)}; fix the record or {fix}") from None
@@ -357,6 +359,8 @@ def to_document(rec: Any, cfg: DataConfig, chat: ChatFormat | None = None) -> Do
         return _render(turns)
     try:
         return Document(render_segments(chat, turns))
+    except MissingTemplate:
+        raise  # the tokenizer's, for the caller to name: skipping the record would skip them all
     except TemplateError as exc:
         raise BadRecord(str(exc)) from None
 
