@@ -68,6 +68,7 @@ def test_yaml_file_and_set_override(tmp_path, capsys):
         (["train", "missing.yaml"], "config file 'missing.yaml' does not exist"),
         (["train", "--preset", "debug", "--set", "data.seq_len=999"], "larger than the model's"),
         (["train", "--preset", "debug", "--set", "data.source=/no/such/dir"], "does not exist"),
+        (["train", "--preset", "debug", "--set", "train.init_from=/no/such/run"], "'/no/such/run' does not exist"),
         (["generate", "/no/such/run"], "is neither a run directory"),
         (["export", "/no/such/run", "--out", "/tmp/x"], "is not a run directory"),
     ],

@@ -126,10 +126,7 @@ def _rl_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer, 
     """An RL or DPO run's one phase, with the tokenizer of the model it trains."""
     tok = given_tokenizer(cfg, tok_source)
     if tok is None and cfg.train.init_from and not Path(cfg.train.init_from).exists():  # said as `train` says it
-        raise ConfigError(
-            f"config key 'train.init_from' = '{cfg.train.init_from}' does not exist; point it at a run "
-            "directory, a checkpoints/step_* directory or a Hugging Face model directory"
-        )
+        raise _no_init_from(cfg.train.init_from)
     if tok is None:
         raise ConfigError(
             f"{'dpo' if cfg.dpo.enabled else 'rl'}: the tokenizer of the model to train is unknown; set "
@@ -343,6 +340,13 @@ def _leaves(section: dict[str, Any], prefix: str) -> dict[str, Any]:
     return flat
 
 
+def _no_init_from(init_from: str) -> ConfigError:
+    return ConfigError(
+        f"config key 'train.init_from' = '{init_from}' does not exist; point it at a run directory, a "
+        "checkpoints/step_* directory or a Hugging Face model directory"
+    )
+
+
 def _run_dir_of(init_from: str) -> Path:
     path = Path(init_from)
     return path.parent.parent if path.name.startswith("step_") else path
@@ -416,6 +420,8 @@ def setup(cfg: RunConfig) -> BuiltRun:
         local = dist.main_first(local_run, cfg.train.init_from, "train.init_from")
         log.info("train.init_from %s: fetched into %s", cfg.train.init_from, local)
         cfg = derive(cfg, {"train": {"init_from": str(local)}})
+    if cfg.train.init_from and not resume and not Path(cfg.train.init_from).exists():  # before the data is read
+        raise _no_init_from(cfg.train.init_from)
     precision = choose_precision(dist.device, cfg.train.precision)
     cfg = dist.main_first(local_sources, cfg)  # data paths in object storage: their cached copies
     tok, phases = dist.main_first(build_phases, cfg, tokenizer_source(cfg))
