@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from trimtab.config import load_config
+from trimtab.config import dump_config, load_config
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.errors import ConfigError
 from trimtab.orchestrator import ctl
@@ -884,9 +884,9 @@ def test_parse_command_valid():
         ("scale-lr", ["half"], "FACTOR must be a number, got 'half'"),
         ("micro-batch", ["1.5"], "TOKENS must be a whole number"),
         ("rollback", ["yesterday"], "TO must be a step number"),
-        ("scale-lr", ["-1"], "scale_lr: 'factor' must be a number in \\(0, inf\\)"),
-        ("pause-rule", ["spikes"], "unknown rule 'spikes'"),
-        ("mode", ["on"], "unknown mode 'on'"),
+        ("scale-lr", ["-1"], "ctl scale-lr: 'factor' must be a number in \\(0, inf\\)"),
+        ("pause-rule", ["spikes"], "ctl pause-rule: unknown rule 'spikes'"),
+        ("mode", ["on"], "ctl mode: unknown mode 'on'"),
     ],
 )
 def test_parse_command_errors(verb, args, message):
@@ -911,6 +911,22 @@ def test_send_and_take_commands(tmp_path):
     assert ctl.take_commands(tmp_path) == [] and not list((tmp_path / "control").iterdir())
     ctl.answer(tmp_path, first.name, "no")
     assert (tmp_path / "control" / f"{first.stem}.error").read_text() == "no\n"
+
+
+def test_a_command_for_a_layer_of_another_kind_is_refused_when_sent(tmp_path):
+    """mod-capacity for a MoE layer, add-expert for a MoD one: refused at once by the run's
+    config.yaml, naming the layers of that kind (the job only journaled them as failed)."""
+    dump_config(load_config(preset="debug-hybrid"), tmp_path / "config.yaml")  # dense, moe, mod, moe+mod
+    for verb, args, message in (
+        ("mod-capacity", ["0.25", "1"], "layer 1 of .* is moe; its Mixture-of-Depths layers are \\[2, 3\\]"),
+        ("add-expert", ["2"], "layer 2 of .* is mod; its MoE layers are \\[1, 3\\]"),
+        ("balance-coef", ["0.1", "7"], "layer 7 of .* is not there"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            ctl.send(tmp_path, ctl.parse_command(verb, args), queue=True)
+    for verb, args in (("mod-capacity", ["0.25", "3"]), ("add-expert", ["3"]), ("mod-capacity", ["0.25"])):
+        ctl.send(tmp_path, ctl.parse_command(verb, args), queue=True)
+    assert len(ctl.take_commands(tmp_path)) == 3
 
 
 class FakeTrainer:

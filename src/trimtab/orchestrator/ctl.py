@@ -31,8 +31,35 @@ def parse_command(verb: str, args: list[str]) -> dict[str, Any]:
     if not required <= len(args) <= len(names):
         raise ConfigError(f"usage: trimtab ctl RUN_DIR {action.usage()}")
     params = {p.name: p.parse(verb, word) for p, word in zip(names, args)}
-    action.check(params)  # types and bounds now; the job fills in the defaults
+    action.check(params, who=f"ctl {verb}")  # types and bounds now; the job fills in the defaults
     return {"action": action.name, "params": params}
+
+
+# the layer kind an action's `layer` names (actions.py: LAYER, MOE_LAYER)
+LAYER_KIND = {"set_mod_capacity": "mod"} | {
+    name: "moe"
+    for name in ("add_expert", "prune_expert", "reinit_expert", "reset_router")
+    + ("set_capacity_factor", "set_router_temperature", "set_balance_coef")
+}
+
+
+def check_layer(run_dir: Path, command: dict[str, Any]) -> None:
+    """A command's layer of the kind it acts on, by the run's config.yaml: refused now, naming the
+    layers that are (the job would only journal it as failed, after the person had gone)."""
+    kind, params = LAYER_KIND.get(command.get("action")), command.get("params")
+    layer = params.get("layer") if isinstance(params, dict) else None  # a malformed one: the job answers it
+    if kind is None or not isinstance(layer, int):
+        return
+    from trimtab.config import read_saved  # the run's model: which layer is which kind
+
+    layers = read_saved(run_dir).model.layers
+    ours = [i for i, k in enumerate(layers) if kind in k.split("+")]
+    if layer not in ours:
+        name = {"moe": "MoE", "mod": "Mixture-of-Depths"}[kind]
+        raise ConfigError(
+            f"layer {layer} of '{run_dir}' is {layers[layer] if layer < len(layers) else 'not there'}; its {name} "
+            f"layers are {ours or 'none'}"
+        )
 
 
 def send(run_dir: str | Path, command: dict[str, Any], queue: bool = False) -> Path:
@@ -41,6 +68,7 @@ def send(run_dir: str | Path, command: dict[str, Any], queue: bool = False) -> P
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"'{run_dir}' is not a run directory (no config.yaml); pass the --out of a run")
+    check_layer(run_dir, command)
     running, evidence = liveness(run_dir)
     if not running and not queue:
         raise RunStateError(

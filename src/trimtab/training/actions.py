@@ -92,20 +92,21 @@ class Action:
     params: tuple[ActionParam, ...] = ()
     verb: str | None = None  # the `trimtab ctl` verb; None: not for people
 
-    def check(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Parameters checked against the table, defaults filled in; ConfigError otherwise."""
-        names = [p.name for p in self.params]
+    def check(self, params: dict[str, Any], who: str = "") -> dict[str, Any]:
+        """Parameters checked against the table, defaults filled in; ConfigError otherwise, naming
+        `who` asked (`ctl mode` for a person's command; the action's name by default)."""
+        who, names = who or self.name, [p.name for p in self.params]
         unknown = sorted(set(params) - set(names))
         if unknown:
             raise ConfigError(
-                f"{self.name}: unknown parameter(s) {', '.join(unknown)}; it takes {', '.join(names) or 'none'}"
+                f"{who}: unknown parameter(s) {', '.join(unknown)}; it takes {', '.join(names) or 'none'}"
             )
         out = {}
         for p in self.params:
             if p.name in params and params[p.name] is not None:
-                out[p.name] = p.check(self.name, params[p.name])
+                out[p.name] = p.check(who, params[p.name])
             elif p.default is REQUIRED:
-                raise ConfigError(f"{self.name}: '{p.name}' is required")
+                raise ConfigError(f"{who}: '{p.name}' is required")
             elif p.default is not None:
                 out[p.name] = p.default
         return out
