@@ -131,3 +131,38 @@ def test_a_persons_micro_batch_and_checkpointing_are_not_probed_back(tmp_path):
         "set_micro_batch_tokens",
         "set_activation_checkpointing",
     ]
+
+
+def test_a_persons_setting_lost_with_a_killed_process_is_applied_again_at_its_step(tmp_path):
+    """`ctl --queue scale-lr 0.5` applied at step 6, then SIGKILL at step 9 before a checkpoint
+    kept it: the resume from step 5 applies it again at step 6 (journaled as that), and the run
+    ends with the weights of one killed only before the command."""
+    from safetensors.torch import load_file
+
+    from helpers import trimtab_cli
+
+    def train(run, *kills):
+        args = ["train", "--preset", "debug", "--out", str(run), "--max-steps", "12", "--set", "checkpoint.every=5"]
+        return trimtab_cli([*args, "--set", "log.progress=false", *(f"--inject=sigkill@{k}" for k in kills)], tmp_path)
+
+    for run, kills in ((tmp_path / "once", (7,)), (tmp_path / "twice", (7, 9))):
+        assert train(run, *kills).returncode != 0  # killed at step 7: resumes from 5
+        ctl.send(run, ctl.parse_command("scale-lr", ["0.5"]), queue=True)
+        while (done := train(run, *kills)).returncode != 0:  # the second: killed at step 9, from 5 again
+            assert len(read_decisions(run)) < 20, done.stderr[-2000:]
+    manual = [d for d in read_decisions(tmp_path / "twice", abandoned=True) if d["rule"] == "manual"]
+    assert [(d["step"], bool(d.get("abandoned"))) for d in manual] == [(6, True), (6, False)]
+    assert manual[1]["evidence"]["again"] == manual[0]["id"] and "applied again on resume" in manual[1]["reasoning"]
+    a, b = (load_file(tmp_path / r / "checkpoints/step_000012/model.safetensors") for r in ("once", "twice"))
+    assert all(a[k].equal(b[k]) for k in a)
+
+
+def test_lost_commands_are_settings_to_apply_again_and_one_time_ones_to_say():
+    dropped = [
+        {"id": 4, "rule": "manual", "action": "rollback", "params": {}},
+        {"id": 3, "rule": "manual", "action": "set_grad_clip", "params": {"value": 0.5}},
+        {"id": 2, "rule": "spike", "action": "skip_step", "params": {}},  # the orchestrator's: its rules decide again
+        {"id": 5, "rule": "manual", "action": "scale_lr", "params": {"factor": 0.5}},
+    ]
+    again, once = ctl.lost_commands(dropped)
+    assert [d["id"] for d in again] == [3, 5] and [d["id"] for d in once] == [4]

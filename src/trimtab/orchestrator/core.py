@@ -19,18 +19,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trimtab.config.orchestrator import OrchestratorConfig
-from trimtab.distributed import all_max, broadcast_object, is_main
-from trimtab.errors import TrimtabError
+from trimtab.distributed import all_max, is_main
 from trimtab.orchestrator import ctl, readings
 from trimtab.orchestrator.evaluation import EarlyStop, eval_failure
 from trimtab.orchestrator.interval import CheckpointInterval
-from trimtab.orchestrator.journal import Decision, Journal, person_decision
+from trimtab.orchestrator.journal import Decision, Journal
 from trimtab.orchestrator.make_up import MakeUp
 from trimtab.orchestrator.mod_health import MoDQuality
 from trimtab.orchestrator.moe_health import MoEHealth
 from trimtab.orchestrator.monitors import Finding, Rolling, StepMetrics
 from trimtab.orchestrator.outcomes import Outcomes
 from trimtab.orchestrator.outliers import OutlierRows
+from trimtab.orchestrator.people import PersonCommands
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.remedies import Remedy, ranks
 from trimtab.orchestrator.replicas import Replicas
@@ -38,7 +38,6 @@ from trimtab.orchestrator.rules import MONITORS, build_monitors
 from trimtab.orchestrator.stragglers import Stragglers
 from trimtab.orchestrator.transient import rerun_finding
 from trimtab.rundir import DECISIONS_FILE
-from trimtab.training.actions import ACTIONS, COMMANDS, VERBS
 from trimtab.training.hooks import Hook
 from trimtab.training.runtime import to_host
 
@@ -52,7 +51,7 @@ GATED = ("spike", "grad", "lr")  # rules whose ceilings the update gate checks b
 PER_PHASE = ("spike", "grad", "divergence", "above_start", "plateau", "throughput", "rows")
 
 
-class Orchestrator(Hook):
+class Orchestrator(PersonCommands, Hook):
     def __init__(self, cfg: OrchestratorConfig, run_dir: Path):
         self.cfg = cfg
         self.mode = cfg.mode
@@ -86,6 +85,7 @@ class Orchestrator(Hook):
         self.ceilings: dict[str, float] = {}  # the update gate's thresholds, refreshed at each read
         self.demoted: set[str] = set()  # "rule:action" remedies that fell to advice (low confidence)
         self._baseline_before: tuple[float | None] | None = None  # the reference a save being written replaced
+        self.lost_commands: list[dict[str, Any]] = []  # a person's settings a resume lost, to apply again
 
     # ------------------------------------------------------------------ hook events
 
@@ -103,6 +103,8 @@ class Orchestrator(Hook):
             fp16.growth_interval = run.cfg.train.loss_scale.growth_interval
         for change in run.config_changes:
             self._configured(run, change)
+        if run.step:  # resumed: a person's commands the stopped process applied after its last checkpoint
+            self._resumed_commands(run)
         self.journal.write()
 
     def update_gate(self, run: RunView, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor | None:
@@ -438,55 +440,6 @@ class Orchestrator(Hook):
         if (f := self.interval.observe(run.step, seconds, stall, run.world, every, configured)) is not None:
             self.decide(run, f)
 
-    def _configured(self, run: RunView, change: dict[str, Any]) -> None:
-        """A person's configuration change found on resume (a phase's length): journaled as theirs."""
-        summary = f"{change['key']} {change['old']} -> {change['new']} on resume at step {run.step}"
-        reasoning = f"changed in the config by a person: {change['effect']}"
-        params, applied = {"steps": run.total_steps}, [f"total steps {run.total_steps}"]
-        decision = person_decision(
-            self.journal.next_id(), run.step, "config", change, reasoning, "set_total_steps", params, summary, applied
-        )
-        self.journal.add(decision)
-        run.say(decision.console_line())
-
-    # ------------------------------------------------------------------ a person's commands
-
-    def _take_commands(self, run: RunView) -> None:
-        # Rank 0 takes the files and every rank applies the same commands.
-        for name, command in broadcast_object(ctl.take_commands(self.run_dir) if is_main() else None):
-            try:
-                if command is None:
-                    raise TrimtabError('not a command file (expected {"action": ..., "params": {...}})')
-                params = command.get("params", {})
-                if not isinstance(params, dict):
-                    raise TrimtabError(f"'params' must be a mapping, got {params!r}")
-                self._manual(run, command["action"], dict(params), name)
-            except (TrimtabError, TypeError, ValueError) as exc:  # a person's file: answer, never crash
-                if is_main():
-                    ctl.answer(self.run_dir, name, str(exc))
-                run.say(f"[orchestrator] rejected control/{name}: {exc}")
-
-    def _manual(self, run: RunView, action: str, params: dict[str, Any], name: str = "") -> None:
-        if action not in ACTIONS and action not in COMMANDS:
-            raise TrimtabError(f"unknown action '{action}'; one of {', '.join(VERBS)} (trimtab ctl)")
-        if action in COMMANDS:
-            params = COMMANDS[action].check(params)
-        summary = " ".join([action, *(str(v) for v in params.values())])
-        evidence, reasoning = {"command": action, **params}, "requested by a person (trimtab ctl)"
-        decision = person_decision(
-            self.journal.next_id(), run.step, "manual", evidence, reasoning, action, params, summary
-        )
-        if action in ACTIONS:  # checked here, so a bad value is answered before anything is journaled
-            run.control.request(action, on_done=lambda line, d=decision: self._applied(d, line, run, name), **params)
-        elif action == "set_mode":
-            self.mode = params["mode"]
-            decision.applied = [f"mode {self.mode}"]
-        else:
-            (self.paused.add if action == "pause_rule" else self.paused.discard)(params["rule"])
-            decision.applied = [f"paused rules: {', '.join(sorted(self.paused)) or 'none'}"]
-        self.journal.add(decision)
-        run.say(decision.console_line())
-
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
@@ -503,6 +456,7 @@ class Orchestrator(Hook):
             "stragglers": self.stragglers.state_dict() if self.stragglers is not None else None,
             "replicas": self.replicas.state_dict() if self.replicas is not None else None,
             "transient_faults": dict(self.transient_faults),
+            "lost_commands": self.lost_commands,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -517,6 +471,7 @@ class Orchestrator(Hook):
         if self.make_up is not None and state.get("make_up"):
             self.make_up.load_state_dict(state["make_up"])
         self.transient_faults = dict(state.get("transient_faults", {}))
+        self.lost_commands = list(state.get("lost_commands", []))
         if self.stragglers is not None and state.get("stragglers"):
             self.stragglers.load_state_dict(state["stragglers"])
         if self.replicas is not None and state.get("replicas"):

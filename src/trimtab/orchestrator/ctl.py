@@ -62,6 +62,23 @@ def check_layer(run_dir: Path, command: dict[str, Any]) -> None:
         )
 
 
+# commands that answer the state they were sent in: not applied again when a resume lost them
+ONE_TIME = {"skip_step", "rollback", "save_checkpoint", "stop", "exclude_node"} | {
+    "add_expert",
+    "prune_expert",
+    "reinit_expert",
+    "reset_router",
+}
+
+
+def lost_commands(dropped: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A person's commands a run applied after its last checkpoint and lost with its process (the
+    journal's decisions a resume found in force but not in the checkpoint): the settings, to apply
+    again at the step they were applied at, and the one-time ones (ONE_TIME), said but not redone."""
+    manual = sorted((d for d in dropped if d.get("rule") == "manual"), key=lambda d: d["id"])
+    return [d for d in manual if d["action"] not in ONE_TIME], [d for d in manual if d["action"] in ONE_TIME]
+
+
 def send(run_dir: str | Path, command: dict[str, Any], queue: bool = False) -> Path:
     """Drop a command for the job in run_dir; returns the file written. Refuses when the run is not
     running, unless `queue` (the command then applies when the run next resumes)."""

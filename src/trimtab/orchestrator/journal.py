@@ -93,6 +93,7 @@ class Journal:
         # "abandoned": true, so the reasons a run stopped survive its resume.
         self.abandoned: list[dict[str, Any]] = []
         self.on_add: Callable[[dict[str, Any]], None] | None = None  # told of each new decision, as written
+        self.dropped: list[dict[str, Any]] = []  # set by load_state_dict
 
     def add(self, decision: Decision) -> Decision:
         self.decisions.append(decision)
@@ -140,6 +141,9 @@ class Journal:
         self.decisions = [Decision(**d) for d in state]
         kept = {d.id for d in self.decisions}
         found = read_jsonl(self.path)
+        # decisions in force in the file that the state does not hold: a rollback's, or what a
+        # process journaled after its last checkpoint and lost with it (a person's commands: ctl.py)
+        self.dropped = [d for d in found if d["id"] not in kept and not d.get(ABANDONED)]
         self.abandoned = [{**d, ABANDONED: True} for d in found if d["id"] not in kept]
         self.write()
 

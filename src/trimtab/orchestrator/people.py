@@ -1,0 +1,101 @@
+"""A person's hand on the orchestrator: `trimtab ctl` commands taken from the run's control/
+directory, applied through the run's Control and journaled as manual decisions; configuration
+changes found on resume; and the commands a killed process applied after its last checkpoint,
+applied again when the run resumes. A part of the Orchestrator (core.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trimtab.distributed import broadcast_object, is_main
+from trimtab.errors import TrimtabError
+from trimtab.orchestrator import ctl
+from trimtab.orchestrator.journal import Journal, person_decision
+from trimtab.training.actions import ACTIONS, COMMANDS, VERBS
+
+if TYPE_CHECKING:
+    from trimtab.training.view import RunView
+
+
+class PersonCommands:
+    """The Orchestrator's handling of a person's commands (it holds the state named here)."""
+
+    journal: Journal
+    run_dir: Path
+    mode: str
+    paused: set[str]
+    lost_commands: list[dict[str, Any]]  # a person's settings a resume lost, to apply again at their steps
+    _applied: Callable[..., None]  # what Control did with a decision (core.py)
+
+    def _configured(self, run: RunView, change: dict[str, Any]) -> None:
+        """A person's configuration change found on resume (a phase's length): journaled as theirs."""
+        summary = f"{change['key']} {change['old']} -> {change['new']} on resume at step {run.step}"
+        reasoning = f"changed in the config by a person: {change['effect']}"
+        params, applied = {"steps": run.total_steps}, [f"total steps {run.total_steps}"]
+        decision = person_decision(
+            self.journal.next_id(), run.step, "config", change, reasoning, "set_total_steps", params, summary, applied
+        )
+        self.journal.add(decision)
+        run.say(decision.console_line())
+
+    def _resumed_commands(self, run: RunView) -> None:
+        """A person's commands the stopped process applied after its last checkpoint (the journal
+        holds them, the checkpoint does not): settings apply again at their steps (_take_commands),
+        a one-time command is said, not redone."""
+        again, once = ctl.lost_commands(self.journal.dropped)
+        self.lost_commands += again
+        for d in once:
+            run.say(
+                f"[orchestrator] a person's {d['summary']} (step {d['step']}) went with the process before a "
+                "checkpoint kept it; a one-time command is not applied again: send it again if still wanted"
+            )
+
+    def _take_commands(self, run: RunView) -> None:
+        while self.lost_commands and self.lost_commands[0]["step"] <= run.step:  # as the lost process did
+            lost = self.lost_commands.pop(0)
+            self._manual(run, lost["action"], dict(lost["params"]), again=lost)
+        # Rank 0 takes the files and every rank applies the same commands.
+        for name, command in broadcast_object(ctl.take_commands(self.run_dir) if is_main() else None):
+            try:
+                if command is None:
+                    raise TrimtabError('not a command file (expected {"action": ..., "params": {...}})')
+                params = command.get("params", {})
+                if not isinstance(params, dict):
+                    raise TrimtabError(f"'params' must be a mapping, got {params!r}")
+                self._manual(run, command["action"], dict(params), name)
+            except (TrimtabError, TypeError, ValueError) as exc:  # a person's file: answer, never crash
+                if is_main():
+                    ctl.answer(self.run_dir, name, str(exc))
+                run.say(f"[orchestrator] rejected control/{name}: {exc}")
+
+    def _manual(
+        self, run: RunView, action: str, params: dict[str, Any], name: str = "", again: dict[str, Any] | None = None
+    ) -> None:
+        """A person's command, applied and journaled; `again`: the decision a resume lost it with."""
+        if action not in ACTIONS and action not in COMMANDS:
+            raise TrimtabError(f"unknown action '{action}'; one of {', '.join(VERBS)} (trimtab ctl)")
+        if action in COMMANDS:
+            params = COMMANDS[action].check(params)
+        summary = " ".join([action, *(str(v) for v in params.values())])
+        evidence, reasoning = {"command": action, **params}, "requested by a person (trimtab ctl)"
+        if again is not None:
+            evidence["again"] = again["id"]
+            reasoning += (
+                f" as decision {again['id']}; the process stopped before a checkpoint kept it: applied again on "
+                "resume, at the step it was applied at"
+            )
+        decision = person_decision(
+            self.journal.next_id(), run.step, "manual", evidence, reasoning, action, params, summary
+        )
+        if action in ACTIONS:  # checked here, so a bad value is answered before anything is journaled
+            run.control.request(action, on_done=lambda line, d=decision: self._applied(d, line, run, name), **params)
+        elif action == "set_mode":
+            self.mode = params["mode"]
+            decision.applied = [f"mode {self.mode}"]
+        else:
+            (self.paused.add if action == "pause_rule" else self.paused.discard)(params["rule"])
+            decision.applied = [f"paused rules: {', '.join(sorted(self.paused)) or 'none'}"]
+        self.journal.add(decision)
+        run.say(decision.console_line())
