@@ -153,6 +153,8 @@ def test_a_persons_setting_lost_with_a_killed_process_is_applied_again_at_its_st
     manual = [d for d in read_decisions(tmp_path / "twice", abandoned=True) if d["rule"] == "manual"]
     assert [(d["step"], bool(d.get("abandoned"))) for d in manual] == [(6, True), (6, False)]
     assert manual[1]["evidence"]["again"] == manual[0]["id"] and "applied again on resume" in manual[1]["reasoning"]
+    restarts = [d for d in read_decisions(tmp_path / "twice") if d["rule"] == "restart"]
+    assert restarts and all("started again (not by torchrun" in d["reasoning"] for d in restarts)
     a, b = (load_file(tmp_path / r / "checkpoints/step_000012/model.safetensors") for r in ("once", "twice"))
     assert all(a[k].equal(b[k]) for k in a)
 

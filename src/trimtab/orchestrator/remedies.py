@@ -6,6 +6,7 @@ Remedy; none acts (the orchestrator requests the action through Control).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -247,10 +248,14 @@ def restart(f: Finding) -> Remedy:
     world = ranks(e["world_after"])
     if e["world_after"] != e["world_before"]:  # the global batch is the config's: each rank reads another share
         world += f" (was {e['world_before']}; every step still trains the same rows, split {e['world_after']} ways)"
+    started = f"torchrun's elastic agent restarted the job on {world} and it"
+    if "TORCHELASTIC_RESTART_COUNT" not in os.environ and e["world_before"] == e["world_after"] == 1:
+        why = why if e.get("kind", "lost_rank") != "lost_rank" else "the process ended without a word"
+        started = "started again (not by torchrun: by a person, a script or a scheduler), the run"
     return Remedy(
         action="resume",
         params={"step": e["resumed_step"], "world": e["world_after"]},
-        reasoning=f"{why}; torchrun's elastic agent restarted the job on {world} and it resumed from the newest "
+        reasoning=f"{why}; {started} resumed from the newest "
         f"valid checkpoint (step {e['resumed_step']}) with the data order continued exactly: the steps after it "
         f"({e['steps_lost']}) are trained again",
     )
