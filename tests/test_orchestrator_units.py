@@ -754,6 +754,21 @@ def test_journal_round_trip_with_nan_evidence(tmp_path):
     assert describe("set_micro_batch_tokens", {"tokens": 512}) == "micro-batch 512 tokens"
 
 
+def test_the_oom_probe_and_its_failure_above_the_size_a_decision_set_do_not_count_against_it():
+    """A resumed run probes a larger micro-batch 10 steps in, within the halving's outcome window:
+    the probe, and its out-of-memory error at the larger size, are not the halving failing."""
+    from trimtab.orchestrator.outcomes import same_trouble
+
+    halved = decision(1, 15, "oom", "set_micro_batch_tokens", params={"tokens": 512}, family="memory")
+
+    def oom(kind, tokens):
+        evidence = {"kind": kind, "micro_batch_tokens": tokens}
+        return Finding(rule="oom", family="memory", step=31, evidence=evidence, summary="", strength=1.0)
+
+    assert not same_trouble(halved, oom("probe", 512)) and not same_trouble(halved, oom("oom", 1024))
+    assert same_trouble(halved, oom("oom", 512)) and same_trouble(halved, oom("oom", 256))
+
+
 def test_a_resume_after_a_rollback_gives_new_decisions_new_ids(tmp_path):
     """Decision 2 abandoned by a rollback, 3 taken after it; a resume from a checkpoint holding
     1 and 3 gives the next decision id 4 (it gave 3 again: two decisions, one outcome track)."""

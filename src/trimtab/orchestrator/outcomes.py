@@ -83,7 +83,12 @@ class Outcomes:
 
 def same_trouble(decision: Decision, f: Finding) -> bool:
     """Whether finding f says decision's trouble is back: the same family, and for outlier rows
-    the same rows (other rows found later are other data, not a failed remedy)."""
+    the same rows (other rows found later are other data, not a failed remedy). Not the
+    out-of-memory rule's probe of a larger micro-batch, nor its failure above the size the
+    decision set: that size held (a resumed run probes 10 steps in, within the outcome's window)."""
     if f.family != decision.family:
         return False
+    if decision.rule == "oom" and f.rule == "oom":
+        kind, tokens = f.evidence.get("kind"), f.evidence.get("micro_batch_tokens", 0)
+        return kind != "probe" and not tokens > decision.params.get("tokens", math.inf)
     return decision.rule != "rows" or bool(set(decision.params.get("rows", ())) & set(f.evidence.get("rows", ())))
