@@ -26,7 +26,9 @@ class PlanConfig(Section):
     min_points: int = 8  # logged losses after warm-up needed before a fit is trusted
     max_lr_jump: float = 2.0  # a new length may move the scheduled LR by at most this factor at once
     tokens_per_param: float = 20.0  # compute-optimal tokens per parameter (Hoffmann et al. 2022)
-    mfu: float = 0.4  # assumed model FLOPs utilisation for time estimates (`trimtab plan`)
+    # model FLOPs utilisation time estimates assume (`trimtab plan`); 0: the trainer's as measured
+    # on GPUs for this kind of model (plan/memory.py: assumed_mfu), 0.4 on other hardware
+    mfu: float = 0.0
 
     def validate(self) -> None:
         _check(
@@ -42,4 +44,4 @@ class PlanConfig(Section):
         _check(self.min_points >= 3, "plan.min_points", f"must be >= 3 (a fit has 3 parameters), got {self.min_points}")
         _check(self.max_lr_jump > 1, "plan.max_lr_jump", f"must be > 1, got {self.max_lr_jump}")
         _check(self.tokens_per_param > 0, "plan.tokens_per_param", f"must be > 0, got {self.tokens_per_param}")
-        _check(0 < self.mfu <= 1, "plan.mfu", f"must be in (0, 1], got {self.mfu}")
+        _check(0 <= self.mfu <= 1, "plan.mfu", f"must be in [0, 1] (0: as measured), got {self.mfu}")

@@ -26,7 +26,8 @@ stage, ep of them sharing one copy of the experts:
                   under selective checkpointing, the row-parallel outputs whole: whole_bytes);
                   under 1F1B the first stage holds pp micro-batches of its L / pp layers: the same
 
-Step time: compute = FLOPs per token x batch tokens / (N x peak x plan.mfu), x RECOMPUTE
+Step time: compute = FLOPs per token x batch tokens / (N x peak x MFU), x RECOMPUTE (MFU: the
+trainer's as measured, or plan.mfu: memory.py assumed_mfu)
 (full checkpointing 4/3: a second forward; selective 1.05, assumed), plus the pipeline bubble,
 compute x (pp - 1) / m for m micro-batches per replica (1F1B: Narayanan et al. 2021, section 2.2). Communication, ring
 collectives at 80% of the link (what NCCL's bus bandwidth reaches), tensor-parallel groups
@@ -56,7 +57,7 @@ network: one 400 Gb/s NIC per GPU, the DGX/HGX H100 reference):
                      under pp the backward gather and the reduce-scatter once a step (above).
                      A tied embedding's gradient, 4 R / (tp dp), is summed between the end stages
 
-A starting point, not a promise: smaller tensor-parallel matmuls run below plan.mfu, and a
+A starting point, not a promise: smaller tensor-parallel matmuls run below that MFU, and a
 network other than the reference changes the data-parallel terms.
 """
 
@@ -71,7 +72,14 @@ from trimtab.distributed.splits import check_tensor_parallel
 from trimtab.errors import ConfigError
 from trimtab.hardware import gpu_named
 from trimtab.model.catalog import meta_model
-from trimtab.plan.memory import USABLE_FRACTION, Hardware, activation_width, kept_bytes_per_rank, weight_casts
+from trimtab.plan.memory import (
+    USABLE_FRACTION,
+    Hardware,
+    activation_width,
+    assumed_mfu,
+    kept_bytes_per_rank,
+    weight_casts,
+)
 
 NETWORK = 50e9  # bytes/s per GPU between nodes, each way: 400 Gb/s InfiniBand / RoCE per GPU
 BUS_EFFICIENCY = 0.8  # share of the link a ring collective's bus bandwidth reaches
@@ -308,7 +316,7 @@ def _layout(
     micro = rows * seq
     accumulation = math.ceil(replica_tokens / micro) if micro else 0
     flops = model.flops_per_token * cfg.train.batch_tokens
-    compute = flops / (hw.devices * hw.peak_flops * cfg.plan.mfu) * RECOMPUTE[ckpt]
+    compute = flops / (hw.devices * hw.peak_flops * assumed_mfu(cfg, hw)[0]) * RECOMPUTE[ckpt]
     bubble = compute * (pp - 1) / max(accumulation, 1)
     traffic = _traffic(cfg, model, (tp, ep, dp, pp), fsdp, ckpt, p)
     pp_comm = (traffic.pp + traffic.tied) / (network * BUS_EFFICIENCY)

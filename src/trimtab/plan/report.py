@@ -22,8 +22,17 @@ from trimtab.plan.chinchilla import (
     data_plan,
     nearest_preset,
 )
-from trimtab.plan.layout import LayoutPlan, format_layout, plan_layout
-from trimtab.plan.memory import STATE_BYTES, Hardware, MemoryPlan, detect_hardware, hours, memory_plan, named_gpu
+from trimtab.plan.layout import RECOMPUTE, LayoutPlan, format_layout, plan_layout
+from trimtab.plan.memory import (
+    STATE_BYTES,
+    Hardware,
+    MemoryPlan,
+    assumed_mfu,
+    detect_hardware,
+    hours,
+    memory_plan,
+    named_gpu,
+)
 from trimtab.plan.resilience import ResiliencePlan, format_resilience, resilience_plan
 from trimtab.rundir import write_atomic
 
@@ -48,6 +57,7 @@ class Plan:
     memory: MemoryPlan
     hardware: Hardware
     mfu: float
+    mfu_source: str  # plan/memory.py assumed_mfu's
     hours: float | None
     run_hours: float | None
     budget: BudgetPlan | None = None
@@ -77,7 +87,9 @@ def make_plan(
     _check_inputs(dataset_tokens, budget_flops, budget_hours)
     hw = hardware or detect_hardware(cfg.train.precision)
     size = model_size(cfg, _tokenizer_vocab(cfg))
-    k, batch, mfu = cfg.plan.tokens_per_param, cfg.train.batch_tokens, cfg.plan.mfu
+    k, batch = cfg.plan.tokens_per_param, cfg.train.batch_tokens
+    mfu, mfu_source = assumed_mfu(cfg, hw)
+    mfu /= RECOMPUTE[cfg.train.activation_checkpointing]  # the model's FLOPs: a re-run's are not counted
     optimal = round(k * size.compute_params)
     run_steps = math.ceil(optimal / batch) if cfg.train.max_steps == "auto" else int(cfg.train.max_steps)
     run_tokens = run_steps * batch
@@ -111,6 +123,7 @@ def make_plan(
         memory=memory_plan(cfg, size.total, hw, size.non_embedding),
         hardware=hw,
         mfu=mfu,
+        mfu_source=mfu_source,
         hours=hours(flops, hw, mfu),
         run_hours=hours(run_flops, hw, mfu),
     )
@@ -227,7 +240,7 @@ def format_plan(plan: Plan) -> str:
             "" if m.fits is None else f" of {_gb(m.device_memory)} on {hw.name}: {'fits' if m.fits else 'does NOT fit'}"
         ),
         "",
-        f"Time on {hw.devices} x {hw.name} (peak {_peak(hw)}, assumed MFU {plan.mfu:.0%})",
+        f"Time on {hw.devices} x {hw.name} (peak {_peak(hw)}, MFU {plan.mfu:.0%}: {plan.mfu_source})",
         f"  planned run     {_hours(plan.hours)}",
         f"  configured run  {_hours(plan.run_hours)}",
     ]
