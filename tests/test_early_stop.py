@@ -2,6 +2,7 @@
 and training goes on (or stops) as they say."""
 
 import json
+import logging
 
 import pytest
 
@@ -53,3 +54,28 @@ def test_an_evaluation_past_its_timeout_is_abandoned(tmp_path):
     [d] = [d for d in decisions(tmp_path / "r") if d["rule"] == "eval_error"]
     assert "timed out" in d["evidence"]["error"] and "after 1 of" in d["evidence"]["error"]
     assert [s for s, _ in logged(tmp_path / "r", "val_loss")] == [2, 6]
+
+
+def test_a_run_stopped_early_stays_stopped_when_the_same_command_runs_again(tmp_path, caplog):
+    """A wrapper that relaunches until exit 0 must not train past an early stop: the same config
+    again trains nothing, changes nothing and says why and how to train on; with the rule
+    changed (more patience) it trains on and the rule judges again."""
+    from test_trainer import files_of
+
+    sets = ["orchestrator.early_stop.enabled=true", "orchestrator.early_stop.patience=2"]
+    sets += ["orchestrator.early_stop.min_delta=10", "train.eval_every=2"]
+    run = tmp_path / "r"
+    stopped = trimtab.train(debug_cfg(run, steps=20, sets=sets))
+    assert stopped["step"] == 6 and stopped["status"].startswith("stopped (early stopping: val_loss")
+    before = files_of(run)
+    with caplog.at_level(logging.WARNING):
+        again = trimtab.train(debug_cfg(run, steps=20, sets=sets))
+    assert again == stopped and files_of(run) == before
+    assert f"{run} stopped early at step 6 of 20, by orchestrator.early_stop (val_loss " in caplog.text
+    assert "nothing in it changed. To train on: --set orchestrator.early_stop.enabled=false" in caplog.text
+    (run / "summary.json").unlink()  # a session killed after its last save: the checkpoint's journal says it
+    del before["summary.json"]
+    rebuilt = trimtab.train(debug_cfg(run, steps=20, sets=sets))
+    assert rebuilt["status"] == stopped["status"] and rebuilt["step"] == 6 and files_of(run) == before
+    patient = trimtab.train(debug_cfg(run, steps=20, sets=[*sets, "orchestrator.early_stop.patience=3"]))
+    assert patient["step"] == 8 and patient["status"].startswith("stopped (early stopping: val_loss")

@@ -2,11 +2,14 @@
 rank that stops; the job restarted by torchrun's elastic agent (--max-restarts) ends as the
 undisturbed run does, and the restart is journaled and counted in the goodput ledger."""
 
+import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -360,6 +363,188 @@ def test_the_watchdog_switches_read_as_written():
     """YAML 1.1 reads a bare on / off as true / false: `--set resilience.watchdog=off` means off."""
     for word in ("on", "off", "auto"):
         assert load_config(preset="debug", sets=[f"resilience.watchdog={word}"]).resilience.watchdog == word
+
+
+# the loop's thread of a watched process, as the trainer's: one section that ends when stdin says so
+WATCHED = """
+import sys
+from trimtab.resilience.watchdog import Watchdog
+dog = Watchdog(sys.argv[1], 0, 1, first_timeout_s=1.5, timeout_factor=5.0, min_timeout_s=1.5, beat_s=60.0)
+dog.start().beat("forward_backward", 7)
+print("in the section", flush=True)
+sys.stdin.readline()
+dog.beat("optimizer")
+dog.stop()
+"""
+
+
+def watched(run_dir):
+    return subprocess.Popen(
+        [sys.executable, "-c", WATCHED, str(run_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": SRC},
+    )
+
+
+def test_a_process_stopped_and_continued_is_not_a_hang_but_one_that_stalls_is(tmp_path):
+    """SIGSTOP then SIGCONT (`scontrol suspend`, Ctrl-Z then fg) for twice the section's 1.5 s
+    timeout: the time stopped is not the section's, so the process goes on (its watchdog wakes on
+    SIGCONT before the loop can beat: the loop waits on stdin). The same section stalled while
+    the process runs is ended (exit 5) with its stack."""
+    paused, stalled = watched(tmp_path / "paused"), watched(tmp_path / "stalled")
+    assert paused.stdout.readline() and stalled.stdout.readline()
+    os.kill(paused.pid, signal.SIGSTOP)
+    time.sleep(3.0)
+    os.kill(paused.pid, signal.SIGCONT)
+    time.sleep(0.8)  # the watchdog's polls after SIGCONT, the section still open
+    with contextlib.suppress(BrokenPipeError):  # (a watchdog that ended it: the assertion says so)
+        paused.stdin.write("\n")
+        paused.stdin.close()
+    assert paused.wait(timeout=30) == 0 and not (tmp_path / "paused" / "hangs").exists()
+    assert stalled.wait(timeout=30) == 5
+    first = (tmp_path / "stalled" / "hangs" / "rank0.txt").read_text().splitlines()[0]
+    assert first.startswith("rank 0 at step 7, section forward_backward for ") and "(timeout 1.5 s)" in first
+
+
+def test_the_watchdog_discounts_a_stop_only_when_the_loop_thread_did_not_run(tmp_path, monkeypatch):
+    """At the unit level, the clocks given: a poll 8.1 s late while the loop's thread used no CPU
+    is a stopped process (7.6 s discounted from the section it stopped in, not from the next
+    one); the same gap while the loop's thread computed (holding the GIL) is the section's; the
+    length the loop learns for a section (its next timeouts) leaves the stop out too."""
+    from trimtab.resilience.watchdog import Watchdog
+
+    def dog():
+        found = Watchdog(tmp_path, 0, 1, first_timeout_s=3.0, timeout_factor=5.0, min_timeout_s=3.0, beat_s=1e12)
+        ended: list[dict] = []
+        monkeypatch.setattr(found, "_end", lambda **record: ended.append(record))
+        found.current, found._polled = ("forward_backward", 100.0), (100.0, 0.0)
+        return found, ended
+
+    stopped, ended = dog()
+    stopped._poll(100.5, 0.1)
+    stopped._poll(108.6, 0.2)  # 8.1 s since the poll before, 0.1 s of CPU: stopped 7.6 s
+    stopped._poll(110.5, 2.0)
+    assert ended == []
+    stopped._poll(111.0, 2.5)  # 11 s in the section, 7.6 of them stopped: 3.4 s past its 3 s
+    assert [(e["section"], round(e["elapsed"], 1)) for e in ended] == [("forward_backward", 3.4)]
+    stopped.current = ("optimizer", 111.2)  # a later section began: the stop is not its time
+    stopped._poll(114.5, 6.0)  # (a poll late while the loop ran: nothing stopped)
+    assert [round(e["elapsed"], 1) for e in ended] == [3.4, 3.3]
+    busy, ended = dog()
+    busy._poll(108.1, 8.0)  # as late, but the loop thread ran through it: a section 8.1 s long
+    assert [round(e["elapsed"], 1) for e in ended] == [8.1]
+    # the loop learns a section's length net of the stop (else one pause would loosen its timeout
+    # for the rest of the process), whether the watchdog saw the stop first or the loop beats first
+    now = time.monotonic()
+    seen, _ = dog()
+    seen.current, seen._thawed = ("forward_backward", now - 9.0), (now - 9.0, 8.0)
+    seen.beat("sync")
+    unseen, _ = dog()
+    unseen._thread = threading.Thread(target=print)  # started: its polls are due
+    unseen.current, unseen._polled = ("forward_backward", now - 9.5), (now - 9.0, time.thread_time())
+    unseen.beat("sync")
+    for found in (seen, unseen):
+        assert found.longest["forward_backward"] == pytest.approx(1.0, abs=0.2)
+        assert found.timeout("forward_backward") == 5.0 * found.longest["forward_backward"]
+
+
+def test_the_evidence_of_a_lost_session_says_whether_its_last_step_is_exact(tmp_path):
+    """Without a rank's record of the step it ended in (no watchdog, or every rank killed) the
+    newest step any file recorded is a lower bound, and the restart says so; an exit record (or a
+    hang's) is exact, and a rank past its update (hooks, evaluation, checkpoint) completed its step."""
+    from trimtab.resilience.incidents import done_step, last_life, localize, reach_words
+    from trimtab.rundir import write_json
+
+    unknown = localize(tmp_path, 0.0, "session1")
+    assert unknown["kind"] == "lost_rank" and unknown["step_exact"] is False
+    assert reach_words({"step": 25, "steps_lost": 5, **unknown}) == (
+        "after step 25 (the newest its files recorded)",
+        "at least 5 steps",
+    )
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    beat = {"host": "h", "node": 0, "pid": 1, "time": 10.0}
+    write_json(ranks / "rank0.json", {"rank": 0, "step": 27, "section": "sync", "exit": "DistError: peer", **beat})
+    write_json(ranks / "rank1.json", {"rank": 1, "step": 25, "section": "data", **beat})
+    known = localize(tmp_path, 0.0, "session1")
+    assert known["kind"] == "lost_rank" and known["ranks_to_blame"] == [1] and known["step_exact"] is True
+    assert last_life(tmp_path, 0.0)[1] == 26 and reach_words({"step": 26, "steps_lost": 1, **known}) == (
+        "at step 26",
+        "1 step",
+    )
+    assert [done_step({"step": 27, "section": s}) for s in ("data", "optimizer", "hooks", "checkpoint")] == [
+        26,
+        26,
+        27,
+        27,
+    ]
+    assert reach_words({"step": 9, "steps_lost": 2}) == ("at step 9", "2 steps")  # a journal from before the key
+
+
+def test_a_run_asked_for_no_more_steps_than_its_checkpoint_says_what_it_is(tmp_path, caplog):
+    """A session training to step 8 stopped at step 5 (its checkpoint there). Re-run with
+    train.max_steps 5 it is at its length but not finished: that checkpoint was saved on the way
+    to step 8; re-run with 3 (summary.json gone, as a killed session leaves it) the checkpoint is
+    past the length. Nothing trains, nothing in the directory changes, exit 0 as before, and
+    the summary given back is not "completed"."""
+    import trimtab
+    from test_trainer import debug_cfg, files_of
+
+    run_dir = tmp_path / "r"
+    stopped = trimtab.train(debug_cfg(run_dir, steps=8, sets=["checkpoint.every=4", "faults=[sigterm@5]"]))
+    assert stopped["step"] == 5 and stopped["status"].startswith("stopped (")
+    before = files_of(run_dir)
+    with caplog.at_level(logging.WARNING):
+        again = trimtab.train(debug_cfg(run_dir, steps=5))
+    assert again == stopped and files_of(run_dir) == before
+    assert f"{run_dir} is at step 5 of 5 (train.max_steps 5) but has not finished: the checkpoint at step 5 " in (
+        caplog.text
+    )
+    assert "was saved on the way to step 8, the length the run trained with then" in caplog.text
+    assert f"by a session that {stopped['status']} there" in caplog.text
+    assert "A larger --max-steps (train.max_steps) trains on (8: the run as it was)" in caplog.text
+    (run_dir / "summary.json").unlink()
+    del before["summary.json"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        shorter = trimtab.train(debug_cfg(run_dir, steps=3))
+    assert files_of(run_dir) == before and (shorter["step"], shorter["total_steps"]) == (5, 3)
+    assert shorter["status"] == "stopped (at step 5 of 8: its last session ended without a summary)"
+    assert f"{run_dir} has nothing to train: its newest checkpoint is at step 5, past the 3 steps asked for" in (
+        caplog.text
+    )
+    assert "by a session that ended without writing summary.json" in caplog.text
+    assert "--max-steps (train.max_steps) above 5 trains on (8: the run as it was)" in caplog.text
+    assert "has finished" not in caplog.text
+
+
+def test_a_finished_run_names_who_changed_its_length(tmp_path, caplog):
+    """The step orchestrator.make_up added for a withheld update is attributed to it, not to the
+    live planner; the journal's length changes are summed by rule, an unexplained one unnamed."""
+    import trimtab
+    from test_trainer import debug_cfg
+
+    run_dir = tmp_path / "r"
+    assert trimtab.train(debug_cfg(run_dir, steps=12, faults=["nan_loss@3"]))["step"] == 13
+    with caplog.at_level(logging.WARNING):
+        trimtab.train(debug_cfg(run_dir, steps=12))
+    assert f"{run_dir} has finished: it is at step 13 of 13 (train.max_steps 12, +1 by orchestrator.make_up); " in (
+        caplog.text
+    )
+    from trimtab.training.resume import _length_changes
+
+    journal = [
+        {"rule": "convergence", "action": "set_total_steps", "applied": ["total steps 40 -> 34"]},
+        {"rule": "config", "action": "set_total_steps", "applied": ["total steps 50"]},  # a person's: phase_steps
+        {"rule": "make_up", "action": "set_total_steps", "applied": ["total steps 34 -> 35"]},
+        {"rule": "manual", "action": "set_total_steps", "applied": ["failed: would end pretraining"]},
+    ]
+    state = {"train": {"length_delta": -5}, "hooks": {"Orchestrator": {"journal": journal}}}
+    assert _length_changes(state) == ", -6 by the live planner, +1 by orchestrator.make_up"
+    state["train"]["length_delta"] = 3  # the journal does not account for it: said, not attributed
+    assert _length_changes(state) == ", +3 by set_total_steps"
 
 
 @pytest.mark.distributed

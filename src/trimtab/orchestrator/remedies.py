@@ -257,7 +257,7 @@ def restart(f: Finding) -> Remedy:
         params={"step": e["resumed_step"], "world": e["world_after"]},
         reasoning=f"{why}; {started} resumed from the newest "
         f"valid checkpoint (step {e['resumed_step']}) with the data order continued exactly: the steps after it "
-        f"({e['steps_lost']}) are trained again",
+        f"({'' if e.get('step_exact', True) else 'at least '}{e['steps_lost']}) are trained again",
     )
 
 

@@ -17,7 +17,7 @@ from trimtab.orchestrator.monitors import Finding
 from trimtab.orchestrator.remedies import ranks
 from trimtab.resilience.elastic import node_count
 from trimtab.resilience.goodput import Ledger
-from trimtab.resilience.incidents import last_life, last_logged_step, localize
+from trimtab.resilience.incidents import last_life, last_logged_step, localize, reach_words
 from trimtab.resilience.watchdog import process_start
 from trimtab.training.hooks import Hook
 
@@ -149,16 +149,13 @@ def restart_finding(incident: dict[str, Any], step: int) -> Finding:
     }[kind]
     before, after = incident["world_before"], incident["world_after"]
     world = ranks(after) + (f" (was {before})" if before != after else "")
+    at, lost = reach_words(incident)
     return Finding(
         rule="restart",
         family="cluster",
         step=step,
         evidence=incident,
-        summary=f"{what} at step {incident['step']}; resumed at step {incident['resumed_step']} on "
-        f"{world} ({_steps(incident['steps_lost'])} lost, {incident['down_s']:.1f} s down)",
+        summary=f"{what} {at}; resumed at step {incident['resumed_step']} on {world} ({lost} lost, "
+        f"{incident['down_s']:.1f} s down)",
         strength=1.0,
     )
-
-
-def _steps(n: int) -> str:
-    return f"{n} step" if n == 1 else f"{n} steps"

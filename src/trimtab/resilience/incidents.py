@@ -55,8 +55,16 @@ def last_life(run_dir: Path, since: float) -> tuple[float, int]:
             times.append((run_dir / LOCK).stat().st_mtime)
     for record in _records(run_dir / RANKS, since):
         times.append(record["time"])
-        steps.append(record.get("step", 1) - 1)  # the step it was in: the one before is done
+        steps.append(done_step(record))
     return max(times), max(steps)
+
+
+def done_step(record: dict[str, Any]) -> int:
+    """The newest step a rank's record shows complete: the step it was in, once its update is
+    applied (its hooks, a rollback, an evaluation or a save after it); before that, the one before."""
+    step, section = record.get("step", 0), record.get("section")
+    after_update = section in SECTIONS and SECTIONS.index(section) >= SECTIONS.index("hooks")
+    return step if after_update else step - 1
 
 
 def last_logged_step(run_dir: Path) -> int:
@@ -82,7 +90,8 @@ def localize(run_dir: Path, since: float, archive_as: str) -> dict[str, Any]:
         "ranks": {
             str(k): {key: r.get(key) for key in ("host", "node", "step", "section", "exit")}
             for k, r in sorted(ranks.items())
-        }
+        },
+        "step_exact": bool(hangs) or any(r.get("exit") for r in ranks.values()),
     }
     if hangs:
         first = min(SECTIONS.index(h["section"]) if h["section"] in SECTIONS else 0 for h in hangs)
@@ -115,6 +124,19 @@ def localize(run_dir: Path, since: float, archive_as: str) -> dict[str, Any]:
     else:
         evidence.update(kind="lost_rank", ranks_to_blame=[])  # no watchdog ran: nothing names a rank
     return evidence
+
+
+def reach_words(incident: dict[str, Any]) -> tuple[str, str]:
+    """How far the lost session got and what it cost, in words: ("at step 26", "6 steps") when a
+    rank recorded the step it ended in (an exit record, a hang's stack: `step_exact`); else the
+    newest step any file recorded (the ranks' beats every resilience.beat_s, goodput.json every
+    second, metrics.jsonl every train.log_every) is only a lower bound: the session may have
+    trained on after it (SIGKILL, the OOM killer, a lost node, none of it with a watchdog)."""
+    step, lost = incident["step"], incident["steps_lost"]
+    steps = f"{lost} step" if lost == 1 else f"{lost} steps"
+    if incident.get("step_exact", True):  # a journal from before the key: as it was said then
+        return f"at step {step}", steps
+    return f"after step {step} (the newest its files recorded)", f"at least {steps}"
 
 
 def _lost_nodes(ranks: dict[int, dict[str, Any]], silent: list[int]) -> dict[str, Any]:

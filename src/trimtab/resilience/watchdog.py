@@ -7,7 +7,9 @@ forward_backward, sync, optimizer, hooks, rollback, evaluation, checkpoint); a s
 timeout ends the process, so torchrun's elastic agent restarts the job from the newest
 checkpoint at once. Timeouts follow NVRx: a section's first run in a process gets
 `first_timeout_s` (start-up, compilation, first save), later runs `timeout_factor` x the longest
-seen, at least `min_timeout_s`.
+seen, at least `min_timeout_s`. Time the whole process stood stopped (SIGSTOP then SIGCONT:
+`scontrol suspend`, Ctrl-Z then fg) is no section's: its watchdog finds it as a poll long overdue
+while the loop's thread used no CPU, and takes it off the section's time.
 
 Before it ends the process, the watchdog writes every thread's Python stack to
 RUN_DIR/hangs/rankR.txt and raises the alarm in RUN_DIR/hangs/alarm.json; every other rank's
@@ -40,6 +42,7 @@ HANGS, RANKS, ALARM = "hangs", "ranks", "alarm.json"
 POLL_S = 0.5  # the timeouts' resolution
 ALARM_POLL_S = 2.0  # one stat of hangs/alarm.json per rank this often (a shared filesystem's load)
 GRACE_S = 5.0  # how long the rank that raised the alarm waits for the others' stacks
+FROZEN_S = 1.0  # a poll this much later than POLL_S, the loop's thread idle through it: the process was stopped
 
 
 class Watchdog:
@@ -67,6 +70,9 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_beat_file = 0.0
+        self._loop_thread = threading.get_ident()  # whose CPU time tells a stopped process from a busy one
+        self._polled = (time.monotonic(), time.thread_time())  # the last poll: monotonic, the loop thread's CPU
+        self._thawed = (0.0, 0.0)  # (a section's start, the seconds the process was stopped within it)
 
     # ------------------------------------------------------------------ from the loop
 
@@ -74,8 +80,9 @@ class Watchdog:
         """The loop enters `section` (of step `step`): the previous section completed."""
         now = time.monotonic()
         previous, since = self.current
-        if now - since > self.longest.get(previous, 0.0):
-            self.longest[previous] = now - since
+        took = now - since - self._stopped_during(since, now)  # a pause must not inflate later timeouts
+        if took > self.longest.get(previous, 0.0):
+            self.longest[previous] = took
         self.current = (section, now)  # one store: the thread never sees a section with another's start
         if step is not None:
             self.step = step
@@ -93,6 +100,8 @@ class Watchdog:
         self.stop()
 
     def start(self) -> Watchdog:
+        self._loop_thread = threading.get_ident()  # the thread that beats: the loop's
+        self._polled = (time.monotonic(), self._loop_cpu())
         with contextlib.suppress(OSError):
             (self.run_dir / RANKS).mkdir(parents=True, exist_ok=True)
         self._thread = threading.Thread(target=self._watch, daemon=True, name="trimtab-watchdog")
@@ -115,14 +124,57 @@ class Watchdog:
 
     def _watch(self) -> None:
         while not self._stop.wait(POLL_S):
-            section, since = self.current
-            elapsed, limit = time.monotonic() - since, self.timeout(section)
-            if elapsed > limit:
-                self._end(raised=True, section=section, elapsed=elapsed, limit=limit)
-            elif time.monotonic() - self._alarm_checked >= ALARM_POLL_S and self._alarm() is not None:
-                self._end(raised=False, section=section, elapsed=elapsed, limit=limit)
-            elif time.time() - self._last_beat_file >= self.beat_s:
-                self._write_beat()
+            self._poll(time.monotonic(), self._loop_cpu())
+
+    def _poll(self, now: float, cpu: float) -> None:
+        """One look at the current section at monotonic time `now` (`cpu`: the loop thread's CPU time)."""
+        section, since = self.current
+        elapsed, limit = now - since - self._stopped_in(since, now, cpu), self.timeout(section)
+        if elapsed > limit:
+            self._end(raised=True, section=section, elapsed=elapsed, limit=limit)
+        elif now - self._alarm_checked >= ALARM_POLL_S and self._alarm() is not None:
+            self._end(raised=False, section=section, elapsed=elapsed, limit=limit)
+        elif time.time() - self._last_beat_file >= self.beat_s:
+            self._write_beat()
+
+    def _stopped_in(self, since: float, now: float, cpu: float) -> float:
+        """The seconds the whole process was stopped (SIGSTOP then SIGCONT: `scontrol suspend`,
+        Ctrl-Z then fg) within the section that began at `since`, as this thread's polls found
+        them. Stopped time is not the section's: on SIGCONT this thread may wake before the loop
+        beats, and the loop was not slow. A hung rank's watchdog keeps polling on time, so a hang
+        still fires."""
+        gap = self._stop_gap(now, cpu)
+        self._polled = (now, cpu)
+        start, stopped = self._thawed
+        if start != since:  # another section: stops before it are not its own
+            start, stopped = since, 0.0
+        # at most the section's whole time: a section that began after SIGCONT has none of it
+        self._thawed = (start, min(stopped + gap, now - since))
+        return self._thawed[1]
+
+    def _stopped_during(self, since: float, now: float) -> float:
+        """For beat() (the loop's thread): the stopped seconds of the section that began at `since`,
+        those this thread found and one it has not polled since (the loop beat first after SIGCONT)."""
+        start, stopped = self._thawed
+        known = stopped if start == since else 0.0
+        unseen = self._stop_gap(now, time.thread_time()) if self._thread is not None else 0.0
+        return known + max(0.0, min(unseen, now - since - known))
+
+    def _stop_gap(self, now: float, cpu: float) -> float:
+        """The seconds the process stood still since this thread's last poll (0: it ran). The sign: a
+        poll more than FROZEN_S overdue while the loop's thread used less CPU than the gap (a loop
+        holding the GIL in a long computation delays this thread too, but runs). A stall that
+        blocks holding the GIL reads as stopped: its watchdog could not have run through it anyway."""
+        polled, polled_cpu = self._polled
+        gap = now - polled
+        return gap - POLL_S if gap - POLL_S > FROZEN_S and cpu - polled_cpu < gap - FROZEN_S else 0.0
+
+    def _loop_cpu(self) -> float:
+        """The loop thread's CPU seconds; 0 where the platform cannot say (then the gap alone decides)."""
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(self._loop_thread))
+        except (AttributeError, OSError):
+            return 0.0
 
     def _alarm(self) -> dict[str, Any] | None:
         self._alarm_checked = time.monotonic()

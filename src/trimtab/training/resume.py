@@ -1,13 +1,17 @@
 """What `train` finds in an existing run directory before it builds anything: the checkpoint to
-resume from, with corrupt newer ones moved aside, or the news that the run has already reached
-the length its config asks for, in which case nothing is built and nothing in the directory
-changes (re-running a finished run used to overwrite its summary with this call's empty figures
-and append a duplicate evaluation to metrics.jsonl).
+resume from, with corrupt newer ones moved aside, or the news that this config leaves nothing to
+train (the run is at or past the length its config asks for, or orchestrator.early_stop stopped
+it and neither the length nor the rule changed), in which case nothing is built and nothing in
+the directory changes (re-running a finished run used to overwrite its summary with this call's
+empty figures and append a duplicate evaluation to metrics.jsonl). The message says which: a
+finished run, a checkpoint past the length asked for, one at it that is not a finished run (saved
+on the way to a longer length, or no summary.json), an early stop.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -44,25 +48,147 @@ def resume_point(cfg: RunConfig, dist: Parallel, remote: Remote | None = None) -
 
 
 def _stop_if_finished(cfg: RunConfig, found: Found, dist: Parallel) -> None:
-    """The run's length under this config is the configured phase lengths plus the live
-    planner's change to pretraining (TrainState.length_delta); a longer one trains on."""
-    train = found[1].get("train", {})
-    step, delta, lengths = train.get("step", 0), train.get("length_delta", 0), _lengths(cfg)
+    """RunFinished when this config leaves nothing to train: the run is at or past its length (the
+    configured phase lengths plus set_total_steps' changes to pretraining, TrainState.length_delta),
+    or orchestrator.early_stop stopped it at this checkpoint and neither the length nor the rule
+    changed since (a wrapper that relaunches until exit 0 must not train past the stop)."""
+    state = found[1]
+    step, lengths = state["train"].get("step", 0), _lengths(cfg)
     if lengths is None:
         return  # its length is not resolved yet: it cannot have reached it
-    total = sum(lengths) + delta
-    if step < total:
+    total = sum(lengths) + state["train"].get("length_delta", 0)
+    early = _early_stop_decision(cfg, state, lengths) if step < total else None
+    if step < total and early is None:
         return
-    summary = dist.from_main(saved_summary, cfg.run_dir, found, total)
+    status = _status(state, early)
+    summary, saved = dist.from_main(saved_summary, cfg.run_dir, found, total, status)
     dist.close()
-    key = KEYS[len(lengths) - 1]  # the last phase's length is the one to raise
-    longer = "--max-steps (train.max_steps)" if key == "train.max_steps" else key
-    planner = f", {delta:+d} by the live planner" if delta else ""
-    raise RunFinished(
-        f"{cfg.run_dir} has finished: it is at step {step} of {total} ({key} {lengths[-1]}{planner}); "
-        f"nothing was trained and nothing in it changed. A larger {longer} trains on",
-        summary,
+    if early is not None:
+        raise RunFinished(_stopped_early(cfg, step, total, early), summary)
+    raise RunFinished(_at_length(cfg.run_dir, state, lengths, total, summary if saved else None), summary)
+
+
+def _early_stop_decision(cfg: RunConfig, state: dict[str, Any], lengths: list[int]) -> dict[str, Any] | None:
+    """The journaled orchestrator.early_stop decision that ended the run at this checkpoint, when
+    this config would stop it there again: the rule on in auto mode with the patience and
+    min_delta it stopped under, and the phase lengths the checkpoint was saved with. None: the
+    run was not stopped early here, or something changed and it trains on (the rule judges again)."""
+    rule, train = cfg.orchestrator.early_stop, state["train"]
+    if not rule.enabled or cfg.orchestrator.mode != "auto":
+        return None
+    if train.get("phase_steps") and list(train["phase_steps"]) != list(lengths):  # absent: before the key
+        return None
+    stops = [d for d in _journal(state) if d.get("action") == "stop" and d.get("applied")]
+    last = stops[-1] if stops else {}  # the newest stop is what ended the session that saved this
+    evidence = last.get("evidence") or {}
+    if last.get("rule") != "early_stop" or last.get("step") != train.get("step"):
+        return None
+    if (evidence.get("patience"), evidence.get("min_delta")) != (rule.patience, rule.min_delta):
+        return None
+    return last
+
+
+def _stopped_early(cfg: RunConfig, step: int, total: int, decision: dict[str, Any]) -> str:
+    rule = cfg.orchestrator.early_stop
+    return (
+        f"{cfg.run_dir} stopped early at step {step} of {total}, by orchestrator.early_stop "
+        f"({decision.get('summary', 'no improvement')}); nothing was trained and nothing in it changed. To train on: "
+        "--set orchestrator.early_stop.enabled=false, or a larger orchestrator.early_stop.patience "
+        f"({rule.patience}) or smaller min_delta ({rule.min_delta:g}); with a larger --max-steps alone it trains "
+        "to its next evaluation, where the rule stops it again unless val_loss improved"
     )
+
+
+def _at_length(
+    run_dir: Path, state: dict[str, Any], lengths: list[int], total: int, summary: dict[str, Any] | None
+) -> str:
+    """Why a run at or past its length trains nothing, and what it is: finished (its summary
+    written), its training done but not its summary, or a checkpoint on the way to a longer length.
+    `summary`: summary.json when it is this checkpoint's, else None."""
+    step, key = state["train"]["step"], KEYS[len(lengths) - 1]  # the last phase's length is the one to raise
+    longer = "--max-steps (train.max_steps)" if key == "train.max_steps" else key
+    length = f"{key} {lengths[-1]}{_length_changes(state)}"
+    unchanged = "nothing was trained and nothing in it changed"
+    was = f" ({lengths[-1] - total + _trained_to(state)}: the run as it was)" if step < _trained_to(state) else ""
+    if step > total:
+        above = f"{longer} above {step - total + lengths[-1]}"
+        return (
+            f"{run_dir} has nothing to train: its newest checkpoint is at step {step}, past the {total} steps "
+            f"asked for ({length}); {_where(state, summary)}. {unchanged.capitalize()}; {above} trains on{was}"
+        )
+    if summary is not None and summary.get("status") == "completed":
+        finished = f"{run_dir} has finished: it is at step {step} of {total} ({length})"
+        return f"{finished}; {unchanged}. A larger {longer} trains on"
+    return (
+        f"{run_dir} is at step {step} of {total} ({length}) but has not finished: {_where(state, summary)}; "
+        f"{unchanged}. A larger {longer} trains on{was}"
+    )
+
+
+def _where(state: dict[str, Any], summary: dict[str, Any] | None) -> str:
+    """What the newest checkpoint is, against the length the run trained with when it was saved."""
+    step, trained_to = state["train"]["step"], _trained_to(state)
+    if step < trained_to:
+        ended = f"that {summary['status']} there" if summary else "that ended without writing summary.json"
+        return (
+            f"the checkpoint at step {step} was saved on the way to step {trained_to}, the length the run trained "
+            f"with then (its LR schedule not at its end), by a session {ended}"
+        )
+    if summary is None:
+        return (
+            f"its training ended at step {step}, but the session that saved that checkpoint ended before writing "
+            "summary.json and the report"
+        )
+    return "the run finished there" if summary.get("status") == "completed" else f"its last session {summary['status']}"
+
+
+def _status(state: dict[str, Any], early: dict[str, Any] | None) -> str:
+    """The status of a summary built from the checkpoint (no summary.json of its step)."""
+    step, trained_to = state["train"]["step"], _trained_to(state)
+    if early is not None:
+        return f"stopped ({(early.get('params') or {}).get('reason', 'early stopping')})"
+    if step >= trained_to:
+        return "completed"
+    return f"stopped (at step {step} of {trained_to}: its last session ended without a summary)"
+
+
+def _trained_to(state: dict[str, Any]) -> int:
+    """The run's length when this checkpoint was saved; its step where the checkpoint predates the record."""
+    train = state["train"]
+    if not train.get("phase_steps"):
+        return train["step"]
+    return sum(train["phase_steps"]) + train.get("length_delta", 0)
+
+
+# who changes pretraining's length through set_total_steps (a person's config change on resume is
+# journaled too, rule "config", but moves phase_steps, not length_delta)
+CHANGED_BY = {"make_up": "orchestrator.make_up", "convergence": "the live planner", "manual": "trimtab ctl total-steps"}
+APPLIED_LENGTH = re.compile(r"total steps (\d+) -> (\d+)")  # Control._set_total_steps' report
+
+
+def _length_changes(state: dict[str, Any]) -> str:
+    """TrainState.length_delta by whom, from the checkpoint's journal, e.g. ", +1 by orchestrator.make_up";
+    where the journal does not account for it (an older checkpoint), by set_total_steps, unnamed."""
+    delta = state["train"].get("length_delta", 0)
+    if not delta:
+        return ""
+    by: dict[str, int] = {}
+    for decision in _journal(state):
+        if decision.get("action") != "set_total_steps" or decision.get("rule") == "config":
+            continue
+        for line in decision.get("applied") or []:
+            if match := APPLIED_LENGTH.fullmatch(line):
+                rule = decision.get("rule", "")
+                by[rule] = by.get(rule, 0) + int(match[2]) - int(match[1])
+    if sum(by.values()) != delta:
+        return f", {delta:+d} by set_total_steps"
+    return "".join(f", {n:+d} by {CHANGED_BY.get(rule, f'rule {rule}')}" for rule, n in by.items() if n)
+
+
+def _journal(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The orchestrator's decisions as the checkpoint saved them (its hook's state; hooks.keyed's key)."""
+    orchestrator = (state.get("hooks") or {}).get("Orchestrator") or {}
+    return [d for d in orchestrator.get("journal") or [] if isinstance(d, dict)]
 
 
 def _lengths(cfg: RunConfig) -> list[int] | None:
@@ -77,15 +203,16 @@ def _lengths(cfg: RunConfig) -> list[int] | None:
     return [int(saved.train.max_steps)] + configured_lengths(cfg)[1:]
 
 
-def saved_summary(run_dir: Path, found: Found, total: int) -> dict[str, Any]:
-    """summary.json as the session that reached this checkpoint wrote it; if it is missing or
-    belongs to another step (a session killed before writing it), one from the checkpoint."""
+def saved_summary(run_dir: Path, found: Found, total: int, status: str = "completed") -> tuple[dict[str, Any], bool]:
+    """summary.json as the session that reached this checkpoint wrote it, and True; if it is
+    missing or belongs to another step (a session killed before writing it), one from the
+    checkpoint with `status`, and False."""
     saved = read_json(run_dir / SUMMARY)
     train = found[1]["train"]
     if isinstance(saved, dict) and saved.get("step") == train["step"]:
-        return saved
-    return {
-        "status": "completed",
+        return saved, True
+    built = {
+        "status": status,
         "run_dir": str(run_dir),
         "step": train["step"],
         "total_steps": total,
@@ -94,6 +221,7 @@ def saved_summary(run_dir: Path, found: Found, total: int) -> dict[str, Any]:
         "tokens_per_s": train["tokens"] / max(train.get("train_seconds", 0.0), 1e-9),  # over the whole run
         "checkpoint": str(found[0]),
     }
+    return built, False
 
 
 def _set_aside(run_dir: Path, found: Found | None) -> None:
