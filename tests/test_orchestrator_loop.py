@@ -681,6 +681,20 @@ def test_auto_micro_batch_finds_the_largest_that_fits(tmp_path):
     assert set(by_step(run, "micro_batch_tokens").values()) == {512}
 
 
+def test_a_micro_batch_and_a_mode_edited_in_the_config_between_sessions_are_the_runs_from_then_on(tmp_path):
+    """train.micro_batch_tokens lowered in the config on resume: journaled as the person's, and the
+    OOM rule's probe does not grow it back to the old size (it did, 10 steps in, though nothing had
+    run out of memory). --orchestrator auto after a session in advise: auto (the saved advise won)."""
+    run = tmp_path / "r"
+    trimtab.train(debug_cfg(run, steps=30, faults=["sigterm@6"], orchestrator={"mode": "advise"}))
+    trimtab.train(debug_cfg(run, steps=30, train={"micro_batch_tokens": 512}, faults=["nan_loss@10"]))
+    (config,) = [d for d in read_decisions(run) if d["rule"] == "config"]
+    assert config["action"] == "set_micro_batch_tokens" and config["evidence"]["old"] == 1024
+    assert {m["micro_batch_tokens"] for m in train_lines(run) if m["step"] > 7} == {512}
+    (nan,) = [d for d in read_decisions(run) if d["rule"] == "nonfinite"]
+    assert nan["mode"] == "auto" and nan["action"] == "skip_step"
+
+
 def test_oom_probe_tries_a_larger_micro_batch_and_halves_again(tmp_path):
     run = tmp_path / "r"
     summary = trimtab.train(debug_cfg(run, steps=16, faults=["oom@3:512"], sets=["orchestrator.oom.probe_after=6"]))

@@ -86,6 +86,7 @@ class Orchestrator(PersonCommands, Hook):
         self.demoted: set[str] = set()  # "rule:action" remedies that fell to advice (low confidence)
         self._baseline_before: tuple[float | None] | None = None  # the reference a save being written replaced
         self.lost_commands: list[dict[str, Any]] = []  # a person's settings a resume lost, to apply again
+        self._mode_kept = ""  # said at start: a resumed run kept a mode a person set over the config's
 
     # ------------------------------------------------------------------ hook events
 
@@ -97,8 +98,11 @@ class Orchestrator(PersonCommands, Hook):
             oom = self.monitors["oom"]
             oom.configured = oom.configured or run.configured_micro_batch_tokens
             oom.configured_checkpointing = oom.person_checkpointing or run.cfg.train.activation_checkpointing
+            self._configured_knobs(run, oom)
             if run.step:
                 oom.resumed()
+        if self._mode_kept:
+            run.say(self._mode_kept)
         if (fp16 := self.monitors.get("fp16")) is not None:  # the scaler's growth costs overflows of its own
             fp16.growth_interval = run.cfg.train.loss_scale.growth_interval
         for change in run.config_changes:
@@ -457,6 +461,7 @@ class Orchestrator(PersonCommands, Hook):
             "replicas": self.replicas.state_dict() if self.replicas is not None else None,
             "transient_faults": dict(self.transient_faults),
             "lost_commands": self.lost_commands,
+            "configured_mode": self.cfg.mode,  # a saved mode other than it is a person's (trimtab ctl mode)
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -476,7 +481,12 @@ class Orchestrator(PersonCommands, Hook):
             self.stragglers.load_state_dict(state["stragglers"])
         if self.replicas is not None and state.get("replicas"):
             self.replicas.load_state_dict(state["replicas"])
-        self.mode = state["mode"] if self.cfg.mode == "auto" or state["mode"] == self.cfg.mode else self.cfg.mode
+        self.mode, self._mode_kept = self._mode_after(state), ""
+        if self.mode != self.cfg.mode:
+            self._mode_kept = (
+                f"[orchestrator] mode {self.mode}, as `trimtab ctl mode` set it (the config says {self.cfg.mode}): "
+                f"`trimtab ctl RUN mode {self.cfg.mode}` gives it back"
+            )
 
     def _load_monitors(self, state: dict[str, Any]) -> None:
         for name, monitor in self.monitors.items():

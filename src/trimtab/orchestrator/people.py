@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.distributed import broadcast_object, is_main
 from trimtab.errors import TrimtabError
 from trimtab.orchestrator import ctl
@@ -26,6 +27,7 @@ class PersonCommands:
     run_dir: Path
     mode: str
     paused: set[str]
+    cfg: OrchestratorConfig
     lost_commands: list[dict[str, Any]]  # a person's settings a resume lost, to apply again at their steps
     _applied: Callable[..., None]  # what Control did with a decision (core.py)
 
@@ -39,6 +41,43 @@ class PersonCommands:
         )
         self.journal.add(decision)
         run.say(decision.console_line())
+
+    def _mode_after(self, state: dict[str, Any]) -> str:
+        """The mode a resumed run takes: the config's when it changed since the checkpoint (a person
+        edited it); else the saved one, which a person's `ctl mode` may have set. An older
+        checkpoint, which kept no configured mode: the saved one unless the config turns it down."""
+        configured = state.get("configured_mode")
+        if configured is None:
+            return state["mode"] if self.cfg.mode == "auto" or state["mode"] == self.cfg.mode else self.cfg.mode
+        return state["mode"] if configured == self.cfg.mode else self.cfg.mode
+
+    def _configured_knobs(self, run: RunView, oom: Any) -> None:
+        """train.micro_batch_tokens or activation_checkpointing edited in the config between
+        sessions: the new value is the run's setting from now on, journaled as the person's (the
+        value saved with the checkpoint, an out-of-memory remedy's, was kept over it, and the
+        probe grew a micro-batch they had lowered back to the old one)."""
+        now = {
+            "micro_batch_tokens": run.configured_micro_batch_tokens,
+            "activation_checkpointing": run.cfg.train.activation_checkpointing,
+        }
+        saved, oom.config_seen = oom.config_seen, now
+        for key, value in now.items():
+            if key not in saved or saved[key] == value:
+                continue
+            if key == "micro_batch_tokens":
+                oom.configured, action, params = value, "set_micro_batch_tokens", {"tokens": value}
+            else:
+                oom.configured_checkpointing, oom.person_checkpointing = value, ""
+                action, params = "set_activation_checkpointing", {"mode": value}
+            change = {"key": f"train.{key}", "old": saved[key], "new": value}
+            summary = f"train.{key} {saved[key]} -> {value} on resume at step {run.step}"
+            reasoning = "changed in the config by a person between sessions: the run's setting from now on"
+            decision = person_decision(
+                self.journal.next_id(), run.step, "config", change, reasoning, action, params, summary
+            )
+            run.control.request(action, on_done=lambda line, d=decision: self._applied(d, line, run), **params)
+            self.journal.add(decision)
+            run.say(decision.console_line())
 
     def _resumed_commands(self, run: RunView) -> None:
         """A person's commands the stopped process applied after its last checkpoint (the journal

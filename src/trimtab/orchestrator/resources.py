@@ -126,6 +126,7 @@ class OutOfMemory(Monitor):
         self.clean = 0  # steps since, below the configured micro-batch
         self.probe_after = cfg.oom.probe_after
         self.since_resume: int | None = None  # clean steps in this process, when it resumed shrunk
+        self.config_seen: dict[str, object] = {}  # train.micro_batch_tokens and activation_checkpointing, configured
 
     def error(self, step: int, micro_batch_tokens: int, message: str, rows: list[int]) -> Finding:
         self.retries = self.retries + 1 if step == self.last else 1
