@@ -222,3 +222,14 @@ def test_a_source_beside_a_mixture_is_refused_not_ignored():
     with pytest.raises(ConfigError, match="config key 'data.source' 'b.txt' is unused beside data.mix: add it"):
         load_config(preset="debug", overrides={"data": {"mix": mix, "source": "b.txt"}})
     assert load_config(preset="debug", overrides={"data": {"mix": mix}}).data.sources[0].source == "a.txt"
+
+
+def test_a_key_set_in_a_section_keeps_the_fields_own_defaults_for_the_rest():
+    """finetune.optim starts at lr 3e-4 with a 10-step warm-up and finetune.data at no source: one
+    key set there kept them (it rebuilt the section from OptimConfig's and DataConfig's own: a
+    warm-up of 50, and the built-in corpus as finetuning data)."""
+    cfg = load_config(preset="debug", sets=["finetune.optim.lr=1e-4", "finetune.data.format=chat"])
+    assert (cfg.finetune.optim.lr, cfg.finetune.optim.warmup_steps) == (1e-4, 10)
+    assert cfg.finetune.data.source == ""
+    with pytest.raises(ConfigError, match="finetune.data.source' must name the finetuning data"):
+        load_config(preset="debug", sets=["finetune.steps=5", "finetune.data.format=chat"])

@@ -427,8 +427,18 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
             near = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
             hint = f"; did you mean '{prefix}{near[0]}'?" if near else f"; valid keys: {', '.join(names)}"
             raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
+        if dataclasses.is_dataclass(hints[key]) and isinstance(value, dict):
+            value = merge(_default_of(cls, key), value)  # over the field's own default, not its class's
         kwargs[key] = _coerce(hints[key], value, f"{prefix}{key}")
     return cls(**kwargs)
+
+
+def _default_of(cls: type, name: str) -> dict[str, Any]:
+    """A section field's default as a mapping: finetune.optim starts at lr 3e-4 and warm-up 10, not
+    OptimConfig's own, so `--set finetune.optim.lr=1e-4` keeps that warm-up (it reset it to 50)."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return dataclasses.asdict(default) if dataclasses.is_dataclass(default) else {}
 
 
 def _coerce(tp: Any, value: Any, key: str) -> Any:
