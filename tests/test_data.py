@@ -434,3 +434,48 @@ def test_eval_batches_cap_rows_in_order():
     assert got == sorted(tuple(rows.get(i)[0][:-1].tolist()) for i in range(k))  # the first k rows
     assert all(m.inputs.numel() <= 40 or m.inputs.shape[0] == 1 for m in micro)
     assert len(eval_batches(rows, 40, max_tokens=1, pad_id=0)) == 1  # at least one row
+
+
+def test_a_refused_resume_names_the_checkpoints_source_and_the_way_forward():
+    """The source the checkpoint read is named (its saved name, not the new data's), and the
+    message says how to go on: the same data, or a new run from the weights."""
+    state = BatchLoader(synthetic_rows(), 60, 30, 9, 0, names=["builtin"]).state_dict()
+    other = BatchLoader(synthetic_rows(5), 60, 30, 9, 0, names=["OTHER.txt"])
+    with pytest.raises(DataError) as refused:
+        other.load_state_dict(state)
+    message = str(refused.value)
+    assert message.startswith(
+        "the checkpoint's data loader had 23 rows in builtin but the data now gives 5 (from OTHER.txt)"
+    )
+    assert "rows in OTHER.txt" not in message
+    assert "train.seed" in message and "a new --out with --set train.init_from=RUN" in message
+    # as many rows, other tokens: the same source named, the same way forward
+    with pytest.raises(DataError, match=r"other data in builtin than .* \(from OTHER.txt\).*train.init_from=RUN"):
+        BatchLoader(synthetic_rows(seed=1), 60, 30, 9, 0, names=["OTHER.txt"]).load_state_dict(state)
+    # a checkpoint from before sources had names: the config key, never the new source's name
+    older = {k: v for k, v in state.items() if k != "parts"}
+    with pytest.raises(
+        DataError, match=r"had 23 rows in its finetune.data.source but .* \(from OTHER.txt\).* finetune.data.\* setting"
+    ):
+        BatchLoader(synthetic_rows(5), 60, 30, 9, 0, names=["OTHER.txt"], section="finetune.data").load_state_dict(
+            older
+        )
+    # a refusal changes nothing: the loader still serves its own first step
+    assert batches_equal(other.next_batch(), BatchLoader(synthetic_rows(5), 60, 30, 9, 0).next_batch())
+
+
+def test_a_resume_under_another_train_seed_is_refused_naming_train_seed(tokenizer):
+    """train.seed decides which documents are held out for evaluation (packing._hold_out), so a
+    resume under another seed reads other training rows: the refusal names train.seed, both
+    values, and the --set that resumes."""
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon"]
+    docs = [Document([(" ".join(rng.choice(words, int(rng.integers(5, 60)))), True)]) for _ in range(40)]
+    cfg = DataConfig(seq_len=16, eval_fraction=0.2)
+    saved = BatchLoader(build_splits(cfg, tokenizer, docs, None, seed=1234)[0], 64, 64, 1234, 0).state_dict()
+    resumed = BatchLoader(build_splits(cfg, tokenizer, docs, None, seed=7)[0], 64, 64, 7, 0)
+    with pytest.raises(DataError) as refused:
+        resumed.load_state_dict(saved)
+    message = str(refused.value)
+    assert "train.seed changed (1234 then, 7 now; it decides which documents are held out for evaluation)" in message
+    assert "resume with --set train.seed=1234" in message and "train.init_from=RUN" in message

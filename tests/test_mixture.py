@@ -154,3 +154,15 @@ def test_a_prepared_eval_source_replaces_the_hold_out(tmp_path):
         == (json.loads((tmp_path / "train/trimtab-data.json").read_text())["tokens"] - 1) // 64 * 64
     )
     assert sum(m.n_targets for m in phase.eval_micro) > 0
+
+
+def test_a_resume_over_another_number_of_sources_names_both_and_the_way_forward(tokenizer):
+    rows = ConcatRows([rows_of(tokenizer, 30, 0), rows_of(tokenizer, 10, 1)])
+    state = BatchLoader(rows, 160, 160, seed=3, pad_id=0, weights=[7, 3], names=["web", "code"]).state_dict()
+    single = BatchLoader(rows_of(tokenizer, 30, 0), 160, 160, seed=3, pad_id=0, names=["books"])
+    with pytest.raises(DataError) as refused:
+        single.load_state_dict(state)
+    assert "had 2 sources but the data now has 1 (web, code then, books now); resume with the same data.mix" in str(
+        refused.value
+    )
+    assert "a new --out with --set train.init_from=RUN" in str(refused.value)

@@ -1347,3 +1347,79 @@ def test_a_verifier_that_fails_gets_longer_or_is_said():
     assert error in stopped.params["reason"] and "before step 7" in stopped.params["reason"]
     cfg.rl_verifier.stop_share = 1.0  # 15 of 16: said, not stopped
     assert remedy(found[1], SimpleNamespace(rl_verifier_timeout=10.0), cfg).action == "none"
+
+
+# ------------------------------------------------------------------ faults added to a resumed run
+
+
+def test_a_fault_added_before_the_resume_step_is_said_and_not_injected():
+    from trimtab.orchestrator.faults import late_faults
+
+    faults = parse_faults(["nan_loss@5:2@rank1", "nan_loss@13", "lr_spike@3:5", "sigterm@12", "eval_error@4"])
+    record = {"fired": {"sigterm@12": 1}, "poisoned": [], "specs": ["eval_error@4", "sigterm@12"]}
+    kept, lines = late_faults(faults, record, 12)
+    assert [f.spec for f in kept] == ["nan_loss@13", "lr_spike@3:5", "sigterm@12", "eval_error@4"]
+    assert [(f.spec, line) for f, line in lines] == [
+        (
+            "nan_loss@5:2@rank1",
+            "faults: nan_loss@5:2@rank1 is before this run's step 12 (it resumed there): not injected; to inject it "
+            "now, give a later step (nan_loss@13:2@rank1)",
+        ),
+        ("lr_spike@3:5", "faults: lr_spike@3:5 starts before this run's step 12: in force from step 13 on"),
+    ]
+    assert late_faults(faults, {"fired": {}}, 0) == (faults, [])  # a fresh run: every fault is its own
+
+
+def test_a_faults_json_from_before_specs_knows_the_faults_it_saw_at_work():
+    from trimtab.orchestrator.faults import late_faults
+
+    faults = parse_faults(["nan_loss@5", "eval_error@4", "oom@2", "weights_nan@3"])
+    record = {"fired": {"nan_loss@5": 1}, "evaluations": {"eval_error@4": [10]}, "oom_limit": {"oom@2": 99.0}}
+    kept, lines = late_faults(faults, record, 12)
+    assert [f.spec for f in kept] == ["nan_loss@5", "eval_error@4", "oom@2"]
+    assert [f.spec for f, _ in lines] == ["weights_nan@3"]
+
+
+def test_the_injector_of_a_resumed_run_does_not_fire_nor_record_a_fault_its_step_passed(tmp_path):
+    """nan_loss@5 added to a run resumed at step 12 used to fire at step 13 and be recorded as
+    fired; now it is said, recorded as not injected, and a later fault still fires at its step."""
+    from trimtab.orchestrator.faults import FaultInjector
+
+    injector = FaultInjector(["nan_loss@5", "nan_loss@14"], tmp_path)
+    said: list[str] = []
+    injector.faults = injector._judge_late(SimpleNamespace(step=12, rank=0, say=said.append))
+    assert said == [
+        "faults: nan_loss@5 is before this run's step 12 (it resumed there): not injected; to inject it now, "
+        "give a later step (nan_loss@13)"
+    ]
+    batch = SimpleNamespace(rows=[])
+    injector.on_step_start(SimpleNamespace(step=12), batch)  # step 13
+    assert injector._fire_nan is None
+    injector.on_step_start(SimpleNamespace(step=13), batch)  # step 14
+    assert injector._fire_nan is not None and injector._fire_nan.spec == "nan_loss@14"
+    record = json.loads((tmp_path / "faults.json").read_text())
+    assert record["fired"] == {"nan_loss@14": 1}
+    assert record["not_injected"] == {"nan_loss@5": 12} and record["specs"] == ["nan_loss@14"]
+    # resumed again later: nan_loss@14 is the run's own (fired), nan_loss@5 is said again, not injected
+    again = FaultInjector(["nan_loss@5", "nan_loss@14"], tmp_path)
+    again.record = record
+    said.clear()
+    assert [f.spec for f in again._judge_late(SimpleNamespace(step=20, rank=0, say=said.append))] == ["nan_loss@14"]
+    assert len(said) == 1 and said[0].startswith("faults: nan_loss@5 is before this run's step 20")
+
+
+def test_a_resumed_run_with_a_fault_added_at_a_passed_step_trains_on_clean(tmp_path, capsys):
+    """The repro: a run stopped at step 6, resumed with nan_loss@3 added, trained on without it
+    (no NaN step, nothing journaled for it), and the console said why."""
+    import trimtab
+    from test_trainer import debug_cfg
+
+    run = tmp_path / "r"
+    trimtab.train(debug_cfg(run, steps=10, faults=["sigterm@6"], train={"batch_tokens": 1024}))
+    capsys.readouterr()
+    summary = trimtab.train(debug_cfg(run, steps=10, faults=["sigterm@6", "nan_loss@3"], train={"batch_tokens": 1024}))
+    assert summary["step"] == 10
+    assert "faults: nan_loss@3 is before this run's step 6 (it resumed there): not injected" in capsys.readouterr().err
+    record = json.loads((run / "faults.json").read_text())
+    assert record["fired"] == {"sigterm@6": 1} and record["not_injected"] == {"nan_loss@3": 6}
+    assert not [d for d in read_decisions(run) if d["rule"] == "nonfinite"]

@@ -17,6 +17,8 @@ from trimtab.data.packing import ConcatRows, Rows
 from trimtab.errors import DataError
 
 IGNORE_INDEX = -100  # cross_entropy's default ignore_index
+# the way forward from a run that cannot resume on the data given: its weights, not its data order
+NEW_RUN = "start a new run from its weights: a new --out with --set train.init_from=RUN (this run's directory)"
 
 
 @dataclass
@@ -85,6 +87,7 @@ class BatchLoader:
         world: int = 1,
         weights: list[float] | None = None,
         names: list[str] | None = None,
+        section: str = "data",
     ) -> None:
         if not len(rows):
             raise ValueError("BatchLoader needs at least one row")
@@ -98,6 +101,7 @@ class BatchLoader:
         weights = weights or [1.0] * len(parts)
         self.weights = [w / sum(weights) for w in weights]
         self.names = names or [f"source{i}" for i in range(len(parts))]
+        self.section = section  # the config section of its data (data, finetune.data): for messages
         self.part_tokens = [p.n_tokens for p in parts]
         self.batch_tokens = batch_tokens
         self.micro_batch_tokens = micro_batch_tokens  # an OOM handler may lower it between steps
@@ -194,29 +198,52 @@ class BatchLoader:
 
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly where `state` was taken (its seed wins over the constructor's)."""
-        parts = state.get("parts") or [{**state, "name": self.names[0], "drawn": 0}]
+        parts = state.get("parts") or [{**state, "drawn": 0}]  # before mixtures: one source, no name
         if len(parts) != len(self.sizes):
+            then = ", ".join(p.get("name") or f"its {self.section}.source" for p in parts)
             raise DataError(
-                f"the checkpoint's data had {len(parts)} sources but the data now has {len(self.sizes)}; "
-                "resume with the same data.mix"
+                f"the checkpoint's data had {len(parts)} sources but the data now has {len(self.sizes)} ({then} then, "
+                f"{', '.join(self.names)} now); resume with the same {self.section}.mix, or {NEW_RUN}"
             )
-        for part, (saved, size, name) in enumerate(zip(parts, self.sizes, self.names)):
-            if saved["n_rows"] != size:
-                raise DataError(
-                    f"the checkpoint's data loader had {saved['n_rows']} rows in {name} but the data now "
-                    f"gives {size}; resume with the same data.* settings and corpus"
-                )
-            if saved.get("digest", self.digests[part]) != self.digests[part]:  # older checkpoints: none
-                raise DataError(
-                    f"the checkpoint's data loader read other data in {name} than the data now gives: as many "
-                    f"rows ({size}), other tokens (the corpus, its order or a data.* setting changed); resume "
-                    "with the data it was trained on, or start a new run from its weights (train.init_from)"
-                )
+        for part, saved in enumerate(parts):  # all checked before any is taken: a refusal changes nothing
+            self._check_same_rows(part, saved, int(state["seed"]))
+        for part, saved in enumerate(parts):
             self._epochs[part], self._cursors[part] = int(saved["epoch"]), int(saved["cursor"])
             self.drawn[part] = int(saved["drawn"])
         self.seed = int(state["seed"])
         self._orders = [self._permutation(p, e) for p, e in enumerate(self._epochs)]
         self.skipped = set(state.get("skipped", []))
+
+    def _check_same_rows(self, part: int, saved: dict, saved_seed: int) -> None:
+        """Refuse to continue a source's order over rows other than those the checkpoint read: its
+        positions and the rows a rollback left out would then point at other rows."""
+        size, theirs = self.sizes[part], saved.get("name") or f"its {self.section}.source"
+        ours = "" if theirs == self.names[part] else f" (from {self.names[part]})"
+        if saved["n_rows"] != size:
+            raise DataError(
+                f"the checkpoint's data loader had {saved['n_rows']} rows in {theirs} but the data now gives "
+                f"{size}{ours}; {self._changed(saved_seed)}"
+            )
+        if saved.get("digest", self.digests[part]) != self.digests[part]:  # older checkpoints: none
+            raise DataError(
+                f"the checkpoint's data loader read other data in {theirs} than the data now gives{ours}: as many "
+                f"rows ({size}), other tokens; {self._changed(saved_seed)}"
+            )
+
+    def _changed(self, saved_seed: int) -> str:
+        """What can change the rows between sessions, and the way forward. train.seed is among
+        them: it decides which documents are held out for evaluation (packing._hold_out)."""
+        data = f"the corpus or a {self.section}.* setting"
+        if saved_seed == self.seed:
+            cause = f"{data} changed, or train.seed (it decides which documents are held out for evaluation)"
+            again = f"the {self.section}.* settings, train.seed and corpus it was trained with"
+        else:
+            cause = (
+                f"train.seed changed ({saved_seed} then, {self.seed} now; it decides which documents are held out "
+                f"for evaluation), or {data} did"
+            )
+            again = f"--set train.seed={saved_seed} and the {self.section}.* settings and corpus it was trained with"
+        return f"{cause}; resume with {again}, or {NEW_RUN}"
 
 
 def eval_batches(rows: Rows, micro_batch_tokens: int, max_tokens: int, pad_id: int) -> list[MicroBatch]:

@@ -4,6 +4,11 @@
 
 KIND@STEP[:PARAM][@rankR]; what fired is recorded in RUN_DIR/faults.json at once, so a transient
 fault does not fire again after a rollback or a restart (the world, not the run, remembers it).
+A fault added to a resumed run at a step it has passed is said and not injected (its step ran
+without it: firing it at the next step would test another step than the one asked for); one of
+the PERSISTENT kinds is said and in force from the next step, as from any step after its own.
+faults.json also keeps the run's faults ("specs": how a resume tells them from ones added since)
+and those left out ("not_injected": spec -> the step the run resumed at).
 The injector is a test instrument (training/instrument.py): it reads the run through its RunView
 like any hook, and writes (weights, the expert bias, the training rows, the LR, the batch about to
 run) only through the FaultHandle the Trainer hands it.
@@ -128,6 +133,7 @@ RANK_FAULTS = (
     "bitflip",
 )  # PARAM is the rank (and slow_rank's factor): KIND@STEP:RANK
 SLOW_SECONDS = 0.25
+PERSISTENT = ("lr_spike", "oom", "rollout_oom", "slow_rank")  # in force from their step on, never "fired"
 
 
 @dataclass
@@ -179,6 +185,46 @@ def parse_fault(spec: str, key: str = "faults") -> Fault:
     return Fault(kind, int(step_text), param, spec.strip(), int(rank_text) if at_rank else None)
 
 
+def late_faults(faults: list[Fault], record: dict[str, Any], step: int) -> tuple[list[Fault], list[tuple[Fault, str]]]:
+    """The faults a run resumed at `step` keeps, and a line for each that it has passed and never
+    had (added to the config since: faults.json neither lists it nor saw it fire). Such a fault's
+    step ran without it, so a one-time fault is not injected (it would fire at the next step and
+    be recorded as fired); a PERSISTENT one is in force from the next step, as it would be had it
+    been there all along."""
+    kept, lines = [], []
+    for fault in faults:
+        if not step or fault.step > step or _known(fault, record):
+            kept.append(fault)
+        elif fault.kind in PERSISTENT:
+            kept.append(fault)
+            lines.append(
+                (fault, f"faults: {fault.spec} starts before this run's step {step}: in force from step {step + 1} on")
+            )
+        else:
+            lines.append(
+                (
+                    fault,
+                    f"faults: {fault.spec} is before this run's step {step} (it resumed there): not injected; to "
+                    f"inject it now, give a later step ({_at_step(fault, step + 1)})",
+                )
+            )
+    return kept, lines
+
+
+def _known(fault: Fault, record: dict[str, Any]) -> bool:
+    """Whether the run had `fault` before this session: recorded as its own, or seen at work (a
+    faults.json from before "specs" was recorded)."""
+    seen = [record.get(k, {}) for k in ("fired", "evaluations", "oom_limit", "rollout_oom_limit")]
+    return fault.spec in record.get("specs", []) or any(fault.spec in s for s in seen)
+
+
+def _at_step(fault: Fault, step: int) -> str:
+    """`fault`'s spec at another step, its PARAM and @rankR kept: nan_loss@5:2 -> nan_loss@13:2."""
+    rest = fault.spec.split("@", 1)[1]
+    digits = len(rest) - len(rest.lstrip("0123456789"))
+    return f"{fault.kind}@{step}{rest[digits:]}"
+
+
 def _number(text: str) -> float | None:
     try:
         return float(text)
@@ -228,6 +274,7 @@ class FaultInjector(Instrument):
         elif rank and first.is_file():  # a rank new to the run (the world grew): what every rank met, it met
             record = json.loads(first.read_text())
             self.record = {**record, "fired": {k: v for k, v in record["fired"].items() if k in everyone}}
+        self.faults = self._judge_late(run)
         self._corrupt(self.record["poisoned"])  # a resumed run's data is as bad as before
         model = self.handle.model
         off = activation_bytes_per_token(run.cfg, 2, "off")
@@ -258,6 +305,20 @@ class FaultInjector(Instrument):
                 f"faults: {corrupting[0]} turns training rows of tokens to garbage; an RL or DPO run has none "
                 "(its data are prompts or preference pairs): inject it into pretraining or finetuning"
             )
+
+    def _judge_late(self, run: RunView) -> list[Fault]:
+        """The faults this session injects: those a resumed run added at a step it has passed are
+        said (by the rank that holds them; rank 0 for every rank's) and, but for the PERSISTENT
+        kinds, left out. Those kept are recorded, so a later resume knows them as the run's own."""
+        kept, lines = late_faults(self.faults, self.record, run.step)
+        for fault, line in lines:
+            if fault.rank is not None or run.rank == 0:
+                run.say(line)
+            if fault not in kept:
+                self.record.setdefault("not_injected", {})[fault.spec] = run.step
+        self.record["specs"] = sorted(set(self.record.get("specs", [])) | {f.spec for f in kept})
+        self._save()
+        return kept
 
     def _due(self, fault: Fault) -> bool:
         """Whether `fault` fires at the current step; counts the firing."""
