@@ -146,3 +146,15 @@ def test_every_file_of_a_checkpoint_has_the_umask_mode(tmp_path):
     for path in (whole, sharded):
         modes = {f.relative_to(path).as_posix(): oct(f.stat().st_mode & 0o777) for f in path.rglob("*") if f.is_file()}
         assert set(modes.values()) == {"0o640"}, modes
+
+
+def test_a_resumes_changed_router_knobs_replace_those_the_checkpoint_restored():
+    """training/checkpointing.apply_live_keys: the new config's MoE and MoD knobs over the model's."""
+    from trimtab.training.checkpointing import apply_live_keys
+
+    model = Transformer(load_config(preset="debug-hybrid", sets=["model.vocab_size=64"]).model)
+    knobs = {"model.moe.router_jitter": 0.2, "model.moe.z_loss_coef": 0.0, "model.mod.layer_capacity": "[0.25,0.125]"}
+    cfg = load_config(preset="debug-hybrid", sets=["model.vocab_size=64", *(f"{k}={v}" for k, v in knobs.items())])
+    apply_live_keys(model, cfg, list(knobs))
+    assert {(moe.jitter, moe.z_loss_coef) for _, moe in model.moe_layers()} == {(0.2, 0.0)}
+    assert [router.target for _, router in model.mod_layers()] == [0.25, 0.125]

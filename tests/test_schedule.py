@@ -78,6 +78,48 @@ def test_a_finished_phase_cannot_change_once_a_later_one_started():
         reconcile(in_pretraining, ps, [15, 10])
 
 
+def test_an_extension_too_short_for_a_full_rewarm_still_decays_to_the_new_end():
+    """Extended by no more than warmup_steps + 1, the re-warm took every added step and the run
+    ended at its peak LR; it is capped at a quarter of them, so the rest decays to the new end."""
+    ps = phases(20)  # warmup 4, lr 1.0, min 0.1
+    state = SimpleNamespace(step=20, phase=0, phase_steps=[20], length_delta=0, restarts=[])
+    final = phase_lr(ps[0], 0, 19, [])
+    (change,) = reconcile(state, ps, [28])
+    apply_lengths(ps, [28], 0)
+    lrs = [phase_lr(ps[0], 0, s, state.restarts) for s in range(20, 28)]
+    assert lrs[-1] == pytest.approx(lr_at(7, 8, ps[0].optim, final, 2)) and lrs[-1] < 0.2  # the schedule's end
+    assert all(a > b for a, b in zip(lrs[2:], lrs[3:]))  # decays step by step after
+    assert lrs[0] == pytest.approx(final + (1.0 - final) / 2) and lrs[1] == pytest.approx(1.0)  # a 2-step re-warm
+    assert "over 2 steps" in change["effect"]  # 8 added: a quarter of them re-warm
+    # under 4 added steps: too few to re-warm and decay, they go on at the LR the phase ended at
+    short, state.step = phases(28), 28
+    (change,) = reconcile(state, short, [30])
+    apply_lengths(short, [30], 0)
+    assert "go on at its final lr" in change["effect"]
+    assert [phase_lr(short[0], 0, s, state.restarts) for s in (28, 29)] == [lrs[-1], lrs[-1]]
+
+
+def test_a_phase_added_after_the_others_is_a_change():
+    ps = phases(20, 10)
+    state = SimpleNamespace(step=12, phase=0, phase_steps=[20], length_delta=0, restarts=[])
+    (change,) = reconcile(state, ps, [20, 10])
+    assert change == {"key": "finetune.steps", "old": 0, "new": 10, "effect": "a new phase after the others"}
+    assert state.phase_steps == [20, 10] and state.restarts == []
+
+
+def test_a_later_phase_not_started_yet_may_be_dropped_but_not_one_started():
+    ps = phases(20)
+    state = SimpleNamespace(step=12, phase=0, phase_steps=[20, 10], length_delta=0, restarts=[])
+    (change,) = reconcile(state, ps, [20])
+    assert (change["key"], change["old"], change["new"]) == ("finetune.steps", 10, 0)
+    assert "had not started" in change["effect"] and state.phase_steps == [20]
+    at_its_start = SimpleNamespace(step=20, phase=0, phase_steps=[20, 10], length_delta=0, restarts=[])
+    assert reconcile(at_its_start, ps, [20])[0]["new"] == 0  # pretraining ended, finetuning not begun
+    started = SimpleNamespace(step=25, phase=1, phase_steps=[20, 10], length_delta=0, restarts=[])
+    with pytest.raises(ConfigError, match="'finetune.steps' changed from 10 to 0, but this run is already in that"):
+        reconcile(started, ps, [20])
+
+
 # ------------------------------------------------------------------------------------ through the loop
 
 
@@ -114,8 +156,10 @@ def test_extending_a_finished_run_rewarms_and_is_journaled_not_cut(tmp_path):
     lr = logged(run)
     assert all(lr[s] == first[s] for s in range(1, 21))  # the first session's curve is kept as it was
     peak = load_config(preset="debug").optim.lr
-    assert first[20] < lr[21] < lr[25] < peak * 1.001 and lr[30] == pytest.approx(peak)  # re-warm over 10 steps
-    assert lr[40] < lr[35] < lr[31]  # then the cosine decays anew to the new end
+    # re-warm over 5 steps (warmup_steps 10, at most a quarter of the 20 added)
+    assert "over 5 steps" in d["reasoning"]
+    assert first[20] < lr[21] < lr[24] < peak * 1.001 and lr[25] == pytest.approx(peak)
+    assert lr[40] < lr[35] < lr[30] < lr[27]  # then the cosine decays anew to the new end
     assert set(logged(run, "lr_scale").values()) == {1.0}
 
 

@@ -14,12 +14,13 @@ from helpers import StopAt
 from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config, merge, read_saved
 from trimtab.errors import CheckpointError, ConfigError, DataError
+from trimtab.rundir import read_decisions
 from trimtab.training import setup as setup_py
 from trimtab.training.setup import setup
 from trimtab.training.trainer import Trainer
 
 
-def debug_cfg(out, steps=24, sets=(), **overrides):
+def debug_cfg(out, steps=24, sets=(), preset="debug", **overrides):
     base = {
         "out": str(out),
         "train": {
@@ -32,7 +33,7 @@ def debug_cfg(out, steps=24, sets=(), **overrides):
         "checkpoint": {"every": 8},
         "log": {"progress": False, "tensorboard": False},
     }
-    return load_config(preset="debug", overrides=merge(base, overrides), sets=list(sets))
+    return load_config(preset=preset, overrides=merge(base, overrides), sets=list(sets))
 
 
 def logged(run_dir, key="loss"):
@@ -245,6 +246,49 @@ def test_pretrain_then_finetune_switches_data_and_schedule(tmp_path):
     assert evals[16]["val_loss"] < evals[10]["val_loss"]  # chat data is easy; it learned it
 
 
+def instructions(tmp_path):
+    """A small instruction file and the finetune section that trains on it."""
+    path = tmp_path / "inst.jsonl"
+    rows = [{"prompt": f"what is {i} plus {i}?", "response": f"{2 * i}."} for i in range(200)]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    optim = {"lr": 1e-3, "warmup_steps": 2, "schedule": "constant"}
+    return {"steps": 4, "data": {"source": str(path), "seq_len": 32, "pack": False}, "optim": optim}
+
+
+@pytest.mark.parametrize("stopped_at", [8, 5], ids=["finished", "mid-pretraining"])
+def test_a_finetune_phase_added_on_resume_trains_after_pretraining(tmp_path, stopped_at):
+    """The checkpoint's one phase length against the config's two failed with an IndexError
+    before the lengths were reconciled; the new phase is added and journaled."""
+    run = tmp_path / "r"
+    trimtab.train(debug_cfg(run, steps=8), hooks=[StopAt(stopped_at)])
+    summary = trimtab.train(debug_cfg(run, steps=8, finetune=instructions(tmp_path)))
+    assert (summary["status"], summary["step"]) == ("completed", 12)
+    train = {m["step"]: m for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in m}
+    assert train[8]["phase"] == "pretrain" and train[12]["phase"] == "finetune"
+    (d,) = [d for d in read_decisions(run, abandoned=True) if d["rule"] == "config"]
+    assert (d["step"], d["evidence"]["key"], d["evidence"]["old"], d["evidence"]["new"]) == (
+        stopped_at,
+        "finetune.steps",
+        0,
+        4,
+    )
+
+
+def test_a_refused_resume_leaves_the_run_directory_as_it_was(tmp_path):
+    """config.yaml was written before the checkpoint's checks (the data position, the phase
+    lengths) refused the resume: it then named the refused config, which the run's own command
+    (`train RUN/config.yaml`) and load_run read back."""
+    run = tmp_path / "r"
+    trimtab.train(debug_cfg(run, steps=8, finetune=instructions(tmp_path)), hooks=[StopAt(10)])
+    before = files_of(run)
+    with pytest.raises(DataError, match="train.seed changed"):
+        trimtab.train(debug_cfg(run, steps=8, sets=["train.seed=7"], finetune=instructions(tmp_path)))
+    with pytest.raises(ConfigError, match="'train.max_steps' changed from 8 to 9, but this run is already past"):
+        trimtab.train(debug_cfg(run, steps=9, finetune=instructions(tmp_path)))
+    assert files_of(run) == before
+    assert trimtab.train(read_saved(run))["step"] == 12  # its own config resumes it
+
+
 def test_bad_input_fails_before_touching_the_run_dir(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         trimtab.train(debug_cfg(tmp_path / "r", sets=[f"data.source={tmp_path / 'missing.txt'}"]))
@@ -253,8 +297,28 @@ def test_bad_input_fails_before_touching_the_run_dir(tmp_path):
 
 def test_resume_with_another_model_shape_is_refused(tmp_path):
     trimtab.train(debug_cfg(tmp_path / "r", steps=4))
-    with pytest.raises(CheckpointError, match="different model"):
+    with pytest.raises(CheckpointError, match=r"different model \(model.d_model: 96 there, 128 now; model.head_dim"):
         trimtab.train(debug_cfg(tmp_path / "r", steps=8, sets=["model.d_model=128"]))
+
+
+def test_a_resume_may_turn_the_router_knobs_but_not_change_the_experts(tmp_path):
+    """The model's keys compared one by one, each differing one named (the whole model.moe
+    section was printed, the key not said); the live knobs (trimtab ctl, the orchestrator) are no
+    other model: the config's new value replaces the checkpoint's."""
+    run = tmp_path / "r"
+    trimtab.train(debug_cfg(run, steps=4, preset="debug-moe"))
+    with pytest.raises(CheckpointError, match=r"different model \(model.moe.top_k: 2 there, 1 now;"):
+        trimtab.train(debug_cfg(run, 6, ["model.moe.top_k=1", "model.moe.balance_coef=0.05"], "debug-moe"))
+    sets = ["model.moe.balance_coef=0.05", "model.moe.router_jitter=0.1"]
+    summary = trimtab.train(debug_cfg(run, steps=6, sets=sets, preset="debug-moe"))
+    assert summary["status"] == "completed" and summary["steps_this_session"] == 2
+    state = json.loads((list_checkpoints(run)[-1] / "state.json").read_text())
+    assert {layer["balance_coef"] for layer in state["moe"].values()} == {0.05}
+    assert read_saved(run).model.moe.router_jitter == 0.1
+    trainer = Trainer(setup(debug_cfg(run, 8, ["model.moe.balance_coef=0.02"], "debug-moe")))
+    assert {moe.balance_coef for _, moe in trainer.model.moe_layers()} == {0.02}
+    trainer.rollback(0)  # to the first session's checkpoint, whose state holds 0.01: the config's value stays
+    assert {moe.balance_coef for _, moe in trainer.model.moe_layers()} == {0.02}
 
 
 def test_generate_from_a_trained_run(tmp_path):

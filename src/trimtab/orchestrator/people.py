@@ -15,6 +15,8 @@ from trimtab.errors import TrimtabError
 from trimtab.orchestrator import ctl
 from trimtab.orchestrator.journal import Journal, person_decision
 from trimtab.training.actions import ACTIONS, COMMANDS, VERBS
+from trimtab.training.changes import journal_text, show
+from trimtab.training.schedule import KEYS
 
 if TYPE_CHECKING:
     from trimtab.training.view import RunView
@@ -32,7 +34,16 @@ class PersonCommands:
     _applied: Callable[..., None]  # what Control did with a decision (core.py)
 
     def _configured(self, run: RunView, change: dict[str, Any]) -> None:
-        """A person's configuration change found on resume (a phase's length): journaled as theirs."""
+        """A person's configuration change found on resume (a phase's length, any other key the
+        trainer said in one line: training/changes.py): journaled as theirs."""
+        if change["key"] not in KEYS:
+            summary, reasoning = journal_text(change, run.step)
+            applied = [f"{change['key']} = {show(change['new'])}"]
+            decision = person_decision(
+                self.journal.next_id(), run.step, "config", change, reasoning, "none", {}, summary, applied
+            )
+            self.journal.add(decision)
+            return
         summary = f"{change['key']} {change['old']} -> {change['new']} on resume at step {run.step}"
         reasoning = f"changed in the config by a person: {change['effect']}"
         params, applied = {"steps": run.total_steps}, [f"total steps {run.total_steps}"]

@@ -5,22 +5,33 @@ write, a failed save handed to the hooks, the run's last save, rollback and resu
 
 from __future__ import annotations
 
+import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from trimtab.checkpoint import apply_structure, find_checkpoint, retire_after
+from trimtab.config import RunConfig
 from trimtab.distributed.ft import shard_like
 from trimtab.errors import CheckpointError, ConfigError
 from trimtab.snapshots import save_snapshot
+from trimtab.training.changes import changes_line, changes_on_resume
 from trimtab.training.hooks import keyed
 from trimtab.training.runtime import LogWindow, rng_state, set_rng_state
-from trimtab.training.schedule import configured_lengths
+from trimtab.training.schedule import configured_lengths, reconcile
+from trimtab.training.setup import prepare_run_dir
 from trimtab.training.state import GAVE_UP, KEPT_ON_ROLLBACK, TrainState
+
+log = logging.getLogger(__name__)
 
 
 class Checkpointing:
     """Checkpoints of the run a Trainer trains; `last_saved` is the resume point (a background
     write in flight included), `last_good` the newest checkpoint its hooks called healthy."""
+
+    # the model's live knobs a person changed in the config on resume, and the step resumed at: a
+    # rollback to a checkpoint before it (whose state restores the old values) applies them again
+    live_keys: tuple[int, list[str]] = (0, [])
 
     def _final_save(self) -> None:
         """The run's last checkpoint, as the state it ends in deserves. Weights that are not
@@ -196,6 +207,23 @@ class Checkpointing:
         step = self.replicas.common_step(newest[1]["step"], held)
         return found[step] if step >= 0 else None  # common_step ends on a step held() found here
 
+    def resume(self, path: Path, live_changes: dict[str, tuple[Any, Any]]) -> None:
+        """Take the checkpoint at `path` as the run's state, with what a person changed in the
+        config since it was saved: phase lengths (reconciled in _load: config_changes, journaled
+        by the orchestrator) and live model knobs (setup.check_resume_compatible), the config's
+        value over the checkpoint's. Only then config.yaml is written: a resume refused here
+        (other data, a phase length it cannot take) leaves the run directory as it was."""
+        self._load(path, rollback=False)
+        if live_changes:
+            self.live_keys = (self.state.step, list(live_changes))
+            apply_live_keys(self.model, self.cfg, self.live_keys[1])
+        changes = self.dist.from_main(changes_on_resume, self.cfg)  # config.yaml is still the last session's
+        self.config_changes += changes  # after the phase lengths: the orchestrator journals each
+        if changes:
+            self.say(changes_line(changes, self.state.step))
+        self.dist.on_main(prepare_run_dir, self.cfg, self.tok)
+        log.info("resuming from %s (step %d of %d)", path, self.state.step, self.total_steps)
+
     def _load(self, path, rollback: bool) -> None:
         weights, optim_state, state = self.dist.read_checkpoint(path)
         self.dist.load_model(self.model, weights, state, path)  # any checkpoint format, any world size
@@ -205,6 +233,10 @@ class Checkpointing:
         self.state.phase_steps = self.state.phase_steps or configured_lengths(self.cfg)  # older checkpoints
         if rollback:
             self.state.__dict__.update(kept, rollbacks=kept["rollbacks"] + 1)
+            if self.state.step < self.live_keys[0]:
+                apply_live_keys(self.model, self.cfg, self.live_keys[1])
+        else:  # before the phases are laid out: the config may add one or drop one (schedule.py)
+            self.config_changes = reconcile(self.state, self.phases, configured_lengths(self.cfg))
         self.control.apply_lengths()
         self._enter_phase(self.state.phase)
         self.dist.load_optimizer(self.model, self.optimizer, optim_state, path)
@@ -259,3 +291,19 @@ class Checkpointing:
             self.scaler.load_state_dict(received["scaler"])
         self.loader.load_state_dict(state["data"])
         self._resume_window_and_hooks(state)
+
+
+def apply_live_keys(model: Any, cfg: RunConfig, keys: list[str]) -> None:
+    """Set the live knobs `keys` (setup.LIVE_MODEL_KEYS) of the model's MoE and MoD layers to `cfg`'s
+    values: a resume applies a person's changed ones over those its checkpoint restored."""
+    for key in keys:
+        section, name = key.split(".")[1:]
+        if section == "moe":
+            value = float(getattr(cfg.model.moe, name))
+            for _, moe in model.moe_layers():
+                setattr(moe, "jitter" if name == "router_jitter" else name, value)
+        else:  # model.mod.capacity, layer_capacity: each MoD layer's target (set_step warms toward it)
+            layers = [i for i, kind in enumerate(cfg.model.layers) if "mod" in kind]
+            targets = dict(zip(layers, cfg.model.mod_capacities))  # by layer index, as mod_state keeps them
+            for i, router in model.mod_layers():
+                router.target = float(targets[i])

@@ -35,11 +35,11 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) ->
     )
 
 
-def lr_at(step: int, total: int, cfg: OptimConfig, warm_from: float = 0.0) -> float:
+def lr_at(step: int, total: int, cfg: OptimConfig, warm_from: float = 0.0, warmup: int | None = None) -> float:
     """Learning rate for optimizer step `step` (0-based) of a schedule `total` steps long; the
     warm-up rises linearly from `warm_from` (0: a fresh run; an extended run's final LR when it
-    re-warms, training/schedule.py) to cfg.lr."""
-    warm = min(cfg.warmup_steps, max(total - 1, 0))
+    re-warms, training/schedule.py) to cfg.lr over `warmup` steps (None: cfg.warmup_steps)."""
+    warm = min(cfg.warmup_steps if warmup is None else warmup, max(total - 1, 0))
     if step < warm:  # linear warmup to lr: (lr - warm_from) / warm per step
         return warm_from + (cfg.lr - warm_from) * (step + 1) / warm
     low = cfg.lr * cfg.min_lr_ratio

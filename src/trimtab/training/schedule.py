@@ -1,18 +1,21 @@
 """The run's length and learning-rate schedule across its phases, and what changing a length means.
 
 A run is a sequence of phases (pretraining, then an optional finetune), each with its own schedule
-over its own length (optim.lr_at). A length changes in three ways, each with defined semantics:
+over its own length (optim.lr_at). A length changes in four ways, each with defined semantics:
 
 - the live planner (Control's set_total_steps) during pretraining: the schedule stretches or
   shrinks to the new end;
 - a person resuming with another `train.max_steps` / `finetune.steps` before that phase ended:
   the same, the schedule is a function of the phase's length;
 - a person extending a phase that had already ended (a finished run asked to go on): the added
-  steps re-warm from the LR the phase ended at to its peak over `optim.warmup_steps`, then follow
-  the configured schedule, its decay included, to the new end. Continuing at the final (minimum)
-  LR barely trains, and jumping to the stretched schedule's mid-run LR is a shock; re-warming and
-  re-decaying is what Ibrahim et al. 2024 ("Simple and Scalable Strategies to Continually
-  Pre-train Large Language Models") found to recover the LR's benefit without a loss spike.
+  steps re-warm from the LR the phase ended at to its peak over `optim.warmup_steps`, at most a
+  quarter of them (rewarm_steps), then follow the configured schedule, its decay included, to the
+  new end. Continuing at the final (minimum) LR barely trains, and jumping to the stretched
+  schedule's mid-run LR is a shock; re-warming and re-decaying is what Ibrahim et al. 2024
+  ("Simple and Scalable Strategies to Continually Pre-train Large Language Models") found to
+  recover the LR's benefit without a loss spike;
+- a person adding a phase after the others (a finetune after pretraining), or dropping one the
+  run has not started: the phases to come change; one the run is in or past cannot be dropped.
 
 Such a re-warm is a `restart`, [phase, start step, warm_from LR], kept in the checkpoint; a
 person's change is reported (and journaled by the orchestrator) as a configuration change.
@@ -51,54 +54,88 @@ def apply_lengths(phases: list[PhaseLike], lengths: list[int], delta: int) -> in
     return start
 
 
+def rewarm_steps(added: int, optim: OptimConfig) -> int:
+    """The re-warm of `added` steps extending an ended phase: optim.warmup_steps, but at most a
+    quarter of them, so the rest decays to the new end (a re-warm as long as the extension would
+    end it at its peak); 0, under 4 steps: too few to re-warm and decay, they go on at the LR the
+    phase ended at (a jump to the peak for a step or two would be the shock a re-warm avoids)."""
+    return min(optim.warmup_steps, added // 4)
+
+
 def phase_lr(phase: PhaseLike, index: int, step: int, restarts: list[list[Any]]) -> float:
     """The configured LR of global step `step` (0-based) in phase `index`: the phase's schedule over
-    its length, or over a re-warm segment after an extension."""
+    its length, or over a re-warm segment after an extension (rewarm_steps)."""
     segments = [(phase.start, 0.0)] + sorted((s, w) for p, s, w in restarts if p == index)
     i = max(j for j, (start, _) in enumerate(segments) if start <= step)
     start, warm_from = segments[i]
     end = segments[i + 1][0] if i + 1 < len(segments) else phase.start + phase.steps
-    return lr_at(step - start, end - start, phase.optim, warm_from)
+    if i == 0:
+        return lr_at(step - start, end - start, phase.optim)
+    warm = rewarm_steps(end - start, phase.optim)
+    if not warm:
+        return warm_from
+    return lr_at(step - start, end - start, phase.optim, warm_from, warm)
 
 
 def reconcile(state: Any, phases: list[PhaseLike], lengths: list[int]) -> list[dict[str, Any]]:
     """A resumed run whose config asks for other phase lengths than it was trained with: add the
     re-warm restarts, record the new lengths in `state` (phase_steps, restarts) and return the
-    changes, one dict per phase (key, old, new, effect) for the console and the journal."""
+    changes, one dict per phase (key, old, new, effect; 0: no such phase) for the console and the
+    journal. A phase added after the others, or one dropped before it started, is such a change."""
     old = state.phase_steps or lengths
     changes = []
     old_ends = list(accumulate(n + (state.length_delta if i == 0 else 0) for i, n in enumerate(old)))
     for index, (before, after) in enumerate(zip_longest(old, lengths)):
         if before == after:
             continue
-        key = KEYS[index]
-        if after is None or (before is not None and state.phase > index):
-            raise ConfigError(
-                f"config key '{key}' changed from {before} to {after or 0}, but this run is already past that "
-                f"phase (at step {state.step}); keep it, or start a new run with train.init_from"
-            )
-        if before is not None and index == state.phase and index + 1 < len(lengths):
-            if old_ends[index] - before + after < state.step:
-                raise ConfigError(
-                    f"config key '{key}' = {after} would end this phase before step {state.step}, which the run "
-                    "has reached, with another phase after it; give it at least that many steps"
-                )
-        effect = "a new phase after the others"
-        if before is not None and state.step >= old_ends[index] and after > before:
-            phase = phases[index]
-            old_phase = _Phase(start=old_ends[index] - before, steps=before, optim=phase.optim)
-            warm_from = phase_lr(old_phase, index, old_ends[index] - 1, state.restarts)
-            state.restarts.append([index, old_ends[index], warm_from])
-            effect = (
-                f"the phase had ended at step {old_ends[index]}: its {after - before} added steps re-warm from "
-                f"lr {warm_from:.3g} to {phase.optim.lr:.3g} over {phase.optim.warmup_steps} steps, then follow "
-                f"the {phase.optim.schedule} schedule to the new end"
-            )
-        elif before is not None:
+        _check_change(state, index, before, after, old_ends, len(lengths))
+        if before is None:
+            effect = "a new phase after the others"
+        elif after is None:
+            effect = f"the phase had not started (the run is at step {state.step}): it is dropped"
+        elif state.step >= old_ends[index] and after > before:
+            effect = _rewarm(state, phases[index], index, before, after, old_ends[index])
+        else:
             effect = "the schedule stretches or shrinks to the new end"
-        changes.append({"key": key, "old": before, "new": after, "effect": effect})
+        changes.append({"key": KEYS[index], "old": before or 0, "new": after or 0, "effect": effect})
     state.phase_steps = list(lengths)
     return changes
+
+
+def _check_change(
+    state: Any, index: int, before: int | None, after: int | None, old_ends: list[int], phases: int
+) -> None:
+    """ConfigError where phase `index`'s length may not change from `before` to `after` (None: no
+    such phase): a phase the run has gone past, or one it trains in that the config drops, or a
+    current phase cut short of the step reached while another phase follows it."""
+    key = KEYS[index]
+    if (after is None and state.phase >= index) or (before is not None and state.phase > index):
+        where = "past" if state.phase > index else "in"
+        raise ConfigError(
+            f"config key '{key}' changed from {before or 0} to {after or 0}, but this run is already {where} that "
+            f"phase (at step {state.step}); keep it, or start a new run with train.init_from"
+        )
+    if before is not None and after is not None and index == state.phase and index + 1 < phases:
+        if old_ends[index] - before + after < state.step:
+            raise ConfigError(
+                f"config key '{key}' = {after} would end this phase before step {state.step}, which the run "
+                "has reached, with another phase after it; give it at least that many steps"
+            )
+
+
+def _rewarm(state: Any, phase: PhaseLike, index: int, before: int, after: int, old_end: int) -> str:
+    """A phase that had ended at `old_end` extended from `before` to `after` steps: its re-warm
+    restart added to state.restarts; returns the change's effect."""
+    old_phase = _Phase(start=old_end - before, steps=before, optim=phase.optim)
+    warm_from = phase_lr(old_phase, index, old_end - 1, state.restarts)
+    state.restarts.append([index, old_end, warm_from])
+    added, warm = after - before, rewarm_steps(after - before, phase.optim)
+    if not warm:
+        return f"the phase had ended at step {old_end}: its {added} added steps go on at its final lr {warm_from:.3g}"
+    return (
+        f"the phase had ended at step {old_end}: its {added} added steps re-warm from lr {warm_from:.3g} to "
+        f"{phase.optim.lr:.3g} over {warm} steps, then follow the {phase.optim.schedule} schedule to the new end"
+    )
 
 
 class _Phase:

@@ -4,7 +4,9 @@ the run directory. The Trainer receives this BuiltRun and trains it.
 
 All user input is read and checked here, before the run directory is touched, so bad input
 never leaves a damaged run behind; a run that has already reached its length stops before
-anything is built (training/resume.py).
+anything is built (training/resume.py). A resume's checks against its checkpoint (the data
+position, the phase lengths) are the Trainer's, which writes config.yaml after them: a refused
+resume leaves the run directory as it was.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import logging
 import math
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,7 @@ class Phase:
             world=world,
             weights=self.weights,
             names=self.names,
+            section="finetune.data" if self.name == "finetune" else "data",
         )
 
 
@@ -256,25 +259,46 @@ def _vocab_too_small(cfg: RunConfig, tokens: int) -> str:
     )
 
 
-def check_resume_compatible(cfg: RunConfig) -> bool:
-    """A run dir with checkpoints only resumes with the same model shape. False where its
-    config.yaml is missing or damaged (a disk fault, a hand edit): the caller checks the model
-    against the checkpoint itself (checkpoint.check_fits) before config.yaml is written again."""
+# Model keys a resume may change: they shape no weight, and training changes them live (trimtab
+# ctl, the orchestrator), so a person's new value is a knob turned, not another model.
+LIVE_MODEL_KEYS = frozenset(
+    {
+        "model.moe.capacity_factor",
+        "model.moe.router_temperature",
+        "model.moe.router_jitter",
+        "model.moe.balance_coef",
+        "model.moe.z_loss_coef",
+        "model.moe.bias_update_rate",
+        "model.mod.capacity",
+        "model.mod.layer_capacity",
+    }
+)
+
+
+def check_resume_compatible(cfg: RunConfig) -> dict[str, tuple[Any, Any]] | None:
+    """A run dir with checkpoints only resumes with the same model: each model.* key that differs
+    from its config.yaml's is named, unless it is a live knob (LIVE_MODEL_KEYS). Returns the live
+    knobs this config changes (key: (old, new)), for the resume to apply over the checkpoint's;
+    None where config.yaml is missing or damaged (a disk fault, a hand edit): the caller checks
+    the model against the checkpoint itself (checkpoint.check_fits) before config.yaml is written
+    again."""
     if not (cfg.run_dir / "config.yaml").is_file():
-        return False
+        return None
     try:
-        saved = read_saved(cfg.run_dir).to_dict()["model"]
+        saved = _leaves(read_saved(cfg.run_dir).to_dict()["model"], "model.")
     except SavedConfigError as exc:
         log.warning("%s; the model is checked against the checkpoint instead", exc.problem)
-        return False
-    ours = cfg.to_dict()["model"]
-    diff = sorted(k for k in ours if saved.get(k) != ours[k])
-    if diff:
+        return None
+    ours = _leaves(cfg.to_dict()["model"], "model.")
+    differ = {k: (saved.get(k), v) for k, v in ours.items() if saved.get(k) != v}
+    refused = [f"{k}: {old!r} there, {new!r} now" for k, (old, new) in differ.items() if k not in LIVE_MODEL_KEYS]
+    if refused:
         raise CheckpointError(
-            f"{cfg.run_dir} holds a run with a different model (model.{diff[0]}: "
-            f"{saved.get(diff[0])!r} there, {ours[diff[0]]!r} now); use a new --out or the same model settings"
+            f"{cfg.run_dir} holds a run with a different model ({'; '.join(refused[:4])}"
+            f"{f'; and {len(refused) - 4} more' if len(refused) > 4 else ''}); use a new --out or the same model "
+            "settings (of the model.* keys only the MoE / MoD router knobs may change on resume)"
         )
-    return True
+    return {k: v for k, v in differ.items() if k in LIVE_MODEL_KEYS}
 
 
 def adopt_hf_model(cfg: RunConfig) -> RunConfig:
@@ -380,6 +404,8 @@ class BuiltRun:
     compile: CompileChoice  # train.compile resolved (auto: by the run's expected length)
     sizes: dict[str, int]  # the whole model's parameter counts and training FLOPs per token
     watchdog: Watchdog  # this rank's hang watchdog (resilience/watchdog.py), fed by the loop
+    # a resume's live model knobs the config changes (check_resume_compatible): key -> (old, new)
+    live_changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
 
 
 def check_policy_ranks(cfg: RunConfig, dist: Parallel) -> None:
@@ -407,7 +433,8 @@ def setup(cfg: RunConfig) -> BuiltRun:
     """Build a run from its config: join torchrun's process group, find the checkpoint to resume
     (RunFinished if the run is already at its length), choose device and precision, read and
     tokenize the data, build the model (from train.init_from's weights on a fresh run), wrap it,
-    and write config.yaml and tokenizer.json into the run directory."""
+    and, on a fresh run, write config.yaml and tokenizer.json into the run directory (a resume
+    writes them once the trainer has taken the checkpoint: one it refuses changes nothing)."""
     torch.manual_seed(cfg.train.seed)
     cfg = adopt_hf_model(resolve(cfg))  # a draft RunConfig(...) is resolved here; a resolved one is kept
     dist = Parallel.start(cfg.distributed, pick_device(cfg.train.device))
@@ -426,9 +453,9 @@ def setup(cfg: RunConfig) -> BuiltRun:
     cfg = dist.main_first(local_sources, cfg)  # data paths in object storage: their cached copies
     tok, phases = dist.main_first(build_phases, cfg, tokenizer_source(cfg))
     cfg = complete(cfg, tok, phases)
-    compared = check_resume_compatible(cfg) if resume else True  # after complete: derived values compare too
+    live = check_resume_compatible(cfg) if resume else {}  # after complete: derived values compare too
     model = build_model(cfg.model).to(dist.device)
-    if not compared:
+    if live is None:
         check_fits(model, *resume)
     model.set_activation_checkpointing(cfg.train.activation_checkpointing)
     saved = resume[1].get("precision") if resume else None
@@ -455,7 +482,8 @@ def setup(cfg: RunConfig) -> BuiltRun:
     )
     log.info("torch.compile %s", compiling.reason)
     forward = dist.wrap(model, compiling.enabled, precision)
-    dist.on_main(prepare_run_dir, cfg, tok, hf_source)
+    if not resume:  # a resume writes config.yaml once the trainer took it (Checkpointing.resume)
+        dist.on_main(prepare_run_dir, cfg, tok, hf_source)
     return BuiltRun(
         cfg=cfg,
         dist=dist,
@@ -470,4 +498,5 @@ def setup(cfg: RunConfig) -> BuiltRun:
         compile=compiling,
         sizes=sizes,
         watchdog=make_watchdog(cfg.resilience, cfg.run_dir, dist.rank, dist.world),
+        live_changes=live or {},
     )

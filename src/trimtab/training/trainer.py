@@ -36,7 +36,7 @@ from trimtab.training.optim import build_optimizer, set_lr
 from trimtab.training.policy import PolicyTraining
 from trimtab.training.rerun import Gradients, compare, ranks_that_differ
 from trimtab.training.runtime import LogWindow, RouterStats, RowLosses
-from trimtab.training.schedule import configured_lengths, phase_lr, reconcile
+from trimtab.training.schedule import configured_lengths, phase_lr
 from trimtab.training.services.compiling import StepTimes
 from trimtab.training.services.signals import handle_signals
 from trimtab.training.setup import BuiltRun
@@ -99,11 +99,8 @@ class Trainer(Checkpointing, PolicyTraining):
         self.check_snapshots()
         self.save_seconds = 0.0  # what the newest save stalled training (goodput, the checkpoint interval)
         self.config_changes: list[dict[str, Any]] = []  # phase lengths a person changed on resume
-        if run.resume:
-            self._load(run.resume[0], rollback=False)
-            self.config_changes = reconcile(self.state, self.phases, configured_lengths(cfg))
-            self.control.apply_lengths()
-            log.info("resuming from %s (step %d of %d)", run.resume[0], self.state.step, self.total_steps)
+        if run.resume:  # then config.yaml is written: a refused resume changes nothing
+            self.resume(run.resume[0], run.live_changes)
         self.last_eval: dict[str, Any] = {}
         self.evaluating = False  # inside evaluate() (fault injection aims at it)
         self._saving_again = False  # applying the hooks' requests after a failed save

@@ -1,0 +1,143 @@
+"""What a person changed in a run's config between its sessions: the config the run was trained
+with (its config.yaml) against the config of the session that resumes it, key by key.
+
+A resumed run trains on under the new values (the optimizer's, the batch's, the rules'), so each
+change is a person's decision, as a changed phase length is: the orchestrator journals it (rule
+"config", action "none": the config itself applies it) and the console says them all in one
+line (changes_line), so a run that was resumed with `--set optim.lr=...` shows why its LR moved.
+
+Compared: every leaf of the resolved configs (dotted keys, model.moe.top_k; a list is one leaf,
+data.mix). Left out (IGNORED), each for its reason:
+    out, preset              the run directory itself (a resume names it), and the preset's name (its
+                             values are compared key by key)
+    faults                   test instruments; the fault injector says what it does with them
+                             (orchestrator/faults.py)
+    train.max_steps, train.epochs, finetune.steps
+                             the phase lengths: training/schedule.reconcile journals them, with their
+                             effect on the schedule (set_total_steps)
+    train.init_from          a fresh run's starting weights: a resumed run's come from its checkpoint
+                             (and one in object storage is saved as its local copy, so it always differs)
+    train.micro_batch_tokens, train.activation_checkpointing
+                             the orchestrator journals them itself, with the action that applies them over
+                             an out-of-memory remedy's saved value (orchestrator/people.py, _configured_knobs)
+    log.*                    the console, the report, TensorBoard and the trackers: nothing it trains on
+    finetune.*               where one of the configs has no finetune phase (finetune.steps 0): the
+                             phase added or dropped is the change, journaled by reconcile; its settings
+                             are part of it
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from trimtab.config import RunConfig, read_saved
+from trimtab.errors import SavedConfigError
+
+log = logging.getLogger(__name__)
+
+IGNORED = {
+    "out": "the run directory itself",
+    "preset": "a name: the values it set are compared key by key",
+    "faults": "test instruments (orchestrator/faults.py says what it does with them)",
+    "train.max_steps": "a phase length: training/schedule.reconcile journals it",
+    "train.epochs": "a phase length (it resolves train.max_steps): training/schedule.reconcile journals it",
+    "finetune.steps": "a phase length: training/schedule.reconcile journals it",
+    "train.init_from": "a fresh run's starting weights: a resumed run's come from its checkpoint",
+    "train.micro_batch_tokens": "journaled by the orchestrator with its own action (people.py _configured_knobs)",
+    "train.activation_checkpointing": "journaled by the orchestrator with its own action (people.py _configured_knobs)",
+    "log": "the console, the report and the trackers: nothing the model trains on",
+}
+SHOWN = 6  # changes named in the console line; the others are counted (the journal holds each)
+
+
+def config_changes(saved: RunConfig, new: RunConfig) -> list[dict[str, Any]]:
+    """The keys whose value differs between the run's saved config and this session's, in the
+    config's order, each {key, old, new, effect} (the shape of schedule.reconcile's changes);
+    the IGNORED keys left out."""
+    before, after = _leaves(saved.to_dict()), _leaves(new.to_dict())
+    phase_added_or_dropped = not (saved.finetune.steps and new.finetune.steps)
+    changes = []
+    for key in [*after, *(k for k in before if k not in after)]:  # a key only one side has: none yet
+        old, value = before.get(key), after.get(key)
+        if phase_added_or_dropped and key.startswith("finetune."):
+            continue
+        if old != value and not _ignored(key):
+            changes.append({"key": key, "old": old, "new": value, "effect": effect(key, old, value)})
+    return changes
+
+
+def changes_on_resume(cfg: RunConfig) -> list[dict[str, Any]]:
+    """config_changes from the run directory's config.yaml to `cfg`, read before this session
+    writes its own over it. None found where it is missing or damaged: setup's
+    check_resume_compatible says so, and the checkpoint is checked instead."""
+    try:
+        return config_changes(read_saved(cfg.run_dir), cfg)
+    except SavedConfigError as exc:
+        log.debug("no config changes read: %s", exc)
+        return []
+
+
+def changes_line(changes: list[dict[str, Any]], step: int) -> str:
+    """One console line for a resume's config changes, e.g. `config changed on resume at step 20:
+    optim.lr 0.0005 -> 0.001 (LR x2 at once, no warm-up); train.batch_tokens 1024 -> 2048 (x2
+    tokens a step; the LR is not rescaled)`; empty when there are none."""
+    if not changes:
+        return ""
+    named = [f"{c['key']} {show(c['old'])} -> {show(c['new'])} ({c['effect']})" for c in changes[:SHOWN]]
+    more = f"; and {len(changes) - SHOWN} more (decisions.jsonl)" if len(changes) > SHOWN else ""
+    return f"config changed on resume at step {step}: {'; '.join(named)}{more}"
+
+
+def journal_text(change: dict[str, Any], step: int) -> tuple[str, str]:
+    """A change's decision summary and reasoning, worded as those of a changed phase length."""
+    summary = f"{change['key']} {show(change['old'])} -> {show(change['new'])} on resume at step {step}"
+    return summary, f"changed in the config by a person: {change['effect']}"
+
+
+def effect(key: str, old: Any, new: Any) -> str:
+    """What the change does to the run from the resume on, short, for the keys whose effect is
+    not plain (a jump in the LR, a batch of another size, a seed the checkpoint overrides, a live
+    router knob set over the checkpoint's value)."""
+    if key == "optim.lr":
+        return f"LR x{_ratio(old, new)} at once, no warm-up"
+    if key == "finetune.optim.lr":
+        return f"the finetune phase's LR x{_ratio(old, new)} (at once, without a warm-up, if it has begun)"
+    if key == "train.batch_tokens":
+        return f"x{_ratio(old, new)} tokens a step; the LR is not rescaled"
+    if key.startswith("model."):  # any other model.* change is refused before (setup.check_resume_compatible)
+        return "a live router knob: applied over the checkpoint's value"
+    if key == "train.seed":
+        return "the data order and random state stay the checkpoint's"
+    if key.startswith(("optim.", "finetune.optim.")):
+        return "the optimizer uses it from this step"
+    return "in effect from this step"
+
+
+def show(value: Any) -> str:
+    """A config value as the console shows it: floats short (0.0005), empty strings quoted."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if value == "":
+        return "''"
+    text = str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _ratio(old: Any, new: Any) -> str:
+    return f"{new / old:.3g}" if isinstance(old, (int, float)) and old else "?"
+
+
+def _ignored(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in IGNORED)
+
+
+def _leaves(section: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config's values by dotted key, in the config's order; a list (data.mix) is one value."""
+    flat: dict[str, Any] = {}
+    for k, v in section.items():
+        if isinstance(v, dict):
+            flat |= _leaves(v, f"{prefix}{k}.")
+        else:
+            flat[prefix + k] = v
+    return flat
