@@ -217,3 +217,31 @@ def test_expert_collapse_is_detected_and_balance_comes_back(tmp_path):
     for layer in (1, 3):
         assert sum(m[f"moe/{layer}/max_load"] for m in tail) / 5 < 2.5, tail  # collapsed: 4.0
         assert sum(m[f"moe/{layer}/load_cv"] for m in tail) / 5 < 0.7, tail  # collapsed: ~1.15
+
+
+def test_a_rollback_keeps_the_router_knobs_as_it_keeps_the_lr_scale(tmp_path):
+    """A router temperature turned at step 6 (a person's, or the MoE rule's remedy), then a
+    rollback to step 4: the temperature stays 1.5 (the checkpoint's 1.0 came back with the
+    weights, undoing the correction), while an expert added after step 4 goes (its weights did)."""
+
+    class Turn(Hook):
+        def __init__(self):
+            self.sent, self.rolled, self.seen = set(), False, None
+
+        def on_step_end(self, run, out):
+            if out.step == 6 and "knobs" not in self.sent:
+                self.sent.add("knobs")
+                run.control.request("set_router_temperature", value=1.5)
+                run.control.request("add_expert", layer=1)
+            elif out.step == 7 and "rollback" not in self.sent:
+                self.sent.add("rollback")
+                run.control.request("rollback", to=4)
+            elif self.rolled and self.seen is None:  # the first step trained again
+                self.seen = run.moe_knobs(1)
+
+        def on_rollback(self, run, saved_state):
+            self.rolled = True
+
+    turn = Turn()
+    trimtab.train(moe_cfg(tmp_path / "r", steps=8, checkpoint={"every": 4}), hooks=[turn])
+    assert turn.rolled and turn.seen["router_temperature"] == 1.5 and turn.seen["n_experts"] == 8

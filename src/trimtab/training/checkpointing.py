@@ -29,10 +29,6 @@ class Checkpointing:
     """Checkpoints of the run a Trainer trains; `last_saved` is the resume point (a background
     write in flight included), `last_good` the newest checkpoint its hooks called healthy."""
 
-    # the model's live knobs a person changed in the config on resume, and the step resumed at: a
-    # rollback to a checkpoint before it (whose state restores the old values) applies them again
-    live_keys: tuple[int, list[str]] = (0, [])
-
     def _final_save(self) -> None:
         """The run's last checkpoint, as the state it ends in deserves. Weights that are not
         finite are not saved, and the run is not "completed": it ends with exit code 3 and the
@@ -214,9 +210,8 @@ class Checkpointing:
         value over the checkpoint's. Only then config.yaml is written: a resume refused here
         (other data, a phase length it cannot take) leaves the run directory as it was."""
         self._load(path, rollback=False)
-        if live_changes:
-            self.live_keys = (self.state.step, list(live_changes))
-            apply_live_keys(self.model, self.cfg, self.live_keys[1])
+        if live_changes:  # kept by a rollback, as every knob is
+            apply_live_keys(self.model, self.cfg, list(live_changes))
         changes = self.dist.from_main(changes_on_resume, self.cfg)  # config.yaml is still the last session's
         self.config_changes += changes  # after the phase lengths: the orchestrator journals each
         if changes:
@@ -226,6 +221,7 @@ class Checkpointing:
 
     def _load(self, path, rollback: bool) -> None:
         weights, optim_state, state = self.dist.read_checkpoint(path)
+        knobs = (self.model.moe_state(), self.model.mod_state())  # the router's: a rollback keeps them
         self.dist.load_model(self.model, weights, state, path)  # any checkpoint format, any world size
         kept = {k: getattr(self.state, k) for k in KEPT_ON_ROLLBACK}
         skipped = self.loader.skipped
@@ -233,8 +229,7 @@ class Checkpointing:
         self.state.phase_steps = self.state.phase_steps or configured_lengths(self.cfg)  # older checkpoints
         if rollback:
             self.state.__dict__.update(kept, rollbacks=kept["rollbacks"] + 1)
-            if self.state.step < self.live_keys[0]:
-                apply_live_keys(self.model, self.cfg, self.live_keys[1])
+            keep_router_knobs(self.model, *knobs)
         else:  # before the phases are laid out: the config may add one or drop one (schedule.py)
             self.config_changes = reconcile(self.state, self.phases, configured_lengths(self.cfg))
         self.control.apply_lengths()
@@ -291,6 +286,17 @@ class Checkpointing:
             self.scaler.load_state_dict(received["scaler"])
         self.loader.load_state_dict(state["data"])
         self._resume_window_and_hooks(state)
+
+
+def keep_router_knobs(model: Any, moe: dict[str, dict[str, float]], mod: dict[str, float]) -> None:
+    """The MoE and MoD layers' knobs as they were before a rollback restored the checkpoint's (its
+    expert counts stay the checkpoint's): like the TrainState knobs (KEPT_ON_ROLLBACK) they are
+    the correction, an orchestrator's, a person's or a resume's, not the trouble rolled back from."""
+    layers = dict(model.moe_layers())
+    for key, knobs in moe.items():
+        for name in model.MOE_KNOBS:
+            setattr(layers[int(key)], name, knobs[name])
+    model.load_mod_state(mod)
 
 
 def apply_live_keys(model: Any, cfg: RunConfig, keys: list[str]) -> None:
