@@ -60,6 +60,21 @@ def test_an_extended_finished_phase_rewarms_from_its_final_lr_then_decays_anew()
     assert lrs[23] == pytest.approx(1.0) and lrs[39] == pytest.approx(0.1, abs=0.01)  # peak, then decays anew
 
 
+def test_the_live_planners_lr_projection_follows_a_rewarm():
+    """RunView.pretrain_lr_if (the live planner's bound on an LR jump) of an extended pretraining:
+    the re-warm segment's LR, where the original schedule's formula read the end of its decay."""
+    from trimtab.training.view import RunView
+
+    ps = phases(20)
+    state = SimpleNamespace(step=20, phase=0, phase_steps=[20], length_delta=0, restarts=[])
+    reconcile(state, ps, [40])
+    apply_lengths(ps, [40], 0)
+    state.step = 22
+    view = RunView(SimpleNamespace(phases=ps, state=state), control=SimpleNamespace(request=None))
+    assert view.pretrain_lr_if(40) == pytest.approx(phase_lr(ps[0], 0, 22, state.restarts))
+    assert view.pretrain_lr_if(40) > lr_at(22, 40, ps[0].optim) + 0.2  # the formula without the re-warm
+
+
 def test_a_length_change_before_the_end_stretches_the_schedule():
     ps = phases(20)
     state = SimpleNamespace(step=12, phase=0, phase_steps=[20], length_delta=0, restarts=[])

@@ -23,7 +23,7 @@ from trimtab.config import RunConfig
 from trimtab.data.batches import micro_batches
 from trimtab.training import scoring
 from trimtab.training.control import Control, Requests
-from trimtab.training.optim import lr_at
+from trimtab.training.schedule import phase_lr
 
 if TYPE_CHECKING:
     from trimtab.training.trainer import Trainer
@@ -220,8 +220,9 @@ class RunView:
 
     def pretrain_lr_if(self, steps: int) -> float:
         """The next step's schedule LR if pretraining were `steps` long (a length change's jump)."""
-        phase = self._t.phases[0]
-        return lr_at(self._t.state.step - phase.start, steps, phase.optim)
+        phase = copy.copy(self._t.phases[0])
+        phase.steps = steps  # through phase_lr: its re-warm segments too (an ended pretraining extended)
+        return phase_lr(phase, 0, self._t.state.step, self._t.state.restarts)
 
     @property
     def grad_clip(self) -> float:
