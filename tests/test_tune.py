@@ -249,6 +249,16 @@ def test_orchestrator_gave_up_is_pruned_with_its_reason(tmp_path):
     assert trial.user_attrs["exit_code"] == 3
 
 
+def test_a_trial_the_orchestrators_early_stop_ended_is_a_result_not_an_interruption(tmp_path):
+    """orchestrator.early_stop in the base: a trial it stops (exit 0, status "stopped (early
+    stopping ...)") counts with its val_loss; it was taken for a signal's interruption, failed, and
+    the study stopped at once with exit code 1."""
+    base = {"orchestrator": {"early_stop": {"enabled": True, "patience": 1, "min_delta": 10.0}}}
+    result = tune(write_space(tmp_path, base=base), trials=2, out=tmp_path / "u")
+    assert states(result) == ["COMPLETE", "COMPLETE"] and result.complete
+    assert all(t.values[0] > 0 for t in result.study.get_trials())
+
+
 def test_a_healed_fault_is_not_held_against_the_trial(tmp_path):
     """A NaN stretch the orchestrator heals (skipped updates) leaves the evaluation after it worse
     than the fault-free run's; a pruner fed at once prunes the trial for it, the aware one does not."""

@@ -183,7 +183,8 @@ def _tell(
         trial.set_user_attr("error", str(summary.get("status")))
         study.tell(trial, state=TrialState.FAIL)
         return TrialResult(TrialState.FAIL, None)
-    if summary.get("status") != "completed":  # stopped by a signal: not counted, re-run on resume
+    early = str(summary.get("status", "")).startswith("stopped (early stopping")  # a result, as a length is
+    if summary.get("status") != "completed" and not early:  # stopped by a signal: not counted, re-run on resume
         trial.set_user_attr("interrupted", str(summary.get("status")))
         study.tell(trial, state=TrialState.FAIL)
         return TrialResult(TrialState.FAIL, None, interrupted=True)
