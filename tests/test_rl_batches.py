@@ -221,3 +221,23 @@ def test_a_step_whose_generation_ran_out_of_memory_draws_the_same_prompts_again(
         clean.close()
     assert again.rows == first.rows and again.rewards == first.rewards and calls[0] == calls[1]
     assert again.sums == first.sums  # the figures too: the failed draw counted nothing
+
+
+def test_an_overlong_penalty_over_the_whole_budget_is_answered_as_failed():
+    """`ctl overlong-penalty N` with N >= rl.max_new_tokens changes nothing: it is a failure
+    ("failed: ...", so the journal marks it and ctl's .error answers it), not "applied"."""
+    from types import SimpleNamespace
+
+    from trimtab.config import load_config
+    from trimtab.training.control import Control
+
+    loader = object.__new__(RolloutLoader)
+    loader.overlong_buffer, loader.overlong_filter = 0, False
+    cfg = load_config(preset="debug", sets=["rl.enabled=true", "rl.max_new_tokens=6"])
+    trainer = SimpleNamespace(cfg=cfg, loader=loader, state=SimpleNamespace(rl_overlong_buffer=None))
+    control, said = Control(trainer), []
+    control.request("set_overlong_penalty", on_done=said.append, tokens=6)
+    control.request("set_overlong_penalty", on_done=said.append, tokens=2)
+    control.apply()
+    assert said[0].startswith("failed: ") and "must be under rl.max_new_tokens (6)" in said[0]
+    assert not said[1].startswith("failed") and loader.overlong_buffer == 2

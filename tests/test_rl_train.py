@@ -306,6 +306,33 @@ def test_responses_that_run_into_the_budget_get_the_soft_overlong_penalty_and_co
     assert not decided(tmp_path / "l", "rl_reward")  # the verifier pays for length: the penalty's fall is no fault
 
 
+def test_a_batch_queued_ahead_keeps_its_policy_copy_while_the_ring_of_copies_grows():
+    """Asynchronous RL (training/policy.py _policy_snapshot): after a resume the ring of policy
+    copies starts empty; the copy for the next batch was taken from the ring's oldest while it
+    grew, the one a queued batch was still generating from, and its weights were overwritten under
+    it (a killed run then resumed to other weights: bug seen with max_staleness 1). Each snapshot
+    of a batch that may be queued has a copy of its own."""
+    from types import SimpleNamespace
+
+    from trimtab.config import load_config
+    from trimtab.model import build_model
+    from trimtab.training.policy import PolicyTraining
+
+    cfg = load_config(preset="debug", sets=["rl.max_staleness=1", "model.vocab_size=64"])
+    used = []
+    trainer = SimpleNamespace(
+        behaviour=[], cfg=cfg, loader=SimpleNamespace(max_staleness=1), model=build_model(cfg.model),
+        device=torch.device("cpu"), state=SimpleNamespace(step=6), rl_temperature=1.0,
+        _generate=lambda model, prompts, seed, temperature, version: used.append(model),
+    )  # fmt: skip
+    for step in (6, 7, 8, 9):  # batch s + 1 is generated while batch s may still be
+        trainer.state.step = step
+        policy, _ = PolicyTraining._policy_snapshot(trainer)
+        policy([[1]], 0)
+    assert all(a is not b for a, b in zip(used, used[1:])), [id(m) for m in used]
+    assert len({id(m) for m in used[:3]}) == 3 and len(trainer.behaviour) == 3  # max_staleness + 2
+
+
 def test_a_kl_term_holds_the_policy_near_its_start_and_resumes_exactly(tmp_path, base):
     """rl.kl_coef: KL to the frozen starting policy (the run's step-0 checkpoint, kept from
     pruning even with checkpoint.keep=1) stays ~3x lower at beta 1 than at ~0; a run with the

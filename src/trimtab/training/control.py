@@ -348,8 +348,11 @@ class Control:
         t = self._trainer
         if not isinstance(t.loader, RolloutLoader):
             return "no RL phase is running: the overlong penalty is unchanged"
-        if tokens >= t.cfg.rl.max_new_tokens:
-            return f"the overlong buffer must be under rl.max_new_tokens ({t.cfg.rl.max_new_tokens}): unchanged"
+        if tokens >= t.cfg.rl.max_new_tokens:  # a failure: answered, journaled as failed (it read as applied)
+            raise ConfigError(
+                f"the overlong penalty's buffer ({tokens}) must be under rl.max_new_tokens "
+                f"({t.cfg.rl.max_new_tokens}): unchanged"
+            )
         before, t.state.rl_overlong_buffer = t.loader.overlong_buffer, tokens
         t.loader.overlong_buffer = tokens
         done = f"RL overlong penalty buffer {before} -> {tokens} tokens"

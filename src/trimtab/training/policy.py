@@ -120,11 +120,16 @@ class PolicyTraining:
         """Asynchronous RL's policy for a batch generated ahead (rl/engine.py): the weights as
         they are now in a model of their own (the trainer's go on changing while the rollout
         thread generates), and their version. max_staleness + 2 such models are kept in turn:
-        at most max_staleness + 1 batches are queued, so the oldest is free when reused."""
+        at most max_staleness + 1 batches are queued, so the oldest is free when reused. While
+        the ring grows (a run's start, a resume) the new copy is the one used: the oldest then
+        may still be generating a queued batch (its weights were overwritten under it after a
+        resume, and the resumed run was not the uninterrupted one)."""
         copies = self.behaviour
-        if len(copies) < self.cfg.rl.max_staleness + 2:
-            copies.append(build_model(self.cfg.model).to(self.device).eval().requires_grad_(False))
-        frozen = copies.pop(0)
+        bound = max(self.cfg.rl.max_staleness, getattr(self.loader, "max_staleness", 0))  # `ctl max-staleness`
+        if len(copies) < bound + 2:
+            frozen = build_model(self.cfg.model).to(self.device).eval().requires_grad_(False)
+        else:
+            frozen = copies.pop(0)
         copies.append(frozen)
         frozen.load_moe_state(self.model.moe_state())  # surgery may have changed the experts
         frozen.load_mod_state(self.model.mod_state())
