@@ -36,18 +36,18 @@ from trimtab.errors import SavedConfigError
 
 log = logging.getLogger(__name__)
 
-IGNORED = {
-    "out": "the run directory itself",
-    "preset": "a name: the values it set are compared key by key",
-    "faults": "test instruments (orchestrator/faults.py says what it does with them)",
-    "train.max_steps": "a phase length: training/schedule.reconcile journals it",
-    "train.epochs": "a phase length (it resolves train.max_steps): training/schedule.reconcile journals it",
-    "finetune.steps": "a phase length: training/schedule.reconcile journals it",
-    "train.init_from": "a fresh run's starting weights: a resumed run's come from its checkpoint",
-    "train.micro_batch_tokens": "journaled by the orchestrator with its own action (people.py _configured_knobs)",
-    "train.activation_checkpointing": "journaled by the orchestrator with its own action (people.py _configured_knobs)",
-    "log": "the console, the report and the trackers: nothing the model trains on",
-}
+IGNORED = (  # each one's reason: the module docstring
+    "out",
+    "preset",
+    "faults",
+    "train.max_steps",
+    "train.epochs",
+    "finetune.steps",
+    "train.init_from",
+    "train.micro_batch_tokens",
+    "train.activation_checkpointing",
+    "log",
+)
 SHOWN = 6  # changes named in the console line; the others are counted (the journal holds each)
 
 
@@ -55,7 +55,7 @@ def config_changes(saved: RunConfig, new: RunConfig) -> list[dict[str, Any]]:
     """The keys whose value differs between the run's saved config and this session's, in the
     config's order, each {key, old, new, effect} (the shape of schedule.reconcile's changes);
     the IGNORED keys left out."""
-    before, after = _leaves(saved.to_dict()), _leaves(new.to_dict())
+    before, after = leaves(saved.to_dict()), leaves(new.to_dict())
     phase_added_or_dropped = not (saved.finetune.steps and new.finetune.steps)
     changes = []
     for key in [*after, *(k for k in before if k not in after)]:  # a key only one side has: none yet
@@ -132,12 +132,12 @@ def _ignored(key: str) -> bool:
     return any(key == k or key.startswith(k + ".") for k in IGNORED)
 
 
-def _leaves(section: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def leaves(section: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """A config's values by dotted key, in the config's order; a list (data.mix) is one value."""
     flat: dict[str, Any] = {}
     for k, v in section.items():
         if isinstance(v, dict):
-            flat |= _leaves(v, f"{prefix}{k}.")
+            flat |= leaves(v, f"{prefix}{k}.")
         else:
             flat[prefix + k] = v
     return flat

@@ -43,6 +43,7 @@ from trimtab.rl.dpo_phase import DPOPhase, build_dpo_phase
 from trimtab.rl.phase import RLPhase, build_rl_phase
 from trimtab.rundir import CONFIG, write_atomic, write_json
 from trimtab.storage import is_url
+from trimtab.training.changes import leaves
 from trimtab.training.resume import resume_point
 from trimtab.training.services.compiling import CompileChoice, choose_compile
 from trimtab.training.services.cpu_precision import refine_cpu_precision
@@ -285,11 +286,11 @@ def check_resume_compatible(cfg: RunConfig) -> dict[str, tuple[Any, Any]] | None
     if not (cfg.run_dir / "config.yaml").is_file():
         return None
     try:
-        saved = _leaves(read_saved(cfg.run_dir).to_dict()["model"], "model.")
+        saved = leaves(read_saved(cfg.run_dir).to_dict()["model"], "model.")
     except SavedConfigError as exc:
         log.warning("%s; the model is checked against the checkpoint instead", exc.problem)
         return None
-    ours = _leaves(cfg.to_dict()["model"], "model.")
+    ours = leaves(cfg.to_dict()["model"], "model.")
     differ = {k: (saved.get(k), v) for k, v in ours.items() if saved.get(k) != v}
     refused = [f"{k}: {old!r} there, {new!r} now" for k, (old, new) in differ.items() if k not in LIVE_MODEL_KEYS]
     if refused:
@@ -344,24 +345,16 @@ def _unfit(cfg: RunConfig, source: Path, exc: CheckpointError) -> str:
     config.yaml), where it has one; the weights' own account otherwise."""
     run = _run_dir_of(str(source))
     try:
-        theirs = _leaves(asdict(read_saved(run).model), "model.")
+        theirs = leaves(asdict(read_saved(run).model), "model.")
     except (ConfigError, OSError):
         return f"config key 'train.init_from' = '{source}': {exc}"
-    ours = _leaves(asdict(cfg.model), "model.")
+    ours = leaves(asdict(cfg.model), "model.")
     differ = [f"{k} {theirs[k]} there, {ours[k]} here" for k in ours if k in theirs and theirs[k] != ours[k]]
     return (
         f"config key 'train.init_from' = '{source}' holds another model than this run's ({'; '.join(differ[:4])}"
         f"{'; ...' if len(differ) > 4 else ''}): train on with that run's model settings, e.g. "
         f"trimtab train {run / CONFIG} --set train.init_from={source} --out DIR (or its --preset)"
     )
-
-
-def _leaves(section: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """A config section's values by their dotted keys (model.moe.top_k), its own before its sections'."""
-    flat = {prefix + k: v for k, v in section.items() if not isinstance(v, dict)}
-    for k, v in section.items():
-        flat |= _leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {}
-    return flat
 
 
 def _no_init_from(init_from: str) -> ConfigError:
