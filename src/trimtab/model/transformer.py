@@ -111,6 +111,8 @@ class Transformer(nn.Module):
         std = self.cfg.init_std
         out_std = std / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():  # tied weights are listed (and drawn) once
+            if p.is_meta:  # no values to draw (a model built to be counted); grouping q, k, v on meta costs seconds
+                continue
             if name.endswith(".bias"):
                 nn.init.zeros_(p)
             elif p.dim() == 1:
