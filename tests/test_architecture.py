@@ -70,13 +70,15 @@ def test_rl_parts_know_no_trainer():
 
 
 def test_plan_knows_no_training_and_hardware_knows_nothing_above_it():
-    """plan ↛ training: the planner and the trainer both take device, precision and peak FLOP/s
-    from trimtab/hardware.py, which imports no other trimtab module but errors, paths, rundir and
-    extras (the optional packages' install commands; it imports only errors)."""
+    """plan ↛ training: the planner and the trainer both take device and precision from
+    trimtab/hardware.py, which imports no other trimtab module but errors, paths, rundir and
+    extras (the optional packages' install commands; it imports only errors), and peak FLOP/s
+    from trimtab/peaks.py, which sits just above it (hardware and paths only)."""
     assert offenders("plan", ("trimtab.training", "trimtab.orchestrator")) == []
     own = {n for n in imports_of(SRC / "hardware.py") if n.startswith("trimtab")}
     assert own <= {"trimtab.errors", "trimtab.paths", "trimtab.rundir", "trimtab.extras"}
     assert {n for n in imports_of(SRC / "extras.py") if n.startswith("trimtab")} <= {"trimtab.errors"}
+    assert {n for n in imports_of(SRC / "peaks.py") if n.startswith("trimtab")} <= {"trimtab.hardware", "trimtab.paths"}
 
 
 def test_the_run_directory_module_is_at_the_bottom_and_torch_free():

@@ -203,7 +203,7 @@ def test_healing_lists_the_real_end_of_run_and_thin_scenarios_with_their_specs()
     thin = table["thin_bad_data"]  # a quarter of every 8th step's rows: ~3% of the rows seen
     assert thin[0] == "bad_rows@8:1" and thin[-1] == "bad_rows@112:1" and len(thin) == 14
     assert len(set(thin)) == len(thin)  # each spec fires once: faults.json keys them by spec
-    from trimtab.orchestrator.faults import parse_faults
+    from trimtab.orchestrator.fault_specs import parse_faults
 
     parse_faults([spec for specs in table.values() for spec in specs])  # every spec is one the trainer takes
     for name in ("disk_real", "disk_real_full", "lr_too_high"):

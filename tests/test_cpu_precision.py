@@ -104,7 +104,7 @@ def test_the_trainer_saves_its_precision_and_a_resume_reuses_it(tmp_path, monkey
 
     monkeypatch.setenv("TRIMTAB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: True)  # bf16 matmuls 2x: a bf16 candidate
-    monkeypatch.setattr(hardware, "_matmul_seconds", lambda dtype, *a, **k: 1.0 if dtype == torch.float32 else 0.5)
+    monkeypatch.setattr(hardware, "matmul_seconds", lambda dtype, *a, **k: 1.0 if dtype == torch.float32 else 0.5)
     monkeypatch.setattr(cp, "_probe", lambda *a: {"fp32_s": 1.0, "bf16_s": 2.0, "measured": "x", "reps": 3})
     sets = ["train.eval_every=0", "log.progress=false", "log.tensorboard=false", "data.max_bytes=150000"]
     sets += ["model.d_model=32", "model.n_layers=1", "model.n_heads=2"]

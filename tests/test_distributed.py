@@ -19,7 +19,7 @@ from trimtab.config import load_config
 from trimtab.data.batches import BatchLoader, shard_rows
 from trimtab.data.packing import Rows
 from trimtab.errors import ConfigError
-from trimtab.orchestrator.faults import parse_fault
+from trimtab.orchestrator.fault_specs import parse_fault
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 

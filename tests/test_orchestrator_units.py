@@ -14,7 +14,7 @@ from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.errors import ConfigError
 from trimtab.orchestrator import ctl
 from trimtab.orchestrator.core import Orchestrator
-from trimtab.orchestrator.faults import Fault, parse_fault, parse_faults
+from trimtab.orchestrator.fault_specs import Fault, parse_fault, parse_faults
 from trimtab.orchestrator.journal import Decision, Journal, describe
 from trimtab.orchestrator.moe_health import MoEHealth
 from trimtab.orchestrator.monitors import Finding, GradExplosion, LossSpike, NonFinite, Rolling, StepMetrics
@@ -1353,7 +1353,7 @@ def test_a_verifier_that_fails_gets_longer_or_is_said():
 
 
 def test_a_fault_added_before_the_resume_step_is_said_and_not_injected():
-    from trimtab.orchestrator.faults import late_faults
+    from trimtab.orchestrator.fault_specs import late_faults
 
     faults = parse_faults(["nan_loss@5:2@rank1", "nan_loss@13", "lr_spike@3:5", "sigterm@12", "eval_error@4"])
     record = {"fired": {"sigterm@12": 1}, "poisoned": [], "specs": ["eval_error@4", "sigterm@12"]}
@@ -1371,7 +1371,7 @@ def test_a_fault_added_before_the_resume_step_is_said_and_not_injected():
 
 
 def test_a_faults_json_from_before_specs_knows_the_faults_it_saw_at_work():
-    from trimtab.orchestrator.faults import late_faults
+    from trimtab.orchestrator.fault_specs import late_faults
 
     faults = parse_faults(["nan_loss@5", "eval_error@4", "oom@2", "weights_nan@3"])
     record = {"fired": {"nan_loss@5": 1}, "evaluations": {"eval_error@4": [10]}, "oom_limit": {"oom@2": 99.0}}

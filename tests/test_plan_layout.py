@@ -13,7 +13,8 @@ from trimtab.config import load_config
 from trimtab.distributed.mesh import Mesh
 from trimtab.distributed.splits import check_moe_parallel, check_tensor_parallel
 from trimtab.model.catalog import preset_catalog
-from trimtab.plan.layout import BUS_EFFICIENCY, format_layout, plan_layout
+from trimtab.plan.layout import BUS_EFFICIENCY, plan_layout
+from trimtab.plan.layout_text import format_layout
 from trimtab.plan.memory import USABLE_FRACTION, named_gpu
 
 LARGE = [entry.name for entry in preset_catalog() if entry.total >= 1e9]

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from helpers import SRC, TORCHRUN, WORKER, assert_close, config, free_port, losses, run, run_relaunched
 from trimtab.config import load_config
 from trimtab.errors import ConfigError
-from trimtab.orchestrator.faults import parse_fault
+from trimtab.orchestrator.fault_specs import parse_fault
 from trimtab.resilience.goodput import read_goodput
 from trimtab.rundir import read_decisions, read_json, read_metrics
 

@@ -2,7 +2,8 @@
 
 A subcommand is its handler with a table above it: `@command(NAME, HELP, *ARGS)` (commands.py),
 each ARG one `add_argument` call's flags and keywords; build_parser turns the tables into the
-argparse parser."""
+argparse parser. The subcommands that train and steer a run (`train`, `rl`, `dpo`, `ctl`) are
+cli_train.py's, imported first: `trimtab --help` lists them first, then this module's in order."""
 
 from __future__ import annotations
 
@@ -13,149 +14,13 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from trimtab.cli_train import CONFIG, PRESET, SET
 from trimtab.commands import COMMANDS, OneOf, add_args, arg, command, number
 from trimtab.errors import ConfigError, RunFinished, TrimtabError
-from trimtab.training.actions import help_text
-from trimtab.training.services.signals import StartUpInterrupted, handle_signals
-
-if TYPE_CHECKING:
-    from trimtab.config import RunConfig
+from trimtab.training.services.signals import StartUpInterrupted
 
 GROUPS = {"data": "prepare data: token shards a run reads memory-mapped (docs/data.md)"}
-
-
-# shared by train and plan
-CONFIG = arg("config", nargs="?", help="run config YAML (optional)")
-PRESET = arg("--preset", help="model/run preset (see `trimtab presets`); default: small")
-SET = arg(
-    "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one config value (repeatable)"
-)
-
-
-# shared by train and rl
-OUT = arg("--out", help="run directory; re-running with the same --out resumes")
-INJECT = arg(
-    "--inject",
-    action="append",
-    default=[],
-    metavar="KIND@STEP[:PARAM]",
-    help="inject a fault, e.g. nan_loss@30 or oom@10:512 (repeatable; see docs/orchestrator.md)",
-)
-MODE = arg("--orchestrator", choices=("auto", "advise", "off"), help="orchestrator mode (orchestrator.mode): auto")
-
-
-@command(
-    "dpo",
-    "direct preference optimization on preference pairs from a trained model (train.init_from; docs/rl.md)",
-    *(CONFIG, PRESET, OUT, arg("--max-steps", type=int, help="DPO steps (train.max_steps)"), SET, INJECT, MODE),
-)
-@command(
-    "rl",
-    "reinforcement learning on verifiable rewards from a trained model (train.init_from; docs/rl.md)",
-    *(CONFIG, PRESET, OUT, arg("--max-steps", type=int, help="RL steps (train.max_steps)"), SET, INJECT, MODE),
-)
-@command(
-    "train",
-    "train (or resume) a run",
-    *(CONFIG, PRESET, OUT, arg("--max-steps", type=int, help="pretraining steps (train.max_steps)"), SET, INJECT, MODE),
-)
-def _train(args: argparse.Namespace) -> int:
-    with handle_signals() as signals:  # start-up begins: a signal ends it cleanly, even in torch's import
-        cfg = _train_config(args, args.command if args.command in ("rl", "dpo") else None)
-        signals.run_dir = cfg.run_dir
-        from trimtab import api
-
-        summary = api.train_or_raise(cfg)
-    from trimtab.distributed import is_main
-
-    if is_main():  # torchrun: one summary for the job
-        _print_summary(summary)
-    return summary.get("exit_code", 0)  # non-zero: the orchestrator gave up (docs/orchestrator.md)
-
-
-# Under `trimtab rl` and `trimtab dpo` the loss is a policy objective, not a likelihood: the rules
-# that judge a likelihood's course (a spike, a rise above the start, divergence, a plateau, an
-# early stop, bad rows by their loss, a Mixture-of-Depths layer's loss after its capacity fell) are
-# off unless a --set turns one on (docs/rl.md).
-RL_OFF = ("spike", "above_start", "divergence", "plateau", "early_stop", "rows", "mod")
-
-
-def _train_config(args: argparse.Namespace, section: str | None = None) -> RunConfig:
-    from trimtab.config import derive, load_config
-
-    # RL's loss is a clipped objective, not a likelihood: the rules that judge a likelihood's course
-    # and the live planner's loss-curve fit are off (a --set turns one back on)
-    off = {"orchestrator": {r: {"enabled": False} for r in RL_OFF}, "plan": {"status_every": 0}}
-    overrides: dict = {section: {"enabled": True}, **off} if section else {}  # rl or dpo: on
-    if args.out:
-        overrides["out"] = args.out
-    if args.max_steps is not None:
-        overrides["train"] = {"max_steps": args.max_steps}
-    if args.orchestrator:
-        overrides.setdefault("orchestrator", {})["mode"] = args.orchestrator
-    cfg = load_config(args.config, preset=args.preset, overrides=overrides, sets=args.set)
-    if args.inject:
-        from trimtab.orchestrator.faults import parse_fault
-
-        for spec in args.inject:
-            parse_fault(spec, "--inject")
-        cfg = derive(cfg, {"faults": [*cfg.faults, *args.inject]})
-    return cfg
-
-
-def _print_summary(summary: dict) -> None:
-    lines = [
-        f"{summary['status']}: step {summary['step']}/{summary['total_steps']} "
-        f"({summary['steps_this_session']} this session, {summary['seconds']:.0f}s), "
-        f"{summary['tokens']:,} tokens, {summary['tokens_per_s']:,.0f} tokens/s"
-    ]
-    if summary.get("val_loss") is not None:
-        lines.append(f"val_loss {summary['val_loss']:.4f} (perplexity {summary['val_ppl']:.2f})")
-    if summary.get("mfu") is not None:
-        lines.append(f"MFU {summary['mfu']:.1%} of {summary['peak_flops_source']}")
-    compiled = summary.get("compile") or {}
-    if compiled.get("enabled") and compiled.get("cold_start_s") is not None:
-        lines.append(
-            f"torch.compile: cold start {compiled['cold_start_s']:.1f}s (first step {compiled['first_step_s']:.1f}s, "
-            f"then {compiled['steady_step_s']:.2f}s a step)"
-        )
-    active = summary.get("active_params", summary["params"])
-    sparse = f", {active:,} active per token" if active != summary["params"] else ""
-    lines.append(
-        f"model: {summary['params']:,} parameters ({summary['non_embedding_params']:,} "
-        f"non-embedding{sparse}), {summary['device']} {summary['precision']}"
-    )
-    lines.append(f"run directory: {summary['run_dir']}")
-    print("\n".join(lines))
-
-
-@command(
-    "ctl",
-    "act on a running job (journaled as a manual decision)",
-    arg("run_dir"),
-    arg("action"),
-    arg("args", nargs="*"),
-    arg("--queue", action="store_true", help="if the run is not running, apply the command when it next resumes"),
-    description="Drops a command for the job in RUN_DIR, which applies it at its next step and journals it. "
-    "A run that is not running is refused (nothing is sent) unless --queue.",
-    epilog="actions:\n" + help_text(),
-    raw=True,
-)
-def _ctl(args: argparse.Namespace) -> int:
-    from trimtab.orchestrator import ctl
-    from trimtab.rundir import liveness
-
-    command = ctl.parse_command(args.action, args.args)
-    running, _ = liveness(args.run_dir)
-    path = ctl.send(args.run_dir, command, queue=args.queue)
-    if running:
-        print(f"sent to the job in {args.run_dir} ({path.name}); it applies it at its next step", end="")
-    else:
-        print(f"queued in {args.run_dir} ({path.name}); the run is not running: it applies it when it resumes", end="")
-    print(" and journals it in decisions.jsonl")
-    return 0
 
 
 @command(

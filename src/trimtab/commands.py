@@ -54,7 +54,7 @@ class Command:
     raw: bool = False  # description and epilog printed as written (line breaks kept)
 
 
-COMMANDS: list[Command] = []  # in `trimtab --help`'s order: the order of cli.py's handlers
+COMMANDS: list[Command] = []  # in `trimtab --help`'s order: the order of cli_train.py's and cli.py's handlers
 
 
 def command(name: str, help: str, *args: Arg | OneOf, **parser: Any) -> Callable[[Handler], Handler]:

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from trimtab.config import CHECKPOINTING
-from trimtab.hardware import Precision, choose_precision, cpu_has_native_bf16, meminfo, peak_flops, pick_device
+from trimtab.hardware import Precision, choose_precision, cpu_has_native_bf16, meminfo, pick_device
+from trimtab.peaks import peak_flops
 from trimtab.plan.memory import suggest_micro_batch
 
 GiB = 2**30
@@ -112,7 +113,8 @@ def _layout(cfg: Any, dev: torch.device) -> dict[str, Any] | None:
     import dataclasses
 
     from trimtab.hardware import gpu_named
-    from trimtab.plan.layout import format_layout, plan_layout
+    from trimtab.plan.layout import plan_layout
+    from trimtab.plan.layout_text import format_layout
     from trimtab.plan.memory import detect_hardware
 
     if dev.type != "cuda" or gpu_named(torch.cuda.get_device_name(dev)) is None:

@@ -4,6 +4,7 @@ Defaults follow what other trainers use and what the healing benchmark measured 
 docs/orchestrator.md): OLMo-core skips at 6 sigma over 128 steps, LuminaAI flags a spike at
 mean + 2 sigma with a 0.1 rise and a gradient norm above 100 or 10x its mean, Composer halves the
 micro-batch on OOM. Every rule has `enabled`, so a person can switch one off without the others.
+The rules of an RL run (orchestrator.rl_*) are config/rl_rules.py's.
 """
 
 from __future__ import annotations
@@ -11,6 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trimtab.config.checks import Section, _check, _positive
+from trimtab.config.rl_rules import (
+    RLEntropyRule,
+    RLHackingRule,
+    RLLengthRule,
+    RLRatioRule,
+    RLRewardRule,
+    RLSignalRule,
+    RLVerifierRule,
+    check_rl_rules,
+)
 
 MODES = ("auto", "advise", "off")
 
@@ -230,122 +241,6 @@ class MoDRule(Section):
 
 
 @dataclass
-class RLSignalRule(Section):
-    """RL's learning signal (`trimtab rl`, docs/rl.md): when the share of groups whose responses
-    all earned the same reward (advantage 0: no gradient) averages `threshold` or more over
-    `window` steps, dynamic sampling turns on (flat groups dropped, more prompts drawn: the
-    policy's samples unchanged); if groups stay flat with it, the sampling temperature rises by
-    `factor`, up to `max_temperature`, so a group's answers differ; at the ceiling the rule says
-    so for a person (more samples per prompt, easier prompts, a warmer start). The ceiling is low:
-    a weak policy sampled at 2.0 lost its held-out pass@1 (0.15 to 0.005, docs/rl.md)."""
-
-    enabled: bool = True
-    window: int = 5
-    threshold: float = 0.75
-    factor: float = 1.25
-    max_temperature: float = 1.5
-
-
-@dataclass
-class RLVerifierRule(Section):
-    """RL's verifier (`trimtab rl`, docs/rl.md): when `threshold` or more of the verifications of
-    the last `window` steps failed (timed out, raised, or their process died: reward 0 each), a
-    storm mostly of timeouts raises rl.verifier_timeout_s by `factor`, up to `max_timeout_s` (a
-    slow verifier or a loaded machine); one of errors is said for a person (the verifier itself
-    is broken: its rewards are not the task's), and where errors are `stop_share` or more of the
-    verifications, the run stops (exit 3): no response can earn a reward, nothing is learned."""
-
-    enabled: bool = True
-    window: int = 3
-    threshold: float = 0.1
-    factor: float = 2.0
-    max_timeout_s: float = 120.0
-    stop_share: float = 0.9
-
-
-@dataclass
-class RLEntropyRule(Section):
-    """RL's entropy (`trimtab rl`, docs/rl.md): when the sampled tokens' mean entropy over
-    `window` steps falls below `threshold` x its mean over the phase's first `window` steps while
-    the mean reward stays under `solved` (a solved task may well be answered one way), the policy
-    is collapsing onto few answers before it has learned the task: exploration ends and the
-    gradient with it (DAPO, Yu et al. 2025, sec. 3.1). Remedy: an entropy bonus in the objective
-    at `coef`, multiplied by `factor` while it recurs, up to `max_coef`; then the learning rate
-    halved (a collapse the bonus cannot hold is usually an LR too high for RL)."""
-
-    enabled: bool = True
-    window: int = 5
-    threshold: float = 0.25
-    solved: float = 0.9
-    coef: float = 0.01
-    factor: float = 2.0
-    max_coef: float = 0.05
-
-
-@dataclass
-class RLLengthRule(Section):
-    """RL's response length (`trimtab rl`, docs/rl.md): when `threshold` or more of the
-    responses of the last `window` steps ran to rl.max_new_tokens without ending, `rise` more
-    than in the phase's first `window` steps, the responses have grown into the budget and their
-    rewards grade unfinished answers (a length runaway). Remedy: DAPO's soft overlong penalty
-    over the last `buffer` of the budget (a share of rl.max_new_tokens), then over twice that, so
-    lengths come back under it; still cut, the rule says so (raise rl.max_new_tokens if the task
-    needs longer answers)."""
-
-    enabled: bool = True
-    window: int = 5
-    threshold: float = 0.5
-    rise: float = 0.25
-    buffer: float = 0.25
-
-
-@dataclass
-class RLRatioRule(Section):
-    """RL's importance ratios (`trimtab rl`, docs/rl.md): when, in every one of `window` steps,
-    `threshold` or more of the response tokens have pi / pi_behaviour outside the clip range (the
-    policy that generated the rollouts too far from the one trained: stale asynchronous
-    rollouts, an LR that moves the policy too far a step, or the generation engine disagreeing
-    with the trainer), the objective's clip and the importance-weight cap discard most of the
-    step. Remedy: asynchronous rollouts' staleness halved (rl.max_staleness, to 0: synchronous);
-    synchronous, the learning rate cut (orchestrator.lr_cut)."""
-
-    enabled: bool = True
-    window: int = 3
-    threshold: float = 0.2
-
-
-@dataclass
-class RLHackingRule(Section):
-    """Reward hacking (`trimtab rl`, docs/rl.md): at each evaluation, when the held-out reward
-    (rl.held_out_reward's verifier, else rl.reward's) has fallen `drop` or more below its best
-    while the training reward of the last `window` steps rose `rise` or more above its level at
-    that best, for `patience` evaluations in a row, the run rolls back to the best held-out
-    policy with the learning rate cut (orchestrator.lr_cut); a second time, it stops there."""
-
-    enabled: bool = True
-    window: int = 5
-    patience: int = 2
-    drop: float = 0.1
-    rise: float = 0.05
-
-
-@dataclass
-class RLRewardRule(Section):
-    """RL's reward below its start (`trimtab rl`, docs/rl.md): when the verifier's mean score of
-    the last `window` steps has fallen `drop` or more below the phase's first `start_steps`',
-    `sigmas` standard errors clear of their sampling noise (over groups), the updates make the
-    policy worse (an LR far too high for RL): the run rolls back to the last policy above that
-    line with the LR x `lr_factor`; with no rollback left, it stops."""
-
-    enabled: bool = True
-    start_steps: int = 3
-    window: int = 10
-    drop: float = 0.5
-    sigmas: float = 2.5
-    lr_factor: float = 0.1
-
-
-@dataclass
 class DataRule(Section):
     """Data attribution: when a bad stretch is the data's, the rows of its flagged steps are scored
     one by one on the current weights and a row is left out when its loss is above the held-out
@@ -483,26 +378,7 @@ class OrchestratorConfig(Section):
         for name in ("spike", "grad", "divergence", "plateau", "throughput", "straggler", "fp16", "moe", "mod"):
             _positive(getattr(self, name), f"orchestrator.{name}", "window")
         _check(self.spike.min_samples >= 2, "orchestrator.spike.min_samples", "must be >= 2")
-        _positive(self.rl_signal, "orchestrator.rl_signal", "window", "max_temperature")
-        _check(0 < self.rl_signal.threshold <= 1, "orchestrator.rl_signal.threshold", "must be in (0, 1]")
-        _check(self.rl_signal.factor > 1, "orchestrator.rl_signal.factor", "must be > 1 (it raises the temperature)")
-        _positive(self.rl_verifier, "orchestrator.rl_verifier", "window", "max_timeout_s")
-        _check(0 < self.rl_verifier.threshold <= 1, "orchestrator.rl_verifier.threshold", "must be in (0, 1]")
-        _check(self.rl_verifier.factor > 1, "orchestrator.rl_verifier.factor", "must be > 1 (it raises the timeout)")
-        _check(0 < self.rl_verifier.stop_share <= 1, "orchestrator.rl_verifier.stop_share", "must be in (0, 1]")
-        _positive(self.rl_entropy, "orchestrator.rl_entropy", "window", "coef", "max_coef")
-        _check(0 < self.rl_entropy.threshold < 1, "orchestrator.rl_entropy.threshold", "must be in (0, 1)")
-        _check(self.rl_entropy.factor > 1, "orchestrator.rl_entropy.factor", "must be > 1 (it raises the bonus)")
-        _positive(self.rl_length, "orchestrator.rl_length", "window", "rise")
-        _check(0 < self.rl_length.threshold <= 1, "orchestrator.rl_length.threshold", "must be in (0, 1]")
-        _check(0 < self.rl_length.buffer < 1, "orchestrator.rl_length.buffer", "must be in (0, 1) of the budget")
-        _positive(self.rl_hacking, "orchestrator.rl_hacking", "window", "patience", "drop")
-        _positive(self.rl_ratio, "orchestrator.rl_ratio", "window")
-        _check(0 < self.rl_ratio.threshold <= 1, "orchestrator.rl_ratio.threshold", "must be in (0, 1]")
-        _positive(self.rl_reward, "orchestrator.rl_reward", "start_steps", "window", "sigmas")
-        _check(0 < self.rl_reward.drop <= 1, "orchestrator.rl_reward.drop", "must be in (0, 1]")
-        _check(0 < self.rl_reward.lr_factor < 1, "orchestrator.rl_reward.lr_factor", "must be in (0, 1)")
-        _check(self.rl_hacking.rise >= 0, "orchestrator.rl_hacking.rise", "must be >= 0")
+        check_rl_rules(self)
         _check(self.divergence.window >= 4, "orchestrator.divergence.window", "must be >= 4")
         _check(0 < self.divergence.lr_factor < 1, "orchestrator.divergence.lr_factor", "must be in (0, 1)")
         _check(0 < self.above_start.lr_factor < 1, "orchestrator.above_start.lr_factor", "must be in (0, 1)")

@@ -9,8 +9,10 @@ policy.py    findings -> decisions: escalation ladder, cooldowns, confidence
 remedies.py  the remedies of the one-answer families (memory, MoE, MoD, disk, run length, ...)
 journal.py   decisions.jsonl: evidence, reasoning, confidence, outcome (read with trimtab.rundir)
 core.py      the trainer hook that ties them together (update gate, OOM, save errors)
+deciding.py  a decision taken, advised or demoted, and its announcement (core.py's mixin)
 ctl.py       `trimtab ctl`: a person's commands to a running job
 faults.py    fault injection for tests and the healing benchmark
+fault_specs.py  the --inject syntax (KIND@STEP[:RANK]), parsed without torch
 """
 
 from importlib import import_module

@@ -31,7 +31,7 @@ class PersonCommands:
     paused: set[str]
     cfg: OrchestratorConfig
     lost_commands: list[dict[str, Any]]  # a person's settings a resume lost, to apply again at their steps
-    _applied: Callable[..., None]  # what Control did with a decision (core.py)
+    _applied: Callable[..., None]  # what Control did with a decision (deciding.py)
 
     def _configured(self, run: RunView, change: dict[str, Any]) -> None:
         """A person's configuration change found on resume (a phase's length, any other key the

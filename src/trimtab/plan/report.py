@@ -22,7 +22,8 @@ from trimtab.plan.chinchilla import (
     data_plan,
     nearest_preset,
 )
-from trimtab.plan.layout import RECOMPUTE, LayoutPlan, format_layout, plan_layout
+from trimtab.plan.layout import RECOMPUTE, LayoutPlan, plan_layout
+from trimtab.plan.layout_text import format_layout
 from trimtab.plan.memory import (
     STATE_BYTES,
     Hardware,

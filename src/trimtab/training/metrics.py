@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trimtab.hardware import beaten_peak
+from trimtab.peaks import beaten_peak
 from trimtab.training.runtime import mod_metrics, moe_metrics, peak_rss_mb
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ def run_summary(trainer: Trainer, step0: int, tokens0: int, train_seconds0: floa
 def mfu(trainer: Trainer, tokens_per_s: float) -> float:
     """The share of each device's peak the run's model FLOPs use, at most 1. The tokens are every
     rank's, the peak one device's. A rate above the peak means the peak was wrong: a CPU's cached
-    one was measured on a busy machine and is raised to the run's (hardware.beaten_peak)."""
+    one was measured on a busy machine and is raised to the run's (peaks.beaten_peak)."""
     achieved = tokens_per_s * trainer.flops_per_token / trainer.dist.world
     if achieved > trainer.peak_flops:
         trainer.peak_flops, trainer.peak_source = beaten_peak(

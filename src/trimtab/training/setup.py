@@ -31,12 +31,13 @@ from trimtab.data.packing import ConcatRows
 from trimtab.data.prepared import ShardedRows
 from trimtab.distributed import Parallel
 from trimtab.errors import CheckpointError, ConfigError, SavedConfigError
-from trimtab.hardware import Precision, choose_precision, peak_flops, pick_device
+from trimtab.hardware import Precision, choose_precision, pick_device
 from trimtab.hf.architectures import to_model_config
 from trimtab.hf.importer import SOURCE, import_weights, read_source, source_record
 from trimtab.model import Transformer, build_model
 from trimtab.model.catalog import model_size
 from trimtab.paths import cache_dir
+from trimtab.peaks import peak_flops
 from trimtab.plan.chinchilla import FRESH_EPOCHS
 from trimtab.resilience.watchdog import Watchdog, make_watchdog
 from trimtab.rl.dpo_phase import DPOPhase, build_dpo_phase

@@ -4,7 +4,9 @@ The loop reads top to bottom (see fit); logging, evaluation, checkpoints and sig
 the step, and everything stateful goes into the checkpoint so that resume is exact. Hooks see the
 run through a read-only RunView and change it only through Control's requests, which the loop
 applies at its points (training/view.py, training/control.py); a test instrument (fault injection)
-writes through its own FaultHandle (training/instrument.py).
+writes through its own FaultHandle (training/instrument.py). Parts of the Trainer live in mixins of
+their own: checkpoints (checkpointing.py), RL's and DPO's objectives (policy.py), and the retries
+after an out-of-memory error (oom.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import torch
 from trimtab.data import MicroBatch, StepBatch
 from trimtab.distributed.ft import ReplicaGroups, check_groups
 from trimtab.distributed.group import gather_objects, side_sum
-from trimtab.hardware import is_oom
 from trimtab.rl.batches import RolloutLoader
 from trimtab.rl.preference import PairBatch, PairLoader, PairMicroBatch
 from trimtab.rl.replay import replaying
@@ -32,6 +33,7 @@ from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoard
 from trimtab.training.instrument import FaultHandle, Instrument
 from trimtab.training.loss import cross_entropy_sum
 from trimtab.training.metrics import run_summary, step_metrics
+from trimtab.training.oom import OomRecovery
 from trimtab.training.optim import build_optimizer, set_lr
 from trimtab.training.policy import PolicyTraining
 from trimtab.training.rerun import Gradients, compare, ranks_that_differ
@@ -46,7 +48,7 @@ from trimtab.training.view import RunView
 log = logging.getLogger(__name__)
 
 
-class Trainer(Checkpointing, PolicyTraining):
+class Trainer(Checkpointing, PolicyTraining, OomRecovery):
     def __init__(self, run: BuiltRun, hooks: list[Hook] = ()):
         cfg = self.cfg = run.cfg
         self.dist, self.device, self.precision = run.dist, run.dist.device, run.precision
@@ -334,53 +336,6 @@ class Trainer(Checkpointing, PolicyTraining):
             self.optimizer.step()
         return None
 
-    def _next_batch(self) -> StepBatch | None:
-        """The loader's next step; an RL phase's rollouts generated again in smaller passes
-        while a hook (the orchestrator) halves them after an out-of-memory error; None if it gave up."""
-        while True:
-            try:
-                return self.loader.next_batch()
-            except (torch.OutOfMemoryError, RuntimeError) as exc:
-                if not (is_oom(exc) and isinstance(self.loader, RolloutLoader)):
-                    raise
-                if self.device.type == "cuda":
-                    torch.cuda.empty_cache()
-                rows = self.view.rl_generation_rows
-                handled = any(self._hook(h, "on_rollout_oom", exc) for h in self.hooks)
-                self.control.apply()
-                if not self.stop_reason and (not handled or self.view.rl_generation_rows >= rows):
-                    self._oom_stop(exc, f"generating {rows} rollouts at a time", "rl.prompts_per_step", handled)
-                if self.stop_reason:
-                    return None
-
-    def _step_with_oom_retry(self, batch: StepBatch, t0: float) -> StepOutput | None:
-        """train_step, retried on the same rows while a hook (the orchestrator) lightens it after
-        an out-of-memory error: smaller micro-batches, or at one row more activation
-        checkpointing; None if it gave up."""
-        while True:
-            try:
-                out = self.train_step(batch)
-                out.seconds = time.perf_counter() - t0
-                return out
-            except (torch.OutOfMemoryError, RuntimeError) as exc:
-                if not is_oom(exc):
-                    raise
-                self.dist.announce_oom(exc)  # the other ranks shrink with this one
-                self._discard_gradients()
-                if self.device.type == "cuda":
-                    torch.cuda.empty_cache()
-                before = (self.loader.micro_batch_tokens, self.model.checkpointing)
-                handled = any(self._hook(h, "on_oom", exc, batch) for h in self.hooks)
-                self.control.apply()
-                budget, recompute = before
-                lighter = self.loader.micro_batch_tokens < budget or self.model.checkpointing != recompute
-                if not self.stop_reason and (not handled or not lighter):  # a retry would fail the same way
-                    self._oom_stop(exc, f"in micro-batches of {budget:,} tokens", "train.micro_batch_tokens", handled)
-                if self.stop_reason:
-                    return None
-            batch = self.loader.regroup(batch)
-            self._call("on_step_start", batch)
-
     # ------------------------------------------------------------------------------ around the step
 
     def _after_step(self, out: StepOutput) -> None:
@@ -447,22 +402,6 @@ class Trainer(Checkpointing, PolicyTraining):
         lean = self.cfg.checkpoint.snapshot_every
         if lean and self.state.step % lean == 0:
             self.snapshot()
-
-    def _oom_stop(self, exc: BaseException, what: str, key: str, handled: bool) -> None:
-        """Out of memory and nothing made the work lighter (the orchestrator off, advising only or
-        with its rule paused; or nothing left to shrink): stop with exit code 3 and save the last
-        step's state, where a traceback would end the run without a word of what to change."""
-        why = (
-            "nothing was left to make it lighter"
-            if handled
-            else "no hook made it lighter: the orchestrator is off, advises only or has paused its oom rule"
-        )
-        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        self.request_stop(
-            f"out of memory at step {self.state.step + 1} {what} ({first}); {why}. Lower {key} (--set {key}=...) "
-            "or let the orchestrator heal it (--orchestrator auto), then re-run the same command to resume",
-            exit_code=3,
-        )
 
     def request_stop(self, reason: str, exit_code: int = 0) -> None:
         """Stop after the current step, saving a checkpoint (signals and hooks use this); a

@@ -1,0 +1,144 @@
+"""How the Orchestrator turns a finding into a decision: the policy's remedy weighed by its rule's
+track record (confidence), fallen to advice below orchestrator.min_confidence (said when it
+falls and when it comes back), journaled, and in auto mode requested through the run's Control;
+then what Control did, written into the decision (a failed action journaled as failed at once).
+A part of the Orchestrator (core.py), apart from the hook events that find what it decides.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.distributed import is_main
+from trimtab.orchestrator import ctl
+from trimtab.orchestrator.journal import Decision, Journal
+from trimtab.orchestrator.monitors import Finding, Rolling
+from trimtab.orchestrator.outcomes import Outcomes
+from trimtab.orchestrator.policy import Policy
+from trimtab.orchestrator.remedies import Remedy, ranks
+
+if TYPE_CHECKING:
+    from trimtab.training.view import RunView
+
+
+class Deciding:
+    """The Orchestrator's decisions (it holds the state named here)."""
+
+    cfg: OrchestratorConfig
+    mode: str
+    run_dir: Path
+    policy: Policy
+    journal: Journal
+    outcomes: Outcomes
+    recent_losses: Rolling  # healthy losses: a decision's "before"
+    demoted: set[str]  # "rule:action" remedies that fell to advice (low confidence)
+    monitors: dict[str, Any]
+
+    def decide(self, run: RunView, f: Finding) -> Decision:
+        """The policy's decision on finding f (the orchestrator's own, or another hook's such as
+        the live planner's run length): journaled, and in auto mode requested through Control."""
+        return self._decide(run, f, self.policy.plan(f, run))
+
+    def _decide(self, run: RunView, f: Finding, remedy: Remedy, withheld: bool = False) -> Decision:
+        """Journal a decision and, in auto mode, request its action; `withheld`: the update gate
+        already skipped this step's update (a skip_step decision records what happened)."""
+        if remedy.action == "none" and (again := self.journal.repeat_of(f.rule, "none", remedy.reasoning)):
+            # the same finding, the same word for a person: counted on that decision (a count, not
+            # a list: a long run's journal is rewritten whole at every decision)
+            again.evidence["seen_again"] = again.evidence.get("seen_again", 0) + 1
+            again.evidence["last_seen_at"] = f.step
+            self.journal.write()
+            return again
+        record = self.journal.track_record(f.rule, remedy.action)
+        confidence = Policy.confidence(f.strength, record)
+        mode, reasoning = self.mode, remedy.reasoning
+        if remedy.action == "skip_step":
+            reasoning = _skip_wording(mode, withheld)
+        acts = remedy.action not in ("skip_step", "none", "stop", "resume")  # resume: done before (a restart)
+        demoted = mode == "auto" and acts and confidence < self.cfg.min_confidence
+        if demoted:
+            mode, reasoning = "advise", reasoning + " (confidence below orchestrator.min_confidence)"
+        if acts and self.mode == "auto":
+            self._announce_demotion(run, f.rule, remedy.action, demoted, confidence, record)
+        decision = Decision(
+            id=self.journal.next_id(),
+            step=f.step,
+            rule=f.rule,
+            evidence={**f.evidence, **remedy.evidence},
+            reasoning=reasoning,
+            action=remedy.action,
+            params=dict(remedy.params),
+            confidence=confidence,
+            mode=mode,
+            family=f.family,
+            summary=f.summary,
+            loss_before=self.recent_losses.mean() if len(self.recent_losses) else None,
+        )
+        if remedy.action == "skip_step":
+            decision.applied = ["update withheld before the optimizer step"] if withheld else []
+        elif remedy.action == "rerun_step":
+            decision.applied = ["the re-run's update applied; the first computation's discarded"]
+        elif remedy.action == "resume":
+            decision.applied = [f"resumed at step {remedy.params['step']} on {ranks(remedy.params['world'])}"]
+        elif mode == "auto" and remedy.action != "none":
+            run.control.request(remedy.action, on_done=lambda line, d=decision: self._applied(d, line), **remedy.params)
+        self.journal.add(decision)
+        run.say(decision.console_line())
+        return decision
+
+    def _announce_demotion(
+        self, run: RunView, rule: str, action: str, demoted: bool, confidence: float, record: tuple[int, int]
+    ) -> None:
+        """One line whenever a remedy falls to advice for lack of confidence, or comes back: the
+        mode a person set must never change in silence."""
+        key = f"{rule}:{action}"
+        if demoted == (key in self.demoted):
+            return
+        if demoted:
+            self.demoted.add(key)
+            run.say(
+                f"[orchestrator] {rule} -> {action} is advice only from now on: its confidence {confidence:.2f} is "
+                f"below orchestrator.min_confidence {self.cfg.min_confidence:g} ({record[0]} of {record[1]} such "
+                "decisions recovered in this run); they are journaled, not applied, until the record improves"
+            )
+        else:
+            self.demoted.discard(key)
+            run.say(f"[orchestrator] {rule} -> {action} is applied again (confidence {confidence:.2f})")
+
+    def _applied(self, decision: Decision, line: str, run: RunView | None = None, name: str = "") -> None:
+        """What Control did; an action that failed is journaled as failed at once (its track
+        record falls), never as done. `run` is given for a person's command, and `name`, its
+        control file's, which a failure answers (as one refused when it was read)."""
+        decision.applied.append(line)
+        if line.startswith("failed: "):
+            error = line.removeprefix("failed: ")
+            decision.outcome = {"result": "failed", "error": error, "steps": 0}
+            self.outcomes.drop(decision)
+            if run is not None:
+                if name and is_main():
+                    ctl.answer(self.run_dir, name, error)
+                said = f"[orchestrator] step {decision.step} manual: {decision.summary} failed, nothing changed"
+                run.say(f"{said}: {error}")
+        elif decision.action == "stop":  # the run ends here: steps after a resume judge nothing of it
+            decision.outcome = {"result": "stopped", "steps": 0}
+            self.outcomes.drop(decision)
+        elif run is not None and "oom" in self.monitors:  # a person's setting: what the probe returns to
+            if decision.action == "set_micro_batch_tokens":
+                self.monitors["oom"].set_by_person(micro_batch_tokens=run.micro_batch_tokens)
+            elif decision.action == "set_activation_checkpointing":
+                self.monitors["oom"].set_by_person(checkpointing=run.activation_checkpointing)
+        self.journal.write()
+
+
+def _skip_wording(mode: str, withheld: bool) -> str:
+    """A skip_step decision's reasoning, from what the update gate did (not what it would do)."""
+    if withheld:
+        return "the update was withheld before the optimizer step: this step did not change the weights"
+    if mode == "auto":
+        return (
+            "the update gate did not withhold it (its ceiling when the step ran was higher, or not set yet): "
+            "the update stands"
+        )
+    return f"in {mode} mode nothing is withheld: the update was applied; auto mode would have withheld it"

@@ -1,0 +1,152 @@
+"""Fault specs: what `--inject KIND@STEP[:PARAM][@rankR]` (or an entry of `faults:` in the
+config) asks for, parsed and checked (`parse_fault`: a ConfigError naming the key), and which
+of them a resumed run keeps (`late_faults`). The kinds and what each does are the injector's
+(orchestrator/faults.py, its docstring); this module holds only their syntax, apart from the
+injector so that checking a spec (`trimtab train --inject`, the config) needs neither torch nor
+the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from trimtab.errors import ConfigError
+
+# kind -> (default PARAM, PARAM is a count of firings rather than a value)
+KINDS: dict[str, tuple[float | None, bool]] = {
+    "nan_loss": (1, True),
+    "inf_grad": (1, True),
+    "grad_spike": (1000.0, False),
+    "bad_batch": (1, True),
+    "bad_rows": (4, True),
+    "lr_spike": (10.0, False),
+    "oom": (None, False),
+    "rollout_oom": (None, False),
+    "weights_nan": (1, True),
+    "weights_noise": (1.0, False),
+    "slow": (10, True),
+    "eval_error": (1, True),
+    "eval_hang": (5.0, False),
+    "sigterm": (1, True),
+    "sigkill": (1, True),
+    "corrupt_checkpoint": (1, True),
+    "disk_full": (1, True),
+    "expert_collapse": (1.0, False),
+    "kill_rank": (None, False),
+    "hang_rank": (None, False),
+    "slow_rank": (3.0, False),
+    "bitflip": (None, False),
+    "lose_node": (None, False),
+    "grad_bitflip": (None, False),
+    "kill_in_save": (None, False),
+}
+RANK_FAULTS = (
+    "grad_bitflip",
+    "kill_in_save",
+    "kill_rank",
+    "hang_rank",
+    "slow_rank",
+    "bitflip",
+)  # PARAM is the rank (and slow_rank's factor): KIND@STEP:RANK
+PERSISTENT = ("lr_spike", "oom", "rollout_oom", "slow_rank")  # in force from their step on, never "fired"
+
+
+@dataclass
+class Fault:
+    kind: str
+    step: int
+    param: float | None  # None: the fault's own default (oom: the size in use when it starts)
+    spec: str
+    rank: int | None = None  # data parallelism: fire on this rank only (None: every rank)
+
+    @property
+    def count(self) -> int:
+        return int(self.param) if KINDS[self.kind][1] else 1
+
+
+def parse_fault(spec: str, key: str = "faults") -> Fault:
+    body, at_rank, rank_text = spec.strip().partition("@rank")
+    if at_rank and not rank_text.isdigit():
+        raise ConfigError(f"{key}: '{spec}' must end in @rankR with R a rank number, e.g. nan_loss@30@rank1")
+    kind, _, rest = body.partition("@")
+    step_text, _, param_text = rest.partition(":")
+    if kind not in KINDS:
+        raise ConfigError(f"{key}: unknown fault '{kind}' in '{spec}'; one of {', '.join(KINDS)}")
+    if not step_text.isdigit():
+        raise ConfigError(f"{key}: '{spec}' must look like KIND@STEP[:PARAM], e.g. nan_loss@30")
+    if kind == "lose_node":  # on every rank (each remembers it fired); acted on by node N's
+        if at_rank or (param_text and not param_text.isdigit()):
+            raise ConfigError(f"{key}: '{spec}' must look like lose_node@STEP[:NODE], e.g. lose_node@{step_text}:1")
+        return Fault(kind, int(step_text), float(param_text) if param_text else None, spec.strip())
+    if kind in RANK_FAULTS:  # on the rank its PARAM names
+        rank_part, _, factor_text = param_text.partition(":")
+        factor = _number(factor_text) if kind == "slow_rank" and factor_text else KINDS[kind][0]
+        slow_ok = kind != "slow_rank" or (factor is not None and factor > 1)
+        rank_part = rank_part or ("0" if kind in ("grad_bitflip", "kill_in_save") else "")  # one process: 0
+        if at_rank or not rank_part.isdigit() or (factor_text and kind != "slow_rank") or not slow_ok:
+            shape = "STEP:RANK:FACTOR (FACTOR > 1)" if kind == "slow_rank" else "STEP:RANK"
+            raise ConfigError(f"{key}: '{spec}' must look like {kind}@{shape}, e.g. {kind}@{step_text}:1")
+        return Fault(kind, int(step_text), factor or 1.0, spec.strip(), int(rank_part))
+    default, is_count = KINDS[kind]
+    try:
+        param = float(param_text) if param_text else default
+    except ValueError:
+        raise ConfigError(f"{key}: the parameter of '{spec}' must be a number") from None
+    sized = kind in ("oom", "rollout_oom")  # without PARAM: the size in use when it starts
+    if (param is None and not sized) or (param is not None and param <= 0) or (is_count and param != int(param)):
+        need = "a whole number of firings" if is_count else "a positive number"
+        raise ConfigError(f"{key}: '{spec}' needs {need} after ':' (e.g. {kind}@{step_text}:512)")
+    param = None if param is None else float(param)
+    return Fault(kind, int(step_text), param, spec.strip(), int(rank_text) if at_rank else None)
+
+
+def parse_faults(specs: list[str]) -> list[Fault]:
+    return [parse_fault(spec, f"faults[{i}]") for i, spec in enumerate(specs)]
+
+
+def late_faults(faults: list[Fault], record: dict[str, Any], step: int) -> tuple[list[Fault], list[tuple[Fault, str]]]:
+    """The faults a run resumed at `step` keeps, and a line for each that it has passed and never
+    had (added to the config since: faults.json neither lists it nor saw it fire). Such a fault's
+    step ran without it, so a one-time fault is not injected (it would fire at the next step and
+    be recorded as fired); a PERSISTENT one is in force from the next step, as it would be had it
+    been there all along."""
+    kept, lines = [], []
+    for fault in faults:
+        if not step or fault.step > step or _known(fault, record):
+            kept.append(fault)
+        elif fault.kind in PERSISTENT:
+            kept.append(fault)
+            lines.append(
+                (fault, f"faults: {fault.spec} starts before this run's step {step}: in force from step {step + 1} on")
+            )
+        else:
+            lines.append(
+                (
+                    fault,
+                    f"faults: {fault.spec} is before this run's step {step} (it resumed there): not injected; to "
+                    f"inject it now, give a later step ({_at_step(fault, step + 1)})",
+                )
+            )
+    return kept, lines
+
+
+def _known(fault: Fault, record: dict[str, Any]) -> bool:
+    """Whether the run had `fault` before this session: recorded as its own, or seen at work (a
+    faults.json from before "specs" was recorded)."""
+    seen = [record.get(k, {}) for k in ("fired", "evaluations", "oom_limit", "rollout_oom_limit")]
+    return fault.spec in record.get("specs", []) or any(fault.spec in s for s in seen)
+
+
+def _at_step(fault: Fault, step: int) -> str:
+    """`fault`'s spec at another step, its PARAM and @rankR kept: nan_loss@5:2 -> nan_loss@13:2."""
+    rest = fault.spec.split("@", 1)[1]
+    digits = len(rest) - len(rest.lstrip("0123456789"))
+    return f"{fault.kind}@{step}{rest[digits:]}"
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
