@@ -311,7 +311,7 @@ def test_data_parallel_pairs_train_as_one_process_and_agree_on_every_figure(tmp_
     from types import SimpleNamespace
 
     from helpers import assert_close, run
-    from trimtab.cli import RL_OFF
+    from trimtab.cli_train import RL_OFF
     from trimtab.training.setup import check_policy_ranks
 
     dpo = {"enabled": True, "pairs": str(pairs), "pairs_per_step": 16, "held_out": 16}

@@ -2,6 +2,7 @@
 start, told from sampling noise over groups, and its remedy: back to the last policy above the
 line with a smaller LR, then a stop."""
 
+import copy
 from types import SimpleNamespace
 
 import pytest
@@ -31,7 +32,7 @@ def cfg() -> OrchestratorConfig:
     return made
 
 
-def test_a_fall_past_the_noise_of_the_groups_is_found_with_the_last_step_above_the_line(cfg):
+def test_a_fall_past_the_noise_of_the_groups_is_found_with_the_step_before_it_began(cfg):
     mon = RewardFall(cfg)
     assert mon.observe(StepMetrics(step=1, loss=2.0, grad_norm=1.0)) is None  # not an RL step
     healthy = [[0.5, 0.25, 0.5, 0.25] * 2] * 3  # mean 0.375 over 8 groups a step
@@ -41,12 +42,50 @@ def test_a_fall_past_the_noise_of_the_groups_is_found_with_the_last_step_above_t
     f = found[5]
     assert f.rule == "rl_reward" and f.family == "rl"
     assert f.evidence["start_score"] == pytest.approx(0.375) and f.evidence["score"] == pytest.approx(0.25 / 3)
-    assert f.evidence["good_step"] == 4  # the last step whose window stood above the line (0.1875)
+    # the last step whose window stood within the noise of the start: step 4's 0.25 is 4.9
+    # standard errors below 0.375 (though above the line, 0.1875): the fall began there
+    assert f.evidence["good_step"] == 3 and f.evidence["good_score"] == pytest.approx(0.375)
     assert f.evidence["z"] >= cfg.rl_reward.sigmas and f.evidence["times"] == 1
     # a restored state (a rollback) keeps the count of findings
     count = mon.fired
     mon.load_state_dict({**mon.state_dict(), "fired": 0})
     assert mon.fired == count
+
+
+def course(cfg: OrchestratorConfig, fall: float, steps: int = 80) -> list[tuple[int, int]]:
+    """A policy earning 0.4 for 5 steps whose reward then falls by `fall` a step, rolled back at
+    each finding to its target (a checkpoint at every step: the monitor's state as saved there)
+    and replayed from that step's reward at a tenth of the fall (the LR x0.1); (the step of each
+    finding, its target), while no more than max_rollbacks + 1 findings are made."""
+    mon, level, slope, saved, levels, found, step = RewardFall(cfg), 0.4, 0.0, {}, {}, [], 0
+    while step < steps and len(found) <= cfg.max_rollbacks:
+        step += 1
+        slope = -fall if step == 6 and not found else slope
+        level = levels[step] = max(level + slope, 0.0)
+        f = mon.observe(step_of(step, [level * k for k in (0.5, 0.75, 1.25, 1.5)] * 2))
+        saved[step] = copy.deepcopy(mon.state_dict())
+        if f is not None:
+            step = f.evidence["good_step"]
+            found.append((f.step, step))
+            mon.load_state_dict(copy.deepcopy(saved[step]))
+            level, slope = levels[step], slope * 0.1
+    return found
+
+
+def test_a_gradual_fall_rolls_back_to_where_it_began_and_the_replay_holds():
+    """Default settings (a window of 10 steps, 3 at the start): the reward falls 0.02 a step from
+    0.4. The last window above the line (0.2) was step 19's, its policy already at 0.12 (a
+    window lags a gradual fall): each replay from it found the same window at step 20 again,
+    three rollbacks and a stop. Back to where the fall began (the last window within the noise
+    of the start: step 13, at 0.24), the replay at a tenth of the LR runs 25 steps before its own
+    slower fall is found, once; at a hundredth the policy holds."""
+    cfg = OrchestratorConfig()
+    found = course(cfg, 0.02)
+    assert found[0] == (20, 13), found
+    assert len(found) < cfg.max_rollbacks, found  # never out of rollbacks: no stop
+    replays = [(to, at) for (_, to), (at, _) in zip(found, found[1:])]  # from each rollback to the next finding
+    assert all(at - to > cfg.rl_reward.window for to, at in replays), found  # not the same window again
+    assert 0.4 - 0.02 * (found[0][1] - 5) > 0.2  # the target's policy earned above the line
 
 
 def test_a_fall_within_the_noise_of_few_groups_is_not_found(cfg):
@@ -84,14 +123,14 @@ def test_a_fall_the_overlong_penalty_pays_for_is_no_fault_but_a_fall_under_it_is
 
 def test_the_remedy_rolls_back_with_a_smaller_lr_then_stops():
     cfg = OrchestratorConfig()
-    f = SimpleNamespace(evidence={"good_step": 12, "score": 0.01, "start_score": 0.2})
+    f = SimpleNamespace(evidence={"good_step": 12, "good_score": 0.19, "score": 0.01, "start_score": 0.2})
 
     def view(rollbacks=0, lr_scale=1.0, checkpoint=True):
         return SimpleNamespace(rollbacks=rollbacks, lr_scale=lr_scale, has_checkpoint=lambda step: checkpoint)
 
     first = reward_remedy(f, view(), cfg)
     assert first.action == "rollback" and first.params == {"to": 12, "skip_rows": [], "lr_factor": 0.1}
-    assert "step 12" in first.reasoning
+    assert "step 12 or before (the last whose window (0.190) stood within the noise of the start" in first.reasoning
     floor = reward_remedy(f, view(lr_scale=0.05), cfg)  # x0.1 would go under min_lr_scale 0.01: to the floor
     assert floor.action == "rollback" and floor.params["lr_factor"] == pytest.approx(0.2)
     for spent in (view(rollbacks=cfg.max_rollbacks), view(lr_scale=cfg.min_lr_scale), view(checkpoint=False)):

@@ -29,6 +29,17 @@ def test_the_built_in_verifiers():
     assert verifier("python:rl_verifiers:flaky")("a", "a") == 1.0
 
 
+def test_a_format_reward_matches_the_response_as_generated():
+    """Its whitespace is part of the form (docs/rl.md: the whole response): stripped, a response
+    with a stray leading space or trailing line earned the format anyway, and a format asking for
+    a leading space (the built-in task's answers follow one: `12+34= 46`) could never be earned."""
+    assert verifier(r"format: \d+")(" 46", "") == 1.0
+    assert verifier(r"format:<think>.*</think>\n\d+")("<think>a</think>\n7", "") == 1.0
+    assert verifier(r"format:<think>.*</think>\n\d+")("<think>a</think>\n7\n", "") == 0.0
+    assert verifier(r"format:<think>.*</think>")(" <think>a</think>", "") == 0.0
+    assert verifier(r"format:\s*<think>.*</think>\s*")(" <think>a</think>\n", "") == 1.0  # allowed: said so
+
+
 @pytest.mark.parametrize(
     ("spec", "says"),
     [

@@ -405,7 +405,7 @@ def test_data_parallel_rollouts_answer_a_share_each_and_agree_on_every_figure(tm
     decide and update alike, the log counts every rank's groups, and the policy learns the reward
     as one process does."""
     from helpers import run
-    from trimtab.cli import RL_OFF
+    from trimtab.cli_train import RL_OFF
 
     rl = {"enabled": True, "prompts_per_step": 8, "group_size": 8, "max_new_tokens": 2, "held_out": 8}
     rl["reward"] = "python:rl_verifiers:starts_with_space"
@@ -433,7 +433,7 @@ def test_data_parallel_dynamic_sampling_draws_as_many_rounds_on_every_rank(tmp_p
     three extra rounds a step (16 groups, 8 a rank), in lockstep (a rank that stopped early would
     hang the other)."""
     from helpers import run
-    from trimtab.cli import RL_OFF
+    from trimtab.cli_train import RL_OFF
 
     rl = {"enabled": True, "prompts_per_step": 4, "group_size": 4, "max_new_tokens": 2, "held_out": 0}
     rl["reward"] = "python:rl_verifiers:nothing"
@@ -451,7 +451,7 @@ def test_asynchronous_data_parallel_rollouts_learn_and_resume_with_every_ranks_b
     resumes with every rank's batches generated ahead (gathered into the checkpoint) to the
     uninterrupted job's weights."""
     from helpers import run
-    from trimtab.cli import RL_OFF
+    from trimtab.cli_train import RL_OFF
 
     rl = {"enabled": True, "prompts_per_step": 8, "group_size": 8, "max_new_tokens": 2, "held_out": 0}
     rl |= {"reward": "python:rl_verifiers:starts_with_space", "max_staleness": 2}
@@ -513,7 +513,7 @@ def test_one_ranks_rollouts_out_of_memory_shrink_every_ranks_generation_alike(tm
     to handle it alone, unjournaled, its passes no longer its peer's; any other error there left
     rank 0 waiting in the sum.)"""
     from helpers import run
-    from trimtab.cli import RL_OFF
+    from trimtab.cli_train import RL_OFF
 
     rl = {"enabled": True, "prompts_per_step": 8, "group_size": 8, "max_new_tokens": 2, "held_out": 0}
     rl |= {"reward": "python:rl_verifiers:starts_with_space", "max_staleness": staleness}

@@ -299,7 +299,7 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     """rl_signal: dynamic sampling, then a higher sampling temperature; rl_verifier: a longer
     verifier timeout; rl_entropy: an entropy bonus, then a lower LR; rl_length: the soft
     overlong penalty, then a wider one; rl_hacking: back to the best policy, then stop; rl_reward: back
-    to the last policy above the line with a smaller LR (orchestrator/rl_reward.py); at a
+    to the policy before the fall began with a smaller LR (orchestrator/rl_reward.py); at a
     ceiling (or a verifier that raises), a word for a person; a verifier that raises on nearly
     every response stops the run."""
     if f.rule == "rl_verifier":

@@ -25,10 +25,15 @@ where the reward trained on (the penalty's included) fell too; it rises as a pen
 (measured, tests/test_rl_train.py's overlong run: a verifier paying for length fell 0.31 -> 0.15 as
 the penalty brought the responses cut from 98% to 6%, and the reward trained on rose -0.78 -> -0.02;
 the rule, blind to that, rolled back three times and stopped the run). Without a penalty the two
-are one. Remedy: back to the policy of the last step whose window still stood
-above the line, with the LR cut x `lr_factor`; when no rollback is left, the run stops there
-(its better policy is in the checkpoints). Measured on that run (60 steps): the held-out pass@1
-ended at 0.094 (0.14 at the start) where the same run with the rule off ended at 0.
+are one. Remedy: back to the policy of the step where the fall began (the last whose window
+stood within `sigmas` standard errors of the start), with the LR cut x `lr_factor`; when no
+rollback is left, the run stops there (its better policy is in the checkpoints). Measured on the
+arithmetic run above (lr 3e-3, 60 steps): the held-out pass@1 ended at 0.094 (0.14 at the start)
+where the same run with the rule off ended at 0. The target is not the last step whose window
+stood above the line: a window lags a gradual fall, that step's policy already earned below the
+line, and each replay at the smaller LR found the same window again, rolling back until
+orchestrator.max_rollbacks and stopping (tests/test_rl_reward.py: a fall of 0.02 a step from
+0.4, that target step 19 at 0.12, against step 13 at 0.24).
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ SCORE = ("score_n", "score", "score_sq")  # a step's groups drawn, their mean sc
 class RewardFall(Monitor):
     """The verifier's mean score of the last `window` steps against the phase's first
     `start_steps`: fallen by `drop` of the start or more, `sigmas` standard errors clear of the
-    noise. Evidence: both means, the z, both temperatures, the last step above the line."""
+    noise. Evidence: both means, the z, both temperatures, the step where the fall began (the
+    last whose window stood within the noise of the start) and its window's score."""
 
     rule, family = "rl_reward", "rl"
 
@@ -56,7 +62,9 @@ class RewardFall(Monitor):
         self.overlong_buffer = 0  # the soft overlong penalty the start was scored under (tokens)
         self.start: list[list[float]] = []  # the first `start_steps` steps' SCORE sums
         self.window: list[list[float]] = []  # the last steps'
-        self.good_step = 0  # the last step whose window stood above the line: the rollback's target
+        # the last step whose window was within the noise of the start (the fall not yet begun):
+        # the rollback's target, and that window's mean score
+        self.good_step, self.good_score = 0, 0.0
         self.fired = 0  # findings in this run (kept across a rollback)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -75,16 +83,19 @@ class RewardFall(Monitor):
         if len(self.start) < rule.start_steps:
             self.start.append(seen)
             self.temperature = rl["temperature"]
-            self.good_step = m.step
+            self.good_step, self.good_score = m.step, _mean_and_se(self.start)[0]
             return None
         self.window = [*self.window, seen][-rule.window :]
         (start, start_se), (now, now_se) = _mean_and_se(self.start), _mean_and_se(self.window)
+        z = (start - now) / max(math.hypot(start_se, now_se), 1e-12)
+        # the fall had not begun while the window stood within the noise of the start; the last
+        # window above the line is too late a target: in a gradual fall its policy is already
+        # below the line, and the replay found the same window again until max_rollbacks
+        if z < rule.sigmas:
+            self.good_step, self.good_score = m.step, now
         line = (1 - rule.drop) * start
-        if now > line:
-            self.good_step = m.step
         if len(self.window) < rule.window or now > line:
             return None
-        z = (start - now) / max(math.hypot(start_se, now_se), 1e-12)
         if z < rule.sigmas or _reward(self.window) >= _reward(self.start):
             return None
         evidence = {
@@ -97,6 +108,7 @@ class RewardFall(Monitor):
             "start_temperature": self.temperature,
             "temperature": rl["temperature"],
             "good_step": self.good_step,
+            "good_score": self.good_score,
             "times": self.fired + 1,
         }
         self.window, self.fired = [], self.fired + 1
@@ -132,11 +144,14 @@ def reward_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
         f"(RL's LRs are 10-100x below pretraining's)"
     )
     if factor < 1 and view.rollbacks < cfg.max_rollbacks and view.has_checkpoint(before):
+        good = f.evidence.get("good_score")
+        scored = f" ({good:.3f})" if good is not None else ""
         return Remedy(
             action="rollback",
             params={"to": before, "skip_rows": [], "lr_factor": factor},
-            reasoning=why + f"; restore the policy of step {before} or before (the last whose reward stood above "
-            f"the line) and train on with the LR x{factor:g}, never to be given back",
+            reasoning=why + f"; restore the policy of step {before} or before (the last whose window{scored} stood "
+            f"within the noise of the start: before the fall began) and train on with the LR x{factor:g}, never to "
+            "be given back",
         )
     reason = (
         "the LR is at its floor (orchestrator.min_lr_scale)"

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from trimtab.config.rl import RLConfig
+from trimtab.data.arithmetic import SOURCE
 from trimtab.data.batches import IGNORE_INDEX
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import DataError
@@ -112,7 +113,8 @@ class RolloutLoader(Ordered):
         self.generation_rows = 0  # rows generated in one pass (0: all at once; an OOM halves it)
         self.max_staleness = cfg.max_staleness  # rule rl_ratio may lower it (set_max_staleness)
         items = fingerprint((p.prompt, p.answer) for p in problems)
-        self.order = EpochOrder(len(problems), seed, "prompts", "rl.prompts", items)
+        builtin = cfg.prompts.startswith(SOURCE)  # its problems are drawn from train.seed
+        self.order = EpochOrder(len(problems), seed, "prompts", "rl.prompts", items, seeded=builtin)
         self.draws = 0  # the sampling draws made (each draw's seed counts from it)
         self._pool: VerifierPool | None = None
         self._held_out_pool: VerifierPool | None = None  # rl.held_out_reward's, when it differs
@@ -357,7 +359,9 @@ class RolloutLoader(Ordered):
         n = int(normaliser([len(r.tokens) for r in rollouts], cfg.aggregation, cfg.max_new_tokens))
         advantage = torch.tensor([batch.advantage[i] for i in group])
         experts = replay.collate([r.experts for r in rollouts], width) if rollouts[0].experts is not None else None
-        return PolicyMicroBatch(inputs, targets, n, [batch.rows[i] for i in group], old, advantage, weights, experts)
+        temperature = torch.tensor([r.temperature for r in rollouts])
+        rows = [batch.rows[i] for i in group]
+        return PolicyMicroBatch(inputs, targets, n, rows, old, advantage, weights, experts, temperature)
 
     def close(self) -> None:
         """End the rollout thread and the verifier pool's processes (the run is over, or a
@@ -387,7 +391,10 @@ class RolloutLoader(Ordered):
             "rl/truncated": figures["truncated"],
             "rl/verifier_failures": float(sums["failures"]),
         }
-        if self.cfg.max_staleness:
+        # a run that is or was asynchronous: the live bound (`ctl max-staleness` may raise it over
+        # rl.max_staleness), the config's (rule rl_ratio may lower it to 0: logged as 0), or a
+        # window whose batches were generated ahead before a person's bound fell back to 0
+        if self.max_staleness or self.cfg.max_staleness or any(b.staleness for b in window):
             out["rl/staleness"] = sum(b.staleness for b in window) / len(window)
         trained = [b for b in window if b.totals]
         for key in TERMS:  # each step's weighted mean over its response tokens, then over the steps

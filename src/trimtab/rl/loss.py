@@ -158,7 +158,12 @@ def policy_terms(
     )
 
 
-def log_distribution(hidden: torch.Tensor, head: torch.Tensor, temperature: float) -> torch.Tensor:
+# A sampling temperature: one for every position, or a tensor broadcast against the logits (each
+# response position's own, [N, 1]: temperatures_at)
+Temperature = float | torch.Tensor
+
+
+def log_distribution(hidden: torch.Tensor, head: torch.Tensor, temperature: Temperature) -> torch.Tensor:
     """log softmax(logits / temperature) [B, T, V] of hidden states [B, T, D] through head [V, D],
     in fp32: the distribution a rollout was drawn from (rl/rollout.py), for policy and reference."""
     return (F.linear(hidden, head).float() / temperature).log_softmax(-1)
@@ -181,7 +186,15 @@ def response_positions(targets: torch.Tensor, device: torch.device) -> torch.Ten
     return (targets >= 0).flatten().nonzero().squeeze(1).to(device, non_blocking=True)
 
 
-def distribution_at(hidden: torch.Tensor, head: torch.Tensor, at: torch.Tensor, temperature: float) -> torch.Tensor:
+def temperatures_at(temperature: torch.Tensor, at: torch.Tensor, width: int) -> torch.Tensor:
+    """Each response position's sampling temperature [N, 1], for distribution_at: a micro-batch's
+    rows' [B] (PolicyMicroBatch.temperature) read at the flat positions `at` of its [B, width]."""
+    return temperature.index_select(0, at // width)[:, None]
+
+
+def distribution_at(
+    hidden: torch.Tensor, head: torch.Tensor, at: torch.Tensor, temperature: Temperature
+) -> torch.Tensor:
     """log_distribution [N, V] of hidden [B, T, D] at the flat positions `at` [N] only."""
     return log_distribution(hidden.flatten(0, 1).index_select(0, at), head, temperature)
 
@@ -192,7 +205,7 @@ def logprobs_at(every: torch.Tensor, targets: torch.Tensor, at: torch.Tensor) ->
 
 
 def target_logprobs(
-    hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, at: torch.Tensor, temperature: float
+    hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, at: torch.Tensor, temperature: Temperature
 ) -> torch.Tensor:
     """Each response target's log-probability [B, T] under the head at `temperature`, the head
     read at the positions `at` only (0 elsewhere): a reference's, DPO's policy's."""
@@ -210,7 +223,7 @@ def policy_from_hidden(
     targets: torch.Tensor,
     at: torch.Tensor,
     micro: Any,
-    temperature: float,
+    temperature: Temperature,
     eps_low: float,
     eps_high: float,
     entropy_coef: float = 0.0,
@@ -222,7 +235,7 @@ def policy_from_hidden(
     tensors on hidden's device): hidden [B, T, D], head [V, D], targets [B, T] (IGNORE where
     no response token), `at` [N] their response positions (response_positions: the head reads
     those only). The policy's log-probabilities are taken at the rollouts' temperature, as their
-    behaviour log-probabilities were."""
+    behaviour log-probabilities were (a tensor: each position's own, temperatures_at)."""
     every = distribution_at(hidden, head, at, temperature)  # [N, V]
     logprobs = logprobs_at(every, targets, at)
     entropy = spread(-(every.exp() * every).sum(-1), at, targets.shape) if entropy_coef else None

@@ -25,10 +25,11 @@ def fingerprint(items: Iterable[Any]) -> str:
 
 class EpochOrder:
     """Draws indices 0 .. n-1; `what` names the items and `key` their config key in errors;
-    `items` (their content) is checked on resume."""
+    `items` (their content) is checked on resume; `seeded`: the items themselves are drawn from
+    the seed (train.seed: the built-in arithmetic task's problems and pairs)."""
 
-    def __init__(self, n: int, seed: int, what: str, key: str, items: str = "") -> None:
-        self.n, self.seed, self.what, self.key, self.items = n, seed, what, key, items
+    def __init__(self, n: int, seed: int, what: str, key: str, items: str = "", seeded: bool = False) -> None:
+        self.n, self.seed, self.what, self.key, self.items, self.seeded = n, seed, what, key, items, seeded
         self.epoch, self.cursor = 0, 0
         self.skipped: set[int] = set()
         self._order = self._permutation(0)
@@ -68,6 +69,14 @@ class EpochOrder:
 
     def load_state_dict(self, state: dict[str, Any], run: str) -> None:
         """Continue exactly where `state` was taken (`run`: the checkpoint's kind, for the error)."""
+        other = state.get("n_rows") != self.n or (state.get("items") and self.items and state["items"] != self.items)
+        saved = state["seed"]
+        if other and self.seeded and saved != self.seed:  # the items differ because the seed does
+            raise DataError(
+                f"the checkpoint's {run} run drew its built-in {self.what} ({self.key}) from train.seed={saved}, "
+                f"and train.seed is {self.seed} now: other {self.what}; resume with train.seed={saved} (a "
+                "resumed run's order and random state are the checkpoint's whatever train.seed says)"
+            )
         if state.get("n_rows") != self.n:
             raise DataError(
                 f"the checkpoint's {run} run had {state.get('n_rows')} {self.what} but {self.key} now has "

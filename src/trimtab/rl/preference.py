@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from trimtab.config.dpo import DPOConfig
+from trimtab.data.arithmetic import SOURCE
 from trimtab.data.batches import IGNORE_INDEX, MicroBatch, StepBatch
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.rl.batches import Policy, Sum
@@ -98,7 +99,8 @@ class PairLoader(Ordered):
         self.scorer: Scorer | None = None
         self.policy: Policy | None = None
         items = fingerprint((p.prompt, p.chosen, p.rejected) for p in pairs)  # as tokenized
-        self.order = EpochOrder(len(pairs), seed, "pairs", "dpo.pairs", items)
+        builtin = cfg.pairs.startswith(SOURCE)  # its pairs are drawn from train.seed
+        self.order = EpochOrder(len(pairs), seed, "pairs", "dpo.pairs", items, seeded=builtin)
         self._window: list[PairBatch] = []  # the steps since metrics() was read
         self._carried: list[float] | None = None  # a resumed checkpoint's window, summed (SUMMED + pairs)
 

@@ -17,21 +17,50 @@ from pathlib import Path
 import torch
 
 from trimtab.checkpoint import load_model
-from trimtab.config import ModelConfig
+from trimtab.config import ModelConfig, RunConfig
 from trimtab.errors import ConfigError
 from trimtab.model import Transformer, build_model
-from trimtab.rl.loss import target_logprobs
+from trimtab.rl.loss import Temperature, target_logprobs
+
+
+def reference_key(cfg: RunConfig) -> str | None:
+    """What needs the reference in this run (rl.kl_coef, dpo), in its config's words; None: nothing."""
+    if cfg.dpo.enabled:
+        return "dpo" if cfg.dpo.uses_reference else None
+    return "rl.kl_coef" if cfg.rl.enabled and cfg.rl.kl_coef else None
+
+
+def check_reference(cfg: RunConfig) -> None:
+    """A resumed run's reference is there, or the resume is refused before it writes config.yaml
+    or journals its changes: the reference loads at the first step, and a run without a KL term
+    kept no step-0 checkpoint, so a resume that turned rl.kl_coef on was journaled, its config
+    rewritten, and then failed."""
+    key = reference_key(cfg)
+    if key is not None:
+        reference_path(cfg.run_dir, key)
+
+
+def reference_path(run_dir: Path, key: str) -> Path:
+    """The run's step-0 checkpoint, its reference; ConfigError naming `key` (what needs it) and
+    the way on where it is gone."""
+    path = Path(run_dir) / "checkpoints" / "step_000000"
+    if path.is_dir():
+        return path
+    gone, fix = "pruned or deleted", "start a new run"
+    if key == "rl.kl_coef":  # the run may never have kept it: a run without the term does not
+        gone = "pruned, deleted, or never kept: a run without a KL term keeps none"
+        fix = (
+            "resume with rl.kl_coef=0, or start a new run from these weights with the term "
+            f"(--out NEW --set train.init_from={run_dir} --set rl.kl_coef=...): its own step 0 is its reference"
+        )
+    raise ConfigError(
+        f"{key}: the reference policy is the run's step-0 checkpoint, and {path} is not there ({gone}); {fix}"
+    )
 
 
 def load_reference(cfg: ModelConfig, run_dir: Path, device: torch.device, key: str = "rl.kl_coef") -> Transformer:
     """The run's starting policy, frozen, on `device`; `key`: what needs it (rl.kl_coef, dpo)."""
-    path = Path(run_dir) / "checkpoints" / "step_000000"
-    if not path.is_dir():
-        fix = "start a new run with rl.kl_coef set, or set rl.kl_coef=0" if key == "rl.kl_coef" else "start a new run"
-        raise ConfigError(
-            f"{key}: the reference policy is the run's step-0 checkpoint, and {path} is not there (pruned "
-            f"or deleted); {fix}"
-        )
+    path = reference_path(run_dir, key)
     reference = build_model(cfg)
     load_model(reference, path)
     return reference.to(device).eval().requires_grad_(False)
@@ -39,7 +68,7 @@ def load_reference(cfg: ModelConfig, run_dir: Path, device: torch.device, key: s
 
 @torch.no_grad()
 def reference_logprobs(
-    reference: Transformer, inputs: torch.Tensor, targets: torch.Tensor, temperature: float, at: torch.Tensor
+    reference: Transformer, inputs: torch.Tensor, targets: torch.Tensor, temperature: Temperature, at: torch.Tensor
 ) -> torch.Tensor:
     """The reference's log-probability of each target [B, T] (inputs, targets [B, T]; `at` the
     responses' flat positions, rl/loss.py response_positions: 0 elsewhere, never read)."""

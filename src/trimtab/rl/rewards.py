@@ -8,7 +8,8 @@ A verifier is named by a spec (`rl.reward`):
     exact             the response's final answer (the last \\boxed{...}, else what follows the
                       last '####', else its last line) equals the answer, spaces ignored
     regex:PATTERN     PATTERN's first group (or whole match) in the response equals the answer
-    format:PATTERN    1 when the whole response matches PATTERN (a format reward), else 0
+    format:PATTERN    1 when the whole response, as generated (whitespace included), matches PATTERN
+                      (a format reward), else 0
     python:MOD:FN     any function FN(response, answer) -> float, imported from module MOD
 """
 
@@ -78,8 +79,12 @@ def _regex(pattern: str) -> Verifier:
 
 
 def _format(pattern: str) -> Verifier:
+    """The whole response as generated, its whitespace included: the form is what a format reward
+    teaches (a newline after </think>, an answer after a space), and a stripped response could
+    never match a pattern that asks for leading or trailing whitespace. A pattern that allows it
+    says so (\\s*); TRL's R1-style think_format_reward matches the raw completion too."""
     compiled = re.compile(pattern, re.DOTALL)
-    return lambda response, answer: float(compiled.fullmatch(response.strip()) is not None)
+    return lambda response, answer: float(compiled.fullmatch(response) is not None)
 
 
 def _imported(module: str, spec: str, key: str) -> Any:

@@ -37,6 +37,9 @@ class PolicyMicroBatch(MicroBatch):
     advantage: torch.Tensor = None  # fp32 [B]: each response's
     weights: torch.Tensor = None  # fp32 [B, T]: each target's weight in the step's sum (rl/loss.py)
     experts: torch.Tensor | None = None  # long [B, T, MoE layers, k]: generation's routing, replayed (rl/replay.py)
+    # fp32 [B]: each response's sampling temperature (Rollout.temperature): the objective evaluates
+    # the policy at it, not at the knob as it is now (a batch queued ahead was drawn before a change)
+    temperature: torch.Tensor = None
     # n_targets: this micro-batch's part of the step's normaliser (its response tokens under token_mean)
 
 

@@ -63,8 +63,23 @@ def config_changes(saved: RunConfig, new: RunConfig) -> list[dict[str, Any]]:
         if phase_added_or_dropped and key.startswith("finetune."):
             continue
         if old != value and not _ignored(key):
-            changes.append({"key": key, "old": old, "new": value, "effect": effect(key, old, value)})
+            said = unread(key, new) or effect(key, old, value)
+            changes.append({"key": key, "old": old, "new": value, "effect": said})
     return changes
+
+
+# The sections only one command's runs read (rl.enabled, dpo.enabled): the run, the command
+POLICY_SECTIONS = {"rl": ("an RL run", "trimtab rl"), "dpo": ("a DPO run", "trimtab dpo")}
+
+
+def unread(key: str, cfg: RunConfig) -> str:
+    """The effect of a key the run never reads: RL's settings in a run that is no RL run, DPO's in
+    one that is no DPO run (a dpo.* edit on an RL run was said to be in effect); empty otherwise."""
+    section, _, name = key.partition(".")
+    if section in POLICY_SECTIONS and name != "enabled" and not getattr(cfg, section).enabled:
+        run, command = POLICY_SECTIONS[section]
+        return f"no effect: this is not {run} (only {command} reads {section}.*)"
+    return ""
 
 
 def changes_on_resume(cfg: RunConfig) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from trimtab.checkpoint import apply_structure, find_checkpoint, retire_after
 from trimtab.config import RunConfig
 from trimtab.distributed.ft import shard_like
 from trimtab.errors import CheckpointError, ConfigError
+from trimtab.rl.reference import check_reference
 from trimtab.snapshots import save_snapshot
 from trimtab.training.changes import changes_line, changes_on_resume
 from trimtab.training.hooks import keyed
@@ -208,7 +209,8 @@ class Checkpointing:
         config since it was saved: phase lengths (reconciled in _load: config_changes, journaled
         by the orchestrator) and live model knobs (setup.check_resume_compatible), the config's
         value over the checkpoint's. Only then config.yaml is written: a resume refused here
-        (other data, a phase length it cannot take) leaves the run directory as it was."""
+        (other data, a phase length it cannot take, a reference gone) leaves the run directory as it was."""
+        check_reference(self.cfg)  # loaded at the first step, after both: too late to refuse
         self._load(path, rollback=False)
         if live_changes:  # kept by a rollback, as every knob is
             apply_live_keys(self.model, self.cfg, list(live_changes))

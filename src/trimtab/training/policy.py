@@ -15,7 +15,7 @@ from trimtab.data.batches import MicroBatch
 from trimtab.model import build_model
 from trimtab.rl.batches import Policy
 from trimtab.rl.dpo import dpo_from_hidden
-from trimtab.rl.loss import policy_from_hidden, response_positions, target_logprobs
+from trimtab.rl.loss import policy_from_hidden, response_positions, target_logprobs, temperatures_at
 from trimtab.rl.preference import PairBatch
 from trimtab.rl.reference import load_reference, reference_logprobs
 from trimtab.rl.rollout import Rollout, generate
@@ -39,22 +39,28 @@ class PolicyTraining:
         on = {k: getattr(micro, k).to(self.device, non_blocking=True) for k in ("old_logprobs", "advantage", "weights")}
         here = replace(micro, **on)
         at = response_positions(micro.targets, self.device)  # the heads read the responses only
+        # each response's own sampling temperature: a batch generated ahead was drawn before the
+        # knob moved (rule rl_signal, `ctl rl-temperature`, a resume's rl.temperature)
+        drawn_at = micro.temperature.to(self.device, non_blocking=True)
+        temperature = temperatures_at(drawn_at, at, micro.targets.shape[1])
         ref = None
         if rl.kl_coef:  # the frozen starting policy's log-probabilities (rl/reference.py)
-            ref = reference_logprobs(self._reference(), inputs, targets, self.rl_temperature, at)
+            ref = reference_logprobs(self._reference(), inputs, targets, temperature, at)
         terms = policy_from_hidden(
             hidden,
             self.model.lm_head.weight,
             targets,
             at,
             here,
-            self.rl_temperature,
+            temperature,
             rl.eps_low,
             rl.eps_high,
             self.rl_entropy_coef,
             ref,
             rl.kl_coef,
-            rl.behaviour_weight_cap if rl.max_staleness else None,  # the decoupled objective
+            # the decoupled objective while rollouts may be stale: a bound raised by `ctl max-staleness`,
+            # or lowered to 0 by rule rl_ratio with batches drawn under the old one still queued
+            rl.behaviour_weight_cap if max(rl.max_staleness, self.rl_max_staleness) else None,
         )
         batch.terms.append(terms)
         return terms.objective
@@ -95,8 +101,15 @@ class PolicyTraining:
     @property
     def rl_temperature(self) -> float:
         """RL's sampling temperature: the orchestrator's or a person's (rule rl_signal), else
-        rl.temperature. The objective evaluates the policy at it, as the rollouts were drawn."""
+        rl.temperature. Rollouts are drawn at it; the objective evaluates each at its own
+        (Rollout.temperature), which a batch generated ahead drew before a change."""
         return self.state.rl_temperature or self.cfg.rl.temperature
+
+    @property
+    def rl_max_staleness(self) -> int:
+        """Optimizer steps RL's rollouts may be behind now: the loader's bound (rule rl_ratio or
+        `ctl max-staleness` may have moved it from rl.max_staleness, either way)."""
+        return getattr(self.loader, "max_staleness", self.cfg.rl.max_staleness)
 
     @property
     def rl_entropy_coef(self) -> float:
