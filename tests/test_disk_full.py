@@ -137,3 +137,27 @@ def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing(small_fs, tmp
     err = capsys.readouterr().err
     assert "trimtab: error: the disk is full" in err and "No space left on device" in err and "Traceback" not in err
     assert list(disk.iterdir()) == []  # no half-written export, no staging directory
+
+
+def test_tensorboard_on_a_full_disk_misses_steps_and_writes_again_when_space_returns(small_fs, caplog):
+    # TensorBoard's writer thread dies at its first failed write and raises it at every later
+    # call: on rank 0 of a DDP run whose failed sharded save held the disk full, the next
+    # add_scalar ended the run (exit 2) before the disk rule could free anything.
+    from trimtab.training.hooks import TensorBoardLogger
+
+    fs = small_fs(1)
+    logger = TensorBoardLogger(fs / "tb")
+    logger._open(1)
+    with pytest.raises(OSError), open(fs / "filler", "wb", buffering=0) as fh:
+        while True:
+            fh.write(b"x" * 4096)
+    wide = {f"metric_{i}": float(i) for i in range(200)}  # more than the writer's buffer per step
+    for step in range(1, 40):
+        logger._scalars("train", {"step": step, **wide})
+    assert logger.failed and sum("its curves miss the steps" in r.message for r in caplog.records) == 1
+    (fs / "filler").unlink()
+    logger.retry_at = 0.0  # a minute later
+    logger._scalars("train", {"step": 40, **wide})
+    logger.on_train_end(None, {})
+    assert not logger.failed
+    assert len(list((fs / "tb").glob("events.*"))) == 2  # one new events file after the outage, not one per log

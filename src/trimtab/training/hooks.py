@@ -202,23 +202,36 @@ class JsonlLogger(Hook):
 
 
 class TensorBoardLogger(Hook):
+    """TensorBoard's curves (rank 0). A full disk must not end the run here either (JsonlLogger):
+    TensorBoard's writer thread dies on the first failed write and raises it at every later call,
+    so a failed writer is dropped, said once, and a new one (another events file in the same
+    directory, which TensorBoard reads as one run) is tried at a log at most once a minute; the
+    curves miss the steps between, metrics.jsonl keeps them."""
+
+    RETRY_S = 60.0  # an events file each try: a long outage makes no more than one a minute
+
     def __init__(self, log_dir: Path):
         self.log_dir = log_dir
         self.writer = None
+        self.failed = False  # a write failed and no writer has succeeded since
+        self.retry_at = 0.0  # time.monotonic() from which a new writer may be tried
 
     def on_train_start(self, run: RunView) -> None:
-        self._open(run.step)  # drops what a killed run wrote past its last checkpoint
+        self._open(run.step + 1)  # drops what a killed run wrote past its last checkpoint
 
     def on_rollback(self, run: RunView, saved_state: dict[str, Any]) -> None:
-        self.writer.close()
-        self._open(run.step)  # drops the abandoned steps
+        self._close()
+        self._open(run.step + 1)  # drops the abandoned steps
 
-    def _open(self, step: int) -> None:
+    def _open(self, purge_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         # TensorBoard's mechanism for restarts: it discards the events written earlier at steps
         # >= purge_step, so it shows the trajectory that was kept.
-        self.writer = SummaryWriter(str(self.log_dir), purge_step=step + 1)
+        try:
+            self.writer = SummaryWriter(str(self.log_dir), purge_step=purge_step)
+        except OSError as exc:
+            self._fail(exc)
 
     def on_log(self, run: RunView, metrics: dict[str, Any]) -> None:
         self._scalars("train", metrics)
@@ -227,12 +240,35 @@ class TensorBoardLogger(Hook):
         self._scalars("eval", metrics)
 
     def _scalars(self, prefix: str, metrics: dict[str, Any]) -> None:
-        for key, value in metrics.items():
-            if key != "step" and isinstance(value, (int, float)):
-                self.writer.add_scalar(f"{prefix}/{key}", value, metrics["step"])
+        if self.writer is None and time.monotonic() >= self.retry_at:
+            self._open()
+        if self.writer is None:
+            return
+        try:
+            for key, value in metrics.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.writer.add_scalar(f"{prefix}/{key}", value, metrics["step"])
+        except OSError as exc:
+            self._fail(exc)
+            return
+        self.failed = False
+
+    def _fail(self, exc: OSError) -> None:
+        if not self.failed:
+            log.warning("tensorboard (%s): %s; its curves miss the steps until a write succeeds", self.log_dir, exc)
+        self.failed, self.retry_at = True, time.monotonic() + self.RETRY_S
+        self._close()
+
+    def _close(self) -> None:
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            try:
+                writer.close()  # flushes: raises what the writer thread met
+            except OSError:
+                pass  # said by _fail, or a close at the end: the curves lose their last events
 
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
-        self.writer.close()
+        self._close()
 
 
 class ConsoleLogger(Hook):
