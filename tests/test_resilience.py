@@ -383,6 +383,7 @@ def watched(run_dir):
         [sys.executable, "-c", WATCHED, str(run_dir)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": SRC},
     )
@@ -406,6 +407,8 @@ def test_a_process_stopped_and_continued_is_not_a_hang_but_one_that_stalls_is(tm
     assert stalled.wait(timeout=30) == 5
     first = (tmp_path / "stalled" / "hangs" / "rank0.txt").read_text().splitlines()[0]
     assert first.startswith("rank 0 at step 7, section forward_backward for ") and "(timeout 1.5 s)" in first
+    said = stalled.stderr.read()  # torchrun shows the exit code alone: the console says what and where
+    assert "trimtab: rank 0 hung: forward_backward ran" in said and "at step 7" in said and "hangs" in said
 
 
 def test_the_watchdog_discounts_a_stop_only_when_the_loop_thread_did_not_run(tmp_path, monkeypatch):
@@ -481,6 +484,29 @@ def test_the_evidence_of_a_lost_session_says_whether_its_last_step_is_exact(tmp_
         27,
     ]
     assert reach_words({"step": 9, "steps_lost": 2}) == ("at step 9", "2 steps")  # a journal from before the key
+
+
+def test_a_restarted_rank_beating_before_rank_0_reads_leaves_the_lost_sessions_record(tmp_path, monkeypatch):
+    """A restart's rank 1 beats (its watchdog's first poll) before rank 0's restart hook reads the
+    lost session's records: its beat moves the lost one aside instead of overwriting it, and rank
+    0 reads the lost session's, never its own session's (it named rank 1 "stopped in start-up",
+    0 s down, or no rank at all)."""
+    from trimtab.resilience.elastic import SESSION_ENV
+    from trimtab.resilience.incidents import last_life, localize
+    from trimtab.resilience.watchdog import Watchdog
+    from trimtab.rundir import write_json
+
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    beat = {"host": "h", "node": 0, "pid": 1, "time": 10.0, "session": "lost"}
+    write_json(ranks / "rank0.json", {"rank": 0, "step": 27, "section": "sync", "exit": "DistError: peer", **beat})
+    write_json(ranks / "rank1.json", {"rank": 1, "step": 25, "section": "data", **beat})
+    monkeypatch.setenv(SESSION_ENV, "restarted")
+    times = dict(first_timeout_s=60.0, timeout_factor=5.0, min_timeout_s=60.0, beat_s=10.0)
+    Watchdog(tmp_path, 1, 2, **times)._write_beat()  # the restarted rank 1, in start-up at step 0
+    found = localize(tmp_path, 0.0, "session1")
+    assert found["ranks_to_blame"] == [1] and found["ranks"]["1"]["section"] == "data"
+    assert last_life(tmp_path, 0.0)[1] == 26
 
 
 def test_a_run_asked_for_no_more_steps_than_its_checkpoint_says_what_it_is(tmp_path, caplog):

@@ -8,6 +8,21 @@ from __future__ import annotations
 import os
 import signal
 
+# One name for the ranks of this session (training/setup.py agrees on it, rank 0's, once the process
+# group is up): a restart's ranks beat (resilience/watchdog.py) while rank 0 reads the lost
+# session's beats (resilience/incidents.py), and time cannot tell them apart
+SESSION_ENV = "TRIMTAB_SESSION"
+
+
+def session() -> str:
+    """This session's name ("" before setup named it)."""
+    return os.environ.get(SESSION_ENV, "")
+
+
+def name_session(name: str) -> None:
+    """Take `name` (rank 0's, the same on every rank) as this session's."""
+    os.environ[SESSION_ENV] = name
+
 
 def node_rank() -> int:
     """This rank's node in the job (0 without torchrun)."""

@@ -25,7 +25,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from trimtab.resilience.watchdog import ALARM, HANGS, RANKS
+from trimtab.resilience.elastic import session
+from trimtab.resilience.watchdog import ALARM, HANGS, LOST, RANKS
 from trimtab.rundir import LOCK, METRICS_FILE, read_json
 
 # a step's sections in the order the loop enters them (resilience/watchdog.py): where a hang stopped
@@ -152,12 +153,22 @@ def _lost_nodes(ranks: dict[int, dict[str, Any]], silent: list[int]) -> dict[str
 
 
 def _records(folder: Path, since: float) -> list[dict[str, Any]]:
-    """The JSON records in `folder` written by the session that started at `since`."""
+    """The JSON records in `folder` written by the session that started at `since`. This
+    session's ranks may beat before rank 0 reads: each moves the lost session's beat aside first
+    (rankR.lost.json, then its own rankR.json), so a record of this session is passed over for
+    the one moved aside."""
+    now, ranks = session(), set()
+    for path in folder.glob("rank*.json") if folder.is_dir() else []:
+        ranks.add(path.name.split(".")[0])
     records = []
-    for path in sorted(folder.glob("rank*.json")) if folder.is_dir() else []:
-        record = read_json(path)
-        if isinstance(record, dict) and record.get("time", 0) >= since and "rank" in record:
-            records.append(record)
+    for name in sorted(ranks):
+        for path in (folder / f"{name}.json", folder / f"{name}{LOST}"):  # written last, moved first
+            record = read_json(path)
+            if not isinstance(record, dict) or "rank" not in record or (now and record.get("session") == now):
+                continue
+            if record.get("time", 0) >= since:
+                records.append(record)
+            break
     return records
 
 

@@ -28,17 +28,19 @@ import faulthandler
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trimtab.resilience.elastic import node_rank
+from trimtab.resilience.elastic import node_rank, session
 from trimtab.rundir import read_json, write_json
 
 HUNG = 5  # the process's exit code when the watchdog ended it (docs/orchestrator.md, exit codes)
 HANGS, RANKS, ALARM = "hangs", "ranks", "alarm.json"
+LOST = ".lost.json"  # ranks/rankR.lost.json: the session before's last beat, moved aside by this session's first
 POLL_S = 0.5  # the timeouts' resolution
 ALARM_POLL_S = 2.0  # one stat of hangs/alarm.json per rank this often (a shared filesystem's load)
 GRACE_S = 5.0  # how long the rank that raised the alarm waits for the others' stacks
@@ -70,6 +72,7 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_beat_file = 0.0
+        self._kept_lost = False  # the previous session's beat file moved aside before the first write
         self._loop_thread = threading.get_ident()  # whose CPU time tells a stopped process from a busy one
         self._polled = (time.monotonic(), time.thread_time())  # the last poll: monotonic, the loop thread's CPU
         self._thawed = (0.0, 0.0)  # (a section's start, the seconds the process was stopped within it)
@@ -216,7 +219,20 @@ class Watchdog:
             while time.monotonic() < deadline and len(list(folder.glob("rank*.txt"))) < self.world:
                 time.sleep(0.1)
             self._end_mute_peers(folder)
+        self._say(raised, section, elapsed, limit, folder)
         os._exit(HUNG)
+
+    def _say(self, raised: bool, section: str, elapsed: float, limit: float, folder: Path) -> None:
+        """One line on the console: torchrun shows only the exit code (5), and what happened is in
+        the hangs/ folder and the next session's journal."""
+        what = (
+            f"hung: {section} ran {elapsed:.0f} s at step {self.step}, past its timeout of {limit:.0f} s "
+            "(the resilience.* timeouts, docs/resilience.md)"
+            if raised
+            else f"ended at step {self.step} on another rank's hang alarm"
+        )
+        with contextlib.suppress(OSError, ValueError):
+            print(f"trimtab: rank {self.rank} {what}; the ranks' stacks are in {folder}", file=sys.stderr, flush=True)
 
     def _end_mute_peers(self, folder: Path) -> None:
         """Ranks of this job on this host that wrote no stack within the grace are frozen (a
@@ -241,10 +257,17 @@ class Watchdog:
             "section": self.current[0],
             "time": self._last_beat_file,
             "started": self.started,
+            "session": session(),
             **extra,
         }
+        path = self.run_dir / RANKS / f"rank{self.rank}.json"
         with contextlib.suppress(OSError):  # a full disk must not end the run
-            write_json(self.run_dir / RANKS / f"rank{self.rank}.json", record, indent=None, durable="exit" in extra)
+            if not self._kept_lost:  # the lost session's beat, for rank 0 to read (incidents.py)
+                self._kept_lost = True
+                old = read_json(path)
+                if isinstance(old, dict) and old.get("session") != record["session"]:
+                    os.replace(path, path.with_suffix(LOST))
+            write_json(path, record, indent=None, durable="exit" in extra)
 
 
 def process_start(pid: int) -> float | None:

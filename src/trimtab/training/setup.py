@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import shutil
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from trimtab.data.dataset import PhaseData, build_phase_data, first_prepared, op
 from trimtab.data.packing import ConcatRows
 from trimtab.data.prepared import ShardedRows
 from trimtab.distributed import Parallel
+from trimtab.distributed.group import broadcast_object
 from trimtab.errors import CheckpointError, ConfigError, SavedConfigError
 from trimtab.hardware import Precision, choose_precision, pick_device
 from trimtab.hf.architectures import to_model_config
@@ -39,6 +41,7 @@ from trimtab.model.catalog import model_size
 from trimtab.paths import cache_dir
 from trimtab.peaks import peak_flops
 from trimtab.plan.chinchilla import FRESH_EPOCHS
+from trimtab.resilience.elastic import name_session
 from trimtab.resilience.watchdog import Watchdog, make_watchdog
 from trimtab.rl.dpo_phase import DPOPhase, build_dpo_phase
 from trimtab.rl.phase import RLPhase, build_rl_phase
@@ -432,6 +435,7 @@ def setup(cfg: RunConfig) -> BuiltRun:
     torch.manual_seed(cfg.train.seed)
     cfg = adopt_hf_model(resolve(cfg))  # a draft RunConfig(...) is resolved here; a resolved one is kept
     dist = Parallel.start(cfg.distributed, pick_device(cfg.train.device))
+    name_session(broadcast_object(uuid.uuid4().hex))  # what tells this session's rank beats from a lost one's
     if (cfg.rl.enabled or cfg.dpo.enabled) and dist.world > 1:
         check_policy_ranks(cfg, dist)
     # checkpoint.dir checked before anything is written; a run directory without a valid
