@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import threading
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -317,9 +318,11 @@ def _keyed_by_parameter(path: Path) -> bool:
 def _dcp_load(target: dict[str, Any], path: Path, group: Any) -> None:
     import torch.distributed.checkpoint as dcp
 
-    dcp.load(
-        target, checkpoint_id=str(Path(path) / SHARDED), process_group=group, no_dist=group is None and not active()
-    )
+    single = group is None and not active()
+    with warnings.catch_warnings():  # in one process: "assuming the intent is to load in a single process": it is
+        if single:
+            warnings.simplefilter("ignore", UserWarning)
+        dcp.load(target, checkpoint_id=str(Path(path) / SHARDED), process_group=group, no_dist=single)
 
 
 def _fresh_dir(path: Path) -> None:
