@@ -112,3 +112,22 @@ def test_an_fp32_import_holds_the_files_memory_map_not_a_second_copy(tmp_path):
     assert dtype == torch.bfloat16 and ours16.norm.weight.dtype == torch.float32
     assert torch.equal(ours16.norm.weight, theirs.model.norm.weight.float())
     assert not mapped(ours16.norm.weight)
+
+
+def test_model_settings_a_hugging_face_model_overrides_are_refused_and_its_live_knobs_kept(tmp_path):
+    """train.init_from a Hugging Face directory: config.json is the model. A model.* key the run's
+    config sets otherwise (a width) was replaced without a word: it is refused, named with the
+    model's value; a live knob it sets (the MoE balance coefficient) is the run's, over the file's
+    router_aux_loss_coef."""
+    from trimtab.config import load_config
+    from trimtab.errors import ConfigError
+    from trimtab.training.hf_model import adopt_hf_model
+
+    saved(tmp_path / "hf", "MixtralConfig", num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02)
+    run = {"out": str(tmp_path / "run"), "train": {"init_from": str(tmp_path / "hf")}}
+    plain = adopt_hf_model(load_config(preset="debug", overrides=run))
+    assert plain.model.d_model == 32 and plain.model.moe.balance_coef == 0.02
+    with pytest.raises(ConfigError, match=r"model.d_model=64 \(the model's: 32\).*Drop those model"):
+        adopt_hf_model(load_config(preset="debug", overrides={**run, "model": {"d_model": 64}}))
+    knob = adopt_hf_model(load_config(preset="debug", overrides={**run, "model": {"moe": {"balance_coef": 0.005}}}))
+    assert knob.model.moe.balance_coef == 0.005 and knob.model.d_model == 32

@@ -51,6 +51,22 @@ IGNORED = (  # each one's reason: the module docstring
 SHOWN = 6  # changes named in the console line; the others are counted (the journal holds each)
 
 
+# Model keys a resume may change: they shape no weight, and training changes them live (trimtab
+# ctl, the orchestrator), so a person's new value is a knob turned, not another model.
+LIVE_MODEL_KEYS = frozenset(
+    {
+        "model.moe.capacity_factor",
+        "model.moe.router_temperature",
+        "model.moe.router_jitter",
+        "model.moe.balance_coef",
+        "model.moe.z_loss_coef",
+        "model.moe.bias_update_rate",
+        "model.mod.capacity",
+        "model.mod.layer_capacity",
+    }
+)
+
+
 def config_changes(saved: RunConfig, new: RunConfig) -> list[dict[str, Any]]:
     """The keys whose value differs between the run's saved config and this session's, in the
     config's order, each {key, old, new, effect} (the shape of schedule.reconcile's changes);

@@ -34,8 +34,7 @@ from trimtab.distributed import Parallel
 from trimtab.distributed.group import broadcast_object
 from trimtab.errors import CheckpointError, ConfigError, SavedConfigError
 from trimtab.hardware import Precision, choose_precision, pick_device
-from trimtab.hf.architectures import to_model_config
-from trimtab.hf.importer import SOURCE, import_weights, read_source, source_record
+from trimtab.hf.importer import SOURCE, import_weights, source_record
 from trimtab.model import Transformer, build_model
 from trimtab.model.catalog import model_size
 from trimtab.paths import cache_dir
@@ -47,7 +46,8 @@ from trimtab.rl.dpo_phase import DPOPhase, build_dpo_phase
 from trimtab.rl.phase import RLPhase, build_rl_phase
 from trimtab.rundir import CONFIG, write_atomic, write_json
 from trimtab.storage import is_url
-from trimtab.training.changes import leaves
+from trimtab.training.changes import LIVE_MODEL_KEYS, leaves
+from trimtab.training.hf_model import adopt_hf_model
 from trimtab.training.resume import resume_point
 from trimtab.training.services.compiling import CompileChoice, choose_compile
 from trimtab.training.services.cpu_precision import refine_cpu_precision
@@ -264,22 +264,6 @@ def _vocab_too_small(cfg: RunConfig, tokens: int) -> str:
     )
 
 
-# Model keys a resume may change: they shape no weight, and training changes them live (trimtab
-# ctl, the orchestrator), so a person's new value is a knob turned, not another model.
-LIVE_MODEL_KEYS = frozenset(
-    {
-        "model.moe.capacity_factor",
-        "model.moe.router_temperature",
-        "model.moe.router_jitter",
-        "model.moe.balance_coef",
-        "model.moe.z_loss_coef",
-        "model.moe.bias_update_rate",
-        "model.mod.capacity",
-        "model.mod.layer_capacity",
-    }
-)
-
-
 def check_resume_compatible(cfg: RunConfig) -> dict[str, tuple[Any, Any]] | None:
     """A run dir with checkpoints only resumes with the same model: each model.* key that differs
     from its config.yaml's is named, unless it is a live knob (LIVE_MODEL_KEYS). Returns the live
@@ -304,22 +288,6 @@ def check_resume_compatible(cfg: RunConfig) -> dict[str, tuple[Any, Any]] | None
             "settings (of the model.* keys only the MoE / MoD router knobs may change on resume)"
         )
     return {k: v for k, v in differ.items() if k in LIVE_MODEL_KEYS}
-
-
-def adopt_hf_model(cfg: RunConfig) -> RunConfig:
-    """train.init_from a Hugging Face model directory: its config.json is the model (a config
-    whose model section is replaced, MoE training knobs included: dropless, its aux-loss
-    coefficient). A resumed run reads it from its hf_source.json, so the directory may be gone
-    by then. Without one, `cfg` itself."""
-    record = cfg.run_dir / SOURCE
-    if cfg.train.init_from and hf.is_hf_dir(cfg.train.init_from):
-        model = hf.model_config(cfg.train.init_from)
-    elif cfg.train.init_from and record.is_file():
-        fix = f"restore it, or set train.init_from to that model's directory ({cfg.train.init_from} now)"
-        model = to_model_config(read_source(cfg.run_dir, fix)["config"], str(record))
-    else:
-        return cfg
-    return derive(cfg, {"model": asdict(model)})
 
 
 def init_weights_from(cfg: RunConfig, model: Transformer) -> tuple[Path, dict | None]:
