@@ -302,7 +302,7 @@ def keep_router_knobs(model: Any, moe: dict[str, dict[str, float]], mod: dict[st
 
 
 def apply_live_keys(model: Any, cfg: RunConfig, keys: list[str]) -> None:
-    """Set the live knobs `keys` (setup.LIVE_MODEL_KEYS) of the model's MoE and MoD layers to `cfg`'s
+    """Set the live knobs `keys` (changes.LIVE_MODEL_KEYS) of the model's MoE and MoD layers to `cfg`'s
     values: a resume applies a person's changed ones over those its checkpoint restored."""
     for key in keys:
         section, name = key.split(".")[1:]
