@@ -113,12 +113,14 @@ def test_one_module_names_a_runs_files_and_writes_files_whole():
     """The run's JSON files are named in rundir.py only (everyone else reads and writes them through
     it), and the temp-file-and-rename dance is rundir.write_atomic's; the other renames install
     directories (a checkpoint, a snapshot, an export, a merge, a checkpoint downloaded from object storage)
-    or files a library writes (a tokenizer, arrays, corpus shards)."""
+    or files a library writes (a tokenizer, arrays, corpus shards), or move a file aside whole (a
+    lost session's rank beat, kept for the restart's evidence)."""
     files = {"metrics.jsonl", "decisions.jsonl", "plan_status.jsonl", "summary.json", "goodput.json"}
     naming = {m for m in modules("") if _constants(SRC / m) & files}
     assert naming == {"rundir.py"}
     renaming = {m for m in modules("") if "os.replace(" in (SRC / m).read_text()}
     installs = {"checkpoint.py", "storage.py", "hf/export.py", "merge/merge.py", "data/tokenizer.py", "data/packing.py"}
+    installs.add("resilience/watchdog.py")
     assert renaming <= {"rundir.py", "data/shards.py", *installs}, renaming - installs
 
 
