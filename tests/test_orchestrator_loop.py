@@ -173,9 +173,14 @@ def test_advise_mode_journals_without_acting(runs):
     run, summary, _ = runs["nan_advise"]
     ds = decisions(run)
     assert ds and {d["mode"] for d in ds} == {"advise"}
-    assert [d["step"] for d in ds] == list(range(10, 17))  # the weights are NaN from step 10 on
+    # the weights are NaN from step 10 on: the same advice again is counted on it, not journaled anew
+    assert [(d["step"], d["evidence"].get("seen_again"), d["evidence"].get("last_seen_at")) for d in ds] == [
+        (10, 4, 16),
+        (12, 1, 15),
+    ]
+    assert {d["outcome"]["result"] for d in ds} == {"not applied"}  # advice is not judged as if applied
     # the weights broke: the probe finds them not finite and advises a rollback at once, no LR cut
-    assert {d["action"] for d in ds} == {"skip_step", "rollback"}
+    assert [d["action"] for d in ds] == ["skip_step", "rollback"]
     assert all("the weights themselves are broken" in d["reasoning"] for d in ds if d["action"] == "rollback")
     acting = [d for d in ds if d["action"] != "skip_step"]
     assert acting and all(d["applied"] == [] for d in acting)
@@ -249,7 +254,8 @@ def test_finite_broken_weights_are_rolled_back_at_once_and_again_with_the_lr_cut
     """weights_noise: finite but wrecked weights, as one bad update leaves them. The spikes'
     updates are withheld, yet batch after batch and the held-out probe score high: the weights,
     not the data. Roll back at the third finding (not skip, skip, cut, skip, skip, roll back) and
-    keep the rows; when the weights break again in the replayed steps, roll back with the LR cut."""
+    keep the rows; when the weights break again in the replayed steps, the same steps at this LR
+    break them: roll back with the LR cut decisively (x0.1, as an LR far too high gets)."""
     run = tmp_path / "r"
     # the second strikes at step 15 of the replay from step 8: within it, so not a transient
     faults = ["weights_noise@12:10", "weights_noise@15:10"]
@@ -268,8 +274,9 @@ def test_finite_broken_weights_are_rolled_back_at_once_and_again_with_the_lr_cut
     assert first["params"] == {"to": "last_good", "skip_rows": []}
     assert first["applied"] == ["rolled back from step 14 to step 8"]
     assert "an earlier update broke the weights" in first["reasoning"]
-    assert second["params"] == {"to": "last_good", "skip_rows": [], "lr_factor": 0.5}
-    assert second["applied"] == ["rolled back from step 17 to step 8; lr multiplier 1 -> 0.5"]
+    assert second["params"] == {"to": "last_good", "skip_rows": [], "lr_factor": 0.1}
+    assert second["applied"] == ["rolled back from step 17 to step 8; lr multiplier 1 -> 0.1"]
+    assert "broke again before the replay got clear of the last breakage (step 14)" in second["reasoning"]
     assert second["outcome"]["result"] == "recovered"
     losses = by_step(run, "loss")
     assert max(losses[s] for s in range(15, 25)) < losses[11] + 0.2  # the replayed steps train normally

@@ -373,12 +373,12 @@ class View:
     micro_batch_tokens: int = 1024
     min_micro_batch_tokens: int = 64
     activation_checkpointing: str = "off"
-    rollbacks: int = 0
     has_good_checkpoint: bool = True
     bad_row_loss: float = 9.0  # what each row of the flagged steps scores (held-out rows: 5.0)
     probe: float | None = None  # the held-out probe's loss (None: no held-out data)
     last_good: int = 20  # the newest good checkpoint's step
     checkpoints: tuple[int, ...] = (0, 10, 20)  # the steps of the checkpoints kept
+    total_steps: int = 1000
 
     def probe_loss(self):
         return self.probe
@@ -396,6 +396,13 @@ class View:
         return {"corpus.txt": len(rows)}
 
 
+def act(policy, f, view):
+    """The policy's remedy for f, applied (as the orchestrator applies it in auto mode)."""
+    remedy = policy.plan(f, view)
+    remedy.applied()
+    return remedy
+
+
 def finding(step, rule="spike", family="instability", rows=None, strength=1.0):
     rows = rows if rows is not None else [step * 10, step * 10 + 1]
     evidence = {"retry": 1} if rule == "oom" else {}
@@ -406,20 +413,19 @@ def test_a_second_rollback_to_the_same_checkpoint_goes_one_further_back():
     """The replay from step 20 met the trouble again before a newer good checkpoint: step 20's
     checkpoint holds the update that broke the run (the spike shows on the step after it)."""
     policy, view = Policy(OrchestratorConfig()), View()
-    first = [policy.plan(finding(s), view) for s in range(21, 27)][-1]
+    first = [act(policy, finding(s), view) for s in range(21, 27)][-1]
     assert first.action == "rollback" and first.params["to"] == "last_good"
-    view.rollbacks = 1
-    second = [policy.plan(finding(s), view) for s in range(21, 27)][-1]
+    second = [act(policy, finding(s), view) for s in range(21, 27)][-1]
     assert second.action == "rollback" and second.params["to"] == 19  # the newest checkpoint at or before: 10
     assert "restore the one before it" in second.reasoning
-    view.rollbacks, view.last_good = 2, 30  # a newer good checkpoint since: back to last_good
-    third = [policy.plan(finding(s), view) for s in range(31, 37)][-1]
+    view.last_good = 30  # a newer good checkpoint since: back to last_good
+    third = [act(policy, finding(s), view) for s in range(31, 37)][-1]
     assert third.params["to"] == "last_good"
 
 
 def test_ladder_climbs_skip_lr_rollback_stop():
     policy, view = Policy(OrchestratorConfig()), View()
-    plans = [policy.plan(finding(s), view) for s in range(1, 7)]
+    plans = [act(policy, finding(s), view) for s in range(1, 7)]
     assert [p.action for p in plans] == ["skip_step", "skip_step", "scale_lr", "skip_step", "skip_step", "rollback"]
     assert plans[2].params == {"factor": 0.5}
     assert plans[5].params == {
@@ -427,39 +433,40 @@ def test_ladder_climbs_skip_lr_rollback_stop():
         "skip_rows": sorted(r for s in range(1, 7) for r in (s * 10, s * 10 + 1)),
     }
     assert policy.ladder.rung == 0 and policy.ladder.rows == []  # starts over after a rollback
-    view.rollbacks, view.lr_scale = 1, 0.5
-    assert [policy.plan(finding(s), view).action for s in range(7, 13)] == [
-        "skip_step",
-        "skip_step",
-        "scale_lr",
-        "skip_step",
-        "skip_step",
-        "rollback",
-    ]
-    view.rollbacks = 3  # max_rollbacks used
-    plans = [policy.plan(finding(s), view) for s in range(13, 19)]
+    view.lr_scale = 0.5
+    for first in (7, 13):  # the same incident: no replay got clear of it
+        assert [act(policy, finding(s), view).action for s in range(first, first + 6)] == [
+            "skip_step",
+            "skip_step",
+            "scale_lr",
+            "skip_step",
+            "skip_step",
+            "rollback",
+        ]
+    assert policy.rollbacks == 3  # max_rollbacks spent on one incident
+    plans = [act(policy, finding(s), view) for s in range(19, 25)]
     assert [p.action for p in plans] == ["skip_step", "skip_step", "scale_lr", "skip_step", "skip_step", "stop"]
-    assert "3 rollbacks used" in plans[-1].params["reason"]
+    assert "3 rollbacks used on one incident (orchestrator.max_rollbacks=3 per incident" in plans[-1].params["reason"]
 
 
 def test_ladder_findings_outside_the_escalation_window_do_not_climb():
     cfg = OrchestratorConfig()
     cfg.escalation_window = 10
     policy = Policy(cfg)
-    assert [policy.plan(finding(s), View()).action for s in (1, 11, 21, 31, 41)] == ["skip_step"] * 5
-    assert policy.plan(finding(42), View()).action == "skip_step"
-    assert policy.plan(finding(43), View()).action == "scale_lr"  # 41, 42, 43 within 10 steps
+    assert [act(policy, finding(s), View()).action for s in (1, 11, 21, 31, 41)] == ["skip_step"] * 5
+    assert act(policy, finding(42), View()).action == "skip_step"
+    assert act(policy, finding(43), View()).action == "scale_lr"  # 41, 42, 43 within 10 steps
 
 
 def test_ladder_skips_the_lr_rung_at_the_floor_and_stops_without_a_checkpoint():
     policy = Policy(OrchestratorConfig())
-    assert [policy.plan(finding(s), View(lr_scale=0.015)).action for s in (1, 2, 3)] == [
+    assert [act(policy, finding(s), View(lr_scale=0.015)).action for s in (1, 2, 3)] == [
         "skip_step",
         "skip_step",
         "rollback",
     ]  # 0.015 x 0.5 < min_lr_scale
     policy = Policy(OrchestratorConfig())
-    plans = [policy.plan(finding(s), View(lr_scale=0.015, has_good_checkpoint=False)) for s in (1, 2, 3)]
+    plans = [act(policy, finding(s), View(lr_scale=0.015, has_good_checkpoint=False)) for s in (1, 2, 3)]
     assert plans[-1].action == "stop" and "no good checkpoint" in plans[-1].params["reason"]
 
 
@@ -467,7 +474,7 @@ def test_divergence_goes_straight_to_the_lr_rung():
     cfg = OrchestratorConfig()
     cfg.divergence.lr_factor = 0.3
     policy = Policy(cfg)
-    plan = policy.plan(finding(5, rule="divergence"), View())
+    plan = act(policy, finding(5, rule="divergence"), View())
     assert plan.action == "scale_lr" and plan.params == {"factor": 0.3}
     assert policy.lr_debt == 1.0  # a rising trend is the LR's doing: the cut is never given back
 
@@ -476,14 +483,17 @@ def test_quiet_resets_the_ladder_and_gives_the_lr_back():
     cfg = OrchestratorConfig()  # escalation_window 50, lr_restore_after 100
     policy = Policy(cfg)
     for s in (1, 2, 3):
-        policy.plan(finding(s), View())
+        act(policy, finding(s), View())
     assert policy.ladder.rung == 1 and policy.lr_debt == 0.5
-    assert policy.quiet(52) is None and policy.ladder.rung == 1
-    assert policy.quiet(53) is None and policy.ladder.rung == 0
-    assert policy.quiet(102) is None
-    plan = policy.quiet(103)
-    assert plan.action == "scale_lr" and plan.params == {"factor": 2.0} and policy.lr_debt == 1.0
-    assert policy.quiet(300) is None  # nothing left to give back
+    view = View(lr_scale=0.5)
+    assert policy.quiet(52, view) is None and policy.ladder.rung == 1
+    assert policy.quiet(53, view) is None and policy.ladder.rung == 0
+    assert policy.quiet(102, view) is None
+    plan = policy.quiet(103, view)
+    assert plan.action == "scale_lr" and plan.params == {"factor": 2.0} and policy.lr_debt == 0.5  # not yet applied
+    plan.applied()
+    assert policy.lr_debt == 1.0
+    assert policy.quiet(300, View()) is None  # nothing left to give back
 
 
 def test_a_failed_lr_restore_keeps_the_cut():
@@ -491,26 +501,28 @@ def test_a_failed_lr_restore_keeps_the_cut():
     cfg.lr_restore_after = 10
     policy = Policy(cfg)
     for s in (1, 2, 3, 4, 5, 6):  # two LR rungs (x0.5 at 3), a rollback at 6
-        policy.plan(finding(s), View())
+        act(policy, finding(s), View())
     for s in (7, 8, 9):
-        policy.plan(finding(s), View(lr_scale=0.5, rollbacks=1))
+        act(policy, finding(s), View(lr_scale=0.5))
     assert policy.lr_debt == 0.25
-    assert policy.quiet(19).params == {"factor": 2.0}  # gives half back
+    restore = policy.quiet(19, View(lr_scale=0.25))
+    assert restore.params == {"factor": 2.0}  # gives half back
+    restore.applied()
     for s in (25, 26, 27):  # instability returns after the give-back
-        policy.plan(finding(s), View(lr_scale=0.25))
-    assert all(policy.quiet(s) is None for s in range(28, 200))
+        act(policy, finding(s), View(lr_scale=0.5))
+    assert all(policy.quiet(s, View(lr_scale=0.25)) is None for s in range(28, 200))
 
 
 def test_plateau_raise_is_bounded():
     cfg = OrchestratorConfig()  # plateau.window 50 -> 100-step cooldowns
     policy = Policy(cfg)
-    policy.plan(finding(10), View())  # instability at step 10
-    assert policy.plan(finding(100, "plateau", "plateau"), View()).action == "none"
-    plan = policy.plan(finding(200, "plateau", "plateau"), View())
+    act(policy, finding(10), View())  # instability at step 10
+    assert act(policy, finding(100, "plateau", "plateau"), View()).action == "none"
+    plan = act(policy, finding(200, "plateau", "plateau"), View())
     assert plan.action == "scale_lr" and plan.params == {"factor": 1.5}
-    late = policy.plan(finding(250, "plateau", "plateau"), View(lr_scale=1.5))
+    late = act(policy, finding(250, "plateau", "plateau"), View(lr_scale=1.5))
     assert late.action == "none" and "changed recently" in late.reasoning
-    capped = policy.plan(finding(400, "plateau", "plateau"), View(lr_scale=1.5))
+    capped = act(policy, finding(400, "plateau", "plateau"), View(lr_scale=1.5))
     assert capped.action == "none" and "max_lr_scale" in capped.reasoning  # 2.25 > 2
 
 
@@ -519,7 +531,7 @@ def test_data_attribution_leaves_out_only_the_rows_that_score_as_outliers():
     policy.probe_baseline = 5.0  # the model scores held-out data as at the last good checkpoint
     scores = {r: 9.0 if r % 4 == 0 else 5.05 for r in range(100)}
     view.row_losses = lambda rows: {r: scores[r] for r in rows}
-    plans = [policy.plan(finding(s, rows=list(range(10 * s, 10 * s + 10))), view) for s in (1, 2, 3)]
+    plans = [act(policy, finding(s, rows=list(range(10 * s, 10 * s + 10))), view) for s in (1, 2, 3)]
     assert [p.action for p in plans] == ["skip_step", "skip_step", "skip_data"]
     assert plans[2].params == {"rows": [r for r in range(10, 40) if r % 4 == 0]}  # 7 of 30, not all 30
     e = plans[2].evidence
@@ -533,7 +545,7 @@ def test_clean_rows_and_sound_weights_leave_nothing_out_and_the_ladder_climbs():
     is left out (they were, all of them, before) and the ladder climbs to the LR cut instead."""
     policy, view = Policy(OrchestratorConfig()), View(probe=5.0, bad_row_loss=5.05)
     policy.probe_baseline = 5.0
-    plans = [policy.plan(finding(s, rule="nonfinite"), view) for s in (1, 2, 3)]
+    plans = [act(policy, finding(s, rule="nonfinite"), view) for s in (1, 2, 3)]
     assert [p.action for p in plans] == ["skip_step", "skip_step", "scale_lr"]
     assert policy.ladder.rows  # still held, for the attribution of a later rollback
 
@@ -542,60 +554,63 @@ def test_withheld_spikes_with_a_worse_probe_mean_broken_weights_and_a_recurrence
     """Updates withheld, yet every new batch scores high and so do held-out rows: an update before
     the first spike broke the weights (a real debug run: 5.0 -> 7.8 at one step, then 7.4 on every
     batch). Roll back at once, keeping the rows and the LR (the breakage may have been transient);
-    when the weights break again within the replay, the rollback cuts the LR too."""
+    when the weights break again before the replay got clear of the breakage, the same steps at
+    this LR break them: the rollback cuts the LR decisively (x0.1), given back on probation."""
     policy = Policy(OrchestratorConfig())
     policy.probe_baseline = 5.2
-    plans = [policy.plan(finding(s), View(probe=8.4)) for s in (20, 21, 22)]
+    plans = [act(policy, finding(s), View(probe=8.4, last_good=108)) for s in (120, 121, 122)]
     assert [p.action for p in plans] == ["skip_step", "skip_step", "rollback"]
     assert plans[2].params == {"to": "last_good", "skip_rows": []}  # the data stays
     assert "an earlier update broke the weights" in plans[2].reasoning and policy.lr_debt == 1.0
-    policy.shift(22 - 8)  # rolled back to step 8; the same steps break the weights again
-    again = [policy.plan(finding(s), View(probe=8.4, rollbacks=1)) for s in (19, 20, 21)][-1]
-    assert again.params == {"to": "last_good", "skip_rows": [], "lr_factor": 0.5}
-    assert "broke again within the replay" in again.reasoning and policy.lr_debt == 0.5
-    assert describe("rollback", again.params) == "roll back to last_good, lr x0.5"
-    later = [policy.plan(finding(s), View(probe=8.4, rollbacks=2)) for s in (90, 91, 92)][-1]
-    assert "lr_factor" not in later.params  # a breakage long after is a new one
+    policy.shift(122 - 108)  # rolled back to step 108; the same steps break the weights again
+    replay = View(probe=8.4, last_good=108)
+    assert all(policy.quiet(s, replay) is None for s in range(109, 119))
+    again = [act(policy, finding(s), replay) for s in (119, 120, 121)][-1]
+    assert again.params == {"to": "last_good", "skip_rows": [], "lr_factor": 0.1}
+    assert "broke again before the replay got clear of the last breakage (step 122)" in again.reasoning
+    assert "given back only after orchestrator.lr_restore_after quiet steps" in again.reasoning
+    assert policy.lr_debt == 0.1 and policy.rollbacks == 2
+    assert describe("rollback", again.params) == "roll back to last_good, lr x0.1"
 
 
 def test_divergence_from_the_data_leaves_rows_out_and_from_the_lr_cuts_it():
     policy = Policy(OrchestratorConfig())
     policy.probe_baseline = 5.0
-    bad = policy.plan(finding(40, rule="divergence", rows=list(range(8))), View(probe=5.0))
+    bad = act(policy, finding(40, rule="divergence", rows=list(range(8))), View(probe=5.0))
     assert bad.action == "skip_data" and bad.params == {"rows": list(range(8))}
-    clean = policy.plan(finding(90, rule="divergence", rows=list(range(8))), View(probe=5.0, bad_row_loss=5.0))
+    clean = act(policy, finding(90, rule="divergence", rows=list(range(8))), View(probe=5.0, bad_row_loss=5.0))
     assert clean.action == "scale_lr" and clean.params == {"factor": 0.5}  # no row to blame: the LR is cut
     worse = Policy(OrchestratorConfig())
     worse.probe_baseline = 4.0  # the model itself got worse on held-out data: no data verdict at all
-    assert worse.plan(finding(40, rule="divergence"), View(probe=4.5)).action == "scale_lr"
+    assert act(worse, finding(40, rule="divergence"), View(probe=4.5)).action == "scale_lr"
 
 
 def test_first_plateau_without_any_instability_raises_the_lr():
     policy = Policy(OrchestratorConfig())  # window 50
-    plan = policy.plan(finding(50, "plateau", "plateau"), View())
+    plan = act(policy, finding(50, "plateau", "plateau"), View())
     assert plan.action == "scale_lr", plan.reasoning
 
 
 def test_memory_and_oom_halve_the_micro_batch_then_recompute_more_then_stop():
     policy = Policy(OrchestratorConfig())
-    plan = policy.plan(finding(5, "oom", "memory"), View(micro_batch_tokens=1024))
+    plan = act(policy, finding(5, "oom", "memory"), View(micro_batch_tokens=1024))
     assert plan.action == "set_micro_batch_tokens" and plan.params == {"tokens": 512}
-    plan = policy.plan(finding(5, "memory", "memory"), View(micro_batch_tokens=128))
+    plan = act(policy, finding(5, "memory", "memory"), View(micro_batch_tokens=128))
     assert plan.action == "set_micro_batch_tokens" and plan.params == {"tokens": 64}
     # at one row (half of 96 is less than a row of 64), an OOM checkpoints more: off, selective, full
     for mode, more in [("off", "selective"), ("selective", "full")]:
-        plan = policy.plan(finding(5, "oom", "memory"), View(micro_batch_tokens=96, activation_checkpointing=mode))
+        plan = act(policy, finding(5, "oom", "memory"), View(micro_batch_tokens=96, activation_checkpointing=mode))
         assert plan.action == "set_activation_checkpointing" and plan.params == {"mode": more}
         assert "one row (96 tokens)" in plan.reasoning and "same bit for bit" in plan.reasoning
-    stop = policy.plan(finding(5, "oom", "memory"), View(micro_batch_tokens=64, activation_checkpointing="full"))
+    stop = act(policy, finding(5, "oom", "memory"), View(micro_batch_tokens=64, activation_checkpointing="full"))
     assert stop.action == "stop" and "one row (64 tokens) and activation checkpointing full" in stop.params["reason"]
     cfg = OrchestratorConfig()
     cfg.oom.recompute = False  # the user keeps the step's speed: one row is the end
-    stop = Policy(cfg).plan(finding(5, "oom", "memory"), View(micro_batch_tokens=64))
+    stop = act(Policy(cfg), finding(5, "oom", "memory"), View(micro_batch_tokens=64))
     assert stop.action == "stop" and "set train.activation_checkpointing" in stop.params["reason"]
     spent = finding(5, "oom", "memory")
     spent.evidence["retry"] = 9  # past orchestrator.oom.max_retries (8): no more recompute either
-    assert "after 8 retries" in policy.plan(spent, View(micro_batch_tokens=64)).params["reason"]
+    assert "after 8 retries" in act(policy, spent, View(micro_batch_tokens=64)).params["reason"]
 
 
 def test_a_raised_checkpointing_is_probed_lighter_before_a_larger_micro_batch():
@@ -615,12 +630,12 @@ def test_a_raised_checkpointing_is_probed_lighter_before_a_larger_micro_batch():
                 return s, f
 
     (at, f), view = first_probe(1, "full"), View(micro_batch_tokens=64, activation_checkpointing="full")
-    plan = policy.plan(f, view)
+    plan = act(policy, f, view)
     assert at == 4 and plan.action == "set_activation_checkpointing" and plan.params == {"mode": "selective"}
     at, f = first_probe(at + 1, "selective")
-    assert at == 4 + 8 and policy.plan(f, view).params == {"mode": "off"}  # the back-off doubled the wait
+    assert at == 4 + 8 and act(policy, f, view).params == {"mode": "off"}  # the back-off doubled the wait
     at, f = first_probe(at + 1, "off")
-    assert at == 12 + 16 and policy.plan(f, view).params == {"tokens": 128}
+    assert at == 12 + 16 and act(policy, f, view).params == {"tokens": 128}
 
 
 def test_after_a_persons_micro_batch_the_probe_returns_to_theirs_not_the_configs():
@@ -647,7 +662,7 @@ def test_after_a_persons_micro_batch_the_probe_returns_to_theirs_not_the_configs
 
 
 def test_memory_pressure_at_one_row_does_not_stop_a_healthy_run():
-    plan = Policy(OrchestratorConfig()).plan(finding(5, "memory", "memory"), View(micro_batch_tokens=64))
+    plan = act(Policy(OrchestratorConfig()), finding(5, "memory", "memory"), View(micro_batch_tokens=64))
     assert plan.action == "none"
 
 
@@ -655,22 +670,22 @@ def test_fp16_and_throughput_remedies():
     cfg = OrchestratorConfig()
     cfg.fp16.lr_factor = 0.25
     policy = Policy(cfg)
-    assert policy.plan(finding(3, "fp16", "fp16"), View()).params == {"factor": 0.25}
+    assert act(policy, finding(3, "fp16", "fp16"), View()).params == {"factor": 0.25}
     assert policy.last_lr_change == 3
-    plan = policy.plan(finding(4, "throughput", "throughput"), View())
+    plan = act(policy, finding(4, "throughput", "throughput"), View())
     assert plan.action == "none" and plan.params == {}
 
 
 def test_policy_state_round_trip_and_shift():
     policy = Policy(OrchestratorConfig())
     for s in (10, 11, 12, 13):
-        policy.plan(finding(s), View())
+        act(policy, finding(s), View())
     state = json.loads(json.dumps(policy.state_dict()))
     other = Policy(OrchestratorConfig())
     other.load_state_dict(state)
     assert other.state_dict() == policy.state_dict()
     for s, action in [(14, "skip_step"), (15, "rollback")]:
-        assert other.plan(finding(s), View()).action == policy.plan(finding(s), View()).action == action
+        assert act(other, finding(s), View()).action == act(policy, finding(s), View()).action == action
     assert other.state_dict() == policy.state_dict()
     policy.shift(5)
     assert policy.ladder.last_step == 10 and policy.last_lr_change == 10  # counted in steps trained
@@ -1081,7 +1096,9 @@ def test_after_rows_were_left_out_the_next_steps_rows_are_watched():
 
     assert step(6, [60, 61]) is None  # nothing left out yet: no watch
     bad, _ = data.score(view, data.since(3))
-    assert bad == [32, 40, 52, 60] and data.watch_until == 16  # the newest step remembered + 10
+    assert bad == [32, 40, 52, 60] and data.watch_until == -1  # scored, not yet left out (it may be advice)
+    data.watch_more()  # left out (the decision was applied)
+    assert data.watch_until == 16  # the newest step remembered + 10
     found = step(12, [120, 121, 122])
     assert found.family == "data" and found.evidence["rows"] == [120] and data.watch_until == 22
     assert step(13, [131, 133]) is None  # clean rows: no finding

@@ -40,7 +40,8 @@ class DataAttribution:
         return sorted({r for s, rows in self.rows.items() if int(s) >= first for r in rows})
 
     def score(self, view: Any, rows: list[int]) -> tuple[list[int], dict[str, Any]]:
-        """The bad ones among `rows`, and the evidence for the journal."""
+        """The bad ones among `rows`, and the evidence for the journal (nothing changes: leaving
+        them out is a decision, which may be advice; watch_more follows an applied one)."""
         cfg = self.cfg
         scores = view.row_losses(rows) if rows else {}
         reference = view.held_out_row_losses(cfg.reference_rows) or list(scores.values())
@@ -57,10 +58,13 @@ class DataAttribution:
             "reference_rows": len(reference),
             "sources": dict(list(view.row_sources(bad).items())[:10]) if bad else {},
         }
-        if bad:
-            newest = max((int(s) for s in self.rows), default=self.watch_until)
-            self.watch_until = max(self.watch_until, newest + cfg.watch_steps)
         return bad, evidence
+
+    def watch_more(self) -> None:
+        """Rows were left out (or found during a watch): score each next step's rows for
+        watch_steps more steps."""
+        newest = max((int(s) for s in self.rows), default=self.watch_until)
+        self.watch_until = max(self.watch_until, newest + self.cfg.watch_steps)
 
     def watch(self, view: Any, m: StepMetrics) -> Finding | None:
         """During a watch, this step's bad rows as a finding (None when it has none)."""
@@ -69,6 +73,7 @@ class DataAttribution:
         bad, evidence = self.score(view, m.rows)
         if not bad:
             return None
+        self.watch_more()  # the watch extends while it keeps finding bad rows
         summary = f"{len(bad)} of the step's {len(m.rows)} rows score above {evidence['threshold']:.3f}"
         return Finding(
             rule="data", family="data", step=m.step, evidence={"rows": bad, **evidence}, summary=summary, strength=1.0

@@ -77,7 +77,8 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         self.pending: list[StepOutput] = []
         self.reruns: dict[int, dict[str, Any]] = {}  # reproducible re-runs, until their step is read
         self.transient_faults: dict[str, int] = {}  # rank -> transient faults its gradient showed (re-runs)
-        self.outcomes = Outcomes(self.journal, cfg.outcome_after)  # what followed each decision, judged
+        self.outcomes = Outcomes(self.journal, cfg)  # what followed each decision, judged
+        self.rolling_back: int | None = None  # the decision whose rollback was requested, until applied
         self.recent_losses = Rolling(20)  # healthy losses: the "before" of an outcome
         self.read_every = cfg.read_every
         self.failed_saves = 0  # saves failed since the last that worked (a stretch of work at risk)
@@ -85,7 +86,8 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         self.last_step = 0  # the newest step seen (a rollback moves the run's counter back)
         self.ceilings: dict[str, float] = {}  # the update gate's thresholds, refreshed at each read
         self.demoted: set[str] = set()  # "rule:action" remedies that fell to advice (low confidence)
-        self._baseline_before: tuple[float | None] | None = None  # the reference a save being written replaced
+        # the references a save being written replaced (probe_baseline, start_probe)
+        self._baseline_before: tuple[float | None, float | None] | None = None
         self.lost_commands: list[dict[str, Any]] = []  # a person's settings a resume lost, to apply again
         self._mode_kept = ""  # said at start: a resumed run kept a mode a person set over the config's
 
@@ -192,7 +194,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         save returns (a failure of that retry does not come back here: training goes on, and the
         next interval tries again)."""
         if self._baseline_before is not None:  # the checkpoint measured is not on disk: nor its reference
-            (self.policy.probe_baseline,), self._baseline_before = self._baseline_before, None
+            (self.policy.probe_baseline, self.policy.start_probe), self._baseline_before = self._baseline_before, None
         if self.mode != "auto":
             return False
         if run.stopping:
@@ -218,10 +220,11 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         """A good checkpoint's held-out loss, the reference a diagnosis and the end check compare
         with, measured before its state is taken: in that checkpoint, so a resume from it judges
         against it (measured once the save was done, each checkpoint held the one before's, and a
-        background save's never matched its step: the end check was never armed)."""
-        if self.mode == "auto" and good:
-            self._baseline_before = (self.policy.probe_baseline,)
-            self.policy.probe_baseline = run.probe_loss()
+        background save's never matched its step: the end check was never armed). In advise mode
+        too: a person's `ctl mode auto` later diagnoses against it."""
+        if self.mode != "off" and good:
+            self._baseline_before = (self.policy.probe_baseline, self.policy.start_probe)
+            self.policy.measured(run.probe_loss(), run.step)
 
     def on_checkpoint(self, run: RunView, path: Path) -> None:
         self.save_stall = run.save_seconds  # the stall the save cost training (the interval rule's C)
@@ -252,6 +255,8 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         phase replayed after it must start them afresh again, not be judged against them);
         decisions, ladder and knobs stay (they are the fix)."""
         self.pending, self.reruns = [], {}
+        self.outcomes.rolled_back(run.step, self.rolling_back)
+        self.rolling_back = None
         self.policy.shift(self.last_step - run.step)
         if self.make_up is not None:
             self.make_up.rolled_back(run.step)
@@ -307,9 +312,9 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             self.phase = m.phase
             fresh = {**MONITORS, "rows": OutlierRows}
             self.monitors.update({k: fresh[k](self.cfg) for k in PER_PHASE if k in self.monitors})
-            if self.mode == "auto":  # the probe scores the new phase's held-out rows from now on
-                self.policy.probe_baseline = run.probe_loss()
+            self.policy.new_phase(m.step - 1, run.probe_loss())  # the probe scores the new phase's held-out rows
         self.policy.data.record(m.step, m.rows)
+        m.unsettled = self.policy.unsettled(m.step)
         findings = [
             f for name, mon in self.monitors.items() if name not in self.paused and (f := mon.observe(m)) is not None
         ]
@@ -323,8 +328,8 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         self.outcomes.follow(m, findings)
         if not findings and math.isfinite(m.loss):
             self.recent_losses.add(m.loss)
-        restore = self.policy.quiet(m.step)
-        if restore is not None and self.mode != "off":
+        restore = self.policy.quiet(m.step, run)
+        if restore is not None:
             f = Finding(
                 rule="lr_restore",
                 family="instability",

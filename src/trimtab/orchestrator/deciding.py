@@ -22,6 +22,8 @@ from trimtab.orchestrator.remedies import Remedy, ranks
 if TYPE_CHECKING:
     from trimtab.training.view import RunView
 
+RECORDED = ("resume", "rerun_step")  # done before they are decided (a restart, a re-run), whatever the mode
+
 
 class Deciding:
     """The Orchestrator's decisions (it holds the state named here)."""
@@ -35,6 +37,7 @@ class Deciding:
     recent_losses: Rolling  # healthy losses: a decision's "before"
     demoted: set[str]  # "rule:action" remedies that fell to advice (low confidence)
     monitors: dict[str, Any]
+    rolling_back: int | None  # the decision whose rollback was requested, until the loop applies it
 
     def decide(self, run: RunView, f: Finding) -> Decision:
         """The policy's decision on finding f (the orchestrator's own, or another hook's such as
@@ -43,25 +46,27 @@ class Deciding:
 
     def _decide(self, run: RunView, f: Finding, remedy: Remedy, withheld: bool = False) -> Decision:
         """Journal a decision and, in auto mode, request its action; `withheld`: the update gate
-        already skipped this step's update (a skip_step decision records what happened)."""
+        already skipped this step's update (a skip_step decision records what happened). Only an
+        applied remedy changes the policy (Remedy.applied) and is judged: advice is journaled with
+        the outcome "not applied", and the same advice again is counted on it, not journaled anew."""
         if remedy.action == "none" and (again := self.journal.repeat_of(f.rule, "none", remedy.reasoning)):
-            # the same finding, the same word for a person: counted on that decision (a count, not
-            # a list: a long run's journal is rewritten whole at every decision)
-            again.evidence["seen_again"] = again.evidence.get("seen_again", 0) + 1
-            again.evidence["last_seen_at"] = f.step
-            self.journal.write()
-            return again
+            return self._seen_again(again, f)  # the same finding, the same word for a person
         record = self.journal.track_record(f.rule, remedy.action)
         confidence = Policy.confidence(f.strength, record)
         mode, reasoning = self.mode, remedy.reasoning
         if remedy.action == "skip_step":
-            reasoning = _skip_wording(mode, withheld)
+            reasoning = _skip_wording(mode, withheld) + (f"; {remedy.reasoning}" if remedy.reasoning else "")
         acts = remedy.action not in ("skip_step", "none", "stop", "resume")  # resume: done before (a restart)
         demoted = mode == "auto" and acts and confidence < self.cfg.min_confidence
         if demoted:
             mode, reasoning = "advise", reasoning + " (confidence below orchestrator.min_confidence)"
         if acts and self.mode == "auto":
             self._announce_demotion(run, f.rule, remedy.action, demoted, confidence, record)
+        window = self.cfg.escalation_window  # advice repeated within it is one advice (it folds until quiet)
+        if mode == "advise" and (
+            again := self.journal.advised_again(f.rule, remedy.action, remedy.params, f.step, window)
+        ):
+            return self._seen_again(again, f)
         decision = Decision(
             id=self.journal.next_id(),
             step=f.step,
@@ -76,6 +81,10 @@ class Deciding:
             summary=f.summary,
             loss_before=self.recent_losses.mean() if len(self.recent_losses) else None,
         )
+        if mode == "auto":
+            remedy.applied()
+        elif remedy.action not in RECORDED:  # advice: nothing to judge (a track record is the applied ones')
+            decision.outcome = {"result": "not applied", "steps": 0}
         if remedy.action == "skip_step":
             decision.applied = ["update withheld before the optimizer step"] if withheld else []
         elif remedy.action == "rerun_step":
@@ -83,9 +92,19 @@ class Deciding:
         elif remedy.action == "resume":
             decision.applied = [f"resumed at step {remedy.params['step']} on {ranks(remedy.params['world'])}"]
         elif mode == "auto" and remedy.action != "none":
+            if remedy.action == "rollback":  # on_rollback judges the branch it abandons, but this decision
+                self.rolling_back = decision.id
             run.control.request(remedy.action, on_done=lambda line, d=decision: self._applied(d, line), **remedy.params)
         self.journal.add(decision)
         run.say(decision.console_line())
+        return decision
+
+    def _seen_again(self, decision: Decision, f: Finding) -> Decision:
+        """Finding f came back to `decision`'s answer: counted on it (a count, not a list: a long
+        run's journal is rewritten whole at every decision)."""
+        decision.evidence["seen_again"] = decision.evidence.get("seen_again", 0) + 1
+        decision.evidence["last_seen_at"] = f.step
+        self.journal.write()
         return decision
 
     def _announce_demotion(

@@ -95,6 +95,7 @@ from trimtab.training.instrument import FaultHandle, Instrument
 
 if TYPE_CHECKING:
     from trimtab.data import StepBatch
+    from trimtab.training.state import StepOutput
     from trimtab.training.view import RunView
 
 SLOW_SECONDS = 0.25
@@ -111,8 +112,11 @@ class FaultInjector(Instrument):
         self.path = Path(run_dir) / "faults.json"
         self.record: dict[str, Any] = {"fired": {}, "poisoned": []}
         self.step = 0
-        self._fire_nan: Fault | None = None  # faults firing in the current step's forward/backward
+        # faults firing in the current step's forward/backward, until it ends (an OOM retry of the
+        # step calls on_step_start again: what was armed for the step fires on the retried rows)
+        self._fire_nan: Fault | None = None
         self._fire_grad: Fault | None = None
+        self._evaluation: Fault | None = None  # eval_error / eval_hang: the evaluation running is the fault's
         self._flip_grad = False  # grad_bitflip: one gradient element of this step's next backward
         self._lr_factor: float | None = None  # lr_spike: still to apply in this step's first forward
         self._tokens = 0  # in the forward now running (oom compares it with its limit)
@@ -209,7 +213,6 @@ class FaultInjector(Instrument):
 
     def on_step_start(self, run: RunView, batch: StepBatch) -> None:
         self.step = run.step + 1  # the step about to run
-        self._fire_nan = self._fire_grad = None
         lr = self._active("lr_spike")
         self._lr_factor = lr.param if lr else None
         for fault in self.faults:
@@ -246,6 +249,9 @@ class FaultInjector(Instrument):
                     time.sleep(3600)
         if self.record["poisoned"]:  # this step's micro-batches were cut before the rows went bad
             self.handle.reload_rows(batch, set(self.record["poisoned"]))
+
+    def on_step_end(self, run: RunView, out: StepOutput) -> None:
+        self._fire_nan = self._fire_grad = None  # the step ran: its faults are spent
 
     def _add_noise(self, scale: float) -> None:
         generator = torch.Generator().manual_seed(self.step)  # the same noise on every rank
@@ -304,22 +310,33 @@ class FaultInjector(Instrument):
             )
 
     def _maybe_eval_fault(self, module: torch.nn.Module, args: tuple) -> None:
-        """eval_error / eval_hang, inside the trainer's evaluations only (not the orchestrator's probes)."""
+        """eval_error / eval_hang, inside the trainer's evaluations only (not the orchestrator's
+        probes): every forward of the first `count` evaluations at or after the fault's step. An
+        evaluation at a step one already failed at (a rollback's replay, a resume) is another
+        evaluation: the fault does not fire again (keyed by step, it failed every replay of it)."""
         if not self.run.evaluating:
+            self._evaluation = None  # a training forward or a probe: the evaluation before is over
             return
-        step, at = self.run.step, self.record.setdefault("evaluations", {})
+        if self._evaluation is None:
+            self._evaluation = self._evaluation_due(self.run.step)
+        if self._evaluation is None:
+            return
+        if self._evaluation.kind == "eval_error":
+            raise RuntimeError(f"injected by {self._evaluation.spec}: a record the model cannot take")
+        time.sleep(self._evaluation.param)
+
+    def _evaluation_due(self, step: int) -> Fault | None:
+        """The evaluation fault due for an evaluation beginning at `step`, its firing recorded."""
+        at = self.record.setdefault("evaluations", {})
         for fault in self.faults:
             if fault.kind not in ("eval_error", "eval_hang") or step < fault.step:
                 continue
             fired = at.setdefault(fault.spec, [])
             if step not in fired and len(fired) < fault.count:
-                fired.append(step)  # this evaluation is the fault's: every forward of it
+                fired.append(step)
                 self._save()
-            if step not in fired:
-                continue
-            if fault.kind == "eval_error":
-                raise RuntimeError(f"injected by {fault.spec}: a record the model cannot take")
-            time.sleep(fault.param)
+                return fault
+        return None
 
     def _maybe_lr(self, module: torch.nn.Module, args: tuple) -> None:
         """lr_spike: the trainer set this step's LR before the forward; multiply it once."""

@@ -25,6 +25,10 @@ from trimtab.training.actions import describe
 
 log = logging.getLogger(__name__)
 
+# Outcomes a remedy's track record counts; "not applied" (advice), "stopped", "applied" (a person's) and
+# "cut short" (taken in a branch a rollback abandoned before any step followed it) judge nothing.
+JUDGED = ("recovered", "not recovered", "failed")
+
 
 @dataclass(kw_only=True)
 class Decision:
@@ -115,6 +119,15 @@ class Journal:
         last = next((d for d in reversed(self.decisions) if d.rule == rule), None)
         return last if last is not None and (last.action, last.reasoning) == (action, reasoning) else None
 
+    def advised_again(self, rule: str, action: str, params: dict[str, Any], step: int, within: int) -> Decision | None:
+        """This rule's latest advice of this action, when it had these parameters and was given
+        (or seen again) within `within` steps of `step`: the same advice repeated (advise mode
+        answers a persisting fault at every climb) is that advice again, not a new decision."""
+        last = next((d for d in reversed(self.decisions) if d.rule == rule and d.action == action), None)
+        if last is None or last.mode != "advise" or last.params != params:
+            return None
+        return last if step - last.evidence.get("last_seen_at", last.step) < within else None
+
     def pending(self) -> list[Decision]:
         return [d for d in self.decisions if d.outcome is None]
 
@@ -130,8 +143,13 @@ class Journal:
     def track_record(self, rule: str, action: str) -> tuple[int, int]:
         """(recovered, judged) of this rule's decisions with this action in this run: how often
         this remedy fixed this problem. Per action, since a failed first remedy is what an
-        escalation answers, and must not lower the confidence in the escalation."""
-        judged = [d for d in self.decisions if d.rule == rule and d.action == action and d.outcome]
+        escalation answers, and must not lower the confidence in the escalation. Only applied
+        decisions count (advice changed nothing, whatever followed it)."""
+        judged = [
+            d
+            for d in self.decisions
+            if d.rule == rule and d.action == action and d.outcome and d.outcome["result"] in JUDGED
+        ]
         return sum(d.outcome["result"] == "recovered" for d in judged), len(judged)
 
     def state_dict(self) -> list[dict[str, Any]]:

@@ -50,6 +50,7 @@ class StepMetrics:
     # verifications (scored, failed, timed out), verifier_error (the step's last verifier error,
     # this rank's, when one raised), reward, entropy, truncated, response_tokens
     rl: dict[str, Any] | None = None
+    unsettled: bool = False  # instability lately (Policy.unsettled): a high loss is the model's, not a row's
 
 
 @dataclass(kw_only=True)

@@ -1,11 +1,18 @@
 """A decision's measured outcome: the steps that followed it, judged after `outcome_after` of them.
 
 Recovered means no finding of the same trouble since, finite losses, and the loss back near
-(instability: within 5%) or below (plateau) what it is compared with. That is the healthy losses'
-mean before the decision, for steps the run had not trained before; a step a rollback replays is
-compared with the loss the run had at that same step before (the same rows, at the same point of
-the schedule): a rollback to an early checkpoint replays steps whose loss was higher than the one
-just before the fault, and a faithful replay of them is a recovery, not a failure.
+(instability: within 5%) or below (plateau: by more than a flat stretch's noise) what it is
+compared with. That is the healthy losses' mean before the decision, for steps the run had not
+trained before; a step a rollback replays is compared with the loss the run had at that same step
+before (the same rows, at the same point of the schedule): a rollback to an early checkpoint
+replays steps whose loss was higher than the one just before the fault, and a faithful replay of
+them is a recovery, not a failure.
+
+A skipped step answers that step alone: once SETTLED healthy steps followed it, a later finding
+is another fault, not the skip's failure. A decision taken in a branch a rollback then abandoned
+is judged at the rollback on the steps that branch had (the replay that follows repeats steps from
+before its trouble, which would compare the run with itself), but for the rollback itself, whose
+effect the replay is. Advice is never judged (deciding.py: "not applied").
 """
 
 from __future__ import annotations
@@ -14,15 +21,23 @@ import math
 from collections import OrderedDict
 from typing import Any
 
+from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.journal import Decision, Journal
 from trimtab.orchestrator.monitors import Finding, StepMetrics
 
 KEEP = 4096  # healthy losses kept by step: a rollback goes back a checkpoint interval or a few
+# Healthy steps after which a skipped step's trouble is over: the 5 quiet steps that make a
+# checkpoint good (core.py: healthy) and withheld updates owed (orchestrator.make_up.quiet_steps)
+SETTLED = 5
 
 
 class Outcomes:
-    def __init__(self, journal: Journal, outcome_after: int) -> None:
-        self.journal, self.outcome_after = journal, outcome_after
+    def __init__(self, journal: Journal, cfg: OrchestratorConfig) -> None:
+        self.journal, self.outcome_after = journal, cfg.outcome_after
+        # A plateau's LR raise helped when the loss fell by more than the noise a flat stretch
+        # has: the standard deviation of orchestrator.plateau.variance, the flatness it fired at
+        # (a fall of 0.007 nats at an LR of 1e-6, the loss still at ln(vocab), was "recovered").
+        self.plateau_fall = math.sqrt(cfg.plateau.variance)
         self.tracking: dict[str, dict[str, Any]] = {}  # decision id -> what followed it
         self.healthy: OrderedDict[int, float] = OrderedDict()  # step -> its loss, steps without findings
 
@@ -33,7 +48,10 @@ class Outcomes:
             track = self.tracking.setdefault(str(decision.id), {"losses": [], "findings": 0})
             track["losses"].append(m.loss)
             track.setdefault("references", [None] * (len(track["losses"]) - 1)).append(reference)
-            track["findings"] += any(same_trouble(decision, f) for f in findings)
+            same = any(same_trouble(decision, f) for f in findings)
+            if decision.action == "skip_step":
+                same = _skip_trouble(track, same, m.loss)
+            track["findings"] += same
             decision.observed += 1
             if decision.observed >= self.outcome_after:
                 self.judge(decision)
@@ -47,6 +65,21 @@ class Outcomes:
         """No outcome to measure (it failed, or it stopped the run)."""
         self.tracking.pop(str(decision.id), None)
 
+    def rolled_back(self, to: int, rollback: int | None) -> None:
+        """A rollback restored step `to`: the pending decisions taken after it were taken in the
+        branch it abandoned, judged now on what that branch had; `rollback`, the decision whose
+        rollback this is, is judged on the replay (its effect)."""
+        for d in self.journal.pending():
+            if d.step <= to or d.id == rollback:
+                continue
+            if d.observed:
+                self.judge(d)
+                d.outcome["rolled_back"] = True
+            else:  # nothing followed it before the rollback: nothing to judge
+                self.tracking.pop(str(d.id), None)
+                d.outcome = {"result": "cut short", "steps": 0, "rolled_back": True}
+        self.journal.write()
+
     def judge(self, d: Decision) -> None:
         track = self.tracking.pop(str(d.id), {"losses": [], "findings": 0})
         references = track.get("references") or [None] * len(track["losses"])
@@ -59,7 +92,7 @@ class Outcomes:
         if ok and before is not None and d.family == "instability":
             ok = after <= before * 1.05
         if ok and before is not None and d.family == "plateau" and d.action != "none":
-            ok = after < before
+            ok = after < before - self.plateau_fall
         d.outcome = {
             "result": "recovered" if ok else "not recovered",
             "steps": len(track["losses"]),
@@ -79,6 +112,16 @@ class Outcomes:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.tracking = state["tracking"]
         self.healthy = OrderedDict((int(s), float(v)) for s, v in state.get("healthy_losses", []))  # older: none
+
+
+def _skip_trouble(track: dict[str, Any], same: bool, loss: float) -> bool:
+    """Whether a skipped step's trouble is back: not once SETTLED healthy steps followed it (a
+    finding then is another fault), counted in track["healthy"]."""
+    healthy = track.get("healthy", 0)
+    if healthy >= SETTLED:
+        return False
+    track["healthy"] = 0 if same or not math.isfinite(loss) else healthy + 1
+    return same
 
 
 def same_trouble(decision: Decision, f: Finding) -> bool:

@@ -16,6 +16,13 @@ its second sighting (the next epoch) it must be one again, or on its first alrea
 `max_suspects`, the oldest forgotten first). Rows with fewer than `min_targets` targets are not
 judged: a mean over a few tokens (a document's first line, without context) is noise.
 
+Nor is any row while the model is unstable: after instability within the escalation window
+(StepMetrics.unsettled), or at a step whose rows' median stands min_gap above the reference (the
+loss far above its trend on most rows, which no bad row explains). An LR far too high scores
+legitimate rows 4-5 nats above the others (debug at lr 0.5, step 5: the step's median 8.3 against
+6.4 before, its worst row 11.3): named there, clean stdlib files were left out for good. Those
+steps' rows stay out of the reference too; a garbage row is met again in a later epoch.
+
 What it cannot see: garbage the tokenizer splits into many short tokens (random characters,
 base64, hex) once the model has learned that mode: each token is then about as predictable as
 text's (per token, the healing benchmark's garbage corpus scores at the text's median on the
@@ -48,11 +55,15 @@ class OutlierRows(Monitor):
         cfg = self.cfg
         losses = {r: loss for r, (loss, targets) in (m.row_losses or {}).items() if targets >= cfg.min_targets}
         values = [x for x in losses.values() if math.isfinite(x)]
+        if m.unsettled:
+            return None
         # One row not finite among finite ones is that row's (named below); two or more are a broken
         # computation, not two rows of data gone at once: a whole forward, or under data
         # parallelism one rank's share of the rows (its weights gone bad: rule nonfinite's)
         if len(self.recent) < cfg.min_reference or len(losses) - len(values) >= 2:
             self.recent.extend(values)
+            return None
+        if values and median(values) > median(self.recent) + cfg.min_gap:  # the model's doing, not a row's
             return None
         reference = list(self.recent) + values
         middle = median(reference)

@@ -38,10 +38,13 @@ class PersonCommands:
         trainer said in one line: training/changes.py): journaled as theirs."""
         if change["key"] not in KEYS:
             summary, reasoning = journal_text(change, run.step)
-            applied = [f"{change['key']} = {show(change['new'])}"]
+            moot = change["effect"].startswith("no effect")  # a dpo.* key on an RL run: nothing was applied
+            applied = [] if moot else [f"{change['key']} = {show(change['new'])}"]
             decision = person_decision(
                 self.journal.next_id(), run.step, "config", change, reasoning, "none", {}, summary, applied
             )
+            if moot:
+                decision.outcome = {"result": "no effect"}
             self.journal.add(decision)
             return
         summary = f"{change['key']} {change['old']} -> {change['new']} on resume at step {run.step}"

@@ -7,6 +7,7 @@ Remedy; none acts (the orchestrator requests the action through Control).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,12 +21,21 @@ from trimtab.training.state import GAVE_UP, NO_CHECKPOINT
 @dataclass(kw_only=True)
 class Remedy:
     """The policy's answer to a finding: an action of the table (training/actions.py), or "none"
-    (log only), with its parameters and the reasoning the journal records."""
+    (log only), with its parameters and the reasoning the journal records. `commit` is what the
+    policy remembers of it (a rung climbed, an LR cut owed, a rollback spent): run by the
+    orchestrator only when the remedy is applied, so advice (advise mode, or confidence too low)
+    leaves the policy as it was."""
 
     action: str
     params: dict[str, Any] = field(default_factory=dict)
     reasoning: str
     evidence: dict[str, Any] = field(default_factory=dict)  # what the policy measured itself (journaled)
+    commit: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+
+    def applied(self) -> None:
+        """The remedy was applied (auto mode, confident enough): the policy takes on its state."""
+        if self.commit is not None:
+            self.commit()
 
 
 # At one row an out-of-memory error recomputes more (model/recompute.py): the next of
@@ -345,9 +355,14 @@ def _balance(f: Finding, layer: int, kind: str, coef: float, cfg: OrchestratorCo
             reasoning=f"the load is {kind}d but the balance coefficient is at its limit "
             "(orchestrator.moe.max_balance_coef); logged for a person",
         )
+    step = (
+        f"it was {coef:g} (off): it starts at {target:g}"
+        if coef <= 0
+        else f"x{target / coef:.3g}, {coef:g} -> {target:g}"
+        + (" (a collapse: x4, up to orchestrator.moe.max_balance_coef)" if kind == "collapse" else "")
+    )
     return Remedy(
         action="set_balance_coef",
         params={"value": target, "layer": layer},
-        reasoning="a stronger load-balancing loss pushes the router to spread tokens (Switch, GShard)"
-        + ("; a collapse gets a 4x step" if kind == "collapse" else ""),
+        reasoning=f"a stronger load-balancing loss pushes the router to spread tokens (Switch, GShard): {step}",
     )

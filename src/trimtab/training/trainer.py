@@ -421,7 +421,7 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
         if isinstance(self.loader, RolloutLoader):  # an RL phase generates with the model it trains
             self.loader.policy, self.loader.snapshot = self._rollouts, self._policy_snapshot
             self.loader.all_sum = self._all_sum
-            if self.cfg.rl.max_staleness and self.dist.world > 1:  # the rollout thread's sums apart
+            if self.dist.world > 1:  # the rollout thread's sums apart (a bound `ctl max-staleness` raises too)
                 self.loader.side_sum, self.loader.gather = side_sum(), gather_objects
         if isinstance(self.loader, PairLoader):  # DPO scores held-out pairs, answers held-out problems
             self.loader.scorer, self.loader.policy = self._pair_logprobs, self._rollouts

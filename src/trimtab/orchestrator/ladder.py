@@ -1,0 +1,462 @@
+"""The instability family's escalation ladder, a part of the Policy (policy.py):
+
+    rung 0  skip the step (the update gate already withheld it on device)
+    rung 1  cut the LR (x lr_cut)
+    rung 2  roll back to the last good checkpoint, skip the rows behind the incident, cut the LR
+    rung 3  save and stop with a clear message (max_rollbacks spent on one incident, or nothing
+            to roll back to)
+
+It climbs when `escalate_after` instability findings fall within `escalation_window` steps of
+each other (skipping did not help), and falls back to rung 0 after a quiet window. Before the
+first climb a held-out probe tells bad data (leave its rows out, the LR stays) from broken
+weights (roll back at once, keeping the data). A breakage is the LR's doing, and the rollback
+cuts it decisively (x above_start.lr_factor, as a loss above its start gets), when it comes
+back before the replay got clear of the last one, or when early in a phase it leaves the weights
+worse than the untouched ones.
+
+What a remedy changes in the policy (a rung climbed, a cut owed, a rollback spent) is in its
+`commit`, run only when the orchestrator applies it: advice leaves the ladder where it was.
+The rollbacks of one incident are counted, not a run's: an incident is over once the run trained
+past the step its last rollback was taken at and then saved a good checkpoint or trained
+`escalation_window` steps without instability (PaLM, arXiv 2204.02311, 5.1, answered each of its
+spikes on its own, restarting ~100 steps before it; max_rollbacks bounds the answers to one).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.attribution import DataAttribution
+from trimtab.orchestrator.monitors import Finding
+from trimtab.orchestrator.remedies import GAVE_UP, Remedy
+
+
+@dataclass
+class Ladder:
+    rung: int = 0
+    recent: list[int] = field(default_factory=list)  # steps of findings since the last climb
+    last_step: int = -1  # last finding
+    rows: list[int] = field(default_factory=list)  # rows of the incident's flagged steps
+
+
+class InstabilityLadder:
+    """The Policy's instability family (it holds the state named here)."""
+
+    cfg: OrchestratorConfig
+    ladder: Ladder
+    data: DataAttribution
+    last_lr_change: int  # step of the last LR decision applied (cooldowns, grace periods)
+    probe_baseline: float | None  # held-out loss at the last good checkpoint
+    start_probe: float | None  # held-out loss of the phase's untouched weights
+    phase_start: int  # the step the current phase started after
+    lr_too_high_at: int  # step of the last decisive LR cut: rows' losses are the model's for a while
+    rollbacks: int  # rollbacks of the open incident (0: none open)
+    rollback_at: int  # the step the last of them was decided at (-1: none)
+    broken_at: int  # ... when it was for broken weights (-1: none)
+    last_rollback_to: int  # the checkpoint step the last ladder rollback restored (-1: none)
+    lr_debt: float  # product of the ladder's LR cuts not yet given back
+    lr_ceiling: float  # the multiplier before the first of them: a give-back never goes past it
+    last_restore: int  # step of a give-back still on probation (-1: none)
+    restore_failed: bool  # instability came back after a give-back: the cut stays
+
+    def _instability(self, f: Finding, view: Any) -> Remedy:
+        ladder, cfg = self.ladder, self.cfg
+        if f.rule == "above_start":
+            return self._lr_too_high(f, view)
+        ladder.recent = [s for s in ladder.recent if f.step - s < cfg.escalation_window] + [f.step]
+        ladder.last_step = f.step
+        ladder.rows = sorted(set(ladder.rows) | set(f.rows))
+        climb = len(ladder.recent) >= cfg.escalate_after
+        if f.rule == "divergence" and ladder.rung == 0:
+            climb = True  # a trend is not a one-off: skipping cannot fix it
+        verdict = self._diagnose(view, sudden=f.rule != "divergence") if climb and ladder.rung == 0 else None
+        if verdict and verdict[0] == "data" and not self.lr_suspect(f.step):
+            remedy = self._data(view, verdict[1])
+            if remedy is not None:
+                return remedy
+        if verdict and verdict[0] == "broken":
+            early = min(ladder.recent) - self.phase_start < cfg.escalation_window
+            ladder.recent = []  # the climb is answered (applied or advised): the next needs as many findings
+            return self._rollback(view, broken=verdict[1], early=early)
+        if not climb:
+            return Remedy(action="skip_step", reasoning="")  # the orchestrator words it from what the gate did
+        ladder.recent = []
+        rung = ladder.rung + 1
+        if rung == 1 and view.lr_scale * cfg.lr_cut < cfg.min_lr_scale:
+            rung = 2  # the LR is already at its floor
+        if rung == 1:
+            return self._cut(f, view)
+        return self._rollback(view)
+
+    def _cut(self, f: Finding, view: Any) -> Remedy:
+        """Rung 1: the LR comes down (divergence's cut is never given back: a rising trend is the
+        LR's doing). Not at the run's last step, where a cut would act on no step of it."""
+        cfg = self.cfg
+        if f.step >= view.total_steps:
+            return Remedy(
+                action="skip_step",
+                reasoning="no LR cut at the run's last step: it would change no step of this run and stay in the "
+                "final checkpoint, carried into any extension of the run; the end check scores the weights "
+                "before they are saved as final (broken, they are rolled back and the steps trained again)",
+            )
+        factor = cfg.divergence.lr_factor if f.rule == "divergence" else cfg.lr_cut
+        lr_scale = view.lr_scale
+
+        def commit() -> None:
+            self.ladder.rung, self.last_lr_change = 1, f.step
+            if f.rule != "divergence":
+                self._owe(factor, lr_scale)
+
+        return Remedy(
+            action="scale_lr",
+            params={"factor": factor},
+            reasoning=f"{cfg.escalate_after} instability findings within {cfg.escalation_window} steps: "
+            "skipping alone does not help, so the LR comes down"
+            if f.rule != "divergence"
+            else "the loss trends upward: a lower LR is the standard remedy for divergence",
+            commit=commit,
+        )
+
+    def _lr_too_high(self, f: Finding, view: Any) -> Remedy:
+        """Training makes the model worse than where the phase started: the LR is too high. Cut
+        it decisively (x above_start.lr_factor, again while the loss does not fall), down to the
+        floor; the cut is never given back (restoring would return to the cause). At the floor,
+        the ladder's last rungs: a rollback, then a stop."""
+        self.ladder.last_step = f.step
+        floor = self.cfg.min_lr_scale / view.lr_scale
+        if floor >= 1 - 1e-6 and "warm_grad_norm" in f.evidence:  # at the floor: a replay would repeat itself
+            return Remedy(
+                action="none",
+                reasoning=f"the gradient norm fell to {f.evidence['grad_norm']:.3f}, under "
+                f"{f.evidence['collapse']:g}x the {f.evidence['warm_grad_norm']:.3f} of the first steps: the LR is "
+                f"still too high, but it is at its floor (orchestrator.min_lr_scale={self.cfg.min_lr_scale:g}); "
+                "lower optim.lr",
+            )
+        if floor >= 1 - 1e-6:
+            return self._rollback(view)
+        factor = max(self.cfg.above_start.lr_factor, floor)
+        why = _too_high_why(f, factor)
+
+        def cut(rolled_back_to: int | None = None) -> None:
+            self.last_lr_change = self.lr_too_high_at = f.step
+            if rolled_back_to is not None:
+                self._rolled_back(f.step, rolled_back_to, broken=False)
+
+        if "warm_grad_norm" in f.evidence:  # the steps since the replay began trained at a still-too-high LR
+            start = f.evidence["since"] - 1
+            if self.rollbacks < self.cfg.max_rollbacks and view.has_checkpoint(start):
+                return Remedy(
+                    action="rollback",
+                    params={"to": start, "skip_rows": [], "lr_factor": factor},
+                    reasoning=why + f"; the steps since step {start} trained at that LR and left the model stalled "
+                    "(at the lower LR it stays there): restore that checkpoint and train them again",
+                    commit=lambda: cut(start),
+                )
+            return Remedy(action="scale_lr", params={"factor": factor}, reasoning=why, commit=cut)
+        sound = 0 <= view.last_good < f.evidence["since"]  # saved before the loss left its start
+        if sound and self.rollbacks < self.cfg.max_rollbacks:
+            last_good = view.last_good
+            return Remedy(
+                action="rollback",
+                params={"to": "last_good", "skip_rows": [], "lr_factor": factor},
+                reasoning=why + f"; the steps since step {last_good} (the last good checkpoint, saved before "
+                "the loss rose) trained at that LR and left the weights worse than they started: restore it and "
+                "train them again at the lower LR (the data was not at fault)",
+                commit=lambda: cut(last_good),
+            )
+        return Remedy(action="scale_lr", params={"factor": factor}, reasoning=why, commit=cut)
+
+    def _data(self, view: Any, probe: float) -> Remedy | None:
+        """The model still scores held-out data as well as at the last good checkpoint, so the bad
+        steps' data is suspect: leave out the rows that score as outliers. None when no row does:
+        the data is not to blame after all (a NaN forward, a numerically unstable step, a rising
+        trend), so the rows stay in training and the ladder climbs to its LR cut."""
+        bad, evidence = self.data.score(view, self._incident_rows())
+        if not bad:
+            return None
+        why = (
+            f"the model still scores {probe:.3f} on held-out data (last good checkpoint {self.probe_baseline:.3f}), "
+            f"so the bad steps' data is suspect; scored one by one on these weights, {len(bad)} of the "
+            f"{evidence['rows_scored']} rows since the first bad step lose more than {evidence['threshold']:.3f} "
+            "(held-out rows' median "
+            f"{evidence['reference_median']:.3f}): leave them out; the LR stays"
+        )
+        self.ladder.recent = []
+
+        def commit() -> None:
+            self.ladder.rows = []
+            self.data.watch_more()
+
+        return Remedy(action="skip_data", params={"rows": bad}, reasoning=why, evidence=evidence, commit=commit)
+
+    def _incident_rows(self) -> list[int]:
+        """Every row since the incident's first flagged step (a bad step under the ceiling too)."""
+        first = min(self.ladder.recent, default=self.ladder.last_step)
+        return sorted(set(self.ladder.rows) | set(self.data.since(first)))
+
+    def _rollback(self, view: Any, broken: float | None = None, cause: str = "", early: bool = False) -> Remedy:
+        """Rung 2 (or straight there when the probe found the weights broken): restore the last
+        good checkpoint; rung 3, stop, when none is left or this incident's rollbacks are spent.
+        `early`: the incident began in the phase's first escalation_window steps."""
+        if self.rollbacks >= self.cfg.max_rollbacks or not view.has_good_checkpoint:
+            return self._give_up(view)
+        step, suspect = self.ladder.last_step, self.lr_suspect(self.ladder.last_step)
+        scored = broken is None and not suspect
+        rows, evidence = self.data.score(view, self._incident_rows()) if scored else ([], {})
+        params: dict[str, Any] = {"to": "last_good", "skip_rows": rows}
+        # The last rollback restored this same checkpoint and the trouble came back before the replay
+        # saved a newer good one: the checkpoint itself holds the update that broke the run (a spike
+        # shows on the step after the update that caused it, and the checkpoint was written between
+        # them). Go one checkpoint further back.
+        # (Broken weights found by the probe have their own answer to a recurrence: the LR cut below.)
+        earlier = (
+            broken is None and self.last_rollback_to == view.last_good >= 1 and view.has_checkpoint(view.last_good - 1)
+        )
+        if earlier:
+            params["to"] = view.last_good - 1
+        target = view.last_good - 1 if earlier else view.last_good
+        again = broken is not None and self.broken_at >= 0
+        high = broken is not None and early and self._worse_than_untouched(broken)
+        floor = self.cfg.min_lr_scale / view.lr_scale
+        cut = max(self.cfg.above_start.lr_factor, floor) if (again or high) and floor < 1 - 1e-6 else None
+        if cut is not None:
+            params["lr_factor"] = cut
+        if broken is not None:
+            why = self._broken(broken, again, high, cut, cause)
+        else:
+            why = (
+                "instability persists after skipping and an LR cut: restore the last good checkpoint (the LR "
+                f"stays cut) and {_data_kept(rows, evidence, suspect)}"
+            )
+        if earlier:
+            why += (
+                f"; the last rollback restored step {view.last_good} and the trouble came back before a newer good "
+                "checkpoint: that checkpoint holds the update that broke the run, so restore the one before it"
+            )
+        lr_scale = view.lr_scale
+
+        def commit() -> None:
+            self._rolled_back(step, target, broken=broken is not None)
+            if cut is not None:
+                self.lr_too_high_at = step
+                if not high:  # a recurrence may be the replayed data's: given back once quiet, on probation
+                    self._owe(cut, lr_scale)
+
+        return Remedy(action="rollback", params=params, reasoning=why, evidence=evidence, commit=commit)
+
+    def _rolled_back(self, step: int, target: int, broken: bool) -> None:
+        """A rollback decided at `step` is applied: the ladder starts over, the incident spends one."""
+        self.ladder.rung, self.ladder.rows, self.ladder.recent = 0, [], []
+        self.last_lr_change, self.last_rollback_to = step, target
+        self.rollbacks, self.rollback_at = self.rollbacks + 1, step
+        if broken:
+            self.broken_at = step
+
+    def _give_up(self, view: Any) -> Remedy:
+        """Rung 3: no good checkpoint, or this incident's rollbacks are spent."""
+        window, most = self.cfg.escalation_window, self.cfg.max_rollbacks
+        reason = (
+            "no good checkpoint to roll back to"
+            if not view.has_good_checkpoint
+            else f"{self.rollbacks} rollbacks used on one incident (orchestrator.max_rollbacks={most} per incident: "
+            "a rollback counts until the run trains past its step and then saves a good checkpoint or trains "
+            f"{window} steps without instability)"
+        )
+
+        def commit() -> None:
+            self.ladder.rung = 3
+
+        return Remedy(
+            action="stop",
+            params={
+                "reason": f"training is unstable and cannot be healed: {reason}; see decisions.jsonl, "
+                "lower optim.lr or check the data",
+                "exit_code": GAVE_UP,
+            },
+            reasoning=f"every rung of the ladder was tried ({reason}); saving and stopping is safer than training on",
+            commit=commit,
+        )
+
+    def _broken(self, probe: float, again: bool, high: bool, cut: float | None, cause: str = "") -> str:
+        """The reasoning of a rollback for broken weights (`cause`: what found them, if not the
+        diagnosis after flagged steps)."""
+        worse = cause or (
+            f"{probe:.4g} on held-out data against {self.probe_baseline:.4g} at the last good checkpoint, though "
+            "the flagged steps' updates were withheld: an earlier update broke the weights"
+            if math.isfinite(probe)
+            else f"{probe:.4g} on held-out data: the weights themselves are broken"
+        )
+        why = (
+            f"the model scores {worse}, which skipping or an LR cut cannot repair; restore the last good "
+            "checkpoint at once and keep the data (it was not at fault)"
+        )
+        if high:
+            why += (
+                f"; this early in the phase the weights score worse than its untouched ones ({self.start_probe:.4g}): "
+                "an update at an LR far too high wrecked them (as a loss above its start says, rule above_start)"
+            )
+        elif again:
+            why += (
+                f"; the weights broke again before the replay got clear of the last breakage (step {self.broken_at}): "
+                "the same steps at this LR break them, so the LR is too high"
+            )
+        if cut is not None:
+            kept = (
+                "never to be given back" if high else "given back only after orchestrator.lr_restore_after quiet steps"
+            )
+            why += f": cut it x{cut:.3g} with the rollback, {kept}"
+        elif again or high:
+            why += f", but it is at its floor (orchestrator.min_lr_scale={self.cfg.min_lr_scale:g}): lower optim.lr"
+        return why
+
+    def _worse_than_untouched(self, probe: float) -> bool:
+        """The held-out probe worse than the phase's untouched weights scored (as the diagnosis
+        measures worse)."""
+        start = self.start_probe
+        return start is not None and math.isfinite(probe) and probe > start + max(0.1, 0.05 * start)
+
+    def _diagnose(self, view: Any, sudden: bool) -> tuple[str, float] | None:
+        """Bad data or a bad model? Megatron reruns the step; here the model is scored on a
+        held-out batch and compared with its score at the last good checkpoint. After sudden
+        findings (spikes, NaN), whose updates the gate withheld, held-out rows scoring worse mean
+        the weights broke before the first of them (one update wrecked them: every batch since
+        scores high); after a rising trend they mean the model drifts, which the LR cut answers."""
+        probe = view.probe_loss()
+        if probe is not None and not math.isfinite(probe):  # NaN weights: with or without held-out data
+            return "broken", probe
+        if self.probe_baseline is None or probe is None:
+            return None
+        if probe <= self.probe_baseline + max(0.1, 0.05 * self.probe_baseline):
+            return "data", probe
+        return ("broken", probe) if sudden else None
+
+    def verify_end(self, view: Any) -> tuple[Finding, Remedy] | None:
+        """Is the state a phase ends in sound? The held-out probe against the last good
+        checkpoint's: broken when it is not finite, when it is worse (as the diagnosis measures
+        worse) after instability since that checkpoint, or when it is worse by three times that
+        with no finding at all (wrecked weights whose loss never spiked). Broken: roll back like a
+        diagnosis of broken weights mid-run (the second time within the replay with an LR cut, at
+        max_rollbacks a stop). None when sound, or when nothing can be compared."""
+        if self.probe_baseline is None or (probe := view.probe_loss()) is None:
+            return None
+        margin = max(0.1, 0.05 * self.probe_baseline)
+        unsettled = self.ladder.last_step > view.last_good  # instability since the last good checkpoint
+        if math.isfinite(probe) and probe <= self.probe_baseline + (margin if unsettled else 3 * margin):
+            return None
+        f = Finding(
+            rule="end",
+            family="instability",
+            step=view.step,
+            evidence={
+                "probe": probe,
+                "baseline": self.probe_baseline,
+                "last_good": view.last_good,
+                "instability_since_last_good": unsettled,
+            },
+            summary=f"the phase ends at held-out loss {probe:.4g} against {self.probe_baseline:.4g} at the last "
+            f"good checkpoint (step {view.last_good})",
+            strength=1.0,
+        )
+        self.ladder.last_step = view.step
+        cause = (
+            f"{probe:.4g} on held-out data at the end of the phase against {self.probe_baseline:.4g} at the last "
+            f"good checkpoint (step {view.last_good}), "
+            + ("after instability since then" if unsettled else "with no finding: weights wrecked without a spike")
+            + ", not a state to save as final"
+        )
+        return f, self._rollback(view, broken=probe, cause=cause)
+
+    def quiet(self, step: int, view: Any) -> Remedy | None:
+        """Called every step: after a quiet window the ladder falls back to rung 0, and the open
+        incident may be over (_clear); after lr_restore_after quiet steps the LR the ladder cut is
+        given back, x2 at a time and never past the multiplier it was cut from (a person's or a
+        raise rule's level, else the schedule's), unless a restore was followed by new
+        instability once already (then the cut was needed)."""
+        if self.ladder.rung and step - self.ladder.last_step >= self.cfg.escalation_window:
+            self.ladder = Ladder(last_step=self.ladder.last_step, rows=[])
+        self._clear(step, view)
+        wait = self.cfg.lr_restore_after
+        if self.last_restore >= 0 and self.ladder.last_step > self.last_restore:
+            self.restore_failed, self.last_restore = True, -1
+        if (
+            self.lr_debt >= 1
+            or not wait
+            or self.restore_failed
+            or step - self.ladder.last_step < wait
+            or step - self.last_lr_change < wait
+        ):
+            return None
+        factor = min(2.0, 1 / self.lr_debt, self.lr_ceiling / view.lr_scale)
+        if factor <= 1 + 1e-9:  # the multiplier is back where the cut began (a person set it): nothing owed
+            self.lr_debt = 1.0
+            return None
+
+        def commit() -> None:
+            self.lr_debt = min(1.0, self.lr_debt * factor)
+            self.last_lr_change = self.last_restore = step
+
+        return Remedy(
+            action="scale_lr",
+            params={"factor": factor},
+            reasoning=f"{wait} steps without instability since the LR was cut: give part of it back "
+            "(if instability returns, the cut stays for the rest of the run)",
+            commit=commit,
+        )
+
+    def _owe(self, factor: float, lr_scale: float) -> None:
+        """An applied LR cut that quiet may give back: the multiplier it was cut from bounds that."""
+        if self.lr_debt >= 1:
+            self.lr_ceiling = lr_scale
+        self.lr_debt *= factor
+
+    def unsettled(self, step: int) -> bool:
+        """Instability within the last escalation_window steps: the model, not a row, explains a
+        high loss then (orchestrator/outliers.py judges no row)."""
+        return self.ladder.last_step >= 0 and step - self.ladder.last_step < self.cfg.escalation_window
+
+    def lr_suspect(self, step: int) -> bool:
+        """The LR was found far too high within the last escalation_window steps: high-loss rows
+        are the model's doing, not bad data (no row is left out for them)."""
+        return step - self.lr_too_high_at < self.cfg.escalation_window
+
+    def _clear(self, step: int, view: Any) -> None:
+        """The open incident is over once the run trained past the step its last rollback was
+        decided at, and then saved a good checkpoint or trained escalation_window steps without
+        instability: a later fault is a new incident (its own rollbacks; a first breakage replayed
+        as it was)."""
+        if self.rollback_at < 0 or step <= self.rollback_at:
+            return
+        if view.last_good > self.rollback_at or step - self.ladder.last_step >= self.cfg.escalation_window:
+            self.rollbacks, self.rollback_at, self.broken_at, self.last_rollback_to = 0, -1, -1, -1
+
+
+def _too_high_why(f: Finding, factor: float) -> str:
+    """above_start's reasoning: the loss above its start, or (after a cut) a gradient dying away."""
+    if "warm_grad_norm" in f.evidence:  # the LR was cut for this already, and the gradient dies away
+        return (
+            f"the LR was cut for being far too high, and since then the gradient norm fell to "
+            f"{f.evidence['grad_norm']:.3f}, under {f.evidence['collapse']:g}x the "
+            f"{f.evidence['warm_grad_norm']:.3f} of the first steps: the model is held where an LR still too "
+            f"high leaves it (the loss stalls, the gradient dies away); cut it again x{factor:g}, never to be "
+            "given back"
+        )
+    return (
+        f"the loss has been above the {f.evidence['start']:.3f} this phase started at for "
+        f"{f.evidence['patience']} steps: training makes the model worse than its untouched weights, which "
+        f"is what an LR far too high does; cut it x{factor:g} (again while the loss does not fall), never "
+        "to be given back"
+    )
+
+
+def _data_kept(rows: list[int], evidence: dict[str, Any], suspect: bool) -> str:
+    """What a ladder rollback does with the incident's rows."""
+    if rows:
+        return f"leave out the {len(rows)} rows of the bad steps that score as outliers"
+    if suspect:
+        return "keep the data: the LR was found far too high lately, so rows that score high are the model's doing"
+    if evidence.get("rows_scored"):
+        return "keep the data: no row of the bad steps scores as an outlier"
+    return "keep the data: this phase's rows (RL prompts, DPO pairs) have no loss of their own to score"

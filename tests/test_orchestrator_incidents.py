@@ -1,0 +1,302 @@
+"""The orchestrator's memory of what it did: advice changes nothing and is judged as nothing, an
+incident's rollbacks are its own, a breakage after the replay got clear is a new one, early wrecked
+weights are an LR far too high, rows are not condemned while the model is unstable, outcomes judge
+what the decision did, and the fault injector fires what it records (units: a fake view, no run)."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from test_orchestrator_units import View, act, finding, metrics
+from test_outliers import Data
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator import remedies
+from trimtab.orchestrator.core import Orchestrator
+from trimtab.orchestrator.faults import FaultInjector
+from trimtab.orchestrator.journal import Decision, Journal
+from trimtab.orchestrator.monitors import Finding
+from trimtab.orchestrator.outcomes import Outcomes
+from trimtab.orchestrator.outliers import OutlierRows
+from trimtab.orchestrator.policy import Policy
+from trimtab.rundir import read_decisions
+
+
+class Run(View):
+    """A view the orchestrator can decide through: requests recorded, lines said."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.requests, self.said = [], []
+        self.control = SimpleNamespace(request=lambda action, on_done=None, **p: self.requests.append((action, p)))
+
+    def say(self, line):
+        self.said.append(line)
+
+
+def nonfinite(step):
+    return Finding(rule="nonfinite", family="instability", step=step, evidence={}, summary="loss nan", strength=1.0)
+
+
+# ------------------------------------------------------------------------------------ advice
+
+
+def test_advice_changes_no_policy_state():
+    """An LR cut, a rollback for broken weights and a give-back, each planned and not applied:
+    the ladder, the LR owed and the incident stay as they were (the cut had entered the debt and
+    a rollback's the replay memory: a run that never cut its LR later gave it back x2)."""
+    policy = Policy(OrchestratorConfig())
+    plans = [policy.plan(finding(s), View()) for s in (101, 102, 103)]
+    assert plans[-1].action == "scale_lr" and policy.ladder.rung == 0 and policy.lr_debt == 1.0
+    assert policy.last_lr_change < 0 and policy.quiet(300, View()) is None  # no give-back of a cut never made
+    broken = [policy.plan(nonfinite(s), View(probe=math.nan)) for s in (104, 105, 106)][-1]
+    assert broken.action == "rollback" and (policy.rollbacks, policy.broken_at, policy.last_rollback_to) == (0, -1, -1)
+    applied = [act(policy, nonfinite(s), View(probe=math.nan)) for s in (107, 108, 109)][-1]
+    assert "lr_factor" not in applied.params and policy.rollbacks == 1  # the first breakage applied: as it was
+
+
+def test_advice_is_journaled_once_judged_as_nothing_and_a_switch_to_auto_starts_clean(tmp_path):
+    """advise mode on NaN weights: a skip and a rollback advised again and again (36 decisions in
+    60 steps), each judged "not recovered" (0 of 11 rollbacks recovered, when none was applied),
+    so after `ctl mode auto` the rollback fell to advice and the run trained on NaN weights."""
+    orchestrator = Orchestrator(OrchestratorConfig(mode="advise"), tmp_path)
+    run = Run(probe=math.nan, last_good=20)
+    for s in range(25, 73):
+        orchestrator.decide(run, nonfinite(s))
+    skip, rollback = orchestrator.journal.decisions
+    assert (skip.action, rollback.action) == ("skip_step", "rollback") and "lr_factor" not in rollback.params
+    assert skip.evidence["seen_again"] == 31 and rollback.evidence["seen_again"] == 15
+    assert rollback.evidence["last_seen_at"] == 72 and run.requests == []
+    assert {d.outcome["result"] for d in (skip, rollback)} == {"not applied"}
+    assert orchestrator.journal.track_record("nonfinite", "rollback") == (0, 0)
+    orchestrator.mode = "auto"  # trimtab ctl RUN mode auto
+    decided = [orchestrator.decide(run, nonfinite(s)) for s in (73, 74, 75)][-1]
+    assert decided.action == "rollback" and decided.mode == "auto" and decided.confidence == 0.75
+    assert run.requests == [("rollback", {"to": "last_good", "skip_rows": []})]  # no "broke again" cut
+    assert orchestrator.policy.rollbacks == 1 and decided.outcome is None  # judged once steps follow
+    assert len(read_decisions(tmp_path)) == 5
+
+
+def test_a_give_back_never_passes_the_multiplier_the_lr_was_cut_from():
+    """debug-moe: cuts advised (not applied) still entered the debt, and give-backs took the LR to
+    4x the schedule. Only applied cuts are owed, and a give-back stops where the cut began."""
+    cfg = OrchestratorConfig()
+    cfg.lr_restore_after = 10
+    policy = Policy(cfg)
+    for s in (1, 2, 3):  # x0.5 applied at a multiplier of 1
+        act(policy, finding(s), View())
+    assert policy.lr_debt == 0.5
+    restore = policy.quiet(13, View(lr_scale=0.75))  # a person raised it to 0.75 since
+    assert restore.params["factor"] == pytest.approx(1 / 0.75)  # back to 1, not x2 to 1.5
+    assert policy.quiet(13, View(lr_scale=1.0)) is None and policy.lr_debt == 1.0  # set back by hand: owed nothing
+
+
+# ------------------------------------------------------------------------------------ incidents
+
+
+def test_a_breakage_after_the_replay_got_clear_is_a_new_one_replayed_as_it_was():
+    """debug-moe, weights_nan@25 and @55: the replay from 20 passed step 27 and saved a good
+    checkpoint at 40, yet the second rollback cut the LR "broke again within the replay" (final
+    val 4.406 against 4.310 clean)."""
+    policy = Policy(OrchestratorConfig())
+    first = [act(policy, nonfinite(s), View(probe=math.nan, last_good=20)) for s in (25, 26, 27)][-1]
+    assert first.params == {"to": "last_good", "skip_rows": []}
+    policy.shift(27 - 20)
+    for s in range(21, 55):
+        policy.quiet(s, View(last_good=40 if s >= 40 else 20))
+    second = [act(policy, nonfinite(s), View(probe=math.nan, last_good=40)) for s in (55, 56, 57)][-1]
+    assert second.params == {"to": "last_good", "skip_rows": []} and "again" not in second.reasoning
+    assert policy.lr_debt == 1.0 and policy.rollbacks == 1  # a new incident: its first rollback
+
+
+def test_rollbacks_are_counted_per_incident_and_one_that_keeps_breaking_stops():
+    """debug-mod, weights_nan@30/90/150/210: four unrelated faults, each replayed clear; the
+    fourth ended the run "3 rollbacks used" (a run-wide count). A breakage that comes back before
+    the replay gets clear still spends the incident's rollbacks and stops."""
+    policy = Policy(OrchestratorConfig())
+    for fault in (30, 90, 150, 210):
+        plan = [act(policy, nonfinite(s), View(probe=math.nan, last_good=fault - 10)) for s in range(fault, fault + 3)]
+        assert plan[-1].action == "rollback" and "lr_factor" not in plan[-1].params
+        policy.shift(12)
+        for s in range(fault - 9, fault + 30):  # the replay passes the fault and saves a good checkpoint
+            policy.quiet(s, View(last_good=fault - 10 if s < fault + 20 else fault + 20))
+        assert policy.rollbacks == 0
+    stuck = Policy(OrchestratorConfig())
+    for _ in range(3):  # each replay breaks before it passes step 27
+        assert [act(stuck, nonfinite(s), View(probe=math.nan)) for s in (25, 26, 27)][-1].action == "rollback"
+        stuck.shift(7)
+        for s in range(21, 25):
+            stuck.quiet(s, View())
+    stop = [act(stuck, nonfinite(s), View(probe=math.nan)) for s in (25, 26, 27)][-1]
+    assert stop.action == "stop" and "3 rollbacks used on one incident" in stop.params["reason"]
+
+
+def test_weights_wrecked_early_in_a_phase_are_an_lr_far_too_high():
+    """debug-hybrid at optim.lr=0.5: gradient norms over 100 from step 4, their updates withheld
+    (so the loss never rose above its start for above_start), the probe 8.6 against 6.2 at step
+    0: rollbacks with x0.5 cuts spent the budget and the run gave up where off completed."""
+    policy = Policy(OrchestratorConfig())
+    policy.measured(6.216, 0)  # the untouched weights' held-out loss (step 0's checkpoint)
+    plans = [act(policy, finding(s, rule="grad"), View(probe=8.604, last_good=0)) for s in (4, 5, 6)]
+    assert [p.action for p in plans] == ["skip_step", "skip_step", "rollback"]
+    assert plans[-1].params == {"to": "last_good", "skip_rows": [], "lr_factor": 0.1}
+    assert "worse than its untouched ones (6.216)" in plans[-1].reasoning
+    assert "never to be given back" in plans[-1].reasoning and policy.lr_debt == 1.0
+    # the rows of the stretch after such a cut are the model's doing, not bad data: the LR comes down
+    policy.shift(6)
+    policy.probe_baseline = 5.0
+    after = [act(policy, finding(s), View(probe=5.0, last_good=0)) for s in (20, 21, 22)][-1]
+    assert after.action == "scale_lr"
+    # the same breakage mid-run is replayed as it was (a transient, for all it shows)
+    later = Policy(OrchestratorConfig())
+    later.measured(6.216, 0)
+    later.probe_baseline = 4.5
+    plan = [act(later, finding(s, rule="grad"), View(probe=8.0, last_good=100)) for s in (120, 121, 122)][-1]
+    assert plan.action == "rollback" and "lr_factor" not in plan.params
+
+
+def test_no_lr_cut_at_the_last_step():
+    """nan_loss on the last 3 steps ended in scale_lr(0.5) at the final step: a cut that acts on no
+    step of the run and stays in its checkpoint for an extension."""
+    policy = Policy(OrchestratorConfig())
+    plans = [act(policy, finding(s), View(total_steps=100)) for s in (98, 99, 100)]
+    assert [p.action for p in plans] == ["skip_step"] * 3 and "no LR cut at the run's last step" in plans[-1].reasoning
+    assert policy.lr_debt == 1.0 and policy.ladder.rung == 0
+
+
+# ------------------------------------------------------------------------------------ rows
+
+
+def test_no_row_is_judged_while_the_model_is_unstable():
+    """debug at optim.lr=0.5: rows 515, 1793, 522 (stdlib files) were left out for good as
+    "garbage, a broken encoding, a corrupt record" at steps where the LR wrecked every row."""
+    rule, data = OutlierRows(OrchestratorConfig()), Data()
+    for _ in range(5):
+        rule.observe(data.step_metrics())
+    step = data.step_metrics({10_000: 9.0})
+    step.unsettled = True  # instability within the escalation window (Policy.unsettled)
+    assert rule.observe(step) is None and not rule.suspects
+    wrecked = data.step_metrics({10_001: 11.3})  # most rows 2 nats up: the model's doing
+    wrecked.row_losses = {r: (v + 2.0 if r != 10_001 else v, t) for r, (v, t) in wrecked.row_losses.items()}
+    assert rule.observe(wrecked) is None and not rule.suspects
+    assert rule.observe(data.step_metrics({10_002: 9.0})).evidence["rows"] == [10_002]  # calm: named
+
+
+# ------------------------------------------------------------------------------------ outcomes
+
+
+def pending(journal, step, rule="spike", action="skip_step", family="instability", loss_before=5.0):
+    d = Decision(
+        id=journal.next_id(),
+        step=step,
+        rule=rule,
+        evidence={},
+        reasoning="",
+        action=action,
+        params={},
+        confidence=0.75,
+        mode="auto",
+        family=family,
+        loss_before=loss_before,
+    )
+    return journal.add(d)
+
+
+def test_a_skip_is_judged_on_its_own_trouble_and_a_plateau_raise_on_a_real_fall(tmp_path):
+    """A skip followed 10 healthy steps later by another fault of its family was "not recovered"
+    though the loss fell; an LR raise at optim.lr=1e-6 (6.2414 -> 6.2344, still ln(vocab)) was
+    "recovered"."""
+    journal = Journal(tmp_path / "decisions.jsonl")
+    outcomes = Outcomes(journal, OrchestratorConfig())
+    skip = pending(journal, 10)
+    for s in range(11, 31):
+        found = [finding(s, rule="grad")] if s == 21 else []
+        outcomes.follow(metrics(s, loss=4.9 if s != 21 else 9.0), found)
+    assert skip.outcome["result"] == "recovered" and skip.outcome["findings_after"] == 0
+    again = pending(journal, 40)
+    for s in range(41, 61):
+        outcomes.follow(metrics(s, loss=4.9), [finding(s)] if s == 42 else [])  # back before it settled
+    assert again.outcome["result"] == "not recovered"
+    for after, result in ((6.2344, "not recovered"), (6.15, "recovered")):
+        raise_ = pending(journal, 100, "plateau", "scale_lr", "plateau", loss_before=6.2414)
+        for s in range(101, 121):
+            outcomes.follow(metrics(s, loss=after), [])
+        assert raise_.outcome["result"] == result
+
+
+def test_decisions_of_a_branch_a_rollback_abandoned_are_judged_on_that_branch(tmp_path):
+    """The skips before a rollback were judged on the replay of steps from before the fault
+    (loss_before == loss_after): the branch they acted in is what they are judged on."""
+    journal = Journal(tmp_path / "decisions.jsonl")
+    outcomes = Outcomes(journal, OrchestratorConfig())
+    for s in range(1, 25):
+        outcomes.follow(metrics(s, loss=5.0), [])
+    skip = pending(journal, 25)
+    for s in (26, 27):
+        outcomes.follow(metrics(s, loss=math.nan), [finding(s)])
+    rollback = pending(journal, 27, action="rollback")  # decided after step 27's read, as the orchestrator does
+    rows = pending(journal, 27, "rows", "skip_data", "data")
+    outcomes.rolled_back(20, rollback.id)
+    assert skip.outcome["result"] == "not recovered" and skip.outcome["rolled_back"] and skip.outcome["steps"] == 2
+    assert rows.outcome == {"result": "cut short", "steps": 0, "rolled_back": True}
+    assert rollback.outcome is None  # judged on the replay: its effect
+    for s in range(21, 41):
+        outcomes.follow(metrics(s, loss=4.95), [])
+    assert rollback.outcome["result"] == "recovered" and rollback.outcome["replayed_steps"] == 4
+
+
+def test_a_balance_coefficient_raised_from_zero_says_so():
+    f = Finding(
+        rule="moe",
+        family="moe/1",
+        step=50,
+        evidence={"layer": 1, "kind": "collapse", "strikes": 0, "busiest": 0},
+        summary="",
+        strength=1.0,
+    )
+    view = SimpleNamespace(moe_knobs=lambda layer: {"balance_coef": 0.0})
+    remedy = remedies.moe(f, view, OrchestratorConfig())
+    assert remedy.params == {"value": 0.001, "layer": 1}
+    assert "it was 0 (off): it starts at 0.001" in remedy.reasoning and "4x" not in remedy.reasoning
+
+
+# ------------------------------------------------------------------------------------ a person's word
+
+
+def test_a_config_change_with_no_effect_is_not_journaled_as_applied(tmp_path):
+    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)
+    run = Run()
+    run.step = 40
+    effect = "no effect: this is not a DPO run (only trimtab dpo reads dpo.*)"
+    orchestrator._configured(run, {"key": "dpo.beta", "old": 0.1, "new": 0.5, "effect": effect})
+    (decision,) = orchestrator.journal.decisions
+    assert decision.applied == [] and decision.outcome == {"result": "no effect"}
+
+
+# ------------------------------------------------------------------------------------ fault injection
+
+
+def test_a_fault_armed_for_a_step_fires_on_its_retry_after_an_out_of_memory_error(tmp_path):
+    """oom@20 with nan_loss@20: faults.json said nan_loss@20 fired, step 20's loss was finite (the
+    retry's on_step_start disarmed it after its firing was counted)."""
+    injector = FaultInjector(["oom@20", "nan_loss@20"], tmp_path)
+    batch = SimpleNamespace(rows=[])
+    injector.on_step_start(SimpleNamespace(step=19), batch)  # step 20: its forward runs out of memory
+    injector.on_step_start(SimpleNamespace(step=19), batch)  # the retry, smaller (training/oom.py)
+    assert injector._fire_nan is not None and injector.record["fired"] == {"nan_loss@20": 1}
+    injector.on_step_end(SimpleNamespace(step=20), None)
+    injector.on_step_start(SimpleNamespace(step=20), batch)
+    assert injector._fire_nan is None
+
+
+def test_an_evaluation_fault_does_not_fire_again_when_a_rollback_replays_its_step(tmp_path):
+    injector = FaultInjector(["eval_error@50"], tmp_path)
+    injector.run = run = SimpleNamespace(step=50, evaluating=True)
+    for _ in range(2):  # every forward of that evaluation
+        with pytest.raises(RuntimeError, match="injected by eval_error@50"):
+            injector._maybe_eval_fault(None, ())
+    run.evaluating = False
+    injector._maybe_eval_fault(None, ())  # training goes on, and a rollback replays step 50
+    run.evaluating = True
+    injector._maybe_eval_fault(None, ())  # its evaluation again: the fault fired already
+    assert injector.record["evaluations"] == {"eval_error@50": [50]}
