@@ -182,6 +182,17 @@ def test_no_row_is_judged_while_the_model_is_unstable():
     assert rule.observe(data.step_metrics({10_002: 9.0})).evidence["rows"] == [10_002]  # calm: named
 
 
+def test_a_spike_alone_leaves_rows_judged_and_a_cut_or_rollback_does_not():
+    """Bad data spread thinly spikes every few steps: were a spike enough to call the model
+    unsettled, the rows rule would judge no row for the whole run (the healing benchmark's
+    thin_bad_data left none of its 104 bad rows out). An LR cut or a rollback is the model's."""
+    policy = Policy(OrchestratorConfig())
+    policy.ladder.last_step = 40  # a spike finding at step 40, answered by skipping
+    assert not policy.unsettled(45)
+    policy.unstable_at = 40  # an LR cut or a rollback there
+    assert policy.unsettled(45) and not policy.unsettled(40 + OrchestratorConfig().escalation_window)
+
+
 # ------------------------------------------------------------------------------------ outcomes
 
 

@@ -53,6 +53,7 @@ class InstabilityLadder:
     start_probe: float | None  # held-out loss of the phase's untouched weights
     phase_start: int  # the step the current phase started after
     lr_too_high_at: int  # step of the last decisive LR cut: rows' losses are the model's for a while
+    unstable_at: int  # step of the last LR cut or rollback (unsettled)
     rollbacks: int  # rollbacks of the open incident (0: none open)
     rollback_at: int  # the step the last of them was decided at (-1: none)
     broken_at: int  # ... when it was for broken weights (-1: none)
@@ -107,6 +108,7 @@ class InstabilityLadder:
 
         def commit() -> None:
             self.ladder.rung, self.last_lr_change = 1, f.step
+            self.unstable_at = f.step
             if f.rule != "divergence":
                 self._owe(factor, lr_scale)
 
@@ -141,7 +143,7 @@ class InstabilityLadder:
         why = _too_high_why(f, factor)
 
         def cut(rolled_back_to: int | None = None) -> None:
-            self.last_lr_change = self.lr_too_high_at = f.step
+            self.last_lr_change = self.lr_too_high_at = self.unstable_at = f.step
             if rolled_back_to is not None:
                 self._rolled_back(f.step, rolled_back_to, broken=False)
 
@@ -250,7 +252,7 @@ class InstabilityLadder:
     def _rolled_back(self, step: int, target: int, broken: bool) -> None:
         """A rollback decided at `step` is applied: the ladder starts over, the incident spends one."""
         self.ladder.rung, self.ladder.rows, self.ladder.recent = 0, [], []
-        self.last_lr_change, self.last_rollback_to = step, target
+        self.last_lr_change, self.last_rollback_to, self.unstable_at = step, target, step
         self.rollbacks, self.rollback_at = self.rollbacks + 1, step
         if broken:
             self.broken_at = step
@@ -413,9 +415,11 @@ class InstabilityLadder:
         self.lr_debt *= factor
 
     def unsettled(self, step: int) -> bool:
-        """Instability within the last escalation_window steps: the model, not a row, explains a
-        high loss then (orchestrator/outliers.py judges no row)."""
-        return self.ladder.last_step >= 0 and step - self.ladder.last_step < self.cfg.escalation_window
+        """Instability skipping did not answer (an LR cut, a rollback) within the last
+        escalation_window steps: the model, not a row, explains a high loss then
+        (orchestrator/outliers.py judges no row). A spike alone does not count: bad rows make
+        those, and the rows rule must see them (bad data spread thinly spikes every few steps)."""
+        return step - self.unstable_at < self.cfg.escalation_window
 
     def lr_suspect(self, step: int) -> bool:
         """The LR was found far too high within the last escalation_window steps: high-loss rows

@@ -37,6 +37,7 @@ STATE = (
     "rollback_at",
     "broken_at",
     "last_rollback_to",
+    "unstable_at",
 )
 
 
@@ -57,6 +58,7 @@ class Policy(InstabilityLadder):
         self.rollback_at = -1  # the step the last of them was decided at (-1: none)
         self.broken_at = -1  # ... when it was for broken weights
         self.last_rollback_to = -1  # the checkpoint step the last ladder rollback restored (-1: none)
+        self.unstable_at = -(10**9)  # step of the last LR cut or rollback: rows are not judged for a while
         self.data = DataAttribution(cfg)  # which rows of a bad stretch are bad (orchestrator/attribution.py)
         self.dispatch = {
             "instability": self._instability,
@@ -173,6 +175,7 @@ class Policy(InstabilityLadder):
         self.last_lr_change -= steps
         self.last_restore -= steps if self.last_restore >= 0 else 0
         self.lr_too_high_at -= steps
+        self.unstable_at -= steps
         # rollback_at and broken_at stay: the replay must train past those very steps (ladder.py: _clear)
         self.data.shift()
 
