@@ -156,12 +156,13 @@ def test_tokenizer_round_trips(tok, text):
     assert tok.decode(tok.encode(text)) == text
 
 
-def test_special_tokens_are_single_ids_inside_text(tok):
+def test_special_tokens_are_single_ids_in_a_prompt_and_text_in_a_document(tok):
     ids = [tok.encode(t) for t in SPECIAL_TOKENS]
     assert all(len(i) == 1 for i in ids) and len({i[0] for i in ids}) == len(SPECIAL_TOKENS)
     assert tok.eos_id == ids[0][0] and tok.pad_id == ids[1][0]
     assert ids[3][0] in tok.encode("x<|user|>\nhi")
-    assert tok.encode_batch([CODE, "<|end|>"]) == [tok.encode(CODE), ids[5]]
+    in_text = tok.encode_batch([CODE, "<|end|>"])  # a document's `<|end|>` is text: it ended the document
+    assert in_text[0] == tok.encode(CODE) and len(in_text[1]) > 1 and tok.decode(in_text[1]) == "<|end|>"
 
 
 def test_trained_on_chat_learns_no_merges_across_special_tokens(tmp_path):
@@ -267,7 +268,7 @@ def test_held_out_documents_are_disjoint_and_deterministic(tok):
     assert texts(train) | texts(held) == {d.text for d in docs} and not texts(train) & texts(held)
     assert texts(build_splits(cfg, tok, docs, None, seed=7)[1]) == texts(held)
     assert texts(build_splits(cfg, tok, docs, None, seed=8)[1]) != texts(held)
-    two = build_splits(DataConfig(seq_len=32, eval_fraction=0.01, pack=False), tok, docs[:2], None, 0)
+    two = build_splits(DataConfig(seq_len=32, eval_fraction=0.4, pack=False), tok, docs[:2], None, 0)
     assert (len(two[0]), len(two[1])) == (1, 1)  # at least one eval document
     given = build_splits(cfg, tok, docs, docs[:3], seed=7)
     assert len(given[0]) == 50 and texts(given[1]) == {d.text for d in docs[:3]}

@@ -17,7 +17,7 @@ from trimtab.data.prepare import Options, prepare
 from trimtab.data.prepared import PreparedData
 from trimtab.data.sources import Document, read_documents, source_files
 from trimtab.errors import DataError
-from trimtab.evaluation.perplexity import read_text
+from trimtab.evaluation.perplexity import read_texts
 
 WORDS = "alpha beta  gamma\tdelta epsilon, zeta: eta 12 345 theta! iota kappa".split(" ")
 
@@ -213,8 +213,8 @@ def test_a_damaged_token_cache_entry_is_rebuilt(tmp_path, tokenizer, caplog):
 
 
 def test_eval_data_that_is_a_directory_says_so(tmp_path):
-    with pytest.raises(DataError, match="is a directory; pass one text file"):
-        read_text(tmp_path)
+    with pytest.raises(DataError, match="is a directory; pass one file"):
+        read_texts(tmp_path)
 
 
 def test_a_json_array_of_records_is_read_as_text_with_the_conversion_said(tmp_path, caplog):
@@ -264,4 +264,5 @@ def test_the_same_bytes_twice_are_prepared_once_in_one_call_as_across_calls(tmp_
     assert [f["path"].rsplit("/", 1)[1] for f in together["files"]] == ["a.txt"]
     assert [f["path"].rsplit("/", 1)[1] for f in apart["files"]] == ["a.txt"]
     assert PreparedData(tmp_path / "one").n_tokens == PreparedData(tmp_path / "two").n_tokens
-    assert caplog.text.count("b.txt: the same bytes as") == 2
+    said = [r.getMessage() for r in caplog.records if "the same bytes as a file prepared before" in r.getMessage()]
+    assert len(said) == 2 and all("1 file: " in m and "b.txt (as " in m for m in said)

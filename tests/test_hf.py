@@ -442,7 +442,11 @@ def test_documents_begin_with_an_imported_tokenizers_start_token_once(tmp_path, 
     hf_model("llama3", tmp_path / "hf", hf_tokenizer)
     tok = api.load_run(tmp_path / "hf")[2]
     assert (tok.bos_id, tok.eos_id) == (0, 1)
-    docs = [Document([("def f(x):\n    return x\n", True)]), Document([("<s>user: hi</s>\n", False), ("yo", True)])]
+    rendered = "<s>user: hi</s>\n"  # as a chat template writes it: its markup (the specials it writes)
+    docs = [
+        Document([("def f(x):\n    return x\n", True)]),
+        Document([(rendered, False), ("yo", True)], markup=((0, len(rendered)),)),
+    ]
     out = tokenize_documents(docs, tok, DataConfig())
     first, second = (out.tokens[out.offsets[i] : out.offsets[i + 1]].tolist() for i in range(2))
     assert first[0] == 0 and first.count(0) == 1 and first[-1] == 1  # bos added, eos closes

@@ -18,6 +18,7 @@ from trimtab.model.layers import split_qkv
 pytestmark = pytest.mark.usefixtures("one_thread")
 FAST = {"log": {"progress": False, "tensorboard": False}, "data": {"max_bytes": 150000}}
 T = torch.tensor
+OPPOSED = (("a", 1), ("b", -1))  # weights that sum to 0
 
 
 # ---- the methods, by hand ---------------------------------------------------------------------
@@ -103,6 +104,11 @@ def test_magnitude_keeps_at_least_one_entry_and_model_stock_keeps_the_base_where
         ),
         ({"merge_method": "model_stock", "base_model": "a", "models": [{"model": "b"}]}, "at least two"),
         ({"merge_method": "linear", "models": [{"model": "a", "parameters": {"wieght": 1}}]}, "unknown parameter"),
+        (  # it wrote an all-NaN model, and said it merged
+            {"merge_method": "linear", "models": [{"model": m, "parameters": {"weight": w}} for m, w in OPPOSED]},
+            "weights sum to 0, and linear with normalize (the default) divides by their sum",
+        ),
+        ({"merge_method": "linear", "models": [{"model": "a", "parameters": {"weight": math.inf}}]}, "finite number"),
     ],
 )
 def test_a_bad_recipe_is_refused_naming_the_key(recipe, message):
@@ -120,6 +126,19 @@ def test_an_empty_recipe_file_or_a_run_directory_is_refused_naming_it(tmp_path):
         read_recipe(tmp_path)
     with pytest.raises(ConfigError, match="recipe file '.*nosuch.yaml' does not exist"):
         read_recipe(tmp_path / "nosuch.yaml")
+
+
+def test_an_out_that_is_a_file_or_not_empty_is_refused_before_the_inputs_load(tmp_path):
+    """Refused only after the whole merge (a NotADirectoryError traceback for a file)."""
+    recipe = {"merge_method": "linear", "models": [{"model": str(tmp_path / "nosuch")}]}  # loading it would fail
+    (tmp_path / "a.txt").write_text("notes")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    for out, said in (("a.txt", "is a file"), ("a.txt/m", "lies under a file"), ("full", "exists and is not empty")):
+        with pytest.raises(ConfigError, match=f"^--out '.*{out}' {said}"):
+            merge(recipe, tmp_path / out)
+        with pytest.raises(ConfigError, match=f"^--out '.*{out}' {said}"):
+            average(tmp_path / "nosuch", 1, tmp_path / out)
 
 
 # ---- real runs ----------------------------------------------------------------------------------

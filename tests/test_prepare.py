@@ -108,6 +108,26 @@ def test_the_held_out_split_is_disjoint_fixed_and_near_its_fraction():
     assert held_out(2, 0.01).sum() == 1 and not held_out(5, 0.0).any()
 
 
+def test_a_large_file_gives_evaluation_its_tail_in_memory_and_prepared_alike(tmp_path, tok_file):
+    """One large file beside two small ones, eval_fraction 0.02: the file chosen is cut, the
+    fraction's worth of its tail held out (it was held out whole: training got 2% of the corpus),
+    and the in-memory split, choosing the same file, cuts the very same rows."""
+    rng, src = random.Random(0), tmp_path / "src"
+    src.mkdir()
+    for name, words in (("a_big.txt", 20_000), ("b.txt", 100), ("c.txt", 100)):
+        (src / name).write_text(text(rng, words))
+    prepare([str(src)], tmp_path / "p", tokenizer=str(tok_file))
+    data = PreparedData(tmp_path / "p")
+    sharded = [ShardedRows(data, 16, True, split, 0.02) for split in ("train", "eval")]
+    assert sharded[0].n_tokens >= 0.97 * data.n_tokens - 16 and sharded[1].n_tokens >= 0.019 * data.n_tokens - 32
+    cfg = DataConfig(source=str(src), max_bytes=0, seq_len=16, eval_fraction=0.02)
+    tok = TextTokenizer.load(tok_file)
+    memory = build_splits(cfg, tok, read_documents(cfg)[0], None, seed=1)  # seed 1 chooses the first file too
+    for ours, theirs in zip(sharded, memory):
+        assert len(ours) == len(theirs) > 0
+        assert all(np.array_equal(ours.get(i)[0], theirs.get(i)[0]) for i in range(len(ours)))
+
+
 def test_held_out_documents_never_reach_training_rows(tmp_path, tok_file):
     src = write_corpus(tmp_path / "src")
     prepare([str(src)], tmp_path / "p", tokenizer=str(tok_file))

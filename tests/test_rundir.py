@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from trimtab.errors import ConfigError
 from trimtab.rundir import (
     DECISIONS_FILE,
     append_lines,
@@ -16,6 +17,7 @@ from trimtab.rundir import (
     read_metrics,
     read_summary,
     rewrite_jsonl,
+    run_lock,
     write_json,
     write_jsonl,
     write_summary,
@@ -112,3 +114,13 @@ def test_peak_rss_is_the_processs_own_not_a_large_parents():
     child = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     del held
     assert 0 < child < 1000, child  # the imports (torch), not this process's 1.5 GB
+
+
+def test_a_run_directory_that_is_a_file_is_refused_naming_out(tmp_path):
+    """`trimtab train --out a.txt` ended in a FileExistsError traceback from the lock."""
+    (tmp_path / "a.txt").write_text("notes")
+    for path in (tmp_path / "a.txt", tmp_path / "a.txt" / "run"):
+        with pytest.raises(ConfigError, match=r"^out '.*a.txt.*' \(--out\) is or lies under a file"):
+            with run_lock(path):
+                pass
+    assert (tmp_path / "a.txt").read_text() == "notes"

@@ -7,7 +7,7 @@ import torch
 
 from trimtab.config import ModelConfig
 from trimtab.model import Transformer, build_model
-from trimtab.sampling import draw, generate, sample_next
+from trimtab.sampling import draw, fit_prompt, generate, sample_next
 
 V = 97
 
@@ -153,3 +153,15 @@ def test_generate_restores_mode_and_leaves_no_grad_state(model):
     generate(model, [1, 2], 3)
     assert not model.training
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_long_prompt_is_cut_to_leave_room_for_the_new_tokens(tokenizer):
+    """It was cut to context - 1 tokens, leaving one position of the max_new_tokens asked for."""
+    whole = tokenizer.encode("def f(x): " * 40)
+    ids, said = fit_prompt(tokenizer, "def f(x): " * 40, 64, 10)
+    assert ids == whole[-54:] and said.endswith(
+        "pass the model's 64 positions: the prompt is cut to its last 54 tokens"
+    )
+    ids, said = fit_prompt(tokenizer, "def f(x): " * 40, 64, 100)  # more than the context holds: one prompt token
+    assert ids == whole[-1:] and said.endswith("at most 63 new tokens of the 100 asked for fit")
+    assert fit_prompt(tokenizer, "def f(x):", 64, 10) == (tokenizer.encode("def f(x):"), "")

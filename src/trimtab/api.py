@@ -20,8 +20,8 @@ from trimtab.orchestrator.faults import FaultInjector
 from trimtab.orchestrator.planner import LivePlanner
 from trimtab.orchestrator.restarts import Resilience
 from trimtab.rundir import run_lock, write_summary
+from trimtab.sampling import fit_prompt
 from trimtab.sampling import generate as generate_ids
-from trimtab.sampling import prompt_ids
 from trimtab.training.hooks import ReportWriter
 from trimtab.training.services.prometheus import PrometheusExporter
 from trimtab.training.services.signals import StartUpInterrupted, handle_signals
@@ -132,20 +132,12 @@ def generate(
 ) -> str:
     """Continue `prompt` with the run's newest weights (KV-cached sampling). The prompt is tokenized
     as transformers does (a Hugging Face tokenizer's start token first); an empty one without a
-    start token begins at end-of-text; a prompt longer than the context keeps its end."""
+    start token begins at end-of-text; a prompt that leaves the context too little room for
+    max_new_tokens keeps its end (said)."""
     _, model, tok = load_run(run_dir)
-    context = model.cfg.max_seq_len
-    ids = prompt_ids(tok, prompt, context - 1)
-    if len(ids) + max_new_tokens > context:  # the model has no positions past its context
-        cut = len(tok.encode(prompt, specials=True)) > len(ids)
-        log.warning(
-            "the prompt%s takes %d of the model's %d positions: at most %d new tokens of the %d asked for",
-            " (cut to its end)" if cut else "",
-            len(ids),
-            context,
-            context - len(ids),
-            max_new_tokens,
-        )
+    ids, given_up = fit_prompt(tok, prompt, model.cfg.max_seq_len, max_new_tokens)  # no positions past the context
+    if given_up:
+        log.warning("%s", given_up)
     new = generate_ids(
         model, ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos_id=tok.eos_id, seed=seed
     )

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trimtab.errors import RunStateError
+from trimtab.errors import ConfigError, RunStateError
 
 CONFIG = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -186,12 +186,18 @@ def write_summary(run_dir: str | Path, summary: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def run_lock(run_dir: Path) -> Iterator[None]:
-    """Hold run_dir's lock and beat its heartbeat for the block (on rank 0; other ranks pass)."""
+    """Hold run_dir's lock and beat its heartbeat for the block (on rank 0; other ranks pass).
+    A run_dir that is a file, or under one, is refused naming the key (out) before anything."""
     if os.environ.get("RANK", "0") != "0":  # torchrun's rank, set before the process group exists
         yield
         return
     created = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # it, or a folder above it, is a file
+        raise ConfigError(
+            f"out '{run_dir}' (--out) is or lies under a file, not a directory; give a run directory's path"
+        ) from None
     fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         _acquire(fd, run_dir)

@@ -25,6 +25,23 @@ def prompt_ids(tok: TextTokenizer, prompt: str, limit: int) -> list[int]:
     return ids or [tok.eos_id]
 
 
+def fit_prompt(tok: TextTokenizer, prompt: str, context: int, max_new_tokens: int) -> tuple[list[int], str]:
+    """The prompt's ids (prompt_ids) cut to leave room for max_new_tokens in the model's `context`
+    positions (at least one of the prompt's kept), and what that gives up, in words ('' if nothing)."""
+    room = min(max_new_tokens, context - 1)
+    whole = len(tok.encode(prompt, specials=True))
+    ids = prompt_ids(tok, prompt, context - room)
+    said = []
+    if len(ids) < whole:
+        said.append(
+            f"the prompt's {whole} tokens and the {max_new_tokens} new ones asked for pass the model's {context} "
+            f"positions: the prompt is cut to its last {len(ids)} tokens"
+        )
+    if room < max_new_tokens:
+        said.append(f"at most {context - len(ids)} new tokens of the {max_new_tokens} asked for fit")
+    return ids, "; ".join(said)
+
+
 def sample_next(
     logits: torch.Tensor,
     temperature: float = 1.0,

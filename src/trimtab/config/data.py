@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +36,9 @@ class DataConfig(Section):
     eval_source: str | list[str] = ""  # separate eval set (as data.source); empty: hold out eval_fraction
     eval_fraction: float = 0.02
     seq_len: int = 256
-    tokenizer: str = ""  # path to a tokenizer.json; empty: a prepared source's, else a BPE trained on the corpus
+    # a tokenizer.json, or a Hugging Face model directory holding one; empty: a prepared source's,
+    # else a BPE trained on the corpus
+    tokenizer: str = ""
     bpe_vocab_size: int = 4096  # size of the byte-level BPE trained on the corpus when no tokenizer is given
     pack: bool = True  # pack documents into full rows; False: one (truncated) document per row
     skip_bad_records: bool = False  # skip malformed JSONL lines (counted) instead of failing
@@ -67,7 +70,8 @@ class DataConfig(Section):
         _check(self.garbage_sigma > 0, "data.garbage_sigma", f"must be > 0, got {self.garbage_sigma}")
         for i, part in enumerate(self.mix):
             _check(bool(part.source), f"data.mix[{i}].source", "must name the source's data")
-            _check(part.weight > 0, f"data.mix[{i}].weight", f"must be > 0, got {part.weight}")
+            ok = math.isfinite(part.weight) and part.weight > 0  # an infinite share leaves the others none
+            _check(ok, f"data.mix[{i}].weight", f"must be a finite number > 0, got {part.weight}")
         source = self.source if isinstance(self.source, str) else ", ".join(self.source)
         mixed = "add it to data.mix as one more source, or remove it"
         _check(not self.mix or source == "builtin", "data.source", f"'{source}' is unused beside data.mix: {mixed}")

@@ -10,6 +10,7 @@ the template's end-of-turn tokens). A template whose renders are not prefixes of
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -18,6 +19,8 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 Turns = list[tuple[str, str]]  # (role, content)
+Spans = tuple[tuple[int, int], ...]  # [start, end) character ranges of a text
+_PLACEHOLDER = re.compile("\ue000(\\d+)\ue001")  # a message's content, rendered in its place (_markup)
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class ChatFormat:
 
     template: str | None
     specials: dict[str, str]
+    settings: str = "tokenizer_config.json"  # where the template belongs, for the message that it is missing
 
 
 class TemplateError(ValueError):
@@ -54,7 +58,10 @@ def _compile(template: str) -> jinja2.Template:
 def render_segments(chat: ChatFormat, turns: Turns) -> list[tuple[str, bool]]:
     """(text, trainable) segments of the record: assistant replies trainable, the rest not."""
     if chat.template is None:
-        raise MissingTemplate("the tokenizer has no chat template (tokenizer_config.json 'chat_template'); add one")
+        raise MissingTemplate(
+            f"the tokenizer has no chat template: add the Jinja template of the chat format the model is to learn "
+            f"as 'chat_template' in {chat.settings} (or as chat_template.jinja beside it), or train on text records"
+        )
     compiled, specials = _compile(chat.template), chat.specials
     messages = [{"role": role, "content": content} for role, content in turns]
 
@@ -79,3 +86,32 @@ def render_segments(chat: ChatFormat, turns: Turns) -> list[tuple[str, bool]]:
         raise TemplateError("the chat template re-renders earlier turns, so the reply cannot be told apart")
     segments.append((whole[len(done) :], False))
     return [(text, trainable) for text, trainable in segments if text]
+
+
+def render_document(chat: ChatFormat, turns: Turns) -> tuple[list[tuple[str, bool]], Spans]:
+    """render_segments' segments, and where in their text the template wrote (its markup, all of
+    the text outside the messages' contents): special-token text there is the template's special
+    token, inside a content plain text (data/tokenizer.py: encode_documents)."""
+    segments = render_segments(chat, turns)
+    return segments, _markup(chat, turns, "".join(text for text, _ in segments))
+
+
+def _markup(chat: ChatFormat, turns: Turns, whole: str) -> Spans:
+    """The template's spans of `whole` (the record rendered), found by rendering it again with
+    each content replaced by a placeholder. A template that does more with a content than write
+    it (trims it, tests it) renders something else around the placeholders: then all of `whole`
+    is its markup, its special-token text matched wherever it is, as transformers does."""
+    marks = [{"role": role, "content": f"\ue000{i}\ue001"} for i, (role, _) in enumerate(turns)]
+    try:
+        shape = _compile(chat.template).render(messages=marks, add_generation_prompt=False, **chat.specials)
+    except (jinja2.TemplateError, TemplateError):
+        return ((0, len(whole)),)
+    pieces, spans, text = _PLACEHOLDER.split(shape), [], ""
+    for i, piece in enumerate(pieces):  # markup, a content's number, markup, ...
+        if i % 2:
+            index = int(piece)
+            text += turns[index][1] if index < len(turns) else piece
+        else:
+            spans.append((len(text), len(text) + len(piece)))
+            text += piece
+    return tuple((a, b) for a, b in spans if b > a) if text == whole else ((0, len(whole)),)

@@ -100,6 +100,11 @@ def build_phase_data(
         evals.append(held)
     if eval_source is not None:
         evals = [_split(cfg, eval_source, tok, seed, cache_dir, 0.0)[0]]
+        if not len(evals[0]):  # prepared (in memory, build_splits says it)
+            raise DataError(
+                f"{eval_source.key} '{eval_source.spec.source}' gives no row of data.seq_len+1={cfg.seq_len + 1} "
+                "tokens with a trainable target; add data or lower data.seq_len"
+            )
     weights = [s.spec.weight for s in sources]
     total = sum(weights)
     return PhaseData(
@@ -142,5 +147,5 @@ def _split(
                 cfg.seq_len + 1,
             )
         return ShardedRows(source.prepared, cfg.seq_len, cfg.pack, "train", fraction), held
-    key = source.key if screen else ""
-    return build_splits(replace(cfg, eval_fraction=fraction), tok, source.docs, None, seed, cache_dir, key)
+    cfg = replace(cfg, eval_fraction=fraction)
+    return build_splits(cfg, tok, source.docs, None, seed, cache_dir, source.key, screen)

@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 JSONL = (".jsonl", ".ndjson")
 COMPRESSED = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 COLUMNAR = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}
+ZSTD_CHUNK = 1 << 16  # compressed bytes decompressed at once
 TEXT_CHUNK_CHARS = 1_000_000  # a long plain-text file is encoded in pieces of about this size
 # the last whitespace before a non-space, searched in reversed text: where a line too long for one
 # piece is cut (byte-level pre-tokenizers attach a space to the word after it)
@@ -167,9 +168,54 @@ def _open_bytes(path: Path) -> IO[bytes]:
     if compression == "gzip":
         return gzip.open(path, "rb")
     if compression == "zstd":
-        zstandard = require("zstandard", f"{path}: reading .zst", DataError)
-        return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+        return io.BufferedReader(_Zstd(path), ZSTD_CHUNK)
     return open(path, "rb")
+
+
+class _Zstd(io.RawIOBase):
+    """A .zst file's bytes, every frame of it, decompressed. zstandard's stream_reader ends a
+    truncated file quietly, as if it were shorter (and so does a decompressobj: its `eof` alone
+    tells); here a file that ends inside a frame is an EOFError and one that is not zstd an
+    OSError, as gzip's reader raises them (records() names the file)."""
+
+    def __init__(self, path: Path) -> None:
+        self._zstd = require("zstandard", f"{path}: reading .zst", DataError)
+        self._file = open(path, "rb")
+        self._frame = self._zstd.ZstdDecompressor().decompressobj()
+        self._inside = False  # part of a frame read, not its end
+        self._out = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._out:
+            chunk = self._file.read(ZSTD_CHUNK)  # small: a decompressobj's output is not bounded
+            if not chunk:
+                if self._inside:
+                    raise EOFError("the file ends inside a zstd frame: it is truncated")
+                return 0
+            self._out = self._decompress(chunk)
+        n = min(len(buffer), len(self._out))
+        buffer[:n], self._out = self._out[:n], self._out[n:]
+        return n
+
+    def _decompress(self, chunk: bytes) -> bytes:
+        out = []
+        while chunk:  # a frame's end may come mid-chunk: the next frame starts after it
+            if self._frame.eof:
+                self._frame = self._zstd.ZstdDecompressor().decompressobj()
+            try:
+                out.append(self._frame.decompress(chunk))
+            except self._zstd.ZstdError as exc:
+                raise OSError(f"not zstd data ({exc})") from None
+            chunk = self._frame.unused_data if self._frame.eof else b""
+            self._inside = not self._frame.eof
+        return b"".join(out)
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
 
 
 def _open_text(path: Path) -> IO[str]:

@@ -18,14 +18,14 @@ import numpy as np
 
 from trimtab.config import DataConfig
 from trimtab.data import quality
-from trimtab.data.prepared import rows_digest
+from trimtab.data.prepared import hold_out, rows_digest
 from trimtab.data.sources import Document, corpus_fingerprint
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import DataError
 
 logger = logging.getLogger(__name__)
 
-CACHE_VERSION = 1  # bump when the cached arrays' meaning changes
+CACHE_VERSION = 2  # bump when the cached arrays' meaning changes (2: special-token text in documents is text)
 ENCODE_CHUNK_CHARS = 4_000_000  # bounds the memory of tokenizers' Encoding objects
 
 
@@ -43,18 +43,21 @@ class TokenizedDocs:
 
     def select(self, keep: np.ndarray) -> TokenizedDocs:
         """The documents where keep (bool [D]) is true, in order."""
-        lengths = np.diff(self.offsets)
-        kept = np.repeat(keep, lengths)  # per token
-        sources = None if self.sources is None else [s for s, k in zip(self.sources, keep) if k]
-        return TokenizedDocs(self.tokens[kept], self.mask[kept], _offsets(lengths[keep]), sources)
+        return self.parts(self.offsets[:-1], np.diff(self.offsets), keep)
 
-    def split_at(self, cut: int) -> tuple[TokenizedDocs, TokenizedDocs]:
-        """Split a stream at token `cut` into two single-document streams."""
-        head, tail = slice(0, cut), slice(cut, len(self.tokens))
-        return (
-            TokenizedDocs(self.tokens[head], self.mask[head], _offsets([cut]), self.sources),
-            TokenizedDocs(self.tokens[tail], self.mask[tail], _offsets([len(self.tokens) - cut]), self.sources),
-        )
+    def split(self, keep: np.ndarray) -> tuple[TokenizedDocs, TokenizedDocs]:
+        """(the first keep[d] tokens of each document d, the rest of each): pieces of none left out."""
+        starts, lengths = self.offsets[:-1], np.diff(self.offsets)
+        return self.parts(starts, keep, keep > 0), self.parts(starts + keep, lengths - keep, lengths > keep)
+
+    def parts(self, starts: np.ndarray, lengths: np.ndarray, which: np.ndarray) -> TokenizedDocs:
+        """Token ranges [starts, starts + lengths) of the documents where `which` (bool [D]) is true,
+        each as a document of its own, in order."""
+        starts, lengths = starts[which], lengths[which]
+        offsets = _offsets(lengths)
+        index = np.arange(offsets[-1]) + np.repeat(starts - offsets[:-1], lengths)
+        sources = None if self.sources is None else [s for s, k in zip(self.sources, which) if k]
+        return TokenizedDocs(self.tokens[index], self.mask[index], offsets, sources)
 
 
 def _offsets(lengths: np.ndarray | list[int]) -> np.ndarray:
@@ -96,26 +99,23 @@ def _load_cached(path: Path, docs: list[Document]) -> TokenizedDocs | None:
 
 
 def _tokenize(docs: list[Document], tok: TextTokenizer) -> TokenizedDocs:
-    texts = [text for doc in docs for text, _ in doc.segments]
-    encoded: list[list[int]] = []
+    encoded: list[list[list[int]]] = []
     start = 0
-    while start < len(texts):  # chunks of ~ENCODE_CHUNK_CHARS, at least one text each
+    while start < len(docs):  # chunks of ~ENCODE_CHUNK_CHARS, at least one document each
         end, size = start, 0
-        while end < len(texts) and (end == start or size + len(texts[end]) <= ENCODE_CHUNK_CHARS):
-            size += len(texts[end])
+        while end < len(docs) and (end == start or size + len(docs[end].text) <= ENCODE_CHUNK_CHARS):
+            size += len(docs[end].text)
             end += 1
-        encoded.extend(tok.encode_batch(texts[start:end]))
+        encoded.extend(tok.encode_documents(docs[start:end]))
         start = end
     pieces, flags, doc_lengths = [], [], []
-    segment_ids = iter(encoded)
-    for doc in docs:
+    for doc, segment_ids in zip(docs, encoded):
         n = 0
         if tok.prepends_bos(doc.segments[0][0]):
             pieces.append([tok.bos_id])
             flags.append(False)
             n += 1
-        for _, trainable in doc.segments:
-            ids = next(segment_ids)
+        for ids, (_, trainable) in zip(segment_ids, doc.segments):
             pieces.append(ids)
             flags.append(trainable)
             n += len(ids)
@@ -219,12 +219,13 @@ def build_splits(
     seed: int,
     cache_dir: Path | None = None,
     key: str = "",
+    screen: bool = False,
 ) -> tuple[Rows, Rows]:
-    """(train, eval) rows; eval is eval_docs, else a held-out cfg.eval_fraction of docs. With
-    `key` (the source's config key, for the console line), docs are screened for garbage first
-    (cfg.garbage_filter: named, or left out before the hold-out)."""
+    """(train, eval) rows; eval is eval_docs, else a held-out cfg.eval_fraction of docs. `key`
+    (the source's config key) names the source on the console; with `screen`, docs are screened
+    for garbage first (cfg.garbage_filter: named, or left out before the hold-out)."""
     tokenized = tokenize_documents(docs, tok, cfg, cache_dir)
-    if key and cfg.garbage_filter != "off":
+    if screen and cfg.garbage_filter != "off":
         tokenized = _screen(tokenized, docs, cfg, key)
     if eval_docs is not None:
         train, held = tokenized, tokenize_documents(eval_docs, tok, cfg, cache_dir)
@@ -233,14 +234,16 @@ def build_splits(
     make_rows = pack_rows if cfg.pack else document_rows
     train_rows, eval_rows = make_rows(train, cfg.seq_len), make_rows(held, cfg.seq_len)
     if not len(train_rows):
+        after = f" once data.eval_fraction={cfg.eval_fraction:g} is held out" if len(held) else ""
         raise DataError(
-            f"the training split has {len(train.tokens)} tokens in {len(train)} documents, "
+            f"{key or 'the training split'} has {len(train.tokens)} tokens in {len(train)} documents{after}, "
             f"not enough for one row of data.seq_len+1={cfg.seq_len + 1} tokens with a "
             f"trainable target; add data or lower data.seq_len"
         )
     if len(held.tokens) and not len(eval_rows):
         logger.warning(
-            "the eval split (%d tokens) is too small for one row of data.seq_len+1=%d; evaluation is skipped",
+            "%sthe eval split (%d tokens) is too small for one row of data.seq_len+1=%d; evaluation is skipped",
+            f"{key}: " if key else "",
             len(held.tokens),
             cfg.seq_len + 1,
         )
@@ -261,14 +264,18 @@ def _screen(tokenized: TokenizedDocs, docs: list[Document], cfg: DataConfig, key
 
 
 def _hold_out(docs: TokenizedDocs, fraction: float, seed: int) -> tuple[TokenizedDocs, TokenizedDocs]:
+    """(train, held out): round(fraction x documents) of them chosen by the seed (at least one; not
+    all), each held out whole or, a large one, its tail (prepared.hold_out, as a prepared
+    directory's)."""
     if fraction <= 0:
         return docs, docs.select(np.zeros(len(docs), dtype=bool))
-    if len(docs) == 1:  # one long document: its tail is the eval set
-        return docs.split_at(int(len(docs.tokens) * (1 - fraction)))
-    n_eval = min(len(docs) - 1, max(1, round(fraction * len(docs))))
-    held = np.zeros(len(docs), dtype=bool)
-    held[np.random.default_rng(seed).permutation(len(docs))[:n_eval]] = True
-    return docs.select(~held), docs.select(held)
+    n_eval = max(1, round(fraction * len(docs)))
+    if len(docs) > 1:
+        n_eval = min(len(docs) - 1, n_eval)
+    chosen = np.random.default_rng(seed).permutation(len(docs))[:n_eval]
+    keep = np.diff(docs.offsets)
+    keep[chosen] = hold_out(keep[chosen], len(docs.tokens), fraction)
+    return docs.split(keep)
 
 
 class ConcatRows:

@@ -35,9 +35,10 @@ from typing import Any
 import numpy as np
 
 from trimtab.data import formats, quality
+from trimtab.data.listing import shown, source_files
 from trimtab.data.prepared import MANIFEST_VERSION, PreparedData, read_manifest, sha256_file, write_manifest
 from trimtab.data.shards import SKIP_HINT, SKIPPED_SHOWN, Item, Options, run_job
-from trimtab.data.sources import Document, _Reader, _take_bytes, source_files
+from trimtab.data.sources import Document, _Reader, _take_bytes
 from trimtab.data.tokenizer import TextTokenizer, train_tokenizer
 from trimtab.errors import DataError
 from trimtab.rundir import CONFIG, METRICS_FILE, SUMMARY
@@ -48,6 +49,7 @@ SHARD_BYTES = 256 << 20  # source bytes per job at most: a job writes one shard,
 MIN_JOB_BYTES = 16 << 20  # ... and at least, unless the files are smaller
 TOKENIZER_SAMPLE_BYTES = 50_000_000  # text a new BPE tokenizer is trained on
 SCALE_SAMPLE_BYTES = 8_000_000  # text the garbage screen measures the sources' packing on (data/quality.py)
+PROBE_BYTES = 1_000_000  # read at most of a file to find that the sources hold text
 DEFAULT_VOCAB_SIZE = 4096  # the BPE a new directory trains when neither --tokenizer nor --vocab-size is given
 
 
@@ -133,6 +135,8 @@ def _prepare(
     manifest = read_manifest(out) or _new_manifest(options)
     _check_options(manifest, options, out)
     manifest = _drop_corrupt(manifest, out)
+    if not manifest.get("documents"):  # a new directory: it must get something to train on
+        _require_text(sources, out, options, hint)
     tok = _tokenizer(manifest, out, tokenizer, vocab_size, sources, options, hint)
     # bpe_vocab_size (set by _tokenizer) kept: the --vocab-size asked for, which a small corpus's BPE falls short of
     manifest["tokenizer"] = {**manifest.get("tokenizer", {}), "sha256": tok.fingerprint, "vocab_size": tok.vocab_size}
@@ -162,6 +166,21 @@ def _prepare(
     return manifest
 
 
+def _require_text(sources: list[str], out: Path, options: Options, hint: str) -> None:
+    """DataError unless the sources hold some text that is not whitespace, as training refuses
+    them (prepared, they gave a directory of a few tokens that failed only when trained on).
+    Read until the first document that holds any."""
+    reader = _Reader(options.data_config(), "data", "data prepare source", fix=hint, limit=PROBE_BYTES, exclude=(out,))
+    blank = ""
+    for source in sources:
+        for doc in reader.documents(source):
+            if doc.text.strip():
+                return
+            blank = blank or doc.source
+    only = f": {blank} holds only whitespace" if blank else ""
+    raise DataError(f"the sources ({', '.join(sources)}) hold no text{only}; point them at files with text")
+
+
 def _measure_scale(manifest: dict[str, Any], files: list[str], tok: TextTokenizer, options: Options, hint: str) -> None:
     """The garbage screen's scale, measured once on a sample of the files to prepare and kept in
     the manifest, so that files added later are judged alike (null: too few documents to say)."""
@@ -177,7 +196,8 @@ def _measure_scale(manifest: dict[str, Any], files: list[str], tok: TextTokenize
     docs, _ = _take_bytes(readable(), SCALE_SAMPLE_BYTES)
     texts = [doc.text for doc in docs]
     # counted as trained (start token, text, end token), as the jobs and the in-memory screen count
-    n_tokens = [len(ids) + 1 + tok.prepends_bos(text) for ids, text in zip(tok.encode_batch(texts), texts)]
+    encoded = tok.encode_documents(docs)
+    n_tokens = [sum(map(len, ids)) + 1 + tok.prepends_bos(text) for ids, text in zip(encoded, texts)]
     found = quality.scale(np.array([len(t.encode()) for t in texts]), np.array(n_tokens), options.garbage_sigma)
     manifest["garbage"] = found and {"median": found[0], "threshold": found[1], "sigma": options.garbage_sigma}
 
@@ -251,8 +271,7 @@ def _tokenizer(
     manifest's tokenizer.bpe_vocab_size records the size asked for (null: a given tokenizer)."""
     own = out / "tokenizer.json"
     if given:
-        path = Path(given) / "tokenizer.json" if Path(given).is_dir() else Path(given)
-        tok = TextTokenizer.load(path, key="--tokenizer")
+        tok = TextTokenizer.load(Path(given), key="--tokenizer")
         if own.is_file() and TextTokenizer.load(own).fingerprint != tok.fingerprint:
             raise DataError(
                 f"--tokenizer {given} is not the tokenizer {out} was prepared with ({own}); "
@@ -310,7 +329,7 @@ def _new_files(manifest: dict[str, Any], sources: list[str], out: Path) -> list[
     in the manifest."""
     known = {f["path"]: n for n, f in enumerate(manifest["files"])}
     by_hash = {f["sha256"]: f["path"] for f in manifest["files"] if f.get("prepared")}
-    todo = []
+    todo, same = [], []
     listed = (pair for source in sources for pair in source_files(source, "data prepare source", (out,)))
     for path, named in listed:
         resolved, digest = str(path.resolve()), sha256_file(path)
@@ -330,7 +349,7 @@ def _new_files(manifest: dict[str, Any], sources: list[str], out: Path) -> list[
         if n is not None:  # registered by a prepare that stopped before it: take it as it is now
             manifest["files"][n].update(sha256=digest, bytes=path.stat().st_size)
         if n is None and digest in by_hash:  # prepared before, or earlier in this same call
-            log.warning("%s: the same bytes as %s; skipped", path, by_hash[digest])
+            same.append(f"{path} (as {by_hash[digest]})")
             continue
         if n is None:
             n = len(manifest["files"])
@@ -340,6 +359,8 @@ def _new_files(manifest: dict[str, Any], sources: list[str], out: Path) -> list[
             continue  # named twice (a file and its directory)
         by_hash.setdefault(digest, resolved)
         todo.append((n, path, named))
+    if same:  # one line, however many (a corpus of copies has thousands)
+        log.warning("the same bytes as a file prepared before, skipped: %s", shown(same, "file", "", "s"))
     return todo
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from trimtab.data.sources import PREPARED_MANIFEST
+from trimtab.data.listing import PREPARED_MANIFEST, sha256_file
 from trimtab.errors import DataError
 from trimtab.rundir import write_json
 
@@ -40,14 +40,6 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
 
 def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
     write_json(Path(path) / PREPARED_MANIFEST, manifest)  # a reader never sees half a manifest
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
 
 
 def rows_digest(head: str, *arrays: np.ndarray) -> str:
@@ -166,9 +158,9 @@ class PreparedData:
 
 def held_out(n_docs: int, fraction: float) -> np.ndarray:
     """bool [D]: documents held out for evaluation, a fixed pseudo-random `fraction` of them
-    chosen by a hash of the index (the same split whatever the training seed; at least one
-    when there are two or more documents)."""
-    if fraction <= 0 or n_docs < 2:
+    chosen by a hash of the index (the same split whatever the training seed; at least one, and
+    with two or more documents not all). hold_out says how much of each."""
+    if fraction <= 0 or n_docs == 0:
         return np.zeros(n_docs, dtype=bool)
     with np.errstate(over="ignore"):
         u = (np.arange(n_docs, dtype=np.uint64) * GOLDEN) >> np.uint64(11)
@@ -176,9 +168,55 @@ def held_out(n_docs: int, fraction: float) -> np.ndarray:
     held = u < fraction
     if not held.any():
         held[int(np.argmin(u))] = True
-    if held.all():
+    if held.all() and n_docs > 1:
         held[int(np.argmax(u))] = False
     return held
+
+
+def hold_out(sizes: np.ndarray, total: int, fraction: float) -> np.ndarray:
+    """int64 [H]: how many leading tokens of each document chosen for evaluation (`sizes`: their
+    tokens) still train. A chosen document is held out whole, unless it alone holds more than a
+    quarter of the source's `total` tokens (or twice `fraction` of them, if more): then only its
+    tail of the fraction's size. So a large file among small ones gives evaluation a tail of
+    itself, not the whole file (three files, one of 98%: it held out 98% of the corpus), a
+    one-document corpus holds out its tail, and documents of ordinary size are held out whole, as
+    before. The in-memory split (data/packing.py) and a prepared directory's (split_ranges) are
+    cut by this one rule.
+
+    A quarter, not twice the fraction: the debug presets read seven files of the built-in corpus
+    (data.max_bytes), one of which (16%) is their held-out set; the tests and benchmarks of them
+    are pinned to that split. Cutting at twice the fraction would give them 14% more training text."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    target = total - int(total * (1 - fraction))  # the fraction, in tokens: the one-document cut's
+    return np.where(sizes > max(2 * target, total // 4), sizes - target, 0).astype(np.int64)
+
+
+def split_ranges(bounds: np.ndarray, fraction: float, split: str, documents: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) int64: the [start, end) token ranges of a split ("train" or "eval") of the
+    documents `bounds` (int64 [D + 1]) delimit, in order: each document or the part of one the
+    hold-out leaves it (`documents`), else the longest runs of them. Packed, what this holds
+    grows with the documents held out, not with the corpus."""
+    chosen = np.flatnonzero(held_out(len(bounds) - 1, fraction))
+    cuts = hold_out(bounds[chosen + 1] - bounds[chosen], int(bounds[-1]), fraction)
+    tails = bounds[chosen] + cuts < bounds[chosen + 1]  # the held-out part of each, in order
+    held = (bounds[chosen][tails] + cuts[tails], bounds[chosen + 1][tails])
+    if split == "eval":
+        return held if documents else _runs(*held)
+    if documents:
+        starts, ends = bounds[:-1], bounds[1:].copy()
+        ends[chosen] = bounds[chosen] + cuts  # a chosen document's head, if the hold-out left it one
+    else:  # the runs between the held-out ranges
+        first, last = _runs(*held)
+        starts, ends = np.concatenate([[0], last]), np.concatenate([first, bounds[-1:]])
+    kept = ends > starts
+    return starts[kept].astype(np.int64), ends[kept].astype(np.int64)
+
+
+def _runs(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ordered disjoint ranges, those that touch joined."""
+    new = np.ones(len(starts), dtype=bool)  # a range that does not go on from the one before
+    new[1:] = starts[1:] != ends[:-1]
+    return starts[new], ends[np.append(new[1:], True)[: len(new)]]
 
 
 @dataclass
@@ -208,27 +246,16 @@ class ShardedRows:
 
     def __init__(self, data: PreparedData, seq_len: int, pack: bool, split: str, fraction: float) -> None:
         self.data, self.seq_len, self.pack = data, seq_len, pack
-        bounds = self._bounds = data.doc_bounds()
-        keep = held_out(data.n_docs, fraction)
-        if split == "train":
-            keep = ~keep
-        if data.n_docs == 1 and fraction > 0:  # one long document: its tail is the eval set
-            cut = int(data.n_tokens * (1 - fraction))
-            bounds = np.array([0, cut, data.n_tokens]) if split == "train" else np.array([cut, cut, data.n_tokens])
-            keep = np.array([True, False]) if split == "train" else np.array([False, True])
+        self._bounds = data.doc_bounds()
+        starts, ends = split_ranges(self._bounds, fraction, split, documents=not pack)
         if pack:
-            edges = np.diff(np.concatenate([[0], keep.astype(np.int8), [0]]))
-            first, last = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)  # runs [first, last) of kept docs
-            starts, ends = bounds[first], bounds[last]
             self._segments = _Segments(starts, np.concatenate([[0], np.cumsum(ends - starts)]).astype(np.int64))
-            total = int(self._segments.vstart[-1])
-            self._n = max(0, (total - 1) // seq_len)
+            self._n = max(0, (int(self._segments.vstart[-1]) - 1) // seq_len)
         else:
-            lengths = np.diff(bounds)
-            self._docs = np.flatnonzero(keep & (lengths >= 2)).astype(np.int64)
-            self._starts = bounds[self._docs]
-            self._lengths = np.minimum(lengths[self._docs], seq_len + 1) - 1
-            self._n = len(self._docs)
+            docs = ends - starts >= 2
+            self._starts = starts[docs]
+            self._lengths = np.minimum(ends[docs] - starts[docs], seq_len + 1) - 1
+            self._n = len(self._starts)
         self.n_tokens = self._n * seq_len if pack else int(self._lengths.sum())
         self._replaced: dict[int, np.ndarray] = {}  # fault injection's bad rows (the shards are read-only)
 

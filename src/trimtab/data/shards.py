@@ -162,9 +162,7 @@ class _Encoder:
 
     def flush(self) -> None:
         self.stats.setdefault(self.file, {"documents": 0, "tokens": 0, "skipped": 0})
-        texts = [text for doc, *_ in self._batch for text, _ in doc.segments]
-        ids = iter(self.tok.encode_batch(texts))
-        encoded = [[next(ids) for _ in doc.segments] for doc, *_ in self._batch]
+        encoded = self.tok.encode_documents([doc for doc, *_ in self._batch])
         flagged = self._screen(encoded)
         for (doc, first, last, line), pieces, bad in zip(self._batch, encoded, flagged):
             if bad:

@@ -6,29 +6,26 @@ loss on the prompt side; plain text is one fully trainable segment.
 
 from __future__ import annotations
 
-import functools
-import glob
 import hashlib
 import json
 import logging
 import os
 import sysconfig
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trimtab.config import DataConfig
 from trimtab.data import arithmetic, formats
-from trimtab.data.chat import ChatFormat, MissingTemplate, TemplateError, render_segments
+from trimtab.data.chat import ChatFormat, MissingTemplate, TemplateError, render_document
+from trimtab.data.listing import PREPARED_MANIFEST, SameBytes, shown, source_files
 from trimtab.errors import DataError
-from trimtab.rundir import CONFIG, METRICS_FILE
 
 logger = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant")
 END = "<|end|>"
-PREPARED_MANIFEST = "trimtab-data.json"  # marks a directory `trimtab data prepare` wrote
 # _render's format as a Jinja chat template (exported with the tokenizer of a chat-trained model)
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
@@ -42,6 +39,9 @@ EXCLUDED_DIRS = {"site-packages", "dist-packages"}
 class Document:
     segments: list[tuple[str, bool]]  # (text, trainable): loss is computed only on trainable text
     source: str = ""  # where it came from: a file, file:line for a JSONL record (journaled when left out)
+    # [start, end) character spans of the text a chat template wrote (not a message's content):
+    # special-token text there is the special token; anywhere else it is text (encode_documents)
+    markup: tuple[tuple[int, int], ...] = ()
 
     @property
     def text(self) -> str:
@@ -56,6 +56,7 @@ def corpus_fingerprint(docs: Iterable[Document]) -> str:
             data = text.encode()
             h.update(b"%d:%d:" % (trainable, len(data)))
             h.update(data)
+        h.update(repr(doc.markup).encode() if doc.markup else b"")  # plain text's key as it was
         h.update(b"|")
     return h.hexdigest()
 
@@ -86,6 +87,18 @@ def read_documents(
             section,
             cfg.max_bytes,
         )
+    _say_skipped(reader, key, source, section)
+    if not docs:
+        why = f"; all {reader.n_skipped} records were malformed" if reader.n_skipped else ""
+        raise DataError(
+            f"{key} '{source}' has no text (the corpus is empty{why}); point it at non-empty text or .jsonl files"
+        )
+    return docs, reader.n_skipped
+
+
+def _say_skipped(reader: _Reader, key: str, source: str | list[str], section: str) -> None:
+    """What the reader left out, a line for each kind: unreadable files, malformed records, files
+    with the bytes of one read before them."""
     if reader.n_undecodable:
         logger.warning(
             "%s '%s': skipped %d files that cannot be read as text (the first: %s)",
@@ -98,12 +111,11 @@ def read_documents(
         logger.warning(
             "%s '%s': skipped %d malformed records (%s.skip_bad_records=true)", key, source, reader.n_skipped, section
         )
-    if not docs:
-        why = f"; all {reader.n_skipped} records were malformed" if reader.n_skipped else ""
-        raise DataError(
-            f"{key} '{source}' has no text (the corpus is empty{why}); point it at non-empty text or .jsonl files"
+    if reader.repeated:
+        said = shown(reader.repeated, "file", "", "s")
+        logger.warning(
+            "%s '%s': the same bytes as a file before, read once (as data prepare does): %s", key, source, said
         )
-    return docs, reader.n_skipped
 
 
 def builtin_files() -> tuple[Path, list[Path]]:
@@ -125,7 +137,7 @@ def _take_bytes(docs: Iterator[Document], max_bytes: int) -> tuple[list[Document
     total = 0
     for doc in docs:
         size = len(doc.text.encode())
-        if max_bytes and total + size > max_bytes and len(doc.segments) == 1:
+        if max_bytes and total + size > max_bytes and len(doc.segments) == 1 and not doc.markup:
             # plain text is cut to fit; a chat record is kept whole so its template stays intact
             doc = Document([(_truncate(doc.text, max_bytes - total), doc.segments[0][1])], doc.source)
         if doc.text:
@@ -152,76 +164,6 @@ def _decode(data: bytes) -> str | None:
     return None if "\x00" in text else text
 
 
-GLOB_CHARS = "*?["
-
-
-def source_files(source: str | list[str], key: str, exclude: Iterable[Path] = ()) -> list[tuple[Path, bool]]:
-    """The files of a source: a file, a directory (its files, recursively, hidden ones left out),
-    a glob (`**` recurses) or a list of these, in a fixed order; each with whether it was named
-    on its own (a named file must be readable; a directory's unreadable files are skipped).
-    Nothing under `exclude` (prepare's --out) is listed."""
-    out: list[tuple[Path, bool]] = []
-    skip = {os.path.realpath(p) for p in exclude}
-    for item in [source] if isinstance(source, str) else source:
-        if any(c in item for c in GLOB_CHARS):
-            matches = sorted(p for p in glob.glob(item, recursive=True) if Path(p).is_file())
-            matches = [p for p in matches if not _inside(os.path.realpath(p), skip)]
-            if not matches:
-                raise DataError(f"{key} '{item}' matches no file; check the pattern")
-            out += [(Path(p), False) for p in matches]
-            continue
-        path = Path(item)
-        if not path.exists():
-            raise DataError(f"{key} '{item}' does not exist; check the path")
-        if path.is_file():
-            out.append((path, True))
-            continue
-        files = _walk(path, key, skip)
-        out += [(p, False) for p in sorted(files, key=lambda p: p.relative_to(path).as_posix())]
-    return out
-
-
-def _inside(real: str, dirs: set[str]) -> bool:
-    return any(real == d or real.startswith(d.rstrip(os.sep) + os.sep) for d in dirs)
-
-
-def _walk(root: Path, key: str, skip: set[str]) -> list[Path]:
-    """The files under root, hidden ones left out; symlinked directories are followed, each real
-    directory once (a link loop ends there). trimtab's own outputs are not text to train on: a
-    prepared dataset or a run directory inside the tree is skipped, with a warning."""
-    seen, files = set(skip), []
-    for folder, dirs, names in os.walk(root, followlinks=True):
-        seen.add(os.path.realpath(folder))
-        kept = []
-        for name in sorted(dirs):
-            sub = Path(folder) / name
-            real = os.path.realpath(sub)
-            if name.startswith(".") or _inside(real, skip) or real in seen:
-                continue  # hidden, excluded, or reached already (a link loop or a second link)
-            if why := _own_output(sub):
-                _warn_skipped(key, str(root), str(sub), why)
-                continue
-            seen.add(real)
-            kept.append(name)
-        dirs[:] = kept
-        files += [Path(folder) / n for n in names if not n.startswith(".") and (Path(folder) / n).is_file()]
-    return files
-
-
-def _own_output(folder: Path) -> str:
-    """Why `folder` is trimtab's own output, not a corpus ('' when it is not)."""
-    if (folder / PREPARED_MANIFEST).is_file():
-        return f"prepared data (it holds {PREPARED_MANIFEST}); name it as a source of its own to train on it"
-    if (folder / CONFIG).is_file() and ((folder / "checkpoints").is_dir() or (folder / METRICS_FILE).is_file()):
-        return f"a training run's directory (it holds {CONFIG} and its checkpoints or {METRICS_FILE})"
-    return ""
-
-
-@functools.cache  # the files of a source are listed several times in a run: warn once
-def _warn_skipped(key: str, source: str, folder: str, why: str) -> None:
-    logger.warning("%s '%s': skipped %s, %s", key, source, folder, why)
-
-
 @dataclass
 class _Reader:
     cfg: DataConfig
@@ -234,6 +176,8 @@ class _Reader:
     n_skipped: int = 0
     n_undecodable: int = 0
     undecodable_example: str = ""
+    repeated: list[str] = field(default_factory=list)  # "FILE (as EARLIER)": files of the same bytes, read once
+    _same: SameBytes = field(default_factory=SameBytes)
 
     def documents(self, source: str | list[str]) -> Iterator[Document]:
         if source == "builtin":
@@ -243,7 +187,18 @@ class _Reader:
             yield from self._arithmetic(source)
             return
         for path, named in source_files(source, self.key, self.exclude):
+            if (earlier := self._earlier(path)) is not None:
+                self.repeated.append(f"{path} (as {earlier})")
+                continue
             yield from self._file(path, strict=named)
+
+    def _earlier(self, path: Path) -> Path | None:
+        """The file read before with path's bytes (a symlink, a copy, a file named twice): read
+        once, as `trimtab data prepare` prepares it once (by its sha256)."""
+        try:
+            return self._same.earlier(path)
+        except OSError:  # unreadable: reading it says so
+            return None
 
     def _builtin(self) -> Iterator[Document]:
         root, files = builtin_files()
@@ -358,11 +313,12 @@ def to_document(rec: Any, cfg: DataConfig, chat: ChatFormat | None = None) -> Do
     if chat is None:
         return _render(turns)
     try:
-        return Document(render_segments(chat, turns))
+        segments, markup = render_document(chat, turns)
     except MissingTemplate:
         raise  # the tokenizer's, for the caller to name: skipping the record would skip them all
     except TemplateError as exc:
         raise BadRecord(str(exc)) from None
+    return Document(segments, markup=markup)
 
 
 def prepared_dir(source: str | list[str]) -> Path | None:
@@ -447,16 +403,23 @@ def _chat(rec: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _render(turns: list[tuple[str, str]]) -> Document:
-    """Chat template; only assistant content and its <|end|> are trainable."""
+    """Chat template; only assistant content and its <|end|> are trainable. The roles' tokens and
+    <|end|> are its markup: the same text inside a content is text."""
     segments: list[tuple[str, bool]] = []
+    markup: list[tuple[int, int]] = []
+    at = 0
     for role, content in turns:
+        head = f"<|{role}|>\n"
         if role == "assistant":
-            parts = [("<|assistant|>\n", False), (content + END, True), ("\n", False)]
+            parts = [(head, False, True), (content, True, False), (END, True, True), ("\n", False, True)]
         else:
-            parts = [(f"<|{role}|>\n{content}{END}\n", False)]
-        for text, trainable in parts:
+            parts = [(head, False, True), (content, False, False), (END + "\n", False, True)]
+        for text, trainable, written in parts:
+            if written:
+                markup.append((at, at + len(text)))
+            at += len(text)
             if segments and segments[-1][1] == trainable:  # merge: fewer, longer pieces to encode
                 segments[-1] = (segments[-1][0] + text, trainable)
             else:
                 segments.append((text, trainable))
-    return Document(segments)
+    return Document(segments, markup=tuple(markup))

@@ -33,16 +33,20 @@ HF_CONFIG = "tokenizer_config.json"  # beside a tokenizer.json: a Hugging Face t
 
 
 class TextTokenizer:
-    """A tokenizers.Tokenizer whose special tokens are matched inside text (chat templates) and whose
-    byte-level model round-trips any UTF-8 text.
+    """A tokenizers.Tokenizer whose special tokens are matched inside a prompt and where a chat
+    template wrote them, never in a document's own text, and whose byte-level model round-trips
+    any UTF-8 text.
 
     trimtab's own has SPECIAL_TOKENS (end of text, pad, chat roles). A Hugging Face one (`hf`: its
     tokenizer_config.json) is used exactly as it is: its vocabulary, its end-of-text and pad
     tokens, its chat template; nothing is added, so ids match the model it came with."""
 
-    def __init__(self, tok: Tokenizer, hf: dict | None = None) -> None:
+    def __init__(self, tok: Tokenizer, hf: dict | None = None, settings: Path | None = None) -> None:
         self._tok = tok
         self.hf = hf
+        self.settings = settings  # the tokenizer_config.json hf was read from, for messages
+        self._literal: Tokenizer | None = None  # _plain's copy
+        self._special_re: re.Pattern[str] | None = None  # _special_spans'
         self.vocab_size: int = tok.get_vocab_size(with_added_tokens=True)
         self.eos_id: int = tok.token_to_id(_content(hf.get("eos_token")) if hf else EOS)
         pad = _content(hf.get("pad_token")) if hf else PAD
@@ -88,22 +92,86 @@ class TextTokenizer:
     @property
     def chat(self) -> ChatFormat | None:
         """A Hugging Face tokenizer's chat format (its template, None if it has none); None for
-        trimtab's own tokenizer, whose chat format is data/sources.py's."""
+        trimtab's own tokenizer, whose chat format is data/sources.py's, and for trimtab's own
+        exported without a template (a run that never trained on chats: its tokenizer_config.json
+        holds none), which a run initialised from the export formats chats as trimtab does."""
         if self.hf is None:
             return None
         template = self.hf.get("chat_template")
         if isinstance(template, list):  # named templates: the default one
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        if template is None and self._trimtabs():
+            return None
         specials = {k: _content(v) for k, v in self.hf.items() if k.endswith("_token") and v}
-        return ChatFormat(template, specials)
+        return ChatFormat(template, specials, str(self.settings or HF_CONFIG))
+
+    def _trimtabs(self) -> bool:
+        """Whether this is trimtab's own tokenizer (an export's): its special tokens, end of text first."""
+        specials = {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special}
+        return _content(self.hf.get("eos_token")) == EOS and specials >= set(SPECIAL_TOKENS)
 
     def encode(self, text: str, specials: bool = False) -> list[int]:
-        """Token ids of `text`; `specials`: with what the tokenizer adds around a text (a Hugging
-        Face tokenizer's bos, as transformers' encode does by default; trimtab's adds nothing)."""
+        """Token ids of a prompt, its special-token text the special tokens (as transformers'
+        tokenizer reads a prompt: a chat template's output); `specials`: with what the tokenizer
+        adds around a text (a Hugging Face tokenizer's bos, as transformers' encode does by
+        default; trimtab's adds nothing). A document's text: encode_text."""
         return self._tok.encode(text, add_special_tokens=specials).ids
 
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of a document's text: special-token text in it is text (`<|endoftext|>`
+        written in a file does not end it, `<|user|>` quoted in one is not a chat role)."""
+        return self._plain().encode(text, add_special_tokens=False).ids
+
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [enc.ids for enc in self._tok.encode_batch(texts, add_special_tokens=False)]
+        """encode_text of each of `texts`, on the tokenizer's threads."""
+        return [enc.ids for enc in self._plain().encode_batch(texts, add_special_tokens=False)]
+
+    def encode_documents(self, docs: list[Document]) -> list[list[list[int]]]:
+        """Each document's segments' ids. Special-token text is the special token only where a
+        chat template wrote it (Document.markup), else text (encode_text). A segment whose
+        special-token text all lies in its markup is encoded whole, specials matched (as a
+        prompt); one with some inside a message's content is encoded between its markup's."""
+        out: list[list[list[int]]] = [[] for _ in docs]
+        batches: dict[bool, list[tuple[int, int, str]]] = {False: [], True: []}  # specials matched?
+        for i, doc in enumerate(docs):
+            at = 0
+            for j, (text, _) in enumerate(doc.segments):
+                spans = _within(doc.markup, at, at + len(text))
+                at += len(text)
+                found = self._special_spans(text) if spans else []
+                if all(_covered(spans, a, b) for a, b, _ in found):
+                    batches[bool(found)].append((i, j, text))
+                    out[i].append([])  # filled below, a batch at a time
+                else:
+                    out[i].append(self._between(text, [f for f in found if _covered(spans, f[0], f[1])]))
+        for matched, items in batches.items():
+            encoder = self._tok if matched else self._plain()
+            for (i, j, _), enc in zip(items, encoder.encode_batch([t for *_, t in items], add_special_tokens=False)):
+                out[i][j] = enc.ids
+        return out
+
+    def _plain(self) -> Tokenizer:
+        """A copy that reads special-token text as text (tokenizers' encode_special_tokens), made
+        on first use; a copy, so a prompt encoded meanwhile on another thread keeps its specials."""
+        if self._literal is None:
+            self._literal = Tokenizer.from_str(self._tok.to_str())
+            self._literal.encode_special_tokens = True
+        return self._literal
+
+    def _special_spans(self, text: str) -> list[tuple[int, int, int]]:
+        """(start, end, id) of each special token's text in `text`, leftmost and longest first."""
+        if self._special_re is None:
+            names = {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special}
+            self._special_re = re.compile("|".join(map(re.escape, sorted(names, key=len, reverse=True))) or "(?!)")
+        return [(m.start(), m.end(), self._tok.token_to_id(m.group())) for m in self._special_re.finditer(text)]
+
+    def _between(self, text: str, specials: list[tuple[int, int, int]]) -> list[int]:
+        """`text` as text, but for `specials` (start, end, id): the special tokens there."""
+        ids, at = [], 0
+        for start, end, token in specials:
+            ids += self.encode_text(text[at:start]) + [token]
+            at = end
+        return ids + self.encode_text(text[at:])
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)
@@ -127,9 +195,17 @@ class TextTokenizer:
     def load(
         cls, path: Path, key: str = "tokenizer file", fix: str = "save it with tokenizers' Tokenizer.save"
     ) -> TextTokenizer:
-        """Load a tokenizer.json (a Hugging Face one when a tokenizer_config.json sits beside it);
-        `key` names it in errors (e.g. "data.tokenizer"), `fix` ends the error of an unreadable one."""
+        """Load a tokenizer.json, or a directory's (a Hugging Face model's: a tokenizer_config.json
+        beside it makes it a Hugging Face one); `key` names it in errors (e.g. "data.tokenizer"),
+        `fix` ends the error of an unreadable one."""
         path = Path(path)
+        if path.is_dir():
+            if not (path / "tokenizer.json").is_file():
+                raise DataError(
+                    f"{key} '{path}' is a directory without a tokenizer.json; point it at a tokenizer.json, or at a "
+                    "Hugging Face model directory that holds one (tokenizer.save_pretrained writes it)"
+                )
+            path = path / "tokenizer.json"
         if not path.is_file():
             raise DataError(f"{key} '{path}' does not exist; check the path")
         try:
@@ -138,11 +214,20 @@ class TextTokenizer:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise DataError(f"{key} '{path}' is not a tokenizers JSON file ({reason}); {fix}") from None
         if (path.parent / HF_CONFIG).is_file():
-            return cls(tok, _hf_settings(tok, path.parent / HF_CONFIG, key))
+            return cls(tok, _hf_settings(tok, path.parent / HF_CONFIG, key), path.parent / HF_CONFIG)
         if tok.token_to_id(EOS) is None:
             raise DataError(f"{key} '{path}' has no {EOS} token; add it to the tokenizer's vocabulary")
         tok.add_special_tokens(SPECIAL_TOKENS)  # no-op for those present; new ids for the rest
         return cls(tok)
+
+
+def _within(spans: tuple[tuple[int, int], ...], start: int, end: int) -> list[tuple[int, int]]:
+    """The parts of `spans` inside [start, end), relative to start."""
+    return [(max(a, start) - start, min(b, end) - start) for a, b in spans if a < end and b > start]
+
+
+def _covered(spans: list[tuple[int, int]], start: int, end: int) -> bool:
+    return any(a <= start and end <= b for a, b in spans)
 
 
 def _sha256(text: str) -> str:

@@ -26,7 +26,7 @@ from unittest import mock
 from trimtab.api import load_run
 from trimtab.checkpoint import latest_valid, local_run
 from trimtab.errors import ConfigError
-from trimtab.evaluation.perplexity import read_text, score_text
+from trimtab.evaluation.perplexity import read_texts, score_text
 from trimtab.extras import require
 from trimtab.rundir import CONFIG, read_summary, write_json, write_summary
 
@@ -51,7 +51,7 @@ def evaluate(
     _, model, tok = load_run(path)
     results: dict[str, Any] = {"model": str(path), "step": _step(path), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     if data:
-        results["data"] = {"file": str(data), **score_text(model, tok, read_text(data), stride, batch_size)}
+        results["data"] = {"file": str(data), **score_text(model, tok, read_texts(data), stride, batch_size)}
     if tasks:
         results["tasks"] = run_tasks(model, tok, tasks, include_path, limit, num_fewshot, batch_size)
         results["versions"] = {"lm_eval": metadata.version("lm_eval")}

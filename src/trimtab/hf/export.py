@@ -313,12 +313,12 @@ def _token_ids(tok: TextTokenizer, source: dict | None) -> dict[str, Any]:
 
 
 def _generation_config(tok: TextTokenizer, source: dict | None, chat: bool) -> dict[str, Any]:
-    """An imported model's own; else trimtab's ids, and after chat training the end-of-turn
-    token as a second eos, so generation stops where the assistant's turn ends."""
-    if source and source.get("generation_config"):
-        return source["generation_config"]
-    ids = _token_ids(tok, source)
-    if chat and not tok.hf:
+    """An imported model's own, else trimtab's ids; after chat training in trimtab's format (its
+    own tokenizer's, or an export's of it) the end-of-turn token as a second eos, so generation
+    stops where the assistant's turn ends."""
+    found = dict(source["generation_config"]) if source and source.get("generation_config") else None
+    ids = found or _token_ids(tok, source)
+    if chat and tok.chat is None:
         from trimtab.data.sources import END
 
         ids["eos_token_id"] = [tok.eos_id, tok.encode(END)[0]]
@@ -335,8 +335,9 @@ def _chat_trained(cfg: RunConfig) -> bool:
 
 def write_tokenizer(tok: TextTokenizer, out: Path, max_len: int, chat: bool) -> None:
     """tokenizer.json and the settings AutoTokenizer reads: a Hugging Face tokenizer's own
-    (model_max_length set if it had none), else trimtab's specials and, after chat training,
-    its chat template (data/sources.py CHAT_TEMPLATE, the format the model learned)."""
+    (model_max_length set if it had none), else trimtab's specials; after chat training in
+    trimtab's format (its own tokenizer's, or an export's of it without a template), its chat
+    template (data/sources.py CHAT_TEMPLATE, the format the model learned)."""
     from trimtab.data.sources import CHAT_TEMPLATE
     from trimtab.data.tokenizer import EOS, PAD
 
@@ -345,7 +346,7 @@ def write_tokenizer(tok: TextTokenizer, out: Path, max_len: int, chat: bool) -> 
     settings.setdefault("model_max_length", max_len)
     settings.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
     settings.setdefault("clean_up_tokenization_spaces", False)
-    if chat and not tok.hf:
+    if chat and tok.chat is None:
         settings["chat_template"] = CHAT_TEMPLATE
     _write_json(out / "tokenizer_config.json", settings)
     special = {k: settings[k] for k in ("bos_token", "eos_token", "pad_token", "unk_token") if settings.get(k)}

@@ -42,6 +42,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def merge(recipe: str | Path | dict[str, Any], out: str | Path) -> Path:
     """Merge as the recipe says; returns the output run directory."""
     r = read_recipe(recipe)
+    _check_out(Path(out))  # before the inputs load: a merge can take minutes
     order = ([r.base] if r.base else []) + [m.path for m in r.others()]
     loaded = {path: load_run(path) for path in order}
     cfg, base_model, tok = loaded[order[0]]
@@ -71,6 +72,7 @@ def average(run_dir: str | Path, last: int, out: str | Path) -> Path:
     run_dir = Path(run_dir)
     if last < 1:
         raise ConfigError(f"--last {last} must be >= 1")
+    _check_out(Path(out))
     cfg, model, tok = load_run(run_dir)
     valid = [p for p in list_checkpoints(run_dir) if _valid(p)][-last:]
     if len(valid) < last:
@@ -95,6 +97,16 @@ def average(run_dir: str | Path, last: int, out: str | Path) -> Path:
     record = {"method": "average", "run": str(run_dir), "steps": [s["step"] for s in states]}
     extra = {"merge": record, "tokens": states[-1].get("tokens", 0)}
     return _write(Path(out), cfg, tok, model, merged, extra, None, "float32")
+
+
+def _check_out(out: Path) -> None:
+    """--out must be a new or empty directory: the merged run is renamed into place there."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out '{out}' is a file; choose a new directory for the merged model")
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--out '{out}' exists and is not empty; choose a new directory")
+    if any(p.exists() and not p.is_dir() for p in out.parents):
+        raise ConfigError(f"--out '{out}' lies under a file; choose a new directory for the merged model")
 
 
 def _valid(path: Path) -> bool:
@@ -268,8 +280,7 @@ def _write(
     dtype: str,
 ) -> Path:
     """The merged model as a run directory, written beside `out` and renamed into place."""
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"--out '{out}' exists and is not empty; choose a new directory")
+    _check_out(out)  # again: something may have been written there while the inputs merged
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".tmp_{out.name}_{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

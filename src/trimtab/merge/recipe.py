@@ -17,6 +17,7 @@ implement: refused with a clear message rather than read differently.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ TASK_ARITHMETIC = {
 METHODS = ("linear", "slerp", *TASK_ARITHMETIC, "model_stock")
 GLOBAL = {"t", "normalize", "rescale", "lambda", "filter_wise", "seed", "int8_mask", "per_expert"}
 PER_MODEL = {"weight", "density"}
+ZERO = 1e-8  # a weight sum this small divides to infinities (methods.task_arithmetic takes it as 0 too)
 
 
 @dataclass
@@ -133,7 +135,16 @@ def _check(r: Recipe, where: str) -> None:
     if not isinstance(r.param("per_expert", False), bool):
         raise ConfigError(f"{where}: parameters.per_expert must be true or false")
     for i, m in enumerate(r.models):
+        for name in ("weight", "density"):
+            value = getattr(m, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"{where}: models[{i}].parameters.{name} {value!r} must be a finite number")
         if not 0 < m.density <= 1:
             raise ConfigError(f"{where}: models[{i}].parameters.density {m.density} must be in (0, 1]")
+    if r.method == "linear" and r.param("normalize", True) and abs(sum(m.weight for m in r.models)) < ZERO:
+        raise ConfigError(
+            f"{where}: the models' weights sum to 0, and linear with normalize (the default) divides by their sum; "
+            "change a weight, or set parameters.normalize: false to add the weighted models as they are"
+        )
     if r.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"{where}: dtype {r.dtype!r} must be float32, bfloat16 or float16")
