@@ -105,7 +105,7 @@ def _export(args: argparse.Namespace) -> int:
     arg("--limit", type=number(float, 0, above=True), help="examples per task (a fraction below 1)"),
     arg("--num-fewshot", type=number(int, 0), help="few-shot examples per prompt (default: the task's)"),
     arg("--batch-size", type=number(int, 1), default=8),
-    arg("--data", metavar="FILE", help="a file as training reads it (text, JSONL or a table, gzip/zstd; - or a pipe): perplexity and bits per byte, no lm-eval needed"),
+    arg("--data", metavar="FILE", help="a file read as training reads it: perplexity, bits per byte"),
     arg("--stride", type=number(int, 1), help="--data window advance in tokens (default: the whole context)"),
 )
 def _eval(args: argparse.Namespace) -> int:
