@@ -173,6 +173,13 @@ def trimtab_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -
     return subprocess.CompletedProcess(["trimtab", *args], rc, out, err)
 
 
+def base_run(out: Path) -> Path:
+    """A debug run of two steps into `out`: a tokenizer and weights to start RL or DPO from."""
+    done = trimtab_cli(["train", "--preset", "debug", "--out", str(out), "--max-steps", "2", *FAST], out.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
 # Modules whose runs' report.html is looked at; elsewhere the end-of-run report (0.3-0.7 s of plotly
 # per run, ~160 runs in the suite) is not written (tests/conftest.py `_no_report`, and trimtab_cli).
 # It never changes a run (ReportWriter warns and goes on whatever fails), and tests/test_report.py

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import FAST, trimtab_cli
+from helpers import base_run, trimtab_cli
 from trimtab.config import ModelConfig, load_config
 from trimtab.config.dpo import DPOConfig
 from trimtab.data.batches import IGNORE_INDEX
@@ -213,10 +213,7 @@ DPO = [
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """A debug run of two steps: a tokenizer and weights to start DPO from."""
-    out = tmp_path_factory.mktemp("dpo") / "base"
-    done = trimtab_cli(["train", "--preset", "debug", "--out", str(out), "--max-steps", "2", *FAST], out.parent)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+    return base_run(tmp_path_factory.mktemp("dpo") / "base")
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import trimtab
-from helpers import FAST, trimtab_cli
+from helpers import base_run
 from trimtab.config import load_config
 from trimtab.orchestrator import ctl
 from trimtab.training.hooks import Hook
@@ -32,10 +32,7 @@ class Person(Hook):
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """A debug run of two steps: a tokenizer and weights to start RL from."""
-    out = tmp_path_factory.mktemp("rl") / "base"
-    done = trimtab_cli(["train", "--preset", "debug", "--out", str(out), "--max-steps", "2", *FAST], out.parent)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+    return base_run(tmp_path_factory.mktemp("rl") / "base")
 
 
 def rl_run(out, base, staleness: int, script: dict) -> list[dict]:

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from helpers import FAST, trimtab_cli
+from helpers import base_run, trimtab_cli
 from trimtab.config import load_config
 from trimtab.rundir import read_decisions
 from trimtab.training.changes import config_changes
@@ -27,9 +27,7 @@ def stopped(tmp_path_factory):
     """An RL run (on the built-in arithmetic prompts) of 4 steps, without a KL term: its step-0
     checkpoint is pruned (checkpoint.keep 1). Each test resumes a copy of it to step 6."""
     root = tmp_path_factory.mktemp("rl")
-    base = root / "base"
-    done = trimtab_cli(["train", "--preset", "debug", "--out", str(base), "--max-steps", "2", *FAST], root)
-    assert done.returncode == 0, done.stderr[-3000:]
+    base = base_run(root / "base")
     out = root / "run"
     args = [*RL, "--out", str(out), "--max-steps", "4", "--set", f"train.init_from={base}"]
     done = trimtab_cli(["rl", *args], root)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import FAST, trimtab_cli
+from helpers import base_run, trimtab_cli
 from trimtab.rundir import read_decisions
 
 RL = [
@@ -23,10 +23,7 @@ RL = [
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """A debug run of two steps: a tokenizer and weights to start RL from."""
-    out = tmp_path_factory.mktemp("rl") / "base"
-    done = trimtab_cli(["train", "--preset", "debug", "--out", str(out), "--max-steps", "2", *FAST], out.parent)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+    return base_run(tmp_path_factory.mktemp("rl") / "base")
 
 
 def rl(out, base, steps: int, *extra: str):
