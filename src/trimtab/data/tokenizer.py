@@ -107,8 +107,11 @@ class TextTokenizer:
 
     def _trimtabs(self) -> bool:
         """Whether this is trimtab's own tokenizer (an export's): its special tokens, end of text first."""
-        specials = {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special}
-        return _content(self.hf.get("eos_token")) == EOS and specials >= set(SPECIAL_TOKENS)
+        return _content(self.hf.get("eos_token")) == EOS and self._special_names() >= set(SPECIAL_TOKENS)
+
+    def _special_names(self) -> set[str]:
+        """The text of each special token of the vocabulary."""
+        return {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special}
 
     def encode(self, text: str, specials: bool = False) -> list[int]:
         """Token ids of a prompt, its special-token text the special tokens (as transformers'
@@ -161,8 +164,8 @@ class TextTokenizer:
     def _special_spans(self, text: str) -> list[tuple[int, int, int]]:
         """(start, end, id) of each special token's text in `text`, leftmost and longest first."""
         if self._special_re is None:
-            names = {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special}
-            self._special_re = re.compile("|".join(map(re.escape, sorted(names, key=len, reverse=True))) or "(?!)")
+            names = sorted(self._special_names(), key=len, reverse=True)
+            self._special_re = re.compile("|".join(map(re.escape, names)) or "(?!)")
         return [(m.start(), m.end(), self._tok.token_to_id(m.group())) for m in self._special_re.finditer(text)]
 
     def _between(self, text: str, specials: list[tuple[int, int, int]]) -> list[int]:
