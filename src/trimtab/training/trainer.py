@@ -67,11 +67,7 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
         self.state = TrainState(phase_steps=configured_lengths(cfg))
         self.stop_reason = ""
         self.exit_code = 0  # the process's, for a scheduler: non-zero when the run gave up
-        main = self.dist.is_main  # rank 0 alone writes logs and metrics
-        self.hooks = [ConsoleLogger(cfg.log.progress), JsonlLogger(cfg.run_dir)] if main else []
-        if cfg.log.tensorboard and main:
-            self.hooks.append(TensorBoardLogger(cfg.run_dir / "tb"))
-        self.hooks += list(hooks)
+        self.hooks = self._loggers() + list(hooks)
         self.window = LogWindow()
         self.control = Control(self)
         self.view = RunView(self, self.control)  # what hooks see
@@ -79,14 +75,7 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
         for hook in self.hooks:
             if isinstance(hook, Instrument):  # fault injection: the one writer beside Control
                 hook.attach(FaultHandle(self))
-        ft = cfg.resilience.ft
-        # each phase's loader reads this process's share of each step's rows: with replica groups,
-        # each group's ranks a slice of the groups' (distributed/ft.py)
-        self.data_shard = (self.dist.dp_rank, self.dist.dp_world)
-        if ft.enabled:
-            check_groups(self.dist.mesh)
-            world = self.dist.dp_world
-            self.data_shard = (ft.replica_group * world + self.dist.dp_rank, ft.groups * world)
+        self.data_shard = self._data_shard()
         self.control.apply_lengths()
         self._enter_phase(0)
         self.resumed_from = run.resume[0] if run.resume else None
@@ -108,9 +97,9 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
         self._saving_again = False  # applying the hooks' requests after a failed save
         self._writing: tuple[int, tuple[int, int]] | None = None  # a background save: step, resume point before
         self.replicas = None  # resilience.ft: this process is one replica group (distributed/ft.py)
-        if ft.enabled:
+        if cfg.resilience.ft.enabled:
             self.replicas = ReplicaGroups(
-                ft,
+                cfg.resilience.ft,
                 (self.dist.rank, self.dist.world),
                 self.device,
                 cfg.run_dir,
@@ -119,6 +108,25 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
                 self._take_replica_state,
             )
         self.dist.replicas = self.replicas  # reduce_step averages each step across the groups
+
+    def _loggers(self) -> list[Hook]:
+        """The console, metrics.jsonl and TensorBoard loggers: rank 0 alone writes logs and metrics."""
+        if not self.dist.is_main:
+            return []
+        loggers: list[Hook] = [ConsoleLogger(self.cfg.log.progress), JsonlLogger(self.cfg.run_dir)]
+        if self.cfg.log.tensorboard:
+            loggers.append(TensorBoardLogger(self.cfg.run_dir / "tb"))
+        return loggers
+
+    def _data_shard(self) -> tuple[int, int]:
+        """(index, count) of this process's share of each step's rows: its data-parallel rank's; with
+        replica groups, each group's ranks a slice of the groups' (distributed/ft.py)."""
+        ft = self.cfg.resilience.ft
+        if not ft.enabled:
+            return self.dist.dp_rank, self.dist.dp_world
+        check_groups(self.dist.mesh)
+        world = self.dist.dp_world
+        return ft.replica_group * world + self.dist.dp_rank, ft.groups * world
 
     # ------------------------------------------------------------------------------ the loop
 
