@@ -31,6 +31,39 @@ def collect(preset: str = "small", device: str = "auto", nproc: int = 1, strateg
     cfg = load_config(preset=preset)
     precision = _precision(dev, cfg)
     memory = _memory(dev)
+    micro = _micro_batch(cfg, preset, dev, precision, memory, nproc, strategy)
+    peak, peak_source = peak_flops(precision)
+    return {
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+            "platform": platform.platform(),
+        },
+        "device": _device(dev),
+        "precision": {
+            "choice": precision.name,
+            "reason": precision.reason,
+            "bf16": _bf16(dev),
+            "tf32": bool(torch.backends.cuda.matmul.allow_tf32) if dev.type == "cuda" else None,
+            "peak_flops": peak,  # what a run's MFU divides by
+            "peak_source": peak_source,
+        },
+        "attention": _attention(dev, cfg, precision.autocast_dtype or torch.float32),
+        "fused_adamw": dev.type in ("cuda", "cpu"),  # optim.fused=auto takes it where it exists
+        "memory": {k: None if v is None else round(v / GiB, 1) for k, v in memory.items()},
+        "distributed": _distributed(dev),
+        "micro_batch": micro,
+        "layout": _layout(cfg, dev),
+    }
+
+
+def _micro_batch(
+    cfg: Any, preset: str, dev: torch.device, precision: Precision, memory: dict, nproc: int, strategy: str
+) -> dict[str, Any]:
+    """The micro-batch suggested for each process's share of the memory, under each
+    train.activation_checkpointing mode, and how many FSDP devices it needs when none fits."""
     per_process = memory["gpu_total"] if dev.type == "cuda" else (memory["ram_available"] or 0) // max(nproc, 1)
     modes = {
         mode: suggest_micro_batch(
@@ -61,31 +94,7 @@ def collect(preset: str = "small", device: str = "auto", nproc: int = 1, strateg
     }
     if not advice.fits:
         micro["fsdp_devices_needed"] = _devices_needed(cfg, per_process, precision.name)
-    peak, peak_source = peak_flops(precision)
-    return {
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-            "platform": platform.platform(),
-        },
-        "device": _device(dev),
-        "precision": {
-            "choice": precision.name,
-            "reason": precision.reason,
-            "bf16": _bf16(dev),
-            "tf32": bool(torch.backends.cuda.matmul.allow_tf32) if dev.type == "cuda" else None,
-            "peak_flops": peak,  # what a run's MFU divides by
-            "peak_source": peak_source,
-        },
-        "attention": _attention(dev, cfg, precision.autocast_dtype or torch.float32),
-        "fused_adamw": dev.type in ("cuda", "cpu"),  # optim.fused=auto takes it where it exists
-        "memory": {k: None if v is None else round(v / GiB, 1) for k, v in memory.items()},
-        "distributed": _distributed(dev),
-        "micro_batch": micro,
-        "layout": _layout(cfg, dev),
-    }
+    return micro
 
 
 def _precision(dev: torch.device, cfg: Any) -> Precision:
