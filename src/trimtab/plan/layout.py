@@ -10,7 +10,9 @@ full) and the fastest that fits is proposed. Per GPU, with P parameters of which
 in the embedding, final norm and head, pp stages, tp tensor-parallel ranks, dp replicas per
 stage, ep of them sharing one copy of the experts:
 
-    model state   16 ((P - R) / pp + R) / tp (an end stage holds R), / dp under FSDP
+    model state   16 ((P - R) / pp + R) / tp (an end stage holds R), / dp under FSDP, but for
+                  the weights every tp rank holds whole (the norms, MoE routers and shared gates,
+                  Mixture-of-Depths routers and predictors: distributed/splits.py, rank_params)
                   (plan/memory.py: fp32 weights, gradients, moments;
                   experts split by ep are FSDP-sharded over their dp / ep copies, the rest
                   over all dp replicas: the same share); without FSDP, + 2 (P - R) / pp / tp
@@ -66,9 +68,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from trimtab.config import CHECKPOINTING, RunConfig
-from trimtab.distributed.splits import check_tensor_parallel
+from trimtab.distributed.splits import check_tensor_parallel, routed_expert, whole_under_tp
 from trimtab.errors import ConfigError
 from trimtab.hardware import gpu_named
 from trimtab.model.catalog import meta_model
@@ -80,6 +83,9 @@ from trimtab.plan.memory import (
     kept_bytes_per_rank,
     weight_casts,
 )
+
+if TYPE_CHECKING:
+    from torch import nn
 
 NETWORK = 50e9  # bytes/s per GPU between nodes, each way: 400 Gb/s InfiniBand / RoCE per GPU
 BUS_EFFICIENCY = 0.8  # share of the link a ring collective's bus bandwidth reaches
@@ -204,9 +210,9 @@ def _search(cfg: RunConfig, shape: _Shape, hw: Hardware, gpus_per_node: int) -> 
 class _Shape:
     params: int
     experts: int  # routed experts' parameters (P_e)
-    largest_block: int
-    largest_block_experts: int  # that block's routed experts
+    blocks: tuple[tuple[int, int, int], ...]  # each block's parameters, those every tp rank holds whole, its experts
     root: int  # embedding, final norm, head
+    root_whole: int  # of them, what every tp rank holds whole (the final norm)
     flops_per_token: int
     d_model: int
     n_layers: int
@@ -217,17 +223,17 @@ class _Shape:
     @classmethod
     def of(cls, cfg: RunConfig) -> _Shape:
         model = meta_model(cfg)
-        blocks = [sum(p.numel() for p in block.parameters()) for block in model.blocks]
+        blocks = [_block_counts(block) for block in model.blocks]
         experts = [sum(w.numel() for w in (m.w1, m.w3, m.w2)) for _, m in model.moe_layers()]
-        routed = {i: e for (i, _), e in zip(model.moe_layers(), experts)}
-        largest = max(range(len(blocks)), key=lambda i: blocks[i])
         total = model.num_params()
+        in_blocks = {id(p) for block in model.blocks for p in block.parameters()}
+        root_whole = sum(p.numel() for n, p in model.named_parameters() if id(p) not in in_blocks and whole_under_tp(n))
         return cls(
             params=total,
             experts=sum(experts),
-            largest_block=blocks[largest],
-            largest_block_experts=routed.get(largest, 0),
-            root=total - sum(blocks),
+            blocks=tuple(blocks),
+            root=total - sum(b[0] for b in blocks),
+            root_whole=root_whole,
             flops_per_token=model.flops_per_token(cfg.data.seq_len),
             d_model=cfg.model.d_model,
             n_layers=cfg.model.n_layers,
@@ -235,6 +241,34 @@ class _Shape:
             n_experts=cfg.model.moe.n_experts if experts else 0,
             top_k=cfg.model.moe.top_k if experts else 0,
         )
+
+    def root_share(self, tp: int) -> float:
+        """The embedding, final norm and head on one tensor-parallel rank."""
+        return (self.root - self.root_whole) / tp + self.root_whole
+
+    def block_share(self, block: tuple[int, int, int], tp: int, ep: int) -> float:
+        """A block's parameters on one rank of tp x ep (distributed/splits.py: what is split)."""
+        total, whole, experts = block
+        return whole + (total - whole - experts) / tp + experts / (tp * ep)
+
+    def rank_params(self, tp: int, ep: int = 1, pp: int = 1) -> float:
+        """Parameters one rank of an end stage holds under tp x ep, before FSDP shards them: its
+        1 / pp of the blocks and the root."""
+        return sum(self.block_share(b, tp, ep) for b in self.blocks) / pp + self.root_share(tp)
+
+
+def _block_counts(block: nn.Module) -> tuple[int, int, int]:
+    """A block's parameters: all, those tensor parallelism leaves whole, its routed experts."""
+    named = list(block.named_parameters())
+    whole = sum(p.numel() for n, p in named if whole_under_tp(n))
+    return sum(p.numel() for _, p in named), whole, sum(p.numel() for n, p in named if routed_expert(n))
+
+
+def rank_params(cfg: RunConfig, tp: int = 1, ep: int = 1, pp: int = 1) -> int:
+    """The parameters the planner counts on one rank of `cfg`'s model under tp x ep (x pp: an end
+    stage's), before FSDP shards them over the replicas: what each rank's model holds after
+    distributed/tensor.py and expert.py split it."""
+    return round(_Shape.of(cfg).rank_params(tp, ep, pp))
 
 
 def _tp_problem(cfg: RunConfig, tp: int, gpus: int, per_node: int) -> tuple[str, bool]:
@@ -303,12 +337,13 @@ def _layout(
     (tp, ep, pp), (link, ep_link, network) = mesh, links
     dp, p = hw.devices // (tp * pp), activation_width(hw.precision)
     fsdp = strategy == "fsdp" and dp > 1
-    state = 16 * ((model.params - model.root) // pp + model.root) // tp // (dp if fsdp else 1)
-    state += weight_casts((model.params - model.root) // pp // tp, p, dp if fsdp else 1)
-    gathered = model.largest_block - model.largest_block_experts + model.largest_block_experts // ep
+    # experts split by ep are FSDP-sharded over their dp / ep copies: the same share as / dp
+    held, root, shards = model.rank_params(tp, 1, pp), model.root_share(tp), dp if fsdp else 1
+    state = round(16 * held / shards) + weight_casts(round(held - root), p, shards)
+    gathered = max(model.block_share(b, tp, ep) for b in model.blocks)
     if pp > 1:  # pipelining keeps a stage gathered, gradients unsharded, from its first backward on
-        gathered = (model.params - model.root - model.experts + model.experts // ep) // pp
-    buffer = (gathered * (2 * p + 4) + model.root * p) // tp if fsdp else 0
+        gathered = model.rank_params(tp, ep, pp) - root
+    buffer = round(gathered * (2 * p + 4) + root * p) if fsdp else 0
     per_token = sum(kept_bytes_per_rank(cfg, p, ckpt, tp))
     seq, replica_tokens = cfg.data.seq_len, cfg.train.batch_tokens // dp
     rows = int((hw.memory_bytes * USABLE_FRACTION - state - buffer) // (per_token * seq))

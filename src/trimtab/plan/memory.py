@@ -223,43 +223,51 @@ def kept_bytes_per_token(cfg: RunConfig, p: int, checkpointing: str, fused_norm:
     return sum(layers) + head, 0.0
 
 
-def whole_bytes(cfg: RunConfig, p: int, checkpointing: str) -> tuple[float, float]:
+def whole_bytes(cfg: RunConfig, p: int, checkpointing: str, fused_norm: bool = True) -> tuple[float, float]:
     """Of kept_bytes_per_token's two parts, the bytes per token every tensor-parallel rank keeps
     whole (not divided by tp). torch's sequence parallelism gathers a block's normed input over
     the sequence and the matmuls keep the gathered copy (autocast's cast of it), where Megatron-LM
     keeps the shard and gathers again in the backward (Korthikanti et al. 2022, eq. 5); a
     row-parallel matmul's output, which selective checkpointing keeps, is the whole sequence's
     partial sum; the loss's gradient of its input is whole; MoE layers route every token on
-    every rank; Mixture-of-Depths blocks run unsplit (distributed/tensor.py). Checkpointed, the
-    block inputs are sharded, and a block that runs again holds its share under off meanwhile."""
-    off = _whole_layers(cfg, p, "off")
+    every rank. Mixture-of-Depths blocks run on the whole sequence (distributed/tensor.py): their
+    norms, router and the matmuls' inputs are whole, their heads and hidden units split as any
+    block's. Checkpointed, the block inputs are sharded, and a block that runs again holds its
+    share under off meanwhile."""
+    off = _whole_layers(cfg, p, "off", fused_norm)
     head = 4 * cfg.model.d_model + 8
     if checkpointing == "off":
         return sum(off) + head, 0.0
     if checkpointing == "full":
         return head, max(off)
-    kept = _whole_layers(cfg, p, "selective")
+    kept = _whole_layers(cfg, p, "selective", fused_norm)
     return sum(kept) + head, max(o - k for o, k in zip(off, kept, strict=True))
 
 
-def _whole_layers(cfg: RunConfig, p: int, mode: str) -> list[float]:
+def _whole_layers(cfg: RunConfig, p: int, mode: str, fused_norm: bool = True) -> list[float]:
     """Each layer's whole bytes per token (whole_bytes) under off or selective."""
     m, moe = cfg.model, cfg.model.moe
     h, k = m.d_model, moe.top_k
+    norm = (4 if fused_norm else 8) * h + 4
     shared = p * h if moe.n_shared_experts else 0  # off: its input's cast; the w2 output its gate reads
     shared += p * h if moe.shared_gate else 0
-    layers, _ = activation_bytes(cfg, p)
-    kept = selective_bytes(cfg, p)
+    # a MoE ffn's whole part: off, the router's input, the routed copies' and the combine's;
+    # selective, the router's and the grouped w2's (the shared w2's under its gate)
+    moe_off = 4 * h + 4 * moe.n_experts + 12 * k + k * (2 * p * h + 16) + shared
+    moe_kept = 4 * moe.n_experts + 28 * k + k * p * h + (p * h if moe.shared_gate else 0)
+    capacities = iter(m.mod_capacities)
     whole = []
-    for kind, everything, selective in zip(m.layers, layers, kept, strict=True):
-        if "mod" in kind:  # unsplit: an upper bound (its heads and hidden units are split)
-            whole.append(everything if mode == "off" else selective)
-        elif "moe" in kind and mode == "off":  # qkv's input; the router's, the routed copies', the combine's
-            whole.append(p * h + 4 * h + 4 * moe.n_experts + 12 * k + k * (2 * p * h + 16) + shared)
-        elif "moe" in kind:  # wo's output; the router's and the grouped w2's (the shared w2's under its gate)
-            whole.append(p * h + 4 * moe.n_experts + 28 * k + k * p * h + (p * h if moe.shared_gate else 0))
-        else:  # off: the gathered input cast for qkv and (once) for w1 and w3; selective: wo's output
-            whole.append(2 * p * h if mode == "off" else p * h)
+    for kind in m.layers:
+        ffn_off, ffn_kept = (moe_off, moe_kept) if "moe" in kind else (p * h, 0)
+        if "mod" in kind and mode == "off":  # both norms and the casts of their outputs; the router's 4h + 64
+            whole.append(next(capacities) * (2 * norm + p * h + ffn_off) + 4 * h + 64)
+        elif "mod" in kind:  # wo's and the ffn's last outputs, all-reduced; the router's input and top-k
+            last = p * h + (p * h if "moe" in kind and moe.n_shared_experts and not moe.shared_gate else 0)
+            whole.append(4 * h + 16 + next(capacities) * (p * h + ffn_kept + last))
+        elif mode == "off":  # qkv's input cast, and the ffn's (dense: once for w1 and w3)
+            whole.append(p * h + ffn_off)
+        else:  # wo's output, and the MoE's
+            whole.append(p * h + ffn_kept)
     return whole
 
 
@@ -271,7 +279,7 @@ def kept_bytes_per_rank(
     parts = kept_bytes_per_token(cfg, p, checkpointing, fused_norm)
     if tp == 1:
         return parts
-    whole = whole_bytes(cfg, p, checkpointing)
+    whole = whole_bytes(cfg, p, checkpointing, fused_norm)
     kept, again = ((all_ - w) / tp + w for all_, w in zip(parts, whole, strict=True))
     return kept, again
 
