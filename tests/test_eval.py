@@ -169,10 +169,28 @@ def test_trimtab_eval_runs_the_shipped_tasks_and_records_them(run, capsys, tmp_p
     record.unlink()
 
 
-@pytest.mark.parametrize("run", ["debug"], indirect=True)  # one preset: the answer is lm-eval's index (15 s)
-def test_an_unknown_task_is_refused_after_lm_evals_own_tasks_are_searched(run, capsys):
-    assert main(["eval", str(run), "--tasks", "no_such_task"]) == 2
-    assert "--tasks: unknown task 'no_such_task'" in capsys.readouterr().err
+def test_an_unknown_task_is_refused_at_once_naming_the_flag_and_the_known_tasks(tmp_path, capsys, monkeypatch):
+    """A name no task YAML mentions (trimtab's, --include-path's, lm-eval's: their text searched)
+    is refused before lm-eval's registry is indexed (~15 s) and before any model loads."""
+    import time
+
+    import lm_eval.tasks
+
+    from trimtab.evaluation import harness
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("reached for an unknown task")
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", never)
+    monkeypatch.setattr(harness, "load_run", never)
+    monkeypatch.setattr(harness, "local_run", never)
+    start = time.perf_counter()
+    assert main(["eval", str(tmp_path), "--tasks", "trimtab_tiny,no_such_task"]) == 2
+    assert time.perf_counter() - start < 10
+    err = capsys.readouterr().err
+    assert "--tasks: unknown task 'no_such_task'" in err
+    assert "trimtab's own are trimtab_tiny, trimtab_tiny_gen, trimtab_tiny_ppl" in err
+    assert harness.own_tasks() == ["trimtab_tiny", "trimtab_tiny_gen", "trimtab_tiny_ppl"]
 
 
 def test_trimtab_eval_prints_no_lm_eval_info_lines_and_LMEVAL_LOG_LEVEL_brings_them_back(

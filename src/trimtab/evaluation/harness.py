@@ -13,8 +13,10 @@ back (e.g. LMEVAL_LOG_LEVEL=INFO).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -27,7 +29,7 @@ from trimtab.api import load_run
 from trimtab.checkpoint import latest_valid, local_run
 from trimtab.errors import ConfigError
 from trimtab.evaluation.perplexity import read_texts, score_text
-from trimtab.extras import require
+from trimtab.extras import installed, missing, require
 from trimtab.rundir import CONFIG, read_summary, write_json, write_summary
 
 TASKS_DIR = Path(__file__).parent / "tasks"  # trimtab's own offline tasks
@@ -47,24 +49,63 @@ def evaluate(
     """Score the model at `path` and record the results (module docstring); returns them."""
     if not tasks and not data:
         raise ConfigError("trimtab eval needs --tasks and/or --data; e.g. --tasks trimtab_tiny or --data notes.txt")
+    manager = task_manager(tasks, include_path) if tasks else None  # before the model: a wrong name fails fast
     path = local_run(path, "trimtab eval's PATH")  # a run in object storage: its cached copy, where results go
     _, model, tok = load_run(path)
     results: dict[str, Any] = {"model": str(path), "step": _step(path), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     if data:
         results["data"] = {"file": str(data), **score_text(model, tok, read_texts(data), stride, batch_size)}
     if tasks:
-        results["tasks"] = run_tasks(model, tok, tasks, include_path, limit, num_fewshot, batch_size)
+        results["tasks"] = run_tasks(model, tok, tasks, manager, limit, num_fewshot, batch_size)
         results["versions"] = {"lm_eval": metadata.version("lm_eval")}
     _record(path, results)
     return results
 
 
-def run_tasks(model, tok, tasks, include_path, limit, num_fewshot, batch_size) -> dict[str, Any]:
-    """lm-evaluation-harness's simple_evaluate with the trimtab adapter; per-task metrics."""
-    lm_eval = require("lm_eval", "--tasks")
-    from lm_eval.tasks import TaskManager
+_TASK_LINE = re.compile(r"^(?:task|group|tag):\s*([\w.-]+)\s*$", re.MULTILINE)
 
-    from trimtab.evaluation.adapter import TrimtabLM
+
+def own_tasks(folder: Path = TASKS_DIR) -> list[str]:
+    """The names the YAML files under `folder` declare (`task:`, `group:`, `tag:` lines), read as
+    text: trimtab's shipped tasks, without importing lm-eval."""
+    found = (_TASK_LINE.findall(f.read_text(errors="replace")) for f in sorted(folder.rglob("*.yaml")))
+    return sorted({name for names in found for name in names})
+
+
+def check_task_names(tasks: list[str], include_path: str | None) -> None:
+    """A ConfigError for a name that no task YAML mentions at all, trimtab's, --include-path's or
+    lm-eval's (their text searched in about a second, where indexing lm-eval's registry takes ~15 s
+    and a model loads besides); names mentioned somewhere are left to lm-eval's registry."""
+    own = own_tasks()
+    unknown = [t for t in tasks if t not in own]
+    if not unknown:
+        return
+    spec = importlib.util.find_spec("lm_eval")  # its task YAMLs, without importing it (seconds)
+    folders = ([Path(include_path)] if include_path else []) + [
+        Path(folder) / "tasks" for folder in spec.submodule_search_locations or []
+    ]
+    for f in (f for folder in folders for f in folder.rglob("*.yaml")):
+        text = f.read_text(errors="replace")
+        unknown = [t for t in unknown if t not in text]
+        if not unknown:
+            return
+    raise ConfigError(_unknown(unknown[0], own))
+
+
+def _unknown(name: str, own: list[str]) -> str:
+    return (
+        f"--tasks: unknown task '{name}'; trimtab's own are {', '.join(own)}, or name a task lm-eval knows "
+        "(`lm_eval --tasks list` lists them) or add --include-path DIR holding its YAML"
+    )
+
+
+def task_manager(tasks: list[str], include_path: str | None) -> Any:
+    """lm-eval's TaskManager knowing every one of `tasks`, or a ConfigError naming the first it
+    does not (checked before any model loads: check_task_names first, then the registry)."""
+    if not installed("lm_eval"):
+        raise ConfigError(missing("lm_eval", "--tasks"))
+    check_task_names(tasks, include_path)
+    from lm_eval.tasks import TaskManager
 
     paths = [str(TASKS_DIR)] + ([str(include_path)] if include_path else [])
     manager = TaskManager(include_path=paths, include_defaults=False)  # indexing lm-eval's own takes seconds
@@ -72,7 +113,17 @@ def run_tasks(model, tok, tasks, include_path, limit, num_fewshot, batch_size) -
         manager = TaskManager(include_path=paths)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
-        raise ConfigError(f"--tasks: unknown task '{unknown[0]}'; list a task lm-eval knows or add --include-path DIR")
+        raise ConfigError(_unknown(unknown[0], own_tasks()))
+    return manager
+
+
+def run_tasks(model, tok, tasks, manager, limit, num_fewshot, batch_size) -> dict[str, Any]:
+    """lm-evaluation-harness's simple_evaluate with the trimtab adapter and `manager` (task_manager's);
+    per-task metrics."""
+    lm_eval = require("lm_eval", "--tasks")
+
+    from trimtab.evaluation.adapter import TrimtabLM
+
     with _quiet_lm_eval():
         out = lm_eval.simple_evaluate(
             model=TrimtabLM(model, tok, batch_size),
