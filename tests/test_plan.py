@@ -196,6 +196,28 @@ def test_data_path_estimated_from_bytes_or_counted_with_the_tokenizer(tmp_path):
     assert "counted with the tokenizer" in counted.source
 
 
+def test_data_tokenizer_may_be_a_directory_holding_a_tokenizer_json_as_in_training(tmp_path):
+    """data.tokenizer as training reads it (data/tokenizer.py: configured_tokenizer): a directory
+    holding a tokenizer.json counts the tokens with it; a path that holds none is named, not
+    silently estimated from the bytes."""
+    from trimtab.data import TextTokenizer
+    from trimtab.data.sources import Document
+    from trimtab.data.tokenizer import train_tokenizer
+    from trimtab.errors import DataError
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("def f(x):\n    return x + 1\n" * 400)
+    folder = tmp_path / "tokenizer"
+    train_tokenizer([Document([(corpus.read_text(), True)])], 300).save(folder / "tokenizer.json")
+    cfg = load_config(preset="debug", overrides={"out": str(tmp_path / "run"), "data": {"max_bytes": 0}})
+    counted = make_plan(derive(cfg, {"data": {"tokenizer": str(folder)}}), data_path=str(corpus), hardware=HW).data
+    tok = TextTokenizer.load(folder / "tokenizer.json")
+    assert counted.dataset_tokens == round((len(tok.encode(corpus.read_text())) + 1) * 0.98)
+    assert f"counted with the tokenizer {folder}" in counted.source
+    with pytest.raises(DataError, match="data.tokenizer .* is a directory without a tokenizer.json"):
+        make_plan(derive(cfg, {"data": {"tokenizer": str(tmp_path)}}), data_path=str(corpus), hardware=HW)
+
+
 def test_plan_imports_no_training_loop_or_orchestrator():
     root = Path(trimtab.__file__).parent
     names = {

@@ -120,10 +120,11 @@ class TextTokenizer:
         default; trimtab's adds nothing). A document's text: encode_text."""
         return self._tok.encode(text, add_special_tokens=specials).ids
 
-    def encode_text(self, text: str) -> list[int]:
+    def encode_text(self, text: str, specials: bool = False) -> list[int]:
         """Token ids of a document's text: special-token text in it is text (`<|endoftext|>`
-        written in a file does not end it, `<|user|>` quoted in one is not a chat role)."""
-        return self._plain().encode(text, add_special_tokens=False).ids
+        written in a file does not end it, `<|user|>` quoted in one is not a chat role);
+        `specials`: with what the tokenizer adds around a text, as encode's."""
+        return self._plain().encode(text, add_special_tokens=specials).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """encode_text of each of `texts`, on the tokenizer's threads."""
@@ -270,10 +271,16 @@ def _hf_settings(tok: Tokenizer, path: Path, key: str) -> dict:
     return settings
 
 
+def configured_tokenizer(cfg: DataConfig) -> TextTokenizer | None:
+    """data.tokenizer as a run reads it (a tokenizer.json, or a directory holding one); None when
+    unset. `trimtab plan` reads it through here too, so both accept the same paths."""
+    return TextTokenizer.load(Path(cfg.tokenizer), key="data.tokenizer") if cfg.tokenizer else None
+
+
 def get_tokenizer(cfg: DataConfig, docs: list[Document], cache_dir: Path) -> TextTokenizer:
     """cfg.tokenizer if set, else a BPE trained on docs, cached by (corpus, vocab size)."""
-    if cfg.tokenizer:
-        return TextTokenizer.load(Path(cfg.tokenizer), key="data.tokenizer")
+    if (configured := configured_tokenizer(cfg)) is not None:
+        return configured
     if cfg.bpe_vocab_size < MIN_VOCAB:
         raise DataError(
             f"data.bpe_vocab_size={cfg.bpe_vocab_size} is below the {MIN_VOCAB} byte-level base and special "

@@ -100,6 +100,7 @@ def count_dataset_tokens(cfg: RunConfig, path: str, key: str = "--data") -> tupl
     unread."""
     from trimtab.data import TextTokenizer, read_documents
     from trimtab.data.prepared import read_manifest
+    from trimtab.data.tokenizer import configured_tokenizer
 
     data = dataclasses.replace(cfg.data, source=path, mix=[])
     keep = 1.0 if data.eval_source else 1.0 - data.eval_fraction
@@ -109,8 +110,10 @@ def count_dataset_tokens(cfg: RunConfig, path: str, key: str = "--data") -> tupl
     docs, _ = read_documents(data, key=key)
     capped = f" (capped by data.max_bytes={data.max_bytes:,}; 0 reads everything)" if data.max_bytes else ""
     tok_path = Path(cfg.data.tokenizer) if cfg.data.tokenizer else cfg.run_dir / "tokenizer.json"
-    if tok_path.is_file():
+    tok = configured_tokenizer(cfg.data)  # as training reads data.tokenizer: a file, or a directory holding one
+    if tok is None and tok_path.is_file():
         tok = TextTokenizer.load(tok_path)
+    if tok is not None:
         counted = sum(len(ids) + 1 for ids in tok.encode_batch([d.text for d in docs]))  # + end of text
         return round(counted * keep), f"counted with the tokenizer {tok_path}{hold_out}{capped}"
     n_bytes = sum(len(d.text.encode()) for d in docs)

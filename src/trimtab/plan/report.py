@@ -164,9 +164,9 @@ def _tokenizer_vocab(cfg: RunConfig) -> int | None:
     """The vocabulary of data.tokenizer, which sets the model's when model.vocab_size is 0."""
     if cfg.model.vocab_size or not cfg.data.tokenizer:
         return None
-    from trimtab.data import TextTokenizer
+    from trimtab.data.tokenizer import configured_tokenizer
 
-    return TextTokenizer.load(Path(cfg.data.tokenizer), key="data.tokenizer").vocab_size
+    return configured_tokenizer(cfg.data).vocab_size
 
 
 def _budget(
