@@ -146,8 +146,11 @@ class CharTokenizer:
     eos_id = 0
     chat = None
 
-    def encode(self, text: str, specials: bool = False) -> list[int]:
+    def encode_text(self, text: str, specials: bool = False) -> list[int]:
         return [ord(c) for c in text]
+
+    def encode_documents(self, docs: list) -> list[list[list[int]]]:
+        return [[self.encode_text(text) for text, _ in doc.segments] for doc in docs]
 
 
 def test_a_pair_is_tokenized_as_the_model_sees_it_with_or_without_a_chat_template():
@@ -166,6 +169,30 @@ def test_a_pair_is_tokenized_as_the_model_sees_it_with_or_without_a_chat_templat
         " 5</s>",
         " 6</s>",
     )
+
+
+def test_special_token_text_in_a_pair_is_text_as_in_training_documents():
+    """A response quoting the end-of-text token does not end there, a prompt quoting a chat role
+    is not one: the pair's texts are read as training reads a document's (encode_text); with a
+    chat template only the template's own special tokens are special."""
+    from trimtab.data.sources import Document
+    from trimtab.data.tokenizer import EOS, TextTokenizer, train_tokenizer
+
+    tok = train_tokenizer([Document([("the end is near 2+3= 5 <user> said so " * 20, True)])], 300)
+    pair = Pair("<|user|> 2+3=", f" 5{EOS}", " 6")
+    got = tokenize(pair, tok)
+    assert got.chosen == tok.encode_text(f" 5{EOS}") + [tok.eos_id] and got.chosen.count(tok.eos_id) == 1
+    assert got.prompt == tok.encode_text("<|user|> 2+3=") and tok.encode("<|user|>")[0] not in got.prompt
+    template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    chat = TextTokenizer(tok._tok, hf={"eos_token": EOS, "chat_template": template})
+    end = chat.encode("<|end|>")
+    got = tokenize(Pair("2+3=", " 5<|end|>", " 6"), chat)
+    assert got.chosen == chat.encode_text(" 5<|end|>") + end and got.chosen.count(end[0]) == 1
+    assert got.rejected == chat.encode_text(" 6") + end
+    assert got.prompt == chat.encode("<|user|>") + chat.encode_text("2+3=") + end + chat.encode("<|assistant|>")
 
 
 def test_a_bad_pairs_file_is_named_by_file_and_line(tmp_path):

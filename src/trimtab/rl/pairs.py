@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trimtab.data.arithmetic import problems
-from trimtab.data.chat import TemplateError, render_segments
+from trimtab.data.chat import TemplateError, render_document
+from trimtab.data.sources import Document
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import DataError
 from trimtab.rl.tasks import json_lines
@@ -83,18 +84,23 @@ def arithmetic_pairs(n: int, seed: int = 0, digits: int = 2, split: str = "train
 
 
 def tokenize(pair: Pair, tok: TextTokenizer) -> Tokens:
-    """A pair's tokens (see the module docstring)."""
+    """A pair's tokens (see the module docstring). Its texts are a person's, read as training
+    reads a document's (TextTokenizer.encode_text): special-token text in them is text, so a
+    response quoting the end-of-text token does not end there; only a chat template's own
+    special tokens are special (encode_documents, with the markup render_document found)."""
     chat = tok.chat
     if chat is None or chat.template is None:
-        response = lambda text: tok.encode(text) + [tok.eos_id]  # noqa: E731
-        return Tokens(tok.encode(pair.prompt, specials=True), response(pair.chosen), response(pair.rejected))
+        response = lambda text: tok.encode_text(text) + [tok.eos_id]  # noqa: E731
+        return Tokens(tok.encode_text(pair.prompt, specials=True), response(pair.chosen), response(pair.rejected))
     turns = [[("user", pair.prompt), ("assistant", reply)] for reply in (pair.chosen, pair.rejected)]
     try:
-        rendered = [render_segments(chat, t) for t in turns]
+        rendered = [render_document(chat, t) for t in turns]
     except TemplateError as exc:
         raise DataError(f"{pair.where or 'a preference pair'}: {exc}") from None
+    docs = [Document(segments, markup=markup) for segments, markup in rendered]
     # each: the prompt (not trainable), the reply with its end-of-turn (trainable), what follows
-    first = [next(i for i, (_, trainable) in enumerate(segments) if trainable) for segments in rendered]
-    prompt = "".join(text for text, _ in rendered[0][: first[0]])
-    chosen, rejected = (segments[i][0] for segments, i in zip(rendered, first))
-    return Tokens(tok.encode(prompt), tok.encode(chosen), tok.encode(rejected))
+    first = [next(i for i, (_, trainable) in enumerate(doc.segments) if trainable) for doc in docs]
+    ids = tok.encode_documents(docs)
+    prompt = [t for segment in ids[0][: first[0]] for t in segment]
+    chosen, rejected = (segments[i] for segments, i in zip(ids, first))
+    return Tokens(prompt, chosen, rejected)
