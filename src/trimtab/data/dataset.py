@@ -146,6 +146,8 @@ def _split(
                 fraction,
                 cfg.seq_len + 1,
             )
-        return ShardedRows(source.prepared, cfg.seq_len, cfg.pack, "train", fraction), held
+        # the documents `data prepare` flagged and kept are reported as the in-memory screen's (warn)
+        flagged = screen and cfg.garbage_filter == "warn"
+        return ShardedRows(source.prepared, cfg.seq_len, cfg.pack, "train", fraction, flagged), held
     cfg = replace(cfg, eval_fraction=fraction)
     return build_splits(cfg, tok, source.docs, None, seed, cache_dir, source.key, screen)

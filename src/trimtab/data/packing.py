@@ -10,7 +10,7 @@ import hashlib
 import logging
 import os
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 from pathlib import Path
 
@@ -37,6 +37,10 @@ class TokenizedDocs:
     mask: np.ndarray  # bool [N]: the token is a trainable target
     offsets: np.ndarray  # int64 [D+1]: document d is tokens[offsets[d]:offsets[d+1]]
     sources: list[str] | None = None  # [D]: each document's source (Document.source), when known
+    # [D]: a document the garbage screen flagged and kept (data.garbage_filter=warn): its bytes per
+    # token over the source's median; NaN for the others. None: not screened
+    garbage: np.ndarray | None = None
+    scale: quality.Scale | None = None  # what `garbage` was judged by
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -57,7 +61,20 @@ class TokenizedDocs:
         offsets = _offsets(lengths)
         index = np.arange(offsets[-1]) + np.repeat(starts - offsets[:-1], lengths)
         sources = None if self.sources is None else [s for s, k in zip(self.sources, which) if k]
-        return TokenizedDocs(self.tokens[index], self.mask[index], offsets, sources)
+        garbage = None if self.garbage is None else self.garbage[which]
+        return TokenizedDocs(self.tokens[index], self.mask[index], offsets, sources, garbage, self.scale)
+
+    def flagged(self, starts: np.ndarray, ends: np.ndarray) -> list[quality.Flagged]:
+        """The flagged documents kept here, with the token ranges [starts, ends) (rows) at least
+        half theirs (indices into starts); [] when there are none."""
+        if self.garbage is None or self.scale is None or np.isnan(self.garbage).all():
+            return []
+        flagged = ~np.isnan(self.garbage)
+        rows = np.flatnonzero(quality.mostly_flagged(self.offsets, flagged, starts, ends)).astype(np.int64)
+        first = np.flatnonzero(flagged)[: quality.SHOWN]
+        names = tuple((self.sources[i] if self.sources else "") or f"document {i}" for i in first)
+        packing = tuple(float(self.garbage[i]) for i in first)
+        return [quality.Flagged(self.scale, int(flagged.sum()), names, packing, rows)]
 
 
 def _offsets(lengths: np.ndarray | list[int]) -> np.ndarray:
@@ -154,6 +171,10 @@ class Rows:
             tokens, mask = np.asarray(self.tokens, np.int32), np.asarray(self.mask, np.bool_)
             self._fingerprint = rows_digest("", tokens, mask, self.starts, self.lengths)
         return self._fingerprint
+
+    def flagged_rows(self) -> list[quality.Flagged]:
+        """The documents the garbage screen flagged and kept, with the rows at least half theirs."""
+        return [] if self.docs is None else self.docs.flagged(self.starts, self.starts + self.lengths + 1)
 
     def sources(self, i: int) -> list[str]:
         """The sources of the documents row i overlaps (a packed row can span several)."""
@@ -252,7 +273,8 @@ def build_splits(
 
 def _screen(tokenized: TokenizedDocs, docs: list[Document], cfg: DataConfig, key: str) -> TokenizedDocs:
     """The documents without those data/quality.py flags as garbage when cfg.garbage_filter is
-    drop; all of them (named on the console) when it is warn."""
+    drop; all of them (named on the console, the flagged ones marked for the orchestrator) when
+    it is warn."""
     n_bytes = np.array([sum(len(text.encode()) for text, _ in doc.segments) for doc in docs])
     found = quality.screen(n_bytes, np.diff(tokenized.offsets), cfg.garbage_sigma)
     if not found.count:
@@ -260,7 +282,10 @@ def _screen(tokenized: TokenizedDocs, docs: list[Document], cfg: DataConfig, key
     drop = cfg.garbage_filter == "drop"
     names = [doc.source or f"document {i}" for i, doc in enumerate(docs)]
     logger.warning("%s", quality.report(found, names, n_bytes, key, drop))
-    return tokenized.select(~found.flagged) if drop else tokenized
+    if drop:
+        return tokenized.select(~found.flagged)
+    garbage = np.where(found.flagged, found.packing / found.median, np.nan)
+    return replace(tokenized, garbage=garbage, scale=quality.Scale(key, found.median, found.threshold))
 
 
 def _hold_out(docs: TokenizedDocs, fraction: float, seed: int) -> tuple[TokenizedDocs, TokenizedDocs]:
@@ -301,6 +326,10 @@ class ConcatRows:
     def length(self, i: int) -> int:
         part, j = self.locate(i)
         return self.parts[part].length(j)
+
+    def flagged_rows(self) -> list[quality.Flagged]:
+        """Each source's flagged documents, their rows numbered in this one set."""
+        return [f.shifted(int(self.offsets[p])) for p, part in enumerate(self.parts) for f in part.flagged_rows()]
 
     def sources(self, i: int) -> list[str]:
         part, j = self.locate(i)

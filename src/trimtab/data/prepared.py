@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from trimtab.data import quality
 from trimtab.data.listing import PREPARED_MANIFEST, sha256_file
 from trimtab.errors import DataError
 from trimtab.rundir import write_json
@@ -68,11 +69,11 @@ class PreparedData:
                 f"{key} '{path}': shard {name} {why}; run `trimtab data prepare` on the same sources into "
                 f"'{path}' again to rebuild it (the other shards are kept)"
             )
-        self.manifest = manifest
+        self.manifest, self.key = manifest, key
         self.tokenizer_sha = manifest["tokenizer"]["sha256"]
         self.files = [f["path"] for f in manifest["files"]]
         self.dtype = np.dtype(manifest["dtype"])
-        self.shards, self.offsets, self.where, masked = [], [], [], []
+        self.shards, self.offsets, self.where, masked, flagged = [], [], [], [], []
         self._fds: OrderedDict[int, int] = OrderedDict()  # shard -> open file descriptor, newest last
         self.base = [0]  # global token position of each shard's first token
         for shard in manifest["shards"]:
@@ -82,10 +83,23 @@ class PreparedData:
                 self.offsets.append(idx["offsets"] + self.base[-1])
                 self.where.append(idx["where"])
                 masked.append(idx["masked"] + self.base[-1])
+                # shards prepared before the screen's documents were recorded have none
+                flagged.append(idx["garbage"] if "garbage" in idx.files else np.zeros((0, 2)))
             self.base.append(self.base[-1] + shard["tokens"])
         self.n_tokens = self.base[-1]
         self.doc_base = np.concatenate([[0], np.cumsum([len(o) - 1 for o in self.offsets])]).astype(np.int64)
         self.masked = np.concatenate(masked) if masked else np.zeros((0, 2), dtype=np.int64)  # [S, 2] global
+        self.garbage = self._garbage(flagged)
+
+    def _garbage(self, flagged: list[np.ndarray]) -> np.ndarray:
+        """float [D]: a document the screen flagged and kept (--garbage-filter warn): its bytes per
+        token over the sources' median (the manifest's scale); NaN for the others."""
+        out = np.full(self.n_docs, np.nan)
+        scale = self.manifest.get("garbage")
+        for k, found in enumerate(flagged):
+            if scale and len(found):
+                out[self.doc_base[k] + found[:, 0].astype(np.int64)] = found[:, 1] / scale["median"]
+        return out
 
     @staticmethod
     def corrupt_shards(path: Path, manifest: dict[str, Any], full: bool = True) -> dict[str, str]:
@@ -226,6 +240,20 @@ class _Segments:
     start: np.ndarray  # int64 [G] global start of each range
     vstart: np.ndarray  # int64 [G + 1] position of each range in the joined stream, and its length
 
+    def flagged_before(self, bounds: np.ndarray, flagged: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """int64: the flagged documents' tokens (quality.flagged_before) before each joined-stream
+        position of `v`."""
+        ends = self.start + np.diff(self.vstart)
+        own = quality.flagged_before(bounds, flagged, ends) - quality.flagged_before(bounds, flagged, self.start)
+        before = np.concatenate([[0], np.cumsum(own)])  # in the ranges before each
+        g = np.clip(np.searchsorted(self.vstart, v, side="right") - 1, 0, len(self.start) - 1)
+        at = self.start[g] + np.minimum(v - self.vstart[g], ends[g] - self.start[g])
+        return (
+            before[g]
+            + quality.flagged_before(bounds, flagged, at)
+            - quality.flagged_before(bounds, flagged, self.start[g])
+        )
+
     def pieces(self, v0: int, v1: int) -> list[tuple[int, int]]:
         """Global [a, b) ranges holding joined-stream positions [v0, v1)."""
         out, g = [], int(np.searchsorted(self.vstart, v0, side="right")) - 1
@@ -244,8 +272,12 @@ class ShardedRows:
     into one stream, so rows run across document and shard boundaries as they do in memory;
     unpacked, row r is the split's r-th document truncated to L + 1 tokens."""
 
-    def __init__(self, data: PreparedData, seq_len: int, pack: bool, split: str, fraction: float) -> None:
+    def __init__(
+        self, data: PreparedData, seq_len: int, pack: bool, split: str, fraction: float, screened: bool = False
+    ) -> None:
         self.data, self.seq_len, self.pack = data, seq_len, pack
+        self.split, self.fraction = split, fraction
+        self.screened = screened  # the flagged documents' rows are reported (data.garbage_filter=warn)
         self._bounds = data.doc_bounds()
         starts, ends = split_ranges(self._bounds, fraction, split, documents=not pack)
         if pack:
@@ -297,6 +329,35 @@ class ShardedRows:
         pieces = self._pieces(i)
         mask = np.concatenate([self.data.mask(a, b) for a, b in pieces])
         return bool(mask[1:].any())
+
+    def flagged_rows(self) -> list[quality.Flagged]:
+        """The documents `data prepare` flagged and kept that reach this split, with the rows at
+        least half theirs (packed rows through the split's joined stream)."""
+        flagged = ~np.isnan(self.data.garbage)
+        scale = self.data.manifest.get("garbage")
+        if not (self.screened and scale and flagged.any()):
+            return []
+        bounds = self._bounds
+        if self.pack:  # row r: joined-stream positions [r L, r L + L + 1)
+            starts = np.arange(self._n, dtype=np.int64) * self.seq_len
+            ends = self._segments.flagged_before(bounds, flagged, starts + self.seq_len + 1)
+            count = ends - self._segments.flagged_before(bounds, flagged, starts)
+            rows = np.flatnonzero(2 * count >= self.seq_len + 1)
+        else:
+            ends = self._starts + self._lengths + 1
+            rows = np.flatnonzero(quality.mostly_flagged(bounds, flagged, self._starts, ends))
+        heads, _ = split_ranges(bounds, self.fraction, self.split, documents=True)
+        docs = np.flatnonzero(flagged)
+        docs = docs[np.isin(bounds[docs], heads)]  # those with tokens in this split (a head starts a document)
+        first = docs[: quality.SHOWN]
+        found = quality.Flagged(
+            quality.Scale(self.data.key, float(scale["median"]), float(scale["threshold"])),
+            len(docs),
+            tuple(self.data.source(int(d)) for d in first),
+            tuple(float(self.data.garbage[d]) for d in first),
+            rows.astype(np.int64),
+        )
+        return [found]
 
     def sources(self, i: int) -> list[str]:
         """Where the documents row i overlaps came from (FILE:LINE)."""

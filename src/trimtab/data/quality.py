@@ -23,7 +23,7 @@ why the default only reports.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -45,6 +45,48 @@ class Screened:
     @property
     def count(self) -> int:
         return int(self.flagged.sum())
+
+
+@dataclass(frozen=True)
+class Scale:
+    """What a source's flagged documents were judged by: for the orchestrator's evidence."""
+
+    key: str  # the source's config key (data.source, data.mix[1].source, ...)
+    median: float  # the source's median bytes per token
+    threshold: float  # flagged documents pack under this fraction of the median
+
+
+@dataclass(frozen=True)
+class Flagged:
+    """Documents the screen flagged and kept (data.garbage_filter=warn) in one source's training
+    split, and the training rows at least half made of their tokens: what the orchestrator leaves
+    out (orchestrator/screened.py). A packed row mixes documents, hence the half."""
+
+    scale: Scale
+    documents: int  # flagged documents with tokens in the training split
+    names: tuple[str, ...]  # the first SHOWN of them, as the console names them
+    packing: tuple[float, ...]  # their bytes per token as a fraction of the median
+    rows: np.ndarray  # int64 [R]: indices into the phase's training rows
+
+    def shifted(self, by: int) -> Flagged:
+        """The same with its rows numbered from `by`: a source's rows within a mixture's one set."""
+        return replace(self, rows=self.rows + by)
+
+
+def flagged_before(bounds: np.ndarray, flagged: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """int64: the tokens of flagged documents before each token position of the stream the
+    documents `bounds` (int64 [D + 1]) delimit (`flagged`: bool [D])."""
+    lengths = np.diff(bounds)
+    before = np.concatenate([[0], np.cumsum(np.where(flagged, lengths, 0))])
+    doc = np.clip(np.searchsorted(bounds, positions, side="right") - 1, 0, len(lengths) - 1)
+    inside = np.clip(np.asarray(positions) - bounds[doc], 0, lengths[doc])
+    return (before[doc] + np.where(flagged[doc], inside, 0)).astype(np.int64)
+
+
+def mostly_flagged(bounds: np.ndarray, flagged: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """bool [R]: at least half the tokens of each range [start, end) belong to flagged documents."""
+    count = flagged_before(bounds, flagged, ends) - flagged_before(bounds, flagged, starts)
+    return 2 * count >= np.asarray(ends) - np.asarray(starts)
 
 
 def screen(n_bytes: np.ndarray, n_tokens: np.ndarray, sigma: float) -> Screened:
@@ -92,7 +134,8 @@ def report(found: Screened, names: list[str], n_bytes: np.ndarray, key: str, dro
     done = (
         "left out (data.garbage_filter=drop)"
         if dropped
-        else "kept; data.garbage_filter=drop leaves them out, off skips this check"
+        else "kept (the orchestrator in auto mode leaves their training rows out); data.garbage_filter=drop leaves "
+        "them out, off skips this check"
     )
     return (
         f"{key}: {len(where):,} of {len(found.flagged):,} documents ({share:.1%} of the bytes) pack under "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -163,9 +164,9 @@ class _Encoder:
     def flush(self) -> None:
         self.stats.setdefault(self.file, {"documents": 0, "tokens": 0, "skipped": 0})
         encoded = self.tok.encode_documents([doc for doc, *_ in self._batch])
-        flagged = self._screen(encoded)
-        for (doc, first, last, line), pieces, bad in zip(self._batch, encoded, flagged):
-            if bad:
+        packing = self._screen(encoded)
+        for (doc, first, last, line), pieces, packed in zip(self._batch, encoded, packing):
+            if not np.isnan(packed):
                 self.stats[self.file]["garbage"] = self.stats[self.file].get("garbage", 0) + 1
                 if len(self.garbage) < quality.SHOWN:
                     self.garbage.append((self.file, line))
@@ -181,17 +182,18 @@ class _Encoder:
             if last:
                 tokens.append(self.tok.eos_id)
                 mask.append(doc.segments[-1][1] if doc.segments else True)
-            self.writer.add(np.array(tokens, dtype=np.int64), np.array(mask, dtype=bool), last, self.file, line)
+            self.writer.add(np.array(tokens, dtype=np.int64), np.array(mask, dtype=bool), last, self.file, line, packed)
             stats = self.stats[self.file]
             stats["tokens"] += len(tokens)
             stats["documents"] += int(last)
         self._batch, self._chars = [], 0
 
     def _screen(self, encoded: list[list[list[int]]]) -> np.ndarray:
-        """bool [batch]: the whole documents (not pieces of a text file) the screen flags."""
+        """float [batch]: the bytes per token of each whole document (not a piece of a text file)
+        the screen flags; NaN for the others."""
         whole = np.array([first and last for _, first, last, _ in self._batch], dtype=bool)
         if self.scale is None or not whole.any():
-            return np.zeros(len(self._batch), dtype=bool)
+            return np.full(len(self._batch), np.nan)
         n_bytes = np.array([len(doc.text.encode()) for doc, *_ in self._batch])
         # counted as trained, as the in-memory screen counts them: start token, text, end token
         n_tokens = np.array(
@@ -200,7 +202,8 @@ class _Encoder:
                 for (doc, *_), pieces in zip(self._batch, encoded)
             ]
         )
-        return whole & quality.flags(n_bytes, n_tokens, self.scale["median"], self.scale["threshold"])
+        flagged = whole & quality.flags(n_bytes, n_tokens, self.scale["median"], self.scale["threshold"])
+        return np.where(flagged, quality.packed(n_bytes, n_tokens), np.nan)
 
 
 class _Writer:
@@ -220,9 +223,13 @@ class _Writer:
         self._where: list[tuple[int, int]] = []
         self._masked: list[tuple[int, int]] = []
         self._files: set[int] = set()
+        self._garbage: list[tuple[int, float]] = []  # (document, bytes per token) the screen flagged and kept
 
-    def add(self, tokens: np.ndarray, mask: np.ndarray, doc_end: bool, file: int, line: int) -> None:
-        """Append a document or a piece of one (doc_end: its last)."""
+    def add(
+        self, tokens: np.ndarray, mask: np.ndarray, doc_end: bool, file: int, line: int, packed: float = math.nan
+    ) -> None:
+        """Append a document or a piece of one (doc_end: its last); `packed`: a flagged whole
+        document's bytes per token (NaN: not flagged)."""
         if self._fh is None:
             self._open()
         data = tokens.astype(self.dtype).tobytes()
@@ -233,6 +240,8 @@ class _Writer:
         self._n += len(tokens)
         self._files.add(file)
         if doc_end:
+            if not math.isnan(packed):
+                self._garbage.append((len(self._ends), packed))
             self._ends.append(self._n)
             self._where.append((file, line))
             if self._n >= SHARD_TOKENS:
@@ -249,6 +258,7 @@ class _Writer:
             offsets=np.array([0] + self._ends, dtype=np.int64),
             where=np.array(self._where, dtype=np.int64).reshape(-1, 2),
             masked=np.array(self._masked, dtype=np.int64).reshape(-1, 2),
+            garbage=np.array(self._garbage, dtype=np.float64).reshape(-1, 2),  # read by prepared.PreparedData
         )
         for suffix in (".idx.npz", ".bin"):  # the tokens last: a shard is whole once its .bin exists
             os.replace(self.folder / f".tmp-{self.name}{suffix}", self.folder / f"{self.name}{suffix}")

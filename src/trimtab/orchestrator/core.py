@@ -36,6 +36,7 @@ from trimtab.orchestrator.people import PersonCommands
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.replicas import Replicas
 from trimtab.orchestrator.rules import MONITORS, build_monitors
+from trimtab.orchestrator.screened import ScreenedRows
 from trimtab.orchestrator.stragglers import Stragglers
 from trimtab.orchestrator.transient import rerun_finding
 from trimtab.rundir import DECISIONS_FILE
@@ -70,6 +71,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         self.stragglers = Stragglers(cfg) if cfg.straggler.enabled else None  # under torchrun: a slow rank
         self.interval = CheckpointInterval(cfg) if cfg.checkpoint_interval.enabled else None  # Young's
         self.replicas = Replicas(cfg) if cfg.replicas.enabled else None  # DDP replicas still agree
+        self.screened = ScreenedRows()  # the data screen's flagged documents (data.garbage_filter=warn)
         self.save_stall = 0.0  # this rank's newest save, until _read agrees it over the ranks
         self.policy = Policy(cfg)
         self.journal = Journal(self.run_dir / DECISIONS_FILE)
@@ -112,7 +114,13 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             self._configured(run, change)
         if run.step:  # resumed: a person's commands the stopped process applied after its last checkpoint
             self._resumed_commands(run)
+        if self.mode != "off":
+            self.screened.check(self, run)
         self.journal.write()
+
+    def on_step_start(self, run: RunView, batch: StepBatch) -> None:
+        if self.mode != "off":
+            self.screened.check(self, run)  # a new phase's data
 
     def update_gate(self, run: RunView, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor | None:
         if self.mode != "auto":

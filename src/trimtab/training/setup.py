@@ -30,6 +30,7 @@ from trimtab.data import BatchLoader, MicroBatch, Rows, TextTokenizer, eval_batc
 from trimtab.data.dataset import PhaseData, build_phase_data, first_prepared, open_eval_source, open_sources
 from trimtab.data.packing import ConcatRows
 from trimtab.data.prepared import ShardedRows
+from trimtab.data.quality import Flagged
 from trimtab.distributed import Parallel
 from trimtab.distributed.group import broadcast_object
 from trimtab.errors import CheckpointError, ConfigError, SavedConfigError
@@ -72,6 +73,9 @@ class Phase:
     skipped_records: int
     weights: list[float]  # each source's share of a step's tokens (data.mix)
     names: list[str]
+    # documents the garbage screen flagged and kept (data.garbage_filter=warn) and their training
+    # rows, per source: the orchestrator reads them through RunView.garbage_rows
+    flagged: list[Flagged] = field(default_factory=list)
 
     def loader(self, cfg: RunConfig, pad_id: int, rank: int = 0, world: int = 1) -> BatchLoader:
         """The phase's loader; under data parallelism it serves this rank's share of each step."""
@@ -124,6 +128,7 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
                 skipped_records=built.skipped_records,
                 weights=built.weights,
                 names=built.names,
+                flagged=built.train.flagged_rows(),
             )
         )
         start += steps

@@ -21,6 +21,7 @@ import torch
 from trimtab.checkpoint import find_checkpoint
 from trimtab.config import RunConfig
 from trimtab.data.batches import micro_batches
+from trimtab.data.quality import Flagged
 from trimtab.training import scoring
 from trimtab.training.control import Control, Requests
 from trimtab.training.schedule import phase_lr
@@ -188,6 +189,13 @@ class RunView:
     def row_sources(self, rows: list[int]) -> dict[str, int]:
         """Where these training rows came from: source -> number of rows."""
         return scoring.sources_of(self._t.phases[self._t.state.phase].train_rows, list(rows))
+
+    def garbage_rows(self) -> list[Flagged]:
+        """The documents the data screen flagged and kept in this phase's training data
+        (data.garbage_filter=warn), per source, with the training rows at least half theirs
+        (data/quality.py Flagged); [] for none, and in an RL or DPO phase. Copies."""
+        phase = self._t.phases[self._t.state.phase]
+        return copy.deepcopy(getattr(phase, "flagged", []))
 
     def probe_loss(self) -> float | None:
         """The model's loss on one held-out micro-batch, now (a host read): tells a broken model
