@@ -8,6 +8,13 @@ its loss is above the held-out median by max(sigma x the MAD-based spread, min_g
 (orchestrator.data). Scoring both with the same weights makes the test relative, so a model that
 is merely worse than usual shifts both alike.
 
+Steps whose losses were NaN or inf (and no finite spike among them) blame no row for a finite
+score: a NaN that does not come back when a row is scored on its own was not that row's (a fault
+in the forward, a numerically unstable step; debug, nan_loss for 3 steps: a clean stdlib file, 1
+of the 96 rows scored, stood above the threshold and was left out for good). Only a row whose own
+loss is not finite is evidence, and only among rows that score finite (every row not finite alike
+is the forward's, not the rows').
+
 A stretch of bad data rarely ends where it was caught: for `watch_steps` steps after rows were
 left out, each new step's rows are scored too, and the watch extends while it keeps finding bad
 ones. (Those steps were trained on; their bad rows are left out of every later epoch.)
@@ -39,19 +46,27 @@ class DataAttribution:
         """The rows of every remembered step from `first` on."""
         return sorted({r for s, rows in self.rows.items() if int(s) >= first for r in rows})
 
-    def score(self, view: Any, rows: list[int]) -> tuple[list[int], dict[str, Any]]:
+    def score(self, view: Any, rows: list[int], nonfinite: bool = False) -> tuple[list[int], dict[str, Any]]:
         """The bad ones among `rows`, and the evidence for the journal (nothing changes: leaving
-        them out is a decision, which may be advice; watch_more follows an applied one)."""
+        them out is a decision, which may be advice; watch_more follows an applied one).
+        `nonfinite`: the steps to explain had NaN / inf losses, which a finite score does not."""
         cfg = self.cfg
         scores = view.row_losses(rows) if rows else {}
-        reference = view.held_out_row_losses(cfg.reference_rows) or list(scores.values())
+        finite = {r: loss for r, loss in scores.items() if math.isfinite(loss)}
+        # a non-finite reference would make the threshold NaN, and every comparison with it false
+        held_out = [x for x in view.held_out_row_losses(cfg.reference_rows) if math.isfinite(x)]
+        reference = held_out or list(finite.values())
         middle = median(reference) if reference else math.inf
         spread = 1.4826 * median([abs(x - middle) for x in reference]) if reference else 0.0
         threshold = middle + max(cfg.sigma * spread, cfg.min_gap)
-        bad = sorted(r for r, loss in scores.items() if not math.isfinite(loss) or loss > threshold)
+        broken = [r for r in scores if r not in finite] if finite else []  # all of them: the forward's
+        high = [] if nonfinite else [r for r, loss in finite.items() if loss > threshold]
+        bad = sorted(broken + high)
         evidence = {
             "rows_scored": len(scores),
             "rows_outliers": len(bad),  # asked to leave out; Control says how many were not out already
+            "rows_nonfinite": len(scores) - len(finite),
+            "nonfinite_losses": nonfinite,
             "threshold": threshold,
             "reference_median": middle,
             "reference_spread": spread,

@@ -40,6 +40,9 @@ class Ladder:
     recent: list[int] = field(default_factory=list)  # steps of findings since the last climb
     last_step: int = -1  # last finding
     rows: list[int] = field(default_factory=list)  # rows of the incident's flagged steps
+    # the losses of those steps: any not finite, any finite (only NaN / inf ones: no finite score explains them)
+    nan: bool = False
+    finite: bool = False
 
 
 class InstabilityLadder:
@@ -70,6 +73,10 @@ class InstabilityLadder:
         ladder.recent = [s for s in ladder.recent if f.step - s < cfg.escalation_window] + [f.step]
         ladder.last_step = f.step
         ladder.rows = sorted(set(ladder.rows) | set(f.rows))
+        if _nonfinite_loss(f):
+            ladder.nan = True
+        else:
+            ladder.finite = True
         climb = len(ladder.recent) >= cfg.escalate_after
         if f.rule == "divergence" and ladder.rung == 0:
             climb = True  # a trend is not a one-off: skipping cannot fix it
@@ -176,28 +183,35 @@ class InstabilityLadder:
         steps' data is suspect: leave out the rows that score as outliers. None when no row does:
         the data is not to blame after all (a NaN forward, a numerically unstable step, a rising
         trend), so the rows stay in training and the ladder climbs to its LR cut."""
-        bad, evidence = self.data.score(view, self._incident_rows())
+        bad, evidence = self._score_incident(view)
         if not bad:
             return None
+        median = evidence["reference_median"]
+        lose = (
+            "score NaN or inf on their own, as the steps' losses were (the other rows finite)"
+            if evidence["nonfinite_losses"]
+            else f"lose more than {evidence['threshold']:.3f} (held-out rows' median {median:.3f})"
+        )
         why = (
             f"the model still scores {probe:.3f} on held-out data (last good checkpoint {self.probe_baseline:.3f}), "
             f"so the bad steps' data is suspect; scored one by one on these weights, {len(bad)} of the "
-            f"{evidence['rows_scored']} rows since the first bad step lose more than {evidence['threshold']:.3f} "
-            "(held-out rows' median "
-            f"{evidence['reference_median']:.3f}): leave them out; the LR stays"
+            f"{evidence['rows_scored']} rows since the first bad step {lose}: leave them out; the LR stays"
         )
         self.ladder.recent = []
 
         def commit() -> None:
-            self.ladder.rows = []
+            self.ladder.rows, self.ladder.nan, self.ladder.finite = [], False, False
             self.data.watch_more()
 
         return Remedy(action="skip_data", params={"rows": bad}, reasoning=why, evidence=evidence, commit=commit)
 
-    def _incident_rows(self) -> list[int]:
-        """Every row since the incident's first flagged step (a bad step under the ceiling too)."""
+    def _score_incident(self, view: Any) -> tuple[list[int], dict[str, Any]]:
+        """Every row since the incident's first flagged step (a bad step under the ceiling too),
+        scored; after NaN / inf losses alone, only a row not finite on its own is to blame (a
+        finite score does not explain them: a NaN that does not repeat is not the rows')."""
         first = min(self.ladder.recent, default=self.ladder.last_step)
-        return sorted(set(self.ladder.rows) | set(self.data.since(first)))
+        rows = sorted(set(self.ladder.rows) | set(self.data.since(first)))
+        return self.data.score(view, rows, nonfinite=self.ladder.nan and not self.ladder.finite)
 
     def _rollback(self, view: Any, broken: float | None = None, cause: str = "", early: bool = False) -> Remedy:
         """Rung 2 (or straight there when the probe found the weights broken): restore the last
@@ -207,7 +221,7 @@ class InstabilityLadder:
             return self._give_up(view)
         step, suspect = self.ladder.last_step, self.lr_suspect(self.ladder.last_step)
         scored = broken is None and not suspect
-        rows, evidence = self.data.score(view, self._incident_rows()) if scored else ([], {})
+        rows, evidence = self._score_incident(view) if scored else ([], {})
         params: dict[str, Any] = {"to": "last_good", "skip_rows": rows}
         # The last rollback restored this same checkpoint and the trouble came back before the replay
         # saved a newer good one: the checkpoint itself holds the update that broke the run (a spike
@@ -251,7 +265,7 @@ class InstabilityLadder:
 
     def _rolled_back(self, step: int, target: int, broken: bool) -> None:
         """A rollback decided at `step` is applied: the ladder starts over, the incident spends one."""
-        self.ladder.rung, self.ladder.rows, self.ladder.recent = 0, [], []
+        self.ladder = Ladder(last_step=self.ladder.last_step)
         self.last_lr_change, self.last_rollback_to, self.unstable_at = step, target, step
         self.rollbacks, self.rollback_at = self.rollbacks + 1, step
         if broken:
@@ -435,6 +449,11 @@ class InstabilityLadder:
             return
         if view.last_good > self.rollback_at or step - self.ladder.last_step >= self.cfg.escalation_window:
             self.rollbacks, self.rollback_at, self.broken_at, self.last_rollback_to = 0, -1, -1, -1
+
+
+def _nonfinite_loss(f: Finding) -> bool:
+    """A NaN / inf loss (rule nonfinite; an inf gradient norm alone leaves the loss finite)."""
+    return f.rule == "nonfinite" and not math.isfinite(f.evidence.get("loss", math.nan))
 
 
 def _too_high_why(f: Finding, factor: float) -> str:

@@ -59,8 +59,9 @@ class OutlierRows(Monitor):
             return None
         # One row not finite among finite ones is that row's (named below); two or more are a broken
         # computation, not two rows of data gone at once: a whole forward, or under data
-        # parallelism one rank's share of the rows (its weights gone bad: rule nonfinite's)
-        if len(self.recent) < cfg.min_reference or len(losses) - len(values) >= 2:
+        # parallelism one rank's share of the rows (its weights gone bad: rule nonfinite's). So is
+        # a step's only row not finite: nothing tells the row from the forward (rule nonfinite's)
+        if len(self.recent) < cfg.min_reference or not values or len(losses) - len(values) >= 2:
             self.recent.extend(values)
             return None
         if values and median(values) > median(self.recent) + cfg.min_gap:  # the model's doing, not a row's
