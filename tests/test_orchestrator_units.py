@@ -1253,8 +1253,8 @@ def test_responses_grown_into_the_budget_get_the_soft_penalty_a_wider_one_a_roll
     """rl_length: the window's share of truncated responses against the phase's first window's;
     the soft penalty over a quarter of the budget, then half, then once back to the last step
     whose share cut stood within `rise` of the start's (the penalty kept), then a word; the filter is not a step
-    of it (it would leave the cut responses, and the penalty's gradient, out). A rollback is
-    seen by the step count going back, and remembered across the monitor's restored state."""
+    of it (it would leave the cut responses, and the penalty's gradient, out). Once is the open
+    incident's rollbacks, not the run's: the Policy counts them (test_rl_reward.py)."""
     from types import SimpleNamespace
 
     from trimtab.orchestrator.rl_health import LengthRunaway, remedy
@@ -1275,15 +1275,12 @@ def test_responses_grown_into_the_budget_get_the_soft_penalty_a_wider_one_a_roll
         "start_response_tokens": 5.0,
         "window": 2,
         "short_step": 3,  # step 4's 0.5 is more than `rise` (0.25) above the start's 0.125
-        "after_rollback": False,
     }
     every_one_cut = LengthRunaway(cfg)  # a budget every response fills from the start: the run's design
     assert not any(every_one_cut.observe(metrics(i, rl={"truncated": 1.0, "response_tokens": 2.0})) for i in range(9))
 
-    def view(filtering: bool, buffer: int, rollbacks: int = 0) -> SimpleNamespace:
-        return SimpleNamespace(
-            rl_overlong=(filtering, buffer), rl_max_new_tokens=16, rollbacks=rollbacks, has_checkpoint=lambda s: s >= 0
-        )
+    def view(filtering: bool, buffer: int) -> SimpleNamespace:
+        return SimpleNamespace(rl_overlong=(filtering, buffer), rl_max_new_tokens=16, has_checkpoint=lambda s: s >= 0)
 
     ladder = [remedy(found[4], view(*knobs), cfg) for knobs in ((False, 0), (True, 4), (False, 8))]
     assert [(r.action, r.params) for r in ladder] == [
@@ -1291,16 +1288,11 @@ def test_responses_grown_into_the_budget_get_the_soft_penalty_a_wider_one_a_roll
         ("set_overlong_penalty", {"tokens": 8}),
         ("rollback", {"to": 3}),
     ]
-    used_up = remedy(found[4], view(False, 8, rollbacks=cfg.max_rollbacks), cfg)
+    used_up = remedy(found[4], view(False, 8), cfg, rollbacks=1)  # the incident rolled back once
     assert used_up.action == "none" and "rl.max_new_tokens" in used_up.reasoning
-    state = mon.state_dict()
-    mon.load_state_dict(LengthRunaway(cfg).state_dict())  # the rollback restores a fresh-looking state
-    assert mon.last_step == 7 and not mon.rolled_back
-    mon.observe(metrics(4, rl={"truncated": 0.0, "response_tokens": 4.0}))  # step 4 again: the run went back
-    assert mon.rolled_back and state["rolled_back"] is False
-    later = [mon.observe(metrics(5 + i, rl={"truncated": v, "response_tokens": 12.0})) for i, v in enumerate([0, 1, 1])]
-    again = later[-1]
-    assert again.evidence["after_rollback"] and remedy(again, view(False, 8), cfg).action == "none"
+    assert "after a rollback in this incident" in used_up.reasoning
+    cfg.max_rollbacks = 0
+    assert remedy(found[4], view(False, 8), cfg).action == "none"
 
 
 def test_a_held_out_reward_falling_as_the_training_reward_rises_rolls_back_to_the_best_then_stops():
@@ -1329,7 +1321,7 @@ def test_a_held_out_reward_falling_as_the_training_reward_rises_rolls_back_to_th
     assert (first.action, first.params) == ("rollback", {"to": 2, "lr_factor": cfg.lr_cut})
     again = [evaluation(12, 0.7, 0.2), evaluation(14, 0.8, 0.1)]
     assert again[0] is None and again[1].evidence["times"] == 2
-    assert remedy(again[1], None, cfg).action == "stop"
+    assert remedy(again[1], None, cfg, rollbacks=1).action == "stop"  # within the incident that rolled back
 
 
 def test_a_verifier_that_fails_gets_longer_or_is_said():

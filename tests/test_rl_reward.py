@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from trimtab.config.orchestrator import OrchestratorConfig
-from trimtab.orchestrator.monitors import StepMetrics
+from trimtab.orchestrator.monitors import Finding, StepMetrics
+from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.rl_reward import RewardFall, reward_remedy
 
 
@@ -125,14 +126,78 @@ def test_the_remedy_rolls_back_with_a_smaller_lr_then_stops():
     cfg = OrchestratorConfig()
     f = SimpleNamespace(evidence={"good_step": 12, "good_score": 0.19, "score": 0.01, "start_score": 0.2})
 
-    def view(rollbacks=0, lr_scale=1.0, checkpoint=True):
-        return SimpleNamespace(rollbacks=rollbacks, lr_scale=lr_scale, has_checkpoint=lambda step: checkpoint)
+    def view(lr_scale=1.0, checkpoint=True):
+        return SimpleNamespace(lr_scale=lr_scale, has_checkpoint=lambda step: checkpoint)
 
-    first = reward_remedy(f, view(), cfg)
+    first = reward_remedy(f, view(), cfg, 0)
     assert first.action == "rollback" and first.params == {"to": 12, "skip_rows": [], "lr_factor": 0.1}
     assert "step 12 or before (the last whose window (0.190) stood within the noise of the start" in first.reasoning
-    floor = reward_remedy(f, view(lr_scale=0.05), cfg)  # x0.1 would go under min_lr_scale 0.01: to the floor
+    floor = reward_remedy(f, view(lr_scale=0.05), cfg, 0)  # x0.1 would go under min_lr_scale 0.01: to the floor
     assert floor.action == "rollback" and floor.params["lr_factor"] == pytest.approx(0.2)
-    for spent in (view(rollbacks=cfg.max_rollbacks), view(lr_scale=cfg.min_lr_scale), view(checkpoint=False)):
-        last = reward_remedy(f, spent, cfg)
+    spent = [(view(), cfg.max_rollbacks), (view(lr_scale=cfg.min_lr_scale), 0), (view(checkpoint=False), 0)]
+    for run, rollbacks in spent:
+        last = reward_remedy(f, run, cfg, rollbacks)
         assert last.action == "stop" and "lower optim.lr" in last.params["reason"]
+    spent_all = reward_remedy(f, view(), cfg, cfg.max_rollbacks).params["reason"]
+    assert "3 rollbacks used on this incident (orchestrator.max_rollbacks=3 per incident)" in spent_all
+
+
+class Run:
+    """What the Policy reads of an RL run; `rollbacks` counts the run's, as RunView.rollbacks does."""
+
+    lr_scale, last_good, rollbacks = 1.0, 0, 0
+
+    def has_checkpoint(self, step: int) -> bool:
+        return step >= 0
+
+
+def fall(step: int) -> Finding:
+    evidence = {"good_step": step - 10, "good_score": 0.2, "score": 0.01, "start_score": 0.2}
+    return Finding(rule="rl_reward", family="rl", step=step, evidence=evidence, summary="", strength=1.0)
+
+
+def test_max_rollbacks_is_per_incident_and_a_healed_fall_leaves_a_later_one_its_rollback():
+    """orchestrator.max_rollbacks=1: a fall at step 30, rolled back and healed (the replay trains
+    past step 30, then escalation_window steps without a fall), leaves the fall at step 120 its own
+    rollback (counted over the run, it stopped the run); a fall again within that incident stops it."""
+    cfg = OrchestratorConfig(max_rollbacks=1)
+    policy, run = Policy(cfg), Run()
+
+    def decide(f: Finding) -> str:
+        remedy = policy.plan(f, run)
+        remedy.applied()
+        if remedy.action == "rollback":
+            run.rollbacks += 1
+            policy.shift(f.step - f.evidence["good_step"])  # the orchestrator's on_rollback
+        return remedy.action
+
+    assert decide(fall(30)) == "rollback"
+    for step in range(21, 120):  # the replay, past step 30 and a quiet window on: the incident is over
+        policy.quiet(step, run)
+    assert decide(fall(120)) == "rollback"
+    for step in range(111, 125):  # the replay: past step 120, but not quiet for long
+        policy.quiet(step, run)
+    stop = policy.plan(fall(125), run)
+    assert stop.action == "stop" and "1 rollbacks used on this incident" in stop.params["reason"]
+
+
+def test_a_fall_before_the_replay_got_past_the_rollback_is_the_same_incident():
+    cfg = OrchestratorConfig(max_rollbacks=1)
+    policy, run = Policy(cfg), Run()
+    policy.plan(fall(30), run).applied()
+    policy.shift(10)
+    for step in range(21, 30):  # quiet, but the replay has not trained past step 30
+        policy.quiet(step, run)
+    assert policy.rl.rollbacks == 1 and policy.plan(fall(30), run).action == "stop"
+    advice = Policy(cfg)
+    assert advice.plan(fall(30), run).action == "rollback" and advice.rl.rollbacks == 0  # advice spends none
+
+
+def test_the_open_incident_is_kept_in_the_policy_state():
+    policy = Policy(OrchestratorConfig())
+    policy.plan(fall(30), Run()).applied()
+    restored = Policy(OrchestratorConfig())
+    restored.load_state_dict(policy.state_dict())
+    assert (restored.rl.rollbacks, restored.rl.rollback_at) == (1, 30)
+    restored.load_state_dict({k: v for k, v in policy.state_dict().items() if k != "rl_incident"})  # older
+    assert restored.rl.rollbacks == 0

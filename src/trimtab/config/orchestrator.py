@@ -306,7 +306,9 @@ class OrchestratorConfig(Section):
     escalate_after: int = 3  # instability findings within escalation_window that climb one rung
     escalation_window: int = 50
     lr_cut: float = 0.5  # the ladder's LR rung
-    max_rollbacks: int = 3  # then save and stop
+    # rollbacks one incident may spend, then save and stop (not a run's: an incident closes once the replay
+    # got past it and stayed quiet; orchestrator/ladder.py _clear, RL's rules: policy.py RLIncident)
+    max_rollbacks: int = 3
     min_lr_scale: float = 0.01  # LR cuts never go below this multiple of the schedule
     lr_restore_after: int = 100  # quiet steps before the ladder's LR cut is given back x2 (0: never)
     spike: SpikeRule = field(default_factory=SpikeRule)

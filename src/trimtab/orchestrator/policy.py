@@ -13,6 +13,7 @@ strength x the track record of this remedy for this rule in this run (a Beta(3, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
@@ -41,6 +42,26 @@ STATE = (
 )
 
 
+@dataclass
+class RLIncident:
+    """The rollbacks of RL's open incident (rl_health.ROLLING_BACK's rules), counted per incident as
+    the ladder counts its own (ladder.py): max_rollbacks bounds one incident's. It is over once the
+    run trained past the step its last rollback was decided at, and then escalation_window steps
+    without a finding of those rules (not at a good checkpoint, as the ladder's: a checkpoint is
+    good by the ladder's measure, and these rules see a fall only once their windows fill)."""
+
+    rollbacks: int = 0
+    rollback_at: int = -1  # the step the last of them was decided at (-1: none)
+    last_step: int = -1  # the newest finding of those rules (steps a rollback replays: moved back)
+
+    def rolled_back(self, step: int) -> None:
+        self.rollbacks, self.rollback_at = self.rollbacks + 1, step
+
+    def clear(self, step: int, window: int) -> None:
+        if 0 <= self.rollback_at < step and step - self.last_step >= window:
+            self.rollbacks, self.rollback_at = 0, -1
+
+
 class Policy(InstabilityLadder):
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg
@@ -60,6 +81,7 @@ class Policy(InstabilityLadder):
         self.last_rollback_to = -1  # the checkpoint step the last ladder rollback restored (-1: none)
         self.unstable_at = -(10**9)  # step of the last LR cut or rollback: rows are not judged for a while
         self.data = DataAttribution(cfg)  # which rows of a bad stretch are bad (orchestrator/attribution.py)
+        self.rl = RLIncident()
         self.dispatch = {
             "instability": self._instability,
             "plateau": self._plateau,
@@ -69,7 +91,7 @@ class Policy(InstabilityLadder):
             "throughput": lambda f, view: remedies.throughput(f, view, cfg),
             "moe": lambda f, view: remedies.moe(f, view, cfg),
             "mod": lambda f, view: remedies.mod(f, view, cfg),
-            "rl": lambda f, view: rl_health.remedy(f, view, cfg),
+            "rl": self._rl,
             "disk": lambda f, view: remedies.disk(f, view, cfg),
             "length": lambda f, view: remedies.length(f, view, cfg),
             "data": self._watched,
@@ -145,6 +167,20 @@ class Policy(InstabilityLadder):
             )
         return Remedy(action="skip_data", params={"rows": f.evidence["rows"]}, reasoning=why)
 
+    def _rl(self, f: Finding, view: Any) -> Remedy:
+        """RL's rules (rl_health.py); a rollback spends one of the open RL incident's."""
+        if f.rule in rl_health.ROLLING_BACK:
+            self.rl.last_step = f.step
+        remedy = rl_health.remedy(f, view, self.cfg, rollbacks=self.rl.rollbacks)
+        if remedy.action == "rollback":
+            remedy.commit = lambda: self.rl.rolled_back(f.step)
+        return remedy
+
+    def quiet(self, step: int, view: Any) -> Remedy | None:
+        """The ladder's quiet steps (ladder.py), which may end RL's open incident too."""
+        self.rl.clear(step, self.cfg.escalation_window)
+        return super().quiet(step, view)
+
     def _plateau(self, f: Finding, view: Any) -> Remedy:
         cfg = self.cfg.plateau
         target = view.lr_scale * cfg.lr_factor
@@ -177,6 +213,7 @@ class Policy(InstabilityLadder):
         self.lr_too_high_at -= steps
         self.unstable_at -= steps
         # rollback_at and broken_at stay: the replay must train past those very steps (ladder.py: _clear)
+        self.rl.last_step -= steps if self.rl.last_step >= 0 else 0
         self.data.shift()
 
     def measured(self, probe: float | None, step: int) -> None:
@@ -202,6 +239,7 @@ class Policy(InstabilityLadder):
             "ladder": vars(self.ladder).copy(),
             **{k: getattr(self, k) for k in STATE},
             "data": self.data.state_dict(),
+            "rl_incident": vars(self.rl).copy(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -209,3 +247,4 @@ class Policy(InstabilityLadder):
         for key in STATE:
             setattr(self, key, state.get(key, getattr(self, key)))
         self.data.load_state_dict(state.get("data", {}))
+        self.rl = RLIncident(**state.get("rl_incident", {}))  # older checkpoints: none open

@@ -15,6 +15,10 @@ said for a person (more samples per prompt, easier prompts, a warmer start). The
 measured: on the built-in arithmetic task from a weak warm start (held-out pass@1 0.15), raising
 the temperature to 2.0 took pass@1 to 0.005 in 100 steps, where dynamic sampling took it to 0.19
 (docs/rl.md).
+
+The rules whose remedy rolls back (rl_length, rl_hacking, rl_reward) spend the rollbacks of the
+open incident, not the run's (orchestrator.max_rollbacks per incident; the Policy counts them:
+policy.py, RLIncident): a fall healed long ago does not take a later one's rollback.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from trimtab.orchestrator.monitors import Finding, Monitor, Rolling, StepMetrics
 from trimtab.orchestrator.remedies import Remedy
 from trimtab.orchestrator.rl_reward import reward_remedy
 from trimtab.training.state import GAVE_UP
+
+# rules whose remedy may roll back: their findings keep RL's incident open (policy.py: RLIncident)
+ROLLING_BACK = ("rl_length", "rl_hacking", "rl_reward")
 
 
 class NoLearningSignal(Monitor):
@@ -161,21 +168,11 @@ class LengthRunaway(Monitor):
         self.start: list[tuple[float, float]] = []  # the phase's first window: (truncated share, tokens)
         self.window: list[tuple[float, float]] = []  # the last steps'
         self.short_step = 0  # the last step whose share cut had not risen from the start's: before a runaway
-        self.last_step = 0  # the newest step seen, and whether a rollback came since (both kept across it)
-        self.rolled_back = False
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """A rollback restores the windows, not what was seen: that the run went back is kept."""
-        last, rolled = self.last_step, self.rolled_back
-        super().load_state_dict(state)
-        self.last_step, self.rolled_back = max(self.last_step, last), self.rolled_back or rolled
 
     def observe(self, m: StepMetrics) -> Finding | None:
         rl, rule = m.rl or {}, self.cfg
         if rl.get("truncated") is None:
             return None
-        self.rolled_back = self.rolled_back or m.step <= self.last_step
-        self.last_step = m.step
         seen = (rl["truncated"], rl["response_tokens"])
         if len(self.start) < rule.window:
             self.start.append(seen)
@@ -196,7 +193,6 @@ class LengthRunaway(Monitor):
             "start_response_tokens": start_length,
             "window": rule.window,
             "short_step": self.short_step,  # the rollback's target
-            "after_rollback": self.rolled_back,
         }
         summary = (
             f"{share:.0%} of the responses of the last {rule.window} steps ran to the length budget without "
@@ -295,25 +291,25 @@ class RewardHacking(Monitor):
         return Finding(rule=self.rule, family=self.family, step=step, evidence=evidence, summary=summary, strength=1.0)
 
 
-def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
+def remedy(f: Finding, view: Any, cfg: OrchestratorConfig, *, rollbacks: int = 0) -> Remedy:
     """rl_signal: dynamic sampling, then a higher sampling temperature; rl_verifier: a longer
     verifier timeout; rl_entropy: an entropy bonus, then a lower LR; rl_length: the soft
     overlong penalty, then a wider one; rl_hacking: back to the best policy, then stop; rl_reward: back
     to the policy before the fall began with a smaller LR (orchestrator/rl_reward.py); at a
     ceiling (or a verifier that raises), a word for a person; a verifier that raises on nearly
-    every response stops the run."""
+    every response stops the run. `rollbacks`: those the open incident spent (ROLLING_BACK's)."""
     if f.rule == "rl_verifier":
         return _verifier_remedy(f, view, cfg)
     if f.rule == "rl_entropy":
         return _entropy_remedy(view, cfg)
     if f.rule == "rl_length":
-        return _length_remedy(f, view, cfg)
+        return _length_remedy(f, view, cfg, rollbacks)
     if f.rule == "rl_hacking":
-        return _hacking_remedy(f, cfg)
+        return _hacking_remedy(f, cfg, rollbacks)
     if f.rule == "rl_ratio":
         return _ratio_remedy(view, cfg)
     if f.rule == "rl_reward":
-        return reward_remedy(f, view, cfg)
+        return reward_remedy(f, view, cfg, rollbacks)
     rule = cfg.rl_signal
     if not view.rl_dynamic_sampling:
         return Remedy(
@@ -431,9 +427,9 @@ def _entropy_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:
     )
 
 
-def _length_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
+def _length_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int) -> Remedy:
     """DAPO's soft overlong punishment over the budget's last `buffer` share, then over twice
-    that; then, once, back to the last checkpoint before the runaway (the last step whose share
+    that; then, once an incident, back to the last checkpoint before the runaway (the last step whose share
     cut stood within `rise` of the start's) with the penalty kept; then a word for a person.
     The penalty grades every cut response alike, so it teaches ending only
     while some responses still end: measured (tests/test_rl_train.py's task, seeds 0-3), two runs
@@ -454,7 +450,7 @@ def _length_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
                 "lengths back under it (the overlong filter goes off: the penalty needs the cut responses trained)",
             )
     before = f.evidence["short_step"]
-    if not f.evidence["after_rollback"] and view.rollbacks < cfg.max_rollbacks and view.has_checkpoint(before):
+    if rollbacks < min(1, cfg.max_rollbacks) and view.has_checkpoint(before):
         return Remedy(
             action="rollback",
             params={"to": before},
@@ -466,17 +462,18 @@ def _length_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     return Remedy(
         action="none",
         reasoning="responses still run to rl.max_new_tokens with the soft overlong penalty over most of the budget"
-        + (", after a rollback to before the runaway" if f.evidence["after_rollback"] else "")
+        + (", after a rollback in this incident" if rollbacks else "")
         + ": the task needs longer answers than the budget (raise rl.max_new_tokens) or the policy repeats itself "
         "(a lower LR, a stronger warm start)",
     )
 
 
-def _hacking_remedy(f: Finding, cfg: OrchestratorConfig) -> Remedy:
-    """Back to the policy of the best held-out reward with a smaller step, once; again, the run
-    stops there: its best policy is in that checkpoint, and more of the same training hacks on."""
+def _hacking_remedy(f: Finding, cfg: OrchestratorConfig, rollbacks: int) -> Remedy:
+    """Back to the policy of the best held-out reward with a smaller step, once an incident; again
+    within it, the run stops there: its best policy is in that checkpoint, and more of the same
+    training hacks on."""
     best = f.evidence["best_step"]
-    if f.evidence["times"] == 1:
+    if rollbacks == 0:
         return Remedy(
             action="rollback",
             params={"to": best, "lr_factor": cfg.lr_cut},

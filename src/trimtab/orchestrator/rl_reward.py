@@ -27,9 +27,10 @@ the penalty brought the responses cut from 98% to 6%, and the reward trained on 
 the rule, blind to that, rolled back three times and stopped the run). Without a penalty the two
 are one. Remedy: back to the policy of the step where the fall began (the last whose window
 stood within `sigmas` standard errors of the start), with the LR cut x `lr_factor`; when no
-rollback is left, the run stops there (its better policy is in the checkpoints). Measured on the
-arithmetic run above (lr 3e-3, 60 steps): the held-out pass@1 ended at 0.094 (0.14 at the start)
-where the same run with the rule off ended at 0. The target is not the last step whose window
+rollback is left (orchestrator.max_rollbacks, per incident: policy.py, RLIncident), the run
+stops there (its better policy is in the checkpoints). Measured on the arithmetic run above
+(lr 3e-3, 60 steps): the held-out pass@1 ended at 0.094 (0.14 at the start) where the same run
+with the rule off ended at 0. The target is not the last step whose window
 stood above the line: a window lags a gradual fall, that step's policy already earned below the
 line, and each replay at the smaller LR found the same window again, rolling back until
 orchestrator.max_rollbacks and stopping (tests/test_rl_reward.py: a fall of 0.02 a step from
@@ -133,9 +134,10 @@ def _reward(steps: list[list[float]]) -> float:
     return sum(step[3] if len(step) > 3 else step[1] / max(step[0], 1) for step in steps) / max(len(steps), 1)
 
 
-def reward_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
+def reward_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int) -> Remedy:
     """Back to the last policy that earned its start's reward, with a smaller step; when no
-    rollback is left (or none reaches that far back), stop: training on makes the policy worse."""
+    rollback is left (or none reaches that far back), stop: training on makes the policy worse.
+    `rollbacks`: those the open incident spent (max_rollbacks bounds an incident's, not the run's)."""
     rule, before = cfg.rl_reward, f.evidence["good_step"]
     factor = max(rule.lr_factor, cfg.min_lr_scale / max(view.lr_scale, 1e-12))
     why = (
@@ -143,7 +145,7 @@ def reward_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
         f"{f.evidence['start_score']:.3f}: each update moves it the wrong way, as an LR far too high for RL does "
         f"(RL's LRs are 10-100x below pretraining's)"
     )
-    if factor < 1 and view.rollbacks < cfg.max_rollbacks and view.has_checkpoint(before):
+    if factor < 1 and rollbacks < cfg.max_rollbacks and view.has_checkpoint(before):
         good = f.evidence.get("good_score")
         scored = f" ({good:.3f})" if good is not None else ""
         return Remedy(
@@ -153,11 +155,12 @@ def reward_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
             f"within the noise of the start: before the fall began) and train on with the LR x{factor:g}, never to "
             "be given back",
         )
+    most = cfg.max_rollbacks
     reason = (
         "the LR is at its floor (orchestrator.min_lr_scale)"
         if factor >= 1
-        else f"{view.rollbacks} rollbacks used (orchestrator.max_rollbacks)"
-        if view.rollbacks >= cfg.max_rollbacks
+        else f"{rollbacks} rollbacks used on this incident (orchestrator.max_rollbacks={most} per incident)"
+        if rollbacks >= cfg.max_rollbacks
         else f"no checkpoint at or before step {before}"
     )
     return Remedy(
