@@ -256,6 +256,28 @@ def test_decisions_of_a_branch_a_rollback_abandoned_are_judged_on_that_branch(tm
     assert rollback.outcome["result"] == "recovered" and rollback.outcome["replayed_steps"] == 4
 
 
+def test_a_rollback_is_judged_on_its_incident_not_on_a_new_fault_after_the_replay_settled(tmp_path):
+    """debug, weights_nan at 12 and 22: the rollback decided at 14 (to step 8) replayed past step
+    14, healthy, and a good checkpoint at 16 ended its incident; the second fault's NaNs at 22-24,
+    within its 20 steps, had it judged "not recovered". A recurrence before the replay got past
+    the step it was decided at, or before it settled, is still its failure."""
+    journal = Journal(tmp_path / "decisions.jsonl")
+    outcomes = Outcomes(journal, OrchestratorConfig())
+    for s in range(1, 12):
+        outcomes.follow(metrics(s, loss=5.0), [])
+    clean = pending(journal, 14, action="rollback")
+    outcomes.rolled_back(8, clean.id)
+    for s in range(9, 29):  # the replay, then a new fault at 22-24
+        outcomes.follow(metrics(s, loss=math.nan if 22 <= s <= 24 else 4.9), [finding(s)] if 22 <= s <= 24 else [])
+    assert clean.outcome["result"] == "recovered" and clean.outcome["findings_after"] == 0
+    for broke_at in (12, 17):  # within the replay of steps 9-14; past it, before 5 healthy steps
+        again = pending(journal, 14, action="rollback")
+        outcomes.rolled_back(8, again.id)
+        for s in range(9, 29):
+            outcomes.follow(metrics(s, loss=4.9), [finding(s)] if s == broke_at else [])
+        assert again.outcome["result"] == "not recovered", broke_at
+
+
 def test_a_balance_coefficient_raised_from_zero_says_so():
     f = Finding(
         rule="moe",

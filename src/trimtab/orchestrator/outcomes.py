@@ -9,7 +9,11 @@ replays steps whose loss was higher than the one just before the fault, and a fa
 them is a recovery, not a failure.
 
 A skipped step answers that step alone: once SETTLED healthy steps followed it, a later finding
-is another fault, not the skip's failure. A decision taken in a branch a rollback then abandoned
+is another fault, not the skip's failure. So does a rollback answer its incident, once the replay
+trained past the step it was decided at and SETTLED healthy steps followed: a checkpoint saved
+then is good, which ends the ladder's incident (ladder.py: _clear), and a fault after it is a new
+incident with its own rollbacks (debug, weights_nan at 12 and 22: the rollback at 14 was judged
+"not recovered" for the second fault's NaNs). A decision taken in a branch a rollback then abandoned
 is judged at the rollback on the steps that branch had (the replay that follows repeats steps from
 before its trouble, which would compare the run with itself), but for the rollback itself, whose
 effect the replay is. Advice is never judged (deciding.py: "not applied").
@@ -26,8 +30,9 @@ from trimtab.orchestrator.journal import Decision, Journal
 from trimtab.orchestrator.monitors import Finding, StepMetrics
 
 KEEP = 4096  # healthy losses kept by step: a rollback goes back a checkpoint interval or a few
-# Healthy steps after which a skipped step's trouble is over: the 5 quiet steps that make a
-# checkpoint good (core.py: healthy) and withheld updates owed (orchestrator.make_up.quiet_steps)
+# Healthy steps after which a skipped step's (a rollback's, past its step) trouble is over: the 5
+# quiet steps that make a checkpoint good (core.py: healthy) and withheld updates owed
+# (orchestrator.make_up.quiet_steps)
 SETTLED = 5
 
 
@@ -49,8 +54,8 @@ class Outcomes:
             track["losses"].append(m.loss)
             track.setdefault("references", [None] * (len(track["losses"]) - 1)).append(reference)
             same = any(same_trouble(decision, f) for f in findings)
-            if decision.action == "skip_step":
-                same = _skip_trouble(track, same, m.loss)
+            if decision.action == "skip_step" or (decision.action == "rollback" and m.step > decision.step):
+                same = _answered_trouble(track, same, m.loss)
             track["findings"] += same
             decision.observed += 1
             if decision.observed >= self.outcome_after:
@@ -114,9 +119,10 @@ class Outcomes:
         self.healthy = OrderedDict((int(s), float(v)) for s, v in state.get("healthy_losses", []))  # older: none
 
 
-def _skip_trouble(track: dict[str, Any], same: bool, loss: float) -> bool:
-    """Whether a skipped step's trouble is back: not once SETTLED healthy steps followed it (a
-    finding then is another fault), counted in track["healthy"]."""
+def _answered_trouble(track: dict[str, Any], same: bool, loss: float) -> bool:
+    """Whether a skipped step's trouble (a rollback's, past the step it was decided at) is back:
+    not once SETTLED healthy steps followed (a finding then is another fault), counted in
+    track["healthy"]."""
     healthy = track.get("healthy", 0)
     if healthy >= SETTLED:
         return False
