@@ -162,3 +162,14 @@ def test_pipeline_settings_that_do_not_fit_are_named():
             load_config(preset="debug", sets=sets)
     auto = load_config(preset="debug", sets=["distributed.pp_stages_per_rank=2"]).distributed
     assert auto.schedule == "interleaved"
+
+
+@pytest.mark.distributed
+def test_a_nan_loss_aimed_at_the_first_stage_is_skipped(tmp_path):
+    """nan_loss@3@rank0 under PP=2: rank 0 holds the first stage, not the loss; its stage output
+    goes NaN, so the loss on the last stage does, and both ranks skip step 3 as one process would."""
+    rank0, rank1 = run(tmp_path / "nan", 2, faults=["nan_loss@3@rank0"], train={"max_steps": 4}, **PP2)
+    assert rank0["decisions"] == rank1["decisions"]
+    assert (3, "nonfinite", "skip_step") in {(d["step"], d["rule"], d["action"]) for d in rank0["decisions"]}
+    assert [s["skipped"] for s in rank0["steps"]] == [False, False, True, False]
+    assert [s["skipped"] for s in rank1["steps"]] == [False, False, True, False]

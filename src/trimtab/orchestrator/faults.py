@@ -16,7 +16,9 @@ Under torchrun a fault fires on every rank, or with @rankR on rank R alone (faul
 records it there), e.g. oom@10:512@rank1: one rank runs out of memory and all shrink together.
 A spec's syntax (KINDS, each PARAM's default, the checks) is orchestrator/fault_specs.py's.
 
-    nan_loss@S[:N]          the loss is NaN for N steps (default 1): NaN gradients too
+    nan_loss@S[:N]          the loss is NaN for N steps (default 1): NaN gradients too. Under pipeline
+                            parallelism a rank without the last stage (where the loss is) makes its own
+                            stages' output NaN instead, which the stages after it carry to the loss
     inf_grad@S              the gradients hold +inf
     grad_spike@S:F          every gradient is multiplied by F (default 1000)
     bad_batch@S[:N]         the rows of N steps (default 1) turn to garbage tokens, wherever they recur
@@ -51,7 +53,8 @@ A spec's syntax (KINDS, each PARAM's default, the checks) is orchestrator/fault_
     grad_bitflip@S[:R]      in step S's first backward on rank R (default 0; one process: 0), the top
                             exponent bit of one gradient element flips: x 2^128, finite, and the
                             gradient norm overflows. Once: the step computed again is clean (a
-                            transient fault, as silent data corruption in a device; training/rerun.py)
+                            transient fault, as silent data corruption in a device; training/rerun.py).
+                            FSDP2: in rank R's shard of the gradient, as its reduce-scatter filled it
     hang_rank@S:R           under torchrun, rank R stops as step S begins and never comes back (a
                             deadlock, a device that no longer answers); the others wait for it in the
                             step's collectives until the watchdog ends the job (resilience.watchdog)
@@ -154,11 +157,13 @@ class FaultInjector(Instrument):
         self.handle.gate_rollouts(self._maybe_rollout_oom)
         model.tok_emb.register_forward_pre_hook(self._maybe_lr)
         model.tok_emb.register_forward_pre_hook(self._maybe_eval_fault)
-        model.norm.register_forward_hook(self._maybe_nan_loss)
+        _loss_feed(model).register_forward_hook(self._maybe_nan_loss)
         model.tok_emb.register_forward_pre_hook(self._forward_starts)
         model.norm.register_forward_hook(self._maybe_slow_forward)
         for p in model.parameters():
             p.register_hook(self._maybe_bad_grad)
+            if hasattr(p, "to_local"):  # FSDP2 fills a sharded parameter's .grad itself: no hook above fires
+                p.register_post_accumulate_grad_hook(self._maybe_flip_shard)
         unfired = [f for f in self.faults if f.kind == "lose_node" and not self.record["fired"].get(f.spec)]
         if unfired and node_count() < 2:
             raise ConfigError(
@@ -360,11 +365,8 @@ class FaultInjector(Instrument):
 
     def _maybe_bad_grad(self, grad: torch.Tensor) -> torch.Tensor:
         if self._flip_grad:  # once: the step's re-run computes it clean
-            self._flip_grad = False
             grad = grad.clone()
-            at = int(grad.abs().argmax())  # the largest element: below 2, so the flip multiplies it
-            bits = grad.view(-1)[at : at + 1].view(torch.int32 if grad.element_size() == 4 else torch.int16)
-            bits.bitwise_xor_(1 << (30 if grad.element_size() == 4 else 14))  # the exponent's top bit
+            self._flip_grad = not _flip_top_exponent(grad.to_local() if hasattr(grad, "to_local") else grad)
             return grad
         fault = self._fire_grad
         if fault is None:
@@ -374,6 +376,12 @@ class FaultInjector(Instrument):
         grad = grad.clone()
         grad.view(-1)[0] = float("inf")
         return grad
+
+    def _maybe_flip_shard(self, param: torch.Tensor) -> None:
+        """grad_bitflip under FSDP2: the flip lands in this rank's shard of the gradient, as its
+        reduce-scatter accumulated it (what this rank's clip and the orchestrator's gate read)."""
+        if self._flip_grad and param.grad is not None:
+            self._flip_grad = not _flip_top_exponent(param.grad.to_local())
 
     def on_save_start(self, run: RunView) -> None:
         self.step = run.step
@@ -393,6 +401,26 @@ class FaultInjector(Instrument):
                 return
             with open(target, "r+b") as fh:
                 fh.truncate(target.stat().st_size // 2)
+
+
+def _loss_feed(model: torch.nn.Module) -> torch.nn.Module:
+    """The module of this rank whose output nan_loss poisons: the final norm, which the loss reads;
+    under pipeline parallelism a rank without the last stage has it hollowed (no parameters here)
+    and never runs it, so its own last block, whose output flows on to the loss."""
+    if next(model.norm.parameters(), None) is not None:
+        return model.norm
+    return [block for block in model.blocks if next(block.parameters(), None) is not None][-1]
+
+
+def _flip_top_exponent(local: torch.Tensor) -> bool:
+    """Flip the top exponent bit of `local`'s largest element in place (a gradient's, far below 1:
+    x 2^128, finite, and the gradient norm overflows); False where it holds none (an empty shard)."""
+    if not local.numel():
+        return False
+    at = int(local.abs().argmax())
+    bits = local.view(-1)[at : at + 1].view(torch.int32 if local.element_size() == 4 else torch.int16)
+    bits.bitwise_xor_(1 << (30 if local.element_size() == 4 else 14))
+    return True
 
 
 def _block_matrices(handle: FaultHandle) -> Iterator[torch.Tensor]:
