@@ -206,10 +206,18 @@ def test_a_prepared_mixture_is_split_disjointly_and_matches_one_process(tmp_path
 
 
 @pytest.mark.distributed
-def test_an_evaluation_failing_on_one_rank_is_abandoned_on_both(tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_an_evaluation_failing_on_one_rank_is_abandoned_on_both(tmp_path, strategy):
     """eval_error on rank 1 alone: rank 0 does not wait for it in a collective; both journal the
-    same eval_error decision and train on."""
-    rank0, rank1 = run(tmp_path / "r", 2, faults=["eval_error@4@rank1"], train={"eval_every": 2, "max_steps": 6})
+    same eval_error decision and train on. FSDP2: rank 0 is inside the forward, in the next
+    block's all-gather, when rank 1 fails; rank 1 joins its all-gathers before it says so."""
+    rank0, rank1 = run(
+        tmp_path / "r",
+        2,
+        faults=["eval_error@4@rank1"],
+        train={"eval_every": 2, "max_steps": 6},
+        distributed={"strategy": strategy},
+    )
     assert rank0["decisions"] == rank1["decisions"]
     assert [(d["step"], d["rule"], d["action"]) for d in rank0["decisions"]] == [(4, "eval_error", "none")]
     assert rank0["summary"]["status"] == "completed" and rank0["summary"]["step"] == 6
@@ -226,3 +234,16 @@ def test_lean_snapshots_are_refused_under_fsdp2_before_training(tmp_path):
     ):
         run(tmp_path / "s", 2, distributed={"strategy": "fsdp"}, checkpoint={"snapshot_every": 2})
     assert not (tmp_path / "s" / "metrics.jsonl").is_file() or "loss" not in (tmp_path / "s/metrics.jsonl").read_text()
+
+
+@pytest.mark.distributed
+def test_a_bit_flipped_in_one_ranks_gradient_shard_is_rerun_under_fsdp2(tmp_path):
+    """grad_bitflip@3:1 under FSDP2: the gradient rank 1 holds is its shard (a DTensor, filled by
+    the reduce-scatter, never by a backward through the sharded parameter), so the flip lands in
+    that shard; both ranks see the overflowing norm, compute the step again and apply the clean one."""
+    fsdp2 = {"distributed": {"strategy": "fsdp"}, "train": {"max_steps": 4}}
+    rank0, rank1 = run(tmp_path / "flip", 2, faults=["grad_bitflip@3:1"], **fsdp2)
+    assert rank0["decisions"] == rank1["decisions"]
+    [d] = [d for d in rank0["decisions"] if d["rule"] != "straggler"]
+    assert (d["step"], d["rule"], d["action"]) == (3, "rerun", "rerun_step")
+    assert [s["skipped"] for s in rank0["steps"]] == [False] * 4 and rank0["summary"]["status"] == "completed"

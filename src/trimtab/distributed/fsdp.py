@@ -3,7 +3,8 @@ scaler over sharded gradients (distributed/parallel.py's `Parallel` calls both).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -52,6 +53,8 @@ def fully_shard_model(parallel: Parallel, model: nn.Module, compile: bool, preci
         elif mesh.tp == 1 and mesh.ep == 1:  # its collectives are at its edges only
             block.forward = parallel.oom_guarded(block.forward)
         fully_shard(block, **kwargs)
+    if parallel.pipeline is None and mesh.tp == 1 and mesh.ep == 1:  # a forward's collectives: the units' all-gathers
+        parallel.completion = ForwardCompletion(model, units)
     # The rest (embedding, final norm, tied head) stays gathered after the root's forward: the
     # trainer calls model.hidden, then reads lm_head.weight for the loss outside any forward.
     roots = parallel.pipeline.modules if parallel.pipeline else [model]
@@ -65,6 +68,51 @@ def fully_shard_model(parallel: Parallel, model: nn.Module, compile: bool, preci
         unit.set_gradient_divide_factor(1.0)  # sum, not mean: the loss is already global
         unit.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
         unit.set_reduce_scatter_unused_params(True)  # a block skipped after an OOM still reduces (zeros)
+
+
+class ForwardCompletion:
+    """A forward that failed on this rank alone (an evaluation's: a record the model cannot take)
+    is finished here, collectives-wise: the other ranks are inside the same forward, waiting in
+    the next unit's all-gather, so this rank joins every all-gather they make (the root's, if it
+    had not begun, then each block's it had not entered) before it says so at the evaluation's
+    agreement (Parallel.first_error) instead of leaving them to the watchdog."""
+
+    def __init__(self, root: nn.Module, units: list[nn.Module]) -> None:
+        self.root, self.units = root, units
+        self.entered: set[int] = set()  # the units whose all-gather this forward made
+        for unit in units:  # after FSDP2's own pre-hook (prepended): its all-gather is done
+            unit.register_forward_pre_hook(self._enter)
+
+    def _enter(self, module: nn.Module, args: tuple) -> None:
+        self.entered.add(id(module))
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        self.entered.clear()
+        try:
+            yield
+        except Exception:
+            self._complete()
+            raise
+
+    def _complete(self) -> None:
+        from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(self.root.tok_emb.weight, DTensor):  # failed before the root's all-gather
+            self.root.unshard()  # kept gathered after a forward, as on the others
+        for unit in self.units:
+            if id(unit) not in self.entered:
+                unit.unshard()
+            unit.reshard()
+        # A forward cut short leaves FSDP2 mid-forward (its post-forward never ran): the next one
+        # would skip the root's set-up (its stream waits) and its post-backward hooks. Idle, as after one that ended.
+        for module in (self.root, *self.units):
+            state = module._get_fsdp_state()
+            state._training_state = TrainingState.IDLE
+            state._state_ctx.iter_forward_root = None
+            for group in state._fsdp_param_groups:
+                group._training_state = TrainingState.IDLE
 
 
 def _expert_placement(experts: list[nn.Parameter], mesh: Mesh) -> Callable[[nn.Parameter], Any]:

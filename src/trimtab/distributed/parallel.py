@@ -33,7 +33,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +44,7 @@ from torch import nn
 from trimtab.config.distributed import DistributedConfig
 from trimtab.config.loss_scale import LossScaleConfig
 from trimtab.distributed.checkpoint import Checkpoints
-from trimtab.distributed.fsdp import ShardedScaler, fully_shard_model
+from trimtab.distributed.fsdp import ForwardCompletion, ShardedScaler, fully_shard_model
 from trimtab.distributed.group import (
     PeerOutOfMemory,
     all_max,
@@ -96,6 +96,7 @@ class Parallel(Checkpoints):
         self.waited = 0.0  # seconds this rank waited at the agreement points (the straggler rule)
         self._caught: BaseException | None = None  # an OOM a block swallowed this step (FSDP2), told at agree()
         self._told: BaseException | None = None  # the last OOM agree() announced
+        self.completion: ForwardCompletion | None = None  # FSDP2: a forward failed on this rank finished for the others
         self.replicas: ReplicaGroups | None = None  # resilience.ft: the step averaged across replica groups
         self.local_sq: torch.Tensor | None = None  # DDP: this rank's own gradient's sum of squares (watch_local)
 
@@ -371,6 +372,12 @@ class Parallel(Checkpoints):
             value = value.clone()
             dist.all_reduce(value, group=self.mesh.dp_group)
         return value
+
+    def completing_forward(self) -> AbstractContextManager[None]:
+        """Around a forward that may fail on this rank alone (an evaluation's): under FSDP2 the
+        failure first joins the all-gathers the other ranks' forward still makes, so that they
+        reach the agreement after it (first_error) rather than wait for this rank until the watchdog."""
+        return self.completion.guard() if self.completion is not None else nullcontext()
 
     def first_error(self, error: str) -> str:
         """`error`, or another rank's when this one has none: every rank learns that one failed

@@ -39,7 +39,8 @@ def sharded_loss(t: Trainer, micro_batches: list[MicroBatch], timeout: float) ->
         j = rank + i * world  # the micro-batch this rank scores in this round (>= n: a padding forward)
         micro = micro_batches[min(j, n - 1)]
         try:
-            loss = t.score(micro)
+            with t.dist.completing_forward():  # FSDP2: the others' all-gathers joined before this rank says it failed
+                loss = t.score(micro)
             if j < n:
                 sums[0, j] = loss.double()
                 sums[1, j] = micro.n_targets
