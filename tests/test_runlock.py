@@ -2,7 +2,10 @@
 
 import json
 import os
+import signal
 import socket
+import subprocess
+import threading
 import time
 
 import pytest
@@ -56,3 +59,73 @@ def test_a_run_that_fails_before_writing_leaves_no_directory(tmp_path):
     with pytest.raises(ValueError), run_lock(run):
         raise ValueError("bad input")
     assert not run.exists()
+
+
+def as_rank(monkeypatch, rank: int, job: str = "job-a") -> None:
+    """This process as torchrun's rank `rank` of a two-rank job (its rendezvous `job`)."""
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", job)
+
+
+def test_other_ranks_refuse_with_rank_0_when_another_job_holds_the_run(tmp_path, monkeypatch):
+    """Rank 1 does not go on to wait for a refused rank 0 in the process group (until torchrun's
+    agent killed it, 30 s on): it refuses itself, in the same words, within seconds."""
+    monkeypatch.setattr(rundir, "REFUSAL_GRACE_S", 0.1)
+    with run_lock(tmp_path):  # another `trimtab train`: outside torchrun
+        as_rank(monkeypatch, 1)
+        start = time.monotonic()
+        with pytest.raises(RunStateError, match=f"being trained by pid {os.getpid()} on .*ctl .* stop"):
+            with run_lock(tmp_path):
+                pass
+        assert time.monotonic() - start < 5
+
+
+def test_other_ranks_go_on_once_their_own_rank_0_holds_the_run(tmp_path, monkeypatch):
+    as_rank(monkeypatch, 0)
+    with run_lock(tmp_path):  # rank 0 of this job
+        assert json.loads((tmp_path / LOCK).read_text())["job"] == "job-a"
+        as_rank(monkeypatch, 1)
+        start = time.monotonic()
+        with run_lock(tmp_path):
+            assert time.monotonic() - start < 1
+
+
+def test_a_sigterm_while_refused_ends_with_the_refusal(tmp_path, monkeypatch):
+    """torchrun's agent stops every rank once one ends: a rank already refused says why, not
+    "stopped during start-up"."""
+    monkeypatch.setattr(rundir, "REFUSAL_GRACE_S", 30.0)
+    with run_lock(tmp_path):
+        as_rank(monkeypatch, 0, job="job-b")
+        stop = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+        stop.start()
+        start = time.monotonic()
+        try:
+            with pytest.raises(RunStateError, match="being trained by"):
+                with run_lock(tmp_path):
+                    pass
+        finally:
+            stop.cancel()
+        assert 1.0 <= time.monotonic() - start < 5  # in the grace, ended by the SIGTERM
+
+
+@pytest.mark.distributed
+def test_a_torchrun_job_refused_ends_on_every_rank_at_once(tmp_path):
+    """`trimtab train` under torchrun on a run another process trains: both ranks say why and
+    end, rather than rank 1 waiting in the process group until the agent's SIGKILL (30 s)."""
+    from helpers import FAST, SRC, TORCHRUN, TRIMTAB_MAIN
+
+    run = tmp_path / "r"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": SRC}
+    launch = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "--monitor-interval=0.1", TRIMTAB_MAIN]
+    with run_lock(run):
+        done = subprocess.run(
+            [*launch, "train", "--preset", "debug", "--out", str(run), *FAST],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode != 0
+    assert done.stderr.count(f"trimtab: error: '{run}' is being trained by pid {os.getpid()}") == 2, done.stderr
+    assert "via SIGKILL" not in done.stderr and "during start-up" not in done.stderr

@@ -29,6 +29,10 @@ would otherwise wait, unnoticed, for the next resume. The kernel drops a flock w
 a crash or a SIGKILL never leaves a stale lock; the file stays, and its mtime is the last
 heartbeat. On the lock holder's host the flock decides; another node sharing the filesystem (where
 flock may be local to each node) goes by the heartbeat: fresh within STALE_S means alive.
+Under torchrun the record also names the job (its rendezvous), and every other rank waits until the
+lock is its own job's, or refuses as rank 0 does once another holds it past rank 0's own tries:
+a refused job's ranks all exit at once with the same message (they would otherwise wait for rank 0
+in the process group until torchrun's agent killed them, 30 s on).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import socket
 import threading
 import time
@@ -58,6 +63,9 @@ ABANDONED = "abandoned"  # the key set (true) on records a rollback or a resume 
 BEAT_S = 15.0  # the heartbeat's period
 STALE_S = 60.0  # no heartbeat for this long: not alive (four beats missed)
 RETRIES = 10  # x 50 ms: a liveness() probe holds the lock for microseconds
+RANK_WAIT_S = 120.0  # how long a rank other than 0 waits for its job's rank 0 to take the lock
+REFUSED_S = 2 * RETRIES * 0.05  # another holder kept the lock this long: the other ranks refuse as rank 0 does
+REFUSAL_GRACE_S = 2.0  # rank 0 refused under torchrun: how long before it ends (the others refuse meanwhile)
 
 
 # ---------------------------------------------------------------------------- writing whole files
@@ -189,6 +197,8 @@ def run_lock(run_dir: Path) -> Iterator[None]:
     """Hold run_dir's lock and beat its heartbeat for the block (on rank 0; other ranks pass).
     A run_dir that is a file, or under one, is refused naming the key (out) before anything."""
     if os.environ.get("RANK", "0") != "0":  # torchrun's rank, set before the process group exists
+        if os.environ.get("GROUP_RANK", "0") == "0":  # rank 0's node: its filesystem (another's may be its own)
+            _wait_for_rank0(run_dir)
         yield
         return
     created = not run_dir.exists()
@@ -201,7 +211,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
     fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         _acquire(fd, run_dir)
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "job": _job()}
         if os.fstat(fd).st_size:  # the last heartbeat of the session before (a restart reads it)
             record["previous_beat"] = os.fstat(fd).st_mtime
         _write_lock(fd, record)
@@ -250,10 +260,58 @@ def _acquire(fd: int, run_dir: Path) -> None:
             return
         except BlockingIOError:
             time.sleep(0.05)
-    raise RunStateError(
+    _refuse(run_dir)
+
+
+def _job() -> str | None:
+    """This torchrun job's identity, the same on all its ranks (None outside torchrun)."""
+    if run_id := os.environ.get("TORCHELASTIC_RUN_ID"):
+        return run_id
+    master = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    return ":".join(master) if all(master) else None
+
+
+def _wait_for_rank0(run_dir: Path) -> None:
+    """A rank other than 0: back once its job's rank 0 holds the lock (or after RANK_WAIT_S, when
+    rank 0 is slow to get there: the process group then decides); rank 0's refusal raised here
+    too, once another holder has kept the lock longer than rank 0 tries for it (so that the moment
+    between rank 0 taking the lock and writing its record is never mistaken for another's)."""
+    job, start = _job(), time.monotonic()
+    other: tuple[Any, Any] | None = None  # another holder seen, and since when
+    while job is not None and time.monotonic() - start < RANK_WAIT_S:
+        alive, _ = liveness(run_dir) if (run_dir / LOCK).is_file() else (False, "")
+        holder = _holder(run_dir) if alive else {}
+        if alive and holder.get("job") == job:
+            return
+        seen = (holder.get("pid"), holder.get("started")) if alive else None
+        if seen is None or other is None or other[0] != seen:
+            other = (seen, time.monotonic()) if seen is not None else None
+        elif time.monotonic() - other[1] > REFUSED_S:
+            _refuse(run_dir)
+        time.sleep(0.05)
+
+
+def _refuse(run_dir: Path) -> None:
+    """Raise the lock's refusal. Under torchrun, REFUSAL_GRACE_S later: the agent stops every rank
+    once one ends (SIGTERM, which would read "stopped during start-up"), so a rank refused waits for
+    the others to be refused too, and a SIGTERM meanwhile ends it with the refusal all the same."""
+    error = RunStateError(
         f"'{run_dir}' is being trained by {_describe(_holder(run_dir))}; one `trimtab train` per run "
         f"directory: wait for it to end, or stop it with `trimtab ctl {run_dir} stop`"
     )
+    torchrun = _job() is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if not torchrun or threading.current_thread() is not threading.main_thread():
+        raise error
+
+    def refused(signum: int, frame: Any) -> None:
+        raise error
+
+    previous = signal.signal(signal.SIGTERM, refused)
+    try:
+        time.sleep(REFUSAL_GRACE_S)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    raise error
 
 
 def _write_lock(fd: int, record: dict[str, Any]) -> None:
