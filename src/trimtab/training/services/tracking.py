@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 
 def tracking_hooks(log_cfg: LogConfig, run_dir: Path) -> list[Hook]:
     hooks: list[Hook] = []
+    if log_cfg.tensorboard:
+        quiet_tensorboard_writer()
     if log_cfg.mlflow.enabled:
         _require("mlflow", "log.mlflow.enabled")
         hooks.append(MlflowTracker(log_cfg.mlflow, run_dir))
@@ -39,6 +42,27 @@ def tracking_hooks(log_cfg: LogConfig, run_dir: Path) -> list[Hook]:
         _require("wandb", "log.wandb.enabled")
         hooks.append(WandbTracker(log_cfg.wandb, run_dir))
     return hooks
+
+
+def quiet_tensorboard_writer() -> None:
+    """TensorBoard's writer thread dies at its first failed write (a full disk) and Python prints
+    its traceback; TensorBoardLogger (training/hooks.py) meets the same error at its next write,
+    says it once and goes on. Only that thread's OSError is kept quiet (threading.excepthook
+    filtered, once per process); any other thread's error, or another error, is printed as before."""
+    try:
+        from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+    except ImportError:  # no TensorBoard: no writer thread to quiet
+        return
+    printed = threading.excepthook
+    if getattr(printed, "quiets_tensorboard", False):
+        return
+
+    def excepthook(args: threading.ExceptHookArgs) -> None:
+        if not (isinstance(args.thread, _AsyncWriterThread) and issubclass(args.exc_type, OSError)):
+            printed(args)
+
+    excepthook.quiets_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = excepthook
 
 
 def _require(module: str, key: str) -> None:
