@@ -158,3 +158,47 @@ def test_a_resumes_changed_router_knobs_replace_those_the_checkpoint_restored():
     apply_live_keys(model, cfg, list(knobs))
     assert {(moe.jitter, moe.z_loss_coef) for _, moe in model.moe_layers()} == {(0.2, 0.0)}
     assert [router.target for _, router in model.mod_layers()] == [0.25, 0.125]
+
+
+@pytest.fixture
+def one_rank_group():
+    """A gloo process group of one rank, for the sharded (DCP) writer's collectives."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("needs gloo")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist.new_group(backend="gloo")
+    dist.destroy_process_group()
+
+
+def test_a_failed_sharded_write_leaves_no_temp_dir_and_the_next_clears_a_stale_one(
+    tmp_path, monkeypatch, one_rank_group
+):
+    """On a disk that stays full each failed sharded save left its .tmp_*_sharded directory (its
+    partial shards) behind, keeping the disk full: now the failing write removes its own, the next
+    attempt removes one a killed writer left, and a later save leaves no leftovers."""
+    from trimtab.distributed import checkpoint as sharded
+
+    class OneRank(sharded.Checkpoints):
+        world, rank, is_main = 1, 0, True
+
+    def full_disk(app, where, group):
+        where.mkdir(parents=True)
+        (where / "__0_0.distcp").write_bytes(b"partial")
+        raise OSError(28, "No space left on device")
+
+    root = checkpoint_root(tmp_path)
+    write = OneRank()._write_sharded
+    app = {"model": {"w": torch.ones(3)}}
+    args = ({"rng": None}, {"train": {"step": 5}}, 3, (), one_rank_group)
+    (root / ".tmp_step_000003_sharded" / "dcp").mkdir(parents=True)  # a killed writer's
+    (root / ".tmp_step_000003_sharded" / "dcp" / "__0_0.distcp").write_bytes(b"partial")
+    with monkeypatch.context() as patched:
+        patched.setattr(sharded, "_dcp_save", full_disk)
+        for step in (5, 6):  # the disk stays full
+            with pytest.raises(OSError, match="No space left"):
+                write(tmp_path, step, app, *args)
+            assert not list(root.glob(".tmp*"))
+    assert write(tmp_path, 7, app, *args).name == "step_000007"
+    assert not list(root.glob(".tmp*")) and [p.name for p in list_checkpoints(tmp_path)] == ["step_000007"]

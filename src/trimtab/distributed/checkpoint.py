@@ -5,6 +5,7 @@ mesh (docs/distributed.md, "Checkpoints")."""
 from __future__ import annotations
 
 import errno
+import shutil
 import threading
 import warnings
 from collections.abc import Callable
@@ -152,23 +153,30 @@ class Checkpoints:
         protect: tuple[int, ...],
         group: Any,
     ) -> Path:
-        """Every rank's shards into a temp dir, rank 0's commit (collectives on `group`)."""
+        """Every rank's shards into a temp dir, rank 0's commit (collectives on `group`). A write
+        that fails (a full disk) leaves no temp dir: every rank has agreed it failed, so none is
+        writing there any more, and rank 0 removes it (as checkpoint.save_checkpoint does its own)."""
         tmp = checkpoint_root(run_dir) / f".tmp_step_{step:06d}_sharded"
-        self._agree_ok(attempt(_fresh_dir, tmp) if self.is_main else None, group)
-        self._agree_ok(attempt(_dcp_save, app, tmp / SHARDED, group), group)
-        if self.written is not None:
-            self.written()
-        mine = digest_files(sorted((tmp / SHARDED).glob(f"__{self.rank}_*.distcp")), tmp)
-        gathered = [None] * self.world if self.is_main else None
-        dist.gather_object((mine, extra), gathered, dst=0, group=group)
-        error = None
-        if self.is_main:
-            digests = {name: d for files, _ in gathered for name, d in files.items()}
-            rng = [e["rng"] for _, e in gathered]
-            error = attempt(
-                _commit_sharded, run_dir, step, tmp, {**extra, "rng_by_rank": rng}, state, keep, protect, digests
-            )
-        self._agree_ok(error, group)
+        try:
+            self._agree_ok(attempt(_fresh_dir, tmp) if self.is_main else None, group)
+            self._agree_ok(attempt(_dcp_save, app, tmp / SHARDED, group), group)
+            if self.written is not None:
+                self.written()
+            mine = digest_files(sorted((tmp / SHARDED).glob(f"__{self.rank}_*.distcp")), tmp)
+            gathered = [None] * self.world if self.is_main else None
+            dist.gather_object((mine, extra), gathered, dst=0, group=group)
+            error = None
+            if self.is_main:
+                digests = {name: d for files, _ in gathered for name, d in files.items()}
+                rng = [e["rng"] for _, e in gathered]
+                error = attempt(
+                    _commit_sharded, run_dir, step, tmp, {**extra, "rng_by_rank": rng}, state, keep, protect, digests
+                )
+            self._agree_ok(error, group)
+        except OSError:
+            if self.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
         return checkpoint_root(run_dir) / f"step_{step:06d}"
 
     def _agree_ok(self, error: OSError | None, group: Any = None) -> None:
@@ -326,9 +334,10 @@ def _dcp_load(target: dict[str, Any], path: Path, group: Any) -> None:
 
 
 def _fresh_dir(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
+    """`path` empty, and no other sharded write's temp dir left (one a killed writer left: its
+    space is what a disk still full needs); one save is written at a time (Checkpoints.save)."""
+    for stale in path.parent.glob(".tmp_step_*_sharded"):
+        shutil.rmtree(stale, ignore_errors=True)
     path.mkdir(parents=True)
 
 
