@@ -247,3 +247,16 @@ def test_a_bit_flipped_in_one_ranks_gradient_shard_is_rerun_under_fsdp2(tmp_path
     [d] = [d for d in rank0["decisions"] if d["rule"] != "straggler"]
     assert (d["step"], d["rule"], d["action"]) == (3, "rerun", "rerun_step")
     assert [s["skipped"] for s in rank0["steps"]] == [False] * 4 and rank0["summary"]["status"] == "completed"
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("fault, rule", [("inf_grad@3", "nonfinite"), ("grad_spike@3:1e6", "grad")])
+def test_bad_gradients_land_in_fsdp2_shards_and_are_skipped(tmp_path, fault, rule):
+    """FSDP2's reduce-scatter fills a sharded parameter's gradient (no hook on the parameter
+    fires): inf_grad and grad_spike hit each rank's shard, and both ranks skip the step alike."""
+    fsdp2 = {"distributed": {"strategy": "fsdp"}, "train": {"max_steps": 4}}
+    rank0, rank1 = run(tmp_path / "g", 2, faults=[fault], **fsdp2)
+    assert rank0["decisions"] == rank1["decisions"]
+    [d] = [d for d in rank0["decisions"] if d["rule"] != "straggler"]
+    assert (d["step"], d["rule"], d["action"]) == (3, rule, "skip_step")
+    assert [s["skipped"] for s in rank0["steps"]] == [False, False, True, False]

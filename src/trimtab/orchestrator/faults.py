@@ -121,6 +121,9 @@ class FaultInjector(Instrument):
         self._fire_grad: Fault | None = None
         self._evaluation: Fault | None = None  # eval_error / eval_hang: the evaluation running is the fault's
         self._flip_grad = False  # grad_bitflip: one gradient element of this step's next backward
+        # this step's backward reached _maybe_bad_grad (the gradients flow through the parameters:
+        # not FSDP2's sharded ones)
+        self._grad_hooked = False
         self._lr_factor: float | None = None  # lr_spike: still to apply in this step's first forward
         self._tokens = 0  # in the forward now running (oom compares it with its limit)
         self._forward_t0 = 0.0  # when the forward now running began (slow_rank)
@@ -163,7 +166,7 @@ class FaultInjector(Instrument):
         for p in model.parameters():
             p.register_hook(self._maybe_bad_grad)
             if hasattr(p, "to_local"):  # FSDP2 fills a sharded parameter's .grad itself: no hook above fires
-                p.register_post_accumulate_grad_hook(self._maybe_flip_shard)
+                p.register_post_accumulate_grad_hook(self._maybe_bad_shard)
         unfired = [f for f in self.faults if f.kind == "lose_node" and not self.record["fired"].get(f.spec)]
         if unfired and node_count() < 2:
             raise ConfigError(
@@ -218,6 +221,7 @@ class FaultInjector(Instrument):
 
     def on_step_start(self, run: RunView, batch: StepBatch) -> None:
         self.step = run.step + 1  # the step about to run
+        self._grad_hooked = False
         lr = self._active("lr_spike")
         self._lr_factor = lr.param if lr else None
         for fault in self.faults:
@@ -364,6 +368,7 @@ class FaultInjector(Instrument):
         return output
 
     def _maybe_bad_grad(self, grad: torch.Tensor) -> torch.Tensor:
+        self._grad_hooked = True
         if self._flip_grad:  # once: the step's re-run computes it clean
             grad = grad.clone()
             self._flip_grad = not _flip_top_exponent(grad.to_local() if hasattr(grad, "to_local") else grad)
@@ -377,11 +382,25 @@ class FaultInjector(Instrument):
         grad.view(-1)[0] = float("inf")
         return grad
 
-    def _maybe_flip_shard(self, param: torch.Tensor) -> None:
-        """grad_bitflip under FSDP2: the flip lands in this rank's shard of the gradient, as its
-        reduce-scatter accumulated it (what this rank's clip and the orchestrator's gate read)."""
-        if self._flip_grad and param.grad is not None:
-            self._flip_grad = not _flip_top_exponent(param.grad.to_local())
+    def _maybe_bad_shard(self, param: torch.Tensor) -> None:
+        """grad_bitflip, inf_grad and grad_spike under FSDP2, whose sharded parameters' gradients
+        its reduce-scatter fills (no hook on the parameter fires): in this rank's shard, as
+        accumulated (what this rank's clip and the orchestrator's gate read). A DTensor parameter
+        whose gradient flowed through it (tensor parallelism alone) was hit by _maybe_bad_grad."""
+        if param.grad is None or self._grad_hooked:
+            return
+        local = param.grad.to_local()
+        if self._flip_grad:
+            self._flip_grad = not _flip_top_exponent(local)
+            return
+        fault = self._fire_grad  # each reduce-scatter's (a micro-batch's, a re-run's): the fault persists
+        if fault is None or not local.numel():
+            return
+        with torch.no_grad():
+            if fault.kind == "grad_spike":
+                local.mul_(fault.param)
+            else:
+                local.view(-1)[0] = float("inf")
 
     def on_save_start(self, run: RunView) -> None:
         self.step = run.step
