@@ -50,21 +50,10 @@ RECOMPUTE_WHY = {
 
 def memory(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     """Memory pressure or an out-of-memory error: halve the micro-batch (twice the accumulation:
-    the optimization batch stays the same); after a clean stretch, probe a larger one."""
-    if f.evidence.get("kind") == "probe" and "target_checkpointing" in f.evidence:
-        return Remedy(
-            action="set_activation_checkpointing",
-            params={"mode": f.evidence["target_checkpointing"]},
-            reasoning="probe: lighter activation checkpointing recomputes less and is faster; if it runs out of "
-            "memory the rule recomputes more again and the next probe waits twice as long",
-        )
+    the optimization batch stays the same); at one row, recompute more activations (oom.recompute)
+    or stop; after a clean stretch, probe a larger one."""
     if f.evidence.get("kind") == "probe":
-        return Remedy(
-            action="set_micro_batch_tokens",
-            params={"tokens": f.evidence["target"]},
-            reasoning="probe: a larger micro-batch is faster; if it runs out of memory it is halved again "
-            "and the next probe waits twice as long",
-        )
+        return _probe(f)
     if f.evidence.get("kind") == "rollout_oom":
         return _rollout_oom(f, cfg)
     half = view.micro_batch_tokens // 2
@@ -75,22 +64,10 @@ def memory(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
             reasoning="memory is nearly full but the micro-batch is already one row; logged for a person "
             "(an out-of-memory error would stop the run)",
         )
-    mode = view.activation_checkpointing
-    heavier = CHECKPOINTING[CHECKPOINTING.index(mode) + 1 :]
+    heavier = CHECKPOINTING[CHECKPOINTING.index(view.activation_checkpointing) + 1 :]
     more = heavier[0] if one_row and cfg.oom.recompute and heavier else None
     if one_row and more is None:
-        return Remedy(
-            action="stop",
-            params={
-                "reason": f"out of memory with a micro-batch of one row ({view.micro_batch_tokens} tokens) "
-                f"and activation checkpointing {mode}; lower data.seq_len or the model size, "
-                + ("set train.activation_checkpointing, " if mode != "full" else "")
-                + "or use a device with more memory",
-                "exit_code": GAVE_UP,
-            },
-            reasoning="the micro-batch cannot be split further"
-            + (" and activations are already recomputed whole" if mode == "full" else ""),
-        )
+        return _unsplittable(view)
     if f.rule == "oom" and f.evidence["retry"] > cfg.oom.max_retries:
         return Remedy(
             action="stop",
@@ -112,6 +89,41 @@ def memory(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
         else "memory is nearly full: a smaller micro-batch now avoids an out-of-memory crash later"
     )
     return Remedy(action="set_micro_batch_tokens", params={"tokens": half}, reasoning=why)
+
+
+def _probe(f: Finding) -> Remedy:
+    """After a clean stretch, try the lighter activation checkpointing or the larger micro-batch
+    the rule proposes; one that runs out of memory is undone and the next probe waits twice as long."""
+    if "target_checkpointing" in f.evidence:
+        return Remedy(
+            action="set_activation_checkpointing",
+            params={"mode": f.evidence["target_checkpointing"]},
+            reasoning="probe: lighter activation checkpointing recomputes less and is faster; if it runs out of "
+            "memory the rule recomputes more again and the next probe waits twice as long",
+        )
+    return Remedy(
+        action="set_micro_batch_tokens",
+        params={"tokens": f.evidence["target"]},
+        reasoning="probe: a larger micro-batch is faster; if it runs out of memory it is halved again "
+        "and the next probe waits twice as long",
+    )
+
+
+def _unsplittable(view: Any) -> Remedy:
+    """Out of memory at one row with nothing more to recompute: stop, saying what a person can change."""
+    mode = view.activation_checkpointing
+    return Remedy(
+        action="stop",
+        params={
+            "reason": f"out of memory with a micro-batch of one row ({view.micro_batch_tokens} tokens) "
+            f"and activation checkpointing {mode}; lower data.seq_len or the model size, "
+            + ("set train.activation_checkpointing, " if mode != "full" else "")
+            + "or use a device with more memory",
+            "exit_code": GAVE_UP,
+        },
+        reasoning="the micro-batch cannot be split further"
+        + (" and activations are already recomputed whole" if mode == "full" else ""),
+    )
 
 
 def _rollout_oom(f: Finding, cfg: OrchestratorConfig) -> Remedy:

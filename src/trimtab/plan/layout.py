@@ -334,38 +334,19 @@ def _layout(
     """One layout's memory and step time (module docstring). mesh: (tp, ep, pp); links: bytes/s
     of the tensor-parallel group, the expert-parallel group and the data-parallel traffic (the
     pipeline's too)."""
-    (tp, ep, pp), (link, ep_link, network) = mesh, links
+    tp, ep, pp = mesh
     dp, p = hw.devices // (tp * pp), activation_width(hw.precision)
     fsdp = strategy == "fsdp" and dp > 1
-    # experts split by ep are FSDP-sharded over their dp / ep copies: the same share as / dp
-    held, root, shards = model.rank_params(tp, 1, pp), model.root_share(tp), dp if fsdp else 1
-    state = round(16 * held / shards) + weight_casts(round(held - root), p, shards)
-    gathered = max(model.block_share(b, tp, ep) for b in model.blocks)
-    if pp > 1:  # pipelining keeps a stage gathered, gradients unsharded, from its first backward on
-        gathered = model.rank_params(tp, ep, pp) - root
-    buffer = round(gathered * (2 * p + 4) + root * p) if fsdp else 0
+    state, buffer = _held_bytes(model, mesh, dp, fsdp, p)
     per_token = sum(kept_bytes_per_rank(cfg, p, ckpt, tp))
-    seq, replica_tokens = cfg.data.seq_len, cfg.train.batch_tokens // dp
-    rows = int((hw.memory_bytes * USABLE_FRACTION - state - buffer) // (per_token * seq))
-    rows = max(0, min(rows, replica_tokens // seq))
-    micro = rows * seq
-    accumulation = math.ceil(replica_tokens / micro) if micro else 0
+    micro, accumulation = _micro_batch(cfg, hw, dp, state, buffer, per_token)
     flops = model.flops_per_token * cfg.train.batch_tokens
     compute = flops / (hw.devices * hw.peak_flops * assumed_mfu(cfg, hw)[0]) * RECOMPUTE[ckpt]
     bubble = compute * (pp - 1) / max(accumulation, 1)
     traffic = _traffic(cfg, model, (tp, ep, dp, pp), fsdp, ckpt, p)
-    pp_comm = (traffic.pp + traffic.tied) / (network * BUS_EFFICIENCY)
-    tp_comm = traffic.tp / (link * BUS_EFFICIENCY)
-    ep_comm = traffic.ep / (ep_link * BUS_EFFICIENCY)
-    dp_bus = network * BUS_EFFICIENCY
-    if fsdp:  # hidden behind each micro-batch's compute where it can be
-        per_micro = traffic.dp_per_micro / dp_bus
-        dp_comm = max(0.0, per_micro - compute / max(accumulation, 1)) * max(accumulation, 1)
-        dp_comm += traffic.dp_once / dp_bus
-    else:  # once: the last backward's all-reduce, overlapped with that backward (2/3 of it)
-        dp_comm = max(0.0, traffic.dp_once / dp_bus - compute / max(accumulation, 1) * 2 / 3)
+    pp_comm, tp_comm, ep_comm, dp_comm = _comm_s(traffic, links, fsdp, compute, accumulation)
     step = compute + bubble + pp_comm + tp_comm + ep_comm + dp_comm
-    activations = round((micro or seq) * per_token)  # what one row would need when none fits
+    activations = round((micro or cfg.data.seq_len) * per_token)  # what one row would need when none fits
     return Layout(
         pp=pp,
         tp=tp,
@@ -388,6 +369,50 @@ def _layout(
         step_s=step,
         mfu=flops / (hw.devices * hw.peak_flops * step),
     )
+
+
+def _held_bytes(model: _Shape, mesh: tuple[int, int, int], dp: int, fsdp: bool, p: int) -> tuple[int, int]:
+    """Per GPU of mesh (tp, ep, pp) with dp replicas: the model state and FSDP's gathered weights
+    and gradients (0 without FSDP); p: bytes per compute-dtype element (module docstring)."""
+    tp, ep, pp = mesh
+    # experts split by ep are FSDP-sharded over their dp / ep copies: the same share as / dp
+    held, root, shards = model.rank_params(tp, 1, pp), model.root_share(tp), dp if fsdp else 1
+    state = round(16 * held / shards) + weight_casts(round(held - root), p, shards)
+    gathered = max(model.block_share(b, tp, ep) for b in model.blocks)
+    if pp > 1:  # pipelining keeps a stage gathered, gradients unsharded, from its first backward on
+        gathered = model.rank_params(tp, ep, pp) - root
+    return state, round(gathered * (2 * p + 4) + root * p) if fsdp else 0
+
+
+def _micro_batch(cfg: RunConfig, hw: Hardware, dp: int, state: int, buffer: int, per_token: float) -> tuple[int, int]:
+    """Micro-batch tokens per rank, whole rows of data.seq_len: as many as fit in the GPU's usable
+    memory beside state and buffer at per_token bytes each, at most a replica's share of the batch
+    (0 when not one fits); and the micro-batches a replica accumulates a step."""
+    seq, replica_tokens = cfg.data.seq_len, cfg.train.batch_tokens // dp
+    rows = int((hw.memory_bytes * USABLE_FRACTION - state - buffer) // (per_token * seq))
+    rows = max(0, min(rows, replica_tokens // seq))
+    micro = rows * seq
+    return micro, math.ceil(replica_tokens / micro) if micro else 0
+
+
+def _comm_s(
+    traffic: Traffic, links: tuple[float, float, float], fsdp: bool, compute: float, accumulation: int
+) -> tuple[float, float, float, float]:
+    """The seconds a step's pipeline, tensor-, expert- and data-parallel traffic adds to `compute`:
+    ring collectives at BUS_EFFICIENCY of links (as _layout's; module docstring), the data-parallel
+    share only where it is not hidden behind the accumulation micro-batches' compute."""
+    link, ep_link, network = links
+    pp_comm = (traffic.pp + traffic.tied) / (network * BUS_EFFICIENCY)
+    tp_comm = traffic.tp / (link * BUS_EFFICIENCY)
+    ep_comm = traffic.ep / (ep_link * BUS_EFFICIENCY)
+    dp_bus = network * BUS_EFFICIENCY
+    if fsdp:  # hidden behind each micro-batch's compute where it can be
+        per_micro = traffic.dp_per_micro / dp_bus
+        dp_comm = max(0.0, per_micro - compute / max(accumulation, 1)) * max(accumulation, 1)
+        dp_comm += traffic.dp_once / dp_bus
+    else:  # once: the last backward's all-reduce, overlapped with that backward (2/3 of it)
+        dp_comm = max(0.0, traffic.dp_once / dp_bus - compute / max(accumulation, 1) * 2 / 3)
+    return pp_comm, tp_comm, ep_comm, dp_comm
 
 
 @dataclass(frozen=True)

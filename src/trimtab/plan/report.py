@@ -88,24 +88,43 @@ def make_plan(
     _check_inputs(dataset_tokens, budget_flops, budget_hours)
     hw = hardware or detect_hardware(cfg.train.precision)
     size = model_size(cfg, _tokenizer_vocab(cfg))
-    k, batch = cfg.plan.tokens_per_param, cfg.train.batch_tokens
     mfu, mfu_source = assumed_mfu(cfg, hw)
     mfu /= RECOMPUTE[cfg.train.activation_checkpointing]  # the model's FLOPs: a re-run's are not counted
+    plan = _sized_plan(cfg, size, hw, mfu, mfu_source, dataset_tokens, data_path)
+    if budget_flops or budget_hours:
+        plan.budget = _budget(size, hw, mfu, plan.batch_tokens, plan.tokens_per_param, budget_flops, budget_hours)
+    if hw.kind == "cuda" and gpu_named(hw.name) and hw.memory_bytes:
+        plan.layout = plan_layout(cfg, hw, gpus_per_node)
+        plan.launch = launch or f"trimtab train --preset {cfg.preset}"
+    if hw.devices > 1:
+        state = size.total * (STATE_BYTES["weights"] + STATE_BYTES["optimizer"])
+        plan.resilience = resilience_plan(hw.devices, state, _step_s(plan))
+    plan.notes = _notes(plan)
+    return plan
+
+
+def _sized_plan(
+    cfg: RunConfig,
+    size: ModelSize,
+    hw: Hardware,
+    mfu: float,
+    mfu_source: str,
+    dataset_tokens: int | None,
+    data_path: str | None,
+) -> Plan:
+    """The plan's sizes, without its budget, layout, resilience or notes: the compute-optimal tokens
+    (plan.tokens_per_param per compute parameter), bounded by the data's epochs when the data is
+    known; the configured run (train.max_steps); their FLOPs, memory and hours at `mfu`."""
+    k, batch = cfg.plan.tokens_per_param, cfg.train.batch_tokens
     optimal = round(k * size.compute_params)
     run_steps = math.ceil(optimal / batch) if cfg.train.max_steps == "auto" else int(cfg.train.max_steps)
     run_tokens = run_steps * batch
-    data, tokens = None, optimal
-    if data_path is not None:
-        dataset_tokens, source = count_dataset_tokens(cfg, data_path)
-    else:
-        source = "given with --dataset-tokens"
-    if dataset_tokens:
-        data = data_plan(optimal, run_tokens, dataset_tokens, source, k)
-        tokens = data.recommended_tokens
+    data = _planned_data(cfg, optimal, run_tokens, dataset_tokens, data_path)
+    tokens = data.recommended_tokens if data is not None else optimal
     flops = float(size.flops_per_token) * tokens
     run_flops = float(size.flops_per_token) * run_tokens
     non_embedding = size.active_non_embedding if size.compute_params_kind == "active" else size.non_embedding
-    plan = Plan(
+    return Plan(
         preset=cfg.preset,
         model=size,
         tokens_per_param=k,
@@ -128,16 +147,20 @@ def make_plan(
         hours=hours(flops, hw, mfu),
         run_hours=hours(run_flops, hw, mfu),
     )
-    if budget_flops or budget_hours:
-        plan.budget = _budget(size, hw, mfu, batch, k, budget_flops, budget_hours)
-    if hw.kind == "cuda" and gpu_named(hw.name) and hw.memory_bytes:
-        plan.layout = plan_layout(cfg, hw, gpus_per_node)
-        plan.launch = launch or f"trimtab train --preset {cfg.preset}"
-    if hw.devices > 1:
-        state = size.total * (STATE_BYTES["weights"] + STATE_BYTES["optimizer"])
-        plan.resilience = resilience_plan(hw.devices, state, _step_s(plan))
-    plan.notes = _notes(plan)
-    return plan
+
+
+def _planned_data(
+    cfg: RunConfig, optimal: int, run_tokens: int, dataset_tokens: int | None, data_path: str | None
+) -> DataPlan | None:
+    """The data's side of the plan: `dataset_tokens`, or counted at `data_path`; None when neither
+    gives a count."""
+    if data_path is not None:
+        dataset_tokens, source = count_dataset_tokens(cfg, data_path)
+    else:
+        source = "given with --dataset-tokens"
+    if not dataset_tokens:
+        return None
+    return data_plan(optimal, run_tokens, dataset_tokens, source, cfg.plan.tokens_per_param)
 
 
 def _step_s(plan: Plan) -> float | None:

@@ -405,41 +405,16 @@ def setup(cfg: RunConfig) -> BuiltRun:
     tokenize the data, build the model (from train.init_from's weights on a fresh run), wrap it,
     and, on a fresh run, write config.yaml and tokenizer.json into the run directory (a resume
     writes them once the trainer has taken the checkpoint: one it refuses changes nothing)."""
-    torch.manual_seed(cfg.train.seed)
-    cfg = adopt_hf_model(resolve(cfg))  # a draft RunConfig(...) is resolved here; a resolved one is kept
-    dist = Parallel.start(cfg.distributed, pick_device(cfg.train.device))
-    name_session(broadcast_object(uuid.uuid4().hex))  # what tells this session's rank beats from a lost one's
-    if (cfg.rl.enabled or cfg.dpo.enabled) and dist.world > 1:
-        check_policy_ranks(cfg, dist)
-    # checkpoint.dir checked before anything is written; a run directory without a valid
-    # checkpoint resumes from the store's newest (training/services/storage.py)
+    cfg, dist = _join(cfg)
+    # checkpoint.dir checked before anything is written; no valid checkpoint here: the store's newest (storage.py)
     resume = resume_point(cfg, dist, open_store(cfg))
-    if cfg.train.init_from and is_url(cfg.train.init_from) and not resume:  # another run in object storage
-        local = dist.main_first(local_run, cfg.train.init_from, "train.init_from")
-        log.info("train.init_from %s: fetched into %s", cfg.train.init_from, local)
-        cfg = derive(cfg, {"train": {"init_from": str(local)}})
-    if cfg.train.init_from and not resume and not Path(cfg.train.init_from).exists():  # before the data is read
-        raise _no_init_from(cfg.train.init_from)
+    cfg = _fetch_init_from(cfg, dist, resume)
     precision = choose_precision(dist.device, cfg.train.precision)
     cfg = dist.main_first(local_sources, cfg)  # data paths in object storage: their cached copies
     tok, phases = dist.main_first(build_phases, cfg, tokenizer_source(cfg))
     cfg = complete(cfg, tok, phases)
     live = check_resume_compatible(cfg) if resume else {}  # after complete: derived values compare too
-    model = build_model(cfg.model).to(dist.device)
-    if live is None:
-        check_fits(model, *resume)
-    model.set_activation_checkpointing(cfg.train.activation_checkpointing)
-    saved = resume[1].get("precision") if resume else None
-    precision = dist.same_precision(refine_cpu_precision(precision, cfg, model, saved))
-    log.info("precision %s: %s", precision.name, precision.reason)
-    hf_source = None
-    if cfg.train.init_from and not resume:
-        source, hf_source = init_weights_from(cfg, model)
-        log.info("initialised from %s (train.init_from)", source)
-    if precision.name == "fp8":
-        if cfg.distributed.tp > 1:
-            raise ConfigError("train.precision=fp8 with distributed.tp > 1 is not supported yet; use bf16 or tp 1")
-        to_float8(model, cfg.train.fp8_recipe)
+    model, precision, hf_source = _make_model(cfg, dist, precision, resume, check_fit=live is None)
     sizes = {
         "params": model.num_params(),
         "non_embedding_params": model.num_params(exclude_embeddings=True),
@@ -471,3 +446,54 @@ def setup(cfg: RunConfig) -> BuiltRun:
         watchdog=make_watchdog(cfg.resilience, cfg.run_dir, dist.rank, dist.world),
         live_changes=live or {},
     )
+
+
+def _join(cfg: RunConfig) -> tuple[RunConfig, Parallel]:
+    """Seed, resolve the config, join torchrun's process group and check RL's / DPO's rank layout."""
+    torch.manual_seed(cfg.train.seed)
+    cfg = adopt_hf_model(resolve(cfg))  # a draft RunConfig(...) is resolved here; a resolved one is kept
+    dist = Parallel.start(cfg.distributed, pick_device(cfg.train.device))
+    name_session(broadcast_object(uuid.uuid4().hex))  # what tells this session's rank beats from a lost one's
+    if (cfg.rl.enabled or cfg.dpo.enabled) and dist.world > 1:
+        check_policy_ranks(cfg, dist)
+    return cfg, dist
+
+
+def _fetch_init_from(cfg: RunConfig, dist: Parallel, resume: tuple[Path, dict[str, Any]] | None) -> RunConfig:
+    """A fresh run's train.init_from in object storage, fetched; a missing one refused before the data is read."""
+    if cfg.train.init_from and is_url(cfg.train.init_from) and not resume:
+        local = dist.main_first(local_run, cfg.train.init_from, "train.init_from")
+        log.info("train.init_from %s: fetched into %s", cfg.train.init_from, local)
+        cfg = derive(cfg, {"train": {"init_from": str(local)}})
+    if cfg.train.init_from and not resume and not Path(cfg.train.init_from).exists():
+        raise _no_init_from(cfg.train.init_from)
+    return cfg
+
+
+def _make_model(
+    cfg: RunConfig,
+    dist: Parallel,
+    precision: Precision,
+    resume: tuple[Path, dict[str, Any]] | None,
+    *,
+    check_fit: bool,
+) -> tuple[Transformer, Precision, dict | None]:
+    """Build the model on the device (checked against the resumed checkpoint when check_fit), settle the
+    precision all ranks train in, load a fresh run's train.init_from weights (the Hugging Face source
+    record, or None, comes back with the model and precision), and convert it for fp8."""
+    model = build_model(cfg.model).to(dist.device)
+    if check_fit:
+        check_fits(model, *resume)
+    model.set_activation_checkpointing(cfg.train.activation_checkpointing)
+    saved = resume[1].get("precision") if resume else None
+    precision = dist.same_precision(refine_cpu_precision(precision, cfg, model, saved))
+    log.info("precision %s: %s", precision.name, precision.reason)
+    hf_source = None
+    if cfg.train.init_from and not resume:
+        source, hf_source = init_weights_from(cfg, model)
+        log.info("initialised from %s (train.init_from)", source)
+    if precision.name == "fp8":
+        if cfg.distributed.tp > 1:
+            raise ConfigError("train.precision=fp8 with distributed.tp > 1 is not supported yet; use bf16 or tp 1")
+        to_float8(model, cfg.train.fp8_recipe)
+    return model, precision, hf_source
