@@ -233,3 +233,38 @@ def test_a_key_set_in_a_section_keeps_the_fields_own_defaults_for_the_rest():
     assert cfg.finetune.data.source == ""
     with pytest.raises(ConfigError, match="finetune.data.source' must name the finetuning data"):
         load_config(preset="debug", sets=["finetune.steps=5", "finetune.data.format=chat"])
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "value"),
+    [("train: 5\n", "train", "5"), ("train: [1]\n", "train", "[1]"), ("finetune: {data: 7}\n", "finetune.data", "7")],
+)
+@pytest.mark.parametrize("cli", [{}, {"train": {"max_steps": 3}}, {"finetune": {"data": {"seq_len": 32}}}])
+def test_a_section_written_as_a_value_is_refused_even_when_a_flag_touches_it(tmp_path, text, key, value, cli):
+    """`train: 5` with --max-steps: the flag's mapping replaced the file's value, which was dropped
+    without a word; it is refused as without the flag, naming the file and the key."""
+    path = tmp_path / "s.yaml"
+    path.write_text("preset: debug\n" + text)
+    with pytest.raises(ConfigError, match=f"config key '{key}' must be a section") as err:
+        load_config(path, overrides=cli)
+    assert str(err.value).startswith(f"{path}: ") and value in str(err.value)
+
+
+def test_finetune_rows_are_the_runs_length_unless_set(tmp_path):
+    """A finetune section without data.seq_len on the debug preset (max_seq_len 128) was refused
+    for the default 256: it takes the run's data.seq_len; one set is kept and checked as before."""
+    path = tmp_path / "ft.yaml"
+    path.write_text("preset: debug\nfinetune: {steps: 2, data: {source: builtin}}\n")
+    cfg = load_config(path)
+    assert cfg.finetune.data.seq_len == cfg.data.seq_len == 64
+    assert load_config(path, sets=["data.seq_len=32"]).finetune.data.seq_len == 32
+    assert load_config(path, sets=["finetune.data.seq_len=16"]).finetune.data.seq_len == 16
+    with pytest.raises(ConfigError, match="finetune.data.seq_len' 200 is larger than the model's"):
+        load_config(path, sets=["finetune.data.seq_len=200"])
+    assert resolve(RunConfig()).finetune.data.seq_len == 256  # the small preset's rows, and no phase
+    # a config a run saved before keeps its value (the resume reads the same rows)
+    saved = cfg.to_dict()
+    saved["finetune"]["data"]["seq_len"] = 48
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert read_saved(tmp_path / "run").finetune.data.seq_len == 48

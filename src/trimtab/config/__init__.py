@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from trimtab.config.checks import Section, _check, _finite, _positive, freeze
+from trimtab.config.checks import Section, _check, _finite, _positive, check_sections, freeze
 from trimtab.config.data import DataConfig
 from trimtab.config.distributed import DistributedConfig
 from trimtab.config.dpo import DPOConfig
@@ -186,7 +186,8 @@ class FinetuneConfig(Section):
     """An optional second phase on its own data and schedule, run after max_steps of pretraining."""
 
     steps: int = 0  # 0: no finetuning phase
-    data: DataConfig = field(default_factory=lambda: DataConfig(source="", format="auto"))
+    # seq_len 0 (unset): the run's data.seq_len, filled by resolve(); the rows must fit the same model
+    data: DataConfig = field(default_factory=lambda: DataConfig(source="", format="auto", seq_len=0))
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-4, warmup_steps=10))
 
     def validate(self) -> None:
@@ -326,6 +327,7 @@ def load_config(
 ) -> RunConfig:
     """Resolve a run config: defaults < preset < YAML file < overrides < --set items."""
     user = read_yaml(path) if path else {}
+    check_sections(user, RunConfig, str(path))
     cli = dict(overrides or {})
     for item in sets:
         keys, value = parse_set(item)
@@ -347,6 +349,8 @@ def resolve(config: RunConfig | dict[str, Any]) -> RunConfig:
         config = config.to_dict()
     cfg = from_dict(RunConfig, upgrade(copy.deepcopy(config)))
     cfg.model = cfg.model.resolved()
+    if not cfg.finetune.data.seq_len:
+        cfg.finetune.data.seq_len = cfg.data.seq_len
     cfg.validate()
     return freeze(cfg)
 

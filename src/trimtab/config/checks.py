@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import typing
 from typing import Any
 
 from trimtab.errors import ConfigError
@@ -79,3 +80,21 @@ def _finite(obj: Any, section: str, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
         _check(math.isfinite(value), f"{section}.{name}", f"must be a finite number (got {value})")
+
+
+def check_sections(data: dict[str, Any], cls: type, source: str, prefix: str = "") -> None:
+    """Refuse a section the file wrote as a value (`train: 5`) before the layers merge: a flag or
+    --set that touches the section would replace it with a mapping and the file's value would
+    be dropped without a word."""
+    hints = typing.get_type_hints(cls)
+    for key, value in data.items():
+        tp = hints.get(key)
+        if tp is None or not dataclasses.is_dataclass(tp):
+            continue  # an unknown key is named by from_dict, with the closest valid one
+        if value is not None and not isinstance(value, dict):
+            raise ConfigError(
+                f"{source}: config key '{prefix}{key}' must be a section (mapping), got {value!r}; write it as "
+                f"'{key}:' followed by indented 'key: value' lines, or remove it"
+            )
+        if value:
+            check_sections(value, tp, source, f"{prefix}{key}.")
