@@ -299,3 +299,13 @@ def test_mfu_never_exceeds_one_and_the_run_raises_a_low_cached_peak(timer, tmp_p
     assert cached_peak()["flops"] == trainer.peak_flops > 1.0 and cached_peak()["source"] == "run"
     assert summary["peak_flops_source"].startswith("CPU peak raised to a run's own rate")
     assert timer.calls == 0
+
+
+def test_mps_request_without_mps_is_a_config_error_naming_the_key_and_choices(monkeypatch):
+    """train.device=mps on a machine without it was torch's error at the first tensor (a traceback);
+    it is refused as cuda is, naming the key (doctor's flag for doctor) and the choices."""
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"^train.device=mps .*use auto or cpu \(choices: auto, cpu, cuda, mps\)"):
+        hw.pick_device("mps")
+    with pytest.raises(ConfigError, match=r"^--device=mps "):
+        hw.pick_device("mps", key="--device")

@@ -193,3 +193,12 @@ def test_ampere_gpu_gets_bf16_and_tf32(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     p = hardware.choose_precision(torch.device("cuda"), "auto")
     assert p.name == "fp16" and "GradScaler" in p.reason
+
+
+def test_doctor_device_mps_without_mps_is_one_line_and_exit_2(capsys, monkeypatch):
+    """`trimtab doctor --device mps` on a machine without MPS: a traceback before; now exit 2 and
+    one line naming the flag and the choices."""
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert main(["doctor", "--device", "mps"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("trimtab: error: --device=mps ") and "auto, cpu, cuda, mps" in err[0]

@@ -27,7 +27,7 @@ def collect(preset: str = "small", device: str = "auto", nproc: int = 1, strateg
     """Every fact of the report as plain data (`trimtab doctor --json`)."""
     from trimtab.config import load_config
 
-    dev = pick_device(device)
+    dev = pick_device(device, key="--device")
     cfg = load_config(preset=preset)
     precision = _precision(dev, cfg)
     memory = _memory(dev)

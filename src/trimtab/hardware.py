@@ -69,14 +69,27 @@ class Precision:
         return None
 
 
-def pick_device(name: str) -> torch.device:
+def mps_available() -> bool:
+    return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+
+
+def pick_device(name: str, key: str = "train.device") -> torch.device:
+    """The device `name` (auto, cpu, cuda, mps) names on this machine; one it lacks is a ConfigError
+    naming `key` (the config key or flag it came from) rather than torch's error at the first tensor."""
     if name != "auto":
         if name == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("train.device=cuda but no CUDA device is visible; use auto or cpu")
+            raise ConfigError(
+                f"{key}=cuda but no CUDA device is visible; use auto or cpu (choices: auto, cpu, cuda, mps)"
+            )
+        if name == "mps" and not mps_available():
+            raise ConfigError(
+                f"{key}=mps but this machine has no MPS device (Apple silicon GPU); use auto or cpu "
+                "(choices: auto, cpu, cuda, mps)"
+            )
         return torch.device(name)
     if torch.cuda.is_available():
         return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+    if mps_available():
         return torch.device("mps")
     return torch.device("cpu")
 
