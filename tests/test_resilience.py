@@ -745,3 +745,33 @@ def test_a_straggler_node_is_excluded_and_the_job_goes_on_without_it(elastic):
         assert sorted(ours["rows"]) == sorted(theirs[0]["rows"] + theirs[1]["rows"])
         assert_close([ours["loss"]], [theirs[0]["loss"]], rel=1e-5)
     assert_close(session["weights"], reference[0]["weights"], rel=1e-5)
+
+
+def test_a_first_ctrl_c_says_the_run_stops_after_the_step_and_a_second_interrupts_at_once(capfd):
+    """The first SIGINT while training asks the trainer to stop after its step and says so in one
+    console line (it said nothing, for the step and the save it can take); the second raises
+    KeyboardInterrupt at once, which the CLI turns into one line and exit 130."""
+    from types import SimpleNamespace
+
+    from trimtab.training.services.signals import handle_signals
+
+    asked: list[str] = []
+    trainer = SimpleNamespace(
+        stop_reason="",
+        dist=SimpleNamespace(on_signal=lambda name: f"stopped ({name})"),
+        request_stop=lambda reason: asked.append(reason),
+    )
+    before = signal.getsignal(signal.SIGINT)
+    with handle_signals(trainer):  # type: ignore[arg-type]
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs at the next bytecode
+        time.sleep(0.01)
+        assert asked == ["stopped (SIGINT)"]
+        trainer.stop_reason = asked[0]
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+    assert signal.getsignal(signal.SIGINT) is before
+    assert capfd.readouterr().err.splitlines() == [
+        "trimtab: SIGINT: stopping after this step and saving (Ctrl-C again stops at once, losing the steps "
+        "since the last checkpoint)"
+    ]

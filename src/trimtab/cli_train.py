@@ -9,11 +9,13 @@ Nothing else imports it.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from typing import TYPE_CHECKING
 
 from trimtab.commands import arg, command
 from trimtab.training.actions import help_text
-from trimtab.training.services.signals import handle_signals
+from trimtab.training.services.signals import handle_signals, newest_step
 
 if TYPE_CHECKING:
     from trimtab.config import RunConfig
@@ -56,11 +58,21 @@ MODE = arg("--orchestrator", choices=("auto", "advise", "off"), help="orchestrat
 )
 def _train(args: argparse.Namespace) -> int:
     with handle_signals() as signals:  # start-up begins: a signal ends it cleanly, even in torch's import
-        cfg = _train_config(args, args.command if args.command in ("rl", "dpo") else None)
-        signals.run_dir = cfg.run_dir
-        from trimtab import api
+        try:
+            cfg = _train_config(args, args.command if args.command in ("rl", "dpo") else None)
+            signals.run_dir = cfg.run_dir
+            from trimtab import api
 
-        summary = api.train_or_raise(cfg)
+            summary = api.train_or_raise(cfg)
+        except KeyboardInterrupt:  # a second Ctrl-C (the first asks for a stop after the step and a save)
+            at = f" (step {newest_step(signals.run_dir)})" if signals.run_dir is not None else ""
+            if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 speaks for the job
+                print(
+                    f"trimtab: stopped at once by a second Ctrl-C; the same command resumes from the last "
+                    f"checkpoint{at}",
+                    file=sys.stderr,
+                )
+            return 130  # 128 + SIGINT, as a shell reports a process Ctrl-C ended
     from trimtab.distributed import is_main
 
     if is_main():  # torchrun: one summary for the job

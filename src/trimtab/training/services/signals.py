@@ -5,7 +5,9 @@ model, reading the checkpoint) a signal raises StartUpInterrupted, which ends th
 message, exit status 0 in the CLI: nothing was trained, and start-up only writes files by atomic
 replacement, so nothing is left half-written. Once Trainer.fit attaches itself, a signal finishes
 the current step, saves a checkpoint and returns normally (under torchrun, at the step where the
-ranks next agree: Parallel.on_signal).
+ranks next agree: Parallel.on_signal), and says so in one console line. Python's own SIGINT handler
+is back from the first signal on, so a second Ctrl-C raises KeyboardInterrupt at once: the CLI ends
+with one line and exit status 130 (cli_train.py), the run resumes from its last checkpoint.
 
 One handler serves the whole call: a nested handle_signals (the CLI's, then api.train's, then
 fit's) reuses the outer one, so there is never a moment between them when Python's default
@@ -14,10 +16,12 @@ handler (SIGTERM: exit 143) is back. Torch-free, so the CLI installs it before i
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +51,18 @@ class StartUpInterrupted(BaseException):
         return {"status": status, "run_dir": run_dir, "step": self.step, "steps_this_session": 0}
 
 
+STOPPING = "stopping after this step and saving"
+AGAIN = " (Ctrl-C again stops at once, losing the steps since the last checkpoint)"
+
+
+def _say(text: str) -> None:
+    """One console line from a signal handler: os.write, since the handler may have interrupted the
+    main thread inside a print to the same stream (a reentrant write raises). Rank 0 alone speaks."""
+    if os.environ.get("RANK", "0") == "0":
+        with suppress(OSError, ValueError):  # no usable stderr (closed, or not a file): stay quiet
+            os.write(sys.stderr.fileno(), f"trimtab: {text}\n".encode())
+
+
 class SignalHandler:
     """Raises StartUpInterrupted until a trainer is attached; then asks it to stop after the step."""
 
@@ -56,8 +72,10 @@ class SignalHandler:
 
     def __call__(self, signum: int, _frame: Any) -> None:
         name = signal.Signals(signum).name
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts (the CLI says so)
         if self.trainer is not None:
+            if not self.trainer.stop_reason:  # the first: a stop can take a step and a save, say it is coming
+                _say(f"{name}: {STOPPING}{AGAIN if signum == signal.SIGINT else ''}")
             self.trainer.request_stop(self.trainer.dist.on_signal(name))
         elif not self.fired:  # a second SIGTERM must not break into the first one's unwinding
             self.fired = True
