@@ -425,3 +425,60 @@ def test_trimtab_help_lists_the_subcommands_in_their_order():
         *("train", "rl", "dpo", "ctl", "bench", "generate", "export", "eval", "merge"),
         *("data", "plan", "tune", "report", "runs", "presets", "doctor"),
     ]
+
+
+def test_the_hints_after_a_merge_quote_every_path(tmp_path, capsys, monkeypatch):
+    """A merged model in a folder with a space and a non-ASCII letter: both printed commands
+    survive a copy-paste into a shell (the export one was unquoted)."""
+    import shlex
+
+    from trimtab import merge
+
+    out = tmp_path / "spa ce ü" / "mrg"
+    monkeypatch.setattr(merge, "average", lambda source, last, dest: Path(dest))
+    assert main(["merge", str(tmp_path / "run"), "--method", "average", "--out", str(out)]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    train, export = line.removeprefix("train on: ").split("; export: ")
+    assert shlex.split(export) == ["trimtab", "export", str(out), "--out", "DIR"]
+    assert shlex.split(train)[:2] == ["trimtab", "train"] and str(out / "config.yaml") in shlex.split(train)
+
+
+def test_the_kept_mode_hint_names_a_ctl_command_that_works_once_the_run_has_stopped(tmp_path, capsys, caplog):
+    """`ctl mode off` persists across a relaunch, which says how to give the config's mode back:
+    the command it names for a stopped run is taken (the bare `ctl RUN mode auto` is refused)."""
+    import re
+    import shlex
+
+    out, fast = str(tmp_path / "r"), [*FAST, "--set", "log.report=false"]
+    assert main(["train", "--preset", "debug", "--out", out, "--max-steps", "2", *fast]) == 0
+    assert main(["ctl", "--queue", out, "mode", "off"]) == 0
+    assert main(["train", "--preset", "debug", "--out", out, "--max-steps", "3", *fast]) == 0
+    capsys.readouterr()
+    with caplog.at_level(logging.INFO, logger="trimtab"):
+        assert main(["train", "--preset", "debug", "--out", out, "--max-steps", "4", *fast]) == 0
+    said = caplog.text + "".join(capsys.readouterr())
+    assert "mode off, as `trimtab ctl mode` set it (the config says auto)" in said
+    stopped = re.search(r"once it has stopped, `(trimtab ctl [^`]*)`", said)
+    assert stopped is not None, said
+    argv = [out if a == "RUN" else a for a in shlex.split(stopped.group(1))[1:]]
+    assert main(argv) == 0
+    assert "the run is not running: it applies it when it resumes" in capsys.readouterr().out
+
+
+def test_a_second_ctrl_c_ends_train_with_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
+    """The first Ctrl-C asks for a stop after the step; a second raises KeyboardInterrupt at once
+    (Python's handler is back): one line naming where the run resumes, no traceback, exit 130."""
+    from trimtab import api
+
+    out = tmp_path / "r"
+    (out / "checkpoints" / "step_000004").mkdir(parents=True)
+
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "train_or_raise", interrupted)
+    assert main(["train", "--preset", "debug", "--out", str(out), "--max-steps", "9"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "trimtab: stopped at once by a second Ctrl-C; the same command resumes from the last checkpoint (step 4)"
+    ]

@@ -157,7 +157,7 @@ def _merge(args: argparse.Namespace) -> int:
     else:
         out = merge.merge(args.source, args.out)
         print(f"merged {args.source} into {out}")
-    print(f"train on: {train_from_hint(out)}; export: trimtab export {out} --out DIR")
+    print(f"train on: {train_from_hint(out)}; export: trimtab export {shlex.quote(str(out))} --out DIR")
     return 0
 
 

@@ -404,7 +404,8 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         if self.mode != self.cfg.mode:
             self._mode_kept = (
                 f"[orchestrator] mode {self.mode}, as `trimtab ctl mode` set it (the config says {self.cfg.mode}): "
-                f"`trimtab ctl RUN mode {self.cfg.mode}` gives it back"
+                f"`trimtab ctl RUN mode {self.cfg.mode}` gives it back while the run trains; once it has stopped, "
+                f"`trimtab ctl --queue RUN mode {self.cfg.mode}` does at its next launch"
             )
 
     def _load_monitors(self, state: dict[str, Any]) -> None:
