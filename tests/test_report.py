@@ -358,3 +358,24 @@ def test_an_rl_run_gets_its_reward_and_what_its_rules_read_with_the_decisions_ma
     assert figures.rl_reward([read_run(dense)]) is None and figures.rl_signals([read_run(dense)]) is None
     page = write_report([rl_run]).read_text()
     assert "fig-rl_reward" in page and "fig-rl_signals" in page
+
+
+def test_abandoned_decisions_are_drawn_apart_and_counted_apart(tmp_path):
+    """decisions.jsonl with a set_total_steps a resume abandoned and its re-applied twin at the same
+    step: one live marker, the abandoned one in its faded trace, the same count in the runs table,
+    and the decision table marks it."""
+    from trimtab.report.page import summary_row
+
+    run_dir = _fake_run(tmp_path / "run", 1e-3)
+    taken = {"step": 2, "rule": "planner", "action": "set_total_steps", "params": {"steps": 9}, "mode": "auto"}
+    journal = [{**taken, "abandoned": True}, taken, {**taken, "step": 1, "action": "scale_lr"}]
+    (run_dir / "decisions.jsonl").write_text("".join(json.dumps(d) + "\n" for d in journal))
+    run = read_run(run_dir)
+    traces = {t.name: t for t in figures.loss([run]).data}
+    assert len(traces["decision: set_total_steps"].x) == 1 and len(traces["decision: scale_lr"].x) == 1
+    gone = traces[figures.ABANDONED_DECISIONS]
+    assert list(gone.x) == [200] and gone.opacity < 1 and "not in effect" in gone.hovertext[0]
+    assert summary_row(run)[7] == "2 (0), 1 abandoned"
+    assert list_runs(tmp_path)[0]["decisions"] == 2
+    page = write_report([run_dir], tmp_path / "r.html").read_text()
+    assert page.count("set_total_steps (abandoned)") == 1 and "1 of 3 marked (abandoned)" in page

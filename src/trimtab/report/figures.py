@@ -24,6 +24,7 @@ from trimtab.report.run import RunRecord, finite
 RUN_COLOURS = qualitative.Plotly
 ACTION_COLOURS = qualitative.Dark24
 ABANDONED_LABEL = "abandoned (rolled back)"
+ABANDONED_DECISIONS = "decisions abandoned (not in effect)"
 LAYOUT = {
     "template": "plotly_white",
     "height": 380,
@@ -175,33 +176,43 @@ def loss(runs: list[RunRecord]) -> go.Figure | None:
 
 def decisions(runs: list[RunRecord], key: str = "loss") -> list[go.Scatter]:
     """The orchestrator's decisions as markers on each run's curve of `key` (the loss; RL's
-    reward), one colour per action, the journal line in the hover."""
+    reward), one colour per action, the journal line in the hover. Those a rollback or a resume
+    abandoned (rundir's `abandoned` mark) are not in effect: one faded trace of open markers apart,
+    so a re-applied decision at the same step is not drawn as two live ones."""
     by_action: dict[str, tuple[list[float], list[float | None], list[str]]] = {}
+    gone: tuple[list[float], list[float | None], list[str]] = ([], [], [])
     for run in runs:
         at, on_curve = tokens_of(run), _value_at(run, key)
         for d in run.decisions:
-            xs, ys, texts = by_action.setdefault(str(d.get("action", "none")), ([], [], []))
+            xs, ys, texts = (
+                gone if d.get("abandoned") else by_action.setdefault(str(d.get("action", "none")), ([], [], []))
+            )
             xs.append(at(d["step"]))
             ys.append(on_curve(d["step"]))
             texts.append(_hover(run, d))
-    return [
-        go.Scatter(
-            x=xs,
-            y=ys,
-            name=f"decision: {action}",
-            mode="markers",
-            marker={
-                "symbol": "diamond",
-                "size": 13,
-                "color": ACTION_COLOURS[j % len(ACTION_COLOURS)],
-                "line": {"width": 1},
-            },
-            hovertext=texts,
-            hoverinfo="text",
-            legendgroup="decisions",
-        )
+    traces = [
+        _markers(xs, ys, texts, f"decision: {action}", ACTION_COLOURS[j % len(ACTION_COLOURS)], "diamond")
         for j, (action, (xs, ys, texts)) in enumerate(sorted(by_action.items()))
     ]
+    if gone[0]:
+        traces.append(_markers(*gone, ABANDONED_DECISIONS, "grey", "diamond-open", opacity=0.5))
+    return traces
+
+
+def _markers(
+    xs: list[float], ys: list[float | None], texts: list[str], name: str, colour: str, symbol: str, opacity: float = 1.0
+) -> go.Scatter:
+    return go.Scatter(
+        x=xs,
+        y=ys,
+        name=name,
+        mode="markers",
+        marker={"symbol": symbol, "size": 13, "color": colour, "line": {"width": 1}},
+        opacity=opacity,
+        hovertext=texts,
+        hoverinfo="text",
+        legendgroup="decisions",
+    )
 
 
 def _value_at(run: RunRecord, key: str) -> Callable[[int], float | None]:
@@ -227,7 +238,7 @@ def _hover(run: RunRecord, d: dict[str, Any]) -> str:
         f"outcome: {outcome.get('result', 'pending')} {_short(json.dumps(outcome, default=str)) if outcome else ''}",
     ]
     if d.get("abandoned"):
-        rows.append("(taken in a session a resume abandoned)")
+        rows.append("abandoned: a rollback or a resume threw it away; not in effect")
     return "<br>".join(rows)
 
 

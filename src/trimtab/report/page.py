@@ -31,7 +31,8 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 
 CAPTIONS = {
     "loss": "Train loss (solid) and validation loss (dotted) against tokens. Diamonds: the orchestrator's "
-    "decisions (hover: evidence, reasoning, confidence, outcome). Dashed, faded: steps a rollback abandoned.",
+    "decisions (hover: evidence, reasoning, confidence, outcome); open, faded: decisions a rollback or a resume "
+    "abandoned, not in effect. Dashed, faded: steps a rollback abandoned.",
     "rl_reward": "RL: the training reward of each step (over every group drawn), the held-out reward (dotted) and "
     "pass@1 (dashed) at each evaluation. Diamonds: the orchestrator's decisions.",
     "rl_signals": "RL: what the rules read: the share of flat groups (and of solved ones, every response at "
@@ -110,6 +111,7 @@ def summary_row(run: RunRecord) -> list[Any]:
     params = s.get("params")
     wall = s.get("seconds")
     kept = [d for d in run.decisions if not d.get("abandoned")]
+    gone = len(run.decisions) - len(kept)
     return [
         run.name,
         run.preset or "-",
@@ -118,7 +120,7 @@ def summary_row(run: RunRecord) -> list[Any]:
         f"{tokens:,}" if isinstance(tokens, int) else "-",
         f"{loss:.4f}" if loss is not None else "-",
         f"{params:,}" if isinstance(params, int) else "-",
-        f"{len(kept)} ({healed(kept)})",
+        f"{len(kept)} ({healed(kept)})" + (f", {gone} abandoned" if gone else ""),
         f"{wall:.0f} s" if finite(wall) is not None else "-",
         f"{run.goodput['ettr']:.1%}" if run.goodput and run.goodput.get("ettr") is not None else "-",
         _chinchilla(run),
@@ -187,7 +189,14 @@ def _decisions_table(run: RunRecord) -> str:
         for d in run.decisions
     ]
     header = ["step", "rule", "action", "mode", "confidence", "outcome", "evidence", "reasoning"]
-    return f"<h2>Decisions: {html.escape(run.name)}</h2>" + _table(header, rows)
+    gone = sum(1 for d in run.decisions if d.get("abandoned"))
+    note = (
+        f"<p class='note'>{gone} of {len(run.decisions)} marked (abandoned): a rollback or a resume threw them "
+        "away; they are not in effect and not counted in the runs table.</p>"
+        if gone
+        else ""
+    )
+    return f"<h2>Decisions: {html.escape(run.name)}</h2>" + note + _table(header, rows)
 
 
 def _healing(healing: Healing, n: int) -> str:
