@@ -41,6 +41,17 @@ class StopAt(Hook):
             trainer.control.request("stop", reason="test")
 
 
+class CrashAt(Hook):
+    """Raises out of the loop after `step` (no checkpoint saved): a crash or a kill."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, run, out):
+        if out.step == self.step:
+            raise RuntimeError("crash (test)")
+
+
 # ------------------------------------------------ torchrun runs (test_distributed, test_tensor_parallel)
 
 WORKER = Path(__file__).with_name("dist_worker.py")

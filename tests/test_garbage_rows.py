@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import trimtab
+from helpers import CrashAt
 from test_quality import clean_documents, garbage
 from trimtab.checkpoint import list_checkpoints
 from trimtab.config import DataConfig, load_config, merge
@@ -137,15 +138,6 @@ class Drawn(Hook):
 
     def on_step_start(self, run, batch):
         self.rows[run.step + 1] = list(batch.rows)
-
-
-class CrashAt(Hook):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, run, out):
-        if out.step == self.step:
-            raise RuntimeError("crash (test)")
 
 
 def run_cfg(out: Path, crawl, steps: int = 8, mode: str = "auto", **data):

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 import trimtab
-from helpers import FAST, StopAt
+from helpers import FAST, CrashAt, StopAt
 from trimtab.checkpoint import list_checkpoints, verify
 from trimtab.cli import main
 from trimtab.config import load_config, merge
@@ -345,17 +345,6 @@ def test_a_rollback_leaves_one_kept_trajectory_in_metrics_console_and_tensorboar
     assert [(e.step, e.value) for e in tb.Scalars("eval/val_loss")] == [
         (m["step"], pytest.approx(m["val_loss"], rel=1e-6)) for m in evals
     ]
-
-
-class CrashAt(Hook):
-    """Raises out of the loop after `step` (no checkpoint saved): a crash or a kill."""
-
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, run, out):
-        if out.step == self.step:
-            raise RuntimeError("crash (test)")
 
 
 def test_a_resume_after_a_rollback_keeps_the_abandoned_lines_marked(tmp_path):
