@@ -8,6 +8,7 @@ tokens: inputs are tokens[:-1], targets tokens[1:].
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,8 +74,8 @@ def collate(rows: Rows, indices: list[int], pad_id: int) -> MicroBatch:
 class BatchLoader:
     """Steps of ~batch_tokens input positions, each source in a reproducible per-epoch shuffled
     order; with several sources (a ConcatRows and their weights), every row goes to the source
-    furthest below its share of the tokens drawn so far, so each step holds the stated
-    proportions to within a row, deterministically (smooth weighted round robin, by tokens)."""
+    furthest below its share of the tokens drawn since the weights last changed, so each step holds
+    the stated proportions to within a row, deterministically (smooth weighted round robin, by tokens)."""
 
     def __init__(
         self,
@@ -105,11 +106,17 @@ class BatchLoader:
         self.part_tokens = [p.n_tokens for p in parts]
         self.batch_tokens = batch_tokens
         self.micro_batch_tokens = micro_batch_tokens  # an OOM handler may lower it between steps
+        # The budget a resumed checkpoint's steps were cut to, until this session draws a step: what
+        # a change of the budget before then replaces (this one starts at the session's config value).
+        self.budget_before: int | None = None
         self.seed = seed
         self.pad_id = pad_id
         self._epochs, self._cursors = [0] * len(parts), [0] * len(parts)
         self._orders = [self._permutation(p, 0) for p in range(len(parts))]
         self.drawn = [0] * len(parts)  # tokens served from each source
+        # `drawn` when the weights last changed (a resume with another data.mix): the shares are
+        # held from there, so new weights apply from the change, not over the tokens drawn before it
+        self.since = [0] * len(parts)
         self.skipped: set[int] = set()  # rows a rollback took out of training (bad data)
         # what each source's rows hold: a resume over other data with as many rows is refused (the
         # order and the rows a rollback left out would then be other rows)
@@ -127,8 +134,9 @@ class BatchLoader:
         return np.random.default_rng(key).permutation(self.sizes[part])
 
     def _next_row(self) -> int:
-        total = sum(self.drawn)
-        part = max(range(len(self.sizes)), key=lambda p: self.weights[p] * total - self.drawn[p])
+        drawn = [d - s for d, s in zip(self.drawn, self.since)]
+        total = sum(drawn)
+        part = max(range(len(self.sizes)), key=lambda p: self.weights[p] * total - drawn[p])
         while True:
             if self._cursors[part] == self.sizes[part]:
                 self._epochs[part], self._cursors[part] = self._epochs[part] + 1, 0
@@ -140,13 +148,14 @@ class BatchLoader:
                 return row
 
     def metrics(self) -> dict[str, float]:
-        """Each source's share of the tokens served so far and its passes over its own data."""
+        """Each source's share of the tokens served since the weights last changed (the mix in
+        effect; the whole run's when they never did) and its passes over its own data."""
         if len(self.sizes) == 1:
             return {}
-        total = max(sum(self.drawn), 1)
+        total = max(sum(self.drawn) - sum(self.since), 1)
         out = {}
-        for name, drawn, tokens in zip(self.names, self.drawn, self.part_tokens):
-            out[f"data/{name}/share"] = drawn / total
+        for name, drawn, since, tokens in zip(self.names, self.drawn, self.since, self.part_tokens):
+            out[f"data/{name}/share"] = (drawn - since) / total
             out[f"data/{name}/epochs"] = drawn / max(tokens, 1)
         return out
 
@@ -168,6 +177,7 @@ class BatchLoader:
         return self._step(batch.rows, batch.n_tokens)
 
     def next_batch(self) -> StepBatch:
+        self.budget_before = None
         indices: list[int] = []
         n_tokens = 0
         while not indices or n_tokens < self.batch_tokens:
@@ -188,12 +198,20 @@ class BatchLoader:
             "seed": self.seed,
             "n_rows": self.sizes[0],
             "skipped": sorted(self.skipped),
-            "parts": [
-                {"name": n, "epoch": e, "cursor": c, "n_rows": size, "drawn": d, "digest": digest}
-                for n, e, c, size, d, digest in zip(
-                    self.names, self._epochs, self._cursors, self.sizes, self.drawn, self.digests
-                )
-            ],
+            "parts": [self._part_state(p) for p in range(len(self.sizes))],
+            "micro_batch_tokens": self.micro_batch_tokens,
+        }
+
+    def _part_state(self, p: int) -> dict:
+        return {
+            "name": self.names[p],
+            "epoch": self._epochs[p],
+            "cursor": self._cursors[p],
+            "n_rows": self.sizes[p],
+            "drawn": self.drawn[p],
+            "digest": self.digests[p],
+            "weight": self.weights[p],  # a resume under other weights holds them from there (_since)
+            "since": self.since[p],
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -210,9 +228,22 @@ class BatchLoader:
         for part, saved in enumerate(parts):
             self._epochs[part], self._cursors[part] = int(saved["epoch"]), int(saved["cursor"])
             self.drawn[part] = int(saved["drawn"])
+        self.since = self._since(parts)
+        self.budget_before = state.get("micro_batch_tokens")
         self.seed = int(state["seed"])
         self._orders = [self._permutation(p, e) for p, e in enumerate(self._epochs)]
         self.skipped = set(state.get("skipped", []))
+
+    def _since(self, parts: list[dict]) -> list[int]:
+        """Where the shares are counted from: the checkpoint's own point under the weights it was
+        drawn with, this point under new ones. A checkpoint from before weights were saved counts
+        from the start, as it was drawn."""
+        saved = [p.get("weight") for p in parts]
+        if None in saved:
+            return [0] * len(parts)
+        if all(math.isclose(float(w), ours, rel_tol=1e-9) for w, ours in zip(saved, self.weights)):
+            return [int(p.get("since", 0)) for p in parts]
+        return list(self.drawn)
 
     def _check_same_rows(self, part: int, saved: dict, saved_seed: int) -> None:
         """Refuse to continue a source's order over rows other than those the checkpoint read: its
