@@ -111,9 +111,11 @@ def _train_config(args: argparse.Namespace, section: str | None = None) -> RunCo
 
 
 def _print_summary(summary: dict) -> None:
+    replayed = summary.get("steps_replayed", 0)  # a start-up stop's summary has none
+    again = f", {replayed} of them again after a rollback" if replayed else ""
     lines = [
         f"{summary['status']}: step {summary['step']}/{summary['total_steps']} "
-        f"({summary['steps_this_session']} this session, {summary['seconds']:.0f}s), "
+        f"({summary['steps_this_session']} this session{again}, {summary['seconds']:.0f}s), "
         f"{summary['tokens']:,} tokens, {summary['tokens_per_s']:,.0f} tokens/s"
     ]
     if summary.get("val_loss") is not None:

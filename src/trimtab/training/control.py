@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from trimtab.checkpoint import prune
+from trimtab.data import BatchLoader
 from trimtab.errors import ConfigError, TrimtabError
 from trimtab.resilience.elastic import leave_job, node_count, node_rank
 from trimtab.rl.batches import RolloutLoader
@@ -32,6 +34,7 @@ from trimtab.training import surgery
 from trimtab.training.actions import ACTIONS, MOE_KNOBS, action
 from trimtab.training.optim import build_optimizer
 from trimtab.training.schedule import apply_lengths
+from trimtab.training.state import Rewound
 
 if TYPE_CHECKING:
     from trimtab.training.trainer import Trainer
@@ -63,6 +66,7 @@ class Control:
         self._queue: list[tuple[str, dict[str, Any], Done | None]] = []
         self.skip_next = False  # read by the next step's update gate
         self.applied = 0  # actions applied so far: a monitor rebases when the run was changed
+        self.rewound = Rewound()  # this session's work that rollbacks undid: the summary counts it
 
     # ------------------------------------------------------------------ requests
 
@@ -147,7 +151,12 @@ class Control:
         return self._scale_lr(factor)
 
     def _rollback(self, to: str | int, skip_rows: list[int] | None = None, lr_factor: float | None = None) -> str:
-        done = self._trainer.rollback(to)
+        t = self._trainer
+        before = replace(t.state)  # the restore replaces the state: the figures it undoes
+        done = t.rollback(to)
+        self.rewound.add(before, t.state)
+        if isinstance(t.loader, BatchLoader):  # the restored step's budget, not one this session replaces
+            t.loader.budget_before = None
         if skip_rows:
             done += f"; {self._skip_data(skip_rows)}"
         if lr_factor:  # the knobs survive the restore: the cut holds for the replayed steps
@@ -163,7 +172,11 @@ class Control:
     def _set_micro_batch_tokens(self, tokens: int) -> str:
         """Micro-batch budget; the step's rows (the optimization batch) stay the same."""
         t = self._trainer
+        # Before a resumed run's first step the loader already holds this session's configured
+        # budget: a person's edit of it replaces the one the checkpoint's steps ran with.
         old = t.loader.micro_batch_tokens
+        if isinstance(t.loader, BatchLoader) and t.loader.budget_before:  # RL's and DPO's loaders keep none
+            old, t.loader.budget_before = t.loader.budget_before, None  # a second change replaces this one
         tokens = max(min(tokens, t.loader.batch_tokens), t.phases[t.state.phase].data.seq_len)
         t.loader.micro_batch_tokens = t.state.micro_batch_tokens = tokens
         return f"micro-batch {old} -> {tokens} tokens"

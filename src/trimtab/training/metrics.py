@@ -59,9 +59,12 @@ def step_metrics(trainer: Trainer, lr: float) -> dict[str, Any]:
 
 
 def run_summary(trainer: Trainer, step0: int, tokens0: int, train_seconds0: float, wall0: float) -> dict[str, Any]:
-    """This session's figures: tokens/s over its steps, seconds including eval and saving."""
+    """This session's figures: tokens/s over its steps, seconds including eval and saving. Its steps
+    are those it trained, a rollback's included: the state counts only those it kept."""
     done = trainer.state.step >= trainer.total_steps and not trainer.exit_code  # a stop at the end that gave up
-    tps = (trainer.state.tokens - tokens0) / max(trainer.state.train_seconds - train_seconds0, 1e-9)
+    rewound = trainer.control.rewound
+    tokens = trainer.state.tokens - tokens0 + rewound.tokens
+    tps = tokens / max(trainer.state.train_seconds - train_seconds0 + rewound.seconds, 1e-9)
     summary = {
         "status": "completed" if done else f"{'gave up' if trainer.exit_code else 'stopped'} ({trainer.stop_reason})",
         "exit_code": 0 if done else trainer.exit_code,
@@ -69,7 +72,8 @@ def run_summary(trainer: Trainer, step0: int, tokens0: int, train_seconds0: floa
         "step": trainer.state.step,
         "total_steps": trainer.total_steps,
         "tokens": trainer.state.tokens,
-        "steps_this_session": trainer.state.step - step0,
+        "steps_this_session": trainer.state.step - step0 + rewound.steps,
+        "steps_replayed": rewound.replayed(trainer.state.step),  # of those: trained again after a rollback
         "seconds": time.perf_counter() - wall0,
         "tokens_per_s": tps,
         "params": trainer.sizes["params"],

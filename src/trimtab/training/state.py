@@ -44,6 +44,34 @@ class TrainState:
     restarts: list[list[Any]] = field(default_factory=list)
 
 
+@dataclass
+class Rewound:
+    """What this session's rollbacks threw away (steps, tokens, training seconds trained and then
+    restored over), which the TrainState no longer counts but the session did work for; and each
+    rollback's (from, to) steps, to count the steps trained again."""
+
+    steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    rollbacks: list[tuple[int, int]] = field(default_factory=list)
+
+    def add(self, before: TrainState, after: TrainState) -> None:
+        self.steps += before.step - after.step
+        self.tokens += before.tokens - after.tokens
+        self.seconds += before.train_seconds - after.train_seconds
+        self.rollbacks.append((before.step, after.step))
+
+    def replayed(self, step: int) -> int:
+        """Steps trained again at a position this session had reached before a rollback, the
+        session now at `step` (as the goodput ledger's `redone`, within this session)."""
+        done, high = 0, 0
+        ends = [b for b, _ in self.rollbacks[1:]] + [step]
+        for (start, to), end in zip(self.rollbacks, ends):
+            high = max(high, start)
+            done += max(0, min(end, high) - to)
+        return done
+
+
 # What a rollback keeps from the present: the knobs (they are the correction) and the schedule.
 KEPT_ON_ROLLBACK = (
     "lr_scale",
