@@ -119,6 +119,17 @@ def test_a_micro_batch_edited_between_sessions_is_journaled_from_the_budget_it_t
     assert decision["applied"] == ["micro-batch 1024 -> 512 tokens"]
 
 
+def test_a_checkpointing_mode_edited_between_sessions_is_not_journaled_as_from_itself(tmp_path):
+    def cfg(mode, steps):
+        return debug_cfg(tmp_path / "r", steps=steps, train={"activation_checkpointing": mode})
+
+    trimtab.train(cfg("off", 2))
+    trimtab.train(cfg("full", 3))
+    [decision] = [d for d in read_decisions(tmp_path / "r") if d["action"] == "set_activation_checkpointing"]
+    assert decision["summary"] == "train.activation_checkpointing off -> full on resume at step 2"
+    assert decision["applied"] == ["activation checkpointing full"]  # the model was built in it: not "full -> full"
+
+
 class RollbackOnce(Hook):
     """A person's queued `trimtab ctl RUN rollback TO`, taken after step `at` (once: steps repeat)."""
 

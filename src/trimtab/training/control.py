@@ -187,7 +187,9 @@ class Control:
         old = t.model.checkpointing
         t.model.set_activation_checkpointing(mode)
         t.state.activation_checkpointing = mode
-        return f"activation checkpointing {old} -> {mode}"
+        # a resumed run's model is built in the config's mode already (the decision's summary says
+        # the mode it trained with): "full -> full" would read as nothing done
+        return f"activation checkpointing {mode}" if old == mode else f"activation checkpointing {old} -> {mode}"
 
     def _set_grad_clip(self, value: float) -> str:
         old, self._trainer.state.grad_clip = self.grad_clip(), value
