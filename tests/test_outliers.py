@@ -104,10 +104,75 @@ def test_its_state_is_json_and_resumes_the_same():
         rule.observe(data.step_metrics())
     rule.observe(data.step_metrics({10_000: 6.3}))
     state = json.loads(json.dumps(rule.state_dict()))
-    again = OutlierRows(OrchestratorConfig())
+    again = OutlierRows(confirming())
     again.load_state_dict(state)
     assert list(again.recent) == list(rule.recent) and again.suspects == rule.suspects
     assert again.observe(data.step_metrics({10_000: 6.3})).evidence["rows"] == [10_000]
+
+
+class View:
+    """RunView.row_losses as the rule calls it: each asked row scored on the "current weights"."""
+
+    def __init__(self, scores: dict[int, float]):
+        self.scores, self.asked = scores, []
+
+    def row_losses(self, rows: list[int]) -> dict[int, float]:
+        self.asked.append(list(rows))
+        return {r: self.scores[r] for r in rows}
+
+
+def confirming() -> OrchestratorConfig:
+    """orchestrator.rows.confirm_after on (off by default: config/orchestrator.py says why)."""
+    cfg = OrchestratorConfig()
+    cfg.rows.confirm_after = 16
+    return cfg
+
+
+def test_a_suspect_scored_again_a_few_steps_later_is_named_when_it_stays_out():
+    rule, data = OutlierRows(confirming()), Data()
+    for _ in range(5):
+        rule.observe(data.step_metrics())
+    # first sightings 2 nats out: garbage, and a hard clean row the model learns from its one step
+    assert rule.observe(data.step_metrics({10_000: 6.1, 10_001: 6.0})) is None
+    first, after = data.step, rule.cfg.confirm_after
+    assert rule.due == {"10000": first + after, "10001": first + after}
+    view = View({10_000: 6.0, 10_001: 4.3})  # scored again: the garbage still 2 out, the hard row near the median
+    state = None
+    for _ in range(after):
+        m = data.step_metrics()
+        rule.observe(m)
+        if m.step == first + 4:  # exact resume: the suspects and their due step are in the state
+            state = json.loads(json.dumps(rule.state_dict()))
+        f = rule.confirm(view, m)
+        assert (f is None) == (m.step < first + after)
+    assert view.asked == [[10_000, 10_001]]  # one scoring, both due together
+    assert f.rule == "rows" and f.evidence["rows"] == [10_000] and f.evidence["rescored"] == 2
+    assert f.evidence["first_gaps"]["10000"] > 1.5 and "scored again" in f.summary
+    assert set(rule.suspects) == {"10001"} and rule.due == {}  # the hard row waits for its next epoch
+    again = OutlierRows(confirming())
+    again.load_state_dict(state)
+    assert again.due == {"10000": first + after, "10001": first + after}
+    for step in range(first + 5, first + after):
+        assert again.confirm(view, StepMetrics(step=step, loss=4.0, grad_norm=1.0)) is None
+    f = again.confirm(view, StepMetrics(step=first + after, loss=4.0, grad_norm=1.0))
+    assert f.evidence["rows"] == [10_000]
+
+
+def test_suspects_are_not_scored_again_while_the_model_is_unstable_nor_when_switched_off():
+    rule, data = OutlierRows(confirming()), Data()
+    for _ in range(5):
+        rule.observe(data.step_metrics())
+    rule.observe(data.step_metrics({10_000: 6.1}))
+    view = View({10_000: 6.1})
+    due = rule.due["10000"]
+    unstable = StepMetrics(step=due, loss=4.0, grad_norm=1.0, unsettled=True)
+    assert rule.confirm(view, unstable) is None and view.asked == [] and rule.due  # still due
+    assert rule.confirm(view, StepMetrics(step=due + 1, loss=4.0, grad_norm=1.0)).evidence["rows"] == [10_000]
+    rule, data = OutlierRows(OrchestratorConfig()), Data()  # the default: off
+    for _ in range(5):
+        rule.observe(data.step_metrics())
+    rule.observe(data.step_metrics({10_000: 6.1}))
+    assert rule.suspects and not rule.due
 
 
 def test_nothing_is_judged_before_the_reference_fills():
@@ -143,3 +208,35 @@ def test_thinly_spread_garbage_rows_are_named_and_left_out_through_the_loop(tmp_
     assert {d["action"] for d in named} == {"skip_data"} and all(d["mode"] == "auto" for d in named)
     assert any(d["evidence"]["first_gaps"] for d in named)  # some on their second sighting
     assert all("left out of training" in d["applied"][0] for d in named)
+
+
+def test_thin_garbage_seen_once_is_named_by_scoring_the_suspects_again_through_the_loop(tmp_path):
+    """Garbage rows the run sees only once (under one epoch after them): the old rule kept them as
+    suspects for a next sighting that never came; scored again confirm_after steps later, they are
+    named."""
+    import trimtab
+    from trimtab.config import load_config
+    from trimtab.rundir import read_decisions
+
+    cfg = load_config(
+        preset="debug",
+        overrides={
+            "out": str(tmp_path / "r"),
+            "train": {"max_steps": 38, "eval_every": 0, "precision": "fp32"},
+            "data": {"max_bytes": 400_000},
+            "checkpoint": {"every": 0},
+            "log": {"progress": False, "tensorboard": False, "report": False},
+            "orchestrator": {"throughput": {"enabled": False}, "rows": {"confirm_after": 16}},
+            "faults": ["bad_rows@20:1"],
+        },
+    )
+    assert trimtab.train(cfg)["status"] == "completed"
+    poisoned = set(json.loads((tmp_path / "r" / "faults.json").read_text())["poisoned"])
+    named = [d for d in read_decisions(tmp_path / "r") if d["rule"] == "rows"]
+    left_out = {r for d in named for r in d["params"]["rows"]}
+    rescored = {r for d in named if d["evidence"]["rescored"] for r in d["params"]["rows"]}
+    # none is named on its first sighting or a second (there is none): all by scoring them again
+    assert len(poisoned) >= 4 and len(rescored & poisoned) >= 0.5 * len(poisoned) and rescored == left_out
+    # one clean row of the debug corpus stays as far out as the garbage (2.2 nats, 16 steps on): named
+    assert len(left_out - poisoned) <= 1
+    assert all(d["mode"] == "auto" and "left out of training" in d["applied"][0] for d in named)

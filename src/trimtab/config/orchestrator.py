@@ -258,7 +258,8 @@ class RowsRule(Section):
     """Outlier rows (thinly spread bad data; orchestrator/outliers.py): every step's rows, as the
     training forward scored them, against the last `window` rows: an outlier is above their
     median by max(sigma x their spread, min_gap). It is named (and in auto mode left out) when
-    it is an outlier again on its next sighting, or at once by `certain_gap` nats."""
+    it is an outlier again `confirm_after` steps later, scored on the then weights, or on its next
+    sighting, or at once by `certain_gap` nats."""
 
     enabled: bool = True
     window: int = 512  # training rows: the reference
@@ -272,6 +273,16 @@ class RowsRule(Section):
     # median on debug and 3.1 on debug-moe before the model had seen it
     certain_gap: float = 4.0
     max_suspects: int = 100_000  # rows remembered from their first sighting
+    # steps after a suspect's first sighting when it is scored again on the current weights
+    # (0: never; it waits for its next epoch). Measured on debug (80 steps, a quarter of a step's
+    # rows garbage every 8): the 38 garbage suspects stayed 1.6-2.0 nats out at every delay from 2
+    # to 24 steps; a clean hard row first 2.3 out was still 1.9 out 8 steps later, 1.3 at 12, 1.2
+    # at 16 (under min_gap): the model needs more than its one step on a row to learn it. Off by
+    # default: on the healing benchmark (2026-11-30) it named 44 of 108 thin garbage rows (4
+    # without it) but also 2 clean rows in 8 fault-free runs (debug-moe, debug-mod), whose hard
+    # rows stay as far out as garbage does; 16 is the delay to set where thin bad data is expected
+    confirm_after: int = 0
+    confirm_rows: int = 64  # suspects scored again at most per step (one scoring forward)
 
 
 @dataclass
@@ -414,7 +425,8 @@ class OrchestratorConfig(Section):
             "orchestrator.data",
             "min_gap and watch_steps must be >= 0",
         )
-        _positive(self.rows, "orchestrator.rows", "window", "sigma", "max_suspects")
+        _positive(self.rows, "orchestrator.rows", "window", "sigma", "max_suspects", "confirm_rows")
+        _check(self.rows.confirm_after >= 0, "orchestrator.rows.confirm_after", "must be >= 0 (0: never)")
         _check(
             0 <= self.rows.min_gap <= self.rows.certain_gap and self.rows.min_reference >= 0,
             "orchestrator.rows",

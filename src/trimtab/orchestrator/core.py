@@ -326,6 +326,9 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         findings = [
             f for name, mon in self.monitors.items() if name not in self.paused and (f := mon.observe(m)) is not None
         ]
+        rows = self.monitors.get("rows") if "rows" not in self.paused else None
+        if rows is not None and (f := rows.confirm(run, m)) is not None:
+            findings.append(f)  # suspects seen once, scored again on today's weights (outliers.py)
         if (rerun := self.reruns.pop(m.step, None)) is not None:  # computed twice, the same: not a fault
             for f in findings:
                 f.evidence["rerun"] = rerun
