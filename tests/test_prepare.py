@@ -184,6 +184,25 @@ def test_a_corrupt_shard_is_named_and_rebuilt_from_its_sources(tmp_path, tok_fil
     assert PreparedData(tmp_path / "p").n_docs == 101
 
 
+def test_a_shard_changed_under_a_run_is_named_when_read(tmp_path, tok_file):
+    """The sha256 is checked when a run opens the directory; a shard overwritten or cut while the
+    run reads it gives ids outside the tokenizer or too few bytes: a DataError naming the shard,
+    not an IndexError from the embedding."""
+    src = write_corpus(tmp_path / "src")
+    prepare([str(src)], tmp_path / "p", tokenizer=str(tok_file))
+    data = PreparedData(tmp_path / "p")
+    [shard] = (tmp_path / "p" / "shards").glob("*.bin")
+    assert int(data.read(0, 64).max()) < data.vocab_size
+    raw = bytearray(shard.read_bytes())
+    raw[: 64 * data.dtype.itemsize] = b"\xff" * (64 * data.dtype.itemsize)
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match=rf"{shard.name}: changed after it was prepared .*: token id \d+ is not one of"):
+        data.read(0, 64)
+    shard.write_bytes(bytes(raw[: 32 * data.dtype.itemsize]))
+    with pytest.raises(DataError, match=rf"{shard.name}: changed after .* bytes read where the manifest has"):
+        data.read(16, 64)
+
+
 def test_bad_input_is_named_in_one_line(tmp_path, tok_file, caplog):
     src = tmp_path / "src"
     src.mkdir()

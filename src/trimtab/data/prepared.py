@@ -71,6 +71,7 @@ class PreparedData:
             )
         self.manifest, self.key = manifest, key
         self.tokenizer_sha = manifest["tokenizer"]["sha256"]
+        self.vocab_size = manifest["tokenizer"].get("vocab_size")  # directories from before it was kept: None
         self.files = [f["path"] for f in manifest["files"]]
         self.dtype = np.dtype(manifest["dtype"])
         self.shards, self.offsets, self.where, masked, flagged = [], [], [], [], []
@@ -133,9 +134,24 @@ class PreparedData:
         while at < end:
             stop = min(end, self.base[k + 1])
             data = os.pread(self._fd(k), (stop - at) * size, (at - self.base[k]) * size)
-            out[at - start : stop - start] = np.frombuffer(data, dtype=self.dtype)
+            out[at - start : stop - start] = self._checked(k, data, stop - at)
             at, k = stop, k + 1
         return out
+
+    def _checked(self, k: int, data: bytes, expected: int) -> np.ndarray:
+        """Shard k's tokens as read, refused when the file changed under a run (its sha256 is only
+        checked at the start): shorter than the manifest says, or an id no token of the tokenizer
+        has (the embedding would fail with an IndexError far from the cause)."""
+        changed = f"{self.shards[k]}: changed after it was prepared (its sha256 is checked when a run starts)"
+        fix = f"restore it, or prepare the sources into {self.path} again, and resume"
+        if len(data) != expected * self.dtype.itemsize:
+            raise DataError(f"{changed}: {len(data)} bytes read where the manifest has {expected} tokens; {fix}")
+        tokens = np.frombuffer(data, dtype=self.dtype)
+        if self.vocab_size and len(tokens) and int(tokens.max()) >= self.vocab_size:
+            raise DataError(
+                f"{changed}: token id {int(tokens.max())} is not one of the tokenizer's {self.vocab_size}; {fix}"
+            )
+        return tokens
 
     def _fd(self, k: int) -> int:
         """Shard k's file, open for reading. Rows are read with pread, not a memory map: mapped pages
