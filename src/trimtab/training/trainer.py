@@ -384,16 +384,6 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
         self._call("on_eval", self.last_eval)
         return self.last_eval
 
-    @torch.no_grad()
-    def held_out_loss(self, micro_batches: list) -> float:
-        """Mean loss per target over eval micro-batches (one device read)."""
-        self.model.eval()
-        total, count = torch.zeros((), device=self.device), 0
-        for micro in micro_batches:
-            total += self.score(micro)
-            count += micro.n_targets
-        return self.dist.mean_over_ranks(total).item() / max(count, 1)  # one verdict if replicas diverged
-
     def _phase_ends(self) -> bool:
         phase = self.phases[self.state.phase]
         return self.state.step == phase.start + phase.steps

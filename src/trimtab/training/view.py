@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -22,20 +23,25 @@ from trimtab.checkpoint import find_checkpoint
 from trimtab.config import RunConfig
 from trimtab.data.batches import micro_batches
 from trimtab.data.quality import Flagged
+from trimtab.hardware import is_oom
 from trimtab.training import scoring
 from trimtab.training.control import Control, Requests
+from trimtab.training.evaluation import error_line
 from trimtab.training.schedule import phase_lr
 
 if TYPE_CHECKING:
     from trimtab.training.trainer import Trainer
 
+T = TypeVar("T")
+
 
 class RunView:
-    __slots__ = ("_t", "control")
+    __slots__ = ("_t", "_told", "control")
 
     def __init__(self, trainer: Trainer, control: Control):
         object.__setattr__(self, "_t", trainer)
         object.__setattr__(self, "control", Requests(control))  # request() only: the loop applies
+        object.__setattr__(self, "_told", set())  # the reads whose out-of-memory skip the console was told of
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(
@@ -172,7 +178,9 @@ class RunView:
         if phase.train_rows is None:
             return {}
         micro = micro_batches(phase.train_rows, list(rows), t.loader.micro_batch_tokens, t.tok.pad_id)
-        losses = scoring.row_losses(t.model, t.forward, t.precision, micro, t.device)
+        losses = self._unless_oom(
+            "scoring training rows", lambda: scoring.row_losses(t.model, t.forward, t.precision, micro, t.device), []
+        )
         return dict(zip((r for m in micro for r in m.rows), losses))
 
     def held_out_row_losses(self, limit: int = 64) -> list[float]:
@@ -184,7 +192,10 @@ class RunView:
                 break
             micro.append(batch)
             n += len(batch.rows)
-        return scoring.row_losses(t.model, t.forward, t.precision, micro, t.device)[:limit]
+        scored = self._unless_oom(
+            "scoring held-out rows", lambda: scoring.row_losses(t.model, t.forward, t.precision, micro, t.device), []
+        )
+        return scored[:limit]
 
     def row_sources(self, rows: list[int]) -> dict[str, int]:
         """Where these training rows came from: source -> number of rows."""
@@ -202,12 +213,44 @@ class RunView:
         from bad training data. NaN whenever a weight is not finite, which a loss need not show
         (torch's CPU flash-attention kernel gives a query with a NaN weight a zero output, not NaN:
         a NaN row in the first query projection left the loss finite); else None without held-out
-        data (RL and DPO: their objectives move a held-out text's loss, so none is compared)."""
+        data (RL and DPO: their objectives move a held-out text's loss, so none is compared), or
+        when scoring it ran out of memory (on any rank: the ranks agree before they average)."""
         t = self._t
         micro = t.phases[t.state.phase].eval_micro
         if not t.dist.all_finite(t.model.parameters()):
             return math.nan
-        return t.held_out_loss(micro[:1]) if micro else None
+        if not micro:
+            return None
+        t.model.eval()
+        # this rank's sum alone inside the guard: averaging is a collective that a rank which ran
+        # out of memory never reaches, so the others would wait in it for the watchdog
+        local = self._unless_oom("scoring the held-out probe", lambda: t.score(micro[0]).float(), None)
+        return None if local is None else t.dist.mean_over_ranks(local).item() / max(micro[0].n_targets, 1)
+
+    def _unless_oom(self, what: str, read: Callable[[], T], empty: T) -> T:
+        """read(), or `empty` when it ran out of memory on any rank (they agree, so all decide
+        alike): the orchestrator's looking must never end the run, and no probe or no scores is
+        what its callers already take as nothing to compare. Said on the console once per read."""
+        t, error, value = self._t, "", empty
+        try:
+            with t.dist.completing_forward():  # FSDP2: this rank's failure joins the others' all-gathers
+                value = read()
+        except (torch.OutOfMemoryError, RuntimeError) as exc:
+            if not is_oom(exc):
+                raise
+            error = error_line(exc)
+        # the failed read's tensors are freed with its traceback above; the cache returns them to the device
+        if not (error := t.dist.first_error(error)):
+            return value
+        if t.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if what not in self._told:
+            self._told.add(what)
+            t.say(
+                f"out of memory {what} at step {t.state.step} ({error}): skipped, the run goes on "
+                "(said once; if it recurs, lower train.eval_tokens or train.micro_batch_tokens)"
+            )
+        return empty
 
     # ------------------------------------------------------------------ knobs
 
