@@ -1,3 +1,4 @@
+import json
 import logging
 import os
 
@@ -202,3 +203,68 @@ def test_a_failed_sharded_write_leaves_no_temp_dir_and_the_next_clears_a_stale_o
             assert not list(root.glob(".tmp*"))
     assert write(tmp_path, 7, app, *args).name == "step_000007"
     assert not list(root.glob(".tmp*")) and [p.name for p in list_checkpoints(tmp_path)] == ["step_000007"]
+
+
+class OneProcess:
+    """Parallel's from_main / on_main / close, for resume_point in one process."""
+
+    def from_main(self, fn, *args):
+        return fn(*args)
+
+    on_main = from_main
+
+    def close(self):
+        pass
+
+
+def test_a_bit_flip_in_state_json_is_refused_and_resume_falls_back(tmp_path, caplog):
+    """state.json is sealed by its own manifest entry: a flipped digit (lr_scale 1.0 -> 9.0, the
+    data cursor 1280 -> 1380) is refused like a corrupt model file, not trained on."""
+    from trimtab.training.resume import resume_point
+
+    cfg = load_config(preset="debug", sets=[f"out={tmp_path}", "train.max_steps=100"])
+    for step in (20, 40):
+        state = {"train": {"step": step, "lr_scale": 1.0}, "data": {"cursor": 32 * step}, "moe": {2: {}, 10: {}}}
+        save_checkpoint(tmp_path, step, Tied().state_dict(), {"optimizer": {}}, state, keep=3)
+    newest = list_checkpoints(tmp_path)[-1]
+    text = (newest / "state.json").read_text()
+    for good, bad in (('"lr_scale": 1.0', '"lr_scale": 9.0'), ('"cursor": 1280', '"cursor": 1380')):
+        assert good in text
+        (newest / "state.json").write_text(text.replace(good, bad))
+        with caplog.at_level(logging.WARNING):
+            assert latest_valid(tmp_path)[0].name == "step_000020"
+        assert "step_000040/state.json: size or checksum differs" in caplog.text
+    with caplog.at_level(logging.WARNING):
+        path, state = resume_point(cfg, OneProcess())
+    assert path.name == "step_000020" and state["data"]["cursor"] == 640
+    assert "resuming from step_000020, the newest valid checkpoint" in caplog.text
+    assert (checkpoint_root(tmp_path) / "corrupt" / "step_000040").is_dir()
+
+
+def test_an_old_manifest_without_state_json_still_loads(tmp_path):
+    """Checkpoints from before state.json was sealed list only the other files: loaded unchecked."""
+    path = save(tmp_path, 10)
+    state = json.loads((path / "state.json").read_text())
+    assert set(state["manifest"]) == {"model.safetensors", "optim.pt", "state.json"}
+    del state["manifest"]["state.json"]
+    state["train"]["step"] = 11  # unsealed: nothing to compare it with
+    (path / "state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
+    assert latest_valid(tmp_path)[1]["train"] == {"step": 11}
+    assert load_checkpoint(path)[2]["step"] == 10
+
+
+def test_a_sharded_checkpoints_state_json_is_sealed_too(tmp_path, one_rank_group):
+    """The DCP path commits through the same manifest: every rank's shards and state.json."""
+    from trimtab.distributed import checkpoint as sharded
+
+    class OneRank(sharded.Checkpoints):
+        world, rank, is_main = 1, 0, True
+
+    app, state = {"model": {"w": torch.ones(3)}}, {"train": {"lr_scale": 1.0}}
+    for step in (5, 7):
+        OneRank()._write_sharded(tmp_path, step, app, {"rng": None}, state, 3, (), one_rank_group)
+    newest = list_checkpoints(tmp_path)[-1]
+    text = (newest / "state.json").read_text()
+    assert {"dcp/__0_0.distcp", "optim.pt", "state.json"} <= set(json.loads(text)["manifest"])
+    (newest / "state.json").write_text(text.replace('"lr_scale": 1.0', '"lr_scale": 9.0'))
+    assert latest_valid(tmp_path)[0].name == "step_000005"

@@ -4,7 +4,8 @@
         model.safetensors   weights (tied tensors stored once)
         optim.pt            optimizer state + RNG states (loaded with weights_only=True)
         state.json          step, tokens, data position, hook state, and a manifest
-                            (size + sha256 of each file) that makes truncation detectable
+                            (size + sha256 of each file, state.json's own content included)
+                            that makes truncation and bit flips detectable
 
 A data-parallel run (torchrun, see trimtab.distributed) writes model and optimizer sharded with
 torch.distributed.checkpoint instead, readable at any world size (a 1-process resume included):
@@ -46,6 +47,7 @@ from trimtab.storage import fetch_run, is_url
 log = logging.getLogger(__name__)
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
 SHARDED = "dcp"  # the torch.distributed.checkpoint directory of a sharded checkpoint
+STATE = "state.json"  # sealed by its own manifest entry (_sealed); written last, inside the temp dir
 CORRUPT = "corrupt"  # checkpoints/corrupt/: corrupt checkpoints set aside at resume
 _OS_ERROR = re.compile(r"os error (\d+)")
 NEARLY_FULL = 16 << 20  # bytes free below which a writer's errno-less failure is taken as ENOSPC
@@ -179,8 +181,9 @@ def install(tmp: Path, final: Path, state: dict[str, Any], digests: dict[str, di
     checkpoint, a lean snapshot), replacing one there; `tmp` is removed on any failure."""
     try:
         files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
+        files = [name for name in files if name != STATE]  # its entry is its seal (_sealed)
         manifest = {name: (digests or {}).get(name) or _digest(tmp / name) for name in files}
-        _write_json(tmp / "state.json", {**state, "manifest": manifest})
+        _write_json(tmp / STATE, _sealed({**state, "manifest": manifest}))
         # safetensors writes 0600, torch and dcp 0666 & ~umask: give every file the mode open() gave
         # state.json (reading the umask with os.umask would set it process-wide for a moment)
         mode = (tmp / "state.json").stat().st_mode & 0o777
@@ -225,7 +228,10 @@ def verify(path: Path) -> dict[str, Any]:
         manifest = state["manifest"]
     except (OSError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{path}: unreadable state.json ({exc})") from None
-    for name, expected in manifest.items():
+    # manifests written before state.json was sealed have no entry for it: nothing to check
+    if STATE in manifest and _seal(state) != manifest[STATE]:
+        raise CheckpointError(f"{path / STATE}: size or checksum differs from the manifest (truncated or corrupt)")
+    for name, expected in ((n, e) for n, e in manifest.items() if n != STATE):
         file = path / name
         if not file.is_file():
             raise CheckpointError(f"{file}: missing")
@@ -435,6 +441,22 @@ def _digest(path: Path) -> dict[str, Any]:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             sha.update(chunk)
     return {"bytes": path.stat().st_size, "sha256": sha.hexdigest()}
+
+
+def _sealed(state: dict[str, Any]) -> dict[str, Any]:
+    """`state` with its own sha256 in its manifest (manifest["state.json"]). A file cannot hold
+    its own digest, so the seal covers the content, less the seal itself (_seal)."""
+    # hashed as it will read back (json round trip: int dict keys become strings, tuples lists),
+    # so verify's hash of the parsed file matches
+    return {**state, "manifest": {**state["manifest"], STATE: _seal(json.loads(json.dumps(state)))}}
+
+
+def _seal(state: dict[str, Any]) -> dict[str, Any]:
+    """The manifest entry of state.json: sha256 of its content without that entry, serialized
+    canonically (so indentation is not part of it, and any changed value is)."""
+    content = {**state, "manifest": {n: e for n, e in state.get("manifest", {}).items() if n != STATE}}
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return {"sha256": hashlib.sha256(text.encode()).hexdigest()}
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

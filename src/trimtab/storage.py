@@ -111,7 +111,7 @@ class Remote:
         outside = [f for f in manifest if Path(f).is_absolute() or ".." in Path(f).parts]
         if outside:  # the bucket's word is not trusted with where files land
             raise ValueError(f"its manifest names a file outside the checkpoint: {outside[0]!r}")
-        for file in (*manifest, MANIFEST):
+        for file in (*(f for f in manifest if f != MANIFEST), MANIFEST):  # its own entry is its seal: once, last
             (into / file).parent.mkdir(parents=True, exist_ok=True)
             self.fs.get_file(f"{source}/{file}", str(into / file))
 
