@@ -23,11 +23,10 @@ ones. (Those steps were trained on; their bad rows are left out of every later e
 from __future__ import annotations
 
 import math
-from statistics import median
 from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
-from trimtab.orchestrator.monitors import Finding, StepMetrics
+from trimtab.orchestrator.monitors import Finding, StepMetrics, outlier_threshold
 
 
 class DataAttribution:
@@ -56,9 +55,7 @@ class DataAttribution:
         # a non-finite reference would make the threshold NaN, and every comparison with it false
         held_out = [x for x in view.held_out_row_losses(cfg.reference_rows) if math.isfinite(x)]
         reference = held_out or list(finite.values())
-        middle = median(reference) if reference else math.inf
-        spread = 1.4826 * median([abs(x - middle) for x in reference]) if reference else 0.0
-        threshold = middle + max(cfg.sigma * spread, cfg.min_gap)
+        middle, spread, threshold = outlier_threshold(reference, cfg.sigma, cfg.min_gap)
         broken = [r for r in scores if r not in finite] if finite else []  # all of them: the forward's
         high = [] if nonfinite else [r for r, loss in finite.items() if loss > threshold]
         bad = sorted(broken + high)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
@@ -96,6 +97,16 @@ class Rolling:
 
     def full(self) -> bool:
         return len(self.values) == self.values.maxlen
+
+
+def outlier_threshold(reference: list[float], sigma: float, min_gap: float) -> tuple[float, float, float]:
+    """(median, MAD-based spread, threshold) of `reference`: a row's loss above the median by
+    max(sigma x the spread, min_gap) is an outlier (rules rows and data). Empty: nothing is."""
+    if not reference:
+        return math.inf, 0.0, math.inf
+    middle = median(reference)
+    spread = 1.4826 * median([abs(x - middle) for x in reference])
+    return middle, spread, middle + max(sigma * spread, min_gap)
 
 
 class Monitor:

@@ -48,7 +48,7 @@ from statistics import median
 from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
-from trimtab.orchestrator.monitors import Finding, Monitor, StepMetrics
+from trimtab.orchestrator.monitors import Finding, Monitor, StepMetrics, outlier_threshold
 
 
 class OutlierRows(Monitor):
@@ -77,7 +77,7 @@ class OutlierRows(Monitor):
         if values and median(values) > median(self.recent) + cfg.min_gap:  # the model's doing, not a row's
             return None
         reference = list(self.recent) + values
-        middle, spread, threshold = self._threshold(reference)
+        middle, spread, threshold = outlier_threshold(reference, cfg.sigma, cfg.min_gap)
         named: dict[int, float | None] = {}  # row -> its gap when first seen (None: named at once)
         for row, loss in sorted(losses.items()):
             if math.isfinite(loss) and loss <= threshold:
@@ -109,18 +109,12 @@ class OutlierRows(Monitor):
         for key in ready:
             del self.due[key]
         scores = view.row_losses([int(k) for k in ready])  # {} in an RL or DPO phase: no row losses
-        middle, spread, threshold = self._threshold(list(self.recent))
+        middle, spread, threshold = outlier_threshold(list(self.recent), cfg.sigma, cfg.min_gap)
         # not finite alone, on weights that score the rest finite, is no evidence: the forward's
         named = {r: self.suspects.pop(str(r)) for r, loss in sorted(scores.items()) if threshold < loss < math.inf}
         if not named:
             return None
         return self._finding(m, scores, named, threshold, middle, spread, len(self.recent), rescored=len(scores))
-
-    def _threshold(self, reference: list[float]) -> tuple[float, float, float]:
-        """The reference's median, its MAD-based spread, and the loss above which a row is an outlier."""
-        middle = median(reference)
-        spread = 1.4826 * median([abs(x - middle) for x in reference])
-        return middle, spread, middle + max(self.cfg.sigma * spread, self.cfg.min_gap)
 
     def _finding(self, m, losses, named, threshold, middle, spread, n_reference, rescored: int = 0) -> Finding:
         bad = sorted(named)
