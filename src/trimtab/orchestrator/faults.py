@@ -369,17 +369,10 @@ class FaultInjector(Instrument):
 
     def _maybe_bad_grad(self, grad: torch.Tensor) -> torch.Tensor:
         self._grad_hooked = True
-        if self._flip_grad:  # once: the step's re-run computes it clean
-            grad = grad.clone()
-            self._flip_grad = not _flip_top_exponent(grad.to_local() if hasattr(grad, "to_local") else grad)
+        if not self._flip_grad and self._fire_grad is None:
             return grad
-        fault = self._fire_grad
-        if fault is None:
-            return grad
-        if fault.kind == "grad_spike":
-            return grad * fault.param
-        grad = grad.clone()
-        grad.view(-1)[0] = float("inf")
+        grad = grad.clone()  # an autograd hook returns the gradient to use: never write into autograd's
+        self._spoil(grad)
         return grad
 
     def _maybe_bad_shard(self, param: torch.Tensor) -> None:
@@ -387,20 +380,23 @@ class FaultInjector(Instrument):
         its reduce-scatter fills (no hook on the parameter fires): in this rank's shard, as
         accumulated (what this rank's clip and the orchestrator's gate read). A DTensor parameter
         whose gradient flowed through it (tensor parallelism alone) was hit by _maybe_bad_grad."""
-        if param.grad is None or self._grad_hooked:
-            return
-        local = param.grad.to_local()
+        if param.grad is not None and not self._grad_hooked:
+            self._spoil(param.grad.to_local())  # each reduce-scatter's (a micro-batch's, a re-run's)
+
+    def _spoil(self, grad: torch.Tensor) -> None:
+        """This step's gradient fault, in place: one bit flipped (once: the step's re-run computes
+        it clean), every element x grad_spike's factor, or one element +inf."""
         if self._flip_grad:
-            self._flip_grad = not _flip_top_exponent(local)
+            self._flip_grad = not _flip_top_exponent(grad.to_local() if hasattr(grad, "to_local") else grad)
             return
-        fault = self._fire_grad  # each reduce-scatter's (a micro-batch's, a re-run's): the fault persists
-        if fault is None or not local.numel():
+        fault = self._fire_grad
+        if fault is None or not grad.numel():
             return
         with torch.no_grad():
             if fault.kind == "grad_spike":
-                local.mul_(fault.param)
+                grad.mul_(fault.param)
             else:
-                local.view(-1)[0] = float("inf")
+                grad.view(-1)[0] = float("inf")
 
     def on_save_start(self, run: RunView) -> None:
         self.step = run.step
