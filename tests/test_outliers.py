@@ -180,10 +180,9 @@ def test_nothing_is_judged_before_the_reference_fills():
     assert rule.observe(data.step_metrics({10_000: 20.0})) is None  # 32 rows seen: under min_reference
 
 
-def test_thinly_spread_garbage_rows_are_named_and_left_out_through_the_loop(tmp_path):
-    """A quarter of two steps' rows turn to garbage for good (bad_rows): no step spikes, yet the
-    rows are named, at once where they are far out and on their next sighting otherwise, and no
-    clean row is (the corpus is repeated ~5 times, so every row is seen again)."""
+def rows_run(tmp_path, steps: int, max_bytes: int, fault: str, **orchestrator) -> tuple[set[int], list[dict]]:
+    """A debug run through the loop with `fault` (bad_rows): the rows it poisoned, and the rule
+    rows' decisions."""
     import trimtab
     from trimtab.config import load_config
     from trimtab.rundir import read_decisions
@@ -192,17 +191,24 @@ def test_thinly_spread_garbage_rows_are_named_and_left_out_through_the_loop(tmp_
         preset="debug",
         overrides={
             "out": str(tmp_path / "r"),
-            "train": {"max_steps": 48, "eval_every": 0, "precision": "fp32"},
-            "data": {"max_bytes": 60_000},
+            "train": {"max_steps": steps, "eval_every": 0, "precision": "fp32"},
+            "data": {"max_bytes": max_bytes},
             "checkpoint": {"every": 0},
             "log": {"progress": False, "tensorboard": False, "report": False},
-            "orchestrator": {"throughput": {"enabled": False}},
-            "faults": ["bad_rows@26:2"],
+            "orchestrator": {"throughput": {"enabled": False}, **orchestrator},
+            "faults": [fault],
         },
     )
     assert trimtab.train(cfg)["status"] == "completed"
     poisoned = set(json.loads((tmp_path / "r" / "faults.json").read_text())["poisoned"])
-    named = [d for d in read_decisions(tmp_path / "r") if d["rule"] == "rows"]
+    return poisoned, [d for d in read_decisions(tmp_path / "r") if d["rule"] == "rows"]
+
+
+def test_thinly_spread_garbage_rows_are_named_and_left_out_through_the_loop(tmp_path):
+    """A quarter of two steps' rows turn to garbage for good (bad_rows): no step spikes, yet the
+    rows are named, at once where they are far out and on their next sighting otherwise, and no
+    clean row is (the corpus is repeated ~5 times, so every row is seen again)."""
+    poisoned, named = rows_run(tmp_path, 48, 60_000, "bad_rows@26:2")
     left_out = {r for d in named for r in d["params"]["rows"]}
     assert len(poisoned) >= 8 and left_out <= poisoned and len(left_out) >= 0.75 * len(poisoned)
     assert {d["action"] for d in named} == {"skip_data"} and all(d["mode"] == "auto" for d in named)
@@ -214,25 +220,7 @@ def test_thin_garbage_seen_once_is_named_by_scoring_the_suspects_again_through_t
     """Garbage rows the run sees only once (under one epoch after them): the old rule kept them as
     suspects for a next sighting that never came; scored again confirm_after steps later, they are
     named."""
-    import trimtab
-    from trimtab.config import load_config
-    from trimtab.rundir import read_decisions
-
-    cfg = load_config(
-        preset="debug",
-        overrides={
-            "out": str(tmp_path / "r"),
-            "train": {"max_steps": 38, "eval_every": 0, "precision": "fp32"},
-            "data": {"max_bytes": 400_000},
-            "checkpoint": {"every": 0},
-            "log": {"progress": False, "tensorboard": False, "report": False},
-            "orchestrator": {"throughput": {"enabled": False}, "rows": {"confirm_after": 16}},
-            "faults": ["bad_rows@20:1"],
-        },
-    )
-    assert trimtab.train(cfg)["status"] == "completed"
-    poisoned = set(json.loads((tmp_path / "r" / "faults.json").read_text())["poisoned"])
-    named = [d for d in read_decisions(tmp_path / "r") if d["rule"] == "rows"]
+    poisoned, named = rows_run(tmp_path, 38, 400_000, "bad_rows@20:1", rows={"confirm_after": 16})
     left_out = {r for d in named for r in d["params"]["rows"]}
     rescored = {r for d in named if d["evidence"]["rescored"] for r in d["params"]["rows"]}
     # none is named on its first sighting or a second (there is none): all by scoring them again
