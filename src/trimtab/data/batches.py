@@ -277,7 +277,7 @@ class BatchLoader:
         return f"{cause}; resume with {again}, or {NEW_RUN}"
 
 
-def eval_batches(rows: Rows, micro_batch_tokens: int, max_tokens: int, pad_id: int) -> list[MicroBatch]:
+def eval_rows(rows: Rows, max_tokens: int) -> list[int]:
     """Rows in order while their input positions fit in max_tokens (at least one row)."""
     indices: list[int] = []
     n_tokens = 0
@@ -286,7 +286,47 @@ def eval_batches(rows: Rows, micro_batch_tokens: int, max_tokens: int, pad_id: i
             break
         indices.append(i)
         n_tokens += rows.length(i)
-    return micro_batches(rows, indices, micro_batch_tokens, pad_id)
+    return indices
+
+
+def eval_batches(rows: Rows, micro_batch_tokens: int, max_tokens: int, pad_id: int) -> list[MicroBatch]:
+    """eval_rows of `rows` in micro-batches of the budget."""
+    return micro_batches(rows, eval_rows(rows, max_tokens), micro_batch_tokens, pad_id)
+
+
+class HeldOut:
+    """A phase's held-out rows, and their micro-batches at the budget training runs at now.
+
+    Which rows are scored is chosen once (each held-out set's first rows within its share of
+    train.eval_tokens); only their grouping follows the training micro-batch budget, which an
+    out-of-memory heal lowers (and a resume restores): the evaluation, the orchestrator's probe
+    and its reference rows run no larger micro-batches than the training step that just ran out
+    of memory, over the same targets, so val_loss stays the same quantity across a re-split. The
+    probe is the rows of the first micro-batch at the starting budget, split alike: the baseline
+    it is compared with (a good checkpoint's) stays comparable too."""
+
+    def __init__(self, sets: list[tuple[Rows, list[int], str]], budget: int, pad_id: int) -> None:
+        self.sets = [s for s in sets if s[1]]  # (rows, the indices scored, the set's name: "" alone)
+        self.pad_id = pad_id
+        self.probe_rows = group_rows(self.sets[0][0], self.sets[0][1], budget)[0] if self.sets else []
+        self.budget = 0
+        self.micro: list[MicroBatch] = []
+        self.sources: list[str] = []  # each micro-batch's set
+        self.probe: list[MicroBatch] = []
+        self.at(budget)
+
+    def at(self, budget: int) -> HeldOut:
+        """Split at `budget` (a no-op while the budget stays)."""
+        if budget == self.budget:
+            return self
+        self.micro, self.sources = [], []
+        for rows, indices, name in self.sets:
+            micro = micro_batches(rows, indices, budget, self.pad_id)
+            self.micro += micro
+            self.sources += [name] * len(micro)
+        self.probe = micro_batches(self.sets[0][0], self.probe_rows, budget, self.pad_id) if self.sets else []
+        self.budget = budget
+        return self
 
 
 # ------------------------------------------------------------------------------ data parallelism

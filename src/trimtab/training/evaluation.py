@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trimtab.data import MicroBatch
+from trimtab.data.batches import HeldOut
 from trimtab.hardware import is_oom
 
 if TYPE_CHECKING:
@@ -20,6 +21,15 @@ if TYPE_CHECKING:
 def error_line(exc: BaseException) -> str:
     """An evaluation's failure in one line for the journal: its type and its message's first line."""
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+
+
+def held_out(t: Trainer) -> HeldOut | None:
+    """The phase's held-out rows in micro-batches of the budget training runs at now (the
+    loader's: an out-of-memory heal lowers it, a resume restores the lowered one), so no read of
+    them runs out of memory where training no longer does; None in an RL or DPO phase, whose
+    held-out figures are its loader's."""
+    rows: HeldOut | None = getattr(t.phases[t.state.phase], "held_out", None)
+    return rows.at(t.loader.micro_batch_tokens) if rows is not None else None
 
 
 @torch.no_grad()
@@ -69,18 +79,18 @@ def mean_losses(sums: list[list[float]], sources: list[str]) -> dict[str, float]
 def held_out_figures(t: Trainer) -> tuple[dict[str, Any], str]:
     """(val_loss, val_ppl and each mixture source's loss; "") or ({}, what went wrong); ({}, "")
     without eval data."""
-    micro_batches = t.phases[t.state.phase].eval_micro
-    if not micro_batches:
+    rows = held_out(t)
+    if rows is None or not rows.micro:
         return {}, ""
     t.watchdog.beat("evaluation")
     t.evaluating = True
     try:
-        sums, error = sharded_loss(t, micro_batches, t.cfg.train.eval_timeout)
+        sums, error = sharded_loss(t, rows.micro, t.cfg.train.eval_timeout)
     finally:
         t.evaluating = False
     if error:
         return {}, error
-    losses = mean_losses(sums, t.phases[t.state.phase].eval_sources)
+    losses = mean_losses(sums, rows.sources)
     return {
         "val_loss": losses["val_loss"],
         "val_ppl": math.exp(min(losses["val_loss"], 50.0)),

@@ -9,6 +9,8 @@ cross-entropy as training, so no [B, T, V] logits are ever held.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -37,3 +39,26 @@ def sources_of(rows: Rows, indices: list[int]) -> dict[str, int]:
     """How many of the rows come from each source (a row spanning documents counts for each)."""
     counts = Counter(source for i in indices for source in set(rows.sources(i)))
     return dict(counts.most_common())
+
+
+@contextmanager
+def untouched(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
+    """A read of the model (RunView's scoring) that leaves the run exactly as it was: every
+    module's train / eval mode (a scoring forward runs in eval; a hook may read inside a step,
+    in update_gate, before the re-run's forward: that must not run in eval), the routed layers'
+    last-forward state (MoE and Mixture-of-Depths `stats` and `aux_loss`: an eval forward
+    overwrites them, and add_expert picks the expert it splits from the MoE stats when no load
+    was counted) and the random number generators (the CPU's, and a GPU's). The MoE
+    `load` and the balancing bias are written by training forwards and steps only."""
+    modes = [(m, m.training) for m in model.modules()]
+    routed = [layer for _, layer in model.moe_layers()] + [router for _, router in model.mod_layers()]
+    last = [(layer.aux_loss, layer.stats) for layer in routed]
+    # the CPU's generator always; a GPU's too (another accelerator's draws no read makes: none in eval)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type="cuda"):
+        try:
+            yield
+        finally:
+            for module, mode in modes:
+                module.training = mode  # each module's own: train(mode) would set its children too
+            for layer, (aux, stats) in zip(routed, last):
+                layer.aux_loss, layer.stats = aux, stats

@@ -26,7 +26,8 @@ import yaml
 from trimtab import hf
 from trimtab.checkpoint import check_fits, is_sharded, latest_valid, load_model, local_run
 from trimtab.config import DataConfig, OptimConfig, RunConfig, derive, read_saved, resolve
-from trimtab.data import BatchLoader, MicroBatch, Rows, TextTokenizer, eval_batches, get_tokenizer
+from trimtab.data import BatchLoader, MicroBatch, Rows, TextTokenizer, get_tokenizer
+from trimtab.data.batches import HeldOut, eval_rows
 from trimtab.data.dataset import PhaseData, build_phase_data, first_prepared, open_eval_source, open_sources
 from trimtab.data.packing import ConcatRows
 from trimtab.data.prepared import ShardedRows
@@ -68,14 +69,18 @@ class Phase:
     data: DataConfig
     optim: OptimConfig
     train_rows: Rows | ConcatRows | ShardedRows
-    eval_micro: list[MicroBatch]
-    eval_sources: list[str]  # the source of each eval micro-batch (a mixture's name for it)
+    held_out: HeldOut  # its micro-batches at the budget training runs at: training/evaluation.py held_out
     skipped_records: int
     weights: list[float]  # each source's share of a step's tokens (data.mix)
     names: list[str]
     # documents the garbage screen flagged and kept (data.garbage_filter=warn) and their training
     # rows, per source: the orchestrator reads them through RunView.garbage_rows
     flagged: list[Flagged] = field(default_factory=list)
+
+    @property
+    def eval_micro(self) -> list[MicroBatch]:
+        """The held-out micro-batches as last split (as RL's and DPO's phases name theirs)."""
+        return self.held_out.micro
 
     def loader(self, cfg: RunConfig, pad_id: int, rank: int = 0, world: int = 1) -> BatchLoader:
         """The phase's loader; under data parallelism it serves this rank's share of each step."""
@@ -114,7 +119,6 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
     for (name, data, optim, _), sources, eval_source in zip(specs, opened, evals):
         built = build_phase_data(data, sources, tok, cfg.train.seed, cache_dir(), eval_source)
         steps = cfg.finetune.steps if name == "finetune" else resolve_max_steps(cfg, built.train.n_tokens, tok)
-        micro, micro_sources = eval_micro(built, cfg.train.micro_budget, cfg.train.eval_tokens, tok.pad_id)
         phases.append(
             Phase(
                 name=name,
@@ -123,8 +127,7 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
                 data=data,
                 optim=optim,
                 train_rows=built.train,
-                eval_micro=micro,
-                eval_sources=micro_sources,
+                held_out=held_out(built, cfg.train.micro_budget, cfg.train.eval_tokens, tok.pad_id),
                 skipped_records=built.skipped_records,
                 weights=built.weights,
                 names=built.names,
@@ -148,20 +151,16 @@ def _rl_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer, 
     return tok, [build_dpo_phase(cfg, tok) if cfg.dpo.enabled else build_rl_phase(cfg, tok)]
 
 
-def eval_micro(
-    built: PhaseData, micro_budget: int, eval_tokens: int, pad_id: int
-) -> tuple[list[MicroBatch], list[str]]:
-    """Evaluation micro-batches, train.eval_tokens shared among a mixture's held-out sets by
-    weight, and the source of each."""
+def held_out(built: PhaseData, micro_budget: int, eval_tokens: int, pad_id: int) -> HeldOut:
+    """The rows evaluated, train.eval_tokens shared among a mixture's held-out sets by weight,
+    split at the starting budget."""
     several = len(built.evals) > 1
     weights, names = (built.weights, built.names) if several else ([1.0], [""])
-    out, sources = [], []
-    for rows, weight, name in zip(built.evals, weights, names):
-        if len(rows):
-            micro = eval_batches(rows, micro_budget, max(1, int(eval_tokens * weight)), pad_id)
-            out += micro
-            sources += [name] * len(micro)
-    return out, sources
+    sets = [
+        (rows, eval_rows(rows, max(1, int(eval_tokens * weight))) if len(rows) else [], name)
+        for rows, weight, name in zip(built.evals, weights, names)
+    ]
+    return HeldOut(sets, micro_budget, pad_id)
 
 
 def resolve_max_steps(cfg: RunConfig, train_tokens: int, tok: TextTokenizer) -> int:

@@ -26,7 +26,7 @@ from trimtab.data.quality import Flagged
 from trimtab.hardware import is_oom
 from trimtab.training import scoring
 from trimtab.training.control import Control, Requests
-from trimtab.training.evaluation import error_line
+from trimtab.training.evaluation import error_line, held_out
 from trimtab.training.schedule import phase_lr
 
 if TYPE_CHECKING:
@@ -186,8 +186,8 @@ class RunView:
     def held_out_row_losses(self, limit: int = 64) -> list[float]:
         """Up to `limit` held-out rows' mean losses, scored as row_losses scores: the reference."""
         t = self._t
-        micro, n = [], 0
-        for batch in t.phases[t.state.phase].eval_micro:
+        rows, micro, n = held_out(t), [], 0
+        for batch in rows.micro if rows is not None else []:
             if n >= limit:
                 break
             micro.append(batch)
@@ -216,24 +216,33 @@ class RunView:
         data (RL and DPO: their objectives move a held-out text's loss, so none is compared), or
         when scoring it ran out of memory (on any rank: the ranks agree before they average)."""
         t = self._t
-        micro = t.phases[t.state.phase].eval_micro
         if not t.dist.all_finite(t.model.parameters()):
             return math.nan
-        if not micro:
+        rows = held_out(t)
+        if rows is None or not rows.probe:
             return None
-        t.model.eval()
+        # the same rows at any budget (HeldOut.probe): the baseline a good checkpoint measured
+        # stays comparable after an out-of-memory heal splits them smaller
+        micro = rows.probe
+
+        def summed() -> torch.Tensor:
+            t.model.eval()
+            return torch.stack([t.score(m).float() for m in micro]).sum()
+
         # this rank's sum alone inside the guard: averaging is a collective that a rank which ran
         # out of memory never reaches, so the others would wait in it for the watchdog
-        local = self._unless_oom("scoring the held-out probe", lambda: t.score(micro[0]).float(), None)
-        return None if local is None else t.dist.mean_over_ranks(local).item() / max(micro[0].n_targets, 1)
+        local = self._unless_oom("scoring the held-out probe", summed, None)
+        return None if local is None else t.dist.mean_over_ranks(local).item() / max(sum(m.n_targets for m in micro), 1)
 
     def _unless_oom(self, what: str, read: Callable[[], T], empty: T) -> T:
         """read(), or `empty` when it ran out of memory on any rank (they agree, so all decide
         alike): the orchestrator's looking must never end the run, and no probe or no scores is
-        what its callers already take as nothing to compare. Said on the console once per read."""
+        what its callers already take as nothing to compare. Said on the console once per read.
+        The run is left exactly as it was (scoring.untouched): a read must not change training."""
         t, error, value = self._t, "", empty
         try:
-            with t.dist.completing_forward():  # FSDP2: this rank's failure joins the others' all-gathers
+            # FSDP2: this rank's failure joins the others' all-gathers
+            with t.dist.completing_forward(), scoring.untouched(t.model, t.device):
                 value = read()
         except (torch.OutOfMemoryError, RuntimeError) as exc:
             if not is_oom(exc):
