@@ -137,7 +137,10 @@ def restart_finding(incident: dict[str, Any], step: int) -> Finding:
     who = f"rank {', '.join(map(str, blamed))}" if blamed else "the job"
     nodes = ", ".join(map(str, incident.get("nodes_to_blame", [])))
     what = {
-        "hang": f"{who} stopped in {incident.get('section')} for {incident.get('stalled_s', 0):.0f} s "
+        "hang": f"{who} stopped in {incident.get('section')} and did not answer the alarm (frozen or gone; its "
+        f"last beat {incident.get('beat_age_s', 0):.0f} s before the alarm)"
+        if incident.get("silent")
+        else f"{who} stopped in {incident.get('section')} for {incident.get('stalled_s', 0):.0f} s "
         f"(timeout {incident.get('timeout_s') or 0:.0f} s)",
         "lost_rank": f"{who} lost without a word"
         if blamed

@@ -3,8 +3,9 @@ reads them): RUN_DIR/ranks/rankR.json (each rank's beats and exit record, resili
 RUN_DIR/hangs/ (the watchdog's stacks and alarm), the run lock's heartbeat and metrics.jsonl.
 
     hang       a rank's watchdog ended a section that ran past its timeout; the rank that
-               stopped is one that wrote no stack (frozen, its watchdog with it, or gone), else
-               the one in the earliest section of the step (the others wait for it in a collective)
+               stopped is one that wrote no stack (frozen, its watchdog with it, or gone: where its
+               last beat says, written as it entered the section), else the one furthest behind
+               (the step, then the section: the others wait for it in a collective)
     lost_rank  a rank left no exit record while the others left theirs (the error from the
                collective it left): killed (SIGKILL, the OOM killer), its process gone
     lost_node  as lost_rank, and the silent ranks are every rank of one or more nodes (torchrun's
@@ -26,21 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.resilience.elastic import session
-from trimtab.resilience.watchdog import ALARM, HANGS, LOST, RANKS
+from trimtab.resilience.watchdog import ALARM, HANGS, LOST, RANKS, SECTIONS, stopped
 from trimtab.rundir import LOCK, METRICS_FILE, read_json
 
-# a step's sections in the order the loop enters them (resilience/watchdog.py): where a hang stopped
-SECTIONS = (
-    "start-up",
-    "data",
-    "forward_backward",
-    "sync",
-    "optimizer",
-    "hooks",
-    "rollback",
-    "evaluation",
-    "checkpoint",
-)
 TAIL_BYTES = 1 << 16
 
 
@@ -95,20 +84,19 @@ def localize(run_dir: Path, since: float, archive_as: str) -> dict[str, Any]:
         "step_exact": bool(hangs) or any(r.get("exit") for r in ranks.values()),
     }
     if hangs:
-        first = min(SECTIONS.index(h["section"]) if h["section"] in SECTIONS else 0 for h in hangs)
-        stopped = [h for h in hangs if h["section"] in SECTIONS and SECTIONS.index(h["section"]) == first]
-        stopped = stopped or hangs
-        # a rank that wrote no stack did not answer the alarm: frozen (its watchdog too) or gone
-        mute = sorted(set(ranks) - {h["rank"] for h in hangs})
+        blame = stopped(hangs, ranks)
         evidence.update(
             kind="hang",
-            ranks_to_blame=mute or sorted(h["rank"] for h in stopped),
-            silent=mute,
-            section=(ranks[mute[0]].get("section") if mute else stopped[0]["section"]),
+            ranks_to_blame=blame["ranks"],
+            silent=blame["silent"],
+            section=blame["section"],
             stalled_s=max(h["seconds"] for h in hangs),
             timeout_s=min((h["timeout_s"] for h in hangs if h.get("raised")), default=None),
             stacks=_archive(run_dir, archive_as),
         )
+        if blame["silent"]:  # how old the silent rank's word is when the alarm was raised
+            beat = ranks[blame["silent"][0]]
+            evidence["beat_age_s"] = round(min(h.get("time", 0.0) for h in hangs) - beat.get("time", 0.0), 3)
         return evidence
     excluded = sorted(k for k, r in ranks.items() if str(r.get("exit") or "").startswith("excluded"))
     if excluded:

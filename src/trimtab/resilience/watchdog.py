@@ -15,8 +15,11 @@ Before it ends the process, the watchdog writes every thread's Python stack to
 RUN_DIR/hangs/rankR.txt and raises the alarm in RUN_DIR/hangs/alarm.json; every other rank's
 watchdog sees the alarm within ALARM_POLL_S and writes its own stack too, so the hang explains itself
 (the rank still in `data` while the others wait in `sync` is the one that stopped). Each rank also
-keeps RUN_DIR/ranks/rankR.json (host, pid, step, section; every `beat_s`): after a restart, the
-rank whose beats stopped first and that left no exit record is the one that was lost.
+keeps RUN_DIR/ranks/rankR.json (host, pid, step, section; every `beat_s`, and at once when the loop
+enters a section SECTION_BEAT_S after the last write): after a restart, the rank whose beats
+stopped first and that left no exit record is the one that was lost; a frozen rank (SIGSTOP, a
+deadlock holding the GIL: its watchdog thread stops with it) is named where it froze, not where its
+timer last wrote.
 
 Torch-free (the thread must run while the main thread is stuck inside torch).
 """
@@ -45,6 +48,22 @@ POLL_S = 0.5  # the timeouts' resolution
 ALARM_POLL_S = 2.0  # one stat of hangs/alarm.json per rank this often (a shared filesystem's load)
 GRACE_S = 5.0  # how long the rank that raised the alarm waits for the others' stacks
 FROZEN_S = 1.0  # a poll this much later than POLL_S, the loop's thread idle through it: the process was stopped
+# The loop writes its beat file itself on entering a section this long after the last write: a rank
+# that freezes (its watchdog thread frozen too) leaves the section and step it froze in, not one of
+# up to beat_s before. At most one write a second on the loop's thread, never one per section of a fast step.
+SECTION_BEAT_S = 1.0
+# a step's sections in the order the loop enters them: where a hang stopped (incidents.py, the console)
+SECTIONS = (
+    "start-up",
+    "data",
+    "forward_backward",
+    "sync",
+    "optimizer",
+    "hooks",
+    "rollback",
+    "evaluation",
+    "checkpoint",
+)
 
 
 class Watchdog:
@@ -73,6 +92,7 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._last_beat_file = 0.0
         self._kept_lost = False  # the previous session's beat file moved aside before the first write
+        self._beat_lock = threading.Lock()  # the loop and this thread both write the beat file (one temp name)
         self._loop_thread = threading.get_ident()  # whose CPU time tells a stopped process from a busy one
         self._polled = (time.monotonic(), time.thread_time())  # the last poll: monotonic, the loop thread's CPU
         self._thawed = (0.0, 0.0)  # (a section's start, the seconds the process was stopped within it)
@@ -89,6 +109,8 @@ class Watchdog:
         self.current = (section, now)  # one store: the thread never sees a section with another's start
         if step is not None:
             self.step = step
+        if time.time() - self._last_beat_file >= SECTION_BEAT_S:  # never wait on the thread's own write
+            self._write_beat(wait=False)
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[Watchdog]:
@@ -225,14 +247,40 @@ class Watchdog:
     def _say(self, raised: bool, section: str, elapsed: float, limit: float, folder: Path) -> None:
         """One line on the console: torchrun shows only the exit code (5), and what happened is in
         the hangs/ folder and the next session's journal."""
-        what = (
-            f"hung: {section} ran {elapsed:.0f} s at step {self.step}, past its timeout of {limit:.0f} s "
-            "(the resilience.* timeouts, docs/resilience.md)"
-            if raised
-            else f"ended at step {self.step} on another rank's hang alarm"
-        )
+        what = self._hung_words(section, elapsed, limit, folder) if raised else ""
+        what = what or f"ended at step {self.step} on another rank's hang alarm"
         with contextlib.suppress(OSError, ValueError):
             print(f"trimtab: rank {self.rank} {what}; the ranks' stacks are in {folder}", file=sys.stderr, flush=True)
+
+    def _hung_words(self, section: str, elapsed: float, limit: float, folder: Path) -> str:
+        """What the rank that raised the alarm says: it hung, or it only waited (in a collective)
+        for the rank that stopped, named with where it stopped."""
+        past = f"past its timeout of {limit:.0f} s (the resilience.* timeouts, docs/resilience.md)"
+        blame = stopped(self._session_hangs(folder, section), self._session_beats())
+        if blame["ranks"] == [self.rank]:
+            return f"hung: {section} ran {elapsed:.0f} s at step {self.step}, {past}"
+        who = f"rank {', '.join(map(str, blame['ranks']))}"
+        where = f" in {blame['section']} at step {blame['step']}" if blame["section"] else ""
+        why = (
+            "and did not answer the alarm (frozen: stopped, or deadlocked holding the GIL; or gone)"
+            if blame["silent"]
+            else "(the others wait for it in a collective)"
+        )
+        return f"waited {elapsed:.0f} s in {section} at step {self.step}, {past}: {who} stopped{where} {why}"
+
+    def _session_hangs(self, folder: Path, section: str) -> list[dict[str, Any]]:
+        """This session's hang records: the other ranks' that answered the alarm, and this one's."""
+        records = [read_json(folder / f"rank{r}.json") for r in range(self.world) if r != self.rank]
+        found = [r for r in records if isinstance(r, dict) and "section" in r and r.get("time", 0) >= self.started]
+        return [*found, {"rank": self.rank, "step": self.step, "section": section}]
+
+    def _session_beats(self) -> dict[int, dict[str, Any]]:
+        """Every rank of the job -> its last beat of this session ({} where it wrote none)."""
+        beats: dict[int, dict[str, Any]] = {}
+        for rank in range(self.world):
+            beat = read_json(self.run_dir / RANKS / f"rank{rank}.json")
+            beats[rank] = beat if isinstance(beat, dict) and beat.get("session") == session() else {}
+        return beats
 
     def _end_mute_peers(self, folder: Path) -> None:
         """Ranks of this job on this host that wrote no stack within the grace are frozen (a
@@ -246,7 +294,17 @@ class Watchdog:
                 with contextlib.suppress(OSError):
                     os.kill(int(beat["pid"]), signal.SIGKILL)
 
-    def _write_beat(self, **extra: Any) -> None:
+    def _write_beat(self, wait: bool = True, **extra: Any) -> None:
+        """This rank's beat file now (with `extra`: its exit record); wait=False: not if the other
+        thread is writing it (the loop's write skipped then, the next section's comes a second later)."""
+        if not self._beat_lock.acquire(blocking=wait):
+            return
+        try:
+            self._write_beat_locked(extra)
+        finally:
+            self._beat_lock.release()
+
+    def _write_beat_locked(self, extra: dict[str, Any]) -> None:
         self._last_beat_file = time.time()
         record = {
             "rank": self.rank,
@@ -268,6 +326,32 @@ class Watchdog:
                 if isinstance(old, dict) and old.get("session") != record["session"]:
                     os.replace(path, path.with_suffix(LOST))
             write_json(path, record, indent=None, durable="exit" in extra)
+
+
+def stopped(hangs: list[dict[str, Any]], beats: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Which ranks stopped a hung job and where, from the hang records of the ranks that answered
+    the alarm (`hangs`) and every rank's last beat (`beats`: rank -> record). A rank that wrote no
+    stack did not answer: frozen (its watchdog with it) or gone, and its last beat says where it
+    was (written as it entered the section: SECTION_BEAT_S). Else the ranks furthest behind (the
+    step, then the section): the others wait for them in a collective."""
+    mute = sorted(set(beats) - {h["rank"] for h in hangs})
+    if mute:
+        beat = beats[mute[0]]
+        return {"ranks": mute, "silent": mute, "section": beat.get("section"), "step": beat.get("step")}
+    first = min(map(_position, hangs))
+    behind = [h for h in hangs if _position(h) == first]
+    return {
+        "ranks": sorted(h["rank"] for h in behind),
+        "silent": [],
+        "section": behind[0]["section"],
+        "step": behind[0].get("step"),
+    }
+
+
+def _position(record: dict[str, Any]) -> tuple[int, int]:
+    """How far a rank's record got: its step, then its section's place in the step."""
+    section = record.get("section")
+    return int(record.get("step") or 0), SECTIONS.index(section) if section in SECTIONS else 0
 
 
 def process_start(pid: int) -> float | None:
