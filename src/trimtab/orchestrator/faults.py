@@ -4,6 +4,8 @@
 
 KIND@STEP[:PARAM][@rankR]; what fired is recorded in RUN_DIR/faults.json at once, so a transient
 fault does not fire again after a rollback or a restart (the world, not the run, remembers it).
+The record is a test instrument's bookkeeping and never ends the run: a write that fails (a full
+disk) is said once and the whole record, kept in memory, is written again at the next firing.
 A fault added to a resumed run at a step it has passed is said and not injected (its step ran
 without it: firing it at the next step would test another step than the one asked for); one of
 the PERSISTENT kinds is said and in force from the next step, as from any step after its own.
@@ -128,6 +130,7 @@ class FaultInjector(Instrument):
         self._tokens = 0  # in the forward now running (oom compares it with its limit)
         self._forward_t0 = 0.0  # when the forward now running began (slow_rank)
         self.run: RunView | None = None
+        self._save_failed = False  # a write of faults.json failed: said once, retried at each firing
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -215,7 +218,17 @@ class FaultInjector(Instrument):
         return next((f for f in self.faults if f.kind == kind and self._due(f)), None)
 
     def _save(self) -> None:
-        write_json(self.path, self.record, indent=None)
+        """The whole record into faults.json (atomic: a failed write leaves the file as it was)."""
+        try:
+            write_json(self.path, self.record, indent=None)
+        except OSError as exc:
+            if not self._save_failed and self.run is not None:
+                self.run.say(
+                    f"faults: could not write {self.path} ({exc}); training goes on and the record is written "
+                    "again at the next firing (until then a restart may fire these faults again): free space on "
+                    "the run directory's disk"
+                )
+            self._save_failed = True
 
     # ------------------------------------------------------------------ injection points
 
