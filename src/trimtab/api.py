@@ -117,7 +117,7 @@ def load_run(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokenizer
         raise CheckpointError(f"'{run_dir}' has no valid checkpoint yet; train it first")
     model = build_model(cfg.model)
     load_model(model, found[0])
-    return cfg, model.eval(), TextTokenizer.load(run_dir / "tokenizer.json")
+    return cfg, model.eval(), TextTokenizer.load(run_dir / "tokenizer.json", key="the run's tokenizer")
 
 
 def generate(

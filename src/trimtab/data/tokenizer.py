@@ -196,12 +196,11 @@ class TextTokenizer:
             write_json(path.with_name(HF_CONFIG), self.hf)
 
     @classmethod
-    def load(
-        cls, path: Path, key: str = "tokenizer file", fix: str = "save it with tokenizers' Tokenizer.save"
-    ) -> TextTokenizer:
+    def load(cls, path: Path, key: str = "tokenizer file", fix: str | None = None) -> TextTokenizer:
         """Load a tokenizer.json, or a directory's (a Hugging Face model's: a tokenizer_config.json
         beside it makes it a Hugging Face one); `key` names it in errors (e.g. "data.tokenizer"),
-        `fix` ends the error of an unreadable one."""
+        `fix` ends the error of a corrupt one (by default: restore it, or point data.tokenizer at a
+        good one when that is the key)."""
         path = Path(path)
         if path.is_dir():
             if not (path / "tokenizer.json").is_file():
@@ -214,15 +213,39 @@ class TextTokenizer:
             raise DataError(f"{key} '{path}' does not exist; check the path")
         try:
             tok = Tokenizer.from_file(str(path))
-        except Exception as exc:  # tokenizers raises a bare Exception for unreadable files
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise DataError(f"{key} '{path}' is not a tokenizers JSON file ({reason}); {fix}") from None
+        except Exception as exc:  # tokenizers raises a bare Exception, its text serde's, for any bad file
+            if fix is None:
+                fix = "restore a good copy of it (a backup, or the copy in checkpoint.dir's store if the run has one)"
+                if key == "data.tokenizer":
+                    fix = "restore it, or point data.tokenizer at a good tokenizer.json (tokenizers' Tokenizer.save)"
+            raise DataError(f"{key} '{path}' is corrupt or unreadable: {_damage(path, exc)}; {fix}") from None
         if (path.parent / HF_CONFIG).is_file():
             return cls(tok, _hf_settings(tok, path.parent / HF_CONFIG, key), path.parent / HF_CONFIG)
         if tok.token_to_id(EOS) is None:
             raise DataError(f"{key} '{path}' has no {EOS} token; add it to the tokenizer's vocabulary")
         tok.add_special_tokens(SPECIAL_TOKENS)  # no-op for those present; new ids for the rest
         return cls(tok)
+
+
+def _damage(path: Path, exc: Exception) -> str:
+    """What is wrong with a tokenizer file tokenizers could not read, in words: unreadable, not
+    JSON (cut short or garbled: where, as Python's parser says), or JSON that is no tokenizer."""
+    try:
+        text = path.read_bytes().decode()
+    except OSError as err:
+        return f"it cannot be read ({err.strerror or err})"
+    except UnicodeDecodeError:
+        return "it is not text (binary or garbled bytes)"
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        where = f"line {err.lineno} column {err.colno}" if isinstance(err, json.JSONDecodeError) else str(err)
+        cut = not text.rstrip().endswith("}")  # a whole one ends its object; a truncated write does not
+        return f"it is not valid JSON ({'cut short' if cut else 'garbled'}: {where} of {len(text)} bytes)"
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if not isinstance(value, dict) or "model" not in value:
+        return "it is JSON but not a tokenizer (a tokenizers tokenizer.json has a 'model' with its vocabulary)"
+    return f"it is JSON but not a tokenizer tokenizers can read ({reason})"
 
 
 def _within(spans: tuple[tuple[int, int], ...], start: int, end: int) -> list[tuple[int, int]]:
