@@ -463,3 +463,22 @@ def test_a_restored_run_that_compares_with_its_start_gets_the_step_0_checkpoint_
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000000", "step_000008"]
     assert reference_steps(load_config(preset="debug", overrides={"dpo": {"enabled": True}})) == ("step_000000",)
     assert reference_steps(load_config(preset="debug")) == ()
+
+
+def test_a_newer_format_checkpoint_in_the_store_is_refused_not_passed_over(tmp_path, caplog):
+    """A checkpoint a newer trimtab uploaded is not corrupt: restoring the one before it would
+    train the run back from there; the refusal (with its fix) reaches the caller."""
+    from trimtab.errors import NewerCheckpointError
+
+    remote = open_remote(f"memory://trimtab-test-{uuid.uuid4().hex[:8]}/ckpt")
+    for step in (2, 4):
+        remote.upload(fake_step(tmp_path / "src", step))
+
+    def verify(path):
+        if path.name.endswith("step_000004_remote"):
+            raise NewerCheckpointError(f"{path}: checkpoint format 9 is newer than this trimtab's; upgrade trimtab")
+        return {}
+
+    with pytest.raises(NewerCheckpointError, match="upgrade trimtab"):
+        restore(remote, tmp_path / "dst", verify)
+    assert not (tmp_path / "dst").exists() or not list((tmp_path / "dst").iterdir())  # nothing half-restored

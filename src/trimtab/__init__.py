@@ -20,7 +20,7 @@ _LAZY = {
 }
 
 __all__ = [*_LAZY, "TrimtabError", "ConfigError", "DataError", "CheckpointError"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def __getattr__(name: str):

@@ -15,6 +15,10 @@ torch.distributed.checkpoint instead, readable at any world size (a 1-process re
         optim.pt            RNG state of every rank, GradScaler state
         state.json          as above; its manifest covers every rank's files
 
+state.json records the checkpoint's format (FORMAT): a checkpoint of a newer format, written by a
+newer trimtab, is refused with the fix (upgrade trimtab) instead of failing deep in a load, and
+never taken for corrupt; one without it (written before formats were recorded) is format 0.
+
 state.json is written last, inside the temp dir, so a directory named step_* is complete by
 construction; the manifest still catches later damage (a truncated copy, a bad disk). A corrupt
 checkpoint found at resume is moved to checkpoints/corrupt/ (set_aside_corrupt), where nothing
@@ -40,7 +44,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from trimtab.errors import CheckpointError
+from trimtab import __version__
+from trimtab.errors import CheckpointError, NewerCheckpointError
 from trimtab.model.upgrade import upgrade_weights
 from trimtab.storage import fetch_run, is_url
 
@@ -51,6 +56,9 @@ STATE = "state.json"  # sealed by its own manifest entry (_sealed); written last
 CORRUPT = "corrupt"  # checkpoints/corrupt/: corrupt checkpoints set aside at resume
 _OS_ERROR = re.compile(r"os error (\d+)")
 NEARLY_FULL = 16 << 20  # bytes free below which a writer's errno-less failure is taken as ENOSPC
+# What state.json's "format" says this code writes: raise it when a change to what a checkpoint holds
+# (a renamed or new key a load needs, a new file) would break the load of an older trimtab.
+FORMAT = 1
 
 
 def os_error(exc: BaseException, where: Path | str = "") -> OSError | None:
@@ -183,7 +191,7 @@ def install(tmp: Path, final: Path, state: dict[str, Any], digests: dict[str, di
         files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         files = [name for name in files if name != STATE]  # its entry is its seal (_sealed)
         manifest = {name: (digests or {}).get(name) or _digest(tmp / name) for name in files}
-        _write_json(tmp / STATE, _sealed({**state, "manifest": manifest}))
+        _write_json(tmp / STATE, _sealed({**state, "format": FORMAT, "manifest": manifest}))
         # safetensors writes 0600, torch and dcp 0666 & ~umask: give every file the mode open() gave
         # state.json (reading the umask with os.umask would set it process-wide for a moment)
         mode = (tmp / "state.json").stat().st_mode & 0o777
@@ -228,6 +236,7 @@ def verify(path: Path) -> dict[str, Any]:
         manifest = state["manifest"]
     except (OSError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{path}: unreadable state.json ({exc})") from None
+    check_format(path, state)
     # manifests written before state.json was sealed have no entry for it: nothing to check
     if STATE in manifest and _seal(state) != manifest[STATE]:
         raise CheckpointError(f"{path / STATE}: size or checksum differs from the manifest (truncated or corrupt)")
@@ -240,12 +249,26 @@ def verify(path: Path) -> dict[str, Any]:
     return state
 
 
+def check_format(path: Path, state: dict[str, Any]) -> None:
+    """Refuse a checkpoint whose state.json says a format newer than FORMAT (none: format 0)."""
+    found = state.get("format", 0)
+    if isinstance(found, int) and not isinstance(found, bool) and found <= FORMAT:
+        return
+    raise NewerCheckpointError(
+        f"{path}: checkpoint format {found!r} is newer than this trimtab's ({__version__}: format {FORMAT} "
+        "and older); it was written by a newer trimtab: upgrade trimtab (pip install -U trimtab) to resume, "
+        "load or export it"
+    )
+
+
 def latest_valid(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     """Newest checkpoint that verifies; corrupt newer ones are skipped with a warning (what happens
     instead is the caller's to say: an older one, or none)."""
     for path in reversed(list_checkpoints(run_dir)):
         try:
             return path, verify(path)
+        except NewerCheckpointError:
+            raise
         except CheckpointError as exc:
             log.warning("skipping corrupt checkpoint: %s", exc)
     return None
@@ -276,6 +299,8 @@ def find_checkpoint(run_dir: Path, to: str | int = "last_good") -> tuple[Path, d
             continue
         try:
             state = verify(path)
+        except NewerCheckpointError:
+            raise
         except CheckpointError as exc:
             log.warning("skipping corrupt checkpoint: %s", exc)
             continue

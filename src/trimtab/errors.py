@@ -28,6 +28,11 @@ class CheckpointError(TrimtabError):
     """No usable checkpoint, or a run directory that does not match the config."""
 
 
+class NewerCheckpointError(CheckpointError):
+    """A checkpoint written by a newer trimtab: not corrupt (never set aside, nor passed over for
+    an older one, which would train the run back from there), only unreadable by this code."""
+
+
 class RunStateError(TrimtabError):
     """A run directory is being trained by another process, or is not running when a command needs
     a live job; the message says who holds it, or when it was last alive."""

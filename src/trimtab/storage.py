@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from trimtab.errors import ConfigError
+from trimtab.errors import ConfigError, NewerCheckpointError
 from trimtab.extras import require
 from trimtab.paths import cache_dir
 from trimtab.rundir import DECISIONS_FILE, GOODPUT_FILE, METRICS_FILE, write_atomic
@@ -244,6 +244,9 @@ def restore(
         try:
             remote.download(name, tmp)
             state = verify(tmp)
+        except NewerCheckpointError:  # not corrupt: an older copy would train the run back from there
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         except Exception as exc:  # a corrupt or vanished copy: the one before it, as on disk
             shutil.rmtree(tmp, ignore_errors=True)
             log.warning("%s/%s: skipped, not a valid checkpoint (%s)", remote.url, name, redact(exc))
