@@ -35,8 +35,9 @@ directory on a real tmpfs sized from the clean run's checkpoints to hold the ini
 older checkpoints must make room; disk_real_full's tmpfs holds no full checkpoint (exit 4 expected
 under auto), relaunched once after the tmpfs is remounted large enough, as after a person freed
 space. The tmpfs is mounted by this process (root, Linux): where it cannot be, both scenarios are
-reported as skipped with the reason. lr_too_high trains with optim.lr 100x the preset's, in both
-modes. garbage_corpus trains on a real mixed corpus, a JSONL file of the built-in corpus's text with
+reported as skipped with the reason. lr_too_high trains with optim.lr 100x the preset's, lr_30x
+and lr_3x with 30x and 3x, in both modes. garbage_corpus trains on a real mixed corpus, a JSONL
+file of the built-in corpus's text with
 ~3% garbage documents (random bytes, base64, hex dumps, other scripts, mojibake) at random places,
 for 3 epochs (the orchestrator names a row on its second sighting); its reference is the same file
 without the garbage lines, orchestrator off, evaluated on the same held-out clean documents with the
@@ -82,12 +83,14 @@ BALANCE_STEPS = 20  # the load is judged over the last this many steps
 # (checkpoint.keep=3); a freed one holds FREED_FULLS (three kept and one being written).
 REAL_DISK = {"disk_real": 2.5, "disk_real_full": 0.5}
 FREED_FULLS = 5.0
-LR_FACTOR = 100  # lr_too_high: optim.lr this many times the preset's
+# optim.lr this many times the preset's: 100x shows as a loss above its start, 30x and 3x do not
+# (their updates overshoot: orchestrator/trends.py AboveStart, the gain)
+LR_FACTORS = {"lr_too_high": 100, "lr_30x": 30, "lr_3x": 3}
 GARBAGE = "garbage_corpus"  # a real mixed corpus: ~3% garbage documents (_garbage_corpus.py)
 GARBAGE_BYTES = 300_000  # of the built-in corpus: ~2,000 training rows, ~63 steps an epoch on debug
 GARBAGE_EPOCHS = 3  # seen three times: named on the second sighting, left out on the third
 SCREENED = "garbage_screened"  # the same corpus with data.garbage_filter=drop
-REAL = (*REAL_DISK, "lr_too_high", GARBAGE, SCREENED)
+REAL = (*REAL_DISK, *LR_FACTORS, GARBAGE, SCREENED)
 THIN_EVERY = 8  # thin_bad_data: bad_rows (a quarter of one step's rows) every this many steps
 
 
@@ -130,7 +133,7 @@ def scenarios(steps: int, micro_batch_tokens: int) -> dict[str, list[str]]:
         # real conditions, nothing injected (settings() and REAL_DISK say what they are)
         "disk_real": [],
         "disk_real_full": [],
-        "lr_too_high": [],
+        **{name: [] for name in LR_FACTORS},
         GARBAGE: [],
         SCREENED: [],
     }
@@ -138,8 +141,8 @@ def scenarios(steps: int, micro_batch_tokens: int) -> dict[str, list[str]]:
 
 def settings(name: str, lr: float) -> tuple[str, ...]:
     """The --set items of a scenario's runs (both modes): a real condition's configuration."""
-    if name == "lr_too_high":
-        return (f"optim.lr={lr * LR_FACTOR:g}",)
+    if name in LR_FACTORS:
+        return (f"optim.lr={lr * LR_FACTORS[name]:g}",)
     if name in REAL_DISK:  # the sizes assume three kept checkpoints; no 5 MB report.html on the tmpfs
         return ("checkpoint.keep=3", "log.report=false")
     return ()
@@ -200,8 +203,8 @@ def small_disk(where: Path, size: int) -> Iterator[Callable[[int], None]]:
 def real_setup(name: str, sizes: tuple[int, int, int] | None, lr: float) -> tuple[tuple[int, int] | None, str]:
     """A real scenario's tmpfs (bytes, bytes once freed; None where there is none) and what the
     report says of its condition ("" for an injected one)."""
-    if name == "lr_too_high":
-        return None, f"optim.lr={lr * LR_FACTOR:g} ({LR_FACTOR}x the preset's)"
+    if name in LR_FACTORS:
+        return None, f"optim.lr={lr * LR_FACTORS[name]:g} ({LR_FACTORS[name]}x the preset's)"
     if name not in REAL_DISK:
         return None, ""
     if sizes is None:

@@ -65,7 +65,11 @@ class AboveStartRule(Section):
     (a finetuning LR typed for pretraining, a slipped exponent): cut it x lr_factor, again while
     the loss does not fall, and never give the cut back. Once it fired, also while the gradient
     norm's median over `window` steps falls under `collapse` x its first `window` steps' (an LR
-    still too high holds the model at a level where the gradient dies away)."""
+    still too high holds the model at a level where the gradient dies away). Over the phase's
+    first `gain_steps` steps, also when the updates' gain (the share of the loss decrease their
+    gradient promised that they delivered on their own batch; a forward more on each of those
+    steps) has a median under `min_gain` over `gain_window` steps: the updates overshoot. 0 turns
+    that measurement off; raise it to cover a long LR warm-up."""
 
     enabled: bool = True
     margin: float = 0.25  # nats
@@ -74,6 +78,9 @@ class AboveStartRule(Section):
     lr_factor: float = 0.1
     window: int = 10  # steps
     collapse: float = 0.6  # of the first window's median gradient norm
+    gain_steps: int = 15  # steps
+    gain_window: int = 7  # steps
+    min_gain: float = 0.4
 
 
 @dataclass
@@ -397,6 +404,13 @@ class OrchestratorConfig(Section):
         _check(0 < self.above_start.lr_factor < 1, "orchestrator.above_start.lr_factor", "must be in (0, 1)")
         _positive(self.above_start, "orchestrator.above_start", "patience", "window")
         _check(0 < self.above_start.collapse < 1, "orchestrator.above_start.collapse", "must be in (0, 1)")
+        _positive(self.above_start, "orchestrator.above_start", "gain_window")
+        _check(0 < self.above_start.min_gain < 1, "orchestrator.above_start.min_gain", "must be in (0, 1)")
+        _check(
+            self.above_start.gain_steps == 0 or self.above_start.gain_steps >= self.above_start.gain_window,
+            "orchestrator.above_start.gain_steps",
+            f"must be 0 (off) or at least gain_window ({self.above_start.gain_window})",
+        )
         _positive(self.make_up, "orchestrator.make_up", "quiet_steps")
         _check(0 <= self.make_up.max_fraction <= 1, "orchestrator.make_up.max_fraction", "must be in [0, 1]")
         _check(self.plateau.lr_factor >= 1, "orchestrator.plateau.lr_factor", "must be >= 1 (a raise)")

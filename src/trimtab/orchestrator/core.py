@@ -137,6 +137,12 @@ class Orchestrator(Deciding, PersonCommands, Hook):
                 bad = bad | (value > ceiling)
         return bad
 
+    def measure_gain(self, run: RunView) -> bool:
+        """The LR rule (above_start) judges the updates' gain over a phase's first steps."""
+        if self.mode == "off" or "above_start" in self.paused or "above_start" not in self.monitors:
+            return False
+        return run.phase != self.phase or self.monitors["above_start"].wants_gain(run.step + 1)
+
     def on_step_end(self, run: RunView, out: StepOutput) -> None:
         self.last_step = out.step
         if out.rerun is not None and "rerun" not in self.paused:
@@ -308,6 +314,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
                     row_losses=readings.row_means(o.batch.rows, values["rows"]),
                     moe=readings.moe_loads(o, values["moe"], top_k),
                     mod_capacity=values["mod"],
+                    update_gain=values["gain"],
                     rl=getattr(o.batch, "health", None),  # an RL step's figures (rl/step.py)
                 )
                 self._observe(run, m)

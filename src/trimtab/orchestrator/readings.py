@@ -25,6 +25,7 @@ def device_values(out: StepOutput, moe: bool) -> dict[str, Any]:
         "mod": out.mod["means"][:, 0].mean() if out.mod else None,
         "moe": {"counts": out.moe["counts"], "means": out.moe["means"]} if moe and out.moe else None,
         "rows": out.row_losses,
+        "gain": out.update_gain,
     }
 
 

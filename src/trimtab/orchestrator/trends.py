@@ -63,7 +63,17 @@ class AboveStart(Monitor):
     fired (`fired` survives a rollback, which restores the rest of its state), it also compares the
     median gradient norm of the last `window` steps with that of the first `window` (re-measured
     after each finding): below `collapse` x it, the LR is still too high and it fires again. A run
-    the rule never fired on is never judged on its gradient norm."""
+    the rule never fired on is never judged on its gradient norm.
+
+    An LR too high by less keeps the loss below its start and still wrecks the run: at 30x the
+    preset's LR the debug presets' loss fell from its start and ended 17-25% above a sound run's
+    (debug 5.01 vs 4.17), with no rule firing. The damage is done in the first steps (the weights'
+    norm grew 35 -> 210 by step 15, where the sound run's reached 37), and the update's gain shows
+    it there (training/gain.py: the share of the first-order decrease the update delivered on its
+    own batch). So for the phase's first `gain_steps` steps the rule has the gain measured, and the
+    median of the last `gain_window` below `min_gain` is a finding too: 0.6-1.0 at the presets'
+    LR over those steps (dense, MoE, MoD, hybrid; later, MoD's routing capacity warm-up pulls it
+    to 0.3 with a sound LR), 0.1-0.25 at 30x."""
 
     rule, family = "above_start", "instability"
 
@@ -76,17 +86,20 @@ class AboveStart(Monitor):
         self.first_step: int | None = None  # the phase's first step (after a rollback: the replay's)
         self.grads: list[float] = []  # gradient norms since the phase started or the last finding
         self.fired = False  # a finding in this phase: the LR was far too high (kept across rollbacks)
+        self.gains: list[float] = []  # update gains of the phase's first gain_steps steps
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if not math.isfinite(m.loss):
             return None
         if self.start is None:
             self.start, self.first_step = m.loss, m.step
-            return None
+            return None if m.skipped else self._overshoot(m)  # the first update's gain counts
         line = self.start + max(self.cfg.margin, self.cfg.rel_margin * self.start)
         if m.skipped:
             return None
         if self.fired and (f := self._collapsed(m, line)) is not None:
+            return f
+        if (f := self._overshoot(m)) is not None:
             return f
         if m.loss <= line:
             self.over = []
@@ -119,14 +132,50 @@ class AboveStart(Monitor):
         super().load_state_dict(state)
         self.fired = fired or bool(state.get("fired"))
 
+    def wants_gain(self, step: int) -> bool:
+        """Whether step `step` of this phase is among its first gain_steps (None: none seen yet)."""
+        return self.cfg.gain_steps > 0 and (self.first_step is None or step - self.first_step < self.cfg.gain_steps)
+
+    def _overshoot(self, m: StepMetrics) -> Finding | None:
+        """The update gain's median over the last gain_window measured steps under min_gain."""
+        if m.update_gain is None or not math.isfinite(m.update_gain):
+            return None
+        window = self.cfg.gain_window
+        self.gains = (self.gains + [m.update_gain])[-window:]
+        if len(self.gains) < window:
+            return None
+        gain = sorted(self.gains)[window // 2]
+        if gain >= self.cfg.min_gain:
+            return None
+        self.gains, self.over, self.fired, self.grads = [], [], True, []
+        return self.finding(
+            m,
+            {
+                "loss": m.loss,
+                "start": self.start,
+                "gain": gain,
+                "min_gain": self.cfg.min_gain,
+                "gain_window": window,
+                "since": self.first_step if self.first_step is not None else m.step,
+            },
+            f"the updates delivered {gain:.2f} of the loss decrease their gradient promised (median of {window} "
+            f"steps, under {self.cfg.min_gain:g}): they overshoot",
+            0.7 + 0.3 * min(1.0, (self.cfg.min_gain - gain) / self.cfg.min_gain),
+        )
+
     def _collapsed(self, m: StepMetrics, line: float) -> Finding | None:
-        """After a finding: the gradient norm's last `window` steps against its first `window`."""
+        """After a finding: the gradient norm's last `window` steps against its first `window`,
+        the last judged only once they all follow the phase's first gain_steps (the gain judges
+        those): a sound run's gradient norm dips for a while after the first steps too (debug:
+        0.97 over steps 1-10, 0.51 over 11-20, 1.1 over 21-30), where 3x the LR's stays down (0.9,
+        0.61, 0.45, 0.42)."""
         if not math.isfinite(m.grad_norm):
             return None
         window = self.cfg.window
         grads = self.grads + [m.grad_norm]
         self.grads = grads[:window] + grads[window:][-window:]  # the first window and the last
-        if len(self.grads) < 2 * window:
+        judged = self.first_step is None or m.step - self.first_step >= self.cfg.gain_steps + window
+        if len(self.grads) < 2 * window or not judged:
             return None
         warm = sorted(self.grads[:window])[window // 2]
         now = sorted(self.grads[window:])[window // 2]

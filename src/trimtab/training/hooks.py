@@ -108,6 +108,11 @@ class Hook:
         rows generated at a time (run.control; applied at once) to generate them again."""
         return False
 
+    def measure_gain(self, run: RunView) -> bool:
+        """Whether the coming step's update gain is to be measured (training/gain.py: the step's
+        batch scored again after the update, a forward more). False: not asked for."""
+        return False
+
     def on_step_end(self, run: RunView, out: StepOutput) -> None: ...
 
     def on_log(self, run: RunView, metrics: dict[str, Any]) -> None: ...

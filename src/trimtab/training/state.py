@@ -115,3 +115,4 @@ class StepOutput:
     mod: dict[str, Any] | None = None  # RouterStats.mod_dict(): per Mixture-of-Depths layer
     row_losses: torch.Tensor | None = None  # [R, 2] on device: RowLosses.values (summed loss, targets) per row
     rerun: dict[str, Any] | None = None  # a flagged step computed twice: the verdict (training/rerun.py)
+    update_gain: torch.Tensor | None = None  # 0-d, on device: measured share of the predicted decrease (gain.py)

@@ -29,6 +29,7 @@ from trimtab.rl.step import PolicyMicroBatch, RolloutBatch
 from trimtab.training.checkpointing import Checkpointing
 from trimtab.training.control import Control
 from trimtab.training.evaluation import held_out_figures, policy_figures
+from trimtab.training.gain import GainProbe
 from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger, call_sealed
 from trimtab.training.instrument import FaultHandle, Instrument
 from trimtab.training.loss import cross_entropy_sum
@@ -190,7 +191,9 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
         lr = self.optimizer.param_groups[0]["lr"]  # what the update applies
         if self.replicas is not None and not self.replicas.commit(self.state.step + 1):  # a group failed in it
             skip = torch.ones((), dtype=torch.bool, device=self.device)  # withheld on every group
+        gain = self._gain_probe(batch)
         overflow = self._update(skip)
+        update_gain = gain.after(batch, grads.loss) if gain is not None else None
         self.optimizer.zero_grad(set_to_none=True)
         for _, layer in self.model.moe_layers():
             layer.update_bias(skip)  # aux-loss-free balancing: once per optimizer step, withheld with it
@@ -212,6 +215,7 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
             mod=grads.routers.mod_dict(),
             row_losses=grads.rows.values if grads.rows is not None else None,
             rerun=rerun,
+            update_gain=update_gain,
         )
 
     def _gradients(self, batch: StepBatch, clip: float) -> Gradients:
@@ -322,6 +326,20 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
             self.control.skip_next = False
             flags.append(torch.ones((), dtype=torch.bool, device=self.device))
         return torch.stack(flags).any() if flags else None
+
+    def _gain_probe(self, batch: StepBatch) -> GainProbe | None:
+        """The update's gain is measured (training/gain.py) where a hook asks for it this step and
+        it can be: a likelihood batch, whole weights on every rank, no fp16 scaler."""
+        plain = not (self.scaler or self.dist.sharded or self.replicas is not None)
+        if (
+            not plain
+            or isinstance(batch, (RolloutBatch, PairBatch))
+            or not any(h.measure_gain(self.view) for h in self.hooks)
+        ):
+            return None
+        probe = GainProbe(self.model, self.score, self.dist.sum_over_ranks, self.device)
+        probe.before()
+        return probe
 
     def _update(self, skip: torch.Tensor | None) -> torch.Tensor | None:
         """The optimizer step, withheld where `skip` is true; returns the fp16 overflow flag."""
