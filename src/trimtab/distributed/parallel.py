@@ -373,6 +373,14 @@ class Parallel(Checkpoints):
             dist.all_reduce(value, group=self.mesh.dp_group)
         return value
 
+    def sum_over_world(self, value: torch.Tensor) -> torch.Tensor:
+        """Every rank's sum of a tensor (each rank's share of something the ranks hold between
+        them: a sharded model's dot product, training/gain.py), on this rank's device."""
+        value = value.to(self.device, copy=True)  # CPU offload dots on the CPU; NCCL reduces on the GPU
+        if self.world > 1:
+            dist.all_reduce(value)
+        return value
+
     def completing_forward(self) -> AbstractContextManager[None]:
         """Around a forward that may fail on this rank alone (an evaluation's): under FSDP2 the
         failure first joins the all-gathers the other ranks' forward still makes, so that they

@@ -14,8 +14,14 @@ float64 (their difference is small beside each). The second scoring runs the mod
 does (train mode, no gradient), so MoE capacity, Mixture-of-Depths routing and the jitter are
 those of the loss it is compared with; what that forward would leave behind is put back: the
 MoE layers' routing load (update_bias reads it once a step) and the random stream (the jitter).
-Measured on one process or DDP replicas (whole weights and all-reduced gradients on every rank);
-sharded layouts are not measured.
+
+Measured on one process, DDP replicas (whole weights and all-reduced gradients on every rank) and
+the sharded layouts whose ranks hold one model between them: FSDP2, tensor and expert parallelism
+and their combinations. There each rank dots its own shards (a DTensor's local tensors, its
+gradient laid out as its weight: FSDP2's reduce-scatter, Parallel.reduce_step), divided by how many
+ranks hold the same elements, and one all-reduce over every rank sums the shares: the same dot
+product, and so the same gain, on every rank. Pipeline stages, torchft's replica groups and fp16's
+loss scaling are not measured (training/trainer.py `_gain_probe`).
 """
 
 from __future__ import annotations
@@ -27,30 +33,69 @@ import torch
 from trimtab.data import StepBatch
 
 
-def grad_dot_weights(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
-    """sum over the parameters of grad . weight (0-d float64, on device; no host sync)."""
+def grad_dot_weights(params: Iterable[torch.nn.Parameter], world: int = 1) -> torch.Tensor:
+    """sum over the parameters of grad . weight (0-d float64, on device; no host sync). Where the
+    `world` ranks hold the model between them (sharded), this rank's share of it: summed over them,
+    the whole model's."""
     total = None
     for p in params:
         if p.grad is not None:
-            term = torch.dot(p.grad.reshape(-1), p.detach().reshape(-1)).double()
+            term = torch.dot(_local(p.grad).reshape(-1), _local(p.detach()).reshape(-1)).double()
+            holders = _holders(p, world)
+            term = term / holders if holders > 1 else term
             total = term if total is None else total + term
     return total if total is not None else torch.zeros((), dtype=torch.float64)
 
 
-class GainProbe:
-    """before() ahead of the optimizer step, after() behind it (gradients still in .grad)."""
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (training/ imports nothing of torch.distributed), else `t`."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None else t
 
-    def __init__(self, model: torch.nn.Module, score: Callable, sum_over_ranks: Callable, device: torch.device):
+
+def _holders(p: torch.Tensor, world: int) -> int:
+    """How many of the `world` ranks hold each element of `p`: a plain tensor is whole on every
+    rank; a DTensor's mesh holds one copy, replicated on its Replicate dimensions (tensor
+    parallelism's norms and routers), and the ranks outside the mesh hold copies of it (the
+    data-parallel replicas of experts split by ep over their own group)."""
+    mesh = getattr(p, "device_mesh", None)
+    if mesh is None:
+        return world
+    copies = world // mesh.size()
+    for dim, placement in enumerate(p.placements):
+        if placement.is_replicate():
+            copies *= mesh.size(dim)
+    return copies
+
+
+class GainProbe:
+    """before() ahead of the optimizer step, after() behind it (gradients still in .grad).
+    `sum_over_ranks` sums the ranks' shares of the loss (Parallel.sum_over_ranks); where the
+    model is sharded over `world` ranks, `sum_over_world` sums their shares of the dot product."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        score: Callable,
+        sum_over_ranks: Callable,
+        device: torch.device,
+        world: int = 1,
+        sum_over_world: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ):
         self.model, self.score, self.sum_over_ranks, self.device = model, score, sum_over_ranks, device
+        self.world, self.sum_over_world = world, sum_over_world
         self.before_dot: torch.Tensor | None = None
 
     def before(self) -> None:
-        self.before_dot = grad_dot_weights(self.model.parameters())
+        self.before_dot = grad_dot_weights(self.model.parameters(), self.world)
 
     def after(self, batch: StepBatch, loss: torch.Tensor) -> torch.Tensor:
         """The update's gain on `batch`, whose loss before the update was `loss` (0-d float32 on
         device; inf or NaN when the update was withheld: nothing was predicted)."""
-        predicted = grad_dot_weights(self.model.parameters()) - self.before_dot
+        # dotted before the scoring forward: FSDP2 leaves the root's weights gathered after it
+        predicted = grad_dot_weights(self.model.parameters(), self.world) - self.before_dot
+        if self.sum_over_world is not None:  # one all-reduce of the difference: the sum is linear
+            predicted = self.sum_over_world(predicted)
         loads = [(layer, layer.load.clone()) for _, layer in self.model.moe_layers()]
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.no_grad(), torch.random.fork_rng(devices=devices):

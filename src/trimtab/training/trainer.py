@@ -329,15 +329,19 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
 
     def _gain_probe(self, batch: StepBatch) -> GainProbe | None:
         """The update's gain is measured (training/gain.py) where a hook asks for it this step and
-        it can be: a likelihood batch, whole weights on every rank, no fp16 scaler."""
-        plain = not (self.scaler or self.dist.sharded or self.replicas is not None)
+        it can be: a likelihood batch, no fp16 scaler, the ranks holding one model between them
+        (whole on each, or sharded by FSDP2, tensor or expert parallelism), not pipeline stages
+        (each holds other layers) nor torchft's replica groups (their losses averaged only in the step)."""
+        measurable = not (self.scaler or self.dist.pipeline is not None or self.replicas is not None)
         if (
-            not plain
+            not measurable
             or isinstance(batch, (RolloutBatch, PairBatch))
             or not any(h.measure_gain(self.view) for h in self.hooks)
         ):
             return None
-        probe = GainProbe(self.model, self.score, self.dist.sum_over_ranks, self.device)
+        # sharded: each rank dots its shards and one all-reduce sums them; whole weights dot alone
+        world, sum_over_world = (self.dist.world, self.dist.sum_over_world) if self.dist.sharded else (1, None)
+        probe = GainProbe(self.model, self.score, self.dist.sum_over_ranks, self.device, world, sum_over_world)
         probe.before()
         return probe
 
