@@ -39,7 +39,7 @@ from trimtab.orchestrator.rules import MONITORS, build_monitors
 from trimtab.orchestrator.screened import ScreenedRows
 from trimtab.orchestrator.stragglers import Stragglers
 from trimtab.orchestrator.transient import rerun_finding
-from trimtab.rundir import DECISIONS_FILE
+from trimtab.rundir import DECISIONS_FILE, is_note
 from trimtab.training.hooks import Hook
 from trimtab.training.runtime import to_host
 
@@ -181,7 +181,8 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             if decision.observed:
                 self.outcomes.judge(decision)
         self.journal.write()
-        summary["decisions"] = len(self.journal.decisions)
+        notes = sum(is_note({"action": d.action}) for d in self.journal.decisions)  # observations: no action taken
+        summary["decisions"], summary["notes"] = len(self.journal.decisions) - notes, notes
 
     def on_oom(self, run: RunView, exc: BaseException, batch: StepBatch) -> bool:
         if self.mode == "off" or "oom" not in self.monitors or "oom" in self.paused:
@@ -275,7 +276,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         if self.make_up is not None:
             self.make_up.rolled_back(run.step)
         if saved_state:
-            self._load_monitors(saved_state)
+            self._load_monitors(saved_state, rollback=True)
             self.phase = saved_state.get("phase", self.phase)
 
     # ------------------------------------------------------------------ reading and deciding
@@ -418,9 +419,14 @@ class Orchestrator(Deciding, PersonCommands, Hook):
                 f"`trimtab ctl --queue RUN mode {self.cfg.mode}` does at its next launch"
             )
 
-    def _load_monitors(self, state: dict[str, Any]) -> None:
+    def _load_monitors(self, state: dict[str, Any], rollback: bool = False) -> None:
+        """The monitors' saved state; a rollback keeps what a monitor accounts for in the knobs it
+        keeps too (KEPT_ON_ROLLBACK: the lr rule's compensation, in the LR multiplier)."""
         for name, monitor in self.monitors.items():
             if name in state["monitors"]:
+                kept = {k: getattr(monitor, k) for k in getattr(monitor, "KEPT_ON_ROLLBACK", ())} if rollback else {}
                 monitor.load_state_dict(state["monitors"][name])
+                for key, value in kept.items():
+                    setattr(monitor, key, value)
         self.recent_losses = Rolling(20, state["recent_losses"])
         self.ceilings = {k: m.ceiling() for k, m in self.monitors.items() if k in GATED}

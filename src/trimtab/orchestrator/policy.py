@@ -96,7 +96,7 @@ class Policy(InstabilityLadder):
             "length": lambda f, view: remedies.length(f, view, cfg),
             "data": self._watched,
             "convergence": lambda f, view: evaluation.early_stop(f),
-            "evaluation": lambda f, view: evaluation.failed_evaluation(f),
+            "evaluation": lambda f, view: evaluation.failed_evaluation(f, view.total_steps),
             "make_up": lambda f, view: make_up.remedy(f, view, cfg),
             "cluster": lambda f, view: remedies.restart(f),
             "hardware": lambda f, view: remedies.transient(f, cfg),
@@ -134,12 +134,22 @@ class Policy(InstabilityLadder):
         self.last_lr_change = step
 
     def _lr(self, f: Finding, view: Any) -> Remedy:
+        if f.evidence["ratio"] < f.evidence["explained"]:  # the rule's own compensation lost its cause
+            why = (
+                "the multiplier was lowered to compensate for an LR raised by something else, and the optimizer "
+                "no longer applies that raised LR (a rollback's replay before it began, or it stopped): the "
+                "compensation is given back, so the LR is the schedule's again"
+            )
+        else:
+            why = (
+                "the LR the optimizer applies differs from what the config's schedule and the journal explain: "
+                "a stray writer or a schedule error, not a decision; the step was skipped and the multiplier "
+                "brings the LR back to the explained level"
+            )
         return Remedy(
             action="scale_lr",
             params={"factor": f.evidence["explained"] / f.evidence["ratio"]},
-            reasoning="the LR the optimizer applies differs from what the config's schedule and the journal "
-            "explain: a stray writer or a schedule error, not a decision; the step was skipped and the multiplier "
-            "brings the LR back to the explained level (`trimtab ctl RUN scale-lr` overrides this)",
+            reasoning=why + " (`trimtab ctl RUN scale-lr` overrides this)",
             commit=lambda: self._changes_lr(f.step),
         )
 
