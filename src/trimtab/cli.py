@@ -315,7 +315,7 @@ def _report(args: argparse.Namespace) -> int:
     arg(
         "--sort",
         default="val_loss",
-        help="column to sort by: run, preset, status, steps, tokens, val_loss, held_out, decisions, healed, "
+        help="column to sort by: run, preset, status, steps, tokens, val_loss, held_out, decisions, notes, healed, "
         "wall_s, ettr (default: val_loss; runs without a value last)",
     ),
     arg("--reverse", action="store_true", help="sort descending"),

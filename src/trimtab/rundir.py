@@ -170,9 +170,48 @@ def read_decisions(run_dir: str | Path, abandoned: bool = False) -> list[dict[st
     return read_jsonl(Path(run_dir) / DECISIONS_FILE, abandoned)
 
 
+# Decisions that answer no fault of their own: follow-ups of another's remedy (withheld updates made
+# up, an LR cut given back, the rows watched after rows were left out) and the tuning of a sound run
+# (an LR raised off a plateau, the checkpoint interval, the live planner's run length, an early stop)
+NOT_FAULTS = ("make_up", "lr_restore", "data", "plateau", "checkpoint_interval", "convergence", "early_stop")
+# One family's remedies this close in steps answer one incident (the ladder's escalation window): a
+# fault's skipped steps, its rollback and what the replay decided again
+INCIDENT_STEPS = 50
+SAME_INCIDENT = {"data": "instability"}  # bad data shows as spikes and as outlier rows: one incident
+ENDED = ("recovered", "not recovered", "failed", "stopped")  # outcomes that say how an incident ended
+
+
+def is_note(decision: dict[str, Any]) -> bool:
+    """A decision that takes no action (a slower machine, a failed evaluation, a straggler named):
+    an observation journaled for a person, not a remedy."""
+    return decision.get("action") == "none"
+
+
+def incidents(decisions: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The kept decisions that answer a fault, grouped by incident, in journal order: one family's
+    (bad data's spikes and rows together) within INCIDENT_STEPS steps of the incident's span (a
+    rollback's replay goes back in steps and stays in it). Notes, NOT_FAULTS and a person's commands
+    (mode manual: a `trimtab ctl` command, a config change) answer none."""
+    found: list[tuple[str, list[int], list[dict[str, Any]]]] = []  # family, [first, last step], decisions
+    for d in decisions:
+        if d.get(ABANDONED) or is_note(d) or d.get("rule") in NOT_FAULTS or d.get("mode") == "manual":
+            continue
+        family = str(d.get("family") or d.get("rule"))
+        family, step = SAME_INCIDENT.get(family, family), int(d.get("step", 0))
+        near = (i for i in found if i[0] == family and i[1][0] - INCIDENT_STEPS <= step <= i[1][1] + INCIDENT_STEPS)
+        if (incident := next(near, None)) is None:
+            found.append((family, [step, step], [d]))
+            continue
+        incident[1][:] = [min(incident[1][0], step), max(incident[1][1], step)]
+        incident[2].append(d)
+    return [i[2] for i in found]
+
+
 def healed(decisions: list[dict[str, Any]]) -> int:
-    """Kept decisions whose measured outcome says the run recovered."""
-    return sum((d.get("outcome") or {}).get("result") == "recovered" for d in decisions if not d.get(ABANDONED))
+    """Incidents healed: those whose last measured outcome says the run recovered (only an applied
+    remedy is judged: advice never heals; a stop, a failure or no recovery after it leaves it unhealed)."""
+    ended = ([r for d in i if (r := (d.get("outcome") or {}).get("result")) in ENDED] for i in incidents(decisions))
+    return sum(bool(results) and results[-1] == "recovered" for results in ended)
 
 
 # ---------------------------------------------------------------------------- summary.json

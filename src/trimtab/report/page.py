@@ -17,7 +17,7 @@ from plotly.offline import get_plotlyjs
 from trimtab.report import figures
 from trimtab.report.healing import HEADER, Healing, curves, table_rows
 from trimtab.report.run import RunRecord, finite, val_loss
-from trimtab.rundir import healed
+from trimtab.rundir import healed, is_note
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em 2em; color: #222; }
@@ -120,7 +120,7 @@ def summary_row(run: RunRecord) -> list[Any]:
         f"{tokens:,}" if isinstance(tokens, int) else "-",
         f"{loss:.4f}" if loss is not None else "-",
         f"{params:,}" if isinstance(params, int) else "-",
-        f"{len(kept)} ({healed(kept)})" + (f", {gone} abandoned" if gone else ""),
+        f"{sum(not is_note(d) for d in kept)} ({healed(kept)})" + (f", {gone} abandoned" if gone else ""),
         f"{wall:.0f} s" if finite(wall) is not None else "-",
         f"{run.goodput['ettr']:.1%}" if run.goodput and run.goodput.get("ettr") is not None else "-",
         _chinchilla(run),

@@ -5,7 +5,9 @@ go inside one (its checkpoints hold no runs), nor inside a tracking store's tree
 mlartifacts/, wandb/: the copies of runs it keeps as artifacts), and a directory holding the same
 config.yaml and metrics.jsonl as another is listed once (a copy). Status: completed, stopped (a signal, a person, the
 orchestrator), failed (gave up, or no summary and no live process: crashed or killed) or running
-(a process holds RUN_DIR/.lock).
+(a process holds RUN_DIR/.lock). Decisions are those that act or advise; notes (action none: a
+slower machine, a failed evaluation) are counted apart, and faults healed counts incidents
+(rundir.healed), not decisions.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from trimtab.errors import TrimtabError
 from trimtab.report.run import is_run_dir, read_run, val_loss
-from trimtab.rundir import CONFIG, METRICS_FILE, healed
+from trimtab.rundir import CONFIG, METRICS_FILE, healed, is_note
 
 COLUMNS = [
     "run",
@@ -29,6 +31,7 @@ COLUMNS = [
     "val_loss",
     "held_out",
     "decisions",
+    "notes",
     "healed",
     "wall_s",
     "ettr",
@@ -99,7 +102,8 @@ def run_row(path: Path, root: Path) -> dict[str, Any]:
         "tokens": s.get("tokens", last.get("tokens")),
         "val_loss": val_loss(run),
         "held_out": next((s[k] for k in HELD_OUT if isinstance(s.get(k), (int, float))), None),
-        "decisions": len(kept),
+        "decisions": sum(not is_note(d) for d in kept),
+        "notes": sum(is_note(d) for d in kept),
         "healed": healed(kept),
         "wall_s": round(s["seconds"], 1) if isinstance(s.get("seconds"), (int, float)) else None,
         "ettr": (run.goodput or {}).get("ettr"),  # productive / wall over every session (docs/resilience.md)
@@ -125,7 +129,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     """Aligned columns, numbers on the right."""
     cells = [[HEADINGS.get(c, c) for c in COLUMNS]] + [[_cell(c, r[c]) for c in COLUMNS] for r in rows]
     widths = [max(len(row[j]) for row in cells) for j in range(len(COLUMNS))]
-    numeric = {"steps", "tokens", "val_loss", "held_out", "decisions", "healed", "wall_s", "ettr"}
+    numeric = {"steps", "tokens", "val_loss", "held_out", "decisions", "notes", "healed", "wall_s", "ettr"}
     lines = [
         "  ".join(v.rjust(w) if COLUMNS[j] in numeric else v.ljust(w) for j, (v, w) in enumerate(zip(row, widths)))
         for row in cells

@@ -1,0 +1,86 @@
+"""`faults healed` counts incidents, not decisions: one fault's skipped steps, rollback and the
+replay's decisions are one incident; notes (action none), follow-ups (make_up, lr_restore, the
+data watch), the tuning of a sound run and a person's commands heal nothing; the runs table counts
+notes apart from decisions. The journals are shaped as real runs wrote them (debug preset, the
+fault-mix sweep)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trimtab.report.runs import format_table, list_runs
+from trimtab.rundir import healed, incidents
+
+
+def decision(step: int, rule: str, action: str, result: str | None = "recovered", **fields) -> dict:
+    family = {"nonfinite": "instability", "spike": "instability", "rows": "data", "data": "data"}.get(rule, rule)
+    applied = [] if action == "none" else [f"{action} applied"]
+    record = {"step": step, "rule": rule, "family": family, "action": action, "params": {}, "mode": "auto"}
+    return record | {"applied": applied, "outcome": {"result": result} if result else None} | fields
+
+
+THROUGHPUT_NOTE = decision(31, "throughput", "none")  # a fault-free run on a shared CPU
+# bad_rows@40 over 120 steps: two withheld spikes, the make-up, then the poisoned rows left out as they recur
+BAD_ROWS = (
+    [decision(40, "spike", "skip_step", "not recovered"), decision(42, "spike", "skip_step")]
+    + [decision(47, "make_up", "set_total_steps")]
+    + [decision(s, "rows", "skip_data") for s in (88, 89, 90, 96)]
+    + [decision(s, "rows", "skip_data", None) for s in (100, 110, 113, 117, 118)]
+)
+# lr_spike@12 and weights_nan@15: the cut, the NaN steps and their rollback to step 8, the replay's lr decisions
+LR_AND_NAN = [
+    decision(12, "lr", "scale_lr"),
+    decision(15, "nonfinite", "skip_step", "not recovered"),
+    decision(16, "nonfinite", "skip_step", "not recovered"),
+    decision(17, "nonfinite", "rollback"),
+    decision(9, "lr", "scale_lr", "not recovered"),
+    decision(12, "lr", "scale_lr"),
+    decision(17, "make_up", "set_total_steps"),
+]
+
+
+def test_a_fault_free_runs_note_heals_nothing():
+    assert healed([THROUGHPUT_NOTE]) == 0 and incidents([THROUGHPUT_NOTE]) == []
+    tuned = [decision(60, "plateau", "scale_lr"), decision(80, "checkpoint_interval", "set_checkpoint_every")]
+    person = [decision(70, "manual", "scale_lr", "applied", mode="manual")]
+    assert healed(tuned + person) == 0 and incidents(tuned + person) == []  # a sound run tuned: no fault
+
+
+def test_one_fault_is_one_incident_however_many_decisions_answer_it():
+    assert healed(BAD_ROWS) == 1 and len(incidents(BAD_ROWS)) == 1
+    assert healed(LR_AND_NAN) == 2  # two faults: the lr rule's and the NaN weights' (its replay stays in it)
+    assert [[d["step"] for d in i] for i in incidents(LR_AND_NAN)] == [[12, 9, 12], [15, 16, 17]]
+
+
+def test_an_incident_is_healed_only_when_it_ended_recovered():
+    stopped = [decision(15, "nonfinite", "skip_step", "not recovered"), decision(17, "nonfinite", "stop", "stopped")]
+    advice = [decision(15, "nonfinite", "skip_step", "not applied", applied=[])]  # advise mode: nothing applied
+    pending = [decision(15, "nonfinite", "skip_step", None)]
+    assert healed(stopped) == healed(advice) == healed(pending) == 0
+    abandoned = [decision(15, "nonfinite", "rollback", abandoned=True)]
+    assert healed(abandoned) == 0
+
+
+def test_faults_far_apart_are_incidents_of_their_own():
+    twice = [decision(12, "nonfinite", "rollback"), decision(300, "nonfinite", "rollback", "not recovered")]
+    assert len(incidents(twice)) == 2 and healed(twice) == 1
+
+
+def fake_run(path: Path, journal: list[dict]) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(f"preset: debug\nout: {path}\n")
+    (path / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0, "tokens": 100}) + "\n")
+    (path / "summary.json").write_text(json.dumps({"status": "completed", "step": 1, "tokens": 100, "seconds": 1.0}))
+    (path / "decisions.jsonl").write_text("".join(json.dumps(d) + "\n" for d in journal))
+    return path
+
+
+def test_the_runs_table_counts_notes_apart_and_incidents_healed(tmp_path):
+    fake_run(tmp_path / "clean", [THROUGHPUT_NOTE])
+    fake_run(tmp_path / "bad_rows", BAD_ROWS + [THROUGHPUT_NOTE])
+    rows = {r["run"]: r for r in list_runs(tmp_path, "run")}
+    assert (rows["clean"]["decisions"], rows["clean"]["notes"], rows["clean"]["healed"]) == (0, 1, 0)
+    assert (rows["bad_rows"]["decisions"], rows["bad_rows"]["notes"], rows["bad_rows"]["healed"]) == (12, 1, 1)
+    header = format_table(list(rows.values())).splitlines()[0]
+    assert "decisions  notes  faults healed" in header
