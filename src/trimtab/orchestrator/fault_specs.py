@@ -50,6 +50,8 @@ RANK_FAULTS = (
     "bitflip",
 )  # PARAM is the rank (and slow_rank's factor): KIND@STEP:RANK
 PERSISTENT = ("lr_spike", "oom", "rollout_oom", "slow_rank")  # in force from their step on, never "fired"
+# a checkpoint's faults: step 0 is the initial checkpoint's (every other kind's step is a training step, from 1)
+AT_SAVE = ("corrupt_checkpoint", "kill_in_save", "disk_full")
 
 
 @dataclass
@@ -75,6 +77,12 @@ def parse_fault(spec: str, key: str = "faults") -> Fault:
         raise ConfigError(f"{key}: unknown fault '{kind}' in '{spec}'; one of {', '.join(KINDS)}")
     if not step_text.isdigit():
         raise ConfigError(f"{key}: '{spec}' must look like KIND@STEP[:PARAM], e.g. nan_loss@30")
+    if int(step_text) == 0 and kind not in AT_SAVE:
+        raise ConfigError(
+            f"{key}: '{spec}' is at step 0, before training's first step: steps count from 1, so give "
+            f"{_at_step(Fault(kind, 0, None, spec.strip()), 1)} for the first step (only a checkpoint's faults, "
+            f"{', '.join(AT_SAVE)}, take step 0: the initial checkpoint)"
+        )
     if kind == "lose_node":  # on every rank (each remembers it fired); acted on by node N's
         if at_rank or (param_text and not param_text.isdigit()):
             raise ConfigError(f"{key}: '{spec}' must look like lose_node@STEP[:NODE], e.g. lose_node@{step_text}:1")
