@@ -119,7 +119,10 @@ def _print_summary(summary: dict) -> None:
         f"{summary['tokens']:,} tokens, {summary['tokens_per_s']:,.0f} tokens/s"
     ]
     if summary.get("val_loss") is not None:
-        lines.append(f"val_loss {summary['val_loss']:.4f} (perplexity {summary['val_ppl']:.2f})")
+        line = f"val_loss {summary['val_loss']:.4f} (perplexity {summary['val_ppl']:.2f})"
+        if summary.get("eval_final") is False:  # absent: a summary from before the key
+            line += f", from step {summary['eval_step']}: not of the weights the run ended with"
+        lines.append(line)
     if summary.get("mfu") is not None:
         lines.append(f"MFU {summary['mfu']:.1%} of {summary['peak_flops_source']}")
     compiled = summary.get("compile") or {}

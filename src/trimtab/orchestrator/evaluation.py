@@ -77,9 +77,15 @@ def eval_failure(step: int, error: str) -> Finding:
     )
 
 
-def failed_evaluation(f: Finding) -> Remedy:
-    return Remedy(
-        action="none",
-        reasoning="an evaluation is a measurement, not training: its result is dropped and training goes on; "
-        "the next evaluation runs as scheduled",
-    )
+def failed_evaluation(f: Finding, total_steps: int) -> Remedy:
+    """Nothing to change: a measurement failed. The run's last evaluation is what its summary reports,
+    so the trainer tries that one again (Trainer.evaluate's tries); any other is dropped."""
+    if f.step >= total_steps:
+        why = (
+            "this is the run's final evaluation, the one summary.json reports, and a failure may be transient: "
+            "the trainer tries it again; if every try fails, summary.json gives the newest "
+            "evaluation that worked with its step (eval_step, eval_final false), never as the final one"
+        )
+    else:
+        why = "its result is dropped and training goes on; the next evaluation runs as scheduled"
+    return Remedy(action="none", reasoning=f"an evaluation is a measurement, not training: {why}")

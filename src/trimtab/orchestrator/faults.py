@@ -347,6 +347,11 @@ class FaultInjector(Instrument):
             raise RuntimeError(f"injected by {self._evaluation.spec}: a record the model cannot take")
         time.sleep(self._evaluation.param)
 
+    def on_eval_error(self, run: RunView, step: int, error: str) -> None:
+        """The evaluation is over: the trainer's try again (the run's final one) is another
+        evaluation, which the fault, keyed by step, has already failed."""
+        self._evaluation = None
+
     def _evaluation_due(self, step: int) -> Fault | None:
         """The evaluation fault due for an evaluation beginning at `step`, its firing recorded."""
         at = self.record.setdefault("evaluations", {})

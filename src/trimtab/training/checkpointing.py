@@ -187,7 +187,8 @@ class Checkpointing:
             raise CheckpointError(f"no {what} to roll back to in {self.cfg.run_dir / 'checkpoints'}")
         step = self.state.step
         self._load(found[0], rollback=True)
-        self.last_eval = {}  # it judged the abandoned weights
+        if self.last_eval.get("step", 0) > self.state.step:  # it judged the abandoned weights
+            self.last_eval = {}
         self.dist.on_main(retire_after, self.cfg.run_dir, self.state.step, self.cfg.checkpoint.keep)
         return f"rolled back from step {step} to step {self.state.step}"
 

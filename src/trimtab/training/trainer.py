@@ -48,6 +48,8 @@ from trimtab.training.view import RunView
 
 log = logging.getLogger(__name__)
 
+FINAL_EVAL_TRIES = 3  # the run's last evaluation: a failure may be transient (an I/O error, a slow node)
+
 
 class Trainer(Checkpointing, PolicyTraining, OomRecovery):
     def __init__(self, run: BuiltRun, hooks: list[Hook] = ()):
@@ -166,6 +168,7 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
                     self._maybe_checkpoint()
             self._final_save()
         summary = run_summary(self, *start)
+        self._date_evaluation(summary)
         self._call("on_train_end", summary)
         if self.replicas is not None:
             self.replicas.close()
@@ -387,14 +390,16 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
             self._call("on_log", metrics)
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, Any]:
+    def evaluate(self, tries: int = 1) -> dict[str, Any]:
         """The held-out figures, hooks told (on_eval): the loss, each rank scoring its share of
         the eval micro-batches, or an RL phase's held-out rewards. An error or a run past
         train.eval_timeout abandons it: hooks hear of it (the orchestrator journals it) and
-        training goes on."""
+        training goes on; up to `tries` times in all (every rank alike: the error is agreed)."""
         policy = isinstance(self.loader, (RolloutLoader, PairLoader))  # RL, DPO: held-out prompts, pairs scored
-        figures, error = policy_figures(self) if policy else held_out_figures(self)
-        if error:
+        for _ in range(tries):
+            figures, error = policy_figures(self) if policy else held_out_figures(self)
+            if not error:
+                break
             self._call("on_eval_error", self.state.step, error)
         if not figures:
             return {}
@@ -413,8 +418,17 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
     def _maybe_eval(self) -> None:
         every = self.cfg.train.eval_every
         if (every and self.state.step % every == 0) or self._phase_ends():
-            self.evaluate()
+            # the run's last evaluation is the one summary.json reports: a transient failure is tried again
+            self.evaluate(FINAL_EVAL_TRIES if self.state.step >= self.total_steps else 1)
             self.control.apply()  # what hooks decided on it (early stopping) holds before the next step
+
+    def _date_evaluation(self, summary: dict[str, Any]) -> None:
+        """The step the summary's evaluation figures are from, and whether they judge the weights
+        the run ended with: after a final evaluation that failed every try (or a stop between
+        evaluations) they are an older step's, and the summary says so rather than pass them off
+        as final."""
+        summary["eval_step"] = self.last_eval.get("step")
+        summary["eval_final"] = summary["eval_step"] == self.state.step
 
     def _maybe_checkpoint(self) -> None:
         every = self.control.checkpoint_every()
