@@ -30,7 +30,7 @@ class HeldOutAtEachEval(Hook):
 
     def on_eval(self, run, metrics) -> None:
         trainer = run._t  # the test's way in: score the original split with the trainer's own scoring
-        held: HeldOut = trainer.phases[0].held_out
+        held: HeldOut = trainer.phases[0].eval_rows
         sums, sources, self.scoring = [], [], True
         for rows, indices, name in held.sets:
             for micro in micro_batches(rows, indices, START, held.pad_id):

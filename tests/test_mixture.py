@@ -153,7 +153,7 @@ def test_a_prepared_eval_source_replaces_the_hold_out(tmp_path):
         phase.train_rows.n_tokens
         == (json.loads((tmp_path / "train/trimtab-data.json").read_text())["tokens"] - 1) // 64 * 64
     )
-    assert sum(m.n_targets for m in phase.eval_micro) > 0
+    assert sum(m.n_targets for m in phase.eval_rows.micro) > 0
 
 
 def test_a_resume_over_another_number_of_sources_names_both_and_the_way_forward(tokenizer):

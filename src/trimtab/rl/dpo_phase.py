@@ -31,8 +31,6 @@ class DPOPhase:
     # the built-in task's held-out problems (prompt tokens, answer), answered greedily at evaluations
     problems: list[tuple[list[int], str]]
     tok: TextTokenizer
-    eval_micro: list[Any] = field(default_factory=list)  # no held-out loss: DPO is judged by its pairs
-    eval_sources: list[str] = field(default_factory=list)
     skipped_records: int = 0
     weights: list[float] = field(default_factory=lambda: [1.0])
     names: list[str] = field(default_factory=lambda: ["dpo"])

@@ -31,8 +31,6 @@ class RLPhase:
     held_out: list[Problem]
     tok: TextTokenizer
     max_prompt_tokens: int
-    eval_micro: list[Any] = field(default_factory=list)  # no held-out loss: RL is judged by its rewards
-    eval_sources: list[str] = field(default_factory=list)
     skipped_records: int = 0
     weights: list[float] = field(default_factory=lambda: [1.0])
     names: list[str] = field(default_factory=lambda: ["rl"])

@@ -28,7 +28,7 @@ def held_out(t: Trainer) -> HeldOut | None:
     loader's: an out-of-memory heal lowers it, a resume restores the lowered one), so no read of
     them runs out of memory where training no longer does; None in an RL or DPO phase, whose
     held-out figures are its loader's."""
-    rows: HeldOut | None = getattr(t.phases[t.state.phase], "held_out", None)
+    rows: HeldOut | None = getattr(t.phases[t.state.phase], "eval_rows", None)
     return rows.at(t.loader.micro_batch_tokens) if rows is not None else None
 
 

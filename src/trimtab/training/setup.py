@@ -26,7 +26,7 @@ import yaml
 from trimtab import hf
 from trimtab.checkpoint import check_fits, is_sharded, latest_valid, load_model, local_run
 from trimtab.config import DataConfig, OptimConfig, RunConfig, derive, read_saved, resolve
-from trimtab.data import BatchLoader, MicroBatch, Rows, TextTokenizer, get_tokenizer
+from trimtab.data import BatchLoader, Rows, TextTokenizer, get_tokenizer
 from trimtab.data.batches import HeldOut, eval_rows
 from trimtab.data.dataset import PhaseData, build_phase_data, first_prepared, open_eval_source, open_sources
 from trimtab.data.packing import ConcatRows
@@ -69,18 +69,13 @@ class Phase:
     data: DataConfig
     optim: OptimConfig
     train_rows: Rows | ConcatRows | ShardedRows
-    held_out: HeldOut  # its micro-batches at the budget training runs at: training/evaluation.py held_out
+    eval_rows: HeldOut  # its micro-batches at the budget training runs at: training/evaluation.py held_out
     skipped_records: int
     weights: list[float]  # each source's share of a step's tokens (data.mix)
     names: list[str]
     # documents the garbage screen flagged and kept (data.garbage_filter=warn) and their training
     # rows, per source: the orchestrator reads them through RunView.garbage_rows
     flagged: list[Flagged] = field(default_factory=list)
-
-    @property
-    def eval_micro(self) -> list[MicroBatch]:
-        """The held-out micro-batches as last split (as RL's and DPO's phases name theirs)."""
-        return self.held_out.micro
 
     def loader(self, cfg: RunConfig, pad_id: int, rank: int = 0, world: int = 1) -> BatchLoader:
         """The phase's loader; under data parallelism it serves this rank's share of each step."""
@@ -127,7 +122,7 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
                 data=data,
                 optim=optim,
                 train_rows=built.train,
-                held_out=held_out(built, cfg.train.micro_budget, cfg.train.eval_tokens, tok.pad_id),
+                eval_rows=held_out(built, cfg.train.micro_budget, cfg.train.eval_tokens, tok.pad_id),
                 skipped_records=built.skipped_records,
                 weights=built.weights,
                 names=built.names,
