@@ -17,11 +17,19 @@ session's start is `down` (the restart). ETTR, the effective training time ratio
 and ByteRobust's reports, is productive / wall, wall being every session's time plus the downs.
 A gap after a session that ended on purpose (a stop, a preemption that saved) is not the run's.
 
+RUN_DIR/goodput.step holds the last step this session completed ("STARTED STEP TIME", padded
+to MARK_BYTES), overwritten in place after every step with one pwrite of a few bytes and no
+sync: it outlives a SIGKILL (the page cache keeps it), not a machine's crash. goodput.json and
+the other files a lost session left are up to a second or train.log_every steps behind; this
+mark makes a lost session's last completed step, and so its steps lost, exact.
+
 Torch-free: `trimtab runs` and the report read it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +38,8 @@ from trimtab.rundir import GOODPUT_FILE, read_json, write_json
 
 BUCKETS = ("productive", "redone", "checkpoint", "evaluation", "start_up", "other")
 WRITE_S = 1.0  # the ledger's freshness: what a lost session's record can miss
+STEP_FILE = "goodput.step"
+MARK_BYTES = 64  # the mark's fixed size: each write covers the last whole, so no truncate is needed
 
 
 class Ledger:
@@ -42,6 +52,7 @@ class Ledger:
         self.high = max((s["step"] for s in self.sessions), default=0)  # the furthest any session trained
         self.session: dict[str, Any] = {}
         self._written = 0.0
+        self._mark: int | None = None  # STEP_FILE's descriptor, opened at this session's first step
 
     def open(self, started: float, from_step: int, world: int, restart: int, last_life: float) -> dict | None:
         """Begin this session (process start `started`, resumed at `from_step`); the incident when
@@ -84,6 +95,16 @@ class Ledger:
         self.add("productive" if step > self.high else "redone", seconds)
         self.high = max(self.high, step)
         self.session["step"] = step
+        self._write_mark(step)
+
+    def _write_mark(self, step: int) -> None:
+        """STEP_FILE: this step done. Opened at the first step, not at open(): until then it holds
+        the lost session's mark, which the restart's evidence (resilience/incidents.py) reads."""
+        with contextlib.suppress(OSError):  # a full disk must not end the run; goodput.json still bounds it
+            if self._mark is None:
+                self._mark = os.open(self.path.with_name(STEP_FILE), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            mark = f"{self.session['started']!r} {step} {time.time()!r}"
+            os.pwrite(self._mark, mark.ljust(MARK_BYTES - 1).encode() + b"\n", 0)
 
     def add(self, bucket: str, seconds: float) -> None:
         self.session["seconds"][bucket] += max(0.0, seconds)
@@ -91,6 +112,9 @@ class Ledger:
     def close(self, end: str) -> None:
         self.session["end"] = end
         self.write(force=True)
+        if self._mark is not None:
+            os.close(self._mark)
+            self._mark = None
 
     def write(self, force: bool = False) -> None:
         now = time.time()
@@ -129,3 +153,15 @@ def read_goodput(run_dir: str | Path) -> dict[str, Any] | None:
     if not isinstance(data, dict) or not data.get("sessions"):
         return None
     return totals(data["sessions"], data.get("incidents", []))
+
+
+def read_mark(run_dir: str | Path, started: float) -> tuple[int, float] | None:
+    """(step, wall time) of the last step the session that started at `started` completed, from
+    RUN_DIR/goodput.step; None when it holds another session's mark, or none."""
+    try:
+        fields = (Path(run_dir) / STEP_FILE).read_text().split()
+        if len(fields) == 3 and float(fields[0]) == started:
+            return int(fields[1]), float(fields[2])
+    except (OSError, ValueError):  # missing, or not a mark
+        pass
+    return None

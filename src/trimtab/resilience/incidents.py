@@ -1,6 +1,7 @@
 """What ended a lost session, read from the files its ranks left (rank 0 of the next session
 reads them): RUN_DIR/ranks/rankR.json (each rank's beats and exit record, resilience/watchdog.py),
-RUN_DIR/hangs/ (the watchdog's stacks and alarm), the run lock's heartbeat and metrics.jsonl.
+RUN_DIR/hangs/ (the watchdog's stacks and alarm), the run lock's heartbeat, metrics.jsonl and
+RUN_DIR/goodput.step (rank 0's last completed step, written after every step: resilience/goodput.py).
 
     hang       a rank's watchdog ended a section that ran past its timeout; the rank that
                stopped is one that wrote no stack (frozen, its watchdog with it, or gone: where its
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.resilience.elastic import session
+from trimtab.resilience.goodput import read_mark
 from trimtab.resilience.watchdog import ALARM, HANGS, LOST, RANKS, SECTIONS, stopped
 from trimtab.rundir import LOCK, METRICS_FILE, read_json
 
@@ -34,9 +36,14 @@ TAIL_BYTES = 1 << 16
 
 
 def last_life(run_dir: Path, since: float) -> tuple[float, int]:
-    """The lost session's last sign of life (wall time) and the newest step its ranks were in: the
-    run lock's heartbeat (rank 0; as it was before this session took the lock), the ranks' beats."""
+    """The lost session's last sign of life (wall time) and the newest step its ranks completed: the
+    run lock's heartbeat (rank 0; as it was before this session took the lock), the ranks' beats,
+    rank 0's step mark."""
     times, steps = [0.0], [0]
+    mark = read_mark(run_dir, since)
+    if mark is not None:
+        steps.append(mark[0])
+        times.append(mark[1])
     lock = read_json(run_dir / LOCK)
     if isinstance(lock, dict) and lock.get("pid") == os.getpid():  # this session holds it now
         times.append(lock.get("previous_beat", 0.0))
@@ -76,12 +83,14 @@ def localize(run_dir: Path, since: float, archive_as: str) -> dict[str, Any]:
     every rank's last record. Its hang stacks move to RUN_DIR/hangs/<archive_as>/."""
     ranks = {r["rank"]: r for r in _records(run_dir / RANKS, since)}
     hangs = [r for r in _records(run_dir / HANGS, since) if "section" in r]
+    marked = read_mark(run_dir, since) is not None
     evidence: dict[str, Any] = {
         "ranks": {
             str(k): {key: r.get(key) for key in ("host", "node", "step", "section", "exit")}
             for k, r in sorted(ranks.items())
         },
-        "step_exact": bool(hangs) or any(r.get("exit") for r in ranks.values()),
+        # the step a rank ended in (an exit record, a hang's stack) or rank 0's last completed one
+        "step_exact": bool(hangs) or any(r.get("exit") for r in ranks.values()) or marked,
     }
     if hangs:
         blame = stopped(hangs, ranks)
@@ -117,10 +126,11 @@ def localize(run_dir: Path, since: float, archive_as: str) -> dict[str, Any]:
 
 def reach_words(incident: dict[str, Any]) -> tuple[str, str]:
     """How far the lost session got and what it cost, in words: ("at step 26", "6 steps") when a
-    rank recorded the step it ended in (an exit record, a hang's stack: `step_exact`); else the
-    newest step any file recorded (the ranks' beats every resilience.beat_s, goodput.json every
-    second, metrics.jsonl every train.log_every) is only a lower bound: the session may have
-    trained on after it (SIGKILL, the OOM killer, a lost node, none of it with a watchdog)."""
+    rank recorded the step it ended in (an exit record, a hang's stack) or rank 0 its last
+    completed step (goodput.step: `step_exact`); else the newest step any file recorded (the
+    ranks' beats every resilience.beat_s, goodput.json every second, metrics.jsonl every
+    train.log_every) is only a lower bound: the session may have trained on after it (a session
+    from before goodput.step, or one whose rank 0 could not write it)."""
     step, lost = incident["step"], incident["steps_lost"]
     steps = f"{lost} step" if lost == 1 else f"{lost} steps"
     if incident.get("step_exact", True):  # a journal from before the key: as it was said then
