@@ -380,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `trimtab runs | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush writes nowhere
         return 0
-    except (RunFinished, StartUpInterrupted) as stopped:  # nothing trained, on purpose: not an error
+    # nothing trained, on purpose: not an error (RunPastLength, fewer steps than the run has, is: caught above)
+    except (RunFinished, StartUpInterrupted) as stopped:
         if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 speaks for the job
             print(f"trimtab: {stopped}", file=sys.stderr)
         return 0

@@ -41,8 +41,17 @@ class RunStateError(TrimtabError):
 class RunFinished(Exception):
     """Not an error: `train` on a run that has already reached the length its config asks for
     trains nothing and changes nothing. The message says so; `summary` is the run's saved one.
-    The CLI prints the message and exits 0; trimtab.train() warns it and returns the summary."""
+    The CLI prints the message and exits 0 (RunPastLength: 2); trimtab.train() warns it and returns
+    the summary."""
 
     def __init__(self, message: str, summary: dict[str, Any]) -> None:
         super().__init__(message)
         self.summary = summary
+
+
+class RunPastLength(RunFinished, TrimtabError):
+    """`train` asked for fewer steps than the run has already trained (its newest checkpoint is
+    past the length asked for, or at it but saved on the way to a longer one): nothing is trained
+    and nothing changes, as for RunFinished, but the run is not complete at the length asked for,
+    so the CLI exits 2 (a usage error: a scheduler must not read success); trimtab.train() warns
+    and returns the summary."""

@@ -5,7 +5,9 @@ it and neither the length nor the rule changed), in which case nothing is built 
 the directory changes (re-running a finished run used to overwrite its summary with this call's
 empty figures and append a duplicate evaluation to metrics.jsonl). The message says which: a
 finished run, a checkpoint past the length asked for, one at it that is not a finished run (saved
-on the way to a longer length, or no summary.json), an early stop.
+on the way to a longer length, or no summary.json), an early stop. Asked for fewer steps than the
+run has (a checkpoint past the length, or at it on the way to a longer one) is RunPastLength: the
+CLI's exit 2, since the run is not complete at the length asked for.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from trimtab.checkpoint import latest_valid, set_aside_corrupt
 from trimtab.config import RunConfig, read_saved
 from trimtab.distributed import Parallel
-from trimtab.errors import CheckpointError, ConfigError, RunFinished
+from trimtab.errors import CheckpointError, ConfigError, RunFinished, RunPastLength
 from trimtab.rundir import SUMMARY, read_json
 from trimtab.storage import Remote
 from trimtab.training.schedule import KEYS, configured_lengths
@@ -65,7 +67,10 @@ def _stop_if_finished(cfg: RunConfig, found: Found, dist: Parallel) -> None:
     dist.close()
     if early is not None:
         raise RunFinished(_stopped_early(cfg, step, total, early), summary)
-    raise RunFinished(_at_length(cfg.run_dir, state, lengths, total, summary if saved else None), summary)
+    message = _at_length(cfg.run_dir, state, lengths, total, summary if saved else None)
+    if step > total or step < _trained_to(state):  # fewer steps than the run has: not complete at this length
+        raise RunPastLength(message, summary)
+    raise RunFinished(message, summary)
 
 
 def _early_stop_decision(cfg: RunConfig, state: dict[str, Any], lengths: list[int]) -> dict[str, Any] | None:
@@ -110,18 +115,19 @@ def _at_length(
     length = f"{key} {lengths[-1]}{_length_changes(state)}"
     unchanged = "nothing was trained and nothing in it changed"
     was = f" ({lengths[-1] - total + _trained_to(state)}: the run as it was)" if step < _trained_to(state) else ""
+    fresh = f", or a new --out trains a new run of {total} steps"
     if step > total:
         above = f"{longer} above {step - total + lengths[-1]}"
         return (
             f"{run_dir} has nothing to train: its newest checkpoint is at step {step}, past the {total} steps "
-            f"asked for ({length}); {_where(state, summary)}. {unchanged.capitalize()}; {above} trains on{was}"
+            f"asked for ({length}); {_where(state, summary)}. {unchanged.capitalize()}; {above} trains on{was}{fresh}"
         )
     if summary is not None and summary.get("status") == "completed":
         finished = f"{run_dir} has finished: it is at step {step} of {total} ({length})"
         return f"{finished}; {unchanged}. A larger {longer} trains on"
     return (
         f"{run_dir} is at step {step} of {total} ({length}) but has not finished: {_where(state, summary)}; "
-        f"{unchanged}. A larger {longer} trains on{was}"
+        f"{unchanged}. A larger {longer} trains on{was}{fresh if was else ''}"
     )
 
 
