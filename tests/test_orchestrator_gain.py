@@ -156,3 +156,18 @@ def test_an_lr_30x_too_high_is_cut_from_the_start_though_the_loss_stays_under_it
     sound = tmp_path / "sound"
     trimtab.train(debug_cfg(sound, steps=16))
     assert not [d for d in read_decisions(sound) if d["rule"] == "above_start"]
+
+
+def test_after_a_finding_a_dying_gradient_cuts_again_only_while_the_loss_stalls():
+    """The follow-up judges the gradient norm only with the loss: a sound LR after a cut lets the
+    gradient norm fall from a random start's while the loss keeps falling (small: 2.0 -> 0.8 by
+    step 50), which is no stall; an LR still too high holds the loss flat."""
+    cfg = OrchestratorConfig()
+    for losses, fires in (([5.0 - 0.02 * s for s in range(60)], False), ([5.1] * 60, True)):
+        mon = AboveStart(cfg)
+        mon.fired = True
+        found = [
+            mon.observe(StepMetrics(step=s + 1, loss=loss, grad_norm=1.0 if s < 10 else 0.3))
+            for s, loss in enumerate(losses)
+        ]
+        assert any(f is not None and "warm_grad_norm" in f.evidence for f in found) == fires

@@ -34,23 +34,21 @@ def test_the_preset_lr_raises_no_above_start_finding(tmp_path):
     assert not [d for d in read_decisions(run) if d["rule"] == "above_start"]
 
 
-def test_a_cut_lr_still_too_high_is_cut_again_from_the_start_until_the_preset_lr(tmp_path):
+def test_a_cut_lr_still_too_high_is_cut_again_from_the_start(tmp_path):
     """One x0.1 cut of a 100x LR leaves it 10x the preset's: the loss stays under its start, so
     the loss line never fires again. The replay's updates still overshoot a little (gain just
-    under 0.4): cut x0.32; at ~3x the model stalls where the gradient norm falls under 0.6x its
-    first steps': cut x0.32 again, each time replayed from the start. A run the rule never fired
-    on is not judged on its gradient."""
+    under 0.4): cut x0.32 and trained again from step 0 (later, a gradient norm that dies away
+    while the loss stalls cuts again: not within these 45 steps, where the loss still falls)."""
     run = tmp_path / "r"
     summary = trimtab.train(debug_cfg(run, steps=45, optim={"lr": 0.3}, checkpoint={"every": 15}))
     cuts = [d for d in read_decisions(run) if d["rule"] == "above_start"]
-    assert [d["action"] for d in cuts] == ["rollback"] * 3, [(d["step"], d["action"]) for d in cuts]
+    assert [d["action"] for d in cuts] == ["rollback"] * 2, [(d["step"], d["action"]) for d in cuts]
     assert "level" in cuts[0]["evidence"] and cuts[0]["params"]["lr_factor"] == pytest.approx(0.1)
     assert cuts[1]["evidence"]["gain"] < 0.4 and cuts[1]["params"]["lr_factor"] == pytest.approx(0.1**0.5)
-    last = cuts[2]
-    assert last["evidence"]["grad_norm"] < 0.6 * last["evidence"]["warm_grad_norm"]
-    assert last["params"]["to"] == 0 and "to step 0" in last["applied"][0]
+    assert cuts[1]["params"]["to"] == 0 and "to step 0" in cuts[1]["applied"][0]
     kept = [m for m in train_lines(run) if not m.get("abandoned")]
-    assert kept[-1]["lr_scale"] == pytest.approx(0.01)  # the cuts hold: the preset's LR
+    assert kept[-1]["lr_scale"] == pytest.approx(0.1**1.5)  # the cuts hold
+    assert kept[-1]["loss"] < kept[0]["loss"] - 1.0
     assert summary["exit_code"] == 0
 
 

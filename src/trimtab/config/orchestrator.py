@@ -65,7 +65,8 @@ class AboveStartRule(Section):
     (a finetuning LR typed for pretraining, a slipped exponent): cut it x lr_factor, again while
     the loss does not fall, and never give the cut back. Once it fired, also while the gradient
     norm's median over `window` steps falls under `collapse` x its first `window` steps' (an LR
-    still too high holds the model at a level where the gradient dies away). Over the phase's
+    still too high holds the model at a level where the gradient dies away) while the loss stalls
+    (its median over the last window fell by less than `stall` of the window's before). Over the phase's
     first `gain_steps` steps, also when the updates' gain (the share of the loss decrease their
     gradient promised that they delivered on their own batch; a forward more on each of those
     steps) has a median under `min_gain` over `gain_window` steps: the updates overshoot. 0 turns
@@ -78,6 +79,7 @@ class AboveStartRule(Section):
     lr_factor: float = 0.1
     window: int = 10  # steps
     collapse: float = 0.6  # of the first window's median gradient norm
+    stall: float = 0.02  # ... while the loss's median fell by less than this share over the last window
     gain_steps: int = 15  # steps
     gain_window: int = 7  # steps
     min_gain: float = 0.4
@@ -404,6 +406,7 @@ class OrchestratorConfig(Section):
         _check(0 < self.above_start.lr_factor < 1, "orchestrator.above_start.lr_factor", "must be in (0, 1)")
         _positive(self.above_start, "orchestrator.above_start", "patience", "window")
         _check(0 < self.above_start.collapse < 1, "orchestrator.above_start.collapse", "must be in (0, 1)")
+        _check(0 <= self.above_start.stall < 1, "orchestrator.above_start.stall", "must be in [0, 1)")
         _positive(self.above_start, "orchestrator.above_start", "gain_window")
         _check(0 < self.above_start.min_gain < 1, "orchestrator.above_start.min_gain", "must be in (0, 1)")
         _check(

@@ -154,31 +154,29 @@ class InstabilityLadder:
             if rolled_back_to is not None:
                 self._rolled_back(f.step, rolled_back_to, broken=False)
 
-        if "warm_grad_norm" in f.evidence:  # the steps since the replay began trained at a still-too-high LR
+        # a dying gradient or overshooting updates: every step since the phase (or its replay) began
+        # trained at that LR (the weights stalled, or inflated), so its first checkpoint is the one to restore
+        if "warm_grad_norm" in f.evidence or "gain" in f.evidence:
             start = f.evidence["since"] - 1
+            done = "left the model stalled" if "warm_grad_norm" in f.evidence else "overshot and inflated the weights"
             if self.rollbacks < self.cfg.max_rollbacks and view.has_checkpoint(start):
                 return Remedy(
                     action="rollback",
                     params={"to": start, "skip_rows": [], "lr_factor": factor},
-                    reasoning=why + f"; the steps since step {start} trained at that LR and left the model stalled "
-                    "(at the lower LR it stays there): restore that checkpoint and train them again",
+                    reasoning=why + f"; the steps since step {start} trained at that LR and {done} (at the lower "
+                    "LR they stay so): restore that checkpoint and train them again (the data was not at fault)",
                     commit=lambda: cut(start),
                 )
             return Remedy(action="scale_lr", params={"factor": factor}, reasoning=why, commit=cut)
         sound = 0 <= view.last_good < f.evidence["since"]  # saved before the loss left its start
         if sound and self.rollbacks < self.cfg.max_rollbacks:
             last_good = view.last_good
-            done = (
-                "overshot and inflated the weights"
-                if "gain" in f.evidence
-                else "left the weights worse than they started"
-            )
             return Remedy(
                 action="rollback",
                 params={"to": "last_good", "skip_rows": [], "lr_factor": factor},
                 reasoning=why + f"; the steps since step {last_good} (the last good checkpoint, saved before "
-                f"them) trained at that LR and {done}: restore it and train them again at the lower LR (the data "
-                "was not at fault)",
+                "the loss rose) trained at that LR and left the weights worse than they started: restore it and "
+                "train them again at the lower LR (the data was not at fault)",
                 commit=lambda: cut(last_good),
             )
         return Remedy(action="scale_lr", params={"factor": factor}, reasoning=why, commit=cut)
@@ -482,7 +480,7 @@ def _too_high_why(f: Finding, factor: float) -> str:
             f"the LR was cut for being far too high, and since then the gradient norm fell to "
             f"{f.evidence['grad_norm']:.3f}, under {f.evidence['collapse']:g}x the "
             f"{f.evidence['warm_grad_norm']:.3f} of the first steps: the model is held where an LR still too "
-            f"high leaves it (the loss stalls, the gradient dies away); cut it again x{factor:g}, never to be "
+            f"high leaves it (the loss stalls, the gradient dies away); cut it again x{factor:.3g}, never to be "
             "given back"
         )
     if "gain" in f.evidence:  # the first steps' updates overshoot
@@ -490,13 +488,13 @@ def _too_high_why(f: Finding, factor: float) -> str:
             f"over this phase's first steps the updates delivered {f.evidence['gain']:.2f} of the loss decrease "
             f"their gradient promised on their own batch (median of {f.evidence['gain_window']} steps; under "
             f"{f.evidence['min_gain']:g}, where a sound LR keeps 0.6-1): they overshoot, as an LR far too high "
-            f"makes them, and the weights they inflate train slowly for the rest of the run; cut it x{factor:g}, "
+            f"makes them, and the weights they inflate train slowly for the rest of the run; cut it x{factor:.3g}, "
             "never to be given back"
         )
     return (
         f"the loss has been above the {f.evidence['start']:.3f} this phase started at for "
         f"{f.evidence['patience']} steps: training makes the model worse than its untouched weights, which "
-        f"is what an LR far too high does; cut it x{factor:g} (again while the loss does not fall), never "
+        f"is what an LR far too high does; cut it x{factor:.3g} (again while the loss does not fall), never "
         "to be given back"
     )
 

@@ -85,6 +85,7 @@ class AboveStart(Monitor):
         self.since = 0  # the first step of the current stretch above the line
         self.first_step: int | None = None  # the phase's first step (after a rollback: the replay's)
         self.grads: list[float] = []  # gradient norms since the phase started or the last finding
+        self.losses: list[float] = []  # the last 2 x window losses (the collapse's stall)
         self.fired = False  # a finding in this phase: the LR was far too high (kept across rollbacks)
         self.gains: list[float] = []  # update gains of the phase's first gain_steps steps
 
@@ -163,6 +164,16 @@ class AboveStart(Monitor):
             0.7 + 0.3 * min(1.0, (self.cfg.min_gain - gain) / self.cfg.min_gain),
         )
 
+    def _stalled(self) -> bool:
+        """The loss's median over the last `window` steps fell by less than `stall` of the window's
+        before: the model stalls (debug at 3x: 5.14 -> 5.11, 0.6%), where a gradient norm falling
+        with a sound LR comes with a loss still falling (small's first 50 steps: 2.0 -> 0.8)."""
+        window = self.cfg.window
+        if len(self.losses) < 2 * window:
+            return False
+        before, last = sorted(self.losses[:window])[window // 2], sorted(self.losses[window:])[window // 2]
+        return last > (1 - self.cfg.stall) * before
+
     def _collapsed(self, m: StepMetrics, line: float) -> Finding | None:
         """After a finding: the gradient norm's last `window` steps against its first `window`,
         the last judged only once they all follow the phase's first gain_steps (the gain judges
@@ -172,6 +183,7 @@ class AboveStart(Monitor):
         if not math.isfinite(m.grad_norm):
             return None
         window = self.cfg.window
+        self.losses = (self.losses + [m.loss])[-2 * window :]
         grads = self.grads + [m.grad_norm]
         self.grads = grads[:window] + grads[window:][-window:]  # the first window and the last
         judged = self.first_step is None or m.step - self.first_step >= self.cfg.gain_steps + window
@@ -179,9 +191,9 @@ class AboveStart(Monitor):
             return None
         warm = sorted(self.grads[:window])[window // 2]
         now = sorted(self.grads[window:])[window // 2]
-        if now >= self.cfg.collapse * warm:
+        if now >= self.cfg.collapse * warm or not self._stalled():
             return None
-        self.grads, self.over = [], []
+        self.grads, self.over, self.losses = [], [], []
         return self.finding(
             m,
             {

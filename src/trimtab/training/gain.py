@@ -9,6 +9,12 @@ near a parabola: a step well short of its minimum keeps rho near 1, one that ove
 towards 0 and below. Measured on the first 15 steps of the debug presets (dense, MoE, MoD, hybrid):
 0.6-1.0 at the preset's LR, 0.1-0.25 at 30x it (orchestrator/trends.py AboveStart reads it).
 
+g is the gradient the optimizer applied, after clipping: where clipping scaled it by c < 1 the gain
+reads 1/c higher than the true first-order ratio. That is lenient on purpose: divided by c, sound
+runs with noisy small batches read 0.34 (batch_tokens 1024: momentum's direction is less this
+batch's gradient's), under the threshold; the cost is that a run clipped far below its gradient
+norm (grad_clip 0.1) hides an LR 30x too high from the gain (its loss line still sees 100x).
+
 The prediction needs no copy of the weights: g . w1 - g . w0, per-tensor dot products summed in
 float64 (their difference is small beside each). The second scoring runs the model as training
 does (train mode, no gradient), so MoE capacity, Mixture-of-Depths routing and the jitter are
