@@ -32,6 +32,7 @@ from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.attribution import DataAttribution
 from trimtab.orchestrator.monitors import Finding
 from trimtab.orchestrator.remedies import GAVE_UP, Remedy
+from trimtab.orchestrator.spikes import EarlySpikes
 
 
 @dataclass
@@ -45,7 +46,7 @@ class Ladder:
     finite: bool = False
 
 
-class InstabilityLadder:
+class InstabilityLadder(EarlySpikes):
     """The Policy's instability family (it holds the state named here)."""
 
     cfg: OrchestratorConfig
@@ -65,6 +66,8 @@ class InstabilityLadder:
     lr_ceiling: float  # the multiplier before the first of them: a give-back never goes past it
     last_restore: int  # step of a give-back still on probation (-1: none)
     restore_failed: bool  # instability came back after a give-back: the cut stays
+    # step (a string: JSON keys) -> [the loss an early spike rolled back from, unstable_at and broken_at before]
+    early_rollbacks: dict[str, list[float]]
 
     def _instability(self, f: Finding, view: Any) -> Remedy:
         ladder, cfg = self.ladder, self.cfg
@@ -77,6 +80,8 @@ class InstabilityLadder:
             ladder.nan = True
         else:
             ladder.finite = True
+        if f.evidence.get("early") and ladder.rung == 0:
+            return self._early_spike(f, view)
         climb = len(ladder.recent) >= cfg.escalate_after
         if f.rule == "divergence" and ladder.rung == 0:
             climb = True  # a trend is not a one-off: skipping cannot fix it
@@ -201,6 +206,11 @@ class InstabilityLadder:
             f"{evidence['rows_scored']} rows since the first bad step {lose}: leave them out; the LR stays"
         )
         self.ladder.recent = []
+        return self._leave_out(bad, why, evidence)
+
+    def _leave_out(self, bad: list[int], why: str, evidence: dict[str, Any]) -> Remedy:
+        """Leave out the bad rows; once applied, the incident's rows are answered and the next
+        steps' rows watched (a bad stretch rarely ends where it was caught)."""
 
         def commit() -> None:
             self.ladder.rows, self.ladder.nan, self.ladder.finite = [], False, False

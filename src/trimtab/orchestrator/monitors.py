@@ -170,7 +170,15 @@ class LossSpike(Monitor):
     loss from 4.90 to 6.49 passed under it. The residuals around the trend measure the
     step-to-step noise alone; on a plateau the line is flat and this is the flat window's rule.
     Loss curves are close to straight in log(step) over a window (a power law's local shape),
-    so the line's extrapolation does not run below a curve that is flattening out."""
+    so the line's extrapolation does not run below a curve that is flattening out.
+
+    Over a phase's first `early_steps` steps the trend has too few samples, and the warm-up's
+    steep fall inflates its residuals: weights wrecked at step 8 (loss 5.86 -> 6.18) passed far
+    under it and trained on, 13% worse at the end. There a loss above the phase's lowest healthy
+    one by max(early_sigma x the spread of the recent step-to-step changes, early_min_rise) is a
+    spike too (`early` in its evidence): a falling loss rarely climbs back over its own minimum
+    by more than its step-to-step noise. It only adds what the trend's bar misses, and is not in
+    the update gate's ceiling (`ceiling`): the policy answers it at once (ladder.py, _early_spike)."""
 
     rule, family = "spike", "instability"
 
@@ -179,6 +187,7 @@ class LossSpike(Monitor):
         self.window = Rolling(self.cfg.window)  # healthy losses
         self.steps = Rolling(self.cfg.window)  # their steps
         self.next_step = 1
+        self.first_step = -1  # the phase's first step seen: its early steps count from it
         self._fit: tuple[Any, tuple[float, float]] | None = None  # trend() of the current window
 
     def trend(self) -> tuple[float, float]:
@@ -206,16 +215,33 @@ class LossSpike(Monitor):
         predicted, std = self.trend()
         return predicted + max(self.cfg.sigma * std, self.cfg.min_rise)
 
+    def early_ceiling(self) -> tuple[float, float, float]:
+        """(the early bar, the phase's lowest healthy loss, the step-to-step spread) over the
+        phase's first early_steps steps; an infinite bar after them or before 3 healthy steps."""
+        cfg = self.cfg
+        if cfg.early_steps == 0 or len(self.window) < 3 or self.next_step - self.first_step >= cfg.early_steps:
+            return math.inf, math.nan, math.nan
+        values = list(self.window.values)
+        changes = [b - a for a, b in zip(values, values[1:])][-cfg.early_window :]
+        spread, lowest = Rolling(len(changes), changes).std(), min(values)
+        return lowest + max(cfg.early_sigma * spread, cfg.early_min_rise), lowest, spread
+
     def observe(self, m: StepMetrics) -> Finding | None:
         self.next_step = m.step
+        if self.first_step < 0:  # a checkpoint from before early_steps: its window's first step
+            self.first_step = int(self.steps.values[0]) if len(self.steps) else m.step
         if not math.isfinite(m.loss):
             return None
         ceiling = self.ceiling()
-        if m.loss <= ceiling:
+        early = self.early_ceiling() if m.loss <= ceiling else (math.inf, math.nan, math.nan)
+        if m.loss <= min(ceiling, early[0]):
             self.window.add(m.loss)
             self.steps.add(m.step)
             self.next_step = m.step + 1
             return None
+        if m.loss <= ceiling:  # under the trend's bar, over the early one
+            self.next_step = m.step + 1
+            return self._early(m, *early)
         predicted, std = self.trend()
         self.next_step = m.step + 1
         evidence = {
@@ -227,6 +253,23 @@ class LossSpike(Monitor):
         }
         summary = f"loss {m.loss:.3f} > trend {predicted:.3f} + {self.cfg.sigma:g} sigma ({std:.3f})"
         return self.finding(m, evidence, summary, 0.6 + 0.4 * (m.loss - ceiling) / max(ceiling - predicted, 1e-6))
+
+    def _early(self, m: StepMetrics, ceiling: float, lowest: float, spread: float) -> Finding:
+        cfg = self.cfg
+        evidence = {
+            "loss": m.loss,
+            "early": True,
+            "lowest": lowest,
+            "step_spread": spread,
+            "ceiling": ceiling,
+            "window": len(self.window),
+            "phase_step": m.step - self.first_step + 1,
+        }
+        summary = (
+            f"loss {m.loss:.3f} > the phase's lowest {lowest:.3f} + max({cfg.early_sigma:g} x step-to-step "
+            f"spread {spread:.3f}, {cfg.early_min_rise:g}) in its first {cfg.early_steps} steps"
+        )
+        return self.finding(m, evidence, summary, 0.6 + 0.4 * (m.loss - ceiling) / max(ceiling - lowest, 1e-6))
 
 
 class GradExplosion(Monitor):

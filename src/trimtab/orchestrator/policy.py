@@ -39,6 +39,7 @@ STATE = (
     "broken_at",
     "last_rollback_to",
     "unstable_at",
+    "early_rollbacks",
 )
 
 
@@ -80,6 +81,7 @@ class Policy(InstabilityLadder):
         self.broken_at = -1  # ... when it was for broken weights
         self.last_rollback_to = -1  # the checkpoint step the last ladder rollback restored (-1: none)
         self.unstable_at = -(10**9)  # step of the last LR cut or rollback: rows are not judged for a while
+        self.early_rollbacks: dict[str, list[float]] = {}  # step -> the loss an early spike rolled back from, ...
         self.data = DataAttribution(cfg)  # which rows of a bad stretch are bad (orchestrator/attribution.py)
         self.rl = RLIncident()
         self.dispatch = {
@@ -247,7 +249,7 @@ class Policy(InstabilityLadder):
     def state_dict(self) -> dict[str, Any]:
         return {
             "ladder": vars(self.ladder).copy(),
-            **{k: getattr(self, k) for k in STATE},
+            **{k: dict(v) if isinstance(v := getattr(self, k), dict) else v for k in STATE},  # a save keeps its own
             "data": self.data.state_dict(),
             "rl_incident": vars(self.rl).copy(),
         }
