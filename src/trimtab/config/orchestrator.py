@@ -81,8 +81,8 @@ class AboveStartRule(Section):
     (its median over the last window fell by less than `stall` of the window's before). Over the phase's
     first `gain_steps` steps, also when the updates' gain (the share of the loss decrease their
     gradient promised that they delivered on their own batch; a forward more on each of those
-    steps) has a median under `min_gain` over `gain_window` steps: the updates overshoot (as many
-    steps spread over a longer LR warm-up and 5 steps after it). 0 turns that measurement off."""
+    steps) has a median under `min_gain` over `gain_window` steps: the updates overshoot. 0 turns
+    that measurement off; raise it to cover a long LR warm-up."""
 
     enabled: bool = True
     margin: float = 0.25  # nats

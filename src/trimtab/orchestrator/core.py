@@ -141,7 +141,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         """The LR rule (above_start) judges the updates' gain over a phase's first steps."""
         if self.mode == "off" or "above_start" in self.paused or "above_start" not in self.monitors:
             return False
-        return run.phase != self.phase or self.monitors["above_start"].wants_gain(run.step + 1, run.warmup_steps)
+        return run.phase != self.phase or self.monitors["above_start"].wants_gain(run.step + 1)
 
     def on_step_end(self, run: RunView, out: StepOutput) -> None:
         self.last_step = out.step

@@ -70,9 +70,7 @@ class AboveStart(Monitor):
     (debug 5.01 vs 4.17), with no rule firing. The damage is done in the first steps (the weights'
     norm grew 35 -> 210 by step 15, where the sound run's reached 37), and the update's gain shows
     it there (training/gain.py: the share of the first-order decrease the update delivered on its
-    own batch). So for the phase's first `gain_steps` steps the rule has the gain measured (spread
-    evenly over the LR warm-up and 5 steps after it, where the warm-up is longer: the first steps of
-    a long one run at a small share of the peak, where no LR overshoots), and the
+    own batch). So for the phase's first `gain_steps` steps the rule has the gain measured, and the
     median of the last `gain_window` below `min_gain` is a finding too: 0.6-1.0 at the presets'
     LR over those steps (dense, MoE, MoD, hybrid; later, MoD's routing capacity warm-up pulls it
     to 0.3 with a sound LR), 0.1-0.25 at 30x."""
@@ -90,7 +88,6 @@ class AboveStart(Monitor):
         self.losses: list[float] = []  # the last 2 x window losses (the collapse's stall)
         self.fired = False  # a finding in this phase: the LR was far too high (kept across rollbacks)
         self.gains: list[float] = []  # update gains of the phase's first gain_steps steps
-        self.span = self.cfg.gain_steps  # the steps of the phase its gain_steps are spread over (wants_gain)
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if not math.isfinite(m.loss):
@@ -136,15 +133,9 @@ class AboveStart(Monitor):
         super().load_state_dict(state)
         self.fired = fired or bool(state.get("fired"))
 
-    def wants_gain(self, step: int, warmup: int = 0) -> bool:
-        """Whether step `step` of this phase is one of its gain_steps measured (the first when none
-        was seen yet): every step of the first gain_steps, or as many spread over a longer LR
-        warm-up (`warmup` steps: the phase's, RunView.warmup_steps) and 5 steps at the peak."""
-        if self.cfg.gain_steps <= 0:
-            return False
-        self.span = max(self.cfg.gain_steps, warmup + 5)
-        offset = 0 if self.first_step is None else step - self.first_step
-        return offset < self.span and offset % math.ceil(self.span / self.cfg.gain_steps) == 0
+    def wants_gain(self, step: int) -> bool:
+        """Whether step `step` of this phase is among its first gain_steps (None: none seen yet)."""
+        return self.cfg.gain_steps > 0 and (self.first_step is None or step - self.first_step < self.cfg.gain_steps)
 
     def _overshoot(self, m: StepMetrics) -> Finding | None:
         """The update gain's median over the last gain_window measured steps under min_gain."""
@@ -185,7 +176,7 @@ class AboveStart(Monitor):
 
     def _collapsed(self, m: StepMetrics, line: float) -> Finding | None:
         """After a finding: the gradient norm's last `window` steps against its first `window`,
-        the last judged only once they all follow the steps the gain is measured over (it judges
+        the last judged only once they all follow the phase's first gain_steps (the gain judges
         those): a sound run's gradient norm dips for a while after the first steps too (debug:
         0.97 over steps 1-10, 0.51 over 11-20, 1.1 over 21-30), where 3x the LR's stays down (0.9,
         0.61, 0.45, 0.42)."""
@@ -195,7 +186,7 @@ class AboveStart(Monitor):
         self.losses = (self.losses + [m.loss])[-2 * window :]
         grads = self.grads + [m.grad_norm]
         self.grads = grads[:window] + grads[window:][-window:]  # the first window and the last
-        judged = self.first_step is None or m.step - self.first_step >= self.span + window
+        judged = self.first_step is None or m.step - self.first_step >= self.cfg.gain_steps + window
         if len(self.grads) < 2 * window or not judged:
             return None
         warm = sorted(self.grads[:window])[window // 2]

@@ -400,11 +400,6 @@ class RunView:
         return find_checkpoint(self._t.cfg.run_dir, max(0, step)) is not None
 
     @property
-    def warmup_steps(self) -> int:
-        """The current phase's LR warm-up, in steps."""
-        return self._t.phases[self._t.state.phase].optim.warmup_steps
-
-    @property
     def pretrain(self) -> dict[str, Any]:
         """The pretraining phase's length, configured length, warm-up and unique training tokens
         (the live planner's inputs)."""
