@@ -379,3 +379,31 @@ def test_abandoned_decisions_are_drawn_apart_and_counted_apart(tmp_path):
     assert list_runs(tmp_path)[0]["decisions"] == 2
     page = write_report([run_dir], tmp_path / "r.html").read_text()
     assert page.count("set_total_steps (abandoned)") == 1 and "1 of 3 marked (abandoned)" in page
+
+
+def test_a_run_resumed_after_its_summary_is_running_then_failed_not_completed(tmp_path):
+    """summary.json stays from the session that wrote it while a later one trains: the run listed
+    as completed at the old step. Resumed: running (the lock), its step from the files; that
+    session killed after training past the summary, or before it logged a step (goodput.json):
+    failed. A run whose last session ended stays completed."""
+    import os
+    import time
+
+    run = _fake_run(tmp_path / "r", 1e-3)
+    ledger = {"sessions": [{"started": time.time() - 60, "end": "completed", "step": 2, "seconds": {}}]}
+    (run / "goodput.json").write_text(json.dumps(ledger))
+    assert list_runs(tmp_path)[0]["status"] == "completed"
+    os.utime(run / "summary.json", (time.time() - 30, time.time() - 30))
+    ledger["sessions"].append({"started": time.time() - 10, "end": None, "step": 2, "seconds": {}})
+    (run / "goodput.json").write_text(json.dumps(ledger))
+    with run_lock(run):
+        row = list_runs(tmp_path)[0]
+        assert (row["status"], row["detail"].startswith("running")) == ("running", True)
+    row = list_runs(tmp_path)[0]
+    assert (row["status"], row["steps"]) == ("failed", 2)
+    assert row["detail"].startswith("failed: resumed after summary.json, the session ended without one")
+    with open(run / "metrics.jsonl", "a") as fh:  # the later session trained to step 4
+        fh.writelines(json.dumps({"step": s, "loss": 1.0, "tokens": 100 * s}) + "\n" for s in (3, 4))
+    row = list_runs(tmp_path)[0]
+    assert (row["status"], row["steps"], row["tokens"]) == ("failed", 4, 400)
+    assert "summary.json's step 2, trained to step 4" in row["detail"]

@@ -19,11 +19,13 @@ from trimtab.resilience.goodput import read_goodput
 from trimtab.rundir import (
     ABANDONED,
     CONFIG,
+    GOODPUT_FILE,
     METRICS_FILE,
     PLAN_STATUS_FILE,
     SUMMARY,
     liveness,
     read_decisions,
+    read_json,
     read_jsonl,
     read_metrics,
     read_summary,
@@ -81,14 +83,18 @@ def read_run(path: str | Path, name: str | None = None, summary: dict[str, Any] 
         config = yaml.safe_load((path / CONFIG).read_text()) or {}
     except yaml.YAMLError:  # damaged (a disk fault): listed and drawn all the same, its settings unknown
         config = {}
+    lines = read_metrics(path, abandoned=True)
+    later = None
     if summary is None:
         summary = read_summary(path)
-    status, detail = run_status(path, summary)
+        later = _session_after(path, summary, lines)
+        summary = None if later else summary  # an earlier session's word: the figures come from the files
+    status, detail = run_status(path, summary, later)
     return RunRecord(
         path=path,
         name=name or path.name,
         config=config if isinstance(config, dict) else {},
-        lines=read_metrics(path, abandoned=True),
+        lines=lines,
         decisions=read_decisions(path, abandoned=True),
         plan=read_jsonl(path / PLAN_STATUS_FILE),
         summary=summary,
@@ -98,17 +104,44 @@ def read_run(path: str | Path, name: str | None = None, summary: dict[str, Any] 
     )
 
 
-def run_status(path: Path, summary: dict[str, Any] | None) -> tuple[str, str]:
-    """(completed | stopped | failed | running, the summary's own words). A run with no summary is
-    running while a process holds its lock, else it crashed or was killed: failed."""
+def run_status(path: Path, summary: dict[str, Any] | None, later: str | None = None) -> tuple[str, str]:
+    """(completed | stopped | failed | running, the summary's own words). A run with no summary (or
+    only an earlier session's, `later` saying why) is running while a process holds its lock, else
+    it crashed or was killed: failed."""
     if summary is not None:
         text = str(summary.get("status", ""))
         kind = "completed" if text == "completed" else "stopped" if text.startswith("stopped") else "failed"
         return kind, text
 
     alive, evidence = liveness(path)
-    missing = "summary.json unreadable" if (path / SUMMARY).is_file() else "no summary.json"
+    missing = later or ("summary.json unreadable" if (path / SUMMARY).is_file() else "no summary.json")
     return ("running", f"running ({evidence})") if alive else ("failed", f"failed: {missing} ({evidence})")
+
+
+def _session_after(path: Path, summary: dict[str, Any] | None, lines: list[dict[str, Any]]) -> str | None:
+    """Why summary.json is an earlier session's (the run was resumed after it and is training now,
+    or that session was killed or crashed), or None when it is the run's latest word. It is left in
+    place until a session ends, and would list the run as done at the old step."""
+    if summary is None:
+        return None
+    if liveness(path)[0]:
+        return "resumed after summary.json"
+    trained = [m["step"] for m in lines if "loss" in m and not m.get(ABANDONED) and isinstance(m.get("step"), int)]
+    if isinstance(summary.get("step"), int) and trained and max(trained) > summary["step"]:
+        return f"resumed after summary.json's step {summary['step']}, trained to step {max(trained)}, ended without one"
+    return "resumed after summary.json, the session ended without one" if _lost_after_summary(path) else None
+
+
+def _lost_after_summary(path: Path) -> bool:
+    """goodput.json's last session started after summary.json was written and never said it ended:
+    killed before it logged a step past the summary's (resilience/goodput.py)."""
+    ledger = read_json(path / GOODPUT_FILE)
+    sessions = ledger.get("sessions") if isinstance(ledger, dict) else None
+    last = sessions[-1] if isinstance(sessions, list) and sessions and isinstance(sessions[-1], dict) else {}
+    started = last.get("started")
+    return (
+        isinstance(started, (int, float)) and last.get("end", "") is None and started > (path / SUMMARY).stat().st_mtime
+    )
 
 
 def finite(x: Any) -> float | None:

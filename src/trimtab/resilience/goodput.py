@@ -133,8 +133,9 @@ class Ledger:
 
 
 def totals(sessions: list[dict[str, Any]], incidents: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run's wall time by bucket, `down` between lost sessions and their restarts, and ETTR."""
-    seconds = {b: round(sum(s["seconds"][b] for s in sessions), 3) for b in BUCKETS}
+    """The run's wall time by bucket, `down` between lost sessions and their restarts, and ETTR. A
+    bucket a session lacks (a ledger an older trimtab wrote) counts 0: `trimtab runs` lists the run."""
+    seconds = {b: round(sum(s.get("seconds", {}).get(b, 0.0) for s in sessions), 3) for b in BUCKETS}
     seconds["down"] = round(sum(s.get("down_s", 0.0) for s in sessions), 3)
     wall = sum(seconds.values())
     return {
