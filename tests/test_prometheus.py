@@ -103,3 +103,24 @@ def test_the_shipped_dashboard_and_alerts_read_only_series_the_exporter_serves(t
         exporter.on_train_end(None, {})
     used = {name for e in exprs for name in re.findall(r"\btrimtab_[a-z_]+", e)}
     assert len(used) >= 12 and used <= served, used - served
+
+
+def test_a_run_that_raised_does_not_keep_its_port_from_the_next_run_of_the_process(tmp_path):
+    """A run that ends in an exception never reaches on_train_end: the next run of the same process
+    (an API caller's retry) on that port serves its own /metrics instead of being refused."""
+    from trimtab.config.log import PrometheusConfig
+    from trimtab.training.services.prometheus import PrometheusExporter
+
+    cfg = PrometheusConfig(enabled=True, port=free_port(), addr="127.0.0.1")
+    PrometheusExporter(cfg, tmp_path / "crashed")  # its run raised: no on_train_end
+    retry = PrometheusExporter(cfg, tmp_path / "retry")
+    try:
+        retry.step.set(3)
+        with urllib.request.urlopen(f"http://127.0.0.1:{cfg.port}/metrics", timeout=10) as page:
+            text = page.read().decode()
+        assert series(text, "trimtab_step", run="retry") == 3.0 and series(text, "trimtab_step", run="crashed") is None
+    finally:
+        retry.on_train_end(None, {})
+    with socket.socket() as again:  # the port is free once the run ends (its scrape's TIME_WAIT aside)
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", cfg.port))

@@ -9,7 +9,8 @@ last finished step, so an alert can say "no progress for 10 minutes" whatever hu
 adds its figures (reward, held-out reward, entropy, ...) under `trimtab_rl_*`.
 
 The server is started when the hook is made, before training: a port taken is a clear error
-naming log.prometheus.port (exit code 2), not a run that trains unwatched.
+naming log.prometheus.port (exit code 2), not a run that trains unwatched. A run that raised
+(no on_train_end) leaves its server up until the next run of the process on that port replaces it.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ GAUGES = {
     "step_time": ("trimtab_step_seconds", "seconds a step over the last log window"),
     "loss_scale": ("trimtab_loss_scale", "fp16's loss scale (train.loss_scale)"),
 }
+# this process's servers by (addr, port): a run that raised never reached on_train_end, and its
+# server, left up, would refuse the next run of the process (an API caller's retry) that port
+_SERVING: dict[tuple[str, int], Any] = {}
 
 
 class PrometheusExporter(Hook):
@@ -77,8 +81,11 @@ class PrometheusExporter(Hook):
         self.rl = series(prom.Gauge, "trimtab_rl", "an RL run's figures (rl/NAME in metrics.jsonl)", ("figure",))
         self.decisions = series(prom.Counter, "trimtab_decisions", "the orchestrator's decisions", ("rule", "action"))
         self.rollbacks = series(prom.Counter, "trimtab_rollbacks", "rollbacks to a checkpoint")
+        self._key = (cfg.addr, self.port)
+        _stop(_SERVING.pop(self._key, None))  # an earlier run of this process that ended in an exception
         try:
             self.server, self.thread = prom.start_http_server(self.port, cfg.addr, registry=self.registry)
+            _SERVING[self._key] = self.server
         except OSError as exc:
             raise ConfigError(
                 f"log.prometheus.port: {cfg.addr}:{self.port} cannot serve /metrics ({exc.strerror or exc}); "
@@ -119,5 +126,12 @@ class PrometheusExporter(Hook):
         self.step.set(run.step)
 
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        if _SERVING.get(self._key) is self.server:
+            del _SERVING[self._key]
+        _stop(self.server)
+
+
+def _stop(server: Any) -> None:
+    if server is not None:
+        server.shutdown()
+        server.server_close()
