@@ -128,6 +128,32 @@ def test_an_empty_recipe_file_or_a_run_directory_is_refused_naming_it(tmp_path):
         read_recipe(tmp_path / "nosuch.yaml")
 
 
+def test_a_model_path_that_is_no_model_is_refused_naming_the_recipe_and_its_key(tmp_path, capsys):
+    """The path alone was named before: in a recipe of several models, which entry was left to find."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"merge_method: ties\nbase_model: {tmp_path / 'base'}\nmodels:\n  - model: {tmp_path / 'gone'}\n")
+    (tmp_path / "base").mkdir()
+    with pytest.raises(CheckpointError, match=rf"^{recipe}: base_model: '{tmp_path / 'base'}' is neither a run"):
+        merge(recipe, tmp_path / "out")
+    assert main(["merge", str(recipe), "--out", str(tmp_path / "out")]) == 2
+    assert f"{recipe}: base_model: " in capsys.readouterr().err
+
+
+def test_averaging_a_recipe_file_or_a_hugging_face_directory_says_what_it_is(tmp_path):
+    """ "neither a run directory" and "0 valid checkpoints" before, after importing the whole model."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("merge_method: linear\n")
+    with pytest.raises(ConfigError, match="is a file; --method average takes a run directory; a recipe file takes no"):
+        average(recipe, 2, tmp_path / "out")
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    (hf_dir / "config.json").write_text("{}")
+    with pytest.raises(
+        ConfigError, match="'.*hf' is a Hugging Face model directory: one set of weights, no checkpoints"
+    ):
+        average(hf_dir, 2, tmp_path / "out")
+
+
 def test_an_out_that_is_a_file_or_not_empty_is_refused_before_the_inputs_load(tmp_path):
     """Refused only after the whole merge (a NotADirectoryError traceback for a file)."""
     recipe = {"merge_method": "linear", "models": [{"model": str(tmp_path / "nosuch")}]}  # loading it would fail

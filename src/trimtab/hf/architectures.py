@@ -17,6 +17,7 @@ surgery) returns None here and leaves as trust_remote_code (hf/remote).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from trimtab.config.model import ModelConfig, RopeScalingConfig
@@ -111,9 +112,34 @@ def to_model_config(hf: dict[str, Any], where: str) -> ModelConfig:
     if arch == TRIMTAB:
         return remote_model_config(hf).resolved()
     hf = _with_defaults(hf, arch)
+    _refuse_mistyped(hf, where)
     _refuse_unsupported(hf, arch, where)
-    heads = hf["num_attention_heads"]
     layer_pattern, moe = _moe(hf, arch) if arch in MOE else ([], MoEConfig())
+    rope_scaling = _rope_scaling(_rope(hf), where)
+    try:
+        return _build(hf, arch, layer_pattern, moe, rope_scaling)
+    except ConfigError as exc:  # said in trimtab's keys: named as config.json's fields
+        raise ConfigError(f"{where}: {_hf_names(str(exc))}") from None
+
+
+# trimtab's model keys as the config.json fields they come from, for the checks ModelConfig makes
+HF_NAMES = {
+    "vocab_size": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+    "ffn_hidden": "intermediate_size", "max_seq_len": "max_position_embeddings", "norm_eps": "rms_norm_eps",
+    "rope_theta": "rope_theta",
+}  # fmt: skip
+
+
+def _hf_names(message: str) -> str:
+    message = message.replace("config key ", "field ")
+    return re.sub(r"\bmodel\.(\w+)", lambda m: HF_NAMES.get(m.group(1), m.group(0)), message)
+
+
+def _build(
+    hf: dict[str, Any], arch: str, layer_pattern: list[str], moe: MoEConfig, rope_scaling: RopeScalingConfig
+) -> ModelConfig:
+    heads = hf["num_attention_heads"]
     return ModelConfig(
         vocab_size=hf["vocab_size"],
         d_model=hf["hidden_size"],
@@ -124,7 +150,7 @@ def to_model_config(hf: dict[str, Any], where: str) -> ModelConfig:
         ffn_hidden=hf["intermediate_size"],
         max_seq_len=_context(hf),
         rope_theta=float(_rope(hf)["rope_theta"]),
-        rope_scaling=_rope_scaling(_rope(hf), where),
+        rope_scaling=rope_scaling,
         norm_eps=float(hf["rms_norm_eps"]),
         tie_embeddings=bool(hf["tie_word_embeddings"]),
         attn_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and bool(hf["qkv_bias"])),
@@ -142,6 +168,33 @@ def _with_defaults(hf: dict[str, Any], arch: str) -> dict[str, Any]:
     """config.json completed with its class's defaults (DEFAULTS)."""
     given = {k: v for k, v in hf.items() if v is not None or k in NULLABLE}
     return {**DEFAULTS[arch], **given}
+
+
+# Fields read as counts or as real numbers: a hand-edited config.json with "two" or true in one
+# failed deep in the config checks with a TypeError traceback that named neither file nor field.
+INTS = {
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window", "num_local_experts",
+    "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+    "decoder_sparse_step",
+}  # fmt: skip
+FLOATS = {"rms_norm_eps", "rope_theta", "router_aux_loss_coef", "router_jitter_noise"}
+
+
+# Sizes with no meaning at 0 (trimtab reads a vocab_size of 0 as "the tokenizer's")
+POSITIVE = {k for k in COMMON if k in INTS} - {"sliding_window"}
+
+
+def _refuse_mistyped(hf: dict[str, Any], where: str) -> None:
+    for key in sorted((INTS | FLOATS) & hf.keys()):
+        value, whole = hf[key], key in INTS
+        if value is None:  # NULLABLE: derived or off
+            continue
+        if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
+            kind = "a whole number" if whole else "a number"
+            raise ConfigError(f"{where}: field '{key}' is {value!r}; it must be {kind} (unquoted, as JSON writes it)")
+        if key in POSITIVE and value < 1:
+            raise ConfigError(f"{where}: field '{key}' is {value}; it must be at least 1")
 
 
 def _refuse_unknown(hf: dict[str, Any], arch: str, where: str) -> None:

@@ -39,7 +39,7 @@ from trimtab.data import TextTokenizer
 from trimtab.errors import CheckpointError, ConfigError
 from trimtab.hf.architectures import export_class, to_hf_config
 from trimtab.hf.card import model_card
-from trimtab.hf.importer import SafetensorsDir, read_source
+from trimtab.hf.importer import SafetensorsDir, is_hf_dir, read_source
 from trimtab.hf.tensors import Getter, to_hf
 from trimtab.model.upgrade import UpgradedReader, is_legacy
 from trimtab.snapshots import list_snapshots, snapshot_root
@@ -69,6 +69,11 @@ def export_run(
     if is_url(str(run_dir)) and step is not None and snapshot is None:
         run_dir = f"{str(run_dir).rstrip('/')}/step_{step:06d}"  # that checkpoint alone is fetched
     run_dir, out = local_run(run_dir, "trimtab export's RUN_DIR"), Path(out)
+    if is_hf_dir(run_dir):
+        raise CheckpointError(
+            f"'{run_dir}' is a Hugging Face model directory already (config.json, no config.yaml); export takes a "
+            "run directory: pass the --out of a run, or train from this one with --set train.init_from first"
+        )
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(f"'{run_dir}' is not a run directory (no config.yaml); pass the --out of a run")
     fix = "restore it, or remove it to export with trimtab's own mapping of the model (float32 unless --dtype)"
@@ -146,6 +151,7 @@ class Export:
         prefer = self.source["config"]["architectures"][0] if self.source else ""
         arch = export_class(model_cfg, moe_state, biased, prefer)
         ids = _token_ids(tok, self.source)
+        _warn_tokenizer_class(arch, tok)
         if arch is None:
             return _remote(get, model_cfg, state, tmp, ids, self)
         dtype = str(self.dtype).removeprefix("torch.")
@@ -153,6 +159,19 @@ class Export:
         _write_json(tmp / "config.json", {**(self.source["config"] if self.source else {}), **hf})
         write_shards(to_hf(get, model_cfg, arch, moe_state), tmp, self.dtype, self.max_shard_bytes)
         return arch
+
+
+def _warn_tokenizer_class(arch: str | None, tok: TextTokenizer) -> None:
+    """transformers' AutoTokenizer loads any qwen2 model's tokenizer as Qwen2Tokenizer, whatever
+    tokenizer_config.json names, and that class rebuilds the pre-tokenizer as Qwen's: another
+    tokenizer (trimtab's own, a model with attention biases exported as Qwen2) then tokenizes
+    differently there, silently. A Qwen tokenizer is rebuilt as itself."""
+    if arch == "Qwen2ForCausalLM" and not str((tok.hf or {}).get("tokenizer_class", "")).startswith("Qwen2Tokenizer"):
+        log.warning(
+            "exported as Qwen2ForCausalLM (attention biases), whose tokenizer transformers' AutoTokenizer "
+            "replaces with Qwen2Tokenizer, which splits text otherwise than this run's tokenizer.json: load the "
+            "tokenizer with transformers.PreTrainedTokenizerFast.from_pretrained(DIR), not AutoTokenizer"
+        )
 
 
 def _candidates(run_dir: Path, step: int | None) -> list[Path]:

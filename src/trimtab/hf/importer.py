@@ -19,7 +19,7 @@ from safetensors import SafetensorError, safe_open
 from trimtab.config import ModelConfig
 from trimtab.data import TextTokenizer
 from trimtab.errors import CheckpointError, ConfigError
-from trimtab.hf.architectures import TRIMTAB, architecture, to_model_config
+from trimtab.hf.architectures import COMMON, DEFAULTS, NULLABLE, TRIMTAB, architecture, to_model_config
 from trimtab.hf.remote import moe_structure
 from trimtab.hf.tensors import Recorder, from_hf
 from trimtab.model import Transformer
@@ -43,7 +43,8 @@ class SafetensorsDir:
 
     def __init__(self, path: Path):
         index = path / "model.safetensors.index.json"
-        if index.is_file():
+        self.index = index if index.is_file() else None
+        if self.index:
             self.files = {name: path / shard for name, shard in _weight_map(index).items()}
         elif (path / "model.safetensors").is_file():
             with _opened(path / "model.safetensors") as f:
@@ -63,7 +64,20 @@ class SafetensorsDir:
         if not file.is_file():
             raise CheckpointError(f"{file}: missing (listed in model.safetensors.index.json)")
         with _opened(file) as handle:
-            return handle.get_tensor(name)
+            try:
+                return handle.get_tensor(name)
+            except SafetensorError:  # the file holds no such tensor: the index maps it wrongly
+                raise CheckpointError(
+                    f"{self.index}: lists tensor '{name}' in {file.name}, which does not hold it; the index "
+                    "belongs to other shards: download the index and shards again"
+                ) from None
+
+    def unlisted(self) -> list[str]:
+        """Safetensors files beside the index that it reads no tensor from."""
+        if not self.index:
+            return []
+        used = {file.name for file in self.files.values()}
+        return sorted(f.name for f in self.index.parent.glob("*.safetensors") if f.name not in used)
 
     def dtype(self) -> torch.dtype:
         """The dtype of the floating-point weights (the first tensor's)."""
@@ -137,9 +151,9 @@ def import_weights(model: Transformer, path: str | Path, *, assign: bool = False
             put(params, name, tensor, path)
             done.add(name)
     except KeyError as exc:
-        raise CheckpointError(
-            f"{path}: tensor {exc} is missing; config.json describes a model it does not hold"
-        ) from None
+        raise CheckpointError(f"{path}: tensor {exc} is missing; {_missing_why(reader)}") from None
+    except _ShapeError as exc:
+        raise CheckpointError(f"{exc}{_defaulted(hf, arch)}") from None
     get.check_all_used(str(path), model.cfg.tie_embeddings)
     if model.cfg.tie_embeddings:
         _check_tied_head(get, "tok_emb.weight" if arch == TRIMTAB else "model.embed_tokens.weight", path)
@@ -147,6 +161,34 @@ def import_weights(model: Transformer, path: str | Path, *, assign: bool = False
     if missing:
         raise CheckpointError(f"{path}: nothing sets '{missing[0]}' of the trimtab model (a conversion gap)")
     return reader.dtype()
+
+
+def _missing_why(reader: SafetensorsDir) -> str:
+    unlisted = reader.unlisted()
+    if unlisted:
+        return (
+            f"model.safetensors.index.json does not list the tensors of {', '.join(unlisted)} (an index from "
+            "another save): download the index again, or save the model again with save_pretrained"
+        )
+    return "config.json describes a model it does not hold"
+
+
+def _defaulted(hf: dict[str, Any], arch: str) -> str:
+    """The sizes config.json leaves to its class's defaults: a shape mismatch is most likely one."""
+    absent = sorted(k for k in COMMON & DEFAULTS.get(arch, {}).keys() if _defaults_to(hf, k))
+    if not absent:
+        return ""
+    taken = ", ".join(f"'{k}' ({DEFAULTS[arch][k]})" for k in absent)
+    return f"; config.json has no {taken}, so {arch}'s default was taken: add the model's value"
+
+
+def _defaults_to(hf: dict[str, Any], key: str) -> bool:
+    """Whether the class default gives `key` (absent, or null where null is not "derived")."""
+    return key not in hf or (hf[key] is None and key not in NULLABLE)
+
+
+class _ShapeError(CheckpointError):
+    """A tensor whose shape is not the one config.json describes."""
 
 
 def _check_tied_head(get: Recorder, embedding: str, path: Path) -> None:
@@ -164,7 +206,7 @@ def _check_tied_head(get: Recorder, embedding: str, path: Path) -> None:
 
 def _check_shape(target: torch.Tensor, name: str, tensor: torch.Tensor, path: Path) -> None:
     if target.shape != tensor.shape:
-        raise CheckpointError(
+        raise _ShapeError(
             f"{path}: tensor for '{name}' has shape {list(tensor.shape)}, the config.json says {list(target.shape)}"
         )
 
@@ -221,7 +263,8 @@ def load_tokenizer(path: str | Path) -> TextTokenizer:
             f"{path}: no tokenizer.json; trimtab uses a Hugging Face model's fast tokenizer as is "
             "(save it with tokenizer.save_pretrained)"
         )
-    return TextTokenizer.load(path / "tokenizer.json", key=f"the tokenizer of {path}")
+    fix = "download it again with the model, or save it again with tokenizer.save_pretrained"  # not a run's
+    return TextTokenizer.load(path / "tokenizer.json", key=f"the tokenizer of {path}", fix=fix)
 
 
 def read_source(run_dir: str | Path, fix: str) -> dict[str, Any] | None:

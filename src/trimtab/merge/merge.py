@@ -44,7 +44,8 @@ def merge(recipe: str | Path | dict[str, Any], out: str | Path) -> Path:
     r = read_recipe(recipe)
     _check_out(Path(out))  # before the inputs load: a merge can take minutes
     order = ([r.base] if r.base else []) + [m.path for m in r.others()]
-    loaded = {path: load_run(path) for path in order}
+    where = "the recipe" if isinstance(recipe, dict) else str(recipe)
+    loaded = {path: _load(path, r, where) for path in order}
     cfg, base_model, tok = loaded[order[0]]
     models = {path: m for path, (_, m, _) in loaded.items()}
     _same_structure(models)
@@ -66,12 +67,38 @@ def merge(recipe: str | Path | dict[str, Any], out: str | Path) -> Path:
     return _write(Path(out), cfg, tok, base_model, merged, {"merge": record}, hf_source, r.dtype)
 
 
+def _load(path: str, r: Recipe, where: str) -> tuple[RunConfig, Transformer, TextTokenizer]:
+    """load_run(path), an input it cannot read named by the recipe key that gave it."""
+    try:
+        return load_run(path)
+    except (CheckpointError, ConfigError) as exc:
+        keys = (["base_model"] if path == r.base else []) + [
+            f"models[{i}].model" for i, m in enumerate(r.models) if m.path == path
+        ]
+        raise type(exc)(f"{where}: {' and '.join(keys)}: {exc}") from None
+
+
+def _check_averaged(run_dir: Path) -> None:
+    """--method average reads a run's checkpoints: a recipe file or a Hugging Face directory (one
+    set of weights) was refused as "neither a run directory" or "0 valid checkpoints"."""
+    if run_dir.is_file():
+        raise ConfigError(
+            f"'{run_dir}' is a file; --method average takes a run directory; a recipe file takes no --method"
+        )
+    if is_hf_dir(run_dir):
+        raise ConfigError(
+            f"'{run_dir}' is a Hugging Face model directory: one set of weights, no checkpoints to average; "
+            "--method average takes a run directory (the --out of trimtab train)"
+        )
+
+
 def average(run_dir: str | Path, last: int, out: str | Path) -> Path:
     """Uniform average of a run's last `last` valid checkpoints (LAWA: Kaddour 2022, "Stop
     Wasting My Time!"; Sanyal et al. 2023 for LLM pretraining)."""
     run_dir = Path(run_dir)
     if last < 1:
         raise ConfigError(f"--last {last} must be >= 1")
+    _check_averaged(run_dir)
     _check_out(Path(out))
     cfg, model, tok = load_run(run_dir)
     valid = [p for p in list_checkpoints(run_dir) if _valid(p)][-last:]
