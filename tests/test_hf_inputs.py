@@ -15,7 +15,7 @@ from trimtab import api
 from trimtab.cli import main
 from trimtab.data.prepare import prepare
 from trimtab.data.tokenizer import TextTokenizer
-from trimtab.errors import CheckpointError, ConfigError
+from trimtab.errors import CheckpointError, ConfigError, DataError
 from trimtab.hf import export_run
 from trimtab.hf.importer import import_model
 
@@ -191,3 +191,69 @@ def test_an_exported_run_finetunes_on_the_data_it_was_prepared_with(tmp_path, to
     assert "model_max_length" in json.loads((exported / "tokenizer_config.json").read_text())
     train = {**TRAIN, "init_from": str(exported)}
     assert api.train(preset="debug", out=str(tmp_path / "again"), train=train, data=data, log=LOG)["step"] == 1
+
+
+# ---- a hand-edited config.json or index -----------------------------------------------------
+
+
+def edit_json(file, change):
+    data = json.loads(file.read_text())
+    change(data)
+    file.write_text(json.dumps(data))
+
+
+BAD_FIELDS = {
+    "a word": ({"num_hidden_layers": "two"}, r"field 'num_hidden_layers' is 'two'; it must be a whole number"),
+    "a boolean": ({"rms_norm_eps": True}, r"field 'rms_norm_eps' is True; it must be a number"),
+    "negative": ({"vocab_size": -1}, r"field 'vocab_size' is -1; it must be at least 1"),
+    "zero heads": ({"num_attention_heads": 0}, r"field 'num_attention_heads' is 0; it must be at least 1"),
+    "kv heads": ({"num_key_value_heads": 3}, r"field 'num_key_value_heads' must divide num_attention_heads"),
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD_FIELDS))
+def test_a_config_field_of_the_wrong_type_or_value_is_refused_naming_it(kind, tmp_path, hf_tok):
+    """A TypeError or ValueError traceback before, or an error in trimtab's own key names
+    ('model.n_kv_heads') that named neither config.json nor its field."""
+    change, message = BAD_FIELDS[kind]
+    model_dir = llama(tmp_path / "hf", hf_tok)
+    edit_json(model_dir / "config.json", lambda d: d.update(change))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(model_dir / 'config.json'))}: {message}"):
+        import_model(model_dir)
+
+
+def test_a_size_config_json_omits_is_named_beside_the_shape_it_gave(tmp_path, hf_tok):
+    """The class default (4096) silently replaced it: the shape error alone did not say why."""
+    model_dir = llama(tmp_path / "hf", hf_tok)
+    edit_json(model_dir / "config.json", lambda d: d.pop("hidden_size"))
+    with pytest.raises(CheckpointError, match=r"no 'hidden_size' \(4096\), so LlamaForCausalLM's default was taken"):
+        import_model(model_dir)
+
+
+def test_a_shard_index_that_does_not_match_its_shards_is_named(tmp_path, hf_tok):
+    """An index missing a shard's tensors blamed config.json; one pointing a tensor at the wrong
+    shard raised a raw SafetensorError traceback."""
+    model_dir = llama(tmp_path / "hf", hf_tok, max_shard_size="60KB")
+    index = model_dir / "model.safetensors.index.json"
+    good = index.read_text()
+    last = sorted(set(json.loads(good)["weight_map"].values()))[-1]
+    edit_json(index, lambda d: d.update(weight_map={k: v for k, v in d["weight_map"].items() if v != last}))
+    with pytest.raises(CheckpointError, match=rf"index.json does not list the tensors of {last}.*download the index"):
+        import_model(model_dir)
+    index.write_text(good)
+    first = sorted(set(json.loads(good)["weight_map"].values()))[0]
+    edit_json(index, lambda d: d["weight_map"].update({"lm_head.weight": first}))
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(index))}: lists tensor 'lm_head.weight' in {first}"):
+        import_model(model_dir)
+
+
+def test_a_damaged_tokenizer_of_a_model_directory_names_the_fix_for_a_download(tmp_path, hf_tok, capsys):
+    """The fix offered was a run's: "the copy in checkpoint.dir's store if the run has one"."""
+    model_dir = llama(tmp_path / "hf", hf_tok)
+    (model_dir / "tokenizer.json").write_text("not json {")
+    assert main(["generate", str(model_dir), "--prompt", "def", "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "tokenizer.json' is corrupt or unreadable" in err and "download it again with the model" in err
+    assert "checkpoint.dir" not in err
+    with pytest.raises(DataError, match="train.init_from.s tokenizer.*download it again with the model"):
+        finetune(tmp_path, model_dir)  # the fix offered was a run's: "restore it (that run's tokenizer.json)"

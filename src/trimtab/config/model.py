@@ -92,6 +92,7 @@ class ModelConfig(Section):
         self.rope_scaling.validate()
         _check(self.rope_theta > 0, "model.rope_theta", "must be > 0")
         _check(self.init_std > 0, "model.init_std", "must be > 0")
+        _check(self.norm_eps > 0, "model.norm_eps", "must be > 0 (RMSNorm divides by sqrt(mean(x^2) + norm_eps))")
 
     def resolved(self) -> ModelConfig:
         """This model validated, with the widths left at 0 (auto) filled, frozen: itself when it

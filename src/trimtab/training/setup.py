@@ -192,7 +192,11 @@ def given_tokenizer(cfg: RunConfig, path: Path | None) -> TextTokenizer | None:
             "again, which makes it as the run first did (the resume checks that the data's rows still match)"
         )
         return TextTokenizer.load(path, key="the run's tokenizer", fix=fix)
-    return TextTokenizer.load(path, key="train.init_from's tokenizer", fix="restore it (that run's tokenizer.json)")
+    if hf.is_hf_dir(path.parent):  # a downloaded model's, not a run's
+        fix = "download it again with the model, or save it again with tokenizer.save_pretrained"
+    else:
+        fix = "restore it (that run's tokenizer.json)"
+    return TextTokenizer.load(path, key="train.init_from's tokenizer", fix=fix)
 
 
 def _data_tokenizer(cfg: RunConfig) -> TextTokenizer:
