@@ -4,7 +4,9 @@ HTTP through s3fs and botocore as production speaks to S3 (AWS_ENDPOINT_URL poin
 
 import json
 import logging
+import re
 import shutil
+import threading
 import time
 import uuid
 
@@ -223,6 +225,24 @@ def test_an_unreachable_endpoint_fails_in_seconds(monkeypatch, endpoint):
     with pytest.raises(ConfigError, match=r"checkpoint.dir.*unreachable .*AWS_ENDPOINT_URL"):
         open_remote("s3://any-bucket/run")
     assert time.monotonic() - started < 30
+
+
+def test_a_hung_endpoint_fails_in_seconds_not_half_an_hour(monkeypatch):
+    """A store that accepts connections and never answers (a stopped server, a stalled proxy): the
+    start-up check's read timeout, retried by botocore alone, refuses it in under a minute (s3fs's
+    own retries on top of botocore's made it 5 x 3 x 120 s); the check's timeout cut here to keep
+    the test short."""
+    import socket
+
+    monkeypatch.setattr(storage, "CHECK_READ_S", 2)
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)  # the kernel completes each connection; nobody reads or answers
+        aws_env(monkeypatch, f"http://127.0.0.1:{hung.getsockname()[1]}")
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match=r"checkpoint.dir.*unreachable \(ReadTimeoutError.*AWS_ENDPOINT_URL"):
+            open_remote("s3://any-bucket/run")
+    assert time.monotonic() - started < 45
 
 
 def test_missing_credentials_name_the_standard_places(monkeypatch, endpoint):
@@ -482,3 +502,134 @@ def test_a_newer_format_checkpoint_in_the_store_is_refused_not_passed_over(tmp_p
     with pytest.raises(NewerCheckpointError, match="upgrade trimtab"):
         restore(remote, tmp_path / "dst", verify)
     assert not (tmp_path / "dst").exists() or not list((tmp_path / "dst").iterdir())  # nothing half-restored
+
+
+def test_a_second_writer_takes_the_prefix_over_and_the_first_stops_writing(tmp_path, bucket, monkeypatch):
+    """Two processes pointed at one checkpoint.dir (a run started with another's, a machine thought
+    lost still running) interleaved their checkpoints, each deleting the other's newer ones as a
+    rolled-back trajectory. The later one takes the prefix over at its first upload; the earlier
+    one's next upload and pruning are refused naming the other, and delete nothing."""
+    url = f"{bucket}/shared"
+    first = open_remote(url)
+    first.upload(fake_step(tmp_path / "a", 4))
+    this = storage._PROCESS
+    monkeypatch.setattr(storage, "_PROCESS", "another-process")  # what a second process's Remote writes as
+    open_remote(url).upload(fake_step(tmp_path / "b", 2))  # resumed from an older checkpoint than the first's newest
+    monkeypatch.setattr(storage, "_PROCESS", this)
+    with pytest.raises(storage.StoreTakenError, match=r"another trimtab \(pid \d+ on .+\) writes to s3://"):
+        first.upload(fake_step(tmp_path / "a", 6))
+    with pytest.raises(storage.StoreTakenError, match="give each run a checkpoint.dir of its own"):
+        retain(first, {"step_000004"}, keep=3)
+    assert first.listing() == (["step_000002", "step_000004"], [])  # neither wrote nor deleted
+
+
+def run_dir_with_files(root, **model):
+    """A run directory's config.yaml (a resolved config, its vocabulary settled as complete()
+    settles it; `model` overrides) and tokenizer.json."""
+    import yaml
+
+    from trimtab.config import derive
+
+    cfg = derive(debug_cfg(root), {"model": {"vocab_size": 300, **model}})
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    (root / "tokenizer.json").write_text("{}")
+    return root
+
+
+def test_the_run_files_are_uploaded_again_when_the_store_lost_them(tmp_path):
+    """A store emptied or restarted under a run (its checkpoints uploaded again since) had no
+    run/config.yaml: what reads the prefix (eval, export, a resume) found no trimtab run there."""
+    from trimtab.training.services.storage import RemoteCheckpoints
+
+    url = f"memory://trimtab-test-{uuid.uuid4().hex[:8]}/ckpt"
+    run_dir = run_dir_with_files(tmp_path / "run")
+    hook = RemoteCheckpoints(url, run_dir, keep=3)
+    hook.on_checkpoint(None, fake_step(run_dir / "checkpoints", 3))
+    hook.wait()
+    remote = open_remote(url)
+    remote.fs.rm(f"{remote.root}/run/config.yaml")
+    remote.fs.rm(f"{remote.root}/run/tokenizer.json")
+    hook.on_checkpoint(None, fake_step(run_dir / "checkpoints", 6))
+    hook.wait()
+    assert remote.fs.exists(f"{remote.root}/run/tokenizer.json")
+    assert remote.fs.cat_file(f"{remote.root}/run/config.yaml") == (run_dir / "config.yaml").read_bytes()
+
+
+def test_a_run_pointed_at_another_models_prefix_is_refused_before_anything_is_downloaded(tmp_path, bucket):
+    """A new run given another run's checkpoint.dir downloaded that run's files into its --out,
+    then was refused with "use a new --out" (it had), its directory left holding the other's."""
+    url = f"{bucket}/other"
+    remote = open_remote(url)
+    remote.put_run_files(run_dir_with_files(tmp_path / "other"))
+    remote.upload(fake_step(tmp_path / "src", 3))
+    out = tmp_path / "new"
+    with pytest.raises(ConfigError, match=r"checkpoint.dir.*holds another run.*model.n_layers: 5 there, 3 here"):
+        trimtab.train(debug_cfg(out, checkpoint={"dir": url}, model={"n_layers": 3}))
+    assert not out.exists()
+    from trimtab.training.services.storage import open_store
+
+    assert open_store(debug_cfg(out, checkpoint={"dir": url})) is not None  # the same model: that run resumes
+    knob = debug_cfg(out, checkpoint={"dir": url}, model={"moe": {"capacity_factor": 2.0}})
+    assert open_store(knob) is not None  # a live knob a resume may change
+
+
+class Blocking:
+    """A Remote whose uploads wait until released: a store that stopped answering."""
+
+    def __init__(self, remote):
+        self.remote, self.release = remote, threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.remote, name)
+
+    def upload(self, local):
+        self.release.wait(30)
+        self.remote.upload(local)
+
+
+def test_training_held_by_an_upload_is_said_and_counted_as_checkpointing(tmp_path, monkeypatch, caplog):
+    """A store that stopped answering held training at the next checkpoint with no line said, the
+    time counted as `other`: the wait is said (the store, the seconds), and a synchronous save
+    waits inside its own time (save_seconds: the ledger's checkpoint bucket)."""
+    from types import SimpleNamespace
+
+    from trimtab.training.services import storage as services
+
+    monkeypatch.setattr(services, "WAIT_WARN_S", 0.2)
+    url = f"memory://trimtab-test-{uuid.uuid4().hex[:8]}/ckpt"
+    hook = services.RemoteCheckpoints(url, tmp_path, keep=3)
+    hook.remote = blocking = Blocking(hook.remote)
+    hook.on_checkpoint(None, fake_step(tmp_path / "checkpoints", 3))
+    threading.Timer(0.5, blocking.release.set).start()
+    started = time.monotonic()
+    hook.on_save_start(SimpleNamespace(cfg=debug_cfg(tmp_path)))  # the next synchronous save
+    assert time.monotonic() - started >= 0.4 and hook._thread is None
+    assert f"training waits for the upload of step_000003 to {url} (checkpoint.dir)" in caplog.text
+    assert re.search(rf"the upload of step_000003 to {url} \(checkpoint.dir\) held training \d+ s", caplog.text)
+    background = debug_cfg(tmp_path, checkpoint={"asynchronous": True})
+    hook.on_checkpoint(None, fake_step(tmp_path / "checkpoints", 6))
+    hook.on_save_start(SimpleNamespace(cfg=background))  # a background save does not wait for the one just begun
+    assert hook._thread is not None
+    hook.wait()
+
+
+def test_a_run_whose_prefix_was_taken_over_says_it_uploads_no_more(tmp_path, monkeypatch, caplog):
+    from trimtab.training.services.storage import RemoteCheckpoints
+
+    url = f"memory://trimtab-test-{uuid.uuid4().hex[:8]}/ckpt"
+    hook = RemoteCheckpoints(url, tmp_path, keep=3)
+    hook.on_checkpoint(None, fake_step(tmp_path / "checkpoints", 3))
+    hook.wait()
+    this = storage._PROCESS
+    monkeypatch.setattr(storage, "_PROCESS", "another-process")
+    open_remote(url).upload(fake_step(tmp_path / "b", 2))
+    monkeypatch.setattr(storage, "_PROCESS", this)
+    hook.on_checkpoint(None, fake_step(tmp_path / "checkpoints", 6))
+    hook.wait()
+    assert f"step_000006 was not uploaded to {url}: this run's uploads there stopped for good" in caplog.text
+    assert "the next checkpoint is uploaded again" not in caplog.text
+    caplog.clear()
+    hook.on_checkpoint(None, fake_step(tmp_path / "checkpoints", 9))
+    hook.on_train_end(None, {})
+    assert caplog.text == "" and open_remote(url).listing() == (["step_000002", "step_000003"], [])

@@ -27,12 +27,15 @@ import logging
 import os
 import re
 import shutil
+import socket
+import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from trimtab.errors import ConfigError, NewerCheckpointError
+from trimtab.errors import ConfigError, NewerCheckpointError, TrimtabError
 from trimtab.extras import require
 from trimtab.paths import cache_dir
 from trimtab.rundir import DECISIONS_FILE, GOODPUT_FILE, METRICS_FILE, write_atomic
@@ -41,6 +44,12 @@ log = logging.getLogger(__name__)
 MANIFEST = "state.json"  # written last: its presence is what makes an uploaded checkpoint complete
 RUN = "run"  # the run's own files a resume reads, beside the checkpoints
 RUN_FILES = ("config.yaml", "tokenizer.json")
+# run/writer.json: the process uploading here. A second one pointed at the prefix (a run started
+# with another's checkpoint.dir, a machine thought lost that is still running) takes over at its
+# first upload; the earlier one then stops writing, rather than both interleaving their
+# checkpoints and each deleting the other's as "newer than its own" (retain).
+WRITER = "writer.json"
+_PROCESS = uuid.uuid4().hex  # this process: every Remote it opens writes as the same writer
 # the run's record, uploaded again with each checkpoint (a fresh machine goes on with its loss
 # curve, its decisions and its goodput ledger; a resume drops the lines past its checkpoint)
 RECORD_FILES = (METRICS_FILE, DECISIONS_FILE, GOODPUT_FILE)
@@ -48,8 +57,12 @@ STEP = re.compile(r"^step_(\d{6,})$")
 # stores whose first path component is a bucket (it must exist; nothing here creates one)
 BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}
 # S3 clients: fail in seconds on a dead endpoint, not in minutes of retries (a closed port is refused
-# at once; a silent one costs connect_timeout per attempt)
-S3_CONFIG = {"connect_timeout": 10, "read_timeout": 120, "retries": {"max_attempts": 3, "mode": "standard"}}
+# at once; a silent one costs connect_timeout per attempt). A hung one (a stopped server, a stalled
+# proxy) accepts the connection and costs read_timeout per attempt: botocore's 3 attempts, and s3fs's
+# own retries (5 by default) on top multiplied them into half an hour; botocore's alone retry.
+S3_CONFIG = {"connect_timeout": 10, "read_timeout": 60, "retries": {"max_attempts": 3, "mode": "standard"}}
+S3FS_RETRIES = 1
+CHECK_READ_S = 10  # the start-up check's requests are small: a hung store refused in ~30 s, not minutes
 _USERINFO = re.compile(r"//[^/@\s]+@")
 
 
@@ -68,11 +81,16 @@ def redact(text: str) -> str:
     return _USERINFO.sub("//***@", str(text))
 
 
+class StoreTakenError(TrimtabError):
+    """Another process took over uploading to this checkpoint.dir (run/writer.json)."""
+
+
 class Remote:
     """One checkpoint.dir: step_N prefixes under `root` on the fsspec file system `fs`."""
 
     def __init__(self, fs: Any, root: str, url: str) -> None:
         self.fs, self.root, self.url = fs, root.rstrip("/"), url
+        self._claimed = False  # this Remote has said, in run/writer.json, that this process writes here
 
     def listing(self) -> tuple[list[str], list[str]]:
         """(complete, partial) step_N names, oldest first: complete ones have their state.json."""
@@ -93,6 +111,7 @@ class Remote:
         """Copy checkpoint directory `local` to step_N here: a re-saved step's old state.json is
         removed first (the prefix reads as partial while it is replaced), then every file,
         then state.json; files of the old copy that the new one lacks are removed before it."""
+        self.own()
         target = f"{self.root}/{local.name}"
         old = set(self._files(target))
         if MANIFEST in old:
@@ -115,13 +134,43 @@ class Remote:
             (into / file).parent.mkdir(parents=True, exist_ok=True)
             self.fs.get_file(f"{source}/{file}", str(into / file))
 
+    def own(self, claim: bool = True) -> None:
+        """Before writing: the first time (`claim`), take the prefix over (run/writer.json names
+        this process); after, or without `claim`, check no other process has taken it since
+        (StoreTakenError naming it)."""
+        path = f"{self.root}/{RUN}/{WRITER}"
+        if claim and not self._claimed:
+            me = {"writer": _PROCESS, "host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+            if _local(self.fs):
+                self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            self.fs.pipe_file(path, json.dumps(me).encode())
+            self._claimed = True
+            return
+        try:
+            other = json.loads(self.fs.cat_file(path))
+        except FileNotFoundError:  # removed by hand: nobody else claims it
+            return
+        if other.get("writer") != _PROCESS:
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(other.get("since", 0)))
+            raise StoreTakenError(
+                f"another trimtab (pid {other.get('pid')} on {other.get('host')}) writes to {self.url} since {since}; "
+                "this run's checkpoints stay in its run directory only: give each run a checkpoint.dir of its own"
+            )
+
     def delete(self, name: str) -> None:
         self.fs.rm(f"{self.root}/{name}", recursive=True)
 
     def put_run_files(self, run_dir: Path, names: tuple[str, ...] = RUN_FILES) -> None:
+        """The run files (`names`) `run_dir` holds, into run/ (a write: the prefix claimed first, own)."""
+        self.own()
         for name in names:
             if (run_dir / name).is_file():
                 self._put(run_dir / name, f"{self.root}/{RUN}/{name}")
+
+    def lacks(self, names: tuple[str, ...] = RUN_FILES) -> tuple[str, ...]:
+        """The run files (`names`) run/ does not hold now (never uploaded, or the store lost them)."""
+        self.fs.invalidate_cache(f"{self.root}/{RUN}")
+        return tuple(n for n in names if not self.fs.exists(f"{self.root}/{RUN}/{n}"))
 
     def get_run_files(self, run_dir: Path, names: tuple[str, ...] = RUN_FILES) -> list[str]:
         """The run files (`names`) this run directory lacks, from run/; returns those it got."""
@@ -170,14 +219,24 @@ def open_remote(url: str, key: str = "checkpoint.dir", write: bool = True) -> Re
     fsspec = require("fsspec", key)
     if parts.scheme in ("s3", "s3a"):
         require("s3fs", key)
-    options = {"config_kwargs": S3_CONFIG} if parts.scheme in ("s3", "s3a") else {}
-    try:  # a fresh client: one cached by fsspec would keep the endpoint and credentials it was made with
-        fs, root = fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
+    s3 = parts.scheme in ("s3", "s3a")
+    try:
+        fs, root = _client(fsspec, url, S3_CONFIG if s3 else None)
+        checker = _client(fsspec, url, {**S3_CONFIG, "read_timeout": CHECK_READ_S})[0] if s3 else fs
     except (ImportError, ValueError) as exc:
         raise ConfigError(f"{_named(key)} = '{url}' is not a usable storage URL ({redact(exc)})") from None
-    remote = Remote(fs, root, url)
-    _check(remote, key, write)
-    return remote
+    _check(Remote(checker, root, url), key, write)
+    return Remote(fs, root, url)
+
+
+def _client(fsspec: Any, url: str, s3_config: dict[str, Any] | None) -> tuple[Any, str]:
+    """A fresh client for `url` (one cached by fsspec would keep the endpoint and credentials it was
+    made with), and the path in it; an S3 one with `s3_config` and botocore's retries alone."""
+    options = {"config_kwargs": s3_config} if s3_config else {}
+    fs, root = fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
+    if s3_config:
+        fs.retries = S3FS_RETRIES
+    return fs, root
 
 
 def _check(remote: Remote, key: str, write: bool = True) -> None:
@@ -264,7 +323,8 @@ def retain(remote: Remote, local: set[str], keep: int) -> list[str]:
     keeps (the newest `keep`, the protected steps) and the newest `keep` here older than the
     newest local one; delete partial uploads (one writer: none is in flight) and checkpoints
     newer than the newest local one that it lacks (a rolled-back trajectory, a copy found corrupt).
-    Returns the deleted names."""
+    Returns the deleted names; StoreTakenError when another process writes here now."""
+    remote.own(claim=False)  # pruning alone never takes a prefix over
     complete, partial = remote.listing()
     newest = max((step_of(n) for n in local), default=-1)
     older = [n for n in complete if step_of(n) <= newest]

@@ -98,3 +98,14 @@ def check_sections(data: dict[str, Any], cls: type, source: str, prefix: str = "
             )
         if value:
             check_sections(value, tp, source, f"{prefix}{key}.")
+
+
+def leaves(section: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config's values by dotted key, in the config's order; a list (data.mix) is one value."""
+    flat: dict[str, Any] = {}
+    for k, v in section.items():
+        if isinstance(v, dict):
+            flat |= leaves(v, f"{prefix}{k}.")
+        else:
+            flat[prefix + k] = v
+    return flat

@@ -127,3 +127,19 @@ class ModelConfig(Section):
         """Target capacity of each Mixture-of-Depths layer, in layer order."""
         n = sum("mod" in kind for kind in self.layers)
         return list(self.mod.layer_capacity) or [self.mod.capacity] * n
+
+
+# Model keys a resume may change: they shape no weight, and training changes them live (trimtab
+# ctl, the orchestrator), so a person's new value is a knob turned, not another model.
+LIVE_MODEL_KEYS = frozenset(
+    {
+        "model.moe.capacity_factor",
+        "model.moe.router_temperature",
+        "model.moe.router_jitter",
+        "model.moe.balance_coef",
+        "model.moe.z_loss_coef",
+        "model.moe.bias_update_rate",
+        "model.mod.capacity",
+        "model.mod.layer_capacity",
+    }
+)

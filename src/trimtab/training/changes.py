@@ -32,6 +32,7 @@ import logging
 from typing import Any
 
 from trimtab.config import RunConfig, read_saved
+from trimtab.config.checks import leaves
 from trimtab.errors import SavedConfigError
 
 log = logging.getLogger(__name__)
@@ -49,22 +50,6 @@ IGNORED = (  # each one's reason: the module docstring
     "log",
 )
 SHOWN = 6  # changes named in the console line; the others are counted (the journal holds each)
-
-
-# Model keys a resume may change: they shape no weight, and training changes them live (trimtab
-# ctl, the orchestrator), so a person's new value is a knob turned, not another model.
-LIVE_MODEL_KEYS = frozenset(
-    {
-        "model.moe.capacity_factor",
-        "model.moe.router_temperature",
-        "model.moe.router_jitter",
-        "model.moe.balance_coef",
-        "model.moe.z_loss_coef",
-        "model.moe.bias_update_rate",
-        "model.mod.capacity",
-        "model.mod.layer_capacity",
-    }
-)
 
 
 def config_changes(saved: RunConfig, new: RunConfig) -> list[dict[str, Any]]:
@@ -161,14 +146,3 @@ def _ratio(old: Any, new: Any) -> str:
 
 def _ignored(key: str) -> bool:
     return any(key == k or key.startswith(k + ".") for k in IGNORED)
-
-
-def leaves(section: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A config's values by dotted key, in the config's order; a list (data.mix) is one value."""
-    flat: dict[str, Any] = {}
-    for k, v in section.items():
-        if isinstance(v, dict):
-            flat |= leaves(v, f"{prefix}{k}.")
-        else:
-            flat[prefix + k] = v
-    return flat

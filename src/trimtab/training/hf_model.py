@@ -9,10 +9,11 @@ from typing import Any
 
 from trimtab import hf
 from trimtab.config import ModelConfig, RunConfig, derive, load_config, merge, nested
+from trimtab.config.checks import leaves
+from trimtab.config.model import LIVE_MODEL_KEYS
 from trimtab.errors import ConfigError
 from trimtab.hf.architectures import to_model_config
 from trimtab.hf.importer import SOURCE, read_source
-from trimtab.training.changes import LIVE_MODEL_KEYS, leaves
 
 
 def adopt_hf_model(cfg: RunConfig) -> RunConfig:

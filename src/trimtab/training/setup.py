@@ -26,6 +26,8 @@ import yaml
 from trimtab import hf
 from trimtab.checkpoint import check_fits, is_sharded, latest_valid, load_model, local_run
 from trimtab.config import DataConfig, OptimConfig, RunConfig, derive, read_saved, resolve
+from trimtab.config.checks import leaves
+from trimtab.config.model import LIVE_MODEL_KEYS
 from trimtab.data import BatchLoader, Rows, TextTokenizer, get_tokenizer
 from trimtab.data.batches import HeldOut, eval_rows
 from trimtab.data.dataset import PhaseData, build_phase_data, first_prepared, open_eval_source, open_sources
@@ -48,7 +50,6 @@ from trimtab.rl.dpo_phase import DPOPhase, build_dpo_phase
 from trimtab.rl.phase import RLPhase, build_rl_phase
 from trimtab.rundir import CONFIG, write_atomic, write_json
 from trimtab.storage import is_url
-from trimtab.training.changes import LIVE_MODEL_KEYS, leaves
 from trimtab.training.hf_model import adopt_hf_model
 from trimtab.training.resume import resume_point
 from trimtab.training.services.compiling import CompileChoice, choose_compile

@@ -6,7 +6,8 @@ each committed checkpoint uploaded by a hook on rank 0, the record files as they
 The upload starts once the checkpoint is on disk (Hook.on_checkpoint: at once for a synchronous
 save, when the next save or the run's end collects a background one) and runs in a thread of its
 own while training goes on (RemoteCheckpoints). A failed upload is said and training goes on:
-the run directory's checkpoint is the resume point, and the next checkpoint is uploaded again.
+the run directory's checkpoint is the resume point, and the next checkpoint is uploaded again
+(unless another process took the prefix over: StoreTakenError, and this run uploads no more).
 """
 
 from __future__ import annotations
@@ -14,20 +15,36 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trimtab.checkpoint import checkpoint_root, list_checkpoints, verify
-from trimtab.config import DataConfig, RunConfig, derive
-from trimtab.errors import ConfigError
-from trimtab.storage import RECORD_FILES, RUN_FILES, Remote, is_url, mirror, open_remote, redact, restore, retain
+from trimtab.config import DataConfig, RunConfig, derive, read_saved
+from trimtab.config.checks import leaves
+from trimtab.config.model import LIVE_MODEL_KEYS
+from trimtab.errors import ConfigError, SavedConfigError
+from trimtab.storage import (
+    RECORD_FILES,
+    RUN_FILES,
+    Remote,
+    StoreTakenError,
+    is_url,
+    mirror,
+    open_remote,
+    redact,
+    restore,
+    retain,
+)
 from trimtab.training.hooks import Hook
 
 if TYPE_CHECKING:
     from trimtab.training.view import RunView
 
 log = logging.getLogger(__name__)
+WAIT_WARN_S = 5.0  # training held this long by the upload before it is said (a slow or unreachable store)
 
 
 def open_store(cfg: RunConfig) -> Remote | None:
@@ -36,7 +53,8 @@ def open_store(cfg: RunConfig) -> Remote | None:
     collective); rank 0 alone restores and uploads: a sharded checkpoint is one directory that
     every rank wrote into, on the file system the job shares, and is uploaded and restored whole.
     Not with resilience.ft: each replica group keeps checkpoints of its own, which one prefix
-    cannot hold apart."""
+    cannot hold apart. A prefix holding another model's run is refused (same_model) before
+    anything of it is downloaded."""
     url = cfg.checkpoint.dir
     if not url:
         return None
@@ -45,7 +63,37 @@ def open_store(cfg: RunConfig) -> Remote | None:
             "config key 'checkpoint.dir': object storage for checkpoints is not built for resilience.ft's replica "
             "groups yet; unset checkpoint.dir (or resilience.ft.enabled)"
         )
-    return open_remote(url)
+    remote = open_remote(url)
+    same_model(remote, cfg)
+    return remote
+
+
+def same_model(remote: Remote, cfg: RunConfig) -> None:
+    """ConfigError naming checkpoint.dir and the model.* keys that differ when `remote` holds a run
+    (its run/config.yaml) of another model than `cfg`'s: restored, its files would fill this run's
+    --out before the resume refused the model; written to, this run would take the other's
+    prefix over and prune its checkpoints. The live knobs (LIVE_MODEL_KEYS) may differ, as on a
+    resume; model.vocab_size 0 (the tokenizer's) is settled only once the tokenizer is read."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if not remote.get_run_files(Path(tmp), ("config.yaml",)):
+            return
+        try:
+            saved = leaves(read_saved(tmp).to_dict()["model"], "model.")
+        except SavedConfigError as exc:  # damaged: the resume checks the model against the checkpoint
+            log.warning("%s/run/config.yaml: not compared with this run's model (%s)", remote.url, exc.problem)
+            return
+    ours = leaves(cfg.to_dict()["model"], "model.")
+    differ = [
+        f"{k}: {saved.get(k)!r} there, {v!r} here"
+        for k, v in ours.items()
+        if saved.get(k) != v and k not in LIVE_MODEL_KEYS and not (k == "model.vocab_size" and v == 0)
+    ]
+    if differ:
+        raise ConfigError(
+            f"config key 'checkpoint.dir' = '{remote.url}' holds another run, of a different model "
+            f"({'; '.join(differ[:4])}{f'; and {len(differ) - 4} more' if len(differ) > 4 else ''}); give this "
+            "run a checkpoint.dir of its own, or that run's model settings to resume it"
+        )
 
 
 def restore_from(remote: Remote, run_dir: Path, also: tuple[str, ...] = ()) -> tuple[Path, dict[str, Any]] | None:
@@ -129,11 +177,24 @@ class RemoteCheckpoints(Hook):
         self.run_dir, self.keep = Path(run_dir), keep
         self.staging = checkpoint_root(self.run_dir) / ".upload"
         shutil.rmtree(self.staging, ignore_errors=True)  # a killed session's links
-        self._run_files = False  # config.yaml and tokenizer.json uploaded this session
         self._thread: threading.Thread | None = None
+        self._uploading = ""  # the checkpoint the thread uploads
+        self._current = False  # the store holds this session's newest checkpoint, uploaded whole
+        self._taken = False  # another process took the prefix over (StoreTakenError): no more uploads
+
+    def on_save_start(self, run: RunView) -> None:
+        """A synchronous save waits here for the previous upload, inside the save's own time, so
+        the stall counts as checkpointing (save_seconds: the goodput ledger's checkpoint bucket,
+        the checkpoint interval's cost); a background save's wait stays in on_checkpoint, or it
+        would wait for the upload its collection just started."""
+        if not run.cfg.checkpoint.asynchronous:
+            self.wait()
 
     def on_checkpoint(self, run: RunView, path: Path) -> None:
         self.wait()
+        if self._taken:
+            return
+        self._current = False  # until this checkpoint's upload ends whole
         path = Path(path)
         if not path.is_dir():  # pruned already when a background save is collected late: nothing to copy
             return
@@ -144,32 +205,53 @@ class RemoteCheckpoints(Hook):
             self._failed(path.name, exc)
             return
         args = (links, records)
+        self._uploading = path.name
         self._thread = threading.Thread(target=self._upload, args=args, name=f"upload-{path.name}", daemon=True)
         self._thread.start()
 
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
         """The last upload finished; a final checkpoint set aside after its upload (rolled_back/)
-        leaves the store too."""
+        leaves the store too; the run's record goes up once more, as it ends: the goodput ledger
+        (an earlier hook: api.built_in_hooks) has closed this session, which a run restored from
+        the store would otherwise take for a lost one (a restart incident, its gap down time)."""
         self.wait()
+        if self._taken:
+            return
         try:
             self._retain()
+            if self._current:  # records past the store's newest checkpoint would not match it
+                self.remote.put_run_files(self.run_dir, RECORD_FILES)
         except Exception as exc:
-            log.warning("%s was not pruned (%s: %s)", self.remote.url, type(exc).__name__, redact(exc))
+            log.warning(
+                "%s: not pruned, or the run's record not uploaded at its end (%s: %s)",
+                self.remote.url,
+                type(exc).__name__,
+                redact(exc),
+            )
 
     def wait(self) -> None:
-        """Until the upload in flight, if any, has ended (it says its own failure)."""
-        if self._thread is not None:
+        """Until the upload in flight, if any, has ended (it says its own failure); a wait past
+        WAIT_WARN_S is said, naming the store, as it starts and when it ends."""
+        if self._thread is None:
+            return
+        started = time.monotonic()
+        self._thread.join(WAIT_WARN_S)
+        if self._thread.is_alive():
+            where = f"{self._uploading} to {self.remote.url} (checkpoint.dir)"
+            log.warning(
+                "training waits for the upload of %s: %.0f s so far (a slow or unreachable store)", where, WAIT_WARN_S
+            )
             self._thread.join()
-            self._thread = None
+            log.warning("the upload of %s held training %.0f s", where, time.monotonic() - started)
+        self._thread = None
 
     def _upload(self, links: Path, records: Path) -> None:
         try:
-            if not self._run_files:
-                self.remote.put_run_files(self.run_dir)
-                self._run_files = True
+            self.remote.put_run_files(self.run_dir, self.remote.lacks(RUN_FILES))  # the first, or the store lost them
             self.remote.upload(links)
             self.remote.put_run_files(records, RECORD_FILES)  # after the checkpoint they lead up to
             self._retain()
+            self._current = True
         except Exception as exc:  # a network or store failure: the local checkpoint stands
             self._failed(links.name, exc)
         finally:
@@ -177,6 +259,15 @@ class RemoteCheckpoints(Hook):
             shutil.rmtree(records, ignore_errors=True)
 
     def _failed(self, name: str, exc: BaseException) -> None:
+        if isinstance(exc, StoreTakenError):
+            self._taken = True
+            log.warning(
+                "%s was not uploaded to %s: this run's uploads there stopped for good, training goes on (%s)",
+                name,
+                self.remote.url,
+                redact(exc),
+            )
+            return
         log.warning(
             "%s was not uploaded to %s (%s: %s); training goes on, the next checkpoint is uploaded again",
             name,
