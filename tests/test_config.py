@@ -30,6 +30,7 @@ def test_layering_preset_file_overrides_and_set(tmp_path):
         ("data.seq_len=4096", "data.seq_len' 4096 is larger than the model's model.max_seq_len"),
         ("model.n_kv_heads=3", "config key 'model.n_kv_heads' must divide model.n_heads"),
         ("model.norm_eps=-1e-6", "config key 'model.norm_eps' must be > 0"),  # was accepted (an HF rms_norm_eps too)
+        ("orchestrator.above_start.unigram_margin=1", "'orchestrator.above_start.unigram_margin' must be in [0, 1)"),
         ("rl.eps_low=1.5", "config key 'rl.eps_low' must be in (0, 1)"),
         ("rl.eps_high=0", "config key 'rl.eps_high' must be > 0"),  # was told as rl.eps_low's
         ("rl.group_size=1", "config key 'rl.group_size' must be >= 2"),

@@ -1,4 +1,4 @@
-"""Operations under real faults (the ops sweep): what a user running jobs meets when a run ends on
+"""The goodput ledger through object storage: what a user running jobs meets when a run ends on
 purpose and its machine is then lost, against a real S3 API server (test_storage.py's)."""
 
 import shutil

@@ -83,7 +83,9 @@ class AboveStartRule(Section):
     first `gain_steps` steps, also when the updates' gain (the share of the loss decrease their
     gradient promised that they delivered on their own batch; a forward more on each of those
     steps) has a median under `min_gain` over `gain_window` steps: the updates overshoot. 0 turns
-    that measurement off; raise it to cover a long LR warm-up."""
+    that measurement off; raise it to cover a long LR warm-up. And once the LR is warmed up, when
+    the loss stalls within `unigram_margin` of the training data's unigram entropy: the model
+    stays blind to context, as an LR a few times too high holds it."""
 
     enabled: bool = True
     margin: float = 0.25  # nats
@@ -96,6 +98,9 @@ class AboveStartRule(Section):
     gain_steps: int = 15  # steps
     gain_window: int = 7  # steps
     min_gain: float = 0.4
+    # once the LR is warmed up: the loss stalled at or within this share under the training data's
+    # unigram entropy (the model blind to context) is an LR too high too; 0 turns it off
+    unigram_margin: float = 0.05
 
 
 @dataclass
@@ -425,6 +430,7 @@ class OrchestratorConfig(Section):
         _check(0 <= self.above_start.stall < 1, "orchestrator.above_start.stall", "must be in [0, 1)")
         _positive(self.above_start, "orchestrator.above_start", "gain_window")
         _check(0 < self.above_start.min_gain < 1, "orchestrator.above_start.min_gain", "must be in (0, 1)")
+        _check(0 <= self.above_start.unigram_margin < 1, "orchestrator.above_start.unigram_margin", "must be in [0, 1)")
         _check(
             self.above_start.gain_steps == 0 or self.above_start.gain_steps >= self.above_start.gain_window,
             "orchestrator.above_start.gain_steps",

@@ -18,7 +18,7 @@ import numpy as np
 
 from trimtab.config import DataConfig
 from trimtab.data import quality
-from trimtab.data.prepared import hold_out, rows_digest
+from trimtab.data.prepared import ShardedRows, hold_out, rows_digest
 from trimtab.data.sources import Document, corpus_fingerprint
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import DataError
@@ -342,3 +342,22 @@ class ConcatRows:
     def replace(self, i: int, tokens: np.ndarray) -> None:
         part, j = self.locate(i)
         self.parts[part].replace(j, tokens)
+
+
+def unigram_entropy(rows: Rows | ConcatRows | ShardedRows, sample_rows: int = 2048) -> float | None:
+    """The entropy in nats of the training targets' token frequencies: the loss of a model that
+    predicts every token from no context. Read from up to `sample_rows` rows evenly spread over the
+    set (the same rows on every rank), with the Miller-Madow correction of the plug-in estimate's
+    bias, (K - 1) / 2N for K distinct tokens among N (Miller 1955; Paninski 2003, Neural
+    Computation 15(6)). None for rows without a target."""
+    picks = np.unique(np.linspace(0, len(rows) - 1, min(sample_rows, len(rows))).astype(np.int64)) if len(rows) else []
+    targets = []
+    for i in picks:
+        tokens, mask = rows.get(int(i))
+        targets.append(tokens[1:][mask[1:]])
+    counts = np.bincount(np.concatenate(targets)) if targets else np.zeros(0, np.int64)
+    total = int(counts.sum())
+    if total == 0:
+        return None
+    p = counts[counts > 0] / total
+    return float(-(p * np.log(p)).sum() + (len(p) - 1) / (2 * total))

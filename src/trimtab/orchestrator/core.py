@@ -264,6 +264,13 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         ladder = self.policy.ladder
         return ladder.rung == 0 and (ladder.last_step < 0 or run.step - ladder.last_step > 5)
 
+    def kept_checkpoints(self, run: RunView) -> tuple[int, ...]:
+        """The phase's first checkpoint while the LR rule may still restore it (AboveStart.keeps_start)."""
+        lr_rule = self.monitors.get("above_start")
+        if self.mode != "auto" or "above_start" in self.paused or lr_rule is None or not lr_rule.keeps_start(run.step):
+            return ()
+        return (lr_rule.first_step - 1,)
+
     def on_rollback(self, run: RunView, saved_state: dict[str, Any]) -> None:
         """Monitors go back with the weights, and so does the phase they were watching (a
         rollback to the last checkpoint of pretraining restores its windows: the finetuning
@@ -329,6 +336,8 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             fresh = {**MONITORS, "rows": OutlierRows}
             self.monitors.update({k: fresh[k](self.cfg) for k in PER_PHASE if k in self.monitors})
             self.policy.new_phase(m.step - 1, run.probe_loss())  # the probe scores the new phase's held-out rows
+        if (lr_rule := self.monitors.get("above_start")) is not None and lr_rule.unigram is None:
+            lr_rule.unigram = run.unigram_entropy()  # the data's, read once per phase (None: RL, DPO)
         self.policy.data.record(m.step, m.rows)
         m.unsettled = self.policy.unsettled(m.step)
         findings = [

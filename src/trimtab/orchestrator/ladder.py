@@ -141,13 +141,11 @@ class InstabilityLadder(EarlySpikes):
         the ladder's last rungs: a rollback, then a stop."""
         self.ladder.last_step = f.step
         floor = self.cfg.min_lr_scale / view.lr_scale
-        if floor >= 1 - 1e-6 and "warm_grad_norm" in f.evidence:  # at the floor: a replay would repeat itself
-            return Remedy(
+        if floor >= 1 - 1e-6 and ("warm_grad_norm" in f.evidence or "unigram" in f.evidence):
+            return Remedy(  # at the floor: a replay would repeat itself
                 action="none",
-                reasoning=f"the gradient norm fell to {f.evidence['grad_norm']:.3f}, under "
-                f"{f.evidence['collapse']:g}x the {f.evidence['warm_grad_norm']:.3f} of the first steps: the LR is "
-                f"still too high, but it is at its floor (orchestrator.min_lr_scale={self.cfg.min_lr_scale:g}); "
-                "lower optim.lr",
+                reasoning=_stalled_why(f) + ": the LR is still too high, but it is at its floor "
+                f"(orchestrator.min_lr_scale={self.cfg.min_lr_scale:g}); lower optim.lr",
             )
         if floor >= 1 - 1e-6:
             return self._rollback(view)
@@ -161,9 +159,9 @@ class InstabilityLadder(EarlySpikes):
 
         # a dying gradient or overshooting updates: every step since the phase (or its replay) began
         # trained at that LR (the weights stalled, or inflated), so its first checkpoint is the one to restore
-        if "warm_grad_norm" in f.evidence or "gain" in f.evidence:
+        if "warm_grad_norm" in f.evidence or "unigram" in f.evidence or "gain" in f.evidence:
             start = f.evidence["since"] - 1
-            done = "left the model stalled" if "warm_grad_norm" in f.evidence else "overshot and inflated the weights"
+            done = "overshot and inflated the weights" if "gain" in f.evidence else "left the model stalled"
             if self.rollbacks < self.cfg.max_rollbacks and view.has_checkpoint(start):
                 return Remedy(
                     action="rollback",
@@ -477,22 +475,34 @@ def _too_high_factor(f: Finding, lr_factor: float) -> float:
     cut x0.1 to 3x, which then shows a gain just under 0.4 or a dying gradient and is cut x0.32
     to about the preset's, not x0.1 to a third of it (debug, 100 steps: 4.28 against 4.68)."""
     ev = f.evidence
-    if "warm_grad_norm" in ev or ("gain" in ev and ev["gain"] > 0.75 * ev["min_gain"]):
+    if "warm_grad_norm" in ev or "unigram" in ev or ("gain" in ev and ev["gain"] > 0.75 * ev["min_gain"]):
         return math.sqrt(lr_factor)
     return lr_factor
 
 
-def _too_high_why(f: Finding, factor: float) -> str:
-    """above_start's reasoning: the loss above its start, updates that overshoot, or (after a cut) a
-    gradient dying away."""
-    if "warm_grad_norm" in f.evidence:  # the LR was cut for this already, and the gradient dies away
+def _stalled_why(f: Finding) -> str:
+    """What holds the model stalled: (after a cut) a gradient dying away, or a loss at the unigram level."""
+    ev = f.evidence
+    if "unigram" in ev:
         return (
-            f"the LR was cut for being far too high, and since then the gradient norm fell to "
-            f"{f.evidence['grad_norm']:.3f}, under {f.evidence['collapse']:g}x the "
-            f"{f.evidence['warm_grad_norm']:.3f} of the first steps: the model is held where an LR still too "
-            f"high leaves it (the loss stalls, the gradient dies away); cut it again x{factor:.3g}, never to be "
-            "given back"
+            f"the loss stalls at {ev['level']:.3f} (median of {ev['window']} steps after the LR warm-up), within "
+            f"{ev['unigram_margin']:g} of the {ev['unigram']:.3f} a model scores that predicts each token from no "
+            "context (the training data's unigram entropy): the model stays blind to context, where an LR a few "
+            "times too high holds it and a sound one passes that level within a few steps"
         )
+    return (
+        f"the LR was cut for being far too high, and since then the gradient norm fell to {ev['grad_norm']:.3f}, "
+        f"under {ev['collapse']:g}x the {ev['warm_grad_norm']:.3f} of the first steps: the model is held where an "
+        "LR still too high leaves it (the loss stalls, the gradient dies away)"
+    )
+
+
+def _too_high_why(f: Finding, factor: float) -> str:
+    """above_start's reasoning: the loss above its start, updates that overshoot, or a model stalled
+    (at the unigram level, or after a cut with a gradient dying away)."""
+    if "warm_grad_norm" in f.evidence or "unigram" in f.evidence:
+        again = "again " if "warm_grad_norm" in f.evidence else ""
+        return _stalled_why(f) + f"; cut it {again}x{factor:.3g}, never to be given back"
     if "gain" in f.evidence:  # the first steps' updates overshoot
         return (
             f"over this phase's first steps the updates delivered {f.evidence['gain']:.2f} of the loss decrease "

@@ -47,6 +47,10 @@ class Divergence(Monitor):
         return f
 
 
+HALTED = 0.2  # a descent under this share of the phase's fastest has halted, not slowed down
+HORIZON = 4  # windows after the warm-up (and the first gain_steps) over which a stall at the unigram level is judged
+
+
 class AboveStart(Monitor):
     """The loss above where the phase started, `patience` steps in a row (skipped steps left out).
 
@@ -88,6 +92,12 @@ class AboveStart(Monitor):
         self.losses: list[float] = []  # the last 2 x window losses (the collapse's stall)
         self.fired = False  # a finding in this phase: the LR was far too high (kept across rollbacks)
         self.gains: list[float] = []  # update gains of the phase's first gain_steps steps
+        self.unigram: float | None = None  # the phase's training targets' unigram entropy (set by the orchestrator)
+        self.rising_at = 0  # the last step the schedule raised the LR (its warm-up)
+        self.last_lr = 0.0  # the schedule's LR of the last step seen
+        self.fastest = 0.0  # the loss's largest fall from one window's median to the next's in the phase
+        self.held = 0  # steps in a row the loss has stalled at the unigram level
+        self.first_gains: list[float] = []  # every update gain measured in the phase (its first gain_steps)
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if not math.isfinite(m.loss):
@@ -99,6 +109,8 @@ class AboveStart(Monitor):
         if m.skipped:
             return None
         if self.fired and (f := self._collapsed(m, line)) is not None:
+            return f
+        if not self.fired and (f := self._blind(m)) is not None:
             return f
         if (f := self._overshoot(m)) is not None:
             return f
@@ -137,12 +149,23 @@ class AboveStart(Monitor):
         """Whether step `step` of this phase is among its first gain_steps (None: none seen yet)."""
         return self.cfg.gain_steps > 0 and (self.first_step is None or step - self.first_step < self.cfg.gain_steps)
 
+    def keeps_start(self, step: int) -> bool:
+        """Whether the phase's first checkpoint is still wanted at `step`: its findings of a stall
+        restore it, and come within HORIZON windows of the LR's warm-up (or of the first gain_steps);
+        past them a finding after a cut (the gradient dying away) cuts without a rollback where it
+        was pruned."""
+        if self.first_step is None:
+            return False
+        warm = max(self.rising_at, self.first_step + self.cfg.gain_steps)
+        return step <= warm + HORIZON * self.cfg.window
+
     def _overshoot(self, m: StepMetrics) -> Finding | None:
         """The update gain's median over the last gain_window measured steps under min_gain."""
         if m.update_gain is None or not math.isfinite(m.update_gain):
             return None
         window = self.cfg.gain_window
         self.gains = (self.gains + [m.update_gain])[-window:]
+        self.first_gains.append(m.update_gain)
         if len(self.gains) < window:
             return None
         gain = sorted(self.gains)[window // 2]
@@ -164,15 +187,66 @@ class AboveStart(Monitor):
             0.7 + 0.3 * min(1.0, (self.cfg.min_gain - gain) / self.cfg.min_gain),
         )
 
+    def _medians(self) -> tuple[float, float] | None:
+        """The loss's median over the window before the last `window` steps, and over those."""
+        window = self.cfg.window
+        if len(self.losses) < 2 * window:
+            return None
+        return sorted(self.losses[:window])[window // 2], sorted(self.losses[window:])[window // 2]
+
     def _stalled(self) -> bool:
         """The loss's median over the last `window` steps fell by less than `stall` of the window's
         before: the model stalls (debug at 3x: 5.14 -> 5.11, 0.6%), where a gradient norm falling
         with a sound LR comes with a loss still falling (small's first 50 steps: 2.0 -> 0.8)."""
+        medians = self._medians()
+        return medians is not None and medians[1] > (1 - self.cfg.stall) * medians[0]
+
+    def _blind(self, m: StepMetrics) -> Finding | None:
+        """The loss stalls at the data's unigram entropy (within `unigram_margin` of it) once the LR
+        is warmed up: the model predicts tokens as if blind to their context, where an LR too high
+        by a few times holds it (debug, 3x the preset's LR: 5.10 over steps 20-60 against 5.26 from
+        no context, loss 5.06 at step 120; MoE and hybrid alike). A sound LR passes that level within
+        a few steps of the warm-up (4.6-4.9 by step 30 on the four debug presets; without a warm-up it
+        lingers there for about 15 steps on its way down), and an LR too low reaches it late and
+        slowly (0.1x: at step 60, its descent slowing gradually). So the stall must hold for a whole
+        window, judged only over the HORIZON windows after the first gain_steps + window steps and
+        the LR's warm-up (while the phase's first checkpoint is kept for it, keeps_start), and only
+        as a halt: the last window's fall under HALTED of the phase's fastest from one to the next."""
+        if m.scheduled_lr > self.last_lr:
+            self.rising_at = m.step
+        self.last_lr = m.scheduled_lr
+        if self.unigram is None or self.cfg.unigram_margin <= 0:
+            return None
         window = self.cfg.window
-        if len(self.losses) < 2 * window:
-            return False
-        before, last = sorted(self.losses[:window])[window // 2], sorted(self.losses[window:])[window // 2]
-        return last > (1 - self.cfg.stall) * before
+        self.losses = (self.losses + [m.loss])[-2 * window :]
+        if (medians := self._medians()) is not None:
+            self.fastest = max(self.fastest, medians[0] - medians[1])
+        past = self.first_step is None or m.step - self.first_step >= self.cfg.gain_steps + window
+        held = past and m.step - self.rising_at >= window and self._stalled()
+        if held:
+            before, level = medians
+            near = abs(level - self.unigram) <= self.cfg.unigram_margin * self.unigram
+            held = near and before - level <= HALTED * self.fastest
+        self.held = self.held + 1 if held else 0
+        if self.held < window or not self.keeps_start(m.step):  # held a whole window: no passing pause
+            return None
+        self.losses, self.gains, self.over, self.fired, self.grads = [], [], [], True, []
+        return self.finding(
+            m,
+            {
+                "loss": m.loss,
+                "start": self.start,
+                "level": level,
+                "unigram": self.unigram,
+                "unigram_margin": self.cfg.unigram_margin,
+                "window": window,
+                "first_gain": sorted(self.first_gains)[len(self.first_gains) // 2] if self.first_gains else None,
+                "since": self.first_step if self.first_step is not None else m.step,
+            },
+            f"loss {level:.3f} (median of {window} steps) stalls at the {self.unigram:.3f} of predicting each token "
+            "from no context (the data's unigram entropy)",
+            0.7,
+        )
 
     def _collapsed(self, m: StepMetrics, line: float) -> Finding | None:
         """After a finding: the gradient norm's last `window` steps against its first `window`,

@@ -87,6 +87,7 @@ class Checkpointing:
                     self.last_good,
                     self.best_checkpoint,
                     0 if self.cfg.rl.kl_coef or (self.cfg.dpo.enabled and self.cfg.dpo.uses_reference) else -1,
+                    *(step for h in self.hooks for step in h.kept_checkpoints(self.view)),
                 ),
                 before=lambda: self._call("on_save_start"),
                 background=background,

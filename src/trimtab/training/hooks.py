@@ -156,6 +156,11 @@ class Hook:
         """Whether the checkpoint about to be written is a good rollback target."""
         return True
 
+    def kept_checkpoints(self, run: RunView) -> tuple[int, ...]:
+        """Steps whose checkpoints the pruning must keep for now (beyond checkpoint.keep's newest):
+        ones this hook may still want to roll back to."""
+        return ()
+
     def on_rollback(self, run: RunView, saved_state: dict[str, Any]) -> None:
         """After a rollback; saved_state is this hook's state_dict() from that checkpoint."""
 

@@ -31,7 +31,7 @@ from trimtab.config.model import LIVE_MODEL_KEYS
 from trimtab.data import BatchLoader, Rows, TextTokenizer, get_tokenizer
 from trimtab.data.batches import HeldOut, eval_rows
 from trimtab.data.dataset import PhaseData, build_phase_data, first_prepared, open_eval_source, open_sources
-from trimtab.data.packing import ConcatRows
+from trimtab.data.packing import ConcatRows, unigram_entropy
 from trimtab.data.prepared import ShardedRows
 from trimtab.data.quality import Flagged
 from trimtab.distributed import Parallel
@@ -77,6 +77,13 @@ class Phase:
     # documents the garbage screen flagged and kept (data.garbage_filter=warn) and their training
     # rows, per source: the orchestrator reads them through RunView.garbage_rows
     flagged: list[Flagged] = field(default_factory=list)
+    unigram: float | None = field(default=None, init=False)  # unigram_entropy's, read once when asked
+
+    def unigram_entropy(self) -> float | None:
+        """The training targets' unigram entropy (data/packing.py), computed on the first ask."""
+        if self.unigram is None and self.train_rows is not None:
+            self.unigram = unigram_entropy(self.train_rows)
+        return self.unigram
 
     def loader(self, cfg: RunConfig, pad_id: int, rank: int = 0, world: int = 1) -> BatchLoader:
         """The phase's loader; under data parallelism it serves this rank's share of each step."""
