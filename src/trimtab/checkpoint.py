@@ -202,14 +202,30 @@ def install(tmp: Path, final: Path, state: dict[str, Any], digests: dict[str, di
         for folder in {(tmp / name).parent for name in files}:
             _fsync(folder)
         _fsync(tmp)
-        if final.exists():  # re-saving a step (after a rollback): replace it whole
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync(final.parent)
+        _replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    """Rename `tmp` to `final`. One there already (a step saved again after a rollback restored
+    it) is renamed aside first and deleted only once the new one is in place: deleting it first
+    would leave a killed process no copy of the step, or a half-deleted one that fails its
+    manifest, for as long as the deletion of a checkpoint's gigabytes takes. Its aside name is a
+    temp dir's, which prune() removes when a kill left it."""
+    old = final.with_name(f".tmp_{final.name}_replaced_{os.getpid()}")
+    if final.exists():
+        os.replace(final, old)
+    try:
+        os.replace(tmp, final)
+    except BaseException:
+        if old.exists():
+            os.replace(old, final)
+        raise
+    _fsync(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def digest_files(paths: list[Path], base: Path) -> dict[str, dict[str, Any]]:

@@ -30,6 +30,11 @@ class Checkpointing:
     """Checkpoints of the run a Trainer trains; `last_saved` is the resume point (a background
     write in flight included), `last_good` the newest checkpoint its hooks called healthy."""
 
+    # A rollback restored the checkpoint of this step (last_saved), and what it decided since (its
+    # journal line, the ladder, the knobs and rows it changed) is in no checkpoint until the next one
+    # is on disk: a save at this step writes it again instead of taking the one on disk as current.
+    _restored = False
+
     def _final_save(self) -> None:
         """The run's last checkpoint, as the state it ends in deserves. Weights that are not
         finite are not saved, and the run is not "completed": it ends with exit code 3 and the
@@ -59,7 +64,7 @@ class Checkpointing:
         the next save or finish_save on, and until then last_saved names it."""
         self.watchdog.beat("checkpoint")
         self.finish_save()
-        if self.state.step == self.last_saved:
+        if self.state.step == self.last_saved and not self._restored:
             return True
         if not self.dist.all_finite(self.model.parameters()):
             self.say(
@@ -67,7 +72,7 @@ class Checkpointing:
                 f"point stays step {self.last_saved})"
             )
             return False
-        good = all(h.healthy(self.view) for h in self.hooks)  # a rollback target (the weights are finite)
+        good = self._good()
         self._call("on_save_prepare", good)
         background = self.cfg.checkpoint.asynchronous and not wait
         started, before = time.perf_counter(), (self.last_saved, self.last_good)
@@ -99,8 +104,18 @@ class Checkpointing:
         if background:
             self._writing = (self.state.step, before)
         else:
+            self._restored = False
             self._call("on_checkpoint", path)
         return True
+
+    def _good(self) -> bool:
+        """Whether this step's checkpoint is a rollback target (the weights are finite): the hooks'
+        call, or, saving a restored step again, the restored checkpoint's own. Its weights are those;
+        the hooks, just after the rollback, would call them unhealthy (an escalation under way) and
+        take the run's last good checkpoint from it."""
+        if self._restored:
+            return self.last_good == self.state.step
+        return all(h.healthy(self.view) for h in self.hooks)
 
     def snapshot(self) -> None:
         """A lean snapshot of this step (snapshots.py): bf16 weights only, by rank 0. A failed
@@ -140,6 +155,7 @@ class Checkpointing:
             self._save_failed(exc)
             return
         self.save_seconds += time.perf_counter() - started
+        self._restored = False
         self._call("on_checkpoint", path)
 
     def _save_failed(self, exc: OSError) -> bool:
@@ -188,6 +204,7 @@ class Checkpointing:
             raise CheckpointError(f"no {what} to roll back to in {self.cfg.run_dir / 'checkpoints'}")
         step = self.state.step
         self._load(found[0], rollback=True)
+        self._restored = True
         if self.last_eval.get("step", 0) > self.state.step:  # it judged the abandoned weights
             self.last_eval = {}
         self.dist.on_main(retire_after, self.cfg.run_dir, self.state.step, self.cfg.checkpoint.keep)
@@ -304,7 +321,7 @@ def keep_router_knobs(model: Any, moe: dict[str, dict[str, float]], mod: dict[st
 
 
 def apply_live_keys(model: Any, cfg: RunConfig, keys: list[str]) -> None:
-    """Set the live knobs `keys` (changes.LIVE_MODEL_KEYS) of the model's MoE and MoD layers to `cfg`'s
+    """Set the live knobs `keys` (config/model.py LIVE_MODEL_KEYS) of the model's MoE and MoD layers to `cfg`'s
     values: a resume applies a person's changed ones over those its checkpoint restored."""
     for key in keys:
         section, name = key.split(".")[1:]
