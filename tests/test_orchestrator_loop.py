@@ -282,6 +282,18 @@ def test_finite_broken_weights_are_rolled_back_at_once_and_again_with_the_lr_cut
     assert max(losses[s] for s in range(15, 25)) < losses[11] + 0.2  # the replayed steps train normally
 
 
+def test_weights_broken_before_the_first_checkpoint_are_told_from_bad_data(tmp_path):
+    """Before the phase's first checkpoint its untouched weights' held-out score is the only one
+    measured, and wrecked weights score no worse: the diagnosis blamed the data, and the ladder cut
+    the LR for nothing before it rolled back. The probe read on calm weights since is the reference."""
+    run = tmp_path / "r"
+    trimtab.train(debug_cfg(run, steps=30, faults=["weights_noise@19:10"], checkpoint={"every": 30}))
+    ds = decisions(run)
+    assert [(d["step"], d["action"]) for d in ds] == [(19, "skip_step"), (20, "skip_step"), (21, "rollback")], ds
+    assert "of the weights trained since the phase's start" in ds[2]["reasoning"]
+    assert ds[2]["applied"] == ["rolled back from step 21 to step 0"]
+
+
 def test_weights_nan_is_diagnosed_as_a_broken_model_and_rolled_back(tmp_path):
     run = tmp_path / "r"
     summary = trimtab.train(debug_cfg(run, steps=24, faults=["weights_nan@15"]))

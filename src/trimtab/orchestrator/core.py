@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
 GATED = ("spike", "grad", "lr")  # rules whose ceilings the update gate checks before the optimizer step
 # windows a new phase starts afresh
+FRESH_EVERY = 10  # steps between held-out probes before a phase's first good checkpoint (_fresh_reference)
 PER_PHASE = ("spike", "grad", "divergence", "above_start", "plateau", "throughput", "rows")
 
 
@@ -241,6 +242,19 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             self._baseline_before = (self.policy.probe_baseline, self.policy.start_probe)
             self.policy.measured(run.probe_loss(), run.step)
 
+    def _fresh_reference(self, run: RunView) -> None:
+        """Until a good checkpoint of the phase is measured, the reference a diagnosis compares the
+        held-out probe with is its untouched weights' score, and weights wrecked a few dozen steps
+        in score no worse (debug: 6.27 against 6.25 at step 0): a diagnosis took them for sound and
+        blamed the data, and the ladder cut the LR for nothing (weights_noise at step 19, before the
+        first checkpoint at 20: +2.2%). So meanwhile the probe is also read every FRESH_EVERY steps
+        while the run is calm (one held-out micro-batch's forward); the lower of the two is the
+        reference (Policy.reference)."""
+        p = self.policy
+        if self.mode == "off" or run.last_good > p.phase_start or run.step % FRESH_EVERY or not self.healthy(run):
+            return
+        p.fresh_probe = run.probe_loss()
+
     def on_checkpoint(self, run: RunView, path: Path) -> None:
         self.save_stall = run.save_seconds  # the stall the save cost training (the interval rule's C)
         self.failed_saves = 0
@@ -326,6 +340,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
                     rl=getattr(o.batch, "health", None),  # an RL step's figures (rl/step.py)
                 )
                 self._observe(run, m)
+            self._fresh_reference(run)
             self._checkpoint_interval(run, seconds, stall)
             self.ceilings = {k: m.ceiling() for k, m in self.monitors.items() if k in GATED}
         self._take_commands(run)

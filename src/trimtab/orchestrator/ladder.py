@@ -55,6 +55,7 @@ class InstabilityLadder(EarlySpikes):
     last_lr_change: int  # step of the last LR decision applied (cooldowns, grace periods)
     probe_baseline: float | None  # held-out loss at the last good checkpoint
     start_probe: float | None  # held-out loss of the phase's untouched weights
+    fresh_probe: float | None  # ... of calm weights since, before a good checkpoint is measured
     phase_start: int  # the step the current phase started after
     lr_too_high_at: int  # step of the last decisive LR cut: rows' losses are the model's for a while
     unstable_at: int  # step of the last LR cut or rollback (unsettled)
@@ -199,7 +200,7 @@ class InstabilityLadder(EarlySpikes):
             else f"lose more than {evidence['threshold']:.3f} (held-out rows' median {median:.3f})"
         )
         why = (
-            f"the model still scores {probe:.3f} on held-out data (last good checkpoint {self.probe_baseline:.3f}), "
+            f"the model still scores {probe:.3f} on held-out data (against {self._against()}), "
             f"so the bad steps' data is suspect; scored one by one on these weights, {len(bad)} of the "
             f"{evidence['rows_scored']} rows since the first bad step {lose}: leave them out; the LR stays"
         )
@@ -311,7 +312,7 @@ class InstabilityLadder(EarlySpikes):
         """The reasoning of a rollback for broken weights (`cause`: what found them, if not the
         diagnosis after flagged steps)."""
         worse = cause or (
-            f"{probe:.4g} on held-out data against {self.probe_baseline:.4g} at the last good checkpoint, though "
+            f"{probe:.4g} on held-out data against {self._against()}, though "
             "the flagged steps' updates were withheld: an earlier update broke the weights"
             if math.isfinite(probe)
             else f"{probe:.4g} on held-out data: the weights themselves are broken"
@@ -345,6 +346,20 @@ class InstabilityLadder(EarlySpikes):
         start = self.start_probe
         return start is not None and math.isfinite(probe) and probe > start + max(0.1, 0.05 * start)
 
+    def reference(self) -> float | None:
+        """The held-out loss a probe is judged against: the last good checkpoint's, or one of calm
+        weights trained since the phase's start where that is lower (core.py _fresh_reference)."""
+        if self.probe_baseline is None or self.fresh_probe is None or not math.isfinite(self.fresh_probe):
+            return self.probe_baseline
+        return min(self.probe_baseline, self.fresh_probe)
+
+    def _against(self) -> str:
+        """The reference named in a diagnosis's reasoning."""
+        ref = self.reference()
+        if ref == self.probe_baseline:
+            return f"{ref:.4g} at the last good checkpoint"
+        return f"{ref:.4g} of the weights trained since the phase's start, before its first checkpoint"
+
     def _diagnose(self, view: Any, sudden: bool) -> tuple[str, float] | None:
         """Bad data or a bad model? Megatron reruns the step; here the model is scored on a
         held-out batch and compared with its score at the last good checkpoint. After sudden
@@ -354,9 +369,9 @@ class InstabilityLadder(EarlySpikes):
         probe = view.probe_loss()
         if probe is not None and not math.isfinite(probe):  # NaN weights: with or without held-out data
             return "broken", probe
-        if self.probe_baseline is None or probe is None:
+        if (reference := self.reference()) is None or probe is None:
             return None
-        if probe <= self.probe_baseline + max(0.1, 0.05 * self.probe_baseline):
+        if probe <= reference + max(0.1, 0.05 * reference):
             return "data", probe
         return ("broken", probe) if sudden else None
 

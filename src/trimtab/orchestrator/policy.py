@@ -32,6 +32,7 @@ STATE = (
     "restore_failed",
     "probe_baseline",
     "start_probe",
+    "fresh_probe",
     "phase_start",
     "lr_too_high_at",
     "rollbacks",
@@ -74,6 +75,7 @@ class Policy(InstabilityLadder):
         self.restore_failed = False
         self.probe_baseline: float | None = None  # held-out loss at the last good checkpoint
         self.start_probe: float | None = None  # held-out loss of the phase's untouched weights
+        self.fresh_probe: float | None = None  # ... of calm weights since, before a good checkpoint is measured
         self.phase_start = 0  # the step the current phase started after
         self.lr_too_high_at = -(10**9)  # step of the last decisive LR cut (the LR found far too high)
         self.rollbacks = 0  # rollbacks of the open incident (ladder.py: _clear ends it)
@@ -225,19 +227,20 @@ class Policy(InstabilityLadder):
         self.lr_too_high_at -= steps
         self.unstable_at -= steps
         # rollback_at and broken_at stay: the replay must train past those very steps (ladder.py: _clear)
+        self.fresh_probe = None  # of weights the rollback took back
         self.rl.last_step -= steps if self.rl.last_step >= 0 else 0
         self.data.shift()
 
     def measured(self, probe: float | None, step: int) -> None:
         """The held-out probe of a good checkpoint at `step`, the reference a diagnosis and the
         end check compare with; at the phase's start, its untouched weights' score too."""
-        self.probe_baseline = probe
+        self.probe_baseline, self.fresh_probe = probe, None
         if step == self.phase_start:
             self.start_probe = probe
 
     def new_phase(self, start: int, probe: float | None) -> None:
         """A phase began after step `start` (new data, a new schedule); `probe`: its held-out score."""
-        self.phase_start, self.probe_baseline, self.start_probe = start, probe, probe
+        self.phase_start, self.probe_baseline, self.start_probe, self.fresh_probe = start, probe, probe, None
 
     # ------------------------------------------------------------------ confidence
 
