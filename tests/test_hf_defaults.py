@@ -3,17 +3,9 @@ config.json that omits a field must read as transformers reads it. Checked again
 
 import pytest
 
-from trimtab.hf.architectures import DEFAULTS
+from trimtab.hf.architectures import DEFAULTS, MODEL_TYPES
 
 transformers = pytest.importorskip("transformers")
-MODEL_TYPES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-    "MixtralForCausalLM": "mixtral",
-    "Qwen2MoeForCausalLM": "qwen2_moe",
-}
 
 
 @pytest.mark.parametrize("arch", sorted(DEFAULTS))
