@@ -43,7 +43,9 @@ from trimtab.rundir import DECISIONS_FILE, GOODPUT_FILE, METRICS_FILE, write_ato
 log = logging.getLogger(__name__)
 MANIFEST = "state.json"  # written last: its presence is what makes an uploaded checkpoint complete
 RUN = "run"  # the run's own files a resume reads, beside the checkpoints
-RUN_FILES = ("config.yaml", "tokenizer.json")
+# the last two only beside a model initialised from a Hugging Face one (hf/importer.py SOURCE): without
+# them a fresh machine read its tokenizer as trimtab's own, and refused it, and lost the model's source
+RUN_FILES = ("config.yaml", "tokenizer.json", "tokenizer_config.json", "hf_source.json")
 # run/writer.json: the process uploading here. A second one pointed at the prefix (a run started
 # with another's checkpoint.dir, a machine thought lost that is still running) takes over at its
 # first upload; the earlier one then stops writing, rather than both interleaving their

@@ -414,6 +414,8 @@ def setup(cfg: RunConfig) -> BuiltRun:
     cfg, dist = _join(cfg)
     # checkpoint.dir checked before anything is written; no valid checkpoint here: the store's newest (storage.py)
     resume = resume_point(cfg, dist, open_store(cfg))
+    if resume:  # restored from the store, a run of a Hugging Face model has its hf_source.json only now
+        cfg = adopt_hf_model(cfg)
     cfg = _fetch_init_from(cfg, dist, resume)
     precision = choose_precision(dist.device, cfg.train.precision)
     cfg = dist.main_first(local_sources, cfg)  # data paths in object storage: their cached copies

@@ -73,7 +73,11 @@ def same_model(remote: Remote, cfg: RunConfig) -> None:
     (its run/config.yaml) of another model than `cfg`'s: restored, its files would fill this run's
     --out before the resume refused the model; written to, this run would take the other's
     prefix over and prune its checkpoints. The live knobs (LIVE_MODEL_KEYS) may differ, as on a
-    resume; model.vocab_size 0 (the tokenizer's) is settled only once the tokenizer is read."""
+    resume; model.vocab_size 0 (the tokenizer's) is settled only once the tokenizer is read. Not
+    compared with train.init_from set: the model is the one it names (a Hugging Face model's or a
+    run's), read later, and a run of it was refused as "another model" (the preset's sizes here)."""
+    if cfg.train.init_from:
+        return
     with tempfile.TemporaryDirectory() as tmp:
         if not remote.get_run_files(Path(tmp), ("config.yaml",)):
             return
@@ -247,7 +251,8 @@ class RemoteCheckpoints(Hook):
 
     def _upload(self, links: Path, records: Path) -> None:
         try:
-            self.remote.put_run_files(self.run_dir, self.remote.lacks(RUN_FILES))  # the first, or the store lost them
+            held = tuple(name for name in RUN_FILES if (self.run_dir / name).is_file())
+            self.remote.put_run_files(self.run_dir, self.remote.lacks(held))  # the first, or the store lost them
             self.remote.upload(links)
             self.remote.put_run_files(records, RECORD_FILES)  # after the checkpoint they lead up to
             self._retain()
