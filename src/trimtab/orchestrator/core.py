@@ -352,7 +352,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             self.monitors.update({k: fresh[k](self.cfg) for k in PER_PHASE if k in self.monitors})
             self.policy.new_phase(m.step - 1, run.probe_loss())  # the probe scores the new phase's held-out rows
         if (lr_rule := self.monitors.get("above_start")) is not None and lr_rule.unigram is None:
-            lr_rule.unigram = run.unigram_entropy()  # the data's, read once per phase (None: RL, DPO)
+            lr_rule.unigram = run.context_free_loss()  # the data's, read once per phase (None: RL, DPO)
         self.policy.data.record(m.step, m.rows)
         m.unsettled = self.policy.unsettled(m.step)
         findings = [

@@ -201,10 +201,11 @@ class RunView:
         """Where these training rows came from: source -> number of rows."""
         return scoring.sources_of(self._t.phases[self._t.state.phase].train_rows, list(rows))
 
-    def unigram_entropy(self) -> float | None:
-        """This phase's training targets' unigram entropy in nats (the loss of a model blind to
-        context; data/packing.py), from a sample of its rows, read once; None in an RL or DPO phase."""
-        return getattr(self._t.phases[self._t.state.phase], "unigram_entropy", lambda: None)()
+    def context_free_loss(self) -> float | None:
+        """This phase's training targets' unigram entropy in nats, the loss of a model blind to
+        context, where the data rewards context (training/setup.py Phase.context_free_loss), from a
+        sample of its rows, read once; None where it does not, and in an RL or DPO phase."""
+        return getattr(self._t.phases[self._t.state.phase], "context_free_loss", None)
 
     def garbage_rows(self) -> list[Flagged]:
         """The documents the data screen flagged and kept in this phase's training data
