@@ -139,6 +139,14 @@ def generate(
     if given_up:
         log.warning("%s", given_up)
     new = generate_ids(
-        model, ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos_id=tok.eos_id, seed=seed
+        model,
+        ids,
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        eos_id=tok.eos_id,
+        seed=seed,
+        vocab=tok.id_limit,  # a head padded past the tokenizer: those ids have no text
     )
     return tok.decode(new)

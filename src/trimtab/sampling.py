@@ -106,12 +106,15 @@ def generate(
     top_p: float = 0.95,
     eos_id: int | None = None,
     seed: int = 0,
+    vocab: int | None = None,
 ) -> list[int]:
     """Continue prompt_ids; return the new tokens only (ending with eos_id when it was drawn).
 
     One prefill forward over the prompt, then one-token steps on the KV cache. Stops after
     max_new_tokens, at eos_id, or when prompt + output would exceed model.cfg.max_seq_len.
-    Runs in eval mode under inference_mode and restores the model's previous mode.
+    Runs in eval mode under inference_mode and restores the model's previous mode. `vocab`: the
+    tokenizer's size (tok.vocab_size); ids from it up to model.cfg.vocab_size are never drawn
+    (decodable_limit).
     """
     limit = model.cfg.max_seq_len
     if not prompt_ids:
@@ -123,20 +126,35 @@ def generate(
     model.eval()
     try:
         with torch.inference_mode():
-            return _decode(model, prompt_ids, budget, temperature, top_k, top_p, eos_id, seed)
+            padded = decodable_limit(model.cfg.vocab_size, vocab)
+            return _decode(model, prompt_ids, budget, (temperature, top_k, top_p), eos_id, seed, padded)
     finally:
         model.train(was_training)
+
+
+def decodable_limit(model_vocab: int, tok_vocab: int | None) -> int | None:
+    """The first id generation must not draw, or None when every row of the model's head is a
+    token. A model's vocabulary is often padded past its tokenizer's (Qwen's to a multiple of 128,
+    a trimtab run's model.vocab_size set above the tokenizer's): those rows have logits (never
+    trained toward, yet not -inf) but no text, so an id drawn there prints as nothing."""
+    return tok_vocab if tok_vocab is not None and 0 < tok_vocab < model_vocab else None
+
+
+def mask_undecodable(logits: torch.Tensor, limit: int | None) -> torch.Tensor:
+    """logits [B, V] with every id from `limit` on at -inf (decodable_limit), in place."""
+    if limit is not None:
+        logits[..., limit:] = float("-inf")
+    return logits
 
 
 def _decode(
     model: Transformer,
     prompt_ids: list[int],
     budget: int,
-    temperature: float,
-    top_k: int,
-    top_p: float,
+    filters: tuple[float, int, float],
     eos_id: int | None,
     seed: int,
+    padded: int | None,
 ) -> list[int]:
     device = model.lm_head.weight.device
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -144,8 +162,8 @@ def _decode(
     inputs = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     out: list[int] = []
     for _ in range(budget):
-        logits = model.next_logits(inputs, cache)
-        token = sample_next(logits, temperature, top_k, top_p, generator)
+        logits = mask_undecodable(model.next_logits(inputs, cache), padded)
+        token = sample_next(logits, *filters, generator)
         out.append(int(token))
         if out[-1] == eos_id:
             break

@@ -3,6 +3,7 @@ either trimtab's own or a Hugging Face model's (used as is)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -57,6 +58,12 @@ class TextTokenizer:
         self.fingerprint = _fingerprint(tok, self.special_ids)
         # before, all of tokenizer_config.json counted (model_max_length...): what data prepared then recorded
         self._legacy = _sha256(tok.to_str() + json.dumps(hf, sort_keys=True)) if hf else self.fingerprint
+
+    @functools.cached_property
+    def id_limit(self) -> int:
+        """One past the highest id this tokenizer decodes: vocab_size, or more where its ids have
+        gaps (an added token placed past the rest). A model's head may be wider (padded)."""
+        return max(self._tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
 
     @property
     def special_ids(self) -> tuple[int, int, int | None]:

@@ -91,7 +91,14 @@ class TrimtabLM(TemplateLM):
             temperature = float(kwargs.pop("temperature", 0.0)) if kwargs.pop("do_sample", False) else 0.0
             ids = self.tok_encode(context)[-max(1, self.max_length - max_new) :]
             new = generate(
-                self.model, ids, max_new, temperature=temperature, top_k=0, top_p=1.0, eos_id=self.tok.eos_id
+                self.model,
+                ids,
+                max_new,
+                temperature=temperature,
+                top_k=0,
+                top_p=1.0,
+                eos_id=self.tok.eos_id,
+                vocab=self.tok.id_limit,  # no padded id of the head: it decodes to nothing
             )
             text = self.tok.decode([t for t in new if t != self.tok.eos_id])
             for stop in until:
