@@ -6,6 +6,11 @@ waited at the steps' agreement points, Parallel.agree) is gathered; a rank whose
 0.75 its threshold). Its score against its own best window says whether it slowed down or was
 always slow. Logged for a person; with `straggler.exclude` in an elastic job of several nodes,
 the job restarts without the slow rank's node (remedies.straggler, action exclude_node).
+
+A rank is named once a slow stretch, and again within it only once its score has fallen under
+RENAME x the score it was named at: a first reading on a loaded host (0.71 for a rank 10x slower,
+its finding's confidence 0.29 under orchestrator.min_confidence: advice only) must not be the
+stretch's only finding when the next windows read it as it is.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from typing import Any
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.distributed import all_gather_floats
 from trimtab.orchestrator.monitors import Finding
+
+RENAME = 0.5
 
 
 class Stragglers:
@@ -26,7 +33,7 @@ class Stragglers:
         self.steps = 0
         self.waited = 0.0  # RunView.waited_s at the window's start
         self.strikes: dict[int, int] = {}  # rank -> windows in a row below the threshold
-        self.named: set[int] = set()  # named in this slow stretch (again only after it recovers)
+        self.named: dict[int, float] = {}  # rank -> its score when named in this slow stretch
         self.best: list[float] = []  # each rank's fastest window (seconds of compute per step)
 
     def observe(self, step: int, seconds: float, waited_s: float) -> Finding | None:
@@ -46,11 +53,15 @@ class Stragglers:
             slow = score < self.cfg.threshold
             self.strikes[rank] = self.strikes.get(rank, 0) + 1 if slow else 0
             if not slow:
-                self.named.discard(rank)
-        due = [r for r, n in self.strikes.items() if n >= self.cfg.patience and r not in self.named]
+                self.named.pop(rank, None)
+        due = [
+            r
+            for r, n in self.strikes.items()
+            if n >= self.cfg.patience and (r not in self.named or scores[r] < RENAME * self.named[r])
+        ]
         if not due:
             return None
-        self.named |= set(due)
+        self.named |= {r: scores[r] for r in due}
         return self._finding(step, due, compute, scores)
 
     def _finding(self, step: int, ranks: list[int], compute: list[float], scores: list[float]) -> Finding:
@@ -81,9 +92,15 @@ class Stragglers:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"strikes": {str(k): v for k, v in self.strikes.items()}, "named": sorted(self.named), "best": self.best}
+        named = {str(k): v for k, v in self.named.items()}
+        return {"strikes": {str(k): v for k, v in self.strikes.items()}, "named": named, "best": self.best}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.strikes = {int(k): v for k, v in state.get("strikes", {}).items()}
-        self.named = set(state.get("named", []))
+        named = state.get("named", {})  # a list of ranks before their scores were kept: as if named at the threshold
+        self.named = (
+            {int(k): v for k, v in named.items()}
+            if isinstance(named, dict)
+            else dict.fromkeys(named, self.cfg.threshold)
+        )
         self.best = list(state.get("best", []))

@@ -1,0 +1,47 @@
+"""The straggler rule names a slow rank once a slow stretch, and again only once it reads markedly
+slower than when named: a first reading on a loaded host (confidence under min_confidence, advice
+only) must not be the stretch's only finding."""
+
+import pytest
+
+from trimtab.config import OrchestratorConfig
+from trimtab.orchestrator import stragglers
+from trimtab.orchestrator.stragglers import Stragglers
+
+
+def _windows(monkeypatch, mon, computes):
+    """Each of `computes` ([rank 0's, rank 1's] seconds a step) gathered at the end of one window."""
+    findings = []
+    for step, per_rank in enumerate(computes, 1):
+        monkeypatch.setattr(stragglers, "all_gather_floats", lambda mine, c=per_rank: [[x] for x in c])
+        for _ in range(mon.cfg.window):
+            f = mon.observe(step * mon.cfg.window, 0.1, 0.0)
+        findings.append(f)
+    return findings
+
+
+def test_a_rank_read_slower_by_half_again_is_named_again(monkeypatch):
+    mon = Stragglers(OrchestratorConfig())
+    # a loaded host reads the slow rank at 0.71x the fastest for three windows, then as it is (0.1x)
+    found = _windows(monkeypatch, mon, [[0.10, 0.14]] * 3 + [[0.10, 1.0]] * 4)
+    named = [f for f in found if f is not None]
+    assert [f.evidence["ranks"] for f in named] == [[1], [1]]
+    assert named[0].strength == pytest.approx(1 - 0.10 / 0.14) and named[1].strength == pytest.approx(0.9)
+    assert found.index(named[1]) == 3  # the first window that read it slower by half: no patience again
+
+
+def test_a_rank_as_slow_as_when_named_is_not_named_again_until_it_recovers(monkeypatch):
+    mon = Stragglers(OrchestratorConfig())
+    found = _windows(monkeypatch, mon, [[0.10, 0.2]] * 6 + [[0.10, 0.10]] + [[0.10, 0.2]] * 3)
+    assert [i for i, f in enumerate(found) if f is not None] == [2, 9]  # recovered at 6: a new stretch
+
+
+def test_the_named_scores_survive_a_resume_and_an_older_checkpoints_list_reads(monkeypatch):
+    mon = Stragglers(OrchestratorConfig())
+    _windows(monkeypatch, mon, [[0.10, 0.2]] * 3)
+    again = Stragglers(OrchestratorConfig())
+    again.load_state_dict(mon.state_dict())
+    assert again.named == {1: 0.5} and again.strikes == mon.strikes
+    old = Stragglers(OrchestratorConfig())
+    old.load_state_dict({"strikes": {"1": 3}, "named": [1], "best": [0.1, 0.2]})
+    assert old.named == {1: old.cfg.threshold}
