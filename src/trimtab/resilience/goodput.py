@@ -148,6 +148,27 @@ def totals(sessions: list[dict[str, Any]], incidents: list[dict[str, Any]]) -> d
     }
 
 
+def add_after_end(run_dir: str | Path, bucket: str, seconds: float) -> dict[str, Any] | None:
+    """`seconds` of `bucket` added to the newest session of RUN_DIR/goodput.json once it has ended
+    (Ledger.close): time the run's end spent after its ledger was closed (the wait for the last
+    checkpoint upload, by a hook after the ledger's: training/services/storage.py). The run's
+    totals; None when the newest session has not ended (no ledger, or another process's) or the
+    ledger could not be written (a full disk must not end the run)."""
+    path = Path(run_dir) / GOODPUT_FILE
+    data = read_json(path)
+    sessions = data.get("sessions") if isinstance(data, dict) else None
+    if not sessions or sessions[-1].get("end") is None:
+        return None
+    session = sessions[-1]
+    session["seconds"][bucket] = session["seconds"].get(bucket, 0.0) + max(0.0, seconds)
+    session["beat"] = max(session["beat"], time.time())
+    try:
+        write_json(path, data, durable=True)
+    except OSError:
+        return None
+    return totals(sessions, data.get("incidents", []))
+
+
 def read_goodput(run_dir: str | Path) -> dict[str, Any] | None:
     """The run's totals from RUN_DIR/goodput.json, None when it has none."""
     data = read_json(Path(run_dir) / GOODPUT_FILE)

@@ -26,6 +26,7 @@ from trimtab.config import DataConfig, RunConfig, derive, read_saved
 from trimtab.config.checks import leaves
 from trimtab.config.model import LIVE_MODEL_KEYS
 from trimtab.errors import ConfigError, SavedConfigError
+from trimtab.resilience.goodput import STEP_FILE, add_after_end
 from trimtab.storage import (
     RECORD_FILES,
     RUN_FILES,
@@ -45,6 +46,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 WAIT_WARN_S = 5.0  # training held this long by the upload before it is said (a slow or unreachable store)
+# the record uploaded with each checkpoint and restored with it: storage's, and the goodput ledger's
+# mark of the last step done (without it a fresh machine's restart incident could not say a lost
+# session's steps lost exactly: resilience/incidents.py)
+RECORDS = (*RECORD_FILES, STEP_FILE)
 
 
 def open_store(cfg: RunConfig) -> Remote | None:
@@ -105,7 +110,7 @@ def restore_from(remote: Remote, run_dir: Path, also: tuple[str, ...] = ()) -> t
     lacks and the newest valid checkpoint in `remote`, downloaded and verified, and the `also`
     steps (the step-0 checkpoint RL's KL term and DPO read their reference from: reference_steps);
     None: none there."""
-    got = remote.get_run_files(run_dir, RUN_FILES + RECORD_FILES)
+    got = remote.get_run_files(run_dir, RUN_FILES + RECORDS)
     if got:
         log.info("restored %s from %s/run", ", ".join(got), remote.url)
     found = restore(remote, checkpoint_root(run_dir), verify)
@@ -189,8 +194,9 @@ class RemoteCheckpoints(Hook):
     def on_save_start(self, run: RunView) -> None:
         """A synchronous save waits here for the previous upload, inside the save's own time, so
         the stall counts as checkpointing (save_seconds: the goodput ledger's checkpoint bucket,
-        the checkpoint interval's cost); a background save's wait stays in on_checkpoint, or it
-        would wait for the upload its collection just started."""
+        the checkpoint interval's cost); a background save does not, or it would wait for the
+        upload its collection just started: the trainer waits for the one before it while it
+        collects the write, in that stall (training/checkpointing.py _wait_uploads)."""
         if not run.cfg.checkpoint.asynchronous:
             self.wait()
 
@@ -217,14 +223,21 @@ class RemoteCheckpoints(Hook):
         """The last upload finished; a final checkpoint set aside after its upload (rolled_back/)
         leaves the store too; the run's record goes up once more, as it ends: the goodput ledger
         (an earlier hook: api.built_in_hooks) has closed this session, which a run restored from
-        the store would otherwise take for a lost one (a restart incident, its gap down time)."""
-        self.wait()
+        the store would otherwise take for a lost one (a restart incident, its gap down time). The
+        wait for the last upload comes after that close: it is added to the closed session's
+        checkpoint bucket (goodput.add_after_end), and to the summary's goodput."""
+        if self._thread is not None:
+            started = time.monotonic()
+            self.wait()
+            if "goodput" in summary:  # the ledger's hook ran: this run keeps one
+                totals = add_after_end(self.run_dir, "checkpoint", time.monotonic() - started)
+                summary["goodput"] = totals or summary["goodput"]
         if self._taken:
             return
         try:
             self._retain()
             if self._current:  # records past the store's newest checkpoint would not match it
-                self.remote.put_run_files(self.run_dir, RECORD_FILES)
+                self.remote.put_run_files(self.run_dir, RECORDS)
         except Exception as exc:
             log.warning(
                 "%s: not pruned, or the run's record not uploaded at its end (%s: %s)",
@@ -254,7 +267,7 @@ class RemoteCheckpoints(Hook):
             held = tuple(name for name in RUN_FILES if (self.run_dir / name).is_file())
             self.remote.put_run_files(self.run_dir, self.remote.lacks(held))  # the first, or the store lost them
             self.remote.upload(links)
-            self.remote.put_run_files(records, RECORD_FILES)  # after the checkpoint they lead up to
+            self.remote.put_run_files(records, RECORDS)  # after the checkpoint they lead up to
             self._retain()
             self._current = True
         except Exception as exc:  # a network or store failure: the local checkpoint stands
@@ -302,11 +315,11 @@ def _link(source: Path, target: Path) -> Path:
 
 
 def _copy_records(run_dir: Path, target: Path) -> Path:
-    """`target` holding copies of the run's record files (RECORD_FILES) as they are now: they are
+    """`target` holding copies of the run's record files (RECORDS) as they are now: they are
     appended to and rewritten in place while the upload reads them."""
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
-    for name in RECORD_FILES:
+    for name in RECORDS:
         if (run_dir / name).is_file():
             shutil.copy2(run_dir / name, target / name)
     return target
