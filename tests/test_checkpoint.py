@@ -268,3 +268,49 @@ def test_a_sharded_checkpoints_state_json_is_sealed_too(tmp_path, one_rank_group
     assert {"dcp/__0_0.distcp", "optim.pt", "state.json"} <= set(json.loads(text)["manifest"])
     (newest / "state.json").write_text(text.replace('"lr_scale": 1.0', '"lr_scale": 9.0'))
     assert latest_valid(tmp_path)[0].name == "step_000005"
+
+
+def killed_while_saving_again(run_dir, step):
+    """checkpoints/ as a process killed inside _replace_dir leaves it when saving `step` again:
+    step_N renamed aside (its first rename), the new copy never renamed into place."""
+    final = checkpoint_root(run_dir) / f"step_{step:06d}"
+    aside = final.with_name(f".tmp_{final.name}_replaced_4242")
+    os.replace(final, aside)
+    return aside
+
+
+def test_a_step_a_killed_process_was_saving_again_is_put_back_and_resumed_from(tmp_path, caplog):
+    """A kill between _replace_dir's two renames left step 40 only in its aside copy: resume took
+    step 20, and the next save's cleanup deleted the copy (the trained steps 20..40 lost). Resume
+    puts it back as step_40 and resumes from it; the copy goes only once step_40 is in place."""
+    from trimtab.training.resume import resume_point
+
+    cfg = load_config(preset="debug", sets=[f"out={tmp_path}", "train.max_steps=100"])
+    for step in (20, 40):
+        state = {"train": {"step": step, "lr_scale": 1.0}, "data": {"cursor": 32 * step}}
+        save_checkpoint(tmp_path, step, Tied().state_dict(), {"optimizer": {}}, state, keep=3)
+    aside = killed_while_saving_again(tmp_path, 40)
+    with caplog.at_level(logging.WARNING):
+        path, state = resume_point(cfg, OneProcess())
+    assert path.name == "step_000040" and state["data"]["cursor"] == 1280
+    assert not aside.exists() and f"put back as {path}" in caplog.text
+    assert not (checkpoint_root(tmp_path) / "corrupt").exists()
+    # the next save's cleanup (prune) puts one back too, and deletes one only beside its step_N
+    aside = killed_while_saving_again(tmp_path, 40)
+    save(tmp_path, 60)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000020", "step_000040", "step_000060"]
+    assert not list(checkpoint_root(tmp_path).glob(".tmp*"))
+    save(tmp_path, 60)  # saved again, undisturbed: the aside copy is gone
+    assert not list(checkpoint_root(tmp_path).glob(".tmp*"))
+
+
+def test_an_invalid_only_copy_of_a_step_is_said_and_kept_not_put_back(tmp_path, caplog):
+    for step in (20, 40):
+        save(tmp_path, step)
+    aside = killed_while_saving_again(tmp_path, 40)
+    (aside / "optim.pt").write_bytes(b"damaged")
+    with caplog.at_level(logging.WARNING):
+        assert latest_valid(tmp_path)[0].name == "step_000020"
+    assert f"{aside}: the only copy of step_000040, not put back" in caplog.text
+    save(tmp_path, 30)  # its cleanup leaves it for a person to look at
+    assert aside.is_dir() and not (checkpoint_root(tmp_path) / "step_000040").exists()

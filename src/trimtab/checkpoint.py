@@ -54,6 +54,8 @@ STEP_DIR = re.compile(r"^step_(\d{6,})$")
 SHARDED = "dcp"  # the torch.distributed.checkpoint directory of a sharded checkpoint
 STATE = "state.json"  # sealed by its own manifest entry (_sealed); written last, inside the temp dir
 CORRUPT = "corrupt"  # checkpoints/corrupt/: corrupt checkpoints set aside at resume
+REPLACED = "_replaced_"  # .tmp_step_N_replaced_<pid>: step_N renamed aside while it is saved again
+_REPLACING: set[Path] = set()  # this process's aside copies whose replacement is under way
 _OS_ERROR = re.compile(r"os error (\d+)")
 NEARLY_FULL = 16 << 20  # bytes free below which a writer's errno-less failure is taken as ENOSPC
 # What state.json's "format" says this code writes: raise it when a change to what a checkpoint holds
@@ -213,19 +215,50 @@ def _replace_dir(tmp: Path, final: Path) -> None:
     """Rename `tmp` to `final`. One there already (a step saved again after a rollback restored
     it) is renamed aside first and deleted only once the new one is in place: deleting it first
     would leave a killed process no copy of the step, or a half-deleted one that fails its
-    manifest, for as long as the deletion of a checkpoint's gigabytes takes. Its aside name is a
-    temp dir's, which prune() removes when a kill left it."""
-    old = final.with_name(f".tmp_{final.name}_replaced_{os.getpid()}")
-    if final.exists():
-        os.replace(final, old)
+    manifest, for as long as the deletion of a checkpoint's gigabytes takes. A kill between the
+    two renames leaves the step only in its aside copy: put_back_replaced makes it step_N again."""
+    old = final.with_name(f".tmp_{final.name}{REPLACED}{os.getpid()}")
+    _REPLACING.add(old)
     try:
-        os.replace(tmp, final)
-    except BaseException:
-        if old.exists():
-            os.replace(old, final)
-        raise
-    _fsync(final.parent)
-    shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            os.replace(final, old)
+        try:
+            os.replace(tmp, final)
+        except BaseException:
+            if old.exists():
+                os.replace(old, final)
+            raise
+        _fsync(final.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        _REPLACING.discard(old)
+
+
+def put_back_replaced(root: Path) -> list[Path]:
+    """Each aside copy of a step saved again (_replace_dir) whose step_N is missing, valid, renamed
+    back to step_N: a process killed between _replace_dir's two renames had it nowhere else. One
+    whose step_N is in place is left for prune() to delete; an invalid one is left as it is (said).
+    Returns the steps put back. A folder this process may not rename in (another run's, read for
+    train.init_from) is only read: the copy is said, and the resume takes an older step."""
+    restored = []
+    for aside in sorted(root.glob(f".tmp_step_*{REPLACED}*")) if root.is_dir() else []:
+        final = _replaced_step(aside)
+        if aside in _REPLACING or final.exists() or not STEP_DIR.match(final.name):
+            continue  # a replacement under way in this process (a background save), or nothing lost
+        try:
+            verify(aside)
+            os.replace(aside, final)
+        except (CheckpointError, OSError) as exc:
+            log.warning("%s: the only copy of %s, not put back (%s)", aside, final.name, exc)
+            continue
+        log.warning("%s: put back as %s (a process was killed while saving that step again)", aside, final)
+        restored.append(final)
+    return restored
+
+
+def _replaced_step(aside: Path) -> Path:
+    """The step_N an aside copy (.tmp_step_N_replaced_<pid>) was renamed from."""
+    return aside.with_name(aside.name.removeprefix(".tmp_").partition(REPLACED)[0])
 
 
 def digest_files(paths: list[Path], base: Path) -> dict[str, dict[str, Any]]:
@@ -237,10 +270,13 @@ def prune(run_dir: Path, keep: int, protect: tuple[int, ...] = ()) -> list[Path]
     """Delete all but the newest `keep` checkpoints (and the `protect` steps); returns the deleted."""
     if dist.is_initialized() and dist.get_rank() != 0:
         return []  # data parallelism: one writer of the shared checkpoint directory (rank 0)
+    put_back_replaced(checkpoint_root(run_dir))  # before the stale temp dirs go: it may be a step's only copy
     gone = [path for path in list_checkpoints(run_dir)[:-keep] if _step_of(path) not in protect]
     for path in gone:
         shutil.rmtree(path, ignore_errors=True)
     for stale in checkpoint_root(run_dir).glob(".tmp_step_*"):  # left by a killed writer
+        if REPLACED in stale.name and not _replaced_step(stale).exists():
+            continue  # an invalid only copy, said by put_back_replaced: kept for a person to look at
         shutil.rmtree(stale, ignore_errors=True)
     return gone
 
@@ -279,7 +315,9 @@ def check_format(path: Path, state: dict[str, Any]) -> None:
 
 def latest_valid(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     """Newest checkpoint that verifies; corrupt newer ones are skipped with a warning (what happens
-    instead is the caller's to say: an older one, or none)."""
+    instead is the caller's to say: an older one, or none). A step whose only copy a killed save
+    left aside is put back first (put_back_replaced)."""
+    put_back_replaced(checkpoint_root(run_dir))
     for path in reversed(list_checkpoints(run_dir)):
         try:
             return path, verify(path)
