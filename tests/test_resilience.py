@@ -737,10 +737,12 @@ def test_a_straggler_node_is_excluded_and_the_job_goes_on_without_it(elastic):
     decisions, reference = found["decisions"], found["reference"]
     (named,) = [d for d in decisions if d["rule"] == "straggler"]
     assert named["action"] == "exclude_node" and named["params"] == {"node": 1} and named["evidence"]["ranks"] == [1]
-    (restart,) = [d["evidence"] for d in decisions if d["rule"] == "restart"]
+    # a loaded host may start the job on node 0 alone (node 1's agent later than the rendezvous's last
+    # call) and grow it to both at step 0: that restart is not the exclusion's
+    (restart,) = [d["evidence"] for d in decisions if d["rule"] == "restart" and d["step"] > 0]
     assert restart["kind"] == "excluded" and restart["nodes_to_blame"] == [1] and restart["steps_lost"] == 0
     assert restart["resumed_step"] == named["step"] and restart["world_after"] == 1
-    (session,) = found["sessions"]
+    (session,) = [s for s in found["sessions"] if s["steps"] and s["steps"][0]["step"] > named["step"]]
     assert [s["step"] for s in session["steps"]] == list(range(named["step"] + 1, found["steps"] + 1))
     for ours in session["steps"]:
         theirs = [rank["steps"][ours["step"] - 1] for rank in reference]
