@@ -9,6 +9,7 @@ Nothing else imports it.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -73,6 +74,10 @@ def _train(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
             return 130  # 128 + SIGINT, as a shell reports a process Ctrl-C ended
+    # the run's objects (its process groups, with their gloo threads holding tensors) freed while the
+    # interpreter is whole: destroyed during its finalization, a rank can abort at exit (SIGABRT,
+    # "terminate called without an active exception", pytorch/pytorch#179291)
+    gc.collect()
     from trimtab.distributed import is_main
 
     if is_main():  # torchrun: one summary for the job

@@ -32,6 +32,7 @@ import logging
 import os
 import signal
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from datetime import timedelta
@@ -162,6 +163,7 @@ class Parallel(Checkpoints):
             dist.barrier(group=cpu_group())
             self._contexts.close()
             dist.destroy_process_group()
+            set_cpu_group(None)  # NCCL runs' gloo side group: nothing keeps it past the run
             self.owns_group = False
 
     # -------------------------------------------------------------- setup: who reads, who writes
@@ -244,7 +246,10 @@ class Parallel(Checkpoints):
                 forward_sync_buffers=False,
                 find_unused_parameters=self.find_unused,
             )
-            self.ddp.register_comm_hook(self, _sum_hook)
+            # the hook's state is a weak proxy: the reducer (C++) holding this object would close a cycle
+            # Parallel -> DDP -> reducer -> Parallel that the garbage collector cannot see, and every
+            # process group (each with its gloo threads) would outlive the run into the process's exit
+            self.ddp.register_comm_hook(weakref.proxy(self), _sum_hook)
             self.ddp.require_backward_grad_sync = False  # forwards never arm the all-reduce: agree() does
             return self.ddp
         fully_shard_model(self, model, compile, precision)
