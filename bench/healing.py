@@ -117,6 +117,8 @@ def scenarios(steps: int, micro_batch_tokens: int) -> dict[str, list[str]]:
         "expert_collapse": [f"expert_collapse@{steps // 4}"],
         # a fault before any checkpoint but the initial one: NaN loss, then NaN weights
         "early_fault": ["nan_loss@3", "weights_nan@5"],
+        # garbage in the LR's warm-up: its updates' gain looks like an LR far too high's
+        "bad_data_warmup": [f"bad_batch@{max(steps // 24, 2)}:4"],
         # a long stretch of garbage early in training, while the loss still falls steeply
         "bad_data_early_long": [f"bad_batch@{steps // 8}:{steps // 8}"],
         # a quarter of the rows of 8 steps are garbage: what the row attribution must pick out

@@ -147,6 +147,8 @@ class InstabilityLadder(EarlySpikes):
         floor; the cut is never given back (restoring would return to the cause). At the floor,
         the ladder's last rungs: a rollback, then a stop."""
         self.ladder.last_step = f.step
+        if "jumped_steps" in f.evidence:
+            return self._warm_up_rows(f, view)
         floor = self.cfg.min_lr_scale / view.lr_scale
         if floor >= 1 - 1e-6 and ("warm_grad_norm" in f.evidence or "unigram" in f.evidence):
             return Remedy(  # at the floor: a replay would repeat itself
@@ -190,6 +192,41 @@ class InstabilityLadder(EarlySpikes):
                 commit=lambda: cut(last_good),
             )
         return Remedy(action="scale_lr", params={"factor": factor}, reasoning=why, commit=cut)
+
+    def _warm_up_rows(self, f: Finding, view: Any) -> Remedy:
+        """The first steps' updates overshot only on steps whose loss jumped back up (or such steps
+        delivered less than the rest): those steps' rows, not the LR (blamed once a phase; the LR
+        if it comes back). The model is too young to score rows one by one (every row scores near
+        the start), so the jump is the evidence: restore the phase's first checkpoint and train
+        again without them, the LR as it was; with no rollback left, leave them out of the rest."""
+        rows, start = f.evidence["rows"], f.evidence["since"] - 1
+        steps = ", ".join(map(str, f.evidence["jumped_steps"]))
+        if "gain_rest" in f.evidence:
+            seen = (
+                f"over the phase's first steps the updates delivered {f.evidence['gain']:.2f} of the loss decrease "
+                f"their gradient promised, but only the steps whose loss jumped back up ({steps}) fell short: the "
+                f"others delivered {f.evidence['gain_rest']:.2f}, as a sound LR does; an LR too high shows on "
+                "every step"
+            )
+        else:
+            seen = (
+                f"over the phase's first steps the loss jumped back up at steps {steps}, and their updates delivered "
+                "less of the loss decrease their gradient promised than the phase's median "
+                f"({f.evidence['median_gain']:.2f}): an LR too high shows on every step, and a jump it causes "
+                "delivers more as the loss falls back"
+            )
+        why = f"{seen}; the {len(rows)} rows of those steps are to blame (garbage makes a young model's loss jump back)"
+        evidence = {"rows_outliers": len(rows), "jumped_steps": f.evidence["jumped_steps"]}
+        if self.rollbacks < self.cfg.max_rollbacks and view.has_checkpoint(start):
+            return Remedy(
+                action="rollback",
+                params={"to": start, "skip_rows": rows},
+                reasoning=why + f"; they trained the weights since step {start}: restore it and train again without "
+                "them, the LR as it was",
+                evidence=evidence,
+                commit=lambda: self._rolled_back(f.step, start, broken=False),
+            )
+        return self._leave_out(rows, why + ": leave them out of the rest of the run", evidence)
 
     def _data(self, view: Any, probe: float) -> Remedy | None:
         """The model still scores held-out data as well as at the last good checkpoint, so the bad

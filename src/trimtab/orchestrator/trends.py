@@ -49,6 +49,12 @@ class Divergence(Monitor):
 
 HALTED = 0.2  # a descent under this share of the phase's fastest has halted, not slowed down
 HORIZON = 4  # windows after the warm-up (and the first gain_steps) over which a stall at the unigram level is judged
+# A gain-window step whose loss went back up by more than half the phase's fall so far (and JUMP nats)
+# trained on rows unlike the ones before: its low gain is its data's, not the LR's. Garbage tokens at
+# steps 5-8 of debug's warm-up: 6.04 -> 6.26 (the start 6.25), gains 0.30-0.36 against 0.68-0.97 before.
+JUMP = 0.05
+MIN_REST = 3  # gain-window steps without a jump that must vouch for the LR before their data is blamed
+MIN_JUMPS = 2  # jumped steps the phase's first steps must hold to blame their rows without a low median gain
 
 
 class AboveStart(Monitor):
@@ -77,7 +83,11 @@ class AboveStart(Monitor):
     own batch). So for the phase's first `gain_steps` steps the rule has the gain measured, and the
     median of the last `gain_window` below `min_gain` is a finding too: 0.6-1.0 at the presets'
     LR over those steps (dense, MoE, MoD, hybrid; later, MoD's routing capacity warm-up pulls it
-    to 0.3 with a sound LR), 0.1-0.25 at 30x."""
+    to 0.3 with a sound LR), 0.1-0.25 at 30x.
+
+    Garbage rows among those first steps pull the gain down too (and leave a young model slow for
+    the rest of the run): an LR too high shows on every step, garbage only on its own, whose loss
+    jumps back up. Such steps' rows are blamed instead, once a phase (`_low`, `_jumps_found`)."""
 
     rule, family = "above_start", "instability"
 
@@ -92,6 +102,11 @@ class AboveStart(Monitor):
         self.losses: list[float] = []  # the last 2 x window losses (the collapse's stall)
         self.fired = False  # a finding in this phase: the LR was far too high (kept across rollbacks)
         self.gains: list[float] = []  # update gains of the phase's first gain_steps steps
+        # ... and for each, the step and rows where its loss jumped (None: it did not)
+        self.jumped: list[dict[str, Any] | None] = []
+        self.lowest: float | None = None  # the phase's lowest loss so far
+        self.early_jumps: list[dict[str, Any]] = []  # every jumped step of the phase's first gain_steps
+        self.data_read = False  # a finding blamed those steps' rows in this phase (kept across rollbacks)
         self.unigram: float | None = None  # the phase's training targets' unigram entropy (set by the orchestrator)
         self.rising_at = 0  # the last step the schedule raised the LR (its warm-up)
         self.last_lr = 0.0  # the schedule's LR of the last step seen
@@ -141,9 +156,12 @@ class AboveStart(Monitor):
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        fired = self.fired  # a rollback restores the weights, not the LR the finding cut: still suspect
+        fired, data_read = self.fired, self.data_read  # a rollback restores the weights, not the LR the finding cut
         super().load_state_dict(state)
         self.fired = fired or bool(state.get("fired"))
+        self.data_read = data_read or bool(state.get("data_read"))
+        if len(self.jumped) != len(self.gains):  # a checkpoint from before the jumps were kept
+            self.jumped = [None] * len(self.gains)
 
     def wants_gain(self, step: int) -> bool:
         """Whether step `step` of this phase is among its first gain_steps (None: none seen yet)."""
@@ -160,32 +178,100 @@ class AboveStart(Monitor):
         return step <= warm + HORIZON * self.cfg.window
 
     def _overshoot(self, m: StepMetrics) -> Finding | None:
-        """The update gain's median over the last gain_window measured steps under min_gain."""
+        """The update gain's median over the last gain_window measured steps under min_gain. Where
+        the low gains are those of steps whose loss jumped (and the other steps' median, over
+        MIN_REST or more, is sound), the jumped steps' rows are to blame, once a phase (`data_read`)."""
+        jump = self._jump(m)
+        if jump is not None and self.wants_gain(m.step):
+            self.early_jumps.append(jump)
         if m.update_gain is None or not math.isfinite(m.update_gain):
             return None
         window = self.cfg.gain_window
         self.gains = (self.gains + [m.update_gain])[-window:]
+        self.jumped = (self.jumped + [jump])[-window:]
         self.first_gains.append(m.update_gain)
+        last = not self.wants_gain(m.step + 1)  # the phase's last measured step: its jumps are judged
         if len(self.gains) < window:
-            return None
+            return self._jumps_found(m) if last else None
         gain = sorted(self.gains)[window // 2]
         if gain >= self.cfg.min_gain:
-            return None
-        self.gains, self.over, self.fired, self.grads = [], [], True, []
+            return self._jumps_found(m) if last else None
+        rest = sorted(g for g, j in zip(self.gains, self.jumped) if j is None)
+        jumped = self._low([j for j in self.jumped if j is not None])
+        data = not self.data_read and jumped and len(rest) >= MIN_REST and rest[len(rest) // 2] >= self.cfg.min_gain
+        evidence = {
+            "loss": m.loss,
+            "start": self.start,
+            "gain": gain,
+            "min_gain": self.cfg.min_gain,
+            "gain_window": window,
+            "since": self.first_step if self.first_step is not None else m.step,
+        }
+        self.gains, self.jumped, self.over, self.grads = [], [], [], []
+        if data:
+            steps = self._blame_jumps(evidence, jumped)
+            evidence["gain_rest"] = rest[len(rest) // 2]
+            return self.finding(
+                m,
+                evidence,
+                f"the updates delivered {gain:.2f} of the loss decrease their gradient promised (median of {window} "
+                f"steps), but the low ones are steps {steps[0]}-{steps[-1]}, whose loss jumped back up; the "
+                f"others delivered {evidence['gain_rest']:.2f}: those steps' rows, not the LR",
+                0.6,
+            )
+        self.fired = True
         return self.finding(
             m,
-            {
-                "loss": m.loss,
-                "start": self.start,
-                "gain": gain,
-                "min_gain": self.cfg.min_gain,
-                "gain_window": window,
-                "since": self.first_step if self.first_step is not None else m.step,
-            },
+            evidence,
             f"the updates delivered {gain:.2f} of the loss decrease their gradient promised (median of {window} "
             f"steps, under {self.cfg.min_gain:g}): they overshoot",
             0.7 + 0.3 * min(1.0, (self.cfg.min_gain - gain) / self.cfg.min_gain),
         )
+
+    def _jumps_found(self, m: StepMetrics) -> Finding | None:
+        """At the phase's last measured step, MIN_JUMPS or more steps whose loss jumped back up and
+        whose updates delivered less than the phase's median gain, not blamed yet: garbage whose
+        gains did not pull the median under min_gain (debug-hybrid, bad_batch@5:4: 0.28-0.63, the
+        model then slow for the rest of the run, 4.77 against 4.13 clean), blamed once a phase."""
+        jumps = self._low(self.early_jumps)
+        if self.data_read or len(jumps) < MIN_JUMPS:
+            return None
+        gains = sorted(self.first_gains)
+        evidence = {"loss": m.loss, "start": self.start, "median_gain": gains[len(gains) // 2]}
+        evidence["since"] = self.first_step if self.first_step is not None else m.step
+        steps = self._blame_jumps(evidence, jumps)
+        return self.finding(
+            m,
+            evidence,
+            f"over the phase's first {self.cfg.gain_steps} steps the loss jumped back up at steps "
+            f"{', '.join(map(str, steps))}, whose updates delivered less than the phase's median gain: those "
+            "steps' rows",
+            0.6,
+        )
+
+    def _blame_jumps(self, evidence: dict[str, Any], jumped: list[dict[str, Any]]) -> list[int]:
+        """The jumped steps and their rows into a finding's evidence, once a phase; their steps."""
+        self.data_read = True
+        steps = [j["step"] for j in jumped]
+        evidence |= {"jumped_steps": steps, "rows": sorted({r for j in jumped for r in j["rows"]})}
+        return steps
+
+    def _low(self, jumps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The jumped steps whose update delivered less than the phase's median gain: garbage's. A
+        jump an LR too high caused (its step before overshot: debug-moe at 3x, gain -0.66 at step 8,
+        the loss up 0.47 at 9) delivers more than most as the loss falls back (1.21)."""
+        gains = sorted(self.first_gains)
+        median = gains[len(gains) // 2] if gains else -math.inf
+        return [j for j in jumps if j.get("gain") is not None and j["gain"] < median]
+
+    def _jump(self, m: StepMetrics) -> dict[str, Any] | None:
+        """This step's rows when its loss rose over the phase's lowest before it by more than half
+        the phase's fall to that lowest (and JUMP nats); None otherwise. Keeps the lowest."""
+        lowest = self.start if self.lowest is None else self.lowest
+        self.lowest = min(lowest, m.loss)
+        if self.start is None or m.loss <= lowest + max(JUMP, 0.5 * (self.start - lowest)):
+            return None
+        return {"step": m.step, "rows": list(m.rows), "gain": m.update_gain}
 
     def _medians(self) -> tuple[float, float] | None:
         """The loss's median over the window before the last `window` steps, and over those."""
@@ -230,7 +316,7 @@ class AboveStart(Monitor):
         self.held = self.held + 1 if held else 0
         if self.held < window or not self.keeps_start(m.step):  # held a whole window: no passing pause
             return None
-        self.losses, self.gains, self.over, self.fired, self.grads = [], [], [], True, []
+        self.losses, self.gains, self.jumped, self.over, self.fired, self.grads = [], [], [], [], True, []
         return self.finding(
             m,
             {
