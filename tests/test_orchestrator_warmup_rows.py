@@ -67,6 +67,20 @@ def test_jumped_steps_that_delivered_less_are_blamed_at_the_end_of_the_first_ste
     assert _observe(mon, HYBRID) == []
 
 
+def test_jumps_are_not_blamed_on_the_rows_while_the_lr_is_cut_or_found_too_high():
+    """A replay at an LR cut for being far too high jumps too (debug at 100x, cut to 10x: steps 11-12;
+    a finetuning phase at 30x cut twice): the LR's, not the rows'."""
+    cut = AboveStart(OrchestratorConfig())
+    findings = []
+    for step, (loss, gain) in enumerate(HYBRID, 1):
+        m = StepMetrics(step=step, loss=loss, grad_norm=1.0, update_gain=gain, rows=[step], lr_scale=0.1)
+        findings += [f] if (f := cut.observe(m)) is not None else []
+    assert findings == []
+    found = AboveStart(OrchestratorConfig())
+    found.fired = True  # the loss above its start, or overshooting updates, earlier in the phase
+    assert _observe(found, HYBRID) == []
+
+
 # debug-moe at 3x the LR (measured): step 8 overshoots (gain -0.66) and the loss jumps at 9, whose
 # update delivers more than most (1.21) as it falls back; the stall at the unigram level follows
 MOE_3X = [(6.256, 0.842), (6.183, 0.595), (6.018, 0.549), (5.911, 0.69), (5.769, 0.673), (5.599, 0.371)]

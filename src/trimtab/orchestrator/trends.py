@@ -198,7 +198,7 @@ class AboveStart(Monitor):
             return self._jumps_found(m) if last else None
         rest = sorted(g for g, j in zip(self.gains, self.jumped) if j is None)
         jumped = self._low([j for j in self.jumped if j is not None])
-        data = not self.data_read and jumped and len(rest) >= MIN_REST and rest[len(rest) // 2] >= self.cfg.min_gain
+        data = self._blamable(jumped, m) and len(rest) >= MIN_REST and rest[len(rest) // 2] >= self.cfg.min_gain
         evidence = {
             "loss": m.loss,
             "start": self.start,
@@ -234,8 +234,18 @@ class AboveStart(Monitor):
         gains did not pull the median under min_gain (debug-hybrid, bad_batch@5:4: 0.28-0.63, the
         model then slow for the rest of the run, 4.77 against 4.13 clean), blamed once a phase."""
         jumps = self._low(self.early_jumps)
-        if self.data_read or len(jumps) < MIN_JUMPS:
-            return None
+        rest = list(self.first_gains)
+        for j in self.early_jumps:
+            if j["gain"] in rest:
+                rest.remove(j["gain"])
+        rest.sort()
+        if (
+            not self._blamable(jumps, m)
+            or len(jumps) < MIN_JUMPS
+            or not rest
+            or rest[len(rest) // 2] < self.cfg.min_gain
+        ):
+            return None  # the other steps' updates overshoot too: the LR's
         gains = sorted(self.first_gains)
         evidence = {"loss": m.loss, "start": self.start, "median_gain": gains[len(gains) // 2]}
         evidence["since"] = self.first_step if self.first_step is not None else m.step
@@ -248,6 +258,12 @@ class AboveStart(Monitor):
             "steps' rows",
             0.6,
         )
+
+    def _blamable(self, jumps: list[dict[str, Any]], m: StepMetrics) -> bool:
+        """Whether jumped steps may be blamed: some, none blamed yet this phase, and the LR neither
+        found too high in it nor cut (its jumps are the LR's: debug at 100x jumped at steps 11-12 of
+        the replay at 10x; a finetuning phase at 30x, cut twice, in its second replay)."""
+        return bool(jumps) and not self.data_read and not self.fired and m.lr_scale >= 1 - 1e-6
 
     def _blame_jumps(self, evidence: dict[str, Any], jumped: list[dict[str, Any]]) -> list[int]:
         """The jumped steps and their rows into a finding's evidence, once a phase; their steps."""
