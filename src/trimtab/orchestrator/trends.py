@@ -57,6 +57,12 @@ MIN_REST = 3  # gain-window steps without a jump that must vouch for the LR befo
 MIN_JUMPS = 2  # jumped steps the phase's first steps must hold to blame their rows without a low median gain
 
 
+def _mid(values: list[float]) -> float | None:
+    """The upper median of `values` (the rule's medians of an even count take the higher middle); None if empty."""
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else None
+
+
 class AboveStart(Monitor):
     """The loss above where the phase started, `patience` steps in a row (skipped steps left out).
 
@@ -196,9 +202,9 @@ class AboveStart(Monitor):
         gain = sorted(self.gains)[window // 2]
         if gain >= self.cfg.min_gain:
             return self._jumps_found(m) if last else None
-        rest = sorted(g for g, j in zip(self.gains, self.jumped) if j is None)
+        rest = [g for g, j in zip(self.gains, self.jumped) if j is None]
         jumped = self._low([j for j in self.jumped if j is not None])
-        data = self._blamable(jumped, m) and len(rest) >= MIN_REST and rest[len(rest) // 2] >= self.cfg.min_gain
+        data = self._blamable(jumped, m) and len(rest) >= MIN_REST and _mid(rest) >= self.cfg.min_gain
         evidence = {
             "loss": m.loss,
             "start": self.start,
@@ -210,7 +216,7 @@ class AboveStart(Monitor):
         self.gains, self.jumped, self.over, self.grads = [], [], [], []
         if data:
             steps = self._blame_jumps(evidence, jumped)
-            evidence["gain_rest"] = rest[len(rest) // 2]
+            evidence["gain_rest"] = _mid(rest)
             return self.finding(
                 m,
                 evidence,
@@ -238,16 +244,10 @@ class AboveStart(Monitor):
         for j in self.early_jumps:
             if j["gain"] in rest:
                 rest.remove(j["gain"])
-        rest.sort()
-        if (
-            not self._blamable(jumps, m)
-            or len(jumps) < MIN_JUMPS
-            or not rest
-            or rest[len(rest) // 2] < self.cfg.min_gain
-        ):
+        sound = _mid(rest)
+        if not self._blamable(jumps, m) or len(jumps) < MIN_JUMPS or sound is None or sound < self.cfg.min_gain:
             return None  # the other steps' updates overshoot too: the LR's
-        gains = sorted(self.first_gains)
-        evidence = {"loss": m.loss, "start": self.start, "median_gain": gains[len(gains) // 2]}
+        evidence = {"loss": m.loss, "start": self.start, "median_gain": _mid(self.first_gains)}
         evidence["since"] = self.first_step if self.first_step is not None else m.step
         steps = self._blame_jumps(evidence, jumps)
         return self.finding(
@@ -276,9 +276,8 @@ class AboveStart(Monitor):
         """The jumped steps whose update delivered less than the phase's median gain: garbage's. A
         jump an LR too high caused (its step before overshot: debug-moe at 3x, gain -0.66 at step 8,
         the loss up 0.47 at 9) delivers more than most as the loss falls back (1.21)."""
-        gains = sorted(self.first_gains)
-        median = gains[len(gains) // 2] if gains else -math.inf
-        return [j for j in jumps if j.get("gain") is not None and j["gain"] < median]
+        median = _mid(self.first_gains)
+        return [j for j in jumps if median is not None and j.get("gain") is not None and j["gain"] < median]
 
     def _jump(self, m: StepMetrics) -> dict[str, Any] | None:
         """This step's rows when its loss rose over the phase's lowest before it by more than half
@@ -342,7 +341,7 @@ class AboveStart(Monitor):
                 "unigram": self.unigram,
                 "unigram_margin": self.cfg.unigram_margin,
                 "window": window,
-                "first_gain": sorted(self.first_gains)[len(self.first_gains) // 2] if self.first_gains else None,
+                "first_gain": _mid(self.first_gains),
                 "since": self.first_step if self.first_step is not None else m.step,
             },
             f"loss {level:.3f} (median of {window} steps) stalls at the {self.unigram:.3f} of predicting each token "
