@@ -55,6 +55,7 @@ CONFIG = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 DECISIONS_FILE = "decisions.jsonl"
 GOODPUT_FILE = "goodput.json"  # where the run's wall time went, by session (resilience/goodput.py)
+STEP_FILE = "goodput.step"  # the goodput ledger's mark of the last step a session completed
 PLAN_STATUS_FILE = "plan_status.jsonl"
 SUMMARY = "summary.json"
 LOCK = ".lock"

@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 from trimtab.errors import ConfigError, NewerCheckpointError, TrimtabError
 from trimtab.extras import require
 from trimtab.paths import cache_dir
-from trimtab.rundir import DECISIONS_FILE, GOODPUT_FILE, METRICS_FILE, write_atomic
+from trimtab.rundir import DECISIONS_FILE, GOODPUT_FILE, METRICS_FILE, STEP_FILE, write_atomic
 
 log = logging.getLogger(__name__)
 MANIFEST = "state.json"  # written last: its presence is what makes an uploaded checkpoint complete
@@ -53,8 +53,10 @@ RUN_FILES = ("config.yaml", "tokenizer.json", "tokenizer_config.json", "hf_sourc
 WRITER = "writer.json"
 _PROCESS = uuid.uuid4().hex  # this process: every Remote it opens writes as the same writer
 # the run's record, uploaded again with each checkpoint (a fresh machine goes on with its loss
-# curve, its decisions and its goodput ledger; a resume drops the lines past its checkpoint)
-RECORD_FILES = (METRICS_FILE, DECISIONS_FILE, GOODPUT_FILE)
+# curve, its decisions and its goodput ledger, with the ledger's mark of the last step done: without
+# it a fresh machine's restart incident could not say a lost session's steps lost exactly,
+# resilience/incidents.py; a resume drops the lines past its checkpoint)
+RECORD_FILES = (METRICS_FILE, DECISIONS_FILE, GOODPUT_FILE, STEP_FILE)
 STEP = re.compile(r"^step_(\d{6,})$")
 # stores whose first path component is a bucket (it must exist; nothing here creates one)
 BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}

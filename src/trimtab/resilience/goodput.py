@@ -34,11 +34,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trimtab.rundir import GOODPUT_FILE, read_json, write_json
+from trimtab.rundir import GOODPUT_FILE, STEP_FILE, read_json, write_json
 
 BUCKETS = ("productive", "redone", "checkpoint", "evaluation", "start_up", "other")
 WRITE_S = 1.0  # the ledger's freshness: what a lost session's record can miss
-STEP_FILE = "goodput.step"
 MARK_BYTES = 64  # the mark's fixed size: each write covers the last whole, so no truncate is needed
 
 

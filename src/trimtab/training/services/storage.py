@@ -26,7 +26,7 @@ from trimtab.config import DataConfig, RunConfig, derive, read_saved
 from trimtab.config.checks import leaves
 from trimtab.config.model import LIVE_MODEL_KEYS
 from trimtab.errors import ConfigError, SavedConfigError
-from trimtab.resilience.goodput import STEP_FILE, add_after_end
+from trimtab.resilience.goodput import add_after_end
 from trimtab.storage import (
     RECORD_FILES,
     RUN_FILES,
@@ -46,10 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 WAIT_WARN_S = 5.0  # training held this long by the upload before it is said (a slow or unreachable store)
-# the record uploaded with each checkpoint and restored with it: storage's, and the goodput ledger's
-# mark of the last step done (without it a fresh machine's restart incident could not say a lost
-# session's steps lost exactly: resilience/incidents.py)
-RECORDS = (*RECORD_FILES, STEP_FILE)
 
 
 def open_store(cfg: RunConfig) -> Remote | None:
@@ -110,7 +106,7 @@ def restore_from(remote: Remote, run_dir: Path, also: tuple[str, ...] = ()) -> t
     lacks and the newest valid checkpoint in `remote`, downloaded and verified, and the `also`
     steps (the step-0 checkpoint RL's KL term and DPO read their reference from: reference_steps);
     None: none there."""
-    got = remote.get_run_files(run_dir, RUN_FILES + RECORDS)
+    got = remote.get_run_files(run_dir, RUN_FILES + RECORD_FILES)
     if got:
         log.info("restored %s from %s/run", ", ".join(got), remote.url)
     found = restore(remote, checkpoint_root(run_dir), verify)
@@ -237,7 +233,7 @@ class RemoteCheckpoints(Hook):
         try:
             self._retain()
             if self._current:  # records past the store's newest checkpoint would not match it
-                self.remote.put_run_files(self.run_dir, RECORDS)
+                self.remote.put_run_files(self.run_dir, RECORD_FILES)
         except Exception as exc:
             log.warning(
                 "%s: not pruned, or the run's record not uploaded at its end (%s: %s)",
@@ -267,7 +263,7 @@ class RemoteCheckpoints(Hook):
             held = tuple(name for name in RUN_FILES if (self.run_dir / name).is_file())
             self.remote.put_run_files(self.run_dir, self.remote.lacks(held))  # the first, or the store lost them
             self.remote.upload(links)
-            self.remote.put_run_files(records, RECORDS)  # after the checkpoint they lead up to
+            self.remote.put_run_files(records, RECORD_FILES)  # after the checkpoint they lead up to
             self._retain()
             self._current = True
         except Exception as exc:  # a network or store failure: the local checkpoint stands
@@ -315,11 +311,11 @@ def _link(source: Path, target: Path) -> Path:
 
 
 def _copy_records(run_dir: Path, target: Path) -> Path:
-    """`target` holding copies of the run's record files (RECORDS) as they are now: they are
+    """`target` holding copies of the run's record files (RECORD_FILES) as they are now: they are
     appended to and rewritten in place while the upload reads them."""
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
-    for name in RECORDS:
+    for name in RECORD_FILES:
         if (run_dir / name).is_file():
             shutil.copy2(run_dir / name, target / name)
     return target
