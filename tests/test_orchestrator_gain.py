@@ -9,8 +9,8 @@ from test_orchestrator_loop import debug_cfg, final_weights, train_lines
 from trimtab.config import OrchestratorConfig, load_config
 from trimtab.errors import ConfigError
 from trimtab.model import build_model
-from trimtab.orchestrator.ladder import _too_high_factor
 from trimtab.orchestrator.monitors import StepMetrics
+from trimtab.orchestrator.too_high import _too_high_factor
 from trimtab.orchestrator.trends import AboveStart
 from trimtab.rundir import read_decisions
 from trimtab.training.gain import GainProbe, grad_dot_weights

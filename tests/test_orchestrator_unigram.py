@@ -12,8 +12,8 @@ import trimtab
 from test_orchestrator_loop import debug_cfg
 from trimtab.config import OrchestratorConfig
 from trimtab.data.packing import ConcatRows, Rows, unigram_entropy
-from trimtab.orchestrator.ladder import _too_high_factor
 from trimtab.orchestrator.monitors import StepMetrics
+from trimtab.orchestrator.too_high import _too_high_factor
 from trimtab.orchestrator.trends import AboveStart
 from trimtab.rundir import read_decisions
 from trimtab.training.setup import build_phases

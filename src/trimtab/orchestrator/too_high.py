@@ -1,0 +1,162 @@
+"""The instability ladder's answer to an LR found far too high (rule above_start:
+orchestrator/trends.py), a part of InstabilityLadder (ladder.py): cut it decisively, rolling back
+to the phase's first checkpoint when every step since trained at it; or, when only the first
+steps whose loss jumped back up delivered too little, blame those steps' rows, not the LR."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.monitors import Finding
+from trimtab.orchestrator.remedies import Remedy
+
+
+class TooHighLR:
+    """InstabilityLadder's answer to above_start (it holds the state and the methods named here)."""
+
+    cfg: OrchestratorConfig
+    rollbacks: int
+    last_lr_change: int
+    lr_too_high_at: int
+    unstable_at: int
+
+    def _lr_too_high(self, f: Finding, view: Any) -> Remedy:
+        """Training makes the model worse than where the phase started: the LR is too high. Cut
+        it decisively (x above_start.lr_factor, again while the loss does not fall), down to the
+        floor; the cut is never given back (restoring would return to the cause). At the floor,
+        the ladder's last rungs: a rollback, then a stop."""
+        self.ladder.last_step = f.step
+        if "jumped_steps" in f.evidence:
+            return self._warm_up_rows(f, view)
+        floor = self.cfg.min_lr_scale / view.lr_scale
+        if floor >= 1 - 1e-6 and ("warm_grad_norm" in f.evidence or "unigram" in f.evidence):
+            return Remedy(  # at the floor: a replay would repeat itself
+                action="none",
+                reasoning=_stalled_why(f) + ": the LR is still too high, but it is at its floor "
+                f"(orchestrator.min_lr_scale={self.cfg.min_lr_scale:g}); lower optim.lr",
+            )
+        if floor >= 1 - 1e-6:
+            return self._rollback(view)
+        factor = max(_too_high_factor(f, self.cfg.above_start.lr_factor), floor)
+        why = _too_high_why(f, factor)
+
+        def cut(rolled_back_to: int | None = None) -> None:
+            self.last_lr_change = self.lr_too_high_at = self.unstable_at = f.step
+            if rolled_back_to is not None:
+                self._rolled_back(f.step, rolled_back_to, broken=False)
+
+        # a dying gradient or overshooting updates: every step since the phase (or its replay) began
+        # trained at that LR (the weights stalled, or inflated), so its first checkpoint is the one to restore
+        if "warm_grad_norm" in f.evidence or "unigram" in f.evidence or "gain" in f.evidence:
+            start = f.evidence["since"] - 1
+            done = "overshot and inflated the weights" if "gain" in f.evidence else "left the model stalled"
+            if self.rollbacks < self.cfg.max_rollbacks and view.has_checkpoint(start):
+                return Remedy(
+                    action="rollback",
+                    params={"to": start, "skip_rows": [], "lr_factor": factor},
+                    reasoning=why + f"; the steps since step {start} trained at that LR and {done} (at the lower "
+                    "LR they stay so): restore that checkpoint and train them again (the data was not at fault)",
+                    commit=lambda: cut(start),
+                )
+            return Remedy(action="scale_lr", params={"factor": factor}, reasoning=why, commit=cut)
+        sound = 0 <= view.last_good < f.evidence["since"]  # saved before the loss left its start
+        if sound and self.rollbacks < self.cfg.max_rollbacks:
+            last_good = view.last_good
+            return Remedy(
+                action="rollback",
+                params={"to": "last_good", "skip_rows": [], "lr_factor": factor},
+                reasoning=why + f"; the steps since step {last_good} (the last good checkpoint, saved before "
+                "the loss rose) trained at that LR and left the weights worse than they started: restore it and "
+                "train them again at the lower LR (the data was not at fault)",
+                commit=lambda: cut(last_good),
+            )
+        return Remedy(action="scale_lr", params={"factor": factor}, reasoning=why, commit=cut)
+
+    def _warm_up_rows(self, f: Finding, view: Any) -> Remedy:
+        """The first steps' updates overshot only on steps whose loss jumped back up (or such steps
+        delivered less than the rest): those steps' rows, not the LR (blamed once a phase; the LR
+        if it comes back). The model is too young to score rows one by one (every row scores near
+        the start), so the jump is the evidence: restore the phase's first checkpoint and train
+        again without them, the LR as it was; with no rollback left, leave them out of the rest."""
+        rows, start = f.evidence["rows"], f.evidence["since"] - 1
+        steps = ", ".join(map(str, f.evidence["jumped_steps"]))
+        if "gain_rest" in f.evidence:
+            seen = (
+                f"over the phase's first steps the updates delivered {f.evidence['gain']:.2f} of the loss decrease "
+                f"their gradient promised, but only the steps whose loss jumped back up ({steps}) fell short: the "
+                f"others delivered {f.evidence['gain_rest']:.2f}, as a sound LR does; an LR too high shows on "
+                "every step"
+            )
+        else:
+            seen = (
+                f"over the phase's first steps the loss jumped back up at steps {steps}, and their updates delivered "
+                "less of the loss decrease their gradient promised than the phase's median "
+                f"({f.evidence['median_gain']:.2f}): an LR too high shows on every step, and a jump it causes "
+                "delivers more as the loss falls back"
+            )
+        why = f"{seen}; the {len(rows)} rows of those steps are to blame (garbage makes a young model's loss jump back)"
+        evidence = {"rows_outliers": len(rows), "jumped_steps": f.evidence["jumped_steps"]}
+        if self.rollbacks < self.cfg.max_rollbacks and view.has_checkpoint(start):
+            return Remedy(
+                action="rollback",
+                params={"to": start, "skip_rows": rows},
+                reasoning=why + f"; they trained the weights since step {start}: restore it and train again without "
+                "them, the LR as it was",
+                evidence=evidence,
+                commit=lambda: self._rolled_back(f.step, start, broken=False),
+            )
+        return self._leave_out(rows, why + ": leave them out of the rest of the run", evidence)
+
+
+def _too_high_factor(f: Finding, lr_factor: float) -> float:
+    """The cut for an LR found far too high: lr_factor, or its square root (half a decade) for
+    updates that overshoot only a little (a gain over 3/4 of min_gain) and for a gradient that
+    dies away after a cut (the cut LR is within a decade of a sound one). On the debug presets the
+    first steps' gain is 0.75-0.9 at the preset's LR, 0.38-0.6 at 3-10x, 0.12-0.22 at 30x: 30x is
+    cut x0.1 to 3x, which then shows a gain just under 0.4 or a dying gradient and is cut x0.32
+    to about the preset's, not x0.1 to a third of it (debug, 100 steps: 4.28 against 4.68)."""
+    ev = f.evidence
+    if "warm_grad_norm" in ev or "unigram" in ev or ("gain" in ev and ev["gain"] > 0.75 * ev["min_gain"]):
+        return math.sqrt(lr_factor)
+    return lr_factor
+
+
+def _stalled_why(f: Finding) -> str:
+    """What holds the model stalled: (after a cut) a gradient dying away, or a loss at the unigram level."""
+    ev = f.evidence
+    if "unigram" in ev:
+        return (
+            f"the loss stalls at {ev['level']:.3f} (median of {ev['window']} steps after the LR warm-up), within "
+            f"{ev['unigram_margin']:g} of the {ev['unigram']:.3f} a model scores that predicts each token from no "
+            "context (the training data's unigram entropy): the model stays blind to context, where an LR a few "
+            "times too high holds it and a sound one passes that level within a few steps"
+        )
+    return (
+        f"the LR was cut for being far too high, and since then the gradient norm fell to {ev['grad_norm']:.3f}, "
+        f"under {ev['collapse']:g}x the {ev['warm_grad_norm']:.3f} of the first steps: the model is held where an "
+        "LR still too high leaves it (the loss stalls, the gradient dies away)"
+    )
+
+
+def _too_high_why(f: Finding, factor: float) -> str:
+    """above_start's reasoning: the loss above its start, updates that overshoot, or a model stalled
+    (at the unigram level, or after a cut with a gradient dying away)."""
+    if "warm_grad_norm" in f.evidence or "unigram" in f.evidence:
+        again = "again " if "warm_grad_norm" in f.evidence else ""
+        return _stalled_why(f) + f"; cut it {again}x{factor:.3g}, never to be given back"
+    if "gain" in f.evidence:  # the first steps' updates overshoot
+        return (
+            f"over this phase's first steps the updates delivered {f.evidence['gain']:.2f} of the loss decrease "
+            f"their gradient promised on their own batch (median of {f.evidence['gain_window']} steps; under "
+            f"{f.evidence['min_gain']:g}, where a sound LR keeps 0.6-1): they overshoot, as an LR far too high "
+            f"makes them, and the weights they inflate train slowly for the rest of the run; cut it x{factor:.3g}, "
+            "never to be given back"
+        )
+    return (
+        f"the loss has been above the {f.evidence['start']:.3f} this phase started at for "
+        f"{f.evidence['patience']} steps: training makes the model worse than its untouched weights, which "
+        f"is what an LR far too high does; cut it x{factor:.3g} (again while the loss does not fall), never "
+        "to be given back"
+    )
