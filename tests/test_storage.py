@@ -592,8 +592,6 @@ def test_training_held_by_an_upload_is_said_and_counted_as_checkpointing(tmp_pat
     """A store that stopped answering held training at the next checkpoint with no line said, the
     time counted as `other`: the wait is said (the store, the seconds), and a synchronous save
     waits inside its own time (save_seconds: the ledger's checkpoint bucket)."""
-    from types import SimpleNamespace
-
     from trimtab.training.services import storage as services
 
     monkeypatch.setattr(services, "WAIT_WARN_S", 0.2)
@@ -603,15 +601,10 @@ def test_training_held_by_an_upload_is_said_and_counted_as_checkpointing(tmp_pat
     hook.on_checkpoint(None, fake_step(tmp_path / "checkpoints", 3))
     threading.Timer(0.5, blocking.release.set).start()
     started = time.monotonic()
-    hook.on_save_start(SimpleNamespace(cfg=debug_cfg(tmp_path)))  # the next synchronous save
+    hook.on_save_stall(None)  # the next save's stall
     assert time.monotonic() - started >= 0.4 and hook._thread is None
     assert f"training waits for the upload of step_000003 to {url} (checkpoint.dir)" in caplog.text
     assert re.search(rf"the upload of step_000003 to {url} \(checkpoint.dir\) held training \d+ s", caplog.text)
-    background = debug_cfg(tmp_path, checkpoint={"asynchronous": True})
-    hook.on_checkpoint(None, fake_step(tmp_path / "checkpoints", 6))
-    hook.on_save_start(SimpleNamespace(cfg=background))  # a background save does not wait for the one just begun
-    assert hook._thread is not None
-    hook.wait()
 
 
 def test_a_run_whose_prefix_was_taken_over_says_it_uploads_no_more(tmp_path, monkeypatch, caplog):

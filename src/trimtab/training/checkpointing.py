@@ -20,7 +20,6 @@ from trimtab.training.changes import changes_line, changes_on_resume
 from trimtab.training.hooks import keyed
 from trimtab.training.runtime import LogWindow, rng_state, set_rng_state
 from trimtab.training.schedule import configured_lengths, reconcile
-from trimtab.training.services.storage import RemoteCheckpoints
 from trimtab.training.setup import prepare_run_dir
 from trimtab.training.state import GAVE_UP, KEPT_ON_ROLLBACK, TrainState
 
@@ -78,7 +77,7 @@ class Checkpointing:
         background = self.cfg.checkpoint.asynchronous and not wait
         started, before = time.perf_counter(), (self.last_saved, self.last_good)
         if not background:  # the run's last save under checkpoint.asynchronous too
-            self._wait_uploads()
+            self._call("on_save_stall")
         if self.best_eval is not None and self.best_checkpoint < 0:  # evaluations come before saves
             self.best_checkpoint = self.state.step if self.state.step == self.best_eval[0] else self.last_saved
         try:
@@ -158,20 +157,10 @@ class Checkpointing:
             self.say(f"step {self.state.step}: the checkpoint of step {step}, written in the background, failed: {exc}")
             self._save_failed(exc)
             return
-        self._wait_uploads()  # the one before: this checkpoint's upload starts in on_checkpoint
+        self._call("on_save_stall")  # the upload before: this checkpoint's starts in on_checkpoint
         self.save_seconds += time.perf_counter() - started
         self._restored = False
         self._call("on_checkpoint", path)
-
-    def _wait_uploads(self) -> None:
-        """Until the checkpoint upload in flight (checkpoint.dir: RemoteCheckpoints, one at a time)
-        has ended, inside the save's timed window: the wait is the save's stall (save_seconds, read
-        in on_checkpoint: the goodput ledger's checkpoint bucket, the checkpoint interval's cost).
-        Waited in the hook's own on_checkpoint, after the ledger's (an earlier hook) had read it,
-        it was time between steps that no bucket took: `other`."""
-        for hook in self.hooks:
-            if isinstance(hook, RemoteCheckpoints):
-                hook.wait()
 
     def _save_failed(self, exc: OSError) -> bool:
         """A hook may take a failed save's error (the orchestrator's disk rule); unhandled, it ends the run."""

@@ -137,6 +137,12 @@ class Hook:
         """A checkpoint of this step is about to be written (`good`: a rollback target, as every
         hook's healthy() said): what a hook sets now goes into its state in that checkpoint."""
 
+    def on_save_stall(self, run: RunView) -> None:
+        """Inside a save's timed stall (save_seconds: the goodput ledger's checkpoint bucket, the
+        checkpoint interval's cost): before a synchronous save writes, or while a background
+        write is collected. A hook finishes here what the next checkpoint must not overlap (an
+        upload in flight: training/services/storage.py), so the wait is counted as the save's."""
+
     def on_save_start(self, run: RunView) -> None: ...
 
     def on_save_error(self, run: RunView, exc: OSError) -> bool:

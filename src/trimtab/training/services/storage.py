@@ -187,14 +187,12 @@ class RemoteCheckpoints(Hook):
         self._current = False  # the store holds this session's newest checkpoint, uploaded whole
         self._taken = False  # another process took the prefix over (StoreTakenError): no more uploads
 
-    def on_save_start(self, run: RunView) -> None:
-        """A synchronous save waits here for the previous upload, inside the save's own time, so
-        the stall counts as checkpointing (save_seconds: the goodput ledger's checkpoint bucket,
-        the checkpoint interval's cost); a background save does not, or it would wait for the
-        upload its collection just started: the trainer waits for the one before it while it
-        collects the write, in that stall (training/checkpointing.py _wait_uploads)."""
-        if not run.cfg.checkpoint.asynchronous:
-            self.wait()
+    def on_save_stall(self, run: RunView) -> None:
+        """The next save waits here for the upload in flight, inside the save's own time, so the
+        stall counts as checkpointing; waited for in on_checkpoint instead, after the goodput
+        ledger (an earlier hook) had read save_seconds, it was time between steps no bucket took.
+        A background save's stall is its collection, before the upload of what it collected starts."""
+        self.wait()
 
     def on_checkpoint(self, run: RunView, path: Path) -> None:
         self.wait()
