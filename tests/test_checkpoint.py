@@ -14,6 +14,7 @@ from trimtab.checkpoint import (
     load_checkpoint,
     load_model,
     load_weights,
+    put_back_replaced,
     save_checkpoint,
     set_aside_corrupt,
 )
@@ -304,6 +305,32 @@ def test_a_step_a_killed_process_was_saving_again_is_put_back_and_resumed_from(t
     assert not list(checkpoint_root(tmp_path).glob(".tmp*"))
 
 
+def test_the_new_copy_of_a_step_saved_again_is_the_one_put_back(tmp_path, caplog):
+    """Killed between _replace_dir's renames, the step's new copy is sealed in its temp folder:
+    it holds what the run decided since the old one (a rollback's left-out rows), so it is the
+    one put back (the old one was, and the journal called the rollback abandoned); damaged, the
+    old one is."""
+    state = {"train": {"step": 40, "lr_scale": 1.0}, "data": {"cursor": 1280}}
+    for run, skipped in ((tmp_path, []), (tmp_path / "again", [3, 5])):
+        save_checkpoint(run, 40, Tied().state_dict(), {}, {**state, "skipped": skipped}, keep=3)
+    aside = killed_while_saving_again(tmp_path, 40)
+    new = aside.with_name(".tmp_step_000040_4242")
+    os.replace(checkpoint_root(tmp_path / "again") / "step_000040", new)
+    with caplog.at_level(logging.WARNING):
+        path, state = latest_valid(tmp_path)
+    assert path.name == "step_000040" and state["skipped"] == [3, 5] and f"{new}: put back as {path}" in caplog.text
+    save(tmp_path, 60)  # the old copy goes once its step is in place
+    assert not list(checkpoint_root(tmp_path).glob(".tmp*"))
+    # the new copy damaged: the old one is put back
+    os.replace(path, new)
+    (new / "optim.pt").write_bytes(b"damaged")
+    save_checkpoint(tmp_path / "old", 40, Tied().state_dict(), {}, {**state, "skipped": []}, keep=3)
+    os.replace(checkpoint_root(tmp_path / "old") / "step_000040", aside)
+    with caplog.at_level(logging.WARNING):
+        assert put_back_replaced(checkpoint_root(tmp_path)) == [path]
+    assert json.loads((path / "state.json").read_text())["skipped"] == [] and f"{new}: a copy of" in caplog.text
+
+
 def test_an_invalid_only_copy_of_a_step_is_said_and_kept_not_put_back(tmp_path, caplog):
     for step in (20, 40):
         save(tmp_path, step)
@@ -311,6 +338,6 @@ def test_an_invalid_only_copy_of_a_step_is_said_and_kept_not_put_back(tmp_path, 
     (aside / "optim.pt").write_bytes(b"damaged")
     with caplog.at_level(logging.WARNING):
         assert latest_valid(tmp_path)[0].name == "step_000020"
-    assert f"{aside}: the only copy of step_000040, not put back" in caplog.text
+    assert f"{aside}: a copy of step_000040, not put back" in caplog.text
     save(tmp_path, 30)  # its cleanup leaves it for a person to look at
     assert aside.is_dir() and not (checkpoint_root(tmp_path) / "step_000040").exists()

@@ -216,7 +216,8 @@ def _replace_dir(tmp: Path, final: Path) -> None:
     it) is renamed aside first and deleted only once the new one is in place: deleting it first
     would leave a killed process no copy of the step, or a half-deleted one that fails its
     manifest, for as long as the deletion of a checkpoint's gigabytes takes. A kill between the
-    two renames leaves the step only in its aside copy: put_back_replaced makes it step_N again."""
+    two renames leaves the step in its aside copy and the new one's temp folder: put_back_replaced
+    makes the new one (or, invalid, the old) step_N again."""
     old = final.with_name(f".tmp_{final.name}{REPLACED}{os.getpid()}")
     _REPLACING.add(old)
     try:
@@ -235,24 +236,30 @@ def _replace_dir(tmp: Path, final: Path) -> None:
 
 
 def put_back_replaced(root: Path) -> list[Path]:
-    """Each aside copy of a step saved again (_replace_dir) whose step_N is missing, valid, renamed
-    back to step_N: a process killed between _replace_dir's two renames had it nowhere else. One
-    whose step_N is in place is left for prune() to delete; an invalid one is left as it is (said).
-    Returns the steps put back. A folder this process may not rename in (another run's, read for
-    train.init_from) is only read: the copy is said, and the resume takes an older step."""
+    """Each step saved again (_replace_dir) whose step_N is missing, put back as step_N: a process
+    killed between _replace_dir's two renames had it nowhere else. The new copy, sealed in its
+    temp folder, is the one put back when it is valid (it holds what the run decided since, a
+    rollback's skipped rows among it), else the aside copy. One whose step_N is in place is left
+    for prune() to delete; invalid copies are left as they are (said). Returns the steps put back.
+    A folder this process may not rename in (another run's, read for train.init_from) is only
+    read: the copy is said, and the resume takes an older step."""
     restored = []
     for aside in sorted(root.glob(f".tmp_step_*{REPLACED}*")) if root.is_dir() else []:
         final = _replaced_step(aside)
         if aside in _REPLACING or final.exists() or not STEP_DIR.match(final.name):
             continue  # a replacement under way in this process (a background save), or nothing lost
-        try:
-            verify(aside)
-            os.replace(aside, final)
-        except (CheckpointError, OSError) as exc:
-            log.warning("%s: the only copy of %s, not put back (%s)", aside, final.name, exc)
-            continue
-        log.warning("%s: put back as %s (a process was killed while saving that step again)", aside, final)
-        restored.append(final)
+        pid = aside.name.partition(REPLACED)[2]
+        newer = [p for p in (root / f".tmp_{final.name}_{pid}", root / f".tmp_{final.name}_sharded") if p.is_dir()]
+        for copy in (*newer, aside):
+            try:
+                verify(copy)
+                os.replace(copy, final)
+            except (CheckpointError, OSError) as exc:
+                log.warning("%s: a copy of %s, not put back (%s)", copy, final.name, exc)
+                continue
+            log.warning("%s: put back as %s (a process was killed while saving that step again)", copy, final)
+            restored.append(final)
+            break
     return restored
 
 
