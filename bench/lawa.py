@@ -26,7 +26,8 @@ import torch  # noqa: E402
 from _benchfile import precisions, publish, scratch  # noqa: E402  bench/_benchfile.py, next to this file
 from _measure import Contention  # noqa: E402
 from trimtab import api  # noqa: E402
-from trimtab.checkpoint import list_checkpoints, load_model  # noqa: E402
+from trimtab.checkpoint import list_checkpoints  # noqa: E402
+from trimtab.checkpoint_load import load_model  # noqa: E402
 from trimtab.config import read_saved  # noqa: E402
 from trimtab.merge import average  # noqa: E402
 from trimtab.model import build_model  # noqa: E402

@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from trimtab.checkpoint import list_checkpoints, read_sharded_weights
+from trimtab.checkpoint import list_checkpoints
+from trimtab.checkpoint_load import read_sharded_weights
 from trimtab.config import merge
 from trimtab.training.hooks import Hook
 

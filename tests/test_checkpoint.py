@@ -11,13 +11,11 @@ from trimtab.checkpoint import (
     commit_checkpoint,
     latest_valid,
     list_checkpoints,
-    load_checkpoint,
-    load_model,
-    load_weights,
     put_back_replaced,
     save_checkpoint,
     set_aside_corrupt,
 )
+from trimtab.checkpoint_load import load_checkpoint, load_model, load_weights
 from trimtab.config import load_config
 from trimtab.errors import CheckpointError
 from trimtab.model.transformer import Transformer

@@ -9,15 +9,8 @@ import pytest
 import torch
 
 import trimtab
-from trimtab.checkpoint import (
-    FORMAT,
-    NewerCheckpointError,
-    _sealed,
-    find_checkpoint,
-    latest_valid,
-    load_checkpoint,
-    save_checkpoint,
-)
+from trimtab.checkpoint import FORMAT, NewerCheckpointError, _sealed, find_checkpoint, latest_valid, save_checkpoint
+from trimtab.checkpoint_load import load_checkpoint
 from trimtab.config import load_config
 from trimtab.errors import CheckpointError
 

@@ -70,7 +70,7 @@ def test_export_a_chosen_step_in_bfloat16_and_in_shards(trained, tmp_path):
     theirs = hf_load(out, dtype=torch.float32)
     weights = api.load_run(trained)[1]  # newest; step 0 differs from it
     step0 = build_model(weights.cfg)
-    from trimtab.checkpoint import load_model
+    from trimtab.checkpoint_load import load_model
 
     load_model(step0, trained / "checkpoints" / "step_000000")
     bf16 = theirs.model.embed_tokens.weight

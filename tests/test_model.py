@@ -135,7 +135,7 @@ def test_grouped_qkv_layout_round_trips_and_groups_whole_query_groups():
 def test_checkpoints_with_the_old_qkv_layout_load_as_the_same_model(tmp_path):
     """Before the grouped layout, the projection was `attn.wqkv` with q, k, v rows apart: such a
     checkpoint loads into the same function, and its AdamW moments are regrouped with it."""
-    from trimtab.checkpoint import load_weights
+    from trimtab.checkpoint_load import load_weights
     from trimtab.model.upgrade import upgrade_optimizer
 
     cfg = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2)

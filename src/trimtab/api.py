@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from trimtab import hf
-from trimtab.checkpoint import latest_valid, load_model, local_run
+from trimtab.checkpoint import latest_valid, local_run
+from trimtab.checkpoint_load import load_model
 from trimtab.config import DataConfig, RunConfig, load_config, read_saved, resolve
 from trimtab.data import TextTokenizer
 from trimtab.distributed import is_main

@@ -19,18 +19,14 @@ from torch import nn
 
 from trimtab.checkpoint import (
     SHARDED,
-    apply_structure,
     checkpoint_root,
     commit_checkpoint,
     digest_files,
-    load_checkpoint,
-    load_weights,
-    read_sharded_weights,
     save_checkpoint,
-    weight_names,
     write_error,
     writing,
 )
+from trimtab.checkpoint_load import apply_structure, load_checkpoint, load_weights, read_sharded_weights, weight_names
 from trimtab.distributed.group import active, attempt, cpu_group
 from trimtab.errors import CheckpointError
 from trimtab.model.upgrade import is_legacy, upgrade_optimizer, upgrade_weights

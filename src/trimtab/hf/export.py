@@ -33,7 +33,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from trimtab.checkpoint import is_sharded, list_checkpoints, local_run, read_sharded_weights, verify
+from trimtab.checkpoint import is_sharded, list_checkpoints, local_run, verify
+from trimtab.checkpoint_load import read_sharded_weights
 from trimtab.config import ModelConfig, RunConfig, read_saved
 from trimtab.data import TextTokenizer
 from trimtab.errors import CheckpointError, ConfigError

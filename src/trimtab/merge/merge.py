@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from trimtab.api import load_run
-from trimtab.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint, verify
+from trimtab.checkpoint import list_checkpoints, save_checkpoint, verify
+from trimtab.checkpoint_load import load_checkpoint
 from trimtab.config import RunConfig, derive, dump_config
 from trimtab.data import TextTokenizer
 from trimtab.errors import CheckpointError, ConfigError

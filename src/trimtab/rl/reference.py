@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from trimtab.checkpoint import load_model
+from trimtab.checkpoint_load import load_model
 from trimtab.config import ModelConfig, RunConfig
 from trimtab.errors import ConfigError
 from trimtab.model import Transformer, build_model

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trimtab.checkpoint import apply_structure, find_checkpoint, retire_after
+from trimtab.checkpoint import find_checkpoint, retire_after
+from trimtab.checkpoint_load import apply_structure
 from trimtab.config import RunConfig
 from trimtab.distributed.ft import shard_like
 from trimtab.errors import CheckpointError, ConfigError

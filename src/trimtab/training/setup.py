@@ -25,7 +25,8 @@ import torch
 import yaml
 
 from trimtab import hf
-from trimtab.checkpoint import check_fits, is_sharded, latest_valid, load_model, local_run
+from trimtab.checkpoint import is_sharded, latest_valid, local_run
+from trimtab.checkpoint_load import check_fits, load_model
 from trimtab.config import DataConfig, OptimConfig, RunConfig, derive, read_saved, resolve
 from trimtab.config.checks import leaves
 from trimtab.config.model import LIVE_MODEL_KEYS
@@ -284,7 +285,7 @@ def check_resume_compatible(cfg: RunConfig) -> dict[str, tuple[Any, Any]] | None
     from its config.yaml's is named, unless it is a live knob (LIVE_MODEL_KEYS). Returns the live
     knobs this config changes (key: (old, new)), for the resume to apply over the checkpoint's;
     None where config.yaml is missing or damaged (a disk fault, a hand edit): the caller checks
-    the model against the checkpoint itself (checkpoint.check_fits) before config.yaml is written
+    the model against the checkpoint itself (checkpoint_load.check_fits) before config.yaml is written
     again."""
     if not (cfg.run_dir / "config.yaml").is_file():
         return None
