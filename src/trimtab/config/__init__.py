@@ -264,10 +264,14 @@ def available_presets() -> list[str]:
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir():  # most often a run directory, given to resume it: "does not exist" misled
+        saved = path / "config.yaml"
+        fix = f"to resume the run, pass its config: {saved}" if saved.is_file() else "pass a YAML config file"
+        raise ConfigError(f"config file '{path}' is a directory, not a YAML file; {fix}")
     if not path.is_file():
         raise ConfigError(f"config file '{path}' does not exist; check the path")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(yaml_text(path)) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -275,6 +279,20 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a run config must be a mapping of sections, got {type(data).__name__}")
     return data
+
+
+def yaml_text(path: Path) -> str:
+    """The file as UTF-8 text (YAML's encoding), a file that is not (a binary, a Latin-1 export)
+    refused naming its line: a UnicodeDecodeError traceback before."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"{path}:{line}: not UTF-8 text ({exc.reason} at byte {exc.start}); a config must be a UTF-8 YAML "
+            "file: check that this is the config you meant, or save it as UTF-8"
+        ) from None
 
 
 def preset_dict(name: str) -> dict[str, Any]:

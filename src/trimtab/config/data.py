@@ -68,6 +68,14 @@ class DataConfig(Section):
         _check(self.max_bytes >= 0, "data.max_bytes", "must be >= 0")
         _check(self.garbage_filter in ("off", "warn", "drop"), "data.garbage_filter", "must be one of off, warn, drop")
         _check(self.garbage_sigma > 0, "data.garbage_sigma", f"must be > 0, got {self.garbage_sigma}")
+        # an empty name is the current directory to the file listing: `--set data.source=$DATA` with
+        # $DATA unset trained on whatever the shell was in
+        named = [self.source] if isinstance(self.source, str) else list(self.source)
+        _check(
+            bool(self.mix) or (bool(named) and all(isinstance(s, str) and s.strip() for s in named)),
+            "data.source",
+            f"must name the data, got {self.source!r}: a file, a directory, a glob, a prepared directory or builtin",
+        )
         for i, part in enumerate(self.mix):
             _check(bool(part.source), f"data.mix[{i}].source", "must name the source's data")
             ok = math.isfinite(part.weight) and part.weight > 0  # an infinite share leaves the others none
