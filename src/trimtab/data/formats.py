@@ -266,7 +266,7 @@ def _text(path: Path) -> Iterator[Record]:
         pending = ""
         while chunk := fh.read(TEXT_CHUNK_CHARS):
             if json_file and not pending:
-                _hint_json_records(path, chunk[:256])
+                _hint_json_records(path, _json_shape(chunk))
                 json_file = False
             if "\x00" in chunk:
                 raise UnicodeDecodeError("utf-8", b"\x00", 0, 1, "a NUL byte: binary data")
@@ -277,16 +277,39 @@ def _text(path: Path) -> Iterator[Record]:
         yield Record(pending, str(path), last=True)
 
 
+def _json_shape(head: str) -> str:
+    """'array' for a .json file that opens as an array of objects, 'lines' for one whose first two
+    lines are each a whole JSON object (JSON Lines under a .json name, as many datasets ship
+    them), '' otherwise (a config file, a single object spread over lines)."""
+    if re.match(r"\s*\[\s*\{", head[:256]):
+        return "array"
+    lines = [line for line in head.split("\n", 2)[:2] if line.strip()]
+    if len(lines) < 2 or not all(line.lstrip().startswith("{") for line in lines):
+        return ""
+    try:
+        json.loads(lines[0])
+    except ValueError:
+        return ""
+    return "lines"
+
+
 @functools.cache  # once a file: prepare reads it twice (the tokenizer's sample, the shards)
-def _hint_json_records(path: Path, head: str) -> None:
+def _hint_json_records(path: Path, shape: str) -> None:
     """A .json file is text (a document like any other: code corpora hold config files); one that
-    opens as an array of objects is more likely records meant as documents (Alpaca's format):
-    said, with the conversion."""
-    if re.match(r"\s*\[\s*\{", head):
+    opens as an array of objects (Alpaca's format) or as one object a line (JSON Lines named .json)
+    is more likely records meant as documents: said, with the conversion."""
+    if shape == "array":
         logger.warning(
             "%s is read as one plain-text document; if it is an array of records, write it as JSONL (one "
             'object a line: `python -c "import json,sys; [print(json.dumps(r)) for r in json.load(sys.stdin)]" '
             "< FILE.json > FILE.jsonl`) to train on each record's text",
+            path,
+        )
+    elif shape == "lines":
+        logger.warning(
+            "%s is read as one plain-text document, JSON syntax and all, though it holds one JSON object a "
+            "line (JSON Lines); rename it to .jsonl (or set data.format=jsonl where every file of the source "
+            "is JSON Lines) to train on each record's text",
             path,
         )
 
