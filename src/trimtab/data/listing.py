@@ -44,6 +44,12 @@ def source_files(source: str | list[str], key: str, exclude: Iterable[Path] = ()
         if path.is_file():
             out.append((path, True))
             continue
+        if _lost_manifest(path):  # its tokenizer.json was trained on as text, its shards skipped as binary
+            raise DataError(
+                f"{key} '{item}' holds shards `trimtab data prepare` wrote, but not its {PREPARED_MANIFEST}, which "
+                "lists them (deleted, or not copied with them); run `trimtab data prepare` on the same sources "
+                f"with --out {item} again to rebuild it, or point {key} at the raw text"
+            )
         files = _walk(path, key, skip)
         out += [(p, False) for p in sorted(files, key=lambda p: p.relative_to(path).as_posix())]
     return out
@@ -98,9 +104,17 @@ def _own_output(folder: Path) -> str:
     """Why `folder` is trimtab's own output, not a corpus ('' when it is not)."""
     if (folder / PREPARED_MANIFEST).is_file():
         return f"prepared data (it holds {PREPARED_MANIFEST}); name it as a source of its own to train on it"
+    if _lost_manifest(folder):
+        return f"prepared data whose {PREPARED_MANIFEST} is missing (its shards are token ids, not text)"
     if (folder / CONFIG).is_file() and ((folder / "checkpoints").is_dir() or (folder / METRICS_FILE).is_file()):
         return f"a training run's directory (it holds {CONFIG} and its checkpoints or {METRICS_FILE})"
     return ""
+
+
+def _lost_manifest(folder: Path) -> bool:
+    """A prepared directory without its manifest: shards/ holding a shard's index, no manifest."""
+    shards = folder / "shards"
+    return not (folder / PREPARED_MANIFEST).is_file() and shards.is_dir() and any(shards.glob("*.idx.npz"))
 
 
 @functools.cache  # the files of a source are listed several times in a run: warn once
