@@ -113,11 +113,34 @@ def _weight_map(index: Path) -> dict[str, str]:
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
+    """config.json as a dict; a damaged one (cut short, not UTF-8, JSON but not an object: an
+    AttributeError traceback before) refused naming the file and the way back."""
     file = Path(path) / "config.json"
     try:
-        return json.loads(file.read_text())
+        found = json.loads(file.read_bytes())
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"{file}: unreadable ({exc})") from None
+        found, reason = None, str(exc) or type(exc).__name__
+    else:
+        reason = f"JSON, but a {type(found).__name__}, not an object of model settings"
+    if not isinstance(found, dict):
+        raise ConfigError(
+            f"{file}: unreadable ({reason}); it is damaged or incomplete (an interrupted download or a hand edit): "
+            "download it again with the model, or save the model again with save_pretrained"
+        )
+    return found
+
+
+def check_not_config_less(path: Path, what: str) -> None:
+    """Safetensors weights with neither config.json nor state.json beside them: a Hugging Face
+    model whose config.json was not downloaded or was deleted (read as a trimtab checkpoint, it
+    failed on 'unreadable state.json', a file such a directory never has). `what` names the key."""
+    weights = (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()
+    if weights and not (path / "state.json").exists() and not path.name.startswith("step_"):
+        raise ConfigError(
+            f"{what} holds safetensors weights but no config.json (a Hugging Face model's settings) nor "
+            "state.json (a trimtab checkpoint's): if it is a downloaded model, download its config.json too; "
+            "if it is a trimtab run, point at the run directory (its --out)"
+        )
 
 
 def model_config(path: str | Path) -> ModelConfig:

@@ -40,7 +40,7 @@ from trimtab.distributed import Parallel
 from trimtab.distributed.group import broadcast_object
 from trimtab.errors import CheckpointError, ConfigError, SavedConfigError
 from trimtab.hardware import Precision, choose_precision, pick_device
-from trimtab.hf.importer import SOURCE, import_weights, source_record
+from trimtab.hf.importer import SOURCE, check_not_config_less, import_weights, source_record
 from trimtab.model import Transformer, build_model
 from trimtab.model.catalog import model_size
 from trimtab.paths import cache_dir
@@ -151,6 +151,8 @@ def _rl_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer, 
     tok = given_tokenizer(cfg, tok_source)
     if tok is None and cfg.train.init_from and not Path(cfg.train.init_from).exists():  # said as `train` says it
         raise _no_init_from(cfg.train.init_from)
+    if tok is None and cfg.train.init_from:  # it was set: "set train.init_from" would send the user in a circle
+        raise _no_init_tokenizer(cfg.train.init_from)
     if tok is None:
         raise ConfigError(
             f"{'dpo' if cfg.dpo.enabled else 'rl'}: the tokenizer of the model to train is unknown; set "
@@ -315,6 +317,7 @@ def init_weights_from(cfg: RunConfig, model: Transformer) -> tuple[Path, dict | 
         return source, source_record(source, dtype)
     found = latest_valid(source) if (source / "checkpoints").is_dir() else None
     path = found[0] if found else source
+    check_not_config_less(path, f"config key 'train.init_from' = '{source}'")
     if not ((path / "model.safetensors").is_file() or is_sharded(path)):
         raise ConfigError(
             f"config key 'train.init_from' = '{source}' has no valid checkpoint; "
@@ -349,6 +352,17 @@ def _no_init_from(init_from: str) -> ConfigError:
     return ConfigError(
         f"config key 'train.init_from' = '{init_from}' does not exist; point it at a run directory, a "
         "checkpoints/step_* directory or a Hugging Face model directory"
+    )
+
+
+def _no_init_tokenizer(init_from: str) -> ConfigError:
+    """train.init_from names a directory with no tokenizer.json in it or its run directory (a run
+    that never saved, an empty or a checkpoints/ directory): no model to start RL or DPO from."""
+    return ConfigError(
+        f"config key 'train.init_from' = '{init_from}' is no trimtab run, checkpoint or Hugging Face model "
+        f"directory with a tokenizer (no {_run_dir_of(init_from) / 'tokenizer.json'}); point it at a run "
+        "directory that has saved a checkpoint, a checkpoints/step_* directory or a Hugging Face model "
+        "directory, or set data.tokenizer beside a checkpoint"
     )
 
 
