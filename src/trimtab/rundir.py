@@ -161,14 +161,31 @@ def append_lines(path: Path, text: str) -> None:
 
 def read_metrics(run_dir: str | Path, abandoned: bool = False) -> list[dict[str, Any]]:
     """The lines of RUN_DIR/metrics.jsonl in file order: the kept trajectory, or with
-    abandoned=True every line (those of abandoned steps marked); [] when there is no file."""
-    return read_jsonl(Path(run_dir) / METRICS_FILE, abandoned)
+    abandoned=True every line (those of abandoned steps marked); [] when there is no file. Every
+    line trimtab writes has a whole-number step: one without (a hand edit, another tool's note)
+    is left out, as read_jsonl leaves out a line that does not parse (the report sorted by it)."""
+    return [r for r in read_jsonl(Path(run_dir) / METRICS_FILE, abandoned) if has_step(r)]
+
+
+def has_step(record: dict[str, Any]) -> bool:
+    """Whether a metrics line has the whole-number step every line trimtab writes has."""
+    step = record.get("step")
+    return isinstance(step, int) and not isinstance(step, bool)
 
 
 def read_decisions(run_dir: str | Path, abandoned: bool = False) -> list[dict[str, Any]]:
     """A run's decisions, oldest first (the journal's format: docs/orchestrator.md): the kept ones,
-    or with abandoned=True also those a resume abandoned (marked "abandoned": true)."""
-    return read_jsonl(Path(run_dir) / DECISIONS_FILE, abandoned)
+    or with abandoned=True also those a resume abandoned (marked "abandoned": true). A line
+    without a whole-number step (a hand edit, another tool's note) is left out: the report places
+    and groups decisions by their step (int(None) raised)."""
+    return [d for d in read_jsonl(Path(run_dir) / DECISIONS_FILE, abandoned) if has_step(d)]
+
+
+def is_decision(record: dict[str, Any]) -> bool:
+    """Whether a journal line has the whole-number id and step every decision has (the resume and
+    the report index and sort by them: a KeyError or TypeError traceback on one that has not)."""
+    ident = record.get("id")
+    return has_step(record) and isinstance(ident, int) and not isinstance(ident, bool)
 
 
 # Decisions that answer no fault of their own: follow-ups of another's remedy (withheld updates made

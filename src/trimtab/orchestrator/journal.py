@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.distributed import is_main
-from trimtab.rundir import ABANDONED, read_jsonl, write_jsonl
+from trimtab.rundir import ABANDONED, is_decision, read_jsonl, write_jsonl
 from trimtab.training.actions import describe
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ class Journal:
     def load_state_dict(self, state: list[dict[str, Any]]) -> None:
         self.decisions = [Decision(**d) for d in state]
         kept = {d.id for d in self.decisions}
-        found = read_jsonl(self.path)
+        found = [d for d in read_jsonl(self.path) if is_decision(d)]  # a foreign line is no decision
         # decisions in force in the file that the state does not hold: a rollback's, or what a
         # process journaled after its last checkpoint and lost with it (a person's commands: ctl.py)
         self.dropped = [d for d in found if d["id"] not in kept and not d.get(ABANDONED)]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trimtab.errors import TrimtabError
-from trimtab.rundir import ABANDONED, METRICS_FILE, append_lines, rewrite_jsonl
+from trimtab.rundir import ABANDONED, METRICS_FILE, append_lines, has_step, rewrite_jsonl
 
 if TYPE_CHECKING:
     from trimtab.data import StepBatch
@@ -187,11 +187,11 @@ class JsonlLogger(Hook):
     def on_train_start(self, run: RunView) -> None:
         # Unmarked lines past the resumed step were written after the checkpoint and will be
         # redone; abandoned ones belong to no step that will run again, so they stay.
-        self._rewrite(lambda m: m if m.get(ABANDONED) or m["step"] <= run.step else None)
+        self._rewrite(lambda m: m if m.get(ABANDONED) or _step(m) <= run.step else None)
 
     def on_rollback(self, run: RunView, saved_state: dict[str, Any]) -> None:
         # The steps after the restored one will be trained again: their lines stay, marked.
-        self._rewrite(lambda m: {**m, ABANDONED: True} if m["step"] > run.step else m)
+        self._rewrite(lambda m: {**m, ABANDONED: True} if _step(m) > run.step else m)
 
     def on_log(self, run: RunView, metrics: dict[str, Any]) -> None:
         self._write(metrics)
@@ -215,6 +215,13 @@ class JsonlLogger(Hook):
         """Each line through `change` (None drops it), atomically: a reader sees the old file or
         the new one, never a mix."""
         rewrite_jsonl(self.path, change)
+
+
+def _step(record: dict[str, Any]) -> float:
+    """A metrics line's step; -inf for a line without a whole-number one (a hand edit, another
+    tool's note, a damaged line that still parses), which is kept as it is rather than crash the
+    resume with a TypeError or KeyError (readers leave it out: rundir.read_metrics)."""
+    return record["step"] if has_step(record) else float("-inf")
 
 
 class TensorBoardLogger(Hook):
