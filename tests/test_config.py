@@ -270,3 +270,12 @@ def test_finetune_rows_are_the_runs_length_unless_set(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(saved))
     assert read_saved(tmp_path / "run").finetune.data.seq_len == 48
+
+
+def test_a_whole_number_in_exponent_form_is_one_and_a_fraction_is_refused():
+    """YAML 1.1 reads 1e3 as a string: `--set train.max_steps=1e3` was refused as 'not a number of
+    steps', though the float fields take 3e-4 so. A whole number written so is that number."""
+    cfg = load_config(preset="debug", sets=["train.max_steps=1e3", "train.eval_every=2.5e1", "optim.lr=3e-4"])
+    assert (cfg.train.max_steps, cfg.train.eval_every, cfg.optim.lr) == (1000, 25, 3e-4)
+    with pytest.raises(ConfigError, match="train.eval_every"):
+        load_config(preset="debug", sets=["train.eval_every=1.5e0"])

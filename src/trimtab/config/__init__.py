@@ -489,6 +489,11 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+        if isinstance(value, str):  # YAML 1.1 reads 1e3 as a string: a whole number written so is one
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, float) and value.is_integer():
             return int(value)
     elif tp is float:
