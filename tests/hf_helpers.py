@@ -47,10 +47,22 @@ def write_run(path, model, tok, step=0):
     return path
 
 
-def llama_style_tokenizer():
-    """A 300-token byte-level BPE as transformers' fast tokenizer: <s> / </s>, no pad token."""
+def tiny_llama(vocab_size=300, layers=2, **config):
+    """A tiny random Llama built offline (32 wide, 4 heads over 2 key-value heads, 64 positions),
+    seeded: the same weights each call."""
+    torch.manual_seed(0)
+    shape = dict(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2)
+    settings = {**shape, "num_hidden_layers": layers, "max_position_embeddings": 64, **config}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=vocab_size, **settings))
+
+
+def llama_style_tokenizer(start_token=False):
+    """A 300-token byte-level BPE as transformers' fast tokenizer: <s> / </s>, no pad token;
+    `start_token`: its post-processor puts <s> first, as Llama's and Mistral's do."""
     import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -59,4 +71,6 @@ def llama_style_tokenizer():
         vocab_size=300, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator([f"def f{i}(x):\n    return x * {i}\n" for i in range(200)], trainer)
+    if start_token:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")

@@ -7,6 +7,7 @@ import warnings
 import pytest
 import torch
 
+from hf_helpers import llama_style_tokenizer, tiny_llama
 from trimtab.cli import main
 from trimtab.data import TextTokenizer
 from trimtab.sampling import prompt_ids
@@ -19,30 +20,14 @@ PROMPT = "def f3(x):\n"
 def llama_dir(path, start_token):
     """A tiny random Llama and its byte-level BPE tokenizer (<s> / </s>); `start_token`: whether
     the tokenizer's post-processor puts <s> first, as Llama's and Mistral's do."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"], initial_alphabet=alphabet)
-    tok.train_from_iterator([f"def f{i}(x):\n    return x * {i}\n" for i in range(200)], trainer)
-    if start_token:
-        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    config = transformers.LlamaConfig(
-        vocab_size=300, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4
-    )
-    config.update({"num_key_value_heads": 2, "max_position_embeddings": 64, "bos_token_id": 0, "eos_token_id": 1})
-    torch.manual_seed(0)
+    model = tiny_llama(bos_token_id=0, eos_token_id=1).eval()
+    with torch.no_grad():  # confident logits: no near-ties in greedy decoding
+        for p in model.parameters():
+            p.mul_(4.0) if p.dim() == 2 else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_config(config).eval()
-        with torch.no_grad():  # confident logits: no near-ties in greedy decoding
-            for p in model.parameters():
-                p.mul_(4.0) if p.dim() == 2 else None
         model.save_pretrained(path)
-        fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-        fast.save_pretrained(path)
+        llama_style_tokenizer(start_token).save_pretrained(path)
         return model, transformers.AutoTokenizer.from_pretrained(path)
 
 

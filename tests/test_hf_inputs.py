@@ -8,9 +8,8 @@ import re
 import warnings
 
 import pytest
-import torch
 
-from hf_helpers import llama_style_tokenizer
+from hf_helpers import llama_style_tokenizer, tiny_llama
 from trimtab import api
 from trimtab.cli import main
 from trimtab.data.prepare import prepare
@@ -21,7 +20,6 @@ from trimtab.hf.importer import import_model
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (parity reference)")
 pytestmark = pytest.mark.usefixtures("one_thread")
-SMALL = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 TRAIN = {"max_steps": 1, "eval_every": 0, "batch_tokens": 256, "micro_batch_tokens": 256}
 LOG = {"progress": False, "tensorboard": False}
 
@@ -36,11 +34,9 @@ def hf_tok(tmp_path_factory):
 
 def llama(path, tok_dir, vocab_size=300, **save):
     """A tiny random Llama saved into path with the tokenizer of tok_dir; returns path."""
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(**SMALL, vocab_size=vocab_size, max_position_embeddings=64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        transformers.LlamaForCausalLM(config).save_pretrained(path, **save)
+        tiny_llama(vocab_size).save_pretrained(path, **save)
     for file in tok_dir.iterdir():
         (path / file.name).write_bytes(file.read_bytes())
     return path

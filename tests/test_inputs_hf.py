@@ -4,9 +4,8 @@ config.json that is JSON but not an object, and weights whose config.json is mis
 import warnings
 
 import pytest
-import torch
 
-from hf_helpers import llama_style_tokenizer
+from hf_helpers import llama_style_tokenizer, tiny_llama
 from trimtab import api
 from trimtab.cli import main
 from trimtab.errors import ConfigError
@@ -14,18 +13,15 @@ from trimtab.hf.importer import read_config
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (parity reference)")
 pytestmark = pytest.mark.usefixtures("one_thread")
-SMALL = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A tiny random Llama with its tokenizer, as save_pretrained writes them."""
     path = tmp_path_factory.mktemp("hf-model")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(**SMALL, vocab_size=300, max_position_embeddings=64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        transformers.LlamaForCausalLM(config).save_pretrained(path)
+        tiny_llama().save_pretrained(path)
     llama_style_tokenizer().save_pretrained(path)
     return path
 

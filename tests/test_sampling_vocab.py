@@ -65,22 +65,17 @@ def test_lm_eval_generation_on_an_imported_padded_hugging_face_model_gives_text(
     dominant: lm-eval's generate_until through the trimtab adapter returns text, not the empty
     string the padded ids decode to."""
     pytest.importorskip("lm_eval", reason="lm-evaluation-harness is the optional [eval] extra")
-    transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency")
+    pytest.importorskip("transformers", reason="transformers is a dev dependency")
     from lm_eval.api.instance import Instance
 
-    from hf_helpers import llama_style_tokenizer
+    from hf_helpers import llama_style_tokenizer, tiny_llama
     from trimtab.evaluation.adapter import TrimtabLM
     from trimtab.hf import import_model, load_tokenizer
 
-    config = transformers.LlamaConfig(
-        vocab_size=320, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4
-    )
-    config.update({"num_key_value_heads": 2, "max_position_embeddings": 64, "bos_token_id": 0, "eos_token_id": 1})
-    torch.manual_seed(0)
+    theirs = tiny_llama(vocab_size=320, layers=1, bos_token_id=0, eos_token_id=1)
+    padded_dominant(theirs, 300)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        theirs = transformers.AutoModelForCausalLM.from_config(config)
-        padded_dominant(theirs, 300)
         theirs.save_pretrained(tmp_path)
         llama_style_tokenizer().save_pretrained(tmp_path)
     model, _ = import_model(tmp_path)
