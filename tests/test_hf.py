@@ -3,6 +3,7 @@ transformers itself (tiny random models built locally, no hub), fp32, |logit dif
 
 import dataclasses
 import json
+import logging
 import warnings
 
 import pytest
@@ -371,7 +372,7 @@ def test_moe_experts_in_transformers_5_fused_layout_import_too(tmp_path, hf_toke
     assert max_diff(api.load_run(tmp_path)[1], theirs, SMALL["vocab_size"]) <= TOL
 
 
-def test_a_corrupt_newest_checkpoint_exports_the_one_before_and_a_chosen_one_is_refused(trained, tmp_path):
+def test_a_corrupt_newest_checkpoint_exports_the_one_before_and_a_chosen_one_is_refused(trained, tmp_path, caplog):
     import shutil
 
     run = tmp_path / "run"
@@ -385,6 +386,9 @@ def test_a_corrupt_newest_checkpoint_exports_the_one_before_and_a_chosen_one_is_
     with pytest.raises(CheckpointError, match="checksum differs"):
         export_run(run, tmp_path / "hf3", step=3)
     assert not (tmp_path / "hf3").exists()
+    with caplog.at_level(logging.WARNING):  # generate and eval load the same one, and say which
+        api.load_run(run)
+    assert f"{run}: using step_000000, the newest checkpoint that verifies" in caplog.text
 
 
 def test_a_chat_trained_run_exports_its_chat_template(trained, tmp_path):

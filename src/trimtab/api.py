@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab import hf
-from trimtab.checkpoint import latest_valid, local_run
+from trimtab.checkpoint import latest_valid, list_checkpoints, local_run
 from trimtab.checkpoint_load import load_model
 from trimtab.config import DataConfig, RunConfig, load_config, read_saved, resolve
 from trimtab.data import TextTokenizer
@@ -116,6 +116,8 @@ def load_run(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokenizer
     found = latest_valid(run_dir)
     if found is None:
         raise CheckpointError(f"'{run_dir}' has no valid checkpoint yet; train it first")
+    if found[0] != list_checkpoints(run_dir)[-1]:  # latest_valid said which it skipped: say what is used
+        log.warning("%s: using %s, the newest checkpoint that verifies", run_dir, found[0].name)
     model = build_model(cfg.model)
     load_model(model, found[0])
     return cfg, model.eval(), TextTokenizer.load(run_dir / "tokenizer.json", key="the run's tokenizer")
