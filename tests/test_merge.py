@@ -93,6 +93,8 @@ def test_magnitude_keeps_at_least_one_entry_and_model_stock_keeps_the_base_where
     ("recipe", "message"),
     [
         ({"merge_method": "frankenmerge", "models": [{"model": "a"}]}, "is not one of"),
+        ({"merge_method": "tie", "models": [{"model": "a"}]}, "did you mean 'ties'"),
+        ({"merge_methd": "ties", "models": [{"model": "a"}]}, "unknown key 'merge_methd'; did you mean 'merge_method'"),
         ({"models": [{"model": "a"}]}, "no merge_method; add one of linear"),
         ({"merge_method": "ties", "models": [{"model": "a"}]}, "needs 'base_model'"),
         ({"merge_method": "slerp", "base_model": "a", "models": [{"model": "b"}]}, "needs parameters.t"),

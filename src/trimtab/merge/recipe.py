@@ -17,6 +17,7 @@ implement: refused with a clear message rather than read differently.
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ TASK_ARITHMETIC = {
     "dare_linear": ("random", False, False, True),
 }
 METHODS = ("linear", "slerp", *TASK_ARITHMETIC, "model_stock")
+RECIPE_KEYS = ("merge_method", "base_model", "models", "parameters", "dtype")
 GLOBAL = {"t", "normalize", "rescale", "lambda", "filter_wise", "seed", "int8_mask", "per_expert"}
 PER_MODEL = {"weight", "density"}
 ZERO = 1e-8  # a weight sum this small divides to infinities (methods.task_arithmetic takes it as 0 too)
@@ -72,13 +74,14 @@ def read_recipe(source: str | Path | dict[str, Any]) -> Recipe:
     for key in data:
         if key == "slices":
             raise ConfigError(f"{where}: 'slices' (layer ranges from several models) is not supported; use 'models'")
-        if key not in ("merge_method", "base_model", "models", "parameters", "dtype"):
-            raise ConfigError(f"{where}: unknown key '{key}'")
+        if key not in RECIPE_KEYS:
+            raise ConfigError(f"{where}: unknown key '{key}'{_near(key, RECIPE_KEYS)}")
     method = data.get("merge_method")
     if method is None:
         raise ConfigError(f"{where}: no merge_method; add one of {', '.join(METHODS)} (e.g. 'merge_method: ties')")
     if method not in METHODS:
-        raise ConfigError(f"{where}: merge_method {method!r} is not one of {', '.join(METHODS)}")
+        hint = _near(method, METHODS)
+        raise ConfigError(f"{where}: merge_method {method!r} is not one of {', '.join(METHODS)}{hint}")
     models = [_model(m, i, where) for i, m in enumerate(data.get("models") or [])]
     recipe = Recipe(
         method, data.get("base_model"), models, _params(data.get("parameters"), GLOBAL, where, "parameters")
@@ -148,3 +151,9 @@ def _check(r: Recipe, where: str) -> None:
         )
     if r.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"{where}: dtype {r.dtype!r} must be float32, bfloat16 or float16")
+
+
+def _near(name: object, names: tuple[str, ...]) -> str:
+    """ "; did you mean 'X'?" for a misspelt name close to one of `names`, else ''."""
+    near = difflib.get_close_matches(str(name), names, n=1, cutoff=0.6)
+    return f"; did you mean '{near[0]}'?" if near else ""
