@@ -279,3 +279,11 @@ def test_a_whole_number_in_exponent_form_is_one_and_a_fraction_is_refused():
     assert (cfg.train.max_steps, cfg.train.eval_every, cfg.optim.lr) == (1000, 25, 3e-4)
     with pytest.raises(ConfigError, match="train.eval_every"):
         load_config(preset="debug", sets=["train.eval_every=1.5e0"])
+
+
+def test_a_set_into_a_lists_item_says_to_set_the_list_whole():
+    """`--set data.mix[0].weight=0.5` got "unknown config key 'data.mix[0]'; did you mean 'data.mix'"."""
+    with pytest.raises(ConfigError, match=r"set data.mix whole, e.g. --set 'data.mix=\[\{source: web"):
+        load_config(preset="debug", sets=["data.mix[0].weight=0.5"])
+    whole = "data.mix=[{source: builtin, weight: 0.7}, {source: builtin, weight: 0.3, name: again}]"
+    assert [part.weight for part in load_config(preset="debug", sets=[whole]).data.mix] == [0.7, 0.3]

@@ -312,6 +312,12 @@ def parse_set(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
         raise ConfigError(f"--set '{item}' must look like section.key=value")
     key, raw = item.split("=", 1)
+    if "[" in key:  # a list's item (data.mix[0].weight) is not a path of sections: the list is set whole
+        name = key.partition("[")[0].strip()
+        raise ConfigError(
+            f"--set '{item}': a list's items are not set one by one; set {name} whole, e.g. "
+            f"--set '{name}=[{{source: web, weight: 0.7}}, {{source: code, weight: 0.3}}]', or write it in the YAML"
+        )
     try:
         value = yaml.safe_load(raw) if raw else ""
     except yaml.YAMLError:
