@@ -550,6 +550,24 @@ def test_clean_rows_and_sound_weights_leave_nothing_out_and_the_ladder_climbs():
     assert policy.ladder.rows  # still held, for the attribution of a later rollback
 
 
+def test_gradient_spikes_alone_on_sound_weights_are_skipped_once_before_the_lr_is_cut():
+    """Three gradient-norm spikes in a row, their updates withheld: the loss never spiked, the
+    held-out probe is sound and no row is an outlier, so the skipped updates did no harm. The LR
+    was cut x0.5 for them (debug-mod, grad_spike at steps 40-43: 4.23 against 4.07 with the
+    orchestrator off); now the climb is answered by a skip once, and as many again cut it. An
+    incident with a loss spike in it climbs as before."""
+    policy, view = Policy(OrchestratorConfig()), View(probe=5.0, bad_row_loss=5.05)
+    policy.probe_baseline = 5.0
+    plans = [act(policy, finding(s, rule="grad"), view) for s in range(40, 46)]
+    assert [p.action for p in plans] == ["skip_step"] * 5 + ["scale_lr"]
+    assert "the loss never spiked" in plans[2].reasoning and "keep the LR" in plans[2].reasoning
+    mixed = Policy(OrchestratorConfig())
+    mixed.probe_baseline = 5.0
+    rules = ["grad", "spike", "grad"]
+    plans = [act(mixed, finding(s, rule=r), view) for s, r in zip(range(40, 43), rules, strict=True)]
+    assert [p.action for p in plans] == ["skip_step", "skip_step", "scale_lr"]
+
+
 def test_withheld_spikes_with_a_worse_probe_mean_broken_weights_and_a_recurrence_cuts_the_lr():
     """Updates withheld, yet every new batch scores high and so do held-out rows: an update before
     the first spike broke the weights (a real debug run: 5.0 -> 7.8 at one step, then 7.4 on every
