@@ -76,9 +76,12 @@ def read_run(path: str | Path, name: str | None = None, summary: dict[str, Any] 
     path = Path(path)
     if not path.is_dir():
         raise NotARunError(f"{path}: no such directory (expected a run directory with {CONFIG} and {METRICS_FILE})")
-    missing = [f for f in (CONFIG, METRICS_FILE) if not (path / f).is_file()]
-    if missing:
-        raise NotARunError(f"{path} is not a run directory: it has no {' and no '.join(missing)}")
+    # a run that ended before its first logged step (given up at step 4, log_every 5) has its
+    # decisions and summary, no metrics: its report is the one a person needs (it was refused)
+    if not (path / CONFIG).is_file():
+        raise NotARunError(f"{path} is not a run directory: it has no {CONFIG}")
+    if summary is None and not is_run_dir(path):
+        raise NotARunError(f"{path} is not a run directory: it has no {METRICS_FILE} and no {SUMMARY}")
     try:
         config = yaml.safe_load((path / CONFIG).read_text()) or {}
     except yaml.YAMLError:  # damaged (a disk fault): listed and drawn all the same, its settings unknown
