@@ -30,7 +30,7 @@ import yaml
 from trimtab.config.checks import Section, _check, _finite, _positive, check_sections, freeze
 from trimtab.config.data import DataConfig
 from trimtab.config.distributed import DistributedConfig
-from trimtab.config.dpo import DPOConfig
+from trimtab.config.dpo import DPOConfig, grad_ceiling
 from trimtab.config.log import LogConfig
 from trimtab.config.loss_scale import LossScaleConfig
 from trimtab.config.model import ModelConfig
@@ -375,6 +375,7 @@ def resolve(config: RunConfig | dict[str, Any]) -> RunConfig:
     cfg.model = cfg.model.resolved()
     if not cfg.finetune.data.seq_len:
         cfg.finetune.data.seq_len = cfg.data.seq_len
+    cfg.orchestrator.grad.max_norm = grad_ceiling(cfg.dpo, cfg.orchestrator.grad.max_norm)
     cfg.validate()
     return freeze(cfg)
 

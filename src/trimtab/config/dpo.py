@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trimtab.config.checks import Section, _check, _finite
+from trimtab.config.orchestrator import GradRule
 
 LOSSES = ("sigmoid", "ipo", "hinge", "simpo", "orpo")
 REFERENCE_FREE = ("simpo", "orpo")  # losses of the policy's likelihoods alone: no reference model
@@ -54,3 +55,17 @@ class DPOConfig(Section):
         _check(self.sft_coef == 0 or self.loss != "orpo", "dpo.sft_coef", "must be 0 with dpo.loss=orpo (its own)")
         _check(self.simpo_gamma >= 0, "dpo.simpo_gamma", "must be >= 0 (SimPO's margin; e.g. 0.5)")
         _check(self.held_out >= 0, "dpo.held_out", "must be >= 0")
+
+
+def grad_ceiling(dpo: DPOConfig, max_norm: float) -> float:
+    """The grad rule's absolute ceiling for this objective: under `ipo` the default (a likelihood's
+    100) 1 / beta times higher. IPO's loss, (h - 1 / (2 beta))^2, weighs the log-ratio's gradient by
+    2 (h - 1 / (2 beta)), -1 / beta at the reference, where sigmoid weighs it by beta / 2 and hinge
+    by beta: its pre-clip norm is ~1 / beta times another loss's by design (140-350 from the
+    README's warm start at beta 0.1), and a ceiling of 100 withheld every update from step 1, rolled
+    back three times and stopped the run (exit 3). The relative ceiling (factor x the rolling mean)
+    is untouched; a max_norm other than the default is the user's and kept (resolved once: the
+    raised one is no longer the default)."""
+    if dpo.enabled and dpo.loss == "ipo" and max_norm == GradRule.max_norm:
+        return max_norm / dpo.beta
+    return max_norm

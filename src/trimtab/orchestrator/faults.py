@@ -184,6 +184,12 @@ class FaultInjector(Instrument):
                 f"faults: {corrupting[0]} turns training rows of tokens to garbage; an RL or DPO run has none "
                 "(its data are prompts or preference pairs): inject it into pretraining or finetuning"
             )
+        generating = [f.spec for f in self.faults if f.kind == "rollout_oom"]
+        if generating and not run.cfg.rl.enabled:  # its gate is never called: the fault would not fire, unsaid
+            raise ConfigError(
+                f"faults: {generating[0]} fails RL's generation of rollouts, and this run generates none (not "
+                "`trimtab rl`); inject it into an RL run, or oom@STEP[:TOKENS] to fail a training step"
+            )
 
     def _judge_late(self, run: RunView) -> list[Fault]:
         """The faults this session injects: those a resumed run added at a step it has passed are
