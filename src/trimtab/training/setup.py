@@ -341,10 +341,11 @@ def _unfit(cfg: RunConfig, source: Path, exc: CheckpointError) -> str:
         return f"config key 'train.init_from' = '{source}': {exc}"
     ours = leaves(asdict(cfg.model), "model.")
     differ = [f"{k} {theirs[k]} there, {ours[k]} here" for k in ours if k in theirs and theirs[k] != ours[k]]
+    command = "rl" if cfg.rl.enabled else "dpo" if cfg.dpo.enabled else "train"  # `train` would drop RL / DPO
     return (
         f"config key 'train.init_from' = '{source}' holds another model than this run's ({'; '.join(differ[:4])}"
         f"{'; ...' if len(differ) > 4 else ''}): train on with that run's model settings, e.g. "
-        f"trimtab train {run / CONFIG} --set train.init_from={source} --out DIR (or its --preset)"
+        f"trimtab {command} {run / CONFIG} --set train.init_from={source} --out DIR (or its --preset)"
     )
 
 
