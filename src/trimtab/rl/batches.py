@@ -114,7 +114,8 @@ class RolloutLoader(Ordered):
         self.max_staleness = cfg.max_staleness  # rule rl_ratio may lower it (set_max_staleness)
         items = fingerprint((p.prompt, p.answer) for p in problems)
         builtin = cfg.prompts.startswith(SOURCE)  # its problems are drawn from train.seed
-        self.order = EpochOrder(len(problems), seed, "prompts", "rl.prompts", items, seeded=builtin)
+        split = "" if builtin else "rl.held_out"  # a file's held-out prompts are split off it (rl/phase.py)
+        self.order = EpochOrder(len(problems), seed, "prompts", "rl.prompts", items, seeded=builtin, split=split)
         self.draws = 0  # the sampling draws made (each draw's seed counts from it)
         self._pool: VerifierPool | None = None
         self._held_out_pool: VerifierPool | None = None  # rl.held_out_reward's, when it differs

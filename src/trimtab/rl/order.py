@@ -26,10 +26,14 @@ def fingerprint(items: Iterable[Any]) -> str:
 class EpochOrder:
     """Draws indices 0 .. n-1; `what` names the items and `key` their config key in errors;
     `items` (their content) is checked on resume; `seeded`: the items themselves are drawn from
-    the seed (train.seed: the built-in arithmetic task's problems and pairs)."""
+    the seed (train.seed: the built-in arithmetic task's problems and pairs); `split`: the key that
+    holds some of a file's items out (rl.held_out, dpo.held_out), so changes the count trained on."""
 
-    def __init__(self, n: int, seed: int, what: str, key: str, items: str = "", seeded: bool = False) -> None:
+    def __init__(
+        self, n: int, seed: int, what: str, key: str, items: str = "", seeded: bool = False, split: str = ""
+    ) -> None:
         self.n, self.seed, self.what, self.key, self.items, self.seeded = n, seed, what, key, items, seeded
+        self.split = split
         self.epoch, self.cursor = 0, 0
         self.skipped: set[int] = set()
         self._order = self._permutation(0)
@@ -78,9 +82,12 @@ class EpochOrder:
                 "resumed run's order and random state are the checkpoint's whatever train.seed says)"
             )
         if state.get("n_rows") != self.n:
+            # a file's count trained on is what its held-out key leaves: an edit of either changes it
+            source = f"{self.key}, less the {self.split} held out," if self.split else self.key
+            same = f"{self.key} and {self.split}" if self.split else self.what
             raise DataError(
-                f"the checkpoint's {run} run had {state.get('n_rows')} {self.what} but {self.key} now has "
-                f"{self.n}; resume with the same {self.what}"
+                f"the checkpoint's {run} run had {state.get('n_rows')} {self.what} but {source} now has "
+                f"{self.n}; resume with the same {same}"
             )
         if state.get("items") and self.items and state["items"] != self.items:  # older checkpoints: none
             raise DataError(

@@ -83,9 +83,22 @@ def build_rl_phase(cfg: RunConfig, tok: TextTokenizer) -> RLPhase:
     train, held = problems_of(cfg)
     longest = max(len(tok.encode(p.prompt, specials=True)) for p in train + held)
     if longest + cfg.rl.max_new_tokens > cfg.model.max_seq_len:
-        raise ConfigError(
-            f"rl.max_new_tokens={cfg.rl.max_new_tokens} after a prompt of {longest} tokens exceeds "
-            f"model.max_seq_len={cfg.model.max_seq_len}; lower rl.max_new_tokens or shorten the prompts"
-        )
+        raise ConfigError(_too_long(cfg, tok, train + held, longest))
     data = dataclasses.replace(cfg.data, seq_len=longest + cfg.rl.max_new_tokens)
     return RLPhase("rl", 0, int(cfg.train.max_steps), data, cfg.optim, train, held, tok, longest)
+
+
+def _too_long(cfg: RunConfig, tok: TextTokenizer, problems: list[Problem], longest: int) -> str:
+    """Why the longest prompt and its response do not fit, naming the prompt's file and line (a
+    file's): a prompt that fills model.max_seq_len alone leaves lowering rl.max_new_tokens no use."""
+    where = next(p.where for p in problems if len(tok.encode(p.prompt, specials=True)) == longest)
+    at = f" ({where})" if where else ""
+    if longest >= cfg.model.max_seq_len:
+        return (
+            f"rl.prompts: a prompt of {longest} tokens{at} fills model.max_seq_len={cfg.model.max_seq_len} "
+            "alone, with no room for a response; shorten the prompt or drop it"
+        )
+    return (
+        f"rl.max_new_tokens={cfg.rl.max_new_tokens} after a prompt of {longest} tokens{at} exceeds "
+        f"model.max_seq_len={cfg.model.max_seq_len}; lower rl.max_new_tokens or shorten the prompts"
+    )

@@ -100,7 +100,8 @@ class PairLoader(Ordered):
         self.policy: Policy | None = None
         items = fingerprint((p.prompt, p.chosen, p.rejected) for p in pairs)  # as tokenized
         builtin = cfg.pairs.startswith(SOURCE)  # its pairs are drawn from train.seed
-        self.order = EpochOrder(len(pairs), seed, "pairs", "dpo.pairs", items, seeded=builtin)
+        split = "" if builtin else "dpo.held_out"  # a file's held-out pairs are split off it (rl/dpo_phase.py)
+        self.order = EpochOrder(len(pairs), seed, "pairs", "dpo.pairs", items, seeded=builtin, split=split)
         self._window: list[PairBatch] = []  # the steps since metrics() was read
         self._carried: list[float] | None = None  # a resumed checkpoint's window, summed (SUMMED + pairs)
 
