@@ -16,7 +16,7 @@ import math
 import shutil
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,8 @@ import torch
 import yaml
 
 from trimtab import hf
-from trimtab.checkpoint import is_sharded, latest_valid, local_run
-from trimtab.checkpoint_load import check_fits, load_model
+from trimtab.checkpoint import local_run
+from trimtab.checkpoint_load import check_fits
 from trimtab.config import DataConfig, OptimConfig, RunConfig, derive, read_saved, resolve
 from trimtab.config.checks import leaves
 from trimtab.config.model import LIVE_MODEL_KEYS
@@ -40,7 +40,7 @@ from trimtab.distributed import Parallel
 from trimtab.distributed.group import broadcast_object
 from trimtab.errors import CheckpointError, ConfigError, SavedConfigError
 from trimtab.hardware import Precision, choose_precision, pick_device
-from trimtab.hf.importer import SOURCE, check_not_config_less, import_weights, source_record
+from trimtab.hf.importer import SOURCE
 from trimtab.model import Transformer, build_model
 from trimtab.model.catalog import model_size
 from trimtab.paths import cache_dir
@@ -53,6 +53,7 @@ from trimtab.rl.phase import RLPhase, build_rl_phase
 from trimtab.rundir import CONFIG, write_atomic, write_json
 from trimtab.storage import is_url
 from trimtab.training.hf_model import adopt_hf_model
+from trimtab.training.init_from import init_weights_from, no_init_from, no_init_tokenizer, run_dir_of
 from trimtab.training.resume import resume_point
 from trimtab.training.services.compiling import CompileChoice, choose_compile
 from trimtab.training.services.cpu_precision import refine_cpu_precision
@@ -150,9 +151,9 @@ def _rl_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer, 
     """An RL or DPO run's one phase, with the tokenizer of the model it trains."""
     tok = given_tokenizer(cfg, tok_source)
     if tok is None and cfg.train.init_from and not Path(cfg.train.init_from).exists():  # said as `train` says it
-        raise _no_init_from(cfg.train.init_from)
+        raise no_init_from(cfg.train.init_from)
     if tok is None and cfg.train.init_from:  # it was set: "set train.init_from" would send the user in a circle
-        raise _no_init_tokenizer(cfg.train.init_from)
+        raise no_init_tokenizer(cfg.train.init_from)
     if tok is None:
         raise ConfigError(
             f"{'dpo' if cfg.dpo.enabled else 'rl'}: the tokenizer of the model to train is unknown; set "
@@ -239,7 +240,7 @@ def tokenizer_source(cfg: RunConfig) -> Path | None:
         return None  # the user's own tokenizer.json, loaded by given_tokenizer
     candidates = [cfg.run_dir / "tokenizer.json"]
     if cfg.train.init_from:
-        candidates.append(_run_dir_of(cfg.train.init_from) / "tokenizer.json")
+        candidates.append(run_dir_of(cfg.train.init_from) / "tokenizer.json")
     found = next((path for path in candidates if path.is_file()), None)
     if found is None and cfg.train.init_from and hf.is_hf_dir(cfg.train.init_from):
         model_dir = cfg.train.init_from
@@ -306,70 +307,6 @@ def check_resume_compatible(cfg: RunConfig) -> dict[str, tuple[Any, Any]] | None
             "settings (of the model.* keys only the MoE / MoD router knobs may change on resume)"
         )
     return {k: v for k, v in differ.items() if k in LIVE_MODEL_KEYS}
-
-
-def init_weights_from(cfg: RunConfig, model: Transformer) -> tuple[Path, dict | None]:
-    """train.init_from: start from another run's (or checkpoint's) weights, or a Hugging Face
-    model's; returns where they came from and, for the latter, the record export keeps."""
-    source = Path(cfg.train.init_from)
-    if hf.is_hf_dir(source):
-        dtype = import_weights(model, source)
-        return source, source_record(source, dtype)
-    found = latest_valid(source) if (source / "checkpoints").is_dir() else None
-    path = found[0] if found else source
-    check_not_config_less(path, f"config key 'train.init_from' = '{source}'")
-    if not ((path / "model.safetensors").is_file() or is_sharded(path)):
-        raise ConfigError(
-            f"config key 'train.init_from' = '{source}' has no valid checkpoint; "
-            "point it at a run directory, a checkpoints/step_* directory or a Hugging Face model directory"
-        )
-    try:
-        load_model(model, path)
-    except CheckpointError as exc:
-        raise ConfigError(_unfit(cfg, source, exc)) from None
-    return path, None
-
-
-def _unfit(cfg: RunConfig, source: Path, exc: CheckpointError) -> str:
-    """Why train.init_from's weights do not fit this run's model, and the command that trains on
-    from them: the model.* settings that differ from those of the run that trained them (its
-    config.yaml), where it has one; the weights' own account otherwise."""
-    run = _run_dir_of(str(source))
-    try:
-        theirs = leaves(asdict(read_saved(run).model), "model.")
-    except (ConfigError, OSError):
-        return f"config key 'train.init_from' = '{source}': {exc}"
-    ours = leaves(asdict(cfg.model), "model.")
-    differ = [f"{k} {theirs[k]} there, {ours[k]} here" for k in ours if k in theirs and theirs[k] != ours[k]]
-    command = "rl" if cfg.rl.enabled else "dpo" if cfg.dpo.enabled else "train"  # `train` would drop RL / DPO
-    return (
-        f"config key 'train.init_from' = '{source}' holds another model than this run's ({'; '.join(differ[:4])}"
-        f"{'; ...' if len(differ) > 4 else ''}): train on with that run's model settings, e.g. "
-        f"trimtab {command} {run / CONFIG} --set train.init_from={source} --out DIR (or its --preset)"
-    )
-
-
-def _no_init_from(init_from: str) -> ConfigError:
-    return ConfigError(
-        f"config key 'train.init_from' = '{init_from}' does not exist; point it at a run directory, a "
-        "checkpoints/step_* directory or a Hugging Face model directory"
-    )
-
-
-def _no_init_tokenizer(init_from: str) -> ConfigError:
-    """train.init_from names a directory with no tokenizer.json in it or its run directory (a run
-    that never saved, an empty or a checkpoints/ directory): no model to start RL or DPO from."""
-    return ConfigError(
-        f"config key 'train.init_from' = '{init_from}' is no trimtab run, checkpoint or Hugging Face model "
-        f"directory with a tokenizer (no {_run_dir_of(init_from) / 'tokenizer.json'}); point it at a run "
-        "directory that has saved a checkpoint, a checkpoints/step_* directory or a Hugging Face model "
-        "directory, or set data.tokenizer beside a checkpoint"
-    )
-
-
-def _run_dir_of(init_from: str) -> Path:
-    path = Path(init_from)
-    return path.parent.parent if path.name.startswith("step_") else path
 
 
 def prepare_run_dir(cfg: RunConfig, tok: TextTokenizer, hf_source: dict | None = None) -> None:
@@ -494,7 +431,7 @@ def _fetch_init_from(cfg: RunConfig, dist: Parallel, resume: tuple[Path, dict[st
         log.info("train.init_from %s: fetched into %s", cfg.train.init_from, local)
         cfg = derive(cfg, {"train": {"init_from": str(local)}})
     if cfg.train.init_from and not resume and not Path(cfg.train.init_from).exists():
-        raise _no_init_from(cfg.train.init_from)
+        raise no_init_from(cfg.train.init_from)
     return cfg
 
 
