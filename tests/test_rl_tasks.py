@@ -1,5 +1,7 @@
 """Prompts with verifiable answers (rl/tasks.py): the built-in arithmetic task and prompt files."""
 
+import re
+
 import pytest
 
 from trimtab.data.arithmetic import split_held_out
@@ -40,6 +42,12 @@ def test_a_prompt_file_is_read_and_a_bad_line_named(tmp_path):
     bad.write_text('{"prompt": "2+3=", "answer": null}\n')  # read as the answer "None"
     with pytest.raises(DataError, match=r'bad.jsonl:1: a prompt record needs "prompt" \(text\) and "answer"'):
         read_problems(bad)
+    for empty in ('""', '"  "', "true"):  # an empty answer scored an empty response right under `exact`
+        bad.write_text(f'{{"prompt": "2+3=", "answer": "5"}}\n{{"prompt": "Q", "answer": {empty}}}\n')
+        with pytest.raises(DataError, match=rf'bad.jsonl:2: "answer" is {re.escape(empty)}: give the text'):
+            read_problems(bad)
+    good.write_text('{"prompt": "Q", "answer": {"value": 5, "unit": "m"}}\n')  # as JSON, not Python's repr
+    assert read_problems(good)[0].answer == '{"value": 5, "unit": "m"}'
 
 
 def test_a_files_held_out_split_trains_every_other_prompt_and_keeps_a_prompts_items_together():

@@ -53,7 +53,22 @@ def read_problems(path: Path) -> list[Problem]:
             )
         if not value["prompt"].strip():  # nothing to condition on: generation had no token to start from
             raise DataError(f'{record.where}: an empty "prompt"; give the text the response follows, or drop it')
-        out.append(Problem(value["prompt"], str(answer), record.where))
+        out.append(Problem(value["prompt"], _answer_text(answer, record.where), record.where))
     if not out:
         raise DataError(f"{path}: no prompts in it")
     return out
+
+
+def _answer_text(answer: Any, where: str) -> str:
+    """The answer as the verifiers take it: text, a number as written (5 -> "5"), a list or an
+    object as JSON (for a python:MOD:FN verifier to parse; str() gave Python's repr). An empty
+    one is refused: `exact` scored an empty response right, and a true/false one (a flag, not an
+    answer to compare with) too."""
+    if isinstance(answer, bool) or (isinstance(answer, str) and not answer.strip()):
+        raise DataError(
+            f'{where}: "answer" is {json.dumps(answer)}: give the text a right response ends with (e.g. "5"), '
+            "or drop the line"
+        )
+    if isinstance(answer, (dict, list)):
+        return json.dumps(answer, ensure_ascii=False)
+    return str(answer)
