@@ -182,7 +182,7 @@ def test_an_unknown_task_is_refused_at_once_naming_the_flag_and_the_known_tasks(
         raise AssertionError("reached for an unknown task")
 
     monkeypatch.setattr(lm_eval.tasks, "TaskManager", never)
-    monkeypatch.setattr(harness, "load_run", never)
+    monkeypatch.setattr(harness, "load_run_at", never)
     monkeypatch.setattr(harness, "local_run", never)
     start = time.perf_counter()
     assert main(["eval", str(tmp_path), "--tasks", "trimtab_tiny,no_such_task"]) == 2

@@ -473,3 +473,15 @@ def test_a_damaged_hf_source_record_is_named_with_its_fix(tokenizer, tmp_path):
         adopt_hf_model(cfg)
     (run / "hf_source.json").unlink()
     assert (export_run(run, tmp_path / "hf") / "config.json").is_file()
+
+
+def test_loading_a_run_hashes_its_checkpoint_once_and_says_its_step(trained, monkeypatch):
+    """latest_valid verified the newest checkpoint, load_model verified it again, and eval's step
+    a third time: each a hash of every file (optim.pt too), minutes for a large model."""
+    from trimtab import checkpoint, checkpoint_load
+
+    verify, calls = checkpoint.verify, []
+    for module in (checkpoint, checkpoint_load):
+        monkeypatch.setattr(module, "verify", lambda path: calls.append(path) or verify(path))
+    _, _, _, step = api.load_run_at(trained)
+    assert step == 3 and len(calls) == 1

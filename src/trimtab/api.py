@@ -101,12 +101,17 @@ def built_in_hooks(config: RunConfig) -> list:
 def load_run(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokenizer]:
     """The run's resolved config, its newest valid weights and its tokenizer; or, for a Hugging
     Face model directory, a config holding its model and the converted weights."""
+    return load_run_at(run_dir)[:3]
+
+
+def load_run_at(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokenizer, int | None]:
+    """load_run's, and the step of the checkpoint it loaded (None for a Hugging Face directory)."""
     run_dir = local_run(run_dir, "the run directory")  # a run in object storage: fetched into the cache
     if hf.is_hf_dir(run_dir):
         model, _ = hf.import_model(run_dir)
         seq_len = min(DataConfig().seq_len, model.cfg.max_seq_len)  # a valid config to write out (merge)
         cfg = resolve({"model": asdict(model.cfg), "out": str(run_dir), "data": {"seq_len": seq_len}})
-        return cfg, model, hf.load_tokenizer(run_dir)
+        return cfg, model, hf.load_tokenizer(run_dir), None
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(
             f"'{run_dir}' is neither a run directory (no config.yaml) nor a Hugging Face model directory "
@@ -119,8 +124,9 @@ def load_run(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokenizer
     if found[0] != list_checkpoints(run_dir)[-1]:  # latest_valid said which it skipped: say what is used
         log.warning("%s: using %s, the newest checkpoint that verifies", run_dir, found[0].name)
     model = build_model(cfg.model)
-    load_model(model, found[0])
-    return cfg, model.eval(), TextTokenizer.load(run_dir / "tokenizer.json", key="the run's tokenizer")
+    load_model(model, found[0], verified=True)
+    tok = TextTokenizer.load(run_dir / "tokenizer.json", key="the run's tokenizer")
+    return cfg, model.eval(), tok, found[1]["step"]
 
 
 def generate(

@@ -33,11 +33,12 @@ def load_checkpoint(
     return weights, optim_state, state
 
 
-def load_model(model: torch.nn.Module, path: Path) -> dict[str, Any]:
+def load_model(model: torch.nn.Module, path: Path, verified: bool = False) -> dict[str, Any]:
     """A verified checkpoint's model into `model` (one process): its structure, then its weights;
     returns the checkpoint's state.json. For generation, finetuning from a run, and the trainer's
-    one-process resume alike (distributed.Parallel.load_model under torchrun)."""
-    weights, _, state = load_checkpoint(path, optimizer=False)
+    one-process resume alike (distributed.Parallel.load_model under torchrun). `verified`: the
+    caller just verified it (latest_valid): its every file is not hashed twice."""
+    weights, _, state = load_checkpoint(path, optimizer=False, verified=verified)
     apply_structure(model, state, path)
     load_weights(model, weights, path)
     return state

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from trimtab.api import load_run
-from trimtab.checkpoint import latest_valid, local_run
+from trimtab.api import load_run_at
+from trimtab.checkpoint import local_run
 from trimtab.errors import ConfigError
 from trimtab.evaluation.perplexity import read_texts, score_text
 from trimtab.extras import installed, missing, require
@@ -52,8 +52,8 @@ def evaluate(
         raise ConfigError("trimtab eval needs --tasks and/or --data; e.g. --tasks trimtab_tiny or --data notes.txt")
     manager = task_manager(tasks, include_path) if tasks else None  # before the model: a wrong name fails fast
     path = local_run(path, "trimtab eval's PATH")  # a run in object storage: its cached copy, where results go
-    _, model, tok = load_run(path)
-    results: dict[str, Any] = {"model": str(path), "step": _step(path), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    _, model, tok, step = load_run_at(path)  # the step of the checkpoint scored (None: a Hugging Face model)
+    results: dict[str, Any] = {"model": str(path), "step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     if data:
         results["data"] = {"file": str(data), **score_text(model, tok, read_texts(data), stride, batch_size)}
     if tasks:
@@ -246,11 +246,6 @@ def _quiet_lm_eval() -> Iterator[None]:
 def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
     """lm-eval's metric names ("acc,none") without the filter suffix, numbers only."""
     return {k.split(",")[0]: v for k, v in metrics.items() if isinstance(v, (int, float)) and "stderr" not in k}
-
-
-def _step(path: Path) -> int | None:
-    found = latest_valid(path) if (path / "config.yaml").is_file() else None
-    return found[1]["step"] if found else None
 
 
 def _record(path: Path, results: dict[str, Any]) -> None:

@@ -34,7 +34,7 @@ def init_weights_from(cfg: RunConfig, model: Transformer) -> tuple[Path, dict | 
             "point it at a run directory, a checkpoints/step_* directory or a Hugging Face model directory"
         )
     try:
-        load_model(model, path)
+        load_model(model, path, verified=found is not None)
     except CheckpointError as exc:
         raise ConfigError(_unfit(cfg, source, exc)) from None
     return path, None
