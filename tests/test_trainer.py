@@ -86,10 +86,18 @@ def test_interrupted_and_resumed_run_equals_uninterrupted_bitwise(tmp_path):
     assert logged(tmp_path / "a", "grad_norm") == logged(tmp_path / "b", "grad_norm")
 
 
-def test_resume_extends_a_finished_run(tmp_path):
+def test_resume_extends_a_finished_run_hashing_its_checkpoint_once(tmp_path, monkeypatch):
+    """The resumed checkpoint's files are hashed when latest_valid chooses it, and were again when
+    it was read (minutes for a large model's optimizer state)."""
+    from trimtab import checkpoint, checkpoint_load
+
     trimtab.train(debug_cfg(tmp_path / "r", steps=8))
+    verify, calls = checkpoint.verify, []
+    for module in (checkpoint, checkpoint_load):
+        monkeypatch.setattr(module, "verify", lambda path: calls.append(path.name) or verify(path))
     summary = trimtab.train(debug_cfg(tmp_path / "r", steps=12))
     assert summary["step"] == 12 and summary["steps_this_session"] == 4
+    assert calls.count("step_000008") == 1, calls
 
 
 def test_a_finished_run_asked_to_go_on_says_so_and_changes_nothing(tmp_path, caplog):

@@ -187,11 +187,9 @@ class Checkpoints:
 
     def read_checkpoint(self, path: Path) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any], dict[str, Any]]:
         """load_checkpoint for this world size: data-parallel ranks read their own shards later
-        (load_weights, load_optimizer), and skip re-hashing every file: rank 0 verified this
-        checkpoint when it chose it (from_main(latest_valid / find_checkpoint))."""
-        if self.world == 1:
-            return load_checkpoint(path)
-        return load_checkpoint(path, full_weights=False, verified=True)
+        (load_weights, load_optimizer). No file is hashed again: rank 0 (one process: this one)
+        verified this checkpoint when it chose it (from_main(latest_valid / find_checkpoint))."""
+        return load_checkpoint(path, full_weights=self.world == 1, verified=True)
 
     def load_model(
         self, model: nn.Module, weights: dict[str, torch.Tensor] | None, state: dict[str, Any], path: Path
