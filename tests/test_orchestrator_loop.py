@@ -10,6 +10,7 @@ import errno
 import json
 import logging
 import math
+import time
 
 import pytest
 import torch
@@ -96,7 +97,12 @@ class Person(Hook):
 
     def on_step_end(self, trainer, out):
         for command in self.plan.get(out.step, []):
-            ctl.send(trainer.run_dir, command)
+            if command.get("by_hand"):  # a file written by hand, past the checks `trimtab ctl` makes when it sends
+                (trainer.run_dir / "control").mkdir(exist_ok=True)
+                body = {k: v for k, v in command.items() if k != "by_hand"}
+                (trainer.run_dir / "control" / f"{time.time_ns()}-hand.json").write_text(json.dumps(body))
+            else:
+                ctl.send(trainer.run_dir, command)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -860,7 +866,7 @@ def test_ctl_commands_mid_run(tmp_path, capsys):
             {"action": "fly"},
         ],
         8: [ctl.parse_command("total-steps", ["4"])],  # well-formed, but the run is past step 4
-        9: [ctl.parse_command("rl-temperature", ["0.5"])],  # a knob of `trimtab rl` runs
+        9: [ctl.parse_command("rl-temperature", ["0.5"]) | {"by_hand": True}],  # a knob of `trimtab rl` runs
     }
     summary = trimtab.train(debug_cfg(run, steps=10, faults=["nan_loss@7"]), hooks=[Person(plan)])
     assert summary["status"] == "completed"

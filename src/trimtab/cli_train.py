@@ -160,7 +160,7 @@ def _print_summary(summary: dict) -> None:
 )
 def _ctl(args: argparse.Namespace) -> int:
     from trimtab.orchestrator import ctl
-    from trimtab.rundir import liveness
+    from trimtab.rundir import liveness, read_summary
 
     command = ctl.parse_command(args.action, args.args)
     running, _ = liveness(args.run_dir)
@@ -170,4 +170,10 @@ def _ctl(args: argparse.Namespace) -> int:
     else:
         print(f"queued in {args.run_dir} ({path.name}); the run is not running: it applies it when it resumes", end="")
     print(" and journals it in decisions.jsonl")
+    done = read_summary(args.run_dir) or {}
+    if not running and done.get("status") == "completed":  # re-running the same command changes nothing
+        print(
+            f"note: the run has completed (step {done.get('step')} of {done.get('total_steps')}): only `trimtab train` "
+            "with a larger --max-steps (train.max_steps) resumes it"
+        )
     return 0

@@ -177,7 +177,8 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             self.decide(run, eval_failure(step, error))
 
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
-        self._read(run)
+        self._read(run, commands=False)  # nothing applies a request from here on
+        self._answer_late_commands(run)
         for decision in self.journal.pending():  # judge what there is, rather than leave it open
             if decision.observed:
                 self.outcomes.judge(decision)
@@ -302,7 +303,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
 
     # ------------------------------------------------------------------ reading and deciding
 
-    def _read(self, run: RunView) -> None:
+    def _read(self, run: RunView, commands: bool = True) -> None:
         outs, self.pending = self.pending, []
         if outs and self.mode != "off":
             memory = readings.memory_fraction(run.device)
@@ -343,7 +344,8 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             self._fresh_reference(run)
             self._checkpoint_interval(run, seconds, stall)
             self.ceilings = {k: m.ceiling() for k, m in self.monitors.items() if k in GATED}
-        self._take_commands(run)
+        if commands:
+            self._take_commands(run)
 
     def _observe(self, run: RunView, m: StepMetrics) -> None:
         if m.phase != self.phase:  # new data, a new schedule: the loss and its noise start over

@@ -17,7 +17,7 @@ from typing import Any
 
 from trimtab.errors import ConfigError, RunStateError
 from trimtab.rundir import liveness, write_json
-from trimtab.training.actions import REQUIRED, VERBS
+from trimtab.training.actions import REQUIRED, RL_ONLY, VERBS
 
 
 def parse_command(verb: str, args: list[str]) -> dict[str, Any]:
@@ -43,19 +43,36 @@ LAYER_KIND = {"set_mod_capacity": "mod"} | {
 }
 
 
-def check_layer(run_dir: Path, command: dict[str, Any]) -> None:
-    """A command's layer of the kind it acts on, by the run's config.yaml: refused now, naming the
-    layers that are (the job would only journal it as failed, after the person had gone)."""
-    kind, params = LAYER_KIND.get(command.get("action")), command.get("params")
-    layer = params.get("layer") if isinstance(params, dict) else None  # a malformed one: the job answers it
-    if kind is None or not isinstance(layer, int):
+def check_against_config(run_dir: Path, command: dict[str, Any]) -> None:
+    """A command the run's config.yaml says it cannot apply, refused now (the job would only journal
+    it as failed, after the person had gone): a layer not of the kind the action acts on, or no layer
+    of that kind at all when none is named (every layer of the kind), naming the layers that are; an
+    RL knob on a run that is not `trimtab rl`."""
+    action, params = command.get("action"), command.get("params")
+    kind = LAYER_KIND.get(action)
+    if not isinstance(params, dict) or (kind is None and action not in RL_ONLY):
+        return  # not one the config answers, or a malformed one: the job answers it
+    layer = params.get("layer")
+    if layer is not None and not isinstance(layer, int):
         return
     from trimtab.config import read_saved  # the run's model: which layer is which kind
 
-    layers = read_saved(run_dir).model.layers
+    cfg = read_saved(run_dir)
+    if action in RL_ONLY:
+        if not cfg.rl.enabled:
+            verb = next((v for v, a in VERBS.items() if a.name == action), action)
+            raise ConfigError(
+                f"ctl {verb}: a knob of reinforcement learning, and '{run_dir}' is not an RL run (its config.yaml "
+                "has rl.enabled false); it applies to runs of `trimtab rl`"
+            )
+        return
+    layers = cfg.model.layers
     ours = [i for i, k in enumerate(layers) if kind in k.split("+")]
-    if layer not in ours:
-        name = {"moe": "MoE", "mod": "Mixture-of-Depths"}[kind]
+    name = {"moe": "MoE", "mod": "Mixture-of-Depths"}[kind]
+    if layer is None and not ours:
+        kinds = " and ".join(sorted(set(layers)))
+        raise ConfigError(f"'{run_dir}' has no {name} layers (model.layer_pattern: {kinds} only); nothing to set")
+    if layer is not None and layer not in ours:
         raise ConfigError(
             f"layer {layer} of '{run_dir}' is {layers[layer] if layer < len(layers) else 'not there'}; its {name} "
             f"layers are {ours or 'none'}"
@@ -85,7 +102,7 @@ def send(run_dir: str | Path, command: dict[str, Any], queue: bool = False) -> P
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"'{run_dir}' is not a run directory (no config.yaml); pass the --out of a run")
-    check_layer(run_dir, command)
+    check_against_config(run_dir, command)
     running, evidence = liveness(run_dir)
     if not running and not queue:
         raise RunStateError(

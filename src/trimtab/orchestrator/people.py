@@ -123,6 +123,38 @@ class PersonCommands:
                     ctl.answer(self.run_dir, name, str(exc))
                 run.say(f"[orchestrator] rejected control/{name}: {exc}")
 
+    def _answer_late_commands(self, run: RunView) -> None:
+        """Commands that came after the run's last point to apply one (its last step's hooks; the
+        final evaluation and save come after): answered in control/*.error, not journaled as
+        applied (they were, with nothing done, and their files gone), nor left to fire unnoticed
+        whenever the run next resumes."""
+        if not is_main():
+            return
+        for name, _ in ctl.take_commands(self.run_dir):
+            ctl.answer(
+                self.run_dir,
+                name,
+                f"the run ended at step {run.step} before it could apply this command; nothing was applied. Send "
+                "it again if still wanted (`trimtab ctl --queue` applies it when the run next resumes)",
+            )
+            run.say(f"[orchestrator] control/{name} came after the run's last step: not applied (control/*.error)")
+
+    def _own_command(self, action: str, params: dict[str, Any], decision: Any) -> None:
+        """ctl mode / pause-rule / resume-rule, the orchestrator's own state; one that finds the state
+        already as asked changed nothing, and the journal says so (a person who resumed a rule
+        that was not paused, a typo for the one that was, read "applied")."""
+        if action == "set_mode":
+            same, self.mode = self.mode == params["mode"], params["mode"]
+            decision.applied = [f"mode {self.mode}" + (" (it was already)" if same else "")]
+        else:
+            rule, pause = params["rule"], action == "pause_rule"
+            same = (rule in self.paused) == pause
+            (self.paused.add if pause else self.paused.discard)(rule)
+            paused = f"paused rules: {', '.join(sorted(self.paused)) or 'none'}"
+            decision.applied = [f"{rule} was {'already' if pause else 'not'} paused; {paused}" if same else paused]
+        if same:
+            decision.outcome = {"result": "no effect"}
+
     def _manual(
         self, run: RunView, action: str, params: dict[str, Any], name: str = "", again: dict[str, Any] | None = None
     ) -> None:
@@ -144,11 +176,7 @@ class PersonCommands:
         )
         if action in ACTIONS:  # checked here, so a bad value is answered before anything is journaled
             run.control.request(action, on_done=lambda line, d=decision: self._applied(d, line, run, name), **params)
-        elif action == "set_mode":
-            self.mode = params["mode"]
-            decision.applied = [f"mode {self.mode}"]
         else:
-            (self.paused.add if action == "pause_rule" else self.paused.discard)(params["rule"])
-            decision.applied = [f"paused rules: {', '.join(sorted(self.paused)) or 'none'}"]
+            self._own_command(action, params, decision)
         self.journal.add(decision)
         run.say(decision.console_line())

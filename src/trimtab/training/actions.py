@@ -365,6 +365,20 @@ MOE_KNOBS = {
     "set_router_temperature": "router_temperature",
     "set_balance_coef": "balance_coef",
 }  # action -> the MoE layer's attribute (and config key)
+# Knobs of `trimtab rl` runs: elsewhere a person's command for one is refused (by `trimtab ctl` from the
+# run's config.yaml, by Control in the job) instead of being journaled as if it had changed something
+RL_ONLY = frozenset(
+    {
+        "set_rl_temperature",
+        "set_entropy_bonus",
+        "set_overlong_filter",
+        "set_overlong_penalty",
+        "set_dynamic_sampling",
+        "set_max_staleness",
+        "set_generation_rows",
+        "set_verifier_timeout",
+    }
+)
 
 
 RULE_NAMES = ("nonfinite", "end", *OrchestratorConfig.RULES)  # end: the check of the state a phase ends in

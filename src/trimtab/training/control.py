@@ -31,7 +31,7 @@ from trimtab.errors import ConfigError, TrimtabError
 from trimtab.resilience.elastic import leave_job, node_count, node_rank
 from trimtab.rl.batches import RolloutLoader
 from trimtab.training import surgery
-from trimtab.training.actions import ACTIONS, MOE_KNOBS, action
+from trimtab.training.actions import ACTIONS, MOE_KNOBS, RL_ONLY, action
 from trimtab.training.optim import build_optimizer
 from trimtab.training.schedule import apply_lengths
 from trimtab.training.state import Rewound
@@ -152,6 +152,8 @@ class Control:
 
     def _rollback(self, to: str | int, skip_rows: list[int] | None = None, lr_factor: float | None = None) -> str:
         t = self._trainer
+        if isinstance(to, int) and to > t.state.step:  # a typo (500 for 50) would restore the newest checkpoint
+            raise ConfigError(f"rollback {to}: the run is at step {t.state.step}; name a step at or before it")
         before = replace(t.state)  # the restore replaces the state: the figures it undoes
         done = t.rollback(to)
         self.rewound.add(before, t.state)
@@ -289,7 +291,7 @@ class Control:
         """Set `knob` on `layer` of `layers` (index, module), or on all of them when None."""
         chosen = [m for i, m in layers if layer is None or i == layer]
         if not chosen:
-            raise ConfigError(f"no {kind} layer {'' if layer is None else layer} in this model")
+            raise ConfigError(f"no {kind} layer{'' if layer is None else f' {layer}'} in this model")
         old = getattr(chosen[0], knob)
         for module in chosen:
             setattr(module, knob, float(value))
@@ -418,20 +420,6 @@ EFFECTS: dict[str, Callable[..., str]] = {
     "exclude_node": Control._exclude_node,
 }
 AT_ONCE = frozenset({"skip_step"})
-# Knobs of `trimtab rl` runs: elsewhere a person's command for one fails (answered in control/*.error)
-# instead of being journaled as if it had changed something
-RL_ONLY = frozenset(
-    {
-        "set_rl_temperature",
-        "set_entropy_bonus",
-        "set_overlong_filter",
-        "set_overlong_penalty",
-        "set_dynamic_sampling",
-        "set_max_staleness",
-        "set_generation_rows",
-        "set_verifier_timeout",
-    }
-)
 
 
 def check_effects(effects: dict[str, Callable[..., str]] = EFFECTS) -> None:

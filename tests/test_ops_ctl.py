@@ -1,0 +1,123 @@
+"""`trimtab ctl` refuses at once, by the run's config.yaml, a command the job could only journal as
+failed after the person had gone: a MoE or Mixture-of-Depths knob for every layer (no layer named)
+of a model that has none of that kind, an RL knob on a run that is not `trimtab rl`. And a
+pause-rule, resume-rule or mode that finds the state already as asked is journaled as changing
+nothing, not as applied."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from trimtab.cli import main
+from trimtab.config import dump_config, load_config
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.errors import ConfigError
+from trimtab.orchestrator import ctl
+from trimtab.orchestrator.core import Orchestrator
+from trimtab.rundir import read_decisions, write_summary
+from trimtab.training.control import Control
+
+
+@pytest.mark.parametrize(
+    ("verb", "args", "message"),
+    [
+        ("mod-capacity", ["0.5"], "has no Mixture-of-Depths layers .*dense only"),
+        ("capacity-factor", ["1.0"], "has no MoE layers"),
+        ("router-temperature", ["2.0"], "has no MoE layers"),
+        ("rl-temperature", ["0.7"], "ctl rl-temperature: .* not an RL run .*rl.enabled"),
+        ("dynamic-sampling", ["on"], "ctl dynamic-sampling: .* not an RL run"),
+    ],
+)
+def test_a_knob_the_run_has_not_is_refused_when_sent(tmp_path, verb, args, message):
+    dump_config(load_config(preset="debug"), tmp_path / "config.yaml")  # dense layers, no RL
+    with pytest.raises(ConfigError, match=message):
+        ctl.send(tmp_path, ctl.parse_command(verb, args), queue=True)
+    assert not (tmp_path / "control").exists()  # nothing sent
+
+
+def test_the_same_knobs_go_to_runs_that_have_them(tmp_path):
+    moe, rl = tmp_path / "moe", tmp_path / "rl"
+    for path, cfg in (
+        (moe, load_config(preset="debug-moe")),
+        (rl, load_config(preset="debug", overrides={"rl": {"enabled": True}})),
+    ):
+        path.mkdir()
+        dump_config(cfg, path / "config.yaml")
+    ctl.send(moe, ctl.parse_command("capacity-factor", ["1.0"]), queue=True)
+    ctl.send(rl, ctl.parse_command("rl-temperature", ["0.7"]), queue=True)
+    ctl.send(tmp_path / "moe", ctl.parse_command("scale-lr", ["0.5"]), queue=True)  # not a config's question
+    assert [c["action"] for _, c in ctl.take_commands(moe)] == ["set_capacity_factor", "scale_lr"]
+    assert [c["action"] for _, c in ctl.take_commands(rl)] == ["set_rl_temperature"]
+
+
+class FakeRun:
+    """Enough of a Trainer for Control, and of a RunView for the orchestrator's command handling."""
+
+    def __init__(self, run_dir):
+        self.state = SimpleNamespace(step=3, lr_scale=1.0)
+        self.step = 3
+        self.cfg = SimpleNamespace(run_dir=run_dir)
+        self.control = Control(self)
+        self.said = []
+
+    def say(self, line):
+        self.said.append(line)
+
+
+def test_a_rule_or_mode_command_that_changes_nothing_says_so(tmp_path):
+    (tmp_path / "config.yaml").write_text("{}")
+    orchestrator, run = Orchestrator(OrchestratorConfig(), tmp_path), FakeRun(tmp_path)
+    commands = [("pause-rule", "spike"), ("pause-rule", "spike"), ("resume-rule", "plateau"), ("resume-rule", "spike")]
+    for verb, arg in [*commands, ("mode", orchestrator.mode), ("mode", "advise")]:
+        ctl.send(tmp_path, ctl.parse_command(verb, [arg]), queue=True)
+    orchestrator._take_commands(run)
+    got = [(d["applied"], d["outcome"]["result"]) for d in read_decisions(tmp_path)]
+    assert got == [
+        (["paused rules: spike"], "applied"),
+        (["spike was already paused; paused rules: spike"], "no effect"),
+        (["plateau was not paused; paused rules: spike"], "no effect"),
+        (["paused rules: none"], "applied"),
+        (["mode auto (it was already)"], "no effect"),
+        (["mode advise"], "applied"),
+    ]
+    assert orchestrator.paused == set() and orchestrator.mode == "advise"
+
+
+def test_a_command_that_comes_after_the_last_step_is_answered_not_journaled_as_applied(tmp_path):
+    """`ctl stop` sent while the run's final evaluation and save ran: the end of the run took the
+    file and journaled the stop as applied, with nothing done (no point applies requests any more),
+    and a resume then said it "went with the process"."""
+    (tmp_path / "config.yaml").write_text("{}")
+    orchestrator, run = Orchestrator(OrchestratorConfig(), tmp_path), FakeRun(tmp_path)
+    ctl.send(tmp_path, ctl.parse_command("stop", ["late"]), queue=True)
+    summary = {}
+    orchestrator.on_train_end(run, summary)
+    assert read_decisions(tmp_path) == [] and summary["decisions"] == 0
+    (error,) = (tmp_path / "control").glob("*.error")
+    assert "ended at step 3 before it could apply this command; nothing was applied" in error.read_text()
+    assert not list((tmp_path / "control").glob("*.json")) and run.control.apply() == []
+
+
+def test_a_command_queued_for_a_completed_run_says_what_resumes_it(tmp_path, capsys):
+    """Re-running the finished run's command changes nothing (it says so and exits 0): a queued
+    command waits for a larger --max-steps, which the person is told when queueing it."""
+    dump_config(load_config(preset="debug"), tmp_path / "config.yaml")
+    write_summary(tmp_path, {"status": "completed", "step": 40, "total_steps": 40})
+    assert main(["ctl", "--queue", str(tmp_path), "scale-lr", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "queued in" in out and "has completed (step 40 of 40)" in out and "larger --max-steps" in out
+    write_summary(tmp_path, {"status": "stopped (stop requested)", "step": 20, "total_steps": 40})
+    assert main(["ctl", "--queue", str(tmp_path), "scale-lr", "0.5"]) == 0
+    assert "has completed" not in capsys.readouterr().out  # a stopped run resumes by the same command
+
+
+def test_a_rollback_to_a_step_the_run_has_not_reached_is_refused(tmp_path):
+    """`ctl rollback 750` at step 75 (a typo for 75 or 50) restored the newest checkpoint, throwing
+    the steps since away, since the newest "at or before 750" is the newest of all."""
+    run, lines = FakeRun(tmp_path), []
+    run.rollback = lambda to: pytest.fail(f"rolled back to {to}")
+    run.control.request("rollback", on_done=lines.append, to=750)
+    run.control.apply()
+    assert lines == ["failed: rollback 750: the run is at step 3; name a step at or before it"]
