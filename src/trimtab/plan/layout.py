@@ -158,6 +158,7 @@ def plan_layout(cfg: RunConfig, hw: Hardware, gpus_per_node: int = 8) -> LayoutP
         raise ConfigError(f"{hw.name}: a parallel layout needs a GPU of hardware.GPUS (e.g. --gpu H100)")
     if gpus_per_node < 1:
         raise ConfigError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
+    _check_whole_nodes(hw.devices, gpus_per_node)
     shape = _Shape.of(cfg)
     candidates, reasons = _search(cfg, shape, hw, gpus_per_node)
     best = candidates[0] if candidates and candidates[0].fits else None
@@ -175,6 +176,19 @@ def plan_layout(cfg: RunConfig, hw: Hardware, gpus_per_node: int = 8) -> LayoutP
     if best is None:
         plan.gpus_needed = _gpus_needed(cfg, shape, hw, gpus_per_node)
     return plan
+
+
+def _check_whole_nodes(gpus: int, per_node: int) -> None:
+    """A job over several nodes fills each: torchrun starts --nproc_per_node processes on every node,
+    so 12 GPUs on nodes of 8 would launch 16 ranks, not the 12 the layout was planned for."""
+    if gpus <= per_node or gpus % per_node == 0:
+        return
+    divisor = max(n for n in range(1, per_node + 1) if gpus % n == 0)
+    raise ConfigError(
+        f"--gpus {gpus} spans nodes of --gpus-per-node {per_node} unevenly ({gpus // per_node} full, one of "
+        f"{gpus % per_node}), and torchrun starts the same number of processes on every node: pass --gpus "
+        f"{gpus - gpus % per_node} or {gpus - gpus % per_node + per_node}, or --gpus-per-node {divisor}"
+    )
 
 
 def _links(hw: Hardware, gpus_per_node: int) -> tuple[int, float, float]:
@@ -474,12 +488,13 @@ def step_traffic(cfg: RunConfig, world: int, precision: str = "bf16") -> dict[st
 
 
 def _gpus_needed(cfg: RunConfig, shape: _Shape, hw: Hardware, gpus_per_node: int) -> int | None:
-    """The fewest GPUs, doubling, that some layout fits on (None: none up to what the batch's
-    rows can spread over)."""
+    """The fewest GPUs, doubling (up to whole nodes: _check_whole_nodes), that some layout fits on
+    (None: none up to what the batch's rows can spread over)."""
     n = hw.devices * 2
     while n * cfg.data.seq_len <= cfg.train.batch_tokens * max(TP_SIZES) * max(PP_SIZES):
-        candidates, _ = _search(cfg, shape, dataclasses.replace(hw, devices=n), gpus_per_node)
+        whole = -(-n // gpus_per_node) * gpus_per_node if n > gpus_per_node else n
+        candidates, _ = _search(cfg, shape, dataclasses.replace(hw, devices=whole), gpus_per_node)
         if candidates and candidates[0].fits:
-            return n
+            return whole
         n *= 2
     return None
