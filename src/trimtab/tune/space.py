@@ -193,14 +193,12 @@ def _parse_study(space: Space, study: dict[str, Any]) -> None:
     for name in space.objectives:
         if name not in OBJECTIVES:
             raise ConfigError(f"{space.where('study.objectives')}: unknown objective '{name}'; one of {OBJECTIVES}")
-    space.seed = int(study.get("seed", 0))
+    space.seed = _whole(space.where("study.seed"), study.get("seed", 0), None)
     space.out, space.storage = str(study.get("out", "")), str(study.get("storage", ""))
-    space.settle_steps = int(study.get("settle_steps", 3))
+    space.settle_steps = _whole(space.where("study.settle_steps"), study.get("settle_steps", 3), 0)
     space.orchestrator_aware = bool(study.get("orchestrator_aware", True))
     if "trials" in study:
-        space.trials = int(study["trials"])
-        if space.trials < 1:
-            raise ConfigError(f"{space.where('study.trials')}: must be >= 1")
+        space.trials = _whole(space.where("study.trials"), study["trials"], 1)
 
 
 def _parse_base(space: Space, base: Any) -> None:
@@ -238,7 +236,7 @@ def _param(space: Space, key: str, spec: Any) -> SearchParam:
         _check_range(where, kind, values)
     elif _takes_float(key):  # as a run config reads them: a float key's '1e-4' is the number
         values = [_number(v) for v in values]
-    steps = int(spec.get("steps", 0))
+    steps = _whole(f"{where}.steps", spec["steps"], 1) if "steps" in spec else 0
     if kind == "choice" and steps:
         raise ConfigError(f"{where}: steps is for ranges; a choice already lists its values")
     return SearchParam(key=key, kind=kind, values=values, steps=steps)
@@ -257,6 +255,18 @@ def _number(value: Any, whole: bool = False) -> Any:
     if not math.isfinite(number):
         return value
     return int(number) if whole and number.is_integer() else number
+
+
+def _whole(where: str, value: Any, low: int | None) -> int:
+    """A whole number (a YAML int, or text such as '1e3') of at least `low`: a value int() would
+    truncate (2.5 grid points) or refuse with a traceback ('abc') is an error naming the key."""
+    number = _number(value, whole=True)
+    if isinstance(number, float) and number.is_integer():  # YAML's 2.0
+        number = int(number)
+    if isinstance(number, bool) or not isinstance(number, int) or (low is not None and number < low):
+        bound = "" if low is None else f" >= {low}"
+        raise ConfigError(f"{where}: must be a whole number{bound}, got {value!r}")
+    return number
 
 
 def _takes_float(key: str) -> bool:
