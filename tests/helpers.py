@@ -9,6 +9,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from safetensors.torch import load_file
@@ -16,6 +17,7 @@ from safetensors.torch import load_file
 from trimtab.checkpoint import list_checkpoints
 from trimtab.checkpoint_load import read_sharded_weights
 from trimtab.config import merge
+from trimtab.training.control import Control
 from trimtab.training.hooks import Hook
 
 # `trimtab train` flags for quick CLI runs: a small corpus slice, no progress bar, TensorBoard or evals
@@ -242,3 +244,17 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     path = list_checkpoints(run_dir)[-1]
     sharded = (path / "dcp").is_dir()
     return read_sharded_weights(path) if sharded else load_file(str(path / "model.safetensors"))
+
+
+class FakeTrainer:
+    """Enough of a Trainer for Control, and of a RunView for the orchestrator's command handling."""
+
+    def __init__(self, run_dir):
+        self.state = SimpleNamespace(step=3, lr_scale=1.0)
+        self.step = 3
+        self.cfg = SimpleNamespace(run_dir=run_dir)
+        self.control = Control(self)
+        self.said = []
+
+    def say(self, line):
+        self.said.append(line)

@@ -6,10 +6,9 @@ nothing, not as applied."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
+from helpers import FakeTrainer
 from trimtab.cli import main
 from trimtab.config import dump_config, load_config
 from trimtab.config.orchestrator import OrchestratorConfig
@@ -17,7 +16,6 @@ from trimtab.errors import ConfigError
 from trimtab.orchestrator import ctl
 from trimtab.orchestrator.core import Orchestrator
 from trimtab.rundir import read_decisions, write_summary
-from trimtab.training.control import Control
 
 
 @pytest.mark.parametrize(
@@ -52,23 +50,9 @@ def test_the_same_knobs_go_to_runs_that_have_them(tmp_path):
     assert [c["action"] for _, c in ctl.take_commands(rl)] == ["set_rl_temperature"]
 
 
-class FakeRun:
-    """Enough of a Trainer for Control, and of a RunView for the orchestrator's command handling."""
-
-    def __init__(self, run_dir):
-        self.state = SimpleNamespace(step=3, lr_scale=1.0)
-        self.step = 3
-        self.cfg = SimpleNamespace(run_dir=run_dir)
-        self.control = Control(self)
-        self.said = []
-
-    def say(self, line):
-        self.said.append(line)
-
-
 def test_a_rule_or_mode_command_that_changes_nothing_says_so(tmp_path):
     (tmp_path / "config.yaml").write_text("{}")
-    orchestrator, run = Orchestrator(OrchestratorConfig(), tmp_path), FakeRun(tmp_path)
+    orchestrator, run = Orchestrator(OrchestratorConfig(), tmp_path), FakeTrainer(tmp_path)
     commands = [("pause-rule", "spike"), ("pause-rule", "spike"), ("resume-rule", "plateau"), ("resume-rule", "spike")]
     for verb, arg in [*commands, ("mode", orchestrator.mode), ("mode", "advise")]:
         ctl.send(tmp_path, ctl.parse_command(verb, [arg]), queue=True)
@@ -90,7 +74,7 @@ def test_a_command_that_comes_after_the_last_step_is_answered_not_journaled_as_a
     file and journaled the stop as applied, with nothing done (no point applies requests any more),
     and a resume then said it "went with the process"."""
     (tmp_path / "config.yaml").write_text("{}")
-    orchestrator, run = Orchestrator(OrchestratorConfig(), tmp_path), FakeRun(tmp_path)
+    orchestrator, run = Orchestrator(OrchestratorConfig(), tmp_path), FakeTrainer(tmp_path)
     ctl.send(tmp_path, ctl.parse_command("stop", ["late"]), queue=True)
     summary = {}
     orchestrator.on_train_end(run, summary)
@@ -116,7 +100,7 @@ def test_a_command_queued_for_a_completed_run_says_what_resumes_it(tmp_path, cap
 def test_a_rollback_to_a_step_the_run_has_not_reached_is_refused(tmp_path):
     """`ctl rollback 750` at step 75 (a typo for 75 or 50) restored the newest checkpoint, throwing
     the steps since away, since the newest "at or before 750" is the newest of all."""
-    run, lines = FakeRun(tmp_path), []
+    run, lines = FakeTrainer(tmp_path), []
     run.rollback = lambda to: pytest.fail(f"rolled back to {to}")
     run.control.request("rollback", on_done=lines.append, to=750)
     run.control.apply()

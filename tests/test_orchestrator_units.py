@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from helpers import FakeTrainer
 from trimtab.config import dump_config, load_config
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.errors import ConfigError
@@ -975,20 +976,6 @@ def test_a_command_for_a_layer_of_another_kind_is_refused_when_sent(tmp_path):
     for verb, args in (("mod-capacity", ["0.25", "3"]), ("add-expert", ["3"]), ("mod-capacity", ["0.25"])):
         ctl.send(tmp_path, ctl.parse_command(verb, args), queue=True)
     assert len(ctl.take_commands(tmp_path)) == 3
-
-
-class FakeTrainer:
-    """Enough of a Trainer for Control, and of a RunView for the orchestrator's command handling."""
-
-    def __init__(self, run_dir):
-        self.state = SimpleNamespace(step=3, lr_scale=1.0)
-        self.step = 3
-        self.cfg = SimpleNamespace(run_dir=run_dir)
-        self.control = Control(self)
-        self.said = []
-
-    def say(self, line):
-        self.said.append(line)
 
 
 @pytest.mark.parametrize(
