@@ -54,6 +54,22 @@ def test_the_pytorchjob_parses_and_carries_the_plan(tmp_path, capsys):
     assert all(s in container["command"] for s in settings(saved))
 
 
+def test_a_launch_file_edited_for_a_site_is_kept_when_planned_again(tmp_path, capsys):
+    """--emit overwrote launch.sbatch, the EDIT lines a person filled in (partition, account) lost."""
+    _, script = plan(tmp_path, "slurm", capsys)
+    edited = script.replace("# EDIT: --partition", "#SBATCH --partition=gpu\n# EDIT: --partition")
+    (tmp_path / "launch.sbatch").write_text(edited)
+    args = ["plan", "--preset", "dense-1b", "--gpu", "H100", "--gpus", "8", "--out", str(tmp_path), "--emit", "slurm"]
+    assert main(args) == 0
+    assert f"the one before kept as {tmp_path / 'launch.sbatch.1.bak'}" in capsys.readouterr().out
+    assert (tmp_path / "launch.sbatch.1.bak").read_text() == edited
+    assert "#SBATCH --nodes=1" in (tmp_path / "launch.sbatch").read_text()
+    plan(tmp_path, "slurm", capsys)  # 16 GPUs again: the 8-GPU file differs, kept too
+    plan(tmp_path, "slurm", capsys)  # the same file again: nothing to keep
+    kept = sorted(p.name for p in tmp_path.glob("launch.sbatch*"))
+    assert kept == ["launch.sbatch", "launch.sbatch.1.bak", "launch.sbatch.2.bak"]
+
+
 def test_emitting_needs_a_layout_that_fits(tmp_path, capsys):
     assert main(["plan", "--preset", "debug", "--out", str(tmp_path), "--emit", "slurm"]) == 2
     assert "plan --emit needs a layout" in capsys.readouterr().err

@@ -370,6 +370,19 @@ def plan_command(
         from trimtab.plan.launch import launch_file
 
         name, text = launch_file(plan, emit, config)
+        kept = _keep_previous(json_path.parent / name, text)
         write_atomic(json_path.parent / name, text)
-        saved += f", and {json_path.parent / name} ({emit})"
+        saved += f", and {json_path.parent / name} ({emit})" + (f"; the one before kept as {kept}" if kept else "")
     return f"{format_plan(plan)}\n\n{saved}"
+
+
+def _keep_previous(path: Path, text: str) -> Path | None:
+    """A launch file there already that differs from `text` (its EDIT lines filled in for a site,
+    a planned layout edited), renamed to the first free NAME.N.bak rather than overwritten."""
+    if not path.is_file() or path.read_text() == text:
+        return None
+    n = 1
+    while (kept := path.with_name(f"{path.name}.{n}.bak")).exists():
+        n += 1
+    path.rename(kept)
+    return kept
