@@ -135,6 +135,8 @@ def test_several_runs_overlay(dense, rolled, tmp_path):
     loss = figures.loss([read_run(dense, "dense"), read_run(rolled, "rolled")])
     colours = {t.name: t.line.color for t in loss.data if t.name in ("dense train", "rolled train")}
     assert len(set(colours.values())) == 2
+    twice = write_report([dense, rolled, dense / ".." / dense.name], tmp_path / "twice.html").read_text()
+    assert twice.count("<td>dense</td>") == page.count("<td>dense</td>")  # one run named twice: drawn once
     # two runs with the same directory name are told apart by their parents
     assert trimtab.report._names([Path("/a/x/run"), Path("/a/y/run")]) == ["x/run", "y/run"]
 

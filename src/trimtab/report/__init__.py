@@ -31,6 +31,10 @@ def write_report(paths: list[str | Path], out: str | Path | None = None, summary
 
     if not paths:
         raise NotARunError("no run directory given")
+    unique: dict[Path, str | Path] = {}
+    for path in paths:  # one run named twice (a typo, a shell glob and a name) is drawn once
+        unique.setdefault(Path(path).resolve(), path)
+    paths = list(unique.values())
     runs, healings = _load(paths, summary)
     target = Path(out) if out else default_out(paths)
     if out and (target.is_dir() or str(out).endswith(("/", os.sep)) or target.suffix.lower() not in HTML):
