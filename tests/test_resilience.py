@@ -314,7 +314,13 @@ def test_a_lost_node_needs_a_job_of_several_nodes(tmp_path):
 def test_young_interval_and_expected_ettr_follow_their_formulas():
     """Young's interval sqrt(2 C M); ETTR 1 - C/T - (R + T/2)/M; more devices, a shorter MTBF, a
     shorter interval and a lower ETTR; an asynchronous save stalls less and trains more."""
-    from trimtab.plan.resilience import FAILURES_PER_DEVICE_HOUR, expected_ettr, resilience_plan, young_interval
+    from trimtab.plan.resilience import (
+        FAILURES_PER_DEVICE_HOUR,
+        expected_ettr,
+        format_resilience,
+        resilience_plan,
+        young_interval,
+    )
 
     assert young_interval(50.0, 3600.0) == pytest.approx(600.0)
     assert expected_ettr(50.0, 600.0, 300.0, 3600.0) == pytest.approx(1 - 50 / 600 - 600 / 3600)
@@ -326,6 +332,8 @@ def test_young_interval_and_expected_ettr_follow_their_formulas():
         assert async_.stall_s < sync.stall_s and async_.ettr > sync.ettr and async_.interval_s < sync.interval_s
         assert ft.ettr > async_.ettr  # no restart, no work redone: a group's share missing while it recovers
     assert plans[1].strategies[0].ettr < plans[0].strategies[0].ettr
+    four = resilience_plan(4, 10 * 2**40)  # groups of 2: one node's 8 would be a single group, no failover
+    assert "replica groups (resilience.ft) of 2 devices" in "\n".join(format_resilience(four))
     stepped = resilience_plan(1024, 10 * 2**40, step_s=7.0)
     assert all(s.interval_s % 7.0 == pytest.approx(0.0, abs=1e-9) for s in stepped.strategies)
 

@@ -16,10 +16,11 @@ assumptions, named as such in the output: a run measures its own (goodput.json).
 Per-step fault tolerance (torchft replica groups, resilience.ft) changes what a failure costs: no
 restart and no work trained again; the groups that keep going lose the step the failed group was
 in (withheld) and the quorum's change, FT_STALL_S, and the failed group's share of the devices
-(GROUP_DEVICES of them) is missing for its replacement's recovery R. Checkpoints stay
-asynchronous at Young's interval, for failures of the whole job:
+(ft_group: a node, GROUP_DEVICES, or half the devices on fewer) is missing for its
+replacement's recovery R. Checkpoints stay asynchronous at Young's interval, for failures of the
+whole job:
 
-    ETTR_ft     1 - C / interval - (FT_STALL_S + R x GROUP_DEVICES / devices) / MTBF
+    ETTR_ft     1 - C / interval - (FT_STALL_S + R x group / devices) / MTBF
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ WRITE_BYTES_PER_S = 1e9  # per device to a shared filesystem (assumed: a paralle
 FS_BYTES_PER_S = 1e12  # the filesystem's aggregate write bandwidth, all devices together (assumed)
 STAGE_BYTES_PER_S = 25e9  # per device, device to pinned host memory (PCIe 4/5 x16, measured ~25 GB/s)
 RECOVERY_S = 300.0  # restart, rendezvous, checkpoint load and warm-up (assumed; measure yours: goodput.json)
-GROUP_DEVICES = 8  # a torchft replica group: one node of 8 GPUs (assumed)
+GROUP_DEVICES = 8  # a torchft replica group: one node of 8 GPUs (assumed; fewer where there are fewer: ft_group)
 FT_STALL_S = 10.0  # per failure, for the groups that go on: a withheld step and a new quorum (assumed)
 
 
@@ -55,6 +56,13 @@ class ResiliencePlan:
     recovery_s: float
     step_s: float | None  # one optimizer step (the plan's time / steps): an interval is whole steps
     strategies: list[Strategy]
+
+
+def ft_group(devices: int) -> int:
+    """Devices a torchft replica group holds in the plan: a node of GROUP_DEVICES, or half of
+    `devices` where they are fewer than two nodes (per-step fault tolerance needs two groups at
+    least: with one, a failure stops the job as without it)."""
+    return max(1, min(GROUP_DEVICES, devices // 2))
 
 
 def young_interval(stall_s: float, mtbf_s: float) -> float:
@@ -92,7 +100,7 @@ def resilience_plan(
         ettr = expected_ettr(stall, interval, recovery_s, mtbf_s)
         strategies.append(Strategy(name=name, stall_s=stall, interval_s=interval, ettr=ettr))
     async_ = strategies[-1]
-    lost = ft_stall_s + recovery_s * min(1.0, GROUP_DEVICES / devices)  # per failure (module docstring)
+    lost = ft_stall_s + recovery_s * ft_group(devices) / devices  # per failure (module docstring)
     ettr = min(1.0, max(0.0, 1.0 - async_.stall_s / async_.interval_s - lost / mtbf_s))
     strategies.append(Strategy(name="per-step FT", stall_s=async_.stall_s, interval_s=async_.interval_s, ettr=ettr))
     return ResiliencePlan(
@@ -120,7 +128,8 @@ def format_resilience(plan: ResiliencePlan) -> list[str]:
             f"expected ETTR {s.ettr:.1%}"
         )
     lines.append(
-        f"  per-step FT: torchft replica groups (resilience.ft) of {GROUP_DEVICES} devices; a failure costs the others "
-        f"a withheld step and a new quorum ({FT_STALL_S:.0f} s assumed) and its own group its recovery, no work redone"
+        f"  per-step FT: torchft replica groups (resilience.ft) of {ft_group(plan.devices)} devices; a failure costs "
+        f"the others a withheld step and a new quorum ({FT_STALL_S:.0f} s assumed) and its own group its recovery, "
+        "no work redone"
     )
     return lines
