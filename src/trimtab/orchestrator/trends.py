@@ -199,7 +199,7 @@ class AboveStart(Monitor):
         last = not self.wants_gain(m.step + 1)  # the phase's last measured step: its jumps are judged
         if len(self.gains) < window:
             return self._jumps_found(m) if last else None
-        gain = sorted(self.gains)[window // 2]
+        gain = _mid(self.gains)
         if gain >= self.cfg.min_gain:
             return self._jumps_found(m) if last else None
         rest = [g for g, j in zip(self.gains, self.jumped) if j is None]
@@ -293,7 +293,7 @@ class AboveStart(Monitor):
         window = self.cfg.window
         if len(self.losses) < 2 * window:
             return None
-        return sorted(self.losses[:window])[window // 2], sorted(self.losses[window:])[window // 2]
+        return _mid(self.losses[:window]), _mid(self.losses[window:])
 
     def _stalled(self) -> bool:
         """The loss's median over the last `window` steps fell by less than `stall` of the window's
@@ -364,8 +364,7 @@ class AboveStart(Monitor):
         judged = self.first_step is None or m.step - self.first_step >= self.cfg.gain_steps + window
         if len(self.grads) < 2 * window or not judged:
             return None
-        warm = sorted(self.grads[:window])[window // 2]
-        now = sorted(self.grads[window:])[window // 2]
+        warm, now = _mid(self.grads[:window]), _mid(self.grads[window:])
         if now >= self.cfg.collapse * warm or not self._stalled():
             return None
         self.grads, self.over, self.losses = [], [], []
