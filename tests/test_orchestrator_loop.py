@@ -448,46 +448,38 @@ def test_low_confidence_turns_an_action_into_advice(tmp_path):
     assert all_finite(final_weights(run))  # the skips still happened
 
 
-def test_bad_batch_spikes_are_skipped_and_training_recovers(tmp_path, runs):
+def test_bad_batch_spikes_are_skipped_their_rows_left_out_and_training_recovers(tmp_path, runs):
+    """Four steps of garbage rows. The first spike's update is withheld, and its rows, scored on the
+    weights that scored the steps before well, stand far above held-out rows: they go at once (a
+    skip alone let them come back in the next epoch), and the next steps' rows are watched. The
+    spikes there are the data's: one decision a step, the watch's, says the update was withheld,
+    and none climbs the ladder (the LR stays). No poisoned row is kept."""
     run = tmp_path / "r"
     spike = ["orchestrator.spike.window=8", "orchestrator.spike.min_samples=8", "orchestrator.spike.sigma=3"]
-    summary = trimtab.train(debug_cfg(run, steps=24, faults=["bad_batch@18:3"], sets=spike))
+    summary = trimtab.train(debug_cfg(run, steps=24, faults=["bad_batch@18:4"], sets=spike))
     assert summary["status"] == "completed"
-    ds = decisions(run, "spike")
-    # the third finding would climb, but the model still scores as well as at the last good
-    # checkpoint on held-out data: the data is to blame, so its rows go and the LR stays
-    assert [(d["step"], d["action"]) for d in ds] == [(18, "skip_step"), (19, "skip_step"), (20, "skip_data")]
-    assert ds[0]["evidence"]["rerun"]["verdict"] == "reproducible"  # the same rows, the same spike: the data
-    assert all(d["evidence"]["loss"] > d["evidence"]["ceiling"] for d in ds)
-    poisoned = json.loads((run / "faults.json").read_text())["poisoned"]
-    assert len(poisoned) == 3 * 16 and sorted(ds[-1]["params"]["rows"]) == sorted(poisoned)
-    assert ds[-1]["applied"] == ["48 rows left out of training"] and "held-out" in ds[-1]["reasoning"]
-    assert by_step(run, "lr_scale")[24] == 1.0
-    losses, clean = by_step(run, "loss"), by_step(runs["clean"][0], "loss")
-    assert all(losses[s] > clean[s] + 1.0 for s in (18, 19, 20))  # garbage tokens really were trained on
-    assert all(losses[s] == clean[s] for s in range(1, 18))  # identical until the fault
-    assert math.isfinite(losses[24]) and abs(losses[24] - clean[24]) < 0.3
-
-
-def test_bad_data_that_outlasts_the_incident_is_left_out_by_the_watch(tmp_path):
-    """Four bad steps: the third finding leaves out the rows of the first three; the fourth step
-    spikes too (its update withheld) and the watch leaves out its rows as well, so no poisoned
-    row comes back in a later epoch (the bench's bad_batch recall was 0.75 without it)."""
-    run = tmp_path / "r"
-    spike = ["orchestrator.spike.window=8", "orchestrator.spike.min_samples=8", "orchestrator.spike.sigma=3"]
-    assert trimtab.train(debug_cfg(run, steps=24, faults=["bad_batch@18:4"], sets=spike))["status"] == "completed"
     ds = decisions(run)
     assert [(d["step"], d["rule"], d["action"]) for d in ds] == [
-        (18, "spike", "skip_step"),
-        (19, "spike", "skip_step"),
-        (20, "spike", "skip_data"),
-        (21, "spike", "skip_step"),
+        (18, "spike", "skip_data"),
+        (19, "data", "skip_data"),
+        (20, "data", "skip_data"),
         (21, "data", "skip_data"),
     ]
+    assert ds[0]["evidence"]["rerun"]["verdict"] == "reproducible"  # the same rows, the same spike: the data
+    assert ds[0]["evidence"]["loss"] > ds[0]["evidence"]["ceiling"] and "held-out" in ds[0]["reasoning"]
+    assert all(d["evidence"]["spike"]["loss"] > ds[0]["evidence"]["ceiling"] - 1 for d in ds[1:])
+    assert all(
+        d["applied"] == ["update withheld before the optimizer step", "16 rows left out of training"] for d in ds
+    )
+    assert "watched" in ds[-1]["reasoning"]
     poisoned = json.loads((run / "faults.json").read_text())["poisoned"]
-    left_out = [r for d in ds if d["action"] == "skip_data" for r in d["params"]["rows"]]
+    left_out = [r for d in ds for r in d["params"]["rows"]]
     assert len(poisoned) == 4 * 16 and sorted(left_out) == sorted(poisoned)
-    assert ds[-1]["applied"] == ["16 rows left out of training"] and "watched" in ds[-1]["reasoning"]
+    assert by_step(run, "lr_scale")[24] == 1.0
+    losses, clean = by_step(run, "loss"), by_step(runs["clean"][0], "loss")
+    assert all(losses[s] > clean[s] + 1.0 for s in (18, 19, 20, 21))  # garbage tokens really were met
+    assert all(losses[s] == clean[s] for s in range(1, 18))  # identical until the fault
+    assert math.isfinite(losses[24]) and abs(losses[24] - clean[24]) < 0.3
 
 
 def test_lr_spike_is_caught_before_it_is_applied_and_undone(tmp_path, runs):

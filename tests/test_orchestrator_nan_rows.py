@@ -75,10 +75,17 @@ def test_rows_that_are_all_not_finite_blame_none_of_them():
 
 
 def test_spikes_still_leave_out_the_rows_that_score_high():
-    """Finite high losses (a spike, also with NaN steps in the incident) are what a high row explains."""
-    policy, view = ladder(), sound({10 * 2 + HARD: 9.0})
-    plans = [act(policy, nan_loss(1), view), act(policy, finding(2, rows=[23]), view), act(policy, nan_loss(3), view)]
+    """Finite high losses (a spike, also with NaN steps in the incident) are what a high row
+    explains: the spike's own rows are scored at once (spikes.py), and the climb's scoring of the
+    incident's rows, had they not been, names the same one."""
+    view = sound({10 * 2 + HARD: 9.0})
+    policy = ladder()
+    plans = [act(policy, nan_loss(1), view), act(policy, finding(2, rows=[23]), view)]
     assert plans[-1].action == "skip_data" and plans[-1].params == {"rows": [23]}
+    climb = ladder()
+    climb.unstable_at = 0  # unsettled: a lone spike's rows are not scored, the climb's are
+    plans = [act(climb, nan_loss(1), view), act(climb, finding(2, rows=[23]), view), act(climb, nan_loss(3), view)]
+    assert [p.action for p in plans] == ["skip_step", "skip_step", "skip_data"] and plans[-1].params == {"rows": [23]}
 
 
 def test_a_non_finite_score_does_not_poison_the_reference():

@@ -368,7 +368,12 @@ class Orchestrator(Deciding, PersonCommands, Hook):
                 f.evidence["rerun"] = rerun
         if self.mode == "auto" and (watched := self.policy.data.watch(run, m)):
             # the steps after rows were left out: their bad rows go, whether or not the step also spiked
-            # (a spike alone only withholds the update; the rows would come back in the next epoch)
+            # (a spike alone only withholds the update; the rows would come back in the next epoch). A
+            # loss spike they explain is the data's: one decision, theirs, says the update was withheld,
+            # and the spike does not climb the instability ladder (skipping is not what failed)
+            if spikes := [f for f in findings if f.rule == "spike"]:
+                watched.evidence["spike"] = {"summary": spikes[0].summary, "loss": spikes[0].evidence.get("loss")}
+                findings = [f for f in findings if f.rule != "spike"]
             findings.append(watched)
         self.outcomes.follow(m, findings)
         if not findings and math.isfinite(m.loss):

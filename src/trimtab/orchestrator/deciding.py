@@ -54,7 +54,10 @@ class Deciding:
         record = self.journal.track_record(f.rule, remedy.action)
         confidence = Policy.confidence(f.strength, record)
         mode, reasoning = self.mode, remedy.reasoning
-        if remedy.action == "skip_step":
+        # a spike's rows left out (spikes.py; the watch's: core.py): the gate's skip happened as well, said first
+        spiked = remedy.action == "skip_data" and withheld and (f.family == "instability" or "spike" in f.evidence)
+        gated = remedy.action == "skip_step" or spiked
+        if gated:
             reasoning = _skip_wording(mode, withheld) + (f"; {remedy.reasoning}" if remedy.reasoning else "")
         acts = remedy.action not in ("skip_step", "none", "stop", "resume")  # resume: done before (a restart)
         demoted = mode == "auto" and acts and confidence < self.cfg.min_confidence
@@ -92,6 +95,8 @@ class Deciding:
         elif remedy.action == "resume":
             decision.applied = [f"resumed at step {remedy.params['step']} on {ranks(remedy.params['world'])}"]
         elif mode == "auto" and remedy.action != "none":
+            if gated:
+                decision.applied = ["update withheld before the optimizer step"]
             if remedy.action == "rollback":  # on_rollback judges the branch it abandons, but this decision
                 self.rolling_back = decision.id
             run.control.request(remedy.action, on_done=lambda line, d=decision: self._applied(d, line), **remedy.params)

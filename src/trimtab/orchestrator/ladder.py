@@ -1,6 +1,7 @@
 """The instability family's escalation ladder, a part of the Policy (policy.py):
 
-    rung 0  skip the step (the update gate already withheld it on device)
+    rung 0  skip the step (the update gate already withheld it on device); a loss spike's rows
+            that score as outliers are left out with it (spikes.py)
     rung 1  cut the LR (x lr_cut)
     rung 2  roll back to the last good checkpoint, skip the rows behind the incident, cut the LR
     rung 3  save and stop with a clear message (max_rollbacks spent on one incident, or nothing
@@ -108,6 +109,8 @@ class InstabilityLadder(EarlySpikes, TooHighLR):
             ladder.recent = []  # the climb is answered (applied or advised): the next needs as many findings
             return self._rollback(view, broken=verdict[1], early=early)
         if not climb:
+            if f.rule == "spike" and ladder.rung == 0:
+                return self._lone_spike(f, view)
             return Remedy(action="skip_step", reasoning="")  # the orchestrator words it from what the gate did
         ladder.recent = []
         rung = ladder.rung + 1

@@ -1,22 +1,60 @@
-"""The instability ladder's answer to a spike in a phase's first steps (LossSpike's early bar:
-orchestrator/monitors.py), a part of InstabilityLadder (ladder.py): so few steps are at stake that
-it is answered at once, not climbed to."""
+"""The instability ladder's answers to a loss spike before it climbs, a part of InstabilityLadder
+(ladder.py): one in a phase's first steps (LossSpike's early bar: orchestrator/monitors.py) is
+answered at once, so few steps are at stake; a lone one later has its rows scored."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
+from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding
 from trimtab.orchestrator.remedies import Remedy
 
 
 class EarlySpikes:
-    """InstabilityLadder's early spikes (it holds the state and the methods named here)."""
+    """InstabilityLadder's early and lone spikes (it holds the state and the methods named here)."""
 
+    cfg: OrchestratorConfig
     early_rollbacks: dict[str, list[float]]  # step -> [the loss rolled back from, unstable_at, broken_at before]
     unstable_at: int
     broken_at: int
+
+    def _lone_spike(self, f: Finding, view: Any) -> Remedy:
+        """A loss spike below the climb: the update gate withheld its update, so the weights are
+        those that scored the steps before well, and the step's rows are what changed. They are
+        scored one by one against held-out rows (attribution.py); the ones far above are left
+        out with the skip, and the next steps' rows watched, since a bad stretch rarely ends on
+        its first step. Skipped alone, such rows came back in the next epoch, and so did the
+        stretch's rows whose steps stayed under the ceiling (healing benchmark, bad_rows@60:8,
+        a quarter of 8 steps' rows: the spikes at 60 and 61 skipped, 62-67 trained, 26 of the
+        70 garbage rows named when they came round again). Not scored: a spike whose re-run
+        differed (a transient fault's: transient.py), one while the model is unsettled or the
+        LR suspect (rows then score high for the model's sake), or a step the watch scores. A row
+        must stand out by the rows rule's bar (a hard row of text stays under it): one spike is
+        less evidence than the climb the incident's rows are scored at otherwise."""
+        skip = Remedy(action="skip_step", reasoning="")  # the orchestrator words it from what the gate did
+        rerun = f.evidence.get("rerun") or {}
+        if (
+            not f.rows
+            or rerun.get("verdict") == "transient"
+            or self.unsettled(f.step)
+            or self.lr_suspect(f.step)
+            or f.step <= self.data.watch_until
+        ):
+            return skip
+        # the rows rule's bar (orchestrator.rows.min_gap): one spike is less evidence than a climb
+        bad, evidence = self.data.score(view, f.rows, min_gap=self.cfg.rows.min_gap)
+        if not bad:
+            return skip
+        loss = f.evidence.get("loss")
+        why = (
+            f"the loss spiked{'' if loss is None else f' to {loss:.4g}'} on weights that scored the steps before it "
+            f"well; scored one by one, {len(bad)} of the step's {evidence['rows_scored']} rows lose more than "
+            f"{evidence['threshold']:.3f} (held-out rows' median {evidence['reference_median']:.3f}): the data is "
+            "to blame; leave them out and watch the next steps' rows, the LR stays"
+        )
+        return self._leave_out(bad, why, evidence)
 
     def _early_spike(self, f: Finding, view: Any) -> Remedy:
         """A spike in the phase's first steps (LossSpike's early bar), answered at once, since so few
