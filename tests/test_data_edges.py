@@ -39,6 +39,23 @@ def tok_file(tmp_path, tokenizer):
     return path
 
 
+# ------------------------------------------------------------------------------------------- csv
+
+
+def test_csv_cells_are_read_as_the_text_they_are(tmp_path):
+    """pandas' inference read "NA" and "None" as nulls, "007" as 7 and a column of digits as
+    ints: records refused as not a string. A cell is text; an empty one an empty document."""
+    pytest.importorskip("datasets")
+    path = tmp_path / "t.csv"
+    path.write_text('text,id\nNA,1\nNone,2\n007,3\n,4\n"a, quoted ""one""",\n1.50,6\n')
+    docs, skipped = read_documents(DataConfig(source=str(path), max_bytes=0))
+    assert [d.text for d in docs] == ["NA", "None", "007", 'a, quoted "one"', "1.50"] and skipped == 0
+    with gzip.open(tmp_path / "n.csv.gz", "wt") as fh:  # its header read through the decompression
+        fh.write("text\n123\n45\n")
+    docs, _ = read_documents(DataConfig(source=str(tmp_path / "n.csv.gz"), max_bytes=0))
+    assert [d.text for d in docs] == ["123", "45"]
+
+
 # ------------------------------------------------------------------------------------------ zstd
 
 

@@ -4,9 +4,11 @@ file with no newline, a damaged token cache, a directory given to `trimtab eval 
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import os
+import time
 
 import numpy as np
 import pytest
@@ -61,12 +63,14 @@ def test_prepare_trains_its_tokenizer_past_a_directorys_bad_jsonl(tmp_path, capl
     assert "b.jsonl: not UTF-8 text at line 20" in manifest["files"][0]["unreadable"]
 
 
+@pytest.mark.parametrize("bad", [b"\xff", b"\x00"], ids=["not-utf8", "nul"])
 def test_prepare_writes_nothing_of_a_directorys_file_found_unreadable_after_its_first_batches(
-    tmp_path, tokenizer, monkeypatch
+    tmp_path, tokenizer, monkeypatch, bad
 ):
     """A text file encoded in several batches with a bad byte near its end: its first batches
     were in the shard (unended, uncounted) while the manifest said it was skipped. It is now
-    read through once before, and skipped whole."""
+    read through once before, and skipped whole; a NUL byte (binary) as much as one not UTF-8:
+    the check ahead passed it, and 2.5M tokens of a skipped file ran into the next's document."""
     from trimtab.data import shards
 
     monkeypatch.setattr(shards, "ENCODE_CHARS", 100)  # batches of 100 characters (prepare's in this process)
@@ -74,14 +78,14 @@ def test_prepare_writes_nothing_of_a_directorys_file_found_unreadable_after_its_
     src = tmp_path / "src"
     src.mkdir()
     good = b"alpha beta gamma delta\n" * 4000  # past the text decoder's first block
-    (src / "a.txt").write_bytes(good + b"bad \xff byte\n")
+    (src / "a.txt").write_bytes(good + b"bad " + bad + b" byte\n")
     (src / "b.txt").write_text("fine text here\n" * 10)
     tokenizer.save(tmp_path / "tok.json")
     manifest = prepare([str(src)], tmp_path / "p", tokenizer=str(tmp_path / "tok.json"), workers=1)
     assert [f["documents"] for f in manifest["files"]] == [0, 1]
-    assert "a.txt: not UTF-8 text at line 4001" in manifest["files"][0]["unreadable"]
     data = PreparedData(tmp_path / "p")
     assert data.n_tokens == manifest["files"][1]["tokens"]  # nothing of a.txt in the shards
+    assert "a.txt: not UTF-8 text at line 4001" in manifest["files"][0]["unreadable"]
 
 
 def test_records_past_the_callers_limit_are_not_read(tmp_path):
@@ -182,6 +186,43 @@ def test_a_line_longer_than_a_piece_is_cut_at_a_space_into_the_same_tokens(tmp_p
     prepare([str(path)], tmp_path / "p", tokenizer=str(tmp_path / "tok.json"))
     ids = PreparedData(tmp_path / "p").read(0, PreparedData(tmp_path / "p").n_tokens)
     assert ids[:-1].tolist() == tokenizer.encode(text)  # the whole line's tokens, then eos
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_a_long_code_file_is_cut_into_the_whole_files_tokens(tmp_path, tokenizer, monkeypatch, newline):
+    """Cut after a line end, the indentation that follows lost the newline a pre-tokenizer joins
+    it to ("\n" + "    return"): a 2.5 MB file of code prepared into other tokens than in memory."""
+    monkeypatch.setattr(formats, "TEXT_CHUNK_CHARS", 64)
+    text = "".join(f"def f{i}(x):\n    return x * {i}\n" for i in range(40)).replace("\n", newline)
+    path = tmp_path / "code.txt"
+    path.write_bytes(text.encode())
+    pieces = [r.value for r in formats.records(path)]
+    assert "".join(pieces) == text and len(pieces) > 10
+    tokenizer.save(tmp_path / "tok.json")
+    prepare([str(path)], tmp_path / "p", tokenizer=str(tmp_path / "tok.json"))
+    data = PreparedData(tmp_path / "p")
+    assert data.read(0, data.n_tokens)[:-1].tolist() == tokenizer.encode_text(text)
+
+
+@pytest.mark.parametrize("name", ["one.jsonl", "one.jsonl.gz"])
+def test_a_jsonl_line_of_many_chunks_is_read_in_time_linear_in_it(tmp_path, monkeypatch, name):
+    """A line longer than a read was grown by `buffer += chunk`, a copy of all of it per chunk:
+    20 s for one record of 110 MB, 5x the time of half of it. Timed against the same bytes in
+    short lines (as many chunks, no long line), so that a slow machine slows both."""
+    monkeypatch.setattr(formats, "READ_CHUNK", 16)  # 25,000 chunks to a line of 400 KB
+    record = json.dumps({"text": " ".join(WORDS) * 6_000})
+    opener = gzip.open if name.endswith(".gz") else open
+    with opener(tmp_path / name, "wt") as fh:
+        fh.write(record + "\n")
+    with opener(tmp_path / f"short-{name}", "wt") as fh:
+        fh.write("".join(json.dumps({"text": " ".join(WORDS)}) + "\n" for _ in range(len(record) // 90)))
+    took = {}
+    for path in (tmp_path / name, tmp_path / f"short-{name}"):
+        start = time.perf_counter()
+        n = sum(len(r.value) for r in formats.records(path))
+        took[path.name] = time.perf_counter() - start
+    assert n > 0 and [r.value for r in formats.records(tmp_path / name)] == [record]
+    assert took[name] < 3 * took[f"short-{name}"] + 0.1, took
 
 
 def test_a_line_with_no_space_is_cut_at_the_piece_size(tmp_path, monkeypatch):

@@ -171,6 +171,27 @@ def test_an_interrupted_prepare_resumes_to_the_same_data(tmp_path, tok_file, mon
     )
 
 
+def test_a_file_changed_before_any_piece_of_it_was_prepared_is_cut_again(tmp_path, tok_file, monkeypatch):
+    """An interrupted prepare keeps a large JSONL file's pieces (byte ranges) in the manifest; the
+    file grown before the re-run prepared a piece of it was taken as it is now, but cut at the
+    old ranges: the records past them were left out, silently."""
+    monkeypatch.setattr(prepare_py, "SHARD_BYTES", 1)  # a job per file, a piece per line of c.jsonl
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text(json.dumps({"text": "first file"}) + "\n")
+    (src / "b.txt").write_bytes(b"\x00binary")  # named alone: its job fails before c.jsonl's
+    (src / "c.jsonl").write_text("".join(json.dumps({"text": f"record {i}"}) + "\n" for i in range(4)))
+    files = [str(src / name) for name in ("a.jsonl", "b.txt", "c.jsonl")]
+    with pytest.raises(DataError, match="b.txt: not UTF-8"):
+        prepare(files, tmp_path / "p", tokenizer=str(tok_file), workers=1)
+    assert read_manifest(tmp_path / "p")["files"][2]["done"] == []
+    with open(src / "c.jsonl", "a") as fh:
+        fh.writelines(json.dumps({"text": f"appended {i}"}) + "\n" for i in range(3))
+    (src / "b.txt").write_text("now text")
+    manifest = prepare(files, tmp_path / "p", workers=1)
+    assert [f["documents"] for f in manifest["files"]] == [1, 1, 7]
+
+
 def test_a_corrupt_shard_is_named_and_rebuilt_from_its_sources(tmp_path, tok_file):
     src = write_corpus(tmp_path / "src")
     prepare([str(src)], tmp_path / "p", tokenizer=str(tok_file))
@@ -182,6 +203,35 @@ def test_a_corrupt_shard_is_named_and_rebuilt_from_its_sources(tmp_path, tok_fil
         PreparedData(tmp_path / "p")
     prepare([str(src)], tmp_path / "p")
     assert PreparedData(tmp_path / "p").n_docs == 101
+
+
+def test_an_unreadable_shard_index_is_named_without_the_sha256_check(tmp_path, tok_file):
+    """data.verify_shards=false checks sizes only: an index damaged (truncated, overwritten) was
+    a ValueError or BadZipFile traceback from numpy, not the shard and how to rebuild it."""
+    src = tmp_path / "a.jsonl"
+    src.write_text("".join(json.dumps({"text": text(random.Random(i), 20)}) + "\n" for i in range(8)))
+    prepare([str(src)], tmp_path / "p", tokenizer=str(tok_file))
+    [index] = (tmp_path / "p" / "shards").glob("*.idx.npz")
+    for damaged in (b"not an index", index.read_bytes()[:40]):
+        index.write_bytes(damaged)
+        with pytest.raises(DataError, match=rf"'{tmp_path / 'p'}': shard .* index .*{index.name}.*data prepare"):
+            PreparedData(tmp_path / "p", verify=False)
+    prepare([str(src)], tmp_path / "p")
+    assert PreparedData(tmp_path / "p", verify=False).n_docs == 8
+
+
+@pytest.mark.parametrize(
+    "edit", [lambda m: [m], lambda m: {k: v for k, v in m.items() if k != "shards"}], ids=["list", "no-shards"]
+)
+def test_a_manifest_not_as_prepare_writes_it_is_named_by_training_and_prepare(tmp_path, tok_file, edit):
+    src = tmp_path / "a.jsonl"
+    src.write_text(json.dumps({"text": text(random.Random(0), 40)}) + "\n")
+    prepare([str(src)], tmp_path / "p", tokenizer=str(tok_file))
+    manifest = tmp_path / "p" / "trimtab-data.json"
+    manifest.write_text(json.dumps(edit(json.loads(manifest.read_text()))))
+    for read in (lambda: PreparedData(tmp_path / "p"), lambda: prepare([str(src)], tmp_path / "p")):
+        with pytest.raises(DataError, match=rf"{manifest}: .*not .*manifest.*; prepare the sources into a new"):
+            read()
 
 
 def test_a_shard_changed_under_a_run_is_named_when_read(tmp_path, tok_file):

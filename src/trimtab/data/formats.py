@@ -9,6 +9,7 @@ columnar one, so that an error names it.
 from __future__ import annotations
 
 import codecs
+import csv
 import functools
 import gzip
 import io
@@ -29,10 +30,14 @@ JSONL = (".jsonl", ".ndjson")
 COMPRESSED = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 COLUMNAR = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}
 ZSTD_CHUNK = 1 << 16  # compressed bytes decompressed at once
+READ_CHUNK = 1 << 20  # bytes (characters) of a JSONL file read at once
 TEXT_CHUNK_CHARS = 1_000_000  # a long plain-text file is encoded in pieces of about this size
-# the last whitespace before a non-space, searched in reversed text: where a line too long for one
-# piece is cut (byte-level pre-tokenizers attach a space to the word after it)
-_SPACE_BEFORE_WORD = re.compile(r"\S\s")
+# where a piece of text is cut, searched in reversed text: before the last space that precedes a
+# word, else the last whitespace that does. Pre-tokenizers attach a space to the word after it and
+# join a run of whitespace (GPT-2's "\n\n   " before " def", Llama 3's "\r\n" and `")\n\n`): a cut
+# after a line end can split what the whole text keeps as one pre-token, so other tokens than in memory
+_SPACE_BEFORE_WORD = re.compile(r"\S ")
+_WHITESPACE_BEFORE_WORD = re.compile(r"\S\s")
 
 
 class Unreadable(DataError):
@@ -107,7 +112,7 @@ def records(path: Path, fmt: str = "auto", span: Span | None = None) -> Iterator
         else:
             yield from _text(path)
     except UnicodeDecodeError as exc:
-        raise Unreadable(_not_utf8(path, _bad_line(path), exc)) from None
+        raise Unreadable(_not_utf8(path, _bad_line(path, binary_nul=kind == "text"), exc)) from None
     except (OSError, EOFError, ValueError) as exc:
         if isinstance(exc, DataError):
             raise
@@ -129,15 +134,18 @@ def _jsonl_bytes(path: Path, span: Span) -> Iterator[Record]:
     start, end, lineno = span
     with open(path, "rb") as fh:
         fh.seek(start)
-        buffer, left = b"", end - start
-        while left > 0 or buffer:
-            chunk = fh.read(min(1 << 20, left)) if left > 0 else b""
+        held, left = [], end - start  # held: the chunks of a line not ended yet
+        while left > 0 or held:
+            chunk = fh.read(min(READ_CHUNK, left)) if left > 0 else b""
             left -= len(chunk)
-            buffer += chunk
             if chunk and b"\n" not in chunk:
-                continue  # a long line: split once it ends, not at every chunk of it
-            lines = buffer.split(b"\n")
-            buffer = lines.pop() if chunk else b""  # the last, unfinished line waits for more
+                # a long line: joined once it ends (a buffer += chunk copied it whole at every chunk:
+                # 20 s for one line of 110 MB), and split then, not at every chunk of it
+                held.append(chunk)
+                continue
+            lines = b"".join([*held, chunk]).split(b"\n")
+            rest = lines.pop() if chunk else b""  # the last, unfinished line waits for more
+            held = [rest] if rest else []
             for raw in lines:
                 try:
                     text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
@@ -152,14 +160,16 @@ def _jsonl_bytes(path: Path, span: Span) -> Iterator[Record]:
 
 def _lines(fh: IO[str]) -> Iterator[str]:
     # split on "\n" only: JSON strings may legally hold raw U+2028, which str.splitlines() cuts
-    buffer = ""
-    while chunk := fh.read(1 << 20):
-        buffer += chunk
-        if "\n" in chunk:  # a long line is split once it ends, not at every chunk of it
-            *lines, buffer = buffer.split("\n")
-            yield from lines
-    if buffer:
-        yield buffer
+    held: list[str] = []  # the chunks of a line not ended yet: joined once it ends, as _jsonl_bytes's
+    while chunk := fh.read(READ_CHUNK):
+        if "\n" not in chunk:
+            held.append(chunk)
+            continue
+        *lines, rest = "".join([*held, chunk]).split("\n")
+        held = [rest]
+        yield from lines
+    if tail := "".join(held):
+        yield tail
 
 
 def _open_bytes(path: Path) -> IO[bytes]:
@@ -222,35 +232,40 @@ def _open_text(path: Path) -> IO[str]:
     return io.TextIOWrapper(_open_bytes(path), encoding="utf-8-sig", newline="")
 
 
-def _bad_line(path: Path) -> int:
+def _bad_line(path: Path, binary_nul: bool = False) -> int:
     """The line of the file's first byte that is not UTF-8 (0: none found). The decoder that
     failed read in blocks and cannot tell, so the error path reads the file once more, up to it."""
     try:
-        found = _first_undecodable(path)
+        found = _first_undecodable(path, binary_nul)
     except (OSError, EOFError):  # a damaged archive: the line is unknown
         return 0
     return found[0] if found else 0
 
 
-def check_text(path: Path) -> None:
-    """Unreadable unless the whole file (decompressed) is UTF-8 text: read once, in blocks. For a
-    file encoded in several batches (prepare's shards), whose first batches would be written
-    before a bad byte further on is met."""
+def check_text(path: Path, binary_nul: bool = False) -> None:
+    """Unreadable unless the whole file (decompressed) is UTF-8 text, and (binary_nul: a plain-text
+    file, as _text reads it) holds no NUL byte: read once, in blocks. For a file encoded in several
+    batches (prepare's shards), whose first batches would be written before a bad byte further on
+    is met."""
     try:
-        found = _first_undecodable(path)
+        found = _first_undecodable(path, binary_nul)
     except (OSError, EOFError) as exc:
         raise Unreadable(f"{path}: cannot be read ({_first_line(exc)}); check the file") from None
     if found:
         raise Unreadable(_not_utf8(path, *found))
 
 
-def _first_undecodable(path: Path) -> tuple[int, UnicodeDecodeError] | None:
-    """(line, error) of the file's first byte that is not UTF-8; None when there is none."""
+def _first_undecodable(path: Path, binary_nul: bool = False) -> tuple[int, UnicodeDecodeError] | None:
+    """(line, error) of the file's first byte that is not UTF-8 (binary_nul: or a NUL byte); None
+    when there is none."""
     decoder, line = codecs.getincrementaldecoder("utf-8")(), 1
     try:
         with _open_bytes(path) as fh:
             while block := fh.read(1 << 22):
-                decoder.decode(block)
+                nul = block.find(b"\x00") if binary_nul else -1
+                decoder.decode(block if nul < 0 else block[:nul])  # a bad byte before it comes first
+                if nul >= 0:
+                    return line + block.count(b"\n", 0, nul), _nul_byte()
                 line += block.count(b"\n")
         decoder.decode(b"", final=True)
     except UnicodeDecodeError as exc:  # exc.object: a split character's held-back bytes (no newline), the block
@@ -259,8 +274,8 @@ def _first_undecodable(path: Path) -> tuple[int, UnicodeDecodeError] | None:
 
 
 def _text(path: Path) -> Iterator[Record]:
-    """A plain-text file as one document, in pieces cut after a blank line (or a line end) so
-    that a file of any size is encoded piece by piece; a NUL byte means binary."""
+    """A plain-text file as one document, in pieces cut before a space (_cut) so that a file of
+    any size is encoded piece by piece into the whole text's tokens; a NUL byte means binary."""
     json_file = Path(path.stem if path.suffix.lower() in COMPRESSED else path).suffix.lower() == ".json"
     with _open_text(path) as fh:
         pending = ""
@@ -269,12 +284,17 @@ def _text(path: Path) -> Iterator[Record]:
                 _hint_json_records(path, _json_shape(chunk))
                 json_file = False
             if "\x00" in chunk:
-                raise UnicodeDecodeError("utf-8", b"\x00", 0, 1, "a NUL byte: binary data")
+                raise _nul_byte()
             pending += chunk
             while cut := _cut(pending):
                 yield Record(pending[:cut], str(path), last=False)
                 pending = pending[cut:]
         yield Record(pending, str(path), last=True)
+
+
+def _nul_byte() -> UnicodeDecodeError:
+    """A plain-text file's NUL byte: valid UTF-8, but the mark of a binary file, refused as one."""
+    return UnicodeDecodeError("utf-8", b"\x00", 0, 1, "a NUL byte: binary data")
 
 
 def _json_shape(head: str) -> str:
@@ -315,23 +335,21 @@ def _hint_json_records(path: Path, shape: str) -> None:
 
 
 def _cut(text: str) -> int:
-    """Where to end a piece of text (0: keep all, it is short): after its last blank line, else
-    its last line end; a piece ending mid-word would tokenize differently from the whole. A line
-    longer than a piece (a file with no newline) is cut before a space, else at the piece size,
-    so that no piece, and no encode call, grows with the file."""
+    """Where to end a piece of text (0: keep all, it is short): before the last space that
+    precedes a word in the second half of a piece, else the last whitespace that does, so that
+    the pieces' tokens are the whole text's (a cut after a line end is not: the whitespace run
+    from a blank line into an indented line is one pre-token); else at the piece size. So no
+    piece, and no encode call, grows with the file."""
     if len(text) < TEXT_CHUNK_CHARS:
         return 0
-    for sep in ("\n\n", "\n"):
-        at = text.rfind(sep)
-        if at > 0:
-            return at + len(sep)
     return _space_cut(text[:TEXT_CHUNK_CHARS])
 
 
 def _space_cut(head: str) -> int:
-    """The start of the last whitespace that precedes a word in the second half of `head` (so
-    the word keeps its space, as a pre-tokenizer splits it), else len(head)."""
-    found = _SPACE_BEFORE_WORD.search(head[: len(head) // 2 - 1 : -1])
+    """The start of the last space (else whitespace) that precedes a word in the second half of
+    `head` (so the word keeps its space, as a pre-tokenizer splits it), else len(head)."""
+    tail = head[: len(head) // 2 - 1 : -1]
+    found = _SPACE_BEFORE_WORD.search(tail) or _WHITESPACE_BEFORE_WORD.search(tail)
     return len(head) - found.end() if found else len(head)
 
 
@@ -339,14 +357,30 @@ def _table(path: Path) -> Iterator[Record]:
     datasets = require("datasets", f"{path}: reading {path.suffix} files", DataError)
     datasets.logging.set_verbosity_error()
     builder = COLUMNAR[path.suffix.lower() if path.suffix.lower() in COLUMNAR else Path(path.stem).suffix.lower()]
+    kwargs = _csv_as_text(path, datasets) if builder == "csv" else {}
     try:
-        rows = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True)
+        rows = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **kwargs)
         for i, row in enumerate(rows, start=1):
             yield Record(row, f"{path} row {i}", i)
     except DataError:
         raise
     except Exception as exc:  # pyarrow and datasets raise many types for a damaged file
         raise Unreadable(f"{path}: cannot be read as {builder} ({_first_line(exc)}); check the file") from None
+
+
+def _csv_as_text(path: Path, datasets: Any) -> dict[str, Any]:
+    """load_dataset's options that read a CSV file's cells as the text they are: every column a
+    string, none taken for a missing value. pandas' inference made a cell "NA", "None" or "" a
+    null, "007" the number 7 and a column of numbers ints or floats: records refused as "not a
+    string", or a document lost."""
+    try:
+        with _open_text(path) as fh:
+            header = next(csv.reader(fh), None)
+    except (OSError, EOFError, ValueError, csv.Error):
+        return {}  # the read itself names what is wrong with the file
+    if not header or "" in header or len(set(header)) < len(header):
+        return {}  # columns pandas renames (unnamed, repeated): left to its inference
+    return {"features": datasets.Features({name: datasets.Value("string") for name in header}), "na_filter": False}
 
 
 def _first_line(exc: BaseException) -> str:

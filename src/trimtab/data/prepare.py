@@ -347,6 +347,9 @@ def _new_files(manifest: dict[str, Any], sources: list[str], out: Path) -> list[
                 "prepare into a new directory"
             )
         if n is not None:  # registered by a prepare that stopped before it: take it as it is now
+            if manifest["files"][n]["sha256"] != digest:  # its pieces were cut from the bytes it had then
+                for key in ("spans", "done"):
+                    manifest["files"][n].pop(key, None)
             manifest["files"][n].update(sha256=digest, bytes=path.stat().st_size)
         if n is None and digest in by_hash:  # prepared before, or earlier in this same call
             same.append(f"{path} (as {by_hash[digest]})")

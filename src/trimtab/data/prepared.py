@@ -9,10 +9,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -24,6 +25,9 @@ from trimtab.rundir import write_json
 MANIFEST_VERSION = 1
 OPEN_SHARDS = 64  # shard files kept open at once
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: multiplicative hashing (Knuth)
+# what every reader of a manifest takes as given (prepare writes a manifest once they are set)
+MANIFEST_KEYS = {"files": list, "shards": list, "tokenizer": dict, "dtype": str}
+_REPREPARE = "prepare the sources into a new directory"
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
@@ -34,8 +38,16 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
         manifest = json.loads(file.read_text())
     except ValueError as exc:
         raise DataError(f"{file}: unreadable ({exc}); prepare the sources into a new directory") from None
+    if not isinstance(manifest, dict):
+        raise DataError(f"{file}: a JSON {type(manifest).__name__}, not a manifest; {_REPREPARE}")
     if manifest.get("version") != MANIFEST_VERSION:
         raise DataError(f"{file}: manifest version {manifest.get('version')}, this trimtab reads {MANIFEST_VERSION}")
+    # an edited or foreign manifest: said here, not as a KeyError where a key is first read
+    if bad := [key for key, kind in MANIFEST_KEYS.items() if not isinstance(manifest.get(key), kind)]:
+        raise DataError(
+            f"{file}: {', '.join(map(repr, bad))} missing or not as `trimtab data prepare` writes it (an edited "
+            f"manifest, or another tool's); {_REPREPARE}"
+        )
     return manifest
 
 
@@ -64,11 +76,7 @@ class PreparedData:
         if manifest is None:
             raise DataError(f"{key} '{path}' is not a prepared directory (no {PREPARED_MANIFEST})")
         if bad := self.corrupt_shards(self.path, manifest, full=verify):
-            name, why = next(iter(bad.items()))
-            raise DataError(
-                f"{key} '{path}': shard {name} {why}; run `trimtab data prepare` on the same sources into "
-                f"'{path}' again to rebuild it (the other shards are kept)"
-            )
+            self._refuse(key, *next(iter(bad.items())))
         self.manifest, self.key = manifest, key
         self.tokenizer_sha = manifest["tokenizer"]["sha256"]
         self.vocab_size = manifest["tokenizer"].get("vocab_size")  # directories from before it was kept: None
@@ -80,17 +88,28 @@ class PreparedData:
         for shard in manifest["shards"]:
             folder = self.path / "shards"
             self.shards.append(folder / f"{shard['name']}.bin")
-            with np.load(folder / f"{shard['name']}.idx.npz") as idx:
-                self.offsets.append(idx["offsets"] + self.base[-1])
-                self.where.append(idx["where"])
-                masked.append(idx["masked"] + self.base[-1])
-                # shards prepared before the screen's documents were recorded have none
-                flagged.append(idx["garbage"] if "garbage" in idx.files else np.zeros((0, 2)))
+            try:
+                with np.load(folder / f"{shard['name']}.idx.npz") as idx:
+                    self.offsets.append(idx["offsets"] + self.base[-1])
+                    self.where.append(idx["where"])
+                    masked.append(idx["masked"] + self.base[-1])
+                    # shards prepared before the screen's documents were recorded have none
+                    flagged.append(idx["garbage"] if "garbage" in idx.files else np.zeros((0, 2)))
+            except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+                # its sha256 is checked only with data.verify_shards; its size never is (it varies)
+                why = f"has an index that cannot be read ({folder / shard['name']}.idx.npz: {exc})"
+                self._refuse(key, shard["name"], why)
             self.base.append(self.base[-1] + shard["tokens"])
         self.n_tokens = self.base[-1]
         self.doc_base = np.concatenate([[0], np.cumsum([len(o) - 1 for o in self.offsets])]).astype(np.int64)
         self.masked = np.concatenate(masked) if masked else np.zeros((0, 2), dtype=np.int64)  # [S, 2] global
         self.garbage = self._garbage(flagged)
+
+    def _refuse(self, key: str, name: str, why: str) -> NoReturn:
+        raise DataError(
+            f"{key} '{self.path}': shard {name} {why}; run `trimtab data prepare` on the same sources into "
+            f"'{self.path}' again to rebuild it (the other shards are kept)"
+        )
 
     def _garbage(self, flagged: list[np.ndarray]) -> np.ndarray:
         """float [D]: a document the screen flagged and kept (--garbage-filter warn): its bytes per

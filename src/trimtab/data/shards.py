@@ -74,7 +74,8 @@ def run_job(
             encoder.file = n
             try:
                 if not (named or piece) and _in_batches(Path(path), cfg):
-                    formats.check_text(Path(path))  # skipped whole, before any of it is written
+                    # skipped whole, before any of it is written (a plain-text file's NUL byte too)
+                    formats.check_text(Path(path), binary_nul=formats.kind_of(Path(path), cfg.format) == "text")
                 for doc, first, last, line, where in _pieces(Path(path), cfg, tok, piece, hint):
                     encoder.add(doc, first, last, line)
                     if doc is None and len(skipped) < SKIPPED_SHOWN:

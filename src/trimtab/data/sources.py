@@ -20,6 +20,7 @@ from trimtab.config import DataConfig
 from trimtab.data import arithmetic, formats
 from trimtab.data.chat import ChatFormat, MissingTemplate, TemplateError, render_document
 from trimtab.data.listing import PREPARED_MANIFEST, SameBytes, shown, source_files
+from trimtab.data.prepared import read_manifest
 from trimtab.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -342,7 +343,7 @@ def _source_is_chat(source: str | list[str], cfg: DataConfig) -> bool:
     if source == "builtin" or str(source).startswith(arithmetic.SOURCE):
         return False
     if (prepared := prepared_dir(source)) is not None:
-        return bool(json.loads((prepared / PREPARED_MANIFEST).read_text()).get("chat", False))
+        return bool((read_manifest(prepared) or {}).get("chat", False))
     try:
         files = source_files(source, "data.source")
         first = next((p for p, _ in files if formats.kind_of(p, cfg.format) != "text"), None)
