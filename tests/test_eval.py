@@ -217,3 +217,37 @@ def test_trimtab_eval_prints_no_lm_eval_info_lines_and_LMEVAL_LOG_LEVEL_brings_t
     assert any(r.levelno == logging.INFO and r.name.split(".")[0] in ("lm_eval", "lm-eval") for r in caplog.records)
     for record in (run / "eval").glob("*.json"):
         record.unlink()
+
+
+def test_a_metric_that_several_filters_score_keeps_each_filters_number():
+    """gsm8k scores exact_match under two filters; cut to one name, the last one's number replaced
+    the other's and the record did not say which filter it was."""
+    from trimtab.evaluation.harness import _clean
+
+    gsm8k = {
+        "alias": "gsm8k",
+        "exact_match,strict-match": 0.25,
+        "exact_match_stderr,strict-match": 0.1,
+        "exact_match,flexible-extract": 0.5,
+        "exact_match_stderr,flexible-extract": 0.1,
+        "sample_len,none": 8,
+    }
+    assert _clean(gsm8k) == {"exact_match,strict-match": 0.25, "exact_match,flexible-extract": 0.5, "sample_len": 8}
+    assert _clean({"acc,none": 0.5, "acc_norm,none": 0.75, "acc_stderr,none": 0.1}) == {"acc": 0.5, "acc_norm": 0.75}
+
+
+def test_scores_are_printed_when_the_model_directory_cannot_be_written(run, tmp_path, capsys, monkeypatch):
+    """A read-only model directory (a mounted model, a full disk): an OSError traceback after the
+    whole evaluation, its scores lost; now they are printed and the missing record said."""
+    from trimtab.evaluation import harness
+
+    def read_only(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(harness, "write_json", read_only)
+    data = tmp_path / "notes.txt"
+    data.write_text(TEXT)
+    assert main(["eval", str(run), "--data", str(data)]) == 0
+    printed = capsys.readouterr()
+    assert "bits per byte" in printed.out and "results not recorded" in printed.out
+    assert "Permission denied" in printed.out and not list((run / "eval").glob("*.json"))

@@ -2,7 +2,9 @@
 recipes read and refused as mergekit's format says, and merges of real runs that train,
 generate and export; checkpoint averaging (LAWA)."""
 
+import json
 import math
+import re
 
 import pytest
 import torch
@@ -118,6 +120,40 @@ def test_a_bad_recipe_is_refused_naming_the_key(recipe, message):
         read_recipe(recipe)
 
 
+def test_method_wide_parameters_of_the_wrong_type_are_refused_before_any_model_loads():
+    """t: half crashed in float() once every input had loaded; normalize: "false" merged as true."""
+    slerp = {"merge_method": "slerp", "base_model": "a", "models": [{"model": "b"}]}
+    ties = {"merge_method": "ties", "base_model": "a", "models": [{"model": "b"}]}
+    for recipe, bad in [
+        (slerp, {"t": "half"}),
+        (ties, {"lambda": "x"}),
+        (ties, {"lambda": math.nan}),
+        (ties, {"seed": "abc"}),
+        (ties, {"seed": 1.5}),
+        (ties, {"seed": math.inf}),
+        (ties, {"normalize": "false"}),
+        (ties, {"rescale": 1}),
+    ]:
+        [(name, value)] = bad.items()
+        with pytest.raises(ConfigError, match=rf"parameters\.{name} must be .*, not {re.escape(repr(value))}$"):
+            read_recipe({**recipe, "parameters": {"t": 0.5, **bad}})
+    assert read_recipe({**ties, "parameters": {"lambda": 1, "seed": 3, "normalize": False}}).param("lambda", 0) == 1
+
+
+def test_the_base_listed_under_models_spelt_otherwise_is_the_base(tmp_path, monkeypatch):
+    """`runs/base/` or `./runs/base` under models, `runs/base` as base_model: compared as strings, the
+    base was merged as one more model (model_stock's ratio silently changed; slerp refused)."""
+    monkeypatch.chdir(tmp_path)
+    others = [{"model": "ft1"}, {"model": "ft2"}]
+    stock = read_recipe({"merge_method": "model_stock", "base_model": "base", "models": [{"model": "base/"}, *others]})
+    assert [m.path for m in stock.others()] == ["ft1", "ft2"]
+    slerp = {"merge_method": "slerp", "base_model": "base", "parameters": {"t": 0.5}}
+    assert [m.path for m in read_recipe({**slerp, "models": [{"model": "./base"}, *others[:1]]}).others()] == ["ft1"]
+    base = str(tmp_path / "base")
+    linear = read_recipe({"merge_method": "linear", "base_model": base, "models": [{"model": "base"}]})
+    assert [m.path for m in linear.models] == [base]
+
+
 def test_an_empty_recipe_file_or_a_run_directory_is_refused_naming_it(tmp_path):
     empty = tmp_path / "recipe.yaml"
     empty.write_text("# nothing yet\n")
@@ -139,6 +175,23 @@ def test_a_model_path_that_is_no_model_is_refused_naming_the_recipe_and_its_key(
         merge(recipe, tmp_path / "out")
     assert main(["merge", str(recipe), "--out", str(tmp_path / "out")]) == 2
     assert f"{recipe}: base_model: " in capsys.readouterr().err
+
+
+def test_a_damaged_generation_config_is_refused_naming_it_before_any_input_loads(tmp_path):
+    """A generation_config.json cut short by an interrupted download: a JSONDecodeError traceback
+    once the whole merge was done (and from train.init_from), where config.json's was named."""
+    from trimtab.hf.importer import source_record
+
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    (hf_dir / "config.json").write_text("{}")  # no weights: loading it would fail otherwise
+    (hf_dir / "generation_config.json").write_text('{"bos_token_id": 1, "eos')
+    recipe = {"merge_method": "linear", "models": [{"model": str(hf_dir)}, {"model": str(tmp_path / "b")}]}
+    said = rf"{hf_dir / 'generation_config.json'}: unreadable \(.*\); it is damaged or incomplete.*download it again"
+    with pytest.raises(ConfigError, match=rf"^the recipe: models\[0\].model: {said}"):
+        merge(recipe, tmp_path / "out")
+    with pytest.raises(ConfigError, match=said):
+        source_record(hf_dir, torch.float32)
 
 
 def test_averaging_a_recipe_file_or_a_hugging_face_directory_says_what_it_is(tmp_path):
@@ -267,6 +320,8 @@ def test_averaging_the_last_checkpoints_is_their_mean(tmp_path):
     tensors = [load_file(p / "model.safetensors") for p in last]
     for name, value in got.items():
         assert torch.allclose(value, sum(t[name] for t in tensors) / 3, atol=1e-7), name
+    state = json.loads((list_checkpoints(out)[0] / "state.json").read_text())  # the newest one's tokens (it recorded 0)
+    assert state["tokens"] == json.loads((last[-1] / "state.json").read_text())["train"]["tokens"] > 0
     with pytest.raises(CheckpointError, match="fewer than --last 9"):
         average(run, 9, tmp_path / "avg9")
 
@@ -293,3 +348,31 @@ def test_the_hint_to_train_on_a_merged_model_names_a_run_directory_of_its_own(tm
     assert hint in printed, printed
     assert main(["merge", "recipe.yaml", "--out", str(out), "--last", "2"]) == 2
     assert "--last is for --method average" in capsys.readouterr().err
+
+
+def test_merging_or_averaging_runs_of_a_hugging_face_model_keeps_its_class_ids_and_dtype(tokenizer, tmp_path):
+    """Only a Hugging Face directory input passed on its record (hf_source.json): two fine-tunes of
+    a bf16 Llama merged, or one's checkpoints averaged, exported with no bos_token_id, trimtab's
+    generation_config and fp32."""
+    import dataclasses
+
+    from hf_helpers import write_run
+    from trimtab.config import load_config
+    from trimtab.hf import export_run
+    from trimtab.model import build_model
+
+    model = build_model(dataclasses.replace(load_config(preset="debug").model, vocab_size=tokenizer.vocab_size))
+    ids = {"bos_token_id": 0, "eos_token_id": 1}
+    config = {"architectures": ["LlamaForCausalLM"], **ids}
+    record = {"path": "/models/llama", "config": config, "dtype": "bfloat16", "generation_config": ids}
+    for name in ("ft1", "ft2"):  # as `train.init_from: a bf16 Llama directory` leaves them
+        (write_run(tmp_path / name, model, tokenizer) / "hf_source.json").write_text(json.dumps(record))
+    recipe = {"merge_method": "linear", "models": [{"model": str(tmp_path / n)} for n in ("ft1", "ft2")]}
+    averaged = average(tmp_path / "ft1", 1, tmp_path / "a")  # the run's dtype; a recipe's is its own (float32)
+    for merged, dtype in ((merge(recipe, tmp_path / "m"), "float32"), (averaged, "bfloat16")):
+        out = export_run(merged, tmp_path / f"{merged.name}-hf")
+        config = json.loads((out / "config.json").read_text())
+        assert (config["architectures"], config["bos_token_id"], config["dtype"]) == (["LlamaForCausalLM"], 0, dtype)
+        assert json.loads((out / "generation_config.json").read_text()) == ids
+        card = (out / "README.md").read_text()  # what it is made of, not the first input's data
+        assert "- merged: linear of `" in card or "- merged: the average of checkpoints 0 of `" in card

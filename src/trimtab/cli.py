@@ -130,7 +130,10 @@ def _eval(args: argparse.Namespace) -> int:
         )
     for task, metrics in results.get("tasks", {}).items():
         print(f"{task}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "alias"))
-    print(f"results in {results['model']}/eval/")  # a run in object storage: its cached copy
+    if "not_recorded" in results:  # a read-only model directory: the scores above are all there is
+        print(f"results not recorded ({results['not_recorded']})")
+    else:
+        print(f"results in {results['model']}/eval/")  # a run in object storage: its cached copy
     return 0
 
 

@@ -34,6 +34,7 @@ from trimtab.extras import installed, missing, require
 from trimtab.rundir import CONFIG, read_summary, write_json, write_summary
 
 TASKS_DIR = Path(__file__).parent / "tasks"  # trimtab's own offline tasks
+log = logging.getLogger(__name__)
 
 
 def evaluate(
@@ -59,7 +60,9 @@ def evaluate(
     if tasks:
         results["tasks"] = run_tasks(model, tok, tasks, manager, limit, num_fewshot, batch_size)
         results["versions"] = {"lm_eval": metadata.version("lm_eval")}
-    _record(path, results)
+    problem = _record(path, results)
+    if problem:
+        results["not_recorded"] = problem
     return results
 
 
@@ -244,13 +247,25 @@ def _quiet_lm_eval() -> Iterator[None]:
 
 
 def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
-    """lm-eval's metric names ("acc,none") without the filter suffix, numbers only."""
-    return {k.split(",")[0]: v for k, v in metrics.items() if isinstance(v, (int, float)) and "stderr" not in k}
+    """lm-eval's metric names ("acc,none") without the filter suffix, numbers only. A metric that
+    several filters score (gsm8k's "exact_match,strict-match" and "exact_match,flexible-extract")
+    keeps lm-eval's full names: cut to one name, the last filter's number replaced the others'."""
+    numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and "stderr" not in k}
+    names = [k.split(",")[0] for k in numbers]
+    return {(k.split(",")[0] if names.count(k.split(",")[0]) == 1 else k): v for k, v in numbers.items()}
 
 
-def _record(path: Path, results: dict[str, Any]) -> None:
+def _record(path: Path, results: dict[str, Any]) -> str | None:
+    """The results into PATH/eval/ (and a run's summary.json); why not where PATH cannot be written
+    (a read-only model directory, a full disk): the scores stand and are printed (an OSError
+    traceback lost an evaluation that may have taken hours)."""
     folder = path / "eval"
-    folder.mkdir(exist_ok=True)
-    write_json(folder / f"{results['time'].replace(':', '')}.json", results)
-    if (path / CONFIG).is_file():  # a run directory: its summary carries the latest results
-        write_summary(path, {**(read_summary(path) or {}), "eval": results})
+    try:
+        folder.mkdir(exist_ok=True)
+        write_json(folder / f"{results['time'].replace(':', '')}.json", results)
+        if (path / CONFIG).is_file():  # a run directory: its summary carries the latest results
+            write_summary(path, {**(read_summary(path) or {}), "eval": results})
+    except OSError as exc:
+        log.warning("results not recorded in %s (%s); they are printed only", folder, exc)
+        return f"{folder}: {exc.strerror or exc}"
+    return None

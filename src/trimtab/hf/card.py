@@ -36,12 +36,29 @@ def model_card(run_dir: Path, cfg: RunConfig, state: dict[str, Any], arch: str, 
     ]
     if source:
         lines.append(f"- initialised from `{source['path']}` ({source['config']['architectures'][0]})")
-    lines += ["", "## Training", f"- steps: {state.get('step', 0):,}; tokens seen: {state.get('tokens', 0):,}"]
-    lines.append(f"- data: {_data(cfg)}")
+    lines += ["", "## Training", f"- steps: {state.get('step', 0):,}; tokens seen: {_tokens(state):,}"]
+    lines.append(f"- data: {_data(cfg)}" if "merge" not in state else f"- {_merged(state['merge'])}")
     if summary.get("val_loss") is not None:
         lines.append(f"- final validation loss: {summary['val_loss']:.4f} (perplexity {summary['val_ppl']:.2f})")
     lines += ["", "## Orchestrator decisions", *_decisions(run_dir)]
     return "\n".join(lines) + "\n"
+
+
+def _tokens(state: dict[str, Any]) -> int:
+    """Tokens trained on: a training checkpoint keeps them with its train state (read at the top
+    level alone, every trained run's card said 0); a snapshot's and a merge's at the top level."""
+    return int((state.get("train") or {}).get("tokens", state.get("tokens", 0)))
+
+
+def _merged(record: dict[str, Any]) -> str:
+    """What a `trimtab merge` output is made of (its checkpoint's state "merge"): not trained on
+    the data its config.yaml names, which is the first input's."""
+    if record.get("method") == "average":
+        steps = ", ".join(map(str, record.get("steps", [])))
+        return f"merged: the average of checkpoints {steps} of `{record.get('run')}` (trimtab merge --method average)"
+    models = ", ".join(f"`{m.get('path')}`" for m in record.get("models", []))
+    base = f", base `{record['base_model']}`" if record.get("base_model") else ""
+    return f"merged: {record.get('method')} of {models}{base} (trimtab merge)"
 
 
 def _pattern(kinds: list[str]) -> str:

@@ -115,13 +115,18 @@ def _weight_map(index: Path) -> dict[str, str]:
 def read_config(path: str | Path) -> dict[str, Any]:
     """config.json as a dict; a damaged one (cut short, not UTF-8, JSON but not an object: an
     AttributeError traceback before) refused naming the file and the way back."""
-    file = Path(path) / "config.json"
+    return _json_object(Path(path) / "config.json", "model settings")
+
+
+def _json_object(file: Path, what: str) -> dict[str, Any]:
+    """A JSON object file of the model directory (config.json, generation_config.json), a damaged
+    one refused naming it and the way back."""
     try:
         found = json.loads(file.read_bytes())
     except (OSError, ValueError) as exc:
         found, reason = None, str(exc) or type(exc).__name__
     else:
-        reason = f"JSON, but a {type(found).__name__}, not an object of model settings"
+        reason = f"JSON, but a {type(found).__name__}, not an object of {what}"
     if not isinstance(found, dict):
         raise ConfigError(
             f"{file}: unreadable ({reason}); it is damaged or incomplete (an interrupted download or a hand edit): "
@@ -315,5 +320,6 @@ def source_record(path: str | Path, dtype: torch.dtype) -> dict[str, Any]:
         "path": str(path.resolve()),
         "config": read_config(path),
         "dtype": str(dtype).removeprefix("torch."),
-        "generation_config": json.loads(generation.read_text()) if generation.is_file() else None,
+        # a damaged one refused, not a JSONDecodeError traceback (after a whole merge's work)
+        "generation_config": _json_object(generation, "generation settings") if generation.is_file() else None,
     }

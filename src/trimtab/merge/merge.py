@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from trimtab.checkpoint_load import load_checkpoint
 from trimtab.config import RunConfig, derive, dump_config
 from trimtab.data import TextTokenizer
 from trimtab.errors import CheckpointError, ConfigError
-from trimtab.hf.importer import SOURCE, is_hf_dir, source_record
+from trimtab.hf.importer import SOURCE, is_hf_dir, read_source, source_record
 from trimtab.merge import methods
 from trimtab.merge.recipe import TASK_ARITHMETIC, Recipe, read_recipe
 from trimtab.merge.units import groups, join, split
@@ -46,7 +47,8 @@ def merge(recipe: str | Path | dict[str, Any], out: str | Path) -> Path:
     _check_out(Path(out))  # before the inputs load: a merge can take minutes
     order = ([r.base] if r.base else []) + [m.path for m in r.others()]
     where = "the recipe" if isinstance(recipe, dict) else str(recipe)
-    loaded = {path: _load(path, r, where) for path in order}
+    hf_source = _named(order[0], r, where, lambda path: _hf_source(path, r.dtype))  # before too: it may be damaged
+    loaded = {path: _named(path, r, where, load_run) for path in order}
     cfg, base_model, tok = loaded[order[0]]
     models = {path: m for path, (_, m, _) in loaded.items()}
     _same_structure(models)
@@ -64,14 +66,13 @@ def merge(recipe: str | Path | dict[str, Any], out: str | Path) -> Path:
         "models": [vars(m) for m in r.models],
         "parameters": r.parameters,
     }
-    hf_source = source_record(order[0], DTYPES[r.dtype]) if is_hf_dir(order[0]) else None
     return _write(Path(out), cfg, tok, base_model, merged, {"merge": record}, hf_source, r.dtype)
 
 
-def _load(path: str, r: Recipe, where: str) -> tuple[RunConfig, Transformer, TextTokenizer]:
-    """load_run(path), an input it cannot read named by the recipe key that gave it."""
+def _named(path: str, r: Recipe, where: str, read: Callable[[str], Any]) -> Any:
+    """read(path) (load_run, _hf_source), an input it cannot read named by the recipe key that gave it."""
     try:
-        return load_run(path)
+        return read(path)
     except (CheckpointError, ConfigError) as exc:
         keys = (["base_model"] if path == r.base else []) + [
             f"models[{i}].model" for i, m in enumerate(r.models) if m.path == path
@@ -101,6 +102,7 @@ def average(run_dir: str | Path, last: int, out: str | Path) -> Path:
         raise ConfigError(f"--last {last} must be >= 1")
     _check_averaged(run_dir)
     _check_out(Path(out))
+    hf_source = _hf_source(run_dir, None)
     cfg, model, tok = load_run(run_dir)
     valid = [p for p in list_checkpoints(run_dir) if _valid(p)][-last:]
     if len(valid) < last:
@@ -123,8 +125,19 @@ def average(run_dir: str | Path, last: int, out: str | Path) -> Path:
             total[name] = total.get(name, 0) + tensor.double()
     merged = {name: (t / len(valid)).float() for name, t in total.items()}
     record = {"method": "average", "run": str(run_dir), "steps": [s["step"] for s in states]}
-    extra = {"merge": record, "tokens": states[-1].get("tokens", 0)}
-    return _write(Path(out), cfg, tok, model, merged, extra, None, "float32")
+    extra = {"merge": record, "tokens": states[-1].get("train", {}).get("tokens", states[-1].get("tokens", 0))}
+    return _write(Path(out), cfg, tok, model, merged, extra, hf_source, "float32")
+
+
+def _hf_source(path: str | Path, dtype: str | None) -> dict[str, Any] | None:
+    """The record export reads to give the model back in its Hugging Face class, ids and dtype
+    (hf_source.json): a Hugging Face input's, or that of a run trained from one (without it the
+    merge of two fine-tunes of a Llama exported with no bos_token_id, generation_config or dtype
+    of the original). `dtype`: the recipe's, the merged weights' (None: the run's record as is)."""
+    if is_hf_dir(path):
+        return source_record(path, DTYPES[dtype or "float32"])
+    found = read_source(path, "restore it, or remove it to merge into trimtab's own mapping of the model")
+    return {**found, "dtype": dtype} if found is not None and dtype else found
 
 
 def _check_out(out: Path) -> None:

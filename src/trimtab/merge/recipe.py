@@ -40,6 +40,17 @@ PER_MODEL = {"weight", "density"}
 ZERO = 1e-8  # a weight sum this small divides to infinities (methods.task_arithmetic takes it as 0 too)
 
 
+def same_model(path: str, base: Any) -> bool:
+    """Whether a recipe path names the base model however it is spelt (`runs/base/`, `./runs/base`):
+    compared as strings, a base listed under `models` so was merged as one more model (model_stock's
+    ratio changed silently, slerp refused as having two models)."""
+    if not isinstance(base, str) or not base:
+        return False
+    if "://" in path or "://" in base:  # object storage: no local path to resolve
+        return path.rstrip("/") == base.rstrip("/")
+    return Path(path).resolve() == Path(base).resolve()
+
+
 @dataclass
 class RecipeModel:
     """One model of a merge recipe (`models:`): its path and per-model parameters."""
@@ -58,7 +69,7 @@ class Recipe:
     dtype: str = "float32"
 
     def others(self) -> list[RecipeModel]:
-        """The models other than the base."""
+        """The models other than the base (listed under `models` too, as mergekit recipes do)."""
         return [m for m in self.models if m.path != self.base]
 
     def param(self, name: str, default: Any) -> Any:
@@ -82,10 +93,11 @@ def read_recipe(source: str | Path | dict[str, Any]) -> Recipe:
     if method not in METHODS:
         hint = _near(method, METHODS)
         raise ConfigError(f"{where}: merge_method {method!r} is not one of {', '.join(METHODS)}{hint}")
+    base = data.get("base_model")
     models = [_model(m, i, where) for i, m in enumerate(data.get("models") or [])]
-    recipe = Recipe(
-        method, data.get("base_model"), models, _params(data.get("parameters"), GLOBAL, where, "parameters")
-    )
+    for m in models:  # the base listed under `models` too, spelt otherwise: one path, so it is the base
+        m.path = base if same_model(m.path, base) else m.path
+    recipe = Recipe(method, base, models, _params(data.get("parameters"), GLOBAL, where, "parameters"))
     recipe.dtype = data.get("dtype", "float32")
     _check(recipe, where)
     return recipe
@@ -135,8 +147,7 @@ def _check(r: Recipe, where: str) -> None:
         raise ConfigError(f"{where}: slerp needs parameters.t and exactly one model besides base_model")
     if r.method == "model_stock" and len(r.others()) < 2:
         raise ConfigError(f"{where}: model_stock needs at least two models besides base_model")
-    if not isinstance(r.param("per_expert", False), bool):
-        raise ConfigError(f"{where}: parameters.per_expert must be true or false")
+    _check_globals(r.parameters, where)
     for i, m in enumerate(r.models):
         for name in ("weight", "density"):
             value = getattr(m, name)
@@ -151,6 +162,24 @@ def _check(r: Recipe, where: str) -> None:
         )
     if r.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"{where}: dtype {r.dtype!r} must be float32, bfloat16 or float16")
+
+
+FLAGS = ("normalize", "rescale", "filter_wise", "int8_mask", "per_expert")
+NUMBERS = ("t", "lambda")
+
+
+def _check_globals(parameters: dict[str, Any], where: str) -> None:
+    """Method-wide parameters of the type they are read as, checked before any model loads: a
+    string for t or lambda failed with a traceback once every input was loaded (minutes), and
+    any string for a flag (normalize: "false") read as true."""
+    for name, value in parameters.items():
+        if name in FLAGS and not isinstance(value, bool):
+            raise ConfigError(f"{where}: parameters.{name} must be true or false (unquoted), not {value!r}")
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if name in NUMBERS and not (number and math.isfinite(value)):
+            raise ConfigError(f"{where}: parameters.{name} must be a finite number, not {value!r}")
+        if name == "seed" and not (number and math.isfinite(value) and value == int(value)):
+            raise ConfigError(f"{where}: parameters.seed must be a whole number, not {value!r}")
 
 
 def _near(name: object, names: tuple[str, ...]) -> str:
