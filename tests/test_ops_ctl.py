@@ -6,16 +6,18 @@ nothing, not as applied."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from helpers import FakeTrainer
 from trimtab.cli import main
 from trimtab.config import dump_config, load_config
 from trimtab.config.orchestrator import OrchestratorConfig
-from trimtab.errors import ConfigError
+from trimtab.errors import ConfigError, RunStateError
 from trimtab.orchestrator import ctl
 from trimtab.orchestrator.core import Orchestrator
-from trimtab.rundir import read_decisions, write_summary
+from trimtab.rundir import read_decisions, run_lock, write_json, write_summary
 
 
 @pytest.mark.parametrize(
@@ -82,6 +84,28 @@ def test_a_command_that_comes_after_the_last_step_is_answered_not_journaled_as_a
     (error,) = (tmp_path / "control").glob("*.error")
     assert "ended at step 3 before it could apply this command; nothing was applied" in error.read_text()
     assert not list((tmp_path / "control").glob("*.json")) and run.control.apply() == []
+
+
+def test_a_command_sent_after_the_last_step_never_fires_at_the_next_resume(tmp_path):
+    """`ctl scale-lr` sent after the orchestrator's on_train_end but before the run's lock was
+    released (its report, trackers, summary) was sent as to a running job, lay in control/ and fired
+    at the next resume. Now it is refused; one that slipped in as the run ended is answered there."""
+    (tmp_path / "config.yaml").write_text("{}")
+    scale = ctl.parse_command("scale-lr", ["0.5"])
+    with run_lock(tmp_path):  # the session that ends
+        Orchestrator(OrchestratorConfig(), tmp_path).on_train_end(FakeTrainer(tmp_path), {})
+        with pytest.raises(RunStateError, match="not running .*last step, 3, is done.*--queue"):
+            ctl.send(tmp_path, scale)
+        addressed = {**scale, "session": ctl.session(tmp_path)}  # sent just before the inbox closed
+        write_json(tmp_path / "control" / "1-1.json", addressed)
+        queued = ctl.send(tmp_path, scale, queue=True)  # on purpose: for the next session
+    time.sleep(0.01)  # the next session's lock record differs by its start
+    with run_lock(tmp_path):
+        orchestrator, run = Orchestrator(OrchestratorConfig(), tmp_path), FakeTrainer(tmp_path)
+        orchestrator._take_commands(run)
+    assert [d["evidence"].get("command") for d in read_decisions(tmp_path)] == ["scale_lr"]  # the queued one
+    assert "ended at step 3 before it could apply" in (tmp_path / "control" / "1-1.error").read_text()
+    assert not queued.with_suffix(".error").exists() and not list((tmp_path / "control").glob("*.json"))
 
 
 def test_a_command_queued_for_a_completed_run_says_what_resumes_it(tmp_path, capsys):

@@ -4,6 +4,7 @@ the orchestrator. Trials are tiny debug runs (a 2-layer d=32 model, 20 steps: ab
 from __future__ import annotations
 
 import csv
+import subprocess
 import time
 from pathlib import Path
 
@@ -14,8 +15,18 @@ from optuna.trial import TrialState
 
 from trimtab.config import load_config
 from trimtab.errors import ConfigError
+from trimtab.rundir import DECISIONS_FILE, write_jsonl
 from trimtab.tune import load_space, tune
-from trimtab.tune.study import open_study, quiet, storage_url
+from trimtab.tune.objective import _tell
+from trimtab.tune.study import (
+    check_trained_as,
+    claim,
+    open_study,
+    quiet,
+    requeue_lost,
+    storage_url,
+    this_worker,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -216,7 +227,65 @@ def test_a_trial_left_running_by_a_dead_worker_is_run_again(tmp_path, monkeypatc
     assert sum(t.state == TrialState.COMPLETE for t in trials) == 2
 
 
+def test_a_trial_whose_worker_here_is_gone_is_taken_back_at_once(tmp_path):
+    """A resumed `trimtab tune` after its worker was killed waited out the 60 s heartbeat grace for
+    the dead worker's trial. A worker of this machine whose pid is gone is not waited for; one of
+    another machine (or a live one) is judged by its heartbeat still."""
+    space = load_space(write_space(tmp_path))
+    study = open_study(space, storage_url(space, tmp_path))  # the default grace: 60 s
+    space.trials = 3
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # reaped: its pid is no process now
+    workers = [
+        {**this_worker(), "pid": dead.pid},
+        {**this_worker(), "pid": dead.pid, "machine": "another-host"},
+        this_worker(),  # this process: alive
+    ]
+    claimed = [claim(study, 3, tmp_path) for _ in workers]
+    for trial, worker in zip(claimed, workers):
+        assert trial.user_attrs["worker"] == this_worker()  # a claim says whose it is
+        trial.suggest_float("optim.lr", 1e-3, 1e-2, log=True)  # as run_trial does: a re-run takes its point
+        study._storage.set_trial_user_attr(trial._trial_id, "worker", worker)
+    requeue_lost(study)
+    trials = study.get_trials()
+    assert [t.state.name for t in trials] == ["FAIL", "RUNNING", "RUNNING", "WAITING"]
+    assert f"pid {dead.pid}" in trials[0].user_attrs["lost"] and trials[3].user_attrs["rerun_of"] == 0
+    assert claim(study, 3, tmp_path).user_attrs["rerun_of"] == 0  # taken back now, not after 60 s
+
+
+def test_a_study_resumed_with_another_budget_is_refused(tmp_path):
+    """`trimtab tune` resumed after budget.max_steps went from 20 to 4 ran the new trials at 4 steps
+    and picked its best across both budgets (the 20-step trial, by its training alone)."""
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage())  # as open_study's, without a database
+    check_trained_as(study, load_space(write_space(tmp_path)), "db")
+    progress = write_space(tmp_path, base={"log": {"progress": True}})  # not what a trial's result depends on
+    check_trained_as(study, load_space(progress), "db")
+    shorter = write_space(tmp_path, budget={"max_steps": 4, "eval_every": 5})
+    with pytest.raises(ConfigError, match=r"s.yaml: study 's' in db .* \(budget.max_steps 20 -> 4\).* another study"):
+        check_trained_as(study, load_space(shorter), "db")
+    assert study.user_attrs["trained_as"]["budget"]["max_steps"] == 20
+
+
 # ---------------------------------------------------------------------------------- pruning
+
+
+def test_a_trial_a_person_stopped_is_pruned_and_the_study_goes_on(tmp_path):
+    """`trimtab ctl TRIAL_RUN stop` on one bad trial ended the whole study as interrupted (exit 1),
+    and its resume re-ran the trial the person had stopped."""
+    space = load_space(write_space(tmp_path))
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    trial = study.ask({"optim.lr": optuna.distributions.FloatDistribution(1e-3, 1e-2, log=True)})
+    cfg = space.config(trial.params, tmp_path / "trial")
+    (tmp_path / "trial").mkdir()
+    stop = {"id": 1, "step": 12, "rule": "manual", "action": "stop", "params": {"reason": "bad trial"}}
+    write_jsonl(tmp_path / "trial" / DECISIONS_FILE, [{**stop, "applied": ["stopping: bad trial"]}])
+    summary = {"status": "stopped (bad trial)", "exit_code": 0, "step": 12, "tokens": 100}
+    result = _tell(study, trial, space, cfg, summary, None)
+    assert result.state == TrialState.PRUNED and not result.interrupted
+    assert study.trials[0].user_attrs["pruned_reason"] == "a person: trimtab ctl stop (bad trial)"
+    sigterm = study.ask({"optim.lr": optuna.distributions.FloatDistribution(1e-3, 1e-2, log=True)})
+    later = {**summary, "status": "stopped (SIGTERM)", "step": 20}  # the stop was another session's
+    assert _tell(study, sigterm, space, cfg, later, None).interrupted
 
 
 def test_median_pruner_stops_a_bad_trial(tmp_path):

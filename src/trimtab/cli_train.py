@@ -160,10 +160,10 @@ def _print_summary(summary: dict) -> None:
 )
 def _ctl(args: argparse.Namespace) -> int:
     from trimtab.orchestrator import ctl
-    from trimtab.rundir import liveness, read_summary
+    from trimtab.rundir import read_summary
 
     command = ctl.parse_command(args.action, args.args)
-    running, _ = liveness(args.run_dir)
+    running, _ = ctl.taking(args.run_dir)
     path = ctl.send(args.run_dir, command, queue=args.queue)
     if running:
         print(f"sent to the job in {args.run_dir} ({path.name}); it applies it at its next step", end="")

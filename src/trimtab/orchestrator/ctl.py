@@ -5,6 +5,9 @@ its next metrics read, applies it through the same Control surface the orchestra
 journals it as a manual decision. A command the job cannot apply is answered in a `.error` file.
 A run that is not running (trimtab/rundir.py: no lock held, no fresh heartbeat) gets nothing,
 since the command would fire unnoticed whenever it next resumes, unless it is queued on purpose.
+Nor does one whose last step is done (its final evaluation, save and report still hold the lock):
+the job marks its inbox ended (control/.ended), and a command that slipped in after that anyway
+(sent as it ended) names the session it was sent to, so the next session answers it, not applies it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.errors import ConfigError, RunStateError
-from trimtab.rundir import liveness, write_json
+from trimtab.rundir import LOCK, liveness, read_json, write_json
 from trimtab.training.actions import REQUIRED, RL_ONLY, VERBS
 
 
@@ -96,19 +99,68 @@ def lost_commands(dropped: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
     return [d for d in manual if d["action"] not in ONE_TIME], [d for d in manual if d["action"] in ONE_TIME]
 
 
+def session(run_dir: str | Path) -> str | None:
+    """The `trimtab train` session holding run_dir's lock (rundir.run_lock's record: host, pid, start),
+    whom a command sent now is for; None when none is recorded."""
+    holder = read_json(Path(run_dir) / LOCK)
+    if not isinstance(holder, dict) or "pid" not in holder:
+        return None
+    return f"{holder.get('host')}:{holder['pid']}:{holder.get('started')}"
+
+
+ENDED = ".ended"  # control/.ended: {"session", "step"} of the last session whose last step is done
+
+
+def close_inbox(run_dir: Path, step: int) -> None:
+    """The job's last step is done (Orchestrator.on_train_end): it takes no more commands."""
+    inbox = Path(run_dir) / "control"
+    inbox.mkdir(exist_ok=True)
+    write_json(inbox / ENDED, {"session": session(run_dir), "step": step}, indent=None)
+
+
+def ended(run_dir: str | Path) -> dict[str, Any] | None:
+    """The control/.ended record of the session that holds run_dir's lock or last held it, when that
+    session's last step is done; None while it can still apply a command."""
+    record = read_json(Path(run_dir) / "control" / ENDED)
+    if isinstance(record, dict) and record.get("session") is not None:
+        return record
+    return None
+
+
+def too_late(run_dir: str | Path, command: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ended session's record when `command` was sent to it (after its last step): it is not for
+    the session taking it now. Queued commands and older files name no session: for whoever takes them."""
+    record = ended(run_dir)
+    sent_to = command.get("session") if isinstance(command, dict) else None
+    return record if record is not None and sent_to == record["session"] else None
+
+
+def taking(run_dir: str | Path) -> tuple[bool, str]:
+    """(whether a job in run_dir takes commands now, the evidence): rundir.liveness, but not once the
+    session running has done its last step."""
+    running, evidence = liveness(run_dir)
+    if running and (done := ended(run_dir)) is not None and done["session"] == session(run_dir):
+        return False, f"its last step, {done['step']}, is done: it is saving and ending"
+    return running, evidence
+
+
 def send(run_dir: str | Path, command: dict[str, Any], queue: bool = False) -> Path:
     """Drop a command for the job in run_dir; returns the file written. Refuses when the run is not
-    running, unless `queue` (the command then applies when the run next resumes)."""
+    running, or has done its last step, unless `queue` (the command then applies when the run next
+    resumes)."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"'{run_dir}' is not a run directory (no config.yaml); pass the --out of a run")
     check_against_config(run_dir, command)
-    running, evidence = liveness(run_dir)
+    running, evidence = taking(run_dir)
+    now = session(run_dir) if running else None
     if not running and not queue:
         raise RunStateError(
             f"'{run_dir}' is not running ({evidence}); nothing was sent. Pass --queue (queue=True in Python) "
             "to have the command applied when it next resumes"
         )
+    if running and now is not None:  # for this session only: one that ends before taking it answers it
+        command = {**command, "session": now}
     inbox = run_dir / "control"
     inbox.mkdir(exist_ok=True)
     path = inbox / f"{time.time_ns()}-{os.getpid()}.json"

@@ -110,7 +110,7 @@ class PersonCommands:
             lost = self.lost_commands.pop(0)
             self._manual(run, lost["action"], dict(lost["params"]), again=lost)
         # Rank 0 takes the files and every rank applies the same commands.
-        for name, command in broadcast_object(ctl.take_commands(self.run_dir) if is_main() else None):
+        for name, command in broadcast_object(self._for_this_session(run) if is_main() else None):
             try:
                 if command is None:
                     raise TrimtabError('not a command file (expected {"action": ..., "params": {...}})')
@@ -123,21 +123,37 @@ class PersonCommands:
                     ctl.answer(self.run_dir, name, str(exc))
                 run.say(f"[orchestrator] rejected control/{name}: {exc}")
 
+    def _for_this_session(self, run: RunView) -> list[tuple[str, dict[str, Any] | None]]:
+        """The commands in control/, less those sent to a session after its last step (between its
+        _answer_late_commands and the release of its lock): answered, never applied by a later one."""
+        taken = []
+        for name, command in ctl.take_commands(self.run_dir):
+            if (late := ctl.too_late(self.run_dir, command)) is not None:
+                self._answer_late(run, name, late["step"])
+            else:
+                taken.append((name, command))
+        return taken
+
     def _answer_late_commands(self, run: RunView) -> None:
         """Commands that came after the run's last point to apply one (its last step's hooks; the
         final evaluation and save come after): answered in control/*.error, not journaled as
         applied (they were, with nothing done, and their files gone), nor left to fire unnoticed
-        whenever the run next resumes."""
+        whenever the run next resumes. The inbox is closed first: `trimtab ctl` refuses from now on,
+        and a command that slips in anyway is answered by the next session (_for_this_session)."""
         if not is_main():
             return
+        ctl.close_inbox(self.run_dir, run.step)
         for name, _ in ctl.take_commands(self.run_dir):
-            ctl.answer(
-                self.run_dir,
-                name,
-                f"the run ended at step {run.step} before it could apply this command; nothing was applied. Send "
-                "it again if still wanted (`trimtab ctl --queue` applies it when the run next resumes)",
-            )
-            run.say(f"[orchestrator] control/{name} came after the run's last step: not applied (control/*.error)")
+            self._answer_late(run, name, run.step)
+
+    def _answer_late(self, run: RunView, name: str, step: int) -> None:
+        ctl.answer(
+            self.run_dir,
+            name,
+            f"the run ended at step {step} before it could apply this command; nothing was applied. Send "
+            "it again if still wanted (`trimtab ctl --queue` applies it when the run next resumes)",
+        )
+        run.say(f"[orchestrator] control/{name} came after the run's last step ({step}): not applied (control/*.error)")
 
     def _own_command(self, action: str, params: dict[str, Any], decision: Any) -> None:
         """ctl mode / pause-rule / resume-rule, the orchestrator's own state; one that finds the state

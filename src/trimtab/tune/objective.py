@@ -174,8 +174,9 @@ def _tell(
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
     pruned = hook.pruned if hook else ""
-    if pruned or summary.get("exit_code") == GAVE_UP:
-        reason = f"pruner: {pruned}" if pruned else f"orchestrator: {summary.get('status')}"
+    person = _stopped_by_person(decisions, summary)
+    if pruned or person or summary.get("exit_code") == GAVE_UP:
+        reason = f"pruner: {pruned}" if pruned else person or f"orchestrator: {summary.get('status')}"
         trial.set_user_attr("pruned_reason", reason)
         study.tell(trial, state=TrialState.PRUNED)
         return TrialResult(TrialState.PRUNED, None)
@@ -191,6 +192,15 @@ def _tell(
     values = [_objective(name, summary, attrs) for name in space.objectives]
     study.tell(trial, values)
     return TrialResult(TrialState.COMPLETE, values)
+
+
+def _stopped_by_person(decisions: list[dict[str, Any]], summary: dict[str, Any]) -> str:
+    """Why a person stopped the run (`trimtab ctl TRIAL_RUN stop`), when its last step was theirs:
+    a trial pruned by hand, not an interruption (which ended the study and re-ran the trial on resume)."""
+    stops = [d for d in decisions if d.get("rule") == "manual" and d.get("action") == "stop" and d.get("applied")]
+    if not stops or stops[-1].get("step") != summary.get("step") or summary.get("status") == "completed":
+        return ""
+    return f"a person: trimtab ctl stop ({(stops[-1].get('params') or {}).get('reason', 'stop requested')})"
 
 
 def _objective(name: str, summary: dict[str, Any], attrs: dict[str, Any]) -> float:

@@ -21,7 +21,7 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
     rows = []
     for t in study.get_trials(deepcopy=False):
         attrs = t.user_attrs
-        note = attrs.get("pruned_reason") or attrs.get("error") or attrs.get("interrupted") or ""
+        note = attrs.get("pruned_reason") or attrs.get("error") or attrs.get("interrupted") or attrs.get("lost") or ""
         if "surplus" in attrs:
             note = "surplus claim (the study had its trials): not run"
         if "rerun_of" in attrs:

@@ -9,20 +9,26 @@ study is short of its count, so N trials run in all, never more, and none twice:
   instant) is told FAIL with the user attr `surplus` before it trains;
 - a trial whose worker died (no heartbeat for GRACE_S) or was interrupted is marked FAIL, not
   counted, and its parameters are queued again: the next worker re-runs it, resuming its run
-  directory where it has one.
+  directory where it has one. A worker of this machine that is provably gone (its pid no longer
+  its process: fail_gone) is not waited out for GRACE_S; the heartbeat judges other machines'.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
+import os
+import socket
 import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import optuna
+import yaml
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
@@ -127,11 +133,49 @@ def open_study(space: Space, url: str, worker: int = 0, grace: int | None = None
             f"study '{space.name}' in {url} has {len(study.directions)} objective(s), the space file "
             f"{len(directions)}; use another study.name or --storage"
         )
+    check_trained_as(study, space, url)
     seed = space.seed + 1000 * worker + len(study.get_trials(deepcopy=False))
     if space.sampler == "grid":  # the grid's order comes from the seed and trial k takes point k: one order for all
         seed = space.seed
     study.sampler = make_sampler(space, seed)
     return study
+
+
+def trained_as(space: Space) -> dict[str, Any]:
+    """What a trial's result depends on besides its parameters: the space file's base: (and the
+    config file it names) and budget:, as JSON holds them; not log: (progress bars, trackers)."""
+    recorded: dict[str, Any] = {"base": space.base, "budget": space.budget}
+    if space.base_file is not None:
+        recorded["base.config"] = yaml.safe_load(space.base_file.read_text())
+    for key in ("base", "base.config"):
+        if isinstance(recorded.get(key), dict):
+            recorded[key] = {k: v for k, v in recorded[key].items() if k != "log"}
+    return json.loads(json.dumps(recorded, default=str))
+
+
+def _flat(value: Any, key: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        return {k: v for name, item in value.items() for k, v in _flat(item, f"{key}.{name}" if key else name).items()}
+    return {key: value}
+
+
+def check_trained_as(study: optuna.Study, space: Space, url: str) -> None:
+    """A study resumed with another base: or budget: than its trials ran with is refused: its best
+    would be picked across budgets (a 20-step trial against 4-step ones). The first open records them."""
+    now = trained_as(space)
+    before = study.user_attrs.get("trained_as")
+    if before is None:  # a new study, or one an older trimtab ran
+        study.set_user_attr("trained_as", now)
+        return
+    old, new = _flat(before), _flat(now)
+    keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    changed = [f"{k} {old.get(k, '(unset)')} -> {new.get(k, '(unset)')}" for k in keys]
+    if changed:
+        raise ConfigError(
+            f"{space.path}: study '{space.name}' in {url} ran its trials with another base:/budget: "
+            f"({'; '.join(changed)}), and trials of both would be compared; put them back, or start another "
+            "study (a new study.name, --out or --storage)"
+        )
 
 
 def counted(t: FrozenTrial) -> bool:
@@ -158,9 +202,72 @@ def claim_lock(directory: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def machine() -> str:
+    """Where a pid means one process: the host, its boot (a reboot reuses pids) and the pid
+    namespace (containers on one host share its name and boot); on a system without /proc, the host."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    return f"{socket.gethostname()} {_read('/proc/sys/kernel/random/boot_id')} {namespace}".strip()
+
+
+def process_start(pid: int) -> str | None:
+    """When process `pid` started (clock ticks after boot, from /proc; "" where /proc does not say);
+    None when no live process has the pid (none, or a zombie a parent has not reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # another user's: alive
+        pass
+    fields = _read(f"/proc/{pid}/stat").rsplit(")", 1)[-1].split()  # after the command's name, which may hold spaces
+    if len(fields) < 20:
+        return ""
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def this_worker() -> dict[str, object]:
+    """The worker's record on the trials it claims: what tells, on this machine, that it is gone."""
+    return {"machine": machine(), "pid": os.getpid(), "started": process_start(os.getpid())}
+
+
+def gone(worker: object) -> bool:
+    """The worker of a trial is provably not running: it ran on this machine, and its pid is no
+    process now or another one (started at another time). False when unsure (another machine)."""
+    if not isinstance(worker, dict) or worker.get("machine") != machine() or not isinstance(worker.get("pid"), int):
+        return False
+    now = process_start(worker["pid"])
+    return now is None or (bool(now) and now != worker.get("started"))
+
+
+def fail_gone(study: optuna.Study) -> None:
+    """Running trials whose worker is gone (gone()) become FAIL now, as fail_stale_trials makes them
+    after GRACE_S without a heartbeat: a resumed study takes them back at once."""
+    storage = study._storage  # noqa: SLF001  optuna's own fail_stale_trials works through it
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = t.user_attrs.get("worker")
+        if not gone(worker):
+            continue
+        try:
+            lost = f"its worker (pid {worker['pid']} on {socket.gethostname()}) ended before it finished"
+            storage.set_trial_user_attr(t._trial_id, "lost", lost)  # noqa: SLF001
+            storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)  # noqa: SLF001
+        except optuna.exceptions.UpdateFinishedTrialError:  # another worker failed it first
+            pass
+
+
 def requeue_lost(study: optuna.Study) -> None:
     """Stale trials (a worker that died) become FAIL; each lost trial (stale or interrupted) is
     queued again once with its parameters, so its share of the budget is run."""
+    fail_gone(study)
     with quiet():
         optuna.storages.fail_stale_trials(study)
     trials = study.get_trials(deepcopy=False)
@@ -186,6 +293,7 @@ def claim(study: optuna.Study, total: int, directory: Path) -> optuna.Trial | No
         with quiet():
             trial = study.ask()
         study._storage.record_heartbeat(trial._trial_id)  # noqa: SLF001  stale-able from its first instant
+        trial.set_user_attr("worker", this_worker())  # gone-able too, on this machine
     ahead = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number and counted(t)]
     if len(ahead) >= total and "rerun_of" not in trial.user_attrs:  # another machine claimed the last one
         trial.set_user_attr("surplus", True)
