@@ -118,10 +118,11 @@ class RLHackingRule(Section):
 @dataclass
 class RLRewardRule(Section):
     """RL's reward below its start (`trimtab rl`, docs/rl.md): when the verifier's mean score of
-    the last `window` steps has fallen `drop` or more below the phase's first `start_steps`',
-    `sigmas` standard errors clear of their sampling noise (over groups), the updates make the
-    policy worse (an LR far too high for RL): the run rolls back to the last policy above that
-    line with the LR x `lr_factor`; with no rollback left, it stops."""
+    the last `window` steps has fallen `drop` or more below the starting policy's (the rollouts
+    it generated: step 1's, or the first eta + 1 steps' with rl.max_staleness eta; at most
+    `start_steps`), `sigmas` standard errors clear of their sampling noise (over groups), the
+    updates make the policy worse (an LR far too high for RL): the run rolls back to the last
+    policy above that line with the LR x `lr_factor`; with no rollback left, it stops."""
 
     enabled: bool = True
     start_steps: int = 3

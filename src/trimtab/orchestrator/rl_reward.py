@@ -9,9 +9,13 @@ pass@1 fell from 0.14 to 0, while the other RL rules turned knobs that cannot un
 pretraining's `above_start` for a quantity that should rise.
 
 The monitor compares the verifier's mean score (the reward without the overlong penalty, which
-is shaping, not the task) of the last `window` steps with the phase's first `start_steps`: few,
-since an LR that far off wrecks the policy within a handful of steps (above, 0.047 -> 0 by step
-5; a start of 10 steps held the fall and read 0.015). It fires when the fall is at least `drop`
+is shaping, not the task) of the last `window` steps with the start: the steps, at most
+`start_steps`, whose rollouts the phase's starting policy generated (synchronously step 1 alone;
+rl.max_staleness eta: steps 1 to eta + 1). An LR 100x too high wrecks the policy at its first
+update: at lr 1e-2 from a 600-step arithmetic warm start the reward went 0.056 -> 0 at step 2, and
+a start of the first 3 steps (0.016) held the collapse: found at step 30 (z 2.5), rolled back to
+step 29, the collapsed policy (2026-11-30; before, 0.047 -> 0 by step 5 at 3e-3, and a start of
+10 steps read 0.015). It fires when the fall is at least `drop`
 of the start and stands `sigmas` standard errors clear of the two windows' sampling noise:
 Welch's z over the groups' mean scores, since a group's responses answer one prompt and share
 its difficulty (the responses one by one would count a window's few dozen prompts as hundreds of
@@ -20,13 +24,15 @@ temperature is not a reason to start again: rule rl_signal warms the sampling wh
 which a collapsing policy makes them (above, 1.0 -> 1.5 while the reward fell); the evidence
 records both temperatures. The overlong penalty is: rule rl_length sets it to trade the verifier's
 score of answers that run on for answers that end (a verifier that pays for length pays less by
-design): a new penalty starts the line again from its first `start_steps`, and the rule fires only
+design): a new penalty starts the line again (unless the score had already fallen below the line:
+a collapsing policy runs on and gets one too), and the rule fires only
 where the reward trained on (the penalty's included) fell too; it rises as a penalty does its work
 (measured, tests/test_rl_train.py's overlong run: a verifier paying for length fell 0.31 -> 0.15 as
 the penalty brought the responses cut from 98% to 6%, and the reward trained on rose -0.78 -> -0.02;
 the rule, blind to that, rolled back three times and stopped the run). Without a penalty the two
-are one. Remedy: back to the policy of the step where the fall began (the last whose window
-stood within `sigmas` standard errors of the start), with the LR cut x `lr_factor`; when no
+are one. Remedy: back to the policy before the fall began (the one that generated the first
+rollouts of the last window within `sigmas` standard errors of the start and above the line; the
+starting policy where no window was), with the LR cut x `lr_factor`; when no
 rollback is left (orchestrator.max_rollbacks, per incident: policy.py, RLIncident), the run
 stops there (its better policy is in the checkpoints). Measured on the arithmetic run above
 (lr 3e-3, 60 steps): the held-out pass@1 ended at 0.094 (0.14 at the start) where the same run
@@ -34,7 +40,7 @@ with the rule off ended at 0. The target is not the last step whose window
 stood above the line: a window lags a gradual fall, that step's policy already earned below the
 line, and each replay at the smaller LR found the same window again, rolling back until
 orchestrator.max_rollbacks and stopping (tests/test_rl_reward.py: a fall of 0.02 a step from
-0.4, that target step 19 at 0.12, against step 13 at 0.24).
+0.4, that target step 19 at 0.12, against step 6 at 0.38, where the fall began).
 """
 
 from __future__ import annotations
@@ -50,10 +56,11 @@ SCORE = ("score_n", "score", "score_sq")  # a step's groups drawn, their mean sc
 
 
 class RewardFall(Monitor):
-    """The verifier's mean score of the last `window` steps against the phase's first
-    `start_steps`: fallen by `drop` of the start or more, `sigmas` standard errors clear of the
-    noise. Evidence: both means, the z, both temperatures, the step where the fall began (the
-    last whose window stood within the noise of the start) and its window's score."""
+    """The verifier's mean score of the last `window` steps against the starting policy's
+    rollouts (at most `start_steps` steps): fallen by `drop` of the start or more, `sigmas`
+    standard errors clear of the noise. Evidence: both means, the z, the start's steps, both
+    temperatures, the policy from before the fall (the one that generated the first rollouts of
+    the last window within the noise of the start and above the line) and its window's score."""
 
     rule, family = "rl_reward", "rl"
 
@@ -61,7 +68,9 @@ class RewardFall(Monitor):
         self.cfg = cfg.rl_reward
         self.temperature: float | None = None  # the start's sampling temperature
         self.overlong_buffer = 0  # the soft overlong penalty the start was scored under (tokens)
-        self.start: list[list[float]] = []  # the first `start_steps` steps' SCORE sums
+        self.start: list[list[float]] = []  # the starting policy's steps' SCORE sums (at most `start_steps`)
+        self.first: int | None = None  # the start's first step (its rollouts: the policy of the step before)
+        self.penalised = False  # the start was taken again under a penalty set mid-phase: its first steps
         self.window: list[list[float]] = []  # the last steps'
         # the last step whose window was within the noise of the start (the fall not yet begun):
         # the rollback's target, and that window's mean score
@@ -79,22 +88,27 @@ class RewardFall(Monitor):
         if rl.get("score_n") is None or not rl["score_n"]:
             return None
         seen = [*(rl[k] for k in SCORE), rl["reward"]]
-        if rl.get("overlong_buffer", 0) != self.overlong_buffer:  # another objective: its own start
-            self.start, self.window, self.overlong_buffer = [], [], rl.get("overlong_buffer", 0)
-        if len(self.start) < rule.start_steps:
+        if rl.get("overlong_buffer", 0) != self.overlong_buffer:
+            self._new_penalty(rl.get("overlong_buffer", 0))
+        if self._starting(m, rl.get("staleness", 0.0)):
             self.start.append(seen)
             self.temperature = rl["temperature"]
-            self.good_step, self.good_score = m.step, _mean_and_se(self.start)[0]
+            # the policy that generated the start's rollouts: the step before the start's first
+            self.good_step, self.good_score = self.first - 1, _mean_and_se(self.start)[0]
             return None
         self.window = [*self.window, seen][-rule.window :]
         (start, start_se), (now, now_se) = _mean_and_se(self.start), _mean_and_se(self.window)
         z = (start - now) / max(math.hypot(start_se, now_se), 1e-12)
-        # the fall had not begun while the window stood within the noise of the start; the last
-        # window above the line is too late a target: in a gradual fall its policy is already
-        # below the line, and the replay found the same window again until max_rollbacks
-        if z < rule.sigmas:
-            self.good_step, self.good_score = m.step, now
         line = (1 - rule.drop) * start
+        # the fall had not begun while the window stood within the noise of the start and above
+        # the line; within the noise alone is too lenient where the start is one step's (at lr 1e-2
+        # windows of zeros after a start of 0.056 stood within it, and the target was the collapse).
+        # The target is the policy that generated the window's first rollouts, not its last step's:
+        # a window lags a gradual fall, that step's policy already earned below the line, and each
+        # replay at the smaller LR found the same window again until max_rollbacks
+        if z < rule.sigmas and now > line:
+            self.good_step = m.step - len(self.window) - round(rl.get("staleness", 0.0))
+            self.good_score = now
         if len(self.window) < rule.window or now > line:
             return None
         if z < rule.sigmas or _reward(self.window) >= _reward(self.start):
@@ -106,6 +120,7 @@ class RewardFall(Monitor):
             "start_reward": _reward(self.start),
             "z": z,
             "window": rule.window,
+            "start_steps": len(self.start),
             "start_temperature": self.temperature,
             "temperature": rl["temperature"],
             "good_step": self.good_step,
@@ -113,12 +128,43 @@ class RewardFall(Monitor):
             "times": self.fired + 1,
         }
         self.window, self.fired = [], self.fired + 1
+        last = self.first + len(self.start) - 1
+        steps = f"step {last}" if last == self.first else f"steps {self.first}-{last}"
         summary = (
             f"the verifier's mean score over the last {rule.window} steps fell to {now:.3f} from the {start:.3f} "
-            f"of the phase's first {rule.start_steps} ({z:.1f} standard errors, "
-            f"threshold {rule.sigmas:g}; a fall of {rule.drop:.0%} or more): the updates make the policy worse"
+            f"the starting policy earned ({steps}; {z:.1f} standard errors, threshold {rule.sigmas:g}; a fall of "
+            f"{rule.drop:.0%} or more): the updates make the policy worse"
         )
         return self.finding(m, evidence, summary, min(1.0, 0.5 + 0.5 * (1 - now / max(start, 1e-12))))
+
+    def _new_penalty(self, buffer: int) -> None:
+        """Another overlong penalty, another objective: its own start, unless the verifier's score
+        had already fallen below the line before it. Rule rl_length sets a penalty on a collapsing
+        policy too (its responses run on): at lr 3e-3 and 1e-2, 3 runs of 6 got one at step 10, and
+        a start taken under it was the collapse itself (never found; held-out pass@1 0.09 -> 0).
+        A start taken again is the penalty's first `start_steps` steps, not one: the reward trained
+        on must have fallen below it too, and the first step under a penalty, its responses the
+        longest, sets that line by a hair (the overlong run of tests/test_rl_train.py: -0.559,
+        against -0.561 at the finding, a fall of the verifier's score the penalty paid for)."""
+        fallen = bool(self.start and self.window)
+        if fallen:
+            fallen = _mean_and_se(self.window)[0] <= (1 - self.cfg.drop) * _mean_and_se(self.start)[0]
+        if not fallen:
+            self.penalised = bool(self.start)  # mid-phase; at the phase's start: the starting policy's
+            self.start, self.window, self.first = [], [], None
+        self.overlong_buffer = buffer
+
+    def _starting(self, m: StepMetrics, staleness: float) -> bool:
+        """Whether this step joins the start: up to `start_steps` steps whose rollouts the phase's
+        starting policy generated (synchronously the first step alone; rl.max_staleness eta: the
+        first eta + 1). Steps after it train on rollouts of updated policies, which an LR 100x too
+        high has already wrecked: at lr 1e-2 the reward went 0.056 -> 0 at step 2, and a start of
+        three steps (0.016) took the collapse as its own baseline (found at step 30, back to 29)."""
+        if len(self.start) >= self.cfg.start_steps:
+            return False
+        if self.first is None:  # this start's first step (an older state: counted back from its steps)
+            self.first = m.step - len(self.start)
+        return not self.start or self.penalised or m.step - staleness < self.first + 0.5
 
 
 def _mean_and_se(steps: list[list[float]]) -> tuple[float, float]:

@@ -1,0 +1,53 @@
+"""Rule rl_reward through `trimtab rl`'s loop (orchestrator/rl_reward.py): an LR 100x too high for
+RL wrecks the policy at its first update; the rule finds the fall against the starting policy's
+rollouts and rolls back to it with the LR cut, while the README's LR takes no action."""
+
+import json
+
+import pytest
+
+from helpers import trimtab_cli
+from trimtab.rundir import read_decisions
+
+RL = [
+    "--preset", "debug",
+    "--set", "log.progress=false", "--set", "log.report=false", "--set", "train.log_every=1",
+    "--set", "rl.prompts=builtin:arithmetic:1", "--set", "rl.reward=exact", "--set", "rl.max_new_tokens=4",
+    "--set", "rl.prompts_per_step=8", "--set", "rl.group_size=8", "--set", "optim.warmup_steps=0",
+    "--set", "checkpoint.every=3", "--set", "orchestrator.rl_reward.window=5",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def adder(tmp_path_factory):
+    """60 steps of debug on one-digit sums: a policy whose sampled answers are right 6% of the time."""
+    out = tmp_path_factory.mktemp("rl") / "adder"
+    args = ["train", "--preset", "debug", "--out", str(out), "--max-steps", "60"]
+    args += ["--set", "data.source=builtin:arithmetic:1", "--set", "log.progress=false"]
+    done = trimtab_cli([*args, "--set", "log.tensorboard=false", "--set", "train.eval_every=0"], out.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def rl(out, base, lr: str) -> list[dict]:
+    args = ["rl", *RL, "--out", str(out), "--max-steps", "8", "--set", f"train.init_from={base}"]
+    done = trimtab_cli([*args, "--set", f"optim.lr={lr}"], out.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [d for d in read_decisions(out) if d["rule"] == "rl_reward"]
+
+
+@pytest.mark.slow  # a warm start of 60 steps first (~15 s on one core)
+def test_an_lr_100x_too_high_rolls_back_to_the_starting_policy_with_the_lr_cut(tmp_path, adder):
+    """lr 1e-2 (the README's RL LR is 1e-4): step 1 earns 0.06, the updated policy nothing from
+    step 2 on. Before, the start (steps 1-3) held the collapse and a finding rolled back to step 3,
+    the collapsed policy (the real run, 600-step warm start: found at step 30, back to step 29)."""
+    found = rl(tmp_path / "high", adder, "1e-2")
+    assert found, "the fall was not found"
+    first = found[0]
+    assert first["step"] <= 6 and first["evidence"]["start_steps"] == 1, first
+    assert (first["action"], first["params"]) == ("rollback", {"to": 0, "skip_rows": [], "lr_factor": 0.1})
+    assert first["applied"] and "to step 0" in first["applied"][0]
+    lines = [json.loads(line) for line in (tmp_path / "high/metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in lines if "rl/reward" in m]
+    assert steps[-1]["lr_scale"] == pytest.approx(0.1)  # the replay trains at the cut LR
+    assert rl(tmp_path / "sound", adder, "1e-4") == []  # the README's LR: no action
