@@ -96,7 +96,7 @@ def test_bad_input_is_one_clear_line_and_exit_2(argv, message, capsys, tmp_path)
         (["plan", "--budget-flops", "inf"], "argument --budget-flops: must be a finite number above 0, got inf"),
         (["plan", "--budget-hours", "0"], "argument --budget-hours: must be above 0, got 0"),
         (["plan", "--gpus", "0"], "argument --gpus/--devices: must be at least 1, got 0"),
-        (["data", "prepare", "x", "--out", "y", "--vocab-size", "1"], "argument --vocab-size: must be at least 2"),
+        (["data", "prepare", "x", "--out", "y", "--vocab-size", "1"], "--vocab-size: must be at least 262, got 1"),
         (["merge", "R", "--out", "y", "--last", "0"], "argument --last: must be at least 1, got 0"),
     ],
 )

@@ -85,7 +85,12 @@ def test_prepare_writes_nothing_of_a_directorys_file_found_unreadable_after_its_
     assert [f["documents"] for f in manifest["files"]] == [0, 1]
     data = PreparedData(tmp_path / "p")
     assert data.n_tokens == manifest["files"][1]["tokens"]  # nothing of a.txt in the shards
-    assert "a.txt: not UTF-8 text at line 4001" in manifest["files"][0]["unreadable"]
+    said = (
+        "binary data, not text (a NUL byte at line 4001); remove it"
+        if bad == b"\x00"
+        else "not UTF-8 text at line 4001"
+    )
+    assert f"a.txt: {said}" in manifest["files"][0]["unreadable"]  # a binary file is not told to convert to UTF-8
 
 
 def test_records_past_the_callers_limit_are_not_read(tmp_path):

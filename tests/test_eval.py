@@ -251,3 +251,25 @@ def test_scores_are_printed_when_the_model_directory_cannot_be_written(run, tmp_
     printed = capsys.readouterr()
     assert "bits per byte" in printed.out and "results not recorded" in printed.out
     assert "Permission denied" in printed.out and not list((run / "eval").glob("*.json"))
+
+
+def test_two_evaluations_in_one_second_keep_both_records_in_order(tmp_path, monkeypatch):
+    """Records were named by the second: the second evaluation's overwrote the first's."""
+    from trimtab.evaluation import harness
+
+    for n in range(3):
+        assert harness._record(tmp_path, {"time": "2026-01-02T03:04:05", "n": n}) is None
+    records = sorted((tmp_path / "eval").glob("*.json"))
+    assert [r.name for r in records] == [
+        "2026-01-02T030405.json",
+        "2026-01-02T030405_2.json",
+        "2026-01-02T030405_3.json",
+    ]
+    assert [json.loads(r.read_text())["n"] for r in records] == [0, 1, 2]
+
+    def full_disk(path, *args, **kwargs):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(harness, "write_json", full_disk)
+    assert "No space left" in harness._record(tmp_path, {"time": "2026-01-02T03:04:05", "n": 3})
+    assert sorted((tmp_path / "eval").glob("*.json")) == records  # no empty record left behind

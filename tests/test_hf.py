@@ -374,7 +374,11 @@ def test_moe_experts_in_transformers_5_fused_layout_import_too(tmp_path, hf_toke
     assert max_diff(api.load_run(tmp_path)[1], theirs, SMALL["vocab_size"]) <= TOL
 
 
-def test_a_corrupt_newest_checkpoint_exports_the_one_before_and_a_chosen_one_is_refused(trained, tmp_path, caplog):
+def test_a_corrupt_newest_checkpoint_exports_the_one_before_and_a_chosen_one_is_refused(
+    trained, tmp_path, caplog, capsys
+):
+    """The one exported is named on the success line (beside the warning, it was not: generate
+    and eval said theirs)."""
     import shutil
 
     run = tmp_path / "run"
@@ -383,8 +387,9 @@ def test_a_corrupt_newest_checkpoint_exports_the_one_before_and_a_chosen_one_is_
     data = bytearray(newest.read_bytes())
     data[-10] ^= 0xFF  # a flipped bit: same size, other checksum
     newest.write_bytes(bytes(data))
-    out = export_run(run, tmp_path / "hf")
-    assert "steps: 0;" in (out / "README.md").read_text()  # step 0, the valid one
+    assert main(["export", str(run), "--out", str(tmp_path / "hf")]) == 0
+    assert f"exported {run} (checkpoint step 0) to {tmp_path / 'hf'}" in capsys.readouterr().out
+    assert "steps: 0;" in (tmp_path / "hf" / "README.md").read_text()  # step 0, the valid one
     with pytest.raises(CheckpointError, match="checksum differs"):
         export_run(run, tmp_path / "hf3", step=3)
     assert not (tmp_path / "hf3").exists()

@@ -131,3 +131,32 @@ def test_model_settings_a_hugging_face_model_overrides_are_refused_and_its_live_
         adopt_hf_model(load_config(preset="debug", overrides={**run, "model": {"d_model": 64}}))
     knob = adopt_hf_model(load_config(preset="debug", overrides={**run, "model": {"moe": {"balance_coef": 0.005}}}))
     assert knob.model.moe.balance_coef == 0.005 and knob.model.d_model == 32
+
+
+def test_a_run_initialised_from_a_run_of_a_hugging_face_model_exports_as_that_model(tmp_path, tokenizer):
+    """A second stage (train.init_from a run that was itself initialised from a Hugging Face model)
+    had no hf_source.json: its export lost the original's bos id, generation settings and dtype."""
+    from hf_helpers import write_run
+    from trimtab.config import load_config
+    from trimtab.hf import export_run
+    from trimtab.hf.importer import source_record
+    from trimtab.training.init_from import init_weights_from
+    from trimtab.training.setup import prepare_run_dir
+
+    saved(tmp_path / "hf", "LlamaConfig", bos_token_id=7, eos_token_id=8).to(torch.bfloat16).save_pretrained(
+        tmp_path / "hf"
+    )
+    model, dtype = import_model(tmp_path / "hf")
+    first = write_run(tmp_path / "first", model, tokenizer)
+    (first / "hf_source.json").write_text(json.dumps(source_record(tmp_path / "hf", dtype)))
+    cfg = load_config(
+        first / "config.yaml", overrides={"out": str(tmp_path / "second"), "train": {"init_from": str(first)}}
+    )
+    _, record = init_weights_from(cfg, model)
+    assert record is not None and record["config"]["bos_token_id"] == 7 and record["dtype"] == "bfloat16"
+    second = write_run(tmp_path / "second", model, tokenizer)
+    prepare_run_dir(cfg, tokenizer, record)  # what setup does with it
+    exported = export_run(second, tmp_path / "export")
+    config = json.loads((exported / "config.json").read_text())
+    assert (config["bos_token_id"], config["torch_dtype"]) == (7, "bfloat16")
+    assert json.loads((exported / "generation_config.json").read_text())["eos_token_id"] == 8

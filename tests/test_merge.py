@@ -326,6 +326,37 @@ def test_averaging_the_last_checkpoints_is_their_mean(tmp_path):
         average(run, 9, tmp_path / "avg9")
 
 
+def test_averaging_leaves_out_step_0_and_checkpoints_saved_unhealthy_and_names_them(tokenizer, tmp_path, caplog):
+    """`--last 2` of a run with checkpoints at steps 0 and 20 averaged the random initialisation
+    in; one the orchestrator did not call healthy (state.json "good": false) was averaged too."""
+    import dataclasses
+    import logging
+
+    from hf_helpers import write_run
+    from trimtab.checkpoint import save_checkpoint
+    from trimtab.config import load_config
+    from trimtab.model import build_model
+
+    model = build_model(dataclasses.replace(load_config(preset="debug").model, vocab_size=tokenizer.vocab_size))
+    run = write_run(tmp_path / "run", model, tokenizer)  # step 0
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    for step, good in ((2, True), (4, False), (6, True)):
+        weights = {k: v + 1 for k, v in weights.items()}
+        save_checkpoint(run, step, weights, {}, {"moe": {}, "mod": {}, "tokens": step, "good": good}, keep=9)
+    with caplog.at_level(logging.WARNING):
+        out = average(run, 2, tmp_path / "avg")
+    assert "left out of the average: step 4 (saved while the run was not healthy" in caplog.text
+    assert json.loads((list_checkpoints(out)[0] / "state.json").read_text())["merge"]["steps"] == [2, 6]
+    name = "norm.weight"
+    assert torch.allclose(load_file(list_checkpoints(out)[0] / "model.safetensors")[name], model.state_dict()[name] + 2)
+    with pytest.raises(
+        CheckpointError,
+        match=r"has 2 checkpoints to average \(steps 2, 6\), fewer than --last 3; "
+        r"left out: step 0 \(the weights before the first step\); step 4 ",
+    ):
+        average(run, 3, tmp_path / "avg3")
+
+
 def test_training_into_a_merged_directory_points_to_init_from(runs, tmp_path, capsys):
     recipe = {"merge_method": "linear", "models": [{"model": str(runs / "ft1")}, {"model": str(runs / "ft2")}]}
     out = merge(recipe, tmp_path / "merged")

@@ -158,7 +158,7 @@ def test_an_interrupted_prepare_resumes_to_the_same_data(tmp_path, tok_file, mon
     (src / "c.txt").write_bytes(b"\x00\x01binary")  # named alone below: it fails its job
     monkeypatch.setattr(prepare_py, "SHARD_BYTES", 1)  # a job per file, so some finish first
     files = [str(p) for p in sorted(src.iterdir())]
-    with pytest.raises(DataError, match="c.txt: not UTF-8"):
+    with pytest.raises(DataError, match="c.txt: binary data, not text"):
         prepare(files, tmp_path / "p", tokenizer=str(tok_file), workers=1)
     partial = json.loads((tmp_path / "p" / "trimtab-data.json").read_text())
     assert [f.get("prepared", False) for f in partial["files"]] == [True, True, False, False, False]  # kept
@@ -182,7 +182,7 @@ def test_a_file_changed_before_any_piece_of_it_was_prepared_is_cut_again(tmp_pat
     (src / "b.txt").write_bytes(b"\x00binary")  # named alone: its job fails before c.jsonl's
     (src / "c.jsonl").write_text("".join(json.dumps({"text": f"record {i}"}) + "\n" for i in range(4)))
     files = [str(src / name) for name in ("a.jsonl", "b.txt", "c.jsonl")]
-    with pytest.raises(DataError, match="b.txt: not UTF-8"):
+    with pytest.raises(DataError, match="b.txt: binary data, not text"):
         prepare(files, tmp_path / "p", tokenizer=str(tok_file), workers=1)
     assert read_manifest(tmp_path / "p")["files"][2]["done"] == []
     with open(src / "c.jsonl", "a") as fh:
@@ -294,6 +294,19 @@ def test_a_vocabulary_is_trained_when_no_tokenizer_is_given(tmp_path):
     assert TextTokenizer.load(tmp_path / "p" / "tokenizer.json").vocab_size <= 300
 
 
+def test_a_vocab_size_below_the_bpe_base_is_refused_naming_the_flag_and_one_minimum(tmp_path, capsys):
+    """The flag said "at least 2", then the BPE "a vocabulary of 10 is below ...", naming no flag."""
+    src = tmp_path / "a.txt"
+    src.write_text("some text\n")
+    for size in ("2", "10"):
+        with pytest.raises(SystemExit):  # argparse's usage error
+            main(["data", "prepare", str(src), "--out", str(tmp_path / "p"), "--vocab-size", size])
+        assert f"argument --vocab-size: must be at least 262, got {size}" in capsys.readouterr().err
+    with pytest.raises(DataError, match=r"^--vocab-size 10 is below 262, .*give at least 262"):
+        prepare([str(src)], tmp_path / "p", vocab_size=10)
+    assert not (tmp_path / "p").exists()
+
+
 def test_a_vocab_size_other_than_the_directorys_is_refused(tmp_path, caplog, capsys, tok_file):
     """A directory keeps its tokenizer: a --vocab-size that differs was silently ignored."""
     rng = random.Random(0)
@@ -313,6 +326,28 @@ def test_a_vocab_size_other_than_the_directorys_is_refused(tmp_path, caplog, cap
     prepare([str(src / "a.txt")], tmp_path / "q", tokenizer=str(tok_file))
     with pytest.raises(DataError, match=r"prepared with --tokenizer \(a vocabulary of \d+\), not --vocab-size 500"):
         prepare([str(src / "b.txt")], tmp_path / "q", vocab_size=500)
+
+
+def test_a_tokenizer_already_in_a_new_out_directory_is_used_only_when_named(tmp_path, tokenizer, capsys):
+    """Prepared into a Hugging Face model's folder, its tokenizer.json was taken silently as the
+    data's (no --tokenizer, a --vocab-size ignored). A killed prepare's own (shards/ beside it) is
+    still taken up by the re-run."""
+    src = write_corpus(tmp_path / "src")
+    model = tmp_path / "model"
+    tokenizer.save(model / "tokenizer.json")
+    args = ["data", "prepare", str(src), "--out", str(model), "--workers", "1"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"--out {model} already holds a tokenizer.json that no `trimtab data prepare` wrote" in err
+    assert f"--tokenizer {model / 'tokenizer.json'}" in err and sorted(p.name for p in model.iterdir()) == [
+        "tokenizer.json"
+    ]
+    assert main([*args, "--tokenizer", str(model / "tokenizer.json")]) == 0
+    assert read_manifest(model)["tokenizer"]["bpe_vocab_size"] is None
+    killed = tmp_path / "killed"  # what a prepare killed before its first job leaves
+    (killed / "shards").mkdir(parents=True)
+    tokenizer.save(killed / "tokenizer.json")
+    assert prepare([str(src)], killed, workers=1)["tokenizer"]["sha256"] == tokenizer.fingerprint
 
 
 def test_zstd_jsonl_arrow_and_chat_records_are_read(tmp_path, tok_file):

@@ -409,3 +409,21 @@ def test_a_run_resumed_after_its_summary_is_running_then_failed_not_completed(tm
     row = list_runs(tmp_path)[0]
     assert (row["status"], row["steps"], row["tokens"]) == ("failed", 4, 400)
     assert "summary.json's step 2, trained to step 4" in row["detail"]
+
+
+def test_a_wrong_shaped_goodput_ledger_is_left_out_naming_it_and_the_tree_still_lists(tmp_path, caplog):
+    """goodput.json that parses but is no ledger (`{"sessions": 5}`, a session's seconds null) ended
+    `trimtab runs` over the whole tree, and the run's report, with a TypeError / AttributeError."""
+    from trimtab.resilience.goodput import add_after_end, read_goodput
+
+    damaged = {"count": {"sessions": 5}, "null": {"sessions": [{"step": 2, "end": "completed", "seconds": None}]}}
+    for i, (name, ledger) in enumerate(damaged.items()):
+        (_fake_run(tmp_path / name, 1e-3 * (i + 1)) / "goodput.json").write_text(json.dumps(ledger))
+    ledger = {"sessions": [{"step": 2, "end": "completed", "seconds": {"productive": 3.0, "other": 1.0}}]}
+    (_fake_run(tmp_path / "fine", 1e-2) / "goodput.json").write_text(json.dumps(ledger))
+    rows = {r["run"]: r for r in list_runs(tmp_path)}
+    assert set(rows) == {"count", "null", "fine"} and rows["fine"]["ettr"] == 0.75
+    assert rows["count"]["ettr"] is None and rows["null"]["ettr"] is None
+    assert f"{tmp_path / 'null' / 'goodput.json'} is not a goodput ledger" in caplog.text
+    assert read_run(tmp_path / "count").goodput is None and read_goodput(tmp_path / "fine")["wall_s"] == 4.0
+    assert add_after_end(tmp_path / "null", "checkpoint", 1.0) is None  # the end of a run is not broken either

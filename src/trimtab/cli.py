@@ -87,12 +87,15 @@ def _generate(args: argparse.Namespace) -> int:
     ),
 )
 def _export(args: argparse.Namespace) -> int:
-    from trimtab.hf import export_run
+    from trimtab.hf.export import export_checkpoint
 
-    out = export_run(args.run_dir, args.out, step=args.step, dtype=args.dtype, snapshot=args.snapshot)
+    out, path = export_checkpoint(args.run_dir, args.out, step=args.step, dtype=args.dtype, snapshot=args.snapshot)
     remote = ", trust_remote_code=True" if any(Path(out).glob("modeling_*.py")) else ""  # its own model code
     load = f"transformers' AutoModelForCausalLM.from_pretrained(DIR{remote})"
-    print(f"exported {args.run_dir} to {out} (load it with {load})")
+    # the step said: a corrupt newest checkpoint is skipped with a warning, and this line is what is read
+    step = int(path.name.removeprefix("step_"))
+    what = f"lean snapshot step {step}" if args.snapshot is not None else f"checkpoint step {step}"
+    print(f"exported {args.run_dir} ({what}) to {out} (load it with {load})")
     return 0
 
 
@@ -175,6 +178,17 @@ def train_from_hint(model: str | Path) -> str:
     return f"trimtab train {config} --set train.init_from={shlex.quote(str(model))} --out {out}"
 
 
+def _vocab_size(text: str) -> int:
+    """--vocab-size: at least the BPE's base (data/tokenizer.py MIN_VOCAB), as prepare checks it;
+    imported only when given (the tokenizers library is no part of the CLI's start)."""
+    from trimtab.data.tokenizer import MIN_VOCAB
+
+    return number(int, MIN_VOCAB)(text)
+
+
+_vocab_size.__name__ = "int"  # argparse's "invalid int value: 'x'"
+
+
 @command(
     "data prepare",
     "tokenize text, JSONL (.gz, .zst), Parquet, Arrow and CSV files into memory-mapped token shards",
@@ -185,8 +199,8 @@ def train_from_hint(model: str | Path) -> str:
     ),
     arg(
         "--vocab-size",
-        type=number(int, 2),
-        help="vocabulary of the BPE a new directory trains when no --tokenizer (default 4096)",
+        type=_vocab_size,
+        help="vocabulary of the BPE a new directory trains when no --tokenizer (default 4096, at least 262)",
     ),
     arg("--format", default="auto", choices=("auto", "text", "jsonl", "chat", "instruction")),
     arg("--text-field", default="text", help="the record field holding the text (default: text)"),

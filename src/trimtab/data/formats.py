@@ -121,6 +121,10 @@ def records(path: Path, fmt: str = "auto", span: Span | None = None) -> Iterator
 
 def _not_utf8(path: Path, line: int, exc: UnicodeDecodeError) -> str:
     at = f" at line {line}" if line else ""
+    if exc.reason == _nul_byte().reason:  # a binary file (an image, an archive): no encoding makes it text
+        return (
+            f"{path}: binary data, not text (a NUL byte{at}); remove it from the sources, or name the text files only"
+        )
     return f"{path}: not UTF-8 text{at} ({exc.reason}); convert it to UTF-8"
 
 

@@ -39,7 +39,7 @@ from trimtab.data.listing import shown, source_files
 from trimtab.data.prepared import MANIFEST_VERSION, PreparedData, read_manifest, sha256_file, write_manifest
 from trimtab.data.shards import SKIP_HINT, SKIPPED_SHOWN, Item, Options, run_job
 from trimtab.data.sources import Document, _Reader, _take_bytes
-from trimtab.data.tokenizer import TextTokenizer, train_tokenizer
+from trimtab.data.tokenizer import MIN_VOCAB, TextTokenizer, train_tokenizer
 from trimtab.errors import DataError
 from trimtab.rundir import CONFIG, METRICS_FILE, SUMMARY
 
@@ -72,10 +72,17 @@ def prepare(
     refused (_check_vocab_size). `skip_hint`: how the caller turns on skip_bad_records, for the
     error a malformed record raises."""
     out = Path(out)
+    if vocab_size is not None and vocab_size < MIN_VOCAB:  # train_tokenizer's own error names no flag
+        raise DataError(
+            f"--vocab-size {vocab_size} is below {MIN_VOCAB}, the byte-level base (256) and trimtab's special "
+            f"tokens a BPE starts from; give at least {MIN_VOCAB}"
+        )
     _check_out(out, sources)
     before = {name for name in (*WRITTEN, ".") if (out / name).exists()}
+    # a tokenizer.json no prepare wrote (one interrupted leaves shards/ beside its own): a model's folder
+    foreign = "tokenizer.json" in before and not {"shards", "trimtab-data.json"} & before
     try:
-        return _prepare(sources, out, tokenizer, vocab_size, options or Options(), workers, skip_hint)
+        return _prepare(sources, out, tokenizer, vocab_size, options or Options(), workers, skip_hint, foreign)
     except BaseException:
         _remove_unfinished(out, before)
         raise
@@ -128,6 +135,7 @@ def _prepare(
     options: Options,
     workers: int,
     hint: str,
+    foreign: bool = False,
 ) -> dict[str, Any]:
     (out / "shards").mkdir(parents=True, exist_ok=True)
     for stale in (out / "shards").glob(".tmp-*"):  # jobs an interruption cut short
@@ -137,7 +145,7 @@ def _prepare(
     manifest = _drop_corrupt(manifest, out)
     if not manifest.get("documents"):  # a new directory: it must get something to train on
         _require_text(sources, out, options, hint)
-    tok = _tokenizer(manifest, out, tokenizer, vocab_size, sources, options, hint)
+    tok = _tokenizer(manifest, out, tokenizer, vocab_size, sources, options, hint, foreign)
     # bpe_vocab_size (set by _tokenizer) kept: the --vocab-size asked for, which a small corpus's BPE falls short of
     manifest["tokenizer"] = {**manifest.get("tokenizer", {}), "sha256": tok.fingerprint, "vocab_size": tok.vocab_size}
     manifest["dtype"] = manifest.get("dtype") or ("uint16" if tok.vocab_size <= 1 << 16 else "uint32")
@@ -265,22 +273,30 @@ def _tokenizer(
     sources: list[str],
     options: Options,
     hint: str = SKIP_HINT,
+    foreign: bool = False,
 ) -> TextTokenizer:
     """The directory's tokenizer; a new directory takes --tokenizer (a tokenizer.json or a
     Hugging Face model directory) or a BPE of vocab_size trained on a sample of the sources. The
-    manifest's tokenizer.bpe_vocab_size records the size asked for (null: a given tokenizer)."""
+    manifest's tokenizer.bpe_vocab_size records the size asked for (null: a given tokenizer).
+    `foreign`: a new directory already holds a tokenizer.json no prepare wrote (a Hugging Face
+    model's folder): used only when --tokenizer names that same tokenizer, refused otherwise."""
     own = out / "tokenizer.json"
     if given:
         tok = TextTokenizer.load(Path(given), key="--tokenizer")
         if own.is_file() and TextTokenizer.load(own).fingerprint != tok.fingerprint:
+            if foreign:  # no prepare's: leaving --tokenizer out would not add files with it
+                raise DataError(f"--tokenizer {given} is not the tokenizer.json {out} already holds; " + _NEW_OUT)
             raise DataError(
                 f"--tokenizer {given} is not the tokenizer {out} was prepared with ({own}); "
                 "leave --tokenizer out to add files with it, or prepare into a new directory"
             )
+        if foreign or not own.is_file():  # a new directory's: a given tokenizer
+            manifest["tokenizer"] = {"bpe_vocab_size": None}
         if not own.is_file():
             tok.save(own)
-            manifest["tokenizer"] = {"bpe_vocab_size": None}
         return tok
+    if foreign:
+        raise DataError(_foreign_tokenizer(out, own))
     if own.is_file():
         tok = TextTokenizer.load(own)
         _check_vocab_size(manifest, out, tok, vocab_size)
@@ -296,6 +312,19 @@ def _tokenizer(
     tok.save(own)
     manifest["tokenizer"] = {"bpe_vocab_size": size}
     return tok
+
+
+_NEW_OUT = "prepare into a new directory"
+
+
+def _foreign_tokenizer(out: Path, own: Path) -> str:
+    """Data tokenized silently with a tokenizer nobody chose (preparing into a model's folder) is
+    data for another model than the one the person had in mind: said, with both ways on."""
+    return (
+        f"--out {out} already holds a tokenizer.json that no `trimtab data prepare` wrote (e.g. a Hugging Face "
+        f"model's folder); to prepare with that tokenizer, say so: --tokenizer {own}; for a BPE trained on the "
+        f"sources (--vocab-size), {_NEW_OUT}"
+    )
 
 
 def _check_vocab_size(manifest: dict[str, Any], out: Path, tok: TextTokenizer, vocab_size: int | None) -> None:

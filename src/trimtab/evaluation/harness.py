@@ -1,7 +1,7 @@
 """`trimtab eval PATH`: a run's newest weights or a Hugging Face directory, scored on a text file
 (--data) and/or lm-evaluation-harness tasks (--tasks); results written beside the model.
 
-    PATH/eval/<time>.json     what was evaluated (checkpoint step, tasks, limit, versions) and
+    PATH/eval/<time>[_N].json what was evaluated (checkpoint step, tasks, limit, versions) and
                               the results (lm-eval's per-task metrics, the file's perplexity)
     PATH/summary.json "eval"  the latest results, merged in (a run directory's summary)
 
@@ -259,13 +259,31 @@ def _record(path: Path, results: dict[str, Any]) -> str | None:
     """The results into PATH/eval/ (and a run's summary.json); why not where PATH cannot be written
     (a read-only model directory, a full disk): the scores stand and are printed (an OSError
     traceback lost an evaluation that may have taken hours)."""
-    folder = path / "eval"
+    folder, record = path / "eval", None
     try:
         folder.mkdir(exist_ok=True)
-        write_json(folder / f"{results['time'].replace(':', '')}.json", results)
+        record = _new_record(folder, results["time"].replace(":", ""))
+        write_json(record, results)
         if (path / CONFIG).is_file():  # a run directory: its summary carries the latest results
             write_summary(path, {**(read_summary(path) or {}), "eval": results})
     except OSError as exc:
+        if record is not None and record.is_file() and not record.stat().st_size:
+            record.unlink(missing_ok=True)  # the name claimed, the results not written: no empty record left
         log.warning("results not recorded in %s (%s); they are printed only", folder, exc)
         return f"{folder}: {exc.strerror or exc}"
     return None
+
+
+def _new_record(folder: Path, stamp: str) -> Path:
+    """A name of its own under PATH/eval/ for one evaluation's results: <time>.json, or
+    <time>_2.json, ... for a second one in the same second (it overwrote the first), claimed by
+    creating the file, so two evaluations running at once never take the same one. `_` sorts
+    after `.`: the names still sort in the order the evaluations ran."""
+    for n in range(1, 10_000):
+        record = folder / (f"{stamp}.json" if n == 1 else f"{stamp}_{n}.json")
+        try:
+            record.open("x").close()
+            return record
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{folder}: no free name for {stamp}.json; remove old records there")

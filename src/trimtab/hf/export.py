@@ -65,6 +65,21 @@ def export_run(
     (snapshots.py), of `run_dir` into `out`. dtype: float32 | bfloat16 | float16; default the
     imported model's own, else float32. Returns out. Either may be in object storage (a URL):
     `run_dir` a run's checkpoint.dir, `out` a prefix the export is uploaded to (_export_to)."""
+    options = {"step": step, "dtype": dtype, "max_shard_bytes": max_shard_bytes, "snapshot": snapshot}
+    return export_checkpoint(run_dir, out, **options)[0]
+
+
+def export_checkpoint(
+    run_dir: str | Path,
+    out: str | Path,
+    *,
+    step: int | None = None,
+    dtype: str | None = None,
+    max_shard_bytes: int = MAX_SHARD_BYTES,
+    snapshot: int | None = None,
+) -> tuple[Path | str, Path]:
+    """export_run, returning with `out` the checkpoint (or snapshot) directory exported: the newest
+    may have been skipped as corrupt, and `trimtab export` says which step it wrote."""
     if is_url(str(out)):
         return _export_to(str(out), run_dir, step=step, dtype=dtype, max_shard_bytes=max_shard_bytes, snapshot=snapshot)
     if is_url(str(run_dir)) and step is not None and snapshot is None:
@@ -86,7 +101,7 @@ def export_run(
     candidates = _candidates(run_dir, step) if snapshot is None else [_snapshot(run_dir, snapshot)]
     for path in candidates:
         try:
-            return job.write(path, out)
+            return job.write(path, out), path
         except CorruptCheckpoint as exc:
             if step is not None or path == candidates[-1]:
                 raise CheckpointError(str(exc)) from None
@@ -94,7 +109,7 @@ def export_run(
     raise AssertionError("unreachable: the last candidate returns or raises")
 
 
-def _export_to(url: str, run_dir: str | Path, **options: Any) -> str:
+def _export_to(url: str, run_dir: str | Path, **options: Any) -> tuple[str, Path]:
     """An export into object storage: the store checked first (storage.open_remote: a missing
     bucket, no credentials, exit 2 before any work), the export written whole in a local staging
     folder, then uploaded with trimtab_export.json last (storage.publish): a prefix without it
@@ -102,9 +117,9 @@ def _export_to(url: str, run_dir: str | Path, **options: Any) -> str:
     remote = open_remote(url, "trimtab export --out")
     previous = export_record(remote, MARKER)  # refuses a prefix holding files not an export's
     with tempfile.TemporaryDirectory(prefix="trimtab-export-") as staging:
-        local = export_run(run_dir, Path(staging) / "out", **options)
+        local, exported = export_checkpoint(run_dir, Path(staging) / "out", **options)
         publish(local, remote, MARKER, previous)
-    return url
+    return url, exported
 
 
 class CorruptCheckpoint(Exception):

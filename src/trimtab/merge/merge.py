@@ -96,7 +96,8 @@ def _check_averaged(run_dir: Path) -> None:
 
 def average(run_dir: str | Path, last: int, out: str | Path) -> Path:
     """Uniform average of a run's last `last` valid checkpoints (LAWA: Kaddour 2022, "Stop
-    Wasting My Time!"; Sanyal et al. 2023 for LLM pretraining)."""
+    Wasting My Time!"; Sanyal et al. 2023 for LLM pretraining), but for step 0 and those saved
+    while the run was not healthy (_to_average)."""
     run_dir = Path(run_dir)
     if last < 1:
         raise ConfigError(f"--last {last} must be >= 1")
@@ -104,9 +105,7 @@ def average(run_dir: str | Path, last: int, out: str | Path) -> Path:
     _check_out(Path(out))
     hf_source = _hf_source(run_dir, None)
     cfg, model, tok = load_run(run_dir)
-    valid = [p for p in list_checkpoints(run_dir) if _valid(p)][-last:]
-    if len(valid) < last:
-        raise CheckpointError(f"{run_dir} has {len(valid)} valid checkpoints, fewer than --last {last}")
+    valid = _to_average(run_dir, last)
     total: dict[str, torch.Tensor] = {}
     states = []
     for path in valid:
@@ -127,6 +126,47 @@ def average(run_dir: str | Path, last: int, out: str | Path) -> Path:
     record = {"method": "average", "run": str(run_dir), "steps": [s["step"] for s in states]}
     extra = {"merge": record, "tokens": states[-1].get("train", {}).get("tokens", states[-1].get("tokens", 0))}
     return _write(Path(out), cfg, tok, model, merged, extra, hf_source, "float32")
+
+
+def _to_average(run_dir: Path, last: int) -> list[Path]:
+    """The newest `last` checkpoints of `run_dir` fit to average: valid, saved while the run was
+    healthy (state.json "good": a checkpoint the orchestrator did not call healthy is no state to
+    keep), and past step 0 where the run has trained on (the weights before the first step, random
+    or the model it started from, would be averaged into the trained ones). Those left out of the
+    newest `last` are named; fewer than `last` fit is refused, saying why."""
+    found = [p for p in list_checkpoints(run_dir) if _valid(p)]
+    why = {p: _unfit_to_average(p, found) for p in found}
+    fit = [p for p in found if not why[p]]
+    chosen = fit[-last:]
+    # named: those a plain pick of the newest `last` would have averaged in (all of them on a refusal)
+    passed = [p for p in found[-last:] if why[p]] if len(chosen) == last else [p for p in found if why[p]]
+    left_out = "; ".join(f"step {_step(p)} ({why[p]})" for p in passed)
+    if len(chosen) < last:
+        raise CheckpointError(
+            f"{run_dir} has {len(fit)} checkpoint{'s' if len(fit) != 1 else ''} to average"
+            f"{f' ({_steps(fit)})' if fit else ''}, fewer than --last {last}"
+            f"{f'; left out: {left_out}' if left_out else ''}; lower --last, or train on to save more"
+        )
+    if left_out:
+        log.warning("%s: left out of the average: %s; averaging %s", run_dir, left_out, _steps(chosen))
+    return chosen
+
+
+def _unfit_to_average(path: Path, found: list[Path]) -> str:
+    """Why checkpoint `path` is not averaged ("" when it is)."""
+    if _step(path) == 0 and len(found) > 1:
+        return "the weights before the first step"
+    if json.loads((path / "state.json").read_text()).get("good", True) is False:
+        return 'saved while the run was not healthy: state.json "good": false'
+    return ""
+
+
+def _step(path: Path) -> int:
+    return int(path.name.removeprefix("step_"))
+
+
+def _steps(paths: list[Path]) -> str:
+    return f"step{'s' if len(paths) > 1 else ''} {', '.join(str(_step(p)) for p in paths)}"
 
 
 def _hf_source(path: str | Path, dtype: str | None) -> dict[str, Any] | None:

@@ -29,6 +29,7 @@ Torch-free: `trimtab runs` and the report read it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from pathlib import Path
@@ -39,6 +40,7 @@ from trimtab.rundir import GOODPUT_FILE, STEP_FILE, read_json, write_json
 BUCKETS = ("productive", "redone", "checkpoint", "evaluation", "start_up", "other")
 WRITE_S = 1.0  # the ledger's freshness: what a lost session's record can miss
 MARK_BYTES = 64  # the mark's fixed size: each write covers the last whole, so no truncate is needed
+log = logging.getLogger(__name__)
 
 
 class Ledger:
@@ -154,9 +156,9 @@ def add_after_end(run_dir: str | Path, bucket: str, seconds: float) -> dict[str,
     totals; None when the newest session has not ended (no ledger, or another process's) or the
     ledger could not be written (a full disk must not end the run)."""
     path = Path(run_dir) / GOODPUT_FILE
-    data = read_json(path)
-    sessions = data.get("sessions") if isinstance(data, dict) else None
-    if not sessions or sessions[-1].get("end") is None:
+    data = _read_ledger(path)
+    sessions = data.get("sessions") if data else None
+    if not sessions or sessions[-1].get("end") is None or not isinstance(sessions[-1].get("seconds"), dict):
         return None
     session = sessions[-1]
     session["seconds"][bucket] = session["seconds"].get(bucket, 0.0) + max(0.0, seconds)
@@ -169,11 +171,45 @@ def add_after_end(run_dir: str | Path, bucket: str, seconds: float) -> dict[str,
 
 
 def read_goodput(run_dir: str | Path) -> dict[str, Any] | None:
-    """The run's totals from RUN_DIR/goodput.json, None when it has none."""
-    data = read_json(Path(run_dir) / GOODPUT_FILE)
-    if not isinstance(data, dict) or not data.get("sessions"):
+    """The run's totals from RUN_DIR/goodput.json, None when it has none (or a damaged one)."""
+    data = _read_ledger(Path(run_dir) / GOODPUT_FILE)
+    if not data or not data.get("sessions"):
         return None
     return totals(data["sessions"], data.get("incidents", []))
+
+
+def _read_ledger(path: Path) -> dict[str, Any] | None:
+    """goodput.json as totals() reads it; None, with a warning naming it, for one that parses but
+    is not a ledger (a hand edit, another tool's file): one run's damaged ledger must not end
+    `trimtab runs` over a whole tree, nor its report."""
+    data = read_json(path)
+    if data is None or _ledger_shaped(data):
+        return data
+    log.warning(
+        "%s is not a goodput ledger (sessions with their seconds by bucket): its wall time is left out; "
+        "remove it, or restore it from a copy",
+        path,
+    )
+    return None
+
+
+def _ledger_shaped(data: Any) -> bool:
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    def session(s: Any) -> bool:
+        seconds = s.get("seconds", {}) if isinstance(s, dict) else None
+        return isinstance(seconds, dict) and all(map(number, seconds.values())) and number(s.get("down_s", 0.0))
+
+    if not isinstance(data, dict):
+        return False
+    sessions, incidents = data.get("sessions", []), data.get("incidents", [])
+    return (
+        isinstance(sessions, list)
+        and all(map(session, sessions))
+        and isinstance(incidents, list)
+        and all(isinstance(i, dict) and number(i.get("steps_lost", 0)) for i in incidents)
+    )
 
 
 def read_mark(run_dir: str | Path, started: float) -> tuple[int, float] | None:

@@ -13,14 +13,15 @@ from trimtab.checkpoint_load import load_model
 from trimtab.config import RunConfig, read_saved
 from trimtab.config.checks import leaves
 from trimtab.errors import CheckpointError, ConfigError
-from trimtab.hf.importer import check_not_config_less, import_weights, source_record
+from trimtab.hf.importer import check_not_config_less, import_weights, read_source, source_record
 from trimtab.model import Transformer
 from trimtab.rundir import CONFIG
 
 
 def init_weights_from(cfg: RunConfig, model: Transformer) -> tuple[Path, dict | None]:
     """train.init_from: start from another run's (or checkpoint's) weights, or a Hugging Face
-    model's; returns where they came from and, for the latter, the record export keeps."""
+    model's; returns where they came from and the Hugging Face model's record export keeps (a run of
+    a run of such a model keeps its first run's, so its export has that model's ids, dtype and class)."""
     source = Path(cfg.train.init_from)
     if hf.is_hf_dir(source):
         dtype = import_weights(model, source)
@@ -37,7 +38,11 @@ def init_weights_from(cfg: RunConfig, model: Transformer) -> tuple[Path, dict | 
         load_model(model, path, verified=found is not None)
     except CheckpointError as exc:
         raise ConfigError(_unfit(cfg, source, exc)) from None
-    return path, None
+    fix = (
+        f"restore it (config key 'train.init_from' = '{source}'), or remove it to train on without it "
+        "(this run's export is then trimtab's own mapping of the model, float32)"
+    )
+    return path, read_source(run_dir_of(str(source)), fix)
 
 
 def _unfit(cfg: RunConfig, source: Path, exc: CheckpointError) -> str:
