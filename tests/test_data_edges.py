@@ -157,14 +157,17 @@ def test_a_whitespace_only_source_is_refused_by_prepare_as_training_refuses_it(t
     assert prepare([str(tmp_path / "src")], tmp_path / "p", tokenizer=str(tok_file))["documents"] == 2
 
 
-def test_a_small_eval_source_or_mixture_source_is_named_not_the_training_split(tmp_path, tokenizer):
+def test_a_small_eval_source_or_mixture_source_is_named_with_its_path_not_the_training_split(tmp_path, tokenizer):
     (tmp_path / "a.txt").write_text(CODE * 40)
     (tmp_path / "ws.txt").write_text(" \n\n\t\n")
     cases = [
-        ({"source": str(tmp_path / "a.txt"), "eval_source": str(tmp_path / "ws.txt")}, "data.eval_source has "),
+        (
+            {"source": str(tmp_path / "a.txt"), "eval_source": str(tmp_path / "ws.txt")},
+            r"data.eval_source '.*ws.txt' has ",
+        ),
         (
             {"mix": [{"source": str(tmp_path / "a.txt")}, {"source": str(tmp_path / "ws.txt")}]},
-            r"data.mix\[1\].source has \d+ tokens in 1 documents once data.eval_fraction=0.02 is held out",
+            r"data.mix\[1\].source '.*ws.txt' has \d+ tokens in 1 documents once data.eval_fraction=0.02 is held out",
         ),
     ]
     for data, said in cases:

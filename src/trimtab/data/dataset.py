@@ -150,4 +150,5 @@ def _split(
         flagged = screen and cfg.garbage_filter == "warn"
         return ShardedRows(source.prepared, cfg.seq_len, cfg.pack, "train", fraction, flagged), held
     cfg = replace(cfg, eval_fraction=fraction)
-    return build_splits(cfg, tok, source.docs, None, seed, cache_dir, source.key, screen)
+    where = source.spec.source if isinstance(source.spec.source, str) else ", ".join(map(str, source.spec.source))
+    return build_splits(cfg, tok, source.docs, None, seed, cache_dir, source.key, screen, where)

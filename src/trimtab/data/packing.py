@@ -254,10 +254,12 @@ def build_splits(
     cache_dir: Path | None = None,
     key: str = "",
     screen: bool = False,
+    where: str = "",
 ) -> tuple[Rows, Rows]:
     """(train, eval) rows; eval is eval_docs, else a held-out cfg.eval_fraction of docs. `key`
-    (the source's config key) names the source on the console; with `screen`, docs are screened
-    for garbage first (cfg.garbage_filter: named, or left out before the hold-out)."""
+    (the source's config key) names the source on the console, and `where` (its path) in an error
+    too; with `screen`, docs are screened for garbage first (cfg.garbage_filter: named, or left out
+    before the hold-out)."""
     tokenized = tokenize_documents(docs, tok, cfg, cache_dir)
     if screen and cfg.garbage_filter != "off":
         tokenized = _screen(tokenized, docs, cfg, key)
@@ -269,8 +271,9 @@ def build_splits(
     train_rows, eval_rows = make_rows(train, cfg.seq_len), make_rows(held, cfg.seq_len)
     if not len(train_rows):
         after = f" once data.eval_fraction={cfg.eval_fraction:g} is held out" if len(held) else ""
+        named = (f"{key} '{where}'" if where else key) or "the training split"
         raise DataError(
-            f"{key or 'the training split'} has {len(train.tokens)} tokens in {len(train)} documents{after}, "
+            f"{named} has {len(train.tokens)} tokens in {len(train)} documents{after}, "
             f"not enough for one row of data.seq_len+1={cfg.seq_len + 1} tokens with a "
             f"trainable target; add data or lower data.seq_len"
         )
