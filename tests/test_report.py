@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -427,3 +428,17 @@ def test_a_wrong_shaped_goodput_ledger_is_left_out_naming_it_and_the_tree_still_
     assert f"{tmp_path / 'null' / 'goodput.json'} is not a goodput ledger" in caplog.text
     assert read_run(tmp_path / "count").goodput is None and read_goodput(tmp_path / "fine")["wall_s"] == 4.0
     assert add_after_end(tmp_path / "null", "checkpoint", 1.0) is None  # the end of a run is not broken either
+
+
+def test_a_damaged_goodput_ledger_is_started_anew_by_the_resumed_session(tmp_path, caplog):
+    """A resume read goodput.json's sessions as they were: `{"sessions": 5}` or a session without
+    its step ended the run's start with a TypeError / KeyError (Ledger.__init__, Ledger.open)."""
+    from trimtab.resilience.goodput import Ledger
+
+    for i, ledger in enumerate(({"sessions": 5}, {"sessions": [{"end": None, "seconds": {}}]})):
+        run = tmp_path / str(i)
+        run.mkdir()
+        (run / "goodput.json").write_text(json.dumps(ledger))
+        book = Ledger(run)
+        assert book.sessions == [] and book.open(time.time(), 4, 1, 0, 0.0) is None  # no incident made up
+    assert "this session starts a new ledger" in caplog.text

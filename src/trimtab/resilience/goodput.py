@@ -46,8 +46,10 @@ log = logging.getLogger(__name__)
 class Ledger:
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / GOODPUT_FILE
-        data = read_json(self.path)
-        data = data if isinstance(data, dict) else {}
+        data = _read_ledger(self.path) or {}  # a damaged one: this session starts a new ledger
+        if not all(_resumable(s) for s in data.get("sessions", [])):
+            log.warning("%s: a session without its step, beat or world; this session starts a new ledger", self.path)
+            data = {}
         self.sessions: list[dict[str, Any]] = data.get("sessions", [])
         self.incidents: list[dict[str, Any]] = data.get("incidents", [])
         self.high = max((s["step"] for s in self.sessions), default=0)  # the furthest any session trained
@@ -191,6 +193,11 @@ def _read_ledger(path: Path) -> dict[str, Any] | None:
         path,
     )
     return None
+
+
+def _resumable(session: dict[str, Any]) -> bool:
+    """A session the next one's Ledger.open reads (its step, last beat and world)."""
+    return all(isinstance(session.get(k), (int, float)) for k in ("step", "beat", "world"))
 
 
 def _ledger_shaped(data: Any) -> bool:
