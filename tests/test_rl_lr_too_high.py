@@ -29,9 +29,9 @@ def adder(tmp_path_factory):
     return out
 
 
-def rl(out, base, lr: str) -> list[dict]:
+def rl(out, base, lr: str, *extra: str) -> list[dict]:
     args = ["rl", *RL, "--out", str(out), "--max-steps", "8", "--set", f"train.init_from={base}"]
-    done = trimtab_cli([*args, "--set", f"optim.lr={lr}"], out.parent)
+    done = trimtab_cli([*args, "--set", f"optim.lr={lr}", *extra], out.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     return [d for d in read_decisions(out) if d["rule"] == "rl_reward"]
 
@@ -40,14 +40,25 @@ def rl(out, base, lr: str) -> list[dict]:
 def test_an_lr_100x_too_high_rolls_back_to_the_starting_policy_with_the_lr_cut(tmp_path, adder):
     """lr 1e-2 (the README's RL LR is 1e-4): step 1 earns 0.06, the updated policy nothing from
     step 2 on. Before, the start (steps 1-3) held the collapse and a finding rolled back to step 3,
-    the collapsed policy (the real run, 600-step warm start: found at step 30, back to step 29)."""
-    found = rl(tmp_path / "high", adder, "1e-2")
+    the collapsed policy (the real run, 600-step warm start: found at step 30, back to step 29).
+    Rule rl_signal (its window 2 here, so it acts within the fall) warms the collapsing policy's
+    flat groups to 1.5; the rollback puts the starting policy's 1.0 back (it kept 1.5, and the
+    replay, sampled warmer, started weaker: at 1e-2 from a 600-step warm start 2 of 3 replays'
+    falls went unfound)."""
+    found = rl(tmp_path / "high", adder, "1e-2", "--set", "orchestrator.rl_signal.window=2")
     assert found, "the fall was not found"
     first = found[0]
     assert first["step"] <= 6 and first["evidence"]["start_steps"] == 1, first
-    assert (first["action"], first["params"]) == ("rollback", {"to": 0, "skip_rows": [], "lr_factor": 0.1})
+    warmed = [[4, "set_rl_temperature", 1.0, 1.25], [6, "set_rl_temperature", 1.25, 1.5]]
+    assert (first["action"], first["params"]) == (
+        "rollback",
+        {"to": 0, "skip_rows": [], "lr_factor": 0.1, "knobs": warmed},
+    )
     assert first["applied"] and "to step 0" in first["applied"][0]
+    assert first["applied"][0].endswith("RL sampling temperature 1.5 -> 1")
     lines = [json.loads(line) for line in (tmp_path / "high/metrics.jsonl").read_text().splitlines()]
     steps = [m for m in lines if "rl/reward" in m]
     assert steps[-1]["lr_scale"] == pytest.approx(0.1)  # the replay trains at the cut LR
+    replay = steps[[m["step"] for m in steps].index(1, 1)]  # the replay's first step: the restored policy
+    assert replay["lr_scale"] == pytest.approx(0.1) and replay["rl/temperature"] == 1.0
     assert rl(tmp_path / "sound", adder, "1e-4") == []  # the README's LR: no action

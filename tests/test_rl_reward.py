@@ -11,6 +11,10 @@ from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, StepMetrics
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.rl_reward import RewardFall, reward_remedy
+from trimtab.rl.batches import RolloutLoader
+from trimtab.training.actions import ACTIONS
+from trimtab.training.control import Control
+from trimtab.training.state import TrainState
 
 
 def step_of(
@@ -246,3 +250,84 @@ def test_an_overlong_penalty_set_on_a_collapsed_policy_keeps_the_start():
     found = [mon.observe(m) for m in before + under]
     assert [f is not None for f in found] == [False] * 10 + [True, False], found
     assert found[10].evidence["start_score"] == pytest.approx(1 / 18) and found[10].evidence["good_step"] == 0
+
+
+class Knobs:
+    """The RL knobs as a run holds them: what the Policy reads (RunView) and Control sets (the trainer)."""
+
+    def __init__(self):
+        self.state = TrainState()
+        self.cfg = SimpleNamespace(
+            rl=SimpleNamespace(enabled=True, temperature=1.0, entropy_coef=0.0, max_new_tokens=8)
+        )
+        self.loader = RolloutLoader.__new__(RolloutLoader)  # its knobs alone: nothing is drawn
+        self.loader.overlong_filter, self.loader.overlong_buffer = True, 0
+        self.view, self.lr_scale, self.rl_dynamic_sampling, self.rl_max_new_tokens = self, 1.0, True, 8
+        self.control = Control(self)
+
+    step = property(lambda self: self.state.step)
+    rl_temperature = property(lambda self: self.state.rl_temperature or self.cfg.rl.temperature)
+    rl_entropy_coef = property(lambda self: self.state.rl_entropy_coef or 0.0)
+    rl_overlong = property(lambda self: (self.loader.overlong_filter, self.loader.overlong_buffer))
+
+    def has_checkpoint(self, step: int) -> bool:
+        return True
+
+    def decide(self, policy: Policy, rule: str, step: int, **evidence) -> dict:
+        """The Policy's remedy for a finding of `rule`, applied as the orchestrator and Control
+        apply it (a rollback's knobs: Control._put_back, after the restore); its action and params."""
+        f = Finding(rule=rule, family="rl", step=step, evidence=evidence, summary="", strength=1.0)
+        self.state.step = step  # the run at the finding's step (read at once, as on one core)
+        policy.quiet(step, self)  # the orchestrator's order: a step's quiet, then its findings' plans
+        remedy = policy.plan(f, self)
+        remedy.applied()
+        if remedy.action != "rollback":
+            self.control.request(remedy.action, **remedy.params)
+            assert not self.control.apply()[0].startswith("failed"), remedy
+        return {"action": remedy.action, "reasoning": remedy.reasoning, **remedy.params}
+
+
+def test_a_fall_rolled_back_puts_back_the_knobs_rl_rules_turned_since_and_keeps_a_persons():
+    """lr 1e-2 (docs/rl.md): rule rl_signal warmed the collapsing policy's flat groups to 1.5 and
+    a rollback kept it, so the replay at the smaller LR started weaker and its fall went unfound.
+    The knobs RL's rules turned after the step restored go back; a person's setting stays."""
+    policy, run = Policy(OrchestratorConfig()), Knobs()
+    flat = {"flat_groups": 1.0, "solved_groups": 0.0}
+    assert run.decide(policy, "rl_signal", 4, **flat)["value"] == 1.25
+    assert run.decide(policy, "rl_entropy", 5)["action"] == "set_entropy_bonus"
+    assert run.decide(policy, "rl_signal", 6, **flat)["value"] == 1.5
+    run.control.request("set_entropy_bonus", value=0.03)  # a person's `trimtab ctl RUN entropy-bonus 0.03`
+    run.control.apply()
+    assert (run.rl_temperature, run.rl_entropy_coef) == (1.5, 0.03)
+    fall = {"good_step": 0, "good_score": 0.06, "score": 0.0, "start_score": 0.06}
+    back = run.decide(policy, "rl_reward", 8, **fall)
+    assert back["action"] == "rollback" and back["lr_factor"] == 0.1
+    assert "the sampling temperature 1 -> 1.5 (steps 4-6)" in back["reasoning"]
+    ACTIONS["rollback"].check({k: v for k, v in back.items() if k not in ("action", "reasoning")})
+    assert ACTIONS["rollback"].describe(back).endswith("lr x0.1, knobs turned after it put back")
+    restored = copy.deepcopy(run)
+    restored.state.step = 4  # a checkpoint at step 4 ran at the 1.25 decided at step 4: that stays
+    assert restored.control._put_back(back["knobs"]) == ["RL sampling temperature 1.5 -> 1.25"]
+    run.state.step = 0  # the starting policy's: sampled as it was; the person's bonus is theirs
+    assert run.control._put_back(back["knobs"]) == ["RL sampling temperature 1.5 -> 1"]
+    assert (run.rl_temperature, run.rl_entropy_coef) == (1.0, 0.03)
+    policy.shift(8)  # the orchestrator's on_rollback; the replay warms again: the turns put back are let go
+    assert run.decide(policy, "rl_signal", 5, **flat)["value"] == 1.25
+    assert [t for t in policy.rl_knobs.turns if t[1] == "set_rl_temperature"] == [[5, "set_rl_temperature", 1.0, 1.25]]
+
+
+def test_an_overlong_penalty_goes_back_with_the_filter_it_turned_off_and_rl_lengths_own_rollback_keeps_it():
+    policy, run = Policy(OrchestratorConfig()), Knobs()
+    assert run.decide(policy, "rl_length", 10, short_step=3)["tokens"] == 2
+    assert run.rl_overlong == (False, 2)  # the penalty turned the configured filter off
+    assert run.decide(policy, "rl_length", 20, short_step=3)["tokens"] == 4
+    length_back = run.decide(policy, "rl_length", 30, short_step=3)
+    assert length_back["action"] == "rollback" and "knobs" not in length_back  # its fix is the penalty
+    policy.shift(27)  # the orchestrator's on_rollback: to step 3, the penalty kept, in force from step 4 on
+    back = run.decide(policy, "rl_reward", 9, good_step=3, good_score=0.3, score=0.0, start_score=0.3)
+    replayed = copy.deepcopy(run)
+    replayed.state.step = 4  # a checkpoint the replay wrote holds the penalty: nothing goes back
+    assert replayed.control._put_back(back["knobs"]) == []
+    run.state.step = 3
+    done = ["RL overlong penalty buffer 4 -> 0 tokens", "RL overlong filter off -> on"]
+    assert run.control._put_back(back["knobs"]) == done and run.rl_overlong == (True, 0)

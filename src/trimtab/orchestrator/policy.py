@@ -22,6 +22,8 @@ from trimtab.orchestrator.attribution import DataAttribution
 from trimtab.orchestrator.ladder import InstabilityLadder, Ladder
 from trimtab.orchestrator.monitors import Finding
 from trimtab.orchestrator.remedies import Remedy
+from trimtab.orchestrator.rl_reward import KnobTurns, put_back
+from trimtab.training.actions import PUT_BACK
 
 # Policy state restored from a checkpoint as saved (older checkpoints: the defaults of __init__)
 STATE = (
@@ -86,6 +88,7 @@ class Policy(InstabilityLadder):
         self.early_rollbacks: dict[str, list[float]] = {}  # step -> the loss an early spike rolled back from, ...
         self.data = DataAttribution(cfg)  # which rows of a bad stretch are bad (orchestrator/attribution.py)
         self.rl = RLIncident()
+        self.rl_knobs = KnobTurns()  # the knobs RL's rules turned: rule rl_reward's rollback puts them back
         self.dispatch = {
             "instability": self._instability,
             "plateau": self._plateau,
@@ -187,12 +190,17 @@ class Policy(InstabilityLadder):
             self.rl.last_step = f.step
         remedy = rl_health.remedy(f, view, self.cfg, rollbacks=self.rl.rollbacks)
         if remedy.action == "rollback":
+            if f.rule == "rl_reward":  # the others' rollbacks keep them (rl_length's: the penalty is its fix)
+                put_back(remedy, self.rl_knobs.turns, f.evidence["good_step"])
             remedy.commit = lambda: self.rl.rolled_back(f.step)
+        elif remedy.action in PUT_BACK:
+            remedy.commit = self.rl_knobs.turning(remedy, view)
         return remedy
 
     def quiet(self, step: int, view: Any) -> Remedy | None:
         """The ladder's quiet steps (ladder.py), which may end RL's open incident too."""
         self.rl.clear(step, self.cfg.escalation_window)
+        self.rl_knobs.seen = step
         return super().quiet(step, view)
 
     def _plateau(self, f: Finding, view: Any) -> Remedy:
@@ -229,6 +237,7 @@ class Policy(InstabilityLadder):
         # rollback_at and broken_at stay: the replay must train past those very steps (ladder.py: _clear)
         self.fresh_probe = None  # of weights the rollback took back
         self.rl.last_step -= steps if self.rl.last_step >= 0 else 0
+        self.rl_knobs.shift(steps)
         self.data.shift()
 
     def measured(self, probe: float | None, step: int) -> None:
@@ -255,6 +264,7 @@ class Policy(InstabilityLadder):
             **{k: dict(v) if isinstance(v := getattr(self, k), dict) else v for k in STATE},  # a save keeps its own
             "data": self.data.state_dict(),
             "rl_incident": vars(self.rl).copy(),
+            "rl_knobs": {"turns": [list(turn) for turn in self.rl_knobs.turns], "seen": self.rl_knobs.seen},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -263,3 +273,4 @@ class Policy(InstabilityLadder):
             setattr(self, key, state.get(key, getattr(self, key)))
         self.data.load_state_dict(state.get("data", {}))
         self.rl = RLIncident(**state.get("rl_incident", {}))  # older checkpoints: none open
+        self.rl_knobs = KnobTurns(**state.get("rl_knobs", {}))  # older checkpoints: no turn recorded

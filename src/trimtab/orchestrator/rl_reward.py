@@ -46,11 +46,14 @@ orchestrator.max_rollbacks and stopping (tests/test_rl_reward.py: a fall of 0.02
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, StepMetrics
 from trimtab.orchestrator.remedies import GAVE_UP, Remedy
+from trimtab.training.actions import PUT_BACK
 
 SCORE = ("score_n", "score", "score_sq")  # a step's groups drawn, their mean scores' sum and sum of squares
 
@@ -218,3 +221,80 @@ def reward_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int
         },
         reasoning=why + f"; {reason}: stopping keeps the better policy in the checkpoints, training on would not",
     )
+
+
+# What the reasoning calls the knobs a rollback of this rule puts back (actions.PUT_BACK)
+NAMES = {
+    "set_rl_temperature": "the sampling temperature",
+    "set_entropy_bonus": "the entropy bonus",
+    "set_overlong_penalty": "the overlong penalty (tokens)",
+    "set_overlong_filter": "the overlong filter",
+}
+assert set(NAMES) == set(PUT_BACK), "rl_reward.NAMES names the knobs actions.PUT_BACK reads"
+
+
+@dataclass
+class KnobTurns:
+    """The knobs RL's rules turned (the Policy's record, kept across rollbacks and in checkpoints):
+    [the run's step when decided, action, value before, value set] in the order turned. A rollback of this rule
+    puts back those turned after the step it restores (Control._put_back): rule rl_signal warms
+    the sampling of a collapsing policy (its groups go flat: 1.0 -> 1.5 by step 10 at lr 1e-2),
+    rl_length puts a penalty on its runaway responses, and the replay at the smaller LR, sampled
+    warmer than the policy it restored ever was, started weaker and its fall was not found again
+    (2026-11-30: 2 of 3 runs at lr 1e-2, pass@1 0.01-0.02). Only turns whose value still stands go
+    back: a knob a person set since (`trimtab ctl`) is theirs, and a rollback keeps it."""
+
+    turns: list[list[Any]] = field(default_factory=list)
+    seen: int = 0  # the newest step observed: where a rollback moves back from (shift)
+
+    def turning(self, remedy: Remedy, view: Any) -> Callable[[], None]:
+        """The commit of a remedy that turns a knob: it records the turn (a penalty turns the
+        overlong filter off too: Control._set_overlong_penalty) at the run's step, after which
+        Control applies it (the finding's may be older: the orchestrator reads steps in batches)."""
+        name, (value,), step = remedy.action, remedy.params.values(), view.step
+        turns = [[step, name, PUT_BACK[name](view), value]]
+        if name == "set_overlong_penalty" and value and view.rl_overlong[0]:
+            turns.append([step, "set_overlong_filter", "on", "off"])
+
+        def commit() -> None:
+            for turn in turns:
+                last = next((t for t in reversed(self.turns) if t[1] == turn[1]), None)
+                if last is not None and last[3] != turn[2]:  # set otherwise since (put back, a person's):
+                    self.turns = [t for t in self.turns if t[1] != turn[1]]  # no walk back passes that
+                self.turns.append(turn)
+            del self.turns[:-64]  # the rules' ladders are short: older turns than these are long undone
+
+        return commit
+
+    def shift(self, steps: int) -> None:
+        """A rollback moved the step counter back by `steps`, the knobs kept: a turn after the
+        step restored is in force from the step after it on, and not in its checkpoint."""
+        self.seen -= steps
+        for turn in self.turns:
+            turn[0] = min(turn[0], self.seen + 1)
+
+
+def put_back(remedy: Remedy, turns: list[list[Any]], good_step: int) -> None:
+    """A rollback of this rule that puts back the knobs RL's rules turned after the step it
+    restores (Control._put_back resolves which, once it knows that step): the policy before the
+    fall is replayed as it ran, not sampled warmer."""
+    if remedy.action != "rollback" or not turns:
+        return
+    remedy.params["knobs"] = [list(turn) for turn in turns]
+    knobs: dict[str, list[list[Any]]] = {}
+    for turn in turns:
+        if turn[0] > good_step:
+            knobs.setdefault(turn[1], []).append(turn)
+    said = "; ".join(f"{NAMES[knob]} {_span(knob_turns)}" for knob, knob_turns in knobs.items())
+    remedy.reasoning += (
+        "; the knobs RL's rules turned after the step restored go back to what its policy ran with (a person's "
+        f"setting stays){f' ({said})' if said else ''}: sampled warmer than it ever was (rule rl_signal warms a "
+        "collapsing policy's flat groups), the replay starts weaker and its fall at the smaller LR goes unfound"
+    )
+
+
+def _span(turns: list[list[Any]]) -> str:
+    """A knob's turns as the reasoning says them: `1 -> 1.5 (steps 4-6)`."""
+    (first, _, before, _), (last, _, _, after) = turns[0], turns[-1]
+    steps = f"step {first}" if first == last else f"steps {first}-{last}"
+    return f"{before:g} -> {after:g} ({steps})" if not isinstance(after, str) else f"{before} -> {after} ({steps})"

@@ -27,7 +27,9 @@ class ActionParam:
     is requested (Control.request) and when `trimtab ctl` sends it."""
 
     name: str
-    kind: str  # float | int | str | step ('last_good' or a step number) | rows (list of row ids)
+    # float | int | str | step ('last_good' or a step number) | rows (list of row ids) | turns (knob
+    # changes: [step, action, value before, value set], the action one of `choices`)
+    kind: str
     bounds: str = ""  # e.g. "(0, inf)", "[0, 1]": open or closed ends (numbers only)
     default: Any = REQUIRED
     ctl: bool = True  # a `trimtab ctl` argument (rows are not typed by hand)
@@ -39,6 +41,8 @@ class ActionParam:
             if not isinstance(value, (list, tuple)) or not all(_whole(v) and v >= 0 for v in value):
                 raise ConfigError(f"{action}: '{self.name}' must be a list of row numbers >= 0, got {value!r}")
             return [int(v) for v in value]
+        if self.kind == "turns":
+            return _turns(action, self.name, value, self.choices)
         if self.kind == "step":
             if value == "last_good" or (_whole(value) and value >= 0):
                 return value if value == "last_good" else int(value)
@@ -84,6 +88,19 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _turns(action: str, name: str, value: Any, choices: tuple[str, ...]) -> list[list[Any]]:
+    """Knob changes in the order made, [step, action, value before, value set] each, the values
+    checked as that action's own parameter."""
+    turns = value if isinstance(value, (list, tuple)) else [None]
+    for turn in turns:
+        if not (isinstance(turn, (list, tuple)) and len(turn) == 4 and _whole(turn[0]) and turn[0] >= 0):
+            raise ConfigError(f"{action}: '{name}' must be a list of [step, action, before, after], got {value!r}")
+        if turn[1] not in choices:
+            raise ConfigError(f"{action}: '{name}' turns unknown knob {turn[1]!r}; one of {', '.join(choices)}")
+    check = [ACTIONS[knob].params[0].check for _, knob, _, _ in turns]
+    return [[int(t[0]), t[1], ok(action, t[2]), ok(action, t[3])] for t, ok in zip(turns, check)]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Action:
     name: str
@@ -127,6 +144,14 @@ class Action:
 LAYER = ActionParam(name="layer", kind="int", bounds="[0, inf)", default=None)  # None: every layer of that kind
 MOE_LAYER = ActionParam(name="layer", kind="int", bounds="[0, inf)")  # surgery: one layer, named
 EXPERT = ActionParam(name="expert", kind="int", bounds="[0, inf)")
+# The knobs a rollback may put back (its `knobs`): those RL's rules turn on a policy that is falling
+# (orchestrator/rl_reward.py: KnobTurns), each an action of one parameter, and what RunView reads of it now
+PUT_BACK: dict[str, Callable[[Any], Any]] = {
+    "set_rl_temperature": lambda view: view.rl_temperature,
+    "set_entropy_bonus": lambda view: view.rl_entropy_coef,
+    "set_overlong_penalty": lambda view: view.rl_overlong[1],
+    "set_overlong_filter": lambda view: "on" if view.rl_overlong[0] else "off",
+}
 
 _TABLE = (
     Action(name="skip_step", verb="skip-step", says="skip step", help="withhold the next step's update"),
@@ -158,12 +183,16 @@ _TABLE = (
             f"roll back to {v['to']}"
             + (f", skip {v['n_rows']} rows" if v["n_rows"] else "")
             + (f", lr x{v['lr_factor']:.3g}" if v["lr_factor"] else "")
+            + (", knobs turned after it put back" if v["knobs"] else "")
         ),
         help="restore the last good checkpoint (or the newest at or before step TO); the knobs stay",
         params=(
             ActionParam(name="to", kind="step", default="last_good"),
             ActionParam(name="skip_rows", kind="rows", default=None, ctl=False),
             ActionParam(name="lr_factor", kind="float", bounds="(0, 1)", default=None, ctl=False),  # None: the LR stays
+            # RL rule rl_reward's: the knobs RL's rules turned on the falling policy, put back to
+            # what the restored policy ran with where turned after its step (a person's stay)
+            ActionParam(name="knobs", kind="turns", default=None, ctl=False, choices=tuple(PUT_BACK)),
         ),
     ),
     Action(

@@ -13,7 +13,8 @@ once, not when it is first requested.
 
 The knobs an intervention sets (LR multiplier, grad clip, weight decay, micro-batch budget, run
 length) live in TrainState and are checkpointed, so a resumed run keeps them; a rollback restores
-weights, optimizer and data position but keeps the knobs, since they are the correction. The
+weights, optimizer and data position but keeps the knobs, since they are the correction (save the
+RL knobs rule rl_reward names, `knobs`: turned by RL's rules on a falling policy, they are not). The
 knobs' logic lives here: the trainer only calls apply_knobs() when it builds a new optimizer or
 loader.
 """
@@ -31,7 +32,7 @@ from trimtab.errors import ConfigError, TrimtabError
 from trimtab.resilience.elastic import leave_job, node_count, node_rank
 from trimtab.rl.batches import RolloutLoader
 from trimtab.training import surgery
-from trimtab.training.actions import ACTIONS, MOE_KNOBS, RL_ONLY, action
+from trimtab.training.actions import ACTIONS, MOE_KNOBS, PUT_BACK, RL_ONLY, action
 from trimtab.training.optim import build_optimizer
 from trimtab.training.schedule import apply_lengths
 from trimtab.training.state import Rewound
@@ -150,7 +151,13 @@ class Control:
     def _emergency_lr_reduction(self, factor: float) -> str:
         return self._scale_lr(factor)
 
-    def _rollback(self, to: str | int, skip_rows: list[int] | None = None, lr_factor: float | None = None) -> str:
+    def _rollback(
+        self,
+        to: str | int,
+        skip_rows: list[int] | None = None,
+        lr_factor: float | None = None,
+        knobs: list[list[Any]] | None = None,
+    ) -> str:
         t = self._trainer
         if isinstance(to, int) and to > t.state.step:  # a typo (500 for 50) would restore the newest checkpoint
             raise ConfigError(f"rollback {to}: the run is at step {t.state.step}; name a step at or before it")
@@ -163,7 +170,28 @@ class Control:
             done += f"; {self._skip_data(skip_rows)}"
         if lr_factor:  # the knobs survive the restore: the cut holds for the replayed steps
             done += f"; {self._scale_lr(lr_factor)}"
-        return done
+        return done + "".join(f"; {line}" for line in self._put_back(knobs or []))
+
+    def _put_back(self, turns: list[list[Any]]) -> list[str]:
+        """Knobs turned after the step restored, back to what its policy ran with. `turns`:
+        [step, action, before, after] in the order made; each knob's walked back from its value now
+        while each turn set the value the next found (one no turn set is a person's: it stays), to
+        the value before the first turn after the restored step (one at that step is in its
+        checkpoint: applied before the save). Here, not when it was decided: the turns queued
+        before this rollback (a rule's at the same step) are applied by now."""
+        t = self._trainer
+        back = {}
+        for name in dict.fromkeys(turn[1] for turn in turns):
+            now = PUT_BACK[name](t.view)
+            for step, knob, before, after in reversed(turns):
+                if knob != name:
+                    continue
+                if after != now:
+                    break
+                now = before
+                if step > t.state.step:
+                    back[name] = before
+        return [EFFECTS[name](self, before) for name, before in back.items() if before != PUT_BACK[name](t.view)]
 
     def _skip_data(self, rows: list[int]) -> str:
         added = self._trainer.loader.skip_rows(rows)
