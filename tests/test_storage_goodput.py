@@ -3,6 +3,7 @@ resilience/goodput.py): the time training waits for an upload is checkpointing, 
 files travel with the run's other record files to a fresh machine. The store is a local folder
 (file://): what is tested is what the run does around the upload, not the store's protocol."""
 
+import logging
 import shutil
 import time
 
@@ -59,12 +60,15 @@ def test_waits_for_a_slow_stores_uploads_are_checkpointing_in_the_ledger(tmp_pat
     assert read_json(tmp_path / "store" / "run" / "goodput.json")["sessions"][-1] == ledger
 
 
-def test_the_ledgers_step_mark_is_uploaded_and_restored_on_a_fresh_machine(tmp_path):
+def test_the_ledgers_step_mark_is_uploaded_and_restored_on_a_fresh_machine(tmp_path, caplog):
     """goodput.step (the last step a session completed, resilience/goodput.py) was not among the
     record files uploaded with each checkpoint: a run restored from the store lost it, and with it
-    the exact steps lost of a session the fresh machine's restart incident reports."""
+    the exact steps lost of a session the fresh machine's restart incident reports. Nor was
+    summary.json, written after the last upload: the same command on the fresh machine said the run
+    "has not finished: ... the session that saved that checkpoint ended before writing summary.json"."""
     url, out = f"file://{tmp_path}/store", tmp_path / "run"
-    assert trimtab.train(debug_cfg(out, 4, dir=url))["status"] == "completed"
+    first = trimtab.train(debug_cfg(out, 4, dir=url))
+    assert first["status"] == "completed"
     mark = (out / "goodput.step").read_bytes()
     started = read_json(out / "goodput.json")["sessions"][-1]["started"]
     assert read_mark(out, started)[0] == 4
@@ -73,3 +77,6 @@ def test_the_ledgers_step_mark_is_uploaded_and_restored_on_a_fresh_machine(tmp_p
     found = restore_from(open_remote(url), out)
     assert found is not None and found[1]["step"] == 4
     assert (out / "goodput.step").read_bytes() == mark and read_mark(out, started)[0] == 4
+    caplog.set_level(logging.INFO)
+    assert trimtab.train(debug_cfg(out, 4, dir=url)) == first == read_json(out / "summary.json")
+    assert f"{out} has finished: it is at step 4 of 4" in caplog.text and "has not finished" not in caplog.text

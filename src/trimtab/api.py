@@ -60,9 +60,14 @@ def train_or_raise(config: RunConfig, hooks: list = ()) -> dict:
     StartUpInterrupted, whose message says why, instead of returning a summary."""
     # A signal from here to the first step ends start-up cleanly (training/services/signals.py).
     with handle_signals(run_dir=config.run_dir), run_lock(config.run_dir):  # one `trimtab train` per run directory
-        summary = Trainer(setup(config), hooks=built_in_hooks(config) + list(hooks)).fit()
+        built = setup(config)  # before the hooks: a restore from checkpoint.dir comes first
+        hooks = built_in_hooks(config) + list(hooks)
+        summary = Trainer(built, hooks=hooks).fit()
         if is_main():  # under torchrun every rank returns the same summary; rank 0 writes it
             _write_summary(config.run_dir, summary)
+            for hook in hooks:  # checkpoint.dir: the summary and the report too, for a fresh machine
+                if isinstance(hook, RemoteCheckpoints):
+                    hook.on_summary()
     return summary
 
 

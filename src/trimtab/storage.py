@@ -38,7 +38,15 @@ from urllib.parse import urlsplit
 from trimtab.errors import ConfigError, NewerCheckpointError, TrimtabError
 from trimtab.extras import require
 from trimtab.paths import cache_dir
-from trimtab.rundir import DECISIONS_FILE, GOODPUT_FILE, METRICS_FILE, STEP_FILE, write_atomic
+from trimtab.rundir import (
+    DECISIONS_FILE,
+    GOODPUT_FILE,
+    METRICS_FILE,
+    PLAN_STATUS_FILE,
+    STEP_FILE,
+    SUMMARY,
+    write_atomic,
+)
 
 log = logging.getLogger(__name__)
 MANIFEST = "state.json"  # written last: its presence is what makes an uploaded checkpoint complete
@@ -55,8 +63,13 @@ _PROCESS = uuid.uuid4().hex  # this process: every Remote it opens writes as the
 # the run's record, uploaded again with each checkpoint (a fresh machine goes on with its loss
 # curve, its decisions and its goodput ledger, with the ledger's mark of the last step done: without
 # it a fresh machine's restart incident could not say a lost session's steps lost exactly,
-# resilience/incidents.py; a resume drops the lines past its checkpoint)
-RECORD_FILES = (METRICS_FILE, DECISIONS_FILE, GOODPUT_FILE, STEP_FILE)
+# resilience/incidents.py; a resume drops the lines past its checkpoint), and the live planner's
+# status blocks (the report's convergence plot: without them a fresh machine's report began at its restore)
+RECORD_FILES = (METRICS_FILE, DECISIONS_FILE, GOODPUT_FILE, STEP_FILE, PLAN_STATUS_FILE)
+# what the run's end writes after every hook (api.train_or_raise): uploaded then, restored with the run
+# files. Without summary.json a finished run restored on a fresh machine read as one whose last session
+# ended before writing it ("has not finished"); report.html (trimtab.report.REPORT) is the run's report.
+END_FILES = (SUMMARY, "report.html")
 STEP = re.compile(r"^step_(\d{6,})$")
 # stores whose first path component is a bucket (it must exist; nothing here creates one)
 BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}
@@ -195,14 +208,26 @@ class Remote:
             return []
 
     def _put(self, local: Path, remote: str) -> None:
+        """`local` as object `remote`. An object store's PUT is whole or absent; a file system's copy
+        (file://, a shared mount) is not: a process killed in it left a truncated file where a whole
+        one stood (the run's goodput.json, metrics.jsonl: restored cut on a fresh machine), so it
+        is copied beside and renamed into place."""
         if _local(self.fs):
             self.fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)  # a file system needs its folders
-        self.fs.put_file(str(local), remote)
+        if not {"file", "local"} & set(_protocols(self.fs)):  # an object store, memory://: whole or absent
+            self.fs.put_file(str(local), remote)
+            return
+        tmp = f"{remote}.tmp-{_PROCESS[:8]}"
+        self.fs.put_file(str(local), tmp)
+        self.fs.mv(tmp, remote)
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    return fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
 
 
 def _local(fs: Any) -> bool:
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    return not BUCKETED & set(protocols)
+    return not BUCKETED & set(_protocols(fs))
 
 
 def step_of(name: str) -> int:

@@ -28,6 +28,7 @@ from trimtab.config.model import LIVE_MODEL_KEYS
 from trimtab.errors import ConfigError, SavedConfigError
 from trimtab.resilience.goodput import add_after_end
 from trimtab.storage import (
+    END_FILES,
     RECORD_FILES,
     RUN_FILES,
     Remote,
@@ -46,6 +47,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 WAIT_WARN_S = 5.0  # training held this long by the upload before it is said (a slow or unreachable store)
+# what goes up after each checkpoint and at the end: the run's record, and config.yaml, which each resume
+# rewrites (a lengthened run, a changed setting); uploaded only while run/ lacked it, the store kept the
+# first session's (or a damaged copy), which a fresh machine, eval, export and generate then read
+UPDATED = (*RECORD_FILES, "config.yaml")
 
 
 def open_store(cfg: RunConfig) -> Remote | None:
@@ -106,7 +111,7 @@ def restore_from(remote: Remote, run_dir: Path, also: tuple[str, ...] = ()) -> t
     lacks and the newest valid checkpoint in `remote`, downloaded and verified, and the `also`
     steps (the step-0 checkpoint RL's KL term and DPO read their reference from: reference_steps);
     None: none there."""
-    got = remote.get_run_files(run_dir, RUN_FILES + RECORD_FILES)
+    got = remote.get_run_files(run_dir, RUN_FILES + RECORD_FILES + END_FILES)
     if got:
         log.info("restored %s from %s/run", ", ".join(got), remote.url)
     found = restore(remote, checkpoint_root(run_dir), verify)
@@ -231,10 +236,28 @@ class RemoteCheckpoints(Hook):
         try:
             self._retain()
             if self._current:  # records past the store's newest checkpoint would not match it
-                self.remote.put_run_files(self.run_dir, RECORD_FILES)
+                self.remote.put_run_files(self.run_dir, UPDATED)
         except Exception as exc:
             log.warning(
                 "%s: not pruned, or the run's record not uploaded at its end (%s: %s)",
+                self.remote.url,
+                type(exc).__name__,
+                redact(exc),
+            )
+
+    def on_summary(self) -> None:
+        """summary.json and the report, once the run wrote them (api.train_or_raise: after every
+        hook's on_train_end), into run/: a finished run restored on a fresh machine reads as
+        finished. Skipped as the end's record is (the last upload failed, or the prefix was taken
+        over): a failure is said, and the run's outcome stands."""
+        if self._taken or not self._current:
+            return
+        try:
+            self.remote.put_run_files(self.run_dir, END_FILES)
+        except Exception as exc:
+            log.warning(
+                "%s: summary.json and the report not uploaded at the run's end (%s: %s); a fresh machine "
+                "restoring this run writes them again",
                 self.remote.url,
                 type(exc).__name__,
                 redact(exc),
@@ -261,7 +284,7 @@ class RemoteCheckpoints(Hook):
             held = tuple(name for name in RUN_FILES if (self.run_dir / name).is_file())
             self.remote.put_run_files(self.run_dir, self.remote.lacks(held))  # the first, or the store lost them
             self.remote.upload(links)
-            self.remote.put_run_files(records, RECORD_FILES)  # after the checkpoint they lead up to
+            self.remote.put_run_files(records, UPDATED)  # after the checkpoint they lead up to
             self._retain()
             self._current = True
         except Exception as exc:  # a network or store failure: the local checkpoint stands
@@ -309,11 +332,11 @@ def _link(source: Path, target: Path) -> Path:
 
 
 def _copy_records(run_dir: Path, target: Path) -> Path:
-    """`target` holding copies of the run's record files (RECORD_FILES) as they are now: they are
-    appended to and rewritten in place while the upload reads them."""
+    """`target` holding copies of the run's record files and config.yaml (UPDATED) as they are now:
+    they are appended to and rewritten in place while the upload reads them."""
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
-    for name in RECORD_FILES:
+    for name in UPDATED:
         if (run_dir / name).is_file():
             shutil.copy2(run_dir / name, target / name)
     return target
