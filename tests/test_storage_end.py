@@ -3,11 +3,14 @@ docs/storage.md): a finished run, its machine gone, restored whole on a fresh on
 local folder (file://) or fsspec's memory store: what is tested is which files travel, not the protocol."""
 
 import uuid
+from types import SimpleNamespace
 
 import pytest
 
+from trimtab.config import load_config
 from trimtab.storage import MANIFEST, open_remote
-from trimtab.training.services.storage import RemoteCheckpoints, restore_from
+from trimtab.training.resume import resume_point
+from trimtab.training.services.storage import RemoteCheckpoints, newer_in_store, restore_from
 
 
 def test_the_planners_status_and_the_report_travel_with_the_run(tmp_path):
@@ -71,3 +74,49 @@ def test_a_put_killed_half_way_leaves_a_file_store_with_the_whole_old_file(tmp_p
     with pytest.raises(KeyboardInterrupt):
         remote.put_run_files(run_dir, ("goodput.json",))
     assert (tmp_path / "store" / "run" / "goodput.json").read_text() == '{"sessions": ["first"]}'
+
+
+def _checkpoints(run_dir, steps):
+    for step in steps:
+        checkpoint = run_dir / "checkpoints" / f"step_{step:06d}"
+        checkpoint.mkdir(parents=True)
+        (checkpoint / MANIFEST).write_text(f'{{"step": {step}, "train": {{"step": {step}}}, "manifest": {{}}}}')
+
+
+def _metrics(run_dir, last):
+    (run_dir / "metrics.jsonl").write_text("".join(f'{{"step": {s}, "loss": 4.0}}\n' for s in range(1, last + 1)))
+
+
+def test_a_disk_left_behind_resumes_from_the_stores_newer_checkpoint_not_its_own(tmp_path):
+    """A run moved to machine B (restored step 4 from the store, trained to 8, uploaded), then back
+    to machine A with its old disk at step 4: A resumed from its own step 4, redid 4 -> 8 unsaid, and
+    its first upload's retention deleted the store's step 8 as a rolled-back trajectory. The store's
+    newer checkpoint of a step A never trained to is restored, with B's record; one of a step A
+    trained past (a rollback's abandoned trajectory, a copy found corrupt here) is not."""
+    url = f"memory://trimtab-test-{uuid.uuid4().hex[:8]}/ckpt"
+    machine_b = tmp_path / "b"
+    _checkpoints(machine_b, (4, 6, 8))
+    _metrics(machine_b, 8)
+    hook = RemoteCheckpoints(url, machine_b, keep=3)
+    for step in (4, 6, 8):
+        hook.on_checkpoint(None, machine_b / "checkpoints" / f"step_{step:06d}")
+        hook.wait()
+    remote = open_remote(url)
+    machine_a = tmp_path / "a"
+    _checkpoints(machine_a, (2, 4))
+    _metrics(machine_a, 5)  # it trained on to step 5 before it was stopped
+    (machine_a / "config.yaml").write_text("preset: debug\n")
+    cfg = load_config(preset="debug", overrides={"out": str(machine_a)})
+    here = SimpleNamespace(from_main=lambda f, *a: f(*a), on_main=lambda f, *a: f(*a))  # one process
+    found = resume_point(cfg, here, remote)
+    assert found[0] == machine_a / "checkpoints" / "step_000008" and found[1]["step"] == 8
+    assert (machine_a / "metrics.jsonl").read_text() == (machine_b / "metrics.jsonl").read_text()  # B's record
+    rolled_back, corrupt_here = tmp_path / "rolled_back", tmp_path / "corrupt_here"
+    _checkpoints(rolled_back, (4,))
+    _metrics(rolled_back, 5)
+    (rolled_back / "checkpoints" / "rolled_back" / "step_000008").mkdir(parents=True)  # set aside by a rollback
+    _checkpoints(corrupt_here, (4,))
+    _metrics(corrupt_here, 9)  # trained past 8: the store's 8 is a trajectory this directory left
+    for run_dir in (rolled_back, corrupt_here):
+        mine = (run_dir / "checkpoints" / "step_000004", {"step": 4})
+        assert newer_in_store(remote, run_dir, mine) == mine, run_dir.name

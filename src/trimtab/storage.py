@@ -189,12 +189,13 @@ class Remote:
         self.fs.invalidate_cache(f"{self.root}/{RUN}")
         return tuple(n for n in names if not self.fs.exists(f"{self.root}/{RUN}/{n}"))
 
-    def get_run_files(self, run_dir: Path, names: tuple[str, ...] = RUN_FILES) -> list[str]:
-        """The run files (`names`) this run directory lacks, from run/; returns those it got."""
+    def get_run_files(self, run_dir: Path, names: tuple[str, ...] = RUN_FILES, replace: bool = False) -> list[str]:
+        """The run files (`names`) this run directory lacks (`replace`: all it has too), from run/;
+        returns those it got."""
         got = []
         for name in names:
             source = f"{self.root}/{RUN}/{name}"
-            if not (run_dir / name).is_file() and self.fs.exists(source):
+            if (replace or not (run_dir / name).is_file()) and self.fs.exists(source):
                 run_dir.mkdir(parents=True, exist_ok=True)
                 write_atomic(run_dir / name, self.fs.cat_file(source).decode("utf-8"))
                 got.append(name)

@@ -24,7 +24,7 @@ from trimtab.errors import CheckpointError, ConfigError, RunFinished, RunPastLen
 from trimtab.rundir import SUMMARY, read_json
 from trimtab.storage import Remote
 from trimtab.training.schedule import KEYS, configured_lengths
-from trimtab.training.services.storage import reference_steps, restore_from
+from trimtab.training.services.storage import newer_in_store, reference_steps, restore_from
 
 log = logging.getLogger(__name__)
 Found = tuple[Path, dict[str, Any]]  # a checkpoint directory and its state.json
@@ -37,6 +37,8 @@ def resume_point(cfg: RunConfig, dist: Parallel, remote: Remote | None = None) -
     found = dist.from_main(latest_valid, cfg.run_dir)
     if found is None and remote is not None:
         found = dist.from_main(restore_from, remote, cfg.run_dir, reference_steps(cfg))
+    elif remote is not None:  # a disk left behind by a run that moved on: the store's newer checkpoint
+        found = dist.from_main(newer_in_store, remote, cfg.run_dir, found)
     if found is not None and "train" not in found[1]:  # weights without a training state (trimtab merge)
         dist.close()
         raise CheckpointError(

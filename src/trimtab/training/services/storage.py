@@ -12,6 +12,7 @@ the run directory's checkpoint is the resume point, and the next checkpoint is u
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -27,10 +28,12 @@ from trimtab.config.checks import leaves
 from trimtab.config.model import LIVE_MODEL_KEYS
 from trimtab.errors import ConfigError, SavedConfigError
 from trimtab.resilience.goodput import add_after_end
+from trimtab.rundir import STEP_FILE, read_metrics
 from trimtab.storage import (
     END_FILES,
     RECORD_FILES,
     RUN_FILES,
+    STEP,
     Remote,
     StoreTakenError,
     is_url,
@@ -39,6 +42,7 @@ from trimtab.storage import (
     redact,
     restore,
     retain,
+    step_of,
 )
 from trimtab.training.hooks import Hook
 
@@ -122,6 +126,45 @@ def restore_from(remote: Remote, run_dir: Path, also: tuple[str, ...] = ()) -> t
         if name != found[0].name and restore(remote, checkpoint_root(run_dir), verify, only=name) is None:
             log.warning("%s/%s: not in the store; what reads it will say so", remote.url, name)
     return found
+
+
+def newer_in_store(remote: Remote, run_dir: Path, found: tuple[Path, dict[str, Any]]) -> tuple[Path, dict[str, Any]]:
+    """`found`, the run directory's newest valid checkpoint, unless the store holds a newer complete
+    one of a step this directory never trained to: a disk left behind when the run moved to
+    another machine, which trained on and uploaded. Resumed from its own checkpoint, the run
+    redid that work unsaid, and its first upload's retention deleted the store's newer ones (they
+    read as a rolled-back trajectory). Such a checkpoint is restored, with the store's record
+    files (the newer sessions' metrics, decisions and ledger). A store's newer checkpoint of a step
+    this directory did train to (its metrics, its step mark, a rolled-back copy) stays where it
+    is: a trajectory rolled back, or a copy found corrupt here."""
+    trained = _trained_here(run_dir)
+    newer = [n for n in remote.listing()[0] if step_of(n) > max(step_of(found[0].name), trained)]
+    for name in reversed(newer):
+        restored = restore(remote, checkpoint_root(run_dir), verify, only=name)
+        if restored is not None:
+            log.warning(
+                "%s: its newest checkpoint is %s, this directory trained to step %d, and %s holds step %d, "
+                "trained elsewhere (the run moved to another machine): resuming from the store's",
+                run_dir,
+                found[0].name,
+                trained,
+                remote.url,
+                step_of(name),
+            )
+            remote.get_run_files(run_dir, RECORD_FILES, replace=True)
+            return restored
+    return found
+
+
+def _trained_here(run_dir: Path) -> int:
+    """The furthest step this run directory's sessions trained to, as far as it says: its metrics
+    (abandoned lines too), the last session's step mark, the checkpoints a rollback set aside."""
+    steps = [int(m["step"]) for m in read_metrics(run_dir, abandoned=True) if isinstance(m.get("step"), int)]
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        steps.append(int((run_dir / STEP_FILE).read_text().split()[1]))
+    attic = checkpoint_root(run_dir) / "rolled_back"
+    steps += [step_of(p.name) for p in attic.iterdir() if STEP.match(p.name)] if attic.is_dir() else []
+    return max(steps, default=-1)
 
 
 def reference_steps(cfg: RunConfig) -> tuple[str, ...]:
