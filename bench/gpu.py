@@ -367,6 +367,6 @@ if __name__ == "__main__":
     ns = parser.parse_args()
     if ns.dry_run and ns.variant is None and not ns.load:  # with --load: report, write nothing
         ns.preset, ns.steps, ns.warmup, ns.reps = "debug-moe" if ns.profile else "debug", 1, 1, 1
-        ns.batch_tokens, ns.micro_batch_tokens, ns.data_bytes = 512, 256, 2_000_000
+        ns.batch_tokens, ns.micro_batch_tokens, ns.data_bytes = 512, 256, 300_000
         ns.variants = "trimtab,plain"
     child(ns) if ns.variant else parent(ns)
