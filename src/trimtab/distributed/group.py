@@ -4,6 +4,7 @@ through a gloo group, so NCCL runs add no device sync for them)."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable
 from datetime import timedelta
@@ -42,6 +43,19 @@ def all_max(values: list[float]) -> list[float]:
     if not active():
         return list(values)
     t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=cpu_group())
+    return t.tolist()
+
+
+def highest_scores(values: list[float]) -> list[float]:
+    """Each row's highest loss over the ranks (NaN counted as +inf), the same list on every rank.
+    Every rank scores the same rows on its own copy of them and of the weights: a copy gone bad
+    on one rank alone (its rows read corrupt, its replica's weights hit) would score them apart,
+    so one rank would leave rows out, watch and score the next steps (collectives) while the
+    others trained on, and the job hung. A row bad on any rank is bad (the union)."""
+    if not active() or not values:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64).nan_to_num(nan=math.inf, posinf=math.inf, neginf=-math.inf)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=cpu_group())
     return t.tolist()
 

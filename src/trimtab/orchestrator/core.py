@@ -332,6 +332,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
                     micro_batch_tokens=o.micro_batch_tokens,
                     checkpointing=run.activation_checkpointing,
                     changes=o.changes,
+                    world=run.world,
                     phase=o.phase,
                     rows=o.batch.rows,
                     row_losses=readings.row_means(o.batch.rows, values["rows"]),

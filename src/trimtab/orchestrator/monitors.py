@@ -41,6 +41,7 @@ class StepMetrics:
     micro_batch_tokens: int = 0
     checkpointing: str = "off"  # train.activation_checkpointing in use (an OOM may have raised it)
     changes: int = 0  # actions applied to the run so far (the orchestrator's and a person's)
+    world: int = 1  # processes in the job (a resume may run on another number)
     phase: int = 0  # pretraining 0, finetuning 1: new data and a new schedule
     rows: list[int] = field(default_factory=list)
     row_losses: dict[int, tuple[float, int]] | None = None  # per row, training forward: mean loss, targets

@@ -11,7 +11,9 @@ from trimtab.orchestrator.monitors import Finding, Monitor, Rolling, StepMetrics
 class Throughput(Monitor):
     """Tokens/s below factor x its rolling median for `patience` consecutive steps. An action
     applied to the run (a smaller micro-batch, a new expert, a rollback: the orchestrator's own or
-    a person's) starts a fresh baseline, so the rule reports a slower machine, not those changes."""
+    a person's) starts a fresh baseline, so the rule reports a slower machine, not those changes;
+    so does a resume on another number of processes (the job's tokens/s scale with it: a 2-rank
+    run resumed on 1 was logged "3,081 tokens/s < 0.5 x median 8,777", a slower node, which it was not)."""
 
     rule, family = "throughput", "throughput"
 
@@ -20,11 +22,12 @@ class Throughput(Monitor):
         self.window = Rolling(self.cfg.window)
         self.slow = 0
         self.changes = 0
+        self.world = 1  # the processes the window's rates were measured on (checkpointed)
         self.reported: list[float] = []  # [step, tokens/s] of the last finding
 
     def observe(self, m: StepMetrics) -> Finding | None:
-        if m.changes != self.changes:
-            self.changes, self.window, self.slow = m.changes, Rolling(self.cfg.window), 0
+        if m.changes != self.changes or m.world != self.world:
+            self.changes, self.world, self.window, self.slow = m.changes, m.world, Rolling(self.cfg.window), 0
         if len(self.window) < self.cfg.min_samples or m.tokens_per_s >= self.cfg.factor * self.window.median():
             self.window.add(m.tokens_per_s)
             self.slow = 0

@@ -23,6 +23,7 @@ from trimtab.checkpoint import find_checkpoint
 from trimtab.config import RunConfig
 from trimtab.data.batches import micro_batches
 from trimtab.data.quality import Flagged
+from trimtab.distributed.group import highest_scores
 from trimtab.hardware import is_oom
 from trimtab.training import scoring
 from trimtab.training.control import Control, Requests
@@ -181,7 +182,8 @@ class RunView:
         losses = self._unless_oom(
             "scoring training rows", lambda: scoring.row_losses(t.model, t.forward, t.precision, micro, t.device), []
         )
-        return dict(zip((r for m in micro for r in m.rows), losses))
+        # the ranks' copies of the rows and weights may differ (one gone bad): all must decide alike
+        return dict(zip((r for m in micro for r in m.rows), highest_scores(losses)))
 
     def held_out_row_losses(self, limit: int = 64) -> list[float]:
         """Up to `limit` held-out rows' mean losses, scored as row_losses scores: the reference."""
@@ -195,7 +197,7 @@ class RunView:
         scored = self._unless_oom(
             "scoring held-out rows", lambda: scoring.row_losses(t.model, t.forward, t.precision, micro, t.device), []
         )
-        return scored[:limit]
+        return highest_scores(scored[:limit])  # the same reference on every rank, as row_losses
 
     def row_sources(self, rows: list[int]) -> dict[str, int]:
         """Where these training rows came from: source -> number of rows."""
