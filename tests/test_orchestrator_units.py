@@ -554,7 +554,8 @@ def test_a_lone_spikes_rows_far_above_held_out_ones_are_left_out_with_the_skip_a
     policy.data.record(60, list(range(600, 610)))  # as the orchestrator does before the policy plans
     plan = act(policy, finding(60, rows=list(range(600, 610))), view)
     assert plan.action == "skip_data" and plan.params == {"rows": [600, 604, 608]}
-    assert "3 of the step's 10 rows lose more than 6.500" in plan.reasoning  # 5.0 + rows.min_gap 1.5
+    # data.min_gap's bar (5.0 + 4 x 1.4826 x 0.1), once one row is above rows.min_gap's (5.0 + 1.5)
+    assert "3 of the step's 10 rows lose more than 5.593" in plan.reasoning and "one above 6.500" in plan.reasoning
     assert policy.data.watch_until == 60 + OrchestratorConfig().data.watch_steps and policy.ladder.rung == 0
     watched = act(policy, finding(61, rows=list(range(610, 620))), view)  # the watch scores the step's rows
     assert watched.action == "skip_step"
@@ -568,8 +569,13 @@ def test_a_lone_spikes_rows_far_above_held_out_ones_are_left_out_with_the_skip_a
         for key, value in state.items():
             setattr(fresh, key, value)
         assert act(fresh, f, view).action == "skip_step", (evidence, state)
-    hard = View(bad_row_loss=6.0)  # a hard row of text: 1 nat above held-out ones, under the bar
+    hard = View(bad_row_loss=6.0)  # hard rows of text: 1 nat above held-out ones, none at rows.min_gap's bar
     assert act(Policy(OrchestratorConfig()), finding(60), hard).action == "skip_step"
+    mixed = {r: 9.0 if r == 600 else 6.0 for r in range(600, 610)}  # blamed on one; judged at data.min_gap's bar
+    view.row_losses = lambda rows: {r: mixed[r] for r in rows}
+    assert act(Policy(OrchestratorConfig()), finding(60, rows=list(range(600, 610))), view).params["rows"] == list(
+        range(600, 610)
+    )
 
 
 def test_clean_rows_and_sound_weights_leave_nothing_out_and_the_ladder_climbs():
@@ -832,6 +838,22 @@ def test_the_oom_probe_and_its_failure_above_the_size_a_decision_set_do_not_coun
 
     assert not same_trouble(halved, oom("probe", 512)) and not same_trouble(halved, oom("oom", 1024))
     assert same_trouble(halved, oom("oom", 512)) and same_trouble(halved, oom("oom", 256))
+
+
+def test_rows_left_out_fail_only_when_the_same_rows_come_back():
+    """The watch through a long bad stretch leaves out each step's rows: the next step's other bad
+    rows judged each decision "not recovered", the track record fell below min_confidence and the
+    stretch's last rows were only advised out (healing benchmark, bad_batch@15:15: 4 advised)."""
+    from trimtab.orchestrator.outcomes import same_trouble
+
+    for rule, family in (("data", "data"), ("spike", "instability"), ("rows", "data")):
+        left_out = decision(1, 16, rule, "skip_data", params={"rows": [1, 2]}, family=family)
+        later = Finding(rule="data", family=family, step=17, evidence={"rows": [3]}, summary="", strength=1.0)
+        assert not same_trouble(left_out, later), rule
+        later.evidence["rows"] = [2, 3]
+        assert same_trouble(left_out, later), rule
+    spike = Finding(rule="spike", family="instability", step=17, evidence={}, summary="", strength=1.0, rows=[2])
+    assert same_trouble(decision(1, 16, "spike", "skip_step", family="instability"), spike)  # a skip: any spike
 
 
 def test_a_resume_after_a_rollback_gives_new_decisions_new_ids(tmp_path):

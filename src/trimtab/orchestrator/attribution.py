@@ -46,28 +46,32 @@ class DataAttribution:
         return sorted({r for s, rows in self.rows.items() if int(s) >= first for r in rows})
 
     def score(
-        self, view: Any, rows: list[int], nonfinite: bool = False, min_gap: float | None = None
+        self, view: Any, rows: list[int], nonfinite: bool = False, gate: float | None = None
     ) -> tuple[list[int], dict[str, Any]]:
         """The bad ones among `rows`, and the evidence for the journal (nothing changes: leaving
         them out is a decision, which may be advice; watch_more follows an applied one).
         `nonfinite`: the steps to explain had NaN / inf losses, which a finite score does not.
-        `min_gap`: a higher bar than orchestrator.data's (one spike's rows, spikes.py)."""
+        `gate`: none is bad unless one stands that far above the held-out median (one spike's
+        rows, spikes.py: a higher bar than orchestrator.data.min_gap to blame the data at all;
+        once it is blamed, its rows are judged by the usual one)."""
         cfg = self.cfg
         scores = view.row_losses(rows) if rows else {}
         finite = {r: loss for r, loss in scores.items() if math.isfinite(loss)}
         # a non-finite reference would make the threshold NaN, and every comparison with it false
         held_out = [x for x in view.held_out_row_losses(cfg.reference_rows) if math.isfinite(x)]
         reference = held_out or list(finite.values())
-        middle, spread, threshold = outlier_threshold(reference, cfg.sigma, max(cfg.min_gap, min_gap or 0.0))
+        middle, spread, threshold = outlier_threshold(reference, cfg.sigma, cfg.min_gap)
         broken = [r for r in scores if r not in finite] if finite else []  # all of them: the forward's
         high = [] if nonfinite else [r for r, loss in finite.items() if loss > threshold]
-        bad = sorted(broken + high)
+        bar = threshold if gate is None else outlier_threshold(reference, cfg.sigma, max(cfg.min_gap, gate))[2]
+        bad = sorted(broken + high) if broken or any(finite[r] > bar for r in high) else []
         evidence = {
             "rows_scored": len(scores),
             "rows_outliers": len(bad),  # asked to leave out; Control says how many were not out already
             "rows_nonfinite": len(scores) - len(finite),
             "nonfinite_losses": nonfinite,
             "threshold": threshold,
+            **({"gate": bar} if gate is not None else {}),
             "reference_median": middle,
             "reference_spread": spread,
             "reference_rows": len(reference),

@@ -131,8 +131,11 @@ def _answered_trouble(track: dict[str, Any], same: bool, loss: float) -> bool:
 
 
 def same_trouble(decision: Decision, f: Finding) -> bool:
-    """Whether finding f says decision's trouble is back: the same family, and for outlier rows
-    the same rows (other rows found later are other data, not a failed remedy). Not the
+    """Whether finding f says decision's trouble is back: the same family, and for rows left out
+    the same rows (other rows found later are other data, not a failed remedy: the watch's steps
+    through a long bad stretch, each judged "not recovered" by the next one's rows, took the
+    track record below orchestrator.min_confidence and the stretch's last rows were only advised
+    out; healing benchmark, bad_batch@15:15). Not the
     out-of-memory rule's probe of a larger micro-batch, nor its failure above the size the
     decision set: that size held (a resumed run probes 10 steps in, within the outcome's window)."""
     if f.family != decision.family:
@@ -140,4 +143,6 @@ def same_trouble(decision: Decision, f: Finding) -> bool:
     if decision.rule == "oom" and f.rule == "oom":
         kind, tokens = f.evidence.get("kind"), f.evidence.get("micro_batch_tokens", 0)
         return kind != "probe" and not tokens > decision.params.get("tokens", math.inf)
-    return decision.rule != "rows" or bool(set(decision.params.get("rows", ())) & set(f.evidence.get("rows", ())))
+    if decision.action != "skip_data":
+        return True
+    return bool(set(decision.params.get("rows", ())) & set(f.evidence.get("rows", f.rows or ())))

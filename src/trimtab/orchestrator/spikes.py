@@ -30,9 +30,10 @@ class EarlySpikes:
         a quarter of 8 steps' rows: the spikes at 60 and 61 skipped, 62-67 trained, 26 of the
         70 garbage rows named when they came round again). Not scored: a spike whose re-run
         differed (a transient fault's: transient.py), one while the model is unsettled or the
-        LR suspect (rows then score high for the model's sake), or a step the watch scores. A row
-        must stand out by the rows rule's bar (a hard row of text stays under it): one spike is
-        less evidence than the climb the incident's rows are scored at otherwise."""
+        LR suspect (rows then score high for the model's sake), or a step the watch scores. One
+        row must stand out by the rows rule's bar (a hard row of text stays under it) for the data
+        to be blamed: one spike is less evidence than the climb the incident's rows are scored at
+        otherwise; then the step's rows are judged by orchestrator.data's bar, as a climb's are."""
         skip = Remedy(action="skip_step", reasoning="")  # the orchestrator words it from what the gate did
         rerun = f.evidence.get("rerun") or {}
         if (
@@ -43,16 +44,18 @@ class EarlySpikes:
             or f.step <= self.data.watch_until
         ):
             return skip
-        # the rows rule's bar (orchestrator.rows.min_gap): one spike is less evidence than a climb
-        bad, evidence = self.data.score(view, f.rows, min_gap=self.cfg.rows.min_gap)
+        # the rows rule's bar (orchestrator.rows.min_gap) to blame the data: one spike is less
+        # evidence than a climb; blamed, its rows are judged as a climb's (at rows.min_gap alone, a
+        # stretch's first step early in training, its garbage closer to the text, kept 17 of 32)
+        bad, evidence = self.data.score(view, f.rows, gate=self.cfg.rows.min_gap)
         if not bad:
             return skip
         loss = f.evidence.get("loss")
         why = (
             f"the loss spiked{'' if loss is None else f' to {loss:.4g}'} on weights that scored the steps before it "
             f"well; scored one by one, {len(bad)} of the step's {evidence['rows_scored']} rows lose more than "
-            f"{evidence['threshold']:.3f} (held-out rows' median {evidence['reference_median']:.3f}): the data is "
-            "to blame; leave them out and watch the next steps' rows, the LR stays"
+            f"{evidence['threshold']:.3f} (held-out rows' median {evidence['reference_median']:.3f}; one above "
+            f"{evidence['gate']:.3f} blames the data): leave them out and watch the next steps' rows, the LR stays"
         )
         return self._leave_out(bad, why, evidence)
 
