@@ -52,20 +52,8 @@ MAX_SHARD_BYTES = 4 * 2**30  # shards above this size split (transformers' own d
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def export_run(
-    run_dir: str | Path,
-    out: str | Path,
-    *,
-    step: int | None = None,
-    dtype: str | None = None,
-    max_shard_bytes: int = MAX_SHARD_BYTES,
-    snapshot: int | None = None,
-) -> Path | str:
-    """Export checkpoint `step` (default: the newest valid one), or lean snapshot `snapshot`
-    (snapshots.py), of `run_dir` into `out`. dtype: float32 | bfloat16 | float16; default the
-    imported model's own, else float32. Returns out. Either may be in object storage (a URL):
-    `run_dir` a run's checkpoint.dir, `out` a prefix the export is uploaded to (_export_to)."""
-    options = {"step": step, "dtype": dtype, "max_shard_bytes": max_shard_bytes, "snapshot": snapshot}
+def export_run(run_dir: str | Path, out: str | Path, **options: Any) -> Path | str:
+    """export_checkpoint(run_dir, out, **options), returning `out` alone."""
     return export_checkpoint(run_dir, out, **options)[0]
 
 
@@ -78,8 +66,12 @@ def export_checkpoint(
     max_shard_bytes: int = MAX_SHARD_BYTES,
     snapshot: int | None = None,
 ) -> tuple[Path | str, Path]:
-    """export_run, returning with `out` the checkpoint (or snapshot) directory exported: the newest
-    may have been skipped as corrupt, and `trimtab export` says which step it wrote."""
+    """Export checkpoint `step` (default: the newest valid one), or lean snapshot `snapshot`
+    (snapshots.py), of `run_dir` into `out`. dtype: float32 | bfloat16 | float16; default the
+    imported model's own, else float32. Either may be in object storage (a URL): `run_dir` a
+    run's checkpoint.dir, `out` a prefix the export is uploaded to (_export_to). Returns `out` and
+    the checkpoint (or snapshot) directory exported: the newest may have been skipped as corrupt,
+    and `trimtab export` says which step it wrote."""
     if is_url(str(out)):
         return _export_to(str(out), run_dir, step=step, dtype=dtype, max_shard_bytes=max_shard_bytes, snapshot=snapshot)
     if is_url(str(run_dir)) and step is not None and snapshot is None:
