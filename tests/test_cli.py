@@ -435,9 +435,12 @@ def test_the_hints_after_a_merge_quote_every_path(tmp_path, capsys, monkeypatch)
     from trimtab import merge
 
     out = tmp_path / "spa ce ü" / "mrg"
+    (out / "checkpoints" / "step_000000").mkdir(parents=True)
+    (out / "checkpoints" / "step_000000" / "state.json").write_text('{"merge": {"steps": [10, 20]}}')
     monkeypatch.setattr(merge, "average", lambda source, last, dest: Path(dest))
     assert main(["merge", str(tmp_path / "run"), "--method", "average", "--out", str(out)]) == 0
-    line = capsys.readouterr().out.strip().splitlines()[-1]
+    said, line = capsys.readouterr().out.strip().splitlines()[-2:]
+    assert said.startswith("averaged checkpoints 10, 20 of ")  # which went in: step 0 and unhealthy ones do not
     train, export = line.removeprefix("train on: ").split("; export: ")
     assert shlex.split(export) == ["trimtab", "export", str(out), "--out", "DIR"]
     assert shlex.split(train)[:2] == ["trimtab", "train"] and str(out / "config.yaml") in shlex.split(train)

@@ -159,12 +159,23 @@ def _merge(args: argparse.Namespace) -> int:
     if args.method == "average":
         last = args.last or 3
         out = merge.average(args.source, last, args.out)
-        print(f"averaged the last {last} checkpoints of {args.source} into {out}")
+        print(f"averaged checkpoints {_averaged(out)} of {args.source} into {out}")
     else:
         out = merge.merge(args.source, args.out)
         print(f"merged {args.source} into {out}")
     print(f"train on: {train_from_hint(out)}; export: trimtab export {shlex.quote(str(out))} --out DIR")
     return 0
+
+
+def _averaged(out: Path) -> str:
+    """The steps `merge --method average` averaged, from its record (step 0 and checkpoints saved
+    unhealthy are left out of "the last N": the steps say which went in)."""
+    from trimtab.checkpoint import STATE, list_checkpoints
+    from trimtab.rundir import read_json
+
+    found = list_checkpoints(out)
+    record = (read_json(found[0] / STATE) or {}).get("merge", {}) if found else {}
+    return ", ".join(map(str, record.get("steps", []))) or "(steps not recorded)"
 
 
 def train_from_hint(model: str | Path) -> str:
