@@ -137,9 +137,11 @@ def newer_in_store(remote: Remote, run_dir: Path, found: tuple[Path, dict[str, A
     files (the newer sessions' metrics, decisions and ledger). A store's newer checkpoint of a step
     this directory did train to (its metrics, its step mark, a rolled-back copy) stays where it
     is: a trajectory rolled back, or a copy found corrupt here."""
+    newer = [n for n in remote.listing()[0] if step_of(n) > step_of(found[0].name)]
+    if not newer:  # the common resume: nothing newer there, and the metrics are not read
+        return found
     trained = _trained_here(run_dir)
-    newer = [n for n in remote.listing()[0] if step_of(n) > max(step_of(found[0].name), trained)]
-    for name in reversed(newer):
+    for name in reversed([n for n in newer if step_of(n) > trained]):
         restored = restore(remote, checkpoint_root(run_dir), verify, only=name)
         if restored is not None:
             log.warning(
