@@ -281,7 +281,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
             stop.set()
             beat.join()
             with contextlib.suppress(OSError):  # over: other nodes need not wait out the heartbeat
-                _write_lock(fd, {**_holder(run_dir), "ended": time.time()})
+                _write_lock(fd, {**lock_holder(run_dir), "ended": time.time()})
     finally:
         os.close(fd)  # releases the flock
         if created:
@@ -299,10 +299,10 @@ def liveness(run_dir: str | Path) -> tuple[bool, str]:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # shared: two probes never block each other
     except BlockingIOError:
-        return True, f"locked by {_describe(_holder(run_dir))}"
+        return True, f"locked by {_describe(lock_holder(run_dir))}"
     finally:
         os.close(fd)  # releases the probe's lock
-    holder, age = _holder(run_dir), time.time() - path.stat().st_mtime
+    holder, age = lock_holder(run_dir), time.time() - path.stat().st_mtime
     if "ended" in holder:
         return False, f"ended {_ago(age)} ago"
     if holder.get("host") != socket.gethostname() and age < STALE_S:
@@ -337,7 +337,7 @@ def _wait_for_rank0(run_dir: Path) -> None:
     other: tuple[Any, Any] | None = None  # another holder seen, and since when
     while job is not None and time.monotonic() - start < RANK_WAIT_S:
         alive, _ = liveness(run_dir) if (run_dir / LOCK).is_file() else (False, "")
-        holder = _holder(run_dir) if alive else {}
+        holder = lock_holder(run_dir) if alive else {}
         if alive and holder.get("job") == job:
             return
         seen = (holder.get("pid"), holder.get("started")) if alive else None
@@ -353,7 +353,7 @@ def _refuse(run_dir: Path) -> None:
     once one ends (SIGTERM, which would read "stopped during start-up"), so a rank refused waits for
     the others to be refused too, and a SIGTERM meanwhile ends it with the refusal all the same."""
     error = RunStateError(
-        f"'{run_dir}' is being trained by {_describe(_holder(run_dir))}; one `trimtab train` per run "
+        f"'{run_dir}' is being trained by {_describe(lock_holder(run_dir))}; one `trimtab train` per run "
         f"directory: wait for it to end, or stop it with `trimtab ctl {run_dir} stop`"
     )
     torchrun = _job() is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -390,8 +390,10 @@ def _remove_if_empty(run_dir: Path) -> None:
             run_dir.rmdir()
 
 
-def _holder(run_dir: Path) -> dict[str, Any]:
-    record = read_json(run_dir / LOCK)  # None: not written yet (the holder started a moment ago)
+def lock_holder(run_dir: str | Path) -> dict[str, Any]:
+    """The record of the process holding (or that last held) run_dir's lock: host, pid, started;
+    {} when none is written."""
+    record = read_json(Path(run_dir) / LOCK)  # None: not written yet (the holder started a moment ago)
     return record if isinstance(record, dict) else {}
 
 

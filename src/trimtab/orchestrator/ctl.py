@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.errors import ConfigError, RunStateError
-from trimtab.rundir import LOCK, liveness, read_json, write_json
+from trimtab.rundir import liveness, lock_holder, read_json, write_json
 from trimtab.training.actions import REQUIRED, RL_ONLY, VERBS
 
 
@@ -102,8 +102,8 @@ def lost_commands(dropped: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
 def session(run_dir: str | Path) -> str | None:
     """The `trimtab train` session holding run_dir's lock (rundir.run_lock's record: host, pid, start),
     whom a command sent now is for; None when none is recorded."""
-    holder = read_json(Path(run_dir) / LOCK)
-    if not isinstance(holder, dict) or "pid" not in holder:
+    holder = lock_holder(run_dir)
+    if "pid" not in holder:
         return None
     return f"{holder.get('host')}:{holder['pid']}:{holder.get('started')}"
 
