@@ -32,6 +32,7 @@ import yaml
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
+from trimtab.config.checks import leaves
 from trimtab.errors import ConfigError
 from trimtab.tune.objective import run_trial
 from trimtab.tune.space import Space
@@ -153,12 +154,6 @@ def trained_as(space: Space) -> dict[str, Any]:
     return json.loads(json.dumps(recorded, default=str))
 
 
-def _flat(value: Any, key: str = "") -> dict[str, Any]:
-    if isinstance(value, dict) and value:
-        return {k: v for name, item in value.items() for k, v in _flat(item, f"{key}.{name}" if key else name).items()}
-    return {key: value}
-
-
 def check_trained_as(study: optuna.Study, space: Space, url: str) -> None:
     """A study resumed with another base: or budget: than its trials ran with is refused: its best
     would be picked across budgets (a 20-step trial against 4-step ones). The first open records them."""
@@ -167,7 +162,7 @@ def check_trained_as(study: optuna.Study, space: Space, url: str) -> None:
     if before is None:  # a new study, or one an older trimtab ran
         study.set_user_attr("trained_as", now)
         return
-    old, new = _flat(before), _flat(now)
+    old, new = leaves(before), leaves(now)
     keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
     changed = [f"{k} {old.get(k, '(unset)')} -> {new.get(k, '(unset)')}" for k in keys]
     if changed:
