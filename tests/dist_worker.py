@@ -49,9 +49,13 @@ class Recorder(Instrument):
                 "aux": out.aux_loss.item() if out.aux_loss is not None else None,
                 "moe": [c.tolist() for c in out.moe["counts"]] if out.moe else None,
                 "mod": out.mod["means"].tolist() if out.mod else None,
-                "rows": sorted(out.batch.rows if out.batch.shard is None else out.batch.shard),  # this rank's
+                "rows": sorted(self._mine(out.batch)),  # this rank's
             }
         )
+
+    def _mine(self, batch) -> list[int]:
+        """This rank's rows of the step: its share (the trainer's data shard), or all in one process."""
+        return batch.rows if batch.shares is None else batch.shares[self.handle._trainer.data_shard[0]]
 
     def on_train_end(self, trainer, summary) -> None:
         decisions = [{k: d[k] for k in DECISION_KEYS} for d in map(asdict, self.orchestrator.journal.decisions)]

@@ -1,7 +1,7 @@
-"""What the orchestrator reads of a data-parallel job, unit by unit. Row scoring: every rank scores
-the same rows on its own copy of them and of the weights, and all must take the same decision
-from the scores (two forked gloo processes; no training: the scoring forward is replaced by each
-rank's own numbers). Throughput across a resume on another number of processes."""
+"""What the orchestrator reads of a data-parallel job, unit by unit. Row scoring: each rank scores
+the rows it trained, on its own copy of them, in as many forwards as the others, and all take the
+same decision from the scores (two forked gloo processes; no training: the scoring forward is
+replaced by each rank's own numbers). Throughput across a resume on another number of processes."""
 
 import json
 import multiprocessing
@@ -14,7 +14,7 @@ import pytest
 import torch.distributed as dist
 
 from trimtab.config.orchestrator import OrchestratorConfig
-from trimtab.data.batches import micro_batches
+from trimtab.data.batches import Owners, micro_batches
 from trimtab.data.packing import Rows
 from trimtab.orchestrator.monitors import StepMetrics
 from trimtab.orchestrator.resources import Throughput
@@ -24,21 +24,34 @@ from trimtab.training.view import RunView
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 
 ROWS = 6
-# rank 1 read rows 0 and 3 corrupt (bad_batch@S@rank1: its copy alone), and row 5 is NaN on it;
-# its held-out copy scores one row higher too. Rank 0's copies are clean.
-SCORED = {0: [5.0] * ROWS, 1: [9.0, 5.0, 5.0, 9.5, 5.0, float("nan")]}
+TRAINED = [[1], [0, 2, 3, 4, 5]]  # the step's rows each rank trained (shard_rows' shares)
+# rank 1 read rows 0 and 3 corrupt (bad_batch@S@rank1: its copy alone) and trained them, and row 5
+# is NaN on it; rank 0's copy of row 3 is corrupt too, but rank 0 never trained it; its held-out
+# copy scores one row higher. A row's score is the one its trainer's copy gives.
+SCORED = {0: [5.0, 5.0, 5.0, 8.0, 5.0, 5.0], 1: [9.0, 5.0, 5.0, 9.5, 5.0, float("nan")]}
 HELD_OUT = {0: [5.0, 5.1, 4.9], 1: [5.0, 7.0, 4.9]}
+BUDGET = 9  # tokens per micro-batch: one row each, so rank 1 has five forwards to rank 0's one
+
+
+def _rows() -> Rows:
+    lengths = np.array([8, 6, 8, 4, 8, 5])
+    starts = np.concatenate([[0], np.cumsum(lengths + 1)[:-1]])
+    tokens = np.arange(int((lengths + 1).sum()), dtype=np.int32) % 50
+    return Rows(tokens, np.ones(len(tokens), dtype=bool), starts, lengths)
 
 
 def _trainer(rows: Rows, rank: int) -> SimpleNamespace:
     """What RunView's scoring reads of a trainer; the forward answers with this rank's numbers."""
     held = SimpleNamespace(micro=micro_batches(rows, [0, 1, 2], 10_000, 0))
     phase = SimpleNamespace(train_rows=rows, eval_rows=SimpleNamespace(at=lambda budget: held))
-    agreed = SimpleNamespace(completing_forward=nullcontext, first_error=lambda error: error)
+    agreed = SimpleNamespace(completing_forward=nullcontext, first_error=lambda error: error, dp_rank=rank, dp_world=2)
+    trained_by = Owners()
+    trained_by.saw(TRAINED)
     return SimpleNamespace(
         phases=[phase],
         state=SimpleNamespace(phase=0, step=30),
-        loader=SimpleNamespace(micro_batch_tokens=10_000),
+        loader=SimpleNamespace(micro_batch_tokens=BUDGET, trained_by=trained_by),
+        data_shard=(rank, 2),
         tok=SimpleNamespace(pad_id=0),
         model=None,
         forward=None,
@@ -52,35 +65,39 @@ def _rank(rank: int, store: str, out: str) -> None:
     code = 1
     try:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-        lengths = np.array([8, 6, 8, 4, 8, 5])
-        starts = np.concatenate([[0], np.cumsum(lengths + 1)[:-1]])
-        tokens = np.arange(int((lengths + 1).sum()), dtype=np.int32) % 50
-        rows = Rows(tokens, np.ones(len(tokens), dtype=bool), starts, lengths)
+        rows = _rows()
         view = RunView(_trainer(rows, rank), control=SimpleNamespace(request=None))
+        seen = {"scored": [], "forwards": 0}
 
         def scored(model, forward, precision, micro, device):  # training rows, then held-out ones
-            order = [r for m in micro for r in m.rows]
-            if len(order) == ROWS:
-                return [SCORED[rank][r] for r in order]
-            return list(HELD_OUT[rank])
+            if any(len(m.rows) > 1 for m in micro):
+                return list(HELD_OUT[rank])
+            seen["forwards"] += len(micro)
+            seen["scored"] += [r for m in micro for r in m.rows]
+            # a padding forward scores its one row (all targets ignored): a number that is dropped
+            return [SCORED[rank][m.rows[0]] if m.rows else 0.0 for m in micro]
 
         scoring.row_losses, scoring.untouched = scored, lambda model, device: nullcontext()
         found = view.row_losses(list(range(ROWS)))
         reference = view.held_out_row_losses(3)
         with open(out.format(rank=rank), "w") as f:
-            json.dump({"rows": {str(r): v for r, v in sorted(found.items())}, "held_out": reference}, f)
+            rows_found = {str(r): v for r, v in sorted(found.items())}
+            json.dump({"rows": rows_found, "held_out": reference, **seen}, f)
         dist.destroy_process_group()
         code = 0
     finally:
         os._exit(code)  # a forked child: never back into pytest
 
 
-def test_rows_scored_on_each_ranks_own_copy_agree_on_every_rank(tmp_path):
+def test_rows_scored_by_the_rank_that_trained_them_agree_on_every_rank(tmp_path):
     """bad_batch@30:1@rank1 under torchrun (DDP or FSDP2) with the orchestrator on: rank 1 scored
     the lone spike's rows as garbage and left them out, rank 0 scored its clean copy and only
     skipped; rank 1 then watched step 31 (a scoring forward and its collective) while rank 0
-    trained on, and the watchdog ended the job at step 31. Now each row's score is its highest
-    over the ranks (NaN counted as inf), the same on both: the rows bad on any rank go."""
+    trained on, and the watchdog ended the job at step 31. Each row's score is now the same on
+    both (NaN counted as inf). And each rank scores only the rows it trained (every rank scored
+    every row: W times the work), on the copy it trained on (rank 0's corrupt copy of a row rank 1
+    trained is not what was trained), in as many forwards as the other (FSDP gathers weights in
+    each: one rank with fewer would leave the other waiting)."""
     fork = multiprocessing.get_context("fork")
     out = str(tmp_path / "rank{rank}.json")
     children = [fork.Process(target=_rank, args=(r, str(tmp_path / "store"), out)) for r in range(2)]
@@ -90,9 +107,20 @@ def test_rows_scored_on_each_ranks_own_copy_agree_on_every_rank(tmp_path):
         child.join(60)
         assert child.exitcode == 0, "a rank failed or hung"
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
-    assert rank0 == rank1
-    assert rank0["rows"] == {"0": 9.0, "1": 5.0, "2": 5.0, "3": 9.5, "4": 5.0, "5": float("inf")}
-    assert rank0["held_out"] == [5.0, 7.0, 4.9]
+    assert rank0["rows"] == rank1["rows"] == {"0": 9.0, "1": 5.0, "2": 5.0, "3": 9.5, "4": 5.0, "5": float("inf")}
+    assert rank0["held_out"] == rank1["held_out"] == [5.0, 7.0, 4.9]
+    assert (sorted(rank0["scored"]), sorted(rank1["scored"])) == (TRAINED[0], TRAINED[1])
+    assert rank0["forwards"] == rank1["forwards"] == 5
+
+
+def test_rows_trained_before_a_resume_are_cut_among_the_ranks_by_tokens():
+    """Owners.split: a row the map holds goes to the rank that trained it (a replica group's rank:
+    its share minus the group's first), every other row to a share of about equal tokens; no row twice."""
+    rows, owners = _rows(), Owners()
+    owners.saw([[0, 1], [2], [3], [4]])  # four shares: two replica groups of two ranks
+    assert owners.split(rows, [0, 1, 2, 5], first=0, world=2) == [[0, 1], [2, 5]]
+    second = owners.split(rows, [3, 4, 5, 3], first=2, world=2)
+    assert sorted(second[0]) == [3] and 4 in second[1] and sorted(r for s in second for r in s) == [3, 4, 5]
 
 
 def test_a_resume_on_fewer_processes_is_not_reported_as_a_slower_machine():

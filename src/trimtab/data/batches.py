@@ -9,6 +9,7 @@ tokens: inputs are tokens[:-1], targets tokens[1:].
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +37,7 @@ class StepBatch:
     n_targets: int  # sum over micro-batches: the loss is normalized by this
     n_tokens: int  # input positions in the step, padding excluded
     rows: list[int]  # dataset row indices in the step (all ranks' rows under data parallelism)
-    shard: list[int] | None = None  # this rank's rows under data parallelism; None: all of `rows`
+    shares: list[list[int]] | None = None  # each rank's rows under data parallelism (shard_rows); None: one
 
 
 def group_rows(rows: Rows, indices: list[int], micro_batch_tokens: int) -> list[list[int]]:
@@ -121,6 +122,7 @@ class BatchLoader:
         # what each source's rows hold: a resume over other data with as many rows is refused (the
         # order and the rows a rollback left out would then be other rows)
         self.digests = [p.fingerprint() for p in parts]
+        self.trained_by = Owners()  # which rank trained each recent row: the one that scores it
 
     @property
     def epoch(self) -> int:
@@ -187,7 +189,10 @@ class BatchLoader:
 
     def _step(self, indices: list[int], n_tokens: int) -> StepBatch:
         if self.world > 1:
-            return shard_step(self.rows, indices, n_tokens, self.micro_batch_tokens, self.pad_id, self.rank, self.world)
+            mbt = self.micro_batch_tokens
+            batch = shard_step(self.rows, indices, n_tokens, mbt, self.pad_id, self.rank, self.world)
+            self.trained_by.saw(batch.shares or [])
+            return batch
         micro = micro_batches(self.rows, indices, self.micro_batch_tokens, self.pad_id)
         return StepBatch(micro, sum(m.n_targets for m in micro), n_tokens, indices)
 
@@ -350,6 +355,41 @@ def shard_rows(rows: Rows, indices: list[int], world: int) -> list[list[int]]:
     return shares
 
 
+class Owners:
+    """Which share of its step (shard_rows: the data-parallel rank, or with replica groups the
+    group's rank) each recent row was trained in: RunView.row_losses has that rank score it, on its
+    own copy of the row, the one it trained on, so one node's copy read corrupt is found; and each
+    rank scores its share alone, where every rank scored every row (W times the work). Every rank
+    sees the same global steps, so every rank holds the same map. Not checkpointed: rows trained
+    before a resume, or more than `limit` rows ago, are cut among the ranks by tokens instead. A
+    row corrupt only in a rank's copy that did not train it is not blamed: nothing trained on it
+    corrupt yet, and when that rank does, its step is scored then (docs/distributed.md)."""
+
+    def __init__(self, limit: int = 1 << 16) -> None:
+        self.limit = limit
+        self.of: OrderedDict[int, int] = OrderedDict()  # row -> share, the newest last
+
+    def saw(self, shares: list[list[int]]) -> None:
+        for k, share in enumerate(shares):
+            for row in share:
+                self.of[row] = k
+                self.of.move_to_end(row)
+        while len(self.of) > self.limit:
+            self.of.popitem(last=False)
+
+    def split(self, rows: Rows, indices: list[int], first: int, world: int) -> list[list[int]]:
+        """Each of `world` ranks' share of `indices` (no row twice): rank i holds the rows trained
+        in share first + i; the rest (trained before a resume or by another replica group) cut by tokens."""
+        shares: list[list[int]] = [[] for _ in range(world)]
+        unknown = []
+        for row in dict.fromkeys(indices):
+            owner = self.of.get(row, -1) - first
+            (shares[owner] if 0 <= owner < world else unknown).append(row)
+        for share, extra in zip(shares, shard_rows(rows, unknown, world)):
+            share.extend(extra)
+        return shares
+
+
 def shard_step(
     rows: Rows, indices: list[int], n_tokens: int, micro_batch_tokens: int, pad_id: int, rank: int, world: int
 ) -> StepBatch:
@@ -369,14 +409,14 @@ def shard_step(
         groups[widest:widest] = [group[: len(group) // 2], group[len(group) // 2 :]]
     micro = [collate(rows, group, pad_id) for group in groups]
     while len(micro) < max(counts):  # fewer rows than the others have micro-batches
-        micro.append(_padding(rows, indices[0], pad_id))
+        micro.append(padding(rows, indices[0], pad_id))
     n_targets = sum(int(rows.get(i)[1][1:].sum()) for i in indices)
-    return StepBatch(micro, n_targets, n_tokens, list(indices), shares[rank])
+    return StepBatch(micro, n_targets, n_tokens, list(indices), shares)
 
 
-def _padding(rows: Rows, row: int, pad_id: int) -> MicroBatch:
-    """A micro-batch that trains nothing (every target ignored): it only keeps the forward count
-    equal across ranks."""
+def padding(rows: Rows, row: int, pad_id: int) -> MicroBatch:
+    """A micro-batch that trains nothing (every target ignored) and whose score is dropped: it only
+    keeps the forward count equal across ranks (FSDP gathers weights in every forward)."""
     micro = collate(rows, [row], pad_id)
     micro.targets.fill_(IGNORE_INDEX)
     return MicroBatch(micro.inputs, micro.targets, 0, [])

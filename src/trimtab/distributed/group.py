@@ -49,10 +49,11 @@ def all_max(values: list[float]) -> list[float]:
 
 def highest_scores(values: list[float]) -> list[float]:
     """Each row's highest loss over the ranks (NaN counted as +inf), the same list on every rank.
-    Every rank scores the same rows on its own copy of them and of the weights: a copy gone bad
-    on one rank alone (its rows read corrupt, its replica's weights hit) would score them apart,
-    so one rank would leave rows out, watch and score the next steps (collectives) while the
-    others trained on, and the job hung. A row bad on any rank is bad (the union)."""
+    Ranks that did not score a row give -inf (RunView.row_losses: each rank scores the rows it
+    trained); rows every rank scores (the held-out reference) come out as the highest of their
+    copies: one rank's weights gone bad would otherwise read its rows as bad data, and ranks that
+    decide apart hang the job (one leaves rows out and watches the next steps, collectives, while
+    the others train on)."""
     if not active() or not values:
         return list(values)
     t = torch.tensor(values, dtype=torch.float64).nan_to_num(nan=math.inf, posinf=math.inf, neginf=-math.inf)

@@ -21,9 +21,9 @@ import torch
 
 from trimtab.checkpoint import find_checkpoint
 from trimtab.config import RunConfig
-from trimtab.data.batches import micro_batches
+from trimtab.data.batches import micro_batches, padding
 from trimtab.data.quality import Flagged
-from trimtab.distributed.group import highest_scores
+from trimtab.distributed.group import all_max, highest_scores
 from trimtab.hardware import is_oom
 from trimtab.training import scoring
 from trimtab.training.control import Control, Requests
@@ -173,17 +173,33 @@ class RunView:
         """Each of these training rows' mean loss per target on the current weights (data
         attribution: which rows of a bad stretch are bad). {} in an RL or DPO phase: its rows
         are prompts and preference pairs, with no loss of their own that would single out bad
-        data (a policy objective is scaled by advantages, a pair's by its margin)."""
+        data (a policy objective is scaled by advantages, a pair's by its margin). Under data
+        parallelism each rank scores the rows it trained (data/batches.py Owners) on its own copy
+        of them, in as many forwards as every other rank; all learn every score."""
         t = self._t
         phase = t.phases[t.state.phase]
-        if phase.train_rows is None:
+        if phase.train_rows is None or not rows:
             return {}
-        micro = micro_batches(phase.train_rows, list(rows), t.loader.micro_batch_tokens, t.tok.pad_id)
-        losses = self._unless_oom(
-            "scoring training rows", lambda: scoring.row_losses(t.model, t.forward, t.precision, micro, t.device), []
+        rank, world, pad = t.dist.dp_rank, t.dist.dp_world, t.tok.pad_id
+        shares = t.loader.trained_by.split(phase.train_rows, list(rows), t.data_shard[0] - rank, world)
+        mine = micro_batches(phase.train_rows, shares[rank], t.loader.micro_batch_tokens, pad)
+        # the same count on every rank, even were their maps of who trained what to differ
+        rounds = int(max(all_max([float(len(mine))])))
+        forwards = mine + [padding(phase.train_rows, rows[0], pad)] * (rounds - len(mine))
+        scored = self._unless_oom(
+            "scoring training rows",
+            lambda: scoring.row_losses(t.model, t.forward, t.precision, forwards, t.device),
+            None,
         )
-        # the ranks' copies of the rows and weights may differ (one gone bad): all must decide alike
-        return dict(zip((r for m in micro for r in m.rows), highest_scores(losses)))
+        if scored is None:  # out of memory on some rank: on every rank
+            return {}
+        order = [r for share in shares for r in share]
+        at = {r: i for i, r in enumerate(order)}
+        values = [-math.inf] * len(order)  # not this rank's: the highest over the ranks is its owner's
+        for r, loss in zip((r for m in mine for r in m.rows), scored):
+            values[at[r]] = loss
+        # each row's score the same on every rank (NaN as inf); a row no rank scored is left out
+        return {r: v for r, v in zip(order, highest_scores(values)) if v > -math.inf}
 
     def held_out_row_losses(self, limit: int = 64) -> list[float]:
         """Up to `limit` held-out rows' mean losses, scored as row_losses scores: the reference."""
