@@ -183,13 +183,16 @@ def decisions(runs: list[RunRecord], key: str = "loss") -> list[go.Scatter]:
     gone: tuple[list[float], list[float | None], list[str]] = ([], [], [])
     for run in runs:
         at, on_curve = tokens_of(run), _value_at(run, key)
+        spot: dict[tuple[int, bool], list[dict[str, Any]]] = {}  # decisions drawn at one point
+        for d in run.decisions:
+            spot.setdefault((d["step"], bool(d.get("abandoned"))), []).append(d)
         for d in run.decisions:
             xs, ys, texts = (
                 gone if d.get("abandoned") else by_action.setdefault(str(d.get("action", "none")), ([], [], []))
             )
             xs.append(at(d["step"]))
             ys.append(on_curve(d["step"]))
-            texts.append(_hover(run, d))
+            texts.append(_hover(run, d) + _same_spot(d, spot[d["step"], bool(d.get("abandoned"))]))
     traces = [
         _markers(xs, ys, texts, f"decision: {action}", ACTION_COLOURS[j % len(ACTION_COLOURS)], "diamond")
         for j, (action, (xs, ys, texts)) in enumerate(sorted(by_action.items()))
@@ -216,13 +219,25 @@ def _markers(
 
 
 def _value_at(run: RunRecord, key: str) -> Callable[[int], float | None]:
-    """The kept value of `key` at the finite logged step nearest a decision's (a decision's own
-    step is often a NaN or a spike, or not a logged step)."""
-    points = [(m["step"], finite(m[key])) for m in run.lines if key in m and not m.get("abandoned")]
-    points = [(s, v) for s, v in points if v is not None]
+    """Where a decision's marker sits on the kept curve of `key`: on the line between the two
+    logged steps around it (a decision is rarely at a logged step: with train.log_every 5 the
+    markers sat at a neighbour's height, off the line), else, next to a gap (a NaN), at the finite
+    logged step nearest it (a decision's own step is often the NaN)."""
+    logged = {m["step"]: finite(m[key]) for m in run.lines if key in m and not m.get("abandoned")}
+    steps = sorted(logged)
+    points = [(s, logged[s]) for s in steps if logged[s] is not None]
     if not points:
         return lambda step: None
-    return lambda step: min(points, key=lambda p: (abs(p[0] - step), p[0]))[1]
+
+    def at(step: int) -> float | None:
+        i = bisect_left(steps, step)
+        if 0 < i < len(steps) and steps[i] != step:
+            (lo, a), (hi, b) = (steps[i - 1], logged[steps[i - 1]]), (steps[i], logged[steps[i]])
+            if a is not None and b is not None:  # the drawn line joins them
+                return a + (b - a) * (step - lo) / (hi - lo)
+        return min(points, key=lambda p: (abs(p[0] - step), p[0]))[1]
+
+    return at
 
 
 def _hover(run: RunRecord, d: dict[str, Any]) -> str:
@@ -242,11 +257,23 @@ def _hover(run: RunRecord, d: dict[str, Any]) -> str:
     return "<br>".join(rows)
 
 
+def _same_spot(d: dict[str, Any], there: list[dict[str, Any]]) -> str:
+    """The other decisions at this marker's step: their markers sit on one point and hover shows the
+    top one alone (an out-of-memory fix and a person's `trimtab ctl` at step 50: the LR cut was hidden)."""
+    others = [o for o in there if o is not d]
+    if not others:
+        return ""
+    said = "; ".join(f"{o.get('rule', '')} -> {o.get('action')} ({o.get('mode', '')})" for o in others)
+    return f"<br><b>also at step {d.get('step')}</b> (markers on one point): {_short(said)}"
+
+
 def _short(text: str, width: int = 90, limit: int = 400) -> str:
-    """Escaped for the hover box, cut to `limit` characters and wrapped at `width`."""
+    """Escaped for the hover box, cut to `limit` characters and wrapped at `width`. Quotes stay:
+    plotly's hover decodes &lt; &gt; &amp; and numeric entities but not &quot;, which every JSON
+    evidence showed literally."""
     text = text if len(text) <= limit else text[: limit - 1] + "…"
     chunks = re.findall(rf".{{1,{width}}}(?:\s|$)|.{{1,{width}}}", text)
-    return "<br>   ".join(html.escape(c.strip()) for c in chunks)
+    return "<br>   ".join(html.escape(c.strip(), quote=False) for c in chunks)
 
 
 def learning_rate(runs: list[RunRecord]) -> go.Figure | None:

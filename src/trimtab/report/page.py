@@ -94,7 +94,7 @@ SUMMARY = [
     "tokens",
     "val loss",
     "params",
-    "decisions (healed)",
+    "decisions (faults healed)",  # healed counts incidents (rundir.healed), as the runs table's column: not decisions
     "wall",
     "ETTR",
     "Chinchilla",
@@ -182,7 +182,7 @@ def _decisions_table(run: RunRecord) -> str:
             d.get("action", "") + (" (abandoned)" if d.get("abandoned") else ""),
             d.get("mode", ""),
             d.get("confidence", ""),
-            (d.get("outcome") or {}).get("result", "pending"),
+            _outcome(d, _outcome_after(run)),
             d.get("summary") or "",
             d.get("reasoning", ""),
         ]
@@ -197,6 +197,33 @@ def _decisions_table(run: RunRecord) -> str:
         else ""
     )
     return f"<h2>Decisions: {html.escape(run.name)}</h2>" + note + _table(header, rows)
+
+
+def _outcome_after(run: RunRecord) -> int | None:
+    """orchestrator.outcome_after of the run's config: the steps a decision's outcome is judged on."""
+    section = run.config.get("orchestrator")
+    value = section.get("outcome_after") if isinstance(section, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _outcome(d: dict[str, Any], after: int | None) -> str:
+    """The journal's result, with what it rests on when that is less than it says: judged early (the
+    run ended 1 step after an RL rule's decision: "recovered" with the trouble still there), or cut
+    off by a rollback (a skipped step's "not recovered" is the branch the rollback threw away)."""
+    outcome = d.get("outcome") or {}
+    text = str(outcome.get("result", "pending"))
+    steps = outcome.get("steps")
+    if (
+        after
+        and isinstance(steps, int)
+        and steps < after
+        and "loss_after" in outcome
+        and not outcome.get("rolled_back")
+    ):
+        text += f" (on {steps} of the {after} steps it is judged on: the run ended first)"
+    if outcome.get("rolled_back"):
+        text += " (judged on the branch a rollback then threw away)"
+    return text
 
 
 def _healing(healing: Healing, n: int) -> str:

@@ -19,7 +19,9 @@ from trimtab.resilience.goodput import read_goodput
 from trimtab.rundir import (
     ABANDONED,
     CONFIG,
+    DECISIONS_FILE,
     GOODPUT_FILE,
+    LOCK,
     METRICS_FILE,
     PLAN_STATUS_FILE,
     SUMMARY,
@@ -66,8 +68,14 @@ class RunRecord:
         return None
 
 
+# What a run leaves beside config.yaml from its start: the lock and the journal come before its first
+# log line, so a run still in its first log interval (or killed in it) is listed and reported (it was
+# missing from `trimtab runs`, and `trimtab report` refused it as not a run directory)
+RUN_FILES = (METRICS_FILE, SUMMARY, DECISIONS_FILE, LOCK)
+
+
 def is_run_dir(path: Path) -> bool:
-    return (path / CONFIG).is_file() and ((path / METRICS_FILE).is_file() or (path / SUMMARY).is_file())
+    return (path / CONFIG).is_file() and any((path / name).is_file() for name in RUN_FILES)
 
 
 def read_run(path: str | Path, name: str | None = None, summary: dict[str, Any] | None = None) -> RunRecord:
@@ -81,7 +89,10 @@ def read_run(path: str | Path, name: str | None = None, summary: dict[str, Any] 
     if not (path / CONFIG).is_file():
         raise NotARunError(f"{path} is not a run directory: it has no {CONFIG}")
     if summary is None and not is_run_dir(path):
-        raise NotARunError(f"{path} is not a run directory: it has no {METRICS_FILE} and no {SUMMARY}")
+        raise NotARunError(
+            f"{path} is not a run directory: it has no {METRICS_FILE} and no {SUMMARY}, nor the {DECISIONS_FILE} "
+            f"and {LOCK} a run writes from its start; pass the --out of a `trimtab train`"
+        )
     try:
         config = yaml.safe_load((path / CONFIG).read_text()) or {}
     except yaml.YAMLError:  # damaged (a disk fault): listed and drawn all the same, its settings unknown

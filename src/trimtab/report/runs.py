@@ -1,6 +1,7 @@
 """`trimtab runs DIR`: a table of the run directories under DIR (files only, no torch).
 
-A run directory is one with config.yaml and metrics.jsonl or summary.json; the search does not
+A run directory is one with config.yaml and metrics.jsonl, summary.json, decisions.jsonl or .lock (a run
+before its first log line has no metrics yet: report/run.py RUN_FILES); the search does not
 go inside one (its checkpoints hold no runs), nor inside a tracking store's tree (mlruns/,
 mlartifacts/, wandb/: the copies of runs it keeps as artifacts), and a directory holding the same
 config.yaml and metrics.jsonl as another is listed once (a copy). Status: completed, stopped (a signal, a person, the
