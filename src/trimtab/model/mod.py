@@ -107,18 +107,21 @@ class DepthRouter(nn.Module):
         chosen = self.predictor(x).squeeze(-1) > 0  # [B, T]: from x_t alone, so causal
         offset = cache.pos if cache is not None else 0
         keep = cache.mark(layer, chosen) if cache is not None else chosen  # [B, S]
-        if not bool(chosen.any()):  # nothing to process: no compute, no keys written
+        anything = bool(chosen.any())
+        score = self.router(x).squeeze(-1).float() if self.training or anything else None
+        if self.training:  # replayed: no top-k for the predictor to learn; the share processed
+            # set before the return below: a micro-batch that processes nothing would leave the last
+            # forward's aux_loss (its graph freed by that step's backward) for the trainer to add
+            self.aux_loss = None
+            gate = (torch.sigmoid(score.detach()) * chosen).sum() / chosen.sum().clamp(min=1)
+            share = chosen.float().mean()
+            self.stats = {"capacity": share, "predictor_acc": torch.ones_like(share), "gate": gate}
+        if not anything:  # nothing to process: no compute, no keys written
             return x
         q_pos = torch.arange(offset, offset + T, device=x.device)
         k_pos = torch.arange(offset + T, device=x.device)
         causal = k_pos <= q_pos[:, None]  # [T, S]
         visible = causal & (keep[:, None, :] | (k_pos == q_pos[:, None]))  # [B, T, S]
-        score = self.router(x).squeeze(-1).float()
-        if self.training:  # replayed: no top-k for the predictor to learn; the share processed
-            self.aux_loss = None
-            gate = (torch.sigmoid(score.detach()) * chosen).sum() / chosen.sum()
-            share = chosen.float().mean()
-            self.stats = {"capacity": share, "predictor_acc": torch.ones_like(share), "gate": gate}
         update = torch.sigmoid(score).unsqueeze(-1).to(x.dtype) * f(x, rope, visible.unsqueeze(1), cache, layer)
         return x + torch.where(chosen.unsqueeze(-1), update, torch.zeros((), dtype=update.dtype, device=x.device))
 

@@ -338,6 +338,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
                     row_losses=readings.row_means(o.batch.rows, values["rows"]),
                     moe=readings.moe_loads(o, values["moe"], top_k),
                     mod_capacity=values["mod"],
+                    mod_layers=readings.mod_layers(o, values["mod_layers"]),
                     update_gain=values["gain"],
                     rl=getattr(o.batch, "health", None),  # an RL step's figures (rl/step.py)
                 )

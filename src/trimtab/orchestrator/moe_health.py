@@ -34,6 +34,7 @@ class MoEHealth(Monitor):
         self.revived: dict[str, list[int]] = {}  # layer -> experts re-initialised once already
         self.strikes: dict[str, list[int]] = {}  # layer -> steps of its imbalance / collapse findings
         self.history: dict[str, list[list[float]]] = {}  # layer -> [max load, dropped] of recent windows
+        self.pruning: dict[str, int] = {}  # layer -> the expert a finding proposed to prune (prune_dead)
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if m.skipped:  # a withheld step's routing is a bad batch's: it says nothing of the router's health
@@ -42,6 +43,7 @@ class MoEHealth(Monitor):
         for layer, share, dropped, top_k in m.moe or ():
             key = str(layer)
             if len(self.starved.get(key, [])) != len(share):  # first step, or surgery changed E
+                self._renumber(key, len(self.starved.get(key, [])), len(share))
                 self.loads[key], self.drops[key], self.starved[key] = [], [], [0] * len(share)
             self.loads[key] = (self.loads[key] + [share])[-self.cfg.window :]
             self.drops[key] = (self.drops[key] + [dropped])[-self.cfg.window :]
@@ -56,6 +58,20 @@ class MoEHealth(Monitor):
             self._commit(found[0])
         return found[0] if found else None
 
+    def _renumber(self, key: str, old: int, new: int) -> None:
+        """Keep `revived` on the same experts after surgery changed the layer's count: an added
+        expert is appended (indices stay); the prune this rule proposed shifts those above it down.
+        Any other shrink (a person's `prune-expert`) leaves no way to tell which index is whom:
+        forget them, so a dying expert is re-initialised once more rather than another pruned."""
+        gone = self.pruning.pop(key, None)
+        revived = self.revived.get(key, [])
+        if not old or new > old or not revived:
+            return
+        if new == old - 1 and gone is not None:
+            self.revived[key] = [e - (e > gone) for e in revived if e != gone]
+        else:
+            self.revived[key] = []
+
     def _recent(self, key: str, step: int) -> list[int]:
         return [s for s in self.strikes.get(key, []) if step - s <= 4 * self.cfg.window]
 
@@ -64,8 +80,12 @@ class MoEHealth(Monitor):
         key, kind = str(f.evidence["layer"]), f.evidence["kind"]
         self.loads[key], self.drops[key], self.history[key] = [], [], []  # fresh windows before it fires again
         if kind == "dead":
-            self.starved[key][f.evidence["expert"]] = 0
-            self.revived.setdefault(key, []).append(f.evidence["expert"])
+            expert = f.evidence["expert"]
+            self.starved[key][expert] = 0
+            if f.evidence["revived_before"] and self.cfg.prune_dead:  # remedies.moe prunes it
+                self.pruning[key] = expert
+            elif expert not in self.revived.get(key, []):
+                self.revived.setdefault(key, []).append(expert)
         elif kind in ("imbalance", "collapse"):
             self.strikes[key] = self._recent(key, f.step) + [f.step]
 

@@ -47,6 +47,7 @@ class StepMetrics:
     row_losses: dict[int, tuple[float, int]] | None = None  # per row, training forward: mean loss, targets
     moe: list[tuple[int, list[float], float, int]] | None = None  # (layer, load shares, dropped, top_k)
     mod_capacity: float | None = None  # mean capacity of the Mixture-of-Depths layers
+    mod_layers: list[tuple[int, float]] | None = None  # (layer, capacity) of each Mixture-of-Depths layer
     update_gain: float | None = None  # share of the predicted decrease the update delivered (training/gain.py)
     # RL: the step's figures (rl/step.py RolloutBatch.health): flat_groups (the share of its
     # groups with equal rewards), solved_groups (of them, those all at rl.full_reward),

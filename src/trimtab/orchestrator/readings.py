@@ -23,6 +23,7 @@ def device_values(out: StepOutput, moe: bool) -> dict[str, Any]:
         "skipped": out.skipped if out.skipped is not None else False,
         "overflow": out.overflow if out.overflow is not None else False,
         "mod": out.mod["means"][:, 0].mean() if out.mod else None,
+        "mod_layers": out.mod["means"][:, 0] if out.mod else None,
         "moe": {"counts": out.moe["counts"], "means": out.moe["means"]} if moe and out.moe else None,
         "rows": out.row_losses,
         "gain": out.update_gain,
@@ -40,6 +41,11 @@ def row_means(rows: list[int], host: list[list[float]] | None) -> dict[int, tupl
         if count > 0 and row not in means:
             means[row] = (summed / count, int(count))
     return means
+
+
+def mod_layers(out: StepOutput, host: list[float] | None) -> list[tuple[int, float]] | None:
+    """Each Mixture-of-Depths layer's (layer, capacity) from the step's read values."""
+    return None if host is None else list(zip(out.mod["layers"], host))
 
 
 def moe_loads(out: StepOutput, host: dict[str, Any] | None, top_k: dict[int, int]) -> list[tuple] | None:

@@ -184,6 +184,16 @@ def disk(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
 def mod(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     """Mixture-of-Depths: the loss rose as the capacity fell, so the capacity goes back."""
     value = min(1.0, round(f.evidence["restore_to"], 4))
+    layer = f.evidence.get("layer")  # None: every MoD layer fell from the same capacity
+    if layer is not None:  # the layers fell from different capacities: each gets its own back
+        target = view.mod_capacities()[layer][1]
+        return Remedy(
+            action="set_mod_capacity",
+            params={"value": value, "layer": layer},
+            reasoning=f"the loss rose as soon as fewer tokens went through the MoD blocks: give MoD layer {layer} "
+            f"back the capacity it had before the fall (target {target:g} -> {value:g}; the other layers keep "
+            "their own)",
+        )
     targets = sorted({target for _, target in view.mod_capacities().values()})
     return Remedy(
         action="set_mod_capacity",
