@@ -93,7 +93,10 @@ def export_checkpoint(
     candidates = _candidates(run_dir, step) if snapshot is None else [_snapshot(run_dir, snapshot)]
     for path in candidates:
         try:
-            return job.write(path, out), path
+            job.write(path, out)
+            if step is None and snapshot is None:
+                _say_if_unhealthy(run_dir, path)
+            return out, path
         except CorruptCheckpoint as exc:
             if step is not None or path == candidates[-1]:
                 raise CheckpointError(str(exc)) from None
@@ -193,6 +196,35 @@ def _candidates(run_dir: Path, step: int | None) -> list[Path]:
     if not found:
         raise CheckpointError(f"'{run_dir}' has no checkpoint yet; train it first")
     return found
+
+
+def _say_if_unhealthy(run_dir: Path, path: Path) -> None:
+    """Warn when the newest checkpoint, exported by default, was saved while the run was not healthy
+    (state.json "good": false: an escalation under way, or an instability in the steps just before;
+    a rollback would not return to it), naming the newest one that was: the person chooses."""
+    if json.loads((path / "state.json").read_text()).get("good", True) is not False:
+        return
+    healthy = [p for p in list_checkpoints(run_dir) if p < path and _good(p)]
+    step = int(path.name.removeprefix("step_"))
+    other = (
+        f"the newest healthy checkpoint is step {int(healthy[-1].name.removeprefix('step_'))}: export it with --step"
+        if healthy
+        else "no earlier checkpoint was saved healthy"
+    )
+    log.warning(
+        '%s: checkpoint step %d, exported, was saved while the run was not healthy (state.json "good": false: '
+        "an escalation under way or an instability just before; decisions.jsonl says which); %s",
+        run_dir,
+        step,
+        other,
+    )
+
+
+def _good(path: Path) -> bool:
+    try:
+        return json.loads((path / "state.json").read_text()).get("good", True) is not False
+    except (OSError, ValueError):  # a damaged one is no alternative to name
+        return False
 
 
 def _snapshot(run_dir: Path, step: int) -> Path:
