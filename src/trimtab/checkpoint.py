@@ -279,11 +279,18 @@ def prune(run_dir: Path, keep: int, protect: tuple[int, ...] = ()) -> list[Path]
     gone = [path for path in list_checkpoints(run_dir)[:-keep] if _step_of(path) not in protect]
     for path in gone:
         shutil.rmtree(path, ignore_errors=True)
-    for stale in checkpoint_root(run_dir).glob(".tmp_step_*"):  # left by a killed writer
+    clear_stale(checkpoint_root(run_dir))
+    return gone
+
+
+def clear_stale(root: Path) -> None:
+    """Delete the temp folders killed writers left under `root` (checkpoints, lean snapshots):
+    each is a whole copy of the weights that nothing reads, and every kill in a save adds one.
+    Call it where this process has no save of its own under way there, after put_back_replaced."""
+    for stale in root.glob(".tmp_step_*") if root.is_dir() else []:
         if REPLACED in stale.name and not _replaced_step(stale).exists():
             continue  # an invalid only copy, said by put_back_replaced: kept for a person to look at
         shutil.rmtree(stale, ignore_errors=True)
-    return gone
 
 
 def verify(path: Path) -> dict[str, Any]:

@@ -352,9 +352,10 @@ def _refuse(run_dir: Path) -> None:
     """Raise the lock's refusal. Under torchrun, REFUSAL_GRACE_S later: the agent stops every rank
     once one ends (SIGTERM, which would read "stopped during start-up"), so a rank refused waits for
     the others to be refused too, and a SIGTERM meanwhile ends it with the refusal all the same."""
+    holder = lock_holder(run_dir)
     error = RunStateError(
-        f"'{run_dir}' is being trained by {_describe(lock_holder(run_dir))}; one `trimtab train` per run "
-        f"directory: wait for it to end, or stop it with `trimtab ctl {run_dir} stop`"
+        f"'{run_dir}' is being trained by {_describe(holder)}; one `trimtab train` per run "
+        f"directory: {_frozen(holder)}wait for it to end, or stop it with `trimtab ctl {run_dir} stop`"
     )
     torchrun = _job() is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1
     if not torchrun or threading.current_thread() is not threading.main_thread():
@@ -369,6 +370,25 @@ def _refuse(run_dir: Path) -> None:
     finally:
         signal.signal(signal.SIGTERM, previous)
     raise error
+
+
+def _frozen(holder: dict[str, Any]) -> str:
+    """The first words of what to do about a holder on this host that is stopped (SIGSTOP, Ctrl-Z, a
+    suspended job): waiting for it never ends and `trimtab ctl stop` is not read until it goes on.
+    "" when it is not stopped (or its state cannot be read: another host, no /proc)."""
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or not isinstance(pid, int):
+        return ""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return ""
+    if state not in ("T", "t"):
+        return ""
+    return (
+        "it is stopped (SIGSTOP, Ctrl-Z, a suspended job: it neither trains nor answers `trimtab ctl`); "
+        f"continue it with `kill -CONT {pid}` (or `fg` in its shell), then "
+    )
 
 
 def _write_lock(fd: int, record: dict[str, Any]) -> None:

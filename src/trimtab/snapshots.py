@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from trimtab.checkpoint import STEP_DIR, dedup, install, step_dirs, writing
+from trimtab.checkpoint import STEP_DIR, clear_stale, dedup, install, put_back_replaced, step_dirs, writing
 
 
 def snapshot_root(run_dir: Path) -> Path:
@@ -58,7 +58,10 @@ def save_snapshot(
 
 
 def prune_snapshots(run_dir: Path, keep: int, keep_every: int) -> list[Path]:
-    """Delete the snapshots the retention does not keep; returns them."""
+    """Delete the snapshots the retention does not keep, and what a killed writer left (a step's
+    only copy, renamed aside while it was saved again, is put back first); returns the deleted."""
+    put_back_replaced(snapshot_root(run_dir))
+    clear_stale(snapshot_root(run_dir))  # each a bf16 copy of the weights: a kill in a write leaked it
     found = list_snapshots(run_dir)
     steps = [int(STEP_DIR.match(p.name).group(1)) for p in found]
     kept = set(steps[-keep:]) | {s for s in steps if keep_every and s % keep_every == 0}

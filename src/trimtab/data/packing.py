@@ -20,7 +20,7 @@ from trimtab.config import DataConfig
 from trimtab.data import quality
 from trimtab.data.prepared import ShardedRows, hold_out, rows_digest
 from trimtab.data.sources import Document, corpus_fingerprint
-from trimtab.data.tokenizer import TextTokenizer
+from trimtab.data.tokenizer import TextTokenizer, cache_not_written
 from trimtab.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -99,8 +99,12 @@ def tokenize_documents(
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.npz")
-        np.savez(tmp, tokens=tokenized.tokens, mask=tokenized.mask, offsets=tokenized.offsets)
-        os.replace(tmp, path)
+        try:
+            np.savez(tmp, tokens=tokenized.tokens, mask=tokenized.mask, offsets=tokenized.offsets)
+            os.replace(tmp, path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)  # a partial copy would hold the space it failed for
+            cache_not_written(path, exc)
     return tokenized
 
 

@@ -197,8 +197,12 @@ class TextTokenizer:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-        self._tok.save(str(tmp))
-        os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
+        try:
+            self._tok.save(str(tmp))
+            os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
+        except BaseException:  # a full disk: the half-written copy would stay beside it for good
+            tmp.unlink(missing_ok=True)
+            raise
         if self.hf is not None:  # its settings travel with it (load reads them back)
             write_json(path.with_name(HF_CONFIG), self.hf)
 
@@ -321,8 +325,22 @@ def get_tokenizer(cfg: DataConfig, docs: list[Document], cache_dir: Path) -> Tex
     if path.is_file():
         return TextTokenizer.load(path)
     tok = train_tokenizer(docs, cfg.bpe_vocab_size)
-    tok.save(path)
+    try:
+        tok.save(path)
+    except Exception as exc:  # tokenizers raises a bare Exception for a failed write
+        cache_not_written(path, exc)
     return tok
+
+
+def cache_not_written(path: Path, exc: BaseException) -> None:
+    """Say that a cache entry (a tokenizer, a corpus's tokens) could not be written: a cache only
+    saves time, so a full or read-only cache disk must not stop a run (it stopped it at start-up,
+    "the disk is full", naming no path, on a run directory with room to spare)."""
+    logger.warning(
+        "%s not cached (%s); the run goes on without it: free space there or point TRIMTAB_CACHE elsewhere",
+        path,
+        exc,
+    )
 
 
 def train_tokenizer(docs: list[Document], vocab_size: int) -> TextTokenizer:

@@ -124,6 +124,11 @@ class Checkpointing:
         """A lean snapshot of this step (snapshots.py): bf16 weights only, by rank 0. A failed
         write is said and training goes on: the checkpoints are the run's record, a snapshot a copy."""
         c = self.cfg.checkpoint
+        # as for a checkpoint: NaN weights exported are worse than none, and the retention would
+        # delete the good snapshots before them to make room (the newest snapshot_keep are kept)
+        if not self.dist.all_finite(self.model.parameters()):
+            self.say(f"step {self.state.step}: the weights are not finite: no lean snapshot written")
+            return
         try:
             state = {"tokens": self.state.tokens, "moe": self.model.moe_state(), "mod": self.model.mod_state()}
             weights = self.model.state_dict()
