@@ -21,7 +21,7 @@ from trimtab.checkpoint import latest_valid, set_aside_corrupt
 from trimtab.config import RunConfig, read_saved
 from trimtab.distributed import Parallel
 from trimtab.errors import CheckpointError, ConfigError, RunFinished, RunPastLength
-from trimtab.rundir import SUMMARY, read_json
+from trimtab.rundir import SUMMARY, read_json, read_metrics
 from trimtab.storage import Remote
 from trimtab.training.schedule import KEYS, configured_lengths
 from trimtab.training.services.storage import newer_in_store, reference_steps, restore_from
@@ -66,6 +66,16 @@ def _stop_if_finished(cfg: RunConfig, found: Found, dist: Parallel) -> None:
         return
     status = _status(state, early)
     summary, saved = dist.from_main(saved_summary, cfg.run_dir, found, total, status)
+    if not saved and early is None and step == total and step >= _trained_to(state):
+        # trained to its end, but the session ended before its summary (a kill or preemption in the
+        # final upload): this one ends the run as that would have, training nothing (logged_eval)
+        log.warning(
+            "%s: its training ended at step %d, but the session that saved that checkpoint ended before writing "
+            "summary.json and the report: this session writes them, training nothing",
+            cfg.run_dir,
+            step,
+        )
+        return
     dist.close()
     if early is not None:
         raise RunFinished(_stopped_early(cfg, step, total, early), summary)
@@ -209,6 +219,18 @@ def _lengths(cfg: RunConfig) -> list[int] | None:
     except (OSError, ConfigError):
         return None
     return [int(saved.train.max_steps)] + configured_lengths(cfg)[1:]
+
+
+def logged_eval(run_dir: Path, step: int) -> dict[str, Any]:
+    """The evaluation metrics.jsonl holds of `step` (the last one there, without `abandoned`), as
+    Trainer.evaluate's last_eval: what the summary of a session resumed at the run's end reports,
+    the same figures the session that evaluated them would have. {} when there is none."""
+    logged = [m for m in read_metrics(run_dir) if m.get("step") == step and _is_eval(m)]
+    return dict(logged[-1]) if logged else {}
+
+
+def _is_eval(line: dict[str, Any]) -> bool:
+    return "val_loss" in line or any(k.startswith(("rl/held_out", "dpo/held_out")) for k in line)
 
 
 def saved_summary(run_dir: Path, found: Found, total: int, status: str = "completed") -> tuple[dict[str, Any], bool]:

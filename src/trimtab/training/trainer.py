@@ -38,6 +38,7 @@ from trimtab.training.oom import OomRecovery
 from trimtab.training.optim import build_optimizer, set_lr
 from trimtab.training.policy import PolicyTraining
 from trimtab.training.rerun import Gradients, compare, ranks_that_differ
+from trimtab.training.resume import logged_eval
 from trimtab.training.runtime import LogWindow, RouterStats, RowLosses
 from trimtab.training.schedule import configured_lengths, phase_lr
 from trimtab.training.services.compiling import StepTimes
@@ -95,7 +96,9 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
         self.config_changes: list[dict[str, Any]] = []  # phase lengths a person changed on resume
         if run.resume:  # then config.yaml is written: a refused resume changes nothing
             self.resume(run.resume[0], run.live_changes)
-        self.last_eval: dict[str, Any] = {}
+        # resumed at its end (its summary not written): the final evaluation it logged, for the summary
+        at_end = run.resume and self.state.step >= self.total_steps
+        self.last_eval: dict[str, Any] = logged_eval(self.cfg.run_dir, self.state.step) if at_end else {}
         self.evaluating = False  # inside evaluate() (fault injection aims at it)
         self._saving_again = False  # applying the hooks' requests after a failed save
         self._writing: tuple[int, tuple[int, int]] | None = None  # a background save: step, resume point before
