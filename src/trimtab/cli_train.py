@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -20,6 +21,7 @@ from trimtab.training.services.signals import handle_signals, newest_step
 
 if TYPE_CHECKING:
     from trimtab.config import RunConfig
+    from trimtab.orchestrator.fault_specs import Fault
 
 
 # shared by train and plan
@@ -110,9 +112,28 @@ def _train_config(args: argparse.Namespace, section: str | None = None) -> RunCo
         from trimtab.orchestrator.fault_specs import parse_fault
 
         for spec in args.inject:
-            parse_fault(spec, "--inject")
+            _warn_if_past_the_end(parse_fault(spec, "--inject"), cfg)
         cfg = derive(cfg, {"faults": [*cfg.faults, *args.inject]})
     return cfg
+
+
+def _warn_if_past_the_end(fault: Fault, cfg: RunConfig) -> None:
+    """A fault after the run's last step never fires, and the run then reads as healthy: said, not
+    refused (the orchestrator or a later resume may lengthen the run). A length set by train.epochs
+    or auto is known only at setup, so only train.max_steps is checked here."""
+    train = cfg.train
+    if train.epochs or not isinstance(train.max_steps, int):
+        return
+    last = train.max_steps + cfg.finetune.steps
+    if fault.step > last:
+        logging.getLogger("trimtab").warning(
+            "--inject %s is after the run's last step %d (train.max_steps%s): it fires only if the run is "
+            "lengthened; give a step from 1 to %d, or raise --max-steps",
+            fault.spec,
+            last,
+            " + finetune.steps" if cfg.finetune.steps else "",
+            last,
+        )
 
 
 def _print_summary(summary: dict) -> None:

@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import difflib
 import logging
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -270,7 +271,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file '{path}' does not exist; check the path")
     try:
-        data = yaml.safe_load(yaml_text(path)) or {}
+        data = yaml.load(yaml_text(path), Loader=_UniqueKeyLoader) or {}
+    except DuplicateKeyError as exc:
+        raise ConfigError(f"{path}:{exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -278,6 +281,32 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a run config must be a mapping of sections, got {type(data).__name__}")
     return data
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping that names one key twice; the message starts with the line of the second."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key written twice in one mapping. PyYAML keeps the last silently,
+    so a second `model:` section (or `lr:` twice) dropped the first one's keys without a word. A
+    key that overrides one merged in with `<<: *anchor` is not a duplicate: the merge is YAML's."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, Hashable) and key in first:
+                raise DuplicateKeyError(
+                    f"{line}: key '{key}' is written twice in one section (first on line {first[key]}); YAML "
+                    "would keep only the last and drop the first without a word: merge the two into one"
+                )
+            if isinstance(key, Hashable):
+                first[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def yaml_text(path: Path) -> str:

@@ -38,13 +38,26 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     kwargs = {}
     for key, value in data.items():
         if key not in names:
-            near = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
-            hint = f"; did you mean '{prefix}{near[0]}'?" if near else f"; valid keys: {', '.join(names)}"
-            raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
+            raise ConfigError(f"unknown config key '{prefix}{key}'{_unknown_hint(cls, hints, names, key, prefix)}")
         if dataclasses.is_dataclass(hints[key]) and isinstance(value, dict):
             value = merge(_default_of(cls, key), value)  # over the field's own default, not its class's
         kwargs[key] = _coerce(hints[key], value, f"{prefix}{key}")
     return cls(**kwargs)
+
+
+def _unknown_hint(cls: type, hints: dict[str, Any], names: list[str], key: Any, prefix: str) -> str:
+    """The likeliest fix for an unknown key: the key of one of this section's own sections, written
+    one level too shallow (`moe:` with `n_experts:` not indented under it, for which the closest
+    name, model.norm_eps, was suggested), else the closest valid name, else all of them."""
+    owners = [n for n in names if dataclasses.is_dataclass(hints[n]) and key in _field_names(hints[n])]
+    if len(owners) == 1:  # several (orchestrator.enabled: every rule's): which one was meant is a guess
+        return f"; did you mean '{prefix}{owners[0]}.{key}'? (in YAML: indented under '{owners[0]}:')"
+    near = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
+    return f"; did you mean '{prefix}{near[0]}'?" if near else f"; valid keys: {', '.join(names)}"
+
+
+def _field_names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
 
 
 def _default_of(cls: type, name: str) -> dict[str, Any]:

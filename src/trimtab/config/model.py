@@ -84,6 +84,9 @@ class ModelConfig(Section):
         kv = self.n_kv_heads or self.n_heads
         _check(kv > 0 and self.n_heads % kv == 0, "model.n_kv_heads", "must divide model.n_heads")
         _check(self.head_dim >= 0, "model.head_dim", "must be >= 0 (0: d_model / n_heads)")
+        # 0 is auto for both; a negative width reached torch as a tensor shape (a RuntimeError traceback)
+        _check(self.ffn_hidden >= 0, "model.ffn_hidden", f"must be >= 0 (0: 8/3 d_model), got {self.ffn_hidden}")
+        _check(self.vocab_size >= 0, "model.vocab_size", f"must be >= 0 (0: the tokenizer's), got {self.vocab_size}")
         _check(
             (self.head_dim or self.d_model // self.n_heads) % 2 == 0,
             "model.head_dim",

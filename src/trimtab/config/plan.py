@@ -7,6 +7,7 @@ plan_status.jsonl, and the run length is only changed with `adjust: true`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from trimtab.config.checks import Section, _check
@@ -43,5 +44,9 @@ class PlanConfig(Section):
         _check(0 <= self.min_progress < 1, "plan.min_progress", f"must be in [0, 1), got {self.min_progress}")
         _check(self.min_points >= 3, "plan.min_points", f"must be >= 3 (a fit has 3 parameters), got {self.min_points}")
         _check(self.max_lr_jump > 1, "plan.max_lr_jump", f"must be > 1, got {self.max_lr_jump}")
-        _check(self.tokens_per_param > 0, "plan.tokens_per_param", f"must be > 0, got {self.tokens_per_param}")
+        _check(  # an infinite one overflowed the planner's token count (OverflowError)
+            0 < self.tokens_per_param < math.inf,
+            "plan.tokens_per_param",
+            f"must be a finite number > 0 (Hoffmann et al. 2022: ~20), got {self.tokens_per_param}",
+        )
         _check(0 <= self.mfu <= 1, "plan.mfu", f"must be in [0, 1] (0: as measured), got {self.mfu}")

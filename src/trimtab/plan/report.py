@@ -51,9 +51,10 @@ class Plan:
     steps: int
     flops: float  # flops_per_token x tokens
     flops_6nd: float  # 6 x compute params x tokens, the usual shorthand
-    run_steps: int  # the configured run (train.max_steps)
+    run_steps: int  # the configured run (train.max_steps, or train.epochs over the data when it is known)
     run_tokens: int
     run_flops: float
+    train_epochs: float  # train.epochs (0: train.max_steps sets the configured run)
     data: DataPlan | None
     memory: MemoryPlan
     hardware: Hardware
@@ -114,12 +115,14 @@ def _sized_plan(
 ) -> Plan:
     """The plan's sizes, without its budget, layout, resilience or notes: the compute-optimal tokens
     (plan.tokens_per_param per compute parameter), bounded by the data's epochs when the data is
-    known; the configured run (train.max_steps); their FLOPs, memory and hours at `mfu`."""
+    known; the configured run (train.max_steps, or train.epochs over the data); their FLOPs, memory
+    and hours at `mfu`."""
     k, batch = cfg.plan.tokens_per_param, cfg.train.batch_tokens
-    optimal = round(k * size.compute_params)
-    run_steps = math.ceil(optimal / batch) if cfg.train.max_steps == "auto" else int(cfg.train.max_steps)
+    optimal = max(1, round(k * size.compute_params))  # a tiny plan.tokens_per_param rounded to 0 tokens
+    counted = _dataset_tokens(cfg, dataset_tokens, data_path)
+    run_steps = _run_steps(cfg, optimal, counted[0] if counted else None)
     run_tokens = run_steps * batch
-    data = _planned_data(cfg, optimal, run_tokens, dataset_tokens, data_path)
+    data = data_plan(optimal, run_tokens, *counted, k) if counted else None
     tokens = data.recommended_tokens if data is not None else optimal
     flops = float(size.flops_per_token) * tokens
     run_flops = float(size.flops_per_token) * run_tokens
@@ -138,6 +141,7 @@ def _sized_plan(
         flops_6nd=6.0 * size.compute_params * tokens,
         run_steps=run_steps,
         run_tokens=run_tokens,
+        train_epochs=cfg.train.epochs,
         run_flops=run_flops,
         data=data,
         memory=memory_plan(cfg, size.total, hw, size.non_embedding),
@@ -149,18 +153,27 @@ def _sized_plan(
     )
 
 
-def _planned_data(
-    cfg: RunConfig, optimal: int, run_tokens: int, dataset_tokens: int | None, data_path: str | None
-) -> DataPlan | None:
-    """The data's side of the plan: `dataset_tokens`, or counted at `data_path`; None when neither
-    gives a count."""
+def _dataset_tokens(cfg: RunConfig, dataset_tokens: int | None, data_path: str | None) -> tuple[int, str] | None:
+    """The data's tokens and how they were known: `dataset_tokens`, or counted at `data_path`; None
+    when neither gives a count."""
     if data_path is not None:
         dataset_tokens, source = count_dataset_tokens(cfg, data_path)
     else:
         source = "given with --dataset-tokens"
-    if not dataset_tokens:
-        return None
-    return data_plan(optimal, run_tokens, dataset_tokens, source, cfg.plan.tokens_per_param)
+    return (dataset_tokens, source) if dataset_tokens else None
+
+
+def _run_steps(cfg: RunConfig, optimal: int, dataset_tokens: int | None) -> int:
+    """The configured run's steps as training resolves them (training/setup.py, resolve_max_steps):
+    train.epochs passes over the data when set (it wins over train.max_steps), auto's Chinchilla
+    budget, or train.max_steps. train.epochs over data the plan was not given: train.max_steps',
+    and the notes say the length is unknown."""
+    train = cfg.train
+    if train.epochs > 0 and dataset_tokens:
+        return max(1, math.ceil(train.epochs * dataset_tokens / train.batch_tokens))
+    if train.max_steps == "auto":
+        return max(1, math.ceil(optimal / train.batch_tokens))
+    return int(train.max_steps)
 
 
 def _step_s(plan: Plan) -> float | None:
@@ -223,13 +236,33 @@ def _notes(plan: Plan) -> list[str]:
             f"{plan.optimal_tokens_total_params:,} tokens. MoE scaling laws (Clark et al. 2022; "
             "Krajewski et al. 2024) move the optimum with the expert count: a starting point"
         )
-    if plan.run_tokens < 0.5 * plan.tokens or plan.run_tokens > 2 * plan.tokens:
+    if plan.train_epochs and plan.data is None:
         notes.append(
-            f"the configured run (train.max_steps={plan.run_steps:,}) trains "
-            f"{plan.run_tokens / plan.tokens:.2g}x the planned tokens: set train.max_steps="
-            f"{plan.steps} to follow the plan"
+            f"train.epochs={plan.train_epochs:g} sets the run's length from its data, which this plan was not "
+            f"given: the configured run above is train.max_steps', which train.epochs overrides; give --data PATH "
+            "or --dataset-tokens N to plan the epochs"
+        )
+    elif plan.run_tokens < 0.5 * plan.tokens or plan.run_tokens > 2 * plan.tokens:
+        notes.append(
+            f"the configured run, {_configured(plan)}, trains {plan.run_tokens / plan.tokens:.2g}x the planned "
+            f"tokens: {_follow(plan)} to follow the plan"
         )
     return notes
+
+
+def _configured(plan: Plan) -> str:
+    """What sets the configured run's length: train.epochs over the data when both are known."""
+    if plan.train_epochs and plan.data is not None:
+        return f"train.epochs {plan.train_epochs:g} ({plan.run_steps:,} steps)"
+    return f"train.max_steps {plan.run_steps:,}"
+
+
+def _follow(plan: Plan) -> str:
+    """The setting that gives the planned tokens: train.epochs wins over train.max_steps, so while
+    it is set, advice to change train.max_steps would change nothing."""
+    if plan.train_epochs and plan.data is not None:
+        return f"set train.epochs={plan.tokens / plan.data.dataset_tokens:.3g}"
+    return f"set train.max_steps={plan.steps}"
 
 
 def format_plan(plan: Plan) -> str:
@@ -251,8 +284,7 @@ def format_plan(plan: Plan) -> str:
     lines += [
         f"  steps           {plan.steps:,} x train.batch_tokens {plan.batch_tokens:,} = {plan.tokens:,} tokens",
         f"  FLOPs           {plan.flops:.3g} (flops_per_token x tokens; 6ND gives {plan.flops_6nd:.3g})",
-        f"  configured run  train.max_steps {plan.run_steps:,} = {plan.run_tokens:,} tokens, "
-        f"{plan.run_flops:.3g} FLOPs",
+        f"  configured run  {_configured(plan)} = {plan.run_tokens:,} tokens, {plan.run_flops:.3g} FLOPs",
         "",
         f"Memory per device (estimate; {m.micro_batch_tokens:,}-token micro-batch, activations "
         f"{m.activation_bytes} bytes{f', checkpointing {m.checkpointing}' if m.checkpointing != 'off' else ''}"
@@ -274,7 +306,7 @@ def format_plan(plan: Plan) -> str:
             f"(its step estimate below, MFU ~{b.mfu:.0%}; the checkpoint interval counts in these steps)"
         )
     if plan.budget:
-        lines += _budget_lines(plan.budget, s)
+        lines += _budget_lines(plan.budget, s, plan.tokens_per_param)
     if plan.layout:
         lines += [""] + format_layout(plan.layout, plan.launch)
     if plan.resilience:
@@ -293,12 +325,12 @@ def _data_lines(d: DataPlan, tokens: int) -> list[str]:
     return lines + [f"  WARNING: {w}" for w in d.warnings]
 
 
-def _budget_lines(b: BudgetPlan, s: ModelSize) -> list[str]:
+def _budget_lines(b: BudgetPlan, s: ModelSize, k: float) -> list[str]:
     when = f" ({_hours(b.hours)})" if b.hours else ""
     return [
         "",
         f"Budget {b.flops:.3g} FLOPs{when}",
-        f"  compute-optimal N = sqrt(C / (6 x 20)) = {_human(b.optimal_params)} {s.compute_params_kind} "
+        f"  compute-optimal N = sqrt(C / (6 x {k:g})) = {_human(b.optimal_params)} {s.compute_params_kind} "
         f"parameters on D = {_human(b.optimal_tokens)} tokens (nearest preset: {b.nearest_preset or 'none'})",
         f"  this preset: {b.preset_tokens:,.0f} tokens = {b.preset_steps:,} steps, "
         f"{b.preset_tokens_per_param:.3g} tokens per parameter",
