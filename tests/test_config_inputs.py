@@ -117,3 +117,16 @@ def test_a_key_written_outside_its_section_names_the_section(tmp_path, text, mes
     with pytest.raises(ConfigError, match="unknown config key") as err:
         load_config(path, preset="debug")
     assert message in str(err.value)
+
+
+def test_a_tune_space_file_with_a_key_written_twice_is_refused(tmp_path):
+    """tune's space file went through yaml.safe_load: a second `space:` dropped the first's parameters."""
+    from trimtab.tune import load_space
+
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "base: {preset: debug}\nspace:\n  optim.lr: {log_uniform: [1e-4, 1e-2]}\n"
+        "space:\n  optim.weight_decay: {choice: [0.0, 0.1]}\n"
+    )
+    with pytest.raises(ConfigError, match=r"s\.yaml.*4: key 'space' is written twice .*first on line 2"):
+        load_space(path)

@@ -271,7 +271,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file '{path}' does not exist; check the path")
     try:
-        data = yaml.load(yaml_text(path), Loader=_UniqueKeyLoader) or {}
+        data = parse_yaml(yaml_text(path)) or {}
     except DuplicateKeyError as exc:
         raise ConfigError(f"{path}:{exc}") from None
     except yaml.YAMLError as exc:
@@ -281,6 +281,12 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a run config must be a mapping of sections, got {type(data).__name__}")
     return data
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML as yaml.safe_load reads it, a key written twice in one mapping refused
+    (DuplicateKeyError, a yaml.YAMLError: its message starts with the line)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)
 
 
 class DuplicateKeyError(yaml.YAMLError):

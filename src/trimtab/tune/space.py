@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 import yaml
 
-from trimtab.config import RunConfig, derive, load_config, merge, nested, yaml_text
+from trimtab.config import RunConfig, derive, load_config, merge, nested, parse_yaml, yaml_text
 from trimtab.errors import ConfigError
 
 SAMPLERS = ("tpe", "cmaes", "nsga2", "grid", "random")
@@ -138,7 +138,7 @@ def load_space(path: str | Path) -> Space:
     if not path.is_file():
         raise ConfigError(f"space file '{path}' not found; pass the YAML file that names the study and its space")
     try:
-        raw = yaml.safe_load(yaml_text(path)) or {}
+        raw = parse_yaml(yaml_text(path)) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc})") from None
     _known(raw, SECTIONS, str(path), "top-level section")

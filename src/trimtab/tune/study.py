@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import yaml
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
+from trimtab.config import parse_yaml
 from trimtab.config.checks import leaves
 from trimtab.errors import ConfigError
 from trimtab.tune.objective import run_trial
@@ -147,7 +147,7 @@ def trained_as(space: Space) -> dict[str, Any]:
     config file it names) and budget:, as JSON holds them; not log: (progress bars, trackers)."""
     recorded: dict[str, Any] = {"base": space.base, "budget": space.budget}
     if space.base_file is not None:
-        recorded["base.config"] = yaml.safe_load(space.base_file.read_text())
+        recorded["base.config"] = parse_yaml(space.base_file.read_text())
     for key in ("base", "base.config"):
         if isinstance(recorded.get(key), dict):
             recorded[key] = {k: v for k, v in recorded[key].items() if k != "log"}
