@@ -213,11 +213,13 @@ class Checkpointing:
             what = "good checkpoint" if to == "last_good" else f"checkpoint at or before step {to}"
             raise CheckpointError(f"no {what} to roll back to in {self.cfg.run_dir / 'checkpoints'}")
         step = self.state.step
+        # the abandoned trajectory's checkpoints are retired before the load (seconds to minutes for
+        # a large model), not after: a process killed in it resumed from the state it rolled back from
+        self.dist.on_main(retire_after, self.cfg.run_dir, found[1]["step"], self.cfg.checkpoint.keep)
         self._load(found[0], rollback=True)
         self._restored = True
         if self.last_eval.get("step", 0) > self.state.step:  # it judged the abandoned weights
             self.last_eval = {}
-        self.dist.on_main(retire_after, self.cfg.run_dir, self.state.step, self.cfg.checkpoint.keep)
         return f"rolled back from step {step} to step {self.state.step}"
 
     def _common_checkpoint(self, newest: tuple[Any, dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:
