@@ -98,6 +98,10 @@ def test_an_injected_fault_after_the_last_step_is_said(caplog):
     with caplog.at_level(logging.WARNING, logger="trimtab"):
         _train_config(args)
     assert "after the run's last step" not in caplog.text
+    args = build_parser().parse_args(["train", "--preset", "debug", "--max-steps", "2", "--set", "faults=[oom@9]"])
+    with caplog.at_level(logging.WARNING, logger="trimtab"):
+        _train_config(args)  # a config file's faults: as --inject's
+    assert "faults oom@9 is after the run's last step 2" in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -108,16 +108,18 @@ def _train_config(args: argparse.Namespace, section: str | None = None) -> RunCo
     if args.orchestrator:
         overrides.setdefault("orchestrator", {})["mode"] = args.orchestrator
     cfg = load_config(args.config, preset=args.preset, overrides=overrides, sets=args.set)
-    if args.inject:
+    given = [(spec, "faults") for spec in cfg.faults] + [(spec, "--inject") for spec in args.inject or []]
+    if given:
         from trimtab.orchestrator.fault_specs import parse_fault
 
-        for spec in args.inject:
-            _warn_if_past_the_end(parse_fault(spec, "--inject"), cfg)
+        for spec, key in given:
+            _warn_if_past_the_end(parse_fault(spec, key), key, cfg)
+    if args.inject:
         cfg = derive(cfg, {"faults": [*cfg.faults, *args.inject]})
     return cfg
 
 
-def _warn_if_past_the_end(fault: Fault, cfg: RunConfig) -> None:
+def _warn_if_past_the_end(fault: Fault, key: str, cfg: RunConfig) -> None:
     """A fault after the run's last step never fires, and the run then reads as healthy: said, not
     refused (the orchestrator or a later resume may lengthen the run). A length set by train.epochs
     or auto is known only at setup, so only train.max_steps is checked here."""
@@ -127,8 +129,9 @@ def _warn_if_past_the_end(fault: Fault, cfg: RunConfig) -> None:
     last = train.max_steps + cfg.finetune.steps
     if fault.step > last:
         logging.getLogger("trimtab").warning(
-            "--inject %s is after the run's last step %d (train.max_steps%s): it fires only if the run is "
+            "%s %s is after the run's last step %d (train.max_steps%s): it fires only if the run is "
             "lengthened; give a step from 1 to %d, or raise --max-steps",
+            key,
             fault.spec,
             last,
             " + finetune.steps" if cfg.finetune.steps else "",
