@@ -337,7 +337,7 @@ def test_a_healed_fault_is_not_held_against_the_trial(tmp_path):
     at10 = next(m["val_loss"] for m in _evals(clean_run) if m["step"] == 10)
     # from step 10 on, the fault-free run passes it at every evaluation
     threshold = {"threshold": {"upper": at10 + 0.02, "n_warmup_steps": 10}}
-    faults = {"faults": ["nan_loss@7:3"]}
+    faults = {"faults": ["nan_loss@7:3"], "orchestrator": {"outcome_after": 10}}  # its LR cut at 9 of 22: judged
     runs = {}
     for aware in (False, True):
         study = {"pruner": threshold, "orchestrator_aware": aware}

@@ -196,7 +196,12 @@ NOT_FAULTS = ("make_up", "lr_restore", "data", "plateau", "checkpoint_interval",
 # fault's skipped steps, its rollback and what the replay decided again
 INCIDENT_STEPS = 50
 SAME_INCIDENT = {"data": "instability"}  # bad data shows as spikes and as outlier rows: one incident
-ENDED = ("recovered", "not recovered", "failed", "stopped")  # outcomes that say how an incident ended
+# outcomes that say how an incident ended; "too early" (the run ended before the outcome was measured) heals none
+ENDED = ("recovered", "not recovered", "failed", "stopped", "too early")
+# answers a later finding cannot undo once "recovered": after SETTLED (5) healthy steps one is another
+# fault (orchestrator/outcomes.py: SETTLED), for a rollback once the replay trained past its step
+SETTLED_ANSWERS, SETTLED = ("skip_step", "rollback"), 5
+CAUSES = {"spike": "data", "rows": "data", "data": "data"}  # a rule's cause, when rules share one: bad data
 
 
 def is_note(decision: dict[str, Any]) -> bool:
@@ -208,15 +213,20 @@ def is_note(decision: dict[str, Any]) -> bool:
 def incidents(decisions: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """The kept decisions that answer a fault, grouped by incident, in journal order: one family's
     (bad data's spikes and rows together) within INCIDENT_STEPS steps of the incident's span (a
-    rollback's replay goes back in steps and stays in it). Notes, NOT_FAULTS and a person's commands
-    (mode manual: a `trimtab ctl` command, a config change) answer none."""
+    rollback's replay goes back in steps and stays in it), unless the incident was over before (_over).
+    Notes, NOT_FAULTS and a person's commands (mode manual: a `trimtab ctl` command, a config change)
+    answer none."""
     found: list[tuple[str, list[int], list[dict[str, Any]]]] = []  # family, [first, last step], decisions
     for d in decisions:
         if d.get(ABANDONED) or is_note(d) or d.get("rule") in NOT_FAULTS or d.get("mode") == "manual":
             continue
         family = str(d.get("family") or d.get("rule"))
         family, step = SAME_INCIDENT.get(family, family), int(d.get("step", 0))
-        near = (i for i in found if i[0] == family and i[1][0] - INCIDENT_STEPS <= step <= i[1][1] + INCIDENT_STEPS)
+        near = (
+            i
+            for i in found
+            if i[0] == family and i[1][0] - INCIDENT_STEPS <= step <= i[1][1] + INCIDENT_STEPS and not _over(i[2], d)
+        )
         if (incident := next(near, None)) is None:
             found.append((family, [step, step], [d]))
             continue
@@ -225,9 +235,32 @@ def incidents(decisions: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return [i[2] for i in found]
 
 
+def _over(incident: list[dict[str, Any]], d: dict[str, Any]) -> bool:
+    """Whether the incident was over before decision d: its latest decision "recovered" (not on a
+    branch a rollback threw away), and d has another cause (a non-finite loss, then bad data), or
+    the same one after that recovery was settled (a skipped step's SETTLED steps, or any other's
+    outcome window). nan_loss@20, bad_rows@30 and nan_loss@57 on one run were one incident, and 3
+    faults, 2 of them healed, read "faults healed 1". Bad data is the exception: its rows recur (the
+    next epoch, the next of a bad stretch) as spikes and rows left out, one fault however long."""
+    last = incident[-1]
+    outcome = last.get("outcome") or {}
+    if outcome.get("result") != "recovered" or outcome.get("rolled_back"):
+        return False
+    cause = CAUSES.get(str(d.get("rule")), d.get("rule"))
+    if cause != CAUSES.get(str(last.get("rule")), last.get("rule")):
+        return True
+    if cause == "data":
+        return False
+    step, settled = int(d.get("step", 0)), outcome.get("steps")
+    if last.get("action") in SETTLED_ANSWERS:
+        settled = SETTLED
+    return isinstance(settled, int) and step > int(last.get("step", 0)) + settled
+
+
 def healed(decisions: list[dict[str, Any]]) -> int:
     """Incidents healed: those whose last measured outcome says the run recovered (only an applied
-    remedy is judged: advice never heals; a stop, a failure or no recovery after it leaves it unhealed)."""
+    remedy is judged: advice never heals; a stop, a failure, no recovery or too few steps to tell
+    after it leaves it unhealed)."""
     ended = ([r for d in i if (r := (d.get("outcome") or {}).get("result")) in ENDED] for i in incidents(decisions))
     return sum(bool(results) and results[-1] == "recovered" for results in ended)
 

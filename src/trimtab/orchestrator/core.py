@@ -179,9 +179,9 @@ class Orchestrator(Deciding, PersonCommands, Hook):
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
         self._read(run, commands=False)  # nothing applies a request from here on
         self._answer_late_commands(run)
-        for decision in self.journal.pending():  # judge what there is, rather than leave it open
+        for decision in self.journal.pending():  # judge what there is ("too early" when too little)
             if decision.observed:
-                self.outcomes.judge(decision)
+                self.outcomes.judge(decision, ended=True)
         self.journal.write()
         notes = sum(is_note({"action": d.action}) for d in self.journal.decisions)  # observations: no action taken
         summary["decisions"], summary["notes"] = len(self.journal.decisions) - notes, notes

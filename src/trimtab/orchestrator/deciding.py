@@ -88,6 +88,8 @@ class Deciding:
             remedy.applied()
         elif remedy.action not in RECORDED:  # advice: nothing to judge (a track record is the applied ones')
             decision.outcome = {"result": "not applied", "steps": 0}
+        if remedy.action == "none":  # a note (a slower machine logged) heals nothing: judged on the loss
+            decision.outcome = {"result": "noted", "steps": 0}  # that followed, it read "recovered"
         if remedy.action == "skip_step":
             decision.applied = ["update withheld before the optimizer step"] if withheld else []
         elif remedy.action == "rerun_step":

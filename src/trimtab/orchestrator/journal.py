@@ -25,8 +25,9 @@ from trimtab.training.actions import describe
 
 log = logging.getLogger(__name__)
 
-# Outcomes a remedy's track record counts; "not applied" (advice), "stopped", "applied" (a person's) and
-# "cut short" (taken in a branch a rollback abandoned before any step followed it) judge nothing.
+# Outcomes a remedy's track record counts; "not applied" (advice), "stopped", "applied" (a person's),
+# "cut short" (taken in a branch a rollback abandoned before any step followed it), "noted" (a note:
+# nothing done) and "too early" (the run ended before outcome_after steps followed it) judge nothing.
 JUDGED = ("recovered", "not recovered", "failed")
 
 

@@ -16,7 +16,9 @@ incident with its own rollbacks (debug, weights_nan at 12 and 22: the rollback a
 "not recovered" for the second fault's NaNs). A decision taken in a branch a rollback then abandoned
 is judged at the rollback on the steps that branch had (the replay that follows repeats steps from
 before its trouble, which would compare the run with itself), but for the rollback itself, whose
-effect the replay is. Advice is never judged (deciding.py: "not applied").
+effect the replay is. Advice is never judged (deciding.py: "not applied"), nor a note (action
+"none": nothing was done, so nothing healed; deciding.py: "noted"). A decision the run's end
+comes to before `outcome_after` steps followed it is "too early" (_too_early), never "recovered".
 """
 
 from __future__ import annotations
@@ -85,7 +87,9 @@ class Outcomes:
                 d.outcome = {"result": "cut short", "steps": 0, "rolled_back": True}
         self.journal.write()
 
-    def judge(self, d: Decision) -> None:
+    def judge(self, d: Decision, ended: bool = False) -> None:
+        """Fill in d's outcome from what followed it; `ended`: the run ends here (core.py:
+        on_train_end), maybe before `outcome_after` steps followed it (_too_early)."""
         track = self.tracking.pop(str(d.id), {"losses": [], "findings": 0})
         references = track.get("references") or [None] * len(track["losses"])
         pairs = [(v, r) for v, r in zip(track["losses"], references, strict=True) if math.isfinite(v)]
@@ -98,8 +102,11 @@ class Outcomes:
             ok = after <= before * 1.05
         if ok and before is not None and d.family == "plateau" and d.action != "none":
             ok = after < before - self.plateau_fall
+        result = "recovered" if ok else "not recovered"
+        if ended and _too_early(track, self.outcome_after, math.isfinite(after)):
+            result = "too early"
         d.outcome = {
-            "result": "recovered" if ok else "not recovered",
+            "result": result,
             "steps": len(track["losses"]),
             "loss_before": before,
             "loss_after": after,
@@ -117,6 +124,18 @@ class Outcomes:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.tracking = state["tracking"]
         self.healthy = OrderedDict((int(s), float(v)) for s, v in state.get("healthy_losses", []))  # older: none
+
+
+def _too_early(track: dict[str, Any], outcome_after: int, finite: bool) -> bool:
+    """Whether a decision the run's end judges rests on too few steps to say it healed anything:
+    fewer than `outcome_after` followed it (an RL rule's decision 1 step before the end was
+    "recovered" with every group still flat, and rundir.healed counted it). Not when the trouble
+    came back or the losses were not finite (a failure shows in any number of steps), nor for a
+    skipped step (a rollback past its step) SETTLED healthy steps answered: a later finding is
+    another fault, so nothing more could undo it."""
+    if len(track["losses"]) >= outcome_after or track.get("healthy", 0) >= SETTLED:
+        return False
+    return track["findings"] == 0 and finite
 
 
 def _answered_trouble(track: dict[str, Any], same: bool, loss: float) -> bool:

@@ -282,9 +282,16 @@ def learning_rate(runs: list[RunRecord]) -> go.Figure | None:
     fig = _fig("Learning rate: scheduled vs applied", "learning rate")
     for i, run in enumerate(runs):
         _line(fig, run, i, "lr", "applied")
-        scheduled = lambda m: m["lr"] / m["lr_scale"] if m.get("lr_scale") else None  # noqa: E731
-        _line(fig, run, i, "lr", "scheduled", value=scheduled, line={"dash": "dot", "width": 1})
+        _line(fig, run, i, "lr", "scheduled", value=_scheduled, line={"dash": "dot", "width": 1})
     return _or_none(fig)
+
+
+def _scheduled(m: dict[str, Any]) -> float | None:
+    """The schedule's LR as logged; lr / lr_scale for older runs (a schedule 10x the real one once
+    the orchestrator cut an LR something else raised: lr_spike@45:10)."""
+    if "lr_scheduled" in m:
+        return m["lr_scheduled"]
+    return m["lr"] / m["lr_scale"] if m.get("lr_scale") else None
 
 
 def grad_norm(runs: list[RunRecord]) -> go.Figure | None:

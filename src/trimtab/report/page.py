@@ -40,7 +40,8 @@ CAPTIONS = {
     "off-policy tokens (left); the sampled tokens' entropy and the rollouts' staleness (right).",
     "dpo_preference": "DPO: the share of pairs whose implicit reward prefers the chosen response, each step's "
     "(solid) and the held-out pairs' at each evaluation (dashed), and the margins between the two rewards (right).",
-    "lr": "Applied LR (the schedule times the orchestrator's multiplier) against the schedule alone (dotted).",
+    "lr": "Applied LR (the schedule times the orchestrator's multiplier, unless something else moved it) against "
+    "the schedule alone (dotted).",
     "grad_norm": "Gradient norm before clipping: mean and max over each log interval.",
     "throughput": "Tokens per second (left) and model FLOPs utilization (right, dotted).",
     "memory": "Peak resident memory of the process and, on GPU, the CUDA allocator's peak.",
@@ -207,8 +208,9 @@ def _outcome_after(run: RunRecord) -> int | None:
 
 
 def _outcome(d: dict[str, Any], after: int | None) -> str:
-    """The journal's result, with what it rests on when that is less than it says: judged early (the
-    run ended 1 step after an RL rule's decision: "recovered" with the trouble still there), or cut
+    """The journal's result, with what it rests on when that is less than it says: judged early ("too
+    early"; an older run's journal said "recovered" 1 step after an RL rule's decision, the trouble
+    still there), or cut
     off by a rollback (a skipped step's "not recovered" is the branch the rollback threw away)."""
     outcome = d.get("outcome") or {}
     text = str(outcome.get("result", "pending"))

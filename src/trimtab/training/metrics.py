@@ -26,6 +26,8 @@ def step_metrics(trainer: Trainer, lr: float) -> dict[str, Any]:
         "grad_norm_max": max(norms),
         "lr": lr,
         "lr_scale": trainer.state.lr_scale,
+        # the schedule's own LR: lr / lr_scale is not it when something else moved the LR (lr_spike)
+        "lr_scheduled": trainer.last_step_out.scheduled_lr,
         "skipped_steps": skipped,
         "micro_batch_tokens": trainer.loader.micro_batch_tokens,
         "tokens": trainer.state.tokens,

@@ -1,0 +1,141 @@
+"""What the orchestrator claims about its own decisions: an outcome the run's end judged on too few
+steps, a note that did nothing, the LR chart's schedule, and the faults healed a run counts."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from helpers import FakeTrainer
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.core import Orchestrator
+from trimtab.orchestrator.journal import Decision
+from trimtab.orchestrator.monitors import Finding, StepMetrics
+from trimtab.orchestrator.remedies import Remedy
+from trimtab.report.figures import learning_rate
+from trimtab.report.page import _outcome
+from trimtab.rundir import healed, incidents, read_decisions
+from trimtab.training.metrics import step_metrics
+
+
+def _decision(orchestrator, step, rule, action, family="instability"):
+    d = Decision(
+        id=orchestrator.journal.next_id(),
+        step=step,
+        rule=rule,
+        evidence={},
+        reasoning="",
+        action=action,
+        params={},
+        confidence=0.75,
+        mode="auto",
+        family=family,
+        loss_before=5.0,
+    )
+    return orchestrator.journal.add(d)
+
+
+def _finding(rule, family, step):
+    return Finding(rule=rule, family=family, step=step, evidence={}, summary=rule, strength=1.0)
+
+
+def _follow(orchestrator, steps, findings=()):
+    for step in steps:
+        orchestrator.outcomes.follow(StepMetrics(step=step, loss=4.9, grad_norm=1.0), list(findings))
+
+
+def test_a_decision_the_run_ended_right_after_is_too_early_and_heals_nothing(tmp_path):
+    """An RL run's rl_signal decision 1 step before the end was "recovered" with every group still
+    flat, and rundir.healed counted it as a fault healed."""
+    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)  # outcome_after 20
+    settled = _decision(orchestrator, 92, "nonfinite", "skip_step")  # 5 healthy steps answered it
+    _follow(orchestrator, range(93, 99))
+    back = _decision(orchestrator, 98, "spike", "scale_lr")
+    spike = _finding("spike", "instability", 99)
+    _follow(orchestrator, [99], [spike])  # the trouble back: a failure shows in any number of steps
+    early = _decision(orchestrator, 99, "rl_signal", "set_dynamic_sampling", family="rl_signal")
+    _follow(orchestrator, [100])
+    orchestrator.on_train_end(FakeTrainer(tmp_path), {})
+    results = {d["id"]: d["outcome"] for d in read_decisions(tmp_path)}
+    assert results[early.id]["result"] == "too early" and results[early.id]["steps"] == 1
+    assert results[early.id]["loss_after"] == pytest.approx(4.9)  # what was measured is kept
+    assert results[settled.id]["result"] == "recovered"
+    assert results[back.id]["result"] == "not recovered"
+    assert healed(read_decisions(tmp_path)) == 1  # the skip: not the decision judged on 1 step
+    assert orchestrator.journal.track_record("rl_signal", "set_dynamic_sampling") == (0, 0)
+    shown = _outcome({"outcome": results[early.id]}, 20)
+    assert shown == "too early (on 1 of the 20 steps it is judged on: the run ended first)"
+
+
+def test_a_note_is_noted_not_recovered(tmp_path):
+    """A throughput slowdown logged (action none, make_up "log only") was judged on the loss after
+    it: "recovered", a healing that never was."""
+    orchestrator, run = Orchestrator(OrchestratorConfig(), tmp_path), FakeTrainer(tmp_path)
+    slow = _finding("throughput", "throughput", 15)
+    note = orchestrator._decide(run, slow, Remedy(action="none", reasoning="log only"))
+    _follow(orchestrator, range(16, 40))
+    assert note.outcome == {"result": "noted", "steps": 0}
+    assert orchestrator.journal.pending() == []
+
+
+def _record(**metrics):
+    line = {"step": 50, "tokens": 5000, **metrics}
+    return SimpleNamespace(name="r", train=[line], lines=[line])
+
+
+def test_the_lr_chart_draws_the_schedule_as_logged():
+    """lr_spike@45:10 then the orchestrator's x0.1 cut: lr 1.4e-3 at lr_scale 0.1, the schedule 1.4e-3.
+    The chart drew lr / lr_scale, a schedule 10x the real one."""
+    fig = learning_rate([_record(lr=1.4e-3, lr_scale=0.1, lr_scheduled=1.4e-3)])
+    scheduled = next(t for t in fig.data if t.name == "r scheduled")
+    assert list(scheduled.y) == [pytest.approx(1.4e-3)]
+    older = learning_rate([_record(lr=1.4e-3, lr_scale=0.5)])  # logged before lr_scheduled was
+    assert list(next(t for t in older.data if t.name == "r scheduled").y) == [pytest.approx(2.8e-3)]
+
+
+def test_the_log_line_has_the_schedules_own_lr():
+    out = SimpleNamespace(scheduled_lr=1.4e-3, aux_loss=None, moe=None, mod=None)
+    trainer = SimpleNamespace(
+        window=SimpleNamespace(read=lambda: ([5.0], [1.0], 0), tokens=1024, seconds=1.0),
+        state=SimpleNamespace(step=50, phase=0, lr_scale=0.1, tokens=51200),
+        phases=[SimpleNamespace(name="pretrain")],
+        loader=SimpleNamespace(micro_batch_tokens=1024, epoch=0, metrics=dict),
+        cfg=SimpleNamespace(rl=SimpleNamespace(enabled=False)),
+        scaler=None,
+        peak_flops=0,
+        last_step_out=out,
+        device=SimpleNamespace(type="cpu"),
+    )
+    line = step_metrics(trainer, 1.4e-3)
+    assert line["lr_scheduled"] == 1.4e-3 and line["lr"] / line["lr_scale"] == pytest.approx(1.4e-2)
+
+
+def _journaled(step, rule, action, result, steps=20, family="instability"):
+    outcome = {"result": result, "steps": steps}
+    return {"id": step, "step": step, "rule": rule, "family": family, "action": action, "outcome": outcome}
+
+
+def test_distinct_faults_are_distinct_incidents():
+    """nan_loss@20, bad_rows@30 and nan_loss@57 on one run: one instability incident within 50 steps,
+    "faults healed 1". The skip at 20 recovered: bad data after it, or a NaN once its step settled
+    (by 25: a later finding is another fault, outcomes.py), is another fault."""
+    journal = [
+        _journaled(20, "nonfinite", "skip_step", "recovered"),
+        _journaled(30, "spike", "skip_data", "recovered"),
+        _journaled(31, "data", "skip_data", "recovered", family="data"),
+        _journaled(57, "nonfinite", "scale_lr", "too early", steps=8),
+    ]
+    assert [[d["step"] for d in i] for i in incidents(journal)] == [[20], [30], [57]]
+    assert healed(journal) == 2
+
+
+def test_one_fault_stays_one_incident():
+    """A skip the trouble came back after, a rollback's replay, and a bad stretch's rows left out in
+    turn (each measured on its own rows) answer one fault."""
+    skips = [
+        _journaled(10, "spike", "skip_step", "not recovered"),
+        _journaled(12, "spike", "skip_step", "not recovered"),
+        _journaled(14, "spike", "rollback", "recovered"),
+        _journaled(9, "spike", "skip_step", "recovered"),  # the replay decided it again
+    ]
+    stretch = [_journaled(s, "spike", "skip_data", "recovered") for s in (100, 103, 106)]
+    assert [len(i) for i in incidents(skips + stretch)] == [4, 3] and healed(skips + stretch) == 2
