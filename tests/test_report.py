@@ -16,7 +16,7 @@ from plotly.offline import get_plotlyjs
 import trimtab.report
 from trimtab.cli import main
 from trimtab.errors import TrimtabError
-from trimtab.report import NotARunError, figures, write_report
+from trimtab.report import NotARunError, figures, markers, write_report
 from trimtab.report.run import read_run
 from trimtab.report.runs import RunsError, format_table, list_runs
 from trimtab.rundir import run_lock
@@ -376,7 +376,7 @@ def test_abandoned_decisions_are_drawn_apart_and_counted_apart(tmp_path):
     run = read_run(run_dir)
     traces = {t.name: t for t in figures.loss([run]).data}
     assert len(traces["decision: set_total_steps"].x) == 1 and len(traces["decision: scale_lr"].x) == 1
-    gone = traces[figures.ABANDONED_DECISIONS]
+    gone = traces[markers.ABANDONED_DECISIONS]
     assert list(gone.x) == [200] and gone.opacity < 1 and "not in effect" in gone.hovertext[0]
     assert summary_row(run)[7] == "2 (0), 1 abandoned"
     assert list_runs(tmp_path)[0]["decisions"] == 2

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trimtab.report import figures, write_report
+from trimtab.report import figures, markers, write_report
 from trimtab.report.page import SUMMARY, summary_row
 from trimtab.report.run import read_run
 from trimtab.report.runs import list_runs
@@ -52,7 +52,7 @@ def test_decision_markers_sit_on_the_loss_curve_between_logged_steps(tmp_path):
         fh.write(json.dumps({"step": 20, "loss": float("nan"), "tokens": 2000}) + "\n")
     marks = {t.name: t for t in figures.loss([read_run(run_dir)]).data}["decision: skip_data"]
     assert list(marks.y) == pytest.approx([6.0 - 0.7, 6.0 - 0.9])  # on the line from step 5 to step 10
-    on_curve = figures._value_at(read_run(run_dir), "loss")
+    on_curve = markers._value_at(read_run(run_dir), "loss")
     assert on_curve(18) == pytest.approx(6.0 - 1.5) and on_curve(10) == pytest.approx(5.0)
 
 
