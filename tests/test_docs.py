@@ -3,14 +3,19 @@ action and `file.py:symbol` they name exists, and a journal line they quote uses
 Source checks only (no training), so a renamed key or flag fails here rather than in a reader's shell."""
 
 import argparse
+import contextlib
 import dataclasses
+import io
 import re
+import shlex
 from pathlib import Path
 
 import pytest
 
 from trimtab.cli import build_parser
 from trimtab.config import RunConfig
+from trimtab.errors import TrimtabError
+from trimtab.orchestrator.fault_specs import parse_faults
 from trimtab.training.actions import ACTIONS, COMMANDS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -142,4 +147,42 @@ def test_a_quoted_journal_line_uses_the_journals_words():
         for words in arrow.findall(line)
         if any(words.startswith(g) for g in generic)
     ]
+    assert bad == []
+
+
+def _example_command_lines():
+    """Each example command line of the README and the docs (an indented `trimtab ...`, `torchrun ...
+    -m trimtab ...` or `$ trimtab ...` line, continuations joined), from `trimtab`'s subcommand on;
+    synopses with `[optional]` parts or `...` left out."""
+    for path in [REPO / "README.md", *DOCS]:
+        lines, pending = path.read_text().splitlines(), ""
+        for number, line in enumerate(lines, 1):
+            if not pending and not line.startswith("    "):
+                continue
+            pending += line.strip().removesuffix("\\") + " "
+            if line.endswith("\\"):
+                continue
+            text, pending = pending.split(" | ")[0], ""
+            match = re.match(r"(?:\$ )?(?:torchrun .*?-m )?trimtab ([a-z].*)", text)
+            if match and "[" not in match.group(1) and "..." not in match.group(1):
+                yield f"{path.name}:{number}", shlex.split(match.group(1), comments=True)
+
+
+def test_every_example_command_parses_with_valid_keys_and_faults():
+    """Flag names alone pass `--set train.max_step=40`, `--inject nan@30` or a flag given a value it
+    takes none of: each example is parsed as the CLI parses it (as a reader's shell splits it), its
+    `--set` keys looked up in the config and its `--inject` faults read."""
+    parser, bad = build_parser(), []
+    for where, argv in _example_command_lines():
+        try:
+            with contextlib.redirect_stderr(io.StringIO()) as err:
+                args = parser.parse_args(argv)
+            parse_faults(getattr(args, "inject", None) or [])
+        except SystemExit:
+            bad.append(f"{where}: {' '.join(argv)}: {err.getvalue().strip().splitlines()[-1:]}")
+            continue
+        except TrimtabError as exc:
+            bad.append(f"{where}: {' '.join(argv)}: {exc}")
+        keys = [s.partition("=")[0] for s in getattr(args, "set", None) or []]
+        bad += [f"{where}: --set {key}: no such config key" for key in keys if not _is_config_key(key)]
     assert bad == []

@@ -24,6 +24,7 @@ from trimtab.errors import RunFinished, TrimtabError
 from trimtab.model.catalog import model_size
 from trimtab.rundir import healed, read_decisions
 from trimtab.training.hooks import Hook
+from trimtab.training.services.signals import handle_signals
 from trimtab.tune.space import Space
 
 if TYPE_CHECKING:
@@ -116,14 +117,18 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: Space, study_dir:
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("config", cfg.to_dict())
         hook = PruningHook(trial, space) if space.pruner != "none" else None
-        with Heartbeat(study, trial):
+        # the run reuses this handler (signals.py), so a signal it took after its last step (the final
+        # evaluation, the report) still stops the study: the run ends completed, and would swallow it
+        with Heartbeat(study, trial), handle_signals() as signals:
             summary = _train(cfg, hook)
     except TrimtabError as exc:  # a bad point of the space (a config the model cannot take): this trial only
         log.warning("trial %d failed: %s", trial.number, exc)
         trial.set_user_attr("error", str(exc))
         study.tell(trial, state=TrialState.FAIL)
         return TrialResult(TrialState.FAIL, None)
-    return _tell(study, trial, space, cfg, summary, hook)
+    result = _tell(study, trial, space, cfg, summary, hook)
+    result.interrupted = result.interrupted or signals.received is not None
+    return result
 
 
 def _suggest(trial: optuna.Trial, name: str, dist: optuna.distributions.BaseDistribution) -> Any:

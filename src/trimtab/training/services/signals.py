@@ -69,9 +69,11 @@ class SignalHandler:
     def __init__(self, trainer: Trainer | None = None, run_dir: Path | None = None) -> None:
         self.trainer, self.run_dir = trainer, run_dir
         self.fired = False
+        self.received: str | None = None  # the first signal's name: a caller learns of one the trainer took
 
     def __call__(self, signum: int, _frame: Any) -> None:
         name = signal.Signals(signum).name
+        self.received = self.received or name
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts (the CLI says so)
         if self.trainer is not None:
             if not self.trainer.stop_reason:  # the first: a stop can take a step and a save, say it is coming

@@ -1,0 +1,48 @@
+"""`trimtab tune` stopped by a signal: the study stops, whenever in a trial the signal lands."""
+
+import signal
+from types import SimpleNamespace
+
+import optuna
+import yaml
+from optuna.trial import TrialState
+
+from trimtab.training.services.signals import handle_signals
+from trimtab.tune import load_space, objective
+
+
+class _FinishedTrainer:
+    """A trainer past its last step (in its final evaluation, save or report): a stop request
+    comes too late to change how the run ends."""
+
+    stop_reason = ""
+    dist = SimpleNamespace(on_signal=lambda name: name)
+
+    def request_stop(self, reason: str) -> None:
+        self.stop_reason = reason
+
+
+def _train_signalled_after_its_last_step(cfg, hooks):
+    """api.train_or_raise as far as signals go: its handler, attached to the trainer, takes the signal."""
+    with handle_signals(trainer=_FinishedTrainer(), run_dir=cfg.run_dir):
+        signal.raise_signal(signal.SIGTERM)
+    return {"status": "completed", "exit_code": 0, "val_loss": 4.0, "tokens": 0}
+
+
+def test_a_signal_in_a_trials_last_moments_still_stops_the_study(tmp_path, monkeypatch):
+    """SIGTERM while a trial was in its final evaluation or report: the run ended completed (right:
+    its steps were done), and the worker, none the wiser, claimed the next trial; `tune` ran on.
+    The trial counts, and is marked interrupted: its worker stops (study.py:work returns -1, exit 1)."""
+    doc = {
+        "study": {"name": "s", "seed": 0},
+        "base": {"preset": "debug"},
+        "budget": {"max_steps": 20, "eval_every": 5},
+        "space": {"optim.lr": {"log_uniform": [1.0e-3, 1.0e-2]}},
+    }
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage())  # as open_study's, without a database
+    monkeypatch.setattr(objective, "train_or_raise", _train_signalled_after_its_last_step)
+    before = signal.getsignal(signal.SIGTERM)
+    result = objective.run_trial(study, study.ask(), load_space(tmp_path / "s.yaml"), tmp_path)
+    assert result.interrupted and result.state == TrialState.COMPLETE and result.values == [4.0]
+    assert signal.getsignal(signal.SIGTERM) is before
