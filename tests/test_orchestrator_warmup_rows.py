@@ -67,6 +67,20 @@ def test_jumped_steps_that_delivered_less_are_blamed_at_the_end_of_the_first_ste
     assert _observe(mon, HYBRID) == []
 
 
+def test_jumps_of_a_model_trained_before_are_not_blamed_on_its_rows():
+    """A finetune from trained weights (train.init_from: debug finetuned from a 60-step run) starts
+    below the data's unigram entropy, and its loss jumps with each batch's difficulty: its first
+    steps' jumps left 128 clean rows out with a rollback to step 0. Rows are blamed on jumps only
+    for a young model (its start above the unigram entropy), which HYBRID's is."""
+    young = AboveStart(OrchestratorConfig())
+    young.unigram = 5.26  # debug's training targets' unigram entropy (the orchestrator sets it per phase)
+    (f,) = _observe(young, HYBRID)
+    assert f.evidence["jumped_steps"] == [5, 6, 7, 8]
+    trained = AboveStart(OrchestratorConfig())
+    trained.unigram = 5.26
+    assert _observe(trained, [(loss - 2.0, gain) for loss, gain in HYBRID]) == []
+
+
 def test_jumps_are_not_blamed_on_the_rows_while_the_lr_is_cut_or_found_too_high():
     """A replay at an LR cut for being far too high jumps too (debug at 100x, cut to 10x: steps 11-12;
     a finetuning phase at 30x cut twice): the LR's, not the rows'."""
