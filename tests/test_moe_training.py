@@ -57,6 +57,8 @@ class Surgeon(Instrument):
             state = optimizer.state[moe.w1]
             assert state["exp_avg"].shape == moe.w1.shape  # moments follow the new shape
             assert state["exp_avg"][8].abs().sum() > 0  # the added expert starts from its source's moments
+            # the run's sizes follow (summary.json gave the starting size after surgery)
+            assert self.handle._trainer.sizes["params"] == sum(p.numel() for p in model.parameters())
         if out.step == self.stop_at:
             trainer.control.request("stop", reason="test")
 

@@ -35,6 +35,7 @@ from trimtab.training import surgery
 from trimtab.training.actions import ACTIONS, MOE_KNOBS, PUT_BACK, RL_ONLY, action
 from trimtab.training.optim import build_optimizer
 from trimtab.training.schedule import apply_lengths
+from trimtab.training.setup import model_sizes
 from trimtab.training.state import Rewound
 
 if TYPE_CHECKING:
@@ -299,6 +300,8 @@ class Control:
 
         t.optimizer, line = surgery.expert_surgery(moe, t.optimizer, rebuild, op, expert)
         self.apply_knobs()
+        t.sizes = model_sizes(t.model, t.cfg.data.seq_len)  # one process: surgery is refused under torchrun
+        t.flops_per_token = t.sizes["flops_per_token"]
         return f"layer {layer}: {line}"
 
     def _add_expert(self, layer: int, source: int | None = None) -> str:

@@ -380,12 +380,7 @@ def setup(cfg: RunConfig) -> BuiltRun:
     cfg = complete(cfg, tok, phases)
     live = check_resume_compatible(cfg) if resume else {}  # after complete: derived values compare too
     model, precision, hf_source = _make_model(cfg, dist, precision, resume, check_fit=live is None)
-    sizes = {
-        "params": model.num_params(),
-        "non_embedding_params": model.num_params(exclude_embeddings=True),
-        "active_params": model.num_params(active=True),
-        "flops_per_token": model.flops_per_token(cfg.data.seq_len),
-    }  # before wrap: a pipeline stage holds only its own layers
+    sizes = model_sizes(model, cfg.data.seq_len)  # before wrap: a pipeline stage holds only its own layers
     peak = peak_flops(precision)
     steps = max(0, sum(p.steps for p in phases) - (resume[1]["train"].get("step", 0) if resume else 0))
     compiling = choose_compile(
@@ -462,3 +457,14 @@ def _make_model(
             raise ConfigError("train.precision=fp8 with distributed.tp > 1 is not supported yet; use bf16 or tp 1")
         to_float8(model, cfg.train.fp8_recipe)
     return model, precision, hf_source
+
+
+def model_sizes(model: Any, seq_len: int) -> dict[str, int]:
+    """The model's parameter counts and training FLOPs per token: counted at setup, and again after
+    expert surgery (training/control.py), which changes them (summary.json gave the starting size)."""
+    return {
+        "params": model.num_params(),
+        "non_embedding_params": model.num_params(exclude_embeddings=True),
+        "active_params": model.num_params(active=True),
+        "flops_per_token": model.flops_per_token(seq_len),
+    }
