@@ -104,3 +104,14 @@ def test_a_decisions_evidence_reads_with_its_quotes_in_the_hover(tmp_path):
     hover = figures.loss([read_run(_run(tmp_path / "r", decisions=[oom]))]).data[-1].hovertext[0]
     assert '"kind": "oom"' in hover and "&quot;" not in hover
     assert "&lt;fit&gt;" in hover and "<fit>" not in hover
+
+
+def test_runs_linked_into_a_folder_are_listed_once_and_a_link_loop_ends(tmp_path):
+    """`trimtab runs DIR` found nothing under a folder whose runs are symlinks (os.walk does not
+    follow them); followed, a link back up the tree must not loop."""
+    real = _run(tmp_path / "store" / "a")
+    linked = tmp_path / "mine"
+    linked.mkdir()
+    (linked / "a").symlink_to(real, target_is_directory=True)
+    (linked / "up").symlink_to(linked, target_is_directory=True)  # a loop
+    assert [r["run"] for r in list_runs(linked, "run")] == ["a"]

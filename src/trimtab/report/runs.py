@@ -54,9 +54,14 @@ TRACKING_STORES = {"mlruns", "mlartifacts", "wandb"}
 
 def find_runs(root: Path) -> list[Path]:
     """Run directories under root (root itself included), in path order, copies left out."""
-    found = []
-    for here, dirs, _ in os.walk(root):
+    found, seen = [], set()
+    # symlinks followed (runs linked into a folder of their own were not found), each directory once
+    for here, dirs, _ in os.walk(root, followlinks=True):
         path = Path(here)
+        if os.path.realpath(path) in seen:  # a link back up the tree, or a second link to it
+            dirs.clear()
+            continue
+        seen.add(os.path.realpath(path))
         if is_run_dir(path):
             found.append(path)
             dirs.clear()  # checkpoints/, tb/: nothing to find inside a run
