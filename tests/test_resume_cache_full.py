@@ -6,6 +6,7 @@ import errno
 import logging
 
 import numpy as np
+import pytest
 
 from trimtab.config import DataConfig
 from trimtab.data import packing, tokenizer
@@ -34,3 +35,22 @@ def test_a_full_cache_disk_neither_stops_the_run_nor_keeps_a_partial_copy(tmp_pa
     assert list(tmp_path.iterdir()) == []  # neither entry, nor a partial copy of either
     said = [r.getMessage() for r in caplog.records]
     assert sum("not cached" in line and "TRIMTAB_CACHE" in line for line in said) == 2, said
+
+
+def test_a_full_run_directory_while_its_tokenizer_is_written_is_said_with_the_file(tmp_path):
+    """The run directory filling as its tokenizer was written: tokenizers' bare Exception ("... (os
+    error 28)") reached the CLI as "the disk is full" naming no file. It is the OSError it names now,
+    with the file, and no temp file is left beside it."""
+    from types import SimpleNamespace
+
+    from trimtab.config import load_config
+    from trimtab.training.setup import prepare_run_dir
+
+    def full(path):
+        raise Exception("No space left on device (os error 28)")
+
+    cfg = load_config(preset="debug", overrides={"out": str(tmp_path / "run")})
+    with pytest.raises(OSError) as exc:
+        prepare_run_dir(cfg, SimpleNamespace(save=full))
+    assert exc.value.errno == errno.ENOSPC and exc.value.filename == str(tmp_path / "run" / "tokenizer.json")
+    assert not list((tmp_path / "run").glob("tokenizer.json*"))

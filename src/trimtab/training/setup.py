@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ import torch
 import yaml
 
 from trimtab import hf
-from trimtab.checkpoint import local_run
+from trimtab.checkpoint import local_run, os_error
 from trimtab.checkpoint_load import check_fits
 from trimtab.config import DataConfig, OptimConfig, RunConfig, derive, read_saved, resolve
 from trimtab.config.checks import leaves
@@ -316,8 +315,10 @@ def prepare_run_dir(cfg: RunConfig, tok: TextTokenizer, hf_source: dict | None =
         write_json(run_dir / SOURCE, hf_source)
     write_atomic(run_dir / CONFIG, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     if not (run_dir / "tokenizer.json").is_file():
-        tok.save(run_dir / "tokenizer.json.tmp")
-        shutil.move(run_dir / "tokenizer.json.tmp", run_dir / "tokenizer.json")
+        try:
+            tok.save(run_dir / "tokenizer.json")  # atomic (a temp file, then a rename)
+        except Exception as exc:  # tokenizers' bare Exception for a failed write: its errno, and where
+            raise os_error(exc, run_dir / "tokenizer.json") or exc from None
 
 
 @dataclass(kw_only=True)
