@@ -31,7 +31,7 @@ from trimtab.orchestrator.mod_health import MoDQuality
 from trimtab.orchestrator.moe_health import MoEHealth
 from trimtab.orchestrator.monitors import Finding, Rolling, StepMetrics
 from trimtab.orchestrator.outcomes import Outcomes
-from trimtab.orchestrator.outliers import OutlierRows
+from trimtab.orchestrator.outliers import OutlierRows, merged_into
 from trimtab.orchestrator.people import PersonCommands
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.replicas import Replicas
@@ -376,7 +376,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             if spikes := [f for f in findings if f.rule == "spike"]:
                 watched.evidence["spike"] = {"summary": spikes[0].summary, "loss": spikes[0].evidence.get("loss")}
                 findings = [f for f in findings if f.rule != "spike"]
-            findings.append(watched)
+            findings = merged_into(watched, findings) + [watched]  # the rows rule's rows too: one decision
         self.outcomes.follow(m, findings)
         if not findings and math.isfinite(m.loss):
             self.recent_losses.add(m.loss)

@@ -151,3 +151,17 @@ class OutlierRows(Monitor):
         self.recent = deque(state.get("recent", []), maxlen=self.cfg.window)
         self.suspects = dict(state.get("suspects", {}))
         self.due = dict(state.get("due", {}))  # a checkpoint from before confirm: its suspects wait for an epoch
+
+
+def merged_into(watched: Finding, findings: list[Finding]) -> list[Finding]:
+    """The findings of a step whose rows the data watch (attribution.py) scored too: the rows rule's
+    are merged into the watch's, so one decision leaves the step's bad rows out. Both named the same
+    rows at the same step (debug-hybrid, bad_rows@48:6 then bad_batch@140:3, 200 steps: 14 steps
+    journaled two skip_data decisions each for the same rows, 53 decisions where 39 said it all)."""
+    named = [f for f in findings if f.rule == "rows"]
+    if not named:
+        return findings
+    rows = sorted({r for f in named for r in f.evidence["rows"]})
+    watched.evidence["rows"] = list(watched.evidence["rows"]) + [r for r in rows if r not in watched.evidence["rows"]]
+    watched.evidence["rows_rule"] = {"rows": rows, "summary": named[0].summary}
+    return [f for f in findings if f.rule != "rows"]
