@@ -54,8 +54,10 @@ def test_a_decision_the_run_ended_right_after_is_too_early_and_heals_nothing(tmp
     _follow(orchestrator, [99], [spike])  # the trouble back: a failure shows in any number of steps
     early = _decision(orchestrator, 99, "rl_signal", "set_dynamic_sampling", family="rl_signal")
     _follow(orchestrator, [100])
+    last = _decision(orchestrator, 100, "nonfinite", "skip_step")  # at the last step: nothing followed
     orchestrator.on_train_end(FakeTrainer(tmp_path), {})
     results = {d["id"]: d["outcome"] for d in read_decisions(tmp_path)}
+    assert results[last.id] == {"result": "too early", "steps": 0}
     assert results[early.id]["result"] == "too early" and results[early.id]["steps"] == 1
     assert results[early.id]["loss_after"] == pytest.approx(4.9)  # what was measured is kept
     assert results[settled.id]["result"] == "recovered"

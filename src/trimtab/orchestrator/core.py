@@ -182,6 +182,8 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         for decision in self.journal.pending():  # judge what there is ("too early" when too little)
             if decision.observed:
                 self.outcomes.judge(decision, ended=True)
+            else:  # taken at the last step: nothing followed it (it read "pending" in a finished run)
+                decision.outcome = {"result": "too early", "steps": 0}
         self.journal.write()
         notes = sum(is_note({"action": d.action}) for d in self.journal.decisions)  # observations: no action taken
         summary["decisions"], summary["notes"] = len(self.journal.decisions) - notes, notes
