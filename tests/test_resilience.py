@@ -610,9 +610,13 @@ def node(port: int, host_store: bool, cfg: dict, record: str, log, ranks: int = 
     """One node's torchrun agent with `ranks` ranks in an elastic job of 1 to 2 nodes (c10d rendezvous
     on `port`, hosted by the first node's agent); its own store per attempt for the ranks
     (TORCH_DISABLE_SHARE_RDZV_TCP_STORE, docs/resilience.md)."""
-    # a lost node leaves the rendezvous when it misses keep_alive_max_attempt beats (default 3 x 5 s)
+    # a lost node leaves the rendezvous when it misses keep_alive_max_attempt beats (default 3 x 5 s);
+    # last call: how long a rendezvous of 1 node waits for the second. At 2 s the second agent, started
+    # 1 s after the first and importing torch on a host busy with the suite's other worker, missed the
+    # first one (the job began on 1 node: sessions 1, 2, 2, and the straggler never measured); a full
+    # rendezvous (2 nodes) closes at once, so only the one after the loss waits the longer call
     rdzv = (
-        f"is_host={int(host_store)},last_call_timeout=2,join_timeout=120,keep_alive_interval=2,keep_alive_max_attempt=3"
+        f"is_host={int(host_store)},last_call_timeout=6,join_timeout=120,keep_alive_interval=2,keep_alive_max_attempt=3"
     )
     command = [
         *(*TORCHRUN, "--nnodes=1:2", f"--nproc_per_node={ranks}"),
