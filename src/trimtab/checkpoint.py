@@ -375,6 +375,16 @@ def find_checkpoint(run_dir: Path, to: str | int = "last_good") -> tuple[Path, d
     return None
 
 
+def saved_healthy(path: Path) -> bool:
+    """Whether checkpoint `path` was saved while the run was healthy (state.json "good" not false:
+    no escalation under way, no instability just before); False for one whose state.json cannot
+    be read. Older checkpoints without the flag count as healthy."""
+    try:
+        return json.loads((Path(path) / STATE).read_text()).get("good", True) is not False
+    except (OSError, ValueError):
+        return False
+
+
 def retire_after(run_dir: Path, step: int, keep: int) -> list[Path]:
     """After a rollback to `step`, newer checkpoints belong to an abandoned trajectory: move them to
     checkpoints/rolled_back/ (kept for inspection, newest `keep`) so resume never picks them."""

@@ -167,6 +167,12 @@ def read_metrics(run_dir: str | Path, abandoned: bool = False) -> list[dict[str,
     return [r for r in read_jsonl(Path(run_dir) / METRICS_FILE, abandoned) if has_step(r)]
 
 
+def is_eval(record: dict[str, Any]) -> bool:
+    """Whether a metrics line is an evaluation's: a training line always has the LR it applied
+    (training/metrics.py step_metrics), an evaluation's never."""
+    return "lr" not in record
+
+
 def has_step(record: dict[str, Any]) -> bool:
     """Whether a metrics line has the whole-number step every line trimtab writes has."""
     step = record.get("step")

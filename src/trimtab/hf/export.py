@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from trimtab.checkpoint import is_sharded, list_checkpoints, local_run, verify
+from trimtab.checkpoint import is_sharded, list_checkpoints, local_run, saved_healthy, verify
 from trimtab.checkpoint_load import read_sharded_weights
 from trimtab.config import ModelConfig, RunConfig, read_saved
 from trimtab.data import TextTokenizer
@@ -202,9 +202,9 @@ def _say_if_unhealthy(run_dir: Path, path: Path) -> None:
     """Warn when the newest checkpoint, exported by default, was saved while the run was not healthy
     (state.json "good": false: an escalation under way, or an instability in the steps just before;
     a rollback would not return to it), naming the newest one that was: the person chooses."""
-    if json.loads((path / "state.json").read_text()).get("good", True) is not False:
+    if saved_healthy(path):
         return
-    healthy = [p for p in list_checkpoints(run_dir) if p < path and _good(p)]
+    healthy = [p for p in list_checkpoints(run_dir) if p < path and saved_healthy(p)]
     step = int(path.name.removeprefix("step_"))
     other = (
         f"the newest healthy checkpoint is step {int(healthy[-1].name.removeprefix('step_'))}: export it with --step"
@@ -218,13 +218,6 @@ def _say_if_unhealthy(run_dir: Path, path: Path) -> None:
         step,
         other,
     )
-
-
-def _good(path: Path) -> bool:
-    try:
-        return json.loads((path / "state.json").read_text()).get("good", True) is not False
-    except (OSError, ValueError):  # a damaged one is no alternative to name
-        return False
 
 
 def _snapshot(run_dir: Path, step: int) -> Path:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from trimtab.api import load_run
-from trimtab.checkpoint import list_checkpoints, save_checkpoint, verify
+from trimtab.checkpoint import list_checkpoints, save_checkpoint, saved_healthy, verify
 from trimtab.checkpoint_load import load_checkpoint
 from trimtab.config import RunConfig, derive, dump_config
 from trimtab.data import TextTokenizer
@@ -156,7 +156,7 @@ def _unfit_to_average(path: Path, found: list[Path]) -> str:
     """Why checkpoint `path` is not averaged ("" when it is)."""
     if _step(path) == 0 and len(found) > 1:
         return "the weights before the first step"
-    if json.loads((path / "state.json").read_text()).get("good", True) is False:
+    if not saved_healthy(path):
         return 'saved while the run was not healthy: state.json "good": false'
     return ""
 

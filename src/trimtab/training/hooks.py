@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trimtab.errors import TrimtabError
-from trimtab.rundir import ABANDONED, METRICS_FILE, append_lines, has_step, read_metrics, rewrite_jsonl
+from trimtab.rundir import ABANDONED, METRICS_FILE, append_lines, has_step, is_eval, read_metrics, rewrite_jsonl
 
 if TYPE_CHECKING:
     from trimtab.data import StepBatch
@@ -248,11 +248,11 @@ class TensorBoardLogger(Hook):
     def _backfill(self, run_dir: Path, step: int) -> None:
         """A run resumed with no TensorBoard files (restored from checkpoint.dir on a fresh machine,
         whose store holds metrics.jsonl, not tb/; or TensorBoard turned on at this resume): its
-        curves up to `step` written from metrics.jsonl's kept lines (a training line has the LR, an
-        evaluation's not), so TensorBoard shows the whole run, not the sessions since."""
+        curves up to `step` written from metrics.jsonl's kept lines, so TensorBoard shows the whole
+        run, not the sessions since."""
         for line in read_metrics(run_dir):
             if line["step"] <= step:
-                self._scalars("train" if "lr" in line else "eval", line)
+                self._scalars("eval" if is_eval(line) else "train", line)
 
     def on_rollback(self, run: RunView, saved_state: dict[str, Any]) -> None:
         self._close()

@@ -21,7 +21,7 @@ from trimtab.checkpoint import latest_valid, set_aside_corrupt
 from trimtab.config import RunConfig, read_saved
 from trimtab.distributed import Parallel
 from trimtab.errors import CheckpointError, ConfigError, RunFinished, RunPastLength
-from trimtab.rundir import SUMMARY, read_json, read_metrics
+from trimtab.rundir import SUMMARY, is_eval, read_json, read_metrics
 from trimtab.storage import Remote
 from trimtab.training.schedule import KEYS, configured_lengths
 from trimtab.training.services.storage import newer_in_store, reference_steps, restore_from
@@ -225,12 +225,8 @@ def logged_eval(run_dir: Path, step: int) -> dict[str, Any]:
     """The evaluation metrics.jsonl holds of `step` (the last one there, without `abandoned`), as
     Trainer.evaluate's last_eval: what the summary of a session resumed at the run's end reports,
     the same figures the session that evaluated them would have. {} when there is none."""
-    logged = [m for m in read_metrics(run_dir) if m.get("step") == step and _is_eval(m)]
+    logged = [m for m in read_metrics(run_dir) if m.get("step") == step and is_eval(m)]
     return dict(logged[-1]) if logged else {}
-
-
-def _is_eval(line: dict[str, Any]) -> bool:
-    return "val_loss" in line or any(k.startswith(("rl/held_out", "dpo/held_out")) for k in line)
 
 
 def saved_summary(run_dir: Path, found: Found, total: int, status: str = "completed") -> tuple[dict[str, Any], bool]:
