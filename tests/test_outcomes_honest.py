@@ -6,32 +6,15 @@ from types import SimpleNamespace
 import pytest
 
 from helpers import FakeTrainer
+from test_orchestrator_incidents import pending
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.core import Orchestrator
-from trimtab.orchestrator.journal import Decision
 from trimtab.orchestrator.monitors import Finding, StepMetrics
 from trimtab.orchestrator.remedies import Remedy
 from trimtab.report.figures import learning_rate
 from trimtab.report.page import _outcome
 from trimtab.rundir import healed, incidents, read_decisions
 from trimtab.training.metrics import step_metrics
-
-
-def _decision(orchestrator, step, rule, action, family="instability"):
-    d = Decision(
-        id=orchestrator.journal.next_id(),
-        step=step,
-        rule=rule,
-        evidence={},
-        reasoning="",
-        action=action,
-        params={},
-        confidence=0.75,
-        mode="auto",
-        family=family,
-        loss_before=5.0,
-    )
-    return orchestrator.journal.add(d)
 
 
 def _finding(rule, family, step):
@@ -47,14 +30,14 @@ def test_a_decision_the_run_ended_right_after_is_too_early_and_heals_nothing(tmp
     """An RL run's rl_signal decision 1 step before the end was "recovered" with every group still
     flat, and rundir.healed counted it as a fault healed."""
     orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)  # outcome_after 20
-    settled = _decision(orchestrator, 92, "nonfinite", "skip_step")  # 5 healthy steps answered it
+    settled = pending(orchestrator.journal, 92, "nonfinite", "skip_step")  # 5 healthy steps answered it
     _follow(orchestrator, range(93, 99))
-    back = _decision(orchestrator, 98, "spike", "scale_lr")
+    back = pending(orchestrator.journal, 98, "spike", "scale_lr")
     spike = _finding("spike", "instability", 99)
     _follow(orchestrator, [99], [spike])  # the trouble back: a failure shows in any number of steps
-    early = _decision(orchestrator, 99, "rl_signal", "set_dynamic_sampling", family="rl_signal")
+    early = pending(orchestrator.journal, 99, "rl_signal", "set_dynamic_sampling", family="rl_signal")
     _follow(orchestrator, [100])
-    last = _decision(orchestrator, 100, "nonfinite", "skip_step")  # at the last step: nothing followed
+    last = pending(orchestrator.journal, 100, "nonfinite", "skip_step")  # at the last step: nothing followed
     orchestrator.on_train_end(FakeTrainer(tmp_path), {})
     results = {d["id"]: d["outcome"] for d in read_decisions(tmp_path)}
     assert results[last.id] == {"result": "too early", "steps": 0}
