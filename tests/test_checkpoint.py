@@ -9,6 +9,7 @@ from torch import nn
 from trimtab.checkpoint import (
     checkpoint_root,
     commit_checkpoint,
+    find_checkpoint,
     latest_valid,
     list_checkpoints,
     put_back_replaced,
@@ -64,6 +65,31 @@ def test_truncated_newest_falls_back_with_warning(tmp_path, caplog):
         path, state = latest_valid(tmp_path)
     assert path.name == "step_000010" and state["step"] == 10
     assert "step_000020" in caplog.text and "truncated or corrupt" in caplog.text
+
+
+def truncate(path):
+    data = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(data[: len(data) // 2])
+
+
+def test_a_corrupt_checkpoint_is_said_once_with_the_step_it_falls_back_to(tmp_path, caplog):
+    """A rule's has_checkpoint, then the rollback's find_checkpoint, then a resume's latest_valid
+    read the same directory (under FSDP rank 0 did all three): one warning, naming the corrupt
+    checkpoint and the one used instead; the step saved again and found corrupt again is new."""
+    save(tmp_path, 10)
+    truncate(save(tmp_path, 20))
+    with caplog.at_level(logging.WARNING, logger="trimtab.checkpoint"):
+        assert find_checkpoint(tmp_path, 20)[0].name == "step_000010"
+        assert find_checkpoint(tmp_path, 25)[0].name == "step_000010"
+        assert latest_valid(tmp_path)[0].name == "step_000010"
+    said = [r.getMessage() for r in caplog.records if "skipping corrupt" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "step_000020" in said[0] and "falling back to" in said[0] and "(step 10)" in said[0]
+    caplog.clear()
+    truncate(save(tmp_path, 20))
+    with caplog.at_level(logging.WARNING, logger="trimtab.checkpoint"):
+        latest_valid(tmp_path)
+    assert sum("skipping corrupt" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_bitflip_and_missing_state_are_detected(tmp_path):

@@ -54,6 +54,7 @@ STATE = "state.json"  # sealed by its own manifest entry (_sealed); written last
 CORRUPT = "corrupt"  # checkpoints/corrupt/: corrupt checkpoints set aside at resume
 REPLACED = "_replaced_"  # .tmp_step_N_replaced_<pid>: step_N renamed aside while it is saved again
 _REPLACING: set[Path] = set()  # this process's aside copies whose replacement is under way
+_SAID_CORRUPT: set[tuple[str, int, str]] = set()  # corrupt checkpoints warned of (_say_skipped)
 _OS_ERROR = re.compile(r"os error (\d+)")
 NEARLY_FULL = 16 << 20  # bytes free below which a writer's errno-less failure is taken as ENOSPC
 # What state.json's "format" says this code writes: raise it when a change to what a checkpoint holds
@@ -330,13 +331,18 @@ def latest_valid(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     instead is the caller's to say: an older one, or none). A step whose only copy a killed save
     left aside is put back first (put_back_replaced)."""
     put_back_replaced(checkpoint_root(run_dir))
+    skipped: list[tuple[Path, CheckpointError]] = []
     for path in reversed(list_checkpoints(run_dir)):
         try:
-            return path, verify(path)
+            found = path, verify(path)
         except NewerCheckpointError:
             raise
         except CheckpointError as exc:
-            log.warning("skipping corrupt checkpoint: %s", exc)
+            skipped.append((path, exc))
+            continue
+        _say_skipped(skipped, found[0])
+        return found
+    _say_skipped(skipped, None)
     return None
 
 
@@ -360,6 +366,7 @@ def set_aside_corrupt(run_dir: Path, after: int) -> list[Path]:
 def find_checkpoint(run_dir: Path, to: str | int = "last_good") -> tuple[Path, dict[str, Any]] | None:
     """A rollback target: the newest valid checkpoint marked good (`"last_good"`), or the newest
     valid one at or before step `to`."""
+    skipped: list[tuple[Path, CheckpointError]] = []
     for path in reversed(list_checkpoints(run_dir)):
         if to != "last_good" and _step_of(path) > int(to):
             continue
@@ -368,11 +375,29 @@ def find_checkpoint(run_dir: Path, to: str | int = "last_good") -> tuple[Path, d
         except NewerCheckpointError:
             raise
         except CheckpointError as exc:
-            log.warning("skipping corrupt checkpoint: %s", exc)
+            skipped.append((path, exc))
             continue
         if to != "last_good" or state.get("good"):
+            _say_skipped(skipped, path)
             return path, state
+    _say_skipped(skipped, None)
     return None
+
+
+def _say_skipped(skipped: list[tuple[Path, CheckpointError]], used: Path | None) -> None:
+    """Warn of each corrupt checkpoint passed over, with the one used instead, once a process: the
+    same search runs on several readers (a rule's has_good_checkpoint, then the rollback's own
+    find_checkpoint; resume's latest_valid), each of which said it again. A directory saved again
+    at that step (a new inode) is new evidence and is said again."""
+    instead = f"falling back to {used} (step {_step_of(used)})" if used else "no valid checkpoint before it"
+    for path, exc in skipped:
+        try:
+            seen = (str(path), path.stat().st_ino, str(exc))
+        except OSError:  # moved aside meanwhile: say it
+            seen = (str(path), -1, str(exc))
+        if seen not in _SAID_CORRUPT:
+            _SAID_CORRUPT.add(seen)
+            log.warning("skipping corrupt checkpoint %s (%s); %s", path, exc, instead)
 
 
 def saved_healthy(path: Path) -> bool:
