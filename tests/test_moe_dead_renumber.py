@@ -43,3 +43,27 @@ def test_a_shrink_the_rule_did_not_propose_forgets_who_was_revived():
     monitor = MoEHealth(cfg)
     assert deaths(monitor, 0, 4, 8, {2}) == [(2, False)]
     assert deaths(monitor, 4, 4, 7, {2}) == [(2, False)]  # a person pruned some expert: unknown which
+
+
+def test_a_layer_with_as_many_experts_as_top_k_is_not_collapsed_and_its_dead_expert_is_not_left_pruning():
+    """n_experts == top_k: every token goes to every expert, each taking 1 / top_k, the most one
+    can; that was a collapse at every window (debug-moe with n_experts=top_k=2 journaled a balance
+    raise, then router resets, all "not recovered"). An expert dead again after its re-init cannot
+    be pruned there (remedies.moe re-inits it): no prune is left waiting, and the finding says so."""
+    cfg = OrchestratorConfig()
+    cfg.moe.window, cfg.moe.dead_patience, cfg.moe.prune_dead = 4, 4, True
+    monitor = MoEHealth(cfg)
+
+    def feed(start, shares):
+        return [
+            monitor.observe(StepMetrics(step=s, loss=4.0, grad_norm=1.0, progress=0.5, moe=[(1, shares, 0.0, 2)]))
+            for s in range(start, start + 4)
+        ]
+
+    assert feed(0, [0.5, 0.5]) == [None] * 4
+    found = [f for f in feed(4, [1.0, 0.0]) + feed(8, [1.0, 0.0]) if f is not None]
+    assert [(f.evidence["kind"], f.evidence["revived_before"], f.evidence["prunable"]) for f in found] == [
+        ("dead", False, False),
+        ("dead", True, False),
+    ]
+    assert monitor.pruning == {} and "not pruned" in found[1].summary

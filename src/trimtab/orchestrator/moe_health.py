@@ -82,7 +82,7 @@ class MoEHealth(Monitor):
         if kind == "dead":
             expert = f.evidence["expert"]
             self.starved[key][expert] = 0
-            if f.evidence["revived_before"] and self.cfg.prune_dead:  # remedies.moe prunes it
+            if f.evidence["revived_before"] and self.cfg.prune_dead and f.evidence["prunable"]:  # remedies.moe prunes
                 self.pruning[key] = expert
             elif expert not in self.revived.get(key, []):
                 self.revived.setdefault(key, []).append(expert)
@@ -106,7 +106,9 @@ class MoEHealth(Monitor):
             "dropped": drop,
             "shares": [round(s, 4) for s in mean],
         }
-        if mean[busiest] >= cfg.collapse / top_k:
+        # n_experts == top_k: every token goes to every expert, so each takes 1 / top_k, "at most
+        # possible", by construction; no routing choice is there to collapse, nor an expert to prune
+        if n > top_k and mean[busiest] >= cfg.collapse / top_k:
             kind, summary, strength = (
                 "collapse",
                 f"layer {layer}: expert {busiest} takes {mean[busiest]:.0%} "
@@ -122,6 +124,9 @@ class MoEHealth(Monitor):
             )
             evidence["expert"] = dead[0]
             evidence["revived_before"] = dead[0] in self.revived.get(key, [])
+            evidence["prunable"] = n > top_k  # surgery keeps at least top_k experts (remedies.moe re-inits)
+            if evidence["revived_before"] and cfg.prune_dead and not evidence["prunable"]:
+                summary += f", again after its re-init; not pruned: the layer has only top_k={top_k} experts"
         elif cfg.add_experts and ratio > cfg.imbalance and drop > 0 and n < cfg.max_experts and not balancing:
             kind, strength = "saturated", 0.7
             summary = f"layer {layer}: expert {busiest} at {ratio:.1f}x its fair share with {drop:.0%} dropped"
