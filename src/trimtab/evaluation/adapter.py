@@ -8,6 +8,7 @@ from lm_eval.utils. Only the scoring and the generation are trimtab's (scoring.p
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from lm_eval import utils
@@ -66,7 +67,7 @@ class TrimtabLM(TemplateLM):
     def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
         """Sum of the log-likelihoods of every token of each text, in disjoint max_length windows."""
         out = []
-        for (string,) in tqdm([r.args for r in requests], disable=disable_tqdm):
+        for (string,) in tqdm([r.args for r in requests], disable=disable_tqdm or not _terminal()):
             windows = utils.get_rolling_token_windows(
                 token_list=self.tok_encode(string),
                 prefix_token=self.prefix_token_id,
@@ -83,7 +84,9 @@ class TrimtabLM(TemplateLM):
         """Greedy (or sampled, with do_sample) continuation, cut at the first stop string;
         the end-of-text token stops it too."""
         out = []
-        for context, kwargs in tqdm([r.args for r in requests], desc="generating", disable=disable_tqdm):
+        for context, kwargs in tqdm(
+            [r.args for r in requests], desc="generating", disable=disable_tqdm or not _terminal()
+        ):
             kwargs = dict(kwargs)
             until = kwargs.pop("until", None) or []
             until = [until] if isinstance(until, str) else list(until)
@@ -106,6 +109,15 @@ class TrimtabLM(TemplateLM):
             self.cache_hook.add_partial("generate_until", (context, {"until": until}), text)
             out.append(text)
         return out
+
+
+def _terminal() -> bool:
+    """Whether progress bars go to a terminal: in a log file (a job's, CI's) every redraw of a bar
+    is a line of its own, hundreds an evaluation, burying trimtab's output."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced by an object without it, or closed
+        return False
 
 
 def _nothing_to_score(key: tuple[str, str] | None) -> str:

@@ -8,7 +8,8 @@
 lm-evaluation-harness is optional (`pip install -c constraints.txt -e '.[eval]'`); the tasks
 shipped in trimtab/evaluation/tasks (trimtab_tiny, _gen, _ppl) run offline. Its INFO log lines
 are off while it runs (its warnings stay); LMEVAL_LOG_LEVEL, lm-eval's own setting, brings them
-back (e.g. LMEVAL_LOG_LEVEL=INFO).
+back (e.g. LMEVAL_LOG_LEVEL=INFO). Progress bars show on a terminal only, for the slow part (scoring
+rolling windows, generating): in a log file each redraw was a line of its own.
 """
 
 from __future__ import annotations
@@ -215,10 +216,14 @@ class _NotForTrimtab(logging.Filter):
 @contextmanager
 def _quiet_lm_eval() -> Iterator[None]:
     """lm-eval at WARNING while it runs (module docstring), unless LMEVAL_LOG_LEVEL says otherwise;
-    and not asking git for the commit of the current directory (not the model's: lm-eval records
+    without its progress bars (building each task's requests: a bar per task, hundreds of lines in
+    a log; its errors still raised; the adapter's own scoring bars show on a terminal only); and
+    not asking git for the commit of the current directory (not the model's: lm-eval records
     it in results trimtab does not keep, and outside a repository git prints an error), nor
     collecting its environment report for those results (torch's collect_env: pip, conda, lscpu
     and nvidia-smi run as subprocesses, ~2 s of each `trimtab eval` on 2 CPU cores)."""
+    import lm_eval.api.model
+    import lm_eval.api.task
     import lm_eval.evaluator
     import lm_eval.loggers.utils
 
@@ -233,6 +238,9 @@ def _quiet_lm_eval() -> Iterator[None]:
                 stack.enter_context(mock.patch.object(module, "get_git_commit_hash", lambda: None))
         if hasattr(lm_eval.evaluator, "add_env_info"):
             stack.enter_context(mock.patch.object(lm_eval.evaluator, "add_env_info", lambda storage: None))
+        for module in (lm_eval.api.task, lm_eval.api.model):  # its request-building bars: instant, one a task
+            if hasattr(module, "tqdm"):
+                stack.enter_context(mock.patch.object(module, "tqdm", functools.partial(module.tqdm, disable=True)))
         for lg in parents:
             lg.setLevel(level if isinstance(level, int) else logging.WARNING)  # an unknown name: the default
         for lg in {*parents, *named}:
