@@ -95,3 +95,38 @@ def test_chunks_are_1024_tokens_on_a_cpu_and_fill_a_gib_of_logits_on_cuda():
     assert CUDA_CHUNK_BYTES == 2**30
     # vocab 32,000 (dense-1b), 50,304 (moe-7b), 128,256 (Llama 3), 10M (never below one CPU chunk)
     assert [chunk_tokens(head("cuda", v)) for v in (32_000, 50_304, 128_256, 10**7)] == [8192, 5120, 2048, 1024]
+
+
+def test_model_loss_is_the_trainers_objective_on_a_moe_model(tmp_path):
+    """model_loss (the CPU precision probe's, the benches') weighs the MoE balance and z losses as
+    a training step does (with_aux): against the step's loss + aux and its gradients, the
+    router's included. It added them to the summed token loss: the aux at 1 / tokens its weight."""
+    import copy
+
+    from trimtab.config import load_config
+    from trimtab.training.loss import model_loss
+    from trimtab.training.setup import setup
+    from trimtab.training.trainer import Trainer
+
+    overrides = {
+        "out": str(tmp_path / "r"),
+        "train": {"max_steps": 1, "eval_every": 0, "precision": "fp32", "batch_tokens": 512, "micro_batch_tokens": 512},
+        "data": {"max_bytes": 150_000},  # the suite's other debug runs': their tokenizer, cached
+        "optim": {"grad_clip": 0},  # the gradients compared as the backward left them
+        "log": {"progress": False, "tensorboard": False, "report": False},
+    }
+    trainer = Trainer(setup(load_config(preset="debug-moe", overrides=overrides)))
+    before, grads = copy.deepcopy(trainer.model), {}
+    trainer.optimizer.step = lambda *a, **k: grads.update(
+        {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+    )
+    batch = trainer.loader.next_batch()
+    [micro] = batch.micro
+    assert torch.equal(micro.inputs[:, 1:], micro.targets[:, :-1]) and (micro.targets != -100).all()  # whole rows
+    out = trainer.train_step(batch)
+    assert out.aux_loss is not None and out.aux_loss.item() > 0
+    probe = model_loss(before, torch.cat([micro.inputs, micro.targets[:, -1:]], dim=1), None)
+    assert probe.item() == pytest.approx(out.loss.item() + out.aux_loss.item(), rel=1e-5)
+    probe.backward()
+    for name, p in before.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name], rtol=1e-4, atol=1e-7, msg=name)

@@ -80,14 +80,26 @@ def cross_entropy_sum(
     return to_local() if to_local else total  # (the same value on every rank)
 
 
+def with_aux(loss: torch.Tensor, aux: torch.Tensor | None, share: float = 1.0) -> torch.Tensor:
+    """A micro-batch's training objective: its token-normalised loss (summed over its targets,
+    divided by the step's target count) plus the layers' auxiliary losses (MoE balance and z,
+    Mixture-of-Depths predictor: per-token means over this micro-batch) weighted by `share`, the
+    micro-batch's part of the step's targets, so they add up over the step as the tokens do. The
+    trainer's (Trainer._forward_backward) and model_loss's, one formula: model_loss once added
+    the aux to the summed loss, weighing it 1 / tokens of what training does."""
+    return loss if aux is None else loss + share * aux
+
+
 def model_loss(model: torch.nn.Module, tokens: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    """A whole row batch's training loss outside the trainer (the CPU precision probe, benches):
-    the summed next-token loss of tokens [B, T] plus the layers' auxiliary losses, under autocast
-    to `dtype` (None: in the weights' precision)."""
+    """A whole row batch's training objective outside the trainer (the CPU precision probe,
+    benches), as the trainer computes it for the batch in one micro-batch (with_aux): the mean
+    next-token loss of tokens [B, T] plus the layers' auxiliary losses, under autocast to `dtype`
+    (None: in the weights' precision)."""
     with torch.autocast(tokens.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-        loss = cross_entropy_sum(model.hidden(tokens[:, :-1]), model.lm_head.weight, tokens[:, 1:])
+        targets = tokens[:, 1:]
+        summed = cross_entropy_sum(model.hidden(tokens[:, :-1]), model.lm_head.weight, targets)
         aux = model.aux_loss()
-    return loss if aux is None else loss + aux
+    return with_aux(summed / (targets != IGNORE_INDEX).sum().clamp(min=1), aux)
 
 
 def _chunk_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

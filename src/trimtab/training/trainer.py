@@ -32,7 +32,7 @@ from trimtab.training.evaluation import held_out_figures, policy_figures
 from trimtab.training.gain import GainProbe
 from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger, call_sealed
 from trimtab.training.instrument import FaultHandle, Instrument
-from trimtab.training.loss import cross_entropy_sum
+from trimtab.training.loss import cross_entropy_sum, with_aux
 from trimtab.training.metrics import run_summary, step_metrics
 from trimtab.training.oom import OomRecovery
 from trimtab.training.optim import build_optimizer, set_lr
@@ -300,7 +300,7 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
                         summed = cross_entropy_sum(hidden, head, targets, token_losses=token_losses)
                     micro_loss = summed / batch.n_targets
                     aux = self.model.aux_loss()  # MoE balance + z, MoD predictor: weighted like the tokens
-                    objective = micro_loss if aux is None else micro_loss + share * aux
+                    objective = with_aux(micro_loss, aux, share)
                 if micro is batch.micro[-1]:  # ranks agree on OOM / signals before gradients are synced
                     self.request_stop(self.dist.agree())
                 (self.scaler.scale(objective) if self.scaler else objective).backward()
