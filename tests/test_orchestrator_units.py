@@ -1269,6 +1269,32 @@ def test_groups_that_teach_nothing_turn_on_dynamic_sampling_then_raise_the_tempe
     assert [f is not None for f in found] == [False, False, True]
 
 
+def test_a_rollbacks_replay_of_the_flat_groups_rl_signal_acted_on_does_not_warm_the_sampling_again():
+    """Rule rl_reward's rollback puts the temperature rl_signal raised back; the windows restored
+    with the weights held most of that finding's steps, and the replay's first steps are the same
+    rollouts (same weights, RNG, temperature): the rule fired again at once, undoing the restore.
+    Now the replay up to the finding's step is not evidence again; a recurrence past it is found."""
+    import json
+
+    from trimtab.orchestrator.rl_health import NoLearningSignal
+
+    cfg = OrchestratorConfig()
+    cfg.rl_signal.window, cfg.rl_signal.threshold = 3, 0.75
+    mon = NoLearningSignal(cfg)
+    flat = {"flat_groups": 1.0}
+    assert [mon.observe(metrics(s, rl={"flat_groups": 0.5})) for s in (1, 2, 3)] == [None] * 3
+    saved = json.loads(json.dumps(mon.state_dict()))  # the step-3 checkpoint's
+    found = [mon.observe(metrics(s, rl=flat)) for s in (4, 5)]
+    assert found[0] is None and found[1] is not None  # (.5 + 1 + 1) / 3 at step 5: warmer sampling
+    kept = {k: getattr(mon, k) for k in getattr(mon, "KEPT_ON_ROLLBACK", ())}  # as Orchestrator._load_monitors
+    mon.load_state_dict(saved)
+    for key, value in kept.items():
+        setattr(mon, key, value)
+    replay = [mon.observe(metrics(s, rl=flat)) for s in (4, 5, 6, 7, 8)]
+    assert [f is not None for f in replay] == [False, False, False, False, True]  # a window past step 5
+    assert replay[-1].evidence["flat_groups"] == 1.0
+
+
 def test_solved_groups_earned_the_full_reward_with_every_response():
     from trimtab.rl.step import solved
 

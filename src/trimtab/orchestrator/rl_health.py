@@ -44,6 +44,12 @@ class NoLearningSignal(Monitor):
     fault, which sampling does not mend: no finding then (rl_verifier's says it)."""
 
     rule, family = "rl_signal", "rl"
+    # A rollback restores the windows with the weights, but not the step of the last finding: its
+    # replay up to that step is the evidence already acted on (the same weights, RNG and knobs at
+    # first: rule rl_reward's rollback puts the temperature back, and the windows restored held
+    # most of that finding's steps), which warmed the sampling again within a step or two, undoing
+    # the restore. Past that step the windows start afresh, and a recurrence is found as new.
+    KEPT_ON_ROLLBACK = ("acted_at",)
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.rl_signal
@@ -51,12 +57,16 @@ class NoLearningSignal(Monitor):
         self.window = Rolling(self.cfg.window)
         self.solved = Rolling(self.cfg.window)
         self.failed = Rolling(self.cfg.window)  # the share of the step's verifications that failed
+        self.acted_at = 0  # the step of the last finding (KEPT_ON_ROLLBACK)
 
     def state_dict(self) -> dict[str, Any]:
         return {k: v for k, v in super().state_dict().items() if k != "failing"}  # config, not state
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if (share := (m.rl or {}).get("flat_groups")) is None:
+            return None
+        if m.step <= self.acted_at:  # a rollback's replay of what the last finding judged (KEPT_ON_ROLLBACK)
+            self.window, self.solved, self.failed = (Rolling(self.cfg.window) for _ in range(3))
             return None
         self.window.add(share)
         self.solved.add(m.rl.get("solved_groups", 0.0))
@@ -68,6 +78,7 @@ class NoLearningSignal(Monitor):
             return None
         share, solved = self.window.mean(), self.solved.mean()
         self.window, self.solved = Rolling(self.cfg.window), Rolling(self.cfg.window)  # fresh after the remedy
+        self.acted_at = m.step
         evidence = {
             "flat_groups": share,
             "solved_groups": solved,
