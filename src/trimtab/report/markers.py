@@ -15,7 +15,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from trimtab.report.run import RunRecord, finite
+from trimtab.report.run import RunRecord, finite, outcome_result
 
 ACTION_COLOURS = qualitative.Dark24
 ABANDONED_DECISIONS = "decisions abandoned (not in effect)"
@@ -120,7 +120,7 @@ def _hover(run: RunRecord, d: dict[str, Any]) -> str:
         f"evidence: {_short(json.dumps(d.get('evidence') or {}, default=str))}",
         f"reasoning: {_short(str(d.get('reasoning', '')))}",
         f"applied: {_short('; '.join(map(str, d.get('applied') or [])))}",
-        f"outcome: {outcome.get('result', 'pending')} {_short(json.dumps(outcome, default=str)) if outcome else ''}",
+        f"outcome: {_short(outcome_result(d))} {_short(json.dumps(outcome, default=str)) if outcome else ''}",
     ]
     if d.get("abandoned"):
         rows.append("abandoned: a rollback or a resume threw it away; not in effect")

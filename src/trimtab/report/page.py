@@ -16,7 +16,7 @@ from plotly.offline import get_plotlyjs
 
 from trimtab.report import figures
 from trimtab.report.healing import HEADER, Healing, curves, table_rows
-from trimtab.report.run import RunRecord, finite, val_loss
+from trimtab.report.run import RunRecord, finite, outcome_result, val_loss
 from trimtab.rundir import healed, is_note
 
 STYLE = """
@@ -213,7 +213,7 @@ def _outcome(d: dict[str, Any], after: int | None) -> str:
     still there), or cut
     off by a rollback (a skipped step's "not recovered" is the branch the rollback threw away)."""
     outcome = d.get("outcome") or {}
-    text = str(outcome.get("result", "pending"))
+    text = outcome_result(d)
     steps = outcome.get("steps")
     if (
         after

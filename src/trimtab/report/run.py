@@ -158,6 +158,16 @@ def _lost_after_summary(path: Path) -> bool:
     )
 
 
+def outcome_result(decision: dict[str, Any]) -> str:
+    """A decision's measured result, or why it has none: "pending" only while it can still come. A
+    decision abandoned before it was judged (its session killed before the outcome's steps ran,
+    then resumed from an earlier checkpoint) never will be: a finished run's report said "pending"."""
+    outcome = decision.get("outcome") or {}
+    if "result" in outcome:
+        return str(outcome["result"])
+    return "never judged (abandoned before its outcome was measured)" if decision.get(ABANDONED) else "pending"
+
+
 def finite(x: Any) -> float | None:
     """A number for a plot or table: None for missing, NaN or infinite (a gap, not a zero)."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
