@@ -200,6 +200,9 @@ class Checkpointing:
                 "seconds": self.window.seconds,
             },
             "hooks": {key: h.state_dict() for key, h in keyed(self.hooks)},
+            # the best evaluation so far and its checkpoint (kept from pruning): a resume that began
+            # it anew kept the best since the resume and pruned the run's best (soak, 5 kills)
+            "best": {"eval": self.best_eval, "checkpoint": self.best_checkpoint},
         }
 
     def rollback(self, to: str | int = "last_good") -> str:
@@ -275,6 +278,7 @@ class Checkpointing:
         self.loader.load_state_dict(state["data"])
         self.last_saved = self.state.step
         self.last_good = self.state.step if state.get("good", True) else -1
+        self._take_best(state, rollback)
         if rollback:
             self.loader.skipped |= skipped
             self.window = LogWindow()
@@ -282,6 +286,17 @@ class Checkpointing:
                 hook.on_rollback(self.view, state["hooks"].get(key, {}))
             return
         self._resume_window_and_hooks(state)
+
+    def _take_best(self, state: dict[str, Any], rollback: bool = False) -> None:
+        """The best evaluation as of the checkpoint; none in a checkpoint from before it was kept. A
+        rollback keeps this process's if it judged the kept trajectory (at or before the step rolled
+        back to: the checkpoint may predate it, as step 0's predates step 0's evaluation); one found
+        on the abandoned branch judged weights thrown away."""
+        if rollback and self.best_eval is not None and self.best_eval[0] <= self.state.step:
+            return
+        best = state.get("best") or {}
+        self.best_eval = tuple(best["eval"]) if best.get("eval") else None
+        self.best_checkpoint = int(best.get("checkpoint", -1))
 
     def _resume_window_and_hooks(self, state: dict[str, Any]) -> None:
         window = state["log_window"]
@@ -318,6 +333,7 @@ class Checkpointing:
         if self.scaler and received["scaler"]:
             self.scaler.load_state_dict(received["scaler"])
         self.loader.load_state_dict(state["data"])
+        self._take_best(state)
         self._resume_window_and_hooks(state)
 
 
