@@ -30,7 +30,7 @@ from trimtab.orchestrator.make_up import MakeUp
 from trimtab.orchestrator.mod_health import MoDQuality
 from trimtab.orchestrator.moe_health import MoEHealth
 from trimtab.orchestrator.monitors import Finding, Rolling, StepMetrics
-from trimtab.orchestrator.outcomes import Outcomes
+from trimtab.orchestrator.outcomes import SETTLED, Outcomes
 from trimtab.orchestrator.outliers import OutlierRows, merged_into
 from trimtab.orchestrator.people import PersonCommands
 from trimtab.orchestrator.policy import Policy
@@ -82,6 +82,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         self.transient_faults: dict[str, int] = {}  # rank -> transient faults its gradient showed (re-runs)
         self.outcomes = Outcomes(self.journal, cfg)  # what followed each decision, judged
         self.rolling_back: int | None = None  # the decision whose rollback was requested, until applied
+        self.stood_at = -1  # the last step with an instability finding whose update was applied (healthy)
         self.recent_losses = Rolling(20)  # healthy losses: the "before" of an outcome
         self.read_every = cfg.read_every
         self.failed_saves = 0  # saves failed since the last that worked (a stretch of work at risk)
@@ -254,7 +255,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         while the run is calm (one held-out micro-batch's forward); the lower of the two is the
         reference (Policy.reference)."""
         p = self.policy
-        if self.mode == "off" or run.last_good > p.phase_start or run.step % FRESH_EVERY or not self.healthy(run):
+        if self.mode == "off" or run.last_good > p.phase_start or run.step % FRESH_EVERY or not self._calm(run):
             return
         p.fresh_probe = run.probe_loss()
 
@@ -273,13 +274,28 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         found = self.policy.verify_end(run)
         if found is not None:
             f, remedy = found
+            self.stood_at = run.step  # the weights themselves were judged: no withheld update explains it
             self._decide(run, f, remedy)
 
     def healthy(self, run: RunView) -> bool:
-        """A good rollback target: no escalation under way and no instability in the last steps
-        (a skipped step left the weights untouched, so one a few steps back does not count)."""
+        """A good rollback target: no escalation under way, and no instability in the last SETTLED
+        steps, or only findings whose updates the gate withheld (they never touched the weights)
+        and a held-out probe of the weights as sound as a diagnosis asks (Policy.learned). A save
+        falls on a withheld step's own step as often as not: debug, a NaN every 10 steps with
+        checkpoint.every 10, had no good checkpoint after step 0 and the rollback at step 60 lost
+        every step. The probe keeps out weights that an applied update broke before the flagged
+        step (a spike shows on the step after the update that caused it)."""
+        if self._calm(run):
+            return True
+        withheld_only = self.stood_at < 0 or run.step - self.stood_at > SETTLED
+        if self.mode != "auto" or self.policy.ladder.rung or not withheld_only:
+            return False
+        return self.policy.learned(run.probe_loss())
+
+    def _calm(self, run: RunView) -> bool:
+        """No escalation under way and no instability finding in the last SETTLED steps."""
         ladder = self.policy.ladder
-        return ladder.rung == 0 and (ladder.last_step < 0 or run.step - ladder.last_step > 5)
+        return ladder.rung == 0 and (ladder.last_step < 0 or run.step - ladder.last_step > SETTLED)
 
     def kept_checkpoints(self, run: RunView) -> tuple[int, ...]:
         """The phase's first checkpoint while the LR rule may still restore it (AboveStart.keeps_start)."""
@@ -297,6 +313,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         self.outcomes.rolled_back(run.step, self.rolling_back)
         self.rolling_back = None
         self.policy.shift(self.last_step - run.step)
+        self.stood_at -= (self.last_step - run.step) if self.stood_at >= 0 else 0  # as the ladder's steps
         if self.make_up is not None:
             self.make_up.rolled_back(run.step)
         if saved_state:
@@ -394,6 +411,8 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             )
             self._decide(run, f, restore)
         unstable = [f for f in findings if f.family == "instability"]
+        if unstable and not m.skipped:  # the flagged step's update is in the weights (healthy)
+            self.stood_at = m.step
         for f in unstable[:1] + [f for f in findings if f.family != "instability"]:  # one rung per step
             self._decide(run, f, self.policy.plan(f, run), withheld=m.skipped)
         if self.make_up is not None and self.mode == "auto" and "make_up" not in self.paused:
@@ -421,6 +440,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             "paused": sorted(self.paused),
             "mode": self.mode,
             "phase": self.phase,
+            "stood_at": self.stood_at,
             "make_up": self.make_up.state_dict() if self.make_up is not None else None,
             "stragglers": self.stragglers.state_dict() if self.stragglers is not None else None,
             "replicas": self.replicas.state_dict() if self.replicas is not None else None,
@@ -438,6 +458,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         self.outcomes.load_state_dict(state)
         self.paused = set(state["paused"])
         self.phase = state.get("phase", 0)
+        self.stood_at = state.get("stood_at", self.policy.ladder.last_step)  # older: as if every update stood
         if self.make_up is not None and state.get("make_up"):
             self.make_up.load_state_dict(state["make_up"])
         self.transient_faults = dict(state.get("transient_faults", {}))

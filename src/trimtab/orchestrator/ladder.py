@@ -351,11 +351,27 @@ class InstabilityLadder(EarlySpikes, TooHighLR):
         probe = view.probe_loss()
         if probe is not None and not math.isfinite(probe):  # NaN weights: with or without held-out data
             return "broken", probe
-        if (reference := self.reference()) is None or probe is None:
+        if self.reference() is None or probe is None:
             return None
-        if probe <= reference + max(0.1, DATA_MARGIN * reference):
+        if self.sound(probe):
             return "data", probe
         return ("broken", probe) if sudden else None
+
+    def sound(self, probe: float | None) -> bool:
+        """Whether a held-out probe shows sound weights: finite and within the diagnosis's margin of
+        the reference (what _diagnose reads as "the data's, not the model's"). False when nothing
+        can be compared (no held-out data: RL, DPO)."""
+        reference = self.reference()
+        if reference is None or probe is None or not math.isfinite(probe):
+            return False
+        return probe <= reference + max(0.1, DATA_MARGIN * reference)
+
+    def learned(self, probe: float | None) -> bool:
+        """Sound, and better than the phase's untouched weights by the same margin: weights wrecked
+        in a phase's first steps score no worse than those (core.py: _fresh_reference), so against
+        them alone soundness says nothing of a checkpoint (core.py: healthy)."""
+        start = self.start_probe
+        return self.sound(probe) and (start is None or probe < start - max(0.1, DATA_MARGIN * start))
 
     def verify_end(self, view: Any) -> tuple[Finding, Remedy] | None:
         """Is the state a phase ends in sound? The held-out probe against the last good

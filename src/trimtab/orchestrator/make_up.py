@@ -7,7 +7,10 @@ what train.max_steps promised. Measured on debug-hybrid (200 steps, 25 steps of 
 steps more ends 1.9% above it. So once a stretch is over (no instability for `quiet_steps`), the
 pretraining phase grows by the updates withheld in it (set_total_steps: the LR schedule stretches
 to the new end), at most `max_fraction` of the phase in all. A rollback that replays withheld steps
-gives them back: the steps made up for them are credited against the next stretch.
+gives them back: the steps made up for them are credited against the replay's withheld updates,
+and what the replay did not use is taken off the run once it trained `quiet_steps` past them (a
+weights_nan rolled back over a made-up NaN step ended debug's 60-step run at 61 steps, every
+update of its kept trajectory applied).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class MakeUp:
         self.owed: list[int] = []  # steps whose update was withheld, not made up yet
         self.made: list[int] = []  # withheld steps made up (their steps granted)
         self.credit = 0  # steps granted for withheld updates that a rollback then replayed
+        self.credit_until = -1  # the last such step: past it (and quiet_steps), unused credit is given back
 
     def observe(self, m: StepMetrics, last_unstable: int, total: int, configured: int) -> Finding | None:
         """After each step: a finding when updates were withheld and the stretch is over. total:
@@ -38,6 +42,8 @@ class MakeUp:
             return None
         if m.skipped:
             self.owed.append(m.step)
+        if not self.owed and self.credit and m.step - max(last_unstable, self.credit_until) >= self.cfg.quiet_steps:
+            return self._give_back(m.step, total, configured)
         if not self.owed or m.step - max(last_unstable, self.owed[-1]) < self.cfg.quiet_steps:
             return None
         owed, self.owed = self.owed, []
@@ -67,23 +73,52 @@ class MakeUp:
             rule=self.rule, family=self.family, step=m.step, evidence=evidence, summary=summary, strength=1.0
         )
 
+    def _give_back(self, step: int, total: int, configured: int) -> Finding | None:
+        """The replay trained past the withheld steps a rollback took back without withholding as
+        many again: the steps granted for them and not used lengthen the run for nothing."""
+        unused, self.credit, self.credit_until = self.credit, 0, -1
+        new_total = max(total - unused, step)  # never before the step trained
+        if new_total >= total:  # the run's last step: nothing left to take off
+            return None
+        evidence = {
+            "withheld": 0,
+            "credit": unused,
+            "made_up_before": len(self.made),
+            "cap": int(self.cfg.max_fraction * configured),
+            "extend": new_total - total,
+            "total_steps": total,
+            "new_total": new_total,
+        }
+        summary = f"{unused} step{'s' if unused > 1 else ''} granted for withheld updates a rollback replayed, not used"
+        return Finding(rule=self.rule, family=self.family, step=step, evidence=evidence, summary=summary, strength=1.0)
+
     def rolled_back(self, step: int) -> None:
         """A rollback to `step`: withheld steps after it are trained again, so they are owed no
         longer, and the steps already made up for such steps are a credit."""
         self.owed = [s for s in self.owed if s <= step]
         replayed = [s for s in self.made if s > step]
         self.credit += len(replayed)
+        self.credit_until = max([self.credit_until, *replayed]) if self.credit else -1
         self.made = [s for s in self.made if s <= step]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"owed": list(self.owed), "made": list(self.made), "credit": self.credit}
+        return {"owed": list(self.owed), "made": list(self.made), "credit": self.credit, "until": self.credit_until}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.owed, self.made, self.credit = list(state["owed"]), list(state["made"]), int(state["credit"])
+        self.credit_until = int(state.get("until", -1))  # older checkpoints: given back at the next quiet step
 
 
 def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     e = f.evidence
+    if e["extend"] < 0:  # _give_back
+        return Remedy(
+            action="set_total_steps",
+            params={"steps": e["new_total"]},
+            reasoning=f"a rollback replayed {e['credit']} withheld step(s) that steps had been added for, and the "
+            f"replay did not withhold them again: {-e['extend']} step(s) come off pretraining, which would otherwise "
+            "make more updates than its length promised (orchestrator.make_up)",
+        )
     if e["extend"] <= 0:
         return Remedy(
             action="none",

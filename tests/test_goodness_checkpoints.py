@@ -1,0 +1,109 @@
+"""How the orchestrator judges checkpoints and outcomes: a checkpoint saved at a withheld step's own
+step can be good, and unused make-up credit is given back (units: a fake view, no run)."""
+
+import math
+
+from test_orchestrator_incidents import Run
+from test_orchestrator_units import metrics
+from trimtab.config.orchestrator import MakeUpRule, OrchestratorConfig
+from trimtab.orchestrator import make_up
+from trimtab.orchestrator.core import Orchestrator
+from trimtab.orchestrator.make_up import MakeUp
+
+
+class Pretraining(Run):
+    def context_free_loss(self):
+        return None  # the LR rule's unigram bar: not what these tests judge
+
+
+def _orchestrator(tmp_path, probe):
+    """Nine healthy steps read, the initial checkpoint's held-out loss 5.0 the reference."""
+    orchestrator, run = Orchestrator(OrchestratorConfig(), tmp_path), Pretraining(probe=probe)
+    run.pretrain = {"steps": 120}
+    orchestrator.policy.measured(5.0, 0)
+    for step in range(1, 10):
+        run.step = step
+        orchestrator._observe(run, metrics(step, loss=5.0 - 0.01 * step))
+    return orchestrator, run
+
+
+def _nan(orchestrator, run, step, withheld=True):
+    m = metrics(step, loss=math.nan, grad_norm=math.nan)
+    m.skipped, run.step = withheld, step
+    orchestrator._observe(run, m)
+
+
+def test_a_checkpoint_at_a_withheld_step_is_good_when_its_weights_score_sound(tmp_path):
+    """debug, a NaN every 10 steps with checkpoint.every 10: each save fell on a NaN step, none was
+    good (5 quiet steps asked), and the rollback at step 60 went back to step 0. The NaN step's
+    update never touched the weights: a probe as sound as a diagnosis asks makes the save good."""
+    orchestrator, run = _orchestrator(tmp_path, probe=4.8)
+    _nan(orchestrator, run, 10)
+    assert orchestrator.policy.ladder.last_step == 10 and orchestrator.policy.ladder.rung == 0
+    assert orchestrator.healthy(run)
+    run.probe = 5.2  # an update before the flagged step broke the weights: 0.2 nats worse than the reference
+    assert not orchestrator.healthy(run)
+    run.probe = 4.95  # sound against the untouched weights' 5.0 only: wrecked weights early score as well
+    assert not orchestrator.healthy(run)
+    run.probe = None  # nothing to compare (RL, DPO): as before, not good until SETTLED quiet steps
+    assert not orchestrator.healthy(run)
+    run.probe, run.step = 5.5, 16
+    assert orchestrator.healthy(run)  # quiet since: good without a probe
+
+
+def test_a_checkpoint_after_an_update_that_stood_at_a_flagged_step_is_not_good(tmp_path):
+    """advise mode, or a step the gate's ceiling let through: the flagged update is in the weights."""
+    orchestrator, run = _orchestrator(tmp_path, probe=4.8)
+    _nan(orchestrator, run, 10, withheld=False)
+    assert not orchestrator.healthy(run)
+    run.step = 16
+    assert orchestrator.healthy(run)
+    state = orchestrator.state_dict()
+    again = Orchestrator(OrchestratorConfig(), tmp_path)
+    again.load_state_dict(state)
+    run.step = 12
+    assert again.stood_at == 10 and not again.healthy(run)  # a resume keeps it
+
+
+def test_an_escalation_under_way_keeps_a_withheld_steps_checkpoint_bad(tmp_path):
+    orchestrator, run = _orchestrator(tmp_path, probe=4.8)
+    orchestrator.policy.ladder.rung = 1  # the LR was cut for this incident
+    _nan(orchestrator, run, 10)
+    assert not orchestrator.healthy(run)
+
+
+def _steps(rule, first, last, total, skipped=()):
+    """MakeUp's findings over steps first..last (pretraining of 60 steps, run length `total`)."""
+    found = []
+    for step in range(first, last + 1):
+        m = metrics(step)
+        m.skipped = step in skipped
+        last_unstable = max((s for s in skipped if s <= step), default=-1)
+        if (f := rule.observe(m, last_unstable, total, 60)) is not None:
+            found.append(f)
+            total = f.evidence["new_total"]
+    return found, total
+
+
+def test_steps_granted_for_withheld_updates_a_rollback_replayed_are_given_back(tmp_path):
+    """debug, nan_loss@22 and weights_nan@28 (60 steps, checkpoint.every 10): step 22 was made up
+    (61 steps), the rollback to step 20 replayed it without a NaN, and the credit was never used:
+    the run ended at 61 with every update of its kept trajectory applied."""
+    rule = MakeUp(MakeUpRule())
+    (made,), total = _steps(rule, 1, 29, 60, skipped=(22, 28, 29))
+    assert made.step == 27 and total == 61
+    rule.rolled_back(20)
+    assert rule.credit == 1
+    (back,), total = _steps(rule, 21, 40, total)
+    assert back.step == 27 and back.evidence["new_total"] == 60 and total == 60
+    remedy = make_up.remedy(back, None, OrchestratorConfig())
+    assert remedy.action == "set_total_steps" and remedy.params == {"steps": 60}
+    assert rule.credit == 0 and _steps(rule, 41, 60, total)[0] == []
+
+
+def test_credit_the_replay_uses_is_not_given_back():
+    rule = MakeUp(MakeUpRule())
+    _, total = _steps(rule, 1, 29, 60, skipped=(22,))
+    rule.rolled_back(20)
+    found, total = _steps(rule, 21, 60, total, skipped=(22,))  # the replay withholds step 22 again
+    assert found == [] and total == 61 and rule.credit == 0
