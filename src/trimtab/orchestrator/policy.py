@@ -206,6 +206,15 @@ class Policy(InstabilityLadder):
     def _plateau(self, f: Finding, view: Any) -> Remedy:
         cfg = self.cfg.plateau
         target = view.lr_scale * cfg.lr_factor
+        if "start" in f.evidence and (remedy := self._too_low(f, view)) is not None:
+            return remedy
+        if f.evidence.get("variance", 0.0) >= cfg.variance:  # found for not leaving its start alone, on a trained model
+            return Remedy(
+                action="none",
+                reasoning="the loss has not left where the phase started, but the model was trained before "
+                "(train.init_from, or its first loss under its data's unigram entropy) or its data's context-free "
+                "level is unknown, so a low LR may be meant: no raise (check optim.lr)",
+            )
         if f.step - self.last_lr_change < 2 * cfg.window:
             return Remedy(action="none", reasoning="the LR changed recently; give it time before raising it")
         if self.ladder.last_step >= 0 and f.step - self.ladder.last_step < 2 * cfg.window:
@@ -221,6 +230,51 @@ class Policy(InstabilityLadder):
             params={"factor": cfg.lr_factor},
             reasoning="the loss has stopped moving long before the planned end: a larger LR may get it out of "
             "the flat region (bounded by orchestrator.plateau.max_lr_scale)",
+            commit=lambda: self._changes_lr(f.step),
+        )
+
+    def _too_low(self, f: Finding, view: Any) -> Remedy | None:
+        """The loss has not left the phase's start a window after the LR's warm-up (Plateau): an LR
+        far too low, where plateau's x1.5 under its 2x ceiling changes nothing (debug at 0.001x:
+        raised once to 0.0015x, val 6.215 against 6.219 off, the start 6.25). Raised decisively,
+        x1/above_start.lr_factor, the mirror of a cut for an LR far too high, up to 1/min_lr_scale
+        (the cuts' floor mirrored); only for a model that has learned nothing yet (its start above
+        the data's unigram entropy, not train.init_from) and whose LR this phase was never found far
+        too high; None for any other model (_plateau's answers). The reasonings of `none` carry no
+        numbers of the window: the same answer again is counted on the decision, not journaled anew."""
+        ev, cfg = f.evidence, self.cfg
+        unigram = view.context_free_loss()
+        if unigram is None or ev["start"] <= unigram or view.cfg.train.init_from:
+            return None
+        stuck = "the loss has not left where the phase started a window after the LR's warm-up"
+        if f.step - self.last_lr_change < cfg.plateau.window:  # a window is a raise's time
+            return Remedy(action="none", reasoning=f"{stuck}, but the LR changed within the window: give it time")
+        if ev["mean"] <= unigram * (1 + cfg.above_start.unigram_margin):  # where an LR too high holds it (AboveStart)
+            why = "it is at the level of a model blind to context, where an LR too high holds it as well"
+            return Remedy(action="none", reasoning=f"{stuck}, but {why}: no raise (check optim.lr)")
+        if self.ladder.last_step >= 0 and f.step - self.ladder.last_step < 2 * cfg.plateau.window:
+            return Remedy(action="none", reasoning=f"{stuck}, but instability was seen lately: a higher LR is risky")
+        if self.lr_too_high_at >= self.phase_start:
+            return Remedy(
+                action="none",
+                reasoning=f"{stuck}, but the LR was found far too high at step {self.lr_too_high_at} and cut: a raise "
+                "would undo that (to lower the cut by hand: `trimtab ctl RUN scale-lr`)",
+            )
+        factor = min(1 / cfg.above_start.lr_factor, 1 / (cfg.min_lr_scale * view.lr_scale))
+        if factor <= 1 + 1e-6:
+            return Remedy(
+                action="none",
+                reasoning=f"{stuck}: the LR is far too low, but the multiplier is at its ceiling "
+                f"({view.lr_scale:.3g}, 1/orchestrator.min_lr_scale): raise optim.lr",
+            )
+        return Remedy(
+            action="scale_lr",
+            params={"factor": factor},
+            reasoning=f"the loss {ev['mean']:.3f} (mean of the last {ev['window']} steps, past any LR warm-up) has not "
+            f"left the {ev['start']:.3f} the phase started at by the {ev['start'] - ev['line']:.3f} rule above_start "
+            f"measures above it, and is above the {unigram:.3f} of a model blind to context (the data's unigram "
+            f"entropy): the updates are too small to train it, an LR far too low; raise it x{factor:.3g} (past "
+            "orchestrator.plateau.max_lr_scale, which bounds the raises for a model that learned and stopped)",
             commit=lambda: self._changes_lr(f.step),
         )
 

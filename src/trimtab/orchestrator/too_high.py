@@ -31,11 +31,16 @@ class TooHighLR:
         if "jumped_steps" in f.evidence:
             return self._warm_up_rows(f, view)
         floor = self.cfg.min_lr_scale / view.lr_scale
-        if floor >= 1 - 1e-6 and ("warm_grad_norm" in f.evidence or "unigram" in f.evidence):
-            return Remedy(  # at the floor: a replay would repeat itself
+        # at the floor a replay at the same LR repeats itself step for step: debug at 1000x, cut to the
+        # floor (10x the preset's LR), was rolled back to step 0 uncut, met the same gain at the same
+        # step, and stopped (exit 3) at step 12 "unstable", where training on at 10x ends at 4.81
+        if floor >= 1 - 1e-6 and ("warm_grad_norm" in f.evidence or "unigram" in f.evidence or "gain" in f.evidence):
+            seen = _overshoot_why(f) if "gain" in f.evidence else _stalled_why(f)
+            return Remedy(
                 action="none",
-                reasoning=_stalled_why(f) + ": the LR is still too high, but it is at its floor "
-                f"(orchestrator.min_lr_scale={self.cfg.min_lr_scale:g}); lower optim.lr",
+                reasoning=seen + ": the LR is still too high, but it is at its floor "
+                f"(orchestrator.min_lr_scale={self.cfg.min_lr_scale:g}) and a replay at it would repeat these "
+                "steps; training goes on: lower optim.lr",
             )
         if floor >= 1 - 1e-6:
             return self._rollback(view)
@@ -140,6 +145,16 @@ def _stalled_why(f: Finding) -> str:
     )
 
 
+def _overshoot_why(f: Finding) -> str:
+    """What the first steps' update gain says (above_start's gain evidence)."""
+    ev = f.evidence
+    return (
+        f"over this phase's first steps the updates delivered {ev['gain']:.2f} of the loss decrease their "
+        f"gradient promised on their own batch (median of {ev['gain_window']} steps; under {ev['min_gain']:g}, "
+        "where a sound LR keeps 0.6-1): they overshoot"
+    )
+
+
 def _too_high_why(f: Finding, factor: float) -> str:
     """above_start's reasoning: the loss above its start, updates that overshoot, or a model stalled
     (at the unigram level, or after a cut with a gradient dying away)."""
@@ -148,11 +163,8 @@ def _too_high_why(f: Finding, factor: float) -> str:
         return _stalled_why(f) + f"; cut it {again}x{factor:.3g}, never to be given back"
     if "gain" in f.evidence:  # the first steps' updates overshoot
         return (
-            f"over this phase's first steps the updates delivered {f.evidence['gain']:.2f} of the loss decrease "
-            f"their gradient promised on their own batch (median of {f.evidence['gain_window']} steps; under "
-            f"{f.evidence['min_gain']:g}, where a sound LR keeps 0.6-1): they overshoot, as an LR far too high "
-            f"makes them, and the weights they inflate train slowly for the rest of the run; cut it x{factor:.3g}, "
-            "never to be given back"
+            _overshoot_why(f) + ", as an LR far too high makes them, and the weights they inflate train slowly for "
+            f"the rest of the run; cut it x{factor:.3g}, never to be given back"
         )
     return (
         f"the loss has been above the {f.evidence['start']:.3f} this phase started at for "
