@@ -129,3 +129,27 @@ def test_a_torchrun_job_refused_ends_on_every_rank_at_once(tmp_path):
     assert done.returncode != 0
     assert done.stderr.count(f"trimtab: error: '{run}' is being trained by pid {os.getpid()}") == 2, done.stderr
     assert "via SIGKILL" not in done.stderr and "during start-up" not in done.stderr
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_run_whose_directory_is_deleted_or_replaced_ends_at_once(tmp_path, monkeypatch, capfd, how):
+    """rm -rf RUN while it trained, then the same command again: the new run took a new lock at
+    once, and the old process, its flock on a file no longer there, wrote beside it into one
+    directory. The heartbeat sees the lock file gone (or another in its place) and ends the
+    process at once, saying why (exit 4): a stop that saves would write there."""
+    monkeypatch.setattr(rundir, "CHECK_S", 0.02)
+    exits = []
+    monkeypatch.setattr(rundir.os, "_exit", exits.append)
+    run_dir = tmp_path / "r"
+    with run_lock(run_dir):
+        time.sleep(0.1)
+        assert exits == []  # its own lock there: beats on
+        (run_dir / LOCK).unlink()
+        if how == "replaced":  # a new run's lock in its place
+            (run_dir / LOCK).write_text("{}")
+        deadline = time.time() + 5
+        while not exits and time.time() < deadline:
+            time.sleep(0.02)
+    assert exits[:1] == [4]
+    err = capfd.readouterr().err
+    assert f"{run_dir / LOCK} was removed or replaced while this run trained" in err and "--out" in err

@@ -62,6 +62,7 @@ LOCK = ".lock"
 ABANDONED = "abandoned"  # the key set (true) on records a rollback or a resume threw away
 
 BEAT_S = 15.0  # the heartbeat's period
+CHECK_S = 2.0  # how often the heartbeat looks that its lock file is still its own (_beat)
 STALE_S = 60.0  # no heartbeat for this long: not alive (four beats missed)
 RETRIES = 10  # x 50 ms: a liveness() probe holds the lock for microseconds
 RANK_WAIT_S = 120.0  # how long a rank other than 0 waits for its job's rank 0 to take the lock
@@ -312,7 +313,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
             record["previous_beat"] = os.fstat(fd).st_mtime
         _write_lock(fd, record)
         stop = threading.Event()
-        beat = threading.Thread(target=_beat, args=(fd, stop), daemon=True, name="trimtab-heartbeat")
+        beat = threading.Thread(target=_beat, args=(fd, stop, run_dir / LOCK), daemon=True, name="trimtab-heartbeat")
         beat.start()
         try:
             yield
@@ -435,10 +436,45 @@ def _write_lock(fd: int, record: dict[str, Any]) -> None:
     os.pwrite(fd, json.dumps(record).encode(), 0)
 
 
-def _beat(fd: int, stop: threading.Event) -> None:
-    while not stop.wait(BEAT_S):
-        with contextlib.suppress(OSError):  # a full or vanished disk must not end the run
-            os.utime(fd)
+def _beat(fd: int, stop: threading.Event, path: Path) -> None:
+    """Touch the lock every BEAT_S; end the process as soon as its lock file is gone from `path`,
+    or another is there (looked at every CHECK_S): the run directory was deleted or moved while it
+    trained (a soak: `rm -rf RUN`, then the same command again, started at once beside the old
+    process, which kept its flock on a file no longer there, and both wrote checkpoints, metrics
+    and the journal into one directory). Ended at once, like a kill (every write is atomic), not
+    by a stop that saves: a save would write into whatever is at the path now."""
+    beaten = time.monotonic()
+    while not stop.wait(min(CHECK_S, BEAT_S)):
+        if time.monotonic() - beaten >= BEAT_S:
+            beaten = time.monotonic()
+            with contextlib.suppress(OSError):  # a full or vanished disk must not end the run
+                os.utime(fd)
+        if _not_ours(fd, path) and not stop.is_set():
+            _say_lost(path)
+            os._exit(4)  # the storage code (docs/orchestrator.md: exit 4)
+
+
+def _not_ours(fd: int, path: Path) -> bool:
+    """Whether the file at `path` is not the one `fd` holds: gone, or another in its place. An
+    error other than its absence (a network filesystem's hiccup) is not taken as proof."""
+    try:
+        held, there = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return (held.st_dev, held.st_ino) != (there.st_dev, there.st_ino)
+
+
+def _say_lost(path: Path) -> None:
+    message = (
+        f"trimtab: error: {path} was removed or replaced while this run trained (its run directory deleted, "
+        "moved or replaced): this process stops at once, writing nothing more there, so that it never mixes its "
+        "files with what is there now (exit 4). A directory moved keeps its checkpoints: resume it with --out "
+        "at its new path\n"
+    )
+    with contextlib.suppress(OSError, ValueError):  # no usable stderr: the exit status says it
+        os.write(2, message.encode())
 
 
 def _remove_if_empty(run_dir: Path) -> None:
