@@ -42,6 +42,18 @@ def test_cyclic_schedules():
     assert lr_at(10, 1000, exp) == pytest.approx(0.1 + 0.9 * 0.9**10)
 
 
+def test_a_cyclic_schedules_warm_up_ends_where_its_first_cycle_starts():
+    """Warmed to lr, a cyclic schedule fell 10x in one step after the warm-up (to the cycle's low
+    end, where each cycle starts), then climbed back: the warm-up now ends at that low end."""
+    for schedule in ("triangular", "triangular2", "exp_range"):
+        c = cfg(schedule=schedule, warmup_steps=5, cycle_steps=10, gamma=0.99)
+        lrs = [lr_at(s, 1000, c) for s in range(40)]
+        assert lrs[4] == pytest.approx(0.1) and lrs[5] == pytest.approx(0.1), schedule
+        assert max(abs(b - a) for a, b in zip(lrs, lrs[1:])) <= 0.09 + 1e-9, schedule  # a cycle's slope: 0.9 / 10
+        assert lrs[15] == pytest.approx(1.0 if schedule != "exp_range" else 0.1 + 0.9 * 0.99**10), schedule  # 1st peak
+    assert lr_at(2, 1000, cfg(schedule="cosine", warmup_steps=5)) == pytest.approx(0.6)  # others warm to lr
+
+
 def test_schedule_is_a_pure_function():
     c = cfg(schedule="cosine")
     assert [lr_at(s, 200, c) for s in range(200)] == [lr_at(s, 200, c) for s in range(200)]

@@ -35,17 +35,23 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) ->
     )
 
 
+CYCLIC = ("triangular", "triangular2", "exp_range")  # Smith 2017: between lr x min_lr_ratio and lr
+
+
 def lr_at(step: int, total: int, cfg: OptimConfig, warm_from: float = 0.0, warmup: int | None = None) -> float:
     """Learning rate for optimizer step `step` (0-based) of a schedule `total` steps long; the
     warm-up rises linearly from `warm_from` (0: a fresh run; an extended run's final LR when it
     re-warms, training/schedule.py) to cfg.lr over `warmup` steps (None: cfg.warmup_steps)."""
     warm = min(cfg.warmup_steps if warmup is None else warmup, max(total - 1, 0))
-    if step < warm:  # linear warmup to lr: (lr - warm_from) / warm per step
-        return warm_from + (cfg.lr - warm_from) * (step + 1) / warm
     low = cfg.lr * cfg.min_lr_ratio
+    # a cyclic schedule's warm-up ends where its first cycle starts, at the cycle's low end: warmed
+    # to lr, it fell 10x (min_lr_ratio 0.1) in one step after the warm-up, then climbed back
+    top = low if cfg.schedule in CYCLIC else cfg.lr
+    if step < warm:  # linear warmup to its top: (top - warm_from) / warm per step
+        return warm_from + (top - warm_from) * (step + 1) / warm
     if cfg.schedule == "constant":
         return cfg.lr
-    if cfg.schedule in ("triangular", "triangular2", "exp_range"):
+    if cfg.schedule in CYCLIC:
         return _cyclic(step - warm, low, cfg)
     span = max(total - warm, 1)
     progress = min((step - warm) / span, 1.0)
