@@ -195,7 +195,8 @@ def rows_run(tmp_path, steps: int, max_bytes: int, fault: str, **orchestrator) -
             "data": {"max_bytes": max_bytes},
             "checkpoint": {"every": 0},
             "log": {"progress": False, "tensorboard": False, "report": False},
-            "orchestrator": {"throughput": {"enabled": False}, **orchestrator},
+            # the rows rule alone: the row gate would leave the garbage out at its first sighting, its own decision
+            "orchestrator": {"throughput": {"enabled": False}, "row_gate": {"enabled": False}, **orchestrator},
             "faults": [fault],
         },
     )

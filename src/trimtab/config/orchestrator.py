@@ -313,6 +313,26 @@ class RowsRule(Section):
 
 
 @dataclass
+class RowGateRule(Section):
+    """The row gate (training/row_gate.py): inside a step, before its backward, a row whose target
+    tokens are mostly distinct (`min_distinct` of them: random tokens) and whose loss stands above
+    the median of the last `window` rows by max(sigma x their spread, min_gap) is left out of the
+    step's objective. Auto mode only. Measured on the healing benchmark (2026-11-30, 120 steps):
+    thin_bad_data +2.1% against +4.7% without it; no clean row gated in 9 fault-free runs of the
+    four debug presets, the nearest 0.75 nats under the bar."""
+
+    enabled: bool = True
+    # random tokens of a 512-token vocabulary in rows of 64 targets: 0.86-1.0 distinct; clean rows
+    # reach 0.88, but none of those stood out by its loss (the most 0.97 nats above the median)
+    min_distinct: float = 0.8
+    window: int = 512  # training rows: the reference
+    min_reference: int = 128  # rows seen before any is gated
+    min_targets: int = 32  # a row's mean over fewer is noise
+    sigma: float = 4.0
+    min_gap: float = 1.0  # nats
+
+
+@dataclass
 class MakeUpRule(Section):
     """Updates withheld by the update gate are made up: once a bad stretch is over (no instability
     for `quiet_steps`), the pretraining phase grows by as many steps, so the run makes the updates
@@ -374,6 +394,7 @@ class OrchestratorConfig(Section):
     lr: LRRule = field(default_factory=LRRule)
     data: DataRule = field(default_factory=DataRule)
     rows: RowsRule = field(default_factory=RowsRule)
+    row_gate: RowGateRule = field(default_factory=RowGateRule)
     make_up: MakeUpRule = field(default_factory=MakeUpRule)
     early_stop: EarlyStopRule = field(default_factory=EarlyStopRule)
 
@@ -470,6 +491,12 @@ class OrchestratorConfig(Section):
             0 <= self.rows.min_gap <= self.rows.certain_gap and self.rows.min_reference >= 0,
             "orchestrator.rows",
             "min_gap and min_reference must be >= 0, certain_gap >= min_gap",
+        )
+        _positive(self.row_gate, "orchestrator.row_gate", "window", "sigma")
+        _check(
+            0 < self.row_gate.min_distinct <= 1 and self.row_gate.min_gap >= 0 and self.row_gate.min_reference >= 0,
+            "orchestrator.row_gate",
+            "min_distinct must be in (0, 1], min_gap and min_reference >= 0",
         )
         _check(self.lr.factor > 2, "orchestrator.lr.factor", "must be > 2 (warm-up doubles the LR once)")
         _check(self.oom.max_retries >= 1, "orchestrator.oom.max_retries", "must be >= 1")

@@ -31,7 +31,7 @@ from trimtab.orchestrator.mod_health import MoDQuality
 from trimtab.orchestrator.moe_health import MoEHealth
 from trimtab.orchestrator.monitors import Finding, Rolling, StepMetrics
 from trimtab.orchestrator.outcomes import SETTLED, Outcomes
-from trimtab.orchestrator.outliers import OutlierRows, merged_into
+from trimtab.orchestrator.outliers import OutlierRows, gate_finding, left_out_once, merged_into
 from trimtab.orchestrator.people import PersonCommands
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.replicas import Replicas
@@ -355,6 +355,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
                     phase=o.phase,
                     rows=o.batch.rows,
                     row_losses=readings.row_means(o.batch.rows, values["rows"]),
+                    gated_rows=[] if "row_gate" in self.paused else readings.gated_rows(o.batch.rows, values["rows"]),
                     moe=readings.moe_loads(o, values["moe"], top_k),
                     mod_capacity=values["mod"],
                     mod_layers=readings.mod_layers(o, values["mod_layers"]),
@@ -384,6 +385,8 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         rows = self.monitors.get("rows") if "rows" not in self.paused else None
         if rows is not None and (f := rows.confirm(run, m)) is not None:
             findings.append(f)  # suspects seen once, scored again on today's weights (outliers.py)
+        if (gated := gate_finding(m, self.cfg.row_gate)) is not None:
+            findings.append(gated)  # the rows the row gate left out of this update: one decision (outliers.py)
         if (rerun := self.reruns.pop(m.step, None)) is not None:  # computed twice, the same: not a fault
             for f in findings:
                 f.evidence["rerun"] = rerun
@@ -414,7 +417,9 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         if unstable and not m.skipped:  # the flagged step's update is in the weights (healthy)
             self.stood_at = m.step
         for f in unstable[:1] + [f for f in findings if f.family != "instability"]:  # one rung per step
-            self._decide(run, f, self.policy.plan(f, run), withheld=m.skipped)
+            # the gate's last: rows another decision of the step leaves out are noted there, not left out twice
+            if f.rule != "row_gate" or (f := left_out_once(f, self.journal)) is not None:
+                self._decide(run, f, self.policy.plan(f, run), withheld=m.skipped)
         if self.make_up is not None and self.mode == "auto" and "make_up" not in self.paused:
             owed = self.make_up.observe(m, self.policy.ladder.last_step, run.total_steps, run.pretrain["steps"])
             if owed is not None:

@@ -45,6 +45,7 @@ class StepMetrics:
     phase: int = 0  # pretraining 0, finetuning 1: new data and a new schedule
     rows: list[int] = field(default_factory=list)
     row_losses: dict[int, tuple[float, int]] | None = None  # per row, training forward: mean loss, targets
+    gated_rows: list[int] = field(default_factory=list)  # left out of this step's update by the row gate
     moe: list[tuple[int, list[float], float, int]] | None = None  # (layer, load shares, dropped, top_k)
     mod_capacity: float | None = None  # mean capacity of the Mixture-of-Depths layers
     mod_layers: list[tuple[int, float]] | None = None  # (layer, capacity) of each Mixture-of-Depths layer

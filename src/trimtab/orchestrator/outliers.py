@@ -47,7 +47,7 @@ from collections import deque
 from statistics import median
 from typing import Any
 
-from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.config.orchestrator import OrchestratorConfig, RowGateRule
 from trimtab.orchestrator.monitors import Finding, Monitor, StepMetrics, outlier_threshold
 
 
@@ -63,7 +63,12 @@ class OutlierRows(Monitor):
     def observe(self, m: StepMetrics) -> Finding | None:
         """This step's rows that stay far above the recent rows (None when none does)."""
         cfg = self.cfg
-        losses = {r: loss for r, (loss, targets) in (m.row_losses or {}).items() if targets >= cfg.min_targets}
+        gated = set(m.gated_rows)  # the row gate's decision names them (gate_finding): a row is left out once
+        for key in map(str, gated):
+            self.suspects.pop(key, None)
+            self.due.pop(key, None)
+        rows = (m.row_losses or {}).items()
+        losses = {r: loss for r, (loss, targets) in rows if targets >= cfg.min_targets and r not in gated}
         values = [x for x in losses.values() if math.isfinite(x)]
         if m.unsettled:
             return None
@@ -153,15 +158,69 @@ class OutlierRows(Monitor):
         self.due = dict(state.get("due", {}))  # a checkpoint from before confirm: its suspects wait for an epoch
 
 
+MERGED = {"rows": "rows_rule", "row_gate": "row_gate"}  # rule -> its key in the watch's evidence
+
+
 def merged_into(watched: Finding, findings: list[Finding]) -> list[Finding]:
     """The findings of a step whose rows the data watch (attribution.py) scored too: the rows rule's
-    are merged into the watch's, so one decision leaves the step's bad rows out. Both named the same
-    rows at the same step (debug-hybrid, bad_rows@48:6 then bad_batch@140:3, 200 steps: 14 steps
-    journaled two skip_data decisions each for the same rows, 53 decisions where 39 said it all)."""
-    named = [f for f in findings if f.rule == "rows"]
+    and the row gate's are merged into the watch's, so one decision leaves the step's bad rows out.
+    Both named the same rows at the same step (debug-hybrid, bad_rows@48:6 then bad_batch@140:3, 200
+    steps: 14 steps journaled two skip_data decisions each for the same rows, 53 decisions where 39
+    said it all)."""
+    named = [f for f in findings if f.rule in MERGED]
+    for rule in dict.fromkeys(f.rule for f in named):
+        rows = sorted({r for f in named if f.rule == rule for r in f.evidence["rows"]})
+        known = list(watched.evidence["rows"])
+        watched.evidence["rows"] = known + [r for r in rows if r not in known]
+        summary = next(f.summary for f in named if f.rule == rule)
+        watched.evidence[MERGED[rule]] = {"rows": rows, "summary": summary}
+    return [f for f in findings if f.rule not in MERGED]
+
+
+def gate_finding(m: StepMetrics, cfg: RowGateRule) -> Finding | None:
+    """The rows the row gate left out of this step's update (training/row_gate.py; m.gated_rows,
+    read with the step's row losses), as one finding of rule row_gate for the step (policy.py plans
+    it into skip_data); None when it gated none."""
+    if not m.gated_rows:
+        return None
+    losses = m.row_losses or {}
+    gated = {r: losses[r][0] for r in m.gated_rows if r in losses}
+    others = [loss for r, (loss, _) in losses.items() if r not in gated and math.isfinite(loss)]
+    middle = median(others) if others else None
+    bar = f"the last {cfg.window} training rows' median + max({cfg.sigma:g} x their spread, {cfg.min_gap:g} nats)"
+    evidence = {
+        "rows": list(m.gated_rows),
+        "gated": True,  # left out of this step's update already, before its backward
+        "losses": {str(r): loss for r, loss in list(gated.items())[:10]},
+        "step_median": middle,  # the step's other rows'
+        "bar": bar,
+        "min_distinct": cfg.min_distinct,
+    }
+    shown = ", ".join(f"{r} ({loss:.2f})" for r, loss in list(gated.items())[:5]) + (", ..." if len(gated) > 5 else "")
+    against = f" against the step's median {middle:.2f}" if middle is not None else ""
+    noun = "row" if len(m.gated_rows) == 1 else "rows"
+    summary = f"{len(m.gated_rows)} {noun} gated before the update: {shown}{against}"
+    return Finding(rule="row_gate", family="data", step=m.step, evidence=evidence, summary=summary, strength=1.0)
+
+
+def left_out_once(gated: Finding, journal: Any) -> Finding | None:
+    """The row gate's finding less the rows another applied decision of its step leaves out already
+    (a loss spike's, ladder.py: its update withheld, its outlier rows left out), noted in that
+    decision's evidence, so that no row is left out twice; None when none is left."""
+    rows, named = gated.evidence["rows"], {}
+    for d in reversed(journal.decisions):
+        if d.step < gated.step:
+            break
+        taken = sorted(set(d.params.get("rows") or ()) & set(rows)) if d.action == "skip_data" else []
+        if d.step == gated.step and d.mode == "auto" and taken:
+            d.evidence["row_gate"] = {"rows": taken, "summary": gated.summary}
+            named.update(dict.fromkeys(taken, d.id))
     if not named:
-        return findings
-    rows = sorted({r for f in named for r in f.evidence["rows"]})
-    watched.evidence["rows"] = list(watched.evidence["rows"]) + [r for r in rows if r not in watched.evidence["rows"]]
-    watched.evidence["rows_rule"] = {"rows": rows, "summary": named[0].summary}
-    return [f for f in findings if f.rule != "rows"]
+        return gated
+    journal.write()
+    if len(named) == len(rows):
+        return None
+    gated.evidence["rows"] = [r for r in rows if r not in named]
+    ids = ", ".join(f"#{i}" for i in sorted(set(named.values())))
+    gated.summary += f"; {len(named)} of them left out already by decision {ids}"
+    return gated

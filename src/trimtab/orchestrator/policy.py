@@ -177,6 +177,13 @@ class Policy(InstabilityLadder):
                 "as it learns the rest (garbage, a broken encoding, a corrupt record), so they are bad data even "
                 "though no step spiked; leave them out of later epochs (this step's update included them)"
             )
+        elif f.rule == "row_gate":
+            why = (
+                "these rows' target tokens are mostly distinct (random tokens, not text, which repeats its words) "
+                "and their losses stood far above the recent rows' when this step met them: the row gate already "
+                "left them out of this step's update (their targets ignored before the backward); leave them out "
+                "for the rest of the run too, as bad data (orchestrator.row_gate.*)"
+            )
         else:
             why = (
                 "rows were left out as bad data a few steps ago, so the steps after are watched: these score as "

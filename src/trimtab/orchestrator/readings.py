@@ -1,5 +1,5 @@
 """A step's readings for the monitors: what the orchestrator copies off the device in one read
-(device_values) and how it turns the copies into StepMetrics fields (row_means, moe_loads), and
+(device_values) and how it turns the copies into StepMetrics fields (row_means, gated_rows, moe_loads), and
 the memory share no copy is needed for (memory_fraction)."""
 
 from __future__ import annotations
@@ -32,15 +32,22 @@ def device_values(out: StepOutput, moe: bool) -> dict[str, Any]:
 
 def row_means(rows: list[int], host: list[list[float]] | None) -> dict[int, tuple[float, int]] | None:
     """Each row's (mean loss per target in nats, targets) from the step's read [R, 2] (summed
-    loss, targets; a row's first place holds it, training.runtime.RowLosses); rows without
-    targets left out."""
+    loss, targets; a row's first place holds it, training.runtime.RowLosses; a third column, the
+    gate's, is gated_rows'); rows without targets left out."""
     if host is None:
         return None
     means: dict[int, tuple[float, int]] = {}
-    for row, (summed, count) in zip(rows, host):
+    for row, (summed, count, *_) in zip(rows, host):
         if count > 0 and row not in means:
             means[row] = (summed / count, int(count))
     return means
+
+
+def gated_rows(rows: list[int], host: list[list[float]] | None) -> list[int]:
+    """The rows the row gate left out of the step's update (training/row_gate.py), from the same
+    read: its third column, summed over the ranks (> 0 where any rank gated the row); none
+    without it (no gate, no row losses)."""
+    return sorted({row for row, values in zip(rows, host or ()) if len(values) > 2 and values[2] > 0})
 
 
 def mod_layers(out: StepOutput, host: list[float] | None) -> list[tuple[int, float]] | None:

@@ -133,24 +133,33 @@ class RowLosses:
     row's place in the step's `rows` (every rank's, so an all-reduce sum gathers them under data
     parallelism; a row twice in one step sums into one place). The orchestrator's outlier-row
     rule reads the means; they come from the training forward itself, so watching every row
-    costs one [B * T] write per micro-batch, not a second pass."""
+    costs one [B * T] write per micro-batch, not a second pass. With `gated` (the row gate runs,
+    training/row_gate.py) a third column counts the rows the gate left out of the update: summed
+    over the ranks it stays > 0 where any rank gated the row, and it is read with the rest (the
+    orchestrator journals them: no read of its own)."""
 
-    def __init__(self, rows: list[int], device: torch.device) -> None:
+    def __init__(self, rows: list[int], device: torch.device, gated: bool = False) -> None:
         self.place: dict[int, int] = {}
         for i, row in enumerate(rows):
             self.place.setdefault(row, i)
-        self.values = torch.zeros(len(rows), 2, device=device)
+        self.values = torch.zeros(len(rows), 3 if gated else 2, device=device)
 
     def buffer(self, targets: torch.Tensor) -> torch.Tensor:
         """A micro-batch's per-token loss buffer, fp32 [B * T], for cross_entropy_sum to fill."""
         return torch.zeros(targets.numel(), dtype=torch.float32, device=targets.device)
 
-    def add(self, rows: list[int], token_losses: torch.Tensor, targets: torch.Tensor) -> None:
-        """After a micro-batch's loss: its rows' summed losses and target counts (targets [B, T])."""
+    def add(
+        self, rows: list[int], token_losses: torch.Tensor, targets: torch.Tensor, gated: torch.Tensor | None = None
+    ) -> None:
+        """After a micro-batch's loss: its rows' summed losses and target counts (targets [B, T]),
+        and with a gated column the gate's 0/1 per row ([B], on device; None: none gated)."""
         index = torch.tensor([self.place[r] for r in rows], device=self.values.device)
         counted = (targets != IGNORE_INDEX).sum(1).float()  # [B]
         summed = token_losses.view(targets.shape).sum(1)  # [B]
-        self.values.index_add_(0, index, torch.stack([summed, counted], 1))
+        columns = [summed, counted]
+        if self.values.shape[1] == 3:
+            columns.append(torch.zeros_like(counted) if gated is None else gated.float())
+        self.values.index_add_(0, index, torch.stack(columns, 1))
 
 
 def mod_metrics(mod: dict[str, Any]) -> dict[str, float]:

@@ -39,6 +39,7 @@ from trimtab.training.optim import build_optimizer, set_lr
 from trimtab.training.policy import PolicyTraining
 from trimtab.training.rerun import Gradients, compare, ranks_that_differ
 from trimtab.training.resume import logged_eval
+from trimtab.training.row_gate import row_gate
 from trimtab.training.runtime import LogWindow, RouterStats, RowLosses
 from trimtab.training.schedule import configured_lengths, phase_lr
 from trimtab.training.services.compiling import StepTimes
@@ -68,6 +69,7 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
         # a flagged step computed again before it is judged (training/rerun.py); fp16's GradScaler
         # unscales once per update, and skips non-finite steps itself
         self.rerun = cfg.resilience.rerun and not self.scaler
+        self.row_gate = row_gate(cfg, self.device)  # garbage rows left out before the update (training/row_gate.py)
         self.state = TrainState(phase_steps=configured_lengths(cfg))
         self.stop_reason = ""
         self.exit_code = 0  # the process's, for a scheduler: non-zero when the run gave up
@@ -232,7 +234,7 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
         if isinstance(batch, (RolloutBatch, PairBatch)):  # RL, DPO: no likelihood per row; this computation's sums
             per_row = False
             batch.terms.clear()  # (a re-run or an OOM retry computes them again)
-        rows = RowLosses(batch.rows, self.device) if per_row else None
+        rows = RowLosses(batch.rows, self.device, gated=self.row_gate is not None) if per_row else None
         self.watchdog.beat("forward_backward")
         local_sq = self.dist.watch_local() if self.rerun else None  # whose computation a re-run faults
         loss, aux_total = self._forward_backward(batch, routers, rows)
@@ -281,6 +283,8 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
         for micro in batch.micro:
             # RL on a MoE policy: the routing its generation chose, through the backward (rl/replay.py)
             depth = isinstance(micro, PolicyMicroBatch) and self.cfg.rl.routing_replay
+            gate = self.row_gate if rows is not None and type(micro) is MicroBatch else None
+            picked = gate.candidates(micro.targets) if gate else []
             with replaying(self.model, getattr(micro, "experts", None), depth):
                 inputs = micro.inputs.to(self.device, non_blocking=True)
                 targets = micro.targets.to(self.device, non_blocking=True)
@@ -297,7 +301,8 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
                         summed = self._dpo_sum(hidden, inputs, targets, micro, batch)
                     else:
                         head = self.model.lm_head.weight
-                        summed = cross_entropy_sum(hidden, head, targets, token_losses=token_losses)
+                        trained = gate.mask(hidden, head, targets, picked) if gate else targets
+                        summed = cross_entropy_sum(hidden, head, trained, token_losses=token_losses)
                     micro_loss = summed / batch.n_targets
                     aux = self.model.aux_loss()  # MoE balance + z, MoD predictor: weighted like the tokens
                     objective = with_aux(micro_loss, aux, share)
@@ -309,7 +314,9 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
                 aux_total = share * aux.detach() + (0 if aux_total is None else aux_total)
             routers.add(share)
             if rows is not None:
-                rows.add(micro.rows, token_losses, targets)
+                if gate:  # a gated row's loss, as scored, stands in the row losses and the step's loss
+                    loss += gate.after(token_losses, targets, trained) / batch.n_targets
+                rows.add(micro.rows, token_losses, targets, gate.flags(len(micro.rows)) if gate else None)
         return loss, aux_total
 
     def _loss_sum(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
