@@ -113,6 +113,7 @@ class StepOutput:
     aux_loss: torch.Tensor | None = None  # 0-d, on device: the MoE auxiliary losses in the objective
     moe: dict[str, Any] | None = None  # MoEStepStats.as_dict(): router telemetry per MoE layer
     mod: dict[str, Any] | None = None  # RouterStats.mod_dict(): per Mixture-of-Depths layer
-    row_losses: torch.Tensor | None = None  # [R, 2] on device: RowLosses.values (summed loss, targets) per row
+    # [R, 2] on device: RowLosses.values (summed loss, targets) per row; [R, 3] with the row gate's flag
+    row_losses: torch.Tensor | None = None
     rerun: dict[str, Any] | None = None  # a flagged step computed twice: the verdict (training/rerun.py)
     update_gain: torch.Tensor | None = None  # 0-d, on device: measured share of the predicted decrease (gain.py)
