@@ -19,7 +19,8 @@ Rows with fewer than `min_targets` targets are not judged: a mean over a few tok
 first line, without context) is noise.
 
 The early look matters when a run sees its data little more than once: at 1.4 epochs most rows
-are never sighted again (healing benchmark, thin_bad_data: 2-4 of 104 garbage rows named). Scored
+are never sighted again (healing benchmark, thin_bad_data: 2-4 of 104 garbage rows named; the row
+gate, training/row_gate.py, leaves random-token rows out of the step that first meets them). Scored
 again, a suspect is judged against the same reference (the recent rows' training-forward losses,
 each taken before the model trained on its row) while it was trained on once itself, which only
 biases it towards not being named. The due suspects of a step are scored in one batch, at most
