@@ -219,3 +219,35 @@ def test_a_gated_row_is_left_out_once_whatever_else_names_it():
     assert Journal.decisions[2].evidence["row_gate"]["rows"] == [5] and not Journal.decisions[1].evidence
     m.gated_rows = [5]
     assert left_out_once(gate_finding(m, RowGateRule()), Journal) is None
+
+
+def test_the_gates_reference_goes_into_the_checkpoint_and_a_resume_takes_it(tmp_path):
+    """Everything stateful is in the checkpoint: a resume or a rollback began the gate's reference
+    empty (no row gated for min_reference rows: a resumed run parted from the one never stopped).
+    The ring comes back oldest first, the next row written over its oldest, as the saved one."""
+    import json
+
+    import trimtab
+    from test_trainer import debug_cfg
+
+    gate = _gate()
+    for _ in range(3):  # 44 rows into a ring of 32: it wrapped
+        targets = torch.randint(0, 4, (4, T))
+        gate.candidates(targets)
+        gate.observe((3.0 + torch.rand(4, 1).expand(4, T)).reshape(-1).clone(), targets)
+    again = RowGate(gate.cfg, torch.device("cpu"))
+    again.load_state_dict(json.loads(json.dumps(gate.state_dict())))
+    for g in (gate, again):  # the same rows from here on: the same reference at every point
+        targets = torch.randint(0, 4, (8, T))
+        g.candidates(targets)
+        g.observe((4.0 + torch.arange(8.0).view(8, 1).expand(8, T)).reshape(-1).clone(), targets)
+    assert sorted(gate.recent.tolist()) == sorted(again.recent.tolist()) and gate.judged == again.judged == 52
+    assert again.threshold().item() == gate.threshold().item()
+    run = tmp_path / "r"
+    trimtab.train(debug_cfg(run, steps=4, checkpoint={"every": 4}))
+    saved = json.loads((run / "checkpoints" / "step_000004" / "state.json").read_text())["row_gate"]
+    assert saved["judged"] > 0 and sum(v is not None for v in saved["recent"]) == min(saved["judged"], 512)
+    resumed = Trainer(setup(debug_cfg(run, steps=8, checkpoint={"every": 4})))  # (4 of 4: finished)
+    resumed.resume(run / "checkpoints" / "step_000004", {})
+    assert resumed.row_gate.judged == saved["judged"]
+    assert sorted(v for v in resumed.row_gate.recent.tolist() if v == v) == sorted(v for v in saved["recent"] if v)

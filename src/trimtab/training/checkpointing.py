@@ -203,6 +203,7 @@ class Checkpointing:
             # the best evaluation so far and its checkpoint (kept from pruning): a resume that began
             # it anew kept the best since the resume and pruned the run's best (soak, 5 kills)
             "best": {"eval": self.best_eval, "checkpoint": self.best_checkpoint},
+            "row_gate": self.row_gate.state_dict() if self.row_gate is not None else None,
         }
 
     def rollback(self, to: str | int = "last_good") -> str:
@@ -279,6 +280,7 @@ class Checkpointing:
         self.last_saved = self.state.step
         self.last_good = self.state.step if state.get("good", True) else -1
         self._take_best(state, rollback)
+        self._take_gate(state)
         if rollback:
             self.loader.skipped |= skipped
             self.window = LogWindow()
@@ -286,6 +288,12 @@ class Checkpointing:
                 hook.on_rollback(self.view, state["hooks"].get(key, {}))
             return
         self._resume_window_and_hooks(state)
+
+    def _take_gate(self, state: dict[str, Any]) -> None:
+        """The row gate's reference as of the checkpoint (training/row_gate.py); kept as it is when
+        the checkpoint has none (older, or saved with the gate off)."""
+        if self.row_gate is not None and state.get("row_gate"):
+            self.row_gate.load_state_dict(state["row_gate"])
 
     def _take_best(self, state: dict[str, Any], rollback: bool = False) -> None:
         """The best evaluation as of the checkpoint; none in a checkpoint from before it was kept. A
@@ -334,6 +342,7 @@ class Checkpointing:
             self.scaler.load_state_dict(received["scaler"])
         self.loader.load_state_dict(state["data"])
         self._take_best(state)
+        self._take_gate(state)
         self._resume_window_and_hooks(state)
 
 

@@ -39,6 +39,9 @@ distinct share, and scores low once seen; it is the data screen's (data/quality.
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -149,6 +152,23 @@ class RowGate:
         self.recent[place] = torch.where(keep, means, self.recent[place])
         self.written += len(means)
         self.judged += int((self.counts >= self.cfg.min_targets).sum())
+
+    def state_dict(self) -> dict[str, Any]:
+        """The reference, for the checkpoint (a resume or a rollback began it empty: no row gated
+        for min_reference rows, and a resumed run parted from the one never stopped). Rank 0's
+        under data parallelism: every rank's window is its own rows', alike in distribution."""
+        values = self.recent.tolist()
+        return {"recent": [None if v != v else v for v in values], "written": self.written, "judged": self.judged}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The saved ring laid out oldest first, its newest `window` kept (the window's size may
+        have changed), and the next row written over the oldest, as the saved ring would."""
+        values = [math.nan if v is None else float(v) for v in state["recent"]]
+        at = int(state["written"]) % len(values) if values else 0
+        ordered = values[at:] + values[:at]
+        kept = ([math.nan] * self.cfg.window + ordered)[-self.cfg.window :]
+        self.recent.copy_(torch.tensor(kept, dtype=self.recent.dtype))
+        self.written, self.judged = 0, int(state["judged"])
 
 
 def row_gate(cfg, device: torch.device) -> RowGate | None:
