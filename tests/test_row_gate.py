@@ -251,3 +251,25 @@ def test_the_gates_reference_goes_into_the_checkpoint_and_a_resume_takes_it(tmp_
     resumed.resume(run / "checkpoints" / "step_000004", {})
     assert resumed.row_gate.judged == saved["judged"]
     assert sorted(v for v in resumed.row_gate.recent.tolist() if v == v) == sorted(v for v in saved["recent"] if v)
+
+
+@pytest.mark.parametrize("how", ["pause-rule row_gate", "mode advise"])
+def test_a_person_turns_the_gate_off_mid_run_through_the_orchestrator(tmp_path, how):
+    """`trimtab ctl RUN pause-rule row_gate` or `ctl RUN mode advise` stopped the gate's journal, not
+    the gate: rows went on being left out of updates with no decision to show it. The trainer asks
+    its hooks (Hook.gates_rows) before each step's gate; the orchestrator says no while paused or
+    not in auto mode."""
+    trainer, batch, micro = _garbage_step(tmp_path, hooks=[lambda cfg: Orchestrator(cfg.orchestrator, cfg.run_dir)])
+    orchestrator = trainer.hooks[-1]
+    orchestrator.on_train_start(trainer.view)
+    if how == "mode advise":
+        orchestrator.mode = "advise"
+    else:
+        orchestrator.paused.add("row_gate")
+    rows = RowLosses(batch.rows, trainer.device, gated=True)
+    trainer._forward_backward(batch, RouterStats(trainer.model, trainer.device), rows)
+    assert rows.values[:, 2].sum().item() == 0  # nothing gated
+    orchestrator.mode, orchestrator.paused = "auto", set()
+    rows = RowLosses(batch.rows, trainer.device, gated=True)
+    trainer._forward_backward(batch, RouterStats(trainer.model, trainer.device), rows)
+    assert rows.values[rows.place[micro.rows[0]], 2].item() == 1.0  # back on: the garbage row gated

@@ -277,6 +277,11 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             self.stood_at = run.step  # the weights themselves were judged: no withheld update explains it
             self._decide(run, f, remedy)
 
+    def gates_rows(self, run: RunView) -> bool:
+        """The row gate acts while the orchestrator may: auto mode, rule row_gate not paused (`trimtab
+        ctl RUN pause-rule row_gate`, `ctl RUN mode advise` turn it off mid-run, not only its journal)."""
+        return self.mode == "auto" and "row_gate" not in self.paused
+
     def healthy(self, run: RunView) -> bool:
         """A good rollback target: no escalation under way, and no instability in the last SETTLED
         steps, or only findings whose updates the gate withheld (they never touched the weights)

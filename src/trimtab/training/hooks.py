@@ -97,6 +97,12 @@ class Hook:
         """A 0-d bool tensor, true to withhold this step's update; computed on device (no sync)."""
         return None
 
+    def gates_rows(self, run: RunView) -> bool:
+        """Whether the row gate (training/row_gate.py) may leave rows out of this step's update: a
+        hook that oversees it (the orchestrator: its mode, its paused rules) says no while a person
+        has it off."""
+        return True
+
     def on_oom(self, run: RunView, exc: BaseException, batch: StepBatch) -> bool:
         """Out of memory inside the step: return True after requesting a smaller micro-batch
         (through run.control; the loop applies it at once) to retry the same rows; False lets the

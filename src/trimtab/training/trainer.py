@@ -280,10 +280,11 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
             routed = self.model.moe_layers() or self.model.mod_layers()
             return loss, aux if routed else None  # every stage alike, whichever holds the layers
         loss, aux_total = torch.zeros((), device=self.device), None
+        gating = self.row_gate is not None and rows is not None and all(h.gates_rows(self.view) for h in self.hooks)
         for micro in batch.micro:
             # RL on a MoE policy: the routing its generation chose, through the backward (rl/replay.py)
             depth = isinstance(micro, PolicyMicroBatch) and self.cfg.rl.routing_replay
-            gate = self.row_gate if rows is not None and type(micro) is MicroBatch else None
+            gate = self.row_gate if gating and type(micro) is MicroBatch else None
             picked = gate.candidates(micro.targets) if gate else []
             with replaying(self.model, getattr(micro, "experts", None), depth):
                 inputs = micro.inputs.to(self.device, non_blocking=True)
