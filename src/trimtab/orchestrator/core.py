@@ -360,7 +360,8 @@ class Orchestrator(Deciding, PersonCommands, Hook):
                     phase=o.phase,
                     rows=o.batch.rows,
                     row_losses=readings.row_means(o.batch.rows, values["rows"]),
-                    gated_rows=[] if "row_gate" in self.paused else readings.gated_rows(o.batch.rows, values["rows"]),
+                    # what the gate did (gates_rows turns it off): journaled even if paused since the step
+                    gated_rows=readings.gated_rows(o.batch.rows, values["rows"]),
                     moe=readings.moe_loads(o, values["moe"], top_k),
                     mod_capacity=values["mod"],
                     mod_layers=readings.mod_layers(o, values["mod_layers"]),
