@@ -12,8 +12,8 @@ import trimtab
 from trimtab.config import load_config
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.core import Orchestrator
+from trimtab.orchestrator.lr_rule import UnexplainedLR
 from trimtab.orchestrator.monitors import StepMetrics
-from trimtab.orchestrator.trends import UnexplainedLR
 from trimtab.rundir import read_decisions
 
 

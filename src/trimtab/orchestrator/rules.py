@@ -4,6 +4,7 @@ journal's `rule`); the policy handles their findings by family (policy.py)."""
 from __future__ import annotations
 
 from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.lr_rule import UnexplainedLR
 from trimtab.orchestrator.monitors import GradExplosion, LossSpike, Monitor, NonFinite
 from trimtab.orchestrator.resources import Fp16Overflow, MemoryPressure, OutOfMemory, Throughput
 from trimtab.orchestrator.rl_health import (
@@ -15,7 +16,7 @@ from trimtab.orchestrator.rl_health import (
     VerifierFailures,
 )
 from trimtab.orchestrator.rl_reward import RewardFall
-from trimtab.orchestrator.trends import AboveStart, Divergence, Plateau, UnexplainedLR
+from trimtab.orchestrator.trends import AboveStart, Divergence, Plateau
 
 MONITORS = {
     "nonfinite": NonFinite,
