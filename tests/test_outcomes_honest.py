@@ -51,6 +51,20 @@ def test_a_decision_the_run_ended_right_after_is_too_early_and_heals_nothing(tmp
     assert shown == "too early (on 1 of the 20 steps it is judged on: the run ended first)"
 
 
+def test_a_not_recovered_outcome_names_the_findings_that_said_so(tmp_path):
+    """nan_loss@20 + grad_spike@23: the skip at 20 was "not recovered" with only "findings_after": 1;
+    a person could not tell the NaN come back from the grad rule's own fault, answered by its own
+    decision. The outcome names the rule and step, and the report says it."""
+    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)
+    skip = pending(orchestrator.journal, 20, "nonfinite", "skip_step")
+    _follow(orchestrator, [21, 22])
+    _follow(orchestrator, [23], [_finding("grad", "instability", 23), _finding("throughput", "throughput", 23)])
+    _follow(orchestrator, range(24, 41))
+    (judged,) = [d for d in read_decisions(tmp_path) if d["id"] == skip.id]
+    assert judged["outcome"]["result"] == "not recovered" and judged["outcome"]["found_after"] == ["grad@23"]
+    assert _outcome(judged, 20) == "not recovered (the trouble back: grad at step 23)"
+
+
 def test_a_note_is_noted_not_recovered(tmp_path):
     """A throughput slowdown logged (action none, make_up "log only") was judged on the loss after
     it: "recovered", a healing that never was."""

@@ -36,6 +36,7 @@ KEEP = 4096  # healthy losses kept by step: a rollback goes back a checkpoint in
 # quiet steps that make a checkpoint good (core.py: healthy) and withheld updates owed
 # (orchestrator.make_up.quiet_steps)
 SETTLED = 5
+FOUND = 5  # the findings an outcome names ("found_after": rule@step), the first few
 
 
 class Outcomes:
@@ -55,10 +56,13 @@ class Outcomes:
             track = self.tracking.setdefault(str(decision.id), {"losses": [], "findings": 0})
             track["losses"].append(m.loss)
             track.setdefault("references", [None] * (len(track["losses"]) - 1)).append(reference)
-            same = any(same_trouble(decision, f) for f in findings)
+            back = [f.rule for f in findings if same_trouble(decision, f)]
+            same = bool(back)
             if decision.action == "skip_step" or (decision.action == "rollback" and m.step > decision.step):
                 same = _answered_trouble(track, same, m.loss)
             track["findings"] += same
+            if same and len(track.setdefault("found", [])) < FOUND:  # named in the outcome: which rule, when
+                track["found"].append(f"{back[0]}@{m.step}")
             decision.observed += 1
             if decision.observed >= self.outcome_after:
                 self.judge(decision)
@@ -112,6 +116,8 @@ class Outcomes:
             "loss_after": after,
             "findings_after": track["findings"],
         }
+        if track.get("found"):  # which findings said the trouble was back: a person tells a recurrence from a new fault
+            d.outcome["found_after"] = track["found"]
         replayed = sum(r is not None for _, r in pairs)
         if replayed:  # compared step by step with the run before the rollback
             d.outcome["replayed_steps"] = replayed

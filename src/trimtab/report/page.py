@@ -223,6 +223,9 @@ def _outcome(d: dict[str, Any], after: int | None) -> str:
         and not outcome.get("rolled_back")
     ):
         text += f" (on {steps} of the {after} steps it is judged on: the run ended first)"
+    found = outcome.get("found_after")
+    if text == "not recovered" and isinstance(found, list) and found:  # the findings that said it was back
+        text += f" (the trouble back: {', '.join(str(f).replace('@', ' at step ') for f in found)})"
     if outcome.get("rolled_back"):
         text += " (judged on the branch a rollback then threw away)"
     return text
