@@ -150,7 +150,8 @@ def test_a_verifier_that_raises_on_every_response_is_named_and_stops_the_run(tmp
         ["rl", *RL, *sets, "--out", str(out), "--max-steps", "8", "--set", f"train.init_from={base}"], tmp_path
     )
     assert done.returncode == 3, done.stderr[-3000:]
-    assert done.stderr.count("rl.reward's verifier failed (the response scored 0): KeyError: 'answer'") == 1
+    assert done.stderr.count("rl.reward's verifier failed on a response to prompt '") == 1  # the prompt named
+    assert "(no reward: its advantage is 0): KeyError: 'answer'; fix the verifier (rl.reward python:" in done.stderr
     (decision,) = [d for d in read_decisions(out) if d["rule"] == "rl_verifier"]
     assert (decision["step"], decision["action"]) == (2, "stop")
     assert decision["evidence"]["error"] == "KeyError: 'answer'" and decision["evidence"]["failed"] == 16

@@ -33,6 +33,9 @@ from trimtab.training.state import GAVE_UP
 
 # rules whose remedy may roll back: their findings keep RL's incident open (policy.py: RLIncident)
 ROLLING_BACK = ("rl_length", "rl_hacking", "rl_reward")
+# verifications that finished all within this share of the limit while others ran past it: those
+# hang, not a slow verifier (a sound one's times spread up to the limit: 0.25 s under 0.1 s, none finished)
+HANG_SHARE = 0.25
 
 
 class NoLearningSignal(Monitor):
@@ -96,34 +99,40 @@ class NoLearningSignal(Monitor):
 
 
 class VerifierFailures(Monitor):
-    """Verifications that fail (time out, raise, or lose their process) score 0 whatever the
-    response: past `threshold` of a window's verifications, the rewards are the verifier's, not
-    the task's. Evidence: the window's counts by kind and its last error (what the verifier
-    raised, as the worker caught it)."""
+    """Verifications that fail (time out, raise, or lose their process) leave their responses
+    without a reward (rl/step.py fill_failed: no advantage): past `threshold` of a window's
+    verifications, much of the step teaches nothing for the verifier's fault. Evidence: the
+    window's counts by kind, its last error (what the verifier raised, as the worker caught it)
+    and the longest verification that gave its verdict, which tells a verifier too slow for its
+    limit from one that hangs on some responses."""
 
     rule, family = "rl_verifier", "rl"
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.rl_verifier
         self.window: list[tuple[int, int, int]] = []
+        self.slowest: list[float] = []  # each step's of the window (seconds)
         self.error = ""
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if (counts := (m.rl or {}).get("verifications")) is None:
             return None
         self.window = [*self.window, counts][-self.cfg.window :]
+        self.slowest = [*self.slowest, m.rl.get("slowest_verification", -1.0)][-self.cfg.window :]
         self.error = m.rl.get("verifier_error") or self.error
         scored, failed, timeouts = (sum(column) for column in zip(*self.window))
         share = failed / max(scored, 1)
         if len(self.window) < self.cfg.window or share < self.cfg.threshold:
             return None
-        self.window = []  # a fresh window after the remedy
+        self.window, slowest, self.slowest = [], max(self.slowest), []  # a fresh window after the remedy
         evidence = {"failed": failed, "timeouts": timeouts, "scored": scored, "share": share, "window": self.cfg.window}
+        if failed < scored and slowest >= 0:  # some gave their verdict (-1: an older checkpoint's batches)
+            evidence["slowest_s"] = round(slowest, 4)
         if failed > timeouts:
             evidence["error"], self.error = self.error, ""
         summary = (
             f"{failed} of the {scored} verifications of the last {self.cfg.window} steps failed ({share:.0%}; "
-            f"{timeouts} timed out; threshold {self.cfg.threshold:.0%}): each scored 0 whatever the response"
+            f"{timeouts} timed out; threshold {self.cfg.threshold:.0%}): each left without a reward (no advantage)"
         )
         strength = 0.5 + 0.5 * (share - self.cfg.threshold) / max(1 - self.cfg.threshold, 1e-9)
         return self.finding(m, evidence, summary, min(1.0, strength))
@@ -401,7 +410,16 @@ def _verifier_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
         return Remedy(
             action="none",
             reasoning=f"the verifier raised (or its process died) on most of the failures: their responses "
-            f"scored 0 for the verifier's fault, not theirs; {fix}",
+            f"teach nothing (no reward, no advantage) for the verifier's fault, not theirs; {fix}",
+        )
+    slowest = e.get("slowest_s")
+    if slowest is not None and slowest < now * HANG_SHARE:
+        return Remedy(
+            action="none",
+            reasoning=f"the verifications that gave their verdict took {slowest:.3g} s at most, under "
+            f"{HANG_SHARE:.0%} of rl.verifier_timeout_s ({now:g} s): the ones past it hang on their responses (a "
+            "loop, a blocking call), which a longer limit would only wait longer for; bound the verifier on such "
+            "responses (rl.reward); the limit stays",
         )
     value = round(min(rule.max_timeout_s, now * rule.factor), 3)
     if value <= now:

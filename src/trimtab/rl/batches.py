@@ -41,6 +41,7 @@ from trimtab.rl.step import (
     RolloutBatch,
     batch_from_state,
     batch_state,
+    fill_failed,
     flat,
     overlong_penalty,
     pass_at_k,
@@ -123,6 +124,7 @@ class RolloutLoader(Ordered):
         # this step's verifications so far: scored, failed, timed out, and the groups' mean verifier
         # scores summed and squared (rule rl_reward's: the overlong penalty is not the verifier's)
         self._scored = [0, 0, 0, 0.0, 0.0]
+        self._slowest = 0.0  # this step's longest verification that gave a verdict (rule rl_verifier)
         self._failed: Exception | None = None  # this rank's generation error, until every rank hears it (_sum)
         self._error, self._told = "", set()  # this step's last verifier error; the errors said on the log
         # seconds a verification may run (rule rl_verifier raises it): each scoring reads it
@@ -158,12 +160,12 @@ class RolloutLoader(Ordered):
         asks again) gives its prompts and sampling seeds back, so the retry draws the same ones
         (they were left out of the epoch before; asynchronously, the batch queued behind it takes
         them, and the failed one draws the next)."""
-        mark = self.order.state_dict(), self.draws, list(self._scored)
+        mark = self.order.state_dict(), self.draws, list(self._scored), self._slowest
         try:
             return self._draw(policy, dynamic_sampling, overlong_buffer, all_sum)
         except BaseException:
             self.order.load_state_dict(mark[0], "rl")
-            self.draws, self._scored = mark[1], mark[2]  # the retry counts its own verifications
+            self.draws, self._scored, self._slowest = mark[1:]  # the retry counts its own verifications
             raise
 
     def _draw(self, policy: Policy, dynamic_sampling: bool, overlong_buffer: int, all_sum: Sum) -> RolloutBatch:
@@ -190,6 +192,7 @@ class RolloutLoader(Ordered):
         rows = [problem for problem, _, _ in groups for _ in range(G)]
         n_tokens = sum(len(r.prompt) + len(r.tokens) - 1 for r in rollouts)
         (verified, failures, timeouts, score, score_sq), self._scored = self._scored, [0, 0, 0, 0.0, 0.0]
+        slowest, self._slowest = self._slowest, 0.0
         error, self._error = self._error, ""
         local = {
             "groups": len(drawn),
@@ -207,8 +210,9 @@ class RolloutLoader(Ordered):
             "truncated": sum(r.truncated for r in rollouts),
             "tokens": sum(len(r.tokens) for r in rollouts),
         }
-        sums = dict(zip(SUMS, self._sum(all_sum, [local[k] for k in SUMS])))
-        fields = {"verifier_error": error, "overlong_buffer": overlong_buffer}
+        *summed, slowest = self._sum(all_sum, [*(local[k] for k in SUMS), slowest])
+        sums = dict(zip(SUMS, summed))
+        fields = {"verifier_error": error, "overlong_buffer": overlong_buffer, "slowest": slowest}
         return RolloutBatch([], 0, n_tokens, rows, None, rollouts, adv, rewards, sums, **fields)
 
     def _sum(self, all_sum: Sum, values: list[float]) -> list[float]:
@@ -246,6 +250,7 @@ class RolloutLoader(Ordered):
         try:
             rollouts = self._generate(policy, [p for p in prompts for _ in range(G)], seed)
             rewards, events = self._score(rollouts, [self.problems[i].answer for i in chosen for _ in range(G)])
+            rewards = fill_failed(rewards, {e["index"] for e in events}, G)  # no verdict: no advantage
         except Exception as exc:  # under torchrun, raised on every rank at the step's next sum (_sum)
             if self.world == 1:
                 raise
@@ -255,11 +260,20 @@ class RolloutLoader(Ordered):
         budget = self.cfg.max_new_tokens
         rewards = [r + overlong_penalty(len(ro.tokens), budget, buffer) for r, ro in zip(rewards, rollouts)]
         timeouts = sum(e["kind"] == "timeout" for e in events)
-        for detail in (e["detail"] for e in events if e["kind"] != "timeout"):
-            self._error = detail
+        for event in (e for e in events if e["kind"] != "timeout"):
+            self._error = detail = event["detail"]
             if len(self._told) < TOLD and detail not in self._told:
                 self._told.add(detail)
-                log.warning("rl.reward's verifier failed (the response scored 0): %s", detail)
+                problem = self.problems[chosen[event["index"] // G]]
+                at = f" ({problem.where})" if problem.where else ""
+                log.warning(
+                    "rl.reward's verifier failed on a response to prompt %r%s (no reward: its advantage is 0): %s; "
+                    "fix the verifier (rl.reward %s) for such responses",
+                    problem.prompt[:80],
+                    at,
+                    detail,
+                    self.cfg.reward,
+                )
         counts = (len(rollouts), len(events), timeouts, sum(scores), sum(x * x for x in scores))
         self._scored = [a + b for a, b in zip(self._scored, counts)]
         return [(i, rollouts[k * G : (k + 1) * G], rewards[k * G : (k + 1) * G]) for k, i in enumerate(chosen)]
@@ -289,6 +303,8 @@ class RolloutLoader(Ordered):
         with self._scoring:
             pool.timeout_s = timeout  # the knob as it is now
             scored = pool.score([self.tok.decode([t for t in r.tokens if t != eos]) for r in rollouts], answers)
+        if not held_out:  # the training verifications' (rule rl_verifier's evidence)
+            self._slowest = max(self._slowest, scored.slowest)
         return scored.rewards, scored.events
 
     def evaluate(self) -> dict[str, float]:

@@ -92,10 +92,23 @@ def _imported(module: str, spec: str, key: str) -> Any:
     the config's: the module is the person's code, its traceback is not trimtab's."""
     try:
         return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (module == exc.name or module.startswith(exc.name + ".")):  # its own import: as is
+            raise
+        raise ConfigError(f"{key} '{spec}': no module named {exc.name} on the import path; {_where(module)}") from None
     except ImportError:
         raise
     except Exception as exc:
         raise ConfigError(f"{key} '{spec}': importing {module} failed: {type(exc).__name__}: {exc}") from None
+
+
+def _where(module: str) -> str:
+    """How to make a verifier's module importable. The `trimtab` command, unlike `python -m`, does
+    not look in the working directory, where a person's verifier file most often is."""
+    path = os.path.join(*module.split(".")) + ".py"
+    if os.path.isfile(path) and "" not in sys.path and os.getcwd() not in sys.path:
+        return f"{path} is in the working directory, which the trimtab command does not search: run with PYTHONPATH=."
+    return "put the directory that holds it on PYTHONPATH, or install it (pip install -e)"
 
 
 def verifier(spec: str, key: str = "rl.reward") -> Verifier:
@@ -169,6 +182,9 @@ class Scored:
     rewards: list[float]
     # each verification that failed: index, kind (timeout | error | died) and detail
     events: list[dict[str, Any]] = field(default_factory=list)
+    # the wall time of the longest verification that gave its verdict: timeouts far past it are
+    # hangs on some responses, not a slow verifier (rule rl_verifier does not lengthen the limit)
+    slowest: float = 0.0
 
 
 class VerifierPool:
@@ -231,7 +247,9 @@ class VerifierPool:
                             index, value, error = w.conn.recv()
                             out.rewards[index] = value
                             w.jobs.popleft()
-                            w.since = time.monotonic()  # the next one's verification begins
+                            now = time.monotonic()
+                            out.slowest = max(out.slowest, 0.0 if error else now - w.since)
+                            w.since = now  # the next one's verification begins
                             if error:
                                 out.events.append({"index": index, "kind": "error", "detail": error})
                         continue

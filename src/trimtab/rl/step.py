@@ -24,6 +24,21 @@ def flat(rewards: list[float]) -> bool:
     return max(rewards) == min(rewards)
 
 
+def fill_failed(rewards: list[float], failed: set[int], group_size: int) -> list[float]:
+    """Each failed verification's reward (it timed out, raised, returned no number) set to the mean
+    of its group's verified ones, so its advantage is 0 under every baseline and the others' are
+    taken against what was verified: scored 0, a right response the verifier could not read was
+    trained as a wrong one (a verifier raising on answers that begin with 1 taught the policy away
+    from right answers that begin with 1). A group none of whose responses was verified: 0 each."""
+    out = list(rewards)
+    for start in range(0, len(out), group_size):
+        group = range(start, min(start + group_size, len(out)))
+        verified = [out[j] for j in group if j not in failed]
+        for j in (j for j in group if j in failed):
+            out[j] = sum(verified) / len(verified) if verified else 0.0
+    return out
+
+
 def solved(groups: list[list[float]], full: float) -> int:
     """Of the groups' rewards, those every response of which earned the full reward (rl.full_reward):
     prompts the policy has learnt. Nothing to learn there either, but warmer sampling would only
@@ -82,6 +97,9 @@ class RolloutBatch(StepBatch):
     verifier_error: str = ""  # this rank's last verification that raised or died, this step (rl_verifier)
     normaliser: float = 0.0  # the step's, every rank's responses (rl/loss.py)
     overlong_buffer: int = 0  # the soft overlong penalty the rewards carry, in tokens (rule rl_length's knob)
+    # seconds the longest verification that gave its verdict took (rule rl_verifier: a slow verifier or
+    # hangs?), summed over the ranks (an upper bound on their longest); kept out of `sums`: a time, not a count
+    slowest: float = -1.0
 
     @property
     def health(self) -> dict[str, Any]:
@@ -94,6 +112,8 @@ class RolloutBatch(StepBatch):
         figures["verifications"] = tuple(int(self.sums[k]) for k in ("verified", "failures", "timeouts"))
         if self.verifier_error:
             figures["verifier_error"] = self.verifier_error
+        if self.slowest >= 0:  # a checkpoint's older batches: unknown
+            figures["slowest_verification"] = self.slowest
         if "score" in self.sums:  # rl_reward's, per group (a checkpoint's older batches: none)
             figures |= {"score_n": self.sums["groups"], "score": self.sums["score"], "score_sq": self.sums["score_sq"]}
             figures["temperature"] = round(self.sums["temperature"] / max(self.sums["verified"], 1), 6)
@@ -143,7 +163,7 @@ def overlong_penalty(length: int, budget: int, buffer: int) -> float:
     return (start - length) / buffer
 
 
-BATCH_FIELDS = ("n_tokens", "rows", "advantage", "rewards", "sums", "verifier_error", "overlong_buffer")
+BATCH_FIELDS = ("n_tokens", "rows", "advantage", "rewards", "sums", "verifier_error", "overlong_buffer", "slowest")
 
 
 def batch_state(batch: RolloutBatch) -> dict[str, Any]:

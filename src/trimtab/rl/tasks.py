@@ -9,6 +9,7 @@ supervised warm start on the same task (`data.source: builtin:arithmetic`).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +69,11 @@ def _answer_text(answer: Any, where: str) -> str:
         raise DataError(
             f'{where}: "answer" is {json.dumps(answer)}: give the text a right response ends with (e.g. "5"), '
             "or drop the line"
+        )
+    if isinstance(answer, float) and not math.isfinite(answer):  # JSON's NaN: a missing value (pandas writes one)
+        raise DataError(
+            f'{where}: "answer" is {json.dumps(answer)}, not an answer (a missing value?): give the text a right '
+            "response ends with, or drop the line"
         )
     if isinstance(answer, (dict, list)):
         return json.dumps(answer, ensure_ascii=False)
