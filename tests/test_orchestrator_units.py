@@ -1414,7 +1414,8 @@ def test_a_verifier_that_fails_gets_longer_or_is_said():
     factor up to the ceiling, a verifier that raises is said for a person."""
     from types import SimpleNamespace
 
-    from trimtab.orchestrator.rl_health import VerifierFailures, remedy
+    from trimtab.orchestrator.rl_health import remedy
+    from trimtab.orchestrator.rl_verifier import VerifierFailures
 
     cfg = OrchestratorConfig()
     cfg.rl_verifier.window, cfg.rl_verifier.threshold = 2, 0.25

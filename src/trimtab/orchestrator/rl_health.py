@@ -1,5 +1,5 @@
 """RL's health (`trimtab rl`, docs/rl.md): monitors of the groups that teach nothing (rl_signal),
-of the verifier failing (rl_verifier), of the policy's entropy collapsing (rl_entropy), of
+of the verifier failing (rl_verifier: rl_verifier.py), of the policy's entropy collapsing (rl_entropy), of
 responses running to the length budget (rl_length), of the training reward parting from the
 held-out one (rl_hacking) and of rollouts too far off the policy trained (rl_ratio), and their
 remedies.
@@ -29,13 +29,10 @@ from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, Rolling, StepMetrics
 from trimtab.orchestrator.remedies import Remedy
 from trimtab.orchestrator.rl_reward import reward_remedy
-from trimtab.training.state import GAVE_UP
+from trimtab.orchestrator.rl_verifier import verifier_remedy
 
 # rules whose remedy may roll back: their findings keep RL's incident open (policy.py: RLIncident)
 ROLLING_BACK = ("rl_length", "rl_hacking", "rl_reward")
-# verifications that finished all within this share of the limit while others ran past it: those
-# hang, not a slow verifier (a sound one's times spread up to the limit: 0.25 s under 0.1 s, none finished)
-HANG_SHARE = 0.25
 
 
 class NoLearningSignal(Monitor):
@@ -94,46 +91,6 @@ class NoLearningSignal(Monitor):
             "no gradient"
         )
         # 0.5 at the threshold, 1 when every group is flat
-        strength = 0.5 + 0.5 * (share - self.cfg.threshold) / max(1 - self.cfg.threshold, 1e-9)
-        return self.finding(m, evidence, summary, min(1.0, strength))
-
-
-class VerifierFailures(Monitor):
-    """Verifications that fail (time out, raise, or lose their process) leave their responses
-    without a reward (rl/step.py fill_failed: no advantage): past `threshold` of a window's
-    verifications, much of the step teaches nothing for the verifier's fault. Evidence: the
-    window's counts by kind, its last error (what the verifier raised, as the worker caught it)
-    and the longest verification that gave its verdict, which tells a verifier too slow for its
-    limit from one that hangs on some responses."""
-
-    rule, family = "rl_verifier", "rl"
-
-    def __init__(self, cfg: OrchestratorConfig):
-        self.cfg = cfg.rl_verifier
-        self.window: list[tuple[int, int, int]] = []
-        self.slowest: list[float] = []  # each step's of the window (seconds)
-        self.error = ""
-
-    def observe(self, m: StepMetrics) -> Finding | None:
-        if (counts := (m.rl or {}).get("verifications")) is None:
-            return None
-        self.window = [*self.window, counts][-self.cfg.window :]
-        self.slowest = [*self.slowest, m.rl.get("slowest_verification", -1.0)][-self.cfg.window :]
-        self.error = m.rl.get("verifier_error") or self.error
-        scored, failed, timeouts = (sum(column) for column in zip(*self.window))
-        share = failed / max(scored, 1)
-        if len(self.window) < self.cfg.window or share < self.cfg.threshold:
-            return None
-        self.window, slowest, self.slowest = [], max(self.slowest), []  # a fresh window after the remedy
-        evidence = {"failed": failed, "timeouts": timeouts, "scored": scored, "share": share, "window": self.cfg.window}
-        if failed < scored and slowest >= 0:  # some gave their verdict (-1: an older checkpoint's batches)
-            evidence["slowest_s"] = round(slowest, 4)
-        if failed > timeouts:
-            evidence["error"], self.error = self.error, ""
-        summary = (
-            f"{failed} of the {scored} verifications of the last {self.cfg.window} steps failed ({share:.0%}; "
-            f"{timeouts} timed out; threshold {self.cfg.threshold:.0%}): each left without a reward (no advantage)"
-        )
         strength = 0.5 + 0.5 * (share - self.cfg.threshold) / max(1 - self.cfg.threshold, 1e-9)
         return self.finding(m, evidence, summary, min(1.0, strength))
 
@@ -319,7 +276,7 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig, *, rollbacks: int = 0
     ceiling (or a verifier that raises), a word for a person; a verifier that raises on nearly
     every response stops the run. `rollbacks`: those the open incident spent (ROLLING_BACK's)."""
     if f.rule == "rl_verifier":
-        return _verifier_remedy(f, view, cfg)
+        return verifier_remedy(f, view, cfg)
     if f.rule == "rl_entropy":
         return _entropy_remedy(view, cfg)
     if f.rule == "rl_length":
@@ -381,58 +338,6 @@ def _ratio_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:
         reasoning="on-policy rollouts are off the clip range: each update moves the policy further than the "
         "trust region allows (or the generation engine disagrees with the trainer: compare rl/kl at a tiny LR); "
         "a lower learning rate",
-    )
-
-
-def _verifier_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
-    """Timeouts: the verifier needs longer (a slow check, a loaded machine), up to the ceiling.
-    Errors: the verifier is broken, which no knob of the run mends: said for a person, and where
-    nearly every verification raised (stop_share), the run stops: no response can earn a reward,
-    and the steps would train on the verifier's zeros."""
-    rule, now, e = cfg.rl_verifier, view.rl_verifier_timeout, f.evidence
-    if e["timeouts"] * 2 < e["failed"]:
-        errors, said = e["failed"] - e["timeouts"], f" (the last: {e['error']})" if e.get("error") else ""
-        first = f.step - e["window"] + 1
-        again = f"train on from a checkpoint before step {first}" if first > 1 else "start the run again"
-        fix = f"fix rl.reward's verifier{said}, then {again}"
-        if errors >= rule.stop_share * e["scored"]:
-            return Remedy(
-                action="stop",
-                params={
-                    "reason": f"rl.reward's verifier failed on {errors} of the {e['scored']} verifications of "
-                    f"the last {e['window']} steps: {fix}",
-                    "exit_code": GAVE_UP,
-                },
-                reasoning=f"the verifier raised (or its process died) on {errors / max(e['scored'], 1):.0%} of the "
-                f"verifications (orchestrator.rl_verifier.stop_share {rule.stop_share:.0%}): every response "
-                "scores 0 whatever it says, so the policy has nothing to learn",
-            )
-        return Remedy(
-            action="none",
-            reasoning=f"the verifier raised (or its process died) on most of the failures: their responses "
-            f"teach nothing (no reward, no advantage) for the verifier's fault, not theirs; {fix}",
-        )
-    slowest = e.get("slowest_s")
-    if slowest is not None and slowest < now * HANG_SHARE:
-        return Remedy(
-            action="none",
-            reasoning=f"the verifications that gave their verdict took {slowest:.3g} s at most, under "
-            f"{HANG_SHARE:.0%} of rl.verifier_timeout_s ({now:g} s): the ones past it hang on their responses (a "
-            "loop, a blocking call), which a longer limit would only wait longer for; bound the verifier on such "
-            "responses (rl.reward); the limit stays",
-        )
-    value = round(min(rule.max_timeout_s, now * rule.factor), 3)
-    if value <= now:
-        return Remedy(
-            action="none",
-            reasoning=f"verifications still time out at orchestrator.rl_verifier.max_timeout_s ({now:g} s): the "
-            "verifier hangs on these responses (a loop, a blocking call); bound it, or raise the ceiling",
-        )
-    return Remedy(
-        action="set_verifier_timeout",
-        params={"value": value},
-        reasoning=f"verifications ran past rl.verifier_timeout_s and scored 0: allow longer ({now:g} -> "
-        f"{value:g} s) so a slow but sound verification gives its verdict",
     )
 
 

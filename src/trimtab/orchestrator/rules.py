@@ -13,9 +13,9 @@ from trimtab.orchestrator.rl_health import (
     NoLearningSignal,
     OffPolicy,
     RewardHacking,
-    VerifierFailures,
 )
 from trimtab.orchestrator.rl_reward import RewardFall
+from trimtab.orchestrator.rl_verifier import VerifierFailures
 from trimtab.orchestrator.trends import AboveStart, Divergence, Plateau
 
 MONITORS = {
