@@ -127,9 +127,10 @@ def test_doctor_shows_the_layout_of_the_gpus_it_runs_on(monkeypatch, capsys):
 
 
 def test_a_batch_too_small_for_every_replica_moves_gpus_into_tensor_parallelism():
-    """small: 8,192 tokens a step are 32 rows; 64 GPUs cannot be 64 replicas, but 16 x tp 4 can."""
-    plan = plan_layout(load_config(preset="small"), named_gpu("H100", 64))
-    assert any("replicas would share train.batch_tokens" in r for r in plan.reasons)
+    """small: 8,192 tokens a step are 32 rows; 512 GPUs cannot be 512 replicas, nor 128 with its
+    4 layers as pipeline stages, but pp 4 x tp 4 leaves 32 (tests/test_presets2_plan.py: pp alone)."""
+    plan = plan_layout(load_config(preset="small"), named_gpu("H100", 512))
+    assert any(r.startswith("tp=1: 512 replicas would share train.batch_tokens") for r in plan.reasons)
     assert plan.best is not None and plan.best.tp >= 2 and plan.best.dp <= 32
 
 

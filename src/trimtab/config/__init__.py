@@ -29,7 +29,7 @@ import yaml
 from trimtab.config.checks import Section, _check, _finite, _positive, check_sections, freeze
 from trimtab.config.coerce import from_dict, merge, nested
 from trimtab.config.data import DataConfig
-from trimtab.config.distributed import DistributedConfig
+from trimtab.config.distributed import DistributedConfig, check_splits
 from trimtab.config.dpo import DPOConfig, grad_ceiling
 from trimtab.config.log import LogConfig
 from trimtab.config.loss_scale import LossScaleConfig
@@ -237,6 +237,7 @@ class RunConfig(Section):
             self.dpo,
         ):
             section.validate()
+        check_splits(self.distributed, self.model)
         _check(not (self.rl.enabled and self.dpo.enabled), "dpo.enabled", "and rl.enabled are two runs; turn one off")
         for key, data in (("data.seq_len", self.data), ("finetune.data.seq_len", self.finetune.data)):
             _check(

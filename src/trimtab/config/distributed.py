@@ -13,8 +13,13 @@ each MoE layer's experts between them (expert parallelism, distributed/expert.py
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from trimtab.config.checks import Section, _check
+from trimtab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trimtab.config.model import ModelConfig
 
 STRATEGIES = ("auto", "ddp", "fsdp")
 BACKENDS = ("auto", "nccl", "gloo")
@@ -109,3 +114,41 @@ class DistributedConfig(Section):
         if self.strategy == "auto":
             return "fsdp" if self.tp > 1 or self.ep > 1 or self.pp > 1 else "ddp"
         return self.strategy
+
+
+def check_splits(cfg: DistributedConfig, model: ModelConfig) -> None:
+    """The model's sizes split over distributed.tp / ep / pp, checked when the config loads: at the
+    start of a launch these errors came only after every rank had prepared its data and built the
+    whole model (which a large preset's fills the host's memory with first). The rules and words of
+    distributed/splits.py, which asks them again at the start with the tokenizer's vocabulary and
+    the world size; a single process ignores the section, but a launch of this config would fail."""
+    stages = cfg.pp * cfg.pp_stages_per_rank
+    if stages > model.n_layers:
+        raise ConfigError(
+            f"distributed.pp={cfg.pp} x pp_stages_per_rank={cfg.pp_stages_per_rank} asks for {stages} pipeline "
+            f"stages but the model has {model.n_layers} layers (model.n_layers); lower them to at most "
+            f"{model.n_layers} stages"
+        )
+    has_moe = any("moe" in kind for kind in model.layers)
+    if cfg.ep > 1 and not has_moe:
+        raise ConfigError(f"distributed.ep={cfg.ep}: the model has no MoE layers to split; use distributed.ep=1")
+    sizes = {"model.n_kv_heads": model.n_kv_heads or model.n_heads, "model.ffn_hidden": model.ffn_hidden}
+    if model.vocab_size:  # 0: the tokenizer's, known at the start (distributed/splits.py checks it there)
+        sizes["model.vocab_size"] = model.vocab_size
+    if has_moe:
+        if model.moe.n_experts % cfg.ep:
+            raise ConfigError(
+                f"distributed.ep={cfg.ep} must divide model.moe.n_experts ({model.moe.n_experts}); lower distributed.ep"
+            )
+        sizes |= {
+            "model.moe.expert_hidden": model.moe.expert_hidden,
+            "model.moe.shared_hidden": model.moe.shared_hidden,
+        }
+        if cfg.tp > 1 and model.moe.router_jitter > 0:
+            raise ConfigError(
+                f"distributed.tp={cfg.tp}: model.moe.router_jitter draws noise on each rank, so the tensor-parallel "
+                "ranks would route differently; set it to 0"
+            )
+    for key, size in sizes.items():
+        if size % cfg.tp:
+            raise ConfigError(f"distributed.tp={cfg.tp} must divide {key} ({size}); lower distributed.tp")

@@ -87,12 +87,13 @@ def _slurm(plan: Plan, config: str | None) -> str:
 #SBATCH --cpus-per-task={8 * per_node}
 #SBATCH --exclusive
 #SBATCH --requeue
-#SBATCH --signal=B:TERM@120
+#SBATCH --signal=TERM@120
 # EDIT: --partition, --account, --time as the site asks
 set -euo pipefail
 HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export OMP_NUM_THREADS=8
-# one torchrun agent a node; SIGTERM before the time limit: each rank saves and exits 0 (resumable)
+# one torchrun agent a node; SIGTERM 2 minutes before the time limit reaches srun's tasks (not B:, which
+# signals only this shell): each rank saves and exits 0 (resumable)
 srun --kill-on-bad-exit=0 {command}
 """
 

@@ -209,7 +209,7 @@ def _search(cfg: RunConfig, shape: _Shape, hw: Hardware, gpus_per_node: int) -> 
             break
         if why:
             continue
-        for pp in _pipeline_sizes(cfg, shape, hw.devices, tp):
+        for pp in _pipeline_sizes(cfg, shape.n_layers, hw.devices, tp):
             dp = hw.devices // (tp * pp)
             for ep in _expert_sizes(shape, dp):
                 for strategy, ckpt in _choices(tp, dp, ep, pp):
@@ -291,10 +291,12 @@ def _tp_problem(cfg: RunConfig, tp: int, gpus: int, per_node: int) -> tuple[str,
         return "", True  # not a choice on this many GPUs: nothing to explain
     if tp > per_node or gpus % tp:
         return f"tp={tp} and more: tensor-parallel groups stay inside a node of {per_node} GPUs", True
-    if gpus * cfg.data.seq_len > cfg.train.batch_tokens * tp:
+    # pipeline stages divide the replicas further: only when no pp size leaves each a row is tp out
+    if not _pipeline_sizes(cfg, cfg.model.n_layers, gpus, tp):
         return (
             f"tp={tp}: {gpus // tp} replicas would share train.batch_tokens={cfg.train.batch_tokens:,}, "
-            f"less than one row of {cfg.data.seq_len:,} tokens each"
+            f"less than one row of {cfg.data.seq_len:,} tokens each (with every pipeline size up to "
+            f"{_largest_pp(cfg.model.n_layers)} stages too)"
         ), False
     if tp == 1:
         return "", False
@@ -316,15 +318,18 @@ def _expert_sizes(model: _Shape, dp: int) -> list[int]:
     return sizes
 
 
-def _pipeline_sizes(cfg: RunConfig, model: _Shape, gpus: int, tp: int) -> list[int]:
+def _largest_pp(n_layers: int) -> int:
+    """The most pipeline stages tried for a model of n_layers (one stage a layer at most)."""
+    return max(pp for pp in PP_SIZES if pp <= n_layers)
+
+
+def _pipeline_sizes(cfg: RunConfig, n_layers: int, gpus: int, tp: int) -> list[int]:
     """pp sizes to try: dividing the GPUs left after tp, at most one stage a layer, and each
     stage's replicas still holding a row of the batch."""
     return [
         pp
         for pp in PP_SIZES
-        if pp <= model.n_layers
-        and gpus % (tp * pp) == 0
-        and gpus * cfg.data.seq_len <= cfg.train.batch_tokens * tp * pp
+        if pp <= n_layers and gpus % (tp * pp) == 0 and gpus * cfg.data.seq_len <= cfg.train.batch_tokens * tp * pp
     ]
 
 

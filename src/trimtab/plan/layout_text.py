@@ -19,8 +19,14 @@ def format_layout(plan: LayoutPlan, command: str) -> list[str]:
     ]
     b = plan.best
     if b is None:
-        need = f"about {plan.gpus_needed} GPUs" if plan.gpus_needed else f"no number of {plan.gpu}s"
-        lines.append(f"  nothing fits: {need} would hold it with the parallelism trimtab has today")
+        if not plan.candidates:  # no layout was even tried: the GPUs outnumber the batch's rows, not memory
+            lines.append(
+                f"  nothing fits: {plan.gpus} GPUs are more than train.batch_tokens has rows for; use fewer GPUs "
+                "or raise train.batch_tokens"
+            )
+        else:
+            need = f"about {plan.gpus_needed} GPUs" if plan.gpus_needed else f"no number of {plan.gpu}s"
+            lines.append(f"  nothing fits: {need} would hold it with the parallelism trimtab has today")
         lines += [f"  - {r}" for r in plan.reasons]
         smallest = plan.candidates[0] if plan.candidates else None
         if smallest:
