@@ -56,6 +56,26 @@ class BackgroundWrite:
         return self._path
 
 
+GATE, GATES = "row_gate", "row_gate_by_rank"  # state.json's keys: the row gate's reference (training/row_gate.py)
+
+
+def with_gates(state: dict[str, Any], gates: list[Any]) -> dict[str, Any]:
+    """rank 0's state.json with every rank's row gate reference: each rank's is its own rows'
+    (data-parallel ranks read different rows), and a resume that gave every rank rank 0's gated other
+    rows than the run never stopped (bad rows on one rank: one of two garbage rows gated, then apart)."""
+    return {**state, GATES: gates} if any(g is not None for g in gates) else state
+
+
+def own_gate(state: dict[str, Any], rank: int) -> dict[str, Any]:
+    """The checkpoint's state with this rank's row gate reference as its `row_gate` (with_gates);
+    on another world (resharded rows) rank r takes saved rank r mod the saved world: a reference of
+    rows like its own. A checkpoint without them (one process, older) is left as it is."""
+    gates = state.get(GATES)
+    if not isinstance(gates, list) or not gates or gates[rank % len(gates)] is None:
+        return state
+    return {**state, GATE: gates[rank % len(gates)]}
+
+
 class Checkpoints:
     """The checkpoint half of Parallel (world, rank, is_main, sharded, pipeline come from it)."""
 
@@ -160,11 +180,12 @@ class Checkpoints:
                 self.written()
             mine = digest_files(sorted((tmp / SHARDED).glob(f"__{self.rank}_*.distcp")), tmp)
             gathered = [None] * self.world if self.is_main else None
-            dist.gather_object((mine, extra), gathered, dst=0, group=group)
+            dist.gather_object((mine, extra, state.get(GATE)), gathered, dst=0, group=group)
             error = None
             if self.is_main:
-                digests = {name: d for files, _ in gathered for name, d in files.items()}
-                rng = [e["rng"] for _, e in gathered]
+                digests = {name: d for files, _, _ in gathered for name, d in files.items()}
+                rng = [e["rng"] for _, e, _ in gathered]
+                state = with_gates(state, [g for _, _, g in gathered])
                 error = attempt(
                     _commit_sharded, run_dir, step, tmp, {**extra, "rng_by_rank": rng}, state, keep, protect, digests
                 )
@@ -189,7 +210,8 @@ class Checkpoints:
         """load_checkpoint for this world size: data-parallel ranks read their own shards later
         (load_weights, load_optimizer). No file is hashed again: rank 0 (one process: this one)
         verified this checkpoint when it chose it (from_main(latest_valid / find_checkpoint))."""
-        return load_checkpoint(path, full_weights=self.world == 1, verified=True)
+        weights, optim_state, state = load_checkpoint(path, full_weights=self.world == 1, verified=True)
+        return weights, optim_state, own_gate(state, self.rank)
 
     def load_model(
         self, model: nn.Module, weights: dict[str, torch.Tensor] | None, state: dict[str, Any], path: Path

@@ -77,7 +77,9 @@ class Resilience(Hook):
                 self.ledger.high = max(self.ledger.high, step)
             incident = self.ledger.open(started, run.step, run.world, restart_count(), life)
             if incident is not None:
-                incident.update(localize(self.run_dir, previous["started"], f"session{incident['session']}"))
+                incident.update(
+                    localize(self.run_dir, previous["started"], f"session{incident['session']}", previous["world"])
+                )
                 incident["nodes_after"] = node_count()
                 self.ledger.write(force=True)
             elif previous is not None and previous["world"] != run.world:  # a clean stop, then another world
@@ -145,6 +147,7 @@ def restart_finding(incident: dict[str, Any], step: int) -> Finding:
         "lost_rank": f"{who} lost without a word"
         if blamed
         else "the session ended without a word (killed, crashed or its node lost)",
+        "lost_process": "the process ended without a word (SIGKILL, the OOM killer, its machine)",
         "lost_node": f"node {nodes} ({who}, host {', '.join(incident.get('hosts_to_blame', []))}) lost without a word",
         "crash": f"{who} failed: {str(incident.get('error'))[:120]}",
         "resized": "the job stopped cleanly and came back on another world (a node joined or left, or another launch)",

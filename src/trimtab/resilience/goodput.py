@@ -64,7 +64,12 @@ class Ledger:
         previous = self.sessions[-1] if self.sessions else None
         incident, down = None, 0.0
         if previous is not None and previous.get("end") is None:
-            previous["beat"] = max(previous["beat"], last_life)
+            # it lived on past its last write (up to WRITE_S; its ranks' beats, its step mark say how
+            # long): that time is its own, in no bucket it wrote, else the run's wall time lacks it
+            lived = max(0.0, last_life - previous["beat"])
+            previous["beat"] += lived
+            seconds = previous.setdefault("seconds", {})  # (a ledger an older trimtab wrote may lack it)
+            seconds["other"] = seconds.get("other", 0.0) + lived
             down = max(0.0, started - previous["beat"])
             incident = {
                 "kind": "restart",

@@ -11,6 +11,8 @@ RUN_DIR/goodput.step (rank 0's last completed step, written after every step: re
                collective it left): killed (SIGKILL, the OOM killer), its process gone
     lost_node  as lost_rank, and the silent ranks are every rank of one or more nodes (torchrun's
                node rank in their beats) while other nodes spoke: a node gone, or its agent
+    lost_process  a session of one process left no exit record: killed (SIGKILL, the OOM killer, a
+               preemption without notice) or its machine gone; no other rank to fail with it
     crash      every rank left an exit record: the first error is the cause
     excluded   a rank's exit record says the orchestrator excluded its node (a straggler's or a
                suspect device's: orchestrator.straggler.exclude, orchestrator.rerun.exclude): not a
@@ -78,9 +80,10 @@ def last_logged_step(run_dir: Path) -> int:
     return max(steps)
 
 
-def localize(run_dir: Path, since: float, archive_as: str) -> dict[str, Any]:
-    """The evidence of how the session that started at `since` ended: kind, the ranks to blame,
-    every rank's last record. Its hang stacks move to RUN_DIR/hangs/<archive_as>/."""
+def localize(run_dir: Path, since: float, archive_as: str, world: int = 0) -> dict[str, Any]:
+    """The evidence of how the session that started at `since` (of `world` processes; 0: unknown)
+    ended: kind, the ranks to blame, every rank's last record. Its hang stacks move to
+    RUN_DIR/hangs/<archive_as>/."""
     ranks = {r["rank"]: r for r in _records(run_dir / RANKS, since)}
     hangs = [r for r in _records(run_dir / HANGS, since) if "section" in r]
     marked = read_mark(run_dir, since) is not None
@@ -113,7 +116,9 @@ def localize(run_dir: Path, since: float, archive_as: str) -> dict[str, Any]:
         evidence.update(kind="excluded", ranks_to_blame=excluded, nodes_to_blame=nodes)
         return evidence
     silent = sorted(k for k, r in ranks.items() if not r.get("exit"))
-    if silent:  # every rank silent: the whole job went at once (a node, the agent): none to blame
+    if world == 1 and (silent or not ranks):  # one process: no rank was lost from a job that went on
+        evidence.update(kind="lost_process", ranks_to_blame=[])
+    elif silent:  # every rank silent: the whole job went at once (a node, the agent): none to blame
         evidence.update(kind="lost_rank", ranks_to_blame=silent if len(silent) < len(ranks) else [])
         evidence.update(_lost_nodes(ranks, silent))
     elif ranks:

@@ -1,0 +1,77 @@
+"""A run of one process killed from outside (SIGKILL, the OOM killer, a preemption without notice)
+and started again: the restart's evidence says the process was lost, not that a rank of a job was
+(`lost_rank` says the other ranks' collectives failed with it; a session of one has no others)."""
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from trimtab.orchestrator.remedies import restart
+from trimtab.orchestrator.restarts import Resilience
+from trimtab.resilience.goodput import Ledger, totals
+from trimtab.rundir import GOODPUT_FILE, write_json
+
+
+def lost_session(run_dir, world: int) -> None:
+    """A session of `world` processes that trained to step 12 and never said it ended."""
+    ledger = Ledger(run_dir)
+    ledger.open(time.time() - 30.0, 0, world, 0, 0.0)
+    for step in range(1, 13):
+        ledger.step(step, 0.1)
+    ledger.write(force=True)  # no close(): SIGKILL
+
+
+def restarted(run_dir, step: int = 10) -> dict:
+    """The restart's incident as rank 0 of a one-process session resumed at `step` reads it."""
+    proposed, said = [], []
+    run = SimpleNamespace(is_main=True, step=step, world=1, say=said.append, propose=proposed.append)
+    hook = Resilience(run_dir)
+    hook.on_train_start(run)
+    (finding,) = proposed
+    assert said == [f"[resilience] {finding.summary}"]
+    return finding
+
+
+def test_a_single_process_killed_then_resumed_is_a_lost_process_not_a_lost_rank(tmp_path):
+    lost_session(tmp_path, world=1)
+    finding = restarted(tmp_path)
+    evidence = finding.evidence
+    assert evidence["kind"] == "lost_process" and evidence["ranks_to_blame"] == []
+    assert (evidence["step"], evidence["resumed_step"], evidence["steps_lost"]) == (12, 10, 2)
+    assert evidence["step_exact"] is True  # goodput.step holds step 12
+    assert finding.summary.startswith("the process ended without a word")
+    assert "collectives" not in restart(finding).reasoning  # no other rank failed with it
+    ledger = Ledger(tmp_path)
+    assert ledger.incidents[-1]["kind"] == "lost_process"  # goodput.json's record too
+
+
+def test_a_lost_rank_of_a_job_of_two_is_still_a_lost_rank(tmp_path):
+    """The ranks' records decide as before when the session had several processes."""
+    from trimtab.resilience.incidents import localize
+    from trimtab.rundir import write_json
+
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    beat = {"host": "h", "node": 0, "pid": 1, "time": 10.0}
+    write_json(ranks / "rank0.json", {"rank": 0, "step": 7, "section": "sync", "exit": "DistError: peer", **beat})
+    write_json(ranks / "rank1.json", {"rank": 1, "step": 7, "section": "data", **beat})
+    evidence = localize(tmp_path, 0.0, "session1", world=2)
+    assert evidence["kind"] == "lost_rank" and evidence["ranks_to_blame"] == [1]
+    write_json(ranks / "rank1.json", {"rank": 1, "step": 7, "section": "data", "exit": "RuntimeError: x", **beat})
+    assert localize(tmp_path, 0.0, "session1", world=1)["kind"] == "crash"  # an exit record: not lost
+
+
+def test_a_lost_sessions_time_after_its_last_ledger_write_is_in_the_runs_wall_time(tmp_path):
+    """goodput.json is written at most every WRITE_S; a session killed after its last write lived on
+    (its step mark, its ranks' beats say until when). That time was in no bucket and, its down time
+    counted from the later sign of life, in no down either: the wall time (ETTR's denominator)
+    lacked up to a second an incident (0.79 s measured on a single-process kill -9)."""
+    seconds = {"productive": 15.0, "redone": 0.0, "checkpoint": 0.0, "evaluation": 0.0, "start_up": 5.0, "other": 0.0}
+    lost = {"started": 1000.0, "beat": 1020.0, "end": None, "restart": 0, "world": 1, "from_step": 0, "step": 12}
+    write_json(tmp_path / GOODPUT_FILE, {"sessions": [{**lost, "down_s": 0.0, "seconds": seconds}], "incidents": []})
+    ledger = Ledger(tmp_path)
+    ledger.open(1025.0, 10, 1, 0, 1020.8)  # alive until 1020.8 (its step mark), started again at 1025
+    assert ledger.incidents[-1]["down_s"] == pytest.approx(4.2)
+    wall = totals(ledger.sessions[:1], [])["wall_s"] + ledger.sessions[1]["down_s"]
+    assert wall == pytest.approx(25.0)  # every second from the first start to the restart
