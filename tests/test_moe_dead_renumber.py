@@ -21,6 +21,7 @@ def deaths(monitor, start, steps, n, dead):
         f = monitor.observe(m)
         if f is not None and f.evidence["kind"] == "dead":
             out.append((f.evidence["expert"], f.evidence["revived_before"]))
+            f.commit()  # auto mode: the remedy is applied (Remedy.applied runs the finding's commit)
     return out
 
 
@@ -55,10 +56,14 @@ def test_a_layer_with_as_many_experts_as_top_k_is_not_collapsed_and_its_dead_exp
     monitor = MoEHealth(cfg)
 
     def feed(start, shares):
-        return [
+        found = [
             monitor.observe(StepMetrics(step=s, loss=4.0, grad_norm=1.0, progress=0.5, moe=[(1, shares, 0.0, 2)]))
             for s in range(start, start + 4)
         ]
+        for f in found:
+            if f is not None and f.commit is not None:
+                f.commit()  # auto mode: the remedy is applied
+        return found
 
     assert feed(0, [0.5, 0.5]) == [None] * 4
     found = [f for f in feed(4, [1.0, 0.0]) + feed(8, [1.0, 0.0]) if f is not None]

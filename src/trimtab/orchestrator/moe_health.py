@@ -82,12 +82,19 @@ class MoEHealth(Monitor):
         if kind == "dead":
             expert = f.evidence["expert"]
             self.starved[key][expert] = 0
-            if f.evidence["revived_before"] and self.cfg.prune_dead and f.evidence["prunable"]:  # remedies.moe prunes
-                self.pruning[key] = expert
-            elif expert not in self.revived.get(key, []):
-                self.revived.setdefault(key, []).append(expert)
+            prune = f.evidence["revived_before"] and self.cfg.prune_dead and f.evidence["prunable"]  # remedies.moe's
+            f.commit = lambda: self._remedied(key, expert, prune)
         elif kind in ("imbalance", "collapse"):
             self.strikes[key] = self._recent(key, f.step) + [f.step]
+
+    def _remedied(self, key: str, expert: int, prune: bool) -> None:
+        """A dead expert's remedy was applied (Remedy.commit): it was re-initialised, or pruned. Advice
+        (advise mode, confidence too low) changed nothing: its expert, dead again, was never revived, and
+        calling it so proposed pruning an expert that had had no re-init (soak, advise mode)."""
+        if prune:
+            self.pruning[key] = expert
+        elif expert not in self.revived.get(key, []):
+            self.revived.setdefault(key, []).append(expert)
 
     def _check(self, m: StepMetrics, layer: int, top_k: int) -> Finding | None:
         key, cfg = str(layer), self.cfg

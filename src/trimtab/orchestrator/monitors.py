@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
@@ -67,6 +68,8 @@ class Finding:
     summary: str  # e.g. "loss 7.9 > mean 4.6 + 5 sigma (0.12)"
     strength: float  # 0..1: how clearly the evidence passes the threshold
     rows: list[int] = field(default_factory=list)
+    # what the monitor remembers once the finding's remedy is applied (the policy's Remedy.commit passes it on)
+    commit: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
 
 class Rolling:

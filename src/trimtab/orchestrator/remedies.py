@@ -272,6 +272,7 @@ def restart(f: Finding) -> Remedy:
         "hang": "its watchdog ended the stalled section instead of waiting out the collective timeout, and wrote "
         f"every rank's stack ({e.get('stacks')})",
         "lost_rank": "the other ranks' collectives failed with it",
+        "lost_process": "it left no exit record (killed: SIGKILL, the OOM killer, or its machine gone)",
         "lost_node": "the other nodes' collectives failed with it, and the rendezvous went on without it",
         "crash": "its error ended the step on every rank",
         "resized": "the job saved and stopped for a new rendezvous",
@@ -323,12 +324,14 @@ def moe(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
                 action="prune_expert",
                 params={"layer": layer, "expert": expert},
                 reasoning="the expert died again after a re-init: it only costs memory, so it goes",
+                commit=f.commit,  # the rule remembers a prune or re-init only when applied
             )
         return Remedy(
             action="reinit_expert",
             params={"layer": layer, "expert": expert},
             reasoning="a dead expert is wasted capacity: fresh weights and a router row at the mean of the "
             "others give it traffic again (its optimizer moments restart from zero)",
+            commit=f.commit,
         )
     if kind == "saturated":
         return Remedy(

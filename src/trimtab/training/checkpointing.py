@@ -278,7 +278,7 @@ class Checkpointing:
         set_rng_state(optim_state["rng"])
         self.loader.load_state_dict(state["data"])
         self.last_saved = self.state.step
-        self.last_good = self.state.step if state.get("good", True) else -1
+        self.last_good = self.state.step if state.get("good", True) else self._good_before()
         self._take_best(state, rollback)
         self._take_gate(state)
         if rollback:
@@ -288,6 +288,13 @@ class Checkpointing:
                 hook.on_rollback(self.view, state["hooks"].get(key, {}))
             return
         self._resume_window_and_hooks(state)
+
+    def _good_before(self) -> int:
+        """The newest good checkpoint on disk (-1: none), for a load of one that is not good: pruning
+        spares last_good, and -1 let the first save after a resume delete the run's only rollback
+        target (soak: a kill -9 during an escalation, then a fault with nothing to roll back to)."""
+        found = self.dist.from_main(find_checkpoint, self.cfg.run_dir, "last_good")
+        return found[1]["step"] if found is not None else -1
 
     def _take_gate(self, state: dict[str, Any]) -> None:
         """The row gate's reference as of the checkpoint (training/row_gate.py); kept as it is when
