@@ -153,6 +153,10 @@ def test_yaml_off_for_the_orchestrator_mode_is_translated_at_load_only(tmp_path)
     assert load_config(preset="debug", overrides={"orchestrator": {"mode": "false"}}).orchestrator.mode == "off"
     with pytest.raises(ConfigError, match="orchestrator.mode"):
         load_config(preset="debug", sets=["orchestrator.mode=on"])
+    # the `garbage` decision tells a person to set data.garbage_filter off: it was refused ("must be one of")
+    path.write_text("data:\n  garbage_filter: off\nfinetune:\n  data:\n    garbage_filter: off\n")
+    loaded = load_config(path, preset="debug", sets=["data.garbage_filter=off"])
+    assert loaded.data.garbage_filter == loaded.finetune.data.garbage_filter == "off"
 
 
 def test_activation_checkpointing_reads_the_older_booleans_as_full_and_off(tmp_path):

@@ -416,6 +416,8 @@ RENAMED = {
 RESPELLED = {
     ("orchestrator", "mode"): {False: "off", "false": "off"},  # YAML 1.1 reads a bare `off` as false
     ("resilience", "watchdog"): {False: "off", "false": "off", True: "on", "true": "on"},  # and `on` as true
+    ("data", "garbage_filter"): {False: "off", "false": "off"},  # the `garbage` decision tells a person to set it off
+    ("finetune", "data", "garbage_filter"): {False: "off", "false": "off"},
     # a boolean before selective checkpointing existed: true was a whole block's recompute
     ("train", "activation_checkpointing"): {False: "off", "false": "off", True: "full", "true": "full"},
 }

@@ -381,7 +381,23 @@ def _string(rec: dict[str, Any], name: str, where: str = "") -> str:
         raise BadRecord(f"missing '{where}{name}'")
     if not isinstance(rec[name], str):
         raise BadRecord(f"'{where}{name}' must be a string, got {type(rec[name]).__name__}")
+    _check_unicode(rec[name], f"{where}{name}")
     return rec[name]
+
+
+def _check_unicode(text: str, name: str) -> None:
+    """JSON's \\uD800-\\uDFFF escapes decode to a lone surrogate when unpaired (scraped text cut
+    inside an emoji): no UTF-8 holds it, so byte counting and the tokenizer would fail on it later
+    with a traceback naming no record. Refused here, where the record's file:line is known."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadRecord(
+            f"'{name}' holds a lone UTF-16 surrogate ({text[exc.start]!r} at character {exc.start}: a \\u escape "
+            "without its pair), which is not Unicode text"
+        ) from None
 
 
 def _chat(rec: dict[str, Any]) -> list[tuple[str, str]]:
