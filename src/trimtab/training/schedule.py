@@ -28,7 +28,8 @@ from typing import Any, Protocol
 
 from trimtab.config import OptimConfig, RunConfig
 from trimtab.errors import ConfigError
-from trimtab.training.optim import lr_at
+from trimtab.training.optim import lr_at, warmup_length
+from trimtab.training.state import StepOutput
 
 KEYS = ("train.max_steps", "finetune.steps")  # the config key of each phase's length
 
@@ -62,19 +63,52 @@ def rewarm_steps(added: int, optim: OptimConfig) -> int:
     return min(optim.warmup_steps, added // 4)
 
 
-def phase_lr(phase: PhaseLike, index: int, step: int, restarts: list[list[Any]]) -> float:
+def phase_lr(phase: PhaseLike, index: int, step: int, restarts: list[list[Any]], behind: list[int] = ()) -> float:
     """The configured LR of global step `step` (0-based) in phase `index`: the phase's schedule over
-    its length, or over a re-warm segment after an extension (rewarm_steps)."""
+    its length, or over a re-warm segment after an extension (rewarm_steps). `behind`: [a segment's
+    start, the updates withheld during its warm-up] (TrainState.warm_behind), which hold it back."""
+    start, end, warm_from, first = _segment(phase, index, step, restarts)
+    late = behind[1] if len(behind) == 2 and behind[0] == start else 0
+    if first:
+        return lr_at(step - start, end - start, phase.optim, behind=late)
+    warm = rewarm_steps(end - start, phase.optim)
+    if not warm:
+        return warm_from
+    return lr_at(step - start, end - start, phase.optim, warm_from, warm, behind=late)
+
+
+def note_withheld(state: Any, phase: PhaseLike, out: StepOutput) -> None:
+    """After step `out` of the state's phase: if its update, due in a warm-up, was withheld (read
+    only then), the warm-up is one more update behind (optim.lr_at). The count is the segment's, in
+    the state, so a rollback restores it with the step and a resume goes on with it."""
+    step = out.step - 1  # 0-based, as phase_lr's
+    start, end, _, first = _segment(phase, state.phase, step, state.restarts)
+    late = state.warm_behind[1] if state.warm_behind[:1] == [start] else 0
+    warm = warmup_length(end - start, phase.optim, None if first else rewarm_steps(end - start, phase.optim))
+    if step - start - late < warm and _withheld(out):
+        state.warm_behind = [start, late + 1]
+
+
+def _withheld(out: StepOutput) -> bool:
+    """Whether the step's update was withheld: by the update gate, or by fp16's scaler on an overflow.
+    A host read (steps past the warm-ups never pay it), but for a step the re-run's read found
+    unflagged (no scaler there)."""
+    if out.withheld is not None:
+        return out.withheld
+    for flag in (out.skipped, out.overflow):
+        if flag is not None and bool(flag):
+            return True
+    return False
+
+
+def _segment(phase: PhaseLike, index: int, step: int, restarts: list[list[Any]]) -> tuple[int, int, float, bool]:
+    """The schedule segment step `step` falls in: its start, end, the LR it warms from, and whether
+    it is the phase's own (not a re-warm's)."""
     segments = [(phase.start, 0.0)] + sorted((s, w) for p, s, w in restarts if p == index)
     i = max(j for j, (start, _) in enumerate(segments) if start <= step)
     start, warm_from = segments[i]
     end = segments[i + 1][0] if i + 1 < len(segments) else phase.start + phase.steps
-    if i == 0:
-        return lr_at(step - start, end - start, phase.optim)
-    warm = rewarm_steps(end - start, phase.optim)
-    if not warm:
-        return warm_from
-    return lr_at(step - start, end - start, phase.optim, warm_from, warm)
+    return start, end, warm_from, i == 0
 
 
 def reconcile(state: Any, phases: list[PhaseLike], lengths: list[int]) -> list[dict[str, Any]]:

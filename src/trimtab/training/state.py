@@ -42,6 +42,8 @@ class TrainState:
     # saved, and the re-warm segments of phases extended after they ended.
     phase_steps: list[int] = field(default_factory=list)
     restarts: list[list[Any]] = field(default_factory=list)
+    # [a schedule segment's start, the updates withheld during its warm-up]: they hold it back (schedule.py)
+    warm_behind: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -110,6 +112,7 @@ class StepOutput:
     seconds: float = 0.0  # wall time of the step, data loading included
     skipped: torch.Tensor | None = None  # 0-d bool, on device: the update gate withheld the update
     overflow: torch.Tensor | None = None  # 0-d bool, on device: fp16 GradScaler found inf/NaN
+    withheld: bool | None = None  # skipped as read on the host already (the re-run's read); None: not read
     aux_loss: torch.Tensor | None = None  # 0-d, on device: the MoE auxiliary losses in the objective
     moe: dict[str, Any] | None = None  # MoEStepStats.as_dict(): router telemetry per MoE layer
     mod: dict[str, Any] | None = None  # RouterStats.mod_dict(): per Mixture-of-Depths layer

@@ -41,7 +41,7 @@ from trimtab.training.rerun import Gradients, compare, ranks_that_differ
 from trimtab.training.resume import logged_eval
 from trimtab.training.row_gate import row_gate
 from trimtab.training.runtime import LogWindow, RouterStats, RowLosses
-from trimtab.training.schedule import configured_lengths, phase_lr
+from trimtab.training.schedule import configured_lengths, note_withheld, phase_lr
 from trimtab.training.services.compiling import StepTimes
 from trimtab.training.services.signals import handle_signals
 from trimtab.training.setup import BuiltRun
@@ -193,8 +193,10 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
         grads = self._gradients(batch, clip)
         # Checked before the update, so a bad step is never applied (torchtitan#4226).
         skip = self._update_gate(grads.loss, grads.grad_norm)
-        rerun = None
-        if self.rerun and skip is not None and not forced and bool(skip):  # one host read a step
+        rerun, flagged = None, None
+        if self.rerun and skip is not None and not forced:
+            flagged = bool(skip)  # one host read a step (the LR warm-up's hold-back reads it too: _withheld)
+        if flagged:
             grads, skip, rerun = self._rerun(batch, clip, grads)
         lr = self.optimizer.param_groups[0]["lr"]  # what the update applies
         if self.replicas is not None and not self.replicas.commit(self.state.step + 1):  # a group failed in it
@@ -224,6 +226,7 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
             row_losses=grads.rows.values if grads.rows is not None else None,
             rerun=rerun,
             update_gain=update_gain,
+            withheld=False if flagged is False else None,  # flagged: the re-run's gate decides afresh
         )
 
     def _gradients(self, batch: StepBatch, clip: float) -> Gradients:
@@ -384,6 +387,7 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
     # ------------------------------------------------------------------------------ around the step
 
     def _after_step(self, out: StepOutput) -> None:
+        note_withheld(self.state, self.phases[self.state.phase], out)
         self.state.step = out.step
         self.state.tokens += out.batch.n_tokens
         self.state.train_seconds += out.seconds
@@ -483,7 +487,8 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
 
     def scheduled_lr(self) -> float:
         """The configured schedule's LR for the step about to run (or running), before the multiplier."""
-        return phase_lr(self.phases[self.state.phase], self.state.phase, self.state.step, self.state.restarts)
+        state = self.state
+        return phase_lr(self.phases[state.phase], state.phase, state.step, state.restarts, state.warm_behind)
 
     def say(self, line: str) -> None:
         """One line on the console, above the progress bar."""

@@ -306,7 +306,7 @@ class RunView:
         """The next step's schedule LR if pretraining were `steps` long (a length change's jump)."""
         phase = copy.copy(self._t.phases[0])
         phase.steps = steps  # through phase_lr: its re-warm segments too (an ended pretraining extended)
-        return phase_lr(phase, 0, self._t.state.step, self._t.state.restarts)
+        return phase_lr(phase, 0, self._t.state.step, self._t.state.restarts, self._t.state.warm_behind)
 
     @property
     def grad_clip(self) -> float:
