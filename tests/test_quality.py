@@ -150,3 +150,33 @@ def test_data_prepare_screens_with_one_scale_and_counts_per_file(corpus, tmp_pat
     assert kept["files"][0]["garbage"] == len(bad_lines) and kept["documents"] == n_docs
     off = prepare([str(path)], tmp_path / "off", vocab_size=512, options=Options(garbage_filter="off"))
     assert "garbage" not in off and "garbage" not in off["files"][0]
+
+
+# Tolstoy (1877), Homer, and a sentence of Arabic: prose of scripts a BPE of this corpus never learnt
+RUSSIAN = "Все счастливые семьи похожи друг на друга, каждая несчастливая семья несчастлива по-своему."
+GREEK = "Μῆνιν ἄειδε θεὰ Πηληϊάδεω Ἀχιλῆος οὐλομένην, ἣ μυρί᾽ Ἀχαιοῖς ἄλγε᾽ ἔθηκε, πολλὰς δ᾽ ἰφθίμους ψυχὰς."
+ARABIC = "اللغة العربية هي إحدى أكثر اللغات انتشارا في العالم ويتحدثها أكثر من أربعمائة مليون نسمة في بلدان كثيرة."
+
+
+def test_a_minority_language_is_kept_where_garbage_is_flagged(corpus, tmp_path, caplog):
+    """5% of Japanese passages in an English corpus were all flagged (a script the tokenizer never
+    learnt packs like random bytes), and the orchestrator in auto mode left every one out of
+    training. Text of another script is a language, not garbage: kept, said; garbage still flagged."""
+    path, bad_lines = corpus
+    lines = path.read_text().splitlines()
+    rng = random.Random(2)  # the passages' words in new orders: a corpus does not repeat a page
+    foreign = [" ".join(rng.choices(text.split(), k=150)) + "." for text in (RUSSIAN, GREEK, ARABIC)]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("\n".join(lines + [json.dumps({"text": t}) for t in foreign]) + "\n")
+    assert all(quality.other_script(t) for t in foreign)
+    assert not any(quality.other_script(garbage(k, 1500, random.Random(1))) for k in ("base64", "hexdump", "mojibake"))
+    cfg = DataConfig(source=str(mixed), max_bytes=0, seq_len=64, eval_fraction=0.0, garbage_filter="drop")
+    with caplog.at_level(logging.WARNING):
+        kept = set(phase(cfg).train.docs.sources)
+    assert {f"{mixed}:{len(lines) + k}" for k in (1, 2, 3)} <= kept  # the three foreign documents
+    assert not {f"{mixed}:{n}" for n in bad_lines} & kept  # and every garbage one out
+    said = [r.message for r in caplog.records]
+    assert any("3 documents pack like garbage but are written in another script" in line for line in said), said
+    manifest = prepare([str(mixed)], tmp_path / "p", vocab_size=512, options=Options(garbage_filter="drop"))
+    assert manifest["files"][0]["garbage"] == len(bad_lines)  # the garbage only: the three foreign documents kept
+    assert manifest["documents"] == len(lines) + 3 - len(bad_lines)

@@ -153,7 +153,7 @@ def _prepare(
     _measure_scale(manifest, [str(path) for _, path, _ in files], tok, options, hint)
     workers = workers or os.cpu_count() or 1
     jobs = _jobs(manifest, files, workers, options.format)
-    start, done_tokens, skipped, shown, flagged, garbage = time.perf_counter(), 0, 0, [], 0, []
+    start, done_tokens, skipped, shown, flagged, garbage, spared = time.perf_counter(), 0, 0, [], 0, [], 0
     for i, result in enumerate(_run(jobs, out, manifest, options, workers, hint), start=1):
         for line in result["warnings"]:
             log.warning("%s", line)
@@ -163,12 +163,15 @@ def _prepare(
         shown += result["skipped"]
         flagged += sum(stats.get("garbage", 0) for stats in result["files"].values())
         garbage += [f"{manifest['files'][n]['path']}:{line}" for n, line in result["garbage"]]
+        spared += result["spared"]
         done_tokens += sum(s["tokens"] for s in result["shards"])
         rate = done_tokens / max(time.perf_counter() - start, 1e-9)
         log.info("prepared %d/%d jobs: %s tokens so far (%.0f tokens/s)", i, len(jobs), f"{done_tokens:,}", rate)
     write_manifest(out, manifest)
     if skipped:
         log.warning("%s", skipped_line(skipped, shown))
+    if spared:
+        log.warning("%s", quality.spared_line(spared, "the sources"))
     if flagged:
         log.warning("%s", _garbage_line(manifest, flagged, garbage, options.garbage_filter == "drop"))
     return manifest

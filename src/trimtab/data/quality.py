@@ -16,13 +16,18 @@ scores near the corpus's median loss per token, so the orchestrator's per-row ru
 Measured (docs/data.md): on the built-in corpus with ~3% garbage documents of five kinds, the
 threshold falls at 0.48-0.52x the median; precision 1.00 / recall 0.79 with a 512-token BPE (hex
 dumps pack like text there), 0.93 / 0.99 with 4,096 (the false ones are embedded binary literals,
-garbage to a language model too). A minority language inside a source packs like garbage, which is
-why the default only reports.
+garbage to a language model too). A minority language inside a source packs like garbage too: a
+document whose characters are mostly letters of a script other than Latin (Japanese, Chinese,
+Korean, Cyrillic, Greek, Arabic, Devanagari, ...) is that, and never flagged (`other_script`): 5% of
+Japanese passages in an English corpus were all flagged, and the orchestrator in auto mode left
+every one out of training. Garbage is Latin letters, digits and symbols (base64, hex, printable
+noise) or mis-encoded text, whose letters are Latin-1's.
 """
 
 from __future__ import annotations
 
 import math
+import unicodedata
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -31,6 +36,10 @@ MIN_BYTES = 256  # shorter documents are not judged: a few tokens say little of 
 MIN_DOCS = 20  # judged documents a source needs for its median to be a reference
 CAP = 0.75  # a flagged document packs under this fraction of the median, however tight the source
 SHOWN = 5  # documents named on the console
+# a document whose non-space characters are at least this share letters (or marks) of a script
+# other than Latin is a minority language's (Japanese prose: ~0.85; base64, hex: 0; mojibake: Latin-1)
+SCRIPT_SHARE = 0.5
+LATIN_END = 0x370  # Latin and its extensions, IPA and combining marks end here; Greek starts
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,27 @@ def scale(n_bytes: np.ndarray, n_tokens: np.ndarray, sigma: float) -> tuple[floa
 def flags(n_bytes: np.ndarray, n_tokens: np.ndarray, median: float, threshold: float) -> np.ndarray:
     """bool [D]: the documents of MIN_BYTES that pack under threshold x median."""
     return (np.asarray(n_bytes) >= MIN_BYTES) & (packed(n_bytes, n_tokens) < threshold * median)
+
+
+def other_script(text: str) -> bool:
+    """Whether `text` is written mostly in letters of a script other than Latin (SCRIPT_SHARE of
+    its non-space characters): a language the tokenizer knows little of, not garbage."""
+    chars = [c for c in text if not c.isspace()]
+    letters = sum(1 for c in chars if ord(c) >= LATIN_END and unicodedata.category(c)[0] in "LM")
+    return bool(chars) and letters >= SCRIPT_SHARE * len(chars)
+
+
+def spare_scripts(flagged: np.ndarray, texts: list[str]) -> tuple[np.ndarray, int]:
+    """`flagged` less the documents written in another script (other_script), and how many those were."""
+    spared = np.array([bool(f) and other_script(t) for f, t in zip(flagged, texts, strict=True)], dtype=bool)
+    return flagged & ~spared, int(spared.sum())
+
+
+def spared_line(count: int, key: str) -> str:
+    return (
+        f"{key}: {count:,} documents pack like garbage but are written in another script than Latin (a "
+        "minority language the tokenizer knows little of): kept and trained, not flagged"
+    )
 
 
 def report(found: Screened, names: list[str], n_bytes: np.ndarray, key: str, dropped: bool) -> str:

@@ -101,6 +101,7 @@ def run_job(
         "span": span,
         "skipped": skipped,
         "garbage": encoder.garbage,
+        "spared": encoder.spared,
     }
 
 
@@ -141,6 +142,7 @@ class _Encoder:
     scale: dict[str, float] | None = None  # the garbage screen's (median, threshold); None: off
     drop: bool = False  # leave out what the screen flags (else count and name it only)
     garbage: list[tuple[int, int]] = field(default_factory=list)  # (file, line) of the first flagged
+    spared: int = 0  # documents that pack like garbage, written in another script: kept (quality.other_script)
     file: int = 0
     stats: dict[int, dict[str, int]] = field(default_factory=dict)
     chat: bool = False
@@ -204,6 +206,8 @@ class _Encoder:
             ]
         )
         flagged = whole & quality.flags(n_bytes, n_tokens, self.scale["median"], self.scale["threshold"])
+        flagged, spared = quality.spare_scripts(flagged, [doc.text for doc, *_ in self._batch])
+        self.spared += spared  # a minority language: kept, said once at the end (prepare.py)
         return np.where(flagged, quality.packed(n_bytes, n_tokens), np.nan)
 
 
