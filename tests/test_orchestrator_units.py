@@ -240,6 +240,20 @@ def test_divergence_slope():
     assert feed(Divergence(cfg), [-0.04, -0.03, -0.02, -0.01, 0.0]) == [None] * 5
 
 
+def test_divergence_is_not_drawn_by_the_noise_of_a_sound_run():
+    """A fault-free debug-moe run of 500 steps (5.7 epochs, losses 1.5-2.0 a step-to-step spread of
+    ~0.08) had its LR halved three times for rises of 5-6% that its noise drew. The rise must stand
+    `sigma` standard errors clear of that noise too; a real climb of the same size, smooth, fires."""
+    cfg = OrchestratorConfig()  # window 40, min_rise 5%, sigma 3
+    noise = [0.08 * x for x in (1.1, -0.9, 0.4, -1.6, 0.9, -0.3, 1.4, -1.2, 0.2, -0.5)] * 4
+    noisy = [1.6 + 0.1 * i / 39 + e for i, e in enumerate(noise)]  # rise ~0.1 (6%) under noise 0.08
+    assert Rolling(40, noisy).slope() * 39 > 0.05 * sum(noisy) / 40  # past min_rise: the old rule fired
+    assert feed(Divergence(cfg), noisy) == [None] * 40
+    smooth = [1.6 + 0.1 * i / 39 + e / 8 for i, e in enumerate(noise)]  # the same rise, a tenth of the noise
+    [*quiet, found] = feed(Divergence(cfg), smooth)
+    assert quiet == [None] * 39 and found.evidence["rise_error"] < found.evidence["rise"] / 3
+
+
 def test_plateau_variance():
     cfg = OrchestratorConfig()
     cfg.plateau.window, cfg.plateau.variance, cfg.plateau.max_progress = 5, 1e-3, 0.8

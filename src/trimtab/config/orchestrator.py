@@ -105,11 +105,13 @@ class AboveStartRule(Section):
 
 @dataclass
 class DivergenceRule(Section):
-    """The least-squares line through the last `window` losses rises by min_rise of its mean."""
+    """The least-squares line through the last `window` losses rises by min_rise of its mean, and by
+    `sigma` standard errors of that rise (the noise of the losses about the line)."""
 
     enabled: bool = True
     window: int = 40
     min_rise: float = 0.05  # fraction of the window's mean loss
+    sigma: float = 3.0  # standard errors of the fitted rise (0: the fraction alone)
     lr_factor: float = 0.5
 
 
@@ -445,6 +447,7 @@ class OrchestratorConfig(Section):
         check_rl_rules(self)
         _check(self.divergence.window >= 4, "orchestrator.divergence.window", "must be >= 4")
         _check(0 < self.divergence.lr_factor < 1, "orchestrator.divergence.lr_factor", "must be in (0, 1)")
+        _check(self.divergence.sigma >= 0, "orchestrator.divergence.sigma", "must be >= 0 (0: min_rise alone)")
         _check(0 < self.above_start.lr_factor < 1, "orchestrator.above_start.lr_factor", "must be in (0, 1)")
         _positive(self.above_start, "orchestrator.above_start", "patience", "window")
         _check(0 < self.above_start.collapse < 1, "orchestrator.above_start.collapse", "must be in (0, 1)")

@@ -102,6 +102,17 @@ class Rolling:
         cov = sum((i - x_mean) * (v - y_mean) for i, v in enumerate(self.values))
         return cov / sum((i - x_mean) ** 2 for i in range(n))
 
+    def rise_error(self) -> float:
+        """Standard error of the least-squares line's rise over the window ((n - 1) x its slope's):
+        the residuals' spread about the line over the spread of the steps."""
+        n = len(self.values)
+        if n < 3:
+            return math.inf
+        slope, x_mean, y_mean = self.slope(), (n - 1) / 2, self.mean()
+        residual = sum((v - y_mean - slope * (i - x_mean)) ** 2 for i, v in enumerate(self.values))
+        sxx = sum((i - x_mean) ** 2 for i in range(n))
+        return (n - 1) * math.sqrt(residual / (n - 2) / sxx)
+
     def full(self) -> bool:
         return len(self.values) == self.values.maxlen
 
