@@ -17,9 +17,9 @@ class Divergence(Monitor):
     and by `sigma` standard errors of that rise, so the noise of a sound run's losses does not draw
     it: a fault-free debug-moe run of 500 steps (5.7 epochs of the built-in data, losses 1.5-2.0
     with a spread of ~0.08 from step to step) had its LR halved at steps 304, 418 and 482 for rises
-    of 5.4-6.1% (0.08-0.12 nats, their standard error ~0.04). Steps whose update was withheld are left out (their loss is a spike's or bad data's, not the
-    trajectory's); the finding carries the window's rows, so the policy can tell bad data from a
-    bad LR and attribute it to rows."""
+    of 5.4-6.1% (0.08-0.12 nats, their standard error ~0.04). Steps whose update was withheld are
+    left out (their loss is a spike's or bad data's, not the trajectory's); the finding carries the
+    window's rows, so the policy can tell bad data from a bad LR and attribute it to rows."""
 
     rule, family = "divergence", "instability"
 
