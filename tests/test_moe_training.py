@@ -228,7 +228,7 @@ def test_a_rollback_keeps_the_router_knobs_as_it_keeps_the_lr_scale(tmp_path):
 
     class Turn(Hook):
         def __init__(self):
-            self.sent, self.rolled, self.seen = set(), False, None
+            self.sent, self.rolled, self.seen, self.said = set(), False, None, []
 
         def on_step_end(self, run, out):
             if out.step == 6 and "knobs" not in self.sent:
@@ -237,7 +237,7 @@ def test_a_rollback_keeps_the_router_knobs_as_it_keeps_the_lr_scale(tmp_path):
                 run.control.request("add_expert", layer=1)
             elif out.step == 7 and "rollback" not in self.sent:
                 self.sent.add("rollback")
-                run.control.request("rollback", to=4)
+                run.control.request("rollback", to=4, on_done=self.said.append)
             elif self.rolled and self.seen is None:  # the first step trained again
                 self.seen = run.moe_knobs(1)
 
@@ -247,3 +247,5 @@ def test_a_rollback_keeps_the_router_knobs_as_it_keeps_the_lr_scale(tmp_path):
     turn = Turn()
     trimtab.train(moe_cfg(tmp_path / "r", steps=8, checkpoint={"every": 4}), hooks=[turn])
     assert turn.rolled and turn.seen["router_temperature"] == 1.5 and turn.seen["n_experts"] == 8
+    # the expert the rollback undid is said in what it applied (it was silent: the journal still showed 8 -> 9)
+    assert any("layer 1: 9 -> 8 experts" in line for line in turn.said), turn.said

@@ -216,7 +216,7 @@ class Checkpointing:
         if found is None:
             what = "good checkpoint" if to == "last_good" else f"checkpoint at or before step {to}"
             raise CheckpointError(f"no {what} to roll back to in {self.cfg.run_dir / 'checkpoints'}")
-        step = self.state.step
+        step, experts = self.state.step, _expert_counts(self.model)
         # the abandoned trajectory's checkpoints are retired before the load (seconds to minutes for
         # a large model), not after: a process killed in it resumed from the state it rolled back from
         self.dist.on_main(retire_after, self.cfg.run_dir, found[1]["step"], self.cfg.checkpoint.keep)
@@ -224,7 +224,12 @@ class Checkpointing:
         self._restored = True
         if self.last_eval.get("step", 0) > self.state.step:  # it judged the abandoned weights
             self.last_eval = {}
-        return f"rolled back from step {step} to step {self.state.step}"
+        # an expert added or pruned since the checkpoint is undone with its weights: said, not silent
+        # (the journal showed "8 -> 9 experts" applied, and the rollback named no change)
+        now = _expert_counts(self.model)
+        undone = [f"layer {i}: {experts[i]} -> {m} experts" for i, m in now.items() if experts[i] != m]
+        said = f" ({'; '.join(undone)}: the checkpoint's)" if undone else ""
+        return f"rolled back from step {step} to step {self.state.step}{said}"
 
     def _common_checkpoint(self, newest: tuple[Any, dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:
         """The newest checkpoint at or before this group's `newest` that every replica group
@@ -378,3 +383,8 @@ def apply_live_keys(model: Any, cfg: RunConfig, keys: list[str]) -> None:
             targets = dict(zip(layers, cfg.model.mod_capacities))  # by layer index, as mod_state keeps them
             for i, router in model.mod_layers():
                 router.target = float(targets[i])
+
+
+def _expert_counts(model: Any) -> dict[int, int]:
+    """Each MoE layer's expert count, by block index."""
+    return {i: layer.n_experts for i, layer in model.moe_layers()}
