@@ -32,6 +32,10 @@ def test_no_improvement_for_patience_evaluations_stops_the_run_with_its_evidence
 def test_early_stopping_is_off_by_default_and_advise_only_journals(tmp_path):
     sets = ["orchestrator.early_stop.min_delta=10", "train.eval_every=2"]
     assert trimtab.train(debug_cfg(tmp_path / "off", steps=8, sets=sets))["step"] == 8
+    # off, it is a note for a person (a 500-step debug-moe run's held-out loss rose 3.685 -> 3.749 unsaid)
+    [note] = [d for d in decisions(tmp_path / "off") if d["rule"] == "early_stop"]
+    assert note["step"] == 8 and note["action"] == "none" and note["evidence"]["evaluations_without_improvement"] == 3
+    assert "early_stop.enabled=true stops a run here" in note["reasoning"]
     sets += ["orchestrator.early_stop.enabled=true", "orchestrator.early_stop.patience=1", "orchestrator.mode=advise"]
     assert trimtab.train(debug_cfg(tmp_path / "advise", steps=8, sets=sets))["step"] == 8
     advised = [d for d in decisions(tmp_path / "advise") if d["rule"] == "early_stop"]

@@ -66,8 +66,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             self.monitors["mod"] = MoDQuality(cfg)
         if cfg.rows.enabled:
             self.monitors["rows"] = OutlierRows(cfg)  # thinly spread bad data: rows far above the others
-        if cfg.early_stop.enabled:
-            self.monitors["early_stop"] = EarlyStop(cfg)
+        self.monitors["early_stop"] = EarlyStop(cfg)  # off: a note instead of a stop (evaluation.early_stop)
         self.make_up = MakeUp(cfg.make_up) if cfg.make_up.enabled else None  # withheld updates owed
         self.stragglers = Stragglers(cfg) if cfg.straggler.enabled else None  # under torchrun: a slow rank
         self.interval = CheckpointInterval(cfg) if cfg.checkpoint_interval.enabled else None  # Young's

@@ -102,7 +102,7 @@ class Policy(InstabilityLadder):
             "disk": lambda f, view: remedies.disk(f, view, cfg),
             "length": lambda f, view: remedies.length(f, view, cfg),
             "data": self._watched,
-            "convergence": lambda f, view: evaluation.early_stop(f),
+            "convergence": lambda f, view: evaluation.early_stop(f, cfg.early_stop.enabled),
             "evaluation": lambda f, view: evaluation.failed_evaluation(f, view.total_steps),
             "make_up": lambda f, view: make_up.remedy(f, view, cfg),
             "cluster": lambda f, view: remedies.restart(f),
