@@ -58,7 +58,7 @@ def apply_moe_parallel(model: nn.Module, mesh: Mesh) -> list[nn.Parameter]:
     dims = [name for name, size in (("ep", mesh.ep), ("tp", mesh.tp)) if size > 1]
     experts: list[nn.Parameter] = []
     for i, moe in model.moe_layers():
-        if moe.router.is_meta:  # hollow: held by another pipeline stage
+        if "router" not in moe._parameters:  # hollow: held by another pipeline stage (a meta build's are meta too)
             continue
         moe.local = local_shard
         if moe.shared is not None:

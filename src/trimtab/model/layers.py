@@ -105,13 +105,26 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, max_seq_len: int, theta: float, scaling: RopeScalingConfig | None = None):
         super().__init__()
+        self.shape = (head_dim, max_seq_len, theta, scaling)  # what reset_buffers computes the tables from
+        cos, sin = self._tables()
+        self.register_buffer("cos", cos, persistent=False)  # [L, 1, E]
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        head_dim, max_seq_len, theta, scaling = self.shape
         inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
         if scaling is not None and scaling.type != "none":
             inv_freq = scaled_frequencies(inv_freq, scaling)
         angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)  # [L, E/2]
         cos, sin = angles.cos(), angles.sin()
-        self.register_buffer("cos", torch.cat((cos, cos), -1)[:, None].float(), persistent=False)  # [L, 1, E]
-        self.register_buffer("sin", torch.cat((-sin, sin), -1)[:, None].float(), persistent=False)
+        return torch.cat((cos, cos), -1)[:, None].float(), torch.cat((-sin, sin), -1)[:, None].float()
+
+    def reset_buffers(self, device: torch.device) -> None:
+        """The tables again, on `device` (a model built on the meta device has none): computed on
+        the CPU, as a CPU-built model's, so they are the same bits."""
+        with torch.device("cpu"):
+            cos, sin = self._tables()
+        self.cos, self.sin = cos.to(device), sin.to(device)
 
     def table(self, offset: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (signed) for positions [offset, offset + length), each [T, 1, E]."""

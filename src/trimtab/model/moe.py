@@ -185,6 +185,11 @@ class MoE(nn.Module):
         self.expert_bias.zero_()
         self.load.zero_()
 
+    def reset_buffers(self, device: torch.device) -> None:
+        """Zero bias and load on `device` (a model built on the meta device has none)."""
+        self.expert_bias = torch.zeros(self.n_experts, device=device)
+        self.load = torch.zeros(self.n_experts, device=device)
+
     # ---- routing -------------------------------------------------------------------------
 
     def route(self, x: torch.Tensor) -> Routing:

@@ -108,24 +108,30 @@ class Transformer(nn.Module):
         """normal(0, init_std) matrices, ones for norms, zeros for biases; residual output projections (attention wo,
         ffn w2) scaled by 1/sqrt(2 * n_layers) so the residual stream's variance does not grow
         with depth (GPT-2, Radford et al. 2019, section 2.3; Megatron-LM, Shoeybi et al. 2019)."""
-        std = self.cfg.init_std
-        out_std = std / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():  # tied weights are listed (and drawn) once
             if p.is_meta:  # no values to draw (a model built to be counted); grouping q, k, v on meta costs seconds
                 continue
-            if name.endswith(".bias"):
-                nn.init.zeros_(p)
-            elif p.dim() == 1:
-                nn.init.ones_(p)
-            elif name.endswith("attn.qkv.weight"):
-                # Drawn in q, k, v order, then grouped: the same model as the same seed gave
-                # before the fused layout was grouped (golden runs unchanged).
-                heads = torch.empty_like(p).normal_(0.0, std)
-                rows = [n * self.head_dim for n in (self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.n_kv_heads)]
-                p.copy_(group_qkv(*heads.split(rows), self.cfg.n_kv_heads))
-            else:
-                residual = name.endswith(("wo.weight", "w2.weight", "ffn.w2"))  # ffn.w2: MoE experts
-                nn.init.normal_(p, 0.0, out_std if residual else std)
+            self.init_parameter(name, p)
+
+    @torch.no_grad()
+    def init_parameter(self, name: str, p: torch.Tensor) -> None:
+        """Fill `p`, the whole parameter `name` (or a CPU tensor of its shape), with its initial
+        values, drawn from the global generator: reset_parameters does so in named_parameters
+        order, and so does a model built on the meta device (model/meta.py), one at a time."""
+        std = self.cfg.init_std
+        if name.endswith(".bias"):
+            nn.init.zeros_(p)
+        elif p.dim() == 1:
+            nn.init.ones_(p)
+        elif name.endswith("attn.qkv.weight"):
+            # Drawn in q, k, v order, then grouped: the same model as the same seed gave
+            # before the fused layout was grouped (golden runs unchanged).
+            heads = torch.empty_like(p).normal_(0.0, std)
+            rows = [n * self.head_dim for n in (self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.n_kv_heads)]
+            p.copy_(group_qkv(*heads.split(rows), self.cfg.n_kv_heads))
+        else:
+            residual = name.endswith(("wo.weight", "w2.weight", "ffn.w2"))  # ffn.w2: MoE experts
+            nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.cfg.n_layers) if residual else std)
 
     def set_activation_checkpointing(self, mode: str) -> None:
         """off | selective | full (model/recompute.py): what of each block's activations its

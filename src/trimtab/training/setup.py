@@ -37,11 +37,13 @@ from trimtab.data.prepared import ShardedRows
 from trimtab.data.quality import Flagged
 from trimtab.distributed import Parallel
 from trimtab.distributed.group import broadcast_object
+from trimtab.distributed.metainit import MetaInit, materialise, meta_reason, pending
 from trimtab.errors import CheckpointError, ConfigError, SavedConfigError
 from trimtab.hardware import Precision, choose_precision, pick_device
 from trimtab.hf.importer import SOURCE
 from trimtab.model import Transformer, build_model
 from trimtab.model.catalog import model_size
+from trimtab.model.meta import build_on_meta
 from trimtab.paths import cache_dir
 from trimtab.peaks import peak_flops
 from trimtab.plan.chinchilla import FRESH_EPOCHS
@@ -380,7 +382,7 @@ def setup(cfg: RunConfig) -> BuiltRun:
     tok, phases = dist.main_first(build_phases, cfg, tokenizer_source(cfg))
     cfg = complete(cfg, tok, phases)
     live = check_resume_compatible(cfg) if resume else {}  # after complete: derived values compare too
-    model, precision, hf_source = _make_model(cfg, dist, precision, resume, check_fit=live is None)
+    model, precision, hf_source, meta = _make_model(cfg, dist, precision, resume, check_fit=live is None)
     sizes = model_sizes(model, cfg.data.seq_len)  # before wrap: a pipeline stage holds only its own layers
     peak = peak_flops(precision)
     steps = max(0, sum(p.steps for p in phases) - (resume[1]["train"].get("step", 0) if resume else 0))
@@ -389,6 +391,8 @@ def setup(cfg: RunConfig) -> BuiltRun:
     )
     log.info("torch.compile %s", compiling.reason)
     forward = dist.wrap(model, compiling.enabled, precision)
+    if meta is not None:  # sharded now: each rank allocates and draws its own part only
+        materialise(model, meta)
     if not resume:  # a resume writes config.yaml once the trainer took it (Checkpointing.resume)
         dist.on_main(prepare_run_dir, cfg, tok, hf_source)
     return BuiltRun(
@@ -438,11 +442,23 @@ def _make_model(
     resume: tuple[Path, dict[str, Any]] | None,
     *,
     check_fit: bool,
-) -> tuple[Transformer, Precision, dict | None]:
-    """Build the model on the device (checked against the resumed checkpoint when check_fit), settle the
+) -> tuple[Transformer, Precision, dict | None, MetaInit | None]:
+    """Build the model (checked against the resumed checkpoint when check_fit), settle the
     precision all ranks train in, load a fresh run's train.init_from weights (the Hugging Face source
-    record, or None, comes back with the model and precision), and convert it for fp8."""
-    model = build_model(cfg.model).to(dist.device)
+    record, or None, comes back with the model and precision), and convert it for fp8. A model the
+    ranks shard (FSDP2, tensor, expert parallelism) is built on the meta device: its MetaInit comes
+    back too, for materialise after Parallel.wrap (distributed/metainit.py meta_reason says which);
+    any other is built on the CPU and moved to the device."""
+    whole = meta_reason(dist, bool(cfg.train.init_from), resume is not None)
+    if whole:
+        meta = None
+        if dist.sharded:
+            log.info("building the whole model on every rank before sharding it: %s", whole)
+        model = build_model(cfg.model).to(dist.device)
+    else:
+        model = build_on_meta(cfg.model, draw=resume is None)  # a resume loads weights and generator
+        meta = pending(dist, draw=resume is None)
+        log.info("model built on the meta device: each rank allocates and initialises its own shards")
     if check_fit:
         check_fits(model, *resume)
     model.set_activation_checkpointing(cfg.train.activation_checkpointing)
@@ -457,7 +473,7 @@ def _make_model(
         if cfg.distributed.tp > 1:
             raise ConfigError("train.precision=fp8 with distributed.tp > 1 is not supported yet; use bf16 or tp 1")
         to_float8(model, cfg.train.fp8_recipe)
-    return model, precision, hf_source
+    return model, precision, hf_source, meta
 
 
 def model_sizes(model: Any, seq_len: int) -> dict[str, int]:

@@ -84,7 +84,9 @@ def _probe(model: Transformer, rows: int, seq_len: int) -> dict:
     """Best seconds of a forward + loss + backward in fp32 and in bf16 autocast, on a copy."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        probe = copy.deepcopy(model).train()
+        # a model built on the meta device (sharded later, distributed/metainit.py) has no values
+        # to copy: the probe times its shape, with any weights
+        probe = (Transformer(model.cfg) if model.lm_head.weight.is_meta else copy.deepcopy(model)).train()
         vocab = probe.lm_head.weight.shape[0]
         tokens = torch.randint(0, vocab, (rows, seq_len + 1), device=next(probe.parameters()).device)
         best = {"fp32": math.inf, "bf16": math.inf}

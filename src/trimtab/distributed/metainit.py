@@ -1,0 +1,83 @@
+"""A sharded model built on the meta device (as torchtitan builds one): no rank ever holds the
+whole model. setup builds it with `model.meta.build_on_meta`, Parallel.wrap shards it, and
+`materialise` then allocates each rank's shards on its device (to_empty) and fills them with
+exactly the values a one-process build of the same seed holds: each parameter is drawn whole on
+the host, in the order a CPU build draws them, and this rank keeps its part (docs/distributed.md,
+"Building a sharded model").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from trimtab.model.meta import draw_parameters, reset_buffers
+
+
+@dataclass
+class MetaInit:
+    """A meta-built model's pending initialisation: the generator's state after its constructors
+    (None: no weights to draw, a resume loads them), where to allocate its shards and its buffers."""
+
+    rng: torch.Tensor | None
+    device: torch.device  # where the shards live (the CPU under distributed.cpu_offload)
+    buffers: torch.device  # where the forward runs
+
+
+def meta_reason(parallel, init_from: bool, resumed: bool) -> str:
+    """Why this run builds its whole model on every rank ('' when it builds it on the meta device,
+    to be sharded first (FSDP2, tensor and expert parallelism)): one every rank holds whole (one
+    process, DDP), weights read into the whole model (train.init_from), or pipeline stages."""
+    if not parallel.sharded:
+        return "every rank holds the whole model (one process or DDP)"
+    if init_from and not resumed:
+        return "train.init_from reads its weights into the whole model"
+    if parallel.mesh.pp > 1:
+        return f"distributed.pp={parallel.mesh.pp}: pipeline stages are cut from the whole model"
+    return ""
+
+
+def pending(parallel, draw: bool) -> MetaInit:
+    """What materialise needs, taken right after the meta build: the generator as a CPU build's
+    constructors leave it, so that nothing drawn before materialise changes the weights."""
+    offload = parallel.cfg.cpu_offload
+    return MetaInit(
+        rng=torch.get_rng_state() if draw else None,
+        device=torch.device("cpu") if offload else parallel.device,
+        buffers=parallel.device,
+    )
+
+
+def materialise(model: nn.Module, init: MetaInit) -> None:
+    """Allocate a meta-built, sharded model's shards (to_empty), draw its weights as a
+    one-process build does (keeping this rank's part of each), and compute its buffers."""
+    model.to_empty(device=init.device)
+    if model.cfg.tie_embeddings and model.lm_head.weight is not model.tok_emb.weight:
+        model.lm_head.weight = model.tok_emb.weight  # to_empty made each module its own copy
+    if init.rng is not None:  # the generator left where a CPU build leaves it, whatever drew meanwhile
+        torch.set_rng_state(init.rng)
+        draw_parameters(model, keep_shard)
+    reset_buffers(model, init.buffers)
+
+
+def keep_shard(p: nn.Parameter, full: torch.Tensor) -> None:
+    """Copy this rank's part of `full` (the whole parameter, on the host) into `p`."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+    if not isinstance(p, DTensor):
+        p.copy_(full)
+        return
+    mesh, local = p.device_mesh, p.to_local()
+    # this rank's place on the mesh read from its process groups (as FSDP2 reads it to shard)
+    where = [mesh.get_local_rank(dim) for dim in range(mesh.ndim)]
+    shape, offset = _compute_local_shape_and_global_offset(full.shape, mesh.shape, where, p.placements)
+    if tuple(shape) != tuple(local.shape):
+        raise RuntimeError(
+            f"a parameter of shape {tuple(full.shape)} placed {p.placements} holds {tuple(local.shape)} on this "
+            f"rank, not the {tuple(shape)} its placement gives: the meta build cannot initialise it "
+            "(distributed/metainit.py keep_shard)"
+        )
+    local.copy_(full[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))])
