@@ -7,16 +7,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from trimtab.config import RunConfig
-from trimtab.model.catalog import family, human_count, model_size
-from trimtab.rundir import DECISIONS_FILE, SUMMARY, read_decisions, read_json
+from trimtab.model.catalog import family, human_count, meta_model
+from trimtab.rundir import DECISIONS_FILE, SUMMARY, is_eval, read_decisions, read_json, read_metrics
 
 MAX_LISTED = 12  # decisions listed one by one; the rest are counted
 
 
 def model_card(run_dir: Path, cfg: RunConfig, state: dict[str, Any], arch: str, source: dict | None) -> str:
-    size = model_size(cfg)
-    total, active = size.total, size.active
+    total, active = _sizes(cfg, state)
     m = cfg.model
     summary = read_json(run_dir / SUMMARY) or {}
     lines = [
@@ -38,10 +39,47 @@ def model_card(run_dir: Path, cfg: RunConfig, state: dict[str, Any], arch: str, 
         lines.append(f"- initialised from `{source['path']}` ({source['config']['architectures'][0]})")
     lines += ["", "## Training", f"- steps: {state.get('step', 0):,}; tokens seen: {_tokens(state):,}"]
     lines.append(f"- data: {_data(cfg)}" if "merge" not in state else f"- {_merged(state['merge'])}")
-    if summary.get("val_loss") is not None:
-        lines.append(f"- final validation loss: {summary['val_loss']:.4f} (perplexity {summary['val_ppl']:.2f})")
-    lines += ["", "## Orchestrator decisions", *_decisions(run_dir)]
+    lines += _validation(run_dir, summary, int(state.get("step", 0)))
+    merged = state.get("merge") or {}
+    inputs = merged.get("decisions") if not (run_dir / DECISIONS_FILE).is_file() else None
+    lines += ["", "## Orchestrator decisions", *(_decisions(run_dir) if inputs is None else _inputs(inputs))]
     return "\n".join(lines) + "\n"
+
+
+def _sizes(cfg: RunConfig, state: dict[str, Any]) -> tuple[int, int]:
+    """Total and active parameters of the exported model: config.yaml's with each MoE layer's
+    expert count as the checkpoint has it (surgery changes it; counted from config.yaml alone, a
+    run whose layer gained an expert had a card short of that expert's parameters)."""
+    model = meta_model(cfg)
+    with torch.device("meta"):
+        model.load_moe_state(state.get("moe") or {})
+    return model.num_params(), model.num_params(active=True)
+
+
+def _validation(run_dir: Path, summary: dict[str, Any], step: int) -> list[str]:
+    """The validation loss of the exported checkpoint: summary.json's when the run's last evaluation
+    was at its step, else metrics.jsonl's evaluation at that step (the kept trajectory). An earlier
+    checkpoint's card (export --step) showed the run's final loss, another model's, as its own."""
+    final, final_step = summary.get("val_loss"), summary.get("eval_step")
+    if final is not None and final_step in (None, step):
+        return [f"- final validation loss: {final:.4f} (perplexity {summary['val_ppl']:.2f})"]
+    evals = [r for r in read_metrics(run_dir) if is_eval(r) and r.get("val_loss") is not None]
+    here = [r for r in evals if r["step"] == step]
+    before = [r for r in evals if r["step"] < step]
+    if here:
+        lines = [f"- validation loss at step {step:,}: {_loss(here[-1])}"]
+    elif before:
+        last = before[-1]
+        lines = [f"- validation loss: not measured at step {step:,}; at step {last['step']:,}: {_loss(last)}"]
+    else:
+        lines = []
+    if final is not None and final_step is not None and final_step > step:
+        lines.append(f"- the run went on to step {final_step:,} (validation loss {final:.4f}); this is step {step:,}")
+    return lines
+
+
+def _loss(record: dict[str, Any]) -> str:
+    return f"{record['val_loss']:.4f} (perplexity {record.get('val_ppl', float('nan')):.2f})"
 
 
 def _tokens(state: dict[str, Any]) -> int:
@@ -59,6 +97,21 @@ def _merged(record: dict[str, Any]) -> str:
     models = ", ".join(f"`{m.get('path')}`" for m in record.get("models", []))
     base = f", base `{record['base_model']}`" if record.get("base_model") else ""
     return f"merged: {record.get('method')} of {models}{base} (trimtab merge)"
+
+
+def _inputs(decisions: dict[str, dict[str, int] | None]) -> list[str]:
+    """A merge's: none of its own; each input run's, counted by action (merge.py _decisions_of)."""
+    lines = ["None in the merge itself; in the runs merged:"]
+    for path, actions in decisions.items():
+        if actions is None:
+            lines.append(f"- `{path}`: none recorded (no decisions.jsonl: a Hugging Face model, or no orchestrator)")
+        else:
+            counts = ", ".join(f"{n} {a}" for a, n in sorted(actions.items(), key=lambda an: -an[1]))
+            total = sum(actions.values())
+            lines.append(
+                f"- `{path}`: {f'{total} decisions: {counts}' if total else 'none, the run needed no intervention'}"
+            )
+    return lines
 
 
 def _pattern(kinds: list[str]) -> str:

@@ -38,7 +38,7 @@ from trimtab.checkpoint_load import read_sharded_weights
 from trimtab.config import ModelConfig, RunConfig, read_saved
 from trimtab.data import TextTokenizer
 from trimtab.errors import CheckpointError, ConfigError
-from trimtab.hf.architectures import export_class, to_hf_config
+from trimtab.hf.architectures import export_class, to_hf_config, window_back
 from trimtab.hf.card import model_card
 from trimtab.hf.importer import SafetensorsDir, is_hf_dir, read_source
 from trimtab.hf.tensors import Getter, to_hf
@@ -167,7 +167,9 @@ class Export:
             return _remote(get, model_cfg, state, tmp, ids, self)
         dtype = str(self.dtype).removeprefix("torch.")
         hf = to_hf_config(model_cfg, arch, ids, dtype)
-        _write_json(tmp / "config.json", {**(self.source["config"] if self.source else {}), **hf})
+        theirs = self.source["config"] if self.source else {}
+        hf |= window_back(theirs, arch, model_cfg.max_seq_len)
+        _write_json(tmp / "config.json", {**theirs, **hf})
         write_shards(to_hf(get, model_cfg, arch, moe_state), tmp, self.dtype, self.max_shard_bytes)
         return arch
 

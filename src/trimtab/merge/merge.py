@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import torch
 
 from trimtab.api import load_run
 from trimtab.checkpoint import list_checkpoints, save_checkpoint, saved_healthy, verify
-from trimtab.checkpoint_load import load_checkpoint
+from trimtab.checkpoint_load import apply_structure, load_checkpoint
 from trimtab.config import RunConfig, derive, dump_config
 from trimtab.data import TextTokenizer
 from trimtab.errors import CheckpointError, ConfigError
@@ -36,6 +37,7 @@ from trimtab.merge.recipe import TASK_ARITHMETIC, Recipe, read_recipe
 from trimtab.merge.units import groups, join, split
 from trimtab.model import Transformer
 from trimtab.model.upgrade import upgrade_weights
+from trimtab.rundir import DECISIONS_FILE, read_decisions
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -65,6 +67,7 @@ def merge(recipe: str | Path | dict[str, Any], out: str | Path) -> Path:
         "base_model": r.base,
         "models": [vars(m) for m in r.models],
         "parameters": r.parameters,
+        "decisions": {path: _decisions_of(path) for path in order},
     }
     return _write(Path(out), cfg, tok, base_model, merged, {"merge": record}, hf_source, r.dtype)
 
@@ -112,10 +115,7 @@ def average(run_dir: str | Path, last: int, out: str | Path) -> Path:
         weights, _, state = load_checkpoint(path, optimizer=False)
         weights = upgrade_weights(weights, cfg.model)
         states.append(state)
-        if state.get("moe", {}) != states[0].get("moe", {}):
-            raise CheckpointError(
-                f"{path}: its MoE layers differ from {valid[0].name}'s (surgery in between); lower --last"
-            )
+        _same_routing(path, state, valid[0], states[0])
         for name, tensor in weights.items():
             if name in total and total[name].shape != tensor.shape:
                 raise CheckpointError(
@@ -123,9 +123,44 @@ def average(run_dir: str | Path, last: int, out: str | Path) -> Path:
                 )
             total[name] = total.get(name, 0) + tensor.double()
     merged = {name: (t / len(valid)).float() for name, t in total.items()}
-    record = {"method": "average", "run": str(run_dir), "steps": [s["step"] for s in states]}
+    apply_structure(model, states[-1], valid[-1])  # the averaged checkpoints' experts, not a newer one's
+    steps = [s["step"] for s in states]
+    record = {"method": "average", "run": str(run_dir), "steps": steps}
+    record["decisions"] = {str(run_dir): _decisions_of(run_dir, until=steps[-1])}
     extra = {"merge": record, "tokens": states[-1].get("train", {}).get("tokens", states[-1].get("tokens", 0))}
     return _write(Path(out), cfg, tok, model, merged, extra, hf_source, "float32")
+
+
+def _same_routing(path: Path, state: dict[str, Any], first: Path, first_state: dict[str, Any]) -> None:
+    """Checkpoints average only where each MoE layer has the same experts (surgery changes them) and
+    router temperature (the function: logits / T). The training knobs the orchestrator moves while
+    healing (balance_coef, z_loss_coef, capacity_factor) do not count: a run whose balance
+    coefficient it raised against a collapsing expert was refused as "surgery in between"."""
+    for what, key in (("expert count", "n_experts"), ("router temperature", "router_temperature")):
+        ours, theirs = (_moe_knob(s, key) for s in (state, first_state))
+        if ours != theirs:
+            why = "surgery in between" if key == "n_experts" else "it changed in between"
+            raise CheckpointError(
+                f"{path}: its MoE layers' {what} ({_short(ours)}) differs from {first.name}'s ({_short(theirs)}; "
+                f"{why}); lower --last to average only the checkpoints after the change"
+            )
+
+
+def _moe_knob(state: dict[str, Any], key: str) -> dict[str, Any]:
+    """Each MoE layer's `key` in a checkpoint's state.json (older ones name the temperature "temperature")."""
+    old = {v: k for k, v in Transformer.RENAMED_KNOBS.items()}.get(key, key)
+    return {layer: s.get(key, s.get(old)) for layer, s in (state.get("moe") or {}).items()}
+
+
+def _decisions_of(path: str | Path, until: int | None = None) -> dict[str, int] | None:
+    """The orchestrator's decisions of an input run by action (up to step `until`: an average's last
+    checkpoint), kept in the merge record for the card: the merged run directory has none of its
+    own, and its card said "None recorded" of a model whose input had been rolled back and healed.
+    None for an input without a decisions.jsonl (a Hugging Face model, a run without the orchestrator)."""
+    if "://" in str(path) or not (Path(path) / DECISIONS_FILE).is_file():
+        return None
+    records = [r for r in read_decisions(path, abandoned=True) if until is None or r["step"] <= until]
+    return dict(Counter(str(r.get("action", "?")) for r in records).most_common())
 
 
 def _to_average(run_dir: Path, last: int) -> list[Path]:
