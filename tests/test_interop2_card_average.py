@@ -68,6 +68,9 @@ def test_the_card_of_an_earlier_checkpoint_gives_its_own_validation_loss(tmp_pat
     assert said in card, card
     assert ("final validation loss" in card) == (step == 81)
     assert ("the run went on to step 81 (validation loss 4.4670)" in card) == (step != 81)
+    # 80 steps configured, one withheld update made up: the data line said "(80 steps)" of a model trained 81
+    made_up = model_card(tmp_path / "run", cfg, {"step": 81, "train": {"length_delta": 1}}, "LlamaForCausalLM", None)
+    assert f"({cfg.train.max_steps + 1} steps: {cfg.train.max_steps} configured, +1 set while training)" in made_up
 
 
 def _moe_run(tmp_path, tokenizer):

@@ -38,7 +38,7 @@ def model_card(run_dir: Path, cfg: RunConfig, state: dict[str, Any], arch: str, 
     if source:
         lines.append(f"- initialised from `{source['path']}` ({source['config']['architectures'][0]})")
     lines += ["", "## Training", f"- steps: {state.get('step', 0):,}; tokens seen: {_tokens(state):,}"]
-    lines.append(f"- data: {_data(cfg)}" if "merge" not in state else f"- {_merged(state['merge'])}")
+    lines.append(f"- data: {_data(cfg, state)}" if "merge" not in state else f"- {_merged(state['merge'])}")
     lines += _validation(run_dir, summary, int(state.get("step", 0)))
     merged = state.get("merge") or {}
     inputs = merged.get("decisions") if not (run_dir / DECISIONS_FILE).is_file() else None
@@ -119,8 +119,12 @@ def _pattern(kinds: list[str]) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in counts.items())
 
 
-def _data(cfg: RunConfig) -> str:
-    parts = [f"`{cfg.data.source}` ({cfg.train.max_steps} steps)"]
+def _data(cfg: RunConfig, state: dict[str, Any]) -> str:
+    """The data and each phase's length as trained: pretraining's with what the run changed while
+    training (withheld updates made up, the live planner: TrainState.length_delta)."""
+    delta = int((state.get("train") or {}).get("length_delta", 0))
+    changed = f": {cfg.train.max_steps} configured, {delta:+d} set while training" if delta else ""
+    parts = [f"`{cfg.data.source}` ({cfg.train.max_steps + delta} steps{changed})"]
     if cfg.finetune.steps:
         parts.append(f"finetuned on `{cfg.finetune.data.source}` ({cfg.finetune.steps} steps)")
     return "; ".join(parts)
