@@ -30,5 +30,7 @@ def test_a_prompt_longer_than_the_context_is_named_by_file_and_line(tmp_path):
 
 def test_a_prompt_that_leaves_too_little_room_names_its_line_and_the_budget(tmp_path):
     path, build = phase_of(tmp_path, ["1+" * 60 + "1=", "1+1="], max_new_tokens=16)  # 122 + 16 > 128
-    with pytest.raises(ConfigError, match=r"rl.max_new_tokens=16 after a prompt of 122 tokens \(.*:1\) exceeds"):
+    said = r"rl.max_new_tokens=16 after a prompt of 122 tokens \(.*:1\) exceeds"
+    with pytest.raises(ConfigError, match=said) as caught:
         build()
+    assert "lower rl.max_new_tokens to at most 6 or" in str(caught.value)  # the budget that fits: 128 - 122

@@ -100,5 +100,6 @@ def _too_long(cfg: RunConfig, tok: TextTokenizer, problems: list[Problem], longe
         )
     return (
         f"rl.max_new_tokens={cfg.rl.max_new_tokens} after a prompt of {longest} tokens{at} exceeds "
-        f"model.max_seq_len={cfg.model.max_seq_len}; lower rl.max_new_tokens or shorten the prompts"
+        f"model.max_seq_len={cfg.model.max_seq_len}; lower rl.max_new_tokens to at most "
+        f"{cfg.model.max_seq_len - longest} or shorten the prompts"
     )
