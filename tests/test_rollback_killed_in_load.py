@@ -34,6 +34,7 @@ def test_a_kill_in_a_rollbacks_load_leaves_its_target_as_the_resume_point(tmp_pa
         cfg=SimpleNamespace(run_dir=tmp_path, checkpoint=SimpleNamespace(keep=3)),
         replicas=None,
         state=SimpleNamespace(step=7),
+        model=SimpleNamespace(moe_layers=lambda: []),  # its MoE layers' expert counts, said if the load changes them
         _load=load,
     )
     with pytest.raises(Killed):
