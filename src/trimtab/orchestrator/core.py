@@ -193,6 +193,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             return False
         message = str(exc).splitlines()[0][:200]
         f = self.monitors["oom"].error(run.step + 1, run.micro_batch_tokens, message, batch.rows)
+        self.outcomes.struck(f)  # raised inside the step: no step's read (Outcomes.follow) sees it
         decision = self.decide(run, f)
         return decision.mode == "auto" and decision.action in ("set_micro_batch_tokens", "set_activation_checkpointing")
 
@@ -201,6 +202,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             return False
         message = str(exc).splitlines()[0][:200]
         f = self.monitors["oom"].rollout_error(run.step + 1, run.rl_generation_rows, message)
+        self.outcomes.struck(f)
         decision = self.decide(run, f)
         return decision.mode == "auto" and decision.action == "set_generation_rows"
 

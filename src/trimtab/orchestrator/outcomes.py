@@ -72,6 +72,19 @@ class Outcomes:
             while len(self.healthy) > KEEP:
                 self.healthy.popitem(last=False)
 
+    def struck(self, f: Finding) -> None:
+        """A finding no step read brings (an out-of-memory error, raised inside the step before its
+        metrics exist): the pending decisions whose trouble it is count it, as follow counts a
+        step's. Unseen, a probe of a larger micro-batch that ran out of memory at once was judged
+        "recovered" (debug, oom@20 then a resume: the probe at 50 failed at 51)."""
+        for decision in self.journal.pending():
+            if not same_trouble(decision, f):
+                continue
+            track = self.tracking.setdefault(str(decision.id), {"losses": [], "findings": 0})
+            track["findings"] += 1
+            if len(track.setdefault("found", [])) < FOUND:
+                track["found"].append(f"{f.rule}@{f.step}")
+
     def drop(self, decision: Decision) -> None:
         """No outcome to measure (it failed, or it stopped the run)."""
         self.tracking.pop(str(decision.id), None)
@@ -167,6 +180,9 @@ def same_trouble(decision: Decision, f: Finding) -> bool:
         return False
     if decision.rule == "oom" and f.rule == "oom":
         kind, tokens = f.evidence.get("kind"), f.evidence.get("micro_batch_tokens", 0)
+        if kind == "rollout_oom" or decision.action == "set_generation_rows":  # RL's generation: its own size
+            rows = f.evidence.get("generation_rows", 0)
+            return kind == decision.evidence.get("kind") and not rows > decision.params.get("at_once", math.inf)
         return kind != "probe" and not tokens > decision.params.get("tokens", math.inf)
     if decision.action != "skip_data":
         return True

@@ -134,7 +134,7 @@ def _stalled_why(f: Finding) -> str:
     if "unigram" in ev:
         return (
             f"the loss stalls at {ev['level']:.3f} (median of {ev['window']} steps after the LR warm-up), within "
-            f"{ev['unigram_margin']:g} of the {ev['unigram']:.3f} a model scores that predicts each token from no "
+            f"{ev['unigram_margin']:.0%} of the {ev['unigram']:.3f} a model scores that predicts each token from no "
             "context (the training data's unigram entropy): the model stays blind to context, where an LR a few "
             "times too high holds it and a sound one passes that level within a few steps"
         )

@@ -115,8 +115,11 @@ class Checkpointing:
         """Whether this step's checkpoint is a rollback target (the weights are finite): the hooks'
         call, or, saving a restored step again, the restored checkpoint's own. Its weights are those;
         the hooks, just after the rollback, would call them unhealthy (an escalation under way) and
-        take the run's last good checkpoint from it."""
-        if self._restored:
+        take the run's last good checkpoint from it. Only that step's: the first save past it (none
+        between) was given the restored step's verdict too, never good (debug, weights_nan at 25 and
+        55: the second rolled back to step 20 again, read as the first breakage's, and cut the LR:
+        +15.7%)."""
+        if self._restored and self.state.step == self.last_saved:
             return self.last_good == self.state.step
         return all(h.healthy(self.view) for h in self.hooks)
 
