@@ -215,3 +215,30 @@ def test_a_resumed_run_keeps_its_warm_up_held_back(tmp_path):
     trimtab.train(cfg(parts, 8, faults=["grad_spike@3", "sigterm@5"]))
     lr = logged(whole)
     assert logged(parts) == lr and lr[4] == lr[3]  # step 3's update withheld: step 4 applies its LR
+
+
+class _GroupLost:
+    """resilience.ft's replica groups as the trainer sees them, one failing in step 2's commit."""
+
+    def quorum(self, step):
+        return False
+
+    def commit(self, step):
+        return step != 2
+
+    def close(self):
+        pass
+
+
+def test_an_update_a_replica_group_withheld_holds_the_warm_up_back_too(tmp_path):
+    """The gate's flag, read by the re-run (unflagged: not withheld), was taken for the step's,
+    though a replica group's failed commit then withheld the update on every group."""
+    from trimtab.api import built_in_hooks
+    from trimtab.training.setup import setup
+    from trimtab.training.trainer import Trainer
+
+    config = cfg(tmp_path / "r", 3)
+    trainer = Trainer(setup(config), hooks=built_in_hooks(config))
+    trainer.replicas = _GroupLost()
+    trainer.fit()
+    assert trainer.state.warm_behind == [0, 1]

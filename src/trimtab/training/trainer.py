@@ -200,7 +200,7 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
             grads, skip, rerun = self._rerun(batch, clip, grads)
         lr = self.optimizer.param_groups[0]["lr"]  # what the update applies
         if self.replicas is not None and not self.replicas.commit(self.state.step + 1):  # a group failed in it
-            skip = torch.ones((), dtype=torch.bool, device=self.device)  # withheld on every group
+            skip, flagged = torch.ones((), dtype=torch.bool, device=self.device), None  # withheld on every group
         gain = self._gain_probe(batch)
         overflow = self._update(skip)
         update_gain = gain.after(batch, grads.loss) if gain is not None else None
