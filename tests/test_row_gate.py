@@ -178,10 +178,16 @@ def test_a_steps_gated_rows_are_planned_into_one_skip_data_that_says_the_update_
     assert (f.rule, f.family, f.evidence["rows"], f.evidence["gated"]) == ("row_gate", "data", [3, 5], True)
     assert f.evidence["losses"] == {"3": 6.5, "5": 7.0} and f.evidence["step_median"] == 4.0
     assert f.summary == "2 rows gated before the update: 3 (6.50), 5 (7.00) against the step's median 4.00"
-    remedy = Policy(OrchestratorConfig()).plan(f, None)
+    view = SimpleNamespace(vocab_size=512)  # ln 512 = 6.24 nats
+    remedy = Policy(OrchestratorConfig()).plan(f, view)
     assert (remedy.action, remedy.params) == ("skip_data", {"rows": [3, 5]})
     assert "already left them out of this step's update" in remedy.reasoning and "rest of the run" in remedy.reasoning
     assert gate_finding(StepMetrics(step=1, loss=4.0, grad_norm=1.0), RowGateRule()) is None
+    # an LR 100x too high (healing benchmark, lr_too_high): step 6's rows at a median of 9.55, above the
+    # 6.24 of random guesses, and one clean row at 10.69 was gated and left out for the run
+    f.evidence["step_median"] = 9.55
+    broken = Policy(OrchestratorConfig()).plan(f, view)
+    assert broken.action == "none" and "worse than random tokens" in broken.reasoning
 
 
 def test_a_gated_row_is_left_out_once_whatever_else_names_it():

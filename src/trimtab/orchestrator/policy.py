@@ -13,6 +13,7 @@ strength x the track record of this remedy for this rule in this run (a Beta(3, 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,6 +179,16 @@ class Policy(InstabilityLadder):
                 "though no step spiked; leave them out of later epochs (this step's update included them)"
             )
         elif f.rule == "row_gate":
+            # a fresh model scores ln(vocab): broken is a step's median past it by the gate's own gap
+            middle, uniform = f.evidence.get("step_median"), math.log(max(view.vocab_size, 2))
+            if middle is not None and middle >= uniform + self.cfg.row_gate.min_gap:
+                return Remedy(
+                    action="none",
+                    reasoning=f"the step's other rows scored {middle:.2f} too, past the {uniform:.2f} "
+                    "of uniform guesses over the vocabulary: a model that scores a whole step worse than random "
+                    "tokens is in trouble itself (an LR far too high, damaged weights), not these rows; they were "
+                    "left out of this step's update only, and are trained again when met",
+                )
             why = (
                 "these rows' target tokens are mostly distinct (random tokens, not text, which repeats its words) "
                 "and their losses stood far above the recent rows' when this step met them: the row gate already "

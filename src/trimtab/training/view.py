@@ -219,6 +219,11 @@ class RunView:
         """Where these training rows came from: source -> number of rows."""
         return scoring.sources_of(self._t.phases[self._t.state.phase].train_rows, list(rows))
 
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary: uniform guesses over it score ln(vocab_size) nats a token."""
+        return self._t.cfg.model.vocab_size
+
     def context_free_loss(self) -> float | None:
         """This phase's training targets' unigram entropy in nats, the loss of a model blind to
         context, where the data rewards context (training/setup.py Phase.context_free_loss), from a
