@@ -297,7 +297,7 @@ def _screen(tokenized: TokenizedDocs, docs: list[Document], cfg: DataConfig, key
     it is warn."""
     n_bytes = np.array([sum(len(text.encode()) for text, _ in doc.segments) for doc in docs])
     found = quality.screen(n_bytes, np.diff(tokenized.offsets), cfg.garbage_sigma)
-    flagged, spared = quality.spare_scripts(found.flagged, ["".join(t for t, _ in doc.segments) for doc in docs])
+    flagged, spared = quality.spare_scripts(found.flagged, lambda i: docs[i].text)
     if spared:
         logger.warning("%s", quality.spared_line(spared, key))
         found = replace(found, flagged=flagged)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -141,9 +142,12 @@ def other_script(text: str) -> bool:
     return bool(chars) and letters >= SCRIPT_SHARE * len(chars)
 
 
-def spare_scripts(flagged: np.ndarray, texts: list[str]) -> tuple[np.ndarray, int]:
-    """`flagged` less the documents written in another script (other_script), and how many those were."""
-    spared = np.array([bool(f) and other_script(t) for f, t in zip(flagged, texts, strict=True)], dtype=bool)
+def spare_scripts(flagged: np.ndarray, text_of: Callable[[int], str]) -> tuple[np.ndarray, int]:
+    """`flagged` less the documents written in another script (other_script), and how many those
+    were; `text_of(i)` is document i's text, read for the flagged ones only."""
+    spared = np.zeros(len(flagged), dtype=bool)
+    for i in np.flatnonzero(flagged):
+        spared[i] = other_script(text_of(int(i)))
     return flagged & ~spared, int(spared.sum())
 
 

@@ -206,7 +206,7 @@ class _Encoder:
             ]
         )
         flagged = whole & quality.flags(n_bytes, n_tokens, self.scale["median"], self.scale["threshold"])
-        flagged, spared = quality.spare_scripts(flagged, [doc.text for doc, *_ in self._batch])
+        flagged, spared = quality.spare_scripts(flagged, lambda i: self._batch[i][0].text)
         self.spared += spared  # a minority language: kept, said once at the end (prepare.py)
         return np.where(flagged, quality.packed(n_bytes, n_tokens), np.nan)
 

@@ -60,9 +60,8 @@ class Outcomes:
             same = bool(back)
             if decision.action == "skip_step" or (decision.action == "rollback" and m.step > decision.step):
                 same = _answered_trouble(track, same, m.loss)
-            track["findings"] += same
-            if same and len(track.setdefault("found", [])) < FOUND:  # named in the outcome: which rule, when
-                track["found"].append(f"{back[0]}@{m.step}")
+            if same:
+                _back(track, back[0], m.step)
             decision.observed += 1
             if decision.observed >= self.outcome_after:
                 self.judge(decision)
@@ -80,10 +79,7 @@ class Outcomes:
         for decision in self.journal.pending():
             if not same_trouble(decision, f):
                 continue
-            track = self.tracking.setdefault(str(decision.id), {"losses": [], "findings": 0})
-            track["findings"] += 1
-            if len(track.setdefault("found", [])) < FOUND:
-                track["found"].append(f"{f.rule}@{f.step}")
+            _back(self.tracking.setdefault(str(decision.id), {"losses": [], "findings": 0}), f.rule, f.step)
 
     def drop(self, decision: Decision) -> None:
         """No outcome to measure (it failed, or it stopped the run)."""
@@ -155,6 +151,14 @@ def _too_early(track: dict[str, Any], outcome_after: int, finite: bool) -> bool:
     if len(track["losses"]) >= outcome_after or track.get("healthy", 0) >= SETTLED:
         return False
     return track["findings"] == 0 and finite
+
+
+def _back(track: dict[str, Any], rule: str, step: int) -> None:
+    """A finding said the decision's trouble is back: counted, and the first FOUND named in the
+    outcome (which rule, when)."""
+    track["findings"] += 1
+    if len(track.setdefault("found", [])) < FOUND:
+        track["found"].append(f"{rule}@{step}")
 
 
 def _answered_trouble(track: dict[str, Any], same: bool, loss: float) -> bool:

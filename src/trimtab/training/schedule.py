@@ -67,14 +67,10 @@ def phase_lr(phase: PhaseLike, index: int, step: int, restarts: list[list[Any]],
     """The configured LR of global step `step` (0-based) in phase `index`: the phase's schedule over
     its length, or over a re-warm segment after an extension (rewarm_steps). `behind`: [a segment's
     start, the updates withheld during its warm-up] (TrainState.warm_behind), which hold it back."""
-    start, end, warm_from, first = _segment(phase, index, step, restarts)
-    late = behind[1] if len(behind) == 2 and behind[0] == start else 0
-    if first:
-        return lr_at(step - start, end - start, phase.optim, behind=late)
-    warm = rewarm_steps(end - start, phase.optim)
-    if not warm:
+    start, end, warm_from, warmup = _segment(phase, index, step, restarts)
+    if warmup == 0:  # an extension too short to re-warm: it goes on at the LR the phase ended at
         return warm_from
-    return lr_at(step - start, end - start, phase.optim, warm_from, warm, behind=late)
+    return lr_at(step - start, end - start, phase.optim, warm_from, warmup, behind=_late(behind, start))
 
 
 def note_withheld(state: Any, phase: PhaseLike, out: StepOutput) -> None:
@@ -82,11 +78,15 @@ def note_withheld(state: Any, phase: PhaseLike, out: StepOutput) -> None:
     only then), the warm-up is one more update behind (optim.lr_at). The count is the segment's, in
     the state, so a rollback restores it with the step and a resume goes on with it."""
     step = out.step - 1  # 0-based, as phase_lr's
-    start, end, _, first = _segment(phase, state.phase, step, state.restarts)
-    late = state.warm_behind[1] if state.warm_behind[:1] == [start] else 0
-    warm = warmup_length(end - start, phase.optim, None if first else rewarm_steps(end - start, phase.optim))
-    if step - start - late < warm and _withheld(out):
+    start, end, _, warmup = _segment(phase, state.phase, step, state.restarts)
+    late = _late(state.warm_behind, start)
+    if step - start - late < warmup_length(end - start, phase.optim, warmup) and _withheld(out):
         state.warm_behind = [start, late + 1]
+
+
+def _late(behind: list[int], start: int) -> int:
+    """The updates withheld during the warm-up of the segment that starts at `start` (TrainState.warm_behind)."""
+    return behind[1] if len(behind) == 2 and behind[0] == start else 0
 
 
 def _withheld(out: StepOutput) -> bool:
@@ -101,14 +101,14 @@ def _withheld(out: StepOutput) -> bool:
     return False
 
 
-def _segment(phase: PhaseLike, index: int, step: int, restarts: list[list[Any]]) -> tuple[int, int, float, bool]:
-    """The schedule segment step `step` falls in: its start, end, the LR it warms from, and whether
-    it is the phase's own (not a re-warm's)."""
+def _segment(phase: PhaseLike, index: int, step: int, restarts: list[list[Any]]) -> tuple[int, int, float, int | None]:
+    """The schedule segment step `step` falls in: its start, end, the LR it warms from, and its
+    warm-up (lr_at's `warmup`: None, the phase's own, optim.warmup_steps; a re-warm's rewarm_steps)."""
     segments = [(phase.start, 0.0)] + sorted((s, w) for p, s, w in restarts if p == index)
     i = max(j for j, (start, _) in enumerate(segments) if start <= step)
     start, warm_from = segments[i]
     end = segments[i + 1][0] if i + 1 < len(segments) else phase.start + phase.steps
-    return start, end, warm_from, i == 0
+    return start, end, warm_from, None if i == 0 else rewarm_steps(end - start, phase.optim)
 
 
 def reconcile(state: Any, phases: list[PhaseLike], lengths: list[int]) -> list[dict[str, Any]]:
