@@ -30,6 +30,16 @@ def hang_once(response: str, answer: str) -> float:
     return 1.0
 
 
+def crash_once(response: str, answer: str) -> float:
+    """Kills its own process the first time it sees a response (a marker file per response, as
+    hang_once), then answers: a crash that does not recur (the OOM killer, a flaky native call)."""
+    marker = os.path.join(answer, response)
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(3)
+    return 1.0
+
+
 def starts_with_space(response: str, answer: str) -> float:
     """1 when the response begins with a space: about half a small model's first tokens do, so
     groups differ and the policy can learn to (tests/test_rl_train.py)."""

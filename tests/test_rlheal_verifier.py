@@ -101,3 +101,54 @@ def test_a_response_the_verifier_failed_on_has_no_advantage(caplog):
     assert batch.advantage[0] > 0 > batch.advantage[2] == batch.advantage[3]
     assert batch.sums["failures"] == 1
     assert "prompt 'q1' (tasks.jsonl:7)" in caplog.text and "cannot read this answer" in caplog.text
+
+
+def test_the_longest_verdict_of_a_step_is_the_longest_of_the_ranks_not_their_sum():
+    """Each rank's longest verdict was summed over the data-parallel ranks: two ranks whose
+    verifications took 0.25 s read as 0.5 s, a verifier twice as slow (8 ranks: 8x) to rule
+    rl_verifier, which tells hangs from a slow check by it. Two ranks simulated in threads."""
+    import threading
+
+    from trimtab.config.rl import RLConfig
+    from trimtab.rl.batches import RolloutLoader
+    from trimtab.rl.rollout import Rollout
+    from trimtab.rl.tasks import Problem
+
+    class Chars:
+        eos_id = pad_id = 0
+        encode = staticmethod(lambda text, specials=False: [ord(c) for c in text])
+        decode = staticmethod(lambda ids: "".join(map(chr, ids)))
+
+    barrier, sent = threading.Barrier(2), [[], []]
+
+    def all_sum(rank: int, values: list[float]) -> list[float]:  # as the trainer's all-reduce over 2 ranks
+        sent[rank] = values
+        barrier.wait()
+        summed = [a + b for a, b in zip(*sent)]
+        barrier.wait()
+        return summed
+
+    def scripted(prompts, seed):
+        return [Rollout(p, [ord(" "), 0], [-0.5, -0.5], False) for p in prompts]
+
+    cfg = RLConfig(group_size=2, prompts_per_step=2, reward="python:rl_verifiers:slow", verifier_workers=1)
+    problems = [Problem(f"q{i}", "1") for i in range(4)]
+    loaders = [RolloutLoader(problems, Chars(), cfg, 0, 0, 2, None, rank, 2) for rank in (0, 1)]
+    batches = [None, None]
+
+    def step(rank: int) -> None:
+        loaders[rank].policy, loaders[rank].all_sum = scripted, lambda values: all_sum(rank, values)
+        batches[rank] = loaders[rank].next_batch()
+
+    threads = [threading.Thread(target=step, args=(r,)) for r in (0, 1)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        for made in loaders:
+            made.close()
+    assert batches[0].sums["verified"] == 4  # both ranks' responses counted
+    assert batches[0].slowest == batches[1].slowest  # the same on every rank
+    assert 0.25 <= batches[0].slowest < 0.45, batches[0].slowest  # one verification's 0.25 s, not two ranks' 0.5

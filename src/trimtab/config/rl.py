@@ -54,7 +54,7 @@ class RLConfig(Section):
     behaviour_weight_cap: float = 2.0
     verifier_workers: int = 2  # processes scoring responses
     verifier_timeout_s: float = 10.0  # a verification past this is killed: reward 0, said
-    verifier_retries: int = 1
+    verifier_retries: int = 1  # tries again of a verification whose process died (a timeout: none)
 
     def validate(self) -> None:
         _check(self.group_size >= 2, "rl.group_size", "must be >= 2 (an advantage compares a group's responses)")

@@ -189,7 +189,12 @@ class Scored:
 
 class VerifierPool:
     """`workers` processes verifying under `timeout_s` each; a verification past it is killed
-    with its process (a fresh one takes its place) and tried again up to `retries` times.
+    with its process (a fresh one takes its place) and left without a verdict. One whose process
+    died (a crash in native code, the OOM killer) is tried again up to `retries` times; one that
+    timed out is not: a verifier is a function of (response, answer), so the same pair hangs again
+    and each retry only waited the full limit once more (a step of 32 responses, one hanging,
+    under a 2 s limit: 4.3-4.5 s with one retry, 2.2-2.3 s without). A slow verifier's timeouts are rule
+    rl_verifier's, which lengthens the limit.
 
     A worker is a fresh interpreter (`python -m trimtab.rl.rewards`, ~0.2 s) on a socket pair,
     not a multiprocessing child: those re-run the parent's main module in every new process
@@ -253,7 +258,9 @@ class VerifierPool:
                             if error:
                                 out.events.append({"index": index, "kind": "error", "detail": error})
                         continue
-                    except EOFError:  # the process died (a crash in native code): tried again
+                    # the process died (a crash in native code): tried again. With jobs still in its
+                    # socket the end is a reset, not an EOF (it raised out of score, and the RL step with it)
+                    except (EOFError, ConnectionError):
                         error, kind = "the verifier's process died", "died"
                 elif time.monotonic() - w.since < self.timeout_s:
                     continue
@@ -263,7 +270,7 @@ class VerifierPool:
                 pending.extendleft(reversed(w.jobs))
                 self._replace(w)
                 failed[index] += 1
-                if failed[index] <= self.retries:
+                if kind == "died" and failed[index] <= self.retries:  # a hang is not retried: see the class
                     pending.appendleft(index)
                 else:
                     out.events.append({"index": index, "kind": kind, "detail": error})
@@ -284,7 +291,10 @@ class VerifierPool:
                     continue
                 if not w.jobs:
                     w.since = time.monotonic()
-                w.conn.send_bytes(job)
+                try:
+                    w.conn.send_bytes(job)
+                except ConnectionError:  # its process died verifying an earlier job: score() hears it
+                    pass  # at its next read, and puts this one back with the others behind that job
                 w.jobs.append(pending.popleft())
 
     def close(self) -> None:

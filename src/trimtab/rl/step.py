@@ -98,7 +98,7 @@ class RolloutBatch(StepBatch):
     normaliser: float = 0.0  # the step's, every rank's responses (rl/loss.py)
     overlong_buffer: int = 0  # the soft overlong penalty the rewards carry, in tokens (rule rl_length's knob)
     # seconds the longest verification that gave its verdict took (rule rl_verifier: a slow verifier or
-    # hangs?), summed over the ranks (an upper bound on their longest); kept out of `sums`: a time, not a count
+    # hangs?), the longest of every rank's; kept out of `sums`: a time, not a count
     slowest: float = -1.0
 
     @property
