@@ -17,8 +17,8 @@ import torch.distributed as dist
 from helpers import STEPS, assert_close, final_weights, losses, run
 from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config
+from trimtab.config.distributed import check_moe_split
 from trimtab.distributed.mesh import Mesh
-from trimtab.distributed.splits import check_moe_parallel
 from trimtab.errors import ConfigError
 from trimtab.model import build_model
 from trimtab.training.surgery import moe_layer
@@ -165,10 +165,10 @@ def test_expert_parallel_settings_that_do_not_fit_are_named():
         load_config(preset="debug-moe", sets=["distributed.ep=2", "distributed.strategy=ddp"])
     model = load_config(preset="debug-moe", sets=["model.vocab_size=96"]).model
     with pytest.raises(ConfigError, match="must divide model.moe.n_experts"):
-        check_moe_parallel(model, 1, 3)
+        check_moe_split(model, 1, 3)
     with pytest.raises(ConfigError, match="no MoE layers"):
-        check_moe_parallel(load_config(preset="debug", sets=["model.vocab_size=96"]).model, 1, 2)
+        check_moe_split(load_config(preset="debug", sets=["model.vocab_size=96"]).model, 1, 2)
     jitter = load_config(preset="debug-moe", sets=["model.vocab_size=96", "model.moe.router_jitter=0.1"]).model
     with pytest.raises(ConfigError, match="router_jitter"):
-        check_moe_parallel(jitter, 2, 1)
-    check_moe_parallel(jitter, 1, 2)  # expert parallelism alone routes on each replica's own rows
+        check_moe_split(jitter, 2, 1)
+    check_moe_split(jitter, 1, 2)  # expert parallelism alone routes on each replica's own rows

@@ -10,8 +10,9 @@ import torch
 
 from trimtab.cli import main
 from trimtab.config import load_config
+from trimtab.config.distributed import check_moe_split
 from trimtab.distributed.mesh import Mesh
-from trimtab.distributed.splits import check_moe_parallel, check_tensor_parallel
+from trimtab.distributed.splits import check_tensor_parallel
 from trimtab.model.catalog import preset_catalog
 from trimtab.plan.layout import BUS_EFFICIENCY, plan_layout
 from trimtab.plan.layout_text import format_layout
@@ -41,7 +42,7 @@ def test_every_large_preset_gets_a_layout_that_fits_and_runs_or_a_reason(preset)
         model = replace(run.model, vocab_size=run.data.bpe_vocab_size)
         if b.tp > 1:  # ... and the model splits
             check_tensor_parallel(model, b.tp)
-        check_moe_parallel(model, b.tp, b.ep)
+        check_moe_split(model, b.tp, b.ep)
 
 
 def test_a_70b_dense_model_on_64_gpus_is_sharded_and_split_inside_nodes():

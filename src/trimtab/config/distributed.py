@@ -119,9 +119,9 @@ class DistributedConfig(Section):
 def check_splits(cfg: DistributedConfig, model: ModelConfig) -> None:
     """The model's sizes split over distributed.tp / ep / pp, checked when the config loads: at the
     start of a launch these errors came only after every rank had prepared its data and built the
-    whole model (which a large preset's fills the host's memory with first). The rules and words of
-    distributed/splits.py, which asks them again at the start with the tokenizer's vocabulary and
-    the world size; a single process ignores the section, but a launch of this config would fail."""
+    whole model (which a large preset's fills the host's memory with first). The start of a run
+    asks the tp / ep rules again (distributed/splits.py) with the tokenizer's vocabulary; a single
+    process ignores the section, but a launch of this config would fail."""
     stages = cfg.pp * cfg.pp_stages_per_rank
     if stages > model.n_layers:
         raise ConfigError(
@@ -129,26 +129,42 @@ def check_splits(cfg: DistributedConfig, model: ModelConfig) -> None:
             f"stages but the model has {model.n_layers} layers (model.n_layers); lower them to at most "
             f"{model.n_layers} stages"
         )
-    has_moe = any("moe" in kind for kind in model.layers)
-    if cfg.ep > 1 and not has_moe:
-        raise ConfigError(f"distributed.ep={cfg.ep}: the model has no MoE layers to split; use distributed.ep=1")
+    check_dense_split(model, cfg.tp)
+    check_moe_split(model, cfg.tp, cfg.ep)
+
+
+def check_dense_split(model: ModelConfig, tp: int) -> None:
+    """A ConfigError naming the size of every layer that `tp` tensor-parallel ranks do not divide
+    (the vocabulary only once known: 0 is the tokenizer's, checked again at the start)."""
     sizes = {"model.n_kv_heads": model.n_kv_heads or model.n_heads, "model.ffn_hidden": model.ffn_hidden}
-    if model.vocab_size:  # 0: the tokenizer's, known at the start (distributed/splits.py checks it there)
+    if model.vocab_size:
         sizes["model.vocab_size"] = model.vocab_size
-    if has_moe:
-        if model.moe.n_experts % cfg.ep:
-            raise ConfigError(
-                f"distributed.ep={cfg.ep} must divide model.moe.n_experts ({model.moe.n_experts}); lower distributed.ep"
-            )
-        sizes |= {
-            "model.moe.expert_hidden": model.moe.expert_hidden,
-            "model.moe.shared_hidden": model.moe.shared_hidden,
-        }
-        if cfg.tp > 1 and model.moe.router_jitter > 0:
-            raise ConfigError(
-                f"distributed.tp={cfg.tp}: model.moe.router_jitter draws noise on each rank, so the tensor-parallel "
-                "ranks would route differently; set it to 0"
-            )
+    _divides(tp, sizes)
+
+
+def check_moe_split(model: ModelConfig, tp: int, ep: int) -> None:
+    """A ConfigError naming the MoE setting that does not split over `tp` tensor-parallel ranks and
+    `ep` expert groups (nothing for a model without MoE layers and ep 1)."""
+    has_moe = any("moe" in kind for kind in model.layers)
+    if ep > 1 and not has_moe:
+        raise ConfigError(f"distributed.ep={ep}: the model has no MoE layers to split; use distributed.ep=1")
+    if not has_moe:
+        return
+    if model.moe.n_experts % ep:
+        raise ConfigError(
+            f"distributed.ep={ep} must divide model.moe.n_experts ({model.moe.n_experts}); lower distributed.ep"
+        )
+    if tp > 1 and model.moe.router_jitter > 0:
+        raise ConfigError(
+            f"distributed.tp={tp}: model.moe.router_jitter draws noise on each rank, so the tensor-parallel "
+            "ranks would route differently; set it to 0"
+        )
+    _divides(
+        tp, {"model.moe.expert_hidden": model.moe.expert_hidden, "model.moe.shared_hidden": model.moe.shared_hidden}
+    )
+
+
+def _divides(tp: int, sizes: dict[str, int]) -> None:
     for key, size in sizes.items():
-        if size % cfg.tp:
-            raise ConfigError(f"distributed.tp={cfg.tp} must divide {key} ({size}); lower distributed.tp")
+        if size % tp:
+            raise ConfigError(f"distributed.tp={tp} must divide {key} ({size}); lower distributed.tp")

@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
-from trimtab.distributed.splits import check_moe_parallel
+from trimtab.config.distributed import check_moe_split
 from trimtab.model.moe import MoE, grouped_swiglu
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def apply_moe_parallel(model: nn.Module, mesh: Mesh) -> list[nn.Parameter]:
     parameters under their own names, so checkpoints reshard between meshes). Returns the routed
     experts' parameters split by ep, in model order (the same on every rank): they are
     data-parallel over the expert groups, not over every replica."""
-    check_moe_parallel(model.cfg, mesh.tp, mesh.ep)
+    check_moe_split(model.cfg, mesh.tp, mesh.ep)
     dims = [name for name, size in (("ep", mesh.ep), ("tp", mesh.tp)) if size > 1]
     experts: list[nn.Parameter] = []
     for i, moe in model.moe_layers():

@@ -221,9 +221,9 @@ class Parallel(Checkpoints):
             # the backward needs too: on for the whole run (only the loss has sharded logits)
             self._contexts.enter_context(loss_parallel())
         if self.mesh.ep > 1:  # from the config: a pipeline stage may hold none of the model's MoE layers
-            from trimtab.distributed.splits import check_moe_parallel
+            from trimtab.config.distributed import check_moe_split
 
-            check_moe_parallel(model.cfg, self.mesh.tp, self.mesh.ep)  # a dense model's ep ran as plain FSDP, silently
+            check_moe_split(model.cfg, self.mesh.tp, self.mesh.ep)  # a dense model's ep ran as plain FSDP, silently
         if (self.mesh.tp > 1 or self.mesh.ep > 1) and model.moe_layers():
             from trimtab.distributed.expert import apply_moe_parallel
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from trimtab.errors import ConfigError
+from trimtab.config.distributed import check_dense_split, check_moe_split
 
 if TYPE_CHECKING:
     from trimtab.config import ModelConfig
@@ -16,35 +16,10 @@ if TYPE_CHECKING:
 
 def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
     """A ConfigError naming the setting of the (resolved) model config that does not split over
-    `tp` ranks. The planner asks the same question (plan/layout.py)."""
-    sizes = {"model.n_kv_heads": cfg.n_kv_heads, "model.ffn_hidden": cfg.ffn_hidden, "model.vocab_size": cfg.vocab_size}
-    for key, size in sizes.items():
-        if size % tp:
-            raise ConfigError(f"distributed.tp={tp} must divide {key} ({size}); lower distributed.tp")
-    check_moe_parallel(cfg, tp, 1)
-
-
-def check_moe_parallel(cfg: ModelConfig, tp: int, ep: int) -> None:
-    """A ConfigError naming the (resolved) model setting that does not split over tp / ep."""
-    moe = cfg.moe
-    has_moe = any("moe" in kind for kind in cfg.layers)
-    if ep > 1 and not has_moe:
-        raise ConfigError(f"distributed.ep={ep}: the model has no MoE layers to split; use distributed.ep=1")
-    if not has_moe:
-        return
-    if moe.n_experts % ep:
-        raise ConfigError(
-            f"distributed.ep={ep} must divide model.moe.n_experts ({moe.n_experts}); lower distributed.ep"
-        )
-    sizes = {"model.moe.expert_hidden": moe.expert_hidden, "model.moe.shared_hidden": moe.shared_hidden}
-    for key, size in sizes.items():
-        if size % tp:
-            raise ConfigError(f"distributed.tp={tp} must divide {key} ({size}); lower distributed.tp")
-    if tp > 1 and moe.router_jitter > 0:
-        raise ConfigError(
-            f"distributed.tp={tp}: model.moe.router_jitter draws noise on each rank, so the tensor-parallel "
-            "ranks would route differently; set it to 0"
-        )
+    `tp` ranks: the rules the config checks as it loads (config/distributed.py), asked again with
+    the tokenizer's vocabulary. The planner asks the same question (plan/layout.py)."""
+    check_dense_split(cfg, tp)
+    check_moe_split(cfg, tp, 1)
 
 
 # The weights tensor parallelism leaves whole on every rank, by their names in the model:
