@@ -427,11 +427,18 @@ class MoE(nn.Module):
     def add_expert(self, source: int | None = None, noise: float = 0.01) -> int:
         """Split `source` (default: the most loaded, by the load since update_bias, else by the
         last forward's counts): append a copy of its weights and router row, each plus noise of
-        std noise * rms(tensor), and of its bias; the two then share the source's tokens.
-        Returns the new index. top_k >= 2: only tokens whose first choice was the source change
-        output (they pick source and copy, so get the source's output alone). top_k = 1: each
-        of the source's tokens goes to one of the two; the gates (raw probs) shrink a little as
-        the softmax gains a term."""
+        std noise * rms(tensor) (Net2Net's widening, Chen et al. 2016); the two then share the
+        source's tokens. Returns the new index. top_k >= 2: only tokens whose first choice was the
+        source change output (they pick source and copy, so get the source's output alone).
+        top_k = 1: each of the source's tokens goes to one of the two; the gates (raw probs)
+        shrink a little as the softmax gains a term.
+
+        The copy's selection bias is the others' mean, not the source's: the bias is the
+        aux-loss-free balancer's record of that expert's own load (Wang et al. 2024, Alg. 1;
+        DeepSeek-V3 section 2.1.2: b_i moves by the sign of expert i's load error), and a new
+        expert has none, so it starts where the centred updates keep every expert, mid-pack (as
+        reset_router). A copied bias copied a collapse too: debug-moe with expert 0's bias +0.3,
+        its copy took every token's second slot (50% of assignments, the 7 others none)."""
         if source is None:
             load = self.load if bool(self.load.sum() > 0) else self.stats.get("tokens_per_expert")
             source = int(load.argmax()) if load is not None else 0
@@ -442,8 +449,11 @@ class MoE(nn.Module):
             return torch.cat([t, self._noisy(row, noise) if t.dim() > 1 else row])
 
         half = self.load[source] / 2
+        others = torch.cat([self.expert_bias[:source], self.expert_bias[source + 1 :]])
         self._replace(grow)
         self.load[source] = self.load[-1] = half
+        if others.numel():  # one expert: no other to take the mean of, the copy keeps its bias
+            self.expert_bias[-1] = others.mean()
         return self.n_experts - 1
 
     @torch.no_grad()

@@ -3,8 +3,9 @@ router row, keeping the optimizer consistent with the parameters it updates.
 
 Adding or pruning an expert replaces the layer's parameter tensors (their first dimension is the
 expert count), so the optimizer is rebuilt to hold exactly the live parameters: untouched experts
-keep their AdamW moments, an added expert starts from its source's, a re-initialised one from
-zero (optim.carry_state). A router reset works in place and zeroes only that row's moments.
+keep their AdamW moments, an added expert's weights start from its source's (its router row from
+zero: the source's were built by the source's load, see expert_surgery), a re-initialised one
+from zero (optim.carry_state). A router reset works in place and zeroes only that row's moments.
 """
 
 from __future__ import annotations
@@ -47,14 +48,21 @@ def moe_layer(model: torch.nn.Module, layer: int, world: int, ep: int = 1, tp: i
 def expert_surgery(
     moe: MoE, optimizer: Optimizer, rebuild: Callable[[], Optimizer], op: str, expert: int | None
 ) -> tuple[Optimizer, str]:
-    """`op` (add / prune / reinit) on `moe`; returns the rebuilt optimizer and what changed."""
+    """`op` (add / prune / reinit) on `moe`; returns the rebuilt optimizer and what changed.
+
+    An added expert's router row starts from zero moments, its weights from its source's: the
+    source's router moments carry the push its own load gave it (an overloaded expert's row is
+    pushed down by the balance loss), which is no record of the copy's (as reset_router). With
+    them, a split collapsed expert's copy, its bias mid-pack (MoE.add_expert), took 1.2% of
+    assignments over the next 29 steps (debug-moe, fair share 11%); without, 6%, at 7-12% from
+    10 steps on."""
     if expert is not None and not 0 <= expert < moe.n_experts:
         raise ConfigError(f"the layer has experts 0..{moe.n_experts - 1}, not {expert}")
     before = {name: getattr(moe, name) for name in ("router", "w1", "w2", "w3")}
-    n = moe.n_experts
+    n, router_rows = moe.n_experts, None  # the router's rows, where they are not the weights'
     if op == "add":
         expert = moe.add_expert(expert)
-        rows = [*range(n), _source_of(moe, before["router"])]
+        rows, router_rows = [*range(n), _source_of(moe, before["router"])], [*range(n), None]
     elif op == "prune":
         if n - 1 < moe.top_k:
             raise ConfigError(f"pruning would leave fewer experts than top_k={moe.top_k}")
@@ -63,7 +71,8 @@ def expert_surgery(
     else:
         moe.reinit_expert(expert)
         rows = [None if i == expert else i for i in range(n)]
-    replaced = {id(old): (getattr(moe, name), rows) for name, old in before.items()}
+    rows_of = {name: router_rows if name == "router" and router_rows else rows for name in before}
+    replaced = {id(old): (getattr(moe, name), rows_of[name]) for name, old in before.items()}
     new = rebuild()
     carry_state(optimizer, new, replaced)
     return new, f"{op} expert {expert} ({n} -> {moe.n_experts} experts)"
