@@ -22,7 +22,7 @@ import torch
 from trimtab.api import built_in_hooks
 from trimtab.config import load_config
 from trimtab.orchestrator import Orchestrator
-from trimtab.rundir import run_lock
+from trimtab.runlock import run_lock
 from trimtab.training.instrument import Instrument
 from trimtab.training.setup import setup
 from trimtab.training.trainer import Trainer

@@ -231,8 +231,8 @@ def test_every_hook_method_takes_the_run_view_first():
 
 
 def test_the_report_reads_files_only():
-    """report (trimtab report, trimtab runs) reads run directories (trimtab/rundir.py, which holds
-    the run lock's liveness probe too) and imports no torch, nothing of training or the
+    """report (trimtab report, trimtab runs) reads run directories (trimtab/rundir.py, and runlock.py
+    for the run lock's liveness probe) and imports no torch, nothing of training or the
     orchestrator: it runs wherever a run directory is copied to, and no import runs back up."""
     assert offenders("report", ("torch", "trimtab.training", "trimtab.orchestrator")) == []
 

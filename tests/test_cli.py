@@ -16,7 +16,8 @@ from helpers import FAST, trimtab_cli
 from trimtab import benchmarks
 from trimtab.checkpoint import list_checkpoints
 from trimtab.cli import build_parser, main
-from trimtab.rundir import read_decisions, run_lock
+from trimtab.rundir import read_decisions
+from trimtab.runlock import run_lock
 
 
 def test_train_resume_and_generate_like_the_readme(tmp_path, capsys):

@@ -17,7 +17,8 @@ from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.errors import ConfigError, RunStateError
 from trimtab.orchestrator import ctl
 from trimtab.orchestrator.core import Orchestrator
-from trimtab.rundir import read_decisions, run_lock, write_json, write_summary
+from trimtab.rundir import read_decisions, write_json, write_summary
+from trimtab.runlock import run_lock
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from trimtab.errors import TrimtabError
 from trimtab.report import NotARunError, figures, markers, write_report
 from trimtab.report.run import read_run
 from trimtab.report.runs import RunsError, format_table, list_runs
-from trimtab.rundir import run_lock
+from trimtab.runlock import run_lock
 from trimtab.training.hooks import ReportWriter
 
 pytestmark = pytest.mark.usefixtures("one_thread")

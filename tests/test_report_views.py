@@ -11,7 +11,7 @@ from trimtab.report import figures, markers, write_report
 from trimtab.report.page import SUMMARY, summary_row
 from trimtab.report.run import read_run
 from trimtab.report.runs import list_runs
-from trimtab.rundir import run_lock
+from trimtab.runlock import run_lock
 
 
 def _run(path: Path, steps: tuple[int, ...] = (5, 10, 15), decisions: list[dict] | None = None) -> Path:

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from trimtab.errors import RunStateError
-from trimtab.rundir import run_lock
+from trimtab.runlock import run_lock
 
-HOLD = "import sys, time; from pathlib import Path; from trimtab.rundir import run_lock\n" \
+HOLD = "import sys, time; from pathlib import Path; from trimtab.runlock import run_lock\n" \
     "with run_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)"  # fmt: skip
 
 

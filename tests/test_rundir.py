@@ -17,11 +17,11 @@ from trimtab.rundir import (
     read_metrics,
     read_summary,
     rewrite_jsonl,
-    run_lock,
     write_json,
     write_jsonl,
     write_summary,
 )
+from trimtab.runlock import run_lock
 
 
 def test_read_metrics_gives_the_kept_trajectory_or_every_line(tmp_path):

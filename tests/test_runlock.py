@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from trimtab import rundir
+from trimtab import runlock
 from trimtab.errors import RunStateError
-from trimtab.rundir import LOCK, liveness, run_lock
+from trimtab.rundir import LOCK
+from trimtab.runlock import liveness, run_lock
 
 
 def test_one_holder_at_a_time_and_released_at_the_end(tmp_path):
@@ -32,7 +33,7 @@ def test_one_holder_at_a_time_and_released_at_the_end(tmp_path):
 
 
 def test_the_heartbeat_beats_while_the_run_lives(tmp_path, monkeypatch):
-    monkeypatch.setattr(rundir, "BEAT_S", 0.05)
+    monkeypatch.setattr(runlock, "BEAT_S", 0.05)
     with run_lock(tmp_path):
         os.utime(tmp_path / LOCK, (0, 0))
         time.sleep(0.5)
@@ -71,7 +72,7 @@ def as_rank(monkeypatch, rank: int, job: str = "job-a") -> None:
 def test_other_ranks_refuse_with_rank_0_when_another_job_holds_the_run(tmp_path, monkeypatch):
     """Rank 1 does not go on to wait for a refused rank 0 in the process group (until torchrun's
     agent killed it, 30 s on): it refuses itself, in the same words, within seconds."""
-    monkeypatch.setattr(rundir, "REFUSAL_GRACE_S", 0.1)
+    monkeypatch.setattr(runlock, "REFUSAL_GRACE_S", 0.1)
     with run_lock(tmp_path):  # another `trimtab train`: outside torchrun
         as_rank(monkeypatch, 1)
         start = time.monotonic()
@@ -94,7 +95,7 @@ def test_other_ranks_go_on_once_their_own_rank_0_holds_the_run(tmp_path, monkeyp
 def test_a_sigterm_while_refused_ends_with_the_refusal(tmp_path, monkeypatch):
     """torchrun's agent stops every rank once one ends: a rank already refused says why, not
     "stopped during start-up"."""
-    monkeypatch.setattr(rundir, "REFUSAL_GRACE_S", 30.0)
+    monkeypatch.setattr(runlock, "REFUSAL_GRACE_S", 30.0)
     with run_lock(tmp_path):
         as_rank(monkeypatch, 0, job="job-b")
         stop = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
@@ -137,9 +138,9 @@ def test_a_run_whose_directory_is_deleted_or_replaced_ends_at_once(tmp_path, mon
     once, and the old process, its flock on a file no longer there, wrote beside it into one
     directory. The heartbeat sees the lock file gone (or another in its place) and ends the
     process at once, saying why (exit 4): a stop that saves would write there."""
-    monkeypatch.setattr(rundir, "CHECK_S", 0.02)
+    monkeypatch.setattr(runlock, "CHECK_S", 0.02)
     exits = []
-    monkeypatch.setattr(rundir.os, "_exit", exits.append)
+    monkeypatch.setattr(runlock.os, "_exit", exits.append)
     run_dir = tmp_path / "r"
     with run_lock(run_dir):
         time.sleep(0.1)

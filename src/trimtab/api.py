@@ -20,7 +20,8 @@ from trimtab.orchestrator import Orchestrator
 from trimtab.orchestrator.faults import FaultInjector
 from trimtab.orchestrator.planner import LivePlanner
 from trimtab.orchestrator.restarts import Resilience
-from trimtab.rundir import run_lock, write_summary
+from trimtab.rundir import write_summary
+from trimtab.runlock import run_lock
 from trimtab.sampling import fit_prompt
 from trimtab.sampling import generate as generate_ids
 from trimtab.training.hooks import ReportWriter

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.errors import ConfigError, RunStateError
-from trimtab.rundir import liveness, lock_holder, read_json, write_json
+from trimtab.rundir import read_json, write_json
+from trimtab.runlock import liveness, lock_holder
 from trimtab.training.actions import REQUIRED, RL_ONLY, VERBS
 
 
@@ -100,7 +101,7 @@ def lost_commands(dropped: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
 
 
 def session(run_dir: str | Path) -> str | None:
-    """The `trimtab train` session holding run_dir's lock (rundir.run_lock's record: host, pid, start),
+    """The `trimtab train` session holding run_dir's lock (runlock.run_lock's record: host, pid, start),
     whom a command sent now is for; None when none is recorded."""
     holder = lock_holder(run_dir)
     if "pid" not in holder:
@@ -136,7 +137,7 @@ def too_late(run_dir: str | Path, command: dict[str, Any] | None) -> dict[str, A
 
 
 def taking(run_dir: str | Path) -> tuple[bool, str]:
-    """(whether a job in run_dir takes commands now, the evidence): rundir.liveness, but not once the
+    """(whether a job in run_dir takes commands now, the evidence): runlock.liveness, but not once the
     session running has done its last step."""
     running, evidence = liveness(run_dir)
     if running and (done := ended(run_dir)) is not None and done["session"] == session(run_dir):

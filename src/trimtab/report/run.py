@@ -25,13 +25,13 @@ from trimtab.rundir import (
     METRICS_FILE,
     PLAN_STATUS_FILE,
     SUMMARY,
-    liveness,
     read_decisions,
     read_json,
     read_jsonl,
     read_metrics,
     read_summary,
 )
+from trimtab.runlock import liveness
 
 
 class NotARunError(TrimtabError):
