@@ -75,3 +75,33 @@ def test_a_lost_sessions_time_after_its_last_ledger_write_is_in_the_runs_wall_ti
     assert ledger.incidents[-1]["down_s"] == pytest.approx(4.2)
     wall = totals(ledger.sessions[:1], [])["wall_s"] + ledger.sessions[1]["down_s"]
     assert wall == pytest.approx(25.0)  # every second from the first start to the restart
+
+
+def test_every_rank_silent_at_once_is_the_whole_job_lost_not_one_rank(tmp_path, monkeypatch):
+    """Every rank of a job of two left no exit record (the node gone, the storage, a kill from
+    outside): it was a lost_rank with none to blame, its resume saying "the other ranks' collectives
+    failed with it", which none did. Now the whole job, with its nodes, hosts and how far apart the
+    ranks' last beats are."""
+    from trimtab.resilience.elastic import SESSION_ENV
+
+    monkeypatch.delenv(SESSION_ENV, raising=False)
+    lost_session(tmp_path, world=2)
+    (tmp_path / "ranks").mkdir()
+    last = time.time() - 20
+    for rank in (0, 1):
+        beat = {"rank": rank, "host": "h", "node": 0, "pid": 1, "step": 12, "section": "forward_backward"}
+        write_json(tmp_path / "ranks" / f"rank{rank}.json", {**beat, "time": last + rank, "session": "s"})
+    proposed = []
+    run = SimpleNamespace(is_main=True, step=10, world=2, say=lambda line: None, propose=proposed.append)
+    Resilience(tmp_path).on_train_start(run)
+    (finding,) = proposed
+    evidence = finding.evidence
+    assert (evidence["kind"], evidence["ranks_to_blame"], evidence["nodes"], evidence["hosts"]) == (
+        "lost_job",
+        [],
+        [0],
+        ["h"],
+    )
+    assert evidence["beats_within_s"] == pytest.approx(1.0)
+    assert finding.summary.startswith("every rank (2, host h) went silent at once, none with an exit record")
+    assert "collectives failed with it" not in restart(finding).reasoning

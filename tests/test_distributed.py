@@ -260,3 +260,13 @@ def test_bad_gradients_land_in_fsdp2_shards_and_are_skipped(tmp_path, fault, rul
     [d] = [d for d in rank0["decisions"] if d["rule"] != "straggler"]
     assert (d["step"], d["rule"], d["action"]) == (3, rule, "skip_step")
     assert [s["skipped"] for s in rank0["steps"]] == [False, False, True, False]
+
+
+@pytest.mark.distributed
+def test_fsdp2_says_the_replica_check_does_not_run(fsdp):
+    """orchestrator.replicas (on by default) needs ranks holding the same whole model; under FSDP2
+    it was skipped without a word. Rank 0 says so at the start, naming the key and why."""
+    told = (fsdp[0].parent / "run.log.rank0").read_text()
+    assert "orchestrator.replicas does not run: no two of the 2 ranks hold the same whole copy" in told, told[-3000:]
+    assert "(FSDP2 shards them)" in told and "orchestrator.replicas.enabled=false" in told
+    assert "orchestrator.replicas" not in (fsdp[0].parent / "run.log.rank1").read_text()  # rank 0 speaks

@@ -3,6 +3,7 @@ YAML) and carry the plan's numbers: nodes, GPUs a node, the layout's settings, t
 interval of its resilience section."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -79,3 +80,55 @@ def test_the_dockerfile_installs_the_torch_the_constraints_pin():
     pinned = re.search(r"^torch==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M).group(1)
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert f"torch=={pinned}" in dockerfile and "-c constraints.txt" in dockerfile
+
+
+# Slurm's commands as the generated script calls them: `srun` (the job step: it copies the summary
+# the case gives into the run directory the script passed as --out, as rank 0 would write it, and
+# exits as torchrun's agent does) and `scontrol` (records each call)
+FAKE_SRUN = """#!/bin/bash
+out=""
+while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
+[ -n "$out" ] || exit 3
+[ -z "${SUMMARY:-}" ] || cp "$SUMMARY" "$out/summary.json"
+exit "$RC"
+"""
+FAKE_SCONTROL = """#!/bin/bash
+echo "$*" >> "$CALLS"
+[ "$1" != show ] || echo node1
+"""
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash runs the script")
+def test_the_slurm_script_requeues_a_run_the_time_limit_stopped_and_nothing_else(tmp_path, capsys):
+    """--requeue does not bring back a job that ended at its time limit: the ranks saved on the
+    SIGTERM before it and ended, and the run silently stopped. The script queues it again when this
+    job's summary.json says the SIGTERM stopped it; not a finished run, nor one that crashed after
+    an earlier job's stop."""
+    from trimtab.rundir import read_json, write_summary
+
+    plan(tmp_path, "slurm", capsys)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (fake / name).write_text(text)
+        (fake / name).chmod(0o755)
+    for status in ("stopped (SIGTERM)", "completed"):
+        (tmp_path / status.split()[0]).mkdir()
+        write_summary(tmp_path / status.split()[0], {"status": status, "step": 7, "total_steps": 40})
+    env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "42"}
+    env |= {"SLURM_JOB_NODELIST": "node[1-2]", "CALLS": str(tmp_path / "calls")}
+
+    def job(summary: str | None, rc: int) -> tuple[int, list[str]]:
+        (tmp_path / "calls").write_text("")
+        case = env | {"RC": str(rc)} | ({"SUMMARY": str(tmp_path / summary / "summary.json")} if summary else {})
+        done = subprocess.run(["bash", str(tmp_path / "launch.sbatch")], cwd=tmp_path, env=case, capture_output=True)
+        return done.returncode, (tmp_path / "calls").read_text().splitlines()
+
+    # the agent, signalled too, exits 1; rank 0 wrote "stopped (SIGTERM)"
+    assert job("stopped", 1) == (1, ["show hostnames node[1-2]", "requeue 42"])
+    assert job("completed", 0) == (0, ["show hostnames node[1-2]"])  # finished: not again
+    summary = tmp_path / "runs" / "dense-1b" / "summary.json"
+    write_summary(summary.parent, read_json(tmp_path / "stopped" / "summary.json"))
+    os.utime(summary, (summary.stat().st_mtime - 60,) * 2)  # an earlier job's: this one crashed before writing
+    assert job(None, 1) == (1, ["show hostnames node[1-2]"])
+    assert list(summary.parent.glob(".slurm-job.*")) == []  # the job's stamp is gone

@@ -34,7 +34,7 @@ from trimtab.orchestrator.outcomes import SETTLED, Outcomes
 from trimtab.orchestrator.outliers import OutlierRows, gate_finding, left_out_once, merged_into
 from trimtab.orchestrator.people import PersonCommands
 from trimtab.orchestrator.policy import Policy
-from trimtab.orchestrator.replicas import Replicas
+from trimtab.orchestrator.replicas import Replicas, unchecked
 from trimtab.orchestrator.rules import MONITORS, build_monitors
 from trimtab.orchestrator.screened import ScreenedRows
 from trimtab.orchestrator.stragglers import Stragglers
@@ -109,6 +109,8 @@ class Orchestrator(Deciding, PersonCommands, Hook):
                 oom.resumed()
         if self._mode_kept:
             run.say(self._mode_kept)
+        if self.replicas is not None and self.mode != "off" and run.world > 1 and not run.replicated and run.is_main:
+            run.say(unchecked(run.cfg.distributed, run.world))
         if (fp16 := self.monitors.get("fp16")) is not None:  # the scaler's growth costs overflows of its own
             fp16.growth_interval = run.cfg.train.loss_scale.growth_interval
         for change in run.config_changes:

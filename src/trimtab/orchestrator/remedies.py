@@ -272,6 +272,9 @@ def restart(f: Finding) -> Remedy:
         "hang": "its watchdog ended the stalled section instead of waiting out the collective timeout, and wrote "
         f"every rank's stack ({e.get('stacks')})",
         "lost_rank": "the other ranks' collectives failed with it",
+        "lost_job": "no rank failed alone (none left the error of a failed collective): the job ended whole, by "
+        "its nodes or network, the run directory's storage or a kill from outside (the scheduler, a person, the "
+        "OOM killer)",
         "lost_process": "it left no exit record (killed: SIGKILL, the OOM killer, or its machine gone)",
         "lost_node": "the other nodes' collectives failed with it, and the rendezvous went on without it",
         "crash": "its error ended the step on every rank",

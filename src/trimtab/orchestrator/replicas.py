@@ -4,18 +4,36 @@ DDP, which averages gradients, never notices: the replicas drift apart for good.
 steps each rank's exact checksum of its weights (RunView.weight_checksum) is gathered; the ranks
 that differ from the majority are named and the run rolls back to the newest checkpoint from when
 the replicas last agreed (so a checkpoint written from a corrupted copy is never the target).
-Only where every rank holds the whole model (RunView.replicated: DDP).
+Only where every rank holds the whole model (RunView.replicated: DDP); elsewhere (FSDP2, tensor,
+expert or pipeline parallelism) the run says at its start that the rule does not run (unchecked).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
+from trimtab.config.distributed import DistributedConfig
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.distributed import all_gather_floats
 from trimtab.orchestrator.monitors import Finding
 
 HALF = 1 << 31  # a 64-bit checksum crosses the gather as two exact float64 halves
+
+
+def unchecked(dist: DistributedConfig, world: int) -> str:
+    """The console line of a run of several ranks where no two hold the same whole model, so the
+    rule on (its default) has nothing to compare: said once a session, not skipped without a word."""
+    fsdp = dist.data_parallel == "fsdp" and (world > dist.tp * dist.pp or dist.strategy == "fsdp")  # Parallel.fsdp
+    ways = ["FSDP2 shards them"] if fsdp else []
+    for key, name in (("tp", "tensor"), ("ep", "expert"), ("pp", "pipeline")):
+        if getattr(dist, key) > 1:
+            ways.append(f"{name} parallelism (distributed.{key}={getattr(dist, key)}) splits them")
+    return (
+        f"orchestrator.replicas does not run: no two of the {world} ranks hold the same whole copy of the weights "
+        f"({', '.join(ways) or 'sharded'}), so no rank's checksum has a replica's to agree with: a bit flipped in a "
+        "weight that stays finite (silent data corruption) is caught only if the loss rules see what it does. Set "
+        "orchestrator.replicas.enabled=false not to be told (docs/resilience.md)"
+    )
 
 
 class Replicas:

@@ -147,6 +147,9 @@ def restart_finding(incident: dict[str, Any], step: int) -> Finding:
         "lost_rank": f"{who} lost without a word"
         if blamed
         else "the session ended without a word (killed, crashed or its node lost)",
+        "lost_job": f"every rank ({len(incident.get('ranks', {}))}, host {', '.join(incident.get('hosts', []))}) "
+        "went silent at once, none with an exit record: not one rank's fault but the whole job's (its node or "
+        "network, the run directory's storage, or a kill from outside)",
         "lost_process": "the process ended without a word (SIGKILL, the OOM killer, its machine)",
         "lost_node": f"node {nodes} ({who}, host {', '.join(incident.get('hosts_to_blame', []))}) lost without a word",
         "crash": f"{who} failed: {str(incident.get('error'))[:120]}",

@@ -2,7 +2,9 @@
 the layout the planner chose (mesh, micro-batch, checkpointing) as a Slurm batch script or a
 Kubeflow PyTorchJob, each starting torchrun's elastic agent on every node (c10d rendezvous, a
 few restarts: a lost rank restarts the job from its newest checkpoint, docs/resilience.md) with
-the asynchronous checkpoint interval of the plan's resilience section (Young's).
+the asynchronous checkpoint interval of the plan's resilience section (Young's). The Slurm
+script queues its job again when the time limit's SIGTERM stopped the run before its end (it
+saved): Slurm's own --requeue restarts a job after a node failure or a preemption, not then.
 
 The files are a start, not a cluster's whole policy: the partition, the image, the volume for the
 run directory and the account are the site's; each is a marked line to edit.
@@ -22,12 +24,12 @@ PORT = 29500  # torchrun's rendezvous port on the first node
 MAX_RESTARTS = 3
 
 
-def launch_file(plan: Plan, emit: str, config: str | None) -> tuple[str, str]:
-    """(file name, text) of the `emit` launch file for `plan`."""
+def launch_file(plan: Plan, emit: str, config: str | None, run_dir: str = "") -> tuple[str, str]:
+    """(file name, text) of the `emit` launch file for `plan` (`run_dir`: the config's, runs/PRESET if none)."""
     if plan.layout is None or plan.layout.best is None:
         raise ConfigError("plan --emit needs a layout that fits: name the GPU (--gpu H100) and enough --gpus")
     if emit == "slurm":
-        return "launch.sbatch", _slurm(plan, config)
+        return "launch.sbatch", _slurm(plan, config, run_dir or f"runs/{plan.preset}")
     if emit == "k8s":
         return "launch.yaml", _k8s(plan, config)
     raise ConfigError(f"plan --emit {emit}: one of {', '.join(EMITS)}")
@@ -72,10 +74,10 @@ def _shell(words: list[str]) -> str:
     return " ".join(f'"{w}"' if "$" in w else shlex.quote(w) for w in words)
 
 
-def _slurm(plan: Plan, config: str | None) -> str:
+def _slurm(plan: Plan, config: str | None, run_dir: str) -> str:
     nodes, per_node = _nodes(plan)
     torchrun = _torchrun(nodes, per_node, f"$HEAD:{PORT}", "$SLURM_JOB_ID")
-    command = _shell(torchrun + _train_args(plan, config))
+    command = _shell(torchrun + _train_args(plan, config) + ["--out", "$RUN_DIR"])
     b = plan.layout.best
     return f"""#!/bin/bash
 # trimtab plan --emit slurm: {plan.preset} on {plan.layout.gpus} x {plan.layout.gpu}
@@ -90,11 +92,29 @@ def _slurm(plan: Plan, config: str | None) -> str:
 #SBATCH --signal=TERM@120
 # EDIT: --partition, --account, --time as the site asks
 set -euo pipefail
+RUN_DIR={shlex.quote(run_dir)}  # EDIT: the run directory (the config's out), on storage every node mounts
 HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export OMP_NUM_THREADS=8
+mkdir -p "$RUN_DIR"
+STARTED=$(mktemp -p "$RUN_DIR" .slurm-job.XXXXXX)  # this job's start, by the run directory's clock
 # one torchrun agent a node; SIGTERM 2 minutes before the time limit reaches srun's tasks (not B:, which
-# signals only this shell): each rank saves and exits 0 (resumable)
-srun --kill-on-bad-exit=0 {command}
+# signals only this shell): each rank finishes its step, saves and exits 0, its summary.json says
+# "stopped (SIGTERM)"; torchrun's agent, signalled too, exits 1
+status=0
+srun --kill-on-bad-exit=0 {command} || status=$?
+# --requeue brings a job back after a node failure or a preemption, never after its time limit: a run the
+# SIGTERM above stopped (its summary.json, written by this job, says so) is queued again here to resume from
+# its checkpoint. Not a finished run, nor one that failed, nor one scancel ended (it signals this shell too)
+requeue=0
+if [ "$RUN_DIR/summary.json" -nt "$STARTED" ] && grep -q '"status": "stopped (SIGTERM)"' "$RUN_DIR/summary.json"; then
+    requeue=1
+fi
+rm -f "$STARTED"
+if [ "$requeue" = 1 ]; then
+    echo "trimtab: stopped before the time limit, not finished: requeued to resume from its checkpoint"
+    scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$status"
 """
 
 

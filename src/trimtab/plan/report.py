@@ -401,7 +401,7 @@ def plan_command(
     if emit:
         from trimtab.plan.launch import launch_file
 
-        name, text = launch_file(plan, emit, config)
+        name, text = launch_file(plan, emit, config, str(cfg.run_dir))
         kept = _keep_previous(json_path.parent / name, text)
         write_atomic(json_path.parent / name, text)
         saved += f", and {json_path.parent / name} ({emit})" + (f"; the one before kept as {kept}" if kept else "")

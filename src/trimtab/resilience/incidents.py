@@ -11,6 +11,10 @@ RUN_DIR/goodput.step (rank 0's last completed step, written after every step: re
                collective it left): killed (SIGKILL, the OOM killer), its process gone
     lost_node  as lost_rank, and the silent ranks are every rank of one or more nodes (torchrun's
                node rank in their beats) while other nodes spoke: a node gone, or its agent
+    lost_job   every rank of a job left no exit record: none failed in a collective (it would have
+               left the error), so none is to blame: the job ended whole (its nodes or network, the
+               run directory's storage, which no rank could write to, or a kill from outside: the
+               scheduler, a person, the OOM killer of the job's cgroup)
     lost_process  a session of one process left no exit record: killed (SIGKILL, the OOM killer, a
                preemption without notice) or its machine gone; no other rank to fail with it
     crash      every rank left an exit record: the first error is the cause
@@ -118,8 +122,10 @@ def localize(run_dir: Path, since: float, archive_as: str, world: int = 0) -> di
     silent = sorted(k for k, r in ranks.items() if not r.get("exit"))
     if world == 1 and (silent or not ranks):  # one process: no rank was lost from a job that went on
         evidence.update(kind="lost_process", ranks_to_blame=[])
-    elif silent:  # every rank silent: the whole job went at once (a node, the agent): none to blame
-        evidence.update(kind="lost_rank", ranks_to_blame=silent if len(silent) < len(ranks) else [])
+    elif silent and len(silent) == len(ranks):
+        evidence.update(_lost_job(ranks))
+    elif silent:
+        evidence.update(kind="lost_rank", ranks_to_blame=silent)
         evidence.update(_lost_nodes(ranks, silent))
     elif ranks:
         first = min(ranks.values(), key=lambda r: r["time"])
@@ -141,6 +147,20 @@ def reach_words(incident: dict[str, Any]) -> tuple[str, str]:
     if incident.get("step_exact", True):  # a journal from before the key: as it was said then
         return f"at step {step}", steps
     return f"after step {step} (the newest its files recorded)", f"at least {steps}"
+
+
+def _lost_job(ranks: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """lost_job evidence: every rank silent. None failed in a collective (it would have left that
+    error), so no rank is to blame: the job ended whole, by its nodes and hosts (all of them) and how
+    far apart their last beats are (within resilience.beat_s: at once)."""
+    times = [float(r.get("time", 0.0)) for r in ranks.values()]
+    return {
+        "kind": "lost_job",
+        "ranks_to_blame": [],
+        "nodes": sorted({int(r.get("node") or 0) for r in ranks.values()}),
+        "hosts": sorted({str(r.get("host")) for r in ranks.values()}),
+        "beats_within_s": round(max(times) - min(times), 3),
+    }
 
 
 def _lost_nodes(ranks: dict[int, dict[str, Any]], silent: list[int]) -> dict[str, Any]:

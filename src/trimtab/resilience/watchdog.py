@@ -7,9 +7,12 @@ forward_backward, sync, optimizer, hooks, rollback, evaluation, checkpoint); a s
 timeout ends the process, so torchrun's elastic agent restarts the job from the newest
 checkpoint at once. Timeouts follow NVRx: a section's first run in a process gets
 `first_timeout_s` (start-up, compilation, first save), later runs `timeout_factor` x the longest
-seen, at least `min_timeout_s`. Time the whole process stood stopped (SIGSTOP then SIGCONT:
-`scontrol suspend`, Ctrl-Z then fg) is no section's: its watchdog finds it as a poll long overdue
-while the loop's thread used no CPU, and takes it off the section's time.
+seen, at least `min_timeout_s`. After a restart a section's first run is timed by the longest the
+session before saw (its beat files keep it: timed_before), so a rank frozen in the first step after
+a restart is found in about the usual timeout, not first_timeout_s. Time the whole process stood
+stopped (SIGSTOP then SIGCONT: `scontrol suspend`, Ctrl-Z then fg) is no section's: its watchdog
+finds it as a poll long overdue while the loop's thread used no CPU, and takes it off the
+section's time.
 
 Before it ends the process, the watchdog writes every thread's Python stack to
 RUN_DIR/hangs/rankR.txt and raises the alarm in RUN_DIR/hangs/alarm.json; every other rank's
@@ -86,6 +89,7 @@ class Watchdog:
         self.current = ("start-up", time.monotonic())  # (section, when it began): one object, read whole
         self.step = 0
         self.longest: dict[str, float] = {}  # section -> its longest completed run in this process
+        self.before = timed_before(self.run_dir, rank, world)  # the same, of the session before (a restart)
         self.started = time.time()  # an alarm older than this process is a past session's
         self._alarm_checked = 0.0
         self._stop = threading.Event()
@@ -141,9 +145,11 @@ class Watchdog:
         self._write_beat(exit=exit_record or "ended")
 
     def timeout(self, section: str) -> float:
-        if section not in self.longest:
-            return self.first_timeout_s
-        return max(self.min_timeout_s, self.timeout_factor * self.longest[section])
+        if section in self.longest:
+            return max(self.min_timeout_s, self.timeout_factor * self.longest[section])
+        if section in self.before:  # its first run here, timed before a restart: a frozen rank found in minutes
+            return min(self.first_timeout_s, max(self.min_timeout_s, self.timeout_factor * self.before[section]))
+        return self.first_timeout_s
 
     # ------------------------------------------------------------------ the thread
 
@@ -288,8 +294,9 @@ class Watchdog:
         torchrun restarts now instead of after its own 30 s wait for a SIGTERM they cannot take."""
         answered, host = {p.stem for p in folder.glob("rank*.txt")}, socket.gethostname()
         for path in (self.run_dir / RANKS).glob("rank*.json"):
-            beat = read_json(path)
+            beat = read_json(path)  # this session's only: rankR.lost.json is a lost session's, its pid another's now
             mute = isinstance(beat, dict) and path.stem not in answered and beat.get("host") == host
+            mute = mute and beat.get("session") == session()
             if mute and beat.get("pid") not in (None, os.getpid()) and _alive_since(int(beat["pid"]), beat["time"]):
                 with contextlib.suppress(OSError):
                     os.kill(int(beat["pid"]), signal.SIGKILL)
@@ -316,6 +323,10 @@ class Watchdog:
             "time": self._last_beat_file,
             "started": self.started,
             "session": session(),
+            "world": self.world,
+            # what a restarted session times its sections' first runs by (timed_before); dict() copies
+            # in one step, while the loop's thread may add a section
+            "longest": {k: round(v, 3) for k, v in dict(self.longest).items()},
             **extra,
         }
         path = self.run_dir / RANKS / f"rank{self.rank}.json"
@@ -348,6 +359,29 @@ def stopped(hangs: list[dict[str, Any]], beats: dict[int, dict[str, Any]]) -> di
     }
 
 
+def timed_before(run_dir: Path, rank: int, world: int) -> dict[str, float]:
+    """Each section's longest run in the session before this one ({} on a fresh run): this rank's
+    last beat of it, where rank 0's says the same session (a rank that was not in it may hold an
+    older one's), scaled up when the world shrank (each rank a larger share of a step). Start-up is
+    left out: a resume reads a checkpoint the session before may not have. Two reads a rank, once."""
+    lead = _last_before(Path(run_dir) / RANKS, 0)
+    own = lead if rank == 0 else _last_before(Path(run_dir) / RANKS, rank)
+    if not lead or not own or own.get("session") != lead.get("session") or not isinstance(own.get("longest"), dict):
+        return {}
+    scale = max(1.0, int(own.get("world") or world) / max(1, world))
+    return {k: float(v) * scale for k, v in own["longest"].items() if k != "start-up"}
+
+
+def _last_before(folder: Path, rank: int) -> dict[str, Any]:
+    """Rank `rank`'s last beat of an earlier session: its beat file, or the one this session's
+    first write moved aside (LOST); {} where there is none."""
+    for path in (folder / f"rank{rank}.json", folder / f"rank{rank}{LOST}"):
+        record = read_json(path)
+        if isinstance(record, dict) and record.get("session") != session():
+            return record
+    return {}
+
+
 def _position(record: dict[str, Any]) -> tuple[int, int]:
     """How far a rank's record got: its step, then its section's place in the step."""
     section = record.get("section")
@@ -377,7 +411,7 @@ class NoWatchdog(Watchdog):
     """The watchdog switched off: beats cost one call; no thread, no files."""
 
     def __init__(self) -> None:
-        self.current, self.step, self.longest = ("start-up", time.monotonic()), 0, {}
+        self.current, self.step, self.longest, self.before = ("start-up", time.monotonic()), 0, {}, {}
 
     def beat(self, section: str, step: int | None = None) -> None:
         pass
