@@ -1,5 +1,5 @@
 """Communication per training step on CPU, per mesh, measured against the planner's analytical
-volume (plan/layout.py: step_traffic).
+volume (plan/traffic.py: step_traffic).
 
     python bench/comm.py [--preset debug-moe] [--warmup 2] [--steps 3]
 
@@ -170,7 +170,7 @@ def measure(preset: str, nproc: int, section: dict, sets: list[str], warmup: int
 
 def analytical(preset: str, nproc: int, section: dict, sets: list[str]) -> dict[str, float]:
     from trimtab.config import load_config
-    from trimtab.plan.layout import step_traffic
+    from trimtab.plan.traffic import step_traffic
 
     sets = [*sets, "train.batch_tokens=4096"] + [f"distributed.{k}={v}" for k, v in section.items()]
     return step_traffic(load_config(preset=preset, sets=sets), nproc, precision="fp32")
@@ -204,7 +204,7 @@ def report(rows: list, args: argparse.Namespace) -> str:
         f"`{args.preset}` (4 layers, 2 of them MoE: 8 experts, top-2), fp32, 4,096-token steps in 1,024-token "
         f"micro-batches; mean of {args.steps} steps after {args.warmup} of warm-up, rank 0. MB one rank sends per "
         "step, measured (every collective seen by a dispatch mode, counted as ring bytes: module docstring) / "
-        "the planner's model (`plan.layout.step_traffic`, the formulas `trimtab plan` ranks layouts with), and "
+        "the planner's model (`plan.traffic.step_traffic`, the formulas `trimtab plan` ranks layouts with), and "
         "their ratio.",
         "",
         "| mesh | pipeline | tensor parallel | expert parallel | data parallel |",

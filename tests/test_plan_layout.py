@@ -14,9 +14,10 @@ from trimtab.config.distributed import check_moe_split
 from trimtab.distributed.mesh import Mesh
 from trimtab.distributed.splits import check_tensor_parallel
 from trimtab.model.catalog import preset_catalog
-from trimtab.plan.layout import BUS_EFFICIENCY, plan_layout
+from trimtab.plan.layout import plan_layout
 from trimtab.plan.layout_text import format_layout
 from trimtab.plan.memory import USABLE_FRACTION, named_gpu
+from trimtab.plan.traffic import BUS_EFFICIENCY
 
 LARGE = [entry.name for entry in preset_catalog() if entry.total >= 1e9]
 
@@ -178,7 +179,7 @@ def test_the_planners_rank_parameters_are_what_tensor_parallelism_leaves_a_rank(
     from trimtab.distributed.expert import apply_moe_parallel
     from trimtab.distributed.tensor import apply_tensor_parallel
     from trimtab.model.transformer import build_model
-    from trimtab.plan.layout import rank_params
+    from trimtab.plan.shape import rank_params
 
     cfg = load_config(preset=preset, sets=[f"model.vocab_size={load_config(preset=preset).data.bpe_vocab_size}"])
     fake_world(tp * ep)

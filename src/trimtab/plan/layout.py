@@ -31,33 +31,9 @@ stage, ep of them sharing one copy of the experts:
 Step time: compute = FLOPs per token x batch tokens / (N x peak x MFU), x RECOMPUTE (MFU: the
 trainer's as measured, or plan.mfu: memory.py assumed_mfu)
 (full checkpointing 4/3: a second forward; selective 1.05, assumed), plus the pipeline bubble,
-compute x (pp - 1) / m for m micro-batches per replica (1F1B: Narayanan et al. 2021, section 2.2). Communication, ring
-collectives at 80% of the link (what NCCL's bus bandwidth reaches), tensor-parallel groups
-inside a node (NVLink), replicas and stages across nodes when the job spans several (the
-network: one 400 Gb/s NIC per GPU, the DGX/HGX H100 reference):
-
-    tensor parallel  per layer and micro-batch 4 all-gathers / reduce-scatters of the
-                     [tokens, d_model] activations forward and 4 backward (3 more with
-                     checkpointing, full or selective: a block's re-run repeats all but the
-                     last), each moving (tp-1)/tp of them, and 4 more a step for the
-                     embedding's output and the final norm's; on the critical path (measured on
-                     CPU to the byte: bench/comm.py)
-    expert parallel  per MoE layer and micro-batch 2 all-to-alls forward (dispatch, combine) and
-                     2 backward (3 forward with checkpointing) of the replica's tokens x top_k
-                     rows of d_model, each sending (ep-1)/ep of them; inside a node when ep x tp
-                     GPUs fit in one, else over the network; on the critical path
-    pipeline         per micro-batch a stage sends its [tokens / tp, d_model] activations forward
-                     and their gradients back, point to point; stages are the outermost
-                     dimension, over the network when the job spans nodes; on the critical path
-    DDP              one all-reduce of the fp32 gradients, 2 (dp-1)/dp x 4 P / tp bytes, hidden
-                     behind the last micro-batch's backward where it can be
-    FSDP2            per micro-batch the weights gathered forward and backward in the compute dtype
-                     and the fp32 gradients reduce-scattered, (dp-1)/dp x (2 + 2 + 4) P / tp
-                     bytes (with ep > 1: P - P_e over the dp replicas, and P_e / ep over the
-                     edp = dp / ep copies of the experts, (edp-1)/edp of it), hidden behind
-                     compute where it can be; every term over a stage's share of the layers;
-                     under pp the backward gather and the reduce-scatter once a step (above).
-                     A tied embedding's gradient, 4 R / (tp dp), is summed between the end stages
+compute x (pp - 1) / m for m micro-batches per replica (1F1B: Narayanan et al. 2021, section 2.2),
+plus communication (plan/traffic.py: ring collectives at 80% of the link, tensor-parallel
+groups inside a node, replicas and stages across nodes on a 400 Gb/s NIC per GPU).
 
 A starting point, not a promise: smaller tensor-parallel matmuls run below that MFU, and a
 network other than the reference changes the data-parallel terms.
@@ -71,10 +47,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from trimtab.config import CHECKPOINTING, RunConfig
-from trimtab.distributed.splits import check_tensor_parallel, routed_expert, whole_under_tp
+from trimtab.distributed.splits import check_tensor_parallel
 from trimtab.errors import ConfigError
 from trimtab.hardware import gpu_named
-from trimtab.model.catalog import meta_model
 from trimtab.plan.memory import (
     USABLE_FRACTION,
     Hardware,
@@ -83,12 +58,12 @@ from trimtab.plan.memory import (
     kept_bytes_per_rank,
     weight_casts,
 )
+from trimtab.plan.shape import ModelShape
+from trimtab.plan.traffic import NETWORK, comm_seconds, traffic_of
 
 if TYPE_CHECKING:
-    from torch import nn
+    pass
 
-NETWORK = 50e9  # bytes/s per GPU between nodes, each way: 400 Gb/s InfiniBand / RoCE per GPU
-BUS_EFFICIENCY = 0.8  # share of the link a ring collective's bus bandwidth reaches
 TP_SIZES = (1, 2, 4, 8)
 PP_SIZES = (1, 2, 4, 8, 16)
 # A step's compute under each train.activation_checkpointing, as a multiple of off's: full runs
@@ -159,7 +134,7 @@ def plan_layout(cfg: RunConfig, hw: Hardware, gpus_per_node: int = 8) -> LayoutP
     if gpus_per_node < 1:
         raise ConfigError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
     _check_whole_nodes(hw.devices, gpus_per_node)
-    shape = _Shape.of(cfg)
+    shape = ModelShape.of(cfg)
     candidates, reasons = _search(cfg, shape, hw, gpus_per_node)
     best = candidates[0] if candidates and candidates[0].fits else None
     per_node, link, network = _links(hw, gpus_per_node)
@@ -198,7 +173,7 @@ def _links(hw: Hardware, gpus_per_node: int) -> tuple[int, float, float]:
     return per_node, link, NETWORK if hw.devices > per_node else link
 
 
-def _search(cfg: RunConfig, shape: _Shape, hw: Hardware, gpus_per_node: int) -> tuple[list[Layout], list[str]]:
+def _search(cfg: RunConfig, shape: ModelShape, hw: Hardware, gpus_per_node: int) -> tuple[list[Layout], list[str]]:
     """Every layout over hw.devices GPUs, the fastest that fits first; and why sizes were ruled out."""
     per_node, link, network = _links(hw, gpus_per_node)
     candidates, reasons = [], []
@@ -218,71 +193,6 @@ def _search(cfg: RunConfig, shape: _Shape, hw: Hardware, gpus_per_node: int) -> 
                     candidates.append(_layout(cfg, shape, hw, mesh, strategy, ckpt, (link, ep_link, network)))
     candidates.sort(key=lambda c: (not c.fits, c.step_s if c.fits else c.memory_bytes))
     return candidates, reasons
-
-
-@dataclass(frozen=True)
-class _Shape:
-    params: int
-    experts: int  # routed experts' parameters (P_e)
-    blocks: tuple[tuple[int, int, int], ...]  # each block's parameters, those every tp rank holds whole, its experts
-    root: int  # embedding, final norm, head
-    root_whole: int  # of them, what every tp rank holds whole (the final norm)
-    flops_per_token: int
-    d_model: int
-    n_layers: int
-    moe_layers: int
-    n_experts: int
-    top_k: int
-
-    @classmethod
-    def of(cls, cfg: RunConfig) -> _Shape:
-        model = meta_model(cfg)
-        blocks = [_block_counts(block) for block in model.blocks]
-        experts = [sum(w.numel() for w in (m.w1, m.w3, m.w2)) for _, m in model.moe_layers()]
-        total = model.num_params()
-        in_blocks = {id(p) for block in model.blocks for p in block.parameters()}
-        root_whole = sum(p.numel() for n, p in model.named_parameters() if id(p) not in in_blocks and whole_under_tp(n))
-        return cls(
-            params=total,
-            experts=sum(experts),
-            blocks=tuple(blocks),
-            root=total - sum(b[0] for b in blocks),
-            root_whole=root_whole,
-            flops_per_token=model.flops_per_token(cfg.data.seq_len),
-            d_model=cfg.model.d_model,
-            n_layers=cfg.model.n_layers,
-            moe_layers=len(experts),
-            n_experts=cfg.model.moe.n_experts if experts else 0,
-            top_k=cfg.model.moe.top_k if experts else 0,
-        )
-
-    def root_share(self, tp: int) -> float:
-        """The embedding, final norm and head on one tensor-parallel rank."""
-        return (self.root - self.root_whole) / tp + self.root_whole
-
-    def block_share(self, block: tuple[int, int, int], tp: int, ep: int) -> float:
-        """A block's parameters on one rank of tp x ep (distributed/splits.py: what is split)."""
-        total, whole, experts = block
-        return whole + (total - whole - experts) / tp + experts / (tp * ep)
-
-    def rank_params(self, tp: int, ep: int = 1, pp: int = 1) -> float:
-        """Parameters one rank of an end stage holds under tp x ep, before FSDP shards them: its
-        1 / pp of the blocks and the root."""
-        return sum(self.block_share(b, tp, ep) for b in self.blocks) / pp + self.root_share(tp)
-
-
-def _block_counts(block: nn.Module) -> tuple[int, int, int]:
-    """A block's parameters: all, those tensor parallelism leaves whole, its routed experts."""
-    named = list(block.named_parameters())
-    whole = sum(p.numel() for n, p in named if whole_under_tp(n))
-    return sum(p.numel() for _, p in named), whole, sum(p.numel() for n, p in named if routed_expert(n))
-
-
-def rank_params(cfg: RunConfig, tp: int = 1, ep: int = 1, pp: int = 1) -> int:
-    """The parameters the planner counts on one rank of `cfg`'s model under tp x ep (x pp: an end
-    stage's), before FSDP shards them over the replicas: what each rank's model holds after
-    distributed/tensor.py and expert.py split it."""
-    return round(_Shape.of(cfg).rank_params(tp, ep, pp))
 
 
 def _tp_problem(cfg: RunConfig, tp: int, gpus: int, per_node: int) -> tuple[str, bool]:
@@ -308,7 +218,7 @@ def _tp_problem(cfg: RunConfig, tp: int, gpus: int, per_node: int) -> tuple[str,
     return "", False
 
 
-def _expert_sizes(model: _Shape, dp: int) -> list[int]:
+def _expert_sizes(model: ModelShape, dp: int) -> list[int]:
     """ep sizes to try: 1, and for a MoE model the powers of two dividing the replicas and the
     experts."""
     sizes, ep = [1], 2
@@ -343,7 +253,7 @@ def _choices(tp: int, dp: int, ep: int, pp: int) -> list[tuple[str, str]]:
 
 def _layout(
     cfg: RunConfig,
-    model: _Shape,
+    model: ModelShape,
     hw: Hardware,
     mesh: tuple[int, int, int],
     strategy: str,
@@ -362,8 +272,8 @@ def _layout(
     flops = model.flops_per_token * cfg.train.batch_tokens
     compute = flops / (hw.devices * hw.peak_flops * assumed_mfu(cfg, hw)[0]) * RECOMPUTE[ckpt]
     bubble = compute * (pp - 1) / max(accumulation, 1)
-    traffic = _traffic(cfg, model, (tp, ep, dp, pp), fsdp, ckpt, p)
-    pp_comm, tp_comm, ep_comm, dp_comm = _comm_s(traffic, links, fsdp, compute, accumulation)
+    traffic = traffic_of(cfg, model, (tp, ep, dp, pp), fsdp, ckpt, p)
+    pp_comm, tp_comm, ep_comm, dp_comm = comm_seconds(traffic, links, fsdp, compute, accumulation)
     step = compute + bubble + pp_comm + tp_comm + ep_comm + dp_comm
     activations = round((micro or cfg.data.seq_len) * per_token)  # what one row would need when none fits
     return Layout(
@@ -390,7 +300,7 @@ def _layout(
     )
 
 
-def _held_bytes(model: _Shape, mesh: tuple[int, int, int], dp: int, fsdp: bool, p: int) -> tuple[int, int]:
+def _held_bytes(model: ModelShape, mesh: tuple[int, int, int], dp: int, fsdp: bool, p: int) -> tuple[int, int]:
     """Per GPU of mesh (tp, ep, pp) with dp replicas: the model state and FSDP's gathered weights
     and gradients (0 without FSDP); p: bytes per compute-dtype element (module docstring)."""
     tp, ep, pp = mesh
@@ -414,85 +324,7 @@ def _micro_batch(cfg: RunConfig, hw: Hardware, dp: int, state: int, buffer: int,
     return micro, math.ceil(replica_tokens / micro) if micro else 0
 
 
-def _comm_s(
-    traffic: Traffic, links: tuple[float, float, float], fsdp: bool, compute: float, accumulation: int
-) -> tuple[float, float, float, float]:
-    """The seconds a step's pipeline, tensor-, expert- and data-parallel traffic adds to `compute`:
-    ring collectives at BUS_EFFICIENCY of links (as _layout's; module docstring), the data-parallel
-    share only where it is not hidden behind the accumulation micro-batches' compute."""
-    link, ep_link, network = links
-    pp_comm = (traffic.pp + traffic.tied) / (network * BUS_EFFICIENCY)
-    tp_comm = traffic.tp / (link * BUS_EFFICIENCY)
-    ep_comm = traffic.ep / (ep_link * BUS_EFFICIENCY)
-    dp_bus = network * BUS_EFFICIENCY
-    if fsdp:  # hidden behind each micro-batch's compute where it can be
-        per_micro = traffic.dp_per_micro / dp_bus
-        dp_comm = max(0.0, per_micro - compute / max(accumulation, 1)) * max(accumulation, 1)
-        dp_comm += traffic.dp_once / dp_bus
-    else:  # once: the last backward's all-reduce, overlapped with that backward (2/3 of it)
-        dp_comm = max(0.0, traffic.dp_once / dp_bus - compute / max(accumulation, 1) * 2 / 3)
-    return pp_comm, tp_comm, ep_comm, dp_comm
-
-
-@dataclass(frozen=True)
-class Traffic:
-    """Bytes one GPU sends in a step over each dimension's ring collectives (module docstring)."""
-
-    pp: float  # a middle stage's activations to the next stage and gradients to the previous one
-    tied: float  # an end stage's share of the tied embedding's gradient, summed with the other end
-    tp: float  # sequence-parallel all-gathers and reduce-scatters, every layer
-    ep: float  # all-to-all dispatch and combine, every MoE layer
-    dp_per_micro: float  # FSDP2: weights gathered forward and backward, gradients reduce-scattered
-    dp_once: float  # DDP's gradient all-reduce; under pp FSDP2's backward gather and reduce-scatter
-
-
-def _traffic(cfg: RunConfig, model: _Shape, mesh: tuple[int, int, int, int], fsdp: bool, ckpt: str, p: int) -> Traffic:
-    """mesh: (tp, ep, dp, pp); p: bytes per activation (and FSDP-gathered weight) element. A
-    GPU of a stage moves its 1 / pp of the layers' traffic."""
-    tp, ep, dp, pp = mesh
-    replica_tokens = cfg.train.batch_tokens // dp
-    # A block's re-run (either checkpointing) gathers and exchanges again up to the last tensor its
-    # backward needs: 3 of its 4 tensor-parallel collectives (not the reduce-scatter after w2) and
-    # both all-to-alls (the combine's output is what the gates' gradient needs); bench/comm.py
-    again = ckpt != "off"
-    collectives = model.n_layers / pp * (11 if again else 8) + 4  # + embedding and final norm, fwd and bwd
-    tp_bytes = (tp - 1) / tp * replica_tokens * model.d_model * p * collectives
-    exchanged = replica_tokens * model.top_k * model.d_model * p * model.moe_layers / pp * (6 if again else 4)
-    sends = 2 * replica_tokens * model.d_model * p / tp if pp > 1 else 0.0
-    tied = 4 * model.root / (tp * dp) if pp > 1 and cfg.model.tie_embeddings else 0.0  # fp32, shard of dp
-    stages = {"pp": sends, "tied": tied, "tp": tp_bytes, "ep": (ep - 1) / ep * exchanged}
-    if dp == 1:
-        return Traffic(**stages, dp_per_micro=0.0, dp_once=0.0)
-    if fsdp:  # experts split by ep: FSDP over their edp copies only
-        split, edp = (model.experts / pp, dp // ep) if ep > 1 else (0, 1)
-        dense = (dp - 1) / dp * (model.params / pp - split) / tp
-        shard = dense + (edp - 1) / edp * split / (tp * ep)
-        if pp == 1:
-            return Traffic(**stages, dp_per_micro=shard * (2 * p + 4), dp_once=0.0)
-        # torch.distributed.pipelining keeps a stage's weights gathered from its first backward
-        # and reduce-scatters the gradients once, after the last (set_requires_gradient_sync)
-        return Traffic(**stages, dp_per_micro=shard * p, dp_once=shard * (p + 4))
-    return Traffic(**stages, dp_per_micro=0.0, dp_once=2 * (dp - 1) / dp * 4 * model.params / (tp * pp))
-
-
-def step_traffic(cfg: RunConfig, world: int, precision: str = "bf16") -> dict[str, float]:
-    """The bytes one GPU sends in a step of `cfg` as configured (its distributed section, micro-
-    batch and checkpointing) on `world` processes, per dimension: what bench/comm.py measures."""
-    tp, ep, pp = cfg.distributed.tp, cfg.distributed.ep, cfg.distributed.pp
-    dp = world // (tp * pp)
-    fsdp = cfg.distributed.data_parallel == "fsdp" and dp > 1
-    ckpt = cfg.train.activation_checkpointing
-    traffic = _traffic(cfg, _Shape.of(cfg), (tp, ep, dp, pp), fsdp, ckpt, activation_width(precision))
-    micro_batches = math.ceil(cfg.train.batch_tokens // dp / cfg.train.micro_budget)
-    return {
-        "pp": traffic.pp / 2,  # rank 0, the first stage, sends activations only
-        "tp": traffic.tp,
-        "ep": traffic.ep,
-        "dp": traffic.dp_per_micro * micro_batches + traffic.dp_once + traffic.tied,
-    }
-
-
-def _gpus_needed(cfg: RunConfig, shape: _Shape, hw: Hardware, gpus_per_node: int) -> int | None:
+def _gpus_needed(cfg: RunConfig, shape: ModelShape, hw: Hardware, gpus_per_node: int) -> int | None:
     """The fewest GPUs, doubling (up to whole nodes: _check_whole_nodes), that some layout fits on
     (None: none up to what the batch's rows can spread over)."""
     n = hw.devices * 2
