@@ -54,7 +54,7 @@ STATE = "state.json"  # sealed by its own manifest entry (_sealed); written last
 CORRUPT = "corrupt"  # checkpoints/corrupt/: corrupt checkpoints set aside at resume
 REPLACED = "_replaced_"  # .tmp_step_N_replaced_<pid>: step_N renamed aside while it is saved again
 _REPLACING: set[Path] = set()  # this process's aside copies whose replacement is under way
-_SAID_CORRUPT: set[tuple[str, int, str]] = set()  # corrupt checkpoints warned of (_say_skipped)
+_SAID_CORRUPT: set[tuple[str, int, str]] = set()  # corrupt checkpoints warned of (say_skipped)
 _OS_ERROR = re.compile(r"os error (\d+)")
 NEARLY_FULL = 16 << 20  # bytes free below which a writer's errno-less failure is taken as ENOSPC
 # What state.json's "format" says this code writes: raise it when a change to what a checkpoint holds
@@ -340,9 +340,9 @@ def latest_valid(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
         except CheckpointError as exc:
             skipped.append((path, exc))
             continue
-        _say_skipped(skipped, found[0])
+        say_skipped(skipped, found[0])
         return found
-    _say_skipped(skipped, None)
+    say_skipped(skipped, None)
     return None
 
 
@@ -378,18 +378,20 @@ def find_checkpoint(run_dir: Path, to: str | int = "last_good") -> tuple[Path, d
             skipped.append((path, exc))
             continue
         if to != "last_good" or state.get("good"):
-            _say_skipped(skipped, path)
+            say_skipped(skipped, path)
             return path, state
-    _say_skipped(skipped, None)
+    say_skipped(skipped, None)
     return None
 
 
-def _say_skipped(skipped: list[tuple[Path, CheckpointError]], used: Path | None) -> None:
-    """Warn of each corrupt checkpoint passed over, with the one used instead, once a process: the
-    same search runs on several readers (a rule's has_good_checkpoint, then the rollback's own
-    find_checkpoint; resume's latest_valid), each of which said it again. A directory saved again
-    at that step (a new inode) is new evidence and is said again."""
-    instead = f"falling back to {used} (step {_step_of(used)})" if used else "no valid checkpoint before it"
+def say_skipped(skipped: list[tuple[Path, CheckpointError]], used: Path | None, instead: str = "") -> None:
+    """Warn of each corrupt checkpoint passed over, with the one used instead (or `instead`, what
+    is done: merge --method average's), once a process: the same search runs on several readers
+    (a rule's has_good_checkpoint, then the rollback's own find_checkpoint; resume's latest_valid;
+    export and merge), each of which said it again. A directory saved again at that step (a new
+    inode) is new evidence and is said again."""
+    if not instead:
+        instead = f"falling back to {used} (step {_step_of(used)})" if used else "no valid checkpoint before it"
     for path, exc in skipped:
         try:
             seen = (str(path), path.stat().st_ino, str(exc))

@@ -357,6 +357,18 @@ def _space_cut(head: str) -> int:
     return len(head) - found.end() if found else len(head)
 
 
+def pieces(text: str, size: int) -> Iterator[str]:
+    """`text` in consecutive pieces of at most `size` characters, cut where a long text file is
+    (_space_cut), so that the pieces pre-tokenize as the whole text does."""
+    at = 0
+    while len(text) - at > size:
+        cut = _space_cut(text[at : at + size])
+        yield text[at : at + cut]
+        at += cut
+    if at < len(text):
+        yield text[at:]
+
+
 def _table(path: Path) -> Iterator[Record]:
     datasets = require("datasets", f"{path}: reading {path.suffix} files", DataError)
     datasets.logging.set_verbosity_error()

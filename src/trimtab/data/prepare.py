@@ -39,7 +39,7 @@ from trimtab.data.listing import shown, source_files
 from trimtab.data.prepared import MANIFEST_VERSION, PreparedData, read_manifest, sha256_file, write_manifest
 from trimtab.data.shards import SKIP_HINT, SKIPPED_SHOWN, Item, Options, run_job
 from trimtab.data.sources import Document, _Reader, _take_bytes
-from trimtab.data.tokenizer import MIN_VOCAB, TextTokenizer, train_tokenizer
+from trimtab.data.tokenizer import MIN_VOCAB, TRAIN_SAMPLE_BYTES, TextTokenizer, train_tokenizer
 from trimtab.errors import DataError
 from trimtab.rundir import CONFIG, METRICS_FILE, SUMMARY
 
@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 
 SHARD_BYTES = 256 << 20  # source bytes per job at most: a job writes one shard, more for a larger file
 MIN_JOB_BYTES = 16 << 20  # ... and at least, unless the files are smaller
-TOKENIZER_SAMPLE_BYTES = 50_000_000  # text a new BPE tokenizer is trained on
 SCALE_SAMPLE_BYTES = 8_000_000  # text the garbage screen measures the sources' packing on (data/quality.py)
 PROBE_BYTES = 1_000_000  # read at most of a file to find that the sources hold text
 DEFAULT_VOCAB_SIZE = 4096  # the BPE a new directory trains when neither --tokenizer nor --vocab-size is given
@@ -206,10 +205,14 @@ def _measure_scale(manifest: dict[str, Any], files: list[str], tok: TextTokenize
 
     docs, _ = _take_bytes(readable(), SCALE_SAMPLE_BYTES)
     texts = [doc.text for doc in docs]
+    n_bytes = np.array([len(t.encode()) for t in texts])
+    if not quality.judgeable(n_bytes):  # no scale to find: not encoded (a one-line JSON file's 8 MB took 1.1 GB)
+        manifest["garbage"] = None
+        return
     # counted as trained (start token, text, end token), as the jobs and the in-memory screen count
     encoded = tok.encode_documents(docs)
     n_tokens = [sum(map(len, ids)) + 1 + tok.prepends_bos(text) for ids, text in zip(encoded, texts)]
-    found = quality.scale(np.array([len(t.encode()) for t in texts]), np.array(n_tokens), options.garbage_sigma)
+    found = quality.scale(n_bytes, np.array(n_tokens), options.garbage_sigma)
     manifest["garbage"] = found and {"median": found[0], "threshold": found[1], "sigma": options.garbage_sigma}
 
 
@@ -305,9 +308,9 @@ def _tokenizer(
         _check_vocab_size(manifest, out, tok, vocab_size)
         return tok
     reader = _Reader(
-        options.data_config(), "data", "data prepare source", fix=hint, limit=TOKENIZER_SAMPLE_BYTES, exclude=(out,)
+        options.data_config(), "data", "data prepare source", fix=hint, limit=TRAIN_SAMPLE_BYTES, exclude=(out,)
     )
-    docs, _ = _take_bytes((d for s in sources for d in reader.documents(s)), TOKENIZER_SAMPLE_BYTES)
+    docs, _ = _take_bytes((d for s in sources for d in reader.documents(s)), TRAIN_SAMPLE_BYTES)
     if not docs:
         raise DataError(f"the sources ({', '.join(sources)}) hold no text; point them at non-empty files")
     size = vocab_size or DEFAULT_VOCAB_SIZE

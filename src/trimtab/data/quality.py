@@ -120,13 +120,18 @@ def packed(n_bytes: np.ndarray, n_tokens: np.ndarray) -> np.ndarray:
 def scale(n_bytes: np.ndarray, n_tokens: np.ndarray, sigma: float) -> tuple[float, float] | None:
     """(median bytes per token, threshold as a fraction of it) of a source from its documents (or
     a sample of them); None with fewer than MIN_DOCS documents of MIN_BYTES."""
-    judged = np.asarray(n_bytes) >= MIN_BYTES
-    if judged.sum() < MIN_DOCS:
+    if not judgeable(n_bytes):
         return None
+    judged = np.asarray(n_bytes) >= MIN_BYTES
     logs = np.log(packed(n_bytes, n_tokens)[judged])
     centre = float(np.median(logs))
     spread = 1.4826 * float(np.median(np.abs(logs - centre)))
     return math.exp(centre), min(CAP, math.exp(-sigma * spread))
+
+
+def judgeable(n_bytes: np.ndarray) -> bool:
+    """Whether documents of these sizes are enough for a scale: MIN_DOCS of MIN_BYTES or more."""
+    return int((np.asarray(n_bytes) >= MIN_BYTES).sum()) >= MIN_DOCS
 
 
 def flags(n_bytes: np.ndarray, n_tokens: np.ndarray, median: float, threshold: float) -> np.ndarray:

@@ -37,12 +37,15 @@ def model_card(run_dir: Path, cfg: RunConfig, state: dict[str, Any], arch: str, 
     ]
     if source:
         lines.append(f"- initialised from `{source['path']}` ({source['config']['architectures'][0]})")
-    lines += ["", "## Training", f"- steps: {state.get('step', 0):,}; tokens seen: {_tokens(state):,}"]
-    lines.append(f"- data: {_data(cfg, state)}" if "merge" not in state else f"- {_merged(state['merge'])}")
-    lines += _validation(run_dir, summary, int(state.get("step", 0)))
     merged = state.get("merge") or {}
-    inputs = merged.get("decisions") if not (run_dir / DECISIONS_FILE).is_file() else None
-    lines += ["", "## Orchestrator decisions", *(_decisions(run_dir) if inputs is None else _inputs(inputs))]
+    inputs = merged.get("inputs")  # a recipe merge's: it trained on no token itself, its inputs did
+    seen = "none by the merge itself; its inputs' below" if inputs else f"{tokens_seen(state):,}"
+    lines += ["", "## Training", f"- steps: {state.get('step', 0):,}; tokens seen: {seen}"]
+    lines += [f"- data: {_data(cfg, state)}"] if "merge" not in state else _merged(merged)
+    lines += _validation(run_dir, summary, int(state.get("step", 0)))
+    decided = merged.get("decisions") if not (run_dir / DECISIONS_FILE).is_file() else None
+    lines += ["", "## Orchestrator decisions"]
+    lines += _decisions(run_dir) if decided is None else _inputs(decided, inputs or {})
     return "\n".join(lines) + "\n"
 
 
@@ -82,27 +85,47 @@ def _loss(record: dict[str, Any]) -> str:
     return f"{record['val_loss']:.4f} (perplexity {record.get('val_ppl', float('nan')):.2f})"
 
 
-def _tokens(state: dict[str, Any]) -> int:
+def tokens_seen(state: dict[str, Any]) -> int:
     """Tokens trained on: a training checkpoint keeps them with its train state (read at the top
     level alone, every trained run's card said 0); a snapshot's and a merge's at the top level."""
     return int((state.get("train") or {}).get("tokens", state.get("tokens", 0)))
 
 
-def _merged(record: dict[str, Any]) -> str:
+def _merged(record: dict[str, Any]) -> list[str]:
     """What a `trimtab merge` output is made of (its checkpoint's state "merge"): not trained on
-    the data its config.yaml names, which is the first input's."""
+    the data its config.yaml names, which is the first input's; a recipe's inputs where they are
+    (merge.py _provenance; a merge before it kept the paths as the recipe spelt them) with the
+    step and tokens seen of each: not summed, as fine-tunes of one base share its tokens."""
     if record.get("method") == "average":
         steps = ", ".join(map(str, record.get("steps", [])))
-        return f"merged: the average of checkpoints {steps} of `{record.get('run')}` (trimtab merge --method average)"
-    models = ", ".join(f"`{m.get('path')}`" for m in record.get("models", []))
-    base = f", base `{record['base_model']}`" if record.get("base_model") else ""
-    return f"merged: {record.get('method')} of {models}{base} (trimtab merge)"
+        run = record.get("run")
+        return [f"- merged: the average of checkpoints {steps} of `{run}` (trimtab merge --method average)"]
+    inputs = record.get("inputs") or {}
+    models = ", ".join(f"`{_location(m.get('path'), inputs)}`" for m in record.get("models", []))
+    base = f", base `{_location(record['base_model'], inputs)}`" if record.get("base_model") else ""
+    lines = [f"- merged: {record.get('method')} of {models}{base} (trimtab merge)"]
+    return lines + [f"- input `{found['location']}`: {_trained(found)}" for found in inputs.values()]
 
 
-def _inputs(decisions: dict[str, dict[str, int] | None]) -> list[str]:
+def _location(path: str, inputs: dict[str, dict[str, Any]]) -> str:
+    return (inputs.get(path) or {}).get("location", path)
+
+
+def _trained(found: dict[str, Any]) -> str:
+    """An input's step and tokens seen, as merge.py _provenance kept them."""
+    if found.get("step") is None:
+        return "a Hugging Face model (its tokens seen are not recorded)"
+    tokens = found.get("tokens")
+    return f"checkpoint step {found['step']:,}, " + (
+        f"{tokens:,} tokens seen" if tokens is not None else "tokens seen not read (a run in object storage)"
+    )
+
+
+def _inputs(decisions: dict[str, dict[str, int] | None], inputs: dict[str, dict[str, Any]]) -> list[str]:
     """A merge's: none of its own; each input run's, counted by action (merge.py _decisions_of)."""
     lines = ["None in the merge itself; in the runs merged:"]
-    for path, actions in decisions.items():
+    for typed, actions in decisions.items():
+        path = _location(typed, inputs)
         if actions is None:
             lines.append(f"- `{path}`: none recorded (no decisions.jsonl: a Hugging Face model, or no orchestrator)")
         else:

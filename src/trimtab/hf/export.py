@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from trimtab.checkpoint import is_sharded, list_checkpoints, local_run, saved_healthy, verify
+from trimtab.checkpoint import is_sharded, list_checkpoints, local_run, saved_healthy, say_skipped, verify
 from trimtab.checkpoint_load import read_sharded_weights
 from trimtab.config import ModelConfig, RunConfig, read_saved
 from trimtab.data import TextTokenizer
@@ -91,16 +91,20 @@ def export_checkpoint(
         raise ConfigError(f"--dtype '{dtype}' is not one of {', '.join(DTYPES)}")
     job = Export(run_dir, read_saved(run_dir), source, DTYPES[dtype], max_shard_bytes)
     candidates = _candidates(run_dir, step) if snapshot is None else [_snapshot(run_dir, snapshot)]
+    skipped: list[tuple[Path, CheckpointError]] = []  # said as the checkpoint loader says them, once
     for path in candidates:
         try:
             job.write(path, out)
-            if step is None and snapshot is None:
-                _say_if_unhealthy(run_dir, path)
-            return out, path
         except CorruptCheckpoint as exc:
+            skipped.append((path, CheckpointError(str(exc))))
             if step is not None or path == candidates[-1]:
-                raise CheckpointError(str(exc)) from None
-            log.warning("skipping corrupt checkpoint: %s", exc)
+                say_skipped(skipped[:-1], None)
+                raise skipped[-1][1] from None
+            continue
+        say_skipped(skipped, path)
+        if step is None and snapshot is None:
+            _say_if_unhealthy(run_dir, path)
+        return out, path
     raise AssertionError("unreachable: the last candidate returns or raises")
 
 
@@ -143,7 +147,7 @@ class Export:
                 arch = self._model(_reader(path, self.cfg.model), state, tok, tmp)
                 chat = _chat_trained(self.cfg)
                 _write_json(tmp / "generation_config.json", _generation_config(tok, self.source, chat))
-                write_tokenizer(tok, tmp, self.cfg.model.max_seq_len, chat=chat)
+                write_tokenizer(tok, tmp, _positions(tmp, self.cfg.model.max_seq_len), chat=chat)
                 (tmp / "README.md").write_text(model_card(self.run_dir, self.cfg, state, arch, self.source))
                 _result(verified)
                 _install(tmp, out, previous)
@@ -172,6 +176,15 @@ class Export:
         _write_json(tmp / "config.json", {**theirs, **hf})
         write_shards(to_hf(get, model_cfg, arch, moe_state), tmp, self.dtype, self.max_shard_bytes)
         return arch
+
+
+def _positions(out: Path, context: int) -> int:
+    """The positions the exported config.json gives the model (max_position_embeddings), which the
+    tokenizer's model_max_length says too: trimtab's context, or, where an imported model's sliding
+    window capped it, the positions it came with (window_back). A Mistral (window 16 of 64
+    positions) went out with model_max_length 16 beside max_position_embeddings 64: transformers
+    truncated and warned at 16 tokens what the model reads 64 of."""
+    return int(json.loads((out / "config.json").read_text()).get("max_position_embeddings", context))
 
 
 def _warn_tokenizer_class(arch: str | None, tok: TextTokenizer) -> None:

@@ -25,12 +25,21 @@ from typing import Any
 
 import torch
 
-from trimtab.api import load_run
-from trimtab.checkpoint import list_checkpoints, save_checkpoint, saved_healthy, verify
+from trimtab.api import load_run, load_run_at
+from trimtab.checkpoint import (
+    STATE,
+    checkpoint_root,
+    list_checkpoints,
+    save_checkpoint,
+    saved_healthy,
+    say_skipped,
+    verify,
+)
 from trimtab.checkpoint_load import apply_structure, load_checkpoint
 from trimtab.config import RunConfig, derive, dump_config
 from trimtab.data import TextTokenizer
-from trimtab.errors import CheckpointError, ConfigError
+from trimtab.errors import CheckpointError, ConfigError, NewerCheckpointError
+from trimtab.hf.card import tokens_seen
 from trimtab.hf.importer import SOURCE, is_hf_dir, read_source, source_record
 from trimtab.merge import methods
 from trimtab.merge.recipe import TASK_ARITHMETIC, Recipe, read_recipe
@@ -50,11 +59,11 @@ def merge(recipe: str | Path | dict[str, Any], out: str | Path) -> Path:
     order = ([r.base] if r.base else []) + [m.path for m in r.others()]
     where = "the recipe" if isinstance(recipe, dict) else str(recipe)
     hf_source = _named(order[0], r, where, lambda path: _hf_source(path, r.dtype))  # before too: it may be damaged
-    loaded = {path: _named(path, r, where, load_run) for path in order}
-    cfg, base_model, tok = loaded[order[0]]
-    models = {path: m for path, (_, m, _) in loaded.items()}
+    loaded = {path: _named(path, r, where, load_run_at) for path in order}
+    cfg, base_model, tok, _ = loaded[order[0]]
+    models = {path: m for path, (_, m, _, _) in loaded.items()}
     _same_structure(models)
-    _same_function({path: (m, t) for path, (_, m, t) in loaded.items()})
+    _same_function({path: (m, t) for path, (_, m, t, _) in loaded.items()})
     states = {path: m.state_dict() for path, m in models.items()}
     tied = {"lm_head.weight"} if cfg.model.tie_embeddings else set()  # merged once, as tok_emb
     names = [name for name in states[order[0]] if name not in tied]
@@ -68,12 +77,28 @@ def merge(recipe: str | Path | dict[str, Any], out: str | Path) -> Path:
         "models": [vars(m) for m in r.models],
         "parameters": r.parameters,
         "decisions": {path: _decisions_of(path) for path in order},
+        "inputs": {path: _provenance(path, step) for path, (*_, step) in loaded.items()},
     }
     return _write(Path(out), cfg, tok, base_model, merged, {"merge": record}, hf_source, r.dtype)
 
 
+def _provenance(path: str, step: int | None) -> dict[str, Any]:
+    """Where a recipe's input is and what it had trained, kept for the merged model's card (which
+    said "tokens seen: 0" and the paths as the recipe spelt them: a relative one means nothing to
+    its reader): the location (a local path resolved, a URL as it is), a run's checkpoint step
+    (None: a Hugging Face model) and tokens seen (None where no state.json is at hand: a Hugging
+    Face model, a run in object storage)."""
+    if "://" in path:
+        return {"location": path, "step": step, "tokens": None}
+    location = Path(path).resolve()
+    if step is None:
+        return {"location": str(location), "step": None, "tokens": None}
+    state = json.loads((checkpoint_root(location) / f"step_{step:06d}" / STATE).read_text())
+    return {"location": str(location), "step": step, "tokens": tokens_seen(state)}
+
+
 def _named(path: str, r: Recipe, where: str, read: Callable[[str], Any]) -> Any:
-    """read(path) (load_run, _hf_source), an input it cannot read named by the recipe key that gave it."""
+    """read(path) (load_run_at, _hf_source), an input it cannot read named by the recipe key that gave it."""
     try:
         return read(path)
     except (CheckpointError, ConfigError) as exc:
@@ -112,7 +137,7 @@ def average(run_dir: str | Path, last: int, out: str | Path) -> Path:
     total: dict[str, torch.Tensor] = {}
     states = []
     for path in valid:
-        weights, _, state = load_checkpoint(path, optimizer=False)
+        weights, _, state = load_checkpoint(path, optimizer=False, verified=True)  # by _to_average
         weights = upgrade_weights(weights, cfg.model)
         states.append(state)
         _same_routing(path, state, valid[0], states[0])
@@ -125,23 +150,31 @@ def average(run_dir: str | Path, last: int, out: str | Path) -> Path:
     merged = {name: (t / len(valid)).float() for name, t in total.items()}
     apply_structure(model, states[-1], valid[-1])  # the averaged checkpoints' experts, not a newer one's
     steps = [s["step"] for s in states]
-    record = {"method": "average", "run": str(run_dir), "steps": steps}
-    record["decisions"] = {str(run_dir): _decisions_of(run_dir, until=steps[-1])}
-    extra = {"merge": record, "tokens": states[-1].get("train", {}).get("tokens", states[-1].get("tokens", 0))}
+    record = {"method": "average", "run": str(run_dir.resolve()), "steps": steps}  # resolved: the card's
+    record["decisions"] = {record["run"]: _decisions_of(run_dir, until=steps[-1])}
+    extra = {"merge": record, "tokens": tokens_seen(states[-1])}
     return _write(Path(out), cfg, tok, model, merged, extra, hf_source, "float32")
 
 
 def _same_routing(path: Path, state: dict[str, Any], first: Path, first_state: dict[str, Any]) -> None:
     """Checkpoints average only where each MoE layer has the same experts (surgery changes them) and
-    router temperature (the function: logits / T). The training knobs the orchestrator moves while
-    healing (balance_coef, z_loss_coef, capacity_factor) do not count: a run whose balance
-    coefficient it raised against a collapsing expert was refused as "surgery in between"."""
-    for what, key in (("expert count", "n_experts"), ("router temperature", "router_temperature")):
-        ours, theirs = (_moe_knob(s, key) for s in (state, first_state))
+    router temperature (the function: logits / T), and each Mixture-of-Depths layer the same target
+    capacity (the share of tokens its predictor learned to pick; compared between runs too,
+    _settings; averaged across a change, the output took the newest's in silence). The training
+    knobs the orchestrator moves while healing (balance_coef, z_loss_coef, capacity_factor) do not
+    count: a run whose balance coefficient it raised against a collapsing expert was refused as
+    "surgery in between"."""
+    read = {
+        "MoE layers' expert count": lambda s: _moe_knob(s, "n_experts"),
+        "MoE layers' router temperature": lambda s: _moe_knob(s, "router_temperature"),
+        "Mixture-of-Depths layers' target capacity": lambda s: s.get("mod") or {},
+    }
+    for what, knob in read.items():
+        ours, theirs = knob(state), knob(first_state)
         if ours != theirs:
-            why = "surgery in between" if key == "n_experts" else "it changed in between"
+            why = "surgery in between" if what.endswith("expert count") else "it changed in between"
             raise CheckpointError(
-                f"{path}: its MoE layers' {what} ({_short(ours)}) differs from {first.name}'s ({_short(theirs)}; "
+                f"{path}: its {what} ({_short(ours)}) differs from {first.name}'s ({_short(theirs)}; "
                 f"{why}); lower --last to average only the checkpoints after the change"
             )
 
@@ -168,11 +201,13 @@ def _to_average(run_dir: Path, last: int) -> list[Path]:
     healthy (state.json "good": a checkpoint the orchestrator did not call healthy is no state to
     keep), and past step 0 where the run has trained on (the weights before the first step, random
     or the model it started from, would be averaged into the trained ones). Those left out of the
-    newest `last` are named; fewer than `last` fit is refused, saying why."""
-    found = [p for p in list_checkpoints(run_dir) if _valid(p)]
+    newest `last` are named; fewer than `last` fit is refused, saying why. Corrupt ones are said as
+    the checkpoint loader says them (checkpoint.say_skipped: once, naming the file)."""
+    found, corrupt = _verified(run_dir)
     why = {p: _unfit_to_average(p, found) for p in found}
     fit = [p for p in found if not why[p]]
     chosen = fit[-last:]
+    say_skipped(corrupt, None, f"averaging {_steps(chosen)}" if len(chosen) == last else "not averaged")
     # named: those a plain pick of the newest `last` would have averaged in (all of them on a refusal)
     passed = [p for p in found[-last:] if why[p]] if len(chosen) == last else [p for p in found if why[p]]
     left_out = "; ".join(f"step {_step(p)} ({why[p]})" for p in passed)
@@ -225,13 +260,19 @@ def _check_out(out: Path) -> None:
         raise ConfigError(f"--out '{out}' lies under a file; choose a new directory for the merged model")
 
 
-def _valid(path: Path) -> bool:
-    try:
-        verify(path)
-        return True
-    except CheckpointError as exc:
-        log.warning("skipping corrupt checkpoint: %s", exc)
-        return False
+def _verified(run_dir: Path) -> tuple[list[Path], list[tuple[Path, CheckpointError]]]:
+    """The checkpoints of `run_dir` that verify, and those that do not with their error (one
+    written by a newer trimtab is not corrupt: raised, as the checkpoint loader does)."""
+    found, corrupt = [], []
+    for path in list_checkpoints(run_dir):
+        try:
+            verify(path)
+            found.append(path)
+        except NewerCheckpointError:
+            raise
+        except CheckpointError as exc:
+            corrupt.append((path, exc))
+    return found, corrupt
 
 
 def _same_structure(models: dict[str, Transformer]) -> None:
