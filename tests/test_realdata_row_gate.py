@@ -49,17 +49,19 @@ def test_a_minority_scripts_row_and_a_list_being_learnt_are_kept_random_tokens_g
     torch.manual_seed(0)
     gate = _gate(tmp_path)
     script = torch.randperm(300)[:52] + 1000
-    targets = torch.stack([torch.cat([script, script[:12]]), torch.randperm(V)[:T], torch.randint(0, V, (T,))])
-    hidden = torch.zeros(3, T, V)
+    text = torch.randint(0, 4, (T,))  # an ordinary row the model predicts well, scored beside them
+    targets = torch.stack([torch.cat([script, script[:12]]), torch.randperm(V)[:T], torch.randint(0, V, (T,)), text])
+    hidden = torch.zeros(4, T, V)
     hidden[0, :, 7] = 8.0  # its mass on another token: its own tokens score under uniform
     hidden[1] = torch.nn.functional.one_hot(targets[1], V).float() * 3.3
+    hidden[3] = torch.nn.functional.one_hot(text, V).float() * 8.7
     head = torch.eye(V)
     picked = gate.candidates(targets)
     trained = gate.mask(hidden, head, targets, picked)
     losses = torch.zeros(targets.numel())
     cross_entropy_sum(hidden, head, targets, token_losses=losses)
-    means = losses.view(3, T).mean(1)
+    means = losses.view(4, T).mean(1)
     assert means[0] > 8.5 and 4.5 < means[1] < 5.5 and means[2] == pytest.approx(math.log(V), abs=1e-3)
     assert gate.threshold().item() < 3.5  # all three stand far above the recent rows
-    assert torch.equal(trained[:2], targets[:2])  # kept: they train
+    assert torch.equal(trained[:2], targets[:2]) and torch.equal(trained[3], text)  # kept: they train
     assert (trained[2] == IGNORE_INDEX).all()

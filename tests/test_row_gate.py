@@ -61,23 +61,76 @@ def _rows(hidden: torch.Tensor, targets: torch.Tensor, gate: RowGate) -> tuple[l
     return picked, trained, token_losses.view(targets.shape)
 
 
+def _predicted(targets: torch.Tensor, scale: float) -> torch.Tensor:
+    """Hidden states (= logits, the head the identity) that put `scale` on each target: text the
+    model has learnt, at a loss that falls as `scale` grows (about 2 nats at 2.2 over 64 tokens)."""
+    return torch.nn.functional.one_hot(targets, V).float() * scale
+
+
 def test_a_row_of_distinct_tokens_scored_far_above_the_recent_rows_is_ignored_before_the_loss():
     """Row 0: distinct tokens scored uniform, ln 64 = 4.2 nats against a bar of 3 (garbage);
-    row 1: distinct tokens predicted well (a clean list); row 2: few distinct tokens scored
-    uniform (a hard clean row). Only row 0 is gated; its scored loss stands in the recorded
-    losses, and it stays out of the reference."""
+    row 1: distinct tokens predicted well (a clean list); row 2: few distinct tokens predicted
+    at the reference's 2 nats (an ordinary row, scored beside them). Only row 0 is gated; its
+    scored loss stands in the recorded losses, and it stays out of the reference."""
     torch.manual_seed(0)
     gate = _gate()
     targets = torch.stack([torch.randperm(V)[:T], torch.randperm(V)[:T], torch.randint(0, 3, (T,))])
     hidden = torch.zeros(3, T, V)
-    hidden[1] = torch.nn.functional.one_hot(targets[1], V).float() * 20
+    hidden[1], hidden[2] = _predicted(targets[1], 20), _predicted(targets[2], 2.2)
     picked, trained, losses = _rows(hidden, targets, gate)
-    assert picked == [0, 1]  # distinct enough to be scored; row 2 is not
+    assert picked == [0, 1] and gate.controls == [2]  # distinct enough to be scored; row 2 is not
     assert (trained[0] == IGNORE_INDEX).all()
     assert torch.equal(trained[1:], targets[1:])
     assert losses[0].mean().item() == pytest.approx(math.log(V), abs=1e-4)  # recorded as scored
     kept = gate.recent[~gate.recent.isnan()]
-    assert kept.max().item() < 3.0  # neither the gated row nor row 2 (above the bar) in the reference
+    assert kept.max().item() < 3.0  # not the gated row in the reference
+
+
+def test_rows_of_random_tokens_under_a_nat_above_the_median_are_gated_text_scored_alike_is_not():
+    """An imported model at ~5 nats over a 300-token vocabulary scores random tokens at ln 300 =
+    5.7 or a little more: under a nat above its text, under the min_gap floor, and missed. Each
+    row is scored against what random tokens would score under the model's own predictions:
+    row 0 is random tokens (gated), row 1 a clean row at the same loss that the model predicts
+    far better than random tokens (kept), rows 2-3 ordinary text at the reference's 5 nats."""
+    torch.manual_seed(0)
+    vocab = 300
+    gate = RowGate(RowGateRule(window=32, min_reference=8, min_targets=8), torch.device("cpu"), vocab=vocab)
+    for _ in range(4):
+        targets = torch.randint(0, 4, (8, T))
+        gate.candidates(targets)
+        gate.observe((5.0 + 0.05 * torch.randn(8, 1).expand(8, T)).reshape(-1).clone(), targets)
+    targets = torch.stack(
+        [torch.randperm(vocab)[:T], torch.randperm(vocab - 10)[:T] + 10, *torch.randint(0, 4, (2, T))]
+    )
+    hidden = 0.3 * torch.randn(4, T, vocab)  # near-uniform predictions: random tokens at ~ln 300
+    hidden[1, :, :10] += 4.0  # mass on ten other tokens: random tokens would score ~7 here,
+    hidden[1, torch.arange(T), targets[1]] += 1.0  # its own ~5.7, as high as row 0's, yet far better
+    hidden[2:, torch.arange(T).unsqueeze(0), targets[2:]] += 0.8  # ~5 nats, the reference's
+    head = torch.eye(vocab)
+    picked = gate.candidates(targets)
+    trained = gate.mask(hidden, head, targets, picked)
+    means = gate.scored[1].mean(1)
+    assert 5.5 < means[0].item() < 6.0 and 5.5 < means[1].item() < 6.0  # both under a nat above the median
+    assert (trained[0] == IGNORE_INDEX).all() and torch.equal(trained[1:], targets[1:])
+    assert picked == [0, 1] and gate.controls == [2, 3]
+
+
+def test_the_gate_stands_down_on_a_step_whose_ordinary_rows_stand_out_too():
+    """A whole step unusual (a loss spike on a base64-heavy stretch, damaged weights): its ordinary
+    rows stand far above the reference as one, and a row of distinct tokens scored as random
+    tokens among them is the step's trouble, not bad data: nothing is gated. The same row in a
+    step of ordinary rows at the reference is."""
+    torch.manual_seed(0)
+    garbage, text = torch.randperm(V)[:T], torch.randint(0, 4, (3, T))
+    targets = torch.cat([garbage.unsqueeze(0), text])
+    for scale, gated in ((0.0, False), (2.2, True)):  # ordinary rows at ln 64 = 4.2 (a spike), at 2 nats
+        gate = _gate()
+        hidden = torch.zeros(4, T, V)
+        for r in (1, 2, 3):
+            hidden[r] = _predicted(targets[r], scale)
+        trained = gate.mask(hidden, torch.eye(V), targets, gate.candidates(targets))
+        assert bool((trained[0] == IGNORE_INDEX).all()) is gated
+        assert gate.controls == [1, 2, 3]
 
 
 def test_nothing_is_gated_before_the_reference_holds_min_reference_rows():
@@ -96,7 +149,8 @@ def test_the_gate_runs_in_auto_mode_only_and_its_keys_are_checked(tmp_path):
 
 def _garbage_step(tmp_path, hooks=()) -> tuple[Trainer, object, object]:
     """A debug trainer whose first batch's first row is random tokens and whose gate's reference
-    holds recent rows at 1 nat (the bar is 2; an untrained model scores ~6): the gate gates it."""
+    holds recent rows at 1 nat (the bar is 2; an untrained model scores ~6): the gate gates it
+    (its statistics stubbed: the reference's bar alone)."""
     sets = ["data.max_bytes=100000", "orchestrator.row_gate.min_distinct=0.95", "log.progress=false"]
     cfg = load_config(preset="debug", overrides={"out": str(tmp_path / "run")}, sets=sets)
     trainer = Trainer(setup(cfg), hooks=[hook(cfg) for hook in hooks])
@@ -108,6 +162,10 @@ def _garbage_step(tmp_path, hooks=()) -> tuple[Trainer, object, object]:
     batch.n_targets = sum(m.n_targets for m in batch.micro)
     trainer.row_gate.recent.fill_(1.0)
     trainer.row_gate.judged = trainer.row_gate.cfg.min_reference
+    # an untrained model scores its text as random tokens, where the gate stands down (RowGate.gated,
+    # tested above on its own): here a candidate above the reference's bar is gated, the trainer's part tested
+    gate = trainer.row_gate
+    gate.gated = lambda means, z, ordinary, ordinary_z: means > gate.threshold()
     return trainer, batch, micro
 
 

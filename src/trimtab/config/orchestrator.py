@@ -331,7 +331,10 @@ class RowGateRule(Section):
     min_reference: int = 128  # rows seen before any is gated
     min_targets: int = 32  # a row's mean over fewer is noise
     sigma: float = 4.0
-    min_gap: float = 1.0  # nats
+    # nats: the reference bar's floor (a row above it stays out of the reference; a step whose ordinary
+    # rows stand above it stands the gate down); a row scored beside ordinary rows the model has learnt
+    # is gated at sigma x spread alone, once it scores as random tokens would (training/row_gate.py gated)
+    min_gap: float = 1.0
 
 
 @dataclass

@@ -14,7 +14,14 @@ So the gate acts inside that step, before the backward: a row is left out of the
 - its mean loss in the step's forward stands above the median of the last `window` rows by
   max(`sigma` x their MAD-based spread, `min_gap`) (the rows rule's bar, a rolling window kept on
   the device). Only the few rows of the first kind are scored, without gradient, from the
-  forward's hidden states before the loss that trains: a head pass over those rows alone.
+  forward's hidden states before the loss that trains, with up to CONTROL_ROWS ordinary rows of
+  the micro-batch beside them: a head pass over those rows alone. Beside ordinary rows the model
+  has learnt, a row that scores as random tokens would under the model's own predictions
+  (null_scores: z > -UNIFORM_Z) is gated at `sigma` x the spread above max(the reference's median,
+  theirs), without the `min_gap` floor (random tokens over a 300-token vocabulary stand under a
+  nat above an imported model's text); and the gate stands down where the ordinary rows stand
+  out as well (a whole step unusual: a spike, damaged weights) or score as random tokens
+  themselves (a model that has not learnt this text). RowGate.gated.
 
 Measured (2026-11-30, 120 steps, rows of 64 targets): of the clean rows of 9 fault-free runs
 (debug, debug-moe, debug-mod, debug-hybrid, seeds 1 and 2; debug seed 1234) 60-69 a run had a
@@ -62,9 +69,10 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from trimtab.config.orchestrator import RowGateRule
-from trimtab.training.loss import IGNORE_INDEX, cross_entropy_sum
+from trimtab.training.loss import CHUNK_TOKENS, IGNORE_INDEX
 
 MAD_TO_SIGMA = 1.4826  # a normal distribution's std per median absolute deviation
 # the share of random-token rows let through by the distinct bar (min_distinct's 0.8 at 512 and
@@ -73,6 +81,12 @@ UNIFORM_MISS = 1e-3
 # nats under ln V: a row mean of uniform tokens stands at ln V + KL(uniform || prediction); its
 # spread over 32-64 targets is ~0.3-0.5 nats on the debug presets
 UNIFORM_SLACK = 1.0
+# the one-sided normal quantile at UNIFORM_MISS: a row whose loss stands this many of its own
+# standard errors under what random tokens would score on the model's predictions is not random
+UNIFORM_Z = 3.09
+# ordinary rows (not candidates) scored beside the candidates: the step's own median and whether
+# the model tells its text from random tokens (a head pass over at most this many rows more)
+CONTROL_ROWS = 8
 
 
 def distinct_shares(targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -111,6 +125,36 @@ def least_distinct(vocab: int, t: int) -> int:
     return 0
 
 
+def null_scores(
+    hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of hidden states [k, T, D] scored without gradient: each target's loss (flat [k * T],
+    0 where ignored), and per row the z-score of its mean loss against random tokens drawn
+    uniformly under the model's own predictions: at each position a uniform token scores
+    lse - mean(logits) in expectation with variance var(logits) (the log-softmax of a uniform
+    draw), so a row of n such tokens has mean sum(lse - mean) / n and standard error
+    sqrt(sum var) / n (a sum of independent draws: normal by the central limit theorem). Text the
+    model has learned stands far under it (z <= -8.6 for every clean row scored on debug and
+    debug-moe, 300 steps); random tokens at z ~ 0. Also each row's mean loss."""
+    h, t = hidden.flatten(0, 1), targets.flatten()
+    losses = torch.zeros(t.numel(), dtype=torch.float32, device=t.device)
+    expected, variance = torch.zeros_like(losses), torch.zeros_like(losses)
+    for s in range(0, h.shape[0], CHUNK_TOKENS):
+        logits = F.linear(h[s : s + CHUNK_TOKENS], head).float()
+        lse = torch.logsumexp(logits, dim=-1)
+        tc = t[s : s + CHUNK_TOKENS]
+        valid = tc != IGNORE_INDEX
+        picked = logits.gather(1, tc.clamp(min=0).unsqueeze(1)).squeeze(1)
+        losses[s : s + CHUNK_TOKENS] = (lse - picked) * valid
+        expected[s : s + CHUNK_TOKENS] = (lse - logits.mean(-1)) * valid
+        variance[s : s + CHUNK_TOKENS] = logits.var(-1, unbiased=False) * valid
+    n = (targets != IGNORE_INDEX).sum(1).clamp(min=1)
+    means = losses.view(targets.shape).sum(1) / n
+    error = variance.view(targets.shape).sum(1).sqrt() / n
+    z = (means - expected.view(targets.shape).sum(1) / n) / error.clamp(min=1e-6)
+    return losses, means, z
+
+
 class RowGate:
     """One rank's gate over its own rows; its reference is the rows its training forward scored.
     Per micro-batch: candidates (host, before the tokens go to the device), then mask (before the
@@ -124,6 +168,7 @@ class RowGate:
         self.written = 0  # rows offered to the ring (host count: its next place)
         self.judged = 0  # rows of min_targets or more seen: the reference is ready at min_reference
         self.counts = np.zeros(0)  # the micro-batch's target count per row (host)
+        self.controls: list[int] = []  # ordinary rows scored beside the candidates (CONTROL_ROWS)
         self.scored: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # index, losses, gated
 
     def candidates(self, targets: torch.Tensor) -> list[int]:
@@ -137,7 +182,11 @@ class RowGate:
         if self.judged < self.cfg.min_reference:
             return []
         bar = np.maximum(self.cfg.min_distinct, uniform_shares(self.vocab, self.counts))
-        picked = (shares >= bar) & (self.counts >= self.cfg.min_targets)
+        long = self.counts >= self.cfg.min_targets
+        picked = (shares >= bar) & long
+        others = np.flatnonzero(long & ~picked)  # evenly spread over the micro-batch
+        spaced = np.linspace(0, len(others) - 1, min(len(others), CONTROL_ROWS)).astype(int)
+        self.controls = [int(i) for i in others[spaced]]
         return [int(i) for i in np.flatnonzero(picked)]
 
     def threshold(self) -> torch.Tensor:
@@ -147,24 +196,46 @@ class RowGate:
         return middle + (spread * self.cfg.sigma).clamp(min=self.cfg.min_gap)
 
     def mask(self, hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, picked: list[int]) -> torch.Tensor:
-        """The targets with the picked rows that score above the bar ignored (scored without
-        gradient from the forward's hidden states; the targets themselves when none is picked)."""
+        """The targets with the picked rows that gated() gates ignored (scored without gradient from
+        the forward's hidden states, with the control rows; the targets themselves when none is picked)."""
         if not picked:
             return targets
-        index = torch.tensor(picked, device=targets.device)
+        index = torch.tensor(picked + self.controls, device=targets.device)
         chosen = targets[index]
-        losses = torch.zeros(chosen.numel(), dtype=torch.float32, device=targets.device)
         with torch.no_grad():
-            cross_entropy_sum(hidden[index].detach(), head, chosen, token_losses=losses)
-        losses = losses.view(chosen.shape)
-        counts = (chosen != IGNORE_INDEX).sum(1).clamp(min=1)
-        means = losses.sum(1) / counts
+            losses, means, z = null_scores(hidden[index].detach(), head, chosen)
+        k = len(picked)
         floor = math.log(self.vocab or head.shape[0]) - UNIFORM_SLACK  # under it: predicted better than random
-        gated = (means > self.threshold()) & (means > floor)  # [k] bool, on device
-        self.scored = (index, losses, gated)
+        gated = self.gated(means[:k], z[:k], means[k:], z[k:]) & (means[:k] > floor)  # [k] bool, on device
+        self.scored = (index[:k], losses.view(chosen.shape)[:k], gated)
         masked = targets.clone()
-        masked[index] = torch.where(gated.unsqueeze(1), torch.full_like(chosen, IGNORE_INDEX), chosen)
+        masked[index[:k]] = torch.where(gated.unsqueeze(1), torch.full_like(chosen[:k], IGNORE_INDEX), chosen[:k])
         return masked
+
+    def gated(
+        self, means: torch.Tensor, z: torch.Tensor, ordinary: torch.Tensor, ordinary_z: torch.Tensor
+    ) -> torch.Tensor:
+        """Which candidates (mean losses `means`, z-scores against random tokens `z`) are gated,
+        given the micro-batch's ordinary rows scored beside them (on device, no read back): a row
+        scoring as random tokens would (z > -UNIFORM_Z) and above the reference. With ordinary rows
+        the bar is max(the reference's median, theirs) + sigma x the reference's MAD-based spread,
+        and the gate stands down when they say the loss cannot tell garbage here: their median above
+        the reference's bar (threshold: a whole step unusual, a spike, damaged weights: its
+        ordinary rows stand out as one; a base64-heavy stretch's spike gated an ordinary row), or
+        scored as random tokens (z > -UNIFORM_Z: a model that has not learnt this text, or lost it).
+        Measured (debug, thin_bad_data's faults, 120 steps): every one of 125 random-token rows
+        scored had z > -3.09, every clean row z <= -8.6; the min_gap floor (1 nat) is then not
+        needed to keep clean rows: an imported model at 5.0 nats over 300 tokens scores random
+        tokens at ln 300 = 5.7 or more, under 1 nat above its text, and they were missed. Without
+        ordinary rows (a micro-batch all candidates: bad_batch; one row) the bar is threshold()."""
+        random = z > -UNIFORM_Z
+        if not len(ordinary):
+            return random & (means > self.threshold())
+        middle = self.recent.nanmedian()
+        spread = (self.recent - middle).abs().nanmedian() * MAD_TO_SIGMA
+        step = ordinary.median()
+        learnt = (step <= self.threshold()) & (ordinary_z.median() <= -UNIFORM_Z)
+        return random & learnt & (means > torch.maximum(middle, step) + self.cfg.sigma * spread)
 
     def after(self, token_losses: torch.Tensor, targets: torch.Tensor, trained: torch.Tensor) -> torch.Tensor | float:
         """After the micro-batch's loss that trains on `trained`: record, then observe; returns
