@@ -5,7 +5,7 @@ older evaluation off as the final one."""
 from __future__ import annotations
 
 import trimtab
-import trimtab.training.trainer as trainer_module
+import trimtab.training.phases as trainer_module
 from test_trainer import debug_cfg
 from trimtab.rundir import read_decisions, read_summary
 

@@ -5,8 +5,8 @@ the step, and everything stateful goes into the checkpoint so that resume is exa
 run through a read-only RunView and change it only through Control's requests, which the loop
 applies at its points (training/view.py, training/control.py); a test instrument (fault injection)
 writes through its own FaultHandle (training/instrument.py). Parts of the Trainer live in mixins of
-their own: checkpoints (checkpointing.py), RL's and DPO's objectives (policy.py), and the retries
-after an out-of-memory error (oom.py).
+their own: checkpoints (checkpointing.py), phases and evaluations (phases.py), RL's and DPO's
+objectives (policy.py), and the retries after an out-of-memory error (oom.py).
 """
 
 from __future__ import annotations
@@ -21,27 +21,26 @@ import torch
 
 from trimtab.data import MicroBatch, StepBatch
 from trimtab.distributed.ft import ReplicaGroups, check_groups
-from trimtab.distributed.group import gather_objects, side_sum
 from trimtab.rl.batches import RolloutLoader
 from trimtab.rl.preference import PairBatch, PairLoader, PairMicroBatch
 from trimtab.rl.replay import replaying
 from trimtab.rl.step import PolicyMicroBatch, RolloutBatch
 from trimtab.training.checkpointing import Checkpointing
 from trimtab.training.control import Control
-from trimtab.training.evaluation import held_out_figures, policy_figures
 from trimtab.training.gain import GainProbe
 from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger, call_sealed
 from trimtab.training.instrument import FaultHandle, Instrument
 from trimtab.training.loss import cross_entropy_sum, with_aux
 from trimtab.training.metrics import run_summary, step_metrics
 from trimtab.training.oom import OomRecovery
-from trimtab.training.optim import build_optimizer, set_lr
+from trimtab.training.optim import set_lr
+from trimtab.training.phases import Phases
 from trimtab.training.policy import PolicyTraining
 from trimtab.training.rerun import Gradients, compare, ranks_that_differ
 from trimtab.training.resume import logged_eval
 from trimtab.training.row_gate import row_gate
 from trimtab.training.runtime import LogWindow, RouterStats, RowLosses
-from trimtab.training.schedule import configured_lengths, note_withheld, phase_lr
+from trimtab.training.schedule import configured_lengths, note_withheld
 from trimtab.training.services.compiling import StepTimes
 from trimtab.training.services.signals import handle_signals
 from trimtab.training.setup import BuiltRun
@@ -50,10 +49,8 @@ from trimtab.training.view import RunView
 
 log = logging.getLogger(__name__)
 
-FINAL_EVAL_TRIES = 3  # the run's last evaluation: a failure may be transient (an I/O error, a slow node)
 
-
-class Trainer(Checkpointing, PolicyTraining, OomRecovery):
+class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
     def __init__(self, run: BuiltRun, hooks: list[Hook] = ()):
         cfg = self.cfg = run.cfg
         self.dist, self.device, self.precision = run.dist, run.dist.device, run.precision
@@ -404,47 +401,6 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
             self.window = LogWindow()  # before the hooks: a checkpoint they ask for saves the new one
             self._call("on_log", metrics)
 
-    @torch.no_grad()
-    def evaluate(self, tries: int = 1) -> dict[str, Any]:
-        """The held-out figures, hooks told (on_eval): the loss, each rank scoring its share of
-        the eval micro-batches, or an RL phase's held-out rewards. An error or a run past
-        train.eval_timeout abandons it: hooks hear of it (the orchestrator journals it) and
-        training goes on; up to `tries` times in all (every rank alike: the error is agreed)."""
-        policy = isinstance(self.loader, (RolloutLoader, PairLoader))  # RL, DPO: held-out prompts, pairs scored
-        for _ in range(tries):
-            figures, error = policy_figures(self) if policy else held_out_figures(self)
-            if not error:
-                break
-            self._call("on_eval_error", self.state.step, error)
-        if not figures:
-            return {}
-        self.last_eval = {"step": self.state.step, "phase": self.phases[self.state.phase].name, **figures}
-        score = next((figures[k] for k in ("rl/held_out_reward", "dpo/held_out_accuracy") if k in figures), None)
-        score = -figures.get("val_loss", math.inf) if score is None else score
-        if self.best_eval is None or score > self.best_eval[1]:
-            self.best_eval, self.best_checkpoint = (self.state.step, score), -1  # found at the next save
-        self._call("on_eval", self.last_eval)
-        return self.last_eval
-
-    def _phase_ends(self) -> bool:
-        phase = self.phases[self.state.phase]
-        return self.state.step == phase.start + phase.steps
-
-    def _maybe_eval(self) -> None:
-        every = self.cfg.train.eval_every
-        if (every and self.state.step % every == 0) or self._phase_ends():
-            # the run's last evaluation is the one summary.json reports: a transient failure is tried again
-            self.evaluate(FINAL_EVAL_TRIES if self.state.step >= self.total_steps else 1)
-            self.control.apply()  # what hooks decided on it (early stopping) holds before the next step
-
-    def _date_evaluation(self, summary: dict[str, Any]) -> None:
-        """The step the summary's evaluation figures are from, and whether they judge the weights
-        the run ended with: after a final evaluation that failed every try (or a stop between
-        evaluations) they are an older step's, and the summary says so rather than pass them off
-        as final."""
-        summary["eval_step"] = self.last_eval.get("step")
-        summary["eval_final"] = summary["eval_step"] == self.state.step
-
     def _maybe_checkpoint(self) -> None:
         every = self.control.checkpoint_every()
         if (every and self.state.step % every == 0) or self._phase_ends():
@@ -458,37 +414,6 @@ class Trainer(Checkpointing, PolicyTraining, OomRecovery):
         non-zero `exit_code` says the run gave up (docs/orchestrator.md, exit codes)."""
         if not self.stop_reason:
             self.stop_reason, self.exit_code = reason, exit_code
-
-    # ------------------------------------------------------------------------------ phases
-
-    def _enter_phase(self, index: int) -> None:
-        phase = self.phases[index]
-        self.state.phase = index
-        self.optimizer = build_optimizer(self.model, phase.optim, self.device)
-        if isinstance(getattr(self, "loader", None), RolloutLoader):
-            self.loader.close()  # its rollout thread and verifier processes (a rollback, a resume)
-        self.loader = phase.loader(self.cfg, self.tok.pad_id, *self.data_shard)
-        if isinstance(self.loader, RolloutLoader):  # an RL phase generates with the model it trains
-            self.loader.policy, self.loader.snapshot = self._rollouts, self._policy_snapshot
-            self.loader.all_sum = self._all_sum
-            if self.dist.world > 1:  # the rollout thread's sums apart (a bound `ctl max-staleness` raises too)
-                self.loader.side_sum, self.loader.gather = side_sum(), gather_objects
-        if isinstance(self.loader, PairLoader):  # DPO scores held-out pairs, answers held-out problems
-            self.loader.scorer, self.loader.policy = self._pair_logprobs, self._rollouts
-            self.loader.all_sum = self._all_sum
-        self.control.apply_knobs()
-
-    def _maybe_next_phase(self) -> None:
-        index = max(i for i, p in enumerate(self.phases) if p.start <= self.state.step)
-        if index != self.state.phase:
-            self._enter_phase(index)
-            phase = self.phases[index]
-            self.say(f"step {self.state.step}: {phase.name} phase begins ({phase.steps} steps, {phase.data.source})")
-
-    def scheduled_lr(self) -> float:
-        """The configured schedule's LR for the step about to run (or running), before the multiplier."""
-        state = self.state
-        return phase_lr(self.phases[state.phase], state.phase, state.step, state.restarts, state.warm_behind)
 
     def say(self, line: str) -> None:
         """One line on the console, above the progress bar."""
