@@ -267,7 +267,12 @@ class Checkpointing:
     def _load(self, path, rollback: bool) -> None:
         weights, optim_state, state = self.dist.read_checkpoint(path)
         knobs = (self.model.moe_state(), self.model.mod_state())  # the router's: a rollback keeps them
+        experts = _expert_counts(self.model)
         self.dist.load_model(self.model, weights, state, path)  # any checkpoint format, any world size
+        # a resume after surgery, a rollback across it: summary.json gave the config's (or the undone
+        # surgery's) parameter count, and MFU its FLOPs; one process (a pipeline stage counts its own layers)
+        if self.dist.world == 1 and _expert_counts(self.model) != experts:
+            self.control.recount()
         kept = {k: getattr(self.state, k) for k in KEPT_ON_ROLLBACK}
         skipped = self.loader.skipped
         self.state = TrainState(**state["train"])

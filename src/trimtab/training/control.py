@@ -300,9 +300,15 @@ class Control:
 
         t.optimizer, line = surgery.expert_surgery(moe, t.optimizer, rebuild, op, expert)
         self.apply_knobs()
+        self.recount()
+        return f"layer {layer}: {line}"
+
+    def recount(self) -> None:
+        """The run's sizes (summary.json's parameter counts, MFU's FLOPs per token) counted again after
+        its experts changed: surgery, or a checkpoint loaded with other counts than the model held."""
+        t = self._trainer
         t.sizes = model_sizes(t.model, t.cfg.data.seq_len)  # one process: surgery is refused under torchrun
         t.flops_per_token = t.sizes["flops_per_token"]
-        return f"layer {layer}: {line}"
 
     def _add_expert(self, layer: int, source: int | None = None) -> str:
         return self._surgery("add", layer, source)
