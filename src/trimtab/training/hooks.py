@@ -352,6 +352,8 @@ class ConsoleLogger(Hook):
 
     def on_log(self, run: RunView, metrics: dict[str, Any]) -> None:
         text = f"loss {metrics['loss']:.4f} lr {metrics['lr']:.2e} tok/s {metrics['tokens_per_s']:,.0f}"
+        if nonfinite := metrics.get("nonfinite_steps"):  # left out of the loss above
+            text += f" ({nonfinite} non-finite step{'s' if nonfinite > 1 else ''} apart)"
         if self.bar is not None and not self.bar.disable:
             self.bar.set_postfix_str(text, refresh=False)
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -18,12 +19,15 @@ def step_metrics(trainer: Trainer, lr: float) -> dict[str, Any]:
     """The log line's figures over the steps since the last one (the trainer then starts a new window)."""
     losses, norms, skipped = trainer.window.read()
     tps = trainer.window.tokens / max(trainer.window.seconds, 1e-9)
+    # the window's means over its finite steps: one NaN step (skipped by the orchestrator) made the
+    # whole window read "loss nan" while the steps around it trained finite; said apart instead
+    finite = [(loss, norm) for loss, norm in zip(losses, norms) if math.isfinite(loss) and math.isfinite(norm)]
     metrics = {
         "step": trainer.state.step,
         "phase": trainer.phases[trainer.state.phase].name,
-        "loss": sum(losses) / len(losses),
-        "grad_norm": sum(norms) / len(norms),
-        "grad_norm_max": max(norms),
+        "loss": sum(loss for loss, _ in finite) / len(finite) if finite else math.nan,
+        "grad_norm": sum(norm for _, norm in finite) / len(finite) if finite else math.nan,
+        "grad_norm_max": max((norm for _, norm in finite), default=math.nan),
         "lr": lr,
         "lr_scale": trainer.state.lr_scale,
         # the schedule's own LR: lr / lr_scale is not it when something else moved the LR (lr_spike)
@@ -37,6 +41,8 @@ def step_metrics(trainer: Trainer, lr: float) -> dict[str, Any]:
         "peak_rss_mb": peak_rss_mb(),
         **trainer.loader.metrics(),  # a mixture's share of each source so far; an RL step's figures
     }
+    if len(finite) < len(losses):
+        metrics["nonfinite_steps"] = len(losses) - len(finite)  # their loss or gradient norm NaN or inf
     if trainer.cfg.rl.enabled:
         metrics["rl/temperature"] = trainer.rl_temperature  # rule rl_signal's knob
         metrics["rl/entropy_coef"] = trainer.rl_entropy_coef  # rule rl_entropy's
