@@ -105,3 +105,22 @@ def test_every_rank_silent_at_once_is_the_whole_job_lost_not_one_rank(tmp_path, 
     assert evidence["beats_within_s"] == pytest.approx(1.0)
     assert finding.summary.startswith("every rank (2, host h) went silent at once, none with an exit record")
     assert "collectives failed with it" not in restart(finding).reasoning
+
+
+def test_a_session_of_two_that_left_no_rank_record_blames_no_rank_and_says_why(tmp_path, monkeypatch):
+    """resilience.watchdog off: no beats, no exit records. The lost session of two was a lost_rank
+    with none to blame, its resume saying "the other ranks' collectives failed with it", which
+    nothing recorded (a rank killed, one failed or the whole job ended look alike). Now it says so."""
+    from trimtab.resilience.elastic import SESSION_ENV
+
+    monkeypatch.delenv(SESSION_ENV, raising=False)
+    lost_session(tmp_path, world=2)
+    proposed = []
+    run = SimpleNamespace(is_main=True, step=10, world=2, say=lambda line: None, propose=proposed.append)
+    Resilience(tmp_path).on_train_start(run)
+    (finding,) = proposed
+    assert (finding.evidence["kind"], finding.evidence["ranks_to_blame"]) == ("lost_unknown", [])
+    assert finding.summary.startswith("the session of 2 ranks ended with no record of what ended it")
+    reasoning = restart(finding).reasoning
+    assert "collectives failed with it" not in reasoning and "what ended it is not known" in reasoning
+    assert Ledger(tmp_path).incidents[-1]["kind"] == "lost_unknown"  # goodput.json's record too

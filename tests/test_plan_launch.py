@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -98,23 +99,14 @@ echo "$*" >> "$CALLS"
 """
 
 
-@pytest.mark.skipif(shutil.which("bash") is None, reason="bash runs the script")
-def test_the_slurm_script_requeues_a_run_the_time_limit_stopped_and_nothing_else(tmp_path, capsys):
-    """--requeue does not bring back a job that ended at its time limit: the ranks saved on the
-    SIGTERM before it and ended, and the run silently stopped. The script queues it again when this
-    job's summary.json says the SIGTERM stopped it; not a finished run, nor one that crashed after
-    an earlier job's stop."""
-    from trimtab.rundir import read_json, write_summary
-
-    plan(tmp_path, "slurm", capsys)
+def slurm_job(tmp_path: Path):
+    """job(summary folder or None, the agent's exit status) -> (the script's exit status, its
+    scontrol calls): tmp_path/launch.sbatch run with the stand-ins for srun and scontrol."""
     fake = tmp_path / "bin"
     fake.mkdir()
     for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
         (fake / name).write_text(text)
         (fake / name).chmod(0o755)
-    for status in ("stopped (SIGTERM)", "completed"):
-        (tmp_path / status.split()[0]).mkdir()
-        write_summary(tmp_path / status.split()[0], {"status": status, "step": 7, "total_steps": 40})
     env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "42"}
     env |= {"SLURM_JOB_NODELIST": "node[1-2]", "CALLS": str(tmp_path / "calls")}
 
@@ -124,6 +116,23 @@ def test_the_slurm_script_requeues_a_run_the_time_limit_stopped_and_nothing_else
         done = subprocess.run(["bash", str(tmp_path / "launch.sbatch")], cwd=tmp_path, env=case, capture_output=True)
         return done.returncode, (tmp_path / "calls").read_text().splitlines()
 
+    return job
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash runs the script")
+def test_the_slurm_script_requeues_a_run_the_time_limit_stopped_and_nothing_else(tmp_path, capsys):
+    """--requeue does not bring back a job that ended at its time limit: the ranks saved on the
+    SIGTERM before it and ended, and the run silently stopped. The script queues it again when this
+    job's summary.json says the SIGTERM stopped it; not a finished run, nor one that crashed after
+    an earlier job's stop."""
+    from trimtab.rundir import read_json, write_summary
+
+    plan(tmp_path, "slurm", capsys)
+    for status in ("stopped (SIGTERM)", "completed"):
+        (tmp_path / status.split()[0]).mkdir()
+        write_summary(tmp_path / status.split()[0], {"status": status, "step": 7, "total_steps": 40})
+    job = slurm_job(tmp_path)
+
     # the agent, signalled too, exits 1; rank 0 wrote "stopped (SIGTERM)"
     assert job("stopped", 1) == (1, ["show hostnames node[1-2]", "requeue 42"])
     assert job("completed", 0) == (0, ["show hostnames node[1-2]"])  # finished: not again
@@ -132,3 +141,45 @@ def test_the_slurm_script_requeues_a_run_the_time_limit_stopped_and_nothing_else
     os.utime(summary, (summary.stat().st_mtime - 60,) * 2)  # an earlier job's: this one crashed before writing
     assert job(None, 1) == (1, ["show hostnames node[1-2]"])
     assert list(summary.parent.glob(".slurm-job.*")) == []  # the job's stamp is gone
+
+
+def test_the_launch_files_give_a_large_models_stop_and_save_its_time():
+    """On SIGTERM every rank finishes its step and saves, but torchrun's agent, signalled too, kills
+    its workers 30 s after forwarding it (--shutdown-timeout's default), the script warned 120 s
+    before the time limit and a pod's grace is 30 s: dense-70b on 64 H100s (788 GiB of weights and
+    AdamW state, a step estimated at minutes) was killed in its stop: no checkpoint, no summary, no
+    requeue. Each now waits at least two steps and two writes at the plan's bandwidths."""
+    from trimtab.config import load_config
+    from trimtab.plan.launch import launch_file
+    from trimtab.plan.memory import named_gpu
+    from trimtab.plan.report import make_plan
+    from trimtab.plan.resilience import FS_BYTES_PER_S, WRITE_BYTES_PER_S
+
+    plan = make_plan(load_config(None, preset="dense-70b"), hardware=named_gpu("H100", 64))
+    write = plan.resilience.state_bytes / min(64 * WRITE_BYTES_PER_S, FS_BYTES_PER_S)
+    needed = 2 * plan.layout.best.step_s + 2 * write  # asynchronous saves: one in flight, then the last
+    script = launch_file(plan, "slurm", None)[1]
+    grace = int(re.search(r"--shutdown-timeout=(\d+)", script).group(1))
+    lead = int(re.search(r"#SBATCH --signal=TERM@(\d+)", script).group(1))
+    assert "checkpoint.asynchronous=true" in script and needed < grace < lead
+    pod = yaml.safe_load(launch_file(plan, "k8s", None)[1])["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+    assert f"--shutdown-timeout={grace}" in pod["spec"]["containers"][0]["command"]
+    assert pod["spec"]["terminationGracePeriodSeconds"] > grace
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash runs the script")
+def test_a_sigterm_in_start_up_writes_a_summary_and_the_slurm_script_requeues_it(tmp_path, capsys):
+    """A SIGTERM before the first step (the data read, the model built, a restart near the time
+    limit) ended the call and wrote no summary.json, so the script's requeue rule never saw it and
+    the run silently stopped. Now rank 0 writes one saying so, resumable, and the job is queued again."""
+    from trimtab.training.services.signals import StartUpInterrupted, handle_signals
+
+    plan(tmp_path, "slurm", capsys)
+    run = tmp_path / "start-up"
+    (run / "checkpoints" / "step_000012").mkdir(parents=True)  # where a re-run resumes
+    with pytest.raises(StartUpInterrupted), handle_signals(run_dir=run):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs at the next bytecode: here
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "stopped (SIGTERM during start-up)" and summary["resumable"] is True
+    assert (summary["step"], summary["steps_this_session"]) == (12, 0)
+    assert slurm_job(tmp_path)("start-up", 1) == (1, ["show hostnames node[1-2]", "requeue 42"])

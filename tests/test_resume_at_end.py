@@ -29,3 +29,22 @@ def test_a_run_killed_before_its_summary_writes_it_on_the_next_session(tmp_path,
         and (run_dir / "report.html").is_file() == reported
     )
     assert (run_dir / "metrics.jsonl").read_bytes() == metrics  # no step, no evaluation logged again
+
+
+def test_the_summary_of_a_session_stopped_in_its_start_up_is_not_taken_for_the_runs(tmp_path):
+    """A SIGTERM in a relaunch's start-up writes summary.json (the Slurm script requeues on it) over
+    the finished run's, at the checkpoint's step. Taken for the run's own, the next relaunch said
+    "has not finished: its last session stopped (SIGTERM during start-up)" and never wrote the
+    finished run's summary again; now it ends the run as after a session killed before its summary."""
+    from trimtab.rundir import write_summary
+    from trimtab.training.resume import saved_summary
+    from trimtab.training.services.signals import StartUpInterrupted
+
+    checkpoint = tmp_path / "checkpoints" / "step_000002"
+    checkpoint.mkdir(parents=True)
+    write_summary(tmp_path, StartUpInterrupted("SIGTERM", tmp_path).summary)
+    found = (checkpoint, {"train": {"step": 2, "tokens": 64, "train_seconds": 1.0}})
+    summary, saved = saved_summary(tmp_path, found, 2)
+    assert saved is False and (summary["status"], summary["step"]) == ("completed", 2)
+    write_summary(tmp_path, {"status": "completed", "step": 2, "val_loss": 5.0})  # the run's own is kept as before
+    assert saved_summary(tmp_path, found, 2) == ({"status": "completed", "step": 2, "val_loss": 5.0}, True)

@@ -276,6 +276,8 @@ def restart(f: Finding) -> Remedy:
         "its nodes or network, the run directory's storage or a kill from outside (the scheduler, a person, the "
         "OOM killer)",
         "lost_process": "it left no exit record (killed: SIGKILL, the OOM killer, or its machine gone)",
+        "lost_unknown": "its ranks left no record (resilience.watchdog off: no beats, no exit records), so what "
+        "ended it is not known (resilience.watchdog auto or on records it)",
         "lost_node": "the other nodes' collectives failed with it, and the rendezvous went on without it",
         "crash": "its error ended the step on every rank",
         "resized": "the job saved and stopped for a new rendezvous",

@@ -6,22 +6,36 @@ the asynchronous checkpoint interval of the plan's resilience section (Young's).
 script queues its job again when the time limit's SIGTERM stopped the run before its end (it
 saved): Slurm's own --requeue restarts a job after a node failure or a preemption, not then.
 
+A stop on SIGTERM finishes the step and saves, which for a large model on few GPUs takes minutes,
+while torchrun's agent, signalled too (by Slurm, or as the pod's first process by Kubernetes), kills
+its workers 30 s after forwarding the signal (torch.distributed.run --shutdown-timeout, its
+default): the save was cut, no checkpoint of the last steps and no summary, so no requeue. Both
+files give the stop the time the plan estimates for it (stop_s): torchrun's --shutdown-timeout,
+Slurm's warning before the time limit (--signal) and the pod's terminationGracePeriodSeconds.
+
 The files are a start, not a cluster's whole policy: the partition, the image, the volume for the
 run directory and the account are the site's; each is a marked line to edit.
 """
 
 from __future__ import annotations
 
+import math
 import shlex
 
 import yaml
 
 from trimtab.errors import ConfigError
+from trimtab.plan.memory import STATE_BYTES
 from trimtab.plan.report import Plan
+from trimtab.plan.resilience import resilience_plan
 
 EMITS = ("slurm", "k8s")
 PORT = 29500  # torchrun's rendezvous port on the first node
 MAX_RESTARTS = 3
+AGENT_GRACE_S = 30  # torchrun's wait from forwarding a SIGTERM to its SIGKILL (--shutdown-timeout's default)
+STOP_SAFETY = 2.0  # over the stop's estimate: the plan's bandwidths and step time are assumptions
+SLURM_LEAD_S = 120  # the least warning before the time limit (--signal=TERM@); Slurm may send it 60 s early
+MARGIN_S = 30  # after the agent's wait: its own exit (and the Slurm script's requeue)
 
 
 def launch_file(plan: Plan, emit: str, config: str | None, run_dir: str = "") -> tuple[str, str]:
@@ -42,19 +56,38 @@ def _nodes(plan: Plan) -> tuple[int, int]:
     return -(-layout.gpus // per_node), per_node
 
 
+def _asynchronous_every(plan: Plan) -> int | None:
+    """The checkpoint interval in steps the resilience section proposes for asynchronous saves (None: none)."""
+    strategies = {s.name: s for s in plan.resilience.strategies} if plan.resilience else {}
+    if "asynchronous save" not in strategies or not plan.resilience.step_s:
+        return None
+    return max(1, round(strategies["asynchronous save"].interval_s / plan.resilience.step_s))
+
+
 def _train_args(plan: Plan, config: str | None) -> list[str]:
     """`trimtab train`'s arguments: the config (or preset) and the layout's settings, with the
     checkpoint interval the resilience section proposes for asynchronous saves."""
     args = [config] if config else ["--preset", plan.preset]
     sets = plan.layout.best.settings()
-    strategies = {s.name: s for s in plan.resilience.strategies} if plan.resilience else {}
-    if "asynchronous save" in strategies and plan.resilience.step_s:
-        every = max(1, round(strategies["asynchronous save"].interval_s / plan.resilience.step_s))
+    every = _asynchronous_every(plan)
+    if every is not None:
         sets += ["checkpoint.asynchronous=true", f"checkpoint.every={every}"]
     return args + [word for s in sets for word in ("--set", s)]
 
 
-def _torchrun(nodes: int, per_node: int, endpoint: str, job_id: str) -> list[str]:
+def stop_s(plan: Plan) -> int:
+    """Seconds a SIGTERM's stop may take: up to two steps (under torchrun the ranks stop at the step
+    where they next agree), a background write still in flight (asynchronous saves: the stop waits for
+    it) and the run's last save, always synchronous, each write of the weights and AdamW state at the
+    plan's assumed bandwidths (plan/resilience.py), x STOP_SAFETY; never below torchrun's own wait."""
+    state = plan.model.total * (STATE_BYTES["weights"] + STATE_BYTES["optimizer"])
+    strategies = {s.name: s for s in resilience_plan(plan.layout.gpus, state).strategies}
+    write = strategies["synchronous save"].stall_s  # the whole write, every device at its assumed bandwidth
+    writes = 2 if _asynchronous_every(plan) is not None else 1
+    return max(AGENT_GRACE_S, math.ceil(STOP_SAFETY * (2 * plan.layout.best.step_s + writes * write)))
+
+
+def _torchrun(nodes: int, per_node: int, endpoint: str, job_id: str, grace_s: int) -> list[str]:
     return [
         "torchrun",
         f"--nnodes={nodes}",
@@ -63,6 +96,7 @@ def _torchrun(nodes: int, per_node: int, endpoint: str, job_id: str) -> list[str
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={job_id}",
         f"--max-restarts={MAX_RESTARTS}",
+        f"--shutdown-timeout={grace_s}",  # the wait for a SIGTERM's stop-and-save before SIGKILL
         "-m",
         "trimtab",
         "train",
@@ -76,7 +110,8 @@ def _shell(words: list[str]) -> str:
 
 def _slurm(plan: Plan, config: str | None, run_dir: str) -> str:
     nodes, per_node = _nodes(plan)
-    torchrun = _torchrun(nodes, per_node, f"$HEAD:{PORT}", "$SLURM_JOB_ID")
+    grace = stop_s(plan)
+    torchrun = _torchrun(nodes, per_node, f"$HEAD:{PORT}", "$SLURM_JOB_ID", grace)
     command = _shell(torchrun + _train_args(plan, config) + ["--out", "$RUN_DIR"])
     b = plan.layout.best
     return f"""#!/bin/bash
@@ -89,7 +124,7 @@ def _slurm(plan: Plan, config: str | None, run_dir: str) -> str:
 #SBATCH --cpus-per-task={8 * per_node}
 #SBATCH --exclusive
 #SBATCH --requeue
-#SBATCH --signal=TERM@120
+#SBATCH --signal=TERM@{max(SLURM_LEAD_S, grace + MARGIN_S)}
 # EDIT: --partition, --account, --time as the site asks
 set -euo pipefail
 RUN_DIR={shlex.quote(run_dir)}  # EDIT: the run directory (the config's out), on storage every node mounts
@@ -97,16 +132,18 @@ HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export OMP_NUM_THREADS=8
 mkdir -p "$RUN_DIR"
 STARTED=$(mktemp -p "$RUN_DIR" .slurm-job.XXXXXX)  # this job's start, by the run directory's clock
-# one torchrun agent a node; SIGTERM 2 minutes before the time limit reaches srun's tasks (not B:, which
-# signals only this shell): each rank finishes its step, saves and exits 0, its summary.json says
-# "stopped (SIGTERM)"; torchrun's agent, signalled too, exits 1
+# one torchrun agent a node; SIGTERM before the time limit reaches srun's tasks (not B:, which signals only
+# this shell): each rank finishes its step, saves and exits 0, its summary.json says "stopped (SIGTERM)"
+# ("... during start-up)" before its first step); torchrun's agent, signalled too, waits {grace} s for that
+# (--shutdown-timeout: the plan's estimate of the steps and saves a stop takes, doubled), then kills them,
+# and exits 1
 status=0
 srun --kill-on-bad-exit=0 {command} || status=$?
 # --requeue brings a job back after a node failure or a preemption, never after its time limit: a run the
 # SIGTERM above stopped (its summary.json, written by this job, says so) is queued again here to resume from
 # its checkpoint. Not a finished run, nor one that failed, nor one scancel ended (it signals this shell too)
 requeue=0
-if [ "$RUN_DIR/summary.json" -nt "$STARTED" ] && grep -q '"status": "stopped (SIGTERM)"' "$RUN_DIR/summary.json"; then
+if [ "$RUN_DIR/summary.json" -nt "$STARTED" ] && grep -q '"status": "stopped (SIGTERM' "$RUN_DIR/summary.json"; then
     requeue=1
 fi
 rm -f "$STARTED"
@@ -122,8 +159,10 @@ def _k8s(plan: Plan, config: str | None) -> str:
     nodes, per_node = _nodes(plan)
     name = f"trimtab-{plan.preset}".replace(".", "-").lower()
     endpoint = f"{name}-master-0:{PORT}"
+    grace = stop_s(plan)
     # the run directory on the volume every pod mounts: checkpoints outlive a pod
-    command = _torchrun(nodes, per_node, endpoint, name) + _train_args(plan, config) + ["--set", f"out=/runs/{name}"]
+    command = _torchrun(nodes, per_node, endpoint, name, grace) + _train_args(plan, config)
+    command += ["--set", f"out=/runs/{name}"]
 
     def replica(count: int) -> dict:
         return {
@@ -131,6 +170,9 @@ def _k8s(plan: Plan, config: str | None) -> str:
             "restartPolicy": "OnFailure",
             "template": {
                 "spec": {
+                    # SIGTERM reaches torchrun (the container's first process), which waits `grace` for
+                    # its ranks' stop-and-save; the pod's default 30 s would kill them first
+                    "terminationGracePeriodSeconds": grace + MARGIN_S,
                     "containers": [
                         {
                             "name": "pytorch",

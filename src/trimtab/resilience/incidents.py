@@ -17,6 +17,8 @@ RUN_DIR/goodput.step (rank 0's last completed step, written after every step: re
                scheduler, a person, the OOM killer of the job's cgroup)
     lost_process  a session of one process left no exit record: killed (SIGKILL, the OOM killer, a
                preemption without notice) or its machine gone; no other rank to fail with it
+    lost_unknown  a session of several ranks left no rank record at all (resilience.watchdog off:
+               no beats, no exit records): a rank lost, a rank failed or the whole job, none can be told
     crash      every rank left an exit record: the first error is the cause
     excluded   a rank's exit record says the orchestrator excluded its node (a straggler's or a
                suspect device's: orchestrator.straggler.exclude, orchestrator.rerun.exclude): not a
@@ -130,8 +132,8 @@ def localize(run_dir: Path, since: float, archive_as: str, world: int = 0) -> di
     elif ranks:
         first = min(ranks.values(), key=lambda r: r["time"])
         evidence.update(kind="crash", ranks_to_blame=[first["rank"]], error=first.get("exit"))
-    else:
-        evidence.update(kind="lost_rank", ranks_to_blame=[])  # no watchdog ran: nothing names a rank
+    else:  # no watchdog ran (resilience.watchdog off): nothing tells a lost rank from the whole job lost
+        evidence.update(kind="lost_unknown", ranks_to_blame=[])
     return evidence
 
 

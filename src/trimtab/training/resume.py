@@ -24,6 +24,7 @@ from trimtab.errors import CheckpointError, ConfigError, RunFinished, RunPastLen
 from trimtab.rundir import SUMMARY, is_eval, read_json, read_metrics
 from trimtab.storage import Remote
 from trimtab.training.schedule import KEYS, configured_lengths
+from trimtab.training.services.signals import stopped_in_start_up
 from trimtab.training.services.storage import newer_in_store, reference_steps, restore_from
 
 log = logging.getLogger(__name__)
@@ -231,11 +232,12 @@ def logged_eval(run_dir: Path, step: int) -> dict[str, Any]:
 
 def saved_summary(run_dir: Path, found: Found, total: int, status: str = "completed") -> tuple[dict[str, Any], bool]:
     """summary.json as the session that reached this checkpoint wrote it, and True; if it is
-    missing or belongs to another step (a session killed before writing it), one from the
+    missing or belongs to another step (a session killed before writing it) or to a session stopped
+    in its start-up (it trained nothing and replaced the summary of the one that did), one from the
     checkpoint with `status`, and False."""
     saved = read_json(run_dir / SUMMARY)
     train = found[1]["train"]
-    if isinstance(saved, dict) and saved.get("step") == train["step"]:
+    if isinstance(saved, dict) and saved.get("step") == train["step"] and not stopped_in_start_up(saved):
         return saved, True
     built = {
         "status": status,

@@ -3,11 +3,15 @@
 Before training starts (start-up: importing torch, reading and tokenizing the data, building the
 model, reading the checkpoint) a signal raises StartUpInterrupted, which ends the call with a
 message, exit status 0 in the CLI: nothing was trained, and start-up only writes files by atomic
-replacement, so nothing is left half-written. Once Trainer.fit attaches itself, a signal finishes
-the current step, saves a checkpoint and returns normally (under torchrun, at the step where the
-ranks next agree: Parallel.on_signal), and says so in one console line. Python's own SIGINT handler
-is back from the first signal on, so a second Ctrl-C raises KeyboardInterrupt at once: the CLI ends
-with one line and exit status 130 (cli_train.py), the run resumes from its last checkpoint.
+replacement, so nothing is left half-written. Rank 0 writes summary.json saying so (status
+"stopped (SIGTERM during start-up)", resumable) into a run directory that exists: a scheduler's
+wrapper reads it (the Slurm script of `trimtab plan --emit slurm` queues the job again), where
+without it a preemption in start-up looked like a job that ended without a word. Once
+Trainer.fit attaches itself, a signal finishes the current step, saves a checkpoint and returns
+normally (under torchrun, at the step where the ranks next agree: Parallel.on_signal), and says so
+in one console line. Python's own SIGINT handler is back from the first signal on, so a second
+Ctrl-C raises KeyboardInterrupt at once: the CLI ends with one line and exit status 130
+(cli_train.py), the run resumes from its last checkpoint.
 
 One handler serves the whole call: a nested handle_signals (the CLI's, then api.train's, then
 fit's) reuses the outer one, so there is never a moment between them when Python's default
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
     from trimtab.training.trainer import Trainer
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+START_UP = "during start-up"  # a stopped status's words when the session stopped before its first step
 
 
 class StartUpInterrupted(BaseException):
@@ -47,8 +52,29 @@ class StartUpInterrupted(BaseException):
     def summary(self) -> dict[str, Any]:
         """What train() returns for it: nothing of this call to report but where the run stands."""
         run_dir = str(self.run_dir) if self.run_dir is not None else None
-        status = f"stopped ({self.signame} during start-up)"
-        return {"status": status, "run_dir": run_dir, "step": self.step, "steps_this_session": 0}
+        status = f"stopped ({self.signame} {START_UP})"
+        return {"status": status, "run_dir": run_dir, "step": self.step, "steps_this_session": 0, "resumable": True}
+
+    def record(self) -> None:
+        """summary.json of this session on rank 0, where the run directory exists (not one start-up
+        would have made, and removes again) and no other session trains in it now (its summary is its
+        own). A summary of the run's end it replaces is written again by the next session, which finds
+        the run at its end without one (training/resume.py: its figures from the checkpoint and the
+        logged evaluation); a run relaunched to train longer is queued again, as it should be."""
+        if self.run_dir is None or os.environ.get("RANK", "0") != "0" or not Path(self.run_dir).is_dir():
+            return
+        from trimtab.rundir import write_summary
+        from trimtab.runlock import liveness
+
+        if liveness(self.run_dir)[0]:
+            return
+        with suppress(OSError):  # a full or read-only disk: the message still says what happened
+            write_summary(self.run_dir, self.summary)
+
+
+def stopped_in_start_up(summary: dict[str, Any]) -> bool:
+    """Whether a summary is a session's that stopped before its first step (StartUpInterrupted.record)."""
+    return str(summary.get("status", "")).endswith(f"{START_UP})")
 
 
 STOPPING = "stopping after this step and saving"
@@ -106,6 +132,9 @@ def handle_signals(trainer: Trainer | None = None, run_dir: Path | None = None) 
         signal.signal(sig, handler)
     try:
         yield handler
+    except StartUpInterrupted as stopped:  # the outermost block: the run lock, if it was taken, is let go
+        stopped.record()
+        raise
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
