@@ -145,8 +145,8 @@ def restart_finding(incident: dict[str, Any], step: int) -> Finding:
         else f"{who} stopped in {incident.get('section')} for {incident.get('stalled_s', 0):.0f} s "
         f"(timeout {incident.get('timeout_s') or 0:.0f} s)",
         "lost_rank": f"{who} lost without a word",
-        "lost_unknown": f"the session of {incident.get('world_before', 'several')} ranks ended with no record of what ended it "
-        "(resilience.watchdog off: no beats, no exit records; a rank lost or failed, or the whole job)",
+        "lost_unknown": f"the session of {incident.get('world_before', 'several')} ranks ended with no record of "
+        "what ended it (resilience.watchdog off: no beats, no exit records; a rank lost or failed, or the whole job)",
         "lost_job": f"every rank ({len(incident.get('ranks', {}))}, host {', '.join(incident.get('hosts', []))}) "
         "went silent at once, none with an exit record: not one rank's fault but the whole job's (its node or "
         "network, the run directory's storage, or a kill from outside)",
