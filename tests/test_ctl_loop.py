@@ -139,11 +139,11 @@ def test_a_persons_setting_lost_with_a_killed_process_is_applied_again_at_its_st
     ends with the weights of one killed only before the command."""
     from safetensors.torch import load_file
 
-    from helpers import trimtab_cli
+    from helpers import FAST, trimtab_cli
 
-    def train(run, *kills):
+    def train(run, *kills):  # FAST: no evaluations or TensorBoard (not read here), the small corpus slice
         args = ["train", "--preset", "debug", "--out", str(run), "--max-steps", "12", "--set", "checkpoint.every=5"]
-        return trimtab_cli([*args, "--set", "log.progress=false", *(f"--inject=sigkill@{k}" for k in kills)], tmp_path)
+        return trimtab_cli([*args, *FAST, *(f"--inject=sigkill@{k}" for k in kills)], tmp_path)
 
     for run, kills in ((tmp_path / "once", (7,)), (tmp_path / "twice", (7, 9))):
         assert train(run, *kills).returncode != 0  # killed at step 7: resumes from 5

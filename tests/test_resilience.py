@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch.distributed as dist
 
-from helpers import SRC, TORCHRUN, WORKER, assert_close, config, free_port, losses, run, run_relaunched
+from helpers import SRC, TORCHRUN, TRIMTAB_MAIN, WORKER, assert_close, config, free_port, losses, run, run_relaunched
 from trimtab.config import load_config
 from trimtab.errors import ConfigError
 from trimtab.orchestrator.fault_specs import parse_fault
@@ -248,11 +248,13 @@ def test_checkpoints_come_at_youngs_interval_when_failures_are_expected_often(tm
 
 @pytest.mark.distributed
 def test_a_process_frozen_from_outside_is_found_and_the_cli_run_ends_as_undisturbed(ddp, tmp_path):
-    """`torchrun --max-restarts 1 -m trimtab train` with the `ddp` run's settings; once step 6 is
-    logged the test freezes rank 1 (SIGSTOP: its watchdog thread stops with it). Rank 0 waits for
-    it in a collective until its watchdog ends it (min_timeout_s 4), raises the alarm and, rank 1
-    writing no stack, kills it (same host); torchrun restarts both, the run resumes from step 5
-    and ends with the undisturbed run's losses. The journal blames rank 1: it did not answer."""
+    """`torchrun --max-restarts 1 trimtab train` with the `ddp` run's settings (helpers.TORCHRUN, as
+    test_ft starts its groups: the ranks forked from the agent, which imported torch once, not two
+    fresh interpreters a session); once step 6 is logged the test freezes rank 1 (SIGSTOP: its
+    watchdog thread stops with it). Rank 0 waits for it in a collective until its watchdog ends it
+    (min_timeout_s 4), raises the alarm and, rank 1 writing no stack, kills it (same host); torchrun
+    restarts both, the run resumes from step 5 and ends with the undisturbed run's losses. The
+    journal blames rank 1: it did not answer."""
     sets = {
         "train.max_steps": 10,
         "train.eval_every": 0,
@@ -266,8 +268,8 @@ def test_a_process_frozen_from_outside_is_found_and_the_cli_run_ends_as_undistur
         "resilience.min_timeout_s": 4,
     }
     out = tmp_path / "frozen"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1"]
-    args = ["-m", "trimtab", "train", "--preset", "debug", "--out", str(out)]
+    torchrun = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=1"]
+    args = [TRIMTAB_MAIN, "train", "--preset", "debug", "--out", str(out)]
     args += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([*torchrun, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
