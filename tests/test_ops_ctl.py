@@ -130,3 +130,15 @@ def test_a_rollback_to_a_step_the_run_has_not_reached_is_refused(tmp_path):
     run.control.request("rollback", on_done=lines.append, to=750)
     run.control.apply()
     assert lines == ["failed: rollback 750: the run is at step 3; name a step at or before it"]
+
+
+def test_a_queued_run_length_the_run_has_passed_is_refused_when_sent(tmp_path):
+    """`ctl --queue RUN total-steps 30` on a run whose newest checkpoint is step 61 was taken, and
+    the resume that took it journaled it as failed ("would end pretraining before the current
+    step"), the person long gone. It is refused as it is sent, naming the step the run resumes at."""
+    (tmp_path / "config.yaml").write_text("")
+    (tmp_path / "checkpoints" / "step_000061").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"total-steps 30: .* resumes at step 61 .*at least 61"):
+        ctl.send(tmp_path, {"action": "set_total_steps", "params": {"steps": 30}}, queue=True)
+    assert not (tmp_path / "control").exists()  # nothing dropped
+    assert ctl.send(tmp_path, {"action": "set_total_steps", "params": {"steps": 90}}, queue=True).is_file()

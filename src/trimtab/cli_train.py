@@ -16,8 +16,9 @@ import sys
 from typing import TYPE_CHECKING
 
 from trimtab.commands import arg, command
+from trimtab.rundir import newest_step
 from trimtab.training.actions import help_text
-from trimtab.training.services.signals import handle_signals, newest_step
+from trimtab.training.services.signals import handle_signals
 
 if TYPE_CHECKING:
     from trimtab.config import RunConfig

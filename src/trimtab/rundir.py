@@ -257,3 +257,11 @@ def read_summary(run_dir: str | Path) -> dict[str, Any] | None:
 
 def write_summary(run_dir: str | Path, summary: dict[str, Any]) -> None:
     write_json(Path(run_dir) / SUMMARY, summary)
+
+
+def newest_step(run_dir: Path) -> int:
+    """The newest checkpoint's step by its directory name (0: none), the step a re-run resumes
+    from unless that checkpoint turns out corrupt. By name, without torch (a signal in start-up may
+    come while torch is being imported; `trimtab ctl` imports none)."""
+    names = [p.name.removeprefix("step_") for p in (Path(run_dir) / "checkpoints").glob("step_*")]
+    return max((int(n) for n in names if n.isdigit()), default=0)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.errors import ConfigError, RunStateError
-from trimtab.rundir import read_json, write_json
+from trimtab.rundir import newest_step, read_json, write_json
 from trimtab.runlock import liveness, lock_holder
 from trimtab.training.actions import REQUIRED, RL_ONLY, VERBS
 
@@ -160,6 +160,8 @@ def send(run_dir: str | Path, command: dict[str, Any], queue: bool = False) -> P
             f"'{run_dir}' is not running ({evidence}); nothing was sent. Pass --queue (queue=True in Python) "
             "to have the command applied when it next resumes"
         )
+    if not running:
+        _check_queued(run_dir, command)
     if running and now is not None:  # for this session only: one that ends before taking it answers it
         command = {**command, "session": now}
     inbox = run_dir / "control"
@@ -167,6 +169,20 @@ def send(run_dir: str | Path, command: dict[str, Any], queue: bool = False) -> P
     path = inbox / f"{time.time_ns()}-{os.getpid()}.json"
     write_json(path, command, indent=None)
     return path
+
+
+def _check_queued(run_dir: Path, command: dict[str, Any]) -> None:
+    """A queued run length the run has already passed, refused now: the resume that takes it would
+    only journal it as failed ("would end pretraining before the current step"), the person gone."""
+    steps = (command.get("params") or {}).get("steps")
+    if command.get("action") != "set_total_steps" or not isinstance(steps, int):
+        return
+    resumes_at = newest_step(run_dir)
+    if steps < resumes_at:
+        raise ConfigError(
+            f"ctl total-steps {steps}: '{run_dir}' resumes at step {resumes_at} (its newest checkpoint), past "
+            f"that length; name a total of at least {resumes_at}"
+        )
 
 
 def take_commands(run_dir: Path) -> list[tuple[str, dict[str, Any] | None]]:

@@ -29,6 +29,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trimtab.rundir import newest_step
+
 if TYPE_CHECKING:
     from trimtab.training.trainer import Trainer
 
@@ -138,11 +140,3 @@ def handle_signals(trainer: Trainer | None = None, run_dir: Path | None = None) 
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-
-
-def newest_step(run_dir: Path) -> int:
-    """The newest checkpoint's step by its directory name (0: none), the step a re-run resumes
-    from unless that checkpoint turns out corrupt. By name, without torch: the signal may have
-    come while torch was being imported."""
-    names = [p.name.removeprefix("step_") for p in (Path(run_dir) / "checkpoints").glob("step_*")]
-    return max((int(n) for n in names if n.isdigit()), default=0)
