@@ -174,9 +174,10 @@ def send(run_dir: str | Path, command: dict[str, Any], queue: bool = False) -> P
 def _check_queued(run_dir: Path, command: dict[str, Any]) -> None:
     """A queued run length the run has already passed, refused now: the resume that takes it would
     only journal it as failed ("would end pretraining before the current step"), the person gone."""
-    steps = (command.get("params") or {}).get("steps")
+    params = command.get("params")
+    steps = params.get("steps") if isinstance(params, dict) else None
     if command.get("action") != "set_total_steps" or not isinstance(steps, int):
-        return
+        return  # another action, or a malformed one: the job answers it
     resumes_at = newest_step(run_dir)
     if steps < resumes_at:
         raise ConfigError(
