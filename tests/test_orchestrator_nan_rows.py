@@ -115,3 +115,14 @@ def test_a_nan_loss_fault_leaves_no_row_out_through_the_loop(tmp_path):
     actions = [(d["step"], d["rule"], d["action"]) for d in read_decisions(run)]
     assert actions == [(12, "nonfinite", "skip_step"), (13, "nonfinite", "skip_step"), (14, "nonfinite", "scale_lr")]
     assert json.loads((run / "faults.json").read_text())["fired"] == {"nan_loss@12:3": 3}
+
+
+def test_isolated_nan_losses_on_sound_weights_keep_the_lr():
+    """debug, a NaN loss every 10 steps: the weights sound each time, the steps between healthy, no
+    row NaN on its own; the ladder cut the LR at the third (x0.5, x0.25 at the ninth) and rolled
+    back at the sixth, 4.43 against 4.17 fault-free. Nothing ties the NaNs to the weights or the LR:
+    every one is skipped, the LR kept, nothing rolled back (back to back they still cut it, above)."""
+    policy, view = ladder(), sound({})
+    plans = [act(policy, nan_loss(s), view) for s in range(10, 100, 10)]
+    assert [p.action for p in plans] == ["skip_step"] * 9
+    assert "keep the LR" in plans[2].reasoning and policy.ladder.rung == 0

@@ -138,3 +138,28 @@ def test_one_fault_stays_one_incident():
     ]
     stretch = [_journaled(s, "spike", "skip_data", "recovered") for s in (100, 103, 106)]
     assert [len(i) for i in incidents(skips + stretch)] == [4, 3] and healed(skips + stretch) == 2
+
+
+def _replayed_rollback(tmp_path, above):
+    """A rollback at step 40 to step 20, its replay of steps 21-40 `above` x the losses those steps
+    had before (the same rows at the same point of the schedule), with step-to-step noise of 0.01."""
+    tmp_path.mkdir()
+    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)  # outcome_after 20
+    first = {step: 6.0 - 0.05 * step for step in range(1, 41)}
+    for step, loss in first.items():
+        orchestrator.outcomes.follow(StepMetrics(step=step, loss=loss, grad_norm=1.0), [])
+    rollback = pending(orchestrator.journal, 40, "above_start", "rollback", loss_before=first[40])
+    for step in range(21, 41):
+        noise = 0.01 * (-1) ** step
+        orchestrator.outcomes.follow(StepMetrics(step=step, loss=first[step] * above + noise, grad_norm=1.0), [])
+    (judged,) = [d for d in read_decisions(tmp_path) if d["id"] == rollback.id]
+    assert judged["outcome"]["replayed_steps"] == 20
+    return judged["outcome"]
+
+
+def test_a_replay_above_its_reference_by_more_than_its_noise_is_not_recovered(tmp_path):
+    """A rollback with an LR cut x0.316 (debug, bad_batch every 10 steps) replayed its steps 4.4%
+    above their losses before and was "recovered" within the flat 5%. Paired step by step, 3%
+    above with noise of 0.01 is far past the noise: not recovered; a faithful replay is."""
+    assert _replayed_rollback(tmp_path / "a", 1.03)["result"] == "not recovered"
+    assert _replayed_rollback(tmp_path / "b", 1.0)["result"] == "recovered"

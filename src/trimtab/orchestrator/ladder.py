@@ -104,6 +104,8 @@ class InstabilityLadder(EarlySpikes, TooHighLR):
                 return remedy
             if ladder.gradient_only and not ladder.spared:
                 return self._spare(verdict[1])
+            if ladder.nan and not ladder.finite and _isolated(ladder.recent):
+                return self._nan_on_sound(verdict[1])
         if verdict and verdict[0] == "broken":
             early = min(ladder.recent) - self.phase_start < cfg.escalation_window
             ladder.recent = []  # the climb is answered (applied or advised): the next needs as many findings
@@ -135,6 +137,23 @@ class InstabilityLadder(EarlySpikes, TooHighLR):
             f"but the loss never spiked, the model still scores {probe:.3f} on held-out data (against "
             f"{self._against()}) and no row of the steps scores as an outlier: the skipped updates did no harm; skip "
             "this one too and keep the LR (as many spikes again within the window cut it)",
+        )
+
+    def _nan_on_sound(self, probe: float) -> Remedy:
+        """Isolated NaN / inf losses (healthy steps trained between them), their updates withheld,
+        the weights sound on held-out data and no row NaN on its own: the fault follows neither the
+        weights (they score as before, and the steps between trained on them at this LR) nor the
+        data (attribution.py), so an LR cut, which slows every later update, answers nothing (debug,
+        a NaN loss every 10 steps: cuts to x0.25 and a rollback, 4.43 against 4.17 fault-free).
+        Skip, the LR kept. NaN steps back to back (nothing trains) climb as ever: LR cut, rollback, stop."""
+        n = len(self.ladder.recent)
+        self.ladder.recent = []  # the climb is answered (applied or advised)
+        return Remedy(
+            action="skip_step",
+            reasoning=f"{n} NaN / inf losses within {self.cfg.escalation_window} steps, each with healthy steps "
+            f"between, but the model still scores {probe:.3f} on held-out data (against {self._against()}) and no "
+            "row is NaN on its own: neither the weights nor the data explain them, and an LR cut would only slow "
+            "every later update; skip this one too and keep the LR (NaN losses back to back cut it)",
         )
 
     def _cut(self, f: Finding, view: Any) -> Remedy:
@@ -478,6 +497,11 @@ class InstabilityLadder(EarlySpikes, TooHighLR):
 def _nonfinite_loss(f: Finding) -> bool:
     """A NaN / inf loss (rule nonfinite; an inf gradient norm alone leaves the loss finite)."""
     return f.rule == "nonfinite" and not math.isfinite(f.evidence.get("loss", math.nan))
+
+
+def _isolated(steps: list[int]) -> bool:
+    """No two of the findings' steps back to back: a step trained between each two."""
+    return all(b - a > 1 for a, b in zip(steps, steps[1:], strict=False))
 
 
 def _data_kept(rows: list[int], evidence: dict[str, Any], suspect: bool) -> str:

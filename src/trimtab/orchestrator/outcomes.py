@@ -1,12 +1,13 @@
 """A decision's measured outcome: the steps that followed it, judged after `outcome_after` of them.
 
 Recovered means no finding of the same trouble since, finite losses, and the loss back near
-(instability: within 5%) or below (plateau: by more than a flat stretch's noise) what it is
-compared with. That is the healthy losses' mean before the decision, for steps the run had not
-trained before; a step a rollback replays is compared with the loss the run had at that same step
-before (the same rows, at the same point of the schedule): a rollback to an early checkpoint
-replays steps whose loss was higher than the one just before the fault, and a faithful replay of
-them is a recovery, not a failure.
+(instability: within 5%, and a replay's excess over the same steps before within
+orchestrator.divergence.sigma standard errors of their differences) or below (plateau: by more than
+a flat stretch's noise) what it is compared with. That is the healthy losses' mean before the
+decision, for steps the run had not trained before; a step a rollback replays is compared with the
+loss the run had at that same step before (the same rows, at the same point of the schedule): a
+rollback to an early checkpoint replays steps whose loss was higher than the one just before the
+fault, and a faithful replay of them is a recovery, not a failure.
 
 A skipped step answers that step alone: once SETTLED healthy steps followed it, a later finding
 is another fault, not the skip's failure. So does a rollback answer its incident, once the replay
@@ -46,6 +47,10 @@ class Outcomes:
         # has: the standard deviation of orchestrator.plateau.variance, the flatness it fired at
         # (a fall of 0.007 nats at an LR of 1e-6, the loss still at ln(vocab), was "recovered").
         self.plateau_fall = math.sqrt(cfg.plateau.variance)
+        # An instability decision's loss back within 5% of its reference is recovered only if what is
+        # left above it is within this many standard errors of the steps' differences from it: the
+        # divergence rule's test of a rise (orchestrator.divergence.sigma; 0: the 5% alone).
+        self.sigma = cfg.divergence.sigma
         self.tracking: dict[str, dict[str, Any]] = {}  # decision id -> what followed it
         self.healthy: OrderedDict[int, float] = OrderedDict()  # step -> its loss, steps without findings
 
@@ -112,7 +117,7 @@ class Outcomes:
             before = sum(before if r is None else r for _, r in pairs) / len(pairs)
         ok = track["findings"] == 0 and math.isfinite(after)
         if ok and before is not None and d.family == "instability":
-            ok = after <= before * 1.05
+            ok = after <= before * 1.05 and self._within_noise(pairs, after - before)
         if ok and before is not None and d.family == "plateau" and d.action != "none":
             ok = after < before - self.plateau_fall
         result = "recovered" if ok else "not recovered"
@@ -131,6 +136,21 @@ class Outcomes:
         if replayed:  # compared step by step with the run before the rollback
             d.outcome["replayed_steps"] = replayed
         self.journal.write()
+
+    def _within_noise(self, pairs: list[tuple[float, float | None]], excess: float) -> bool:
+        """Whether a replay's mean `excess` over the losses the run had at the same steps before is
+        within `sigma` standard errors of their step-by-step differences. A replay is paired step
+        by step (the same rows, the same point of the schedule), so its noise is small: a rollback
+        with an LR cut x0.316 (debug, bad_batch every 10 steps), its replay at 5.88 against 5.64 for
+        the same steps before (+4.4%, every step higher), was "recovered" within the 5%. Steps not
+        trained before compare with a mean of earlier steps on a falling curve: the 5% alone."""
+        replayed = [(v, r) for v, r in pairs if r is not None]
+        if excess <= 0 or not self.sigma or len(replayed) < 2:
+            return True
+        diffs = [v - r for v, r in replayed]
+        mean = sum(diffs) / len(diffs)
+        error = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (len(diffs) - 1) / len(diffs))
+        return excess <= self.sigma * error
 
     def state_dict(self) -> dict[str, Any]:
         """Its part of the orchestrator's state (keys of its own there)."""
