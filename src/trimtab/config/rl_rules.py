@@ -22,7 +22,9 @@ class RLSignalRule(Section):
     `window` steps, dynamic sampling turns on (flat groups dropped, more prompts drawn: the
     policy's samples unchanged); if groups stay flat with it, the sampling temperature rises by
     `factor`, up to `max_temperature`, so a group's answers differ; at the ceiling the rule says
-    so for a person (more samples per prompt, easier prompts, a warmer start). The ceiling is low:
+    so for a person (more samples per prompt, easier prompts, a warmer start), and turns dynamic
+    sampling off once it drew a whole window without a signal (too hard, or solved: too easy),
+    quiet until the flat share falls below `threshold`. The ceiling is low:
     a weak policy sampled at 2.0 lost its held-out pass@1 (0.15 to 0.005, docs/rl.md)."""
 
     enabled: bool = True

@@ -11,7 +11,8 @@ fires at `threshold` or above. Remedy, gentlest first: dynamic sampling (DAPO: f
 dropped, more prompts drawn until groups with a signal fill the step), which leaves the policy's
 samples as they are; then, if groups stay flat, the sampling temperature rises by `factor` (up to
 `max_temperature`), so a group's answers spread and some differ; at the ceiling, the finding is
-said for a person (more samples per prompt, easier prompts, a warmer start). The order is
+said for a person (more samples per prompt, easier prompts, a warmer start), and dynamic sampling
+that drew a whole window without a signal goes off (it only multiplied the step's cost). The order is
 measured: on the built-in arithmetic task from a weak warm start (held-out pass@1 0.15), raising
 the temperature to 2.0 took pass@1 to 0.005 in 100 steps, where dynamic sampling took it to 0.19
 (docs/rl.md).
@@ -41,7 +42,13 @@ class NoLearningSignal(Monitor):
     solved (every response at rl.full_reward: prompts the policy has learnt), which the remedy
     tells apart from the stuck rest (flat at 0, or at a partial credit). Groups flat because
     their verifications failed (rl_verifier's share of failures or more) are the verifier's
-    fault, which sampling does not mend: no finding then (rl_verifier's says it)."""
+    fault, which sampling does not mend: no finding then (rl_verifier's says it).
+
+    Each step says whether dynamic sampling drew it: once it goes off after drawing groups that
+    stayed flat (the remedy's last step, or a person's `trimtab ctl RUN dynamic-sampling off`), the
+    rule is quiet until a window's flat share falls below `threshold`: the prompts are too hard or
+    too easy for the policy, and turning sampling on again would only draw 4x the groups for
+    nothing (measured: 32 groups a step instead of 8 for the rest of a run, 1.5-3.4x the step time)."""
 
     rule, family = "rl_signal", "rl"
     # A rollback restores the windows with the weights, but not the step of the last finding: its
@@ -58,6 +65,11 @@ class NoLearningSignal(Monitor):
         self.solved = Rolling(self.cfg.window)
         self.failed = Rolling(self.cfg.window)  # the share of the step's verifications that failed
         self.acted_at = 0  # the step of the last finding (KEPT_ON_ROLLBACK)
+        self.sampled = Rolling(self.cfg.window)  # 1 for a step dynamic sampling drew, else 0
+        self.drawn = Rolling(self.cfg.window)  # the groups each step drew
+        self.sampled_flat = Rolling(self.cfg.window)  # the flat share of the last steps dynamic sampling drew
+        self.sampling: bool | None = None  # whether it drew the last step (None: unknown)
+        self.gave_up = False  # it went off finding nothing: quiet until the flat share falls below threshold
 
     def state_dict(self) -> dict[str, Any]:
         return {k: v for k, v in super().state_dict().items() if k != "failing"}  # config, not state
@@ -66,25 +78,33 @@ class NoLearningSignal(Monitor):
         if (share := (m.rl or {}).get("flat_groups")) is None:
             return None
         if m.step <= self.acted_at:  # a rollback's replay of what the last finding judged (KEPT_ON_ROLLBACK)
-            self.window, self.solved, self.failed = (Rolling(self.cfg.window) for _ in range(3))
+            self.window, self.solved, self.failed, self.sampled, self.drawn = (
+                Rolling(self.cfg.window) for _ in range(5)
+            )
             return None
         self.window.add(share)
         self.solved.add(m.rl.get("solved_groups", 0.0))
         scored, failed, _ = m.rl.get("verifications") or (0, 0, 0)
         self.failed.add(failed / max(scored, 1))
+        self.drawn.add(m.rl.get("groups_drawn", 0))
+        self._switched(m.rl.get("dynamic_sampling"), share)
         if len(self.window) < self.cfg.window or self.window.mean() < self.cfg.threshold:
+            self.gave_up = self.gave_up and len(self.window) < self.cfg.window  # signal again: the rule is back
             return None
-        if self.failed.mean() >= self.failing:
+        if self.failed.mean() >= self.failing or self.gave_up:
             return None
         share, solved = self.window.mean(), self.solved.mean()
-        self.window, self.solved = Rolling(self.cfg.window), Rolling(self.cfg.window)  # fresh after the remedy
-        self.acted_at = m.step
         evidence = {
             "flat_groups": share,
             "solved_groups": solved,
             "window": self.cfg.window,
             "threshold": self.cfg.threshold,
+            "groups_drawn": self.drawn.mean(),
         }
+        if len(self.sampled):  # the share of the window's steps dynamic sampling drew (older batches: unknown)
+            evidence["dynamic_sampling"] = self.sampled.mean()
+        self.window, self.solved, self.sampled = (Rolling(self.cfg.window) for _ in range(3))  # fresh after the remedy
+        self.acted_at = m.step
         summary = (
             f"{share:.0%} of the groups of the last {self.cfg.window} steps earned one reward for every "
             f"response ({solved:.0%} all at the full reward; threshold {self.cfg.threshold:.0%}): no advantage, "
@@ -93,6 +113,19 @@ class NoLearningSignal(Monitor):
         # 0.5 at the threshold, 1 when every group is flat
         strength = 0.5 + 0.5 * (share - self.cfg.threshold) / max(1 - self.cfg.threshold, 1e-9)
         return self.finding(m, evidence, summary, min(1.0, strength))
+
+    def _switched(self, sampling: bool | None, share: float) -> None:
+        """Dynamic sampling's state at this step: gone off after the steps it drew stayed flat
+        (at `threshold` or more), the rule gives up until the flat share falls below it."""
+        if sampling is None:
+            return
+        self.sampled.add(float(sampling))
+        if sampling:
+            self.sampled_flat.add(share)
+        elif self.sampling and len(self.sampled_flat):
+            self.gave_up = self.sampled_flat.mean() >= self.cfg.threshold
+            self.sampled_flat = Rolling(self.cfg.window)
+        self.sampling = sampling
 
 
 class EntropyCollapse(Monitor):
@@ -287,7 +320,21 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig, *, rollbacks: int = 0
         return _ratio_remedy(view, cfg)
     if f.rule == "rl_reward":
         return reward_remedy(f, view, cfg, rollbacks)
+    return _signal_remedy(f, view, cfg)
+
+
+def _signal_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
+    """Dynamic sampling on; then, for groups flat but not solved, warmer sampling to the ceiling;
+    there, or with the groups mostly solved, dynamic sampling goes off once it drew a whole window
+    without one group with a signal: it multiplied the step's cost for nothing."""
     rule = cfg.rl_signal
+    # every group of a window dynamic sampling drew alone was flat: more draws will not find a signal
+    barren = f.evidence["flat_groups"] >= 1.0 and f.evidence.get("dynamic_sampling", 0.0) >= 1.0
+    if not view.rl_dynamic_sampling and barren:  # turned off since these steps were drawn: the monitor sees it
+        return Remedy(
+            action="none",
+            reasoning="dynamic sampling drew these flat groups and has been turned off since: nothing to add",
+        )
     if not view.rl_dynamic_sampling:
         return Remedy(
             action="set_dynamic_sampling",
@@ -296,6 +343,8 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig, *, rollbacks: int = 0
             "until groups with a signal fill the step (DAPO's dynamic sampling; the policy's samples unchanged)",
         )
     stuck = f.evidence["flat_groups"] - f.evidence.get("solved_groups", 0.0)
+    if stuck < rule.threshold and barren:
+        return _sampling_off(f, "easy", "harder prompts in rl.prompts, or the run has done its work")
     if stuck < rule.threshold:  # mostly learnt: warmer sampling would only unlearn them
         return Remedy(
             action="none",
@@ -305,6 +354,9 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig, *, rollbacks: int = 0
         )
     now = view.rl_temperature
     value = round(min(rule.max_temperature, now * rule.factor), 4)
+    if value <= now and barren:
+        hard = "easier prompts in rl.prompts, more samples per prompt (rl.group_size) or a supervised warm start"
+        return _sampling_off(f, "hard", f"{hard}; sampling at {now:g} did not spread the answers")
     if value <= now:
         return Remedy(
             action="none",
@@ -317,6 +369,20 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig, *, rollbacks: int = 0
         params={"value": value},
         reasoning=f"groups stay flat with dynamic sampling on: sample warmer ({now:g} -> {value:g}) so a group's "
         "answers spread and some differ; the objective follows the same temperature",
+    )
+
+
+def _sampling_off(f: Finding, too: str, fix: str) -> Remedy:
+    """Dynamic sampling off: the prompts are too `too` for this policy, which the data mends."""
+    drawn, window = f.evidence.get("groups_drawn", 0.0), f.evidence["window"]
+    return Remedy(
+        action="set_dynamic_sampling",
+        params={"value": "off"},
+        reasoning=f"dynamic sampling drew {drawn:.0f} groups a step for the last {window} steps and not one had a "
+        f"signal ({f.evidence['solved_groups']:.0%} solved): the prompts are too {too} for this policy, and it "
+        f"only multiplies each step's generation; turn it off. The data needs changing ({fix}), not the "
+        "optimiser; the rule is quiet until the flat share falls below "
+        "orchestrator.rl_signal.threshold (`trimtab ctl RUN dynamic-sampling on` to draw again)",
     )
 
 

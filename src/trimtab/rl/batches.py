@@ -216,6 +216,7 @@ class RolloutLoader(Ordered):
         summed = self._sum(all_sum, [*(local[k] for k in SUMS), *slots])
         sums, slowest = dict(zip(SUMS, summed)), max(summed[len(SUMS) :])
         fields = {"verifier_error": error, "overlong_buffer": overlong_buffer, "slowest": slowest}
+        fields["dynamic_sampling"] = dynamic_sampling
         return RolloutBatch([], 0, n_tokens, rows, None, rollouts, adv, rewards, sums, **fields)
 
     def _sum(self, all_sum: Sum, values: list[float]) -> list[float]:

@@ -100,6 +100,8 @@ class RolloutBatch(StepBatch):
     # seconds the longest verification that gave its verdict took (rule rl_verifier: a slow verifier or
     # hangs?), the longest of every rank's; kept out of `sums`: a time, not a count
     slowest: float = -1.0
+    # whether dynamic sampling drew this step (rule rl_signal: what it found; None: a checkpoint's older batch)
+    dynamic_sampling: bool | None = None
 
     @property
     def health(self) -> dict[str, Any]:
@@ -107,8 +109,12 @@ class RolloutBatch(StepBatch):
         rank's: the share of the groups drawn that teach nothing (rl_signal), the verifications
         scored, failed and timed out (rl_verifier), the sampled tokens' entropy against the mean
         reward (rl_entropy), the share of responses cut at the budget (rl_length), and once
-        trained, the share of tokens whose rollouts' policy is off the clip range (rl_ratio)."""
+        trained, the share of tokens whose rollouts' policy is off the clip range (rl_ratio).
+        rl_signal also reads the groups drawn and whether dynamic sampling drew them."""
         figures = step_figures(self.sums)
+        figures["groups_drawn"] = self.sums["groups"]
+        if self.dynamic_sampling is not None:
+            figures["dynamic_sampling"] = self.dynamic_sampling
         figures["verifications"] = tuple(int(self.sums[k]) for k in ("verified", "failures", "timeouts"))
         if self.verifier_error:
             figures["verifier_error"] = self.verifier_error
@@ -163,7 +169,17 @@ def overlong_penalty(length: int, budget: int, buffer: int) -> float:
     return (start - length) / buffer
 
 
-BATCH_FIELDS = ("n_tokens", "rows", "advantage", "rewards", "sums", "verifier_error", "overlong_buffer", "slowest")
+BATCH_FIELDS = (
+    "n_tokens",
+    "rows",
+    "advantage",
+    "rewards",
+    "sums",
+    "verifier_error",
+    "overlong_buffer",
+    "slowest",
+    "dynamic_sampling",
+)
 
 
 def batch_state(batch: RolloutBatch) -> dict[str, Any]:

@@ -1,0 +1,77 @@
+"""Rule rl_signal (orchestrator/rl_health.py) when dynamic sampling finds nothing: a reward no
+response earns (or every one does) leaves every group flat however many are drawn. Dynamic
+sampling then drew 4x the groups a step for the rest of the run (32 instead of 8 at the default
+prompts_per_step, the built-in arithmetic task with reward `regex:(zzzz)` or `format:.*`); now it
+goes off, and the rule stays quiet until the groups have a signal again."""
+
+from types import SimpleNamespace
+
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.monitors import StepMetrics
+from trimtab.orchestrator.rl_health import NoLearningSignal, remedy
+
+
+def cfg() -> OrchestratorConfig:
+    c = OrchestratorConfig()
+    c.rl_signal.window, c.rl_signal.threshold = 2, 0.75
+    return c
+
+
+def steps(mon: NoLearningSignal, first: int, n: int, sampling: bool, flat: float = 1.0, solved: float = 0.0):
+    """n steps' findings (None: none), each step drawn with dynamic sampling `sampling`, as RolloutBatch.health
+    says it (4 prompts a step; 3 resampling rounds with it on)."""
+    rl = {"flat_groups": flat, "solved_groups": solved, "groups_drawn": 16 if sampling else 4}
+    return [mon.observe(StepMetrics(step=s, loss=0.0, grad_norm=0.0, rl={**rl, "dynamic_sampling": sampling}))
+            for s in range(first, first + n)]  # fmt: skip
+
+
+def test_dynamic_sampling_that_finds_no_signal_goes_off_and_the_rule_stays_quiet():
+    c = cfg()
+    mon, ceiling = NoLearningSignal(c), c.rl_signal.max_temperature
+    off = SimpleNamespace(rl_temperature=1.0, rl_dynamic_sampling=False)
+    first = steps(mon, 1, 2, sampling=False)[-1]
+    assert remedy(first, off, c).params == {"value": "on"}
+    # a window drawn with dynamic sampling, every group flat, sampled at the ceiling already: off
+    found = steps(mon, 3, 2, sampling=True)[-1]
+    assert found.evidence["dynamic_sampling"] == 1.0 and found.evidence["groups_drawn"] == 16
+    hard = remedy(found, SimpleNamespace(rl_temperature=ceiling, rl_dynamic_sampling=True), c)
+    assert (hard.action, hard.params) == ("set_dynamic_sampling", {"value": "off"})
+    assert "too hard" in hard.reasoning and "rl.prompts" in hard.reasoning and "16 groups" in hard.reasoning
+    # below the ceiling the temperature rises first, as before
+    warmer = remedy(found, SimpleNamespace(rl_temperature=1.0, rl_dynamic_sampling=True), c)
+    assert warmer.action == "set_rl_temperature"
+    # off: flat still, but quiet (it turned the sampling on again, every other window, before)
+    assert steps(mon, 5, 8, sampling=False) == [None] * 8
+    # the groups have a signal again: the rule is back, and finds the next flat stretch
+    assert steps(mon, 13, 2, sampling=False, flat=0.5) == [None, None]
+    again = [f for f in steps(mon, 15, 2, sampling=False) if f is not None]
+    assert len(again) == 1 and remedy(again[0], off, c).params == {"value": "on"}
+
+
+def test_solved_groups_turn_dynamic_sampling_off_as_too_easy():
+    c = cfg()
+    mon = NoLearningSignal(c)
+    steps(mon, 1, 2, sampling=False, solved=1.0)
+    found = steps(mon, 3, 2, sampling=True, solved=1.0)[-1]
+    easy = remedy(found, SimpleNamespace(rl_temperature=1.0, rl_dynamic_sampling=True), c)
+    assert (easy.action, easy.params) == ("set_dynamic_sampling", {"value": "off"}) and "too easy" in easy.reasoning
+    # a window half drawn without it (the decision came a step late) is not evidence against it
+    late = NoLearningSignal(c)
+    steps(late, 1, 1, sampling=False, solved=1.0)
+    mixed = steps(late, 2, 1, sampling=True, solved=1.0)[-1]
+    kept = remedy(mixed, SimpleNamespace(rl_temperature=1.0, rl_dynamic_sampling=True), c)
+    assert mixed.evidence["dynamic_sampling"] == 0.5 and kept.action == "none"
+
+
+def test_a_persons_dynamic_sampling_switch_after_it_found_nothing_is_respected():
+    c = cfg()
+    mon = NoLearningSignal(c)
+    steps(mon, 1, 2, sampling=False)
+    steps(mon, 3, 1, sampling=True)  # the rule turned it on; a person turns it off a step later (`trimtab ctl`)
+    assert steps(mon, 4, 6, sampling=False) == [None] * 6  # not turned on again
+    # ...and on again, by a person: the rule does not turn it off behind their back
+    assert steps(mon, 10, 6, sampling=True) == [None] * 6
+    state = mon.state_dict()  # checkpointed: a resume stays quiet
+    resumed = NoLearningSignal(c)
+    resumed.load_state_dict(state)
+    assert resumed.gave_up and steps(resumed, 16, 4, sampling=True) == [None] * 4
