@@ -20,13 +20,19 @@ garbage to a language model too). A minority language inside a source packs like
 document whose characters are mostly letters of a script other than Latin (Japanese, Chinese,
 Korean, Cyrillic, Greek, Arabic, Devanagari, ...) is that, and never flagged (`other_script`): 5% of
 Japanese passages in an English corpus were all flagged, and the orchestrator in auto mode left
-every one out of training. Garbage is Latin letters, digits and symbols (base64, hex, printable
-noise) or mis-encoded text, whose letters are Latin-1's.
+every one out of training. A minority language in Latin letters (Vietnamese, Polish, Turkish, Czech
+pages in an English crawl, with a tokenizer trained on English: all flagged before) is told from
+garbage by how its characters follow one another (`latin_language`): natural text's adjacent
+characters share information (Shannon 1951, "Prediction and Entropy of Printed English") and its
+vowels and consonants alternate (Sukhotin 1962), where letters drawn at random, at whatever
+frequencies, show neither. Garbage is Latin letters, digits and symbols (base64, hex, printable
+noise), random letters, or mis-encoded text, whose letters are Latin-1's.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -41,6 +47,16 @@ SHOWN = 5  # documents named on the console
 # other than Latin is a minority language's (Japanese prose: ~0.85; base64, hex: 0; mojibake: Latin-1)
 SCRIPT_SHARE = 0.5
 LATIN_END = 0x370  # Latin and its extensions, IPA and combining marks end here; Greek starts
+# A flagged document in Latin letters is a language's when (measured on Vietnamese, Polish, Turkish, Czech,
+# Indonesian and Swahili prose of 260-1,500 bytes against garbage of 260-1,500 bytes, docs/data.md):
+LETTERS = 0.75  # letters of its non-space characters are at least this share (prose 0.96-0.99; printable
+# noise 0.50-0.63, hex dumps 0.21-0.33, mis-encoded CJK 0.34-0.41)
+SPACES = 0.08  # whitespace of its characters (prose 0.11-0.24; base64 wrapped at 76 columns: 0.01)
+MOJIBAKE = 0.25  # non-ASCII characters in UTF-8 byte pairs read as cp1252/Latin-1, under this share
+# (mis-encoded Polish, Vietnamese, Turkish: 0.77-1.0, CJK 0.67; Czech's own letters: up to 0.13)
+STRUCTURE = 0.45  # adjacent-character information + 2 x vowel alternation, bits (prose 0.71-1.47; random
+# letters, uniform, at English frequencies or accented: -0.25-0.28)
+VOWELS = frozenset("aeiouyıøæœ")  # base letters after NFD (ı, ø, æ, œ do not decompose)
 
 
 @dataclass(frozen=True)
@@ -147,19 +163,111 @@ def other_script(text: str) -> bool:
     return bool(chars) and letters >= SCRIPT_SHARE * len(chars)
 
 
+def latin_language(text: str) -> bool:
+    """Whether `text` reads as a natural language in Latin letters rather than garbage: mostly
+    letters (LETTERS), in words (SPACES), not mis-encoded (MOJIBAKE), and its characters depend on
+    their neighbours as a language's do (STRUCTURE), which no sequence of independently drawn
+    letters does, whatever their frequencies or accents. Read for flagged documents only."""
+    symbols = _symbols(text)
+    space = symbols == SPACE
+    letter = ~space & (symbols != DIGIT) & (symbols != OTHER)
+    letters, spaces = int(letter.sum()), int(space.sum())
+    if not letters or letters < LETTERS * (len(symbols) - spaces) or spaces < SPACES * len(symbols) or _mojibake(text):
+        return False
+    vowel = _IS_VOWEL[np.minimum(symbols, len(_IS_VOWEL) - 1)]
+    return _information(symbols) + 2 * _alternation(letter, vowel) >= STRUCTURE
+
+
+SPACE, DIGIT, OTHER = ord(" "), ord("0"), ord(".")
+_IS_VOWEL = np.isin(np.arange(max(map(ord, VOWELS)) + 2), [ord(c) for c in VOWELS])  # by code point; past: no
+_TABLE: dict[int, str | None] = {}  # str.translate's: character -> symbol (None: a combining mark, dropped)
+
+
+def _symbols(text: str) -> np.ndarray:
+    """int64 code points of the characters a reader sees: letters lower-cased without their
+    combining marks (NFD), so that Vietnamese tones and Polish ogoneks are not new letters, one
+    symbol for all whitespace, one for digits, one for everything else. Each distinct character is
+    classified once per process (_TABLE): the screen reads every flagged document."""
+    decomposed = unicodedata.normalize("NFD", text)
+    for code in {ord(c) for c in set(decomposed)} - _TABLE.keys():
+        _TABLE[code] = _symbol(chr(code))
+    mapped = decomposed.translate(_TABLE)
+    return np.frombuffer(mapped.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
+
+
+def _symbol(c: str) -> str | None:
+    kind = unicodedata.category(c)[0]
+    if kind == "L":
+        return c.lower()
+    if c.isspace():
+        return " "
+    return None if kind == "M" else "0" if c.isdigit() else "."
+
+
+def _information(symbols: np.ndarray) -> float:
+    """Mutual information of adjacent symbols, bits: the entropy of pairs of symbols far apart (a
+    golden-ratio stride through the text, as independent in prose as in noise) less that of adjacent
+    pairs. Same symbols, same number of pairs: the small-sample bias of both estimates cancels (a
+    document of 256 bytes sees a few hundred of the ~700 possible letter pairs)."""
+    n = len(symbols)
+    step = next(s for s in range(int(0.618 * n) + 1, 2 * n + 2) if math.gcd(s, n) == 1)  # visits every symbol
+    return _pair_entropy(symbols[np.arange(n) * step % max(n, 1)]) - _pair_entropy(symbols)
+
+
+def _pair_entropy(symbols: np.ndarray) -> float:
+    _, counts = np.unique((symbols[:-1] << 21) | symbols[1:], return_counts=True)  # code points < 2**21
+    p = counts / max(int(counts.sum()), 1)
+    return float(-(p * np.log2(p)).sum())
+
+
+def _alternation(letter: np.ndarray, vowel: np.ndarray) -> float:
+    """How much more often adjacent letters of a word are a vowel and a consonant than chance
+    (2p(1 - p), p the vowels' share): languages alternate them (Sukhotin 1962), random letters do not."""
+    both = letter[:-1] & letter[1:]
+    if not both.any():
+        return 0.0
+    p = float(vowel[letter].mean())
+    return float((vowel[:-1] != vowel[1:])[both].mean()) - 2 * p * (1 - p)
+
+
+def _bytes_as_text(first: int, last: int) -> str:
+    """The characters cp1252 and Latin-1 read the bytes first..last as."""
+    raw = bytes(range(first, last + 1))
+    return "".join(sorted(set(raw.decode("latin-1") + raw.decode("cp1252", errors="ignore"))))
+
+
+# a UTF-8 lead byte then a continuation byte, read as cp1252 or Latin-1: "Å‚" for "ł", "Ã©" for "é"
+_MOJIBAKE_PAIR = re.compile(f"[{re.escape(_bytes_as_text(0xC2, 0xF4))}][{re.escape(_bytes_as_text(0x80, 0xBF))}]")
+
+
+def _mojibake(text: str) -> bool:
+    """Whether MOJIBAKE of the non-ASCII characters are in such pairs: a page read in the wrong
+    encoding, garbage."""
+    foreign = len(text) - len(text.encode("ascii", errors="ignore"))
+    return foreign > 0 and 2 * len(_MOJIBAKE_PAIR.findall(text)) >= MOJIBAKE * foreign
+
+
+def language(text: str) -> bool:
+    """Whether a document that packs like garbage is a language the tokenizer knows little of:
+    another script (other_script) or natural text in Latin letters (latin_language)."""
+    return other_script(text) or latin_language(text)
+
+
 def spare_scripts(flagged: np.ndarray, text_of: Callable[[int], str]) -> tuple[np.ndarray, int]:
-    """`flagged` less the documents written in another script (other_script), and how many those
-    were; `text_of(i)` is document i's text, read for the flagged ones only."""
+    """`flagged` less the documents written in a language (another script, or natural text in Latin
+    letters: `language`), and how many those were; `text_of(i)` is document i's text, read for the
+    flagged ones only."""
     spared = np.zeros(len(flagged), dtype=bool)
     for i in np.flatnonzero(flagged):
-        spared[i] = other_script(text_of(int(i)))
+        spared[i] = language(text_of(int(i)))
     return flagged & ~spared, int(spared.sum())
 
 
 def spared_line(count: int, key: str) -> str:
     return (
-        f"{key}: {count:,} documents pack like garbage but are written in another script than Latin (a "
-        "minority language the tokenizer knows little of): kept and trained, not flagged"
+        f"{key}: {count:,} documents pack like garbage but are written in another script than Latin or are "
+        "natural text in Latin letters (a minority language the tokenizer knows little of): kept and trained, "
+        "not flagged"
     )
 
 
