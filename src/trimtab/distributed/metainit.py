@@ -1,5 +1,6 @@
 """A sharded model built on the meta device (as torchtitan builds one): no rank ever holds the
-whole model. setup builds it with `model.meta.build_on_meta`, Parallel.wrap shards it, and
+whole model (a pipeline stage's rank allocates its own layers only). setup builds it with
+`model.meta.build_on_meta`, Parallel.wrap shards it (and cuts the pipeline stages), and
 `materialise` then allocates each rank's shards on its device (to_empty) and fills them with
 exactly the values a one-process build of the same seed holds: each parameter is drawn whole on
 the host, in the order a CPU build draws them, and this rank keeps its part (docs/distributed.md,
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from trimtab.model.meta import draw_parameters, reset_buffers
+from trimtab.model.meta import Layout, draw_parameters, layout, reset_buffers
 
 
 @dataclass
@@ -24,41 +25,45 @@ class MetaInit:
     rng: torch.Tensor | None
     device: torch.device  # where the shards live (the CPU under distributed.cpu_offload)
     buffers: torch.device  # where the forward runs
+    whole: Layout  # every parameter as built, in draw order: a pipeline stage then unregisters the others'
 
 
 def meta_reason(parallel, init_from: bool, resumed: bool) -> str:
     """Why this run builds its whole model on every rank ('' when it builds it on the meta device,
-    to be sharded first (FSDP2, tensor and expert parallelism)): one every rank holds whole (one
-    process, DDP), weights read into the whole model (train.init_from), or pipeline stages."""
+    to be sharded first (FSDP2, tensor, expert and pipeline parallelism: a stage materialises only
+    its own layers)): one every rank holds whole (one process, DDP), or weights read into the whole
+    model (train.init_from)."""
     if not parallel.sharded:
         return "every rank holds the whole model (one process or DDP)"
     if init_from and not resumed:
         return "train.init_from reads its weights into the whole model"
-    if parallel.mesh.pp > 1:
-        return f"distributed.pp={parallel.mesh.pp}: pipeline stages are cut from the whole model"
     return ""
 
 
-def pending(parallel, draw: bool) -> MetaInit:
+def pending(parallel, model: nn.Module, draw: bool) -> MetaInit:
     """What materialise needs, taken right after the meta build: the generator as a CPU build's
-    constructors leave it, so that nothing drawn before materialise changes the weights."""
+    constructors leave it, so that nothing drawn before materialise changes the weights, and
+    the whole model's parameters, in the order a one-process build draws them."""
     offload = parallel.cfg.cpu_offload
     return MetaInit(
         rng=torch.get_rng_state() if draw else None,
         device=torch.device("cpu") if offload else parallel.device,
         buffers=parallel.device,
+        whole=layout(model),
     )
 
 
 def materialise(model: nn.Module, init: MetaInit) -> None:
     """Allocate a meta-built, sharded model's shards (to_empty), draw its weights as a
-    one-process build does (keeping this rank's part of each), and compute its buffers."""
+    one-process build does (keeping this rank's part of each), and compute its buffers. A
+    pipeline stage's rank allocates its own layers only: the others' were unregistered (hollowed)."""
     model.to_empty(device=init.device)
-    if model.cfg.tie_embeddings and model.lm_head.weight is not model.tok_emb.weight:
+    held = "weight" in model.tok_emb._parameters and "weight" in model.lm_head._parameters
+    if model.cfg.tie_embeddings and held and model.lm_head.weight is not model.tok_emb.weight:
         model.lm_head.weight = model.tok_emb.weight  # to_empty made each module its own copy
     if init.rng is not None:  # the generator left where a CPU build leaves it, whatever drew meanwhile
         torch.set_rng_state(init.rng)
-        draw_parameters(model, keep_shard)
+        draw_parameters(model, keep_shard, init.whole)
     reset_buffers(model, init.buffers)
 
 

@@ -92,16 +92,38 @@ def build_on_meta(cfg: ModelConfig, draw: bool = True) -> Transformer:
         return Transformer(cfg.resolved())
 
 
+Layout = list[tuple[str, torch.Size, torch.dtype]]  # a model's parameters in named_parameters order
+
+
+def layout(model: nn.Module) -> Layout:
+    """Name, global shape and dtype of each of the model's parameters, in the order reset_parameters draws them."""
+    return [(name, p.shape, p.dtype) for name, p in model.named_parameters()]
+
+
 @torch.no_grad()
-def draw_parameters(model: Transformer, keep: Callable[[nn.Parameter, torch.Tensor], None]) -> None:
+def draw_parameters(
+    model: Transformer, keep: Callable[[nn.Parameter, torch.Tensor], None], whole: Layout | None = None
+) -> None:
     """reset_parameters' values for a model whose parameters are sharded: each parameter drawn
     whole on the CPU (its global shape), in named_parameters order, and handed to `keep`, which
-    copies this rank's part of it; the host holds one parameter at a time."""
+    copies this rank's part of it; the host holds one parameter at a time. `whole`: the one-process
+    model's layout where this rank no longer registers all of it (a pipeline stage: the other
+    stages' layers are hollowed, distributed/pipeline.py): those are drawn too, only to move the
+    generator as a one-process build does, and dropped."""
+    held = dict(model.named_parameters())
+    order = whole if whole is not None else layout(model)
+    undrawn = held.keys() - {name for name, _, _ in order}
+    if undrawn:  # it would train on to_empty's uninitialised memory
+        raise RuntimeError(
+            f"parameter {sorted(undrawn)[0]} is not in the model as built on the meta device: it has no initial "
+            "values to draw (model/meta.py draw_parameters); a wrapper renamed or added it before materialise"
+        )
     scratch = _Scratch()
-    for name, p in model.named_parameters():
-        full = scratch.like(p.shape, p.dtype)
+    for name, shape, dtype in order:
+        full = scratch.like(shape, dtype)
         model.init_parameter(name, full)
-        keep(p, full)
+        if name in held:
+            keep(held[name], full)
 
 
 def reset_buffers(model: nn.Module, device: torch.device) -> None:

@@ -446,7 +446,7 @@ def _make_model(
     """Build the model (checked against the resumed checkpoint when check_fit), settle the
     precision all ranks train in, load a fresh run's train.init_from weights (the Hugging Face source
     record, or None, comes back with the model and precision), and convert it for fp8. A model the
-    ranks shard (FSDP2, tensor, expert parallelism) is built on the meta device: its MetaInit comes
+    ranks shard (FSDP2, tensor, expert, pipeline parallelism) is built on the meta device: its MetaInit comes
     back too, for materialise after Parallel.wrap (distributed/metainit.py meta_reason says which);
     any other is built on the CPU and moved to the device."""
     whole = meta_reason(dist, bool(cfg.train.init_from), resume is not None)
@@ -457,7 +457,7 @@ def _make_model(
         model = build_model(cfg.model).to(dist.device)
     else:
         model = build_on_meta(cfg.model, draw=resume is None)  # a resume loads weights and generator
-        meta = pending(dist, draw=resume is None)
+        meta = pending(dist, model, draw=resume is None)
         log.info("model built on the meta device: each rank allocates and initialises its own shards")
     if check_fit:
         check_fits(model, *resume)
