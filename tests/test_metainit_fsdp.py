@@ -15,16 +15,12 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
+from fake_rank import as_rank
 from trimtab.checkpoint import list_checkpoints
 from trimtab.checkpoint_load import read_sharded_weights
 from trimtab.config import load_config
-from trimtab.distributed import Parallel
-from trimtab.distributed.mesh import Mesh
-from trimtab.distributed.metainit import materialise
-from trimtab.hardware import choose_precision
 from trimtab.model import build_model
 from trimtab.model.meta import build_on_meta, reset_buffers
-from trimtab.training.setup import _make_model
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="needs torch.distributed")
 CPU = torch.device("cpu")
@@ -37,21 +33,15 @@ def _bytes(tensors) -> int:
 def _as_rank(cfg, rank: int, world: int = 2) -> dict:
     """setup's model half (_make_model, Parallel.wrap, materialise) as `rank` of `world`: what the
     rank held before its weights were drawn, and its shards after."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    built = []
 
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
-    try:
-        parallel = Parallel(cfg.distributed, CPU, world, rank, False, Mesh.of(cfg.distributed, world).build(CPU))
-        parallel.same_precision = lambda precision: precision  # a broadcast: the fake group carries no data
-        torch.manual_seed(cfg.train.seed)
-        model, precision, _, meta = _make_model(cfg, parallel, choose_precision(CPU, "fp32"), None, check_fit=False)
-        built = _bytes([*model.parameters(), *model.buffers()])
-        parallel.wrap(model, False, precision)
-        materialise(model, meta)
+    def count(model, meta) -> None:
+        built.append(_bytes([*model.parameters(), *model.buffers()]))
+
+    with as_rank(cfg, rank, world, count) as (_, model):
         shards = {name: p.to_local().clone() for name, p in model.named_parameters()}
-        return {"built": built, "shards": shards, "buffers": dict(model.named_buffers()), "rng": torch.get_rng_state()}
-    finally:
-        dist.destroy_process_group()
+        buffers = dict(model.named_buffers())
+        return {"built": built[0], "shards": shards, "buffers": buffers, "rng": torch.get_rng_state()}
 
 
 @pytest.mark.parametrize("preset", ["debug", "debug-moe"])

@@ -13,14 +13,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from fake_rank import as_rank
 from trimtab.config import load_config
-from trimtab.distributed import Parallel
-from trimtab.distributed.mesh import Mesh
-from trimtab.distributed.metainit import materialise
-from trimtab.hardware import choose_precision
 from trimtab.model import build_model
 from trimtab.model.meta import build_on_meta, draw_parameters, layout
-from trimtab.training.setup import _make_model
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="needs torch.distributed")
 CPU = torch.device("cpu")
@@ -41,22 +37,14 @@ def _held(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def _as_stage(cfg, rank: int, world: int) -> dict:
     """setup's model half (_make_model, Parallel.wrap, materialise) as pipeline rank `rank`."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
-    try:
-        parallel = Parallel(cfg.distributed, CPU, world, rank, False, Mesh.of(cfg.distributed, world).build(CPU))
-        parallel.same_precision = lambda precision: precision  # a broadcast: the fake group carries no data
-        torch.manual_seed(cfg.train.seed)
-        model, precision, _, meta = _make_model(cfg, parallel, choose_precision(CPU, "fp32"), None, check_fit=False)
-        assert meta is not None and not _held(model)  # on meta: nothing materialised before the stages are cut
-        parallel.wrap(model, False, precision)
-        materialise(model, meta)
+    def nothing_held(model, meta) -> None:  # on meta: nothing materialised before the stages are cut
+        assert meta is not None and not _held(model)
+
+    with as_rank(cfg, rank, world, nothing_held) as (parallel, model):
         layers = {i for stage in parallel.pipeline.stages for i in stage.layers}
         params = {name: p.detach().clone() for name, p in model.named_parameters()}
         return {"held": _held(model), "params": params, "layers": layers, "rng": torch.get_rng_state()}
-    finally:
-        dist.destroy_process_group()
 
 
 def test_a_pipeline_stage_materialises_only_its_own_layers_with_the_one_process_weights():
