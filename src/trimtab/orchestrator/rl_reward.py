@@ -17,10 +17,14 @@ a start of the first 3 steps (0.016) held the collapse: found at step 30 (z 2.5)
 step 29, the collapsed policy (2026-11-30; before, 0.047 -> 0 by step 5 at 3e-3, and a start of
 10 steps read 0.015). It fires when the fall is at least `drop`
 of the start and stands `sigmas` standard errors clear of the two windows' sampling noise:
-Welch's z over the groups' mean scores, since a group's responses answer one prompt and share
+Welch's t over the groups' mean scores, since a group's responses answer one prompt and share
 its difficulty (the responses one by one would count a window's few dozen prompts as hundreds of
-independent draws, and understate the noise up to sqrt(group size) times). The sampling
-temperature is not a reason to start again: rule rl_signal warms the sampling when groups go flat,
+independent draws, and understate the noise up to sqrt(group size) times), read with Student's
+tail and bounded by the binomial noise of 0/1 rewards (rl_stats.py): a one-step start of 4 groups
+(4 prompts a step) is too few for the normal tail. Where a start cannot resolve a fall of `drop`
+at all, a note says so once. A rollback to the start's own policy pools the replay's rollouts into
+the start (`origin`): a new one-step start drew a lucky 0.125 against 0.06 and rolled back twice
+more. The sampling temperature is not a reason to start again: rule rl_signal warms the sampling when groups go flat,
 which a collapsing policy makes them (above, 1.0 -> 1.5 while the reward fell); the evidence
 records both temperatures. The overlong penalty is: rule rl_length sets it to trade the verifier's
 score of answers that run on for answers that end (a verifier that pays for length pays less by
@@ -45,7 +49,6 @@ orchestrator.max_rollbacks and stopping (tests/test_rl_reward.py: a fall of 0.02
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +56,7 @@ from typing import Any
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, StepMetrics
 from trimtab.orchestrator.remedies import GAVE_UP, Remedy
+from trimtab.orchestrator.rl_stats import fall_test, group_size
 from trimtab.training.actions import PUT_BACK
 
 SCORE = ("score_n", "score", "score_sq")  # a step's groups drawn, their mean scores' sum and sum of squares
@@ -66,6 +70,8 @@ class RewardFall(Monitor):
     the last window within the noise of the start and above the line) and its window's score."""
 
     rule, family = "rl_reward", "rl"
+    # Orchestrator.on_rollback keeps it over the checkpoint's: a replay from the start's own policy pools into it
+    KEPT_ON_ROLLBACK = ("origin",)
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.rl_reward
@@ -79,29 +85,42 @@ class RewardFall(Monitor):
         # the rollback's target, and that window's mean score
         self.good_step, self.good_score = 0, 0.0
         self.fired = 0  # findings in this run (kept across a rollback)
+        # [first, overlong buffer, temperature, steps]: the start as last taken (KEPT_ON_ROLLBACK). A
+        # rollback to the policy that generated it (step first - 1) replays rollouts of that same policy:
+        # they join it, more samples of one policy, not a new lucky draw (a replay's one-step start of 4
+        # groups read 0.125 against 0.06 and rolled back twice more, then stopped the run)
+        self.origin: list[Any] = []
+        self.pooled = 0  # the start's steps an earlier pass of its policy drew (origin's, pooled)
+        self.noted = False  # said once that the start cannot resolve a fall of `drop`
+        self._fresh: bool | None = None  # the first step observed since a restore (load_state_dict)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A rollback restores the windows, not what was decided: a finding after one counts on."""
         fired = self.fired
         super().load_state_dict(state)
         self.fired = max(self.fired, fired)
+        self._fresh = True
 
     def observe(self, m: StepMetrics) -> Finding | None:
         rl, rule = m.rl or {}, self.cfg
+        fresh, self._fresh = self._fresh, None  # any step seen since a restore ends its first
         if rl.get("score_n") is None or not rl["score_n"]:
             return None
-        seen = [*(rl[k] for k in SCORE), rl["reward"]]
+        seen = [*(rl[k] for k in SCORE), rl["reward"], group_size(rl)]
         if rl.get("overlong_buffer", 0) != self.overlong_buffer:
             self._new_penalty(rl.get("overlong_buffer", 0))
-        if self._starting(m, rl.get("staleness", 0.0)):
+        # a replay restored to the start's policy draws from it as the start did: same step, penalty, temperature
+        same = bool(fresh) and self.origin[:3] == [m.step, self.overlong_buffer, rl["temperature"]]
+        if self._starting(m, rl.get("staleness", 0.0), same):
             self.start.append(seen)
+            self.origin = [self.first, self.overlong_buffer, rl["temperature"], [list(step) for step in self.start]]
             self.temperature = rl["temperature"]
             # the policy that generated the start's rollouts: the step before the start's first
-            self.good_step, self.good_score = self.first - 1, _mean_and_se(self.start)[0]
+            self.good_step, self.good_score = self.first - 1, _mean(self.start)
             return None
         self.window = [*self.window, seen][-rule.window :]
-        (start, start_se), (now, now_se) = _mean_and_se(self.start), _mean_and_se(self.window)
-        z = (start - now) / max(math.hypot(start_se, now_se), 1e-12)
+        start, now = _mean(self.start), _mean(self.window)
+        z = fall_test(self.start, self.window).z
         line = (1 - rule.drop) * start
         # the fall had not begun while the window stood within the noise of the start and above
         # the line; within the noise alone is too lenient where the start is one step's (at lr 1e-2
@@ -114,7 +133,9 @@ class RewardFall(Monitor):
             self.good_score = now
         if len(self.window) < rule.window or now > line:
             return None
-        if z < rule.sigmas or _reward(self.window) >= _reward(self.start):
+        if z < rule.sigmas:  # below the line, within the noise: said once where the start cannot resolve it
+            return self._unresolved(m, start)
+        if _reward(self.window) >= _reward(self.start):
             return None
         evidence = {
             "score": now,
@@ -124,6 +145,7 @@ class RewardFall(Monitor):
             "z": z,
             "window": rule.window,
             "start_steps": len(self.start),
+            "start_groups": int(sum(step[0] for step in self.start)),
             "start_temperature": self.temperature,
             "temperature": rl["temperature"],
             "good_step": self.good_step,
@@ -131,8 +153,9 @@ class RewardFall(Monitor):
             "times": self.fired + 1,
         }
         self.window, self.fired = [], self.fired + 1
-        last = self.first + len(self.start) - 1
+        last = self.first + len(self.start) - self.pooled - 1
         steps = f"step {last}" if last == self.first else f"steps {self.first}-{last}"
+        steps += f", its policy's rollouts drawn {len(self.start) - self.pooled} + {self.pooled}" if self.pooled else ""
         summary = (
             f"the verifier's mean score over the last {rule.window} steps fell to {now:.3f} from the {start:.3f} "
             f"the starting policy earned ({steps}; {z:.1f} standard errors, threshold {rule.sigmas:g}; a fall of "
@@ -151,31 +174,52 @@ class RewardFall(Monitor):
         against -0.561 at the finding, a fall of the verifier's score the penalty paid for)."""
         fallen = bool(self.start and self.window)
         if fallen:
-            fallen = _mean_and_se(self.window)[0] <= (1 - self.cfg.drop) * _mean_and_se(self.start)[0]
+            fallen = _mean(self.window) <= (1 - self.cfg.drop) * _mean(self.start)
         if not fallen:
             self.penalised = bool(self.start)  # mid-phase; at the phase's start: the starting policy's
-            self.start, self.window, self.first = [], [], None
+            self.start, self.window, self.first, self.pooled = [], [], None, 0
         self.overlong_buffer = buffer
 
-    def _starting(self, m: StepMetrics, staleness: float) -> bool:
+    def _starting(self, m: StepMetrics, staleness: float, same: bool) -> bool:
         """Whether this step joins the start: up to `start_steps` steps whose rollouts the phase's
         starting policy generated (synchronously the first step alone; rl.max_staleness eta: the
         first eta + 1). Steps after it train on rollouts of updated policies, which an LR 100x too
         high has already wrecked: at lr 1e-2 the reward went 0.056 -> 0 at step 2, and a start of
         three steps (0.016) took the collapse as its own baseline (found at step 30, back to 29)."""
-        if len(self.start) >= self.cfg.start_steps:
+        own = len(self.start) - self.pooled  # this pass's steps
+        if own >= self.cfg.start_steps:
             return False
         if self.first is None:  # this start's first step (an older state: counted back from its steps)
-            self.first = m.step - len(self.start)
-        return not self.start or self.penalised or m.step - staleness < self.first + 0.5
+            self.first = m.step - own
+            if same and not self.start:  # restored to the policy that generated the start: the replay's join it
+                self.start, self.pooled = [list(step) for step in self.origin[3]], len(self.origin[3])
+        return not own or self.penalised or m.step - staleness < self.first + 0.5
+
+    def _unresolved(self, m: StepMetrics, start: float) -> Finding | None:
+        """Once, a note (no action) where even a window at the line, however long, could not stand
+        `sigmas` clear of this start's own noise: its groups are too few to resolve a fall of `drop`
+        (4 prompts a step on the arithmetic task, 0.06: one step's 4 groups), and only a deeper fall
+        can be found. More prompts a step, or rl.max_staleness (a start of eta + 1 steps), resolve it."""
+        if self.noted or start <= 0:
+            return None
+        line, many, size = (1 - self.cfg.drop) * start, 1e6, self.start[-1][4] if len(self.start[-1]) > 4 else 0
+        fall = fall_test(self.start, [[many, many * line, many * line * line, line, size]])
+        if fall.z >= self.cfg.sigmas:
+            return None
+        self.noted = True
+        groups = int(sum(step[0] for step in self.start))
+        evidence = {"unresolved": True, "start_score": start, "start_groups": groups, "z": fall.z, "df": fall.df}
+        summary = (
+            f"the starting policy's {groups} groups ({start:.3f}) are too few to tell a fall of {self.cfg.drop:.0%} "
+            f"from their own noise (at best {fall.z:.1f} standard errors, threshold {self.cfg.sigmas:g}): only a "
+            "deeper fall can be found; more prompts a step (rl.prompts_per_step) resolve it"
+        )
+        return self.finding(m, evidence, summary, 0.0)
 
 
-def _mean_and_se(steps: list[list[float]]) -> tuple[float, float]:
-    """The mean group score over the steps and its standard error."""
-    n, total, squares = (sum(step[k] for step in steps) for k in range(3))
-    mean = total / max(n, 1)
-    variance = max(squares / max(n, 1) - mean * mean, 0.0)
-    return mean, math.sqrt(variance / max(n, 1))
+def _mean(steps: list[list[float]]) -> float:
+    """The mean group score over the steps."""
+    return sum(step[1] for step in steps) / max(sum(step[0] for step in steps), 1)
 
 
 def _reward(steps: list[list[float]]) -> float:
@@ -187,6 +231,8 @@ def reward_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int
     """Back to the last policy that earned its start's reward, with a smaller step; when no
     rollback is left (or none reaches that far back), stop: training on makes the policy worse.
     `rollbacks`: those the open incident spent (max_rollbacks bounds an incident's, not the run's)."""
+    if f.evidence.get("unresolved"):
+        return Remedy(action="none", reasoning=f"{f.summary}: a note, nothing to undo")
     rule, before = cfg.rl_reward, f.evidence["good_step"]
     factor = max(rule.lr_factor, cfg.min_lr_scale / max(view.lr_scale, 1e-12))
     why = (

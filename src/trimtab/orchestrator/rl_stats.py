@@ -1,0 +1,122 @@
+"""Rule rl_reward's test of a fall (orchestrator/rl_reward.py): the starting policy's mean group
+score against the last window's, told from sampling noise honestly when the start is a few groups.
+
+Welch's t over the windows' group means, its one-sided tail from Student's t with the
+Welch-Satterthwaite degrees of freedom (Welch 1947), said as the normal z of the same tail, so
+`sigmas` reads as before. The normal tail is too thin for a start of 4 groups: 4 right of 32
+against 10 of 320 read z 2.6, an exact count ~1.8; and four equal group scores have a sample
+variance of 0, which made any later fall look certain. For 0/1 rewards (a step's counts say so:
+group_size) each window's variance of a group mean is bounded at the windows' pooled success rate
+p, the rate the two share if nothing fell: at least p(1-p)/G, the binomial sampling variance of a
+mean of G draws (prompts' differing difficulty only adds to it), and at most p(1-p), the largest
+any score in [0, 1] can have at mean p (Bhatia & Davis 2000): a start of 18 groups at 0.056
+against 300 groups of zeros is a collapse (Fisher's exact count: p ~1e-10), not the t of its own
+spread (2.4 sigma at 17 degrees of freedom).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+TINY = 1e-300
+CERTAIN = -NormalDist().inv_cdf(TINY)  # the z of a fall with no noise seen (rewards not 0/1, every group alike)
+
+
+@dataclass
+class Fall:
+    t: float  # Welch's t of the start's mean over the window's
+    df: float  # Welch-Satterthwaite degrees of freedom
+    z: float  # the normal z of t's one-sided tail (0 where no variance can be estimated)
+
+
+def group_size(rl: dict[str, Any]) -> int:
+    """Responses a group, where the step's counts are those of 0/1 rewards: every group's mean a
+    count over G (the sums of G x mean and of (G x mean)^2 whole numbers), else 0 (unknown)."""
+    verified = (rl.get("verifications") or (0,))[0]
+    n, score, squares = rl["score_n"], rl["score"], rl["score_sq"]
+    size = verified / n if n else 0.0
+    if size < 1 or abs(size - round(size)) > 1e-9:
+        return 0
+    size = round(size)
+    whole = all(abs(x - round(x)) < 1e-6 for x in (score * size, squares * size * size))
+    return size if whole and 0 <= score <= n else 0
+
+
+def fall_test(start: list[list[float]], window: list[list[float]]) -> Fall:
+    """Welch's t of the start's mean group score over the window's, steps of [groups, sum, sum of
+    squares, reward, group size (0: not 0/1)]; the variances bounded at the pooled rate for 0/1 rewards."""
+    (n1, m1, v1), (n2, m2, v2) = _moments(start), _moments(window)
+    if n1 < 2 or n2 < 2:
+        return Fall(0.0, 0.0, 0.0)
+    (v1, df1), (v2, df2) = (v1, n1 - 1), (v2, n2 - 1)
+    size = min((int(step[4]) if len(step) > 4 else 0) for step in start + window)
+    if size:
+        pooled = _moments(start + window)
+        (v1, df1), (v2, df2) = (_bounded(v, df, pooled, size) for v, df in ((v1, df1), (v2, df2)))
+    se1, se2 = v1 / n1, v2 / n2
+    if se1 + se2 <= 0:
+        return Fall(math.inf, math.inf, CERTAIN) if m1 > m2 else Fall(0.0, 0.0, 0.0)
+    t = (m1 - m2) / math.sqrt(se1 + se2)
+    df = (se1 + se2) ** 2 / (se1**2 / df1 + se2**2 / df2)
+    tail = t_tail(t, df)
+    return Fall(t, df, -NormalDist().inv_cdf(min(max(tail, TINY), 1 - 1e-16)))
+
+
+def _bounded(variance: float, df: float, pooled: tuple[float, float, float], size: int) -> tuple[float, float]:
+    """A window's variance of a group mean of `size` 0/1 rewards between p(1-p)/size and p(1-p) at
+    the pooled rate p, with its degrees of freedom. At the ceiling it is no longer the window's own
+    estimate but p's: its degrees of freedom are those of p(1-p), 2 / CV^2 (Satterthwaite 1946, the
+    CV by the delta method from p's standard error over every group), which rewards bunched in a few
+    groups keep few (4 lucky groups of 44 are not 352 draws)."""
+    n, p, spread = pooled
+    ceiling = p * (1 - p)
+    if variance <= ceiling:
+        return max(variance, ceiling / size), df
+    cv = math.sqrt(spread / n) * abs(1 - 2 * p) / max(ceiling, TINY)
+    return ceiling, min(max(2 / max(cv * cv, TINY), 1.0), n - 1)
+
+
+def _moments(steps: list[list[float]]) -> tuple[float, float, float]:
+    """Groups, mean group score and its unbiased sample variance."""
+    n, total, squares = (sum(step[k] for step in steps) for k in range(3))
+    mean = total / max(n, 1)
+    return n, mean, max(squares - n * mean * mean, 0.0) / max(n - 1, 1)
+
+
+def t_tail(t: float, df: float) -> float:
+    """P(T >= t) for Student's t with `df` degrees of freedom: I_x(df/2, 1/2) / 2 at x = df/(df + t^2)."""
+    half = 0.5 * _beta_regularized(df / 2, 0.5, df / (df + t * t))
+    return half if t >= 0 else 1 - half
+
+
+def _beta_regularized(a: float, b: float, x: float) -> float:
+    """I_x(a, b), the regularized incomplete beta function (Numerical Recipes 6.4)."""
+    if x <= 0 or x >= 1:
+        return max(min(x, 1.0), 0.0)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1) / (a + b + 2):
+        return front * _beta_fraction(a, b, x) / a
+    return 1 - front * _beta_fraction(b, a, 1 - x) / b
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The incomplete beta's continued fraction by the modified Lentz method (Numerical Recipes 6.4)."""
+    c, d = 1.0, 1 / _away(1 - (a + b) * x / (a + 1))
+    h = d
+    for m in range(1, 300):
+        even = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        odd = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        for coefficient in (even, odd):
+            d, c = 1 / _away(1 + coefficient * d), _away(1 + coefficient / c)
+            h *= d * c
+        if abs(d * c - 1) < 1e-14:
+            break
+    return h
+
+
+def _away(value: float) -> float:
+    """Lentz's guard against a zero denominator."""
+    return value if abs(value) > TINY else TINY
