@@ -127,6 +127,7 @@ def test_no_hook_reaches_behind_the_view_or_applies_control():
     own = {
         "training/trainer.py",
         "training/checkpointing.py",
+        "training/phases.py",
         "training/oom.py",
         "training/view.py",
         "training/control.py",

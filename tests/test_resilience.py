@@ -470,8 +470,8 @@ def test_the_evidence_of_a_lost_session_says_whether_its_last_step_is_exact(tmp_
     from trimtab.resilience.incidents import done_step, last_life, localize, reach_words
     from trimtab.rundir import write_json
 
-    unknown = localize(tmp_path, 0.0, "session1")
-    assert unknown["kind"] == "lost_rank" and unknown["step_exact"] is False
+    unknown = localize(tmp_path, 0.0, "session1")  # no rank records at all: nothing tells what was lost
+    assert unknown["kind"] == "lost_unknown" and unknown["step_exact"] is False
     assert reach_words({"step": 25, "steps_lost": 5, **unknown}) == (
         "after step 25 (the newest its files recorded)",
         "at least 5 steps",

@@ -9,7 +9,7 @@ import pytest
 from trimtab.config import load_config
 from trimtab.distributed.group import gather_objects
 from trimtab.rl.batches import RolloutLoader
-from trimtab.training import trainer as trainer_module
+from trimtab.training import phases as phases_module
 from trimtab.training.state import TrainState
 from trimtab.training.trainer import Trainer
 
@@ -19,8 +19,8 @@ def test_every_rl_phase_under_torchrun_makes_the_rollout_threads_side_group(monk
     cfg = load_config(preset="debug", sets=["rl.max_staleness=0"])
     loader = RolloutLoader.__new__(RolloutLoader)  # the phase's loader, unbuilt: only its hooks are set
     phase = SimpleNamespace(optim=cfg.optim, loader=lambda *args: loader)
-    monkeypatch.setattr(trainer_module, "build_optimizer", lambda *args: None)
-    monkeypatch.setattr(trainer_module, "side_sum", lambda: "side group")
+    monkeypatch.setattr(phases_module, "build_optimizer", lambda *args: None)
+    monkeypatch.setattr(phases_module, "side_sum", lambda: "side group")
     trainer = Trainer.__new__(Trainer)
     trainer.__dict__.update(
         phases=[phase],
