@@ -59,7 +59,7 @@ def test_an_evaluation_of_the_restored_step_outlives_a_rollback(tmp_path, monkey
     try left the summary with no val_loss at all)."""
     held_out = phases_module.held_out_figures
     monkeypatch.setattr(
-        trainer_module, "held_out_figures", lambda t: ({}, "OSError: gone") if t.state.step == 12 else held_out(t)
+        phases_module, "held_out_figures", lambda t: ({}, "OSError: gone") if t.state.step == 12 else held_out(t)
     )
     run_dir = tmp_path / "r"
     summary = trimtab.train(debug_cfg(run_dir, steps=12, faults=["weights_nan@12"], train={"eval_every": 8}))
