@@ -29,7 +29,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trimtab.rundir import newest_step
+from trimtab.rundir import newest_step, write_summary
 
 if TYPE_CHECKING:
     from trimtab.training.trainer import Trainer
@@ -65,7 +65,6 @@ class StartUpInterrupted(BaseException):
         logged evaluation); a run relaunched to train longer is queued again, as it should be."""
         if self.run_dir is None or os.environ.get("RANK", "0") != "0" or not Path(self.run_dir).is_dir():
             return
-        from trimtab.rundir import write_summary
         from trimtab.runlock import liveness
 
         if liveness(self.run_dir)[0]:
