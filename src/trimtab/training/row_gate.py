@@ -191,8 +191,14 @@ class RowGate:
 
     def threshold(self) -> torch.Tensor:
         """The bar (0-d, on device): the window's median + max(sigma x spread, min_gap)."""
+        return self._bar(*self._reference())
+
+    def _reference(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The recent rows' median and MAD-based spread (0-d, on device)."""
         middle = self.recent.nanmedian()
-        spread = (self.recent - middle).abs().nanmedian() * MAD_TO_SIGMA
+        return middle, (self.recent - middle).abs().nanmedian() * MAD_TO_SIGMA
+
+    def _bar(self, middle: torch.Tensor, spread: torch.Tensor) -> torch.Tensor:
         return middle + (spread * self.cfg.sigma).clamp(min=self.cfg.min_gap)
 
     def mask(self, hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, picked: list[int]) -> torch.Tensor:
@@ -231,10 +237,9 @@ class RowGate:
         random = z > -UNIFORM_Z
         if not len(ordinary):
             return random & (means > self.threshold())
-        middle = self.recent.nanmedian()
-        spread = (self.recent - middle).abs().nanmedian() * MAD_TO_SIGMA
+        middle, spread = self._reference()
         step = ordinary.median()
-        learnt = (step <= self.threshold()) & (ordinary_z.median() <= -UNIFORM_Z)
+        learnt = (step <= self._bar(middle, spread)) & (ordinary_z.median() <= -UNIFORM_Z)
         return random & learnt & (means > torch.maximum(middle, step) + self.cfg.sigma * spread)
 
     def after(self, token_losses: torch.Tensor, targets: torch.Tensor, trained: torch.Tensor) -> torch.Tensor | float:
