@@ -122,7 +122,7 @@ class View:
 
 
 def confirming() -> OrchestratorConfig:
-    """orchestrator.rows.confirm_after on (off by default: config/orchestrator.py says why)."""
+    """orchestrator.rows.confirm_after on (off by default: config/row_rules.py says why)."""
     cfg = OrchestratorConfig()
     cfg.rows.confirm_after = 16
     return cfg

@@ -331,19 +331,7 @@ def latest_valid(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     instead is the caller's to say: an older one, or none). A step whose only copy a killed save
     left aside is put back first (put_back_replaced)."""
     put_back_replaced(checkpoint_root(run_dir))
-    skipped: list[tuple[Path, CheckpointError]] = []
-    for path in reversed(list_checkpoints(run_dir)):
-        try:
-            found = path, verify(path)
-        except NewerCheckpointError:
-            raise
-        except CheckpointError as exc:
-            skipped.append((path, exc))
-            continue
-        say_skipped(skipped, found[0])
-        return found
-    say_skipped(skipped, None)
-    return None
+    return _newest_verified(list_checkpoints(run_dir), lambda state: True)
 
 
 def set_aside_corrupt(run_dir: Path, after: int) -> list[Path]:
@@ -366,10 +354,17 @@ def set_aside_corrupt(run_dir: Path, after: int) -> list[Path]:
 def find_checkpoint(run_dir: Path, to: str | int = "last_good") -> tuple[Path, dict[str, Any]] | None:
     """A rollback target: the newest valid checkpoint marked good (`"last_good"`), or the newest
     valid one at or before step `to`."""
+    if to == "last_good":
+        return _newest_verified(list_checkpoints(run_dir), lambda state: bool(state.get("good")))
+    return _newest_verified([p for p in list_checkpoints(run_dir) if _step_of(p) <= int(to)], lambda state: True)
+
+
+def _newest_verified(paths: list[Path], wanted: Callable[[dict[str, Any]], bool]) -> tuple[Path, dict[str, Any]] | None:
+    """The newest of `paths` (oldest first) that verifies and whose state is `wanted`, with that
+    state; the corrupt ones newer than it are said (say_skipped). One a newer trimtab wrote is not
+    corrupt: raised."""
     skipped: list[tuple[Path, CheckpointError]] = []
-    for path in reversed(list_checkpoints(run_dir)):
-        if to != "last_good" and _step_of(path) > int(to):
-            continue
+    for path in reversed(paths):
         try:
             state = verify(path)
         except NewerCheckpointError:
@@ -377,7 +372,7 @@ def find_checkpoint(run_dir: Path, to: str | int = "last_good") -> tuple[Path, d
         except CheckpointError as exc:
             skipped.append((path, exc))
             continue
-        if to != "last_good" or state.get("good"):
+        if wanted(state):
             say_skipped(skipped, path)
             return path, state
     say_skipped(skipped, None)

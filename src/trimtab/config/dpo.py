@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trimtab.config.checks import Section, _check, _finite
-from trimtab.config.orchestrator import GradRule
+from trimtab.config.loss_rules import GradRule
 
 LOSSES = ("sigmoid", "ipo", "hinge", "simpo", "orpo")
 REFERENCE_FREE = ("simpo", "orpo")  # losses of the policy's likelihoods alone: no reference model

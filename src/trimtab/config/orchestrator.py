@@ -4,7 +4,9 @@ Defaults follow what other trainers use and what the healing benchmark measured 
 docs/orchestrator.md): OLMo-core skips at 6 sigma over 128 steps, LuminaAI flags a spike at
 mean + 2 sigma with a 0.1 rise and a gradient norm above 100 or 10x its mean, Composer halves the
 micro-batch on OOM. Every rule has `enabled`, so a person can switch one off without the others.
-The rules of an RL run (orchestrator.rl_*) are config/rl_rules.py's.
+The rules of an RL run (orchestrator.rl_*) are config/rl_rules.py's, those on the loss and the gradient
+(spike, grad, above_start, divergence) config/loss_rules.py's, those on bad rows (data, rows, row_gate)
+config/row_rules.py's.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trimtab.config.checks import Section, _check, _positive
+from trimtab.config.loss_rules import AboveStartRule, DivergenceRule, GradRule, SpikeRule, check_loss_rules
 from trimtab.config.rl_rules import (
     RLEntropyRule,
     RLHackingRule,
@@ -22,97 +25,9 @@ from trimtab.config.rl_rules import (
     RLVerifierRule,
     check_rl_rules,
 )
+from trimtab.config.row_rules import DataRule, RowGateRule, RowsRule, check_row_rules
 
 MODES = ("auto", "advise", "off")
-
-
-@dataclass
-class SpikeRule(Section):
-    """Loss above the trend of its window (a line against log(step)) + max(sigma x residual std,
-    min_rise)."""
-
-    enabled: bool = True
-    window: int = 50
-    # silent until the window holds this many steps: 10 is enough for the trend and catches bad
-    # data that starts in the warm-up (clean runs of every debug preset, 3 seeds: no finding)
-    min_samples: int = 10
-    sigma: float = 5.0
-    min_rise: float = 0.25  # nats above the rolling mean
-    # Over a phase's first `early_steps` steps the trend is no bar yet (too few samples, and the
-    # warm-up's steep fall inflates its residuals): a loss above the phase's lowest healthy one by
-    # max(early_sigma x the standard deviation of the last `early_window` step-to-step changes,
-    # early_min_rise) is a spike too (from 3 healthy steps on). Over steps 1-30 of 33 fault-free
-    # 120-step runs (debug, debug-moe, debug-mod, debug-hybrid; seeds 1-4; default and 1024-token
-    # batches) the largest rise was 5.6 spreads (debug-hybrid, seed 4, 1024 tokens: 0.66 nats at
-    # step 18, spread 0.12), most under 4; weights_noise on debug rose 8.4 (@5:10), 17 (@8:3) and
-    # 20 (@12:3) spreads. Off by default (0): the undisturbed 2-rank DDP run of the tests (debug,
-    # fp32, 150 KB) rose past it at step 9, a rollback and a replay for nothing; 25 turns it on.
-    early_steps: int = 0
-    early_window: int = 8  # step-to-step changes
-    early_sigma: float = 6.0
-    early_min_rise: float = 0.15  # nats
-
-
-@dataclass
-class GradRule(Section):
-    """Pre-clip gradient norm above max_norm, or above factor x its rolling mean. A new level is
-    not an explosion: `rebase_after` steps in a row over the ceiling, under max_norm, within
-    `rebase_spread` of each other and with a loss that does not rise (rebase_loss_rise), start the
-    window afresh."""
-
-    enabled: bool = True
-    max_norm: float = 100.0
-    factor: float = 10.0
-    window: int = 50
-    min_samples: int = 20
-    rebase_after: int = 3  # 0: never follow a new level
-    rebase_spread: float = 3.0  # largest / smallest norm of those steps
-    rebase_loss_rise: float = 0.25  # nats over the healthy steps' mean loss that still counts as not rising
-
-
-@dataclass
-class AboveStartRule(Section):
-    """The loss above where the phase started (its first step's loss, the untouched weights') by
-    max(margin, rel_margin x it) for `patience` steps in a row: training made the model worse
-    than doing nothing, from the first steps on, before any window fills. The LR is the cause
-    (a finetuning LR typed for pretraining, a slipped exponent): cut it x lr_factor, again while
-    the loss does not fall, and never give the cut back. Once it fired, also while the gradient
-    norm's median over `window` steps falls under `collapse` x its first `window` steps' (an LR
-    still too high holds the model at a level where the gradient dies away) while the loss stalls
-    (its median over the last window fell by less than `stall` of the window's before). Over the phase's
-    first `gain_steps` steps, also when the updates' gain (the share of the loss decrease their
-    gradient promised that they delivered on their own batch; a forward more on each of those
-    steps) has a median under `min_gain` over `gain_window` steps: the updates overshoot. 0 turns
-    that measurement off; raise it to cover a long LR warm-up. And once the LR is warmed up, when
-    the loss stalls within `unigram_margin` of the training data's unigram entropy: the model
-    stays blind to context, as an LR a few times too high holds it."""
-
-    enabled: bool = True
-    margin: float = 0.25  # nats
-    rel_margin: float = 0.05  # of the starting loss
-    patience: int = 3
-    lr_factor: float = 0.1
-    window: int = 10  # steps
-    collapse: float = 0.6  # of the first window's median gradient norm
-    stall: float = 0.02  # ... while the loss's median fell by less than this share over the last window
-    gain_steps: int = 15  # steps
-    gain_window: int = 7  # steps
-    min_gain: float = 0.4
-    # once the LR is warmed up: the loss stalled at or within this share under the training data's
-    # unigram entropy (the model blind to context) is an LR too high too; 0 turns it off
-    unigram_margin: float = 0.05
-
-
-@dataclass
-class DivergenceRule(Section):
-    """The least-squares line through the last `window` losses rises by min_rise of its mean, and by
-    `sigma` standard errors of that rise (the noise of the losses about the line)."""
-
-    enabled: bool = True
-    window: int = 40
-    min_rise: float = 0.05  # fraction of the window's mean loss
-    sigma: float = 3.0  # standard errors of the fitted rise (0: the fraction alone)
-    lr_factor: float = 0.5
 
 
 @dataclass
@@ -163,9 +78,10 @@ class ThroughputRule(Section):
 
 @dataclass
 class StragglerRule(Section):
-    """Under torchrun, a rank whose compute per step (its step time less its wait at the step's
-    agreement point) is below `threshold` of the fastest rank's speed for `patience` windows of
-    `window` steps is named (NVRx's straggler score and threshold; logged for a person)."""
+    """Under torchrun, a rank whose compute per step (its own work from the step's start to its
+    agreement point, no wait for the others in it: distributed/work_clock.py) is below `threshold`
+    of the fastest rank's speed for `patience` windows of `window` steps is named (NVRx's straggler
+    score and threshold; logged for a person)."""
 
     enabled: bool = True
     window: int = 20
@@ -267,74 +183,6 @@ class MoDRule(Section):
     recent: int = 3
     tolerance: float = 0.05
     min_drop: float = 0.1
-
-
-@dataclass
-class DataRule(Section):
-    """Data attribution: when a bad stretch is the data's, the rows of its flagged steps are scored
-    one by one on the current weights and a row is left out when its loss is above the held-out
-    rows' median (scored alike) by max(sigma x their spread, min_gap); the spread is the median
-    absolute deviation x 1.4826, a standard deviation robust to the outliers being sought."""
-
-    sigma: float = 4.0
-    min_gap: float = 0.5  # nats
-    reference_rows: int = 64  # held-out rows scored for the reference
-    watch_steps: int = 10  # after rows were left out, each next step's rows are scored this long
-
-
-@dataclass
-class RowsRule(Section):
-    """Outlier rows (thinly spread bad data; orchestrator/outliers.py): every step's rows, as the
-    training forward scored them, against the last `window` rows: an outlier is above their
-    median by max(sigma x their spread, min_gap). It is named (and in auto mode left out) when
-    it is an outlier again `confirm_after` steps later, scored on the then weights, or on its next
-    sighting, or at once by `certain_gap` nats."""
-
-    enabled: bool = True
-    window: int = 512  # training rows: the reference
-    min_reference: int = 128  # rows seen before any is judged
-    min_targets: int = 32  # a row's mean over fewer is noise (a document's first line): not judged
-    sigma: float = 4.0
-    min_gap: float = 1.5  # nats
-    # nats above the median that name a row at its first sighting: garbage of whole tokens scores
-    # ~ln(vocab) or more (6.2 at the debug presets' 512 tokens, 10.4 at 32K) where text sits at
-    # 2-5; the debug corpus's own hardest file (quoted-printable test data) reached 2.4 above the
-    # median on debug and 3.1 on debug-moe before the model had seen it
-    certain_gap: float = 4.0
-    max_suspects: int = 100_000  # rows remembered from their first sighting
-    # steps after a suspect's first sighting when it is scored again on the current weights
-    # (0: never; it waits for its next epoch). Measured on debug (80 steps, a quarter of a step's
-    # rows garbage every 8): the 38 garbage suspects stayed 1.6-2.0 nats out at every delay from 2
-    # to 24 steps; a clean hard row first 2.3 out was still 1.9 out 8 steps later, 1.3 at 12, 1.2
-    # at 16 (under min_gap): the model needs more than its one step on a row to learn it. Off by
-    # default: on the healing benchmark (2026-11-30) it named 44 of 108 thin garbage rows (4
-    # without it) but also 2 clean rows in 8 fault-free runs (debug-moe, debug-mod), whose hard
-    # rows stay as far out as garbage does; 16 is the delay to set where thin bad data is expected
-    confirm_after: int = 0
-    confirm_rows: int = 64  # suspects scored again at most per step (one scoring forward)
-
-
-@dataclass
-class RowGateRule(Section):
-    """The row gate (training/row_gate.py): inside a step, before its backward, a row whose target
-    tokens are mostly distinct (`min_distinct` of them: random tokens) and whose loss stands above
-    the median of the last `window` rows by max(sigma x their spread, min_gap) is left out of the
-    step's objective. Auto mode only. Measured on the healing benchmark (2026-11-30, 120 steps):
-    thin_bad_data +2.1% against +4.7% without it; no clean row gated in 9 fault-free runs of the
-    four debug presets, the nearest 0.75 nats under the bar."""
-
-    enabled: bool = True
-    # random tokens of a 512-token vocabulary in rows of 64 targets: 0.86-1.0 distinct; clean rows
-    # reach 0.88, but none of those stood out by its loss (the most 0.97 nats above the median)
-    min_distinct: float = 0.8
-    window: int = 512  # training rows: the reference
-    min_reference: int = 128  # rows seen before any is gated
-    min_targets: int = 32  # a row's mean over fewer is noise
-    sigma: float = 4.0
-    # nats: the reference bar's floor (a row above it stays out of the reference; a step whose ordinary
-    # rows stand above it stands the gate down); a row scored beside ordinary rows the model has learnt
-    # is gated at sigma x spread alone, once it scores as random tokens would (training/row_gate.py gated)
-    min_gap: float = 1.0
 
 
 @dataclass
@@ -443,26 +291,8 @@ class OrchestratorConfig(Section):
         _check(0 < self.min_lr_scale <= 1, "orchestrator.min_lr_scale", "must be in (0, 1]")
         for name in ("spike", "grad", "divergence", "plateau", "throughput", "straggler", "fp16", "moe", "mod"):
             _positive(getattr(self, name), f"orchestrator.{name}", "window")
-        _check(self.spike.min_samples >= 2, "orchestrator.spike.min_samples", "must be >= 2")
-        _check(self.spike.early_steps >= 0, "orchestrator.spike.early_steps", "must be >= 0 (0: off)")
-        _check(self.spike.early_window >= 2, "orchestrator.spike.early_window", "must be >= 2")
-        _positive(self.spike, "orchestrator.spike", "early_sigma", "early_min_rise")
+        check_loss_rules(self)
         check_rl_rules(self)
-        _check(self.divergence.window >= 4, "orchestrator.divergence.window", "must be >= 4")
-        _check(0 < self.divergence.lr_factor < 1, "orchestrator.divergence.lr_factor", "must be in (0, 1)")
-        _check(self.divergence.sigma >= 0, "orchestrator.divergence.sigma", "must be >= 0 (0: min_rise alone)")
-        _check(0 < self.above_start.lr_factor < 1, "orchestrator.above_start.lr_factor", "must be in (0, 1)")
-        _positive(self.above_start, "orchestrator.above_start", "patience", "window")
-        _check(0 < self.above_start.collapse < 1, "orchestrator.above_start.collapse", "must be in (0, 1)")
-        _check(0 <= self.above_start.stall < 1, "orchestrator.above_start.stall", "must be in [0, 1)")
-        _positive(self.above_start, "orchestrator.above_start", "gain_window")
-        _check(0 < self.above_start.min_gain < 1, "orchestrator.above_start.min_gain", "must be in (0, 1)")
-        _check(0 <= self.above_start.unigram_margin < 1, "orchestrator.above_start.unigram_margin", "must be in [0, 1)")
-        _check(
-            self.above_start.gain_steps == 0 or self.above_start.gain_steps >= self.above_start.gain_window,
-            "orchestrator.above_start.gain_steps",
-            f"must be 0 (off) or at least gain_window ({self.above_start.gain_window})",
-        )
         _positive(self.make_up, "orchestrator.make_up", "quiet_steps")
         _check(0 <= self.make_up.max_fraction <= 1, "orchestrator.make_up.max_fraction", "must be in [0, 1]")
         _check(self.plateau.lr_factor >= 1, "orchestrator.plateau.lr_factor", "must be >= 1 (a raise)")
@@ -485,25 +315,7 @@ class OrchestratorConfig(Section):
         )
         _check(self.moe.grace_steps >= 0, "orchestrator.moe.grace_steps", "must be >= 0")
         _positive(self.mod, "orchestrator.mod", "recent", "tolerance", "min_drop")
-        _positive(self.data, "orchestrator.data", "sigma", "reference_rows")
-        _check(
-            self.data.min_gap >= 0 and self.data.watch_steps >= 0,
-            "orchestrator.data",
-            "min_gap and watch_steps must be >= 0",
-        )
-        _positive(self.rows, "orchestrator.rows", "window", "sigma", "max_suspects", "confirm_rows")
-        _check(self.rows.confirm_after >= 0, "orchestrator.rows.confirm_after", "must be >= 0 (0: never)")
-        _check(
-            0 <= self.rows.min_gap <= self.rows.certain_gap and self.rows.min_reference >= 0,
-            "orchestrator.rows",
-            "min_gap and min_reference must be >= 0, certain_gap >= min_gap",
-        )
-        _positive(self.row_gate, "orchestrator.row_gate", "window", "sigma")
-        _check(
-            0 < self.row_gate.min_distinct <= 1 and self.row_gate.min_gap >= 0 and self.row_gate.min_reference >= 0,
-            "orchestrator.row_gate",
-            "min_distinct must be in (0, 1], min_gap and min_reference >= 0",
-        )
+        check_row_rules(self)
         _check(self.lr.factor > 2, "orchestrator.lr.factor", "must be > 2 (warm-up doubles the LR once)")
         _check(self.oom.max_retries >= 1, "orchestrator.oom.max_retries", "must be >= 1")
         _positive(self.early_stop, "orchestrator.early_stop", "patience")

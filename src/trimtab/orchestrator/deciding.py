@@ -84,7 +84,15 @@ class Deciding:
             summary=f.summary,
             loss_before=self.recent_losses.mean() if len(self.recent_losses) else None,
         )
-        if mode == "auto":
+        self._carry_out(run, decision, remedy, withheld, gated)
+        self.journal.add(decision)
+        run.say(decision.console_line())
+        return decision
+
+    def _carry_out(self, run: RunView, decision: Decision, remedy: Remedy, withheld: bool, gated: bool) -> None:
+        """What `decision` did: in auto mode the remedy's commit, and its action requested through
+        Control (its result journaled when the loop applies it); advice and notes get their outcome now."""
+        if decision.mode == "auto":
             remedy.applied()
         elif remedy.action not in RECORDED:  # advice: nothing to judge (a track record is the applied ones')
             decision.outcome = {"result": "not applied", "steps": 0}
@@ -96,15 +104,12 @@ class Deciding:
             decision.applied = ["the re-run's update applied; the first computation's discarded"]
         elif remedy.action == "resume":
             decision.applied = [f"resumed at step {remedy.params['step']} on {ranks(remedy.params['world'])}"]
-        elif mode == "auto" and remedy.action != "none":
+        elif decision.mode == "auto" and remedy.action != "none":
             if gated:
                 decision.applied = ["update withheld before the optimizer step"]
             if remedy.action == "rollback":  # on_rollback judges the branch it abandons, but this decision
                 self.rolling_back = decision.id
             run.control.request(remedy.action, on_done=lambda line, d=decision: self._applied(d, line), **remedy.params)
-        self.journal.add(decision)
-        run.say(decision.console_line())
-        return decision
 
     def _seen_again(self, decision: Decision, f: Finding) -> Decision:
         """Finding f came back to `decision`'s answer: counted on it (a count, not a list: a long

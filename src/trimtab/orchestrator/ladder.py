@@ -9,8 +9,8 @@
 
 It climbs when `escalate_after` instability findings fall within `escalation_window` steps of
 each other (skipping did not help), and falls back to rung 0 after a quiet window. Before the
-first climb a held-out probe tells bad data (leave its rows out, the LR stays) from broken
-weights (roll back at once, keeping the data). A breakage is the LR's doing, and the rollback
+first climb a held-out probe (diagnosis.py) tells bad data (leave its rows out, the LR stays) from
+broken weights (roll back at once, keeping the data). A breakage is the LR's doing, and the rollback
 cuts it decisively (x above_start.lr_factor, as a loss above its start gets), when it comes
 back before the replay got clear of the last one, or when early in a phase it leaves the weights
 worse than the untouched ones.
@@ -31,16 +31,11 @@ from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.attribution import DataAttribution
+from trimtab.orchestrator.diagnosis import HeldOutDiagnosis
 from trimtab.orchestrator.monitors import Finding
 from trimtab.orchestrator.remedies import GAVE_UP, Remedy
 from trimtab.orchestrator.spikes import EarlySpikes
 from trimtab.orchestrator.too_high import TooHighLR
-
-# held-out loss within this share of the reference (or 0.1 nats): the weights are sound, the data is
-# suspect. The probe scores the same rows each time, so it moves only with the weights; at 5% weights
-# wrecked at step 30 (5.55 against 5.31) read as sound, and the ladder left out clean rows and
-# withheld every update for 90 steps (+33%, against +4.5% with the orchestrator off).
-DATA_MARGIN = 0.02
 
 
 @dataclass
@@ -53,19 +48,57 @@ class Ladder:
     nan: bool = False
     finite: bool = False
     gradient_only: bool = True  # every finding so far a gradient-norm spike (rule grad): the loss never spiked
-    spared: bool = False  # a climb of those answered by skipping, the LR kept (_spare)
+    spared: bool = False  # a climb of those answered by skipping, the LR kept (GRADIENT_ONLY)
 
 
-class InstabilityLadder(EarlySpikes, TooHighLR):
-    """The Policy's instability family (it holds the state named here; an LR far too high: too_high.py)."""
+@dataclass(frozen=True)
+class Harmless:
+    """A climb skipping answers, the LR kept, though the findings were many: the held-out probe found the
+    weights sound and no row of the steps is to blame, so what the findings were says an LR cut, which
+    slows every later update, answers nothing. The fields word the decision."""
+
+    findings: str
+    seen: str  # what the findings showed besides
+    rows: str  # why no row is to blame
+    verdict: str
+    climbs: str  # what still climbs
+    once: bool  # once an incident (Ladder.spared)
+
+
+# Gradient-norm spikes alone, their updates withheld, the loss never spiked: the skipped updates did no
+# harm, and a cut would be kept until lr_restore_after quiet steps for a few steps' spikes (debug-mod,
+# grad_spike at steps 40-43: 4.23 with the cut against 4.07 with the orchestrator off; OLMo-core skips
+# such steps and nothing more). Once an incident: as many spikes again within the window cut it.
+GRADIENT_ONLY = Harmless(
+    findings="gradient-norm spikes",
+    seen="their updates withheld, but the loss never spiked, ",
+    rows="no row of the steps scores as an outlier",
+    verdict="the skipped updates did no harm",
+    climbs="as many spikes again within the window cut it",
+    once=True,
+)
+# Isolated NaN / inf losses (healthy steps trained between them) and no row NaN on its own: the fault
+# follows neither the weights (they score as before, and the steps between trained on them at this LR)
+# nor the data (attribution.py) (debug, a NaN loss every 10 steps: cut to x0.25 and rolled back, 4.43
+# against 4.17 fault-free). NaN steps back to back (nothing trains) climb as ever: LR cut, rollback, stop.
+ISOLATED_NAN = Harmless(
+    findings="NaN / inf losses",
+    seen="each with healthy steps between, but ",
+    rows="no row is NaN on its own",
+    verdict="neither the weights nor the data explain them, and an LR cut would only slow every later update",
+    climbs="NaN losses back to back cut it",
+    once=False,
+)
+
+
+class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis):
+    """The Policy's instability family (it holds the state named here; an LR far too high: too_high.py;
+    the held-out probe's judgements: diagnosis.py)."""
 
     cfg: OrchestratorConfig
     ladder: Ladder
     data: DataAttribution
     last_lr_change: int  # step of the last LR decision applied (cooldowns, grace periods)
-    probe_baseline: float | None  # held-out loss at the last good checkpoint
-    start_probe: float | None  # held-out loss of the phase's untouched weights
-    fresh_probe: float | None  # ... of calm weights since, before a good checkpoint is measured
     phase_start: int  # the step the current phase started after
     lr_too_high_at: int  # step of the last decisive LR cut: rows' losses are the model's for a while
     unstable_at: int  # step of the last LR cut or rollback (unsettled)
@@ -102,10 +135,9 @@ class InstabilityLadder(EarlySpikes, TooHighLR):
             remedy = self._data(view, verdict[1])
             if remedy is not None:
                 return remedy
-            if ladder.gradient_only and not ladder.spared:
-                return self._spare(verdict[1])
-            if ladder.nan and not ladder.finite and _isolated(ladder.recent):
-                return self._nan_on_sound(verdict[1])
+            harmless = self._harmless()
+            if harmless is not None:
+                return self._skip_harmless(harmless, verdict[1])
         if verdict and verdict[0] == "broken":
             early = min(ladder.recent) - self.phase_start < cfg.escalation_window
             ladder.recent = []  # the climb is answered (applied or advised): the next needs as many findings
@@ -122,38 +154,26 @@ class InstabilityLadder(EarlySpikes, TooHighLR):
             return self._cut(f, view)
         return self._rollback(view)
 
-    def _spare(self, probe: float) -> Remedy:
-        """Gradient-norm spikes alone, their updates withheld, the loss never spiked, the weights
-        sound on held-out data and no row of the steps an outlier: the skipped updates did no
-        harm, and an LR cut would slow every step after (kept until lr_restore_after quiet steps)
-        for a few steps' spikes (debug-mod, grad_spike at steps 40-43: 4.23 with the cut against
-        4.07 with the orchestrator off; OLMo-core skips such steps and nothing more). Skip, the
-        LR kept, once an incident: as many spikes again within the window cut it."""
-        n = len(self.ladder.recent)
-        self.ladder.recent, self.ladder.spared = [], True  # the climb is answered (applied or advised)
-        return Remedy(
-            action="skip_step",
-            reasoning=f"{n} gradient-norm spikes within {self.cfg.escalation_window} steps, their updates withheld, "
-            f"but the loss never spiked, the model still scores {probe:.3f} on held-out data (against "
-            f"{self._against()}) and no row of the steps scores as an outlier: the skipped updates did no harm; skip "
-            "this one too and keep the LR (as many spikes again within the window cut it)",
-        )
+    def _harmless(self) -> Harmless | None:
+        """Which of the cases skipping answers with the LR kept, if any, the climb is (the probe
+        found the weights sound and no row of the steps is to blame)."""
+        ladder = self.ladder
+        if ladder.gradient_only and not ladder.spared:
+            return GRADIENT_ONLY
+        if ladder.nan and not ladder.finite and _isolated(ladder.recent):
+            return ISOLATED_NAN
+        return None
 
-    def _nan_on_sound(self, probe: float) -> Remedy:
-        """Isolated NaN / inf losses (healthy steps trained between them), their updates withheld,
-        the weights sound on held-out data and no row NaN on its own: the fault follows neither the
-        weights (they score as before, and the steps between trained on them at this LR) nor the
-        data (attribution.py), so an LR cut, which slows every later update, answers nothing (debug,
-        a NaN loss every 10 steps: cuts to x0.25 and a rollback, 4.43 against 4.17 fault-free).
-        Skip, the LR kept. NaN steps back to back (nothing trains) climb as ever: LR cut, rollback, stop."""
+    def _skip_harmless(self, case: Harmless, probe: float) -> Remedy:
+        """Skip, the LR kept: an LR cut slows every later update and would answer nothing."""
         n = len(self.ladder.recent)
         self.ladder.recent = []  # the climb is answered (applied or advised)
+        self.ladder.spared = self.ladder.spared or case.once
         return Remedy(
             action="skip_step",
-            reasoning=f"{n} NaN / inf losses within {self.cfg.escalation_window} steps, each with healthy steps "
-            f"between, but the model still scores {probe:.3f} on held-out data (against {self._against()}) and no "
-            "row is NaN on its own: neither the weights nor the data explain them, and an LR cut would only slow "
-            "every later update; skip this one too and keep the LR (NaN losses back to back cut it)",
+            reasoning=f"{n} {case.findings} within {self.cfg.escalation_window} steps, {case.seen}the model still "
+            f"scores {probe:.3f} on held-out data (against {self._against()}) and {case.rows}: {case.verdict}; skip "
+            f"this one too and keep the LR ({case.climbs})",
         )
 
     def _cut(self, f: Finding, view: Any) -> Remedy:
@@ -340,93 +360,6 @@ class InstabilityLadder(EarlySpikes, TooHighLR):
         elif again or high:
             why += f", but it is at its floor (orchestrator.min_lr_scale={self.cfg.min_lr_scale:g}): lower optim.lr"
         return why
-
-    def _worse_than_untouched(self, probe: float) -> bool:
-        """The held-out probe worse than the phase's untouched weights scored (as the diagnosis
-        measures worse)."""
-        start = self.start_probe
-        return start is not None and math.isfinite(probe) and probe > start + max(0.1, 0.05 * start)
-
-    def reference(self) -> float | None:
-        """The held-out loss a probe is judged against: the last good checkpoint's, or one of calm
-        weights trained since the phase's start where that is lower (core.py _fresh_reference)."""
-        if self.probe_baseline is None or self.fresh_probe is None or not math.isfinite(self.fresh_probe):
-            return self.probe_baseline
-        return min(self.probe_baseline, self.fresh_probe)
-
-    def _against(self) -> str:
-        """The reference named in a diagnosis's reasoning."""
-        ref = self.reference()
-        if ref == self.probe_baseline:
-            return f"{ref:.4g} at the last good checkpoint"
-        return f"{ref:.4g} of the weights trained since the phase's start, before its first checkpoint"
-
-    def _diagnose(self, view: Any, sudden: bool) -> tuple[str, float] | None:
-        """Bad data or a bad model? Megatron reruns the step; here the model is scored on a
-        held-out batch and compared with its score at the last good checkpoint. After sudden
-        findings (spikes, NaN), whose updates the gate withheld, held-out rows scoring worse mean
-        the weights broke before the first of them (one update wrecked them: every batch since
-        scores high); after a rising trend they mean the model drifts, which the LR cut answers."""
-        probe = view.probe_loss()
-        if probe is not None and not math.isfinite(probe):  # NaN weights: with or without held-out data
-            return "broken", probe
-        if self.reference() is None or probe is None:
-            return None
-        if self.sound(probe):
-            return "data", probe
-        return ("broken", probe) if sudden else None
-
-    def sound(self, probe: float | None) -> bool:
-        """Whether a held-out probe shows sound weights: finite and within the diagnosis's margin of
-        the reference (what _diagnose reads as "the data's, not the model's"). False when nothing
-        can be compared (no held-out data: RL, DPO)."""
-        reference = self.reference()
-        if reference is None or probe is None or not math.isfinite(probe):
-            return False
-        return probe <= reference + max(0.1, DATA_MARGIN * reference)
-
-    def learned(self, probe: float | None) -> bool:
-        """Sound, and better than the phase's untouched weights by the same margin: weights wrecked
-        in a phase's first steps score no worse than those (core.py: _fresh_reference), so against
-        them alone soundness says nothing of a checkpoint (core.py: healthy)."""
-        start = self.start_probe
-        return self.sound(probe) and (start is None or probe < start - max(0.1, DATA_MARGIN * start))
-
-    def verify_end(self, view: Any) -> tuple[Finding, Remedy] | None:
-        """Is the state a phase ends in sound? The held-out probe against the last good
-        checkpoint's: broken when it is not finite, when it is worse (as the diagnosis measures
-        worse) after instability since that checkpoint, or when it is worse by three times that
-        with no finding at all (wrecked weights whose loss never spiked). Broken: roll back like a
-        diagnosis of broken weights mid-run (the second time within the replay with an LR cut, at
-        max_rollbacks a stop). None when sound, or when nothing can be compared."""
-        if self.probe_baseline is None or (probe := view.probe_loss()) is None:
-            return None
-        margin = max(0.1, 0.05 * self.probe_baseline)
-        unsettled = self.ladder.last_step > view.last_good  # instability since the last good checkpoint
-        if math.isfinite(probe) and probe <= self.probe_baseline + (margin if unsettled else 3 * margin):
-            return None
-        f = Finding(
-            rule="end",
-            family="instability",
-            step=view.step,
-            evidence={
-                "probe": probe,
-                "baseline": self.probe_baseline,
-                "last_good": view.last_good,
-                "instability_since_last_good": unsettled,
-            },
-            summary=f"the phase ends at held-out loss {probe:.4g} against {self.probe_baseline:.4g} at the last "
-            f"good checkpoint (step {view.last_good})",
-            strength=1.0,
-        )
-        self.ladder.last_step = view.step
-        cause = (
-            f"{probe:.4g} on held-out data at the end of the phase against {self.probe_baseline:.4g} at the last "
-            f"good checkpoint (step {view.last_good}), "
-            + ("after instability since then" if unsettled else "with no finding: weights wrecked without a spike")
-            + ", not a state to save as final"
-        )
-        return f, self._rollback(view, broken=probe, cause=cause)
 
     def quiet(self, step: int, view: Any) -> Remedy | None:
         """Called every step: after a quiet window the ladder falls back to rung 0, and the open

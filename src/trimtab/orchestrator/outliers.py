@@ -48,7 +48,8 @@ from collections import deque
 from statistics import median
 from typing import Any
 
-from trimtab.config.orchestrator import OrchestratorConfig, RowGateRule
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.config.row_rules import RowGateRule
 from trimtab.orchestrator.monitors import Finding, Monitor, StepMetrics, outlier_threshold
 
 

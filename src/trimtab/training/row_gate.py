@@ -71,7 +71,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trimtab.config.orchestrator import RowGateRule
+from trimtab.config.row_rules import RowGateRule
 from trimtab.training.loss import CHUNK_TOKENS, IGNORE_INDEX
 
 MAD_TO_SIGMA = 1.4826  # a normal distribution's std per median absolute deviation

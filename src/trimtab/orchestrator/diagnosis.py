@@ -1,0 +1,122 @@
+"""The instability ladder's held-out probe, a part of InstabilityLadder (ladder.py): the model
+scored on held-out rows and judged against a reference (the last good checkpoint's score, or calm
+weights' since the phase's start). Sound weights put the blame on the data, worse ones on the
+weights (Megatron-LM reruns the step to tell them apart; the probe costs one forward). At a phase's
+end it decides whether the state is fit to be saved as final (verify_end)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from trimtab.orchestrator.monitors import Finding
+from trimtab.orchestrator.remedies import Remedy
+
+# held-out loss within this share of the reference (or 0.1 nats): the weights are sound, the data is
+# suspect. The probe scores the same rows each time, so it moves only with the weights; at 5% weights
+# wrecked at step 30 (5.55 against 5.31) read as sound, and the ladder left out clean rows and
+# withheld every update for 90 steps (+33%, against +4.5% with the orchestrator off).
+DATA_MARGIN = 0.02
+# held-out loss above a reference by this share (or 0.1 nats) is worse: weights broken, not noise
+WORSE_SHARE = 0.05
+
+
+def margin(reference: float, share: float) -> float:
+    """How far a held-out loss may move from `reference` before it counts: `share` of it, at least 0.1 nats
+    (a small reference's share is below the probe's noise)."""
+    return max(0.1, share * reference)
+
+
+class HeldOutDiagnosis:
+    """InstabilityLadder's probe judgements (it holds the state and the methods named here)."""
+
+    probe_baseline: float | None  # held-out loss at the last good checkpoint
+    start_probe: float | None  # held-out loss of the phase's untouched weights
+    fresh_probe: float | None  # ... of calm weights since, before a good checkpoint is measured
+
+    def _worse_than_untouched(self, probe: float) -> bool:
+        """The held-out probe worse than the phase's untouched weights scored (as the diagnosis
+        measures worse)."""
+        start = self.start_probe
+        return start is not None and math.isfinite(probe) and probe > start + margin(start, WORSE_SHARE)
+
+    def reference(self) -> float | None:
+        """The held-out loss a probe is judged against: the last good checkpoint's, or one of calm
+        weights trained since the phase's start where that is lower (core.py _fresh_reference)."""
+        if self.probe_baseline is None or self.fresh_probe is None or not math.isfinite(self.fresh_probe):
+            return self.probe_baseline
+        return min(self.probe_baseline, self.fresh_probe)
+
+    def _against(self) -> str:
+        """The reference named in a diagnosis's reasoning."""
+        ref = self.reference()
+        if ref == self.probe_baseline:
+            return f"{ref:.4g} at the last good checkpoint"
+        return f"{ref:.4g} of the weights trained since the phase's start, before its first checkpoint"
+
+    def _diagnose(self, view: Any, sudden: bool) -> tuple[str, float] | None:
+        """Bad data or a bad model? Megatron reruns the step; here the model is scored on a
+        held-out batch and compared with its score at the last good checkpoint. After sudden
+        findings (spikes, NaN), whose updates the gate withheld, held-out rows scoring worse mean
+        the weights broke before the first of them (one update wrecked them: every batch since
+        scores high); after a rising trend they mean the model drifts, which the LR cut answers."""
+        probe = view.probe_loss()
+        if probe is not None and not math.isfinite(probe):  # NaN weights: with or without held-out data
+            return "broken", probe
+        if self.reference() is None or probe is None:
+            return None
+        if self.sound(probe):
+            return "data", probe
+        return ("broken", probe) if sudden else None
+
+    def sound(self, probe: float | None) -> bool:
+        """Whether a held-out probe shows sound weights: finite and within the diagnosis's margin of
+        the reference (what _diagnose reads as "the data's, not the model's"). False when nothing
+        can be compared (no held-out data: RL, DPO)."""
+        reference = self.reference()
+        if reference is None or probe is None or not math.isfinite(probe):
+            return False
+        return probe <= reference + margin(reference, DATA_MARGIN)
+
+    def learned(self, probe: float | None) -> bool:
+        """Sound, and better than the phase's untouched weights by the same margin: weights wrecked
+        in a phase's first steps score no worse than those (core.py: _fresh_reference), so against
+        them alone soundness says nothing of a checkpoint (core.py: healthy)."""
+        start = self.start_probe
+        return self.sound(probe) and (start is None or probe < start - margin(start, DATA_MARGIN))
+
+    def verify_end(self, view: Any) -> tuple[Finding, Remedy] | None:
+        """Is the state a phase ends in sound? The held-out probe against the last good
+        checkpoint's: broken when it is not finite, when it is worse (as the diagnosis measures
+        worse) after instability since that checkpoint, or when it is worse by three times that
+        with no finding at all (wrecked weights whose loss never spiked). Broken: roll back like a
+        diagnosis of broken weights mid-run (the second time within the replay with an LR cut, at
+        max_rollbacks a stop). None when sound, or when nothing can be compared."""
+        if self.probe_baseline is None or (probe := view.probe_loss()) is None:
+            return None
+        worse = margin(self.probe_baseline, WORSE_SHARE)
+        unsettled = self.ladder.last_step > view.last_good  # instability since the last good checkpoint
+        if math.isfinite(probe) and probe <= self.probe_baseline + (worse if unsettled else 3 * worse):
+            return None
+        f = Finding(
+            rule="end",
+            family="instability",
+            step=view.step,
+            evidence={
+                "probe": probe,
+                "baseline": self.probe_baseline,
+                "last_good": view.last_good,
+                "instability_since_last_good": unsettled,
+            },
+            summary=f"the phase ends at held-out loss {probe:.4g} against {self.probe_baseline:.4g} at the last "
+            f"good checkpoint (step {view.last_good})",
+            strength=1.0,
+        )
+        self.ladder.last_step = view.step
+        cause = (
+            f"{probe:.4g} on held-out data at the end of the phase against {self.probe_baseline:.4g} at the last "
+            f"good checkpoint (step {view.last_good}), "
+            + ("after instability since then" if unsettled else "with no finding: weights wrecked without a spike")
+            + ", not a state to save as final"
+        )
+        return f, self._rollback(view, broken=probe, cause=cause)
