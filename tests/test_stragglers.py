@@ -3,8 +3,11 @@ slower than when named: a first reading on a loaded host (confidence under min_c
 only) must not be the stretch's only finding."""
 
 import pytest
+import torch
 
 from trimtab.config import OrchestratorConfig
+from trimtab.config.distributed import DistributedConfig
+from trimtab.distributed import Parallel, parallel, work_clock
 from trimtab.orchestrator import stragglers
 from trimtab.orchestrator.stragglers import Stragglers
 
@@ -15,7 +18,7 @@ def _windows(monkeypatch, mon, computes):
     for step, per_rank in enumerate(computes, 1):
         monkeypatch.setattr(stragglers, "all_gather_floats", lambda mine, c=per_rank: [[x] for x in c])
         for _ in range(mon.cfg.window):
-            f = mon.observe(step * mon.cfg.window, 0.1, 0.0)
+            f = mon.observe(step * mon.cfg.window, 0.0)
         findings.append(f)
     return findings
 
@@ -45,3 +48,27 @@ def test_the_named_scores_survive_a_resume_and_an_older_checkpoints_list_reads(m
     old = Stragglers(OrchestratorConfig())
     old.load_state_dict({"strikes": {"1": 3}, "named": [1], "best": [0.1, 0.2]})
     assert old.named == {1: old.cfg.threshold}
+
+
+def test_a_ranks_compute_is_its_work_before_the_agreement_point_not_its_waits_for_the_others(monkeypatch):
+    """A fast rank's step: 0.1 s of its own work, then 0.5 s waiting in agree() and 0.9 s in DDP's
+    gradient all-reduce for a slow peer. Its compute is the 0.1 s: the step less agree()'s wait
+    (1.0 s, the old measure) read a rank 30x slower at 0.62x this one's speed."""
+    now = [0.0]
+    monkeypatch.setattr(work_clock.time, "perf_counter", lambda: now[0])
+
+    def waits(values):  # the peer arrives 0.5 s later
+        now[0] += 0.5
+        return values
+
+    monkeypatch.setattr(parallel, "all_max", waits)
+    rank = Parallel(DistributedConfig(), torch.device("cpu"), world=2, rank_=0)
+    mon, gathered = Stragglers(OrchestratorConfig()), []
+    monkeypatch.setattr(stragglers, "all_gather_floats", lambda mine: gathered.append(mine) or [mine, [1.0]])
+    for step in range(1, mon.cfg.window + 1):
+        rank.step_starts()
+        now[0] += 0.1  # data, forwards
+        rank.agree()
+        now[0] += 0.9  # the last backward, waiting in the gradient all-reduce
+        mon.observe(step, rank.work.seconds)
+    assert gathered == [[pytest.approx(0.1)]]

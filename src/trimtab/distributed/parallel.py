@@ -31,7 +31,6 @@ import dataclasses
 import logging
 import os
 import signal
-import time
 import weakref
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
@@ -56,6 +55,7 @@ from trimtab.distributed.group import (
     set_cpu_group,
 )
 from trimtab.distributed.mesh import Mesh
+from trimtab.distributed.work_clock import WorkClock
 from trimtab.errors import ConfigError
 from trimtab.hardware import is_oom
 
@@ -94,7 +94,7 @@ class Parallel(Checkpoints):
         self._contexts = ExitStack()  # held for the whole run (tensor parallelism's loss)
         self._signal = 0  # a signal this rank received, not yet agreed (signal number)
         self._agreed = False  # the ranks met before this step's communicating backward
-        self.waited = 0.0  # seconds this rank waited at the agreement points (the straggler rule)
+        self.work = WorkClock(device)  # this rank's own work before the agreement points (the straggler rule)
         self._caught: BaseException | None = None  # an OOM a block swallowed this step (FSDP2), told at agree()
         self._told: BaseException | None = None  # the last OOM agree() announced
         self.completion: ForwardCompletion | None = None  # FSDP2: a forward failed on this rank finished for the others
@@ -281,6 +281,11 @@ class Parallel(Checkpoints):
 
     # -------------------------------------------------------------- the step
 
+    def step_starts(self) -> None:
+        """This rank's step begins: its own work until agree() (WorkClock) is what the straggler rule compares."""
+        if self.world > 1:
+            self.work.start()
+
     def agree(self) -> str:
         """Every rank meets here before the backward that communicates (the step's last): if one
         ran out of memory earlier in the step, all raise so that all shrink together and retry the
@@ -294,9 +299,8 @@ class Parallel(Checkpoints):
         if self.world == 1:
             return ""
         caught, self._caught = self._caught, None
-        arrived = time.perf_counter()
+        self.work.stop()  # what came before was this rank's own work; the waits start here
         oom, signum = all_max([int(caught is not None), self._signal])
-        self.waited += time.perf_counter() - arrived  # for the others: how much faster this rank is
         if caught is not None:
             self._told = caught  # announced here: announce_oom must not call the others again
             raise caught

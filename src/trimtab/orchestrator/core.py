@@ -153,7 +153,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             if (f := rerun_finding(out.step, out.rerun, self.reruns, self.transient_faults, suspect_after)) is not None:
                 self.decide(run, f)
         if self.stragglers is not None and run.world > 1 and self.mode != "off" and "straggler" not in self.paused:
-            if (f := self.stragglers.observe(out.step, out.seconds, run.waited_s)) is not None:
+            if (f := self.stragglers.observe(out.step, run.work_s)) is not None:
                 self.decide(run, f)
         if self.replicas is not None and run.replicated and self.mode != "off" and "replicas" not in self.paused:
             if self.replicas.due(out.step) and (f := self.replicas.observe(out.step, run.weight_checksum())):

@@ -1,6 +1,6 @@
 """Stragglers: one slow rank slows every rank (they wait for it at each collective), and nobody
-is told. Every `window` steps each rank's compute over the window (its step time less what it
-waited at the steps' agreement points, Parallel.agree) is gathered; a rank whose speed is below
+is told. Every `window` steps each rank's compute over the window (its own work before the steps'
+agreement points, distributed/work_clock.py: no wait for the others in it) is gathered; a rank whose speed is below
 `threshold` of the fastest rank's for `patience` windows in a row is named with the evidence
 (NVIDIA's resiliency extension scores ranks the same way: the best rank's time over this rank's,
 0.75 its threshold). Its score against its own best window says whether it slowed down or was
@@ -29,22 +29,21 @@ class Stragglers:
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.straggler
-        self.seconds = 0.0  # this rank's step time over the window so far
         self.steps = 0
-        self.waited = 0.0  # RunView.waited_s at the window's start
+        self.work = 0.0  # RunView.work_s at the window's start
         self.strikes: dict[int, int] = {}  # rank -> windows in a row below the threshold
         self.named: dict[int, float] = {}  # rank -> its score when named in this slow stretch
         self.best: list[float] = []  # each rank's fastest window (seconds of compute per step)
 
-    def observe(self, step: int, seconds: float, waited_s: float) -> Finding | None:
-        """A step of `seconds` done; every `window` steps (on every rank alike: a collective),
-        the finding when a rank has been slow for `patience` windows."""
-        self.seconds += seconds
+    def observe(self, step: int, work_s: float) -> Finding | None:
+        """A step done, this rank's own work `work_s` seconds so far (RunView.work_s); every
+        `window` steps (on every rank alike: a collective), the finding when a rank has been slow
+        for `patience` windows."""
         self.steps += 1
         if self.steps < self.cfg.window:
             return None
-        mine = (self.seconds - (waited_s - self.waited)) / self.steps
-        self.seconds, self.steps, self.waited = 0.0, 0, waited_s
+        mine = (work_s - self.work) / self.steps
+        self.steps, self.work = 0, work_s
         compute = [max(row[0], 1e-9) for row in all_gather_floats([mine])]
         self.best = [min(b, c) for b, c in zip(self.best, compute)] if self.best else list(compute)
         fastest = min(compute)

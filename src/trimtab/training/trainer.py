@@ -151,6 +151,7 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
                 self.watchdog.beat("data", self.state.step + 1)
                 if self.replicas is not None and self.replicas.quorum(lambda: self.state.step):  # resilience.ft
                     self.save()  # a state went to a replacement: sender and receiver save it alike
+                self.dist.step_starts()  # the straggler rule's measure of this rank's own work
                 batch = self._next_batch()
                 if batch is None:  # out of memory generating, with nothing left to shrink: stop_reason says why
                     break

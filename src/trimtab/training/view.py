@@ -88,9 +88,10 @@ class RunView:
         return int(torch.stack(sums).sum()) if sums else 0
 
     @property
-    def waited_s(self) -> float:
-        """Seconds this rank has waited for the others at the steps' agreement points (0 alone)."""
-        return self._t.dist.waited
+    def work_s(self) -> float:
+        """Seconds of this rank's own work, its steps' starts to their agreement points (0 alone:
+        distributed/work_clock.py)."""
+        return self._t.dist.work.seconds
 
     @property
     def is_main(self) -> bool:
