@@ -151,3 +151,43 @@ def test_an_lr_3x_too_high_is_found_stalled_at_the_unigram_level_and_trained_aga
     assert first["evidence"]["level"] >= 0.95 * first["evidence"]["unigram"]
     assert first["params"]["lr_factor"] == pytest.approx(0.1**0.5) and "to step 0" in first["applied"][0]
     assert "blind to context" in first["reasoning"]
+
+
+def _feed(mon, losses, gains, first=1):
+    """Each step's finding, the schedule warmed up over 10 steps, each step's 4 rows its own; a
+    gain for the steps `gains` holds."""
+    return [
+        mon.observe(
+            StepMetrics(
+                step=s,
+                loss=loss,
+                grad_norm=1.0,
+                scheduled_lr=min(1.0, s / 10),
+                rows=[4 * s + i for i in range(4)],
+                update_gain=gains.get(s),
+            )
+        )
+        for s, loss in enumerate(losses, first)
+    ]
+
+
+def test_a_stall_after_one_garbage_step_in_the_warm_up_blames_its_rows_first_and_the_lr_if_it_stays():
+    """debug, bad_batch every 10 steps: step 10's garbage (its loss jumped, its update delivered
+    0.43 against a median of 0.72) held the model at 5.0, 0.3-0.4 over a fault-free run, and the
+    stall cut the LR x0.316 for good (4.54 against 4.17 clean). One such step is not enough for
+    the first steps' own check (MIN_JUMPS): the stall blames it, once; a stall that stays after
+    the replay without those rows is the LR's."""
+    mon = AboveStart(OrchestratorConfig())
+    mon.unigram = 5.26
+    at_start = mon.state_dict()
+    losses = [6.2 - 0.1 * s for s in range(9)] + [6.4] + [5.1] * 40
+    gains = {s: 0.8 for s in range(1, 16)} | {10: 0.3}
+    fired = [f for f in _feed(mon, losses, gains) if f is not None]
+    assert len(fired) == 1, [f.summary for f in fired]
+    rows = fired[0].evidence
+    assert rows["jumped_steps"] == [10] and rows["rows"] == [40, 41, 42, 43] and rows["since"] == 1
+    assert not mon.fired and mon.data_read  # the LR not judged too high (yet)
+    mon.load_state_dict(at_start)  # the rollback to step 0: the replay without step 10's rows
+    again = [f for f in _feed(mon, [6.2 - 0.1 * s for s in range(10)] + [5.1] * 40, gains) if f is not None]
+    assert len(again) == 1 and "jumped_steps" not in again[0].evidence and again[0].evidence["unigram"] == 5.26
+    assert mon.fired

@@ -101,6 +101,11 @@ class TooHighLR:
                 f"({f.evidence['median_gain']:.2f}): an LR too high shows on every step, and a jump it causes "
                 "delivers more as the loss falls back"
             )
+        if "unigram" in f.evidence:  # found at a stall (AboveStart._stall_jumps), not by the gain
+            seen = (
+                f"the loss stalls at {f.evidence['level']:.3f}, near the {f.evidence['unigram']:.3f} of a model blind "
+                f"to context, and {seen}"
+            )
         why = f"{seen}; the {len(rows)} rows of those steps are to blame (garbage makes a young model's loss jump back)"
         evidence = {"rows_outliers": len(rows), "jumped_steps": f.evidence["jumped_steps"]}
         if self.rollbacks < self.cfg.max_rollbacks and view.has_checkpoint(start):

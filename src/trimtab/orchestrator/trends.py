@@ -246,12 +246,7 @@ class AboveStart(Monitor):
         gains did not pull the median under min_gain (debug-hybrid, bad_batch@5:4: 0.28-0.63, the
         model then slow for the rest of the run, 4.77 against 4.13 clean), blamed once a phase."""
         jumps = self._low(self.early_jumps)
-        rest = list(self.first_gains)
-        for j in self.early_jumps:
-            if j["gain"] in rest:
-                rest.remove(j["gain"])
-        sound = _mid(rest)
-        if not self._blamable(jumps, m) or len(jumps) < MIN_JUMPS or sound is None or sound < self.cfg.min_gain:
+        if len(jumps) < MIN_JUMPS or not self._rest_sound(jumps, m):
             return None  # the other steps' updates overshoot too: the LR's
         evidence = {"loss": m.loss, "start": self.start, "median_gain": _mid(self.first_gains)}
         evidence["since"] = self.first_step if self.first_step is not None else m.step
@@ -264,6 +259,16 @@ class AboveStart(Monitor):
             "steps' rows",
             0.6,
         )
+
+    def _rest_sound(self, jumps: list[dict[str, Any]], m: StepMetrics) -> bool:
+        """Whether `jumps` may be blamed (_blamable) and the phase's other measured updates vouch
+        for the LR: their median gain at min_gain or more."""
+        rest = list(self.first_gains)
+        for j in self.early_jumps:
+            if j["gain"] in rest:
+                rest.remove(j["gain"])
+        sound = _mid(rest)
+        return self._blamable(jumps, m) and sound is not None and sound >= self.cfg.min_gain
 
     def _blamable(self, jumps: list[dict[str, Any]], m: StepMetrics) -> bool:
         """Whether jumped steps may be blamed: some, none blamed yet this phase, the LR neither
@@ -348,6 +353,8 @@ class AboveStart(Monitor):
         self.held = self.held + 1 if held else 0
         if self.held < window or not self.keeps_start(m.step):  # held a whole window: no passing pause
             return None
+        if (f := self._stall_jumps(m, level)) is not None:
+            return f
         self.losses, self.gains, self.jumped, self.over, self.fired, self.grads = [], [], [], [], True, []
         return self.finding(
             m,
@@ -364,6 +371,31 @@ class AboveStart(Monitor):
             f"loss {level:.3f} (median of {window} steps) stalls at the {self.unigram:.3f} of predicting each token "
             "from no context (the data's unigram entropy)",
             0.7,
+        )
+
+    def _stall_jumps(self, m: StepMetrics, level: float) -> Finding | None:
+        """A stall at the unigram level after a step of the phase's first ones whose loss jumped back
+        up and whose update delivered under the phase's median gain, the other steps' updates sound:
+        that step's rows first (once a phase, _blamable), not the LR, even one step (_jumps_found
+        asks MIN_JUMPS without a stall). debug with bad_batch every 10 steps: step 10's garbage,
+        applied at the warm-up's peak LR (the spike rule judges from step 20), held the loss 0.3-0.4
+        over a fault-free run's by steps 31-46 (5.03 against 4.65), and the LR cut x0.316 for a stall
+        ended 4.54 against 4.17 clean. Should the stall come back after the replay, the LR is cut."""
+        jumps = self._low(self.early_jumps)
+        if not self._rest_sound(jumps, m):
+            return None
+        self.losses, self.held = [], 0
+        evidence = {"loss": m.loss, "start": self.start, "level": level, "unigram": self.unigram}
+        evidence |= {"median_gain": _mid(self.first_gains), "window": self.cfg.window}
+        evidence["since"] = self.first_step if self.first_step is not None else m.step
+        steps = self._blame_jumps(evidence, jumps)
+        return self.finding(
+            m,
+            evidence,
+            f"loss {level:.3f} (median of {self.cfg.window} steps) stalls at the {self.unigram:.3f} of predicting "
+            f"each token from no context, after the loss jumped back up at steps {', '.join(map(str, steps))}, "
+            "whose updates delivered less than the phase's median gain: those steps' rows first",
+            0.6,
         )
 
     def _collapsed(self, m: StepMetrics, line: float) -> Finding | None:
