@@ -16,7 +16,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from trimtab.commands import arg, command
-from trimtab.rundir import newest_step
+from trimtab.rundir import advice_line, newest_step, read_decisions, standing_advice
 from trimtab.training.actions import help_text
 from trimtab.training.services.signals import handle_signals
 
@@ -92,6 +92,7 @@ def _train(args: argparse.Namespace) -> int:
 # that judge a likelihood's course (a spike, a rise above the start, divergence, a plateau, an
 # early stop, bad rows by their loss, a Mixture-of-Depths layer's loss after its capacity fell) are
 # off unless a --set turns one on (docs/rl.md).
+SHOWN_ADVICE = 3  # standing advice named at the end of a run; the rest counted
 RL_OFF = ("spike", "above_start", "divergence", "plateau", "early_stop", "rows", "mod")
 
 
@@ -167,8 +168,21 @@ def _print_summary(summary: dict) -> None:
         f"model: {summary['params']:,} parameters ({summary['non_embedding_params']:,} "
         f"non-embedding{sparse}), {summary['device']} {summary['precision']}"
     )
+    lines += _standing_advice(summary["run_dir"])
     lines.append(f"run directory: {summary['run_dir']}")
     print("\n".join(lines))
+
+
+def _standing_advice(run_dir: str) -> list[str]:
+    """The orchestrator's advice no one carried out, said at the end: advice repeated is folded into
+    its first line (seen_again), which scrolled by long before."""
+    standing = standing_advice(read_decisions(run_dir))
+    if not standing:
+        return []
+    shown = [f"  {advice_line(d)}" for d in standing[:SHOWN_ADVICE]]
+    more = f"  and {len(standing) - SHOWN_ADVICE} more" if len(standing) > SHOWN_ADVICE else None
+    head = f"advice standing, not applied ({len(standing)}; decisions.jsonl; `trimtab ctl RUN ACTION` applies one):"
+    return [head, *shown, *([more] if more else [])]
 
 
 @command(

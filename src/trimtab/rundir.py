@@ -190,6 +190,39 @@ def is_note(decision: dict[str, Any]) -> bool:
     return decision.get("action") == "none"
 
 
+def standing_advice(decisions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The advice still standing at the end: kept advice (mode advise, an action) that no later kept
+    decision carried out (the same action and parameters, the orchestrator's or a person's ctl) and
+    that is its rule's latest word (no decision of the rule taken after it was last seen: an
+    imbalance advised once, then answered by a router reset, is not standing). The same advice
+    again is counted on the first one (evidence seen_again, last_seen_at: orchestrator/deciding.py),
+    so without this a pruning advised from step 60 to the end read as one line at step 60."""
+    kept = [d for d in decisions if not d.get("abandoned")]
+    return [
+        d
+        for i, d in enumerate(kept)
+        if d.get("mode") == "advise" and not is_note(d) and not any(_ends(o, d) for o in kept[i + 1 :])
+    ]
+
+
+def _ends(later: dict[str, Any], advice: dict[str, Any]) -> bool:
+    """Whether decision `later` carried `advice` out or superseded it."""
+    same = later.get("action") == advice.get("action") and later.get("params") == advice.get("params")
+    last_seen = (advice.get("evidence") or {}).get("last_seen_at", advice.get("step"))
+    newer = later.get("rule") == advice.get("rule") and isinstance(later.get("step"), int) and later["step"] > last_seen
+    return (same and later.get("mode") != "advise") or newer
+
+
+def advice_line(d: dict[str, Any]) -> str:
+    """A standing advice in a line, e.g. `step 60 moe: prune_expert {"layer": 1, "expert": 5} (layer 1:
+    expert 5 dead; advised 12 times, last at step 140)`."""
+    evidence = d.get("evidence") or {}
+    params = json.dumps(d.get("params") or {}, default=str)
+    again = evidence.get("seen_again", 0)
+    times = f"; advised {again + 1} times, last at step {evidence.get('last_seen_at')}" if again else ""
+    return f"step {d.get('step')} {d.get('rule')}: {d.get('action')} {params} ({d.get('summary') or ''}{times})"
+
+
 def incidents(decisions: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """The kept decisions that answer a fault, grouped by incident, in journal order: one family's
     (bad data's spikes and rows together) within INCIDENT_STEPS steps of the incident's span (a

@@ -132,8 +132,8 @@ def average(run_dir: str | Path, last: int, out: str | Path) -> Path:
     _check_averaged(run_dir)
     _check_out(Path(out))
     hf_source = _hf_source(run_dir, None)
+    valid = _to_average(run_dir, last)  # first: a corrupt one is said as passed over for these steps, not the newest
     cfg, model, tok = load_run(run_dir)
-    valid = _to_average(run_dir, last)
     total: dict[str, torch.Tensor] = {}
     states = []
     for path in valid:
@@ -207,7 +207,8 @@ def _to_average(run_dir: Path, last: int) -> list[Path]:
     why = {p: _unfit_to_average(p, found) for p in found}
     fit = [p for p in found if not why[p]]
     chosen = fit[-last:]
-    say_skipped(corrupt, None, f"averaging {_steps(chosen)}" if len(chosen) == last else "not averaged")
+    # newest first, as the loader walks them
+    say_skipped(corrupt[::-1], None, f"averaging {_steps(chosen)}" if len(chosen) == last else "not averaged")
     # named: those a plain pick of the newest `last` would have averaged in (all of them on a refusal)
     passed = [p for p in found[-last:] if why[p]] if len(chosen) == last else [p for p in found if why[p]]
     left_out = "; ".join(f"step {_step(p)} ({why[p]})" for p in passed)

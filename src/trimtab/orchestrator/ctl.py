@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.errors import ConfigError, RunStateError
-from trimtab.rundir import newest_step, read_json, write_json
+from trimtab.rundir import newest_step, read_json, read_metrics, write_json
 from trimtab.runlock import liveness, lock_holder
 from trimtab.training.actions import REQUIRED, RL_ONLY, VERBS
 
@@ -160,8 +160,7 @@ def send(run_dir: str | Path, command: dict[str, Any], queue: bool = False) -> P
             f"'{run_dir}' is not running ({evidence}); nothing was sent. Pass --queue (queue=True in Python) "
             "to have the command applied when it next resumes"
         )
-    if not running:
-        _check_queued(run_dir, command)
+    _check_length(run_dir, command, running)
     if running and now is not None:  # for this session only: one that ends before taking it answers it
         command = {**command, "session": now}
     inbox = run_dir / "control"
@@ -171,18 +170,22 @@ def send(run_dir: str | Path, command: dict[str, Any], queue: bool = False) -> P
     return path
 
 
-def _check_queued(run_dir: Path, command: dict[str, Any]) -> None:
-    """A queued run length the run has already passed, refused now: the resume that takes it would
-    only journal it as failed ("would end pretraining before the current step"), the person gone."""
+def _check_length(run_dir: Path, command: dict[str, Any], running: bool) -> None:
+    """A run length the run has already passed, refused now: the job (or the resume that takes a
+    queued one) would only journal it as failed ("would end pretraining before the current step"),
+    the person gone. A running job's step is its newest logged one (`total-steps 60` sent at step
+    88 was sent, said as a run length of 60 steps, then failed)."""
     params = command.get("params")
     steps = params.get("steps") if isinstance(params, dict) else None
     if command.get("action") != "set_total_steps" or not isinstance(steps, int):
         return  # another action, or a malformed one: the job answers it
-    resumes_at = newest_step(run_dir)
-    if steps < resumes_at:
+    at, where = newest_step(run_dir), "resumes at step {} (its newest checkpoint)"
+    logged = [m["step"] for m in read_metrics(run_dir) if isinstance(m.get("step"), int)] if running else []
+    if logged and logged[-1] > at:
+        at, where = logged[-1], "is running, at step {} (metrics.jsonl)"
+    if steps < at:
         raise ConfigError(
-            f"ctl total-steps {steps}: '{run_dir}' resumes at step {resumes_at} (its newest checkpoint), past "
-            f"that length; name a total of at least {resumes_at}"
+            f"ctl total-steps {steps}: '{run_dir}' {where.format(at)}, past that length; name a total of at least {at}"
         )
 
 

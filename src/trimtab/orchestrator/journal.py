@@ -121,11 +121,14 @@ class Journal:
         return last if last is not None and (last.action, last.reasoning) == (action, reasoning) else None
 
     def advised_again(self, rule: str, action: str, params: dict[str, Any], step: int, within: int) -> Decision | None:
-        """This rule's latest advice of this action, when it had these parameters and was given
+        """This rule's latest decision of this action with these parameters, when it was advice given
         (or seen again) within `within` steps of `step`: the same advice repeated (advise mode
-        answers a persisting fault at every climb) is that advice again, not a new decision."""
-        last = next((d for d in reversed(self.decisions) if d.rule == rule and d.action == action), None)
-        if last is None or last.mode != "advise" or last.params != params:
+        answers a persisting fault at every climb) is that advice again, not a new decision. By
+        parameters: two MoE layers collapsed at once are advised in turn (reset_router layer 1,
+        then layer 3), and matching the action's latest alone journaled each anew every climb."""
+        same = (d for d in reversed(self.decisions) if d.rule == rule and d.action == action and d.params == params)
+        last = next(same, None)
+        if last is None or last.mode != "advise":
             return None
         return last if step - last.evidence.get("last_seen_at", last.step) < within else None
 

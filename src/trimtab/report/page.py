@@ -17,7 +17,7 @@ from plotly.offline import get_plotlyjs
 from trimtab.report import figures
 from trimtab.report.healing import HEADER, Healing, curves, table_rows
 from trimtab.report.run import RunRecord, finite, outcome_result, val_loss
-from trimtab.rundir import healed, is_note
+from trimtab.rundir import advice_line, healed, is_note, standing_advice
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em 2em; color: #222; }
@@ -197,6 +197,10 @@ def _decisions_table(run: RunRecord) -> str:
         if gone
         else ""
     )
+    standing = standing_advice(run.decisions)  # folded into its first row (seen_again): said apart
+    if standing:
+        listed = "".join(f"<li>{html.escape(advice_line(d))}</li>" for d in standing)
+        note += f"<p class='note'>Advice standing at the end, not applied ({len(standing)}):</p><ul>{listed}</ul>"
     return f"<h2>Decisions: {html.escape(run.name)}</h2>" + note + _table(header, rows)
 
 
@@ -228,6 +232,9 @@ def _outcome(d: dict[str, Any], after: int | None) -> str:
         text += f" (the trouble back: {', '.join(str(f).replace('@', ' at step ') for f in found)})"
     if outcome.get("rolled_back"):
         text += " (judged on the branch a rollback then threw away)"
+    evidence = d.get("evidence") or {}
+    if d.get("mode") == "advise" and evidence.get("seen_again"):  # the same advice again, counted on this row
+        text += f" (advised {evidence['seen_again'] + 1} times, last at step {evidence.get('last_seen_at')})"
     return text
 
 

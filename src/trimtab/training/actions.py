@@ -377,7 +377,8 @@ _TABLE = (
         name="set_total_steps",
         verb="total-steps",
         says="run length {steps} steps",
-        help="the run's total steps (the pretraining schedule stretches or shrinks to the new end)",
+        help="the run's total steps (the pretraining schedule stretches or shrinks to the new end); a resume keeps "
+        "it unless it names another --max-steps, which is then the total",
         params=(ActionParam(name="steps", kind="int", bounds="[1, inf)"),),
     ),
     Action(

@@ -61,7 +61,7 @@ def _stop_if_finished(cfg: RunConfig, found: Found, dist: Parallel) -> None:
     step, lengths = state["train"].get("step", 0), _lengths(cfg)
     if lengths is None:
         return  # its length is not resolved yet: it cannot have reached it
-    total = sum(lengths) + state["train"].get("length_delta", 0)
+    total = _length(state["train"], lengths)
     early = _early_stop_decision(cfg, state, lengths) if step < total else None
     if step < total and early is None:
         return
@@ -84,6 +84,14 @@ def _stop_if_finished(cfg: RunConfig, found: Found, dist: Parallel) -> None:
     if step > total or step < _trained_to(state):  # fewer steps than the run has: not complete at this length
         raise RunPastLength(message, summary)
     raise RunFinished(message, summary)
+
+
+def _length(train: dict[str, Any], lengths: list[int]) -> int:
+    """The run's length under the config's phase `lengths`: set_total_steps' change to pretraining
+    (length_delta) counts while the config keeps pretraining's length; another train.max_steps is
+    the length itself (schedule.reconcile)."""
+    kept = not train.get("phase_steps") or train["phase_steps"][0] == lengths[0]
+    return sum(lengths) + (train.get("length_delta", 0) if kept else 0)
 
 
 def _early_stop_decision(cfg: RunConfig, state: dict[str, Any], lengths: list[int]) -> dict[str, Any] | None:
@@ -125,7 +133,7 @@ def _at_length(
     `summary`: summary.json when it is this checkpoint's, else None."""
     step, key = state["train"]["step"], KEYS[len(lengths) - 1]  # the last phase's length is the one to raise
     longer = "--max-steps (train.max_steps)" if key == "train.max_steps" else key
-    length = f"{key} {lengths[-1]}{_length_changes(state)}"
+    length = f"{key} {lengths[-1]}{_length_changes(state) if total != sum(lengths) else ''}"  # a delta replaced: not
     unchanged = "nothing was trained and nothing in it changed"
     was = f" ({lengths[-1] - total + _trained_to(state)}: the run as it was)" if step < _trained_to(state) else ""
     fresh = f", or a new --out trains a new run of {total} steps"

@@ -4,9 +4,12 @@ A run is a sequence of phases (pretraining, then an optional finetune), each wit
 over its own length (optim.lr_at). A length changes in four ways, each with defined semantics:
 
 - the live planner (Control's set_total_steps) during pretraining: the schedule stretches or
-  shrinks to the new end;
+  shrinks to the new end; the change (TrainState.length_delta) is kept on resume while the config
+  keeps pretraining's length;
 - a person resuming with another `train.max_steps` / `finetune.steps` before that phase ended:
-  the same, the schedule is a function of the phase's length;
+  the same, the schedule is a function of the phase's length. The new `train.max_steps` is the
+  phase's length, whatever set_total_steps had made of the old one (`ctl total-steps 60`, then
+  `--max-steps 70`, trains to 70: the person's newest word, not 70 + 20);
 - a person extending a phase that had already ended (a finished run asked to go on): the added
   steps re-warm from the LR the phase ended at to its peak over `optim.warmup_steps`, at most a
   quarter of them (rewarm_steps), then follow the configured schedule, its decay included, to the
@@ -118,7 +121,8 @@ def reconcile(state: Any, phases: list[PhaseLike], lengths: list[int]) -> list[d
     journal. A phase added after the others, or one dropped before it started, is such a change."""
     old = state.phase_steps or lengths
     changes = []
-    old_ends = list(accumulate(n + (state.length_delta if i == 0 else 0) for i, n in enumerate(old)))
+    ran = [n + (state.length_delta if i == 0 else 0) for i, n in enumerate(old)]  # each phase's length as trained
+    old_ends = list(accumulate(ran))
     for index, (before, after) in enumerate(zip_longest(old, lengths)):
         if before == after:
             continue
@@ -127,10 +131,13 @@ def reconcile(state: Any, phases: list[PhaseLike], lengths: list[int]) -> list[d
             effect = "a new phase after the others"
         elif after is None:
             effect = f"the phase had not started (the run is at step {state.step}): it is dropped"
-        elif state.step >= old_ends[index] and after > before:
-            effect = _rewarm(state, phases[index], index, before, after, old_ends[index])
+        elif state.step >= old_ends[index] and after > ran[index]:
+            effect = _rewarm(state, phases[index], index, ran[index], after, old_ends[index])
         else:
             effect = "the schedule stretches or shrinks to the new end"
+        if index == 0 and state.length_delta:  # the person's new length is the length (module docstring)
+            effect += f"; it replaces set_total_steps' {state.length_delta:+d} to the old one ({ran[0]} steps)"
+            state.length_delta = 0
         changes.append({"key": KEYS[index], "old": before or 0, "new": after or 0, "effect": effect})
     state.phase_steps = list(lengths)
     return changes
@@ -150,7 +157,7 @@ def _check_change(
             f"phase (at step {state.step}); keep it, or start a new run with train.init_from"
         )
     if before is not None and after is not None and index == state.phase and index + 1 < phases:
-        if old_ends[index] - before + after < state.step:
+        if old_ends[index] - before - (state.length_delta if index == 0 else 0) + after < state.step:
             raise ConfigError(
                 f"config key '{key}' = {after} would end this phase before step {state.step}, which the run "
                 "has reached, with another phase after it; give it at least that many steps"
