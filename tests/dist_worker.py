@@ -68,7 +68,7 @@ class Recorder(Instrument):
             "decisions": decisions,
             "state": trainer.train_state,
             "weights": [float(w.detach().double().abs().sum()) for w in weights],
-            "summary": {k: summary[k] for k in ("status", "step", "tokens")},
+            "summary": {k: summary[k] for k in ("status", "step", "tokens", "params")},
         }
 
 

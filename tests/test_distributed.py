@@ -270,3 +270,19 @@ def test_fsdp2_says_the_replica_check_does_not_run(fsdp):
     assert "orchestrator.replicas does not run: no two of the 2 ranks hold the same whole copy" in told, told[-3000:]
     assert "(FSDP2 shards them)" in told and "orchestrator.replicas.enabled=false" in told
     assert "orchestrator.replicas" not in (fsdp[0].parent / "run.log.rank1").read_text()  # rank 0 speaks
+
+
+@pytest.mark.distributed
+def test_a_resume_under_torchrun_counts_the_loaded_experts(tmp_path):
+    """cluster5: a run grown by surgery in one process, resumed by 2 ranks (DDP), gave the config's
+    parameter count (899,424 for 936,384): the recount on load was for one process only."""
+    import trimtab
+    from helpers import config
+    from test_soak3_sizes import Person
+
+    moe = {"train": {"max_steps": 2, "batch_tokens": 1024}, "data": {"max_bytes": 60_000}, "checkpoint": {"every": 2}}
+    first = Person(add=1)
+    grown = trimtab.train(load_config(preset="debug-moe", overrides=config(tmp_path / "r", **moe)), hooks=[first])
+    assert grown["params"] > first.seen[0][2]  # step 2's checkpoint holds 9 experts in layer 1, the config 8
+    two = run(tmp_path / "r", 2, preset="debug-moe", **{**moe, "train": {**moe["train"], "max_steps": 3}})
+    assert [r["summary"]["params"] for r in two] == [grown["params"]] * 2

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab import hf
-from trimtab.checkpoint import latest_valid, list_checkpoints, local_run
+from trimtab.checkpoint import latest_valid, local_run
 from trimtab.checkpoint_load import load_model
 from trimtab.config import DataConfig, RunConfig, load_config, read_saved, resolve
 from trimtab.data import TextTokenizer
@@ -25,6 +25,7 @@ from trimtab.runlock import run_lock
 from trimtab.sampling import fit_prompt
 from trimtab.sampling import generate as generate_ids
 from trimtab.training.hooks import ReportWriter
+from trimtab.training.schedule import configured_lengths
 from trimtab.training.services.prometheus import PrometheusExporter
 from trimtab.training.services.signals import StartUpInterrupted, handle_signals
 from trimtab.training.services.storage import RemoteCheckpoints
@@ -60,7 +61,8 @@ def train_or_raise(config: RunConfig, hooks: list = ()) -> dict:
     """train() for the CLI: where a call trains nothing it raises RunFinished or
     StartUpInterrupted, whose message says why, instead of returning a summary."""
     # A signal from here to the first step ends start-up cleanly (training/services/signals.py).
-    with handle_signals(run_dir=config.run_dir), run_lock(config.run_dir):  # one `trimtab train` per run directory
+    length = sum(configured_lengths(config)) if config.train.epochs <= 0 and config.train.max_steps != "auto" else None
+    with handle_signals(run_dir=config.run_dir, length=length), run_lock(config.run_dir):  # one per run directory
         built = setup(config)  # before the hooks: a restore from checkpoint.dir comes first
         hooks = built_in_hooks(config) + list(hooks)
         summary = Trainer(built, hooks=hooks).fit()
@@ -124,11 +126,9 @@ def load_run_at(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokeni
             "(no config.json); pass the --out of a run or a transformers model directory"
         )
     cfg = read_saved(run_dir)
-    found = latest_valid(run_dir)
+    found = latest_valid(run_dir)  # a corrupt newer one is said there, with the one used: once, not again here
     if found is None:
         raise CheckpointError(f"'{run_dir}' has no valid checkpoint yet; train it first")
-    if found[0] != list_checkpoints(run_dir)[-1]:  # latest_valid said which it skipped: say what is used
-        log.warning("%s: using %s, the newest checkpoint that verifies", run_dir, found[0].name)
     model = build_model(cfg.model)
     load_model(model, found[0], verified=True)
     tok = TextTokenizer.load(run_dir / "tokenizer.json", key="the run's tokenizer")

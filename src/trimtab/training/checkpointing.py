@@ -270,8 +270,10 @@ class Checkpointing:
         experts = _expert_counts(self.model)
         self.dist.load_model(self.model, weights, state, path)  # any checkpoint format, any world size
         # a resume after surgery, a rollback across it: summary.json gave the config's (or the undone
-        # surgery's) parameter count, and MFU its FLOPs; one process (a pipeline stage counts its own layers)
-        if self.dist.world == 1 and _expert_counts(self.model) != experts:
+        # surgery's) parameter count, and MFU its FLOPs. Every rank whose model counts whole: DDP's copy,
+        # FSDP2's and tensor parallelism's DTensors (global sizes); not a pipeline stage's own layers nor
+        # an expert-parallel rank's own experts
+        if self.dist.mesh.pp == 1 and self.dist.mesh.ep == 1 and _expert_counts(self.model) != experts:
             self.control.recount()
         kept = {k: getattr(self.state, k) for k in KEPT_ON_ROLLBACK}
         skipped = self.loader.skipped

@@ -307,7 +307,7 @@ class Control:
         """The run's sizes (summary.json's parameter counts, MFU's FLOPs per token) counted again after
         its experts changed: surgery, or a checkpoint loaded with other counts than the model held."""
         t = self._trainer
-        t.sizes = model_sizes(t.model, t.cfg.data.seq_len)  # one process: surgery is refused under torchrun
+        t.sizes = model_sizes(t.model, t.cfg.data.seq_len)  # a whole model (Checkpointing._load)
         t.flops_per_token = t.sizes["flops_per_token"]
 
     def _add_expert(self, layer: int, source: int | None = None) -> str:

@@ -59,6 +59,7 @@ from trimtab.training.resume import resume_point
 from trimtab.training.services.compiling import CompileChoice, choose_compile
 from trimtab.training.services.cpu_precision import refine_cpu_precision
 from trimtab.training.services.float8 import to_float8
+from trimtab.training.services.signals import blocking
 from trimtab.training.services.storage import local_sources, open_store
 
 log = logging.getLogger(__name__)
@@ -417,7 +418,8 @@ def _join(cfg: RunConfig) -> tuple[RunConfig, Parallel]:
     """Seed, resolve the config, join torchrun's process group and check RL's / DPO's rank layout."""
     torch.manual_seed(cfg.train.seed)
     cfg = adopt_hf_model(resolve(cfg))  # a draft RunConfig(...) is resolved here; a resolved one is kept
-    dist = Parallel.start(cfg.distributed, pick_device(cfg.train.device))
+    with blocking("waiting in init_process_group for the other ranks"):  # no Python handler runs there
+        dist = Parallel.start(cfg.distributed, pick_device(cfg.train.device))
     name_session(broadcast_object(uuid.uuid4().hex))  # what tells this session's rank beats from a lost one's
     if (cfg.rl.enabled or cfg.dpo.enabled) and dist.world > 1:
         check_policy_ranks(cfg, dist)

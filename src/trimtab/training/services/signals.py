@@ -29,7 +29,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trimtab.rundir import newest_step, write_summary
+from trimtab.rundir import newest_step, read_summary, write_summary
 
 if TYPE_CHECKING:
     from trimtab.training.trainer import Trainer
@@ -42,8 +42,8 @@ class StartUpInterrupted(BaseException):
     """A signal before the first step. A BaseException, like KeyboardInterrupt, so that no
     `except Exception` on the way (a rank forwarding its errors to the others) swallows it."""
 
-    def __init__(self, signame: str, run_dir: Path | None) -> None:
-        self.signame, self.run_dir = signame, run_dir
+    def __init__(self, signame: str, run_dir: Path | None, length: int | None = None) -> None:
+        self.signame, self.run_dir, self.length = signame, run_dir, length  # length: the steps the config asks for
         self.step = newest_step(run_dir) if run_dir is not None else None
         at = f" at step {self.step}" if self.step is not None else ""
         super().__init__(
@@ -57,20 +57,30 @@ class StartUpInterrupted(BaseException):
         status = f"stopped ({self.signame} {START_UP})"
         return {"status": status, "run_dir": run_dir, "step": self.step, "steps_this_session": 0, "resumable": True}
 
-    def record(self) -> None:
+    def record(self, locked: bool = False) -> None:
         """summary.json of this session on rank 0, where the run directory exists (not one start-up
         would have made, and removes again) and no other session trains in it now (its summary is its
-        own). A summary of the run's end it replaces is written again by the next session, which finds
-        the run at its end without one (training/resume.py: its figures from the checkpoint and the
-        logged evaluation); a run relaunched to train longer is queued again, as it should be."""
+        own), unless the run has finished at the length the config asks for: its summary "completed"
+        stays, where the Slurm script (plan/launch.py) queued the finished job once more and the run's
+        record said "stopped". A run relaunched to train longer (or of a length known only once its
+        data is read: train.epochs, max_steps auto) is queued again, as it should be. `locked`: this
+        process holds the run lock (blocking's helper thread), so the lock says nothing of another session."""
         if self.run_dir is None or os.environ.get("RANK", "0") != "0" or not Path(self.run_dir).is_dir():
             return
         from trimtab.runlock import liveness
 
-        if liveness(self.run_dir)[0]:
+        if (not locked and liveness(self.run_dir)[0]) or _finished(self.run_dir, self.length):  # locked: by us
             return
         with suppress(OSError):  # a full or read-only disk: the message still says what happened
             write_summary(self.run_dir, self.summary)
+
+
+def _finished(run_dir: Path, length: int | None) -> bool:
+    """Whether summary.json says the run completed at `length` steps or more (None: unknown, not finished)."""
+    summary = read_summary(run_dir)
+    if length is None or summary is None or summary.get("status") != "completed":
+        return False
+    return isinstance(summary.get("step"), int) and summary["step"] >= length
 
 
 def stopped_in_start_up(summary: dict[str, Any]) -> bool:
@@ -95,6 +105,7 @@ class SignalHandler:
 
     def __init__(self, trainer: Trainer | None = None, run_dir: Path | None = None) -> None:
         self.trainer, self.run_dir = trainer, run_dir
+        self.length: int | None = None  # the run's length as the config asks (StartUpInterrupted.record)
         self.fired = False
         self.received: str | None = None  # the first signal's name: a caller learns of one the trainer took
 
@@ -108,13 +119,15 @@ class SignalHandler:
             self.trainer.request_stop(self.trainer.dist.on_signal(name))
         elif not self.fired:  # a second SIGTERM must not break into the first one's unwinding
             self.fired = True
-            raise StartUpInterrupted(name, self.run_dir)
+            raise StartUpInterrupted(name, self.run_dir, self.length)
 
 
 @contextmanager
-def handle_signals(trainer: Trainer | None = None, run_dir: Path | None = None) -> Iterator[SignalHandler]:
+def handle_signals(
+    trainer: Trainer | None = None, run_dir: Path | None = None, length: int | None = None
+) -> Iterator[SignalHandler]:
     """A SignalHandler for SIGTERM and SIGINT during the block, the outer block's if there is one
-    (then `trainer` and `run_dir`, when given, are attached to it). Only the main thread can
+    (then `trainer`, `run_dir` and `length`, when given, are attached to it). Only the main thread can
     install handlers; elsewhere the block runs with the handlers it has."""
     outer = signal.getsignal(signal.SIGTERM)
     if isinstance(outer, SignalHandler):
@@ -122,9 +135,12 @@ def handle_signals(trainer: Trainer | None = None, run_dir: Path | None = None) 
             outer.trainer = trainer
         if run_dir is not None:
             outer.run_dir = run_dir
+        if length is not None:
+            outer.length = length
         yield outer
         return
     handler = SignalHandler(trainer, run_dir)
+    handler.length = length
     if threading.current_thread() is not threading.main_thread():
         yield handler
         return
@@ -139,3 +155,50 @@ def handle_signals(trainer: Trainer | None = None, run_dir: Path | None = None) 
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+TAKE_OVER_S = 1.0  # a signal the main thread has not taken in this long: it is blocked in C++
+
+
+@contextmanager
+def blocking(what: str) -> Iterator[None]:
+    """A start-up call into C++ that may wait long: init_process_group waiting for a peer that has
+    already left. Python runs a handler only once the main thread is back in bytecode, so a SIGTERM
+    there went unanswered until torchrun's agent killed the rank, and no summary said the job was
+    stopped (the Slurm script of plan/launch.py did not queue it again). Here a helper thread hears
+    the signal (signal.set_wakeup_fd: the C-level handler writes its number) and, when the main thread
+    has not taken it within TAKE_OVER_S, does what it would: records the start-up stop, says so, and
+    ends the process with the CLI's status for it (0)."""
+    handler = signal.getsignal(signal.SIGTERM)
+    if not isinstance(handler, SignalHandler) or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    read, write = os.pipe()
+    os.set_blocking(write, False)  # set_wakeup_fd's requirement: a full pipe must not block the handler
+    previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    returned = threading.Event()
+    helper = threading.Thread(target=_hear, args=(read, returned, handler, what), daemon=True, name="trimtab-signals")
+    helper.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        returned.set()
+        os.write(write, b"\0")  # not a signal's number: the call returned, the helper ends
+        helper.join()
+        os.close(read)
+        os.close(write)
+
+
+def _hear(read: int, returned: threading.Event, handler: SignalHandler, what: str) -> None:
+    """blocking's helper: each byte is a signal's number until the 0 that ends the call."""
+    while (byte := os.read(read, 1)) and byte[0]:
+        if byte[0] not in SIGNALS:
+            continue
+        if returned.wait(TAKE_OVER_S):  # the call returned: the main thread's handler takes the signal
+            return
+        if handler.received is None:
+            stopped = StartUpInterrupted(signal.Signals(byte[0]).name, handler.run_dir, handler.length)
+            _say(f"{stopped} (it came while {what})")
+            stopped.record(locked=True)  # this process holds the run lock: the summary is its own
+            os._exit(0)
