@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import zipfile
 from dataclasses import dataclass, replace
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from trimtab.config import DataConfig
-from trimtab.data import quality
+from trimtab.data import junk, quality
 from trimtab.data.prepared import ShardedRows, hold_out, rows_digest
 from trimtab.data.sources import Document, corpus_fingerprint
 from trimtab.data.tokenizer import TextTokenizer, cache_not_written
@@ -301,15 +302,23 @@ def _screen(tokenized: TokenizedDocs, docs: list[Document], cfg: DataConfig, key
     if spared:
         logger.warning("%s", quality.spared_line(spared, key))
         found = replace(found, flagged=flagged)
-    if not found.count:
+    kinds = junk.kinds([doc.text for doc in docs])  # junk that packs like text: the packing cannot see it
+    extra = np.array([bool(kind) for kind in kinds], dtype=bool) & ~found.flagged
+    if not found.count and not extra.any():
         return tokenized
     drop = cfg.garbage_filter == "drop"
     names = [doc.source or f"document {i}" for i, doc in enumerate(docs)]
-    logger.warning("%s", quality.report(found, names, n_bytes, key, drop))
+    if found.count:
+        logger.warning("%s", quality.report(found, names, n_bytes, key, drop))
+    if extra.any():
+        logger.warning("%s", junk.report(kinds, extra, names, key, drop))
+    flagged = found.flagged | extra
     if drop:
-        return tokenized.select(~found.flagged)
-    garbage = np.where(found.flagged, found.packing / found.median, np.nan)
-    return replace(tokenized, garbage=garbage, scale=quality.Scale(key, found.median, found.threshold))
+        return tokenized.select(~flagged)
+    # no scale (too few documents to judge packing): junk documents are judged against all documents' median
+    median = found.median if math.isfinite(found.median) else float(np.median(found.packing))
+    garbage = np.where(flagged, found.packing / median, np.nan)
+    return replace(tokenized, garbage=garbage, scale=quality.Scale(key, median, found.threshold))
 
 
 def _hold_out(docs: TokenizedDocs, fraction: float, seed: int) -> tuple[TokenizedDocs, TokenizedDocs]:

@@ -310,7 +310,7 @@ def _tokenizer(
     reader = _Reader(
         options.data_config(), "data", "data prepare source", fix=hint, limit=TRAIN_SAMPLE_BYTES, exclude=(out,)
     )
-    docs, _ = _take_bytes((d for s in sources for d in reader.documents(s)), TRAIN_SAMPLE_BYTES)
+    docs = reader.spread(sources, TRAIN_SAMPLE_BYTES)  # a share of every file's, not the first files'
     if not docs:
         raise DataError(f"the sources ({', '.join(sources)}) hold no text; point them at non-empty files")
     size = vocab_size or DEFAULT_VOCAB_SIZE

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from trimtab.config import DataConfig
-from trimtab.data import formats, quality
+from trimtab.data import formats, junk, quality
 from trimtab.data.prepared import sha256_file
 from trimtab.data.sources import Document, record_documents
 from trimtab.data.tokenizer import TextTokenizer
@@ -208,6 +208,8 @@ class _Encoder:
         flagged = whole & quality.flags(n_bytes, n_tokens, self.scale["median"], self.scale["threshold"])
         flagged, spared = quality.spare_scripts(flagged, lambda i: self._batch[i][0].text)
         self.spared += spared  # a minority language: kept, said once at the end (prepare.py)
+        # junk that packs like text (mojibake, random letters; word salad against the batch's words)
+        flagged |= whole & np.array([bool(kind) for kind in junk.kinds([doc.text for doc, *_ in self._batch])])
         return np.where(flagged, quality.packed(n_bytes, n_tokens), np.nan)
 
 

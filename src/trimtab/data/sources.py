@@ -149,6 +149,13 @@ def _take_bytes(docs: Iterator[Document], max_bytes: int) -> tuple[list[Document
     return out, False
 
 
+def _disk_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # unreadable: reading it says so
+        return 0
+
+
 def _truncate(text: str, n_bytes: int) -> str:
     """The first n_bytes of text, cut back to a line end when there is one (no half lines)."""
     head = text.encode()[:n_bytes].decode(errors="ignore")
@@ -192,6 +199,30 @@ class _Reader:
                 self.repeated.append(f"{path} (as {earlier})")
                 continue
             yield from self._file(path, strict=named)
+
+    def spread(self, sources: list[str], budget: int) -> list[Document]:
+        """About `budget` bytes of the sources' text drawn from every file, in the files' order: a
+        tokenizer trained on the first files until the budget learns only their kind of text. Files
+        are read smallest first (on disk), each taking at most an equal share of what is left, so a
+        file under its share leaves the rest to larger ones (water-filling); the same files give the
+        same sample. A file's own head is its share (its text is read up to it, not past it)."""
+        files = [pair for source in sources for pair in source_files(source, self.key, self.exclude)]
+        order = sorted(range(len(files)), key=lambda i: _disk_size(files[i][0]))  # stable: ties keep the listing's
+        taken: dict[int, list[Document]] = {}
+        left, limit = budget, self.limit
+        for rank, i in enumerate(order):
+            share = left // (len(order) - rank)
+            path, named = files[i]
+            if share <= 0:  # fewer bytes than files left: _take_bytes(0) would mean all of it
+                break
+            if (earlier := self._earlier(path)) is not None:
+                self.repeated.append(f"{path} (as {earlier})")
+                continue
+            self.limit = share
+            taken[i], _ = _take_bytes(self._file(path, strict=named), share)
+            left -= sum(len(doc.text.encode()) for doc in taken[i])
+        self.limit = limit
+        return [doc for i in sorted(taken) for doc in taken[i]]
 
     def _earlier(self, path: Path) -> Path | None:
         """The file read before with path's bytes (a symlink, a copy, a file named twice): read

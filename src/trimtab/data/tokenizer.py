@@ -29,8 +29,9 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|system|>", "<|user|>", "<|assis
 EOS, PAD = SPECIAL_TOKENS[0], SPECIAL_TOKENS[1]
 _SPECIAL_RE = re.compile("|".join(map(re.escape, SPECIAL_TOKENS)))
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # every byte plus the special tokens
-# A BPE learns from the first TRAIN_SAMPLE_BYTES of its documents' text (as SentencePiece's
-# input_sentence_size bounds its input), fed in pieces of at most TRAIN_PIECE_CHARS: the trainer
+# A BPE learns from TRAIN_SAMPLE_BYTES of its documents' text (as SentencePiece's input_sentence_size
+# bounds its input; `data prepare` takes a share of every file's, sources._Reader.spread), fed in
+# pieces of at most TRAIN_PIECE_CHARS: the trainer
 # pre-tokenizes a string whole, holding tens of bytes per byte of it, so a 20 MB one-line JSON file
 # (one document) took 1.6 GB where the same text as JSONL took 0.1 GB.
 TRAIN_SAMPLE_BYTES = 50_000_000
