@@ -141,3 +141,18 @@ def test_a_verification_that_hung_is_not_tried_again_one_whose_process_died_is(t
     finally:
         pool.close()
     assert died.rewards == [1.0, 1.0] and died.events == []
+
+
+def test_a_worker_that_died_idle_is_replaced_before_its_next_job_and_charges_it_no_try():
+    """A worker killed between steps (the OOM killer) was only found dead at the next job's read:
+    that job was charged a try it never had (with no retry: a reward of 0 and a `died` event)."""
+    pool = VerifierPool("exact", workers=1, timeout_s=5.0, retries=0)
+    try:
+        dead = pool._workers[0].process
+        dead.kill()
+        dead.wait()
+        scored = pool.score([r"\boxed{4}", r"\boxed{5}"], ["4", "5"])
+        assert pool._workers[0].process is not dead
+    finally:
+        pool.close()
+    assert scored.rewards == [1.0, 1.0] and scored.events == []

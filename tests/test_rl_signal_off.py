@@ -7,6 +7,7 @@ goes off, and the rule stays quiet until the groups have a signal again."""
 from types import SimpleNamespace
 
 from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.core import Orchestrator
 from trimtab.orchestrator.monitors import StepMetrics
 from trimtab.orchestrator.rl_health import NoLearningSignal, remedy
 
@@ -75,3 +76,17 @@ def test_a_persons_dynamic_sampling_switch_after_it_found_nothing_is_respected()
     resumed = NoLearningSignal(c)
     resumed.load_state_dict(state)
     assert resumed.gave_up and steps(resumed, 16, 4, sampling=True) == [None] * 4
+
+
+def test_the_mostly_solved_note_is_said_once_not_again_every_window(tmp_path):
+    """With dynamic sampling on and the flat groups mostly solved the rule notes that sampling already
+    looks for the others; its words held each window's shares, so every window (5 steps) was a new
+    decision in the journal: 39 of one note in 200 steps. Said again, it is counted on the first."""
+    c = cfg()
+    orchestrator, mon = Orchestrator(c, tmp_path), NoLearningSignal(c)
+    run = SimpleNamespace(rl_temperature=1.0, rl_dynamic_sampling=True, step=0, say=lambda line: None)
+    windows = steps(mon, 1, 2, True, flat=0.95, solved=0.9) + steps(mon, 3, 2, True, flat=0.9, solved=0.8)
+    found = [f for f in windows if f is not None]  # groups flat, not all: not barren, sampling stays on
+    decided = [orchestrator.decide(run, f) for f in found]
+    assert len(found) == 2 and decided[0] is decided[1] and decided[0].action == "none"
+    assert len(orchestrator.journal.decisions) == 1 and decided[0].evidence["seen_again"] == 1

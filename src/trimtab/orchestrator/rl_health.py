@@ -346,11 +346,13 @@ def _signal_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     if stuck < rule.threshold and barren:
         return _sampling_off(f, "easy", "harder prompts in rl.prompts, or the run has done its work")
     if stuck < rule.threshold:  # mostly learnt: warmer sampling would only unlearn them
+        # the words stay the same while the answer does (the shares are the finding's evidence): a note with
+        # each window's shares in it was a new one every window (Deciding folds a repeat by its words)
         return Remedy(
             action="none",
-            reasoning=f"the flat groups are mostly solved ({f.evidence['solved_groups']:.0%} of the groups earned "
-            f"rl.full_reward with every response, {stuck:.0%} are stuck): the policy has learnt these prompts, and "
-            "dynamic sampling already looks for the others; harder prompts (rl.prompts), or the run has done its work",
+            reasoning="the flat groups are mostly solved (every response earned rl.full_reward; those stuck are under "
+            "orchestrator.rl_signal.threshold): the policy has learnt these prompts, and dynamic sampling already "
+            "looks for the others; harder prompts (rl.prompts), or the run has done its work",
         )
     now = view.rl_temperature
     value = round(min(rule.max_temperature, now * rule.factor), 4)

@@ -282,6 +282,10 @@ class VerifierPool:
         responses of a cheap verifier on 2 workers: 1.8 -> 0.9-1.2 ms). Only a job under
         PIPELINE_BYTES waits in the queue: a send larger than the socket's buffer would block
         while the worker verifies (or hangs), and the limit could not be kept."""
+        for w in [w for w in self._workers if not w.jobs and w.process.poll() is not None]:
+            # died idle (between steps: the OOM killer): replaced before it is given a job, which its
+            # death would otherwise charge a try (with rl retries 0, a reward of 0 it never earned)
+            self._replace(w)
         for _ in range(PIPELINE):
             for w in self._workers:
                 if not pending or len(w.jobs) >= PIPELINE:
