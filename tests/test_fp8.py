@@ -80,7 +80,11 @@ def test_a_run_trains_in_fp8_and_resumes_in_bf16(tmp_path, monkeypatch):
 
     monkeypatch.setattr(hardware, "fp8_unsupported", lambda device: None)  # the CPU stands in for an sm89+ GPU
     run = {"out": str(tmp_path / "run")}
-    fp8 = Trainer(setup(load_config(preset="debug", overrides=run, sets=[*SETS, "train.max_steps=4", FP8])))
+    # d_model 32: torch's float8 matmul on a CPU (torch._scaled_mm) is a scalar loop, ~0.3 s a call
+    # at 256 x 64 x 64 on the 2-core CI host, its time as M*K*N: at 64 the run spent 27 s of CPU,
+    # at 32 11 s; lr 2e-2 keeps the smaller model's 4 steps well clear of the 0.3 the loss must fall
+    sets = [*SETS, "model.d_model=32", "optim.lr=2e-2"]
+    fp8 = Trainer(setup(load_config(preset="debug", overrides=run, sets=[*sets, "train.max_steps=4", FP8])))
     assert fp8.precision.name == "fp8" and fp8.precision.autocast_dtype == torch.bfloat16
     assert sum(isinstance(m, float8_linear()) for m in fp8.model.modules()) == 10
     summary = fp8.fit()
@@ -89,7 +93,7 @@ def test_a_run_trains_in_fp8_and_resumes_in_bf16(tmp_path, monkeypatch):
     assert len(losses) == 4 and losses[-1] < losses[0] - 0.3, losses
     assert summary["precision"] == "fp8" and "float8" in summary["precision_reason"]
 
-    bf16 = [*SETS, "train.max_steps=5", "train.precision=bf16"]
+    bf16 = [*sets, "train.max_steps=5", "train.precision=bf16"]
     resumed = Trainer(setup(load_config(preset="debug", overrides=run, sets=bf16)))
     assert resumed.state.step == 4 and not any(isinstance(m, float8_linear()) for m in resumed.model.modules())
     resumed.fit()

@@ -74,12 +74,14 @@ def test_debug_run_learns_and_writes_its_run_dir(tmp_path):
 
 
 def test_interrupted_and_resumed_run_equals_uninterrupted_bitwise(tmp_path):
-    trimtab.train(debug_cfg(tmp_path / "a"))
-    first = trimtab.train(debug_cfg(tmp_path / "b"), hooks=[StopAt(11)])
+    # 16 steps: the stop at 11 is past warmup (10) and a scheduled checkpoint (8), mid log window, and
+    # the resumed session still trains through the cosine decay (24 steps took 48 of the test's steps)
+    trimtab.train(debug_cfg(tmp_path / "a", steps=16))
+    first = trimtab.train(debug_cfg(tmp_path / "b", steps=16), hooks=[StopAt(11)])
     assert first["status"] == "stopped (test)" and first["step"] == 11
     assert list_checkpoints(tmp_path / "b")[-1].name == "step_000011"
-    second = trimtab.train(debug_cfg(tmp_path / "b"))
-    assert second["step"] == 24 and second["steps_this_session"] == 13
+    second = trimtab.train(debug_cfg(tmp_path / "b", steps=16))
+    assert second["step"] == 16 and second["steps_this_session"] == 5
     a, b = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert logged(tmp_path / "a") == logged(tmp_path / "b")  # identical loss curve, incl. the window at 11
