@@ -56,6 +56,18 @@ def test_the_pytorchjob_parses_and_carries_the_plan(tmp_path, capsys):
     assert all(s in container["command"] for s in settings(saved))
 
 
+def test_the_pytorchjob_does_not_restart_a_failing_rank_forever(tmp_path, capsys):
+    """restartPolicy OnFailure with no backoffLimit: a container whose torchrun spent its restarts on a
+    rank that fails each time was restarted by the kubelet without end (the training operator counts
+    no limit unless runPolicy.backoffLimit is set)."""
+    from trimtab.plan.launch import MAX_RESTARTS
+
+    _, text = plan(tmp_path, "k8s", capsys)
+    spec = yaml.safe_load(text)["spec"]
+    assert all(r["restartPolicy"] == "OnFailure" for r in spec["pytorchReplicaSpecs"].values())
+    assert spec["runPolicy"]["backoffLimit"] == MAX_RESTARTS
+
+
 def test_a_launch_file_edited_for_a_site_is_kept_when_planned_again(tmp_path, capsys):
     """--emit overwrote launch.sbatch, the EDIT lines a person filled in (partition, account) lost."""
     _, script = plan(tmp_path, "slurm", capsys)
@@ -84,12 +96,14 @@ def test_the_dockerfile_installs_the_torch_the_constraints_pin():
 
 
 # Slurm's commands as the generated script calls them: `srun` (the job step: it copies the summary
-# the case gives into the run directory the script passed as --out, as rank 0 would write it, and
-# exits as torchrun's agent does) and `scontrol` (records each call)
+# the case gives into the run directory the script passed as --out, as rank 0 would write it, saves
+# the checkpoint the case gives, and exits as torchrun's agent does), `scontrol` (records each call)
+# and `squeue` (the job's time left, as the case gives it)
 FAKE_SRUN = """#!/bin/bash
 out=""
 while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
 [ -n "$out" ] || exit 3
+[ -z "${CKPT:-}" ] || mkdir -p "$out/checkpoints/step_$CKPT"
 [ -z "${SUMMARY:-}" ] || cp "$SUMMARY" "$out/summary.json"
 exit "$RC"
 """
@@ -97,23 +111,32 @@ FAKE_SCONTROL = """#!/bin/bash
 echo "$*" >> "$CALLS"
 [ "$1" != show ] || echo node1
 """
+FAKE_SQUEUE = """#!/bin/bash
+echo "$LEFT"
+"""
+NEAR_THE_LIMIT = "2:40"  # squeue's time left (%L) when the warning before the time limit stopped the run
 
 
 def slurm_job(tmp_path: Path):
-    """job(summary folder or None, the agent's exit status) -> (the script's exit status, its
-    scontrol calls): tmp_path/launch.sbatch run with the stand-ins for srun and scontrol."""
+    """job(summary folder or None, the agent's exit status, the time left, the step of a checkpoint
+    saved) -> (the script's exit status, its scontrol calls): tmp_path/launch.sbatch run with the
+    stand-ins for srun, scontrol and squeue."""
     fake = tmp_path / "bin"
     fake.mkdir()
-    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL), ("squeue", FAKE_SQUEUE)):
         (fake / name).write_text(text)
         (fake / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "42"}
     env |= {"SLURM_JOB_NODELIST": "node[1-2]", "CALLS": str(tmp_path / "calls")}
 
-    def job(summary: str | None, rc: int) -> tuple[int, list[str]]:
+    def job(
+        summary: str | None, rc: int, left: str = NEAR_THE_LIMIT, saved: int | None = None
+    ) -> tuple[int, list[str]]:
         (tmp_path / "calls").write_text("")
-        case = env | {"RC": str(rc)} | ({"SUMMARY": str(tmp_path / summary / "summary.json")} if summary else {})
+        case = env | {"RC": str(rc), "LEFT": left} | ({"CKPT": f"{saved:06d}"} if saved is not None else {})
+        case |= {"SUMMARY": str(tmp_path / summary / "summary.json")} if summary else {}
         done = subprocess.run(["bash", str(tmp_path / "launch.sbatch")], cwd=tmp_path, env=case, capture_output=True)
+        (tmp_path / "stdout").write_bytes(done.stdout)
         return done.returncode, (tmp_path / "calls").read_text().splitlines()
 
     return job
@@ -183,3 +206,32 @@ def test_a_sigterm_in_start_up_writes_a_summary_and_the_slurm_script_requeues_it
     assert summary["status"] == "stopped (SIGTERM during start-up)" and summary["resumable"] is True
     assert (summary["step"], summary["steps_this_session"]) == (12, 0)
     assert slurm_job(tmp_path)("start-up", 1) == (1, ["show hostnames node[1-2]", "requeue 42"])
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash runs the script")
+def test_the_slurm_script_does_not_requeue_a_rank_failure_forever(tmp_path, capsys):
+    """torchrun's agent SIGTERMs the other ranks when one fails; they wrote "stopped (SIGTERM ...)" as
+    on the time limit's warning, and the script queued the job again, for ever where the failure
+    recurs. Now a stop with time left is queued again only when the run saved a newer checkpoint, and
+    one at the time limit without a newer checkpoint at most MAX_IDLE_REQUEUES times in a row."""
+    from trimtab.plan.launch import MAX_IDLE_REQUEUES
+    from trimtab.rundir import write_summary
+
+    plan(tmp_path, "slurm", capsys)
+    for name, status in (("failed", "stopped (SIGTERM)"), ("start-up", "stopped (SIGTERM during start-up)")):
+        (tmp_path / name).mkdir()
+        write_summary(tmp_path / name, {"status": status, "step": 7, "total_steps": 40})
+    job, queued = slurm_job(tmp_path), (1, ["show hostnames node[1-2]", "requeue 42"])
+    not_queued = (1, ["show hostnames node[1-2]"])
+    assert job("failed", 1, left="1-03:59:12") == not_queued  # a rank failed hours before the limit
+    assert "a rank failed (torchrun stopped the others" in (tmp_path / "stdout").read_text()
+    assert job("start-up", 1, left="3:59:12") == not_queued  # ... in start-up, where rank 0 waited for it
+    assert job("failed", 1, left="3:59:12", saved=7) == queued  # it trained and saved first: one more try
+    assert job("failed", 1, left="3:58:40") == not_queued  # from there it fails again at once: no more
+    assert job("start-up", 1, left="") == not_queued  # squeue cannot say: not taken for the time limit
+    for _ in range(MAX_IDLE_REQUEUES):  # at the time limit, still in start-up (longer than --time)
+        assert job("start-up", 1) == queued
+    assert job("start-up", 1) == not_queued
+    assert "after 3 requeues in a row: not queued again" in (tmp_path / "stdout").read_text()
+    assert job("start-up", 1, saved=8) == queued  # a newer checkpoint: the count starts again
+    assert job("start-up", 1) == queued

@@ -13,7 +13,7 @@ from trimtab.training.services.signals import StartUpInterrupted, handle_signals
 
 def stopped_in_start_up(run_dir, length):
     """summary.json after a SIGTERM in the start-up of a session asking for `length` steps."""
-    with pytest.raises(StartUpInterrupted), handle_signals(run_dir=run_dir, length=length):
+    with pytest.raises(StartUpInterrupted), handle_signals(run_dir=run_dir, lengths=[length]):
         os.kill(os.getpid(), signal.SIGTERM)  # the handler runs at the next bytecode: here
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -27,6 +27,22 @@ def test_a_start_up_sigterm_keeps_a_finished_runs_summary_and_not_one_asked_to_t
     assert stopped_in_start_up(tmp_path, 12) == finished
     longer = stopped_in_start_up(tmp_path, 20)  # relaunched to train on: queued again to resume
     assert (longer["status"], longer["step"], longer["resumable"]) == ("stopped (SIGTERM during start-up)", 12, True)
+
+
+def test_a_start_up_sigterm_keeps_the_summary_of_a_run_the_live_planner_shortened(tmp_path):
+    """A run of 20 steps the live planner ended at 12 (set_total_steps: length_delta -8, in its
+    checkpoint's state.json) completed; its relaunch with the same config, stopped in start-up,
+    replaced "completed" by "stopped (SIGTERM during start-up)": by the config's 20 it was unfinished.
+    Another train.max_steps is the run's length itself, as training/resume.py reads it."""
+    from trimtab.rundir import write_json
+
+    step = tmp_path / "checkpoints" / "step_000012"
+    step.mkdir(parents=True)
+    write_json(step / "state.json", {"train": {"step": 12, "length_delta": -8, "phase_steps": [20]}})
+    finished = {"status": "completed", "step": 12, "total_steps": 12, "val_loss": 4.5}
+    write_summary(tmp_path, finished)
+    assert stopped_in_start_up(tmp_path, 20) == finished
+    assert stopped_in_start_up(tmp_path, 30)["status"] == "stopped (SIGTERM during start-up)"  # 30 steps asked
 
 
 def test_a_start_up_sigterm_on_a_finished_run_keeps_its_summary(tmp_path, monkeypatch):

@@ -61,8 +61,8 @@ def train_or_raise(config: RunConfig, hooks: list = ()) -> dict:
     """train() for the CLI: where a call trains nothing it raises RunFinished or
     StartUpInterrupted, whose message says why, instead of returning a summary."""
     # A signal from here to the first step ends start-up cleanly (training/services/signals.py).
-    length = sum(configured_lengths(config)) if config.train.epochs <= 0 and config.train.max_steps != "auto" else None
-    with handle_signals(run_dir=config.run_dir, length=length), run_lock(config.run_dir):  # one per run directory
+    lengths = configured_lengths(config) if config.train.epochs <= 0 and config.train.max_steps != "auto" else None
+    with handle_signals(run_dir=config.run_dir, lengths=lengths), run_lock(config.run_dir):  # one per run directory
         built = setup(config)  # before the hooks: a restore from checkpoint.dir comes first
         hooks = built_in_hooks(config) + list(hooks)
         summary = Trainer(built, hooks=hooks).fit()

@@ -4,7 +4,9 @@ Kubeflow PyTorchJob, each starting torchrun's elastic agent on every node (c10d 
 few restarts: a lost rank restarts the job from its newest checkpoint, docs/resilience.md) with
 the asynchronous checkpoint interval of the plan's resilience section (Young's). The Slurm
 script queues its job again when the time limit's SIGTERM stopped the run before its end (it
-saved): Slurm's own --requeue restarts a job after a node failure or a preemption, not then.
+saved): Slurm's own --requeue restarts a job after a node failure or a preemption, not then. The
+same stop after a rank failed (torchrun's agent SIGTERMs the others) is queued again only when the
+run saved a newer checkpoint: a failure that recurs does not loop (docs/resilience.md).
 
 A stop on SIGTERM finishes the step and saves, which for a large model on few GPUs takes minutes,
 while torchrun's agent, signalled too (by Slurm, or as the pod's first process by Kubernetes), kills
@@ -36,6 +38,8 @@ AGENT_GRACE_S = 30  # torchrun's wait from forwarding a SIGTERM to its SIGKILL (
 STOP_SAFETY = 2.0  # over the stop's estimate: the plan's bandwidths and step time are assumptions
 SLURM_LEAD_S = 120  # the least warning before the time limit (--signal=TERM@); Slurm may send it 60 s early
 MARGIN_S = 30  # after the agent's wait: its own exit (and the Slurm script's requeue)
+SLURM_EARLY_S = 60  # Slurm checks its signals' times about once a minute: the warning may come this much early
+MAX_IDLE_REQUEUES = 3  # requeues in a row of a job whose run saved no newer checkpoint (start-up longer than --time)
 
 
 def launch_file(plan: Plan, emit: str, config: str | None, run_dir: str = "") -> tuple[str, str]:
@@ -114,6 +118,7 @@ def _slurm(plan: Plan, config: str | None, run_dir: str) -> str:
     torchrun = _torchrun(nodes, per_node, f"$HEAD:{PORT}", "$SLURM_JOB_ID", grace)
     command = _shell(torchrun + _train_args(plan, config) + ["--out", "$RUN_DIR"])
     b = plan.layout.best
+    lead = max(SLURM_LEAD_S, grace + MARGIN_S)
     return f"""#!/bin/bash
 # trimtab plan --emit slurm: {plan.preset} on {plan.layout.gpus} x {plan.layout.gpu}
 # layout: pp {b.pp} x tp {b.tp} x dp {b.dp} (ep {b.ep}, {b.strategy}), micro-batch {b.micro_batch_tokens} tokens
@@ -124,7 +129,7 @@ def _slurm(plan: Plan, config: str | None, run_dir: str) -> str:
 #SBATCH --cpus-per-task={8 * per_node}
 #SBATCH --exclusive
 #SBATCH --requeue
-#SBATCH --signal=TERM@{max(SLURM_LEAD_S, grace + MARGIN_S)}
+#SBATCH --signal=TERM@{lead}
 # EDIT: --partition, --account, --time as the site asks
 set -euo pipefail
 RUN_DIR={shlex.quote(run_dir)}  # EDIT: the run directory (the config's out), on storage every node mounts
@@ -132,6 +137,15 @@ HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export OMP_NUM_THREADS=8
 mkdir -p "$RUN_DIR"
 STARTED=$(mktemp -p "$RUN_DIR" .slurm-job.XXXXXX)  # this job's start, by the run directory's clock
+newest() {{  # the newest checkpoint's step by its directory name (0: none), as rundir.newest_step reads it
+    {{ ls "$RUN_DIR/checkpoints" 2>/dev/null || true; }} | sed -n 's/^step_0*\\([0-9][0-9]*\\)$/\\1/p' | sort -n |
+        tail -n 1
+}}
+left_s() {{  # seconds to the job's time limit (squeue %L: [days-]hours:minutes:seconds); empty: unknown
+    squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null | awk -F'[-:]' '/^[0-9]+(-[0-9]+)?(:[0-9]+)+$/ {{
+        split("1 60 3600 86400", k, " "); for (i = NF; i > 0; i--) s += $i * k[NF - i + 1]; print s }}'
+}}
+START_STEP=$(newest)
 # one torchrun agent a node; SIGTERM before the time limit reaches srun's tasks (not B:, which signals only
 # this shell): each rank finishes its step, saves and exits 0, its summary.json says "stopped (SIGTERM)"
 # ("... during start-up)" before its first step); torchrun's agent, signalled too, waits {grace} s for that
@@ -141,13 +155,34 @@ status=0
 srun --kill-on-bad-exit=0 {command} || status=$?
 # --requeue brings a job back after a node failure or a preemption, never after its time limit: a run the
 # SIGTERM above stopped (its summary.json, written by this job, says so) is queued again here to resume from
-# its checkpoint. Not a finished run, nor one that failed, nor one scancel ended (it signals this shell too)
+# its checkpoint. torchrun's agent also SIGTERMs the other ranks when one FAILS (a crash, a bug, a bad GPU),
+# and they write the same summary: queued again on it, a failure that recurs looped forever. So the stop is
+# queued again when it came near the time limit (squeue's time left within the warning, {lead} s, + {SLURM_EARLY_S} s)
+# or when the run saved a checkpoint newer than the one this job started from (a failure after progress gets
+# one more try, from there); never a stop with time left and no new checkpoint, nor more than
+# {MAX_IDLE_REQUEUES} time-limit requeues in a row without one (a start-up longer than --time; the count is in
+# $RUN_DIR/.slurm-requeues, by job id: SLURM_RESTART_COUNT counts Slurm's own requeues too). Not a finished
+# run, nor one that failed without that summary, nor one scancel ended (it signals this shell too)
 requeue=0
+IDLE="$RUN_DIR/.slurm-requeues"
 if [ "$RUN_DIR/summary.json" -nt "$STARTED" ] && grep -q '"status": "stopped (SIGTERM' "$RUN_DIR/summary.json"; then
-    requeue=1
+    left=$(left_s || true)
+    idle=$(awk -v job="$SLURM_JOB_ID" '$1 == job {{ print $2 }}' "$IDLE" 2>/dev/null || true)
+    if [ "$(newest)" -gt "${{START_STEP:-0}}" ]; then
+        requeue=1 idle=0
+    elif [ -n "$left" ] && [ "$left" -le {lead + SLURM_EARLY_S} ] && [ "${{idle:-0}}" -lt {MAX_IDLE_REQUEUES} ]; then
+        requeue=1 idle=$((${{idle:-0}} + 1))
+    elif [ -n "$left" ] && [ "$left" -le {lead + SLURM_EARLY_S} ]; then
+        echo "trimtab: stopped at the time limit with no checkpoint newer than step ${{START_STEP:-0}}" \\
+            "after {MAX_IDLE_REQUEUES} requeues in a row: not queued again (give it a longer --time)"
+    else
+        echo "trimtab: stopped by SIGTERM with ${{left:-unknown}} s left and no checkpoint newer than step" \\
+            "${{START_STEP:-0}}: a rank failed (torchrun stopped the others; its error is above), not queued again"
+    fi
 fi
 rm -f "$STARTED"
 if [ "$requeue" = 1 ]; then
+    echo "$SLURM_JOB_ID $idle" > "$IDLE"
     echo "trimtab: stopped before the time limit, not finished: requeued to resume from its checkpoint"
     scontrol requeue "$SLURM_JOB_ID"
 fi
@@ -195,6 +230,10 @@ def _k8s(plan: Plan, config: str | None) -> str:
         "metadata": {"name": name, "labels": {"app": "trimtab", "preset": plan.preset}},
         "spec": {
             "elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": nodes, "maxReplicas": nodes, "maxRestarts": 3},
+            # restartPolicy OnFailure restarts a container whose torchrun gave up (its own restarts spent: a rank
+            # that fails again and again) without end unless backoffLimit caps the restarts of the job's running
+            # pods; a pod evicted or preempted comes back as a new pod, its restarts at 0: not counted
+            "runPolicy": {"backoffLimit": MAX_RESTARTS},
             "pytorchReplicaSpecs": specs,
         },
     }

@@ -24,7 +24,7 @@ from trimtab.errors import CheckpointError, ConfigError, RunFinished, RunPastLen
 from trimtab.rundir import SUMMARY, is_eval, read_json, read_metrics
 from trimtab.storage import Remote
 from trimtab.training.schedule import KEYS, configured_lengths
-from trimtab.training.services.signals import stopped_in_start_up
+from trimtab.training.services.signals import run_length, stopped_in_start_up
 from trimtab.training.services.storage import newer_in_store, reference_steps, restore_from
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def _stop_if_finished(cfg: RunConfig, found: Found, dist: Parallel) -> None:
     step, lengths = state["train"].get("step", 0), _lengths(cfg)
     if lengths is None:
         return  # its length is not resolved yet: it cannot have reached it
-    total = _length(state["train"], lengths)
+    total = run_length(state["train"], lengths)
     early = _early_stop_decision(cfg, state, lengths) if step < total else None
     if step < total and early is None:
         return
@@ -84,14 +84,6 @@ def _stop_if_finished(cfg: RunConfig, found: Found, dist: Parallel) -> None:
     if step > total or step < _trained_to(state):  # fewer steps than the run has: not complete at this length
         raise RunPastLength(message, summary)
     raise RunFinished(message, summary)
-
-
-def _length(train: dict[str, Any], lengths: list[int]) -> int:
-    """The run's length under the config's phase `lengths`: set_total_steps' change to pretraining
-    (length_delta) counts while the config keeps pretraining's length; another train.max_steps is
-    the length itself (schedule.reconcile)."""
-    kept = not train.get("phase_steps") or train["phase_steps"][0] == lengths[0]
-    return sum(lengths) + (train.get("length_delta", 0) if kept else 0)
 
 
 def _early_stop_decision(cfg: RunConfig, state: dict[str, Any], lengths: list[int]) -> dict[str, Any] | None:

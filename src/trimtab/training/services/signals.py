@@ -29,7 +29,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trimtab.rundir import newest_step, read_summary, write_summary
+from trimtab.rundir import newest_step, read_json, read_summary, write_summary
 
 if TYPE_CHECKING:
     from trimtab.training.trainer import Trainer
@@ -42,8 +42,8 @@ class StartUpInterrupted(BaseException):
     """A signal before the first step. A BaseException, like KeyboardInterrupt, so that no
     `except Exception` on the way (a rank forwarding its errors to the others) swallows it."""
 
-    def __init__(self, signame: str, run_dir: Path | None, length: int | None = None) -> None:
-        self.signame, self.run_dir, self.length = signame, run_dir, length  # length: the steps the config asks for
+    def __init__(self, signame: str, run_dir: Path | None, lengths: list[int] | None = None) -> None:
+        self.signame, self.run_dir, self.lengths = signame, run_dir, lengths  # each phase's, as the config asks
         self.step = newest_step(run_dir) if run_dir is not None else None
         at = f" at step {self.step}" if self.step is not None else ""
         super().__init__(
@@ -60,7 +60,7 @@ class StartUpInterrupted(BaseException):
     def record(self, locked: bool = False) -> None:
         """summary.json of this session on rank 0, where the run directory exists (not one start-up
         would have made, and removes again) and no other session trains in it now (its summary is its
-        own), unless the run has finished at the length the config asks for: its summary "completed"
+        own), unless the run has finished at its length under the config's phase `lengths`: its summary "completed"
         stays, where the Slurm script (plan/launch.py) queued the finished job once more and the run's
         record said "stopped". A run relaunched to train longer (or of a length known only once its
         data is read: train.epochs, max_steps auto) is queued again, as it should be. `locked`: this
@@ -69,18 +69,32 @@ class StartUpInterrupted(BaseException):
             return
         from trimtab.runlock import liveness
 
-        if (not locked and liveness(self.run_dir)[0]) or _finished(self.run_dir, self.length):  # locked: by us
+        if (not locked and liveness(self.run_dir)[0]) or _finished(self.run_dir, self.lengths):  # locked: by us
             return
         with suppress(OSError):  # a full or read-only disk: the message still says what happened
             write_summary(self.run_dir, self.summary)
 
 
-def _finished(run_dir: Path, length: int | None) -> bool:
-    """Whether summary.json says the run completed at `length` steps or more (None: unknown, not finished)."""
+def _finished(run_dir: Path, lengths: list[int] | None) -> bool:
+    """Whether summary.json says the run completed at its length under the config's phase `lengths`
+    (None: unknown, not finished): theirs plus the change the live planner (or orchestrator.make_up,
+    `trimtab ctl total-steps`) made to pretraining, from the newest checkpoint's state.json (JSON: no
+    torch in start-up). By the config's lengths alone a run the planner shortened counted as unfinished."""
     summary = read_summary(run_dir)
-    if length is None or summary is None or summary.get("status") != "completed":
+    if lengths is None or summary is None or summary.get("status") != "completed":
         return False
+    state = read_json(Path(run_dir) / "checkpoints" / f"step_{newest_step(run_dir):06d}" / "state.json")
+    train = state.get("train") if isinstance(state, dict) else None
+    length = run_length(train, lengths) if isinstance(train, dict) else sum(lengths)
     return isinstance(summary.get("step"), int) and summary["step"] >= length
+
+
+def run_length(train: dict[str, Any], lengths: list[int]) -> int:
+    """The run's length under the config's phase `lengths`, given a checkpoint's train state:
+    set_total_steps' change to pretraining (length_delta) counts while the config keeps pretraining's
+    length; another train.max_steps is the length itself (schedule.reconcile)."""
+    kept = not train.get("phase_steps") or train["phase_steps"][0] == lengths[0]
+    return sum(lengths) + (train.get("length_delta", 0) if kept else 0)
 
 
 def stopped_in_start_up(summary: dict[str, Any]) -> bool:
@@ -105,7 +119,7 @@ class SignalHandler:
 
     def __init__(self, trainer: Trainer | None = None, run_dir: Path | None = None) -> None:
         self.trainer, self.run_dir = trainer, run_dir
-        self.length: int | None = None  # the run's length as the config asks (StartUpInterrupted.record)
+        self.lengths: list[int] | None = None  # each phase's length as the config asks (StartUpInterrupted.record)
         self.fired = False
         self.received: str | None = None  # the first signal's name: a caller learns of one the trainer took
 
@@ -119,15 +133,15 @@ class SignalHandler:
             self.trainer.request_stop(self.trainer.dist.on_signal(name))
         elif not self.fired:  # a second SIGTERM must not break into the first one's unwinding
             self.fired = True
-            raise StartUpInterrupted(name, self.run_dir, self.length)
+            raise StartUpInterrupted(name, self.run_dir, self.lengths)
 
 
 @contextmanager
 def handle_signals(
-    trainer: Trainer | None = None, run_dir: Path | None = None, length: int | None = None
+    trainer: Trainer | None = None, run_dir: Path | None = None, lengths: list[int] | None = None
 ) -> Iterator[SignalHandler]:
     """A SignalHandler for SIGTERM and SIGINT during the block, the outer block's if there is one
-    (then `trainer`, `run_dir` and `length`, when given, are attached to it). Only the main thread can
+    (then `trainer`, `run_dir` and `lengths`, when given, are attached to it). Only the main thread can
     install handlers; elsewhere the block runs with the handlers it has."""
     outer = signal.getsignal(signal.SIGTERM)
     if isinstance(outer, SignalHandler):
@@ -135,12 +149,12 @@ def handle_signals(
             outer.trainer = trainer
         if run_dir is not None:
             outer.run_dir = run_dir
-        if length is not None:
-            outer.length = length
+        if lengths is not None:
+            outer.lengths = lengths
         yield outer
         return
     handler = SignalHandler(trainer, run_dir)
-    handler.length = length
+    handler.lengths = lengths
     if threading.current_thread() is not threading.main_thread():
         yield handler
         return
@@ -198,7 +212,7 @@ def _hear(read: int, returned: threading.Event, handler: SignalHandler, what: st
         if returned.wait(TAKE_OVER_S):  # the call returned: the main thread's handler takes the signal
             return
         if handler.received is None:
-            stopped = StartUpInterrupted(signal.Signals(byte[0]).name, handler.run_dir, handler.length)
+            stopped = StartUpInterrupted(signal.Signals(byte[0]).name, handler.run_dir, handler.lengths)
             _say(f"{stopped} (it came while {what})")
             stopped.record(locked=True)  # this process holds the run lock: the summary is its own
             os._exit(0)
