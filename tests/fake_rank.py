@@ -36,6 +36,8 @@ def as_rank(cfg: Any, rank: int, world: int, before: Callable[[torch.nn.Module, 
         before(model, meta)
         parallel.wrap(model, False, precision)
         materialise(model, meta)
+        if meta.weights is not None:  # train.init_from: this rank's shards read from it
+            meta.weights(model)
         yield parallel, model
     finally:
         dist.destroy_process_group()

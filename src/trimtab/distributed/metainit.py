@@ -9,7 +9,9 @@ the host, in the order a CPU build draws them, and this rank keeps its part (doc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -26,17 +28,21 @@ class MetaInit:
     device: torch.device  # where the shards live (the CPU under distributed.cpu_offload)
     buffers: torch.device  # where the forward runs
     whole: Layout  # every parameter as built, in draw order: a pipeline stage then unregisters the others'
+    # train.init_from: fills this rank's shards once allocated (instead of drawing them) and returns
+    # where its weights came from and the Hugging Face record (training/init_from.py sharded_init_from)
+    weights: Callable[[nn.Module], tuple[Path, dict | None]] | None = None
 
 
-def meta_reason(parallel, init_from: bool, resumed: bool) -> str:
+def meta_reason(parallel, hf_init: bool, resumed: bool) -> str:
     """Why this run builds its whole model on every rank ('' when it builds it on the meta device,
     to be sharded first (FSDP2, tensor, expert and pipeline parallelism: a stage materialises only
-    its own layers)): one every rank holds whole (one process, DDP), or weights read into the whole
-    model (train.init_from)."""
+    its own layers)): one every rank holds whole (one process, DDP), or a pipeline stage's
+    Hugging Face train.init_from (hf_init), whose conversion sets every layer's tensors. A sharded
+    train.init_from otherwise fills each rank's shards after materialise (training/init_from.py)."""
     if not parallel.sharded:
         return "every rank holds the whole model (one process or DDP)"
-    if init_from and not resumed:
-        return "train.init_from reads its weights into the whole model"
+    if hf_init and not resumed and parallel.mesh.pp > 1:
+        return "a Hugging Face train.init_from under pipeline parallelism converts every layer's tensors"
     return ""
 
 
@@ -69,20 +75,29 @@ def materialise(model: nn.Module, init: MetaInit) -> None:
 
 def keep_shard(p: nn.Parameter, full: torch.Tensor) -> None:
     """Copy this rank's part of `full` (the whole parameter, on the host) into `p`."""
+    box = local_box(p, full.shape)
+    if box is None:
+        p.copy_(full)
+    else:
+        p.to_local().copy_(full[box])
+
+
+def local_box(p: torch.Tensor, shape: torch.Size) -> tuple[slice, ...] | None:
+    """The slices of a whole tensor of `shape` that this rank holds of the DTensor `p` (None: `p`
+    is no DTensor, the rank holds it whole): what a reader that can read part of a tensor reads."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
     if not isinstance(p, DTensor):
-        p.copy_(full)
-        return
+        return None
     mesh, local = p.device_mesh, p.to_local()
     # this rank's place on the mesh read from its process groups (as FSDP2 reads it to shard)
     where = [mesh.get_local_rank(dim) for dim in range(mesh.ndim)]
-    shape, offset = _compute_local_shape_and_global_offset(full.shape, mesh.shape, where, p.placements)
-    if tuple(shape) != tuple(local.shape):
+    held, offset = _compute_local_shape_and_global_offset(shape, mesh.shape, where, p.placements)
+    if tuple(held) != tuple(local.shape):
         raise RuntimeError(
-            f"a parameter of shape {tuple(full.shape)} placed {p.placements} holds {tuple(local.shape)} on this "
-            f"rank, not the {tuple(shape)} its placement gives: the meta build cannot initialise it "
+            f"a parameter of shape {tuple(shape)} placed {p.placements} holds {tuple(local.shape)} on this "
+            f"rank, not the {tuple(held)} its placement gives: the meta build cannot initialise it "
             "(distributed/metainit.py keep_shard)"
         )
-    local.copy_(full[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))])
+    return tuple(slice(o, o + n) for o, n in zip(offset, held, strict=True))

@@ -10,6 +10,8 @@ an imported model exported untrained has the original files' tensors, bit for bi
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from trimtab.model.catalog import uninitialised
 from trimtab.model.upgrade import UpgradedReader, is_legacy
 
 SOURCE = "hf_source.json"  # in a run directory initialised from a Hugging Face model
+Keep = Callable[[torch.Tensor, torch.Tensor], Any]  # (the model's tensor, a whole one to copy into it)
 
 
 def is_hf_dir(path: str | Path) -> bool:
@@ -154,12 +157,16 @@ def model_config(path: str | Path) -> ModelConfig:
     return to_model_config(read_config(path), str(Path(path) / "config.json"))
 
 
-def import_weights(model: Transformer, path: str | Path, *, assign: bool = False) -> torch.dtype:
+def import_weights(
+    model: Transformer, path: str | Path, *, assign: bool = False, keep: Keep = torch.Tensor.copy_
+) -> torch.dtype:
     """Fill `model` (built from model_config(path)) with the directory's weights, converted tensor
     by tensor (fp32 in the model); every parameter must be set, every tensor used. Returns the
     file's dtype. `assign` (a CPU model): the tensors become the parameters instead of being
     copied into them, so a tensor that needs no conversion stays the file's memory map, as
-    transformers loads it (no second copy of the model written; pages read as used)."""
+    transformers loads it (no second copy of the model written; pages read as used). `keep`
+    copies a whole converted tensor into the model's (a sharded model's: metainit.keep_shard,
+    this rank's part of it)."""
     path = Path(path)
     hf = read_config(path)
     reader = SafetensorsDir(path)
@@ -167,11 +174,9 @@ def import_weights(model: Transformer, path: str | Path, *, assign: bool = False
     if is_legacy(reader.names):  # a trimtab-class export from before the grouped attention layout
         upgraded = UpgradedReader(reader, reader.names, model.cfg)
         get = Recorder(upgraded, upgraded.names)
-    arch = architecture(hf, str(path / "config.json"))
-    if arch == TRIMTAB:  # its own names; each MoE layer's expert count first (surgery may differ)
-        model.load_moe_state(moe_structure(model.cfg, hf))
+    arch = apply_hf_structure(model, path, hf)
     params = model.state_dict()
-    put = _Assigner(model) if assign else _copy
+    put = _Assigner(model) if assign else partial(_copy, keep=keep)
     done = set()
     pairs = ((name, get(name)) for name in sorted(get.names)) if arch == TRIMTAB else from_hf(get, model.cfg, arch)
     try:
@@ -189,6 +194,15 @@ def import_weights(model: Transformer, path: str | Path, *, assign: bool = False
     if missing:
         raise CheckpointError(f"{path}: nothing sets '{missing[0]}' of the trimtab model (a conversion gap)")
     return reader.dtype()
+
+
+def apply_hf_structure(model: Transformer, path: Path, hf: dict[str, Any]) -> str:
+    """config.json's architecture; a trimtab-class export's MoE layers given their expert counts
+    (surgery may have changed them), before its weights (and before a sharded model is sharded)."""
+    arch = architecture(hf, str(path / "config.json"))
+    if arch == TRIMTAB:  # its own names; each MoE layer's expert count first
+        model.load_moe_state(moe_structure(model.cfg, hf))
+    return arch
 
 
 def _missing_why(reader: SafetensorsDir) -> str:
@@ -239,10 +253,10 @@ def _check_shape(target: torch.Tensor, name: str, tensor: torch.Tensor, path: Pa
         )
 
 
-def _copy(params: dict[str, torch.Tensor], name: str, tensor: torch.Tensor, path: Path) -> None:
+def _copy(params: dict[str, torch.Tensor], name: str, tensor: torch.Tensor, path: Path, keep: Keep) -> None:
     _check_shape(params[name], name, tensor, path)
     with torch.no_grad():
-        params[name].copy_(tensor)
+        keep(params[name], tensor)
 
 
 class _Assigner:

@@ -1,21 +1,45 @@
 """train.init_from: where a run starts from another's weights (a run directory, a checkpoint,
 a Hugging Face model directory), and the errors that name what it lacks or how its model
-differs from this run's, with the command that trains on from it."""
+differs from this run's, with the command that trains on from it. A sharded run's model (built
+on the meta device) is never read whole: each rank fills its own shards (sharded_init_from)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from safetensors import safe_open
+from torch import nn
 
 from trimtab import hf
-from trimtab.checkpoint import is_sharded, latest_valid
-from trimtab.checkpoint_load import load_model
+from trimtab.checkpoint import is_sharded, latest_valid, verify
+from trimtab.checkpoint_load import check_fits, load_model, weight_names
 from trimtab.config import RunConfig, read_saved
 from trimtab.config.checks import leaves
+from trimtab.distributed.metainit import keep_shard, local_box
 from trimtab.errors import CheckpointError, ConfigError
-from trimtab.hf.importer import check_not_config_less, import_weights, read_source, source_record
+from trimtab.hf.importer import (
+    apply_hf_structure,
+    check_not_config_less,
+    import_weights,
+    read_config,
+    read_source,
+    source_record,
+)
 from trimtab.model import Transformer
+from trimtab.model.upgrade import UpgradedReader, is_legacy
 from trimtab.rundir import CONFIG
+
+if TYPE_CHECKING:
+    from trimtab.distributed import Parallel
+
+Fill = Callable[[nn.Module], tuple[Path, "dict | None"]]  # a sharded model's shards filled: (source, HF record)
+TIED = {"tok_emb.weight", "lm_head.weight"}
 
 
 def init_weights_from(cfg: RunConfig, model: Transformer) -> tuple[Path, dict | None]:
@@ -26,6 +50,87 @@ def init_weights_from(cfg: RunConfig, model: Transformer) -> tuple[Path, dict | 
     if hf.is_hf_dir(source):
         dtype = import_weights(model, source)
         return source, source_record(source, dtype)
+    path, verified = _checkpoint(source)
+    try:
+        load_model(model, path, verified=verified)
+    except CheckpointError as exc:
+        raise ConfigError(_unfit(cfg, source, exc)) from None
+    return path, _run_record(source)
+
+
+def sharded_init_from(cfg: RunConfig, model: Transformer, dist: Parallel) -> Fill:
+    """train.init_from for a model built on the meta device, to be sharded: no rank builds or reads
+    it whole. Its structure (each MoE layer's expert count) is applied now, before Parallel.wrap
+    shards it, and a checkpoint's weights checked against its header; returns what fills this rank's
+    shards once materialise has allocated them, one tensor at a time: a sharded checkpoint's own
+    shards (DCP, as a resume reads them), a one-process checkpoint's part of each tensor (a
+    safetensors slice), a Hugging Face tensor converted whole, then cut (metainit.keep_shard)."""
+    source = Path(cfg.train.init_from)
+    if hf.is_hf_dir(source):
+        apply_hf_structure(model, source, read_config(source))
+
+        def fill_hf(sharded: nn.Module) -> tuple[Path, dict | None]:
+            dtype = import_weights(sharded, source, keep=keep_shard)
+            return source, source_record(source, dtype)
+
+        return fill_hf
+    path, verified = _checkpoint(source)
+    try:
+        state = json.loads((path / "state.json").read_text()) if verified else verify(path)
+        check_fits(model, path, state)  # names and shapes from the header, the structure applied
+    except CheckpointError as exc:
+        raise ConfigError(_unfit(cfg, source, exc)) from None
+    record = _run_record(source)
+
+    def fill(sharded: nn.Module) -> tuple[Path, dict | None]:
+        try:
+            if is_sharded(path):
+                dist.load_model(sharded, None, state, path)
+            else:
+                stream_weights(sharded, path)
+        except CheckpointError as exc:
+            raise ConfigError(_unfit(cfg, source, exc)) from None
+        return path, record
+
+    return fill
+
+
+@torch.no_grad()
+def stream_weights(model: nn.Module, path: Path) -> None:
+    """A one-process checkpoint's model.safetensors into a sharded model, one tensor at a time,
+    each rank reading only its part of each from the file (an older checkpoint's fused attention
+    read whole, to regroup it: model/upgrade.py). A tensor of another pipeline stage is skipped
+    (check_fits compared the whole model); one of this rank's the file lacks is refused by name."""
+    file, names = path / "model.safetensors", weight_names(path)
+    params = model.state_dict()
+    legacy = UpgradedReader(partial(_read, file, box=None), names, model.cfg) if is_legacy(names) else None
+    done = set()
+    for name in sorted(legacy.names if legacy else names):
+        if name not in params:
+            continue
+        target = params[name]
+        if legacy is not None:
+            keep_shard(target, legacy(name))
+        else:
+            box = local_box(target, target.shape)
+            (target if box is None else target.to_local()).copy_(_read(file, name, box=box))
+        done.add(name)
+    if getattr(model.cfg, "tie_embeddings", False) and done & TIED:
+        done |= TIED  # stored once: the head is the embedding
+    missing = sorted(params.keys() - done)
+    if missing:
+        raise CheckpointError(f"{file}: holds no tensor '{missing[0]}' of this model ({len(missing)} missing)")
+
+
+def _read(file: Path, name: str, box: tuple[slice, ...] | None) -> torch.Tensor:
+    """Tensor `name` of a safetensors file, or only its `box`; the file opened anew for each (a
+    handle kept open keeps every page read so far resident: hf/importer.py SafetensorsDir)."""
+    with safe_open(str(file), "pt") as f:
+        return f.get_tensor(name) if box is None else f.get_slice(name)[box]
+
+
+def _checkpoint(source: Path) -> tuple[Path, bool]:
+    """train.init_from's checkpoint (a run's newest valid one, verified) and whether it was verified."""
     found = latest_valid(source) if (source / "checkpoints").is_dir() else None
     path = found[0] if found else source
     check_not_config_less(path, f"config key 'train.init_from' = '{source}'")
@@ -34,15 +139,16 @@ def init_weights_from(cfg: RunConfig, model: Transformer) -> tuple[Path, dict | 
             f"config key 'train.init_from' = '{source}' has no valid checkpoint; "
             "point it at a run directory, a checkpoints/step_* directory or a Hugging Face model directory"
         )
-    try:
-        load_model(model, path, verified=found is not None)
-    except CheckpointError as exc:
-        raise ConfigError(_unfit(cfg, source, exc)) from None
+    return path, found is not None
+
+
+def _run_record(source: Path) -> dict | None:
+    """The Hugging Face record of the run train.init_from names (a run of an imported model), or None."""
     fix = (
         f"restore it (config key 'train.init_from' = '{source}'), or remove it to train on without it "
         "(this run's export is then trimtab's own mapping of the model, float32)"
     )
-    return path, read_source(run_dir_of(str(source)), fix)
+    return read_source(run_dir_of(str(source)), fix)
 
 
 def _unfit(cfg: RunConfig, source: Path, exc: CheckpointError) -> str:

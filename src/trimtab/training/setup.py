@@ -54,7 +54,13 @@ from trimtab.rl.phase import RLPhase, build_rl_phase
 from trimtab.rundir import CONFIG, write_atomic, write_json
 from trimtab.storage import is_url
 from trimtab.training.hf_model import adopt_hf_model
-from trimtab.training.init_from import init_weights_from, no_init_from, no_init_tokenizer, run_dir_of
+from trimtab.training.init_from import (
+    init_weights_from,
+    no_init_from,
+    no_init_tokenizer,
+    run_dir_of,
+    sharded_init_from,
+)
 from trimtab.training.resume import resume_point
 from trimtab.training.services.compiling import CompileChoice, choose_compile
 from trimtab.training.services.cpu_precision import refine_cpu_precision
@@ -392,8 +398,11 @@ def setup(cfg: RunConfig) -> BuiltRun:
     )
     log.info("torch.compile %s", compiling.reason)
     forward = dist.wrap(model, compiling.enabled, precision)
-    if meta is not None:  # sharded now: each rank allocates and draws its own part only
+    if meta is not None:  # sharded now: each rank allocates and draws (or reads) its own part only
         materialise(model, meta)
+        if meta.weights is not None:
+            source, hf_source = meta.weights(model)
+            log.info("initialised from %s (train.init_from): each rank read its own shards", source)
     if not resume:  # a resume writes config.yaml once the trainer took it (Checkpointing.resume)
         dist.on_main(prepare_run_dir, cfg, tok, hf_source)
     return BuiltRun(
@@ -451,15 +460,17 @@ def _make_model(
     ranks shard (FSDP2, tensor, expert, pipeline parallelism) is built on the meta device: its MetaInit comes
     back too, for materialise after Parallel.wrap (distributed/metainit.py meta_reason says which);
     any other is built on the CPU and moved to the device."""
-    whole = meta_reason(dist, bool(cfg.train.init_from), resume is not None)
+    initialised = bool(cfg.train.init_from) and not resume  # weights read from train.init_from
+    whole = meta_reason(dist, initialised and hf.is_hf_dir(cfg.train.init_from), resume is not None)
     if whole:
         meta = None
         if dist.sharded:
             log.info("building the whole model on every rank before sharding it: %s", whole)
         model = build_model(cfg.model).to(dist.device)
     else:
-        model = build_on_meta(cfg.model, draw=resume is None)  # a resume loads weights and generator
-        meta = pending(dist, model, draw=resume is None)
+        draw = resume is None and not initialised  # a resume loads weights and generator, init_from weights
+        model = build_on_meta(cfg.model, draw=draw)
+        meta = pending(dist, model, draw=draw)
         log.info("model built on the meta device: each rank allocates and initialises its own shards")
     if check_fit:
         check_fits(model, *resume)
@@ -468,7 +479,9 @@ def _make_model(
     precision = dist.same_precision(refine_cpu_precision(precision, cfg, model, saved))
     log.info("precision %s: %s", precision.name, precision.reason)
     hf_source = None
-    if cfg.train.init_from and not resume:
+    if initialised and meta is not None:  # its structure now, its shards' weights after materialise
+        meta.weights = sharded_init_from(cfg, model, dist)
+    elif initialised:
         source, hf_source = init_weights_from(cfg, model)
         log.info("initialised from %s (train.init_from)", source)
     if precision.name == "fp8":
