@@ -147,5 +147,5 @@ def test_the_garbage_screen_does_not_encode_a_sample_too_small_to_judge(tmp_path
     path.write_text(json.dumps([{"text": f"record {i} " * 20} for i in range(200)]))
     monkeypatch.setattr(TextTokenizer, "encode_documents", lambda *a: pytest.fail("encoded a sample with no scale"))
     manifest = {}
-    prepare._measure_scale(manifest, [str(path)], tokenizer, Options(), "hint")
+    prepare._measure_scale(manifest, tmp_path, [str(path)], tokenizer, Options(), "hint")
     assert manifest == {"garbage": None}

@@ -10,8 +10,10 @@ import numpy as np
 
 from test_quality import clean_documents, phase
 from trimtab.config import DataConfig
-from trimtab.data import junk
+from trimtab.data import junk, shards
 from trimtab.data.prepare import Options, prepare
+from trimtab.data.prepared import PreparedData
+from trimtab.orchestrator import screened
 
 # pages in Latin languages with accents: mis-encoded, they pack like text (a few "Ã©" among ASCII)
 PAGES = (
@@ -73,18 +75,89 @@ def test_data_prepare_counts_junk_that_packs_like_text(tmp_path):
     assert entry["garbage"] == len(bad) and entry["documents"] == sum(1 for _ in open(path)) - len(bad)
 
 
+# a small grammar: sentences whose adjacent words depend on each other as a language's do (fixed, owned here)
+NOUNS = "river city farmer teacher garden window market letter bridge doctor village engine story winter harbour"
+NOUNS = (NOUNS + " kitchen soldier forest station painter").split()
+ADJS = "old quiet small bright cold narrow busy famous heavy gentle empty distant".split()
+VERBS = "crossed watched built opened carried painted visited followed repaired described".split()
+PREPS = "near behind across beside under towards".split()
+
+
+def sentence(rng: random.Random) -> str:
+    n, a, v, p = (rng.choice(words) for words in (NOUNS, ADJS, VERBS, PREPS))
+    m, b, o = rng.choice(NOUNS), rng.choice(ADJS), rng.choice(NOUNS)
+    said = rng.choice(
+        (
+            f"the {a} {n} {v} the {m} {p} the {b} {o}.",
+            f"a {n} of the {m} {v} every {a} {o}.",
+            f"{p} the {n}, a {a} {m} {v} nothing.",
+        )
+    )
+    return said[0].upper() + said[1:]
+
+
+def grammar_prose(rng: random.Random, n_chars: int = 700) -> str:
+    said: list[str] = []
+    while sum(len(s) + 1 for s in said) < n_chars:
+        said.append(sentence(rng))
+    return " ".join(said)
+
+
+def salad_of(text: str, rng: random.Random) -> str:
+    shuffled = junk.words(text)  # real words in random order
+    rng.shuffle(shuffled)
+    return " ".join(shuffled)
+
+
 def test_word_salad_is_told_from_real_prose_by_the_corpus_bigrams():
     rng = random.Random(0)
-    docs_dir = Path(__file__).parents[1] / "docs"
-    prose = [b for f in sorted(docs_dir.glob("*.md")) for b in f.read_text().split("\n\n") if len(b) > 600]
-    salad = []
-    for text in rng.sample(prose, 20):
-        words = junk.words(text)  # real words in random order (whole tokens shuffled keep "data/quality.py" whole)
-        rng.shuffle(words)
-        salad.append(" ".join(words))
-    bits, scored = junk.salad_bits([junk.words(t) for t in prose + salad])
-    judged = scored >= junk.MIN_PAIRS
-    real, fake = bits[: len(prose)][judged[: len(prose)]], bits[len(prose) :][judged[len(prose) :]]
-    assert len(real) > 100 and len(fake) == len(salad)
-    assert (fake < junk.SALAD_BITS).all()  # shuffled words: ~0 bits
-    assert np.mean(real < junk.SALAD_BITS) < 0.02 and np.median(real) > 2 * junk.SALAD_BITS
+    prose = [grammar_prose(rng) for _ in range(200)]
+    salad = [salad_of(text, rng) for text in prose[:20]]
+    texts = prose + salad
+    tokens = [junk.words(t) for t in texts]
+    bits, scored = junk.salad_bits(tokens, junk.Bigrams.of(tokens, texts), np.ones(len(texts), dtype=bool))
+    assert (scored >= junk.MIN_PAIRS).all()
+    real, fake = bits[: len(prose)], bits[len(prose) :]
+    assert (fake < junk.SALAD_BITS).all() and (real > junk.SALAD_BITS).all()  # shuffled words: ~0 bits
+    assert np.median(real) > 2 * junk.SALAD_BITS and np.median(fake) < junk.SALAD_BITS / 2
+
+
+def salad_crawl(path: Path, rng: random.Random) -> set[str]:
+    """300 documents of grammar prose with 12 of word salad at random lines, as JSONL; the salad's names."""
+    docs = [(grammar_prose(rng), False) for _ in range(300)]
+    for text, _ in docs[:12]:
+        docs.insert(rng.randrange(len(docs)), (salad_of(text, rng), True))
+    path.write_text("".join(json.dumps({"text": text}) + "\n" for text, _ in docs))
+    return {f"{path}:{n}" for n, (_, salad) in enumerate(docs, 1) if salad}
+
+
+def test_prepare_judges_word_salad_in_every_batch_against_the_sample(tmp_path, monkeypatch):
+    """Each encode batch (here ~3,500 words) holds too few words to judge word order by; the word
+    pairs of the sample `prepare` measures its scale on (all 26K words here) do, in every batch."""
+    monkeypatch.setattr(junk, "CORPUS_WORDS", 10_000)
+    monkeypatch.setattr(shards, "ENCODE_CHARS", 20_000)
+    path = tmp_path / "crawl.jsonl"
+    salad = salad_crawl(path, random.Random(1))
+    out = tmp_path / "out"
+    manifest = prepare([str(path)], out, vocab_size=300, options=Options(), workers=1)
+    (entry,) = manifest["files"]
+    assert entry["garbage"] == len(salad) and (out / shards.BIGRAMS).is_file()
+    data = PreparedData(out)
+    why = [data.why.get(d, "") for d in range(data.n_docs)]
+    flagged = {data.source(d) for d in range(data.n_docs) if why[d]}
+    assert flagged == salad and all(
+        w.startswith("word salad: ") and w.endswith(f"under {junk.SALAD_BITS:g}") for w in why if w
+    )
+
+
+def test_junk_evidence_says_what_was_found_not_the_packing(tmp_path, caplog):
+    path = tmp_path / "crawl.jsonl"
+    bad = crawl(path)
+    cfg = DataConfig(source=str(path), max_bytes=0, seq_len=64, eval_fraction=0.0)
+    (flagged,) = phase(cfg).train.flagged_rows()
+    found = screened.finding([flagged], step=0, phase=0)
+    (source,) = found.evidence["sources"]
+    reasons = list(source["why"].values())
+    assert set(source["why"]) <= bad and len(reasons) == len(flagged.names) > 0
+    assert all(r.split(":")[0] in junk.KINDS for r in reasons) and not any("bytes per token" in r for r in reasons)
+    assert all(f"({r})" in found.summary for r in reasons)

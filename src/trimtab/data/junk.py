@@ -3,10 +3,10 @@
 A tokenizer trained on a corpus packs three kinds of junk as well as the corpus's text, so bytes per
 token do not give them away (measured at 4,096 tokens: never flagged):
 
-- mis-encoded pages (`mojibake`): UTF-8 read as cp1252 or Latin-1 and written back ("Ã©tÃ©" for
+- mis-encoded pages (`mojibake_share`): UTF-8 read as cp1252 or Latin-1 and written back ("Ã©tÃ©" for
   "été"). Told by ftfy's test (Speer, "ftfy: fixes text for you"): the characters' cp1252/Latin-1
   bytes decode as UTF-8 again, for many of the page's non-ASCII characters.
-- random letters at a language's letter frequencies (`random_letters`): letters drawn independently
+- random letters at a language's letter frequencies (`letter_structure`): letters drawn independently
   share no information with their neighbours and do not alternate vowels and consonants
   (quality.latin_language's structure, Shannon 1951 and Sukhotin 1962).
 - word salad (`word_salad`): real words in random order. A language's next word is predictable from
@@ -18,10 +18,15 @@ token do not give them away (measured at 4,096 tokens: never flagged):
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import math
 import re
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -31,22 +36,27 @@ MIN_CHARS = quality.MIN_BYTES  # shorter documents are not judged: too few words
 MOJIBAKE_RUNS = 4  # mis-encoded characters a page needs to be judged mis-encoded
 MOJIBAKE_SHARE = 0.5  # of its non-ASCII characters in them (mis-encoded pages: ~1)
 LETTERS = 0.9  # random letters are judged in documents at least this share letters (of non-space characters)
-CORPUS_WORDS = 400_000  # words a corpus (or a prepare batch) needs for word salad to be judged: the rest of it is
-# the reference (measured: 0.03% of real documents flagged against 20 MB, 0.2-0.7% against 4 MB batches, 2-5% 1 MB)
+CORPUS_WORDS = 400_000  # words a reference (a run's corpus, a prepare sample) needs for word salad to be judged
+# (measured: 0.03% of real documents flagged against 20 MB, 0.2-0.7% against 4 MB batches, 2-5% 1 MB)
 MIN_PAIRS = 40  # adjacent word pairs, both words seen elsewhere in the corpus, a document needs to be judged
 SALAD_BITS = 1.5  # adjacent words' mean pointwise mutual information, less distant ones', under this: word salad
 PROSE = 0.8  # share of a document's non-space characters in words for word salad to be judged (code: ~0.6)
 PRIOR = 2.0  # Dirichlet prior weight of the next word's unigram probability (smooths the bigram estimate)
+KINDS = ("mojibake", "random letters", "word salad")  # numbered from 1 in a prepared shard's index (0: none)
 _WORD = re.compile(r"[^\W\d_]+")
 
 
-def mojibake(text: str) -> bool:
-    """Whether `text` is a page read in the wrong encoding: at least MOJIBAKE_RUNS runs of characters
-    whose cp1252/Latin-1 bytes are one UTF-8 character ("Ã©" for "é", "â€™" for "’"), holding at
-    least MOJIBAKE_SHARE of its non-ASCII characters (ftfy's test, without its dependency)."""
+def mojibake_share(text: str) -> float | None:
+    """The share of `text`'s non-ASCII characters in runs whose cp1252/Latin-1 bytes are one UTF-8
+    character ("Ã©" for "é", "â€™" for "’") when a page read in the wrong encoding: at least
+    MOJIBAKE_RUNS such runs, holding at least MOJIBAKE_SHARE of them (ftfy's test, without its
+    dependency); None for the rest."""
+    if text.isascii():  # most documents: nothing to have been mis-encoded
+        return None
     runs = [run for run in _MOJIBAKE_RUN.findall(text) if _round_trips(run)]
     foreign = len(text) - len(text.encode("ascii", errors="ignore"))
-    return len(runs) >= MOJIBAKE_RUNS and sum(map(len, runs)) >= MOJIBAKE_SHARE * foreign
+    share = sum(map(len, runs)) / max(foreign, 1)
+    return share if len(runs) >= MOJIBAKE_RUNS and share >= MOJIBAKE_SHARE else None
 
 
 def _round_trips(run: str) -> bool:
@@ -61,50 +71,116 @@ def _round_trips(run: str) -> bool:
 
 def _run_pattern() -> re.Pattern[str]:
     """A UTF-8 lead byte and its continuation bytes, each as cp1252 or Latin-1 reads it."""
-    more = f"[{re.escape(quality._bytes_as_text(0x80, 0xBF))}]"
+    more = f"[{re.escape(quality.bytes_as_text(0x80, 0xBF))}]"
     leads = ((0xC2, 0xDF, 1), (0xE0, 0xEF, 2), (0xF0, 0xF4, 3))
-    return re.compile("|".join(f"[{re.escape(quality._bytes_as_text(lo, hi))}]{more}{{{n}}}" for lo, hi, n in leads))
+    return re.compile("|".join(f"[{re.escape(quality.bytes_as_text(lo, hi))}]{more}{{{n}}}" for lo, hi, n in leads))
 
 
 _MOJIBAKE_RUN = _run_pattern()
 
 
-def random_letters(text: str) -> bool:
-    """Whether `text`, mostly letters in words, shows no more structure between neighbouring letters
-    than letters drawn independently (quality.STRUCTURE)."""
-    symbols = quality._symbols(text)
+def letter_structure(text: str) -> float | None:
+    """Bits of structure between `text`'s neighbouring letters (quality.structure; independently
+    drawn letters: under quality.STRUCTURE) when it is mostly letters (LETTERS) in words; None else."""
+    symbols = quality.symbols_of(text)
     space = symbols == quality.SPACE
     letter = ~space & (symbols != quality.DIGIT) & (symbols != quality.OTHER)
-    if int(letter.sum()) < LETTERS * max(len(symbols) - int(space.sum()), 1) or space.sum() < quality.SPACES * len(
-        symbols
-    ):
-        return False
-    vowel = quality._IS_VOWEL[np.minimum(symbols, len(quality._IS_VOWEL) - 1)]
-    return quality._information(symbols) + 2 * quality._alternation(letter, vowel) < quality.STRUCTURE
+    non_space = len(symbols) - int(space.sum())
+    if int(letter.sum()) < LETTERS * max(non_space, 1) or space.sum() < quality.SPACES * len(symbols):
+        return None
+    return quality.structure(symbols, letter)
 
 
 def words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
-def salad_bits(docs: Sequence[list[str]]) -> tuple[np.ndarray, np.ndarray]:
-    """(bits [D], pairs [D]): how much better the rest of the corpus predicts each document's words
-    from the word before than from a word far away in it (a golden-ratio stride, as in
-    quality._information): the mean pointwise mutual information of its adjacent words less that of
-    distant ones, so what a domain's vocabulary does to both cancels (zero in expectation for words in
-    random order); and how many adjacent pairs were scored (both words seen elsewhere in the corpus).
-    All documents at once: a corpus of 6 MB takes about a second."""
-    vocab: dict[str, int] = {}
-    ids = np.array([vocab.setdefault(w, len(vocab)) for ws in docs for w in ws], dtype=np.int64)
-    lengths = np.array([len(ws) for ws in docs], dtype=np.int64)
-    doc = np.repeat(np.arange(len(docs)), lengths)
+@dataclass(frozen=True)
+class Bigrams:
+    """A reference corpus's word and adjacent-pair counts, which documents' word order is judged
+    against; `members`: 64-bit hashes of its documents' texts (a member's own counts are left out
+    when it is judged). Built once from `trimtab data prepare`'s sample and kept beside the manifest
+    (BIGRAMS), so every batch of every job, and files added later, are judged against the same."""
+
+    vocab: dict[str, int]
+    words: np.ndarray  # int64 [V]: each word's count
+    pairs: np.ndarray  # int64 [P], sorted: a * V + b for each adjacent pair (a, b) seen
+    pair_counts: np.ndarray  # int64 [P]
+    members: np.ndarray  # uint64 [D], sorted
+
+    @property
+    def total(self) -> int:
+        return int(self.words.sum())
+
+    @classmethod
+    def of(cls, docs: Sequence[list[str]], texts: Sequence[str]) -> Bigrams:
+        """The counts of `docs` (each a document's words), the texts they were read from."""
+        vocab: dict[str, int] = {}
+        return cls.of_ids(_ids(docs, vocab), _lengths(docs), vocab, texts)
+
+    @classmethod
+    def of_ids(cls, ids: np.ndarray, lengths: np.ndarray, vocab: dict[str, int], texts: Sequence[str]) -> Bigrams:
+        """The same from the documents' words as `vocab`'s ids, back to back (`lengths` each)."""
+        doc = np.repeat(np.arange(len(lengths)), lengths)
+        same = doc[:-1] == doc[1:]
+        pairs, counts = np.unique((ids[:-1] * len(vocab) + ids[1:])[same], return_counts=True)
+        words = np.bincount(ids, minlength=len(vocab)).astype(np.int64)
+        return cls(vocab, words, pairs, counts.astype(np.int64), np.unique(text_hashes(texts)))
+
+    def save(self, fh: BinaryIO) -> None:
+        np.savez(fh, vocab=np.array(list(self.vocab), dtype=str), words=self.words, pairs=self.pairs,
+                 pair_counts=self.pair_counts, members=self.members)  # fmt: skip
+
+    @classmethod
+    def load(cls, path: Path) -> Bigrams:
+        with np.load(path) as z:
+            vocab = {str(w): i for i, w in enumerate(z["vocab"])}
+            return cls(vocab, z["words"], z["pairs"], z["pair_counts"], z["members"])
+
+
+def text_hashes(texts: Sequence[str]) -> np.ndarray:
+    """uint64 [D]: each text's first 8 bytes of blake2b: which documents are the reference's own."""
+    return np.array([int.from_bytes(hashlib.blake2b(t.encode(), digest_size=8).digest(), "little") for t in texts],
+                    dtype=np.uint64)  # fmt: skip
+
+
+def _ids(docs: Sequence[list[str]], vocab: dict[str, int], grow: bool = True) -> np.ndarray:
+    """int64: the documents' words back to back as `vocab`'s ids; a word it lacks gets the next id
+    (added to it when `grow`, else len(vocab) for all of them)."""
+    flat = list(itertools.chain.from_iterable(docs))
+    if grow:
+        for w in dict.fromkeys(flat):  # distinct words in order: a Python step per word, not per occurrence
+            vocab.setdefault(w, len(vocab))
+        return np.fromiter(map(vocab.__getitem__, flat), dtype=np.int64, count=len(flat))
+    return np.fromiter(map(vocab.get, flat, itertools.repeat(len(vocab))), dtype=np.int64, count=len(flat))
+
+
+def _lengths(docs: Sequence[list[str]]) -> np.ndarray:
+    return np.array([len(ws) for ws in docs], dtype=np.int64)
+
+
+def salad_bits(docs: Sequence[list[str]], reference: Bigrams, member: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bits [D], pairs [D]): how much better `reference` (less the document's own counts where it
+    is a `member`, bool [D]) predicts each document's words from the word before than from a word
+    far away in it (a golden-ratio stride, as in quality.information): the mean pointwise mutual
+    information of its adjacent words less that of distant ones, so what a domain's vocabulary
+    does to both cancels (zero in expectation for words in random order); and how many adjacent
+    pairs were scored (both words seen elsewhere in the reference). A corpus of 6 MB: about a second."""
+    # words the reference lacks: counted 0, their pairs not scored
+    return _salad_bits(_ids(docs, reference.vocab, grow=False), _lengths(docs), reference, member)
+
+
+def _salad_bits(
+    ids: np.ndarray, lengths: np.ndarray, reference: Bigrams, member: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    doc = np.repeat(np.arange(len(lengths)), lengths)
     start = np.concatenate([[0], np.cumsum(lengths)])[:-1]
     local = np.arange(len(ids)) - start[doc]
     step = np.array([_stride(int(n)) for n in lengths], dtype=np.int64)
-    far = ids[start[doc] + local * step[doc] % np.maximum(lengths[doc], 1)] if len(ids) else ids
-    counts = _Counts(ids, doc, max(len(vocab), 1))
-    near_bits, near_n = _mean_pmi(counts, ids, doc, len(docs))
-    far_bits, _ = _mean_pmi(counts, far, doc, len(docs))
+    far = start[doc] + local * step[doc] % np.maximum(lengths[doc], 1) if len(ids) else ids
+    counts = _Counts(reference, ids, doc, np.asarray(member, dtype=bool))
+    near_bits, near_n = _mean_pmi(counts, ids, counts.own_word, doc, len(lengths))
+    far_bits, _ = _mean_pmi(counts, ids[far], counts.own_word[far], doc, len(lengths))
     return near_bits - far_bits, near_n
 
 
@@ -114,31 +190,40 @@ def _stride(n: int) -> int:
 
 
 class _Counts:
-    """Word and adjacent-pair counts of the corpus and of each document (words as ids)."""
+    """The reference's word and pair counts (words as its ids; one more id for words it lacks) and
+    the judged documents' own, those of members only (what is left out of the reference for each)."""
 
-    def __init__(self, ids: np.ndarray, doc: np.ndarray, size: int) -> None:
-        self.size, self.n_docs = size, int(doc.max()) + 1 if len(doc) else 0
-        self.total = len(ids)
-        self.words = np.bincount(ids, minlength=size)
+    def __init__(self, ref: Bigrams, ids: np.ndarray, doc: np.ndarray, member: np.ndarray) -> None:
+        self.size, self.ref = len(ref.vocab) + 1, ref
+        self.total = ref.total
+        self.words = np.concatenate([ref.words, [0]])
+        own = member[doc] if len(doc) else np.zeros(0, dtype=bool)
+        _, at, counts = np.unique(doc * self.size + ids, return_inverse=True, return_counts=True)
+        self.own_word = np.where(own, counts[at], 0)  # [N]: each position's word's count in its document
+        ids, doc = ids[own], doc[own]
         same = doc[:-1] == doc[1:]
-        pairs = (ids[:-1] * size + ids[1:])[same]
-        self.pairs, self.pair_counts = np.unique(pairs, return_counts=True)
-        self.own_words, self.own_word_counts = np.unique(doc * size + ids, return_counts=True)
-        self.own_pairs, self.own_pair_counts = np.unique(doc[:-1][same] * size * size + pairs, return_counts=True)
-        self.doc_words = np.bincount(doc, minlength=self.n_docs)
+        pairs = (ids[:-1] * self.size + ids[1:])[same]
+        self.own_pairs, self.own_pair_counts = np.unique(doc[:-1][same] * self.size**2 + pairs, return_counts=True)
+        self.doc_words = np.bincount(doc, minlength=len(member))
+
+    def pair(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """The reference's count of each pair (a, b) (its keys are a * V + b, V its vocabulary)."""
+        known = (a < self.size - 1) & (b < self.size - 1)
+        return np.where(known, _lookup(self.ref.pairs, self.ref.pair_counts, a * (self.size - 1) + b), 0)
 
 
-def _mean_pmi(c: _Counts, ids: np.ndarray, doc: np.ndarray, n_docs: int) -> tuple[np.ndarray, np.ndarray]:
+def _mean_pmi(
+    c: _Counts, ids: np.ndarray, own: np.ndarray, doc: np.ndarray, n_docs: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Per document, the mean log2 P(next | word) / P(next) of the pairs of adjacent `ids` (one
-    document's positions in order, `doc` of each), counted on the corpus less that document;
+    document's positions in order, `doc` of each; `own`: each one's count in its document where a
+    member, else 0), counted on the reference less that document;
     P(next | word) smoothed towards P(next) with PRIOR (MacKay and Peto 1995). Pairs whose words the
-    rest of the corpus lacks are not scored."""
+    rest of the reference lacks are not scored."""
     same = doc[:-1] == doc[1:]
     d, a, b = doc[:-1][same], ids[:-1][same], ids[1:][same]
-    first = c.words[a] - _lookup(c.own_words, c.own_word_counts, d * c.size + a)
-    nxt = c.words[b] - _lookup(c.own_words, c.own_word_counts, d * c.size + b)
-    pair = _lookup(c.pairs, c.pair_counts, a * c.size + b)
-    pair = pair - _lookup(c.own_pairs, c.own_pair_counts, d * c.size * c.size + a * c.size + b)
+    first, nxt = c.words[a] - own[:-1][same], c.words[b] - own[1:][same]
+    pair = c.pair(a, b) - _lookup(c.own_pairs, c.own_pair_counts, d * c.size**2 + a * c.size + b)
     rest = np.maximum(c.total - c.doc_words[d], 1)
     valid = (first > 0) & (nxt > 0)
     p_next = np.where(valid, nxt, 1) / rest
@@ -162,34 +247,69 @@ def prose(text: str, ws: list[str]) -> bool:
     return sum(map(len, ws)) >= PROSE * len("".join(text.split()))
 
 
-def kinds(texts: Sequence[str]) -> list[str]:
-    """Each document's junk kind ("mojibake", "random letters", "word salad") or "" for none; the
-    corpus's bigrams are the documents' own (word salad is judged in a corpus of CORPUS_WORDS only).
-    Documents under MIN_CHARS characters are not judged."""
+@dataclass(frozen=True)
+class Verdict:
+    """Why a document is junk: its kind, its score and the bar the score crossed (evidence)."""
+
+    kind: str  # "mojibake", "random letters" or "word salad"
+    score: float
+    bar: float
+
+    def __str__(self) -> str:
+        what = {
+            "mojibake": "of its non-ASCII characters in UTF-8 read as cp1252/Latin-1, at least",
+            "random letters": "bits of structure between neighbouring letters, under",
+            "word salad": "bits of information between adjacent words (less distant ones'), under",
+        }[self.kind]
+        return f"{self.kind}: {self.score:.2f} {what} {self.bar:g}"
+
+    @staticmethod
+    def row(verdict: Verdict | None) -> tuple[float, float, float]:
+        """(kind number, score, bar) as a prepared shard's index keeps them; (0, nan, nan) for none."""
+        return (KINDS.index(verdict.kind) + 1, verdict.score, verdict.bar) if verdict else (0, math.nan, math.nan)
+
+    @staticmethod
+    def of_row(code: float, score: float, bar: float) -> Verdict | None:
+        return Verdict(KINDS[int(code) - 1], float(score), float(bar)) if code >= 1 else None
+
+
+def kinds(texts: Sequence[str], reference: Bigrams | None = None) -> list[Verdict | None]:
+    """Each document's junk verdict, None for none. Word salad is judged against `reference`'s
+    bigrams (default: the documents' own), when it holds CORPUS_WORDS. Documents under MIN_CHARS
+    characters are not judged."""
     tokens = [words(t) for t in texts]
-    bits, scored = salad_bits(tokens)
-    if sum(map(len, tokens)) < CORPUS_WORDS:  # too little text to say which words follow which
-        scored = np.zeros(len(texts), dtype=np.int64)
-    out = []
-    for i, text in enumerate(texts):
-        if len(text) < MIN_CHARS:
-            out.append("")
-        elif mojibake(text):
-            out.append("mojibake")
-        elif random_letters(text):
-            out.append("random letters")
-        else:
-            salad = scored[i] >= MIN_PAIRS and bits[i] < SALAD_BITS and prose(text, tokens[i])
-            out.append("word salad" if salad else "")
-    return out
+    lengths = _lengths(tokens)
+    if reference is None:  # the documents' own: their words mapped to ids once
+        vocab: dict[str, int] = {}
+        ids = _ids(tokens, vocab)
+        reference, member = Bigrams.of_ids(ids, lengths, vocab, []), np.ones(len(texts), dtype=bool)
+    else:
+        ids, member = _ids(tokens, reference.vocab, grow=False), np.isin(text_hashes(texts), reference.members)
+    if reference.total >= CORPUS_WORDS:
+        bits, scored = _salad_bits(ids, lengths, reference, member)
+    else:  # too little text to say which words follow which
+        bits, scored = np.zeros(len(texts)), np.zeros(len(texts), dtype=np.int64)
+    return [_verdict(text, ws, float(b), int(n)) for text, ws, b, n in zip(texts, tokens, bits, scored)]
 
 
-def report(kind_of: Sequence[str], which: np.ndarray, names: Sequence[str], key: str, dropped: bool) -> str:
+def _verdict(text: str, ws: list[str], bits: float, scored: int) -> Verdict | None:
+    if len(text) < MIN_CHARS:
+        return None
+    if (share := mojibake_share(text)) is not None:
+        return Verdict("mojibake", share, MOJIBAKE_SHARE)
+    if (bits_between := letter_structure(text)) is not None and bits_between < quality.STRUCTURE:
+        return Verdict("random letters", bits_between, quality.STRUCTURE)
+    if scored >= MIN_PAIRS and bits < SALAD_BITS and prose(text, ws):
+        return Verdict("word salad", bits, SALAD_BITS)
+    return None
+
+
+def report(verdicts: Sequence[Verdict | None], which: np.ndarray, names: Sequence[str], key: str, dropped: bool) -> str:
     """One console line for the documents `which` (bool [D]) that pack like text but are junk: how
-    many of each kind, the first few by name, and what was done."""
+    many of each kind, the first few by name with their score and bar, and what was done."""
     where = np.flatnonzero(which)
-    counts = Counter(kind_of[i] for i in where)
-    first = ", ".join(f"{names[i]} ({kind_of[i]})" for i in where[: quality.SHOWN])
+    counts = Counter(verdicts[i].kind for i in where if verdicts[i])
+    first = ", ".join(f"{names[i]} ({verdicts[i]})" for i in where[: quality.SHOWN])
     more = ", ..." if len(where) > quality.SHOWN else ""
     done = (
         "left out (data.garbage_filter=drop)"

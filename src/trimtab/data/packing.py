@@ -42,6 +42,7 @@ class TokenizedDocs:
     # token over the source's median; NaN for the others. None: not screened
     garbage: np.ndarray | None = None
     scale: quality.Scale | None = None  # what `garbage` was judged by
+    why: np.ndarray | None = None  # str [D]: a flagged junk document's verdict (data/junk.py); "": none
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -63,7 +64,8 @@ class TokenizedDocs:
         index = np.arange(offsets[-1]) + np.repeat(starts - offsets[:-1], lengths)
         sources = None if self.sources is None else [s for s, k in zip(self.sources, which) if k]
         garbage = None if self.garbage is None else self.garbage[which]
-        return TokenizedDocs(self.tokens[index], self.mask[index], offsets, sources, garbage, self.scale)
+        why = None if self.why is None else self.why[which]
+        return TokenizedDocs(self.tokens[index], self.mask[index], offsets, sources, garbage, self.scale, why)
 
     def flagged(self, starts: np.ndarray, ends: np.ndarray) -> list[quality.Flagged]:
         """The flagged documents kept here, with the token ranges [starts, ends) (rows) at least
@@ -75,7 +77,8 @@ class TokenizedDocs:
         first = np.flatnonzero(flagged)[: quality.SHOWN]
         names = tuple((self.sources[i] if self.sources else "") or f"document {i}" for i in first)
         packing = tuple(float(self.garbage[i]) for i in first)
-        return [quality.Flagged(self.scale, int(flagged.sum()), names, packing, rows)]
+        why = () if self.why is None else tuple(str(self.why[i]) for i in first)
+        return [quality.Flagged(self.scale, int(flagged.sum()), names, packing, rows, why)]
 
 
 def _offsets(lengths: np.ndarray | list[int]) -> np.ndarray:
@@ -302,8 +305,8 @@ def _screen(tokenized: TokenizedDocs, docs: list[Document], cfg: DataConfig, key
     if spared:
         logger.warning("%s", quality.spared_line(spared, key))
         found = replace(found, flagged=flagged)
-    kinds = junk.kinds([doc.text for doc in docs])  # junk that packs like text: the packing cannot see it
-    extra = np.array([bool(kind) for kind in kinds], dtype=bool) & ~found.flagged
+    verdicts = junk.kinds([doc.text for doc in docs])  # junk that packs like text: the packing cannot see it
+    extra = np.array([verdict is not None for verdict in verdicts], dtype=bool) & ~found.flagged
     if not found.count and not extra.any():
         return tokenized
     drop = cfg.garbage_filter == "drop"
@@ -311,14 +314,15 @@ def _screen(tokenized: TokenizedDocs, docs: list[Document], cfg: DataConfig, key
     if found.count:
         logger.warning("%s", quality.report(found, names, n_bytes, key, drop))
     if extra.any():
-        logger.warning("%s", junk.report(kinds, extra, names, key, drop))
+        logger.warning("%s", junk.report(verdicts, extra, names, key, drop))
     flagged = found.flagged | extra
     if drop:
         return tokenized.select(~flagged)
     # no scale (too few documents to judge packing): junk documents are judged against all documents' median
     median = found.median if math.isfinite(found.median) else float(np.median(found.packing))
     garbage = np.where(flagged, found.packing / median, np.nan)
-    return replace(tokenized, garbage=garbage, scale=quality.Scale(key, median, found.threshold))
+    why = np.array([str(v) if v is not None and extra[i] else "" for i, v in enumerate(verdicts)], dtype=object)
+    return replace(tokenized, garbage=garbage, scale=quality.Scale(key, median, found.threshold), why=why)
 
 
 def _hold_out(docs: TokenizedDocs, fraction: float, seed: int) -> tuple[TokenizedDocs, TokenizedDocs]:

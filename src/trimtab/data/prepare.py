@@ -34,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from trimtab.data import formats, quality
+from trimtab.data import formats, junk, quality
 from trimtab.data.listing import shown, source_files
 from trimtab.data.prepared import MANIFEST_VERSION, PreparedData, read_manifest, sha256_file, write_manifest
-from trimtab.data.shards import SKIP_HINT, SKIPPED_SHOWN, Item, Options, run_job
+from trimtab.data.shards import BIGRAMS, SKIP_HINT, SKIPPED_SHOWN, Item, Options, run_job, save_bigrams
 from trimtab.data.sources import Document, _Reader, _take_bytes
 from trimtab.data.tokenizer import MIN_VOCAB, TRAIN_SAMPLE_BYTES, TextTokenizer, train_tokenizer
 from trimtab.errors import DataError
@@ -52,7 +52,7 @@ PROBE_BYTES = 1_000_000  # read at most of a file to find that the sources hold 
 DEFAULT_VOCAB_SIZE = 4096  # the BPE a new directory trains when neither --tokenizer nor --vocab-size is given
 
 
-WRITTEN = ("shards", "tokenizer.json", "tokenizer_config.json", "trimtab-data.json")  # what prepare creates in out
+WRITTEN = ("shards", BIGRAMS, "tokenizer.json", "tokenizer_config.json", "trimtab-data.json")  # prepare makes these
 RUN_FILES = (CONFIG, "checkpoints", METRICS_FILE, SUMMARY)  # a training run's directory
 
 
@@ -149,7 +149,7 @@ def _prepare(
     manifest["tokenizer"] = {**manifest.get("tokenizer", {}), "sha256": tok.fingerprint, "vocab_size": tok.vocab_size}
     manifest["dtype"] = manifest.get("dtype") or ("uint16" if tok.vocab_size <= 1 << 16 else "uint32")
     files = _new_files(manifest, sources, out)
-    _measure_scale(manifest, [str(path) for _, path, _ in files], tok, options, hint)
+    _measure_scale(manifest, out, [str(path) for _, path, _ in files], tok, options, hint)
     workers = workers or os.cpu_count() or 1
     jobs = _jobs(manifest, files, workers, options.format)
     start, done_tokens, skipped, shown, flagged, garbage, spared = time.perf_counter(), 0, 0, [], 0, [], 0
@@ -191,10 +191,14 @@ def _require_text(sources: list[str], out: Path, options: Options, hint: str) ->
     raise DataError(f"the sources ({', '.join(sources)}) hold no text{only}; point them at files with text")
 
 
-def _measure_scale(manifest: dict[str, Any], files: list[str], tok: TextTokenizer, options: Options, hint: str) -> None:
+def _measure_scale(
+    manifest: dict[str, Any], out: Path, files: list[str], tok: TextTokenizer, options: Options, hint: str
+) -> None:
     """The garbage screen's scale, measured once on a sample of the files to prepare and kept in
-    the manifest, so that files added later are judged alike (null: too few documents to say)."""
-    if options.garbage_filter == "off" or "garbage" in manifest or not files:
+    the manifest, so that files added later are judged alike (null: too few documents to say); and
+    the sample's word pairs, which every job judges word salad against (BIGRAMS: a 4 MB batch
+    alone is too little text, data/junk.py), kept beside it."""
+    if options.garbage_filter == "off" or not files or ("garbage" in manifest and (out / BIGRAMS).is_file()):
         return
     reader = _Reader(options.data_config(), "data", "data prepare source", fix=hint, limit=SCALE_SAMPLE_BYTES)
 
@@ -205,6 +209,9 @@ def _measure_scale(manifest: dict[str, Any], files: list[str], tok: TextTokenize
 
     docs, _ = _take_bytes(readable(), SCALE_SAMPLE_BYTES)
     texts = [doc.text for doc in docs]
+    save_bigrams(out, junk.Bigrams.of([junk.words(t) for t in texts], texts))
+    if "garbage" in manifest:  # a directory prepared before its word pairs were kept
+        return
     n_bytes = np.array([len(t.encode()) for t in texts])
     if not quality.judgeable(n_bytes):  # no scale to find: not encoded (a one-line JSON file's 8 MB took 1.1 GB)
         manifest["garbage"] = None

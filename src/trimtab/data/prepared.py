@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from trimtab.data import quality
+from trimtab.data import junk, quality
 from trimtab.data.listing import PREPARED_MANIFEST, sha256_file
 from trimtab.errors import DataError
 from trimtab.rundir import write_json
@@ -104,6 +104,7 @@ class PreparedData:
         self.doc_base = np.concatenate([[0], np.cumsum([len(o) - 1 for o in self.offsets])]).astype(np.int64)
         self.masked = np.concatenate(masked) if masked else np.zeros((0, 2), dtype=np.int64)  # [S, 2] global
         self.garbage = self._garbage(flagged)
+        self.why = self._why(flagged)
 
     def _refuse(self, key: str, name: str, why: str) -> NoReturn:
         raise DataError(
@@ -119,6 +120,16 @@ class PreparedData:
         for k, found in enumerate(flagged):
             if scale and len(found):
                 out[self.doc_base[k] + found[:, 0].astype(np.int64)] = found[:, 1] / scale["median"]
+        return out
+
+    def _why(self, flagged: list[np.ndarray]) -> dict[int, str]:
+        """{document: what data/junk.py found in it}, for flagged documents that pack like text (its
+        kind, score and bar); shards prepared before it was recorded (2 columns) have none."""
+        out = {}
+        for k, found in enumerate(flagged):
+            for doc, code, score, bar in found[:, [0, 2, 3, 4]] if found.shape[1] >= 5 else ():
+                if verdict := junk.Verdict.of_row(code, score, bar):
+                    out[int(self.doc_base[k] + doc)] = str(verdict)
         return out
 
     @staticmethod
@@ -391,6 +402,7 @@ class ShardedRows:
             tuple(self.data.source(int(d)) for d in first),
             tuple(float(self.data.garbage[d]) for d in first),
             rows.astype(np.int64),
+            tuple(self.data.why.get(int(d), "") for d in first),
         )
         return [found]
 

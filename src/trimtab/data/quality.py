@@ -93,6 +93,13 @@ class Flagged:
     names: tuple[str, ...]  # the first SHOWN of them, as the console names them
     packing: tuple[float, ...]  # their bytes per token as a fraction of the median
     rows: np.ndarray  # int64 [R]: indices into the phase's training rows
+    # per named document: what data/junk.py found in one that packs like text (its kind, score and bar); "": none
+    why: tuple[str, ...] = ()
+
+    def reasons(self) -> list[str]:
+        """Per named document, why it was flagged: its junk verdict, or its packing against the median."""
+        why = self.why or ("",) * len(self.names)
+        return [said or f"{packing:.2f}x the median bytes per token" for said, packing in zip(why, self.packing)]
 
     def shifted(self, by: int) -> Flagged:
         """The same with its rows numbered from `by`: a source's rows within a mixture's one set."""
@@ -168,14 +175,20 @@ def latin_language(text: str) -> bool:
     letters (LETTERS), in words (SPACES), not mis-encoded (MOJIBAKE), and its characters depend on
     their neighbours as a language's do (STRUCTURE), which no sequence of independently drawn
     letters does, whatever their frequencies or accents. Read for flagged documents only."""
-    symbols = _symbols(text)
+    symbols = symbols_of(text)
     space = symbols == SPACE
     letter = ~space & (symbols != DIGIT) & (symbols != OTHER)
     letters, spaces = int(letter.sum()), int(space.sum())
     if not letters or letters < LETTERS * (len(symbols) - spaces) or spaces < SPACES * len(symbols) or _mojibake(text):
         return False
+    return structure(symbols, letter) >= STRUCTURE
+
+
+def structure(symbols: np.ndarray, letter: np.ndarray) -> float:
+    """Bits of structure between neighbouring characters (`symbols_of`'s; `letter`: which are letters):
+    adjacent-symbol information + 2 x vowel alternation, which STRUCTURE bars (data/junk.py's random letters too)."""
     vowel = _IS_VOWEL[np.minimum(symbols, len(_IS_VOWEL) - 1)]
-    return _information(symbols) + 2 * _alternation(letter, vowel) >= STRUCTURE
+    return information(symbols) + 2 * alternation(letter, vowel)
 
 
 SPACE, DIGIT, OTHER = ord(" "), ord("0"), ord(".")
@@ -183,7 +196,7 @@ _IS_VOWEL = np.isin(np.arange(max(map(ord, VOWELS)) + 2), [ord(c) for c in VOWEL
 _TABLE: dict[int, str | None] = {}  # str.translate's: character -> symbol (None: a combining mark, dropped)
 
 
-def _symbols(text: str) -> np.ndarray:
+def symbols_of(text: str) -> np.ndarray:
     """int64 code points of the characters a reader sees: letters lower-cased without their
     combining marks (NFD), so that Vietnamese tones and Polish ogoneks are not new letters, one
     symbol for all whitespace, one for digits, one for everything else. Each distinct character is
@@ -204,7 +217,7 @@ def _symbol(c: str) -> str | None:
     return None if kind == "M" else "0" if c.isdigit() else "."
 
 
-def _information(symbols: np.ndarray) -> float:
+def information(symbols: np.ndarray) -> float:
     """Mutual information of adjacent symbols, bits: the entropy of pairs of symbols far apart (a
     golden-ratio stride through the text, as independent in prose as in noise) less that of adjacent
     pairs. Same symbols, same number of pairs: the small-sample bias of both estimates cancels (a
@@ -220,7 +233,7 @@ def _pair_entropy(symbols: np.ndarray) -> float:
     return float(-(p * np.log2(p)).sum())
 
 
-def _alternation(letter: np.ndarray, vowel: np.ndarray) -> float:
+def alternation(letter: np.ndarray, vowel: np.ndarray) -> float:
     """How much more often adjacent letters of a word are a vowel and a consonant than chance
     (2p(1 - p), p the vowels' share): languages alternate them (Sukhotin 1962), random letters do not."""
     both = letter[:-1] & letter[1:]
@@ -230,14 +243,14 @@ def _alternation(letter: np.ndarray, vowel: np.ndarray) -> float:
     return float((vowel[:-1] != vowel[1:])[both].mean()) - 2 * p * (1 - p)
 
 
-def _bytes_as_text(first: int, last: int) -> str:
+def bytes_as_text(first: int, last: int) -> str:
     """The characters cp1252 and Latin-1 read the bytes first..last as."""
     raw = bytes(range(first, last + 1))
     return "".join(sorted(set(raw.decode("latin-1") + raw.decode("cp1252", errors="ignore"))))
 
 
 # a UTF-8 lead byte then a continuation byte, read as cp1252 or Latin-1: "Å‚" for "ł", "Ã©" for "é"
-_MOJIBAKE_PAIR = re.compile(f"[{re.escape(_bytes_as_text(0xC2, 0xF4))}][{re.escape(_bytes_as_text(0x80, 0xBF))}]")
+_MOJIBAKE_PAIR = re.compile(f"[{re.escape(bytes_as_text(0xC2, 0xF4))}][{re.escape(bytes_as_text(0x80, 0xBF))}]")
 
 
 def _mojibake(text: str) -> bool:

@@ -22,6 +22,7 @@ from trimtab.data.sources import Document, record_documents
 from trimtab.data.tokenizer import TextTokenizer
 
 SHARD_TOKENS = 1 << 27  # a shard is closed at the first document end past this many tokens
+BIGRAMS = "junk-bigrams.npz"  # beside the manifest: the word pairs word salad is judged against (data/junk.py)
 ENCODE_CHARS = 4_000_000  # characters per tokenizers.encode_batch call: bounds its memory
 
 
@@ -66,7 +67,9 @@ def run_job(
     uid = hashlib.sha256(json.dumps(job).encode()).hexdigest()[:12]
     span = job[0][3]  # a job is several whole files, or one piece of one
     writer = _Writer(Path(out) / "shards", uid, np.dtype(dtype), span[0] if span else 0)
-    encoder = _Encoder(tok, writer, scale=scale, drop=options["garbage_filter"] == "drop")
+    bigrams = Path(out) / BIGRAMS  # absent: prepared before it was kept, or too little text (judged by batch)
+    reference = junk.Bigrams.load(bigrams) if scale is not None and bigrams.is_file() else None
+    encoder = _Encoder(tok, writer, scale=scale, drop=options["garbage_filter"] == "drop", bigrams=reference)
     cfg = Options(**options).data_config()
     warnings, skipped = [], []
     try:
@@ -142,6 +145,7 @@ class _Encoder:
     scale: dict[str, float] | None = None  # the garbage screen's (median, threshold); None: off
     drop: bool = False  # leave out what the screen flags (else count and name it only)
     garbage: list[tuple[int, int]] = field(default_factory=list)  # (file, line) of the first flagged
+    bigrams: junk.Bigrams | None = None  # the sample's word pairs (BIGRAMS); None: each batch's own
     spared: int = 0  # documents that pack like garbage, written in another script: kept (quality.other_script)
     file: int = 0
     stats: dict[int, dict[str, int]] = field(default_factory=dict)
@@ -167,8 +171,8 @@ class _Encoder:
     def flush(self) -> None:
         self.stats.setdefault(self.file, {"documents": 0, "tokens": 0, "skipped": 0})
         encoded = self.tok.encode_documents([doc for doc, *_ in self._batch])
-        packing = self._screen(encoded)
-        for (doc, first, last, line), pieces, packed in zip(self._batch, encoded, packing):
+        packing, verdicts = self._screen(encoded)
+        for (doc, first, last, line), pieces, packed, why in zip(self._batch, encoded, packing, verdicts):
             if not np.isnan(packed):
                 self.stats[self.file]["garbage"] = self.stats[self.file].get("garbage", 0) + 1
                 if len(self.garbage) < quality.SHOWN:
@@ -185,18 +189,19 @@ class _Encoder:
             if last:
                 tokens.append(self.tok.eos_id)
                 mask.append(doc.segments[-1][1] if doc.segments else True)
-            self.writer.add(np.array(tokens, dtype=np.int64), np.array(mask, dtype=bool), last, self.file, line, packed)
+            tokens_mask = np.array(tokens, dtype=np.int64), np.array(mask, dtype=bool)
+            self.writer.add(*tokens_mask, last, self.file, line, packed, why)
             stats = self.stats[self.file]
             stats["tokens"] += len(tokens)
             stats["documents"] += int(last)
         self._batch, self._chars = [], 0
 
-    def _screen(self, encoded: list[list[list[int]]]) -> np.ndarray:
+    def _screen(self, encoded: list[list[list[int]]]) -> tuple[np.ndarray, list[junk.Verdict | None]]:
         """float [batch]: the bytes per token of each whole document (not a piece of a text file)
         the screen flags; NaN for the others."""
         whole = np.array([first and last for _, first, last, _ in self._batch], dtype=bool)
         if self.scale is None or not whole.any():
-            return np.full(len(self._batch), np.nan)
+            return np.full(len(self._batch), np.nan), [None] * len(self._batch)
         n_bytes = np.array([len(doc.text.encode()) for doc, *_ in self._batch])
         # counted as trained, as the in-memory screen counts them: start token, text, end token
         n_tokens = np.array(
@@ -208,9 +213,19 @@ class _Encoder:
         flagged = whole & quality.flags(n_bytes, n_tokens, self.scale["median"], self.scale["threshold"])
         flagged, spared = quality.spare_scripts(flagged, lambda i: self._batch[i][0].text)
         self.spared += spared  # a minority language: kept, said once at the end (prepare.py)
-        # junk that packs like text (mojibake, random letters; word salad against the batch's words)
-        flagged |= whole & np.array([bool(kind) for kind in junk.kinds([doc.text for doc, *_ in self._batch])])
-        return np.where(flagged, quality.packed(n_bytes, n_tokens), np.nan)
+        # junk that packs like text (mojibake, random letters; word salad against the sample's word pairs)
+        verdicts = junk.kinds([doc.text for doc, *_ in self._batch], self.bigrams)
+        flagged |= whole & np.array([verdict is not None for verdict in verdicts])
+        verdicts = [verdict if whole[i] else None for i, verdict in enumerate(verdicts)]
+        return np.where(flagged, quality.packed(n_bytes, n_tokens), np.nan), verdicts
+
+
+def save_bigrams(out: Path, bigrams: junk.Bigrams) -> None:
+    """`bigrams` as out/BIGRAMS, whole or not at all (a temp file and a rename, as a shard)."""
+    tmp = out / f".tmp-{BIGRAMS}"
+    with open(tmp, "wb") as fh:  # np.savez would add .npz to a name without it
+        bigrams.save(fh)
+    os.replace(tmp, out / BIGRAMS)
 
 
 class _Writer:
@@ -230,13 +245,21 @@ class _Writer:
         self._where: list[tuple[int, int]] = []
         self._masked: list[tuple[int, int]] = []
         self._files: set[int] = set()
-        self._garbage: list[tuple[int, float]] = []  # (document, bytes per token) the screen flagged and kept
+        # (document, bytes per token, junk.Verdict.row) of each the screen flagged and kept
+        self._garbage: list[tuple[float, ...]] = []
 
     def add(
-        self, tokens: np.ndarray, mask: np.ndarray, doc_end: bool, file: int, line: int, packed: float = math.nan
+        self,
+        tokens: np.ndarray,
+        mask: np.ndarray,
+        doc_end: bool,
+        file: int,
+        line: int,
+        packed: float = math.nan,
+        why: junk.Verdict | None = None,
     ) -> None:
         """Append a document or a piece of one (doc_end: its last); `packed`: a flagged whole
-        document's bytes per token (NaN: not flagged)."""
+        document's bytes per token (NaN: not flagged); `why`: the junk it is, if any (data/junk.py)."""
         if self._fh is None:
             self._open()
         data = tokens.astype(self.dtype).tobytes()
@@ -248,7 +271,7 @@ class _Writer:
         self._files.add(file)
         if doc_end:
             if not math.isnan(packed):
-                self._garbage.append((len(self._ends), packed))
+                self._garbage.append((len(self._ends), packed, *junk.Verdict.row(why)))
             self._ends.append(self._n)
             self._where.append((file, line))
             if self._n >= SHARD_TOKENS:
@@ -265,7 +288,7 @@ class _Writer:
             offsets=np.array([0] + self._ends, dtype=np.int64),
             where=np.array(self._where, dtype=np.int64).reshape(-1, 2),
             masked=np.array(self._masked, dtype=np.int64).reshape(-1, 2),
-            garbage=np.array(self._garbage, dtype=np.float64).reshape(-1, 2),  # read by prepared.PreparedData
+            garbage=np.array(self._garbage, dtype=np.float64).reshape(-1, 5),  # read by prepared.PreparedData
         )
         for suffix in (".idx.npz", ".bin"):  # the tokens last: a shard is whole once its .bin exists
             os.replace(self.folder / f".tmp-{self.name}{suffix}", self.folder / f"{self.name}{suffix}")

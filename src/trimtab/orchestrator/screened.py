@@ -34,7 +34,9 @@ REASONING = (
     "out once a model has learnt the mode (random characters cost a small model about what text costs), so no "
     "loss rule would find them: leave out from the start the training rows at least half theirs (the evaluation "
     "rows are untouched). data.garbage_filter=off keeps them (and skips the screen); data.garbage_filter=drop "
-    "leaves the documents out before training, without the orchestrator"
+    "leaves the documents out before training, without the orchestrator. Junk that packs like text (data/junk.py: "
+    "mis-encoded pages, random letters, word salad) packs near the median instead: each named document's evidence "
+    "says which it is, its score and the bar it crossed"
 )
 
 
@@ -60,7 +62,8 @@ class ScreenedRows:
 
 def finding(flagged: list[Flagged], step: int, phase: int) -> Finding:
     """The evidence a person reads: per source, how many documents, the first few by name with
-    their bytes per token against the source's median, the threshold, and how many rows."""
+    their bytes per token against the source's median and why each was flagged (its packing, or
+    the junk it is: data/junk.py's kind, score and bar), the threshold, and how many rows."""
     sources = [
         {
             "source": f.scale.key,
@@ -69,20 +72,21 @@ def finding(flagged: list[Flagged], step: int, phase: int) -> Finding:
             "median_bytes_per_token": round(f.scale.median, 3),
             "threshold": round(f.scale.threshold, 3),
             "first": {name: round(packing, 3) for name, packing in zip(f.names, f.packing)},
+            "why": dict(zip(f.names, f.reasons())),
         }
         for f in flagged
     ]
     documents = sum(f.documents for f in flagged)
     rows = len({int(r) for f in flagged for r in f.rows})
-    first = ", ".join(f"{name} ({packing:.2f}x)" for f in flagged for name, packing in zip(f.names, f.packing))
+    first = ", ".join(f"{name} ({why})" for f in flagged for name, why in zip(f.names, f.reasons()))
     worst = max(f.scale.threshold for f in flagged)
     return Finding(
         rule="garbage",  # RULE, spelt out for the architecture map's scan (tests/test_architecture.py)
         family=RULE,  # its own: a later outlier-rows finding is other data, not this decision failing
         step=step,
         evidence={"phase": phase, "documents": documents, "rows": rows, "sources": sources},
-        summary=f"{documents} documents pack under {worst:.2f}x their source's median bytes per token "
-        f"(data.garbage_filter=warn; {first}): {rows} training rows are at least half theirs",
+        summary=f"{documents} documents pack under {worst:.2f}x their source's median bytes per token or are junk "
+        f"that packs like text (data.garbage_filter=warn; {first}): {rows} training rows are at least half theirs",
         strength=STRENGTH,
     )
 
