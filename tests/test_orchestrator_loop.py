@@ -665,25 +665,29 @@ def test_oom_below_one_row_stops_with_a_clear_status(tmp_path):
     assert [p.name for p in list_checkpoints(run)][-1] == "step_000003"
 
 
-def test_oom_at_one_row_recomputes_more_and_a_resumed_run_keeps_it(tmp_path, runs):
+def test_oom_at_one_row_recomputes_more_and_a_resumed_run_keeps_it(tmp_path):
     """A row of 64 tokens no longer fits from step 4 (56 tokens' worth of activations do): the
     micro-batch halves to one row, then selective checkpointing (51 tokens' worth) fits, with the
     same gradients: the losses stay the clean run's. The mode is in the checkpoint: stopped at
     step 10 and resumed, the run is at selective, and probes lighter checkpointing soon (as a
-    resumed run probes what an OOM shrank), which runs out of memory and recomputes again."""
+    resumed run probes what an OOM shrank), which runs out of memory and recomputes again.
+    Batches of 4 rows, and a clean run of its own at that size: steps 4-24 run one row at a time."""
+    small = {"train": {"batch_tokens": 256, "micro_batch_tokens": 256}}
+    trimtab.train(debug_cfg(tmp_path / "clean", **small))
+    clean = by_step(tmp_path / "clean", "loss")
     run = tmp_path / "r"
-    summary = trimtab.train(debug_cfg(run, faults=["oom@4:56"]), hooks=[StopAt(10)])
+    summary = trimtab.train(debug_cfg(run, faults=["oom@4:56"], **small), hooks=[StopAt(10)])
     assert summary["step"] == 10
     ds = decisions(run)
-    assert [d["params"].get("tokens", d["params"].get("mode")) for d in ds] == [512, 256, 128, 64, "selective"]
+    assert [d["params"].get("tokens", d["params"].get("mode")) for d in ds] == [128, 64, "selective"]
     assert ds[-1]["applied"] == ["activation checkpointing off -> selective"] and {d["step"] for d in ds} == {4}
-    summary = trimtab.train(debug_cfg(run, faults=["oom@4:56"]))
+    summary = trimtab.train(debug_cfg(run, faults=["oom@4:56"], **small))
     assert summary["status"] == "completed" and summary["step"] == 24
-    probe, again = decisions(run)[5:]
+    probe, again = decisions(run)[3:]
     assert probe["evidence"]["checkpointing"] == "selective" and probe["params"] == {"mode": "off"}
     assert again["params"] == {"mode": "selective"} and again["step"] == probe["step"] + 1
     assert "activation checkpointing off: 64 tokens' worth" in again["evidence"]["error"]
-    losses, clean = by_step(run, "loss"), by_step(runs["clean"][0], "loss")
+    losses = by_step(run, "loss")
     assert all(losses[s] == clean[s] for s in range(1, 4))
     assert all(losses[s] == pytest.approx(clean[s], rel=1e-4) for s in range(4, 11))
     assert losses[24] == pytest.approx(clean[24], abs=1e-3)

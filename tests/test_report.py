@@ -271,6 +271,21 @@ def _fake_run(path: Path, lr: float) -> Path:
     return path
 
 
+def test_a_plot_no_run_has_data_for_is_not_built(tmp_path, monkeypatch):
+    """A dense run's page builds no RL, DPO, MoE, MoD or planner figure to drop it empty: plotly's
+    figure objects were half the end-of-run report's time (a debug run's page: 1.0-1.2 s, then 0.5-0.6 s)."""
+    run = read_run(_fake_run(tmp_path / "dense", 1e-3))
+
+    def built(*args, **kwargs):
+        raise AssertionError("a figure was built for data no run has")
+
+    monkeypatch.setattr(figures, "make_subplots", built)
+    monkeypatch.setattr(figures, "_fig", built)
+    for build in (figures.rl_reward, figures.rl_signals, figures.dpo_preference, figures.moe_balance, figures.mod):
+        assert build([run]) is None, build.__name__
+    assert figures.chinchilla([run]) is None
+
+
 def _artifact_copy(run: Path, dest: Path) -> Path:
     """What MLflow keeps of a run: its files, no checkpoints/ (MlflowTracker.end)."""
     dest.mkdir(parents=True)

@@ -58,6 +58,12 @@ def _or_none(fig: go.Figure) -> go.Figure | None:
     return fig if _has_data(fig) else None
 
 
+def _logged(runs: list[RunRecord], prefix: str) -> bool:
+    """Whether some run logged a metric under `prefix` (rl/, dpo/, moe/, mod/): a figure no run has
+    data for is not built (plotly's figure and layout objects cost 0.1-0.4 s each, most of a page)."""
+    return any(k.startswith(prefix) for run in runs for m in run.lines for k in m)
+
+
 def _segments(
     run: RunRecord, key: str, f: Callable[[dict[str, Any]], Any] | None = None
 ) -> tuple[list[float | None], list[float | None]]:
@@ -236,6 +242,8 @@ def moe_load(runs: list[RunRecord]) -> go.Figure | None:
 
 
 def moe_balance(runs: list[RunRecord]) -> go.Figure | None:
+    if not _logged(runs, "moe/"):
+        return None
     fig = _fig("MoE balance: busiest expert's load and dropped tokens", "x fair share / fraction")
     dashes = ["solid", "dot", "dash", "dashdot"]
     for i, run in enumerate(runs):
@@ -250,6 +258,8 @@ def moe_balance(runs: list[RunRecord]) -> go.Figure | None:
 def mod(runs: list[RunRecord]) -> go.Figure | None:
     """Mixture-of-Depths: each layer's capacity (share of tokens through the block) and the
     causal predictor's accuracy (how well generation can guess the router's choice)."""
+    if not _logged(runs, "mod/"):
+        return None
     panels = ("capacity", "predictor_acc")
     fig = make_subplots(rows=2, cols=1, subplot_titles=["capacity", "predictor accuracy"], shared_xaxes=True)
     fig.update_layout(title="Mixture-of-Depths", **{**LAYOUT, "height": 560})
@@ -268,6 +278,8 @@ def mod(runs: list[RunRecord]) -> go.Figure | None:
 def chinchilla(runs: list[RunRecord]) -> go.Figure | None:
     """The live planner's status blocks (plan_status.jsonl): the loss its fit predicts at the
     planned end and at the longest allowed run, and the share of the planned tokens seen."""
+    if not any(run.plan for run in runs):
+        return None
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.update_layout(title="Chinchilla status (live planner)", xaxis_title="tokens", **LAYOUT)
     fig.update_yaxes(title_text="predicted loss", secondary_y=False)
@@ -300,6 +312,8 @@ def chinchilla(runs: list[RunRecord]) -> go.Figure | None:
 def rl_reward(runs: list[RunRecord]) -> go.Figure | None:
     """RL runs: the training reward (each step's, over every group drawn), the held-out reward
     and pass@1 at each evaluation, and the orchestrator's decisions on the training reward."""
+    if not _logged(runs, "rl/"):
+        return None
     fig = _fig("RL reward", "reward, pass@1")
     for i, run in enumerate(runs):
         _line(fig, run, i, "rl/reward", "train reward")
@@ -336,6 +350,8 @@ def rl_signals(runs: list[RunRecord]) -> go.Figure | None:
     """RL runs: the shares RL's rules read (flat groups and the solved ones among them, responses
     cut at the budget, clipped and off-policy tokens) and, on the right, the sampled tokens'
     entropy and the rollouts' staleness."""
+    if not _logged(runs, "rl/"):
+        return None
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.update_layout(title="RL: what the rules read", xaxis_title="tokens", **LAYOUT)
     fig.update_yaxes(title_text="share of the step (0-1)", secondary_y=False)
@@ -355,6 +371,8 @@ def rl_signals(runs: list[RunRecord]) -> go.Figure | None:
 def dpo_preference(runs: list[RunRecord]) -> go.Figure | None:
     """DPO runs: the share of pairs whose implicit reward prefers the chosen response, each
     step's and the held-out pairs' at each evaluation (left), and their margins (right)."""
+    if not _logged(runs, "dpo/"):
+        return None
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.update_layout(title="DPO: preference", xaxis_title="tokens", **LAYOUT)
     fig.update_yaxes(title_text="accuracy (share of pairs)", secondary_y=False)
