@@ -18,6 +18,7 @@ from trimtab.errors import ConfigError
 from trimtab.rundir import DECISIONS_FILE, write_jsonl
 from trimtab.tune import load_space, tune
 from trimtab.tune.objective import _tell
+from trimtab.tune.outputs import write_outputs
 from trimtab.tune.study import (
     check_trained_as,
     claim,
@@ -358,3 +359,22 @@ def _evals(run_dir: Path) -> list[dict]:
     from trimtab.rundir import read_metrics
 
     return [m for m in read_metrics(run_dir) if "val_loss" in m]
+
+
+def test_a_best_trial_healed_of_a_far_too_high_lr_says_the_lr_it_trained_at(tmp_path):
+    """Soak: lr 1.178 on debug was the study's best (val_loss 5.146) after the orchestrator cut its
+    LR twice (x0.01: 0.0118 in effect); the summary and best.yaml named 1.178 and said nothing."""
+    space = load_space(write_space(tmp_path, space={"optim.lr": {"log_uniform": [1e-3, 10.0]}}))
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    trial = study.ask({"optim.lr": optuna.distributions.FloatDistribution(1e-3, 10.0, log=True)})
+    run = tmp_path / "trial"
+    cfg = space.config({"optim.lr": 2.0}, run)
+    trial.set_user_attr("config", cfg.to_dict())
+    run.mkdir()
+    steps = [{"step": s, "loss": 5.0, "lr": 2.0 * scale, "lr_scale": scale} for s, scale in ((5, 0.1), (20, 0.01))]
+    write_jsonl(run / "metrics.jsonl", [*steps, {"step": 20, "val_loss": 5.1}])
+    summary = {"status": "completed", "exit_code": 0, "step": 20, "tokens": 100, "val_loss": 5.1}
+    assert _tell(study, trial, space, cfg, summary, None).state == TrialState.COMPLETE
+    text = write_outputs(study, space, tmp_path / "out")
+    assert "its LR multiplier ended at x0.01" in text and "effective optim.lr 0.02," in text
+    assert "# its LR multiplier ended at x0.01" in (tmp_path / "out" / "best.yaml").read_text()

@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 from trimtab.api import train_or_raise
 from trimtab.errors import RunFinished, TrimtabError
 from trimtab.model.catalog import model_size
-from trimtab.rundir import healed, read_decisions
+from trimtab.rundir import healed, read_decisions, read_metrics
 from trimtab.training.hooks import Hook
 from trimtab.training.services.signals import handle_signals
 from trimtab.tune.space import Space
@@ -175,6 +175,7 @@ def _tell(
         "decisions": len(decisions),
         "faults_healed": healed(decisions),
         "held_evals": hook.held if hook else [],
+        "lr_scale": final_lr_scale(cfg.run_dir),
     }
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
@@ -197,6 +198,13 @@ def _tell(
     values = [_objective(name, summary, attrs) for name in space.objectives]
     study.tell(trial, values)
     return TrialResult(TrialState.COMPLETE, values)
+
+
+def final_lr_scale(run_dir: Path) -> float:
+    """The LR multiplier (the orchestrator's cuts, a person's scale-lr) at the kept trajectory's last
+    logged step: a trial healed of an LR far too high trained at a fraction of its sampled optim.lr."""
+    scales = [m["lr_scale"] for m in read_metrics(run_dir) if isinstance(m.get("lr_scale"), int | float)]
+    return float(scales[-1]) if scales else 1.0
 
 
 def _stopped_by_person(decisions: list[dict[str, Any]], summary: dict[str, Any]) -> str:

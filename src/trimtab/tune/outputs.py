@@ -75,9 +75,25 @@ def write_best(trial: FrozenTrial, space: Space, directory: Path) -> Path:
         f"# its run: {trial.user_attrs.get('run_dir')}; train it: trimtab train {directory / 'best.yaml'}"
         " --max-steps N\n"
     )
+    note = lr_note(trial)
+    head += f"# {note}\n" if note else ""
     path = directory / "best.yaml"
     path.write_text(head + yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+def lr_note(trial: FrozenTrial) -> str:
+    """Said of a best trial whose LR the orchestrator cut for good (an LR far too high, healed): its
+    objective is that of the lower LR, not of the optim.lr sampled, which best.yaml keeps."""
+    scale = trial.user_attrs.get("lr_scale", 1.0)
+    lr = trial.user_attrs.get("config", {}).get("optim", {}).get("lr")
+    if lr is None or math.isclose(scale, 1.0, rel_tol=1e-6):
+        return ""
+    return (
+        f"its LR multiplier ended at x{scale:.3g} (the orchestrator's decisions.jsonl there): it finished at an"
+        f" effective optim.lr {lr * scale:.4g}, not the {lr:.4g} sampled and kept in best.yaml, which trains"
+        " as well only with the same healing"
+    )
 
 
 def write_outputs(study: optuna.Study, space: Space, directory: Path) -> str:
@@ -111,6 +127,8 @@ def summary_text(
         b = best[0]
         lines.append(f"{label}: trial {b.number} {b.values} {b.params} -> {directory / 'best.yaml'}")
         lines.append(f"its run: {b.user_attrs.get('run_dir')} (report.html there)")
+        note = lr_note(b)
+        lines += [note] if note else []
     else:
         lines.append("no trial completed yet")
     lines.append(f"trials: {directory / 'trials.csv'}")
