@@ -1348,6 +1348,23 @@ def test_an_entropy_collapse_before_the_task_is_learned_gets_a_bonus_then_a_lowe
     ]
 
 
+def test_a_nan_entropy_is_no_collapse():
+    """rl_entropy: rollouts of non-finite weights (weights_nan through `trimtab rl`) read entropy NaN; it
+    compared as below the start and turned the bonus on, which outlived the nonfinite rule's rollback."""
+    from trimtab.orchestrator.rl_health import EntropyCollapse
+
+    cfg = OrchestratorConfig()
+    cfg.rl_entropy.window = 2
+    mon = EntropyCollapse(cfg)
+    nan = float("nan")
+    course = [(2.0, 0.1), (nan, 0.0), (2.0, 0.1), (nan, 0.0), (nan, nan), (1.9, 0.1), (nan, 0.0), (nan, 0.0)]
+    found = [mon.observe(metrics(i + 1, rl={"entropy": e, "reward": r})) for i, (e, r) in enumerate(course)]
+    assert found == [None] * 8
+    assert mon.start == [2.0, 2.0]  # the finite steps alone
+    collapse = [mon.observe(metrics(9 + i, rl={"entropy": 0.1, "reward": 0.1})) for i in range(2)]
+    assert collapse[0] is None and collapse[1].evidence["entropy"] == pytest.approx(0.1)  # a real one is found
+
+
 def test_responses_grown_into_the_budget_get_the_soft_penalty_a_wider_one_a_rollback_then_a_word():
     """rl_length: the window's share of truncated responses against the phase's first window's;
     the soft penalty over a quarter of the budget, then half, then once back to the last step

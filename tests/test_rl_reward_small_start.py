@@ -9,6 +9,7 @@ import random
 import pytest
 
 from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.core import Orchestrator
 from trimtab.orchestrator.monitors import StepMetrics
 from trimtab.orchestrator.rl_reward import RewardFall, reward_remedy
 from trimtab.orchestrator.rl_stats import t_tail
@@ -49,6 +50,24 @@ def test_four_equal_group_scores_are_not_read_as_certainty():
     assert reward_remedy(notes[0], None, cfg, 0).action == "none"
     # said once: the windows after it stay quiet
     assert [mon.observe(step_of(12 + i, groups)) for i, groups in enumerate(later[10:])] == [None] * 30
+
+
+def test_a_note_said_stays_said_across_a_rollback_to_before_it(tmp_path):
+    """The note that the start cannot resolve a fall, then a rollback (rule rl_length's, say) to a
+    checkpoint saved before it: the orchestrator restores the monitors (Orchestrator.on_rollback),
+    and the replay's windows at the line must not say it again (it did, with other numbers, so the
+    journal did not fold it: an 8-prompt run at lr 1e-2 journaled it at steps 11 and 25)."""
+    orch = Orchestrator(OrchestratorConfig(), tmp_path)
+    mon = orch.monitors["rl_reward"]
+    steps = [[0.125] * 4] + [[0.125] + [0.0] * 3] * 14
+    found = [mon.observe(step_of(i + 1, groups)) for i, groups in enumerate(steps[:3])]
+    saved = copy.deepcopy(orch.state_dict())  # step 3's checkpoint: before the note
+    found += [mon.observe(step_of(i + 4, groups)) for i, groups in enumerate(steps[3:])]
+    assert [f.step for f in found if f is not None] == [11] and mon.noted
+    orch._load_monitors(copy.deepcopy(saved), rollback=True)
+    assert orch.monitors["rl_reward"] is mon and len(mon.window) == 2  # the windows went back with the weights
+    replay = [mon.observe(step_of(i + 4, groups)) for i, groups in enumerate(steps[3:])]  # the same course again
+    assert replay == [None] * 12
 
 
 def test_a_replay_from_the_starting_policy_pools_its_rollouts_into_the_start():

@@ -24,6 +24,7 @@ policy.py, RLIncident): a fall healed long ago does not take a later one's rollb
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
@@ -142,7 +143,9 @@ class EntropyCollapse(Monitor):
 
     def observe(self, m: StepMetrics) -> Finding | None:
         rl, rule = m.rl or {}, self.cfg
-        if rl.get("entropy") is None:
+        # a NaN is no collapse: rollouts of non-finite weights (rule nonfinite's to roll back) read entropy NaN, which
+        # compared as no higher than the start's and turned the bonus on (weights_nan@17, kept after the rollback)
+        if rl.get("entropy") is None or not math.isfinite(rl["entropy"]):
             return None
         if len(self.start) < rule.window:
             self.start.append(rl["entropy"])

@@ -70,8 +70,10 @@ class RewardFall(Monitor):
     the last window within the noise of the start and above the line) and its window's score."""
 
     rule, family = "rl_reward", "rl"
-    # Orchestrator.on_rollback keeps it over the checkpoint's: a replay from the start's own policy pools into it
-    KEPT_ON_ROLLBACK = ("origin",)
+    # Orchestrator.on_rollback keeps these over the checkpoint's: a replay from the start's own policy pools into
+    # `origin`; a note once said stays said (restored with a checkpoint from before it, rl_length's rollback in an
+    # 8-prompt run at lr 1e-2 had the note journaled again at step 25 after step 11: its numbers differ, no fold)
+    KEPT_ON_ROLLBACK = ("origin", "noted")
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.rl_reward
@@ -91,7 +93,7 @@ class RewardFall(Monitor):
         # groups read 0.125 against 0.06 and rolled back twice more, then stopped the run)
         self.origin: list[Any] = []
         self.pooled = 0  # the start's steps an earlier pass of its policy drew (origin's, pooled)
-        self.noted = False  # said once that the start cannot resolve a fall of `drop`
+        self.noted = False  # said once that the start cannot resolve a fall of `drop` (KEPT_ON_ROLLBACK)
         self._fresh: bool | None = None  # the first step observed since a restore (load_state_dict)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
