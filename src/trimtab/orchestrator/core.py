@@ -321,6 +321,8 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         self.outcomes.rolled_back(run.step, self.rolling_back)
         self.rolling_back = None
         self.policy.shift(self.last_step - run.step)
+        if self.interval is not None:  # a failure in Young's M, counted with checkpoint_interval.rollbacks
+            self.interval.rolled_back(self.last_step - run.step)
         self.stood_at -= (self.last_step - run.step) if self.stood_at >= 0 else 0  # as the ladder's steps
         if self.make_up is not None:
             self.make_up.rolled_back(run.step)
@@ -365,6 +367,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
                     row_losses=readings.row_means(o.batch.rows, values["rows"]),
                     # what the gate did (gates_rows turns it off): journaled even if paused since the step
                     gated_rows=readings.gated_rows(o.batch.rows, values["rows"]),
+                    row_parts=run.row_parts(o.batch.rows),  # the rows rule judges a row among its source's
                     moe=readings.moe_loads(o, values["moe"], top_k),
                     mod_capacity=values["mod"],
                     mod_layers=readings.mod_layers(o, values["mod_layers"]),
@@ -374,7 +377,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
                 self._observe(run, m)
             self._fresh_reference(run)
             self._checkpoint_interval(run, seconds, stall)
-            self.ceilings = {k: m.ceiling() for k, m in self.monitors.items() if k in GATED}
+            self.ceilings = self._gate_ceilings()
         if commands:
             self._take_commands(run)
 
@@ -434,6 +437,10 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             if owed is not None:
                 self.decide(run, owed)
 
+    def _gate_ceilings(self) -> dict[str, float]:
+        """The update gate's bars: each gated rule's ceiling, the loss's early one too (LossSpike.gate_ceiling)."""
+        return {k: getattr(m, "gate_ceiling", m.ceiling)() for k, m in self.monitors.items() if k in GATED}
+
     def _checkpoint_interval(self, run: RunView, seconds: list[float], stall: float) -> None:
         """The steps' and a save's times (every rank's slowest) to the interval rule."""
         if self.interval is None or "checkpoint_interval" in self.paused:
@@ -458,6 +465,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             "make_up": self.make_up.state_dict() if self.make_up is not None else None,
             "stragglers": self.stragglers.state_dict() if self.stragglers is not None else None,
             "replicas": self.replicas.state_dict() if self.replicas is not None else None,
+            "interval": self.interval.state_dict() if self.interval is not None else None,
             "transient_faults": dict(self.transient_faults),
             "lost_commands": self.lost_commands,
             "configured_mode": self.cfg.mode,  # a saved mode other than it is a person's (trimtab ctl mode)
@@ -481,6 +489,8 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             self.stragglers.load_state_dict(state["stragglers"])
         if self.replicas is not None and state.get("replicas"):
             self.replicas.load_state_dict(state["replicas"])
+        if self.interval is not None and state.get("interval"):
+            self.interval.load_state_dict(state["interval"])
         self.mode, self._mode_kept = self._mode_after(state), ""
         if self.mode != self.cfg.mode:
             self._mode_kept = (
@@ -499,4 +509,4 @@ class Orchestrator(Deciding, PersonCommands, Hook):
                 for key, value in kept.items():
                     setattr(monitor, key, value)
         self.recent_losses = Rolling(20, state["recent_losses"])
-        self.ceilings = {k: m.ceiling() for k, m in self.monitors.items() if k in GATED}
+        self.ceilings = self._gate_ceilings()

@@ -47,6 +47,7 @@ class StepMetrics:
     rows: list[int] = field(default_factory=list)
     row_losses: dict[int, tuple[float, int]] | None = None  # per row, training forward: mean loss, targets
     gated_rows: list[int] = field(default_factory=list)  # left out of this step's update by the row gate
+    row_parts: dict[int, str] | None = None  # each row's mixture source (data.mix name); None: one source
     moe: list[tuple[int, list[float], float, int]] | None = None  # (layer, load shares, dropped, top_k)
     mod_capacity: float | None = None  # mean capacity of the Mixture-of-Depths layers
     mod_layers: list[tuple[int, float]] | None = None  # (layer, capacity) of each Mixture-of-Depths layer
@@ -194,8 +195,8 @@ class LossSpike(Monitor):
     under it and trained on, 13% worse at the end. There a loss above the phase's lowest healthy
     one by max(early_sigma x the spread of the recent step-to-step changes, early_min_rise) is a
     spike too (`early` in its evidence): a falling loss rarely climbs back over its own minimum
-    by more than its step-to-step noise. It only adds what the trend's bar misses, and is not in
-    the update gate's ceiling (`ceiling`): the policy answers it at once (ladder.py, _early_spike)."""
+    by more than its step-to-step noise. It only adds what the trend's bar misses; the update gate
+    holds it too (`gate_ceiling`), and the policy answers it at once (ladder.py, _early_spike)."""
 
     rule, family = "spike", "instability"
 
@@ -231,6 +232,13 @@ class LossSpike(Monitor):
             return math.inf
         predicted, std = self.trend()
         return predicted + max(self.cfg.sigma * std, self.cfg.min_rise)
+
+    def gate_ceiling(self) -> float:
+        """The update gate's bar: the trend's, or the early one under it. Found after the update, an
+        early spike's garbage was trained on (debug, bad_batch@10, early_steps 25: found at step 10,
+        its rows left out, yet the run stalled 0.3 nats above the fault-free curve until above_start
+        rolled back 48 steps); withheld, the run stayed on the fault-free curve (5.14 at step 20)."""
+        return min(self.ceiling(), self.early_ceiling()[0])
 
     def early_ceiling(self) -> tuple[float, float, float]:
         """(the early bar, the phase's lowest healthy loss, the step-to-step spread) over the
