@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 GATED = ("spike", "grad", "lr")  # rules whose ceilings the update gate checks before the optimizer step
 # windows a new phase starts afresh
 FRESH_EVERY = 10  # steps between held-out probes before a phase's first good checkpoint (_fresh_reference)
+# the optional parts (None where their rule is off), each saved under its attribute's name
+PARTS = ("make_up", "stragglers", "replicas", "interval")
 PER_PHASE = ("spike", "grad", "divergence", "above_start", "plateau", "throughput", "rows")
 
 
@@ -462,10 +464,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             "mode": self.mode,
             "phase": self.phase,
             "stood_at": self.stood_at,
-            "make_up": self.make_up.state_dict() if self.make_up is not None else None,
-            "stragglers": self.stragglers.state_dict() if self.stragglers is not None else None,
-            "replicas": self.replicas.state_dict() if self.replicas is not None else None,
-            "interval": self.interval.state_dict() if self.interval is not None else None,
+            **{name: part.state_dict() if (part := getattr(self, name)) is not None else None for name in PARTS},
             "transient_faults": dict(self.transient_faults),
             "lost_commands": self.lost_commands,
             "configured_mode": self.cfg.mode,  # a saved mode other than it is a person's (trimtab ctl mode)
@@ -481,16 +480,11 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         self.paused = set(state["paused"])
         self.phase = state.get("phase", 0)
         self.stood_at = state.get("stood_at", self.policy.ladder.last_step)  # older: as if every update stood
-        if self.make_up is not None and state.get("make_up"):
-            self.make_up.load_state_dict(state["make_up"])
+        for name in PARTS:
+            if (part := getattr(self, name)) is not None and state.get(name):
+                part.load_state_dict(state[name])
         self.transient_faults = dict(state.get("transient_faults", {}))
         self.lost_commands = list(state.get("lost_commands", []))
-        if self.stragglers is not None and state.get("stragglers"):
-            self.stragglers.load_state_dict(state["stragglers"])
-        if self.replicas is not None and state.get("replicas"):
-            self.replicas.load_state_dict(state["replicas"])
-        if self.interval is not None and state.get("interval"):
-            self.interval.load_state_dict(state["interval"])
         self.mode, self._mode_kept = self._mode_after(state), ""
         if self.mode != self.cfg.mode:
             self._mode_kept = (
