@@ -24,13 +24,13 @@ policy.py, RLIncident): a fall healed long ago does not take a later one's rollb
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, Rolling, StepMetrics
 from trimtab.orchestrator.remedies import Remedy
 from trimtab.orchestrator.rl_reward import reward_remedy
+from trimtab.orchestrator.rl_stats import poisoned
 from trimtab.orchestrator.rl_verifier import verifier_remedy
 
 # rules whose remedy may roll back: their findings keep RL's incident open (policy.py: RLIncident)
@@ -76,7 +76,7 @@ class NoLearningSignal(Monitor):
         return {k: v for k, v in super().state_dict().items() if k != "failing"}  # config, not state
 
     def observe(self, m: StepMetrics) -> Finding | None:
-        if (share := (m.rl or {}).get("flat_groups")) is None:
+        if (share := (m.rl or {}).get("flat_groups")) is None or poisoned(m.rl):
             return None
         if m.step <= self.acted_at:  # a rollback's replay of what the last finding judged (KEPT_ON_ROLLBACK)
             self.window, self.solved, self.failed, self.sampled, self.drawn = (
@@ -145,7 +145,7 @@ class EntropyCollapse(Monitor):
         rl, rule = m.rl or {}, self.cfg
         # a NaN is no collapse: rollouts of non-finite weights (rule nonfinite's to roll back) read entropy NaN, which
         # compared as no higher than the start's and turned the bonus on (weights_nan@17, kept after the rollback)
-        if rl.get("entropy") is None or not math.isfinite(rl["entropy"]):
+        if rl.get("entropy") is None or poisoned(rl):
             return None
         if len(self.start) < rule.window:
             self.start.append(rl["entropy"])
@@ -184,7 +184,7 @@ class LengthRunaway(Monitor):
 
     def observe(self, m: StepMetrics) -> Finding | None:
         rl, rule = m.rl or {}, self.cfg
-        if rl.get("truncated") is None:
+        if rl.get("truncated") is None or poisoned(rl):
             return None
         seen = (rl["truncated"], rl["response_tokens"])
         if len(self.start) < rule.window:
@@ -230,7 +230,7 @@ class OffPolicy(Monitor):
 
     def observe(self, m: StepMetrics) -> Finding | None:
         rl, rule = m.rl or {}, self.cfg
-        if rl.get("off_policy") is None:
+        if rl.get("off_policy") is None or poisoned(rl):
             return None
         self.window = [*self.window, (rl["off_policy"], rl["kl"], rl["staleness"])][-rule.window :]
         if len(self.window) < rule.window or min(w[0] for w in self.window) < rule.threshold:
@@ -265,7 +265,7 @@ class RewardHacking(Monitor):
         self.best_step, self.train_at_best, self.since, self.fired = 0, 0.0, 0, 0
 
     def observe(self, m: StepMetrics) -> Finding | None:
-        if (reward := (m.rl or {}).get("reward")) is not None:
+        if (reward := (m.rl or {}).get("reward")) is not None and not poisoned(m.rl):
             self.recent = [*self.recent, reward][-self.cfg.window :]
         return None  # judged at evaluations (observe_eval)
 

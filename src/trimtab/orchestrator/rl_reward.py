@@ -56,7 +56,7 @@ from typing import Any
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, StepMetrics
 from trimtab.orchestrator.remedies import GAVE_UP, Remedy
-from trimtab.orchestrator.rl_stats import fall_test, group_size
+from trimtab.orchestrator.rl_stats import fall_test, group_size, poisoned
 from trimtab.training.actions import PUT_BACK
 
 SCORE = ("score_n", "score", "score_sq")  # a step's groups drawn, their mean scores' sum and sum of squares
@@ -106,7 +106,7 @@ class RewardFall(Monitor):
     def observe(self, m: StepMetrics) -> Finding | None:
         rl, rule = m.rl or {}, self.cfg
         fresh, self._fresh = self._fresh, None  # any step seen since a restore ends its first
-        if rl.get("score_n") is None or not rl["score_n"]:
+        if rl.get("score_n") is None or not rl["score_n"] or poisoned(rl):
             return None
         seen = [*(rl[k] for k in SCORE), rl["reward"], group_size(rl)]
         if rl.get("overlong_buffer", 0) != self.overlong_buffer:

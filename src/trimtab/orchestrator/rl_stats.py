@@ -32,6 +32,16 @@ class Fall:
     z: float  # the normal z of t's one-sided tail (0 where no variance can be estimated)
 
 
+def poisoned(rl: dict[str, Any] | None) -> bool:
+    """Whether a step's rollouts came from non-finite weights: their sampled tokens' entropy reads
+    NaN (or inf). Such a step is rule nonfinite's, which rolls the weights back; an RL rule must not
+    read it: its groups are flat and its responses run on, and a knob turned on them outlives the
+    rollback (weights_nan@17 at lr 1e-3: rl_length set the overlong penalty and rl_reward rolled
+    back to step 1 with the LR x0.1 on steps 17-18 of NaN weights; rl_signal warmed the sampling)."""
+    entropy = (rl or {}).get("entropy")
+    return entropy is not None and not math.isfinite(entropy)
+
+
 def group_size(rl: dict[str, Any]) -> int:
     """Responses a group, where the step's counts are those of 0/1 rewards: every group's mean a
     count over G (the sums of G x mean and of (G x mean)^2 whole numbers), else 0 (unknown)."""

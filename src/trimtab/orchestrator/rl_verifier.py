@@ -11,6 +11,7 @@ from typing import Any
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, StepMetrics
 from trimtab.orchestrator.remedies import Remedy
+from trimtab.orchestrator.rl_stats import poisoned
 from trimtab.training.state import GAVE_UP
 
 # verifications that finished all within this share of the limit while others ran past it: those
@@ -35,7 +36,7 @@ class VerifierFailures(Monitor):
         self.error = ""
 
     def observe(self, m: StepMetrics) -> Finding | None:
-        if (counts := (m.rl or {}).get("verifications")) is None:
+        if (counts := (m.rl or {}).get("verifications")) is None or poisoned(m.rl):
             return None
         self.window = [*self.window, counts][-self.cfg.window :]
         self.slowest = [*self.slowest, m.rl.get("slowest_verification", -1.0)][-self.cfg.window :]
