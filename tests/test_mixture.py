@@ -2,6 +2,7 @@
 real training loop on prepared directories."""
 
 import json
+import logging
 import math
 import random
 
@@ -19,7 +20,7 @@ from trimtab.data.prepare import prepare
 from trimtab.data.sources import Document
 from trimtab.errors import DataError
 from trimtab.model.catalog import model_size
-from trimtab.training.setup import resolve_max_steps
+from trimtab.training.run_length import resolve_max_steps
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 WORDS = "red green blue cyan magenta yellow black white orange purple brown grey".split()
@@ -166,3 +167,23 @@ def test_a_resume_over_another_number_of_sources_names_both_and_the_way_forward(
         refused.value
     )
     assert "a new --out with --set train.init_from=RUN" in str(refused.value)
+
+
+def test_a_small_source_with_a_large_weight_is_warned_of_by_its_own_epochs(tmp_path, tokenizer, caplog):
+    """Weights 0.1 / 0.9 over a large source and a small one at train.epochs 1: the small one is drawn
+    ~9x over, the large one ~0.1x; the warning counted epochs over both sources' tokens together (1) and
+    said nothing. Now it names the source, its epochs and the weight to lower."""
+    tokenizer.save(tmp_path / "tok" / "tokenizer.json")
+    big, small = corpus(tmp_path / "a", 0, 80), corpus(tmp_path / "d", 1, 8)
+    mix = [{"source": str(big), "weight": 0.1, "name": "a"}, {"source": str(small), "weight": 0.9, "name": "d"}]
+    data = {"mix": mix, "tokenizer": str(tmp_path / "tok" / "tokenizer.json"), "seq_len": 16, "eval_fraction": 0.0}
+    cfg = debug_cfg(tmp_path / "r", data=data, train={"epochs": 1, "batch_tokens": 256, "micro_batch_tokens": 256})
+    from trimtab.training.setup import build_phases
+
+    with caplog.at_level(logging.WARNING, logger="trimtab"):
+        [phase] = build_phases(cfg, None)[1]
+    a, d = (part.n_tokens for part in phase.train_rows.parts)
+    drawn = phase.steps * 256
+    assert drawn * 0.9 / d > 4 > drawn * 0.1 / a  # d repeats past FRESH_EPOCHS; a is not even read once
+    assert f"repeats mixture source 'd' (data.mix[1]) {drawn * 0.9 / d:.1f} times" in caplog.text
+    assert "lower data.mix[1].weight" in caplog.text and "'a'" not in caplog.text

@@ -12,7 +12,6 @@ resume leaves the run directory as it was.
 from __future__ import annotations
 
 import logging
-import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,11 +41,9 @@ from trimtab.errors import CheckpointError, ConfigError, SavedConfigError
 from trimtab.hardware import Precision, choose_precision, pick_device
 from trimtab.hf.importer import SOURCE
 from trimtab.model import Transformer, build_model
-from trimtab.model.catalog import model_size
 from trimtab.model.meta import build_on_meta
 from trimtab.paths import cache_dir
 from trimtab.peaks import peak_flops
-from trimtab.plan.chinchilla import FRESH_EPOCHS
 from trimtab.resilience.elastic import name_session
 from trimtab.resilience.watchdog import Watchdog, make_watchdog
 from trimtab.rl.dpo_phase import DPOPhase, build_dpo_phase
@@ -62,6 +59,7 @@ from trimtab.training.init_from import (
     sharded_init_from,
 )
 from trimtab.training.resume import resume_point
+from trimtab.training.run_length import mixed_sources, resolve_max_steps
 from trimtab.training.services.compiling import CompileChoice, choose_compile
 from trimtab.training.services.cpu_precision import refine_cpu_precision
 from trimtab.training.services.float8 import to_float8
@@ -133,9 +131,10 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
         docs = [d for group in opened + [[e] for e in evals if e] for s in group for d in (s.docs or [])]
         tok = get_tokenizer(cfg.data, docs, cache_dir())
     phases, start = [], 0
-    for (name, data, optim, _), sources, eval_source in zip(specs, opened, evals):
+    for (name, data, optim, key), sources, eval_source in zip(specs, opened, evals):
         built = build_phase_data(data, sources, tok, cfg.train.seed, cache_dir(), eval_source)
-        steps = cfg.finetune.steps if name == "finetune" else resolve_max_steps(cfg, built.train.n_tokens, tok)
+        mixed = mixed_sources(built, key)
+        steps = cfg.finetune.steps if name == "finetune" else resolve_max_steps(cfg, built.train.n_tokens, tok, mixed)
         phases.append(
             Phase(
                 name=name,
@@ -180,28 +179,6 @@ def held_out(built: PhaseData, micro_budget: int, eval_tokens: int, pad_id: int)
         for rows, weight, name in zip(built.evals, weights, names)
     ]
     return HeldOut(sets, micro_budget, pad_id)
-
-
-def resolve_max_steps(cfg: RunConfig, train_tokens: int, tok: TextTokenizer) -> int:
-    """train.max_steps as a number: from train.epochs over the training rows' tokens, or
-    (auto) the Chinchilla budget of this model (setup's completed config records it)."""
-    train = cfg.train
-    steps = train.max_steps
-    if train.epochs > 0:
-        steps = max(1, math.ceil(train.epochs * train_tokens / train.batch_tokens))
-    elif steps == "auto":
-        size = model_size(cfg, tok.vocab_size)
-        steps = max(1, math.ceil(size.compute_params * cfg.plan.tokens_per_param / train.batch_tokens))
-    epochs = steps * train.batch_tokens / max(train_tokens, 1)
-    if epochs > FRESH_EPOCHS:
-        log.warning(
-            "train.max_steps=%d repeats the training data %.1f times; beyond ~%d epochs repeated tokens are worth "
-            "less than fresh ones (Muennighoff et al. 2023): more data, or a smaller model, uses the compute better",
-            steps,
-            epochs,
-            FRESH_EPOCHS,
-        )
-    return steps
 
 
 def given_tokenizer(cfg: RunConfig, path: Path | None) -> TextTokenizer | None:
