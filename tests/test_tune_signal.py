@@ -1,5 +1,6 @@
 """`trimtab tune` stopped by a signal: the study stops, whenever in a trial the signal lands."""
 
+import os
 import signal
 from types import SimpleNamespace
 
@@ -46,3 +47,37 @@ def test_a_signal_in_a_trials_last_moments_still_stops_the_study(tmp_path, monke
     result = objective.run_trial(study, study.ask(), load_space(tmp_path / "s.yaml"), tmp_path)
     assert result.interrupted and result.state == TrialState.COMPLETE and result.values == [4.0]
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def _train_crashing(cfg, hooks):
+    raise RuntimeError("a bug in the run")
+
+
+def test_a_crashed_trial_is_reported_as_a_crash_not_an_interruption(tmp_path, monkeypatch, capsys):
+    """A worker whose trial raised (not a signal) exited 1, as an interrupted one does, and the study said
+    'interrupted: run the same command again': the crash must be named, with its trial and run directory."""
+    import pytest
+
+    import trimtab.tune as tune_pkg
+    from trimtab.tune.study import open_study, storage_url, study_dir
+
+    doc = {
+        "study": {"name": "s", "seed": 0},
+        "base": {"preset": "debug"},
+        "budget": {"max_steps": 20, "eval_every": 5},
+        "space": {"optim.lr": {"log_uniform": [1.0e-3, 1.0e-2]}},
+    }
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+    space = load_space(tmp_path / "s.yaml")
+    space.trials = 2
+    directory = study_dir(space, str(tmp_path / "study"))
+    directory.mkdir(parents=True)
+    url = storage_url(space, directory, None)
+    monkeypatch.setattr(objective, "train_or_raise", _train_crashing)
+    with pytest.raises(SystemExit) as ended:
+        tune_pkg._worker(space, url, directory, 2, 0)  # in this process: its pid is the worker's
+    assert ended.value.code == tune_pkg.CRASHED != tune_pkg.INTERRUPTED
+    assert "RuntimeError: a bug in the run" in capsys.readouterr().err  # the traceback
+    report = tune_pkg.crash_report(open_study(space, url), [os.getpid()])
+    assert report.startswith("crashed: trial 0 raised RuntimeError: a bug in the run")
+    assert str(directory / "trials" / "trial_0000") in report and "interrupted" not in report

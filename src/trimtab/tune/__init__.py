@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from trimtab.tune.space import SearchParam, Space, load_space
 from trimtab.tune.study import open_study, storage_url, study_dir, work
 
 __all__ = ["SearchParam", "Space", "StudyResult", "load_space", "tune"]
+INTERRUPTED, CRASHED = 1, 3  # a worker's exit codes (1: a signal stopped it, as the command's own)
 
 
 @dataclass
@@ -57,14 +59,17 @@ def tune(
     directory.mkdir(parents=True, exist_ok=True)
     study = open_study(space, url)  # creates the tables and the study once, before workers race to
     _check_fresh(study, directory)
-    if workers == 1:
-        ran = [work(space, url, directory, total)]
+    if workers == 1:  # a crash raises here, its traceback the report
+        codes = {os.getpid(): 0 if work(space, url, directory, total) >= 0 else INTERRUPTED}
     else:
-        ran = _spawn(space, url, directory, total, workers)
+        codes = _spawn(space, url, directory, total, workers)
     study = open_study(space, url)
-    complete = all(n >= 0 for n in ran)
+    complete = all(code == 0 for code in codes.values())
     summary = write_outputs(study, space, directory)
-    if not complete:
+    crashed = [pid for pid, code in codes.items() if code == CRASHED]
+    if crashed:
+        summary += "\n" + crash_report(study, crashed)
+    elif not complete:
         summary += "\ninterrupted: run the same command again to resume the study"
     return StudyResult(study, directory, summary, complete)
 
@@ -89,9 +94,22 @@ def _check_fresh(study: optuna.Study, directory: Path) -> None:
         )
 
 
-def _spawn(space: Space, url: str, directory: Path, total: int, workers: int) -> list[int]:
+def crash_report(study: optuna.Study, pids: list[int]) -> str:
+    """The lines saying which trials crashed (an exception in the worker with these pids, not a
+    signal): the error, and the run directory whose checkpoint the re-run resumes."""
+    lines = [
+        f"crashed: trial {t.number} raised {t.user_attrs['crashed']} (its traceback is above, in the worker's "
+        f"output; its run directory: {t.user_attrs.get('run_dir', '-')}); fix the error, then run the same "
+        "command again to resume the study (the trial runs again)"
+        for t in study.get_trials(deepcopy=False)
+        if "crashed" in t.user_attrs and (t.user_attrs.get("worker") or {}).get("pid") in pids
+    ]
+    return "\n".join(lines) or f"crashed: worker pid(s) {pids} ended with an error (the traceback is above)"
+
+
+def _spawn(space: Space, url: str, directory: Path, total: int, workers: int) -> dict[int, int]:
     """`workers` processes on this machine, one torch thread each (they share the cores); each
-    returns -1 (exit code 1) when a signal interrupted its trial."""
+    one's exit code by pid: INTERRUPTED when a signal interrupted its trial, CRASHED on an error."""
     os.environ["OMP_NUM_THREADS"] = "1"  # read by the children's torch at import
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_worker, args=(space, url, directory, total, i)) for i in range(workers)]
@@ -105,7 +123,7 @@ def _spawn(space: Space, url: str, directory: Path, total: int, workers: int) ->
             _join(proc)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return [0 if proc.exitcode == 0 else -1 for proc in procs]
+    return {int(proc.pid or 0): int(proc.exitcode or 0) for proc in procs}
 
 
 def _join(proc: multiprocessing.process.BaseProcess) -> None:
@@ -124,6 +142,10 @@ def _worker(space: Space, url: str, directory: Path, total: int, index: int) -> 
 
     torch.set_num_threads(1)
     try:
-        sys.exit(0 if work(space, url, directory, total, worker=index) >= 0 else 1)
+        code = 0 if work(space, url, directory, total, worker=index) >= 0 else INTERRUPTED
     except KeyboardInterrupt:  # between trials: nothing to save; a claimed trial is queued again on resume
-        sys.exit(1)
+        code = INTERRUPTED
+    except Exception:  # its trial is named by study.py:work; the parent must not call this an interruption
+        traceback.print_exc()
+        code = CRASHED
+    sys.exit(code)

@@ -23,7 +23,7 @@ import socket
 import time
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -309,7 +309,12 @@ def work(space: Space, url: str, directory: Path, total: int, worker: int = 0) -
         if trial is False:
             time.sleep(POLL_S)
             continue
-        result = run_trial(study, trial, space, directory)
+        try:
+            result = run_trial(study, trial, space, directory)
+        except Exception as exc:  # a bug, not a bad point of the space: name the trial for the study's summary
+            with suppress(optuna.exceptions.UpdateFinishedTrialError):  # raised after the trial was told
+                trial.set_user_attr("crashed", f"{type(exc).__name__}: {exc}")
+            raise
         ran += 1
         values = ", ".join(f"{v:.4f}" for v in result.values or [])
         print(f"[tune] trial {trial.number} (worker {worker}): {result.state.name} {values} {trial.params}", flush=True)
