@@ -35,3 +35,18 @@ def test_the_gpus_a_model_needs_are_whole_nodes():
     layout = plan_layout(load_config(preset="dense-30b"), named_gpu("H100", 3))
     assert layout.best is None and layout.gpus_needed is not None and layout.gpus_needed % 8 == 0
     assert plan_layout(load_config(preset="dense-30b"), named_gpu("H100", layout.gpus_needed)).best is not None
+
+
+def test_the_steps_line_is_a_true_product_when_whole_steps_round_the_tokens_up():
+    """Bounded to 16 epochs of 4,000 tokens, the plan's 64,000 tokens take 32 steps of 2,048: the line
+    read '32 x 2,048 = 64,000 tokens' (32 x 2,048 = 65,536)."""
+    from trimtab.plan import Hardware, make_plan
+    from trimtab.plan.report import format_plan
+
+    hw = Hardware(name="t", kind="cuda", precision="bf16", peak_flops=1e12, peak_source="t", memory_bytes=10**9)
+    plan = make_plan(load_config(preset="debug"), dataset_tokens=4000, hardware=hw)
+    assert plan.tokens == 64_000 and plan.steps == 32
+    line = next(x for x in format_plan(plan).splitlines() if x.startswith("  steps "))
+    assert line.endswith(
+        "32 x train.batch_tokens 2,048 = 65,536 tokens (the 64,000 planned, rounded up to whole steps)"
+    )

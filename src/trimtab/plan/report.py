@@ -164,7 +164,7 @@ def _dataset_tokens(cfg: RunConfig, dataset_tokens: int | None, data_path: str |
 
 
 def _run_steps(cfg: RunConfig, optimal: int, dataset_tokens: int | None) -> int:
-    """The configured run's steps as training resolves them (training/setup.py, resolve_max_steps):
+    """The configured run's steps as training resolves them (training/run_length.py, resolve_max_steps):
     train.epochs passes over the data when set (it wins over train.max_steps), auto's Chinchilla
     budget, or train.max_steps. train.epochs over data the plan was not given: train.max_steps',
     and the notes say the length is unknown."""
@@ -174,6 +174,13 @@ def _run_steps(cfg: RunConfig, optimal: int, dataset_tokens: int | None) -> int:
     if train.max_steps == "auto":
         return max(1, math.ceil(optimal / train.batch_tokens))
     return int(train.max_steps)
+
+
+def _steps_line(plan: Plan) -> str:
+    """steps x batch_tokens as a true product: whole steps round the planned tokens up, said when they do."""
+    trained = plan.steps * plan.batch_tokens
+    rounded = f" (the {plan.tokens:,} planned, rounded up to whole steps)" if trained != plan.tokens else ""
+    return f"  steps           {plan.steps:,} x train.batch_tokens {plan.batch_tokens:,} = {trained:,} tokens{rounded}"
 
 
 def _step_s(plan: Plan) -> float | None:
@@ -282,7 +289,7 @@ def format_plan(plan: Plan) -> str:
     if plan.data:
         lines += _data_lines(plan.data, plan.tokens)
     lines += [
-        f"  steps           {plan.steps:,} x train.batch_tokens {plan.batch_tokens:,} = {plan.tokens:,} tokens",
+        _steps_line(plan),
         f"  FLOPs           {plan.flops:.3g} (flops_per_token x tokens; 6ND gives {plan.flops_6nd:.3g})",
         f"  configured run  {_configured(plan)} = {plan.run_tokens:,} tokens, {plan.run_flops:.3g} FLOPs",
         "",
