@@ -486,3 +486,60 @@ def test_a_second_ctrl_c_ends_train_with_one_line_and_exit_130(tmp_path, capsys,
     assert err == [
         "trimtab: stopped at once by a second Ctrl-C; the same command resumes from the last checkpoint (step 4)"
     ]
+
+
+def test_generate_says_the_checkpoint_step_it_samples_from_and_that_the_run_is_still_training(
+    tmp_path, caplog, monkeypatch, tokenizer
+):
+    """`trimtab generate` on a run still training sampled its newest checkpoint without saying which.
+    The run's loading is stood in for (a tiny model, its checkpoint at step 7): a real run costs ~10 s."""
+    from trimtab import api
+    from trimtab.config import ModelConfig
+    from trimtab.model import build_model
+
+    model = build_model(ModelConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_layers=1, n_heads=2, max_seq_len=16))
+    monkeypatch.setattr(api, "load_run_at", lambda run_dir: (None, model.eval(), tokenizer, 7))
+    with run_lock(tmp_path), caplog.at_level(logging.INFO, logger="trimtab"):  # as a `trimtab train` holds it
+        assert main(["generate", str(tmp_path), "--max-new-tokens", "2"]) == 0
+    assert f"sampling from the checkpoint at step 7 of {tmp_path} (the run is still training" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="trimtab"):  # the run has ended: its step, nothing more
+        api.generate(tmp_path, "", 2)
+    assert f"sampling from the checkpoint at step 7 of {tmp_path}\n" in caplog.text + "\n"
+    assert "still training" not in caplog.text
+
+
+class _RefusedAtStart:
+    """The Trainer as far as a refused start goes: the goodput ledger (Resilience) opens this session,
+    then a later hook refuses the config in its on_train_start, as orchestrator/faults.py does
+    `--inject expert_collapse@3` on a dense model."""
+
+    def __init__(self, built, hooks):
+        self.hooks = hooks
+
+    def fit(self):
+        from types import SimpleNamespace
+
+        from trimtab.errors import ConfigError
+        from trimtab.orchestrator.restarts import Resilience
+
+        run = SimpleNamespace(is_main=True, step=0, world=1, say=print, propose=lambda finding: None)
+        next(h for h in self.hooks if isinstance(h, Resilience)).on_train_start(run)
+        raise ConfigError("faults: expert_collapse needs a Mixture-of-Experts model (e.g. --preset debug-moe)")
+
+
+def test_a_start_refused_by_a_hook_leaves_no_session_the_next_launch_reads_as_lost(tmp_path, monkeypatch):
+    """A start refused (exit 2) after the goodput ledger opened its session left it open: the next launch
+    into the folder journaled 'step 0 restart: the process ended without a word (SIGKILL...) ... 4.1 s
+    down'. The session is closed as refused instead. (The real refusal costs ~5 s of set-up: stood in for.)"""
+    from trimtab import api
+    from trimtab.config import load_config
+    from trimtab.resilience.goodput import Ledger
+
+    monkeypatch.setattr(api, "setup", lambda config: None)
+    monkeypatch.setattr(api, "Trainer", _RefusedAtStart)
+    cfg = load_config(preset="debug", sets=[f"out={tmp_path / 'r'}"])
+    with pytest.raises(api.TrimtabError, match="expert_collapse needs a Mixture-of-Experts model"):
+        api.train_or_raise(cfg)
+    assert Ledger(cfg.run_dir).sessions[-1]["end"] == "refused at start-up"
+    assert Ledger(cfg.run_dir).open(time.time(), 0, 1, 0, 0.0) is None  # the next session: no restart incident

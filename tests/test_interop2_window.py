@@ -40,3 +40,27 @@ def test_an_imported_mistral_exports_with_its_sliding_window(tmp_path):
     x = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (hf_load(out)(x).logits - theirs(x).logits).abs().max().item() <= 1e-4
+
+
+def test_a_window_wider_than_the_context_goes_back_out_as_it_came(tmp_path, tokenizer):
+    """A Mistral whose sliding_window (4096) is wider than its positions (128) never windows there, and
+    imports as full attention; its export said sliding_window null: the round trip lost the model's own
+    value. Kept now (over 128 positions it changes nothing). The Mistral is a debug model's Llama export,
+    made one by its config."""
+    import dataclasses
+
+    from hf_helpers import write_run
+    from trimtab.config import load_config
+    from trimtab.model import build_model
+
+    model = build_model(dataclasses.replace(load_config(preset="debug").model, vocab_size=tokenizer.vocab_size))
+    hf = export_run(write_run(tmp_path / "base", model, tokenizer), tmp_path / "hf")
+    config = json.loads((hf / "config.json").read_text())
+    mistral = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 4096}
+    (hf / "config.json").write_text(json.dumps(config | mistral))
+    _, model, tok = api.load_run(hf)
+    assert model.cfg.max_seq_len == config["max_position_embeddings"] == 128  # the window caps nothing
+    run = write_run(tmp_path / "run", model, tok)
+    (run / SOURCE).write_text(json.dumps(source_record(hf, torch.float32)))
+    out = json.loads((export_run(run, tmp_path / "out") / "config.json").read_text())
+    assert (out["sliding_window"], out["max_position_embeddings"]) == (4096, 128)

@@ -13,7 +13,7 @@ from trimtab.checkpoint_load import load_model
 from trimtab.config import DataConfig, RunConfig, load_config, read_saved, resolve
 from trimtab.data import TextTokenizer
 from trimtab.distributed import is_main
-from trimtab.errors import CheckpointError, RunFinished
+from trimtab.errors import CheckpointError, RunFinished, TrimtabError
 from trimtab.extras import require
 from trimtab.model import Transformer, build_model
 from trimtab.orchestrator import Orchestrator
@@ -21,7 +21,7 @@ from trimtab.orchestrator.faults import FaultInjector
 from trimtab.orchestrator.planner import LivePlanner
 from trimtab.orchestrator.restarts import Resilience
 from trimtab.rundir import write_summary
-from trimtab.runlock import run_lock
+from trimtab.runlock import liveness, run_lock
 from trimtab.sampling import fit_prompt
 from trimtab.sampling import generate as generate_ids
 from trimtab.training.hooks import ReportWriter
@@ -65,13 +65,27 @@ def train_or_raise(config: RunConfig, hooks: list = ()) -> dict:
     with handle_signals(run_dir=config.run_dir, lengths=lengths), run_lock(config.run_dir):  # one per run directory
         built = setup(config)  # before the hooks: a restore from checkpoint.dir comes first
         hooks = built_in_hooks(config) + list(hooks)
-        summary = Trainer(built, hooks=hooks).fit()
+        try:
+            summary = Trainer(built, hooks=hooks).fit()
+        except TrimtabError:  # exit 2 (cli.py), its message the error's
+            _close_refused(hooks)
+            raise
         if is_main():  # under torchrun every rank returns the same summary; rank 0 writes it
             _write_summary(config.run_dir, summary)
             for hook in hooks:  # checkpoint.dir: the summary and the report too, for a fresh machine
                 if isinstance(hook, RemoteCheckpoints):
                     hook.on_summary()
     return summary
+
+
+def _close_refused(hooks: list) -> None:
+    """A start a hook refused before this session's first step (a fault the model cannot take:
+    orchestrator/faults.py checks as the run starts) ends the session the goodput ledger opened:
+    left open, the next launch into the directory read it as a process lost without a word
+    (a `restart` decision, seconds 'down')."""
+    for hook in hooks:
+        if isinstance(hook, Resilience) and hook.ledger is not None and not hook.steps:
+            hook.ledger.close("refused at start-up")
 
 
 def _write_summary(run_dir: Path, summary: dict) -> None:
@@ -135,6 +149,14 @@ def load_run_at(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokeni
     return cfg, model.eval(), tok, found[1]["step"]
 
 
+def _sampled_from(run_dir: str | Path, step: int) -> str:
+    """Which weights a sample comes from: the newest valid checkpoint, which a run still training
+    (its lock held, runlock.liveness) has left behind by the steps since it was saved."""
+    running, _ = liveness(run_dir) if Path(run_dir).is_dir() else (False, "")  # a remote run: not probed here
+    said = f"sampling from the checkpoint at step {step:,} of {run_dir}"
+    return said + (" (the run is still training: its later steps are not in this checkpoint)" if running else "")
+
+
 def generate(
     run_dir: str | Path,
     prompt: str,
@@ -148,8 +170,10 @@ def generate(
     """Continue `prompt` with the run's newest weights (KV-cached sampling). The prompt is tokenized
     as transformers does (a Hugging Face tokenizer's start token first); an empty one without a
     start token begins at end-of-text; a prompt that leaves the context too little room for
-    max_new_tokens keeps its end (said)."""
-    _, model, tok = load_run(run_dir)
+    max_new_tokens keeps its end (said); the checkpoint's step is said (a run still training has moved on)."""
+    _, model, tok, step = load_run_at(run_dir)
+    if step is not None:
+        log.info("%s", _sampled_from(run_dir, step))
     ids, given_up = fit_prompt(tok, prompt, model.cfg.max_seq_len, max_new_tokens)  # no positions past the context
     if given_up:
         log.warning("%s", given_up)

@@ -236,16 +236,22 @@ def _context(hf: dict[str, Any]) -> int:
 
 def window_back(source: dict[str, Any], arch: str, context: int) -> dict[str, Any]:
     """The fields an export of an imported model takes back from its config.json where its sliding
-    window capped trimtab's context (_context): the window and the positions as they came. Within
+    window capped trimtab's context (_context): the window and the positions as they came (a window
+    that capped nothing: the window alone, as it came). Within
     the window windowed attention is trimtab's full attention (the same function); without them a
     fine-tuned Mistral (window 4096 of 32768 positions) went out with max_position_embeddings 4096 and
     no window: serving stacks cap it at 4096, and transformers attends over everything past it."""
     if source.get("architectures", [None])[0] != arch or arch not in DEFAULTS:
         return {}
     theirs = _with_defaults(source, arch)
-    if _context(theirs) != context or theirs["max_position_embeddings"] == context:
-        return {}  # no window capped it
-    return {k: theirs[k] for k in ("max_position_embeddings", "sliding_window", "use_sliding_window") if k in theirs}
+    if _context(theirs) != context:
+        return {}  # trimtab's context changed since the import: the source's fields no longer describe it
+    # A window that capped nothing (off, or at least the positions: a Mistral's 4096 over 256) goes back
+    # as it came, for the round trip: over the exported positions it changes nothing either.
+    keys = ("sliding_window", "use_sliding_window")
+    if theirs["max_position_embeddings"] != context:
+        keys = ("max_position_embeddings", *keys)
+    return {k: theirs[k] for k in keys if k in theirs}
 
 
 def _rope(hf: dict[str, Any]) -> dict[str, Any]:
