@@ -4,15 +4,22 @@ side output, RowLosses) and the outlier-rows rule that names rows which stay far
 import json
 import math
 import random
+from types import SimpleNamespace
 
+import pytest
 import torch
 import torch.nn.functional as F
 
+from trimtab.config import DataConfig
 from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.data.batches import BatchLoader
+from trimtab.data.packing import ConcatRows, build_splits
+from trimtab.data.sources import Document
 from trimtab.orchestrator.monitors import StepMetrics
 from trimtab.orchestrator.outliers import OutlierRows
 from trimtab.training.loss import cross_entropy_sum
 from trimtab.training.runtime import RowLosses
+from trimtab.training.view import RunView
 
 
 def _inputs(b=3, t=40, d=16, v=50, seed=0):
@@ -106,7 +113,7 @@ def test_its_state_is_json_and_resumes_the_same():
     state = json.loads(json.dumps(rule.state_dict()))
     again = OutlierRows(confirming())
     again.load_state_dict(state)
-    assert list(again.recent) == list(rule.recent) and again.suspects == rule.suspects
+    assert again.references == rule.references and again.suspects == rule.suspects
     assert again.observe(data.step_metrics({10_000: 6.3})).evidence["rows"] == [10_000]
 
 
@@ -229,3 +236,42 @@ def test_thin_garbage_seen_once_is_named_by_scoring_the_suspects_again_through_t
     # one clean row of the debug corpus stays as far out as the garbage (2.2 nats, 16 steps on): named
     assert len(left_out - poisoned) <= 1
     assert all(d["mode"] == "auto" and "left out of training" in d["applied"][0] for d in named)
+
+
+def test_a_rare_sources_fresh_rows_are_judged_among_their_own_not_against_a_memorised_one():
+    """Soak (debug, data.mix of three stdlib files at 0.1 and 6 KB of abc.py at 0.9, 3 epochs):
+    abc.py, repeated ~45 times, was memorised (its rows ~1.1 nats) while the stdlib rows, each
+    fresh, scored ~5.4 (held-out 4.8); judged against the mixture's median, 8 of them were left
+    out as 4 nats above it. Each row is judged among its own source's rows (StepMetrics.row_parts);
+    garbage in either source is still named."""
+    rule, rng = OutlierRows(OrchestratorConfig()), random.Random(0)
+
+    def step(n: int, special: dict[int, tuple[str, float]] | None = None) -> StepMetrics:
+        rows = {r: ("a", rng.gauss(5.4, 0.3)) for r in range(3 * n, 3 * n + 3)}  # fresh: never seen again
+        rows |= {10_000 + 29 * n + i: ("d", rng.gauss(1.1, 0.1)) for i in range(29)}  # memorised
+        rows |= special or {}
+        losses = {r: (loss, 64) for r, (_, loss) in rows.items()}
+        parts = {r: part for r, (part, _) in rows.items()}
+        return StepMetrics(step=n, loss=1.5, grad_norm=1.0, rows=list(rows), row_losses=losses, row_parts=parts)
+
+    assert all(rule.observe(step(n)) is None for n in range(1, 61))  # a's 180 rows: none named
+    f = rule.observe(step(61, {900: ("a", 10.5), 20_000: ("d", 7.0)}))  # garbage in each: 5 nats above its own
+    assert f.evidence["rows"] == [900, 20_000] and f.evidence["sources"] == {"900": "a", "20000": "d"}
+    assert f.evidence["references"]["a"]["median"] == pytest.approx(5.4, abs=0.15)
+    assert f.evidence["references"]["d"]["median"] == pytest.approx(1.1, abs=0.05)
+
+
+def test_the_run_view_names_each_training_rows_mixture_source(tokenizer):
+    """RunView.row_parts (StepMetrics.row_parts: the rows rule's per-source references) reads the
+    loader's numbering of a mixture's rows: each row of a step maps to the source it came from."""
+    docs = [[Document([(f"{word} " * 40, True)]) for _ in range(n)] for word, n in (("red", 12), ("blue", 4))]
+    a, b = (build_splits(DataConfig(seq_len=16, eval_fraction=0.0), tokenizer, d, None, seed=0)[0] for d in docs)
+    rows = ConcatRows([a, b])
+    loader = BatchLoader(rows, 160, 160, seed=3, pad_id=0, weights=[7, 3], names=["a", "b"])
+    control = SimpleNamespace(request=None)  # the view's requests: none made here
+    view = RunView(SimpleNamespace(loader=loader), control)
+    batch = loader.next_batch()
+    parts = view.row_parts(batch.rows)
+    assert parts == {r: "ab"[rows.locate(r)[0]] for r in batch.rows} and set(parts.values()) == {"a", "b"}
+    one = BatchLoader(a, 160, 160, seed=3, pad_id=0)
+    assert RunView(SimpleNamespace(loader=one), control).row_parts([0]) is None  # one source: no parts

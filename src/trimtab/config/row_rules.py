@@ -31,7 +31,8 @@ class DataRule(Section):
 @dataclass
 class RowsRule(Section):
     """Outlier rows (thinly spread bad data; orchestrator/outliers.py): every step's rows, as the
-    training forward scored them, against the last `window` rows: an outlier is above their
+    training forward scored them, against the last `window` rows of their mixture source (data.mix:
+    each source its own reference, outliers.py says why): an outlier is above their
     median by max(sigma x their spread, min_gap). It is named (and in auto mode left out) when
     it is an outlier again `confirm_after` steps later, scored on the then weights, or on its next
     sighting, or at once by `certain_gap` nats."""

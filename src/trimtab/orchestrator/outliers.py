@@ -9,6 +9,14 @@ deviation x 1.4826. This is perplexity filtering (CCNet, Wenzek et al. 2020, arX
 done with the model being trained, against its own current distribution rather than a fixed
 reference model.
 
+Each source of a mixture (data.mix) is its own reference (StepMetrics.row_parts; CCNet too keeps
+a perplexity threshold per language): a small source repeated until memorised drags the mixture's
+median far under what the other sources' fresh rows score. Soak (debug, three stdlib files at
+weight 0.1 beside 6 KB of abc.py at 0.9, 3 epochs: abc.py seen ~45 times, its rows at ~1.1 nats):
+judged against the mixture's rows, 8 fresh stdlib rows (~5.4 nats, held-out 4.8) were left out
+as 4 nats above the median; judged against their own source's, none. A source's rows are judged
+once `min_reference` of its own were seen, so garbage in a rare source waits for its reference.
+
 A hard row is not a bad one: a rarer domain of a mixture or an unusual file scores high the first
 time and lower once the model has seen it. So a row is named only when it *stays* an outlier:
 `confirm_after` steps after its first sighting it is scored again on the then weights
@@ -27,8 +35,9 @@ biases it towards not being named. The due suspects of a step are scored in one 
 `confirm_rows`; on a clean run suspects are rare, so the scoring is too.
 
 Nor is any row while the model is unstable: after instability within the escalation window
-(StepMetrics.unsettled), or at a step whose rows' median stands min_gap above the reference (the
-loss far above its trend on most rows, which no bad row explains). An LR far too high scores
+(StepMetrics.unsettled), or at a step whose rows' median stands min_gap above the reference
+(each row measured from its source's median; the loss far above its trend on most rows, which no
+bad row explains). An LR far too high scores
 legitimate rows 4-5 nats above the others (debug at lr 0.5, step 5: the step's median 8.3 against
 6.4 before, its worst row 11.3): named there, clean stdlib files were left out for good. Those
 steps' rows stay out of the reference too; a garbage row is met again in a later epoch.
@@ -58,74 +67,106 @@ class OutlierRows(Monitor):
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.rows
-        self.recent: deque[float] = deque(maxlen=self.cfg.window)  # healthy rows' losses: the reference
+        # healthy rows' losses, the reference, per mixture source ("": the one source): a memorised
+        # source's median is no bar for a rarer one's fresh rows (see the module's docstring)
+        self.references: dict[str, deque[float]] = {}
         self.suspects: dict[str, float] = {}  # row (a string: JSON keys) -> its gap at its first sighting
         self.due: dict[str, int] = {}  # suspect -> the step it is scored again at (confirm_after)
+        self.part_of: dict[str, str] = {}  # suspect -> its mixture source (absent: "")
+
+    def reference(self, part: str = "") -> deque[float]:
+        """The recent healthy rows of this mixture source ("": the one source)."""
+        return self.references.setdefault(part, deque(maxlen=self.cfg.window))
 
     def observe(self, m: StepMetrics) -> Finding | None:
-        """This step's rows that stay far above the recent rows (None when none does)."""
+        """This step's rows that stay far above the recent rows of their source (None when none does)."""
         cfg = self.cfg
         gated = set(m.gated_rows)  # the row gate's decision names them (gate_finding): a row is left out once
         for key in map(str, gated):
-            self.suspects.pop(key, None)
-            self.due.pop(key, None)
+            self._forget(key)
         rows = (m.row_losses or {}).items()
         losses = {r: loss for r, (loss, targets) in rows if targets >= cfg.min_targets and r not in gated}
-        values = [x for x in losses.values() if math.isfinite(x)]
+        parts = {r: (m.row_parts or {}).get(r, "") for r in losses}
         if m.unsettled:
             return None
         # One row not finite among finite ones is that row's (named below); two or more are a broken
         # computation, not two rows of data gone at once: a whole forward, or under data
         # parallelism one rank's share of the rows (its weights gone bad: rule nonfinite's). So is
         # a step's only row not finite: nothing tells the row from the forward (rule nonfinite's)
-        if len(self.recent) < cfg.min_reference or not values or len(losses) - len(values) >= 2:
-            self.recent.extend(values)
+        finite = {r: x for r, x in losses.items() if math.isfinite(x)}
+        judged = {r: x for r, x in losses.items() if len(self.reference(parts[r])) >= cfg.min_reference}
+        if not finite or len(losses) - len(finite) >= 2 or not judged:
+            for r, x in finite.items():
+                self.reference(parts[r]).append(x)
             return None
-        if values and median(values) > median(self.recent) + cfg.min_gap:  # the model's doing, not a row's
+        for r in set(finite) - set(judged):  # a source seen too little yet: its rows fill its reference
+            self.reference(parts[r]).append(finite[r])
+        middles = {p: median(self.reference(p)) for p in {parts[r] for r in judged}}
+        excess = [x - middles[parts[r]] for r, x in judged.items() if math.isfinite(x)]
+        if excess and median(excess) > cfg.min_gap:  # most rows far above their sources': the model's doing
             return None
-        reference = list(self.recent) + values
-        middle, spread, threshold = outlier_threshold(reference, cfg.sigma, cfg.min_gap)
+        bars = self._bars(judged, parts)
         named: dict[int, float | None] = {}  # row -> its gap when first seen (None: named at once)
-        for row, loss in sorted(losses.items()):
+        for row, loss in sorted(judged.items()):
+            middle, _, threshold, _ = bars[parts[row]]
             if math.isfinite(loss) and loss <= threshold:
+                self.reference(parts[row]).append(loss)
                 continue
             key = str(row)
             if key in self.suspects or not math.isfinite(loss) or loss - middle >= cfg.certain_gap:
-                named[row] = self.suspects.pop(key, None)
-                self.due.pop(key, None)
+                named[row] = self.suspects.get(key)
+                self._forget(key)
             else:
-                self.suspects[key] = loss - middle
+                self.suspects[key], self.part_of[key] = loss - middle, parts[row]
                 if cfg.confirm_after:
                     self.due[key] = m.step + cfg.confirm_after
         while len(self.suspects) > cfg.max_suspects:
-            forgotten = next(iter(self.suspects))
-            del self.suspects[forgotten]
-            self.due.pop(forgotten, None)
-        self.recent.extend(x for x in values if x <= threshold)
-        return self._finding(m, losses, named, threshold, middle, spread, len(reference)) if named else None
+            self._forget(next(iter(self.suspects)))
+        return self._finding(m, judged, named, bars, parts) if named else None
+
+    def _bars(self, losses: dict[int, float], parts: dict[int, str]) -> dict[str, tuple[float, float, float, int]]:
+        """Each source's (median, spread, threshold, rows in its reference): its recent rows and this step's."""
+        step: dict[str, list[float]] = {parts[r]: [] for r in losses}
+        for r, x in losses.items():
+            if math.isfinite(x):
+                step[parts[r]].append(x)
+        return {p: self._bar(list(self.reference(p)) + xs) for p, xs in step.items()}
+
+    def _bar(self, reference: list[float]) -> tuple[float, float, float, int]:
+        return (*outlier_threshold(reference, self.cfg.sigma, self.cfg.min_gap), len(reference))
+
+    def _forget(self, key: str) -> None:
+        self.suspects.pop(key, None)
+        self.due.pop(key, None)
+        self.part_of.pop(key, None)
 
     def confirm(self, view: Any, m: StepMetrics) -> Finding | None:
         """The suspects due at this step that, scored again on the current weights
-        (view.row_losses), are still outliers against the recent rows (None when none is). Every
-        data-parallel rank holds the same suspects and weights, so all score the same rows alike."""
+        (view.row_losses), are still outliers against the recent rows of their source (None when
+        none is). Every data-parallel rank holds the same suspects and weights, so all score the
+        same rows alike."""
         cfg = self.cfg
         ready = [k for k, step in self.due.items() if step <= m.step][: cfg.confirm_rows]
+        parts = {int(k): self.part_of.get(k, "") for k in ready}
         # an unstable model scores every row high (observe's reason): the due wait for a settled step
-        if not ready or m.unsettled or len(self.recent) < cfg.min_reference:
+        if not ready or m.unsettled or any(len(self.reference(p)) < cfg.min_reference for p in parts.values()):
             return None
         for key in ready:
             del self.due[key]
-        scores = view.row_losses([int(k) for k in ready])  # {} in an RL or DPO phase: no row losses
-        middle, spread, threshold = outlier_threshold(list(self.recent), cfg.sigma, cfg.min_gap)
+        scores = view.row_losses(list(parts))  # {} in an RL or DPO phase: no row losses
+        bars = {p: self._bar(list(self.reference(p))) for p in set(parts.values())}
         # not finite alone, on weights that score the rest finite, is no evidence: the forward's
-        named = {r: self.suspects.pop(str(r)) for r, loss in sorted(scores.items()) if threshold < loss < math.inf}
+        named = {r: self.suspects[str(r)] for r, x in sorted(scores.items()) if bars[parts[r]][2] < x < math.inf}
+        for row in named:
+            self._forget(str(row))
         if not named:
             return None
-        return self._finding(m, scores, named, threshold, middle, spread, len(self.recent), rescored=len(scores))
+        return self._finding(m, scores, named, bars, parts, rescored=len(scores))
 
-    def _finding(self, m, losses, named, threshold, middle, spread, n_reference, rescored: int = 0) -> Finding:
+    def _finding(self, m, losses, named, bars, parts, rescored: int = 0) -> Finding:
         bad = sorted(named)
         again = sum(g is not None for g in named.values())
+        middle, spread, threshold, n_reference = bars[parts[bad[0]]]  # the first named row's source's
         evidence = {
             "rows": bad,
             "threshold": threshold,
@@ -137,27 +178,39 @@ class OutlierRows(Monitor):
             "suspects": len(self.suspects),
             "rescored": rescored,  # suspects scored again on the current weights (confirm)
         }
+        if m.row_parts:  # a mixture: each named row was judged against its own source's rows
+            evidence["sources"] = {str(r): parts[r] for r in bad[:10]}
+            evidence["references"] = {
+                p: {"median": b[0], "spread": b[1], "threshold": b[2], "rows": b[3]}
+                for p, b in bars.items()
+                if p in {parts[r] for r in bad}
+            }
+        of = f" of source {parts[bad[0]]}" if m.row_parts else ""
         if rescored:
             summary = (
                 f"{len(bad)} of {rescored} suspects scored again on the current weights, "
                 f"{self.cfg.confirm_after} steps after they first stood out, still score above {threshold:.3f} "
-                f"(the last {n_reference} rows' median {middle:.3f})"
+                f"(the last {n_reference} rows{of}: median {middle:.3f})"
             )
         else:
             summary = (
                 f"{len(bad)} of the step's {len(losses)} rows score above {threshold:.3f} (the last {n_reference} "
-                f"rows' median {middle:.3f}): {again} an outlier when last seen too, {len(bad) - again} by "
+                f"rows{of}: median {middle:.3f}): {again} an outlier when last seen too, {len(bad) - again} by "
                 f"{self.cfg.certain_gap:g} nats or more"
             )
         return Finding(rule="rows", family="data", step=m.step, evidence=evidence, summary=summary, strength=1.0)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"recent": list(self.recent), "suspects": self.suspects, "due": self.due}
+        recent = {p: list(r) for p, r in self.references.items()}
+        return {"recent": recent, "suspects": self.suspects, "due": self.due, "part_of": self.part_of}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.recent = deque(state.get("recent", []), maxlen=self.cfg.window)
+        recent = state.get("recent", [])
+        recent = recent if isinstance(recent, dict) else {"": recent}  # a checkpoint from before sources
+        self.references = {p: deque(r, maxlen=self.cfg.window) for p, r in recent.items()}
         self.suspects = dict(state.get("suspects", {}))
         self.due = dict(state.get("due", {}))  # a checkpoint from before confirm: its suspects wait for an epoch
+        self.part_of = dict(state.get("part_of", {}))
 
 
 MERGED = {"rows": "rows_rule", "row_gate": "row_gate"}  # rule -> its key in the watch's evidence

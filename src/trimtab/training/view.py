@@ -220,6 +220,15 @@ class RunView:
         """Where these training rows came from: source -> number of rows."""
         return scoring.sources_of(self._t.phases[self._t.state.phase].train_rows, list(rows))
 
+    def row_parts(self, rows: list[int]) -> dict[int, str] | None:
+        """Each training row's mixture source, by its name (data.mix[i].name: the loader numbers a
+        mixture's rows source after source); None with one source, and in an RL or DPO phase."""
+        loader = self._t.loader
+        names, base = getattr(loader, "names", []), getattr(loader, "base", None)
+        if len(names) < 2 or base is None:
+            return None
+        return {r: names[int(base.searchsorted(r, side="right")) - 1] for r in rows}
+
     @property
     def vocab_size(self) -> int:
         """The model's vocabulary: uniform guesses over it score ln(vocab_size) nats a token."""
