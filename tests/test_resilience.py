@@ -118,10 +118,12 @@ def test_a_hung_rank_is_ended_within_twice_its_timeout_with_every_stack_written(
     """hang_rank@7:1: rank 1 stops as step 7 begins and rank 0 waits for it in the gradient
     all-reduce. Both watchdogs end their process within twice the section's timeout (not the
     collective's 600 s), each rank's stack is in hangs/, the journal names rank 1 (in `data`
-    while rank 0 waited further on), and the restarted job ends as the undisturbed run."""
+    while rank 0 waited further on), and the restarted job ends as the undisturbed run. Started again
+    by the fork server (torchrun's restarts: the kill_rank tests above)."""
     out = tmp_path / "hung"
     resilience = {"min_timeout_s": 4.0, "first_timeout_s": 120.0}
-    records = run(out, 2, restarts=1, faults=["hang_rank@7:1"], resilience=resilience)
+    records, launches = run_relaunched(out, 2, faults=["hang_rank@7:1"], resilience=resilience)
+    assert launches == 2
     assert_same_tail(records, ddp[1], resumed=5)
     evidence = restart_decision(out)["evidence"]
     assert evidence["kind"] == "hang" and evidence["ranks_to_blame"] == [1] and evidence["section"] == "data"

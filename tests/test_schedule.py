@@ -180,9 +180,10 @@ def test_cyclic_schedules_are_never_cut_as_faults(tmp_path, schedule):
 
 def test_extending_a_finished_run_rewarms_and_is_journaled_not_cut(tmp_path):
     run = tmp_path / "r"
-    trimtab.train(cfg(run, 20))
+    small = {"model": {"n_layers": 1}, "train": {"batch_tokens": 1024}}  # an LR schedule is not the model's size
+    trimtab.train(cfg(run, 20, **small))
     first = logged(run)
-    summary = trimtab.train(cfg(run, 40))
+    summary = trimtab.train(cfg(run, 40, **small))
     assert summary["status"] == "completed" and summary["steps_this_session"] == 20
     # no LR cut: one configuration change, the person's (throughput: a busy host may slow a few steps)
     (d,) = [d for d in read_decisions(run, abandoned=True) if d["rule"] != "throughput"]
