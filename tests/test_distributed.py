@@ -90,7 +90,8 @@ def test_a_fault_on_one_rank_is_decided_alike_on_both(tmp_path, strategy):
     assert (4, "nonfinite", "skip_step") in actions and (6, "oom", "set_micro_batch_tokens") in actions
     assert rank0["steps"][3]["skipped"] and rank0["state"]["micro_batch_tokens"] == 512
     assert [s["micro_batches"] for s in rank0["steps"]][5:] == [2, 2, 2]  # shrunk from step 6 on
-    assert rank0["summary"] == rank1["summary"] == {"status": "stopped (SIGTERM)", "step": 8, "tokens": 8 * 2048}
+    assert rank0["summary"] == rank1["summary"]
+    assert rank0["summary"].items() >= {"status": "stopped (SIGTERM)", "step": 8, "tokens": 8 * 2048}.items()
     assert list_checkpoints(tmp_path / "faults")[-1].name == "step_000008"
     journal = [json.loads(line) for line in (tmp_path / "faults" / "decisions.jsonl").read_text().splitlines()]
     assert [(d["step"], d["action"]) for d in journal] == [(d["step"], d["action"]) for d in rank0["decisions"]]
