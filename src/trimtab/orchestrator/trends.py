@@ -217,7 +217,7 @@ class AboveStart(Monitor):
             "gain": gain,
             "min_gain": self.cfg.min_gain,
             "gain_window": window,
-            "since": self.first_step if self.first_step is not None else m.step,
+            "since": self._since(m),
         }
         self.gains, self.jumped, self.over, self.grads = [], [], [], []
         if data:
@@ -248,8 +248,7 @@ class AboveStart(Monitor):
         jumps = self._low(self.early_jumps)
         if len(jumps) < MIN_JUMPS or not self._rest_sound(jumps, m):
             return None  # the other steps' updates overshoot too: the LR's
-        evidence = {"loss": m.loss, "start": self.start, "median_gain": _mid(self.first_gains)}
-        evidence["since"] = self.first_step if self.first_step is not None else m.step
+        evidence = {"loss": m.loss, "start": self.start, "median_gain": _mid(self.first_gains), "since": self._since(m)}
         steps = self._blame_jumps(evidence, jumps)
         return self.finding(
             m,
@@ -286,6 +285,10 @@ class AboveStart(Monitor):
         out with a rollback to step 0. A trained model scores garbage far above text, so the rules
         that score rows (spike, rows) find it there. Unknown (no unigram entropy): young."""
         return self.unigram is None or self.start is None or self.start > self.unigram
+
+    def _since(self, m: StepMetrics) -> int:
+        """The step a finding's evidence counts from: the phase's first step, or this one before any."""
+        return self.first_step if self.first_step is not None else m.step
 
     def _blame_jumps(self, evidence: dict[str, Any], jumped: list[dict[str, Any]]) -> list[int]:
         """The jumped steps and their rows into a finding's evidence, once a phase; their steps."""
@@ -366,7 +369,7 @@ class AboveStart(Monitor):
                 "unigram_margin": self.cfg.unigram_margin,
                 "window": window,
                 "first_gain": _mid(self.first_gains),
-                "since": self.first_step if self.first_step is not None else m.step,
+                "since": self._since(m),
             },
             f"loss {level:.3f} (median of {window} steps) stalls at the {self.unigram:.3f} of predicting each token "
             "from no context (the data's unigram entropy)",
@@ -386,8 +389,7 @@ class AboveStart(Monitor):
             return None
         self.losses, self.held = [], 0
         evidence = {"loss": m.loss, "start": self.start, "level": level, "unigram": self.unigram}
-        evidence |= {"median_gain": _mid(self.first_gains), "window": self.cfg.window}
-        evidence["since"] = self.first_step if self.first_step is not None else m.step
+        evidence |= {"median_gain": _mid(self.first_gains), "window": self.cfg.window, "since": self._since(m)}
         steps = self._blame_jumps(evidence, jumps)
         return self.finding(
             m,
@@ -427,7 +429,7 @@ class AboveStart(Monitor):
                 "warm_grad_norm": warm,
                 "collapse": self.cfg.collapse,
                 "window": window,
-                "since": self.first_step if self.first_step is not None else m.step,
+                "since": self._since(m),
             },
             f"gradient norm {now:.3f} (median of {window} steps) under {self.cfg.collapse:g}x the {warm:.3f} "
             "of the steps after the LR was cut for being far too high",
