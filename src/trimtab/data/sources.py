@@ -198,7 +198,7 @@ class _Reader:
             if (earlier := self._earlier(path)) is not None:
                 self.repeated.append(f"{path} (as {earlier})")
                 continue
-            yield from self._file(path, strict=named)
+            yield from self._file(path, named, self.limit)
 
     def spread(self, sources: list[str], budget: int) -> list[Document]:
         """About `budget` bytes of the sources' text drawn from every file, in the files' order: a
@@ -209,7 +209,7 @@ class _Reader:
         files = [pair for source in sources for pair in source_files(source, self.key, self.exclude)]
         order = sorted(range(len(files)), key=lambda i: _disk_size(files[i][0]))  # stable: ties keep the listing's
         taken: dict[int, list[Document]] = {}
-        left, limit = budget, self.limit
+        left = budget
         for rank, i in enumerate(order):
             share = left // (len(order) - rank)
             path, named = files[i]
@@ -218,10 +218,8 @@ class _Reader:
             if (earlier := self._earlier(path)) is not None:
                 self.repeated.append(f"{path} (as {earlier})")
                 continue
-            self.limit = share
-            taken[i], _ = _take_bytes(self._file(path, strict=named), share)
+            taken[i], _ = _take_bytes(self._file(path, named, share), share)
             left -= sum(len(doc.text.encode()) for doc in taken[i])
-        self.limit = limit
         return [doc for i in sorted(taken) for doc in taken[i]]
 
     def _earlier(self, path: Path) -> Path | None:
@@ -254,16 +252,17 @@ class _Reader:
         for i, (prompt, answer) in enumerate(arithmetic.problems(arithmetic.DOCUMENTS, 0, digits)):
             yield Document([(arithmetic.text(prompt, answer), True)], f"arithmetic/{i}")
 
-    def _file(self, path: Path, strict: bool) -> Iterator[Document]:
+    def _file(self, path: Path, strict: bool, limit: int) -> Iterator[Document]:
+        """The file's documents; `limit` the bytes the caller takes at most (0: all)."""
         if formats.kind_of(path, self.cfg.format) != "text":
-            yield from self._records(path, strict)
+            yield from self._records(path, strict, limit)
             return
         parts, chars = [], 0
         try:  # a text file is one document: read whole (up to the limit), so an unreadable one yields nothing
             for record in formats.records(path, self.cfg.format):
                 parts.append(record.value)
                 chars += len(record.value)
-                if self.limit and chars > self.limit:
+                if limit and chars > limit:
                     break  # the caller takes no more: a 30 GB file is not read into memory for 6 MB of it
         except formats.Unreadable as exc:
             if strict:
@@ -273,9 +272,9 @@ class _Reader:
         if text := "".join(parts):
             yield Document([(text, True)], str(path))
 
-    def _records(self, path: Path, strict: bool) -> Iterator[Document]:
+    def _records(self, path: Path, strict: bool, limit: int) -> Iterator[Document]:
         """The file's records as documents. They are held back until the file is read, or until
-        the caller has all it takes (self.limit): so a directory's file found unreadable part way
+        the caller has all it takes (`limit`): so a directory's file found unreadable part way
         (a bad byte on line 20) is skipped whole, as a text file is."""
         fix = self.fix or f"set {self.section}.skip_bad_records=true"
         held, chars, skipped = [], 0, 0
@@ -286,7 +285,7 @@ class _Reader:
                 elif doc.text:
                     held.append(doc)
                     chars += len(doc.text)  # at most its bytes: the limit is never passed unread
-                if self.limit and chars > self.limit:
+                if limit and chars > limit:
                     self.n_skipped += skipped
                     yield from held
                     held, chars, skipped = [], 0, 0
