@@ -5,9 +5,12 @@ RL rules read steps 17-18 as their own: rl_length set the overlong penalty and r
 back to step 1 with the LR x0.1, which survives the rollback (as does rl_signal's temperature);
 only rl_entropy ignored them."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.core import Orchestrator
 from trimtab.orchestrator.monitors import StepMetrics
 from trimtab.orchestrator.rl_health import EntropyCollapse, LengthRunaway, NoLearningSignal, OffPolicy, RewardHacking
 from trimtab.orchestrator.rl_reward import RewardFall
@@ -81,3 +84,27 @@ def test_the_training_reward_of_rollouts_of_non_finite_weights_is_not_rl_hacking
         mon.observe(step(s, reward=0.5))
     mon.observe(step(4, reward=0.0, entropy=NAN))
     assert mon.recent == [0.5] * 3
+
+
+def test_an_evaluation_of_non_finite_weights_is_not_rl_hackings(tmp_path) -> None:
+    """`trimtab rl --inject weights_nan@10` with train.eval_every=5: step 10's held-out answers came
+    from NaN weights (0.0) and the orchestrator gave them to rule rl_hacking as a fall from its best;
+    they are rule nonfinite's to roll back (RunView.probe_loss reads NaN for non-finite weights)."""
+    c = cfg()
+    c.rl_hacking.patience = 5  # counted, not acted on: the evaluations' count is the evidence
+    orch = Orchestrator(c, tmp_path)
+    mon = orch.monitors["rl_hacking"]
+    for s in range(1, 4):
+        mon.observe(step(s, reward=0.2))
+    weights = {"probe": None}  # RL phase: None for finite weights, NaN for non-finite ones
+    run = SimpleNamespace(phase=0, probe_loss=lambda: weights["probe"])
+    orch.on_eval(run, {"step": 3, "rl/held_out_reward": 0.5})
+    for s in range(4, 7):
+        mon.observe(step(s, reward=0.6))
+    weights["probe"] = NAN
+    orch.on_eval(run, {"step": 5, "rl/held_out_reward": 0.0})
+    orch.on_eval(run, {"step": 6, "rl/held_out_reward": 0.0})
+    assert (mon.best, mon.since) == (0.5, 0)
+    weights["probe"] = None  # rolled back, finite again: a real fall counts
+    orch.on_eval(run, {"step": 6, "rl/held_out_reward": 0.3})
+    assert mon.since == 1

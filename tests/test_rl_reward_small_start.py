@@ -113,3 +113,17 @@ def test_false_alarms_and_collapses_found_at_4_and_8_prompts():
     assert sum(simulate(RewardFall, 4, 0.0, seed) for seed in runs) <= 1
     assert sum(simulate(RewardFall, 8, 0.0, seed) for seed in runs) == 0
     assert sum(simulate(RewardFall, 8, 1.0, 1000 + seed) for seed in runs) >= 12
+
+
+def test_a_second_fall_after_a_recovery_is_noted_again():
+    """A start of 4 groups cannot resolve a fall of 50% (the note), the score recovers to the start
+    for a window, then falls again: a second episode, said again with its own step and score (the
+    note was said once a run, so the second fall went unsaid); its window's steps say it once."""
+    mon = RewardFall(OrchestratorConfig())
+    start, fallen, back = [[0.125] * 4], [[0.125] + [0.0] * 3] * 10, [[0.125] * 4] * 10
+    found = [mon.observe(step_of(i + 1, groups)) for i, groups in enumerate(start + fallen + back + fallen + fallen)]
+    notes = [f for f in found if f is not None]
+    assert [f.step for f in notes] == [11, 28], notes  # 28: steps 19-28 at 0.059, below the line (0.0625)
+    assert [f.evidence["episode"] for f in notes] == [1, 2]
+    assert acted(found) == [] and notes[0].summary != notes[1].summary  # the journal folds a note said word for word
+    assert notes[1].evidence["score"] == pytest.approx(0.059375) and "again" in notes[1].summary

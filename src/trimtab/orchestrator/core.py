@@ -35,6 +35,7 @@ from trimtab.orchestrator.outliers import OutlierRows, gate_finding, left_out_on
 from trimtab.orchestrator.people import PersonCommands
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.replicas import Replicas, unchecked
+from trimtab.orchestrator.rl_stats import nan_weights
 from trimtab.orchestrator.rules import MONITORS, build_monitors
 from trimtab.orchestrator.screened import ScreenedRows
 from trimtab.orchestrator.stragglers import Stragglers
@@ -172,6 +173,8 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         for rule, key in (("early_stop", "val_loss"), ("rl_hacking", "rl/held_out_reward")):
             monitor = self.monitors.get(rule)
             if monitor is None or rule in self.paused or key not in metrics:
+                continue
+            if rule == "rl_hacking" and nan_weights(run):  # answers of NaN weights, rule nonfinite's to roll back
                 continue
             if (f := monitor.observe_eval(metrics["step"], run.phase, metrics[key])) is not None:
                 self.decide(run, f)

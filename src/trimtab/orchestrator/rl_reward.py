@@ -22,10 +22,11 @@ its difficulty (the responses one by one would count a window's few dozen prompt
 independent draws, and understate the noise up to sqrt(group size) times), read with Student's
 tail and bounded by the binomial noise of 0/1 rewards (rl_stats.py): a one-step start of 4 groups
 (4 prompts a step) is too few for the normal tail. Where a start cannot resolve a fall of `drop`
-at all, a note says so once. A rollback to the start's own policy pools the replay's rollouts into
-the start (`origin`): a new one-step start drew a lucky 0.125 against 0.06 and rolled back twice
-more. The sampling temperature is not a reason to start again: rule rl_signal warms the sampling when groups go flat,
-which a collapsing policy makes them (above, 1.0 -> 1.5 while the reward fell); the evidence
+at all, a note says so once a fall (a window back halfway to the start ends one). A rollback to
+the start's own policy pools the replay's rollouts into the start (`origin`): a new one-step start
+drew a lucky 0.125 against 0.06 and rolled back twice more. The sampling temperature is not a
+reason to start again: rule rl_signal warms the sampling when groups go flat, which a collapsing
+policy makes them (above, 1.0 -> 1.5 while the reward fell); the evidence
 records both temperatures. The overlong penalty is: rule rl_length sets it to trade the verifier's
 score of answers that run on for answers that end (a verifier that pays for length pays less by
 design): a new penalty starts the line again (unless the score had already fallen below the line:
@@ -73,7 +74,7 @@ class RewardFall(Monitor):
     # Orchestrator.on_rollback keeps these over the checkpoint's: a replay from the start's own policy pools into
     # `origin`; a note once said stays said (restored with a checkpoint from before it, rl_length's rollback in an
     # 8-prompt run at lr 1e-2 had the note journaled again at step 25 after step 11: its numbers differ, no fold)
-    KEPT_ON_ROLLBACK = ("origin", "noted")
+    KEPT_ON_ROLLBACK = ("origin", "noted", "episodes")
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.rl_reward
@@ -93,7 +94,9 @@ class RewardFall(Monitor):
         # groups read 0.125 against 0.06 and rolled back twice more, then stopped the run)
         self.origin: list[Any] = []
         self.pooled = 0  # the start's steps an earlier pass of its policy drew (origin's, pooled)
-        self.noted = False  # said once that the start cannot resolve a fall of `drop` (KEPT_ON_ROLLBACK)
+        # said, for this episode of a fall, that the start cannot resolve it (KEPT_ON_ROLLBACK); `episodes`: the notes
+        # said so far. A window back halfway from the line to the start ends the episode: the next fall is said again
+        self.noted, self.episodes = False, 0
         self._fresh: bool | None = None  # the first step observed since a restore (load_state_dict)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -133,6 +136,8 @@ class RewardFall(Monitor):
         if z < rule.sigmas and now > line:
             self.good_step = m.step - len(self.window) - round(rl.get("staleness", 0.0))
             self.good_score = now
+        if len(self.window) >= rule.window and now >= (1 - rule.drop / 2) * start:
+            self.noted = False  # recovered (halfway back to the start, not a hair over the line): the episode is over
         if len(self.window) < rule.window or now > line:
             return None
         if z < rule.sigmas:  # below the line, within the noise: said once where the start cannot resolve it
@@ -198,20 +203,26 @@ class RewardFall(Monitor):
         return not own or self.penalised or m.step - staleness < self.first + 0.5
 
     def _unresolved(self, m: StepMetrics, start: float) -> Finding | None:
-        """Once, a note (no action) where even a window at the line, however long, could not stand
+        """Once an episode, a note (no action) where even a window at the line, however long, could not stand
         `sigmas` clear of this start's own noise: its groups are too few to resolve a fall of `drop`
         (4 prompts a step on the arithmetic task, 0.06: one step's 4 groups), and only a deeper fall
         can be found. More prompts a step, or rl.max_staleness (a start of eta + 1 steps), resolve it."""
         if self.noted or start <= 0:
             return None
+        now = _mean(self.window)
         line, many, size = (1 - self.cfg.drop) * start, 1e6, self.start[-1][4] if len(self.start[-1]) > 4 else 0
         fall = fall_test(self.start, [[many, many * line, many * line * line, line, size]])
         if fall.z >= self.cfg.sigmas:
             return None
-        self.noted = True
+        self.noted, self.episodes = True, self.episodes + 1
         groups = int(sum(step[0] for step in self.start))
         evidence = {"unresolved": True, "start_score": start, "start_groups": groups, "z": fall.z, "df": fall.df}
+        evidence |= {"score": now, "window": self.cfg.window, "episode": self.episodes}
+        # the step and score in the words: the journal folds a note repeated word for word into the first (deciding.py)
+        again = f", again (fall {self.episodes}: a window recovered from the last)" if self.episodes > 1 else ""
         summary = (
+            f"the verifier's mean score over the last {self.cfg.window} steps fell to {now:.3f} at step {m.step}"
+            f"{again}; "
             f"the starting policy's {groups} groups ({start:.3f}) are too few to tell a fall of {self.cfg.drop:.0%} "
             f"from their own noise (at best {fall.z:.1f} standard errors, threshold {self.cfg.sigmas:g}): only a "
             "deeper fall can be found; more prompts a step (rl.prompts_per_step) resolve it"

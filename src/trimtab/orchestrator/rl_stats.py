@@ -42,6 +42,16 @@ def poisoned(rl: dict[str, Any] | None) -> bool:
     return entropy is not None and not math.isfinite(entropy)
 
 
+def nan_weights(view: Any) -> bool:
+    """Whether the weights are not finite now (RunView.probe_loss: NaN then, on every rank alike). An
+    evaluation of them, between their going NaN and rule nonfinite's rollback, is no held-out reward of
+    the policy: rule rl_hacking must not read it (`trimtab rl --inject weights_nan@10`, train.eval_every=5:
+    step 10's evaluation, of NaN weights, read a held-out reward of 0 and went to the rule, a fall from
+    any best; rule nonfinite rolled back at step 12)."""
+    probe = view.probe_loss()
+    return probe is not None and math.isnan(probe)
+
+
 def group_size(rl: dict[str, Any]) -> int:
     """Responses a group, where the step's counts are those of 0/1 rewards: every group's mean a
     count over G (the sums of G x mean and of (G x mean)^2 whole numbers), else 0 (unknown)."""
