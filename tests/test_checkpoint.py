@@ -365,3 +365,23 @@ def test_an_invalid_only_copy_of_a_step_is_said_and_kept_not_put_back(tmp_path, 
     assert f"{aside}: a copy of step_000040, not put back" in caplog.text
     save(tmp_path, 30)  # its cleanup leaves it for a person to look at
     assert aside.is_dir() and not (checkpoint_root(tmp_path) / "step_000040").exists()
+
+
+def test_a_sharded_save_a_lost_rank_cut_is_not_resumed_and_is_said(tmp_path, caplog):
+    """A rank killed in a sharded save: the survivors' shards (and DCP's .metadata) lie in
+    .tmp_step_N_sharded, never committed (no state.json). The resume took the step before, as it
+    should, but without a word: the steps since then were lost unexplained. Now the cut save is said."""
+    from trimtab.training.resume import _set_aside
+
+    save(tmp_path, 5)
+    for step in (3, 10):  # an older one (a save cut before step 5's) is not this resume's news
+        cut = checkpoint_root(tmp_path) / f".tmp_step_{step:06d}_sharded" / "dcp"
+        cut.mkdir(parents=True)
+        for name in (".metadata", "__0_0.distcp", "__1_0.distcp"):
+            (cut / name).write_bytes(b"shard")
+    found = latest_valid(tmp_path)
+    assert found[0].name == "step_000005"
+    with caplog.at_level(logging.WARNING, logger="trimtab.training.resume"):
+        _set_aside(tmp_path, found)
+    assert "the save of step 10 was cut before its commit (.tmp_step_000010_sharded in" in caplog.text
+    assert "resuming from step_000005" in caplog.text and "000003" not in caplog.text

@@ -65,7 +65,10 @@ def test_the_pytorchjob_does_not_restart_a_failing_rank_forever(tmp_path, capsys
     _, text = plan(tmp_path, "k8s", capsys)
     spec = yaml.safe_load(text)["spec"]
     assert all(r["restartPolicy"] == "OnFailure" for r in spec["pytorchReplicaSpecs"].values())
-    assert spec["runPolicy"]["backoffLimit"] == MAX_RESTARTS
+    # the operator sums every running pod's restarts, and a round of torchrun giving up restarts each node's
+    # container: a bare MAX_RESTARTS was spent by a round and a half on these 2 nodes (one on 3 or more)
+    nodes = sum(r["replicas"] for r in spec["pytorchReplicaSpecs"].values())
+    assert nodes == 2 and spec["runPolicy"]["backoffLimit"] == MAX_RESTARTS * nodes
 
 
 def test_a_launch_file_edited_for_a_site_is_kept_when_planned_again(tmp_path, capsys):
@@ -97,8 +100,8 @@ def test_the_dockerfile_installs_the_torch_the_constraints_pin():
 
 # Slurm's commands as the generated script calls them: `srun` (the job step: it copies the summary
 # the case gives into the run directory the script passed as --out, as rank 0 would write it, saves
-# the checkpoint the case gives, and exits as torchrun's agent does), `scontrol` (records each call)
-# and `squeue` (the job's time left, as the case gives it)
+# the checkpoint the case gives, and exits as torchrun's agent does), `scontrol` (records each call;
+# `show job` prints the case's JOB_INFO) and `squeue` (the job's time left, as the case gives it)
 FAKE_SRUN = """#!/bin/bash
 out=""
 while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
@@ -109,6 +112,7 @@ exit "$RC"
 """
 FAKE_SCONTROL = """#!/bin/bash
 echo "$*" >> "$CALLS"
+[ "$*" != "show job $SLURM_JOB_ID" ] || { echo "${JOB_INFO:-}"; exit 0; }
 [ "$1" != show ] || echo node1
 """
 FAKE_SQUEUE = """#!/bin/bash
@@ -128,12 +132,14 @@ def slurm_job(tmp_path: Path):
         (fake / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "42"}
     env |= {"SLURM_JOB_NODELIST": "node[1-2]", "CALLS": str(tmp_path / "calls")}
+    env.pop("SLURM_JOB_END_TIME", None)  # a suite run inside a Slurm job: each case gives its own
 
     def job(
-        summary: str | None, rc: int, left: str = NEAR_THE_LIMIT, saved: int | None = None
+        summary: str | None, rc: int, left: str = NEAR_THE_LIMIT, saved: int | None = None, **extra: str
     ) -> tuple[int, list[str]]:
         (tmp_path / "calls").write_text("")
         case = env | {"RC": str(rc), "LEFT": left} | ({"CKPT": f"{saved:06d}"} if saved is not None else {})
+        case |= extra
         case |= {"SUMMARY": str(tmp_path / summary / "summary.json")} if summary else {}
         done = subprocess.run(["bash", str(tmp_path / "launch.sbatch")], cwd=tmp_path, env=case, capture_output=True)
         (tmp_path / "stdout").write_bytes(done.stdout)
@@ -228,10 +234,38 @@ def test_the_slurm_script_does_not_requeue_a_rank_failure_forever(tmp_path, caps
     assert job("start-up", 1, left="3:59:12") == not_queued  # ... in start-up, where rank 0 waited for it
     assert job("failed", 1, left="3:59:12", saved=7) == queued  # it trained and saved first: one more try
     assert job("failed", 1, left="3:58:40") == not_queued  # from there it fails again at once: no more
-    assert job("start-up", 1, left="") == not_queued  # squeue cannot say: not taken for the time limit
+    # neither squeue nor scontrol can say: not taken for the time limit
+    assert job("start-up", 1, left="") == (1, not_queued[1] + ["show job 42"])
     for _ in range(MAX_IDLE_REQUEUES):  # at the time limit, still in start-up (longer than --time)
         assert job("start-up", 1) == queued
     assert job("start-up", 1) == not_queued
     assert "after 3 requeues in a row: not queued again" in (tmp_path / "stdout").read_text()
     assert job("start-up", 1, saved=8) == queued  # a newer checkpoint: the count starts again
     assert job("start-up", 1) == queued
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash runs the script")
+def test_the_slurm_script_requeues_a_time_limit_stop_without_squeue(tmp_path, capsys):
+    """The time left came from squeue only: on a node without it (or when it failed) a stop at the time
+    limit with no newer checkpoint read as a rank failure, "unknown s left", and the run silently
+    stopped. Now scontrol's EndTime, else Slurm's SLURM_JOB_END_TIME, gives it, still at most
+    MAX_IDLE_REQUEUES times in a row."""
+    import time
+
+    from trimtab.plan.launch import MAX_IDLE_REQUEUES
+    from trimtab.rundir import write_summary
+
+    plan(tmp_path, "slurm", capsys)
+    (tmp_path / "start-up").mkdir()
+    write_summary(tmp_path / "start-up", {"status": "stopped (SIGTERM during start-up)", "step": 7, "total_steps": 40})
+    job = slurm_job(tmp_path)
+    (tmp_path / "bin" / "squeue").unlink()  # not on the node
+    soon, later = int(time.time()) + 150, int(time.time()) + 4 * 3600
+    at = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(soon))  # scontrol's EndTime, the node's local time
+    queued = (1, ["show hostnames node[1-2]", "show job 42", "requeue 42"])
+    assert job("start-up", 1, JOB_INFO=f"   StartTime=2026-01-01T00:00:00 EndTime={at} Deadline=N/A") == queued
+    assert job("start-up", 1, SLURM_JOB_END_TIME=str(soon)) == queued  # scontrol cannot say either
+    assert job("start-up", 1, SLURM_JOB_END_TIME=str(later))[1] == queued[1][:2]  # hours left: a rank failed
+    assert "with 14" in (tmp_path / "stdout").read_text()  # ~14400 s left, not "unknown"
+    assert job("start-up", 1, SLURM_JOB_END_TIME=str(soon)) == queued
+    assert MAX_IDLE_REQUEUES == 3 and job("start-up", 1, SLURM_JOB_END_TIME=str(soon))[1] == queued[1][:2]

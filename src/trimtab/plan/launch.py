@@ -141,9 +141,24 @@ newest() {{  # the newest checkpoint's step by its directory name (0: none), as 
     {{ ls "$RUN_DIR/checkpoints" 2>/dev/null || true; }} | sed -n 's/^step_0*\\([0-9][0-9]*\\)$/\\1/p' | sort -n |
         tail -n 1
 }}
-left_s() {{  # seconds to the job's time limit (squeue %L: [days-]hours:minutes:seconds); empty: unknown
-    squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null | awk -F'[-:]' '/^[0-9]+(-[0-9]+)?(:[0-9]+)+$/ {{
-        split("1 60 3600 86400", k, " "); for (i = NF; i > 0; i--) s += $i * k[NF - i + 1]; print s }}'
+end_s() {{  # the job's end, seconds since the epoch: scontrol's EndTime, else SLURM_JOB_END_TIME; empty: unknown
+    local end
+    end=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/.*EndTime=\\([0-9][-0-9T:]*\\).*/\\1/p' |
+        head -n 1 || true)
+    if [ -n "$end" ] && date -d "$end" +%s 2>/dev/null; then return 0; fi
+    # Slurm's own, set when the job started (a --time changed since is missed): the last resort
+    echo "${{SLURM_JOB_END_TIME:-}}" | grep -E '^[0-9]+$' || true
+}}
+left_s() {{  # seconds to the job's time limit: squeue's %L ([days-]hours:minutes:seconds), else from its end
+    # time (no squeue on the node, or it failed: the time-limit stop was taken for a rank failure); empty: unknown
+    local left end
+    left=$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null | awk -F'[-:]' '/^[0-9]+(-[0-9]+)?(:[0-9]+)+$/ {{
+        split("1 60 3600 86400", k, " "); for (i = NF; i > 0; i--) s += $i * k[NF - i + 1]; print s }}' || true)
+    if [ -z "$left" ]; then
+        end=$(end_s)
+        [ -z "$end" ] || left=$((end - $(date +%s)))
+    fi
+    echo "$left"
 }}
 START_STEP=$(newest)
 # one torchrun agent a node; SIGTERM before the time limit reaches srun's tasks (not B:, which signals only
@@ -157,7 +172,7 @@ srun --kill-on-bad-exit=0 {command} || status=$?
 # SIGTERM above stopped (its summary.json, written by this job, says so) is queued again here to resume from
 # its checkpoint. torchrun's agent also SIGTERMs the other ranks when one FAILS (a crash, a bug, a bad GPU),
 # and they write the same summary: queued again on it, a failure that recurs looped forever. So the stop is
-# queued again when it came near the time limit (squeue's time left within the warning, {lead} s, + {SLURM_EARLY_S} s)
+# queued again when it came near the time limit (the time left within the warning, {lead} s, + {SLURM_EARLY_S} s)
 # or when the run saved a checkpoint newer than the one this job started from (a failure after progress gets
 # one more try, from there); never a stop with time left and no new checkpoint, nor more than
 # {MAX_IDLE_REQUEUES} time-limit requeues in a row without one (a start-up longer than --time; the count is in
@@ -229,11 +244,19 @@ def _k8s(plan: Plan, config: str | None) -> str:
         "kind": "PyTorchJob",
         "metadata": {"name": name, "labels": {"app": "trimtab", "preset": plan.preset}},
         "spec": {
-            "elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": nodes, "maxReplicas": nodes, "maxRestarts": 3},
+            "elasticPolicy": {
+                "rdzvBackend": "c10d",
+                "minReplicas": nodes,
+                "maxReplicas": nodes,
+                "maxRestarts": MAX_RESTARTS,
+            },
             # restartPolicy OnFailure restarts a container whose torchrun gave up (its own restarts spent: a rank
             # that fails again and again) without end unless backoffLimit caps the restarts of the job's running
-            # pods; a pod evicted or preempted comes back as a new pod, its restarts at 0: not counted
-            "runPolicy": {"backoffLimit": MAX_RESTARTS},
+            # pods; a pod evicted or preempted comes back as a new pod, its restarts at 0: not counted. The training
+            # operator sums the restarts of every running pod's containers (PastBackoffLimit), and when one node's
+            # torchrun gives up the others' rendezvous fails too: a round restarts up to every node's container,
+            # so a bare MAX_RESTARTS was spent by one round on 3 or more nodes. MAX_RESTARTS rounds of all nodes
+            "runPolicy": {"backoffLimit": MAX_RESTARTS * nodes},
             "pytorchReplicaSpecs": specs,
         },
     }

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from trimtab.checkpoint import latest_valid, set_aside_corrupt
+from trimtab.checkpoint import REPLACED, checkpoint_root, latest_valid, set_aside_corrupt
 from trimtab.config import RunConfig, read_saved
 from trimtab.distributed import Parallel
 from trimtab.errors import CheckpointError, ConfigError, RunFinished, RunPastLength
@@ -253,6 +253,7 @@ def saved_summary(run_dir: Path, found: Found, total: int, status: str = "comple
 
 
 def _set_aside(run_dir: Path, found: Found | None) -> None:
+    _say_cut_saves(run_dir, found)
     moved = set_aside_corrupt(run_dir, found[1]["step"] if found else -1)
     if not moved:
         return
@@ -262,3 +263,25 @@ def _set_aside(run_dir: Path, found: Found | None) -> None:
         log.warning("resuming from %s, the newest valid checkpoint; corrupt ones %s", found[0].name, kept)
     else:
         log.warning("no valid checkpoint is left: the run starts over from step 0; the corrupt one(s) %s", kept)
+
+
+CUT_SAVE = re.compile(r"^\.tmp_step_(\d{6,})_")  # a save's temp folder (save_checkpoint's, _write_sharded's)
+
+
+def _say_cut_saves(run_dir: Path, found: Found | None) -> None:
+    """Say each save newer than the resumed step that was cut before its commit (a rank lost in a
+    sharded write: the survivors' shards, no state.json): never a checkpoint, the resume passed
+    over it without a word and the steps since the one it took were lost unexplained. Left for
+    the next save's prune (clear_stale); a step's aside copy (REPLACED) is put_back_replaced's."""
+    root, after = checkpoint_root(run_dir), found[1]["step"] if found else -1
+    temps = [p for p in sorted(root.glob(".tmp_step_*")) if REPLACED not in p.name] if root.is_dir() else []
+    cut = {p.name: int(m.group(1)) for p in temps if (m := CUT_SAVE.match(p.name)) and int(m.group(1)) > after}
+    if cut:
+        log.warning(
+            "the save of step %s was cut before its commit (%s in %s: no state.json, not a checkpoint; a rank "
+            "stopped in its write): %s",
+            ", ".join(str(step) for step in sorted(set(cut.values()))),
+            ", ".join(cut),
+            root,
+            f"resuming from {found[0].name}" if found else "starting over from step 0",
+        )
