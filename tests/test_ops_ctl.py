@@ -142,3 +142,19 @@ def test_a_queued_run_length_the_run_has_passed_is_refused_when_sent(tmp_path):
         ctl.send(tmp_path, {"action": "set_total_steps", "params": {"steps": 30}}, queue=True)
     assert not (tmp_path / "control").exists()  # nothing dropped
     assert ctl.send(tmp_path, {"action": "set_total_steps", "params": {"steps": 90}}, queue=True).is_file()
+
+
+def test_a_longer_run_length_queued_for_a_completed_run_is_refused_naming_train(tmp_path):
+    """`ctl --queue RUN total-steps 10` on a run completed at step 5 said 'queued: it applies when it
+    resumes', but re-running its command trains nothing (the run is at its length) and only
+    `trimtab train --max-steps N` resumes it, which the queued length then overrode (--max-steps 8
+    trained to 10). Refused when sent, naming that command; a run stopped short of its length queues it."""
+    (tmp_path / "config.yaml").write_text("")
+    (tmp_path / "checkpoints" / "step_000005").mkdir(parents=True)
+    write_summary(tmp_path, {"status": "completed", "step": 5, "total_steps": 5})
+    longer = {"action": "set_total_steps", "params": {"steps": 10}}
+    with pytest.raises(ConfigError, match=r"total-steps 10: .* has completed \(step 5 of 5\).*--max-steps 10"):
+        ctl.send(tmp_path, longer, queue=True)
+    assert not (tmp_path / "control").exists()  # nothing dropped
+    write_summary(tmp_path, {"status": "stopped (SIGTERM)", "step": 5, "total_steps": 8})
+    assert ctl.send(tmp_path, longer, queue=True).is_file()  # its resume takes it

@@ -81,3 +81,41 @@ def test_a_crashed_trial_is_reported_as_a_crash_not_an_interruption(tmp_path, mo
     report = tune_pkg.crash_report(open_study(space, url), [os.getpid()])
     assert report.startswith("crashed: trial 0 raised RuntimeError: a bug in the run")
     assert str(directory / "trials" / "trial_0000") in report and "interrupted" not in report
+
+
+def test_a_worker_killed_by_sigkill_is_named_and_its_trial_failed_not_called_interrupted(tmp_path, monkeypatch):
+    """A worker SIGKILLed mid-trial (the kernel's OOM killer) left its trial RUNNING in the study and the
+    summary said 'interrupted: run the same command again' (exit 1), even when another worker had run the
+    trial again and the study had all its trials. The kill is named, with its likely cause and the trial;
+    the trial is FAIL (lost) at once; the study, whole after the re-run, is complete."""
+    import subprocess
+
+    import trimtab.tune as tune_pkg
+    from trimtab.tune.study import claim, open_study, storage_url, study_dir, this_worker
+
+    doc = {"study": {"name": "s", "seed": 0}, "base": {"preset": "debug"}, "budget": {"max_steps": 20}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({**doc, "space": {"optim.lr": {"uniform": [1e-3, 1e-2]}}}))
+    space = load_space(tmp_path / "s.yaml")
+    space.trials = 1
+    directory = study_dir(space, str(tmp_path / "study"))
+    directory.mkdir(parents=True)
+    study = open_study(space, storage_url(space, directory, None))
+    worker = subprocess.Popen(["sleep", "60"])
+    worker.kill()  # SIGKILL, as the OOM killer sends it
+    worker.wait()
+    killed = claim(study, 1, directory)
+    lr = killed.suggest_float("optim.lr", 1e-3, 1e-2)
+    study._storage.set_trial_user_attr(killed._trial_id, "worker", {**this_worker(), "pid": worker.pid})
+    study.enqueue_trial({"optim.lr": lr}, user_attrs={"rerun_of": 0, "config": {}})  # another worker's re-run
+    again = study.ask()
+    study.tell(again, again.suggest_float("optim.lr", 1e-3, 1e-2))
+    monkeypatch.setattr(tune_pkg, "_spawn", lambda *args: {worker.pid: worker.returncode, os.getpid(): 0})
+
+    result = tune_pkg.tune(space, trials=1, workers=2, out=directory)
+    assert result.complete and "interrupted" not in result.summary
+    assert (
+        f"killed: worker pid {worker.pid} ended by SIGKILL in trial 0 (run again as trial 1: COMPLETE): most often "
+        "the kernel's out-of-memory killer" in result.summary
+    )
+    lost = result.study.get_trials()[0]
+    assert lost.state == TrialState.FAIL and lost.user_attrs["lost"].endswith("was killed by SIGKILL")

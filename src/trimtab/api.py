@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from trimtab.orchestrator import Orchestrator
 from trimtab.orchestrator.faults import FaultInjector
 from trimtab.orchestrator.planner import LivePlanner
 from trimtab.orchestrator.restarts import Resilience
-from trimtab.rundir import write_summary
+from trimtab.rundir import CONFIG, read_metrics, write_summary
 from trimtab.runlock import liveness, run_lock
 from trimtab.sampling import fit_prompt
 from trimtab.sampling import generate as generate_ids
@@ -30,7 +32,7 @@ from trimtab.training.services.prometheus import PrometheusExporter
 from trimtab.training.services.signals import StartUpInterrupted, handle_signals
 from trimtab.training.services.storage import RemoteCheckpoints
 from trimtab.training.services.tracking import tracking_hooks
-from trimtab.training.setup import setup
+from trimtab.training.setup import BuiltRun, setup
 from trimtab.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -62,27 +64,85 @@ def train_or_raise(config: RunConfig, hooks: list = ()) -> dict:
     StartUpInterrupted, whose message says why, instead of returning a summary."""
     # A signal from here to the first step ends start-up cleanly (training/services/signals.py).
     lengths = configured_lengths(config) if config.train.epochs <= 0 and config.train.max_steps != "auto" else None
-    with handle_signals(run_dir=config.run_dir, lengths=lengths), run_lock(config.run_dir):  # one per run directory
-        built = setup(config)  # before the hooks: a restore from checkpoint.dir comes first
-        hooks = built_in_hooks(config) + list(hooks)
-        try:
-            summary = Trainer(built, hooks=hooks).fit()
-        except TrimtabError:  # exit 2 (cli.py), its message the error's
-            _close_refused(hooks)
-            raise
-        if is_main():  # under torchrun every rank returns the same summary; rank 0 writes it
-            _write_summary(config.run_dir, summary)
-            for hook in hooks:  # checkpoint.dir: the summary and the report too, for a fresh machine
-                if isinstance(hook, RemoteCheckpoints):
-                    hook.on_summary()
+    before, session = _entries_before(config.run_dir), _Session()
+    try:
+        with handle_signals(run_dir=config.run_dir, lengths=lengths), run_lock(config.run_dir):  # one per run directory
+            session.locked = True  # from here what the directory gains is this session's
+            built = setup(config)  # before the hooks: a restore from checkpoint.dir comes first
+            hooks = built_in_hooks(config) + list(hooks)
+            _check_faults(hooks, built)  # before the Trainer writes a resume's config.yaml
+            try:
+                session.trainer = Trainer(built, hooks=hooks)
+                summary = session.trainer.fit()
+            except TrimtabError:  # exit 2 (cli.py), its message the error's
+                _close_refused(hooks)
+                raise
+            if is_main():  # under torchrun every rank returns the same summary; rank 0 writes it
+                _write_summary(config.run_dir, summary)
+                for hook in hooks:  # checkpoint.dir: the summary and the report too, for a fresh machine
+                    if isinstance(hook, RemoteCheckpoints):
+                        hook.on_summary()
+    except TrimtabError:
+        if before is not None and session.refused_before_training(config.run_dir):
+            _discard_refused(config.run_dir, before)
+        raise
     return summary
 
 
+def _check_faults(hooks: list, built: BuiltRun) -> None:
+    """Faults the run cannot take (expert_collapse on a dense model...), refused before anything is written."""
+    for hook in hooks:
+        if isinstance(hook, FaultInjector):
+            step = built.resume[1]["train"].get("step", 0) if built.resume else 0
+            rows = built.phases[0].train_rows is not None  # RL's prompts and DPO's pairs are no rows of tokens
+            hook.check_run(built.model, built.dist.world, step, rows, built.cfg.rl.enabled)
+
+
+class _Session:
+    """How far train_or_raise got: whether it took the run lock, and the Trainer it built."""
+
+    def __init__(self) -> None:
+        self.locked = False
+        self.trainer: Trainer | None = None
+
+    def refused_before_training(self, run_dir: Path) -> bool:
+        """Refused after taking the lock and before a training step (setup, the Trainer or a hook's
+        on_train_start raised): another process's lock refuses before anything is this session's, and
+        a line in metrics.jsonl is a step trained, whatever step a rollback has since returned to."""
+        trained = self.trainer is not None and self.trainer.state.step
+        return self.locked and not trained and not read_metrics(run_dir, abandoned=True)
+
+
+def _entries_before(run_dir: Path) -> set[str] | None:
+    """The names in run_dir before this session (an empty set: no directory yet); None where a run
+    is there already (its config.yaml), or on a rank other than 0 (rank 0 writes the directory)."""
+    if not is_main() or (run_dir / CONFIG).exists():
+        return None
+    return {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
+
+
+def _discard_refused(run_dir: Path, before: set[str]) -> None:
+    """A new run refused at start-up (a fault its model cannot take, a busy log.prometheus.port, a
+    hook refusing it as it starts) had already written config.yaml, tokenizer.json, goodput.json...:
+    a "run" that never ran, which `trimtab runs` listed as failed. What this session added is
+    removed, and the directory with it if it made it."""
+    for path in run_dir.iterdir() if run_dir.is_dir() else ():
+        if path.name in before:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    if not before:
+        with contextlib.suppress(OSError):
+            run_dir.rmdir()
+    log.info("refused at start-up: %s holds nothing of this session", run_dir)
+
+
 def _close_refused(hooks: list) -> None:
-    """A start a hook refused before this session's first step (a fault the model cannot take:
-    orchestrator/faults.py checks as the run starts) ends the session the goodput ledger opened:
-    left open, the next launch into the directory read it as a process lost without a word
-    (a `restart` decision, seconds 'down')."""
+    """A start a hook refused before this session's first step (in its on_train_start) ends the
+    session the goodput ledger opened: left open, the next launch into the directory read it as a
+    process lost without a word (a `restart` decision, seconds 'down')."""
     for hook in hooks:
         if isinstance(hook, Resilience) and hook.ledger is not None and not hook.steps:
             hook.ledger.close("refused at start-up")

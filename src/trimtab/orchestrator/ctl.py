@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.errors import ConfigError, RunStateError
-from trimtab.rundir import newest_step, read_json, read_metrics, write_json
+from trimtab.rundir import newest_step, read_json, read_metrics, read_summary, write_json
 from trimtab.runlock import liveness, lock_holder
 from trimtab.training.actions import REQUIRED, RL_ONLY, VERBS
 
@@ -186,6 +186,21 @@ def _check_length(run_dir: Path, command: dict[str, Any], running: bool) -> None
     if steps < at:
         raise ConfigError(
             f"ctl total-steps {steps}: '{run_dir}' {where.format(at)}, past that length; name a total of at least {at}"
+        )
+    if steps > at and not running:
+        _refuse_past_a_completed_run(run_dir, steps, at)
+
+
+def _refuse_past_a_completed_run(run_dir: Path, steps: int, at: int) -> None:
+    """A longer run length queued for a run that has completed, refused: a queued command applies
+    when the run resumes, and a run at its length resumes only when `trimtab train` asks a larger
+    length, which sets the length itself (the queued command then overrode what it asked)."""
+    done = read_summary(run_dir) or {}
+    if done.get("status") == "completed" and at == done.get("step") == done.get("total_steps"):
+        raise ConfigError(
+            f"ctl total-steps {steps}: '{run_dir}' has completed (step {at} of {at}) and resumes only through "
+            f"`trimtab train` with a larger --max-steps (train.max_steps): run it with --out {run_dir} --max-steps "
+            f"{steps} to train to step {steps}; nothing was sent"
         )
 
 

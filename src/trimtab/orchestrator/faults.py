@@ -95,7 +95,7 @@ from trimtab.errors import ConfigError
 from trimtab.orchestrator.fault_specs import Fault, late_faults, parse_faults
 from trimtab.plan.memory import activation_bytes_per_token
 from trimtab.resilience.elastic import leave_job, node_count, node_rank
-from trimtab.rundir import write_json
+from trimtab.rundir import read_json, write_json
 from trimtab.training.instrument import FaultHandle, Instrument
 
 if TYPE_CHECKING:
@@ -139,9 +139,6 @@ class FaultInjector(Instrument):
             raise RuntimeError("FaultInjector: no FaultHandle (the Trainer attaches one to each Instrument hook)")
         self.run = run
         rank, first = run.rank, self.path
-        # checked as a job starts: an elastic job resumed on fewer ranks has lost the ones that met theirs
-        if not run.step and (outside := [f.spec for f in self.faults if f.rank is not None and f.rank >= run.world]):
-            raise ConfigError(f"faults: {outside[0]} names a rank this job has not (ranks 0-{run.world - 1})")
         everyone = {f.spec for f in self.faults if f.rank is None}
         self.faults = [f for f in self.faults if f.rank is None or f.rank == rank]
         if rank:  # each rank remembers its own firings; rank 0 keeps the usual file
@@ -170,7 +167,18 @@ class FaultInjector(Instrument):
             p.register_hook(self._maybe_bad_grad)
             if hasattr(p, "to_local"):  # FSDP2 fills a sharded parameter's .grad itself: no hook above fires
                 p.register_post_accumulate_grad_hook(self._maybe_bad_shard)
-        unfired = [f for f in self.faults if f.kind == "lose_node" and not self.record["fired"].get(f.spec)]
+
+    def check_run(self, model: torch.nn.Module, world: int, step: int, has_rows: bool, rl: bool) -> None:
+        """The faults this run cannot take, refused (ConfigError) before the Trainer writes anything:
+        api.train_or_raise calls it between setup and the Trainer, so a refused resume leaves its
+        config.yaml and faults.json as they were (checked in on_train_start, the refused faults were
+        already in both). `step`: the step the run resumes at (0: a fresh start); `has_rows`: the run
+        trains on rows of tokens (not RL's prompts, DPO's pairs)."""
+        # checked as a job starts: an elastic job resumed on fewer ranks has lost the ones that met theirs
+        if not step and (outside := [f.spec for f in self.faults if f.rank is not None and f.rank >= world]):
+            raise ConfigError(f"faults: {outside[0]} names a rank this job has not (ranks 0-{world - 1})")
+        fired = (read_json(self.path) or {}).get("fired", {})  # a lost node's restart: its fault is spent
+        unfired = [f for f in self.faults if f.kind == "lose_node" and not fired.get(f.spec)]
         if unfired and node_count() < 2:
             raise ConfigError(
                 f"faults: {unfired[0].spec} needs a job of several nodes: torchrun --nnodes MIN:MAX "
@@ -179,13 +187,13 @@ class FaultInjector(Instrument):
         if any(f.kind == "expert_collapse" for f in self.faults) and not model.moe_layers():
             raise ConfigError("faults: expert_collapse needs a Mixture-of-Experts model (e.g. --preset debug-moe)")
         corrupting = [f.spec for f in self.faults if f.kind in ("bad_batch", "bad_rows")]
-        if corrupting and self.handle.train_rows is None:
+        if corrupting and not has_rows:
             raise ConfigError(
                 f"faults: {corrupting[0]} turns training rows of tokens to garbage; an RL or DPO run has none "
                 "(its data are prompts or preference pairs): inject it into pretraining or finetuning"
             )
         generating = [f.spec for f in self.faults if f.kind == "rollout_oom"]
-        if generating and not run.cfg.rl.enabled:  # its gate is never called: the fault would not fire, unsaid
+        if generating and not rl:  # its gate is never called: the fault would not fire, unsaid
             raise ConfigError(
                 f"faults: {generating[0]} fails RL's generation of rollouts, and this run generates none (not "
                 "`trimtab rl`); inject it into an RL run, or oom@STEP[:TOKENS] to fail a training step"

@@ -19,10 +19,16 @@ from trimtab.errors import ConfigError
 from trimtab.extras import install_command, installed
 from trimtab.tune.outputs import best_trials, write_outputs
 from trimtab.tune.space import SearchParam, Space, load_space
-from trimtab.tune.study import open_study, storage_url, study_dir, work
+from trimtab.tune.study import fail_gone, finished, open_study, storage_url, study_dir, work
 
 __all__ = ["SearchParam", "Space", "StudyResult", "load_space", "tune"]
 INTERRUPTED, CRASHED = 1, 3  # a worker's exit codes (1: a signal stopped it, as the command's own)
+# a worker killed by a signal no handler runs for (exit code -N) and its usual cause
+KILLED_BY = {
+    "SIGKILL": ": most often the kernel's out-of-memory killer (`dmesg | grep -i 'killed process'` says; "
+    "fewer --workers use less memory), else a kill -9",
+    "SIGSEGV": ": a crash in native code (torch, a driver), not a Python error",
+}
 
 
 @dataclass
@@ -64,14 +70,53 @@ def tune(
     else:
         codes = _spawn(space, url, directory, total, workers)
     study = open_study(space, url)
-    complete = all(code == 0 for code in codes.values())
+    killed = {pid: _signal_name(-code) for pid, code in codes.items() if code < 0}
+    fail_gone(study, {pid: f"was killed by {name}" for pid, name in killed.items()})  # not RUNNING until a resume
+    has_all = sum(map(finished, study.get_trials(deepcopy=False))) >= total
+    # a killed worker's trial taken back by another worker (study.py requeue_lost) leaves the study whole
+    complete = all(code == 0 or (code < 0 and has_all) for code in codes.values())
     summary = write_outputs(study, space, directory)
     crashed = [pid for pid, code in codes.items() if code == CRASHED]
+    if killed:
+        summary += "\n" + killed_report(study, killed, complete)
     if crashed:
         summary += "\n" + crash_report(study, crashed)
-    elif not complete:
+    elif any(code == INTERRUPTED for code in codes.values()):
         summary += "\ninterrupted: run the same command again to resume the study"
     return StudyResult(study, directory, summary, complete)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal: no name
+        return f"signal {number}"
+
+
+def killed_report(study: optuna.Study, killed: dict[int, str], complete: bool) -> str:
+    """The lines saying which workers a signal killed (no Python handler ran: SIGKILL, a segfault),
+    the trial each was running, and what became of it: run again by another worker, or queued to
+    run again (resuming its run directory) when the same command is re-run."""
+    trials = study.get_trials(deepcopy=False)
+    lines = []
+    for pid, name in killed.items():
+        held = [t for t in trials if (t.user_attrs.get("worker") or {}).get("pid") == pid and "lost" in t.user_attrs]
+        cause = KILLED_BY.get(name, "")
+        where = ", ".join(f"in trial {t.number}{_rerun(t, trials)}" for t in held) or "between trials"
+        lines.append(f"killed: worker pid {pid} ended by {name} {where}{cause}")
+    if not complete:
+        lines.append("run the same command again to resume the study (a killed worker's trial runs again, once)")
+    return "\n".join(lines)
+
+
+def _rerun(lost: optuna.trial.FrozenTrial, trials: list[optuna.trial.FrozenTrial]) -> str:
+    origin = lost.user_attrs.get("rerun_of", lost.number)
+    again = [t for t in trials if t.user_attrs.get("rerun_of") == origin and t.number > lost.number]
+    if again:
+        return f" (run again as trial {again[0].number}: {again[0].state.name})"
+    if "rerun_of" in lost.user_attrs:  # requeue_lost runs a lost trial again once: its point may be what kills
+        return f", itself a re-run of trial {origin} (not run again: the study samples another point in its place)"
+    return " (not run again yet)"
 
 
 def _check_trackers(space: Space) -> None:

@@ -243,16 +243,18 @@ def gone(worker: object) -> bool:
     return now is None or (bool(now) and now != worker.get("started"))
 
 
-def fail_gone(study: optuna.Study) -> None:
+def fail_gone(study: optuna.Study, ended: dict[int, str] | None = None) -> None:
     """Running trials whose worker is gone (gone()) become FAIL now, as fail_stale_trials makes them
-    after GRACE_S without a heartbeat: a resumed study takes them back at once."""
+    after GRACE_S without a heartbeat: a resumed study takes them back at once. `ended`: how a
+    worker of this command ended, by pid (its parent knows: "was killed by SIGKILL")."""
     storage = study._storage  # noqa: SLF001  optuna's own fail_stale_trials works through it
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker = t.user_attrs.get("worker")
         if not gone(worker):
             continue
+        how = (ended or {}).get(worker["pid"], "ended before it finished")
         try:
-            lost = f"its worker (pid {worker['pid']} on {socket.gethostname()}) ended before it finished"
+            lost = f"its worker (pid {worker['pid']} on {socket.gethostname()}) {how}"
             storage.set_trial_user_attr(t._trial_id, "lost", lost)  # noqa: SLF001
             storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)  # noqa: SLF001
         except optuna.exceptions.UpdateFinishedTrialError:  # another worker failed it first
