@@ -409,6 +409,9 @@ class View:
     def held_out_row_losses(self, limit):
         return [4.9, 5.0, 5.1] * 4
 
+    def row_parts(self, rows):
+        return None  # one source
+
     def row_sources(self, rows):
         return {"corpus.txt": len(rows)}
 

@@ -8,6 +8,12 @@ its loss is above the held-out median by max(sigma x the MAD-based spread, min_g
 (orchestrator.data). Scoring both with the same weights makes the test relative, so a model that
 is merely worse than usual shifts both alike.
 
+In a mixture (data.mix) each row is judged against its own source's held-out rows (RunView.row_parts,
+as the rows rule judges it among its source's rows, outliers.py): held-out rows mixed across sources
+hold a memorised source's beside a rare fresh one's, and a median under the fresh rows left them out
+as garbage. A source whose eval split holds under MIN_OWN rows is judged among its own scored rows,
+and with under MIN_OWN of those against every source's held-out rows (the mixed reference again).
+
 Steps whose losses were NaN or inf (and no finite spike among them) blame no row for a finite
 score: a NaN that does not come back when a row is scored on its own was not that row's (a fault
 in the forward, a numerically unstable step; debug, nan_loss for 3 steps: a clean stdlib file, 1
@@ -27,6 +33,15 @@ from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, StepMetrics, outlier_threshold
+
+# rows a mixture source's own reference needs: the MAD of fewer is noise (a small source's eval
+# split holds a row or two; a rare source has a few rows a step); with fewer, the next fallback (_bars)
+MIN_OWN = 8
+
+
+def _finite(losses: list[float]) -> list[float]:
+    """A non-finite reference would make the threshold NaN, and every comparison with it false."""
+    return [x for x in losses if math.isfinite(x)]
 
 
 class DataAttribution:
@@ -54,30 +69,61 @@ class DataAttribution:
         `gate`: none is bad unless one stands that far above the held-out median (one spike's
         rows, spikes.py: a higher bar than orchestrator.data.min_gap to blame the data at all;
         once it is blamed, its rows are judged by the usual one)."""
-        cfg = self.cfg
         scores = view.row_losses(rows) if rows else {}
         finite = {r: loss for r, loss in scores.items() if math.isfinite(loss)}
-        # a non-finite reference would make the threshold NaN, and every comparison with it false
-        held_out = [x for x in view.held_out_row_losses(cfg.reference_rows) if math.isfinite(x)]
-        reference = held_out or list(finite.values())
-        middle, spread, threshold = outlier_threshold(reference, cfg.sigma, cfg.min_gap)
+        parts = view.row_parts(list(scores)) or dict.fromkeys(scores, "")  # None: one source, ""
+        bars = self._bars(view, parts, finite, gate)
         broken = [r for r in scores if r not in finite] if finite else []  # all of them: the forward's
-        high = [] if nonfinite else [r for r, loss in finite.items() if loss > threshold]
-        bar = threshold if gate is None else outlier_threshold(reference, cfg.sigma, max(cfg.min_gap, gate))[2]
-        bad = sorted(broken + high) if broken or any(finite[r] > bar for r in high) else []
+        high = [] if nonfinite else [r for r, loss in finite.items() if loss > bars[parts[r]]["threshold"]]
+        blamed = any(finite[r] > bars[parts[r]].get("gate", bars[parts[r]]["threshold"]) for r in high)
+        bad = sorted(broken + high) if broken or blamed else []
+        shown = bars[parts[bad[0]]] if bad else next(iter(bars.values()))  # the first bad row's source's
         evidence = {
             "rows_scored": len(scores),
             "rows_outliers": len(bad),  # asked to leave out; Control says how many were not out already
             "rows_nonfinite": len(scores) - len(finite),
             "nonfinite_losses": nonfinite,
-            "threshold": threshold,
-            **({"gate": bar} if gate is not None else {}),
-            "reference_median": middle,
-            "reference_spread": spread,
-            "reference_rows": len(reference),
+            "threshold": shown["threshold"],
+            **({"gate": shown["gate"]} if gate is not None else {}),
+            "reference_median": shown["median"],
+            "reference_spread": shown["spread"],
+            "reference_rows": shown["rows"],
             "sources": dict(list(view.row_sources(bad).items())[:10]) if bad else {},
         }
+        if set(parts.values()) != {""}:  # a mixture: each row was judged against its own source's reference
+            evidence["parts"] = {str(r): parts[r] for r in bad[:10]}
+            evidence["references"] = {p: b for p, b in bars.items() if p in {parts[r] for r in bad} or not bad}
         return bad, evidence
+
+    def _bars(
+        self, view: Any, parts: dict[int, str], finite: dict[int, float], gate: float | None
+    ) -> dict[str, dict[str, Any]]:
+        """Each mixture source's reference ("": the one source) and its bars: the source's own
+        held-out rows (a memorised source's rows score far under a rarer one's fresh rows, whose
+        rows a mixed median leaves out: outliers.py); with under MIN_OWN of them (a small source's
+        eval split) its scored rows, with under MIN_OWN of those every source's held-out rows;
+        without held-out data, the scored rows."""
+        n, bars = self.cfg.reference_rows, {}
+        pooled: list[float] | None = None
+        for part in list(dict.fromkeys(parts.values())) or [""]:
+            reference, kind = (_finite(view.held_out_row_losses(n, part=part)), "own held-out") if part else ([], "")
+            if len(reference) < MIN_OWN and part:
+                reference, kind = [x for r, x in finite.items() if parts[r] == part], "own scored rows"
+            if len(reference) < MIN_OWN:
+                pooled = _finite(view.held_out_row_losses(n)) if pooled is None else pooled
+                reference, kind = pooled, "all sources' held-out" if part else "held-out"
+            if not reference:
+                reference, kind = list(finite.values()), "scored rows"
+            bars[part] = {**self._bar(reference, gate), "reference": kind}
+        return bars
+
+    def _bar(self, reference: list[float], gate: float | None) -> dict[str, Any]:
+        cfg = self.cfg
+        middle, spread, threshold = outlier_threshold(reference, cfg.sigma, cfg.min_gap)
+        bar = {"median": middle, "spread": spread, "threshold": threshold, "rows": len(reference)}
+        if gate is not None:
+            bar["gate"] = outlier_threshold(reference, cfg.sigma, max(cfg.min_gap, gate))[2]
+        return bar
 
     def watch_more(self) -> None:
         """Rows were left out (or found during a watch): score each next step's rows for
@@ -93,7 +139,8 @@ class DataAttribution:
         if not bad:
             return None
         self.watch_more()  # the watch extends while it keeps finding bad rows
-        summary = f"{len(bad)} of the step's {len(m.rows)} rows score above {evidence['threshold']:.3f}"
+        of = f" (source {evidence['parts'][str(bad[0])]}'s bar)" if "parts" in evidence else ""
+        summary = f"{len(bad)} of the step's {len(m.rows)} rows score above {evidence['threshold']:.3f}{of}"
         return Finding(
             rule="data", family="data", step=m.step, evidence={"rows": bad, **evidence}, summary=summary, strength=1.0
         )

@@ -202,13 +202,17 @@ class RunView:
         # each row's score the same on every rank (NaN as inf); a row no rank scored is left out
         return {r: v for r, v in zip(order, highest_scores(values)) if v > -math.inf}
 
-    def held_out_row_losses(self, limit: int = 64) -> list[float]:
-        """Up to `limit` held-out rows' mean losses, scored as row_losses scores: the reference."""
+    def held_out_row_losses(self, limit: int = 64, part: str | None = None) -> list[float]:
+        """Up to `limit` held-out rows' mean losses, scored as row_losses scores: the reference.
+        `part`: that mixture source's held-out rows alone (row_parts' names); [] when its eval split
+        holds no row (a small source's)."""
         t = self._t
         rows, micro, n = held_out(t), [], 0
-        for batch in rows.micro if rows is not None else []:
+        for batch, source in zip(rows.micro, rows.sources) if rows is not None else []:
             if n >= limit:
                 break
+            if part is not None and source != part:
+                continue
             micro.append(batch)
             n += len(batch.rows)
         scored = self._unless_oom(
