@@ -101,18 +101,17 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
         self.evaluating = False  # inside evaluate() (fault injection aims at it)
         self._saving_again = False  # applying the hooks' requests after a failed save
         self._writing: tuple[int, tuple[int, int]] | None = None  # a background save: step, resume point before
-        self.replicas = None  # resilience.ft: this process is one replica group (distributed/ft.py)
-        if cfg.resilience.ft.enabled:
-            self.replicas = ReplicaGroups(
-                cfg.resilience.ft,
-                (self.dist.rank, self.dist.world),
-                self.device,
-                cfg.run_dir,
-                self.say,
-                self._replica_state,
-                self._take_replica_state,
-            )
-        self.dist.replicas = self.replicas  # reduce_step averages each step across the groups
+        self.replicas = self.dist.replicas = self._replica_groups()  # reduce_step averages across the groups
+
+    def _replica_groups(self) -> ReplicaGroups | None:
+        """resilience.ft: this process is one replica group (distributed/ft.py); None without it."""
+        ft = self.cfg.resilience.ft
+        if not ft.enabled:
+            return None
+        who = (self.dist.rank, self.dist.world)
+        return ReplicaGroups(
+            ft, who, self.device, self.cfg.run_dir, self.say, self._replica_state, self._take_replica_state
+        )
 
     def _loggers(self) -> list[Hook]:
         """The console, metrics.jsonl and TensorBoard loggers: rank 0 alone writes logs and metrics."""
