@@ -44,6 +44,7 @@ STATE = (
     "last_rollback_to",
     "unstable_at",
     "early_rollbacks",
+    "end_rollbacks",
 )
 
 
@@ -87,6 +88,7 @@ class Policy(InstabilityLadder):
         self.last_rollback_to = -1  # the checkpoint step the last ladder rollback restored (-1: none)
         self.unstable_at = -(10**9)  # step of the last LR cut or rollback: rows are not judged for a while
         self.early_rollbacks: dict[str, list[float]] = {}  # step -> the loss an early spike rolled back from, ...
+        self.end_rollbacks: dict[str, list[float]] = {}  # step -> the probe an end check rolled back from, ...
         self.data = DataAttribution(cfg)  # which rows of a bad stretch are bad (orchestrator/attribution.py)
         self.rl = RLIncident()
         self.rl_knobs = KnobTurns()  # the knobs RL's rules turned: rule rl_reward's rollback puts them back
