@@ -64,17 +64,19 @@ def leftovers(run: Path) -> list[str]:
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 def test_a_full_disk_frees_older_checkpoints_and_trains_to_the_end(small_fs, asynchronous):
-    # 18 MB: step 0 + two full checkpoints fit, a third does not, so every save from step 30
+    # 18 MB: step 0 + two full checkpoints fit, a third does not, so every save from step 15
     # on fails for real, and deleting the older ones makes room for the retry. Written in the
     # background, the failure is met at the next save (or the last): handled the same way.
+    # Checkpoints every 5 steps: the same saves and failures as every 10 over 40 steps, in half the steps.
     run = small_fs(18) / "r"
-    done = train(run, 40, "checkpoint.keep=3", "log.report=false", f"checkpoint.asynchronous={asynchronous}")
+    sets = ("checkpoint.every=5", "checkpoint.keep=3", "log.report=false", f"checkpoint.asynchronous={asynchronous}")
+    done = train(run, 20, *sets)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     disk = [d for d in read_decisions(run, abandoned=True) if d["rule"] == "disk"]
     assert disk and all(d["evidence"]["errno"] == 28 for d in disk)  # ENOSPC, whoever raised it
     assert all(not str(a).startswith("failed") for d in disk for a in d["applied"])
-    assert latest_valid(run)[0].name == "step_000040"
+    assert latest_valid(run)[0].name == "step_000020"
     assert json.loads((run / "summary.json").read_text())["exit_code"] == 0
     assert not leftovers(run)
 
@@ -82,7 +84,7 @@ def test_a_full_disk_frees_older_checkpoints_and_trains_to_the_end(small_fs, asy
 def test_a_disk_too_small_for_any_new_checkpoint_stops_with_exit_4_and_resumes_once_freed(small_fs):
     fs = small_fs(5)  # step 0 fits, nothing after it
     run = fs / "r"
-    done = train(run, 20)  # stopped at its first save (10), resumed from 0: two saves are enough
+    done = train(run, 10, "checkpoint.every=5")  # stopped at its first save (5), resumed from 0: two saves
     assert done.returncode == 4, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     assert "free space" in done.stderr and "resume from step 0" in done.stderr
@@ -93,9 +95,9 @@ def test_a_disk_too_small_for_any_new_checkpoint_stops_with_exit_4_and_resumes_o
     assert not leftovers(run)
 
     small_fs.resize(40)  # a person frees space; the same command resumes and finishes
-    again = train(run, 20)
+    again = train(run, 10, "checkpoint.every=5")
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "resuming from" in again.stderr and latest_valid(run)[0].name == "step_000020"
+    assert "resuming from" in again.stderr and latest_valid(run)[0].name == "step_000010"
 
 
 def test_metrics_lines_a_full_disk_cut_short_are_written_once_each_when_space_returns(small_fs):

@@ -152,9 +152,10 @@ def test_dead_expert_is_reinitialised_and_gets_traffic_again(tmp_path):
 
 
 def test_imbalance_raises_the_balance_loss(tmp_path):
+    # 20 steps: two windows of 8 are judged by step 16, where both layers' first decision falls
     cfg = moe_cfg(
         tmp_path / "r",
-        steps=30,
+        steps=20,
         model={"moe": {"capacity_factor": 1.0}},
         orchestrator={"moe": {"window": 8, "imbalance": 1.01, "improving": 1e-6, "grace_steps": 0}},  # act at once
     )

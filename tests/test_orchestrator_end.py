@@ -24,13 +24,19 @@ def test_weights_broken_at_the_last_step_are_rolled_back_and_the_steps_trained_a
     assert list_checkpoints(run)[-1].name == "step_000024" and all_finite(final_weights(run))
 
 
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory) -> dict:
+    """The undisturbed run both checkpointing modes below end as: trained once, not once each."""
+    return trimtab.train(debug_cfg(tmp_path_factory.mktemp("clean") / "r", steps=24, train={"eval_every": 24}))
+
+
+@pytest.mark.xdist_group("test_orchestrator_end-clean")  # both modes on one worker: `clean` computed once
 @pytest.mark.parametrize("asynchronous", [False, True])
-def test_wrecked_weights_that_never_spike_are_caught_at_the_end(tmp_path, asynchronous):
+def test_wrecked_weights_that_never_spike_are_caught_at_the_end(tmp_path, clean, asynchronous):
     # Noise of 3x each block weight's std one step before the end: finite, and the last step's
     # spike alone climbs nothing. The end check finds the held-out loss far above the last good
     # checkpoint's, rolls back, and the replay (the fault has fired) ends where a clean run does.
     # With saves written in the background too (its reference was never set: no check).
-    clean = trimtab.train(debug_cfg(tmp_path / "clean", steps=24, train={"eval_every": 24}))
     run, written = tmp_path / "r", {"checkpoint": {"every": 8, "asynchronous": asynchronous}}
     summary = trimtab.train(
         debug_cfg(run, steps=24, faults=["weights_noise@24:3"], train={"eval_every": 24}, **written)

@@ -55,9 +55,10 @@ def files_of(run_dir):
 
 
 def test_debug_run_learns_and_writes_its_run_dir(tmp_path):
-    summary = trimtab.train(debug_cfg(tmp_path / "r", steps=40, sets=["log.tensorboard=true"]))
+    # 20 steps: the loss falls ~1.3 by then (0.5 asked), as 40 steps showed (6.2 -> 4.8 at step 20)
+    summary = trimtab.train(debug_cfg(tmp_path / "r", steps=20, sets=["log.tensorboard=true"]))
     run = tmp_path / "r"
-    assert summary["status"] == "completed" and summary["step"] == 40
+    assert summary["status"] == "completed" and summary["step"] == 20
     for name in ("config.yaml", "metrics.jsonl", "tokenizer.json", "summary.json"):
         assert (run / name).is_file(), name
     assert list((run / "tb").glob("events.out.tfevents.*"))
@@ -67,9 +68,9 @@ def test_debug_run_learns_and_writes_its_run_dir(tmp_path):
     saved = load_config(overrides=__import__("yaml").safe_load((run / "config.yaml").read_text()))
     assert saved.model.vocab_size == 512  # derived value written out
     assert 400_000 < summary["non_embedding_params"] < 600_000  # debug is ~0.5M
-    assert summary["tokens"] >= 40 * 2048  # every step fills its token budget
-    compiled = summary["compile"]  # train.compile auto: 40 debug steps never repay a compile
-    assert not compiled["enabled"] and compiled["reason"].startswith("auto: 40 steps")
+    assert summary["tokens"] >= 20 * 2048  # every step fills its token budget
+    compiled = summary["compile"]  # train.compile auto: 20 debug steps never repay a compile
+    assert not compiled["enabled"] and compiled["reason"].startswith("auto: 20 steps")
     assert compiled["first_step_s"] > 0 and compiled["steady_step_s"] > 0
 
 
