@@ -83,3 +83,31 @@ def test_a_run_stopped_early_stays_stopped_when_the_same_command_runs_again(tmp_
     assert rebuilt["status"] == stopped["status"] and rebuilt["step"] == 6 and files_of(run) == before
     patient = trimtab.train(debug_cfg(run, steps=20, sets=[*sets, "orchestrator.early_stop.patience=3"]))
     assert patient["step"] == 8 and patient["status"].startswith("stopped (early stopping: val_loss")
+
+
+def test_an_evaluation_of_nan_weights_is_no_val_loss_for_early_stopping(tmp_path):
+    """`trimtab train --inject weights_nan@10`, train.eval_every=5, early_stop on with patience 1:
+    step 10's evaluation, of NaN weights, read val_loss NaN, "had not beaten the best" and stopped the
+    run before rule nonfinite's rollback (step 12). Such an evaluation measures no model: neither a
+    best (a first one's NaN was one, which nothing beats) nor a point since the best."""
+    from types import SimpleNamespace
+
+    from trimtab.config.orchestrator import OrchestratorConfig
+    from trimtab.orchestrator.core import Orchestrator
+
+    cfg = OrchestratorConfig()
+    cfg.early_stop.patience = 5  # counted, not acted on: the monitor's count is the evidence
+    orch, nan = Orchestrator(cfg, tmp_path), float("nan")
+    mon, weights = orch.monitors["early_stop"], {"probe": nan}  # RunView.probe_loss: NaN for non-finite weights
+    run = SimpleNamespace(phase=0, probe_loss=lambda: weights["probe"])
+    orch.on_eval(run, {"step": 5, "val_loss": nan})  # the phase's first evaluation
+    assert mon.best is None
+    weights["probe"] = 5.9  # rolled back, finite
+    orch.on_eval(run, {"step": 5, "val_loss": 5.9})
+    weights["probe"] = nan
+    for val_loss in (nan, 7.2):  # NaN, or a finite loss of broken weights (a NaN weight may leave it finite)
+        orch.on_eval(run, {"step": 10, "val_loss": val_loss})
+    assert (mon.best, mon.best_step, mon.since, mon.recent) == (5.9, 5, 0, [])
+    weights["probe"] = 5.8
+    orch.on_eval(run, {"step": 10, "val_loss": 6.0})  # finite weights: a real evaluation counts
+    assert (mon.since, mon.recent) == (1, [[10, 6.0]])

@@ -1342,7 +1342,7 @@ def test_an_entropy_collapse_before_the_task_is_learned_gets_a_bonus_then_a_lowe
     assert f.rule == "rl_entropy" and f.evidence["start_entropy"] == 2.0
     assert f.evidence["entropy"] == pytest.approx(0.3) and f.evidence["reward"] == pytest.approx(0.575)
     assert f.strength == pytest.approx(0.5 + 0.5 * (1 - 0.3 / 0.5))
-    ladder = [remedy(f, SimpleNamespace(rl_entropy_coef=c), cfg) for c in (0.0, 0.01, 0.04, 0.05)]
+    ladder = [remedy(f, SimpleNamespace(rl_entropy_coef=c, lr_scale=1.0), cfg) for c in (0.0, 0.01, 0.04, 0.05)]
     assert [(r.action, r.params) for r in ladder] == [
         ("set_entropy_bonus", {"value": 0.01}),
         ("set_entropy_bonus", {"value": 0.02}),
@@ -1436,11 +1436,11 @@ def test_a_held_out_reward_falling_as_the_training_reward_rises_rolls_back_to_th
     f = found[-1]
     assert f.rule == "rl_hacking" and f.evidence["best_step"] == 2 and f.evidence["best_held_out_reward"] == 0.5
     assert f.evidence["train_reward"] == pytest.approx(0.6) and f.evidence["train_reward_at_best"] == pytest.approx(0.2)
-    first = remedy(f, None, cfg)
+    first = remedy(f, SimpleNamespace(lr_scale=1.0), cfg)
     assert (first.action, first.params) == ("rollback", {"to": 2, "lr_factor": cfg.lr_cut})
     again = [evaluation(12, 0.7, 0.2), evaluation(14, 0.8, 0.1)]
     assert again[0] is None and again[1].evidence["times"] == 2
-    assert remedy(again[1], None, cfg, rollbacks=1).action == "stop"  # within the incident that rolled back
+    assert remedy(again[1], SimpleNamespace(lr_scale=1.0), cfg, rollbacks=1).action == "stop"  # within the incident
 
 
 def test_a_verifier_that_fails_gets_longer_or_is_said():

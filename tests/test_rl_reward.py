@@ -157,6 +157,35 @@ def test_the_remedy_rolls_back_with_a_smaller_lr_then_stops():
     assert "3 rollbacks used on this incident (orchestrator.max_rollbacks=3 per incident)" in spent_all
 
 
+def test_at_the_lr_floor_within_float_error_rl_rules_stop_or_say_so_rather_than_replay_or_cut_under_it():
+    """Two rl_reward cuts x0.1 leave the multiplier 0.1 * 0.1 = 0.010000000000000002, a hair over
+    min_lr_scale 0.01: at lr 1e-2 (8 prompts a step, 60-step warm start) the third finding rolled back
+    from step 28 to 21 "with the LR x1" (0.9999999999999998), replaying the same updates at the same LR,
+    and stopped at the fourth. At the floor rl_reward and rl_hacking stop, rl_entropy and rl_ratio say so
+    (their x0.5 went on under it); short of it, a cut stops at the floor."""
+    from trimtab.orchestrator.rl_health import remedy
+
+    cfg = OrchestratorConfig()
+    scale = 1.0
+    for _ in range(2):
+        scale *= cfg.rl_reward.lr_factor  # as Control._scale_lr applies a rollback's lr_factor
+    assert scale != cfg.min_lr_scale
+    run = SimpleNamespace(lr_scale=scale, has_checkpoint=lambda step: True, rl_max_staleness=0)
+    run.rl_entropy_coef = cfg.rl_entropy.max_coef
+    fell = SimpleNamespace(evidence={"good_step": 21, "good_score": 0.07, "score": 0.02, "start_score": 0.07})
+    stop = reward_remedy(fell, run, cfg, 2)
+    assert stop.action == "stop" and "the LR is at its floor (orchestrator.min_lr_scale=0.01)" in stop.params["reason"]
+    rules = ("rl_entropy", "rl_ratio", "rl_hacking")
+    found = {rule: Finding(rule=rule, family="rl", step=30, evidence={"best_step": 20}, summary="", strength=1.0)
+             for rule in rules}  # fmt: skip
+    at_floor = {rule: remedy(f, run, cfg) for rule, f in found.items()}
+    assert [at_floor[rule].action for rule in rules] == ["none", "none", "stop"]
+    assert all("floor (orchestrator.min_lr_scale=0.01)" in r.reasoning for r in at_floor.values())
+    run.lr_scale = 0.015  # x0.5 would go under the floor: to it
+    assert remedy(found["rl_entropy"], run, cfg).params == {"factor": pytest.approx(2 / 3)}
+    assert remedy(found["rl_hacking"], run, cfg).params == {"to": 20, "lr_factor": pytest.approx(2 / 3)}
+
+
 class Run:
     """What the Policy reads of an RL run; `rollbacks` counts the run's, as RunView.rollbacks does."""
 

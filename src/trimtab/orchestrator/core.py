@@ -167,16 +167,21 @@ class Orchestrator(Deciding, PersonCommands, Hook):
 
     def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None:
         """Rules that judge evaluations: early stopping on the validation loss, reward hacking on
-        an RL run's held-out reward."""
+        an RL run's held-out reward. Neither reads an evaluation of NaN weights (taken between their
+        going NaN and rule nonfinite's rollback): it measures no model (`trimtab train --inject
+        weights_nan@10`, train.eval_every=5, early_stop on with patience 1: step 10's val_loss NaN "had
+        not beaten the best" and the run stopped there, before nonfinite's rollback at step 12)."""
         if self.mode == "off":
             return
-        for rule, key in (("early_stop", "val_loss"), ("rl_hacking", "rl/held_out_reward")):
-            monitor = self.monitors.get(rule)
-            if monitor is None or rule in self.paused or key not in metrics:
-                continue
-            if rule == "rl_hacking" and nan_weights(run):  # answers of NaN weights, rule nonfinite's to roll back
-                continue
-            if (f := monitor.observe_eval(metrics["step"], run.phase, metrics[key])) is not None:
+        rules = [
+            (monitor, metrics[key])
+            for rule, key in (("early_stop", "val_loss"), ("rl_hacking", "rl/held_out_reward"))
+            if (monitor := self.monitors.get(rule)) is not None and rule not in self.paused and key in metrics
+        ]
+        if not rules or nan_weights(run):  # asked once, and only when a rule would read it: a host read
+            return
+        for monitor, value in rules:
+            if (f := monitor.observe_eval(metrics["step"], run.phase, value)) is not None:
                 self.decide(run, f)
 
     def on_eval_error(self, run: RunView, step: int, error: str) -> None:

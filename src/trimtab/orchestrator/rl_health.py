@@ -29,7 +29,7 @@ from typing import Any
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, Rolling, StepMetrics
 from trimtab.orchestrator.remedies import Remedy
-from trimtab.orchestrator.rl_reward import reward_remedy
+from trimtab.orchestrator.rl_reward import lr_cut, reward_remedy
 from trimtab.orchestrator.rl_stats import poisoned
 from trimtab.orchestrator.rl_verifier import verifier_remedy
 
@@ -318,7 +318,7 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig, *, rollbacks: int = 0
     if f.rule == "rl_length":
         return _length_remedy(f, view, cfg, rollbacks)
     if f.rule == "rl_hacking":
-        return _hacking_remedy(f, cfg, rollbacks)
+        return _hacking_remedy(f, view, cfg, rollbacks)
     if f.rule == "rl_ratio":
         return _ratio_remedy(view, cfg)
     if f.rule == "rl_reward":
@@ -403,13 +403,11 @@ def _ratio_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:
             "clip and the importance-weight cap discard most of their tokens' gradient; generate them from a "
             f"newer policy ({eta} -> {eta // 2} steps behind)",
         )
-    return Remedy(
-        action="scale_lr",
-        params={"factor": cfg.lr_cut},
-        reasoning="on-policy rollouts are off the clip range: each update moves the policy further than the "
-        "trust region allows (or the generation engine disagrees with the trainer: compare rl/kl at a tiny LR); "
-        "a lower learning rate",
+    why = (
+        "on-policy rollouts are off the clip range: each update moves the policy further than the trust region "
+        "allows (or the generation engine disagrees with the trainer: compare rl/kl at a tiny LR)"
     )
+    return _lower_lr(why, view, cfg)
 
 
 def _entropy_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:
@@ -424,12 +422,21 @@ def _entropy_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:
             reasoning=f"reward the policy's entropy in the objective ({now:g} -> {value:g} x nats a token) so "
             "it keeps sampling answers it has not settled on; it costs nothing where the entropy is already high",
         )
-    return Remedy(
-        action="scale_lr",
-        params={"factor": cfg.lr_cut},
-        reasoning=f"the entropy collapses with the bonus at orchestrator.rl_entropy.max_coef ({now:g}): each "
-        "update moves the policy too far onto the answers it already prefers; a lower learning rate",
+    why = (
+        f"the entropy collapses with the bonus at orchestrator.rl_entropy.max_coef ({now:g}): each update moves "
+        "the policy too far onto the answers it already prefers"
     )
+    return _lower_lr(why, view, cfg)
+
+
+def _lower_lr(why: str, view: Any, cfg: OrchestratorConfig) -> Remedy:
+    """The LR x orchestrator.lr_cut, down to min_lr_scale; at that floor a word for a person: a cut
+    under it is one the run was configured never to take (these rules' x0.5 went on under it before)."""
+    factor = lr_cut(cfg.lr_cut, view, cfg)
+    if factor is None:
+        floor = f"the LR is at its floor (orchestrator.min_lr_scale={cfg.min_lr_scale:g})"
+        return Remedy(action="none", reasoning=f"{why}; {floor}: lower optim.lr")
+    return Remedy(action="scale_lr", params={"factor": factor}, reasoning=f"{why}; a lower learning rate")
 
 
 def _length_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int) -> Remedy:
@@ -473,22 +480,23 @@ def _length_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: in
     )
 
 
-def _hacking_remedy(f: Finding, cfg: OrchestratorConfig, rollbacks: int) -> Remedy:
+def _hacking_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int) -> Remedy:
     """Back to the policy of the best held-out reward with a smaller step, once an incident; again
-    within it, the run stops there: its best policy is in that checkpoint, and more of the same
-    training hacks on."""
-    best = f.evidence["best_step"]
-    if rollbacks == 0:
+    within it, or with the LR at its floor (a replay at the same LR repeats the same updates), the
+    run stops there: its best policy is in that checkpoint, and more of the same training hacks on."""
+    best, factor = f.evidence["best_step"], lr_cut(cfg.lr_cut, view, cfg)
+    if rollbacks == 0 and factor is not None:
         return Remedy(
             action="rollback",
-            params={"to": best, "lr_factor": cfg.lr_cut},
+            params={"to": best, "lr_factor": factor},
             reasoning=f"the training reward is no longer the task's: restore the policy of the best held-out reward "
             f"(the newest checkpoint at or before step {best}) and train on with a smaller learning rate, "
             "which moves the policy less far towards what the verifier pays for",
         )
+    again = "again" if rollbacks else f"with the LR at its floor (orchestrator.min_lr_scale={cfg.min_lr_scale:g})"
     return Remedy(
         action="stop",
-        reasoning=f"the held-out reward falls again while the training reward rises: more training hacks the "
+        reasoning=f"the held-out reward falls {again} while the training reward rises: more training hacks the "
         f"verifier; the best policy is the checkpoint at or before step {best} (a stricter verifier, "
         "rl.reward, or rl.held_out_reward measuring the task, is the lasting fix)",
     )

@@ -242,18 +242,19 @@ def _reward(steps: list[list[float]]) -> float:
 
 def reward_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int) -> Remedy:
     """Back to the last policy that earned its start's reward, with a smaller step; when no
-    rollback is left (or none reaches that far back), stop: training on makes the policy worse.
+    rollback is left (or none reaches that far back, or the LR is at its floor: a replay would repeat
+    the same updates), stop: training on makes the policy worse.
     `rollbacks`: those the open incident spent (max_rollbacks bounds an incident's, not the run's)."""
     if f.evidence.get("unresolved"):
         return Remedy(action="none", reasoning=f"{f.summary}: a note, nothing to undo")
-    rule, before = cfg.rl_reward, f.evidence["good_step"]
-    factor = max(rule.lr_factor, cfg.min_lr_scale / max(view.lr_scale, 1e-12))
+    before = f.evidence["good_step"]
+    factor = lr_cut(cfg.rl_reward.lr_factor, view, cfg)
     why = (
         f"a policy trained to earn the reward earns {f.evidence['score']:.3f} where it started at "
         f"{f.evidence['start_score']:.3f}: each update moves it the wrong way, as an LR far too high for RL does "
         f"(RL's LRs are 10-100x below pretraining's)"
     )
-    if factor < 1 and rollbacks < cfg.max_rollbacks and view.has_checkpoint(before):
+    if factor is not None and rollbacks < cfg.max_rollbacks and view.has_checkpoint(before):
         good = f.evidence.get("good_score")
         scored = f" ({good:.3f})" if good is not None else ""
         return Remedy(
@@ -265,8 +266,9 @@ def reward_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int
         )
     most = cfg.max_rollbacks
     reason = (
-        "the LR is at its floor (orchestrator.min_lr_scale)"
-        if factor >= 1
+        f"the LR is at its floor (orchestrator.min_lr_scale={cfg.min_lr_scale:g}), where a rollback would replay "
+        "the same updates at the same LR"
+        if factor is None
         else f"{rollbacks} rollbacks used on this incident (orchestrator.max_rollbacks={most} per incident)"
         if rollbacks >= cfg.max_rollbacks
         else f"no checkpoint at or before step {before}"
@@ -280,6 +282,16 @@ def reward_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int
         },
         reasoning=why + f"; {reason}: stopping keeps the better policy in the checkpoints, training on would not",
     )
+
+
+def lr_cut(factor: float, view: Any, cfg: OrchestratorConfig) -> float | None:
+    """The LR factor of a cut of `factor` that stops at orchestrator.min_lr_scale; None where the LR
+    is at that floor already. Within float error of it: two cuts x0.1 leave 0.1 * 0.1 =
+    0.010000000000000002, whose floor factor 0.9999999999999998 read as a cut, and rl_reward's third
+    finding at lr 1e-2 rolled back from step 28 to 21 at "lr x1" (multiplier 0.01 -> 0.01), replaying
+    7 steps to find the same fall and stop (the ladder's and too_high.py's floors allow the same 1e-6)."""
+    floor = cfg.min_lr_scale / max(view.lr_scale, 1e-12)
+    return None if floor >= 1 - 1e-6 else max(factor, floor)
 
 
 # What the reasoning calls the knobs a rollback of this rule puts back (actions.PUT_BACK)
