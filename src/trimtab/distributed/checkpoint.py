@@ -49,6 +49,11 @@ class BackgroundWrite:
         except BaseException as exc:  # raised in the training thread, at result()
             self._error = exc
 
+    @property
+    def done(self) -> bool:
+        """Whether the write has ended (committed or failed), so waiting for it waits on no collective."""
+        return not self._thread.is_alive()
+
     def result(self) -> Path:
         self._thread.join()
         if self._error is not None:
@@ -110,7 +115,7 @@ class Checkpoints:
         if self.world == 1:
             before()
             # the names say which weight each moment belongs to under any later split (pipeline)
-            optim = {"optimizer": optimizer.state_dict(), "param_names": _param_names(model, optimizer), **extra}
+            optim = {"optimizer": optimizer.state_dict(), "param_names": param_names(model, optimizer), **extra}
             parts = (model.state_dict(), optim, state)
             if background:
                 parts = self._stage(parts)
@@ -135,6 +140,10 @@ class Checkpoints:
         (None: none was being written); a failed write's OSError is raised here."""
         write, self._write = self._write, None
         return None if write is None else write.result()
+
+    def writing_in_background(self) -> bool:
+        """Whether a background write is still under way (its collectives may wait on every rank)."""
+        return self._write is not None and not self._write.done
 
     def _run(self, background: bool, step: int, fn: Callable[..., Path], *args: Any) -> Path:
         if not background:
@@ -259,7 +268,7 @@ class Checkpoints:
                     "its optimizer state cannot be resharded: start a new run from its weights "
                     f"(train.init_from: {path})"
                 )
-            native = upgrade_optimizer(native, _param_names(model, optimizer), model.cfg)
+            native = upgrade_optimizer(native, param_names(model, optimizer), model.cfg)
         if "optimizer" not in optim_state:  # sharded: read this world size's shards
             options = _by_parameter() if _keyed_by_parameter(path) else None
             target = {"optim": get_optimizer_state_dict(model, optimizer, options=options)}
@@ -276,7 +285,7 @@ class Checkpoints:
             optimizer.load_state_dict(native)
 
 
-def _param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+def param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
     """The optimizer's parameters' names, in the order optimizer.state_dict() numbers them."""
     names = {id(p): n for n, p in model.named_parameters()}
     return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
@@ -289,7 +298,7 @@ def _named_optim_state(
     form set_optimizer_state_dict takes, for the parameters this rank holds. The names are the
     checkpoint's own (saved since 2026-11-25); older ones are numbered as this model's optimizer
     is, which holds only for a model held whole."""
-    held = _param_names(model, optimizer)
+    held = param_names(model, optimizer)
     if names is None:
         if sum(len(g["params"]) for g in native["param_groups"]) != len(held):
             raise CheckpointError(

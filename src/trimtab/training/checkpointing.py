@@ -18,6 +18,7 @@ from trimtab.errors import CheckpointError, ConfigError
 from trimtab.rl.reference import check_reference
 from trimtab.snapshots import save_snapshot
 from trimtab.training.changes import changes_line, changes_on_resume
+from trimtab.training.emergency import EMERGENCY, EmergencySave
 from trimtab.training.hooks import keyed
 from trimtab.training.runtime import LogWindow, rng_state, set_rng_state
 from trimtab.training.schedule import configured_lengths, reconcile
@@ -27,7 +28,7 @@ from trimtab.training.state import GAVE_UP, KEPT_ON_ROLLBACK, TrainState
 log = logging.getLogger(__name__)
 
 
-class Checkpointing:
+class Checkpointing(EmergencySave):
     """Checkpoints of the run a Trainer trains; `last_saved` is the resume point (a background
     write in flight included), `last_good` the newest checkpoint its hooks called healthy."""
 
@@ -90,13 +91,7 @@ class Checkpointing:
                 {"rng": rng_state(), "scaler": self.scaler.state_dict() if self.scaler else {}},
                 self._checkpoint_state(good),
                 keep=self.cfg.checkpoint.keep,
-                # step 0 is the KL term's and DPO's reference policy (rl/reference.py)
-                protect=(
-                    self.last_good,
-                    self.best_checkpoint,
-                    0 if self.cfg.rl.kl_coef or (self.cfg.dpo.enabled and self.cfg.dpo.uses_reference) else -1,
-                    *(step for h in self.hooks for step in h.kept_checkpoints(self.view)),
-                ),
+                protect=self._protected(),
                 before=lambda: self._call("on_save_start"),
                 background=background,
             )
@@ -110,6 +105,16 @@ class Checkpointing:
             self._restored = False
             self._call("on_checkpoint", path)
         return True
+
+    def _protected(self) -> tuple[int, ...]:
+        """The steps whose checkpoints pruning keeps besides the newest checkpoint.keep."""
+        return (
+            self.last_good,
+            self.best_checkpoint,
+            # step 0 is the KL term's and DPO's reference policy (rl/reference.py)
+            0 if self.cfg.rl.kl_coef or (self.cfg.dpo.enabled and self.cfg.dpo.uses_reference) else -1,
+            *(step for h in self.hooks for step in h.kept_checkpoints(self.view)),
+        )
 
     def _good(self) -> bool:
         """Whether this step's checkpoint is a rollback target (the weights are finite): the hooks'
@@ -302,6 +307,11 @@ class Checkpointing:
             for key, hook in keyed(self.hooks):
                 hook.on_rollback(self.view, state["hooks"].get(key, {}))
             return
+        if state.get(EMERGENCY):  # the restart's own line says how it came to be (training/emergency.py)
+            self.say(
+                f"resuming from step {self.state.step}, an emergency save: rank {state[EMERGENCY]['rank']} wrote it "
+                f"alone when a peer was lost ({state[EMERGENCY]['error']})"
+            )
         self._resume_window_and_hooks(state)
 
     def _good_before(self) -> int:

@@ -151,11 +151,13 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
                 if self.replicas is not None and self.replicas.quorum(lambda: self.state.step):  # resilience.ft
                     self.save()  # a state went to a replacement: sender and receiver save it alike
                 self.dist.step_starts()  # the straggler rule's measure of this rank's own work
+                self.mark_step_start()  # what an emergency save of the step before needs (training/emergency.py)
                 batch = self._next_batch()
                 if batch is None:  # out of memory generating, with nothing left to shrink: stop_reason says why
                     break
                 self._call("on_step_start", batch)
-                out = self._step_with_oom_retry(batch, t0)
+                with self.saving_if_a_peer_is_lost():
+                    out = self._step_with_oom_retry(batch, t0)
                 self.watchdog.beat("hooks")
                 if out is None:  # out of memory with nothing left to shrink: stop_reason says why
                     break
@@ -198,6 +200,7 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
         lr = self.optimizer.param_groups[0]["lr"]  # what the update applies
         if self.replicas is not None and not self.replicas.commit(self.state.step + 1):  # a group failed in it
             skip, flagged = torch.ones((), dtype=torch.bool, device=self.device), None  # withheld on every group
+        self.update_begins()  # from here the weights are no completed step's: no emergency save
         gain = self._gain_probe(batch)
         overflow = self._update(skip)
         update_gain = gain.after(batch, grads.loss) if gain is not None else None
