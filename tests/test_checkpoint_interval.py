@@ -16,12 +16,13 @@ def test_a_rollback_brings_the_checkpoints_closer_and_a_fault_free_run_keeps_its
     trained: sqrt(2 x 0.34 x 18) = 3.5 s, 6 steps (with the hardware's rate beside it), judged at
     once, with the stall and the replay in the evidence; not again at the saves after it."""
     cfg = OrchestratorConfig()
-    off = CheckpointInterval(cfg)  # orchestrator.checkpoint_interval.rollbacks off (the default): the hardware's alone
+    assert cfg.checkpoint_interval.rollbacks  # on by default
+    cfg.checkpoint_interval.rollbacks = False
+    off = CheckpointInterval(cfg)  # orchestrator.checkpoint_interval.rollbacks off: the hardware's alone
     off.observe(36, [STEP_S] * 36, STALL_S, world=1, every=50, configured=50)
     off.rolled_back(38)
     assert off.observe(37, [STEP_S], STALL_S, world=1, every=50, configured=50) is None
-    cfg.checkpoint_interval.rollbacks = True
-    rule = CheckpointInterval(cfg)
+    rule = CheckpointInterval(OrchestratorConfig())
     assert rule.observe(36, [STEP_S] * 36, STALL_S, world=1, every=50, configured=50) is None
     rule.rolled_back(38)
     f = rule.observe(37, [], 0.0, world=1, every=50, configured=50)

@@ -124,10 +124,9 @@ class CheckpointIntervalRule(Section):
     enabled: bool = True
     mtbf_hours: float = 0.0
     tolerance: float = 0.2
-    # the run's own rollbacks count as failures in the MTBF (orchestrator/interval.py). Off by default
-    # until the tests that pin a rollback's target step (test_stop_after_rollback, test_orchestrator_loop)
-    # are updated: on, the checkpoints after a rollback come closer, and so do the later rollbacks' targets
-    rollbacks: bool = False
+    # the run's own rollbacks count as failures in the MTBF (orchestrator/interval.py): after a rollback
+    # the checkpoints come closer, and so do the later rollbacks' targets (fewer steps replayed)
+    rollbacks: bool = True
 
 
 @dataclass

@@ -7,9 +7,9 @@ configured one: at small scale (M in thousands of hours) nothing changes; on tho
 the rule shortens it, and journals why.
 
 A rollback is a failure too: it throws away the steps since the checkpoint it restores, as a lost
-node does. So with `rollbacks` on (off by default: config/orchestrator.py says why) the run's own
-rollbacks count in M beside the hardware's, 1/M = 1/M_hw + rollbacks / seconds trained (replays
-included), judged at once after each. Measured (debug, 60 steps, checkpoint.every 50,
+node does. So with `rollbacks` on (the default) the run's own rollbacks count in M beside the
+hardware's, 1/M = 1/M_hw + rollbacks / seconds trained (replays included), judged at once after
+each. Measured (debug, 60 steps, checkpoint.every 50,
 weights_nan@36): the rollback went to step 0 and replayed 38 steps of 0.83 s, a save stalled
 0.08 s, and Young's interval became 2 steps (one decision); small, the same, replays 38 steps
 against a 0.34 s save. A fault-free run has no rollback and keeps its interval.
