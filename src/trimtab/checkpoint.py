@@ -284,6 +284,21 @@ def prune(run_dir: Path, keep: int, protect: tuple[int, ...] = ()) -> list[Path]
     return gone
 
 
+def cadence_kept(run_dir: Path, step: int, every: int, keep: int) -> tuple[int, ...]:
+    """The checkpoints the configured cadence would have kept at `step`: at each of its last `keep`
+    steps (multiples of checkpoint.every, at most `step`), the newest checkpoint on disk at or before it.
+    Kept by prune beside the newest `keep` while the interval is shorter than checkpoint.every
+    (rule checkpoint_interval): those alone span keep x the short interval, and a rollback target
+    older than that was deleted (an RL run at 1 step: rl_reward's target, step 0, gone at step 11,
+    the run stopped). At most `keep` more checkpoints; the history spans keep x every again."""
+    if every <= 0 or keep <= 0:
+        return ()
+    saved = [_step_of(path) for path in list_checkpoints(run_dir)]
+    top = step // every * every
+    marks = [top - k * every for k in range(keep) if top - k * every >= 0]
+    return tuple(max((s for s in saved if s <= mark), default=-1) for mark in marks)
+
+
 def clear_stale(root: Path) -> None:
     """Delete the temp folders killed writers left under `root` (checkpoints, lean snapshots):
     each is a whole copy of the weights that nothing reads, and every kill in a save adds one.

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trimtab.checkpoint import find_checkpoint, retire_after
+from trimtab.checkpoint import cadence_kept, find_checkpoint, retire_after
 from trimtab.checkpoint_load import apply_structure
 from trimtab.config import RunConfig
 from trimtab.distributed.ft import shard_like
@@ -114,7 +114,18 @@ class Checkpointing(EmergencySave):
             # step 0 is the KL term's and DPO's reference policy (rl/reference.py)
             0 if self.cfg.rl.kl_coef or (self.cfg.dpo.enabled and self.cfg.dpo.uses_reference) else -1,
             *(step for h in self.hooks for step in h.kept_checkpoints(self.view)),
+            *self._cadence_kept(),
         )
+
+    def _cadence_kept(self) -> tuple[int, ...]:
+        """While the checkpoint interval is a decision's (rule checkpoint_interval, a person's
+        checkpoint-every), the configured cadence's checkpoints too (checkpoint.cadence_kept): the
+        newest checkpoint.keep alone would span keep x the short interval. A run at its configured
+        interval keeps what it kept."""
+        c = self.cfg.checkpoint
+        if self.state.checkpoint_every is None:
+            return ()
+        return cadence_kept(self.cfg.run_dir, self.state.step, c.every, c.keep)
 
     def _good(self) -> bool:
         """Whether this step's checkpoint is a rollback target (the weights are finite): the hooks'
