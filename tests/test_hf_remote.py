@@ -62,7 +62,8 @@ def test_mixture_of_depths_and_hybrids_leave_with_their_own_function(preset, tok
 
 def test_the_export_command_says_how_a_remote_code_model_loads(tokenizer, tmp_path, capsys):
     """`trimtab export` of a MoD model prints the load call with trust_remote_code=True (as
-    written without it, transformers refuses); a dense export's call has none."""
+    written without it, transformers refuses), and its tokenizer's with trust_remote_code=False; a
+    dense export's calls have neither."""
     from trimtab.cli import main
 
     for preset, remote in (("debug-mod", True), ("debug", False)):
@@ -70,6 +71,8 @@ def test_the_export_command_says_how_a_remote_code_model_loads(tokenizer, tmp_pa
         assert main(["export", str(run), "--out", str(tmp_path / f"{preset}-hf")]) == 0
         printed = capsys.readouterr().out
         assert ("from_pretrained(DIR, trust_remote_code=True)" in printed) is remote, printed
+        # its tokenizer needs no code: said, else transformers 5 asks "Do you wish to run the custom code?"
+        assert ("AutoTokenizer.from_pretrained(DIR, trust_remote_code=False)" in printed) is remote, printed
 
 
 def test_moe_after_surgery_with_a_selection_bias_and_a_gated_shared_expert(tokenizer, tmp_path):

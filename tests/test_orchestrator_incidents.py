@@ -278,6 +278,31 @@ def test_a_rollback_is_judged_on_its_incident_not_on_a_new_fault_after_the_repla
         assert again.outcome["result"] == "not recovered", broke_at
 
 
+def test_a_replay_still_the_run_before_bit_for_bit_is_no_recovery_yet(tmp_path):
+    """debug, checkpoint.every 20, outcome_after 10, weights_nan@38: the rollback at 40 (to step 20)
+    was "recovered" on the replay of steps 21-30, the same losses as before (loss_before ==
+    loss_after), before it reached the fault. It is judged once the replay differs (step 38, clean:
+    the fault was transient); a fault back right after an identical replay is reproducible."""
+    journal = Journal(tmp_path / "decisions.jsonl")
+    outcomes = Outcomes(journal, OrchestratorConfig(outcome_after=10))
+    before = {s: 5.0 - 0.01 * s for s in range(1, 38)}  # healthy; NaNs at 38-40
+    for s in range(1, 41):
+        outcomes.follow(metrics(s, loss=before.get(s, math.nan)), [] if s in before else [finding(s)])
+    for fault_back in (False, True):
+        rollback = pending(journal, 40, action="rollback")
+        outcomes.rolled_back(20, rollback.id)
+        for s in range(21, 38):
+            outcomes.follow(metrics(s, loss=before[s]), [])
+        assert rollback.outcome is None  # 17 steps, each the run before's: not judged on them
+        outcomes.follow(metrics(38, loss=math.nan if fault_back else 4.6), [finding(38)] if fault_back else [])
+        outcome = rollback.outcome
+        assert outcome["identical_steps"] == outcome["replayed_steps"] == 17 and outcome["steps"] == 18
+        if fault_back:
+            assert outcome["result"] == "not recovered" and outcome["reproduced_at"] == 38
+        else:
+            assert outcome["result"] == "recovered" and "reproduced_at" not in outcome
+
+
 def test_a_balance_coefficient_raised_from_zero_says_so():
     f = Finding(
         rule="moe",

@@ -7,7 +7,9 @@ a flat stretch's noise) what it is compared with. That is the healthy losses' me
 decision, for steps the run had not trained before; a step a rollback replays is compared with the
 loss the run had at that same step before (the same rows, at the same point of the schedule): a
 rollback to an early checkpoint replays steps whose loss was higher than the one just before the
-fault, and a faithful replay of them is a recovery, not a failure.
+fault, and a faithful replay of them is a recovery, not a failure. Yet a replay that is still the run
+before, bit for bit, has only restored the state: a rollback is not judged on it alone (_unchanged),
+and the trouble back right after it is reproducible ("reproduced_at": the data or the schedule).
 
 A skipped step answers that step alone: once SETTLED healthy steps followed it, a later finding
 is another fault, not the skip's failure. So does a rollback answer its incident, once the replay
@@ -66,9 +68,11 @@ class Outcomes:
             if decision.action == "skip_step" or (decision.action == "rollback" and m.step > decision.step):
                 same = _answered_trouble(track, same, m.loss)
             if same:
+                if decision.action == "rollback" and _unchanged(track, last=False):
+                    track["reproduced_at"] = m.step  # the trouble again, right after the same steps
                 _back(track, back[0], m.step)
             decision.observed += 1
-            if decision.observed >= self.outcome_after:
+            if decision.observed >= self.outcome_after and not (decision.action == "rollback" and _unchanged(track)):
                 self.judge(decision)
         if not findings and math.isfinite(m.loss):
             self.healthy[m.step] = m.loss
@@ -121,8 +125,9 @@ class Outcomes:
         if ok and before is not None and d.family == "plateau" and d.action != "none":
             ok = after < before - self.plateau_fall
         result = "recovered" if ok else "not recovered"
-        if ended and _too_early(track, self.outcome_after, math.isfinite(after)):
-            result = "too early"
+        unchanged = d.action == "rollback" and _unchanged(track)
+        if unchanged or (ended and _too_early(track, self.outcome_after, math.isfinite(after))):
+            result = "too early"  # a replay still the run before, bit for bit, has not yet met the fault
         d.outcome = {
             "result": result,
             "steps": len(track["losses"]),
@@ -135,6 +140,9 @@ class Outcomes:
         replayed = sum(r is not None for _, r in pairs)
         if replayed:  # compared step by step with the run before the rollback
             d.outcome["replayed_steps"] = replayed
+            d.outcome["identical_steps"] = sum(v == r for v, r in pairs)
+        if "reproduced_at" in track:  # a deterministic fault: another rollback would meet it again
+            d.outcome["reproduced_at"] = track["reproduced_at"]
         self.journal.write()
 
     def _within_noise(self, pairs: list[tuple[float, float | None]], excess: float) -> bool:
@@ -171,6 +179,22 @@ def _too_early(track: dict[str, Any], outcome_after: int, finite: bool) -> bool:
     if len(track["losses"]) >= outcome_after or track.get("healthy", 0) >= SETTLED:
         return False
     return track["findings"] == 0 and finite
+
+
+def _unchanged(track: dict[str, Any], last: bool = True) -> bool:
+    """Whether every step a rollback's replay trained so far (but the newest, unless `last`) is the
+    run before it bit for bit: the same loss at the same step, no trouble back. Such a replay has
+    only restored the state, not yet met the fault, so it is no evidence of a recovery: with
+    checkpoint.every 20 and orchestrator.outcome_after 10, weights_nan@38's rollback at 40 was
+    "recovered" on steps 21-30, loss_before == loss_after, before the replay reached step 38. A fault
+    back right after such a replay is reproducible (`reproduced_at`): its cause is in the data or the
+    schedule, not transient, and the same rollback would meet it again."""
+    losses = track["losses"]
+    references = track.get("references") or [None] * len(losses)  # a state from before the key: none
+    if not last:
+        losses, references = losses[:-1], references[:-1]
+    same = all(r is not None and v == r for v, r in zip(losses, references, strict=True))
+    return bool(losses) and not track["findings"] and same
 
 
 def _back(track: dict[str, Any], rule: str, step: int) -> None:

@@ -287,7 +287,10 @@ def restart(f: Finding) -> Remedy:
     if e["world_after"] != e["world_before"]:  # the global batch is the config's: each rank reads another share
         world += f" (was {e['world_before']}; every step still trains the same rows, split {e['world_after']} ways)"
     started = f"torchrun's elastic agent restarted the job on {world} and it"
-    if "TORCHELASTIC_RESTART_COUNT" not in os.environ and e["world_before"] == e["world_after"] == 1:
+    if e.get("kind") == "resized" and not e.get("restart", 1):  # no agent's restart: a new launch after a clean end
+        why = f"the previous session ended cleanly ({e.get('ended') or 'its summary written'}): nothing was lost"
+        started = f"launched again (by a person, a script or a scheduler) on {world}, the run"
+    elif "TORCHELASTIC_RESTART_COUNT" not in os.environ and e["world_before"] == e["world_after"] == 1:
         why = why if e.get("kind", "lost_rank") != "lost_rank" else "the process ended without a word"
         started = "started again (not by torchrun: by a person, a script or a scheduler), the run"
     return Remedy(

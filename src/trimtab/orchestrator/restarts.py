@@ -38,13 +38,20 @@ def restart_count() -> int:
 
 def resized(previous: dict[str, Any], step: int, world: int) -> dict[str, Any]:
     """The evidence of a world change at a clean restart (not an incident: nothing was lost), e.g.
-    torchrun's agent stopping the job to admit a node that came back (--nnodes MIN:MAX)."""
+    torchrun's agent stopping the job to admit a node that came back (--nnodes MIN:MAX), or a person
+    resuming a finished run on another world. The time since the previous session ended is `idle_s`,
+    not `down_s`: that session ended cleanly (its summary written), so the gap was nobody's failure,
+    and goodput.json counts no down time for it (resilience/goodput.py: Ledger.open): a finished run
+    resumed on 2 ranks was journaled "413.4 s down", a person's wait between two launches."""
     return {
         "kind": "resized",
         "step": previous["step"],
         "resumed_step": step,
         "steps_lost": max(0, previous["step"] - step),  # none when it saved where it stopped
-        "down_s": round(max(0.0, process_started() - previous["beat"]), 3),
+        "down_s": 0.0,
+        "idle_s": round(max(0.0, process_started() - previous["beat"]), 3),
+        "ended": str(previous.get("end"))[:80],  # its status: completed, stopped (SIGTERM), ...
+        "restart": restart_count(),  # 0: a new launch, not torchrun's agent restarting the job
         "world_before": previous["world"],
         "world_after": world,
         "nodes_after": node_count(),
@@ -153,18 +160,20 @@ def restart_finding(incident: dict[str, Any], step: int) -> Finding:
         "lost_process": "the process ended without a word (SIGKILL, the OOM killer, its machine)",
         "lost_node": f"node {nodes} ({who}, host {', '.join(incident.get('hosts_to_blame', []))}) lost without a word",
         "crash": f"{who} failed: {str(incident.get('error'))[:120]}",
-        "resized": "the job stopped cleanly and came back on another world (a node joined or left, or another launch)",
+        "resized": f"the previous session ended cleanly ({incident.get('ended') or 'its summary written'}) and the "
+        "job came back on another world (a node joined or left, or another launch)",
         "excluded": f"node {nodes} ({who}) excluded by the orchestrator (a straggler or a suspect device)",
     }[kind]
     before, after = incident["world_before"], incident["world_after"]
     world = ranks(after) + (f" (was {before})" if before != after else "")
     at, lost = reach_words(incident)
+    # after a clean end the gap is idle time, not time lost (resized)
+    gap = f"{incident['idle_s']:.1f} s idle" if "idle_s" in incident else f"{incident['down_s']:.1f} s down"
     return Finding(
         rule="restart",
         family="cluster",
         step=step,
         evidence=incident,
-        summary=f"{what} {at}; resumed at step {incident['resumed_step']} on {world} ({lost} lost, "
-        f"{incident['down_s']:.1f} s down)",
+        summary=f"{what} {at}; resumed at step {incident['resumed_step']} on {world} ({lost} lost, {gap})",
         strength=1.0,
     )
