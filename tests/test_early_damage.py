@@ -29,6 +29,7 @@ def observe_all(monitor, losses, start=1):
 
 def test_a_jump_over_the_phase_lowest_in_its_first_steps_is_a_spike():
     cfg = OrchestratorConfig()
+    cfg.spike.early_steps = 25  # off by default
     assert observe_all(LossSpike(cfg), CLEAN) == [None] * len(CLEAN)  # the warm-up's own noise: nothing
     monitor = LossSpike(cfg)
     found = [(s, f) for s, f in enumerate(observe_all(monitor, DAMAGED), 1) if f is not None]
@@ -43,6 +44,7 @@ def test_a_jump_over_the_phase_lowest_in_its_first_steps_is_a_spike():
 
 def test_the_early_bar_is_the_first_steps_only_and_can_be_switched_off():
     cfg = OrchestratorConfig()
+    cfg.spike.early_steps = 25  # off by default
     late = LossSpike(cfg)
     observe_all(late, [5.0, 4.99, 4.98], start=30)  # a phase that began at step 30 judges from there
     assert late.observe(metrics(33, loss=5.4)).evidence["early"]
@@ -57,6 +59,7 @@ def test_the_early_bar_is_the_first_steps_only_and_can_be_switched_off():
 @pytest.mark.parametrize("key, value", [("early_steps", -1), ("early_window", 1), ("early_sigma", 0)])
 def test_the_early_bar_settings_are_checked(key, value):
     cfg = OrchestratorConfig()
+    cfg.spike.early_steps = 25  # off by default
     setattr(cfg.spike, key, value)
     with pytest.raises(ConfigError, match=f"orchestrator.spike.{key}"):
         cfg.validate()

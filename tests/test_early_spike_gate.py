@@ -18,7 +18,9 @@ def test_an_early_spike_is_withheld_by_the_update_gate(tmp_path):
     """Nine healthy steps: under min_samples the trend's bar is no bar (ceiling() is infinite), so
     only the early one (the lowest 5.606 + max(6 x the step-to-step spread, 0.15)) stands between
     the garbage and the weights; the gate withholds it and lets step 10's fault-free 5.499 through."""
-    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)  # the defaults: the early bar is on
+    cfg = OrchestratorConfig()
+    cfg.spike.early_steps = 25  # off by default
+    orchestrator = Orchestrator(cfg, tmp_path)
     spike = orchestrator.monitors["spike"]
     for step, loss in enumerate(WARM_UP, start=1):
         assert spike.observe(StepMetrics(step=step, loss=loss, grad_norm=1.0)) is None
@@ -36,9 +38,11 @@ def test_an_early_spike_is_withheld_by_the_update_gate(tmp_path):
 DDP_CLEAN = [6.245, 6.181, 6.078, 5.997, 5.935, 5.835, 5.709, 5.554, 5.914, 5.402]
 
 
-def test_a_fault_free_overshoot_at_the_warm_up_peak_is_no_spike_by_default():
+def test_a_fault_free_overshoot_at_the_warm_up_peak_is_no_spike_at_the_default_bar():
     """Step 9 is 10.7 step-to-step spreads (0.034) over the lowest: under 6 spreads it was a spike, and
     the fault-free run left rows out for nothing; the default bar (13 spreads) lets it through."""
-    spike = LossSpike(OrchestratorConfig())
+    cfg = OrchestratorConfig()
+    cfg.spike.early_steps = 25  # off by default
+    spike = LossSpike(cfg)
     found = [spike.observe(StepMetrics(step=s, loss=x, grad_norm=1.0)) for s, x in enumerate(DDP_CLEAN, 1)]
     assert found == [None] * 10 and spike.early_ceiling()[0] < float("inf")  # judged, and let through
