@@ -275,3 +275,29 @@ def test_the_run_view_names_each_training_rows_mixture_source(tokenizer):
     assert parts == {r: "ab"[rows.locate(r)[0]] for r in batch.rows} and set(parts.values()) == {"a", "b"}
     one = BatchLoader(a, 160, 160, seed=3, pad_id=0)
     assert RunView(SimpleNamespace(loader=one), control).row_parts([0]) is None  # one source: no parts
+
+
+def test_a_rare_sources_first_rows_are_judged_once_its_reference_fills():
+    """A source at 3 rows a step fills its reference (min_reference) at step 43: the rows it showed
+    before were not judged and went into it. They are held and scored again once it fills, and
+    judged as a first sighting: garbage 5 nats out named then, garbage 2 out a suspect; clean not."""
+    rule, rng = OutlierRows(confirming()), random.Random(0)
+
+    def step(n: int) -> StepMetrics:
+        rows = {r: ("a", rng.gauss(5.4, 0.3)) for r in range(3 * n, 3 * n + 3)}  # fresh rows of the rare source
+        rows |= {10_000 + 29 * n + i: ("d", rng.gauss(1.1, 0.1)) for i in range(29)}  # a memorised one's
+        rows |= {r: ("a", loss) for r, loss in ((3, 10.5), (4, 7.4)) if r in rows}  # garbage among a's first
+        losses = {r: (loss, 64) for r, (_, loss) in rows.items()}
+        parts = {r: part for r, (part, _) in rows.items()}
+        return StepMetrics(step=n, loss=1.5, grad_norm=1.0, rows=list(rows), row_losses=losses, row_parts=parts)
+
+    view = View({r: 5.3 for r in range(200)} | {3: 10.4, 4: 7.3} | {r: 1.1 for r in range(10_000, 12_000)})
+    named = []
+    for n in range(1, 50):
+        assert rule.observe(step(n)) is None
+        if (f := rule.confirm(view, StepMetrics(step=n, loss=1.5, grad_norm=1.0))) is not None:
+            named.append((n, f.evidence["rows"]))
+    assert named == [(43, [3])]  # a's reference filled at step 43
+    # its 128 earlier rows scored in two forwards of confirm_rows (64), as d's were at steps 5 and 6
+    assert [len(rows) for rows in view.asked] == [64] * 4 and {3, 4} <= set(view.asked[2]) and not rule.held
+    assert set(rule.suspects) == {"4"} and rule.due == {"4": 43 + rule.cfg.confirm_after}

@@ -15,7 +15,10 @@ median far under what the other sources' fresh rows score. Soak (debug, three st
 weight 0.1 beside 6 KB of abc.py at 0.9, 3 epochs: abc.py seen ~45 times, its rows at ~1.1 nats):
 judged against the mixture's rows, 8 fresh stdlib rows (~5.4 nats, held-out 4.8) were left out
 as 4 nats above the median; judged against their own source's, none. A source's rows are judged
-once `min_reference` of its own were seen, so garbage in a rare source waits for its reference.
+once `min_reference` of its own were seen; the rows it showed before are held and, once it has,
+scored again on the then weights (confirm) and judged like any first sighting: an outlier becomes a
+suspect, one `certain_gap` out is named. Without it a rare source's first rows (at debug size,
+weight 0.08: its first 50 steps) became suspects only at their next epoch.
 
 A hard row is not a bad one: a rarer domain of a mixture or an unusual file scores high the first
 time and lower once the model has seen it. So a row is named only when it *stays* an outlier:
@@ -73,6 +76,7 @@ class OutlierRows(Monitor):
         self.suspects: dict[str, float] = {}  # row (a string: JSON keys) -> its gap at its first sighting
         self.due: dict[str, int] = {}  # suspect -> the step it is scored again at (confirm_after)
         self.part_of: dict[str, str] = {}  # suspect -> its mixture source (absent: "")
+        self.held: dict[str, str] = {}  # row seen before its source's reference filled -> the source
 
     def reference(self, part: str = "") -> deque[float]:
         """The recent healthy rows of this mixture source ("": the one source)."""
@@ -97,10 +101,10 @@ class OutlierRows(Monitor):
         judged = {r: x for r, x in losses.items() if len(self.reference(parts[r])) >= cfg.min_reference}
         if not finite or len(losses) - len(finite) >= 2 or not judged:
             for r, x in finite.items():
-                self.reference(parts[r]).append(x)
+                self._fill(r, x, parts[r])
             return None
         for r in set(finite) - set(judged):  # a source seen too little yet: its rows fill its reference
-            self.reference(parts[r]).append(finite[r])
+            self._fill(r, finite[r], parts[r])
         middles = {p: median(self.reference(p)) for p in {parts[r] for r in judged}}
         excess = [x - middles[parts[r]] for r, x in judged.items() if math.isfinite(x)]
         if excess and median(excess) > cfg.min_gap:  # most rows far above their sources': the model's doing
@@ -124,6 +128,14 @@ class OutlierRows(Monitor):
             self._forget(next(iter(self.suspects)))
         return self._finding(m, judged, named, bars, parts) if named else None
 
+    def _fill(self, row: int, loss: float, part: str) -> None:
+        """`row` into its source's reference, held to be judged later (confirm) while that is short: in
+        a mixture ("": one source, whose reference fills in a run's first steps)."""
+        reference = self.reference(part)
+        if part and len(reference) < self.cfg.min_reference and len(self.held) < self.cfg.max_suspects:
+            self.held[str(row)] = part
+        reference.append(loss)
+
     def _bars(self, losses: dict[int, float], parts: dict[int, str]) -> dict[str, tuple[float, float, float, int]]:
         """Each source's (median, spread, threshold, rows in its reference): its recent rows and this step's."""
         step: dict[str, list[float]] = {parts[r]: [] for r in losses}
@@ -139,29 +151,52 @@ class OutlierRows(Monitor):
         self.suspects.pop(key, None)
         self.due.pop(key, None)
         self.part_of.pop(key, None)
+        self.held.pop(key, None)
 
     def confirm(self, view: Any, m: StepMetrics) -> Finding | None:
         """The suspects due at this step that, scored again on the current weights
         (view.row_losses), are still outliers against the recent rows of their source (None when
-        none is). Every data-parallel rank holds the same suspects and weights, so all score the
+        none is), and in the same forward the rows held until their source's reference filled
+        (_judge_held). Every data-parallel rank holds the same suspects and weights, so all score the
         same rows alike."""
         cfg = self.cfg
         ready = [k for k, step in self.due.items() if step <= m.step][: cfg.confirm_rows]
         parts = {int(k): self.part_of.get(k, "") for k in ready}
         # an unstable model scores every row high (observe's reason): the due wait for a settled step
-        if not ready or m.unsettled or any(len(self.reference(p)) < cfg.min_reference for p in parts.values()):
+        if m.unsettled or any(len(self.reference(p)) < cfg.min_reference for p in parts.values()):
+            return None
+        filled = [k for k, p in self.held.items() if len(self.reference(p)) >= cfg.min_reference]
+        held = {int(k): self.held.pop(k) for k in filled[: cfg.confirm_rows - len(ready)]}
+        if not ready and not held:
             return None
         for key in ready:
             del self.due[key]
-        scores = view.row_losses(list(parts))  # {} in an RL or DPO phase: no row losses
+        scores = view.row_losses(list(parts) + list(held))  # {} in an RL or DPO phase: no row losses
+        parts |= held
         bars = {p: self._bar(list(self.reference(p))) for p in set(parts.values())}
         # not finite alone, on weights that score the rest finite, is no evidence: the forward's
-        named = {r: self.suspects[str(r)] for r, x in sorted(scores.items()) if bars[parts[r]][2] < x < math.inf}
+        due = {r: x for r, x in sorted(scores.items()) if r not in held}
+        named = {r: self.suspects[str(r)] for r, x in due.items() if bars[parts[r]][2] < x < math.inf}
+        named |= self._judge_held(scores, held, bars, m.step)
         for row in named:
             self._forget(str(row))
         if not named:
             return None
         return self._finding(m, scores, named, bars, parts, rescored=len(scores))
+
+    def _judge_held(self, scores: dict[int, float], held: dict[int, str], bars: dict, step: int) -> dict:
+        """The held rows as observe judges a first sighting: certain_gap out named (None: no earlier
+        gap), an outlier a suspect (due again after confirm_after)."""
+        named: dict[int, float | None] = {}
+        for row, x in ((r, x) for r, x in scores.items() if r in held):
+            middle, _, threshold, _ = bars[held[row]]
+            if x - middle >= self.cfg.certain_gap and math.isfinite(x):
+                named[row] = None
+            elif threshold < x < math.inf:
+                self.suspects[str(row)], self.part_of[str(row)] = x - middle, held[row]
+                if self.cfg.confirm_after:
+                    self.due[str(row)] = step + self.cfg.confirm_after
+        return named
 
     def _finding(self, m, losses, named, bars, parts, rescored: int = 0) -> Finding:
         bad = sorted(named)
@@ -202,7 +237,13 @@ class OutlierRows(Monitor):
 
     def state_dict(self) -> dict[str, Any]:
         recent = {p: list(r) for p, r in self.references.items()}
-        return {"recent": recent, "suspects": self.suspects, "due": self.due, "part_of": self.part_of}
+        return {
+            "recent": recent,
+            "suspects": self.suspects,
+            "due": self.due,
+            "part_of": self.part_of,
+            "held": self.held,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         recent = state.get("recent", [])
@@ -211,6 +252,7 @@ class OutlierRows(Monitor):
         self.suspects = dict(state.get("suspects", {}))
         self.due = dict(state.get("due", {}))  # a checkpoint from before confirm: its suspects wait for an epoch
         self.part_of = dict(state.get("part_of", {}))
+        self.held = dict(state.get("held", {}))
 
 
 MERGED = {"rows": "rows_rule", "row_gate": "row_gate"}  # rule -> its key in the watch's evidence
