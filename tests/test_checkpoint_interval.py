@@ -36,10 +36,14 @@ def test_a_rollback_brings_the_checkpoints_closer_and_a_fault_free_run_keeps_its
 
 
 def test_the_orchestrator_counts_its_rollbacks_and_a_resume_keeps_them(tmp_path):
-    """on_rollback gives the interval rule the steps thrown away; the count is in the orchestrator's
-    state, so a resumed run judges with it (the interval rule's own window starts afresh)."""
+    """on_rollback gives the interval rule the steps its own rollback threw away (a person's rollback
+    is no failure); the count is in the orchestrator's state, so a resumed run judges with it (the
+    interval rule's own window starts afresh)."""
     orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)
     orchestrator.last_step = 36
+    orchestrator.on_rollback(SimpleNamespace(step=0), {})  # a person's (ctl rollback): a choice, no failure
+    assert (orchestrator.interval.rollbacks, orchestrator.interval.replayed) == (0, 0)
+    orchestrator.rolling_back = 7  # the orchestrator's own decision 7 asked for it
     orchestrator.on_rollback(SimpleNamespace(step=0), {})
     assert (orchestrator.interval.rollbacks, orchestrator.interval.replayed) == (1, 36)
     resumed = Orchestrator(OrchestratorConfig(), tmp_path)

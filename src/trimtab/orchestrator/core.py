@@ -329,10 +329,12 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         decisions, ladder and knobs stay (they are the fix)."""
         self.pending, self.reruns = [], {}
         self.outcomes.rolled_back(run.step, self.rolling_back)
+        # the orchestrator's own rollback is a fault's, a failure in Young's M (checkpoint_interval.rollbacks);
+        # a person's (ctl rollback) is a choice, with no rate to expect of it
+        if self.interval is not None and self.rolling_back is not None:
+            self.interval.rolled_back(self.last_step - run.step)
         self.rolling_back = None
         self.policy.shift(self.last_step - run.step)
-        if self.interval is not None:  # a failure in Young's M, counted with checkpoint_interval.rollbacks
-            self.interval.rolled_back(self.last_step - run.step)
         self.stood_at -= (self.last_step - run.step) if self.stood_at >= 0 else 0  # as the ladder's steps
         if self.make_up is not None:
             self.make_up.rolled_back(run.step)
@@ -453,8 +455,8 @@ class Orchestrator(Deciding, PersonCommands, Hook):
 
     def _checkpoint_interval(self, run: RunView, seconds: list[float], stall: float) -> None:
         """The steps' and a save's times (every rank's slowest) to the interval rule."""
-        if self.interval is None or "checkpoint_interval" in self.paused:
-            return
+        if self.interval is None or "checkpoint_interval" in self.paused or run.step >= run.total_steps:
+            return  # at the run's last step no checkpoint is left to move
         every, configured = run.checkpoint_every, run.cfg.checkpoint.every
         if (f := self.interval.observe(run.step, seconds, stall, run.world, every, configured)) is not None:
             self.decide(run, f)
