@@ -13,12 +13,7 @@ token do not give them away (measured at 4,096 tokens: never flagged):
   the one before (a bigram model's perplexity is far under a unigram model's; Shannon 1951), so
   the corpus's own bigram counts (the document's own left out) give its adjacent words positive
   pointwise mutual information on average; words in random order have none (Church and Hanks
-  1990, "Word Association Norms, Mutual Information, and Lexicography"). Only pairs across a space
-  are scored: salad made by shuffling whole space-separated tokens keeps the pairs inside a token
-  ("os.path", "don't", "l'été") in order, which gave it positive information (elided prose shuffled
-  so: 8 of 20 documents named with them, 17 without; stdlib docstrings shuffled so, against 8 MB of
-  the built-in corpus: 1.2-2.6 bits with them, under 0.8 without; no real document of the corpus,
-  trimtab's docs or the stdlib's docstrings, 1,358 in all, named either way).
+  1990, "Word Association Norms, Mutual Information, and Lexicography").
 """
 
 from __future__ import annotations
@@ -100,13 +95,6 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
-def spaced_words(text: str) -> tuple[list[str], list[bool]]:
-    """`text`'s words (as words()) and, for each, whether a space separates it from the word before."""
-    lower = text.lower()
-    before = _WORD.split(lower)[:-1]  # what precedes each word (split() != [itself]: it holds a space)
-    return _WORD.findall(lower), [gap.split() != [gap] for gap in before]
-
-
 @dataclass(frozen=True)
 class Bigrams:
     """A reference corpus's word and adjacent-pair counts, which documents' word order is judged
@@ -171,23 +159,19 @@ def _lengths(docs: Sequence[list[str]]) -> np.ndarray:
     return np.array([len(ws) for ws in docs], dtype=np.int64)
 
 
-def salad_bits(
-    docs: Sequence[list[str]], reference: Bigrams, member: np.ndarray, spaced: Sequence[list[bool]] | None = None
-) -> tuple[np.ndarray, np.ndarray]:
+def salad_bits(docs: Sequence[list[str]], reference: Bigrams, member: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(bits [D], pairs [D]): how much better `reference` (less the document's own counts where it
     is a `member`, bool [D]) predicts each document's words from the word before than from a word
     far away in it (a golden-ratio stride, as in quality.information): the mean pointwise mutual
     information of its adjacent words less that of distant ones, so what a domain's vocabulary
     does to both cancels (zero in expectation for words in random order); and how many adjacent
-    pairs were scored (both words seen elsewhere in the reference; with `spaced`, spaced_words()'s
-    flags, only pairs across a space: the module's docstring says why). A corpus of 6 MB: about a second."""
+    pairs were scored (both words seen elsewhere in the reference). A corpus of 6 MB: about a second."""
     # words the reference lacks: counted 0, their pairs not scored
-    across = np.concatenate([np.asarray(s, dtype=bool) for s in spaced]) if spaced and len(docs) else None
-    return _salad_bits(_ids(docs, reference.vocab, grow=False), _lengths(docs), reference, member, across)
+    return _salad_bits(_ids(docs, reference.vocab, grow=False), _lengths(docs), reference, member)
 
 
 def _salad_bits(
-    ids: np.ndarray, lengths: np.ndarray, reference: Bigrams, member: np.ndarray, spaced: np.ndarray | None = None
+    ids: np.ndarray, lengths: np.ndarray, reference: Bigrams, member: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     doc = np.repeat(np.arange(len(lengths)), lengths)
     start = np.concatenate([[0], np.cumsum(lengths)])[:-1]
@@ -195,7 +179,7 @@ def _salad_bits(
     step = np.array([_stride(int(n)) for n in lengths], dtype=np.int64)
     far = start[doc] + local * step[doc] % np.maximum(lengths[doc], 1) if len(ids) else ids
     counts = _Counts(reference, ids, doc, np.asarray(member, dtype=bool))
-    near_bits, near_n = _mean_pmi(counts, ids, counts.own_word, doc, len(lengths), spaced)
+    near_bits, near_n = _mean_pmi(counts, ids, counts.own_word, doc, len(lengths))
     far_bits, _ = _mean_pmi(counts, ids[far], counts.own_word[far], doc, len(lengths))
     return near_bits - far_bits, near_n
 
@@ -229,21 +213,19 @@ class _Counts:
 
 
 def _mean_pmi(
-    c: _Counts, ids: np.ndarray, own: np.ndarray, doc: np.ndarray, n_docs: int, spaced: np.ndarray | None = None
+    c: _Counts, ids: np.ndarray, own: np.ndarray, doc: np.ndarray, n_docs: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per document, the mean log2 P(next | word) / P(next) of the pairs of adjacent `ids` (one
     document's positions in order, `doc` of each; `own`: each one's count in its document where a
     member, else 0), counted on the reference less that document;
     P(next | word) smoothed towards P(next) with PRIOR (MacKay and Peto 1995). Pairs whose words the
-    rest of the reference lacks are not scored, nor, given `spaced` (bool [N]: a space before the
-    word), pairs inside one space-separated token."""
+    rest of the reference lacks are not scored."""
     same = doc[:-1] == doc[1:]
-    scored_pair = same if spaced is None else same & spaced[1:]
     d, a, b = doc[:-1][same], ids[:-1][same], ids[1:][same]
     first, nxt = c.words[a] - own[:-1][same], c.words[b] - own[1:][same]
     pair = c.pair(a, b) - _lookup(c.own_pairs, c.own_pair_counts, d * c.size**2 + a * c.size + b)
     rest = np.maximum(c.total - c.doc_words[d], 1)
-    valid = (first > 0) & (nxt > 0) & scored_pair[same]
+    valid = (first > 0) & (nxt > 0)
     p_next = np.where(valid, nxt, 1) / rest
     p_cond = (pair + PRIOR * p_next) / (np.maximum(first, 0) + PRIOR)
     bits = np.where(valid, np.log2(np.maximum(p_cond, 1e-300) / p_next), 0.0)
@@ -295,7 +277,7 @@ def kinds(texts: Sequence[str], reference: Bigrams | None = None) -> list[Verdic
     """Each document's junk verdict, None for none. Word salad is judged against `reference`'s
     bigrams (default: the documents' own), when it holds CORPUS_WORDS. Documents under MIN_CHARS
     characters are not judged."""
-    tokens, spaced = zip(*map(spaced_words, texts)) if texts else ((), ())
+    tokens = [words(t) for t in texts]
     lengths = _lengths(tokens)
     if reference is None:  # the documents' own: their words mapped to ids once
         vocab: dict[str, int] = {}
@@ -304,8 +286,7 @@ def kinds(texts: Sequence[str], reference: Bigrams | None = None) -> list[Verdic
     else:
         ids, member = _ids(tokens, reference.vocab, grow=False), np.isin(text_hashes(texts), reference.members)
     if reference.total >= CORPUS_WORDS:
-        across = np.concatenate([np.asarray(s, dtype=bool) for s in spaced]) if len(ids) else None
-        bits, scored = _salad_bits(ids, lengths, reference, member, across)
+        bits, scored = _salad_bits(ids, lengths, reference, member)
     else:  # too little text to say which words follow which
         bits, scored = np.zeros(len(texts)), np.zeros(len(texts), dtype=np.int64)
     return [_verdict(text, ws, float(b), int(n)) for text, ws, b, n in zip(texts, tokens, bits, scored)]
