@@ -495,13 +495,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
                 part.load_state_dict(state[name])
         self.transient_faults = dict(state.get("transient_faults", {}))
         self.lost_commands = list(state.get("lost_commands", []))
-        self.mode, self._mode_kept = self._mode_after(state), ""
-        if self.mode != self.cfg.mode:
-            self._mode_kept = (
-                f"[orchestrator] mode {self.mode}, as `trimtab ctl mode` set it (the config says {self.cfg.mode}): "
-                f"`trimtab ctl RUN mode {self.cfg.mode}` gives it back while the run trains; once it has stopped, "
-                f"`trimtab ctl --queue RUN mode {self.cfg.mode}` does at its next launch"
-            )
+        self._take_mode(state)
 
     def _load_monitors(self, state: dict[str, Any], rollback: bool = False) -> None:
         """The monitors' saved state; a rollback keeps what a monitor accounts for in the knobs it

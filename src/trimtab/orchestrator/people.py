@@ -28,6 +28,7 @@ class PersonCommands:
     journal: Journal
     run_dir: Path
     mode: str
+    _mode_kept: str  # said at start: a resumed run kept a mode a person set over the config's
     paused: set[str]
     cfg: OrchestratorConfig
     lost_commands: list[dict[str, Any]]  # a person's settings a resume lost, to apply again at their steps
@@ -55,6 +56,16 @@ class PersonCommands:
         )
         self.journal.add(decision)
         run.say(decision.console_line())
+
+    def _take_mode(self, state: dict[str, Any]) -> None:
+        """The mode a resumed run takes, and the line that says so when it is not the config's."""
+        self.mode, self._mode_kept = self._mode_after(state), ""
+        if self.mode != self.cfg.mode:
+            self._mode_kept = (
+                f"[orchestrator] mode {self.mode}, as `trimtab ctl mode` set it (the config says {self.cfg.mode}): "
+                f"`trimtab ctl RUN mode {self.cfg.mode}` gives it back while the run trains; once it has stopped, "
+                f"`trimtab ctl --queue RUN mode {self.cfg.mode}` does at its next launch"
+            )
 
     def _mode_after(self, state: dict[str, Any]) -> str:
         """The mode a resumed run takes: the config's when it changed since the checkpoint (a person
