@@ -38,6 +38,7 @@ STATE = (
     "fresh_probe",
     "phase_start",
     "lr_too_high_at",
+    "too_high_gain",
     "rollbacks",
     "rollback_at",
     "broken_at",
@@ -82,6 +83,7 @@ class Policy(InstabilityLadder):
         self.fresh_probe: float | None = None  # ... of calm weights since, before a good checkpoint is measured
         self.phase_start = 0  # the step the current phase started after
         self.lr_too_high_at = -(10**9)  # step of the last decisive LR cut (the LR found far too high)
+        self.too_high_gain: list[float] | None = None  # [phase_start, the update gain that cut answered] (too_high.py)
         self.rollbacks = 0  # rollbacks of the open incident (ladder.py: _clear ends it)
         self.rollback_at = -1  # the step the last of them was decided at (-1: none)
         self.broken_at = -1  # ... when it was for broken weights

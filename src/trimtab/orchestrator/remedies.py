@@ -350,7 +350,7 @@ def moe(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
         )
     if kind == "drop":
         return _capacity(layer, knobs["capacity_factor"], rule.max_capacity)
-    return _balance(f, layer, kind, knobs["balance_coef"], cfg)
+    return _balance(f, layer, kind, knobs["balance_coef"], cfg, knobs.get("bias_lead", 0.0))
 
 
 def _capacity(layer: int, factor: float, limit: float) -> Remedy:
@@ -367,17 +367,24 @@ def _capacity(layer: int, factor: float, limit: float) -> Remedy:
     )
 
 
-def _balance(f: Finding, layer: int, kind: str, coef: float, cfg: OrchestratorConfig) -> Remedy:
+def _balance(f: Finding, layer: int, kind: str, coef: float, cfg: OrchestratorConfig, bias_lead: float) -> Remedy:
     """Imbalance: a larger balance coefficient. Collapse climbs: x4 the first time, then (an earlier
-    balance finding in 4 windows, or the coefficient at its limit) a router reset."""
+    balance finding in 4 windows, or the coefficient at its limit) a router reset; at once when the
+    selection bias leads by 1 or more (probs lie in [0, 1]: it picks the expert whatever the router
+    says, and no loss gradient reaches it, so a raise cannot hold)."""
     target = min(cfg.moe.max_balance_coef, max(coef * (4 if kind == "collapse" else 2), 1e-3))
-    if kind == "collapse" and (f.evidence["strikes"] or target <= coef):
+    if kind == "collapse" and (f.evidence["strikes"] or target <= coef or bias_lead >= 1):
         expert = f.evidence["busiest"]
+        why = (
+            f"its selection bias leads the next by {bias_lead:.3g}, 1 or more: it picks it whatever the router says"
+            if bias_lead >= 1
+            else f"after {f.evidence['strikes']} earlier balance finding(s) in {4 * cfg.moe.window} steps (or the "
+            "balance coefficient is at its limit)"
+        )
         return Remedy(
             action="reset_router",
             params={"layer": layer, "expert": expert},
-            reasoning=f"the layer is collapsed onto expert {expert} after {f.evidence['strikes']} earlier balance "
-            f"finding(s) in {4 * cfg.moe.window} steps (or the balance coefficient is at its limit): that loss "
+            reasoning=f"the layer is collapsed onto expert {expert} ({why}): a balance loss "
             "moves router probabilities only, a saturated softmax passes it almost no gradient and the selection "
             "bias none, so re-centre the expert's router row and selection bias on the others' mean (its weights "
             "stay) and restart the row's AdamW moments",

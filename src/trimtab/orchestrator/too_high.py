@@ -21,6 +21,8 @@ class TooHighLR:
     last_lr_change: int
     lr_too_high_at: int
     unstable_at: int
+    phase_start: int
+    too_high_gain: list[float] | None  # [phase_start, update gain] of the last gain-based cut (None: none yet)
 
     def _lr_too_high(self, f: Finding, view: Any) -> Remedy:
         """Training makes the model worse than where the phase started: the LR is too high. Cut
@@ -44,11 +46,14 @@ class TooHighLR:
             )
         if floor >= 1 - 1e-6:
             return self._rollback(view)
-        factor = max(_too_high_factor(f, self.cfg.above_start.lr_factor), floor)
+        before = self.too_high_gain[1] if self.too_high_gain and self.too_high_gain[0] == self.phase_start else None
+        factor = max(_too_high_factor(f, self.cfg.above_start.lr_factor, before), floor)
         why = _too_high_why(f, factor)
 
         def cut(rolled_back_to: int | None = None) -> None:
             self.last_lr_change = self.lr_too_high_at = self.unstable_at = f.step
+            if "gain" in f.evidence:  # the next cut's reference, in this phase (another's data and LR differ)
+                self.too_high_gain = [self.phase_start, f.evidence["gain"]]
             if rolled_back_to is not None:
                 self._rolled_back(f.step, rolled_back_to, broken=False)
 
@@ -120,15 +125,22 @@ class TooHighLR:
         return self._leave_out(rows, why + ": leave them out of the rest of the run", evidence)
 
 
-def _too_high_factor(f: Finding, lr_factor: float) -> float:
+def _too_high_factor(f: Finding, lr_factor: float, before: float | None = None) -> float:
     """The cut for an LR found far too high: lr_factor, or its square root (half a decade) for
     updates that overshoot only a little (a gain over 3/4 of min_gain) and for a gradient that
     dies away after a cut (the cut LR is within a decade of a sound one). On the debug presets the
     first steps' gain is 0.75-0.9 at the preset's LR, 0.38-0.6 at 3-10x, 0.12-0.22 at 30x: 30x is
     cut x0.1 to 3x, which then shows a gain just under 0.4 or a dying gradient and is cut x0.32
-    to about the preset's, not x0.1 to a third of it (debug, 100 steps: 4.28 against 4.68)."""
+    to about the preset's, not x0.1 to a third of it (debug, 100 steps: 4.28 against 4.68).
+    Half a decade too when an earlier cut's gain (`before`) rose since and now stands over half
+    min_gain: the last decade lifted the LR off the gain's floor (0.1-0.2 however far too high), so
+    the LR is within a decade of a sound one. MoE's gains run lower than dense ones at the same
+    excess: debug-moe at 20x its preset's LR shows 0.22, cut x0.1 to 2x 0.30, under 3/4 of the bar,
+    and a second x0.1 left it at a fifth of the preset's (80 steps: val 5.05 against 4.31 clean)."""
     ev = f.evidence
     if "warm_grad_norm" in ev or "unigram" in ev or ("gain" in ev and ev["gain"] > 0.75 * ev["min_gain"]):
+        return math.sqrt(lr_factor)
+    if "gain" in ev and before is not None and ev["gain"] > max(before, 0.5 * ev["min_gain"]):
         return math.sqrt(lr_factor)
     return lr_factor
 

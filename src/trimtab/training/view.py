@@ -161,10 +161,12 @@ class RunView:
         return {i: layer.top_k for i, layer in self._t.model.moe_layers()}
 
     def moe_knobs(self, layer: int) -> dict[str, float]:
-        """A MoE layer's live settings: n_experts, top_k, capacity_factor, router_temperature, balance_coef."""
+        """A MoE layer's live settings: n_experts, top_k, capacity_factor, router_temperature, balance_coef;
+        and bias_lead, how far the highest selection bias (expert_bias) stands over the next highest."""
         moe = dict(self._t.model.moe_layers())[layer]
         keys = ("n_experts", "top_k", "capacity_factor", "router_temperature", "balance_coef")
-        return {k: getattr(moe, k) for k in keys}
+        top = moe.expert_bias.float().topk(2).values.tolist() if moe.n_experts > 1 else [0.0, 0.0]
+        return {**{k: getattr(moe, k) for k in keys}, "bias_lead": top[0] - top[1]}
 
     def mod_capacities(self) -> dict[int, tuple[float, float]]:
         """Each Mixture-of-Depths layer's (current capacity, target): they differ during warm-up."""

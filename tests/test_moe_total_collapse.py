@@ -1,0 +1,55 @@
+"""A total expert collapse is answered within a few steps: expert_collapse@30 on debug-moe (every
+token's first choice on expert 0, through its selection bias) was found only once the 20-step
+window's mean passed the bar (steps 45-48), and answered with balance_coef x4, which cannot move
+expert_bias; the router reset that works came at steps 65-67."""
+
+from types import SimpleNamespace
+
+import torch
+
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator import remedies
+from trimtab.orchestrator.moe_health import MoEHealth
+from trimtab.orchestrator.monitors import StepMetrics
+from trimtab.training.view import RunView
+
+FAIR = [1 / 8] * 8
+COLLAPSED = [0.5] + [0.5 / 7] * 7  # top_k 2: expert 0 takes every token's first choice
+
+
+def _first_collapse(shares_at) -> int | None:
+    monitor = MoEHealth(OrchestratorConfig())
+    for step in range(60):
+        m = StepMetrics(step=step, loss=4.0, grad_norm=1.0, progress=0.5, moe=[(1, shares_at(step), 0.0, 2)])
+        f = monitor.observe(m)
+        if f is not None and f.evidence["kind"] == "collapse":
+            return step
+    return None
+
+
+def test_a_total_collapse_is_found_on_its_third_step():
+    assert _first_collapse(lambda step: COLLAPSED if step >= 30 else FAIR) == 32
+
+
+def test_a_forming_router_piling_its_first_steps_on_one_expert_is_no_collapse():
+    assert _first_collapse(lambda step: COLLAPSED if step < 5 else FAIR) is None
+
+
+def _remedy(bias_lead: float) -> str:
+    evidence = {"kind": "collapse", "layer": 1, "busiest": 0, "strikes": 0}
+    f = SimpleNamespace(evidence=evidence)
+    knobs = {"n_experts": 8, "top_k": 2, "balance_coef": 0.01, "bias_lead": bias_lead}
+    view = SimpleNamespace(moe_knobs=lambda layer: knobs)
+    return remedies.moe(f, view, OrchestratorConfig()).action
+
+
+def test_a_collapse_held_by_the_selection_bias_resets_the_router_at_once():
+    assert _remedy(bias_lead=1.0) == "reset_router"
+    assert _remedy(bias_lead=0.05) == "set_balance_coef"  # a router's own collapse: the balance loss first
+
+
+def test_the_run_view_reports_the_selection_bias_lead():
+    moe = SimpleNamespace(n_experts=4, top_k=2, capacity_factor=1.25, router_temperature=1.0, balance_coef=0.01)
+    moe.expert_bias = torch.tensor([1.5, 0.25, 0.0, -0.5])  # expert_collapse@30:1.25 on a bias of 0.25
+    view = RunView(SimpleNamespace(model=SimpleNamespace(moe_layers=lambda: [(1, moe)])), SimpleNamespace(request=None))
+    assert view.moe_knobs(1)["bias_lead"] == 1.25
