@@ -609,3 +609,19 @@ def test_a_new_run_refused_at_start_leaves_no_run_behind(tmp_path, monkeypatch, 
         api.train_or_raise(cfg)
     left = sorted(p.name for p in cfg.run_dir.iterdir()) if cfg.run_dir.exists() else None
     assert left == (["notes.txt"] if own_file else None)
+
+
+def test_a_new_run_refused_in_an_empty_folder_the_user_made_leaves_the_folder(tmp_path, monkeypatch):
+    """`mkdir -m 700 runs/x` then a start refused there (`--inject expert_collapse@10` on debug): the
+    user's empty folder was removed with what the session wrote, as if the session had made it."""
+    from trimtab import api
+    from trimtab.config import load_config
+
+    monkeypatch.setattr(api, "setup", _writes_run_files)
+    monkeypatch.setattr(api, "Trainer", _RefusedAtStart)
+    cfg = load_config(preset="debug", sets=[f"out={tmp_path / 'r'}"])
+    cfg.run_dir.mkdir(mode=0o700)
+    with pytest.raises(api.TrimtabError, match="expert_collapse needs a Mixture-of-Experts model"):
+        api.train_or_raise(cfg)
+    assert cfg.run_dir.is_dir() and not any(cfg.run_dir.iterdir())
+    assert cfg.run_dir.stat().st_mode & 0o777 == 0o700

@@ -124,3 +124,12 @@ def test_a_run_directory_that_is_a_file_is_refused_naming_out(tmp_path):
             with run_lock(path):
                 pass
     assert (tmp_path / "a.txt").read_text() == "notes"
+
+
+def test_a_run_directory_that_is_a_dangling_link_is_refused_naming_its_target(tmp_path):
+    """`ln -s /scratch/r1 runs/r1` before /scratch/r1 exists: the refusal called the link a file."""
+    (tmp_path / "r1").symlink_to(tmp_path / "scratch" / "r1")
+    with pytest.raises(ConfigError, match=r"is a symbolic link to '.*scratch/r1', which does not exist; make that"):
+        with run_lock(tmp_path / "r1"):
+            pass
+    assert (tmp_path / "r1").is_symlink() and not (tmp_path / "scratch").exists()

@@ -65,6 +65,7 @@ def train_or_raise(config: RunConfig, hooks: list = ()) -> dict:
     # A signal from here to the first step ends start-up cleanly (training/services/signals.py).
     lengths = configured_lengths(config) if config.train.epochs <= 0 and config.train.max_steps != "auto" else None
     before, session = _entries_before(config.run_dir), _Session()
+    made = not config.run_dir.exists()  # a folder that was there, even empty, is the user's: it stays
     try:
         with handle_signals(run_dir=config.run_dir, lengths=lengths), run_lock(config.run_dir):  # one per run directory
             session.locked = True  # from here what the directory gains is this session's
@@ -84,7 +85,7 @@ def train_or_raise(config: RunConfig, hooks: list = ()) -> dict:
                         hook.on_summary()
     except TrimtabError:
         if before is not None and session.refused_before_training(config.run_dir):
-            _discard_refused(config.run_dir, before)
+            _discard_refused(config.run_dir, before, made)
         raise
     return summary
 
@@ -121,11 +122,12 @@ def _entries_before(run_dir: Path) -> set[str] | None:
     return {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
 
 
-def _discard_refused(run_dir: Path, before: set[str]) -> None:
+def _discard_refused(run_dir: Path, before: set[str], made: bool) -> None:
     """A new run refused at start-up (a fault its model cannot take, a busy log.prometheus.port, a
     hook refusing it as it starts) had already written config.yaml, tokenizer.json, goodput.json...:
     a "run" that never ran, which `trimtab runs` listed as failed. What this session added is
-    removed, and the directory with it if it made it."""
+    removed, and the directory with it if this session made it (`made`; a folder the user made, even
+    an empty one, stays)."""
     for path in run_dir.iterdir() if run_dir.is_dir() else ():
         if path.name in before:
             continue
@@ -133,7 +135,7 @@ def _discard_refused(run_dir: Path, before: set[str]) -> None:
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
-    if not before:
+    if made:
         with contextlib.suppress(OSError):
             run_dir.rmdir()
     log.info("refused at start-up: %s holds nothing of this session", run_dir)

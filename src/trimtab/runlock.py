@@ -40,6 +40,17 @@ REFUSED_S = 2 * RETRIES * 0.05  # another holder kept the lock this long: the ot
 REFUSAL_GRACE_S = 2.0  # rank 0 refused under torchrun: how long before it ends (the others refuse meanwhile)
 
 
+def _not_a_directory(run_dir: Path) -> str:
+    """Why out cannot be the run's directory. A link made before its target (`ln -s /scratch/r1 runs/r1`)
+    fails mkdir as a file there does: it was called a file, and the fix is to make the target."""
+    if run_dir.is_symlink() and not run_dir.exists():
+        return (
+            f"out '{run_dir}' (--out) is a symbolic link to '{os.readlink(run_dir)}', which does not exist; "
+            "make that directory (mkdir -p) or give a run directory's path"
+        )
+    return f"out '{run_dir}' (--out) is or lies under a file, not a directory; give a run directory's path"
+
+
 @contextlib.contextmanager
 def run_lock(run_dir: Path) -> Iterator[None]:
     """Hold run_dir's lock and beat its heartbeat for the block (on rank 0; other ranks pass).
@@ -53,9 +64,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):  # it, or a folder above it, is a file
-        raise ConfigError(
-            f"out '{run_dir}' (--out) is or lies under a file, not a directory; give a run directory's path"
-        ) from None
+        raise ConfigError(_not_a_directory(run_dir)) from None
     fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         _acquire(fd, run_dir)
