@@ -42,7 +42,10 @@ class SpikeRule(Section):
     # turns it on): the rise alone cannot tell an overshoot from damage. A fault-free 24-step debug
     # run (fp32, 60 KB) rose 0.84 nats at step 9 (49 spreads; bad_batch@10 rose 0.81), which the run
     # falls back from by itself (4.998 at step 15); judged a spike, its steps withheld held the loss
-    # above the bar, the data rule left rows out of steps 10-19, and three rollbacks gave up.
+    # above the bar, the data rule left rows out of steps 10-19, and three rollbacks gave up (the next
+    # step is now judged from the withheld step's own loss: one withheld step). Still off: a debug run
+    # (seed 1, 40 steps, fp32, 60 KB) overshot 1.9 nats at step 10, and the early answer rolled back
+    # with the LR x0.1 for good (ladder._rollback reads it as wrecked weights): val 5.618 against 4.513.
     early_steps: int = 0
     early_window: int = 8  # step-to-step changes
     early_sigma: float = 13.0

@@ -196,7 +196,16 @@ class LossSpike(Monitor):
     one by max(early_sigma x the spread of the recent step-to-step changes, early_min_rise) is a
     spike too (`early` in its evidence): a falling loss rarely climbs back over its own minimum
     by more than its step-to-step noise. It only adds what the trend's bar misses; the update gate
-    holds it too (`gate_ceiling`), and the policy answers it at once (ladder.py, _early_spike)."""
+    holds it too (`gate_ceiling`), and the policy answers it at once (ladder.py, _early_spike).
+
+    A withheld update leaves the weights as they were, so the next step is judged from the withheld
+    step's own loss: judged from the phase's lowest as before, a fault-free overshoot at the warm-up's
+    peak LR (debug, 60 KB, step 9: 0.84 nats) froze the run there, every next loss over the same stale
+    bar, each update withheld (steps 10-19), then rolled back three times and gave up at step 23. A next
+    loss under that level is the weights' (a new batch scored as high): its update passes, and the step
+    after is judged from the same level while the loss stays over the phase's bar; a loss rising further
+    is a spike again. Such losses stay out of the window (not the phase's healthy curve), and the
+    step-to-step changes are per step of the gaps they leave."""
 
     rule, family = "spike", "instability"
 
@@ -206,6 +215,7 @@ class LossSpike(Monitor):
         self.steps = Rolling(self.cfg.window)  # their steps
         self.next_step = 1
         self.first_step = -1  # the phase's first step seen: its early steps count from it
+        self.withheld = [-1, 0.0]  # [step, loss]: an early spike's update withheld; the next step is judged from it
         self._fit: tuple[Any, tuple[float, float]] | None = None  # trend() of the current window
 
     def trend(self) -> tuple[float, float]:
@@ -246,10 +256,18 @@ class LossSpike(Monitor):
         cfg = self.cfg
         if cfg.early_steps == 0 or len(self.window) < 3 or self.next_step - self.first_step >= cfg.early_steps:
             return math.inf, math.nan, math.nan
-        values = list(self.window.values)
-        changes = [b - a for a, b in zip(values, values[1:])][-cfg.early_window :]
-        spread, lowest = Rolling(len(changes), changes).std(), min(values)
+        lowest, spread = self._early_terms()
+        if self.withheld[0] == self.next_step - 1:  # the same weights as the withheld step: from its level
+            lowest = max(lowest, self.withheld[1])
         return lowest + max(cfg.early_sigma * spread, cfg.early_min_rise), lowest, spread
+
+    def _early_terms(self) -> tuple[float, float]:
+        """(the lowest healthy loss, the spread of the last early_window step-to-step changes): a change
+        across steps left out of the window is per step, or the fall after an overshoot was noise."""
+        steps, values = list(self.steps.values), list(self.window.values)
+        changes = [(b - a) / max(t - s, 1) for s, t, a, b in zip(steps, steps[1:], values, values[1:])]
+        changes = changes[-self.cfg.early_window :]
+        return min(values), Rolling(len(changes), changes).std()
 
     def observe(self, m: StepMetrics) -> Finding | None:
         self.next_step = m.step
@@ -260,13 +278,20 @@ class LossSpike(Monitor):
         ceiling = self.ceiling()
         early = self.early_ceiling() if m.loss <= ceiling else (math.inf, math.nan, math.nan)
         if m.loss <= min(ceiling, early[0]):
+            if self.withheld[0] == m.step - 1 and math.isfinite(early[0]) and m.loss > self._unraised(early[2]):
+                self.withheld[0] = m.step  # at the withheld step's level, over the phase's bar: the weights'
+                self.next_step = m.step + 1
+                return None
             self.window.add(m.loss)
             self.steps.add(m.step)
             self.next_step = m.step + 1
             return None
         if m.loss <= ceiling:  # under the trend's bar, over the early one
             self.next_step = m.step + 1
-            return self._early(m, *early)
+            found = self._early(m, *early)
+            if m.skipped:
+                self.withheld = [m.step, m.loss]
+            return found
         predicted, std = self.trend()
         self.next_step = m.step + 1
         evidence = {
@@ -279,6 +304,10 @@ class LossSpike(Monitor):
         summary = f"loss {m.loss:.3f} > trend {predicted:.3f} + {self.cfg.sigma:g} sigma ({std:.3f})"
         return self.finding(m, evidence, summary, 0.6 + 0.4 * (m.loss - ceiling) / max(ceiling - predicted, 1e-6))
 
+    def _unraised(self, spread: float) -> float:
+        """The early bar from the phase's lowest alone, as if no update had been withheld."""
+        return self._early_terms()[0] + max(self.cfg.early_sigma * spread, self.cfg.early_min_rise)
+
     def _early(self, m: StepMetrics, ceiling: float, lowest: float, spread: float) -> Finding:
         cfg = self.cfg
         evidence = {
@@ -290,8 +319,9 @@ class LossSpike(Monitor):
             "window": len(self.window),
             "phase_step": m.step - self.first_step + 1,
         }
+        level = "the withheld step's loss" if self.withheld == [m.step - 1, lowest] else "the phase's lowest"
         summary = (
-            f"loss {m.loss:.3f} > the phase's lowest {lowest:.3f} + max({cfg.early_sigma:g} x step-to-step "
+            f"loss {m.loss:.3f} > {level} {lowest:.3f} + max({cfg.early_sigma:g} x step-to-step "
             f"spread {spread:.3f}, {cfg.early_min_rise:g}) in its first {cfg.early_steps} steps"
         )
         return self.finding(m, evidence, summary, 0.6 + 0.4 * (m.loss - ceiling) / max(ceiling - lowest, 1e-6))
