@@ -47,23 +47,24 @@ def restart_decision(run_dir) -> dict:
 @pytest.mark.distributed
 def test_a_rank_killed_from_outside_is_restarted_and_the_run_ends_as_undisturbed(ddp, tmp_path):
     """kill_rank@7:1: SIGKILL to rank 1 as step 7 begins (a lost process or node). Rank 0's next
-    collective fails; torchrun restarts both; they resume from step 5 and end with the rows, loss
-    and weights of the undisturbed run. The journal names rank 1 (it left no exit record; rank 0
-    left its error), and the ledger counts two sessions, the step redone and the time down."""
+    collective fails before its update: it saves step 6 alone (training/emergency.py); torchrun
+    restarts both; they resume from step 6 and end with the rows, loss and weights of the
+    undisturbed run. The journal names rank 1 (it left no exit record; rank 0 left its error), and
+    the ledger counts two sessions, no step lost and the time down."""
     out = tmp_path / "killed"
     records = run(out, 2, restarts=1, faults=["kill_rank@7:1"])
-    assert_same_tail(records, ddp[1], resumed=5)
+    assert_same_tail(records, ddp[1], resumed=6)
     decision = restart_decision(out)
     evidence = decision["evidence"]
     assert evidence["kind"] == "lost_rank" and evidence["ranks_to_blame"] == [1]
-    assert evidence["step"] == 6 and evidence["resumed_step"] == 5 and evidence["steps_lost"] == 1
+    assert evidence["step"] == 6 and evidence["resumed_step"] == 6 and evidence["steps_lost"] == 0
     assert evidence["world_before"] == evidence["world_after"] == 2 and evidence["down_s"] > 0
     assert "exit" in evidence["ranks"]["0"] and evidence["ranks"]["0"]["exit"] not in (None, "ended")
-    assert decision["applied"] == ["resumed at step 5 on 2 ranks"]
+    assert decision["applied"] == ["resumed at step 6 on 2 ranks"]
     goodput = read_goodput(out)
-    assert goodput["sessions"] == 2 and goodput["incidents"] == 1 and goodput["steps_lost"] == 1
+    assert goodput["sessions"] == 2 and goodput["incidents"] == 1 and goodput["steps_lost"] == 0
     seconds = goodput["seconds"]
-    assert seconds["redone"] > 0 and seconds["down"] > 0 and seconds["productive"] > 0
+    assert seconds["down"] > 0 and seconds["productive"] > 0
     assert 0 < goodput["ettr"] < 1
     ledger = read_json(out / "goodput.json")
     assert ledger["sessions"][0]["end"] is None and ledger["sessions"][1]["end"] == "completed"
@@ -641,7 +642,7 @@ def wait_for(condition, what: str, timeout: float = 120.0) -> None:
 def lost_node(tmp_path, ranks: int) -> dict:
     """Two nodes of `ranks` ranks each (two torchrun agents, --nnodes 1:2; 2: 4 -> 2 -> 4 ranks).
     lose_node@6:1 kills node 1's agent and ranks as step 6 begins; node 0's agent restarts its
-    ranks alone, which resume from step 4; a node started again joins at the next rendezvous:
+    ranks alone, which resume from step 5 (rank 0's emergency save); a node started again joins at the next rendezvous:
     node 0's agent stops its ranks (SIGTERM: a checkpoint at the step they reached) and the job
     resumes on both nodes from there. Returns what the test checks: the sessions, the restart
     decisions, what the sessions trained, the last session's record and the undisturbed run's."""
@@ -713,30 +714,30 @@ def elastic(tmp_path_factory):
 @pytest.mark.distributed
 @pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_lost_node_leaves_the_run_on_the_rest_and_a_returning_node_grows_it_back(request, tmp_path, ranks):
-    """lost_node: node 0's ranks alone resume from step 4 reading every row of each step, as the
-    undisturbed run on both nodes trains them, and the returning node grows the job back. The
-    journal names the lost node and the growth; the losses and final weights are the undisturbed
-    run's."""
+    """lost_node: node 0's ranks alone resume from step 5 (rank 0's emergency save: node 1 was lost
+    as step 6 began) reading every row of each step, as the undisturbed run on both nodes trains
+    them, and the returning node grows the job back. The journal names the lost node and the
+    growth; the losses and final weights are the undisturbed run's."""
     found = request.getfixturevalue("elastic")["lost"].result() if ranks == 1 else lost_node(tmp_path, ranks)
     sessions, reference = found["sessions"], found["reference"]
     assert [s["world"] for s in sessions] == [2 * ranks, ranks, 2 * ranks]
-    assert [s["from_step"] for s in sessions][:2] == [0, 4]
+    assert [s["from_step"] for s in sessions][:2] == [0, 5]
     lost, grown = found["restarts"]
     assert (
         lost["kind"] == "lost_node"
         and lost["nodes_to_blame"] == [1]
         and lost["ranks_to_blame"] == list(range(ranks, 2 * ranks))
     )
-    assert (lost["step"], lost["resumed_step"], lost["world_after"], lost["nodes_after"]) == (5, 4, ranks, 1)
+    assert (lost["step"], lost["resumed_step"], lost["world_after"], lost["nodes_after"]) == (5, 5, ranks, 1)
     assert grown["kind"] == "resized" and (grown["world_before"], grown["world_after"], grown["nodes_after"]) == (
         ranks,
         2 * ranks,
         2,
     )
-    assert grown["steps_lost"] == 0 and grown["resumed_step"] == sessions[2]["from_step"] > 4
+    assert grown["steps_lost"] == 0 and grown["resumed_step"] == sessions[2]["from_step"] > 5
     ran = found["ran"]
-    assert sorted(ran) == list(range(5, found["steps"] + 1))
-    for s in reference[0]["steps"][4:]:
+    assert sorted(ran) == list(range(6, found["steps"] + 1))
+    for s in reference[0]["steps"][5:]:
         theirs = sorted(r for rank in reference for r in rank["steps"][s["step"] - 1]["rows"])
         assert sorted(ran[s["step"]][0]) == theirs, s["step"]
         assert_close([ran[s["step"]][1]], [s["loss"]], rel=1e-5)

@@ -70,7 +70,10 @@ def test_mlflow_holds_the_metrics_config_decisions_report_and_checkpoint(tmp_pat
     if (tmp_path / "a" / "report.html").exists():
         assert "report.html" in names
     rows = json.loads(Path(client.download_artifacts(run_id, "decisions.table.json", str(tmp_path))).read_text())
-    assert [(r[1], r[2], r[3]) for r in rows["data"]][-1] == (9, "nonfinite", "rollback")
+    # the rollback may be followed by checkpoint_interval's (the run's rollbacks count in Young's MTBF;
+    # whether it moves the interval depends on the measured save stall)
+    table = [(r[1], r[2], r[3]) for r in rows["data"]]
+    assert [d for d in table if d[1] != "checkpoint_interval"][-1] == (9, "nonfinite", "rollback")
     # the tag MlflowClient.log_table sets: the UI shows the file as a table
     assert {"path": "decisions.table.json", "type": "table"} in json.loads(run.data.tags["mlflow.loggedArtifacts"])
     (ckpt,) = client.list_artifacts(run_id, "checkpoint")
