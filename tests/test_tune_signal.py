@@ -23,6 +23,17 @@ class _FinishedTrainer:
         self.stop_reason = reason
 
 
+def _write_study(tmp_path):
+    """s.yaml: a one-knob study of 20-step debug trials, evaluated every 5 steps."""
+    doc = {
+        "study": {"name": "s", "seed": 0},
+        "base": {"preset": "debug"},
+        "budget": {"max_steps": 20, "eval_every": 5},
+        "space": {"optim.lr": {"log_uniform": [1.0e-3, 1.0e-2]}},
+    }
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+
+
 def _train_signalled_after_its_last_step(cfg, hooks):
     """api.train_or_raise as far as signals go: its handler, attached to the trainer, takes the signal."""
     with handle_signals(trainer=_FinishedTrainer(), run_dir=cfg.run_dir):
@@ -34,13 +45,7 @@ def test_a_signal_in_a_trials_last_moments_still_stops_the_study(tmp_path, monke
     """SIGTERM while a trial was in its final evaluation or report: the run ended completed (right:
     its steps were done), and the worker, none the wiser, claimed the next trial; `tune` ran on.
     The trial counts, and is marked interrupted: its worker stops (study.py:work returns -1, exit 1)."""
-    doc = {
-        "study": {"name": "s", "seed": 0},
-        "base": {"preset": "debug"},
-        "budget": {"max_steps": 20, "eval_every": 5},
-        "space": {"optim.lr": {"log_uniform": [1.0e-3, 1.0e-2]}},
-    }
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+    _write_study(tmp_path)
     study = optuna.create_study(storage=optuna.storages.InMemoryStorage())  # as open_study's, without a database
     monkeypatch.setattr(objective, "train_or_raise", _train_signalled_after_its_last_step)
     before = signal.getsignal(signal.SIGTERM)
@@ -61,13 +66,7 @@ def test_a_crashed_trial_is_reported_as_a_crash_not_an_interruption(tmp_path, mo
     import trimtab.tune as tune_pkg
     from trimtab.tune.study import open_study, storage_url, study_dir
 
-    doc = {
-        "study": {"name": "s", "seed": 0},
-        "base": {"preset": "debug"},
-        "budget": {"max_steps": 20, "eval_every": 5},
-        "space": {"optim.lr": {"log_uniform": [1.0e-3, 1.0e-2]}},
-    }
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+    _write_study(tmp_path)
     space = load_space(tmp_path / "s.yaml")
     space.trials = 2
     directory = study_dir(space, str(tmp_path / "study"))
