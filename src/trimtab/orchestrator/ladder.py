@@ -33,7 +33,7 @@ from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.attribution import DataAttribution
 from trimtab.orchestrator.diagnosis import HeldOutDiagnosis
 from trimtab.orchestrator.monitors import Finding
-from trimtab.orchestrator.remedies import GAVE_UP, Remedy
+from trimtab.orchestrator.remedies import GAVE_UP, Remedy, lr_cut
 from trimtab.orchestrator.spikes import EarlySpikes
 from trimtab.orchestrator.too_high import TooHighLR
 
@@ -269,8 +269,7 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis):
         target = view.last_good - 1 if earlier else view.last_good
         again = broken is not None and self.broken_at >= 0
         high = broken is not None and early and self._worse_than_untouched(broken)
-        floor = self.cfg.min_lr_scale / view.lr_scale
-        cut = max(self.cfg.above_start.lr_factor, floor) if (again or high) and floor < 1 - 1e-6 else None
+        cut = lr_cut(self.cfg.above_start.lr_factor, view, self.cfg) if again or high else None
         if cut is not None:
             params["lr_factor"] = cut
         if broken is not None:

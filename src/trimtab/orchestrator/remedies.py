@@ -40,6 +40,16 @@ class Remedy:
 
 # At one row an out-of-memory error recomputes more (model/recompute.py): the next of
 # CHECKPOINTING's modes, and why it helps.
+def lr_cut(factor: float, view: Any, cfg: OrchestratorConfig) -> float | None:
+    """The LR factor of a cut of `factor` that stops at orchestrator.min_lr_scale; None where the LR
+    is at that floor already. Within float error of it: two cuts x0.1 leave 0.1 * 0.1 =
+    0.010000000000000002, whose floor factor 0.9999999999999998 read as a cut, and rl_reward's third
+    finding at lr 1e-2 rolled back from step 28 to 21 at "lr x1" (multiplier 0.01 -> 0.01), replaying
+    7 steps to find the same fall and stop. The ladder's, too_high.py's and RL's rules all cut through it."""
+    floor = cfg.min_lr_scale / max(view.lr_scale, 1e-12)
+    return None if floor >= 1 - 1e-6 else max(factor, floor)
+
+
 RECOMPUTE_WHY = {
     "selective": "selective checkpointing keeps each block's matmul and attention outputs and computes the cheap "
     "ops between them again in the backward: 0.6-0.75x the activation memory, no matmul run twice",

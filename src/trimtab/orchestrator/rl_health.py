@@ -28,8 +28,8 @@ from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, Rolling, StepMetrics
-from trimtab.orchestrator.remedies import Remedy
-from trimtab.orchestrator.rl_reward import lr_cut, reward_remedy
+from trimtab.orchestrator.remedies import Remedy, lr_cut
+from trimtab.orchestrator.rl_reward import reward_remedy
 from trimtab.orchestrator.rl_stats import poisoned
 from trimtab.orchestrator.rl_verifier import verifier_remedy
 

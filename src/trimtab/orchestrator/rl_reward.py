@@ -56,7 +56,7 @@ from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, StepMetrics
-from trimtab.orchestrator.remedies import GAVE_UP, Remedy
+from trimtab.orchestrator.remedies import GAVE_UP, Remedy, lr_cut
 from trimtab.orchestrator.rl_stats import fall_test, group_size, poisoned
 from trimtab.training.actions import PUT_BACK
 
@@ -282,16 +282,6 @@ def reward_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int
         },
         reasoning=why + f"; {reason}: stopping keeps the better policy in the checkpoints, training on would not",
     )
-
-
-def lr_cut(factor: float, view: Any, cfg: OrchestratorConfig) -> float | None:
-    """The LR factor of a cut of `factor` that stops at orchestrator.min_lr_scale; None where the LR
-    is at that floor already. Within float error of it: two cuts x0.1 leave 0.1 * 0.1 =
-    0.010000000000000002, whose floor factor 0.9999999999999998 read as a cut, and rl_reward's third
-    finding at lr 1e-2 rolled back from step 28 to 21 at "lr x1" (multiplier 0.01 -> 0.01), replaying
-    7 steps to find the same fall and stop (the ladder's and too_high.py's floors allow the same 1e-6)."""
-    floor = cfg.min_lr_scale / max(view.lr_scale, 1e-12)
-    return None if floor >= 1 - 1e-6 else max(factor, floor)
 
 
 # What the reasoning calls the knobs a rollback of this rule puts back (actions.PUT_BACK)

@@ -10,7 +10,7 @@ from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding
-from trimtab.orchestrator.remedies import Remedy
+from trimtab.orchestrator.remedies import Remedy, lr_cut
 
 
 class TooHighLR:
@@ -32,11 +32,12 @@ class TooHighLR:
         self.ladder.last_step = f.step
         if "jumped_steps" in f.evidence:
             return self._warm_up_rows(f, view)
-        floor = self.cfg.min_lr_scale / view.lr_scale
+        before = self.too_high_gain[1] if self.too_high_gain and self.too_high_gain[0] == self.phase_start else None
+        factor = lr_cut(_too_high_factor(f, self.cfg.above_start.lr_factor, before), view, self.cfg)
         # at the floor a replay at the same LR repeats itself step for step: debug at 1000x, cut to the
         # floor (10x the preset's LR), was rolled back to step 0 uncut, met the same gain at the same
         # step, and stopped (exit 3) at step 12 "unstable", where training on at 10x ends at 4.81
-        if floor >= 1 - 1e-6 and ("warm_grad_norm" in f.evidence or "unigram" in f.evidence or "gain" in f.evidence):
+        if factor is None and ("warm_grad_norm" in f.evidence or "unigram" in f.evidence or "gain" in f.evidence):
             seen = _overshoot_why(f) if "gain" in f.evidence else _stalled_why(f)
             return Remedy(
                 action="none",
@@ -44,10 +45,8 @@ class TooHighLR:
                 f"(orchestrator.min_lr_scale={self.cfg.min_lr_scale:g}) and a replay at it would repeat these "
                 "steps; training goes on: lower optim.lr",
             )
-        if floor >= 1 - 1e-6:
+        if factor is None:
             return self._rollback(view)
-        before = self.too_high_gain[1] if self.too_high_gain and self.too_high_gain[0] == self.phase_start else None
-        factor = max(_too_high_factor(f, self.cfg.above_start.lr_factor, before), floor)
         why = _too_high_why(f, factor)
 
         def cut(rolled_back_to: int | None = None) -> None:
