@@ -564,7 +564,10 @@ def test_slow_steps_are_logged_for_a_person(tmp_path, monkeypatch):
     ]
     trimtab.train(debug_cfg(run, steps=14, faults=["slow@8:6"], sets=sets))
     ds = decisions(run, "throughput")
-    found = [d for d in ds if 10 <= d["step"] <= 13]  # slow steps 8..13, patience 3: first at 10
+    # slow steps 8..13, patience 3: first at 10; at 8 or 9 when the machine's own noise slowed the
+    # steps before (CI: steps 6-7 beside another worker's jobs, the finding at 8 named step 8's
+    # 1,428 tokens/s against a median of 10,121); the cooldown then keeps the stretch to one line
+    found = [d for d in ds if 8 <= d["step"] <= 13]
     assert found, ds
     assert all(d["action"] == "none" and d["applied"] == [] for d in ds)
     assert found[0]["evidence"]["tokens_per_s"] < 0.6 * found[0]["evidence"]["median"]
