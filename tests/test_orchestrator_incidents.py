@@ -358,3 +358,23 @@ def test_an_evaluation_fault_does_not_fire_again_when_a_rollback_replays_its_ste
     run.evaluating = True
     injector._maybe_eval_fault(None, ())  # its evaluation again: the fault fired already
     assert injector.record["evaluations"] == {"eval_error@50": [50]}
+
+
+def test_a_rollback_to_the_step_just_before_its_fault_tells_a_reproduced_fault(tmp_path):
+    """A rollback to the step just before the fault replays the fault's own step first: no healthy
+    step before it to find unchanged, and that step, a finding's, had no healthy loss to compare
+    with, so a fault back bit for bit (the same rows met the same weights) never got "reproduced_at".
+    The faulty step's own loss before tells it; a different loss there is not the run before."""
+    journal = Journal(tmp_path / "decisions.jsonl")
+    outcomes = Outcomes(journal, OrchestratorConfig(outcome_after=5))
+    for s in range(1, 21):
+        outcomes.follow(metrics(s, loss=5.0 - 0.01 * s), [])
+    outcomes.follow(metrics(21, loss=9.0), [finding(21)])
+    for loss, reproduced in ((9.0, True), (8.7, False)):
+        rollback = pending(journal, 21, action="rollback")
+        outcomes.rolled_back(20, rollback.id)
+        outcomes.follow(metrics(21, loss=loss), [finding(21)])
+        for s in range(22, 26):
+            outcomes.follow(metrics(s, loss=4.8), [])
+        assert rollback.outcome["result"] == "not recovered" and rollback.outcome["found_after"] == ["spike@21"]
+        assert rollback.outcome.get("reproduced_at") == (21 if reproduced else None), loss

@@ -316,11 +316,17 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         return ladder.rung == 0 and (ladder.last_step < 0 or run.step - ladder.last_step > SETTLED)
 
     def kept_checkpoints(self, run: RunView) -> tuple[int, ...]:
-        """The phase's first checkpoint while the LR rule may still restore it (AboveStart.keeps_start)."""
-        lr_rule = self.monitors.get("above_start")
-        if self.mode != "auto" or "above_start" in self.paused or lr_rule is None or not lr_rule.keeps_start(run.step):
+        """The phase's first checkpoint while the LR rule may still restore it (AboveStart.keeps_start),
+        and the policy rl_reward would restore (its good_step: the last before the fall began)."""
+        if self.mode != "auto":
             return ()
-        return (lr_rule.first_step - 1,)
+        kept: tuple[int, ...] = ()
+        lr_rule, reward = self.monitors.get("above_start"), self.monitors.get("rl_reward")
+        if "above_start" not in self.paused and lr_rule is not None and lr_rule.keeps_start(run.step):
+            kept = (lr_rule.first_step - 1,)
+        if "rl_reward" not in self.paused and reward is not None and reward.first is not None:
+            kept = (*kept, reward.good_step)
+        return kept
 
     def on_rollback(self, run: RunView, saved_state: dict[str, Any]) -> None:
         """Monitors go back with the weights, and so does the phase they were watching (a

@@ -55,10 +55,14 @@ class Outcomes:
         self.sigma = cfg.divergence.sigma
         self.tracking: dict[str, dict[str, Any]] = {}  # decision id -> what followed it
         self.healthy: OrderedDict[int, float] = OrderedDict()  # step -> its loss, steps without findings
+        # step -> its loss, steps with findings: the loss a replay of the faulty step itself is compared with
+        # (a rollback to the step just before the fault replays no healthy step first: _reproduced)
+        self.troubled: OrderedDict[int, float] = OrderedDict()
 
     def follow(self, m: StepMetrics, findings: list[Finding]) -> None:
         """A step read: each pending decision's record grows, and is judged once long enough."""
         reference = self.healthy.get(m.step)  # the loss this step had before a rollback replayed it
+        earlier = self.troubled.get(m.step)  # the loss it had before, when that was a fault's step
         for decision in self.journal.pending():
             track = self.tracking.setdefault(str(decision.id), {"losses": [], "findings": 0})
             track["losses"].append(m.loss)
@@ -68,17 +72,13 @@ class Outcomes:
             if decision.action == "skip_step" or (decision.action == "rollback" and m.step > decision.step):
                 same = _answered_trouble(track, same, m.loss)
             if same:
-                if decision.action == "rollback" and _unchanged(track, last=False):
+                if decision.action == "rollback" and _reproduced(track, m.loss, earlier):
                     track["reproduced_at"] = m.step  # the trouble again, right after the same steps
                 _back(track, back[0], m.step)
             decision.observed += 1
             if decision.observed >= self.outcome_after and not (decision.action == "rollback" and _unchanged(track)):
                 self.judge(decision)
-        if not findings and math.isfinite(m.loss):
-            self.healthy[m.step] = m.loss
-            self.healthy.move_to_end(m.step)
-            while len(self.healthy) > KEEP:
-                self.healthy.popitem(last=False)
+        _remember(self.healthy if not findings and math.isfinite(m.loss) else self.troubled, m.step, m.loss)
 
     def struck(self, f: Finding) -> None:
         """A finding no step read brings (an out-of-memory error, raised inside the step before its
@@ -162,11 +162,24 @@ class Outcomes:
 
     def state_dict(self) -> dict[str, Any]:
         """Its part of the orchestrator's state (keys of its own there)."""
-        return {"tracking": self.tracking, "healthy_losses": [[s, v] for s, v in self.healthy.items()]}
+        return {
+            "tracking": self.tracking,
+            "healthy_losses": [[s, v] for s, v in self.healthy.items()],
+            "troubled_losses": [[s, v] for s, v in self.troubled.items()],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.tracking = state["tracking"]
         self.healthy = OrderedDict((int(s), float(v)) for s, v in state.get("healthy_losses", []))  # older: none
+        self.troubled = OrderedDict((int(s), float(v)) for s, v in state.get("troubled_losses", []))  # older: none
+
+
+def _remember(losses: OrderedDict[int, float], step: int, loss: float) -> None:
+    """Step's loss, the newest of at most KEEP."""
+    losses[step] = loss
+    losses.move_to_end(step)
+    while len(losses) > KEEP:
+        losses.popitem(last=False)
 
 
 def _too_early(track: dict[str, Any], outcome_after: int, finite: bool) -> bool:
@@ -195,6 +208,19 @@ def _unchanged(track: dict[str, Any], last: bool = True) -> bool:
         losses, references = losses[:-1], references[:-1]
     same = all(r is not None and v == r for v, r in zip(losses, references, strict=True))
     return bool(losses) and not track["findings"] and same
+
+
+def _reproduced(track: dict[str, Any], loss: float, earlier: float | None) -> bool:
+    """Whether a rollback's trouble, back at this step (the newest of track's losses), is the run
+    before again: every step the replay trained before it was (_unchanged), or, where it trained
+    none (a rollback to the step just before the fault: the fault's own step is the replay's first,
+    and a step with findings has no healthy loss to compare with), this step's loss is the one it
+    had `earlier`, bit for bit: the same weights met the same rows at the same point of the
+    schedule, so the data or the schedule brings the fault, and the same rollback would meet it
+    again. A NaN loss both times is the same loss."""
+    if len(track["losses"]) > 1:
+        return _unchanged(track, last=False)
+    return earlier is not None and (loss == earlier or (math.isnan(loss) and math.isnan(earlier)))
 
 
 def _back(track: dict[str, Any], rule: str, step: int) -> None:

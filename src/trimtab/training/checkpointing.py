@@ -10,13 +10,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trimtab.checkpoint import cadence_kept, find_checkpoint, retire_after
+from trimtab.checkpoint import cadence_kept, find_checkpoint, list_checkpoints, retire_after
 from trimtab.checkpoint_load import apply_structure
 from trimtab.config import RunConfig
 from trimtab.distributed.ft import shard_like
 from trimtab.errors import CheckpointError, ConfigError
 from trimtab.rl.reference import check_reference
 from trimtab.snapshots import save_snapshot
+from trimtab.storage import step_of
 from trimtab.training.changes import changes_line, changes_on_resume
 from trimtab.training.emergency import EMERGENCY, EmergencySave
 from trimtab.training.hooks import keyed
@@ -113,9 +114,21 @@ class Checkpointing(EmergencySave):
             self.best_checkpoint,
             # step 0 is the KL term's and DPO's reference policy (rl/reference.py)
             0 if self.cfg.rl.kl_coef or (self.cfg.dpo.enabled and self.cfg.dpo.uses_reference) else -1,
-            *(step for h in self.hooks for step in h.kept_checkpoints(self.view)),
+            *self._hooks_kept(),
             *self._cadence_kept(),
         )
+
+    def _hooks_kept(self) -> tuple[int, ...]:
+        """The checkpoints a rollback to the steps the hooks may still want restores: at each, the
+        newest on disk at or before it (find_checkpoint's choice). A rule's step is seldom a save's
+        (rl_reward's good_step, the policy before its window: step 25 with checkpoint.every 10);
+        kept as the step alone, the checkpoint serving it was pruned and the rollback landed on an
+        older one, or found none and stopped the run."""
+        wanted = [step for h in self.hooks for step in h.kept_checkpoints(self.view) if step >= 0]
+        if not wanted:
+            return ()
+        saved = [step_of(path.name) for path in list_checkpoints(self.cfg.run_dir)]
+        return tuple(max((s for s in saved if s <= step), default=-1) for step in wanted)
 
     def _cadence_kept(self) -> tuple[int, ...]:
         """While the checkpoint interval is a decision's (rule checkpoint_interval, a person's
