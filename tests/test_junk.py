@@ -4,6 +4,7 @@ letter frequencies and word salad, which the packing screen (data/quality.py) ne
 import json
 import logging
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -161,3 +162,58 @@ def test_junk_evidence_says_what_was_found_not_the_packing(tmp_path, caplog):
     assert set(source["why"]) <= bad and len(reasons) == len(flagged.names) > 0
     assert all(r.split(":")[0] in junk.KINDS for r in reasons) and not any("bytes per token" in r for r in reasons)
     assert all(f"({r})" in found.summary for r in reasons)
+
+
+def reversed_lines(text: str) -> str:
+    return "\n".join(line[::-1] for line in text.split("\n"))
+
+
+def letters_shuffled(text: str, rng: random.Random) -> str:
+    """Each word's letters in random order ("Cmabrigde"), its punctuation and spaces where they were."""
+    return re.sub(r"[^\W\d_]+", lambda m: "".join(rng.sample(m.group(), len(m.group()))), text)
+
+
+def test_words_spelt_backwards_or_with_shuffled_letters_are_scrambled_and_a_language_the_corpus_lacks_is_not():
+    """Reversed and letter-shuffled text keeps the corpus's letters and its word pairs' neighbours'
+    structure, and scored 0-36 of 144 before; its words are the corpus's letters misspelt."""
+    rng = random.Random(2)
+    prose = [grammar_prose(rng) for _ in range(120)]
+    scrambled = [reversed_lines(t) for t in prose[:6]] + [letters_shuffled(t, rng) for t in prose[6:12]]
+    texts = prose + scrambled + [p * 2 for p in PAGES]  # Spanish, French, German: words the corpus lacks
+    verdicts = junk.kinds(texts)
+    assert [v.kind if v else None for v in verdicts[len(prose) : len(prose) + 6]] == ["scrambled words"] * 6
+    assert all(verdicts[len(prose) : -len(PAGES)])  # shuffled letters: some read as random letters first
+    assert not any(verdicts[: len(prose)]) and not any(verdicts[-len(PAGES) :])
+    tokens = [junk.words(t) for t in texts]
+    reference = junk.Bigrams.of(tokens, texts)
+    share, _ = junk.scrambled(tokens, junk._ids(tokens, reference.vocab, grow=False), reference, np.ones(len(texts)))
+    real = np.delete(share, range(len(prose), len(prose) + len(scrambled)))
+    assert (share[len(prose) : -len(PAGES)] >= 0.8).all() and (real <= 0.13).all()
+
+
+SYLLABLES = "ka lo mi tu ne sa ri po ve da gu zo fi ha".split()
+
+
+def foreign_prose(rng: random.Random, lexicon: list[list[str]], n_chars: int = 700) -> str:
+    """Sentences of a language of many words (`lexicon`: nouns, adjectives, verbs): its word pairs seldom repeat."""
+    nouns, adjs, verbs = lexicon
+    said: list[str] = []
+    while sum(len(s) + 1 for s in said) < n_chars:
+        det, prep = rng.choice(("el", "la")), rng.choice(("con", "sin", "por"))
+        said.append(f"{det} {rng.choice(nouns)} {rng.choice(adjs)} {rng.choice(verbs)} {prep} {rng.choice(nouns)}.")
+    return " ".join(said)
+
+
+def test_word_order_is_not_judged_in_a_language_the_corpus_holds_too_little_of(monkeypatch):
+    """A few pages of a language of many words: its real word pairs were as unseen in the corpus
+    as random ones, and 5 of its 6 pages were named word salad (as Spanish, Russian and Turkish
+    pages were in an English and code sample); word salad of the corpus's own language still is."""
+    monkeypatch.setattr(junk, "CORPUS_WORDS", 10_000)
+    rng = random.Random(3)
+    word = lambda: "".join(rng.choice(SYLLABLES) for _ in range(rng.choice((2, 3))))  # noqa: E731
+    lexicon = [[word() for _ in range(n)] for n in (300, 150, 150)]
+    prose = [grammar_prose(rng) for _ in range(200)]
+    salad = [salad_of(text, rng) for text in prose[:5]]
+    verdicts = junk.kinds(prose + salad + [foreign_prose(rng, lexicon) for _ in range(6)])
+    assert not any(verdicts[:200]) and not any(verdicts[205:])
+    assert [v.kind if v else None for v in verdicts[200:205]] == ["word salad"] * 5

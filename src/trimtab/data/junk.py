@@ -14,10 +14,15 @@ token do not give them away (measured at 4,096 tokens: never flagged):
   the corpus's own bigram counts (the document's own left out) give its adjacent words positive
   pointwise mutual information on average; words in random order have none (Church and Hanks
   1990, "Word Association Norms, Mutual Information, and Lexicography").
+- scrambled words (`scrambled`): text spelt backwards, or each word's letters shuffled, keeps the
+  corpus's letters, their neighbours' structure and (reversed) its word order, so neither test above
+  sees it (measured: 0 of 60 reversed, 18 of 60 shuffled named); its long words are the corpus's
+  letters misspelt, which a real document's words, in the corpus's language or another, seldom are.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import math
@@ -40,9 +45,18 @@ CORPUS_WORDS = 400_000  # words a reference (a run's corpus, a prepare sample) n
 # (measured: 0.03% of real documents flagged against 20 MB, 0.2-0.7% against 4 MB batches, 2-5% 1 MB)
 MIN_PAIRS = 40  # adjacent word pairs, both words seen elsewhere in the corpus, a document needs to be judged
 SALAD_BITS = 1.5  # adjacent words' mean pointwise mutual information, less distant ones', under this: word salad
+# distant word pairs of a document (quality.information's stride) the rest of the reference holds, under which
+# word order is not judged (measured against a 10 MB English and code sample: English prose and code >= 0.15,
+# word salad of them >= 0.30; Spanish, Russian, Turkish pages 0.03-0.06, their word order scored 0.5-1.4 bits)
+KNOWN_PAIRS = 0.2
 PROSE = 0.8  # share of a document's non-space characters in words for word salad to be judged (code: ~0.6)
 PRIOR = 2.0  # Dirichlet prior weight of the next word's unigram probability (smooths the bigram estimate)
-KINDS = ("mojibake", "random letters", "word salad")  # numbered from 1 in a prepared shard's index (0: none)
+SCRAMBLE_LETTERS = 4  # words of this many letters or more are judged scrambled (shorter ones are anagrams by chance)
+MIN_LONG = 20  # such words a document needs for scrambled words to be judged
+SPELLING = 0.1  # a word under this share of its letters' spellings in the rest of the corpus is misspelt
+SCRAMBLED = 0.3  # share of a document's long words so misspelt: scrambled (real text: <= 0.13, scrambled >= 0.8)
+# numbered from 1 in a prepared shard's index (0: none): a new kind goes last, so shards prepared before read alike
+KINDS = ("mojibake", "random letters", "word salad", "scrambled words")
 _WORD = re.compile(r"[^\W\d_]+")
 
 
@@ -131,6 +145,17 @@ class Bigrams:
         np.savez(fh, vocab=np.array(list(self.vocab), dtype=str), words=self.words, pairs=self.pairs,
                  pair_counts=self.pair_counts, members=self.members)  # fmt: skip
 
+    @functools.cached_property
+    def anagrams(self) -> dict[str, int]:
+        """{a word's letters in order (`_letters`): how often the reference holds words of those letters},
+        for words of SCRAMBLE_LETTERS or more; computed once per reference (a prepare job judges many batches)."""
+        counts: dict[str, int] = {}
+        for word, n in zip(self.vocab, self.words.tolist()):  # vocab's ids are 0, 1, ... in order
+            if len(word) >= SCRAMBLE_LETTERS:
+                key = _letters(word)
+                counts[key] = counts.get(key, 0) + n
+        return counts
+
     @classmethod
     def load(cls, path: Path) -> Bigrams:
         with np.load(path) as z:
@@ -165,7 +190,9 @@ def salad_bits(docs: Sequence[list[str]], reference: Bigrams, member: np.ndarray
     far away in it (a golden-ratio stride, as in quality.information): the mean pointwise mutual
     information of its adjacent words less that of distant ones, so what a domain's vocabulary
     does to both cancels (zero in expectation for words in random order); and how many adjacent
-    pairs were scored (both words seen elsewhere in the reference). A corpus of 6 MB: about a second."""
+    pairs were scored (both words seen elsewhere in the reference; none where the reference holds under
+    KNOWN_PAIRS of its distant pairs: a language or domain it holds little of, whose real pairs it
+    has seen as seldom as random ones). A corpus of 6 MB: about a second."""
     # words the reference lacks: counted 0, their pairs not scored
     return _salad_bits(_ids(docs, reference.vocab, grow=False), _lengths(docs), reference, member)
 
@@ -179,9 +206,9 @@ def _salad_bits(
     step = np.array([_stride(int(n)) for n in lengths], dtype=np.int64)
     far = start[doc] + local * step[doc] % np.maximum(lengths[doc], 1) if len(ids) else ids
     counts = _Counts(reference, ids, doc, np.asarray(member, dtype=bool))
-    near_bits, near_n = _mean_pmi(counts, ids, counts.own_word, doc, len(lengths))
-    far_bits, _ = _mean_pmi(counts, ids[far], counts.own_word[far], doc, len(lengths))
-    return near_bits - far_bits, near_n
+    near_bits, near_n, _ = _mean_pmi(counts, ids, counts.own_word, doc, len(lengths))
+    far_bits, _, far_seen = _mean_pmi(counts, ids[far], counts.own_word[far], doc, len(lengths))
+    return near_bits - far_bits, np.where(far_seen >= KNOWN_PAIRS, near_n, 0)
 
 
 def _stride(n: int) -> int:
@@ -198,8 +225,7 @@ class _Counts:
         self.total = ref.total
         self.words = np.concatenate([ref.words, [0]])
         own = member[doc] if len(doc) else np.zeros(0, dtype=bool)
-        _, at, counts = np.unique(doc * self.size + ids, return_inverse=True, return_counts=True)
-        self.own_word = np.where(own, counts[at], 0)  # [N]: each position's word's count in its document
+        self.own_word = np.where(own, _own_counts(doc, ids), 0)  # [N]: each position's word's count in its document
         ids, doc = ids[own], doc[own]
         same = doc[:-1] == doc[1:]
         pairs = (ids[:-1] * self.size + ids[1:])[same]
@@ -214,12 +240,12 @@ class _Counts:
 
 def _mean_pmi(
     c: _Counts, ids: np.ndarray, own: np.ndarray, doc: np.ndarray, n_docs: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per document, the mean log2 P(next | word) / P(next) of the pairs of adjacent `ids` (one
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per document, (bits, scored, seen): the mean log2 P(next | word) / P(next) of the pairs of adjacent `ids` (one
     document's positions in order, `doc` of each; `own`: each one's count in its document where a
     member, else 0), counted on the reference less that document;
     P(next | word) smoothed towards P(next) with PRIOR (MacKay and Peto 1995). Pairs whose words the
-    rest of the reference lacks are not scored."""
+    rest of the reference lacks are not scored; `seen`: the share of all its pairs it holds."""
     same = doc[:-1] == doc[1:]
     d, a, b = doc[:-1][same], ids[:-1][same], ids[1:][same]
     first, nxt = c.words[a] - own[:-1][same], c.words[b] - own[1:][same]
@@ -230,7 +256,46 @@ def _mean_pmi(
     p_cond = (pair + PRIOR * p_next) / (np.maximum(first, 0) + PRIOR)
     bits = np.where(valid, np.log2(np.maximum(p_cond, 1e-300) / p_next), 0.0)
     scored = np.bincount(d, weights=valid, minlength=n_docs)
-    return np.bincount(d, weights=bits, minlength=n_docs) / np.maximum(scored, 1), scored.astype(np.int64)
+    pairs = np.maximum(np.bincount(d, minlength=n_docs), 1)
+    seen = np.bincount(d, weights=valid & (pair > 0), minlength=n_docs) / pairs
+    return np.bincount(d, weights=bits, minlength=n_docs) / np.maximum(scored, 1), scored.astype(np.int64), seen
+
+
+def scrambled(
+    docs: Sequence[list[str]], ids: np.ndarray, reference: Bigrams, member: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(share [D], long [D]): of each document's words of SCRAMBLE_LETTERS or more (`long` of them),
+    the share misspelt: under SPELLING of the rest of `reference`'s (less a `member`'s own counts)
+    words of the same letters. Words spelt backwards ("nruter") or with their letters shuffled
+    (Rawlinson 1976's "Cmabrigde") are, however often the junk repeats them, as the corpus spells
+    their letters right far more often; a real document's rare words and a language the reference
+    lacks are seldom (their letters spell no other word: nothing to be misspelt against)."""
+    lengths = _lengths(docs)
+    flat = list(itertools.chain.from_iterable(docs))
+    doc = np.repeat(np.arange(len(docs)), lengths)
+    key: dict[str, int] = {}  # each distinct long word's letters in order, numbered in this batch
+    number = {w: key.setdefault(_letters(w), len(key)) for w in dict.fromkeys(flat) if len(w) >= SCRAMBLE_LETTERS}
+    letters = np.fromiter(map(number.get, flat, itertools.repeat(len(key))), dtype=np.int64, count=len(flat))
+    held = np.fromiter((reference.anagrams.get(k, 0) for k in key), dtype=np.int64, count=len(key))
+    long = letters < len(key)
+    own = np.asarray(member, dtype=bool)[doc] if len(doc) else np.zeros(0, dtype=bool)
+    word_elsewhere = np.concatenate([reference.words, [0]])[ids] - np.where(own, _own_counts(doc, ids), 0)
+    letters_elsewhere = np.concatenate([held, [0]])[letters] - np.where(own, _own_counts(doc, letters), 0)
+    found = long & (word_elsewhere < SPELLING * letters_elsewhere)
+    n_long = np.bincount(doc, weights=long, minlength=len(docs))
+    return np.bincount(doc, weights=found, minlength=len(docs)) / np.maximum(n_long, 1), n_long.astype(np.int64)
+
+
+def _letters(word: str) -> str:
+    return "".join(sorted(word))
+
+
+def _own_counts(doc: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """[N]: how often each position's id occurs in its document."""
+    if not len(ids):
+        return np.zeros(0, dtype=np.int64)
+    _, at, counts = np.unique(doc * (int(ids.max()) + 1) + ids, return_inverse=True, return_counts=True)
+    return counts[at]
 
 
 def _lookup(keys: np.ndarray, counts: np.ndarray, wanted: np.ndarray) -> np.ndarray:
@@ -251,7 +316,7 @@ def prose(text: str, ws: list[str]) -> bool:
 class Verdict:
     """Why a document is junk: its kind, its score and the bar the score crossed (evidence)."""
 
-    kind: str  # "mojibake", "random letters" or "word salad"
+    kind: str  # one of KINDS
     score: float
     bar: float
 
@@ -260,6 +325,7 @@ class Verdict:
             "mojibake": "of its non-ASCII characters in UTF-8 read as cp1252/Latin-1, at least",
             "random letters": "bits of structure between neighbouring letters, under",
             "word salad": "bits of information between adjacent words (less distant ones'), under",
+            "scrambled words": "of its long words unknown to the corpus but its words' letters rearranged, at least",
         }[self.kind]
         return f"{self.kind}: {self.score:.2f} {what} {self.bar:g}"
 
@@ -289,10 +355,14 @@ def kinds(texts: Sequence[str], reference: Bigrams | None = None) -> list[Verdic
         bits, scored = _salad_bits(ids, lengths, reference, member)
     else:  # too little text to say which words follow which
         bits, scored = np.zeros(len(texts)), np.zeros(len(texts), dtype=np.int64)
-    return [_verdict(text, ws, float(b), int(n)) for text, ws, b, n in zip(texts, tokens, bits, scored)]
+    share, long = scrambled(tokens, ids, reference, member)
+    return [
+        _verdict(text, ws, float(b), int(n), float(s) if m >= MIN_LONG else 0.0)
+        for text, ws, b, n, s, m in zip(texts, tokens, bits, scored, share, long)
+    ]
 
 
-def _verdict(text: str, ws: list[str], bits: float, scored: int) -> Verdict | None:
+def _verdict(text: str, ws: list[str], bits: float, scored: int, misspelt: float) -> Verdict | None:
     if len(text) < MIN_CHARS:
         return None
     if (share := mojibake_share(text)) is not None:
@@ -301,6 +371,8 @@ def _verdict(text: str, ws: list[str], bits: float, scored: int) -> Verdict | No
         return Verdict("random letters", bits_between, quality.STRUCTURE)
     if scored >= MIN_PAIRS and bits < SALAD_BITS and prose(text, ws):
         return Verdict("word salad", bits, SALAD_BITS)
+    if misspelt >= SCRAMBLED:
+        return Verdict("scrambled words", misspelt, SCRAMBLED)
     return None
 
 
