@@ -265,22 +265,30 @@ class RolloutLoader(Ordered):
         rewards = [r + overlong_penalty(len(ro.tokens), budget, buffer) for r, ro in zip(rewards, rollouts)]
         timeouts = sum(e["kind"] == "timeout" for e in events)
         for event in (e for e in events if e["kind"] != "timeout"):
-            self._error = detail = event["detail"]
-            if len(self._told) < TOLD and detail not in self._told:
-                self._told.add(detail)
-                problem = self.problems[chosen[event["index"] // G]]
-                at = f" ({problem.where})" if problem.where else ""
-                log.warning(
-                    "rl.reward's verifier failed on a response to prompt %r%s (no reward: its advantage is 0): %s; "
-                    "fix the verifier (rl.reward %s) for such responses",
-                    problem.prompt[:80],
-                    at,
-                    detail,
-                    self.cfg.reward,
-                )
+            self._error = event["detail"]
+            self._tell(event, self.problems[chosen[event["index"] // G]], "rl.reward", "no reward: its advantage is 0")
         counts = (len(rollouts), len(events), timeouts, sum(scores), sum(x * x for x in scores))
         self._scored = [a + b for a, b in zip(self._scored, counts)]
         return [(i, rollouts[k * G : (k + 1) * G], rewards[k * G : (k + 1) * G]) for k, i in enumerate(chosen)]
+
+    def _tell(self, event: dict[str, Any], problem: Problem, key: str, effect: str) -> None:
+        """Say a verifier's error on the log, once a distinct error (TOLD at most, a run)."""
+        detail = event["detail"]
+        if len(self._told) >= TOLD or detail in self._told:
+            return
+        self._told.add(detail)
+        at = f" ({problem.where})" if problem.where else ""
+        spec = self.cfg.reward if key == "rl.reward" else self.cfg.held_out_reward
+        log.warning(
+            "%s's verifier failed on a response to prompt %r%s (%s): %s; fix the verifier (%s %s) for such responses",
+            key,
+            problem.prompt[:80],
+            at,
+            effect,
+            detail,
+            key,
+            spec,
+        )
 
     def _generate(self, policy: Policy, rows: list[list[int]], seed: int | None) -> list[Rollout]:
         """One response a row, generation_rows rows a pass; each pass after the first samples
@@ -322,6 +330,10 @@ class RolloutLoader(Ordered):
         prompts = [self.tok.encode(p.prompt, specials=True) for p in self.held_out]
         answers = [p.answer for p in self.held_out]
         rewards, failures = self._score(self._generate(self.policy, prompts, None), answers, held_out=True)
+        # said as the training verifier's are: a held-out reward of 0 read as the policy's, not the verifier's
+        key = "rl.held_out_reward" if self.cfg.held_out_reward not in ("", self.cfg.reward) else "rl.reward"
+        for event in (e for e in failures if e["kind"] != "timeout"):
+            self._tell(event, self.held_out[event["index"]], key, "scored 0 in the held-out reward")
         figures = {
             "rl/held_out_reward": sum(rewards) / len(rewards),
             "rl/held_out_pass@1": sum(r >= 1.0 for r in rewards) / len(rewards),

@@ -5,6 +5,7 @@ the pretraining and finetuning phases; the loop takes it as it takes them."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from trimtab.rl.rewards import verifier
 from trimtab.rl.tasks import Problem, arithmetic, read_problems
 
 TRAIN_PROBLEMS = 100_000  # the built-in task's training problems at most (two digits: ~18,000 in all)
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -70,6 +72,12 @@ def problems_of(cfg: RunConfig) -> tuple[list[Problem], list[Problem]]:
         raise ConfigError(
             f"rl.prompts '{spec}': every prompt fell in the held-out split (one prompt holds nearly every "
             "line); add other prompts"
+        )
+    if n_held and not held:  # it evaluated nothing, and rule rl_hacking watched nothing, without a word
+        log.warning(
+            f"rl.held_out={n_held}: rl.prompts '{spec}' has {len(train)} line(s) and at most a tenth of a file is "
+            "held out, so none is: the run has no held-out evaluation (rl/held_out_*, rule rl_hacking); give it "
+            "10 or more lines, or set rl.held_out=0"
         )
     return train, held
 
