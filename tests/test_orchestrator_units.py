@@ -1246,7 +1246,8 @@ def test_groups_that_teach_nothing_turn_on_dynamic_sampling_then_raise_the_tempe
     factor, then stops at the ceiling."""
     from types import SimpleNamespace
 
-    from trimtab.orchestrator.rl_health import NoLearningSignal, remedy
+    from trimtab.orchestrator.rl_health import NoLearningSignal
+    from trimtab.orchestrator.rl_remedies import remedy
 
     cfg = OrchestratorConfig()
     cfg.rl_signal.window, cfg.rl_signal.threshold = 3, 0.75
@@ -1327,7 +1328,8 @@ def test_an_entropy_collapse_before_the_task_is_learned_gets_a_bonus_then_a_lowe
     says the task is solved; the bonus starts at coef, doubles to the ceiling, then the LR halves."""
     from types import SimpleNamespace
 
-    from trimtab.orchestrator.rl_health import EntropyCollapse, remedy
+    from trimtab.orchestrator.rl_health import EntropyCollapse
+    from trimtab.orchestrator.rl_remedies import remedy
 
     cfg = OrchestratorConfig()
     cfg.rl_entropy.window, cfg.rl_entropy.threshold = 2, 0.25
@@ -1376,7 +1378,8 @@ def test_responses_grown_into_the_budget_get_the_soft_penalty_a_wider_one_a_roll
     incident's rollbacks, not the run's: the Policy counts them (test_rl_reward.py)."""
     from types import SimpleNamespace
 
-    from trimtab.orchestrator.rl_health import LengthRunaway, remedy
+    from trimtab.orchestrator.rl_health import LengthRunaway
+    from trimtab.orchestrator.rl_remedies import remedy
 
     cfg = OrchestratorConfig()
     cfg.rl_length.window, cfg.rl_length.threshold = 2, 0.5
@@ -1417,7 +1420,8 @@ def test_responses_grown_into_the_budget_get_the_soft_penalty_a_wider_one_a_roll
 def test_a_held_out_reward_falling_as_the_training_reward_rises_rolls_back_to_the_best_then_stops():
     """rl_hacking: judged at evaluations, against the best held-out reward and the training
     reward at it; a fall inside `drop`, or with the training reward flat, is not counted."""
-    from trimtab.orchestrator.rl_health import RewardHacking, remedy
+    from trimtab.orchestrator.rl_health import RewardHacking
+    from trimtab.orchestrator.rl_remedies import remedy
 
     cfg = OrchestratorConfig()
     cfg.rl_hacking.window, cfg.rl_hacking.patience, cfg.rl_hacking.drop = 2, 2, 0.1
@@ -1448,7 +1452,7 @@ def test_a_verifier_that_fails_gets_longer_or_is_said():
     factor up to the ceiling, a verifier that raises is said for a person."""
     from types import SimpleNamespace
 
-    from trimtab.orchestrator.rl_health import remedy
+    from trimtab.orchestrator.rl_remedies import remedy
     from trimtab.orchestrator.rl_verifier import VerifierFailures
 
     cfg = OrchestratorConfig()

@@ -163,7 +163,7 @@ def test_at_the_lr_floor_within_float_error_rl_rules_stop_or_say_so_rather_than_
     from step 28 to 21 "with the LR x1" (0.9999999999999998), replaying the same updates at the same LR,
     and stopped at the fourth. At the floor rl_reward and rl_hacking stop, rl_entropy and rl_ratio say so
     (their x0.5 went on under it); short of it, a cut stops at the floor."""
-    from trimtab.orchestrator.rl_health import remedy
+    from trimtab.orchestrator.rl_remedies import remedy
 
     cfg = OrchestratorConfig()
     scale = 1.0

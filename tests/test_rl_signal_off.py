@@ -9,7 +9,8 @@ from types import SimpleNamespace
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.core import Orchestrator
 from trimtab.orchestrator.monitors import StepMetrics
-from trimtab.orchestrator.rl_health import NoLearningSignal, remedy
+from trimtab.orchestrator.rl_health import NoLearningSignal
+from trimtab.orchestrator.rl_remedies import remedy
 
 
 def cfg() -> OrchestratorConfig:

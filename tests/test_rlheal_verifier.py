@@ -8,7 +8,7 @@ import pytest
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.errors import ConfigError
 from trimtab.orchestrator.monitors import StepMetrics
-from trimtab.orchestrator.rl_health import remedy
+from trimtab.orchestrator.rl_remedies import remedy
 from trimtab.orchestrator.rl_verifier import VerifierFailures
 from trimtab.rl.rewards import VerifierPool, verifier
 from trimtab.rl.step import RolloutBatch

@@ -27,7 +27,7 @@ from trimtab.runlock import liveness, run_lock
 from trimtab.sampling import fit_prompt
 from trimtab.sampling import generate as generate_ids
 from trimtab.training.hooks import ReportWriter
-from trimtab.training.schedule import configured_lengths
+from trimtab.training.schedule import fixed_lengths
 from trimtab.training.services.prometheus import PrometheusExporter
 from trimtab.training.services.signals import StartUpInterrupted, handle_signals
 from trimtab.training.services.storage import RemoteCheckpoints
@@ -63,7 +63,7 @@ def train_or_raise(config: RunConfig, hooks: list = ()) -> dict:
     """train() for the CLI: where a call trains nothing it raises RunFinished or
     StartUpInterrupted, whose message says why, instead of returning a summary."""
     # A signal from here to the first step ends start-up cleanly (training/services/signals.py).
-    lengths = configured_lengths(config) if config.train.epochs <= 0 and config.train.max_steps != "auto" else None
+    lengths = fixed_lengths(config)
     before, session = _entries_before(config.run_dir), _Session()
     made = not config.run_dir.exists()  # a folder that was there, even empty, is the user's: it stays
     try:

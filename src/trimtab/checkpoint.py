@@ -27,15 +27,13 @@ resumes from it or prunes it. Every file of a checkpoint has the same mode, the 
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +44,7 @@ from safetensors.torch import save_file
 from trimtab import __version__
 from trimtab.errors import CheckpointError, NewerCheckpointError
 from trimtab.storage import fetch_run, is_url
+from trimtab.write_errors import writing
 
 log = logging.getLogger(__name__)
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
@@ -55,58 +54,9 @@ CORRUPT = "corrupt"  # checkpoints/corrupt/: corrupt checkpoints set aside at re
 REPLACED = "_replaced_"  # .tmp_step_N_replaced_<pid>: step_N renamed aside while it is saved again
 _REPLACING: set[Path] = set()  # this process's aside copies whose replacement is under way
 _SAID_CORRUPT: set[tuple[str, int, str]] = set()  # corrupt checkpoints warned of (say_skipped)
-_OS_ERROR = re.compile(r"os error (\d+)")
-NEARLY_FULL = 16 << 20  # bytes free below which a writer's errno-less failure is taken as ENOSPC
 # What state.json's "format" says this code writes: raise it when a change to what a checkpoint holds
 # (a renamed or new key a load needs, a new file) would break the load of an older trimtab.
 FORMAT = 1
-
-
-def os_error(exc: BaseException, where: Path | str = "") -> OSError | None:
-    """The OSError a writer raised, or named in its message (safetensors' "... (os error 28)");
-    None when it says no errno."""
-    if isinstance(exc, OSError):
-        return exc
-    found = _OS_ERROR.search(str(exc))
-    if found is None:
-        return None
-    code = int(found.group(1))
-    return OSError(code, os.strerror(code), str(where))
-
-
-def write_error(exc: BaseException, where: Path) -> OSError | None:
-    """The OSError behind a failed checkpoint write, whoever raised it; None: not a write failure.
-    A full disk reaches the writers in three forms: Python's own OSError (ENOSPC), safetensors'
-    SafetensorError ("I/O error: No space left on device (os error 28)") and torch.save's
-    RuntimeError ("unexpected pos 576 vs 534", no errno at all). For the last, the file system's
-    free space says which it was: nearly nothing left is ENOSPC, anything else EIO."""
-    error = os_error(exc, where)
-    if error is not None:
-        return error
-    if type(exc).__name__ == "SafetensorError" or isinstance(exc, RuntimeError):
-        code = errno.ENOSPC if _free_bytes(where) < NEARLY_FULL else errno.EIO
-        return OSError(code, os.strerror(code), str(where))
-    return None
-
-
-def _free_bytes(where: Path) -> int:
-    for folder in (where, *where.parents):
-        if folder.exists():
-            return shutil.disk_usage(folder).free
-    return 0
-
-
-@contextmanager
-def writing(where: Path) -> Iterator[None]:
-    """Any failure of the writes inside as an OSError (write_error), so every way a checkpoint
-    write can fail reaches the same handling (the orchestrator's `disk` rule, exit code 4)."""
-    try:
-        yield
-    except Exception as exc:
-        error = write_error(exc, where)
-        if error is None or error is exc:
-            raise
-        raise error from exc
 
 
 def local_run(path: str | Path, key: str) -> Path:

@@ -310,7 +310,10 @@ def _plan(args: argparse.Namespace) -> int:
 def _tune(args: argparse.Namespace) -> int:
     from trimtab.tune import tune
 
-    result = tune(args.space, trials=args.trials, workers=args.workers, storage=args.storage, out=args.out)
+    # own_process: the command outlives a SIGKILLed worker (the OOM killer), even a single one, to report it
+    result = tune(
+        args.space, trials=args.trials, workers=args.workers, storage=args.storage, out=args.out, own_process=True
+    )
     print(result.summary)
     return 0 if result.complete else 1  # interrupted: the same command resumes the study
 
@@ -416,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trimtab: {stopped}", file=sys.stderr)
         return 0
     except Exception as exc:
-        from trimtab.checkpoint import os_error  # imports torch: only once something failed
+        from trimtab.write_errors import os_error
 
         error = os_error(exc)  # Python's OSError, or safetensors' "... (os error 28)"
         if error is None or error.errno != errno.ENOSPC:

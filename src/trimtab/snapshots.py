@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from trimtab.checkpoint import STEP_DIR, clear_stale, dedup, install, put_back_replaced, step_dirs, writing
+from trimtab.checkpoint import STEP_DIR, clear_stale, dedup, install, put_back_replaced, step_dirs
+from trimtab.write_errors import writing
 
 
 def snapshot_root(run_dir: Path) -> Path:

@@ -17,19 +17,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trimtab.checkpoint import (
-    SHARDED,
-    checkpoint_root,
-    commit_checkpoint,
-    digest_files,
-    save_checkpoint,
-    write_error,
-    writing,
-)
+from trimtab.checkpoint import SHARDED, checkpoint_root, commit_checkpoint, digest_files, save_checkpoint
 from trimtab.checkpoint_load import apply_structure, load_checkpoint, load_weights, read_sharded_weights, weight_names
 from trimtab.distributed.group import active, attempt, cpu_group
 from trimtab.errors import CheckpointError
 from trimtab.model.upgrade import is_legacy, upgrade_optimizer, upgrade_weights
+from trimtab.write_errors import write_error, writing
 
 
 class BackgroundWrite:

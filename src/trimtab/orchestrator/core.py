@@ -364,35 +364,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             moe = "moe" in self.monitors and any(o.moe for o in outs)  # a walk of the modules: only then
             top_k = run.moe_top_k() if moe else {}
             for o, values, s in zip(outs, steps, seconds):
-                m = StepMetrics(
-                    step=o.step,
-                    loss=values["loss"],
-                    grad_norm=values["grad_norm"],
-                    skipped=bool(values["skipped"]),
-                    overflow=bool(values["overflow"]),
-                    tokens_per_s=o.batch.n_tokens / max(s, 1e-9),
-                    lr=o.lr,
-                    scheduled_lr=o.scheduled_lr,
-                    lr_scale=o.lr_scale,
-                    progress=o.step / max(run.total_steps, 1),
-                    memory_frac=None if memory < 0 else memory,
-                    micro_batch_tokens=o.micro_batch_tokens,
-                    checkpointing=run.activation_checkpointing,
-                    changes=o.changes,
-                    world=run.world,
-                    phase=o.phase,
-                    rows=o.batch.rows,
-                    row_losses=readings.row_means(o.batch.rows, values["rows"]),
-                    # what the gate did (gates_rows turns it off): journaled even if paused since the step
-                    gated_rows=readings.gated_rows(o.batch.rows, values["rows"]),
-                    row_parts=run.row_parts(o.batch.rows),  # the rows rule judges a row among its source's
-                    moe=readings.moe_loads(o, values["moe"], top_k),
-                    mod_capacity=values["mod"],
-                    mod_layers=readings.mod_layers(o, values["mod_layers"]),
-                    update_gain=values["gain"],
-                    rl=getattr(o.batch, "health", None),  # an RL step's figures (rl/step.py)
-                )
-                self._observe(run, m)
+                self._observe(run, readings.step_metrics(run, o, values, s, None if memory < 0 else memory, top_k))
             self._fresh_reference(run)
             self._checkpoint_interval(run, seconds, stall)
             self.ceilings = self._gate_ceilings()

@@ -14,11 +14,12 @@ strength x the track record of this remedy for this rule in this run (a Beta(3, 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
-from trimtab.orchestrator import evaluation, make_up, remedies, rl_health
+from trimtab.orchestrator import evaluation, make_up, remedies, rl_remedies
 from trimtab.orchestrator.attribution import DataAttribution
 from trimtab.orchestrator.ladder import InstabilityLadder, Ladder
 from trimtab.orchestrator.monitors import Finding
@@ -49,9 +50,67 @@ STATE = (
 )
 
 
+def _replicas(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
+    return Remedy(
+        action="rollback",
+        params={"to": f.evidence["agreed_step"]},
+        reasoning="DDP averages gradients, not weights, so replicas that differ stay apart and every step "
+        "trains a mix of them: restore the newest checkpoint from when they agreed on every rank (a "
+        "checkpoint written since may hold a corrupted copy) and train the steps again",
+    )
+
+
+def _checkpoint(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
+    return Remedy(
+        action="set_checkpoint_every",
+        params={"steps": f.evidence["steps"]},
+        reasoning="a failure loses on average half an interval of work and each save stalls training: Young's "
+        "interval sqrt(2 x stall x MTBF) minimises their sum (Young 1974); never longer than checkpoint.every",
+    )
+
+
+def _baseline(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
+    return Remedy(
+        action="none",
+        reasoning="different batches give the same gradient norm although their updates were withheld, so "
+        "the level belongs to the weights, not to a batch, and withholding cannot change it (it holds the "
+        "model where the gradient is large); the loss is not rising: follow the new level, let the updates "
+        "through (clipped as ever)",
+    )
+
+
+# the families with one remedy each: a function of the finding, the run's view and the config
+REMEDIES: dict[str, Callable[[Finding, Any, OrchestratorConfig], Remedy]] = {
+    "memory": remedies.memory,
+    "throughput": remedies.throughput,
+    "moe": remedies.moe,
+    "mod": remedies.mod,
+    "disk": remedies.disk,
+    "length": remedies.length,
+    "convergence": lambda f, view, cfg: evaluation.early_stop(f, cfg.early_stop.enabled),
+    "evaluation": lambda f, view, cfg: evaluation.failed_evaluation(f, view.total_steps),
+    "make_up": make_up.remedy,
+    "cluster": lambda f, view, cfg: remedies.restart(f),
+    "hardware": lambda f, view, cfg: remedies.transient(f, cfg),
+    "straggler": lambda f, view, cfg: remedies.straggler(f, cfg),
+    "replicas": _replicas,
+    "checkpoint": _checkpoint,
+    "baseline": _baseline,
+}
+# the families whose remedy reads or changes the policy's own state: the Policy method that plans it
+OWN = {
+    "instability": "_instability",
+    "plateau": "_plateau",
+    "lr": "_lr",
+    "fp16": "_fp16",
+    "rl": "_rl",
+    "data": "_watched",
+}
+
+
 @dataclass
 class RLIncident:
-    """The rollbacks of RL's open incident (rl_health.ROLLING_BACK's rules), counted per incident as
+    """The rollbacks of RL's open incident (rl_remedies.ROLLING_BACK's rules), counted per incident as
     the ladder counts its own (ladder.py): max_rollbacks bounds one incident's. It is over once the
     run trained past the step its last rollback was decided at, and then escalation_window steps
     without a finding of those rules (not at a good checkpoint, as the ladder's: a checkpoint is
@@ -94,53 +153,16 @@ class Policy(InstabilityLadder):
         self.data = DataAttribution(cfg)  # which rows of a bad stretch are bad (orchestrator/attribution.py)
         self.rl = RLIncident()
         self.rl_knobs = KnobTurns()  # the knobs RL's rules turned: rule rl_reward's rollback puts them back
-        self.dispatch = {
-            "instability": self._instability,
-            "plateau": self._plateau,
-            "lr": self._lr,
-            "fp16": self._fp16,
-            "memory": lambda f, view: remedies.memory(f, view, cfg),
-            "throughput": lambda f, view: remedies.throughput(f, view, cfg),
-            "moe": lambda f, view: remedies.moe(f, view, cfg),
-            "mod": lambda f, view: remedies.mod(f, view, cfg),
-            "rl": self._rl,
-            "disk": lambda f, view: remedies.disk(f, view, cfg),
-            "length": lambda f, view: remedies.length(f, view, cfg),
-            "data": self._watched,
-            "convergence": lambda f, view: evaluation.early_stop(f, cfg.early_stop.enabled),
-            "evaluation": lambda f, view: evaluation.failed_evaluation(f, view.total_steps),
-            "make_up": lambda f, view: make_up.remedy(f, view, cfg),
-            "cluster": lambda f, view: remedies.restart(f),
-            "hardware": lambda f, view: remedies.transient(f, cfg),
-            "replicas": lambda f, view: Remedy(
-                action="rollback",
-                params={"to": f.evidence["agreed_step"]},
-                reasoning="DDP averages gradients, not weights, so replicas that differ stay apart and every step "
-                "trains a mix of them: restore the newest checkpoint from when they agreed on every rank (a "
-                "checkpoint written since may hold a corrupted copy) and train the steps again",
-            ),
-            "checkpoint": lambda f, view: Remedy(
-                action="set_checkpoint_every",
-                params={"steps": f.evidence["steps"]},
-                reasoning="a failure loses on average half an interval of work and each save stalls training: Young's "
-                "interval sqrt(2 x stall x MTBF) minimises their sum (Young 1974); never longer than checkpoint.every",
-            ),
-            "straggler": lambda f, view: remedies.straggler(f, cfg),
-            "baseline": lambda f, view: Remedy(
-                action="none",
-                reasoning="different batches give the same gradient norm although their updates were withheld, so "
-                "the level belongs to the weights, not to a batch, and withholding cannot change it (it holds the "
-                "model where the gradient is large); the loss is not rising: follow the new level, let the updates "
-                "through (clipped as ever)",
-            ),
-        }
 
     # ------------------------------------------------------------------ decisions
 
     def plan(self, f: Finding, view: Any) -> Remedy:
         """What to do about finding f; `view` is the run's RunView (read only here). MoE findings'
         families are per layer ("moe/3"): their remedies are the same."""
-        return self.dispatch[f.family.split("/")[0]](f, view)
+        family = f.family.split("/")[0]
+        if family in OWN:
+            return getattr(self, OWN[family])(f, view)
+        return REMEDIES[family](f, view, self.cfg)
 
     def _changes_lr(self, step: int) -> None:
         self.last_lr_change = step
@@ -207,10 +229,10 @@ class Policy(InstabilityLadder):
         return Remedy(action="skip_data", params={"rows": f.evidence["rows"]}, reasoning=why)
 
     def _rl(self, f: Finding, view: Any) -> Remedy:
-        """RL's rules (rl_health.py); a rollback spends one of the open RL incident's."""
-        if f.rule in rl_health.ROLLING_BACK:
+        """RL's rules (rl_health.py), their remedies (rl_remedies.py); a rollback spends one of the RL incident's."""
+        if f.rule in rl_remedies.ROLLING_BACK:
             self.rl.last_step = f.step
-        remedy = rl_health.remedy(f, view, self.cfg, rollbacks=self.rl.rollbacks)
+        remedy = rl_remedies.remedy(f, view, self.cfg, rollbacks=self.rl.rollbacks)
         if remedy.action == "rollback":
             if f.rule == "rl_reward":  # the others' rollbacks keep them (rl_length's: the penalty is its fix)
                 put_back(remedy, self.rl_knobs.turns, f.evidence["good_step"])

@@ -1,6 +1,6 @@
 """A step's readings for the monitors: what the orchestrator copies off the device in one read
-(device_values) and how it turns the copies into StepMetrics fields (row_means, gated_rows, moe_loads), and
-the memory share no copy is needed for (memory_fraction)."""
+(device_values), how it turns the copies into a StepMetrics (step_metrics; its fields row_means, gated_rows,
+moe_loads, mod_layers), and the memory share no copy is needed for (memory_fraction)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trimtab.hardware import ram_bytes
+from trimtab.orchestrator.monitors import StepMetrics
 
 if TYPE_CHECKING:
     from trimtab.training.state import StepOutput
+    from trimtab.training.view import RunView
 
 
 def device_values(out: StepOutput, moe: bool) -> dict[str, Any]:
@@ -28,6 +30,41 @@ def device_values(out: StepOutput, moe: bool) -> dict[str, Any]:
         "rows": out.row_losses,
         "gain": out.update_gain,
     }
+
+
+def step_metrics(
+    run: RunView, o: StepOutput, values: dict[str, Any], seconds: float, memory: float | None, top_k: dict[int, int]
+) -> StepMetrics:
+    """One step as the monitors see it, from its values read off the device (device_values, to_host),
+    its time and memory share (every rank's largest) and the MoE layers' top_k."""
+    return StepMetrics(
+        step=o.step,
+        loss=values["loss"],
+        grad_norm=values["grad_norm"],
+        skipped=bool(values["skipped"]),
+        overflow=bool(values["overflow"]),
+        tokens_per_s=o.batch.n_tokens / max(seconds, 1e-9),
+        lr=o.lr,
+        scheduled_lr=o.scheduled_lr,
+        lr_scale=o.lr_scale,
+        progress=o.step / max(run.total_steps, 1),
+        memory_frac=memory,
+        micro_batch_tokens=o.micro_batch_tokens,
+        checkpointing=run.activation_checkpointing,
+        changes=o.changes,
+        world=run.world,
+        phase=o.phase,
+        rows=o.batch.rows,
+        row_losses=row_means(o.batch.rows, values["rows"]),
+        # what the gate did (gates_rows turns it off): journaled even if paused since the step
+        gated_rows=gated_rows(o.batch.rows, values["rows"]),
+        row_parts=run.row_parts(o.batch.rows),  # the rows rule judges a row among its source's
+        moe=moe_loads(o, values["moe"], top_k),
+        mod_capacity=values["mod"],
+        mod_layers=mod_layers(o, values["mod_layers"]),
+        update_gain=values["gain"],
+        rl=getattr(o.batch, "health", None),  # an RL step's figures (rl/step.py)
+    )
 
 
 def row_means(rows: list[int], host: list[list[float]] | None) -> dict[int, tuple[float, int]] | None:

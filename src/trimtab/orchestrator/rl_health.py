@@ -1,8 +1,8 @@
 """RL's health (`trimtab rl`, docs/rl.md): monitors of the groups that teach nothing (rl_signal),
 of the verifier failing (rl_verifier: rl_verifier.py), of the policy's entropy collapsing (rl_entropy), of
 responses running to the length budget (rl_length), of the training reward parting from the
-held-out one (rl_hacking) and of rollouts too far off the policy trained (rl_ratio), and their
-remedies.
+held-out one (rl_hacking) and of rollouts too far off the policy trained (rl_ratio); their
+remedies are rl_remedies.py's.
 
 GRPO's advantage compares the responses of a group: when they all earn the same reward (all right,
 or, far more often early on, all wrong) the advantage is 0 and the group contributes no gradient,
@@ -16,10 +16,6 @@ that drew a whole window without a signal goes off (it only multiplied the step'
 measured: on the built-in arithmetic task from a weak warm start (held-out pass@1 0.15), raising
 the temperature to 2.0 took pass@1 to 0.005 in 100 steps, where dynamic sampling took it to 0.19
 (docs/rl.md).
-
-The rules whose remedy rolls back (rl_length, rl_hacking, rl_reward) spend the rollbacks of the
-open incident, not the run's (orchestrator.max_rollbacks per incident; the Policy counts them:
-policy.py, RLIncident): a fall healed long ago does not take a later one's rollback.
 """
 
 from __future__ import annotations
@@ -28,13 +24,7 @@ from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, Rolling, StepMetrics
-from trimtab.orchestrator.remedies import Remedy, lr_cut
-from trimtab.orchestrator.rl_reward import reward_remedy
 from trimtab.orchestrator.rl_stats import poisoned
-from trimtab.orchestrator.rl_verifier import verifier_remedy
-
-# rules whose remedy may roll back: their findings keep RL's incident open (policy.py: RLIncident)
-ROLLING_BACK = ("rl_length", "rl_hacking", "rl_reward")
 
 
 class NoLearningSignal(Monitor):
@@ -302,201 +292,3 @@ class RewardHacking(Monitor):
             "a row: the policy learns what the verifier pays for on the training prompts, not the task"
         )
         return Finding(rule=self.rule, family=self.family, step=step, evidence=evidence, summary=summary, strength=1.0)
-
-
-def remedy(f: Finding, view: Any, cfg: OrchestratorConfig, *, rollbacks: int = 0) -> Remedy:
-    """rl_signal: dynamic sampling, then a higher sampling temperature; rl_verifier: a longer
-    verifier timeout; rl_entropy: an entropy bonus, then a lower LR; rl_length: the soft
-    overlong penalty, then a wider one; rl_hacking: back to the best policy, then stop; rl_reward: back
-    to the policy before the fall began with a smaller LR (orchestrator/rl_reward.py); at a
-    ceiling (or a verifier that raises), a word for a person; a verifier that raises on nearly
-    every response stops the run. `rollbacks`: those the open incident spent (ROLLING_BACK's)."""
-    if f.rule == "rl_verifier":
-        return verifier_remedy(f, view, cfg)
-    if f.rule == "rl_entropy":
-        return _entropy_remedy(view, cfg)
-    if f.rule == "rl_length":
-        return _length_remedy(f, view, cfg, rollbacks)
-    if f.rule == "rl_hacking":
-        return _hacking_remedy(f, view, cfg, rollbacks)
-    if f.rule == "rl_ratio":
-        return _ratio_remedy(view, cfg)
-    if f.rule == "rl_reward":
-        return reward_remedy(f, view, cfg, rollbacks)
-    return _signal_remedy(f, view, cfg)
-
-
-def _signal_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
-    """Dynamic sampling on; then, for groups flat but not solved, warmer sampling to the ceiling;
-    there, or with the groups mostly solved, dynamic sampling goes off once it drew a whole window
-    without one group with a signal: it multiplied the step's cost for nothing."""
-    rule = cfg.rl_signal
-    # every group of a window dynamic sampling drew alone was flat: more draws will not find a signal
-    barren = f.evidence["flat_groups"] >= 1.0 and f.evidence.get("dynamic_sampling", 0.0) >= 1.0
-    if not view.rl_dynamic_sampling and barren:  # turned off since these steps were drawn: the monitor sees it
-        return Remedy(
-            action="none",
-            reasoning="dynamic sampling drew these flat groups and has been turned off since: nothing to add",
-        )
-    if not view.rl_dynamic_sampling:
-        return Remedy(
-            action="set_dynamic_sampling",
-            params={"value": "on"},
-            reasoning="groups whose responses all earn one reward teach nothing: drop them and draw more prompts "
-            "until groups with a signal fill the step (DAPO's dynamic sampling; the policy's samples unchanged)",
-        )
-    stuck = f.evidence["flat_groups"] - f.evidence.get("solved_groups", 0.0)
-    if stuck < rule.threshold and barren:
-        return _sampling_off(f, "easy", "harder prompts in rl.prompts, or the run has done its work")
-    if stuck < rule.threshold:  # mostly learnt: warmer sampling would only unlearn them
-        # the words stay the same while the answer does (the shares are the finding's evidence): a note with
-        # each window's shares in it was a new one every window (Deciding folds a repeat by its words)
-        return Remedy(
-            action="none",
-            reasoning="the flat groups are mostly solved (every response earned rl.full_reward; those stuck are under "
-            "orchestrator.rl_signal.threshold): the policy has learnt these prompts, and dynamic sampling already "
-            "looks for the others; harder prompts (rl.prompts), or the run has done its work",
-        )
-    now = view.rl_temperature
-    value = round(min(rule.max_temperature, now * rule.factor), 4)
-    if value <= now and barren:
-        hard = "easier prompts in rl.prompts, more samples per prompt (rl.group_size) or a supervised warm start"
-        return _sampling_off(f, "hard", f"{hard}; sampling at {now:g} did not spread the answers")
-    if value <= now:
-        return Remedy(
-            action="none",
-            reasoning=f"the sampling temperature is at orchestrator.rl_signal.max_temperature ({now:g}): the groups "
-            "still agree, so the prompts are too hard (or too easy) for this policy: more samples per prompt "
-            "(rl.group_size), easier prompts, rl.dynamic_sampling, or a supervised warm start",
-        )
-    return Remedy(
-        action="set_rl_temperature",
-        params={"value": value},
-        reasoning=f"groups stay flat with dynamic sampling on: sample warmer ({now:g} -> {value:g}) so a group's "
-        "answers spread and some differ; the objective follows the same temperature",
-    )
-
-
-def _sampling_off(f: Finding, too: str, fix: str) -> Remedy:
-    """Dynamic sampling off: the prompts are too `too` for this policy, which the data mends."""
-    drawn, window = f.evidence.get("groups_drawn", 0.0), f.evidence["window"]
-    return Remedy(
-        action="set_dynamic_sampling",
-        params={"value": "off"},
-        reasoning=f"dynamic sampling drew {drawn:.0f} groups a step for the last {window} steps and not one had a "
-        f"signal ({f.evidence['solved_groups']:.0%} solved): the prompts are too {too} for this policy, and it "
-        f"only multiplies each step's generation; turn it off. The data needs changing ({fix}), not the "
-        "optimiser; the rule is quiet until the flat share falls below "
-        "orchestrator.rl_signal.threshold (`trimtab ctl RUN dynamic-sampling on` to draw again)",
-    )
-
-
-def _ratio_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:
-    """Stale rollouts first (the cheap cause to remove: generate from a newer policy); on-policy
-    already, the step moves the policy too far: a lower LR."""
-    eta = view.rl_max_staleness
-    if eta > 0:
-        return Remedy(
-            action="set_max_staleness",
-            params={"steps": eta // 2},
-            reasoning=f"the rollouts, generated up to {eta} steps behind, are too far from the policy trained: the "
-            "clip and the importance-weight cap discard most of their tokens' gradient; generate them from a "
-            f"newer policy ({eta} -> {eta // 2} steps behind)",
-        )
-    why = (
-        "on-policy rollouts are off the clip range: each update moves the policy further than the trust region "
-        "allows (or the generation engine disagrees with the trainer: compare rl/kl at a tiny LR)"
-    )
-    return _lower_lr(why, view, cfg)
-
-
-def _entropy_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:
-    """A bonus for entropy in the objective holds the distribution open; doubled while the
-    collapse recurs, to the ceiling; then the LR halves (RL collapses fastest at a high LR)."""
-    rule, now = cfg.rl_entropy, view.rl_entropy_coef
-    value = round(min(rule.max_coef, now * rule.factor if now else rule.coef), 6)
-    if value > now:
-        return Remedy(
-            action="set_entropy_bonus",
-            params={"value": value},
-            reasoning=f"reward the policy's entropy in the objective ({now:g} -> {value:g} x nats a token) so "
-            "it keeps sampling answers it has not settled on; it costs nothing where the entropy is already high",
-        )
-    why = (
-        f"the entropy collapses with the bonus at orchestrator.rl_entropy.max_coef ({now:g}): each update moves "
-        "the policy too far onto the answers it already prefers"
-    )
-    return _lower_lr(why, view, cfg)
-
-
-def _lower_lr(why: str, view: Any, cfg: OrchestratorConfig) -> Remedy:
-    """The LR x orchestrator.lr_cut, down to min_lr_scale; at that floor a word for a person: a cut
-    under it is one the run was configured never to take (these rules' x0.5 went on under it before)."""
-    factor = lr_cut(cfg.lr_cut, view, cfg)
-    if factor is None:
-        floor = f"the LR is at its floor (orchestrator.min_lr_scale={cfg.min_lr_scale:g})"
-        return Remedy(action="none", reasoning=f"{why}; {floor}: lower optim.lr")
-    return Remedy(action="scale_lr", params={"factor": factor}, reasoning=f"{why}; a lower learning rate")
-
-
-def _length_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int) -> Remedy:
-    """DAPO's soft overlong punishment over the budget's last `buffer` share, then over twice
-    that; then, once an incident, back to the last checkpoint before the runaway (the last step whose share
-    cut stood within `rise` of the start's) with the penalty kept; then a word for a person.
-    The penalty grades every cut response alike, so it teaches ending only
-    while some responses still end: measured (tests/test_rl_train.py's task, seeds 0-3), two runs
-    whose responses had all run to the budget stayed there through step 48 with it; with it on
-    from a policy that still ended, none ran away. Not the overlong filter: it leaves the cut
-    responses out of the loss, and with them the only gradient that shortens them (measured: a
-    runaway from 2% to 97% cut stayed at 95% with the filter on, penalty or not)."""
-    _, buffer = view.rl_overlong
-    budget = view.rl_max_new_tokens
-    for share in (cfg.rl_length.buffer, min(2 * cfg.rl_length.buffer, 0.75)):
-        tokens = min(budget - 1, max(1, round(budget * share)))
-        if buffer < tokens:
-            return Remedy(
-                action="set_overlong_penalty",
-                params={"tokens": tokens},
-                reasoning=f"responses grow into the budget and are graded unfinished: a reward penalty growing over "
-                f"the budget's last {tokens} of {budget} tokens (DAPO's soft overlong punishment) brings their "
-                "lengths back under it (the overlong filter goes off: the penalty needs the cut responses trained)",
-            )
-    before = f.evidence["short_step"]
-    if rollbacks < min(1, cfg.max_rollbacks) and view.has_checkpoint(before):
-        return Remedy(
-            action="rollback",
-            params={"to": before},
-            reasoning=f"the responses still run to the budget with the penalty over {buffer} of {budget} tokens: "
-            "once every response is cut, the penalty grades them all alike and nothing teaches ending. Back to "
-            f"the policy of step {before} or before, whose responses still ended as at the start, with the "
-            "penalty kept from the start",
-        )
-    return Remedy(
-        action="none",
-        reasoning="responses still run to rl.max_new_tokens with the soft overlong penalty over most of the budget"
-        + (", after a rollback in this incident" if rollbacks else "")
-        + ": the task needs longer answers than the budget (raise rl.max_new_tokens) or the policy repeats itself "
-        "(a lower LR, a stronger warm start)",
-    )
-
-
-def _hacking_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int) -> Remedy:
-    """Back to the policy of the best held-out reward with a smaller step, once an incident; again
-    within it, or with the LR at its floor (a replay at the same LR repeats the same updates), the
-    run stops there: its best policy is in that checkpoint, and more of the same training hacks on."""
-    best, factor = f.evidence["best_step"], lr_cut(cfg.lr_cut, view, cfg)
-    if rollbacks == 0 and factor is not None:
-        return Remedy(
-            action="rollback",
-            params={"to": best, "lr_factor": factor},
-            reasoning=f"the training reward is no longer the task's: restore the policy of the best held-out reward "
-            f"(the newest checkpoint at or before step {best}) and train on with a smaller learning rate, "
-            "which moves the policy less far towards what the verifier pays for",
-        )
-    again = "again" if rollbacks else f"with the LR at its floor (orchestrator.min_lr_scale={cfg.min_lr_scale:g})"
-    return Remedy(
-        action="stop",
-        reasoning=f"the held-out reward falls {again} while the training reward rises: more training hacks the "
-        f"verifier; the best policy is the checkpoint at or before step {best} (a stricter verifier, "
-        "rl.reward, or rl.held_out_reward measuring the task, is the lasting fix)",
-    )

@@ -23,7 +23,7 @@ from trimtab.distributed import Parallel
 from trimtab.errors import CheckpointError, ConfigError, RunFinished, RunPastLength
 from trimtab.rundir import SUMMARY, is_eval, read_json, read_metrics
 from trimtab.storage import Remote
-from trimtab.training.schedule import KEYS, configured_lengths
+from trimtab.training.schedule import KEYS, configured_lengths, fixed_lengths
 from trimtab.training.services.signals import run_length, stopped_in_start_up
 from trimtab.training.services.storage import newer_in_store, reference_steps, restore_from
 
@@ -213,8 +213,8 @@ def _journal(state: dict[str, Any]) -> list[dict[str, Any]]:
 def _lengths(cfg: RunConfig) -> list[int] | None:
     """The phase lengths; a pretraining length that depends on the data (train.epochs) or the
     model (max_steps: auto) is the one the run resolved and saved in config.yaml."""
-    if cfg.train.epochs <= 0 and cfg.train.max_steps != "auto":
-        return configured_lengths(cfg)
+    if (lengths := fixed_lengths(cfg)) is not None:
+        return lengths
     try:
         saved = read_saved(cfg.run_dir)
     except (OSError, ConfigError):

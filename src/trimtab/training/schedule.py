@@ -48,6 +48,12 @@ def configured_lengths(cfg: RunConfig) -> list[int]:
     return [cfg.train.max_steps] + ([cfg.finetune.steps] if cfg.finetune.steps else [])
 
 
+def fixed_lengths(cfg: RunConfig) -> list[int] | None:
+    """configured_lengths where the config alone gives them; None where pretraining's depends on
+    the data (train.epochs) or the model (max_steps: auto): the run resolves it at start-up."""
+    return configured_lengths(cfg) if cfg.train.epochs <= 0 and cfg.train.max_steps != "auto" else None
+
+
 def apply_lengths(phases: list[PhaseLike], lengths: list[int], delta: int) -> int:
     """Set each phase's length (pretraining's moved by the planner's `delta`) and start; returns
     the run's total steps."""

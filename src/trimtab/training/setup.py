@@ -23,7 +23,7 @@ import torch
 import yaml
 
 from trimtab import hf
-from trimtab.checkpoint import local_run, os_error
+from trimtab.checkpoint import local_run
 from trimtab.checkpoint_load import check_fits
 from trimtab.config import DataConfig, OptimConfig, RunConfig, derive, read_saved, resolve
 from trimtab.config.checks import leaves
@@ -65,6 +65,7 @@ from trimtab.training.services.cpu_precision import refine_cpu_precision
 from trimtab.training.services.float8 import to_float8
 from trimtab.training.services.signals import blocking
 from trimtab.training.services.storage import local_sources, open_store
+from trimtab.write_errors import os_error
 
 log = logging.getLogger(__name__)
 CONTEXT = 0.8  # the data rewards context where a bigram scores under this share of the unigram entropy
@@ -187,17 +188,29 @@ def given_tokenizer(cfg: RunConfig, path: Path | None) -> TextTokenizer | None:
     else None."""
     if path is None:
         return _data_tokenizer(cfg) if cfg.data.tokenizer else None
-    if path.parent == cfg.run_dir:  # a BPE trimtab trained comes out the same from the same data
-        fix = (
-            "it is the tokenizer this run trained with: restore it, or remove it and run the same command "
-            "again, which makes it as the run first did (the resume checks that the data's rows still match)"
-        )
-        return TextTokenizer.load(path, key="the run's tokenizer", fix=fix)
+    if path.parent == cfg.run_dir:
+        return _run_dir_tokenizer(cfg, path)
     if hf.is_hf_dir(path.parent):  # a downloaded model's, not a run's
         fix = "download it again with the model, or save it again with tokenizer.save_pretrained"
     else:
         fix = "restore it (that run's tokenizer.json)"
     return TextTokenizer.load(path, key="train.init_from's tokenizer", fix=fix)
+
+
+def _run_dir_tokenizer(cfg: RunConfig, path: Path) -> TextTokenizer:
+    """RUN_DIR/tokenizer.json: the run's own where the run has started (config.yaml: prepare_run_dir
+    writes it first), else one the user put into the new run directory, named as theirs in errors."""
+    if (cfg.run_dir / CONFIG).is_file():  # a BPE trimtab trained comes out the same from the same data
+        fix = (
+            "it is the tokenizer this run trained with: restore it, or remove it and run the same command "
+            "again, which makes it as the run first did (the resume checks that the data's rows still match)"
+        )
+        return TextTokenizer.load(path, key="the run's tokenizer", fix=fix)
+    key = f"the tokenizer.json put into the new run directory (no run has started there: no {CONFIG})"
+    fix = "fix or remove it (without it the run trains a BPE on its data), or set data.tokenizer to a good one"
+    tok = TextTokenizer.load(path, key=key, fix=fix)
+    log.info("tokenizer: %s, found in the new run directory (not made by trimtab: no %s beside it)", path, CONFIG)
+    return tok
 
 
 def _data_tokenizer(cfg: RunConfig) -> TextTokenizer:
@@ -268,13 +281,13 @@ def _vocab_too_small(cfg: RunConfig, tokens: int) -> str:
     )
 
 
-def check_resume_compatible(cfg: RunConfig) -> dict[str, tuple[Any, Any]] | None:
+def check_resume_compatible(cfg: RunConfig, vocab: int = 0) -> dict[str, tuple[Any, Any]] | None:
     """A run dir with checkpoints only resumes with the same model: each model.* key that differs
     from its config.yaml's is named, unless it is a live knob (LIVE_MODEL_KEYS). Returns the live
     knobs this config changes (key: (old, new)), for the resume to apply over the checkpoint's;
     None where config.yaml is missing or damaged (a disk fault, a hand edit): the caller checks
     the model against the checkpoint itself (checkpoint_load.check_fits) before config.yaml is written
-    again."""
+    again. `vocab`: the tokenizer's vocabulary, which model.vocab_size 0 follows (complete())."""
     if not (cfg.run_dir / "config.yaml").is_file():
         return None
     try:
@@ -290,8 +303,23 @@ def check_resume_compatible(cfg: RunConfig) -> dict[str, tuple[Any, Any]] | None
             f"{cfg.run_dir} holds a run with a different model ({'; '.join(refused[:4])}"
             f"{f'; and {len(refused) - 4} more' if len(refused) > 4 else ''}); use a new --out or the same model "
             "settings (of the model.* keys only the MoE / MoD router knobs may change on resume)"
+            + _new_vocab(cfg, differ, vocab)
         )
     return {k: v for k, v in differ.items() if k in LIVE_MODEL_KEYS}
+
+
+def _new_vocab(cfg: RunConfig, differ: dict[str, tuple[Any, Any]], vocab: int) -> str:
+    """A resume's vocab_size that changed with the tokenizer, not with model.vocab_size: name the tokenizer
+    read now (data.tokenizer, or RUN_DIR/tokenizer.json replaced), which the model's settings did not choose."""
+    old, new = differ.get("model.vocab_size", (None, None))
+    if new is None or new != vocab:
+        return ""
+    now = f"data.tokenizer ({cfg.data.tokenizer})" if cfg.data.tokenizer else str(cfg.run_dir / "tokenizer.json")
+    return (
+        f". model.vocab_size follows the tokenizer, and the one read now, {now}, has {new} tokens where the "
+        f"run's had {old}: it is not the tokenizer this run trained with; resume with that one (leave "
+        "data.tokenizer unset, and its tokenizer.json as the run wrote it)"
+    )
 
 
 def prepare_run_dir(cfg: RunConfig, tok: TextTokenizer, hf_source: dict | None = None) -> None:
@@ -365,7 +393,7 @@ def setup(cfg: RunConfig) -> BuiltRun:
     cfg = dist.main_first(local_sources, cfg)  # data paths in object storage: their cached copies
     tok, phases = dist.main_first(build_phases, cfg, tokenizer_source(cfg))
     cfg = complete(cfg, tok, phases)
-    live = check_resume_compatible(cfg) if resume else {}  # after complete: derived values compare too
+    live = check_resume_compatible(cfg, tok.vocab_size) if resume else {}  # after complete: derived values too
     model, precision, hf_source, meta = _make_model(cfg, dist, precision, resume, check_fit=live is None)
     sizes = model_sizes(model, cfg.data.seq_len)  # before wrap: a pipeline stage holds only its own layers
     peak = peak_flops(precision)

@@ -1,0 +1,63 @@
+"""A failed write read as an OSError, whoever raised it (Python, safetensors, torch.save), so that every
+way a checkpoint, snapshot or tokenizer write can fail reaches the same handling (the orchestrator's
+`disk` rule, exit code 4). Torch-free: the CLI reads an error with it without importing torch."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+_OS_ERROR = re.compile(r"os error (\d+)")
+NEARLY_FULL = 16 << 20  # bytes free below which a writer's errno-less failure is taken as ENOSPC
+
+
+def os_error(exc: BaseException, where: Path | str = "") -> OSError | None:
+    """The OSError a writer raised, or named in its message (safetensors' "... (os error 28)");
+    None when it says no errno."""
+    if isinstance(exc, OSError):
+        return exc
+    found = _OS_ERROR.search(str(exc))
+    if found is None:
+        return None
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code), str(where))
+
+
+def write_error(exc: BaseException, where: Path) -> OSError | None:
+    """The OSError behind a failed checkpoint write, whoever raised it; None: not a write failure.
+    A full disk reaches the writers in three forms: Python's own OSError (ENOSPC), safetensors'
+    SafetensorError ("I/O error: No space left on device (os error 28)") and torch.save's
+    RuntimeError ("unexpected pos 576 vs 534", no errno at all). For the last, the file system's
+    free space says which it was: nearly nothing left is ENOSPC, anything else EIO."""
+    error = os_error(exc, where)
+    if error is not None:
+        return error
+    if type(exc).__name__ == "SafetensorError" or isinstance(exc, RuntimeError):
+        code = errno.ENOSPC if _free_bytes(where) < NEARLY_FULL else errno.EIO
+        return OSError(code, os.strerror(code), str(where))
+    return None
+
+
+def _free_bytes(where: Path) -> int:
+    for folder in (where, *where.parents):
+        if folder.exists():
+            return shutil.disk_usage(folder).free
+    return 0
+
+
+@contextmanager
+def writing(where: Path) -> Iterator[None]:
+    """Any failure of the writes inside as an OSError (write_error), so every way a checkpoint
+    write can fail reaches the same handling (the orchestrator's `disk` rule, exit code 4)."""
+    try:
+        yield
+    except Exception as exc:
+        error = write_error(exc, where)
+        if error is None or error is exc:
+            raise
+        raise error from exc
