@@ -134,3 +134,21 @@ def test_a_tune_space_file_with_a_key_written_twice_is_refused(tmp_path):
     )
     with pytest.raises(ConfigError, match=r"s\.yaml.*4: key 'space' is written twice .*first on line 2"):
         load_space(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "sets", "named"),
+    [
+        ("model: {d_modle: 64}\n", [], True),  # misspelt in the file
+        ("optim: {lr: [1]}\n", [], True),  # a list where a number goes
+        ("optim: {lr: [1]}\n", ["optim.lr=abc"], False),  # the bad value is the --set's: the file is not to blame
+    ],
+)
+def test_a_bad_key_in_the_config_file_names_the_file(tmp_path, text, sets, named):
+    """`trimtab train my.yaml` with a key misspelt or of the wrong type in my.yaml said only "unknown config
+    key 'model.d_modle'": not which file (a preset's and a --set's keys are refused in the same words)."""
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path, preset="debug", sets=sets)
+    assert str(err.value).startswith(f"{path}: ") == named and "config key '" in str(err.value)

@@ -179,6 +179,18 @@ def test_bad_input_names_the_path_and_what_is_missing(tmp_path, capsys):
     assert "metrics.jsonl" in capsys.readouterr().err
 
 
+def test_a_file_given_for_a_run_directory_is_called_a_file_not_missing(tmp_path, capsys):
+    """`trimtab runs FILE` and `trimtab report FILE` said "FILE: no such directory" of a file that exists."""
+    (tmp_path / "notes.txt").write_text("hi")
+    assert main(["runs", str(tmp_path / "notes.txt")]) == 2 and main(["report", str(tmp_path / "notes.txt")]) == 2
+    said = capsys.readouterr().err.splitlines()
+    file = f"trimtab: error: {tmp_path / 'notes.txt'}: a file, not a directory"
+    assert said == [
+        f"{file} (trimtab runs DIR lists the run directories under DIR)",
+        f"{file} (expected a run directory with config.yaml and metrics.jsonl)",
+    ]
+
+
 def test_a_report_that_fails_warns_and_spares_the_run(tmp_path, monkeypatch, caplog):
     def broken(*args, **kwargs):
         raise OSError("No space left on device")
@@ -443,6 +455,20 @@ def test_a_wrong_shaped_goodput_ledger_is_left_out_naming_it_and_the_tree_still_
     assert f"{tmp_path / 'null' / 'goodput.json'} is not a goodput ledger" in caplog.text
     assert read_run(tmp_path / "count").goodput is None and read_goodput(tmp_path / "fine")["wall_s"] == 4.0
     assert add_after_end(tmp_path / "null", "checkpoint", 1.0) is None  # the end of a run is not broken either
+
+
+def test_the_runs_wall_column_is_the_whole_runs_time_the_ettr_is_over(tmp_path):
+    """A resumed run's wall column showed summary.json's seconds, its last session's alone (47 s), beside
+    an ETTR over every session (101 s): the wall is the run's total, restarts and downs included."""
+    sessions = [
+        {"step": 2, "end": "killed", "seconds": {"productive": 2.0, "start_up": 3.0}, "down_s": 1.0},
+        {"step": 4, "end": "completed", "seconds": {"productive": 4.0, "other": 2.0}},
+    ]
+    (_fake_run(tmp_path / "resumed", 1e-3) / "goodput.json").write_text(json.dumps({"sessions": sessions}))
+    _fake_run(tmp_path / "no_ledger", 2e-3)  # an older trimtab's run: its summary's seconds, as before
+    rows = {r["run"]: r for r in list_runs(tmp_path)}
+    assert rows["resumed"]["wall_s"] == 12.0 and rows["resumed"]["ettr"] == 0.5
+    assert rows["no_ledger"]["wall_s"] == 1.0
 
 
 def test_a_damaged_goodput_ledger_is_started_anew_by_the_resumed_session(tmp_path, caplog):

@@ -65,3 +65,58 @@ def test_a_runs_corrupt_tokenizer_is_refused_by_generate_the_api_and_a_resume(tr
     assert resumed.returncode == 2, resumed.stderr[-2000:]
     assert_says(resumed.stderr, path, how)
     assert "the run's tokenizer" in resumed.stderr and "restore it" in resumed.stderr
+
+
+def test_a_corrupt_tokenizer_put_into_a_new_run_directory_is_called_the_users_not_the_runs(tokenizer, tmp_path):
+    """A tokenizer.json a user put into a new run directory was refused as "the run's tokenizer ... it
+    is the tokenizer this run trained with": no run had started there. It is named as the user's."""
+    from trimtab.training.setup import given_tokenizer, tokenizer_source
+
+    cfg = load_config(preset="debug", overrides={"out": str(tmp_path / "new")})
+    cfg.run_dir.mkdir()
+    tokenizer.save(cfg.run_dir / "tokenizer.json")
+    damage(cfg.run_dir / "tokenizer.json", "truncated")
+    with pytest.raises(DataError) as refused:
+        given_tokenizer(cfg, tokenizer_source(cfg))
+    message = str(refused.value)
+    assert message.startswith("the tokenizer.json put into the new run directory (no run has started there")
+    assert_says(message, cfg.run_dir / "tokenizer.json", "truncated")
+    assert "trained with" not in message and "fix or remove it" in message
+
+
+def test_a_resume_whose_tokenizer_changed_the_vocabulary_names_the_tokenizer(tmp_path):
+    """Resumed with another tokenizer (data.tokenizer, or RUN_DIR/tokenizer.json replaced), the refusal
+    said only "a different model (model.vocab_size: 512 there, 48 now)": no model setting had changed."""
+    import yaml
+
+    from trimtab.errors import CheckpointError
+    from trimtab.training.setup import check_resume_compatible
+
+    run = {"out": str(tmp_path / "run")}
+    saved = load_config(preset="debug", overrides={**run, "model": {"vocab_size": 512}})
+    saved.run_dir.mkdir()
+    (saved.run_dir / "config.yaml").write_text(yaml.safe_dump(saved.to_dict()))
+    now = load_config(preset="debug", overrides={**run, "model": {"vocab_size": 48}, "data": {"tokenizer": "t.json"}})
+    with pytest.raises(CheckpointError) as refused:
+        check_resume_compatible(now, vocab=48)  # 48: the tokenizer's, which model.vocab_size 0 followed
+    assert "model.vocab_size: 512 there, 48 now" in str(refused.value)
+    assert "the one read now, data.tokenizer (t.json), has 48 tokens where the run's had 512" in str(refused.value)
+    with pytest.raises(CheckpointError) as set_by_hand:  # the user's model.vocab_size: no tokenizer to blame
+        check_resume_compatible(now, vocab=300)
+    assert str(set_by_hand.value).endswith("may change on resume)") and "the one read now" not in str(set_by_hand.value)
+
+
+def test_a_corrupt_tokenizer_given_to_data_prepare_offers_prepares_own_fix(tokenizer, tmp_path, capsys):
+    """`trimtab data prepare --tokenizer BAD` offered a run's fix ("the copy in checkpoint.dir's store if
+    the run has one"): prepare has no run; its fix is another --tokenizer, or none (a BPE is trained)."""
+    from trimtab.cli import main
+
+    path = tmp_path / "tok.json"
+    tokenizer.save(path)
+    damage(path, "truncated")
+    (tmp_path / "corpus.txt").write_text("def f(x):\n    return x\n" * 50)
+    args = ["data", "prepare", str(tmp_path / "corpus.txt"), "--out", str(tmp_path / "prepared"), "--tokenizer"]
+    assert main([*args, str(path)]) == 2
+    message = capsys.readouterr().err
+    assert_says(message, path, "truncated")
+    assert "point --tokenizer at a good tokenizer.json" in message and "checkpoint.dir" not in message

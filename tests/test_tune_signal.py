@@ -118,3 +118,42 @@ def test_a_worker_killed_by_sigkill_is_named_and_its_trial_failed_not_called_int
     )
     lost = result.study.get_trials()[0]
     assert lost.state == TrialState.FAIL and lost.user_attrs["lost"].endswith("was killed by SIGKILL")
+
+
+def test_the_cli_runs_even_one_worker_in_its_own_process_so_its_sigkill_is_reported(tmp_path, monkeypatch, capsys):
+    """`trimtab tune --workers 1` ran its worker in the command's own process: the OOM killer's SIGKILL
+    ended the command with it, unreported, its trial left RUNNING. The command now outlives the worker:
+    the kill is named with its trial, the trial is FAIL, and the exit code 1 says to resume."""
+    import re
+    import subprocess
+
+    import pytest
+
+    import trimtab.tune as tune_pkg
+    from trimtab.cli import main
+    from trimtab.tune.study import claim, open_study, study_dir, this_worker
+
+    _write_study(tmp_path)
+    space = load_space(tmp_path / "s.yaml")
+    space.trials = 1
+    directory = study_dir(space, str(tmp_path / "study"))
+    directory.mkdir(parents=True)
+    worker = subprocess.Popen(["sleep", "60"])
+    worker.kill()  # SIGKILL, as the OOM killer sends it
+    worker.wait()
+
+    lr = []
+
+    def spawned(space, url, directory, total, workers):  # the one worker claims its trial and is killed
+        trial = claim(open_study(space, url), total, directory)
+        lr.append(trial.suggest_float("optim.lr", 1e-3, 1e-2, log=True))
+        trial.set_user_attr("worker", {**this_worker(), "pid": worker.pid})
+        return {worker.pid: worker.returncode}
+
+    monkeypatch.setattr(tune_pkg, "_spawn", spawned)
+    monkeypatch.setattr(tune_pkg, "work", lambda *args, **kwargs: pytest.fail("the worker ran in the command"))
+    code = main(["tune", str(tmp_path / "s.yaml"), "--trials", "1", "--workers", "1", "--out", str(directory)])
+    out = capsys.readouterr().out
+    assert code == 1 and f"killed: worker pid {worker.pid} ended by SIGKILL in trial 0 (not run again yet)" in out
+    assert "run the same command again to resume the study" in out
+    assert re.search(rf"0 FAIL +optim.lr={lr[0]:.6f} +its worker \(pid {worker.pid} on .+\) was killed by SIGKILL", out)

@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import difflib
 import logging
+import re
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -375,9 +376,33 @@ def load_config(
         keys, value = parse_set(item)
         cli = merge(cli, nested(keys, value))
     name = cli.get("preset") or preset or user.get("preset") or DEFAULT_PRESET
-    layered = merge(merge(preset_dict(name), upgrade(user, str(path))), upgrade(cli, "the overrides"))
+    user, cli = upgrade(user, str(path)), upgrade(cli, "the overrides")
+    layered = merge(merge(preset_dict(name), user), cli)
     layered["preset"] = name
-    return resolve(layered)
+    try:
+        return resolve(layered)
+    except ConfigError as exc:
+        raise _in_file(exc, path, user, cli) from None
+
+
+def _in_file(exc: ConfigError, path: str | Path | None, user: dict[str, Any], cli: dict[str, Any]) -> ConfigError:
+    """A key's error names the YAML file the key's value came from (not a preset's, not a --set's):
+    the user must know which file to edit, and a preset's keys say nothing of it."""
+    found = re.search(r"config key '([^']+)'", str(exc))
+    if path is None or found is None or str(exc).startswith(f"{path}:"):
+        return exc
+    keys = found.group(1).split(".")
+    if _has(user, keys) and not _has(cli, keys):
+        return type(exc)(f"{path}: {exc}")
+    return exc
+
+
+def _has(data: Any, keys: list[str]) -> bool:
+    for key in keys:
+        if not isinstance(data, dict) or key not in data:
+            return False
+        data = data[key]
+    return True
 
 
 def resolve(config: RunConfig | dict[str, Any]) -> RunConfig:

@@ -295,7 +295,8 @@ def _tokenizer(
     model's folder): used only when --tokenizer names that same tokenizer, refused otherwise."""
     own = out / "tokenizer.json"
     if given:
-        tok = TextTokenizer.load(Path(given), key="--tokenizer")
+        fix = "point --tokenizer at a good tokenizer.json (tokenizers' Tokenizer.save), or leave it out to train a BPE"
+        tok = TextTokenizer.load(Path(given), key="--tokenizer", fix=fix)
         if own.is_file() and TextTokenizer.load(own).fingerprint != tok.fingerprint:
             if foreign:  # no prepare's: leaving --tokenizer out would not add files with it
                 raise DataError(f"--tokenizer {given} is not the tokenizer.json {out} already holds; " + _NEW_OUT)

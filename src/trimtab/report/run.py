@@ -83,7 +83,8 @@ def read_run(path: str | Path, name: str | None = None, summary: dict[str, Any] 
     of a run comes before the file is). Raises NotARunError naming what is missing."""
     path = Path(path)
     if not path.is_dir():
-        raise NotARunError(f"{path}: no such directory (expected a run directory with {CONFIG} and {METRICS_FILE})")
+        what = "a file, not a directory" if path.exists() else "no such directory"
+        raise NotARunError(f"{path}: {what} (expected a run directory with {CONFIG} and {METRICS_FILE})")
     # a run that ended before its first logged step (given up at step 4, log_every 5) has its
     # decisions and summary, no metrics: its report is the one a person needs (it was refused)
     if not (path / CONFIG).is_file():

@@ -111,11 +111,20 @@ def run_row(path: Path, root: Path) -> dict[str, Any]:
         "decisions": sum(not is_note(d) for d in kept),
         "notes": sum(is_note(d) for d in kept),
         "healed": healed(kept),
-        "wall_s": round(s["seconds"], 1) if isinstance(s.get("seconds"), (int, float)) else None,
+        "wall_s": _wall(run.goodput, s),
         "ettr": (run.goodput or {}).get("ettr"),  # productive / wall over every session (docs/resilience.md)
         "detail": run.detail,
         "path": str(path),
     }
+
+
+def _wall(goodput: dict[str, Any] | None, summary: dict[str, Any]) -> float | None:
+    """The run's wall time over every session, restarts and the downs between them included: the
+    ETTR's denominator (goodput.json); summary.json's `seconds`, its last session's alone, only for a
+    run without a ledger (a damaged one, or an older trimtab's)."""
+    total = (goodput or {}).get("wall_s")
+    seconds = total if isinstance(total, (int, float)) and total > 0 else summary.get("seconds")
+    return round(seconds, 1) if isinstance(seconds, (int, float)) else None
 
 
 def list_runs(root: str | Path, sort: str = "val_loss", reverse: bool = False) -> list[dict[str, Any]]:
@@ -123,7 +132,8 @@ def list_runs(root: str | Path, sort: str = "val_loss", reverse: bool = False) -
     value in that column come last either way."""
     root = Path(root)
     if not root.is_dir():
-        raise RunsError(f"{root}: no such directory (trimtab runs DIR lists the run directories under DIR)")
+        what = "a file, not a directory" if root.exists() else "no such directory"
+        raise RunsError(f"{root}: {what} (trimtab runs DIR lists the run directories under DIR)")
     if sort not in COLUMNS:
         raise RunsError(f"unknown column {sort!r} for --sort; one of {', '.join(COLUMNS)}")
     rows = [run_row(path, root) for path in find_runs(root)]
