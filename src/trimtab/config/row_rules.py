@@ -66,9 +66,11 @@ class RowGateRule(Section):
     """The row gate (training/row_gate.py): inside a step, before its backward, a row whose target
     tokens are mostly distinct (`min_distinct` of them: random tokens) and whose loss stands above
     the median of the last `window` rows by max(sigma x their spread, min_gap) is left out of the
-    step's objective. Auto mode only. Measured on the healing benchmark (2026-11-30, 120 steps):
-    thin_bad_data +2.1% against +4.7% without it; no clean row gated in 9 fault-free runs of the
-    four debug presets, the nearest 0.75 nats under the bar."""
+    step's objective; or, model-free (the LR warm-up, where the loss cannot tell), whose tokens score
+    as uniform draws under the unigram frequencies of the rows trained on. Auto mode only. Measured
+    on the healing benchmark (2026-11-30, 120 steps): thin_bad_data +2.1% against +4.7% without it;
+    no clean row gated in 9 fault-free runs of the four debug presets, the nearest 0.75 nats under
+    the bar."""
 
     enabled: bool = True
     # random tokens of a 512-token vocabulary in rows of 64 targets: 0.86-1.0 distinct; clean rows

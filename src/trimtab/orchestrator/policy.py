@@ -217,7 +217,9 @@ class Policy(InstabilityLadder):
                 )
             why = (
                 "these rows' target tokens are mostly distinct (random tokens, not text, which repeats its words) "
-                "and their losses stood far above the recent rows' when this step met them: the row gate already "
+                "and their losses stood far above the recent rows' when this step met them, or (model-free, what "
+                "the LR warm-up needs: the model scores text as random tokens there) their tokens score as uniform "
+                "draws under the token frequencies of the rows trained on, where text is Zipfian: the row gate already "
                 "left them out of this step's update (their targets ignored before the backward); leave them out "
                 "for the rest of the run too, as bad data (orchestrator.row_gate.*)"
             )
