@@ -7,6 +7,7 @@ In one process: the lost peer is a collective raising gloo's error (what rank 0 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from safetensors.torch import load_file
 
 from trimtab.api import built_in_hooks
 from trimtab.config import load_config
+from trimtab.training import emergency
 from trimtab.training.emergency import peer_lost
 from trimtab.training.setup import setup
 from trimtab.training.trainer import Trainer
@@ -33,8 +35,8 @@ SETS = [
 ]
 
 
-def trainer(out, every: int) -> Trainer:
-    cfg = load_config(preset="debug", overrides={"out": str(out)}, sets=[*SETS, f"checkpoint.every={every}"])
+def trainer(out, every: int, *sets: str) -> Trainer:
+    cfg = load_config(preset="debug", overrides={"out": str(out)}, sets=[*SETS, f"checkpoint.every={every}", *sets])
     return Trainer(setup(cfg), hooks=built_in_hooks(cfg))
 
 
@@ -114,3 +116,60 @@ def test_no_emergency_save_once_the_update_began_nor_where_a_lost_rank_held_shar
         and not peer_lost(RuntimeError("shape mismatch"))
         and not peer_lost(ValueError("Connection closed by peer"))
     )
+
+
+EVAL = ("train.max_steps=5", "train.eval_every=2", "train.eval_tokens=256")
+
+
+def test_a_peer_lost_in_an_evaluation_leaves_its_step_saved_as_an_undisturbed_save_would(tmp_path, monkeypatch):
+    """Evaluations every 2 steps, checkpoints every 3, rank 1 lost in step 4's evaluation: step 4, complete, is
+    saved (before: the restart went back to step 3), with an undisturbed save's weights, optimizer, RNG, data
+    position and training state: what the restart resumes is the undisturbed run's."""
+    plain = trainer(tmp_path / "plain", 4, *EVAL)
+    plain.fit()
+    hit = trainer(tmp_path / "hit", 3, *EVAL)
+    monkeypatch.setattr(hit, "emergency_save_possible", lambda: None)
+    evaluate = hit.evaluate
+
+    def failing(*args):
+        if hit.state.step == 4:
+            raise RuntimeError(GLOO)  # its held-out loss summed over the ranks
+        return evaluate(*args)
+
+    monkeypatch.setattr(hit, "evaluate", failing)
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        hit.fit()
+    saved = sorted(p.name for p in (tmp_path / "hit" / "checkpoints").glob("step_*"))
+    assert saved == ["step_000000", "step_000003", "step_000004"]
+    ours, theirs = tmp_path / "hit/checkpoints/step_000004", tmp_path / "plain/checkpoints/step_000004"
+    a, b = load_file(ours / "model.safetensors"), load_file(theirs / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    oa, ob = (torch.load(p / "optim.pt", weights_only=False) for p in (ours, theirs))
+    assert torch.equal(oa["rng"]["torch"], ob["rng"]["torch"])
+    moments = ob["optimizer"]["state"].items()
+    assert all(torch.equal(oa["optimizer"]["state"][i]["exp_avg"], m["exp_avg"]) for i, m in moments)
+    sa, sb = (json.loads((p / "state.json").read_text()) for p in (ours, theirs))
+    assert sa["data"] == sb["data"] and sa["row_gate"] == sb["row_gate"]
+    assert {k: v for k, v in sa["train"].items() if k != "train_seconds"} == {
+        k: v for k, v in sb["train"].items() if k != "train_seconds"
+    }
+
+
+def test_with_rank_0_lost_another_survivor_claims_the_emergency_save(tmp_path, monkeypatch):
+    """Rank 0 lost in step 3: rank 1, a survivor holding the same replica, saves step 2 (before: no rank but 0
+    ever saved, and the restart went back to step 0). An earlier session's claim of the step is taken over; a
+    third survivor, finding this one's claim, writes nothing."""
+    monkeypatch.setattr(emergency, "RANK_0_FIRST_S", 0.0, raising=False)  # old code: none
+    hit = trainer(tmp_path / "hit", 3)
+    lose_peer_in(hit, 3, monkeypatch)
+    monkeypatch.setattr(hit.dist, "rank", 1)
+    earlier = tmp_path / "hit/checkpoints/.emergency_step_000002"
+    earlier.touch()
+    os.utime(earlier, (0, 0))  # a session killed in its emergency save of step 2
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        hit.fit()
+    state = json.loads((tmp_path / "hit/checkpoints/step_000002/state.json").read_text())
+    assert state["emergency"]["rank"] == 1 and state["train"]["step"] == 2
+    assert not hit._claim(2)  # another survivor of this session
+    again = trainer(tmp_path / "hit", 3)
+    assert again.state.step == 2

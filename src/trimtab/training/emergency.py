@@ -1,29 +1,39 @@
-"""An emergency save: a DDP survivor keeps the last completed step when a peer dies mid-step
-(docs/resilience.md, "A survivor's emergency save"). A mixin of Checkpointing (training/checkpointing.py).
+"""An emergency save: a DDP survivor keeps the last completed step when a peer dies mid-step, in an
+evaluation, in a checkpoint's save or in the data's wait (docs/resilience.md, "A survivor's emergency
+save"). A mixin of Checkpointing (training/checkpointing.py).
 
 Under pure data parallelism (DDP: one whole replica a process) every rank holds the whole model and
 optimizer. A peer lost inside a step's collectives (the OOM/signal agreement, the gradient
 all-reduce, the clip's norm) fails the survivors' collective before their update runs: their
-weights and optimizer are still those of the last completed step. Rank 0 writes them then, alone
+weights and optimizer are still those of the last completed step; so are they in the evaluation and the
+save after a step and in the next step's data wait. One survivor writes them then, alone
 (no barrier, no gather: the peer is gone), as a one-process checkpoint (checkpoint.save_checkpoint:
 atomic, with its manifest, read by any world size), with the data position and RNG taken when the
 step began, so the restart loses no completed step instead of up to checkpoint.every (torchft and
 OLMo-core keep progress the same way). Refused wherever a dead rank held state of its own: FSDP2,
 tensor, expert or pipeline shards, replica groups (resilience.ft, which keep training instead), an RL
-loader's rollouts. One thing differs from a save of every rank: the row gate's reference is each
-rank's own rows' (distributed/checkpoint.py with_gates), and only rank 0's is known here; every rank
-resumes with it, as a resume on another world gives rank r saved rank r mod the saved world's.
+loader's rollouts. The writer is rank 0, or, rank 0 lost, the first other survivor to claim the step
+(_claim: a file created exclusively in checkpoints/, which every rank shares as it shares the sharded
+saves). What differs from a save of every rank: the row gate's reference and the RNG are each rank's own
+(distributed/checkpoint.py with_gates, rng_by_rank), and only the writer's are known here; every rank
+resumes with them, as a resume on another world gives rank r saved rank r mod the saved world's. The
+evaluation a peer was lost in is not in the checkpoint (its step's figures are not in metrics.jsonl).
+The save has torchrun's grace to finish in: the agent sends SIGTERM to the survivors as it sees a rank
+gone, SIGKILL 30 s later (docs/resilience.md).
 """
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from trimtab.checkpoint import save_checkpoint
+from trimtab.checkpoint import checkpoint_root, save_checkpoint
 from trimtab.distributed.checkpoint import param_names
 from trimtab.rl.batches import RolloutLoader
 from trimtab.rl.preference import PairLoader
@@ -32,6 +42,9 @@ from trimtab.training.runtime import rng_state
 # gloo's and NCCL's words for a peer that went away (gloo raises a plain RuntimeError, NCCL a DistBackendError)
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL")
 EMERGENCY = "emergency"  # state.json's key: why this checkpoint was written by one rank alone
+# how long a survivor other than rank 0 leaves rank 0 to claim the step first: rank 0 saw the same
+# failure at the same moment, and its claim is a file created in milliseconds
+RANK_0_FIRST_S = 1.0
 
 
 def peer_lost(exc: BaseException) -> bool:
@@ -52,6 +65,9 @@ class EmergencySave:
     the step, the loader's position and the RNG as the step began; None once the update begins)."""
 
     _step_start: tuple[int, dict[str, Any], dict[str, Any], Any] | None = None
+    # when this session first marked a step: a claim older than that is an earlier session's (_claim). Not
+    # the module's import: torchrun's --start-method fork workers inherit the agent's modules
+    _began = 0.0
 
     def emergency_save_possible(self) -> str | None:
         """Why no emergency save can be sound for this run (None: it can)."""
@@ -67,12 +83,14 @@ class EmergencySave:
         return None
 
     def mark_step_start(self) -> None:
-        """Before the step's batch is read: its position and RNG are those a save now would write."""
-        if self.dist.is_main and self.emergency_save_possible() is None:
+        """Before the step's batch is read, or its evaluation and save begin: the position and RNG a
+        save now would write. On every rank: any survivor may be the one that writes them."""
+        if self.emergency_save_possible() is None:
+            self._began = self._began or time.time()
             gate = self.row_gate
             # the row gate observes the step's rows in its forward: its reference as the step began (a
-            # device copy of `window` floats, no host read)
-            kept = (gate.recent.clone(), gate.written, gate.judged) if gate is not None else None
+            # device copy of `window` floats, no host read) and its unigram frequencies (a host copy)
+            kept = gate.snapshot() if gate is not None else None
             self._step_start = (self.state.step, self.loader.state_dict(), rng_state(), kept)
 
     def update_begins(self) -> None:
@@ -81,7 +99,8 @@ class EmergencySave:
 
     @contextmanager
     def saving_if_a_peer_is_lost(self) -> Iterator[None]:
-        """The step's block: a peer lost in it before the update makes rank 0 save the step before it."""
+        """A block from mark_step_start on: a peer lost in it before an update makes one survivor save the
+        step marked."""
         try:
             yield
         except RuntimeError as exc:
@@ -95,23 +114,24 @@ class EmergencySave:
         """Write the last completed step's checkpoint on this rank alone; whether one is on disk."""
         start, self._step_start = self._step_start, None
         if start is None or start[0] != self.state.step or self.dist.writing_in_background():
-            return False  # not rank 0, the update began, or a background write's collectives wait on the lost peer
+            return False  # the update began, or a background write's collectives wait on the lost peer
         step, data, rng, gate = start
         if step == self.last_saved:
             return True
         if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
             return False  # as save(): never a checkpoint that resumes into NaN (a local check: no collective)
+        if not self._claim(step):
+            return False  # another survivor writes it
         # under the save's own timeout, as any save (a stuck disk is ended); at the step saved, so the exit
         # record names it the last completed one (resilience/incidents.py done_step), not the step that failed
         self.watchdog.beat("checkpoint", step)
         if gate is not None:  # the process ends after this save: its gate can go back to the step's start
-            self.row_gate.recent.copy_(gate[0])
-            self.row_gate.written, self.row_gate.judged = gate[1], gate[2]
+            self.row_gate.restore(gate)
         first = lost_words(exc)
         # never a rollback target: whether weights are good is the hooks' call, and the orchestrator's may
         # score a held-out probe averaged over the ranks (a collective: with NCCL it would wait for the dead
         # peer); as for any save judged not good, the held-out reference (on_save_prepare) stays the last good's
-        state = {**self._checkpoint_state(False), "data": data, EMERGENCY: {"rank": 0, "error": first}}
+        state = {**self._checkpoint_state(False), "data": data, EMERGENCY: {"rank": self.dist.rank, "error": first}}
         scaler = self.scaler.state_dict() if self.scaler else {}
         optim = {
             "optimizer": self.optimizer.state_dict(),
@@ -119,6 +139,7 @@ class EmergencySave:
             "rng": rng,
             "scaler": scaler,
         }
+        started = time.perf_counter()
         try:
             save_checkpoint(
                 self.cfg.run_dir,
@@ -132,6 +153,36 @@ class EmergencySave:
         except OSError as err:
             self.say(f"step {step}: the emergency save failed ({err}); the restart resumes from step {self.last_saved}")
             return False
-        self.say(f"step {step}: a peer was lost ({first}); rank 0 saved step {step} alone (an emergency save)")
+        rank, seconds = self.dist.rank, time.perf_counter() - started
+        self.say(
+            f"step {step}: a peer was lost ({first}); rank {rank} saved step {step} alone in {seconds:.1f} s (an "
+            "emergency save; torchrun's SIGKILL comes 30 s after the loss: a longer save is cut, and the restart "
+            "resumes from the checkpoint before)"
+        )
         self.last_saved = step
         return True
+
+    def _claim(self, step: int) -> bool:
+        """Whether this survivor writes step `step`: the first to create checkpoints/.emergency_step_N does
+        (rank 0 at once, the others RANK_0_FIRST_S later). Claims older than this session's first step are
+        earlier sessions' (done, or killed in their save): removed, so taken over."""
+        claim = checkpoint_root(self.cfg.run_dir) / f".emergency_step_{step:06d}"
+        if not self.dist.is_main:
+            time.sleep(RANK_0_FIRST_S)
+        claim.parent.mkdir(parents=True, exist_ok=True)
+        for old in claim.parent.glob(".emergency_step_*"):
+            if _stale(old, self._began):
+                old.unlink(missing_ok=True)
+        try:
+            os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False  # another survivor claimed it first (rank 0 later than RANK_0_FIRST_S)
+        return True
+
+
+def _stale(claim: Path, began: float) -> bool:
+    """Whether an emergency save's claim was made before this session began (`began`: another session's)."""
+    try:
+        return claim.stat().st_mtime < began
+    except FileNotFoundError:
+        return False

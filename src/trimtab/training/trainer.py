@@ -152,12 +152,13 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
                     self.save()  # a state went to a replacement: sender and receiver save it alike
                 self.dist.step_starts()  # the straggler rule's measure of this rank's own work
                 self.mark_step_start()  # what an emergency save of the step before needs (training/emergency.py)
-                batch = self._next_batch()
+                with self.saving_if_a_peer_is_lost():  # from the data's wait on: a peer lost in it too
+                    batch = self._next_batch()
+                    if batch is not None:
+                        self._call("on_step_start", batch)
+                        out = self._step_with_oom_retry(batch, t0)
                 if batch is None:  # out of memory generating, with nothing left to shrink: stop_reason says why
                     break
-                self._call("on_step_start", batch)
-                with self.saving_if_a_peer_is_lost():
-                    out = self._step_with_oom_retry(batch, t0)
                 self.watchdog.beat("hooks")
                 if out is None:  # out of memory with nothing left to shrink: stop_reason says why
                     break
@@ -168,8 +169,10 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
                     self._call("on_phase_end")  # hooks check the state a phase ends in (a rollback trains on)
                     self.control.apply()
                 if self.state.step == out.step:  # a rollback restores a step saved (and evaluated if due) before
-                    self._maybe_eval()
-                    self._maybe_checkpoint()
+                    self.mark_step_start()  # the step just completed: a peer lost in its evaluation or save
+                    with self.saving_if_a_peer_is_lost():
+                        self._maybe_eval()
+                        self._maybe_checkpoint()
             self._final_save()
         summary = run_summary(self, *start)
         self._date_evaluation(summary)
