@@ -1,7 +1,7 @@
 """The size of a second cut for an LR far too high. debug-moe at 20x its preset's LR: the first
 steps' gain 0.22, cut x0.1 to 2x; the replay's gain 0.30, under 3/4 of min_gain (0.4), was cut
 x0.1 again to a fifth of the preset's LR (80 steps: val 5.05 against 4.31 clean). A gain that rose
-off its floor since the last cut says the LR is within a decade of a sound one: half a decade."""
+off its floor since the last cut says the LR is within a decade of a sound one: halved."""
 
 from test_lr_too_high_floor import View, _gain
 from trimtab.config.orchestrator import OrchestratorConfig
@@ -16,8 +16,8 @@ def _second_cut(first: float, second: float) -> float:
     return policy.plan(_gain(step=15, gain=second), View(lr_scale=0.1)).params["lr_factor"]
 
 
-def test_a_gain_that_rose_after_a_decade_cut_is_cut_half_a_decade():
-    assert _second_cut(0.22, 0.298) == 0.1**0.5  # debug-moe at 20x, then 2x
+def test_a_gain_that_rose_after_a_decade_cut_is_halved():
+    assert _second_cut(0.22, 0.298) == 0.5  # debug-moe at 20x, then 2x: x0.32 ended at 0.63x, 4.005 against 3.906
 
 
 def test_a_gain_still_on_its_floor_is_cut_a_decade_again():

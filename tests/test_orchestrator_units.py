@@ -15,6 +15,7 @@ from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.errors import ConfigError
 from trimtab.orchestrator import ctl
 from trimtab.orchestrator.core import Orchestrator
+from trimtab.orchestrator.divergence import Divergence
 from trimtab.orchestrator.fault_specs import Fault, parse_fault, parse_faults
 from trimtab.orchestrator.journal import Decision, Journal, describe
 from trimtab.orchestrator.lr_rule import UnexplainedLR
@@ -23,7 +24,7 @@ from trimtab.orchestrator.monitors import Finding, GradExplosion, LossSpike, Non
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.resources import RESUME_PROBE, Fp16Overflow, MemoryPressure, OutOfMemory, Throughput
 from trimtab.orchestrator.rules import build_monitors
-from trimtab.orchestrator.trends import AboveStart, Divergence, Plateau
+from trimtab.orchestrator.trends import AboveStart, Plateau
 from trimtab.rundir import read_decisions
 from trimtab.training import actions
 from trimtab.training.actions import ACTIONS

@@ -1,5 +1,5 @@
 """The orchestrator's instability rules on the loss and the gradient (orchestrator.spike, grad,
-above_start, divergence: orchestrator/monitors.py and trends.py), and their checks. Apart from
+above_start, divergence: orchestrator/monitors.py, trends.py and divergence.py), and their checks. Apart from
 config/orchestrator.py (OrchestratorConfig holds them, as it holds config/rl_rules.py's and
 config/row_rules.py's) so that each module stays one family of rules.
 """

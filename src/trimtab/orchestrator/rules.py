@@ -4,6 +4,7 @@ journal's `rule`); the policy handles their findings by family (policy.py)."""
 from __future__ import annotations
 
 from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.divergence import Divergence
 from trimtab.orchestrator.lr_rule import UnexplainedLR
 from trimtab.orchestrator.monitors import GradExplosion, LossSpike, Monitor, NonFinite
 from trimtab.orchestrator.resources import Fp16Overflow, MemoryPressure, OutOfMemory, Throughput
@@ -16,7 +17,7 @@ from trimtab.orchestrator.rl_health import (
 )
 from trimtab.orchestrator.rl_reward import RewardFall
 from trimtab.orchestrator.rl_verifier import VerifierFailures
-from trimtab.orchestrator.trends import AboveStart, Divergence, Plateau
+from trimtab.orchestrator.trends import AboveStart, Plateau
 
 MONITORS = {
     "nonfinite": NonFinite,

@@ -12,6 +12,11 @@ from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding
 from trimtab.orchestrator.remedies import Remedy, lr_cut
 
+# The cut for an LR found within a few times of a sound one after a decade's cut (a gain that rose off its
+# floor, or a replay short of a sound LR's gain, trends.py SOUND_GAIN): debug-mod at 20x, cut to 2x (gain
+# 0.67), then half a decade to 0.63x ended 4.12 (clean 3.98, 150 steps), halved to 1x as clean
+NEAR_SOUND = 0.5
+
 
 class TooHighLR:
     """InstabilityLadder's answer to above_start (it holds the state and the methods named here)."""
@@ -131,15 +136,18 @@ def _too_high_factor(f: Finding, lr_factor: float, before: float | None = None) 
     first steps' gain is 0.75-0.9 at the preset's LR, 0.38-0.6 at 3-10x, 0.12-0.22 at 30x: 30x is
     cut x0.1 to 3x, which then shows a gain just under 0.4 or a dying gradient and is cut x0.32
     to about the preset's, not x0.1 to a third of it (debug, 100 steps: 4.28 against 4.68).
-    Half a decade too when an earlier cut's gain (`before`) rose since and now stands over half
+    Halved (NEAR_SOUND) when an earlier cut's gain (`before`) rose since and now stands over half
     min_gain: the last decade lifted the LR off the gain's floor (0.1-0.2 however far too high), so
-    the LR is within a decade of a sound one. MoE's gains run lower than dense ones at the same
-    excess: debug-moe at 20x its preset's LR shows 0.22, cut x0.1 to 2x 0.30, under 3/4 of the bar,
-    and a second x0.1 left it at a fifth of the preset's (80 steps: val 5.05 against 4.31 clean)."""
+    the LR is within a decade of a sound one, 2x on debug-moe and debug-hybrid at 20x (0.22 -> 0.30,
+    0.22 -> 0.33): a second x0.1 left moe at a fifth of the preset's (80 steps: val 5.05 against
+    4.31 clean), x0.32 at 0.63x (150 steps: moe 4.005, hybrid 4.164 against 4.024 clean), x0.5 at
+    the preset's (3.906, 4.024). Should that be short, the replay's gain under SOUND_GAIN halves again."""
     ev = f.evidence
-    if "warm_grad_norm" in ev or "unigram" in ev or ("gain" in ev and ev["gain"] > 0.75 * ev["min_gain"]):
-        return math.sqrt(lr_factor)
+    if "sound_gain" in ev:  # over min_gain, short of a sound LR's: within a few times of it
+        return NEAR_SOUND
     if "gain" in ev and before is not None and ev["gain"] > max(before, 0.5 * ev["min_gain"]):
+        return NEAR_SOUND
+    if "warm_grad_norm" in ev or "unigram" in ev or ("gain" in ev and ev["gain"] > 0.75 * ev["min_gain"]):
         return math.sqrt(lr_factor)
     return lr_factor
 
@@ -162,8 +170,14 @@ def _stalled_why(f: Finding) -> str:
 
 
 def _overshoot_why(f: Finding) -> str:
-    """What the first steps' update gain says (above_start's gain evidence)."""
+    """What the first steps' update gain says (above_start's gain evidence; after a cut, against a sound LR's)."""
     ev = f.evidence
+    if "sound_gain" in ev:
+        return (
+            f"the LR was cut for being far too high, and over the first {ev['gain_window']} steps since, the updates "
+            f"delivered {ev['gain']:.2f} of the loss decrease their gradient promised on their own batch (median; "
+            f"under the {ev['sound_gain']:g} a sound LR reaches, where twice it reads 0.67): it is still too high"
+        )
     return (
         f"over this phase's first steps the updates delivered {ev['gain']:.2f} of the loss decrease their "
         f"gradient promised on their own batch (median of {ev['gain_window']} steps; under {ev['min_gain']:g}, "
@@ -177,6 +191,8 @@ def _too_high_why(f: Finding, factor: float) -> str:
     if "warm_grad_norm" in f.evidence or "unigram" in f.evidence:
         again = "again " if "warm_grad_norm" in f.evidence else ""
         return _stalled_why(f) + f"; cut it {again}x{factor:.3g}, never to be given back"
+    if "sound_gain" in f.evidence:  # the replay after a cut still short of a sound LR's gain
+        return _overshoot_why(f) + f"; cut it again x{factor:.3g}, never to be given back"
     if "gain" in f.evidence:  # the first steps' updates overshoot
         return (
             _overshoot_why(f) + ", as an LR far too high makes them, and the weights they inflate train slowly for "

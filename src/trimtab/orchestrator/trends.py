@@ -1,5 +1,5 @@
-"""Detectors of a run's course (monitors.py has the kit): a loss that climbs for good
-(Divergence), a loss above where the run started (AboveStart: an LR far too high from the first
+"""Detectors of a run's course (monitors.py has the kit; a loss that climbs for good, Divergence,
+is divergence.py's): a loss above where the run started (AboveStart: an LR far too high from the first
 steps) and a loss that stopped falling (Plateau); a learning rate the schedule does not explain
 is lr_rule.py's."""
 
@@ -11,48 +11,6 @@ from typing import Any
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, Rolling, StepMetrics
 
-
-class Divergence(Monitor):
-    """The loss trends up: the least-squares line through the window rises by min_rise of its mean
-    and by `sigma` standard errors of that rise, so the noise of a sound run's losses does not draw
-    it: a fault-free debug-moe run of 500 steps (5.7 epochs of the built-in data, losses 1.5-2.0
-    with a spread of ~0.08 from step to step) had its LR halved at steps 304, 418 and 482 for rises
-    of 5.4-6.1% (0.08-0.12 nats, their standard error ~0.04). Steps whose update was withheld are
-    left out (their loss is a spike's or bad data's, not the trajectory's); the finding carries the
-    window's rows, so the policy can tell bad data from a bad LR and attribute it to rows."""
-
-    rule, family = "divergence", "instability"
-
-    def __init__(self, cfg: OrchestratorConfig):
-        self.cfg = cfg.divergence
-        self.window = Rolling(self.cfg.window)
-        self.rows: list[list[int]] = []  # each window step's rows
-
-    def observe(self, m: StepMetrics) -> Finding | None:
-        if not math.isfinite(m.loss) or m.skipped:
-            return None
-        self.window.add(m.loss)
-        self.rows = (self.rows + [list(m.rows)])[-self.cfg.window :]
-        if not self.window.full():
-            return None
-        mean, rise = self.window.mean(), self.window.slope() * (len(self.window) - 1)
-        if mean <= 0 or rise <= self.cfg.min_rise * mean:  # relative to a likelihood's (positive) mean
-            return None
-        error = self.window.rise_error()
-        if rise <= self.cfg.sigma * error:  # the losses' noise about the line could draw it
-            return None
-        rows = sorted({r for step in self.rows for r in step})
-        self.window, self.rows = Rolling(self.cfg.window), []  # a fresh window before it can fire again
-        f = self.finding(
-            m,
-            {"rise": rise, "mean": mean, "window": self.cfg.window, "rise_error": error},
-            f"loss rose {rise:.3f} ({rise / mean:.1%}) over {self.cfg.window} steps",
-            0.5 + 0.5 * rise / (2 * self.cfg.min_rise * mean),
-        )
-        f.rows = rows
-        return f
-
-
 HALTED = 0.2  # a descent under this share of the phase's fastest has halted, not slowed down
 HORIZON = 4  # windows after the warm-up (and the first gain_steps) over which a stall at the unigram level is judged
 # A gain-window step whose loss went back up by more than half the phase's fall so far (and JUMP nats)
@@ -61,6 +19,9 @@ HORIZON = 4  # windows after the warm-up (and the first gain_steps) over which a
 JUMP = 0.05
 MIN_REST = 3  # gain-window steps without a jump that must vouch for the LR before their data is blamed
 MIN_JUMPS = 2  # jumped steps the phase's first steps must hold to blame their rows without a low median gain
+# After a cut for an LR far too high, the median gain of the replay's first gain_steps steps a sound LR
+# reaches: 0.75-0.80 at the preset's LR on debug-mod and debug-hybrid (seeds 1, 1234), 0.67-0.68 at 2x
+SOUND_GAIN = 0.72
 
 
 def _mid(values: list[float]) -> float | None:
@@ -203,11 +164,9 @@ class AboveStart(Monitor):
         self.jumped = (self.jumped + [jump])[-window:]
         self.first_gains.append(m.update_gain)
         last = not self.wants_gain(m.step + 1)  # the phase's last measured step: its jumps are judged
-        if len(self.gains) < window:
-            return self._jumps_found(m) if last else None
-        gain = _mid(self.gains)
-        if gain >= self.cfg.min_gain:
-            return self._jumps_found(m) if last else None
+        gain = _mid(self.gains) if len(self.gains) == window else None
+        if gain is None or gain >= self.cfg.min_gain:
+            return None if not last else self._short_of_sound(m) if self.fired else self._jumps_found(m)
         rest = [g for g, j in zip(self.gains, self.jumped) if j is None]
         jumped = self._low([j for j in self.jumped if j is not None])
         data = self._blamable(jumped, m) and len(rest) >= MIN_REST and _mid(rest) >= self.cfg.min_gain
@@ -238,6 +197,27 @@ class AboveStart(Monitor):
             f"the updates delivered {gain:.2f} of the loss decrease their gradient promised (median of {window} "
             f"steps, under {self.cfg.min_gain:g}): they overshoot",
             0.7 + 0.3 * min(1.0, (self.cfg.min_gain - gain) / self.cfg.min_gain),
+        )
+
+    def _short_of_sound(self, m: StepMetrics) -> Finding | None:
+        """At the last measured step of a phase whose LR was cut for being far too high (`fired`): the
+        median gain of all its measured steps under SOUND_GAIN. A decade's cut off the gain's floor
+        (0.1-0.2 however far too high) can land 1.3-3x over a sound LR, where the 7-step medians stay
+        over min_gain and the gradient norm does not die away: debug-mod at 20x, cut to 2x, gains 0.67
+        (sound: 0.75-0.8), ended 4.22 against 3.98 clean (150 steps). Halved (too_high.py NEAR_SOUND)."""
+        gain = _mid(self.first_gains)
+        if gain is None or len(self.first_gains) < self.cfg.gain_window or gain >= SOUND_GAIN:
+            return None
+        n = len(self.first_gains)
+        evidence = {"loss": m.loss, "start": self.start, "gain": gain, "min_gain": self.cfg.min_gain}
+        evidence |= {"sound_gain": SOUND_GAIN, "gain_window": n, "since": self._since(m)}
+        self.gains, self.jumped, self.over, self.grads = [], [], [], []
+        return self.finding(
+            m,
+            evidence,
+            f"after a cut of an LR far too high, the updates delivered {gain:.2f} of the loss decrease their "
+            f"gradient promised (median of the phase's {n} measured steps, under the {SOUND_GAIN:g} of a sound LR)",
+            0.7,
         )
 
     def _jumps_found(self, m: StepMetrics) -> Finding | None:

@@ -1,0 +1,38 @@
+"""An LR still too high after the first cut, by less than the 7-step gain bar sees: debug-mod at 20x
+its preset's LR, gain 0.21, was cut x0.1 to 2x, whose replay's first 15 gains (median 0.67; windows
+of 7 all over min_gain 0.4) and gradient norm (0.72x its first steps', no stall) drew no rule, and it
+ended 4.22 against 3.98 clean (150 steps). After a cut, the replay's median gain is held to a sound LR's (0.75-0.8)."""
+
+from test_lr_too_high_floor import View
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.monitors import StepMetrics
+from trimtab.orchestrator.policy import Policy
+from trimtab.orchestrator.trends import AboveStart
+
+# measured update gains of steps 1-15 (advise mode, seed 1234): debug-mod at 2x, debug-hybrid at 1x its preset's LR
+TWICE = [0.981, 0.943, 0.549, 0.787, 0.81, 0.616, 0.528, 0.659, 0.727, 0.245, 0.214, 0.772, 0.888, 0.667, 0.481]
+SOUND = [1.009, 1.0, 0.802, 0.739, 0.805, 0.853, 0.863, 0.826, 0.781, 0.705, 0.67, 0.699, 0.772, 0.708, 0.718]
+
+
+def _findings(gains: list[float], fired: bool) -> list:
+    mon = AboveStart(OrchestratorConfig())
+    mon.fired = fired  # a cut for an LR far too high earlier in the phase (kept across its rollback)
+    losses = [6.24 - 0.08 * s for s in range(len(gains))]  # falling, under the start: no other finding
+    metrics = [
+        StepMetrics(step=s + 1, loss=x, grad_norm=0.8, update_gain=g) for s, (x, g) in enumerate(zip(losses, gains))
+    ]
+    return [f for f in map(mon.observe, metrics) if f is not None]
+
+
+def test_a_replay_short_of_a_sound_lrs_gain_is_cut_again_by_half():
+    (found,) = _findings(TWICE, fired=True)
+    assert found.step == 15 and found.evidence["gain"] == 0.667 and found.evidence["since"] == 1
+    remedy = Policy(OrchestratorConfig()).plan(found, View(lr_scale=0.1))
+    assert remedy.action == "rollback" and remedy.params["to"] == 0
+    assert remedy.params["lr_factor"] == 0.5  # 2x -> 1x (half a decade, to 0.63x, ended 4.12 against 3.98 clean)
+    assert "still too high" in remedy.reasoning and "0.67" in remedy.reasoning
+
+
+def test_a_sound_gain_after_a_cut_and_any_gain_without_one_draw_nothing():
+    assert _findings(SOUND, fired=True) == []  # debug-hybrid at its preset's LR: median 0.78
+    assert _findings(TWICE, fired=False) == []  # never cut: only min_gain judges (2x too high is not seen)
