@@ -108,16 +108,33 @@ def test_a_jump_the_lr_caused_is_not_blamed_on_the_rows():
     assert [j["step"] for j in mon.early_jumps] == [9]  # a jump, but no garbage's: it delivered more than most
 
 
-def test_garbage_in_the_warm_up_is_left_out_and_the_lr_kept(tmp_path):
+@pytest.mark.parametrize("gate", [True, False])
+def test_garbage_in_the_warm_up_is_left_out_and_the_lr_kept(tmp_path, gate):
     """debug, garbage rows at steps 5-8 (bad_batch@5:4): the orchestrator rolled back to the start
-    and cut the LR x0.32 with the garbage kept (+9.7% against a clean run at 120 steps). Now it
+    and cut the LR x0.32 with the garbage kept (+9.7% against a clean run at 120 steps). The row gate
+    now leaves those rows out as each step meets them (model-free: their tokens score as uniform
+    draws under the frequencies of the rows trained on), no rollback; without the gate above_start
     restores step 0 and trains again without those rows, at the preset's LR."""
-    cfg = debug_cfg(tmp_path, 16, faults=["bad_batch@5:4"], train={"batch_tokens": 2048}, data={"max_bytes": 400_000})
+    cfg = debug_cfg(
+        tmp_path,
+        16,
+        faults=["bad_batch@5:4"],
+        train={"batch_tokens": 2048},
+        data={"max_bytes": 400_000},
+        orchestrator={"row_gate": {"enabled": gate}},
+    )
     summary = trimtab.train(cfg)
     assert summary["status"] == "completed"
-    (d,) = [d for d in read_decisions(tmp_path) if d["rule"] == "above_start"]
+    decisions = read_decisions(tmp_path)
     poisoned = json.loads((tmp_path / "faults.json").read_text())["poisoned"]
+    assert train_lines(tmp_path)[-1]["lr_scale"] == 1.0
+    if gate:
+        gated = [d for d in decisions if d["rule"] == "row_gate"]
+        assert sorted(r for d in gated for r in d["params"]["rows"]) == sorted(poisoned)
+        assert [d["step"] for d in gated] == [5, 6, 7, 8]
+        assert not [d for d in decisions if d["action"] == "rollback"]
+        return
+    (d,) = [d for d in decisions if d["rule"] == "above_start"]
     assert d["action"] == "rollback" and d["params"]["to"] == 0 and "lr_factor" not in d["params"]
     assert sorted(d["params"]["skip_rows"]) == sorted(poisoned)
     assert d["evidence"]["jumped_steps"] == [5, 6, 7, 8]
-    assert train_lines(tmp_path)[-1]["lr_scale"] == 1.0
