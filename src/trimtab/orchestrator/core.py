@@ -35,6 +35,7 @@ from trimtab.orchestrator.outliers import OutlierRows, gate_finding, left_out_on
 from trimtab.orchestrator.people import PersonCommands
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.replicas import Replicas, unchecked
+from trimtab.orchestrator.rl_health import held_out_counts
 from trimtab.orchestrator.rl_stats import nan_weights
 from trimtab.orchestrator.rules import MONITORS, build_monitors
 from trimtab.orchestrator.screened import ScreenedRows
@@ -156,7 +157,10 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             if (f := rerun_finding(out.step, out.rerun, self.reruns, self.transient_faults, suspect_after)) is not None:
                 self.decide(run, f)
         if self.stragglers is not None and run.world > 1 and self.mode != "off" and "straggler" not in self.paused:
-            if (f := self.stragglers.observe(out.step, run.work_s)) is not None:
+            if not run.replicated:  # the ranks split the model: their own work holds their waits (stragglers.py)
+                if (line := self.stragglers.unjudged_once(run.cfg.distributed, run.world)) and run.is_main:
+                    run.say(line)
+            elif (f := self.stragglers.observe(out.step, run.work_s)) is not None:
                 self.decide(run, f)
         if self.replicas is not None and run.replicated and self.mode != "off" and "replicas" not in self.paused:
             if self.replicas.due(out.step) and (f := self.replicas.observe(out.step, run.weight_checksum())):
@@ -181,7 +185,8 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         if not rules or nan_weights(run):  # asked once, and only when a rule would read it: a host read
             return
         for monitor, value in rules:
-            if (f := monitor.observe_eval(metrics["step"], run.phase, value)) is not None:
+            counts = held_out_counts(metrics) if monitor.rule == "rl_hacking" else {}
+            if (f := monitor.observe_eval(metrics["step"], run.phase, value, **counts)) is not None:
                 self.decide(run, f)
 
     def on_eval_error(self, run: RunView, step: int, error: str) -> None:

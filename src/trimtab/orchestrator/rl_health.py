@@ -20,6 +20,7 @@ the temperature to 2.0 took pass@1 to 0.005 in 100 steps, where dynamic sampling
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
@@ -244,15 +245,31 @@ class RewardHacking(Monitor):
     policy learns what the verifier pays for on the training prompts, not the task (reward
     hacking; or overfitting to the training prompts, which the same sign shows). A drop under the
     held-out set's own noise is not counted: with n prompts, pass@1's standard error is
-    sqrt(p (1 - p) / n), so `drop` should stand well above it (0.1: two errors at n = 100)."""
+    sqrt(p (1 - p) / n), so `drop` should stand well above it (0.1: two errors at n = 100).
+
+    The held-out reward's own fall is judged too, whatever the training reward did (_fall): an LR far
+    too high collapses both, and a training reward too low to resolve its fall (rule rl_reward) left
+    held-out pass@1 to go 14/100 -> 0/100 unanswered. Its reference is the evaluation of the most
+    problems solved; a fall from it counts at `min_fall` or more and `sigmas` standard errors of the two
+    counts, `patience` evaluations in a row (the best of many noisy readings stands above the policy's
+    own rate: at n = 100 and p = 0.14, 10 independent evaluations, one in a row at 3 errors fired in 4%
+    of fault-free runs, two in a row in 0.3%)."""
 
     rule, family = "rl_hacking", "rl"
+    # Orchestrator.on_rollback keeps the best count over the checkpoint's: the rollback's target is that reading's
+    # policy, and the step-0 evaluation is not taken again (restored without it, the replay at half the LR read
+    # 4/100 as its best, and 1/100 and 2/100 after it as within the noise, on the arithmetic run of _falling)
+    KEPT_ON_ROLLBACK = ("top",)
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.rl_hacking
         self.recent: list[float] = []  # the training reward of the last steps
         self.best: float | None = None
         self.best_step, self.train_at_best, self.since, self.fired = 0, 0.0, 0, 0
+        # the held-out reading of the most problems solved so far, [solved, of n, step] (the fall's reference), and
+        # the evaluations in a row whose count fell from it `sigmas` standard errors (_fall)
+        self.top: list[int] = []
+        self.falling = 0
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if (reward := (m.rl or {}).get("reward")) is not None and not poisoned(m.rl):
@@ -266,9 +283,19 @@ class RewardHacking(Monitor):
         super().load_state_dict(state)
         self.fired = max(self.fired, fired)
 
-    def observe_eval(self, step: int, phase: int, held_out: float) -> Finding | None:
-        rule = self.cfg
+    def observe_eval(self, step: int, phase: int, held_out: float, solved: int = 0, n: int = 0) -> Finding | None:
+        """`solved` of `n` held-out problems at full reward (pass@1's count; n 0: unknown, no count judged)."""
         train = sum(self.recent) / len(self.recent) if self.recent else 0.0
+        z = self._falling(step, solved, n)
+        # both at once: the training reward rising is the finer diagnosis (hacking), the remedy the same
+        if (hacked := self._hacking(step, held_out, train)) is not None:
+            self.falling = 0
+            return hacked
+        return None if z is None else self._fall(step, held_out, solved, n, train, z)
+
+    def _hacking(self, step: int, held_out: float, train: float) -> Finding | None:
+        """The held-out reward fallen `drop` from its best as the training reward rose `rise`, `patience` in a row."""
+        rule = self.cfg
         if self.best is None or held_out > self.best:
             self.best, self.best_step, self.train_at_best, self.since = held_out, step, train, 0
             return None
@@ -292,3 +319,68 @@ class RewardHacking(Monitor):
             "a row: the policy learns what the verifier pays for on the training prompts, not the task"
         )
         return Finding(rule=self.rule, family=self.family, step=step, evidence=evidence, summary=summary, strength=1.0)
+
+    def _falling(self, step: int, solved: int, n: int) -> float | None:
+        """The held-out count's own fall from its best reading (docs/rl.md): `min_fall` or more
+        of pass@1 and `sigmas` standard errors of two binomial counts, for `patience` evaluations in a row,
+        whatever the training reward did; its z then, else None. An LR far too high collapses both, and the
+        training reward's fall alone can be too small to resolve: at lr 1e-3 on the arithmetic task it went
+        0.043 -> 0.01 (rule rl_reward: the start's 23 groups "too few to tell") while held-out pass@1 went
+        14/100 -> 0/100."""
+        rule = self.cfg
+        if n <= 0:  # an older caller's reading, without its count
+            return None
+        if not self.top or solved * self.top[1] > self.top[0] * n:
+            self.top, self.falling = [solved, n, step], 0
+            return None
+        best, of, _ = self.top
+        z = count_fall(best, of, solved, n)
+        fallen = best / of - solved / n >= rule.min_fall and z >= rule.sigmas
+        self.falling = self.falling + 1 if fallen else 0
+        return z if self.falling >= rule.patience else None
+
+    def _fall(self, step: int, held_out: float, solved: int, n: int, train: float, z: float) -> Finding:
+        """The finding of the held-out count's fall (_falling), its evidence the two counts and the z."""
+        rule, (best, of, at) = self.cfg, self.top
+        self.falling, self.since, self.fired = 0, 0, self.fired + 1
+        evidence = {
+            "kind": "held_out_fall",
+            "held_out_solved": solved,
+            "held_out_n": n,
+            "best_solved": best,
+            "best_n": of,
+            "best_step": at,  # the rollback's target (_hacking_remedy)
+            "z": z,
+            "held_out_reward": held_out,
+            "train_reward": train,
+            "evaluations": rule.patience,
+            "times": self.fired,
+        }
+        summary = (
+            f"held-out pass@1 fell to {solved}/{n} from {best}/{of} (step {at}), {z:.1f} standard errors "
+            f"(threshold {rule.sigmas:g}; {rule.patience} evaluations in a row), with the training reward at "
+            f"{train:.3f}: the updates make the policy worse at the task"
+        )
+        strength = min(1.0, 0.5 + 0.5 * (z - rule.sigmas) / rule.sigmas)
+        return Finding(
+            rule=self.rule, family=self.family, step=step, evidence=evidence, summary=summary, strength=strength
+        )
+
+
+def count_fall(k1: int, n1: int, k2: int, n2: int) -> float:
+    """The z of a fall from k1 of n1 to k2 of n2 solved: the two-proportion score test, its standard error at
+    the pooled rate (the rate the two share if nothing fell; Agresti, Categorical Data Analysis, 3.1.3);
+    0 where the pooled rate is 0 or 1 (no variance: nothing solved, or everything, in both)."""
+    pooled = (k1 + k2) / (n1 + n2)
+    if pooled <= 0 or pooled >= 1:
+        return 0.0
+    return (k1 / n1 - k2 / n2) / math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))
+
+
+def held_out_counts(metrics: dict[str, Any]) -> dict[str, int]:
+    """An RL evaluation's problems solved and its problems (rl/batches.py, evaluate), for rule rl_hacking's
+    test of a fall; {} where the evaluation has no count (an older run's figures)."""
+    n = int(metrics.get("rl/held_out_n", 0))
+    if n <= 0 or "rl/held_out_pass@1" not in metrics:
+        return {}
+    return {"solved": round(metrics["rl/held_out_pass@1"] * n), "n": n}

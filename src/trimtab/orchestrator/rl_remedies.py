@@ -200,16 +200,30 @@ def _hacking_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: i
     """Back to the policy of the best held-out reward with a smaller step, once an incident; again
     within it, or with the LR at its floor (a replay at the same LR repeats the same updates), the
     run stops there: its best policy is in that checkpoint, and more of the same training hacks on."""
-    best, factor = f.evidence["best_step"], lr_cut(cfg.lr_cut, view, cfg)
+    fell = f.evidence.get("kind") == "held_out_fall"  # the held-out count's own fall, the training reward aside
+    # a policy collapsing on its held-out task with a flat training reward had an LR far too high: a replay at
+    # half of it (orchestrator.lr_cut) collapsed again (14/100 -> 2/100 solved); rl_reward's decade cut, as a fall
+    best, factor = f.evidence["best_step"], lr_cut(cfg.rl_reward.lr_factor if fell else cfg.lr_cut, view, cfg)
     if rollbacks == 0 and factor is not None:
+        why = (
+            "the updates make the policy worse at the task (an LR too high for RL)"
+            if fell
+            else "the training reward is no longer the task's"
+        )
         return Remedy(
             action="rollback",
             params={"to": best, "lr_factor": factor},
-            reasoning=f"the training reward is no longer the task's: restore the policy of the best held-out reward "
-            f"(the newest checkpoint at or before step {best}) and train on with a smaller learning rate, "
-            "which moves the policy less far towards what the verifier pays for",
+            reasoning=f"{why}: restore the policy of the best held-out reward (the newest checkpoint at or before "
+            f"step {best}) and train on with a smaller learning rate, which moves the policy less far"
+            + ("" if fell else " towards what the verifier pays for"),
         )
     again = "again" if rollbacks else f"with the LR at its floor (orchestrator.min_lr_scale={cfg.min_lr_scale:g})"
+    if fell:
+        return Remedy(
+            action="stop",
+            reasoning=f"the held-out reward falls {again}: more training makes the policy worse; the best policy is "
+            f"the checkpoint at or before step {best} (a lower optim.lr, or a stronger warm start, is the fix)",
+        )
     return Remedy(
         action="stop",
         reasoning=f"the held-out reward falls {again} while the training reward rises: more training hacks the "

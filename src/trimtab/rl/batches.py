@@ -338,6 +338,7 @@ class RolloutLoader(Ordered):
             "rl/held_out_reward": sum(rewards) / len(rewards),
             "rl/held_out_pass@1": sum(r >= 1.0 for r in rewards) / len(rewards),
             "rl/held_out_verifier_failures": float(len(failures)),
+            "rl/held_out_n": float(len(rewards)),  # pass@1's count of problems: rule rl_hacking's test of a fall
         }
         n = self.cfg.held_out_samples
         if n >= 2:

@@ -1,0 +1,92 @@
+"""Rule rl_hacking's test of the held-out reward's own fall (orchestrator/rl_health.py, RewardHacking._falling):
+`trimtab rl --set optim.lr=1e-3` with the exact reward, from a 600-step arithmetic warm start, took held-out
+pass@1 from 14/100 to 0/100 by step 30 while the training reward went 0.043 -> 0.01: rl_reward's start was too
+few groups to tell, rl_hacking waited for a training reward that rose, and no rule acted."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.core import Orchestrator
+from trimtab.orchestrator.monitors import StepMetrics
+from trimtab.orchestrator.rl_health import RewardHacking
+from trimtab.orchestrator.rl_remedies import remedy
+
+
+def readings(mon: RewardHacking, solved: list[int], train: float = 0.03, n: int = 100) -> list:
+    """One evaluation every 10 steps, the training reward flat at `train` between them."""
+    found = []
+    for i, k in enumerate(solved):
+        for s in range(10 * i - 4, 10 * i + 1):
+            mon.observe(StepMetrics(step=s, loss=0.0, grad_norm=0.0, rl={"reward": train}))
+        found.append(mon.observe_eval(10 * i, 0, k / n, k, n))
+    return found
+
+
+def test_a_held_out_count_collapsing_with_a_flat_training_reward_rolls_back_to_the_best_then_stops() -> None:
+    cfg = OrchestratorConfig()
+    mon = RewardHacking(cfg)
+    found = readings(mon, [14, 2, 0])  # the soak's: 0.14 -> 0.02 -> 0.00
+    assert [f is not None for f in found] == [False, False, True]
+    f = found[-1]
+    assert f.rule == "rl_hacking" and f.evidence["kind"] == "held_out_fall"
+    assert (f.evidence["best_solved"], f.evidence["best_n"], f.evidence["best_step"]) == (14, 100, 0)
+    assert (f.evidence["held_out_solved"], f.evidence["held_out_n"]) == (0, 100)
+    assert f.evidence["z"] == pytest.approx(0.14 / (0.07 * 0.93 * 0.02) ** 0.5)  # ~3.9 standard errors
+    first = remedy(f, SimpleNamespace(lr_scale=1.0), cfg)
+    assert (first.action, first.params) == ("rollback", {"to": 0, "lr_factor": cfg.rl_reward.lr_factor})
+    assert "worse at the task" in first.reasoning
+    again = readings(mon, [14, 1, 0])[-1]  # replayed from step 0 at the lower LR, and it falls again
+    assert again is not None and again.evidence["times"] == 2
+    assert remedy(again, SimpleNamespace(lr_scale=0.5), cfg, rollbacks=1).action == "stop"
+
+
+@pytest.mark.parametrize(
+    "solved",
+    [
+        [14, 19, 10, 12, 17, 9, 15, 11, 13, 16, 8, 14],  # fault-free: p 0.14 at n 100 (noise +-3.5)
+        [0] * 12,  # flat at 0: nothing to fall from
+        [14, 21, 6, 13, 5, 11],  # a lucky best (21), then two unlucky readings (3.1 and 3.4 errors), not in a row
+    ],
+)
+def test_held_out_noise_and_a_held_out_reward_flat_at_zero_are_no_fall(solved: list[int]) -> None:
+    assert not any(readings(RewardHacking(OrchestratorConfig()), solved))
+
+
+def test_a_fall_inside_the_minimum_or_the_noise_is_not_counted() -> None:
+    from trimtab.orchestrator.rl_health import count_fall
+
+    assert count_fall(0, 100, 0, 100) == 0.0 and count_fall(14, 100, 14, 100) == 0.0
+    cfg = OrchestratorConfig()
+    cfg.rl_hacking.min_fall = 0.5  # 14 -> 0 is 3.9 errors, but under the minimum fall
+    assert not any(readings(RewardHacking(cfg), [14, 0, 0, 0]))
+    # a small held-out set: 3/16 -> 0/16 is 1.8 errors, within its noise; 8/16 -> 0/16 is 3.3
+    small = [readings(RewardHacking(OrchestratorConfig()), [k, 0, 0], n=16)[-1] for k in (3, 8)]
+    assert small[0] is None and small[1] is not None and small[1].evidence["z"] == pytest.approx(3.27, abs=0.01)
+
+
+def test_the_orchestrator_gives_rl_hacking_the_evaluation_s_counts(tmp_path) -> None:
+    """RL's evaluation says its count of problems (rl/held_out_n): without it the fall was never judged."""
+    cfg = OrchestratorConfig()
+    cfg.rl_hacking.patience = 5  # counted, not acted on: the count of falls is the evidence
+    orch = Orchestrator(cfg, tmp_path)
+    run = SimpleNamespace(phase=0, probe_loss=lambda: None)
+    for step, k in ((0, 14), (10, 2), (20, 0)):
+        orch.on_eval(
+            run, {"step": step, "rl/held_out_reward": k / 100, "rl/held_out_pass@1": k / 100, "rl/held_out_n": 100.0}
+        )
+    mon = orch.monitors["rl_hacking"]
+    assert mon.top == [14, 100, 0] and mon.falling == 2
+
+
+def test_a_rollback_keeps_the_best_count_so_a_replay_that_falls_again_stops_the_run(tmp_path) -> None:
+    """The step-0 evaluation is not taken again after a rollback to step 0: restored without its count, the
+    replay at half the LR on the arithmetic run read 4/100 as its best and 1/100, 2/100 after it as noise."""
+    orch = Orchestrator(OrchestratorConfig(), tmp_path)
+    mon = orch.monitors["rl_hacking"]
+    saved = {"monitors": {"rl_hacking": mon.state_dict()}, "recent_losses": []}  # the checkpoint before step 0's
+    assert readings(mon, [14, 0, 0])[-1] is not None
+    orch._load_monitors(saved, rollback=True)
+    assert mon.top == [14, 100, 0] and mon.fired == 1
+    assert [f is not None for f in readings(mon, [14, 4, 1, 2])[1:]] == [False, False, True]
