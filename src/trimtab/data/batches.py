@@ -90,6 +90,7 @@ class BatchLoader:
         weights: list[float] | None = None,
         names: list[str] | None = None,
         section: str = "data",
+        tokenizer: tuple[str, str] = ("", ""),
     ) -> None:
         if not len(rows):
             raise ValueError("BatchLoader needs at least one row")
@@ -104,6 +105,9 @@ class BatchLoader:
         self.weights = [w / sum(weights) for w in weights]
         self.names = names or [f"source{i}" for i in range(len(parts))]
         self.section = section  # the config section of its data (data, finetune.data): for messages
+        # the rows' tokenizer: its fingerprint, in the checkpoint, and where it comes from, for the message
+        # when a resume's rows differ (another tokenizer of the same size gives as many rows, other tokens)
+        self.tokenizer = tokenizer
         self.part_tokens = [p.n_tokens for p in parts]
         self.batch_tokens = batch_tokens
         self.micro_batch_tokens = micro_batch_tokens  # an OOM handler may lower it between steps
@@ -205,6 +209,7 @@ class BatchLoader:
             "skipped": sorted(self.skipped),
             "parts": [self._part_state(p) for p in range(len(self.sizes))],
             "micro_batch_tokens": self.micro_batch_tokens,
+            "tokenizer": self.tokenizer[0],
         }
 
     def _part_state(self, p: int) -> dict:
@@ -229,7 +234,7 @@ class BatchLoader:
                 f"{', '.join(self.names)} now); resume with the same {self.section}.mix, or {NEW_RUN}"
             )
         for part, saved in enumerate(parts):  # all checked before any is taken: a refusal changes nothing
-            self._check_same_rows(part, saved, int(state["seed"]))
+            self._check_same_rows(part, saved, state)
         for part, saved in enumerate(parts):
             self._epochs[part], self._cursors[part] = int(saved["epoch"]), int(saved["cursor"])
             self.drawn[part] = int(saved["drawn"])
@@ -250,7 +255,7 @@ class BatchLoader:
             return [int(p.get("since", 0)) for p in parts]
         return list(self.drawn)
 
-    def _check_same_rows(self, part: int, saved: dict, saved_seed: int) -> None:
+    def _check_same_rows(self, part: int, saved: dict, state: dict) -> None:
         """Refuse to continue a source's order over rows other than those the checkpoint read: its
         positions and the rows a rollback left out would then point at other rows."""
         size, theirs = self.sizes[part], saved.get("name") or f"its {self.section}.source"
@@ -258,17 +263,25 @@ class BatchLoader:
         if saved["n_rows"] != size:
             raise DataError(
                 f"the checkpoint's data loader had {saved['n_rows']} rows in {theirs} but the data now gives "
-                f"{size}{ours}; {self._changed(saved_seed)}"
+                f"{size}{ours}; {self._changed(state)}"
             )
         if saved.get("digest", self.digests[part]) != self.digests[part]:  # older checkpoints: none
             raise DataError(
                 f"the checkpoint's data loader read other data in {theirs} than the data now gives{ours}: as many "
-                f"rows ({size}), other tokens; {self._changed(saved_seed)}"
+                f"rows ({size}), other tokens; {self._changed(state)}"
             )
 
-    def _changed(self, saved_seed: int) -> str:
+    def _changed(self, state: dict) -> str:
         """What can change the rows between sessions, and the way forward. train.seed is among
-        them: it decides which documents are held out for evaluation (packing._hold_out)."""
+        them: it decides which documents are held out for evaluation (packing._hold_out); so is the
+        tokenizer, named when its fingerprint differs from the checkpoint's (older ones have none)."""
+        saved_seed, fingerprint = int(state["seed"]), state.get("tokenizer") or ""
+        if fingerprint and self.tokenizer[0] and fingerprint != self.tokenizer[0]:
+            return (
+                f"the tokenizer changed: {self.tokenizer[1]} is not the one the checkpoint's rows were tokenized "
+                f"with (fingerprint {fingerprint[:12]} then, {self.tokenizer[0][:12]} now); put the run's own "
+                f"tokenizer back (data.tokenizer as it was, or the run directory's tokenizer.json), or {NEW_RUN}"
+            )
         data = f"the corpus or a {self.section}.* setting"
         if saved_seed == self.seed:
             cause = f"{data} changed, or train.seed (it decides which documents are held out for evaluation)"

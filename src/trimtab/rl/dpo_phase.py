@@ -5,6 +5,7 @@ in place of the pretraining and finetuning phases; the loop takes it as it takes
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import ConfigError, DataError
 from trimtab.rl.pairs import Pair, Tokens, arithmetic_pairs, read_pairs, tokenize
 from trimtab.rl.preference import PairLoader
+
+log = logging.getLogger(__name__)
 
 TRAIN_PAIRS = 100_000  # the built-in task's training pairs at most (two digits: ~18,000 in all)
 
@@ -74,6 +77,12 @@ def pairs_of(cfg: RunConfig) -> tuple[list[Pair], list[Pair], list[tuple[str, st
         raise ConfigError(
             f"dpo.pairs '{spec}': every prompt fell in the held-out split (one prompt holds nearly every "
             "pair); add pairs with other prompts"
+        )
+    if n_held and not held:  # it evaluated nothing (dpo/held_out_*) without a word: as rl.prompts (rl/phase.py)
+        log.warning(
+            f"dpo.held_out={n_held}: dpo.pairs '{spec}' has {len(train)} pair(s) and at most a tenth of a file is "
+            "held out, so none is: the run has no held-out evaluation (dpo/held_out_* figures); give it 10 or more "
+            "pairs with distinct prompts, or set dpo.held_out=0"
         )
     return train, held, []
 

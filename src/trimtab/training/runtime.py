@@ -161,6 +161,16 @@ class RowLosses:
             columns.append(torch.zeros_like(counted) if gated is None else gated.float())
         self.values.index_add_(0, index, torch.stack(columns, 1))
 
+    def all_gated(self) -> torch.Tensor | None:
+        """Whether the gate left out every row with targets (0-d bool, on device; summed over the
+        ranks once reduce_step ran, so every rank reads the same): the step's objective is empty, its
+        gradient zero, yet AdamW would still move the weights by its momentum and decay them. None
+        without a gated column (no gate)."""
+        if self.values.shape[1] < 3:
+            return None
+        gated = self.values[:, 2] > 0
+        return (gated | (self.values[:, 1] == 0)).all() & gated.any()
+
 
 def mod_metrics(mod: dict[str, Any]) -> dict[str, float]:
     """Log-line figures per Mixture-of-Depths layer (one device read)."""

@@ -69,6 +69,7 @@ from trimtab.write_errors import os_error
 
 log = logging.getLogger(__name__)
 CONTEXT = 0.8  # the data rewards context where a bigram scores under this share of the unigram entropy
+_RUN_TOK = "the run directory's tokenizer.json"  # what a resume without data.tokenizer tokenizes with
 
 
 @dataclass(kw_only=True)
@@ -88,6 +89,7 @@ class Phase:
     # documents the garbage screen flagged and kept (data.garbage_filter=warn) and their training
     # rows, per source: the orchestrator reads them through RunView.garbage_rows
     flagged: list[Flagged] = field(default_factory=list)
+    tokenizer: str = ""  # the rows' tokenizer's fingerprint: a resume over another one is named (data/batches.py)
 
     @cached_property
     def context_free_loss(self) -> float | None:
@@ -111,6 +113,7 @@ class Phase:
             weights=self.weights,
             names=self.names,
             section="finetune.data" if self.name == "finetune" else "data",
+            tokenizer=(self.tokenizer, f"data.tokenizer ({cfg.data.tokenizer})" if cfg.data.tokenizer else _RUN_TOK),
         )
 
 
@@ -149,6 +152,7 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
                 weights=built.weights,
                 names=built.names,
                 flagged=built.train.flagged_rows(),
+                tokenizer=tok.fingerprint,
             )
         )
         start += steps

@@ -200,6 +200,9 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
             flagged = bool(skip)  # one host read a step (the LR warm-up's hold-back reads it too: _withheld)
         if flagged:
             grads, skip, rerun = self._rerun(batch, clip, grads)
+        emptied = grads.rows.all_gated() if grads.rows is not None else None  # the row gate left nothing to train
+        if emptied is not None:  # withheld like a skipped step (not re-run: the gate's decision, not a fault)
+            skip, flagged = emptied if skip is None else skip | emptied, None  # None: the hold-back reads skip
         lr = self.optimizer.param_groups[0]["lr"]  # what the update applies
         if self.replicas is not None and not self.replicas.commit(self.state.step + 1):  # a group failed in it
             skip, flagged = torch.ones((), dtype=torch.bool, device=self.device), None  # withheld on every group

@@ -1,0 +1,65 @@
+"""A step whose rows the row gate leaves out, every one, takes no update (training/row_gate.py,
+trainer.train_step): its objective is empty, its gradient zero, yet AdamW's momentum and weight
+decay would still move the weights (bad_batch@5 on debug: at the warm-up's peak LR)."""
+
+from __future__ import annotations
+
+import torch
+
+from trimtab.config import load_config
+from trimtab.training.loss import IGNORE_INDEX
+from trimtab.training.setup import setup
+from trimtab.training.trainer import Trainer
+
+
+def _trainer(tmp_path) -> Trainer:
+    sets = ["data.max_bytes=100000", "orchestrator.row_gate.min_distinct=0.95", "log.progress=false"]
+    cfg = load_config(preset="debug", overrides={"out": str(tmp_path / "run")}, sets=sets)
+    return Trainer(setup(cfg))
+
+
+def _garbage(trainer: Trainer, batch, rows: int | None = None) -> None:
+    """The first `rows` rows of every micro-batch (all: None) turned to random tokens, and the gate
+    made to gate each candidate (its statistics stubbed: tests/test_row_gate.py tests them)."""
+    for micro in batch.micro:
+        for r in range(micro.targets.shape[0] if rows is None else rows):
+            garbage = torch.randperm(trainer.model.cfg.vocab_size)[: micro.targets.shape[1]]
+            micro.targets[r] = torch.where(micro.targets[r] == IGNORE_INDEX, IGNORE_INDEX, garbage)
+        micro.n_targets = int((micro.targets != IGNORE_INDEX).sum())
+    batch.n_targets = sum(m.n_targets for m in batch.micro)
+    gate = trainer.row_gate
+    gate.judged = gate.cfg.min_reference
+    gate.gated = lambda means, z, ordinary, ordinary_z: torch.ones_like(means, dtype=torch.bool)
+
+
+def _weights(trainer: Trainer) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in trainer.model.parameters()]
+
+
+def test_a_step_all_of_gated_rows_takes_no_update_and_counts_as_withheld(tmp_path):
+    torch.manual_seed(0)
+    trainer = _trainer(tmp_path)
+    trainer._after_step(trainer.train_step(trainer.loader.next_batch()))  # AdamW's moments hold a step now
+    batch = trainer.loader.next_batch()
+    _garbage(trainer, batch)
+    before, count = _weights(trainer), [dict(s).get("step") for s in trainer.optimizer.state.values()]
+    out = trainer.train_step(batch)
+    assert out.row_losses[:, 2].sum().item() == sum(m.targets.shape[0] for m in batch.micro)  # every row gated
+    for b, p in zip(before, trainer.model.parameters()):  # before: momentum and decay moved them all
+        torch.testing.assert_close(p.detach(), b, rtol=0, atol=0)
+    assert bool(out.skipped)
+    assert [dict(s).get("step") for s in trainer.optimizer.state.values()] == count  # no bias-correction drift
+    trainer._after_step(out)
+    assert trainer.state.step == 2 and trainer.state.warm_behind == [0, 1]  # the warm-up held back, as for a skip
+
+
+def test_a_step_with_one_row_left_still_updates(tmp_path):
+    torch.manual_seed(0)
+    trainer = _trainer(tmp_path)
+    batch = trainer.loader.next_batch()
+    _garbage(trainer, batch, rows=1)
+    before = _weights(trainer)
+    out = trainer.train_step(batch)
+    assert 0 < out.row_losses[:, 2].sum().item() < len(batch.rows)
+    assert not bool(out.skipped)
+    assert any(not torch.equal(b, p) for b, p in zip(before, trainer.model.parameters()))
