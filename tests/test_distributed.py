@@ -274,6 +274,15 @@ def test_fsdp2_says_the_replica_check_does_not_run(fsdp):
 
 
 @pytest.mark.distributed
+def test_fsdp2_says_the_straggler_rule_cannot_judge_and_names_no_rank(fsdp):
+    """Under FSDP2 a fast rank's compute holds its waits in the all-gathers and reduce-scatters
+    (orchestrator/stragglers.py): rank 0 says once that the rule does not run, and it names no rank."""
+    told = (fsdp[0].parent / "run.log.rank0").read_text()
+    assert told.count("orchestrator.straggler does not run: the 2 ranks split the model (FSDP2 shards them)") == 1
+    assert not [d for d in fsdp[1][0]["decisions"] if d["rule"] == "straggler"]
+
+
+@pytest.mark.distributed
 def test_a_resume_under_torchrun_counts_the_loaded_experts(tmp_path):
     """cluster5: a run grown by surgery in one process, resumed by 2 ranks (DDP), gave the config's
     parameter count (899,424 for 936,384): the recount on load was for one process only."""

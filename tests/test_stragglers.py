@@ -2,6 +2,8 @@
 slower than when named: a first reading on a loaded host (confidence under min_confidence, advice
 only) must not be the stretch's only finding."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -9,7 +11,9 @@ from trimtab.config import OrchestratorConfig
 from trimtab.config.distributed import DistributedConfig
 from trimtab.distributed import Parallel, parallel, work_clock
 from trimtab.orchestrator import stragglers
-from trimtab.orchestrator.stragglers import Stragglers
+from trimtab.orchestrator.core import Orchestrator
+from trimtab.orchestrator.stragglers import Stragglers, unjudged
+from trimtab.training.oom import OomRecovery
 
 
 def _windows(monkeypatch, mon, computes):
@@ -72,3 +76,58 @@ def test_a_ranks_compute_is_its_work_before_the_agreement_point_not_its_waits_fo
         now[0] += 0.9  # the last backward, waiting in the gradient all-reduce
         mon.observe(step, rank.work.seconds)
     assert gathered == [[pytest.approx(0.1)]]
+
+
+def test_a_step_retried_after_an_out_of_memory_error_counts_the_retrys_own_work(monkeypatch):
+    """A peer runs out of memory: this rank's first attempt (0.1 s of forwards) ends in agree(),
+    the retry's forwards take another 0.1 s before its agree(). Both attempts are this rank's own
+    work (0.2 s); the retry's went uncounted (0.1 s), so the rank that retried read faster than it is."""
+    now = [0.0]
+    monkeypatch.setattr(work_clock.time, "perf_counter", lambda: now[0])
+    told = iter([[1, 0], [0, 0]])  # agree(): a peer's out-of-memory error, then none
+    monkeypatch.setattr(parallel, "all_max", lambda values: next(told))
+    rank = Parallel(DistributedConfig(), torch.device("cpu"), world=2, rank_=0)
+
+    def train_step(batch):
+        now[0] += 0.1  # data, forwards
+        rank.agree()
+        now[0] += 0.9  # the last backward, the update
+        return SimpleNamespace()
+
+    loader = SimpleNamespace(micro_batch_tokens=1024, regroup=lambda batch: batch)
+    trainer = SimpleNamespace(
+        train_step=train_step,
+        dist=rank,
+        device=torch.device("cpu"),
+        loader=loader,
+        model=SimpleNamespace(checkpointing=False),
+        hooks=["orchestrator"],
+        _hook=lambda hook, name, exc, batch: True,
+        control=SimpleNamespace(apply=lambda: setattr(loader, "micro_batch_tokens", 512)),  # the OOM rule halves it
+        _discard_gradients=lambda: now.__setitem__(0, now[0] + 0.05),  # not work: between the attempts
+        _call=lambda name, batch: None,
+        stop_reason="",
+    )
+    rank.step_starts()
+    assert OomRecovery._step_with_oom_retry(trainer, "rows", 0.0) is not None
+    assert rank.work.seconds == pytest.approx(0.2)
+
+
+def test_under_sharded_parallelism_the_rule_gathers_nothing_and_says_it_cannot_judge(tmp_path, monkeypatch):
+    """FSDP2, tensor or pipeline parallelism put collectives inside the forwards and backwards, so a
+    fast rank's work before the agreement point holds its waits for a slow one (tp=2, slow_rank@3:1:10:
+    both ranks read alike). The rule does not gather there (a gather would be a collective only some
+    layouts reach), and the start says why, naming the key."""
+    monkeypatch.setattr(stragglers, "all_gather_floats", lambda mine: pytest.fail("gathered under tp=2"))
+    cfg = OrchestratorConfig()
+    cfg.straggler.window = 1
+    orch = Orchestrator(cfg, tmp_path)
+    orch.read_every = 1000  # only the rules judged at each step
+    dist = DistributedConfig(tp=2)
+    said: list[str] = []
+    cfgs = SimpleNamespace(distributed=dist)
+    run = SimpleNamespace(world=2, replicated=False, is_main=True, total_steps=9, work_s=1.0, cfg=cfgs, say=said.append)
+    for step in (1, 2):
+        orch.on_step_end(run, SimpleNamespace(step=step, rerun=None))
+    assert said == [unjudged(dist, 2)]  # once a session
+    assert "tensor parallelism (distributed.tp=2)" in said[0] and "orchestrator.straggler.enabled=false" in said[0]

@@ -286,6 +286,13 @@ class Parallel(Checkpoints):
         if self.world > 1:
             self.work.start()
 
+    def step_retried(self) -> None:
+        """The step runs again after an out-of-memory error: the retry's own work until its agree()
+        counts too (a rank that raised before its agreement point: the failed attempt's as well)."""
+        if self.world > 1:
+            self.work.stop()
+            self.work.start()
+
     def agree(self) -> str:
         """Every rank meets here before the backward that communicates (the step's last): if one
         ran out of memory earlier in the step, all raise so that all shrink together and retry the

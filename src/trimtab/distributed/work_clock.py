@@ -14,7 +14,8 @@ On CUDA the host runs ahead of the device (a host timer around a forward measure
 so the segment is timed with CUDA events on the current stream, read when the straggler rule
 gathers a window (no sync inside the step). Under FSDP2, tensor or pipeline parallelism the
 forwards hold collectives (all-gathers, stage sends), whose waits this segment still counts: there
-a slow rank reads nearer the others (timing those waits needs hooks inside torch's collectives).
+every rank reads alike, so the straggler rule does not run (orchestrator/stragglers.py, unjudged).
+A step retried after an out-of-memory error counts the retry's work too (Parallel.step_retried).
 """
 
 from __future__ import annotations

@@ -20,14 +20,21 @@ from trimtab.orchestrator.monitors import Finding
 HALF = 1 << 31  # a 64-bit checksum crosses the gather as two exact float64 halves
 
 
-def unchecked(dist: DistributedConfig, world: int) -> str:
-    """The console line of a run of several ranks where no two hold the same whole model, so the
-    rule on (its default) has nothing to compare: said once a session, not skipped without a word."""
+def splits(dist: DistributedConfig, world: int) -> list[str]:
+    """How the ranks split the model ('FSDP2 shards them', 'tensor parallelism (distributed.tp=2)
+    splits them'): none where each holds the whole model (DDP). Parallel.sharded, from the config."""
     fsdp = dist.data_parallel == "fsdp" and (world > dist.tp * dist.pp or dist.strategy == "fsdp")  # Parallel.fsdp
     ways = ["FSDP2 shards them"] if fsdp else []
     for key, name in (("tp", "tensor"), ("ep", "expert"), ("pp", "pipeline")):
         if getattr(dist, key) > 1:
             ways.append(f"{name} parallelism (distributed.{key}={getattr(dist, key)}) splits them")
+    return ways
+
+
+def unchecked(dist: DistributedConfig, world: int) -> str:
+    """The console line of a run of several ranks where no two hold the same whole model, so the
+    rule on (its default) has nothing to compare: said once a session, not skipped without a word."""
+    ways = splits(dist, world)
     return (
         f"orchestrator.replicas does not run: no two of the {world} ranks hold the same whole copy of the weights "
         f"({', '.join(ways) or 'sharded'}), so no rank's checksum has a replica's to agree with: a bit flipped in a "

@@ -11,17 +11,41 @@ A rank is named once a slow stretch, and again within it only once its score has
 RENAME x the score it was named at: a first reading on a loaded host (0.71 for a rank 10x slower,
 its finding's confidence 0.29 under orchestrator.min_confidence: advice only) must not be the
 stretch's only finding when the next windows read it as it is.
+
+Only where every rank holds the whole model (RunView.replicated: DDP). Under FSDP2, tensor, expert
+or pipeline parallelism the forwards and backwards hold the model's own collectives (all-gathers,
+reduce-scatters, all-reduces, all-to-alls, stage sends), so a fast rank's work before the agreement
+point holds its waits for the slow one: measured with slow_rank@3:1:10 on 2 CPU ranks, DDP read
+rank 1 at 0.13x, tp=2 read both ranks within 1% of each other, FSDP2 with 4 micro-batches at 0.78x
+(over the threshold: nothing named); FSDP2 with one micro-batch named rank 1 only because the fault
+sleeps after the forward's last all-gather. Timing the waits inside torch's collectives needs hooks
+torch does not give, so there rank 0 says at the first step that the rule does not run (unjudged)
+rather than judge ranks it cannot tell apart.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from trimtab.config.distributed import DistributedConfig
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.distributed import all_gather_floats
 from trimtab.orchestrator.monitors import Finding
+from trimtab.orchestrator.replicas import splits
 
 RENAME = 0.5
+
+
+def unjudged(dist: DistributedConfig, world: int) -> str:
+    """The console line of a run whose ranks split the model, where no rank's own work can be told
+    from its waits for the others (the module's docstring): said once a session, not a silent skip."""
+    ways = ", ".join(splits(dist, world)) or "sharded"
+    return (
+        f"orchestrator.straggler does not run: the {world} ranks split the model ({ways}), so each step's "
+        "forwards and backwards hold its collectives and a fast rank's compute holds its waits for a slow one: "
+        "every rank would read alike. A slow rank shows only in the job's speed (tok/s, MFU); compare the "
+        "ranks' devices by hand. Set orchestrator.straggler.enabled=false not to be told (docs/resilience.md)"
+    )
 
 
 class Stragglers:
@@ -34,6 +58,12 @@ class Stragglers:
         self.strikes: dict[int, int] = {}  # rank -> windows in a row below the threshold
         self.named: dict[int, float] = {}  # rank -> its score when named in this slow stretch
         self.best: list[float] = []  # each rank's fastest window (seconds of compute per step)
+        self.said = False  # this session said that the rule does not run (unjudged)
+
+    def unjudged_once(self, dist: DistributedConfig, world: int) -> str:
+        """unjudged's line the first time a session asks, '' after (said at the first step)."""
+        said, self.said = self.said, True
+        return "" if said else unjudged(dist, world)
 
     def observe(self, step: int, work_s: float) -> Finding | None:
         """A step done, this rank's own work `work_s` seconds so far (RunView.work_s); every

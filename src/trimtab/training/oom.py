@@ -65,6 +65,7 @@ class OomRecovery:
                     self._oom_stop(exc, f"in micro-batches of {budget:,} tokens", "train.micro_batch_tokens", handled)
                 if self.stop_reason:
                     return None
+            self.dist.step_retried()  # the straggler rule's measure: the retry's own work counts too
             batch = self.loader.regroup(batch)
             self._call("on_step_start", batch)
 
