@@ -57,6 +57,12 @@ SPELLING = 0.1  # a word under this share of its letters' spellings in the rest 
 SCRAMBLED = 0.3  # share of a document's long words so misspelt: scrambled (real text: <= 0.13, scrambled >= 0.8)
 # numbered from 1 in a prepared shard's index (0: none): a new kind goes last, so shards prepared before read alike
 KINDS = ("mojibake", "random letters", "word salad", "scrambled words")
+SAID = {  # what each kind is, on the console
+    "mojibake": "UTF-8 text read as cp1252/Latin-1",
+    "random letters": "letters without a language's structure between neighbours",
+    "word salad": "real words in random order",
+    "scrambled words": "text spelt backwards or with each word's letters shuffled",
+}
 _WORD = re.compile(r"[^\W\d_]+")
 
 

@@ -306,7 +306,11 @@ def _screen(tokenized: TokenizedDocs, docs: list[Document], cfg: DataConfig, key
         logger.warning("%s", quality.spared_line(spared, key))
         found = replace(found, flagged=flagged)
     verdicts = junk.kinds([doc.text for doc in docs])  # junk that packs like text: the packing cannot see it
-    extra = np.array([verdict is not None for verdict in verdicts], dtype=bool) & ~found.flagged
+    junky = np.array([verdict is not None for verdict in verdicts], dtype=bool)
+    if not np.isnan(found.median):  # random characters a wide spread hides, unless junk says what they are
+        noise = quality.noise(n_bytes, np.diff(tokenized.offsets), found.median, lambda i: docs[i].text)
+        found = replace(found, flagged=found.flagged | (noise & ~junky))
+    extra = junky & ~found.flagged
     if not found.count and not extra.any():
         return tokenized
     drop = cfg.garbage_filter == "drop"

@@ -27,6 +27,7 @@ import logging
 import multiprocessing
 import os
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -37,7 +38,7 @@ import numpy as np
 from trimtab.data import formats, junk, quality
 from trimtab.data.listing import shown, source_files
 from trimtab.data.prepared import MANIFEST_VERSION, PreparedData, read_manifest, sha256_file, write_manifest
-from trimtab.data.shards import BIGRAMS, SKIP_HINT, SKIPPED_SHOWN, Item, Options, run_job, save_bigrams
+from trimtab.data.shards import BIGRAMS, PACKING, SKIP_HINT, SKIPPED_SHOWN, Item, Options, run_job, save_bigrams
 from trimtab.data.sources import Document, _Reader, _take_bytes
 from trimtab.data.tokenizer import MIN_VOCAB, TRAIN_SAMPLE_BYTES, TextTokenizer, train_tokenizer
 from trimtab.errors import DataError
@@ -152,7 +153,7 @@ def _prepare(
     _measure_scale(manifest, out, [str(path) for _, path, _ in files], tok, options, hint)
     workers = workers or os.cpu_count() or 1
     jobs = _jobs(manifest, files, workers, options.format)
-    start, done_tokens, skipped, shown, flagged, garbage, spared = time.perf_counter(), 0, 0, [], 0, [], 0
+    start, done_tokens, skipped, shown, kinds, garbage, spared = time.perf_counter(), 0, 0, [], Counter(), [], 0
     for i, result in enumerate(_run(jobs, out, manifest, options, workers, hint), start=1):
         for line in result["warnings"]:
             log.warning("%s", line)
@@ -160,7 +161,7 @@ def _prepare(
         write_manifest(out, manifest)
         skipped += sum(stats.get("skipped", 0) for stats in result["files"].values())
         shown += result["skipped"]
-        flagged += sum(stats.get("garbage", 0) for stats in result["files"].values())
+        kinds.update(result["kinds"])
         garbage += [f"{manifest['files'][n]['path']}:{line}" for n, line in result["garbage"]]
         spared += result["spared"]
         done_tokens += sum(s["tokens"] for s in result["shards"])
@@ -171,8 +172,8 @@ def _prepare(
         log.warning("%s", skipped_line(skipped, shown))
     if spared:
         log.warning("%s", quality.spared_line(spared, "the sources"))
-    if flagged:
-        log.warning("%s", _garbage_line(manifest, flagged, garbage, options.garbage_filter == "drop"))
+    if kinds:
+        log.warning("%s", _garbage_line(manifest, kinds, garbage, options.garbage_filter == "drop"))
     return manifest
 
 
@@ -223,17 +224,23 @@ def _measure_scale(
     manifest["garbage"] = found and {"median": found[0], "threshold": found[1], "sigma": options.garbage_sigma}
 
 
-def _garbage_line(manifest: dict[str, Any], count: int, names: list[str], dropped: bool) -> str:
-    """One console line for the documents this prepare flagged (the files prepared before it have
-    their own counts in the manifest)."""
-    scale = manifest["garbage"]
+def _garbage_line(manifest: dict[str, Any], kinds: Counter[str], names: list[str], dropped: bool) -> str:
+    """One console line for the documents this prepare flagged, by kind (`kinds`: shards.PACKING or
+    one of junk.KINDS, each with its count); the files prepared before it have their own counts in
+    the manifest."""
+    count = sum(kinds.values())
     places = ", ".join(names[: quality.SHOWN]) + (", ..." if count > quality.SHOWN else "")
     done = "left out (--garbage-filter drop)" if dropped else "kept; --garbage-filter drop leaves them out"
-    return (
-        f"{count:,} documents pack under {scale['threshold']:.2f}x the sources' median {scale['median']:.2f} bytes "
-        f"per token, as random bytes, base64, hex dumps, mis-encoded text and scripts the tokenizer does not know do "
-        f"(counted per file in the manifest): {places}; {done}"
-    )
+    said = []
+    if kinds[PACKING]:
+        scale = manifest["garbage"]
+        said.append(
+            f"{kinds[PACKING]:,} pack under {scale['threshold']:.2f}x the sources' median {scale['median']:.2f} bytes "
+            f"per token ({quality.NOISE_SAID}), as random bytes, base64, hex dumps, mis-encoded text and scripts "
+            "the tokenizer does not know do"
+        )
+    said += [f"{kinds[kind]:,} {kind} ({junk.SAID[kind]})" for kind in junk.KINDS if kinds[kind]]
+    return f"{count:,} documents flagged (counted per file in the manifest): {'; '.join(said)}: {places}; {done}"
 
 
 def skipped_line(count: int, where: list[str]) -> str:

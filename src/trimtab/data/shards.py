@@ -24,6 +24,7 @@ from trimtab.data.tokenizer import TextTokenizer
 SHARD_TOKENS = 1 << 27  # a shard is closed at the first document end past this many tokens
 BIGRAMS = "junk-bigrams.npz"  # beside the manifest: the word pairs word salad is judged against (data/junk.py)
 ENCODE_CHARS = 4_000_000  # characters per tokenizers.encode_batch call: bounds its memory
+PACKING = "packing"  # a flagged document's kind when only its packing flagged it (data/quality.py), no junk verdict
 
 
 @dataclass
@@ -105,6 +106,7 @@ def run_job(
         "skipped": skipped,
         "garbage": encoder.garbage,
         "spared": encoder.spared,
+        "kinds": encoder.kinds,
     }
 
 
@@ -147,6 +149,8 @@ class _Encoder:
     garbage: list[tuple[int, int]] = field(default_factory=list)  # (file, line) of the first flagged
     bigrams: junk.Bigrams | None = None  # the sample's word pairs (BIGRAMS); None: each batch's own
     spared: int = 0  # documents that pack like garbage, written in another script: kept (quality.other_script)
+    # flagged documents by kind: junk.KINDS' (data/junk.py's verdict), PACKING for the packing screen's alone
+    kinds: dict[str, int] = field(default_factory=dict)
     file: int = 0
     stats: dict[int, dict[str, int]] = field(default_factory=dict)
     chat: bool = False
@@ -175,6 +179,8 @@ class _Encoder:
         for (doc, first, last, line), pieces, packed, why in zip(self._batch, encoded, packing, verdicts):
             if not np.isnan(packed):
                 self.stats[self.file]["garbage"] = self.stats[self.file].get("garbage", 0) + 1
+                kind = why.kind if why else PACKING
+                self.kinds[kind] = self.kinds.get(kind, 0) + 1
                 if len(self.garbage) < quality.SHOWN:
                     self.garbage.append((self.file, line))
                 if self.drop:
@@ -210,8 +216,10 @@ class _Encoder:
                 for (doc, *_), pieces in zip(self._batch, encoded)
             ]
         )
-        flagged = whole & quality.flags(n_bytes, n_tokens, self.scale["median"], self.scale["threshold"])
-        flagged, spared = quality.spare_scripts(flagged, lambda i: self._batch[i][0].text)
+        median, text_of = self.scale["median"], lambda i: self._batch[i][0].text
+        flagged = quality.flags(n_bytes, n_tokens, median, self.scale["threshold"])
+        flagged = whole & (flagged | quality.noise(n_bytes, n_tokens, median, text_of))
+        flagged, spared = quality.spare_scripts(flagged, text_of)
         self.spared += spared  # a minority language: kept, said once at the end (prepare.py)
         # junk that packs like text (mojibake, random letters; word salad against the sample's word pairs)
         verdicts = junk.kinds([doc.text for doc, *_ in self._batch], self.bigrams)

@@ -1,0 +1,69 @@
+"""What `data prepare` flags in a corpus of many languages, and what it says it found. Random bytes
+(data/quality.py's `noise`): the languages widen the spread of how documents pack until the packing
+screen's threshold falls under where random bytes pack; `data prepare` named 0 of 36 random Latin-1
+documents of such a corpus."""
+
+import json
+import logging
+import random
+
+from test_junk import crawl
+from test_quality import ARABIC, GREEK, RUSSIAN, clean_documents, prepared_lines
+from test_quality_languages import LANGUAGES
+from trimtab.data import junk, quality
+from trimtab.data.prepare import Options, prepare
+
+
+def latin1(rng: random.Random, n: int) -> str:
+    """n random Latin-1 characters, C0 controls but newline left out: a binary file read as Latin-1."""
+    return "".join(chr(rng.choice([10, *range(32, 256)])) for _ in range(n))
+
+
+def mixed_corpus(path, rng: random.Random) -> set[int]:
+    """Code and English prose, as many pages of seven other languages (three scripts, four in Latin
+    letters) and six of random Latin-1 bytes at random lines: the random lines."""
+    docs = [(text, False) for text in clean_documents()]
+    languages = (RUSSIAN, GREEK, ARABIC, *LANGUAGES)
+    for k in range(len(docs)):  # the passages' words in new orders: a corpus does not repeat a page
+        words = languages[k % len(languages)].split()
+        docs.append((" ".join(rng.choices(words, k=120)) + ".", False))
+    rng.shuffle(docs)
+    for _ in range(6):
+        docs.insert(rng.randrange(len(docs)), (latin1(rng, 1200), True))
+    path.write_text("".join(json.dumps({"text": text}) + "\n" for text, _ in docs))
+    return {n for n, (_, bad) in enumerate(docs, 1) if bad}
+
+
+def test_random_bytes_are_flagged_however_far_other_languages_widen_the_spread(tmp_path, caplog):
+    path = tmp_path / "mixed.jsonl"
+    bad = mixed_corpus(path, random.Random(0))
+    with caplog.at_level(logging.WARNING):
+        manifest = prepare([str(path)], tmp_path / "p", vocab_size=512, options=Options(garbage_filter="drop"))
+    n_docs = sum(1 for _ in open(path))
+    assert manifest["garbage"]["threshold"] < 0.5  # the languages' spread: random bytes pack above it
+    assert prepared_lines(tmp_path / "p") == set(range(1, n_docs + 1)) - bad  # all of them out, nothing else
+    (line,) = [r.message for r in caplog.records if "documents flagged" in r.message]
+    assert line.startswith(f"{len(bad)} documents flagged") and quality.NOISE_SAID in line
+
+
+def test_prepare_says_what_each_kind_of_junk_is_with_its_count(tmp_path, caplog):
+    """prepare's closing line called mis-encoded pages and random letters, which pack like text,
+    documents that "pack under 0.35x the median ... as random bytes" do."""
+    bad = crawl(tmp_path / "crawl.jsonl")  # 3 mis-encoded pages, 3 of random letters
+    with caplog.at_level(logging.WARNING):
+        prepare([str(tmp_path / "crawl.jsonl")], tmp_path / "p", vocab_size=300)
+    (line,) = [r.message for r in caplog.records if "documents flagged" in r.message]
+    assert line.startswith(f"{len(bad)} documents flagged") and "pack under" not in line
+    for kind in ("mojibake", "random letters"):
+        assert f"3 {kind} ({junk.SAID[kind]})" in line
+
+
+def test_random_characters_are_told_from_tables_and_scripts_of_many_characters():
+    """Tables of numbers and code points (the stdlib's unicode and CJK-frequency tables) are as independent
+    between neighbours as random bytes, and Chinese text's characters as many: neither is random."""
+    rng = random.Random(1)
+    table = ",".join(f"{rng.randrange(5000):4d}" for _ in range(300))
+    code_points = "\n".join(f'    (0x{rng.randrange(0x10000, 0x1FFFF):X}, "{rng.choice("XV")}"),' for _ in range(60))
+    chinese = "".join(chr(rng.randrange(0x4E00, 0x9FFF)) for _ in range(600))
+    assert not any(quality.random_characters(t) for t in (table, code_points, chinese, *clean_documents()[:20]))
+    assert all(quality.random_characters(latin1(rng, n)) for n in (600, 1500))
