@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,17 +34,12 @@ class MetaInit:
     weights: Callable[[nn.Module], tuple[Path, dict | None]] | None = None
 
 
-def meta_reason(parallel, hf_init: bool, resumed: bool) -> str:
+def meta_reason(parallel) -> str:
     """Why this run builds its whole model on every rank ('' when it builds it on the meta device,
     to be sharded first (FSDP2, tensor, expert and pipeline parallelism: a stage materialises only
-    its own layers)): one every rank holds whole (one process, DDP), or a pipeline stage's
-    Hugging Face train.init_from (hf_init), whose conversion sets every layer's tensors. A sharded
-    train.init_from otherwise fills each rank's shards after materialise (training/init_from.py)."""
-    if not parallel.sharded:
-        return "every rank holds the whole model (one process or DDP)"
-    if hf_init and not resumed and parallel.mesh.pp > 1:
-        return "a Hugging Face train.init_from under pipeline parallelism converts every layer's tensors"
-    return ""
+    its own layers)): one every rank holds whole (one process, DDP). A sharded train.init_from fills
+    each rank's shards after materialise (training/init_from.py), a pipeline stage's its own layers."""
+    return "" if parallel.sharded else "every rank holds the whole model (one process or DDP)"
 
 
 def pending(parallel, model: nn.Module, draw: bool) -> MetaInit:
@@ -73,11 +69,12 @@ def materialise(model: nn.Module, init: MetaInit) -> None:
     reset_buffers(model, init.buffers)
 
 
-def keep_shard(p: nn.Parameter, full: torch.Tensor) -> None:
-    """Copy this rank's part of `full` (the whole parameter, on the host) into `p`."""
+def keep_shard(p: nn.Parameter, full: torch.Tensor | Any) -> None:
+    """Copy this rank's part of `full` (the whole parameter, on the host, or a Hugging Face import's
+    hf.tensors.Part, of which only that part is read) into `p`."""
     box = local_box(p, full.shape)
     if box is None:
-        p.copy_(full)
+        p.copy_(full[tuple(slice(0, n) for n in full.shape)])  # all of it (a view of a tensor)
     else:
         p.to_local().copy_(full[box])
 

@@ -23,13 +23,13 @@ from trimtab.data import TextTokenizer
 from trimtab.errors import CheckpointError, ConfigError
 from trimtab.hf.architectures import COMMON, DEFAULTS, NULLABLE, TRIMTAB, architecture, to_model_config
 from trimtab.hf.remote import moe_structure
-from trimtab.hf.tensors import Recorder, from_hf
+from trimtab.hf.tensors import Part, Recorder, from_hf
 from trimtab.model import Transformer
 from trimtab.model.catalog import uninitialised
 from trimtab.model.upgrade import UpgradedReader, is_legacy
 
 SOURCE = "hf_source.json"  # in a run directory initialised from a Hugging Face model
-Keep = Callable[[torch.Tensor, torch.Tensor], Any]  # (the model's tensor, a whole one to copy into it)
+Keep = Callable[[torch.Tensor, "torch.Tensor | Part"], Any]  # (the model's tensor, a whole one to copy into it)
 
 
 def is_hf_dir(path: str | Path) -> bool:
@@ -63,12 +63,22 @@ class SafetensorsDir:
         return set(self.files)
 
     def __call__(self, name: str) -> torch.Tensor:
+        return self._read(name, lambda handle: handle.get_tensor(name))
+
+    def part(self, name: str, box: tuple[slice, ...]) -> torch.Tensor:
+        """Only `box` of tensor `name`, read from the file (not a view of the whole tensor's pages)."""
+        return self._read(name, lambda handle: handle.get_slice(name)[box])
+
+    def shape(self, name: str) -> torch.Size:
+        return torch.Size(self._read(name, lambda handle: handle.get_slice(name).get_shape()))
+
+    def _read(self, name: str, take: Callable[[Any], Any]) -> Any:
         file = self.files[name]
         if not file.is_file():
             raise CheckpointError(f"{file}: missing (listed in model.safetensors.index.json)")
         with _opened(file) as handle:
             try:
-                return handle.get_tensor(name)
+                return take(handle)
             except SafetensorError:  # the file holds no such tensor: the index maps it wrongly
                 raise CheckpointError(
                     f"{self.index}: lists tensor '{name}' in {file.name}, which does not hold it; the index "
@@ -83,8 +93,9 @@ class SafetensorsDir:
         return sorted(f.name for f in self.index.parent.glob("*.safetensors") if f.name not in used)
 
     def dtype(self) -> torch.dtype:
-        """The dtype of the floating-point weights (the first tensor's)."""
-        return self(next(iter(sorted(self.files)))).dtype
+        """The dtype of the floating-point weights (the first tensor's, read from one element of it)."""
+        name = next(iter(sorted(self.files)))
+        return self.part(name, tuple(slice(0, min(n, 1)) for n in self.shape(name))).dtype
 
 
 def _opened(file: Path) -> Any:
@@ -166,11 +177,13 @@ def import_weights(
     copied into them, so a tensor that needs no conversion stays the file's memory map, as
     transformers loads it (no second copy of the model written; pages read as used). `keep`
     copies a whole converted tensor into the model's (a sharded model's: metainit.keep_shard,
-    this rank's part of it)."""
+    this rank's part of it; a tensor copied as is, or the grouped attention projection, comes as
+    a tensors.Part, of which the rank reads only its part)."""
     path = Path(path)
     hf = read_config(path)
     reader = SafetensorsDir(path)
-    get = Recorder(reader, reader.names)
+    sharded = keep is not torch.Tensor.copy_ and not assign
+    get = Recorder(reader, reader.names, lazy=sharded)
     if is_legacy(reader.names):  # a trimtab-class export from before the grouped attention layout
         upgraded = UpgradedReader(reader, reader.names, model.cfg)
         get = Recorder(upgraded, upgraded.names)
@@ -178,9 +191,11 @@ def import_weights(
     params = model.state_dict()
     put = _Assigner(model) if assign else partial(_copy, keep=keep)
     done = set()
-    pairs = ((name, get(name)) for name in sorted(get.names)) if arch == TRIMTAB else from_hf(get, model.cfg, arch)
+    pairs = ((name, get.part(name)) for name in sorted(get.names)) if arch == TRIMTAB else from_hf(get, model.cfg, arch)
     try:
         for name, tensor in pairs:
+            if sharded and name not in params:  # another pipeline stage's layer (a Part: never read)
+                continue
             put(params, name, tensor, path)
             done.add(name)
     except KeyError as exc:

@@ -37,6 +37,7 @@ Import takes any mix transformers reads: either module name, per-expert or fused
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -46,7 +47,22 @@ from trimtab.errors import CheckpointError
 from trimtab.model.layers import group_qkv, split_qkv
 
 Getter = Callable[[str], Tensor]
-Pairs = Iterator[tuple[str, Tensor]]
+Box = tuple[slice, ...]  # a part of a tensor: one slice (with start and stop) per dimension
+
+
+class Part:
+    """A tensor of the file not read yet: `part[box]` reads only that box of it (safetensors'
+    get_slice), so a sharded model's rank reads its own shard of each tensor, not the whole
+    tensor (distributed/metainit.py keep_shard)."""
+
+    def __init__(self, shape: torch.Size, read: Callable[[Box], Tensor]):
+        self.shape, self._read = shape, read
+
+    def __getitem__(self, box: Box) -> Tensor:
+        return self._read(box)
+
+
+Pairs = Iterator[tuple[str, "Tensor | Part"]]
 EXPERTS = {  # class -> (MoE module, gate, up, down)
     "MixtralForCausalLM": ("block_sparse_moe", "w1", "w3", "w2"),
     "Qwen2MoeForCausalLM": ("mlp", "gate_proj", "up_proj", "down_proj"),
@@ -124,30 +140,51 @@ def _shared_to_qwen2_moe(get: Getter, cfg: ModelConfig, t: str, m: str) -> Pairs
 def from_hf(get: Getter, cfg: ModelConfig, arch: str) -> Pairs:
     """(trimtab name, tensor) for each tensor of a trimtab model computing `cfg`, from the
     transformers names of class `arch`."""
-    yield "tok_emb.weight", get("model.embed_tokens.weight")
+    part = get.part if isinstance(get, Recorder) else get  # a tensor copied as is: read only where needed
+    yield "tok_emb.weight", part("model.embed_tokens.weight")
     for i, kind in enumerate(cfg.layers):
         t, h = f"blocks.{i}.", f"model.layers.{i}."
-        yield t + "attn_norm.weight", get(h + "input_layernorm.weight")
-        yield t + "ffn_norm.weight", get(h + "post_attention_layernorm.weight")
+        yield t + "attn_norm.weight", part(h + "input_layernorm.weight")
+        yield t + "ffn_norm.weight", part(h + "post_attention_layernorm.weight")
         yield from _attention_from_hf(get, cfg, t + "attn.", h + "self_attn.")
         if "moe" in kind:
             yield from _moe_from_hf(get, cfg, arch, t + "ffn.", h)
         else:
             for ours, theirs in zip(("w1", "w3", "w2"), MLP):
-                yield f"{t}ffn.{ours}.weight", get(f"{h}mlp.{theirs}.weight")
-    yield "norm.weight", get("model.norm.weight")
+                yield f"{t}ffn.{ours}.weight", part(f"{h}mlp.{theirs}.weight")
+    yield "norm.weight", part("model.norm.weight")
     if not cfg.tie_embeddings:
-        yield "lm_head.weight", get("lm_head.weight")
+        yield "lm_head.weight", part("lm_head.weight")
 
 
 def _attention_from_hf(get: Getter, cfg: ModelConfig, t: str, h: str) -> Pairs:
+    part = get.part if isinstance(get, Recorder) else get
     for suffix in ("weight", "bias") if cfg.attn_bias else ("weight",):
-        q, k, v = (get(f"{h}{n}.{suffix}") for n in ("q_proj", "k_proj", "v_proj"))
-        yield f"{t}qkv.{suffix}", group_qkv(q, k, v, cfg.n_kv_heads)
+        q, k, v = (part(f"{h}{n}.{suffix}") for n in ("q_proj", "k_proj", "v_proj"))
+        grouped = _grouped_part(q, k, v, cfg.n_kv_heads) if isinstance(q, Part) else group_qkv(q, k, v, cfg.n_kv_heads)
+        yield f"{t}qkv.{suffix}", grouped
     if cfg.qk_norm:
-        yield t + "q_norm.weight", get(h + "q_norm.weight")
-        yield t + "k_norm.weight", get(h + "k_norm.weight")
-    yield t + "wo.weight", get(h + "o_proj.weight")
+        yield t + "q_norm.weight", part(h + "q_norm.weight")
+        yield t + "k_norm.weight", part(h + "k_norm.weight")
+    yield t + "wo.weight", part(h + "o_proj.weight")
+
+
+def _grouped_part(q: Part, k: Part, v: Part, n_kv_heads: int) -> Part:
+    """group_qkv(q, k, v) not read yet: a box of its rows reads only the kv groups those rows
+    fall in (each group's query rows are contiguous in q, its key and value rows in k and v)."""
+    shape = torch.Size((q.shape[0] + k.shape[0] + v.shape[0], *q.shape[1:]))
+    return Part(shape, partial(_read_grouped, q, k, v, n_kv_heads))
+
+
+def _read_grouped(q: Part, k: Part, v: Part, n_kv_heads: int, box: Box) -> Tensor:
+    rows, rest = box[0], box[1:]
+    if rows.stop <= rows.start:  # an empty shard (FSDP2's uneven split)
+        return q[(slice(0, 0), *rest)]
+    sizes = (q.shape[0] // n_kv_heads, k.shape[0] // n_kv_heads, v.shape[0] // n_kv_heads)
+    R = sum(sizes)  # rows of one kv group in the grouped layout
+    first, last = rows.start // R, -(-rows.stop // R)
+    q, k, v = (t[(slice(first * n, last * n), *rest)] for t, n in zip((q, k, v), sizes))
+    return group_qkv(q, k, v, last - first)[rows.start - first * R : rows.stop - first * R]
 
 
 def _moe_from_hf(get: Getter, cfg: ModelConfig, arch: str, t: str, h: str) -> Pairs:
@@ -198,14 +235,25 @@ class Recorder:
     """A Getter over named tensors that remembers which it handed out, so an import can refuse a
     file holding tensors the class does not explain."""
 
-    def __init__(self, get: Getter, names: set[str]):
+    def __init__(self, get: Getter, names: set[str], lazy: bool = False):
         self._get, self.names, self.used = get, names, set()
+        self.lazy = lazy and hasattr(get, "part")  # parts for a sharded model, where the reader can read one
 
     def __call__(self, name: str) -> Tensor:
         if name not in self.names:
             raise KeyError(name)
         self.used.add(name)
         return self._get(name)
+
+    def part(self, name: str) -> Tensor | Part:
+        """Tensor `name` to be copied as is: a Part when lazy (only a rank's box of it is read),
+        else the tensor."""
+        if not self.lazy:
+            return self(name)
+        if name not in self.names:
+            raise KeyError(name)
+        self.used.add(name)
+        return Part(self._get.shape(name), partial(self._get.part, name))
 
     def check_all_used(self, where: str, tied: bool) -> None:
         left = sorted(self.names - self.used - ({"lm_head.weight"} if tied else set()))

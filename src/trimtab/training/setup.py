@@ -470,7 +470,7 @@ def _make_model(
     back too, for materialise after Parallel.wrap (distributed/metainit.py meta_reason says which);
     any other is built on the CPU and moved to the device."""
     initialised = bool(cfg.train.init_from) and not resume  # weights read from train.init_from
-    whole = meta_reason(dist, initialised and hf.is_hf_dir(cfg.train.init_from), resume is not None)
+    whole = meta_reason(dist)
     if whole:
         meta = None
         if dist.sharded:
