@@ -7,6 +7,7 @@ In one process: the lost peer is a collective raising gloo's error (what rank 0 
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import pytest
@@ -173,3 +174,32 @@ def test_with_rank_0_lost_another_survivor_claims_the_emergency_save(tmp_path, m
     assert not hit._claim(2)  # another survivor of this session
     again = trainer(tmp_path / "hit", 3)
     assert again.state.step == 2
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_peer_lost_where_no_emergency_save_is_sound_says_so_once_and_where_the_restart_resumes(
+    tmp_path, monkeypatch, capfd, rank
+):
+    """FSDP2 (the lost rank held shards): a peer lost in step 3 saves nothing, and the survivor that claims the
+    step says why and that the restart resumes from step 0, rank 1 too (rank 0 lost) though its other lines are
+    silenced as under torchrun (before: nothing said, the restart went back silently)."""
+    monkeypatch.setattr(emergency, "RANK_0_FIRST_S", 0.0)
+    hit = trainer(tmp_path / "fsdp", every=3)
+    lose_peer_in(hit, 3, monkeypatch)
+    shards = "FSDP2, tensor, expert or pipeline parallelism: the lost rank held shards of the state"
+    monkeypatch.setattr(hit, "emergency_save_possible", lambda: shards)
+    monkeypatch.setattr(hit.dist, "rank", rank)
+    capfd.readouterr()
+    quiet = logging.getLogger("trimtab")
+    level, _ = quiet.level, quiet.setLevel(logging.ERROR if rank else quiet.level)  # distributed/parallel.py
+    try:
+        with pytest.raises(RuntimeError, match="Connection closed by peer"):
+            hit.fit()
+    finally:
+        quiet.setLevel(level)
+    said = [line for line in capfd.readouterr().err.splitlines() if "no emergency save" in line]
+    assert said == [
+        f"{'trimtab: rank 1: ' if rank else ''}step 2: a peer was lost (RuntimeError: Connection closed by peer); "
+        f"no emergency save ({shards}): the restart resumes from the last checkpoint, step 0"
+    ]
+    assert sorted(p.name for p in (tmp_path / "fsdp" / "checkpoints").glob("step_*")) == ["step_000000"]

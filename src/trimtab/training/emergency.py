@@ -25,6 +25,7 @@ gone, SIGKILL 30 s later (docs/resilience.md).
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -85,8 +86,8 @@ class EmergencySave:
     def mark_step_start(self) -> None:
         """Before the step's batch is read, or its evaluation and save begin: the position and RNG a
         save now would write. On every rank: any survivor may be the one that writes them."""
+        self._began = self._began or time.time()  # also where no save can be made: _refuse claims too
         if self.emergency_save_possible() is None:
-            self._began = self._began or time.time()
             gate = self.row_gate
             # the row gate observes the step's rows in its forward: its reference as the step began (a
             # device copy of `window` floats, no host read) and its unigram frequencies (a host copy)
@@ -112,6 +113,10 @@ class EmergencySave:
 
     def emergency_save(self, exc: BaseException) -> bool:
         """Write the last completed step's checkpoint on this rank alone; whether one is on disk."""
+        why = self.emergency_save_possible()
+        if why is not None:
+            self._refuse(exc, why)
+            return False
         start, self._step_start = self._step_start, None
         if start is None or start[0] != self.state.step or self.dist.writing_in_background():
             return False  # the update began, or a background write's collectives wait on the lost peer
@@ -151,16 +156,36 @@ class EmergencySave:
                 self._protected(),
             )
         except OSError as err:
-            self.say(f"step {step}: the emergency save failed ({err}); the restart resumes from step {self.last_saved}")
+            self._say(
+                f"step {step}: the emergency save failed ({err}); the restart resumes from step {self.last_saved}"
+            )
             return False
         rank, seconds = self.dist.rank, time.perf_counter() - started
-        self.say(
+        self._say(
             f"step {step}: a peer was lost ({first}); rank {rank} saved step {step} alone in {seconds:.1f} s (an "
             "emergency save; torchrun's SIGKILL comes 30 s after the loss: a longer save is cut, and the restart "
             "resumes from the checkpoint before)"
         )
         self.last_saved = step
         return True
+
+    def _refuse(self, exc: BaseException, why: str) -> None:
+        """Say once (the survivor that claims the step, as a save's writer would) why no emergency save is
+        written and where the restart resumes: without it an FSDP2 run's restart went back silently."""
+        step = self.state.step
+        if self._claim(step):
+            self._say(
+                f"step {step}: a peer was lost ({lost_words(exc)}); no emergency save ({why}): the restart "
+                f"resumes from the last checkpoint, step {self.last_saved}"
+            )
+
+    def _say(self, line: str) -> None:
+        """A line from the survivor that claimed the step: rank 0's console, or, rank 0 lost, this rank's
+        stderr (a rank's other lines are silenced, distributed/parallel.py: rank 0 speaks for the job)."""
+        if self.dist.is_main:
+            self.say(line)
+        else:
+            print(f"trimtab: rank {self.dist.rank}: {line}", file=sys.stderr, flush=True)
 
     def _claim(self, step: int) -> bool:
         """Whether this survivor writes step `step`: the first to create checkpoints/.emergency_step_N does
