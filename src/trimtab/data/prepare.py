@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from trimtab.data import formats, junk, quality
+from trimtab.data import formats, junk, quality, references
 from trimtab.data.listing import shown, source_files
 from trimtab.data.prepared import MANIFEST_VERSION, PreparedData, read_manifest, sha256_file, write_manifest
 from trimtab.data.shards import BIGRAMS, PACKING, SKIP_HINT, SKIPPED_SHOWN, Item, Options, run_job, save_bigrams
@@ -79,6 +79,7 @@ def prepare(
         )
     _check_out(out, sources)
     before = {name for name in (*WRITTEN, ".") if (out / name).exists()}
+    before |= {path.name for path in out.glob(references.SOURCE_BIGRAMS.format("*"))}
     # a tokenizer.json no prepare wrote (one interrupted leaves shards/ beside its own): a model's folder
     foreign = "tokenizer.json" in before and not {"shards", "trimtab-data.json"} & before
     try:
@@ -106,9 +107,13 @@ def _check_out(out: Path, sources: list[str]) -> None:
 
 def _remove_unfinished(out: Path, before: set[str]) -> None:
     """A prepare that failed before it prepared any file leaves nothing behind that it created
-    (an empty shards/, a tokenizer, the directory itself); one that did keeps all, to resume
-    from. Files that were there before it are never touched."""
+    (an empty shards/, a tokenizer, the directory itself); one that did keeps all its manifest
+    names, to resume from. Files that were there before it are never touched."""
     manifest = read_manifest(out) if out.is_dir() else None
+    kept = {s.get("bigrams") for s in manifest.get("sources", [])} if manifest and manifest.get("shards") else set()
+    for path in out.glob(references.SOURCE_BIGRAMS.format("*")):  # a source's, unless a manifest with shards names it
+        if path.name not in before | kept:
+            path.unlink()
     if manifest and manifest.get("shards"):
         return
     for name in WRITTEN:
@@ -150,7 +155,9 @@ def _prepare(
     manifest["tokenizer"] = {**manifest.get("tokenizer", {}), "sha256": tok.fingerprint, "vocab_size": tok.vocab_size}
     manifest["dtype"] = manifest.get("dtype") or ("uint16" if tok.vocab_size <= 1 << 16 else "uint32")
     files = _new_files(manifest, sources, out)
-    _measure_scale(manifest, out, [str(path) for _, path, _ in files], tok, options, hint)
+    shared = _measure_scale(manifest, out, [str(path) for _, path, _ in files], tok, options, hint)
+    if options.garbage_filter != "off":  # one reference per source (data/references.py)
+        references.measure(manifest, out, files, lambda paths: [d.text for d in _sample(paths, options, hint)], shared)
     workers = workers or os.cpu_count() or 1
     jobs = _jobs(manifest, files, workers, options.format)
     start, done_tokens, skipped, shown, kinds, garbage, spared = time.perf_counter(), 0, 0, [], Counter(), [], 0
@@ -194,13 +201,33 @@ def _require_text(sources: list[str], out: Path, options: Options, hint: str) ->
 
 def _measure_scale(
     manifest: dict[str, Any], out: Path, files: list[str], tok: TextTokenizer, options: Options, hint: str
-) -> None:
+) -> bool:
     """The garbage screen's scale, measured once on a sample of the files to prepare and kept in
     the manifest, so that files added later are judged alike (null: too few documents to say); and
-    the sample's word pairs, which every job judges word salad against (BIGRAMS: a 4 MB batch
-    alone is too little text, data/junk.py), kept beside it."""
+    the sample's word pairs, which the jobs judge word salad against where a source has none of its
+    own (BIGRAMS: a 4 MB batch alone is too little text, data/junk.py), kept beside it. Whether
+    this measured them (on `files`)."""
     if options.garbage_filter == "off" or not files or ("garbage" in manifest and (out / BIGRAMS).is_file()):
-        return
+        return False
+    docs = _sample(files, options, hint)
+    texts = [doc.text for doc in docs]
+    save_bigrams(out, junk.Bigrams.of([junk.words(t) for t in texts], texts))
+    if "garbage" in manifest:  # a directory prepared before its word pairs were kept
+        return True
+    n_bytes = np.array([len(t.encode()) for t in texts])
+    if not quality.judgeable(n_bytes):  # no scale to find: not encoded (a one-line JSON file's 8 MB took 1.1 GB)
+        manifest["garbage"] = None
+        return True
+    # counted as trained (start token, text, end token), as the jobs and the in-memory screen count
+    encoded = tok.encode_documents(docs)
+    n_tokens = [sum(map(len, ids)) + 1 + tok.prepends_bos(text) for ids, text in zip(encoded, texts)]
+    found = quality.scale(n_bytes, np.array(n_tokens), options.garbage_sigma)
+    manifest["garbage"] = found and {"median": found[0], "threshold": found[1], "sigma": options.garbage_sigma}
+    return True
+
+
+def _sample(files: list[str], options: Options, hint: str) -> list[Document]:
+    """The first SCALE_SAMPLE_BYTES of `files`' documents."""
     reader = _Reader(options.data_config(), "data", "data prepare source", fix=hint, limit=SCALE_SAMPLE_BYTES)
 
     def readable() -> Iterator[Document]:  # a file that fails is named by its own job, not here
@@ -208,20 +235,7 @@ def _measure_scale(
             with contextlib.suppress(DataError, formats.Unreadable):
                 yield from reader.documents(path)
 
-    docs, _ = _take_bytes(readable(), SCALE_SAMPLE_BYTES)
-    texts = [doc.text for doc in docs]
-    save_bigrams(out, junk.Bigrams.of([junk.words(t) for t in texts], texts))
-    if "garbage" in manifest:  # a directory prepared before its word pairs were kept
-        return
-    n_bytes = np.array([len(t.encode()) for t in texts])
-    if not quality.judgeable(n_bytes):  # no scale to find: not encoded (a one-line JSON file's 8 MB took 1.1 GB)
-        manifest["garbage"] = None
-        return
-    # counted as trained (start token, text, end token), as the jobs and the in-memory screen count
-    encoded = tok.encode_documents(docs)
-    n_tokens = [sum(map(len, ids)) + 1 + tok.prepends_bos(text) for ids, text in zip(encoded, texts)]
-    found = quality.scale(n_bytes, np.array(n_tokens), options.garbage_sigma)
-    manifest["garbage"] = found and {"median": found[0], "threshold": found[1], "sigma": options.garbage_sigma}
+    return _take_bytes(readable(), SCALE_SAMPLE_BYTES)[0]
 
 
 def _garbage_line(manifest: dict[str, Any], kinds: Counter[str], names: list[str], dropped: bool) -> str:
@@ -380,8 +394,13 @@ def _new_files(manifest: dict[str, Any], sources: list[str], out: Path) -> list[
     known = {f["path"]: n for n, f in enumerate(manifest["files"])}
     by_hash = {f["sha256"]: f["path"] for f in manifest["files"] if f.get("prepared")}
     todo, same = [], []
-    listed = (pair for source in sources for pair in source_files(source, "data prepare source", (out,)))
-    for path, named in listed:
+    numbers = references.source_numbers(manifest, sources)
+    listed = (
+        (k, *pair)
+        for k, source in zip(numbers, sources)
+        for pair in source_files(source, "data prepare source", (out,))
+    )
+    for k, path, named in listed:
         resolved, digest = str(path.resolve()), sha256_file(path)
         n = known.get(resolved)
         if n is not None and manifest["files"][n].get("prepared"):
@@ -408,6 +427,7 @@ def _new_files(manifest: dict[str, Any], sources: list[str], out: Path) -> list[
             n = len(manifest["files"])
             manifest["files"].append({"path": resolved, "sha256": digest, "bytes": path.stat().st_size})
             known[resolved] = n
+        manifest["files"][n].setdefault("source", k)  # the first source that named it: its junk reference
         if any(t[0] == n for t in todo):
             continue  # named twice (a file and its directory)
         by_hash.setdefault(digest, resolved)
@@ -447,7 +467,8 @@ def _run(
     tokenizer's own threads use every core), else in a pool of processes with a thread each."""
     workers = min(workers, len(jobs))
     scale = manifest.get("garbage") if options.garbage_filter != "off" else None
-    args = [(job, str(out), manifest["dtype"], asdict(options), hint, scale) for job in jobs]
+    refs = [references.of_job(manifest, job) for job in jobs]  # each file's source's junk reference
+    args = [(job, str(out), manifest["dtype"], asdict(options), hint, scale, ref) for job, ref in zip(jobs, refs)]
     if workers <= 1:
         yield from (run_job(*a) for a in args)
         return

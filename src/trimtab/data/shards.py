@@ -63,19 +63,23 @@ def run_job(
     options: dict[str, Any],
     hint: str = SKIP_HINT,
     scale: dict[str, float] | None = None,
+    references: dict[int, str] | None = None,
 ) -> dict[str, Any]:
+    """Prepare `job`'s files into shards under `out`; `references`: each file's junk reference, the
+    file beside the manifest its source's documents are judged against (default: BIGRAMS, the shared one)."""
     tok = TextTokenizer.load(Path(out) / "tokenizer.json")
     uid = hashlib.sha256(json.dumps(job).encode()).hexdigest()[:12]
     span = job[0][3]  # a job is several whole files, or one piece of one
     writer = _Writer(Path(out) / "shards", uid, np.dtype(dtype), span[0] if span else 0)
-    bigrams = Path(out) / BIGRAMS  # absent: prepared before it was kept, or too little text (judged by batch)
-    reference = junk.Bigrams.load(bigrams) if scale is not None and bigrams.is_file() else None
-    encoder = _Encoder(tok, writer, scale=scale, drop=options["garbage_filter"] == "drop", bigrams=reference)
+    encoder = _Encoder(tok, writer, scale=scale, drop=options["garbage_filter"] == "drop")
+    loaded: dict[str, junk.Bigrams | None] = {}
     cfg = Options(**options).data_config()
     warnings, skipped = [], []
     try:
         for n, path, named, piece in job:
             encoder.file = n
+            if scale is not None:
+                encoder.bigrams = _reference(Path(out), (references or {}).get(n, BIGRAMS), loaded)
             try:
                 if not (named or piece) and _in_batches(Path(path), cfg):
                     # skipped whole, before any of it is written (a plain-text file's NUL byte too)
@@ -108,6 +112,14 @@ def run_job(
         "spared": encoder.spared,
         "kinds": encoder.kinds,
     }
+
+
+def _reference(out: Path, name: str, loaded: dict[str, junk.Bigrams | None]) -> junk.Bigrams | None:
+    """The junk reference `name` beside the manifest, loaded once per job (`loaded`); None when it is
+    absent (prepared before references were kept, or too little text): each batch is judged by its own."""
+    if name not in loaded:
+        loaded[name] = junk.Bigrams.load(out / name) if (out / name).is_file() else None
+    return loaded[name]
 
 
 def _in_batches(path: Path, cfg: DataConfig) -> bool:
@@ -147,7 +159,7 @@ class _Encoder:
     scale: dict[str, float] | None = None  # the garbage screen's (median, threshold); None: off
     drop: bool = False  # leave out what the screen flags (else count and name it only)
     garbage: list[tuple[int, int]] = field(default_factory=list)  # (file, line) of the first flagged
-    bigrams: junk.Bigrams | None = None  # the sample's word pairs (BIGRAMS); None: each batch's own
+    bigrams: junk.Bigrams | None = None  # the file's source's sample's word pairs (run_job); None: each batch's own
     spared: int = 0  # documents that pack like garbage, written in another script: kept (quality.other_script)
     # flagged documents by kind: junk.KINDS' (data/junk.py's verdict), PACKING for the packing screen's alone
     kinds: dict[str, int] = field(default_factory=dict)
@@ -228,12 +240,12 @@ class _Encoder:
         return np.where(flagged, quality.packed(n_bytes, n_tokens), np.nan), verdicts
 
 
-def save_bigrams(out: Path, bigrams: junk.Bigrams) -> None:
-    """`bigrams` as out/BIGRAMS, whole or not at all (a temp file and a rename, as a shard)."""
-    tmp = out / f".tmp-{BIGRAMS}"
+def save_bigrams(out: Path, bigrams: junk.Bigrams, name: str = BIGRAMS) -> None:
+    """`bigrams` as out/`name`, whole or not at all (a temp file and a rename, as a shard)."""
+    tmp = out / f".tmp-{name}"
     with open(tmp, "wb") as fh:  # np.savez would add .npz to a name without it
         bigrams.save(fh)
-    os.replace(tmp, out / BIGRAMS)
+    os.replace(tmp, out / name)
 
 
 class _Writer:

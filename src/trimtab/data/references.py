@@ -1,0 +1,72 @@
+"""The junk screen's references for `trimtab data prepare`: one per source, as training builds one per
+data.mix entry (data/junk.py). Judged against one shared sample (the first 8 MB of all the inputs), code
+met prose's word pairs and a foreign-language folder English's spellings, or all of them met the first
+folder's. A source is what the user names as one (a file, a directory, a glob); its reference is
+measured on its files' sample when it is first prepared and kept beside the manifest (SOURCE_BIGRAMS), so
+files added to it later are judged alike; manifest["sources"] says which file each source's is, and each
+file's entry its source."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trimtab.data import junk
+from trimtab.data.shards import BIGRAMS, save_bigrams
+
+SOURCE_BIGRAMS = "junk-bigrams-{}.npz"  # a source's own reference, by its number in manifest["sources"]
+
+
+def source_numbers(manifest: dict[str, Any], sources: list[str]) -> list[int]:
+    """Each of `sources`' number in manifest["sources"], registered when new, known by its absolute path."""
+    known = manifest.setdefault("sources", [])
+    names = [entry["source"] for entry in known]
+    for source in map(os.path.abspath, sources):
+        if source not in names:
+            names.append(source)
+            known.append({"source": source})
+    return [names.index(os.path.abspath(source)) for source in sources]
+
+
+def measure(
+    manifest: dict[str, Any],
+    out: Path,
+    files: list[tuple[int, Path, bool]],
+    sample: Callable[[list[str]], list[str]],
+    shared: bool,
+) -> None:
+    """The reference of each source of `files` (manifest numbers) not yet measured, on `sample` of its
+    files' texts; BIGRAMS when that is its sample (`shared`: BIGRAMS was just measured on all of `files`).
+    A source under junk.CORPUS_WORDS words keeps its own all the same: its spellings are judged, word
+    order not, as a small data.mix entry's are in training."""
+    by_source: dict[int, list[str]] = {}
+    for n, path, _ in files:
+        by_source.setdefault(manifest["files"][n]["source"], []).append(str(path))
+    for k, paths in by_source.items():
+        entry = manifest["sources"][k]
+        if "bigrams" in entry or (shared and len(paths) == len(files)):  # measured before, or BIGRAMS is its own
+            entry.setdefault("bigrams", BIGRAMS)
+            continue
+        texts = sample(paths)
+        bigrams = junk.Bigrams.of([junk.words(t) for t in texts], texts)
+        entry["bigrams"] = BIGRAMS if _same_sample(out, bigrams) else SOURCE_BIGRAMS.format(k)
+        if entry["bigrams"] != BIGRAMS:
+            save_bigrams(out, bigrams, entry["bigrams"])
+
+
+def _same_sample(out: Path, bigrams: junk.Bigrams) -> bool:
+    """Whether BIGRAMS was drawn from the same documents (a first source of 8 MB or more): not kept twice."""
+    if not (out / BIGRAMS).is_file():
+        return False
+    with np.load(out / BIGRAMS) as shared:  # reads the members only
+        return np.array_equal(shared["members"], bigrams.members)
+
+
+def of_job(manifest: dict[str, Any], job: list) -> dict[int, str]:
+    """{file number: its source's reference} for a job's files (shards.run_job's `references`)."""
+    sources, files = manifest.get("sources", []), manifest["files"]
+    return {n: sources[files[n]["source"]].get("bigrams", BIGRAMS) for n, *_ in job}

@@ -1,0 +1,57 @@
+"""`trimtab data prepare` judges junk per source (data/prepare.py's _measure_references): each input
+it is given has its own reference of word pairs and spellings, as training's data.mix entries do."""
+
+import json
+import random
+import re
+from pathlib import Path
+
+from test_junk import SYLLABLES, grammar_prose, salad_of
+from trimtab.data import junk
+from trimtab.data import prepare as prepare_module
+from trimtab.data.prepare import Options, prepare
+from trimtab.data.prepared import PreparedData
+from trimtab.data.references import SOURCE_BIGRAMS
+from trimtab.data.shards import BIGRAMS
+
+
+def write(path: Path, texts: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+
+
+def flagged(out: Path) -> dict[str, str]:
+    """{file:line: why} of the documents the screen flagged."""
+    data = PreparedData(out)
+    return {data.source(d): data.why[d] for d in range(data.n_docs) if data.why.get(d)}
+
+
+def foreign(text: str, rng: random.Random, lexicon: dict[str, str]) -> str:
+    """`text` in another language: English's word order, each word replaced by one of its own."""
+    word = lambda: "".join(rng.choice(SYLLABLES) for _ in range(3))  # noqa: E731
+    return re.sub(r"[A-Za-z]+", lambda m: lexicon.setdefault(m.group().lower(), word()), text)
+
+
+def test_a_second_language_folder_is_judged_against_its_own_word_pairs(tmp_path, monkeypatch):
+    """English first, then a folder of another language with word salad of it: the shared sample
+    (here English only, as 8 MB of a large first folder is) held none of its word pairs, so its salad
+    was never judged (0 of 6 named); against its own folder's sample all are, and so is salad in a
+    file added to the folder later, while its real pages are not."""
+    monkeypatch.setattr(junk, "CORPUS_WORDS", 5_000)
+    monkeypatch.setattr(prepare_module, "SCALE_SAMPLE_BYTES", 60_000)
+    rng, lexicon = random.Random(5), {}
+    write(tmp_path / "english" / "a.jsonl", [grammar_prose(rng) for _ in range(120)])
+    other = [foreign(grammar_prose(rng), rng, lexicon) for _ in range(120)]
+    write(tmp_path / "other" / "a.jsonl", other + [salad_of(text, rng) for text in other[:6]])
+    out, sources = tmp_path / "out", [str(tmp_path / "english"), str(tmp_path / "other")]
+    manifest = prepare(sources, out, vocab_size=300, options=Options(), workers=1)
+    # English's sample is the shared one (BIGRAMS, not kept twice); the other folder's is its own
+    assert [s["bigrams"] for s in manifest["sources"]] == [BIGRAMS, SOURCE_BIGRAMS.format(1)]
+    salad = {f"{tmp_path / 'other' / 'a.jsonl'}:{n}" for n in range(121, 127)}
+    found = flagged(out)
+    assert set(found) == salad and all(why.startswith("word salad") for why in found.values())
+    more = [foreign(grammar_prose(rng), rng, lexicon) for _ in range(20)] + [salad_of(other[7], rng)]
+    write(tmp_path / "other" / "b.jsonl", more)  # added later: judged against its folder's reference
+    manifest = prepare(sources, out, options=Options(), workers=1)
+    assert manifest["files"][-1]["source"] == 1
+    assert set(flagged(out)) == salad | {f"{tmp_path / 'other' / 'b.jsonl'}:21"}
