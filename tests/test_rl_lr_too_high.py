@@ -41,24 +41,22 @@ def test_an_lr_100x_too_high_rolls_back_to_the_starting_policy_with_the_lr_cut(t
     """lr 1e-2 (the README's RL LR is 1e-4): step 1 earns 0.06, the updated policy nothing from
     step 2 on. Before, the start (steps 1-3) held the collapse and a finding rolled back to step 3,
     the collapsed policy (the real run, 600-step warm start: found at step 30, back to step 29).
-    Rule rl_signal (its window 2 here, so it acts within the fall) warms the collapsing policy's
-    flat groups to 1.5; the rollback puts the starting policy's 1.0 back (it kept 1.5, and the
-    replay, sampled warmer, started weaker: at 1e-2 from a 600-step warm start 2 of 3 replays'
-    falls went unfound)."""
+    Rule rl_signal (its window 2 here, so it acts within the fall) warmed the collapsing policy's
+    flat groups to 1.5, which the rollback had to put back; it now reads the collapse (the training
+    score fallen, the entropy blown up) and leaves the sampling alone (the put-back: test_rl_reward.py)."""
     found = rl(tmp_path / "high", adder, "1e-2", "--set", "orchestrator.rl_signal.window=2")
     assert found, "the fall was not found"
     first = found[0]
     assert first["step"] <= 6 and first["evidence"]["start_steps"] == 1, first
-    warmed = [[4, "set_rl_temperature", 1.0, 1.25], [6, "set_rl_temperature", 1.25, 1.5]]
-    assert (first["action"], first["params"]) == (
-        "rollback",
-        {"to": 0, "skip_rows": [], "lr_factor": 0.1, "knobs": warmed},
-    )
+    assert (first["action"], first["params"]) == ("rollback", {"to": 0, "skip_rows": [], "lr_factor": 0.1})
     assert first["applied"] and "to step 0" in first["applied"][0]
-    assert first["applied"][0].endswith("RL sampling temperature 1.5 -> 1")
+    signal = [d for d in read_decisions(tmp_path / "high") if d["rule"] == "rl_signal"]
+    assert not [d for d in signal if d["action"] == "set_rl_temperature"], signal
+    assert [d for d in signal if d["evidence"].get("collapsed") and d["action"] == "none"], signal
     lines = [json.loads(line) for line in (tmp_path / "high/metrics.jsonl").read_text().splitlines()]
     steps = [m for m in lines if "rl/reward" in m]
-    assert steps[-1]["lr_scale"] == pytest.approx(0.1)  # the replay trains at the cut LR
+    # the replay trains at the cut LR (1e-3, which collapses too, docs/rl.md: found again, it is cut to 1e-4)
+    assert steps[-1]["lr_scale"] in (pytest.approx(0.1), pytest.approx(0.01))
     replay = steps[[m["step"] for m in steps].index(1, 1)]  # the replay's first step: the restored policy
     assert replay["lr_scale"] == pytest.approx(0.1) and replay["rl/temperature"] == 1.0
     assert rl(tmp_path / "sound", adder, "1e-4") == []  # the README's LR: no action

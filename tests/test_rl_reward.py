@@ -344,9 +344,16 @@ def test_a_fall_rolled_back_puts_back_the_knobs_rl_rules_turned_since_and_keeps_
     run.state.step = 0  # the starting policy's: sampled as it was; the person's bonus is theirs
     assert run.control._put_back(back["knobs"]) == ["RL sampling temperature 1.5 -> 1"]
     assert (run.rl_temperature, run.rl_entropy_coef) == (1.0, 0.03)
-    policy.shift(8)  # the orchestrator's on_rollback; the replay warms again: the turns put back are let go
-    assert run.decide(policy, "rl_signal", 5, **flat)["value"] == 1.25
-    assert [t for t in policy.rl_knobs.turns if t[1] == "set_rl_temperature"] == [[5, "set_rl_temperature", 1.0, 1.25]]
+    policy.shift(8)  # the orchestrator's on_rollback
+    # the replay's flat groups within the rollback's incident are the fall's: rl_signal leaves the sampling alone
+    run.state.step = 5
+    replayed = Finding(rule="rl_signal", family="rl", step=5, evidence=flat, summary="", strength=1.0)
+    assert policy.plan(replayed, run).action == "none" and run.rl_temperature == 1.0
+    # the incident over (past step 8, escalation_window steps without a fall), it warms again: the turns put back go
+    later = max(9, policy.cfg.escalation_window)
+    assert run.decide(policy, "rl_signal", later, **flat)["value"] == 1.25
+    turns = [t for t in policy.rl_knobs.turns if t[1] == "set_rl_temperature"]
+    assert turns == [[later, "set_rl_temperature", 1.0, 1.25]]
 
 
 def test_an_overlong_penalty_goes_back_with_the_filter_it_turned_off_and_rl_lengths_own_rollback_keeps_it():

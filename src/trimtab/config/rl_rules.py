@@ -25,13 +25,19 @@ class RLSignalRule(Section):
     so for a person (more samples per prompt, easier prompts, a warmer start), and turns dynamic
     sampling off once it drew a whole window without a signal (too hard, or solved: too easy),
     quiet until the flat share falls below `threshold`. The ceiling is low:
-    a weak policy sampled at 2.0 lost its held-out pass@1 (0.15 to 0.005, docs/rl.md)."""
+    a weak policy sampled at 2.0 lost its held-out pass@1 (0.15 to 0.005, docs/rl.md). Groups flat
+    because the policy collapsed (every response fails: held-out pass@1 or the training score fallen
+    `collapse_sigmas` standard errors from where it was, the entropy risen to `entropy_rise` x the
+    phase's first window's, or an RL rollback's incident open) are left to rules rl_reward and
+    rl_hacking: warmer sampling does not mend a broken policy."""
 
     enabled: bool = True
     window: int = 5
     threshold: float = 0.75
     factor: float = 1.25
     max_temperature: float = 1.5
+    collapse_sigmas: float = 2.0
+    entropy_rise: float = 1.5
 
 
 @dataclass
@@ -144,6 +150,8 @@ def check_rl_rules(o: OrchestratorConfig) -> None:
     _positive(o.rl_signal, "orchestrator.rl_signal", "window", "max_temperature")
     _check(0 < o.rl_signal.threshold <= 1, "orchestrator.rl_signal.threshold", "must be in (0, 1]")
     _check(o.rl_signal.factor > 1, "orchestrator.rl_signal.factor", "must be > 1 (it raises the temperature)")
+    _positive(o.rl_signal, "orchestrator.rl_signal", "collapse_sigmas")
+    _check(o.rl_signal.entropy_rise > 1, "orchestrator.rl_signal.entropy_rise", "must be > 1 (a rise of the entropy)")
     _positive(o.rl_verifier, "orchestrator.rl_verifier", "window", "max_timeout_s")
     _check(0 < o.rl_verifier.threshold <= 1, "orchestrator.rl_verifier.threshold", "must be in (0, 1]")
     _check(o.rl_verifier.factor > 1, "orchestrator.rl_verifier.factor", "must be > 1 (it raises the timeout)")

@@ -179,13 +179,17 @@ class Orchestrator(Deciding, PersonCommands, Hook):
             return
         rules = [
             (monitor, metrics[key])
-            for rule, key in (("early_stop", "val_loss"), ("rl_hacking", "rl/held_out_reward"))
+            for rule, key in (
+                ("early_stop", "val_loss"),
+                ("rl_hacking", "rl/held_out_reward"),
+                ("rl_signal", "rl/held_out_reward"),  # a collapse's sign (rl_health.py, NoLearningSignal)
+            )
             if (monitor := self.monitors.get(rule)) is not None and rule not in self.paused and key in metrics
         ]
         if not rules or nan_weights(run):  # asked once, and only when a rule would read it: a host read
             return
         for monitor, value in rules:
-            counts = held_out_counts(metrics) if monitor.rule == "rl_hacking" else {}
+            counts = held_out_counts(metrics) if monitor.rule in ("rl_hacking", "rl_signal") else {}
             if (f := monitor.observe_eval(metrics["step"], run.phase, value, **counts)) is not None:
                 self.decide(run, f)
 

@@ -25,7 +25,8 @@ from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, Rolling, StepMetrics
-from trimtab.orchestrator.rl_stats import poisoned
+from trimtab.orchestrator.rl_reward import SCORE, _mean
+from trimtab.orchestrator.rl_stats import fall_test, group_size, poisoned
 
 
 class NoLearningSignal(Monitor):
@@ -48,7 +49,9 @@ class NoLearningSignal(Monitor):
     # first: rule rl_reward's rollback puts the temperature back, and the windows restored held
     # most of that finding's steps), which warmed the sampling again within a step or two, undoing
     # the restore. Past that step the windows start afresh, and a recurrence is found as new.
-    KEPT_ON_ROLLBACK = ("acted_at",)
+    # The best held-out count is kept as rule rl_hacking keeps it: the step-0 evaluation is not taken again after a
+    # rollback to step 0 (the latest reading goes back with the weights: the collapsed policy's is not the replay's)
+    KEPT_ON_ROLLBACK = ("acted_at", "top")
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.rl_signal
@@ -62,9 +65,19 @@ class NoLearningSignal(Monitor):
         self.sampled_flat = Rolling(self.cfg.window)  # the flat share of the last steps dynamic sampling drew
         self.sampling: bool | None = None  # whether it drew the last step (None: unknown)
         self.gave_up = False  # it went off finding nothing: quiet until the flat share falls below threshold
+        # the policy's health, which tells a collapse from uniform groups at a sound policy (_collapsed): the phase's
+        # first `window` steps and the last ones, as rule rl_reward's steps [SCORE..., reward, group size], and their
+        # entropies; the held-out reading of the most problems solved and the latest, [solved, n, step]
+        self.min_fall = cfg.rl_hacking.min_fall
+        self.start: list[list[float]] = []
+        self.recent: list[list[float]] = []
+        self.entropy_start: list[float] = []
+        self.entropy = Rolling(self.cfg.window)
+        self.top: list[int] = []
+        self.held_out: list[int] = []
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in super().state_dict().items() if k != "failing"}  # config, not state
+        return {k: v for k, v in super().state_dict().items() if k not in ("failing", "min_fall")}  # config, not state
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if (share := (m.rl or {}).get("flat_groups")) is None or poisoned(m.rl):
@@ -80,6 +93,7 @@ class NoLearningSignal(Monitor):
         self.failed.add(failed / max(scored, 1))
         self.drawn.add(m.rl.get("groups_drawn", 0))
         self._switched(m.rl.get("dynamic_sampling"), share)
+        self._health(m.rl)
         if len(self.window) < self.cfg.window or self.window.mean() < self.cfg.threshold:
             self.gave_up = self.gave_up and len(self.window) < self.cfg.window  # signal again: the rule is back
             return None
@@ -95,6 +109,8 @@ class NoLearningSignal(Monitor):
         }
         if len(self.sampled):  # the share of the window's steps dynamic sampling drew (older batches: unknown)
             evidence["dynamic_sampling"] = self.sampled.mean()
+        if collapsed := self._collapsed():  # the remedy stands down (rl_remedies.py, _signal_remedy)
+            evidence["collapsed"] = collapsed
         self.window, self.solved, self.sampled = (Rolling(self.cfg.window) for _ in range(3))  # fresh after the remedy
         self.acted_at = m.step
         summary = (
@@ -102,6 +118,8 @@ class NoLearningSignal(Monitor):
             f"response ({solved:.0%} all at the full reward; threshold {self.cfg.threshold:.0%}): no advantage, "
             "no gradient"
         )
+        if collapsed:
+            summary += f", and the policy reads collapsed (its signs: {', '.join(collapsed)})"
         # 0.5 at the threshold, 1 when every group is flat
         strength = 0.5 + 0.5 * (share - self.cfg.threshold) / max(1 - self.cfg.threshold, 1e-9)
         return self.finding(m, evidence, summary, min(1.0, strength))
@@ -118,6 +136,53 @@ class NoLearningSignal(Monitor):
             self.gave_up = self.sampled_flat.mean() >= self.cfg.threshold
             self.sampled_flat = Rolling(self.cfg.window)
         self.sampling = sampling
+
+    def observe_eval(self, step: int, phase: int, held_out: float, solved: int = 0, n: int = 0) -> Finding | None:
+        """An RL evaluation's count of problems solved (core.py; n 0, an older run's, is not read): the latest reading
+        and the best so far, which _collapsed compares. Never a finding of its own."""
+        if n > 0:
+            self.held_out = [solved, n, step]
+            if not self.top or solved * self.top[1] > self.top[0] * n:
+                self.top = [solved, n, step]
+        return None
+
+    def _health(self, rl: dict[str, Any]) -> None:
+        """The step's verifier score and entropy: the phase's first `window` steps kept as its start."""
+        if rl.get("score_n"):
+            seen = [*(rl[k] for k in SCORE), rl["reward"], group_size(rl)]
+            if len(self.start) < self.cfg.window:
+                self.start.append(seen)
+            else:
+                self.recent = [*self.recent, seen][-self.cfg.window :]
+        if rl.get("entropy") is not None and math.isfinite(rl["entropy"]):
+            if len(self.entropy_start) < self.cfg.window:
+                self.entropy_start.append(rl["entropy"])
+            else:
+                self.entropy.add(rl["entropy"])
+
+    def _collapsed(self) -> dict[str, list[float]]:
+        """Why the groups read flat because the policy collapsed (every response fails), not because they are uniform
+        at a sound policy ({}: they are): held-out pass@1 fallen from its best reading by rl_hacking.min_fall and
+        `collapse_sigmas` standard errors of the two counts (count_fall) at the latest evaluation; the training
+        score of the last `window` steps fallen to half the phase's first window's or less, `collapse_sigmas` clear
+        of the noise over groups (rule rl_reward's test, fall_test); the entropy risen to `entropy_rise` x the first
+        window's. The bar is lower than rules rl_hacking's and rl_reward's, which roll back: here a false reading
+        only leaves the sampling as it is."""
+        rule, why = self.cfg, {}
+        if self.top and self.held_out:
+            (best, of, _), (solved, n, _) = self.top, self.held_out
+            z = count_fall(best, of, solved, n)
+            if z >= rule.collapse_sigmas and best / of - solved / n >= self.min_fall:
+                why["held-out pass@1"] = [best / of, solved / n, z]
+        if len(self.start) >= rule.window and len(self.recent) >= rule.window:
+            start, now = _mean(self.start), _mean(self.recent)  # mean group scores, as rule rl_reward's
+            if now <= start / 2 and (z := fall_test(self.start, self.recent).z) >= rule.collapse_sigmas:
+                why["training reward"] = [start, now, z]
+        if len(self.entropy_start) >= rule.window and len(self.entropy) >= rule.window:
+            start, now = sum(self.entropy_start) / len(self.entropy_start), self.entropy.mean()
+            if now >= rule.entropy_rise * start:
+                why["entropy"] = [start, now]
+        return why
 
 
 class EntropyCollapse(Monitor):

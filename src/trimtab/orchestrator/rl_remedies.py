@@ -39,14 +39,17 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig, *, rollbacks: int = 0
         return _ratio_remedy(view, cfg)
     if f.rule == "rl_reward":
         return reward_remedy(f, view, cfg, rollbacks)
-    return _signal_remedy(f, view, cfg)
+    return _signal_remedy(f, view, cfg, rollbacks)
 
 
-def _signal_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
+def _signal_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int = 0) -> Remedy:
     """Dynamic sampling on; then, for groups flat but not solved, warmer sampling to the ceiling;
     there, or with the groups mostly solved, dynamic sampling goes off once it drew a whole window
-    without one group with a signal: it multiplied the step's cost for nothing."""
+    without one group with a signal: it multiplied the step's cost for nothing. Flat because the
+    policy collapsed (the monitor's evidence, or a rollback's incident open), neither: _collapsed."""
     rule = cfg.rl_signal
+    if f.evidence.get("collapsed") or rollbacks:
+        return _collapsed(f.evidence.get("collapsed", {}), rollbacks)
     # every group of a window dynamic sampling drew alone was flat: more draws will not find a signal
     barren = f.evidence["flat_groups"] >= 1.0 and f.evidence.get("dynamic_sampling", 0.0) >= 1.0
     if not view.rl_dynamic_sampling and barren:  # turned off since these steps were drawn: the monitor sees it
@@ -90,6 +93,22 @@ def _signal_remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
         params={"value": value},
         reasoning=f"groups stay flat with dynamic sampling on: sample warmer ({now:g} -> {value:g}) so a group's "
         "answers spread and some differ; the objective follows the same temperature",
+    )
+
+
+def _collapsed(signs: dict[str, Any], rollbacks: int) -> Remedy:
+    """Stand down: the groups are flat because every response of a broken policy fails, and warmer sampling
+    does not mend it (at lr 1e-2 on the arithmetic task it warmed 1 -> 1.5 while held-out pass@1 went 14/100 -> 0/100,
+    and rule rl_reward's rollback had to put it back, docs/rl.md). The words name the signs, not their numbers (the
+    finding's evidence): a repeat folds into one decision."""
+    why = f"the policy reads collapsed (its signs: {', '.join(signs)})" if signs else ""
+    if rollbacks:
+        why += (" and " if why else "") + "an RL rollback's incident is open (rl_reward, rl_hacking or rl_length)"
+    return Remedy(
+        action="none",
+        reasoning=f"{why}: the groups are flat because the policy fails every prompt, not because they are uniform at "
+        "a sound policy; warmer sampling or more draws do not mend a broken policy: rules rl_reward and rl_hacking "
+        "answer the fall (back to a better policy at a lower LR); a lower optim.lr is the fix",
     )
 
 

@@ -1,0 +1,94 @@
+"""Rule rl_signal (orchestrator/rl_health.py) on a collapsing policy: at optim.lr=1e-2 on the arithmetic task every
+response failed, the groups went flat, and the rule warmed the sampling 1 -> 1.25 -> 1.5 while held-out pass@1 fell
+14/100 -> 0/100 (warmer sampling does not mend a broken policy). Flat groups at a collapsed policy (held-out pass@1 or
+the training score fallen from where it was, the entropy blown up, or an RL rollback's incident open) now leave the
+knobs alone for rules rl_reward and rl_hacking; uniform groups at a sound policy get the remedy as before."""
+
+from types import SimpleNamespace
+
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.core import Orchestrator
+from trimtab.orchestrator.monitors import StepMetrics
+from trimtab.orchestrator.rl_health import NoLearningSignal
+from trimtab.orchestrator.rl_remedies import remedy
+
+SAMPLING = SimpleNamespace(rl_temperature=1.0, rl_dynamic_sampling=True)  # dynamic sampling on: warmer next
+
+
+def cfg() -> OrchestratorConfig:
+    c = OrchestratorConfig()
+    c.rl_signal.window = 2
+    return c
+
+
+def step(mon: NoLearningSignal, s: int, groups: list[float], entropy: float = 1.0):
+    """One step's finding: 8-response groups with these mean rewards (0/1 rewards), as RolloutBatch.health says."""
+    flat = sum(g in (0.0, 1.0) for g in groups) / len(groups)
+    rl = {
+        "flat_groups": flat,
+        "solved_groups": sum(g == 1.0 for g in groups) / len(groups),
+        "groups_drawn": len(groups),
+        "verifications": (8 * len(groups), 0, 0),
+        "score_n": len(groups),
+        "score": sum(groups),
+        "score_sq": sum(g * g for g in groups),
+        "reward": sum(groups) / len(groups),
+        "entropy": entropy,
+    }
+    return mon.observe(StepMetrics(step=s, loss=0.0, grad_norm=0.0, rl=rl))
+
+
+SOUND = [0.25, 0.125, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # 75% flat at 0: uniform groups, the policy as it started
+EARNING = [0.25, 0.25, 0.125, 0.0, 0.0, 0.0, 0.0, 0.0]  # a start that earned more (5 of 64 right a step)
+BROKEN = [0.0] * 8
+
+
+def run(steps: list[tuple[list[float], float]]) -> list:
+    mon = NoLearningSignal(cfg())
+    return [f for s, (groups, entropy) in enumerate(steps, 1) if (f := step(mon, s, groups, entropy)) is not None]
+
+
+def test_a_training_score_fallen_or_an_entropy_blown_up_stands_the_rule_down():
+    c = cfg()
+    sound = run([(SOUND, 1.0)] * 4)  # flat at a sound policy: warmer sampling, as before
+    assert len(sound) == 2 and "collapsed" not in sound[-1].evidence
+    assert remedy(sound[-1], SAMPLING, c).action == "set_rl_temperature"
+    fallen = run([(EARNING, 1.0)] * 2 + [(BROKEN, 1.0)] * 3)[-1]  # 5/64 -> 0/64 right, twice: 2.3 errors
+    assert list(fallen.evidence["collapsed"]) == ["training reward"] and "collapsed" in fallen.summary
+    stood = remedy(fallen, SAMPLING, c)
+    assert stood.action == "none" and "rl_reward" in stood.reasoning and "training reward" in stood.reasoning
+    hot = run([(SOUND, 1.0)] * 2 + [(SOUND, 1.8)] * 2)[-1]  # the entropy risen 1.8x (at lr 1e-2: 1.4 -> 2.1)
+    assert list(hot.evidence["collapsed"]) == ["entropy"] and remedy(hot, SAMPLING, c).action == "none"
+    warm = run([(SOUND, 1.0)] * 2 + [(SOUND, 1.2)] * 2)[-1]  # within orchestrator.rl_signal.entropy_rise
+    assert "collapsed" not in warm.evidence
+    noise = run([(SOUND, 1.0)] * 2 + [(BROKEN, 1.0)] * 2)[-1]  # 3/64 -> 0/64: 1.7 errors, within the noise
+    assert "collapsed" not in noise.evidence
+
+
+def test_a_held_out_fall_stands_the_rule_down_and_the_orchestrator_passes_the_counts(tmp_path):
+    c = cfg()
+    orch = Orchestrator(c, tmp_path)
+    mon, view = orch.monitors["rl_signal"], SimpleNamespace(phase=0, probe_loss=lambda: None)
+    evaluation = {"step": 0, "rl/held_out_reward": 0.14, "rl/held_out_pass@1": 0.14, "rl/held_out_n": 100.0}
+    orch.on_eval(view, evaluation)
+    first = [f for s in (1, 2) if (f := step(mon, s, BROKEN)) is not None][-1]
+    assert "collapsed" not in first.evidence  # 14/100 held out: flat groups at a sound policy
+    orch.on_eval(view, evaluation | {"step": 2, "rl/held_out_reward": 0.02, "rl/held_out_pass@1": 0.02})
+    assert mon.top == [14, 100, 0] and mon.held_out == [2, 100, 2]
+    found = [f for s in (3, 4) if (f := step(mon, s, BROKEN)) is not None][-1]
+    assert found.evidence["collapsed"]["held-out pass@1"][:2] == [0.14, 0.02]  # 14/100 -> 2/100: 3.2 errors
+    assert remedy(found, SAMPLING, c).action == "none"
+    # 14/100 -> 11/100 is within a 100-problem set's noise (0.6 errors): the rule acts as before
+    orch.on_eval(view, evaluation | {"step": 4, "rl/held_out_reward": 0.11, "rl/held_out_pass@1": 0.11})
+    noise = [f for s in (5, 6) if (f := step(mon, s, BROKEN)) is not None][-1]
+    assert "held-out pass@1" not in noise.evidence.get("collapsed", {})
+
+
+def test_an_open_rollback_incident_stands_the_rule_down():
+    """rule rl_reward's or rl_hacking's rollback to a better policy at a lower LR: its replay's flat groups are the
+    fall's (at lr 1e-2 the temperature the rule set on the collapse, kept, weakened the replay's start)."""
+    c = cfg()
+    found = run([(SOUND, 1.0)] * 4)[-1]
+    assert remedy(found, SAMPLING, c, rollbacks=0).action == "set_rl_temperature"
+    stood = remedy(found, SAMPLING, c, rollbacks=1)
+    assert stood.action == "none" and "incident is open" in stood.reasoning
