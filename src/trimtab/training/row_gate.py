@@ -67,6 +67,16 @@ order, 200 steps; an upper bound, the model's veto aside): no clean row named on
 debug-moe, debug-mod, debug-hybrid at seeds 1-3, small, a prose+code mixture (50/50 and 90/10;
 the nearest clean row z = -5.5); of random rows at steps 2, 5 and 10, all named.
 
+In a mixture (data.mix) the frequencies are a table per source, a row judged by its own source's
+(mix_parts): English's scored a 5% Japanese source's first rows as uniform draws (debug, 80 steps:
+a clean Japanese row gated at step 2; none with a table per source). A minority source's table
+holds a token per vocabulary entry after a few of its rows, and until then its rows have no
+model-free verdict (bad_batch@2 on that mixture: 2 of its 32 rows, the Japanese source's, trained
+on). And a row its source's frequencies call text (unigram_text: a Chernoff bound, the surprisals
+being skewed) is not gated by the loss's test either: at 16,384-token steps (25 steps) that test
+alone gated 33 clean rows of the mixture, mostly Japanese at distinct shares 0.83-0.88; none with
+it, bad_batch@2, 5, 10 on debug still 32 of 32 gated.
+
 What it cannot see: garbage that repeats tokens (a run of one character, padding) has a low
 distinct share, and scores low once seen; nor garbage drawn from a few tokens of the vocabulary
 (random bytes, base64: as distinct as a minority script's text). Those are the data screen's
@@ -148,11 +158,34 @@ def unigram_z(targets: np.ndarray, frequencies: np.ndarray) -> np.ndarray:
     theorem). Text is Zipfian (its frequent tokens carry most of a row) and stands far under it;
     uniform tokens at z ~ 0. Measured on debug (rows of 64 targets, 512 tokens): after one step's
     rows (2,048 tokens) clean rows at z <= -6.6, random rows >= -2.6; after 59 steps -6.3 and -2.9."""
+    means, n, surprisal = _surprisals(targets, frequencies)
+    return (means - surprisal.mean()) / np.sqrt(max(float(surprisal.var()), 1e-12) / n)
+
+
+def unigram_text(targets: np.ndarray, frequencies: np.ndarray) -> np.ndarray:
+    """Per row of targets [B, T]: whether its mean surprisal under `frequencies` (as unigram_z) stands so
+    far under what T uniform draws reach that they would but for UNIFORM_MISS of rows, by the Chernoff
+    bound P(mean <= m) <= exp(n min_l<0 (K(l) - l m)), K the log moment generating function of a uniform
+    token's surprisal: a bound for any distribution, where the normal tail of unigram_z is not (the surprisals
+    are skewed, a few frequent tokens far under the rest: z <= -UNIFORM_Z as this witness called one of the 32
+    random rows of tests/test_row_gate_all_gated.py text). 5e-5 of random rows called text under Zipfian
+    frequencies (20,000 rows, 600-20,000 tokens counted), every Zipfian row."""
+    means, n, surprisal = _surprisals(targets, frequencies)
+    slopes = -np.geomspace(1e-3, 50.0, 256)  # l < 0: the lower tail
+    scaled = slopes[:, None] * surprisal[None, :]
+    top = scaled.max(1, keepdims=True)
+    log_mgf = (top + np.log(np.exp(scaled - top).mean(1, keepdims=True)))[:, 0]
+    bound = (n[:, None] * (log_mgf[None, :] - slopes[None, :] * means[:, None])).min(1)
+    return bound < math.log(UNIFORM_MISS)
+
+
+def _surprisals(targets: np.ndarray, frequencies: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's mean surprisal under `frequencies` (add-one smoothed), its target count, and the
+    vocabulary's surprisals."""
     surprisal = -np.log((frequencies + UNIGRAM_PRIOR) / (frequencies.sum() + UNIGRAM_PRIOR * len(frequencies)))
     valid = targets != IGNORE_INDEX
     n = np.maximum(valid.sum(1), 1)
-    means = np.where(valid, surprisal[np.where(valid, targets, 0)], 0.0).sum(1) / n
-    return (means - surprisal.mean()) / np.sqrt(max(float(surprisal.var()), 1e-12) / n)
+    return np.where(valid, surprisal[np.where(valid, targets, 0)], 0.0).sum(1) / n, n, surprisal
 
 
 def null_scores(
@@ -200,27 +233,36 @@ class RowGate:
         self.counts = np.zeros(0)  # the micro-batch's target count per row (host)
         self.controls: list[int] = []  # ordinary rows scored beside the candidates (CONTROL_ROWS)
         self.scored: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # index, losses, gated
-        # the target tokens of the rows trained on, a count per vocabulary entry (host): the unigram
-        # frequencies the model-free test scores a candidate under (unigram_z); none without a vocabulary
-        self.frequencies = np.zeros(vocab if vocab >= 2 else 0, dtype=np.int64)
-        self.uniform: list[int] = []  # the candidates whose tokens score as uniform draws under them
+        # the target tokens of the rows trained on, a count per vocabulary entry (host), one table per data.mix
+        # source [S, V] (its rows' alone: English's frequencies score a 5% Japanese source's rows as uniform
+        # draws): the unigram frequencies the model-free test scores a candidate under (unigram_z); a source's
+        # table is added when its first row comes; none without a vocabulary
+        self.frequencies = np.zeros((1, vocab if vocab >= 2 else 0), dtype=np.int64)
+        self.uniform: list[int] = []  # the candidates whose tokens score as uniform draws under their source's
+        self.text: list[int] = []  # the candidates their source's frequencies call text (unigram_text)
 
-    def candidates(self, targets: torch.Tensor) -> list[int]:
+    def candidates(self, targets: torch.Tensor, parts: np.ndarray | None = None) -> list[int]:
         """The rows of a micro-batch's targets (on the host) that may be garbage: mostly distinct
-        tokens, enough targets. Read with numpy: no device op, no read back."""
+        tokens, enough targets. `parts`: each row's data.mix source (an index; None: one source).
+        Read with numpy: no device op, no read back."""
         self.scored = None
         if targets.device.type != "cpu":  # a loader that built them on the device: no host copy to read
             self.counts = np.zeros(0)
             return []
         host = targets.numpy()
+        parts = np.zeros(len(host), dtype=np.int64) if parts is None else np.asarray(parts, dtype=np.int64)
+        self._tables(int(parts.max(initial=0)) + 1)
         shares, self.counts = distinct_shares(host)
         bar = np.maximum(self.cfg.min_distinct, uniform_shares(self.vocab, self.counts))
         long = self.counts >= self.cfg.min_targets
         picked = (shares >= bar) & long
-        uniform = picked.copy()  # scored under the frequencies only where a row is a candidate (O(vocab) each)
-        uniform[picked] = self._unigram_uniform(host[picked]) if picked.any() else []
+        z, text = np.full(len(host), np.nan), np.zeros(len(host), dtype=bool)
+        if picked.any():  # scored under the frequencies only where a row is a candidate (O(vocab) each)
+            z[picked], text[picked] = self._unigram(host[picked], parts[picked])
+        uniform = z > -UNIFORM_Z
         self.uniform = [int(i) for i in np.flatnonzero(uniform)]
-        self._count(host[~uniform])
+        self.text = [int(i) for i in np.flatnonzero(text)]
+        self._count(host[~uniform], parts[~uniform])
         if self.judged < self.cfg.min_reference:  # the loss's reference not ready: the model-free test alone
             picked = uniform
         others = np.flatnonzero(long & ~picked)  # evenly spread over the micro-batch
@@ -228,20 +270,33 @@ class RowGate:
         self.controls = [int(i) for i in others[spaced]]
         return [int(i) for i in np.flatnonzero(picked)]
 
-    def _unigram_uniform(self, targets: np.ndarray) -> np.ndarray:
-        """Which rows score as tokens drawn uniformly over the vocabulary under the unigram frequencies
-        of the rows trained on (unigram_z > -UNIFORM_Z), model-free: the loss cannot tell random tokens
-        from text in the LR warm-up, where the model scores both at ~ln(vocab) (bad_batch@5 on
-        debug-hybrid was trained on: +0.28 val). Once the frequencies hold a token per vocabulary entry."""
-        if len(self.frequencies) < 2 or self.frequencies.sum() < len(self.frequencies):
-            return np.zeros(len(targets), dtype=bool)
-        return unigram_z(np.minimum(targets, len(self.frequencies) - 1), self.frequencies) > -UNIFORM_Z
+    def _tables(self, sources: int) -> None:
+        """A table of frequencies per source up to `sources` (a mixture's later source: its first rows)."""
+        if sources > len(self.frequencies):
+            more = np.zeros((sources - len(self.frequencies), self.frequencies.shape[1]), dtype=np.int64)
+            self.frequencies = np.concatenate([self.frequencies, more])
 
-    def _count(self, targets: np.ndarray) -> None:
-        """The target tokens of rows about to be trained on, into the unigram frequencies."""
-        if len(self.frequencies):
-            kept = targets[(targets != IGNORE_INDEX) & (targets < len(self.frequencies))]
-            self.frequencies += np.bincount(kept, minlength=len(self.frequencies))
+    def _unigram(self, targets: np.ndarray, parts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's unigram_z under its own source's frequencies of the rows trained on, model-free: the
+        loss cannot tell random tokens from text in the LR warm-up, where the model scores both at
+        ~ln(vocab) (bad_batch@5 on debug-hybrid was trained on: +0.28 val); NaN (no verdict) until that
+        source's table holds a token per vocabulary entry. And whether they call it text (unigram_text)."""
+        z, text = np.full(len(targets), np.nan), np.zeros(len(targets), dtype=bool)
+        vocab = self.frequencies.shape[1]
+        for part in np.unique(parts):
+            table, rows = self.frequencies[part], parts == part
+            if vocab >= 2 and table.sum() >= vocab:
+                z[rows] = unigram_z(np.minimum(targets[rows], vocab - 1), table)
+                text[rows] = unigram_text(np.minimum(targets[rows], vocab - 1), table)
+        return z, text
+
+    def _count(self, targets: np.ndarray, parts: np.ndarray) -> None:
+        """The target tokens of rows about to be trained on, into their sources' unigram frequencies."""
+        vocab = self.frequencies.shape[1]
+        for part in np.unique(parts) if vocab else []:
+            rows = targets[parts == part]
+            kept = rows[(rows != IGNORE_INDEX) & (rows < vocab)]
+            self.frequencies[part] += np.bincount(kept, minlength=vocab)
 
     def threshold(self) -> torch.Tensor:
         """The bar (0-d, on device): the window's median + max(sigma x spread, min_gap)."""
@@ -274,7 +329,11 @@ class RowGate:
         # kind (a 5% Japanese source beside English: 7 of its rows gated in 80 debug steps) as uniform draws
         if k < len(index):
             uniform &= z[k:].median() > -UNIFORM_Z
-        gated = (self.gated(means[:k], z[:k], means[k:], z[k:]) | uniform) & (means[:k] > floor)  # [k] bool, on device
+        # the loss's test, but not where the row's own source's frequencies call it text: a 5% Japanese source
+        # at 16,384-token steps had 28 clean rows gated by the loss alone (distinct shares 0.83-0.88)
+        text = torch.tensor([i in self.text for i in picked], device=targets.device)
+        loss = self.gated(means[:k], z[:k], means[k:], z[k:]) & ~text
+        gated = (loss | uniform) & (means[:k] > floor)  # [k] bool, on device
         self.scored = (index[:k], losses.view(chosen.shape)[:k], gated)
         masked = targets.clone()
         masked[index[:k]] = torch.where(gated.unsqueeze(1), torch.full_like(chosen[:k], IGNORE_INDEX), chosen[:k])
@@ -354,7 +413,7 @@ class RowGate:
             "recent": [None if v != v else v for v in values],
             "written": self.written,
             "judged": self.judged,
-            "frequencies": self.frequencies.tolist(),
+            "frequencies": self.frequencies.tolist(),  # [S, V]: a table per data.mix source
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -367,7 +426,8 @@ class RowGate:
         self.recent.copy_(torch.tensor(kept, dtype=self.recent.dtype))
         self.written, self.judged = 0, int(state["judged"])
         saved = np.asarray(state.get("frequencies") or [], dtype=np.int64)  # none: an older checkpoint's
-        if len(saved) == len(self.frequencies):  # (another vocabulary's counts would score other tokens)
+        saved = saved.reshape(-1, saved.shape[-1]) if saved.size else saved  # [V]: an older one's single table
+        if saved.ndim == 2 and saved.shape[1] == self.frequencies.shape[1]:  # (another vocabulary's: other tokens)
             self.frequencies = saved
 
     def snapshot(self) -> tuple[Any, ...]:
@@ -378,6 +438,15 @@ class RowGate:
         """Back to a snapshot (an emergency save of the step before, training/emergency.py)."""
         self.recent.copy_(snapshot[0])
         self.written, self.judged, self.frequencies = snapshot[1], snapshot[2], snapshot[3].copy()
+
+
+def mix_parts(loader: Any, rows: list[int]) -> np.ndarray | None:
+    """Each row's data.mix source, as an index (the loader numbers a mixture's rows source after source,
+    BatchLoader.base); None with one source: the gate's frequencies are then one table."""
+    base = getattr(loader, "base", None)
+    if base is None or len(base) < 3:
+        return None
+    return np.searchsorted(base, rows, side="right") - 1
 
 
 def row_gate(cfg, device: torch.device) -> RowGate | None:

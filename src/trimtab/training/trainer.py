@@ -38,7 +38,7 @@ from trimtab.training.phases import Phases
 from trimtab.training.policy import PolicyTraining
 from trimtab.training.rerun import Gradients, compare, ranks_that_differ
 from trimtab.training.resume import logged_eval
-from trimtab.training.row_gate import row_gate
+from trimtab.training.row_gate import mix_parts, row_gate
 from trimtab.training.runtime import LogWindow, RouterStats, RowLosses
 from trimtab.training.schedule import configured_lengths, note_withheld
 from trimtab.training.services.compiling import StepTimes
@@ -294,7 +294,7 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
             # RL on a MoE policy: the routing its generation chose, through the backward (rl/replay.py)
             depth = isinstance(micro, PolicyMicroBatch) and self.cfg.rl.routing_replay
             gate = self.row_gate if gating and type(micro) is MicroBatch else None
-            picked = gate.candidates(micro.targets) if gate else []
+            picked = gate.candidates(micro.targets, mix_parts(self.loader, micro.rows)) if gate else []
             with replaying(self.model, getattr(micro, "experts", None), depth):
                 inputs = micro.inputs.to(self.device, non_blocking=True)
                 targets = micro.targets.to(self.device, non_blocking=True)
