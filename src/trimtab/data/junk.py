@@ -50,6 +50,11 @@ SALAD_BITS = 1.5  # adjacent words' mean pointwise mutual information, less dist
 # word salad of them >= 0.30; Spanish, Russian, Turkish pages 0.03-0.06, their word order scored 0.5-1.4 bits)
 KNOWN_PAIRS = 0.2
 PROSE = 0.8  # share of a document's non-space characters in words for word salad to be judged (code: ~0.6)
+# a line ending in one of these opens a block or bracket whose body the next lines indent: code's layout. Code
+# whose identifiers are most of its characters passes PROSE (stdlib chunks: 0.80-0.92), and its word pairs come
+# from its own file's names, which a reference without that file lacks (1.5 KB chunks of stdlib files outside an
+# 8 MB sample: 362 of 4,482 scored as word salad, the code's own shuffled words 0.1-1.3 bits)
+OPENERS = ":{([\\,="
 PRIOR = 2.0  # Dirichlet prior weight of the next word's unigram probability (smooths the bigram estimate)
 SCRAMBLE_LETTERS = 4  # words of this many letters or more are judged scrambled (shorter ones are anagrams by chance)
 MIN_LONG = 20  # such words a document needs for scrambled words to be judged
@@ -313,9 +318,18 @@ def _lookup(keys: np.ndarray, counts: np.ndarray, wanted: np.ndarray) -> np.ndar
 
 
 def prose(text: str, ws: list[str]) -> bool:
-    """Whether words are at least PROSE of `text`'s non-space characters: word salad is judged in
-    prose only (code's tables and byte literals are not words in order, nor junk of this kind)."""
-    return sum(map(len, ws)) >= PROSE * len("".join(text.split()))
+    """Whether words are at least PROSE of `text`'s non-space characters and it is not laid out as
+    code (`nested`): word salad is judged in prose only (code's tables and byte literals are not
+    words in order, nor junk of this kind)."""
+    return sum(map(len, ws)) >= PROSE * len("".join(text.split())) and not nested(text)
+
+
+def nested(text: str) -> bool:
+    """Whether a line of `text` is indented deeper than the one before it, which ends in a block or
+    bracket opener (OPENERS): code's layout, which words in random order (one line) lack."""
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    depth = [len(line) - len(line.lstrip()) for line in lines]
+    return any(d > before and line[-1] in OPENERS for line, before, d in zip(lines, depth, depth[1:]))
 
 
 @dataclass(frozen=True)
