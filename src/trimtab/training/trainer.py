@@ -195,14 +195,18 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
         grads = self._gradients(batch, clip)
         # Checked before the update, so a bad step is never applied (torchtitan#4226).
         skip = self._update_gate(grads.loss, grads.grad_norm)
-        rerun, flagged = None, None
+        emptied = grads.rows.all_gated() if grads.rows is not None else None  # the row gate left nothing to train
+        rerun, flagged, gated = None, None, False
         if self.rerun and skip is not None and not forced:
-            flagged = bool(skip)  # one host read a step (the LR warm-up's hold-back reads it too: _withheld)
+            # one host read a step, the row gate's verdict with it (the LR warm-up's hold-back uses them: _withheld):
+            # bit 0 the update gate's flag, bit 1 a step the row gate left nothing of
+            both = int(skip if emptied is None else skip.long() + 2 * emptied.long())
+            flagged, gated = bool(both & 1), bool(both & 2)
         if flagged:
             grads, skip, rerun = self._rerun(batch, clip, grads)
-        emptied = grads.rows.all_gated() if grads.rows is not None else None  # the row gate left nothing to train
+            emptied = grads.rows.all_gated() if grads.rows is not None else None  # the re-run's rows
         if emptied is not None:  # withheld like a skipped step (not re-run: the gate's decision, not a fault)
-            skip, flagged = emptied if skip is None else skip | emptied, None  # None: the hold-back reads skip
+            skip = emptied if skip is None else skip | emptied
         lr = self.optimizer.param_groups[0]["lr"]  # what the update applies
         if self.replicas is not None and not self.replicas.commit(self.state.step + 1):  # a group failed in it
             skip, flagged = torch.ones((), dtype=torch.bool, device=self.device), None  # withheld on every group
@@ -232,7 +236,7 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
             row_losses=grads.rows.values if grads.rows is not None else None,
             rerun=rerun,
             update_gain=update_gain,
-            withheld=False if flagged is False else None,  # flagged: the re-run's gate decides afresh
+            withheld=gated if flagged is False else None,  # flagged: the re-run's gate decides afresh
         )
 
     def _gradients(self, batch: StepBatch, clip: float) -> Gradients:
