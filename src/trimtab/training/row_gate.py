@@ -150,27 +150,33 @@ def least_distinct(vocab: int, t: int) -> int:
     return 0
 
 
-def unigram_z(targets: np.ndarray, frequencies: np.ndarray) -> np.ndarray:
-    """Per row of targets [B, T] (IGNORE_INDEX ignored), model-free: the z-score of its mean surprisal
-    under the unigram frequencies of the rows trained on (`frequencies`, a count per vocabulary entry,
-    add-one smoothed) against T tokens drawn uniformly over the vocabulary, whose surprisals have the
-    mean and variance of the vocabulary's (a sum of independent draws: normal by the central limit
-    theorem). Text is Zipfian (its frequent tokens carry most of a row) and stands far under it;
-    uniform tokens at z ~ 0. Measured on debug (rows of 64 targets, 512 tokens): after one step's
-    rows (2,048 tokens) clean rows at z <= -6.6, random rows >= -2.6; after 59 steps -6.3 and -2.9."""
+def unigram_verdicts(targets: np.ndarray, frequencies: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of targets [B, T] (IGNORE_INDEX ignored), model-free, from its mean surprisal under the
+    unigram frequencies of the rows trained on (`frequencies`, a count per vocabulary entry, add-one
+    smoothed), computed once for both: its z-score (unigram_z) and whether those frequencies call it
+    text (unigram_text)."""
     means, n, surprisal = _surprisals(targets, frequencies)
+    return unigram_z(means, n, surprisal), unigram_text(means, n, surprisal)
+
+
+def unigram_z(means: np.ndarray, n: np.ndarray, surprisal: np.ndarray) -> np.ndarray:
+    """The z-score of each row's mean surprisal (`means` over its `n` targets) against n tokens drawn
+    uniformly over the vocabulary, whose surprisals (`surprisal`, the vocabulary's) have the mean and
+    variance of the vocabulary's (a sum of independent draws: normal by the central limit theorem).
+    Text is Zipfian (its frequent tokens carry most of a row) and stands far under it; uniform tokens
+    at z ~ 0. Measured on debug (rows of 64 targets, 512 tokens): after one step's rows (2,048 tokens)
+    clean rows at z <= -6.6, random rows >= -2.6; after 59 steps -6.3 and -2.9."""
     return (means - surprisal.mean()) / np.sqrt(max(float(surprisal.var()), 1e-12) / n)
 
 
-def unigram_text(targets: np.ndarray, frequencies: np.ndarray) -> np.ndarray:
-    """Per row of targets [B, T]: whether its mean surprisal under `frequencies` (as unigram_z) stands so
-    far under what T uniform draws reach that they would but for UNIFORM_MISS of rows, by the Chernoff
+def unigram_text(means: np.ndarray, n: np.ndarray, surprisal: np.ndarray) -> np.ndarray:
+    """Per row: whether its mean surprisal (as unigram_z's) stands so
+    far under what n uniform draws reach that they would but for UNIFORM_MISS of rows, by the Chernoff
     bound P(mean <= m) <= exp(n min_l<0 (K(l) - l m)), K the log moment generating function of a uniform
     token's surprisal: a bound for any distribution, where the normal tail of unigram_z is not (the surprisals
     are skewed, a few frequent tokens far under the rest: z <= -UNIFORM_Z as this witness called one of the 32
     random rows of tests/test_row_gate_all_gated.py text). 5e-5 of random rows called text under Zipfian
     frequencies (20,000 rows, 600-20,000 tokens counted), every Zipfian row."""
-    means, n, surprisal = _surprisals(targets, frequencies)
     slopes = -np.geomspace(1e-3, 50.0, 256)  # l < 0: the lower tail
     scaled = slopes[:, None] * surprisal[None, :]
     top = scaled.max(1, keepdims=True)
@@ -286,8 +292,7 @@ class RowGate:
         for part in np.unique(parts):
             table, rows = self.frequencies[part], parts == part
             if vocab >= 2 and table.sum() >= vocab:
-                z[rows] = unigram_z(np.minimum(targets[rows], vocab - 1), table)
-                text[rows] = unigram_text(np.minimum(targets[rows], vocab - 1), table)
+                z[rows], text[rows] = unigram_verdicts(np.minimum(targets[rows], vocab - 1), table)
         return z, text
 
     def _count(self, targets: np.ndarray, parts: np.ndarray) -> None:
