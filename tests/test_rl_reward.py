@@ -356,6 +356,20 @@ def test_a_fall_rolled_back_puts_back_the_knobs_rl_rules_turned_since_and_keeps_
     assert turns == [[later, "set_rl_temperature", 1.0, 1.25]]
 
 
+def test_a_held_out_fall_rolled_back_puts_back_the_knobs_rl_signal_turned_on_the_collapsing_policy():
+    """lr 1e-3 on the arithmetic warm start (docs/rl.md): rule rl_signal turned dynamic sampling on at step 5 and
+    warmed the collapsing policy to 1.25 at step 10; rl_hacking's held-out fall rolled back to step 0 at step 20
+    and kept 1.25, so the replay at x0.1 sampled warmer than its policy ever was (9, 7, 7, 7 of 100 after 14)."""
+    policy, run = Policy(OrchestratorConfig()), Knobs()
+    assert run.decide(policy, "rl_signal", 10, flat_groups=1.0, solved_groups=0.0)["value"] == 1.25
+    fall = {"kind": "held_out_fall", "best_step": 0}
+    back = run.decide(policy, "rl_hacking", 20, **fall)
+    assert back["action"] == "rollback" and back["lr_factor"] == 0.1
+    assert "the sampling temperature 1 -> 1.25 (step 10)" in back["reasoning"]
+    run.state.step = 0
+    assert run.control._put_back(back["knobs"]) == ["RL sampling temperature 1.25 -> 1"]
+
+
 def test_an_overlong_penalty_goes_back_with_the_filter_it_turned_off_and_rl_lengths_own_rollback_keeps_it():
     policy, run = Policy(OrchestratorConfig()), Knobs()
     assert run.decide(policy, "rl_length", 10, short_step=3)["tokens"] == 2

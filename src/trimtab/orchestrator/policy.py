@@ -236,8 +236,11 @@ class Policy(InstabilityLadder):
             self.rl.last_step = f.step
         remedy = rl_remedies.remedy(f, view, self.cfg, rollbacks=self.rl.rollbacks)
         if remedy.action == "rollback":
-            if f.rule == "rl_reward":  # the others' rollbacks keep them (rl_length's: the penalty is its fix)
+            # the others' rollbacks keep them (rl_length's: the penalty is its fix; hacking's: the policy learns)
+            if f.rule == "rl_reward":
                 put_back(remedy, self.rl_knobs.turns, f.evidence["good_step"])
+            elif f.evidence.get("kind") == "held_out_fall":  # a collapse as rl_reward's: rl_signal warmed it
+                put_back(remedy, self.rl_knobs.turns, f.evidence["best_step"])
             remedy.commit = lambda: self.rl.rolled_back(f.step)
         elif remedy.action in PUT_BACK:
             remedy.commit = self.rl_knobs.turning(remedy, view)

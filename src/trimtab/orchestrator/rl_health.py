@@ -314,27 +314,31 @@ class RewardHacking(Monitor):
 
     The held-out reward's own fall is judged too, whatever the training reward did (_fall): an LR far
     too high collapses both, and a training reward too low to resolve its fall (rule rl_reward) left
-    held-out pass@1 to go 14/100 -> 0/100 unanswered. Its reference is the evaluation of the most
-    problems solved; a fall from it counts at `min_fall` or more and `sigmas` standard errors of the two
-    counts, `patience` evaluations in a row (the best of many noisy readings stands above the policy's
-    own rate: at n = 100 and p = 0.14, 10 independent evaluations, one in a row at 3 errors fired in 4%
-    of fault-free runs, two in a row in 0.3%)."""
+    held-out pass@1 to go 14/100 -> 0/100 unanswered. Its reference is the pooled count of the evaluations
+    before the fall (the baseline), not the best one: the best of many noisy readings stands above the
+    policy's rate, and two readings in a row 3 errors under it fired in 33% of simulated flat runs of 200
+    evaluations (n = 100, p = 0.14). The fall is sequential (_falling): the readings in a row each `start_sigmas`
+    below the baseline are pooled, and a pool of `patience` or more readings `min_fall` and `sigmas` standard
+    errors below it fires, so a fall whose single readings straddle the bar is caught (14 -> 4, 4, 2 of 100:
+    2.5, 2.5, 3.1 errors each, never two in a row at 3; pooled, 3.9 at the third)."""
 
     rule, family = "rl_hacking", "rl"
     # Orchestrator.on_rollback keeps the best count over the checkpoint's: the rollback's target is that reading's
     # policy, and the step-0 evaluation is not taken again (restored without it, the replay at half the LR read
     # 4/100 as its best, and 1/100 and 2/100 after it as within the noise, on the arithmetic run of _falling)
-    KEPT_ON_ROLLBACK = ("top",)
+    KEPT_ON_ROLLBACK = ("top", "base", "run")
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.rl_hacking
         self.recent: list[float] = []  # the training reward of the last steps
         self.best: float | None = None
         self.best_step, self.train_at_best, self.since, self.fired = 0, 0.0, 0, 0
-        # the held-out reading of the most problems solved so far, [solved, of n, step] (the fall's reference), and
-        # the evaluations in a row whose count fell from it `sigmas` standard errors (_fall)
+        # the held-out reading of the most problems solved so far, [solved, of n, step] (the rollback's target); the
+        # pooled count of the readings before the fall, [solved, of n] (its baseline); and the fall's readings in a
+        # row, pooled, [solved, of n, readings] (_falling)
         self.top: list[int] = []
-        self.falling = 0
+        self.base: list[int] = []
+        self.run: list[int] = [0, 0, 0]
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if (reward := (m.rl or {}).get("reward")) is not None and not poisoned(m.rl):
@@ -354,7 +358,7 @@ class RewardHacking(Monitor):
         z = self._falling(step, solved, n)
         # both at once: the training reward rising is the finer diagnosis (hacking), the remedy the same
         if (hacked := self._hacking(step, held_out, train)) is not None:
-            self.falling = 0
+            self.run = [0, 0, 0]
             return hacked
         return None if z is None else self._fall(step, held_out, solved, n, train, z)
 
@@ -386,45 +390,58 @@ class RewardHacking(Monitor):
         return Finding(rule=self.rule, family=self.family, step=step, evidence=evidence, summary=summary, strength=1.0)
 
     def _falling(self, step: int, solved: int, n: int) -> float | None:
-        """The held-out count's own fall from its best reading (docs/rl.md): `min_fall` or more
-        of pass@1 and `sigmas` standard errors of two binomial counts, for `patience` evaluations in a row,
-        whatever the training reward did; its z then, else None. An LR far too high collapses both, and the
-        training reward's fall alone can be too small to resolve: at lr 1e-3 on the arithmetic task it went
-        0.043 -> 0.01 (rule rl_reward: the start's 23 groups "too few to tell") while held-out pass@1 went
-        14/100 -> 0/100."""
+        """The held-out count's own fall (docs/rl.md), whatever the training reward did; its z, else None. An LR far
+        too high collapses both, and the training reward's fall alone can be too small to resolve: at lr 1e-3 on
+        the arithmetic task it went 0.043 -> 0.01 (rule rl_reward: the start's 23 groups "too few to tell") while
+        held-out pass@1 went 14/100 -> 0/100. The readings in a row each `start_sigmas` standard errors below the
+        baseline are pooled and tested against it with the same two-proportion test (count_fall): a sequential
+        test on the fall's accumulated evidence, as a CUSUM's (Page, Biometrika 1954), where two readings in a row
+        at `sigmas` each missed a fall straddling the bar. Simulated flat policies (n = 100, 200 evaluations, 1000
+        runs each): 1.2% (p = 0.14) and 4% (p = 0.5) of runs fired, against 33% and 34% for two in a row at 3
+        errors from the best reading."""
         rule = self.cfg
         if n <= 0:  # an older caller's reading, without its count
             return None
         if not self.top or solved * self.top[1] > self.top[0] * n:
-            self.top, self.falling = [solved, n, step], 0
-            return None
-        best, of, _ = self.top
-        z = count_fall(best, of, solved, n)
-        fallen = best / of - solved / n >= rule.min_fall and z >= rule.sigmas
-        self.falling = self.falling + 1 if fallen else 0
-        return z if self.falling >= rule.patience else None
+            self.top = [solved, n, step]
+        if self.base:
+            (k, m), z = self.base, count_fall(self.base[0], self.base[1], solved, n)
+            if k / m - solved / n >= rule.min_fall and z >= rule.start_sigmas:
+                self.run = [self.run[0] + solved, self.run[1] + n, self.run[2] + 1]
+                z = count_fall(k, m, self.run[0], self.run[1])
+                fallen = k / m - self.run[0] / self.run[1] >= rule.min_fall and z >= rule.sigmas
+                return z if fallen and self.run[2] >= rule.patience else None
+        # in control: the readings of a fall that did not go on measured the policy's rate too
+        base = self.base or [0, 0]
+        self.base, self.run = [base[0] + self.run[0] + solved, base[1] + self.run[1] + n], [0, 0, 0]
+        return None
 
     def _fall(self, step: int, held_out: float, solved: int, n: int, train: float, z: float) -> Finding:
         """The finding of the held-out count's fall (_falling), its evidence the two counts and the z."""
-        rule, (best, of, at) = self.cfg, self.top
-        self.falling, self.since, self.fired = 0, 0, self.fired + 1
+        rule, (best, of, at), (k, m), (pooled, pooled_n, readings) = self.cfg, self.top, self.base, self.run
+        self.run, self.since, self.fired = [0, 0, 0], 0, self.fired + 1
         evidence = {
             "kind": "held_out_fall",
             "held_out_solved": solved,
             "held_out_n": n,
+            "fall_solved": pooled,  # the fall's readings pooled (_falling), against the baseline's
+            "fall_n": pooled_n,
+            "baseline_solved": k,
+            "baseline_n": m,
             "best_solved": best,
             "best_n": of,
             "best_step": at,  # the rollback's target (_hacking_remedy)
             "z": z,
             "held_out_reward": held_out,
             "train_reward": train,
-            "evaluations": rule.patience,
+            "evaluations": readings,
             "times": self.fired,
         }
         summary = (
-            f"held-out pass@1 fell to {solved}/{n} from {best}/{of} (step {at}), {z:.1f} standard errors "
-            f"(threshold {rule.sigmas:g}; {rule.patience} evaluations in a row), with the training reward at "
-            f"{train:.3f}: the updates make the policy worse at the task"
+            f"held-out pass@1 fell to {pooled}/{pooled_n} over the last {readings} evaluations (the latest "
+            f"{solved}/{n}) from {k}/{m} before them (best {best}/{of} at step {at}), {z:.1f} standard errors "
+            f"(threshold {rule.sigmas:g}), with the training reward at {train:.3f}: the updates make the policy "
+            "worse at the task"
         )
         strength = min(1.0, 0.5 + 0.5 * (z - rule.sigmas) / rule.sigmas)
         return Finding(
