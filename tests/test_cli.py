@@ -378,6 +378,7 @@ CLI_SURFACE = {
         },
         ["config"],
     ),
+    # --set (eval and doctor, as train's): a run's own settings over the run's config or the preset
     "eval": (
         {
             "-h",
@@ -389,6 +390,7 @@ CLI_SURFACE = {
             "--batch-size",
             "--data",
             "--stride",
+            "--set",
         },
         ["path"],
     ),
@@ -397,7 +399,7 @@ CLI_SURFACE = {
     "merge": ({"-h", "--help", "--out", "--method", "--last"}, ["source"]),
     "presets": ({"-h", "--help"}, []),
     "data": ({"-h", "--help"}, ["data_command"]),
-    "doctor": ({"-h", "--help", "--preset", "--device", "--nproc", "--strategy", "--json"}, []),
+    "doctor": ({"-h", "--help", "--preset", "--device", "--nproc", "--strategy", "--set", "--json"}, []),
     # issue 15, the experiment loop: `report` and `tune` (docs/architecture.md section 4, CLI);
     # `runs` lists run directories
     "tune": ({"-h", "--help", "--trials", "--workers", "--storage", "--out"}, ["space"]),

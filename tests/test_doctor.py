@@ -202,3 +202,19 @@ def test_doctor_device_mps_without_mps_is_one_line_and_exit_2(capsys, monkeypatc
     assert main(["doctor", "--device", "mps"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("trimtab: error: --device=mps ") and "auto, cpu, cuda, mps" in err[0]
+
+
+def test_doctor_takes_the_runs_set_items_as_train_does(monkeypatch, capsys):
+    """`trimtab doctor --set ...` sizes the run a person will launch, not the bare preset (before: argparse
+    refused --set, so a run's own micro-batch or checkpointing could not be checked); a bad key is named."""
+    import json
+
+    from trimtab import doctor
+
+    monkeypatch.setattr(doctor, "peak_flops", lambda precision: (1e11, "a test's"))  # not measured: 2 s a dtype
+    sets = ["--set", "train.micro_batch_tokens=512", "--set", "train.activation_checkpointing=full"]
+    assert main(["doctor", "--preset", "debug", "--device", "cpu", "--json", *sets]) == 0
+    micro = json.loads(capsys.readouterr().out)["micro_batch"]
+    assert micro["configured"] == 512 and micro["checkpointing"] == "full"
+    assert main(["doctor", "--preset", "debug", "--device", "cpu", "--set", "train.nope=1"]) == 2
+    assert "train.nope" in capsys.readouterr().err

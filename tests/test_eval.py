@@ -275,3 +275,20 @@ def test_two_evaluations_in_one_second_keep_both_records_in_order(tmp_path, monk
     monkeypatch.setattr(harness, "write_json", full_disk)
     assert "No space left" in harness._record(tmp_path, {"time": "2026-01-02T03:04:05", "n": 3})
     assert sorted((tmp_path / "eval").glob("*.json")) == records  # no empty record left behind
+
+
+def test_trimtab_eval_takes_set_items_over_the_runs_config_and_records_them(run, tmp_path, capsys):
+    """`trimtab eval RUN --set model.max_seq_len=128` scores in 128-token windows (the run trained at 64;
+    before: argparse refused --set) and the record says what was changed; a bad key is named."""
+    data = tmp_path / "notes.txt"
+    data.write_text(TEXT)
+    assert main(["eval", str(run), "--data", str(data), "--set", "model.max_seq_len=128"]) == 0
+    assert "(context 128, stride 128)" in capsys.readouterr().out
+    record = json.loads(max((run / "eval").glob("*.json")).read_text())
+    assert record["sets"] == ["model.max_seq_len=128"] and record["data"]["context"] == 128
+    assert main(["eval", str(run), "--data", str(data), "--set", "model.nope=1"]) == 2
+    assert "model.nope" in capsys.readouterr().err
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf/config.json").write_text("{}")  # a Hugging Face directory: its config.json is the model's
+    with pytest.raises(ConfigError, match="--set model.max_seq_len=128: .* Hugging Face model directory"):
+        api.load_run_at(tmp_path / "hf", ["model.max_seq_len=128"])

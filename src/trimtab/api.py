@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -12,10 +13,10 @@ from typing import Any
 from trimtab import hf
 from trimtab.checkpoint import latest_valid, local_run
 from trimtab.checkpoint_load import load_model
-from trimtab.config import DataConfig, RunConfig, load_config, read_saved, resolve
+from trimtab.config import DataConfig, RunConfig, derive, load_config, read_saved, resolve, set_changes
 from trimtab.data import TextTokenizer
 from trimtab.distributed import is_main
-from trimtab.errors import CheckpointError, RunFinished, TrimtabError
+from trimtab.errors import CheckpointError, ConfigError, RunFinished, TrimtabError
 from trimtab.extras import require
 from trimtab.model import Transformer, build_model
 from trimtab.orchestrator import Orchestrator
@@ -188,10 +189,19 @@ def load_run(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokenizer
     return load_run_at(run_dir)[:3]
 
 
-def load_run_at(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokenizer, int | None]:
-    """load_run's, and the step of the checkpoint it loaded (None for a Hugging Face directory)."""
+def load_run_at(
+    run_dir: str | Path, sets: Sequence[str] = ()
+) -> tuple[RunConfig, Transformer, TextTokenizer, int | None]:
+    """load_run's, and the step of the checkpoint it loaded (None for a Hugging Face directory); `sets`:
+    --set items over the run's config.yaml, as `trimtab train` takes them (e.g. model.max_seq_len=512
+    with model.rope_scaling to score a longer context)."""
     run_dir = local_run(run_dir, "the run directory")  # a run in object storage: fetched into the cache
     if hf.is_hf_dir(run_dir):
+        if sets:
+            raise ConfigError(
+                f"--set {sets[0]}: '{run_dir}' is a Hugging Face model directory, whose config.json sets the "
+                "model; --set changes a trimtab run directory's config.yaml: drop it, or edit config.json"
+            )
         model, _ = hf.import_model(run_dir)
         seq_len = min(DataConfig().seq_len, model.cfg.max_seq_len)  # a valid config to write out (merge)
         cfg = resolve({"model": asdict(model.cfg), "out": str(run_dir), "data": {"seq_len": seq_len}})
@@ -202,6 +212,7 @@ def load_run_at(run_dir: str | Path) -> tuple[RunConfig, Transformer, TextTokeni
             "(no config.json); pass the --out of a run or a transformers model directory"
         )
     cfg = read_saved(run_dir)
+    cfg = derive(cfg, set_changes(sets)) if sets else cfg
     found = latest_valid(run_dir)  # a corrupt newer one is said there, with the one used: once, not again here
     if found is None:
         raise CheckpointError(f"'{run_dir}' has no valid checkpoint yet; train it first")

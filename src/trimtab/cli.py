@@ -112,6 +112,7 @@ def _export(args: argparse.Namespace) -> int:
     arg("--batch-size", type=number(int, 1), default=8),
     arg("--data", metavar="FILE", help="a file read as training reads it: perplexity, bits per byte"),
     arg("--stride", type=number(int, 1), help="--data window advance in tokens (default: the whole context)"),
+    SET,  # train's, over the run's config.yaml (e.g. model.max_seq_len with model.rope_scaling)
 )
 def _eval(args: argparse.Namespace) -> int:
     from trimtab.evaluation import evaluate
@@ -126,6 +127,7 @@ def _eval(args: argparse.Namespace) -> int:
         num_fewshot=args.num_fewshot,
         batch_size=args.batch_size,
         stride=args.stride,
+        sets=args.set,
     )
     if "data" in results:
         d = results["data"]
@@ -375,12 +377,13 @@ def _presets(args: argparse.Namespace) -> int:
     arg("--device", default="auto", choices=("auto", "cpu", "cuda", "mps")),
     arg("--nproc", type=number(int, 1), default=1, help="processes per machine it would run (torchrun)"),
     arg("--strategy", default="ddp", choices=("ddp", "fsdp"), help="distributed.strategy"),
+    SET,  # train's: the run's own settings on the preset (e.g. train.activation_checkpointing, model.n_layers)
     arg("--json", action="store_true", help="the facts as JSON"),
 )
 def _doctor(args: argparse.Namespace) -> int:
     from trimtab import doctor
 
-    return doctor.main(args.preset, args.device, args.nproc, args.strategy, args.json)
+    return doctor.main(args.preset, args.device, args.nproc, args.strategy, args.json, args.set)
 
 
 def build_parser() -> argparse.ArgumentParser:

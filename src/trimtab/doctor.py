@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -23,12 +24,15 @@ from trimtab.plan.memory import suggest_micro_batch
 GiB = 2**30
 
 
-def collect(preset: str = "small", device: str = "auto", nproc: int = 1, strategy: str = "ddp") -> dict[str, Any]:
-    """Every fact of the report as plain data (`trimtab doctor --json`)."""
+def collect(
+    preset: str = "small", device: str = "auto", nproc: int = 1, strategy: str = "ddp", sets: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Every fact of the report as plain data (`trimtab doctor --json`); `sets`: --set items on the preset,
+    as `trimtab train` takes them (e.g. train.precision=fp32, model.n_layers=48)."""
     from trimtab.config import load_config
 
     dev = pick_device(device, key="--device")
-    cfg = load_config(preset=preset)
+    cfg = load_config(preset=preset, sets=list(sets))
     precision = _precision(dev, cfg)
     memory = _memory(dev)
     micro = _micro_batch(cfg, preset, dev, precision, memory, nproc, strategy)
@@ -276,9 +280,9 @@ def _devices_needed(cfg: Any, memory: int, precision: str) -> int | None:
     return None
 
 
-def main(preset: str, device: str, nproc: int, strategy: str, as_json: bool) -> int:
+def main(preset: str, device: str, nproc: int, strategy: str, as_json: bool, sets: Sequence[str] = ()) -> int:
     import json
 
-    facts = collect(preset, device, nproc, strategy)
+    facts = collect(preset, device, nproc, strategy, sets)
     print(json.dumps(facts, indent=1) if as_json else format_report(facts), file=sys.stdout)
     return 0

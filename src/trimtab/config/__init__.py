@@ -20,7 +20,7 @@ import dataclasses
 import difflib
 import logging
 import re
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -361,6 +361,15 @@ def parse_set(item: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
+def set_changes(sets: Sequence[str]) -> dict[str, Any]:
+    """--set items as the sections of keys they change (as in YAML), the later item winning."""
+    changes: dict[str, Any] = {}
+    for item in sets:
+        keys, value = parse_set(item)
+        changes = merge(changes, nested(keys, value))
+    return changes
+
+
 def load_config(
     path: str | Path | None = None,
     *,
@@ -371,10 +380,7 @@ def load_config(
     """Resolve a run config: defaults < preset < YAML file < overrides < --set items."""
     user = read_yaml(path) if path else {}
     check_sections(user, RunConfig, str(path))
-    cli = dict(overrides or {})
-    for item in sets:
-        keys, value = parse_set(item)
-        cli = merge(cli, nested(keys, value))
+    cli = merge(dict(overrides or {}), set_changes(sets))
     name = cli.get("preset") or preset or user.get("preset") or DEFAULT_PRESET
     user, cli = upgrade(user, str(path)), upgrade(cli, "the overrides")
     layered = merge(merge(preset_dict(name), user), cli)

@@ -20,7 +20,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from importlib import metadata
 from pathlib import Path
@@ -48,14 +48,18 @@ def evaluate(
     num_fewshot: int | None = None,
     batch_size: int = 8,
     stride: int | None = None,
+    sets: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Score the model at `path` and record the results (module docstring); returns them."""
+    """Score the model at `path` and record the results (module docstring); returns them. `sets`: --set
+    items over a run directory's config (api.load_run_at)."""
     if not tasks and not data:
         raise ConfigError("trimtab eval needs --tasks and/or --data; e.g. --tasks trimtab_tiny or --data notes.txt")
     manager = task_manager(tasks, include_path) if tasks else None  # before the model: a wrong name fails fast
     path = local_run(path, "trimtab eval's PATH")  # a run in object storage: its cached copy, where results go
-    _, model, tok, step = load_run_at(path)  # the step of the checkpoint scored (None: a Hugging Face model)
+    _, model, tok, step = load_run_at(path, sets)  # the step of the checkpoint scored (None: a Hugging Face model)
     results: dict[str, Any] = {"model": str(path), "step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if sets:  # scored under other settings than the run's: the record says which
+        results["sets"] = list(sets)
     if data:
         results["data"] = {"file": str(data), **score_text(model, tok, read_texts(data), stride, batch_size)}
     if tasks:
