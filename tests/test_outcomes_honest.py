@@ -163,3 +163,31 @@ def test_a_replay_above_its_reference_by_more_than_its_noise_is_not_recovered(tm
     above with noise of 0.01 is far past the noise: not recovered; a faithful replay is."""
     assert _replayed_rollback(tmp_path / "a", 1.03)["result"] == "not recovered"
     assert _replayed_rollback(tmp_path / "b", 1.0)["result"] == "recovered"
+
+
+def test_a_restart_whose_session_completes_the_run_heals_its_fault_however_few_steps_followed(tmp_path):
+    """An emergency save at step 19 of 20: the restart's session trained step 20 and completed the run, yet
+    its `resume` decision read "too early" (0 steps followed it) and `trimtab runs` counted 0 faults healed.
+    A run that did not complete leaves it too early; any other decision taken as late stays too early."""
+    for status, healed_count in (("completed", 1), ("stopped (SIGTERM)", 0)):
+        run_dir = tmp_path / status[:7]
+        run_dir.mkdir()
+        orchestrator = Orchestrator(OrchestratorConfig(), run_dir)
+        restart = pending(orchestrator.journal, 19, "restart", "resume", family="cluster")
+        skip = pending(orchestrator.journal, 19, "nonfinite", "skip_step")
+        _follow(orchestrator, [20])
+        orchestrator.on_train_end(FakeTrainer(run_dir), {"status": status})
+        results = {d["id"]: d["outcome"]["result"] for d in read_decisions(run_dir)}
+        assert results[restart.id] == ("recovered" if healed_count else "too early")
+        assert results[skip.id] == "too early"
+        assert healed(read_decisions(run_dir)) == healed_count
+
+
+def test_two_restarts_are_two_faults_healed_once_the_first_session_trained_on():
+    """Rank 1 killed at steps 12 and 30 of 40 (torchrun --max-restarts 3): two restarts, both recovered, read
+    "faults healed 1" (one incident: the same family within 50 steps). A restart whose session trained on is
+    settled as a skipped step is; a second loss right after a restart (a crash loop) stays its incident."""
+    recovered = {"result": "recovered", "steps": 20}
+    restart = {"rule": "restart", "family": "cluster", "action": "resume", "mode": "auto", "outcome": recovered}
+    assert healed([{**restart, "step": 11}, {**restart, "step": 29}]) == 2
+    assert healed([{**restart, "step": 11}, {**restart, "step": 13}]) == 1

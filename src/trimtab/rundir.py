@@ -179,8 +179,10 @@ SAME_INCIDENT = {"data": "instability"}  # bad data shows as spikes and as outli
 # outcomes that say how an incident ended; "too early" (the run ended before the outcome was measured) heals none
 ENDED = ("recovered", "not recovered", "failed", "stopped", "too early")
 # answers a later finding cannot undo once "recovered": after SETTLED (5) healthy steps one is another
-# fault (orchestrator/outcomes.py: SETTLED), for a rollback once the replay trained past its step
-SETTLED_ANSWERS, SETTLED = ("skip_step", "rollback"), 5
+# fault (orchestrator/outcomes.py: SETTLED), for a rollback once the replay trained past its step; for a
+# restart (`resume`) once its session trained on: a rank lost 18 steps after another's restart is another
+# fault (2 restarts read "faults healed 1", or 0 with the second judged "too early")
+SETTLED_ANSWERS, SETTLED = ("skip_step", "rollback", "resume"), 5
 CAUSES = {"spike": "data", "rows": "data", "data": "data"}  # a rule's cause, when rules share one: bad data
 
 

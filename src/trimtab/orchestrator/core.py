@@ -200,11 +200,17 @@ class Orchestrator(Deciding, PersonCommands, Hook):
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
         self._read(run, commands=False)  # nothing applies a request from here on
         self._answer_late_commands(run)
+        completed = summary.get("status") == "completed"
         for decision in self.journal.pending():  # judge what there is ("too early" when too little)
             if decision.observed:
                 self.outcomes.judge(decision, ended=True)
             else:  # taken at the last step: nothing followed it (it read "pending" in a finished run)
                 decision.outcome = {"result": "too early", "steps": 0}
+            if completed and decision.action == "resume" and decision.outcome["result"] == "too early":
+                # a restart heals by the job coming back and training on, not by a loss: its session ending
+                # the run completed is its recovery (an emergency save at step 19 of 20 left it 1 step, and
+                # `trimtab runs` counted no fault healed)
+                decision.outcome["result"] = "recovered"
         self.journal.write()
         notes = sum(is_note({"action": d.action}) for d in self.journal.decisions)  # observations: no action taken
         summary["decisions"], summary["notes"] = len(self.journal.decisions) - notes, notes
