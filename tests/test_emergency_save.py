@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ from safetensors.torch import load_file
 from trimtab.api import built_in_hooks
 from trimtab.config import load_config
 from trimtab.training import emergency
-from trimtab.training.emergency import peer_lost
+from trimtab.training.emergency import EmergencySave, emergency_resume_line, every_ranks_rng, peer_lost
 from trimtab.training.setup import setup
 from trimtab.training.trainer import Trainer
 
@@ -77,6 +79,7 @@ def test_a_peer_lost_mid_step_leaves_the_last_completed_step_saved_as_a_normal_s
     ]
     assert len(moments) > 3 and all(torch.equal(x, y) for x, y in moments)
     assert torch.equal(oa["rng"]["torch"], ob["rng"]["torch"])
+    assert torch.equal(oa["row_gate"], ob["row_gate"])  # the gate's token tables, taken back to the step's start
     sa, sb = (json.loads((p / "state.json").read_text()) for p in (ours, theirs))
     assert sa["data"] == sb["data"] and sa["row_gate"] == sb["row_gate"]
     assert {k: v for k, v in sa["train"].items() if k != "train_seconds"} == {
@@ -203,3 +206,53 @@ def test_a_peer_lost_where_no_emergency_save_is_sound_says_so_once_and_where_the
         f"no emergency save ({shards}): the restart resumes from the last checkpoint, step 0"
     ]
     assert sorted(p.name for p in (tmp_path / "fsdp" / "checkpoints").glob("step_*")) == ["step_000000"]
+
+
+@pytest.mark.parametrize("skew", [3600.0, -3600.0])
+def test_a_claims_staleness_holds_with_this_nodes_clock_off_from_the_file_systems(tmp_path, monkeypatch, skew):
+    """Rank 1 on a node whose clock is an hour ahead (behind) of the shared file system's: rank 0's claim of
+    this session, made now, is kept (before: read as an earlier session's, removed, and both wrote the step);
+    an earlier session's claim, made a minute before this one began, is taken over (before: kept, so no
+    survivor wrote the step)."""
+    fake = SimpleNamespace(time=lambda: time.time() + skew, sleep=lambda s: None, perf_counter=time.perf_counter)
+    monkeypatch.setattr(emergency, "time", fake)
+    survivor = EmergencySave()
+    survivor.cfg = SimpleNamespace(run_dir=tmp_path)
+    survivor.dist = SimpleNamespace(rank=1, is_main=False, world=1)
+    survivor.mark_step_start()  # this session's first step
+    time.sleep(0.05)  # past the coarse clock file systems stamp mtimes with (a jiffy)
+    claims = tmp_path / "checkpoints"
+    claims.mkdir()
+    (claims / ".emergency_step_000002").touch()  # rank 0's, on a node whose clock is the file system's
+    earlier = claims / ".emergency_step_000005"
+    earlier.touch()
+    os.utime(earlier, (time.time() - 60, time.time() - 60))  # a session killed in its emergency save
+    assert not survivor._claim(2)
+    assert survivor._claim(5)
+    assert sorted(p.name for p in claims.iterdir()) == [".emergency_step_000002", ".emergency_step_000005"]
+
+
+def test_the_emergency_saves_rng_gives_every_rank_the_writers_stream_on_its_own_gpu():
+    """Rank 1 writes on cuda:1 for 3 GPUs: every rank drew alike on its own GPU, so each must get the state of
+    cuda:1 for its device (before: the writer's whole list, whose cuda:0 and cuda:2 no rank of it had drawn
+    on, so the restart's rank 0 and 2 went on from their seed's stream). The CPU stream is kept; a CPU run's
+    RNG is left as it is."""
+    cpu = torch.get_rng_state()
+    states = [torch.full((16,), i, dtype=torch.uint8) for i in range(3)]
+    rng = every_ranks_rng({"torch": cpu, "cuda": states}, torch.device("cuda", 1))
+    assert torch.equal(rng["torch"], cpu) and len(rng["cuda"]) == 3
+    assert all(torch.equal(s, states[1]) for s in rng["cuda"])
+    plain = {"torch": cpu}
+    assert every_ranks_rng(plain, torch.device("cpu")) is plain
+
+
+def test_a_resume_from_an_emergency_save_says_every_rank_has_the_writers_row_gate_reference():
+    """Each rank's row gate reference is its own rows' and an emergency save holds the writer's alone: on 2
+    ranks every rank resumes with it (a 2-rank resume: 2,832 of 40,960 counts off on the other rank), which
+    the restart's line now says (before: only who wrote the save). One process, or no gate: nothing to say."""
+    state = {"emergency": {"rank": 1, "error": "RuntimeError: Connection closed by peer"}, "train": {"step": 19}}
+    gated = {**state, "row_gate": {"frequencies": [3, 1]}}
+    said = emergency_resume_line(gated, world=2)
+    assert said.startswith("resuming from step 19, an emergency save: rank 1 wrote it alone")
+    assert "every rank resumes with rank 1's row gate reference" in said
+    assert "row gate" not in emergency_resume_line(gated, world=1) + emergency_resume_line(state, world=2)

@@ -311,9 +311,12 @@ def test_the_gates_reference_goes_into_the_checkpoint_and_a_resume_takes_it(tmp_
     trimtab.train(debug_cfg(run, steps=4, checkpoint={"every": 4}))
     saved = json.loads((run / "checkpoints" / "step_000004" / "state.json").read_text())["row_gate"]
     assert saved["judged"] > 0 and sum(v is not None for v in saved["recent"]) == min(saved["judged"], 512)
+    # its token-frequency tables a tensor in optim.pt, not JSON lists in state.json (0.8 MB at 128K tokens x 2)
+    tables = torch.load(run / "checkpoints" / "step_000004" / "optim.pt", weights_only=True)["row_gate"]
+    assert "frequencies" not in saved and tables.shape[0] == len(saved["sources"]) == 1 and tables.sum() > 0
     resumed = Trainer(setup(debug_cfg(run, steps=8, checkpoint={"every": 4})))  # (4 of 4: finished)
     resumed.resume(run / "checkpoints" / "step_000004", {})
-    assert resumed.row_gate.judged == saved["judged"]
+    assert resumed.row_gate.judged == saved["judged"] and np.array_equal(resumed.row_gate.frequencies, tables.numpy())
     assert sorted(v for v in resumed.row_gate.recent.tolist() if v == v) == sorted(v for v in saved["recent"] if v)
 
 

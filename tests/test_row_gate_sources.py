@@ -30,7 +30,7 @@ def _step(gate: RowGate, targets: np.ndarray, parts: list[int], hidden: torch.Te
     """One micro-batch through the gate as the trainer runs it (hidden states of zeros by default: the
     warm-up, every row at ln V); its rows' losses into the reference at 1 nat. Which rows were gated."""
     targets = torch.as_tensor(targets)
-    picked = gate.candidates(targets, np.array(parts))
+    picked = gate.candidates(targets, (np.array(parts), ["en", "ja"]))
     hidden = torch.zeros(*targets.shape, V) if hidden is None else hidden
     trained = gate.mask(hidden, torch.eye(V), targets, picked)
     gate.after(torch.full((targets.numel(),), 1.0), targets, trained)
@@ -52,7 +52,7 @@ def test_a_minority_source_is_judged_by_its_own_frequencies_in_the_warm_up():
     noise = rng.choice(V, (1, T), replace=False)
     batch, parts = np.concatenate([_zipf_rows(rng, 4), text, noise]), [0] * 4 + [1, 1]
     again = RowGate(RowGateRule(), torch.device("cpu"), vocab=V)
-    again.load_state_dict(json.loads(json.dumps(gate.state_dict())))
+    again.load_state_dict(json.loads(json.dumps(gate.state_dict())), gate.tables())
     assert gate.frequencies.shape == (2, V) and np.array_equal(again.frequencies, gate.frequencies)
     assert _step(gate, batch, parts).tolist() == _step(again, batch, parts).tolist() == [False] * 5 + [True]
 

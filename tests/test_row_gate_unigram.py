@@ -62,7 +62,7 @@ def test_the_frequencies_go_into_the_checkpoint_and_an_emergency_snapshot():
     _step(gate, _zipf_rows(rng, 32))
     snapshot = gate.snapshot()
     again = RowGate(RowGateRule(), torch.device("cpu"), vocab=V)
-    again.load_state_dict(json.loads(json.dumps(gate.state_dict())))
+    again.load_state_dict(json.loads(json.dumps(gate.state_dict())), gate.tables())
     assert np.array_equal(again.frequencies, gate.frequencies) and again.frequencies.sum() == 32 * T
     batch = np.concatenate([_zipf_rows(rng, 4), rng.choice(V, (1, T), replace=False)])
     assert torch.equal(_step(gate, batch), _step(again, batch))

@@ -188,8 +188,10 @@ class Checkpoints:
                 digests = {name: d for files, _, _ in gathered for name, d in files.items()}
                 rng = [e["rng"] for _, e, _ in gathered]
                 state = with_gates(state, [g for _, _, g in gathered])
+                # each rank's row gate tables (training/checkpointing.py _gate_tables), as its RNG
+                by_rank = {"rng_by_rank": rng, "row_gate_by_rank": [e.get("row_gate") for _, e, _ in gathered]}
                 error = attempt(
-                    _commit_sharded, run_dir, step, tmp, {**extra, "rng_by_rank": rng}, state, keep, protect, digests
+                    _commit_sharded, run_dir, step, tmp, {**extra, **by_rank}, state, keep, protect, digests
                 )
             self._agree_ok(error, group)
         except OSError:
@@ -251,6 +253,9 @@ class Checkpoints:
         by_rank = optim_state.get("rng_by_rank")
         if by_rank:
             optim_state["rng"] = by_rank[self.rank] if self.rank < len(by_rank) else by_rank[0]
+        gates = optim_state.get("row_gate_by_rank")
+        if gates:  # this rank's row gate tables, as own_gate picks its reference
+            optim_state["row_gate"] = gates[self.rank % len(gates)]
         native = optim_state.get("optimizer")  # a one-process checkpoint's
         if optim_state.get("fresh_optimizer") or (native is not None and not native["state"]):
             return  # saved before the first step: the optimizer just built is that state (see save)

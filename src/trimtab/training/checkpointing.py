@@ -19,7 +19,7 @@ from trimtab.rl.reference import check_reference
 from trimtab.snapshots import save_snapshot
 from trimtab.storage import step_of
 from trimtab.training.changes import changes_line, changes_on_resume
-from trimtab.training.emergency import EMERGENCY, EmergencySave
+from trimtab.training.emergency import EMERGENCY, EmergencySave, emergency_resume_line
 from trimtab.training.hooks import keyed
 from trimtab.training.runtime import LogWindow, rng_state, set_rng_state
 from trimtab.training.schedule import configured_lengths, reconcile
@@ -89,7 +89,7 @@ class Checkpointing(EmergencySave):
                 self.state.step,
                 self.model,
                 self.optimizer,
-                {"rng": rng_state(), "scaler": self.scaler.state_dict() if self.scaler else {}},
+                {"rng": rng_state(), "scaler": self.scaler.state_dict() if self.scaler else {}, **self._gate_tables()},
                 self._checkpoint_state(good),
                 keep=self.cfg.checkpoint.keep,
                 protect=self._protected(),
@@ -324,7 +324,7 @@ class Checkpointing(EmergencySave):
         self.last_saved = self.state.step
         self.last_good = self.state.step if state.get("good", True) else self._good_before()
         self._take_best(state, rollback)
-        self._take_gate(state)
+        self._take_gate(state, optim_state)
         if rollback:
             self.loader.skipped |= skipped
             self.window = LogWindow()
@@ -332,10 +332,7 @@ class Checkpointing(EmergencySave):
                 hook.on_rollback(self.view, state["hooks"].get(key, {}))
             return
         if state.get(EMERGENCY):  # the restart's own line says how it came to be (training/emergency.py)
-            self.say(
-                f"resuming from step {self.state.step}, an emergency save: rank {state[EMERGENCY]['rank']} wrote it "
-                f"alone when a peer was lost ({state[EMERGENCY]['error']})"
-            )
+            self.say(emergency_resume_line(state, self.dist.world))
         self._resume_window_and_hooks(state)
 
     def _good_before(self) -> int:
@@ -345,11 +342,17 @@ class Checkpointing(EmergencySave):
         found = self.dist.from_main(find_checkpoint, self.cfg.run_dir, "last_good")
         return found[1]["step"] if found is not None else -1
 
-    def _take_gate(self, state: dict[str, Any]) -> None:
-        """The row gate's reference as of the checkpoint (training/row_gate.py); kept as it is when
-        the checkpoint has none (older, or saved with the gate off)."""
+    def _gate_tables(self) -> dict[str, Any]:
+        """optim.pt's share of the row gate's state: its token-frequency tables, a tensor (training/row_gate.py
+        RowGate.tables; state.json keeps the rest), under data parallelism each rank's (row_gate_by_rank)."""
+        return {"row_gate": self.row_gate.tables()} if self.row_gate is not None else {}
+
+    def _take_gate(self, state: dict[str, Any], optim_state: dict[str, Any]) -> None:
+        """The row gate's reference as of the checkpoint (training/row_gate.py), its tables from optim.pt
+        (this rank's: distributed/checkpoint.py load_optimizer); kept as it is when the checkpoint has none
+        (older, or saved with the gate off)."""
         if self.row_gate is not None and state.get("row_gate"):
-            self.row_gate.load_state_dict(state["row_gate"])
+            self.row_gate.load_state_dict(state["row_gate"], optim_state.get("row_gate"))
 
     def _take_best(self, state: dict[str, Any], rollback: bool = False) -> None:
         """The best evaluation as of the checkpoint; none in a checkpoint from before it was kept. A
@@ -378,6 +381,7 @@ class Checkpointing(EmergencySave):
             "optim": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else {},
             "state": self._checkpoint_state(good=True),
+            **self._gate_tables(),
         }
 
     def _take_replica_state(self, received: dict[str, Any]) -> None:
@@ -398,7 +402,7 @@ class Checkpointing(EmergencySave):
             self.scaler.load_state_dict(received["scaler"])
         self.loader.load_state_dict(state["data"])
         self._take_best(state)
-        self._take_gate(state)
+        self._take_gate(state, received)
         self._resume_window_and_hooks(state)
 
 

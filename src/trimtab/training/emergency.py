@@ -14,9 +14,11 @@ OLMo-core keep progress the same way). Refused wherever a dead rank held state o
 tensor, expert or pipeline shards, replica groups (resilience.ft, which keep training instead), an RL
 loader's rollouts. The writer is rank 0, or, rank 0 lost, the first other survivor to claim the step
 (_claim: a file created exclusively in checkpoints/, which every rank shares as it shares the sharded
-saves). What differs from a save of every rank: the row gate's reference and the RNG are each rank's own
-(distributed/checkpoint.py with_gates, rng_by_rank), and only the writer's are known here; every rank
-resumes with them, as a resume on another world gives rank r saved rank r mod the saved world's. The
+saves). What differs from a save of every rank: the row gate's reference is each rank's own
+(distributed/checkpoint.py with_gates), and only the writer's is known here (the lost rank's went with it);
+every rank resumes with it, as a resume on another world gives rank r saved rank r mod the saved world's,
+and the restart says so (checkpointing.py). The RNG is exact: every DDP rank's stream is the writer's
+(every_ranks_rng). The
 evaluation a peer was lost in is not in the checkpoint (its step's figures are not in metrics.jsonl).
 The save has torchrun's grace to finish in: the agent sends SIGTERM to the survivors as it sees a rank
 gone, SIGKILL 30 s later (docs/resilience.md).
@@ -61,13 +63,42 @@ def lost_words(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {said or (str(exc).splitlines() or [''])[0][:120]}"
 
 
+def emergency_resume_line(state: dict[str, Any], world: int) -> str:
+    """The restart's line for a resume from an emergency save (state.json `state`) on `world` ranks: who
+    wrote it and why, and what is not as a save of every rank would have it: each rank's row gate
+    reference is its own rows' (distributed/checkpoint.py with_gates), and only the writer's is saved."""
+    writer, step = state[EMERGENCY]["rank"], state["train"]["step"]
+    line = f"resuming from step {step}, an emergency save: rank {writer} wrote it alone when a peer was lost "
+    line += f"({state[EMERGENCY]['error']})"
+    if world > 1 and state.get("row_gate"):
+        line += (
+            f"; every rank resumes with rank {writer}'s row gate reference (a rank's own rows' is not in an emergency "
+            "save): the other ranks' gating may differ from an uninterrupted run's"
+        )
+    return line
+
+
+def every_ranks_rng(rng: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """The writer's RNG (runtime.rng_state) as every rank's own, which the restart gives each rank. Its
+    CPU stream is every DDP rank's: each is seeded alike (training/setup.py _join) and draws alike (a
+    random change of the weights, e.g. a router reset's noise, must be the same on every replica; a
+    2-rank run's cadence saves held equal rng_by_rank). But each rank draws on its own GPU, and
+    set_rng_state_all sets every device's: rank r would get the writer's untouched copy of device r's
+    state, so the writer's own device's state is written for every device."""
+    cuda = rng.get("cuda")
+    if not cuda or device.type != "cuda":
+        return rng
+    own = cuda[device.index if device.index is not None else torch.cuda.current_device()]
+    return {**rng, "cuda": [own] * len(cuda)}
+
+
 class EmergencySave:
     """Keeps what a save of the last completed step needs while a step is under way (`_step_start`:
     the step, the loader's position and the RNG as the step began; None once the update begins)."""
 
     _step_start: tuple[int, dict[str, Any], dict[str, Any], Any] | None = None
-    # when this session first marked a step: a claim older than that is an earlier session's (_claim). Not
-    # the module's import: torchrun's --start-method fork workers inherit the agent's modules
+    # when this session first marked a step (this node's clock): a claim older than that is an earlier
+    # session's (_claim). Not the module's import: torchrun's --start-method fork workers inherit the agent's modules
     _began = 0.0
 
     def emergency_save_possible(self) -> str | None:
@@ -141,8 +172,9 @@ class EmergencySave:
         optim = {
             "optimizer": self.optimizer.state_dict(),
             "param_names": param_names(self.model, self.optimizer),
-            "rng": rng,
+            "rng": every_ranks_rng(rng, self.dist.device),
             "scaler": scaler,
+            **self._gate_tables(),  # the row gate's tables, restored to the step's start above
         }
         started = time.perf_counter()
         try:
@@ -187,6 +219,19 @@ class EmergencySave:
         else:
             print(f"trimtab: rank {self.dist.rank}: {line}", file=sys.stderr, flush=True)
 
+    def _began_on_disk(self, root: Path) -> float:
+        """This session's start by the clock that stamps the claims' mtimes (a shared file system's: its
+        server's, or the writing node's), not this node's: the mtime of a file created in `root` now,
+        less this node's now, is that clock's skew from this one (a claim rank 0 made on a node 60 s
+        behind this one read as an earlier session's here, and two survivors wrote the same step)."""
+        probe = root / f".emergency_clock_rank{self.dist.rank}"
+        probe.touch()
+        try:
+            skew = probe.stat().st_mtime - time.time()
+        finally:
+            probe.unlink(missing_ok=True)
+        return self._began + skew
+
     def _claim(self, step: int) -> bool:
         """Whether this survivor writes step `step`: the first to create checkpoints/.emergency_step_N does
         (rank 0 at once, the others RANK_0_FIRST_S later). Claims older than this session's first step are
@@ -195,8 +240,9 @@ class EmergencySave:
         if not self.dist.is_main:
             time.sleep(RANK_0_FIRST_S)
         claim.parent.mkdir(parents=True, exist_ok=True)
+        began = self._began_on_disk(claim.parent)
         for old in claim.parent.glob(".emergency_step_*"):
-            if _stale(old, self._began):
+            if _stale(old, began):
                 old.unlink(missing_ok=True)
         try:
             os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -206,7 +252,8 @@ class EmergencySave:
 
 
 def _stale(claim: Path, began: float) -> bool:
-    """Whether an emergency save's claim was made before this session began (`began`: another session's)."""
+    """Whether an emergency save's claim was made before this session began (`began`: by the claims' clock,
+    _began_on_disk): another session's."""
     try:
         return claim.stat().st_mtime < began
     except FileNotFoundError:

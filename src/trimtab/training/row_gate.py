@@ -59,23 +59,26 @@ In the LR warm-up the loss cannot tell: the model scores text near ln V too (deb
 bad_batch@5: trained on, +0.28 val), and the reference holds under min_reference rows. So a
 candidate is also gated, model-free, when its tokens score as uniform draws over the vocabulary
 under the unigram frequencies of the rows trained on (unigram_z > -UNIFORM_Z: text is Zipfian,
-its frequent tokens carry a row; RowGate.frequencies, a host bincount per micro-batch, in the
-checkpoint), from the first micro-batch after the frequencies hold a token per vocabulary entry,
+its frequent tokens carry a row; RowGate.frequencies, host counts per micro-batch, a tensor in the
+checkpoint's optim.pt), from the first micro-batch after the frequencies hold UNIGRAM_MIN_TOKENS,
 unless the model predicts it far better than random tokens (z <= -UNIFORM_Z: a kind the
 frequencies have not seen, an imported model's). Measured (2026-12-01, the loader's rows in
 order, 200 steps; an upper bound, the model's veto aside): no clean row named on debug,
 debug-moe, debug-mod, debug-hybrid at seeds 1-3, small, a prose+code mixture (50/50 and 90/10;
 the nearest clean row z = -5.5); of random rows at steps 2, 5 and 10, all named.
 
-In a mixture (data.mix) the frequencies are a table per source, a row judged by its own source's
-(mix_parts): English's scored a 5% Japanese source's first rows as uniform draws (debug, 80 steps:
-a clean Japanese row gated at step 2; none with a table per source). A minority source's table
-holds a token per vocabulary entry after a few of its rows, and until then its rows have no
-model-free verdict (bad_batch@2 on that mixture: 2 of its 32 rows, the Japanese source's, trained
-on). And a row its source's frequencies call text (unigram_text: a Chernoff bound, the surprisals
-being skewed) is not gated by the loss's test either: at 16,384-token steps (25 steps) that test
-alone gated 33 clean rows of the mixture, mostly Japanese at distinct shares 0.83-0.88; none with
-it, bad_batch@2, 5, 10 on debug still 32 of 32 gated.
+In a mixture (data.mix) the frequencies are a table per source, keyed by its name (a later phase's
+mixture keeps a source's table), a row judged by its own source's (mix_parts): English's scored a 5%
+Japanese source's first rows as uniform draws (debug, 80 steps: a clean Japanese row gated at step 2;
+none with a table per source). A table judges from UNIGRAM_MIN_TOKENS (two rows), not a token per
+vocabulary entry: bad_batch@2 on a 95/5 English/CJK mix (debug-hybrid, 1,024-token BPE) gated 32 of 32
+rows, 30 before (the CJK source's 2 trained on); fault-free at 95/5 (40 steps) and 80/20 (30), none.
+A source's first rows (an empty table) have no model-free verdict: the pooled table of all sources is
+no sound fallback (another script scores near uniform draws under it: 63-99% of such Zipfian rows at
+512 tokens, up to 10% at 4,096). And a row its source's frequencies call text (unigram_text: a
+Chernoff bound, the surprisals being skewed) is not gated by the loss's test either: at 16,384-token
+steps (25 steps) that test alone gated 33 clean rows of the mixture, mostly Japanese at distinct
+shares 0.83-0.88; none with it, bad_batch@2, 5, 10 on debug still 32 of 32 gated.
 
 What it cannot see: garbage that repeats tokens (a run of one character, padding) has a low
 distinct share, and scores low once seen; nor garbage drawn from a few tokens of the vocabulary
@@ -86,6 +89,7 @@ distinct share, and scores low once seen; nor garbage drawn from a few tokens of
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from typing import Any
 
@@ -112,6 +116,13 @@ CONTROL_ROWS = 8
 # the add-one (Laplace) prior on each vocabulary entry's count in the running unigram frequencies:
 # a token not yet trained on is rare, not impossible
 UNIGRAM_PRIOR = 1.0
+# tokens a source's table holds before it judges that source's rows (two rows of 64): z is a test against
+# uniform draws under whatever the table holds, so a sparse one stays sound for random rows; measured (Zipfian
+# rows, exponents 0.8-1, vocabularies 512-32,768, a table of 128 tokens): no clean row of 300 scored uniform,
+# 0.2-2.8% of random rows missed. A table of a token per vocabulary entry left a 5% source's first rows unjudged
+UNIGRAM_MIN_TOKENS = 128
+
+log = logging.getLogger(__name__)
 
 
 def distinct_shares(targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -243,21 +254,27 @@ class RowGate:
         # source [S, V] (its rows' alone: English's frequencies score a 5% Japanese source's rows as uniform
         # draws): the unigram frequencies the model-free test scores a candidate under (unigram_z); a source's
         # table is added when its first row comes; none without a vocabulary
-        self.frequencies = np.zeros((1, vocab if vocab >= 2 else 0), dtype=np.int64)
+        self.frequencies = np.zeros((0, vocab if vocab >= 2 else 0), dtype=np.int64)
+        # each table's source by its data.mix name (a later phase's mixture keeps a source's table, a new source
+        # starts empty); None: an older checkpoint's tables, by position, named from the first mixture met
+        self.sources: list[str] | None = []
+        # the places (table x V + token) counted since the last snapshot, which restore() takes back out: a
+        # snapshot (the emergency mark's, every step) copies no table; None: no snapshot taken
+        self.since: list[np.ndarray] | None = None
         self.uniform: list[int] = []  # the candidates whose tokens score as uniform draws under their source's
         self.text: list[int] = []  # the candidates their source's frequencies call text (unigram_text)
 
-    def candidates(self, targets: torch.Tensor, parts: np.ndarray | None = None) -> list[int]:
+    def candidates(self, targets: torch.Tensor, mix: tuple[np.ndarray, list[str]] | None = None) -> list[int]:
         """The rows of a micro-batch's targets (on the host) that may be garbage: mostly distinct
-        tokens, enough targets. `parts`: each row's data.mix source (an index; None: one source).
-        Read with numpy: no device op, no read back."""
+        tokens, enough targets. `mix`: each row's data.mix source (an index into the loader's source
+        names, and those names: mix_parts; None: one unnamed source). Read with numpy: no device op."""
         self.scored = None
         if targets.device.type != "cpu":  # a loader that built them on the device: no host copy to read
             self.counts = np.zeros(0)
             return []
         host = targets.numpy()
-        parts = np.zeros(len(host), dtype=np.int64) if parts is None else np.asarray(parts, dtype=np.int64)
-        self._tables(int(parts.max(initial=0)) + 1)
+        index, names = mix if mix is not None else (np.zeros(len(host), dtype=np.int64), [""])
+        parts = self._tables(names)[np.asarray(index, dtype=np.int64)]  # each row's table
         shares, self.counts = distinct_shares(host)
         bar = np.maximum(self.cfg.min_distinct, uniform_shares(self.vocab, self.counts))
         long = self.counts >= self.cfg.min_targets
@@ -276,32 +293,51 @@ class RowGate:
         self.controls = [int(i) for i in others[spaced]]
         return [int(i) for i in np.flatnonzero(picked)]
 
-    def _tables(self, sources: int) -> None:
-        """A table of frequencies per source up to `sources` (a mixture's later source: its first rows)."""
-        if sources > len(self.frequencies):
-            more = np.zeros((sources - len(self.frequencies), self.frequencies.shape[1]), dtype=np.int64)
+    def _tables(self, names: list[str]) -> np.ndarray:
+        """The table of each of the loader's sources (`names`), an empty one added for a source not met before."""
+        if self.sources is None:
+            self._name_legacy(names)
+        assert self.sources is not None
+        new = [n for n in dict.fromkeys(names) if n not in self.sources]
+        if new:
+            more = np.zeros((len(new), self.frequencies.shape[1]), dtype=np.int64)
             self.frequencies = np.concatenate([self.frequencies, more])
+            self.sources = self.sources + new
+        return np.array([self.sources.index(n) for n in names], dtype=np.int64)
+
+    def _name_legacy(self, names: list[str]) -> None:
+        """An older checkpoint's tables were by position: they are the sources of the mixture the run resumed
+        into, when it has as many (a resume enters the phase it saved in); else they start afresh, said."""
+        if len(self.frequencies) == len(names):
+            self.sources = list(names)
+            return
+        sizes = len(self.frequencies), len(names), UNIGRAM_MIN_TOKENS
+        said = "row gate: the checkpoint's %d token tables are by position, this phase's data.mix has %d sources: "
+        log.warning(said + "they start empty (no verdict on a source until it holds %d tokens)", *sizes)
+        self.frequencies, self.sources = self.frequencies[:0], []
 
     def _unigram(self, targets: np.ndarray, parts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each row's unigram_z under its own source's frequencies of the rows trained on, model-free: the
         loss cannot tell random tokens from text in the LR warm-up, where the model scores both at
         ~ln(vocab) (bad_batch@5 on debug-hybrid was trained on: +0.28 val); NaN (no verdict) until that
-        source's table holds a token per vocabulary entry. And whether they call it text (unigram_text)."""
+        source's table holds UNIGRAM_MIN_TOKENS (or a token per vocabulary entry, if fewer). And whether they
+        call it text (unigram_text)."""
         z, text = np.full(len(targets), np.nan), np.zeros(len(targets), dtype=bool)
         vocab = self.frequencies.shape[1]
         for part in np.unique(parts):
             table, rows = self.frequencies[part], parts == part
-            if vocab >= 2 and table.sum() >= vocab:
+            if vocab >= 2 and table.sum() >= min(vocab, UNIGRAM_MIN_TOKENS):
                 z[rows], text[rows] = unigram_verdicts(np.minimum(targets[rows], vocab - 1), table)
         return z, text
 
     def _count(self, targets: np.ndarray, parts: np.ndarray) -> None:
         """The target tokens of rows about to be trained on, into their sources' unigram frequencies."""
         vocab = self.frequencies.shape[1]
-        for part in np.unique(parts) if vocab else []:
-            rows = targets[parts == part]
-            kept = rows[(rows != IGNORE_INDEX) & (rows < vocab)]
-            self.frequencies[part] += np.bincount(kept, minlength=vocab)
+        kept = (targets != IGNORE_INDEX) & (targets < vocab) & (targets >= 0)
+        places = (parts[:, None] * vocab + targets)[kept]  # into the tables flat: O(tokens), not O(S x V)
+        np.add.at(self.frequencies.reshape(-1), places, 1)
+        if self.since is not None:
+            self.since.append(places)
 
     def threshold(self) -> torch.Tensor:
         """The bar (0-d, on device): the window's median + max(sigma x spread, min_gap)."""
@@ -412,46 +448,66 @@ class RowGate:
         """The reference, for the checkpoint (a resume or a rollback began it empty: no row gated
         for min_reference rows, and a resumed run parted from the one never stopped). Under data
         parallelism every rank's window is its own rows': the checkpoint keeps each rank's and
-        gives each its own back (distributed/checkpoint.py with_gates, own_gate)."""
+        gives each its own back (distributed/checkpoint.py with_gates, own_gate). The frequencies'
+        tables are tables(), a tensor for optim.pt: as JSON lists they were ~0.8 MB of state.json at
+        128K tokens and two sources."""
         values = self.recent.tolist()
         return {
             "recent": [None if v != v else v for v in values],
             "written": self.written,
             "judged": self.judged,
-            "frequencies": self.frequencies.tolist(),  # [S, V]: a table per data.mix source
+            "sources": self.sources,  # each table's source, by name (the rows of tables())
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def tables(self) -> torch.Tensor:
+        """The frequencies [S, V] (rows: state_dict's sources), for optim.pt (training/checkpointing.py): a
+        copy, as a background save writes it while training counts on."""
+        return torch.from_numpy(self.frequencies.copy())
+
+    def load_state_dict(self, state: dict[str, Any], tables: torch.Tensor | None = None) -> None:
         """The saved ring laid out oldest first, its newest `window` kept (the window's size may
-        have changed), and the next row written over the oldest, as the saved ring would."""
+        have changed), and the next row written over the oldest, as the saved ring would. The
+        frequencies from `tables` (optim.pt's), else from state's JSON lists (an older checkpoint's)."""
         values = [math.nan if v is None else float(v) for v in state["recent"]]
         at = int(state["written"]) % len(values) if values else 0
         ordered = values[at:] + values[:at]
         kept = ([math.nan] * self.cfg.window + ordered)[-self.cfg.window :]
         self.recent.copy_(torch.tensor(kept, dtype=self.recent.dtype))
         self.written, self.judged = 0, int(state["judged"])
-        saved = np.asarray(state.get("frequencies") or [], dtype=np.int64)  # none: an older checkpoint's
+        listed = state.get("frequencies") or []  # none: an older checkpoint's
+        saved = tables.numpy().astype(np.int64) if tables is not None else np.asarray(listed, dtype=np.int64)
         saved = saved.reshape(-1, saved.shape[-1]) if saved.size else saved  # [V]: an older one's single table
         if saved.ndim == 2 and saved.shape[1] == self.frequencies.shape[1]:  # (another vocabulary's: other tokens)
-            self.frequencies = saved
+            self.frequencies = np.ascontiguousarray(saved)
+            self.sources = state.get("sources")  # None: by position, an older checkpoint's (_name_legacy)
+        self.since = None
 
     def snapshot(self) -> tuple[Any, ...]:
-        """The gate as a step began (the reference on the device, no host read), for restore."""
-        return self.recent.clone(), self.written, self.judged, self.frequencies.copy()
+        """The gate as a step began (the reference on the device, no host read), for restore: the tables are
+        not copied (S x V counts, twice a step), their counts from here on are logged (since) instead."""
+        self.since = []
+        return self.recent.clone(), self.written, self.judged, self.since
 
     def restore(self, snapshot: tuple[Any, ...]) -> None:
-        """Back to a snapshot (an emergency save of the step before, training/emergency.py)."""
+        """Back to the latest snapshot (an emergency save of the step before, training/emergency.py): the
+        counts made since it taken back out of the tables."""
         self.recent.copy_(snapshot[0])
-        self.written, self.judged, self.frequencies = snapshot[1], snapshot[2], snapshot[3].copy()
+        self.written, self.judged = snapshot[1], snapshot[2]
+        if snapshot[3] is not self.since:  # only the latest's counts are logged: never fail the save over it
+            log.warning("row gate: an older snapshot restored; its token tables keep the counts made since")
+        elif self.since:
+            np.subtract.at(self.frequencies.reshape(-1), np.concatenate(self.since), 1)
+        self.since = []
 
 
-def mix_parts(loader: Any, rows: list[int]) -> np.ndarray | None:
-    """Each row's data.mix source, as an index (the loader numbers a mixture's rows source after source,
-    BatchLoader.base); None with one source: the gate's frequencies are then one table."""
-    base = getattr(loader, "base", None)
-    if base is None or len(base) < 3:
+def mix_parts(loader: Any, rows: list[int]) -> tuple[np.ndarray, list[str]] | None:
+    """Each row's data source, as an index into the loader's source names (data.mix's, or data.source's
+    alone: the loader numbers a mixture's rows source after source, BatchLoader.base), and those names: the
+    gate keys its tables by name, so a later phase's mixture keeps a source's own. None: a loader without."""
+    base, names = getattr(loader, "base", None), getattr(loader, "names", None)
+    if base is None or not names:
         return None
-    return np.searchsorted(base, rows, side="right") - 1
+    return np.searchsorted(base, rows, side="right") - 1, list(names)
 
 
 def row_gate(cfg, device: torch.device) -> RowGate | None:
