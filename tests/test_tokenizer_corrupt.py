@@ -70,7 +70,7 @@ def test_a_runs_corrupt_tokenizer_is_refused_by_generate_the_api_and_a_resume(tr
 def test_a_corrupt_tokenizer_put_into_a_new_run_directory_is_called_the_users_not_the_runs(tokenizer, tmp_path):
     """A tokenizer.json a user put into a new run directory was refused as "the run's tokenizer ... it
     is the tokenizer this run trained with": no run had started there. It is named as the user's."""
-    from trimtab.training.setup import given_tokenizer, tokenizer_source
+    from trimtab.training.run_tokenizer import given_tokenizer, tokenizer_source
 
     cfg = load_config(preset="debug", overrides={"out": str(tmp_path / "new")})
     cfg.run_dir.mkdir()

@@ -1,5 +1,5 @@
 """FSDP2 (fully_shard) over the model, as `distributed.strategy: fsdp` applies it, and fp16's loss
-scaler over sharded gradients (distributed/parallel.py's `Parallel` calls both)."""
+scaler over sharded gradients (distributed/wrapping.py calls the one, `Parallel.grad_scaler` the other)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,6 @@ import dataclasses
 import logging
 import os
 import signal
-import weakref
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from datetime import timedelta
@@ -44,7 +43,7 @@ from torch import nn
 from trimtab.config.distributed import DistributedConfig
 from trimtab.config.loss_scale import LossScaleConfig
 from trimtab.distributed.checkpoint import Checkpoints
-from trimtab.distributed.fsdp import ForwardCompletion, ShardedScaler, fully_shard_model
+from trimtab.distributed.fsdp import ForwardCompletion, ShardedScaler
 from trimtab.distributed.group import (
     PeerOutOfMemory,
     all_max,
@@ -56,6 +55,7 @@ from trimtab.distributed.group import (
 )
 from trimtab.distributed.mesh import Mesh
 from trimtab.distributed.work_clock import WorkClock
+from trimtab.distributed.wrapping import wrap_model
 from trimtab.errors import ConfigError
 from trimtab.hardware import is_oom
 
@@ -207,53 +207,7 @@ class Parallel(Checkpoints):
         """The callable the trainer runs forward through: model.hidden, compiled and wrapped for
         tensor and data parallelism. `model` keeps its own parameters' names (checkpoints do not
         change). Under pipeline parallelism the trainer runs self.pipeline instead."""
-        if self.mesh.pp > 1:
-            from trimtab.distributed.pipeline import Pipeline
-
-            self.pipeline = Pipeline(model, self.mesh, self.cfg, self.device)
-        if self.mesh.tp > 1:
-            from torch.distributed.tensor.parallel import loss_parallel
-
-            from trimtab.distributed.tensor import apply_tensor_parallel
-
-            apply_tensor_parallel(model, self.mesh["tp"])
-            # loss_parallel swaps DTensor's cross-entropy ops for vocabulary-parallel ones, which
-            # the backward needs too: on for the whole run (only the loss has sharded logits)
-            self._contexts.enter_context(loss_parallel())
-        if self.mesh.ep > 1:  # from the config: a pipeline stage may hold none of the model's MoE layers
-            from trimtab.config.distributed import check_moe_split
-
-            check_moe_split(model.cfg, self.mesh.tp, self.mesh.ep)  # a dense model's ep ran as plain FSDP, silently
-        if (self.mesh.tp > 1 or self.mesh.ep > 1) and model.moe_layers():
-            from trimtab.distributed.expert import apply_moe_parallel
-
-            self.experts = apply_moe_parallel(model, self.mesh)
-        if self.pipeline is not None and (self.single_replica or self.world == 1):
-            for block in self.pipeline.blocks() if compile else []:
-                block.compile()
-            return model.hidden
-        if not self.fsdp:
-            fn = torch.compile(model.hidden) if compile else model.hidden
-            if self.dp_world == 1:
-                return fn
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            # DDP hooks gradients only through forward(): _Forward's forward is model.hidden. Buffers
-            # are synced once at start, not per forward: MoE load is all-reduced in reduce_step.
-            self.ddp = DDP(
-                _Forward(model, fn),
-                device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                forward_sync_buffers=False,
-                find_unused_parameters=self.find_unused,
-            )
-            # the hook's state is a weak proxy: the reducer (C++) holding this object would close a cycle
-            # Parallel -> DDP -> reducer -> Parallel that the garbage collector cannot see, and every
-            # process group (each with its gloo threads) would outlive the run into the process's exit
-            self.ddp.register_comm_hook(weakref.proxy(self), _sum_hook)
-            self.ddp.require_backward_grad_sync = False  # forwards never arm the all-reduce: agree() does
-            return self.ddp
-        fully_shard_model(self, model, compile, precision)
-        return model.hidden
+        return wrap_model(self, model, compile, precision)
 
     def oom_guarded(self, forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         """A block's forward that, out of memory, returns its input unchanged and remembers the
@@ -445,29 +399,6 @@ class Parallel(Checkpoints):
             finite = finite.float().to(self.device)  # on the backend's device (CPU offload keeps weights on the CPU)
             dist.all_reduce(finite, op=dist.ReduceOp.MIN)
         return bool(finite)
-
-
-class _Forward(nn.Module):
-    def __init__(self, model: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        super().__init__()
-        self.model, self.fn = model, fn
-        self.output: torch.Tensor | None = None  # the last forward's, for find_unused_parameters
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        out = self.fn(tokens)
-        self.output = out if torch.is_grad_enabled() else None  # evaluation keeps nothing alive
-        return out
-
-
-def _sum_hook(parallel, bucket):  # unannotated: DDP checks annotations, which are strings here
-    """DDP averages gradients by default; each rank's loss is already its share of the global
-    token-normalised loss, so the global gradient is the plain sum (a dist.GradBucket -> Future).
-    With `parallel.local_sq` set, this rank's own gradient's sum of squares is added to it first
-    (on device): what tells which rank computed a step wrong (training/rerun.py)."""
-    if parallel.local_sq is not None:
-        parallel.local_sq += torch.linalg.vector_norm(bucket.buffer().detach(), dtype=torch.float32).square()
-    work = dist.all_reduce(bucket.buffer(), async_op=True)
-    return work.get_future().then(lambda fut: fut.value()[0])
 
 
 def _replicate_grads(model: nn.Module) -> None:
