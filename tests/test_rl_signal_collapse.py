@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.core import Orchestrator
-from trimtab.orchestrator.monitors import StepMetrics
+from trimtab.orchestrator.monitors import Finding, StepMetrics
+from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.rl_health import NoLearningSignal
 from trimtab.orchestrator.rl_remedies import remedy
 
@@ -92,3 +93,25 @@ def test_an_open_rollback_incident_stands_the_rule_down():
     assert remedy(found, SAMPLING, c, rollbacks=0).action == "set_rl_temperature"
     stood = remedy(found, SAMPLING, c, rollbacks=1)
     assert stood.action == "none" and "incident is open" in stood.reasoning
+
+
+def test_an_open_rl_length_incident_is_named_with_why_warmer_sampling_would_not_help():
+    """rl_length's rollback (responses ran to the token budget, the overlong penalty already over most of it): the
+    replay's flat groups are cut responses graded unfinished. The stand-down said the policy "fails every prompt"
+    and sent the fall to rules rl_reward and rl_hacking, neither of which had rolled back."""
+    policy = Policy(cfg())
+    view = SimpleNamespace(
+        rl_temperature=1.0,
+        rl_dynamic_sampling=True,
+        rl_overlong=(True, 100),  # over 100 of 128 tokens: both penalty widths spent, rollback next
+        rl_max_new_tokens=128,
+        has_checkpoint=lambda step: True,
+    )
+    runaway = Finding(rule="rl_length", family="rl", step=20, evidence={"short_step": 10}, summary="", strength=1.0)
+    rollback = policy.plan(runaway, view)
+    assert rollback.action == "rollback"
+    rollback.applied()
+    stood = policy.plan(run([(SOUND, 1.0)] * 4)[-1], view)
+    assert stood.action == "none" and "rule rl_length's incident is open" in stood.reasoning
+    assert "token budget" in stood.reasoning and "warmer sampling" in stood.reasoning
+    assert "fails every prompt" not in stood.reasoning and "rl_reward" not in stood.reasoning

@@ -119,13 +119,14 @@ class RLIncident:
     rollbacks: int = 0
     rollback_at: int = -1  # the step the last of them was decided at (-1: none)
     last_step: int = -1  # the newest finding of those rules (steps a rollback replays: moved back)
+    rule: str = ""  # the rule of the last of them ('': none, or a checkpoint from before this was kept)
 
-    def rolled_back(self, step: int) -> None:
-        self.rollbacks, self.rollback_at = self.rollbacks + 1, step
+    def rolled_back(self, step: int, rule: str) -> None:
+        self.rollbacks, self.rollback_at, self.rule = self.rollbacks + 1, step, rule
 
     def clear(self, step: int, window: int) -> None:
         if 0 <= self.rollback_at < step and step - self.last_step >= window:
-            self.rollbacks, self.rollback_at = 0, -1
+            self.rollbacks, self.rollback_at, self.rule = 0, -1, ""
 
 
 class Policy(InstabilityLadder):
@@ -234,14 +235,14 @@ class Policy(InstabilityLadder):
         """RL's rules (rl_health.py), their remedies (rl_remedies.py); a rollback spends one of the RL incident's."""
         if f.rule in rl_remedies.ROLLING_BACK:
             self.rl.last_step = f.step
-        remedy = rl_remedies.remedy(f, view, self.cfg, rollbacks=self.rl.rollbacks)
+        remedy = rl_remedies.remedy(f, view, self.cfg, rollbacks=self.rl.rollbacks, incident=self.rl.rule)
         if remedy.action == "rollback":
             # the others' rollbacks keep them (rl_length's: the penalty is its fix; hacking's: the policy learns)
             if f.rule == "rl_reward":
                 put_back(remedy, self.rl_knobs.turns, f.evidence["good_step"])
             elif f.evidence.get("kind") == "held_out_fall":  # a collapse as rl_reward's: rl_signal warmed it
                 put_back(remedy, self.rl_knobs.turns, f.evidence["best_step"])
-            remedy.commit = lambda: self.rl.rolled_back(f.step)
+            remedy.commit = lambda: self.rl.rolled_back(f.step, f.rule)
         elif remedy.action in PUT_BACK:
             remedy.commit = self.rl_knobs.turning(remedy, view)
         return remedy

@@ -20,13 +20,14 @@ from trimtab.orchestrator.rl_verifier import verifier_remedy
 ROLLING_BACK = ("rl_length", "rl_hacking", "rl_reward")
 
 
-def remedy(f: Finding, view: Any, cfg: OrchestratorConfig, *, rollbacks: int = 0) -> Remedy:
+def remedy(f: Finding, view: Any, cfg: OrchestratorConfig, *, rollbacks: int = 0, incident: str = "") -> Remedy:
     """rl_signal: dynamic sampling, then a higher sampling temperature; rl_verifier: a longer
     verifier timeout; rl_entropy: an entropy bonus, then a lower LR; rl_length: the soft
     overlong penalty, then a wider one; rl_hacking: back to the best policy, then stop; rl_reward: back
     to the policy before the fall began with a smaller LR (orchestrator/rl_reward.py); at a
     ceiling (or a verifier that raises), a word for a person; a verifier that raises on nearly
-    every response stops the run. `rollbacks`: those the open incident spent (ROLLING_BACK's)."""
+    every response stops the run. `rollbacks`: those the open incident spent (ROLLING_BACK's); `incident`: the
+    rule of its last rollback ('' where not known)."""
     if f.rule == "rl_verifier":
         return verifier_remedy(f, view, cfg)
     if f.rule == "rl_entropy":
@@ -39,17 +40,17 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig, *, rollbacks: int = 0
         return _ratio_remedy(view, cfg)
     if f.rule == "rl_reward":
         return reward_remedy(f, view, cfg, rollbacks)
-    return _signal_remedy(f, view, cfg, rollbacks)
+    return _signal_remedy(f, view, cfg, rollbacks, incident)
 
 
-def _signal_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int = 0) -> Remedy:
+def _signal_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int = 0, incident: str = "") -> Remedy:
     """Dynamic sampling on; then, for groups flat but not solved, warmer sampling to the ceiling;
     there, or with the groups mostly solved, dynamic sampling goes off once it drew a whole window
     without one group with a signal: it multiplied the step's cost for nothing. Flat because the
     policy collapsed (the monitor's evidence, or a rollback's incident open), neither: _collapsed."""
     rule = cfg.rl_signal
     if f.evidence.get("collapsed") or rollbacks:
-        return _collapsed(f.evidence.get("collapsed", {}), rollbacks)
+        return _collapsed(f.evidence.get("collapsed", {}), rollbacks, incident)
     # every group of a window dynamic sampling drew alone was flat: more draws will not find a signal
     barren = f.evidence["flat_groups"] >= 1.0 and f.evidence.get("dynamic_sampling", 0.0) >= 1.0
     if not view.rl_dynamic_sampling and barren:  # turned off since these steps were drawn: the monitor sees it
@@ -96,20 +97,34 @@ def _signal_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: in
     )
 
 
-def _collapsed(signs: dict[str, Any], rollbacks: int) -> Remedy:
+def _collapsed(signs: dict[str, Any], rollbacks: int, incident: str = "") -> Remedy:
     """Stand down: the groups are flat because every response of a broken policy fails, and warmer sampling
     does not mend it (at lr 1e-2 on the arithmetic task it warmed 1 -> 1.5 while held-out pass@1 went 14/100 -> 0/100,
-    and rule rl_reward's rollback had to put it back, docs/rl.md). The words name the signs, not their numbers (the
-    finding's evidence): a repeat folds into one decision."""
+    and rule rl_reward's rollback had to put it back, docs/rl.md). An incident rl_length opened is another cause: the
+    responses run to the token budget and are graded unfinished. The words name the signs and the incident's rule,
+    not their numbers (the finding's evidence): a repeat folds into one decision."""
+    if rollbacks and incident == "rl_length" and not signs:
+        return Remedy(action="none", reasoning=_LENGTH_INCIDENT)
     why = f"the policy reads collapsed (its signs: {', '.join(signs)})" if signs else ""
     if rollbacks:
-        why += (" and " if why else "") + "an RL rollback's incident is open (rl_reward, rl_hacking or rl_length)"
+        rule = f"rule {incident}'s" if incident else "an RL rollback's (rl_reward, rl_hacking or rl_length)"
+        why += (" and " if why else "") + f"{rule} incident is open"
     return Remedy(
         action="none",
         reasoning=f"{why}: the groups are flat because the policy fails every prompt, not because they are uniform at "
         "a sound policy; warmer sampling or more draws do not mend a broken policy: rules rl_reward and rl_hacking "
         "answer the fall (back to a better policy at a lower LR); a lower optim.lr is the fix",
     )
+
+
+# rl_signal's stand-down while rule rl_length's rollback incident is open: its flat groups are cut responses
+_LENGTH_INCIDENT = (
+    "rule rl_length's incident is open (responses ran to the token budget, rl.max_new_tokens, and were rolled back "
+    "with the soft overlong penalty kept): the groups are flat because cut-off responses are graded unfinished and "
+    "earn no reward, not because they are uniform at a sound policy; warmer sampling draws more varied tokens, not "
+    "shorter answers, so it would not lift them (and more draws meet the same budget): rule rl_length answers it "
+    "(the penalty teaches ending; else raise rl.max_new_tokens)"
+)
 
 
 def _sampling_off(f: Finding, too: str, fix: str) -> Remedy:
