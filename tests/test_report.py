@@ -483,3 +483,25 @@ def test_a_damaged_goodput_ledger_is_started_anew_by_the_resumed_session(tmp_pat
         book = Ledger(run)
         assert book.sessions == [] and book.open(time.time(), 4, 1, 0, 0.0) is None  # no incident made up
     assert "this session starts a new ledger" in caplog.text
+
+
+def test_a_run_directory_on_a_read_only_mount_is_refused_naming_the_page_and_out(tmp_path, monkeypatch, capsys):
+    """`trimtab report RUN` on a read-only mount ended in a traceback (EROFS from the write, then again
+    from the temp file's cleanup). EROFS is raised as that filesystem does: root ignores chmod here."""
+    import errno
+    import os
+
+    import trimtab.rundir
+
+    run = _fake_run(tmp_path / "run", 1e-3)
+
+    def read_only(path, *args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    real_unlink = os.unlink
+    monkeypatch.setattr(trimtab.rundir, "open", read_only, raising=False)  # the builtin, as write_atomic calls it
+    monkeypatch.setattr(os, "unlink", lambda p, *a, **k: read_only(p) if str(run) in str(p) else real_unlink(p))
+    assert main(["report", str(run)]) == 2
+    said = capsys.readouterr().err
+    assert f"the report cannot be written to {run / 'report.html'} (Read-only file system" in said
+    assert "give --out" in said and not (run / "report.html").exists()

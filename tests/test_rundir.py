@@ -126,6 +126,29 @@ def test_a_run_directory_that_is_a_file_is_refused_naming_out(tmp_path):
     assert (tmp_path / "a.txt").read_text() == "notes"
 
 
+def test_a_read_only_run_directory_is_refused_naming_out_and_the_fix(tmp_path, monkeypatch):
+    """A resume on a read-only mount (`mount -o remount,ro`) ended in an OSError traceback from the lock.
+    EROFS is raised for the lock file alone, as that filesystem does (root ignores chmod: no real one here)."""
+    import errno
+    import os
+
+    real_open = os.open
+
+    def read_only(path, flags, *args):
+        if str(path).endswith(".lock") and flags & os.O_CREAT:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", read_only)
+    (tmp_path / "run").mkdir()
+    with pytest.raises(
+        ConfigError, match=r"^out '.*run' \(--out\) cannot be written \(Read-only file system: .*\.lock\)"
+    ):
+        with run_lock(tmp_path / "run"):
+            pass
+    assert list((tmp_path / "run").iterdir()) == []
+
+
 def test_a_run_directory_that_is_a_dangling_link_is_refused_naming_its_target(tmp_path):
     """`ln -s /scratch/r1 runs/r1` before /scratch/r1 exists: the refusal called the link a file."""
     (tmp_path / "r1").symlink_to(tmp_path / "scratch" / "r1")

@@ -61,7 +61,8 @@ def write_atomic(path: Path, text: str, durable: bool = True) -> None:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only directory: the open's error is the one to say
+            tmp.unlink(missing_ok=True)
         raise
 
 

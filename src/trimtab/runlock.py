@@ -17,6 +17,7 @@ in the process group until torchrun's agent killed them, 30 s on).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -38,6 +39,7 @@ RETRIES = 10  # x 50 ms: a liveness() probe holds the lock for microseconds
 RANK_WAIT_S = 120.0  # how long a rank other than 0 waits for its job's rank 0 to take the lock
 REFUSED_S = 2 * RETRIES * 0.05  # another holder kept the lock this long: the other ranks refuse as rank 0 does
 REFUSAL_GRACE_S = 2.0  # rank 0 refused under torchrun: how long before it ends (the others refuse meanwhile)
+UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)  # a read-only mount, a directory not this user's
 
 
 def _not_a_directory(run_dir: Path) -> str:
@@ -49,6 +51,19 @@ def _not_a_directory(run_dir: Path) -> str:
             "make that directory (mkdir -p) or give a run directory's path"
         )
     return f"out '{run_dir}' (--out) is or lies under a file, not a directory; give a run directory's path"
+
+
+def _not_writable(run_dir: Path, exc: OSError) -> str:
+    """Why out cannot be trained in: a read-only filesystem or a directory this user may not write
+    (a run writes checkpoints, metrics and the journal there; nothing in it is changed by refusing)."""
+    trained = (
+        f" (to train on from this run: --set train.init_from={run_dir})" if (run_dir / "config.yaml").is_file() else ""
+    )
+    return (
+        f"out '{run_dir}' (--out) cannot be written ({exc.strerror}: {exc.filename}); a run writes its "
+        "checkpoints and journal there: make it writable (remount it read-write, chmod u+w) and run the same "
+        f"command again, or give another --out{trained}"
+    )
 
 
 @contextlib.contextmanager
@@ -65,7 +80,12 @@ def run_lock(run_dir: Path) -> Iterator[None]:
         run_dir.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):  # it, or a folder above it, is a file
         raise ConfigError(_not_a_directory(run_dir)) from None
-    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ConfigError(_not_writable(run_dir, exc)) if exc.errno in UNWRITABLE else exc from None
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ConfigError(_not_writable(run_dir, exc)) if exc.errno in UNWRITABLE else exc from None
     try:
         _acquire(fd, run_dir)
         record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "job": _job()}

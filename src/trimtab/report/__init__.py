@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from trimtab.errors import TrimtabError
 from trimtab.report.healing import Healing, is_healing, load_healing
 from trimtab.report.run import NotARunError, RunRecord, is_run_dir, read_run
 from trimtab.rundir import write_atomic
@@ -39,8 +40,15 @@ def write_report(paths: list[str | Path], out: str | Path | None = None, summary
     target = Path(out) if out else default_out(paths)
     if out and (target.is_dir() or str(out).endswith(("/", os.sep)) or target.suffix.lower() not in HTML):
         target = target / REPORT  # `--out DIR` (new ones too), as `trimtab plan --out` takes a directory
-    target.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(target, render(runs, healings))  # a reader (a browser reloading) never sees half a page
+    page = render(runs, healings)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(target, page)  # a reader (a browser reloading) never sees half a page
+    except OSError as exc:  # a run directory on a read-only mount ended in a traceback
+        raise TrimtabError(
+            f"the report cannot be written to {target} ({exc.strerror}: {exc.filename}); "
+            "give --out a file or directory that can be written, e.g. --out /tmp/report.html"
+        ) from None
     return target
 
 
