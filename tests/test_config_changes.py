@@ -146,3 +146,15 @@ def test_a_finetune_phase_added_or_dropped_is_one_change_its_settings_part_of_it
     )
     assert keys(changes) == ["finetune.data.pack", "finetune.optim.lr"]
     assert changes[1]["effect"] == "the finetune phase's LR x2 (at once, without a warm-up, if it has begun)"
+
+
+def test_a_changed_bpe_size_on_resume_is_said_to_have_no_effect(tmp_path):
+    """`--set data.bpe_vocab_size=1024` on a resume was said to be "in effect from this step" while the run
+    went on with its own 512-token tokenizer.json (tokenizer_source: a resume never trains a BPE)."""
+    from trimtab.training.run_tokenizer import tokenizer_source
+
+    saved, new = debug(out=str(tmp_path)), debug(out=str(tmp_path), sets=("data.bpe_vocab_size=1024",))
+    (change,) = config_changes(saved, new)
+    assert change["key"] == "data.bpe_vocab_size" and change["effect"].startswith("no effect: a resumed run keeps")
+    (tmp_path / "tokenizer.json").write_text("{}")  # the run's own, as prepare_run_dir wrote it
+    assert tokenizer_source(new) == tmp_path / "tokenizer.json"

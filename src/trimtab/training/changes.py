@@ -69,13 +69,19 @@ def config_changes(saved: RunConfig, new: RunConfig) -> list[dict[str, Any]]:
     return changes
 
 
+# The size of the BPE a new run trains (data/tokenizer.py): a resume reads its run's tokenizer instead
+# (training/run_tokenizer.py tokenizer_source), whose size its embeddings have
+BPE_SIZE_KEYS = ("data.bpe_vocab_size", "finetune.data.bpe_vocab_size")
 # The sections only one command's runs read (rl.enabled, dpo.enabled): the run, the command
 POLICY_SECTIONS = {"rl": ("an RL run", "trimtab rl"), "dpo": ("a DPO run", "trimtab dpo")}
 
 
 def unread(key: str, cfg: RunConfig) -> str:
     """The effect of a key the run never reads: RL's settings in a run that is no RL run, DPO's in
-    one that is no DPO run (a dpo.* edit on an RL run was said to be in effect); empty otherwise."""
+    one that is no DPO run (a dpo.* edit on an RL run was said to be in effect), the BPE's size on
+    a resume; empty otherwise."""
+    if key in BPE_SIZE_KEYS:  # said "in effect from this step" while the run kept its 512-token BPE
+        return "no effect: a resumed run keeps the tokenizer it trained with (its tokenizer.json); a new run trains one"
     section, _, name = key.partition(".")
     if section in POLICY_SECTIONS and name != "enabled" and not getattr(cfg, section).enabled:
         run, command = POLICY_SECTIONS[section]
