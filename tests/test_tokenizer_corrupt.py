@@ -120,3 +120,22 @@ def test_a_corrupt_tokenizer_given_to_data_prepare_offers_prepares_own_fix(token
     message = capsys.readouterr().err
     assert_says(message, path, "truncated")
     assert "point --tokenizer at a good tokenizer.json" in message and "checkpoint.dir" not in message
+
+
+def test_a_prepared_directory_without_its_tokenizer_names_prepare_as_the_fix(tmp_path):
+    """rm a prepared directory's tokenizer.json, then train on it: "does not exist; check the path" said
+    nothing of the fix; running the same prepare again rebuilds the tokenizer the shards were made with."""
+    from trimtab.data.prepare import prepare
+    from trimtab.training.setup import build_phases
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("the quick brown fox jumps over the lazy dog.\n" * 200)
+    out = tmp_path / "prepared"
+    prepare([str(tmp_path / "src")], out, vocab_size=300, workers=1)
+    (out / "tokenizer.json").unlink()
+    cfg = load_config(preset="debug", overrides={"out": str(tmp_path / "run"), "data": {"source": str(out)}})
+    with pytest.raises(DataError) as err:
+        build_phases(cfg, None)
+    said = str(err.value)
+    assert f"the tokenizer of {out} ({out / 'tokenizer.json'}) is missing" in said, said
+    assert "run the same `trimtab data prepare` again over the same files" in said, said

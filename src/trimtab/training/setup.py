@@ -37,7 +37,7 @@ from trimtab.data.quality import Flagged
 from trimtab.distributed import Parallel
 from trimtab.distributed.group import broadcast_object
 from trimtab.distributed.metainit import MetaInit, materialise, meta_reason, pending
-from trimtab.errors import CheckpointError, ConfigError, SavedConfigError
+from trimtab.errors import CheckpointError, ConfigError, DataError, SavedConfigError
 from trimtab.hardware import Precision, choose_precision, pick_device
 from trimtab.hf.importer import SOURCE
 from trimtab.model import Transformer, build_model
@@ -117,6 +117,19 @@ class Phase:
         )
 
 
+def _prepared_tokenizer(prepared: Path) -> TextTokenizer:
+    """The tokenizer prepared shards were made with (prepare writes it beside them): missing, `trimtab data
+    prepare` run again over the same files rebuilds it as it was (data/prepare.py checks its sha256)."""
+    path, key = prepared / "tokenizer.json", f"the tokenizer of {prepared}"
+    if not path.is_file():
+        raise DataError(
+            f"{key} ({path}) is missing: the shards' token ids mean nothing without it; run the same `trimtab data "
+            "prepare` again over the same files (it rebuilds the tokenizer the shards were made with, or says why it "
+            "cannot), or restore the file"
+        )
+    return TextTokenizer.load(path, key=key)
+
+
 def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer, list[Phase]]:
     """Open or read each phase's sources, get the tokenizer (the run's own one when resuming, else
     data.tokenizer, else a prepared source's, else a BPE trained on the documents), split."""
@@ -127,7 +140,7 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
         specs.append(("finetune", cfg.finetune.data, cfg.finetune.optim, "finetune.data"))
     tok = given_tokenizer(cfg, tok_source)
     if tok is None and (prepared := first_prepared([data for _, data, _, _ in specs])) is not None:
-        tok = TextTokenizer.load(prepared / "tokenizer.json", key=f"the tokenizer of {prepared}")
+        tok = _prepared_tokenizer(prepared)
     chat = tok.chat if tok is not None else None  # a Hugging Face tokenizer formats chats its own way
     opened = [open_sources(data, key, chat) for _, data, _, key in specs]
     evals = [open_eval_source(data, key, chat) for _, data, _, key in specs]
