@@ -593,7 +593,7 @@ def _writes_run_files(config) -> None:
 
 
 @pytest.mark.parametrize("own_file", [False, True])
-def test_a_new_run_refused_at_start_leaves_no_run_behind(tmp_path, monkeypatch, own_file):
+def test_a_new_run_refused_at_start_leaves_no_run_behind(tmp_path, monkeypatch, own_file, caplog):
     """`--inject expert_collapse@3` on a dense model is refused as the run starts, after setup wrote
     config.yaml and the hooks their files: the folder read as a failed run in `trimtab runs` and a re-run
     resumed it as its own. What the refused session wrote is removed (the folder too, if it made it);
@@ -608,9 +608,13 @@ def test_a_new_run_refused_at_start_leaves_no_run_behind(tmp_path, monkeypatch, 
         cfg.run_dir.mkdir()
         (cfg.run_dir / "notes.txt").write_text("mine")
     with pytest.raises(api.TrimtabError, match="expert_collapse needs a Mixture-of-Experts model"):
-        api.train_or_raise(cfg)
+        with caplog.at_level(logging.INFO, logger="trimtab.api"):
+            api.train_or_raise(cfg)
     left = sorted(p.name for p in cfg.run_dir.iterdir()) if cfg.run_dir.exists() else None
     assert left == (["notes.txt"] if own_file else None)
+    # said as it is ("refused at start-up: r holds nothing of this session" read as a run lost)
+    removed = f"what it had written into {cfg.run_dir} is removed" if own_file else "the directory it made is removed"
+    assert f"the run was refused before it started: {removed}" in caplog.text
 
 
 def test_a_new_run_refused_in_an_empty_folder_the_user_made_leaves_the_folder(tmp_path, monkeypatch):

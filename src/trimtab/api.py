@@ -139,7 +139,11 @@ def _discard_refused(run_dir: Path, before: set[str], made: bool) -> None:
     if made:
         with contextlib.suppress(OSError):
             run_dir.rmdir()
-    log.info("refused at start-up: %s holds nothing of this session", run_dir)
+    gone = made and not run_dir.exists()
+    log.info(
+        "the run was refused before it started: %s",
+        "the directory it made is removed" if gone else f"what it had written into {run_dir} is removed",
+    )
 
 
 def _close_refused(hooks: list) -> None:
