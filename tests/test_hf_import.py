@@ -10,6 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from hf_helpers import TOL, hf_load, max_diff
 from trimtab.errors import CheckpointError
+from trimtab.hf import importer
 from trimtab.hf.architectures import MODEL_TYPES, to_model_config
 from trimtab.hf.importer import import_model
 
@@ -82,6 +83,34 @@ def test_a_tied_config_whose_file_holds_another_head_is_refused_naming_the_tenso
     save_file({**weights, "lm_head.weight": embedding + 0.01}, str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match="'lm_head.weight' differs from 'model.embed_tokens.weight'"):
         import_model(tmp_path)
+
+
+def test_a_tied_head_saved_too_is_compared_a_block_of_rows_at_a_time(tmp_path, monkeypatch):
+    """The head a tied file holds besides its embedding is compared with it TIE_CHUNK elements of
+    each at a time (before: both read whole at once), every block: a difference in any row refused."""
+    saved(tmp_path, "Qwen2Config", tie_word_embeddings=True)
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    embedding = weights["model.embed_tokens.weight"]  # [320, 32]: 40 blocks of 8 rows
+    monkeypatch.setattr(importer, "TIE_CHUNK", 8 * 32)
+    reads, read = [], importer.SafetensorsDir._read
+
+    def counted(self, name, take):
+        found = read(self, name, take)
+        if name == "lm_head.weight" and isinstance(found, torch.Tensor):
+            reads.append(found.numel())
+        return found
+
+    monkeypatch.setattr(importer.SafetensorsDir, "_read", counted)
+    save_file({**weights, "lm_head.weight": embedding.clone()}, str(tmp_path / "model.safetensors"))
+    import_model(tmp_path)  # the same head saved twice: fine
+    # all of it, a block at a time (+ one element: the file's dtype, read from its first tensor)
+    assert max(reads) <= 8 * 32 and sum(reads) == embedding.numel() + 1
+    for row in (0, 163, 319):  # the first, a middle and the last block
+        head = embedding.clone()
+        head[row, 5] += 0.01
+        save_file({**weights, "lm_head.weight": head}, str(tmp_path / "model.safetensors"))
+        with pytest.raises(CheckpointError, match="'lm_head.weight' differs from 'model.embed_tokens.weight'"):
+            import_model(tmp_path)
 
 
 def file_maps(file):

@@ -29,6 +29,7 @@ from trimtab.model.catalog import uninitialised
 from trimtab.model.upgrade import UpgradedReader, is_legacy
 
 SOURCE = "hf_source.json"  # in a run directory initialised from a Hugging Face model
+TIE_CHUNK = 1 << 22  # elements of each of a tied file's head and embedding read at once to compare
 Keep = Callable[[torch.Tensor, "torch.Tensor | Part"], Any]  # (the model's tensor, a whole one to copy into it)
 
 
@@ -204,7 +205,7 @@ def import_weights(
         raise CheckpointError(f"{exc}{_defaulted(hf, arch)}") from None
     get.check_all_used(str(path), model.cfg.tie_embeddings)
     if model.cfg.tie_embeddings:
-        _check_tied_head(get, "tok_emb.weight" if arch == TRIMTAB else "model.embed_tokens.weight", path)
+        _check_tied_head(reader, "tok_emb.weight" if arch == TRIMTAB else "model.embed_tokens.weight", path)
     missing = [k for k in params if k not in done and not _derived(model, k)]
     if missing:
         raise CheckpointError(f"{path}: nothing sets '{missing[0]}' of the trimtab model (a conversion gap)")
@@ -248,17 +249,30 @@ class _ShapeError(CheckpointError):
     """A tensor whose shape is not the one config.json describes."""
 
 
-def _check_tied_head(get: Recorder, embedding: str, path: Path) -> None:
+def _check_tied_head(reader: SafetensorsDir, embedding: str, path: Path) -> None:
     """A tied model whose file holds a head too: many save both, equal; a different one is
-    refused (tying would drop it silently, and transformers may load it untied instead)."""
-    if "lm_head.weight" not in get.names or embedding not in get.names:
+    refused (tying would drop it silently, and transformers may load it untied instead). Compared
+    TIE_CHUNK elements at a time: never both whole tensors (a large vocabulary's) in memory at once."""
+    if "lm_head.weight" not in reader.names or embedding not in reader.names:
         return
-    if not torch.equal(get("lm_head.weight"), get(embedding)):
+    shape = reader.shape("lm_head.weight")
+    if shape != reader.shape(embedding) or not _equal_by_rows(reader, ("lm_head.weight", embedding), shape):
         raise CheckpointError(
             f"{path}: tensor 'lm_head.weight' differs from '{embedding}', but config.json has tie_word_embeddings "
             "true (the head is the embedding); set tie_word_embeddings to false to keep this head, or remove "
             "lm_head.weight from the file to tie it"
         )
+
+
+def _equal_by_rows(reader: SafetensorsDir, names: tuple[str, str], shape: torch.Size) -> bool:
+    """torch.equal of two tensors of `shape`, read a block of rows of each at a time."""
+    rest = tuple(slice(0, n) for n in shape[1:])
+    rows = max(1, TIE_CHUNK // max(1, shape[1:].numel()))
+    for start in range(0, shape[0], rows):
+        box = (slice(start, min(start + rows, shape[0])), *rest)
+        if not torch.equal(*(reader.part(name, box) for name in names)):
+            return False
+    return True
 
 
 def _check_shape(target: torch.Tensor, name: str, tensor: torch.Tensor, path: Path) -> None:

@@ -188,21 +188,22 @@ def _read_grouped(q: Part, k: Part, v: Part, n_kv_heads: int, box: Box) -> Tenso
 
 
 def _moe_from_hf(get: Getter, cfg: ModelConfig, arch: str, t: str, h: str) -> Pairs:
+    part = get.part if isinstance(get, Recorder) else get  # all copied as is but the experts (Parts too)
     module, gate, up, down = EXPERTS[arch]
     modules = [f"{h}{m}." for m in dict.fromkeys((module, FUSED_MODULE))]  # the class's name first
-    yield t + "router", _first(get, [m + "gate.weight" for m in modules])[1]
+    yield t + "router", _first(part, [m + "gate.weight" for m in modules])[1]
     yield from _experts_from_hf(get, cfg, t, [m + "experts." for m in modules], (gate, up, down))
     m = modules[0]
     if cfg.moe.n_shared_experts:
         for ours, theirs in zip(("w1", "w3", "w2"), MLP):
-            yield f"{t}shared.{ours}.weight", get(f"{m}shared_expert.{theirs}.weight")
-        yield t + "shared_gate.weight", get(m + "shared_expert_gate.weight")
+            yield f"{t}shared.{ours}.weight", part(f"{m}shared_expert.{theirs}.weight")
+        yield t + "shared_gate.weight", part(m + "shared_expert_gate.weight")
     elif arch == "Qwen2MoeForCausalLM":  # zero-width shared expert: adds 0, nothing to keep
         for name in (*(f"shared_expert.{n}.weight" for n in MLP), "shared_expert_gate.weight"):
-            get(m + name)
+            part(m + name)
 
 
-def _first(get: Getter, names: list[str]) -> tuple[int, Tensor]:
+def _first(get: Getter, names: list[str]) -> tuple[int, Tensor | Part]:
     """The index and tensor of the first of `names` the file holds; KeyError naming the first if
     none."""
     for i, name in enumerate(names):
@@ -216,19 +217,49 @@ def _first(get: Getter, names: list[str]) -> tuple[int, Tensor]:
 def _experts_from_hf(get: Getter, cfg: ModelConfig, t: str, xs: list[str], names: tuple[str, str, str]) -> Pairs:
     """w1 / w3 [E, D, H] and w2 [E, H, D] from per-expert matrices, or from the fused layout
     (gate_up_proj [E, 2H, D]: gate rows first; down_proj [E, D, H]). `xs`: the experts' prefixes
-    to look under, in order."""
+    to look under, in order. Parts for a sharded model: an expert-parallel rank reads its own
+    experts only, a pipeline stage none of another stage's; else whole tensors."""
+    lazy = isinstance(get, Recorder) and get.lazy
+    part = get.part if isinstance(get, Recorder) else get
     try:
-        i, gate_up = _first(get, [x + "gate_up_proj" for x in xs])
+        i, gate_up = _first(part, [x + "gate_up_proj" for x in xs])
     except KeyError:
-        E = cfg.moe.n_experts
         for ours, name in zip(("w1", "w3", "w2"), names):
-            yield t + ours, torch.stack([_first(get, [f"{x}{e}.{name}.weight" for x in xs])[1].T for e in range(E)])
+            experts = [_first(part, [f"{x}{e}.{name}.weight" for x in xs])[1] for e in range(cfg.moe.n_experts)]
+            yield t + ours, _whole_unless(lazy, _stacked(experts))
         return
-    down = _first(get, [x + "down_proj" for x in xs[i:] + xs[:i]])[1]  # gate_up_proj's module first
+    down = _first(part, [x + "down_proj" for x in xs[i:] + xs[:i]])[1]  # gate_up_proj's module first
     H = gate_up.shape[1] // 2
-    yield t + "w1", gate_up[:, :H].transpose(1, 2)
-    yield t + "w3", gate_up[:, H:].transpose(1, 2)
-    yield t + "w2", down.transpose(1, 2)
+    yield t + "w1", _whole_unless(lazy, _swapped(gate_up, 0, H))
+    yield t + "w3", _whole_unless(lazy, _swapped(gate_up, H, H))
+    yield t + "w2", _whole_unless(lazy, _swapped(down, 0, down.shape[1]))
+
+
+def _whole_unless(lazy: bool, part: Part) -> Tensor | Part:
+    return part if lazy else part[tuple(slice(0, n) for n in part.shape)]
+
+
+def _stacked(experts: list[Tensor | Part]) -> Part:
+    """stack([x.T for x in experts]) not read yet: a box of it reads its experts' boxes only."""
+    rows, cols = experts[0].shape
+    return Part(torch.Size((len(experts), cols, rows)), partial(_read_stacked, experts))
+
+
+def _read_stacked(experts: list[Tensor | Part], box: Box) -> Tensor:
+    chosen, a, b = box  # never empty over the experts: FSDP2 splits them by experts only when they divide evenly
+    return torch.stack([experts[e][(b, a)].T for e in range(chosen.start, chosen.stop)])
+
+
+def _swapped(fused: Tensor | Part, start: int, rows: int) -> Part:
+    """fused[:, start : start + rows].transpose(1, 2) not read yet: a box of it reads that box of
+    `fused` only."""
+    shape = torch.Size((fused.shape[0], fused.shape[2], rows))
+    return Part(shape, partial(_read_swapped, fused, start))
+
+
+def _read_swapped(fused: Tensor | Part, start: int, box: Box) -> Tensor:
+    chosen, a, b = box
+    return fused[(chosen, slice(start + b.start, start + b.stop), a)].transpose(1, 2)
 
 
 class Recorder:
