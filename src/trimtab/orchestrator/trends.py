@@ -165,7 +165,11 @@ class AboveStart(Monitor):
         self.first_gains.append(m.update_gain)
         last = not self.wants_gain(m.step + 1)  # the phase's last measured step: its jumps are judged
         gain = _mid(self.gains) if len(self.gains) == window else None
-        if gain is None or gain >= self.cfg.min_gain:
+        # min_gain and SOUND_GAIN are a young model's (random weights): from trained weights (train.init_from)
+        # Adam's fresh state overshoots at a sane LR: debug finetuned from a 60-step run at its preset's LR
+        # read medians 0.43 and 0.40 over steps 1-7 (seeds 1, 2; seed 2 was cut x0.316) and 0.64 over 1-15 (at
+        # 10x, cut x0.1 as its loss rose above its start by step 4, the replay was halved to 0.5x for it)
+        if gain is None or gain >= self.cfg.min_gain or not self._young():
             return None if not last else self._short_of_sound(m) if self.fired else self._jumps_found(m)
         rest = [g for g, j in zip(self.gains, self.jumped) if j is None]
         jumped = self._low([j for j in self.jumped if j is not None])
@@ -206,7 +210,7 @@ class AboveStart(Monitor):
         over min_gain and the gradient norm does not die away: debug-mod at 20x, cut to 2x, gains 0.67
         (sound: 0.75-0.8), ended 4.22 against 3.98 clean (150 steps). Halved (too_high.py NEAR_SOUND)."""
         gain = _mid(self.first_gains)
-        if gain is None or len(self.first_gains) < self.cfg.gain_window or gain >= SOUND_GAIN:
+        if gain is None or len(self.first_gains) < self.cfg.gain_window or gain >= SOUND_GAIN or not self._young():
             return None
         n = len(self.first_gains)
         evidence = {"loss": m.loss, "start": self.start, "gain": gain, "min_gain": self.cfg.min_gain}
