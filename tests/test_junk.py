@@ -243,3 +243,21 @@ def test_real_code_outside_the_reference_is_not_word_salad_and_its_shuffled_word
     verdicts = junk.kinds(judged + salad, junk.Bigrams.of([junk.words(t) for t in sample], sample))
     assert [str(v) for v in verdicts[: len(judged)] if v and v.kind == "word salad"] == []
     assert sum(bool(v) and v.kind == "word salad" for v in verdicts[len(judged) :]) >= 4
+
+
+def test_hex_dumps_and_base64_are_named_and_real_code_with_hex_constants_and_hashes_is_not():
+    """`xxd` output packs like text (~5.5 bytes per token, ~4 bits a character): neither screen named it. Most
+    of its characters are hex groups; stdlib code that holds digests and hex constants has few (<= 0.05)."""
+    from test_quality import garbage
+
+    rng = random.Random(0)
+    dumps = [garbage(kind, 1500, rng) for kind in ("hexdump", "base64") for _ in range(3)]
+    dumps.append("\n".join(rng.randbytes(32).hex() for _ in range(40)))  # `xxd -p`
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    real = [
+        chunk for name in ("hashlib.py", "uuid.py", "secrets.py", "base64.py") for chunk in code_chunks(stdlib / name)
+    ]
+    verdicts = junk.kinds(dumps + real)
+    assert [v.kind if v else None for v in verdicts[: len(dumps)]] == ["hex or base64 dump"] * len(dumps)
+    assert str(verdicts[0]).startswith("hex or base64 dump: 0.")
+    assert not any(v and v.kind == "hex or base64 dump" for v in verdicts[len(dumps) :])

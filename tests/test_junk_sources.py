@@ -12,7 +12,6 @@ from trimtab.data import prepare as prepare_module
 from trimtab.data.prepare import Options, prepare
 from trimtab.data.prepared import PreparedData
 from trimtab.data.references import SOURCE_BIGRAMS
-from trimtab.data.shards import BIGRAMS
 
 
 def write(path: Path, texts: list[str]) -> None:
@@ -45,8 +44,8 @@ def test_a_second_language_folder_is_judged_against_its_own_word_pairs(tmp_path,
     write(tmp_path / "other" / "a.jsonl", other + [salad_of(text, rng) for text in other[:6]])
     out, sources = tmp_path / "out", [str(tmp_path / "english"), str(tmp_path / "other")]
     manifest = prepare(sources, out, vocab_size=300, options=Options(), workers=1)
-    # English's sample is the shared one (BIGRAMS, not kept twice); the other folder's is its own
-    assert [s["bigrams"] for s in manifest["sources"]] == [BIGRAMS, SOURCE_BIGRAMS.format(1)]
+    # each folder's sample is its own: the shared one (BIGRAMS) is spread over both
+    assert [s["bigrams"] for s in manifest["sources"]] == [SOURCE_BIGRAMS.format(0), SOURCE_BIGRAMS.format(1)]
     salad = {f"{tmp_path / 'other' / 'a.jsonl'}:{n}" for n in range(121, 127)}
     found = flagged(out)
     assert set(found) == salad and all(why.startswith("word salad") for why in found.values())
@@ -55,3 +54,21 @@ def test_a_second_language_folder_is_judged_against_its_own_word_pairs(tmp_path,
     manifest = prepare(sources, out, options=Options(), workers=1)
     assert manifest["files"][-1]["source"] == 1
     assert set(flagged(out)) == salad | {f"{tmp_path / 'other' / 'b.jsonl'}:21"}
+
+
+def test_the_reference_sample_is_spread_over_the_source_not_its_first_files(tmp_path, monkeypatch):
+    """A source whose first files are of one kind (docs, then code) gave a reference of that kind only: the
+    sample was its first 8 MB in input order (here 20 KB: the first ten of 20 files). Spread, every stretch of
+    the listing gives some, and a large file of records only its share, as the same files always give."""
+    monkeypatch.setattr(prepare_module, "SCALE_SAMPLE_BYTES", 20_000)
+    rng = random.Random(0)
+    for i in range(20):
+        (tmp_path / f"{i:02d}.txt").write_text(f"file{i:02d} " + grammar_prose(rng, 2_000))
+    write(tmp_path / "zz.jsonl", [f"record{i:03d} " + grammar_prose(rng, 1_000) for i in range(100)])
+    files = [str(path) for path in sorted(tmp_path.iterdir())]
+    texts = [doc.text for doc in prepare_module._sample(files, Options(), "")]
+    named = [text.split()[0] for text in texts]
+    quarters = {int(name[4:]) // 5 for name in named if name.startswith("file")}
+    assert quarters == {0, 1, 2, 3}  # before: file00..file09 only, the first half
+    assert 1 <= sum(name.startswith("record") for name in named) <= 2  # 20 KB / 21 files each, at least one
+    assert texts == [doc.text for doc in prepare_module._sample(files, Options(), "")]

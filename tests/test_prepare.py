@@ -448,3 +448,19 @@ def test_prepare_refuses_to_write_into_a_run_directory(tmp_path, capsys, tok_fil
     assert main(["data", "prepare", str(src), "--out", str(run), "--tokenizer", str(tok_file)]) == 2
     assert f"--out {run} is a training run's directory (it holds {held})" in capsys.readouterr().err
     assert sorted(p.name for p in run.iterdir()) == [held]
+
+
+def test_a_deleted_tokenizer_is_trained_again_as_it_was_or_refused(tmp_path, tok_file):
+    """rm tokenizer.json, then prepare again: a new BPE of the default 4096 tokens was trained and the shards
+    of the 300-token one kept, their ids read with it as other text (a run trained on them without a word)."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text(text(random.Random(0), 400))
+    out = tmp_path / "p"
+    first = prepare([str(tmp_path / "src")], out, vocab_size=300, workers=1)
+    made = (out / "tokenizer.json").read_bytes()
+    (out / "tokenizer.json").unlink()
+    again = prepare([str(tmp_path / "src")], out, workers=1)  # the same sources: the same BPE back
+    assert again["tokenizer"] == first["tokenizer"] and (out / "tokenizer.json").read_bytes() == made
+    (out / "tokenizer.json").unlink()
+    with pytest.raises(DataError, match=r"tokenizer.json is missing, and --tokenizer .* is not the tokenizer the"):
+        prepare([str(tmp_path / "src")], out, tokenizer=str(tok_file), workers=1)

@@ -18,6 +18,10 @@ token do not give them away (measured at 4,096 tokens: never flagged):
   corpus's letters, their neighbours' structure and (reversed) its word order, so neither test above
   sees it (measured: 0 of 60 reversed, 18 of 60 shuffled named); its long words are the corpus's
   letters misspelt, which a real document's words, in the corpus's language or another, seldom are.
+- hex dumps and base64 (`dump_share`): `xxd`, `od`, `hexdump -C` output packs at ~5.5 bytes per token
+  and its characters carry ~4 bits, so neither the packing screen nor quality.random_characters names
+  it; most of its characters are in whitespace-separated groups of hex digits or long base64 runs,
+  which real code's hex constants and hashes (`0x1f`, one digest in a line) are a small share of.
 """
 
 from __future__ import annotations
@@ -60,15 +64,27 @@ SCRAMBLE_LETTERS = 4  # words of this many letters or more are judged scrambled 
 MIN_LONG = 20  # such words a document needs for scrambled words to be judged
 SPELLING = 0.1  # a word under this share of its letters' spellings in the rest of the corpus is misspelt
 SCRAMBLED = 0.3  # share of a document's long words so misspelt: scrambled (real text: <= 0.13, scrambled >= 0.8)
+# Share of a document's non-space characters in hex groups or base64 runs (`dump_share`) from which it is a dump.
+# Measured on 1.2 KB of random bytes, /bin/ls and stdlib text as xxd, xxd -p, od -A x -t x1z, hexdump -C, base64:
+# 0.50-1.0 (the ASCII column is the rest); the stdlib's 5,492 .py files and 1.5 KB pieces of them: <= 0.04
+DUMP = 0.5
+DUMP_DIGITS = 0.03  # digits of its characters a dump has at least (hex dumps ~0.4, base64 ~0.1; the stdlib's: ~0.02)
+HEX_LETTERS = 0.05  # hex groups count only when at least this share of their characters are a-f (decimal tables: 0)
 # numbered from 1 in a prepared shard's index (0: none): a new kind goes last, so shards prepared before read alike
-KINDS = ("mojibake", "random letters", "word salad", "scrambled words")
+KINDS = ("mojibake", "random letters", "word salad", "scrambled words", "hex or base64 dump")
 SAID = {  # what each kind is, on the console
     "mojibake": "UTF-8 text read as cp1252/Latin-1",
     "random letters": "letters without a language's structure between neighbours",
     "word salad": "real words in random order",
     "scrambled words": "text spelt backwards or with each word's letters shuffled",
+    "hex or base64 dump": "bytes written out as hex digits or base64, not text",
 }
 _WORD = re.compile(r"[^\W\d_]+")
+# bytes as hex: two digits each, a digit among them ("6c6f", "00000010:", an offset); "cafe", a constant "0010005": not
+_HEX_GROUP = re.compile(r"(?=\D*\d)(?:[0-9a-fA-F]{2})+:?")
+# base64 or hex wrapped at 64-76 columns or in one line: longer than identifiers ("xmlSecOpenSSLTransformDes3CbcId")
+_BLOB = re.compile(r"[A-Za-z0-9+/]{40,}={0,2}")
+_NO_DIGITS = str.maketrans("", "", "0123456789")
 
 
 def mojibake_share(text: str) -> float | None:
@@ -102,6 +118,22 @@ def _run_pattern() -> re.Pattern[str]:
 
 
 _MOJIBAKE_RUN = _run_pattern()
+
+
+def dump_share(text: str) -> float:
+    """The share of `text`'s non-space characters in whitespace-separated groups of bytes as hex (`_HEX_GROUP`;
+    HEX_LETTERS of their characters a-f, or a table of numbers would be one) or in base64 or hex blobs (`_BLOB`,
+    with a digit and a letter): a hex dump's bytes and offsets, a certificate, an embedded image."""
+    if len(text) - len(text.translate(_NO_DIGITS)) < DUMP_DIGITS * len(text):  # most documents: read once, in C
+        return 0.0
+    groups = text.split()
+    hexed = [g for g in groups if len(g) < 40 and _HEX_GROUP.fullmatch(g)]  # longer: a blob
+    n_hex = sum(map(len, hexed))
+    if sum(c.isalpha() for g in hexed for c in g) < HEX_LETTERS * n_hex:
+        n_hex = 0
+    blobs = (m.group() for m in _BLOB.finditer(text))
+    n_blob = sum(len(b) for b in blobs if any(c.isdigit() for c in b) and any(c.isalpha() for c in b))
+    return (n_hex + n_blob) / max(sum(map(len, groups)), 1)
 
 
 def letter_structure(text: str) -> float | None:
@@ -346,6 +378,7 @@ class Verdict:
             "random letters": "bits of structure between neighbouring letters, under",
             "word salad": "bits of information between adjacent words (less distant ones'), under",
             "scrambled words": "of its long words unknown to the corpus but its words' letters rearranged, at least",
+            "hex or base64 dump": "of its characters in groups of hex digits or base64 runs, at least",
         }[self.kind]
         return f"{self.kind}: {self.score:.2f} {what} {self.bar:g}"
 
@@ -387,6 +420,8 @@ def _verdict(text: str, ws: list[str], bits: float, scored: int, misspelt: float
         return None
     if (share := mojibake_share(text)) is not None:
         return Verdict("mojibake", share, MOJIBAKE_SHARE)
+    if (dumped := dump_share(text)) >= DUMP:
+        return Verdict("hex or base64 dump", dumped, DUMP)
     if (bits_between := letter_structure(text)) is not None and bits_between < quality.STRUCTURE:
         return Verdict("random letters", bits_between, quality.STRUCTURE)
     if scored >= MIN_PAIRS and bits < SALAD_BITS and prose(text, ws):

@@ -227,15 +227,35 @@ def _measure_scale(
 
 
 def _sample(files: list[str], options: Options, hint: str) -> list[Document]:
-    """The first SCALE_SAMPLE_BYTES of `files`' documents."""
+    """SCALE_SAMPLE_BYTES of `files`' whole documents, spread over them (`_spread`): the first 8 MB in
+    input order gave a source whose first files are of one kind (docs, then code) a reference of that
+    kind only, against which its other files' word pairs looked like word salad (data/junk.py). Each
+    file gives at most an equal share of what is left (at least one document), so a few large files
+    each give some too; a file is read up to its share only, so nothing is read twice (a file's share
+    is its head: records past it are not reached)."""
     reader = _Reader(options.data_config(), "data", "data prepare source", fix=hint, limit=SCALE_SAMPLE_BYTES)
 
     def readable() -> Iterator[Document]:  # a file that fails is named by its own job, not here
-        for path in files:
+        left = SCALE_SAMPLE_BYTES
+        for rank, i in enumerate(_spread(len(files))):
+            share, taken = max(left // (len(files) - rank), 1), 0
+            reader.limit = share  # a file's records are held back up to its share, not the whole sample's
             with contextlib.suppress(DataError, formats.Unreadable):
-                yield from reader.documents(path)
+                for doc in reader.documents(files[i]):
+                    yield doc
+                    size = len(doc.text.encode())
+                    taken, left = taken + size, left - size
+                    if taken >= share:
+                        break
 
     return _take_bytes(readable(), SCALE_SAMPLE_BYTES)[0]
+
+
+def _spread(n: int) -> list[int]:
+    """0..n-1 in bit-reversed order (van der Corput): the first k of them are spread evenly over the
+    listing (first, middle, quarters, ...), the same for the same listing."""
+    bits = max(n - 1, 1).bit_length()
+    return sorted(range(n), key=lambda i: int(f"{i:0{bits}b}"[::-1], 2))
 
 
 def _garbage_line(manifest: dict[str, Any], kinds: Counter[str], names: list[str], dropped: bool) -> str:
@@ -325,6 +345,8 @@ def _tokenizer(
                 f"--tokenizer {given} is not the tokenizer {out} was prepared with ({own}); "
                 "leave --tokenizer out to add files with it, or prepare into a new directory"
             )
+        if not own.is_file():
+            _same_as_shards(manifest, out, tok, f"--tokenizer {given}")
         if foreign or not own.is_file():  # a new directory's: a given tokenizer
             manifest["tokenizer"] = {"bpe_vocab_size": None}
         if not own.is_file():
@@ -342,11 +364,27 @@ def _tokenizer(
     docs = reader.spread(sources, TRAIN_SAMPLE_BYTES)  # a share of every file's, not the first files'
     if not docs:
         raise DataError(f"the sources ({', '.join(sources)}) hold no text; point them at non-empty files")
-    size = vocab_size or DEFAULT_VOCAB_SIZE
+    size = (manifest.get("tokenizer") or {}).get("bpe_vocab_size") or vocab_size or DEFAULT_VOCAB_SIZE
     tok = train_tokenizer(docs, size)
+    _same_as_shards(manifest, out, tok, f"a BPE of {size} trained again on the sources")
     tok.save(own)
     manifest["tokenizer"] = {"bpe_vocab_size": size}
     return tok
+
+
+def _same_as_shards(manifest: dict[str, Any], out: Path, tok: TextTokenizer, what: str) -> None:
+    """A directory whose tokenizer.json was deleted keeps shards of the ids it gave: another tokenizer
+    (a new BPE of the default size, or another --tokenizer) would have them read as other text, silently
+    (a soak: rm tokenizer.json, prepare again, and the run trained on the 512-token BPE's ids with a
+    4096-token one). The same one, trained again from the same sources, is kept."""
+    made = (manifest.get("tokenizer") or {}).get("sha256")
+    if not manifest.get("shards") or made in (None, tok.fingerprint):
+        return
+    raise DataError(
+        f"{out / 'tokenizer.json'} is missing, and {what} is not the tokenizer the shards in {out / 'shards'} "
+        f"were made with (sha256 {made[:12]}, trimtab-data.json); restore that tokenizer.json, give it with "
+        "--tokenizer, or prepare into a new directory"
+    )
 
 
 _NEW_OUT = "prepare into a new directory"

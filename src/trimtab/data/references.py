@@ -1,5 +1,5 @@
 """The junk screen's references for `trimtab data prepare`: one per source, as training builds one per
-data.mix entry (data/junk.py). Judged against one shared sample (the first 8 MB of all the inputs), code
+data.mix entry (data/junk.py). Judged against one shared sample (8 MB spread over all the inputs), code
 met prose's word pairs and a foreign-language folder English's spellings, or all of them met the first
 folder's. A source is what the user names as one (a file, a directory, a glob); its reference is
 measured on its files' sample when it is first prepared and kept beside the manifest (SOURCE_BIGRAMS), so
@@ -59,7 +59,7 @@ def measure(
 
 
 def _same_sample(out: Path, bigrams: junk.Bigrams) -> bool:
-    """Whether BIGRAMS was drawn from the same documents (a first source of 8 MB or more): not kept twice."""
+    """Whether BIGRAMS was drawn from the same documents (a lone source's sample): not kept twice."""
     if not (out / BIGRAMS).is_file():
         return False
     with np.load(out / BIGRAMS) as shared:  # reads the members only
