@@ -37,10 +37,11 @@ import numpy as np
 
 from trimtab.data import formats, junk, quality, references
 from trimtab.data.listing import shown, source_files
+from trimtab.data.prepare_tokenizer import directory_tokenizer
 from trimtab.data.prepared import MANIFEST_VERSION, PreparedData, read_manifest, sha256_file, write_manifest
 from trimtab.data.shards import BIGRAMS, PACKING, SKIP_HINT, SKIPPED_SHOWN, Item, Options, run_job, save_bigrams
 from trimtab.data.sources import Document, _Reader, _take_bytes
-from trimtab.data.tokenizer import MIN_VOCAB, TRAIN_SAMPLE_BYTES, TextTokenizer, train_tokenizer
+from trimtab.data.tokenizer import MIN_VOCAB, TextTokenizer
 from trimtab.errors import DataError
 from trimtab.rundir import CONFIG, METRICS_FILE, SUMMARY
 
@@ -50,7 +51,6 @@ SHARD_BYTES = 256 << 20  # source bytes per job at most: a job writes one shard,
 MIN_JOB_BYTES = 16 << 20  # ... and at least, unless the files are smaller
 SCALE_SAMPLE_BYTES = 8_000_000  # text the garbage screen measures the sources' packing on (data/quality.py)
 PROBE_BYTES = 1_000_000  # read at most of a file to find that the sources hold text
-DEFAULT_VOCAB_SIZE = 4096  # the BPE a new directory trains when neither --tokenizer nor --vocab-size is given
 
 
 WRITTEN = ("shards", BIGRAMS, "tokenizer.json", "tokenizer_config.json", "trimtab-data.json")  # prepare makes these
@@ -68,8 +68,8 @@ def prepare(
 ) -> dict[str, Any]:
     """Prepare `sources` (files, directories, globs) into `out`; returns the manifest. New files
     are added to an existing directory; files already there are skipped. `vocab_size`: the BPE a
-    new directory trains (None: DEFAULT_VOCAB_SIZE); one other than an existing directory's is
-    refused (_check_vocab_size). `skip_hint`: how the caller turns on skip_bad_records, for the
+    new directory trains (None: prepare_tokenizer.DEFAULT_VOCAB_SIZE); one other than an existing directory's is
+    refused. `skip_hint`: how the caller turns on skip_bad_records, for the
     error a malformed record raises."""
     out = Path(out)
     if vocab_size is not None and vocab_size < MIN_VOCAB:  # train_tokenizer's own error names no flag
@@ -150,7 +150,7 @@ def _prepare(
     manifest = _drop_corrupt(manifest, out)
     if not manifest.get("documents"):  # a new directory: it must get something to train on
         _require_text(sources, out, options, hint)
-    tok = _tokenizer(manifest, out, tokenizer, vocab_size, sources, options, hint, foreign)
+    tok = directory_tokenizer(manifest, out, tokenizer, vocab_size, sources, options, hint, foreign)
     # bpe_vocab_size (set by _tokenizer) kept: the --vocab-size asked for, which a small corpus's BPE falls short of
     manifest["tokenizer"] = {**manifest.get("tokenizer", {}), "sha256": tok.fingerprint, "vocab_size": tok.vocab_size}
     manifest["dtype"] = manifest.get("dtype") or ("uint16" if tok.vocab_size <= 1 << 16 else "uint32")
@@ -317,112 +317,6 @@ def _drop_corrupt(manifest: dict[str, Any], out: Path) -> dict[str, Any]:
         for key in ("prepared", "done", "documents", "tokens", "skipped", "unreadable", "garbage"):
             entry.pop(key, None)
     return manifest
-
-
-def _tokenizer(
-    manifest: dict[str, Any],
-    out: Path,
-    given: str | None,
-    vocab_size: int | None,
-    sources: list[str],
-    options: Options,
-    hint: str = SKIP_HINT,
-    foreign: bool = False,
-) -> TextTokenizer:
-    """The directory's tokenizer; a new directory takes --tokenizer (a tokenizer.json or a
-    Hugging Face model directory) or a BPE of vocab_size trained on a sample of the sources. The
-    manifest's tokenizer.bpe_vocab_size records the size asked for (null: a given tokenizer).
-    `foreign`: a new directory already holds a tokenizer.json no prepare wrote (a Hugging Face
-    model's folder): used only when --tokenizer names that same tokenizer, refused otherwise."""
-    own = out / "tokenizer.json"
-    if given:
-        fix = "point --tokenizer at a good tokenizer.json (tokenizers' Tokenizer.save), or leave it out to train a BPE"
-        tok = TextTokenizer.load(Path(given), key="--tokenizer", fix=fix)
-        if own.is_file() and TextTokenizer.load(own).fingerprint != tok.fingerprint:
-            if foreign:  # no prepare's: leaving --tokenizer out would not add files with it
-                raise DataError(f"--tokenizer {given} is not the tokenizer.json {out} already holds; " + _NEW_OUT)
-            raise DataError(
-                f"--tokenizer {given} is not the tokenizer {out} was prepared with ({own}); "
-                "leave --tokenizer out to add files with it, or prepare into a new directory"
-            )
-        if not own.is_file():
-            _same_as_shards(manifest, out, tok, f"--tokenizer {given}")
-        if foreign or not own.is_file():  # a new directory's: a given tokenizer
-            manifest["tokenizer"] = {"bpe_vocab_size": None}
-        if not own.is_file():
-            tok.save(own)
-        return tok
-    if foreign:
-        raise DataError(_foreign_tokenizer(out, own))
-    if own.is_file():
-        tok = TextTokenizer.load(own)
-        _check_vocab_size(manifest, out, tok, vocab_size)
-        return tok
-    reader = _Reader(
-        options.data_config(), "data", "data prepare source", fix=hint, limit=TRAIN_SAMPLE_BYTES, exclude=(out,)
-    )
-    docs = reader.spread(sources, TRAIN_SAMPLE_BYTES)  # a share of every file's, not the first files'
-    if not docs:
-        raise DataError(f"the sources ({', '.join(sources)}) hold no text; point them at non-empty files")
-    size = (manifest.get("tokenizer") or {}).get("bpe_vocab_size") or vocab_size or DEFAULT_VOCAB_SIZE
-    tok = train_tokenizer(docs, size)
-    _same_as_shards(manifest, out, tok, f"a BPE of {size} trained again on the sources")
-    tok.save(own)
-    manifest["tokenizer"] = {"bpe_vocab_size": size}
-    return tok
-
-
-def _same_as_shards(manifest: dict[str, Any], out: Path, tok: TextTokenizer, what: str) -> None:
-    """A directory whose tokenizer.json was deleted keeps shards of the ids it gave: another tokenizer
-    (a new BPE of the default size, or another --tokenizer) would have them read as other text, silently
-    (a soak: rm tokenizer.json, prepare again, and the run trained on the 512-token BPE's ids with a
-    4096-token one). The same one, trained again from the same sources, is kept."""
-    made = (manifest.get("tokenizer") or {}).get("sha256")
-    if not manifest.get("shards") or made in (None, tok.fingerprint):
-        return
-    raise DataError(
-        f"{out / 'tokenizer.json'} is missing, and {what} is not the tokenizer the shards in {out / 'shards'} "
-        f"were made with (sha256 {made[:12]}, trimtab-data.json); restore that tokenizer.json, give it with "
-        "--tokenizer, or prepare into a new directory"
-    )
-
-
-_NEW_OUT = "prepare into a new directory"
-
-
-def _foreign_tokenizer(out: Path, own: Path) -> str:
-    """Data tokenized silently with a tokenizer nobody chose (preparing into a model's folder) is
-    data for another model than the one the person had in mind: said, with both ways on."""
-    return (
-        f"--out {out} already holds a tokenizer.json that no `trimtab data prepare` wrote (e.g. a Hugging Face "
-        f"model's folder); to prepare with that tokenizer, say so: --tokenizer {own}; for a BPE trained on the "
-        f"sources (--vocab-size), {_NEW_OUT}"
-    )
-
-
-def _check_vocab_size(manifest: dict[str, Any], out: Path, tok: TextTokenizer, vocab_size: int | None) -> None:
-    """Refuse a --vocab-size other than the one the directory's tokenizer was made with: the
-    directory keeps its tokenizer, so the flag would be silently ignored. A manifest from before
-    bpe_vocab_size was recorded cannot tell (a small corpus's BPE falls short of the size asked):
-    a warning."""
-    saved = manifest.get("tokenizer", {})
-    made = saved.get("bpe_vocab_size", tok.vocab_size)
-    if vocab_size is None or made == vocab_size:
-        return
-    if "bpe_vocab_size" not in saved:
-        log.warning(
-            "%s: keeps the tokenizer it was prepared with (a vocabulary of %d); --vocab-size %d applies to a "
-            "new directory only",
-            out,
-            tok.vocab_size,
-            vocab_size,
-        )
-        return
-    was = f"--vocab-size {made}" if made is not None else f"--tokenizer (a vocabulary of {tok.vocab_size})"
-    raise DataError(
-        f"{out} was prepared with {was}, not --vocab-size {vocab_size}; leave --vocab-size out to add files "
-        "with its tokenizer, or prepare into a new directory"
-    )
 
 
 def _new_files(manifest: dict[str, Any], sources: list[str], out: Path) -> list[tuple[int, Path, bool]]:
