@@ -93,11 +93,17 @@ def test_a_disk_too_small_for_any_new_checkpoint_stops_with_exit_4_and_resumes_o
     assert [p.name for p in list_checkpoints(run)] == ["step_000000"] and latest_valid(run) is not None
     assert [d["action"] for d in read_decisions(run, abandoned=True) if d["rule"] == "disk"][-1] == "stop"
     assert not leftovers(run)
+    # the 10 steps since step 0 were lost though their weights fit (~1.1 MB in bf16): now kept, and said so
+    kept = run / "snapshots" / "step_000010"
+    assert (kept / "model.safetensors").is_file()
+    assert f"kept in {kept}" in summary["status"] and f"train.init_from={kept}" in done.stderr
 
     small_fs.resize(40)  # a person frees space; the same command resumes and finishes
     again = train(run, 10, "checkpoint.every=5")
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "resuming from" in again.stderr and latest_valid(run)[0].name == "step_000010"
+    # from the checkpoint (weights, optimizer, data position), never from the weights-only snapshot
+    assert f"resuming from {run / 'checkpoints' / 'step_000000'} (step 0" in again.stderr
+    assert latest_valid(run)[0].name == "step_000010"
 
 
 def test_metrics_lines_a_full_disk_cut_short_are_written_once_each_when_space_returns(small_fs):

@@ -24,7 +24,7 @@ from trimtab.training.hooks import keyed
 from trimtab.training.runtime import LogWindow, rng_state, set_rng_state
 from trimtab.training.schedule import configured_lengths, reconcile
 from trimtab.training.setup import prepare_run_dir
-from trimtab.training.state import GAVE_UP, KEPT_ON_ROLLBACK, TrainState
+from trimtab.training.state import GAVE_UP, KEPT_ON_ROLLBACK, NO_CHECKPOINT, TrainState
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,8 @@ class Checkpointing(EmergencySave):
                 GAVE_UP,
             )
             return
+        if self.exit_code == NO_CHECKPOINT and self.last_saved < self.state.step:
+            self._keep_weights()
         if self.exit_code == GAVE_UP and self.last_saved == self.state.step and 0 <= self.last_good < self.state.step:
             self.dist.on_main(retire_after, self.cfg.run_dir, self.last_good, self.cfg.checkpoint.keep)
             self.say(
@@ -169,6 +171,32 @@ class Checkpointing(EmergencySave):
             )
         except OSError as exc:
             self.say(f"step {self.state.step}: the lean snapshot was not written ({exc}); training goes on")
+
+    def _keep_weights(self) -> None:
+        """No checkpoint fits (the disk rule's stop, exit code 4): the weights alone, as a lean snapshot
+        (bf16, a sixth of a checkpoint after the first step), so the steps trained since the resume point
+        are not all lost. Never the resume point: an exact resume needs the optimizer's moments, the data
+        position and the RNG, which only a checkpoint holds; the snapshot starts a new run (train.init_from).
+        Said in the stop reason (the exit line and summary.json): where the weights are, or that they did
+        not fit either."""
+        step, c = self.state.step, self.cfg.checkpoint
+        if self.dist.sharded:  # check_snapshots' reason: gathering sharded weights is not built yet
+            kept = "its weights were not kept either (a lean snapshot needs every weight on one rank)"
+        else:
+            state = {"tokens": self.state.tokens, "moe": self.model.moe_state(), "mod": self.model.mod_state()}
+            weights = self.model.state_dict()
+            args = (self.cfg.run_dir, step, weights, state, c.snapshot_keep, c.snapshot_keep_every)
+            try:
+                path = self.dist.from_main(save_snapshot, *args)
+            except OSError as exc:
+                kept = f"not even its weights fit as a lean snapshot ({exc}): the steps since are lost"
+            else:
+                kept = (
+                    f"its weights alone (bf16, no optimizer state: not a resume point) are kept in {path}; to "
+                    f"train on from them instead, a new run: --set train.init_from={path} --out NEW_DIR"
+                )
+        self.stop_reason += f"; step {step}: {kept}"
+        self.say(f"step {step}: no checkpoint fits; {kept}")
 
     def check_snapshots(self) -> None:
         """Refused before training, not at the first snapshot: a snapshot needs every weight on
