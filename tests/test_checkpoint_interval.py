@@ -1,20 +1,24 @@
 """The checkpoint-interval rule (orchestrator/interval.py): Young's interval counts the run's own
 rollbacks as failures beside the hardware's."""
 
+import math
 from types import SimpleNamespace
+
+import pytest
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.core import Orchestrator
-from trimtab.orchestrator.interval import CheckpointInterval
+from trimtab.orchestrator.interval import CheckpointInterval, poisson_rate_low
 
 STEP_S, STALL_S = 0.5, 0.34  # small on CPU: a step, and a save of its 17 MB checkpoint
 
 
 def test_a_rollback_brings_the_checkpoints_closer_and_a_fault_free_run_keeps_its_interval():
     """36 steps of 0.5 s at checkpoint.every 50 on one device: the hardware's MTBF (Llama 3's rate,
-    ~35,000 h) keeps 50. A rollback that threw away 38 steps makes the failures' rate 1 in 18 s
-    trained: sqrt(2 x 0.34 x 18) = 3.5 s, 6 steps (with the hardware's rate beside it), judged at
-    once, with the stall and the replay in the evidence; not again at the saves after it."""
+    ~35,000 h) keeps 50. A rollback that threw away 38 steps in 18 s trained makes the failures'
+    rate at least 0.105 / 18 s (its 90% lower confidence bound): sqrt(2 x 0.34 x 171) = 10.8 s, 21
+    steps (with the hardware's rate beside it), judged at once, with the stall and the replay in the
+    evidence; not again at the saves after it."""
     cfg = OrchestratorConfig()
     assert cfg.checkpoint_interval.rollbacks  # on by default
     cfg.checkpoint_interval.rollbacks = False
@@ -27,12 +31,35 @@ def test_a_rollback_brings_the_checkpoints_closer_and_a_fault_free_run_keeps_its
     rule.rolled_back(38)
     f = rule.observe(37, [], 0.0, world=1, every=50, configured=50)
     assert f is not None and f.rule == "checkpoint_interval"
-    assert f.evidence["steps"] == 6 and f.evidence["was"] == 50
+    assert f.evidence["steps"] == 21 and f.evidence["was"] == 50
     assert f.evidence["rollbacks"] == 1 and f.evidence["replayed_steps"] == 38
     assert f.evidence["save_stall_s"] == STALL_S and f.evidence["trained_s"] == 18.0
     assert "1 rollback(s)" in f.summary
     # judged at the rollback: the saves after it leave the interval, though the rate falls as the run trains
-    assert rule.observe(60, [STEP_S] * 23, STALL_S, world=1, every=6, configured=50) is None
+    assert rule.observe(60, [STEP_S] * 23, STALL_S, world=1, every=21, configured=50) is None
+
+
+def interval_after(rollbacks: int, steps: int, step_s: float, stall_s: float) -> int:
+    """The interval, in steps, the rule sets after `rollbacks` in `steps` steps of `step_s` (one device)."""
+    rule = CheckpointInterval(OrchestratorConfig())
+    rule.observe(steps, [step_s] * steps, stall_s, world=1, every=50, configured=50)
+    for _ in range(rollbacks):
+        rule.rolled_back(10)
+    f = rule.observe(steps + 1, [], 0.0, world=1, every=50, configured=50)
+    return f.evidence["steps"] if f else 50
+
+
+def test_one_rollback_is_no_rate_to_checkpoint_every_step_by_but_many_rollbacks_are():
+    """An MTBF from one event has a spread as large as itself: one rollback in 10 steps of 1 s with a
+    save of 5% of a step made Young's interval sqrt(2 x 0.05 x 10) = 1 s, a checkpoint every step.
+    At the rate's 90% lower bound (Garwood 1936: 0.105 events, not 1) it is sqrt(2 x 0.05 x 95) = 3 steps;
+    ten rollbacks in the same 10 s are evidence enough (6.2 events at the bound): every step again, and
+    so is a save truly cheap beside a step (0.1% of it) after one rollback."""
+    assert poisson_rate_low(1) == pytest.approx(-math.log(0.9), rel=1e-6)  # chi2(0.1, 2) / 2, closed form
+    assert poisson_rate_low(1) < poisson_rate_low(2) / 2 < poisson_rate_low(10) / 10 < 1  # nears n as n grows
+    assert interval_after(1, 10, 1.0, 0.05) == 3
+    assert interval_after(10, 10, 1.0, 0.05) == 1
+    assert interval_after(1, 10, 1.0, 0.001) == 1
 
 
 def test_the_orchestrator_counts_its_rollbacks_and_a_resume_keeps_them(tmp_path):
