@@ -43,7 +43,8 @@ def _rows() -> Rows:
 def _trainer(rows: Rows, rank: int) -> SimpleNamespace:
     """What RunView's scoring reads of a trainer; the forward answers with this rank's numbers."""
     micro = micro_batches(rows, [0, 1, 2], 10_000, 0)
-    held = SimpleNamespace(micro=micro, sources=["data"] * len(micro))  # each micro-batch's source (one)
+    # each micro-batch's source (one); the row reference's sample (HeldOut.reference): these rows
+    held = SimpleNamespace(micro=micro, sources=["data"] * len(micro), reference=lambda limit, part=None: micro)
     phase = SimpleNamespace(train_rows=rows, eval_rows=SimpleNamespace(at=lambda budget: held))
     agreed = SimpleNamespace(completing_forward=nullcontext, first_error=lambda error: error, dp_rank=rank, dp_world=2)
     trained_by = Owners()

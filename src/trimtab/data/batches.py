@@ -339,11 +339,15 @@ class HeldOut:
     and its reference rows run no larger micro-batches than the training step that just ran out
     of memory, over the same targets, so val_loss stays the same quantity across a re-split. The
     probe is the rows of the first micro-batch at the starting budget, split alike: the baseline
-    it is compared with (a good checkpoint's) stays comparable too."""
+    it is compared with (a good checkpoint's) stays comparable too. The orchestrator's row
+    reference is a sample of its own (reference): spread over each whole held-out set, not its
+    first rows, which val_loss scores and which can be a single document."""
 
-    def __init__(self, sets: list[tuple[Rows, list[int], str]], budget: int, pad_id: int) -> None:
+    def __init__(self, sets: list[tuple[Rows, list[int], str]], budget: int, pad_id: int, seed: int = 0) -> None:
         self.sets = [s for s in sets if s[1]]  # (rows, the indices scored, the set's name: "" alone)
         self.pad_id = pad_id
+        self.seed = seed  # train.seed: which rows the reference sample takes
+        self._references: dict[tuple[int, str | None], list[MicroBatch]] = {}  # at this budget
         self.probe_rows = group_rows(self.sets[0][0], self.sets[0][1], budget)[0] if self.sets else []
         self.budget = 0
         self.micro: list[MicroBatch] = []
@@ -361,8 +365,36 @@ class HeldOut:
             self.micro += micro
             self.sources += [name] * len(micro)
         self.probe = micro_batches(self.sets[0][0], self.probe_rows, budget, self.pad_id) if self.sets else []
-        self.budget = budget
+        self.budget, self._references = budget, {}
         return self
+
+    def reference(self, limit: int, part: str | None = None) -> list[MicroBatch]:
+        """Up to `limit` held-out rows (`part`: that set's alone; None: all sets' together, each in
+        proportion to its rows) in micro-batches of the current budget: the orchestrator's row
+        reference (training/view.py held_out_row_losses). A systematic sample of the whole held-out
+        split, every len/limit-th row from an offset the seed draws (Cochran, Sampling Techniques,
+        1977, ch. 8), so it covers the split's documents in proportion to their size, where the first
+        rows val_loss scores are often one document; the same rows at every read. Built once per
+        budget."""
+        key = (limit, part)
+        if key not in self._references:
+            chosen = [rows for rows, _, name in self.sets if part is None or name == part]
+            picks = spread(sum(len(rows) for rows in chosen), limit, self.seed)
+            micro, base = [], 0
+            for rows in chosen:
+                mine = [int(p) - base for p in picks if base <= p < base + len(rows)]
+                micro += micro_batches(rows, mine, self.budget, self.pad_id) if mine else []
+                base += len(rows)
+            self._references[key] = micro
+        return self._references[key]
+
+
+def spread(n: int, k: int, seed: int) -> np.ndarray:
+    """int64 [min(n, k)]: k of range(n) at even spacing n/k from a seeded offset; all n when k >= n."""
+    if k >= n:
+        return np.arange(n, dtype=np.int64)
+    offset = np.random.default_rng([seed, 0x48454C44]).random()  # its own stream: not the loader's orders
+    return np.floor((np.arange(k) + offset) * (n / k)).astype(np.int64)
 
 
 # ------------------------------------------------------------------------------ data parallelism

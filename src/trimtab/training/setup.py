@@ -152,6 +152,8 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
         built = build_phase_data(data, sources, tok, cfg.train.seed, cache_dir(), eval_source)
         mixed = mixed_sources(built, key)
         steps = cfg.finetune.steps if name == "finetune" else resolve_max_steps(cfg, built.train.n_tokens, tok, mixed)
+        held = held_out(built, cfg.train.micro_budget, cfg.train.eval_tokens, tok.pad_id, cfg.train.seed)
+        _say_thin_reference(cfg, held, key)
         phases.append(
             Phase(
                 name=name,
@@ -160,7 +162,7 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
                 data=data,
                 optim=optim,
                 train_rows=built.train,
-                eval_rows=held_out(built, cfg.train.micro_budget, cfg.train.eval_tokens, tok.pad_id),
+                eval_rows=held,
                 skipped_records=built.skipped_records,
                 weights=built.weights,
                 names=built.names,
@@ -187,16 +189,36 @@ def _rl_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer, 
     return tok, [build_dpo_phase(cfg, tok) if cfg.dpo.enabled else build_rl_phase(cfg, tok)]
 
 
-def held_out(built: PhaseData, micro_budget: int, eval_tokens: int, pad_id: int) -> HeldOut:
+def held_out(built: PhaseData, micro_budget: int, eval_tokens: int, pad_id: int, seed: int) -> HeldOut:
     """The rows evaluated, train.eval_tokens shared among a mixture's held-out sets by weight,
-    split at the starting budget."""
+    split at the starting budget; `seed` (train.seed) draws the orchestrator's reference sample."""
     several = len(built.evals) > 1
     weights, names = (built.weights, built.names) if several else ([1.0], [""])
     sets = [
         (rows, eval_rows(rows, max(1, int(eval_tokens * weight))) if len(rows) else [], name)
         for rows, weight, name in zip(built.evals, weights, names)
     ]
-    return HeldOut(sets, micro_budget, pad_id)
+    return HeldOut(sets, micro_budget, pad_id, seed)
+
+
+def _say_thin_reference(cfg: RunConfig, held: HeldOut, key: str) -> None:
+    """Said once: a held-out split of fewer rows than orchestrator.data.reference_rows gives the data
+    watch and the spike attribution a reference of only those (their median and spread: 9 rows of
+    one file on the debug preset with train.seed=3, whose eval split is one document of 28). The
+    sample (HeldOut.reference) cannot make that up; only more held-out data can."""
+    rows, want = sum(len(r) for r, _, _ in held.sets), cfg.orchestrator.data.reference_rows
+    if cfg.orchestrator.mode != "off" and 0 < rows < want:
+        log.info(
+            "%s: its held-out split holds %d rows, under orchestrator.data.reference_rows=%d: the orchestrator "
+            "judges training rows against those %d; raise %s.eval_fraction or give %s.eval_source for a sounder "
+            "reference",
+            key,
+            rows,
+            want,
+            rows,
+            key,
+            key,
+        )
 
 
 def complete(cfg: RunConfig, tok: TextTokenizer, phases: list[Phase]) -> RunConfig:

@@ -205,18 +205,13 @@ class RunView:
         return {r: v for r, v in zip(order, highest_scores(values)) if v > -math.inf}
 
     def held_out_row_losses(self, limit: int = 64, part: str | None = None) -> list[float]:
-        """Up to `limit` held-out rows' mean losses, scored as row_losses scores: the reference.
+        """Up to `limit` held-out rows' mean losses, scored as row_losses scores: the reference, a
+        sample spread over the whole held-out split (HeldOut.reference), not val_loss's first rows.
         `part`: that mixture source's held-out rows alone (row_parts' names); [] when its eval split
         holds no row (a small source's)."""
         t = self._t
-        rows, micro, n = held_out(t), [], 0
-        for batch, source in zip(rows.micro, rows.sources) if rows is not None else []:
-            if n >= limit:
-                break
-            if part is not None and source != part:
-                continue
-            micro.append(batch)
-            n += len(batch.rows)
+        rows = held_out(t)
+        micro = rows.reference(limit, part) if rows is not None else []
         scored = self._unless_oom(
             "scoring held-out rows", lambda: scoring.row_losses(t.model, t.forward, t.precision, micro, t.device), []
         )
