@@ -471,6 +471,23 @@ def test_the_runs_wall_column_is_the_whole_runs_time_the_ettr_is_over(tmp_path):
     assert rows["no_ledger"]["wall_s"] == 1.0
 
 
+def test_the_reports_wall_column_is_the_whole_runs_time_as_the_runs_table(tmp_path):
+    """`trimtab report` on a run a torchrun restart resumed (kill_rank under FSDP2) showed "12 s", the
+    last session's seconds, beside an ETTR of 18.3% over both sessions (61 s) that `trimtab runs` showed
+    as 62 s: the report's wall is the runs table's."""
+    from trimtab.report.page import SUMMARY, summary_row
+
+    sessions = [
+        {"step": 2, "end": None, "seconds": {"productive": 2.0, "start_up": 3.0}},
+        {"step": 4, "end": "completed", "seconds": {"productive": 4.0, "other": 2.0}, "down_s": 1.0},
+    ]
+    (_fake_run(tmp_path / "resumed", 1e-3) / "goodput.json").write_text(json.dumps({"sessions": sessions}))
+    row = dict(zip(SUMMARY, summary_row(read_run(tmp_path / "resumed"))))
+    assert (row["wall"], row["ETTR"]) == ("12 s", "50.0%") and list_runs(tmp_path)[0]["wall_s"] == 12.0
+    _fake_run(tmp_path / "no_ledger", 2e-3)  # an older trimtab's run: its summary's seconds, as before
+    assert dict(zip(SUMMARY, summary_row(read_run(tmp_path / "no_ledger"))))["wall"] == "1 s"
+
+
 def test_a_damaged_goodput_ledger_is_started_anew_by_the_resumed_session(tmp_path, caplog):
     """A resume read goodput.json's sessions as they were: `{"sessions": 5}` or a session without
     its step ended the run's start with a TypeError / KeyError (Ledger.__init__, Ledger.open)."""

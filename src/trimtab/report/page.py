@@ -17,6 +17,7 @@ from plotly.offline import get_plotlyjs
 from trimtab.report import figures
 from trimtab.report.healing import HEADER, Healing, curves, table_rows
 from trimtab.report.run import RunRecord, finite, outcome_result, val_loss
+from trimtab.report.runs import run_wall
 from trimtab.rundir import advice_line, healed, is_note, standing_advice
 
 STYLE = """
@@ -110,7 +111,7 @@ def summary_row(run: RunRecord) -> list[Any]:
     tokens = s.get("tokens", last.get("tokens"))
     loss = val_loss(run)
     params = s.get("params")
-    wall = s.get("seconds")
+    wall = run_wall(run.goodput, s)  # every session's, as the ETTR beside it and `trimtab runs`: not the last one's
     kept = [d for d in run.decisions if not d.get("abandoned")]
     gone = len(run.decisions) - len(kept)
     return [

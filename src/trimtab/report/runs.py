@@ -111,14 +111,14 @@ def run_row(path: Path, root: Path) -> dict[str, Any]:
         "decisions": sum(not is_note(d) for d in kept),
         "notes": sum(is_note(d) for d in kept),
         "healed": healed(kept),
-        "wall_s": _wall(run.goodput, s),
+        "wall_s": run_wall(run.goodput, s),
         "ettr": (run.goodput or {}).get("ettr"),  # productive / wall over every session (docs/resilience.md)
         "detail": run.detail,
         "path": str(path),
     }
 
 
-def _wall(goodput: dict[str, Any] | None, summary: dict[str, Any]) -> float | None:
+def run_wall(goodput: dict[str, Any] | None, summary: dict[str, Any]) -> float | None:
     """The run's wall time over every session, restarts and the downs between them included: the
     ETTR's denominator (goodput.json); summary.json's `seconds`, its last session's alone, only for a
     run without a ledger (a damaged one, or an older trimtab's)."""
