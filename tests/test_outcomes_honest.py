@@ -191,3 +191,16 @@ def test_two_restarts_are_two_faults_healed_once_the_first_session_trained_on():
     restart = {"rule": "restart", "family": "cluster", "action": "resume", "mode": "auto", "outcome": recovered}
     assert healed([{**restart, "step": 11}, {**restart, "step": 29}]) == 2
     assert healed([{**restart, "step": 11}, {**restart, "step": 13}]) == 1
+
+
+def test_rows_left_out_are_answered_once_healthy_steps_followed_however_near_the_end(tmp_path):
+    """A spike's skip_data 16 steps before the run's end stayed "too early" (soak, 2 ranks and one
+    process alike): rows left out for good answer their trouble as a skipped step does, once SETTLED
+    healthy steps followed; rows back within them are not recovered."""
+    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)  # outcome_after 20
+    left_out = pending(orchestrator.journal, 80, "spike", "skip_data", family="data")
+    _follow(orchestrator, range(81, 97))
+    orchestrator.on_train_end(FakeTrainer(tmp_path), {})
+    (judged,) = [d for d in read_decisions(tmp_path) if d["id"] == left_out.id]
+    assert judged["outcome"]["result"] == "recovered" and judged["outcome"]["steps"] == 16
+    assert healed(read_decisions(tmp_path)) == 1

@@ -11,9 +11,9 @@ fault, and a faithful replay of them is a recovery, not a failure. Yet a replay 
 before, bit for bit, has only restored the state: a rollback is not judged on it alone (_unchanged),
 and the trouble back right after it is reproducible ("reproduced_at": the data or the schedule).
 
-A skipped step answers that step alone: once SETTLED healthy steps followed it, a later finding
-is another fault, not the skip's failure. So does a rollback answer its incident, once the replay
-trained past the step it was decided at and SETTLED healthy steps followed: a checkpoint saved
+A skipped step answers that step alone, and rows left out those rows: once SETTLED healthy steps
+followed it, a later finding is another fault, not the skip's failure. So does a rollback answer its
+incident, once the replay trained past the step it was decided at and SETTLED healthy steps followed: a checkpoint saved
 then is good, which ends the ladder's incident (ladder.py: _clear), and a fault after it is a new
 incident with its own rollbacks (debug, weights_nan at 12 and 22: the rollback at 14 was judged
 "not recovered" for the second fault's NaNs). A decision taken in a branch a rollback then abandoned
@@ -39,6 +39,9 @@ KEEP = 4096  # healthy losses kept by step: a rollback goes back a checkpoint in
 # quiet steps that make a checkpoint good (core.py: healthy) and withheld updates owed
 # (orchestrator.make_up.quiet_steps)
 SETTLED = 5
+# answers of one step's trouble: a skipped update, and rows left out for good (skip_data: only those
+# rows back are its trouble, same_trouble; a spike's skip_data 16-19 steps before the end was "too early")
+SKIPS = ("skip_step", "skip_data")
 FOUND = 5  # the findings an outcome names ("found_after": rule@step), the first few
 
 
@@ -69,7 +72,7 @@ class Outcomes:
             track.setdefault("references", [None] * (len(track["losses"]) - 1)).append(reference)
             back = [f.rule for f in findings if same_trouble(decision, f)]
             same = bool(back)
-            if decision.action == "skip_step" or (decision.action == "rollback" and m.step > decision.step):
+            if decision.action in SKIPS or (decision.action == "rollback" and m.step > decision.step):
                 same = _answered_trouble(track, same, m.loss)
             if same:
                 if decision.action == "rollback" and _reproduced(track, m.loss, earlier):
