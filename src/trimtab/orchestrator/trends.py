@@ -20,7 +20,10 @@ JUMP = 0.05
 MIN_REST = 3  # gain-window steps without a jump that must vouch for the LR before their data is blamed
 MIN_JUMPS = 2  # jumped steps the phase's first steps must hold to blame their rows without a low median gain
 # After a cut for an LR far too high, the median gain of the replay's first gain_steps steps a sound LR
-# reaches: 0.75-0.80 at the preset's LR on debug-mod and debug-hybrid (seeds 1, 1234), 0.67-0.68 at 2x
+# reaches. Fresh runs of debug, debug-moe, debug-mod, debug-hybrid (seeds 1-5, steps 1-15; a replay from step 0
+# reads the same): 0.76-0.86 at the preset's LR but for debug seed 2's 0.667; 0.55-0.69 at 2x but for
+# debug-mod seed 4's 0.730. The tails overlap, so no bar separates them (nor a mean, trimmed mean or later
+# steps' median); this one, midway in the gap between the bulks, halves one 1x in 20 and spares one 2x in 20
 SOUND_GAIN = 0.72
 
 
