@@ -14,6 +14,7 @@ from trimtab.config import dump_config, load_config
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.errors import ConfigError
 from trimtab.orchestrator import ctl
+from trimtab.orchestrator.attribution import small_sample_sigma
 from trimtab.orchestrator.core import Orchestrator
 from trimtab.orchestrator.divergence import Divergence
 from trimtab.orchestrator.fault_specs import Fault, parse_fault, parse_faults
@@ -557,7 +558,9 @@ def test_data_attribution_leaves_out_only_the_rows_that_score_as_outliers():
     assert plans[2].params == {"rows": [r for r in range(10, 40) if r % 4 == 0]}  # 7 of 30, not all 30
     e = plans[2].evidence
     assert (e["rows_scored"], e["rows_outliers"], e["sources"]) == (30, 7, {"corpus.txt": 7})
-    assert e["reference_median"] == 5.0 and e["threshold"] == pytest.approx(5.0 + 4 * 1.4826 * 0.1)  # 4 x MAD-std
+    # 4 x MAD-std, widened for the fake view's 12 reference rows (attribution.py small_sample_sigma: 5.55)
+    assert e["reference_rows"] == 12 and e["reference_median"] == 5.0
+    assert e["threshold"] == pytest.approx(5.0 + small_sample_sigma(4, 12) * 1.4826 * 0.1)
     assert policy.ladder.rows == [] and policy.ladder.rung == 0
 
 
@@ -573,8 +576,9 @@ def test_a_lone_spikes_rows_far_above_held_out_ones_are_left_out_with_the_skip_a
     policy.data.record(60, list(range(600, 610)))  # as the orchestrator does before the policy plans
     plan = act(policy, finding(60, rows=list(range(600, 610))), view)
     assert plan.action == "skip_data" and plan.params == {"rows": [600, 604, 608]}
-    # data.min_gap's bar (5.0 + 4 x 1.4826 x 0.1), once one row is above rows.min_gap's (5.0 + 1.5)
-    assert "3 of the step's 10 rows lose more than 5.593" in plan.reasoning and "one above 6.500" in plan.reasoning
+    # data.min_gap's bar (5.0 + 5.55 x 1.4826 x 0.1: 4 spreads widened for 12 reference rows), once one row is
+    # above rows.min_gap's (5.0 + 1.5)
+    assert "3 of the step's 10 rows lose more than 5.822" in plan.reasoning and "one above 6.500" in plan.reasoning
     assert policy.data.watch_until == 60 + OrchestratorConfig().data.watch_steps and policy.ladder.rung == 0
     watched = act(policy, finding(61, rows=list(range(610, 620))), view)  # the watch scores the step's rows
     assert watched.action == "skip_step"

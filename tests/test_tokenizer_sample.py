@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trimtab.data import prepare as prepare_mod
+from trimtab.data import prepare_tokenizer
 from trimtab.data.prepare import prepare
 
 
@@ -17,8 +17,8 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         seen.extend(doc.source for doc in docs for _ in range(len(doc.text.encode())))
         raise RuntimeError("sample taken")
 
-    monkeypatch.setattr(prepare_mod, "train_tokenizer", train)
-    monkeypatch.setattr(prepare_mod, "TRAIN_SAMPLE_BYTES", 30_000)
+    monkeypatch.setattr(prepare_tokenizer, "train_tokenizer", train)
+    monkeypatch.setattr(prepare_tokenizer, "TRAIN_SAMPLE_BYTES", 30_000)
     return seen
 
 
