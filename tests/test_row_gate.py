@@ -316,7 +316,9 @@ def test_the_gates_reference_goes_into_the_checkpoint_and_a_resume_takes_it(tmp_
     assert "frequencies" not in saved and tables.shape[0] == len(saved["sources"]) == 1 and tables.sum() > 0
     resumed = Trainer(setup(debug_cfg(run, steps=8, checkpoint={"every": 4})))  # (4 of 4: finished)
     resumed.resume(run / "checkpoints" / "step_000004", {})
-    assert resumed.row_gate.judged == saved["judged"] and np.array_equal(resumed.row_gate.frequencies, tables.numpy())
+    assert resumed.row_gate.judged == saved["judged"] and np.array_equal(
+        resumed.row_gate.unigram.frequencies, tables.numpy()
+    )
     assert sorted(v for v in resumed.row_gate.recent.tolist() if v == v) == sorted(v for v in saved["recent"] if v)
 
 

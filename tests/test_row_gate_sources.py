@@ -1,5 +1,5 @@
-"""The row gate judges a row against its own data.mix source's token frequencies (training/row_gate.py
-RowGate.frequencies, a table per source): English's score a 5% Japanese source's rows as uniform draws
+"""The row gate judges a row against its own data.mix source's token frequencies (training/unigram.py
+UnigramTables, a table per source): English's score a 5% Japanese source's rows as uniform draws
 (debug, 80 steps: a clean Japanese row gated at step 2), and the loss's test alone gated 28-33 clean
 Japanese rows at 16,384-token steps; a row its own source's frequencies call text is gated by neither."""
 
@@ -53,7 +53,9 @@ def test_a_minority_source_is_judged_by_its_own_frequencies_in_the_warm_up():
     batch, parts = np.concatenate([_zipf_rows(rng, 4), text, noise]), [0] * 4 + [1, 1]
     again = RowGate(RowGateRule(), torch.device("cpu"), vocab=V)
     again.load_state_dict(json.loads(json.dumps(gate.state_dict())), gate.tables())
-    assert gate.frequencies.shape == (2, V) and np.array_equal(again.frequencies, gate.frequencies)
+    assert gate.unigram.frequencies.shape == (2, V) and np.array_equal(
+        again.unigram.frequencies, gate.unigram.frequencies
+    )
     assert _step(gate, batch, parts).tolist() == _step(again, batch, parts).tolist() == [False] * 5 + [True]
 
 

@@ -1,4 +1,4 @@
-"""The row gate's token-frequency tables (training/row_gate.py RowGate.frequencies): keyed by their data.mix
+"""The row gate's token-frequency tables (training/unigram.py UnigramTables): keyed by their data.mix
 source's name, so a later phase's mixture keeps a source's table; a minority source judged from its second
 row's worth of tokens; and an emergency snapshot that copies no table."""
 
@@ -31,16 +31,16 @@ def test_a_later_phase_keeps_a_source_table_by_name_and_starts_a_new_one_empty()
         torch.as_tensor(np.concatenate([_zipf_rows(rng, 4), _minority_rows(rng, 2)])),
         (np.array([0] * 4 + [1] * 2), ["en", "ja"]),
     )
-    en, ja = gate.frequencies.copy()
+    en, ja = gate.unigram.frequencies.copy()
     gate.candidates(torch.as_tensor(_zipf_rows(rng, 1)), (np.array([1]), ["ja", "code"]))
-    assert gate.sources == ["en", "ja", "code"]
-    assert np.array_equal(gate.frequencies[1], ja) and gate.frequencies[2].sum() == T
+    assert gate.unigram.sources == ["en", "ja", "code"]
+    assert np.array_equal(gate.unigram.frequencies[1], ja) and gate.unigram.frequencies[2].sum() == T
     old = {**gate.state_dict(), "frequencies": [en.tolist(), ja.tolist()]}
     del old["sources"]
     again = _gate()
     again.load_state_dict(old)
     again.candidates(torch.as_tensor(_zipf_rows(rng, 1)), (np.array([0]), ["en", "ja"]))
-    assert again.sources == ["en", "ja"] and np.array_equal(again.frequencies[1], ja)
+    assert again.unigram.sources == ["en", "ja"] and np.array_equal(again.unigram.frequencies[1], ja)
 
 
 def test_a_reordered_mixture_judges_a_source_by_its_own_table():
@@ -76,10 +76,10 @@ def test_a_snapshot_copies_no_table_and_restore_takes_the_step_back():
     rng = np.random.default_rng(2)
     gate = _gate()
     _step(gate, _zipf_rows(rng, 8), [0] * 8)
-    before, judged = gate.frequencies.copy(), gate.judged
+    before, judged = gate.unigram.frequencies.copy(), gate.judged
     snapshot = gate.snapshot()
     assert not any(isinstance(part, np.ndarray) for part in snapshot)
     gate.candidates(torch.as_tensor(_zipf_rows(rng, 4)), (np.array([0, 1, 2, 0]), ["en", "ja", "code"]))
     gate.restore(snapshot)
-    assert np.array_equal(gate.frequencies[:2], before) and gate.frequencies[2].sum() == 0
+    assert np.array_equal(gate.unigram.frequencies[:2], before) and gate.unigram.frequencies[2].sum() == 0
     assert gate.judged == judged

@@ -1,4 +1,4 @@
-"""The row gate's model-free test (training/row_gate.py unigram_z): random tokens in the LR warm-up,
+"""The row gate's model-free test (training/unigram.py unigram_z): random tokens in the LR warm-up,
 where the model scores text and random tokens alike at ~ln(vocab), are told from text by the unigram
 frequencies of the rows trained on before them, and left out of the step that meets them."""
 
@@ -51,7 +51,7 @@ def test_random_rows_in_the_warm_up_are_gated_by_token_frequencies_where_the_los
     uniform = np.stack([rng.choice(V, T, replace=False) for _ in range(3)])
     trained = _step(gate, np.concatenate([_zipf_rows(rng, 6), listed, uniform]))
     assert (trained == IGNORE_INDEX).all(1).tolist() == [False] * 7 + [True] * 3
-    assert gate.frequencies.sum() == (32 + 7) * T
+    assert gate.unigram.frequencies.sum() == (32 + 7) * T
 
 
 def test_the_frequencies_go_into_the_checkpoint_and_an_emergency_snapshot():
@@ -63,11 +63,14 @@ def test_the_frequencies_go_into_the_checkpoint_and_an_emergency_snapshot():
     snapshot = gate.snapshot()
     again = RowGate(RowGateRule(), torch.device("cpu"), vocab=V)
     again.load_state_dict(json.loads(json.dumps(gate.state_dict())), gate.tables())
-    assert np.array_equal(again.frequencies, gate.frequencies) and again.frequencies.sum() == 32 * T
+    assert (
+        np.array_equal(again.unigram.frequencies, gate.unigram.frequencies)
+        and again.unigram.frequencies.sum() == 32 * T
+    )
     batch = np.concatenate([_zipf_rows(rng, 4), rng.choice(V, (1, T), replace=False)])
     assert torch.equal(_step(gate, batch), _step(again, batch))
     gate.restore(snapshot)
-    assert gate.frequencies.sum() == 32 * T and gate.judged == snapshot[2]
+    assert gate.unigram.frequencies.sum() == 32 * T and gate.judged == snapshot[2]
 
 
 @pytest.mark.slow  # a whole run (tokenizer, setup, 2 steps, save): 23 s measured on the shared 2-core host

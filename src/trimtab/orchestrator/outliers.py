@@ -292,7 +292,7 @@ def gate_finding(m: StepMetrics, cfg: RowGateRule) -> Finding | None:
         "step_median": middle,  # the step's other rows'
         "bar": bar,
         "min_distinct": cfg.min_distinct,
-        # or, model-free (training/row_gate.py unigram_z): the rows' tokens score as uniform draws under
+        # or, model-free (training/unigram.py unigram_z): the rows' tokens score as uniform draws under
         # the unigram frequencies of the rows trained on
         "unigram": "tokens as uniform draws under the trained rows' token frequencies (z > -3.09)",
     }
