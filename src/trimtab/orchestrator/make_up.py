@@ -10,7 +10,9 @@ to the new end), at most `max_fraction` of the phase in all. A rollback that rep
 gives them back: the steps made up for them are credited against the replay's withheld updates,
 and what the replay did not use is taken off the run once it trained `quiet_steps` past them (a
 weights_nan rolled back over a made-up NaN step ended debug's 60-step run at 61 steps, every
-update of its kept trajectory applied).
+update of its kept trajectory applied). Withheld updates the cap refuses stay owed in the checkpoint:
+a resume to a longer train.max_steps raises the cap, and they are made up then (debug, 34 steps, a
+NaN at step 30 refused at step 35 with the cap spent; resumed to 60 steps it was never made up).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class MakeUp:
     def __init__(self, cfg: MakeUpRule):
         self.cfg = cfg
         self.owed: list[int] = []  # steps whose update was withheld, not made up yet
+        self.refused: list[int] = []  # withheld steps the cap left unmade: made up once a longer phase has room
+        self.refused_len = -1  # the phase's length they were refused at, with what make_up added since
         self.made: list[int] = []  # withheld steps made up (their steps granted)
         self.credit = 0  # steps granted for withheld updates that a rollback then replayed
         self.credit_until = -1  # the last such step: past it (and quiet_steps), unused credit is given back
@@ -39,22 +43,31 @@ class MakeUp:
         the run's steps now; configured: the pretraining phase's length now (the cap's base)."""
         if m.phase != 0:  # only pretraining's length can change (Control.set_total_steps)
             self.owed.clear()
+            self.refused.clear()
             return None
         if m.skipped:
             self.owed.append(m.step)
+        cap = int(self.cfg.max_fraction * configured)
+        # refused updates are owed again once another lengthened the phase (a resume to a longer max_steps)
+        # and the cap rose with it; not for make_up's own steps, whose 10% would creep the cap up
+        if self.refused and configured > self.refused_len and cap > len(self.made):
+            self.owed, self.refused = sorted(self.refused + self.owed), []
         if not self.owed and self.credit and m.step - max(last_unstable, self.credit_until) >= self.cfg.quiet_steps:
             return self._give_back(m.step, total, configured)
         if not self.owed or m.step - max(last_unstable, self.owed[-1]) < self.cfg.quiet_steps:
             return None
         owed, self.owed = self.owed, []
-        cap = int(self.cfg.max_fraction * configured)
         if cap == 0:  # a run this short has no step to spare: nothing to make up, nothing to say
+            self.refused, self.refused_len = self.refused + owed, configured  # unless a resume lengthens it
             return None
         paid = min(self.credit, len(owed))
         self.credit -= paid
         room = max(0, cap - len(self.made))
         extend = min(len(owed) - paid, room)
         self.made += owed[paid : paid + extend]
+        self.refused += owed[paid + extend :]
+        if self.refused:  # the length this decision leaves: only a longer one makes them up
+            self.refused_len = configured + extend
         if len(owed) == paid:  # a rollback replayed as many withheld steps as were made up for
             return None
         evidence = {
@@ -96,17 +109,27 @@ class MakeUp:
         """A rollback to `step`: withheld steps after it are trained again, so they are owed no
         longer, and the steps already made up for such steps are a credit."""
         self.owed = [s for s in self.owed if s <= step]
+        self.refused = [s for s in self.refused if s <= step]
         replayed = [s for s in self.made if s > step]
         self.credit += len(replayed)
         self.credit_until = max([self.credit_until, *replayed]) if self.credit else -1
         self.made = [s for s in self.made if s <= step]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"owed": list(self.owed), "made": list(self.made), "credit": self.credit, "until": self.credit_until}
+        return {
+            "owed": list(self.owed),
+            "made": list(self.made),
+            "credit": self.credit,
+            "until": self.credit_until,
+            "refused": list(self.refused),
+            "refused_len": self.refused_len,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.owed, self.made, self.credit = list(state["owed"]), list(state["made"]), int(state["credit"])
         self.credit_until = int(state.get("until", -1))  # older checkpoints: given back at the next quiet step
+        self.refused = list(state.get("refused", []))  # older checkpoints: the cap's refusals were dropped
+        self.refused_len = int(state.get("refused_len", -1))
 
 
 def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
@@ -124,11 +147,11 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
             action="none",
             reasoning=f"{e['made_up_before']} withheld updates are made up already, "
             f"orchestrator.make_up.max_fraction={cfg.make_up.max_fraction:g} of the phase: the run is not "
-            "lengthened further (a stretch this long is the data's or the run's problem, not one more steps fix)",
+            "lengthened further (a stretch this long is the data's or the run's problem, not one more steps fix); "
+            "they stay owed, made up if a resume lengthens the run",
         )
-    short = (
-        f" ({e['withheld'] - e['extend'] - e['credit']} not: the cap is reached)" if e["extend"] < e["withheld"] else ""
-    )
+    left = e["withheld"] - e["extend"] - e["credit"]
+    short = f" ({left} not: the cap is reached; they stay owed)" if e["extend"] < e["withheld"] else ""
     credit = f", less {e['credit']} granted before for steps a rollback replayed" if e["credit"] else ""
     return Remedy(
         action="set_total_steps",
