@@ -231,6 +231,32 @@ def test_a_finished_run_says_so_in_one_line_and_exits_zero(tmp_path, capsys):
     )
 
 
+def test_a_lost_peer_ends_a_survivor_in_one_line_with_a_failing_status(tmp_path, capsys, monkeypatch):
+    """A survivor's collective failing for a lost peer (gloo's words) ends with one line naming the newest
+    checkpoint and exit 1, torchrun's cue to restart; any other RuntimeError keeps its traceback."""
+    from trimtab import api
+
+    out = tmp_path / "r"
+    (out / "checkpoints" / "step_000009").mkdir(parents=True)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    gloo = "[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:9886"
+    errors = iter([RuntimeError(gloo), RuntimeError("an unrecognised failure")])
+
+    def fail(config, hooks=()):
+        raise next(errors)
+
+    monkeypatch.setattr(api, "train_or_raise", fail)
+    train = ["train", "--preset", "debug", "--out", str(out)]
+    assert main(train) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "trimtab: rank 0: ended, a peer was lost (RuntimeError: Connection closed by peer); the newest checkpoint is "
+        "step 9: torchrun restarts the job from it (--max-restarts), or the same command resumes it"
+    ]
+    with pytest.raises(RuntimeError, match="unrecognised"):
+        main(train)
+
+
 def test_init_from_weights_of_another_model_names_the_settings_and_the_command_that_fits(tmp_path, capsys):
     """train.init_from a run of another model (the default preset's is not a merge's or a debug
     run's): the differing model.* settings and a command with that run's config.yaml, which trains."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import time
 from types import SimpleNamespace
 
@@ -256,3 +257,39 @@ def test_a_resume_from_an_emergency_save_says_every_rank_has_the_writers_row_gat
     assert said.startswith("resuming from step 19, an emergency save: rank 1 wrote it alone")
     assert "every rank resumes with rank 1's row gate reference" in said
     assert "row gate" not in emergency_resume_line(gated, world=1) + emergency_resume_line(state, world=2)
+
+
+class _Survivor(EmergencySave):
+    """A trainer as far as a signal handler goes: a survivor whose collective may have failed for a lost peer."""
+
+    stop_reason = ""
+    dist = SimpleNamespace(on_signal=lambda name: "")
+
+    def request_stop(self, reason: str) -> None:
+        self.stop_reason = reason
+
+
+def test_torchruns_sigterm_to_a_survivor_names_the_lost_peer_not_a_stop_after_the_step(capfd):
+    """torchrun's agent SIGTERMs the survivors as it sees a rank gone; a survivor took it as gloo's error
+    unwound and said "stopping after this step and saving" before the emergency save's line: the cause is
+    the lost peer (the exception in flight, or one the trainer caught), not a stop after the step."""
+    from trimtab.training.services.signals import SignalHandler
+
+    before = signal.getsignal(signal.SIGINT)  # the handler sets Python's own back (a second Ctrl-C)
+    try:
+        try:
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:9886")
+        except RuntimeError:
+            SignalHandler(_Survivor())(signal.SIGTERM, None)  # as gloo's error unwinds
+        caught = _Survivor()
+        caught.peer_lost_as = "RuntimeError: Connection reset by peer"  # saving_if_a_peer_is_lost caught it
+        SignalHandler(caught)(signal.SIGTERM, None)
+        SignalHandler(_Survivor())(signal.SIGTERM, None)  # a scheduler's SIGTERM: no peer lost
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert capfd.readouterr().err.splitlines() == [
+        "trimtab: SIGTERM: torchrun's agent ends the survivors of a lost peer (RuntimeError: Connection closed by "
+        "peer)",
+        "trimtab: SIGTERM: torchrun's agent ends the survivors of a lost peer (RuntimeError: Connection reset by peer)",
+        "trimtab: SIGTERM: stopping after this step and saving",
+    ]

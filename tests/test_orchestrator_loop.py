@@ -772,6 +772,11 @@ def test_a_disk_that_stays_full_is_journaled_as_failed_and_stops_before_more_is_
     assert first["outcome"]["result"] == "failed"  # not "recovered": its track record falls
     assert second["action"] == "stop" and second["params"]["exit_code"] == 4
     assert "since step 0" in second["params"]["reason"] and "re-run the same command" in second["params"]["reason"]
+    # the weights alone kept (checkpointing.py _keep_weights): in the stop's outcome, which `trimtab runs` and the
+    # report read, not only in the exit line
+    kept = str(run / "snapshots" / "step_000016")
+    assert summary["weights_kept"] == kept and (run / "snapshots" / "step_000016" / "model.safetensors").is_file()
+    assert second["outcome"] == {"result": "stopped", "steps": 0, "weights_kept": kept}
     assert [p.name for p in list_checkpoints(run)] == ["step_000000"]  # the resume point, untouched
     # a person frees the disk and re-runs: it resumes from step 0, and the journal keeps why it stopped
     assert trimtab.train(debug_cfg(run, steps=24))["status"] == "completed"

@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trimtab.commands import arg, command
@@ -77,6 +78,10 @@ def _train(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
             return 130  # 128 + SIGINT, as a shell reports a process Ctrl-C ended
+        except RuntimeError as exc:  # a collective failed: a peer lost is said in one line, anything else raised
+            if not _peer_was_lost(exc):
+                raise
+            return _peer_lost_exit(exc, signals.run_dir)
     # the run's objects (its process groups, with their gloo threads holding tensors) freed while the
     # interpreter is whole: destroyed during its finalization, a rank can abort at exit (SIGABRT,
     # "terminate called without an active exception", pytorch/pytorch#179291)
@@ -86,6 +91,32 @@ def _train(args: argparse.Namespace) -> int:
     if is_main():  # torchrun: one summary for the job
         _print_summary(summary)
     return summary.get("exit_code", 0)  # non-zero: the orchestrator gave up (docs/orchestrator.md)
+
+
+PEER_LOST_EXIT = 1  # an uncaught error's status: torchrun restarts a failed worker (--max-restarts), not one exiting 0
+
+
+def _peer_was_lost(exc: RuntimeError) -> bool:
+    """Whether `exc` is a collective failing because a peer process is gone (training/emergency.py peer_lost),
+    under torchrun only: one process has no peer."""
+    from trimtab.training.emergency import peer_lost
+
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and peer_lost(exc)
+
+
+def _peer_lost_exit(exc: RuntimeError, run_dir: Path | None) -> int:
+    """A survivor's end after a peer was lost (training/emergency.py): one line instead of gloo's 40-line
+    traceback, which says nothing a person acts on, and a failing exit status for torchrun to restart on."""
+    from trimtab.training.emergency import lost_words
+
+    saved = f"the newest checkpoint is step {newest_step(run_dir)}" if run_dir is not None else "nothing was saved"
+    print(
+        f"trimtab: rank {os.environ.get('RANK', '0')}: ended, a peer was lost ({lost_words(exc)}); {saved}: "
+        "torchrun restarts the job from it (--max-restarts), or the same command resumes it",
+        file=sys.stderr,
+        flush=True,
+    )
+    return PEER_LOST_EXIT
 
 
 # Under `trimtab rl` and `trimtab dpo` the loss is a policy objective, not a likelihood: the rules

@@ -233,6 +233,8 @@ def _outcome(d: dict[str, Any], after: int | None) -> str:
         text += f" (the trouble back: {', '.join(str(f).replace('@', ' at step ') for f in found)})"
     if outcome.get("rolled_back"):
         text += " (judged on the branch a rollback then threw away)"
+    if outcome.get("weights_kept"):  # a full disk's stop: the weights alone, a new run's train.init_from
+        text += f" (its weights alone kept in {outcome['weights_kept']}: not a resume point)"
     evidence = d.get("evidence") or {}
     if d.get("mode") == "advise" and evidence.get("seen_again"):  # the same advice again, counted on this row
         text += f" (advised {evidence['seen_again'] + 1} times, last at step {evidence.get('last_seen_at')})"

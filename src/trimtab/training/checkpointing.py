@@ -37,6 +37,8 @@ class Checkpointing(EmergencySave):
     # journal line, the ladder, the knobs and rows it changed) is in no checkpoint until the next one
     # is on disk: a save at this step writes it again instead of taking the one on disk as current.
     _restored = False
+    # where the disk rule's stop kept the weights alone (_keep_weights): the summary and the stop's journal line say so
+    weights_kept: str | None = None
 
     def _final_save(self) -> None:
         """The run's last checkpoint, as the state it ends in deserves. Weights that are not
@@ -157,18 +159,13 @@ class Checkpointing(EmergencySave):
     def snapshot(self) -> None:
         """A lean snapshot of this step (snapshots.py): bf16 weights only, by rank 0. A failed
         write is said and training goes on: the checkpoints are the run's record, a snapshot a copy."""
-        c = self.cfg.checkpoint
         # as for a checkpoint: NaN weights exported are worse than none, and the retention would
         # delete the good snapshots before them to make room (the newest snapshot_keep are kept)
         if not self.dist.all_finite(self.model.parameters()):
             self.say(f"step {self.state.step}: the weights are not finite: no lean snapshot written")
             return
         try:
-            state = {"tokens": self.state.tokens, "moe": self.model.moe_state(), "mod": self.model.mod_state()}
-            weights = self.model.state_dict()
-            self.dist.on_main(
-                save_snapshot, self.cfg.run_dir, self.state.step, weights, state, c.snapshot_keep, c.snapshot_keep_every
-            )
+            self.dist.on_main(save_snapshot, *_snapshot_args(self))
         except OSError as exc:
             self.say(f"step {self.state.step}: the lean snapshot was not written ({exc}); training goes on")
 
@@ -179,18 +176,16 @@ class Checkpointing(EmergencySave):
         position and the RNG, which only a checkpoint holds; the snapshot starts a new run (train.init_from).
         Said in the stop reason (the exit line and summary.json): where the weights are, or that they did
         not fit either."""
-        step, c = self.state.step, self.cfg.checkpoint
+        step = self.state.step
         if self.dist.sharded:  # check_snapshots' reason: gathering sharded weights is not built yet
             kept = "its weights were not kept either (a lean snapshot needs every weight on one rank)"
         else:
-            state = {"tokens": self.state.tokens, "moe": self.model.moe_state(), "mod": self.model.mod_state()}
-            weights = self.model.state_dict()
-            args = (self.cfg.run_dir, step, weights, state, c.snapshot_keep, c.snapshot_keep_every)
             try:
-                path = self.dist.from_main(save_snapshot, *args)
+                path = self.dist.from_main(save_snapshot, *_snapshot_args(self))
             except OSError as exc:
                 kept = f"not even its weights fit as a lean snapshot ({exc}): the steps since are lost"
             else:
+                self.weights_kept = str(path)
                 kept = (
                     f"its weights alone (bf16, no optimizer state: not a resume point) are kept in {path}; to "
                     f"train on from them instead, a new run: --set train.init_from={path} --out NEW_DIR"
@@ -464,3 +459,11 @@ def apply_live_keys(model: Any, cfg: RunConfig, keys: list[str]) -> None:
 def _expert_counts(model: Any) -> dict[int, int]:
     """Each MoE layer's expert count, by block index."""
     return {i: layer.n_experts for i, layer in model.moe_layers()}
+
+
+def _snapshot_args(trainer: Checkpointing) -> tuple[Any, ...]:
+    """save_snapshot's arguments for the trainer's step: the weights and the little state a lean snapshot keeps
+    (a cadence's snapshot and the disk rule's stop's alike)."""
+    c, state, model = trainer.cfg.checkpoint, trainer.state, trainer.model
+    kept = {"tokens": state.tokens, "moe": model.moe_state(), "mod": model.mod_state()}
+    return trainer.cfg.run_dir, state.step, model.state_dict(), kept, c.snapshot_keep, c.snapshot_keep_every

@@ -100,6 +100,9 @@ class EmergencySave:
     # when this session first marked a step (this node's clock): a claim older than that is an earlier
     # session's (_claim). Not the module's import: torchrun's --start-method fork workers inherit the agent's modules
     _began = 0.0
+    # a lost peer's failure in a few words (lost_words) once this rank's collective failed for it: the SIGTERM
+    # torchrun's agent then sends the survivors is its consequence (training/services/signals.py says so)
+    peer_lost_as: str | None = None
 
     def emergency_save_possible(self) -> str | None:
         """Why no emergency save can be sound for this run (None: it can)."""
@@ -125,6 +128,15 @@ class EmergencySave:
             kept = gate.snapshot() if gate is not None else None
             self._step_start = (self.state.step, self.loader.state_dict(), rng_state(), kept)
 
+    def peer_loss(self, handled: BaseException | None) -> str | None:
+        """A lost peer's failure in a few words, if one is known: this rank's collective failed for it, or
+        `handled`, the exception in flight where a signal handler ran (sys.exc_info), is one. torchrun's agent
+        SIGTERMs the survivors as it sees the rank gone, which a survivor takes while gloo's error unwinds,
+        before saving_if_a_peer_is_lost catches it."""
+        if self.peer_lost_as is None and handled is not None and peer_lost(handled):
+            self.peer_lost_as = lost_words(handled)
+        return self.peer_lost_as
+
     def update_begins(self) -> None:
         """The optimizer is about to change the weights: from here they are no completed step's."""
         self._step_start = None
@@ -137,6 +149,7 @@ class EmergencySave:
             yield
         except RuntimeError as exc:
             if peer_lost(exc):
+                self.peer_lost_as = lost_words(exc)
                 self.emergency_save(exc)
             raise
         finally:

@@ -97,6 +97,8 @@ def run_summary(trainer: Trainer, step0: int, tokens0: int, train_seconds0: floa
         # an RL run's held-out rewards, a DPO run's held-out pairs
         **{k: v for k, v in trainer.last_eval.items() if k.startswith(("rl/", "dpo/"))},
     }
+    if trainer.weights_kept is not None:  # the disk rule's stop kept the weights alone (checkpointing.py _keep_weights)
+        summary["weights_kept"] = trainer.weights_kept
     if trainer.peak_flops:
         summary["mfu"] = mfu(trainer, tps)
         summary["peak_flops_source"] = trainer.peak_source

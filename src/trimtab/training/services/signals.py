@@ -128,12 +128,22 @@ class SignalHandler:
         self.received = self.received or name
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts (the CLI says so)
         if self.trainer is not None:
-            if not self.trainer.stop_reason:  # the first: a stop can take a step and a save, say it is coming
+            lost = self._peer_loss()
+            if lost is not None:  # torchrun's agent ending the survivors: not a stop after the step
+                _say(f"{name}: torchrun's agent ends the survivors of a lost peer ({lost})")
+            elif not self.trainer.stop_reason:  # the first: a stop can take a step and a save, say it is coming
                 _say(f"{name}: {STOPPING}{AGAIN if signum == signal.SIGINT else ''}")
             self.trainer.request_stop(self.trainer.dist.on_signal(name))
         elif not self.fired:  # a second SIGTERM must not break into the first one's unwinding
             self.fired = True
             raise StartUpInterrupted(name, self.run_dir, self.lengths)
+
+    def _peer_loss(self) -> str | None:
+        """A lost peer's failure in a few words, if known (training/emergency.py EmergencySave.peer_loss), given
+        the exception in flight where this handler runs: a survivor takes torchrun's SIGTERM as gloo's error
+        unwinds, before the trainer catches it."""
+        known = getattr(self.trainer, "peer_loss", None)  # a stand-in trainer (tests, `trimtab tune`) may lack it
+        return known(sys.exc_info()[1]) if known is not None else None
 
 
 @contextmanager
