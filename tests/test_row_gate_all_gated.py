@@ -7,6 +7,9 @@ from __future__ import annotations
 import torch
 
 from trimtab.config import load_config
+from trimtab.config.row_rules import RowGateRule
+from trimtab.orchestrator.monitors import Finding, StepMetrics
+from trimtab.orchestrator.outliers import all_gated, gate_finding
 from trimtab.training.loss import IGNORE_INDEX
 from trimtab.training.setup import setup
 from trimtab.training.trainer import Trainer
@@ -63,3 +66,19 @@ def test_a_step_with_one_row_left_still_updates(tmp_path):
     assert 0 < out.row_losses[:, 2].sum().item() < len(batch.rows)
     assert not bool(out.skipped)
     assert any(not torch.equal(b, p) for b, p in zip(before, trainer.model.parameters()))
+
+
+def test_a_spike_of_a_step_whose_rows_were_all_gated_is_journaled_as_the_gates_one_decision():
+    """The step's loss is its gated rows' own: the gate's decision says what happened, the spike
+    noted in it, not a spike's skip_data that scores the rows again and watches the next steps
+    (debug, seed 1, bad_batch@20: 32 of 32 rows gated, journaled as rule spike)."""
+    rows = list(range(8))
+    losses = {r: (7.4, 64) for r in rows}
+    m = StepMetrics(step=20, loss=7.4, grad_norm=0.0, rows=rows, row_losses=losses, gated_rows=rows, skipped=True)
+    spike = Finding(rule="spike", family="instability", step=20, evidence={"loss": 7.4}, summary="loss 7.4", strength=1)
+    gated = gate_finding(m, RowGateRule())
+    assert all_gated(gated, m, [spike]) == []
+    assert gated.evidence["spike"] == {"summary": "loss 7.4", "loss": 7.4}
+    m.gated_rows = rows[:7]  # one row trained on: the spike's to answer (left_out_once keeps the rows once)
+    partly = gate_finding(m, RowGateRule())
+    assert all_gated(partly, m, [spike]) == [spike] and "spike" not in partly.evidence

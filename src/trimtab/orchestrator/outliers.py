@@ -303,6 +303,19 @@ def gate_finding(m: StepMetrics, cfg: RowGateRule) -> Finding | None:
     return Finding(rule="row_gate", family="data", step=m.step, evidence=evidence, summary=summary, strength=1.0)
 
 
+def all_gated(gated: Finding, m: StepMetrics, findings: list[Finding]) -> list[Finding]:
+    """The step's findings less a loss spike when the row gate left out every row of the step: the
+    step's loss is the gated rows' own (its update had none to train on and took none), so the gate's
+    decision says what happened, the spike noted in it. Planned as a spike, the ladder scored the
+    gated rows again and journaled them as its skip_data (debug, seed 1, bad_batch@20: 32 of 32 rows
+    gated, journaled as rule spike) and started the data watch over the next steps' clean rows."""
+    if not m.rows or set(m.rows) - set(gated.evidence["rows"]):
+        return findings
+    if spikes := [f for f in findings if f.rule == "spike"]:
+        gated.evidence["spike"] = {"summary": spikes[0].summary, "loss": spikes[0].evidence.get("loss")}
+    return [f for f in findings if f.rule != "spike"]
+
+
 def left_out_once(gated: Finding, journal: Any) -> Finding | None:
     """The row gate's finding less the rows another applied decision of its step leaves out already
     (a loss spike's, ladder.py: its update withheld, its outlier rows left out), noted in that
