@@ -6,14 +6,14 @@ requests through `run.control`, with the actions of the table in training/action
 loop applies at its points. Per step it adds a few device
 ops to the update gate (is the loss/grad norm finite, under the spike and explosion ceilings) and
 no host sync; step metrics are read from the device once every `read_every` steps (every step on
-CPU, where a read is free) and fed to the monitors in order. Two parts live apart: how a finding
-becomes a journaled, requested decision (deciding.py) and a person's commands (people.py).
+CPU, where a read is free) and fed to the monitors in order. Three parts live apart: how a finding
+becomes a journaled, requested decision (deciding.py), a person's commands (people.py) and checkpoints
+(saves.py: a save's reference and failure, good and kept checkpoints).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,14 +30,15 @@ from trimtab.orchestrator.make_up import MakeUp
 from trimtab.orchestrator.mod_health import MoDQuality
 from trimtab.orchestrator.moe_health import MoEHealth
 from trimtab.orchestrator.monitors import Finding, Rolling, StepMetrics
-from trimtab.orchestrator.outcomes import SETTLED, Outcomes
-from trimtab.orchestrator.outliers import OutlierRows, gate_finding, left_out_once, merged_into
+from trimtab.orchestrator.outcomes import Outcomes
+from trimtab.orchestrator.outliers import OutlierRows, all_gated, gate_finding, left_out_once, merged_into
 from trimtab.orchestrator.people import PersonCommands
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.replicas import Replicas, unchecked
 from trimtab.orchestrator.rl_health import held_out_counts
 from trimtab.orchestrator.rl_stats import nan_weights
 from trimtab.orchestrator.rules import MONITORS, build_monitors
+from trimtab.orchestrator.saves import SaveGuard
 from trimtab.orchestrator.screened import ScreenedRows
 from trimtab.orchestrator.stragglers import Stragglers
 from trimtab.orchestrator.transient import rerun_finding
@@ -51,14 +52,13 @@ if TYPE_CHECKING:
     from trimtab.training.view import RunView
 
 GATED = ("spike", "grad", "lr")  # rules whose ceilings the update gate checks before the optimizer step
-# windows a new phase starts afresh
-FRESH_EVERY = 10  # steps between held-out probes before a phase's first good checkpoint (_fresh_reference)
 # the optional parts (None where their rule is off), each saved under its attribute's name
 PARTS = ("make_up", "stragglers", "replicas", "interval")
+# windows a new phase starts afresh
 PER_PHASE = ("spike", "grad", "divergence", "above_start", "plateau", "throughput", "rows")
 
 
-class Orchestrator(Deciding, PersonCommands, Hook):
+class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
     def __init__(self, cfg: OrchestratorConfig, run_dir: Path):
         self.cfg = cfg
         self.mode = cfg.mode
@@ -211,9 +211,18 @@ class Orchestrator(Deciding, PersonCommands, Hook):
                 # the run completed is its recovery (an emergency save at step 19 of 20 left it 1 step, and
                 # `trimtab runs` counted no fault healed)
                 decision.outcome["result"] = "recovered"
+        self._weights_kept(summary.get("weights_kept"))
         self.journal.write()
         notes = sum(is_note({"action": d.action}) for d in self.journal.decisions)  # observations: no action taken
         summary["decisions"], summary["notes"] = len(self.journal.decisions) - notes, notes
+
+    def _weights_kept(self, path: str | None) -> None:
+        """Where the disk rule's stop (exit code 4) kept the weights alone (training/checkpointing.py
+        _keep_weights), in the stop's outcome: `trimtab runs` and the report read the journal, and the path
+        was only in the exit line and the summary's status."""
+        stop = next((d for d in reversed(self.journal.decisions) if d.action == "stop"), None)
+        if path is not None and stop is not None and stop.outcome is not None:
+            stop.outcome["weights_kept"] = path
 
     def on_oom(self, run: RunView, exc: BaseException, batch: StepBatch) -> bool:
         if self.mode == "off" or "oom" not in self.monitors or "oom" in self.paused:
@@ -237,61 +246,6 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         """Another hook's finding (the live planner's run length), decided like the orchestrator's own."""
         self.decide(run, finding)
 
-    def on_save_error(self, run: RunView, exc: OSError) -> bool:
-        """A failed save: the disk rule's remedy is requested; the trainer applies it before the
-        save returns (a failure of that retry does not come back here: training goes on, and the
-        next interval tries again)."""
-        if self._baseline_before is not None:  # the checkpoint measured is not on disk: nor its reference
-            (self.policy.probe_baseline, self.policy.start_probe), self._baseline_before = self._baseline_before, None
-        if self.mode != "auto":
-            return False
-        if run.stopping:
-            return True  # the final save of a stop already decided: the resume point stays on disk
-        self.failed_saves += 1
-        f = Finding(
-            rule="disk",
-            family="disk",
-            step=run.step,
-            evidence={
-                "error": str(exc)[:200],
-                "errno": exc.errno,
-                "failures": self.failed_saves,
-                "last_saved": run.last_saved,
-            },
-            summary=f"checkpoint save failed ({os.strerror(exc.errno) if exc.errno else exc})",
-            strength=1.0,
-        )
-        self.decide(run, f)
-        return True
-
-    def on_save_prepare(self, run: RunView, good: bool) -> None:
-        """A good checkpoint's held-out loss, the reference a diagnosis and the end check compare
-        with, measured before its state is taken: in that checkpoint, so a resume from it judges
-        against it (measured once the save was done, each checkpoint held the one before's, and a
-        background save's never matched its step: the end check was never armed). In advise mode
-        too: a person's `ctl mode auto` later diagnoses against it."""
-        if self.mode != "off" and good:
-            self._baseline_before = (self.policy.probe_baseline, self.policy.start_probe)
-            self.policy.measured(run.probe_loss(), run.step)
-
-    def _fresh_reference(self, run: RunView) -> None:
-        """Until a good checkpoint of the phase is measured, the reference a diagnosis compares the
-        held-out probe with is its untouched weights' score, and weights wrecked a few dozen steps
-        in score no worse (debug: 6.27 against 6.25 at step 0): a diagnosis took them for sound and
-        blamed the data, and the ladder cut the LR for nothing (weights_noise at step 19, before the
-        first checkpoint at 20: +2.2%). So meanwhile the probe is also read every FRESH_EVERY steps
-        while the run is calm (one held-out micro-batch's forward); the lower of the two is the
-        reference (Policy.reference)."""
-        p = self.policy
-        if self.mode == "off" or run.last_good > p.phase_start or run.step % FRESH_EVERY or not self._calm(run):
-            return
-        p.fresh_probe = run.probe_loss()
-
-    def on_checkpoint(self, run: RunView, path: Path) -> None:
-        self.save_stall = run.save_seconds  # the stall the save cost training (the interval rule's C)
-        self.failed_saves = 0
-        self._baseline_before = None  # the checkpoint measured is on disk
-
     def on_phase_end(self, run: RunView) -> None:
         """The end of a phase is guarded like its middle: a fault in its last steps leaves too few
         findings to climb the ladder, so the state it ends in is checked before it is saved as
@@ -309,39 +263,6 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         """The row gate acts while the orchestrator may: auto mode, rule row_gate not paused (`trimtab
         ctl RUN pause-rule row_gate`, `ctl RUN mode advise` turn it off mid-run, not only its journal)."""
         return self.mode == "auto" and "row_gate" not in self.paused
-
-    def healthy(self, run: RunView) -> bool:
-        """A good rollback target: no escalation under way, and no instability in the last SETTLED
-        steps, or only findings whose updates the gate withheld (they never touched the weights)
-        and a held-out probe of the weights as sound as a diagnosis asks (Policy.learned). A save
-        falls on a withheld step's own step as often as not: debug, a NaN every 10 steps with
-        checkpoint.every 10, had no good checkpoint after step 0 and the rollback at step 60 lost
-        every step. The probe keeps out weights that an applied update broke before the flagged
-        step (a spike shows on the step after the update that caused it)."""
-        if self._calm(run):
-            return True
-        withheld_only = self.stood_at < 0 or run.step - self.stood_at > SETTLED
-        if self.mode != "auto" or self.policy.ladder.rung or not withheld_only:
-            return False
-        return self.policy.learned(run.probe_loss())
-
-    def _calm(self, run: RunView) -> bool:
-        """No escalation under way and no instability finding in the last SETTLED steps."""
-        ladder = self.policy.ladder
-        return ladder.rung == 0 and (ladder.last_step < 0 or run.step - ladder.last_step > SETTLED)
-
-    def kept_checkpoints(self, run: RunView) -> tuple[int, ...]:
-        """The phase's first checkpoint while the LR rule may still restore it (AboveStart.keeps_start),
-        and the policy rl_reward would restore (its good_step: the last before the fall began)."""
-        if self.mode != "auto":
-            return ()
-        kept: tuple[int, ...] = ()
-        lr_rule, reward = self.monitors.get("above_start"), self.monitors.get("rl_reward")
-        if "above_start" not in self.paused and lr_rule is not None and lr_rule.keeps_start(run.step):
-            kept = (lr_rule.first_step - 1,)
-        if "rl_reward" not in self.paused and reward is not None and reward.first is not None:
-            kept = (*kept, reward.good_step)
-        return kept
 
     def on_rollback(self, run: RunView, saved_state: dict[str, Any]) -> None:
         """Monitors go back with the weights, and so does the phase they were watching (a
@@ -403,7 +324,7 @@ class Orchestrator(Deciding, PersonCommands, Hook):
         if rows is not None and (f := rows.confirm(run, m)) is not None:
             findings.append(f)  # suspects seen once, scored again on today's weights (outliers.py)
         if (gated := gate_finding(m, self.cfg.row_gate)) is not None:
-            findings.append(gated)  # the rows the row gate left out of this update: one decision (outliers.py)
+            findings = all_gated(gated, m, findings) + [gated]  # the rows the row gate left out: one decision
         if (rerun := self.reruns.pop(m.step, None)) is not None:  # computed twice, the same: not a fault
             for f in findings:
                 f.evidence["rerun"] = rerun

@@ -1,0 +1,122 @@
+"""The orchestrator's side of checkpoints: the held-out reference a good save carries (measured before its
+state is taken), a failed save's decision (rule disk), and which checkpoints are good rollback targets
+(healthy) or kept past pruning (kept_checkpoints). A part of the Orchestrator (core.py)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trimtab.orchestrator.monitors import Finding
+from trimtab.orchestrator.outcomes import SETTLED
+from trimtab.orchestrator.policy import Policy
+
+if TYPE_CHECKING:
+    from trimtab.training.view import RunView
+
+FRESH_EVERY = 10  # steps between held-out probes before a phase's first good checkpoint (_fresh_reference)
+
+
+class SaveGuard:
+    """The Orchestrator's handling of checkpoints (it holds the state named here)."""
+
+    mode: str
+    paused: set[str]
+    monitors: dict[str, Any]
+    policy: Policy
+    save_stall: float  # this rank's newest save, until _read agrees it over the ranks
+    failed_saves: int  # saves failed since the last that worked (a stretch of work at risk)
+    stood_at: int  # the last step with an instability finding whose update was applied (healthy)
+    # the references a save being written replaced (probe_baseline, start_probe)
+    _baseline_before: tuple[float | None, float | None] | None
+    decide: Callable[..., Any]  # a finding, decided and journaled (deciding.py)
+
+    def on_save_error(self, run: RunView, exc: OSError) -> bool:
+        """A failed save: the disk rule's remedy is requested; the trainer applies it before the
+        save returns (a failure of that retry does not come back here: training goes on, and the
+        next interval tries again)."""
+        if self._baseline_before is not None:  # the checkpoint measured is not on disk: nor its reference
+            (self.policy.probe_baseline, self.policy.start_probe), self._baseline_before = self._baseline_before, None
+        if self.mode != "auto":
+            return False
+        if run.stopping:
+            return True  # the final save of a stop already decided: the resume point stays on disk
+        self.failed_saves += 1
+        f = Finding(
+            rule="disk",
+            family="disk",
+            step=run.step,
+            evidence={
+                "error": str(exc)[:200],
+                "errno": exc.errno,
+                "failures": self.failed_saves,
+                "last_saved": run.last_saved,
+            },
+            summary=f"checkpoint save failed ({os.strerror(exc.errno) if exc.errno else exc})",
+            strength=1.0,
+        )
+        self.decide(run, f)
+        return True
+
+    def on_save_prepare(self, run: RunView, good: bool) -> None:
+        """A good checkpoint's held-out loss, the reference a diagnosis and the end check compare
+        with, measured before its state is taken: in that checkpoint, so a resume from it judges
+        against it (measured once the save was done, each checkpoint held the one before's, and a
+        background save's never matched its step: the end check was never armed). In advise mode
+        too: a person's `ctl mode auto` later diagnoses against it."""
+        if self.mode != "off" and good:
+            self._baseline_before = (self.policy.probe_baseline, self.policy.start_probe)
+            self.policy.measured(run.probe_loss(), run.step)
+
+    def _fresh_reference(self, run: RunView) -> None:
+        """Until a good checkpoint of the phase is measured, the reference a diagnosis compares the
+        held-out probe with is its untouched weights' score, and weights wrecked a few dozen steps
+        in score no worse (debug: 6.27 against 6.25 at step 0): a diagnosis took them for sound and
+        blamed the data, and the ladder cut the LR for nothing (weights_noise at step 19, before the
+        first checkpoint at 20: +2.2%). So meanwhile the probe is also read every FRESH_EVERY steps
+        while the run is calm (one held-out micro-batch's forward); the lower of the two is the
+        reference (Policy.reference)."""
+        p = self.policy
+        if self.mode == "off" or run.last_good > p.phase_start or run.step % FRESH_EVERY or not self._calm(run):
+            return
+        p.fresh_probe = run.probe_loss()
+
+    def on_checkpoint(self, run: RunView, path: Path) -> None:
+        self.save_stall = run.save_seconds  # the stall the save cost training (the interval rule's C)
+        self.failed_saves = 0
+        self._baseline_before = None  # the checkpoint measured is on disk
+
+    def healthy(self, run: RunView) -> bool:
+        """A good rollback target: no escalation under way, and no instability in the last SETTLED
+        steps, or only findings whose updates the gate withheld (they never touched the weights)
+        and a held-out probe of the weights as sound as a diagnosis asks (Policy.learned). A save
+        falls on a withheld step's own step as often as not: debug, a NaN every 10 steps with
+        checkpoint.every 10, had no good checkpoint after step 0 and the rollback at step 60 lost
+        every step. The probe keeps out weights that an applied update broke before the flagged
+        step (a spike shows on the step after the update that caused it)."""
+        if self._calm(run):
+            return True
+        withheld_only = self.stood_at < 0 or run.step - self.stood_at > SETTLED
+        if self.mode != "auto" or self.policy.ladder.rung or not withheld_only:
+            return False
+        return self.policy.learned(run.probe_loss())
+
+    def _calm(self, run: RunView) -> bool:
+        """No escalation under way and no instability finding in the last SETTLED steps."""
+        ladder = self.policy.ladder
+        return ladder.rung == 0 and (ladder.last_step < 0 or run.step - ladder.last_step > SETTLED)
+
+    def kept_checkpoints(self, run: RunView) -> tuple[int, ...]:
+        """The phase's first checkpoint while the LR rule may still restore it (AboveStart.keeps_start),
+        and the policy rl_reward would restore (its good_step: the last before the fall began)."""
+        if self.mode != "auto":
+            return ()
+        kept: tuple[int, ...] = ()
+        lr_rule, reward = self.monitors.get("above_start"), self.monitors.get("rl_reward")
+        if "above_start" not in self.paused and lr_rule is not None and lr_rule.keeps_start(run.step):
+            kept = (lr_rule.first_step - 1,)
+        if "rl_reward" not in self.paused and reward is not None and reward.first is not None:
+            kept = (*kept, reward.good_step)
+        return kept
