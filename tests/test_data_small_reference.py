@@ -6,31 +6,13 @@ from __future__ import annotations
 
 import random
 
+from test_data_watch_blame import View
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.attribution import DataAttribution
 
 # debug, train.seed=3: the held-out split is one document of 9 rows; these 9 have a MAD-based spread
 # of 0.12 where the text's rows spread 0.25 (a draw the MAD's ~40% standard error at n=9 allows)
 SMALL = [5.08, 5.12, 5.12, 5.2, 5.2, 5.2, 5.28, 5.28, 5.32]
-
-
-class View:
-    """One source; `held` the held-out rows' losses, `scores` the training rows'."""
-
-    def __init__(self, held: list[float], scores: dict[int, float]):
-        self.held, self.scores = held, scores
-
-    def row_losses(self, rows):
-        return {r: self.scores[r] for r in rows}
-
-    def row_parts(self, rows):
-        return None
-
-    def row_sources(self, rows):
-        return {"stdlib/test/test_quopri.py": len(rows)}
-
-    def held_out_row_losses(self, limit, part=None):
-        return self.held[:limit]
 
 
 def _step() -> dict[int, float]:
@@ -44,7 +26,7 @@ def _step() -> dict[int, float]:
 
 def test_a_small_references_tight_spread_leaves_no_clean_row_out_and_garbage_still_goes():
     data = DataAttribution(OrchestratorConfig())
-    bad, evidence = data.score(View(SMALL, _step()), list(range(32)))
+    bad, evidence = data.score(View(_step(), SMALL), list(range(32)))
     assert evidence["reference_rows"] == 9 and evidence["reference_spread"] < 0.13
     assert bad == [28, 29, 30, 31]  # before: 4 x 0.12 = 0.48 -> the 0.5-nat floor, and row 27 (0.7 out) left out
     assert evidence["threshold"] > 5.2 + 2.8 * 0.25
@@ -54,6 +36,6 @@ def test_the_widening_fades_as_the_reference_grows():
     """64 held-out rows (the default reference_rows): the bar moves by under a tenth of itself."""
     rng = random.Random(0)
     held = [rng.gauss(5.14, 0.14) for _ in range(64)]
-    evidence = DataAttribution(OrchestratorConfig()).score(View(held, {0: 5.1}), [0])[1]
+    evidence = DataAttribution(OrchestratorConfig()).score(View({0: 5.1}, held), [0])[1]
     gap, spread = evidence["threshold"] - evidence["reference_median"], evidence["reference_spread"]
     assert 4 * spread < gap < 1.1 * 4 * spread
