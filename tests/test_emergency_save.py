@@ -10,6 +10,8 @@ import json
 import logging
 import os
 import signal
+import socket
+import subprocess
 import time
 from types import SimpleNamespace
 
@@ -18,7 +20,11 @@ import torch
 from safetensors.torch import load_file
 
 from trimtab.api import built_in_hooks
+from trimtab.cli_train import _peer_lost_exit, _peer_was_lost
 from trimtab.config import load_config
+from trimtab.resilience.elastic import SESSION_ENV
+from trimtab.resilience.watchdog import NoWatchdog, Watchdog
+from trimtab.rundir import read_metrics
 from trimtab.training import emergency
 from trimtab.training.emergency import EmergencySave, emergency_resume_line, every_ranks_rng, peer_lost
 from trimtab.training.setup import setup
@@ -60,13 +66,22 @@ def lose_peer_in(t: Trainer, step: int, monkeypatch) -> None:
 def test_a_peer_lost_mid_step_leaves_the_last_completed_step_saved_as_a_normal_save_would(tmp_path, monkeypatch, capfd):
     """Checkpoints every 3 steps, rank 1 lost in step 3: step 2 is saved (it was lost before), its weights,
     optimizer, data position and RNG bit for bit those of an undisturbed run's save of step 2, and the
-    restart resumes from it, saying so, and ends as the undisturbed run."""
+    restart resumes from it, saying so, and ends as the undisturbed run. The survivor says the loss in one line,
+    the save's, which says where the run resumes: the CLI's exit line is left out after it."""
     plain = trainer(tmp_path / "plain", every=1)
     plain.fit()
     hit = trainer(tmp_path / "hit", every=3)
     lose_peer_in(hit, 3, monkeypatch)
-    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+    capfd.readouterr()
+    with pytest.raises(RuntimeError, match="Connection closed by peer") as lost:
         hit.fit()
+    with monkeypatch.context() as torchrun:
+        torchrun.setenv("WORLD_SIZE", "2")
+        assert _peer_was_lost(lost.value) and _peer_lost_exit(lost.value, tmp_path / "hit") == 1
+    said = [line for line in capfd.readouterr().err.splitlines() if "peer was lost" in line]
+    assert len(said) == 1 and said[0].endswith(  # before: the save's line, then the CLI's exit line
+        "torchrun restarts the job from step 2 (--max-restarts), or the same command resumes it"
+    )
     saved = sorted(p.name for p in (tmp_path / "hit" / "checkpoints").glob("step_*"))
     assert saved == ["step_000000", "step_000002"]  # before: step 0 only
     ours, theirs = tmp_path / "hit/checkpoints/step_000002", tmp_path / "plain/checkpoints/step_000002"
@@ -264,6 +279,7 @@ class _Survivor(EmergencySave):
 
     stop_reason = ""
     dist = SimpleNamespace(on_signal=lambda name: "")
+    watchdog = NoWatchdog()
 
     def request_stop(self, reason: str) -> None:
         self.stop_reason = reason
@@ -293,3 +309,70 @@ def test_torchruns_sigterm_to_a_survivor_names_the_lost_peer_not_a_stop_after_th
         "trimtab: SIGTERM: torchrun's agent ends the survivors of a lost peer (RuntimeError: Connection reset by peer)",
         "trimtab: SIGTERM: stopping after this step and saving",
     ]
+
+
+def test_torchruns_sigterm_before_a_survivors_collective_failed_names_the_peer_whose_process_ended(
+    tmp_path, monkeypatch, capfd
+):
+    """A survivor computing when its peer was killed takes torchrun's SIGTERM before any collective of its own
+    failed: nothing in flight, nothing caught, and it said "stopping after this step and saving" (before). Its
+    peer on this host beat with a pid that has ended since (reaped by the agent, or a zombie not yet): named. A
+    peer still running (the scheduler's SIGTERM reaches every rank) leaves the stop's line."""
+    from trimtab.training.services.signals import SignalHandler
+
+    monkeypatch.setenv(SESSION_ENV, "s1")  # the beats of this session only are read
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun's: ranks 0 and 1 on this node
+    dog = Watchdog(tmp_path, 0, 2, first_timeout_s=60, timeout_factor=3, min_timeout_s=60, beat_s=10)
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    running = subprocess.Popen(["sleep", "30"])
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        for pid in (ended.pid, running.pid):
+            beat = {"rank": 1, "host": socket.gethostname(), "pid": pid, "time": time.time(), "session": "s1"}
+            (tmp_path / "ranks").mkdir(exist_ok=True)
+            (tmp_path / "ranks" / "rank1.json").write_text(json.dumps(beat))
+            survivor = _Survivor()
+            survivor.watchdog = dog
+            SignalHandler(survivor)(signal.SIGTERM, None)
+    finally:
+        signal.signal(signal.SIGINT, before)
+        running.kill()
+        running.wait()
+    assert capfd.readouterr().err.splitlines() == [
+        "trimtab: SIGTERM: torchrun's agent ends the survivors of a lost peer (rank 1's process ended)",
+        "trimtab: SIGTERM: stopping after this step and saving",
+    ]
+
+
+RUNS = ("plain", "hit")
+
+
+def test_a_resume_from_an_emergency_save_draws_the_random_stream_an_undisturbed_run_draws(tmp_path, monkeypatch):
+    """The training loop's own draws (a MoE router's jitter, model.moe.router_jitter: noise on every forward)
+    continue after a resume from an emergency save as in a run never interrupted: rank 1 lost in step 3, the
+    restart trains step 3 from step 2's save with the same noise, so its losses and weights are the
+    undisturbed run's bit for bit, and its RNG ends where that run's ends. Without the RNG of the step's start
+    (the state it had as the save was written instead, after step 3's forward drew), the noise differs."""
+    moe = ("train.log_every=1", "model.n_layers=2", "model.moe.router_jitter=0.3", "train.batch_tokens=512")
+    moe += ("train.micro_batch_tokens=512", "model.moe.n_experts=4")
+
+    def run(name: str) -> Trainer:
+        cfg = load_config(preset="debug-moe", overrides={"out": str(tmp_path / name)}, sets=[*SETS, *moe])
+        return Trainer(setup(cfg), hooks=built_in_hooks(cfg))
+
+    plain = run("plain")
+    plain.fit()
+    ends = torch.get_rng_state()
+    hit = run("hit")
+    lose_peer_in(hit, 3, monkeypatch)
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        hit.fit()
+    again = run("hit")
+    assert again.state.step == 2
+    again.fit()
+    assert torch.equal(torch.get_rng_state(), ends)
+    losses = [[m["loss"] for m in read_metrics(tmp_path / n) if m.get("step", 0) > 2 and "loss" in m] for n in RUNS]
+    assert len(losses[0]) == 1 and losses[0] == losses[1]
+    end, base = again.model.state_dict(), plain.model.state_dict()
+    assert all(torch.equal(end[k], base[k]) for k in base)

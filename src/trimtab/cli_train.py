@@ -106,13 +106,17 @@ def _peer_was_lost(exc: RuntimeError) -> bool:
 
 def _peer_lost_exit(exc: RuntimeError, run_dir: Path | None) -> int:
     """A survivor's end after a peer was lost (training/emergency.py): one line instead of gloo's 40-line
-    traceback, which says nothing a person acts on, and a failing exit status for torchrun to restart on."""
-    from trimtab.training.emergency import lost_words
+    traceback, which says nothing a person acts on, and a failing exit status for torchrun to restart on. No line
+    where this survivor claimed the lost step and said its line (the emergency save's, or why none): a second
+    line for the same loss only repeated it."""
+    from trimtab.training.emergency import NEXT, SAID, lost_words
 
+    if getattr(exc, SAID, False):
+        return PEER_LOST_EXIT
     saved = f"the newest checkpoint is step {newest_step(run_dir)}" if run_dir is not None else "nothing was saved"
     print(
         f"trimtab: rank {os.environ.get('RANK', '0')}: ended, a peer was lost ({lost_words(exc)}); {saved}: "
-        "torchrun restarts the job from it (--max-restarts), or the same command resumes it",
+        + NEXT.format("it"),
         file=sys.stderr,
         flush=True,
     )

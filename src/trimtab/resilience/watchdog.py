@@ -41,7 +41,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trimtab.resilience.elastic import node_rank, session
+from trimtab.resilience.elastic import node_of, node_rank, session
 from trimtab.rundir import read_json, write_json
 
 HUNG = 5  # the process's exit code when the watchdog ended it (docs/orchestrator.md, exit codes)
@@ -288,6 +288,20 @@ class Watchdog:
             beats[rank] = beat if isinstance(beat, dict) and beat.get("session") == session() else {}
         return beats
 
+    def gone_peers(self) -> list[int]:
+        """This job's ranks on this host whose process has ended (its beat's pid runs no more, or is a zombie):
+        torchrun's agent SIGTERMs the survivors as it reaps a dead worker, which can come before a survivor's own
+        collective fails for it (training/emergency.py peer_loss). A rank on another host is not seen, and only
+        this node's ranks' beats are read (a signal handler's work: not a large job's every file)."""
+        host, node = socket.gethostname(), node_of(self.rank)
+        gone = []
+        for rank in (r for r in range(self.world) if r != self.rank and node_of(r) == node):
+            beat = read_json(self.run_dir / RANKS / f"rank{rank}.json")
+            mine = isinstance(beat, dict) and beat.get("session") == session() and beat.get("host") == host
+            if mine and _gone(beat.get("pid"), beat["time"]):
+                gone.append(rank)
+        return gone
+
     def _end_mute_peers(self, folder: Path) -> None:
         """Ranks of this job on this host that wrote no stack within the grace are frozen (a
         stopped process, a deadlock that holds the GIL): SIGKILL them, as NVRx ends hung ranks, so
@@ -407,6 +421,19 @@ def _alive_since(pid: int, when: float) -> bool:
     return start is not None and start <= when + 1.0
 
 
+def _gone(pid: Any, when: float) -> bool:
+    """Whether the process `pid` that beat at `when` has ended: no such process, a later one given its number,
+    or a zombie its parent (torchrun's agent) has not reaped yet."""
+    if not isinstance(pid, int):
+        return False  # no pid recorded: nothing known
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            zombie = fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        zombie = False
+    return zombie or not _alive_since(pid, when)
+
+
 class NoWatchdog(Watchdog):
     """The watchdog switched off: beats cost one call; no thread, no files."""
 
@@ -421,6 +448,9 @@ class NoWatchdog(Watchdog):
 
     def stop(self, exit_record: str | None = None) -> None:
         pass
+
+    def gone_peers(self) -> list[int]:
+        return []  # no beats to read
 
 
 def make_watchdog(cfg: Any, run_dir: Path, rank: int, world: int) -> Watchdog:

@@ -48,6 +48,11 @@ EMERGENCY = "emergency"  # state.json's key: why this checkpoint was written by 
 # how long a survivor other than rank 0 leaves rank 0 to claim the step first: rank 0 saw the same
 # failure at the same moment, and its claim is a file created in milliseconds
 RANK_0_FIRST_S = 1.0
+# set on a lost peer's exception once the survivor that claimed its step said the loss and where the restart
+# resumes (the save's line, or why none): the CLI's exit line (cli_train.py) would say it a second time
+SAID = "trimtab_said"
+# how a survivor's line ends: what a person does next (cli_train.py ends a survivor's exit line with it too)
+NEXT = "torchrun restarts the job from {} (--max-restarts), or the same command resumes it"
 
 
 def peer_lost(exc: BaseException) -> bool:
@@ -103,6 +108,7 @@ class EmergencySave:
     # a lost peer's failure in a few words (lost_words) once this rank's collective failed for it: the SIGTERM
     # torchrun's agent then sends the survivors is its consequence (training/services/signals.py says so)
     peer_lost_as: str | None = None
+    _said = False  # this survivor claimed the step and said a line for it (_say)
 
     def emergency_save_possible(self) -> str | None:
         """Why no emergency save can be sound for this run (None: it can)."""
@@ -132,9 +138,13 @@ class EmergencySave:
         """A lost peer's failure in a few words, if one is known: this rank's collective failed for it, or
         `handled`, the exception in flight where a signal handler ran (sys.exc_info), is one. torchrun's agent
         SIGTERMs the survivors as it sees the rank gone, which a survivor takes while gloo's error unwinds,
-        before saving_if_a_peer_is_lost catches it."""
+        before saving_if_a_peer_is_lost catches it, or before its own collective failed at all (it was computing):
+        then a rank of this host whose process ended (the watchdog's beats) names the loss."""
         if self.peer_lost_as is None and handled is not None and peer_lost(handled):
             self.peer_lost_as = lost_words(handled)
+        if self.peer_lost_as is None:  # the SIGTERM came first: a peer's process on this host may have ended
+            gone = self.watchdog.gone_peers()
+            return f"rank {', '.join(map(str, gone))}'s process ended" if gone else None
         return self.peer_lost_as
 
     def update_begins(self) -> None:
@@ -151,6 +161,8 @@ class EmergencySave:
             if peer_lost(exc):
                 self.peer_lost_as = lost_words(exc)
                 self.emergency_save(exc)
+                if self._said:
+                    setattr(exc, SAID, True)
             raise
         finally:
             self._step_start = None
@@ -202,14 +214,15 @@ class EmergencySave:
             )
         except OSError as err:
             self._say(
-                f"step {step}: the emergency save failed ({err}); the restart resumes from step {self.last_saved}"
+                f"step {step}: a peer was lost ({first}); the emergency save failed ({err}): the restart resumes "
+                f"from step {self.last_saved}"
             )
             return False
         rank, seconds = self.dist.rank, time.perf_counter() - started
         self._say(
             f"step {step}: a peer was lost ({first}); rank {rank} saved step {step} alone in {seconds:.1f} s (an "
             "emergency save; torchrun's SIGKILL comes 30 s after the loss: a longer save is cut, and the restart "
-            "resumes from the checkpoint before)"
+            f"resumes from the checkpoint before); {NEXT.format(f'step {step}')}"
         )
         self.last_saved = step
         return True
@@ -226,7 +239,9 @@ class EmergencySave:
 
     def _say(self, line: str) -> None:
         """A line from the survivor that claimed the step: rank 0's console, or, rank 0 lost, this rank's
-        stderr (a rank's other lines are silenced, distributed/parallel.py: rank 0 speaks for the job)."""
+        stderr (a rank's other lines are silenced, distributed/parallel.py: rank 0 speaks for the job). Its one
+        line for the loss: the CLI's exit line is left out after it (SAID)."""
+        self._said = True
         if self.dist.is_main:
             self.say(line)
         else:
