@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -500,3 +501,14 @@ def test_the_skipped_rows_are_sorted_for_the_state_once_per_change(monkeypatch):
     assert loader.state_dict()["skipped"] == [2, 5, 7]
     loader.skip_rows([1])
     assert loader.state_dict()["skipped"] == [1, 2, 5, 7] and len(calls) == 3
+
+
+def test_the_skipped_rows_cannot_change_behind_the_states_sorted_copy():
+    """An in-place change of `loader.skipped` (before: a set, its sorted copy reset on assignment only) left
+    the checkpoint's list without the row: a resume would serve it again. Now it cannot be made in place."""
+    loader = BatchLoader(synthetic_rows(), batch_tokens=50, micro_batch_tokens=24, seed=3, pad_id=1)
+    loader.skip_rows([7, 2])
+    assert loader.state_dict()["skipped"] == [2, 7]  # the sorted copy is cached now
+    with contextlib.suppress(AttributeError):
+        loader.skipped.add(5)
+    assert loader.state_dict()["skipped"] == sorted(loader.skipped)

@@ -97,7 +97,7 @@ def test_steps_granted_for_withheld_updates_a_rollback_replayed_are_given_back(t
     (back,), total = _steps(rule, 21, 40, total)
     assert back.step == 27 and back.evidence["new_total"] == 60 and total == 60
     remedy = make_up.remedy(back, None, OrchestratorConfig())
-    assert remedy.action == "set_total_steps" and remedy.params == {"steps": 60}
+    assert remedy.action == "set_total_steps" and remedy.params == {"steps": 60, "by": "make_up"}
     assert rule.credit == 0 and _steps(rule, 41, 60, total)[0] == []
 
 

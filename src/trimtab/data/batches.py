@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,7 +123,7 @@ class BatchLoader:
         # `drawn` when the weights last changed (a resume with another data.mix): the shares are
         # held from there, so new weights apply from the change, not over the tokens drawn before it
         self.since = [0] * len(parts)
-        self.skipped = set()  # rows a rollback took out of training (bad data)
+        self.skipped = frozenset()  # rows a rollback took out of training (bad data)
         # what each source's rows hold: a resume over other data with as many rows is refused (the
         # order and the rows a rollback left out would then be other rows)
         self.digests = [p.fingerprint() for p in parts]
@@ -201,14 +202,15 @@ class BatchLoader:
         return StepBatch(micro, sum(m.n_targets for m in micro), n_tokens, indices)
 
     @property
-    def skipped(self) -> set[int]:
-        """Rows never served again (skip_rows). Only ever assigned: skip_rows and load_state_dict set a
-        new set, and a rollback's `loader.skipped |= rows` (training/checkpointing.py) sets it back too."""
+    def skipped(self) -> frozenset[int]:
+        """Rows never served again (skip_rows). Immutable, so state_dict's sorted copy cannot go stale: a
+        change is an assignment (skip_rows, load_state_dict, a rollback's `loader.skipped |= rows` in
+        training/checkpointing.py, which makes a new frozenset), and every assignment drops that copy."""
         return self._skipped
 
     @skipped.setter
-    def skipped(self, rows: set[int]) -> None:
-        self._skipped, self._skipped_sorted = rows, None
+    def skipped(self, rows: AbstractSet[int]) -> None:
+        self._skipped, self._skipped_sorted = frozenset(rows), None  # frozenset(a frozenset) is that one, no copy
 
     def _sorted_skipped(self) -> list[int]:
         """state_dict's sorted copy of `skipped`, sorted again only once it changed: an emergency save takes

@@ -13,6 +13,9 @@ weights_nan rolled back over a made-up NaN step ended debug's 60-step run at 61 
 update of its kept trajectory applied). Withheld updates the cap refuses stay owed in the checkpoint:
 a resume to a longer train.max_steps raises the cap, and they are made up then (debug, 34 steps, a
 NaN at step 30 refused at step 35 with the cap spent; resumed to 60 steps it was never made up).
+The steps made up stay on top of a resume's new train.max_steps, as on a fresh run of that length,
+and count against its cap: its decisions say so (set_total_steps by="make_up", TrainState.made_up;
+schedule.reconcile), where a resume used to drop them while `made` still counted them.
 """
 
 from __future__ import annotations
@@ -137,7 +140,7 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     if e["extend"] < 0:  # _give_back
         return Remedy(
             action="set_total_steps",
-            params={"steps": e["new_total"]},
+            params={"steps": e["new_total"], "by": "make_up"},
             reasoning=f"a rollback replayed {e['credit']} withheld step(s) that steps had been added for, and the "
             f"replay did not withhold them again: {-e['extend']} step(s) come off pretraining, which would otherwise "
             "make more updates than its length promised (orchestrator.make_up)",
@@ -155,7 +158,7 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     credit = f", less {e['credit']} granted before for steps a rollback replayed" if e["credit"] else ""
     return Remedy(
         action="set_total_steps",
-        params={"steps": e["new_total"]},
+        params={"steps": e["new_total"], "by": "make_up"},
         reasoning=f"the update gate withheld {e['withheld']} update(s){credit}: the run would make that many fewer "
         f"updates on good data than its length promised; {e['extend']} step(s) are added to pretraining{short}, "
         "its LR schedule stretched to the new end (orchestrator.make_up: off with enabled=false)",

@@ -378,8 +378,13 @@ _TABLE = (
         verb="total-steps",
         says="run length {steps} steps",
         help="the run's total steps (the pretraining schedule stretches or shrinks to the new end); a resume keeps "
-        "it unless it names another --max-steps, which is then the total",
-        params=(ActionParam(name="steps", kind="int", bounds="[1, inf)"),),
+        "it unless it names another --max-steps, which then replaces it, but for orchestrator.make_up's steps for "
+        "withheld updates: they stay on top, as on a fresh run of that --max-steps",
+        params=(
+            ActionParam(name="steps", kind="int", bounds="[1, inf)"),
+            # who changed it, where that matters: make_up's steps repair withheld updates (TrainState.made_up)
+            ActionParam(name="by", kind="str", default=None, ctl=False, choices=("make_up",)),
+        ),
     ),
     Action(
         name="set_checkpoint_every",

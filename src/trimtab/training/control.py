@@ -275,10 +275,11 @@ class Control:
         t = self._trainer
         return t.state.checkpoint_every or t.cfg.checkpoint.every
 
-    def _set_total_steps(self, steps: int) -> str:
+    def _set_total_steps(self, steps: int, by: str | None = None) -> str:
         """The run's length, through the pretraining phase (the live planner's shorten / extend):
         its LR schedule is a function of the phase length, so it stretches or shrinks to the new
-        end; a finetuning phase after it moves with it."""
+        end; a finetuning phase after it moves with it. `by`: "make_up", steps for withheld updates,
+        counted apart (TrainState.made_up) so a resume's new train.max_steps keeps them."""
         t = self._trainer
         if t.state.phase != 0:
             raise ConfigError("the run length can only change during pretraining (phase 0)")
@@ -286,6 +287,8 @@ class Control:
         if t.phases[0].steps + steps - old < max(t.state.step, 1):
             raise ConfigError(f"set_total_steps: {steps} would end pretraining before the current step {t.state.step}")
         t.state.length_delta += steps - old
+        if by == "make_up":
+            t.state.made_up += steps - old
         self.apply_lengths()
         return f"total steps {old} -> {t.total_steps}"
 

@@ -123,6 +123,10 @@ class Hook:
 
     def on_log(self, run: RunView, metrics: dict[str, Any]) -> None: ...
 
+    def on_applied(self, run: RunView) -> None:
+        """After each step, once the loop applied what its hooks requested (Control; on_step_end, on_log and
+        on_finding come before): the run as the next step trains it, e.g. its length after a decision of this step."""
+
     def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None: ...
 
     def on_eval_error(self, run: RunView, step: int, error: str) -> None:
@@ -320,6 +324,9 @@ class ConsoleLogger(Hook):
         self.bar = None
         self.last_step = 0
         self.replayed_until = 0  # steps up to this one run a second time, after a rollback
+        # a step's line, written once the loop applied the step's requests (on_applied): "step N/TOTAL" read
+        # at on_log showed the length before a decision of that step (orchestrator.make_up's) once
+        self.pending: tuple[int, str] | None = None
 
     def on_train_start(self, run: RunView) -> None:
         if self.progress:
@@ -337,10 +344,22 @@ class ConsoleLogger(Hook):
     def on_step_end(self, run: RunView, out: StepOutput) -> None:
         self.last_step = out.step
         if self.bar is not None:
-            self.bar.total = run.total_steps  # the live planner may shorten or extend the run
             self.bar.update(1)
 
+    def on_applied(self, run: RunView) -> None:
+        if self.bar is not None and self.bar.total != run.total_steps:  # the live planner or make-up changed it
+            self.bar.total = run.total_steps
+            self.bar.refresh()
+        self._flush(run)
+
+    def _flush(self, run: RunView) -> None:
+        """The waiting step line (on_log), with the run's length as it is now."""
+        if self.pending is not None:
+            (step, text), self.pending = self.pending, None
+            print(f"step {step}/{run.total_steps} {text}", file=sys.stderr, flush=True)
+
     def on_rollback(self, run: RunView, saved_state: dict[str, Any]) -> None:
+        self._flush(run)  # the rolled-back step's line before the line saying so
         self.replayed_until = max(self.replayed_until, self.last_step)
         if self.bar is not None:
             self.bar.n = run.step
@@ -357,7 +376,8 @@ class ConsoleLogger(Hook):
         if self.bar is not None and not self.bar.disable:
             self.bar.set_postfix_str(text, refresh=False)
         else:
-            print(f"step {metrics['step']}/{run.total_steps} {text}", file=sys.stderr, flush=True)
+            self._flush(run)
+            self.pending = (metrics["step"], text)
 
     def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None:
         again = " (trained again after a rollback)" if 0 < metrics["step"] <= self.replayed_until else ""
@@ -372,6 +392,7 @@ class ConsoleLogger(Hook):
         self.write(f"eval step {step} abandoned ({error}); training goes on")
 
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
+        self._flush(run)
         if self.bar is not None:
             self.bar.close()
 

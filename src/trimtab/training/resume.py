@@ -125,7 +125,8 @@ def _at_length(
     `summary`: summary.json when it is this checkpoint's, else None."""
     step, key = state["train"]["step"], KEYS[len(lengths) - 1]  # the last phase's length is the one to raise
     longer = "--max-steps (train.max_steps)" if key == "train.max_steps" else key
-    length = f"{key} {lengths[-1]}{_length_changes(state) if total != sum(lengths) else ''}"  # a delta replaced: not
+    changes = _length_changes(state, lengths[0]) if total != sum(lengths) else ""  # who changed the length
+    length = f"{key} {lengths[-1]}{changes}"
     unchanged = "nothing was trained and nothing in it changed"
     was = f" ({lengths[-1] - total + _trained_to(state)}: the run as it was)" if step < _trained_to(state) else ""
     fresh = f", or a new --out trains a new run of {total} steps"
@@ -185,10 +186,15 @@ CHANGED_BY = {"make_up": "orchestrator.make_up", "convergence": "the live planne
 APPLIED_LENGTH = re.compile(r"total steps (\d+) -> (\d+)")  # Control._set_total_steps' report
 
 
-def _length_changes(state: dict[str, Any]) -> str:
+def _length_changes(state: dict[str, Any], pretraining: int) -> str:
     """TrainState.length_delta by whom, from the checkpoint's journal, e.g. ", +1 by orchestrator.make_up";
-    where the journal does not account for it (an older checkpoint), by set_total_steps, unnamed."""
-    delta = state["train"].get("length_delta", 0)
+    where the journal does not account for it (an older checkpoint), by set_total_steps, unnamed. Under
+    another train.max_steps (`pretraining`) only make-up's part counts (schedule.reconcile)."""
+    train = state["train"]
+    if train.get("phase_steps") and train["phase_steps"][0] != pretraining:
+        made_up = train.get("made_up", 0)
+        return f", {made_up:+d} by {CHANGED_BY['make_up']}" if made_up else ""
+    delta = train.get("length_delta", 0)
     if not delta:
         return ""
     by: dict[str, int] = {}

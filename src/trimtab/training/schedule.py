@@ -7,9 +7,13 @@ over its own length (optim.lr_at). A length changes in four ways, each with defi
   shrinks to the new end; the change (TrainState.length_delta) is kept on resume while the config
   keeps pretraining's length;
 - a person resuming with another `train.max_steps` / `finetune.steps` before that phase ended:
-  the same, the schedule is a function of the phase's length. The new `train.max_steps` is the
-  phase's length, whatever set_total_steps had made of the old one (`ctl total-steps 60`, then
-  `--max-steps 70`, trains to 70: the person's newest word, not 70 + 20);
+  the same, the schedule is a function of the phase's length. The new `train.max_steps` means
+  what it means on a fresh run: the phase's length, whatever the live planner or `trimtab ctl`
+  had made of the old one (`ctl total-steps 60`, then `--max-steps 70`, trains to 70: the
+  person's newest word, not 70 + 20), plus the steps orchestrator.make_up added for updates the
+  gate withheld (TrainState.made_up), which a fresh run of that length would have added too: they
+  keep its promise of that many updates, and its cap (make_up.max_fraction of the new length)
+  still counts them;
 - a person extending a phase that had already ended (a finished run asked to go on): the added
   steps re-warm from the LR the phase ended at to its peak over `optim.warmup_steps`, at most a
   quarter of them (rewarm_steps), then follow the configured schedule, its decay included, to the
@@ -132,21 +136,36 @@ def reconcile(state: Any, phases: list[PhaseLike], lengths: list[int]) -> list[d
     for index, (before, after) in enumerate(zip_longest(old, lengths)):
         if before == after:
             continue
+        made_up = getattr(state, "made_up", 0) if index == 0 else 0  # kept on top (module docstring)
         _check_change(state, index, before, after, old_ends, len(lengths))
         if before is None:
             effect = "a new phase after the others"
         elif after is None:
             effect = f"the phase had not started (the run is at step {state.step}): it is dropped"
-        elif state.step >= old_ends[index] and after > ran[index]:
-            effect = _rewarm(state, phases[index], index, ran[index], after, old_ends[index])
+        elif state.step >= old_ends[index] and after + made_up > ran[index]:
+            effect = _rewarm(state, phases[index], index, ran[index], after + made_up, old_ends[index])
         else:
             effect = "the schedule stretches or shrinks to the new end"
         if index == 0 and state.length_delta:  # the person's new length is the length (module docstring)
-            effect += f"; it replaces set_total_steps' {state.length_delta:+d} to the old one ({ran[0]} steps)"
-            state.length_delta = 0
+            effect += _delta_replaced(state.length_delta, made_up, ran[0], after)
+            state.length_delta = made_up
         changes.append({"key": KEYS[index], "old": before or 0, "new": after or 0, "effect": effect})
     state.phase_steps = list(lengths)
     return changes
+
+
+def _delta_replaced(delta: int, made_up: int, ran: int, after: int) -> str:
+    """What becomes of set_total_steps' `delta` to pretraining's old length (`ran` steps as trained) when a
+    resume names another one, `after`: replaced, but for orchestrator.make_up's `made_up` steps."""
+    text = ""
+    if delta != made_up:
+        text = f"; it replaces set_total_steps' {delta - made_up:+d} to the old one ({ran} steps)"
+    if made_up:
+        text += (
+            f"; the {made_up:+d} orchestrator.make_up added for withheld updates stay on top, as on a fresh run: "
+            f"{after + made_up} steps"
+        )
+    return text
 
 
 def _check_change(
@@ -163,7 +182,8 @@ def _check_change(
             f"phase (at step {state.step}); keep it, or start a new run with train.init_from"
         )
     if before is not None and after is not None and index == state.phase and index + 1 < phases:
-        if old_ends[index] - before - (state.length_delta if index == 0 else 0) + after < state.step:
+        kept = getattr(state, "made_up", 0) if index == 0 else 0  # make-up's steps stay (module docstring)
+        if old_ends[index] - before - (state.length_delta - kept if index == 0 else 0) + after < state.step:
             raise ConfigError(
                 f"config key '{key}' = {after} would end this phase before step {state.step}, which the run "
                 "has reached, with another phase after it; give it at least that many steps"

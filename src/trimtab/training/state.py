@@ -38,6 +38,9 @@ class TrainState:
     rl_generation_rows: int | None = None  # RL's rows generated at a time after an OOM (None: a whole step's)
     rollbacks: int = 0
     length_delta: int = 0  # steps added to (< 0: taken from) pretraining by set_total_steps
+    # of length_delta, orchestrator.make_up's (steps for withheld updates): kept on top of a resume's new
+    # train.max_steps, which replaces the rest (training/schedule.py)
+    made_up: int = 0
     # The schedule's definition (training/schedule.py): each phase's configured length when last
     # saved, and the re-warm segments of phases extended after they ended.
     phase_steps: list[int] = field(default_factory=list)
@@ -92,6 +95,7 @@ KEPT_ON_ROLLBACK = (
     "rl_max_staleness",
     "rollbacks",
     "length_delta",
+    "made_up",
     "phase_steps",
     "restarts",
 )

@@ -165,6 +165,7 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
                 self._after_step(out)  # bookkeeping and hooks: the orchestrator decides here
                 self._deliver_findings()  # another hook's finding (the live planner's): decided now
                 self.control.apply()  # interventions take effect at this one point
+                self._call("on_applied")  # the run as the next step trains it (the console's step line)
                 if self.state.step == out.step and self._phase_ends():
                     self._call("on_phase_end")  # hooks check the state a phase ends in (a rollback trains on)
                     self.control.apply()

@@ -92,9 +92,10 @@ def _finished(run_dir: Path, lengths: list[int] | None) -> bool:
 def run_length(train: dict[str, Any], lengths: list[int]) -> int:
     """The run's length under the config's phase `lengths`, given a checkpoint's train state:
     set_total_steps' change to pretraining (length_delta) counts while the config keeps pretraining's
-    length; another train.max_steps is the length itself (schedule.reconcile)."""
+    length; another train.max_steps is the length itself, plus orchestrator.make_up's part of the
+    change (made_up: steps for withheld updates; schedule.reconcile)."""
     kept = not train.get("phase_steps") or train["phase_steps"][0] == lengths[0]
-    return sum(lengths) + (train.get("length_delta", 0) if kept else 0)
+    return sum(lengths) + (train.get("length_delta", 0) if kept else train.get("made_up", 0))
 
 
 def stopped_in_start_up(summary: dict[str, Any]) -> bool:

@@ -1,0 +1,49 @@
+"""The run's length after orchestrator.make_up added steps for withheld updates: the console's step
+line reads it once the loop applied the step's decision, and a resume naming another --max-steps keeps
+the steps made up on top of it, as a fresh run of that length would have added them (schedule.reconcile)."""
+
+from types import SimpleNamespace
+
+from trimtab.config import OptimConfig
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.make_up import MakeUp, remedy
+from trimtab.orchestrator.monitors import StepMetrics
+from trimtab.training.hooks import ConsoleLogger
+from trimtab.training.schedule import reconcile
+from trimtab.training.services.signals import run_length
+from trimtab.training.state import KEPT_ON_ROLLBACK, TrainState
+
+
+def test_the_console_step_line_shows_the_length_a_decision_of_that_step_set(capsys):
+    """debug, --inject bad_batch@20: make_up decided at step 25 (run length 41) and the console wrote
+    "step 25/40", the loop applying the decision after the step's on_log."""
+    console, run = ConsoleLogger(progress=False), SimpleNamespace(total_steps=40)
+    console.on_step_end(run, SimpleNamespace(step=25))
+    console.on_log(run, {"step": 25, "loss": 5.0295, "lr": 1.79e-3, "tokens_per_s": 3636.0})
+    run.total_steps = 41  # Control.apply: the make-up decision of step 25
+    console.on_applied(run)
+    assert capsys.readouterr().err.splitlines() == ["step 25/41 loss 5.0295 lr 1.79e-03 tok/s 3,636"]
+
+
+def test_a_resume_naming_another_max_steps_keeps_the_steps_made_up_on_top():
+    """A 40-step run, one update withheld and made up (41 steps), resumed with --max-steps 60 trained to 60
+    (before: the made-up step dropped while make_up's cap still counted it); now 61, as a fresh run of 60."""
+    rule = MakeUp(OrchestratorConfig().make_up)
+    rule.observe(StepMetrics(step=20, loss=1.0, grad_norm=1.0, skipped=True), 20, 40, 40)
+    made = rule.observe(StepMetrics(step=25, loss=1.0, grad_norm=1.0), 20, 40, 40)
+    decided = remedy(made, None, OrchestratorConfig())
+    assert decided.params == {"steps": 41, "by": "make_up"}  # so Control counts them apart: TrainState.made_up
+    state = TrainState(step=41, phase_steps=[40], length_delta=1, made_up=1)
+    changes = reconcile(state, [SimpleNamespace(start=0, steps=41, optim=OptimConfig())], [60])
+    assert (state.length_delta, state.phase_steps) == (1, [60]) and "stay on top" in changes[0]["effect"]
+    assert "its 20 added steps re-warm" in changes[0]["effect"]  # the run had ended at 41: 61 - 41
+    assert run_length({"phase_steps": [40], "length_delta": 1, "made_up": 1}, [60]) == 61  # the finished check
+    assert "made_up" in KEPT_ON_ROLLBACK
+
+
+def test_a_new_max_steps_still_replaces_a_persons_or_the_planners_change():
+    state = TrainState(step=30, phase_steps=[40], length_delta=21, made_up=1)  # ctl total-steps 60 after make-up's 41
+    changes = reconcile(state, [SimpleNamespace(start=0, steps=61, optim=OptimConfig())], [70])
+    assert state.length_delta == 1 and "replaces set_total_steps' +20" in changes[0]["effect"]
+    assert run_length({"phase_steps": [40], "length_delta": 21, "made_up": 1}, [70]) == 71
+    assert run_length({"phase_steps": [40], "length_delta": 21, "made_up": 1}, [40]) == 61  # unchanged: all kept
