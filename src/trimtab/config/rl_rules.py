@@ -115,19 +115,21 @@ class RLHackingRule(Section):
     while the training reward of the last `window` steps rose `rise` or more above its level at
     that best, for `patience` evaluations in a row, the run rolls back to the best held-out
     policy with the learning rate cut (orchestrator.lr_cut); a second time, it stops there. The held-out
-    pass@1's own fall, whatever the training reward did, is answered alike: the readings in a row each
-    `start_sigmas` standard errors below the pooled count of the readings before them (the baseline) are
-    pooled, and `patience` or more of them `min_fall` or more and `sigmas` standard errors below it (a
-    two-proportion test of the pooled counts) fire (an LR far too high: 14/100 -> 0/100 in 30 steps)."""
+    pass@1's own fall, whatever the training reward did, is answered alike: the readings while Page's CUSUM of
+    their standard errors below the baseline (the pooled count of the last `baseline_readings` readings in
+    control), less `start_sigmas` each, stays above 0 are pooled, and `patience` or more of them `min_fall` or
+    more and `sigmas` standard errors below it (a two-proportion test of the pooled counts) fire (an LR far too
+    high: 14/100 -> 0/100 in 30 steps)."""
 
     enabled: bool = True
     window: int = 5
     patience: int = 2
     drop: float = 0.1
     rise: float = 0.05
-    sigmas: float = 3.5
-    start_sigmas: float = 2.0
+    sigmas: float = 3.75
+    start_sigmas: float = 0.5
     min_fall: float = 0.05
+    baseline_readings: int = 10
 
 
 @dataclass
@@ -164,9 +166,8 @@ def check_rl_rules(o: OrchestratorConfig) -> None:
     _positive(o.rl_length, "orchestrator.rl_length", "window", "rise")
     _check(0 < o.rl_length.threshold <= 1, "orchestrator.rl_length.threshold", "must be in (0, 1]")
     _check(0 < o.rl_length.buffer < 1, "orchestrator.rl_length.buffer", "must be in (0, 1) of the budget")
-    _positive(
-        o.rl_hacking, "orchestrator.rl_hacking", "window", "patience", "drop", "sigmas", "start_sigmas", "min_fall"
-    )
+    _positive(o.rl_hacking, "orchestrator.rl_hacking", "window", "patience", "drop", "sigmas", "start_sigmas")
+    _positive(o.rl_hacking, "orchestrator.rl_hacking", "min_fall", "baseline_readings")
     _positive(o.rl_ratio, "orchestrator.rl_ratio", "window")
     _check(0 < o.rl_ratio.threshold <= 1, "orchestrator.rl_ratio.threshold", "must be in (0, 1]")
     _positive(o.rl_reward, "orchestrator.rl_reward", "start_steps", "window", "sigmas")

@@ -315,18 +315,18 @@ class RewardHacking(Monitor):
     The held-out reward's own fall is judged too, whatever the training reward did (_fall): an LR far
     too high collapses both, and a training reward too low to resolve its fall (rule rl_reward) left
     held-out pass@1 to go 14/100 -> 0/100 unanswered. Its reference is the pooled count of the evaluations
-    before the fall (the baseline), not the best one: the best of many noisy readings stands above the
-    policy's rate, and two readings in a row 3 errors under it fired in 33% of simulated flat runs of 200
-    evaluations (n = 100, p = 0.14). The fall is sequential (_falling): the readings in a row each `start_sigmas`
-    below the baseline are pooled, and a pool of `patience` or more readings `min_fall` and `sigmas` standard
-    errors below it fires, so a fall whose single readings straddle the bar is caught (14 -> 4, 4, 2 of 100:
+    before the fall (the baseline: the last `baseline_readings` in control), not the best one: the best of many
+    noisy readings stands above the policy's rate, and two readings in a row 3 errors under it fired in 33% of
+    simulated flat runs of 200 evaluations (n = 100, p = 0.14). The fall is sequential (_falling, a CUSUM): its
+    readings are pooled, and a pool of `patience` or more readings `min_fall` and `sigmas` standard
+    errors below the baseline fires, so a fall whose single readings straddle the bar is caught (14 -> 4, 4, 2 of 100:
     2.5, 2.5, 3.1 errors each, never two in a row at 3; pooled, 3.9 at the third)."""
 
     rule, family = "rl_hacking", "rl"
     # Orchestrator.on_rollback keeps the best count over the checkpoint's: the rollback's target is that reading's
     # policy, and the step-0 evaluation is not taken again (restored without it, the replay at half the LR read
     # 4/100 as its best, and 1/100 and 2/100 after it as within the noise, on the arithmetic run of _falling)
-    KEPT_ON_ROLLBACK = ("top", "base", "run")
+    KEPT_ON_ROLLBACK = ("top", "base", "run", "readings", "pending", "cusum")
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.rl_hacking
@@ -339,6 +339,11 @@ class RewardHacking(Monitor):
         self.top: list[int] = []
         self.base: list[int] = []
         self.run: list[int] = [0, 0, 0]
+        # the baseline's readings, [solved, of n] each, and the fall's (pending: they join it if it does not go on);
+        # Page's CUSUM of the readings' z below the baseline (_falling)
+        self.readings: list[list[int]] = []
+        self.pending: list[list[int]] = []
+        self.cusum = 0.0
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if (reward := (m.rl or {}).get("reward")) is not None and not poisoned(m.rl):
@@ -358,7 +363,7 @@ class RewardHacking(Monitor):
         z = self._falling(step, solved, n)
         # both at once: the training reward rising is the finer diagnosis (hacking), the remedy the same
         if (hacked := self._hacking(step, held_out, train)) is not None:
-            self.run = [0, 0, 0]
+            self.run, self.pending, self.cusum = [0, 0, 0], [], 0.0
             return hacked
         return None if z is None else self._fall(step, held_out, solved, n, train, z)
 
@@ -393,33 +398,38 @@ class RewardHacking(Monitor):
         """The held-out count's own fall (docs/rl.md), whatever the training reward did; its z, else None. An LR far
         too high collapses both, and the training reward's fall alone can be too small to resolve: at lr 1e-3 on
         the arithmetic task it went 0.043 -> 0.01 (rule rl_reward: the start's 23 groups "too few to tell") while
-        held-out pass@1 went 14/100 -> 0/100. The readings in a row each `start_sigmas` standard errors below the
-        baseline are pooled and tested against it with the same two-proportion test (count_fall): a sequential
-        test on the fall's accumulated evidence, as a CUSUM's (Page, Biometrika 1954), where two readings in a row
-        at `sigmas` each missed a fall straddling the bar. Simulated flat policies (n = 100, 200 evaluations, 1000
-        runs each): 1.2% (p = 0.14) and 4% (p = 0.5) of runs fired, against 33% and 34% for two in a row at 3
-        errors from the best reading."""
+        held-out pass@1 went 14/100 -> 0/100. Each reading's z below the baseline (count_fall) feeds Page's one-sided
+        CUSUM (Biometrika 1954), S = max(0, S + z - `start_sigmas`): the readings while S > 0 are the fall's, kept
+        out of the baseline and pooled, and a pool of `patience` or more readings `min_fall` and `sigmas` standard
+        errors below the baseline fires. The baseline is the last `baseline_readings` readings in control, so it
+        follows a policy that improved (a fall 0.6 -> 0.45 after a gain 0.3 -> 0.6 was judged against both levels
+        pooled, 0.45, and never fired); where a reading had to stand `start_sigmas` (2) below it to start a fall,
+        the first readings of a slow decline joined it, which sank with the decline (docs/rl.md: the delays)."""
         rule = self.cfg
         if n <= 0:  # an older caller's reading, without its count
             return None
         if not self.top or solved * self.top[1] > self.top[0] * n:
             self.top = [solved, n, step]
         if self.base:
-            (k, m), z = self.base, count_fall(self.base[0], self.base[1], solved, n)
-            if k / m - solved / n >= rule.min_fall and z >= rule.start_sigmas:
+            z = count_fall(self.base[0], self.base[1], solved, n)
+            self.cusum = max(0.0, self.cusum + z - rule.start_sigmas)
+            if self.cusum > 0:
+                self.pending = [*self.pending, [solved, n]]
                 self.run = [self.run[0] + solved, self.run[1] + n, self.run[2] + 1]
-                z = count_fall(k, m, self.run[0], self.run[1])
-                fallen = k / m - self.run[0] / self.run[1] >= rule.min_fall and z >= rule.sigmas
+                z = count_fall(self.base[0], self.base[1], self.run[0], self.run[1])
+                fallen = self.base[0] / self.base[1] - self.run[0] / self.run[1] >= rule.min_fall and z >= rule.sigmas
                 return z if fallen and self.run[2] >= rule.patience else None
         # in control: the readings of a fall that did not go on measured the policy's rate too
-        base = self.base or [0, 0]
-        self.base, self.run = [base[0] + self.run[0] + solved, base[1] + self.run[1] + n], [0, 0, 0]
+        kept = self.readings or ([self.base] if self.base else [])  # an older state's baseline: its readings pooled
+        readings = [*kept, *self.pending, [solved, n]][-rule.baseline_readings :]
+        self.readings, self.pending, self.run = readings, [], [0, 0, 0]
+        self.base = [sum(r[0] for r in readings), sum(r[1] for r in readings)]
         return None
 
     def _fall(self, step: int, held_out: float, solved: int, n: int, train: float, z: float) -> Finding:
         """The finding of the held-out count's fall (_falling), its evidence the two counts and the z."""
         rule, (best, of, at), (k, m), (pooled, pooled_n, readings) = self.cfg, self.top, self.base, self.run
-        self.run, self.since, self.fired = [0, 0, 0], 0, self.fired + 1
+        self.run, self.pending, self.since, self.fired, self.cusum = [0, 0, 0], [], 0, self.fired + 1, 0.0
         evidence = {
             "kind": "held_out_fall",
             "held_out_solved": solved,
