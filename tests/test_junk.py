@@ -261,3 +261,28 @@ def test_hex_dumps_and_base64_are_named_and_real_code_with_hex_constants_and_has
     assert [v.kind if v else None for v in verdicts[: len(dumps)]] == ["hex or base64 dump"] * len(dumps)
     assert str(verdicts[0]).startswith("hex or base64 dump: 0.")
     assert not any(v and v.kind == "hex or base64 dump" for v in verdicts[len(dumps) :])
+
+
+def test_paths_and_long_integers_are_not_base64_and_base64_with_slashes_still_is():
+    """`[A-Za-z0-9+/]{40,}` also matches a pip RECORD's paths ("cfnlint/data/schemas/resources/0300e1630e8b2eb9") and
+    a fraction of long integers ("I/8777..."): 1.5 KB pieces of such files scored 0.5-0.6 as dumps. Their letters
+    and digits come in words and numbers, where random bytes as base64 change class (upper, lower, digit) often."""
+    import base64
+    import hashlib
+
+    rng = random.Random(0)
+    lines = []
+    for i in range(120):  # a RECORD of content-addressed schema files (cfn-lint's): path, urlsafe sha256, size
+        digest = base64.urlsafe_b64encode(hashlib.sha256(str(i).encode()).digest()).rstrip(b"=").decode()
+        lines.append(
+            f"cfnlint/data/schemas/resources/{rng.randbytes(8).hex()}.json,sha256={digest},{rng.randrange(9999)}"
+        )
+    record = "\n".join(lines)
+    numbers = "\n".join(
+        f"    assert sqrt(-{rng.randrange(10**40)}*I/{rng.randrange(10**150)}) == r[{i}]" for i in range(30)
+    )
+    real = [text[i : i + 1500] for text in (record, numbers) for i in range(0, len(text) - 500, 1500)]
+    dumps = [base64.encodebytes(rng.randbytes(1100)).decode() for _ in range(5)]  # 76 columns, with its slashes
+    verdicts = junk.kinds(real + dumps)
+    assert [str(v) for v in verdicts[: len(real)] if v] == []
+    assert [v.kind if v else None for v in verdicts[len(real) :]] == ["hex or base64 dump"] * len(dumps)

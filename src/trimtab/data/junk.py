@@ -31,6 +31,7 @@ import hashlib
 import itertools
 import math
 import re
+import string
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,7 +47,15 @@ MOJIBAKE_RUNS = 4  # mis-encoded characters a page needs to be judged mis-encode
 MOJIBAKE_SHARE = 0.5  # of its non-ASCII characters in them (mis-encoded pages: ~1)
 LETTERS = 0.9  # random letters are judged in documents at least this share letters (of non-space characters)
 CORPUS_WORDS = 400_000  # words a reference (a run's corpus, a prepare sample) needs for word salad to be judged
-# (measured: 0.03% of real documents flagged against 20 MB, 0.2-0.7% against 4 MB batches, 2-5% 1 MB)
+# (measured: 0.03% of real documents flagged against 20 MB, 0.2-0.7% against 4 MB batches, 2-5% 1 MB). Not lower:
+# the statistic is a plug-in estimate of pointwise mutual information (Church and Hanks 1990) from the reference's
+# pair counts, and a language's informative pairs are rare ones (Zipf): against a small reference most of a real
+# document's adjacent pairs are unseen, scored near 0 bits as a shuffled document's are, so the two distributions
+# meet (5% of real documents under the bar at 1 MB, ~170K words). A test that needs no reference, a permutation test
+# of a document's own repeated adjacent word pairs against its shuffles, is too weak per document: on 464 1.5 KB
+# pieces of /usr/share/common-licenses and docs/*.md, 25.8 repeats on average, their shuffles 5.5, yet 2.6% of them
+# not above their shuffles at p <= 0.05 (20 shuffles): as a flag, 2.6% of real prose named, 0.03% here. A small
+# source's spellings are still judged (scrambled words).
 MIN_PAIRS = 40  # adjacent word pairs, both words seen elsewhere in the corpus, a document needs to be judged
 SALAD_BITS = 1.5  # adjacent words' mean pointwise mutual information, less distant ones', under this: word salad
 # distant word pairs of a document (quality.information's stride) the rest of the reference holds, under which
@@ -70,6 +79,14 @@ SCRAMBLED = 0.3  # share of a document's long words so misspelt: scrambled (real
 DUMP = 0.5
 DUMP_DIGITS = 0.03  # digits of its characters a dump has at least (hex dumps ~0.4, base64 ~0.1; the stdlib's: ~0.02)
 HEX_LETTERS = 0.05  # hex groups count only when at least this share of their characters are a-f (decimal tables: 0)
+# A blob holding "/" counts when its neighbouring letters and digits change class (upper case, lower case, digit) this
+# share of the time at least: random bytes as base64 ~0.62 (1 - the classes' squared shares 26/62, 26/62, 10/62;
+# 40 characters: >= 0.32 in 2,000 draws). Paths and URLs are words between slashes ("cfnlint/data/schemas/resources/
+# 0300e1630e8b2eb9", pip RECORD files: <= 0.21) and a fraction of long integers ("I/8777...") numbers. A blob
+# without "/" (hex, most base64 lines) counts as before: a binary's zero runs mix little. Measured on the stdlib's and
+# .venv's text files cut in 1.5 KB pieces: 172 of 298,610 named dumps before, 46 after (embedded base64 images and
+# certificates, hex tables, curve constants); `xxd`, `xxd -p`, `od`, `hexdump -C`, base64 of /bin/ls: as before.
+BLOB_MIXING = 0.3
 # numbered from 1 in a prepared shard's index (0: none): a new kind goes last, so shards prepared before read alike
 KINDS = ("mojibake", "random letters", "word salad", "scrambled words", "hex or base64 dump")
 SAID = {  # what each kind is, on the console
@@ -85,6 +102,9 @@ _HEX_GROUP = re.compile(r"(?=\D*\d)(?:[0-9a-fA-F]{2})+:?")
 # base64 or hex wrapped at 64-76 columns or in one line: longer than identifiers ("xmlSecOpenSSLTransformDes3CbcId")
 _BLOB = re.compile(r"[A-Za-z0-9+/]{40,}={0,2}")
 _NO_DIGITS = str.maketrans("", "", "0123456789")
+_CLASSES = str.maketrans(
+    string.ascii_uppercase + string.ascii_lowercase + string.digits, "U" * 26 + "l" * 26 + "d" * 10
+)
 
 
 def mojibake_share(text: str) -> float | None:
@@ -132,8 +152,19 @@ def dump_share(text: str) -> float:
     if sum(c.isalpha() for g in hexed for c in g) < HEX_LETTERS * n_hex:
         n_hex = 0
     blobs = (m.group() for m in _BLOB.finditer(text))
-    n_blob = sum(len(b) for b in blobs if any(c.isdigit() for c in b) and any(c.isalpha() for c in b))
+    n_blob = sum(
+        len(b)
+        for b in blobs
+        if any(c.isdigit() for c in b) and any(c.isalpha() for c in b) and ("/" not in b or _mixing(b) >= BLOB_MIXING)
+    )
     return (n_hex + n_blob) / max(sum(map(len, groups)), 1)
+
+
+def _mixing(run: str) -> float:
+    """The share of `run`'s neighbouring letters and digits (its / and + left out) of different classes, upper
+    case, lower case or digit: random bytes as base64 or hex mix them (BLOB_MIXING), words and numbers do not."""
+    classes = run.translate(_CLASSES).replace("+", "").replace("/", "")
+    return sum(a != b for a, b in zip(classes, classes[1:])) / max(len(classes) - 1, 1)
 
 
 def letter_structure(text: str) -> float | None:

@@ -35,12 +35,12 @@ from typing import Any
 
 import numpy as np
 
-from trimtab.data import formats, junk, quality, references
+from trimtab.data import formats, junk, quality, references, windows
 from trimtab.data.listing import shown, source_files
 from trimtab.data.prepare_tokenizer import directory_tokenizer
 from trimtab.data.prepared import MANIFEST_VERSION, PreparedData, read_manifest, sha256_file, write_manifest
 from trimtab.data.shards import BIGRAMS, PACKING, SKIP_HINT, SKIPPED_SHOWN, Item, Options, run_job, save_bigrams
-from trimtab.data.sources import Document, _Reader, _take_bytes
+from trimtab.data.sources import Document, _Reader, _take_bytes, record_documents
 from trimtab.data.tokenizer import MIN_VOCAB, TextTokenizer
 from trimtab.errors import DataError
 from trimtab.rundir import CONFIG, METRICS_FILE, SUMMARY
@@ -231,8 +231,9 @@ def _sample(files: list[str], options: Options, hint: str) -> list[Document]:
     input order gave a source whose first files are of one kind (docs, then code) a reference of that
     kind only, against which its other files' word pairs looked like word salad (data/junk.py). Each
     file gives at most an equal share of what is left (at least one document), so a few large files
-    each give some too; a file is read up to its share only, so nothing is read twice (a file's share
-    is its head: records past it are not reached)."""
+    each give some too; a file is read up to its share only, so nothing is read twice (a larger file's
+    share is read from across it, `_across`: a file whose text changes past its head was judged by its
+    head)."""
     reader = _Reader(options.data_config(), "data", "data prepare source", fix=hint, limit=SCALE_SAMPLE_BYTES)
 
     def readable() -> Iterator[Document]:  # a file that fails is named by its own job, not here
@@ -240,8 +241,8 @@ def _sample(files: list[str], options: Options, hint: str) -> list[Document]:
         for rank, i in enumerate(_spread(len(files))):
             share, taken = max(left // (len(files) - rank), 1), 0
             reader.limit = share  # a file's records are held back up to its share, not the whole sample's
-            with contextlib.suppress(DataError, formats.Unreadable):
-                for doc in reader.documents(files[i]):
+            with contextlib.suppress(DataError, formats.Unreadable, OSError):
+                for doc in _across(reader, Path(files[i]), share) or reader.documents(files[i]):
                     yield doc
                     size = len(doc.text.encode())
                     taken, left = taken + size, left - size
@@ -249,6 +250,22 @@ def _sample(files: list[str], options: Options, hint: str) -> list[Document]:
                         break
 
     return _take_bytes(readable(), SCALE_SAMPLE_BYTES)[0]
+
+
+def _across(reader: _Reader, path: Path, share: int) -> list[Document]:
+    """A file larger than its `share` of the sample, its share read from across it (data/windows.py) rather than from
+    its head: a text file as one document of its windows' lines, JSONL as their records (a file of bytes read before
+    gives none, as reader.documents does). Empty for the rest: read from the head."""
+    if not path.is_file() or path.stat().st_size <= share or not windows.seekable(path, reader.cfg.format):
+        return []
+    if not (spans := windows.spans(path, share)):  # one line longer than windows.MAX_LINE: its head
+        return []
+    if reader._earlier(path) is not None:  # asked once: a second time, the file would be its own earlier copy
+        return []
+    if formats.kind_of(path, reader.cfg.format) == "text":
+        return [Document([("".join(windows.text(path, spans)), True)], str(path))]
+    fix = reader.fix or "set data.skip_bad_records=true"
+    return [doc for span in spans for doc, _ in record_documents(path, reader.cfg, reader.chat, fix, span) if doc]
 
 
 def _spread(n: int) -> list[int]:
