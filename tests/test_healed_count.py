@@ -84,3 +84,20 @@ def test_the_runs_table_counts_notes_apart_and_incidents_healed(tmp_path):
     assert (rows["bad_rows"]["decisions"], rows["bad_rows"]["notes"], rows["bad_rows"]["healed"]) == (12, 1, 1)
     header = format_table(list(rows.values())).splitlines()[0]
     assert "decisions  notes  faults healed" in header
+
+
+def test_one_fault_in_every_moe_layer_is_one_incident():
+    """debug-moe, expert_collapse@10 and weights_nan@28 (the journal as the run wrote it): layers 1 and 3
+    collapsed together, answered at steps 20 and 21 (families moe/1, moe/3), the NaN's rollback to 20
+    replayed layer 3's reset. Two faults healed, not three; a layer collapsing again long after is another."""
+    collapse = [
+        decision(20, "moe", "reset_router", family="moe/1"),
+        decision(21, "moe", "reset_router", family="moe/3", outcome={"result": "recovered", "rolled_back": True}),
+        decision(28, "nonfinite", "skip_step", "not recovered"),
+        decision(29, "nonfinite", "rollback"),
+        decision(21, "moe", "reset_router", family="moe/3"),
+    ]
+    assert [[d["step"] for d in i] for i in incidents(collapse)] == [[20, 21, 21], [28, 29]]
+    assert healed(collapse) == 2
+    again = decision(90, "moe", "reset_router", "not recovered", family="moe/1")
+    assert len(incidents([*collapse, again])) == 3 and healed([*collapse, again]) == 2

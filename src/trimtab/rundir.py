@@ -236,7 +236,9 @@ def incidents(decisions: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     for d in decisions:
         if d.get(ABANDONED) or is_note(d) or d.get("rule") in NOT_FAULTS or d.get("mode") == "manual":
             continue
-        family = str(d.get("family") or d.get("rule"))
+        # a layer's family (moe/1, mod/3) is for judging outcomes per layer; one fault can strike every
+        # layer at once (debug-moe, expert_collapse@10: layers 1 and 3 answered at steps 20 and 21, "faults healed 2")
+        family = str(d.get("family") or d.get("rule")).split("/")[0]
         family, step = SAME_INCIDENT.get(family, family), int(d.get("step", 0))
         near = (
             i
