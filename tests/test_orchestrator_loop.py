@@ -615,7 +615,9 @@ def test_a_rollback_to_an_early_checkpoint_is_judged_against_the_steps_it_replay
     run before (it was "recovered" on steps 1-20, before the replay met the fault): at step 35,
     clean this time."""
     run = tmp_path / "r"
-    trimtab.train(debug_cfg(run, steps=60, faults=["weights_nan@35"], checkpoint={"every": 0}))
+    # 45 steps: the rollback comes at 37 and its replay is judged at step 35 (60 trained 15 steps no assertion reads;
+    # 36 ended the run before the third finding, with no rollback)
+    trimtab.train(debug_cfg(run, steps=45, faults=["weights_nan@35"], checkpoint={"every": 0}))
     (rollback,) = [d for d in decisions(run, "nonfinite") if d["action"] == "rollback"]
     outcome = rollback["outcome"]
     assert outcome["result"] == "recovered" and outcome["steps"] == 35
