@@ -10,15 +10,26 @@ from trimtab.config import load_config
 from trimtab.config.row_rules import RowGateRule
 from trimtab.orchestrator.monitors import Finding, StepMetrics
 from trimtab.orchestrator.outliers import all_gated, gate_finding
+from trimtab.training.hooks import Hook
 from trimtab.training.loss import IGNORE_INDEX
 from trimtab.training.setup import setup
 from trimtab.training.trainer import Trainer
 
 
-def _trainer(tmp_path) -> Trainer:
+class SpikeCeiling(Hook):
+    """The update gate's spike ceiling (orchestrator/core.py update_gate): a step's loss above `ceiling` withheld."""
+
+    def __init__(self, ceiling: float) -> None:
+        self.ceiling = ceiling
+
+    def update_gate(self, run, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
+        return loss > self.ceiling
+
+
+def _trainer(tmp_path, hooks: list[Hook] = ()) -> Trainer:
     sets = ["data.max_bytes=100000", "orchestrator.row_gate.min_distinct=0.95", "log.progress=false"]
     cfg = load_config(preset="debug", overrides={"out": str(tmp_path / "run")}, sets=sets)
-    return Trainer(setup(cfg))
+    return Trainer(setup(cfg), hooks)
 
 
 def _garbage(trainer: Trainer, batch, rows: int | None = None) -> None:
@@ -54,6 +65,22 @@ def test_a_step_all_of_gated_rows_takes_no_update_and_counts_as_withheld(tmp_pat
     assert [dict(s).get("step") for s in trainer.optimizer.state.values()] == count  # no bias-correction drift
     trainer._after_step(out)
     assert trainer.state.step == 2 and trainer.state.warm_behind == [0, 1]  # the warm-up held back, as for a skip
+
+
+def test_a_step_all_of_gated_rows_over_the_spike_ceiling_is_withheld_once_not_re_run(tmp_path):
+    """Its loss is the garbage's own, over the spike ceiling by design, its gradient zero: a re-run computes
+    the same nothing again (debug, bad_batch@18:4: 3 of the 4 steps re-run, grad norm 0 both times)."""
+    torch.manual_seed(0)
+    trainer = _trainer(tmp_path, [SpikeCeiling(ceiling=1.0)])  # every step's loss stands above 1 nat
+    assert trainer.rerun
+    batch = trainer.loader.next_batch()
+    _garbage(trainer, batch)
+    computed = []
+    gradients = trainer._gradients
+    trainer._gradients = lambda *a: computed.append(1) or gradients(*a)
+    out = trainer.train_step(batch)
+    assert len(computed) == 1 and out.rerun is None  # computed once
+    assert bool(out.skipped) and out.withheld  # withheld, as the row gate's step (the warm-up held back)
 
 
 def test_a_step_with_one_row_left_still_updates(tmp_path):

@@ -11,8 +11,11 @@ import torch
 from test_row_gate_sources import _minority_rows, _step
 from test_row_gate_unigram import T, V, _zipf_rows
 from trimtab.config.orchestrator import RowGateRule
+from trimtab.data.batches import BatchLoader
+from trimtab.data.packing import ConcatRows, Rows
 from trimtab.training.loss import IGNORE_INDEX
 from trimtab.training.row_gate import RowGate
+from trimtab.training.unigram import PRIOR_TOKENS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -68,6 +71,31 @@ def test_a_minority_source_is_judged_once_its_table_holds_two_rows():
     clean, noise = _minority_rows(rng, 24), rng.choice(V, (2, T), replace=False)
     gated = _step(gate, np.concatenate([clean, noise]), [1] * 26)
     assert gated.tolist() == [False] * 24 + [True] * 2
+
+
+def _source(stream: np.ndarray) -> Rows:
+    """A token stream cut into rows of T targets."""
+    n = (len(stream) - 1) // T
+    return Rows(stream, np.ones(len(stream), dtype=bool), np.arange(n) * T, np.full(n, T))
+
+
+def test_a_minority_source_first_rows_are_judged_under_a_prior_of_its_own_rows():
+    """In the warm-up, a 5% source's very first micro-batch: its table starts from a sample of its own rows
+    (PRIOR_TOKENS), so two random rows of it are gated and a row of its 64 most frequent tokens (as distinct
+    as they: a candidate) is not; an empty table gave no verdict (both random rows trained on)."""
+    rng = np.random.default_rng(4)
+    en, ja = _zipf_rows(rng, 120).reshape(-1), _minority_rows(rng, 90).reshape(-1)
+    loader = BatchLoader(
+        ConcatRows([_source(en), _source(ja)]), 2048, 2048, 0, 0, weights=[0.95, 0.05], names=["en", "ja"]
+    )
+    gate = _gate()
+    text, noise = np.arange(V // 2, V // 2 + T)[None], np.stack([rng.choice(V, T, replace=False) for _ in range(2)])
+    targets = torch.as_tensor(np.concatenate([_minority_rows(rng, 5), text, noise]))
+    picked = gate.candidates(targets, (np.ones(8, dtype=np.int64), ["en", "ja"]), loader)
+    trained = gate.mask(torch.zeros(*targets.shape, V), torch.eye(V), targets, picked)
+    assert (trained == IGNORE_INDEX).all(1).tolist() == [False] * 6 + [True] * 2
+    prior = gate.unigram.frequencies[1] - np.bincount(targets[:6].reshape(-1), minlength=V)  # less the 6 counted
+    assert PRIOR_TOKENS - T <= prior.sum() <= PRIOR_TOKENS and prior[: V // 2].sum() == 0  # its own rows' alone
 
 
 def test_a_snapshot_copies_no_table_and_restore_takes_the_step_back():

@@ -60,7 +60,8 @@ bad_batch@5: trained on, +0.28 val), and the reference holds under min_reference
 candidate is also gated, model-free, when its tokens score as uniform draws over the vocabulary
 under the unigram frequencies of the rows trained on (unigram_z > -UNIFORM_Z: text is Zipfian,
 its frequent tokens carry a row; training/unigram.py UnigramTables, host counts per micro-batch, a tensor
-in the checkpoint's optim.pt), from the first micro-batch after the frequencies hold UNIGRAM_MIN_TOKENS,
+in the checkpoint's optim.pt, each starting from a prior of its source's own rows: source_sample), once the
+frequencies hold UNIGRAM_MIN_TOKENS (from the first micro-batch, with the prior),
 unless the model predicts it far better than random tokens (z <= -UNIFORM_Z: a kind the
 frequencies have not seen, an imported model's). Measured (2026-12-01, the loader's rows in
 order, 200 steps; an upper bound, the model's veto aside): no clean row named on debug,
@@ -87,8 +88,9 @@ import torch
 import torch.nn.functional as F
 
 from trimtab.config.row_rules import RowGateRule
+from trimtab.data.batches import collate
 from trimtab.training.loss import CHUNK_TOKENS, IGNORE_INDEX
-from trimtab.training.unigram import UNIFORM_MISS, UnigramTables
+from trimtab.training.unigram import PRIOR_TOKENS, UNIFORM_MISS, UnigramTables
 
 MAD_TO_SIGMA = 1.4826  # a normal distribution's std per median absolute deviation
 # nats under ln V: a row mean of uniform tokens stands at ln V + KL(uniform || prediction); its
@@ -187,17 +189,21 @@ class RowGate:
         self.uniform: list[int] = []  # the candidates whose tokens score as uniform draws under their source's
         self.text: list[int] = []  # the candidates their source's frequencies call text (unigram_text)
 
-    def candidates(self, targets: torch.Tensor, mix: tuple[np.ndarray, list[str]] | None = None) -> list[int]:
+    def candidates(
+        self, targets: torch.Tensor, mix: tuple[np.ndarray, list[str]] | None = None, loader: Any = None
+    ) -> list[int]:
         """The rows of a micro-batch's targets (on the host) that may be garbage: mostly distinct
         tokens, enough targets. `mix`: each row's data.mix source (an index into the loader's source
-        names, and those names: mix_parts; None: one unnamed source). Read with numpy: no device op."""
+        names, and those names: mix_parts; None: one unnamed source); `loader`: theirs, whose rows give a
+        new source's table its prior (source_sample). Read with numpy: no device op."""
         self.scored = None
         if targets.device.type != "cpu":  # a loader that built them on the device: no host copy to read
             self.counts = np.zeros(0)
             return []
         host = targets.numpy()
         index, names = mix if mix is not None else (np.zeros(len(host), dtype=np.int64), [""])
-        parts = self.unigram.parts(names)[np.asarray(index, dtype=np.int64)]  # each row's table
+        sample = functools.partial(source_sample, loader) if mix is not None and loader is not None else None
+        parts = self.unigram.parts(names, sample)[np.asarray(index, dtype=np.int64)]  # each row's table
         shares, self.counts = distinct_shares(host)
         bar = np.maximum(self.cfg.min_distinct, uniform_shares(self.vocab, self.counts))
         long = self.counts >= self.cfg.min_targets
@@ -377,6 +383,18 @@ def mix_parts(loader: Any, rows: list[int]) -> tuple[np.ndarray, list[str]] | No
     if base is None or not names:
         return None
     return np.searchsorted(base, rows, side="right") - 1, list(names)
+
+
+def source_sample(loader: Any, name: str) -> np.ndarray | None:
+    """The target tokens [R, T] of rows spread evenly over the loader's source `name`, about PRIOR_TOKENS of
+    them (its table's prior, training/unigram.py); None: no such source, or rows of another kind."""
+    if name not in loader.names or not hasattr(loader.rows, "get"):
+        return None
+    part = loader.names.index(name)
+    first, end = int(loader.base[part]), int(loader.base[part + 1])
+    count = min(end - first, max(1, PRIOR_TOKENS // max(loader.rows.length(first), 1)))
+    picked = np.linspace(first, end - 1, count).astype(np.int64)
+    return collate(loader.rows, [int(i) for i in picked], 0).targets.numpy()
 
 
 def row_gate(cfg, device: torch.device) -> RowGate | None:

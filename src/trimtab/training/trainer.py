@@ -202,7 +202,9 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
             # one host read a step, the row gate's verdict with it (the LR warm-up's hold-back uses them: _withheld):
             # bit 0 the update gate's flag, bit 1 a step the row gate left nothing of
             both = int(skip if emptied is None else skip.long() + 2 * emptied.long())
-            flagged, gated = bool(both & 1), bool(both & 2)
+            # a step the row gate left nothing of is withheld, not re-run: its gradient is zero and its loss its
+            # garbage's own, over the spike ceiling by design (bad_batch@18:4 on debug: 3 of 4 steps re-run)
+            flagged, gated = bool(both == 1), bool(both & 2)
         if flagged:
             grads, skip, rerun = self._rerun(batch, clip, grads)
             emptied = grads.rows.all_gated() if grads.rows is not None else None  # the re-run's rows
@@ -299,7 +301,7 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
             # RL on a MoE policy: the routing its generation chose, through the backward (rl/replay.py)
             depth = isinstance(micro, PolicyMicroBatch) and self.cfg.rl.routing_replay
             gate = self.row_gate if gating and type(micro) is MicroBatch else None
-            picked = gate.candidates(micro.targets, mix_parts(self.loader, micro.rows)) if gate else []
+            picked = gate.candidates(micro.targets, mix_parts(self.loader, micro.rows), self.loader) if gate else []
             with replaying(self.model, getattr(micro, "experts", None), depth):
                 inputs = micro.inputs.to(self.device, non_blocking=True)
                 targets = micro.targets.to(self.device, non_blocking=True)
