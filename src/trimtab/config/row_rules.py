@@ -59,6 +59,9 @@ class RowsRule(Section):
     # rows stay as far out as garbage does; 16 is the delay to set where thin bad data is expected
     confirm_after: int = 0
     confirm_rows: int = 64  # suspects scored again at most per step (one scoring forward)
+    # outliers at one step that name each other at their first sighting (outliers.py: several at once are
+    # no hard rows' chance), and start the data watch over the next steps (orchestrator.data.watch_steps)
+    step_outliers: int = 3
 
 
 @dataclass
@@ -96,6 +99,11 @@ def check_row_rules(o: OrchestratorConfig) -> None:
     )
     _positive(o.rows, "orchestrator.rows", "window", "sigma", "max_suspects", "confirm_rows")
     _check(o.rows.confirm_after >= 0, "orchestrator.rows.confirm_after", "must be >= 0 (0: never)")
+    _check(
+        o.rows.step_outliers >= 1,
+        "orchestrator.rows.step_outliers",
+        "must be >= 1 (1: every outlier is named at its first sighting)",
+    )
     _check(
         0 <= o.rows.min_gap <= o.rows.certain_gap and o.rows.min_reference >= 0,
         "orchestrator.rows",

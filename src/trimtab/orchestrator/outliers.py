@@ -9,6 +9,19 @@ deviation x 1.4826. This is perplexity filtering (CCNet, Wenzek et al. 2020, arX
 done with the model being trained, against its own current distribution rather than a fixed
 reference model.
 
+With one source, each row is measured from its step's level (the median of the step's rows, scored
+by the same weights in the same forward) and the reference holds such measures: the relative test
+attribution.py makes with held-out rows, at no extra cost. Early in training the loss falls ~0.08
+nats a step (debug, steps 4-20: 5.7 to 5.0) while a step's rows lie ~0.12 around their median; the
+last 16 steps' rows, as they were, stood 0.4 over the step's and spread 0.5 by the fall alone, a
+bar ~2.4 nats over the step's median (debug, bad_rows@20, seeds 2-3, the first 40 steps: the
+row gate took 11 of the 64 garbage rows, 1.3-2.9 nats over it; no other was even a suspect).
+Several outliers at one step (`step_outliers`) are named at once and the next steps' rows watched
+(attribution.py), as a spike's are: a hard row is an outlier by chance with some rate p (4 MAD
+spreads and `min_gap`: 1 of 2,240 clean rows, debug, seeds 2-3, steps 5-40), k of a step's 32 at
+once ~C(32, k) p^k (3: ~5e-6 a step at p = 1/1,000), while a stretch of garbage puts several in
+every step (closed testing, the step a family first: Benjamini & Bogomolov 2014, JRSS-B 76(1)).
+
 Each source of a mixture (data.mix) is its own reference (StepMetrics.row_parts; CCNet too keeps
 a perplexity threshold per language): a small source repeated until memorised drags the mixture's
 median far under what the other sources' fresh rows score. Soak (debug, three stdlib files at
@@ -64,6 +77,9 @@ from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.config.row_rules import RowGateRule
 from trimtab.orchestrator.monitors import Finding, Monitor, StepMetrics, outlier_threshold
 
+# steps whose levels (their rows' median) a step's is compared with: the reference's 512 rows at 32 a step
+LEVEL_STEPS = 16
+
 
 class OutlierRows(Monitor):
     rule, family = "rows", "data"
@@ -77,6 +93,7 @@ class OutlierRows(Monitor):
         self.due: dict[str, int] = {}  # suspect -> the step it is scored again at (confirm_after)
         self.part_of: dict[str, str] = {}  # suspect -> its mixture source (absent: "")
         self.held: dict[str, str] = {}  # row seen before its source's reference filled -> the source
+        self.levels: deque[float] = deque(maxlen=LEVEL_STEPS)  # the last steps' levels (one source: _level)
 
     def reference(self, part: str = "") -> deque[float]:
         """The recent healthy rows of this mixture source ("": the one source)."""
@@ -98,35 +115,60 @@ class OutlierRows(Monitor):
         # parallelism one rank's share of the rows (its weights gone bad: rule nonfinite's). So is
         # a step's only row not finite: nothing tells the row from the forward (rule nonfinite's)
         finite = {r: x for r, x in losses.items() if math.isfinite(x)}
+        if not finite:
+            return None
+        level, rise = self._level(finite, bool(m.row_parts))
         judged = {r: x for r, x in losses.items() if len(self.reference(parts[r])) >= cfg.min_reference}
-        if not finite or len(losses) - len(finite) >= 2 or not judged:
+        if len(losses) - len(finite) >= 2 or not judged:
             for r, x in finite.items():
-                self._fill(r, x, parts[r])
+                self._fill(r, x - level, parts[r])
             return None
         for r in set(finite) - set(judged):  # a source seen too little yet: its rows fill its reference
-            self._fill(r, finite[r], parts[r])
-        middles = {p: median(self.reference(p)) for p in {parts[r] for r in judged}}
+            self._fill(r, finite[r] - level, parts[r])
+        middles = {p: median(self.reference(p)) + level for p in {parts[r] for r in judged}}
         excess = [x - middles[parts[r]] for r, x in judged.items() if math.isfinite(x)]
-        if excess and median(excess) > cfg.min_gap:  # most rows far above their sources': the model's doing
+        if excess and median(excess) + rise > cfg.min_gap:  # most rows far above their sources': the model's doing
             return None
-        bars = self._bars(judged, parts)
-        named: dict[int, float | None] = {}  # row -> its gap when first seen (None: named at once)
-        for row, loss in sorted(judged.items()):
-            middle, _, threshold, _ = bars[parts[row]]
-            if math.isfinite(loss) and loss <= threshold:
-                self.reference(parts[row]).append(loss)
-                continue
-            key = str(row)
-            if key in self.suspects or not math.isfinite(loss) or loss - middle >= cfg.certain_gap:
+        bars = self._bars(judged, parts, level)
+        out = {r: x for r, x in judged.items() if not (math.isfinite(x) and x <= bars[parts[r]][2])}
+        for row in sorted(judged.keys() - out.keys()):
+            self.reference(parts[row]).append(judged[row] - level)
+        blamed = len(out) >= cfg.step_outliers  # several at once: no hard rows' chance (docstring)
+        named = self._judge(m.step, out, bars, parts, blamed)
+        while len(self.suspects) > cfg.max_suspects:
+            self._forget(next(iter(self.suspects)))
+        if not named:
+            return None
+        finding = self._finding(m, judged, named, bars, parts)
+        finding.evidence["blamed"] = blamed  # the step's next rows are watched (policy.py)
+        if blamed:
+            finding.summary += f"; {len(out)} of its rows outliers at once blame the step, each of them named"
+        return finding
+
+    def _level(self, finite: dict[int, float], mixture: bool) -> tuple[float, float]:
+        """The step's level, its rows' median, which its rows are measured from (0: a mixture, whose
+        sources each keep their own reference of losses), and how far it stands above the last steps'."""
+        if mixture:
+            return 0.0, 0.0
+        level = median(finite.values())
+        rise = level - median(self.levels) if self.levels else 0.0
+        self.levels.append(level)
+        return level, rise
+
+    def _judge(self, step: int, out: dict[int, float], bars: dict, parts: dict, blamed: bool) -> dict:
+        """The outliers named (row -> its gap when first seen, None: named at once) and the rest made
+        suspects: every outlier of a blamed step, a suspect seen again, and one certain_gap out are named."""
+        named: dict[int, float | None] = {}
+        for row, loss in sorted(out.items()):
+            middle, key = bars[parts[row]][0], str(row)
+            if blamed or key in self.suspects or not math.isfinite(loss) or loss - middle >= self.cfg.certain_gap:
                 named[row] = self.suspects.get(key)
                 self._forget(key)
             else:
                 self.suspects[key], self.part_of[key] = loss - middle, parts[row]
-                if cfg.confirm_after:
-                    self.due[key] = m.step + cfg.confirm_after
-        while len(self.suspects) > cfg.max_suspects:
-            self._forget(next(iter(self.suspects)))
-        return self._finding(m, judged, named, bars, parts) if named else None
+                if self.cfg.confirm_after:
+                    self.due[key] = step + self.cfg.confirm_after
+        return named
 
     def _fill(self, row: int, loss: float, part: str) -> None:
         """`row` into its source's reference, held to be judged later (confirm) while that is short: in
@@ -136,16 +178,20 @@ class OutlierRows(Monitor):
             self.held[str(row)] = part
         reference.append(loss)
 
-    def _bars(self, losses: dict[int, float], parts: dict[int, str]) -> dict[str, tuple[float, float, float, int]]:
+    def _bars(
+        self, losses: dict[int, float], parts: dict[int, str], level: float
+    ) -> dict[str, tuple[float, float, float, int]]:
         """Each source's (median, spread, threshold, rows in its reference): its recent rows and this step's."""
         step: dict[str, list[float]] = {parts[r]: [] for r in losses}
         for r, x in losses.items():
             if math.isfinite(x):
                 step[parts[r]].append(x)
-        return {p: self._bar(list(self.reference(p)) + xs) for p, xs in step.items()}
+        return {p: self._bar(list(self.reference(p)) + [x - level for x in xs], level) for p, xs in step.items()}
 
-    def _bar(self, reference: list[float]) -> tuple[float, float, float, int]:
-        return (*outlier_threshold(reference, self.cfg.sigma, self.cfg.min_gap), len(reference))
+    def _bar(self, reference: list[float], level: float = 0.0) -> tuple[float, float, float, int]:
+        """(median, spread, threshold, rows) of a reference measured from its steps' levels, at `level`."""
+        middle, spread, threshold = outlier_threshold(reference, self.cfg.sigma, self.cfg.min_gap)
+        return middle + level, spread, threshold + level, len(reference)
 
     def _forget(self, key: str) -> None:
         self.suspects.pop(key, None)
@@ -173,7 +219,8 @@ class OutlierRows(Monitor):
             del self.due[key]
         scores = view.row_losses(list(parts) + list(held))  # {} in an RL or DPO phase: no row losses
         parts |= held
-        bars = {p: self._bar(list(self.reference(p))) for p in set(parts.values())}
+        level = self.levels[-1] if self.levels else 0.0  # the last step's: the nearest to the current weights
+        bars = {p: self._bar(list(self.reference(p)), level) for p in set(parts.values())}
         # not finite alone, on weights that score the rest finite, is no evidence: the forward's
         due = {r: x for r, x in sorted(scores.items()) if r not in held}
         named = {r: self.suspects[str(r)] for r, x in due.items() if bars[parts[r]][2] < x < math.inf}
@@ -243,11 +290,15 @@ class OutlierRows(Monitor):
             "due": self.due,
             "part_of": self.part_of,
             "held": self.held,
+            "levels": list(self.levels),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         recent = state.get("recent", [])
         recent = recent if isinstance(recent, dict) else {"": recent}  # a checkpoint from before sources
+        if "levels" not in state and "" in recent:  # one source's losses from before levels: refilled, measured
+            del recent[""]
+        self.levels = deque(state.get("levels", []), maxlen=LEVEL_STEPS)
         self.references = {p: deque(r, maxlen=self.cfg.window) for p, r in recent.items()}
         self.suspects = dict(state.get("suspects", {}))
         self.due = dict(state.get("due", {}))  # a checkpoint from before confirm: its suspects wait for an epoch

@@ -229,7 +229,9 @@ class Policy(InstabilityLadder):
                 "rows were left out as bad data a few steps ago, so the steps after are watched: these score as "
                 "outliers against held-out rows too; leave them out"
             )
-        return Remedy(action="skip_data", params={"rows": f.evidence["rows"]}, reasoning=why)
+        # a step the rows rule blamed (several outliers at once): a bad stretch rarely ends on its first step
+        watch = self.data.watch_more if f.evidence.get("blamed") else None
+        return Remedy(action="skip_data", params={"rows": f.evidence["rows"]}, reasoning=why, commit=watch)
 
     def _rl(self, f: Finding, view: Any) -> Remedy:
         """RL's rules (rl_health.py), their remedies (rl_remedies.py); a rollback spends one of the RL incident's."""
