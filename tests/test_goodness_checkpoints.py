@@ -107,3 +107,24 @@ def test_credit_the_replay_uses_is_not_given_back():
     rule.rolled_back(20)
     found, total = _steps(rule, 21, 60, total, skipped=(22,))  # the replay withholds step 22 again
     assert found == [] and total == 61 and rule.credit == 0
+
+
+def test_a_credit_paid_counts_against_the_cap_and_is_credited_again_by_the_next_rollback():
+    """debug, 60 steps, make_up.max_fraction 0.05 (cap 3), quiet_steps 2, bad_batch@12, weights_nan@15,
+    bad_batch@15:4, bad_batch@30:4: step 12 made up (61), the rollback to step 10 credited it, the replay
+    withheld 14-16 (the credit paid one, 2 added: 63) and 30-33 later. The run ended at 64 (4 above 60,
+    under a cap of 3: the paid step was not counted as made up) and said "(0 not: the cap is reached)"."""
+    rule = MakeUp(MakeUpRule(quiet_steps=2, max_fraction=0.05))
+    _, total = _steps(rule, 1, 14, 60, skipped=(12,))
+    assert total == 61
+    rule.rolled_back(10)
+    (paid,), total = _steps(rule, 11, 20, total, skipped=(14, 15, 16))
+    assert (paid.evidence["credit"], paid.evidence["extend"], total) == (1, 2, 63)
+    assert "not: the cap" not in make_up.remedy(paid, None, OrchestratorConfig()).reasoning  # all 3 made up
+    (capped,), total = _steps(rule, 21, 40, total, skipped=(30, 31, 32, 33))
+    assert capped.evidence["extend"] == 0 and total == 63  # 60 + the cap, never above it
+    assert rule.made == [14, 15, 16] and rule.refused == [30, 31, 32, 33]
+    rule.rolled_back(10)
+    assert rule.credit == total - 60  # every step granted is a credit once the replay trains its step again
+    found, total = _steps(rule, 11, 40, total)
+    assert [f.evidence["new_total"] for f in found] == [60] and total == 60

@@ -47,3 +47,12 @@ def test_a_new_max_steps_still_replaces_a_persons_or_the_planners_change():
     assert state.length_delta == 1 and "replaces set_total_steps' +20" in changes[0]["effect"]
     assert run_length({"phase_steps": [40], "length_delta": 21, "made_up": 1}, [70]) == 71
     assert run_length({"phase_steps": [40], "length_delta": 21, "made_up": 1}, [40]) == 61  # unchanged: all kept
+
+
+def test_train_help_says_what_max_steps_means_on_resume():
+    """`trimtab train --help`: --max-steps on resume is the new length plus make-up's steps (reconcile above)."""
+    from trimtab.cli import build_parser
+
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    steps = next(a for a in train._actions if a.dest == "max_steps")
+    assert "on resume the new length, plus the steps orchestrator.make_up added" in steps.help, steps.help

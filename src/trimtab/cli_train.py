@@ -44,6 +44,13 @@ INJECT = arg(
     help="inject a fault, e.g. nan_loss@30 or oom@10:512 (repeatable; see docs/orchestrator.md)",
 )
 MODE = arg("--orchestrator", choices=("auto", "advise", "off"), help="orchestrator mode (orchestrator.mode): auto")
+# a resume naming another length: schedule.reconcile keeps make-up's steps on top (docs/orchestrator.md, make-up)
+PRETRAIN_STEPS = arg(
+    "--max-steps",
+    type=int,
+    help="pretraining steps (train.max_steps); on resume the new length, plus the steps orchestrator.make_up "
+    "added for withheld updates",
+)
 
 
 @command(
@@ -59,7 +66,7 @@ MODE = arg("--orchestrator", choices=("auto", "advise", "off"), help="orchestrat
 @command(
     "train",
     "train (or resume) a run",
-    *(CONFIG, PRESET, OUT, arg("--max-steps", type=int, help="pretraining steps (train.max_steps)"), SET, INJECT, MODE),
+    *(CONFIG, PRESET, OUT, PRETRAIN_STEPS, SET, INJECT, MODE),
 )
 def _train(args: argparse.Namespace) -> int:
     with handle_signals() as signals:  # start-up begins: a signal ends it cleanly, even in torch's import

@@ -10,8 +10,11 @@ to the new end), at most `max_fraction` of the phase in all. A rollback that rep
 gives them back: the steps made up for them are credited against the replay's withheld updates,
 and what the replay did not use is taken off the run once it trained `quiet_steps` past them (a
 weights_nan rolled back over a made-up NaN step ended debug's 60-step run at 61 steps, every
-update of its kept trajectory applied). Withheld updates the cap refuses stay owed in the checkpoint:
-a resume to a longer train.max_steps raises the cap, and they are made up then (debug, 34 steps, a
+update of its kept trajectory applied). A credit paid is a step granted already: its update counts as
+made up, against the cap and for the next rollback's credit (debug, 60 steps, cap 3: a step made up, a
+rollback replaying it, the replay withholding 3 and the credit paying one of them, then 4 more withheld,
+ended at 64 when the paid one went uncounted; now 63). Withheld updates the cap refuses stay owed
+in the checkpoint: a resume to a longer train.max_steps raises the cap, and they are made up then (debug, 34 steps, a
 NaN at step 30 refused at step 35 with the cap spent; resumed to 60 steps it was never made up).
 The steps made up stay on top of a resume's new train.max_steps, as on a fresh run of that length,
 and count against its cap: its decisions say so (set_total_steps by="make_up", TrainState.made_up;
@@ -37,8 +40,8 @@ class MakeUp:
         self.owed: list[int] = []  # steps whose update was withheld, not made up yet
         self.refused: list[int] = []  # withheld steps the cap left unmade: made up once a longer phase has room
         self.refused_len = -1  # the phase's length they were refused at, with what make_up added since
-        self.made: list[int] = []  # withheld steps made up (their steps granted)
-        self.credit = 0  # steps granted for withheld updates that a rollback then replayed
+        self.made: list[int] = []  # withheld steps made up: a step granted for each, or a credit paid
+        self.credit = 0  # steps granted for withheld updates that a rollback then replayed: unpaid
         self.credit_until = -1  # the last such step: past it (and quiet_steps), unused credit is given back
 
     def observe(self, m: StepMetrics, last_unstable: int, total: int, configured: int) -> Finding | None:
@@ -63,11 +66,14 @@ class MakeUp:
         if cap == 0:  # a run this short has no step to spare: nothing to make up, nothing to say
             self.refused, self.refused_len = self.refused + owed, configured  # unless a resume lengthens it
             return None
+        # the run has grown by len(made) + credit steps: a credit paid is a step granted already, so the
+        # update it pays for is made up (in `made`, where a later rollback over it credits it again), and
+        # the cap's room is what is left after it (each withheld update made up once, the growth <= cap)
         paid = min(self.credit, len(owed))
         self.credit -= paid
-        room = max(0, cap - len(self.made))
+        room = max(0, cap - len(self.made) - paid)
         extend = min(len(owed) - paid, room)
-        self.made += owed[paid : paid + extend]
+        self.made += owed[: paid + extend]
         self.refused += owed[paid + extend :]
         if self.refused:  # the length this decision leaves: only a longer one makes them up
             self.refused_len = configured + extend
@@ -154,7 +160,7 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
             "they stay owed, made up if a resume lengthens the run",
         )
     left = e["withheld"] - e["extend"] - e["credit"]
-    short = f" ({left} not: the cap is reached; they stay owed)" if e["extend"] < e["withheld"] else ""
+    short = f" ({left} not: the cap is reached; they stay owed)" if left > 0 else ""
     credit = f", less {e['credit']} granted before for steps a rollback replayed" if e["credit"] else ""
     return Remedy(
         action="set_total_steps",
