@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers import trimtab_cli
 from trimtab.checkpoint import latest_valid, list_checkpoints
@@ -97,6 +98,7 @@ def test_a_disk_too_small_for_any_new_checkpoint_stops_with_exit_4_and_resumes_o
     kept = run / "snapshots" / "step_000010"
     assert (kept / "model.safetensors").is_file()
     assert f"kept in {kept}" in summary["status"] and f"train.init_from={kept}" in done.stderr
+    assert "weights alone (bf16: fp32 did not fit in the " in summary["status"]  # 2.8 MB left: 2.2 MB + margin not
 
     small_fs.resize(40)  # a person frees space; the same command resumes and finishes
     again = train(run, 10, "checkpoint.every=5")
@@ -178,3 +180,28 @@ def test_tensorboard_on_a_full_disk_misses_steps_and_writes_again_when_space_ret
     assert not logger.failed
     assert len(list((fs / "tb").glob("events.*"))) == 2  # one new events file after the outage, not one per log
     assert "Traceback" not in capfd.readouterr().err  # the writer thread's death is the one warning, not a trace
+
+
+def test_the_full_disks_weights_are_kept_in_fp32_where_they_fit_else_bf16_and_said(small_fs):
+    """The disk rule's stop kept the weights in bf16 even with room for fp32: a run trained on from them
+    (train.init_from) lost the trained weights' precision. On a real full tmpfs: fp32 when it fits, else bf16
+    and the stop reason says why."""
+    from safetensors.torch import load_file
+
+    from trimtab.snapshots import save_last_weights
+
+    fs = small_fs(4)
+    (fs / "r").mkdir()
+    weights = {"w": torch.randn(256, 1024) / 3, "steps": torch.arange(4)}  # 1 MiB in fp32
+    path, said = save_last_weights(fs / "r", 7, weights, {"tokens": 1}, keep=2, keep_every=0)
+    kept = load_file(str(path / "model.safetensors"))
+    assert said == "fp32" and kept["w"].dtype == torch.float32 and torch.equal(kept["w"], weights["w"])
+    assert json.loads((path / "state.json").read_text())["snapshot"] == "fp32"
+
+    # 1.5 MiB left beside the fp32 one: bf16 (0.5 MiB) fits, fp32 and its margin do not
+    (fs / "filler").write_bytes(b"\0" * (3 << 19))
+    path, said = save_last_weights(fs / "r", 8, weights, {"tokens": 2}, keep=2, keep_every=0)
+    kept = load_file(str(path / "model.safetensors"))
+    assert kept["w"].dtype == torch.bfloat16 and torch.equal(kept["steps"], weights["steps"])
+    assert said.startswith("bf16: fp32 did not fit in the ") and "MiB left" in said
+    assert json.loads((path / "state.json").read_text())["snapshot"] == "bf16"

@@ -339,7 +339,7 @@ def _report(args: argparse.Namespace) -> int:
     from trimtab.report import write_report
 
     out = write_report(args.runs, args.out)
-    print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB; opens offline in any browser)", file=sys.stderr)
+    print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB; opens offline in any current browser)", file=sys.stderr)
     return 0
 
 

@@ -12,10 +12,10 @@ import time
 from typing import Any
 
 import plotly.graph_objects as go
-from plotly.offline import get_plotlyjs
 
 from trimtab.report import figures
 from trimtab.report.healing import HEADER, Healing, curves, table_rows
+from trimtab.report.plotlyjs import head_scripts
 from trimtab.report.run import RunRecord, finite, outcome_result, val_loss
 from trimtab.report.runs import run_wall
 from trimtab.rundir import advice_line, healed, is_note, standing_advice
@@ -64,7 +64,7 @@ def render(runs: list[RunRecord], healings: list[Healing]) -> str:
     title = "trimtab report: " + ", ".join([r.name for r in runs] + [str(h.path) for h in healings])
     return (
         f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{STYLE}</style>\n<script type='text/javascript'>{get_plotlyjs()}</script>\n</head><body>\n"
+        f"<style>{STYLE}</style>\n{head_scripts()}\n</head><body>\n"
         f"<h1>{html.escape(title)}</h1>\n<p class='note'>written {time.strftime('%Y-%m-%d %H:%M:%S')}</p>\n"
         + "\n".join(parts)
         + "\n</body></html>\n"
@@ -74,6 +74,11 @@ def render(runs: list[RunRecord], healings: list[Healing]) -> str:
 def _figure(fig: go.Figure, key: str, caption: str) -> str:
     # plotly.js is in the head once; each figure is a div and the call that draws it
     div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{key}", config={"displaylogo": False})
+    # drawn once plotly.js is unpacked (plotlyjs.LOADER: a browser that cannot is told so on the page, once)
+    start, end = div.index("<script"), div.rindex("</script>")
+    body = div[div.index(">", start) + 1 : end]
+    draw = f"<script>window.plotlyReady.then(() => {{{body}}}, () => null);</script>"
+    div = f"{div[:start]}{draw}{div[end + len('</script>') :]}"
     return f"<div class='figure'><p class='note'>{html.escape(caption)}</p>{div}</div>"
 
 

@@ -13,10 +13,11 @@ from typing import Any
 from trimtab.checkpoint import cadence_kept, find_checkpoint, list_checkpoints, retire_after
 from trimtab.checkpoint_load import apply_structure
 from trimtab.config import RunConfig
+from trimtab.data.position import data_position
 from trimtab.distributed.ft import shard_like
 from trimtab.errors import CheckpointError, ConfigError
 from trimtab.rl.reference import check_reference
-from trimtab.snapshots import save_snapshot
+from trimtab.snapshots import save_last_weights, save_snapshot
 from trimtab.storage import step_of
 from trimtab.training.changes import changes_line, changes_on_resume
 from trimtab.training.emergency import EMERGENCY, EmergencySave, emergency_resume_line
@@ -171,7 +172,7 @@ class Checkpointing(EmergencySave):
 
     def _keep_weights(self) -> None:
         """No checkpoint fits (the disk rule's stop, exit code 4): the weights alone, as a lean snapshot
-        (bf16, a sixth of a checkpoint after the first step), so the steps trained since the resume point
+        (fp32 where it fits, else bf16: snapshots.save_last_weights), so the steps trained since the resume point
         are not all lost. Never the resume point: an exact resume needs the optimizer's moments, the data
         position and the RNG, which only a checkpoint holds; the snapshot starts a new run (train.init_from).
         Said in the stop reason (the exit line and summary.json): where the weights are, or that they did
@@ -181,13 +182,13 @@ class Checkpointing(EmergencySave):
             kept = "its weights were not kept either (a lean snapshot needs every weight on one rank)"
         else:
             try:
-                path = self.dist.from_main(save_snapshot, *_snapshot_args(self))
+                path, precision = self.dist.from_main(save_last_weights, *_snapshot_args(self))
             except OSError as exc:
                 kept = f"not even its weights fit as a lean snapshot ({exc}): the steps since are lost"
             else:
                 self.weights_kept = str(path)
                 kept = (
-                    f"its weights alone (bf16, no optimizer state: not a resume point) are kept in {path}; to "
+                    f"its weights alone ({precision}; no optimizer state: not a resume point) are kept in {path}; to "
                     f"train on from them instead, a new run: --set train.init_from={path} --out NEW_DIR"
                 )
         self.stop_reason += f"; step {step}: {kept}"
@@ -314,7 +315,9 @@ class Checkpointing(EmergencySave):
         if changes:
             self.say(changes_line(changes, self.state.step))
         self.dist.on_main(prepare_run_dir, self.cfg, self.tok)
-        log.info("resuming from %s (step %d of %d)", path, self.state.step, self.total_steps)
+        where = data_position(self.loader.state_dict())  # on another world size the step alone does not say it
+        where = f"; data at {where}" if where else ""
+        log.info("resuming from %s (step %d of %d%s)", path, self.state.step, self.total_steps, where)
 
     def _load(self, path, rollback: bool) -> None:
         weights, optim_state, state = self.dist.read_checkpoint(path)

@@ -22,6 +22,7 @@ import torch
 from trimtab.checkpoint import find_checkpoint
 from trimtab.config import RunConfig
 from trimtab.data.batches import micro_batches, padding
+from trimtab.data.position import data_position
 from trimtab.data.quality import Flagged
 from trimtab.distributed.group import all_max, highest_scores
 from trimtab.hardware import is_oom
@@ -107,6 +108,12 @@ class RunView:
     def step(self) -> int:
         """Optimizer steps done (a rollback moves it back)."""
         return self._t.state.step
+
+    @property
+    def data_position(self) -> str:
+        """Where the next batch's rows come from, in words (data/position.py); "" for a loader without one."""
+        state = getattr(self._t.loader, "state_dict", dict)()
+        return data_position(state) if isinstance(state, dict) else ""
 
     @property
     def tokens(self) -> int:
