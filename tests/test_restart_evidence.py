@@ -5,6 +5,7 @@ time, not time down, as goodput.json counts it. Torch-free: the hook's start alo
 from types import SimpleNamespace
 from typing import Any
 
+from trimtab.data.position import data_position
 from trimtab.orchestrator import restarts
 from trimtab.orchestrator.remedies import restart
 from trimtab.resilience.goodput import Ledger, read_goodput
@@ -23,14 +24,32 @@ def test_a_finished_run_resumed_on_another_world_later_is_idle_not_down(tmp_path
     monkeypatch.setattr(restarts, "process_started", lambda: ended + 413.4)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")  # torchrun's first launch of the new job
     proposed: list[Any] = []
-    run = SimpleNamespace(is_main=True, step=10, world=2, say=lambda line: None, propose=proposed.append)
+    said: list[str] = []
+    where = "epoch 0, row 1,234 of 10,000"
+    run = SimpleNamespace(is_main=True, step=10, world=2, say=said.append, propose=proposed.append, data_position=where)
     restarts.Resilience(tmp_path).on_train_start(run)
     (finding,) = proposed
     evidence = finding.evidence
     assert evidence["kind"] == "resized" and evidence["ended"] == "completed" and evidence["down_s"] == 0
     assert abs(evidence["idle_s"] - 413.4) < 0.01
     assert "413.4 s idle" in finding.summary and " down" not in finding.summary
+    # on another world the step no longer says where the data resumes: the line a person reads says it
+    assert f"resumed at step 10 (data at {where}) on 2 ranks (was 1)" in finding.summary and finding.summary in said[0]
     assert read_goodput(tmp_path)["seconds"]["down"] == 0
     reasoning = restart(finding).reasoning
     assert "ended cleanly (completed)" in reasoning and "launched again" in reasoning
     assert "torchrun's elastic agent" not in reasoning
+
+
+def test_the_data_position_names_the_epoch_the_row_and_each_mixture_source():
+    """The loader's state (data/batches.py state_dict) in words; a loader without rows (RL prompts) says nothing."""
+    one = {"epoch": 1, "cursor": 1234, "n_rows": 10000, "parts": [{"epoch": 1, "cursor": 1234, "n_rows": 10000}]}
+    assert data_position(one) == "epoch 1, row 1,234 of 10,000"
+    mix = {
+        "parts": [
+            {"name": "code", "epoch": 0, "cursor": 5, "n_rows": 80},
+            {"name": "web", "epoch": 2, "cursor": 0, "n_rows": 9},
+        ]
+    }
+    assert data_position(mix) == "code: epoch 0, row 5 of 80; web: epoch 2, row 0 of 9"
+    assert data_position({"prompts": 3}) == ""

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from trimtab.config.checks import Section, _check, _finite, _positive, check_sections, freeze
-from trimtab.config.coerce import from_dict, merge, nested
+from trimtab.config.coerce import from_dict, known_only, merge, nested
 from trimtab.config.data import DataConfig
 from trimtab.config.distributed import DistributedConfig, check_splits
 from trimtab.config.dpo import DPOConfig, grad_ceiling
@@ -37,6 +37,7 @@ from trimtab.config.loss_scale import LossScaleConfig
 from trimtab.config.model import ModelConfig
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.config.plan import PlanConfig
+from trimtab.config.renames import upgrade
 from trimtab.config.resilience import ResilienceConfig
 from trimtab.config.rl import RLConfig
 from trimtab.errors import ConfigError, SavedConfigError
@@ -436,50 +437,6 @@ def derive(cfg: RunConfig, changes: dict[str, Any]) -> RunConfig:
     return resolve(merge(cfg.to_dict(), changes))
 
 
-# Keys renamed (one name per thing): an older config still loads; a user's gets a warning.
-RENAMED = {
-    ("data", "vocab_size"): "bpe_vocab_size",
-    ("finetune", "data", "vocab_size"): "bpe_vocab_size",
-    ("model", "moe", "aux_loss_coef"): "balance_coef",
-}
-
-# Values spelled another way, read as the one name the code knows (no warning: YAML's doing).
-RESPELLED = {
-    ("orchestrator", "mode"): {False: "off", "false": "off"},  # YAML 1.1 reads a bare `off` as false
-    ("resilience", "watchdog"): {False: "off", "false": "off", True: "on", "true": "on"},  # and `on` as true
-    ("data", "garbage_filter"): {False: "off", "false": "off"},  # the `garbage` decision tells a person to set it off
-    ("finetune", "data", "garbage_filter"): {False: "off", "false": "off"},
-    # a boolean before selective checkpointing existed: true was a whole block's recompute
-    ("train", "activation_checkpointing"): {False: "off", "false": "off", True: "full", "true": "full"},
-}
-
-
-def upgrade(data: dict[str, Any], source: str = "") -> dict[str, Any]:
-    """`data` with renamed keys under their new names (with `source`, a warning for each) and
-    respelled values in their one spelling: the only place older names are read."""
-    for path, new in RENAMED.items():
-        node = _parent(data, path)
-        if isinstance(node, dict) and path[-1] in node:
-            old_key, new_key = ".".join(path), ".".join([*path[:-1], new])
-            if source:
-                log.warning("%s: config key '%s' is now '%s'; rename it there", source, old_key, new_key)
-            node.setdefault(new, node.pop(path[-1]))
-    for path, spellings in RESPELLED.items():
-        node = _parent(data, path)
-        if isinstance(node, dict) and path[-1] in node:
-            value = node[path[-1]]
-            if isinstance(value, (bool, str)) and value in spellings:
-                node[path[-1]] = spellings[value]
-    return data
-
-
-def _parent(data: dict[str, Any], path: tuple[str, ...]) -> Any:
-    node: Any = data
-    for key in path[:-1]:
-        node = node.get(key) if isinstance(node, dict) else None
-    return node
-
-
 def read_saved(run_dir: str | Path) -> RunConfig:
     """The resolved config a run directory was trained with (config.yaml), older key names
     upgraded. SavedConfigError where it is missing or damaged (a disk fault, a hand edit)."""
@@ -487,13 +444,35 @@ def read_saved(run_dir: str | Path) -> RunConfig:
     if not path.is_file():
         raise SavedConfigError(f"'{run_dir}' holds no config.yaml: not a trimtab run directory; pass a run's --out")
     try:
-        return resolve(read_yaml(path))
+        return resolve(_without_removed(read_yaml(path), path))
     except ConfigError as exc:
         raise SavedConfigError(
             f"{exc}. It is the config run directory '{run_dir}' was trained with: restore it, or remove it and "
             "run `trimtab train` with this run's settings, which writes it again and resumes from the checkpoints",
             problem=str(exc),
         ) from None
+
+
+_SAID_REMOVED: set[tuple[str, tuple[str, ...]]] = set()  # (config.yaml, keys) said once a process
+
+
+def _without_removed(data: Any, path: Path) -> Any:
+    """A saved config.yaml's keys this trimtab no longer has (removed since the version that wrote
+    it) left out, said once: it was written whole by trimtab, not by the person resuming it, who
+    upgraded mid-run (the resume refused the run's own config: "unknown config key"). Renamed keys
+    are upgraded first (upgrade), not dropped; a person's own config naming one is still an error."""
+    if not isinstance(data, dict):
+        return data  # not a mapping: resolve's error says so
+    data, dropped = known_only(RunConfig, upgrade(data))
+    if dropped and (said := (str(path), tuple(dropped))) not in _SAID_REMOVED:
+        _SAID_REMOVED.add(said)
+        log.warning(
+            "%s: ignoring %s, saved by the trimtab that wrote this run and not a setting of this version: "
+            "removed since; nothing to do (this session's config.yaml is written without it)",
+            path,
+            ", ".join(f"'{key}'" for key in dropped),
+        )
+    return data
 
 
 def dump_config(cfg: RunConfig, path: str | Path) -> None:

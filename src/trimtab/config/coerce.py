@@ -45,6 +45,22 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
+def known_only(cls: type, data: dict[str, Any], prefix: str = "") -> tuple[dict[str, Any], list[str]]:
+    """`data` without the keys `cls` has no field for, and those keys (dotted): a run's saved
+    config.yaml holds every key of the trimtab that wrote it, so one a later version removed is no
+    error of the person resuming it (from_dict's, for their own config). Sections recursed into."""
+    if not dataclasses.is_dataclass(cls) or not isinstance(data, dict):
+        return data, []
+    hints, kept, dropped = typing.get_type_hints(cls), {}, []
+    for key, value in data.items():
+        if key not in hints:
+            dropped.append(f"{prefix}{key}")
+            continue
+        kept[key], inner = known_only(hints[key], value, f"{prefix}{key}.")
+        dropped += inner
+    return kept, dropped
+
+
 def _unknown_hint(cls: type, hints: dict[str, Any], names: list[str], key: Any, prefix: str) -> str:
     """The likeliest fix for an unknown key: the key of one of this section's own sections, written
     one level too shallow (`moe:` with `n_experts:` not indented under it, for which the closest

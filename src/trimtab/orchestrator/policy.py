@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
-from trimtab.orchestrator import evaluation, make_up, remedies, rl_remedies
+from trimtab.orchestrator import evaluation, fallbacks, make_up, remedies, rl_remedies
 from trimtab.orchestrator.attribution import DataAttribution
 from trimtab.orchestrator.ladder import InstabilityLadder, Ladder
 from trimtab.orchestrator.monitors import Finding
@@ -95,6 +95,7 @@ REMEDIES: dict[str, Callable[[Finding, Any, OrchestratorConfig], Remedy]] = {
     "straggler": lambda f, view, cfg: remedies.straggler(f, cfg),
     "replicas": _replicas,
     "checkpoint": _checkpoint,
+    "fallback": lambda f, view, cfg: fallbacks.fallback_remedy(f),
     "baseline": _baseline,
 }
 # the families whose remedy reads or changes the policy's own state: the Policy method that plans it

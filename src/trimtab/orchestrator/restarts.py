@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trimtab.distributed import broadcast_object, is_main
+from trimtab.orchestrator.fallbacks import fallback_finding
 from trimtab.orchestrator.monitors import Finding
 from trimtab.orchestrator.remedies import ranks
 from trimtab.resilience.elastic import node_count
@@ -20,6 +21,7 @@ from trimtab.resilience.goodput import Ledger
 from trimtab.resilience.incidents import last_life, last_logged_step, localize, reach_words
 from trimtab.resilience.watchdog import process_start
 from trimtab.training.hooks import Hook
+from trimtab.training.resume import take_fallback
 
 if TYPE_CHECKING:
     from trimtab.training.state import StepOutput
@@ -91,9 +93,21 @@ class Resilience(Hook):
                 self.ledger.write(force=True)
             elif previous is not None and previous["world"] != run.world:  # a clean stop, then another world
                 incident = resized(previous, run.step, run.world)
+            if incident is not None and run.data_position:  # the step alone does not say it on another world
+                incident["data_at"] = run.data_position
         incident = broadcast_object(incident)  # every rank's orchestrator journals it alike
         if incident is not None:
             self.incident, finding = incident, restart_finding(incident, run.step)
+            run.say(f"[resilience] {finding.summary}")
+            if self.journal:
+                run.propose(finding)
+        self._fell_back(run)
+
+    def _fell_back(self, run: RunView) -> None:
+        """Journal the corrupt checkpoints this session's resume passed over (orchestrator/fallbacks.py)."""
+        record = broadcast_object(take_fallback(self.run_dir, run.step) if run.is_main else None)
+        if record is not None:
+            finding = fallback_finding(record, run.step, run.world)
             run.say(f"[resilience] {finding.summary}")
             if self.journal:
                 run.propose(finding)
@@ -169,11 +183,12 @@ def restart_finding(incident: dict[str, Any], step: int) -> Finding:
     at, lost = reach_words(incident)
     # after a clean end the gap is idle time, not time lost (resized)
     gap = f"{incident['idle_s']:.1f} s idle" if "idle_s" in incident else f"{incident['down_s']:.1f} s down"
+    data = f" (data at {incident['data_at']})" if incident.get("data_at") else ""
     return Finding(
         rule="restart",
         family="cluster",
         step=step,
         evidence=incident,
-        summary=f"{what} {at}; resumed at step {incident['resumed_step']} on {world} ({lost} lost, {gap})",
+        summary=f"{what} {at}; resumed at step {incident['resumed_step']}{data} on {world} ({lost} lost, {gap})",
         strength=1.0,
     )

@@ -5,6 +5,8 @@ A resumed run trains on under the new values (the optimizer's, the batch's, the 
 change is a person's decision, as a changed phase length is: the orchestrator journals it (rule
 "config", action "none": the config itself applies it) and the console says them all in one
 line (changes_line), so a run that was resumed with `--set optim.lr=...` shows why its LR moved.
+A change to this trimtab's default for the key (a default that moved between versions, the
+session's config silent on it) is marked `default` and said as one, not as a person's (_mark_defaults).
 
 Compared: every leaf of the resolved configs (dotted keys, model.moe.top_k; a list is one leaf,
 data.mix). Left out (IGNORED), each for its reason:
@@ -31,7 +33,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from trimtab.config import RunConfig, read_saved
+from trimtab.config import RunConfig, load_config, read_saved
 from trimtab.config.checks import leaves
 from trimtab.errors import SavedConfigError
 
@@ -94,10 +96,23 @@ def changes_on_resume(cfg: RunConfig) -> list[dict[str, Any]]:
     writes its own over it. None found where it is missing or damaged: setup's
     check_resume_compatible says so, and the checkpoint is checked instead."""
     try:
-        return config_changes(read_saved(cfg.run_dir), cfg)
+        changes = config_changes(read_saved(cfg.run_dir), cfg)
     except SavedConfigError as exc:
         log.debug("no config changes read: %s", exc)
         return []
+    return _mark_defaults(changes, cfg)
+
+
+def _mark_defaults(changes: list[dict[str, Any]], cfg: RunConfig) -> list[dict[str, Any]]:
+    """Mark `default` each change whose new value is this trimtab's own for the run's preset: this
+    session's config left the key at its default, so the change is no person's doing in this
+    session (a default that moved between versions: a user upgrading mid-run read it as their
+    change). What the run was trained with may have been the older version's default or an
+    earlier session's setting: config.yaml holds resolved values, not who set them."""
+    if not changes:
+        return changes
+    defaults = leaves(load_config(preset=cfg.preset, overrides={"out": str(cfg.run_dir)}).to_dict())
+    return [{**c, "default": True} if c["key"] in defaults and defaults[c["key"]] == c["new"] else c for c in changes]
 
 
 def changes_line(changes: list[dict[str, Any]], step: int) -> str:
@@ -106,15 +121,27 @@ def changes_line(changes: list[dict[str, Any]], step: int) -> str:
     tokens a step; the LR is not rescaled)`; empty when there are none."""
     if not changes:
         return ""
-    named = [f"{c['key']} {show(c['old'])} -> {show(c['new'])} ({c['effect']})" for c in changes[:SHOWN]]
+    named = [f"{c['key']} {show(c['old'])} -> {show(c['new'])}{_by(c)} ({c['effect']})" for c in changes[:SHOWN]]
     more = f"; and {len(changes) - SHOWN} more (decisions.jsonl)" if len(changes) > SHOWN else ""
     return f"config changed on resume at step {step}: {'; '.join(named)}{more}"
 
 
 def journal_text(change: dict[str, Any], step: int) -> tuple[str, str]:
     """A change's decision summary and reasoning, worded as those of a changed phase length."""
-    summary = f"{change['key']} {show(change['old'])} -> {show(change['new'])} on resume at step {step}"
+    summary = f"{change['key']} {show(change['old'])} -> {show(change['new'])}{_by(change)} on resume at step {step}"
+    if change.get("default"):
+        why = (
+            f"not set by this session's config, which leaves it at this trimtab's default ({show(change['new'])}); "
+            f"the run was trained with {show(change['old'])}: the default changed since the trimtab that wrote the "
+            f"run, or an earlier session set it (set it again to keep it): {change['effect']}"
+        )
+        return summary, why
     return summary, f"changed in the config by a person: {change['effect']}"
+
+
+def _by(change: dict[str, Any]) -> str:
+    """What a change is said to be when it is this version's default, not a person's setting."""
+    return " (this version's default)" if change.get("default") else ""
 
 
 def effect(key: str, old: Any, new: Any) -> str:

@@ -17,11 +17,19 @@ import re
 from pathlib import Path
 from typing import Any
 
-from trimtab.checkpoint import REPLACED, checkpoint_root, latest_valid, set_aside_corrupt
+from trimtab.checkpoint import (
+    CORRUPT,
+    REPLACED,
+    checkpoint_root,
+    latest_valid,
+    list_checkpoints,
+    set_aside_corrupt,
+    verify,
+)
 from trimtab.config import RunConfig, read_saved
 from trimtab.distributed import Parallel
 from trimtab.errors import CheckpointError, ConfigError, RunFinished, RunPastLength
-from trimtab.rundir import SUMMARY, is_eval, read_json, read_metrics
+from trimtab.rundir import SUMMARY, is_eval, read_json, read_metrics, write_json
 from trimtab.storage import Remote
 from trimtab.training.schedule import KEYS, configured_lengths, fixed_lengths
 from trimtab.training.services.signals import run_length, stopped_in_start_up
@@ -260,15 +268,50 @@ def saved_summary(run_dir: Path, found: Found, total: int, status: str = "comple
 
 def _set_aside(run_dir: Path, found: Found | None) -> None:
     _say_cut_saves(run_dir, found)
-    moved = set_aside_corrupt(run_dir, found[1]["step"] if found else -1)
+    after = found[1]["step"] if found else -1
+    refused = _refusals(run_dir, after)  # before they move: why each was refused
+    moved = set_aside_corrupt(run_dir, after)
     if not moved:
         return
+    record = {"resumed_step": max(after, 0), "refused": [{**r, "kept_in": str(p)} for r, p in zip(refused, moved)]}
+    write_json(checkpoint_root(run_dir) / CORRUPT / FALLBACK, record)
     names = ", ".join(p.name for p in moved)
     kept = f"kept for inspection in {moved[0].parent} (never resumed from, never pruned): {names}"
     if found:
         log.warning("resuming from %s, the newest valid checkpoint; corrupt ones %s", found[0].name, kept)
     else:
         log.warning("no valid checkpoint is left: the run starts over from step 0; the corrupt one(s) %s", kept)
+
+
+FALLBACK = "fallback.json"  # checkpoints/corrupt/: the corrupt ones the last resume passed over, until journaled
+
+
+def _refusals(run_dir: Path, after: int) -> list[dict[str, Any]]:
+    """Each checkpoint newer than step `after` (the ones set_aside_corrupt moves, in its order)
+    with why it was refused (verify's error: which file, truncated or corrupt)."""
+    refused = []
+    for path in list_checkpoints(run_dir):
+        step = int(path.name.removeprefix("step_"))
+        if step > after:
+            try:
+                verify(path)
+                reason = "verified now, but not when the resume searched (changed meanwhile)"
+            except CheckpointError as exc:
+                reason = str(exc)
+            refused.append({"checkpoint": path.name, "step": step, "reason": reason})
+    return refused
+
+
+def take_fallback(run_dir: Path, step: int) -> dict[str, Any] | None:
+    """The record of the corrupt checkpoints the resume to `step` passed over (_set_aside), read
+    once: the session journals it (orchestrator/fallbacks.py), as it journals a restart, so the
+    steps trained again are a recorded incident, not a console line alone. None: there was none,
+    or it is of another resume (a session that ended before journaling it, then trained on)."""
+    path = checkpoint_root(run_dir) / CORRUPT / FALLBACK
+    record = read_json(path)
+    path.unlink(missing_ok=True)
+    ours = isinstance(record, dict) and isinstance(record.get("refused"), list) and record.get("resumed_step") == step
+    return record if ours else None
 
 
 CUT_SAVE = re.compile(r"^\.tmp_step_(\d{6,})_")  # a save's temp folder (save_checkpoint's, _write_sharded's)
