@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import base64
 import gzip
-import os
 
 import plotly
 from plotly.offline import get_plotlyjs
 
 from trimtab.paths import cache_dir
+from trimtab.rundir import write_atomic
 
 # decoded and run before any figure is drawn: each figure's call waits on window.plotlyReady (page._figure);
 # a browser without DecompressionStream is told so on the page instead of showing empty boxes
@@ -47,9 +47,7 @@ def packed_plotly_js() -> str:
     packed = base64.b64encode(gzip.compress(get_plotlyjs().encode(), 9, mtime=0)).decode()
     try:  # a read-only or full cache costs the compression again next time, never the report
         cached.parent.mkdir(parents=True, exist_ok=True)
-        part = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
-        part.write_text(packed)
-        os.replace(part, cached)
+        write_atomic(cached, packed, durable=False)  # a cache: a crash loses it, never a half file
     except OSError:
         pass
     return packed
