@@ -4,7 +4,11 @@ response failed, the groups went flat, and the rule warmed the sampling 1 -> 1.2
 the training score fallen from where it was, the entropy blown up, or an RL rollback's incident open) now leave the
 knobs alone for rules rl_reward and rl_hacking; uniform groups at a sound policy get the remedy as before."""
 
+import math
+from statistics import NormalDist
 from types import SimpleNamespace
+
+import pytest
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.core import Orchestrator
@@ -12,6 +16,7 @@ from trimtab.orchestrator.monitors import Finding, StepMetrics
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.rl_health import NoLearningSignal
 from trimtab.orchestrator.rl_remedies import remedy
+from trimtab.orchestrator.rl_stats import exact_fall
 
 SAMPLING = SimpleNamespace(rl_temperature=1.0, rl_dynamic_sampling=True)  # dynamic sampling on: warmer next
 
@@ -54,7 +59,8 @@ def test_a_training_score_fallen_or_an_entropy_blown_up_stands_the_rule_down():
     sound = run([(SOUND, 1.0)] * 4)  # flat at a sound policy: warmer sampling, as before
     assert len(sound) == 2 and "collapsed" not in sound[-1].evidence
     assert remedy(sound[-1], SAMPLING, c).action == "set_rl_temperature"
-    fallen = run([(EARNING, 1.0)] * 2 + [(BROKEN, 1.0)] * 3)[-1]  # 5/64 -> 0/64 right, twice: 2.3 errors
+    # 5/64 -> 0/64 right, twice: 6 of 16 groups with a right answer -> 0 of 16 (Fisher's exact z 2.4)
+    fallen = run([(EARNING, 1.0)] * 2 + [(BROKEN, 1.0)] * 3)[-1]
     assert list(fallen.evidence["collapsed"]) == ["training reward"] and "collapsed" in fallen.summary
     stood = remedy(fallen, SAMPLING, c)
     assert stood.action == "none" and "rl_reward" in stood.reasoning and "training reward" in stood.reasoning
@@ -62,8 +68,30 @@ def test_a_training_score_fallen_or_an_entropy_blown_up_stands_the_rule_down():
     assert list(hot.evidence["collapsed"]) == ["entropy"] and remedy(hot, SAMPLING, c).action == "none"
     warm = run([(SOUND, 1.0)] * 2 + [(SOUND, 1.2)] * 2)[-1]  # within orchestrator.rl_signal.entropy_rise
     assert "collapsed" not in warm.evidence
-    noise = run([(SOUND, 1.0)] * 2 + [(BROKEN, 1.0)] * 2)[-1]  # 3/64 -> 0/64: 1.7 errors, within the noise
+    # 3/64 -> 0/64 twice: 4 of 16 groups with a right answer -> 0 of 16, Fisher's exact z 1.6, within the noise
+    noise = run([(SOUND, 1.0)] * 2 + [(BROKEN, 1.0)] * 2)[-1]
     assert "collapsed" not in noise.evidence
+
+
+def test_a_collapse_inside_the_first_window_is_recognised():
+    """The phase's first `window` steps were the start, read once the next `window` had come: 5 of 64 right at step 1,
+    none from step 2 (the default window of 5) was the policy's own start, and the rule warmed the broken policy's
+    sampling at steps 5 and 10 (a collapse at step 3 was recognised at step 10 at z 2.1). The starting policy's step
+    is now a start of its own: 3 of its 8 groups had a right answer, 0 of the 32 after (Fisher's exact z 2.5)."""
+    c = OrchestratorConfig()
+    mon = NoLearningSignal(c)
+    found = [f for s in range(1, 11) if (f := step(mon, s, EARNING if s == 1 else BROKEN)) is not None]
+    assert [f.step for f in found] == [5, 10]
+    for f in found:
+        start, now, z = f.evidence["collapsed"]["training reward"]
+        assert (start, now) == (sum(EARNING) / len(EARNING), 0.0) and z > c.rl_signal.collapse_sigmas
+        assert remedy(f, SAMPLING, c).action == "none"
+    assert exact_fall(3, 8, 0, 32) == pytest.approx(z_of(math.comb(8, 3) / math.comb(40, 3)))  # hypergeometric
+    assert exact_fall(2, 8, 0, 16) < c.rl_signal.collapse_sigmas  # 2 of 8 groups against 0 of 16: p 0.10
+
+
+def z_of(tail: float) -> float:
+    return -NormalDist().inv_cdf(tail)
 
 
 def test_a_held_out_fall_stands_the_rule_down_and_the_orchestrator_passes_the_counts(tmp_path):

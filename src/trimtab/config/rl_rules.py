@@ -28,7 +28,7 @@ class RLSignalRule(Section):
     a weak policy sampled at 2.0 lost its held-out pass@1 (0.15 to 0.005, docs/rl.md). Groups flat
     because the policy collapsed (every response fails: held-out pass@1 or the training score fallen
     `collapse_sigmas` standard errors from where it was, the entropy risen to `entropy_rise` x the
-    phase's first window's, or an RL rollback's incident open) are left to rules rl_reward and
+    starting policy's, or an RL rollback's incident open) are left to rules rl_reward and
     rl_hacking: warmer sampling does not mend a broken policy."""
 
     enabled: bool = True

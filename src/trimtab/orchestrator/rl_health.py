@@ -21,12 +21,13 @@ the temperature to 2.0 took pass@1 to 0.005 in 100 steps, where dynamic sampling
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, Rolling, StepMetrics
 from trimtab.orchestrator.rl_reward import SCORE, _mean
-from trimtab.orchestrator.rl_stats import fall_test, group_size, poisoned
+from trimtab.orchestrator.rl_stats import answered_groups, collapse_z, group_size, poisoned
 
 
 class NoLearningSignal(Monitor):
@@ -66,9 +67,13 @@ class NoLearningSignal(Monitor):
         self.sampling: bool | None = None  # whether it drew the last step (None: unknown)
         self.gave_up = False  # it went off finding nothing: quiet until the flat share falls below threshold
         # the policy's health, which tells a collapse from uniform groups at a sound policy (_collapsed): the phase's
-        # first `window` steps and the last ones, as rule rl_reward's steps [SCORE..., reward, group size], and their
-        # entropies; the held-out reading of the most problems solved and the latest, [solved, n, step]
-        self.min_fall = cfg.rl_hacking.min_fall
+        # first `window` steps and the last ones (overlapping while the phase is young: _splits parts them), as rule
+        # rl_reward's steps [SCORE..., reward, group size] with their groups with a right response, and their
+        # entropies; `own` of the first steps drew the starting policy's rollouts (rl_reward.start_steps at most);
+        # the held-out reading of the most problems solved and the latest, [solved, n, step]
+        self.min_fall, self.start_steps = cfg.rl_hacking.min_fall, cfg.rl_reward.start_steps
+        self.first: int | None = None  # the phase's first step
+        self.own, self.steps = 0, 0  # the starting policy's steps, the steps seen
         self.start: list[list[float]] = []
         self.recent: list[list[float]] = []
         self.entropy_start: list[float] = []
@@ -77,7 +82,8 @@ class NoLearningSignal(Monitor):
         self.held_out: list[int] = []
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in super().state_dict().items() if k not in ("failing", "min_fall")}  # config, not state
+        config = ("failing", "min_fall", "start_steps")  # not state
+        return {k: v for k, v in super().state_dict().items() if k not in config}
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if (share := (m.rl or {}).get("flat_groups")) is None or poisoned(m.rl):
@@ -93,7 +99,7 @@ class NoLearningSignal(Monitor):
         self.failed.add(failed / max(scored, 1))
         self.drawn.add(m.rl.get("groups_drawn", 0))
         self._switched(m.rl.get("dynamic_sampling"), share)
-        self._health(m.rl)
+        self._health(m.step, m.rl)
         if len(self.window) < self.cfg.window or self.window.mean() < self.cfg.threshold:
             self.gave_up = self.gave_up and len(self.window) < self.cfg.window  # signal again: the rule is back
             return None
@@ -146,40 +152,60 @@ class NoLearningSignal(Monitor):
                 self.top = [solved, n, step]
         return None
 
-    def _health(self, rl: dict[str, Any]) -> None:
-        """The step's verifier score and entropy: the phase's first `window` steps kept as its start."""
+    def _health(self, step: int, rl: dict[str, Any]) -> None:
+        """The step's verifier score and entropy: the phase's first `window` steps kept, and the last `window`."""
+        if not self.steps and self.start:  # an older state: its last steps came after its start
+            self.steps = len(self.start) + len(self.recent)
+        if self.first is None:
+            self.first = step - self.steps
+        # the starting policy's rollouts, as rule rl_reward takes its start (RewardFall._starting): synchronously the
+        # first step alone, rl.max_staleness eta: the first eta + 1
+        own = self.own == self.steps < self.start_steps and step - rl.get("staleness", 0.0) < self.first + 0.5
+        self.own, self.steps = self.own + own, self.steps + 1
         if rl.get("score_n"):
-            seen = [*(rl[k] for k in SCORE), rl["reward"], group_size(rl)]
-            if len(self.start) < self.cfg.window:
-                self.start.append(seen)
-            else:
-                self.recent = [*self.recent, seen][-self.cfg.window :]
+            seen = [*(rl[k] for k in SCORE), rl["reward"], group_size(rl), answered_groups(rl)]
+            self.start = self.start if len(self.start) >= self.cfg.window else [*self.start, seen]
+            self.recent = [*self.recent, seen][-self.cfg.window :]
         if rl.get("entropy") is not None and math.isfinite(rl["entropy"]):
             if len(self.entropy_start) < self.cfg.window:
                 self.entropy_start.append(rl["entropy"])
-            else:
-                self.entropy.add(rl["entropy"])
+            self.entropy.add(rl["entropy"])
+
+    def _splits(self, first: list[Any], last: list[Any]) -> list[tuple[list[Any], list[Any]]]:
+        """Starts and the steps after each, parted at cuts fixed by the step count, never by the scores (which would
+        pick the start that reads a fall): the starting policy's steps (`own`: never a collapse's, but few), and the
+        phase's steps before the last `window`, up to `window` of them (more, but a collapse inside them dilutes
+        them). The start was the phase's first `window` steps alone, read once the next `window` had come: a collapse
+        inside it was its own baseline (5 of 64 right a step, 0 from step 3: recognised at step 10 at z 2.1, from
+        step 2 never; the rule warmed the broken policy's sampling at step 5)."""
+        own = max(self.own, 1)
+        cuts = sorted({own, max(own, min(self.cfg.window, self.steps - self.cfg.window))})
+        parts = [(first[: min(cut, len(first))], min(len(last), self.steps - cut)) for cut in cuts]
+        return [(start, last[len(last) - after :]) for start, after in parts if start and after > 0]
 
     def _collapsed(self) -> dict[str, list[float]]:
         """Why the groups read flat because the policy collapsed (every response fails), not because they are uniform
         at a sound policy ({}: they are): held-out pass@1 fallen from its best reading by rl_hacking.min_fall and
         `collapse_sigmas` standard errors of the two counts (count_fall) at the latest evaluation; the training
-        score of the last `window` steps fallen to half the phase's first window's or less, `collapse_sigmas` clear
-        of the noise over groups (rule rl_reward's test, fall_test); the entropy risen to `entropy_rise` x the first
-        window's. The bar is lower than rules rl_hacking's and rl_reward's, which roll back: here a false reading
-        only leaves the sampling as it is."""
+        score of the last `window` steps fallen to half a start's or less (_splits), `collapse_sigmas` clear of the
+        noise over groups (collapse_z); the entropy risen to `entropy_rise` x the starting policy's. The bar is lower
+        than rules rl_hacking's and rl_reward's, which roll back: here a false reading only leaves the sampling as it
+        is."""
         rule, why = self.cfg, {}
         if self.top and self.held_out:
             (best, of, _), (solved, n, _) = self.top, self.held_out
             z = count_fall(best, of, solved, n)
             if z >= rule.collapse_sigmas and best / of - solved / n >= self.min_fall:
                 why["held-out pass@1"] = [best / of, solved / n, z]
-        if len(self.start) >= rule.window and len(self.recent) >= rule.window:
-            start, now = _mean(self.start), _mean(self.recent)  # mean group scores, as rule rl_reward's
-            if now <= start / 2 and (z := fall_test(self.start, self.recent).z) >= rule.collapse_sigmas:
-                why["training reward"] = [start, now, z]
-        if len(self.entropy_start) >= rule.window and len(self.entropy) >= rule.window:
-            start, now = sum(self.entropy_start) / len(self.entropy_start), self.entropy.mean()
+        parts = self._splits(self.start, self.recent)
+        # either start may read the fall: Bonferroni's bound keeps the chance of a false reading at one test's
+        sigmas = -NormalDist().inv_cdf(NormalDist().cdf(-rule.collapse_sigmas) / max(len(parts), 1))
+        falls = [(collapse_z(base, after), _mean(base), _mean(after)) for base, after in parts]  # as rule rl_reward's
+        if falls := [(z, start, now) for z, start, now in falls if z >= sigmas and now <= start / 2]:
+            z, start, now = max(falls)
+            why["training reward"] = [start, now, z]
+        if parts := self._splits(self.entropy_start, list(self.entropy.values))[:1]:  # the starting policy's
+            start, now = (sum(values) / len(values) for values in parts[0])
             if now >= rule.entropy_rise * start:
                 why["entropy"] = [start, now]
         return why

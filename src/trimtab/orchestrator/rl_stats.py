@@ -85,6 +85,37 @@ def fall_test(start: list[list[float]], window: list[list[float]]) -> Fall:
     return Fall(t, df, -NormalDist().inv_cdf(min(max(tail, TINY), 1 - 1e-16)))
 
 
+def answered_groups(rl: dict[str, Any]) -> int:
+    """A step's groups with a right response, for 0/1 rewards (-1: unknown): those not flat, and those all right.
+    Flat is by the reward trained on, which an overlong penalty makes differ from the verifier's score."""
+    if not group_size(rl) or rl.get("overlong_buffer", 0) or rl.get("solved_groups") is None:
+        return -1
+    return round(rl["score_n"] * (1 - rl["flat_groups"] + rl["solved_groups"]))
+
+
+def collapse_z(start: list[list[float]], now: list[list[float]]) -> float:
+    """The z of a collapse (every response fails) from the start's steps to now's, steps as fall_test's with the
+    groups with a right response after them. Where every step says that count, Fisher's exact test of it over the
+    groups (a group answers one prompt: its responses are not independent draws), which resolves a few right answers
+    at the start where the t of their spread cannot (3 of 8 groups against 0 of 32: exact z 2.5, Welch's t 1.7);
+    else fall_test's."""
+    if all(len(step) > 5 and step[5] >= 0 for step in start + now):
+        (k1, n1), (k2, n2) = ([round(sum(step[i] for step in steps)) for i in (5, 0)] for steps in (start, now))
+        return exact_fall(k1, n1, k2, n2)
+    return fall_test(start, now).z
+
+
+def exact_fall(k1: int, n1: int, k2: int, n2: int) -> float:
+    """The z of a fall from k1 of n1 to k2 of n2: Fisher's exact test, one-sided (Agresti, Categorical Data Analysis,
+    3.5.1): the chance that n1 of the n1 + n2 drawn without replacement hold k1 or more of the k1 + k2, said as the
+    normal z of that tail. Exact where the counts are a few groups, which the normal score test is not: 2 of 8 groups
+    against 0 of 16 read z 2.1 there, an exact p of 0.10 (z 1.3)."""
+    total, hits = n1 + n2, k1 + k2
+    ways = sum(math.comb(hits, k) * math.comb(total - hits, n1 - k) for k in range(k1, min(hits, n1) + 1))
+    tail = ways / math.comb(total, n1)
+    return -NormalDist().inv_cdf(min(max(tail, TINY), 1 - 1e-16))
+
+
 def _bounded(variance: float, df: float, pooled: tuple[float, float, float], size: int) -> tuple[float, float]:
     """A window's variance of a group mean of `size` 0/1 rewards between p(1-p)/size and p(1-p) at
     the pooled rate p, with its degrees of freedom. At the ceiling it is no longer the window's own
