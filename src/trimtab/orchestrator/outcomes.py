@@ -3,13 +3,15 @@
 Recovered means no finding of the same trouble since, finite losses, and the loss back near
 (instability: within 5%, and a replay's excess over the same steps before within
 orchestrator.divergence.sigma standard errors of their differences) or below (plateau: by more than
-a flat stretch's noise) what it is compared with. That is the healthy losses' mean before the
-decision, for steps the run had not trained before; a step a rollback replays is compared with the
-loss the run had at that same step before (the same rows, at the same point of the schedule): a
-rollback to an early checkpoint replays steps whose loss was higher than the one just before the
-fault, and a faithful replay of them is a recovery, not a failure. Yet a replay that is still the run
-before, bit for bit, has only restored the state: a rollback is not judged on it alone (_unchanged),
-and the trouble back right after it is reproducible ("reproduced_at": the data or the schedule).
+a flat stretch's noise) what it is compared with (not under RL: a policy objective is no likelihood
+to come back near, so only the trouble's return and finite losses judge). That is the healthy
+losses' mean before the decision, for steps the run had not trained before; a step a rollback
+replays is compared with the loss the run had at that same step before (the same rows, at the same
+point of the schedule): a rollback to an early checkpoint replays steps whose loss was higher than
+the one just before the fault, and a faithful replay of them is a recovery, not a failure. Yet a
+replay that is still the run before, bit for bit, has only restored the state: a rollback is not
+judged on it alone (_unchanged), and the trouble back right after it is reproducible
+("reproduced_at": the data or the schedule).
 
 A skipped step answers that step alone, and rows left out those rows: once SETTLED healthy steps
 followed it, a later finding is another fault, not the skip's failure. So does a rollback answer its
@@ -69,6 +71,8 @@ class Outcomes:
         for decision in self.journal.pending():
             track = self.tracking.setdefault(str(decision.id), {"losses": [], "findings": 0})
             track["losses"].append(m.loss)
+            if m.rl is not None:  # RL's step: its loss is a clipped policy objective, not a likelihood
+                track["objective"] = True
             track.setdefault("references", [None] * (len(track["losses"]) - 1)).append(reference)
             back = [f.rule for f in findings if same_trouble(decision, f)]
             same = bool(back)
@@ -123,9 +127,13 @@ class Outcomes:
         if pairs and before is not None:
             before = sum(before if r is None else r for _, r in pairs) / len(pairs)
         ok = track["findings"] == 0 and math.isfinite(after)
-        if ok and before is not None and d.family == "instability":
+        # RL's loss is an advantage-weighted objective near 0 of either sign, not a likelihood: a
+        # skip of a NaN step read "recovered" or "not recovered" by the sign of the steps after it
+        # (the same run, sync and async), so there only the trouble's return and finite losses judge
+        likelihood = not track.get("objective")
+        if ok and likelihood and before is not None and d.family == "instability":
             ok = after <= before * 1.05 and self._within_noise(pairs, after - before)
-        if ok and before is not None and d.family == "plateau" and d.action != "none":
+        if ok and likelihood and before is not None and d.family == "plateau" and d.action != "none":
             ok = after < before - self.plateau_fall
         result = "recovered" if ok else "not recovered"
         unchanged = d.action == "rollback" and _unchanged(track)

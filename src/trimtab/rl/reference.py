@@ -18,7 +18,7 @@ import torch
 
 from trimtab.checkpoint_load import load_model
 from trimtab.config import ModelConfig, RunConfig
-from trimtab.errors import ConfigError
+from trimtab.errors import CheckpointError, ConfigError
 from trimtab.model import Transformer, build_model
 from trimtab.rl.loss import Temperature, target_logprobs
 
@@ -46,23 +46,38 @@ def reference_path(run_dir: Path, key: str) -> Path:
     path = Path(run_dir) / "checkpoints" / "step_000000"
     if path.is_dir():
         return path
-    gone, fix = "pruned or deleted", "start a new run"
+    gone = "pruned or deleted"
     if key == "rl.kl_coef":  # the run may never have kept it: a run without the term does not
         gone = "pruned, deleted, or never kept: a run without a KL term keeps none"
-        fix = (
-            "resume with rl.kl_coef=0, or start a new run from these weights with the term "
-            f"(--out NEW --set train.init_from={run_dir} --set rl.kl_coef=...): its own step 0 is its reference"
-        )
     raise ConfigError(
-        f"{key}: the reference policy is the run's step-0 checkpoint, and {path} is not there ({gone}); {fix}"
+        f"{key}: the reference policy is the run's step-0 checkpoint, and {path} is not there ({gone}); "
+        + _way_on(run_dir, key)
+    )
+
+
+def _way_on(run_dir: Path, key: str) -> str:
+    """What a run whose reference is gone or damaged can do instead."""
+    if key != "rl.kl_coef":
+        return "start a new run"
+    return (
+        "resume with rl.kl_coef=0, or start a new run from these weights with the term "
+        f"(--out NEW --set train.init_from={run_dir} --set rl.kl_coef=...): its own step 0 is its reference"
     )
 
 
 def load_reference(cfg: ModelConfig, run_dir: Path, device: torch.device, key: str = "rl.kl_coef") -> Transformer:
-    """The run's starting policy, frozen, on `device`; `key`: what needs it (rl.kl_coef, dpo)."""
+    """The run's starting policy, frozen, on `device`; `key`: what needs it (rl.kl_coef, dpo). A
+    damaged one is refused naming `key` and the way on: it had said only that a file's checksum
+    differs, as if the resume's own checkpoint were at fault (the resume had loaded that one)."""
     path = reference_path(run_dir, key)
     reference = build_model(cfg)
-    load_model(reference, path)
+    try:
+        load_model(reference, path)
+    except CheckpointError as exc:
+        raise ConfigError(
+            f"{key}: the reference policy, the run's step-0 checkpoint, is damaged ({exc}); restore {path} "
+            f"from a copy, or {_way_on(run_dir, key)}"
+        ) from exc
     return reference.to(device).eval().requires_grad_(False)
 
 
