@@ -269,6 +269,56 @@ def test_thin_garbage_seen_once_is_named_by_scoring_the_suspects_again_through_t
     assert all(d["mode"] == "auto" and "left out of training" in d["applied"][0] for d in named)
 
 
+def tiny_rows_run(tmp_path, faults: list[str], **rows) -> tuple[set[int], list[dict], int]:
+    """A 9-step run of a one-layer debug model at twice the preset's LR (its loss 6.2 to ~5.0 by step 8):
+    the rows poisoned, the rule rows' decisions, and the last step the data watch scores (-1: none)."""
+    import trimtab
+    from trimtab.checkpoint import list_checkpoints
+    from trimtab.config import load_config
+    from trimtab.rundir import read_decisions
+
+    out = tmp_path / "r"
+    cfg = load_config(
+        preset="debug",
+        overrides={
+            "out": str(out),
+            "model": {"n_layers": 1},
+            "optim": {"lr": 6e-3, "warmup_steps": 4},
+            "train": {"max_steps": 9, "eval_every": 0, "precision": "fp32"},
+            "data": {"max_bytes": 20_000},
+            "checkpoint": {"every": 0},
+            "log": {"progress": False, "tensorboard": False, "report": False},
+            "orchestrator": {"throughput": {"enabled": False}, "row_gate": {"enabled": False}, "rows": rows},
+            "faults": faults,
+        },
+    )
+    assert trimtab.train(cfg)["status"] == "completed"
+    poisoned = set(json.loads((out / "faults.json").read_text())["poisoned"]) if faults else set()
+    state = json.loads((list_checkpoints(out)[-1] / "state.json").read_text())
+    watch = state["hooks"]["Orchestrator"]["policy"]["data"]["watch_until"]  # attribution.py's data watch
+    return poisoned, [d for d in read_decisions(out) if d["rule"] == "rows"], watch
+
+
+def test_a_step_with_several_outliers_is_blamed_and_watched_through_the_loop(tmp_path):
+    """A quarter of step 8's rows turn to garbage while the loss still falls fast: each stands ~1.6-1.8
+    nats over the step's median, an outlier but for the first time, which alone makes it only a
+    suspect (and under certain_gap); several at once blame the step (orchestrator.rows.step_outliers):
+    they are named at once and the next steps watched (orchestrator.data.watch_steps). Without the
+    blamed path none is named and nothing is watched; a clean run names no row."""
+    poisoned, named, watch = tiny_rows_run(tmp_path / "bad", ["bad_rows@8:1"])
+    left_out = {r for d in named for r in d["params"]["rows"]}
+    assert len(poisoned) >= 6 and left_out <= poisoned and len(left_out) >= 0.75 * len(poisoned)
+    assert [d["step"] for d in named] == [8] and named[0]["evidence"]["blamed"]
+    assert named[0]["evidence"]["first_gaps"] == {}  # first sightings: no suspect seen again
+    gaps = [x - named[0]["evidence"]["median"] for x in named[0]["evidence"]["losses"].values()]
+    assert max(gaps) < OrchestratorConfig().rows.certain_gap  # not named for being certain: for the blame
+    assert "0 an outlier when last seen too, 0 by 4 nats or more" in named[0]["summary"]
+    assert f"{len(named[0]['params']['rows'])} of its rows outliers at once blame the step" in named[0]["summary"]
+    assert watch == 8 + OrchestratorConfig().data.watch_steps
+    _, named, watch = tiny_rows_run(tmp_path / "clean", [])
+    assert named == [] and watch == -1
+
+
 def test_a_rare_sources_fresh_rows_are_judged_among_their_own_not_against_a_memorised_one():
     """Soak (debug, data.mix of three stdlib files at 0.1 and 6 KB of abc.py at 0.9, 3 epochs):
     abc.py, repeated ~45 times, was memorised (its rows ~1.1 nats) while the stdlib rows, each
