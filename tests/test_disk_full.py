@@ -205,3 +205,24 @@ def test_the_full_disks_weights_are_kept_in_fp32_where_they_fit_else_bf16_and_sa
     assert kept["w"].dtype == torch.bfloat16 and torch.equal(kept["steps"], weights["steps"])
     assert said.startswith("bf16: fp32 did not fit in the ") and "MiB left" in said
     assert json.loads((path / "state.json").read_text())["snapshot"] == "bf16"
+
+
+def test_the_full_disks_bf16_weights_are_kept_in_bf16_not_upcast(small_fs):
+    """Weights already in bf16 were upcast to fp32 by the disk rule's stop: twice the bytes (and the space a
+    full disk has not) for no precision. Kept as they are, the fp32 ones beside them in fp32, and said so."""
+    from safetensors.torch import load_file
+
+    from trimtab.snapshots import save_last_weights
+
+    fs = small_fs(4)
+    (fs / "r").mkdir()
+    weights = {"w": (torch.randn(256, 1024) / 3).bfloat16(), "norm": torch.ones(1024), "steps": torch.arange(4)}
+    # 1.75 MiB left: the bf16 weights (0.5 MiB) and the 1 MiB margin fit; upcast to fp32 (1 MiB) they would not
+    (fs / "filler").write_bytes(b"\0" * (9 << 18))
+    path, said = save_last_weights(fs / "r", 7, weights, {"tokens": 1}, keep=2, keep_every=0)
+    kept = load_file(str(path / "model.safetensors"))
+    assert kept["w"].dtype == torch.bfloat16 and torch.equal(kept["w"], weights["w"])
+    assert kept["norm"].dtype == torch.float32 and torch.equal(kept["steps"], weights["steps"])
+    assert (path / "model.safetensors").stat().st_size < (1 << 20)  # fp32 "w" alone is 1 MiB
+    assert said == "fp32+bf16: the weights' own, none upcast to fp32"
+    assert json.loads((path / "state.json").read_text())["snapshot"] == "fp32+bf16"

@@ -25,11 +25,11 @@ def lost_session(run_dir, world: int) -> None:
 def restarted(run_dir, step: int = 10) -> dict:
     """The restart's incident as rank 0 of a one-process session resumed at `step` reads it."""
     proposed, said = [], []
-    run = SimpleNamespace(is_main=True, step=step, world=1, say=said.append, propose=proposed.append)
+    run = SimpleNamespace(is_main=True, step=step, world=1, say=said.append, propose=proposed.append, data_position="")
     hook = Resilience(run_dir)
     hook.on_train_start(run)
     (finding,) = proposed
-    assert said == [f"[resilience] {finding.summary}"]
+    assert said == []  # the orchestrator's decision says it (the hook's own line: orchestrator off)
     return finding
 
 
@@ -92,7 +92,9 @@ def test_every_rank_silent_at_once_is_the_whole_job_lost_not_one_rank(tmp_path, 
         beat = {"rank": rank, "host": "h", "node": 0, "pid": 1, "step": 12, "section": "forward_backward"}
         write_json(tmp_path / "ranks" / f"rank{rank}.json", {**beat, "time": last + rank, "session": "s"})
     proposed = []
-    run = SimpleNamespace(is_main=True, step=10, world=2, say=lambda line: None, propose=proposed.append)
+    run = SimpleNamespace(
+        is_main=True, step=10, world=2, say=lambda line: None, propose=proposed.append, data_position=""
+    )
     Resilience(tmp_path).on_train_start(run)
     (finding,) = proposed
     evidence = finding.evidence
@@ -116,7 +118,9 @@ def test_a_session_of_two_that_left_no_rank_record_blames_no_rank_and_says_why(t
     monkeypatch.delenv(SESSION_ENV, raising=False)
     lost_session(tmp_path, world=2)
     proposed = []
-    run = SimpleNamespace(is_main=True, step=10, world=2, say=lambda line: None, propose=proposed.append)
+    run = SimpleNamespace(
+        is_main=True, step=10, world=2, say=lambda line: None, propose=proposed.append, data_position=""
+    )
     Resilience(tmp_path).on_train_start(run)
     (finding,) = proposed
     assert (finding.evidence["kind"], finding.evidence["ranks_to_blame"]) == ("lost_unknown", [])

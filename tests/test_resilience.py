@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -60,7 +61,8 @@ def test_a_rank_killed_from_outside_is_restarted_and_the_run_ends_as_undisturbed
     assert evidence["step"] == 6 and evidence["resumed_step"] == 6 and evidence["steps_lost"] == 0
     assert evidence["world_before"] == evidence["world_after"] == 2 and evidence["down_s"] > 0
     assert "exit" in evidence["ranks"]["0"] and evidence["ranks"]["0"]["exit"] not in (None, "ended")
-    assert decision["applied"] == ["resumed at step 6 on 2 ranks"]
+    (applied,) = decision["applied"]  # where the data resumes, as the decision's summary says it
+    assert re.fullmatch(r"resumed at step 6 \(data at epoch \d+, row [\d,]+ of [\d,]+\) on 2 ranks", applied)
     goodput = read_goodput(out)
     assert goodput["sessions"] == 2 and goodput["incidents"] == 1 and goodput["steps_lost"] == 0
     seconds = goodput["seconds"]

@@ -34,7 +34,8 @@ def test_a_finished_run_resumed_on_another_world_later_is_idle_not_down(tmp_path
     assert abs(evidence["idle_s"] - 413.4) < 0.01
     assert "413.4 s idle" in finding.summary and " down" not in finding.summary
     # on another world the step no longer says where the data resumes: the line a person reads says it
-    assert f"resumed at step 10 (data at {where}) on 2 ranks (was 1)" in finding.summary and finding.summary in said[0]
+    assert f"resumed at step 10 (data at {where}) on 2 ranks (was 1)" in finding.summary
+    assert said == []  # the orchestrator's decision on the finding is its console line (one line an event)
     assert read_goodput(tmp_path)["seconds"]["down"] == 0
     reasoning = restart(finding).reasoning
     assert "ended cleanly (completed)" in reasoning and "launched again" in reasoning
@@ -53,3 +54,44 @@ def test_the_data_position_names_the_epoch_the_row_and_each_mixture_source():
     }
     assert data_position(mix) == "code: epoch 0, row 5 of 80; web: epoch 2, row 0 of 9"
     assert data_position({"prompts": 3}) == ""
+
+
+def test_a_restart_past_a_corrupt_checkpoint_is_said_once_each_and_applied_with_the_data_position(tmp_path):
+    """A session killed at step 12, resumed at step 10 past a corrupt step-12 checkpoint: each event was
+    said twice (the hook's `[resilience]` line, then the decision's `[orchestrator]` line with the same
+    summary); now once, by its decision. The restart decision's applied line names where the data
+    resumes, as its summary does (it said "resumed at step 10 on 1 rank"). With the orchestrator off, the
+    hook's own lines are the only ones, and say both events."""
+    from trimtab.config.orchestrator import OrchestratorConfig
+    from trimtab.orchestrator.core import Orchestrator
+    from trimtab.rundir import write_json
+    from trimtab.training.resume import CORRUPT, FALLBACK
+
+    def resumed(journal: bool, mode: str = "auto") -> tuple[list[str], Orchestrator]:
+        ledger = Ledger(tmp_path)
+        ledger.open(1000.0, 0, 1, 0, 0.0)
+        ledger.step(12, 1.0)
+        ledger.write(force=True)  # no close(): killed
+        refused = [{"checkpoint": "step_000012", "step": 12, "reason": "x/model.safetensors: corrupt", "kept_in": "y"}]
+        (tmp_path / "checkpoints" / CORRUPT).mkdir(parents=True, exist_ok=True)
+        write_json(tmp_path / "checkpoints" / CORRUPT / FALLBACK, {"refused": refused, "resumed_step": 10})
+        orchestrator, said = Orchestrator(OrchestratorConfig(mode=mode), tmp_path / mode), []
+        run = SimpleNamespace(is_main=True, step=10, world=1, say=said.append, data_position="epoch 0, row 320 of 789")
+        run.propose = lambda finding: orchestrator.decide(run, finding)
+        restarts.Resilience(tmp_path, journal=journal).on_train_start(run)
+        return said, orchestrator
+
+    said, orchestrator = resumed(journal=True)
+    assert [line.split(":")[0] for line in said] == [
+        "[orchestrator] step 10 restart",
+        "[orchestrator] step 10 checkpoint_fallback",
+    ]
+    restart_decision = orchestrator.journal.decisions[0]
+    assert "resumed at step 10 (data at epoch 0, row 320 of 789) on 1 rank" in restart_decision.summary
+    assert restart_decision.applied == ["resumed at step 10 (data at epoch 0, row 320 of 789) on 1 rank"]
+    assert orchestrator.journal.decisions[1].applied == ["resumed at step 10 on 1 rank"]  # its summary names no data
+    # advise mode journals a resume as done (it was, before the decision): its one line said "not applied"
+    said, _ = resumed(journal=True, mode="advise")
+    assert len(said) == 2 and not any("not applied" in line for line in said), said
+    said, _ = resumed(journal=False)
+    assert [line.split(" ")[0] for line in said] == ["[resilience]", "[resilience]"] and "corrupt" in said[1]

@@ -9,8 +9,8 @@ two moments: 12 bytes a parameter against 2).
 Each is written into a temporary directory, sealed with a manifest and renamed into place as a
 checkpoint is (checkpoint.install), so a snapshot is whole or absent and `trimtab export` checks
 it as it checks a checkpoint. Retention: the newest `keep`, every `keep_every`-th step's (0: none), and never
-the newest one. The disk rule's stop keeps its last weights the same way, in fp32 where they fit
-(save_last_weights): they are what a new run trains on from.
+the newest one. The disk rule's stop keeps its last weights the same way, in fp32 where they fit (bf16
+weights in bf16: a snapshot never upcasts) (save_last_weights): they are what a new run trains on from.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from trimtab.checkpoint import STEP_DIR, clear_stale, dedup, install, put_back_r
 from trimtab.write_errors import writing
 
 PRECISIONS = {"bf16": torch.bfloat16, "fp32": torch.float32}
+NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 # room left beyond the fp32 tensors: the safetensors header, state.json and the manifest (a few KB), and
 # the other writers of a stopping run (summary.json, the journal, not report.html, which a full disk may refuse)
 FP32_MARGIN = 1 << 20
@@ -33,24 +34,41 @@ FP32_MARGIN = 1 << 20
 
 def fp32_fits(run_dir: Path, weights: dict[str, torch.Tensor]) -> bool:
     """Whether the weights fit in fp32 on the run directory's file system, with FP32_MARGIN to spare."""
-    need = sum(v.numel() * 4 if v.is_floating_point() else v.nbytes for v in dedup(weights).values())
+    need = sum(v.numel() * _kept_dtype(v, torch.float32).itemsize for v in dedup(weights).values())
     return shutil.disk_usage(Path(run_dir)).free >= need + FP32_MARGIN
 
 
 def save_last_weights(
     run_dir: Path, step: int, weights: dict[str, torch.Tensor], state: dict, keep: int, keep_every: int
 ) -> tuple[Path, str]:
-    """The disk rule's stop (checkpointing.py _keep_weights): the trained weights as they are (fp32) when
-    they fit in the space left, a run trained on from them (train.init_from) keeping their precision; else
-    bf16, half the bytes. Returns the snapshot and the wording of its precision for the stop reason."""
+    """The disk rule's stop (checkpointing.py _keep_weights): the trained weights as they are (fp32, or their
+    own narrower dtype such as bf16, never upcast) when they fit in the space left, a run trained on from them
+    (train.init_from) keeping their precision; else bf16, half the bytes. Returns the snapshot and the wording
+    of its precision for the stop reason."""
     if fp32_fits(run_dir, weights):
         try:
-            return save_snapshot(run_dir, step, weights, state, keep, keep_every, "fp32"), "fp32"
+            path = save_snapshot(run_dir, step, weights, state, keep, keep_every, "fp32")
         except OSError:  # the space went to another writer since: bf16 still may fit
             pass
+        else:
+            kept = kept_precision(weights, torch.float32)
+            return path, kept if kept == "fp32" else f"{kept}: the weights' own, none upcast to fp32"
     free = shutil.disk_usage(Path(run_dir)).free / 2**20
     path = save_snapshot(run_dir, step, weights, state, keep, keep_every)
     return path, f"bf16: fp32 did not fit in the {free:.1f} MiB left; a run trained on from it starts rounded"
+
+
+def _kept_dtype(v: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
+    """`dtype` for a floating tensor, unless it is narrower already (bf16 weights in an fp32 snapshot): upcast,
+    it would take twice the bytes and hold no more precision. Other tensors (integer buffers) as they are."""
+    return v.dtype if not v.is_floating_point() or v.element_size() < dtype.itemsize else dtype
+
+
+def kept_precision(weights: dict[str, torch.Tensor], dtype: torch.dtype) -> str:
+    """The floating dtypes a snapshot in `dtype` keeps these weights in, widest first: "fp32", "bf16",
+    "fp32+bf16"; "" for weights without a floating tensor."""
+    kept = {_kept_dtype(v, dtype) for v in weights.values() if v.is_floating_point()}
+    return "+".join(NAMES.get(d, str(d).removeprefix("torch.")) for d in sorted(kept, key=lambda d: -d.itemsize))
 
 
 def snapshot_root(run_dir: Path) -> Path:
@@ -71,8 +89,8 @@ def save_snapshot(
     keep_every: int,
     precision: str = "bf16",
 ) -> Path:
-    """Write snapshot `step` (floating tensors as `precision`, bf16 or fp32; `state`: the run's tokens and
-    MoE / MoD state, as a checkpoint keeps them) atomically, then apply the retention."""
+    """Write snapshot `step` (floating tensors as `precision`, bf16 or fp32, a narrower one as it is; `state`:
+    the run's tokens and MoE / MoD state, as a checkpoint keeps them) atomically, then apply the retention."""
     root = snapshot_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
@@ -80,12 +98,12 @@ def save_snapshot(
     shutil.rmtree(tmp, ignore_errors=True)
     # a tied head is stored once, as in a checkpoint (load_model ties it again)
     dtype = PRECISIONS[precision]
-    lean = {k: v.to(dtype) if v.is_floating_point() else v for k, v in dedup(weights).items()}
+    lean = {k: v.to(_kept_dtype(v, dtype)) for k, v in dedup(weights).items()}
     try:
         with writing(tmp):
             tmp.mkdir()
             save_file(lean, str(tmp / "model.safetensors"))
-            install(tmp, final, {**state, "step": step, "snapshot": precision})
+            install(tmp, final, {**state, "step": step, "snapshot": kept_precision(weights, dtype) or precision})
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

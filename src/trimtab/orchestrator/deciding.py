@@ -103,7 +103,9 @@ class Deciding:
         elif remedy.action == "rerun_step":
             decision.applied = ["the re-run's update applied; the first computation's discarded"]
         elif remedy.action == "resume":
-            decision.applied = [f"resumed at step {remedy.params['step']} on {ranks(remedy.params['world'])}"]
+            data = decision.evidence.get("data_at")  # where the data resumes, as the finding's summary says it
+            where = f" (data at {data})" if data else ""
+            decision.applied = [f"resumed at step {remedy.params['step']}{where} on {ranks(remedy.params['world'])}"]
         elif decision.mode == "auto" and remedy.action != "none":
             if gated:
                 decision.applied = ["update withheld before the optimizer step"]

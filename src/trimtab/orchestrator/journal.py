@@ -52,7 +52,8 @@ class Decision:
     def console_line(self) -> str:
         """e.g. `[orchestrator] step 5000 plateau: loss variance 8e-4 < 1e-3 for 50 steps -> lr x1.5
         (confidence 0.75)`."""
-        tag = "" if self.mode in ("auto", "manual") else f" [{self.mode}: not applied]"
+        # a resume (a restart's, a corrupt checkpoint's) was done before it was decided, in every mode: applied
+        tag = "" if self.mode in ("auto", "manual") or self.applied else f" [{self.mode}: not applied]"
         return (
             f"[orchestrator] step {self.step} {self.rule}: {self.summary} -> {describe(self.action, self.params)} "
             f"(confidence {self.confidence:.2f}){tag}"

@@ -97,20 +97,24 @@ class Resilience(Hook):
                 incident["data_at"] = run.data_position
         incident = broadcast_object(incident)  # every rank's orchestrator journals it alike
         if incident is not None:
-            self.incident, finding = incident, restart_finding(incident, run.step)
-            run.say(f"[resilience] {finding.summary}")
-            if self.journal:
-                run.propose(finding)
+            self.incident = incident
+            self._tell(run, restart_finding(incident, run.step))
         self._fell_back(run)
+
+    def _tell(self, run: RunView, finding: Finding) -> None:
+        """The orchestrator's decision on `finding` is its one console line (`[orchestrator] step N rule:
+        summary -> resume ...`); this hook's own line only where no orchestrator decides (mode off): both
+        said the same event twice."""
+        if self.journal:
+            run.propose(finding)
+        else:
+            run.say(f"[resilience] {finding.summary}")
 
     def _fell_back(self, run: RunView) -> None:
         """Journal the corrupt checkpoints this session's resume passed over (orchestrator/fallbacks.py)."""
         record = broadcast_object(take_fallback(self.run_dir, run.step) if run.is_main else None)
         if record is not None:
-            finding = fallback_finding(record, run.step, run.world)
-            run.say(f"[resilience] {finding.summary}")
-            if self.journal:
-                run.propose(finding)
+            self._tell(run, fallback_finding(record, run.step, run.world))
 
     def on_step_end(self, run: RunView, out: StepOutput) -> None:
         if self.ledger is None:
