@@ -2,6 +2,8 @@
 refused naming the fault and what to inject instead. It was accepted and never fired, unsaid,
 so a run "tested" for the heal had met no fault at all."""
 
+from types import SimpleNamespace
+
 from helpers import trimtab_cli
 
 FAST = ["--set", "log.progress=false", "--set", "log.report=false"]
@@ -13,3 +15,21 @@ def test_rollout_oom_outside_rl_is_refused(tmp_path):
     assert done.returncode == 2, done.stderr[-2000:]
     assert "faults: rollout_oom@1:2 fails RL's generation of rollouts, and this run generates none" in done.stderr
     assert "oom@STEP[:TOKENS]" in done.stderr  # what fails a training step instead
+
+
+def test_rollout_oom_fires_by_the_generating_policys_step_not_the_trainers_now(tmp_path):
+    """Asynchronous RL generates in a thread on a copy of the weights of step `version`: the fault
+    read the trainer's step and evaluation flag as they were when the thread ran, so twin runs
+    (max_staleness 2, rollout_oom@8:8) failed generation at step 8 in one and 9 in the other."""
+    import pytest
+    import torch
+
+    from trimtab.orchestrator.faults import FaultInjector
+
+    injector = FaultInjector(["rollout_oom@8:8"], tmp_path)
+    injector.run = SimpleNamespace(step=20, evaluating=True)  # the trainer's now: read no more
+    injector._maybe_rollout_oom(16, 6, False)  # generates for step 7: before the fault
+    injector._maybe_rollout_oom(16, 7, True)  # an evaluation's pass: never the fault's
+    injector._maybe_rollout_oom(8, 7, False)  # fits
+    with pytest.raises(torch.OutOfMemoryError, match="generating 16 rows at once, more than 8 fit"):
+        injector._maybe_rollout_oom(16, 7, False)  # generates for step 8

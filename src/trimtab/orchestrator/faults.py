@@ -326,12 +326,14 @@ class FaultInjector(Instrument):
                 f"(activation checkpointing {mode}: {tokens:.0f} tokens' worth without it), more than {limit:.0f} fit"
             )
 
-    def _maybe_rollout_oom(self, rows: int) -> None:
+    def _maybe_rollout_oom(self, rows: int, version: int, evaluating: bool) -> None:
         """rollout_oom: a pass of RL's generation (outside evaluations) over more rows than fit,
         before it starts (the trainer's gate: asynchronous rollouts too, in their thread); the
-        step is the one after the trainer's now (rollouts are generated before their step)."""
-        started = [f for f in self.faults if f.kind == "rollout_oom" and self.run.step + 1 >= f.step]
-        if not started or self.run.evaluating:
+        step is the one after the policy's `version` (rollouts are generated before their step).
+        The generation's own version and kind, not the trainer's step and state now: a rollout
+        thread reading those fired at step 8 in one run and 9 in its twin (max_staleness 2)."""
+        started = [f for f in self.faults if f.kind == "rollout_oom" and version + 1 >= f.step]
+        if not started or evaluating:
             return
         fault = max(started, key=lambda f: f.step)
         limits = self.record.setdefault("rollout_oom_limit", {})

@@ -51,9 +51,10 @@ class FaultHandle:
         for group in self._trainer.optimizer.param_groups:
             group["lr"] *= factor
 
-    def gate_rollouts(self, gate: Callable[[int], None]) -> None:
-        """Call gate(rows) before each pass of RL generation, in the thread that generates
-        (asynchronous RL's rollout thread too, on the policy's copies): it may raise, as a
+    def gate_rollouts(self, gate: Callable[[int, int, bool], None]) -> None:
+        """Call gate(rows, version, evaluating) before each pass of RL generation, in the thread
+        that generates (asynchronous RL's rollout thread too, on the policy's copies; `version`
+        the step of the weights generating, `evaluating` an evaluation's pass): it may raise, as a
         generation that does not fit would (rollout_oom)."""
         self._trainer.rollout_gate = gate
 

@@ -156,7 +156,8 @@ class PolicyTraining:
     ) -> list[Rollout]:
         rl = self.cfg.rl
         if self.rollout_gate is not None:  # fault injection (rollout_oom), in the generating thread
-            self.rollout_gate(len(prompts))
+            # an evaluation generates on the trainer's model in its own thread; a rollout thread, on a copy
+            self.rollout_gate(len(prompts), version, self.evaluating and model is self.model)
         generator = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else None
         with self.precision.autocast():  # thread-local: entered in the thread that generates
             return generate(
