@@ -245,8 +245,10 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
     def _gradients(self, batch: StepBatch, clip: float) -> Gradients:
         """The step's gradients in .grad, summed over the ranks, unscaled, clipped to `clip`."""
         routers = RouterStats(self.model, self.device)
-        # per-row losses come out of the fused loss (not a pipeline's stages, not a vocab-sharded head)
-        per_row = self.dist.pipeline is None and not hasattr(self.model.lm_head.weight, "to_local")
+        # per-row losses come out of the fused loss (not a pipeline's stages, not tensor parallelism's vocab-sharded
+        # head); not whether the head's weight is a DTensor: FSDP2's root holds one while resharded (the first step,
+        # and from some step on for good), and the gate judged no row then (bad_batch@6:3: 240 of 544 rows a rank)
+        per_row = self.dist.pipeline is None and self.dist.mesh.tp == 1
         if isinstance(batch, (RolloutBatch, PairBatch)):  # RL, DPO: no likelihood per row; this computation's sums
             per_row = False
             batch.terms.clear()  # (a re-run or an OOM retry computes them again)
