@@ -89,7 +89,8 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
         self.best_checkpoint = -1
         self.reference: Any = None  # the frozen starting policy of rl.kl_coef and DPO (loaded at first use)
         self.behaviour: list[Any] = []  # asynchronous RL's generating copies of the policy (_policy_snapshot)
-        self.rollout_gate: Callable[[int, int, bool], None] | None = None  # a test instrument's (FaultHandle.gate_rollouts)
+        # a test instrument's (FaultHandle.gate_rollouts): rows, the generating weights' step, an evaluation's
+        self.rollout_gate: Callable[[int, int, bool], None] | None = None
         self.check_snapshots()
         self.save_seconds = 0.0  # what the newest save stalled training (goodput, the checkpoint interval)
         self.config_changes: list[dict[str, Any]] = []  # phase lengths a person changed on resume
