@@ -128,3 +128,18 @@ def test_a_session_of_two_that_left_no_rank_record_blames_no_rank_and_says_why(t
     reasoning = restart(finding).reasoning
     assert "collectives failed with it" not in reasoning and "what ended it is not known" in reasoning
     assert Ledger(tmp_path).incidents[-1]["kind"] == "lost_unknown"  # goodput.json's record too
+
+
+def test_the_steps_a_restart_trains_again_are_counted_replayed(tmp_path):
+    """debug, 30 steps, checkpoint.every 5, sigkill@19: the lost session reached step 18, the restart resumed
+    at 15 and trained 16-18 again, and summary.json said steps_replayed 0 (goodput.json counted them redone).
+    A rollback's replay of them is the trainer's count already, not counted twice."""
+    lost_session(tmp_path, world=1)  # reached step 12
+    run = SimpleNamespace(is_main=True, step=10, world=1, say=print, propose=lambda f: None, data_position="")
+    hook = Resilience(tmp_path)
+    hook.on_train_start(run)
+    for step in [*range(11, 16), *range(10, 16)]:  # 11-12 again after the restart; a rollback to 9 at 15
+        hook.on_step_end(run, SimpleNamespace(step=step, seconds=0.01))
+    summary = {"status": "completed", "steps_replayed": 6}  # the trainer's: the rollback's 10-15
+    hook.on_train_end(run, summary)
+    assert (summary["steps_replayed"], summary["steps_replayed_after_restart"]) == (8, 2)

@@ -128,3 +128,14 @@ def test_a_credit_paid_counts_against_the_cap_and_is_credited_again_by_the_next_
     assert rule.credit == total - 60  # every step granted is a credit once the replay trains its step again
     found, total = _steps(rule, 11, 40, total)
     assert [f.evidence["new_total"] for f in found] == [60] and total == 60
+
+
+def test_make_up_line_says_how_many_the_cap_let_it_make_up():
+    """debug, 30 steps, bad_batch@6:3, nan_loss@12 (max_fraction 0.1, cap 3): the line said "4 updates
+    withheld (steps 6-12) -> run length 33 steps", as if all 4 were made up; one stays owed."""
+    rule = MakeUp(MakeUpRule(max_fraction=0.05))  # cap 3 of the 60-step phase
+    (capped,), total = _steps(rule, 1, 20, 60, skipped=(6, 7, 8, 12))
+    assert total == 63 and rule.refused == [12]
+    assert capped.summary.endswith(", 3 made up, 1 stay owed (orchestrator.make_up.max_fraction=0.05 reached)")
+    (whole,), _ = _steps(MakeUp(MakeUpRule()), 1, 20, 60, skipped=(6, 7, 8, 12))
+    assert whole.summary == "4 updates withheld (steps 6-12)"  # all made up: nothing more to say

@@ -185,7 +185,7 @@ def _warn_if_past_the_end(fault: Fault, key: str, cfg: RunConfig) -> None:
 
 def _print_summary(summary: dict) -> None:
     replayed = summary.get("steps_replayed", 0)  # a start-up stop's summary has none
-    again = f", {replayed} of them again after a rollback" if replayed else ""
+    again = f", {replayed} of them again after a rollback or a restart" if replayed else ""
     lines = [
         f"{summary['status']}: step {summary['step']}/{summary['total_steps']} "
         f"({summary['steps_this_session']} this session{again}, {summary['seconds']:.0f}s), "

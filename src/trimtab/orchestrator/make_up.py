@@ -91,8 +91,19 @@ class MakeUp:
         }
         where = f"step {owed[0]}" if len(owed) == 1 else f"steps {owed[0]}-{owed[-1]}"
         summary = f"{len(owed)} update{'s' if len(owed) > 1 else ''} withheld ({where})"
+        summary += self._capped(len(owed), paid + extend)
         return Finding(
             rule=self.rule, family=self.family, step=m.step, evidence=evidence, summary=summary, strength=1.0
+        )
+
+    def _capped(self, withheld: int, made: int) -> str:
+        """What the cap left unmade, for the console line: "4 updates withheld -> run length 33 steps"
+        read as all 4 made up when max_fraction allowed 3 (the action says the length, not the count)."""
+        if made >= withheld:
+            return ""
+        return (
+            f", {made} made up, {withheld - made} stay owed "
+            f"(orchestrator.make_up.max_fraction={self.cfg.max_fraction:g} reached)"
         )
 
     def _give_back(self, step: int, total: int, configured: int) -> Finding | None:

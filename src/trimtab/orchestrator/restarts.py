@@ -69,12 +69,16 @@ class Resilience(Hook):
         self.last_end = 0.0  # wall time the previous step ended (the process start before the first)
         self.pending = {"checkpoint": 0.0, "evaluation": 0.0}  # between two steps
         self.steps = 0  # this session's
+        self.reached = 0  # the furthest step an earlier session trained (rank 0: the ledger's)
+        self.furthest = 0  # this session's furthest step, from its resumed one (a rollback before it: the trainer's)
+        self.retrained = 0  # steps this session trained first at a position an earlier session reached
         # before the loggers drop the lines a lost session logged past its checkpoint (rank 0 reads)
         self.logged = last_logged_step(self.run_dir) if is_main() else 0
 
     def on_train_start(self, run: RunView) -> None:
         started = process_started()
         self.last_end = started
+        self.furthest = run.step
         incident = None
         if run.is_main:
             self.ledger = Ledger(self.run_dir)
@@ -84,6 +88,7 @@ class Resilience(Hook):
             if previous is not None and previous.get("end") is None:
                 previous["step"] = max(previous["step"], step)
                 self.ledger.high = max(self.ledger.high, step)
+            self.reached = self.ledger.high
             incident = self.ledger.open(started, run.step, run.world, restart_count(), life)
             if incident is not None:
                 incident.update(
@@ -126,6 +131,9 @@ class Resilience(Hook):
         self.ledger.add("evaluation", evaluation)
         rest = max(0.0, between - checkpoint - evaluation)
         first, self.steps = not self.steps, self.steps + 1
+        # a rollback's replays are the trainer's steps_replayed already: only this session's new furthest counts
+        self.retrained += int(self.furthest < out.step <= self.reached)
+        self.furthest = max(self.furthest, out.step)
         self.ledger.add("start_up" if first else "other", rest)
         if first and self.incident is not None and self.incident["kind"] != "resized":  # a ledger incident
             incident = self.ledger.incidents[-1]
@@ -156,6 +164,15 @@ class Resilience(Hook):
         self.pending = {"checkpoint": 0.0, "evaluation": 0.0}
         self.ledger.close(summary["status"])
         summary["goodput"] = self.ledger.summary()
+        self._retrained(summary)
+
+    def _retrained(self, summary: dict[str, Any]) -> None:
+        """The steps a restart trained again (from its checkpoint up to where the lost session got) are
+        replayed steps as a rollback's are: summary.json said `steps_replayed: 0` after a kill at step 19
+        resumed from step 15, its steps 16-18 trained twice (goodput.json counted them `redone`)."""
+        if "steps_replayed" in summary:  # a start-up stop's summary has none
+            summary["steps_replayed"] += self.retrained
+            summary["steps_replayed_after_restart"] = self.retrained
 
 
 def restart_finding(incident: dict[str, Any], step: int) -> Finding:

@@ -81,7 +81,8 @@ def run_summary(trainer: Trainer, step0: int, tokens0: int, train_seconds0: floa
         "total_steps": trainer.total_steps,
         "tokens": trainer.state.tokens,
         "steps_this_session": trainer.state.step - step0 + rewound.steps,
-        "steps_replayed": rewound.replayed(trainer.state.step),  # of those: trained again after a rollback
+        # of those: trained again after a rollback (a restart's: orchestrator/restarts.py adds them)
+        "steps_replayed": rewound.replayed(trainer.state.step),
         "seconds": time.perf_counter() - wall0,
         "tokens_per_s": tps,
         "params": trainer.sizes["params"],
