@@ -1370,7 +1370,7 @@ def test_a_nan_entropy_is_no_collapse():
     course = [(2.0, 0.1), (nan, 0.0), (2.0, 0.1), (nan, 0.0), (nan, nan), (1.9, 0.1), (nan, 0.0), (nan, 0.0)]
     found = [mon.observe(metrics(i + 1, rl={"entropy": e, "reward": r})) for i, (e, r) in enumerate(course)]
     assert found == [None] * 8
-    assert mon.start == [2.0, 2.0]  # the finite steps alone
+    assert mon.start == [2.0]  # the starting policy's finite step alone (step 1: synchronous RL)
     collapse = [mon.observe(metrics(9 + i, rl={"entropy": 0.1, "reward": 0.1})) for i in range(2)]
     assert collapse[0] is None and collapse[1].evidence["entropy"] == pytest.approx(0.1)  # a real one is found
 

@@ -33,3 +33,29 @@ def test_rollout_oom_fires_by_the_generating_policys_step_not_the_trainers_now(t
     injector._maybe_rollout_oom(8, 7, False)  # fits
     with pytest.raises(torch.OutOfMemoryError, match="generating 16 rows at once, more than 8 fit"):
         injector._maybe_rollout_oom(16, 7, False)  # generates for step 8
+
+
+def test_grad_spike_waits_for_a_step_with_a_gradient(tmp_path):
+    """grad_spike@S at an RL step whose groups were all flat (zero advantage, zero gradient: x1000 is 0) was recorded
+    as fired and the run read healthy; it is taken back, said once, and fires at the next step with a gradient."""
+    import json
+
+    import torch
+
+    from trimtab.orchestrator.faults import FaultInjector
+
+    injector = FaultInjector(["grad_spike@3"], tmp_path)
+    said: list[str] = []
+    run, batch = SimpleNamespace(step=2, say=said.append), SimpleNamespace(rows=[])
+    for step, norm in ((2, 0.0), (3, 0.0), (4, 0.5)):  # steps 3 and 4 flat, step 5 with a gradient
+        run.step = step
+        injector.on_step_start(run, batch)
+        assert injector._fire_grad is not None and injector._fire_grad.spec == "grad_spike@3"
+        grad = injector._maybe_bad_grad(torch.full((4,), norm))
+        injector.on_step_end(run, SimpleNamespace(grad_norm=grad.norm()))
+    assert grad.tolist() == [500.0] * 4  # step 5's gradient was multiplied
+    run.step = 5
+    injector.on_step_start(run, batch)
+    assert injector._fire_grad is None  # spent: once
+    assert json.loads((tmp_path / "faults.json").read_text())["fired"] == {"grad_spike@3": 1}
+    assert len(said) == 1 and "step 3's gradient was zero" in said[0] and "nothing to multiply" in said[0]

@@ -16,7 +16,7 @@ from trimtab.errors import ConfigError
 from trimtab.model import Transformer
 from trimtab.orchestrator.journal import Journal
 from trimtab.orchestrator.outcomes import Outcomes
-from trimtab.rl.reference import load_reference
+from trimtab.rl.reference import check_reference, load_reference
 
 FLAT = {"flat_groups": 0.9, "solved_groups": 0.0, "reward": 0.02}  # an RL step's figures (RolloutBatch.health)
 
@@ -54,3 +54,16 @@ def test_a_damaged_kl_reference_is_refused_naming_the_key_and_the_way_on(tmp_pat
     (path / "model.safetensors").write_bytes((path / "model.safetensors").read_bytes()[:1000])
     with pytest.raises(ConfigError, match=r"rl\.kl_coef: .*step-0 checkpoint, is damaged .*rl\.kl_coef=0"):
         load_reference(cfg, tmp_path, torch.device("cpu"))
+
+
+def test_a_truncated_kl_reference_is_refused_before_the_resume_journals(tmp_path):
+    """A resume's check of the reference (check_reference, before config.yaml is rewritten and the change journaled)
+    looked only for the step-0 directory: a truncated model.safetensors passed it and stopped the run at the first
+    step. The manifest's sizes are read there now; the full hash stays with the load."""
+    cfg = load_config(preset="debug", sets=["model.vocab_size=64", "model.n_layers=1", "rl.kl_coef=0.1"])
+    cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, enabled=True), out=str(tmp_path))
+    path = save_checkpoint(tmp_path, 0, Transformer(cfg.model).state_dict(), {}, {}, keep=1)
+    check_reference(cfg)  # whole: passes
+    (path / "model.safetensors").write_bytes((path / "model.safetensors").read_bytes()[:1000])
+    with pytest.raises(ConfigError, match=r"rl\.kl_coef: .*is damaged .*model\.safetensors: 1000 bytes.*rl\.kl_coef=0"):
+        check_reference(cfg)

@@ -60,7 +60,7 @@ class RLVerifierRule(Section):
 @dataclass
 class RLEntropyRule(Section):
     """RL's entropy (`trimtab rl`, docs/rl.md): when the sampled tokens' mean entropy over
-    `window` steps falls below `threshold` x its mean over the phase's first `window` steps while
+    `window` steps falls below `threshold` x the starting policy's (its steps, as rl_signal's) while
     the mean reward stays under `solved` (a solved task may well be answered one way), the policy
     is collapsing onto few answers before it has learned the task: exploration ends and the
     gradient with it (DAPO, Yu et al. 2025, sec. 3.1). Remedy: an entropy bonus in the objective

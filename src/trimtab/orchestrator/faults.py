@@ -22,7 +22,8 @@ A spec's syntax (KINDS, each PARAM's default, the checks) is orchestrator/fault_
                             parallelism a rank without the last stage (where the loss is) makes its own
                             stages' output NaN instead, which the stages after it carry to the loss
     inf_grad@S              the gradients hold +inf
-    grad_spike@S:F          every gradient is multiplied by F (default 1000)
+    grad_spike@S:F          every gradient is multiplied by F (default 1000), at the first step from S
+                            whose gradient is not all zero (an RL step of flat groups has none to multiply)
     bad_batch@S[:N]         the rows of N steps (default 1) turn to garbage tokens, wherever they recur
     bad_rows@S[:N]          a quarter of the rows of N steps (default 4) turn to garbage, the rest stay
                             clean: what the orchestrator's data attribution must tell apart
@@ -131,6 +132,7 @@ class FaultInjector(Instrument):
         self._forward_t0 = 0.0  # when the forward now running began (slow_rank)
         self.run: RunView | None = None
         self._save_failed = False  # a write of faults.json failed: said once, retried at each firing
+        self._deferred: set[str] = set()  # grad_spike specs whose step had a zero gradient: said once each
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -287,7 +289,24 @@ class FaultInjector(Instrument):
             self.handle.reload_rows(batch, set(self.record["poisoned"]))
 
     def on_step_end(self, run: RunView, out: StepOutput) -> None:
+        fault = self._fire_grad
+        if fault is not None and fault.kind == "grad_spike" and not float(out.grad_norm):
+            self._defer(run, fault)
         self._fire_nan = self._fire_grad = None  # the step ran: its faults are spent
+
+    def _defer(self, run: RunView, fault: Fault) -> None:
+        """grad_spike at a step whose gradient was zero (the pre-clip global norm: an RL step whose groups were all
+        flat has no advantage) multiplied nothing: its firing is taken back, so it fires at the next step with a
+        gradient, as grad_bitflip waits for an element to flip. It was recorded as fired and the run read healthy,
+        so a run "tested" for the heal had met no fault."""
+        self.record["fired"][fault.spec] -= 1
+        self._save()
+        if fault.spec not in self._deferred:
+            self._deferred.add(fault.spec)
+            run.say(
+                f"faults: {fault.spec}: step {self.step}'s gradient was zero (in RL: every group flat), nothing to "
+                "multiply; it fires at the next step with a gradient"
+            )
 
     def _add_noise(self, scale: float) -> None:
         generator = torch.Generator().manual_seed(self.step)  # the same noise on every rank

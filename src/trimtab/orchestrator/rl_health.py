@@ -27,7 +27,14 @@ from typing import Any
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, Rolling, StepMetrics
 from trimtab.orchestrator.rl_reward import SCORE, _mean
-from trimtab.orchestrator.rl_stats import answered_groups, collapse_z, group_size, poisoned
+from trimtab.orchestrator.rl_stats import (
+    answered_groups,
+    collapse_z,
+    group_size,
+    poisoned,
+    start_splits,
+    starting_policys,
+)
 
 
 class NoLearningSignal(Monitor):
@@ -158,9 +165,7 @@ class NoLearningSignal(Monitor):
             self.steps = len(self.start) + len(self.recent)
         if self.first is None:
             self.first = step - self.steps
-        # the starting policy's rollouts, as rule rl_reward takes its start (RewardFall._starting): synchronously the
-        # first step alone, rl.max_staleness eta: the first eta + 1
-        own = self.own == self.steps < self.start_steps and step - rl.get("staleness", 0.0) < self.first + 0.5
+        own = starting_policys(self.own, self.steps, self.start_steps, step, self.first, rl.get("staleness", 0.0))
         self.own, self.steps = self.own + own, self.steps + 1
         if rl.get("score_n"):
             seen = [*(rl[k] for k in SCORE), rl["reward"], group_size(rl), answered_groups(rl)]
@@ -172,16 +177,8 @@ class NoLearningSignal(Monitor):
             self.entropy.add(rl["entropy"])
 
     def _splits(self, first: list[Any], last: list[Any]) -> list[tuple[list[Any], list[Any]]]:
-        """Starts and the steps after each, parted at cuts fixed by the step count, never by the scores (which would
-        pick the start that reads a fall): the starting policy's steps (`own`: never a collapse's, but few), and the
-        phase's steps before the last `window`, up to `window` of them (more, but a collapse inside them dilutes
-        them). The start was the phase's first `window` steps alone, read once the next `window` had come: a collapse
-        inside it was its own baseline (5 of 64 right a step, 0 from step 3: recognised at step 10 at z 2.1, from
-        step 2 never; the rule warmed the broken policy's sampling at step 5)."""
-        own = max(self.own, 1)
-        cuts = sorted({own, max(own, min(self.cfg.window, self.steps - self.cfg.window))})
-        parts = [(first[: min(cut, len(first))], min(len(last), self.steps - cut)) for cut in cuts]
-        return [(start, last[len(last) - after :]) for start, after in parts if start and after > 0]
+        """The starts and the steps after each (rl_stats.start_splits)."""
+        return start_splits(first, last, self.own, self.steps, self.cfg.window)
 
     def _collapsed(self) -> dict[str, list[float]]:
         """Why the groups read flat because the policy collapsed (every response fails), not because they are uniform
@@ -212,16 +209,24 @@ class NoLearningSignal(Monitor):
 
 
 class EntropyCollapse(Monitor):
-    """The sampled tokens' entropy over `window` steps against the phase's first `window` steps
-    (the starting policy's): below `threshold` x that while the reward is under `solved`, the
-    policy has stopped exploring before it has learned. Evidence: both entropies, the reward."""
+    """The sampled tokens' entropy over `window` steps against the starting policy's (the steps whose rollouts it
+    drew, as rule rl_signal takes its start: rl_stats.start_splits): below `threshold` x that while the reward is
+    under `solved`, the policy has stopped exploring before it has learned. Evidence: both entropies, the reward.
+    The start was the phase's first `window` steps: a collapse inside them was its own baseline (simulated, 2.0 ->
+    0.2 nats at step 2: never found; now at step 6, the first full window after the start)."""
 
     rule, family = "rl_entropy", "rl"
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.rl_entropy
-        self.start: list[float] = []  # the phase's first window of entropies
+        self.start_steps = cfg.rl_reward.start_steps
+        self.first: int | None = None  # the phase's first step
+        self.own, self.steps = 0, 0  # the starting policy's steps, the steps seen
+        self.start: list[float] = []  # the starting policy's entropies
         self.window: list[tuple[float, float]] = []  # (entropy, reward) of the last steps
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in super().state_dict().items() if k != "start_steps"}  # config, not state
 
     def observe(self, m: StepMetrics) -> Finding | None:
         rl, rule = m.rl or {}, self.cfg
@@ -229,14 +234,13 @@ class EntropyCollapse(Monitor):
         # compared as no higher than the start's and turned the bonus on (weights_nan@17, kept after the rollback)
         if rl.get("entropy") is None or poisoned(rl):
             return None
-        if len(self.start) < rule.window:
-            self.start.append(rl["entropy"])
+        self._see(m.step, rl)
+        parts = start_splits(self.start, self.window, self.own, self.steps, rule.window)[:1]  # the starting policy's
+        if not parts or len(parts[0][1]) < rule.window:
             return None
-        self.window = [*self.window, (rl["entropy"], rl["reward"])][-rule.window :]
-        entropy = sum(e for e, _ in self.window) / len(self.window)
-        reward = sum(r for _, r in self.window) / len(self.window)
-        start = sum(self.start) / len(self.start)
-        if len(self.window) < rule.window or entropy >= rule.threshold * start or reward >= rule.solved:
+        start = sum(parts[0][0]) / len(parts[0][0])
+        entropy, reward = (sum(column) / rule.window for column in zip(*parts[0][1]))
+        if entropy >= rule.threshold * start or reward >= rule.solved:
             return None
         self.window = []  # a fresh window after the remedy
         evidence = {"entropy": entropy, "start_entropy": start, "reward": reward, "window": rule.window}
@@ -247,6 +251,17 @@ class EntropyCollapse(Monitor):
         )
         strength = 0.5 + 0.5 * (1 - entropy / max(rule.threshold * start, 1e-12))
         return self.finding(m, evidence, summary, min(1.0, strength))
+
+    def _see(self, step: int, rl: dict[str, Any]) -> None:
+        """The step's entropy: into the start while the starting policy drew the rollouts, and the last window."""
+        if not self.steps and self.start:  # an older state: its start was the phase's first window
+            self.own, self.steps = len(self.start), len(self.start) + len(self.window)
+        if self.first is None:
+            self.first = step - self.steps
+        own = starting_policys(self.own, self.steps, self.start_steps, step, self.first, rl.get("staleness", 0.0))
+        self.own, self.steps = self.own + own, self.steps + 1
+        self.start = [*self.start, rl["entropy"]] if own else self.start
+        self.window = [*self.window, (rl["entropy"], rl["reward"])][-self.cfg.window :]
 
 
 class LengthRunaway(Monitor):

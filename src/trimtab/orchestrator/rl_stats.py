@@ -65,6 +65,28 @@ def group_size(rl: dict[str, Any]) -> int:
     return size if whole and 0 <= score <= n else 0
 
 
+def starting_policys(own: int, steps: int, start_steps: int, step: int, first: int, staleness: float) -> bool:
+    """Whether this step's rollouts are the starting policy's (`own` of the phase's `steps` seen so far were; `first`
+    the phase's first step), as rule rl_reward takes its start (RewardFall._starting): synchronously the first step
+    alone, rl.max_staleness eta: the first eta + 1, at most `start_steps`."""
+    return own == steps < start_steps and step - staleness < first + 0.5
+
+
+def start_splits(
+    first: list[Any], last: list[Any], own: int, steps: int, window: int
+) -> list[tuple[list[Any], list[Any]]]:
+    """Starts and the steps after each (`first`: the phase's first steps' readings, `last`: its last `window`), parted
+    at cuts fixed by the step count, never by the scores (which would pick the start that reads a fall): the starting
+    policy's `own` steps (never a collapse's, but few), and the phase's steps before the last `window`, up to `window`
+    of them (more, but a collapse inside them dilutes them). A start of the phase's first `window` steps alone made a
+    collapse inside it its own baseline (rule rl_signal: 5 of 64 right a step, 0 from step 3: recognised at step 10
+    at z 2.1, from step 2 never)."""
+    own = max(own, 1)
+    cuts = sorted({own, max(own, min(window, steps - window))})
+    parts = [(first[: min(cut, len(first))], min(len(last), steps - cut)) for cut in cuts]
+    return [(start, last[len(last) - after :]) for start, after in parts if start and after > 0]
+
+
 def fall_test(start: list[list[float]], window: list[list[float]]) -> Fall:
     """Welch's t of the start's mean group score over the window's, steps of [groups, sum, sum of
     squares, reward, group size (0: not 0/1)]; the variances bounded at the pooled rate for 0/1 rewards."""

@@ -12,6 +12,7 @@ Shape legend: B rows, T positions, V vocabulary.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -37,7 +38,30 @@ def check_reference(cfg: RunConfig) -> None:
     rewritten, and then failed."""
     key = reference_key(cfg)
     if key is not None:
-        reference_path(cfg.run_dir, key)
+        check_sizes(reference_path(cfg.run_dir, key), key)
+
+
+def check_sizes(path: Path, key: str) -> None:
+    """The reference's files are there at the sizes its manifest says (state.json), or ConfigError naming `key`
+    and the way on: the cheap part of checkpoint.verify, which reads every byte (its sha256) when the reference
+    loads at the first step. A truncated or missing file is found before the resume journals its changes; a
+    flipped byte of the right size still only at the first step (hashing gigabytes here would double the read)."""
+    try:
+        manifest = json.loads((path / "state.json").read_text())["manifest"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"{key}: the reference policy's {path / 'state.json'} is unreadable ({exc}); "
+            + _way_on(path.parent.parent, key)
+        ) from None
+    for name, entry in manifest.items():
+        file, expected = path / name, entry.get("bytes") if isinstance(entry, dict) else None
+        size = file.stat().st_size if file.is_file() else None
+        if expected is not None and size != expected:
+            found = "missing" if size is None else f"{size} bytes, the manifest says {expected}"
+            raise ConfigError(
+                f"{key}: the reference policy, the run's step-0 checkpoint, is damaged ({file}: {found}); restore "
+                f"{path} from a copy, or {_way_on(path.parent.parent, key)}"
+            )
 
 
 def reference_path(run_dir: Path, key: str) -> Path:
