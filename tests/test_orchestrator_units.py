@@ -1425,7 +1425,7 @@ def test_responses_grown_into_the_budget_get_the_soft_penalty_a_wider_one_a_roll
 def test_a_held_out_reward_falling_as_the_training_reward_rises_rolls_back_to_the_best_then_stops():
     """rl_hacking: judged at evaluations, against the best held-out reward and the training
     reward at it; a fall inside `drop`, or with the training reward flat, is not counted."""
-    from trimtab.orchestrator.rl_health import RewardHacking
+    from trimtab.orchestrator.rl_held_out import RewardHacking
     from trimtab.orchestrator.rl_remedies import remedy
 
     cfg = OrchestratorConfig()

@@ -5,7 +5,7 @@ every reading in control, and a reading had to stand 2 standard errors below it 
 dragged the baseline down with it (found 0.18 below where it began)."""
 
 from trimtab.config.orchestrator import OrchestratorConfig
-from trimtab.orchestrator.rl_health import RewardHacking
+from trimtab.orchestrator.rl_held_out import RewardHacking
 
 
 def first_fall(solved: list[int], n: int = 100) -> tuple[int, dict] | None:

@@ -11,7 +11,7 @@ import torch
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.core import Orchestrator
 from trimtab.orchestrator.monitors import StepMetrics
-from trimtab.orchestrator.rl_health import RewardHacking
+from trimtab.orchestrator.rl_held_out import RewardHacking
 from trimtab.orchestrator.rl_remedies import remedy
 
 
@@ -59,7 +59,7 @@ def test_held_out_noise_and_a_held_out_reward_flat_at_zero_are_no_fall(solved: l
 
 
 def test_a_fall_inside_the_minimum_or_the_noise_is_not_counted() -> None:
-    from trimtab.orchestrator.rl_health import count_fall
+    from trimtab.orchestrator.rl_stats import count_fall
 
     assert count_fall(0, 100, 0, 100) == 0.0 and count_fall(14, 100, 14, 100) == 0.0
     cfg = OrchestratorConfig()

@@ -35,7 +35,7 @@ from trimtab.orchestrator.outliers import OutlierRows, all_gated, gate_finding, 
 from trimtab.orchestrator.people import PersonCommands
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.replicas import Replicas, unchecked
-from trimtab.orchestrator.rl_health import held_out_counts
+from trimtab.orchestrator.rl_held_out import held_out_counts
 from trimtab.orchestrator.rl_stats import nan_weights
 from trimtab.orchestrator.rules import MONITORS, build_monitors
 from trimtab.orchestrator.saves import SaveGuard

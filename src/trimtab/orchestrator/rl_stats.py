@@ -193,3 +193,13 @@ def _beta_fraction(a: float, b: float, x: float) -> float:
 def _away(value: float) -> float:
     """Lentz's guard against a zero denominator."""
     return value if abs(value) > TINY else TINY
+
+
+def count_fall(k1: int, n1: int, k2: int, n2: int) -> float:
+    """The z of a fall from k1 of n1 to k2 of n2 solved: the two-proportion score test, its standard error at
+    the pooled rate (the rate the two share if nothing fell; Agresti, Categorical Data Analysis, 3.1.3);
+    0 where the pooled rate is 0 or 1 (no variance: nothing solved, or everything, in both)."""
+    pooled = (k1 + k2) / (n1 + n2)
+    if pooled <= 0 or pooled >= 1:
+        return 0.0
+    return (k1 / n1 - k2 / n2) / math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))

@@ -13,8 +13,8 @@ from trimtab.orchestrator.rl_health import (
     LengthRunaway,
     NoLearningSignal,
     OffPolicy,
-    RewardHacking,
 )
+from trimtab.orchestrator.rl_held_out import RewardHacking
 from trimtab.orchestrator.rl_reward import RewardFall
 from trimtab.orchestrator.rl_verifier import VerifierFailures
 from trimtab.orchestrator.trends import AboveStart, Plateau
