@@ -134,6 +134,34 @@ def test_a_quarter_of_a_step_garbage_early_in_training_is_named_while_the_loss_f
     assert all(rule.observe(step(n, {})) is None for n in range(22, 30))
 
 
+def test_thin_garbage_early_in_a_mixture_is_named_from_each_sources_level_within_its_step():
+    """A mixture's rows were measured against their source's last 512 raw losses: while the loss falls
+    ~0.08 nats a step, a bar ~2.4 nats over the step's rows (debug, email at 0.5 beside json,
+    bad_rows@20, seeds 1-3: 0 of ~30 garbage rows named). Each row is now measured from its source's
+    level within the step: a source with enough rows there its median, a thin one (b, 4-6 rows a
+    step, 1 nat harder) its last level moved by the step's trend. The garbage of both, 1.7-2.0 nats
+    over its source's level, blames the step; no clean row is named before or after."""
+    rule, rng = OutlierRows(OrchestratorConfig()), random.Random(0)
+
+    def step(n: int, special: dict[int, tuple[str, float]]) -> StepMetrics:
+        base, thin = 6.6 - 0.08 * n, 4 + n % 3  # the mix moves: b's share of the step's 32 rows
+        parts = {n * 100 + i: "b" if i < thin else "a" for i in range(32 - len(special))}
+        parts |= {r: p for r, (p, _) in special.items()}
+        level = {"a": base, "b": base + 1.0}
+        losses = {r: (level[p] + rng.gauss(0, 0.12), 64) for r, p in parts.items()}
+        losses |= {r: (level[p] + gap, 64) for r, (p, gap) in special.items()}
+        return StepMetrics(step=n, loss=base, grad_norm=1.0, rows=list(losses), row_losses=losses, row_parts=parts)
+
+    named = [f.evidence["rows"] for n in range(1, 40) if (f := rule.observe(step(n, {}))) is not None]
+    garbage = {10_000 + i: ("a", 1.7 + 0.05 * i) for i in range(5)} | {10_010: ("b", 1.9), 10_011: ("b", 2.0)}
+    f = rule.observe(step(40, garbage))
+    assert named == [] and f is not None and f.evidence["blamed"] and f.evidence["rows"] == sorted(garbage)
+    assert all(rule.observe(step(n, {})) is None for n in range(41, 50)) and not rule.suspects
+    restored = OutlierRows(OrchestratorConfig())  # a source's level resumes with its reference
+    restored.load_state_dict(json.loads(json.dumps(rule.state_dict())))
+    assert restored.part_levels == rule.part_levels and list(restored.levels) == list(rule.levels)
+
+
 def test_its_state_is_json_and_resumes_the_same():
     rule, data = OutlierRows(OrchestratorConfig()), Data()
     for _ in range(5):
