@@ -92,3 +92,20 @@ def test_a_default_that_moved_is_not_journaled_as_a_persons_change(tmp_path):
     assert "default changed" in reasoning and "set it again to keep it" in reasoning
     assert journal_text(by_key["optim.lr"], 30)[1].startswith("changed in the config by a person")
     assert "(this version's default)" in changes_line(changes, 30)
+
+
+def test_a_run_whose_every_checkpoint_is_corrupt_is_not_called_untrained(tmp_path):
+    """merge, export, eval and generate load through api.load_run: "train it first" misled (soak16)."""
+    from trimtab.api import load_run
+    from trimtab.errors import CheckpointError
+
+    run = tmp_path / "r"
+    run.mkdir()
+    dump_config(tiny_cfg(run, steps=2), run / "config.yaml")
+    for step in (1, 2):  # saved, then damaged: weights without the manifest that vouches for them
+        ckpt = run / "checkpoints" / f"step_{step:06d}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(CheckpointError, match=r"all 2 checkpoints under .*checkpoints are corrupt") as err:
+        load_run(run)
+    assert "train it first" not in str(err.value)

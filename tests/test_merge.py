@@ -407,3 +407,24 @@ def test_merging_or_averaging_runs_of_a_hugging_face_model_keeps_its_class_ids_a
         assert json.loads((out / "generation_config.json").read_text()) == ids
         card = (out / "README.md").read_text()  # what it is made of, not the first input's data
         assert "- merged: linear of `" in card or "- merged: the average of checkpoints 0 of `" in card
+
+
+def test_an_input_holding_nan_is_refused_naming_it_and_its_tensor(runs, tmp_path, monkeypatch):
+    """A Hugging Face file damaged past its header loads (no checksum): its NaN made a merge of perplexity nan."""
+    import importlib
+
+    module = importlib.import_module("trimtab.merge.merge")
+    read, damaged = module.load_run_at, str(runs / "ft2")
+
+    def load_damaged(path):
+        cfg, model, tok, step = read(path)
+        if path == damaged:
+            with torch.no_grad():
+                model.state_dict()["tok_emb.weight"][0, :3] = float("nan")
+        return cfg, model, tok, step
+
+    monkeypatch.setattr(module, "load_run_at", load_damaged)
+    recipe = {"merge_method": "linear", "models": [{"model": str(runs / "ft1")}, {"model": damaged}]}
+    with pytest.raises(CheckpointError, match=rf"{re.escape(damaged)}: tensor 'tok_emb.weight' holds 3 non-finite"):
+        merge(recipe, tmp_path / "merged")
+    assert not (tmp_path / "merged" / "config.yaml").exists()

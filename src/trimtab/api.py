@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab import hf
-from trimtab.checkpoint import latest_valid, local_run
+from trimtab.checkpoint import latest_valid, list_checkpoints, local_run
 from trimtab.checkpoint_load import load_model
 from trimtab.config import DataConfig, RunConfig, derive, load_config, read_saved, resolve, set_changes
 from trimtab.data import TextTokenizer
@@ -219,7 +219,7 @@ def load_run_at(
     cfg = derive(cfg, set_changes(sets)) if sets else cfg
     found = latest_valid(run_dir)  # a corrupt newer one is said there, with the one used: once, not again here
     if found is None:
-        raise CheckpointError(f"'{run_dir}' has no valid checkpoint yet; train it first")
+        raise CheckpointError(_no_checkpoint(run_dir))
     model = build_model(cfg.model)
     load_model(model, found[0], verified=True)
     tok = TextTokenizer.load(run_dir / "tokenizer.json", key="the run's tokenizer")
@@ -266,3 +266,15 @@ def generate(
         vocab=tok.id_limit,  # a head padded past the tokenizer: those ids have no text
     )
     return tok.decode(new)
+
+
+def _no_checkpoint(run_dir: Path) -> str:
+    """Why `run_dir` has nothing to load: never checkpointed, or every checkpoint corrupt (each
+    named in a warning above); "train it first" misled the latter into retraining blind."""
+    saved = list_checkpoints(run_dir)
+    if not saved:
+        return f"'{run_dir}' has no valid checkpoint yet; train it first"
+    return (
+        f"'{run_dir}': all {len(saved)} checkpoints under {saved[0].parent} are corrupt (each named in a warning "
+        "above); restore one from a backup or the run's remote storage, or train the run again"
+    )

@@ -65,6 +65,8 @@ def merge(recipe: str | Path | dict[str, Any], out: str | Path) -> Path:
     _same_structure(models)
     _same_function({path: (m, t) for path, (_, m, t, _) in loaded.items()})
     states = {path: m.state_dict() for path, m in models.items()}
+    for path, state in states.items():
+        _check_finite(path, state, where)
     tied = {"lm_head.weight"} if cfg.model.tie_embeddings else set()  # merged once, as tok_emb
     names = [name for name in states[order[0]] if name not in tied]
     merged: dict[str, torch.Tensor] = {}
@@ -141,6 +143,7 @@ def average(run_dir: str | Path, last: int, out: str | Path) -> Path:
         weights = upgrade_weights(weights, cfg.model)
         states.append(state)
         _same_routing(path, state, valid[0], states[0])
+        _check_finite(path, weights, f"--method average of {run_dir}")
         for name, tensor in weights.items():
             if name in total and total[name].shape != tensor.shape:
                 raise CheckpointError(
@@ -274,6 +277,19 @@ def _verified(run_dir: Path) -> tuple[list[Path], list[tuple[Path, CheckpointErr
         except CheckpointError as exc:
             corrupt.append((path, exc))
     return found, corrupt
+
+
+def _check_finite(path: str | Path, state: dict[str, torch.Tensor], where: str) -> None:
+    """Refuse an input holding NaN or inf: every method mixes it into the output tensor (a linear merge with a
+    Hugging Face file whose bytes were damaged past its header evaluated to perplexity nan), and the file
+    formats carry no checksum of their own to catch it."""
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise CheckpointError(
+                f"{where}: {path}: tensor '{name}' holds {bad} non-finite value(s) of {tensor.numel()}: the input is "
+                "damaged or was saved diverged; merge another checkpoint of it, or download or export it again"
+            )
 
 
 def _same_structure(models: dict[str, Transformer]) -> None:
