@@ -3,6 +3,7 @@
 screen's threshold falls under where random bytes pack; `data prepare` named 0 of 36 random Latin-1
 documents of such a corpus."""
 
+import base64
 import json
 import logging
 import random
@@ -12,6 +13,8 @@ from test_quality import ARABIC, GREEK, RUSSIAN, clean_documents, prepared_lines
 from test_quality_languages import LANGUAGES
 from trimtab.data import junk, quality
 from trimtab.data.prepare import Options, prepare
+
+KEPT = "kept; --garbage-filter drop leaves them out"
 
 
 def latin1(rng: random.Random, n: int) -> str:
@@ -67,3 +70,17 @@ def test_random_characters_are_told_from_tables_and_scripts_of_many_characters()
     chinese = "".join(chr(rng.randrange(0x4E00, 0x9FFF)) for _ in range(600))
     assert not any(quality.random_characters(t) for t in (table, code_points, chinese, *clean_documents()[:20]))
     assert all(quality.random_characters(latin1(rng, n)) for n in (600, 1500))
+
+
+def test_prepare_names_a_flagged_text_file_without_a_line_zero(tmp_path, caplog):
+    """A plain-text file is one document (formats.Record line 0): prepare named a base64 dump in a
+    directory of source files "charset.py:0", a line the file does not have; a run names it FILE."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for n, text in enumerate(clean_documents()[: quality.MIN_DOCS + 4]):
+        (corpus / f"doc{n}.py").write_text(text)
+    (corpus / "dump.py").write_text(base64.b64encode(random.Random(0).randbytes(3000)).decode())
+    with caplog.at_level(logging.WARNING):
+        prepare([str(corpus)], tmp_path / "p", vocab_size=300)
+    (line,) = [r.message for r in caplog.records if "documents flagged" in r.message]
+    assert line.startswith("1 documents flagged") and line.endswith(f"{corpus / 'dump.py'}; {KEPT}")

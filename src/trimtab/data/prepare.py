@@ -169,7 +169,7 @@ def _prepare(
         skipped += sum(stats.get("skipped", 0) for stats in result["files"].values())
         shown += result["skipped"]
         kinds.update(result["kinds"])
-        garbage += [f"{manifest['files'][n]['path']}:{line}" for n, line in result["garbage"]]
+        garbage += [_place(manifest["files"][n]["path"], line) for n, line in result["garbage"]]
         spared += result["spared"]
         done_tokens += sum(s["tokens"] for s in result["shards"])
         rate = done_tokens / max(time.perf_counter() - start, 1e-9)
@@ -273,6 +273,12 @@ def _spread(n: int) -> list[int]:
     listing (first, middle, quarters, ...), the same for the same listing."""
     bits = max(n - 1, 1).bit_length()
     return sorted(range(n), key=lambda i: int(f"{i:0{bits}b}"[::-1], 2))
+
+
+def _place(path: str, line: int) -> str:
+    """FILE:LINE for a JSONL line or table row; FILE alone for a plain-text file, one document whose
+    line is 0 (formats.Record), as a run's own screen names it: "FILE:0" is no line of the file."""
+    return f"{path}:{line}" if line else path
 
 
 def _garbage_line(manifest: dict[str, Any], kinds: Counter[str], names: list[str], dropped: bool) -> str:
