@@ -315,6 +315,10 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
             self.policy.new_phase(m.step - 1, run.probe_loss())  # the probe scores the new phase's held-out rows
         if (lr_rule := self.monitors.get("above_start")) is not None and lr_rule.unigram is None:
             lr_rule.unigram = run.context_free_loss()  # the data's, read once per phase (None: RL, DPO)
+        if (spike := self.monitors.get("spike")) is not None and run.cfg.train.init_from and m.rl is None:
+            # weights trained before: their steady loss arms the early bar (LossSpike); a likelihood's only, not
+            # an RL objective's or DPO's (context_free_loss: None there)
+            spike.trained = run.context_free_loss() is not None
         self.policy.data.record(m.step, m.rows)
         m.unsettled = self.policy.unsettled(m.step)
         findings = [

@@ -215,6 +215,7 @@ class LossSpike(Monitor):
         self.steps = Rolling(self.cfg.window)  # their steps
         self.next_step = 1
         self.first_step = -1  # the phase's first step seen: its early steps count from it
+        self.trained = False  # the phase starts from trained weights (finetune, train.init_from): armed early
         self.withheld = [-1, 0.0]  # [step, loss]: an early spike's update withheld; the next step is judged from it
         self._fit: tuple[Any, tuple[float, float]] | None = None  # trend() of the current window
 
@@ -253,13 +254,18 @@ class LossSpike(Monitor):
     def early_ceiling(self) -> tuple[float, float, float]:
         """(the early bar, the phase's lowest healthy loss, the step-to-step spread) over the
         phase's first early_steps steps; an infinite bar after them or before 3 healthy steps."""
-        cfg = self.cfg
-        if cfg.early_steps == 0 or len(self.window) < 3 or self.next_step - self.first_step >= cfg.early_steps:
+        cfg, steps = self.cfg, self.early_steps()
+        if steps == 0 or len(self.window) < 3 or self.next_step - self.first_step >= steps:
             return math.inf, math.nan, math.nan
         lowest, spread = self._early_terms()
         if self.withheld[0] == self.next_step - 1:  # the same weights as the withheld step: from its level
             lowest = max(lowest, self.withheld[1])
         return lowest + max(cfg.early_sigma * spread, cfg.early_min_rise), lowest, spread
+
+    def early_steps(self) -> int:
+        """The phase's early steps: trained_early_steps from trained weights, whose loss starts steady
+        (no fresh model's warm-up overshoot, the reason early_steps is off by default)."""
+        return self.cfg.early_steps or (self.cfg.trained_early_steps if self.trained else 0)
 
     def _early_terms(self) -> tuple[float, float]:
         """(the lowest healthy loss, the spread of the last early_window step-to-step changes): a change
@@ -273,6 +279,7 @@ class LossSpike(Monitor):
         self.next_step = m.step
         if self.first_step < 0:  # a checkpoint from before early_steps: its window's first step
             self.first_step = int(self.steps.values[0]) if len(self.steps) else m.step
+        self.trained = self.trained or m.phase > 0
         if not math.isfinite(m.loss):
             return None
         ceiling = self.ceiling()
@@ -322,7 +329,7 @@ class LossSpike(Monitor):
         level = "the withheld step's loss" if self.withheld == [m.step - 1, lowest] else "the phase's lowest"
         summary = (
             f"loss {m.loss:.3f} > {level} {lowest:.3f} + max({cfg.early_sigma:g} x step-to-step "
-            f"spread {spread:.3f}, {cfg.early_min_rise:g}) in its first {cfg.early_steps} steps"
+            f"spread {spread:.3f}, {cfg.early_min_rise:g}) in its first {self.early_steps()} steps"
         )
         return self.finding(m, evidence, summary, 0.6 + 0.4 * (m.loss - ceiling) / max(ceiling - lowest, 1e-6))
 
