@@ -52,7 +52,9 @@ def test_a_failing_evaluation_is_journaled_and_training_goes_on(tmp_path):
 
 
 def test_an_evaluation_past_its_timeout_is_abandoned(tmp_path):
-    sets = ["train.eval_every=2", "faults=[eval_hang@4:1.0]", "train.eval_timeout=0.5"]
+    # a timeout 8x a clean evaluation's ~0.2 s on a loaded host (0.5 s timed the clean ones at steps 2 and 6 out
+    # under a CI's load); the hung one stalls each forward 2 s
+    sets = ["train.eval_every=2", "faults=[eval_hang@4:2.0]", "train.eval_timeout=1.5"]
     summary = trimtab.train(debug_cfg(tmp_path / "r", steps=6, sets=sets))
     assert summary["status"] == "completed"
     [d] = [d for d in decisions(tmp_path / "r") if d["rule"] == "eval_error"]
