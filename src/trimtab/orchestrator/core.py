@@ -90,6 +90,7 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
         self.read_every = cfg.read_every
         self.failed_saves = 0  # saves failed since the last that worked (a stretch of work at risk)
         self.phase = 0  # of the last step observed
+        self.init_from = False  # the run starts from weights trained before (train.init_from): on_train_start
         self.last_step = 0  # the newest step seen (a rollback moves the run's counter back)
         self.ceilings: dict[str, float] = {}  # the update gate's thresholds, refreshed at each read
         self.demoted: set[str] = set()  # "rule:action" remedies that fell to advice (low confidence)
@@ -111,6 +112,7 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
             self._configured_knobs(run, oom)
             if run.step:
                 oom.resumed()
+        self.init_from = bool(run.cfg.train.init_from)
         if self._mode_kept:
             run.say(self._mode_kept)
         if self.replicas is not None and self.mode != "off" and run.world > 1 and not run.replicated and run.is_main:
@@ -315,7 +317,7 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
             self.policy.new_phase(m.step - 1, run.probe_loss())  # the probe scores the new phase's held-out rows
         if (lr_rule := self.monitors.get("above_start")) is not None and lr_rule.unigram is None:
             lr_rule.unigram = run.context_free_loss()  # the data's, read once per phase (None: RL, DPO)
-        if (spike := self.monitors.get("spike")) is not None and run.cfg.train.init_from and m.rl is None:
+        if (spike := self.monitors.get("spike")) is not None and self.init_from and m.rl is None:
             # weights trained before: their steady loss arms the early bar (LossSpike); a likelihood's only, not
             # an RL objective's or DPO's (context_free_loss: None there)
             spike.trained = run.context_free_loss() is not None
