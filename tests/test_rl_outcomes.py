@@ -67,3 +67,21 @@ def test_a_truncated_kl_reference_is_refused_before_the_resume_journals(tmp_path
     (path / "model.safetensors").write_bytes((path / "model.safetensors").read_bytes()[:1000])
     with pytest.raises(ConfigError, match=r"rl\.kl_coef: .*is damaged .*model\.safetensors: 1000 bytes.*rl\.kl_coef=0"):
         check_reference(cfg)
+
+
+def test_a_kl_reference_with_a_flipped_byte_is_refused_before_the_resume_journals(tmp_path):
+    """A byte of step_000000/model.safetensors flipped (its size whole), then `trimtab rl` resumed with rl.kl_coef
+    0.1 -> 0.2: the size check passed, config.yaml was rewritten and the change journaled, and the run stopped at the
+    first step. The resume loads the reference (resume_reference: every file's sha256) before either."""
+    from trimtab.rl.reference import resume_reference
+
+    cfg = load_config(preset="debug", sets=["model.vocab_size=64", "model.n_layers=1", "rl.kl_coef=0.1"])
+    cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, enabled=True), out=str(tmp_path))
+    path = save_checkpoint(tmp_path, 0, Transformer(cfg.model).state_dict(), {}, {}, keep=1)
+    assert resume_reference(cfg, torch.device("cpu")) is not None  # whole: loaded
+    weights = bytearray((path / "model.safetensors").read_bytes())
+    weights[-10] ^= 0xFF
+    (path / "model.safetensors").write_bytes(bytes(weights))
+    check_reference(cfg)  # the sizes alone cannot see it
+    with pytest.raises(ConfigError, match=r"rl\.kl_coef: .*is damaged .*model\.safetensors.*checksum.*rl\.kl_coef=0"):
+        resume_reference(cfg, torch.device("cpu"))

@@ -143,3 +143,38 @@ def test_an_open_rl_length_incident_is_named_with_why_warmer_sampling_would_not_
     assert stood.action == "none" and "rule rl_length's incident is open" in stood.reasoning
     assert "token budget" in stood.reasoning and "warmer sampling" in stood.reasoning
     assert "fails every prompt" not in stood.reasoning and "rl_reward" not in stood.reasoning
+
+
+def test_a_start_too_thin_to_tell_a_collapse_says_the_prompts_a_step_that_would():
+    """8 prompts x 8 responses at a pass rate ~0.05: the starting policy's step held 2 groups with a right response,
+    and 2 of 8 against 0 of 32 after reads z 1.8 (Fisher's exact), under the bar, so a collapse at step 2 read as thin
+    signal and the sampling was warmed with nothing said. The finding now names the prompts a step that would tell."""
+    c = OrchestratorConfig()
+    mon = NoLearningSignal(c)
+    found = [f for s in range(1, 6) if (f := step(mon, s, SOUND if s == 1 else BROKEN)) is not None]
+    assert len(found) == 1 and "collapsed" not in found[0].evidence
+    needed = found[0].evidence["prompts_to_decide"]
+    assert f"rl.prompts_per_step={needed} would" in found[0].summary
+    scale = needed // 8
+    assert exact_fall(2 * scale, 8 * scale, 0, 32 * scale) >= c.rl_signal.collapse_sigmas  # that many would tell
+    assert exact_fall(2 * (scale - 1), 8 * (scale - 1), 0, 32 * (scale - 1)) < c.rl_signal.collapse_sigmas
+    mon = NoLearningSignal(c)  # a start that tells a collapse already: nothing to add
+    found = [f for s in range(1, 6) if (f := step(mon, s, EARNING if s == 1 else BROKEN)) is not None]
+    assert "prompts_to_decide" not in found[0].evidence
+
+
+def test_a_collapse_after_a_thin_start_is_read_against_every_step_since():
+    """A start of 2 of 8 groups with a right response (8 prompts at a pass rate ~0.05), none from step 2: against the
+    last 5 steps' 0 of 40 groups it read z 2.0, under the bar (2.24: Bonferroni over the two starts), at every window
+    through step 20, and the broken policy's sampling was warmed. Against every step since pooled (0 of 72 at step 10:
+    z 2.4) it reads collapsed at step 10; a sound policy's steps since hold right answers, and it does not."""
+    c = OrchestratorConfig()
+    mon = NoLearningSignal(c)
+    found = [f for s in range(1, 21) if (f := step(mon, s, SOUND if s == 1 else BROKEN)) is not None]
+    assert [f.step for f in found] == [5, 10, 15, 20]
+    assert "collapsed" not in found[0].evidence  # 0 of 32 since: the window itself, z 1.8
+    start, now, z = found[1].evidence["collapsed"]["training reward"]
+    assert (start, now) == (sum(SOUND) / 8, 0.0) and z == pytest.approx(exact_fall(2, 8, 0, 72))
+    mon = NoLearningSignal(c)  # the same start, a sound policy after it: 1 group of 8 answered a step
+    found = [f for s in range(1, 21) if (f := step(mon, s, SOUND if s == 1 else [0.125] + [0.0] * 7)) is not None]
+    assert found and not any("collapsed" in f.evidence for f in found)

@@ -30,8 +30,10 @@ from trimtab.orchestrator.rl_stats import (
     answered_groups,
     collapse_z,
     count_fall,
+    exact_fall,
     group_size,
     poisoned,
+    prompts_to_decide,
     start_splits,
     starting_policys,
 )
@@ -81,6 +83,9 @@ class NoLearningSignal(Monitor):
         self.min_fall, self.start_steps = cfg.rl_hacking.min_fall, cfg.rl_reward.start_steps
         self.first: int | None = None  # the phase's first step
         self.own, self.steps = 0, 0  # the starting policy's steps, the steps seen
+        # the groups with a right response and the groups of every step after the starting policy's, pooled (-1:
+        # some step's count unknown): a total collapse against them, not the last `window` steps alone (_collapsed)
+        self.since = [0, 0]
         self.start: list[list[float]] = []
         self.recent: list[list[float]] = []
         self.entropy_start: list[float] = []
@@ -133,6 +138,12 @@ class NoLearningSignal(Monitor):
         )
         if collapsed:
             summary += f", and the policy reads collapsed (its signs: {', '.join(collapsed)})"
+        elif needed := self._prompts_to_decide():
+            evidence["prompts_to_decide"] = needed
+            summary += (
+                f"; the starting policy's few groups with a right response cannot tell a collapse from thin signal: "
+                f"rl.prompts_per_step={needed} would"
+            )
         # 0.5 at the threshold, 1 when every group is flat
         strength = 0.5 + 0.5 * (share - self.cfg.threshold) / max(1 - self.cfg.threshold, 1e-9)
         return self.finding(m, evidence, summary, min(1.0, strength))
@@ -169,6 +180,8 @@ class NoLearningSignal(Monitor):
         self.own, self.steps = self.own + own, self.steps + 1
         if rl.get("score_n"):
             seen = [*(rl[k] for k in SCORE), rl["reward"], group_size(rl), answered_groups(rl)]
+            if not own and self.since[0] >= 0:
+                self.since = [seen[5], 0] if seen[5] < 0 else [self.since[0] + seen[5], self.since[1] + round(seen[0])]
             self.start = self.start if len(self.start) >= self.cfg.window else [*self.start, seen]
             self.recent = [*self.recent, seen][-self.cfg.window :]
         if rl.get("entropy") is not None and math.isfinite(rl["entropy"]):
@@ -179,6 +192,32 @@ class NoLearningSignal(Monitor):
     def _splits(self, first: list[Any], last: list[Any]) -> list[tuple[list[Any], list[Any]]]:
         """The starts and the steps after each (rl_stats.start_splits)."""
         return start_splits(first, last, self.own, self.steps, self.cfg.window)
+
+    def _prompts_to_decide(self) -> int:
+        """The prompts a step needs for _collapsed to read a total collapse against the starting policy's steps
+        (rl_stats.prompts_to_decide; 0: it can already, or nothing to tell). Only for 0/1 rewards (answered counts)."""
+        parts = self._splits(self.start, self.recent)
+        if not parts or any(len(step) <= 5 or step[5] < 0 for step in parts[0][0] + parts[0][1]):
+            return 0
+        (start, after) = parts[0]
+        sigmas = -NormalDist().inv_cdf(NormalDist().cdf(-self.cfg.collapse_sigmas) / len(parts))  # _collapsed's bar
+        groups = round(sum(step[0] for step in start))
+        answered, later = round(sum(step[5] for step in start)), round(sum(step[0] for step in after))
+        later = max(later, self.since[1]) if self.since[0] >= 0 else later  # as _collapse_z pools them
+        return prompts_to_decide(answered, groups, later, max(groups // len(start), 1), sigmas)
+
+    def _collapse_z(self, base: list[Any], after: list[Any], part: int) -> float:
+        """collapse_z of a start and the steps after it, as rule rl_reward's; against the starting policy's steps
+        (part 0), every step since pooled where their counts are known: a start of one step at 8 prompts holds ~2
+        groups with a right response at a pass rate of 0.05, and 2 of 8 against the last 5 steps' 0 of 40 reads z 2.0,
+        short of the bar, where against steps 2-20's 0 of 152 it reads 2.9. Simulated (8 x 8, Beta-spread prompts at
+        0.05, 400 runs): a collapse at step 2 read by step 20 in 49% -> 79% of runs, at step 3 51% -> 60%; false
+        readings over 60 sound steps 5.5% -> 4.5% (pass rate 0.02), 5.0% -> 4.5% (0.05)."""
+        known = all(len(step) > 5 and step[5] >= 0 for step in base)
+        if part or not known or self.since[0] < 0 or self.since[1] <= sum(step[0] for step in after):
+            return collapse_z(base, after)
+        k1, n1 = round(sum(step[5] for step in base)), round(sum(step[0] for step in base))
+        return exact_fall(k1, n1, *self.since)
 
     def _collapsed(self) -> dict[str, list[float]]:
         """Why the groups read flat because the policy collapsed (every response fails), not because they are uniform
@@ -197,7 +236,7 @@ class NoLearningSignal(Monitor):
         parts = self._splits(self.start, self.recent)
         # either start may read the fall: Bonferroni's bound keeps the chance of a false reading at one test's
         sigmas = -NormalDist().inv_cdf(NormalDist().cdf(-rule.collapse_sigmas) / max(len(parts), 1))
-        falls = [(collapse_z(base, after), _mean(base), _mean(after)) for base, after in parts]  # as rule rl_reward's
+        falls = [(self._collapse_z(base, after, i), _mean(base), _mean(after)) for i, (base, after) in enumerate(parts)]
         if falls := [(z, start, now) for z, start, now in falls if z >= sigmas and now <= start / 2]:
             z, start, now = max(falls)
             why["training reward"] = [start, now, z]

@@ -127,6 +127,18 @@ def collapse_z(start: list[list[float]], now: list[list[float]]) -> float:
     return fall_test(start, now).z
 
 
+def prompts_to_decide(answered: int, groups: int, after: int, per_step: int, sigmas: float) -> int:
+    """The prompts a step needs so that a total collapse (none of the groups after the start answered) reads `sigmas`
+    on Fisher's exact test (collapse_z) at the start's rate, `answered` of `groups` groups with a right response, the
+    start and the `after` groups each scaled with the prompts; 0 where `per_step` already does, or the start answered
+    none (nothing to fall from), or 64x would not. At 8 prompts x 8 responses and a pass rate of 0.05 a start of one
+    step holds ~2 answered groups: 2 of 8 against 0 of 32 reads z 1.8 (4 of 16 against 0 of 64: z 3.0)."""
+    if answered <= 0 or exact_fall(answered, groups, 0, after) >= sigmas:
+        return 0
+    scale = next((f for f in range(2, 65) if exact_fall(f * answered, f * groups, 0, f * after) >= sigmas), 0)
+    return scale * per_step
+
+
 def exact_fall(k1: int, n1: int, k2: int, n2: int) -> float:
     """The z of a fall from k1 of n1 to k2 of n2: Fisher's exact test, one-sided (Agresti, Categorical Data Analysis,
     3.5.1): the chance that n1 of the n1 + n2 drawn without replacement hold k1 or more of the k1 + k2, said as the

@@ -41,11 +41,20 @@ def check_reference(cfg: RunConfig) -> None:
         check_sizes(reference_path(cfg.run_dir, key), key)
 
 
+def resume_reference(cfg: RunConfig, device: torch.device) -> Transformer | None:
+    """A resumed run's reference, loaded (every file's sha256 checked) before the resume rewrites config.yaml or
+    journals its changes; None where nothing needs one. Loaded at the first step instead, a flipped byte of the
+    right size had the changes journaled and config.yaml rewritten before the run stopped; loaded here it is read
+    once, as it was then, only earlier."""
+    check_reference(cfg)  # a missing or truncated file: said by its sizes, without reading the weights
+    key = reference_key(cfg)
+    return None if key is None else load_reference(cfg.model, cfg.run_dir, device, key)
+
+
 def check_sizes(path: Path, key: str) -> None:
     """The reference's files are there at the sizes its manifest says (state.json), or ConfigError naming `key`
     and the way on: the cheap part of checkpoint.verify, which reads every byte (its sha256) when the reference
-    loads at the first step. A truncated or missing file is found before the resume journals its changes; a
-    flipped byte of the right size still only at the first step (hashing gigabytes here would double the read)."""
+    loads (resume_reference: before a resume journals its changes)."""
     try:
         manifest = json.loads((path / "state.json").read_text())["manifest"]
     except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -16,7 +16,7 @@ from trimtab.config import RunConfig
 from trimtab.data.position import data_position
 from trimtab.distributed.ft import shard_like
 from trimtab.errors import CheckpointError, ConfigError
-from trimtab.rl.reference import check_reference
+from trimtab.rl.reference import resume_reference
 from trimtab.snapshots import save_last_weights, save_snapshot
 from trimtab.storage import step_of
 from trimtab.training.changes import changes_line, changes_on_resume
@@ -306,7 +306,7 @@ class Checkpointing(EmergencySave):
         by the orchestrator) and live model knobs (setup.check_resume_compatible), the config's
         value over the checkpoint's. Only then config.yaml is written: a resume refused here
         (other data, a phase length it cannot take, a reference gone) leaves the run directory as it was."""
-        check_reference(self.cfg)  # loaded at the first step, after both: too late to refuse
+        self.reference = resume_reference(self.cfg, self.device)  # at the first step it was too late to refuse
         self._load(path, rollback=False)
         if live_changes:  # kept by a rollback, as every knob is
             apply_live_keys(self.model, self.cfg, list(live_changes))
