@@ -245,7 +245,7 @@ class OneProcess:
 def test_a_bit_flip_in_state_json_is_refused_and_resume_falls_back(tmp_path, caplog):
     """state.json is sealed by its own manifest entry: a flipped digit (lr_scale 1.0 -> 9.0, the
     data cursor 1280 -> 1380) is refused like a corrupt model file, not trained on."""
-    from trimtab.training.resume import resume_point
+    from trimtab.training.resume import resume_point, set_aside_note
 
     cfg = load_config(preset="debug", sets=[f"out={tmp_path}", "train.max_steps=100"])
     for step in (20, 40):
@@ -259,11 +259,34 @@ def test_a_bit_flip_in_state_json_is_refused_and_resume_falls_back(tmp_path, cap
         with caplog.at_level(logging.WARNING):
             assert latest_valid(tmp_path)[0].name == "step_000020"
         assert "step_000040/state.json: size or checksum differs" in caplog.text
-    with caplog.at_level(logging.WARNING):
-        path, state = resume_point(cfg, OneProcess())
+    path, state = resume_point(cfg, OneProcess())
     assert path.name == "step_000020" and state["data"]["cursor"] == 640
-    assert "resuming from step_000020, the newest valid checkpoint" in caplog.text
+    assert "step_000040 (state.json: size or checksum differs" in set_aside_note(tmp_path, 20)  # the resume's line
     assert (checkpoint_root(tmp_path) / "corrupt" / "step_000040").is_dir()
+
+
+def test_a_resume_past_corrupt_checkpoints_hashes_each_once_and_records_each_ones_own_reason(tmp_path, monkeypatch):
+    """The resume's search verified (hashed) each corrupt checkpoint and only logged why; the set-aside
+    verified each again for its record, and paired those reasons with the moves by position."""
+    import trimtab.checkpoint as checkpoint
+    from trimtab.training.resume import resume_point
+
+    for step in (10, 20, 30):
+        save(tmp_path, step)
+    (checkpoint_root(tmp_path) / "step_000030" / "optim.pt").write_bytes(b"damaged")
+    (checkpoint_root(tmp_path) / "step_000020" / "model.safetensors").unlink()
+    (checkpoint_root(tmp_path) / "corrupt" / "step_000030").mkdir(parents=True)  # an earlier session's copy
+    hashed, digest = [], checkpoint._digest
+    monkeypatch.setattr(checkpoint, "_digest", lambda path: hashed.append(str(path)) or digest(path))
+    cfg = load_config(preset="debug", sets=[f"out={tmp_path}", "train.max_steps=100"])
+    assert resume_point(cfg, OneProcess())[0].name == "step_000010"
+    assert len(hashed) == len(set(hashed)) == 4, hashed  # 30 and 10: model, optim.pt; 20: its model is missing
+    record = json.loads((checkpoint_root(tmp_path) / "corrupt" / "fallback.json").read_text())
+    why = {r["checkpoint"]: (r["reason"].split("/")[-1], r["kept_in"].split("/")[-1]) for r in record["refused"]}
+    assert why == {
+        "step_000020": ("model.safetensors: missing", "step_000020"),
+        "step_000030": ("optim.pt: size or checksum differs from the manifest (truncated or corrupt)", "step_000030.2"),
+    }
 
 
 def test_an_old_manifest_without_state_json_still_loads(tmp_path):
@@ -382,6 +405,6 @@ def test_a_sharded_save_a_lost_rank_cut_is_not_resumed_and_is_said(tmp_path, cap
     found = latest_valid(tmp_path)
     assert found[0].name == "step_000005"
     with caplog.at_level(logging.WARNING, logger="trimtab.training.resume"):
-        _set_aside(tmp_path, found)
+        _set_aside(tmp_path, found, {})
     assert "the save of step 10 was cut before its commit (.tmp_step_000010_sharded in" in caplog.text
     assert "resuming from step_000005" in caplog.text and "000003" not in caplog.text

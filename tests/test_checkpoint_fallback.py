@@ -2,6 +2,7 @@
 saved config.yaml holding a key this version removed (config.read_saved)."""
 
 import logging
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -31,7 +32,7 @@ def tiny_cfg(out, steps, sets=()):
     return load_config(preset="debug", overrides=base, sets=list(sets))
 
 
-def test_a_resume_past_corrupt_checkpoints_is_journaled_with_why_and_the_steps_trained_again(tmp_path):
+def test_a_resume_past_corrupt_checkpoints_is_journaled_with_why_and_the_steps_trained_again(tmp_path, caplog):
     run = tmp_path / "r"
     assert trimtab.train(tiny_cfg(run, steps=3))["status"] == "completed"
     weights = run / "checkpoints" / "step_000003" / "model.safetensors"
@@ -40,7 +41,12 @@ def test_a_resume_past_corrupt_checkpoints_is_journaled_with_why_and_the_steps_t
     weights.write_bytes(bytes(data))
     optim = run / "checkpoints" / "step_000002" / "optim.pt"
     optim.write_bytes(optim.read_bytes()[:100])  # the one before's optimizer state truncated
-    assert trimtab.train(tiny_cfg(run, steps=4))["status"] == "completed"
+    with caplog.at_level(logging.INFO, logger="trimtab"):
+        assert trimtab.train(tiny_cfg(run, steps=4))["status"] == "completed"
+    said = [r.getMessage() for r in caplog.records if "resuming from" in r.getMessage() or "corrupt" in r.getMessage()]
+    assert len(said) == 1, said  # one line: the checkpoint, the ones set aside and why, the data position
+    assert "step_000001 (step 1 of 4; data at epoch 0" in said[0] and "step_000002 (optim.pt: size" in said[0]
+    assert "step_000003 (model.safetensors: size" in said[0]
     fell = [d for d in read_decisions(run) if d["rule"] == "checkpoint_fallback"]
     assert len(fell) == 1, [d["rule"] for d in read_decisions(run)]
     e = fell[0]["evidence"]
@@ -88,10 +94,26 @@ def test_a_default_that_moved_is_not_journaled_as_a_persons_change(tmp_path):
     assert set(by_key) == {"optim.weight_decay", "optim.lr"}
     assert by_key["optim.weight_decay"].get("default") and not by_key["optim.lr"].get("default")
     summary, reasoning = journal_text(by_key["optim.weight_decay"], 30)
-    assert "(this version's default)" in summary and "by a person" not in reasoning
-    assert "default changed" in reasoning and "set it again to keep it" in reasoning
+    assert "(this version's default: the old value not repeated or the default moved)" in summary
+    assert "by a person" not in reasoning and "which of the two is not known" in reasoning  # config.yaml can't tell
     assert journal_text(by_key["optim.lr"], 30)[1].startswith("changed in the config by a person")
-    assert "(this version's default)" in changes_line(changes, 30)
+    assert "not repeated or the default moved" in changes_line(changes, 30)
+    # journaled: the person's change as theirs (mode manual), the default's as nobody's command
+    from trimtab.config.orchestrator import OrchestratorConfig
+    from trimtab.orchestrator.core import Orchestrator
+
+    orchestrator = Orchestrator(OrchestratorConfig(), run)
+    for change in changes:
+        orchestrator._configured(SimpleNamespace(step=30), change)
+    assert {d.evidence["key"]: d.mode for d in orchestrator.journal.decisions} == {
+        "optim.weight_decay": "default",
+        "optim.lr": "manual",
+    }
+    from dataclasses import asdict
+
+    from trimtab.rundir import incidents
+
+    assert incidents([asdict(d) for d in orchestrator.journal.decisions]) == []  # neither a fault the run healed
 
 
 def test_a_run_whose_every_checkpoint_is_corrupt_is_not_called_untrained(tmp_path):

@@ -56,3 +56,30 @@ def test_train_help_says_what_max_steps_means_on_resume():
     train = build_parser()._subparsers._group_actions[0].choices["train"]
     steps = next(a for a in train._actions if a.dest == "max_steps")
     assert "on resume the new length, plus the steps orchestrator.make_up added" in steps.help, steps.help
+
+
+def test_a_checkpoint_older_than_made_up_keeps_its_made_up_steps_from_its_journal(tmp_path):
+    """A checkpoint saved before TrainState.made_up existed: its make-up steps were dropped by a resume
+    naming another --max-steps (debug, nan_loss@15, 30 -> 31 steps; --max-steps 40 ran 40, not 41).
+    Recovered from the journal's make_up decisions where the journal accounts for the whole length_delta."""
+    import torch
+
+    from trimtab.checkpoint import save_checkpoint
+    from trimtab.config import load_config
+    from trimtab.training.resume import resume_point
+
+    made = {"rule": "make_up", "action": "set_total_steps", "applied": ["total steps 30 -> 31"]}
+    train = {"step": 31, "tokens": 0, "phase_steps": [30], "length_delta": 1}  # no "made_up": an older trimtab's
+    state = {"train": train, "hooks": {"Orchestrator": {"journal": [made]}}}
+    save_checkpoint(tmp_path, 31, {"w": torch.ones(2)}, {}, state, keep=1)
+    cfg = load_config(preset="debug", sets=[f"out={tmp_path}", "train.max_steps=40"])
+    _, found = resume_point(cfg, SimpleNamespace(from_main=lambda fn, *a: fn(*a), on_main=lambda fn, *a: fn(*a)))
+    assert run_length(found["train"], [40]) == 41  # the finished check counts them: 41 steps, as a fresh run's
+    from trimtab.training.resume import made_up_steps  # Checkpointing._load's, the same recovery
+
+    ctl = {"rule": "manual", "action": "set_total_steps", "applied": ["total steps 31 -> 41"]}  # unaccounted for
+    assert made_up_steps({"train": {**train, "length_delta": 11}, "hooks": {"Orchestrator": {"journal": [made]}}}) == 0
+    assert (
+        made_up_steps({"train": {**train, "length_delta": 11}, "hooks": {"Orchestrator": {"journal": [made, ctl]}}})
+        == 1
+    )

@@ -299,20 +299,28 @@ def latest_valid(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     return _newest_verified(list_checkpoints(run_dir), lambda state: True)
 
 
-def set_aside_corrupt(run_dir: Path, after: int) -> list[Path]:
-    """Move the checkpoints newer than step `after` to checkpoints/corrupt/; returns where they went.
+def search_valid(run_dir: Path) -> tuple[tuple[Path, dict[str, Any]] | None, dict[str, str]]:
+    """latest_valid, with the corrupt newer checkpoints unsaid: returned as {path: verify's error}, for
+    the caller to say once and record (a resume's set-aside) without hashing each of them again."""
+    put_back_replaced(checkpoint_root(run_dir))
+    refused: list[tuple[Path, CheckpointError]] = []
+    found = _newest_verified(list_checkpoints(run_dir), lambda state: True, refused)
+    return found, {str(path): str(exc) for path, exc in refused}
+
+
+def set_aside_corrupt(run_dir: Path, after: int) -> dict[Path, Path]:
+    """Move the checkpoints newer than step `after` to checkpoints/corrupt/; returns where each went.
     At resume `after` is the newest valid checkpoint's step (-1: none), so these are the ones that
     failed verification. Kept for inspection, they leave list_checkpoints' sight: never resumed
     from, never pruned, and never counted among the newest `keep`, which would otherwise make a
     restarted run prune its fresh checkpoints in favour of a newer corrupt one."""
     attic = checkpoint_root(run_dir) / CORRUPT
-    moved = []
+    moved = {}
     for path in list_checkpoints(run_dir):
         if _step_of(path) > after:
             attic.mkdir(exist_ok=True)
-            target = _unused(attic / path.name)
-            os.replace(path, target)
-            moved.append(target)
+            moved[path] = _unused(attic / path.name)
+            os.replace(path, moved[path])
     return moved
 
 
@@ -324,11 +332,15 @@ def find_checkpoint(run_dir: Path, to: str | int = "last_good") -> tuple[Path, d
     return _newest_verified([p for p in list_checkpoints(run_dir) if _step_of(p) <= int(to)], lambda state: True)
 
 
-def _newest_verified(paths: list[Path], wanted: Callable[[dict[str, Any]], bool]) -> tuple[Path, dict[str, Any]] | None:
+def _newest_verified(
+    paths: list[Path],
+    wanted: Callable[[dict[str, Any]], bool],
+    refused: list[tuple[Path, CheckpointError]] | None = None,
+) -> tuple[Path, dict[str, Any]] | None:
     """The newest of `paths` (oldest first) that verifies and whose state is `wanted`, with that
-    state; the corrupt ones newer than it are said (say_skipped). One a newer trimtab wrote is not
-    corrupt: raised."""
-    skipped: list[tuple[Path, CheckpointError]] = []
+    state; the corrupt ones newer than it are said (say_skipped), or, given `refused`, added to it
+    unsaid. One a newer trimtab wrote is not corrupt: raised."""
+    skipped: list[tuple[Path, CheckpointError]] = [] if refused is None else refused
     for path in reversed(paths):
         try:
             state = verify(path)
@@ -338,9 +350,11 @@ def _newest_verified(paths: list[Path], wanted: Callable[[dict[str, Any]], bool]
             skipped.append((path, exc))
             continue
         if wanted(state):
-            say_skipped(skipped, path)
+            if refused is None:
+                say_skipped(skipped, path)
             return path, state
-    say_skipped(skipped, None)
+    if refused is None:
+        say_skipped(skipped, None)
     return None
 
 

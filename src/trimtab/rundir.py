@@ -169,6 +169,8 @@ def is_decision(record: dict[str, Any]) -> bool:
     return has_step(record) and isinstance(ident, int) and not isinstance(ident, bool)
 
 
+# a person's decisions (a `trimtab ctl` command, a config change) and a moved default's: none answers a fault
+PEOPLES = ("manual", "default")
 # Decisions that answer no fault of their own: follow-ups of another's remedy (withheld updates made
 # up, an LR cut given back, the rows watched after rows were left out) and the tuning of a sound run
 # (an LR raised off a plateau, the checkpoint interval, the live planner's run length, an early stop)
@@ -230,11 +232,10 @@ def incidents(decisions: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """The kept decisions that answer a fault, grouped by incident, in journal order: one family's
     (bad data's spikes and rows together) within INCIDENT_STEPS steps of the incident's span (a
     rollback's replay goes back in steps and stays in it), unless the incident was over before (_over).
-    Notes, NOT_FAULTS and a person's commands (mode manual: a `trimtab ctl` command, a config change)
-    answer none."""
+    Notes, NOT_FAULTS and PEOPLES' decisions answer none."""
     found: list[tuple[str, list[int], list[dict[str, Any]]]] = []  # family, [first, last step], decisions
     for d in decisions:
-        if d.get(ABANDONED) or is_note(d) or d.get("rule") in NOT_FAULTS or d.get("mode") == "manual":
+        if d.get(ABANDONED) or is_note(d) or d.get("rule") in NOT_FAULTS or d.get("mode") in PEOPLES:
             continue
         # a layer's family (moe/1, mod/3) is for judging outcomes per layer; one fault can strike every
         # layer at once (debug-moe, expert_collapse@10: layers 1 and 3 answered at steps 20 and 21, "faults healed 2")

@@ -11,6 +11,7 @@ from typing import Any
 
 from trimtab.orchestrator.monitors import Finding
 from trimtab.orchestrator.remedies import Remedy, ranks
+from trimtab.training.resume import short_reason
 
 
 def fallback_finding(record: dict[str, Any], step: int, world: int) -> Finding:
@@ -26,7 +27,7 @@ def fallback_finding(record: dict[str, Any], step: int, world: int) -> Finding:
         "world_before": world,
         "world_after": world,
     }
-    names = ", ".join(f"{r['checkpoint']} ({_why(r['reason'])})" for r in refused)
+    names = ", ".join(f"{r['checkpoint']} ({short_reason(r['reason'])})" for r in refused)
     start = f"resumed at step {step}" if step else "started over from step 0 (no valid checkpoint left)"
     return Finding(
         rule="checkpoint_fallback",
@@ -50,10 +51,3 @@ def fallback_remedy(f: Finding) -> Remedy:
         f"after step {e['resumed_step']} (at least {e['steps_lost']}) are trained again, the data order continued "
         "exactly",
     )
-
-
-def _why(reason: str) -> str:
-    """verify's error without the checkpoint's directory: the file and what is wrong with it."""
-    head, _, rest = reason.partition(": ")
-    file = head.rsplit("/", 1)[-1]
-    return f"{file}: {rest}" if rest else reason

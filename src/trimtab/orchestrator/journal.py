@@ -41,7 +41,7 @@ class Decision:
     action: str  # an action of trimtab.training.actions.ACTIONS, an orchestrator command, or "none" (log only)
     params: dict[str, Any]
     confidence: float
-    mode: str  # auto | advise | manual
+    mode: str  # auto | advise | manual | default (a config default, unset in the config, over the run's saved value)
     family: str = ""
     summary: str = ""
     applied: list[str] = field(default_factory=list)  # what changed, as Control reported it
@@ -53,7 +53,7 @@ class Decision:
         """e.g. `[orchestrator] step 5000 plateau: loss variance 8e-4 < 1e-3 for 50 steps -> lr x1.5
         (confidence 0.75)`."""
         # a resume (a restart's, a corrupt checkpoint's) was done before it was decided, in every mode: applied
-        tag = "" if self.mode in ("auto", "manual") or self.applied else f" [{self.mode}: not applied]"
+        tag = "" if self.mode in ("auto", "manual", "default") or self.applied else f" [{self.mode}: not applied]"
         return (
             f"[orchestrator] step {self.step} {self.rule}: {self.summary} -> {describe(self.action, self.params)} "
             f"(confidence {self.confidence:.2f}){tag}"

@@ -46,6 +46,8 @@ class PersonCommands:
             )
             if moot:
                 decision.outcome = {"result": "no effect"}
+            if change.get("default"):  # no person set it in this session's config: not theirs (changes._mark_defaults)
+                decision.mode = "default"
             self.journal.add(decision)
             return
         summary = f"{change['key']} {change['old']} -> {change['new']} on resume at step {run.step}"

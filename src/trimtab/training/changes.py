@@ -132,16 +132,18 @@ def journal_text(change: dict[str, Any], step: int) -> tuple[str, str]:
     if change.get("default"):
         why = (
             f"not set by this session's config, which leaves it at this trimtab's default ({show(change['new'])}); "
-            f"the run was trained with {show(change['old'])}: the default changed since the trimtab that wrote the "
-            f"run, or an earlier session set it (set it again to keep it): {change['effect']}"
+            f"the run was trained with {show(change['old'])}, which an earlier session set and this one did not "
+            "repeat, or the default then, which has moved since (config.yaml keeps values, not who set them: "
+            f"which of the two is not known); set it again to keep {show(change['old'])}: {change['effect']}"
         )
         return summary, why
     return summary, f"changed in the config by a person: {change['effect']}"
 
 
 def _by(change: dict[str, Any]) -> str:
-    """What a change is said to be when it is this version's default, not a person's setting."""
-    return " (this version's default)" if change.get("default") else ""
+    """What a change is said to be when it is this version's default, not a person's setting: the saved
+    value was set by an earlier session or was the default of an older trimtab, and config.yaml cannot say which."""
+    return " (this version's default: the old value not repeated or the default moved)" if change.get("default") else ""
 
 
 def effect(key: str, old: Any, new: Any) -> str:

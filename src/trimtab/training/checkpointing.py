@@ -22,6 +22,7 @@ from trimtab.storage import step_of
 from trimtab.training.changes import changes_line, changes_on_resume
 from trimtab.training.emergency import EMERGENCY, EmergencySave, emergency_resume_line
 from trimtab.training.hooks import keyed
+from trimtab.training.resume import made_up_steps, set_aside_note
 from trimtab.training.runtime import LogWindow, rng_state, set_rng_state
 from trimtab.training.schedule import configured_lengths, reconcile
 from trimtab.training.setup import prepare_run_dir
@@ -317,7 +318,9 @@ class Checkpointing(EmergencySave):
         self.dist.on_main(prepare_run_dir, self.cfg, self.tok)
         where = data_position(self.loader.state_dict())  # on another world size the step alone does not say it
         where = f"; data at {where}" if where else ""
-        log.info("resuming from %s (step %d of %d%s)", path, self.state.step, self.total_steps, where)
+        aside = self.dist.from_main(set_aside_note, self.cfg.run_dir, self.state.step)  # one line says it all
+        say = log.warning if aside else log.info
+        say("resuming from %s (step %d of %d%s)%s", path, self.state.step, self.total_steps, where, aside)
 
     def _load(self, path, rollback: bool) -> None:
         weights, optim_state, state = self.dist.read_checkpoint(path)
@@ -332,7 +335,7 @@ class Checkpointing(EmergencySave):
             self.control.recount()
         kept = {k: getattr(self.state, k) for k in KEPT_ON_ROLLBACK}
         skipped = self.loader.skipped
-        self.state = TrainState(**state["train"])
+        self.state = TrainState(**{**state["train"], "made_up": made_up_steps(state)})  # older: its journal's
         self.state.phase_steps = self.state.phase_steps or configured_lengths(self.cfg)  # older checkpoints
         if rollback:
             self.state.__dict__.update(kept, rollbacks=kept["rollbacks"] + 1)

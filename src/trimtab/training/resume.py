@@ -21,10 +21,8 @@ from trimtab.checkpoint import (
     CORRUPT,
     REPLACED,
     checkpoint_root,
-    latest_valid,
-    list_checkpoints,
+    search_valid,
     set_aside_corrupt,
-    verify,
 )
 from trimtab.config import RunConfig, read_saved
 from trimtab.distributed import Parallel
@@ -43,7 +41,7 @@ def resume_point(cfg: RunConfig, dist: Parallel, remote: Remote | None = None) -
     """The newest valid checkpoint (rank 0 reads the directory, and alone moves files); with
     none there, the newest valid one in `remote` (checkpoint.dir), downloaded into it. Raises
     RunFinished for a run already at its length; moves corrupt newer checkpoints aside."""
-    found = dist.from_main(latest_valid, cfg.run_dir)
+    found, refused = dist.from_main(search_valid, cfg.run_dir)
     if found is None and remote is not None:
         found = dist.from_main(restore_from, remote, cfg.run_dir, reference_steps(cfg))
     elif remote is not None:  # a disk left behind by a run that moved on: the store's newer checkpoint
@@ -55,8 +53,9 @@ def resume_point(cfg: RunConfig, dist: Parallel, remote: Remote | None = None) -
             f"--out NEW --set train.init_from={cfg.run_dir}"
         )
     if found is not None:
+        found[1]["train"]["made_up"] = made_up_steps(found[1])  # a checkpoint older than the field
         _stop_if_finished(cfg, found, dist)
-    dist.on_main(_set_aside, cfg.run_dir, found)
+    dist.on_main(_set_aside, cfg.run_dir, found, refused)
     return found
 
 
@@ -205,6 +204,15 @@ def _length_changes(state: dict[str, Any], pretraining: int) -> str:
     delta = train.get("length_delta", 0)
     if not delta:
         return ""
+    by = _length_by_rule(state)
+    if sum(by.values()) != delta:
+        return f", {delta:+d} by set_total_steps"
+    return "".join(f", {n:+d} by {CHANGED_BY.get(rule, f'rule {rule}')}" for rule, n in by.items() if n)
+
+
+def _length_by_rule(state: dict[str, Any]) -> dict[str, int]:
+    """The steps set_total_steps added to pretraining (TrainState.length_delta), by rule, as the
+    checkpoint's journal applied them (a person's config change on resume left out: it moves phase_steps)."""
     by: dict[str, int] = {}
     for decision in _journal(state):
         if decision.get("action") != "set_total_steps" or decision.get("rule") == "config":
@@ -213,9 +221,19 @@ def _length_changes(state: dict[str, Any], pretraining: int) -> str:
             if match := APPLIED_LENGTH.fullmatch(line):
                 rule = decision.get("rule", "")
                 by[rule] = by.get(rule, 0) + int(match[2]) - int(match[1])
-    if sum(by.values()) != delta:
-        return f", {delta:+d} by set_total_steps"
-    return "".join(f", {n:+d} by {CHANGED_BY.get(rule, f'rule {rule}')}" for rule, n in by.items() if n)
+    return by
+
+
+def made_up_steps(state: dict[str, Any]) -> int:
+    """TrainState.made_up of a checkpoint's state; one saved before the field existed holds none, and its
+    made-up steps were dropped by a resume naming another --max-steps: recovered from its journal's
+    orchestrator.make_up decisions where the journal accounts for the whole length_delta (else 0: the
+    journal misses a change, and a guess could lengthen the run by steps no make-up added)."""
+    train = state["train"]
+    if "made_up" in train:
+        return int(train["made_up"])
+    by = _length_by_rule(state)
+    return by.get("make_up", 0) if sum(by.values()) == train.get("length_delta", 0) else 0
 
 
 def _journal(state: dict[str, Any]) -> list[dict[str, Any]]:
@@ -266,40 +284,55 @@ def saved_summary(run_dir: Path, found: Found, total: int, status: str = "comple
     return built, False
 
 
-def _set_aside(run_dir: Path, found: Found | None) -> None:
+def _set_aside(run_dir: Path, found: Found | None, refused: dict[str, str]) -> None:
+    """Move the checkpoints newer than `found` aside and record each with why the search refused it
+    (`refused`, search_valid's errors by path: verify ran once); the resume's line says them
+    (set_aside_note), or, with none valid left, the start over's line here."""
     _say_cut_saves(run_dir, found)
     after = found[1]["step"] if found else -1
-    refused = _refusals(run_dir, after)  # before they move: why each was refused
     moved = set_aside_corrupt(run_dir, after)
     if not moved:
         return
-    record = {"resumed_step": max(after, 0), "refused": [{**r, "kept_in": str(p)} for r, p in zip(refused, moved)]}
+    unverified = "not verified by this resume's search (saved meanwhile)"  # a run lock keeps writers out
+    record = {
+        "resumed_step": max(after, 0),
+        "refused": [
+            {"checkpoint": p.name, "step": _step(p), "reason": refused.get(str(p), unverified), "kept_in": str(kept)}
+            for p, kept in moved.items()
+        ],
+    }
     write_json(checkpoint_root(run_dir) / CORRUPT / FALLBACK, record)
-    names = ", ".join(p.name for p in moved)
-    kept = f"kept for inspection in {moved[0].parent} (never resumed from, never pruned): {names}"
-    if found:
-        log.warning("resuming from %s, the newest valid checkpoint; corrupt ones %s", found[0].name, kept)
-    else:
-        log.warning("no valid checkpoint is left: the run starts over from step 0; the corrupt one(s) %s", kept)
+    if not found:
+        log.warning("no valid checkpoint is left: the run starts over from step 0%s", _kept(record))
 
 
 FALLBACK = "fallback.json"  # checkpoints/corrupt/: the corrupt ones the last resume passed over, until journaled
 
 
-def _refusals(run_dir: Path, after: int) -> list[dict[str, Any]]:
-    """Each checkpoint newer than step `after` (the ones set_aside_corrupt moves, in its order)
-    with why it was refused (verify's error: which file, truncated or corrupt)."""
-    refused = []
-    for path in list_checkpoints(run_dir):
-        step = int(path.name.removeprefix("step_"))
-        if step > after:
-            try:
-                verify(path)
-                reason = "verified now, but not when the resume searched (changed meanwhile)"
-            except CheckpointError as exc:
-                reason = str(exc)
-            refused.append({"checkpoint": path.name, "step": step, "reason": reason})
-    return refused
+def _step(path: Path) -> int:
+    return int(path.name.removeprefix("step_"))
+
+
+def set_aside_note(run_dir: Path, step: int) -> str:
+    """The corrupt checkpoints the resume to `step` set aside, and why, for its one "resuming from" line
+    (Checkpointing.resume): "" when there were none. Read, not taken: the orchestrator journals it."""
+    record = read_json(checkpoint_root(run_dir) / CORRUPT / FALLBACK)
+    ours = isinstance(record, dict) and isinstance(record.get("refused"), list) and record.get("resumed_step") == step
+    return _kept(record) if ours and record["refused"] else ""
+
+
+def _kept(record: dict[str, Any]) -> str:
+    refused = record["refused"]
+    names = ", ".join(f"{r['checkpoint']} ({short_reason(r['reason'])})" for r in refused)
+    where = Path(refused[0]["kept_in"]).parent
+    return f"; corrupt newer checkpoint(s) set aside in {where} (never resumed from, never pruned): {names}"
+
+
+def short_reason(reason: str) -> str:
+    """verify's error without the checkpoint's directory: the file and what is wrong with it."""
+    head, _, rest = reason.partition(": ")
+    file = head.rsplit("/", 1)[-1]
+    return f"{file}: {rest}" if rest else reason
 
 
 def take_fallback(run_dir: Path, step: int) -> dict[str, Any] | None:
