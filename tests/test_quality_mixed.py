@@ -83,4 +83,6 @@ def test_prepare_names_a_flagged_text_file_without_a_line_zero(tmp_path, caplog)
     with caplog.at_level(logging.WARNING):
         prepare([str(corpus)], tmp_path / "p", vocab_size=300)
     (line,) = [r.message for r in caplog.records if "documents flagged" in r.message]
-    assert line.startswith("1 documents flagged") and line.endswith(f"{corpus / 'dump.py'}; {KEPT}")
+    assert line.startswith("1 documents flagged") and line.endswith(f"; {KEPT}")
+    why = line.split(f"{corpus / 'dump.py'} (")[1].removesuffix(f"); {KEPT}")  # named FILE (its reason), not FILE:0
+    assert why.startswith("hex or base64 dump: 1.00 ") and why.endswith(", bytes 0-4,000 of its text")

@@ -125,7 +125,33 @@ def _not_utf8(path: Path, line: int, exc: UnicodeDecodeError) -> str:
         return (
             f"{path}: binary data, not text (a NUL byte{at}); remove it from the sources, or name the text files only"
         )
-    return f"{path}: not UTF-8 text{at} ({exc.reason}); convert it to UTF-8"
+    return f"{path}: not UTF-8 text{at} ({exc.reason}); {_fix_for(path, exc)}"
+
+
+# what a file that does not decode as UTF-8 is, by its first bytes (magic numbers, byte-order marks), and its fix
+_SIGNATURES = (
+    (b"\x1f\x8b", "gzip-compressed data named as text: decompress it (gunzip -c FILE > NEW.txt), or name it .jsonl.gz"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed data named as text: decompress it (zstd -d), or name it .jsonl.zst"),
+    (b"\xff\xfe\x00\x00", "UTF-32 text (its byte-order mark): convert it (iconv -f UTF-32 -t UTF-8 FILE)"),
+    (b"\xff\xfe", "UTF-16 text (its byte-order mark): convert it (iconv -f UTF-16 -t UTF-8 FILE)"),
+    (b"\xfe\xff", "UTF-16 text (its byte-order mark): convert it (iconv -f UTF-16 -t UTF-8 FILE)"),
+)
+
+
+def _fix_for(path: Path, exc: UnicodeDecodeError) -> str:
+    """The fix for a file that is not UTF-8: what it is when its first bytes say (an archive, UTF-16 text),
+    a file cut short inside a character when that is all that is wrong, else convert it."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        head = b""
+    for magic, said in _SIGNATURES:
+        if head.startswith(magic):
+            return f"it is {said.replace('FILE', str(path))}"
+    if exc.reason == "unexpected end of data":  # only the last bytes are a character's first ones: cut short
+        return "a multi-byte character is cut short (a truncated file?): remove its partial bytes"
+    return "convert it to UTF-8"
 
 
 def parse_json(record: Record) -> Any:

@@ -18,10 +18,7 @@ token do not give them away (measured at 4,096 tokens: never flagged):
   corpus's letters, their neighbours' structure and (reversed) its word order, so neither test above
   sees it (measured: 0 of 60 reversed, 18 of 60 shuffled named); its long words are the corpus's
   letters misspelt, which a real document's words, in the corpus's language or another, seldom are.
-- hex dumps and base64 (`dump_share`): `xxd`, `od`, `hexdump -C` output packs at ~5.5 bytes per token
-  and its characters carry ~4 bits, so neither the packing screen nor quality.random_characters names
-  it; most of its characters are in whitespace-separated groups of hex digits or long base64 runs,
-  which real code's hex constants and hashes (`0x1f`, one digest in a line) are a small share of.
+- hex dumps and base64 (dumps.py: `dump_share`), bytes written out as text.
 """
 
 from __future__ import annotations
@@ -31,7 +28,6 @@ import hashlib
 import itertools
 import math
 import re
-import string
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +37,7 @@ from typing import BinaryIO
 import numpy as np
 
 from trimtab.data import quality
+from trimtab.data.dumps import DUMP, dump_share, dump_span
 
 MIN_CHARS = quality.MIN_BYTES  # shorter documents are not judged: too few words or pairs to say
 MOJIBAKE_RUNS = 4  # mis-encoded characters a page needs to be judged mis-encoded
@@ -73,38 +70,24 @@ SCRAMBLE_LETTERS = 4  # words of this many letters or more are judged scrambled 
 MIN_LONG = 20  # such words a document needs for scrambled words to be judged
 SPELLING = 0.1  # a word under this share of its letters' spellings in the rest of the corpus is misspelt
 SCRAMBLED = 0.3  # share of a document's long words so misspelt: scrambled (real text: <= 0.13, scrambled >= 0.8)
-# Share of a document's non-space characters in hex groups or base64 runs (`dump_share`) from which it is a dump.
-# Measured on 1.2 KB of random bytes, /bin/ls and stdlib text as xxd, xxd -p, od -A x -t x1z, hexdump -C, base64:
-# 0.50-1.0 (the ASCII column is the rest); the stdlib's 5,492 .py files and 1.5 KB pieces of them: <= 0.04
-DUMP = 0.5
-DUMP_DIGITS = 0.03  # digits of its characters a dump has at least (hex dumps ~0.4, base64 ~0.1; the stdlib's: ~0.02)
-HEX_LETTERS = 0.05  # hex groups count only when at least this share of their characters are a-f (decimal tables: 0)
-# A blob holding "/" counts when its neighbouring letters and digits change class (upper case, lower case, digit) this
-# share of the time at least: random bytes as base64 ~0.62 (1 - the classes' squared shares 26/62, 26/62, 10/62;
-# 40 characters: >= 0.32 in 2,000 draws). Paths and URLs are words between slashes ("cfnlint/data/schemas/resources/
-# 0300e1630e8b2eb9", pip RECORD files: <= 0.21) and a fraction of long integers ("I/8777...") numbers. A blob
-# without "/" (hex, most base64 lines) counts as before: a binary's zero runs mix little. Measured on the stdlib's and
-# .venv's text files cut in 1.5 KB pieces: 172 of 298,610 named dumps before, 46 after (embedded base64 images and
-# certificates, hex tables, curve constants); `xxd`, `xxd -p`, `od`, `hexdump -C`, base64 of /bin/ls: as before.
-BLOB_MIXING = 0.3
 # numbered from 1 in a prepared shard's index (0: none): a new kind goes last, so shards prepared before read alike
-KINDS = ("mojibake", "random letters", "word salad", "scrambled words", "hex or base64 dump")
+KINDS = (
+    "mojibake",
+    "random letters",
+    "word salad",
+    "scrambled words",
+    "hex or base64 dump",
+    "random characters",
+)
 SAID = {  # what each kind is, on the console
     "mojibake": "UTF-8 text read as cp1252/Latin-1",
     "random letters": "letters without a language's structure between neighbours",
     "word salad": "real words in random order",
     "scrambled words": "text spelt backwards or with each word's letters shuffled",
     "hex or base64 dump": "bytes written out as hex digits or base64, not text",
+    "random characters": "characters drawn at random, as random bytes or printable noise are",
 }
 _WORD = re.compile(r"[^\W\d_]+")
-# bytes as hex: two digits each, a digit among them ("6c6f", "00000010:", an offset); "cafe", a constant "0010005": not
-_HEX_GROUP = re.compile(r"(?=\D*\d)(?:[0-9a-fA-F]{2})+:?")
-# base64 or hex wrapped at 64-76 columns or in one line: longer than identifiers ("xmlSecOpenSSLTransformDes3CbcId")
-_BLOB = re.compile(r"[A-Za-z0-9+/]{40,}={0,2}")
-_NO_DIGITS = str.maketrans("", "", "0123456789")
-_CLASSES = str.maketrans(
-    string.ascii_uppercase + string.ascii_lowercase + string.digits, "U" * 26 + "l" * 26 + "d" * 10
-)
 
 
 def mojibake_share(text: str) -> float | None:
@@ -138,33 +121,6 @@ def _run_pattern() -> re.Pattern[str]:
 
 
 _MOJIBAKE_RUN = _run_pattern()
-
-
-def dump_share(text: str) -> float:
-    """The share of `text`'s non-space characters in whitespace-separated groups of bytes as hex (`_HEX_GROUP`;
-    HEX_LETTERS of their characters a-f, or a table of numbers would be one) or in base64 or hex blobs (`_BLOB`,
-    with a digit and a letter): a hex dump's bytes and offsets, a certificate, an embedded image."""
-    if len(text) - len(text.translate(_NO_DIGITS)) < DUMP_DIGITS * len(text):  # most documents: read once, in C
-        return 0.0
-    groups = text.split()
-    hexed = [g for g in groups if len(g) < 40 and _HEX_GROUP.fullmatch(g)]  # longer: a blob
-    n_hex = sum(map(len, hexed))
-    if sum(c.isalpha() for g in hexed for c in g) < HEX_LETTERS * n_hex:
-        n_hex = 0
-    blobs = (m.group() for m in _BLOB.finditer(text))
-    n_blob = sum(
-        len(b)
-        for b in blobs
-        if any(c.isdigit() for c in b) and any(c.isalpha() for c in b) and ("/" not in b or _mixing(b) >= BLOB_MIXING)
-    )
-    return (n_hex + n_blob) / max(sum(map(len, groups)), 1)
-
-
-def _mixing(run: str) -> float:
-    """The share of `run`'s neighbouring letters and digits (its / and + left out) of different classes, upper
-    case, lower case or digit: random bytes as base64 or hex mix them (BLOB_MIXING), words and numbers do not."""
-    classes = run.translate(_CLASSES).replace("+", "").replace("/", "")
-    return sum(a != b for a, b in zip(classes, classes[1:])) / max(len(classes) - 1, 1)
 
 
 def letter_structure(text: str) -> float | None:
@@ -402,6 +358,9 @@ class Verdict:
     kind: str  # one of KINDS
     score: float
     bar: float
+    # a dump's UTF-8 byte range [start, end) in the document's text, first to last dump character (`dump_span`):
+    # where to cut it out of a file that is text besides (an embedded font, a certificate); None: other kinds
+    span: tuple[int, int] | None = None
 
     def __str__(self) -> str:
         what = {
@@ -410,23 +369,32 @@ class Verdict:
             "word salad": "bits of information between adjacent words (less distant ones'), under",
             "scrambled words": "of its long words unknown to the corpus but its words' letters rearranged, at least",
             "hex or base64 dump": "of its characters in groups of hex digits or base64 runs, at least",
+            "random characters": "bits of information between neighbouring characters (of 5+ bits each), under",
         }[self.kind]
-        return f"{self.kind}: {self.score:.2f} {what} {self.bar:g}"
+        where = f", bytes {self.span[0]:,}-{self.span[1]:,} of its text" if self.span else ""
+        return f"{self.kind}: {self.score:.2f} {what} {self.bar:g}{where}"
 
     @staticmethod
-    def row(verdict: Verdict | None) -> tuple[float, float, float]:
-        """(kind number, score, bar) as a prepared shard's index keeps them; (0, nan, nan) for none."""
-        return (KINDS.index(verdict.kind) + 1, verdict.score, verdict.bar) if verdict else (0, math.nan, math.nan)
+    def row(verdict: Verdict | None) -> tuple[float, ...]:
+        """(kind number, score, bar, span start, span end) as a prepared shard's index keeps them (nan: none)."""
+        if verdict is None:
+            return (0, math.nan, math.nan, math.nan, math.nan)
+        start, end = verdict.span or (math.nan, math.nan)
+        return (KINDS.index(verdict.kind) + 1, verdict.score, verdict.bar, start, end)
 
     @staticmethod
-    def of_row(code: float, score: float, bar: float) -> Verdict | None:
-        return Verdict(KINDS[int(code) - 1], float(score), float(bar)) if code >= 1 else None
+    def of_row(code: float, score: float, bar: float, start: float = math.nan, end: float = math.nan) -> Verdict | None:
+        """The verdict of an index row; shards prepared before spans were kept have none."""
+        span = None if math.isnan(start) else (int(start), int(end))
+        return Verdict(KINDS[int(code) - 1], float(score), float(bar), span) if code >= 1 else None
 
 
-def kinds(texts: Sequence[str], reference: Bigrams | None = None) -> list[Verdict | None]:
+def kinds(texts: Sequence[str], reference: Bigrams | None = None, alone: bool = False) -> list[Verdict | None]:
     """Each document's junk verdict, None for none. Word salad is judged against `reference`'s
     bigrams (default: the documents' own), when it holds CORPUS_WORDS. Documents under MIN_CHARS
-    characters are not judged."""
+    characters are not judged. `alone`: the source has too few documents for the packing screen's
+    scale (quality.MIN_DOCS), so random characters, which it would catch, are judged here, by the
+    document alone (quality.random_characters)."""
     tokens = [words(t) for t in texts]
     lengths = _lengths(tokens)
     if reference is None:  # the documents' own: their words mapped to ids once
@@ -441,18 +409,20 @@ def kinds(texts: Sequence[str], reference: Bigrams | None = None) -> list[Verdic
         bits, scored = np.zeros(len(texts)), np.zeros(len(texts), dtype=np.int64)
     share, long = scrambled(tokens, ids, reference, member)
     return [
-        _verdict(text, ws, float(b), int(n), float(s) if m >= MIN_LONG else 0.0)
+        _verdict(text, ws, float(b), int(n), float(s) if m >= MIN_LONG else 0.0, alone)
         for text, ws, b, n, s, m in zip(texts, tokens, bits, scored, share, long)
     ]
 
 
-def _verdict(text: str, ws: list[str], bits: float, scored: int, misspelt: float) -> Verdict | None:
+def _verdict(text: str, ws: list[str], bits: float, scored: int, misspelt: float, alone: bool) -> Verdict | None:
     if len(text) < MIN_CHARS:
         return None
     if (share := mojibake_share(text)) is not None:
         return Verdict("mojibake", share, MOJIBAKE_SHARE)
     if (dumped := dump_share(text)) >= DUMP:
-        return Verdict("hex or base64 dump", dumped, DUMP)
+        return Verdict("hex or base64 dump", dumped, DUMP, dump_span(text))
+    if alone and quality.random_characters(text):
+        return Verdict("random characters", quality.information(quality.symbols_of(text)), quality.NOISE_BITS)
     if (bits_between := letter_structure(text)) is not None and bits_between < quality.STRUCTURE:
         return Verdict("random letters", bits_between, quality.STRUCTURE)
     if scored >= MIN_PAIRS and bits < SALAD_BITS and prose(text, ws):

@@ -305,7 +305,8 @@ def _screen(tokenized: TokenizedDocs, docs: list[Document], cfg: DataConfig, key
     if spared:
         logger.warning("%s", quality.spared_line(spared, key))
         found = replace(found, flagged=flagged)
-    verdicts = junk.kinds([doc.text for doc in docs])  # junk that packs like text: the packing cannot see it
+    # junk that packs like text: the packing cannot see it; without a scale, random characters judged alone too
+    verdicts = junk.kinds([doc.text for doc in docs], alone=np.isnan(found.median))
     junky = np.array([verdict is not None for verdict in verdicts], dtype=bool)
     if not np.isnan(found.median):  # random characters a wide spread hides, unless junk says what they are
         noise = quality.noise(n_bytes, np.diff(tokenized.offsets), found.median, lambda i: docs[i].text)

@@ -169,7 +169,7 @@ def _prepare(
         skipped += sum(stats.get("skipped", 0) for stats in result["files"].values())
         shown += result["skipped"]
         kinds.update(result["kinds"])
-        garbage += [_place(manifest["files"][n]["path"], line) for n, line in result["garbage"]]
+        garbage += [_place(manifest["files"][n]["path"], line, why) for n, line, why in result["garbage"]]
         spared += result["spared"]
         done_tokens += sum(s["tokens"] for s in result["shards"])
         rate = done_tokens / max(time.perf_counter() - start, 1e-9)
@@ -275,10 +275,12 @@ def _spread(n: int) -> list[int]:
     return sorted(range(n), key=lambda i: int(f"{i:0{bits}b}"[::-1], 2))
 
 
-def _place(path: str, line: int) -> str:
+def _place(path: str, line: int, why: str = "") -> str:
     """FILE:LINE for a JSONL line or table row; FILE alone for a plain-text file, one document whose
-    line is 0 (formats.Record), as a run's own screen names it: "FILE:0" is no line of the file."""
-    return f"{path}:{line}" if line else path
+    line is 0 (formats.Record), as a run's own screen names it: "FILE:0" is no line of the file; with
+    `why` (junk.Verdict's words, a dump's byte range among them) in brackets, as a run's console says it."""
+    place = f"{path}:{line}" if line else path
+    return f"{place} ({why})" if why else place
 
 
 def _garbage_line(manifest: dict[str, Any], kinds: Counter[str], names: list[str], dropped: bool) -> str:
@@ -421,7 +423,8 @@ def _run(
     """Each job's result as it completes: in this process for one job or one worker (then the
     tokenizer's own threads use every core), else in a pool of processes with a thread each."""
     workers = min(workers, len(jobs))
-    scale = manifest.get("garbage") if options.garbage_filter != "off" else None
+    # null (too few documents for a scale): {}, the jobs judge junk by each document alone (data/junk.py)
+    scale = manifest.get("garbage") or {} if options.garbage_filter != "off" else None
     refs = [references.of_job(manifest, job) for job in jobs]  # each file's source's junk reference
     args = [(job, str(out), manifest["dtype"], asdict(options), hint, scale, ref) for job, ref in zip(jobs, refs)]
     if workers <= 1:

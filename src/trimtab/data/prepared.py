@@ -114,21 +114,25 @@ class PreparedData:
 
     def _garbage(self, flagged: list[np.ndarray]) -> np.ndarray:
         """float [D]: a document the screen flagged and kept (--garbage-filter warn): its bytes per
-        token over the sources' median (the manifest's scale); NaN for the others."""
+        token over the sources' median (the manifest's scale; null, too few documents for one: its bytes per
+        token, flagged as junk by itself, data/junk.py); NaN for the others."""
         out = np.full(self.n_docs, np.nan)
-        scale = self.manifest.get("garbage")
+        median = (self.manifest.get("garbage") or {}).get("median", 1.0)
         for k, found in enumerate(flagged):
-            if scale and len(found):
-                out[self.doc_base[k] + found[:, 0].astype(np.int64)] = found[:, 1] / scale["median"]
+            if len(found):
+                out[self.doc_base[k] + found[:, 0].astype(np.int64)] = found[:, 1] / median
         return out
 
     def _why(self, flagged: list[np.ndarray]) -> dict[int, str]:
         """{document: what data/junk.py found in it}, for flagged documents that pack like text (its
-        kind, score and bar); shards prepared before it was recorded (2 columns) have none."""
+        kind, score and bar; a dump's byte range); shards prepared before it was recorded (2 columns) have none,
+        before the range was (5 columns) no range."""
         out = {}
         for k, found in enumerate(flagged):
-            for doc, code, score, bar in found[:, [0, 2, 3, 4]] if found.shape[1] >= 5 else ():
-                if verdict := junk.Verdict.of_row(code, score, bar):
+            if found.shape[1] == 5:
+                found = np.pad(found, ((0, 0), (0, 2)), constant_values=np.nan)
+            for doc, code, score, bar, start, end in found[:, [0, 2, 3, 4, 5, 6]] if found.shape[1] >= 7 else ():
+                if verdict := junk.Verdict.of_row(code, score, bar, start, end):
                     out[int(self.doc_base[k] + doc)] = str(verdict)
         return out
 
@@ -380,8 +384,9 @@ class ShardedRows:
         """The documents `data prepare` flagged and kept that reach this split, with the rows at
         least half theirs (packed rows through the split's joined stream)."""
         flagged = ~np.isnan(self.data.garbage)
-        scale = self.data.manifest.get("garbage")
-        if not (self.screened and scale and flagged.any()):
+        # null: too few documents for a packing scale, only junk judged alone was flagged (median 0: none)
+        scale = self.data.manifest.get("garbage") or {"median": 0.0, "threshold": 0.0}
+        if not (self.screened and flagged.any()):
             return []
         bounds = self._bounds
         if self.pack:  # row r: joined-stream positions [r L, r L + L + 1)

@@ -156,9 +156,11 @@ class _Encoder:
 
     tok: TextTokenizer
     writer: _Writer
-    scale: dict[str, float] | None = None  # the garbage screen's (median, threshold); None: off
+    # the garbage screen's (median, threshold); {}: too few documents for one (junk alone is judged); None: off
+    scale: dict[str, float] | None = None
     drop: bool = False  # leave out what the screen flags (else count and name it only)
-    garbage: list[tuple[int, int]] = field(default_factory=list)  # (file, line) of the first flagged
+    # (file, line, why: junk.Verdict's words, "" for packing) of the first flagged
+    garbage: list[tuple[int, int, str]] = field(default_factory=list)
     bigrams: junk.Bigrams | None = None  # the file's source's sample's word pairs (run_job); None: each batch's own
     spared: int = 0  # documents that pack like garbage, written in another script: kept (quality.other_script)
     # flagged documents by kind: junk.KINDS' (data/junk.py's verdict), PACKING for the packing screen's alone
@@ -194,7 +196,7 @@ class _Encoder:
                 kind = why.kind if why else PACKING
                 self.kinds[kind] = self.kinds.get(kind, 0) + 1
                 if len(self.garbage) < quality.SHOWN:
-                    self.garbage.append((self.file, line))
+                    self.garbage.append((self.file, line, str(why or "")))
                 if self.drop:
                     continue
             tokens, mask = [], []
@@ -228,13 +230,15 @@ class _Encoder:
                 for (doc, *_), pieces in zip(self._batch, encoded)
             ]
         )
-        median, text_of = self.scale["median"], lambda i: self._batch[i][0].text
-        flagged = quality.flags(n_bytes, n_tokens, median, self.scale["threshold"])
-        flagged = whole & (flagged | quality.noise(n_bytes, n_tokens, median, text_of))
-        flagged, spared = quality.spare_scripts(flagged, text_of)
-        self.spared += spared  # a minority language: kept, said once at the end (prepare.py)
+        median, text_of = self.scale.get("median"), lambda i: self._batch[i][0].text
+        flagged = np.zeros(len(self._batch), dtype=bool)
+        if median:  # else too few documents to measure packing by: junk.kinds judges each document alone
+            flagged = quality.flags(n_bytes, n_tokens, median, self.scale["threshold"])
+            flagged = whole & (flagged | quality.noise(n_bytes, n_tokens, median, text_of))
+            flagged, spared = quality.spare_scripts(flagged, text_of)
+            self.spared += spared  # a minority language: kept, said once at the end (prepare.py)
         # junk that packs like text (mojibake, random letters; word salad against the sample's word pairs)
-        verdicts = junk.kinds([doc.text for doc, *_ in self._batch], self.bigrams)
+        verdicts = junk.kinds([doc.text for doc, *_ in self._batch], self.bigrams, alone=not median)
         flagged |= whole & np.array([verdict is not None for verdict in verdicts])
         verdicts = [verdict if whole[i] else None for i, verdict in enumerate(verdicts)]
         return np.where(flagged, quality.packed(n_bytes, n_tokens), np.nan), verdicts
@@ -308,7 +312,7 @@ class _Writer:
             offsets=np.array([0] + self._ends, dtype=np.int64),
             where=np.array(self._where, dtype=np.int64).reshape(-1, 2),
             masked=np.array(self._masked, dtype=np.int64).reshape(-1, 2),
-            garbage=np.array(self._garbage, dtype=np.float64).reshape(-1, 5),  # read by prepared.PreparedData
+            garbage=np.array(self._garbage, dtype=np.float64).reshape(-1, 7),  # read by prepared.PreparedData
         )
         for suffix in (".idx.npz", ".bin"):  # the tokens last: a shard is whole once its .bin exists
             os.replace(self.folder / f".tmp-{self.name}{suffix}", self.folder / f"{self.name}{suffix}")

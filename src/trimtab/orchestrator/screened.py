@@ -85,10 +85,18 @@ def finding(flagged: list[Flagged], step: int, phase: int) -> Finding:
         family=RULE,  # its own: a later outlier-rows finding is other data, not this decision failing
         step=step,
         evidence={"phase": phase, "documents": documents, "rows": rows, "sources": sources},
-        summary=f"{documents} documents pack under {worst:.2f}x their source's median bytes per token or are junk "
-        f"that packs like text (data.garbage_filter=warn; {first}): {rows} training rows are at least half theirs",
+        summary=f"{documents} documents {_what(worst)} (data.garbage_filter=warn; {first}): {rows} training rows "
+        "are at least half theirs",
         strength=STRENGTH,
     )
+
+
+def _what(threshold: float) -> str:
+    """What the documents were flagged for: threshold 0 is a source too small for a packing scale (under
+    quality.MIN_DOCS documents), where only junk judged by each document alone is (data/junk.py)."""
+    if threshold > 0:
+        return f"pack under {threshold:.2f}x their source's median bytes per token or are junk that packs like text"
+    return "are junk, each judged alone (too few documents for a packing scale)"
 
 
 def remedy(rows: list[int]) -> Remedy:
