@@ -250,7 +250,8 @@ def test_a_lost_peer_ends_a_survivor_in_one_line_with_a_failing_status(tmp_path,
     train = ["train", "--preset", "debug", "--out", str(out)]
     assert main(train) == 1
     assert capsys.readouterr().err.strip().splitlines() == [
-        "trimtab: rank 0: ended, a peer was lost (RuntimeError: Connection closed by peer); the newest checkpoint is "
+        "trimtab: rank 0: ended, a peer was lost (RuntimeError: Connection closed by peer, the peer at "
+        "127.0.0.1:9886); the newest checkpoint is "
         "step 9: torchrun restarts the job from it (--max-restarts), or the same command resumes it"
     ]
     with pytest.raises(RuntimeError, match="unrecognised"):

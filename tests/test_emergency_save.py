@@ -101,7 +101,8 @@ def test_a_peer_lost_mid_step_leaves_the_last_completed_step_saved_as_a_normal_s
     assert {k: v for k, v in sa["train"].items() if k != "train_seconds"} == {
         k: v for k, v in sb["train"].items() if k != "train_seconds"
     }
-    assert sa["emergency"] == {"rank": 0, "error": "RuntimeError: Connection closed by peer"} and sa["good"] is False
+    lost = "RuntimeError: Connection closed by peer, the peer at 127.0.0.1:13971"  # GLOO's words and address
+    assert sa["emergency"] == {"rank": 0, "error": lost} and sa["good"] is False
 
     capfd.readouterr()
     again = trainer(tmp_path / "hit", every=3)
@@ -218,7 +219,8 @@ def test_a_peer_lost_where_no_emergency_save_is_sound_says_so_once_and_where_the
         quiet.setLevel(level)
     said = [line for line in capfd.readouterr().err.splitlines() if "no emergency save" in line]
     assert said == [
-        f"{'trimtab: rank 1: ' if rank else ''}step 2: a peer was lost (RuntimeError: Connection closed by peer); "
+        f"{'trimtab: rank 1: ' if rank else ''}step 2: a peer was lost (RuntimeError: Connection closed by peer, "
+        "the peer at 127.0.0.1:13971); "
         f"no emergency save ({shards}): the restart resumes from the last checkpoint, step 0"
     ]
     assert sorted(p.name for p in (tmp_path / "fsdp" / "checkpoints").glob("step_*")) == ["step_000000"]
@@ -285,6 +287,22 @@ class _Survivor(EmergencySave):
         self.stop_reason = reason
 
 
+def test_a_lost_peers_words_name_its_address_from_gloos_message():
+    """A survivor's line for a lost peer said "Connection reset by peer" alone: a peer on another host
+    (torchrun --nnodes 2, one agent's worker killed) was not named. gloo's message names the pair's other
+    end; its source path's bracket, and a failure that is no lost peer's, name no address."""
+    reset = (
+        "Got the following error when running the callback: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/"
+        "gloo/transport/tcp/pair.cc:537] Read error [10.0.0.7]:28559: Connection reset by peer. This is typically"
+    )
+    closed = "[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [fe80::1]:9886"
+    words = emergency.lost_words
+    assert words(RuntimeError(reset)) == "RuntimeError: Connection reset by peer, the peer at 10.0.0.7:28559"
+    assert words(RuntimeError(closed)) == "RuntimeError: Connection closed by peer, the peer at fe80::1:9886"
+    assert words(RuntimeError("[x.cc:5] Broken pipe")) == "RuntimeError: Broken pipe"
+    assert words(RuntimeError("bad [1.2.3.4]:5")) == "RuntimeError: bad [1.2.3.4]:5"
+
+
 def test_torchruns_sigterm_to_a_survivor_names_the_lost_peer_not_a_stop_after_the_step(capfd):
     """torchrun's agent SIGTERMs the survivors as it sees a rank gone; a survivor took it as gloo's error
     unwound and said "stopping after this step and saving" before the emergency save's line: the cause is
@@ -305,7 +323,7 @@ def test_torchruns_sigterm_to_a_survivor_names_the_lost_peer_not_a_stop_after_th
         signal.signal(signal.SIGINT, before)
     assert capfd.readouterr().err.splitlines() == [
         "trimtab: SIGTERM: torchrun's agent ends the survivors of a lost peer (RuntimeError: Connection closed by "
-        "peer)",
+        "peer, the peer at 127.0.0.1:9886)",
         "trimtab: SIGTERM: torchrun's agent ends the survivors of a lost peer (RuntimeError: Connection reset by peer)",
         "trimtab: SIGTERM: stopping after this step and saving",
     ]

@@ -6,6 +6,7 @@ processes, one thread of work each."""
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ from trimtab.resilience import watchdog
 from trimtab.resilience.elastic import SESSION_ENV
 from trimtab.resilience.incidents import localize
 from trimtab.resilience.watchdog import SECTION_BEAT_S, Watchdog, stopped
-from trimtab.rundir import read_json
+from trimtab.rundir import read_json, write_json
 
 # argv: run dir, rank, first_timeout_s. Rank 1 runs a long `sync` of step 6 (its timer writes once,
 # 0.5 s in, beat_s being long), enters `data` of step 7 and waits there; rank 0 enters
@@ -114,3 +115,22 @@ def test_when_every_rank_answered_the_one_furthest_behind_is_blamed():
     assert stopped(hangs[:1] + hangs[2:], {0: {}, 2: {}})["ranks"] == [0]
     mute = stopped(hangs[:1], {0: {}, 1: {"section": "optimizer", "step": 8}})
     assert (mute["ranks"], mute["silent"], mute["section"], mute["step"]) == ([1], [1], "optimizer", 8)
+
+
+def test_a_silent_rank_on_another_host_is_named_with_its_host(tmp_path, monkeypatch):
+    """torchrun --nnodes 2: rank 1, on node 1's host, froze in `sync`; rank 0's line named the rank alone, and
+    its SIGKILL of silent ranks reaches this host's only: the line names the host and who ends the rank."""
+    monkeypatch.setenv(SESSION_ENV, "s1")
+    (tmp_path / "ranks").mkdir()
+    beat = {"rank": 1, "host": "gpu-node-7", "node": 1, "pid": 1, "step": 25, "section": "sync", "session": "s1"}
+    write_json(tmp_path / "ranks" / "rank1.json", beat)
+    dog = Watchdog(tmp_path, 0, 2, first_timeout_s=60.0, timeout_factor=5.0, min_timeout_s=10.0, beat_s=60.0)
+    said = dog._hung_words("forward_backward", 11.0, 10.0, tmp_path / "hangs")
+    assert "rank 1 stopped in sync at step 25 and did not answer the alarm" in said, said
+    assert said.endswith(
+        "; on host gpu-node-7 (node 1): another host, ended by its torchrun agent (SIGKILL 30 s after its SIGTERM, "
+        "if frozen)"
+    ), said
+    write_json(tmp_path / "ranks" / "rank1.json", {**beat, "host": socket.gethostname()})  # this host: killed here
+    said = dog._hung_words("forward_backward", 11.0, 10.0, tmp_path / "hangs")
+    assert said.endswith(f"; on host {socket.gethostname()} (node 1)"), said

@@ -262,7 +262,8 @@ class Watchdog:
         """What the rank that raised the alarm says: it hung, or it only waited (in a collective)
         for the rank that stopped, named with where it stopped."""
         past = f"past its timeout of {limit:.0f} s (the resilience.* timeouts, docs/resilience.md)"
-        blame = stopped(self._session_hangs(folder, section), self._session_beats())
+        beats = self._session_beats()
+        blame = stopped(self._session_hangs(folder, section), beats)
         if blame["ranks"] == [self.rank]:
             return f"hung: {section} ran {elapsed:.0f} s at step {self.step}, {past}"
         who = f"rank {', '.join(map(str, blame['ranks']))}"
@@ -272,7 +273,8 @@ class Watchdog:
             if blame["silent"]
             else "(the others wait for it in a collective)"
         )
-        return f"waited {elapsed:.0f} s in {section} at step {self.step}, {past}: {who} stopped{where} {why}"
+        on = on_hosts(blame["ranks"], beats, bool(blame["silent"]))
+        return f"waited {elapsed:.0f} s in {section} at step {self.step}, {past}: {who} stopped{where} {why}{on}"
 
     def _session_hangs(self, folder: Path, section: str) -> list[dict[str, Any]]:
         """This session's hang records: the other ranks' that answered the alarm, and this one's."""
@@ -371,6 +373,20 @@ def stopped(hangs: list[dict[str, Any]], beats: dict[int, dict[str, Any]]) -> di
         "section": behind[0]["section"],
         "step": behind[0].get("step"),
     }
+
+
+def on_hosts(ranks: list[int], beats: dict[int, dict[str, Any]], silent: bool) -> str:
+    """Where the ranks to blame run, from their beats: "; on host H (node N)", and, `silent` ones on a host not
+    this one, that this rank cannot end them (_end_mute_peers kills this host's only): their agent ends them as
+    the job restarts, by SIGTERM, which a frozen process cannot take, then SIGKILL 30 s later (torchrun's
+    shutdown grace): the restart comes that much later. "" where no beat says."""
+    places = sorted({(str(b["host"]), int(b.get("node") or 0)) for r in ranks if (b := beats.get(r, {})).get("host")})
+    if not places:
+        return ""
+    where = ", ".join(f"host {host} (node {node})" for host, node in places)
+    away = any(host != socket.gethostname() for host, _ in places)
+    later = ": another host, ended by its torchrun agent (SIGKILL 30 s after its SIGTERM, if frozen)"
+    return f"; on {where}" + (later if away and silent else "")
 
 
 def timed_before(run_dir: Path, rank: int, world: int) -> dict[str, float]:

@@ -17,7 +17,9 @@ loader's rollouts. The writer is rank 0, or, rank 0 lost, the first other surviv
 saves). What differs from a save of every rank: the row gate's reference is each rank's own
 (distributed/checkpoint.py with_gates), and only the writer's is known here (the lost rank's went with it);
 every rank resumes with it, as a resume on another world gives rank r saved rank r mod the saved world's,
-and the restart says so (checkpointing.py). The RNG is exact: every DDP rank's stream is the writer's
+and the restart says so (checkpointing.py). The best at hand without a per-step cost: the last cadence
+checkpoint's own references lag by up to checkpoint.every steps, and an exact one would need every rank to
+keep every rank's (docs/resilience.md). The RNG is exact: every DDP rank's stream is the writer's
 (every_ranks_rng). The
 evaluation a peer was lost in is not in the checkpoint (its step's figures are not in metrics.jsonl).
 The save has torchrun's grace to finish in: the agent sends SIGTERM to the survivors as it sees a rank
@@ -27,6 +29,7 @@ gone, SIGKILL 30 s later (docs/resilience.md).
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -44,6 +47,9 @@ from trimtab.training.runtime import rng_state
 
 # gloo's and NCCL's words for a peer that went away (gloo raises a plain RuntimeError, NCCL a DistBackendError)
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL")
+# gloo's address of the pair's other end, an IP in brackets then its port ("Read error [127.0.0.1]:28559:"); the
+# message's first bracket is gloo's source path and line ("[/.../pair.cc:537]"), not followed by a port
+PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:(\d+)")
 EMERGENCY = "emergency"  # state.json's key: why this checkpoint was written by one rank alone
 # how long a survivor other than rank 0 leaves rank 0 to claim the step first: rank 0 saw the same
 # failure at the same moment, and its claim is a file created in milliseconds
@@ -63,9 +69,14 @@ def peer_lost(exc: BaseException) -> bool:
 
 
 def lost_words(exc: BaseException) -> str:
-    """The failure in a few words: gloo's phrase for it (its message runs to 200 characters of source path)."""
+    """The failure in a few words: gloo's phrase for it (its message runs to 200 characters of source path), and
+    the lost peer's address where gloo gives one ("Read error [10.0.0.7]:28559: ..."): its host, the only word a
+    survivor has at once of which peer went, also one on another host (the watchdog's beats name this host's
+    ranks only: resilience/watchdog.py gone_peers)."""
     said = next((words for words in PEER_LOST if words in str(exc)), None)
-    return f"{type(exc).__name__}: {said or (str(exc).splitlines() or [''])[0][:120]}"
+    words = f"{type(exc).__name__}: {said or (str(exc).splitlines() or [''])[0][:120]}"
+    peer = PEER_ADDRESS.search(str(exc)) if said else None
+    return f"{words}, the peer at {peer[1]}:{peer[2]}" if peer else words
 
 
 def emergency_resume_line(state: dict[str, Any], world: int) -> str:
