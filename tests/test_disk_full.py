@@ -226,3 +226,22 @@ def test_the_full_disks_bf16_weights_are_kept_in_bf16_not_upcast(small_fs):
     assert (path / "model.safetensors").stat().st_size < (1 << 20)  # fp32 "w" alone is 1 MiB
     assert said == "fp32+bf16: the weights' own, none upcast to fp32"
     assert json.loads((path / "state.json").read_text())["snapshot"] == "fp32+bf16"
+
+
+def test_a_run_started_on_a_full_disk_names_its_out(tmp_path, monkeypatch, capsys):
+    """A finetuning run started with --out on a full tmpfs stopped with "the disk is full ([Errno 28] No space
+    left on device)" and no path: the run lock's write() names no file. The CLI names --out now."""
+    import errno
+    import os
+
+    import trimtab.runlock
+    from trimtab.cli import main
+
+    def full(fd, record):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as os.pwrite raises it: no filename
+
+    monkeypatch.setattr(trimtab.runlock, "_write_lock", full)
+    out = tmp_path / "r"
+    assert main(["train", "--preset", "debug", "--out", str(out), "--max-steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"trimtab: error: the disk is full under {out} ([Errno 28] No space left on device)" in err

@@ -527,3 +527,23 @@ def test_a_run_directory_on_a_read_only_mount_is_refused_naming_the_page_and_out
     said = capsys.readouterr().err
     assert f"the report cannot be written to {run / 'report.html'} (Read-only file system" in said
     assert "give --out" in said and not (run / "report.html").exists()
+
+
+def test_a_report_on_a_full_disk_names_no_none_file_and_says_free_space(tmp_path, monkeypatch, capsys):
+    """At the end of a finetuning run on a full tmpfs the report's error read "(No space left on device:
+    None); give --out ...": a full disk's write names no file, and another --out there fails alike."""
+    import errno
+    import os
+
+    import trimtab.rundir
+
+    run = _fake_run(tmp_path / "run", 1e-3)
+
+    def full(path, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a write() raises it: no filename
+
+    monkeypatch.setattr(trimtab.rundir, "open", full, raising=False)  # the builtin, as write_atomic calls it
+    assert main(["report", str(run)]) == 2
+    said = capsys.readouterr().err
+    assert f"the report cannot be written to {run / 'report.html'} (No space left on device); free space" in said
+    assert "None" not in said

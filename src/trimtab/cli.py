@@ -429,8 +429,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # training meets a full disk in its own way (rule disk: older checkpoints freed, or exit 4);
         # export, merge, data prepare and the rest stop here, their partial output removed or resumable
+        # a write() names no file ("[Errno 28] No space left on device", the run lock's on a full --out): say where
+        where = f" under {args.out}" if getattr(args, "out", None) and not error.filename else ""
         print(
-            f"trimtab: error: the disk is full ({exc}); free space or write elsewhere, then run it again",
+            f"trimtab: error: the disk is full{where} ({exc}); free space or write elsewhere, then run it again",
             file=sys.stderr,
         )
         return 2

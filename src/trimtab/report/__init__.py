@@ -8,6 +8,7 @@ docs/report.md says how to read the page.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -45,11 +46,21 @@ def write_report(paths: list[str | Path], out: str | Path | None = None, summary
         target.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(target, page)  # a reader (a browser reloading) never sees half a page
     except OSError as exc:  # a run directory on a read-only mount ended in a traceback
-        raise TrimtabError(
-            f"the report cannot be written to {target} ({exc.strerror}: {exc.filename}); "
-            "give --out a file or directory that can be written, e.g. --out /tmp/report.html"
-        ) from None
+        raise TrimtabError(f"the report cannot be written to {target} ({_why(exc)}); {_fix(exc)}") from None
     return target
+
+
+def _why(exc: OSError) -> str:
+    """The failure, and the file it names when it names one: a full disk's write names none
+    (it read "No space left on device: None")."""
+    reason = exc.strerror or str(exc)
+    return f"{reason}: {exc.filename}" if exc.filename else reason
+
+
+def _fix(exc: OSError) -> str:
+    """What to do: on a full disk, free space (another --out on the same disk fails alike)."""
+    other = "give --out a file or directory that can be written, e.g. --out /tmp/report.html"
+    return f"free space there, or {other}" if exc.errno == errno.ENOSPC else other
 
 
 def default_out(paths: list[str | Path]) -> Path:
