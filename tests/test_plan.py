@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 import trimtab
-from helpers import StopAt
+from helpers import StopAt, freeze_heap
 from trimtab.checkpoint import list_checkpoints
 from trimtab.cli import main
 from trimtab.config import derive, load_config, merge
@@ -459,6 +459,7 @@ def test_the_activation_estimate_is_what_a_forward_leaves_for_its_backward(prese
     from trimtab.plan.memory import kept_bytes_per_token
     from trimtab.training.loss import cross_entropy_sum
 
+    freeze_heap()  # measure_kept_bytes collects garbage 4 times
     cfg = load_config(preset=preset, sets=[*sets, "model.vocab_size=512", "data.seq_len=32"])
     torch.manual_seed(0)
     model = build_model(cfg.model)
