@@ -276,7 +276,7 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
         # the orchestrator's own rollback is a fault's, a failure in Young's M (checkpoint_interval.rollbacks);
         # a person's (ctl rollback) is a choice, with no rate to expect of it
         if self.interval is not None and self.rolling_back is not None:
-            self.interval.rolled_back(self.last_step - run.step)
+            self.interval.rolled_back(self.last_step - run.step, self.rolling_back)
         self.rolling_back = None
         self.policy.shift(self.last_step - run.step)
         self.stood_at -= (self.last_step - run.step) if self.stood_at >= 0 else 0  # as the ladder's steps
@@ -378,6 +378,8 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
         if self.interval is None or "checkpoint_interval" in self.paused or run.step >= run.total_steps:
             return  # at the run's last step no checkpoint is left to move
         every, configured = run.checkpoint_every, run.cfg.checkpoint.every
+        # a rollback whose remedy took is no failure to expect again (interval.py)
+        self.interval.judged({d.id: d.outcome["result"] for d in self.journal.decisions if d.outcome})
         if (f := self.interval.observe(run.step, seconds, stall, run.world, every, configured)) is not None:
             self.decide(run, f)
 
