@@ -162,6 +162,37 @@ def test_thin_garbage_early_in_a_mixture_is_named_from_each_sources_level_within
     assert restored.part_levels == rule.part_levels and list(restored.levels) == list(rule.levels)
 
 
+def test_garbage_met_again_after_its_like_was_trained_on_blames_its_step_under_min_gap():
+    """Once the model trained on a step of garbage, its like met later stands 1.2-1.6 nats over the
+    step's median (debug, bad_rows@20, seed 3, steps 22-23), under min_gap: 18 of 26 poisoned rows went
+    unseen. step_outliers + 1 rows at once between blame_gap (1.0) and min_gap blame the step and are named, in one
+    source or a mixture's; a clean step's hard rows there, one or two at a time, are not even suspects,
+    nor is one beside fresh garbage over min_gap."""
+    rule, rng = OutlierRows(OrchestratorConfig()), random.Random(1)
+
+    def step(n: int, special: dict[int, float], parts: bool = False) -> StepMetrics:
+        base = 6.0 - 0.05 * n
+        losses = {n * 100 + i: (base + rng.gauss(0, 0.12), 64) for i in range(32 - len(special))}
+        losses |= {r: (base + gap, 64) for r, gap in special.items()}
+        sources = {r: "a" if r % 2 else "b" for r in losses} if parts else None
+        return StepMetrics(step=n, loss=base, grad_norm=1.0, rows=list(losses), row_losses=losses, row_parts=sources)
+
+    hard = {1: {20_000: 1.3}, 2: {20_001: 1.2, 20_002: 1.4}}  # clean steps' hard rows, over blame_gap
+    named = [f for n in range(1, 20) if (f := rule.observe(step(n, hard.get(n % 8, {})))) is not None]
+    assert named == [] and not rule.suspects
+    garbage = {10_000 + i: 1.2 + 0.05 * i for i in range(6)}
+    f = rule.observe(step(20, garbage))
+    assert f is not None and f.evidence["blamed"] and f.evidence["rows"] == sorted(garbage)
+    # fresh garbage over min_gap blames its step alone: a hard row there, between blame_gap and it, is no family
+    fresh = {11_000: 1.7, 11_001: 1.9, 11_002: 2.0}
+    f = rule.observe(step(21, fresh | {20_003: 1.3}))
+    assert f is not None and f.evidence["blamed"] and f.evidence["rows"] == sorted(fresh)
+    mixed = OutlierRows(OrchestratorConfig())  # a mixture: each source's rows from that source's level
+    assert all(mixed.observe(step(n, hard.get(n % 8, {}), parts=True)) is None for n in range(1, 20))
+    f = mixed.observe(step(20, {10_000 + 2 * i + 1: 1.3 + 0.05 * i for i in range(4)}, parts=True))
+    assert f is not None and f.evidence["blamed"] and f.evidence["rows"] == [10_001, 10_003, 10_005, 10_007]
+
+
 def test_its_state_is_json_and_resumes_the_same():
     rule, data = OutlierRows(OrchestratorConfig()), Data()
     for _ in range(5):
