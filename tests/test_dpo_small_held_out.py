@@ -34,7 +34,7 @@ def test_a_pairs_file_too_small_to_hold_any_out_is_warned_of(tmp_path, caplog):
 
 def test_no_warning_when_the_split_holds_pairs_or_none_are_asked_for(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="trimtab.rl.dpo_phase"):
-        train, held, _ = _split(tmp_path, 20)
+        train, held, _ = _split(tmp_path, 20, held_out=2)  # asking more than a tenth is said (test_dpo_held_out_rule)
         assert (len(train), len(held)) == (18, 2)
         _split(tmp_path, 5, held_out=0)
     assert not [r for r in caplog.records if r.name == "trimtab.rl.dpo_phase"]

@@ -332,6 +332,7 @@ def test_build_monitors_respects_enabled():
         "rl_entropy",
         "rl_length",
         "rl_hacking",
+        "dpo_held_out",  # silent outside `trimtab dpo`: only a DPO evaluation carries its reading
     }  # moe: the orchestrator adds MoEHealth
     cfg.spike.enabled = cfg.plateau.enabled = False
     assert "spike" not in build_monitors(cfg) and "plateau" not in build_monitors(cfg)

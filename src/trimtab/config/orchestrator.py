@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from trimtab.config.checks import Section, _check, _positive
 from trimtab.config.loss_rules import AboveStartRule, DivergenceRule, GradRule, SpikeRule, check_loss_rules
 from trimtab.config.rl_rules import (
+    DPOHeldOutRule,
     RLEntropyRule,
     RLHackingRule,
     RLLengthRule,
@@ -247,6 +248,7 @@ class OrchestratorConfig(Section):
     rl_hacking: RLHackingRule = field(default_factory=RLHackingRule)
     rl_ratio: RLRatioRule = field(default_factory=RLRatioRule)
     rl_reward: RLRewardRule = field(default_factory=RLRewardRule)
+    dpo_held_out: DPOHeldOutRule = field(default_factory=DPOHeldOutRule)
     lr: LRRule = field(default_factory=LRRule)
     data: DataRule = field(default_factory=DataRule)
     rows: RowsRule = field(default_factory=RowsRule)
@@ -277,6 +279,7 @@ class OrchestratorConfig(Section):
         "rl_hacking",
         "rl_ratio",
         "rl_reward",
+        "dpo_held_out",
         "lr",
         "rows",
         "make_up",

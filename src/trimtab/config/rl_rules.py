@@ -149,6 +149,20 @@ class RLRewardRule(Section):
     lr_factor: float = 0.1
 
 
+@dataclass
+class DPOHeldOutRule(Section):
+    """DPO's held-out preference loss (`trimtab dpo`, docs/rl.md): `rise` or more above its lowest reading for
+    `patience` evaluations in a row, the held-out accuracy no higher than at that best, the run rolls back to the
+    best reading's policy with the LR x orchestrator.rl_reward.lr_factor; with no rollback left, it stops. So too
+    the chosen responses' mean log(pi / pi_ref) `displacement` nats or more below 0 at no more than chance accuracy
+    (likelihood displacement, Razin et al. 2024: both responses pushed down, neither ranked better)."""
+
+    enabled: bool = True
+    rise: float = 0.05
+    displacement: float = 5.0
+    patience: int = 2
+
+
 def check_rl_rules(o: OrchestratorConfig) -> None:
     """The RL rules' checks, in the order OrchestratorConfig.validate makes them."""
     _positive(o.rl_signal, "orchestrator.rl_signal", "window", "max_temperature")
@@ -174,3 +188,4 @@ def check_rl_rules(o: OrchestratorConfig) -> None:
     _check(0 < o.rl_reward.drop <= 1, "orchestrator.rl_reward.drop", "must be in (0, 1]")
     _check(0 < o.rl_reward.lr_factor < 1, "orchestrator.rl_reward.lr_factor", "must be in (0, 1)")
     _check(o.rl_hacking.rise >= 0, "orchestrator.rl_hacking.rise", "must be >= 0")
+    _positive(o.dpo_held_out, "orchestrator.dpo_held_out", "rise", "displacement", "patience")

@@ -19,7 +19,7 @@ from typing import Any
 from trimtab.config import DataConfig
 from trimtab.data import arithmetic, formats
 from trimtab.data.chat import ChatFormat, MissingTemplate, TemplateError, render_document
-from trimtab.data.listing import PREPARED_MANIFEST, SameBytes, shown, source_files
+from trimtab.data.listing import PREPARED_MANIFEST, SHOWN, SameBytes, shown, source_files
 from trimtab.data.prepared import read_manifest
 from trimtab.errors import DataError
 
@@ -109,8 +109,15 @@ def _say_skipped(reader: _Reader, key: str, source: str | list[str], section: st
             reader.undecodable_example,
         )
     if reader.n_skipped:
+        more = ", ..." if reader.n_skipped > len(reader.skipped_where) else ""
         logger.warning(
-            "%s '%s': skipped %d malformed records (%s.skip_bad_records=true)", key, source, reader.n_skipped, section
+            "%s '%s': skipped %d malformed records (%s.skip_bad_records=true; the first: %s%s)",
+            key,
+            source,
+            reader.n_skipped,
+            section,
+            ", ".join(reader.skipped_where),
+            more,
         )
     if reader.repeated:
         said = shown(reader.repeated, "file", "", "s")
@@ -182,6 +189,7 @@ class _Reader:
     limit: int = 0  # the bytes the caller takes at most (0: all): a file's records are held back up to it
     exclude: tuple[Path, ...] = ()  # directories never read (prepare's --out)
     n_skipped: int = 0
+    skipped_where: list[str] = field(default_factory=list)  # FILE:LINE of the first malformed records (SHOWN)
     n_undecodable: int = 0
     undecodable_example: str = ""
     repeated: list[str] = field(default_factory=list)  # "FILE (as EARLIER)": files of the same bytes, read once
@@ -277,25 +285,33 @@ class _Reader:
         the caller has all it takes (`limit`): so a directory's file found unreadable part way
         (a bad byte on line 20) is skipped whole, as a text file is."""
         fix = self.fix or f"set {self.section}.skip_bad_records=true"
-        held, chars, skipped = [], 0, 0
+        held, chars, skipped = [], 0, []  # skipped: the malformed records' FILE:LINE, the first SHOWN of them
+        n_skipped = 0
         try:
-            for doc, _ in record_documents(path, self.cfg, self.chat, fix):
+            for doc, record in record_documents(path, self.cfg, self.chat, fix):
                 if doc is None:
-                    skipped += 1
+                    n_skipped += 1
+                    skipped += [record.where][: SHOWN - len(skipped)]
                 elif doc.text:
                     held.append(doc)
                     chars += len(doc.text)  # at most its bytes: the limit is never passed unread
                 if limit and chars > limit:
-                    self.n_skipped += skipped
+                    self._skipped(n_skipped, skipped)
                     yield from held
-                    held, chars, skipped = [], 0, 0
+                    held, chars, skipped, n_skipped = [], 0, [], 0
         except formats.Unreadable as exc:
             if strict:
                 raise
             self._unreadable(exc)
             return
-        self.n_skipped += skipped
+        self._skipped(n_skipped, skipped)
         yield from held
+
+    def _skipped(self, n: int, where: list[str]) -> None:
+        """Count `n` malformed records left out, keeping the first few FILE:LINEs (`where`): a count alone left a
+        person to hunt through the files for them."""
+        self.n_skipped += n
+        self.skipped_where += where[: max(0, SHOWN - len(self.skipped_where))]
 
     def _unreadable(self, exc: formats.Unreadable) -> None:
         self.n_undecodable += 1

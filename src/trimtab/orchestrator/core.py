@@ -23,6 +23,7 @@ from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.distributed import all_max
 from trimtab.orchestrator import readings
 from trimtab.orchestrator.deciding import Deciding
+from trimtab.orchestrator.dpo_health import dpo_eval
 from trimtab.orchestrator.evaluation import EarlyStop, eval_failure
 from trimtab.orchestrator.interval import CheckpointInterval
 from trimtab.orchestrator.journal import Journal
@@ -185,6 +186,7 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
                 ("early_stop", "val_loss"),
                 ("rl_hacking", "rl/held_out_reward"),
                 ("rl_signal", "rl/held_out_reward"),  # a collapse's sign (rl_health.py, NoLearningSignal)
+                ("dpo_held_out", "dpo/held_out_loss"),
             )
             if (monitor := self.monitors.get(rule)) is not None and rule not in self.paused and key in metrics
         ]
@@ -192,6 +194,7 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
             return
         for monitor, value in rules:
             counts = held_out_counts(metrics) if monitor.rule in ("rl_hacking", "rl_signal") else {}
+            counts = dpo_eval(metrics, run.cfg.dpo) if monitor.rule == "dpo_held_out" else counts
             if (f := monitor.observe_eval(metrics["step"], run.phase, value, **counts)) is not None:
                 self.decide(run, f)
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.dpo_health import preference_remedy
 from trimtab.orchestrator.monitors import Finding
 from trimtab.orchestrator.remedies import Remedy, lr_cut
 from trimtab.orchestrator.rl_reward import reward_remedy
 from trimtab.orchestrator.rl_verifier import verifier_remedy
 
 # rules whose remedy may roll back: their findings keep RL's incident open (policy.py: RLIncident)
-ROLLING_BACK = ("rl_length", "rl_hacking", "rl_reward")
+ROLLING_BACK = ("rl_length", "rl_hacking", "rl_reward", "dpo_held_out")
 
 
 def remedy(f: Finding, view: Any, cfg: OrchestratorConfig, *, rollbacks: int = 0, incident: str = "") -> Remedy:
@@ -40,6 +41,8 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig, *, rollbacks: int = 0
         return _ratio_remedy(view, cfg)
     if f.rule == "rl_reward":
         return reward_remedy(f, view, cfg, rollbacks)
+    if f.rule == "dpo_held_out":
+        return preference_remedy(f, view, cfg, rollbacks)
     return _signal_remedy(f, view, cfg, rollbacks, incident)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.divergence import Divergence
+from trimtab.orchestrator.dpo_health import PreferenceFall
 from trimtab.orchestrator.lr_rule import UnexplainedLR
 from trimtab.orchestrator.monitors import GradExplosion, LossSpike, Monitor, NonFinite
 from trimtab.orchestrator.resources import Fp16Overflow, MemoryPressure, OutOfMemory, Throughput
@@ -38,6 +39,7 @@ MONITORS = {
     "rl_hacking": RewardHacking,
     "rl_ratio": OffPolicy,
     "rl_reward": RewardFall,
+    "dpo_held_out": PreferenceFall,
 }
 
 

@@ -84,6 +84,12 @@ def pairs_of(cfg: RunConfig) -> tuple[list[Pair], list[Pair], list[tuple[str, st
             "held out, so none is: the run has no held-out evaluation (dpo/held_out_* figures); give it 10 or more "
             "pairs with distinct prompts, or set dpo.held_out=0"
         )
+    elif len(held) < n_held:  # the cap took some: the figures are over fewer pairs than asked, which went unsaid
+        log.warning(
+            f"dpo.held_out={n_held}: dpo.pairs '{spec}' holds out {len(held)} of its {len(train) + len(held)} "
+            "pairs (at most a tenth of a file is held out, so that most of it trains): the dpo/held_out_* figures "
+            "are over those; a larger file holds out more"
+        )
     return train, held, []
 
 
