@@ -54,6 +54,7 @@ class Outcomes:
         # has: the standard deviation of orchestrator.plateau.variance, the flatness it fired at
         # (a fall of 0.007 nats at an LR of 1e-6, the loss still at ln(vocab), was "recovered").
         self.plateau_fall = math.sqrt(cfg.plateau.variance)
+        self.moe = cfg.moe  # the bars a MoE layer's load is judged by (_load_healed)
         # An instability decision's loss back within 5% of its reference is recovered only if what is
         # left above it is within this many standard errors of the steps' differences from it: the
         # divergence rule's test of a rise (orchestrator.divergence.sigma; 0: the 5% alone).
@@ -74,6 +75,7 @@ class Outcomes:
             if m.rl is not None:  # RL's step: its loss is a clipped policy objective, not a likelihood
                 track["objective"] = True
             track.setdefault("references", [None] * (len(track["losses"]) - 1)).append(reference)
+            _track_load(track, decision, m)
             back = [f.rule for f in findings if same_trouble(decision, f)]
             same = bool(back)
             if decision.action in SKIPS or (decision.action == "rollback" and m.step > decision.step):
@@ -135,6 +137,9 @@ class Outcomes:
             ok = after <= before * 1.05 and self._within_noise(pairs, after - before)
         if ok and likelihood and before is not None and d.family == "plateau" and d.action != "none":
             ok = after < before - self.plateau_fall
+        load = self._load_healed(d, track.get("load"))
+        healed = load.pop("healed", True)  # popped whatever `ok` is: only the numbers go in the outcome
+        ok = ok and healed
         result = "recovered" if ok else "not recovered"
         unchanged = d.action == "rollback" and _unchanged(track)
         if unchanged or (ended and _too_early(track, self.outcome_after, math.isfinite(after))):
@@ -146,6 +151,7 @@ class Outcomes:
             "loss_after": after,
             "findings_after": track["findings"],
         }
+        d.outcome.update(load)
         if track.get("found"):  # which findings said the trouble was back: a person tells a recurrence from a new fault
             d.outcome["found_after"] = track["found"]
         replayed = sum(r is not None for _, r in pairs)
@@ -155,6 +161,33 @@ class Outcomes:
         if "reproduced_at" in track:  # a deterministic fault: another rollback would meet it again
             d.outcome["reproduced_at"] = track["reproduced_at"]
         self.journal.write()
+
+    def _load_healed(self, d: Decision, load: list[list[float]] | None) -> dict[str, Any]:
+        """A MoE layer's load after a decision on it, against the bar its finding crossed: the mean
+        busiest-expert load (x fair share) and dropped fraction of the steps since, and whether they
+        are back under it ("healed"); a re-initialised expert's load, back over `dead_load`. The rule
+        clears its windows when it fires, so an imbalance or drop finding cannot come back within
+        `outcome_after` steps (a dead one within `dead_patience`): "no finding since" alone judged a
+        balance raise that left layer 3 at 3.1-3.3x its fair share (~50% dropped) "recovered"
+        (debug-moe, 4 experts top-1, balance_coef 0, router_temperature 0.1, step 100)."""
+        kind = d.evidence.get("kind") if d.family.startswith("moe/") else None
+        if kind == "dead" and d.action != "reinit_expert":  # pruned: no expert left to measure
+            return {}
+        if not load or kind not in ("collapse", "imbalance", "saturated", "drop", "dead"):
+            return {}
+        ratio = sum(row[0] for row in load) / len(load)
+        dropped = sum(row[1] for row in load) / len(load)
+        n_over_k = load[-1][2]  # the most one expert can take, x fair share (n_experts / top_k)
+        if kind == "dead":  # dead_patience (30) > outcome_after: only its load says it took traffic again
+            revived = sum(row[3] for row in load) / len(load)
+            return {"expert_load_after": round(revived, 4), "healed": revived >= self.moe.dead_load}
+        if kind == "drop":
+            healed = dropped <= self.moe.max_drop
+        elif kind == "collapse":
+            healed = ratio < self.moe.collapse * n_over_k
+        else:
+            healed = ratio <= self.moe.imbalance
+        return {"max_load_after": round(ratio, 4), "dropped_after": round(dropped, 4), "healed": healed}
 
     def _within_noise(self, pairs: list[tuple[float, float | None]], excess: float) -> bool:
         """Whether a replay's mean `excess` over the losses the run had at the same steps before is
@@ -183,6 +216,19 @@ class Outcomes:
         self.tracking = state["tracking"]
         self.healthy = OrderedDict((int(s), float(v)) for s, v in state.get("healthy_losses", []))  # older: none
         self.troubled = OrderedDict((int(s), float(v)) for s, v in state.get("troubled_losses", []))  # older: none
+
+
+def _track_load(track: dict[str, Any], decision: Decision, m: StepMetrics) -> None:
+    """The load of the MoE layer a decision of the `moe` rule acted on, at this step:
+    [busiest expert's load x fair share, dropped fraction, n_experts / top_k, a re-initialised
+    expert's load x fair share]."""
+    if decision.rule != "moe" or not m.moe or m.skipped:  # a withheld step says nothing of the router (moe_health)
+        return
+    for layer, share, dropped, top_k in m.moe:
+        if layer == decision.evidence.get("layer") and share:
+            expert = decision.params.get("expert") if decision.action == "reinit_expert" else None
+            revived = share[expert] * len(share) if expert is not None and expert < len(share) else 0.0
+            track.setdefault("load", []).append([max(share) * len(share), dropped, len(share) / top_k, revived])
 
 
 def _remember(losses: OrderedDict[int, float], step: int, loss: float) -> None:

@@ -1,0 +1,62 @@
+"""A MoE decision's outcome is its layer's load after it, not only "no finding since": the moe rule
+clears its windows when it fires, so an imbalance or drop finding cannot come back within
+`outcome_after` steps, and a balance raise that changed nothing was journaled "recovered" (soak:
+debug-moe, 4 experts top-1, balance_coef 0, router_temperature 0.1: layer 3 stayed at 3.1-3.3x)."""
+
+from test_orchestrator_incidents import pending
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.core import Orchestrator
+from trimtab.orchestrator.monitors import Finding, StepMetrics
+from trimtab.rundir import read_decisions
+
+
+def _decision(orchestrator, step, kind, layer):
+    d = pending(orchestrator.journal, step, "moe", "set_balance_coef", family=f"moe/{layer}")
+    d.evidence = {"kind": kind, "layer": layer}
+    return d
+
+
+def _steps(orchestrator, steps, shares, dropped):
+    """Layer 1 at `shares` (4 experts, top-1), layer 3 always balanced."""
+    for step in steps:
+        moe = [(1, shares, dropped, 1), (3, [0.25] * 4, 0.0, 1)]
+        orchestrator.outcomes.follow(StepMetrics(step=step, loss=4.0, grad_norm=1.0, moe=moe), [])
+
+
+def test_a_balance_raise_that_left_the_layer_imbalanced_is_not_recovered(tmp_path):
+    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)  # outcome_after 20, imbalance 2.5
+    still = _decision(orchestrator, 100, "imbalance", 1)
+    drop = _decision(orchestrator, 100, "drop", 1)
+    _steps(orchestrator, range(101, 121), [0.8, 0.1, 0.05, 0.05], 0.5)  # 3.2x its fair share, half dropped
+    healed = _decision(orchestrator, 130, "imbalance", 1)
+    other = _decision(orchestrator, 130, "collapse", 3)
+    _steps(orchestrator, range(131, 151), [0.3, 0.25, 0.25, 0.2], 0.02)
+    out = {d["id"]: d["outcome"] for d in read_decisions(tmp_path)}
+    assert out[still.id]["result"] == "not recovered" and out[still.id]["max_load_after"] == 3.2
+    assert out[drop.id]["result"] == "not recovered" and out[drop.id]["dropped_after"] == 0.5
+    assert out[healed.id]["result"] == "recovered" and out[healed.id]["max_load_after"] == 1.2
+    assert out[other.id]["result"] == "recovered" and out[other.id]["max_load_after"] == 1.0  # its own layer
+
+
+def test_a_re_initialised_expert_that_stays_starved_is_not_recovered(tmp_path):
+    """dead_patience (30) > outcome_after (20): a dead finding cannot come back in time either."""
+    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)
+    for expert, steps, shares in ((2, range(101, 121), [0.5, 0.5, 0.0, 0.0]), (3, range(131, 151), [0.3] * 3 + [0.1])):
+        d = pending(orchestrator.journal, steps[0] - 1, "moe", "reinit_expert", family="moe/1")
+        d.evidence, d.params = {"kind": "dead", "layer": 1, "expert": expert}, {"layer": 1, "expert": expert}
+        _steps(orchestrator, steps, shares, 0.0)
+    starved, revived = (d["outcome"] for d in read_decisions(tmp_path))
+    assert starved["result"] == "not recovered" and starved["expert_load_after"] == 0.0
+    assert revived["result"] == "recovered" and revived["expert_load_after"] == 0.4
+
+
+def test_a_moe_outcome_the_trouble_came_back_to_keeps_only_its_numbers(tmp_path):
+    """Its collapse back (moe@61 on the soak's layer 1): the outcome carried the internal "healed": true."""
+    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)
+    d = _decision(orchestrator, 50, "collapse", 1)
+    back = Finding(rule="moe", family="moe/1", step=51, evidence={}, summary="moe", strength=1.0)
+    orchestrator.outcomes.follow(StepMetrics(step=51, loss=4.0, grad_norm=1.0, moe=[(1, [0.25] * 4, 0.0, 1)]), [back])
+    _steps(orchestrator, range(52, 71), [0.25] * 4, 0.0)
+    outcome = read_decisions(tmp_path)[0]["outcome"]
+    assert d.id == 1 and outcome["result"] == "not recovered" and outcome["found_after"] == ["moe@51"]
+    assert outcome["max_load_after"] == 1.0 and "healed" not in outcome
