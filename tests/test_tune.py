@@ -378,3 +378,17 @@ def test_a_best_trial_healed_of_a_far_too_high_lr_says_the_lr_it_trained_at(tmp_
     text = write_outputs(study, space, tmp_path / "out")
     assert "its LR multiplier ended at x0.01" in text and "effective optim.lr 0.02," in text
     assert "# its LR multiplier ended at x0.01" in (tmp_path / "out" / "best.yaml").read_text()
+
+
+def test_a_study_whose_trials_all_ended_pruned_does_not_say_not_yet(tmp_path):
+    """Soak: a finished grid over lr 1e3 and 1e30 (both gave up, PRUNED) printed "no trial completed
+    yet", as if a trial were still to come; it has ended without a best.yaml."""
+    space = load_space(write_space(tmp_path))
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    for _ in range(2):
+        study.tell(study.ask(), state=TrialState.PRUNED)
+    text = write_outputs(study, space, tmp_path / "out")
+    assert "yet" not in text and "no trial completed (2 pruned): no best.yaml" in text
+    assert not (tmp_path / "out" / "best.yaml").exists()
+    study.ask()  # a trial still running: one may complete
+    assert "no trial completed yet" in write_outputs(study, space, tmp_path / "out")

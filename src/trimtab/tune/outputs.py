@@ -130,6 +130,18 @@ def summary_text(
         note = lr_note(b)
         lines += [note] if note else []
     else:
-        lines.append("no trial completed yet")
+        lines.append(_no_best(states))
     lines.append(f"trials: {directory / 'trials.csv'}")
     return "\n".join(lines)
+
+
+def _no_best(states: dict[str, int]) -> str:
+    """Said when no trial completed: "yet" only while some trial may still complete; a study whose
+    trials all ended pruned or failed has no best.yaml, and the notes above say why."""
+    if states.get("RUNNING") or states.get("WAITING"):
+        return "no trial completed yet"
+    ended = ", ".join(f"{n} {s.lower()}" for s, n in sorted(states.items())) or "no trials"
+    return (
+        f"no trial completed ({ended}): no best.yaml; the notes above say why each ended"
+        " (for an orchestrator that gave up, lower the space's high ends)"
+    )
