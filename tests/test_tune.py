@@ -380,7 +380,7 @@ def test_a_best_trial_healed_of_a_far_too_high_lr_says_the_lr_it_trained_at(tmp_
     assert "# its LR multiplier ended at x0.01" in (tmp_path / "out" / "best.yaml").read_text()
 
 
-def test_a_study_whose_trials_all_ended_pruned_does_not_say_not_yet(tmp_path):
+def test_a_study_whose_trials_all_ended_pruned_does_not_say_not_yet(tmp_path, monkeypatch):
     """Soak: a finished grid over lr 1e3 and 1e30 (both gave up, PRUNED) printed "no trial completed
     yet", as if a trial were still to come; it has ended without a best.yaml."""
     space = load_space(write_space(tmp_path))
@@ -392,3 +392,15 @@ def test_a_study_whose_trials_all_ended_pruned_does_not_say_not_yet(tmp_path):
     assert not (tmp_path / "out" / "best.yaml").exists()
     study.ask()  # a trial still running: one may complete
     assert "no trial completed yet" in write_outputs(study, space, tmp_path / "out")
+    # the command ends with a failing status: a script reading the exit code alone must not take a best.yaml
+    from trimtab import tune as tune_module
+    from trimtab.cli import main
+    from trimtab.tune import StudyResult
+
+    ended = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    ended.tell(ended.ask(), state=TrialState.PRUNED)
+    result = StudyResult(ended, tmp_path / "out", "no trial completed (1 pruned)", complete=True)
+    monkeypatch.setattr(tune_module, "tune", lambda *a, **k: result)
+    assert main(["tune", str(tmp_path / "s.yaml")]) == 3
+    result.complete = False  # interrupted: the same command resumes it
+    assert main(["tune", str(tmp_path / "s.yaml")]) == 1

@@ -317,7 +317,12 @@ def _tune(args: argparse.Namespace) -> int:
         args.space, trials=args.trials, workers=args.workers, storage=args.storage, out=args.out, own_process=True
     )
     print(result.summary)
-    return 0 if result.complete else 1  # interrupted: the same command resumes the study
+    if not result.complete:
+        return 1  # interrupted: the same command resumes the study
+    return 0 if result.best is not None else NO_BEST  # ended, every trial pruned or failed: a script must not go on
+
+
+NO_BEST = 3  # a study that ended without a completed trial: no best.yaml (as a run the orchestrator gave up on)
 
 
 @command(
