@@ -289,5 +289,7 @@ def test_a_set_into_a_lists_item_says_to_set_the_list_whole():
     """`--set data.mix[0].weight=0.5` got "unknown config key 'data.mix[0]'; did you mean 'data.mix'"."""
     with pytest.raises(ConfigError, match=r"set data.mix whole, e.g. --set 'data.mix=\[\{source: web"):
         load_config(preset="debug", sets=["data.mix[0].weight=0.5"])
-    whole = "data.mix=[{source: builtin, weight: 0.7}, {source: builtin, weight: 0.3, name: again}]"
+    with pytest.raises(ConfigError, match=r"'data.mix.0.weight=0.5': a list's items are not set one by one"):
+        load_config(preset="debug", sets=["data.mix.0.weight=0.5"])  # was "config key 'data.mix' must be list"
+    whole = "data.mix=[{source: builtin, weight: 0.7}, {source: 'builtin:arithmetic', weight: 0.3}]"
     assert [part.weight for part in load_config(preset="debug", sets=[whole]).data.mix] == [0.7, 0.3]

@@ -183,6 +183,18 @@ def test_an_infinite_mixture_weight_is_refused_naming_the_key():
             load_config(preset="debug", overrides={"data": {"mix": mix}})
 
 
+def test_a_source_listed_twice_in_a_mixture_is_refused_naming_the_fix():
+    """Listed twice it was drawn as two sources (given two names) or refused asking for distinct names; a weight of
+    0 was refused without saying how to leave a source out."""
+    twice = [{"source": "web/", "weight": 0.25}, {"source": "./web", "weight": 0.5, "name": "more"}]
+    with pytest.raises(ConfigError, match=r"'data.mix\[1\].source' names the same data as data.mix\[0\].source .*"
+                       r"list it once, with the weights added \(0.75\)"):  # fmt: skip
+        load_config(preset="debug", overrides={"data": {"mix": twice}})
+    zero = [{"source": "a.txt", "weight": 0}, {"source": "b.txt"}]
+    with pytest.raises(ConfigError, match=r"'data.mix\[0\].weight' .* got 0.0; to train without this source, remove"):
+        load_config(preset="debug", overrides={"data": {"mix": zero}})
+
+
 # ------------------------------------------------------------------------------------- hold-out
 
 

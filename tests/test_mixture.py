@@ -61,6 +61,17 @@ def test_every_step_holds_the_mixture_to_within_a_row_and_resumes_exactly(tokeni
         wrong.load_state_dict(state)
 
 
+def test_a_source_s_epochs_count_its_passes_when_rows_are_left_out(tokenizer):
+    a, b = rows_of(tokenizer, 30, 0), rows_of(tokenizer, 10, 1)
+    loader = BatchLoader(ConcatRows([a, b]), 160, 160, seed=3, pad_id=0, weights=[1, 1], names=["a", "b"])
+    left_out = loader.skip_rows(list(range(0, len(a), 2)))  # half of a's rows: garbage, or a rollback's window
+    served = 0
+    while served < len(a) - left_out:
+        served += sum(1 for r in loader.next_batch().rows if r < len(a))
+    # every row `a` still has was served once: one pass (its tokens drawn over all its tokens said half of one)
+    assert loader.metrics()["data/a/epochs"] == pytest.approx(1.0, abs=0.1)
+
+
 def test_a_single_source_keeps_its_order_and_old_checkpoints_load(tokenizer):
     rows = rows_of(tokenizer, 20, 0)
     loader = BatchLoader(rows, 64, 64, seed=5, pad_id=0)

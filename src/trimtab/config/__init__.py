@@ -349,8 +349,10 @@ def parse_set(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
         raise ConfigError(f"--set '{item}' must look like section.key=value")
     key, raw = item.split("=", 1)
-    if "[" in key:  # a list's item (data.mix[0].weight) is not a path of sections: the list is set whole
-        name = key.partition("[")[0].strip()
+    parts = key.partition("[")[0].strip().split(".")
+    numbered = next((i for i, part in enumerate(parts) if part.isdigit()), None)  # data.mix.0.weight
+    if "[" in key or numbered is not None:  # a list's item (data.mix[0].weight) is not a path of sections
+        name = ".".join(parts[:numbered])
         raise ConfigError(
             f"--set '{item}': a list's items are not set one by one; set {name} whole, e.g. "
             f"--set '{name}=[{{source: web, weight: 0.7}}, {{source: code, weight: 0.3}}]', or write it in the YAML"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,10 +80,37 @@ class DataConfig(Section):
         for i, part in enumerate(self.mix):
             _check(bool(part.source), f"data.mix[{i}].source", "must name the source's data")
             ok = math.isfinite(part.weight) and part.weight > 0  # an infinite share leaves the others none
-            _check(ok, f"data.mix[{i}].weight", f"must be a finite number > 0, got {part.weight}")
+            _check(
+                ok,
+                f"data.mix[{i}].weight",
+                f"must be a finite number > 0, got {part.weight}; to train without this source, remove its entry",
+            )
         source = self.source if isinstance(self.source, str) else ", ".join(self.source)
         mixed = "add it to data.mix as one more source, or remove it"
         _check(not self.mix or source == "builtin", "data.source", f"'{source}' is unused beside data.mix: {mixed}")
+        _once(self.mix)
         labels = [part.label for part in self.mix]
         dupes = sorted({label for label in labels if labels.count(label) > 1})
         _check(not dupes, "data.mix", f"has two sources named {', '.join(dupes)}; give each a distinct name")
+
+
+def _once(mix: list[MixSource]) -> None:
+    """Refuse a source listed twice: under two names it was drawn as two sources (its rows at the weights' sum,
+    in two orders, its held-out rows scored twice); under one, the refusal asked for distinct names."""
+    seen: dict[tuple[str, ...], int] = {}
+    for i, part in enumerate(mix):
+        key = tuple(_where(s) for s in ([part.source] if isinstance(part.source, str) else part.source))
+        if key in seen:
+            j = seen[key]
+            fix = f"list it once, with the weights added ({mix[j].weight + part.weight:g}) as its weight"
+            _check(
+                False, f"data.mix[{i}].source", f"names the same data as data.mix[{j}].source ({part.source}): {fix}"
+            )
+        seen[key] = i
+
+
+def _where(source: str) -> str:
+    """A local source as an absolute path (`web/` and `./web` are one directory); URLs and builtin as written."""
+    if "://" in source or source.startswith("builtin"):
+        return source
+    return os.path.normpath(os.path.abspath(os.path.expanduser(source)))

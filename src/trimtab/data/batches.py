@@ -161,9 +161,11 @@ class BatchLoader:
             return {}
         total = max(sum(self.drawn) - sum(self.since), 1)
         out = {}
-        for name, drawn, since, tokens in zip(self.names, self.drawn, self.since, self.part_tokens):
+        for part, (name, drawn, since) in enumerate(zip(self.names, self.drawn, self.since)):
             out[f"data/{name}/share"] = (drawn - since) / total
-            out[f"data/{name}/epochs"] = drawn / max(tokens, 1)
+            # how far through its own shuffled orders, not its tokens drawn over all its tokens: rows left out
+            # (garbage, a rollback's window) are passed over, never drawn, so that ratio fell short of the passes
+            out[f"data/{name}/epochs"] = self._epochs[part] + self._cursors[part] / self.sizes[part]
         return out
 
     def skip_rows(self, rows: list[int]) -> int:
