@@ -19,6 +19,8 @@ token do not give them away (measured at 4,096 tokens: never flagged):
   sees it (measured: 0 of 60 reversed, 18 of 60 shuffled named); its long words are the corpus's
   letters misspelt, which a real document's words, in the corpus's language or another, seldom are.
 - hex dumps and base64 (dumps.py: `dump_share`), bytes written out as text.
+- repeated text (repeats.py: `repeated_share`), a line or passage over and over: a generator in a loop, log spam.
+  A source whose documents are mostly that is kept and said once (`spare_repeats`): a toy corpus repeated on purpose.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import numpy as np
 
 from trimtab.data import quality
 from trimtab.data.dumps import DUMP, dump_share, dump_span
+from trimtab.data.repeats import REPEATED, repeated_share
 
 MIN_CHARS = quality.MIN_BYTES  # shorter documents are not judged: too few words or pairs to say
 MOJIBAKE_RUNS = 4  # mis-encoded characters a page needs to be judged mis-encoded
@@ -78,7 +81,11 @@ KINDS = (
     "scrambled words",
     "hex or base64 dump",
     "random characters",
+    "repeated text",
 )
+# share of a source's judged documents (MIN_CHARS) that, once repeated text, are kept as its meant content: a toy
+# corpus ("def f(x): ..." * 400) or a text repeated on purpose, which leaving out would leave nothing to train on
+MOSTLY_REPEATED = 0.5
 SAID = {  # what each kind is, on the console
     "mojibake": "UTF-8 text read as cp1252/Latin-1",
     "random letters": "letters without a language's structure between neighbours",
@@ -86,6 +93,7 @@ SAID = {  # what each kind is, on the console
     "scrambled words": "text spelt backwards or with each word's letters shuffled",
     "hex or base64 dump": "bytes written out as hex digits or base64, not text",
     "random characters": "characters drawn at random, as random bytes or printable noise are",
+    "repeated text": "a line or passage repeated over and over, as log spam or a generator in a loop writes it",
 }
 _WORD = re.compile(r"[^\W\d_]+")
 
@@ -370,6 +378,7 @@ class Verdict:
             "scrambled words": "of its long words unknown to the corpus but its words' letters rearranged, at least",
             "hex or base64 dump": "of its characters in groups of hex digits or base64 runs, at least",
             "random characters": "bits of information between neighbouring characters (of 5+ bits each), under",
+            "repeated text": "of its characters in one stretch repeating its earlier text, at least",
         }[self.kind]
         where = f", bytes {self.span[0]:,}-{self.span[1]:,} of its text" if self.span else ""
         return f"{self.kind}: {self.score:.2f} {what} {self.bar:g}{where}"
@@ -421,6 +430,8 @@ def _verdict(text: str, ws: list[str], bits: float, scored: int, misspelt: float
         return Verdict("mojibake", share, MOJIBAKE_SHARE)
     if (dumped := dump_share(text)) >= DUMP:
         return Verdict("hex or base64 dump", dumped, DUMP, dump_span(text))
+    if (repeated := repeated_share(text)) >= REPEATED:
+        return Verdict("repeated text", repeated, REPEATED)
     if alone and quality.random_characters(text):
         return Verdict("random characters", quality.information(quality.symbols_of(text)), quality.NOISE_BITS)
     if (bits_between := letter_structure(text)) is not None and bits_between < quality.STRUCTURE:
@@ -449,4 +460,35 @@ def report(verdicts: Sequence[Verdict | None], which: np.ndarray, names: Sequenc
     return (
         f"{key}: {len(where):,} of {len(which):,} documents pack like text but are junk ({kinds_said}; "
         f"data/junk.py): {first}{more}; {done}"
+    )
+
+
+def spare_repeats(
+    texts: Sequence[str], verdicts: Sequence[Verdict | None], share: float | None = None
+) -> tuple[list[Verdict | None], int]:
+    """`verdicts` less those of repeated text when it is at least MOSTLY_REPEATED of the source's judged documents
+    (`share`, measured on its sample; default: `texts`' own), which is then a text repeated on purpose that would else
+    leave no training row; and how many were spared."""
+    repeated = [i for i, v in enumerate(verdicts) if v is not None and v.kind == "repeated text"]
+    if share is None:
+        share = len(repeated) / max(sum(len(text) >= MIN_CHARS for text in texts), 1)
+    if not repeated or share < MOSTLY_REPEATED:
+        return list(verdicts), 0
+    spared = set(repeated)
+    return [None if i in spared else v for i, v in enumerate(verdicts)], len(repeated)
+
+
+def repeated_fraction(texts: Sequence[str]) -> float:
+    """The share of `texts` judged (MIN_CHARS or more) that are repeated text: `spare_repeats`' `share` for a sample."""
+    judged = [text for text in texts if len(text) >= MIN_CHARS]
+    return sum(repeated_share(text) >= REPEATED for text in judged) / max(len(judged), 1)
+
+
+def repeats_line(count: int, of: int | None, key: str) -> str:
+    """The console line for `count` documents of repeated text kept as most of their source (`of` documents)."""
+    share = f" of {of:,}" if of is not None else ""
+    return (
+        f"{key}: {count:,}{share} documents are repeated text ({SAID['repeated text']}; data/repeats.py), at least "
+        f"{MOSTLY_REPEATED:.0%} of the source, so kept as its meant content (a toy or deliberately repeated corpus): "
+        "a model trained on it learns to repeat. If it is not meant, deduplicate it or give the source real text"
     )

@@ -306,7 +306,10 @@ def _screen(tokenized: TokenizedDocs, docs: list[Document], cfg: DataConfig, key
         logger.warning("%s", quality.spared_line(spared, key))
         found = replace(found, flagged=flagged)
     # junk that packs like text: the packing cannot see it; without a scale, random characters judged alone too
-    verdicts = junk.kinds([doc.text for doc in docs], alone=np.isnan(found.median))
+    texts = [doc.text for doc in docs]
+    verdicts, repeated = junk.spare_repeats(texts, junk.kinds(texts, alone=np.isnan(found.median)))
+    if repeated:  # a source repeated on purpose: left out, it would leave no training row
+        logger.warning("%s", junk.repeats_line(repeated, len(docs), key or "the training data"))
     junky = np.array([verdict is not None for verdict in verdicts], dtype=bool)
     if not np.isnan(found.median):  # random characters a wide spread hides, unless junk says what they are
         noise = quality.noise(n_bytes, np.diff(tokenized.offsets), found.median, lambda i: docs[i].text)

@@ -161,6 +161,7 @@ def _prepare(
     workers = workers or os.cpu_count() or 1
     jobs = _jobs(manifest, files, workers, options.format)
     start, done_tokens, skipped, shown, kinds, garbage, spared = time.perf_counter(), 0, 0, [], Counter(), [], 0
+    repeated = 0  # documents of repeated text kept, most of the sample being so (junk.spare_repeats)
     for i, result in enumerate(_run(jobs, out, manifest, options, workers, hint), start=1):
         for line in result["warnings"]:
             log.warning("%s", line)
@@ -171,6 +172,7 @@ def _prepare(
         kinds.update(result["kinds"])
         garbage += [_place(manifest["files"][n]["path"], line, why) for n, line, why in result["garbage"]]
         spared += result["spared"]
+        repeated += result.get("repeated", 0)
         done_tokens += sum(s["tokens"] for s in result["shards"])
         rate = done_tokens / max(time.perf_counter() - start, 1e-9)
         log.info("prepared %d/%d jobs: %s tokens so far (%.0f tokens/s)", i, len(jobs), f"{done_tokens:,}", rate)
@@ -179,6 +181,8 @@ def _prepare(
         log.warning("%s", skipped_line(skipped, shown))
     if spared:
         log.warning("%s", quality.spared_line(spared, "the sources"))
+    if repeated:
+        log.warning("%s", junk.repeats_line(repeated, None, "the sources"))
     if kinds:
         log.warning("%s", _garbage_line(manifest, kinds, garbage, options.garbage_filter == "drop"))
     return manifest
@@ -212,6 +216,7 @@ def _measure_scale(
     docs = _sample(files, options, hint)
     texts = [doc.text for doc in docs]
     save_bigrams(out, junk.Bigrams.of([junk.words(t) for t in texts], texts))
+    manifest["repeated"] = junk.repeated_fraction(texts)  # mostly repeated text: kept as meant (junk.spare_repeats)
     if "garbage" in manifest:  # a directory prepared before its word pairs were kept
         return True
     n_bytes = np.array([len(t.encode()) for t in texts])
@@ -425,6 +430,8 @@ def _run(
     workers = min(workers, len(jobs))
     # null (too few documents for a scale): {}, the jobs judge junk by each document alone (data/junk.py)
     scale = manifest.get("garbage") or {} if options.garbage_filter != "off" else None
+    if scale is not None and manifest.get("repeated") is not None:  # the sample's share of repeated text
+        scale = {**scale, "repeated": manifest["repeated"]}
     refs = [references.of_job(manifest, job) for job in jobs]  # each file's source's junk reference
     args = [(job, str(out), manifest["dtype"], asdict(options), hint, scale, ref) for job, ref in zip(jobs, refs)]
     if workers <= 1:

@@ -110,6 +110,7 @@ def run_job(
         "skipped": skipped,
         "garbage": encoder.garbage,
         "spared": encoder.spared,
+        "repeated": encoder.repeated,
         "kinds": encoder.kinds,
     }
 
@@ -163,6 +164,7 @@ class _Encoder:
     garbage: list[tuple[int, int, str]] = field(default_factory=list)
     bigrams: junk.Bigrams | None = None  # the file's source's sample's word pairs (run_job); None: each batch's own
     spared: int = 0  # documents that pack like garbage, written in another script: kept (quality.other_script)
+    repeated: int = 0  # documents of repeated text, most of the sample's: kept (junk.spare_repeats)
     # flagged documents by kind: junk.KINDS' (data/junk.py's verdict), PACKING for the packing screen's alone
     kinds: dict[str, int] = field(default_factory=dict)
     file: int = 0
@@ -238,7 +240,11 @@ class _Encoder:
             flagged, spared = quality.spare_scripts(flagged, text_of)
             self.spared += spared  # a minority language: kept, said once at the end (prepare.py)
         # junk that packs like text (mojibake, random letters; word salad against the sample's word pairs)
-        verdicts = junk.kinds([doc.text for doc, *_ in self._batch], self.bigrams, alone=not median)
+        texts = [doc.text for doc, *_ in self._batch]
+        verdicts = junk.kinds(texts, self.bigrams, alone=not median)
+        # a sample mostly of repeated text (a toy corpus): kept, said once at the end (prepare.py)
+        verdicts, repeated = junk.spare_repeats(texts, verdicts, self.scale.get("repeated", 0.0))
+        self.repeated += repeated
         flagged |= whole & np.array([verdict is not None for verdict in verdicts])
         verdicts = [verdict if whole[i] else None for i, verdict in enumerate(verdicts)]
         return np.where(flagged, quality.packed(n_bytes, n_tokens), np.nan), verdicts
