@@ -314,8 +314,8 @@ def test_a_balance_coefficient_raised_from_zero_says_so():
     )
     view = SimpleNamespace(moe_knobs=lambda layer: {"balance_coef": 0.0})
     remedy = remedies.moe(f, view, OrchestratorConfig())
-    assert remedy.params == {"value": 0.001, "layer": 1}
-    assert "it was 0 (off): it starts at 0.001" in remedy.reasoning and "4x" not in remedy.reasoning
+    assert remedy.params == {"value": 0.01, "layer": 1}  # model.moe.balance_coef's default (remedies._raised)
+    assert "it was 0 (off): it starts at 0.01" in remedy.reasoning and "4x" not in remedy.reasoning
 
 
 # ------------------------------------------------------------------------------------ a person's word

@@ -168,7 +168,8 @@ class MoERule(Section):
     improving: float = 0.8
     # before this step imbalance, drops and saturation are left to the balance loss: a fresh router
     # (random init) takes tens of steps to spread its tokens (clean debug-moe: 20-40% dropped until
-    # step ~45); collapse and dead experts, which do not heal by themselves, are answered from the start
+    # step ~45); collapse and dead experts, which do not heal by themselves, are answered from the start,
+    # and so is an imbalance no lower than a full window ago (a router that is not spreading: MoEHealth._stuck)
     grace_steps: int = 100
     max_capacity: float = 4.0
     max_balance_coef: float = 0.1

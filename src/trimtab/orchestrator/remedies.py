@@ -13,6 +13,7 @@ from typing import Any
 
 from trimtab.config import CHECKPOINTING
 from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.config.sparse import MoEConfig
 from trimtab.orchestrator.monitors import Finding
 from trimtab.resilience.elastic import node_count, node_of
 from trimtab.training.state import GAVE_UP, NO_CHECKPOINT
@@ -377,12 +378,27 @@ def _capacity(layer: int, factor: float, limit: float) -> Remedy:
     )
 
 
+def _raised(evidence: dict, kind: str, coef: float, cfg: OrchestratorConfig) -> float:
+    """The balance coefficient to raise to. Imbalance: x2 scaled by how far the busiest expert is over
+    the bar (up to x4), doubled again per earlier balance finding on the layer in 4 windows (a raise
+    that did not hold); collapse: x4. From 0 (no multiple of it helps) to MoEConfig's default (0.01), the
+    strength the presets balance under: 0.001 first left the soak's layer at 3.3x fair share (debug-moe, 4
+    experts top-1, temperature 0.1), then 0.002 40 steps later, still 3.3x. A coefficient a person set
+    small on purpose (0.001, beside bias balancing) is raised from its own scale."""
+    if kind == "collapse":
+        factor = 4.0
+    else:
+        over = max(1.0, evidence.get("max_load", 0.0) / cfg.moe.imbalance)
+        factor = min(4.0, 2.0 * over) * 2 ** evidence.get("strikes", 0)
+    return min(cfg.moe.max_balance_coef, max(coef * factor, 1e-3) if coef > 0 else MoEConfig.balance_coef)
+
+
 def _balance(f: Finding, layer: int, kind: str, coef: float, cfg: OrchestratorConfig, bias_lead: float) -> Remedy:
     """Imbalance: a larger balance coefficient. Collapse climbs: x4 the first time, then (an earlier
     balance finding in 4 windows, or the coefficient at its limit) a router reset; at once when the
     selection bias leads by 1 or more (probs lie in [0, 1]: it picks the expert whatever the router
     says, and no loss gradient reaches it, so a raise cannot hold)."""
-    target = min(cfg.moe.max_balance_coef, max(coef * (4 if kind == "collapse" else 2), 1e-3))
+    target = _raised(f.evidence, kind, coef, cfg)
     if kind == "collapse" and (f.evidence["strikes"] or target <= coef or bias_lead >= 1):
         expert = f.evidence["busiest"]
         why = (
