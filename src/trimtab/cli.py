@@ -110,7 +110,13 @@ def _export(args: argparse.Namespace) -> int:
     arg("--limit", type=number(float, 0, above=True), help="examples per task (a fraction below 1)"),
     arg("--num-fewshot", type=number(int, 0), help="few-shot examples per prompt (default: the task's)"),
     arg("--batch-size", type=number(int, 1), default=8),
-    arg("--data", metavar="FILE", help="a file read as training reads it: perplexity, bits per byte"),
+    arg(
+        "--data",
+        metavar="FILE|DIR",
+        help="a file read as training reads it: perplexity, bits per byte; or a prepared directory: its loss in rows",
+    ),
+    arg("--split", choices=["held-out", "all"], default="held-out", help="--data DIR's rows: held-out split or all"),
+    arg("--held-out", action="store_true", help="the run's own held-out rows: val_loss, and per mixture source"),
     arg("--stride", type=number(int, 1), help="--data window advance in tokens (default: the whole context)"),
     SET,  # train's, over the run's config.yaml (e.g. model.max_seq_len with model.rope_scaling)
 )
@@ -128,7 +134,14 @@ def _eval(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         stride=args.stride,
         sets=args.set,
+        held_out=args.held_out,
+        split=args.split,
     )
+    for key in ("prepared", "held_out"):  # val_loss, and val_loss/NAME per source of a mixture
+        if key in results:
+            r = results[key]
+            losses = ", ".join(f"{k} {v:.4f}" for k, v in r.items() if k.startswith("val_loss"))
+            print(f"{r.get('directory') or 'held-out (' + r['held_out'] + ')'}: {r['rows']:,} rows: {losses}")
     if "data" in results:
         d = results["data"]
         print(

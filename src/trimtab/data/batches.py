@@ -317,11 +317,14 @@ class BatchLoader:
         return f"{cause}; resume with {again}, or {NEW_RUN}"
 
 
-def eval_rows(rows: Rows, max_tokens: int) -> list[int]:
-    """Rows in order while their input positions fit in max_tokens (at least one row)."""
+def eval_rows(rows: Rows, max_tokens: int, skip: frozenset[int] = frozenset()) -> list[int]:
+    """Rows in order while their input positions fit in max_tokens (at least one row), those in
+    `skip` passed over (flagged documents' rows the orchestrator leaves out: training/setup.py held_out)."""
     indices: list[int] = []
     n_tokens = 0
     for i in range(len(rows)):
+        if i in skip:
+            continue
         if indices and n_tokens + rows.length(i) > max_tokens:
             break
         indices.append(i)

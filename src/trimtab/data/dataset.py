@@ -136,7 +136,9 @@ def _split(
                 f"({differs}, this run's first); prepare it with --tokenizer set to the run's tokenizer.json, "
                 "or train a new run on it"
             )
-        held = ShardedRows(source.prepared, cfg.seq_len, cfg.pack, "eval", fraction)
+        # the documents `data prepare` flagged and kept are reported as the in-memory screen's (warn)
+        flagged = screen and cfg.garbage_filter == "warn"
+        held = ShardedRows(source.prepared, cfg.seq_len, cfg.pack, "eval", fraction, flagged)
         if fraction > 0 and not len(held):  # as the in-memory split says it
             logger.warning(
                 "%s '%s': its held-out share (data.eval_fraction=%g) is too small for one row of data.seq_len+1=%d "
@@ -146,8 +148,6 @@ def _split(
                 fraction,
                 cfg.seq_len + 1,
             )
-        # the documents `data prepare` flagged and kept are reported as the in-memory screen's (warn)
-        flagged = screen and cfg.garbage_filter == "warn"
         return ShardedRows(source.prepared, cfg.seq_len, cfg.pack, "train", fraction, flagged), held
     cfg = replace(cfg, eval_fraction=fraction)
     where = source.spec.source if isinstance(source.spec.source, str) else ", ".join(map(str, source.spec.source))

@@ -30,6 +30,7 @@ from unittest import mock
 from trimtab.api import load_run_at
 from trimtab.checkpoint import local_run
 from trimtab.errors import ConfigError
+from trimtab.evaluation.held_out import is_prepared, prepared_figures, run_held_out
 from trimtab.evaluation.perplexity import read_texts, score_text
 from trimtab.extras import installed, missing, require
 from trimtab.rundir import CONFIG, read_summary, write_json, write_summary
@@ -49,19 +50,33 @@ def evaluate(
     batch_size: int = 8,
     stride: int | None = None,
     sets: Sequence[str] = (),
+    held_out: bool = False,
+    split: str = "held-out",
 ) -> dict[str, Any]:
     """Score the model at `path` and record the results (module docstring); returns them. `sets`: --set
-    items over a run directory's config (api.load_run_at)."""
-    if not tasks and not data:
-        raise ConfigError("trimtab eval needs --tasks and/or --data; e.g. --tasks trimtab_tiny or --data notes.txt")
+    items over a run directory's config (api.load_run_at). `held_out`: the run's own held-out rows;
+    `split` (held-out or all): which rows of a prepared directory given as `data` (evaluation/held_out.py)."""
+    if not tasks and not data and not held_out:
+        raise ConfigError(
+            "trimtab eval needs --tasks and/or --data (or --held-out); e.g. --tasks trimtab_tiny or --data notes.txt"
+        )
     manager = task_manager(tasks, include_path) if tasks else None  # before the model: a wrong name fails fast
     path = local_run(path, "trimtab eval's PATH")  # a run in object storage: its cached copy, where results go
-    _, model, tok, step = load_run_at(path, sets)  # the step of the checkpoint scored (None: a Hugging Face model)
+    cfg, model, tok, step = load_run_at(path, sets)  # the step of the checkpoint scored (None: a Hugging Face model)
     results: dict[str, Any] = {"model": str(path), "step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     if sets:  # scored under other settings than the run's: the record says which
         results["sets"] = list(sets)
-    if data:
+    if data and is_prepared(data):  # its rows, as training cuts them (evaluation/held_out.py)
+        results["prepared"] = {"directory": str(data), **prepared_figures(data, cfg, model, tok, split)}
+    elif data:
         results["data"] = {"file": str(data), **score_text(model, tok, read_texts(data), stride, batch_size)}
+    if held_out:
+        if step is None:
+            raise ConfigError(
+                f"--held-out: '{path}' is a Hugging Face model directory, with no run's held-out data; "
+                "pass a trimtab run directory, or score a file with --data FILE"
+            )
+        results["held_out"] = run_held_out(path, cfg, model, tok)
     if tasks:
         results["tasks"] = run_tasks(model, tok, tasks, manager, limit, num_fewshot, batch_size)
         results["versions"] = {"lm_eval": metadata.version("lm_eval")}

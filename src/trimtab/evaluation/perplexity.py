@@ -28,7 +28,10 @@ def read_texts(path: str | Path) -> list[str]:
     UTF-8 text, a damaged archive or table, or chat records (not text to score)."""
     path = Path(path)
     if path.is_dir():
-        raise DataError(f"--data '{path}' is a directory; pass one file (e.g. one of its files)")
+        raise DataError(
+            f"--data '{path}' is a directory; pass one file (e.g. one of its files), or a directory `trimtab data "
+            "prepare` wrote (it holds trimtab-data.json; this one does not), whose rows are scored as training's"
+        )
     if not path.exists():
         raise DataError(f"--data '{path}' does not exist; pass a text, JSONL, Parquet, Arrow or CSV file")
     texts = _documents(path) if path.is_file() else [_pipe(path)]

@@ -5,7 +5,8 @@ that pack into tokens as random bytes, base64, hex dumps and mis-encoded text do
 trained on. No loss rule finds them later: a model soon learns "random characters here", and such
 rows then score near the median loss (docs/orchestrator.md, the rows rule's blind spot). So at the
 start of each phase the orchestrator leaves out the training rows at least half made of them, as
-one journaled skip_data decision (advice in advise mode); the evaluation rows are untouched.
+one journaled skip_data decision (advice in advise mode); their held-out rows are not scored
+either (data/held_out.py leaves them out in auto mode, so val_loss is the text trained on).
 
 A resume does not decide again: the decision is in the checkpointed journal and the rows in the
 loader's checkpointed skip set (the loop applies what hooks request at the start before the
@@ -32,8 +33,8 @@ REASONING = (
     "the data screen (data/quality.py) flagged these documents before training: they pack into tokens as random "
     "bytes, base64, hex dumps and mis-encoded text do, far under their source's text; their loss does not stand "
     "out once a model has learnt the mode (random characters cost a small model about what text costs), so no "
-    "loss rule would find them: leave out from the start the training rows at least half theirs (the evaluation "
-    "rows are untouched). data.garbage_filter=off keeps them (and skips the screen); data.garbage_filter=drop "
+    "loss rule would find them: leave out from the start the training rows at least half theirs (their held-out "
+    "rows are not scored either). data.garbage_filter=off keeps them (and skips the screen); data.garbage_filter=drop "
     "leaves the documents out before training, without the orchestrator. Junk that packs like text (data/junk.py: "
     "mis-encoded pages, random letters, word salad) packs near the median instead: each named document's evidence "
     "says which it is, its score and the bar it crossed"

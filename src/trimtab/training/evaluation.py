@@ -12,6 +12,7 @@ import torch
 
 from trimtab.data import MicroBatch
 from trimtab.data.batches import HeldOut
+from trimtab.data.held_out import mean_losses
 from trimtab.hardware import is_oom
 
 if TYPE_CHECKING:
@@ -63,17 +64,6 @@ def sharded_loss(t: Trainer, micro_batches: list[MicroBatch], timeout: float) ->
         if error := t.dist.first_error(error):
             return [], f"{error} after {i + 1} of {rounds} micro-batches"
     return t.dist.sum_over_ranks(sums).T.tolist(), ""
-
-
-def mean_losses(sums: list[list[float]], sources: list[str]) -> dict[str, float]:
-    """val_loss over all micro-batches, and val_loss/NAME over each source's when there are
-    several (a mixture's held-out sets). Added in micro-batch order: the same for any world size."""
-    groups: dict[str, list[float]] = {"val_loss": [0.0, 0.0]}
-    for (loss, count), name in zip(sums, sources if len(set(sources)) > 1 else [""] * len(sums)):
-        for key in ["val_loss"] + ([f"val_loss/{name}"] if name else []):
-            total = groups.setdefault(key, [0.0, 0.0])
-            total[0], total[1] = total[0] + loss, total[1] + count
-    return {key: loss / max(count, 1) for key, (loss, count) in groups.items()}
 
 
 def held_out_figures(t: Trainer) -> tuple[dict[str, Any], str]:

@@ -29,8 +29,9 @@ from trimtab.config import DataConfig, OptimConfig, RunConfig, derive, read_save
 from trimtab.config.checks import leaves
 from trimtab.config.model import LIVE_MODEL_KEYS
 from trimtab.data import BatchLoader, Rows, TextTokenizer, get_tokenizer
-from trimtab.data.batches import HeldOut, eval_rows
-from trimtab.data.dataset import PhaseData, build_phase_data, first_prepared, open_eval_source, open_sources
+from trimtab.data.batches import HeldOut
+from trimtab.data.dataset import build_phase_data, first_prepared, open_eval_source, open_sources
+from trimtab.data.held_out import held_out, screened_decisions, screened_out
 from trimtab.data.packing import ConcatRows, unigram_entropy
 from trimtab.data.prepared import ShardedRows
 from trimtab.data.quality import Flagged
@@ -130,9 +131,13 @@ def _prepared_tokenizer(prepared: Path) -> TextTokenizer:
     return TextTokenizer.load(path, key=key)
 
 
-def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer, list[Phase]]:
+def build_phases(
+    cfg: RunConfig, tok_source: Path | None, decided: dict[int, bool] | None = None
+) -> tuple[TextTokenizer, list[Phase]]:
     """Open or read each phase's sources, get the tokenizer (the run's own one when resuming, else
-    data.tokenizer, else a prepared source's, else a BPE trained on the documents), split."""
+    data.tokenizer, else a prepared source's, else a BPE trained on the documents), split.
+    `decided`: a resumed checkpoint's garbage decisions (screened_decisions), which its held-out
+    split follows whatever orchestrator.mode is now."""
     if cfg.rl.enabled or cfg.dpo.enabled:
         return _rl_phases(cfg, tok_source)
     specs = [("pretrain", cfg.data, cfg.optim, "data")]
@@ -152,7 +157,8 @@ def build_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer
         built = build_phase_data(data, sources, tok, cfg.train.seed, cache_dir(), eval_source)
         mixed = mixed_sources(built, key)
         steps = cfg.finetune.steps if name == "finetune" else resolve_max_steps(cfg, built.train.n_tokens, tok, mixed)
-        held = held_out(built, cfg.train.micro_budget, cfg.train.eval_tokens, tok.pad_id, cfg.train.seed)
+        screened = (decided or {}).get(len(phases), screened_out(data, cfg))
+        held = held_out(built, cfg.train.micro_budget, cfg.train.eval_tokens, tok.pad_id, cfg.train.seed, screened)
         _say_thin_reference(cfg, held, key)
         phases.append(
             Phase(
@@ -187,18 +193,6 @@ def _rl_phases(cfg: RunConfig, tok_source: Path | None) -> tuple[TextTokenizer, 
             "train.init_from (a trimtab run or a Hugging Face model directory) or data.tokenizer"
         )
     return tok, [build_dpo_phase(cfg, tok) if cfg.dpo.enabled else build_rl_phase(cfg, tok)]
-
-
-def held_out(built: PhaseData, micro_budget: int, eval_tokens: int, pad_id: int, seed: int) -> HeldOut:
-    """The rows evaluated, train.eval_tokens shared among a mixture's held-out sets by weight,
-    split at the starting budget; `seed` (train.seed) draws the orchestrator's reference sample."""
-    several = len(built.evals) > 1
-    weights, names = (built.weights, built.names) if several else ([1.0], [""])
-    sets = [
-        (rows, eval_rows(rows, max(1, int(eval_tokens * weight))) if len(rows) else [], name)
-        for rows, weight, name in zip(built.evals, weights, names)
-    ]
-    return HeldOut(sets, micro_budget, pad_id, seed)
 
 
 def _say_thin_reference(cfg: RunConfig, held: HeldOut, key: str) -> None:
@@ -360,7 +354,8 @@ def setup(cfg: RunConfig) -> BuiltRun:
     cfg = _fetch_init_from(cfg, dist, resume)
     precision = choose_precision(dist.device, cfg.train.precision)
     cfg = dist.main_first(local_sources, cfg)  # data paths in object storage: their cached copies
-    tok, phases = dist.main_first(build_phases, cfg, tokenizer_source(cfg))
+    decided = screened_decisions(resume[1] if resume else None)
+    tok, phases = dist.main_first(build_phases, cfg, tokenizer_source(cfg), decided)
     cfg = complete(cfg, tok, phases)
     live = check_resume_compatible(cfg, tok.vocab_size) if resume else {}  # after complete: derived values too
     model, precision, hf_source, meta = _make_model(cfg, dist, precision, resume, check_fit=live is None)
