@@ -432,7 +432,8 @@ def test_reinit_dead_expert_gets_traffic():
         m.expert_bias[3] = -2.0  # dead: never selected
     x = torch.randn(4, 16, D)
     m(x)
-    assert m.stats["tokens_per_expert"][3] == 0
+    m_counts = m.stats["tokens_per_expert"]
+    assert m_counts[3] == 0
     old = {n: p.detach().clone() for n, p in m.named_parameters()}
     old_w1 = m.w1
     m.reinit_expert(3)
@@ -441,8 +442,10 @@ def test_reinit_dead_expert_gets_traffic():
     for name in ("w1", "w2", "w3", "router"):
         torch.testing.assert_close(getattr(m, name)[:3], old[name][:3])
         assert not torch.equal(getattr(m, name)[3], old[name][3])
-    mean = old["router"][:3].mean(0)
-    assert (m.router[3] - mean).norm() < 0.5 * mean.norm()  # the others' mean + a little noise
+    busiest = int(m_counts[:3].argmax())
+    for name in ("w1", "w2", "w3", "router"):  # a copy of the busiest + a little noise
+        copy, source = getattr(m, name)[3], old[name][busiest]
+        assert (copy - source).norm() < 0.05 * source.norm()
     m(x).sum().backward()
     assert m.stats["tokens_per_expert"][3] > 0
     assert m.w2.grad[3].abs().sum() > 0

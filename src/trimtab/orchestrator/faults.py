@@ -16,65 +16,8 @@ like any hook, and writes (weights, the expert bias, the training rows, the LR, 
 run) only through the FaultHandle the Trainer hands it.
 Under torchrun a fault fires on every rank, or with @rankR on rank R alone (faults.rankR.json
 records it there), e.g. oom@10:512@rank1: one rank runs out of memory and all shrink together.
-A spec's syntax (KINDS, each PARAM's default, the checks) is orchestrator/fault_specs.py's.
-
-    nan_loss@S[:N]          the loss is NaN for N steps (default 1): NaN gradients too. Under pipeline
-                            parallelism a rank without the last stage (where the loss is) makes its own
-                            stages' output NaN instead, which the stages after it carry to the loss
-    inf_grad@S              the gradients hold +inf
-    grad_spike@S:F          every gradient is multiplied by F (default 1000), at the first step from S
-                            whose gradient is not all zero (an RL step of flat groups has none to multiply)
-    bad_batch@S[:N]         the rows of N steps (default 1) turn to garbage tokens, wherever they recur
-    bad_rows@S[:N]          a quarter of the rows of N steps (default 4) turn to garbage, the rest stay
-                            clean: what the orchestrator's data attribution must tell apart
-    lr_spike@S:F            from step S on, a stray writer multiplies the optimizer's LR by F after
-                            the trainer set it (default 10): an LR nothing in the config explains
-    oom@S[:T]               from step S on, a forward whose activations weigh more than T tokens' do
-                            without checkpointing raises OutOfMemoryError (weighed by plan/memory.py
-                            under train.activation_checkpointing: selective and full fit more);
-                            without T, the micro-batch in use at step S no longer fits
-    rollout_oom@S[:R]       from step S on, RL's generation over more than R rows at once raises
-                            OutOfMemoryError; without R, the generation batch in use at step S no longer fits
-    weights_nan@S           a weight matrix row becomes NaN
-    weights_noise@S[:F]     every block weight gets Gaussian noise of F x its own std (default 1):
-                            finite but wrecked weights, as one bad update leaves them
-    slow@S[:N]              N steps (default 10) each take 0.25 s longer
-    eval_error@S[:N]        the first N evaluations (default 1) at or after step S fail in a forward,
-                            as a record the model cannot take would make them
-    eval_hang@S[:T]         every forward of the first evaluation at or after S stalls T seconds
-                            (default 5): with train.eval_timeout below that, it is abandoned
-    sigterm@S / sigkill@S   the process receives the signal
-    kill_rank@S:R           under torchrun, rank R is killed (SIGKILL) as step S begins: a lost
-                            process or node (torchrun --max-restarts restarts the job; docs/resilience.md)
-    lose_node@S[:N]         under torchrun with several nodes (--nnodes MIN:MAX), node N (default: the
-                            last) is lost as step S begins: its agent and every rank on it get SIGKILL.
-                            The others restart on the nodes left (docs/resilience.md, elastic)
-    slow_rank@S:R:F         under torchrun, from step S on rank R's forwards take F times as long
-                            (default 3): a throttled device; every rank waits for it
-    bitflip@S:R             under torchrun, one bit of one weight of rank R flips as step S begins
-                            (a mantissa bit: the weight stays finite): silent data corruption
-    grad_bitflip@S[:R]      in step S's first backward on rank R (default 0; one process: 0), the top
-                            exponent bit of one gradient element flips: x 2^128, finite, and the
-                            gradient norm overflows. Once: the step computed again is clean (a
-                            transient fault, as silent data corruption in a device; training/rerun.py).
-                            FSDP2: in rank R's shard of the gradient, as its reduce-scatter filled it
-    hang_rank@S:R           under torchrun, rank R stops as step S begins and never comes back (a
-                            deadlock, a device that no longer answers); the others wait for it in the
-                            step's collectives until the watchdog ends the job (resilience.watchdog)
-    corrupt_checkpoint@S    the first checkpoint written at or after S is truncated
-    kill_in_save@S[:R]      rank R (default 0; one process: 0) receives SIGKILL while it writes the
-                            first checkpoint at or after S: its files written, not yet committed
-                            (with checkpoint.asynchronous, in the background writer as training goes on)
-    disk_full@S[:N]         the next N checkpoint saves (default 1) at or after S fail with ENOSPC
-    expert_collapse@S[:M]   every MoE layer's routing collapses onto expert 0: its selection bias
-                            (expert_bias) rises by M (default 1). Router probs lie in [0, 1], so M >= 1
-                            makes expert 0 every token's choice whatever the router says; a smaller M
-                            is a partial collapse. It persists: no loss gradient reaches expert_bias,
-                            only the aux-loss-free balancer (bias_update_rate, off in the presets) or
-                            a router reset does, and it is checkpointed (a balancer gone wrong, or a
-                            bias restored from another run). A push on the router row instead heals
-                            by itself within ~5 steps on debug-moe (the z-loss), so it would not test
-                            the orchestrator.
+The kinds, what each does, and a spec's syntax (KINDS, each PARAM's default, the checks) are
+orchestrator/fault_specs.py's.
 """
 
 from __future__ import annotations
@@ -186,8 +129,15 @@ class FaultInjector(Instrument):
                 f"faults: {unfired[0].spec} needs a job of several nodes: torchrun --nnodes MIN:MAX "
                 "(c10d rendezvous) with an agent per node"
             )
-        if any(f.kind == "expert_collapse" for f in self.faults) and not model.moe_layers():
-            raise ConfigError("faults: expert_collapse needs a Mixture-of-Experts model (e.g. --preset debug-moe)")
+        layers = [i for i, _ in model.moe_layers()]
+        moe_faults = [f for f in self.faults if f.kind in ("expert_collapse", "dead_expert")]
+        if moe_faults and not layers:
+            raise ConfigError(
+                f"faults: {moe_faults[0].kind} needs a Mixture-of-Experts model (e.g. --preset debug-moe)"
+            )
+        elsewhere = [f for f in moe_faults if f.kind == "dead_expert" and f.param is not None and f.param not in layers]
+        if elsewhere:
+            raise ConfigError(f"faults: {elsewhere[0].spec} names no MoE layer (MoE layers: {layers})")
         corrupting = [f.spec for f in self.faults if f.kind in ("bad_batch", "bad_rows")]
         if corrupting and not has_rows:
             raise ConfigError(
@@ -276,6 +226,8 @@ class FaultInjector(Instrument):
             elif fault.kind == "expert_collapse" and self._due(fault):
                 for _, moe in self.handle.model.moe_layers():
                     moe.expert_bias[0] += fault.param
+            elif fault.kind == "dead_expert" and self._due(fault):
+                _starve(dict(self.handle.model.moe_layers()), fault)
             elif fault.kind == "slow" and self._due(fault):
                 time.sleep(SLOW_SECONDS)
             elif fault.kind in ("sigterm", "sigkill", "kill_rank") and self._due(fault):
@@ -469,6 +421,14 @@ class FaultInjector(Instrument):
                 return
             with open(target, "r+b") as fh:
                 fh.truncate(target.stat().st_size // 2)
+
+
+@torch.no_grad()
+def _starve(layers: dict[int, torch.nn.Module], fault: Fault) -> None:
+    """dead_expert: layer `fault.param`'s (default the first MoE layer's) last expert never selected."""
+    moe = layers[min(layers) if fault.param is None else int(fault.param)]
+    bias = moe.expert_bias
+    bias[-1] = bias[:-1].min() - 1.0
 
 
 def _loss_feed(model: torch.nn.Module) -> torch.nn.Module:

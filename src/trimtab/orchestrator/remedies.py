@@ -348,8 +348,8 @@ def moe(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
         return Remedy(
             action="reinit_expert",
             params={"layer": layer, "expert": expert},
-            reasoning="a dead expert is wasted capacity: fresh weights and a router row at the mean of the "
-            "others give it traffic again (its optimizer moments restart from zero)",
+            reasoning="a dead expert is wasted capacity: a copy of the busiest expert (its router row, weights and "
+            "selection bias, plus noise) shares the busiest's tokens (its optimizer moments restart from zero)",
             commit=f.commit,
         )
     if kind == "saturated":

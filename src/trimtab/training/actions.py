@@ -279,7 +279,7 @@ _TABLE = (
         name="reinit_expert",
         verb="reinit-expert",
         says="re-initialise expert {expert} of layer {layer}",
-        help="fresh weights and a router row at the others' mean",
+        help="revive an expert as a copy of the busiest (router row, weights, bias; fresh moments)",
         params=(MOE_LAYER, EXPERT),
     ),
     Action(

@@ -4,8 +4,9 @@ router row, keeping the optimizer consistent with the parameters it updates.
 Adding or pruning an expert replaces the layer's parameter tensors (their first dimension is the
 expert count), so the optimizer is rebuilt to hold exactly the live parameters: untouched experts
 keep their AdamW moments, an added expert's weights start from its source's (its router row from
-zero: the source's were built by the source's load, see expert_surgery), a re-initialised one
-from zero (optim.carry_state). A router reset works in place and zeroes only that row's moments.
+zero: the source's were built by the source's load, see expert_surgery), a re-initialised one (a
+copy of the busiest, MoE.reinit_expert) from zero (optim.carry_state). A router reset works in
+place and zeroes only that row's moments.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def expert_surgery(
     if expert is not None and not 0 <= expert < moe.n_experts:
         raise ConfigError(f"the layer has experts 0..{moe.n_experts - 1}, not {expert}")
     before = {name: getattr(moe, name) for name in ("router", "w1", "w2", "w3")}
-    n, router_rows = moe.n_experts, None  # the router's rows, where they are not the weights'
+    n, router_rows, copied = moe.n_experts, None, ""  # the router's rows, where they are not the weights'
     if op == "add":
         expert = moe.add_expert(expert)
         rows, router_rows = [*range(n), _source_of(moe, before["router"])], [*range(n), None]
@@ -69,13 +70,13 @@ def expert_surgery(
         moe.prune_expert(expert)
         rows = [i for i in range(n) if i != expert]
     else:
-        moe.reinit_expert(expert)
+        copied = f" as a copy of expert {moe.reinit_expert(expert)}"
         rows = [None if i == expert else i for i in range(n)]
     rows_of = {name: router_rows if name == "router" and router_rows else rows for name in before}
     replaced = {id(old): (getattr(moe, name), rows_of[name]) for name, old in before.items()}
     new = rebuild()
     carry_state(optimizer, new, replaced)
-    return new, f"{op} expert {expert} ({n} -> {moe.n_experts} experts)"
+    return new, f"{op} expert {expert}{copied} ({n} -> {moe.n_experts} experts)"
 
 
 def reset_router(moe: MoE, optimizer: Optimizer, expert: int) -> str:
