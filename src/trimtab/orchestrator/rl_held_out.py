@@ -33,8 +33,11 @@ class RewardHacking(Monitor):
     rule, family = "rl_hacking", "rl"
     # Orchestrator.on_rollback keeps the best count over the checkpoint's: the rollback's target is that reading's
     # policy, and the step-0 evaluation is not taken again (restored without it, the replay at half the LR read
-    # 4/100 as its best, and 1/100 and 2/100 after it as within the noise, on the arithmetic run of _falling)
-    KEPT_ON_ROLLBACK = ("top", "base", "run", "readings", "pending", "cusum")
+    # 4/100 as its best, and 1/100 and 2/100 after it as within the noise, on the arithmetic run of _falling). A
+    # fall's readings (run, pending, cusum) are the checkpoint's: those since were of weights the rollback threw
+    # away, and kept they were pooled with the replay's first reading (x30 the LR: 1/200, then 17/200 at the cut
+    # LR) as a fall of 2 evaluations, which stopped a replay on one reading of its own (50/200 would have too)
+    KEPT_ON_ROLLBACK = ("top", "base", "readings")
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.rl_hacking
