@@ -263,6 +263,7 @@ class FakeTrainer:
     def __init__(self, run_dir):
         self.state = SimpleNamespace(step=3, lr_scale=1.0)
         self.step = 3
+        self.world, self.device = 1, torch.device("cpu")  # the machine an out-of-memory error is recorded on
         self.cfg = SimpleNamespace(run_dir=run_dir)
         self.control = Control(self)
         self.said = []

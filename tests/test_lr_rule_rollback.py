@@ -5,6 +5,7 @@ step withdraws the compensation until the writer is back."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,7 +14,8 @@ from trimtab.config import load_config
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.core import Orchestrator
 from trimtab.orchestrator.lr_rule import UnexplainedLR
-from trimtab.orchestrator.monitors import StepMetrics
+from trimtab.orchestrator.monitors import Finding, StepMetrics
+from trimtab.orchestrator.remedies import Remedy
 from trimtab.rundir import read_decisions
 
 
@@ -45,6 +47,33 @@ def test_the_compensation_is_withdrawn_when_the_stray_writer_is_gone():
     assert monitor.observe(lr_metrics(6, lr=1e-3, scheduled=1e-3, scale=1.0)) is None
     # a low LR the rule never compensated for is not its to raise
     assert UnexplainedLR(OrchestratorConfig()).observe(lr_metrics(1, lr=1e-5, scheduled=1e-3, scale=1.0)) is None
+
+
+def test_an_lr_cut_decided_with_a_rollback_is_dropped_with_it(tmp_path):
+    """weights_nan@10 + lr_spike@12: at step 12 a rollback to step 5 and the lr rule's x0.1. Applied,
+    the cut outlived the restore (knobs do): the replay trained at 0.1x the schedule from step 6 and
+    the rule gave the cut back as a fault there. Dropped with the rollback, the rule's account too."""
+    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)
+    saved = orchestrator.state_dict()  # the checkpoint of step 5
+    requested = []
+    run = SimpleNamespace(control=SimpleNamespace(request=lambda name, **_: requested.append(name)), say=print)
+    broken = Finding(rule="nonfinite", family="instability", step=12, evidence={}, summary="loss nan", strength=1.0)
+    orchestrator._decide(run, broken, Remedy(action="rollback", params={"to": "last_good"}, reasoning="broken"))
+    raised = orchestrator.monitors["lr"].observe(lr_metrics(12, lr=1e-2, scheduled=1e-3, scale=1.0))
+    cut = orchestrator.decide(run, raised)
+    assert requested == ["rollback"]  # the cut is never requested: the multiplier stays the checkpoint's
+    assert cut.outcome["result"] == "cut short" and cut.outcome["dropped_by"] == orchestrator.rolling_back
+    assert "dropped with the rollback" in cut.applied[0]
+    assert orchestrator.journal.track_record("lr", "scale_lr") == (0, 0)  # judges nothing
+    orchestrator._load_monitors(saved, rollback=True)
+    # the replay before the writer's step is on schedule at multiplier 1: nothing to give back
+    assert orchestrator.monitors["lr"].observe(lr_metrics(6, lr=1e-3, scheduled=1e-3, scale=1.0)) is None
+    # the writer met again at step 12 is cut then, as the first time
+    again = orchestrator.monitors["lr"].observe(lr_metrics(12, lr=1e-2, scheduled=1e-3, scale=1.0))
+    assert again is not None and again.evidence["explained"] == 1.0
+    rollback = orchestrator.journal.decisions[0]
+    orchestrator._applied(rollback, "failed: no checkpoint to roll back to")  # none comes: later cuts apply
+    assert orchestrator.decide(run, again).outcome is None and requested == ["rollback", "scale_lr"]
 
 
 def run_cfg(out, faults=()):

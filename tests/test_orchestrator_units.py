@@ -191,7 +191,8 @@ def test_a_resumed_run_probes_its_shrunk_micro_batch_soon_with_the_back_off_rese
     cfg = OrchestratorConfig()
     m = OutOfMemory(cfg)
     m.configured, m.probe_after, m.clean = 1024, 800, 5  # shrunk, and one probe already failed
-    m.resumed()
+    m.ran_out([1, 80 << 30])
+    m.resumed([1, 141 << 30])  # another machine, with more memory per device
     found = [m.observe(metrics(100 + i, micro_batch_tokens=256)) for i in range(RESUME_PROBE)]
     assert found[:-1] == [None] * (RESUME_PROBE - 1) and found[-1].evidence["target"] == 512
     assert m.probe_after == 2 * cfg.oom.probe_after  # the back-off starts over from the config's
@@ -200,6 +201,49 @@ def test_a_resumed_run_probes_its_shrunk_micro_batch_soon_with_the_back_off_rese
     n = m.probe_after
     later = [m.observe(metrics(200 + i, micro_batch_tokens=256)) for i in range(n)]
     assert later[-1].evidence["clean_steps"] == n and "resumed" not in later[-1].summary
+
+
+@pytest.mark.parametrize("saved_machine", [True, False])
+def test_a_run_resumed_on_the_machine_it_ran_out_of_memory_on_probes_as_its_twin(saved_machine):
+    """oom@11 halved the micro-batch; killed at 45, resumed from 40's checkpoint on the same machine:
+    the probe the uninterrupted run makes, when it makes it (an early one met the error again, two
+    decisions the twin never made). A checkpoint from before the machine was recorded probes early."""
+    cfg = OrchestratorConfig()
+    cfg.oom.probe_after = 50
+    twin = OutOfMemory(cfg)
+    twin.configured = 1024
+    twin.ran_out([1, 64 << 30])
+    twin.error(11, 1024, "out of memory", [])
+    for step in range(12, 41):
+        assert twin.observe(metrics(step, micro_batch_tokens=512)) is None
+    saved = twin.state_dict()
+    if not saved_machine:
+        del saved["ran_out_on"]
+    resumed = OutOfMemory(cfg)
+    resumed.load_state_dict(saved)
+    resumed.resumed([1, 64 << 30])
+    steps = range(41, 62)
+    mine = [resumed.observe(metrics(s, micro_batch_tokens=512)) for s in steps]
+    theirs = [twin.observe(metrics(s, micro_batch_tokens=512)) for s in steps]
+    probed = [(s, f.evidence["clean_steps"]) for s, f in zip(steps, mine) if f is not None]
+    assert probed == ([(61, 50)] if saved_machine else [(50, RESUME_PROBE)])
+    assert (mine == theirs) == saved_machine
+
+
+def test_a_rollback_to_before_an_out_of_memory_error_keeps_what_it_taught(tmp_path):
+    """The shrunk micro-batch is a knob a rollback keeps: the error that set it, where it happened
+    and the count toward the probe stay with it (restored, a resume on that machine probed early)."""
+    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)
+    oom = orchestrator.monitors["oom"]
+    oom.configured = 1024
+    saved = orchestrator.state_dict()  # before the error
+    oom.ran_out([1, 64 << 30])
+    oom.error(11, 1024, "out of memory", [])
+    assert oom.observe(metrics(12, micro_batch_tokens=512)) is None
+    orchestrator._load_monitors(saved, rollback=True)
+    assert (oom.last, oom.ran_out_on, oom.clean) == (11, [1, 64 << 30], 1)
+    orchestrator._load_monitors(saved)  # a resume from that checkpoint restores all of it, the knob too
+    assert (oom.last, oom.ran_out_on) == (-1, [])
 
 
 def test_moe_health_leaves_out_a_withheld_steps_routing():

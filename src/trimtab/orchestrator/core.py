@@ -112,7 +112,7 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
             oom.configured_checkpointing = oom.person_checkpointing or run.cfg.train.activation_checkpointing
             self._configured_knobs(run, oom)
             if run.step:
-                oom.resumed()
+                oom.resumed(readings.machine(run.world, run.device))
         self.init_from = bool(run.cfg.train.init_from)
         if self._mode_kept:
             run.say(self._mode_kept)
@@ -233,6 +233,7 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
         if self.mode == "off" or "oom" not in self.monitors or "oom" in self.paused:
             return False
         message = str(exc).splitlines()[0][:200]
+        self.monitors["oom"].ran_out(readings.machine(run.world, run.device))
         f = self.monitors["oom"].error(run.step + 1, run.micro_batch_tokens, message, batch.rows)
         self.outcomes.struck(f)  # raised inside the step: no step's read (Outcomes.follow) sees it
         decision = self.decide(run, f)
@@ -242,6 +243,7 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
         if self.mode == "off" or "oom" not in self.monitors or "oom" in self.paused:
             return False
         message = str(exc).splitlines()[0][:200]
+        self.monitors["oom"].ran_out(readings.machine(run.world, run.device))
         f = self.monitors["oom"].rollout_error(run.step + 1, run.rl_generation_rows, message)
         self.outcomes.struck(f)
         decision = self.decide(run, f)

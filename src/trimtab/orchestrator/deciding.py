@@ -84,10 +84,31 @@ class Deciding:
             summary=f.summary,
             loss_before=self.recent_losses.mean() if len(self.recent_losses) else None,
         )
-        self._carry_out(run, decision, remedy, withheld, gated)
+        if (rollback := self._rolled_back_with(decision)) is not None:
+            self._drop_with_rollback(decision, rollback)
+        else:
+            self._carry_out(run, decision, remedy, withheld, gated)
         self.journal.add(decision)
-        run.say(decision.console_line())
+        dropped = " [dropped: this step's rollback restores the LR before it]" if rollback is not None else ""
+        run.say(decision.console_line() + dropped)
         return decision
+
+    def _rolled_back_with(self, decision: Decision) -> int | None:
+        """The rollback decided at this step that `decision` goes with, if it is the lr rule's
+        compensation: it answers the live LR of the step the rollback abandons. Applied, it survived
+        the restore (knobs do) and the replay trained at a fraction of the schedule from before the
+        raise, until the rule withdrew it as a fault (fuzzer: lr_spike@12 + weights_nan@10)."""
+        if decision.mode != "auto" or decision.rule != "lr" or decision.action != "scale_lr":
+            return None
+        rollback = next((d for d in self.journal.decisions if d.id == self.rolling_back), None)
+        return rollback.id if rollback is not None and rollback.step == decision.step else None
+
+    def _drop_with_rollback(self, decision: Decision, rollback: int) -> None:
+        """Not requested: the replay starts at the checkpoint's LR, and meets the raise again (a new
+        finding, a new compensation) only if it comes back. The rule's account goes back with it."""
+        self.monitors["lr"].explained = decision.evidence["explained"]
+        decision.applied = [f"not applied: dropped with the rollback decided at this step (decision {rollback})"]
+        decision.outcome = {"result": "cut short", "steps": 0, "rolled_back": True, "dropped_by": rollback}
 
     def _carry_out(self, run: RunView, decision: Decision, remedy: Remedy, withheld: bool, gated: bool) -> None:
         """What `decision` did: in auto mode the remedy's commit, and its action requested through
@@ -149,6 +170,8 @@ class Deciding:
             error = line.removeprefix("failed: ")
             decision.outcome = {"result": "failed", "error": error, "steps": 0}
             self.outcomes.drop(decision)
+            if decision.id == self.rolling_back:  # no rollback comes (on_rollback would clear it)
+                self.rolling_back = None
             if run is not None:
                 if name and is_main():
                     ctl.answer(self.run_dir, name, error)

@@ -103,6 +103,18 @@ def moe_loads(out: StepOutput, host: dict[str, Any] | None, top_k: dict[int, int
     return rows
 
 
+def device_memory(device: torch.device) -> int | None:
+    """The memory a step must fit in: the device's (CUDA), or the machine's RAM (CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return ram_bytes()
+
+
+def machine(world: int, device: torch.device) -> list[int | None]:
+    """What an out-of-memory error depends on (OutOfMemory.ran_out_on): processes, memory per device."""
+    return [world, device_memory(device)]
+
+
 def memory_fraction(device: torch.device) -> float | None:
     """Share of device memory the allocator holds (CUDA), or of machine RAM this process uses
     (CPU, Linux); no device sync either way."""

@@ -118,6 +118,10 @@ class OutOfMemory(Monitor):
     made it heavier (its speed is the larger), then a micro-batch of twice the size."""
 
     rule, family = "oom", "memory"
+    # What the errors taught of the machine goes with the micro-batch and checkpointing they set, knobs
+    # a rollback keeps: restored to a checkpoint from before the error, a rollback forgot it (and where)
+    # while the shrunk micro-batch stayed (fuzzer: oom@11, then weights_nan@13's rollback)
+    KEPT_ON_ROLLBACK = ("last", "retries", "clean", "probe_after", "ran_out_on")
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.oom
@@ -130,6 +134,11 @@ class OutOfMemory(Monitor):
         self.probe_after = cfg.oom.probe_after
         self.since_resume: int | None = None  # clean steps in this process, when it resumed shrunk
         self.config_seen: dict[str, object] = {}  # train.micro_batch_tokens and activation_checkpointing, configured
+        self.ran_out_on: list[int | None] = []  # [world, memory per device] where the last error happened
+
+    def ran_out(self, machine: list[int | None]) -> None:
+        """The machine ([world, memory per device]) the error about to be reported happened on."""
+        self.ran_out_on = list(machine)
 
     def error(self, step: int, micro_batch_tokens: int, message: str, rows: list[int]) -> Finding:
         self.retries = self.retries + 1 if step == self.last else 1
@@ -166,11 +175,15 @@ class OutOfMemory(Monitor):
             self.configured_checkpointing = self.person_checkpointing = checkpointing
         self.clean = 0
 
-    def resumed(self) -> None:
-        """A resumed run is a new process: the fragmentation and the other tenants that made the
-        larger micro-batch fail may be gone, so probe it after RESUME_PROBE steps, with the back-off
-        reset (a run resumed after shrinking otherwise kept its smallest micro-batch to the end)."""
-        if self.cfg.probe_after:
+    def resumed(self, machine: list[int | None]) -> None:
+        """A resumed run is a new process: on another machine (`machine`: [world, memory per device]
+        unlike the one the last error happened on, or unknown: a checkpoint from before it was
+        recorded) the fragmentation and the other tenants that made the larger micro-batch fail may
+        be gone, so probe it after RESUME_PROBE steps, with the back-off reset (a run resumed after
+        shrinking otherwise kept its smallest micro-batch to the end). On the same machine the
+        checkpointed count and back-off go on: an early probe there met the same error again, two
+        decisions the uninterrupted run never made (fuzzer: oom@11, kill -9 at 45, probed at 50)."""
+        if self.cfg.probe_after and machine != self.ran_out_on:
             self.probe_after = self.cfg.probe_after
             self.clean = max(self.clean, self.probe_after - RESUME_PROBE)
             self.since_resume = 0
