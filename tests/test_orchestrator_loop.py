@@ -312,11 +312,10 @@ def test_weights_wrecked_a_little_are_not_read_as_bad_data(tmp_path):
     log = {"progress": False, "tensorboard": False}
     cfg = load_config(preset="debug", overrides=overrides | {"faults": ["weights_noise@30:3"], "log": log})
     trimtab.train(cfg)
-    actions = [(d["step"], d["action"]) for d in decisions(run)]
-    # then the checkpoints come closer: the rollback counts as a failure in Young's interval, until its
-    # outcome is "recovered" (orchestrator/interval.py): the remedied fault is no failure to expect again
-    rollback_and_interval = [(32, "rollback"), (21, "set_checkpoint_every"), (40, "set_checkpoint_every")]
-    assert actions == [(30, "skip_step"), (31, "skip_step"), *rollback_and_interval]
+    # the checkpoint interval's moves after the rollback (Young's, from the measured save and step times,
+    # orchestrator/interval.py) depend on the machine's speed: tests/test_checkpoint_interval.py tests them
+    actions = [(d["step"], d["action"]) for d in decisions(run) if d["rule"] != "checkpoint_interval"]
+    assert actions == [(30, "skip_step"), (31, "skip_step"), (32, "rollback")]
 
 
 def test_weights_nan_is_diagnosed_as_a_broken_model_and_rolled_back(tmp_path):
@@ -674,8 +673,9 @@ def test_oom_at_one_row_recomputes_more_and_a_resumed_run_keeps_it(tmp_path):
     """A row of 64 tokens no longer fits from step 4 (56 tokens' worth of activations do): the
     micro-batch halves to one row, then selective checkpointing (51 tokens' worth) fits, with the
     same gradients: the losses stay the clean run's. The mode is in the checkpoint: stopped at
-    step 10 and resumed, the run is at selective, and probes lighter checkpointing soon (as a
-    resumed run probes what an OOM shrank), which runs out of memory and recomputes again.
+    step 10 and resumed on the machine that ran out, the run is at selective and decides as the
+    uninterrupted run: no early probe of lighter checkpointing (it ran out of memory again, two
+    decisions the twin never made; another machine is probed early: test_orchestrator_units).
     Batches of 4 rows, and a clean run of its own at that size: steps 4-24 run one row at a time."""
     small = {"train": {"batch_tokens": 256, "micro_batch_tokens": 256}}
     trimtab.train(debug_cfg(tmp_path / "clean", **small))
@@ -688,10 +688,7 @@ def test_oom_at_one_row_recomputes_more_and_a_resumed_run_keeps_it(tmp_path):
     assert ds[-1]["applied"] == ["activation checkpointing off -> selective"] and {d["step"] for d in ds} == {4}
     summary = trimtab.train(debug_cfg(run, faults=["oom@4:56"], **small))
     assert summary["status"] == "completed" and summary["step"] == 24
-    probe, again = decisions(run)[3:]
-    assert probe["evidence"]["checkpointing"] == "selective" and probe["params"] == {"mode": "off"}
-    assert again["params"] == {"mode": "selective"} and again["step"] == probe["step"] + 1
-    assert "activation checkpointing off: 64 tokens' worth" in again["evidence"]["error"]
+    assert [d["id"] for d in decisions(run)] == [d["id"] for d in ds]  # the resumed session's: none
     losses = by_step(run, "loss")
     assert all(losses[s] == clean[s] for s in range(1, 4))
     assert all(losses[s] == pytest.approx(clean[s], rel=1e-4) for s in range(4, 11))
@@ -798,7 +795,9 @@ def test_corrupt_newest_checkpoint_resumes_from_the_previous(tmp_path, caplog):
         verify(run / "checkpoints" / "step_000016")
     with caplog.at_level(logging.WARNING):
         summary = trimtab.train(debug_cfg(run, steps=16, faults=["corrupt_checkpoint@16"]))
-    assert "skipping corrupt checkpoint" in caplog.text and "step_000016" in caplog.text
+    # one line: the checkpoint resumed from, and the corrupt one set aside with why
+    assert "corrupt newer checkpoint(s) set aside in" in caplog.text and "step_000016 (model.safetensors" in caplog.text
+    assert "skipping corrupt checkpoint" not in caplog.text
     assert summary["status"] == "completed" and summary["steps_this_session"] == 8
     verify(run / "checkpoints" / "step_000016")  # fired once: the re-saved checkpoint is intact
     assert json.loads((run / "faults.json").read_text())["fired"] == {"corrupt_checkpoint@16": 1}
@@ -814,9 +813,7 @@ def test_a_corrupt_only_checkpoint_is_kept_and_the_run_starts_over(tmp_path, cap
     with caplog.at_level(logging.WARNING):
         summary = trimtab.train(debug_cfg(run, steps=8, faults=faults))
     assert "no valid checkpoint is left: the run starts over from step 0" in caplog.text
-    assert (
-        f"kept for inspection in {run / 'checkpoints' / 'corrupt'}" in caplog.text and "falling back" not in caplog.text
-    )
+    assert f"set aside in {run / 'checkpoints' / 'corrupt'}" in caplog.text and "falling back" not in caplog.text
     assert summary["status"] == "completed" and summary["steps_this_session"] == 8
     kept = run / "checkpoints" / "corrupt" / "step_000008"
     assert (kept / "model.safetensors").read_bytes() == damaged  # preserved as it was, never resumed from

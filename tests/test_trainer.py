@@ -165,7 +165,7 @@ def test_corrupt_newest_checkpoint_falls_back(tmp_path, caplog):
     (newest / "model.safetensors").write_bytes(b"garbage")
     with caplog.at_level(logging.WARNING):
         summary = trimtab.train(debug_cfg(tmp_path / "r", steps=16))
-    assert "skipping corrupt checkpoint" in caplog.text
+    assert "corrupt newer checkpoint(s) set aside" in caplog.text and newest.name in caplog.text
     assert summary["steps_this_session"] == 8 and summary["step"] == 16
 
 
