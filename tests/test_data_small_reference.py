@@ -39,3 +39,14 @@ def test_the_widening_fades_as_the_reference_grows():
     evidence = DataAttribution(OrchestratorConfig()).score(View({0: 5.1}, held), [0])[1]
     gap, spread = evidence["threshold"] - evidence["reference_median"], evidence["reference_spread"]
     assert 4 * spread < gap < 1.1 * 4 * spread
+
+
+def test_a_held_out_split_of_few_rows_gives_way_to_the_steps_own_rows():
+    """debug, seed 0, bad_rows@20: the held-out split held 3 rows of one file (spread 0.013), so the
+    bar was the 0.5-nat floor over their median and a clean row 0.5 over it was left out with the
+    garbage. Under MIN_OWN held-out rows the step's scored rows are the reference, as a mixture
+    source's are: the clean row stays, the garbage (4 rows as debug's step 20 scored them) goes."""
+    rows = _step() | {27: 5.8}
+    bad, evidence = DataAttribution(OrchestratorConfig()).score(View(rows, [5.24, 5.25, 5.26]), list(rows))
+    assert bad == [28, 29, 30, 31]  # before: row 27 too, over 5.25 + 0.5
+    assert evidence["reference_rows"] == 32 and evidence["threshold"] > 5.8

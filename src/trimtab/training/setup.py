@@ -43,6 +43,7 @@ from trimtab.hardware import Precision, choose_precision, pick_device
 from trimtab.hf.importer import SOURCE
 from trimtab.model import Transformer, build_model
 from trimtab.model.meta import build_on_meta
+from trimtab.orchestrator.attribution import MIN_OWN
 from trimtab.paths import cache_dir
 from trimtab.peaks import peak_flops
 from trimtab.resilience.elastic import name_session
@@ -202,14 +203,16 @@ def _say_thin_reference(cfg: RunConfig, held: HeldOut, key: str) -> None:
     sample (HeldOut.reference) cannot make that up; only more held-out data can."""
     rows, want = sum(len(r) for r, _, _ in held.sets), cfg.orchestrator.data.reference_rows
     if cfg.orchestrator.mode != "off" and 0 < rows < want:
+        # under MIN_OWN rows the data watch judges a step's rows among themselves (orchestrator/attribution.py)
+        against = f"those {rows}" if rows >= MIN_OWN else "each step's own rows, a keener bar given more held-out rows"
         log.info(
             "%s: its held-out split holds %d rows, under orchestrator.data.reference_rows=%d: the orchestrator "
-            "judges training rows against those %d; raise %s.eval_fraction or give %s.eval_source for a sounder "
+            "judges training rows against %s; raise %s.eval_fraction or give %s.eval_source for a sounder "
             "reference",
             key,
             rows,
             want,
-            rows,
+            against,
             key,
             key,
         )
