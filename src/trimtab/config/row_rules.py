@@ -15,6 +15,12 @@ if TYPE_CHECKING:
     from trimtab.config.orchestrator import OrchestratorConfig
 
 
+# rows a source's own reference needs in the data watch (orchestrator/attribution.py): the MAD of fewer is
+# noise (a small source's eval split holds a row or two; a rare source has a few rows a step); with fewer,
+# the next fallback (_bars). Here, not there: training/setup.py says it, and training never imports the orchestrator
+MIN_OWN = 8
+
+
 @dataclass
 class DataRule(Section):
     """Data attribution: when a bad stretch is the data's, the rows of its flagged steps are scored

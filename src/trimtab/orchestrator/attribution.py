@@ -44,11 +44,8 @@ import math
 from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.config.row_rules import MIN_OWN
 from trimtab.orchestrator.monitors import Finding, StepMetrics, outlier_threshold
-
-# rows a mixture source's own reference needs: the MAD of fewer is noise (a small source's eval
-# split holds a row or two; a rare source has a few rows a step); with fewer, the next fallback (_bars)
-MIN_OWN = 8
 
 
 def small_sample_sigma(sigma: float, rows: int) -> float:

@@ -28,6 +28,7 @@ from trimtab.checkpoint_load import check_fits
 from trimtab.config import DataConfig, OptimConfig, RunConfig, derive, read_saved, resolve
 from trimtab.config.checks import leaves
 from trimtab.config.model import LIVE_MODEL_KEYS
+from trimtab.config.row_rules import MIN_OWN
 from trimtab.data import BatchLoader, Rows, TextTokenizer, get_tokenizer
 from trimtab.data.batches import HeldOut
 from trimtab.data.dataset import build_phase_data, first_prepared, open_eval_source, open_sources
@@ -43,7 +44,6 @@ from trimtab.hardware import Precision, choose_precision, pick_device
 from trimtab.hf.importer import SOURCE
 from trimtab.model import Transformer, build_model
 from trimtab.model.meta import build_on_meta
-from trimtab.orchestrator.attribution import MIN_OWN
 from trimtab.paths import cache_dir
 from trimtab.peaks import peak_flops
 from trimtab.resilience.elastic import name_session
