@@ -168,7 +168,7 @@ def test_garbage_met_again_after_its_like_was_trained_on_blames_its_step_under_m
     unseen. step_outliers + 1 rows at once between blame_gap (1.0) and min_gap blame the step and are named, in one
     source or a mixture's; a clean step's hard rows there, one or two at a time, are not even suspects,
     nor is one beside fresh garbage over min_gap."""
-    rule, rng = OutlierRows(OrchestratorConfig()), random.Random(1)
+    rule, rng = OutlierRows(blaming()), random.Random(1)
 
     def step(n: int, special: dict[int, float], parts: bool = False) -> StepMetrics:
         base = 6.0 - 0.05 * n
@@ -187,10 +187,17 @@ def test_garbage_met_again_after_its_like_was_trained_on_blames_its_step_under_m
     fresh = {11_000: 1.7, 11_001: 1.9, 11_002: 2.0}
     f = rule.observe(step(21, fresh | {20_003: 1.3}))
     assert f is not None and f.evidence["blamed"] and f.evidence["rows"] == sorted(fresh)
-    mixed = OutlierRows(OrchestratorConfig())  # a mixture: each source's rows from that source's level
+    mixed = OutlierRows(blaming())  # a mixture: each source's rows from that source's level
     assert all(mixed.observe(step(n, hard.get(n % 8, {}), parts=True)) is None for n in range(1, 20))
     f = mixed.observe(step(20, {10_000 + 2 * i + 1: 1.3 + 0.05 * i for i in range(4)}, parts=True))
     assert f is not None and f.evidence["blamed"] and f.evidence["rows"] == [10_001, 10_003, 10_005, 10_007]
+
+
+def blaming() -> OrchestratorConfig:
+    """The second family on (orchestrator.rows.blame_gap 1.0; off by default)."""
+    cfg = OrchestratorConfig()
+    cfg.rows.blame_gap = 1.0
+    return cfg
 
 
 def test_its_state_is_json_and_resumes_the_same():
