@@ -420,6 +420,9 @@ CLI_SURFACE = {
             "--data",
             "--stride",
             "--set",
+            # a run's held-out rows again, per source; a prepared directory's split (data/held_out.py)
+            "--held-out",
+            "--split",
         },
         ["path"],
     ),

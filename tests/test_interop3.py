@@ -148,4 +148,5 @@ def test_the_garbage_screen_does_not_encode_a_sample_too_small_to_judge(tmp_path
     monkeypatch.setattr(TextTokenizer, "encode_documents", lambda *a: pytest.fail("encoded a sample with no scale"))
     manifest = {}
     prepare._measure_scale(manifest, tmp_path, [str(path)], tokenizer, Options(), "hint")
-    assert manifest == {"garbage": None}
+    # no scale; the sample's share of repeated text (junk.spare_repeats) is measured from its text, not encoded
+    assert manifest == {"garbage": None, "repeated": 0.0}
