@@ -383,8 +383,12 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
         if self.interval is None or "checkpoint_interval" in self.paused or run.step >= run.total_steps:
             return  # at the run's last step no checkpoint is left to move
         every, configured = run.checkpoint_every, run.cfg.checkpoint.every
-        # a rollback whose remedy took is no failure to expect again (interval.py)
-        self.interval.judged({d.id: d.outcome["result"] for d in self.journal.decisions if d.outcome})
+        # a rollback whose remedy took is no failure to expect again (interval.py); the journal read only
+        # while a rollback awaits its outcome, not at every step
+        if (latest := self.interval.latest) is not None:
+            self.interval.judged(
+                {d.id: d.outcome["result"] for d in self.journal.decisions if d.id == latest and d.outcome}
+            )
         if (f := self.interval.observe(run.step, seconds, stall, run.world, every, configured)) is not None:
             self.decide(run, f)
 

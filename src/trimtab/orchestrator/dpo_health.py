@@ -16,6 +16,7 @@ from trimtab.config.dpo import DPOConfig
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, StepMetrics
 from trimtab.orchestrator.remedies import GAVE_UP, Remedy, lr_cut
+from trimtab.orchestrator.rl_reward import no_rollback
 
 
 class PreferenceFall(Monitor):
@@ -107,13 +108,7 @@ def preference_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks:
             reasoning=f"{why}: restore the policy of the best held-out loss (the newest checkpoint at or before step "
             f"{best}) and train on with the LR x{factor:g}",
         )
-    reason = (
-        f"the LR is at its floor (orchestrator.min_lr_scale={cfg.min_lr_scale:g})"
-        if factor is None
-        else f"{rollbacks} rollbacks used on this incident (orchestrator.max_rollbacks={cfg.max_rollbacks})"
-        if rollbacks >= cfg.max_rollbacks
-        else f"no checkpoint at or before step {best}"
-    )
+    reason = no_rollback(factor, rollbacks, cfg, best)
     return Remedy(
         action="stop",
         params={

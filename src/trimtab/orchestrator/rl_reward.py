@@ -264,15 +264,7 @@ def reward_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int
             f"within the noise of the start: before the fall began) and train on with the LR x{factor:g}, never to "
             "be given back",
         )
-    most = cfg.max_rollbacks
-    reason = (
-        f"the LR is at its floor (orchestrator.min_lr_scale={cfg.min_lr_scale:g}), where a rollback would replay "
-        "the same updates at the same LR"
-        if factor is None
-        else f"{rollbacks} rollbacks used on this incident (orchestrator.max_rollbacks={most} per incident)"
-        if rollbacks >= cfg.max_rollbacks
-        else f"no checkpoint at or before step {before}"
-    )
+    reason = no_rollback(factor, rollbacks, cfg, before)
     return Remedy(
         action="stop",
         params={
@@ -359,3 +351,17 @@ def _span(turns: list[list[Any]]) -> str:
     (first, _, before, _), (last, _, _, after) = turns[0], turns[-1]
     steps = f"step {first}" if first == last else f"steps {first}-{last}"
     return f"{before:g} -> {after:g} ({steps})" if not isinstance(after, str) else f"{before} -> {after} ({steps})"
+
+
+def no_rollback(factor: float | None, rollbacks: int, cfg: OrchestratorConfig, step: int) -> str:
+    """Why an RL or DPO rule's rollback to `step` with the LR x`factor` (None: at its floor) cannot be taken,
+    for its stop's reason: the LR's floor, the incident's rollbacks spent, or no checkpoint that far back."""
+    if factor is None:
+        return (
+            f"the LR is at its floor (orchestrator.min_lr_scale={cfg.min_lr_scale:g}), where a rollback would "
+            "replay the same updates at the same LR"
+        )
+    if rollbacks >= cfg.max_rollbacks:
+        most = cfg.max_rollbacks
+        return f"{rollbacks} rollbacks used on this incident (orchestrator.max_rollbacks={most} per incident)"
+    return f"no checkpoint at or before step {step}"
