@@ -393,8 +393,9 @@ def test_an_invalid_only_copy_of_a_step_is_said_and_kept_not_put_back(tmp_path, 
 def test_a_sharded_save_a_lost_rank_cut_is_not_resumed_and_is_said(tmp_path, caplog):
     """A rank killed in a sharded save: the survivors' shards (and DCP's .metadata) lie in
     .tmp_step_N_sharded, never committed (no state.json). The resume took the step before, as it
-    should, but without a word: the steps since then were lost unexplained. Now the cut save is said."""
-    from trimtab.training.resume import _set_aside
+    should, but without a word: the steps since then were lost unexplained. Now the cut save is said, in
+    the resume's one line (set_aside_note): it said its own "resuming from step_000005" line beside it."""
+    from trimtab.training.resume import _set_aside, set_aside_note
 
     save(tmp_path, 5)
     for step in (3, 10):  # an older one (a save cut before step 5's) is not this resume's news
@@ -406,5 +407,11 @@ def test_a_sharded_save_a_lost_rank_cut_is_not_resumed_and_is_said(tmp_path, cap
     assert found[0].name == "step_000005"
     with caplog.at_level(logging.WARNING, logger="trimtab.training.resume"):
         _set_aside(tmp_path, found, {})
-    assert "the save of step 10 was cut before its commit (.tmp_step_000010_sharded in" in caplog.text
-    assert "resuming from step_000005" in caplog.text and "000003" not in caplog.text
+    assert "resuming from" not in caplog.text and "cut" not in caplog.text  # the resume's line says it
+    note = set_aside_note(tmp_path, 5)
+    assert "; the save of step 10 was cut before its commit (.tmp_step_000010_sharded in" in note
+    assert "000003" not in note
+    (checkpoint_root(tmp_path) / "step_000005" / "state.json").unlink()  # none valid left: a start over says it
+    with caplog.at_level(logging.WARNING, logger="trimtab.training.resume"):
+        _set_aside(tmp_path, latest_valid(tmp_path), {})
+    assert "the save of step 3, 10 was cut before its commit" in caplog.text and "starting over" in caplog.text

@@ -673,9 +673,10 @@ def test_oom_at_one_row_recomputes_more_and_a_resumed_run_keeps_it(tmp_path):
     """A row of 64 tokens no longer fits from step 4 (56 tokens' worth of activations do): the
     micro-batch halves to one row, then selective checkpointing (51 tokens' worth) fits, with the
     same gradients: the losses stay the clean run's. The mode is in the checkpoint: stopped at
-    step 10 and resumed on the machine that ran out, the run is at selective and decides as the
-    uninterrupted run: no early probe of lighter checkpointing (it ran out of memory again, two
-    decisions the twin never made; another machine is probed early: test_orchestrator_units).
+    step 10 and resumed on the machine that ran out, the run is at selective; a new process, whose
+    fragmentation is gone, probes lighter checkpointing 10 steps in (RESUME_PROBE), where the twin
+    waited out probe_after: this limit is real, so it runs out again and goes back to selective,
+    the same rows retried (test_orchestrator_units: the back-off kept on this machine).
     Batches of 4 rows, and a clean run of its own at that size: steps 4-24 run one row at a time."""
     small = {"train": {"batch_tokens": 256, "micro_batch_tokens": 256}}
     trimtab.train(debug_cfg(tmp_path / "clean", **small))
@@ -688,7 +689,10 @@ def test_oom_at_one_row_recomputes_more_and_a_resumed_run_keeps_it(tmp_path):
     assert ds[-1]["applied"] == ["activation checkpointing off -> selective"] and {d["step"] for d in ds} == {4}
     summary = trimtab.train(debug_cfg(run, faults=["oom@4:56"], **small))
     assert summary["status"] == "completed" and summary["step"] == 24
-    assert [d["id"] for d in decisions(run)] == [d["id"] for d in ds]  # the resumed session's: none
+    resumed = decisions(run)[len(ds) :]
+    assert [d["id"] for d in decisions(run)[: len(ds)]] == [d["id"] for d in ds]
+    assert [(d["step"], d["params"].get("mode")) for d in resumed] == [(20, "off"), (21, "selective")]
+    assert "since the run resumed" in resumed[0]["summary"]
     losses = by_step(run, "loss")
     assert all(losses[s] == clean[s] for s in range(1, 4))
     assert all(losses[s] == pytest.approx(clean[s], rel=1e-4) for s in range(4, 11))

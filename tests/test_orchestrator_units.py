@@ -204,14 +204,15 @@ def test_a_resumed_run_probes_its_shrunk_micro_batch_soon_with_the_back_off_rese
 
 
 @pytest.mark.parametrize("saved_machine", [True, False])
-def test_a_run_resumed_on_the_machine_it_ran_out_of_memory_on_probes_as_its_twin(saved_machine):
-    """oom@11 halved the micro-batch; killed at 45, resumed from 40's checkpoint on the same machine:
-    the probe the uninterrupted run makes, when it makes it (an early one met the error again, two
-    decisions the twin never made). A checkpoint from before the machine was recorded probes early."""
+def test_a_run_resumed_on_the_machine_it_ran_out_of_memory_on_probes_soon_with_its_back_off(saved_machine):
+    """oom@11 halved the micro-batch and a probe failed since (back-off x2); killed at 45, resumed from 40's
+    checkpoint on the same machine: the restart freed the old process's fragmentation, so the probe comes
+    RESUME_PROBE steps after the resume (it waited out the twin's count: step 61 of 50 more, at half the
+    micro-batch), and the back-off the failed probe learned there goes on. An unknown machine restarts it."""
     cfg = OrchestratorConfig()
     cfg.oom.probe_after = 50
     twin = OutOfMemory(cfg)
-    twin.configured = 1024
+    twin.configured, twin.probe_after = 1024, 100  # one probe already failed here
     twin.ran_out([1, 64 << 30])
     twin.error(11, 1024, "out of memory", [])
     for step in range(12, 41):
@@ -222,12 +223,31 @@ def test_a_run_resumed_on_the_machine_it_ran_out_of_memory_on_probes_as_its_twin
     resumed = OutOfMemory(cfg)
     resumed.load_state_dict(saved)
     resumed.resumed([1, 64 << 30])
-    steps = range(41, 62)
-    mine = [resumed.observe(metrics(s, micro_batch_tokens=512)) for s in steps]
-    theirs = [twin.observe(metrics(s, micro_batch_tokens=512)) for s in steps]
-    probed = [(s, f.evidence["clean_steps"]) for s, f in zip(steps, mine) if f is not None]
-    assert probed == ([(61, 50)] if saved_machine else [(50, RESUME_PROBE)])
-    assert (mine == theirs) == saved_machine
+    mine = [resumed.observe(metrics(s, micro_batch_tokens=512)) for s in range(41, 41 + RESUME_PROBE)]
+    assert mine[:-1] == [None] * (RESUME_PROBE - 1) and mine[-1].evidence["clean_steps"] == RESUME_PROBE
+    assert "since the run resumed" in mine[-1].summary and mine[-1].evidence["target"] == 1024
+    assert resumed.probe_after == (200 if saved_machine else 100)  # the next wait: back-off kept, or restarted
+
+
+def test_probe_after_edited_between_sessions_takes_effect_with_the_back_off_kept():
+    """orchestrator.oom.probe_after 50 -> 5 at a resume (journaled "in effect from this step"): the
+    checkpointed 100 (50 doubled by a failed probe) won and the edit was ignored. Now the config's, doubled
+    as the failure taught: the next probe after 10 steps; a checkpoint without probe_configured: the config's."""
+    cfg = OrchestratorConfig()
+    cfg.oom.probe_after = 50
+    before = OutOfMemory(cfg)
+    before.probe_after = 100
+    saved = before.state_dict()
+    cfg.oom.probe_after = 5
+    after = OutOfMemory(cfg)
+    after.load_state_dict(saved)
+    assert (after.probe_after, after.probe_configured) == (10, 5)
+    older = OutOfMemory(cfg)
+    older.load_state_dict({k: v for k, v in saved.items() if k != "probe_configured"} | {"probe_after": 50})
+    assert older.probe_after == 5
+    kept = OutOfMemory(OrchestratorConfig())  # the config unchanged: the checkpoint's back-off stands
+    kept.load_state_dict({**OutOfMemory(OrchestratorConfig()).state_dict(), "probe_after": 400})
+    assert kept.probe_after == 400
 
 
 def test_a_rollback_to_before_an_out_of_memory_error_keeps_what_it_taught(tmp_path):

@@ -37,6 +37,7 @@ from trimtab.config.loss_scale import LossScaleConfig
 from trimtab.config.model import ModelConfig
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.config.plan import PlanConfig
+from trimtab.config.provenance import origins, sources, with_sources
 from trimtab.config.renames import upgrade
 from trimtab.config.resilience import ResilienceConfig
 from trimtab.config.rl import RLConfig
@@ -388,8 +389,9 @@ def load_config(
     user, cli = upgrade(user, str(path)), upgrade(cli, "the overrides")
     layered = merge(merge(preset_dict(name), user), cli)
     layered["preset"] = name
+    found = origins(user, upgrade(copy.deepcopy(dict(overrides or {}))), upgrade(set_changes(sets)), path)
     try:
-        return resolve(layered)
+        return with_sources(resolve(layered), found)  # who set each key: the resume's changes say it
     except ConfigError as exc:
         raise _in_file(exc, path, user, cli) from None
 
@@ -435,8 +437,9 @@ def resolve(config: RunConfig | dict[str, Any]) -> RunConfig:
 def derive(cfg: RunConfig, changes: dict[str, Any]) -> RunConfig:
     """A new resolved config: `cfg` with `changes` (sections of keys, as in YAML) merged over it
     and resolved again; `cfg` itself never changes. Values resolve() filled stay as they were
-    (a model's auto widths are not re-derived from a changed d_model: load_config for that)."""
-    return resolve(merge(cfg.to_dict(), changes))
+    (a model's auto widths are not re-derived from a changed d_model: load_config for that). Who set
+    each key (config/provenance.py) is `cfg`'s: a derived change is code's, not a person's."""
+    return with_sources(resolve(merge(cfg.to_dict(), changes)), sources(cfg))
 
 
 def read_saved(run_dir: str | Path) -> RunConfig:

@@ -131,20 +131,23 @@ def outlier_threshold(reference: list[float], sigma: float, min_gap: float) -> t
 class Monitor:
     rule = ""
     family = ""
+    # Attributes copied from the config, not learned: left out of the checkpoint (and out of an older one's
+    # load), so a person's edit between sessions takes effect as the journal says it does
+    SETTINGS: tuple[str, ...] = ()
 
     def observe(self, m: StepMetrics) -> Finding | None:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
-        """Every attribute but the config and caches (a leading underscore)."""
+        """Every attribute but the config, its SETTINGS and caches (a leading underscore)."""
         return {
             k: list(v.values) if isinstance(v, Rolling) else v
             for k, v in vars(self).items()
-            if k != "cfg" and not k.startswith("_")
+            if k != "cfg" and k not in self.SETTINGS and not k.startswith("_")
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key, value in state.items():
+        for key, value in ((k, v) for k, v in state.items() if k not in self.SETTINGS):
             current = getattr(self, key, None)
             setattr(self, key, Rolling(current.values.maxlen, value) if isinstance(current, Rolling) else value)
         for key in [k for k in vars(self) if k.startswith("_")]:

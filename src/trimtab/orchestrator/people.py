@@ -46,7 +46,7 @@ class PersonCommands:
             )
             if moot:
                 decision.outcome = {"result": "no effect"}
-            if change.get("default"):  # no person set it in this session's config: not theirs (changes._mark_defaults)
+            if change.get("default"):  # no person set it in this session's config: not theirs (changes._mark_origins)
                 decision.mode = "default"
             self.journal.add(decision)
             return

@@ -3,6 +3,8 @@ the limit (MemoryPressure), fp16 overflow (Fp16Overflow) and out-of-memory error
 
 from __future__ import annotations
 
+from typing import Any
+
 from trimtab.config import CHECKPOINTING
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, Rolling, StepMetrics
@@ -131,7 +133,8 @@ class OutOfMemory(Monitor):
         self.last = -1  # step of the last out-of-memory error
         self.retries = 0  # errors in that step
         self.clean = 0  # steps since, below the configured micro-batch
-        self.probe_after = cfg.oom.probe_after
+        self.probe_after = cfg.oom.probe_after  # clean steps before the next probe: the config's, doubled by back-off
+        self.probe_configured = cfg.oom.probe_after  # the config's value probe_after was doubled from (checkpointed)
         self.since_resume: int | None = None  # clean steps in this process, when it resumed shrunk
         self.config_seen: dict[str, object] = {}  # train.micro_batch_tokens and activation_checkpointing, configured
         self.ran_out_on: list[int | None] = []  # [world, memory per device] where the last error happened
@@ -143,6 +146,7 @@ class OutOfMemory(Monitor):
     def error(self, step: int, micro_batch_tokens: int, message: str, rows: list[int]) -> Finding:
         self.retries = self.retries + 1 if step == self.last else 1
         self.last, self.clean = step, 0
+        self.since_resume = None  # the count toward the next probe starts at this error, not at the resume
         return Finding(
             rule=self.rule,
             family=self.family,
@@ -175,18 +179,32 @@ class OutOfMemory(Monitor):
             self.configured_checkpointing = self.person_checkpointing = checkpointing
         self.clean = 0
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The checkpoint's state, with orchestrator.oom.probe_after the config's: a person's edit between
+        sessions takes effect (journaled as their change: training/changes.py), the back-off the failed
+        probes learned kept over it (x2 a failure); the checkpointed count alone won, the edit said to be
+        in effect was ignored. A checkpoint from before probe_configured: its probe_after as configured."""
+        super().load_state_dict(state)
+        saved = state.get("probe_configured", self.probe_after)
+        if saved != self.cfg.probe_after:
+            backoff = self.probe_after // saved if saved else 1
+            self.probe_after = self.cfg.probe_after * max(backoff, 1)
+        self.probe_configured = self.cfg.probe_after
+
     def resumed(self, machine: list[int | None]) -> None:
-        """A resumed run is a new process: on another machine (`machine`: [world, memory per device]
-        unlike the one the last error happened on, or unknown: a checkpoint from before it was
-        recorded) the fragmentation and the other tenants that made the larger micro-batch fail may
-        be gone, so probe it after RESUME_PROBE steps, with the back-off reset (a run resumed after
-        shrinking otherwise kept its smallest micro-batch to the end). On the same machine the
-        checkpointed count and back-off go on: an early probe there met the same error again, two
-        decisions the uninterrupted run never made (fuzzer: oom@11, kill -9 at 45, probed at 50)."""
-        if self.cfg.probe_after and machine != self.ran_out_on:
+        """A resumed run is a new process: the fragmentation and the other tenants that made the larger
+        micro-batch fail are gone with the old one, so probe it after RESUME_PROBE steps (a run resumed
+        after shrinking otherwise waited out probe_after steps at the smaller size, 200 by default, where a
+        failed probe costs one step's retry). On the same machine (`machine`: [world, memory per device],
+        as the last error's) the back-off goes on: a probe that failed there doubles the wait after this
+        one. On another machine, or an unknown one (a checkpoint from before it was recorded), it restarts
+        from the config's (a run resumed after shrinking otherwise kept its smallest micro-batch to the end)."""
+        if not self.cfg.probe_after:
+            return
+        if machine != self.ran_out_on:
             self.probe_after = self.cfg.probe_after
-            self.clean = max(self.clean, self.probe_after - RESUME_PROBE)
-            self.since_resume = 0
+        if self.clean < self.probe_after - RESUME_PROBE:  # else the steps before count: the probe is due anyway
+            self.clean, self.since_resume = self.probe_after - RESUME_PROBE, 0
 
     def observe(self, m: StepMetrics) -> Finding | None:
         heavier = CHECKPOINTING.index(m.checkpointing) > CHECKPOINTING.index(self.configured_checkpointing)

@@ -436,6 +436,7 @@ class Plateau(Monitor):
     the first two windows the variance alone judges it."""
 
     rule, family = "plateau", "plateau"
+    SETTINGS = ("margin",)  # above_start's, as configured: a resume's edit of them applies
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.plateau

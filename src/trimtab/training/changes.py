@@ -5,8 +5,11 @@ A resumed run trains on under the new values (the optimizer's, the batch's, the 
 change is a person's decision, as a changed phase length is: the orchestrator journals it (rule
 "config", action "none": the config itself applies it) and the console says them all in one
 line (changes_line), so a run that was resumed with `--set optim.lr=...` shows why its LR moved.
-A change to this trimtab's default for the key (a default that moved between versions, the
-session's config silent on it) is marked `default` and said as one, not as a person's (_mark_defaults).
+Each change says who made it (`by`, _mark_origins): a key this session's config set (its --set items,
+its file, a flag: config/provenance.py) is a person's, whatever its value; one it left at this
+trimtab's default is marked `default` and said as one, not as a person's, and config.yaml's first line
+(the keys the session that wrote it set) tells which: an earlier session's setting not repeated, or a
+default that moved between versions (unknown for a config.yaml an older trimtab wrote).
 
 Compared: every leaf of the resolved configs (dotted keys, model.moe.top_k; a list is one leaf,
 data.mix). Left out (IGNORED), each for its reason:
@@ -35,6 +38,7 @@ from typing import Any
 
 from trimtab.config import RunConfig, load_config, read_saved
 from trimtab.config.checks import leaves
+from trimtab.config.provenance import saved_sources, sources
 from trimtab.errors import SavedConfigError
 
 log = logging.getLogger(__name__)
@@ -100,19 +104,39 @@ def changes_on_resume(cfg: RunConfig) -> list[dict[str, Any]]:
     except SavedConfigError as exc:
         log.debug("no config changes read: %s", exc)
         return []
-    return _mark_defaults(changes, cfg)
+    return _mark_origins(changes, cfg, saved_sources(cfg.run_dir / "config.yaml"))
 
 
-def _mark_defaults(changes: list[dict[str, Any]], cfg: RunConfig) -> list[dict[str, Any]]:
-    """Mark `default` each change whose new value is this trimtab's own for the run's preset: this
-    session's config left the key at its default, so the change is no person's doing in this
-    session (a default that moved between versions: a user upgrading mid-run read it as their
-    change). What the run was trained with may have been the older version's default or an
-    earlier session's setting: config.yaml holds resolved values, not who set them."""
+NOT_REPEATED, MOVED = "not repeated", "default moved"  # a `default` change's `by`: which of the two
+
+
+def _mark_origins(changes: list[dict[str, Any]], cfg: RunConfig, before: dict[str, str] | None) -> list[dict]:
+    """Each change with who made it (`by`): where this session's config set the key (a person's, even
+    at the default's value: an explicit --set equal to it was said to be the default); else, where its
+    new value is this trimtab's own for the run's preset, marked `default` (no person's doing in this
+    session: a user upgrading mid-run read a moved default as their change), `by` NOT_REPEATED where
+    the earlier session (`before`: the keys it set, None when unknown) had set it, MOVED where not."""
     if not changes:
         return changes
+    mine = sources(cfg)
     defaults = leaves(load_config(preset=cfg.preset, overrides={"out": str(cfg.run_dir)}).to_dict())
-    return [{**c, "default": True} if c["key"] in defaults and defaults[c["key"]] == c["new"] else c for c in changes]
+    marked = []
+    for c in changes:
+        key = c["key"]
+        if key in mine:
+            marked.append({**c, "by": mine[key]})
+        elif key in defaults and defaults[key] == c["new"]:
+            marked.append({**c, "default": True, **_which_default(key, before)})
+        else:
+            marked.append(c)
+    return marked
+
+
+def _which_default(key: str, before: dict[str, str] | None) -> dict[str, str]:
+    """A `default` change's `by`: NOT_REPEATED (with where the session before set it) or MOVED; {} unknown."""
+    if before is None:
+        return {}
+    return {"by": NOT_REPEATED, "set_by": before[key]} if key in before else {"by": MOVED}
 
 
 def changes_line(changes: list[dict[str, Any]], step: int) -> str:
@@ -129,21 +153,32 @@ def changes_line(changes: list[dict[str, Any]], step: int) -> str:
 def journal_text(change: dict[str, Any], step: int) -> tuple[str, str]:
     """A change's decision summary and reasoning, worded as those of a changed phase length."""
     summary = f"{change['key']} {show(change['old'])} -> {show(change['new'])}{_by(change)} on resume at step {step}"
-    if change.get("default"):
+    if not change.get("default"):
+        by = f" (set by {change['by']})" if change.get("by") else ""
+        return summary, f"changed in the config by a person{by}: {change['effect']}"
+    old, new = show(change["old"]), show(change["new"])
+    keep = f"set it to keep {old}"
+    unset = f"not set by this session's config, which leaves it at this trimtab's default ({new}); "
+    if change.get("by") == NOT_REPEATED:
+        why = f"the run was trained with {old}, set by {change['set_by']} in the session before and not repeated"
+    elif change.get("by") == MOVED:
+        why = f"the run was trained with {old}, the default of the trimtab that wrote its config.yaml, which has moved"
+    else:
         why = (
-            f"not set by this session's config, which leaves it at this trimtab's default ({show(change['new'])}); "
-            f"the run was trained with {show(change['old'])}, which an earlier session set and this one did not "
-            "repeat, or the default then, which has moved since (config.yaml keeps values, not who set them: "
-            f"which of the two is not known); set it again to keep {show(change['old'])}: {change['effect']}"
+            f"the run was trained with {old}, which an earlier session set and this one did not repeat, or the "
+            "default then, which has moved since (this config.yaml keeps values, not who set them: which of the "
+            "two is not known)"
         )
-        return summary, why
-    return summary, f"changed in the config by a person: {change['effect']}"
+    return summary, f"{unset}{why}; {keep}: {change['effect']}"
 
 
 def _by(change: dict[str, Any]) -> str:
-    """What a change is said to be when it is this version's default, not a person's setting: the saved
-    value was set by an earlier session or was the default of an older trimtab, and config.yaml cannot say which."""
-    return " (this version's default: the old value not repeated or the default moved)" if change.get("default") else ""
+    """What a change is said to be when it is this version's default, not a person's setting: an earlier
+    session's setting not repeated, or the default moved (or, config.yaml silent on who set what, either)."""
+    if not change.get("default"):
+        return ""  # a person's: their --set, file or flag is in the reasoning (journal_text)
+    said = {NOT_REPEATED: f"{change.get('set_by')} of the session before not repeated", MOVED: "the default moved"}
+    return f" (this version's default: {said.get(change.get('by'), 'the old value not repeated or the default moved')})"
 
 
 def effect(key: str, old: Any, new: Any) -> str:

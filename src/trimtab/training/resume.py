@@ -314,11 +314,12 @@ def _step(path: Path) -> int:
 
 
 def set_aside_note(run_dir: Path, step: int) -> str:
-    """The corrupt checkpoints the resume to `step` set aside, and why, for its one "resuming from" line
-    (Checkpointing.resume): "" when there were none. Read, not taken: the orchestrator journals it."""
+    """The corrupt checkpoints the resume to `step` set aside, and why, and the saves after it that were
+    cut before their commit, for its one "resuming from" line (Checkpointing.resume): "" when there were
+    none. Read, not taken: the orchestrator journals the set-aside ones."""
     record = read_json(checkpoint_root(run_dir) / CORRUPT / FALLBACK)
     ours = isinstance(record, dict) and isinstance(record.get("refused"), list) and record.get("resumed_step") == step
-    return _kept(record) if ours and record["refused"] else ""
+    return (_kept(record) if ours and record["refused"] else "") + _cut_note(run_dir, step)
 
 
 def _kept(record: dict[str, Any]) -> str:
@@ -353,17 +354,24 @@ CUT_SAVE = re.compile(r"^\.tmp_step_(\d{6,})_")  # a save's temp folder (save_ch
 def _say_cut_saves(run_dir: Path, found: Found | None) -> None:
     """Say each save newer than the resumed step that was cut before its commit (a rank lost in a
     sharded write: the survivors' shards, no state.json): never a checkpoint, the resume passed
-    over it without a word and the steps since the one it took were lost unexplained. Left for
-    the next save's prune (clear_stale); a step's aside copy (REPLACED) is put_back_replaced's."""
-    root, after = checkpoint_root(run_dir), found[1]["step"] if found else -1
+    over it without a word and the steps since the one it took were lost unexplained. With a
+    checkpoint found, the resume's one "resuming from" line says it (set_aside_note: a line of its
+    own here, "resuming from step_N", stood beside it); here only a start over from step 0."""
+    if found is None and (note := _cut_note(run_dir, -1)):
+        log.warning("%s: starting over from step 0", note.removeprefix("; "))
+
+
+def _cut_note(run_dir: Path, after: int) -> str:
+    """The saves newer than step `after` cut before their commit, said ("; the save of step N was cut
+    ..."), or "". Left for the next save's prune (clear_stale); a step's aside copy (REPLACED) is
+    put_back_replaced's."""
+    root = checkpoint_root(run_dir)
     temps = [p for p in sorted(root.glob(".tmp_step_*")) if REPLACED not in p.name] if root.is_dir() else []
     cut = {p.name: int(m.group(1)) for p in temps if (m := CUT_SAVE.match(p.name)) and int(m.group(1)) > after}
-    if cut:
-        log.warning(
-            "the save of step %s was cut before its commit (%s in %s: no state.json, not a checkpoint; a rank "
-            "stopped in its write): %s",
-            ", ".join(str(step) for step in sorted(set(cut.values()))),
-            ", ".join(cut),
-            root,
-            f"resuming from {found[0].name}" if found else "starting over from step 0",
-        )
+    if not cut:
+        return ""
+    steps = ", ".join(str(step) for step in sorted(set(cut.values())))
+    return (
+        f"; the save of step {steps} was cut before its commit ({', '.join(cut)} in {root}: no state.json, not a "
+        "checkpoint; a rank stopped in its write)"
+    )

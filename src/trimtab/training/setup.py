@@ -28,6 +28,7 @@ from trimtab.checkpoint_load import check_fits
 from trimtab.config import DataConfig, OptimConfig, RunConfig, derive, read_saved, resolve
 from trimtab.config.checks import leaves
 from trimtab.config.model import LIVE_MODEL_KEYS
+from trimtab.config.provenance import header
 from trimtab.config.row_rules import MIN_OWN
 from trimtab.data import BatchLoader, Rows, TextTokenizer, get_tokenizer
 from trimtab.data.batches import HeldOut
@@ -293,7 +294,8 @@ def prepare_run_dir(cfg: RunConfig, tok: TextTokenizer, hf_source: dict | None =
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     if hf_source is not None:  # what export needs to give an imported model back as it came
         write_json(run_dir / SOURCE, hf_source)
-    write_atomic(run_dir / CONFIG, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    # the first line says which keys this session set (config/provenance.py): the next resume's changes read it
+    write_atomic(run_dir / CONFIG, header(cfg) + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     if not (run_dir / "tokenizer.json").is_file():
         try:
             tok.save(run_dir / "tokenizer.json")  # atomic (a temp file, then a rename)

@@ -1,0 +1,65 @@
+"""Who set each key of a run config in the session that built it: its --set items, its YAML file, a
+caller's overrides (the CLI's flags, the API's keywords); every other key is the preset's or this
+trimtab's default. A RunConfig keeps values, not who set them, so a resume's config-change decision
+(training/changes.py) labelled a person's explicit `--set optim.weight_decay=0.1` "this version's
+default" because 0.1 is the default.
+
+The origins ride on the resolved config beside its fields, not as one (to_dict, == and config.yaml's
+keys are as before), set by load_config and kept by derive. config.yaml carries them as its first
+line, a YAML comment (HEADER), so the next session tells an earlier session's setting it did not
+repeat from a default that moved between versions. A config.yaml without the line (an older
+trimtab's) reads as before, its origins unknown; an older trimtab reads this one's (a comment)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trimtab.config.checks import leaves
+
+SET = "--set"
+OVERRIDE = "a flag or an API override"
+HEADER = "# keys set by a person in the session that wrote this file: "  # + their origins as one JSON line
+
+
+def origins(user: dict[str, Any], overrides: dict[str, Any], sets: dict[str, Any], path: Any) -> dict[str, str]:
+    """Each dotted key a layer above the preset set (load_config's order, the later winning) -> where
+    it was set: `sets` (--set), `overrides`, `user` (the YAML file at `path`)."""
+    found = {key: f"the config file {path}" for key in leaves(user)}
+    found |= {key: OVERRIDE for key in leaves(overrides)}
+    return found | {key: SET for key in leaves(sets)}
+
+
+def sources(cfg: Any) -> dict[str, str]:
+    """The keys this session's config set, and where (origins); {} for a config built another way
+    (by hand, from a saved config.yaml): nothing known to be a person's."""
+    return dict(getattr(cfg, "_sources", None) or {})
+
+
+def with_sources(cfg: Any, found: dict[str, str]) -> Any:
+    """`cfg` carrying `found` as its origins (not a field: a resolved config's fields stay frozen)."""
+    object.__setattr__(cfg, "_sources", dict(found))
+    return cfg
+
+
+def header(cfg: Any) -> str:
+    """config.yaml's first line: the keys `cfg`'s session set, as a YAML comment."""
+    return HEADER + json.dumps(sources(cfg), sort_keys=True) + "\n"
+
+
+def saved_sources(config_yaml: Path) -> dict[str, str] | None:
+    """The keys the session that wrote `config_yaml` set (its HEADER line); None where it has none
+    (an older trimtab wrote it, a hand edit dropped it) or cannot be read: unknown."""
+    try:
+        with open(config_yaml, encoding="utf-8-sig") as f:
+            first = f.readline()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not first.startswith(HEADER):
+        return None
+    try:
+        found = json.loads(first[len(HEADER) :])
+    except ValueError:
+        return None
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else None

@@ -1,0 +1,96 @@
+"""Who set a config key, carried from load_config to a resume's config changes (config/provenance.py,
+training/changes.py), and the settings a monitor's checkpoint must not keep over the config."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+from trimtab.config import derive, load_config, read_saved
+from trimtab.config.checks import leaves
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.config.provenance import saved_sources, sources
+from trimtab.orchestrator.core import Orchestrator
+from trimtab.training.changes import changes_line, changes_on_resume, journal_text
+from trimtab.training.setup import prepare_run_dir
+
+
+def session(run, *sets: str):
+    """`trimtab train --preset debug --out RUN --set ...`'s config."""
+    return load_config(preset="debug", overrides={"out": str(run)}, sets=list(sets))
+
+
+def write(cfg) -> None:
+    """config.yaml as a session writes it (prepare_run_dir; the tokenizer is there already)."""
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.run_dir / "tokenizer.json").write_text("{}")
+    prepare_run_dir(cfg, tok=None)
+
+
+def test_an_explicit_set_equal_to_the_default_is_the_persons_and_a_dropped_one_is_said_not_repeated(tmp_path):
+    """Session 1 set weight_decay 0.05 and probe_after 5; session 2 sets weight_decay=0.1, this version's
+    default: it was journaled "(this version's default ...)", a setting nobody made. Now it is the
+    person's --set, and probe_after, not repeated, says so; a value nobody set that moved: the default."""
+    run = tmp_path / "r"
+    first = session(run, "optim.weight_decay=0.05", "orchestrator.oom.probe_after=5", "optim.lr=0.002")
+    assert sources(derive(first, {"faults": ["nan_loss@3"]}))["optim.weight_decay"] == "--set"  # derive keeps it
+    write(first)
+    assert read_saved(run) == first and saved_sources(run / "config.yaml")["optim.lr"] == "--set"
+    second = session(run, "optim.weight_decay=0.1", "optim.lr=0.002")
+    by_key = {c["key"]: c for c in changes_on_resume(second)}
+    assert set(by_key) == {"optim.weight_decay", "orchestrator.oom.probe_after"}
+    decay, probe = by_key["optim.weight_decay"], by_key["orchestrator.oom.probe_after"]
+    assert not decay.get("default") and decay["by"] == "--set"
+    assert journal_text(decay, 20)[1].startswith("changed in the config by a person (set by --set)")
+    assert probe.get("default") and probe["by"] == "not repeated"
+    assert "set by --set in the session before and not repeated" in journal_text(probe, 20)[1]
+    assert "probe_after 5 -> 200 (this version's default: --set of the session before not repeated)" in (
+        changes_line([decay, probe], 20)
+    )
+    # journaled: the person's as theirs, the dropped one as nobody's command
+    orchestrator = Orchestrator(OrchestratorConfig(), run)
+    for change in (decay, probe):
+        orchestrator._configured(SimpleNamespace(step=20), change)
+    assert [d.mode for d in orchestrator.journal.decisions] == ["manual", "default"]
+    # the next session: a key nobody set whose saved value is not this version's default moved
+    write(second)
+    text = (run / "config.yaml").read_text().replace("beta2: 0.95", "beta2: 0.99")  # an older default
+    (run / "config.yaml").write_text(text)
+    (moved,) = changes_on_resume(session(run, "optim.weight_decay=0.1", "optim.lr=0.002"))
+    assert (moved["key"], moved.get("default"), moved["by"]) == ("optim.beta2", True, "default moved")
+    assert "the default of the trimtab that wrote its config.yaml, which has moved" in journal_text(moved, 40)[1]
+
+
+def _all_on(cfg, bump: bool = False):
+    """`cfg` (an OrchestratorConfig draft) with every rule on and, with `bump`, every number moved."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            _all_on(value, bump)
+            if hasattr(value, "enabled"):
+                value.enabled = True
+        elif bump and isinstance(value, int) and not isinstance(value, bool):
+            setattr(cfg, f.name, value + 7)
+        elif bump and isinstance(value, float):
+            setattr(cfg, f.name, value * 0.77 if value else 0.5)
+    return cfg
+
+
+# Saved because learned: the OOM probe's wait, doubled by each failed probe, and the config's value it
+# was doubled from (OutOfMemory.load_state_dict takes an edit of it: test_orchestrator_units.py)
+LEARNED = {"monitors.oom.probe_after", "monitors.oom.probe_configured"}
+
+
+def test_no_monitor_checkpoints_a_copy_of_its_config_that_a_resume_would_keep_over_an_edit(tmp_path):
+    """A setting copied from the config into a monitor went into its checkpoint, and a resume put the
+    old value back over the person's edit (plateau's above_start margins; the OOM probe's probe_after).
+    A fresh orchestrator's state must not depend on the config's numbers, the learned ones aside."""
+
+    def state(cfg):
+        return leaves(Orchestrator(cfg, tmp_path).state_dict())
+
+    ours, theirs = state(_all_on(OrchestratorConfig())), state(_all_on(OrchestratorConfig(), bump=True))
+    assert {k for k in ours if ours[k] != theirs.get(k)} - LEARNED == set()
+    loaded, cfg = Orchestrator(OrchestratorConfig(), tmp_path), OrchestratorConfig()
+    loaded.load_state_dict(Orchestrator(_all_on(OrchestratorConfig(), bump=True), tmp_path).state_dict())
+    assert loaded.monitors["plateau"].margin == (cfg.above_start.margin, cfg.above_start.rel_margin)
