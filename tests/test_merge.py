@@ -222,6 +222,23 @@ def test_an_out_that_is_a_file_or_not_empty_is_refused_before_the_inputs_load(tm
             average(tmp_path / "nosuch", 1, tmp_path / out)
 
 
+def test_an_out_in_a_runs_checkpoints_folder_is_refused_naming_the_run_and_a_fix(tmp_path):
+    """`--out RUN/checkpoints/x` was accepted: a merged model there could be read as a checkpoint of
+    that run (resumed from, averaged: step_N) or clobber one."""
+    recipe = {"merge_method": "linear", "models": [{"model": str(tmp_path / "nosuch")}]}  # loading it would fail
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run / "config.yaml").write_text("preset: debug\n")
+    for out in ("checkpoints/x", "checkpoints/step_000009", "checkpoints/step_000002/m"):
+        where, at = re.escape(str(run / out)), re.escape(str(run))
+        said = f"^--out '{where}' lies in the checkpoints folder of the run {at} .* e.g. --out {at}-merged$"
+        with pytest.raises(ConfigError, match=said):
+            merge(recipe, run / out)
+        with pytest.raises(ConfigError, match=said):
+            average(run, 1, run / out)
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_000002"]
+
+
 # ---- real runs ----------------------------------------------------------------------------------
 
 

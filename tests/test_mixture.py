@@ -14,6 +14,7 @@ import trimtab
 from helpers import StopAt
 from test_trainer import debug_cfg, final_weights, logged
 from trimtab.config import DataConfig, load_config
+from trimtab.config.data import MixSource
 from trimtab.data.batches import BatchLoader
 from trimtab.data.packing import ConcatRows, build_splits
 from trimtab.data.prepare import prepare
@@ -198,3 +199,19 @@ def test_a_small_source_with_a_large_weight_is_warned_of_by_its_own_epochs(tmp_p
     assert drawn * 0.9 / d > 4 > drawn * 0.1 / a  # d repeats past FRESH_EPOCHS; a is not even read once
     assert f"repeats mixture source 'd' (data.mix[1]) {drawn * 0.9 / d:.1f} times" in caplog.text
     assert "lower data.mix[1].weight" in caplog.text and "'a'" not in caplog.text
+
+
+def test_a_sources_name_survives_moving_compressing_or_preparing_it_and_old_mixtures_still_load():
+    """An unnamed source's metric names (val_loss/NAME, data/NAME/share) came from its whole last path
+    component: web.jsonl, then web.jsonl.zst compressed, then web prepared. Now its stem, `web`, in
+    each; unnamed sources whose stems clash keep their whole names, so a mixture that ran before loads."""
+    for where in (
+        "corpus/web.jsonl",
+        "/moved/web.jsonl.zst",
+        "prepared/web/",
+        "data/web/*.jsonl",
+        "s3://b/web.parquet",
+    ):
+        assert MixSource(where).label == "web", where
+    mix = [{"source": "a/web.jsonl"}, {"source": "b/web/"}, {"source": "c/code.txt", "name": "py"}, {"source": "d.txt"}]
+    assert load_config(preset="debug", overrides={"data": {"mix": mix}}).data.names == ["web.jsonl", "web", "py", "d"]

@@ -547,3 +547,18 @@ def test_a_report_on_a_full_disk_names_no_none_file_and_says_free_space(tmp_path
     said = capsys.readouterr().err
     assert f"the report cannot be written to {run / 'report.html'} (No space left on device); free space" in said
     assert "None" not in said
+
+
+def test_several_runs_with_one_no_run_report_the_others_and_name_the_skipped(tmp_path, capsys, caplog):
+    """`trimtab report A B NOTARUN` aborted the whole comparison over one stray path; now it reports
+    A and B, names the one skipped and why, and fails (exit 2) only when none is a run."""
+    a, b, stray = _fake_run(tmp_path / "a", 1e-3), _fake_run(tmp_path / "b", 2e-3), tmp_path / "notes"
+    stray.mkdir()
+    assert main(["report", str(a), str(b), str(stray), "--out", str(tmp_path / "cmp.html")]) == 0
+    page = (tmp_path / "cmp.html").read_text()
+    assert "<td>a</td>" in page and "<td>b</td>" in page
+    assert f"skipped {stray} is not a run directory: it has no config.yaml" in caplog.text
+    assert main(["report", str(stray), str(tmp_path / "nowhere"), "--out", str(tmp_path / "none.html")]) == 2
+    err = capsys.readouterr().err
+    assert "none of the 2 paths given is a run directory" in err and "nowhere: no such directory" in err
+    assert not (tmp_path / "none.html").exists()

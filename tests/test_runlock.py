@@ -1,5 +1,6 @@
 """The run lock and its heartbeat: who may train a run directory, and whether it is alive."""
 
+import fcntl
 import json
 import os
 import signal
@@ -154,3 +155,53 @@ def test_a_run_whose_directory_is_deleted_or_replaced_ends_at_once(tmp_path, mon
     assert exits[:1] == [4]
     err = capfd.readouterr().err
     assert f"{run_dir / LOCK} was removed or replaced while this run trained" in err and "--out" in err
+
+
+def _rank_0_holds(run_dir, job: str = "job-a") -> int:
+    """Rank 0 of `job` holding run_dir's lock, as run_lock writes it (here, another open file of this process)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": 1.0, "job": job}).encode())
+    return fd
+
+
+def test_the_other_ranks_end_at_once_with_rank_0_when_the_lock_is_removed(tmp_path, monkeypatch):
+    """rm RUN/.lock under torchrun: rank 0 ended at once (exit 4), rank 1 trained on and, SIGTERMed by the
+    agent, wrote an emergency save there (rm -> exit 9 s, step_N written). Rank 1 now watches the lock it
+    saw its rank 0 take and ends too (exit 4); a lock there all along, it goes on."""
+    monkeypatch.setattr(runlock, "CHECK_S", 0.02)
+    exits = []
+    monkeypatch.setattr(runlock.os, "_exit", exits.append)
+    fd = _rank_0_holds(tmp_path)
+    as_rank(monkeypatch, 1)
+    try:
+        with run_lock(tmp_path):
+            time.sleep(0.1)
+            assert exits == []  # its job's lock there: trains on
+            (tmp_path / LOCK).unlink()
+            deadline = time.time() + 5
+            while not exits and time.time() < deadline:
+                time.sleep(0.02)
+            assert exits[:1] == [4]
+    finally:
+        os.close(fd)
+
+
+def test_a_sigterm_after_the_lock_was_removed_ends_a_rank_at_once_writing_nothing(tmp_path, monkeypatch):
+    """torchrun's SIGTERM reaches rank 1 as rank 0 ends for its lost lock: no stop that saves, no summary."""
+    from trimtab.training.services.signals import StartUpInterrupted, handle_signals
+
+    monkeypatch.setattr(runlock, "CHECK_S", 60.0)  # the watch is not what ends it here
+    exits = []
+    monkeypatch.setattr(runlock.os, "_exit", exits.append)
+    fd = _rank_0_holds(tmp_path)
+    as_rank(monkeypatch, 1)
+    try:
+        with handle_signals(run_dir=tmp_path) as handler, run_lock(tmp_path):
+            (tmp_path / LOCK).unlink()
+            with pytest.raises(StartUpInterrupted):  # what follows an os._exit that returned (patched here)
+                handler(signal.SIGTERM, None)
+            assert exits == [4]
+    finally:
+        os.close(fd)

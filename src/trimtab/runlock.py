@@ -27,19 +27,23 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from trimtab.errors import ConfigError, RunStateError
 from trimtab.rundir import LOCK, read_json
 
 BEAT_S = 15.0  # the heartbeat's period
-CHECK_S = 2.0  # how often the heartbeat looks that its lock file is still its own (_beat)
+CHECK_S = 0.5  # how often the heartbeat looks that its lock file is still its own (_beat): two stats
 STALE_S = 60.0  # no heartbeat for this long: not alive (four beats missed)
 RETRIES = 10  # x 50 ms: a liveness() probe holds the lock for microseconds
 RANK_WAIT_S = 120.0  # how long a rank other than 0 waits for its job's rank 0 to take the lock
 REFUSED_S = 2 * RETRIES * 0.05  # another holder kept the lock this long: the other ranks refuse as rank 0 does
 REFUSAL_GRACE_S = 2.0  # rank 0 refused under torchrun: how long before it ends (the others refuse meanwhile)
 UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)  # a read-only mount, a directory not this user's
+LOST_EXIT = 4  # the storage code (docs/orchestrator.md: exit 4)
+# each run directory's lock file (st_dev, st_ino) as this process holds it (rank 0) or saw its job's rank 0
+# take it (another rank on rank 0's node): lock_lost compares the file at the path now with it
+_HELD: dict[Path, tuple[int, int]] = {}
 
 
 def _not_a_directory(run_dir: Path) -> str:
@@ -73,7 +77,8 @@ def run_lock(run_dir: Path) -> Iterator[None]:
     if os.environ.get("RANK", "0") != "0":  # torchrun's rank, set before the process group exists
         if os.environ.get("GROUP_RANK", "0") == "0":  # rank 0's node: its filesystem (another's may be its own)
             _wait_for_rank0(run_dir)
-        yield
+        with _watching(run_dir):
+            yield
         return
     created = not run_dir.exists()
     try:
@@ -95,9 +100,11 @@ def run_lock(run_dir: Path) -> Iterator[None]:
         stop = threading.Event()
         beat = threading.Thread(target=_beat, args=(fd, stop, run_dir / LOCK), daemon=True, name="trimtab-heartbeat")
         beat.start()
+        _HELD[run_dir] = _identity(os.fstat(fd))
         try:
             yield
         finally:
+            _HELD.pop(run_dir, None)
             stop.set()
             beat.join()
             with contextlib.suppress(OSError):  # over: other nodes need not wait out the heartbeat
@@ -159,6 +166,8 @@ def _wait_for_rank0(run_dir: Path) -> None:
         alive, _ = liveness(run_dir) if (run_dir / LOCK).is_file() else (False, "")
         holder = lock_holder(run_dir) if alive else {}
         if alive and holder.get("job") == job:
+            with contextlib.suppress(OSError):  # gone meanwhile: nothing to watch (rank 0's heartbeat ends it)
+                _HELD[run_dir] = _identity(os.stat(run_dir / LOCK))
             return
         seen = (holder.get("pid"), holder.get("started")) if alive else None
         if seen is None or other is None or other[0] != seen:
@@ -230,8 +239,59 @@ def _beat(fd: int, stop: threading.Event, path: Path) -> None:
             with contextlib.suppress(OSError):  # a full or vanished disk must not end the run
                 os.utime(fd)
         if _not_ours(fd, path) and not stop.is_set():
-            _say_lost(path)
-            os._exit(4)  # the storage code (docs/orchestrator.md: exit 4)
+            exit_lost(path)
+
+
+@contextlib.contextmanager
+def _watching(run_dir: Path) -> Iterator[None]:
+    """A rank other than 0 that saw its job's rank 0 take the lock ends as rank 0 does once the file is
+    gone or replaced (rank 0 then stops at once, _beat): it kept training, and, SIGTERMed by torchrun's
+    agent, wrote an emergency save into the directory the lock was taken from, 6-9 s after rank 0 ended."""
+    if run_dir not in _HELD:  # another node, or rank 0 never seen: nothing to compare with
+        yield
+        return
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(CHECK_S):
+            if lock_lost(run_dir) and not stop.is_set():
+                exit_lost(run_dir / LOCK)
+
+    thread = threading.Thread(target=watch, daemon=True, name="trimtab-lock-watch")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        _HELD.pop(run_dir, None)
+
+
+def lock_lost(run_dir: Path | None) -> bool:
+    """Whether run_dir's lock file, as this process holds it or saw its job's rank 0 take it, is gone or
+    replaced now (its run directory deleted, moved or replaced while it trained). False where none was
+    held or seen, or the file cannot be read for another reason (a network filesystem's hiccup)."""
+    held = _HELD.get(run_dir) if run_dir is not None else None
+    if held is None:
+        return False
+    try:
+        return _identity(os.stat(run_dir / LOCK)) != held
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+def exit_lost(path: Path) -> NoReturn:
+    """End this process at once, like a kill (every write is atomic), not by a stop that saves: a save
+    would write into whatever is at the path now. Rank 0 says why (it speaks for the job)."""
+    if os.environ.get("RANK", "0") == "0":
+        _say_lost(path)
+    os._exit(LOST_EXIT)
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
 
 
 def _not_ours(fd: int, path: Path) -> bool:

@@ -10,6 +10,21 @@ from pathlib import Path
 
 from trimtab.config.checks import Section, _check, _positive
 
+# A source's compression and format suffixes (data/formats.py reads a file by them): no part of its name
+DATA_SUFFIXES = (".gz", ".zst", ".zstd", ".jsonl", ".ndjson", ".json", ".parquet", ".arrow", ".csv", ".txt", ".text")
+
+
+def source_name(source: str) -> str:
+    """A source's name in logs and metrics when none is given: its last path component holding no
+    wildcard, less its compression and format suffixes. corpus/web.jsonl, web.jsonl.zst elsewhere,
+    the prepared/web made of it and data/web/*.jsonl are all `web`: moving, compressing or preparing
+    a source keeps its metric names (the whole last component, web.jsonl, changed with each)."""
+    parts = [p for p in source.rstrip("/").split("/") if p not in ("", ".", "..") and not set(p) & set("*?[")]
+    name = parts[-1] if parts else source
+    while Path(name).stem and Path(name).suffix.lower() in DATA_SUFFIXES:
+        name = name[: -len(Path(name).suffix)]
+    return name
+
 
 @dataclass
 class MixSource(Section):
@@ -17,12 +32,15 @@ class MixSource(Section):
 
     source: str | list[str] = ""  # as data.source: a prepared directory, a file, a directory, a glob or a list
     weight: float = 1.0  # share of each step's tokens (weights are normalised to sum to 1)
-    name: str = ""  # in logs and metrics; empty: the source's last path component
+    name: str = ""  # in logs and metrics; empty: source_name of the (first) source, e.g. web for data/web.jsonl
 
     @property
     def label(self) -> str:
-        first = self.source if isinstance(self.source, str) else (self.source[0] if self.source else "")
-        return self.name or Path(first.rstrip("/*")).name or first
+        return self.name or source_name(self.first)
+
+    @property
+    def first(self) -> str:
+        return self.source if isinstance(self.source, str) else (self.source[0] if self.source else "")
 
 
 @dataclass
@@ -58,6 +76,18 @@ class DataConfig(Section):
         """The sources drawn from: data.mix, or data.source alone with weight 1."""
         return list(self.mix) or [MixSource(self.source, 1.0)]
 
+    @property
+    def names(self) -> list[str]:
+        """Each source's name in logs and metrics (MixSource.label). Unnamed sources whose derived
+        names clash (web.jsonl beside web/) keep their whole last path component, as trimtab named
+        every source before source_name: a mixture that ran then is not refused now."""
+        labels = [part.label for part in self.sources]
+        whole = [part.name or Path(part.first.rstrip("/*")).name or part.first for part in self.sources]
+        return [
+            whole[i] if not part.name and labels.count(labels[i]) > 1 else labels[i]
+            for i, part in enumerate(self.sources)
+        ]
+
     def validate(self) -> None:
         _positive(self, "data", "seq_len", "bpe_vocab_size")
         _check(
@@ -89,7 +119,7 @@ class DataConfig(Section):
         mixed = "add it to data.mix as one more source, or remove it"
         _check(not self.mix or source == "builtin", "data.source", f"'{source}' is unused beside data.mix: {mixed}")
         _once(self.mix)
-        labels = [part.label for part in self.mix]
+        labels = self.names
         dupes = sorted({label for label in labels if labels.count(label) > 1})
         _check(not dupes, "data.mix", f"has two sources named {', '.join(dupes)}; give each a distinct name")
 

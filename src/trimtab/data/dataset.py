@@ -111,7 +111,7 @@ def build_phase_data(
         train=trains[0] if len(trains) == 1 else ConcatRows(trains),
         evals=evals,
         weights=[w / total for w in weights],
-        names=[s.spec.label for s in sources],
+        names=cfg.names,  # sources: open_sources(cfg), one per cfg.sources
         skipped_records=sum(s.skipped_records for s in sources),
     )
 

@@ -213,6 +213,10 @@ class PreparedData:
             out[max(a, start) - start : min(b, end) - start] = False
         return out
 
+    def doc_files(self) -> np.ndarray:
+        """int64 [D]: each document's file, an index into self.files."""
+        return np.concatenate([np.zeros(0, np.int64)] + [w[:, 0] for w in self.where]).astype(np.int64)
+
     def source(self, doc: int) -> str:
         """Where global document `doc` came from: FILE:LINE (FILE for a text file)."""
         k = int(np.searchsorted(self.doc_base, doc, side="right")) - 1
@@ -410,6 +414,11 @@ class ShardedRows:
             tuple(self.data.why.get(int(d), "") for d in first),
         )
         return [found]
+
+    def target_docs(self, i: int) -> np.ndarray:
+        """int64 [n]: the document of each of row i's n targets (its tokens after the first)."""
+        positions = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in self._pieces(i)])[1:]
+        return np.searchsorted(self._bounds, positions, side="right") - 1
 
     def sources(self, i: int) -> list[str]:
         """Where the documents row i overlaps came from (FILE:LINE)."""

@@ -262,6 +262,20 @@ def _check_out(out: Path) -> None:
         raise ConfigError(f"--out '{out}' exists and is not empty; choose a new directory")
     if any(p.exists() and not p.is_dir() for p in out.parents):
         raise ConfigError(f"--out '{out}' lies under a file; choose a new directory for the merged model")
+    if (run := _run_holding(out)) is not None:
+        raise ConfigError(
+            f"--out '{out}' lies in the checkpoints folder of the run {run} ({checkpoint_root(run)}): a model "
+            "written there would be taken for one of its checkpoints (step_N: resumed from, averaged, rolled back "
+            f"to) or clobber one; write it outside the run, e.g. --out {run.parent / (run.name + '-merged')}"
+        )
+
+
+def _run_holding(out: Path) -> Path | None:
+    """The run directory whose checkpoints folder `out` is or lies in (its links followed), else None."""
+    for folder in (out.resolve(), *out.resolve().parents):
+        if folder == checkpoint_root(folder.parent) and (folder.parent / "config.yaml").is_file():
+            return folder.parent
+    return None
 
 
 def _verified(run_dir: Path) -> tuple[list[Path], list[tuple[Path, CheckpointError]]]:

@@ -9,6 +9,7 @@ docs/report.md says how to read the page.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ REPORT = "report.html"
 __all__ = ["NotARunError", "default_out", "write_report"]
 
 HTML = (".html", ".htm")  # --out names a page; anything else is a directory to hold report.html
+
+log = logging.getLogger(__name__)
 
 
 def write_report(paths: list[str | Path], out: str | Path | None = None, summary: dict[str, Any] | None = None) -> Path:
@@ -72,14 +75,26 @@ def default_out(paths: list[str | Path]) -> Path:
 
 
 def _load(paths: list[str | Path], summary: dict[str, Any] | None) -> tuple[list[RunRecord], list[Healing]]:
+    """Read each path. Of several, one that is no run (a typo, a shell glob's stray match) is skipped
+    with a warning naming it and why: it aborted the whole comparison. None readable: NotARunError."""
     runs: list[RunRecord] = []
     healings: list[Healing] = []
+    skipped: list[str] = []
     names = _names([Path(p) for p in paths])
     for path, name in zip(map(Path, paths), names):
-        if is_healing(path) and not is_run_dir(path):
-            healings.append(load_healing(path))
-        else:
-            runs.append(read_run(path, name=name, summary=summary if len(paths) == 1 else None))
+        try:
+            if is_healing(path) and not is_run_dir(path):
+                healings.append(load_healing(path))
+            else:
+                runs.append(read_run(path, name=name, summary=summary if len(paths) == 1 else None))
+        except NotARunError as exc:
+            if len(paths) == 1:
+                raise
+            skipped.append(str(exc))
+    if len(skipped) == len(paths):
+        raise NotARunError(f"none of the {len(paths)} paths given is a run directory: " + "; ".join(skipped))
+    for why in skipped:
+        log.warning("report: skipped %s", why)
     return runs, healings
 
 

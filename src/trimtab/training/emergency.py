@@ -43,6 +43,8 @@ from trimtab.checkpoint import checkpoint_root, save_checkpoint
 from trimtab.distributed.checkpoint import param_names
 from trimtab.rl.batches import RolloutLoader
 from trimtab.rl.preference import PairLoader
+from trimtab.rundir import LOCK
+from trimtab.runlock import exit_lost, lock_lost
 from trimtab.training.runtime import rng_state
 
 # gloo's and NCCL's words for a peer that went away (gloo raises a plain RuntimeError, NCCL a DistBackendError)
@@ -180,6 +182,8 @@ class EmergencySave:
 
     def emergency_save(self, exc: BaseException) -> bool:
         """Write the last completed step's checkpoint on this rank alone; whether one is on disk."""
+        if lock_lost(self.cfg.run_dir):  # rank 0 ended at once for it (runlock): nothing more is written there
+            exit_lost(self.cfg.run_dir / LOCK)
         why = self.emergency_save_possible()
         if why is not None:
             self._refuse(exc, why)

@@ -29,7 +29,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trimtab.rundir import newest_step, read_json, read_summary, write_summary
+from trimtab.rundir import LOCK, newest_step, read_json, read_summary, write_summary
+from trimtab.runlock import exit_lost, lock_lost
 
 if TYPE_CHECKING:
     from trimtab.training.trainer import Trainer
@@ -125,6 +126,8 @@ class SignalHandler:
         self.received: str | None = None  # the first signal's name: a caller learns of one the trainer took
 
     def __call__(self, signum: int, _frame: Any) -> None:
+        if lock_lost(self.run_dir):  # torchrun's agent ending the job as rank 0 ended for it: no stop that saves
+            exit_lost(self.run_dir / LOCK)
         name = signal.Signals(signum).name
         self.received = self.received or name
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts (the CLI says so)

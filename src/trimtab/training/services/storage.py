@@ -206,8 +206,8 @@ def _local_data(data: DataConfig, section: str) -> dict[str, Any]:
             changes[name] = local(value, f"{section}.{name}")
     if any(_has_url(m.source) for m in data.mix):
         changes["mix"] = [
-            {"source": local(m.source, f"{section}.mix[{i}].source"), "weight": m.weight, "name": m.label}
-            for i, m in enumerate(data.mix)
+            {"source": local(m.source, f"{section}.mix[{i}].source"), "weight": m.weight, "name": name}
+            for i, (m, name) in enumerate(zip(data.mix, data.names))
         ]
     return changes
 
