@@ -3,13 +3,14 @@ where the orchestrator leaves their training rows out (mode auto), so val_loss m
 trained on; in advise and off mode they are trained on and stay scored (training/setup.py held_out)."""
 
 import json
+import math
 
 import pytest
 
 import trimtab
 from test_garbage_rows import crawl  # noqa: F401  (the module's fixture)
 from test_quality import clean_documents
-from trimtab.config import load_config
+from trimtab.config import derive, load_config
 from trimtab.data.batches import eval_rows
 from trimtab.data.held_out import screened_decisions
 from trimtab.data.prepare import prepare
@@ -112,3 +113,25 @@ def test_eval_scores_the_runs_held_out_per_source_and_a_prepared_directory(crawl
     assert all(abs(ours[k] - val[k]) < 1e-4 for k in ("val_loss", "val_loss/crawl", "val_loss/clean"))
     assert split["flagged_rows_left_out"] > 0 and abs(split["val_loss"] - val["val_loss/crawl"]) < 1e-4
     assert evaluate(cfg.run_dir, data=str(prepared), split="all")["prepared"]["rows"] > split["rows"]
+
+
+def test_the_orchestrators_row_reference_samples_no_flagged_row_where_val_loss_scores_none(crawl):  # noqa: F811
+    """The data watch's reference (HeldOut.reference) is a sample of its own over the held-out split: it
+    held the flagged documents' rows that val_loss leaves out in auto mode, scoring the text against
+    base64 and noise."""
+    held = build_phases(config(crawl), None)[1][0].eval_rows
+    ((rows, scored, _),) = held.sets
+    everything = {r for m in held.reference(len(rows)) for r in m.rows}
+    assert flagged(rows) and everything == set(scored)  # before: every row of the split, the flagged too
+    assert not flagged(rows) & {r for m in held.reference(8) for r in m.rows}
+
+
+def test_train_epochs_and_the_repeat_warning_count_the_rows_trained_on_not_the_flagged_ones_left_out(crawl):  # noqa: F811
+    """In auto mode the flagged documents' training rows are left out from the start (here 9% of the
+    tokens): train.epochs counted them, so 4 epochs trained the rest 4.4 times over, unwarned."""
+    cfg = derive(config(crawl), {"train": {"epochs": 2}})
+    (phase,) = build_phases(cfg, None)[1]
+    rows = phase.train_rows
+    trained = rows.n_tokens - sum(rows.length(r) for r in flagged(rows))
+    assert trained < 0.95 * rows.n_tokens
+    assert phase.steps == math.ceil(2 * trained / cfg.train.batch_tokens)  # before: 2 x all the rows' tokens

@@ -102,3 +102,14 @@ def test_a_held_out_split_under_the_reference_rows_is_said_at_setup(rows, caplog
     _say_thin_reference(cfg, HeldOut([(nine, [0], "")], 64, pad_id=0), "data")
     assert "holds 9 rows, under orchestrator.data.reference_rows=64" in caplog.text
     assert "raise data.eval_fraction or give data.eval_source" in caplog.text
+
+
+def test_the_setup_note_counts_the_rows_the_reference_samples_not_flagged_ones(rows, caplog):
+    """A flagged document's held-out rows, left out of the reference (HeldOut.reference), were counted."""
+    from trimtab.training.setup import _say_thin_reference
+
+    cfg = load_config(preset="debug", sets=["orchestrator.data.reference_rows=64"])
+    caplog.set_level(logging.INFO, logger="trimtab.training.setup")
+    flagged = frozenset(range(9, len(rows)))
+    _say_thin_reference(cfg, HeldOut([(rows, [0], "")], 64, pad_id=0, skips=[flagged]), "data")
+    assert "holds 9 rows, under orchestrator.data.reference_rows=64" in caplog.text  # before: all of them

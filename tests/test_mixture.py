@@ -5,6 +5,7 @@ import json
 import logging
 import math
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from trimtab.data.prepare import prepare
 from trimtab.data.sources import Document
 from trimtab.errors import DataError
 from trimtab.model.catalog import model_size
-from trimtab.training.run_length import resolve_max_steps
+from trimtab.training.run_length import left_out_tokens, mixed_sources, resolve_max_steps
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 WORDS = "red green blue cyan magenta yellow black white orange purple brown grey".split()
@@ -71,6 +72,25 @@ def test_a_source_s_epochs_count_its_passes_when_rows_are_left_out(tokenizer):
         served += sum(1 for r in loader.next_batch().rows if r < len(a))
     # every row `a` still has was served once: one pass (its tokens drawn over all its tokens said half of one)
     assert loader.metrics()["data/a/epochs"] == pytest.approx(1.0, abs=0.1)
+
+
+def test_a_mixtures_epoch_counts_the_tokens_trained_on_when_rows_are_left_out(tokenizer):
+    """loader.epoch (metrics.jsonl `epoch`) of a mixture is its tokens drawn over its tokens: counted with the
+    rows left out (flagged documents' from the start, a rollback's), it said 0 after a whole pass over the rest;
+    so did the repeat warning's tokens per source (run_length.py mixed_sources)."""
+    a, b = rows_of(tokenizer, 30, 0), rows_of(tokenizer, 10, 1)
+    rows = ConcatRows([a, b])
+    loader = BatchLoader(rows, 160, 160, seed=3, pad_id=0, weights=[3, 1], names=["a", "b"])
+    left = [*range(0, len(a), 2), len(a)]  # half of a's rows and b's first
+    loader.skip_rows(left)
+    trained = rows.n_tokens - sum(rows.length(r) for r in left)
+    while sum(loader.drawn) < trained:
+        assert loader.epoch == 0
+        loader.next_batch()
+    assert sum(loader.drawn) < rows.n_tokens and loader.epoch == 1  # before: 0
+    built = SimpleNamespace(train=rows, names=["a", "b"], weights=[0.75, 0.25])
+    tokens = [t for _, _, _, t in mixed_sources(built, "data", left_out_tokens(rows, frozenset(left)))]
+    assert tokens == [a.n_tokens - sum(a.length(r) for r in left[:-1]), b.n_tokens - b.length(0)]
 
 
 def test_a_single_source_keeps_its_order_and_old_checkpoints_load(tokenizer):

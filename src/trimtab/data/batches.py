@@ -131,10 +131,14 @@ class BatchLoader:
 
     @property
     def epoch(self) -> int:
-        """Completed passes: over the one source, or over all a mixture's tokens."""
+        """Completed passes: over the one source, or over all a mixture's tokens trained on. Rows left out
+        (skip_rows: flagged documents' from the start, a rollback's, the data watch's) are never drawn:
+        counted, a mixture 9% garbage had drawn 1.1 passes of its trained tokens at epoch 0."""
         if len(self.sizes) == 1:
             return self._epochs[0]
-        return int(sum(self.drawn) // max(sum(self.part_tokens), 1))
+        if self._left_tokens is None:
+            self._left_tokens = sum(self.rows.length(r) for r in self._skipped)
+        return int(sum(self.drawn) // max(sum(self.part_tokens) - self._left_tokens, 1))
 
     def _permutation(self, part: int, epoch: int) -> np.ndarray:
         key = [self.seed, epoch] if part == 0 else [self.seed, part, epoch]  # part 0: the single-source order
@@ -213,6 +217,7 @@ class BatchLoader:
     @skipped.setter
     def skipped(self, rows: AbstractSet[int]) -> None:
         self._skipped, self._skipped_sorted = frozenset(rows), None  # frozenset(a frozenset) is that one, no copy
+        self._left_tokens: int | None = None  # their tokens, counted again on the next read of epoch
 
     def _sorted_skipped(self) -> list[int]:
         """state_dict's sorted copy of `skipped`, sorted again only once it changed: an emergency save takes
@@ -348,10 +353,21 @@ class HeldOut:
     probe is the rows of the first micro-batch at the starting budget, split alike: the baseline
     it is compared with (a good checkpoint's) stays comparable too. The orchestrator's row
     reference is a sample of its own (reference): spread over each whole held-out set, not its
-    first rows, which val_loss scores and which can be a single document."""
+    first rows, which val_loss scores and which can be a single document. `skips`: each set's rows
+    its scored indices pass over already (flagged documents': data/held_out.py), which the
+    reference passes over too; none by default."""
 
-    def __init__(self, sets: list[tuple[Rows, list[int], str]], budget: int, pad_id: int, seed: int = 0) -> None:
-        self.sets = [s for s in sets if s[1]]  # (rows, the indices scored, the set's name: "" alone)
+    def __init__(
+        self,
+        sets: list[tuple[Rows, list[int], str]],
+        budget: int,
+        pad_id: int,
+        seed: int = 0,
+        skips: list[frozenset[int]] | None = None,
+    ) -> None:
+        kept = [i for i, s in enumerate(sets) if s[1]]
+        self.sets = [sets[i] for i in kept]  # (rows, the indices scored, the set's name: "" alone)
+        self.skips = [skips[i] if skips else frozenset() for i in kept]  # rows the reference passes over
         self.pad_id = pad_id
         self.seed = seed  # train.seed: which rows the reference sample takes
         self._references: dict[tuple[int, str | None], list[MicroBatch]] = {}  # at this budget
@@ -382,16 +398,18 @@ class HeldOut:
         split, every len/limit-th row from an offset the seed draws (Cochran, Sampling Techniques,
         1977, ch. 8), so it covers the split's documents in proportion to their size, where the first
         rows val_loss scores are often one document; the same rows at every read. Built once per
-        budget."""
+        budget. A set's `skips` are not sampled: flagged documents' rows, whose training rows the
+        orchestrator leaves out, are no reference for the text trained on (as val_loss scores none)."""
         key = (limit, part)
         if key not in self._references:
-            chosen = [rows for rows, _, name in self.sets if part is None or name == part]
-            picks = spread(sum(len(rows) for rows in chosen), limit, self.seed)
+            chosen = [(rows, skip) for (rows, _, name), skip in zip(self.sets, self.skips) if part in (None, name)]
+            pools = [np.setdiff1d(np.arange(len(rows)), np.fromiter(skip, np.int64)) for rows, skip in chosen]
+            picks = spread(sum(len(pool) for pool in pools), limit, self.seed)
             micro, base = [], 0
-            for rows in chosen:
-                mine = [int(p) - base for p in picks if base <= p < base + len(rows)]
+            for (rows, _), pool in zip(chosen, pools):
+                mine = [int(pool[p - base]) for p in picks if base <= p < base + len(pool)]
                 micro += micro_batches(rows, mine, self.budget, self.pad_id) if mine else []
-                base += len(rows)
+                base += len(pool)
             self._references[key] = micro
         return self._references[key]
 

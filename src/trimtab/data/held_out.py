@@ -45,7 +45,7 @@ def held_out(
             "(data.garbage_filter=warn; orchestrator.mode=advise or off trains and scores them)",
             left,
         )
-    return HeldOut(sets, micro_budget, pad_id, seed)
+    return HeldOut(sets, micro_budget, pad_id, seed, skips)
 
 
 def flagged_rows(rows: Rows | ConcatRows | ShardedRows) -> frozenset[int]:

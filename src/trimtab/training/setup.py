@@ -33,7 +33,7 @@ from trimtab.config.row_rules import MIN_OWN
 from trimtab.data import BatchLoader, Rows, TextTokenizer, get_tokenizer
 from trimtab.data.batches import HeldOut
 from trimtab.data.dataset import build_phase_data, first_prepared, open_eval_source, open_sources
-from trimtab.data.held_out import held_out, screened_decisions, screened_out
+from trimtab.data.held_out import flagged_rows, held_out, screened_decisions, screened_out
 from trimtab.data.packing import ConcatRows, unigram_entropy
 from trimtab.data.prepared import ShardedRows
 from trimtab.data.quality import Flagged
@@ -61,7 +61,7 @@ from trimtab.training.init_from import (
     sharded_init_from,
 )
 from trimtab.training.resume import resume_point
-from trimtab.training.run_length import mixed_sources, resolve_max_steps
+from trimtab.training.run_length import left_out_tokens, mixed_sources, resolve_max_steps
 from trimtab.training.run_tokenizer import given_tokenizer, tokenizer_source
 from trimtab.training.services.compiling import CompileChoice, choose_compile
 from trimtab.training.services.cpu_precision import refine_cpu_precision
@@ -157,9 +157,12 @@ def build_phases(
     phases, start = [], 0
     for (name, data, optim, key), sources, eval_source in zip(specs, opened, evals):
         built = build_phase_data(data, sources, tok, cfg.train.seed, cache_dir(), eval_source)
-        mixed = mixed_sources(built, key)
-        steps = cfg.finetune.steps if name == "finetune" else resolve_max_steps(cfg, built.train.n_tokens, tok, mixed)
         screened = (decided or {}).get(len(phases), screened_out(data, cfg))
+        # the flagged documents' rows left out from the start are not trained on: not counted as repeated
+        left = left_out_tokens(built.train, flagged_rows(built.train) if screened else frozenset())
+        mixed = mixed_sources(built, key, left)
+        trained = built.train.n_tokens - sum(left)
+        steps = cfg.finetune.steps if name == "finetune" else resolve_max_steps(cfg, trained, tok, mixed)
         held = held_out(built, cfg.train.micro_budget, cfg.train.eval_tokens, tok.pad_id, cfg.train.seed, screened)
         _say_thin_reference(cfg, held, key)
         phases.append(
@@ -202,7 +205,9 @@ def _say_thin_reference(cfg: RunConfig, held: HeldOut, key: str) -> None:
     watch and the spike attribution a reference of only those (their median and spread: 9 rows of
     one file on the debug preset with train.seed=3, whose eval split is one document of 28). The
     sample (HeldOut.reference) cannot make that up; only more held-out data can."""
-    rows, want = sum(len(r) for r, _, _ in held.sets), cfg.orchestrator.data.reference_rows
+    # the rows the reference samples: a flagged document's, left out of training, are not (HeldOut.reference)
+    rows = sum(len(r) - len(skip) for (r, _, _), skip in zip(held.sets, held.skips))
+    want = cfg.orchestrator.data.reference_rows
     if cfg.orchestrator.mode != "off" and 0 < rows < want:
         # under MIN_OWN rows the data watch judges a step's rows among themselves (orchestrator/attribution.py)
         against = f"those {rows}" if rows >= MIN_OWN else "each step's own rows, a keener bar given more held-out rows"
