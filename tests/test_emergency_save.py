@@ -318,14 +318,13 @@ def test_torchruns_sigterm_to_a_survivor_names_the_lost_peer_not_a_stop_after_th
         caught = _Survivor()
         caught.peer_lost_as = "RuntimeError: Connection reset by peer"  # saving_if_a_peer_is_lost caught it
         SignalHandler(caught)(signal.SIGTERM, None)
-        SignalHandler(_Survivor())(signal.SIGTERM, None)  # a scheduler's SIGTERM: no peer lost
+        SignalHandler(_Survivor())(signal.SIGTERM, None)  # a scheduler's SIGTERM: no peer lost, no line yet
     finally:
         signal.signal(signal.SIGINT, before)
-    assert capfd.readouterr().err.splitlines() == [
+    assert capfd.readouterr().err.splitlines() == [  # the stop's line comes as the ranks agree (Trainer._agree)
         "trimtab: SIGTERM: torchrun's agent ends the survivors of a lost peer (RuntimeError: Connection closed by "
         "peer, the peer at 127.0.0.1:9886)",
         "trimtab: SIGTERM: torchrun's agent ends the survivors of a lost peer (RuntimeError: Connection reset by peer)",
-        "trimtab: SIGTERM: stopping after this step and saving",
     ]
 
 
@@ -335,7 +334,8 @@ def test_torchruns_sigterm_before_a_survivors_collective_failed_names_the_peer_w
     """A survivor computing when its peer was killed takes torchrun's SIGTERM before any collective of its own
     failed: nothing in flight, nothing caught, and it said "stopping after this step and saving" (before). Its
     peer on this host beat with a pid that has ended since (reaped by the agent, or a zombie not yet): named. A
-    peer still running (the scheduler's SIGTERM reaches every rank) leaves the stop's line."""
+    peer still running (the scheduler's SIGTERM reaches every rank) leaves the stop, whose line comes as the ranks
+    agree on it (Trainer._agree)."""
     from trimtab.training.services.signals import SignalHandler
 
     monkeypatch.setenv(SESSION_ENV, "s1")  # the beats of this session only are read
@@ -359,7 +359,6 @@ def test_torchruns_sigterm_before_a_survivors_collective_failed_names_the_peer_w
         running.wait()
     assert capfd.readouterr().err.splitlines() == [
         "trimtab: SIGTERM: torchrun's agent ends the survivors of a lost peer (rank 1's process ended)",
-        "trimtab: SIGTERM: stopping after this step and saving",
     ]
 
 

@@ -54,6 +54,9 @@ class ResilienceConfig(Section):
     timeout_factor: float = 5.0  # afterwards: this many times the longest run of that section seen
     min_timeout_s: float = 60.0  # never less (a slow filesystem, a busy host)
     beat_s: float = 10.0  # each rank writes RUN_DIR/ranks/rankR.json this often (what a restart reads)
+    # a rank whose heartbeat in torchrun's store stood still this long is lost (a host gone without closing its
+    # sockets fails no collective: the section timeout would find it); 0: no heartbeat (resilience/heartbeat.py)
+    heartbeat_s: float = 5.0
     # A step the update gate flags is computed again before it is judged: a different result was a
     # transient fault and the re-run's update is applied (training/rerun.py; Megatron-LM's rerun)
     rerun: bool = True
@@ -63,6 +66,7 @@ class ResilienceConfig(Section):
         _check(self.watchdog in WATCHDOG_MODES, "resilience.watchdog", f"must be one of {', '.join(WATCHDOG_MODES)}")
         for key in ("first_timeout_s", "min_timeout_s", "beat_s"):
             _check(getattr(self, key) > 0, f"resilience.{key}", "must be > 0 seconds")
+        _check(self.heartbeat_s >= 0, "resilience.heartbeat_s", "must be >= 0 seconds (0: no heartbeat)")
         _check(self.timeout_factor >= 1, "resilience.timeout_factor", "must be >= 1 (a multiple of the longest run)")
         _check(
             self.first_timeout_s >= self.min_timeout_s,

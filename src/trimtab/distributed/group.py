@@ -126,6 +126,19 @@ def attempt_value(fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
         return False, exc
 
 
+def heartbeat_store(timeout_s: float) -> Any:
+    """A client of its own on the store torchrun's ranks share (MASTER_ADDR:MASTER_PORT: the agent's or rank 0's)
+    for the ranks' heartbeats (resilience/heartbeat.py): the process group's calls never queue behind one of
+    its calls, which blocks where the store's host is frozen."""
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
+
+
 def restart_store(timeout_s: float) -> dict[str, Any]:
     """init_process_group's store for a one-node job torchrun restarted: the agent's store, with
     this attempt's own key prefix. torchrun (>= 2.5) hands its workers the store its rendezvous

@@ -19,7 +19,7 @@ from trimtab.orchestrator.remedies import ranks
 from trimtab.resilience.elastic import node_count
 from trimtab.resilience.goodput import Ledger
 from trimtab.resilience.incidents import last_life, last_logged_step, localize, reach_words
-from trimtab.resilience.watchdog import process_start
+from trimtab.resilience.procs import process_start
 from trimtab.training.hooks import Hook
 from trimtab.training.resume import take_fallback
 

@@ -92,6 +92,10 @@ def localize(run_dir: Path, since: float, archive_as: str, world: int = 0) -> di
     RUN_DIR/hangs/<archive_as>/."""
     ranks = {r["rank"]: r for r in _records(run_dir / RANKS, since)}
     hangs = [r for r in _records(run_dir / HANGS, since) if "section" in r]
+    for hang in hangs:  # a peer's position as the heartbeat heard it (written at each section): the newer word
+        for rank, heard in (hang.get("heard") or {}).items():
+            if heard["time"] > ranks.get(int(rank), {}).get("time", 0.0):
+                ranks[int(rank)] = {**ranks.get(int(rank), {"rank": int(rank)}), **heard}
     marked = read_mark(run_dir, since) is not None
     evidence: dict[str, Any] = {
         "ranks": {

@@ -22,7 +22,8 @@ keeps RUN_DIR/ranks/rankR.json (host, pid, step, section; every `beat_s`, and at
 enters a section SECTION_BEAT_S after the last write): after a restart, the rank whose beats
 stopped first and that left no exit record is the one that was lost; a frozen rank (SIGSTOP, a
 deadlock holding the GIL: its watchdog thread stops with it) is named where it froze, not where its
-timer last wrote.
+timer last wrote. Under torchrun the ranks' heartbeats in the store (resilience/heartbeat.py) find a
+rank lost without a word (its host's power or network) in resilience.heartbeat_s, not the section's timeout.
 
 Torch-free (the thread must run while the main thread is stuck inside torch).
 """
@@ -37,11 +38,13 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from trimtab.resilience import procs
 from trimtab.resilience.elastic import node_of, node_rank, session
+from trimtab.resilience.heartbeat import Heartbeat
 from trimtab.rundir import read_json, write_json
 
 HUNG = 5  # the process's exit code when the watchdog ended it (docs/orchestrator.md, exit codes)
@@ -100,6 +103,7 @@ class Watchdog:
         self._loop_thread = threading.get_ident()  # whose CPU time tells a stopped process from a busy one
         self._polled = (time.monotonic(), time.thread_time())  # the last poll: monotonic, the loop thread's CPU
         self._thawed = (0.0, 0.0)  # (a section's start, the seconds the process was stopped within it)
+        self.heartbeat: Heartbeat | None = None  # through torchrun's store: a lost host named in seconds
 
     # ------------------------------------------------------------------ from the loop
 
@@ -113,6 +117,8 @@ class Watchdog:
         self.current = (section, now)  # one store: the thread never sees a section with another's start
         if step is not None:
             self.step = step
+        if self.heartbeat is not None:
+            self.heartbeat.poke(self.step, section)
         if time.time() - self._last_beat_file >= SECTION_BEAT_S:  # never wait on the thread's own write
             self._write_beat(wait=False)
 
@@ -135,6 +141,8 @@ class Watchdog:
             (self.run_dir / RANKS).mkdir(parents=True, exist_ok=True)
         self._thread = threading.Thread(target=self._watch, daemon=True, name="trimtab-watchdog")
         self._thread.start()
+        if self.heartbeat is not None:
+            self.heartbeat.start()
         return self
 
     def stop(self, exit_record: str | None = None) -> None:
@@ -142,6 +150,8 @@ class Watchdog:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         self._write_beat(exit=exit_record or "ended")
 
     def timeout(self, section: str) -> float:
@@ -163,6 +173,8 @@ class Watchdog:
         elapsed, limit = now - since - self._stopped_in(since, now, cpu), self.timeout(section)
         if elapsed > limit:
             self._end(raised=True, section=section, elapsed=elapsed, limit=limit)
+        elif self.heartbeat is not None and (lost := self.heartbeat.lost(POLL_S)):
+            self._end(raised=True, section=section, elapsed=elapsed, limit=limit, lost=lost)
         elif now - self._alarm_checked >= ALARM_POLL_S and self._alarm() is not None:
             self._end(raised=False, section=section, elapsed=elapsed, limit=limit)
         elif time.time() - self._last_beat_file >= self.beat_s:
@@ -215,8 +227,9 @@ class Watchdog:
                 return read_json(path)
         return None
 
-    def _end(self, *, raised: bool, section: str, elapsed: float, limit: float) -> None:
-        """Write this rank's stack (and raise the alarm, or answer it), then end the process."""
+    def _end(self, *, raised: bool, section: str, elapsed: float, limit: float, lost: dict | None = None) -> None:
+        """Write this rank's stack (and raise the alarm, or answer it), then end the process; `lost`: what the
+        heartbeat found lost (Heartbeat.lost), the cause instead of a timeout."""
         folder = self.run_dir / HANGS
         with contextlib.suppress(OSError):
             folder.mkdir(parents=True, exist_ok=True)
@@ -230,6 +243,8 @@ class Watchdog:
                 "timeout_s": round(limit, 3),
                 "raised": raised,
                 "time": time.time(),
+                # where the heartbeat last heard of the peers that stood still: newer than their beat files
+                "heard": {str(r): p for r, p in self.heartbeat.positions.items()} if self.heartbeat else {},
             }
             with open(folder / f"rank{self.rank}.txt", "w") as fh:
                 fh.write(
@@ -243,17 +258,40 @@ class Watchdog:
                 write_json(folder / ALARM, record)
             self._write_beat(exit=f"hung in {section}" if raised else "ended on another rank's hang alarm")
         if raised:  # the others' stacks, before torchrun's agent tears the job down
-            deadline = time.monotonic() + GRACE_S
-            while time.monotonic() < deadline and len(list(folder.glob("rank*.txt"))) < self.world:
-                time.sleep(0.1)
+            self._await_stacks(folder)
             self._end_mute_peers(folder)
-        self._say(raised, section, elapsed, limit, folder)
+        self._say(raised, section, elapsed, limit, folder, lost)
         os._exit(HUNG)
 
-    def _say(self, raised: bool, section: str, elapsed: float, limit: float, folder: Path) -> None:
+    def _await_stacks(self, folder: Path) -> None:
+        """Wait up to GRACE_S for the other ranks' stacks, but not for a rank known not to answer: one whose
+        heartbeat stood still (Heartbeat.quiet), or one of this host whose process is stopped or gone. The line
+        comes when the last stack that can come is in, not always GRACE_S later."""
+        deadline = time.monotonic() + GRACE_S
+        while time.monotonic() < deadline:
+            answered = {int(p.stem[4:]) for p in folder.glob("rank*.txt") if p.stem[4:].isdigit()}
+            mute = set(self.heartbeat.quiet() if self.heartbeat is not None else []) | set(self._frozen_here())
+            if len(answered | mute) >= self.world:
+                return
+            time.sleep(0.1)
+
+    def _frozen_here(self) -> list[int]:
+        """This session's ranks on this host whose process is stopped (SIGSTOP: state T) or has ended."""
+        frozen = []
+        for rank in (r for r in range(self.world) if r != self.rank):
+            beat = read_json(self.run_dir / RANKS / f"rank{rank}.json")
+            mine = isinstance(beat, dict) and "time" in beat and beat.get("host") == socket.gethostname()
+            if mine and beat.get("session") == session():
+                if procs.gone(beat.get("pid"), beat["time"]) or procs.state(beat.get("pid")) == "T":
+                    frozen.append(rank)
+        return frozen
+
+    def _say(
+        self, raised: bool, section: str, elapsed: float, limit: float, folder: Path, lost: dict | None = None
+    ) -> None:
         """One line on the console: torchrun shows only the exit code (5), and what happened is in
         the hangs/ folder and the next session's journal."""
-        what = self._hung_words(section, elapsed, limit, folder) if raised else ""
+        what = self._lost_words(lost) if lost else self._hung_words(section, elapsed, limit, folder) if raised else ""
         what = what or f"ended at step {self.step} on another rank's hang alarm"
         with contextlib.suppress(OSError, ValueError):
             print(f"trimtab: rank {self.rank} {what}; the ranks' stacks are in {folder}", file=sys.stderr, flush=True)
@@ -276,6 +314,21 @@ class Watchdog:
         on = on_hosts(blame["ranks"], beats, bool(blame["silent"]))
         return f"waited {elapsed:.0f} s in {section} at step {self.step}, {past}: {who} stopped{where} {why}{on}"
 
+    def _lost_words(self, lost: dict[str, Any]) -> str:
+        """What the rank whose heartbeat watch found a loss says: the ranks silent, where they were, their host."""
+        if "store" in lost:
+            return (
+                f"found the store at {lost['store']} (torchrun's rendezvous agent, or rank 0) not answering for "
+                f"{lost['seconds']:.0f} s at step {self.step}: its host is lost or frozen"
+            )
+        beats = self._session_beats()
+        where = [f" in {b['section']} at step {b['step']}" for r in lost["ranks"][:1] if (b := beats.get(r)) and b]
+        return (
+            f"found rank {', '.join(map(str, lost['ranks']))} silent: its heartbeat stopped {lost['seconds']:.0f} s "
+            f"ago{''.join(where)} (lost: its host down or cut off, or the process frozen); this rank waited in "
+            f"{self.current[0]} at step {self.step}{on_hosts(lost['ranks'], beats, True)}"
+        )
+
     def _session_hangs(self, folder: Path, section: str) -> list[dict[str, Any]]:
         """This session's hang records: the other ranks' that answered the alarm, and this one's."""
         records = [read_json(folder / f"rank{r}.json") for r in range(self.world) if r != self.rank]
@@ -288,6 +341,9 @@ class Watchdog:
         for rank in range(self.world):
             beat = read_json(self.run_dir / RANKS / f"rank{rank}.json")
             beats[rank] = beat if isinstance(beat, dict) and beat.get("session") == session() else {}
+            known = self.heartbeat.positions.get(rank) if self.heartbeat is not None else None
+            if known and known["time"] > beats[rank].get("time", 0.0):  # written at each section: current
+                beats[rank] = {**beats[rank], **known}
         return beats
 
     def gone_peers(self) -> list[int]:
@@ -300,7 +356,7 @@ class Watchdog:
         for rank in (r for r in range(self.world) if r != self.rank and node_of(r) == node):
             beat = read_json(self.run_dir / RANKS / f"rank{rank}.json")
             mine = isinstance(beat, dict) and beat.get("session") == session() and beat.get("host") == host
-            if mine and _gone(beat.get("pid"), beat["time"]):
+            if mine and procs.gone(beat.get("pid"), beat["time"]):
                 gone.append(rank)
         return gone
 
@@ -313,7 +369,8 @@ class Watchdog:
             beat = read_json(path)  # this session's only: rankR.lost.json is a lost session's, its pid another's now
             mute = isinstance(beat, dict) and path.stem not in answered and beat.get("host") == host
             mute = mute and beat.get("session") == session()
-            if mute and beat.get("pid") not in (None, os.getpid()) and _alive_since(int(beat["pid"]), beat["time"]):
+            mute = mute and beat.get("pid") not in (None, os.getpid())
+            if mute and procs.alive_since(int(beat["pid"]), beat["time"]):
                 with contextlib.suppress(OSError):
                     os.kill(int(beat["pid"]), signal.SIGKILL)
 
@@ -418,38 +475,6 @@ def _position(record: dict[str, Any]) -> tuple[int, int]:
     return int(record.get("step") or 0), SECTIONS.index(section) if section in SECTIONS else 0
 
 
-def process_start(pid: int) -> float | None:
-    """When process `pid` started (wall time, to ~10 ms): /proc/PID/stat's start in clock ticks
-    after boot, the boot from /proc/uptime; None where there is no such process (or no /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as fh:
-            uptime = float(fh.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _alive_since(pid: int, when: float) -> bool:
-    """Process `pid` runs and ran at `when` already (not a later process given the same number)."""
-    start = process_start(pid)
-    return start is not None and start <= when + 1.0
-
-
-def _gone(pid: Any, when: float) -> bool:
-    """Whether the process `pid` that beat at `when` has ended: no such process, a later one given its number,
-    or a zombie its parent (torchrun's agent) has not reaped yet."""
-    if not isinstance(pid, int):
-        return False  # no pid recorded: nothing known
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            zombie = fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        zombie = False
-    return zombie or not _alive_since(pid, when)
-
-
 class NoWatchdog(Watchdog):
     """The watchdog switched off: beats cost one call; no thread, no files."""
 
@@ -469,11 +494,12 @@ class NoWatchdog(Watchdog):
         return []  # no beats to read
 
 
-def make_watchdog(cfg: Any, run_dir: Path, rank: int, world: int) -> Watchdog:
-    """The `resilience:` section's watchdog for this rank (auto: on under torchrun)."""
+def make_watchdog(cfg: Any, run_dir: Path, rank: int, world: int, connect: Callable[[], Any] | None = None) -> Watchdog:
+    """The `resilience:` section's watchdog for this rank (auto: on under torchrun); `connect`: a client of
+    torchrun's store for the ranks' heartbeats (none: no heartbeat)."""
     if cfg.watchdog == "off" or (cfg.watchdog == "auto" and world == 1):
         return NoWatchdog()
-    return Watchdog(
+    dog = Watchdog(
         run_dir,
         rank,
         world,
@@ -482,3 +508,6 @@ def make_watchdog(cfg: Any, run_dir: Path, rank: int, world: int) -> Watchdog:
         min_timeout_s=cfg.min_timeout_s,
         beat_s=cfg.beat_s,
     )
+    if world > 1 and cfg.heartbeat_s > 0 and connect is not None:
+        dog.heartbeat = Heartbeat(rank, world, cfg.heartbeat_s, connect, f"trimtab/heartbeat/{session()}")
+    return dog

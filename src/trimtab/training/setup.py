@@ -12,6 +12,7 @@ resume leaves the run directory as it was.
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from trimtab.data.packing import ConcatRows, unigram_entropy
 from trimtab.data.prepared import ShardedRows
 from trimtab.data.quality import Flagged
 from trimtab.distributed import Parallel
-from trimtab.distributed.group import broadcast_object
+from trimtab.distributed.group import broadcast_object, heartbeat_store
 from trimtab.distributed.metainit import MetaInit, materialise, meta_reason, pending
 from trimtab.errors import CheckpointError, ConfigError, DataError, SavedConfigError
 from trimtab.hardware import Precision, choose_precision, pick_device
@@ -397,9 +398,16 @@ def setup(cfg: RunConfig) -> BuiltRun:
         peak=peak,
         compile=compiling,
         sizes=sizes,
-        watchdog=make_watchdog(cfg.resilience, cfg.run_dir, dist.rank, dist.world),
+        watchdog=make_watchdog(cfg.resilience, cfg.run_dir, dist.rank, dist.world, _heartbeat_store(cfg, dist)),
         live_changes=live or {},
     )
+
+
+def _heartbeat_store(cfg: RunConfig, dist: Parallel) -> Callable[[], Any] | None:
+    """How the ranks' heartbeats reach torchrun's store (resilience/heartbeat.py); None outside torchrun."""
+    if dist.world == 1 or "MASTER_ADDR" not in os.environ:
+        return None
+    return lambda: heartbeat_store(cfg.resilience.min_timeout_s)
 
 
 def _join(cfg: RunConfig) -> tuple[RunConfig, Parallel]:

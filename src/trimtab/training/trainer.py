@@ -42,7 +42,7 @@ from trimtab.training.row_gate import mix_parts, row_gate
 from trimtab.training.runtime import LogWindow, RouterStats, RowLosses
 from trimtab.training.schedule import configured_lengths, note_withheld
 from trimtab.training.services.compiling import StepTimes
-from trimtab.training.services.signals import handle_signals
+from trimtab.training.services.signals import handle_signals, say_stopping
 from trimtab.training.setup import BuiltRun
 from trimtab.training.state import StepOutput, TrainState
 from trimtab.training.view import RunView
@@ -295,7 +295,7 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
             scale = self.scaler._scale if self.scaler else None  # private, but get_scale() syncs
             with self.precision.autocast():
                 loss, aux = self.dist.pipeline.step(batch.micro, batch.n_targets, routers, scale)
-            self.request_stop(self.dist.agree())  # before the update: an OOM anywhere retries the step
+            self._agree()  # before the update: an OOM anywhere retries the step
             routed = self.model.moe_layers() or self.model.mod_layers()
             return loss, aux if routed else None  # every stage alike, whichever holds the layers
         loss, aux_total = torch.zeros((), device=self.device), None
@@ -327,7 +327,7 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
                     aux = self.model.aux_loss()  # MoE balance + z, MoD predictor: weighted like the tokens
                     objective = with_aux(micro_loss, aux, share)
                 if micro is batch.micro[-1]:  # ranks agree on OOM / signals before gradients are synced
-                    self.request_stop(self.dist.agree())
+                    self._agree()
                 (self.scaler.scale(objective) if self.scaler else objective).backward()
             loss += micro_loss.detach()
             if aux is not None:
@@ -433,6 +433,16 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
         non-zero `exit_code` says the run gave up (docs/orchestrator.md, exit codes)."""
         if not self.stop_reason:
             self.stop_reason, self.exit_code = reason, exit_code
+
+    def _agree(self) -> None:
+        """The ranks meet before the step's last backward (Parallel.agree): an OOM on any rank raises on
+        all; a signal any rank took stops all after this step, its line said here, once they agreed (the
+        handler under torchrun says none: a peer lost first fails this collective, and the survivor's
+        line is the emergency save's, where the stop's promised a step that never came)."""
+        reason = self.dist.agree()
+        if reason and not self.stop_reason:
+            say_stopping(reason)
+        self.request_stop(reason)
 
     def say(self, line: str) -> None:
         """One line on the console, above the progress bar."""

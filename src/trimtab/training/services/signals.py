@@ -116,6 +116,11 @@ def _say(text: str) -> None:
             os.write(sys.stderr.fileno(), f"trimtab: {text}\n".encode())
 
 
+def say_stopping(name: str) -> None:
+    """The line for a stop signal `name` that the run takes: it stops after this step, saving."""
+    _say(f"{name}: {STOPPING}{AGAIN if name == signal.SIGINT.name else ''}")
+
+
 class SignalHandler:
     """Raises StartUpInterrupted until a trainer is attached; then asks it to stop after the step."""
 
@@ -132,12 +137,15 @@ class SignalHandler:
         self.received = self.received or name
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts (the CLI says so)
         if self.trainer is not None:
-            lost = self._peer_loss()
+            lost, reason = self._peer_loss(), self.trainer.dist.on_signal(name)
             if lost is not None:  # torchrun's agent ending the survivors: not a stop after the step
                 _say(f"{name}: torchrun's agent ends the survivors of a lost peer ({lost})")
-            elif not self.trainer.stop_reason:  # the first: a stop can take a step and a save, say it is coming
-                _say(f"{name}: {STOPPING}{AGAIN if signum == signal.SIGINT else ''}")
-            self.trainer.request_stop(self.trainer.dist.on_signal(name))
+            elif reason and not self.trainer.stop_reason:  # the first: a stop can take a step and a save, say so
+                say_stopping(name)
+            # under torchrun (reason ""), the ranks agree on the stop first (Trainer._agree says the line then): a
+            # peer lost meanwhile fails that collective, and the survivor's line says what follows instead
+            # (training/emergency.py), where this one said a stop after the step that never came (Trainer._agree)
+            self.trainer.request_stop(reason)
         elif not self.fired:  # a second SIGTERM must not break into the first one's unwinding
             self.fired = True
             raise StartUpInterrupted(name, self.run_dir, self.lengths)

@@ -1,0 +1,168 @@
+"""A host lost without a word is named in seconds by the ranks' heartbeats in torchrun's store, where it was;
+a hang's line comes once every stack that can come is in; a torchrun survivor's SIGTERM line waits for the
+ranks' agreement. Fake stores, no process group."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from trimtab.resilience import watchdog
+from trimtab.resilience.elastic import SESSION_ENV
+from trimtab.resilience.heartbeat import PERIOD_S, Heartbeat
+from trimtab.resilience.incidents import localize
+from trimtab.resilience.watchdog import Watchdog
+from trimtab.rundir import write_json
+
+
+class Store:
+    """TCPStore's calls the heartbeat makes, over a dict; `frozen` set: add blocks (a frozen store host)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.frozen = threading.Event()
+
+    def add(self, key: str, n: int) -> int:
+        while self.frozen.is_set():
+            time.sleep(0.01)
+        value = int(self.data.get(key, b"0")) + n
+        self.data[key] = str(value).encode()
+        return value
+
+    def set(self, key: str, value: str) -> None:
+        self.add("calls", 1)  # blocks too where frozen
+        self.data[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        return self.data[key]
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.data for k in keys)
+
+
+def beating(store: Store, rank: int, world: int = 3) -> Heartbeat:
+    beat = Heartbeat(rank, world, 3 * PERIOD_S, lambda: store, "trimtab/heartbeat/s1")
+    beat._store = store
+    return beat
+
+
+def test_a_rank_whose_heartbeat_stopped_is_named_where_it_froze_and_one_that_ended_is_not():
+    store = Store()
+    ranks = [beating(store, r) for r in range(3)]
+    ranks[1].poke(16, "forward_backward")
+    ranks[1]._write_position()
+    for beat in reversed(ranks):  # rank 0 reads the others' first beats
+        beat._round()
+    assert ranks[0].lost(0.5) is None
+    ranks[2]._store.set("trimtab/heartbeat/s1/end2", "1")  # rank 2 ended (its exit marked the store)
+    for _ in range(3):  # rank 1 frozen (its rounds stop), rank 2 ended: rank 0 goes on beating
+        ranks[0]._round()
+    assert ranks[0].lost(0.5) == {"ranks": [1], "seconds": 3 * PERIOD_S}
+    assert ranks[0].positions[1]["step"] == 16 and ranks[0].positions[1]["section"] == "forward_backward"
+    assert ranks[0].quiet() == [1]
+    # rank 0 itself stopped (SIGSTOP) for longer than that counts no rounds: nothing lost on its SIGCONT
+    assert ranks[2].lost(0.5) is None and ranks[1].lost(0.5) is None
+
+
+def test_a_store_that_stops_answering_is_found_by_the_watchdogs_polls():
+    store = Store()
+    beat = Heartbeat(0, 2, 1.0, lambda: store, "trimtab/heartbeat/s1").start()
+    try:
+        deadline = time.monotonic() + 5
+        while "trimtab/heartbeat/s1/beat0" not in store.data and time.monotonic() < deadline:
+            time.sleep(0.01)
+        store.frozen.set()
+        beat.poke(3, "sync")  # the thread's next call blocks
+        time.sleep(0.1)
+        found = [beat.lost(0.5) for _ in range(2)]
+        assert found[0] is None and found[1]["store"] and found[1]["seconds"] >= 0
+    finally:
+        store.frozen.clear()
+        beat.stop()
+    assert store.data["trimtab/heartbeat/s1/end0"] == b"1"
+
+
+def test_a_silent_peers_line_comes_without_waiting_for_its_stack_and_names_where_it_froze(tmp_path, monkeypatch, capfd):
+    """Rank 1, on this host, is stopped (SIGSTOP): it will write no stack. Rank 0's watchdog ends the job at
+    once, not GRACE_S (5 s) later, and names rank 1 where its heartbeat last said (forward_backward of step
+    16), not where its beat file, written at most once a second, did (hooks of step 15)."""
+    monkeypatch.setenv(SESSION_ENV, "s1")
+    monkeypatch.setattr(watchdog.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+    (tmp_path / "ranks").mkdir()
+    frozen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(frozen.pid, signal.SIGSTOP)
+        stale = {"rank": 1, "host": socket.gethostname(), "node": 0, "pid": frozen.pid, "step": 15}
+        write_json(
+            tmp_path / "ranks" / "rank1.json", {**stale, "section": "hooks", "session": "s1", "time": time.time()}
+        )
+        dog = Watchdog(tmp_path, 0, 2, first_timeout_s=60.0, timeout_factor=5.0, min_timeout_s=10.0, beat_s=60.0)
+        dog.beat("forward_backward", 16)
+        dog.heartbeat = SimpleNamespace(
+            quiet=lambda: [1], positions={1: {"step": 16, "section": "forward_backward", "time": time.time() + 1}}
+        )
+        began = time.monotonic()
+        with pytest.raises(SystemExit):
+            dog._end(raised=True, section="forward_backward", elapsed=11.0, limit=10.0)
+        took = time.monotonic() - began
+        assert frozen.wait(timeout=5) == -signal.SIGKILL  # frozen on this host: killed (no SIGTERM reaches it)
+    finally:
+        if frozen.poll() is None:
+            frozen.kill()
+    said = capfd.readouterr().err
+    assert took < 2.0, took
+    assert "rank 1 stopped in forward_backward at step 16 and did not answer the alarm" in said, said
+
+
+def test_the_watchdog_ends_the_job_when_a_heartbeat_stops_and_names_the_rank(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv(SESSION_ENV, "s1")
+    monkeypatch.setattr(watchdog.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+    monkeypatch.setattr(watchdog, "GRACE_S", 0.2)
+    store = Store()
+    dog = Watchdog(tmp_path, 0, 2, first_timeout_s=60.0, timeout_factor=5.0, min_timeout_s=60.0, beat_s=60.0)
+    dog.heartbeat, peer = beating(store, 0, 2), beating(store, 1, 2)
+    peer.poke(16, "data")
+    peer._write_position()
+    peer._round()
+    dog.beat("forward_backward", 16)
+    dog._poll(time.monotonic(), 0.0)  # nothing lost yet: the poll goes on
+    for _ in range(4):
+        dog.heartbeat._round()
+    with pytest.raises(SystemExit) as ended:
+        dog._poll(time.monotonic(), 0.0)
+    assert ended.value.code == watchdog.HUNG
+    said = capfd.readouterr().err
+    assert "rank 0 found rank 1 silent: its heartbeat stopped 3 s ago in data at step 16" in said, said
+    # the restart's journal: rank 1 left no beat file, only its heartbeat's word
+    evidence = localize(tmp_path, 0.0, "session1")
+    assert evidence["kind"] == "hang" and evidence["ranks_to_blame"] == [1] and evidence["silent"] == [1]
+    assert evidence["section"] == "data" and evidence["ranks"]["1"]["step"] == 16
+
+
+def test_a_torchrun_survivors_sigterm_says_the_stop_only_once_the_ranks_agreed_on_it(capfd):
+    """Under torchrun a signal's stop waits for the ranks' agreement (Parallel.on_signal returns ''): a peer
+    lost before it fails that collective and the survivor's emergency save follows, so the line that said
+    'stopping after this step' at the signal said what did not happen. It comes with the agreement now
+    (Trainer._agree)."""
+    from trimtab.training.services.signals import handle_signals
+
+    asked: list[str] = []
+    trainer = SimpleNamespace(
+        stop_reason="", dist=SimpleNamespace(on_signal=lambda name: ""), request_stop=asked.append, peer_loss=None
+    )
+    with handle_signals(trainer):  # type: ignore[arg-type]
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+    assert asked == [""] and capfd.readouterr().err == ""
+    from trimtab.training.trainer import Trainer
+
+    trainer.dist.agree = lambda: "SIGTERM"  # every rank reached the agreement: the stop will come
+    Trainer._agree(trainer)  # type: ignore[arg-type]
+    assert asked == ["", "SIGTERM"]
+    assert capfd.readouterr().err == "trimtab: SIGTERM: stopping after this step and saving\n"
