@@ -25,9 +25,10 @@ def readings(mon: RewardHacking, solved: list[int], train: float = 0.03, n: int 
     return found
 
 
-def test_a_held_out_count_collapsing_with_a_flat_training_reward_rolls_back_to_the_best_then_stops() -> None:
+def test_a_held_out_count_collapsing_with_a_flat_training_reward_rolls_back_to_the_best_down_to_the_floor() -> None:
     cfg = OrchestratorConfig()
     mon = RewardHacking(cfg)
+    target = mon.state_dict()  # the step-0 checkpoint, saved before the step-0 evaluation
     found = readings(mon, [14, 2, 0])  # the soak's: 0.14 -> 0.02 -> 0.00
     assert [f is not None for f in found] == [False, False, True]
     f = found[-1]
@@ -41,9 +42,19 @@ def test_a_held_out_count_collapsing_with_a_flat_training_reward_rolls_back_to_t
     first = remedy(f, SimpleNamespace(lr_scale=1.0), cfg)
     assert (first.action, first.params) == ("rollback", {"to": 0, "lr_factor": cfg.rl_reward.lr_factor})
     assert "worse at the task" in first.reasoning
-    again = readings(mon, [14, 1, 0])[-1]  # replayed from step 0 at the lower LR, and it falls again
+    kept = {key: getattr(mon, key) for key in mon.KEPT_ON_ROLLBACK}  # as Orchestrator._load_monitors
+    mon.load_state_dict(target)
+    for key, value in kept.items():
+        setattr(mon, key, value)
+    again = readings(mon, [14, 1, 0])[-1]  # replayed from step 0 at the lower LR, and it falls again, as far
     assert again is not None and again.evidence["times"] == 2
-    assert remedy(again, SimpleNamespace(lr_scale=0.5), cfg, rollbacks=1).action == "stop"
+    assert (again.evidence["undone_solved"], again.evidence["undone_n"]) == (2, 200)  # the fall thrown away
+    # the LR still too high: cut again (1e-3 -> 1e-4 on that run), down to the floor, where it stops
+    cut = remedy(again, SimpleNamespace(lr_scale=0.1), cfg, rollbacks=1)
+    assert (cut.action, cut.params) == ("rollback", {"to": 0, "lr_factor": 0.1})
+    assert "the last cut took it from 2/200 to 1/200" in cut.reasoning
+    stop = remedy(again, SimpleNamespace(lr_scale=0.01), cfg, rollbacks=2)
+    assert stop.action == "stop" and "the LR is at its floor" in stop.params["reason"]
 
 
 @pytest.mark.parametrize(

@@ -205,11 +205,17 @@ def test_an_entropy_collapse_gets_an_entropy_bonus_and_the_entropy_comes_back(tm
 
 def test_a_training_reward_parting_from_the_held_out_one_rolls_back_to_the_best_then_stops(tmp_path, base):
     """rl_hacking, for real: trained on starts_with_space, measured on its opposite
-    (rl.held_out_reward), the held-out reward falls from its best as the training reward rises;
-    the run goes back to the best evaluation's checkpoint (kept from pruning) with the LR halved,
-    and when that happens again it stops."""
+    (rl.held_out_reward), the held-out reward falls from its best as the training reward rises
+    (1.0 -> 0 at step 4 as it went 0.15 -> 0.45 by step 8); the run goes back to the best evaluation's
+    checkpoint (kept from pruning) with the LR halved, and when that happens again it stops. The best is
+    step 0's, with no training reward before it: the level it is measured from is the first window's
+    after it. Read as 0 (before), this run's training reward at 0.14, flat while the greedy held-out
+    answers flipped at step 4, already read as a rise: the parting this test saw was that 0's. The
+    held-out count's own fall (its test: test_rl_held_out_fall.py) is set out of reach (`sigmas`): 16
+    problems from 16/16 to 0/16 fire it at step 6, before the training reward has risen twice."""
     sets = ["--set", "rl.held_out_reward=python:rl_verifiers:no_space", "--set", "rl.held_out=16"]
     sets += ["--set", "train.eval_every=2", "--set", "checkpoint.every=2", "--set", "orchestrator.rl_hacking.window=2"]
+    sets += ["--set", "orchestrator.rl_hacking.sigmas=100"]
     rl(tmp_path / "h", base, 24, *sets)
     first, second = decided(tmp_path / "h", "rl_hacking")
     best = first["evidence"]["best_step"]

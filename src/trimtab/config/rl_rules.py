@@ -119,7 +119,9 @@ class RLHackingRule(Section):
     their standard errors below the baseline (the pooled count of the last `baseline_readings` readings in
     control), less `start_sigmas` each, stays above 0 are pooled, and `patience` or more of them `min_fall` or
     more and `sigmas` standard errors below it (a two-proportion test of the pooled counts) fire (an LR far too
-    high: 14/100 -> 0/100 in 30 steps)."""
+    high: 14/100 -> 0/100 in 30 steps). Found again after a rollback in its incident, the fall is cut again (the
+    LR x orchestrator.rl_reward.lr_factor, back to the best policy) until orchestrator.max_rollbacks or
+    orchestrator.min_lr_scale, then it stops."""
 
     enabled: bool = True
     window: int = 5

@@ -15,8 +15,8 @@ from typing import Any
 from trimtab.config.dpo import DPOConfig
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, StepMetrics
-from trimtab.orchestrator.remedies import GAVE_UP, Remedy, lr_cut
-from trimtab.orchestrator.rl_reward import no_rollback
+from trimtab.orchestrator.remedies import Remedy, lr_cut
+from trimtab.orchestrator.rl_reward import gave_up, no_rollback
 
 
 class PreferenceFall(Monitor):
@@ -108,16 +108,7 @@ def preference_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks:
             reasoning=f"{why}: restore the policy of the best held-out loss (the newest checkpoint at or before step "
             f"{best}) and train on with the LR x{factor:g}",
         )
-    reason = no_rollback(factor, rollbacks, cfg, best)
-    return Remedy(
-        action="stop",
-        params={
-            "reason": f"the held-out preference loss keeps rising and {reason}: lower optim.lr; the better policy is "
-            f"the checkpoint at or before step {best}",
-            "exit_code": GAVE_UP,
-        },
-        reasoning=f"{why}; {reason}: stopping keeps the better policy in the checkpoints, training on would not",
-    )
+    return gave_up("the held-out preference loss keeps rising", why, best, no_rollback(factor, rollbacks, cfg, best))
 
 
 def dpo_eval(metrics: dict[str, Any], dpo: DPOConfig) -> dict[str, float]:

@@ -43,7 +43,11 @@ class RewardHacking(Monitor):
         self.cfg = cfg.rl_hacking
         self.recent: list[float] = []  # the training reward of the last steps
         self.best: float | None = None
-        self.best_step, self.train_at_best, self.since, self.fired = 0, 0.0, 0, 0
+        # the training reward at the best evaluation: the `window` steps before it, or where it had none (the
+        # starting policy's evaluation at step 0) the `window` steps after it (`after`), never a 0 it did not earn
+        self.train_at_best: float | None = None
+        self.after: list[float] = []
+        self.best_step, self.since, self.fired = 0, 0, 0
         # the held-out reading of the most problems solved so far, [solved, of n, step] (the rollback's target); the
         # pooled count of the readings before the fall, [solved, of n] (its baseline); and the fall's readings in a
         # row, pooled, [solved, of n, readings] (_falling)
@@ -55,22 +59,31 @@ class RewardHacking(Monitor):
         self.readings: list[list[int]] = []
         self.pending: list[list[int]] = []
         self.cusum = 0.0
+        # the fall pooled at this pass's last finding, [solved, of n]; and the fall a rollback threw away (a fall in
+        # progress, else that finding's): the held-out count at the LR before the rollback's cut, which the next
+        # finding's decision sets against its own (rl_remedies._fall_again)
+        self.found: list[int] = []
+        self.undone: list[int] = []
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if (reward := (m.rl or {}).get("reward")) is not None and not poisoned(m.rl):
             self.recent = [*self.recent, reward][-self.cfg.window :]
+            if self.best is not None and self.train_at_best is None:
+                self.after = [*self.after, reward][: self.cfg.window]
         return None  # judged at evaluations (observe_eval)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """A rollback restores the windows, not what was decided: a second finding after one
-        still stops the run."""
-        fired = self.fired
+        """A rollback restores the windows, not what was decided (`fired`: the findings' count goes on), and keeps
+        the fall it threw away (`undone`)."""
+        fired, undone = self.fired, self.run[:2] if self.run[2] else self.found
         super().load_state_dict(state)
         self.fired = max(self.fired, fired)
+        # a rollback threw away a fall's weights (a fresh monitor, resumed, has none: the checkpoint's stands)
+        self.undone, self.found = list(undone or self.undone), []
 
     def observe_eval(self, step: int, phase: int, held_out: float, solved: int = 0, n: int = 0) -> Finding | None:
         """`solved` of `n` held-out problems at full reward (pass@1's count; n 0: unknown, no count judged)."""
-        train = sum(self.recent) / len(self.recent) if self.recent else 0.0
+        train = _mean(self.recent)
         z = self._falling(step, solved, n)
         # both at once: the training reward rising is the finer diagnosis (hacking), the remedy the same
         if (hacked := self._hacking(step, held_out, train)) is not None:
@@ -78,11 +91,17 @@ class RewardHacking(Monitor):
             return hacked
         return None if z is None else self._fall(step, held_out, solved, n, train, z)
 
-    def _hacking(self, step: int, held_out: float, train: float) -> Finding | None:
-        """The held-out reward fallen `drop` from its best as the training reward rose `rise`, `patience` in a row."""
+    def _hacking(self, step: int, held_out: float, train: float | None) -> Finding | None:
+        """The held-out reward fallen `drop` from its best as the training reward rose `rise`, `patience` in a row.
+        A best with no training reward before it (step 0's) is measured by the steps after it: read as 0, any
+        collapse whose training reward stayed at 0.05 or more read as a rise, hacking (a rollback at x0.5, not x0.1)."""
         rule = self.cfg
         if self.best is None or held_out > self.best:
-            self.best, self.best_step, self.train_at_best, self.since = held_out, step, train, 0
+            self.best, self.best_step, self.train_at_best, self.after, self.since = held_out, step, train, [], 0
+            return None
+        if self.train_at_best is None:
+            self.train_at_best = _mean(self.after)
+        if self.train_at_best is None or train is None:
             return None
         fallen, rose = self.best - held_out, train - self.train_at_best
         self.since = self.since + 1 if fallen >= rule.drop and rose >= rule.rise else 0
@@ -137,10 +156,11 @@ class RewardHacking(Monitor):
         self.base = [sum(r[0] for r in readings), sum(r[1] for r in readings)]
         return None
 
-    def _fall(self, step: int, held_out: float, solved: int, n: int, train: float, z: float) -> Finding:
+    def _fall(self, step: int, held_out: float, solved: int, n: int, train: float | None, z: float) -> Finding:
         """The finding of the held-out count's fall (_falling), its evidence the two counts and the z."""
         rule, (best, of, at), (k, m), (pooled, pooled_n, readings) = self.cfg, self.top, self.base, self.run
         self.run, self.pending, self.since, self.fired, self.cusum = [0, 0, 0], [], 0, self.fired + 1, 0.0
+        self.found = [pooled, pooled_n]
         evidence = {
             "kind": "held_out_fall",
             "held_out_solved": solved,
@@ -158,16 +178,23 @@ class RewardHacking(Monitor):
             "evaluations": readings,
             "times": self.fired,
         }
+        if self.undone:  # the fall the last rollback threw away, at the LR before its cut: did the cut help?
+            evidence |= {"undone_solved": self.undone[0], "undone_n": self.undone[1]}
         summary = (
             f"held-out pass@1 fell to {pooled}/{pooled_n} over the last {readings} evaluations (the latest "
             f"{solved}/{n}) from {k}/{m} before them (best {best}/{of} at step {at}), {z:.1f} standard errors "
-            f"(threshold {rule.sigmas:g}), with the training reward at {train:.3f}: the updates make the policy "
-            "worse at the task"
+            f"(threshold {rule.sigmas:g}), with the training reward at {'?' if train is None else f'{train:.3f}'}: "
+            "the updates make the policy worse at the task"
         )
         strength = min(1.0, 0.5 + 0.5 * (z - rule.sigmas) / rule.sigmas)
         return Finding(
             rule=self.rule, family=self.family, step=step, evidence=evidence, summary=summary, strength=strength
         )
+
+
+def _mean(rewards: list[float]) -> float | None:
+    """The rewards' mean (None: none measured)."""
+    return sum(rewards) / len(rewards) if rewards else None
 
 
 def held_out_counts(metrics: dict[str, Any]) -> dict[str, int]:

@@ -14,7 +14,7 @@ from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.dpo_health import preference_remedy
 from trimtab.orchestrator.monitors import Finding
 from trimtab.orchestrator.remedies import Remedy, lr_cut
-from trimtab.orchestrator.rl_reward import reward_remedy
+from trimtab.orchestrator.rl_reward import gave_up, no_rollback, reward_remedy
 from trimtab.orchestrator.rl_verifier import verifier_remedy
 
 # rules whose remedy may roll back: their findings keep RL's incident open (policy.py: RLIncident)
@@ -24,7 +24,8 @@ ROLLING_BACK = ("rl_length", "rl_hacking", "rl_reward", "dpo_held_out")
 def remedy(f: Finding, view: Any, cfg: OrchestratorConfig, *, rollbacks: int = 0, incident: str = "") -> Remedy:
     """rl_signal: dynamic sampling, then a higher sampling temperature; rl_verifier: a longer
     verifier timeout; rl_entropy: an entropy bonus, then a lower LR; rl_length: the soft
-    overlong penalty, then a wider one; rl_hacking: back to the best policy, then stop; rl_reward: back
+    overlong penalty, then a wider one; rl_hacking: back to the best policy, then stop (the held-out count's
+    own fall: cut again, _fall_again); rl_reward: back
     to the policy before the fall began with a smaller LR (orchestrator/rl_reward.py); at a
     ceiling (or a verifier that raises), a word for a person; a verifier that raises on nearly
     every response stops the run. `rollbacks`: those the open incident spent (ROLLING_BACK's); `incident`: the
@@ -236,11 +237,14 @@ def _length_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: in
 def _hacking_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int) -> Remedy:
     """Back to the policy of the best held-out reward with a smaller step, once an incident; again
     within it, or with the LR at its floor (a replay at the same LR repeats the same updates), the
-    run stops there: its best policy is in that checkpoint, and more of the same training hacks on."""
+    run stops there: its best policy is in that checkpoint, and more of the same training hacks on.
+    The held-out count's own fall is an LR too high: cut again down to the floor (_fall_again)."""
     fell = f.evidence.get("kind") == "held_out_fall"  # the held-out count's own fall, the training reward aside
     # a policy collapsing on its held-out task with a flat training reward had an LR far too high: a replay at
     # half of it (orchestrator.lr_cut) collapsed again (14/100 -> 2/100 solved); rl_reward's decade cut, as a fall
     best, factor = f.evidence["best_step"], lr_cut(cfg.rl_reward.lr_factor if fell else cfg.lr_cut, view, cfg)
+    if fell and rollbacks:
+        return _fall_again(f, cfg, rollbacks, factor)
     if rollbacks == 0 and factor is not None:
         why = (
             "the updates make the policy worse at the task (an LR too high for RL)"
@@ -267,3 +271,31 @@ def _hacking_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: i
         f"verifier; the best policy is the checkpoint at or before step {best} (a stricter verifier, "
         "rl.reward, or rl.held_out_reward measuring the task, is the lasting fix)",
     )
+
+
+def _fall_again(f: Finding, cfg: OrchestratorConfig, rollbacks: int, factor: float | None) -> Remedy:
+    """The held-out count falls again after a rollback of its incident: the LR is still too high, and it is cut
+    again (x rl_reward.lr_factor, back to the best policy), as pretraining's rule above_start cuts again while the
+    loss does not come down (too_high.py), until orchestrator.max_rollbacks or the LR's floor (min_lr_scale) stop
+    it. At x30 the documented LR, rl_reward's x0.1 lifted held-out pass@1 from 1/200 to 17-19/200, under the
+    healthy twin's 59-60, and this second finding stopped the run there. A cut that did not lift the count is no
+    reason to stop short of the floor: at x100 (lr 1e-2, 2026-12-02) the replay at 1e-3 collapsed as far (0/400 ->
+    1/400) and the next, at 1e-4, read 19/200 ten steps on (15/200 at the start)."""
+    ev, best = f.evidence, f.evidence["best_step"]
+    why = (
+        f"held-out pass@1 falls again after a rollback in this incident ({ev['fall_solved']}/{ev['fall_n']} against "
+        f"{ev['baseline_solved']}/{ev['baseline_n']} before the fall): the LR is still too high for RL"
+    )
+    if factor is not None and rollbacks < cfg.max_rollbacks:
+        measured = (
+            f"the last cut took it from {ev['undone_solved']}/{ev['undone_n']} to {ev['fall_solved']}/{ev['fall_n']}"
+            if "undone_n" in ev
+            else "the weights the last rollback threw away were never evaluated"
+        )
+        return Remedy(
+            action="rollback",
+            params={"to": best, "lr_factor": factor},
+            reasoning=f"{why}; {measured}: cut the LR again, x{factor:g}, from the policy of the best held-out reward "
+            f"(the newest checkpoint at or before step {best})",
+        )
+    return gave_up("held-out pass@1 keeps falling", why, best, no_rollback(factor, rollbacks, cfg, best))

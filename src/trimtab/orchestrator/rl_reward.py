@@ -265,15 +265,7 @@ def reward_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int
             "be given back",
         )
     reason = no_rollback(factor, rollbacks, cfg, before)
-    return Remedy(
-        action="stop",
-        params={
-            "reason": f"the RL reward keeps falling below its start and {reason}: lower optim.lr; the better "
-            f"policy is the checkpoint at or before step {before}",
-            "exit_code": GAVE_UP,
-        },
-        reasoning=why + f"; {reason}: stopping keeps the better policy in the checkpoints, training on would not",
-    )
+    return gave_up("the RL reward keeps falling below its start", why, before, reason)
 
 
 # What the reasoning calls the knobs a rollback of this rule puts back (actions.PUT_BACK)
@@ -351,6 +343,21 @@ def _span(turns: list[list[Any]]) -> str:
     (first, _, before, _), (last, _, _, after) = turns[0], turns[-1]
     steps = f"step {first}" if first == last else f"steps {first}-{last}"
     return f"{before:g} -> {after:g} ({steps})" if not isinstance(after, str) else f"{before} -> {after} ({steps})"
+
+
+def gave_up(what: str, why: str, step: int, reason: str) -> Remedy:
+    """The stop of an RL or DPO rule that rolls back to a better policy with the LR cut, when it cannot (exit 3): `what`
+    keeps happening, `why` it does, the `reason` no rollback is left (no_rollback's, or a cut that did not help), and
+    the better policy, the checkpoint at or before `step` (rl_reward, rl_hacking's held-out fall, dpo_held_out)."""
+    return Remedy(
+        action="stop",
+        params={
+            "reason": f"{what} and {reason}: lower optim.lr; the better policy is the checkpoint at or before "
+            f"step {step}",
+            "exit_code": GAVE_UP,
+        },
+        reasoning=f"{why}; {reason}: stopping keeps the better policy in the checkpoints, training on would not",
+    )
 
 
 def no_rollback(factor: float | None, rollbacks: int, cfg: OrchestratorConfig, step: int) -> str:

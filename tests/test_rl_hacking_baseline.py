@@ -1,0 +1,67 @@
+"""Rule rl_hacking's training reward at the best evaluation (orchestrator/rl_held_out.py): the best at step 0 (the
+starting policy, evaluated before the first step) has no training reward before it; read as 0, a collapse whose
+training reward stayed at 0.05 or more read as a rise, hacking (a rollback at x0.5, not an LR's x0.1). And the
+stops of the RL and DPO rules that roll back with the LR cut share one shape (rl_reward.gave_up)."""
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.dpo_health import preference_remedy
+from trimtab.orchestrator.monitors import Finding, StepMetrics
+from trimtab.orchestrator.rl_held_out import RewardHacking
+from trimtab.orchestrator.rl_remedies import remedy
+from trimtab.orchestrator.rl_reward import reward_remedy
+
+
+def readings(mon: RewardHacking, solved: list[int], train: Callable[[int], float], n: int = 100) -> list[Any]:
+    """An evaluation every 10 steps, the first at step 0 (before any step), the training reward train(step)."""
+    found = []
+    for i, k in enumerate(solved):
+        for s in range(10 * i - 9, 10 * i + 1) if i else ():
+            mon.observe(StepMetrics(step=s, loss=0.0, grad_norm=0.0, rl={"reward": train(s)}))
+        found.append(mon.observe_eval(10 * i, 0, k / n, k, n))
+    return found
+
+
+def test_a_collapse_with_a_flat_training_reward_after_a_best_at_step_0_is_a_fall_not_hacking() -> None:
+    cfg = OrchestratorConfig()
+    f = readings(RewardHacking(cfg), [50, 25, 25], lambda step: 0.1)[-1]  # flat at 0.1 from the first step
+    assert f is not None and f.evidence["kind"] == "held_out_fall", f
+    assert remedy(f, SimpleNamespace(lr_scale=1.0), cfg).params["lr_factor"] == cfg.rl_reward.lr_factor
+
+
+def test_a_training_reward_rising_after_a_best_at_step_0_is_measured_from_its_first_window() -> None:
+    f = readings(RewardHacking(OrchestratorConfig()), [50, 25, 25], lambda step: 0.1 + 0.02 * step)[-1]
+    assert f is not None and "kind" not in f.evidence, f  # hacking, the finer diagnosis of the two
+    assert f.evidence["train_reward_at_best"] == pytest.approx(0.16)  # steps 1-5, the window after step 0
+    assert f.evidence["train_reward"] == pytest.approx(0.46)
+
+
+def test_the_rl_and_dpo_rules_stop_alike_when_no_rollback_is_left() -> None:
+    cfg = OrchestratorConfig()
+    view = SimpleNamespace(lr_scale=cfg.min_lr_scale, has_checkpoint=lambda step: True)
+    fell = SimpleNamespace(evidence={"good_step": 4, "good_score": 0.07, "score": 0.02, "start_score": 0.07})
+    dpo = SimpleNamespace(evidence={"best_step": 4, "held_out_chosen_reward": -1.0})
+    ev = {"kind": "held_out_fall", "best_step": 4, "fall_solved": 1, "fall_n": 200}
+    hacking = Finding(rule="rl_hacking", family="rl", step=9, evidence=ev | {"baseline_solved": 50, "baseline_n": 200},
+                      summary="", strength=1.0)  # fmt: skip
+    stops = [
+        reward_remedy(fell, view, cfg, 1),
+        preference_remedy(dpo, view, cfg, 1),
+        remedy(hacking, view, cfg, rollbacks=1),
+    ]
+    floor = "the LR is at its floor (orchestrator.min_lr_scale=0.01)"
+    for stop in stops:
+        assert stop.action == "stop" and stop.params["exit_code"] == 3, stop
+        assert f"and {floor}" in stop.params["reason"]
+        assert stop.params["reason"].endswith(
+            ": lower optim.lr; the better policy is the checkpoint at or before step 4"
+        )
+        assert floor in stop.reasoning
+        assert stop.reasoning.endswith(
+            "same LR: stopping keeps the better policy in the checkpoints, training on would not"
+        )
