@@ -60,3 +60,32 @@ def test_a_moe_outcome_the_trouble_came_back_to_keeps_only_its_numbers(tmp_path)
     outcome = read_decisions(tmp_path)[0]["outcome"]
     assert d.id == 1 and outcome["result"] == "not recovered" and outcome["found_after"] == ["moe@51"]
     assert outcome["max_load_after"] == 1.0 and "healed" not in outcome
+
+
+def _falling(orchestrator, steps, start, end):
+    """Layer 1's busiest expert going from `start` to `end` x its fair share over `steps` (4 experts, top-1)."""
+    for i, step in enumerate(steps):
+        busiest = (start + (end - start) * i / (len(steps) - 1)) / 4
+        _steps(orchestrator, [step], [busiest] + [(1 - busiest) / 3] * 3, 0.1)
+
+
+def test_a_balance_raise_whose_load_is_still_falling_is_judged_once_it_got_there(tmp_path):
+    """The balance loss moves the router over tens of steps: a raise at step 40 whose layer fell 3.1x -> 2.3x
+    over its 20 steps (mean 2.9x) was "not recovered", though the layer settled at ~1.6x (debug-moe, 4 experts
+    top-1, balance_coef 0, router_temperature 0.1); the verdict waits while the load heads for the bar."""
+    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)  # outcome_after 20, imbalance 2.5
+    d = _decision(orchestrator, 40, "imbalance", 1)
+    _falling(orchestrator, range(41, 61), 3.1, 2.3)
+    assert d.outcome is None  # mean 2.7x over 20 steps: still heading for the bar
+    _falling(orchestrator, range(61, 71), 2.2, 1.6)
+    assert d.outcome["result"] == "recovered" and d.outcome["max_load_after"] < 2.5 and d.outcome["steps"] < 30
+
+
+def test_a_balance_raise_still_settling_at_the_end_is_too_early_and_a_stalled_one_not_recovered(tmp_path):
+    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)
+    ended = _decision(orchestrator, 40, "imbalance", 1)
+    _falling(orchestrator, range(41, 61), 3.1, 2.3)
+    orchestrator.outcomes.judge(ended, ended=True)
+    stalled = _decision(orchestrator, 100, "imbalance", 1)
+    _falling(orchestrator, range(101, 121), 3.3, 3.2)  # at this pace the bar is 130 steps away
+    assert ended.outcome["result"] == "too early" and stalled.outcome["result"] == "not recovered"

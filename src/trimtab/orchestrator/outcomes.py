@@ -24,6 +24,8 @@ before its trouble, which would compare the run with itself), but for the rollba
 effect the replay is. Advice is never judged (deciding.py: "not applied"), nor a note (action
 "none": nothing was done, so nothing healed; deciding.py: "noted"). A decision the run's end
 comes to before `outcome_after` steps followed it is "too early" (_too_early), never "recovered".
+A balance coefficient raise whose layer's load is still falling toward the bar is judged later
+(_settling), on the load of its latest `outcome_after` steps.
 """
 
 from __future__ import annotations
@@ -85,7 +87,9 @@ class Outcomes:
                     track["reproduced_at"] = m.step  # the trouble again, right after the same steps
                 _back(track, back[0], m.step)
             decision.observed += 1
-            if decision.observed >= self.outcome_after and not (decision.action == "rollback" and _unchanged(track)):
+            if decision.observed < self.outcome_after or (decision.action == "rollback" and _unchanged(track)):
+                continue
+            if not self._settling(decision, track):
                 self.judge(decision)
         _remember(self.healthy if not findings and math.isfinite(m.loss) else self.troubled, m.step, m.loss)
 
@@ -142,7 +146,8 @@ class Outcomes:
         ok = ok and healed
         result = "recovered" if ok else "not recovered"
         unchanged = d.action == "rollback" and _unchanged(track)
-        if unchanged or (ended and _too_early(track, self.outcome_after, math.isfinite(after))):
+        early = _too_early(track, self.outcome_after, math.isfinite(after)) or self._settling(d, track)
+        if unchanged or (ended and early):
             result = "too early"  # a replay still the run before, bit for bit, has not yet met the fault
         d.outcome = {
             "result": result,
@@ -175,6 +180,7 @@ class Outcomes:
             return {}
         if not load or kind not in ("collapse", "imbalance", "saturated", "drop", "dead"):
             return {}
+        load = load[-self.outcome_after :]  # the latest steps: a balance raise judged later (_settling) on where it got
         ratio = sum(row[0] for row in load) / len(load)
         dropped = sum(row[1] for row in load) / len(load)
         n_over_k = load[-1][2]  # the most one expert can take, x fair share (n_experts / top_k)
@@ -188,6 +194,24 @@ class Outcomes:
         else:
             healed = ratio <= self.moe.imbalance
         return {"max_load_after": round(ratio, 4), "dropped_after": round(dropped, 4), "healed": healed}
+
+    def _settling(self, d: Decision, track: dict[str, Any]) -> bool:
+        """Whether a balance raise's verdict waits: its layer's load not yet back under the bar but
+        falling toward it fast enough to get there within 4 of the rule's windows of the decision (the
+        span in which moe_health counts an earlier balance finding as a raise that did not hold). The
+        balance loss moves the router by gradient, over tens of steps: judged after 20, a raise whose
+        layer went 3.1x -> 2.3x over them (mean 2.9x) was "not recovered", and the layer settled at
+        ~1.6x later (debug-moe, 4 experts top-1, balance_coef 0, router_temperature 0.1, step 40);
+        that verdict lowered the raise's track record for the decisions after it."""
+        if d.action != "set_balance_coef" or track["findings"] or len(track["losses"]) >= 4 * self.moe.window:
+            return False
+        load = track.get("load") or []
+        if self._load_healed(d, load).get("healed", True):
+            return False
+        n_over_k = load[-1][2]
+        bar = self.moe.collapse * n_over_k if d.evidence.get("kind") == "collapse" else self.moe.imbalance
+        left = 4 * self.moe.window - len(track["losses"])
+        return _reaches(tuple(row[0] for row in load[-self.outcome_after :]), bar, left)
 
     def _within_noise(self, pairs: list[tuple[float, float | None]], excess: float) -> bool:
         """Whether a replay's mean `excess` over the losses the run had at the same steps before is
@@ -229,6 +253,23 @@ def _track_load(track: dict[str, Any], decision: Decision, m: StepMetrics) -> No
             expert = decision.params.get("expert") if decision.action == "reinit_expert" else None
             revived = share[expert] * len(share) if expert is not None and expert < len(share) else 0.0
             track.setdefault("load", []).append([max(share) * len(share), dropped, len(share) / top_k, revived])
+
+
+def _reaches(ratios: tuple[float, ...], bar: float, left: int) -> bool:
+    """Whether the least-squares line through `ratios` (one a step) falls, by more than 2 standard
+    errors of its slope, and reaches `bar` within `left` more steps: a load's per-step noise (a
+    busiest expert's share moves +-0.2x step to step) is no trend to wait for."""
+    n = len(ratios)
+    if n < 3:
+        return False
+    mid, mean = (n - 1) / 2, sum(ratios) / n
+    sxx = sum((x - mid) ** 2 for x in range(n))
+    slope = sum((x - mid) * (y - mean) for x, y in enumerate(ratios)) / sxx
+    residual = sum((y - mean - slope * (x - mid)) ** 2 for x, y in enumerate(ratios)) / (n - 2)
+    if slope >= -2 * math.sqrt(residual / sxx):
+        return False
+    now = mean + slope * mid  # the line at the newest step
+    return (now - bar) / -slope <= left
 
 
 def _remember(losses: OrderedDict[int, float], step: int, loss: float) -> None:
