@@ -34,9 +34,13 @@ class Recorder(Instrument):
     """What one rank saw; every value is rank-independent when the ranks agree. A test
     instrument: it reads the final weights through its FaultHandle (a hook's view has no model)."""
 
-    def __init__(self) -> None:
+    def __init__(self, gain: bool = False) -> None:
         self.steps: list[dict[str, Any]] = []
         self.result: dict[str, Any] = {}
+        self.gain = gain  # ask for the update gain every step and record it (tests/test_gain_sharded.py)
+
+    def measure_gain(self, run) -> bool:
+        return self.gain
 
     def on_step_end(self, trainer, out) -> None:
         self.steps.append(
@@ -51,6 +55,7 @@ class Recorder(Instrument):
                 "mod": out.mod["means"].tolist() if out.mod else None,
                 "rows": sorted(self._mine(out.batch)),  # this rank's
             }
+            | ({"gain": None if out.update_gain is None else float(out.update_gain)} if self.gain else {})
         )
 
     def _mine(self, batch) -> list[int]:
@@ -76,8 +81,9 @@ def main() -> str:
     """Train; write this rank's record; return the run's status."""
     torch.set_num_threads(1)
     overrides = json.loads(sys.argv[1])
+    gain = overrides.pop("measure_gain", False)  # not a config key: the recorder's
     cfg = load_config(preset=overrides.pop("preset", "debug"), overrides=overrides)
-    recorder = Recorder()
+    recorder = Recorder(gain)
     hooks = built_in_hooks(cfg)
     recorder.orchestrator = next(h for h in hooks if isinstance(h, Orchestrator))
     with run_lock(cfg.run_dir):  # as `trimtab train` holds it: one job per run directory

@@ -28,6 +28,9 @@ from trimtab.rl.preference import PairLoader
 from trimtab.rl.reference import reference_logprobs
 from trimtab.rundir import read_decisions
 
+# one worker for the module (--dist loadgroup): its module-scoped base run is made once, not on each worker
+pytestmark = pytest.mark.xdist_group("test_dpo")
+
 log_sigmoid = lambda x: -math.log1p(math.exp(-x))  # noqa: E731
 
 

@@ -1,18 +1,15 @@
 """The update gain (training/gain.py) where the ranks hold the model between them: FSDP2 and tensor
 parallelism on CPU (gloo, one thread per process) against one process on the same rows.
 
-The ranks run this file as a script (their hook records each step's gain, which the test workers
-of tests/dist_worker.py do not); the unmeasured run that the measured one must match bit for bit
-goes through tests/helpers.py `run`.
+Both the measured run (tests/dist_worker.py's recorder asks for the gain every step and records it:
+`measure_gain`) and the unmeasured one it must match bit for bit go through tests/helpers.py `run`:
+ranks forked by the fork server. They were fresh interpreters, each importing torch: the two
+tests spent 52 s of CPU, now 23 with the fork server's start-up (2026-12-02, a loaded host).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,13 +17,16 @@ import torch
 import torch.distributed as dist
 
 import trimtab
-from helpers import SRC, assert_close, config, final_weights, free_port, run
+from helpers import assert_close, config, final_weights, run
 from trimtab.config import load_config
 from trimtab.training.hooks import Hook
 
 pytestmark = [
     pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"),
     pytest.mark.usefixtures("one_thread"),
+    # process groups: on their worker (tests/conftest.py PROCESS_GROUPS), one job at a time on the
+    # cores, and `one_process` trained once, not on both workers
+    pytest.mark.xdist_group("process_groups"),
 ]
 STEPS = 4
 # the hook alone asks for the gain: the orchestrator's rules would act on what they read
@@ -55,24 +55,9 @@ def _train(overrides: dict) -> dict:
 
 
 def _measured(out: Path, nproc: int, **overrides) -> list[dict]:
-    """Train in `nproc` gloo processes (this file as their script); each rank's gains and losses."""
-    argv = json.dumps(config(out, **QUIET, **overrides))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
-    env |= {"WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1"}
-    env |= {"MASTER_PORT": str(free_port())}
-    logs = [out.parent / f"{out.name}.rank{r}.log" for r in range(nproc)]
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, __file__, argv, str(out.parent / f"{out.name}.rank{r}.json")],
-            env=env | {"RANK": str(r), "LOCAL_RANK": str(r)},
-            stdout=log.open("w"),
-            stderr=subprocess.STDOUT,
-        )
-        for r, log in enumerate(logs)
-    ]
-    codes = [p.wait(timeout=180) for p in ranks]
-    assert codes == [0] * nproc, "".join(f"--- rank {r}\n{log.read_text()[-3000:]}" for r, log in enumerate(logs))
-    return [json.loads((out.parent / f"{out.name}.rank{r}.json").read_text()) for r in range(nproc)]
+    """Train in `nproc` gloo processes, the gain asked for every step; each rank's gains and losses."""
+    records = run(out, nproc, measure_gain=True, **QUIET, **overrides)
+    return [{"gains": [s["gain"] for s in r["steps"]], "losses": [s["loss"] for s in r["steps"]]} for r in records]
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +99,3 @@ def test_fsdp2_measures_the_one_process_gain_and_changes_nothing_in_the_run(tmp_
 def test_tensor_parallelism_measures_the_one_process_gain(tmp_path, one_process):
     """TP over 2 ranks (sequence-parallel norms replicated: counted once, not twice)."""
     _same_gains_as_one_process(_measured(tmp_path / "tp2", 2, distributed={"tp": 2}), one_process)
-
-
-if __name__ == "__main__":  # a rank of _measured
-    torch.set_num_threads(1)
-    Path(sys.argv[2]).write_text(json.dumps(_train(json.loads(sys.argv[1]))))

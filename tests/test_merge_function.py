@@ -19,7 +19,8 @@ from trimtab.merge import merge
 from trimtab.model import build_model
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (tiny HF models)")
-pytestmark = pytest.mark.usefixtures("one_thread")
+# one worker for the module (--dist loadgroup): its module-scoped run and Llama are made once, not on each worker
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.xdist_group("test_merge_function")]
 FAST = {"log": {"progress": False, "tensorboard": False}, "data": {"max_bytes": 150000}}
 TRAIN = {"max_steps": 2, "eval_every": 0}
 

@@ -12,7 +12,8 @@ from trimtab.config import load_config
 from trimtab.orchestrator import ctl
 from trimtab.training.hooks import Hook
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+# one worker for the module (--dist loadgroup): its module-scoped base run is made once, not on each worker
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.xdist_group("test_rl_knobs")]
 LIKELIHOOD_RULES = ("spike", "above_start", "divergence", "plateau", "early_stop", "rows", "mod")  # `trimtab rl`'s off
 
 

@@ -13,6 +13,9 @@ from trimtab.config import load_config
 from trimtab.rundir import read_decisions
 from trimtab.training.changes import config_changes
 
+# one worker for the module (--dist loadgroup): its module-scoped stopped RL run is made once, not on each worker
+pytestmark = pytest.mark.xdist_group("test_rl_resume")
+
 RL = [
     "--preset", "debug",
     "--set", "log.progress=false", "--set", "log.report=false", "--set", "train.log_every=1",

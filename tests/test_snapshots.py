@@ -11,6 +11,9 @@ from trimtab.config import load_config
 from trimtab.errors import CheckpointError, ConfigError
 from trimtab.hf import export_run
 
+# one worker for the module (--dist loadgroup): its module-scoped run is made once, not on each worker
+pytestmark = pytest.mark.xdist_group("test_snapshots")
+
 
 def dir_bytes(path):
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -26,6 +26,10 @@ from trimtab.storage import MANIFEST, Remote, open_remote, redact, restore, reta
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
 
+# one worker for the module (--dist loadgroup): its module-scoped store server and reference run
+# are made once, not on each worker
+pytestmark = pytest.mark.xdist_group("test_storage")
+
 SECRET = "s3cr3t-never-logged-9f2c"  # the test credentials' secret: never in a log line or a run file
 
 

@@ -12,6 +12,9 @@ from trimtab.config import load_config
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import DataError
 
+# one worker for the module (--dist loadgroup): its module-scoped trained run is made once, not on each worker
+pytestmark = pytest.mark.xdist_group("test_tokenizer_corrupt")
+
 NOT_A_TOKENIZER = '{"hello": 1, "vocab": ["a", "b"]}'
 RUST = ("EOF while parsing", "expected `,`", "expected value", "Missing vocab", "Model missing")
 
