@@ -53,7 +53,7 @@ def test_doctor_reports_the_precision_the_presets_own_step_chose(monkeypatch, tm
     monkeypatch.setenv("TRIMTAB_CACHE", str(tmp_path))
     native = hardware.Precision(torch.device("cpu"), "bf16", "CPU (AVX512_BF16) bf16 matmul measured 2.0x faster")
     monkeypatch.setattr(
-        doctor,
+        cpu_precision,
         "choose_precision",
         lambda dev, asked: native if asked == "auto" else hardware.choose_precision(dev, asked),
     )
@@ -68,6 +68,28 @@ def test_doctor_reports_the_precision_the_presets_own_step_chose(monkeypatch, tm
     facts = doctor.collect(preset=preset, device="cpu")
     assert facts["precision"]["choice"] == expected, facts["precision"]["reason"]
     assert len(probed) == (0 if bf16_s is None else 1)
+
+
+def test_plan_on_a_cpu_plans_the_precision_the_models_step_chose(monkeypatch, tmp_path):
+    """`trimtab plan` asks what doctor and a run ask: on a CPU with native bf16 whose `debug` step runs
+    slower in bf16, the run trains in fp32, so the plan's peak, activation width (4 bytes) and
+    autocast copies (none) are fp32's; it planned bf16 before (2 bytes, copies, a 2.3x higher peak)."""
+    from trimtab.plan import memory
+    from trimtab.training.services import cpu_precision
+
+    monkeypatch.setenv("TRIMTAB_CACHE", str(tmp_path))
+    native = hardware.Precision(torch.device("cpu"), "bf16", "CPU (AVX512_BF16) bf16 matmul measured 2.0x faster")
+    for module in (cpu_precision, memory):
+        monkeypatch.setattr(module, "choose_precision", lambda dev, asked: native)
+    for module in (hardware, memory):  # the CLI's device and the plan's: a CPU on a GPU machine too
+        monkeypatch.setattr(module, "pick_device", lambda *args, **kwargs: torch.device("cpu"))
+    step = {"fp32_s": 1.0, "bf16_s": 1.5, "measured": "2026-12-02", "reps": 3}
+    monkeypatch.setattr(cpu_precision, "_probe", lambda model, rows, seq_len: step)
+    monkeypatch.setattr(memory, "peak_flops", lambda precision: ({"fp32": 1e11, "bf16": 2e11}[precision.name], "test"))
+    assert main(["plan", "--preset", "debug", "--out", str(tmp_path / "plan")]) == 0
+    saved = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert (saved["hardware"]["precision"], saved["hardware"]["peak_flops"]) == ("fp32", 1e11)
+    assert (saved["memory"]["activation_bytes"], saved["memory"]["casts"]) == (4, 0)
 
 
 def test_doctor_json_holds_every_fact(capsys):

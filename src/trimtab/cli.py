@@ -290,7 +290,9 @@ def _data_prepare(args: argparse.Namespace) -> int:
     arg("--emit", choices=("slurm", "k8s"), help="also write a launch file: a Slurm script or a PyTorchJob"),
 )
 def _plan(args: argparse.Namespace) -> int:
+    from trimtab.hardware import pick_device
     from trimtab.plan import plan_command
+    from trimtab.training.services.cpu_precision import run_precision
 
     print(
         plan_command(
@@ -306,6 +308,7 @@ def _plan(args: argparse.Namespace) -> int:
             devices=args.devices,
             gpus_per_node=args.gpus_per_node,
             emit=args.emit,
+            precision_of=lambda cfg: run_precision(pick_device("auto"), cfg),
         )
     )
     return 0

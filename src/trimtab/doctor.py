@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from trimtab.config import CHECKPOINTING
-from trimtab.hardware import Precision, choose_precision, cpu_has_native_bf16, meminfo, pick_device
+from trimtab.hardware import Precision, cpu_has_native_bf16, meminfo, pick_device
 from trimtab.peaks import peak_flops
 from trimtab.plan.memory import suggest_micro_batch
 
@@ -30,10 +30,11 @@ def collect(
     """Every fact of the report as plain data (`trimtab doctor --json`); `sets`: --set items on the preset,
     as `trimtab train` takes them (e.g. train.precision=fp32, model.n_layers=48)."""
     from trimtab.config import load_config
+    from trimtab.training.services.cpu_precision import run_precision
 
     dev = pick_device(device, key="--device")
     cfg = load_config(preset=preset, sets=list(sets))
-    precision = _precision(dev, cfg)
+    precision = run_precision(dev, cfg)
     memory = _memory(dev)
     micro = _micro_batch(cfg, preset, dev, precision, memory, nproc, strategy)
     peak, peak_source = peak_flops(precision)
@@ -99,26 +100,6 @@ def _micro_batch(
     if not advice.fits:
         micro["fsdp_devices_needed"] = _devices_needed(cfg, per_process, precision.name)
     return micro
-
-
-def _precision(dev: torch.device, cfg: Any) -> Precision:
-    """What a run of the preset trains in: its train.precision, and for auto the hardware's
-    choice, which on a CPU with native bf16 the preset's own training step refines
-    (training/services/cpu_precision.py, through the same cache, so the report and the run agree; the
-    vocabulary as the tokenizer will make it, data.bpe_vocab_size, when the model follows it)."""
-    from trimtab.config import derive
-    from trimtab.model import build_model
-    from trimtab.model.catalog import meta_model
-    from trimtab.training.services.cpu_precision import PROBE_MAX_PARAMS, refine_cpu_precision
-
-    precision = choose_precision(dev, cfg.train.precision)
-    if cfg.train.precision != "auto" or dev.type != "cpu" or precision.name != "bf16":
-        return precision
-    cfg = derive(cfg, {"model": {"vocab_size": cfg.model.vocab_size or cfg.data.bpe_vocab_size}})
-    model = meta_model(cfg)  # the size without the memory: a large preset is not probed
-    if model.num_params() <= PROBE_MAX_PARAMS:
-        model = build_model(cfg.model)
-    return refine_cpu_precision(precision, cfg, model)
 
 
 def _layout(cfg: Any, dev: torch.device) -> dict[str, Any] | None:

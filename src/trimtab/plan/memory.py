@@ -62,7 +62,7 @@ import torch
 
 from trimtab.config import CHECKPOINTING, RunConfig
 from trimtab.errors import ConfigError
-from trimtab.hardware import GPUS, choose_precision, datasheet_source, pick_device, ram_bytes
+from trimtab.hardware import GPUS, Precision, choose_precision, datasheet_source, pick_device, ram_bytes
 from trimtab.model.catalog import meta_model
 from trimtab.peaks import peak_flops
 
@@ -100,11 +100,16 @@ def named_gpu(name: str, devices: int = 1) -> Hardware:
     )
 
 
-def detect_hardware(requested_precision: str = "auto", devices: int = 1) -> Hardware:
+def detect_hardware(
+    requested_precision: str = "auto", devices: int = 1, precision: Precision | None = None
+) -> Hardware:
     """This machine's device, the precision a run would pick and its peak FLOP/s, as the trainer
-    would see them (hardware.py; a CPU's peak is a matmul rate measured once, then cached)."""
+    would see them (hardware.py; a CPU's peak is a matmul rate measured once, then cached).
+    `precision`: what a run of the config trains in, where the caller has asked (on a CPU with
+    native bf16 the model's own step decides: training/services/cpu_precision.py, which plan does
+    not import); else the hardware's choice alone."""
     device = pick_device("auto")
-    precision = choose_precision(device, requested_precision)
+    precision = precision or choose_precision(device, requested_precision)
     peak, source = peak_flops(precision)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trimtab.config import RunConfig, load_config
 from trimtab.errors import ConfigError
-from trimtab.hardware import gpu_named
+from trimtab.hardware import Precision, gpu_named
 from trimtab.model.catalog import ModelSize, model_size
 from trimtab.plan.chinchilla import (
     BudgetPlan,
@@ -385,13 +386,20 @@ def plan_command(
     devices: int = 1,
     gpus_per_node: int = 8,
     emit: str | None = None,
+    precision_of: Callable[[RunConfig], Precision] | None = None,
 ) -> str:
     """What `trimtab plan` does: resolve the config, plan, save (with `emit`, a cluster launch
-    file too: plan/launch.py); returns the text to print."""
+    file too: plan/launch.py); returns the text to print. `precision_of`: what a run of the config
+    trains in on this machine (the CLI's: a CPU's bf16 kept only where the model's step is faster),
+    so the plan's peak, activation width and autocast copies are the run's."""
     if devices < 1:  # the flag's two names: which one was typed is not known here
         raise ConfigError(f"--gpus/--devices must be >= 1, got {devices}")
     cfg = load_config(config, preset=preset, sets=sets)
-    hardware = named_gpu(gpu, devices) if gpu else detect_hardware(cfg.train.precision, devices)
+    if gpu:
+        hardware = named_gpu(gpu, devices)
+    else:
+        precision = precision_of(cfg) if precision_of else None
+        hardware = detect_hardware(cfg.train.precision, devices, precision)
     tokens = None if dataset_tokens is None else round(dataset_tokens)  # the CLI reads 1e9 as a float
     plan = make_plan(
         cfg,

@@ -29,7 +29,7 @@ import time
 import torch
 
 from trimtab.config import RunConfig
-from trimtab.hardware import Precision, cached_timings, cpu_precision_path, machine_key
+from trimtab.hardware import Precision, cached_timings, choose_precision, cpu_precision_path, machine_key
 from trimtab.model import Transformer
 from trimtab.training.loss import model_loss
 
@@ -68,6 +68,25 @@ def refine_cpu_precision(
     if speedup >= MARGIN:
         return dataclasses.replace(precision, reason=f"{precision.reason}; {measured}")
     return dataclasses.replace(precision, name="fp32", reason=f"{measured}, under {MARGIN}x: fp32")
+
+
+def run_precision(device: torch.device, cfg: RunConfig) -> Precision:
+    """What a new run of `cfg` trains in on `device`: its train.precision, and for auto the hardware's
+    choice, which on a CPU with native bf16 the model's own training step refines (through the same
+    cache as the run, so `trimtab doctor`, `trimtab plan` and the run agree; the vocabulary as the
+    tokenizer will make it, data.bpe_vocab_size, when the model follows it)."""
+    from trimtab.config import derive
+    from trimtab.model import build_model
+    from trimtab.model.catalog import meta_model
+
+    precision = choose_precision(device, cfg.train.precision)
+    if cfg.train.precision != "auto" or device.type != "cpu" or precision.name != "bf16":
+        return precision
+    cfg = derive(cfg, {"model": {"vocab_size": cfg.model.vocab_size or cfg.data.bpe_vocab_size}})
+    model = meta_model(cfg)  # the size without the memory: a large preset is not probed
+    if model.num_params() <= PROBE_MAX_PARAMS:
+        model = build_model(cfg.model)
+    return refine_cpu_precision(precision, cfg, model)
 
 
 def probe_key(cfg: RunConfig, rows: int) -> str:
