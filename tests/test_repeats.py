@@ -80,3 +80,19 @@ def test_prepare_keeps_a_toy_corpus_and_says_so_once(tmp_path, caplog):
         prepare([str(tmp_path / "toy.txt")], tmp_path / "out", vocab_size=300, options=Options(), workers=1)
     assert flagged(tmp_path / "out") == {}
     assert len([r for r in caplog.records if "1 documents are repeated text" in r.getMessage()]) == 1
+
+
+def test_prepare_judges_each_source_on_its_own_share_of_repeated_text(tmp_path):
+    """A toy source of one line repeated beside a source of real pages and a loop: the toy kept, the loop flagged.
+    Before: the shared sample (mostly the toy's files) was most repetition, so the real source's loop was spared too."""
+    toy, real = tmp_path / "toy", tmp_path / "real"
+    toy.mkdir(), real.mkdir()
+    for i in range(12):
+        (toy / f"t{i}.txt").write_text(f"def f{i}(x):\n    return x + {i}\n" * 40)
+    for page in sorted(DOCS.glob("*.md"))[:4]:
+        (real / f"{page.stem}.txt").write_text(page.read_text()[:3000])
+    (real / "loop.txt").write_text(loops("")["line"])
+    prepare([str(toy), str(real)], tmp_path / "out", vocab_size=300, options=Options(), workers=1)
+    assert {Path(name).stem: why.split(":")[0] for name, why in flagged(tmp_path / "out").items()} == {
+        "loop": "repeated text"
+    }

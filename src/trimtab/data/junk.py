@@ -46,16 +46,20 @@ MIN_CHARS = quality.MIN_BYTES  # shorter documents are not judged: too few words
 MOJIBAKE_RUNS = 4  # mis-encoded characters a page needs to be judged mis-encoded
 MOJIBAKE_SHARE = 0.5  # of its non-ASCII characters in them (mis-encoded pages: ~1)
 LETTERS = 0.9  # random letters are judged in documents at least this share letters (of non-space characters)
-CORPUS_WORDS = 400_000  # words a reference (a run's corpus, a prepare sample) needs for word salad to be judged
-# (measured: 0.03% of real documents flagged against 20 MB, 0.2-0.7% against 4 MB batches, 2-5% 1 MB). Not lower:
-# the statistic is a plug-in estimate of pointwise mutual information (Church and Hanks 1990) from the reference's
-# pair counts, and a language's informative pairs are rare ones (Zipf): against a small reference most of a real
-# document's adjacent pairs are unseen, scored near 0 bits as a shuffled document's are, so the two distributions
-# meet (5% of real documents under the bar at 1 MB, ~170K words). A test that needs no reference, a permutation test
-# of a document's own repeated adjacent word pairs against its shuffles, is too weak per document: on 464 1.5 KB
-# pieces of /usr/share/common-licenses and docs/*.md, 25.8 repeats on average, their shuffles 5.5, yet 2.6% of them
-# not above their shuffles at p <= 0.05 (20 shuffles): as a flag, 2.6% of real prose named, 0.03% here. A small
-# source's spellings are still judged (scrambled words).
+CORPUS_WORDS = 100_000  # words a reference (a run's corpus, a prepare sample) needs for word salad to be judged
+# Not lower: the statistic is a plug-in estimate of pointwise mutual information (Church and Hanks 1990) from the
+# reference's pair counts, and a language's informative pairs are rare ones (Zipf): against a small reference most of
+# a real document's adjacent pairs are unseen, scored near 0 bits as a shuffled document's are. Measured (each document
+# judged against the rest, a tenth of them salad): 1.5 KB pieces of man pages, licences and docs/*.md, site-packages'
+# METADATA pages and a mix with code, real pieces named: 20K words 0-2.4%, 50K 0-0.8%, 100K 0-0.2%, 200K-400K
+# 0.1-0.4% (borderline, 1.3-1.5 bits: lists of names and numbers), stdlib code chunks 0 of 456; salad named at
+# 100K: 24-40 of ~50 in man pages, licences and mixes (Markdown READMEs', mostly not prose: 10 of 52).
+# It was 400K (measured on a set not kept: 0.03% named at 20 MB, 0.2-0.7% at 4 MB, 2-5% at 1 MB) when pairs
+# within a word ("e.g", "no-color") were scored, which salad keeps in order (`spaced`): a man-page source's salad
+# scored up to 2.9 bits. A test that needs no reference, a permutation test of a document's own repeated adjacent
+# word pairs against its shuffles, is too weak per document: on 464 1.5 KB pieces of /usr/share/common-licenses and
+# docs/*.md, 25.8 repeats on average, their shuffles 5.5, yet 2.6% of them not above their shuffles at p <= 0.05
+# (20 shuffles). A smaller source's spellings are still judged (scrambled words).
 MIN_PAIRS = 40  # adjacent word pairs, both words seen elsewhere in the corpus, a document needs to be judged
 SALAD_BITS = 1.5  # adjacent words' mean pointwise mutual information, less distant ones', under this: word salad
 # distant word pairs of a document (quality.information's stride) the rest of the reference holds, under which
@@ -96,6 +100,7 @@ SAID = {  # what each kind is, on the console
     "repeated text": "a line or passage repeated over and over, as log spam or a generator in a loop writes it",
 }
 _WORD = re.compile(r"[^\W\d_]+")
+_SPACE = re.compile(r"\s")
 
 
 def mojibake_share(text: str) -> float | None:
@@ -145,6 +150,14 @@ def letter_structure(text: str) -> float | None:
 
 def words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
+
+
+def spaced(text: str) -> np.ndarray:
+    """bool [W]: whether each of `words(text)` is parted from the one before by whitespace (the first: True). Word
+    salad shuffles whitespace-separated words, so the words within one ("don't", "e.g.", "--no-color", "self.x")
+    stay neighbours in it: only pairs across a space say whether the words are in order."""
+    gaps = _WORD.split(text.lower())[:-1]  # gaps[i]: the characters before word i
+    return np.fromiter((i == 0 or bool(_SPACE.search(g)) for i, g in enumerate(gaps)), dtype=bool, count=len(gaps))
 
 
 @dataclass(frozen=True)
@@ -222,7 +235,9 @@ def _lengths(docs: Sequence[list[str]]) -> np.ndarray:
     return np.array([len(ws) for ws in docs], dtype=np.int64)
 
 
-def salad_bits(docs: Sequence[list[str]], reference: Bigrams, member: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def salad_bits(
+    docs: Sequence[list[str]], reference: Bigrams, member: np.ndarray, apart: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(bits [D], pairs [D]): how much better `reference` (less the document's own counts where it
     is a `member`, bool [D]) predicts each document's words from the word before than from a word
     far away in it (a golden-ratio stride, as in quality.information): the mean pointwise mutual
@@ -230,13 +245,14 @@ def salad_bits(docs: Sequence[list[str]], reference: Bigrams, member: np.ndarray
     does to both cancels (zero in expectation for words in random order); and how many adjacent
     pairs were scored (both words seen elsewhere in the reference; none where the reference holds under
     KNOWN_PAIRS of its distant pairs: a language or domain it holds little of, whose real pairs it
-    has seen as seldom as random ones). A corpus of 6 MB: about a second."""
+    has seen as seldom as random ones). `apart`: bool [N], the words back to back `spaced` from the one
+    before (default: all), of which only those adjacent pairs are scored. A corpus of 6 MB: about a second."""
     # words the reference lacks: counted 0, their pairs not scored
-    return _salad_bits(_ids(docs, reference.vocab, grow=False), _lengths(docs), reference, member)
+    return _salad_bits(_ids(docs, reference.vocab, grow=False), _lengths(docs), reference, member, apart)
 
 
 def _salad_bits(
-    ids: np.ndarray, lengths: np.ndarray, reference: Bigrams, member: np.ndarray
+    ids: np.ndarray, lengths: np.ndarray, reference: Bigrams, member: np.ndarray, apart: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     doc = np.repeat(np.arange(len(lengths)), lengths)
     start = np.concatenate([[0], np.cumsum(lengths)])[:-1]
@@ -244,7 +260,7 @@ def _salad_bits(
     step = np.array([_stride(int(n)) for n in lengths], dtype=np.int64)
     far = start[doc] + local * step[doc] % np.maximum(lengths[doc], 1) if len(ids) else ids
     counts = _Counts(reference, ids, doc, np.asarray(member, dtype=bool))
-    near_bits, near_n, _ = _mean_pmi(counts, ids, counts.own_word, doc, len(lengths))
+    near_bits, near_n, _ = _mean_pmi(counts, ids, counts.own_word, doc, len(lengths), apart)
     far_bits, _, far_seen = _mean_pmi(counts, ids[far], counts.own_word[far], doc, len(lengths))
     return near_bits - far_bits, np.where(far_seen >= KNOWN_PAIRS, near_n, 0)
 
@@ -277,19 +293,20 @@ class _Counts:
 
 
 def _mean_pmi(
-    c: _Counts, ids: np.ndarray, own: np.ndarray, doc: np.ndarray, n_docs: int
+    c: _Counts, ids: np.ndarray, own: np.ndarray, doc: np.ndarray, n_docs: int, apart: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per document, (bits, scored, seen): the mean log2 P(next | word) / P(next) of the pairs of adjacent `ids` (one
     document's positions in order, `doc` of each; `own`: each one's count in its document where a
     member, else 0), counted on the reference less that document;
     P(next | word) smoothed towards P(next) with PRIOR (MacKay and Peto 1995). Pairs whose words the
-    rest of the reference lacks are not scored; `seen`: the share of all its pairs it holds."""
+    rest of the reference lacks are not scored, nor those whose second word is not `apart` (bool [N]) from the
+    first; `seen`: the share of all its pairs it holds."""
     same = doc[:-1] == doc[1:]
     d, a, b = doc[:-1][same], ids[:-1][same], ids[1:][same]
     first, nxt = c.words[a] - own[:-1][same], c.words[b] - own[1:][same]
     pair = c.pair(a, b) - _lookup(c.own_pairs, c.own_pair_counts, d * c.size**2 + a * c.size + b)
     rest = np.maximum(c.total - c.doc_words[d], 1)
-    valid = (first > 0) & (nxt > 0)
+    valid = (first > 0) & (nxt > 0) & (True if apart is None else apart[1:][same])
     p_next = np.where(valid, nxt, 1) / rest
     p_cond = (pair + PRIOR * p_next) / (np.maximum(first, 0) + PRIOR)
     bits = np.where(valid, np.log2(np.maximum(p_cond, 1e-300) / p_next), 0.0)
@@ -413,7 +430,8 @@ def kinds(texts: Sequence[str], reference: Bigrams | None = None, alone: bool = 
     else:
         ids, member = _ids(tokens, reference.vocab, grow=False), np.isin(text_hashes(texts), reference.members)
     if reference.total >= CORPUS_WORDS:
-        bits, scored = _salad_bits(ids, lengths, reference, member)
+        apart = np.concatenate([spaced(t) for t in texts]) if texts else np.zeros(0, dtype=bool)
+        bits, scored = _salad_bits(ids, lengths, reference, member, apart)
     else:  # too little text to say which words follow which
         bits, scored = np.zeros(len(texts)), np.zeros(len(texts), dtype=np.int64)
     share, long = scrambled(tokens, ids, reference, member)

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from trimtab.data import formats, junk, quality, references, windows
+from trimtab.data import boilerplate, formats, junk, quality, references, windows
 from trimtab.data.listing import shown, source_files
 from trimtab.data.prepare_tokenizer import directory_tokenizer
 from trimtab.data.prepared import MANIFEST_VERSION, PreparedData, read_manifest, sha256_file, write_manifest
@@ -185,6 +185,8 @@ def _prepare(
         log.warning("%s", junk.repeats_line(repeated, None, "the sources"))
     if kinds:
         log.warning("%s", _garbage_line(manifest, kinds, garbage, options.garbage_filter == "drop"))
+    if shared and manifest.get("boilerplate", {}).get("lines"):  # measured on this run's sample
+        log.info("%s", boilerplate.said(manifest["boilerplate"]))
     return manifest
 
 
@@ -217,6 +219,7 @@ def _measure_scale(
     texts = [doc.text for doc in docs]
     save_bigrams(out, junk.Bigrams.of([junk.words(t) for t in texts], texts))
     manifest["repeated"] = junk.repeated_fraction(texts)  # mostly repeated text: kept as meant (junk.spare_repeats)
+    manifest["boilerplate"] = boilerplate.measure(texts)  # lines across many documents: said, not removed
     if "garbage" in manifest:  # a directory prepared before its word pairs were kept
         return True
     n_bytes = np.array([len(t.encode()) for t in texts])
@@ -433,7 +436,11 @@ def _run(
     if scale is not None and manifest.get("repeated") is not None:  # the sample's share of repeated text
         scale = {**scale, "repeated": manifest["repeated"]}
     refs = [references.of_job(manifest, job) for job in jobs]  # each file's source's junk reference
-    args = [(job, str(out), manifest["dtype"], asdict(options), hint, scale, ref) for job, ref in zip(jobs, refs)]
+    shares = [references.repeated_of_job(manifest, job) for job in jobs]  # ... and its share of repeated text
+    args = [
+        (job, str(out), manifest["dtype"], asdict(options), hint, scale, ref, share)
+        for job, ref, share in zip(jobs, refs, shares)
+    ]
     if workers <= 1:
         yield from (run_job(*a) for a in args)
         return

@@ -42,7 +42,8 @@ def measure(
     """The reference of each source of `files` (manifest numbers) not yet measured, on `sample` of its
     files' texts; BIGRAMS when that is its sample (`shared`: BIGRAMS was just measured on all of `files`).
     A source under junk.CORPUS_WORDS words keeps its own all the same: its spellings are judged, word
-    order not, as a small data.mix entry's are in training."""
+    order not, as a small data.mix entry's are in training. Each source's share of repeated text is
+    measured on its own sample too (entry["repeated"], junk.spare_repeats)."""
     by_source: dict[int, list[str]] = {}
     for n, path, _ in files:
         by_source.setdefault(manifest["files"][n]["source"], []).append(str(path))
@@ -50,8 +51,12 @@ def measure(
         entry = manifest["sources"][k]
         if "bigrams" in entry or (shared and len(paths) == len(files)):  # measured before, or BIGRAMS is its own
             entry.setdefault("bigrams", BIGRAMS)
+            if shared and len(paths) == len(files):  # the shared sample is its own
+                entry.setdefault("repeated", manifest.get("repeated"))
             continue
         texts = sample(paths)
+        # its own share of repeated text: a toy source beside real text spared the real one's loops (junk.spare_repeats)
+        entry["repeated"] = junk.repeated_fraction(texts)
         bigrams = junk.Bigrams.of([junk.words(t) for t in texts], texts)
         entry["bigrams"] = BIGRAMS if _same_sample(out, bigrams) else SOURCE_BIGRAMS.format(k)
         if entry["bigrams"] != BIGRAMS:
@@ -70,3 +75,11 @@ def of_job(manifest: dict[str, Any], job: list) -> dict[int, str]:
     """{file number: its source's reference} for a job's files (shards.run_job's `references`)."""
     sources, files = manifest.get("sources", []), manifest["files"]
     return {n: sources[files[n]["source"]].get("bigrams", BIGRAMS) for n, *_ in job}
+
+
+def repeated_of_job(manifest: dict[str, Any], job: list) -> dict[int, float]:
+    """{file number: its source's sample's share of repeated text} for a job's files (shards.run_job's `repeated`);
+    a source measured before its share was kept has the shared sample's (manifest["repeated"])."""
+    sources, files, shared = manifest.get("sources", []), manifest["files"], manifest.get("repeated")
+    found = {n: sources[files[n]["source"]].get("repeated", shared) for n, *_ in job}
+    return {n: share for n, share in found.items() if share is not None}

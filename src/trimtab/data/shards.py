@@ -64,9 +64,11 @@ def run_job(
     hint: str = SKIP_HINT,
     scale: dict[str, float] | None = None,
     references: dict[int, str] | None = None,
+    repeated: dict[int, float] | None = None,
 ) -> dict[str, Any]:
     """Prepare `job`'s files into shards under `out`; `references`: each file's junk reference, the
-    file beside the manifest its source's documents are judged against (default: BIGRAMS, the shared one)."""
+    file beside the manifest its source's documents are judged against (default: BIGRAMS, the shared one);
+    `repeated`: each file's source's share of repeated text (default: `scale`'s, the shared sample's)."""
     tok = TextTokenizer.load(Path(out) / "tokenizer.json")
     uid = hashlib.sha256(json.dumps(job).encode()).hexdigest()[:12]
     span = job[0][3]  # a job is several whole files, or one piece of one
@@ -80,6 +82,7 @@ def run_job(
             encoder.file = n
             if scale is not None:
                 encoder.bigrams = _reference(Path(out), (references or {}).get(n, BIGRAMS), loaded)
+                encoder.repeated_share = (repeated or {}).get(n, scale.get("repeated", 0.0))
             try:
                 if not (named or piece) and _in_batches(Path(path), cfg):
                     # skipped whole, before any of it is written (a plain-text file's NUL byte too)
@@ -165,6 +168,7 @@ class _Encoder:
     bigrams: junk.Bigrams | None = None  # the file's source's sample's word pairs (run_job); None: each batch's own
     spared: int = 0  # documents that pack like garbage, written in another script: kept (quality.other_script)
     repeated: int = 0  # documents of repeated text, most of the sample's: kept (junk.spare_repeats)
+    repeated_share: float = 0.0  # the file's source's sample's share of repeated text (run_job)
     # flagged documents by kind: junk.KINDS' (data/junk.py's verdict), PACKING for the packing screen's alone
     kinds: dict[str, int] = field(default_factory=dict)
     file: int = 0
@@ -243,7 +247,7 @@ class _Encoder:
         texts = [doc.text for doc, *_ in self._batch]
         verdicts = junk.kinds(texts, self.bigrams, alone=not median)
         # a sample mostly of repeated text (a toy corpus): kept, said once at the end (prepare.py)
-        verdicts, repeated = junk.spare_repeats(texts, verdicts, self.scale.get("repeated", 0.0))
+        verdicts, repeated = junk.spare_repeats(texts, verdicts, self.repeated_share)
         self.repeated += repeated
         flagged |= whole & np.array([verdict is not None for verdict in verdicts])
         verdicts = [verdict if whole[i] else None for i, verdict in enumerate(verdicts)]
