@@ -38,3 +38,17 @@ def test_a_cut_in_another_phase_is_no_reference():
     policy.plan(_gain(step=7, gain=0.22), View(lr_scale=1.0)).commit()
     policy.new_phase(40, None)  # a finetuning phase: its own data and LR
     assert policy.plan(_gain(step=47, gain=0.298), View(lr_scale=1.0)).params["lr_factor"] == 0.1
+
+
+def test_the_journal_says_why_a_replay_is_halved_where_a_fresh_run_is_not():
+    """The same gain (0.33 at the cut LR) is halved on the replay after a decade's cut and cut x0.316
+    in a fresh run (debug-hybrid at 20x: 0.22, then 0.33 at step 15): the earlier gain, the evidence
+    only the replay has, is journaled and named, and the fresh run's reasoning claims no rise."""
+    policy = Policy(OrchestratorConfig())
+    policy.plan(_gain(step=7, gain=0.22), View(lr_scale=1.0)).commit()
+    replay = policy.plan(_gain(step=15, gain=0.33), View(lr_scale=0.1))
+    fresh = Policy(OrchestratorConfig()).plan(_gain(step=7, gain=0.33), View(lr_scale=0.1))
+    assert (replay.params["lr_factor"], fresh.params["lr_factor"]) == (0.5, 0.1**0.5)
+    assert replay.evidence == {"gain_before": 0.22} and fresh.evidence == {}
+    assert "answered a gain of 0.22" in replay.reasoning and "rose to 0.33" in replay.reasoning
+    assert "rose" not in fresh.reasoning and "as an LR far too high makes them" in fresh.reasoning

@@ -6,6 +6,7 @@ debug-moe, 4 experts top-1, balance_coef 0, router_temperature 0.1: layer 3 stay
 from test_orchestrator_incidents import pending
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.core import Orchestrator
+from trimtab.orchestrator.moe_health import MoEHealth
 from trimtab.orchestrator.monitors import Finding, StepMetrics
 from trimtab.rundir import read_decisions
 
@@ -89,3 +90,29 @@ def test_a_balance_raise_still_settling_at_the_end_is_too_early_and_a_stalled_on
     stalled = _decision(orchestrator, 100, "imbalance", 1)
     _falling(orchestrator, range(101, 121), 3.3, 3.2)  # at this pace the bar is 130 steps away
     assert ended.outcome["result"] == "too early" and stalled.outcome["result"] == "not recovered"
+
+
+def _dead(step, starved):
+    evidence = {"kind": "dead", "layer": 1, "expert": 3, "starved_steps": starved}
+    return Finding(rule="moe", family="moe/1", step=step, evidence=evidence, summary="moe", strength=0.9)
+
+
+def test_an_expert_starved_since_before_a_balance_raise_is_no_evidence_it_failed(tmp_path):
+    """Seed 1 of the soak (debug-moe, 4 experts top-1, balance_coef 0, router_temperature 0.1): the collapse's
+    raise at step 20 was "not recovered" for expert 2 found dead at 40, starved since step 10, the layer at 2.8x
+    (under the collapse bar). An expert that began starving after the raise is still its failure."""
+    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)
+    health = MoEHealth(OrchestratorConfig())
+    found = [
+        health.observe(StepMetrics(step=s, loss=4.0, grad_norm=1.0, moe=[(1, [0.4, 0.3, 0.3, 0.0], 0.0, 1)]))
+        for s in range(11, 41)
+    ]
+    assert found[-1].evidence["kind"] == "dead" and found[-1].evidence["starved_steps"] == 30  # since step 11
+    old = _decision(orchestrator, 20, "collapse", 1)
+    _steps(orchestrator, range(21, 40), [0.4, 0.3, 0.3, 0.0], 0.0)
+    orchestrator.outcomes.follow(StepMetrics(step=40, loss=4.0, grad_norm=1.0), [found[-1]])
+    new = _decision(orchestrator, 60, "collapse", 1)
+    _steps(orchestrator, range(61, 80), [0.4, 0.3, 0.3, 0.0], 0.0)
+    orchestrator.outcomes.follow(StepMetrics(step=80, loss=4.0, grad_norm=1.0), [_dead(80, 12)])  # since step 69
+    assert old.outcome["result"] == "recovered" and "found_after" not in old.outcome
+    assert new.outcome["result"] == "not recovered" and new.outcome["found_after"] == ["moe@80"]

@@ -25,7 +25,8 @@ effect the replay is. Advice is never judged (deciding.py: "not applied"), nor a
 "none": nothing was done, so nothing healed; deciding.py: "noted"). A decision the run's end
 comes to before `outcome_after` steps followed it is "too early" (_too_early), never "recovered".
 A balance coefficient raise whose layer's load is still falling toward the bar is judged later
-(_settling), on the load of its latest `outcome_after` steps.
+(_settling), on the load of its latest `outcome_after` steps. A dead expert that was starving already
+when a decision was taken is no return of that decision's trouble (_older).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class Outcomes:
                 track["objective"] = True
             track.setdefault("references", [None] * (len(track["losses"]) - 1)).append(reference)
             _track_load(track, decision, m)
-            back = [f.rule for f in findings if same_trouble(decision, f)]
+            back = [f.rule for f in findings if same_trouble(decision, f) and not _older(f, len(track["losses"]))]
             same = bool(back)
             if decision.action in SKIPS or (decision.action == "rollback" and m.step > decision.step):
                 same = _answered_trouble(track, same, m.loss)
@@ -270,6 +271,16 @@ def _reaches(ratios: tuple[float, ...], bar: float, left: int) -> bool:
         return False
     now = mean + slope * mid  # the line at the newest step
     return (now - bar) / -slope <= left
+
+
+def _older(f: Finding, followed: int) -> bool:
+    """Whether finding f names a dead expert that was starving already when the decision was taken,
+    `followed` steps ago: trouble from before it is no evidence it failed (the dead-expert rule answers
+    it, with its own decision). A collapse's balance raise at step 20 was "not recovered" for expert 2
+    found dead at 40, starved since step 10, its layer's load back under the bar (debug-moe, 4 experts
+    top-1, balance_coef 0, router_temperature 0.1, seed 1). A withheld step is no starved step
+    (moe_health), so the count errs toward the decision's failure."""
+    return f.evidence.get("kind") == "dead" and f.evidence.get("starved_steps", 0) > followed
 
 
 def _remember(losses: OrderedDict[int, float], step: int, loss: float) -> None:

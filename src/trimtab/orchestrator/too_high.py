@@ -52,7 +52,9 @@ class TooHighLR:
             )
         if factor is None:
             return self._rollback(view)
-        why = _too_high_why(f, factor)
+        why = _too_high_why(f, factor, before)
+        # the earlier cut's gain, when it made this one a halving: the journal shows what a fresh run lacks
+        evidence = {"gain_before": before} if _rose(f.evidence, before) else {}
 
         def cut(rolled_back_to: int | None = None) -> None:
             self.last_lr_change = self.lr_too_high_at = self.unstable_at = f.step
@@ -72,9 +74,10 @@ class TooHighLR:
                     params={"to": start, "skip_rows": [], "lr_factor": factor},
                     reasoning=why + f"; the steps since step {start} trained at that LR and {done} (at the lower "
                     "LR they stay so): restore that checkpoint and train them again (the data was not at fault)",
+                    evidence=evidence,
                     commit=lambda: cut(start),
                 )
-            return Remedy(action="scale_lr", params={"factor": factor}, reasoning=why, commit=cut)
+            return Remedy(action="scale_lr", params={"factor": factor}, reasoning=why, evidence=evidence, commit=cut)
         sound = 0 <= view.last_good < f.evidence["since"]  # saved before the loss left its start
         if sound and self.rollbacks < self.cfg.max_rollbacks:
             last_good = view.last_good
@@ -145,11 +148,19 @@ def _too_high_factor(f: Finding, lr_factor: float, before: float | None = None) 
     ev = f.evidence
     if "sound_gain" in ev:  # over min_gain, short of a sound LR's: within a few times of it
         return NEAR_SOUND
-    if "gain" in ev and before is not None and ev["gain"] > max(before, 0.5 * ev["min_gain"]):
+    if _rose(ev, before):
         return NEAR_SOUND
     if "warm_grad_norm" in ev or "unigram" in ev or ("gain" in ev and ev["gain"] > 0.75 * ev["min_gain"]):
         return math.sqrt(lr_factor)
     return lr_factor
+
+
+def _rose(ev: dict[str, Any], before: float | None) -> bool:
+    """Whether the first steps' gain rose since the phase's last gain-based cut (`before`, the gain it
+    answered) to over half min_gain: off the floor an LR far too high holds it at, whatever its
+    size. Two LRs' gains say more than one: a fresh run at the cut LR reading the same gain has no
+    earlier one to compare with, and is cut as one far too high (x0.316 or x0.1)."""
+    return "gain" in ev and before is not None and ev["gain"] > max(before, 0.5 * ev["min_gain"])
 
 
 def _stalled_why(f: Finding) -> str:
@@ -185,14 +196,22 @@ def _overshoot_why(f: Finding) -> str:
     )
 
 
-def _too_high_why(f: Finding, factor: float) -> str:
-    """above_start's reasoning: the loss above its start, updates that overshoot, or a model stalled
-    (at the unigram level, or after a cut with a gradient dying away)."""
+def _too_high_why(f: Finding, factor: float, before: float | None = None) -> str:
+    """above_start's reasoning: the loss above its start, updates that overshoot (after a cut that
+    lifted their gain, `before`, off its floor: halved), or a model stalled (at the unigram level,
+    or after a cut with a gradient dying away)."""
     if "warm_grad_norm" in f.evidence or "unigram" in f.evidence:
         again = "again " if "warm_grad_norm" in f.evidence else ""
         return _stalled_why(f) + f"; cut it {again}x{factor:.3g}, never to be given back"
     if "sound_gain" in f.evidence:  # the replay after a cut still short of a sound LR's gain
         return _overshoot_why(f) + f"; cut it again x{factor:.3g}, never to be given back"
+    if before is not None and _rose(f.evidence, before):  # the replay after a gain-based cut: its gain rose
+        return (
+            _overshoot_why(f) + f"; the last cut in this phase answered a gain of {before:.2f}, and the replay at "
+            f"the lower LR rose to {f.evidence['gain']:.2f}, off the 0.1-0.2 an LR far too high holds it at: this "
+            f"one is within a decade of a sound LR (the rise, not this gain alone, says so); cut it x{factor:.3g}, "
+            "never to be given back"
+        )
     if "gain" in f.evidence:  # the first steps' updates overshoot
         return (
             _overshoot_why(f) + ", as an LR far too high makes them, and the weights they inflate train slowly for "
