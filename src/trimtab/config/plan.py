@@ -27,8 +27,9 @@ class PlanConfig(Section):
     min_points: int = 8  # logged losses after warm-up needed before a fit is trusted
     max_lr_jump: float = 2.0  # a new length may move the scheduled LR by at most this factor at once
     tokens_per_param: float = 20.0  # compute-optimal tokens per parameter (Hoffmann et al. 2022)
-    # model FLOPs utilisation time estimates assume (`trimtab plan`); 0: the trainer's as measured
-    # on GPUs for this kind of model (plan/memory.py: assumed_mfu), 0.4 on other hardware
+    # model FLOPs utilisation time estimates assume (`trimtab plan`); 0: the run directory's summary.json,
+    # else the trainer's as measured on GPUs and CPUs for this kind of model (plan/memory.py: assumed_mfu),
+    # 0.4 on other hardware
     mfu: float = 0.0
 
     def validate(self) -> None:

@@ -339,13 +339,21 @@ def _hold_out(docs: TokenizedDocs, fraction: float, seed: int) -> tuple[Tokenize
     directory's)."""
     if fraction <= 0:
         return docs, docs.select(np.zeros(len(docs), dtype=bool))
-    n_eval = max(1, round(fraction * len(docs)))
-    if len(docs) > 1:
-        n_eval = min(len(docs) - 1, n_eval)
-    chosen = np.random.default_rng(seed).permutation(len(docs))[:n_eval]
-    keep = np.diff(docs.offsets)
-    keep[chosen] = hold_out(keep[chosen], len(docs.tokens), fraction)
-    return docs.split(keep)
+    return docs.split(train_lengths(np.diff(docs.offsets), fraction, seed))
+
+
+def train_lengths(lengths: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """int64 [D]: the leading tokens of each document (`lengths`: their tokens) that _hold_out
+    leaves to training; `trimtab plan` counts a corpus's training tokens by it (plan/chinchilla.py)."""
+    keep = np.asarray(lengths, dtype=np.int64).copy()
+    if fraction <= 0 or not len(keep):
+        return keep
+    n_eval = max(1, round(fraction * len(keep)))
+    if len(keep) > 1:
+        n_eval = min(len(keep) - 1, n_eval)
+    chosen = np.random.default_rng(seed).permutation(len(keep))[:n_eval]
+    keep[chosen] = hold_out(keep[chosen], int(keep.sum()), fraction)
+    return keep
 
 
 class ConcatRows:

@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from trimtab.config import RunConfig
 from trimtab.model.catalog import ModelSize, model_size
 
@@ -95,18 +97,19 @@ def data_plan(
 def count_dataset_tokens(cfg: RunConfig, path: str, key: str = "--data") -> tuple[int, str]:
     """Training tokens in the data at `path` as the run would read it (data.format,
     data.max_bytes, the eval hold-out): counted with the run's tokenizer when there is one
-    (data.tokenizer, or RUN_DIR/tokenizer.json), else estimated from the text's bytes. `key`:
-    how errors name the path (`trimtab plan --data`), not data.source, which the plan leaves
-    unread."""
+    (data.tokenizer, or RUN_DIR/tokenizer.json), else estimated from the text's bytes. The
+    hold-out is the split's own (whole documents, a large one's tail: data/prepared.py hold_out),
+    not a flat data.eval_fraction of the tokens: a corpus of one huge document and small ones
+    held out 2% of the tokens by that, ~0.1% by the split. `key`: how errors name the path
+    (`trimtab plan --data`), not data.source, which the plan leaves unread."""
     from trimtab.data import TextTokenizer, read_documents
     from trimtab.data.prepared import read_manifest
     from trimtab.data.tokenizer import configured_tokenizer
 
     data = dataclasses.replace(cfg.data, source=path, mix=[])
-    keep = 1.0 if data.eval_source else 1.0 - data.eval_fraction
-    hold_out = f", less the {data.eval_fraction:.0%} eval hold-out" if keep < 1 else ""
-    if (manifest := read_manifest(Path(path))) is not None:  # prepared: the manifest counted them
-        return round(manifest.get("tokens", 0) * keep), f"the prepared directory's manifest{hold_out}"
+    fraction = 0.0 if data.eval_source else data.eval_fraction
+    if read_manifest(Path(path)) is not None:  # prepared: its index holds each document's tokens
+        return _prepared_train_tokens(path, fraction, key)
     docs, _ = read_documents(data, key=key)
     capped = f" (capped by data.max_bytes={data.max_bytes:,}; 0 reads everything)" if data.max_bytes else ""
     tok_path = Path(cfg.data.tokenizer) if cfg.data.tokenizer else cfg.run_dir / "tokenizer.json"
@@ -114,14 +117,43 @@ def count_dataset_tokens(cfg: RunConfig, path: str, key: str = "--data") -> tupl
     if tok is None and tok_path.is_file():
         tok = TextTokenizer.load(tok_path)
     if tok is not None:
-        counted = sum(len(ids) + 1 for ids in tok.encode_batch([d.text for d in docs]))  # + end of text
-        return round(counted * keep), f"counted with the tokenizer {tok_path}{hold_out}{capped}"
-    n_bytes = sum(len(d.text.encode()) for d in docs)
-    return round(n_bytes / BYTES_PER_TOKEN * keep), (
-        f"estimated from {n_bytes:,} bytes at {BYTES_PER_TOKEN:g} bytes per token (no tokenizer yet: "
+        lengths = np.array([len(ids) + 1 for ids in tok.encode_batch([d.text for d in docs])])  # + end of text
+        train = _train_tokens(lengths, fraction, cfg.train.seed)
+        return train, f"counted with the tokenizer {tok_path}{_held(lengths, train)}{capped}"
+    n_bytes = np.array([len(d.text.encode()) for d in docs])
+    lengths = np.round(n_bytes / BYTES_PER_TOKEN).astype(np.int64)
+    train = _train_tokens(lengths, fraction, cfg.train.seed)
+    return train, (
+        f"estimated from {int(n_bytes.sum()):,} bytes at {BYTES_PER_TOKEN:g} bytes per token (no tokenizer yet: "
         f"data.tokenizer is unset and {tok_path} does not exist; a small BPE vocabulary gives fewer "
-        f"bytes per token, so more tokens){hold_out}{capped}"
+        f"bytes per token, so more tokens){_held(lengths, train, estimated=True)}{capped}"
     )
+
+
+def _train_tokens(lengths: np.ndarray, fraction: float, seed: int) -> int:
+    """The tokens the in-memory split leaves to training (data/packing.py, with train.seed)."""
+    from trimtab.data.packing import train_lengths
+
+    return int(train_lengths(lengths, fraction, seed).sum())
+
+
+def _prepared_train_tokens(path: str, fraction: float, key: str) -> tuple[int, str]:
+    """A prepared directory's training tokens: its documents less the held-out split (split_ranges)."""
+    from trimtab.data.prepared import PreparedData, split_ranges
+
+    bounds = PreparedData(path, key=key, verify=False).doc_bounds()
+    starts, ends = split_ranges(bounds, fraction, "train", documents=True)
+    train = int((ends - starts).sum())
+    return train, f"the prepared directory's manifest{_held(np.diff(bounds), train)}"
+
+
+def _held(lengths: np.ndarray, train: int, estimated: bool = False) -> str:
+    """How much the eval hold-out took, for the count's source line."""
+    total = int(lengths.sum())
+    if train >= total:
+        return ""
+    held, about = total - train, "~" if estimated else ""
+    return f", less the eval hold-out's {about}{held:,} tokens ({held / max(total, 1):.1%}: whole documents)"
 
 
 @dataclass(kw_only=True)

@@ -376,18 +376,44 @@ def suggest_micro_batch(
 # compiled within 1% of it (RECOMPUTE counts activation checkpointing apart: plan/layout.py).
 MEASURED_MFU = {("dense", False): 0.46, ("dense", True): 0.53, ("moe", False): 0.28, ("moe", True): 0.28}
 DEFAULT_MFU = 0.4  # hardware trimtab was not measured on: PaLM's 46% less a margin (Chowdhery et al. 2022)
+# The trainer's eager fp32 MFU on one thread of a Xeon CPU, 100 steps of the debug presets (2026-12-02):
+# debug 7.4%, debug-moe 5.2% of the cached matmul peak. Small matmuls, the optimizer and the data loader
+# weigh far more against a CPU's peak than a GPU's: at DEFAULT_MFU a plan said 8 min for a 46 min run.
+CPU_MFU = {"dense": 0.07, "moe": 0.05}
 
 
 def assumed_mfu(cfg: RunConfig, hw: Hardware) -> tuple[float, str]:
     """The MFU time estimates assume, and whence: plan.mfu when set; on a GPU the trainer's own,
-    measured for a dense or a MoE model, eager or compiled (train.compile true); else DEFAULT_MFU."""
+    measured for a dense or a MoE model, eager or compiled (train.compile true); on a CPU its own
+    on one (CPU_MFU), said as the rough guess it is; else DEFAULT_MFU, said as assumed."""
     if cfg.plan.mfu:
         return cfg.plan.mfu, "plan.mfu"
-    if hw.kind != "cuda":
-        return DEFAULT_MFU, "assumed"
     kind = "moe" if any("moe" in layer for layer in cfg.model.layers) else "dense"
+    if hw.kind == "cpu":
+        return CPU_MFU[kind], (
+            f"ASSUMED, the trainer's on a 1-thread Xeon for a small {kind} model; a CPU's varies several-fold "
+            "with its cores and load: set plan.mfu, or plan again after a run of this config (its summary.json's)"
+        )
+    if hw.kind != "cuda":
+        return DEFAULT_MFU, "ASSUMED (not measured on this device): set plan.mfu"
     compiled = cfg.train.compile == "true"
     return MEASURED_MFU[kind, compiled], f"the trainer's, {'compiled' if compiled else 'eager'} {kind}, on an H100"
+
+
+def run_mfu(cfg: RunConfig, hw: Hardware, params: int) -> tuple[float, str] | None:
+    """The MFU a run of this config measured (RUN_DIR/summary.json's, the config's run directory) on
+    this kind of device, in this precision, of a model of `params` parameters; None when there is
+    none. plan.mfu, when set, wins. The run's MFU counts activation checkpointing's recompute already."""
+    from trimtab.rundir import read_summary
+
+    summary = read_summary(cfg.run_dir)
+    if cfg.plan.mfu or summary is None:
+        return None
+    mfu = summary.get("mfu")
+    same = (summary.get("device"), summary.get("precision"), summary.get("params")) == (hw.kind, hw.precision, params)
+    if not same or not isinstance(mfu, (int, float)) or not 0 < mfu <= 1:
+        return None
+    return float(mfu), f"measured by the run in {cfg.run_dir} (summary.json, step {summary.get('step')})"
 
 
 def hours(flops: float, hw: Hardware, mfu: float) -> float | None:

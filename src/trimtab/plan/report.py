@@ -34,6 +34,7 @@ from trimtab.plan.memory import (
     hours,
     memory_plan,
     named_gpu,
+    run_mfu,
 )
 from trimtab.plan.resilience import ResiliencePlan, format_resilience, resilience_plan
 from trimtab.rundir import write_atomic
@@ -90,8 +91,7 @@ def make_plan(
     _check_inputs(dataset_tokens, budget_flops, budget_hours)
     hw = hardware or detect_hardware(cfg.train.precision)
     size = model_size(cfg, _tokenizer_vocab(cfg))
-    mfu, mfu_source = assumed_mfu(cfg, hw)
-    mfu /= RECOMPUTE[cfg.train.activation_checkpointing]  # the model's FLOPs: a re-run's are not counted
+    mfu, mfu_source = run_mfu(cfg, hw, size.total) or _recomputed(assumed_mfu(cfg, hw), cfg)
     plan = _sized_plan(cfg, size, hw, mfu, mfu_source, dataset_tokens, data_path)
     if budget_flops or budget_hours:
         plan.budget = _budget(size, hw, mfu, plan.batch_tokens, plan.tokens_per_param, budget_flops, budget_hours)
@@ -103,6 +103,11 @@ def make_plan(
         plan.resilience = resilience_plan(hw.devices, state, _step_s(plan))
     plan.notes = _notes(plan)
     return plan
+
+
+def _recomputed(mfu: tuple[float, str], cfg: RunConfig) -> tuple[float, str]:
+    """An assumed MFU of the model's FLOPs under activation checkpointing: a re-run's are not counted."""
+    return mfu[0] / RECOMPUTE[cfg.train.activation_checkpointing], mfu[1]
 
 
 def _sized_plan(

@@ -1,0 +1,87 @@
+"""`trimtab plan` counts what a run does: its MFU on a CPU, the tokens a step trains, the tokens the
+eval hold-out leaves to training."""
+
+import dataclasses
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from trimtab.config import load_config
+from trimtab.data.batches import BatchLoader
+from trimtab.data.packing import TokenizedDocs, _hold_out, pack_rows, tokenize_documents
+from trimtab.plan import Hardware, make_plan
+from trimtab.plan.memory import CPU_MFU
+from trimtab.plan.report import format_plan
+
+CPU = Hardware(name="CPU", kind="cpu", precision="fp32", peak_flops=1e11, peak_source="test", memory_bytes=10**9)
+
+
+def test_a_cpu_plan_times_by_a_runs_measured_mfu_else_says_its_guess_loudly(tmp_path):
+    """A CPU trains these models at ~5-7% of its matmul peak, not the 40% once assumed (a plan of
+    8 min for a 46 min run): a run of the config in its run directory gives its own MFU, which
+    the plan uses and names; without one the CPU's typical MFU, marked ASSUMED."""
+    cfg = load_config(preset="debug", overrides={"out": str(tmp_path)})
+    guessed = make_plan(cfg, hardware=CPU)
+    assert guessed.mfu == CPU_MFU["dense"] and guessed.mfu_source.startswith("ASSUMED")
+    assert guessed.run_hours == pytest.approx(guessed.run_flops / (1e11 * CPU_MFU["dense"]) / 3600)
+    summary = {"mfu": 0.031, "device": "cpu", "precision": "fp32", "params": guessed.model.total, "step": 100}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    measured = make_plan(cfg, hardware=CPU)
+    assert measured.mfu == pytest.approx(0.031)
+    line = next(ln for ln in format_plan(measured).splitlines() if ln.startswith("Time on"))
+    assert f"measured by the run in {tmp_path}" in line, line
+    (tmp_path / "summary.json").write_text(json.dumps(summary | {"params": 1}))  # another model: not its MFU
+    assert make_plan(cfg, hardware=CPU).mfu == CPU_MFU["dense"]
+
+
+def test_batch_tokens_is_whole_rows_so_the_plan_counts_what_a_step_trains(caplog):
+    """A step draws packed rows until it holds train.batch_tokens: 3000 at seq_len 64 trained 3,008
+    while the plan (and train.epochs, the Chinchilla budget) counted 3,000. Resolved to whole rows,
+    said once; a multiple stays as it is."""
+    with caplog.at_level(logging.WARNING, logger="trimtab.config"):
+        cfg = load_config(preset="debug", sets=["train.batch_tokens=3000", "train.micro_batch_tokens=1024"])
+    assert [r.getMessage() for r in caplog.records if "train.batch_tokens=3000" in r.getMessage()]
+    n = 20 * cfg.data.seq_len + 1
+    docs = TokenizedDocs(tokens=np.arange(n, dtype=np.int32) % 50, mask=np.ones(n, bool), offsets=np.array([0, n]))
+    loader = BatchLoader(pack_rows(docs, cfg.data.seq_len), cfg.train.batch_tokens, 1024, seed=0, pad_id=0)
+    trained = loader.next_batch().n_tokens
+    assert trained == cfg.train.batch_tokens == 3008
+    assert make_plan(cfg, hardware=CPU).run_tokens == cfg.train.max_steps * trained
+    assert load_config(preset="debug", sets=["train.batch_tokens=2048"]).train.batch_tokens == 2048
+    unpacked = load_config(preset="debug", sets=["train.batch_tokens=3000", "data.pack=false"])
+    assert unpacked.train.batch_tokens == 3000  # rows of varying length: no whole number of them to round to
+
+
+def test_the_plans_training_tokens_are_what_the_hold_out_leaves(tmp_path):
+    """The hold-out takes whole documents (a large one's tail), not a flat data.eval_fraction of the
+    tokens: a corpus of one large file and 49 small ones held out one small file, 0.4% of its
+    tokens, where the plan subtracted 2%. The plan counts the split's own training tokens, for a
+    corpus as the in-memory split cuts it and for a prepared directory as its index does."""
+    from trimtab.data import TextTokenizer, read_documents
+    from trimtab.data.prepare import prepare
+    from trimtab.data.prepared import PreparedData, ShardedRows
+    from trimtab.data.tokenizer import train_tokenizer
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    words = np.random.default_rng(0).choice("the quick brown fox jumps over a lazy dog".split(), 12_000)
+    (corpus / "big.txt").write_text(" ".join(words))
+    for i in range(49):
+        (corpus / f"small{i:02d}.txt").write_text(" ".join(words[i * 60 : i * 60 + 60]))
+    cfg = load_config(preset="debug", overrides={"out": str(tmp_path / "run"), "data": {"max_bytes": 0}})
+    docs, _ = read_documents(dataclasses.replace(cfg.data, source=str(corpus), mix=[]), key="x")
+    train_tokenizer(docs, 300).save(tmp_path / "run" / "tokenizer.json")
+    tok = TextTokenizer.load(tmp_path / "run" / "tokenizer.json")
+    split = _hold_out(tokenize_documents(docs, tok, cfg.data, None), cfg.data.eval_fraction, cfg.train.seed)
+    counted = make_plan(cfg, data_path=str(corpus), hardware=CPU).data
+    assert counted.dataset_tokens == len(split[0].tokens) and "eval hold-out" in counted.source
+    assert counted.dataset_tokens != round(0.98 * (len(split[0].tokens) + len(split[1].tokens)))
+
+    prepare([str(corpus)], tmp_path / "prep", tokenizer=str(tmp_path / "run" / "tokenizer.json"))
+    rows = ShardedRows(PreparedData(tmp_path / "prep"), cfg.data.seq_len, True, "train", cfg.data.eval_fraction)
+    prepared = make_plan(cfg, data_path=str(tmp_path / "prep"), hardware=CPU).data.dataset_tokens
+    # packed rows: each run of training documents less its last partial row (one run each side of the held one)
+    assert 0 <= prepared - rows.n_tokens < 2 * (cfg.data.seq_len + 1)
+    assert prepared != round(0.98 * PreparedData(tmp_path / "prep").n_tokens)
