@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from trimtab.api import built_in_hooks
 from trimtab.cli_train import _peer_lost_exit, _peer_was_lost
 from trimtab.config import load_config
+from trimtab.orchestrator import core
 from trimtab.resilience.elastic import SESSION_ENV
 from trimtab.resilience.watchdog import NoWatchdog, Watchdog
 from trimtab.rundir import read_metrics
@@ -393,3 +394,45 @@ def test_a_resume_from_an_emergency_save_draws_the_random_stream_an_undisturbed_
     assert len(losses[0]) == 1 and losses[0] == losses[1]
     end, base = again.model.state_dict(), plain.model.state_dict()
     assert all(torch.equal(end[k], base[k]) for k in base)
+
+
+def test_a_peer_lost_in_the_hooks_after_the_update_saves_that_step_and_a_refusal_says_why(tmp_path, monkeypatch, capfd):
+    """Rank 1 lost after step 2's update, in the orchestrator's read of every rank's figures (all_max, each step on
+    CPU): step 2, complete, is saved with an undisturbed save's weights, optimizer and data position, and the
+    restart ends as the undisturbed run (before: nothing saved, "the newest checkpoint is step 0", torchrun
+    `kill -9` of rank 1 after its update). Where no save is sound, the survivor says why, not the CLI alone."""
+    plain = trainer(tmp_path / "plain", every=1)
+    plain.fit()
+    hit = trainer(tmp_path / "hit", every=3)
+    monkeypatch.setattr(hit, "emergency_save_possible", lambda: None)
+    read = core.all_max
+
+    def all_max(values):
+        if hit.state.step == 2 and not hit._said:
+            raise RuntimeError(GLOO)
+        return read(values)
+
+    monkeypatch.setattr(core, "all_max", all_max)
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        hit.fit()
+    assert hit.watchdog.loss_known  # its heartbeat leaves the save to the section's timeout (test_heartbeat.py)
+    ours, theirs = tmp_path / "hit/checkpoints/step_000002", tmp_path / "plain/checkpoints/step_000002"
+    a, b = load_file(ours / "model.safetensors"), load_file(theirs / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    oa, ob = (torch.load(p / "optim.pt", weights_only=False) for p in (ours, theirs))
+    assert all(
+        torch.equal(oa["optimizer"]["state"][i]["exp_avg"], m["exp_avg"]) for i, m in ob["optimizer"]["state"].items()
+    )
+    sa, sb = (json.loads((p / "state.json").read_text()) for p in (ours, theirs))
+    assert torch.equal(oa["rng"]["torch"], ob["rng"]["torch"])
+    assert sa["data"] == sb["data"] and sa["train"]["step"] == 2 and sa["emergency"]["rank"] == 0
+    again = trainer(tmp_path / "hit", every=3)
+    assert again.state.step == 2
+    again.fit()
+    end, base = again.model.state_dict(), plain.model.state_dict()
+    assert all(torch.equal(end[k], base[k]) for k in base)
+    monkeypatch.setattr(again, "emergency_save_possible", lambda: None)
+    again.update_begins()  # as a failure between the update's start and its step's bookkeeping finds it
+    capfd.readouterr()
+    assert not again.emergency_save(RuntimeError(GLOO))  # before: no line; the CLI's said only the newest checkpoint
+    assert "no emergency save (the optimizer's update had begun" in capfd.readouterr().err

@@ -166,3 +166,27 @@ def test_a_torchrun_survivors_sigterm_says_the_stop_only_once_the_ranks_agreed_o
     Trainer._agree(trainer)  # type: ignore[arg-type]
     assert asked == ["", "SIGTERM"]
     assert capfd.readouterr().err == "trimtab: SIGTERM: stopping after this step and saving\n"
+
+
+def test_a_survivor_saving_for_a_loss_its_collective_found_is_not_ended_by_the_heartbeat_of_the_same_loss(
+    tmp_path, monkeypatch
+):
+    """Rank 1 gone, rank 0's collective failed for it and its emergency save is under way (training/emergency.py
+    sets loss_known): the heartbeat, finding rank 1 silent heartbeat_s on, leaves the save to the section's
+    timeout (before: os._exit(HUNG) mid-write, a save longer than resilience.heartbeat_s cut)."""
+    monkeypatch.setenv(SESSION_ENV, "s1")
+    monkeypatch.setattr(watchdog.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+    monkeypatch.setattr(watchdog, "GRACE_S", 0.0)
+    store = Store()
+    dog = Watchdog(tmp_path, 0, 2, first_timeout_s=60.0, timeout_factor=5.0, min_timeout_s=60.0, beat_s=60.0)
+    dog.heartbeat, peer = beating(store, 0, 2), beating(store, 1, 2)
+    peer._round()
+    for _ in range(5):
+        dog.heartbeat._round()
+    assert dog.heartbeat.lost(watchdog.POLL_S) is not None  # rank 1 found silent
+    dog.loss_known = True
+    dog.beat("checkpoint", 12)
+    dog._poll(time.monotonic(), 0.0)  # the save goes on
+    dog.loss_known = False
+    with pytest.raises(SystemExit):
+        dog._poll(time.monotonic(), 0.0)

@@ -104,6 +104,9 @@ class Watchdog:
         self._polled = (time.monotonic(), time.thread_time())  # the last poll: monotonic, the loop thread's CPU
         self._thawed = (0.0, 0.0)  # (a section's start, the seconds the process was stopped within it)
         self.heartbeat: Heartbeat | None = None  # through torchrun's store: a lost host named in seconds
+        # a collective of this rank failed for a lost peer (training/emergency.py): its emergency save runs under the
+        # section's timeout; the heartbeat, finding the same peer silent heartbeat_s on, ended it mid-write (os._exit)
+        self.loss_known = False
 
     # ------------------------------------------------------------------ from the loop
 
@@ -173,7 +176,7 @@ class Watchdog:
         elapsed, limit = now - since - self._stopped_in(since, now, cpu), self.timeout(section)
         if elapsed > limit:
             self._end(raised=True, section=section, elapsed=elapsed, limit=limit)
-        elif self.heartbeat is not None and (lost := self.heartbeat.lost(POLL_S)):
+        elif self.heartbeat is not None and not self.loss_known and (lost := self.heartbeat.lost(POLL_S)):
             self._end(raised=True, section=section, elapsed=elapsed, limit=limit, lost=lost)
         elif now - self._alarm_checked >= ALARM_POLL_S and self._alarm() is not None:
             self._end(raised=False, section=section, elapsed=elapsed, limit=limit)

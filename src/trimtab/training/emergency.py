@@ -5,11 +5,11 @@ save"). A mixin of Checkpointing (training/checkpointing.py).
 Under pure data parallelism (DDP: one whole replica a process) every rank holds the whole model and
 optimizer. A peer lost inside a step's collectives (the OOM/signal agreement, the gradient
 all-reduce, the clip's norm) fails the survivors' collective before their update runs: their
-weights and optimizer are still those of the last completed step; so are they in the evaluation and the
-save after a step and in the next step's data wait. One survivor writes them then, alone
-(no barrier, no gather: the peer is gone), as a one-process checkpoint (checkpoint.save_checkpoint:
-atomic, with its manifest, read by any world size), with the data position and RNG taken when the
-step began, so the restart loses no completed step instead of up to checkpoint.every (torchft and
+weights and optimizer are still those of the last completed step; so are they in the hooks (the orchestrator's
+read of every rank's figures), the evaluation and the save after a step and in the next step's data wait. One
+survivor writes them then, alone (no barrier, no gather: the peer is gone), as a one-process checkpoint
+(checkpoint.save_checkpoint: atomic, with its manifest, read by any world size), with the data position and
+RNG taken when the step began, so the restart loses no completed step instead of up to checkpoint.every (torchft and
 OLMo-core keep progress the same way). Refused wherever a dead rank held state of its own: FSDP2,
 tensor, expert or pipeline shards, replica groups (resilience.ft, which keep training instead), an RL
 loader's rollouts. The writer is rank 0, or, rank 0 lost, the first other survivor to claim the step
@@ -173,6 +173,7 @@ class EmergencySave:
         except RuntimeError as exc:
             if peer_lost(exc):
                 self.peer_lost_as = lost_words(exc)
+                self.watchdog.loss_known = True  # its heartbeat must not end the save below for the same loss
                 self.emergency_save(exc)
                 if self._said:
                     setattr(exc, SAID, True)
@@ -189,13 +190,13 @@ class EmergencySave:
             self._refuse(exc, why)
             return False
         start, self._step_start = self._step_start, None
-        if start is None or start[0] != self.state.step or self.dist.writing_in_background():
-            return False  # the update began, or a background write's collectives wait on the lost peer
+        why = self._unsaved(start)
+        if why is not None:
+            self._refuse(exc, why)
+            return False
         step, data, rng, gate = start
         if step == self.last_saved:
             return True
-        if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
-            return False  # as save(): never a checkpoint that resumes into NaN (a local check: no collective)
         if not self._claim(step):
             return False  # another survivor writes it
         # under the save's own timeout, as any save (a stuck disk is ended); at the step saved, so the exit
@@ -241,6 +242,17 @@ class EmergencySave:
         )
         self.last_saved = step
         return True
+
+    def _unsaved(self, start: tuple[int, dict[str, Any], dict[str, Any], Any] | None) -> str | None:
+        """Why the state at hand is no completed step's to save now (None: it is `start`'s). Said by _refuse: a
+        survivor that ended with only the CLI's "the newest checkpoint is step N" left a person to guess."""
+        if start is None or start[0] != self.state.step:
+            return "the optimizer's update had begun: the weights are no completed step's"
+        if self.dist.writing_in_background():
+            return "a checkpoint's background write was under way: its collectives wait on the lost peer"
+        if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
+            return "the weights are not finite"  # as save(): never a checkpoint that resumes into NaN (no collective)
+        return None
 
     def _refuse(self, exc: BaseException, why: str) -> None:
         """Say once (the survivor that claims the step, as a save's writer would) why no emergency save is

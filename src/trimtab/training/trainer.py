@@ -163,8 +163,11 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
                 self.watchdog.beat("hooks")
                 if out is None:  # out of memory with nothing left to shrink: stop_reason says why
                     break
-                self._after_step(out)  # bookkeeping and hooks: the orchestrator decides here
-                self._deliver_findings()  # another hook's finding (the live planner's): decided now
+                # the hooks' collectives (the orchestrator's reads of every rank's figures) come after the update: a
+                # peer lost in them leaves the step just updated, complete, to save (marked in _after_step)
+                with self.saving_if_a_peer_is_lost():
+                    self._after_step(out)  # bookkeeping and hooks: the orchestrator decides here
+                    self._deliver_findings()  # another hook's finding (the live planner's): decided now
                 self.control.apply()  # interventions take effect at this one point
                 self._call("on_applied")  # the run as the next step trains it (the console's step line)
                 if self.state.step == out.step and self._phase_ends():
@@ -414,6 +417,7 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
         self.last_step_out = out  # the log line reports the latest step's MoE telemetry
         self.window.tokens += out.batch.n_tokens
         self.window.seconds += out.seconds
+        self.mark_step_start()  # the step just updated, complete: what an emergency save in its hooks writes
         self._call("on_step_end", out)
         if self.state.step % self.cfg.train.log_every == 0 or self.state.step == self.total_steps:
             metrics = step_metrics(self, out.lr)
