@@ -1442,8 +1442,9 @@ def test_a_nan_entropy_is_no_collapse():
 
 def test_responses_grown_into_the_budget_get_the_soft_penalty_a_wider_one_a_rollback_then_a_word():
     """rl_length: the window's share of truncated responses against the phase's first window's;
-    the soft penalty over a quarter of the budget, then half, then once back to the last step
-    whose share cut stood within `rise` of the start's (the penalty kept), then a word; the filter is not a step
+    the soft penalty over a quarter of the budget, then half, then once back to the policy that drew the last
+    rollouts whose share cut stood within `rise` of the start's (the penalty kept), where the replay runs away again
+    back there with a lower LR, then a word; the filter is not a step
     of it (it would leave the cut responses, and the penalty's gradient, out). Once is the open
     incident's rollbacks, not the run's: the Policy counts them (test_rl_reward.py)."""
     from types import SimpleNamespace
@@ -1466,25 +1467,55 @@ def test_responses_grown_into_the_budget_get_the_soft_penalty_a_wider_one_a_roll
         "response_tokens": 9.0,
         "start_response_tokens": 5.0,
         "window": 2,
-        "short_step": 3,  # step 4's 0.5 is more than `rise` (0.25) above the start's 0.125
+        "short_step": 2,  # step 4's 0.5 is more than `rise` (0.25) above the start's 0.125: step 3's were drawn by 2
     }
     every_one_cut = LengthRunaway(cfg)  # a budget every response fills from the start: the run's design
     assert not any(every_one_cut.observe(metrics(i, rl={"truncated": 1.0, "response_tokens": 2.0})) for i in range(9))
 
     def view(filtering: bool, buffer: int) -> SimpleNamespace:
-        return SimpleNamespace(rl_overlong=(filtering, buffer), rl_max_new_tokens=16, has_checkpoint=lambda s: s >= 0)
+        return SimpleNamespace(
+            rl_overlong=(filtering, buffer), rl_max_new_tokens=16, has_checkpoint=lambda s: s >= 0, lr_scale=1.0
+        )
 
     ladder = [remedy(found[4], view(*knobs), cfg) for knobs in ((False, 0), (True, 4), (False, 8))]
     assert [(r.action, r.params) for r in ladder] == [
         ("set_overlong_penalty", {"tokens": 4}),
         ("set_overlong_penalty", {"tokens": 8}),
-        ("rollback", {"to": 3}),
+        ("rollback", {"to": 2}),
     ]
-    used_up = remedy(found[4], view(False, 8), cfg, rollbacks=1)  # the incident rolled back once
+    again = remedy(found[4], view(False, 8), cfg, rollbacks=1)  # the replay ran away again: a lower LR
+    assert (again.action, again.params) == ("rollback", {"to": 2, "lr_factor": cfg.lr_cut})
+    used_up = remedy(found[4], view(False, 8), cfg, rollbacks=cfg.max_rollbacks)  # the incident's all spent
     assert used_up.action == "none" and "rl.max_new_tokens" in used_up.reasoning
     assert "after a rollback in this incident" in used_up.reasoning
     cfg.max_rollbacks = 0
     assert remedy(found[4], view(False, 8), cfg).action == "none"
+
+
+@pytest.mark.parametrize("staleness", [0.0, 1.0])
+def test_a_runaway_begun_in_the_start_window_rolls_back_to_the_policy_whose_responses_still_ended(staleness):
+    """rl_length's target, as measured (tests/test_rl_train.py's task on an AVX512-bf16 Xeon): 0%, 2%, 59% cut at
+    steps 1-3, then all. Every step of the start window was the target, and the checkpoint of step 3 (whose next
+    rollouts were 98% cut) was no policy that ended: the replay stayed at the budget. The target is the policy
+    that drew step 2's rollouts (step 1's weights; a step before for rollouts a step stale), kept from pruning
+    while the share stays risen."""
+    from types import SimpleNamespace
+
+    from trimtab.orchestrator.rl_health import LengthRunaway
+    from trimtab.orchestrator.saves import SaveGuard
+
+    cfg = OrchestratorConfig()
+    cfg.rl_length.window = 3
+    mon = LengthRunaway(cfg)
+    shares = [0.0, 0.016, 0.594, 0.984, 1.0, 0.969]
+    rl = lambda v: {"truncated": v, "response_tokens": 8 * v, "staleness": staleness}  # noqa: E731
+    found = [mon.observe(metrics(i + 1, rl=rl(v))) for i, v in enumerate(shares)]
+    assert [f is not None for f in found] == [False] * 5 + [True]
+    assert found[-1].evidence["short_step"] == 1 - staleness
+    saves = SimpleNamespace(mode="auto", paused=set(), monitors={"rl_length": mon})
+    assert SaveGuard.kept_checkpoints(saves, SimpleNamespace(step=6)) == (1 - staleness,)
+    mon.observe(metrics(7, rl=rl(0.0)))  # ending again: nothing kept past pruning
+    assert SaveGuard.kept_checkpoints(saves, SimpleNamespace(step=7)) == ()
 
 
 def test_a_held_out_reward_falling_as_the_training_reward_rises_rolls_back_to_the_best_then_stops():

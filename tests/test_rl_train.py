@@ -302,8 +302,11 @@ def test_responses_that_run_into_the_budget_get_the_soft_overlong_penalty_and_co
     for longer responses runs them into the budget (>80% cut within 6 steps); the rule puts the
     soft penalty over the budget's last quarter, then half. Where every response is cut by then,
     the penalty grades them all alike and teaches nothing (two seeds of four stayed at the budget
-    through step 48): the rule rolls back to before the runaway with the penalty kept. Either way
-    the responses are back under the budget by step 24 (seeds 0, 2 and 3 measured: under 10% cut)."""
+    through step 48): the rule rolls back to the policy that drew the last rollouts still ending, the penalty
+    kept (a replay that runs away again: back there with a lower LR). Either way the responses are back under
+    the budget by step 24 (seeds 0-3 and this one measured: under 10% cut). On an AVX512-bf16 Xeon the runaway
+    began in the start window (0%, 2%, 59% cut at steps 1-3): the rollback went to step 3, whose next rollouts
+    were 98% cut, and the replay stayed at the budget (all cut at steps 21-24)."""
     sets = ["--set", "rl.reward=python:rl_verifiers:longer", "--set", "rl.max_new_tokens=8", "--set", "optim.lr=1e-3"]
     sets += ["--set", "rl.prompts=builtin:arithmetic", "--set", "orchestrator.rl_length.window=3"]
     logged = rl(tmp_path / "l", arithmetic, 24, *sets)
@@ -312,9 +315,11 @@ def test_responses_that_run_into_the_budget_get_the_soft_overlong_penalty_and_co
         ("set_overlong_penalty", {"tokens": 2}),
         ("set_overlong_penalty", {"tokens": 4}),
     ]
-    for later in decisions[2:3]:  # back to before the runaway, once, the penalty kept
-        assert later["action"] == "rollback"
+    for later in decisions[2:3]:  # back to before the runaway, the penalty kept
+        assert later["action"] == "rollback" and "lr_factor" not in later["params"]
         assert later["params"]["to"] == later["evidence"]["short_step"] < later["step"]
+    for again in decisions[3:]:  # where the replay ran away again: back there with a lower LR
+        assert again["action"] != "rollback" or again["params"]["lr_factor"] < 1, again
     truncated = [m["rl/truncated"] for m in logged]
     assert truncated[0] < 0.2 and max(truncated) > 0.8 and sum(truncated[-4:]) / 4 < 0.3, truncated
     assert not decided(tmp_path / "l", "rl_reward")  # the verifier pays for length: the penalty's fall is no fault

@@ -316,7 +316,8 @@ class LengthRunaway(Monitor):
         self.cfg = cfg.rl_length
         self.start: list[tuple[float, float]] = []  # the phase's first window: (truncated share, tokens)
         self.window: list[tuple[float, float]] = []  # the last steps'
-        self.short_step = 0  # the last step whose share cut had not risen from the start's: before a runaway
+        self.short_step = 0  # the last policy whose rollouts' share cut had not risen from the start's: the target
+        self.rising = False  # the last step's share had risen from the start's: short_step's checkpoint is kept
 
     def observe(self, m: StepMetrics) -> Finding | None:
         rl, rule = m.rl or {}, self.cfg
@@ -325,11 +326,12 @@ class LengthRunaway(Monitor):
         seen = (rl["truncated"], rl["response_tokens"])
         if len(self.start) < rule.window:
             self.start.append(seen)
-            self.short_step = m.step  # not yet risen `rise` above the start (the rollback's target)
+            # within the start window, against its lowest share: a runaway may begin in it (measured: 0%, 2%, 59%
+            # cut at steps 1-3, a mean of 20%), and a target set at every step of it was already running away
+            self._short(m, rl, min(share for share, _ in self.start) + rule.rise)
             return None
         start, start_length = (sum(column) / len(self.start) for column in zip(*self.start))
-        if rl["truncated"] <= start + rule.rise:
-            self.short_step = m.step
+        self._short(m, rl, start + rule.rise)
         self.window = [*self.window, seen][-rule.window :]
         share, length = (sum(column) / len(self.window) for column in zip(*self.window))
         if len(self.window) < rule.window or share < rule.threshold or share - start < rule.rise:
@@ -350,6 +352,15 @@ class LengthRunaway(Monitor):
         )
         strength = 0.5 + 0.5 * (share - rule.threshold) / max(1 - rule.threshold, 1e-9)
         return self.finding(m, evidence, summary, min(1.0, strength))
+
+    def _short(self, m: StepMetrics, rl: dict[str, Any], bound: float) -> None:
+        """A step's share within `bound`: the weights that drew its rollouts, the checkpoint of the step before
+        (and `staleness` steps before that), still ended their answers. Not the step's own checkpoint: it holds
+        the update on these rollouts, and a rollback to step 3, whose rollouts were 59% cut, replayed from a
+        policy whose next were 98% cut and stayed at the budget, penalty kept (tests/test_rl_train.py's task)."""
+        self.rising = rl["truncated"] > bound
+        if not self.rising:
+            self.short_step = max(0, m.step - 1 - math.ceil(rl.get("staleness") or 0.0))
 
 
 class OffPolicy(Monitor):

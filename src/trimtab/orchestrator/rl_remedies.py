@@ -195,8 +195,10 @@ def _lower_lr(why: str, view: Any, cfg: OrchestratorConfig) -> Remedy:
 
 def _length_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int) -> Remedy:
     """DAPO's soft overlong punishment over the budget's last `buffer` share, then over twice
-    that; then, once an incident, back to the last checkpoint before the runaway (the last step whose share
-    cut stood within `rise` of the start's) with the penalty kept; then a word for a person.
+    that; then, once an incident, back to the last checkpoint before the runaway (the policy that drew the last
+    rollouts whose share cut stood within `rise` of the start's) with the penalty kept; where the replay runs
+    away again, back there again with a lower LR (orchestrator.lr_cut, up to max_rollbacks and the LR's floor):
+    smaller steps leave some responses ending while the penalty teaches; then a word for a person.
     The penalty grades every cut response alike, so it teaches ending only
     while some responses still end: measured (tests/test_rl_train.py's task, seeds 0-3), two runs
     whose responses had all run to the budget stayed there through step 48 with it; with it on
@@ -224,6 +226,15 @@ def _length_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: in
             "once every response is cut, the penalty grades them all alike and nothing teaches ending. Back to "
             f"the policy of step {before} or before, whose responses still ended as at the start, with the "
             "penalty kept from the start",
+        )
+    factor = lr_cut(cfg.lr_cut, view, cfg)
+    if rollbacks < cfg.max_rollbacks and factor is not None and view.has_checkpoint(before):
+        return Remedy(
+            action="rollback",
+            params={"to": before, "lr_factor": factor},
+            reasoning=f"the responses ran to the budget again after a rollback in this incident, the penalty over "
+            f"{buffer} of {budget} tokens kept: the updates carry every response past the budget before the "
+            f"penalty can teach ending. Back to the policy of step {before} or before, with the LR x{factor:g}",
         )
     return Remedy(
         action="none",

@@ -110,7 +110,8 @@ class SaveGuard:
 
     def kept_checkpoints(self, run: RunView) -> tuple[int, ...]:
         """The phase's first checkpoint while the LR rule may still restore it (AboveStart.keeps_start),
-        and the policy rl_reward would restore (its good_step: the last before the fall began)."""
+        the policy rl_reward would restore (its good_step: the last before the fall began) and the one
+        rl_length would while the share cut is risen (its short_step: the last whose responses still ended)."""
         if self.mode != "auto":
             return ()
         kept: tuple[int, ...] = ()
@@ -119,4 +120,7 @@ class SaveGuard:
             kept = (lr_rule.first_step - 1,)
         if "rl_reward" not in self.paused and reward is not None and reward.first is not None:
             kept = (*kept, reward.good_step)
+        length = self.monitors.get("rl_length")
+        if "rl_length" not in self.paused and length is not None and length.rising:
+            kept = (*kept, length.short_step)
         return kept
