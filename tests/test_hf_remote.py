@@ -168,3 +168,20 @@ def test_a_remote_code_exports_tokenizer_loads_as_a_standard_one_without_remote_
         assert type(hf_tok).__module__.startswith("transformers.")
         assert hf_tok(text).input_ids == tokenizer.encode(text)
         assert (hf_tok.eos_token_id, hf_tok.pad_token_id) == (tokenizer.eos_id, tokenizer.pad_id)
+
+
+def test_a_bfloat16_export_runs_at_its_own_dtype(tokenizer, tmp_path):
+    """`trimtab export --dtype bfloat16` of a hybrid loads in bfloat16 (transformers' dtype auto),
+    and its forward runs: the float32 rotary tables promoted q and k to float32 beside a bfloat16 v,
+    which scaled_dot_product_attention refused. Close to the float32 model, as bfloat16 rounding allows."""
+    model = model_of("debug-hybrid", tokenizer)
+    out = export_run(write_run(tmp_path / "run", model, tokenizer), tmp_path / "hf", dtype="bfloat16")
+    theirs = hf_load(out, trust_remote_code=True)
+    assert theirs.dtype == torch.bfloat16
+    x = torch.randint(0, tokenizer.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours, logits = model(x), theirs(x).logits
+    assert logits.dtype == torch.bfloat16
+    # mean, not max: a Mixture-of-Depths choice near its threshold may flip under bfloat16 rounding
+    assert (logits.float() - ours).abs().mean().item() <= 0.1 * ours.abs().mean().item()
+    assert (logits.argmax(-1) == ours.argmax(-1)).float().mean().item() >= 0.8

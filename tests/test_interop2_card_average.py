@@ -136,3 +136,20 @@ def test_a_merged_models_card_says_what_its_input_runs_healed(tmp_path, tokenize
     assert f"- `{healed}`: 2 decisions: 1 rollback, 1 skip_step\n" in card, card
     assert f"- `{plain}`: none recorded (no decisions.jsonl" in card
     assert "None recorded." not in card
+
+
+def test_the_card_of_an_earlier_checkpoint_lists_only_its_own_decisions(tmp_path):
+    """`trimtab export RUN --step 0` of a debug-moe run whose layer 1 gained an expert at step 1
+    listed that add_expert beside step 0's 8 experts; decisions after the checkpoint are counted apart."""
+    cfg = load_config(preset="debug-moe")
+    decisions = [{"id": 1, "step": 1, "rule": "manual", "action": "add_expert", "summary": "add_expert 1"}]
+    decisions.append({"id": 2, "step": 30, "rule": "spike", "action": "skip_step", "summary": "loss 7 > 5"})
+    (tmp_path / "decisions.jsonl").write_text("".join(json.dumps(d) + "\n" for d in decisions))
+    early = model_card(tmp_path, cfg, {"step": 0, "moe": _moe_state(cfg)}, "Qwen2MoeForCausalLM", None)
+    assert "add_expert" not in early, early
+    assert "None up to step 0.\n2 more after step 0 (not in this checkpoint)" in early, early
+    middle = model_card(tmp_path, cfg, {"step": 20, "moe": _moe_state(cfg)}, "TrimtabForCausalLM", None)
+    assert "1 decisions: 1 add_expert" in middle and "- step 30" not in middle, middle
+    assert "1 more after step 20 (not in this checkpoint)" in middle
+    final = model_card(tmp_path, cfg, {"step": 40, "moe": _moe_state(cfg)}, "TrimtabForCausalLM", None)
+    assert "2 decisions: 1 add_expert, 1 skip_step" in final and "after step" not in final, final

@@ -45,7 +45,8 @@ def model_card(run_dir: Path, cfg: RunConfig, state: dict[str, Any], arch: str, 
     lines += _validation(run_dir, summary, int(state.get("step", 0)))
     decided = merged.get("decisions") if not (run_dir / DECISIONS_FILE).is_file() else None
     lines += ["", "## Orchestrator decisions"]
-    lines += _decisions(run_dir) if decided is None else _inputs(decided, inputs or {})
+    step = int(state.get("step", 0))
+    lines += _decisions(run_dir, step) if decided is None else _inputs(decided, inputs or {})
     return "\n".join(lines) + "\n"
 
 
@@ -153,14 +154,21 @@ def _data(cfg: RunConfig, state: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _decisions(run_dir: Path) -> list[str]:
-    """One line per decision (step, rule, action, outcome), the first MAX_LISTED, then counts;
-    those of sessions a resume abandoned too (they say why the run stopped)."""
+def _decisions(run_dir: Path, step: int) -> list[str]:
+    """One line per decision (step, rule, action, outcome) up to the exported checkpoint's `step`,
+    the first MAX_LISTED, then counts; those of sessions a resume abandoned too (they say why the
+    run stopped). Those after `step` are counted apart: an earlier checkpoint (`--step`) does not
+    hold them (its card listed an add_expert of step 1 beside step 0's 8 experts)."""
     if not (run_dir / DECISIONS_FILE).is_file():
         return ["None recorded."]
-    records = read_decisions(run_dir, abandoned=True)
-    if not records:
+    everything = read_decisions(run_dir, abandoned=True)
+    if not everything:
         return ["None: the run needed no intervention."]
+    records = [r for r in everything if int(r.get("step", 0)) <= step]
+    after = len(everything) - len(records)
+    later = [f"{after} more after step {step} (not in this checkpoint), in decisions.jsonl of the run"] if after else []
+    if not records:
+        return [f"None up to step {step}.", *later]
     actions = Counter(r.get("action", "?") for r in records)
     lines = [f"{len(records)} decisions: " + ", ".join(f"{n} {a}" for a, n in actions.most_common()), ""]
     for r in records[:MAX_LISTED]:
@@ -168,4 +176,4 @@ def _decisions(run_dir: Path) -> list[str]:
         lines.append(f"- step {r.get('step')}: {r.get('summary', r.get('rule'))} -> {r.get('action')} ({outcome})")
     if len(records) > MAX_LISTED:
         lines.append(f"- ... {len(records) - MAX_LISTED} more in decisions.jsonl of the run")
-    return lines
+    return lines + (["", *later] if later else [])

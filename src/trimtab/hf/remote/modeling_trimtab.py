@@ -74,7 +74,11 @@ def visibility(attention_mask, T, device):
 
 
 def rotate(x, cos, sin):
-    """x [B, T, n, E]: each pair (x1[i], x2[i]) rotated by its angle (rotate-half layout)."""
+    """x [B, T, n, E]: each pair (x1[i], x2[i]) rotated by its angle (rotate-half layout). The
+    float32 tables are cast to x's dtype, as trimtab's rotary_qkv does: in a bfloat16 or float16
+    model they would otherwise promote q and k to float32 beside a half-precision v, which
+    scaled_dot_product_attention refuses."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = x.chunk(2, -1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1)
 
