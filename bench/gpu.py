@@ -41,6 +41,7 @@ total device time per step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
@@ -50,7 +51,7 @@ import time
 from pathlib import Path
 
 from _benchfile import publish  # bench/_benchfile.py, next to this file
-from _measure import emit, paired_ratio, run_child
+from _measure import Contention, emit, paired_ratio, run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("trimtab", "trimtab-compile", "plain")  # and trimtab-fp8, trimtab-fp8-compile (sm89+)
@@ -236,11 +237,13 @@ def _result(torch, tokens_per_s: float, warmup_s: float, flops_per_token: int, s
 
 
 def child(args: argparse.Namespace) -> None:
+    emit(_variant(args))
+
+
+def _variant(args: argparse.Namespace) -> dict:
     if args.variant == "plain":
-        result = run_plain(args)
-    else:
-        result = run_trimtab(args, compile_=args.variant.endswith("-compile"), fp8="-fp8" in args.variant)
-    emit(result)
+        return run_plain(args)
+    return run_trimtab(args, compile_=args.variant.endswith("-compile"), fp8="-fp8" in args.variant)
 
 
 def parent(args: argparse.Namespace) -> None:
@@ -288,11 +291,23 @@ def profile_trimtab(args: argparse.Namespace) -> None:
 
 def _run_child(args: argparse.Namespace, variant: str, extra: list[str] = ()) -> dict:
     """Run `variant` in a fresh process with args' settings; its RESULT (exits if it failed)."""
+    if args.dry_run:
+        return _in_process(args, variant, extra)
     passthrough = [f"--set={s}" for s in args.set] + (["--dry-run"] if args.dry_run else [])
     for name in ("preset", "steps", "warmup", "batch_tokens", "micro_batch_tokens", "data_bytes", "moe_impl"):
         passthrough.append(f"--{name.replace('_', '-')}={getattr(args, name)}")
     cmd = [sys.executable, __file__, "--child", variant, *passthrough, *extra]
     return run_child(cmd, variant, ROOT, echo=True)  # a stage cut by its time limit still logs each child's progress
+
+
+def _in_process(args: argparse.Namespace, variant: str, extra: list[str]) -> dict:
+    """A dry run's variant in this process, as its child would run it: a dry run checks that each runs, not what
+    it measures, and a fresh interpreter per variant cost ~2.5 s of CPU importing torch and trimtab. Its console
+    lines go to stderr, as the child's did (run_child keeps only the RESULT line of a child's stdout)."""
+    own = {arg.removeprefix("--").split("=", 1)[0]: arg.split("=", 1)[1] for arg in extra}  # --profile=PATH
+    with Contention() as busy, contextlib.redirect_stdout(sys.stderr):
+        result = _variant(argparse.Namespace(**{**vars(args), **own, "variant": variant}))
+    return {**result, "other_cpu": busy.other}
 
 
 def _run_all(args: argparse.Namespace) -> dict[str, list[dict]]:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from _benchfile import publish  # bench/_benchfile.py, next to this file
-from _measure import emit, paired_ratio, run_child
+from _measure import Contention, emit, paired_ratio, run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("off", "selective", "full")
@@ -39,7 +39,12 @@ def _config(args: argparse.Namespace, preset: str, out: str):
 
 
 def child(args: argparse.Namespace) -> None:
-    """One preset, one repetition: the steps, then each mode's kept bytes; a RESULT line."""
+    """One preset, one repetition: a RESULT line."""
+    emit(_measure(args))
+
+
+def _measure(args: argparse.Namespace) -> dict:
+    """One preset, one repetition: the steps, then each mode's kept bytes."""
     import torch
 
     from trimtab.model import build_model
@@ -71,18 +76,16 @@ def child(args: argparse.Namespace) -> None:
         model.set_activation_checkpointing(mode)
         kept[mode] = measure_kept_bytes(model, lambda t: model_loss(model, t, dtype), lambda n: tokens[:n])
     fused = device.type == "cuda"
-    emit(
-        {
-            "times": {m: statistics.median(t) for m, t in times.items()},
-            "peaks": peaks,
-            "kept": kept,
-            "estimate": {m: estimate(cfg, p, m, fused_norm=fused)[0] for m in MODES},
-            "peak_estimate": {m: activation_bytes_per_token(cfg, p, m, fused_norm=fused) for m in MODES},
-            "tokens": rows * cfg.data.seq_len,
-            "params": sum(x.numel() for x in model.parameters()),
-            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
-        }
-    )
+    return {
+        "times": {m: statistics.median(t) for m, t in times.items()},
+        "peaks": peaks,
+        "kept": kept,
+        "estimate": {m: estimate(cfg, p, m, fused_norm=fused)[0] for m in MODES},
+        "peak_estimate": {m: activation_bytes_per_token(cfg, p, m, fused_norm=fused) for m in MODES},
+        "tokens": rows * cfg.data.seq_len,
+        "params": sum(x.numel() for x in model.parameters()),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
+    }
 
 
 def _step(model, opt, tokens, dtype) -> tuple[float, int]:
@@ -105,6 +108,10 @@ def _step(model, opt, tokens, dtype) -> tuple[float, int]:
 
 
 def _run_child(args: argparse.Namespace, preset: str) -> dict:
+    if args.dry_run:  # checks that it runs, not what it measures: no fresh interpreter (~2.5 s of CPU on imports)
+        with Contention() as busy:
+            result = _measure(argparse.Namespace(**{**vars(args), "preset": preset}))
+        return {**result, "other_cpu": busy.other}
     cmd = [sys.executable, __file__, "--child", preset, "--steps", str(args.steps), "--device", args.device]
     cmd += ["--dtype", args.dtype] + [f"--set={s}" for s in args.set]
     return run_child(cmd, preset, ROOT)

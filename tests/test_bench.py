@@ -1,6 +1,7 @@
 """The bench/ scripts' dry runs: each runs end to end, tiny, and writes nothing (BENCHMARKS.md
 is written only by a real run)."""
 
+import argparse
 import json
 import math
 import os
@@ -103,6 +104,19 @@ def test_gpu_dry_run_trains_trimtab_and_the_plain_loop_on_cpu():
     assert "; precision fp32 (a CPU dry run); other processes' CPU share " in header(out)
 
 
+def test_gpu_dry_run_runs_its_variants_in_its_own_process(monkeypatch):
+    """A dry run checks that each variant runs, not what it measures: a fresh interpreter per variant spent ~2.5 s
+    of CPU on imports. The variant gets the child's settings, its --profile path included, and the CPU share."""
+    import gpu
+
+    seen = []
+    monkeypatch.setattr(gpu, "run_child", lambda *a, **k: pytest.fail("a dry run started a child process"))
+    monkeypatch.setattr(gpu, "_variant", lambda ns: seen.append((ns.variant, ns.profile, ns.preset)) or {"ok": 1})
+    args = argparse.Namespace(dry_run=True, preset="debug", profile="prof.txt", variant=None)
+    result = gpu._run_child(args, "trimtab", ["--profile=/abs/prof.txt"])
+    assert seen == [("trimtab", "/abs/prof.txt", "debug")] and result["ok"] == 1 and result["other_cpu"] >= 0
+
+
 def test_gpu_reports_saved_repetitions_without_running(tmp_path):
     """--load: the repetitions of earlier invocations (--save, e.g. from a lent GPU) in one table."""
     rep = {"date": "2026-11-25", "tokens_per_s": 100.0, "step_s": [0.5, 0.6], "warmup_s": 2.0, "mfu": 0.4}
@@ -151,6 +165,17 @@ def test_recompute_dry_run_times_each_checkpointing_mode_and_measures_what_it_ke
     }
     kept = {mode: float(row.split(" | ")[5].replace(",", "")) for mode, row in rows.items()}
     assert kept["full"] < kept["selective"] < 0.7 * kept["off"]  # measured, not the estimate (the next column)
+
+
+def test_recompute_dry_run_measures_in_its_own_process(monkeypatch):
+    """As gpu.py's: a dry run's preset is measured in the benchmark's process, with the child's settings."""
+    import recompute
+
+    seen = []
+    monkeypatch.setattr(recompute, "run_child", lambda *a, **k: pytest.fail("a dry run started a child process"))
+    monkeypatch.setattr(recompute, "_measure", lambda ns: seen.append((ns.preset, ns.steps)) or {"ok": 1})
+    result = recompute._run_child(argparse.Namespace(dry_run=True, steps=2), "debug")
+    assert seen == [("debug", 2)] and result["ok"] == 1 and result["other_cpu"] >= 0
 
 
 def test_loss_dry_run_checks_every_chunk_size_against_the_plain_loss():

@@ -500,4 +500,14 @@ def _without_removed(data: Any, path: Path) -> Any:
 
 
 def dump_config(cfg: RunConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    Path(path).write_text(dump_yaml(cfg.to_dict()))
+
+
+# libyaml's emitter where PyYAML was built with it: the same text as yaml.safe_dump's pure-Python one (every preset's
+# config compared) at a fifth of the CPU, which every run's config.yaml paid (0.015 s a run, 0.16 s under cProfile)
+_SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def dump_yaml(data: Any) -> str:
+    """yaml.safe_dump(data, sort_keys=False), through libyaml when it is there."""
+    return yaml.dump(data, Dumper=_SAFE_DUMPER, sort_keys=False)

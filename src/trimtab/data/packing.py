@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from trimtab.config import DataConfig
-from trimtab.data import junk, quality
+from trimtab.data import junk, junk_cache, quality
 from trimtab.data.prepared import ShardedRows, hold_out, rows_digest
 from trimtab.data.sources import Document, corpus_fingerprint
 from trimtab.data.tokenizer import TextTokenizer, cache_not_written
@@ -270,7 +270,7 @@ def build_splits(
     before the hold-out)."""
     tokenized = tokenize_documents(docs, tok, cfg, cache_dir)
     if screen and cfg.garbage_filter != "off":
-        tokenized = _screen(tokenized, docs, cfg, key)
+        tokenized = _screen(tokenized, docs, cfg, key, cache_dir)
     if eval_docs is not None:
         train, held = tokenized, tokenize_documents(eval_docs, tok, cfg, cache_dir)
     else:
@@ -295,7 +295,9 @@ def build_splits(
     return train_rows, eval_rows
 
 
-def _screen(tokenized: TokenizedDocs, docs: list[Document], cfg: DataConfig, key: str) -> TokenizedDocs:
+def _screen(
+    tokenized: TokenizedDocs, docs: list[Document], cfg: DataConfig, key: str, cache_dir: Path | None = None
+) -> TokenizedDocs:
     """The documents without those data/quality.py flags as garbage when cfg.garbage_filter is
     drop; all of them (named on the console, the flagged ones marked for the orchestrator) when
     it is warn."""
@@ -307,7 +309,7 @@ def _screen(tokenized: TokenizedDocs, docs: list[Document], cfg: DataConfig, key
         found = replace(found, flagged=flagged)
     # junk that packs like text: the packing cannot see it; without a scale, random characters judged alone too
     texts = [doc.text for doc in docs]
-    verdicts, repeated = junk.spare_repeats(texts, junk.kinds(texts, alone=np.isnan(found.median)))
+    verdicts, repeated = junk.spare_repeats(texts, junk_cache.kinds(texts, bool(np.isnan(found.median)), cache_dir))
     if repeated:  # a source repeated on purpose: left out, it would leave no training row
         logger.warning("%s", junk.repeats_line(repeated, len(docs), key or "the training data"))
     junky = np.array([verdict is not None for verdict in verdicts], dtype=bool)

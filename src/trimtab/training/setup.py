@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from trimtab import hf
 from trimtab.checkpoint import local_run
 from trimtab.checkpoint_load import check_fits
-from trimtab.config import DataConfig, OptimConfig, RunConfig, derive, read_saved, resolve
+from trimtab.config import DataConfig, OptimConfig, RunConfig, derive, dump_yaml, read_saved, resolve
 from trimtab.config.checks import leaves
 from trimtab.config.model import LIVE_MODEL_KEYS
 from trimtab.config.provenance import header
@@ -301,7 +300,7 @@ def prepare_run_dir(cfg: RunConfig, tok: TextTokenizer, hf_source: dict | None =
     if hf_source is not None:  # what export needs to give an imported model back as it came
         write_json(run_dir / SOURCE, hf_source)
     # the first line says which keys this session set (config/provenance.py): the next resume's changes read it
-    write_atomic(run_dir / CONFIG, header(cfg) + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    write_atomic(run_dir / CONFIG, header(cfg) + dump_yaml(cfg.to_dict()))
     if not (run_dir / "tokenizer.json").is_file():
         try:
             tok.save(run_dir / "tokenizer.json")  # atomic (a temp file, then a rename)

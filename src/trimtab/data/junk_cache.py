@@ -1,0 +1,90 @@
+"""A source's junk verdicts (junk.kinds), cached in the run's cache directory by the documents' text.
+
+Every run on the same corpus (the built-in one, each test's slice of it) judged it again at start-up:
+0.06-0.09 s of CPU a run on 2 cores (0.3 s under cProfile). The key holds the texts, `alone` and the
+source code and the thresholds of the modules that decide a verdict, so an edit to a rule or a threshold
+(in the file or set at run time) is a miss, not a stale verdict; the tokens' cache
+(packing.tokenize_documents) is written and read the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from trimtab.data import dumps, junk, quality, repeats
+from trimtab.data.tokenizer import cache_not_written
+
+logger = logging.getLogger(__name__)
+
+
+def kinds(texts: Sequence[str], alone: bool, cache_dir: Path | None) -> list[junk.Verdict | None]:
+    """junk.kinds(texts, alone=alone), read from cache_dir when it was judged before (None: no cache)."""
+    if cache_dir is None:
+        return junk.kinds(texts, alone=alone)
+    path = Path(cache_dir) / f"junk-{_key(texts, alone)}.npy"
+    if path.is_file() and (cached := _load(path, len(texts))) is not None:
+        return cached
+    verdicts = junk.kinds(texts, alone=alone)
+    _save(path, verdicts)
+    return verdicts
+
+
+@functools.cache
+def _code() -> bytes:
+    """The source of the modules whose rules and thresholds decide a verdict."""
+    return b"".join(Path(module.__file__).read_bytes() for module in (junk, quality, dumps, repeats))
+
+
+def _settings() -> bytes:
+    """The rules' thresholds as they stand now: a module constant set at run time (a test's monkeypatch, a
+    person's experiment) is a miss too, not a verdict judged under another value."""
+    found = [
+        (module.__name__, name, value)
+        for module in (junk, quality, dumps, repeats)
+        for name, value in sorted(vars(module).items())
+        if name.isupper() and isinstance(value, (int, float, str, tuple))
+    ]
+    return repr(found).encode()
+
+
+def _key(texts: Sequence[str], alone: bool) -> str:
+    h = hashlib.sha256(_code())
+    h.update(_settings())
+    h.update(b"alone:%d|" % alone)
+    for text in texts:
+        data = text.encode()
+        h.update(b"%d:" % len(data))
+        h.update(data)
+    return h.hexdigest()[:20]
+
+
+def _save(path: Path, verdicts: list[junk.Verdict | None]) -> None:
+    rows = np.array([junk.Verdict.row(v) for v in verdicts], dtype=np.float64).reshape(len(verdicts), 5)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.npy")
+    try:
+        np.save(tmp, rows)
+        os.replace(tmp, path)  # atomic: a reader sees the whole entry or none
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        cache_not_written(path, exc)
+
+
+def _load(path: Path, n: int) -> list[junk.Verdict | None] | None:
+    """The cached verdicts; None (a miss, judged again and written over) when the entry cannot be read."""
+    try:
+        rows = np.load(path, allow_pickle=False)
+    except (OSError, EOFError, ValueError) as exc:
+        logger.warning("junk verdict cache %s cannot be read (%s); judging the documents again", path, exc)
+        return None
+    if rows.shape != (n, 5):
+        logger.warning("junk verdict cache %s is %s, not (%d, 5); judging the documents again", path, rows.shape, n)
+        return None
+    return [junk.Verdict.of_row(*row) for row in rows.tolist()]
