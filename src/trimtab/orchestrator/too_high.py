@@ -32,13 +32,16 @@ class TooHighLR:
     def _lr_too_high(self, f: Finding, view: Any) -> Remedy:
         """Training makes the model worse than where the phase started: the LR is too high. Cut
         it decisively (x above_start.lr_factor, again while the loss does not fall), down to the
-        floor; the cut is never given back (restoring would return to the cause). At the floor,
-        the ladder's last rungs: a rollback, then a stop."""
+        floor (past it for a gain that rose with the last cut: _responds); the cut is never given
+        back (restoring would return to the cause). At the floor, the ladder's last rungs: a
+        rollback, then a stop."""
         self.ladder.last_step = f.step
         if "jumped_steps" in f.evidence:
             return self._warm_up_rows(f, view)
         before = self.too_high_gain[1] if self.too_high_gain and self.too_high_gain[0] == self.phase_start else None
-        factor = lr_cut(_too_high_factor(f, self.cfg.above_start.lr_factor, before), view, self.cfg)
+        factor = _too_high_factor(f, self.cfg.above_start.lr_factor, before)
+        past_floor = _responds(f.evidence, before) and lr_cut(factor, view, self.cfg) != factor
+        factor = factor if past_floor else lr_cut(factor, view, self.cfg)
         # at the floor a replay at the same LR repeats itself step for step: debug at 1000x, cut to the
         # floor (10x the preset's LR), was rolled back to step 0 uncut, met the same gain at the same
         # step, and stopped (exit 3) at step 12 "unstable", where training on at 10x ends at 4.81
@@ -52,9 +55,9 @@ class TooHighLR:
             )
         if factor is None:
             return self._rollback(view)
-        why = _too_high_why(f, factor, before)
-        # the earlier cut's gain, when it made this one a halving: the journal shows what a fresh run lacks
-        evidence = {"gain_before": before} if _rose(f.evidence, before) else {}
+        why = _too_high_why(f, factor, before) + (_past_floor_why(f, before, self.cfg) if past_floor else "")
+        # the earlier cut's gain, when it made this one a halving or passes the floor: what a fresh run lacks
+        evidence = {"gain_before": before} if _rose(f.evidence, before) or past_floor else {}
 
         def cut(rolled_back_to: int | None = None) -> None:
             self.last_lr_change = self.lr_too_high_at = self.unstable_at = f.step
@@ -161,6 +164,25 @@ def _rose(ev: dict[str, Any], before: float | None) -> bool:
     size. Two LRs' gains say more than one: a fresh run at the cut LR reading the same gain has no
     earlier one to compare with, and is cut as one far too high (x0.316 or x0.1)."""
     return "gain" in ev and before is not None and ev["gain"] > max(before, 0.5 * ev["min_gain"])
+
+
+def _responds(ev: dict[str, Any], before: float | None) -> bool:
+    """Whether the first steps' gain rose since the phase's last gain-based cut (`before`): the LR answers
+    the cuts as one too high does, so the next may pass orchestrator.min_lr_scale. The gain climbs to 1 as
+    the LR falls (the first-order prediction grows exact; a sound LR reads 0.6-1, never under min_gain or
+    SOUND_GAIN), so cuts it orders stop by themselves; the floor bounds those a loss or a gradient orders.
+    debug-mod at 333x: cut x0.1 twice to the floor (3.3x the preset's), the gain 0.10 -> 0.39, then
+    noted, not cut: 4.59 against 3.99 clean (100 steps)."""
+    return "gain" in ev and before is not None and ev["gain"] > before
+
+
+def _past_floor_why(f: Finding, before: float | None, cfg: OrchestratorConfig) -> str:
+    """The reasoning's note on a cut past orchestrator.min_lr_scale (_responds)."""
+    return (
+        f"; past the floor (orchestrator.min_lr_scale={cfg.min_lr_scale:g}): the gain rose from {before:.2f} with "
+        f"the last cut to {f.evidence['gain']:.2f}, the LR answers the cuts as one too high does, and a sound LR's "
+        "gain (0.6-1) ends them"
+    )
 
 
 def _stalled_why(f: Finding) -> str:
