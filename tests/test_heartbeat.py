@@ -120,13 +120,19 @@ def test_a_silent_peers_line_comes_without_waiting_for_its_stack_and_names_where
     assert "rank 1 stopped in forward_backward at step 16 and did not answer the alarm" in said, said
 
 
-def test_the_watchdog_ends_the_job_when_a_heartbeat_stops_and_names_the_rank(tmp_path, monkeypatch, capfd):
+def two_ranks(tmp_path, monkeypatch, grace_s: float):
+    """Rank 0's watchdog, whose os._exit raises SystemExit, with its heartbeat and rank 1's on one fake store."""
     monkeypatch.setenv(SESSION_ENV, "s1")
     monkeypatch.setattr(watchdog.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
-    monkeypatch.setattr(watchdog, "GRACE_S", 0.2)
+    monkeypatch.setattr(watchdog, "GRACE_S", grace_s)
     store = Store()
     dog = Watchdog(tmp_path, 0, 2, first_timeout_s=60.0, timeout_factor=5.0, min_timeout_s=60.0, beat_s=60.0)
     dog.heartbeat, peer = beating(store, 0, 2), beating(store, 1, 2)
+    return dog, peer
+
+
+def test_the_watchdog_ends_the_job_when_a_heartbeat_stops_and_names_the_rank(tmp_path, monkeypatch, capfd):
+    dog, peer = two_ranks(tmp_path, monkeypatch, grace_s=0.2)
     peer.poke(16, "data")
     peer._write_position()
     peer._round()
@@ -174,12 +180,7 @@ def test_a_survivor_saving_for_a_loss_its_collective_found_is_not_ended_by_the_h
     """Rank 1 gone, rank 0's collective failed for it and its emergency save is under way (training/emergency.py
     sets loss_known): the heartbeat, finding rank 1 silent heartbeat_s on, leaves the save to the section's
     timeout (before: os._exit(HUNG) mid-write, a save longer than resilience.heartbeat_s cut)."""
-    monkeypatch.setenv(SESSION_ENV, "s1")
-    monkeypatch.setattr(watchdog.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
-    monkeypatch.setattr(watchdog, "GRACE_S", 0.0)
-    store = Store()
-    dog = Watchdog(tmp_path, 0, 2, first_timeout_s=60.0, timeout_factor=5.0, min_timeout_s=60.0, beat_s=60.0)
-    dog.heartbeat, peer = beating(store, 0, 2), beating(store, 1, 2)
+    dog, peer = two_ranks(tmp_path, monkeypatch, grace_s=0.0)
     peer._round()
     for _ in range(5):
         dog.heartbeat._round()
