@@ -210,7 +210,7 @@ def test_a_resume_over_a_corpus_edited_to_as_many_rows_is_refused(tmp_path, caps
     capsys.readouterr()
     assert main([*train, "--max-steps", "4"]) == 2
     err = capsys.readouterr().err
-    assert "read other data in code.jsonl than the data now gives: as many rows (" in err and "train.init_from" in err
+    assert "read other data in code than the data now gives: as many rows (" in err and "train.init_from" in err
     data.write_text("\n".join(lines) + "\n")
     assert main([*train, "--max-steps", "4"]) == 0
     assert "completed: step 4/4 (2 this session" in capsys.readouterr().out
