@@ -235,3 +235,34 @@ def test_a_sources_name_survives_moving_compressing_or_preparing_it_and_old_mixt
         assert MixSource(where).label == "web", where
     mix = [{"source": "a/web.jsonl"}, {"source": "b/web/"}, {"source": "c/code.txt", "name": "py"}, {"source": "d.txt"}]
     assert load_config(preset="debug", overrides={"data": {"mix": mix}}).data.names == ["web.jsonl", "web", "py", "d"]
+
+
+def test_a_resumed_mixture_keeps_the_names_its_run_trained_under(tmp_path, tokenizer, caplog):
+    """A run an older trimtab started named its unnamed sources web.jsonl and code.jsonl (their whole
+    last path component); resumed here they were web and code: data/web.jsonl/share went on as
+    data/web/share, val_loss/web.jsonl as val_loss/web, each series split in two. The checkpoint's
+    names are kept; a name the config gives is the person's and wins."""
+    from trimtab.training.setup import build_phases
+    from trimtab.training.source_names import saved_names
+
+    tokenizer.save(tmp_path / "tok" / "tokenizer.json")
+    web, code = corpus(tmp_path / "web", 0, 40) / "part.jsonl", corpus(tmp_path / "code", 1, 40) / "part.jsonl"
+    (web.parent / "web.jsonl").write_bytes(web.read_bytes())
+    (code.parent / "code.jsonl").write_bytes(code.read_bytes())
+    mix = [{"source": str(web.parent / "web.jsonl"), "weight": 0.7}, {"source": str(code.parent / "code.jsonl")}]
+    data = {"mix": mix, "tokenizer": str(tmp_path / "tok" / "tokenizer.json"), "seq_len": 16}
+    cfg = debug_cfg(tmp_path / "r", steps=4, data=data, train={"batch_tokens": 256, "micro_batch_tokens": 256})
+    state = {"train": {"phase": 0}, "data": {"parts": [{"name": "web.jsonl"}, {"name": "code.jsonl"}]}}
+    with caplog.at_level(logging.INFO, logger="trimtab"):
+        [phase] = build_phases(cfg, None, None, saved_names(state))[1]
+    assert phase.names == ["web.jsonl", "code.jsonl"] == [name for *_, name in phase.eval_rows.sets]
+    loader = phase.loader(cfg, pad_id=0)
+    loader.next_batch()
+    assert set(loader.metrics()) == {f"data/{n}/{m}" for n in ("web.jsonl", "code.jsonl") for m in ("share", "epochs")}
+    assert "keep the names this run trained under (web.jsonl, code.jsonl; their paths name them web, code" in (
+        caplog.text
+    )
+    mix[1]["name"] = "py"  # the person's name wins; a fresh run (no checkpoint) takes the paths' stems
+    named = debug_cfg(tmp_path / "r", steps=4, data=data, train={"batch_tokens": 256, "micro_batch_tokens": 256})
+    assert build_phases(named, None, None, saved_names(state))[1][0].names == ["web.jsonl", "py"]
+    assert build_phases(cfg, None)[1][0].names == ["web", "code"]

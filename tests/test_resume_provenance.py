@@ -3,13 +3,15 @@ training/changes.py), and the settings a monitor's checkpoint must not keep over
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from types import SimpleNamespace
 
+from trimtab.cli_train import _train_config
 from trimtab.config import derive, load_config, read_saved
 from trimtab.config.checks import leaves
 from trimtab.config.orchestrator import OrchestratorConfig
-from trimtab.config.provenance import saved_sources, sources
+from trimtab.config.provenance import OVERRIDE, saved_sources, sources
 from trimtab.orchestrator.core import Orchestrator
 from trimtab.training.changes import changes_line, changes_on_resume, journal_text
 from trimtab.training.setup import prepare_run_dir
@@ -44,7 +46,7 @@ def test_an_explicit_set_equal_to_the_default_is_the_persons_and_a_dropped_one_i
     assert journal_text(decay, 20)[1].startswith("changed in the config by a person (set by --set)")
     assert probe.get("default") and probe["by"] == "not repeated"
     assert "set by --set in the session before and not repeated" in journal_text(probe, 20)[1]
-    assert "probe_after 5 -> 200 (this version's default: --set of the session before not repeated)" in (
+    assert "probe_after 5 -> 200 (this version's default: set by --set in the session before, not repeated)" in (
         changes_line([decay, probe], 20)
     )
     # journaled: the person's as theirs, the dropped one as nobody's command
@@ -59,6 +61,44 @@ def test_an_explicit_set_equal_to_the_default_is_the_persons_and_a_dropped_one_i
     (moved,) = changes_on_resume(session(run, "optim.weight_decay=0.1", "optim.lr=0.002"))
     assert (moved["key"], moved.get("default"), moved["by"]) == ("optim.beta2", True, "default moved")
     assert "the default of the trimtab that wrote its config.yaml, which has moved" in journal_text(moved, 40)[1]
+
+
+def test_a_runs_own_config_yaml_given_back_keeps_who_set_each_key(tmp_path):
+    """`trimtab train RUN/config.yaml --out RUN` marked every key (391) the config file's: config.yaml's
+    first line grew to 28 KB, and the next session said a default that moved was that file's setting not
+    repeated. The file's own line says who set what: those keys keep it, the rest are nobody's."""
+    run = tmp_path / "r"
+    write(session(run, "optim.weight_decay=0.05"))
+    again = load_config(run / "config.yaml", overrides={"out": str(run)}, sets=["optim.lr=0.002"])
+    assert sources(again) == {"optim.weight_decay": "--set", "out": OVERRIDE, "optim.lr": "--set"}
+    write(again)
+    assert len((run / "config.yaml").read_text().splitlines()[0]) < 200
+    text = (run / "config.yaml").read_text().replace("beta2: 0.95", "beta2: 0.99")  # an older default
+    (run / "config.yaml").write_text(text)
+    by_key = {c["key"]: c for c in changes_on_resume(session(run))}
+    assert (by_key["optim.beta2"]["by"], by_key["optim.weight_decay"]["set_by"]) == ("default moved", "--set")
+    # a config.yaml an older trimtab wrote, its first line worded as it was then, is read alike
+    old = "# keys set by a person in the session that wrote this file: "
+    (run / "config.yaml").write_text(old + text.split(": ", 1)[1])
+    assert saved_sources(run / "config.yaml") == {"optim.weight_decay": "--set", "out": OVERRIDE, "optim.lr": "--set"}
+
+
+def test_trimtab_rl_s_own_settings_are_said_to_be_its_own_not_a_persons_flags(tmp_path):
+    """`trimtab rl` turns the likelihood rules off and the rl section on: provenance called each
+    "a flag or an API override", and a resume journaled each as a person's change."""
+    run = tmp_path / "r"
+    write(session(run))
+    flags = argparse.Namespace(config=None, preset="debug", out=str(run), max_steps=None, set=[], inject=[])
+    cfg = _train_config(argparse.Namespace(**vars(flags), orchestrator="advise"), "rl")
+    found = sources(cfg)
+    assert found["orchestrator.spike.enabled"] == found["rl.enabled"] == "trimtab rl for its runs"
+    assert found["orchestrator.mode"] == found["out"] == OVERRIDE
+    spike = {c["key"]: c for c in changes_on_resume(cfg)}["orchestrator.spike.enabled"]
+    assert (
+        journal_text(spike, 20)[1]
+        == "changed in the config by trimtab rl for its runs, not by a person: " + (spike["effect"])
+    )
+    assert "spike.enabled True -> False (set by trimtab rl for its runs) (" in changes_line([spike], 20)
 
 
 def _all_on(cfg, bump: bool = False):

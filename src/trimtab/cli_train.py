@@ -144,14 +144,16 @@ def _train_config(args: argparse.Namespace, section: str | None = None) -> RunCo
     # RL's loss is a clipped objective, not a likelihood: the rules that judge a likelihood's course
     # and the live planner's loss-curve fit are off (a --set turns one back on)
     off = {"orchestrator": {r: {"enabled": False} for r in RL_OFF}, "plan": {"status_every": 0}}
-    overrides: dict = {section: {"enabled": True}, **off} if section else {}  # rl or dpo: on
+    # rl or dpo: on, said to be the subcommand's setting, not the person's (config/provenance.py)
+    fixed = (f"trimtab {section}", {section: {"enabled": True}, **off}) if section else None
+    overrides: dict = {}
     if args.out:
         overrides["out"] = args.out
     if args.max_steps is not None:
         overrides["train"] = {"max_steps": args.max_steps}
     if args.orchestrator:
         overrides.setdefault("orchestrator", {})["mode"] = args.orchestrator
-    cfg = load_config(args.config, preset=args.preset, overrides=overrides, sets=args.set)
+    cfg = load_config(args.config, preset=args.preset, overrides=overrides, sets=args.set, fixed=fixed)
     given = [(spec, "faults") for spec in cfg.faults] + [(spec, "--inject") for spec in args.inject or []]
     if given:
         from trimtab.orchestrator.fault_specs import parse_fault

@@ -8,7 +8,13 @@ The origins ride on the resolved config beside its fields, not as one (to_dict, 
 keys are as before), set by load_config and kept by derive. config.yaml carries them as its first
 line, a YAML comment (HEADER), so the next session tells an earlier session's setting it did not
 repeat from a default that moved between versions. A config.yaml without the line (an older
-trimtab's) reads as before, its origins unknown; an older trimtab reads this one's (a comment)."""
+trimtab's) reads as before, its origins unknown; an older trimtab reads this one's (a comment).
+
+A run's own config.yaml given back as the config file (`trimtab train RUN/config.yaml --out RUN`) is
+not a person setting its every key: its keys keep the origins its line gives, and the others are the
+preset's or the defaults' (every key was said to be the file's: a 28 KB first line, and each later
+change called that file's setting). A subcommand's own settings (`trimtab rl` turning the likelihood
+rules off) are said to be the subcommand's (by_command), not a person's flags."""
 
 from __future__ import annotations
 
@@ -20,15 +26,35 @@ from trimtab.config.checks import leaves
 
 SET = "--set"
 OVERRIDE = "a flag or an API override"
-HEADER = "# keys set by a person in the session that wrote this file: "  # + their origins as one JSON line
+FOR_ITS_RUNS = " for its runs"  # a subcommand's own setting: `trimtab rl for its runs` (by_command)
+HEADER = "# who set each key the preset and the defaults did not: "  # + their origins as one JSON line
+OLD_HEADERS = ("# keys set by a person in the session that wrote this file: ",)  # read as HEADER
 
 
-def origins(user: dict[str, Any], overrides: dict[str, Any], sets: dict[str, Any], path: Any) -> dict[str, str]:
+def origins(
+    user: dict[str, Any], path: Any, layers: list[tuple[str, dict[str, Any]]], saved: dict[str, str] | None = None
+) -> dict[str, str]:
     """Each dotted key a layer above the preset set (load_config's order, the later winning) -> where
-    it was set: `sets` (--set), `overrides`, `user` (the YAML file at `path`)."""
-    found = {key: f"the config file {path}" for key in leaves(user)}
-    found |= {key: OVERRIDE for key in leaves(overrides)}
-    return found | {key: SET for key in leaves(sets)}
+    it was set: `user` (the YAML file at `path`), then each of `layers` (origin, sections of keys).
+    `saved`: the file's own origins where it is a run's config.yaml (saved_sources): only the keys it
+    names were set, where it says; the file holds the others because trimtab writes every key."""
+    if saved is None:
+        found = {key: f"the config file {path}" for key in leaves(user)}
+    else:
+        found = {key: saved[key] for key in leaves(user) if key in saved}
+    for origin, keys in layers:
+        found |= {key: origin for key in leaves(keys)}
+    return found
+
+
+def command_origin(command: str) -> str:
+    """The origin of the settings a subcommand fixes for its runs (`trimtab rl`: the rl section on)."""
+    return command + FOR_ITS_RUNS
+
+
+def by_command(origin: str) -> bool:
+    """Whether `origin` is a subcommand's own setting (command_origin), not a person's."""
+    return origin.endswith(FOR_ITS_RUNS)
 
 
 def sources(cfg: Any) -> dict[str, str]:
@@ -56,10 +82,11 @@ def saved_sources(config_yaml: Path) -> dict[str, str] | None:
             first = f.readline()
     except (OSError, UnicodeDecodeError):
         return None
-    if not first.startswith(HEADER):
+    prefix = next((h for h in (HEADER, *OLD_HEADERS) if first.startswith(h)), None)
+    if prefix is None:
         return None
     try:
-        found = json.loads(first[len(HEADER) :])
+        found = json.loads(first[len(prefix) :])
     except ValueError:
         return None
     return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else None

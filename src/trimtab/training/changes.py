@@ -6,7 +6,8 @@ change is a person's decision, as a changed phase length is: the orchestrator jo
 "config", action "none": the config itself applies it) and the console says them all in one
 line (changes_line), so a run that was resumed with `--set optim.lr=...` shows why its LR moved.
 Each change says who made it (`by`, _mark_origins): a key this session's config set (its --set items,
-its file, a flag: config/provenance.py) is a person's, whatever its value; one it left at this
+its file, a flag: config/provenance.py) is a person's, whatever its value, or the subcommand's (`trimtab
+rl` turns the likelihood rules off: said as its own, not as a person's flag); one it left at this
 trimtab's default is marked `default` and said as one, not as a person's, and config.yaml's first line
 (the keys the session that wrote it set) tells which: an earlier session's setting not repeated, or a
 default that moved between versions (unknown for a config.yaml an older trimtab wrote).
@@ -38,7 +39,7 @@ from typing import Any
 
 from trimtab.config import RunConfig, load_config, read_saved
 from trimtab.config.checks import leaves
-from trimtab.config.provenance import saved_sources, sources
+from trimtab.config.provenance import by_command, saved_sources, sources
 from trimtab.errors import SavedConfigError
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,8 @@ def changes_line(changes: list[dict[str, Any]], step: int) -> str:
 def journal_text(change: dict[str, Any], step: int) -> tuple[str, str]:
     """A change's decision summary and reasoning, worded as those of a changed phase length."""
     summary = f"{change['key']} {show(change['old'])} -> {show(change['new'])}{_by(change)} on resume at step {step}"
+    if not change.get("default") and by_command(change.get("by", "")):  # trimtab rl's own: not a person's flag
+        return summary, f"changed in the config by {change['by']}, not by a person: {change['effect']}"
     if not change.get("default"):
         by = f" (set by {change['by']})" if change.get("by") else ""
         return summary, f"changed in the config by a person{by}: {change['effect']}"
@@ -173,11 +176,15 @@ def journal_text(change: dict[str, Any], step: int) -> tuple[str, str]:
 
 
 def _by(change: dict[str, Any]) -> str:
-    """What a change is said to be when it is this version's default, not a person's setting: an earlier
-    session's setting not repeated, or the default moved (or, config.yaml silent on who set what, either)."""
-    if not change.get("default"):
-        return ""  # a person's: their --set, file or flag is in the reasoning (journal_text)
-    said = {NOT_REPEATED: f"{change.get('set_by')} of the session before not repeated", MOVED: "the default moved"}
+    """What a change is said to be when it is not a person's setting: a subcommand's own (trimtab rl's), or
+    this version's default: an earlier session's setting not repeated, or the default moved (or, config.yaml
+    silent on who set what, either)."""
+    if not change.get("default"):  # a person's: their --set, file or flag is in the reasoning (journal_text)
+        return f" (set by {change['by']})" if by_command(change.get("by", "")) else ""
+    said = {
+        NOT_REPEATED: f"set by {change.get('set_by')} in the session before, not repeated",
+        MOVED: "the default moved",
+    }
     return f" (this version's default: {said.get(change.get('by'), 'the old value not repeated or the default moved')})"
 
 

@@ -68,6 +68,7 @@ from trimtab.training.services.cpu_precision import refine_cpu_precision
 from trimtab.training.services.float8 import to_float8
 from trimtab.training.services.signals import blocking
 from trimtab.training.services.storage import local_sources, open_store
+from trimtab.training.source_names import kept_names, saved_names
 from trimtab.write_errors import os_error
 
 log = logging.getLogger(__name__)
@@ -134,12 +135,15 @@ def _prepared_tokenizer(prepared: Path) -> TextTokenizer:
 
 
 def build_phases(
-    cfg: RunConfig, tok_source: Path | None, decided: dict[int, bool] | None = None
+    cfg: RunConfig,
+    tok_source: Path | None,
+    decided: dict[int, bool] | None = None,
+    names: dict[int, list[str]] | None = None,
 ) -> tuple[TextTokenizer, list[Phase]]:
     """Open or read each phase's sources, get the tokenizer (the run's own one when resuming, else
     data.tokenizer, else a prepared source's, else a BPE trained on the documents), split.
     `decided`: a resumed checkpoint's garbage decisions (screened_decisions), which its held-out
-    split follows whatever orchestrator.mode is now."""
+    split follows whatever orchestrator.mode is now; `names`: its sources' names (saved_names), kept."""
     if cfg.rl.enabled or cfg.dpo.enabled:
         return _rl_phases(cfg, tok_source)
     specs = [("pretrain", cfg.data, cfg.optim, "data")]
@@ -157,6 +161,7 @@ def build_phases(
     phases, start = [], 0
     for (name, data, optim, key), sources, eval_source in zip(specs, opened, evals):
         built = build_phase_data(data, sources, tok, cfg.train.seed, cache_dir(), eval_source)
+        built.names = kept_names(data, built.names, (names or {}).get(len(phases)), key)  # one series a source
         screened = (decided or {}).get(len(phases), screened_out(data, cfg))
         # the flagged documents' rows left out from the start are not trained on: not counted as repeated
         left = left_out_tokens(built.train, flagged_rows(built.train) if screened else frozenset())
@@ -365,7 +370,8 @@ def setup(cfg: RunConfig) -> BuiltRun:
     precision = choose_precision(dist.device, cfg.train.precision)
     cfg = dist.main_first(local_sources, cfg)  # data paths in object storage: their cached copies
     decided = screened_decisions(resume[1] if resume else None)
-    tok, phases = dist.main_first(build_phases, cfg, tokenizer_source(cfg), decided)
+    names = saved_names(resume[1] if resume else None)
+    tok, phases = dist.main_first(build_phases, cfg, tokenizer_source(cfg), decided, names)
     cfg = complete(cfg, tok, phases)
     live = check_resume_compatible(cfg, tok.vocab_size) if resume else {}  # after complete: derived values too
     model, precision, hf_source, meta = _make_model(cfg, dist, precision, resume, check_fit=live is None)
