@@ -1,6 +1,7 @@
 """The junk screen's verdicts are cached by the documents' text (data/junk_cache.py): every run on the same corpus
 judged it again at start-up before."""
 
+import os
 import random
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from test_junk_small import bad_documents
 from trimtab.config import DataConfig
-from trimtab.data import junk
+from trimtab.data import junk, junk_cache
 from trimtab.data.dataset import build_phase_data, open_sources
 from trimtab.data.sources import read_documents
 from trimtab.data.tokenizer import train_tokenizer
@@ -50,3 +51,24 @@ def test_a_second_screen_of_the_same_text_reads_its_verdicts_and_an_edit_is_judg
     for entry in cache.glob("junk-*.npy"):  # a damaged entry: judged again, not a failed run
         entry.write_bytes(b"not an array")
     assert _screened(corpus, cache, tok)[0].why.tolist() == fresh.why.tolist()
+
+
+def test_the_cache_keeps_the_entries_used_last_and_removes_the_rest(tmp_path, monkeypatch):
+    """Every corpus slice and every edit of a rule wrote an entry of its own, and none was ever removed: the cache
+    keeps the KEPT used last (a hit counts as a use), and leaves another run's entry being written alone."""
+    monkeypatch.setattr(junk_cache, "KEPT", 2)
+    corpora = [[f"document {i} " * 40] for i in range(3)]
+    junk_cache.kinds(corpora[0], False, tmp_path)
+    junk_cache.kinds(corpora[1], False, tmp_path)
+    first, second = (tmp_path / f"junk-{junk_cache._key(c, False)}.npy" for c in corpora[:2])
+    os.utime(first, (1, 1))  # written long ago, then read again now
+    os.utime(second, (2, 2))
+    writing = tmp_path / "junk-0123.tmp99.npy"
+    writing.write_bytes(b"")
+    judge = junk.kinds
+    monkeypatch.setattr(junk, "kinds", _never_judged)
+    junk_cache.kinds(corpora[0], False, tmp_path)
+    monkeypatch.setattr(junk, "kinds", judge)
+    junk_cache.kinds(corpora[2], False, tmp_path)
+    third = tmp_path / f"junk-{junk_cache._key(corpora[2], False)}.npy"
+    assert sorted(tmp_path.iterdir()) == sorted([first, third, writing])

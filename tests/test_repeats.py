@@ -2,16 +2,19 @@
 is mostly repeated text (a toy corpus, a text repeated on purpose) is kept and said once, not left out whole."""
 
 import logging
+import random
 import shutil
 from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
 
 from test_junk_sources import flagged
 from test_quality import phase
 from trimtab.config import DataConfig
 from trimtab.data import junk
 from trimtab.data.prepare import Options, prepare
-from trimtab.data.repeats import repeated_share
+from trimtab.data.repeats import REPEATED, repeated_share, row_repeat_share
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -96,3 +99,18 @@ def test_prepare_judges_each_source_on_its_own_share_of_repeated_text(tmp_path):
     assert {Path(name).stem: why.split(":")[0] for name, why in flagged(tmp_path / "out").items()} == {
         "loop": "repeated text"
     }
+
+
+def test_a_row_of_a_handful_of_tokens_repeated_is_a_repeat_and_random_tokens_never_are():
+    """The data watch keeps a row whose 4 commonest tokens are half its targets (orchestrator/attribution.py): debug,
+    seed 1, a test_quopri.py row of 64 targets, 37 of them one "zzzz" token, read 0.64; a table of zeros
+    (two tokens) and base64 of zero bytes are repeats too. Random tokens over 512, 64 a row, never reach the bar."""
+    quopri = [430] * 37 + [12] * 2 + list(range(100, 125))  # 27 distinct, as the row's
+    zeros = [7, 12] * 32
+    padding = list(range(20)) + [61] * 44  # base64 of zero bytes: "AAAA..."
+    assert [row_repeat_share(np.array(r)) >= REPEATED for r in (quopri, zeros, padding)] == [True] * 3
+    assert abs(row_repeat_share(np.array(quopri)) - 41 / 64) < 1e-9
+    rng = random.Random(0)
+    drawn = max(row_repeat_share(np.array([rng.randrange(512) for _ in range(64)])) for _ in range(2000))
+    assert drawn < 0.25
+    assert row_repeat_share(np.array([5] * 15)) == 0.0  # too few targets to say

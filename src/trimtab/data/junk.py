@@ -3,9 +3,7 @@
 A tokenizer trained on a corpus packs three kinds of junk as well as the corpus's text, so bytes per
 token do not give them away (measured at 4,096 tokens: never flagged):
 
-- mis-encoded pages (`mojibake_share`): UTF-8 read as cp1252 or Latin-1 and written back ("Ã©tÃ©" for
-  "été"). Told by ftfy's test (Speer, "ftfy: fixes text for you"): the characters' cp1252/Latin-1
-  bytes decode as UTF-8 again, for many of the page's non-ASCII characters.
+- mis-encoded pages (mojibake.py: `mojibake_share`), UTF-8 read as cp1252 or Latin-1 and written back.
 - random letters at a language's letter frequencies (`letter_structure`): letters drawn independently
   share no information with their neighbours and do not alternate vowels and consonants
   (quality.latin_language's structure, Shannon 1951 and Sukhotin 1962).
@@ -40,11 +38,10 @@ import numpy as np
 
 from trimtab.data import quality
 from trimtab.data.dumps import DUMP, dump_share, dump_span
+from trimtab.data.mojibake import MOJIBAKE_SHARE, mojibake_share
 from trimtab.data.repeats import REPEATED, repeated_share
 
 MIN_CHARS = quality.MIN_BYTES  # shorter documents are not judged: too few words or pairs to say
-MOJIBAKE_RUNS = 4  # mis-encoded characters a page needs to be judged mis-encoded
-MOJIBAKE_SHARE = 0.5  # of its non-ASCII characters in them (mis-encoded pages: ~1)
 LETTERS = 0.9  # random letters are judged in documents at least this share letters (of non-space characters)
 CORPUS_WORDS = 100_000  # words a reference (a run's corpus, a prepare sample) needs for word salad to be judged
 # Not lower: the statistic is a plug-in estimate of pointwise mutual information (Church and Hanks 1990) from the
@@ -101,39 +98,6 @@ SAID = {  # what each kind is, on the console
 }
 _WORD = re.compile(r"[^\W\d_]+")
 _SPACE = re.compile(r"\s")
-
-
-def mojibake_share(text: str) -> float | None:
-    """The share of `text`'s non-ASCII characters in runs whose cp1252/Latin-1 bytes are one UTF-8
-    character ("Ã©" for "é", "â€™" for "’") when a page read in the wrong encoding: at least
-    MOJIBAKE_RUNS such runs, holding at least MOJIBAKE_SHARE of them (ftfy's test, without its
-    dependency); None for the rest."""
-    if text.isascii():  # most documents: nothing to have been mis-encoded
-        return None
-    runs = [run for run in _MOJIBAKE_RUN.findall(text) if _round_trips(run)]
-    foreign = len(text) - len(text.encode("ascii", errors="ignore"))
-    share = sum(map(len, runs)) / max(foreign, 1)
-    return share if len(runs) >= MOJIBAKE_RUNS and share >= MOJIBAKE_SHARE else None
-
-
-def _round_trips(run: str) -> bool:
-    for encoding in ("cp1252", "latin-1"):
-        try:
-            run.encode(encoding).decode("utf-8")
-            return True
-        except UnicodeError:
-            continue
-    return False
-
-
-def _run_pattern() -> re.Pattern[str]:
-    """A UTF-8 lead byte and its continuation bytes, each as cp1252 or Latin-1 reads it."""
-    more = f"[{re.escape(quality.bytes_as_text(0x80, 0xBF))}]"
-    leads = ((0xC2, 0xDF, 1), (0xE0, 0xEF, 2), (0xF0, 0xF4, 3))
-    return re.compile("|".join(f"[{re.escape(quality.bytes_as_text(lo, hi))}]{more}{{{n}}}" for lo, hi, n in leads))
-
-
-_MOJIBAKE_RUN = _run_pattern()
 
 
 def letter_structure(text: str) -> float | None:
@@ -509,4 +473,14 @@ def repeats_line(count: int, of: int | None, key: str) -> str:
         f"{key}: {count:,}{share} documents are repeated text ({SAID['repeated text']}; data/repeats.py), at least "
         f"{MOSTLY_REPEATED:.0%} of the source, so kept as its meant content (a toy or deliberately repeated corpus): "
         "a model trained on it learns to repeat. If it is not meant, deduplicate it or give the source real text"
+    )
+
+
+def unjudged_line(sources: Sequence[str]) -> str:
+    """The console line for the sources whose reference holds under CORPUS_WORDS words: their word order not judged."""
+    shown = ", ".join(sources[: quality.SHOWN]) + (", ..." if len(sources) > quality.SHOWN else "")
+    return (
+        f"word salad (real words in random order) was not judged in {len(sources):,} source(s) ({shown}): their sample "
+        f"holds under {CORPUS_WORDS:,} words, too few to tell which words follow which (data/junk.py CORPUS_WORDS); "
+        "their other junk was judged. A larger source of the same kind of text is judged"
     )

@@ -5,6 +5,10 @@ Every run on the same corpus (the built-in one, each test's slice of it) judged 
 source code and the thresholds of the modules that decide a verdict, so an edit to a rule or a threshold
 (in the file or set at run time) is a miss, not a stale verdict; the tokens' cache
 (packing.tokenize_documents) is written and read the same way.
+
+Each corpus slice, `alone` and edit of a rule is an entry of its own (a test suite's slices, a developer's
+edits: hundreds over weeks), so the cache keeps the KEPT entries used last (a hit touches its entry's time)
+and removes the rest as it writes a new one.
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from trimtab.data import dumps, junk, quality, repeats
+from trimtab.data import dumps, junk, mojibake, quality, repeats
 from trimtab.data.tokenizer import cache_not_written
 
 logger = logging.getLogger(__name__)
+# entries kept (the ones used last): more than a run's sources and a test suite's corpora use in a session; an
+# entry is 40 bytes a document (the built-in corpus's: 0.7 MB), so tens of MB at most on corpora of its size
+KEPT = 64
 
 
 def kinds(texts: Sequence[str], alone: bool, cache_dir: Path | None) -> list[junk.Verdict | None]:
@@ -30,16 +37,46 @@ def kinds(texts: Sequence[str], alone: bool, cache_dir: Path | None) -> list[jun
         return junk.kinds(texts, alone=alone)
     path = Path(cache_dir) / f"junk-{_key(texts, alone)}.npy"
     if path.is_file() and (cached := _load(path, len(texts))) is not None:
+        _touch(path)
         return cached
     verdicts = junk.kinds(texts, alone=alone)
     _save(path, verdicts)
+    _prune(path.parent)
     return verdicts
+
+
+def _entries(folder: Path) -> list[tuple[float, Path]]:
+    """(last used, path) of the cache's entries, not another process's entry being written (its .tmp name)."""
+    found = []
+    for path in folder.glob("junk-*.npy"):
+        try:
+            found.append((path.stat().st_mtime, path))
+        except OSError:  # removed meanwhile by another run's prune
+            continue
+    return [(used, path) for used, path in found if ".tmp" not in path.name]
+
+
+def _prune(folder: Path) -> None:
+    """All but the KEPT entries used last removed (a read-only or shared cache that refuses: left as it is)."""
+    for _, path in sorted(_entries(folder), reverse=True)[KEPT:]:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            return
+
+
+def _touch(path: Path) -> None:
+    """A hit: the entry's time made now, so that pruning keeps what is used."""
+    try:
+        os.utime(path)
+    except OSError:  # a read-only cache: read, never pruned by this run
+        pass
 
 
 @functools.cache
 def _code() -> bytes:
     """The source of the modules whose rules and thresholds decide a verdict."""
-    return b"".join(Path(module.__file__).read_bytes() for module in (junk, quality, dumps, repeats))
+    return b"".join(Path(module.__file__).read_bytes() for module in (junk, quality, dumps, repeats, mojibake))
 
 
 def _settings() -> bytes:
@@ -47,7 +84,7 @@ def _settings() -> bytes:
     person's experiment) is a miss too, not a verdict judged under another value."""
     found = [
         (module.__name__, name, value)
-        for module in (junk, quality, dumps, repeats)
+        for module in (junk, quality, dumps, repeats, mojibake)
         for name, value in sorted(vars(module).items())
         if name.isupper() and isinstance(value, (int, float, str, tuple))
     ]

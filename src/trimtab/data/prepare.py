@@ -156,8 +156,11 @@ def _prepare(
     manifest["dtype"] = manifest.get("dtype") or ("uint16" if tok.vocab_size <= 1 << 16 else "uint32")
     files = _new_files(manifest, sources, out)
     shared = _measure_scale(manifest, out, [str(path) for _, path, _ in files], tok, options, hint)
+    small: list[str] = []  # sources too small for word salad to be judged (junk.CORPUS_WORDS): said at the end
     if options.garbage_filter != "off":  # one reference per source (data/references.py)
-        references.measure(manifest, out, files, lambda paths: [d.text for d in _sample(paths, options, hint)], shared)
+        small = references.measure(
+            manifest, out, files, lambda paths: [d.text for d in _sample(paths, options, hint)], shared
+        )
     workers = workers or os.cpu_count() or 1
     jobs = _jobs(manifest, files, workers, options.format)
     start, done_tokens, skipped, shown, kinds, garbage, spared = time.perf_counter(), 0, 0, [], Counter(), [], 0
@@ -185,6 +188,8 @@ def _prepare(
         log.warning("%s", junk.repeats_line(repeated, None, "the sources"))
     if kinds:
         log.warning("%s", _garbage_line(manifest, kinds, garbage, options.garbage_filter == "drop"))
+    if small:
+        log.warning("%s", junk.unjudged_line(small))
     if shared and manifest.get("boilerplate", {}).get("lines"):  # measured on this run's sample
         log.info("%s", boilerplate.said(manifest["boilerplate"]))
     return manifest

@@ -38,29 +38,45 @@ def measure(
     files: list[tuple[int, Path, bool]],
     sample: Callable[[list[str]], list[str]],
     shared: bool,
-) -> None:
+) -> list[str]:
     """The reference of each source of `files` (manifest numbers) not yet measured, on `sample` of its
     files' texts; BIGRAMS when that is its sample (`shared`: BIGRAMS was just measured on all of `files`).
     A source under junk.CORPUS_WORDS words keeps its own all the same: its spellings are judged, word
-    order not, as a small data.mix entry's are in training. Each source's share of repeated text is
-    measured on its own sample too (entry["repeated"], junk.spare_repeats)."""
+    order not, as a small data.mix entry's are in training; those sources are returned, for prepare's
+    report to say so (junk.unjudged_line). Each source's share of repeated text is measured on its own
+    sample too (entry["repeated"], junk.spare_repeats)."""
     by_source: dict[int, list[str]] = {}
     for n, path, _ in files:
         by_source.setdefault(manifest["files"][n]["source"], []).append(str(path))
+    small = []
     for k, paths in by_source.items():
         entry = manifest["sources"][k]
         if "bigrams" in entry or (shared and len(paths) == len(files)):  # measured before, or BIGRAMS is its own
             entry.setdefault("bigrams", BIGRAMS)
             if shared and len(paths) == len(files):  # the shared sample is its own
                 entry.setdefault("repeated", manifest.get("repeated"))
-            continue
-        texts = sample(paths)
-        # its own share of repeated text: a toy source beside real text spared the real one's loops (junk.spare_repeats)
-        entry["repeated"] = junk.repeated_fraction(texts)
-        bigrams = junk.Bigrams.of([junk.words(t) for t in texts], texts)
-        entry["bigrams"] = BIGRAMS if _same_sample(out, bigrams) else SOURCE_BIGRAMS.format(k)
-        if entry["bigrams"] != BIGRAMS:
-            save_bigrams(out, bigrams, entry["bigrams"])
+            words = _words(out / entry["bigrams"])
+        else:
+            texts = sample(paths)
+            # its own share of repeated text: a toy source beside real text spared the real one's loops (spare_repeats)
+            entry["repeated"] = junk.repeated_fraction(texts)
+            bigrams = junk.Bigrams.of([junk.words(t) for t in texts], texts)
+            entry["bigrams"] = BIGRAMS if _same_sample(out, bigrams) else SOURCE_BIGRAMS.format(k)
+            if entry["bigrams"] != BIGRAMS:
+                save_bigrams(out, bigrams, entry["bigrams"])
+            words = bigrams.total
+        if words < junk.CORPUS_WORDS:
+            small.append(entry["source"])
+    return small
+
+
+def _words(path: Path) -> int:
+    """The words of a kept reference's sample (CORPUS_WORDS: whether word salad is judged against it); a reference
+    not kept (a directory prepared before references were) is measured again, its count then unknown: 0."""
+    if not path.is_file():
+        return 0
+    with np.load(path) as kept:
+        return int(kept["words"].sum())
 
 
 def _same_sample(out: Path, bigrams: junk.Bigrams) -> bool:

@@ -22,6 +22,9 @@ REPEAT_WORDS = 10
 # (a copyright file); 22,694 .py files of a virtualenv's site-packages, worst 0.38.
 REPEATED = 0.5
 MIN_WORDS = 4 * REPEAT_WORDS  # fewer words: too few runs to say
+# a row's most common tokens counted as "a handful" (row_repeat_share): a run of one character, a table of zeros
+# and commas, base64's "=" padding are one to four tokens repeated
+HANDFUL = 4
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # the golden ratio's 64 bits: a multiplicative hash's multiplier (Knuth)
 
 
@@ -67,3 +70,15 @@ def _repeat_starts(ids: np.ndarray) -> np.ndarray:
             key = key * _MIX + ids[k : k + n] + np.uint64(1)
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     return np.flatnonzero(first[inverse] < np.arange(n))
+
+
+def row_repeat_share(targets: np.ndarray) -> float:
+    """The share of a row's target tokens that are its HANDFUL most common ones; 0.0 for under 4 x HANDFUL targets
+    (too few to say: any 4 of 8 are half). The data watch (orchestrator/attribution.py) keeps a row of REPEATED or
+    more as a repeat, not poison: a long run of one character in clean text (debug, seed 1: a test_quopri.py row,
+    37 of its 64 targets one "zzzz" token, 0.64 in its four commonest) scores high until the model has learnt the
+    run. Random tokens over V are nearly all distinct: 64 of V = 512 put ~0.1 of a row in its four commonest."""
+    if len(targets) < 4 * HANDFUL:
+        return 0.0
+    counts = np.unique(targets, return_counts=True)[1]
+    return float(np.sort(counts)[-HANDFUL:].sum()) / len(targets)

@@ -36,6 +36,14 @@ out for good, on debug and debug-moe. Testing the step first and its rows only o
 is hierarchical testing (families first, then the hypotheses of the families selected: Benjamini &
 Bogomolov 2014, JRSS-B 76(1)): the strict bar holds the false alarms over the watch's steps, the
 usual one finds a blamed step's other bad rows.
+
+A row that is a handful of tokens repeated (RunView.row_repeats: its 4 commonest tokens half its targets or
+more) is kept whatever it scores, and named in the evidence (kept_repeats): a long run of one character, a
+table of zeros, base64 padding score high until the model has learnt the run, and no spread-based bar tells
+them from poison. Debug, bad_rows@20, seed 1: a clean test_quopri.py row (37 of its 64 targets one "zzzz"
+token, 0.64 in its 4 commonest) scored 0.94 nats over the held-out median in a blamed step (0.74 was the bar;
+debug-moe: 1.51, over the 1.5-nat bar that blames a step on its own) and was left out for good beside the
+garbage (1.8-2.7 nats out), whose random tokens put ~0.1 of a row in its 4 commonest.
 """
 
 from __future__ import annotations
@@ -65,6 +73,13 @@ def small_sample_sigma(sigma: float, rows: int) -> float:
 def _finite(losses: list[float]) -> list[float]:
     """A non-finite reference would make the threshold NaN, and every comparison with it false."""
     return [x for x in losses if math.isfinite(x)]
+
+
+def _repeats(view: Any, rows: list[int]) -> dict[int, float]:
+    """Those of `rows` that are a handful of tokens repeated, with their share (RunView.row_repeats; a view
+    without it, a test's, has none)."""
+    read = getattr(view, "row_repeats", None)
+    return read(rows) if read is not None and rows else {}
 
 
 class DataAttribution:
@@ -99,6 +114,8 @@ class DataAttribution:
         bars = self._bars(view, parts, finite, gate)
         broken = [r for r in scores if r not in finite] if finite else []  # all of them: the forward's
         high = [] if nonfinite else [r for r, loss in finite.items() if loss > bars[parts[r]]["threshold"]]
+        repeats = _repeats(view, high)
+        high = [r for r in high if r not in repeats]  # a handful of tokens repeated: clean text's runs (docstring)
         blamed = any(finite[r] > bars[parts[r]].get("gate", bars[parts[r]]["threshold"]) for r in high)
         bad = sorted(broken + high) if broken or blamed else []
         shown = bars[parts[bad[0]]] if bad else next(iter(bars.values()))  # the first bad row's source's
@@ -114,6 +131,8 @@ class DataAttribution:
             "reference_rows": shown["rows"],
             "sources": dict(list(view.row_sources(bad).items())[:10]) if bad else {},
         }
+        if repeats:  # above the bar, kept: a person reads which and why
+            evidence["kept_repeats"] = {str(r): {"loss": finite[r], "repeat_share": s} for r, s in repeats.items()}
         if set(parts.values()) != {""}:  # a mixture: each row was judged against its own source's reference
             evidence["parts"] = {str(r): parts[r] for r in bad[:10]}
             evidence["references"] = {p: b for p, b in bars.items() if p in {parts[r] for r in bad} or not bad}

@@ -24,6 +24,7 @@ from trimtab.config import RunConfig
 from trimtab.data.batches import micro_batches, padding
 from trimtab.data.position import data_position
 from trimtab.data.quality import Flagged
+from trimtab.data.repeats import REPEATED, row_repeat_share
 from trimtab.distributed.group import all_max, highest_scores
 from trimtab.hardware import is_oom
 from trimtab.training import scoring
@@ -227,6 +228,19 @@ class RunView:
     def row_sources(self, rows: list[int]) -> dict[str, int]:
         """Where these training rows came from: source -> number of rows."""
         return scoring.sources_of(self._t.phases[self._t.state.phase].train_rows, list(rows))
+
+    def row_repeats(self, rows: list[int]) -> dict[int, float]:
+        """Those of these training rows that are a handful of tokens repeated, each with its share of
+        targets in its few commonest tokens (data/repeats.py row_repeat_share, REPEATED or more: a run
+        of one character, a table of zeros), read from the host's rows; {} in an RL or DPO phase."""
+        train = self._t.phases[self._t.state.phase].train_rows
+        if train is None:
+            return {}
+        shares = {}
+        for r in rows:
+            tokens, mask = train.get(r)
+            shares[r] = row_repeat_share(tokens[1:][mask[1:].astype(bool)])  # its targets, as collate builds them
+        return {r: share for r, share in shares.items() if share >= REPEATED}
 
     def row_parts(self, rows: list[int]) -> dict[int, str] | None:
         """Each training row's mixture source, by its name (data.mix[i].name: the loader numbers a
