@@ -28,6 +28,7 @@ from trimtab.resilience.watchdog import NoWatchdog, Watchdog
 from trimtab.rundir import read_metrics
 from trimtab.training import emergency
 from trimtab.training.emergency import EmergencySave, emergency_resume_line, every_ranks_rng, peer_lost
+from trimtab.training.hooks import Hook
 from trimtab.training.setup import setup
 from trimtab.training.trainer import Trainer
 
@@ -436,3 +437,64 @@ def test_a_peer_lost_in_the_hooks_after_the_update_saves_that_step_and_a_refusal
     capfd.readouterr()
     assert not again.emergency_save(RuntimeError(GLOO))  # before: no line; the CLI's said only the newest checkpoint
     assert "no emergency save (the optimizer's update had begun" in capfd.readouterr().err
+
+
+class Intervenes(Hook):
+    """Requests `action` at step 2's end; with `lost_in`, rank 1 is lost in on_applied just after it."""
+
+    def __init__(self, action: str, lost_in: bool, **params) -> None:
+        self.action, self.params, self.lost_in, self.requested = action, params, lost_in, False
+
+    def on_step_end(self, run, out) -> None:
+        if run.step == 2 and not self.requested:
+            self.requested = True
+            run.control.request(self.action, **self.params)
+
+    def on_applied(self, run) -> None:
+        if self.lost_in and self.requested:
+            self.lost_in = False
+            raise RuntimeError(GLOO)
+
+
+def intervened(out, monkeypatch, hook: Intervenes) -> Trainer:
+    cfg = load_config(preset="debug", overrides={"out": str(out)}, sets=[*SETS, "checkpoint.every=1"])
+    t = Trainer(setup(cfg), hooks=[*built_in_hooks(cfg), hook])
+    monkeypatch.setattr(t, "emergency_save_possible", lambda: None)
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        t.fit()
+    return t
+
+
+def test_a_peer_lost_once_an_intervention_is_applied_saves_the_step_with_it_and_one_lost_in_it_saves_none(
+    tmp_path, monkeypatch, capfd
+):
+    """Rank 1 lost in on_applied (the console's step line, after control.apply): the step with the intervention
+    applied is saved (before: no save, the restart went back to the last checkpoint and lost the decision). A
+    rollback leaving rows out, applied whole, saves its restored step again with the rows out; one lost in the
+    rollback's load (half-applied) saves nothing and says so."""
+    cut = intervened(tmp_path / "cut", monkeypatch, Intervenes("scale_lr", True, factor=0.5))
+    state = json.loads((tmp_path / "cut/checkpoints/step_000002/state.json").read_text())
+    assert state["emergency"]["rank"] == 0 and state["train"]["lr_scale"] == 0.5 and cut.last_saved == 2
+    cut.mark_step_start()  # a step begins; its batch is read, then an out-of-memory retry applies a smaller budget
+    kept, _ = cut._step_start, cut.loader.next_batch()
+    with cut.applying("set_micro_batch_tokens", mid_step=True):
+        pass
+    assert cut._step_start is kept  # the step's start, not the position past the batch read
+    with cut.applying("scale_lr", mid_step=False):
+        pass
+    assert cut._step_start[1] != kept[1]  # between steps: the state as it is, marked anew
+    capfd.readouterr()
+    back = intervened(tmp_path / "back", monkeypatch, Intervenes("rollback", True, to=1, skip_rows=[0, 1]))
+    state = json.loads((tmp_path / "back/checkpoints/step_000001/state.json").read_text())
+    assert state["emergency"]["rank"] == 0 and state["data"]["skipped"] == [0, 1] and state["good"]
+    assert back.state.step == 1 and "rank 0 saved step 1 alone" in capfd.readouterr().err
+    hook = Intervenes("rollback", False, to=1)
+    cfg = load_config(preset="debug", overrides={"out": str(tmp_path / "half")}, sets=[*SETS, "checkpoint.every=1"])
+    half = Trainer(setup(cfg), hooks=[*built_in_hooks(cfg), hook])
+    monkeypatch.setattr(half, "emergency_save_possible", lambda: None)
+    monkeypatch.setattr(half.dist, "read_checkpoint", lambda path: (_ for _ in ()).throw(RuntimeError(GLOO)))
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        half.fit()
+    said = capfd.readouterr().err
+    assert "no emergency save (rollback was being applied: a half-applied intervention is no whole state)" in said
+    assert not (tmp_path / "half/checkpoints/step_000002").exists()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from trimtab.training.trainer import Trainer
 
 Done = Callable[[str], None]
+Applying = Callable[[str, bool], AbstractContextManager[None]]
 
 
 class Requests:
@@ -63,8 +65,10 @@ class Requests:
 
 
 class Control:
-    def __init__(self, trainer: Trainer):
+    def __init__(self, trainer: Trainer, applying: Applying | None = None):
         self._trainer = trainer
+        # each effect runs in applying(name, mid_step): the trainer's emergency save's watch (training/emergency.py)
+        self._applying = applying or (lambda name, mid_step: nullcontext())
         self._queue: list[tuple[str, dict[str, Any], Done | None]] = []
         self.skip_next = False  # read by the next step's update gate
         self.applied = 0  # actions applied so far: a monitor rebases when the run was changed
@@ -83,15 +87,17 @@ class Control:
             return
         self._queue.append((name, params, on_done))
 
-    def apply(self) -> list[str]:
-        """Apply the queued requests in order; returns one line per change made."""
+    def apply(self, mid_step: bool = False) -> list[str]:
+        """Apply the queued requests in order; returns one line per change made. Each under the emergency
+        save's watch (training/emergency.py applying): `mid_step`, an out-of-memory retry's, inside a step."""
         done = []
         while self._queue:
             name, params, on_done = self._queue.pop(0)
             try:
                 if name in RL_ONLY and not self._trainer.cfg.rl.enabled:
                     raise ConfigError(f"{name}: a knob of reinforcement learning, which this run has not (trimtab rl)")
-                line = EFFECTS[name](self, **params)
+                with self._applying(name, mid_step):
+                    line = EFFECTS[name](self, **params)
             except TrimtabError as exc:  # e.g. no checkpoint to roll back to: say so, go on
                 line = f"failed: {exc}"
             done.append(line)

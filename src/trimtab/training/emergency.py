@@ -1,6 +1,7 @@
-"""An emergency save: a DDP survivor keeps the last completed step when a peer dies mid-step, in an
-evaluation, in a checkpoint's save or in the data's wait (docs/resilience.md, "A survivor's emergency
-save"). A mixin of Checkpointing (training/checkpointing.py).
+"""An emergency save: a DDP survivor keeps the last completed step when a peer dies mid-step, in its hooks
+or after the interventions they asked for are applied (one lost inside an intervention leaves it half-applied:
+no save, `applying`), in an evaluation, in a checkpoint's save or in the data's wait (docs/resilience.md,
+"A survivor's emergency save"). A mixin of Checkpointing (training/checkpointing.py).
 
 Under pure data parallelism (DDP: one whole replica a process) every rank holds the whole model and
 optimizer. A peer lost inside a step's collectives (the OOM/signal agreement, the gradient
@@ -60,6 +61,7 @@ RANK_0_FIRST_S = 1.0
 # resumes (the save's line, or why none): the CLI's exit line (cli_train.py) would say it a second time
 SAID = "trimtab_said"
 # how a survivor's line ends: what a person does next (cli_train.py ends a survivor's exit line with it too)
+UPDATING = "the optimizer's update had begun: the weights are no completed step's"
 NEXT = "torchrun restarts the job from {} (--max-restarts), or the same command resumes it"
 
 
@@ -122,6 +124,7 @@ class EmergencySave:
     # torchrun's agent then sends the survivors is its consequence (training/services/signals.py says so)
     peer_lost_as: str | None = None
     _said = False  # this survivor claimed the step and said a line for it (_say)
+    _unmarked = UPDATING  # why no step is marked (_step_start None) where one was: said by _refuse
 
     def emergency_save_possible(self) -> str | None:
         """Why no emergency save can be sound for this run (None: it can)."""
@@ -162,7 +165,30 @@ class EmergencySave:
 
     def update_begins(self) -> None:
         """The optimizer is about to change the weights: from here they are no completed step's."""
-        self._step_start = None
+        self._step_start, self._unmarked = None, UPDATING
+
+    @contextmanager
+    def applying(self, name: str, mid_step: bool) -> Iterator[None]:
+        """Control applies intervention `name` (training/control.py): a peer lost in it (a rollback's load, a
+        save's collectives) leaves it half-applied, no whole state to save. Applied, the state is whole again:
+        between steps (`mid_step` False), the completed step with the intervention in it (its knobs are in the
+        train state; a rollback's step, data position and RNG are the checkpoint's, marked anew); in a step (an
+        out-of-memory retry), the step's start as marked, the batch read since left out."""
+        kept, self._step_start = self._step_start, None
+        self._unmarked = f"{name} was being applied: a half-applied intervention is no whole state"
+        lost = False
+        try:
+            yield
+        except RuntimeError as exc:
+            lost = peer_lost(exc)
+            raise
+        finally:  # also refused (Control says "failed"): the run goes on from the state it left
+            if kept is not None and not lost:
+                self._unmarked = UPDATING
+                if mid_step:
+                    self._step_start = kept
+                else:
+                    self.mark_step_start()
 
     @contextmanager
     def saving_if_a_peer_is_lost(self) -> Iterator[None]:
@@ -195,7 +221,8 @@ class EmergencySave:
             self._refuse(exc, why)
             return False
         step, data, rng, gate = start
-        if step == self.last_saved:
+        # a rollback's restored step is saved again: what it decided since (rows left out, knobs) is in no checkpoint
+        if step == self.last_saved and not self._restored:
             return True
         if not self._claim(step):
             return False  # another survivor writes it
@@ -208,7 +235,9 @@ class EmergencySave:
         # never a rollback target: whether weights are good is the hooks' call, and the orchestrator's may
         # score a held-out probe averaged over the ranks (a collective: with NCCL it would wait for the dead
         # peer); as for any save judged not good, the held-out reference (on_save_prepare) stays the last good's
-        state = {**self._checkpoint_state(False), "data": data, EMERGENCY: {"rank": self.dist.rank, "error": first}}
+        # a restored good step's weights are that checkpoint's: still good (only its knobs and rows changed)
+        good = self._restored and step == self.last_saved == self.last_good
+        state = {**self._checkpoint_state(good), "data": data, EMERGENCY: {"rank": self.dist.rank, "error": first}}
         scaler = self.scaler.state_dict() if self.scaler else {}
         optim = {
             "optimizer": self.optimizer.state_dict(),
@@ -246,8 +275,10 @@ class EmergencySave:
     def _unsaved(self, start: tuple[int, dict[str, Any], dict[str, Any], Any] | None) -> str | None:
         """Why the state at hand is no completed step's to save now (None: it is `start`'s). Said by _refuse: a
         survivor that ended with only the CLI's "the newest checkpoint is step N" left a person to guess."""
-        if start is None or start[0] != self.state.step:
-            return "the optimizer's update had begun: the weights are no completed step's"
+        if start is None:
+            return self._unmarked
+        if start[0] != self.state.step:
+            return f"a rollback restored step {self.state.step}, not the step marked ({start[0]})"
         if self.dist.writing_in_background():
             return "a checkpoint's background write was under way: its collectives wait on the lost peer"
         if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):

@@ -34,7 +34,7 @@ class OomRecovery:
                     torch.cuda.empty_cache()
                 rows = self.view.rl_generation_rows
                 handled = any(self._hook(h, "on_rollout_oom", exc) for h in self.hooks)
-                self.control.apply()
+                self.control.apply(mid_step=True)  # inside the step: training/emergency.py applying
                 if not self.stop_reason and (not handled or self.view.rl_generation_rows >= rows):
                     self._oom_stop(exc, f"generating {rows} rollouts at a time", "rl.prompts_per_step", handled)
                 if self.stop_reason:
@@ -58,7 +58,7 @@ class OomRecovery:
                     torch.cuda.empty_cache()
                 before = (self.loader.micro_batch_tokens, self.model.checkpointing)
                 handled = any(self._hook(h, "on_oom", exc, batch) for h in self.hooks)
-                self.control.apply()
+                self.control.apply(mid_step=True)  # inside the step: training/emergency.py applying
                 budget, recompute = before
                 lighter = self.loader.micro_batch_tokens < budget or self.model.checkpointing != recompute
                 if not self.stop_reason and (not handled or not lighter):  # a retry would fail the same way

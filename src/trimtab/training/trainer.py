@@ -72,7 +72,7 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
         self.exit_code = 0  # the process's, for a scheduler: non-zero when the run gave up
         self.hooks = self._loggers() + list(hooks)
         self.window = LogWindow()
-        self.control = Control(self)
+        self.control = Control(self, self.applying)
         self.view = RunView(self, self.control)  # what hooks see
         self.findings: list[Any] = []  # hooks' findings for the orchestrator (RunView.propose)
         for hook in self.hooks:
@@ -164,15 +164,16 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
                 if out is None:  # out of memory with nothing left to shrink: stop_reason says why
                     break
                 # the hooks' collectives (the orchestrator's reads of every rank's figures) come after the update: a
-                # peer lost in them leaves the step just updated, complete, to save (marked in _after_step)
+                # peer lost in them leaves the step just updated, complete, to save (marked in _after_step); one lost
+                # in an intervention's (a rollback's load) leaves none, once it is applied the step with it in
                 with self.saving_if_a_peer_is_lost():
                     self._after_step(out)  # bookkeeping and hooks: the orchestrator decides here
                     self._deliver_findings()  # another hook's finding (the live planner's): decided now
-                self.control.apply()  # interventions take effect at this one point
-                self._call("on_applied")  # the run as the next step trains it (the console's step line)
-                if self.state.step == out.step and self._phase_ends():
-                    self._call("on_phase_end")  # hooks check the state a phase ends in (a rollback trains on)
-                    self.control.apply()
+                    self.control.apply()  # interventions take effect at this one point
+                    self._call("on_applied")  # the run as the next step trains it (the console's step line)
+                    if self.state.step == out.step and self._phase_ends():
+                        self._call("on_phase_end")  # hooks check the state a phase ends in (a rollback trains on)
+                        self.control.apply()
                 if self.state.step == out.step:  # a rollback restores a step saved (and evaluated if due) before
                     self.mark_step_start()  # the step just completed: a peer lost in its evaluation or save
                     with self.saving_if_a_peer_is_lost():
