@@ -5,6 +5,8 @@ that says "not resolved" when the interval holds it."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import random
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,12 +65,29 @@ def run_child(
             raise
         pump.join()
     stderr = "".join(err)
-    line = next((ln for ln in reversed(stdout.splitlines()) if ln.startswith("RESULT ")), None)
+    line = _result_line(stdout)
     if line is None:
         if tolerate is not None and tolerate.lower() in stderr.lower():
             return {"failed": True, "other_cpu": busy.other}
         sys.exit(f"{what} failed (exit {proc.returncode}):\n{stdout[-1000:]}\n{stderr[-3000:]}")
     return {**json.loads(line[7:]), "other_cpu": busy.other}
+
+
+def run_here(child: Callable[[], object], what: str) -> dict:
+    """`child` (a function that ends by calling `emit`) run in this process, its result as `run_child`
+    returns it: for a dry run, which checks that a child runs, not what it measures (a fresh
+    interpreter spent ~3 s of CPU importing torch, and transformers where it is used)."""
+    printed = io.StringIO()
+    with Contention() as busy, contextlib.redirect_stdout(printed):
+        child()
+    line = _result_line(printed.getvalue())
+    if line is None:
+        sys.exit(f"{what} emitted no result:\n{printed.getvalue()[-1000:]}")
+    return {**json.loads(line[7:]), "other_cpu": busy.other}
+
+
+def _result_line(stdout: str) -> str | None:
+    return next((ln for ln in reversed(stdout.splitlines()) if ln.startswith("RESULT ")), None)
 
 
 def _copy_lines(stream, into: list[str], echo: bool) -> None:
@@ -78,9 +98,14 @@ def _copy_lines(stream, into: list[str], echo: bool) -> None:
             sys.stderr.flush()
 
 
-def run_python(code: str, what: str, cwd: Path | str | None = None, env: dict[str, str] | None = None) -> dict:
+def run_python(
+    code: str, what: str, cwd: Path | str | None = None, env: dict[str, str] | None = None, fresh: bool = True
+) -> dict:
     """`python -c code` as a child (`code` ends by calling `emit`, importable from `_measure`
-    since bench/ is on the child's path); its result as `run_child` returns it."""
+    since bench/ is on the child's path); its result as `run_child` returns it. fresh=False (a dry
+    run): the same code run in this process (`run_here`), in its directory and environment."""
+    if not fresh:
+        return run_here(lambda: exec(compile(code, what, "exec"), {"__name__": "__child__"}), what)
     bench = str(Path(__file__).resolve().parent)
     env = dict(env or os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [bench, env.get("PYTHONPATH")]))

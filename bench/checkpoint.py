@@ -15,12 +15,13 @@ a host memcpy, and the disk is whatever holds --work (the run directory).
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
 
 from _benchfile import publish, scratch  # bench/_benchfile.py, next to this file
-from _measure import emit, median_ci, paired_ratio, run_child  # bench/_measure.py, next to this file
+from _measure import emit, median_ci, paired_ratio, run_child, run_here  # bench/_measure.py, next to this file
 
 HEADING = "## Checkpoint stall: synchronous vs background saves (`bench/checkpoint.py`)"
 
@@ -98,8 +99,12 @@ def main() -> None:
     with scratch(args.work, "bench-checkpoint-") as work:
         for preset in presets:
             print(f"{preset} ...", flush=True)
+            what = f"{preset}'s saves"
+            if args.dry_run:  # checks that it runs, not what it measures: no fresh interpreter (~3 s of CPU)
+                results[preset] = run_here(functools.partial(child, preset, reps, str(work / preset)), what)
+                continue
             cmd = [sys.executable, __file__, "--child", preset, str(reps), str(work / preset)]
-            results[preset] = run_child(cmd, f"{preset}'s saves")
+            results[preset] = run_child(cmd, what)
     body = (
         f"One process (one thread), {reps} pairs of saves per preset after one training step, alternating "
         "synchronous and background; milliseconds, median (95% interval). Sync: the whole save, files "

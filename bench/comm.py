@@ -60,6 +60,17 @@ MESHES = {  # name: (processes, distributed section, other settings)
     "PP 2": (2, {"pp": 2}, []),
     "PP 2 x FSDP2 2": (4, {"pp": 2}, []),
 }
+# torchrun with its ranks forked from its agent, which imported torch and trimtab once (torchrun's own
+# `--run-path --start-method fork`): a rank started as a fresh `python` spent ~3.4 s of CPU on imports
+# (torch._dynamo: an optimizer's construction imports it), two to four a mesh. Bytes are a count:
+# where a rank's imports happened changes none.
+TORCHRUN = [
+    sys.executable,
+    "-c",
+    "import torch._dynamo, trimtab.api; from torch.distributed.run import main; main()",
+    "--run-path",
+    "--start-method=fork",
+]
 
 
 # ------------------------------------------------------------------------ inside each process
@@ -159,9 +170,12 @@ def measure(preset: str, nproc: int, section: dict, sets: list[str], warmup: int
         overrides["out"] = str(Path(tmp) / "run")
         result = Path(tmp) / "sent.json"
         config = {"preset": preset, "overrides": overrides, "sets": sets}
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        cmd = [*TORCHRUN, "--standalone", f"--nproc_per_node={nproc}"]
         cmd += [__file__, "--worker", json.dumps(config), str(result), str(warmup), str(steps)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+        # bench/ on the path: runpy does not put a script's folder there. One thread: an OpenMP pool
+        # does not survive a fork.
+        path = os.pathsep.join([str(ROOT / "src"), str(ROOT / "bench")])
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
         if done.returncode:
             raise SystemExit(done.stdout[-2000:] + done.stderr[-8000:])

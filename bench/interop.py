@@ -116,10 +116,11 @@ def make_run(preset: str, work: Path) -> tuple[Path, int]:
     return run, size
 
 
-def peak_rss(op: str, run: Path, out: Path, tmp: Path) -> float:
-    """Peak RSS in bytes of `op` run alone in a fresh process."""
+def peak_rss(op: str, run: Path, out: Path, tmp: Path, fresh: bool = True) -> float:
+    """Peak RSS in bytes of `op` run alone in a fresh process (fresh=False, a dry run: the child's
+    code run in this process, whose peak it reports: checked that it runs, not measured)."""
     code = CHILD.format(op=op, run=str(run), out=str(out), tmp=str(tmp))
-    result = run_python(code, op)
+    result = run_python(code, op, fresh=fresh)
     shutil.rmtree(tmp, ignore_errors=True)
     return result["peak_rss"]
 
@@ -200,7 +201,8 @@ def main() -> None:
         run, size = make_run(args.preset, work)
         out, tmp = work / "hf", work / "saved"
         secs, other = time_rounds(run, out, tmp, args.reps)
-        rss = {op: max(peak_rss(op, run, out, tmp) for _ in range(args.rss_reps)) for op in OPS}
+        fresh = not args.dry_run
+        rss = {op: max(peak_rss(op, run, out, tmp, fresh) for _ in range(args.rss_reps)) for op in OPS}
         body = report(secs, rss, size, args.preset)
         publish(HEADING, body, precision="fp32 weights", other_cpu=other, dry_run=args.dry_run)
 

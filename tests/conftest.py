@@ -163,6 +163,16 @@ def tokenizer():
 
 
 @pytest.fixture(scope="session")
+def debug_run(tmp_path_factory):
+    """helpers.base_run once a worker: a 2-step debug run through the CLI (a tokenizer and weights to
+    start RL or DPO from), read only (copy it to change it). Seven modules made their own: ~2 s of
+    CPU each."""
+    from helpers import base_run
+
+    return base_run(tmp_path_factory.mktemp("debug_run") / "run")
+
+
+@pytest.fixture(scope="session")
 def reference(tmp_path_factory):
     """`reference(**overrides)`: the one-process run (tests/helpers.py) the multi-process tests
     compare with, as (run dir, record); one run per distinct config for the whole session, so

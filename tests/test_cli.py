@@ -32,11 +32,10 @@ def test_train_resume_and_generate_like_the_readme(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("def ")
 
 
-def test_generate_cuts_a_long_prompt_to_leave_room_for_the_new_tokens(tmp_path, caplog):
+def test_generate_cuts_a_long_prompt_to_leave_room_for_the_new_tokens(debug_run, caplog):
     """A prompt past the model's context (128 positions in debug) is cut to its end so that the
     100 new tokens asked for fit, said (it was cut to 127 tokens: a one-token answer)."""
-    out = str(tmp_path / "r")
-    assert main(["train", "--preset", "debug", "--out", out, "--max-steps", "2", *FAST]) == 0
+    out = str(debug_run)  # generate only reads the run
     with caplog.at_level(logging.WARNING, logger="trimtab"):
         assert main(["generate", out, "--prompt", "x " * 400, "--max-new-tokens", "100"]) == 0
     assert "new ones asked for pass the model's 128 positions: the prompt is cut to its last 28 tokens" in caplog.text

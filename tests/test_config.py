@@ -61,6 +61,24 @@ def test_missing_and_malformed_files(tmp_path):
         load_config(bad)
 
 
+def test_yaml_is_read_by_libyaml_and_a_bad_file_worded_by_the_pure_parser(tmp_path, monkeypatch):
+    """libyaml reads a config 8x faster than the pure parser; its errors word a fault differently
+    (here "did not find expected ',' or ']'"), so text it refuses is read again by the pure parser,
+    whose message users were shown."""
+    loaders = []
+    real = yaml.load
+    monkeypatch.setattr(yaml, "load", lambda text, Loader: loaders.append(Loader) or real(text, Loader=Loader))
+    assert load_config(preset="debug").model.d_model == 96
+    assert loaders and all(issubclass(loader, yaml.CSafeLoader) for loader in loaders)
+    loaders.clear()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  d_model: [1, 2\n")
+    expected = r"bad.yaml:3: invalid YAML \(expected ',' or '\]', but got '<stream end>'\); fix the syntax"
+    with pytest.raises(ConfigError, match=expected):
+        load_config(bad)
+    assert [issubclass(loader, yaml.CSafeLoader) for loader in loaders] == [True, False]
+
+
 def test_every_preset_loads_and_round_trips():
     assert {"debug", "small"} <= set(available_presets())
     for name in available_presets():

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import base_run, trimtab_cli
+from helpers import trimtab_cli
 from trimtab.config import ModelConfig, load_config
 from trimtab.config.dpo import DPOConfig
 from trimtab.data.batches import IGNORE_INDEX
@@ -241,9 +241,9 @@ DPO = [
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    """A debug run of two steps: a tokenizer and weights to start DPO from."""
-    return base_run(tmp_path_factory.mktemp("dpo") / "base")
+def base(debug_run):
+    """A debug run of two steps: a tokenizer and weights to start DPO from (the session's, conftest.py)."""
+    return debug_run
 
 
 @pytest.fixture(scope="module")

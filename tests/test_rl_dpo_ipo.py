@@ -5,7 +5,7 @@ withheld every update, rolled back three times and stopped the run with exit cod
 
 import argparse
 
-from helpers import base_run, trimtab_cli
+from helpers import trimtab_cli
 from trimtab.cli_train import _train_config
 from trimtab.config import load_config, resolve
 from trimtab.rundir import read_decisions
@@ -29,8 +29,8 @@ def test_ipo_raises_the_grad_ceiling_by_one_over_beta_unless_the_user_set_it():
     assert cfg.orchestrator.grad.max_norm == 1000.0 and resolve(cfg.to_dict()).orchestrator.grad.max_norm == 1000.0
 
 
-def test_an_ipo_run_from_a_warm_start_trains_every_step(tmp_path):
-    base = base_run(tmp_path / "base")
+def test_an_ipo_run_from_a_warm_start_trains_every_step(tmp_path, debug_run):
+    base = debug_run
     out = tmp_path / "ipo"
     args = ["--preset", "debug", "--out", str(out), "--max-steps", "4", *FAST, "--set", f"train.init_from={base}"]
     args += ["--set", "dpo.loss=ipo", "--set", "dpo.pairs_per_step=8", "--set", "dpo.held_out=8"]

@@ -4,7 +4,7 @@ said "the tokenizer ... is unknown; set train.init_from", the key the user had s
 
 import pytest
 
-from helpers import base_run, trimtab_cli
+from helpers import trimtab_cli
 
 
 @pytest.mark.parametrize("command", ["rl", "dpo"])
@@ -19,11 +19,11 @@ def test_an_init_from_without_a_model_is_named(tmp_path, command):
     assert str(empty / "tokenizer.json") in done.stderr  # what it looked for
 
 
-def test_init_from_another_model_suggests_the_command_that_was_run(tmp_path):
+def test_init_from_another_model_suggests_the_command_that_was_run(tmp_path, debug_run):
     """An RL or DPO run from weights of another model: the command suggested is `trimtab rl` /
     `trimtab dpo` with that run's config (it said `trimtab train`, which drops the RL / DPO section
     and would train the model on text instead)."""
-    base = base_run(tmp_path / "base")  # a debug run; debug-moe has other layers
+    base = debug_run  # debug; debug-moe has other layers
     for command in ("rl", "dpo"):
         args = ["--preset", "debug-moe", "--out", str(tmp_path / command), "--max-steps", "1"]
         done = trimtab_cli([command, *args, "--set", f"train.init_from={base}"], tmp_path)

@@ -7,7 +7,6 @@ import json
 import pytest
 
 import trimtab
-from helpers import base_run
 from trimtab.config import load_config
 from trimtab.orchestrator import ctl
 from trimtab.training.hooks import Hook
@@ -31,9 +30,9 @@ class Person(Hook):
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    """A debug run of two steps: a tokenizer and weights to start RL from."""
-    return base_run(tmp_path_factory.mktemp("rl") / "base")
+def base(debug_run):
+    """A debug run of two steps: a tokenizer and weights to start RL from (the session's, conftest.py)."""
+    return debug_run
 
 
 def rl_run(out, base, staleness: int, script: dict) -> list[dict]:

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from helpers import base_run, trimtab_cli
+from helpers import trimtab_cli
 from trimtab.config import load_config
 from trimtab.rundir import read_decisions
 from trimtab.training.changes import config_changes
@@ -29,11 +29,11 @@ RL = [
 
 
 @pytest.fixture(scope="module")
-def stopped(tmp_path_factory):
+def stopped(tmp_path_factory, debug_run):
     """An RL run (on the built-in arithmetic prompts) of 4 steps, without a KL term (nor rl_reward's
     start kept): its step-0 checkpoint is pruned (checkpoint.keep 1). Each test resumes a copy of it to step 6."""
     root = tmp_path_factory.mktemp("rl")
-    base = base_run(root / "base")
+    base = debug_run
     out = root / "run"
     args = [*RL, "--out", str(out), "--max-steps", "4", "--set", f"train.init_from={base}"]
     done = trimtab_cli(["rl", *args], root)

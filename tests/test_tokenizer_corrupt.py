@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 import trimtab
-from helpers import FAST, base_run, trimtab_cli
+from helpers import FAST, trimtab_cli
 from trimtab.config import load_config
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import DataError
@@ -48,8 +48,8 @@ def test_a_corrupt_data_tokenizer_names_the_file_and_the_fix(tokenizer, tmp_path
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    return base_run(tmp_path_factory.mktemp("corrupt") / "run")
+def trained(debug_run):
+    return debug_run  # each test damages a copy
 
 
 @pytest.mark.parametrize("how", ["truncated", "not_a_tokenizer"])
