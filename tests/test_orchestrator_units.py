@@ -1441,7 +1441,7 @@ def test_a_nan_entropy_is_no_collapse():
 
 
 def test_responses_grown_into_the_budget_get_the_soft_penalty_a_wider_one_a_rollback_then_a_word():
-    """rl_length: the window's share of truncated responses against the phase's first window's;
+    """rl_length: the window's share of truncated responses against the starting policy's (step 1's);
     the soft penalty over a quarter of the budget, then half, then once back to the policy that drew the last
     rollouts whose share cut stood within `rise` of the start's (the penalty kept), where the replay runs away again
     back there with a lower LR, then a word; the filter is not a step
@@ -1459,15 +1459,16 @@ def test_responses_grown_into_the_budget_get_the_soft_penalty_a_wider_one_a_roll
     found = [
         mon.observe(metrics(i + 1, rl={"truncated": v, "response_tokens": 4 + 8 * v})) for i, v in enumerate(shares)
     ]
-    # the start: 0.125; means of two: .375, .625 at step 5 (.5 above the start); a fresh window: .5 at step 7
-    assert [f is not None for f in found] == [False] * 4 + [True, False, True]
+    # the start: step 1's 0; means of two from step 2: .25, .375, .625 at step 5; a fresh window, .5 at step 7,
+    # whose last step ends again: the runaway turns, no finding (a rollback's restored window fired on it)
+    assert [f is not None for f in found] == [False] * 4 + [True, False, False]
     assert found[4].evidence == {
         "truncated": 0.625,
-        "start_truncated": 0.125,
+        "start_truncated": 0.0,
         "response_tokens": 9.0,
-        "start_response_tokens": 5.0,
+        "start_response_tokens": 4.0,
         "window": 2,
-        "short_step": 2,  # step 4's 0.5 is more than `rise` (0.25) above the start's 0.125: step 3's were drawn by 2
+        "short_step": 2,  # step 4's 0.5 is more than `rise` (0.25) above the start's 0: step 3's were drawn by 2
     }
     every_one_cut = LengthRunaway(cfg)  # a budget every response fills from the start: the run's design
     assert not any(every_one_cut.observe(metrics(i, rl={"truncated": 1.0, "response_tokens": 2.0})) for i in range(9))
@@ -1498,7 +1499,8 @@ def test_a_runaway_begun_in_the_start_window_rolls_back_to_the_policy_whose_resp
     steps 1-3, then all. Every step of the start window was the target, and the checkpoint of step 3 (whose next
     rollouts were 98% cut) was no policy that ended: the replay stayed at the budget. The target is the policy
     that drew step 2's rollouts (step 1's weights; a step before for rollouts a step stale), kept from pruning
-    while the share stays risen."""
+    while the share stays risen. The baseline is the starting policy's rollouts (step 1's; a step stale, steps 1-2),
+    not the first window's: that one held the runaway's start (20% at window 3) and found it at step 6, not 4."""
     from types import SimpleNamespace
 
     from trimtab.orchestrator.rl_health import LengthRunaway
@@ -1510,8 +1512,10 @@ def test_a_runaway_begun_in_the_start_window_rolls_back_to_the_policy_whose_resp
     shares = [0.0, 0.016, 0.594, 0.984, 1.0, 0.969]
     rl = lambda v: {"truncated": v, "response_tokens": 8 * v, "staleness": staleness}  # noqa: E731
     found = [mon.observe(metrics(i + 1, rl=rl(v))) for i, v in enumerate(shares)]
-    assert [f is not None for f in found] == [False] * 5 + [True]
-    assert found[-1].evidence["short_step"] == 1 - staleness
+    at = 4 + int(staleness)  # the first full window after the start: steps 2-4 (3-5 a step stale)
+    assert [f is not None for f in found] == [i + 1 == at for i in range(6)]
+    assert found[at - 1].evidence["start_truncated"] == pytest.approx(0.008 * staleness)
+    assert found[at - 1].evidence["short_step"] == 1 - staleness
     saves = SimpleNamespace(mode="auto", paused=set(), monitors={"rl_length": mon})
     assert SaveGuard.kept_checkpoints(saves, SimpleNamespace(step=6)) == (1 - staleness,)
     mon.observe(metrics(7, rl=rl(0.0)))  # ending again: nothing kept past pruning

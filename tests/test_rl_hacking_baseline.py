@@ -65,3 +65,48 @@ def test_the_rl_and_dpo_rules_stop_alike_when_no_rollback_is_left() -> None:
         assert stop.reasoning.endswith(
             "same LR: stopping keeps the better policy in the checkpoints, training on would not"
         )
+
+
+@pytest.mark.parametrize("rollbacks, lr_scale", [(1, 0.5), (0, 0.01)])
+def test_rl_hackings_stop_gives_up_with_its_reason(rollbacks: int, lr_scale: float) -> None:
+    """Hacking again after its rollback (or at the LR's floor) stops as rl_reward does: exit 3 and a reason for
+    summary.json (the stop had no params: exit 0, "stopped (stop requested)")."""
+    cfg = OrchestratorConfig()
+    f = Finding(rule="rl_hacking", family="rl", step=12, evidence={"best_step": 2}, summary="", strength=1.0)
+    stop = remedy(f, SimpleNamespace(lr_scale=lr_scale), cfg, rollbacks=rollbacks)
+    assert stop.action == "stop" and stop.params["exit_code"] == 3, stop
+    why = "a rollback at a lower LR in this incident did not stop it" if rollbacks else "the LR is at its floor"
+    assert stop.params["reason"].startswith(
+        f"the held-out reward keeps falling while the training reward rises and {why}"
+    )
+    assert stop.params["reason"].endswith(
+        "rl.held_out_reward measuring the task; the better policy is the checkpoint at or before step 2"
+    )
+
+
+def test_a_replay_from_before_the_best_evaluation_is_judged_against_that_best() -> None:
+    """The rollback's target, step 0's checkpoint, holds no step-0 evaluation (it is not taken again): the hacking
+    test's best is kept over it (KEPT_ON_ROLLBACK), as the fall's `top` is. Restored without it, the replay's first
+    reading, 0/16, became the best and a replay hacking on from it was never found (measured: training reward to
+    1.0 by step 30, held-out 0/16 through step 48, exit 0)."""
+    cfg = OrchestratorConfig()
+    cfg.rl_hacking.window, cfg.rl_hacking.sigmas = 2, 100.0  # the count's own fall out of reach: hacking alone
+    mon = RewardHacking(cfg)
+    target = mon.state_dict()  # step 0's checkpoint, saved before step 0's evaluation
+
+    def replay(evals: list[int]) -> list[Any]:
+        found = []
+        for i, solved in enumerate(evals):
+            for s in (2 * i - 1, 2 * i) if i else ():
+                mon.observe(StepMetrics(step=s, loss=0.0, grad_norm=0.0, rl={"reward": 0.1 + 0.05 * s}))
+            found.append(mon.observe_eval(2 * i, 0, solved / 16, solved, 16) if solved >= 0 else None)
+        return found
+
+    assert [f is not None for f in replay([10, 0, 0, 0])] == [False, False, False, True]
+    kept = {key: getattr(mon, key) for key in mon.KEPT_ON_ROLLBACK}  # as Orchestrator._load_monitors
+    mon.load_state_dict(target)
+    for key, value in kept.items():
+        setattr(mon, key, value)
+    again = replay([-1, 0, 0, 0])  # no step-0 evaluation in the replay
+    assert [f is not None for f in again] == [False, False, False, True]
+    assert (again[3].evidence["best_step"], again[3].evidence["best_held_out_reward"]) == (0, 10 / 16)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import base_run, trimtab_cli
+from helpers import trimtab_cli
 from trimtab.rundir import read_decisions
 
 RL = [
@@ -21,17 +21,18 @@ RL = [
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    """A debug run of two steps: a tokenizer and weights to start RL from."""
-    return base_run(tmp_path_factory.mktemp("rl") / "base")
+def base(debug_run):
+    """A debug run of two steps: a tokenizer and weights to start RL from (the session's, conftest.py)."""
+    return debug_run
 
 
-def rl(out, base, steps: int, *extra: str):
+def rl(out, base, steps: int, *extra: str, code: int = 0):
+    """`trimtab rl` into `out`, its exit code `code` (3: the orchestrator gave up); its RL steps' metrics."""
     done = trimtab_cli(
         ["rl", *RL, "--out", str(out), "--max-steps", str(steps), "--set", f"train.init_from={base}", *extra],
         out.parent,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == code, done.stderr[-3000:]
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "rl/reward" in line]
 
 
@@ -216,7 +217,7 @@ def test_a_training_reward_parting_from_the_held_out_one_rolls_back_to_the_best_
     sets = ["--set", "rl.held_out_reward=python:rl_verifiers:no_space", "--set", "rl.held_out=16"]
     sets += ["--set", "train.eval_every=2", "--set", "checkpoint.every=2", "--set", "orchestrator.rl_hacking.window=2"]
     sets += ["--set", "orchestrator.rl_hacking.sigmas=100"]
-    rl(tmp_path / "h", base, 24, *sets)
+    rl(tmp_path / "h", base, 24, *sets, code=3)  # gave up, as rl_reward does (it exited 0, "stop requested")
     first, second = decided(tmp_path / "h", "rl_hacking")
     best = first["evidence"]["best_step"]
     assert (first["action"], first["params"]) == ("rollback", {"to": best, "lr_factor": 0.5})
@@ -225,7 +226,8 @@ def test_a_training_reward_parting_from_the_held_out_one_rolls_back_to_the_best_
     assert first["evidence"]["train_reward"] >= first["evidence"]["train_reward_at_best"] + 0.05
     assert second["action"] == "stop" and second["evidence"]["times"] == 2 and second["step"] < 24
     summary = json.loads((tmp_path / "h/summary.json").read_text())
-    assert summary["status"] != "completed" and (tmp_path / f"h/checkpoints/step_{best:06d}").is_dir()
+    assert summary["exit_code"] == 3 and (tmp_path / f"h/checkpoints/step_{best:06d}").is_dir()
+    assert summary["status"].startswith("gave up (the held-out reward keeps falling while the training reward rises")
 
 
 def test_nans_that_outlast_skips_and_an_lr_cut_roll_back_keeping_the_prompts(tmp_path, base):

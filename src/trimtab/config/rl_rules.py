@@ -80,11 +80,12 @@ class RLEntropyRule(Section):
 class RLLengthRule(Section):
     """RL's response length (`trimtab rl`, docs/rl.md): when `threshold` or more of the
     responses of the last `window` steps ran to rl.max_new_tokens without ending, `rise` more
-    than in the phase's first `window` steps, the responses have grown into the budget and their
-    rewards grade unfinished answers (a length runaway). Remedy: DAPO's soft overlong penalty
-    over the last `buffer` of the budget (a share of rl.max_new_tokens), then over twice that, so
-    lengths come back under it; still cut, the rule says so (raise rl.max_new_tokens if the task
-    needs longer answers)."""
+    than in the starting policy's rollouts (rl_reward.start_steps at most), the responses have
+    grown into the budget and their rewards grade unfinished answers (a length runaway). Remedy:
+    DAPO's soft overlong penalty over the last `buffer` of the budget (a share of
+    rl.max_new_tokens), then over twice that, so lengths come back under it; then a rollback to
+    the policy whose responses still ended; still cut, the rule says so (raise rl.max_new_tokens
+    if the task needs longer answers)."""
 
     enabled: bool = True
     window: int = 5

@@ -304,17 +304,24 @@ class EntropyCollapse(Monitor):
 
 
 class LengthRunaway(Monitor):
-    """The share of responses cut at rl.max_new_tokens over `window` steps against the phase's
-    first `window` steps: at `threshold` or more, and `rise` above where the policy started, the
-    responses have grown into the budget and rewards grade unfinished answers. (A budget every
-    response fills from the first step is the run's design, a tiny one for a tiny task, not a
-    runaway.) Evidence: both shares and the mean lengths."""
+    """The share of responses cut at rl.max_new_tokens over `window` steps against the starting policy's (the steps
+    whose rollouts it drew, as rule rl_reward takes its start: rl_stats.starting_policys): at `threshold` or more,
+    and `rise` above it, the responses have grown into the budget and rewards grade unfinished answers. (A budget
+    every response fills from the first step is the run's design, a tiny one for a tiny task, not a runaway.)
+    Evidence: both shares and the mean lengths. The start was the phase's first `window` steps: a runaway begun in
+    them was part of its own baseline (measured: 0%, 2%, 59% cut at steps 1-3, a start of 20% at window 3), which
+    raised the bar and the target's bound by as much, and the first window judged came after it (found at step 6,
+    now at 4)."""
 
     rule, family = "rl_length", "rl"
+    SETTINGS = ("start_steps",)  # rl_reward's, as configured
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.rl_length
-        self.start: list[tuple[float, float]] = []  # the phase's first window: (truncated share, tokens)
+        self.start_steps = cfg.rl_reward.start_steps
+        self.first: int | None = None  # the phase's first step
+        self.own, self.steps = 0, 0  # the starting policy's steps, the steps seen
+        self.start: list[tuple[float, float]] = []  # the starting policy's steps: (truncated share, tokens)
         self.window: list[tuple[float, float]] = []  # the last steps'
         self.short_step = 0  # the last policy whose rollouts' share cut had not risen from the start's: the target
         self.rising = False  # the last step's share had risen from the start's: short_step's checkpoint is kept
@@ -324,17 +331,25 @@ class LengthRunaway(Monitor):
         if rl.get("truncated") is None or poisoned(rl):
             return None
         seen = (rl["truncated"], rl["response_tokens"])
-        if len(self.start) < rule.window:
+        if not self.steps and self.start:  # an older state: its start was the phase's first window
+            self.own, self.steps = len(self.start), len(self.start) + len(self.window)
+        if self.first is None:
+            self.first = m.step - self.steps
+        own = starting_policys(self.own, self.steps, self.start_steps, m.step, self.first, rl.get("staleness", 0.0))
+        self.own, self.steps = self.own + own, self.steps + 1
+        if own or not self.start:
             self.start.append(seen)
-            # within the start window, against its lowest share: a runaway may begin in it (measured: 0%, 2%, 59%
-            # cut at steps 1-3, a mean of 20%), and a target set at every step of it was already running away
+            # against the start's lowest share: a target set at every step of it may already be running away
             self._short(m, rl, min(share for share, _ in self.start) + rule.rise)
             return None
         start, start_length = (sum(column) / len(self.start) for column in zip(*self.start))
         self._short(m, rl, start + rule.rise)
         self.window = [*self.window, seen][-rule.window :]
         share, length = (sum(column) / len(self.window) for column in zip(*self.window))
-        if len(self.window) < rule.window or share < rule.threshold or share - start < rule.rise:
+        # not where the last step's responses end again (self.rising): the runaway is turning. At lr 1e-2 a replay's
+        # 92%, 89%, 0% cut fired, rolled back to step 3 at x0.5, and fired again on the window the checkpoint restored
+        # at the replayed step 4 (0% again): the incident's rollbacks spent on a runaway the penalty had mended
+        if len(self.window) < rule.window or share < rule.threshold or share - start < rule.rise or not self.rising:
             return None
         self.window = []
         evidence = {

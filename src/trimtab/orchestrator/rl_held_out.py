@@ -36,8 +36,11 @@ class RewardHacking(Monitor):
     # 4/100 as its best, and 1/100 and 2/100 after it as within the noise, on the arithmetic run of _falling). A
     # fall's readings (run, pending, cusum) are the checkpoint's: those since were of weights the rollback threw
     # away, and kept they were pooled with the replay's first reading (x30 the LR: 1/200, then 17/200 at the cut
-    # LR) as a fall of 2 evaluations, which stopped a replay on one reading of its own (50/200 would have too)
-    KEPT_ON_ROLLBACK = ("top", "base", "readings")
+    # LR) as a fall of 2 evaluations, which stopped a replay on one reading of its own (50/200 would have too).
+    # The hacking test's best is kept as `top` is: restored without step 0's, the replay's first reading became the
+    # best, and a replay that read 0/16 from its first evaluation (10/16 at step 0) hacked on to a training reward of
+    # 1.0 through step 48 unfound (starts_with_space against no_space, tests/test_rl_train.py's run)
+    KEPT_ON_ROLLBACK = ("top", "base", "readings", "best", "best_step", "train_at_best")
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.rl_hacking

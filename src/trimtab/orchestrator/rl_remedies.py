@@ -269,18 +269,20 @@ def _hacking_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: i
             f"step {best}) and train on with a smaller learning rate, which moves the policy less far"
             + ("" if fell else " towards what the verifier pays for"),
         )
-    again = "again" if rollbacks else f"with the LR at its floor (orchestrator.min_lr_scale={cfg.min_lr_scale:g})"
+    # a stop, like rl_reward's (gave_up): exit 3 and its reason in summary.json (without them: exit 0, "stop requested")
+    again = "a rollback at a lower LR in this incident did not stop it"
+    reason = again if rollbacks else no_rollback(factor, rollbacks, cfg, best)
     if fell:
-        return Remedy(
-            action="stop",
-            reasoning=f"the held-out reward falls {again}: more training makes the policy worse; the best policy is "
-            f"the checkpoint at or before step {best} (a lower optim.lr, or a stronger warm start, is the fix)",
+        why = "more training makes the policy worse at the task"
+        return gave_up(
+            "the held-out reward keeps falling", why, best, reason, "lower optim.lr, or a stronger warm start"
         )
-    return Remedy(
-        action="stop",
-        reasoning=f"the held-out reward falls {again} while the training reward rises: more training hacks the "
-        f"verifier; the best policy is the checkpoint at or before step {best} (a stricter verifier, "
-        "rl.reward, or rl.held_out_reward measuring the task, is the lasting fix)",
+    return gave_up(
+        "the held-out reward keeps falling while the training reward rises",
+        "more training hacks the verifier: the training reward is no longer the task's",
+        best,
+        reason,
+        "a stricter verifier (rl.reward), or rl.held_out_reward measuring the task",
     )
 
 

@@ -345,15 +345,15 @@ def _span(turns: list[list[Any]]) -> str:
     return f"{before:g} -> {after:g} ({steps})" if not isinstance(after, str) else f"{before} -> {after} ({steps})"
 
 
-def gave_up(what: str, why: str, step: int, reason: str) -> Remedy:
+def gave_up(what: str, why: str, step: int, reason: str, fix: str = "lower optim.lr") -> Remedy:
     """The stop of an RL or DPO rule that rolls back to a better policy with the LR cut, when it cannot (exit 3): `what`
-    keeps happening, `why` it does, the `reason` no rollback is left (no_rollback's, or a cut that did not help), and
-    the better policy, the checkpoint at or before `step` (rl_reward, rl_hacking's held-out fall, dpo_held_out)."""
+    keeps happening, `why` it does, the `reason` no rollback is left (no_rollback's, or a cut that did not help), the
+    `fix` for a person, and the better policy, the checkpoint at or before `step` (rl_reward, rl_hacking, dpo_held_out).
+    The reason goes to summary.json and the run's last line: a stop without one read "stopped (stop requested)"."""
     return Remedy(
         action="stop",
         params={
-            "reason": f"{what} and {reason}: lower optim.lr; the better policy is the checkpoint at or before "
-            f"step {step}",
+            "reason": f"{what} and {reason}: {fix}; the better policy is the checkpoint at or before step {step}",
             "exit_code": GAVE_UP,
         },
         reasoning=f"{why}; {reason}: stopping keeps the better policy in the checkpoints, training on would not",
