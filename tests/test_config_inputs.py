@@ -113,6 +113,10 @@ def test_an_injected_fault_after_the_last_step_is_said(caplog):
             "'model.n_experts'; did you mean 'model.moe.n_experts'? (in YAML: indented",
         ),
         ("d_model: 64\n", "'d_model'; did you mean 'model.d_model'? (in YAML: indented under 'model:')"),
+        # another section's key: train.log_every, the closest name in train, was suggested
+        ("train:\n  checkpoint_every: 5\n", "'train.checkpoint_every'; did you mean 'checkpoint.every'?"),
+        ("train:\n  lr: 0.001\n", "'train.lr'; did you mean 'optim.lr'?"),  # not orchestrator.lr, a rule
+        ("model:\n  seq_len: 32\n", "'model.seq_len'; did you mean 'data.seq_len' (or 'model.max_seq_len')?"),
     ],
 )
 def test_a_key_written_outside_its_section_names_the_section(tmp_path, text, message):

@@ -10,7 +10,8 @@ import torch
 import trimtab
 from test_mixture import rows_of
 from test_orchestrator_loop import debug_cfg
-from trimtab.data.batches import HeldOut, micro_batches
+from trimtab.data.batches import micro_batches
+from trimtab.data.held_out import HeldOut
 from trimtab.training.evaluation import mean_losses
 from trimtab.training.hooks import Hook
 from trimtab.training.trainer import Trainer

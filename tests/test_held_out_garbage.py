@@ -11,8 +11,7 @@ import trimtab
 from test_garbage_rows import crawl  # noqa: F401  (the module's fixture)
 from test_quality import clean_documents
 from trimtab.config import derive, load_config
-from trimtab.data.batches import eval_rows
-from trimtab.data.held_out import screened_decisions
+from trimtab.data.held_out import eval_rows, screened_decisions
 from trimtab.data.prepare import prepare
 from trimtab.errors import DataError
 from trimtab.evaluation import evaluate

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from trimtab.config import DataConfig, load_config
-from trimtab.data.batches import HeldOut, eval_rows
+from trimtab.data.held_out import HeldOut, eval_rows
 from trimtab.data.packing import Rows, build_splits
 from trimtab.data.sources import Document
 from trimtab.training import view as view_module

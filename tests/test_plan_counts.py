@@ -85,3 +85,32 @@ def test_the_plans_training_tokens_are_what_the_hold_out_leaves(tmp_path):
     # packed rows: each run of training documents less its last partial row (one run each side of the held one)
     assert 0 <= prepared - rows.n_tokens < 2 * (cfg.data.seq_len + 1)
     assert prepared != round(0.98 * PreparedData(tmp_path / "prep").n_tokens)
+
+
+def test_a_finetune_phase_of_another_seq_len_says_its_steps_train_whole_rows_too(caplog):
+    """The finetune phase draws whole rows of finetune.data.seq_len with the same train.batch_tokens:
+    2048 at 48 trained 2,064 a step, unsaid (only data.seq_len's rounding was)."""
+    sets = ["finetune.steps=5", "finetune.data.source=ft.jsonl", "finetune.data.seq_len=48"]
+    with caplog.at_level(logging.WARNING, logger="trimtab.config"):
+        cfg = load_config(preset="debug", sets=["train.batch_tokens=2048", *sets])
+    said = [r.getMessage() for r in caplog.records if "finetune.data.seq_len=48" in r.getMessage()]
+    assert said and "2064" in said[0], said
+    assert cfg.train.batch_tokens == 2048  # the pretraining's whole rows of data.seq_len 64 kept
+
+
+def test_data_that_leaves_training_no_tokens_or_no_row_is_said_with_the_key_to_change(tmp_path):
+    """One document held out whole (data.eval_fraction) left 0 training tokens, and the plan dropped
+    its data section without a word; a few tokens short of one packed row planned a run that
+    stops at its start."""
+    from trimtab.errors import ConfigError
+
+    doc = tmp_path / "one.txt"
+    doc.write_text("a short document\n")
+    cfg = load_config(preset="debug", sets=["data.eval_fraction=0.4"], overrides={"out": str(tmp_path / "r")})
+    with pytest.raises(ConfigError, match=r"leaves 0 training tokens.*data\.eval_fraction \(now 0\.4"):
+        make_plan(cfg, data_path=str(doc), hardware=CPU)
+    doc.write_text("a short document of some twenty-odd words, far fewer tokens than one row of the debug preset\n")
+    few = make_plan(
+        load_config(preset="debug", overrides={"out": str(tmp_path / "r")}), data_path=str(doc), hardware=CPU
+    )
+    assert any("one packed row of data.seq_len+1=65" in w for w in few.data.warnings), few.data.warnings

@@ -1,6 +1,7 @@
 """trimtab/rundir.py: the one reader and writer of a run's files (the loop's side: test_orchestrator_loop.py)."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -156,3 +157,30 @@ def test_a_run_directory_that_is_a_dangling_link_is_refused_naming_its_target(tm
         with run_lock(tmp_path / "r1"):
             pass
     assert (tmp_path / "r1").is_symlink() and not (tmp_path / "scratch").exists()
+
+
+def _strict(text: str) -> object:
+    """JSON as jq or a browser's JSON.parse reads it: Python's json.loads takes a bare NaN, they refuse it."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_nan_in_a_decision_or_summary_is_written_as_json_and_read_back_as_nan(tmp_path):
+    """A NaN loss's decision held `"loss": NaN` in decisions.jsonl, which jq and JSON.parse refuse;
+    its trackers' tables the same."""
+    from trimtab.training.services.tracking import decision_table
+
+    nan, inf = float("nan"), float("inf")
+    evidence = {"loss": nan, "grad_norm": inf, "rerun": {"loss": [nan, -inf]}}
+    d = {"id": 1, "step": 3, "rule": "nonfinite", "action": "skip_step", "evidence": evidence, "confidence": nan}
+    write_jsonl(tmp_path / DECISIONS_FILE, [d])
+    write_summary(tmp_path, {"final_loss": nan})
+    for line in (tmp_path / DECISIONS_FILE).read_text().splitlines() + [(tmp_path / "summary.json").read_text()]:
+        _strict(line)
+    back = read_decisions(tmp_path)[0]
+    assert back["evidence"]["grad_norm"] == inf and back["evidence"]["rerun"]["loss"][1] == -inf
+    assert back["evidence"]["loss"] != back["evidence"]["loss"] and math.isnan(read_summary(tmp_path)["final_loss"])
+    _strict(json.dumps(decision_table(tmp_path)))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -41,6 +42,9 @@ PLAN_STATUS_FILE = "plan_status.jsonl"
 SUMMARY = "summary.json"
 LOCK = ".lock"
 ABANDONED = "abandoned"  # the key set (true) on records a rollback or a resume threw away
+# JSON has no NaN or infinity: Python's json writes them bare (a NaN loss in a decision's evidence),
+# which jq, a browser's JSON.parse and most other readers refuse. Written as these strings, read back as floats.
+NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 # ---------------------------------------------------------------------------- writing whole files
@@ -68,15 +72,42 @@ def write_atomic(path: Path, text: str, durable: bool = True) -> None:
 
 def write_json(path: Path, data: Any, indent: int | None = 1, durable: bool = True) -> None:
     """`data` as JSON into `path`, whole (write_atomic)."""
-    write_atomic(path, json.dumps(data, indent=indent), durable)
+    write_atomic(path, json_text(data, indent=indent), durable)
 
 
 def read_json(path: Path) -> Any:
     """A JSON file's value; None when it is missing or does not parse."""
     try:
-        return json.loads(Path(path).read_text())
+        return json_value(Path(path).read_text())
     except (OSError, ValueError):
         return None
+
+
+def json_text(value: Any, **kwargs: Any) -> str:
+    """json.dumps(value, **kwargs) that is JSON: a NaN or infinite float as NON_FINITE's string."""
+    return json.dumps(_finite(value), **kwargs)
+
+
+def json_value(text: str) -> Any:
+    """json.loads(text), NON_FINITE's strings (json_text's) read back as the floats they stand for."""
+    return json.loads(text, object_hook=lambda record: {k: _restored(v) for k, v in record.items()})
+
+
+def _finite(value: Any) -> Any:
+    """`value` with each NaN or infinite float, in dicts and lists at any depth, as NON_FINITE's string."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _restored(value: Any) -> Any:
+    if isinstance(value, str):
+        return NON_FINITE.get(value, value)
+    return [_restored(v) for v in value] if isinstance(value, list) else value
 
 
 # ---------------------------------------------------------------------------- JSONL files
@@ -99,7 +130,7 @@ def read_jsonl(path: Path, abandoned: bool = True) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json_value(line)
         except json.JSONDecodeError:
             continue
         if isinstance(record, dict):  # every record trimtab writes is an object: anything else is damage
@@ -109,7 +140,7 @@ def read_jsonl(path: Path, abandoned: bool = True) -> list[dict[str, Any]]:
 
 def write_jsonl(path: Path, records: Iterable[dict[str, Any]], default: Callable[[Any], Any] | None = None) -> None:
     """A whole JSONL file, one record a line (write_atomic: a reader sees the old file or the new)."""
-    write_atomic(path, "".join(json.dumps(r, default=default) + "\n" for r in records))
+    write_atomic(path, "".join(json_text(r, default=default) + "\n" for r in records))
 
 
 def rewrite_jsonl(path: Path, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> None:

@@ -295,25 +295,30 @@ def resolve(config: RunConfig | dict[str, Any]) -> RunConfig:
     if not cfg.finetune.data.seq_len:
         cfg.finetune.data.seq_len = cfg.data.seq_len
     cfg.train.batch_tokens = _whole_rows(cfg.train.batch_tokens, cfg.data)
+    if cfg.finetune.steps:  # its steps draw whole rows of its own seq_len: said, the pretraining's rounding kept
+        _whole_rows(cfg.train.batch_tokens, cfg.finetune.data, "finetune.data")
     cfg.orchestrator.grad.max_norm = grad_ceiling(cfg.dpo, cfg.orchestrator.grad.max_norm)
     cfg.validate()
     return freeze(cfg)
 
 
-def _whole_rows(batch_tokens: int, data: DataConfig) -> int:
+def _whole_rows(batch_tokens: int, data: DataConfig, key: str = "data") -> int:
     """train.batch_tokens rounded up to whole packed rows of data.seq_len: a step draws rows until it
     holds batch_tokens (data/batches.py), so 3000 at seq_len 64 trained 3,008 a step while the plan,
-    train.epochs and the Chinchilla budget counted 3,000. Unpacked rows vary in length: left as set."""
+    train.epochs and the Chinchilla budget counted 3,000. Unpacked rows vary in length: left as set.
+    `key`: the section whose rows a step draws (finetune.data in its phase)."""
     seq = data.seq_len
     if not data.pack or seq <= 0 or batch_tokens <= 0 or batch_tokens % seq == 0:
         return batch_tokens
     rounded = -(-batch_tokens // seq) * seq
     log.warning(
-        "train.batch_tokens=%d is not a whole number of data.seq_len=%d rows: a step trains whole rows, so it is "
-        "%d (set train.batch_tokens to a multiple of data.seq_len to silence this)",
+        "train.batch_tokens=%d is not a whole number of %s.seq_len=%d rows: a step trains whole rows, so it is "
+        "%d (set train.batch_tokens to a multiple of %s.seq_len to silence this)",
         batch_tokens,
+        key,
         seq,
         rounded,
+        key,
     )
     return rounded
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import types
 import typing
 from typing import Any
@@ -30,7 +31,10 @@ def nested(path: list[str], value: Any) -> dict[str, Any]:
     return out
 
 
-def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+def from_dict(cls: type, data: dict[str, Any], prefix: str = "", root: type | None = None) -> Any:
+    """`cls` from `data`, each value coerced; `root`: the config's top section (`cls` at the top),
+    searched for an unknown key's right place."""
+    root = root or cls
     if not isinstance(data, dict):
         raise ConfigError(f"config key '{prefix.rstrip('.')}' must be a section (mapping)")
     hints = typing.get_type_hints(cls)
@@ -38,10 +42,11 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     kwargs = {}
     for key, value in data.items():
         if key not in names:
-            raise ConfigError(f"unknown config key '{prefix}{key}'{_unknown_hint(cls, hints, names, key, prefix)}")
+            hint = _unknown_hint(cls, hints, names, key, prefix, root)
+            raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
         if dataclasses.is_dataclass(hints[key]) and isinstance(value, dict):
             value = merge(_default_of(cls, key), value)  # over the field's own default, not its class's
-        kwargs[key] = _coerce(hints[key], value, f"{prefix}{key}")
+        kwargs[key] = _coerce(hints[key], value, f"{prefix}{key}", root)
     return cls(**kwargs)
 
 
@@ -61,15 +66,54 @@ def known_only(cls: type, data: dict[str, Any], prefix: str = "") -> tuple[dict[
     return kept, dropped
 
 
-def _unknown_hint(cls: type, hints: dict[str, Any], names: list[str], key: Any, prefix: str) -> str:
+def _unknown_hint(cls: type, hints: dict[str, Any], names: list[str], key: Any, prefix: str, root: type) -> str:
     """The likeliest fix for an unknown key: the key of one of this section's own sections, written
     one level too shallow (`moe:` with `n_experts:` not indented under it, for which the closest
-    name, model.norm_eps, was suggested), else the closest valid name, else all of them."""
+    name, model.norm_eps, was suggested), else the same key in another section, or SECTION_KEY
+    written for SECTION.KEY (train.checkpoint_every, for which train.log_every was suggested:
+    checkpoint.every), else the closest valid name, else all of them."""
     owners = [n for n in names if dataclasses.is_dataclass(hints[n]) and key in _field_names(hints[n])]
     if len(owners) == 1:  # several (orchestrator.enabled: every rule's): which one was meant is a guess
         return f"; did you mean '{prefix}{owners[0]}.{key}'? (in YAML: indented under '{owners[0]}:')"
     near = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
+    elsewhere = _elsewhere(root, f"{prefix}{key}")
+    if elsewhere:  # a close name here holding the key stays an option: model.seq_len may mean model.max_seq_len
+        also = f" (or '{prefix}{near[0]}')" if near and str(key) in near[0] else ""
+        return f"; did you mean '{elsewhere}'{also}? (it is in another section)"
     return f"; did you mean '{prefix}{near[0]}'?" if near else f"; valid keys: {', '.join(names)}"
+
+
+def _elsewhere(root: type, path: str) -> str | None:
+    """The key `path` (dotted) names in another section of `root`: its last part as a key there, or
+    SECTION_KEY as SECTION.KEY; of several, the one sharing most of `path`'s sections, then the shortest,
+    and None when that leaves a tie (train.enabled: every rule has one)."""
+    *sections, key = path.split(".")
+    found = [
+        ".".join(where + [name])
+        for where, fields in _sections(root, [])
+        for name in fields
+        if name == key or (where and key == f"{where[-1]}_{name}")
+    ]
+
+    def rank(found_path: str) -> tuple[int, int]:
+        parts = found_path.split(".")
+        return -len(os.path.commonprefix([sections, parts[:-1]])), len(parts)
+
+    ranked = sorted(found, key=rank)
+    if not ranked or (len(ranked) > 1 and rank(ranked[0]) == rank(ranked[1])):
+        return None
+    return ranked[0]
+
+
+def _sections(cls: type, where: list[str]) -> list[tuple[list[str], list[str]]]:
+    """Each section of `cls` (itself first): its dotted place and the names of its values, not of its
+    sections (orchestrator.lr, a rule, is no place for train.lr's number)."""
+    hints = typing.get_type_hints(cls)
+    out = [(where, [name for name, tp in hints.items() if not dataclasses.is_dataclass(tp)])]
+    for name, tp in hints.items():
+        if dataclasses.is_dataclass(tp):
+            out += _sections(tp, [*where, name])
+    return out
 
 
 def _field_names(cls: type) -> set[str]:
@@ -84,22 +128,22 @@ def _default_of(cls: type, name: str) -> dict[str, Any]:
     return dataclasses.asdict(default) if dataclasses.is_dataclass(default) else {}
 
 
-def _coerce(tp: Any, value: Any, key: str) -> Any:
+def _coerce(tp: Any, value: Any, key: str, root: type | None = None) -> Any:
     if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value or {}, key + ".")
+        return from_dict(tp, value or {}, key + ".", root)
     origin = typing.get_origin(tp)
     if origin is list:
         if isinstance(value, str):  # `--set faults=nan_loss@5` or one YAML string
             value = [value]
         if isinstance(value, list):
-            return [_coerce(typing.get_args(tp)[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
+            return [_coerce(typing.get_args(tp)[0], v, f"{key}[{i}]", root) for i, v in enumerate(value)]
     elif origin in (typing.Union, types.UnionType):
         if value is None and type(None) in typing.get_args(tp):
             return None
         options = [a for a in typing.get_args(tp) if a is not type(None)]
         for option in options:  # the first that takes the value (int before str: 200 stays a number)
             try:
-                return _coerce(option, value, key)
+                return _coerce(option, value, key, root)
             except ConfigError:
                 pass
         names = " or ".join(getattr(o, "__name__", str(o)) for o in options)

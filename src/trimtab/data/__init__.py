@@ -14,7 +14,7 @@ _LAZY = {
     "StepBatch": "trimtab.data.batches",
     "TokenizedDocs": "trimtab.data.packing",
     "build_splits": "trimtab.data.packing",
-    "eval_batches": "trimtab.data.batches",
+    "eval_batches": "trimtab.data.held_out",
     "tokenize_documents": "trimtab.data.packing",
     "Document": "trimtab.data.sources",
     "corpus_fingerprint": "trimtab.data.sources",

@@ -13,7 +13,9 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trimtab.data.batches import HeldOut, eval_rows
+import numpy as np
+
+from trimtab.data.batches import MicroBatch, group_rows, micro_batches
 from trimtab.data.dataset import PhaseData, build_phase_data, open_eval_source, open_sources
 
 if TYPE_CHECKING:
@@ -23,6 +25,106 @@ if TYPE_CHECKING:
     from trimtab.data.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
+
+
+def eval_rows(rows: Rows, max_tokens: int, skip: frozenset[int] = frozenset()) -> list[int]:
+    """Rows in order while their input positions fit in max_tokens (at least one row), those in
+    `skip` passed over (flagged documents' rows the orchestrator leaves out: training/setup.py held_out)."""
+    indices: list[int] = []
+    n_tokens = 0
+    for i in range(len(rows)):
+        if i in skip:
+            continue
+        if indices and n_tokens + rows.length(i) > max_tokens:
+            break
+        indices.append(i)
+        n_tokens += rows.length(i)
+    return indices
+
+
+def eval_batches(rows: Rows, micro_batch_tokens: int, max_tokens: int, pad_id: int) -> list[MicroBatch]:
+    """eval_rows of `rows` in micro-batches of the budget."""
+    return micro_batches(rows, eval_rows(rows, max_tokens), micro_batch_tokens, pad_id)
+
+
+class HeldOut:
+    """A phase's held-out rows, and their micro-batches at the budget training runs at now.
+
+    Which rows are scored is chosen once (each held-out set's first rows within its share of
+    train.eval_tokens); only their grouping follows the training micro-batch budget, which an
+    out-of-memory heal lowers (and a resume restores): the evaluation, the orchestrator's probe
+    and its reference rows run no larger micro-batches than the training step that just ran out
+    of memory, over the same targets, so val_loss stays the same quantity across a re-split. The
+    probe is the rows of the first micro-batch at the starting budget, split alike: the baseline
+    it is compared with (a good checkpoint's) stays comparable too. The orchestrator's row
+    reference is a sample of its own (reference): spread over each whole held-out set, not its
+    first rows, which val_loss scores and which can be a single document. `skips`: each set's rows
+    its scored indices pass over already (flagged documents': data/held_out.py), which the
+    reference passes over too; none by default."""
+
+    def __init__(
+        self,
+        sets: list[tuple[Rows, list[int], str]],
+        budget: int,
+        pad_id: int,
+        seed: int = 0,
+        skips: list[frozenset[int]] | None = None,
+    ) -> None:
+        kept = [i for i, s in enumerate(sets) if s[1]]
+        self.sets = [sets[i] for i in kept]  # (rows, the indices scored, the set's name: "" alone)
+        self.skips = [skips[i] if skips else frozenset() for i in kept]  # rows the reference passes over
+        self.pad_id = pad_id
+        self.seed = seed  # train.seed: which rows the reference sample takes
+        self._references: dict[tuple[int, str | None], list[MicroBatch]] = {}  # at this budget
+        self.probe_rows = group_rows(self.sets[0][0], self.sets[0][1], budget)[0] if self.sets else []
+        self.budget = 0
+        self.micro: list[MicroBatch] = []
+        self.sources: list[str] = []  # each micro-batch's set
+        self.probe: list[MicroBatch] = []
+        self.at(budget)
+
+    def at(self, budget: int) -> HeldOut:
+        """Split at `budget` (a no-op while the budget stays)."""
+        if budget == self.budget:
+            return self
+        self.micro, self.sources = [], []
+        for rows, indices, name in self.sets:
+            micro = micro_batches(rows, indices, budget, self.pad_id)
+            self.micro += micro
+            self.sources += [name] * len(micro)
+        self.probe = micro_batches(self.sets[0][0], self.probe_rows, budget, self.pad_id) if self.sets else []
+        self.budget, self._references = budget, {}
+        return self
+
+    def reference(self, limit: int, part: str | None = None) -> list[MicroBatch]:
+        """Up to `limit` held-out rows (`part`: that set's alone; None: all sets' together, each in
+        proportion to its rows) in micro-batches of the current budget: the orchestrator's row
+        reference (training/view.py held_out_row_losses). A systematic sample of the whole held-out
+        split, every len/limit-th row from an offset the seed draws (Cochran, Sampling Techniques,
+        1977, ch. 8), so it covers the split's documents in proportion to their size, where the first
+        rows val_loss scores are often one document; the same rows at every read. Built once per
+        budget. A set's `skips` are not sampled: flagged documents' rows, whose training rows the
+        orchestrator leaves out, are no reference for the text trained on (as val_loss scores none)."""
+        key = (limit, part)
+        if key not in self._references:
+            chosen = [(rows, skip) for (rows, _, name), skip in zip(self.sets, self.skips) if part in (None, name)]
+            pools = [np.setdiff1d(np.arange(len(rows)), np.fromiter(skip, np.int64)) for rows, skip in chosen]
+            picks = spread(sum(len(pool) for pool in pools), limit, self.seed)
+            micro, base = [], 0
+            for (rows, _), pool in zip(chosen, pools):
+                mine = [int(pool[p - base]) for p in picks if base <= p < base + len(pool)]
+                micro += micro_batches(rows, mine, self.budget, self.pad_id) if mine else []
+                base += len(pool)
+            self._references[key] = micro
+        return self._references[key]
+
+
+def spread(n: int, k: int, seed: int) -> np.ndarray:
+    """int64 [min(n, k)]: k of range(n) at even spacing n/k from a seeded offset; all n when k >= n."""
+    if k >= n:
+        return np.arange(n, dtype=np.int64)
+    offset = np.random.default_rng([seed, 0x48454C44]).random()  # its own stream: not the loader's orders
+    return np.floor((np.arange(k) + offset) * (n / k)).astype(np.int64)
 
 
 def held_out(

@@ -26,8 +26,8 @@ from trimtab.checkpoint import latest_valid
 from trimtab.config import RunConfig
 from trimtab.config.data import source_name
 from trimtab.data import TextTokenizer
-from trimtab.data.batches import IGNORE_INDEX, HeldOut, MicroBatch
-from trimtab.data.held_out import flagged_rows, mean_losses, phase_held_out, screened_out
+from trimtab.data.batches import IGNORE_INDEX, MicroBatch
+from trimtab.data.held_out import HeldOut, flagged_rows, mean_losses, phase_held_out, screened_out
 from trimtab.data.prepared import PreparedData, ShardedRows
 from trimtab.errors import DataError
 from trimtab.model import Transformer

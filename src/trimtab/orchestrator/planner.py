@@ -11,7 +11,6 @@ the pretraining phase is tracked: a finetuning phase has other data and another 
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from trimtab.config.plan import PlanConfig
 from trimtab.orchestrator.monitors import Finding
 from trimtab.plan.curve import RunProgress, Status, format_status, live_status
-from trimtab.rundir import PLAN_STATUS_FILE, append_lines, rewrite_jsonl
+from trimtab.rundir import PLAN_STATUS_FILE, append_lines, json_text, rewrite_jsonl
 from trimtab.training.hooks import Hook
 
 if TYPE_CHECKING:
@@ -67,7 +66,7 @@ class LivePlanner(Hook):
         )
         status = live_status(self.points, progress, self.cfg, lambda steps: self._lr_ok(run, steps))
         if run.is_main:
-            append_lines(self.path, json.dumps(status.as_dict()) + "\n")
+            append_lines(self.path, json_text(status.as_dict()) + "\n")
             run.say(format_status(status, self.cfg.adjust))
         if self._may_decide(status):
             self._propose(run, status)

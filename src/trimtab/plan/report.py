@@ -129,6 +129,8 @@ def _sized_plan(
     run_steps = _run_steps(cfg, optimal, counted[0] if counted else None)
     run_tokens = run_steps * batch
     data = data_plan(optimal, run_tokens, *counted, k) if counted else None
+    if data is not None and cfg.data.pack and data.dataset_tokens < cfg.data.seq_len + 1:
+        data.warnings.append(_no_row(cfg, data.dataset_tokens))
     tokens = data.recommended_tokens if data is not None else optimal
     flops = float(size.flops_per_token) * tokens
     run_flops = float(size.flops_per_token) * run_tokens
@@ -164,9 +166,29 @@ def _dataset_tokens(cfg: RunConfig, dataset_tokens: int | None, data_path: str |
     when neither gives a count."""
     if data_path is not None:
         dataset_tokens, source = count_dataset_tokens(cfg, data_path)
+        if not dataset_tokens:  # the data section would divide by it: said, not dropped
+            raise ConfigError(f"--data {data_path} leaves 0 training tokens ({source}): {_more_data(cfg)}")
     else:
         source = "given with --dataset-tokens"
     return (dataset_tokens, source) if dataset_tokens else None
+
+
+def _more_data(cfg: RunConfig) -> str:
+    """The settings that leave training more of the data (data/packing.py _hold_out)."""
+    if cfg.data.eval_source or not cfg.data.eval_fraction:
+        return "add data"
+    return (
+        f"lower data.eval_fraction (now {cfg.data.eval_fraction:g}: it holds out whole documents, "
+        "at least one), give data.eval_source, or add data"
+    )
+
+
+def _no_row(cfg: RunConfig, tokens: int) -> str:
+    """Packed training data shorter than one row: training stops at its start (data/packing.py build_splits)."""
+    return (
+        f"{tokens:,} training tokens are not enough for one packed row of data.seq_len+1={cfg.data.seq_len + 1}: "
+        f"training would stop at its start; lower data.seq_len, set data.pack=false, {_more_data(cfg)}"
+    )
 
 
 def _run_steps(cfg: RunConfig, optimal: int, dataset_tokens: int | None) -> int:

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trimtab.data import MicroBatch
-from trimtab.data.batches import HeldOut
-from trimtab.data.held_out import mean_losses
+from trimtab.data.held_out import HeldOut, mean_losses
 from trimtab.hardware import is_oom
 
 if TYPE_CHECKING:

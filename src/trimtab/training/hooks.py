@@ -10,7 +10,6 @@ returns it from state_dict() and it is checkpointed.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -21,7 +20,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trimtab.errors import TrimtabError
-from trimtab.rundir import ABANDONED, METRICS_FILE, append_lines, has_step, is_eval, read_metrics, rewrite_jsonl
+from trimtab.rundir import (
+    ABANDONED,
+    METRICS_FILE,
+    append_lines,
+    has_step,
+    is_eval,
+    json_text,
+    read_metrics,
+    rewrite_jsonl,
+)
 
 if TYPE_CHECKING:
     from trimtab.data import StepBatch
@@ -212,7 +220,7 @@ class JsonlLogger(Hook):
     def _write(self, metrics: dict[str, Any]) -> None:
         """Append a line. A full disk must not end the run (its checkpoints matter more, and the
         orchestrator frees space for them): the line waits and goes out with the next write."""
-        self.unwritten.append(json.dumps(metrics) + "\n")
+        self.unwritten.append(json_text(metrics) + "\n")
         try:
             append_lines(self.path, "".join(self.unwritten))  # what part of them reached the file is cut back
         except OSError as exc:

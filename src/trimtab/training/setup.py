@@ -31,9 +31,8 @@ from trimtab.config.model import LIVE_MODEL_KEYS
 from trimtab.config.provenance import header
 from trimtab.config.row_rules import MIN_OWN
 from trimtab.data import BatchLoader, Rows, TextTokenizer, get_tokenizer
-from trimtab.data.batches import HeldOut
 from trimtab.data.dataset import build_phase_data, first_prepared, open_eval_source, open_sources
-from trimtab.data.held_out import flagged_rows, held_out, screened_decisions, screened_out
+from trimtab.data.held_out import HeldOut, flagged_rows, held_out, screened_decisions, screened_out
 from trimtab.data.packing import ConcatRows, unigram_entropy
 from trimtab.data.prepared import ShardedRows
 from trimtab.data.quality import Flagged

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 import uuid
@@ -22,7 +23,7 @@ from trimtab.checkpoint import latest_valid
 from trimtab.config.log import LogConfig, MlflowConfig, WandbConfig
 from trimtab.errors import ConfigError
 from trimtab.extras import install_command, installed
-from trimtab.rundir import CONFIG, DECISIONS_FILE, METRICS_FILE, SUMMARY, read_decisions
+from trimtab.rundir import CONFIG, DECISIONS_FILE, METRICS_FILE, SUMMARY, json_text, read_decisions
 from trimtab.training.hooks import Hook
 
 if TYPE_CHECKING:
@@ -86,12 +87,17 @@ TABLE_COLUMNS = ("id", "step", "rule", "action", "confidence", "reasoning", "evi
 
 def decision_table(run_dir: Path) -> list[list[Any]]:
     """The kept decisions as rows of TABLE_COLUMNS; evidence and outcome as JSON text (a table
-    cell holds one value, and an outcome is null until the journal measures it)."""
+    cell holds one value, and an outcome is null until the journal measures it). W&B's and MLflow's
+    tables are JSON, which has no NaN: a NaN in evidence (a NaN loss's) as rundir.json_text writes it, a
+    cell's as null (a string would change the column's type, which wandb.Table refuses)."""
     nested = ("evidence", "outcome")
-    return [
-        [json.dumps(d.get(c), default=str) if c in nested else d.get(c) for c in TABLE_COLUMNS]
-        for d in read_decisions(run_dir)
-    ]
+    return [[_cell(d.get(c), c in nested) for c in TABLE_COLUMNS] for d in read_decisions(run_dir)]
+
+
+def _cell(value: Any, nested: bool) -> Any:
+    if nested:
+        return json_text(value, default=str)
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def trimtab_version() -> str:
@@ -280,7 +286,8 @@ def _key(name: str) -> str:
 
 
 def _jsonable(summary: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps(summary, default=str))
+    """The summary as the trackers' JSON holds it: no NaN (rundir.json_text)."""
+    return json.loads(json_text(summary, default=str))
 
 
 class WandbTracker(Tracker):
