@@ -1,8 +1,10 @@
 """A host lost without a word is named in seconds by the ranks' heartbeats in torchrun's store, where it was;
 a hang's line comes once every stack that can come is in; a torchrun survivor's SIGTERM line waits for the
-ranks' agreement. Fake stores, no process group."""
+ranks' agreement. Fake stores, no process group; and two ranks under torchrun, one SIGSTOPped."""
 
+import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -13,12 +15,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from trimtab.resilience import watchdog
+from trimtab.resilience import procs, watchdog
 from trimtab.resilience.elastic import SESSION_ENV
 from trimtab.resilience.heartbeat import PERIOD_S, Heartbeat
 from trimtab.resilience.incidents import localize
 from trimtab.resilience.watchdog import Watchdog
-from trimtab.rundir import write_json
+from trimtab.rundir import read_json, write_json
 
 
 class Store:
@@ -57,13 +59,16 @@ def test_a_rank_whose_heartbeat_stopped_is_named_where_it_froze_and_one_that_end
     ranks = [beating(store, r) for r in range(3)]
     ranks[1].poke(16, "forward_backward")
     ranks[1]._write_position()
+    stopped_at = time.time() - 2.6  # rank 1 stopped mid-section 2.6 s ago, its last beat up to a period before
+    store.data["trimtab/heartbeat/s1/pos1"] = f"16 forward_backward {stopped_at:.3f}".encode()
     for beat in reversed(ranks):  # rank 0 reads the others' first beats
         beat._round()
     assert ranks[0].lost(0.5) is None
     ranks[2]._store.set("trimtab/heartbeat/s1/end2", "1")  # rank 2 ended (its exit marked the store)
     for _ in range(3):  # rank 1 frozen (its rounds stop), rank 2 ended: rank 0 goes on beating
         ranks[0]._round()
-    assert ranks[0].lost(0.5) == {"ranks": [1], "seconds": 3 * PERIOD_S}
+    # its last position's time, not 3 rounds of PERIOD_S (a period more than it had been stopped)
+    assert ranks[0].lost(0.5) == {"ranks": [1], "seconds": 2.6}
     assert ranks[0].positions[1]["step"] == 16 and ranks[0].positions[1]["section"] == "forward_backward"
     assert ranks[0].quiet() == [1]
     # rank 0 itself stopped (SIGSTOP) for longer than that counts no rounds: nothing lost on its SIGCONT
@@ -135,6 +140,7 @@ def test_the_watchdog_ends_the_job_when_a_heartbeat_stops_and_names_the_rank(tmp
     dog, peer = two_ranks(tmp_path, monkeypatch, grace_s=0.2)
     peer.poke(16, "data")
     peer._write_position()
+    peer._store.data["trimtab/heartbeat/s1/pos1"] = f"16 data {time.time() - 3.2:.3f}".encode()
     peer._round()
     dog.beat("forward_backward", 16)
     dog._poll(time.monotonic(), 0.0)  # nothing lost yet: the poll goes on
@@ -191,3 +197,114 @@ def test_a_survivor_saving_for_a_loss_its_collective_found_is_not_ended_by_the_h
     dog.loss_known = False
     with pytest.raises(SystemExit):
         dog._poll(time.monotonic(), 0.0)
+
+
+def test_a_survivor_writing_its_emergency_save_answers_another_ranks_alarm_and_saves_on(tmp_path, monkeypatch):
+    """3 ranks: rank 2 lost, rank 0's collective failed for it and its emergency save is under way (loss_known);
+    rank 1, waiting in a collective, raises the hang alarm. Rank 0 writes its stack (rank 1 neither waits GRACE_S
+    for it nor SIGKILLs it as mute) and saves on, under its section's timeout (before: os._exit mid-write)."""
+    monkeypatch.setenv(SESSION_ENV, "s1")
+    monkeypatch.setattr(watchdog.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+    (tmp_path / "ranks").mkdir()
+    dog = Watchdog(tmp_path, 0, 3, first_timeout_s=60.0, timeout_factor=5.0, min_timeout_s=10.0, beat_s=60.0)
+    dog.loss_known = True
+    dog.beat("checkpoint", 12)
+    (tmp_path / "hangs").mkdir()
+    write_json(tmp_path / "hangs" / "alarm.json", {"rank": 1, "section": "sync", "step": 13, "time": time.time()})
+    dog._poll(time.monotonic(), 0.0)  # the save goes on
+    said = (tmp_path / "hangs" / "rank0.txt").read_text()
+    assert "saving the last completed step for a lost peer" in said and "File " in said  # its stack
+    assert "exit" not in read_json(tmp_path / "ranks" / "rank0.json")  # its exit record comes with its end
+    (tmp_path / "hangs" / "rank0.txt").unlink()
+    dog._alarm_checked = 0.0
+    dog._poll(time.monotonic(), 0.0)
+    assert not (tmp_path / "hangs" / "rank0.txt").exists()  # answered once
+    with pytest.raises(SystemExit):  # still bounded: the save's section timeout ends it
+        dog.current = ("checkpoint", dog.current[1] - 61.0)  # the save ran past its timeout
+        dog._poll(time.monotonic(), 0.0)
+
+
+# torchrun with its ranks forked from its agent, which imported what they use (tests/helpers.py TORCHRUN: the
+# trainer's imports, seconds more, are not needed here); its monitor polls the ranks every 0.1 s, not 5
+LEAN_TORCHRUN = [
+    sys.executable,
+    "-c",
+    "import trimtab.distributed.group, trimtab.resilience.watchdog; from torch.distributed.run import main; main()",
+    "--run-path",
+    "--start-method=fork",
+    "--monitor-interval=0.1",
+]
+# Two ranks under torchrun beat the loop's sections as training does, each with the heartbeat through torchrun's own
+# store (distributed/group.py heartbeat_store), as setup.py makes them (make_watchdog).
+RANKS = """
+import sys, time
+import torch.distributed as dist
+from trimtab.config.resilience import ResilienceConfig
+from trimtab.distributed.group import heartbeat_store
+from trimtab.resilience.elastic import name_session
+from trimtab.resilience.watchdog import make_watchdog
+
+dist.init_process_group("gloo")
+name_session("s1")
+cfg = ResilienceConfig(heartbeat_s=float(sys.argv[2]))
+dog = make_watchdog(cfg, sys.argv[1], dist.get_rank(), dist.get_world_size(), lambda: heartbeat_store(30.0))
+with dog.watching():
+    for step in range(1, 100_000):
+        for section in ("data", "forward_backward", "optimizer", "hooks"):
+            dog.beat(section, step)
+            time.sleep(0.005)
+"""
+
+
+def beating_rank(run_dir, rank: int, job: subprocess.Popen) -> dict:
+    """Rank `rank`'s beat file once the loop beats (its watchdog and heartbeat started)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and job.poll() is None:
+        beat = read_json(run_dir / "ranks" / f"rank{rank}.json")
+        if isinstance(beat, dict) and beat.get("step", 0) > 0:
+            return beat
+        time.sleep(0.1)
+    raise AssertionError(f"rank {rank} never beat (torchrun: {job.poll()})")
+
+
+@pytest.mark.distributed
+@pytest.mark.mostly_waits
+def test_a_rank_stopped_under_torchrun_is_named_by_its_peers_heartbeat_within_its_bound(tmp_path):
+    """Rank 1 of 2 SIGSTOPped mid-loop (a frozen host's rank: no socket closes, no collective fails): rank 0's
+    heartbeat names it, where it was, within heartbeat_s, a period and a poll, and rank 0 ends (HUNG: torchrun
+    ends the job); the seconds said are the seconds it had been stopped (before: up to a period more)."""
+    script, heartbeat_s, said = tmp_path / "ranks.py", 2.0, tmp_path / "stderr.txt"
+    script.write_text(RANKS)
+    with open(said, "w") as err:
+        job = subprocess.Popen(
+            [*LEAN_TORCHRUN, "--standalone", "--nproc_per_node=2", str(script), str(tmp_path), str(heartbeat_s)],
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    ranks: list[dict] = []
+    try:
+        ranks = [beating_rank(tmp_path, 0, job), beating_rank(tmp_path, 1, job)]
+        time.sleep(1.5 * PERIOD_S)  # rank 0 has read rank 1's counter move
+        stopped_at = time.time()
+        os.kill(ranks[1]["pid"], signal.SIGSTOP)
+        deadline = time.monotonic() + heartbeat_s + 10
+        while time.monotonic() < deadline and not procs.gone(ranks[0]["pid"], ranks[0]["time"]):
+            time.sleep(0.1)
+    finally:  # rank 0 ended and SIGKILLed rank 1 (frozen on its host); what is left, this test ends
+        for beat in ranks:
+            if procs.alive_since(beat["pid"], beat["time"]):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(beat["pid"], signal.SIGKILL)
+        job.kill()  # its agent, whose teardown takes seconds more: not this test's
+        job.wait(timeout=10)
+    text = said.read_text()
+    found = read_json(tmp_path / "hangs" / "rank0.json")
+    assert isinstance(found, dict) and found["raised"], text[-3000:]
+    assert read_json(tmp_path / "ranks" / "rank0.json")["exit"].startswith("hung in"), text[-3000:]
+    took = found["time"] - stopped_at
+    assert took <= heartbeat_s + PERIOD_S + watchdog.POLL_S + 0.5, took  # the heartbeat's bound, and a little
+    line = next(x for x in text.splitlines() if "rank 0 found rank 1 silent" in x)
+    seconds = float(line.split("its heartbeat stopped ")[1].split(" s ago")[0])
+    assert abs(seconds - took) <= 0.8, (seconds, took, line)  # said to the second (the line rounds it)
+    assert re.search(r" s ago in \w+ at step \d+ ", line), line  # where it stopped

@@ -12,9 +12,10 @@ import sys
 
 from helpers import SRC
 from trimtab.resilience import watchdog
+from trimtab.resilience.beats import stopped
 from trimtab.resilience.elastic import SESSION_ENV
 from trimtab.resilience.incidents import localize
-from trimtab.resilience.watchdog import SECTION_BEAT_S, Watchdog, stopped
+from trimtab.resilience.watchdog import SECTION_BEAT_S, Watchdog
 from trimtab.rundir import read_json, write_json
 
 # argv: run dir, rank, first_timeout_s. Rank 1 runs a long `sync` of step 6 (its timer writes once,

@@ -81,7 +81,17 @@ class Heartbeat:
             return {"store": store_address(), "seconds": round(time.monotonic() - busy, 1)}
         rounds = {p: n for p, (count, n) in self._seen.items() if count > 0 and p not in self._ended}
         silent = sorted(p for p, n in rounds.items() if n * PERIOD_S >= self.silent_s)
-        return {"ranks": silent, "seconds": max(rounds[p] for p in silent) * PERIOD_S} if silent else None
+        return {"ranks": silent, "seconds": max(self._silent_for(p, rounds[p]) for p in silent)} if silent else None
+
+    def _silent_for(self, peer: int, rounds: int) -> float:
+        """Seconds since `peer` was last heard of: its last position's time (written as it entered each section,
+        and each round just before its beat), within what the `rounds` its counter stood still allow ((rounds - 1)
+        to (rounds + 1) periods: a clock off this host's). rounds * PERIOD_S alone said up to a period more than
+        a rank stopped mid-section had been (its last beat came up to a period before it stopped)."""
+        heard = self.positions.get(peer, {}).get("time")
+        if heard is None:
+            return rounds * PERIOD_S
+        return round(min(max(time.time() - heard, (rounds - 1) * PERIOD_S), (rounds + 1) * PERIOD_S), 1)
 
     def quiet(self) -> list[int]:
         """Watched ranks whose counter stood still in this rank's last two rounds: frozen or gone, so they will

@@ -35,9 +35,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from trimtab.resilience.beats import LOST, RANKS, SECTIONS, stopped
 from trimtab.resilience.elastic import session
 from trimtab.resilience.goodput import read_mark
-from trimtab.resilience.watchdog import ALARM, HANGS, LOST, RANKS, SECTIONS, stopped
+from trimtab.resilience.watchdog import ALARM, HANGS
 from trimtab.rundir import LOCK, METRICS_FILE, read_json
 
 TAIL_BYTES = 1 << 16

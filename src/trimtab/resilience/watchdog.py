@@ -43,33 +43,23 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.resilience import procs
+from trimtab.resilience.beats import LOST, RANKS, on_hosts, stopped, timed_before
 from trimtab.resilience.elastic import node_of, node_rank, session
 from trimtab.resilience.heartbeat import Heartbeat
 from trimtab.rundir import read_json, write_json
 
 HUNG = 5  # the process's exit code when the watchdog ended it (docs/orchestrator.md, exit codes)
-HANGS, RANKS, ALARM = "hangs", "ranks", "alarm.json"
-LOST = ".lost.json"  # ranks/rankR.lost.json: the session before's last beat, moved aside by this session's first
+HANGS, ALARM = "hangs", "alarm.json"
 POLL_S = 0.5  # the timeouts' resolution
 ALARM_POLL_S = 2.0  # one stat of hangs/alarm.json per rank this often (a shared filesystem's load)
+# a survivor's answer to another rank's alarm while it writes its emergency save (loss_known): the save is not cut
+SAVING = "; saving the last completed step for a lost peer (an emergency save): it ends once that is written"
 GRACE_S = 5.0  # how long the rank that raised the alarm waits for the others' stacks
 FROZEN_S = 1.0  # a poll this much later than POLL_S, the loop's thread idle through it: the process was stopped
 # The loop writes its beat file itself on entering a section this long after the last write: a rank
 # that freezes (its watchdog thread frozen too) leaves the section and step it froze in, not one of
 # up to beat_s before. At most one write a second on the loop's thread, never one per section of a fast step.
 SECTION_BEAT_S = 1.0
-# a step's sections in the order the loop enters them: where a hang stopped (incidents.py, the console)
-SECTIONS = (
-    "start-up",
-    "data",
-    "forward_backward",
-    "sync",
-    "optimizer",
-    "hooks",
-    "rollback",
-    "evaluation",
-    "checkpoint",
-)
 
 
 class Watchdog:
@@ -107,6 +97,7 @@ class Watchdog:
         # a collective of this rank failed for a lost peer (training/emergency.py): its emergency save runs under the
         # section's timeout; the heartbeat, finding the same peer silent heartbeat_s on, ended it mid-write (os._exit)
         self.loss_known = False
+        self._answered = False  # this rank wrote its stack for an alarm (_answer)
 
     # ------------------------------------------------------------------ from the loop
 
@@ -179,7 +170,10 @@ class Watchdog:
         elif self.heartbeat is not None and not self.loss_known and (lost := self.heartbeat.lost(POLL_S)):
             self._end(raised=True, section=section, elapsed=elapsed, limit=limit, lost=lost)
         elif now - self._alarm_checked >= ALARM_POLL_S and self._alarm() is not None:
-            self._end(raised=False, section=section, elapsed=elapsed, limit=limit)
+            if not self.loss_known:
+                self._end(raised=False, section=section, elapsed=elapsed, limit=limit)
+            elif not self._answered:  # its emergency save goes on, under its section's timeout (the first branch)
+                self._answer(False, section, elapsed, limit, SAVING)
         elif time.time() - self._last_beat_file >= self.beat_s:
             self._write_beat()
 
@@ -233,6 +227,17 @@ class Watchdog:
     def _end(self, *, raised: bool, section: str, elapsed: float, limit: float, lost: dict | None = None) -> None:
         """Write this rank's stack (and raise the alarm, or answer it), then end the process; `lost`: what the
         heartbeat found lost (Heartbeat.lost), the cause instead of a timeout."""
+        folder = self._answer(raised, section, elapsed, limit)
+        if raised:  # the others' stacks, before torchrun's agent tears the job down
+            self._await_stacks(folder)
+            self._end_mute_peers(folder)
+        self._say(raised, section, elapsed, limit, folder, lost)
+        os._exit(HUNG)
+
+    def _answer(self, raised: bool, section: str, elapsed: float, limit: float, saving: str = "") -> Path:
+        """Write this rank's stack and record in hangs/ (and raise the alarm, or answer it); `saving`: it answers
+        but goes on with its emergency save (the alarm's rank neither waits for its stack nor kills it as mute)."""
+        self._answered = True
         folder = self.run_dir / HANGS
         with contextlib.suppress(OSError):
             folder.mkdir(parents=True, exist_ok=True)
@@ -252,19 +257,16 @@ class Watchdog:
             with open(folder / f"rank{self.rank}.txt", "w") as fh:
                 fh.write(
                     f"rank {self.rank} at step {self.step}, section {section} for {elapsed:.1f} s "
-                    f"(timeout {limit:.1f} s){'' if raised else '; ended on the alarm of another rank'}\n\n"
+                    f"(timeout {limit:.1f} s){'' if raised else saving or '; ended on the alarm of another rank'}\n\n"
                 )
                 fh.flush()
                 faulthandler.dump_traceback(fh, all_threads=True)
-            write_json(folder / f"rank{self.rank}.json", record)
+            write_json(folder / f"rank{self.rank}.json", {**record, "saving": True} if saving else record)
             if raised and self._alarm() is None:
                 write_json(folder / ALARM, record)
-            self._write_beat(exit=f"hung in {section}" if raised else "ended on another rank's hang alarm")
-        if raised:  # the others' stacks, before torchrun's agent tears the job down
-            self._await_stacks(folder)
-            self._end_mute_peers(folder)
-        self._say(raised, section, elapsed, limit, folder, lost)
-        os._exit(HUNG)
+            if not saving:  # a saving rank's exit record comes with its save's end
+                self._write_beat(exit=f"hung in {section}" if raised else "ended on another rank's hang alarm")
+        return folder
 
     def _await_stacks(self, folder: Path) -> None:
         """Wait up to GRACE_S for the other ranks' stacks, but not for a rank known not to answer: one whose
@@ -413,69 +415,6 @@ class Watchdog:
                 if isinstance(old, dict) and old.get("session") != record["session"]:
                     os.replace(path, path.with_suffix(LOST))
             write_json(path, record, indent=None, durable="exit" in extra)
-
-
-def stopped(hangs: list[dict[str, Any]], beats: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """Which ranks stopped a hung job and where, from the hang records of the ranks that answered
-    the alarm (`hangs`) and every rank's last beat (`beats`: rank -> record). A rank that wrote no
-    stack did not answer: frozen (its watchdog with it) or gone, and its last beat says where it
-    was (written as it entered the section: SECTION_BEAT_S). Else the ranks furthest behind (the
-    step, then the section): the others wait for them in a collective."""
-    mute = sorted(set(beats) - {h["rank"] for h in hangs})
-    if mute:
-        beat = beats[mute[0]]
-        return {"ranks": mute, "silent": mute, "section": beat.get("section"), "step": beat.get("step")}
-    first = min(map(_position, hangs))
-    behind = [h for h in hangs if _position(h) == first]
-    return {
-        "ranks": sorted(h["rank"] for h in behind),
-        "silent": [],
-        "section": behind[0]["section"],
-        "step": behind[0].get("step"),
-    }
-
-
-def on_hosts(ranks: list[int], beats: dict[int, dict[str, Any]], silent: bool) -> str:
-    """Where the ranks to blame run, from their beats: "; on host H (node N)", and, `silent` ones on a host not
-    this one, that this rank cannot end them (_end_mute_peers kills this host's only): their agent ends them as
-    the job restarts, by SIGTERM, which a frozen process cannot take, then SIGKILL 30 s later (torchrun's
-    shutdown grace): the restart comes that much later. "" where no beat says."""
-    places = sorted({(str(b["host"]), int(b.get("node") or 0)) for r in ranks if (b := beats.get(r, {})).get("host")})
-    if not places:
-        return ""
-    where = ", ".join(f"host {host} (node {node})" for host, node in places)
-    away = any(host != socket.gethostname() for host, _ in places)
-    later = ": another host, ended by its torchrun agent (SIGKILL 30 s after its SIGTERM, if frozen)"
-    return f"; on {where}" + (later if away and silent else "")
-
-
-def timed_before(run_dir: Path, rank: int, world: int) -> dict[str, float]:
-    """Each section's longest run in the session before this one ({} on a fresh run): this rank's
-    last beat of it, where rank 0's says the same session (a rank that was not in it may hold an
-    older one's), scaled up when the world shrank (each rank a larger share of a step). Start-up is
-    left out: a resume reads a checkpoint the session before may not have. Two reads a rank, once."""
-    lead = _last_before(Path(run_dir) / RANKS, 0)
-    own = lead if rank == 0 else _last_before(Path(run_dir) / RANKS, rank)
-    if not lead or not own or own.get("session") != lead.get("session") or not isinstance(own.get("longest"), dict):
-        return {}
-    scale = max(1.0, int(own.get("world") or world) / max(1, world))
-    return {k: float(v) * scale for k, v in own["longest"].items() if k != "start-up"}
-
-
-def _last_before(folder: Path, rank: int) -> dict[str, Any]:
-    """Rank `rank`'s last beat of an earlier session: its beat file, or the one this session's
-    first write moved aside (LOST); {} where there is none."""
-    for path in (folder / f"rank{rank}.json", folder / f"rank{rank}{LOST}"):
-        record = read_json(path)
-        if isinstance(record, dict) and record.get("session") != session():
-            return record
-    return {}
-
-
-def _position(record: dict[str, Any]) -> tuple[int, int]:
-    """How far a rank's record got: its step, then its section's place in the step."""
-    section = record.get("section")
-    return int(record.get("step") or 0), SECTIONS.index(section) if section in SECTIONS else 0
 
 
 class NoWatchdog(Watchdog):
