@@ -139,3 +139,15 @@ def test_make_up_line_says_how_many_the_cap_let_it_make_up():
     assert capped.summary.endswith(", 3 made up, 1 stay owed (orchestrator.make_up.max_fraction=0.05 reached)")
     (whole,), _ = _steps(MakeUp(MakeUpRule()), 1, 20, 60, skipped=(6, 7, 8, 12))
     assert whole.summary == "4 updates withheld (steps 6-12)"  # all made up: nothing more to say
+
+
+def test_the_last_applied_update_follows_the_steps_and_a_rollback(tmp_path):
+    """The orchestrator records each step whose update stood (the gate's flag; ladder.py _same_replay
+    asks whether a replay can differ), and a rollback takes it back to the restored step."""
+    orchestrator, run = _orchestrator(tmp_path, probe=4.8)
+    assert orchestrator.policy.updated_at == 9
+    _nan(orchestrator, run, 10)
+    assert orchestrator.policy.updated_at == 9  # withheld: the weights are step 9's
+    orchestrator.last_step, run.step = 10, 5
+    orchestrator.on_rollback(run, {})
+    assert orchestrator.policy.updated_at == 5

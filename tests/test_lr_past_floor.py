@@ -22,7 +22,7 @@ def _at_the_floor(gain_before: float) -> Policy:
 def test_a_gain_that_rose_with_the_cut_to_the_floor_is_cut_past_it():
     remedy = _at_the_floor(0.10).plan(_gain(step=11, gain=0.39), View(lr_scale=0.01))
     assert remedy.action == "rollback" and remedy.params == {"to": 0, "skip_rows": [], "lr_factor": 0.5}
-    assert remedy.evidence == {"gain_before": 0.10}
+    assert remedy.evidence["gain_before"] == 0.10
     assert (
         "past the floor (orchestrator.min_lr_scale=0.01)" in remedy.reasoning and "rose from 0.10" in remedy.reasoning
     )

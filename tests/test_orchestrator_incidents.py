@@ -131,6 +131,50 @@ def test_rollbacks_are_counted_per_incident_and_one_that_keeps_breaking_stops():
     assert stop.action == "stop" and "3 rollbacks used on one incident" in stop.params["reason"]
 
 
+def test_a_rollback_that_would_replay_exactly_what_failed_goes_further_back():
+    """debug at train.batch_tokens=1024, checkpoint.every=10: spikes at 11-16 (the warm-up peak), every
+    update withheld, rolled back to step 10, whose weights were the ones that spiked: the replay met the
+    same rows with the same weights (the LR acts on no withheld update), six spikes "not recovered" again
+    before a second rollback went further back."""
+    quiet = View(bad_row_loss=5.0)  # the rows score as held-out ones: none is left out
+    stale = Policy(OrchestratorConfig())
+    stale.updated_at = 20  # the last applied update: the one the good checkpoint at 20 holds
+    plan = [act(stale, finding(s), quiet) for s in range(21, 27)][-1]
+    assert plan.action == "rollback" and plan.params == {"to": 19, "skip_rows": []}
+    assert "would replay exactly what failed (no update was applied after step 20" in plan.reasoning
+    assert plan.evidence["last_update"] == 20 and stale.last_rollback_to == 19
+    moved = Policy(OrchestratorConfig())
+    moved.updated_at = 22  # an update applied since the checkpoint: the replay differs
+    assert [act(moved, finding(s), quiet) for s in range(21, 27)][-1].params == {"to": "last_good", "skip_rows": []}
+    scored = Policy(OrchestratorConfig())
+    scored.updated_at = 20  # rows left out: the replay meets others
+    assert [act(scored, finding(s), View()) for s in range(21, 27)][-1].params["to"] == "last_good"
+    alone = Policy(OrchestratorConfig())
+    alone.updated_at = 20
+    stop = [act(alone, finding(s), View(bad_row_loss=5.0, checkpoints=(20,))) for s in range(21, 27)][-1]
+    assert stop.action == "stop" and "no checkpoint from before that update" in stop.params["reason"]
+    broken = Policy(OrchestratorConfig())
+    broken.updated_at = 20  # NaN losses: weights a fault or a flipped bit broke, not an update (weights_nan)
+    plans = [act(broken, nonfinite(s), View(bad_row_loss=5.0, last_good=20)) for s in range(21, 27)]
+    nan = next(p for p in plans if p.action == "rollback")
+    assert nan.params["to"] == "last_good" and "replay exactly" not in nan.reasoning
+
+
+def test_each_ladder_rollback_names_its_incident():
+    """debug-mod at optim.lr=1.0: four rollbacks with max_rollbacks 3, two incidents of two each (the
+    first closed at a good checkpoint of its replay); the journal named neither."""
+    policy = Policy(OrchestratorConfig())
+    first = [act(policy, nonfinite(s), View(probe=math.nan, last_good=20)) for s in (25, 26, 27)][-1]
+    assert first.evidence["incident_rollback"] == 1 and "rollback 1 of this incident's" in first.reasoning
+    assert "new incident" not in first.reasoning
+    policy.shift(7)
+    for s in range(21, 45):
+        policy.quiet(s, View(last_good=40 if s >= 40 else 20))
+    second = [act(policy, nonfinite(s), View(probe=math.nan, last_good=40)) for s in (55, 56, 57)][-1]
+    assert second.evidence == {"incident_rollback": 1, "max_rollbacks": 3}
+    assert "a new incident: the last closed at step 40" in second.reasoning
+
+
 def test_weights_wrecked_early_in_a_phase_are_an_lr_far_too_high():
     """debug-hybrid at optim.lr=0.5: gradient norms over 100 from step 4, their updates withheld
     (so the loss never rose above its start for above_start), the probe 8.6 against 6.2 at step

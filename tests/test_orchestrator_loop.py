@@ -23,7 +23,7 @@ from trimtab.cli import main
 from trimtab.config import load_config, merge
 from trimtab.errors import CheckpointError
 from trimtab.orchestrator import ctl, faults
-from trimtab.rundir import read_decisions, read_metrics
+from trimtab.rundir import json_value, read_decisions, read_metrics
 from trimtab.training.hooks import Hook
 from trimtab.training.instrument import Instrument
 
@@ -48,7 +48,7 @@ def debug_cfg(out, steps=24, sets=(), faults=(), **overrides):
 
 def train_lines(run_dir):
     """metrics.jsonl training lines (a rollback replays steps: later lines win in by_step)."""
-    lines = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    lines = [json_value(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]  # NaN: "NaN"
     return [m for m in lines if "loss" in m]
 
 

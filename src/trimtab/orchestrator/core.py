@@ -284,6 +284,7 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
             self.interval.rolled_back(self.last_step - run.step, self.rolling_back)
         self.rolling_back = None
         self.policy.shift(self.last_step - run.step)
+        self.policy.updated_at = min(self.policy.updated_at, run.step)  # the restored weights' last update
         self.stood_at -= (self.last_step - run.step) if self.stood_at >= 0 else 0  # as the ladder's steps
         if self.make_up is not None:
             self.make_up.rolled_back(run.step)
@@ -311,6 +312,8 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
             self._fresh_reference(run)
             self._checkpoint_interval(run, seconds, stall)
             self.ceilings = self._gate_ceilings()
+        elif outs:  # off: nothing is withheld
+            self.policy.updated_at = outs[-1].step
         if commands:
             self._take_commands(run)
 
@@ -362,6 +365,8 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
                 strength=0.8,
             )
             self._decide(run, f, restore)
+        if not m.skipped:  # the weights changed: a rollback to a checkpoint before this step replays anew
+            self.policy.updated_at = m.step
         unstable = [f for f in findings if f.family == "instability"]
         if unstable and not m.skipped:  # the flagged step's update is in the weights (healthy)
             self.stood_at = m.step

@@ -5,7 +5,8 @@
     rung 1  cut the LR (x lr_cut)
     rung 2  roll back to the last good checkpoint, skip the rows behind the incident, cut the LR
     rung 3  save and stop with a clear message (max_rollbacks spent on one incident, or nothing
-            to roll back to)
+            to roll back to: a rollback never restores a checkpoint whose weights are the failed
+            ones, every update since it withheld; _same_replay)
 
 It climbs when `escalate_after` instability findings fall within `escalation_window` steps of
 each other (skipping did not help), and falls back to rung 0 after a quiet window. Before the
@@ -106,6 +107,8 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis):
     rollback_at: int  # the step the last of them was decided at (-1: none)
     broken_at: int  # ... when it was for broken weights (-1: none)
     last_rollback_to: int  # the checkpoint step the last ladder rollback restored (-1: none)
+    updated_at: int  # the last step whose update was applied (core.py)
+    closed_at: int  # the step the last incident with a rollback closed at (-1: none)
     lr_debt: float  # product of the ladder's LR cuts not yet given back
     lr_ceiling: float  # the multiplier before the first of them: a give-back never goes past it
     last_restore: int  # step of a give-back still on probation (-1: none)
@@ -267,6 +270,12 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis):
         if earlier:
             params["to"] = view.last_good - 1
         target = view.last_good - 1 if earlier else view.last_good
+        same = self._same_replay(view, target, rows)
+        if same is not None:
+            if same.get("to") is None:  # nothing before it to restore
+                return self._give_up(view, same["why"])
+            target = params["to"] = same["to"]
+            evidence = {**evidence, "last_update": self.updated_at}
         again = broken is not None and self.broken_at >= 0
         high = broken is not None and early and self._worse_than_untouched(broken)
         cut = lr_cut(self.cfg.above_start.lr_factor, view, self.cfg) if again or high else None
@@ -284,6 +293,8 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis):
                 f"; the last rollback restored step {view.last_good} and the trouble came back before a newer good "
                 "checkpoint: that checkpoint holds the update that broke the run, so restore the one before it"
             )
+        if same is not None:
+            why += same["why"]
         lr_scale = view.lr_scale
 
         def commit() -> None:
@@ -295,6 +306,31 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis):
 
         return Remedy(action="rollback", params=params, reasoning=why, evidence=evidence, commit=commit)
 
+    def _same_replay(self, view: Any, target: int, rows: list[int]) -> dict[str, Any] | None:
+        """A rollback to `target` that would replay exactly what failed: every update since it was
+        withheld (its weights are the ones the flagged steps met) and no row is left out, so the replay
+        meets the same rows with the same weights, and the LR acts on no withheld update (debug at
+        train.batch_tokens 1024, checkpoint.every 10: spikes at 11-16 withheld, rolled back to step 10:
+        the same six spikes, "not recovered", before a second rollback went further back). The newest
+        checkpoint from before the last applied update is restored instead ({"to": step, "why": wording});
+        with none, {"why": wording} alone (the ladder's next rung: stop). None: the replay differs, or may:
+        a non-finite loss in the incident may come from weights something other than an update broke (a
+        fault, a flipped bit: weights_nan after step 6's checkpoint, updates 7-8 withheld), which the
+        checkpoint does not hold."""
+        if rows or target < self.updated_at or self.ladder.nan:
+            return None
+        why = (
+            f"; a rollback to step {target} would replay exactly what failed (no update was applied after step "
+            f"{self.updated_at}: its weights are the ones "
+        )
+        before = self.updated_at - 1
+        if before < 0 or not view.has_checkpoint(before):
+            return {
+                "why": why.removeprefix("; ")
+                + "the flagged steps met, and no checkpoint from before that update is left)"
+            }
+        return {"to": before, "why": why + f"the flagged steps met): restore the newest at or before step {before}"}
+
     def _rolled_back(self, step: int, target: int, broken: bool) -> None:
         """A rollback decided at `step` is applied: the ladder starts over, the incident spends one."""
         self.ladder = Ladder(last_step=self.ladder.last_step)
@@ -303,10 +339,10 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis):
         if broken:
             self.broken_at = step
 
-    def _give_up(self, view: Any) -> Remedy:
-        """Rung 3: no good checkpoint, or this incident's rollbacks are spent."""
+    def _give_up(self, view: Any, reason: str = "") -> Remedy:
+        """Rung 3: no good checkpoint, this incident's rollbacks are spent, or `reason`."""
         window, most = self.cfg.escalation_window, self.cfg.max_rollbacks
-        reason = (
+        reason = reason or (
             "no good checkpoint to roll back to"
             if not view.has_good_checkpoint
             else f"{self.rollbacks} rollbacks used on one incident (orchestrator.max_rollbacks={most} per incident: "
@@ -424,6 +460,22 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis):
             return
         if view.last_good > self.rollback_at or step - self.ladder.last_step >= self.cfg.escalation_window:
             self.rollbacks, self.rollback_at, self.broken_at, self.last_rollback_to = 0, -1, -1, -1
+            self.closed_at = step
+
+    def counted(self, remedy: Remedy) -> Remedy:
+        """A ladder rollback says which of its incident's it is: max_rollbacks bounds one incident's,
+        so a run may take more, and the journal names the incident each belongs to."""
+        n, most = self.rollbacks + 1, self.cfg.max_rollbacks
+        remedy.evidence = {**remedy.evidence, "incident_rollback": n, "max_rollbacks": most}
+        new = ""
+        if n == 1 and self.closed_at >= 0:
+            new = (
+                f"; a new incident: the last closed at step {self.closed_at}, once its replay trained past its "
+                f"rollback and then saved a good checkpoint or trained {self.cfg.escalation_window} steps without "
+                "instability"
+            )
+        remedy.reasoning += f" (rollback {n} of this incident's orchestrator.max_rollbacks={most}{new})"
+        return remedy
 
 
 def _nonfinite_loss(f: Finding) -> bool:

@@ -44,6 +44,8 @@ STATE = (
     "rollback_at",
     "broken_at",
     "last_rollback_to",
+    "updated_at",
+    "closed_at",
     "unstable_at",
     "early_rollbacks",
     "end_rollbacks",
@@ -149,6 +151,10 @@ class Policy(InstabilityLadder):
         self.rollback_at = -1  # the step the last of them was decided at (-1: none)
         self.broken_at = -1  # ... when it was for broken weights
         self.last_rollback_to = -1  # the checkpoint step the last ladder rollback restored (-1: none)
+        self.closed_at = -1  # the step the last incident with a rollback closed at (-1: none)
+        # the last step whose update was applied (core.py reads it; ladder.py _same_replay), unknown as the
+        # newest: no rollback is taken for a replay of what failed on the word of a view that never said
+        self.updated_at = 10**9
         self.unstable_at = -(10**9)  # step of the last LR cut or rollback: rows are not judged for a while
         self.early_rollbacks: dict[str, list[float]] = {}  # step -> the loss an early spike rolled back from, ...
         self.end_rollbacks: dict[str, list[float]] = {}  # step -> the probe an end check rolled back from, ...
@@ -163,7 +169,8 @@ class Policy(InstabilityLadder):
         families are per layer ("moe/3"): their remedies are the same."""
         family = f.family.split("/")[0]
         if family in OWN:
-            return getattr(self, OWN[family])(f, view)
+            remedy = getattr(self, OWN[family])(f, view)
+            return self.counted(remedy) if family == "instability" and remedy.action == "rollback" else remedy
         return REMEDIES[family](f, view, self.cfg)
 
     def _changes_lr(self, step: int) -> None:
