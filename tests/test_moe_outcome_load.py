@@ -116,3 +116,20 @@ def test_an_expert_starved_since_before_a_balance_raise_is_no_evidence_it_failed
     orchestrator.outcomes.follow(StepMetrics(step=80, loss=4.0, grad_norm=1.0), [_dead(80, 12)])  # since step 69
     assert old.outcome["result"] == "recovered" and "found_after" not in old.outcome
     assert new.outcome["result"] == "not recovered" and new.outcome["found_after"] == ["moe@80"]
+
+
+def test_a_router_reset_that_left_the_layer_over_the_imbalance_bar_is_not_recovered(tmp_path):
+    """debug-moe (8 experts, top-2), expert_collapse@6, seeds 3 and 20: both layers' reset_router read
+    "recovered" at 2.8-3.1x their fair share, judged at the collapse's own bar (0.9 x 8 / 2 = 3.6x); the
+    rule calls a layer over 2.5x imbalanced."""
+    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)
+    resets = {}
+    for layer in (1, 3):
+        resets[layer] = pending(orchestrator.journal, 20, "moe", "reset_router", family=f"moe/{layer}")
+        resets[layer].evidence = {"kind": "collapse", "layer": layer, "busiest": 0}
+    for step in range(21, 41):
+        moe = [(layer, [ratio / 8] + [(1 - ratio / 8) / 7] * 7, 0.3, 2) for layer, ratio in ((1, 3.1), (3, 2.0))]
+        orchestrator.outcomes.follow(StepMetrics(step=step, loss=4.0, grad_norm=1.0, moe=moe), [])
+    still, spread = resets[1].outcome, resets[3].outcome
+    assert still["result"] == "not recovered" and still["max_load_after"] == 3.1
+    assert spread["result"] == "recovered" and spread["max_load_after"] == 2.0

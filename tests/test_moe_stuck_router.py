@@ -40,7 +40,7 @@ def _raise(coef: float, max_load: float, strikes: int = 0) -> float:
     evidence = {"kind": "imbalance", "layer": 3, "busiest": 0, "max_load": max_load, "strikes": strikes}
     knobs = {"n_experts": 4, "top_k": 1, "balance_coef": coef, "capacity_factor": 1.25}
     view = SimpleNamespace(moe_knobs=lambda layer: knobs)
-    remedy = remedies.moe(SimpleNamespace(evidence=evidence), view, OrchestratorConfig())
+    remedy = remedies.moe(SimpleNamespace(evidence=evidence, commit=None), view, OrchestratorConfig())
     assert remedy.action == "set_balance_coef"
     return remedy.params["value"]
 

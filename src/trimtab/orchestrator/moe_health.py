@@ -9,12 +9,13 @@ a dead expert -> re-initialised (pruned if it dies again and prune_dead is on), 
 a larger capacity factor, saturation -> a new expert split from the busiest.
 
 Imbalance within `grace_steps` is answered only when stuck (no lower than a window ago).
-Collapse climbs per layer: the first time, the balance coefficient x4; when the layer had a
-balance finding (imbalance or collapse) in the last 4 windows already, that raise did not hold
-and the router is reset (`reset_router`): the busiest expert's router row and selection bias go
-to the others' mean. The balance loss acts on router probabilities only: a saturated softmax
-passes it almost no gradient (d/dz ~ p(1 - p)) and the selection bias (expert_bias, DeepSeek-V3's
-aux-loss-free balancing) none at all, so only re-centring the scores makes top-k spread again.
+Collapse climbs per layer: the first time, the balance coefficient x4; when the layer had a balance
+finding (imbalance or collapse) in the last 4 windows already, that raise did not hold (judged over
+a full window after it: _total_collapse) and the router is reset (`reset_router`): the busiest
+expert's router row and selection bias go to the others' mean. The balance loss acts on router
+probabilities only: a saturated softmax passes it almost no gradient (d/dz ~ p(1 - p)) and the
+selection bias (expert_bias, DeepSeek-V3's aux-loss-free balancing) none at all, so only re-centring
+the scores makes top-k spread again.
 A recurrence after a finding is also what the journal judges "not recovered" (same family).
 """
 
@@ -24,6 +25,10 @@ from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, StepMetrics
 
 TOTAL = 3  # steps in a row one expert holds collapse / top_k of the assignments: a collapse before a window fills
+# Before step `window` a forming router piles most tokens on one expert by itself: clean debug-moe (seeds
+# 0-3, 20) held >= collapse (0.9) of the most possible for up to 10 steps in a row, >= 99% for up to 3, and
+# spread by step ~40. Only EVERY of it (every token's pick but 1%) on EARLY steps in a row is a collapse then.
+EVERY, EARLY = 0.99, 5
 
 
 class MoEHealth(Monitor):
@@ -38,6 +43,7 @@ class MoEHealth(Monitor):
         self.strikes: dict[str, list[int]] = {}  # layer -> steps of its imbalance / collapse findings
         self.history: dict[str, list[list[float]]] = {}  # layer -> [max load, dropped] of recent windows
         self.pruning: dict[str, int] = {}  # layer -> the expert a finding proposed to prune (prune_dead)
+        self.answered: dict[str, int] = {}  # layer -> step of its collapse's remedy (applied: a raise, a reset)
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if m.skipped:  # a withheld step's routing is a bad batch's: it says nothing of the router's health
@@ -54,8 +60,7 @@ class MoEHealth(Monitor):
             self.starved[key] = [
                 n + 1 if s < self.cfg.dead_load * fair else 0 for n, s in zip(self.starved[key], share)
             ]
-            # a router still forming may pile a few steps' tokens on one expert: no total collapse before a window
-            found = self._total_collapse(m, layer, top_k) if m.step >= self.cfg.window else None
+            found = self._total_collapse(m, layer, top_k)
             if found is None and len(self.loads[key]) == self.cfg.window:
                 found = self._check(m, layer, top_k)
             findings.append(found)
@@ -92,6 +97,8 @@ class MoEHealth(Monitor):
             f.commit = lambda: self._remedied(key, expert, prune)
         elif kind in ("imbalance", "collapse"):
             self.strikes[key] = self._recent(key, f.step) + [f.step]
+            if kind == "collapse":  # remedies._balance passes it on to a raise and a reset, not a note
+                f.commit = lambda: self.answered.update({key: f.step})
 
     def _remedied(self, key: str, expert: int, prune: bool) -> None:
         """A dead expert's remedy was applied (Remedy.commit): it was re-initialised, or pruned. Advice
@@ -104,18 +111,27 @@ class MoEHealth(Monitor):
 
     def _total_collapse(self, m: StepMetrics, layer: int, top_k: int) -> Finding | None:
         """A collapse before the window fills: one expert at collapse / top_k of the assignments on
-        each of the last TOTAL steps. expert_collapse@30 on debug-moe (every token's first choice on
-        expert 0) was found only once the 20-step window's mean passed the bar, at steps 45-48; it is
-        found at step 32 now, and the reset comes at once (remedies._balance: the bias leads)."""
-        recent = self.loads[str(layer)][-TOTAL:]
-        if len(recent) < TOTAL or len(recent[-1]) <= top_k:
+        each of the last TOTAL steps (before step `window`, at EVERY / top_k on EARLY steps).
+        expert_collapse@30 on debug-moe (every token's first choice on expert 0) was found only once
+        the 20-step window's mean passed the bar, at steps 45-48; it is found at step 32 now, and the
+        reset comes at once (remedies._balance: the bias leads); expert_collapse@6 at step 10, not 20.
+        Not within a window of the layer's collapse remedy (applied): the balance loss moves the
+        router by gradient, over tens of steps, and 3 steps after a raise the same collapse, still
+        there, was its failure (a reset at once, the raise "not recovered"); after expert_collapse@6's
+        reset at 10 a forming router's own collapse was reset again at 21 and 24 (seed 20). The full
+        window (_check) judges them."""
+        key, window = str(layer), self.cfg.window
+        steps, bar = (EARLY, EVERY) if m.step < window else (TOTAL, self.cfg.collapse)
+        recent = self.loads[key][-steps:]
+        settling = m.step - self.answered.get(key, -window) < window
+        if len(recent) < steps or len(recent[-1]) <= top_k or settling:
             return None
         busiest = max(range(len(recent[-1])), key=lambda e: recent[-1][e])
-        if any(share[busiest] < self.cfg.collapse / top_k for share in recent):
+        if any(share[busiest] < bar / top_k for share in recent):
             return None
-        mean = [sum(col) / TOTAL for col in zip(*recent)]
-        drop = sum(self.drops[str(layer)][-TOTAL:]) / TOTAL
-        return self._collapse(m, (layer, top_k, TOTAL), mean, busiest, drop)
+        mean = [sum(col) / steps for col in zip(*recent)]
+        drop = sum(self.drops[key][-steps:]) / steps
+        return self._collapse(m, (layer, top_k, steps), mean, busiest, drop)
 
     def _collapse(
         self, m: StepMetrics, where: tuple[int, int, int], mean: list[float], busiest: int, drop: float

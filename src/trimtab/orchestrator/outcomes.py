@@ -90,8 +90,7 @@ class Outcomes:
             decision.observed += 1
             if decision.observed < self.outcome_after or (decision.action == "rollback" and _unchanged(track)):
                 continue
-            if not self._settling(decision, track):
-                self.judge(decision)
+            self.judge(decision, wait=True)
         _remember(self.healthy if not findings and math.isfinite(m.loss) else self.troubled, m.step, m.loss)
 
     def struck(self, f: Finding) -> None:
@@ -123,10 +122,17 @@ class Outcomes:
                 d.outcome = {"result": "cut short", "steps": 0, "rolled_back": True}
         self.journal.write()
 
-    def judge(self, d: Decision, ended: bool = False) -> None:
+    def judge(self, d: Decision, ended: bool = False, wait: bool = False) -> None:
         """Fill in d's outcome from what followed it; `ended`: the run ends here (core.py:
-        on_train_end), maybe before `outcome_after` steps followed it (_too_early)."""
-        track = self.tracking.pop(str(d.id), {"losses": [], "findings": 0})
+        on_train_end), maybe before `outcome_after` steps followed it (_too_early); `wait`: not while
+        its layer's load is settling (_settling)."""
+        track = self.tracking.get(str(d.id), {"losses": [], "findings": 0})
+        load = self._load_healed(d, track.get("load"))
+        healed = load.pop("healed", True)  # popped whatever `ok` is: only the numbers go in the outcome
+        settling = self._settling(d, track, healed)
+        if wait and settling:
+            return
+        self.tracking.pop(str(d.id), None)
         references = track.get("references") or [None] * len(track["losses"])
         pairs = [(v, r) for v, r in zip(track["losses"], references, strict=True) if math.isfinite(v)]
         after = sum(v for v, _ in pairs) / len(pairs) if pairs else float("nan")
@@ -142,12 +148,10 @@ class Outcomes:
             ok = after <= before * 1.05 and self._within_noise(pairs, after - before)
         if ok and likelihood and before is not None and d.family == "plateau" and d.action != "none":
             ok = after < before - self.plateau_fall
-        load = self._load_healed(d, track.get("load"))
-        healed = load.pop("healed", True)  # popped whatever `ok` is: only the numbers go in the outcome
         ok = ok and healed
         result = "recovered" if ok else "not recovered"
         unchanged = d.action == "rollback" and _unchanged(track)
-        early = _too_early(track, self.outcome_after, math.isfinite(after)) or self._settling(d, track)
+        early = _too_early(track, self.outcome_after, math.isfinite(after)) or settling
         if unchanged or (ended and early):
             result = "too early"  # a replay still the run before, bit for bit, has not yet met the fault
         d.outcome = {
@@ -188,15 +192,17 @@ class Outcomes:
         if kind == "dead":  # dead_patience (30) > outcome_after: only its load says it took traffic again
             revived = sum(row[3] for row in load) / len(load)
             return {"expert_load_after": round(revived, 4), "healed": revived >= self.moe.dead_load}
-        if kind == "drop":
-            healed = dropped <= self.moe.max_drop
-        elif kind == "collapse":
-            healed = ratio < self.moe.collapse * n_over_k
-        else:
-            healed = ratio <= self.moe.imbalance
+        healed = dropped <= self.moe.max_drop if kind == "drop" else ratio <= self._bar(n_over_k)
         return {"max_load_after": round(ratio, 4), "dropped_after": round(dropped, 4), "healed": healed}
 
-    def _settling(self, d: Decision, track: dict[str, Any]) -> bool:
+    def _bar(self, n_over_k: float) -> float:
+        """The busiest expert's load (x fair share) a balance finding's layer is healed under: the
+        lowest the rule answers, its imbalance bar (a layer's own collapse bar, 0.9 x n_experts /
+        top_k, where that is lower). A collapse judged at its own bar, 3.6x on debug-moe, had its
+        reset_router "recovered" at 3.0-3.2x, an imbalance to the rule (expert_collapse@6, seeds 3, 20)."""
+        return min(self.moe.imbalance, self.moe.collapse * n_over_k)
+
+    def _settling(self, d: Decision, track: dict[str, Any], healed: bool) -> bool:
         """Whether a balance raise's verdict waits: its layer's load not yet back under the bar but
         falling toward it fast enough to get there within 4 of the rule's windows of the decision (the
         span in which moe_health counts an earlier balance finding as a raise that did not hold). The
@@ -204,15 +210,11 @@ class Outcomes:
         layer went 3.1x -> 2.3x over them (mean 2.9x) was "not recovered", and the layer settled at
         ~1.6x later (debug-moe, 4 experts top-1, balance_coef 0, router_temperature 0.1, step 40);
         that verdict lowered the raise's track record for the decisions after it."""
-        if d.action != "set_balance_coef" or track["findings"] or len(track["losses"]) >= 4 * self.moe.window:
+        if healed or d.action != "set_balance_coef" or track["findings"] or len(track["losses"]) >= 4 * self.moe.window:
             return False
-        load = track.get("load") or []
-        if self._load_healed(d, load).get("healed", True):
-            return False
-        n_over_k = load[-1][2]
-        bar = self.moe.collapse * n_over_k if d.evidence.get("kind") == "collapse" else self.moe.imbalance
+        load = track["load"][-self.outcome_after :]  # not healed: a load was tracked (_load_healed)
         left = 4 * self.moe.window - len(track["losses"])
-        return _reaches(tuple(row[0] for row in load[-self.outcome_after :]), bar, left)
+        return _reaches(tuple(row[0] for row in load), self._bar(load[-1][2]), left)
 
     def _within_noise(self, pairs: list[tuple[float, float | None]], excess: float) -> bool:
         """Whether a replay's mean `excess` over the losses the run had at the same steps before is

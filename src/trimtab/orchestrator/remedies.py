@@ -414,6 +414,7 @@ def _balance(f: Finding, layer: int, kind: str, coef: float, cfg: OrchestratorCo
             "moves router probabilities only, a saturated softmax passes it almost no gradient and the selection "
             "bias none, so re-centre the expert's router row and selection bias on the others' mean (its weights "
             "stay) and restart the row's AdamW moments",
+            commit=f.commit,  # the rule gives an applied answer to a collapse a window (moe_health)
         )
     if target <= coef:
         return Remedy(
@@ -431,4 +432,5 @@ def _balance(f: Finding, layer: int, kind: str, coef: float, cfg: OrchestratorCo
         action="set_balance_coef",
         params={"value": target, "layer": layer},
         reasoning=f"a stronger load-balancing loss pushes the router to spread tokens (Switch, GShard): {step}",
+        commit=f.commit,  # a collapse's: as the reset's (moe_health)
     )
