@@ -6,6 +6,7 @@ Remedy; none acts (the orchestrator requests the action through Control).
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -170,24 +171,36 @@ def throughput(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
 
 def disk(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     """A failed save: free space and retry; when a whole checkpoint interval later the saves still
-    fail, stop before more work is at risk (the newest checkpoint on disk is the resume point)."""
+    fail, stop before more work is at risk (the newest checkpoint on disk is the resume point).
+    Only a full disk (or quota) is met by deleting: a checkpoint folder made read-only failed with
+    EPERM, and older checkpoints were deleted "to free space" and the fix named was "free space"."""
+    full = f.evidence.get("errno") in (errno.ENOSPC, errno.EDQUOT)
     if f.evidence["failures"] <= 1:
         return Remedy(
             action="save_checkpoint",
-            params={"keep": 1},
+            params={"keep": 1} if full else {},
             reasoning="keep training and keep what was trained: delete older checkpoints (never the last good "
-            "one) to free space, then retry the save once",
+            "one) to free space, then retry the save once"
+            if full
+            else "keep training and keep what was trained: retry the save once (the error is no lack of "
+            "space, so no checkpoint is deleted)",
         )
     last = f.evidence["last_saved"]
+    if full:
+        fix = f"free space in {view.run_dir}"
+    elif f.evidence.get("errno") in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = f"make {view.run_dir / 'checkpoints'} writable (its permissions or attributes, a read-only mount)"
+    else:
+        fix = f"check the storage under {view.run_dir}"
     return Remedy(
         action="stop",
         params={
             "reason": f"no checkpoint could be written since step {last} ({f.step - last} steps at risk, "
-            f"{f.evidence['failures']} saves failed: {f.evidence['error']}); free space in {view.run_dir} and "
+            f"{f.evidence['failures']} saves failed: {f.evidence['error']}); {fix} and "
             f"re-run the same command to resume from step {last}",
             "exit_code": NO_CHECKPOINT,
         },
-        reasoning="the save failed again after older checkpoints were deleted: training on would put ever more "
+        reasoning="the save failed again after its retry: training on would put ever more "
         "work at risk of a crash; stop now, losing nothing that is on disk",
     )
 

@@ -1,0 +1,41 @@
+"""The disk rule's remedy reads the save's errno: only a full disk (or quota) is met by deleting
+older checkpoints, and the stop's message names the fix for the error it met. A checkpoint folder
+made read-only (`chattr +i`, debug, 60 steps: EPERM at step 20) had older checkpoints deleted "to
+free space" and the run stopped telling the user to "free space"."""
+
+import errno
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator import remedies
+from trimtab.orchestrator.monitors import Finding
+
+
+def _failed_save(code: int, failures: int) -> Finding:
+    evidence = {"error": f"[Errno {code}] ...", "errno": code, "failures": failures, "last_saved": 10}
+    return Finding(
+        rule="disk", family="disk", step=30, evidence=evidence, summary="checkpoint save failed", strength=1.0
+    )
+
+
+@pytest.mark.parametrize(
+    ("code", "keep", "fix"),
+    [
+        (errno.ENOSPC, {"keep": 1}, "free space in /r and"),
+        (errno.EDQUOT, {"keep": 1}, "free space in /r and"),
+        (errno.EPERM, {}, "make /r/checkpoints writable"),
+        (errno.EACCES, {}, "make /r/checkpoints writable"),
+        (errno.EROFS, {}, "make /r/checkpoints writable"),
+        (errno.EIO, {}, "check the storage under /r and"),
+    ],
+)
+def test_only_a_full_disk_deletes_checkpoints_and_the_stop_names_the_errors_fix(code, keep, fix):
+    view, cfg = SimpleNamespace(run_dir=Path("/r")), OrchestratorConfig()
+    retry = remedies.disk(_failed_save(code, 1), view, cfg)
+    assert retry.action == "save_checkpoint" and retry.params == keep
+    stop = remedies.disk(_failed_save(code, 2), view, cfg)
+    assert stop.action == "stop" and fix in stop.params["reason"]
+    assert ("free space" in stop.params["reason"]) == bool(keep)
