@@ -76,16 +76,16 @@ def test_the_reference_sample_is_spread_over_the_source_not_its_first_files(tmp_
 
 
 def test_prepare_says_which_sources_were_too_small_for_word_salad_to_be_judged(tmp_path, monkeypatch, caplog):
-    """A source under junk.CORPUS_WORDS words had its word salad pass unjudged, and prepare said nothing of it:
+    """A source under junk.SMALL_WORDS words had its word salad pass unjudged, and prepare said nothing of it:
     the report now names it, and a source large enough (here: the bar lowered under its words) is not named."""
     rng = random.Random(3)
     write(tmp_path / "small" / "a.jsonl", [grammar_prose(rng) for _ in range(30)])
     with caplog.at_level(logging.WARNING):
         prepare([str(tmp_path / "small")], tmp_path / "out", vocab_size=300, options=Options(), workers=1)
     said = [r.getMessage() for r in caplog.records if "word salad" in r.getMessage() and "not judged" in r.getMessage()]
-    assert len(said) == 1 and str(tmp_path / "small") in said[0] and f"{junk.CORPUS_WORDS:,} words" in said[0]
+    assert len(said) == 1 and str(tmp_path / "small") in said[0] and f"{junk.SMALL_WORDS:,} words" in said[0]
     caplog.clear()
-    monkeypatch.setattr(junk, "CORPUS_WORDS", 1_000)
+    monkeypatch.setattr(junk, "SMALL_WORDS", 1_000)
     with caplog.at_level(logging.WARNING):
         prepare([str(tmp_path / "small")], tmp_path / "again", vocab_size=300, options=Options(), workers=1)
     assert not [r for r in caplog.records if "not judged" in r.getMessage()]

@@ -36,7 +36,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from trimtab.data import quality
+from trimtab.data import quality, word_order
 from trimtab.data.dumps import DUMP, dump_share, dump_span
 from trimtab.data.mojibake import MOJIBAKE_SHARE, mojibake_share
 from trimtab.data.repeats import REPEATED, repeated_share
@@ -51,12 +51,14 @@ CORPUS_WORDS = 100_000  # words a reference (a run's corpus, a prepare sample) n
 # METADATA pages and a mix with code, real pieces named: 20K words 0-2.4%, 50K 0-0.8%, 100K 0-0.2%, 200K-400K
 # 0.1-0.4% (borderline, 1.3-1.5 bits: lists of names and numbers), stdlib code chunks 0 of 456; salad named at
 # 100K: 24-40 of ~50 in man pages, licences and mixes (Markdown READMEs', mostly not prose: 10 of 52).
-# It was 400K (measured on a set not kept: 0.03% named at 20 MB, 0.2-0.7% at 4 MB, 2-5% at 1 MB) when pairs
-# within a word ("e.g", "no-color") were scored, which salad keeps in order (`spaced`): a man-page source's salad
-# scored up to 2.9 bits. A test that needs no reference, a permutation test of a document's own repeated adjacent
-# word pairs against its shuffles, is too weak per document: on 464 1.5 KB pieces of /usr/share/common-licenses and
-# docs/*.md, 25.8 repeats on average, their shuffles 5.5, yet 2.6% of them not above their shuffles at p <= 0.05
-# (20 shuffles). A smaller source's spellings are still judged (scrambled words).
+# It was 400K when pairs within a word were scored (docs/data.md). A test needing no reference (word_order.py) is
+# too weak alone. A smaller source's spellings are still judged (scrambled words), and its word order by a stricter
+# rule, measured in docs/data.md (junk):
+SMALL_WORDS = 5_000  # under CORPUS_WORDS (down to these), a document is word salad only when all four agree:
+SMALL_BITS = 0.7  # its bits are under this (salad of a small source's own words: -0.35-0.5, a few to 1.3);
+ANTI_ORDER = -0.5  # above this (far under 0, its adjacent words avoid each other: "key: value" lines, an order);
+SMALL_KNOWN = 0.1  # the reference holds this share of its distant pairs (KNOWN_PAIRS; salad: 0.03-0.3, as its
+# source's real pages); and its own repeated word pairs do not put it in order (word_order.ordered)
 MIN_PAIRS = 40  # adjacent word pairs, both words seen elsewhere in the corpus, a document needs to be judged
 SALAD_BITS = 1.5  # adjacent words' mean pointwise mutual information, less distant ones', under this: word salad
 # distant word pairs of a document (quality.information's stride) the rest of the reference holds, under which
@@ -215,9 +217,9 @@ def salad_bits(
     return _salad_bits(_ids(docs, reference.vocab, grow=False), _lengths(docs), reference, member, apart)
 
 
-def _salad_bits(
-    ids: np.ndarray, lengths: np.ndarray, reference: Bigrams, member: np.ndarray, apart: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
+def _salad_bits(ids: np.ndarray, lengths: np.ndarray, reference: Bigrams, member: np.ndarray,
+                apart: np.ndarray | None = None, known: float = KNOWN_PAIRS
+                ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     doc = np.repeat(np.arange(len(lengths)), lengths)
     start = np.concatenate([[0], np.cumsum(lengths)])[:-1]
     local = np.arange(len(ids)) - start[doc]
@@ -226,7 +228,7 @@ def _salad_bits(
     counts = _Counts(reference, ids, doc, np.asarray(member, dtype=bool))
     near_bits, near_n, _ = _mean_pmi(counts, ids, counts.own_word, doc, len(lengths), apart)
     far_bits, _, far_seen = _mean_pmi(counts, ids[far], counts.own_word[far], doc, len(lengths))
-    return near_bits - far_bits, np.where(far_seen >= KNOWN_PAIRS, near_n, 0)
+    return near_bits - far_bits, np.where(far_seen >= known, near_n, 0)
 
 
 def _stride(n: int) -> int:
@@ -381,10 +383,10 @@ class Verdict:
 
 def kinds(texts: Sequence[str], reference: Bigrams | None = None, alone: bool = False) -> list[Verdict | None]:
     """Each document's junk verdict, None for none. Word salad is judged against `reference`'s
-    bigrams (default: the documents' own), when it holds CORPUS_WORDS. Documents under MIN_CHARS
-    characters are not judged. `alone`: the source has too few documents for the packing screen's
-    scale (quality.MIN_DOCS), so random characters, which it would catch, are judged here, by the
-    document alone (quality.random_characters)."""
+    bigrams (default: the documents' own), when it holds CORPUS_WORDS (SMALL_WORDS: by the small-source
+    rule, whose bar is SMALL_BITS). Documents under MIN_CHARS characters are not judged. `alone`: the
+    source has too few documents for the packing screen's scale (quality.MIN_DOCS), so random characters,
+    which it would catch, are judged here, by the document alone (quality.random_characters)."""
     tokens = [words(t) for t in texts]
     lengths = _lengths(tokens)
     if reference is None:  # the documents' own: their words mapped to ids once
@@ -393,19 +395,27 @@ def kinds(texts: Sequence[str], reference: Bigrams | None = None, alone: bool = 
         reference, member = Bigrams.of_ids(ids, lengths, vocab, []), np.ones(len(texts), dtype=bool)
     else:
         ids, member = _ids(tokens, reference.vocab, grow=False), np.isin(text_hashes(texts), reference.members)
-    if reference.total >= CORPUS_WORDS:
+    small = reference.total < CORPUS_WORDS
+    if reference.total >= SMALL_WORDS:
         apart = np.concatenate([spaced(t) for t in texts]) if texts else np.zeros(0, dtype=bool)
-        bits, scored = _salad_bits(ids, lengths, reference, member, apart)
+        bits, scored = _salad_bits(ids, lengths, reference, member, apart, SMALL_KNOWN if small else KNOWN_PAIRS)
+        if small:  # the small-source rule (SMALL_WORDS): not named where its bits or its own repeats say order
+            named = np.flatnonzero((scored >= MIN_PAIRS) & (bits < SMALL_BITS))
+            order = word_order.ordered(tokens, apart, named, text_hashes([texts[i] for i in named]))
+            scored = np.where(np.isin(np.arange(len(texts)), named[order | (bits[named] <= ANTI_ORDER)]), 0, scored)
     else:  # too little text to say which words follow which
         bits, scored = np.zeros(len(texts)), np.zeros(len(texts), dtype=np.int64)
     share, long = scrambled(tokens, ids, reference, member)
+    bar = SMALL_BITS if small else SALAD_BITS
     return [
-        _verdict(text, ws, float(b), int(n), float(s) if m >= MIN_LONG else 0.0, alone)
+        _verdict(text, ws, float(b), int(n), float(s) if m >= MIN_LONG else 0.0, alone, bar)
         for text, ws, b, n, s, m in zip(texts, tokens, bits, scored, share, long)
     ]
 
 
-def _verdict(text: str, ws: list[str], bits: float, scored: int, misspelt: float, alone: bool) -> Verdict | None:
+def _verdict(
+    text: str, ws: list[str], bits: float, scored: int, misspelt: float, alone: bool, bar: float = SALAD_BITS
+) -> Verdict | None:
     if len(text) < MIN_CHARS:
         return None
     if (share := mojibake_share(text)) is not None:
@@ -418,8 +428,8 @@ def _verdict(text: str, ws: list[str], bits: float, scored: int, misspelt: float
         return Verdict("random characters", quality.information(quality.symbols_of(text)), quality.NOISE_BITS)
     if (bits_between := letter_structure(text)) is not None and bits_between < quality.STRUCTURE:
         return Verdict("random letters", bits_between, quality.STRUCTURE)
-    if scored >= MIN_PAIRS and bits < SALAD_BITS and prose(text, ws):
-        return Verdict("word salad", bits, SALAD_BITS)
+    if scored >= MIN_PAIRS and bits < bar and prose(text, ws):
+        return Verdict("word salad", bits, bar)
     if misspelt >= SCRAMBLED:
         return Verdict("scrambled words", misspelt, SCRAMBLED)
     return None
@@ -476,11 +486,17 @@ def repeats_line(count: int, of: int | None, key: str) -> str:
     )
 
 
+def holds_words(texts: Sequence[str], n: int) -> bool:
+    """Whether `texts` hold `n` words or more (`words`'), counted no further than the nth."""
+    found = itertools.chain.from_iterable(_WORD.finditer(text) for text in texts)
+    return next(itertools.islice(found, n - 1, None), None) is not None
+
+
 def unjudged_line(sources: Sequence[str]) -> str:
-    """The console line for the sources whose reference holds under CORPUS_WORDS words: their word order not judged."""
+    """The console line for the sources whose reference holds under SMALL_WORDS words: their word order not judged."""
     shown = ", ".join(sources[: quality.SHOWN]) + (", ..." if len(sources) > quality.SHOWN else "")
     return (
         f"word salad (real words in random order) was not judged in {len(sources):,} source(s) ({shown}): their sample "
-        f"holds under {CORPUS_WORDS:,} words, too few to tell which words follow which (data/junk.py CORPUS_WORDS); "
+        f"holds under {SMALL_WORDS:,} words, too few to tell which words follow which (data/junk.py SMALL_WORDS); "
         "their other junk was judged. A larger source of the same kind of text is judged"
     )

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trimtab.data import dumps, junk, mojibake, quality, repeats
+from trimtab.data import dumps, junk, mojibake, quality, repeats, word_order
 from trimtab.data.tokenizer import cache_not_written
 
 logger = logging.getLogger(__name__)
@@ -76,7 +76,9 @@ def _touch(path: Path) -> None:
 @functools.cache
 def _code() -> bytes:
     """The source of the modules whose rules and thresholds decide a verdict."""
-    return b"".join(Path(module.__file__).read_bytes() for module in (junk, quality, dumps, repeats, mojibake))
+    return b"".join(
+        Path(module.__file__).read_bytes() for module in (junk, quality, dumps, repeats, mojibake, word_order)
+    )
 
 
 def _settings() -> bytes:
@@ -84,7 +86,7 @@ def _settings() -> bytes:
     person's experiment) is a miss too, not a verdict judged under another value."""
     found = [
         (module.__name__, name, value)
-        for module in (junk, quality, dumps, repeats, mojibake)
+        for module in (junk, quality, dumps, repeats, mojibake, word_order)
         for name, value in sorted(vars(module).items())
         if name.isupper() and isinstance(value, (int, float, str, tuple))
     ]

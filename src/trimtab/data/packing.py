@@ -312,6 +312,8 @@ def _screen(
     verdicts, repeated = junk.spare_repeats(texts, junk_cache.kinds(texts, bool(np.isnan(found.median)), cache_dir))
     if repeated:  # a source repeated on purpose: left out, it would leave no training row
         logger.warning("%s", junk.repeats_line(repeated, len(docs), key or "the training data"))
+    if not junk.holds_words(texts, junk.SMALL_WORDS):  # its own reference: too small to judge word order by
+        logger.warning("%s", junk.unjudged_line([key or "the training data"]))
     junky = np.array([verdict is not None for verdict in verdicts], dtype=bool)
     if not np.isnan(found.median):  # random characters a wide spread hides, unless junk says what they are
         noise = quality.noise(n_bytes, np.diff(tokenized.offsets), found.median, lambda i: docs[i].text)

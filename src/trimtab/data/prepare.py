@@ -156,7 +156,7 @@ def _prepare(
     manifest["dtype"] = manifest.get("dtype") or ("uint16" if tok.vocab_size <= 1 << 16 else "uint32")
     files = _new_files(manifest, sources, out)
     shared = _measure_scale(manifest, out, [str(path) for _, path, _ in files], tok, options, hint)
-    small: list[str] = []  # sources too small for word salad to be judged (junk.CORPUS_WORDS): said at the end
+    small: list[str] = []  # sources too small for word salad to be judged (junk.SMALL_WORDS): said at the end
     if options.garbage_filter != "off":  # one reference per source (data/references.py)
         small = references.measure(
             manifest, out, files, lambda paths: [d.text for d in _sample(paths, options, hint)], shared

@@ -41,10 +41,11 @@ def measure(
 ) -> list[str]:
     """The reference of each source of `files` (manifest numbers) not yet measured, on `sample` of its
     files' texts; BIGRAMS when that is its sample (`shared`: BIGRAMS was just measured on all of `files`).
-    A source under junk.CORPUS_WORDS words keeps its own all the same: its spellings are judged, word
-    order not, as a small data.mix entry's are in training; those sources are returned, for prepare's
-    report to say so (junk.unjudged_line). Each source's share of repeated text is measured on its own
-    sample too (entry["repeated"], junk.spare_repeats)."""
+    A source under junk.CORPUS_WORDS words keeps its own all the same: its spellings are judged, its word
+    order by the stricter small-source rule down to junk.SMALL_WORDS and not under it, as a small data.mix
+    entry's are in training; those under it are returned, for prepare's report to say so
+    (junk.unjudged_line). Each source's share of repeated text is measured on its own sample too
+    (entry["repeated"], junk.spare_repeats)."""
     by_source: dict[int, list[str]] = {}
     for n, path, _ in files:
         by_source.setdefault(manifest["files"][n]["source"], []).append(str(path))
@@ -65,13 +66,13 @@ def measure(
             if entry["bigrams"] != BIGRAMS:
                 save_bigrams(out, bigrams, entry["bigrams"])
             words = bigrams.total
-        if words < junk.CORPUS_WORDS:
+        if words < junk.SMALL_WORDS:
             small.append(entry["source"])
     return small
 
 
 def _words(path: Path) -> int:
-    """The words of a kept reference's sample (CORPUS_WORDS: whether word salad is judged against it); a reference
+    """The words of a kept reference's sample (SMALL_WORDS: whether word salad is judged against it); a reference
     not kept (a directory prepared before references were) is measured again, its count then unknown: 0."""
     if not path.is_file():
         return 0
