@@ -1440,11 +1440,12 @@ def test_a_nan_entropy_is_no_collapse():
     assert collapse[0] is None and collapse[1].evidence["entropy"] == pytest.approx(0.1)  # a real one is found
 
 
-def test_responses_grown_into_the_budget_get_the_soft_penalty_a_wider_one_a_rollback_then_a_word():
+def test_responses_grown_into_the_budget_get_the_soft_penalty_a_wider_one_a_rollback_then_a_stop():
     """rl_length: the window's share of truncated responses against the starting policy's (step 1's);
     the soft penalty over a quarter of the budget, then half, then once back to the policy that drew the last
     rollouts whose share cut stood within `rise` of the start's (the penalty kept), where the replay runs away again
-    back there with a lower LR, then a word; the filter is not a step
+    back there with a lower LR, then the run stops (exit 3: cut responses graded unfinished teach nothing; a note
+    before, and a runaway left at 100% cut through step 30 ended with exit 0); the filter is not a step
     of it (it would leave the cut responses, and the penalty's gradient, out). Once is the open
     incident's rollbacks, not the run's: the Policy counts them (test_rl_reward.py)."""
     from types import SimpleNamespace
@@ -1469,13 +1470,17 @@ def test_responses_grown_into_the_budget_get_the_soft_penalty_a_wider_one_a_roll
         "start_response_tokens": 4.0,
         "window": 2,
         "short_step": 2,  # step 4's 0.5 is more than `rise` (0.25) above the start's 0: step 3's were drawn by 2
+        "times": 1,  # windows in a row found, since step 1's responses ended
     }
+    # step 7's responses ended: the count starts again (1 at step 8), and goes on while none end (2 at step 10)
+    later = [mon.observe(metrics(i, rl={"truncated": 1.0, "response_tokens": 12.0})) for i in range(8, 12)]
+    assert [f.evidence["times"] if f else None for f in later] == [1, None, 2, None]
     every_one_cut = LengthRunaway(cfg)  # a budget every response fills from the start: the run's design
     assert not any(every_one_cut.observe(metrics(i, rl={"truncated": 1.0, "response_tokens": 2.0})) for i in range(9))
 
-    def view(filtering: bool, buffer: int) -> SimpleNamespace:
+    def view(filtering: bool, buffer: int, first: int = 0) -> SimpleNamespace:  # first: the oldest checkpoint kept
         return SimpleNamespace(
-            rl_overlong=(filtering, buffer), rl_max_new_tokens=16, has_checkpoint=lambda s: s >= 0, lr_scale=1.0
+            rl_overlong=(filtering, buffer), rl_max_new_tokens=16, has_checkpoint=lambda s: s >= first, lr_scale=1.0
         )
 
     ladder = [remedy(found[4], view(*knobs), cfg) for knobs in ((False, 0), (True, 4), (False, 8))]
@@ -1486,11 +1491,22 @@ def test_responses_grown_into_the_budget_get_the_soft_penalty_a_wider_one_a_roll
     ]
     again = remedy(found[4], view(False, 8), cfg, rollbacks=1)  # the replay ran away again: a lower LR
     assert (again.action, again.params) == ("rollback", {"to": 2, "lr_factor": cfg.lr_cut})
-    used_up = remedy(found[4], view(False, 8), cfg, rollbacks=cfg.max_rollbacks)  # the incident's all spent
-    assert used_up.action == "none" and "rl.max_new_tokens" in used_up.reasoning
+    # the incident's all spent: a note while the penalty may yet teach ending (a replay at x0.25 ran to the budget
+    # 8 steps and ended again), a stop once found `patience` windows in a row (a note before, and exit 0 at 100% cut)
+    waits = remedy(found[4], view(False, 8), cfg, rollbacks=cfg.max_rollbacks)
+    assert waits.action == "none" and "orchestrator.rl_length.patience" in waits.reasoning
+    persisted = replace(found[4], evidence={**found[4].evidence, "times": cfg.rl_length.patience})
+    used_up = remedy(persisted, view(False, 8), cfg, rollbacks=cfg.max_rollbacks)
+    assert (used_up.action, used_up.params["exit_code"]) == ("stop", GAVE_UP)
     assert "after a rollback in this incident" in used_up.reasoning
+    reason = used_up.params["reason"]
+    assert "rl.max_new_tokens (16)" in reason and "orchestrator.max_rollbacks=3" in reason
+    assert reason.endswith("the better policy is the checkpoint at or before step 2")
+    gone = remedy(persisted, view(False, 8, first=3), cfg)  # short_step 2's checkpoint (and every older) pruned
+    assert gone.action == "stop" and "no checkpoint at or before step 2 is left" in gone.params["reason"]
+    assert gone.params["reason"].endswith("no checkpoint holds the policy of step 2")
     cfg.max_rollbacks = 0
-    assert remedy(found[4], view(False, 8), cfg).action == "none"
+    assert remedy(persisted, view(False, 8), cfg).action == "stop"
 
 
 @pytest.mark.parametrize("staleness", [0.0, 1.0])
@@ -1545,11 +1561,39 @@ def test_a_held_out_reward_falling_as_the_training_reward_rises_rolls_back_to_th
     f = found[-1]
     assert f.rule == "rl_hacking" and f.evidence["best_step"] == 2 and f.evidence["best_held_out_reward"] == 0.5
     assert f.evidence["train_reward"] == pytest.approx(0.6) and f.evidence["train_reward_at_best"] == pytest.approx(0.2)
-    first = remedy(f, SimpleNamespace(lr_scale=1.0), cfg)
+    kept = SimpleNamespace(lr_scale=1.0, has_checkpoint=lambda s: s >= 0)
+    first = remedy(f, kept, cfg)
     assert (first.action, first.params) == ("rollback", {"to": 2, "lr_factor": cfg.lr_cut})
+    # the best's checkpoint and every older one gone (never saved, or pruned): a rollback there failed ("failed: no
+    # checkpoint") and the run hacked on; a stop that names it
+    gone = remedy(f, SimpleNamespace(lr_scale=1.0, has_checkpoint=lambda s: s > 2), cfg)
+    assert (gone.action, gone.params["exit_code"]) == ("stop", GAVE_UP)
+    assert "no checkpoint at or before step 2 is left (a larger checkpoint.keep" in gone.params["reason"]
     again = [evaluation(12, 0.7, 0.2), evaluation(14, 0.8, 0.1)]
     assert again[0] is None and again[1].evidence["times"] == 2
-    assert remedy(again[1], SimpleNamespace(lr_scale=1.0), cfg, rollbacks=1).action == "stop"  # within the incident
+    assert remedy(again[1], kept, cfg, rollbacks=1).action == "stop"  # within the incident
+
+
+def test_the_held_out_rules_best_checkpoints_are_kept_past_pruning():
+    """rl_hacking's and dpo_held_out's rollback targets, their best held-out readings, are kept past
+    checkpoint.keep as rl_reward's and rl_length's are: DPO's best loss is not the trainer's best evaluation (its
+    accuracy), nor rl_hacking's best count its best reward; pruned, the rollback found an older checkpoint or
+    none."""
+    from trimtab.orchestrator.dpo_health import PreferenceFall
+    from trimtab.orchestrator.rl_held_out import RewardHacking
+    from trimtab.orchestrator.saves import SaveGuard
+
+    cfg = OrchestratorConfig()
+    hacking, dpo = RewardHacking(cfg), PreferenceFall(cfg)
+    saves = SimpleNamespace(mode="auto", paused=set(), monitors={"rl_hacking": hacking, "dpo_held_out": dpo})
+    assert SaveGuard.kept_checkpoints(saves, SimpleNamespace(step=1)) == ()  # nothing evaluated yet
+    hacking.observe_eval(10, 0, 0.5, solved=8, n=16)
+    hacking.observe_eval(20, 0, 0.4, solved=9, n=16)  # a lower mean reward, more problems solved
+    dpo.observe_eval(10, 0, 0.6, accuracy=0.7)
+    dpo.observe_eval(20, 0, 0.65, accuracy=0.8)  # the best accuracy (the trainer's best), not the best loss
+    assert SaveGuard.kept_checkpoints(saves, SimpleNamespace(step=30)) == (10, 20, 10)
+    saves.paused = {"rl_hacking", "dpo_held_out"}
+    assert SaveGuard.kept_checkpoints(saves, SimpleNamespace(step=30)) == ()
 
 
 def test_a_verifier_that_fails_gets_longer_or_is_said():

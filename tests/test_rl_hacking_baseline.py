@@ -4,6 +4,7 @@ training reward stayed at 0.05 or more read as a rise, hacking (a rollback at x0
 stops of the RL and DPO rules that roll back with the LR cut share one shape (rl_reward.gave_up)."""
 
 from collections.abc import Callable
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,7 +32,10 @@ def test_a_collapse_with_a_flat_training_reward_after_a_best_at_step_0_is_a_fall
     cfg = OrchestratorConfig()
     f = readings(RewardHacking(cfg), [50, 25, 25], lambda step: 0.1)[-1]  # flat at 0.1 from the first step
     assert f is not None and f.evidence["kind"] == "held_out_fall", f
-    assert remedy(f, SimpleNamespace(lr_scale=1.0), cfg).params["lr_factor"] == cfg.rl_reward.lr_factor
+    assert (
+        remedy(f, SimpleNamespace(lr_scale=1.0, has_checkpoint=lambda step: True), cfg).params["lr_factor"]
+        == cfg.rl_reward.lr_factor
+    )
 
 
 def test_a_training_reward_rising_after_a_best_at_step_0_is_measured_from_its_first_window() -> None:
@@ -73,7 +77,7 @@ def test_rl_hackings_stop_gives_up_with_its_reason(rollbacks: int, lr_scale: flo
     summary.json (the stop had no params: exit 0, "stopped (stop requested)")."""
     cfg = OrchestratorConfig()
     f = Finding(rule="rl_hacking", family="rl", step=12, evidence={"best_step": 2}, summary="", strength=1.0)
-    stop = remedy(f, SimpleNamespace(lr_scale=lr_scale), cfg, rollbacks=rollbacks)
+    stop = remedy(f, SimpleNamespace(lr_scale=lr_scale, has_checkpoint=lambda step: True), cfg, rollbacks=rollbacks)
     assert stop.action == "stop" and stop.params["exit_code"] == 3, stop
     why = "a rollback at a lower LR in this incident did not stop it" if rollbacks else "the LR is at its floor"
     assert stop.params["reason"].startswith(
@@ -110,3 +114,31 @@ def test_a_replay_from_before_the_best_evaluation_is_judged_against_that_best() 
     again = replay([-1, 0, 0, 0])  # no step-0 evaluation in the replay
     assert [f is not None for f in again] == [False, False, False, True]
     assert (again[3].evidence["best_step"], again[3].evidence["best_held_out_reward"]) == (0, 10 / 16)
+
+
+def test_every_rl_and_dpo_rollback_whose_checkpoint_is_gone_stops_naming_it() -> None:
+    """A rollback target with no checkpoint at or before it (never saved, or pruned): rl_hacking rolled back there
+    ("failed: no checkpoint") and trained on, and the others' stops named the missing checkpoint as the better
+    policy. Each stops (exit 3), saying the checkpoint is gone and how to keep one."""
+    cfg = OrchestratorConfig()
+    view = SimpleNamespace(
+        lr_scale=1.0, has_checkpoint=lambda step: False, rl_overlong=(False, 8), rl_max_new_tokens=16
+    )
+    fell = SimpleNamespace(evidence={"good_step": 4, "good_score": 0.07, "score": 0.02, "start_score": 0.07})
+    dpo = SimpleNamespace(evidence={"best_step": 4, "held_out_chosen_reward": -1.0})
+    ev = {"kind": "held_out_fall", "best_step": 4, "fall_solved": 1, "fall_n": 200, "baseline_solved": 50}
+    fall = Finding(rule="rl_hacking", family="rl", step=9, evidence=ev | {"baseline_n": 200}, summary="", strength=1.0)
+    hacked = replace(fall, evidence={"best_step": 4})
+    length = replace(fall, rule="rl_length", evidence={"short_step": 4, "times": cfg.rl_length.patience})
+    stops = [
+        reward_remedy(fell, view, cfg, 0),
+        preference_remedy(dpo, view, cfg, 0),
+        remedy(fall, view, cfg),
+        remedy(fall, view, cfg, rollbacks=1),
+        remedy(hacked, view, cfg),
+        remedy(length, view, cfg),
+    ]
+    for stop in stops:
+        assert stop.action == "stop" and stop.params["exit_code"] == 3, stop
+        assert "no checkpoint at or before step 4 is left (a larger checkpoint.keep" in stop.params["reason"], stop
+        assert stop.params["reason"].endswith("; no checkpoint holds the policy of step 4"), stop

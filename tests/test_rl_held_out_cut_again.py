@@ -81,7 +81,7 @@ def test_a_cut_that_did_not_lift_the_count_or_was_never_measured_is_cut_again_un
     ev = {"kind": "held_out_fall", "best_step": 0, "fall_solved": 1, "fall_n": 400, "baseline_solved": 15}
     ev |= {"baseline_n": 200, "undone_solved": 0, "undone_n": 400}
     found = Finding(rule="rl_hacking", family="rl", step=20, evidence=ev, summary="", strength=1.0)
-    view = SimpleNamespace(lr_scale=0.1)
+    view = SimpleNamespace(lr_scale=0.1, has_checkpoint=lambda step: True)
     cut = remedy(found, view, cfg, rollbacks=1)
     assert (cut.action, cut.params) == ("rollback", {"to": 0, "lr_factor": 0.1})
     assert "the last cut took it from 0/400 to 1/400" in cut.reasoning
@@ -92,3 +92,6 @@ def test_a_cut_that_did_not_lift_the_count_or_was_never_measured_is_cut_again_un
     spent = remedy(found, view, cfg, rollbacks=cfg.max_rollbacks)
     assert spent.action == "stop" and spent.params["exit_code"] == 3
     assert "3 rollbacks used on this incident" in spent.params["reason"]
+    # the best's checkpoint and every older one gone: a stop naming it, not a rollback that fails and trains on
+    gone = remedy(found, SimpleNamespace(lr_scale=0.1, has_checkpoint=lambda step: False), cfg, rollbacks=1)
+    assert gone.action == "stop" and "no checkpoint at or before step 0 is left" in gone.params["reason"]

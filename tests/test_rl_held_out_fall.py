@@ -39,7 +39,7 @@ def test_a_held_out_count_collapsing_with_a_flat_training_reward_rolls_back_to_t
     assert (f.evidence["fall_solved"], f.evidence["fall_n"], f.evidence["evaluations"]) == (2, 200, 2)
     pooled = 16 / 300
     assert f.evidence["z"] == pytest.approx(0.13 / (pooled * (1 - pooled) * (1 / 100 + 1 / 200)) ** 0.5)
-    first = remedy(f, SimpleNamespace(lr_scale=1.0), cfg)
+    first = remedy(f, SimpleNamespace(lr_scale=1.0, has_checkpoint=lambda step: True), cfg)
     assert (first.action, first.params) == ("rollback", {"to": 0, "lr_factor": cfg.rl_reward.lr_factor})
     assert "worse at the task" in first.reasoning
     kept = {key: getattr(mon, key) for key in mon.KEPT_ON_ROLLBACK}  # as Orchestrator._load_monitors
@@ -50,10 +50,10 @@ def test_a_held_out_count_collapsing_with_a_flat_training_reward_rolls_back_to_t
     assert again is not None and again.evidence["times"] == 2
     assert (again.evidence["undone_solved"], again.evidence["undone_n"]) == (2, 200)  # the fall thrown away
     # the LR still too high: cut again (1e-3 -> 1e-4 on that run), down to the floor, where it stops
-    cut = remedy(again, SimpleNamespace(lr_scale=0.1), cfg, rollbacks=1)
+    cut = remedy(again, SimpleNamespace(lr_scale=0.1, has_checkpoint=lambda step: True), cfg, rollbacks=1)
     assert (cut.action, cut.params) == ("rollback", {"to": 0, "lr_factor": 0.1})
     assert "the last cut took it from 2/200 to 1/200" in cut.reasoning
-    stop = remedy(again, SimpleNamespace(lr_scale=0.01), cfg, rollbacks=2)
+    stop = remedy(again, SimpleNamespace(lr_scale=0.01, has_checkpoint=lambda step: True), cfg, rollbacks=2)
     assert stop.action == "stop" and "the LR is at its floor" in stop.params["reason"]
 
 

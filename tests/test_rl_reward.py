@@ -155,6 +155,10 @@ def test_the_remedy_rolls_back_with_a_smaller_lr_then_stops():
         assert last.action == "stop" and "lower optim.lr" in last.params["reason"]
     spent_all = reward_remedy(f, view(), cfg, cfg.max_rollbacks).params["reason"]
     assert "3 rollbacks used on this incident (orchestrator.max_rollbacks=3 per incident)" in spent_all
+    gone = reward_remedy(f, view(checkpoint=False), cfg, 0).params["reason"]  # it named step 12's as the better policy
+    assert "no checkpoint at or before step 12 is left" in gone and gone.endswith(
+        "no checkpoint holds the policy of step 12"
+    )
 
 
 def test_at_the_lr_floor_within_float_error_rl_rules_stop_or_say_so_rather_than_replay_or_cut_under_it():

@@ -84,14 +84,16 @@ class RLLengthRule(Section):
     grown into the budget and their rewards grade unfinished answers (a length runaway). Remedy:
     DAPO's soft overlong penalty over the last `buffer` of the budget (a share of
     rl.max_new_tokens), then over twice that, so lengths come back under it; then a rollback to
-    the policy whose responses still ended; still cut, the rule says so (raise rl.max_new_tokens
-    if the task needs longer answers)."""
+    the policy whose responses still ended, then with a lower LR; with no rollback left, the run
+    stops (exit 3) once the runaway has been found `patience` windows in a row (raise
+    rl.max_new_tokens if the task needs longer answers)."""
 
     enabled: bool = True
     window: int = 5
     threshold: float = 0.5
     rise: float = 0.25
     buffer: float = 0.25
+    patience: int = 3
 
 
 @dataclass
@@ -180,7 +182,7 @@ def check_rl_rules(o: OrchestratorConfig) -> None:
     _positive(o.rl_entropy, "orchestrator.rl_entropy", "window", "coef", "max_coef")
     _check(0 < o.rl_entropy.threshold < 1, "orchestrator.rl_entropy.threshold", "must be in (0, 1)")
     _check(o.rl_entropy.factor > 1, "orchestrator.rl_entropy.factor", "must be > 1 (it raises the bonus)")
-    _positive(o.rl_length, "orchestrator.rl_length", "window", "rise")
+    _positive(o.rl_length, "orchestrator.rl_length", "window", "rise", "patience")
     _check(0 < o.rl_length.threshold <= 1, "orchestrator.rl_length.threshold", "must be in (0, 1]")
     _check(0 < o.rl_length.buffer < 1, "orchestrator.rl_length.buffer", "must be in (0, 1) of the budget")
     _positive(o.rl_hacking, "orchestrator.rl_hacking", "window", "patience", "drop", "sigmas", "start_sigmas")

@@ -101,14 +101,16 @@ def preference_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks:
     why = "an LR too high for DPO (its paper's is 5e-7 to 1e-6) moves the policy past the preferences it learnt" + (
         f", and pushes the chosen responses down with the rejected (their reward {chosen:.2f})" if chosen < 0 else ""
     )
-    if factor is not None and rollbacks < cfg.max_rollbacks and view.has_checkpoint(best):
+    kept = view.has_checkpoint(best)
+    if factor is not None and rollbacks < cfg.max_rollbacks and kept:
         return Remedy(
             action="rollback",
             params={"to": best, "skip_rows": [], "lr_factor": factor},
             reasoning=f"{why}: restore the policy of the best held-out loss (the newest checkpoint at or before step "
             f"{best}) and train on with the LR x{factor:g}",
         )
-    return gave_up("the held-out preference loss keeps rising", why, best, no_rollback(factor, rollbacks, cfg, best))
+    reason = no_rollback(factor, rollbacks, cfg, best)
+    return gave_up("the held-out preference loss keeps rising", why, best, reason, kept=kept)
 
 
 def dpo_eval(metrics: dict[str, Any], dpo: DPOConfig) -> dict[str, float]:

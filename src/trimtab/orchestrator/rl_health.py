@@ -325,6 +325,7 @@ class LengthRunaway(Monitor):
         self.window: list[tuple[float, float]] = []  # the last steps'
         self.short_step = 0  # the last policy whose rollouts' share cut had not risen from the start's: the target
         self.rising = False  # the last step's share had risen from the start's: short_step's checkpoint is kept
+        self.times = 0  # the windows in a row found since a step's responses last ended (rl_length.patience)
 
     def observe(self, m: StepMetrics) -> Finding | None:
         rl, rule = m.rl or {}, self.cfg
@@ -351,7 +352,7 @@ class LengthRunaway(Monitor):
         # at the replayed step 4 (0% again): the incident's rollbacks spent on a runaway the penalty had mended
         if len(self.window) < rule.window or share < rule.threshold or share - start < rule.rise or not self.rising:
             return None
-        self.window = []
+        self.window, self.times = [], self.times + 1
         evidence = {
             "truncated": share,
             "start_truncated": start,
@@ -359,6 +360,7 @@ class LengthRunaway(Monitor):
             "start_response_tokens": start_length,
             "window": rule.window,
             "short_step": self.short_step,  # the rollback's target
+            "times": self.times,
         }
         summary = (
             f"{share:.0%} of the responses of the last {rule.window} steps ran to the length budget without "
@@ -376,6 +378,7 @@ class LengthRunaway(Monitor):
         self.rising = rl["truncated"] > bound
         if not self.rising:
             self.short_step = max(0, m.step - 1 - math.ceil(rl.get("staleness") or 0.0))
+            self.times = 0
 
 
 class OffPolicy(Monitor):

@@ -198,7 +198,7 @@ def _length_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: in
     that; then, once an incident, back to the last checkpoint before the runaway (the policy that drew the last
     rollouts whose share cut stood within `rise` of the start's) with the penalty kept; where the replay runs
     away again, back there again with a lower LR (orchestrator.lr_cut, up to max_rollbacks and the LR's floor):
-    smaller steps leave some responses ending while the penalty teaches; then a word for a person.
+    smaller steps leave some responses ending while the penalty teaches; then the run stops (exit 3, gave_up).
     The penalty grades every cut response alike, so it teaches ending only
     while some responses still end: measured (tests/test_rl_train.py's task, seeds 0-3), two runs
     whose responses had all run to the budget stayed there through step 48 with it; with it on
@@ -217,8 +217,8 @@ def _length_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: in
                 f"the budget's last {tokens} of {budget} tokens (DAPO's soft overlong punishment) brings their "
                 "lengths back under it (the overlong filter goes off: the penalty needs the cut responses trained)",
             )
-    before = f.evidence["short_step"]
-    if rollbacks < min(1, cfg.max_rollbacks) and view.has_checkpoint(before):
+    before, kept = f.evidence["short_step"], view.has_checkpoint(f.evidence["short_step"])
+    if rollbacks < min(1, cfg.max_rollbacks) and kept:
         return Remedy(
             action="rollback",
             params={"to": before},
@@ -228,7 +228,7 @@ def _length_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: in
             "penalty kept from the start",
         )
     factor = lr_cut(cfg.lr_cut, view, cfg)
-    if rollbacks < cfg.max_rollbacks and factor is not None and view.has_checkpoint(before):
+    if rollbacks < cfg.max_rollbacks and factor is not None and kept:
         return Remedy(
             action="rollback",
             params={"to": before, "lr_factor": factor},
@@ -236,13 +236,31 @@ def _length_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: in
             f"{buffer} of {budget} tokens kept: the updates carry every response past the budget before the "
             f"penalty can teach ending. Back to the policy of step {before} or before, with the LR x{factor:g}",
         )
-    return Remedy(
-        action="none",
-        reasoning="responses still run to rl.max_new_tokens with the soft overlong penalty over most of the budget"
+    return _length_gave_up(f, cfg, rollbacks, factor, kept, buffer, budget)
+
+
+def _length_gave_up(
+    f: Finding, cfg: OrchestratorConfig, rollbacks: int, factor: float | None, kept: bool, buffer: int, budget: int
+) -> Remedy:
+    """No rollback left: a stop, like rl_reward's, once the runaway was found `patience` windows in a row; before,
+    a note. Trained on, every response is cut and graded unfinished, no group has a signal and nothing is learnt
+    (the rule noted it and the run ended with exit 0 at 100% cut, 2026-12-02); yet at lr 3e-2 the last replay at x0.25
+    ran to the budget for 8 steps (88-100% cut) and ended again at step 10 (0-14% cut through step 40): one window
+    is too soon to stop."""
+    why = (
+        f"responses still run to the budget with the soft overlong penalty over {buffer} of {budget} tokens"
         + (", after a rollback in this incident" if rollbacks else "")
-        + ": the task needs longer answers than the budget (raise rl.max_new_tokens) or the policy repeats itself "
-        "(a lower LR, a stronger warm start)",
+        + ": the task needs longer answers than the budget, or the policy repeats itself"
     )
+    reason = no_rollback(factor if rollbacks else 1.0, rollbacks, cfg, f.evidence["short_step"])  # the first: any LR
+    if f.evidence.get("times", cfg.rl_length.patience) < cfg.rl_length.patience:
+        return Remedy(
+            action="none",
+            reasoning=f"{why}; {reason}: the penalty may yet teach ending at this LR; the run stops once the runaway "
+            "has been found orchestrator.rl_length.patience windows in a row",
+        )
+    fix = f"raise rl.max_new_tokens ({budget}) if the answers need it, else a lower optim.lr or a stronger warm start"
+    return gave_up("the responses keep running to rl.max_new_tokens", why, f.evidence["short_step"], reason, fix, kept)
 
 
 def _hacking_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int) -> Remedy:
@@ -254,9 +272,12 @@ def _hacking_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: i
     # a policy collapsing on its held-out task with a flat training reward had an LR far too high: a replay at
     # half of it (orchestrator.lr_cut) collapsed again (14/100 -> 2/100 solved); rl_reward's decade cut, as a fall
     best, factor = f.evidence["best_step"], lr_cut(cfg.rl_reward.lr_factor if fell else cfg.lr_cut, view, cfg)
+    # the newest checkpoint at or before the best is as sound a target as the best's (a policy before the fall); none
+    # left (never saved that far back, or pruned): a stop that says so, not a rollback that fails and trains on
+    kept = view.has_checkpoint(best)
     if fell and rollbacks:
-        return _fall_again(f, cfg, rollbacks, factor)
-    if rollbacks == 0 and factor is not None:
+        return _fall_again(f, cfg, rollbacks, factor, kept)
+    if rollbacks < min(1, cfg.max_rollbacks) and factor is not None and kept:
         why = (
             "the updates make the policy worse at the task (an LR too high for RL)"
             if fell
@@ -274,19 +295,19 @@ def _hacking_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: i
     reason = again if rollbacks else no_rollback(factor, rollbacks, cfg, best)
     if fell:
         why = "more training makes the policy worse at the task"
-        return gave_up(
-            "the held-out reward keeps falling", why, best, reason, "lower optim.lr, or a stronger warm start"
-        )
+        fix = "lower optim.lr, or a stronger warm start"
+        return gave_up("the held-out reward keeps falling", why, best, reason, fix, kept)
     return gave_up(
         "the held-out reward keeps falling while the training reward rises",
         "more training hacks the verifier: the training reward is no longer the task's",
         best,
         reason,
         "a stricter verifier (rl.reward), or rl.held_out_reward measuring the task",
+        kept,
     )
 
 
-def _fall_again(f: Finding, cfg: OrchestratorConfig, rollbacks: int, factor: float | None) -> Remedy:
+def _fall_again(f: Finding, cfg: OrchestratorConfig, rollbacks: int, factor: float | None, kept: bool) -> Remedy:
     """The held-out count falls again after a rollback of its incident: the LR is still too high, and it is cut
     again (x rl_reward.lr_factor, back to the best policy), as pretraining's rule above_start cuts again while the
     loss does not come down (too_high.py), until orchestrator.max_rollbacks or the LR's floor (min_lr_scale) stop
@@ -299,7 +320,7 @@ def _fall_again(f: Finding, cfg: OrchestratorConfig, rollbacks: int, factor: flo
         f"held-out pass@1 falls again after a rollback in this incident ({ev['fall_solved']}/{ev['fall_n']} against "
         f"{ev['baseline_solved']}/{ev['baseline_n']} before the fall): the LR is still too high for RL"
     )
-    if factor is not None and rollbacks < cfg.max_rollbacks:
+    if factor is not None and rollbacks < cfg.max_rollbacks and kept:
         measured = (
             f"the last cut took it from {ev['undone_solved']}/{ev['undone_n']} to {ev['fall_solved']}/{ev['fall_n']}"
             if "undone_n" in ev
@@ -311,4 +332,4 @@ def _fall_again(f: Finding, cfg: OrchestratorConfig, rollbacks: int, factor: flo
             reasoning=f"{why}; {measured}: cut the LR again, x{factor:g}, from the policy of the best held-out reward "
             f"(the newest checkpoint at or before step {best})",
         )
-    return gave_up("held-out pass@1 keeps falling", why, best, no_rollback(factor, rollbacks, cfg, best))
+    return gave_up("held-out pass@1 keeps falling", why, best, no_rollback(factor, rollbacks, cfg, best), kept=kept)

@@ -254,7 +254,8 @@ def reward_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int
         f"{f.evidence['start_score']:.3f}: each update moves it the wrong way, as an LR far too high for RL does "
         f"(RL's LRs are 10-100x below pretraining's)"
     )
-    if factor is not None and rollbacks < cfg.max_rollbacks and view.has_checkpoint(before):
+    kept = view.has_checkpoint(before)
+    if factor is not None and rollbacks < cfg.max_rollbacks and kept:
         good = f.evidence.get("good_score")
         scored = f" ({good:.3f})" if good is not None else ""
         return Remedy(
@@ -265,7 +266,7 @@ def reward_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int
             "be given back",
         )
     reason = no_rollback(factor, rollbacks, cfg, before)
-    return gave_up("the RL reward keeps falling below its start", why, before, reason)
+    return gave_up("the RL reward keeps falling below its start", why, before, reason, kept=kept)
 
 
 # What the reasoning calls the knobs a rollback of this rule puts back (actions.PUT_BACK)
@@ -345,18 +346,18 @@ def _span(turns: list[list[Any]]) -> str:
     return f"{before:g} -> {after:g} ({steps})" if not isinstance(after, str) else f"{before} -> {after} ({steps})"
 
 
-def gave_up(what: str, why: str, step: int, reason: str, fix: str = "lower optim.lr") -> Remedy:
+def gave_up(what: str, why: str, step: int, reason: str, fix: str = "lower optim.lr", kept: bool = True) -> Remedy:
     """The stop of an RL or DPO rule that rolls back to a better policy with the LR cut, when it cannot (exit 3): `what`
     keeps happening, `why` it does, the `reason` no rollback is left (no_rollback's, or a cut that did not help), the
-    `fix` for a person, and the better policy, the checkpoint at or before `step` (rl_reward, rl_hacking, dpo_held_out).
+    `fix` for a person, and the better policy, the checkpoint at or before `step` (rl_reward, rl_hacking, rl_length,
+    dpo_held_out); `kept` False: no checkpoint that far back is left, and the reason names none (it named one pruned).
     The reason goes to summary.json and the run's last line: a stop without one read "stopped (stop requested)"."""
+    policy = "the better policy is the checkpoint at or before" if kept else "no checkpoint holds the policy of"
+    keeps = "keeps the better policy in the checkpoints, training on would not" if kept else "ends updates that harm"
     return Remedy(
         action="stop",
-        params={
-            "reason": f"{what} and {reason}: {fix}; the better policy is the checkpoint at or before step {step}",
-            "exit_code": GAVE_UP,
-        },
-        reasoning=f"{why}; {reason}: stopping keeps the better policy in the checkpoints, training on would not",
+        params={"reason": f"{what} and {reason}: {fix}; {policy} step {step}", "exit_code": GAVE_UP},
+        reasoning=f"{why}; {reason}: stopping {keeps}",
     )
 
 
@@ -371,4 +372,5 @@ def no_rollback(factor: float | None, rollbacks: int, cfg: OrchestratorConfig, s
     if rollbacks >= cfg.max_rollbacks:
         most = cfg.max_rollbacks
         return f"{rollbacks} rollbacks used on this incident (orchestrator.max_rollbacks={most} per incident)"
-    return f"no checkpoint at or before step {step}"
+    # pruned (checkpoint.keep) or never written (checkpoint.every): a rollback there would fail ("failed: ...")
+    return f"no checkpoint at or before step {step} is left (a larger checkpoint.keep or a shorter checkpoint.every)"

@@ -110,8 +110,10 @@ class SaveGuard:
 
     def kept_checkpoints(self, run: RunView) -> tuple[int, ...]:
         """The phase's first checkpoint while the LR rule may still restore it (AboveStart.keeps_start),
-        the policy rl_reward would restore (its good_step: the last before the fall began) and the one
-        rl_length would while the share cut is risen (its short_step: the last whose responses still ended)."""
+        the policy rl_reward would restore (its good_step: the last before the fall began), the one
+        rl_length would while the share cut is risen (its short_step: the last whose responses still ended), and
+        rl_hacking's and dpo_held_out's best (their held-out readings', not always the trainer's best evaluation:
+        pruned, the rollback landed on an older checkpoint, or found none and the run stopped)."""
         if self.mode != "auto":
             return ()
         kept: tuple[int, ...] = ()
@@ -123,4 +125,9 @@ class SaveGuard:
         length = self.monitors.get("rl_length")
         if "rl_length" not in self.paused and length is not None and length.rising:
             kept = (*kept, length.short_step)
+        hacking, dpo = self.monitors.get("rl_hacking"), self.monitors.get("dpo_held_out")
+        if "rl_hacking" not in self.paused and hacking is not None and hacking.best is not None:
+            kept = (*kept, hacking.best_step, *hacking.top[2:])  # the best reward's step; the best count's
+        if "dpo_held_out" not in self.paused and dpo is not None and dpo.best:
+            kept = (*kept, int(dpo.best[2]))
         return kept
