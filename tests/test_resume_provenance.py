@@ -83,6 +83,24 @@ def test_a_runs_own_config_yaml_given_back_keeps_who_set_each_key(tmp_path):
     assert saved_sources(run / "config.yaml") == {"optim.weight_decay": "--set", "out": OVERRIDE, "optim.lr": "--set"}
 
 
+def test_a_persons_edit_of_a_copied_config_yaml_is_theirs(tmp_path):
+    """A person copies RUN/config.yaml (its first line comes along) and edits optim.lr: the key, not in
+    the line, was said to be nobody's (the preset's), and left out of the next config.yaml's first line.
+    A key whose value is not the preset's and defaults' is the file's; the others stay nobody's."""
+    run, mine = tmp_path / "r", tmp_path / "mine.yaml"
+    write(session(run, "optim.weight_decay=0.05"))
+    mine.write_text((run / "config.yaml").read_text().replace("\n  lr: 0.003\n", "\n  lr: 0.001\n"))
+    edited = load_config(mine, overrides={"out": str(run)})
+    assert sources(edited) == {"optim.lr": f"the config file {mine}", "optim.weight_decay": "--set", "out": OVERRIDE}
+    (lr,) = changes_on_resume(edited)
+    assert (lr["key"], lr["by"]) == ("optim.lr", f"the config file {mine}") and not lr.get("default")
+    assert journal_text(lr, 20)[1].startswith(f"changed in the config by a person (set by the config file {mine})")
+    write(edited)
+    assert saved_sources(run / "config.yaml")["optim.lr"] == f"the config file {mine}"
+    fresh = load_config(mine, overrides={"out": str(tmp_path / "new")})  # a new run started from the copy
+    assert sources(fresh)["optim.lr"] == f"the config file {mine}"
+
+
 def test_trimtab_rl_s_own_settings_are_said_to_be_its_own_not_a_persons_flags(tmp_path):
     """`trimtab rl` turns the likelihood rules off and the rl section on: provenance called each
     "a flag or an API override", and a resume journaled each as a person's change."""
@@ -99,6 +117,10 @@ def test_trimtab_rl_s_own_settings_are_said_to_be_its_own_not_a_persons_flags(tm
         == "changed in the config by trimtab rl for its runs, not by a person: " + (spike["effect"])
     )
     assert "spike.enabled True -> False (set by trimtab rl for its runs) (" in changes_line([spike], 20)
+    orchestrator = Orchestrator(OrchestratorConfig(), run)  # journaled as the command's, not a person's (manual)
+    orchestrator._configured(SimpleNamespace(step=20), spike)
+    assert orchestrator.journal.decisions[-1].mode == "command"
+    assert "[command" not in orchestrator.journal.decisions[-1].console_line()  # applied: no "not applied" tag
 
 
 def _all_on(cfg, bump: bool = False):

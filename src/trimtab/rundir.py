@@ -200,8 +200,9 @@ def is_decision(record: dict[str, Any]) -> bool:
     return has_step(record) and isinstance(ident, int) and not isinstance(ident, bool)
 
 
-# a person's decisions (a `trimtab ctl` command, a config change) and a moved default's: none answers a fault
-PEOPLES = ("manual", "default")
+# a person's decisions (a `trimtab ctl` command, a config change), a moved default's and a subcommand's own
+# setting (`trimtab rl` turning the likelihood rules off; journals before it said these "manual"): none answers a fault
+PEOPLES = ("manual", "default", "command")
 # Decisions that answer no fault of their own: follow-ups of another's remedy (withheld updates made
 # up, an LR cut given back, the rows watched after rows were left out) and the tuning of a sound run
 # (an LR raised off a plateau, the checkpoint interval, the live planner's run length, an early stop)

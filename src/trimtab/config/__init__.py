@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from trimtab.config.checks import Section, _check, check_sections, freeze
+from trimtab.config.checks import Section, _check, check_sections, freeze, leaves
 from trimtab.config.coerce import from_dict, known_only, merge, nested
 from trimtab.config.data import DataConfig
 from trimtab.config.distributed import DistributedConfig, check_splits
@@ -254,7 +254,8 @@ def load_config(
     layered["preset"] = name
     layers = [(command_origin(command), own), (OVERRIDE, dict(overrides or {})), (SET, set_changes(sets))]
     saved = saved_sources(Path(path)) if path else None  # a run's own config.yaml: not a person's every key
-    found = origins(user, path, [(origin, upgrade(copy.deepcopy(keys))) for origin, keys in layers], saved)
+    below = leaves(resolve({**preset_dict(name), "preset": name}).to_dict()) if saved is not None else None
+    found = origins(user, path, [(origin, upgrade(copy.deepcopy(keys))) for origin, keys in layers], saved, below)
     try:
         return with_sources(resolve(layered), found)  # who set each key: the resume's changes say it
     except ConfigError as exc:

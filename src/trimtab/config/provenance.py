@@ -11,10 +11,12 @@ repeat from a default that moved between versions. A config.yaml without the lin
 trimtab's) reads as before, its origins unknown; an older trimtab reads this one's (a comment).
 
 A run's own config.yaml given back as the config file (`trimtab train RUN/config.yaml --out RUN`) is
-not a person setting its every key: its keys keep the origins its line gives, and the others are the
-preset's or the defaults' (every key was said to be the file's: a 28 KB first line, and each later
-change called that file's setting). A subcommand's own settings (`trimtab rl` turning the likelihood
-rules off) are said to be the subcommand's (by_command), not a person's flags."""
+not a person setting its every key: its keys keep the origins its line gives, one whose value differs
+from the layer under the file (the preset's and the defaults') is the file's, a person's edit of a
+copy (an `optim.lr` edited in a copy was left out of the next line, as nobody's), and the others are
+the preset's or the defaults' (every key was said to be the file's: a 28 KB first line, and each
+later change called that file's setting). A subcommand's own settings (`trimtab rl` turning the
+likelihood rules off) are said to be the subcommand's (by_command), not a person's flags."""
 
 from __future__ import annotations
 
@@ -32,19 +34,41 @@ OLD_HEADERS = ("# keys set by a person in the session that wrote this file: ",) 
 
 
 def origins(
-    user: dict[str, Any], path: Any, layers: list[tuple[str, dict[str, Any]]], saved: dict[str, str] | None = None
+    user: dict[str, Any],
+    path: Any,
+    layers: list[tuple[str, dict[str, Any]]],
+    saved: dict[str, str] | None = None,
+    below: dict[str, Any] | None = None,
 ) -> dict[str, str]:
     """Each dotted key a layer above the preset set (load_config's order, the later winning) -> where
     it was set: `user` (the YAML file at `path`), then each of `layers` (origin, sections of keys).
-    `saved`: the file's own origins where it is a run's config.yaml (saved_sources): only the keys it
-    names were set, where it says; the file holds the others because trimtab writes every key."""
+    `saved`: the file's own origins where it is a run's config.yaml (saved_sources): the keys it names
+    keep where it says; of the others (trimtab writes every key), those a person edited (edited, against
+    `below`: the preset's and the defaults' resolved leaves) are the file's."""
+    file = f"the config file {path}"
     if saved is None:
-        found = {key: f"the config file {path}" for key in leaves(user)}
+        found = dict.fromkeys(leaves(user), file)
     else:
-        found = {key: saved[key] for key in leaves(user) if key in saved}
+        found = {key: saved[key] if key in saved else file for key in edited(user, saved, below or {})}
     for origin, keys in layers:
         found |= {key: origin for key in leaves(keys)}
     return found
+
+
+# The keys a run's config.yaml holds from its data where the layers under leave them to it (setup.complete):
+# model.vocab_size 0 is the tokenizer's vocabulary, train.max_steps auto the planner's length: the run's, not an edit
+FILLED = {"model.vocab_size": 0, "train.max_steps": "auto"}
+
+
+def edited(user: dict[str, Any], saved: dict[str, str], below: dict[str, Any]) -> list[str]:
+    """The keys of a run's config.yaml (`user`) that it set: those its line names (`saved`), and those whose
+    value is not the layer's under it (`below`), a person's edit of it, but for the values a run fills (FILLED)."""
+    missing = object()  # a key the layer under lacks (a section's own): an edit
+    return [
+        key
+        for key, value in leaves(user).items()
+        if key in saved or (value != below.get(key, missing) and below.get(key, missing) != FILLED.get(key, missing))
+    ]
 
 
 def command_origin(command: str) -> str:

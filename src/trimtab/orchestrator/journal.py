@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.distributed import is_main
-from trimtab.rundir import ABANDONED, is_decision, read_jsonl, write_jsonl
+from trimtab.rundir import ABANDONED, PEOPLES, is_decision, read_jsonl, write_jsonl
 from trimtab.training.actions import describe
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class Decision:
         """e.g. `[orchestrator] step 5000 plateau: loss variance 8e-4 < 1e-3 for 50 steps -> lr x1.5
         (confidence 0.75)`."""
         # a resume (a restart's, a corrupt checkpoint's) was done before it was decided, in every mode: applied
-        tag = "" if self.mode in ("auto", "manual", "default") or self.applied else f" [{self.mode}: not applied]"
+        tag = "" if self.mode in ("auto", *PEOPLES) or self.applied else f" [{self.mode}: not applied]"
         return (
             f"[orchestrator] step {self.step} {self.rule}: {self.summary} -> {describe(self.action, self.params)} "
             f"(confidence {self.confidence:.2f}){tag}"

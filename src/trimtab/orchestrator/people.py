@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.config.provenance import by_command
 from trimtab.distributed import broadcast_object, is_main
 from trimtab.errors import TrimtabError
 from trimtab.orchestrator import ctl
@@ -48,6 +49,8 @@ class PersonCommands:
                 decision.outcome = {"result": "no effect"}
             if change.get("default"):  # no person set it in this session's config: not theirs (changes._mark_origins)
                 decision.mode = "default"
+            elif by_command(change.get("by", "")):  # `trimtab rl`'s own setting: the command's, not a person's
+                decision.mode = "command"
             self.journal.add(decision)
             return
         summary = f"{change['key']} {change['old']} -> {change['new']} on resume at step {run.step}"
