@@ -41,7 +41,7 @@ def test_a_directorys_jsonl_with_a_bad_byte_is_skipped_whole_with_its_line(tmp_p
     (tmp_path / "src" / "ok.txt").write_text("fine text " * 20)
     docs, _ = read_documents(DataConfig(source=str(tmp_path / "src"), skip_bad_records=True))
     assert [d.source for d in docs] == [str(tmp_path / "src" / "ok.txt")]  # none of b.jsonl, not its first 19
-    assert "skipped 1 files that cannot be read as text" in caplog.text
+    assert "skipped 1 file that cannot be read as text" in caplog.text
     assert "b.jsonl: not UTF-8 text at line 20" in caplog.text
 
 

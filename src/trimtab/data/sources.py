@@ -103,10 +103,11 @@ def _say_skipped(reader: _Reader, key: str, source: str | list[str], section: st
     with the bytes of one read before them."""
     if reader.n_undecodable:
         logger.warning(
-            "%s '%s': skipped %d files that cannot be read as text (the first: %s)",
+            "%s '%s': skipped %d %s that cannot be read as text (the first: %s)",
             key,
             source,
             reader.n_undecodable,
+            "file" if reader.n_undecodable == 1 else "files",
             reader.undecodable_example,
         )
     if reader.n_skipped:

@@ -216,11 +216,12 @@ def _say_thin_reference(cfg: RunConfig, held: HeldOut, key: str) -> None:
         # under MIN_OWN rows the data watch judges a step's rows among themselves (orchestrator/attribution.py)
         against = f"those {rows}" if rows >= MIN_OWN else "each step's own rows, a keener bar given more held-out rows"
         log.info(
-            "%s: its held-out split holds %d rows, under orchestrator.data.reference_rows=%d: the orchestrator "
+            "%s: its held-out split holds %d row%s, under orchestrator.data.reference_rows=%d: the orchestrator "
             "judges training rows against %s; raise %s.eval_fraction or give %s.eval_source for a sounder "
             "reference",
             key,
             rows,
+            "" if rows == 1 else "s",
             want,
             against,
             key,
