@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from trimtab.checkpoint import list_checkpoints, save_checkpoint
+from trimtab.training import checkpointing
 from trimtab.training.checkpointing import Checkpointing
 
 
@@ -15,14 +16,16 @@ class Killed(BaseException):
     """SIGKILL has no handler: the load simply never returns, and nothing after it runs."""
 
 
-def test_a_kill_in_a_rollbacks_load_leaves_its_target_as_the_resume_point(tmp_path):
+def test_a_kill_in_a_rollbacks_load_leaves_its_target_as_the_resume_point(tmp_path, monkeypatch):
     for step in (2, 4, 6):
         save_checkpoint(
             tmp_path, step, {"w": torch.full((2,), float(step))}, {}, {"tokens": step, "good": True}, keep=9
         )
 
-    def load(path, rollback):
+    def load(path, before):
         raise Killed
+
+    monkeypatch.setattr(checkpointing, "RestorePoint", lambda trainer: None)  # the host copy: no model here
 
     def now(fn, *args):  # one process: rank 0 is this one
         return fn(*args)
@@ -35,8 +38,9 @@ def test_a_kill_in_a_rollbacks_load_leaves_its_target_as_the_resume_point(tmp_pa
         replicas=None,
         state=SimpleNamespace(step=7),
         model=SimpleNamespace(moe_layers=lambda: []),  # its MoE layers' expert counts, said if the load changes them
-        _load=load,
+        _load_whole=load,
     )
+    trainer._rollback_target = lambda to: Checkpointing._rollback_target(trainer, to)
     with pytest.raises(Killed):
         Checkpointing.rollback(trainer, to=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000002"]

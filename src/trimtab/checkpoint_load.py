@@ -26,11 +26,25 @@ def load_checkpoint(
     in dcp/), and its weights are assembled whole only when `full_weights` (None otherwise: a
     data-parallel run loads its own shards). `optimizer=False` skips optim.pt ({}): weights only."""
     state = json.loads((path / "state.json").read_text()) if verified else verify(path)
-    optim_state = torch.load(path / "optim.pt", weights_only=True, map_location="cpu") if optimizer else {}
+    optim_state = _read(torch.load, path / "optim.pt", weights_only=True, map_location="cpu") if optimizer else {}
     if is_sharded(path):
         return (read_sharded_weights(path) if full_weights else None), optim_state, state
-    weights = load_file(str(path / "model.safetensors"))
+    weights = _read(load_file, path / "model.safetensors")
     return weights, optim_state, state
+
+
+def _read(reader: Any, file: Path, **kwargs: Any) -> Any:
+    """reader(file): a file that changed since it verified (a disk error, a truncation) is a CheckpointError
+    naming it (torch.load says RuntimeError, safetensors SafetensorError), which a rollback takes as a failed
+    load (training/checkpointing.py); a missing file, a disk error stay OSErrors."""
+    try:
+        return reader(str(file), **kwargs)
+    except OSError:
+        raise
+    except Exception as exc:
+        raise CheckpointError(
+            f"{file}: unreadable ({type(exc).__name__}: {exc}); it changed since it was verified"
+        ) from exc
 
 
 def load_model(model: torch.nn.Module, path: Path, verified: bool = False) -> dict[str, Any]:

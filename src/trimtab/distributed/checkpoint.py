@@ -347,13 +347,22 @@ def _keyed_by_parameter(path: Path) -> bool:
 
 
 def _dcp_load(target: dict[str, Any], path: Path, group: Any) -> None:
+    """Read `target`'s tensors in place; a failed read (raised on every rank) is a CheckpointError naming the
+    directory: a rollback puts back what it had (training/restore_point.py)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     single = group is None and not active()
     with warnings.catch_warnings():  # in one process: "assuming the intent is to load in a single process": it is
         if single:
             warnings.simplefilter("ignore", UserWarning)
-        dcp.load(target, checkpoint_id=str(Path(path) / SHARDED), process_group=group, no_dist=single)
+        try:
+            dcp.load(target, checkpoint_id=str(Path(path) / SHARDED), process_group=group, no_dist=single)
+        except CheckpointException as exc:  # a BaseException, as in _dcp_save
+            rank, (first, _) = next(iter(exc.failures.items()))
+            raise CheckpointError(
+                f"{Path(path) / SHARDED}: unreadable on rank {rank} ({type(first).__name__}: {first})"
+            ) from exc
 
 
 def _fresh_dir(path: Path) -> None:

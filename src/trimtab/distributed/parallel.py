@@ -357,14 +357,14 @@ class Parallel(Checkpoints):
         reach the agreement after it (first_error) rather than wait for this rank until the watchdog."""
         return self.completion.guard() if self.completion is not None else nullcontext()
 
-    def first_error(self, error: str) -> str:
+    def first_error(self, error: str, what: str = "evaluation") -> str:
         """`error`, or another rank's when this one has none: every rank learns that one failed
-        (an all-reduce of a flag; the words are this rank's, or a note naming the other)."""
+        (an all-reduce of a flag; the words are this rank's, or a note naming the other's `what`)."""
         if self.world == 1:
             return error
         flag = torch.tensor([float(bool(error))], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return error or ("another rank's evaluation failed (its log says why)" if flag.item() else "")
+        return error or (f"another rank's {what} failed (its log says why)" if flag.item() else "")
 
     def clip_grad_norm(self, params: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
         """Pre-clip global gradient norm, the same on every rank (DTensors: over all shards)."""

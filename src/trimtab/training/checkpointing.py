@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trimtab.checkpoint import cadence_kept, find_checkpoint, list_checkpoints, retire_after
+from trimtab.checkpoint import cadence_kept, find_checkpoint, list_checkpoints, retire_after, set_aside_corrupt
 from trimtab.checkpoint_load import apply_structure
 from trimtab.config import RunConfig
 from trimtab.data.position import data_position
@@ -22,6 +22,7 @@ from trimtab.storage import step_of
 from trimtab.training.changes import changes_line, changes_on_resume
 from trimtab.training.emergency import EMERGENCY, EmergencySave, emergency_resume_line
 from trimtab.training.hooks import keyed
+from trimtab.training.restore_point import RestorePoint, agreed, keep_router_knobs
 from trimtab.training.resume import made_up_steps, set_aside_note
 from trimtab.training.runtime import LogWindow, rng_state, set_rng_state
 from trimtab.training.schedule import configured_lengths, reconcile
@@ -264,20 +265,32 @@ class Checkpointing(EmergencySave):
         }
 
     def rollback(self, to: str | int = "last_good") -> str:
-        """Restore weights, optimizer, data position and RNG from a checkpoint; keep the knobs."""
+        """Restore weights, optimizer, data position and RNG from a checkpoint; keep the knobs. A load
+        that fails part-way puts the state from before it back (RestorePoint), sets that checkpoint aside
+        in checkpoints/corrupt/ and tries the next older one; with none left the run stops (exit code 3)."""
         self.watchdog.beat("rollback")  # a load from disk: its own timeout, not the hooks' few milliseconds
         self.finish_save()
-        found = self.dist.from_main(find_checkpoint, self.cfg.run_dir, to)
-        if found is not None and self.replicas is not None:
-            found = self._common_checkpoint(found)
+        step, experts = self.state.step, _expert_counts(self.model)
+        before, failed = None, []
+        while (found := self._rollback_target(to)) is not None:
+            # the abandoned trajectory's checkpoints are retired before the load (seconds to minutes for
+            # a large model), not after: a process killed in it resumed from the state it rolled back from
+            self.dist.on_main(retire_after, self.cfg.run_dir, found[1]["step"], self.cfg.checkpoint.keep)
+            before = before or RestorePoint(self)
+            if not (error := self._load_whole(found[0], before)):
+                break
+            failed.append(f"{found[0]}: {error}")
+            self.dist.on_main(set_aside_corrupt, self.cfg.run_dir, found[1]["step"] - 1)
+            self.say(
+                f"step {step}: the rollback could not load {found[0]} ({error}); set aside in checkpoints/corrupt/"
+            )
         if found is None:
             what = "good checkpoint" if to == "last_good" else f"checkpoint at or before step {to}"
-            raise CheckpointError(f"no {what} to roll back to in {self.cfg.run_dir / 'checkpoints'}")
-        step, experts = self.state.step, _expert_counts(self.model)
-        # the abandoned trajectory's checkpoints are retired before the load (seconds to minutes for
-        # a large model), not after: a process killed in it resumed from the state it rolled back from
-        self.dist.on_main(retire_after, self.cfg.run_dir, found[1]["step"], self.cfg.checkpoint.keep)
-        self._load(found[0], rollback=True)
+            if not failed:  # nothing changed: the caller says so and training goes on
+                raise CheckpointError(f"no {what} to roll back to in {self.cfg.run_dir / 'checkpoints'}")
+            reason = f"no {what} loads for a rollback ({'; '.join(failed)}); the weights of step {step} are kept"
+            self.request_stop(reason, GAVE_UP)
+            raise CheckpointError(reason)
         self._restored = True
         if self.last_eval.get("step", 0) > self.state.step:  # it judged the abandoned weights
             self.last_eval = {}
@@ -287,6 +300,21 @@ class Checkpointing(EmergencySave):
         undone = [f"layer {i}: {experts[i]} -> {m} experts" for i, m in now.items() if experts[i] != m]
         said = f" ({'; '.join(undone)}: the checkpoint's)" if undone else ""
         return f"rolled back from step {step} to step {self.state.step}{said}"
+
+    def _rollback_target(self, to: str | int) -> tuple[Any, dict[str, Any]] | None:
+        found = self.dist.from_main(find_checkpoint, self.cfg.run_dir, to)
+        return self._common_checkpoint(found) if found is not None and self.replicas is not None else found
+
+    def _load_whole(self, path: Path, before: RestorePoint) -> str:
+        """'' once every rank loaded all of `path` for a rollback (then its hooks are told); else why
+        not, and every rank is put back as it was (`before`): never a mix of the two states."""
+        state, error = agreed(self.dist, "load of it", self._load, path, True)
+        if error:
+            before.put_back(self)
+            return error
+        for key, hook in keyed(self.hooks):
+            hook.on_rollback(self.view, state["hooks"].get(key, {}))
+        return ""
 
     def _common_checkpoint(self, newest: tuple[Any, dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:
         """The newest checkpoint at or before this group's `newest` that every replica group
@@ -322,8 +350,9 @@ class Checkpointing(EmergencySave):
         say = log.warning if aside else log.info
         say("resuming from %s (step %d of %d%s)%s", path, self.state.step, self.total_steps, where, aside)
 
-    def _load(self, path, rollback: bool) -> None:
-        weights, optim_state, state = self.dist.read_checkpoint(path)
+    def _load(self, path: Path, rollback: bool) -> dict[str, Any]:
+        """The checkpoint at `path` as the run's state (rollback: the knobs kept); returns its state.json."""
+        weights, optim_state, state = self._read(path)
         knobs = (self.model.moe_state(), self.model.mod_state())  # the router's: a rollback keeps them
         experts = _expert_counts(self.model)
         self.dist.load_model(self.model, weights, state, path)  # any checkpoint format, any world size
@@ -354,15 +383,23 @@ class Checkpointing(EmergencySave):
         self.last_good = self.state.step if state.get("good", True) else self._good_before()
         self._take_best(state, rollback)
         self._take_gate(state, optim_state)
-        if rollback:
+        if rollback:  # its hooks are told once every rank loaded it (_load_whole)
             self.loader.skipped |= skipped
             self.window = LogWindow()
-            for key, hook in keyed(self.hooks):
-                hook.on_rollback(self.view, state["hooks"].get(key, {}))
-            return
+            return state
         if state.get(EMERGENCY):  # the restart's own line says how it came to be (training/emergency.py)
             self.say(emergency_resume_line(state, self.dist.world))
         self._resume_window_and_hooks(state)
+        return state
+
+    def _read(self, path: Path) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+        """read_checkpoint on every rank, each its own files' read: one failing (its disk) fails all here,
+        before the loads' collectives, where the others would wait for it (a sharded read's failure is
+        raised on every rank: _dcp_load)."""
+        read, error = agreed(self.dist, "read of it", self.dist.read_checkpoint, path)
+        if error:
+            raise CheckpointError(error)
+        return read
 
     def _good_before(self) -> int:
         """The newest good checkpoint on disk (-1: none), for a load of one that is not good: pruning
@@ -433,17 +470,6 @@ class Checkpointing(EmergencySave):
         self._take_best(state)
         self._take_gate(state, received)
         self._resume_window_and_hooks(state)
-
-
-def keep_router_knobs(model: Any, moe: dict[str, dict[str, float]], mod: dict[str, float]) -> None:
-    """The MoE and MoD layers' knobs as they were before a rollback restored the checkpoint's (its
-    expert counts stay the checkpoint's): like the TrainState knobs (KEPT_ON_ROLLBACK) they are
-    the correction, an orchestrator's, a person's or a resume's, not the trouble rolled back from."""
-    layers = dict(model.moe_layers())
-    for key, knobs in moe.items():
-        for name in model.MOE_KNOBS:
-            setattr(layers[int(key)], name, knobs[name])
-    model.load_mod_state(mod)
 
 
 def apply_live_keys(model: Any, cfg: RunConfig, keys: list[str]) -> None:
