@@ -57,9 +57,9 @@ def test_a_clean_hard_row_in_a_watched_step_is_not_left_out_but_a_garbage_steps_
     watch.record(20, list(range(32)))
     watch.watch_more()  # step 20's rows were left out: steps 21-30 watched
     watch.record(22, list(range(100, 132)))
-    assert watch.watch(view, StepMetrics(step=22, loss=5.0, grad_norm=1.0, rows=list(range(100, 132)))) is None
+    assert watch.watch(view, StepMetrics(step=22, loss=5.0, grad_norm=1.0, rows=list(range(100, 132))), 21) is None
     watch.record(23, list(range(200, 232)))
-    found = watch.watch(view, StepMetrics(step=23, loss=5.5, grad_norm=1.0, rows=list(range(200, 232))))
+    found = watch.watch(view, StepMetrics(step=23, loss=5.5, grad_norm=1.0, rows=list(range(200, 232))), 22)
     assert found is not None and found.evidence["rows"] == garbage
     assert found.evidence["gate"] > 5.14 + 1.4 > found.evidence["threshold"]  # blamed at 1.5 nats, judged at 0.5
 
@@ -78,12 +78,12 @@ def test_a_clean_row_of_one_character_run_is_kept_beside_the_garbage_of_its_step
     watch = DataAttribution(OrchestratorConfig())
     watch.record(20, list(range(32)))
     watch.watch_more()
-    found = watch.watch(view, StepMetrics(step=22, loss=5.5, grad_norm=1.0, rows=rows))
+    found = watch.watch(view, StepMetrics(step=22, loss=5.5, grad_norm=1.0, rows=rows), 21)
     assert found is not None and found.evidence["rows"] == garbage
     assert found.evidence["kept_repeats"] == {"517": {"loss": 5.14 + 0.94, "repeat_share": 0.64}}
     alone = {r: rng.gauss(5.14, 0.14) for r in range(3000, 3031)} | {517: 5.14 + 1.66}
     step = StepMetrics(step=23, loss=5.2, grad_norm=1.0, rows=list(alone))
-    assert watch.watch(View(alone, repeats={517: 0.64}), step) is None
+    assert watch.watch(View(alone, repeats={517: 0.64}), step, 22) is None
 
 
 def test_the_run_view_reads_which_rows_are_a_handful_of_tokens_repeated_from_their_targets():

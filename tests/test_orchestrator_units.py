@@ -1238,7 +1238,7 @@ def test_after_rows_were_left_out_the_next_steps_rows_are_watched():
 
     def step(n, rows):  # as the orchestrator does: record the step's rows, then watch them
         data.record(n, rows)
-        return data.watch(view, replace(metrics(n), rows=rows))
+        return data.watch(view, replace(metrics(n), rows=rows), n - 1)  # the last update applied
 
     assert step(6, [60, 61]) is None  # nothing left out yet: no watch
     bad, _ = data.score(view, data.since(3))

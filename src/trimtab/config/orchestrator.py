@@ -227,6 +227,8 @@ class OrchestratorConfig(Section):
     max_rollbacks: int = 3
     min_lr_scale: float = 0.01  # LR cuts never go below this multiple of the schedule
     lr_restore_after: int = 100  # quiet steps before the ladder's LR cut is given back x2 (0: never)
+    # more than half of this many steps' updates withheld, by any rule: an instability (orchestrator/withheld.py)
+    withheld_window: int = 20
     spike: SpikeRule = field(default_factory=SpikeRule)
     grad: GradRule = field(default_factory=GradRule)
     divergence: DivergenceRule = field(default_factory=DivergenceRule)
@@ -290,7 +292,7 @@ class OrchestratorConfig(Section):
     def validate(self) -> None:
         _check(self.mode in MODES, "orchestrator.mode", f"must be one of {', '.join(MODES)}")
         _check(self.read_every >= 0, "orchestrator.read_every", "must be >= 0")
-        _positive(self, "orchestrator", "outcome_after", "escalate_after", "escalation_window")
+        _positive(self, "orchestrator", "outcome_after", "escalate_after", "escalation_window", "withheld_window")
         _check(0 <= self.min_confidence <= 1, "orchestrator.min_confidence", "must be in [0, 1]")
         _check(0 < self.lr_cut < 1, "orchestrator.lr_cut", "must be in (0, 1): it is a reduction")
         _check(self.lr_restore_after >= 0, "orchestrator.lr_restore_after", "must be >= 0")

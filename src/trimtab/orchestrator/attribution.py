@@ -25,7 +25,15 @@ is the forward's, not the rows').
 
 A stretch of bad data rarely ends where it was caught: for `watch_steps` steps after rows were
 left out, each new step's rows are scored too, and the watch extends while it keeps finding bad
-ones. (Those steps were trained on; their bad rows are left out of every later epoch.) A watched
+ones. (Those steps were trained on; their bad rows are left out of every later epoch.) It does not
+feed itself: a step met with the very weights of its last finding (no update applied since: the
+step's update withheld) is not scored. The same weights give the same bar and the same scores to
+the same kinds of rows, so what it finds there is that evidence again, not new evidence, and the
+clean tail above the bar is left out again and again: debug-moe, a person's `ctl scale-lr 30` at
+step 13, every next update withheld for the loss the raised LR had caused; the watch found 1-9
+rows over its fixed 7.726 bar at 81 of the next 85 steps, extended itself each time, and left out
+325 clean rows with the weights frozen (val_loss 6.17 at steps 50 and 100). Its spike then goes to
+the instability ladder, and the withheld-updates guard (withheld.py) backs that. A watched
 step is blamed as a lone spike's is (spikes.py): only when one of its rows stands above the rows
 rule's bar (orchestrator.rows.min_gap), then its rows are judged by the usual one. The watch
 judges some 320 rows (10 steps of 32) that carry no evidence of their own, and clean rows' losses
@@ -88,6 +96,7 @@ class DataAttribution:
         self.keep = cfg.escalation_window  # steps whose rows are remembered
         self.rows: dict[str, list[int]] = {}  # step (a string: JSON keys) -> its rows
         self.watch_until = -1  # score each step's rows up to this step
+        self.found_on = -1  # the last applied update's step when the watch last found rows (docstring)
         self.blame = cfg.rows.min_gap  # a watched step's rows are judged once one stands this far out (docstring)
 
     def record(self, step: int, rows: list[int]) -> None:
@@ -185,13 +194,15 @@ class DataAttribution:
         newest = max((int(s) for s in self.rows), default=self.watch_until)
         self.watch_until = max(self.watch_until, newest + self.cfg.watch_steps)
 
-    def watch(self, view: Any, m: StepMetrics) -> Finding | None:
-        """During a watch, this step's bad rows as a finding (None when it has none)."""
-        if m.step > self.watch_until or not m.rows:
+    def watch(self, view: Any, m: StepMetrics, updated_at: int) -> Finding | None:
+        """During a watch, this step's bad rows as a finding (None when it has none, or when the
+        weights are the last finding's: `updated_at`, the last applied update's step, unchanged)."""
+        if m.step > self.watch_until or not m.rows or updated_at == self.found_on:
             return None
         bad, evidence = self.score(view, m.rows, gate=self.blame)
         if not bad:
             return None
+        self.found_on = updated_at
         self.watch_more()  # the watch extends while it keeps finding bad rows
         of = f" (source {evidence['parts'][str(bad[0])]}'s bar)" if "parts" in evidence else ""
         summary = f"{len(bad)} of the step's {len(m.rows)} rows score above {evidence['threshold']:.3f}{of}"
@@ -201,10 +212,11 @@ class DataAttribution:
 
     def shift(self) -> None:
         """A rollback: the steps counted from here are new ones."""
-        self.rows, self.watch_until = {}, -1
+        self.rows, self.watch_until, self.found_on = {}, -1, -1
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rows": self.rows, "watch_until": self.watch_until}
+        return {"rows": self.rows, "watch_until": self.watch_until, "found_on": self.found_on}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rows, self.watch_until = dict(state.get("rows", {})), state.get("watch_until", -1)
+        self.found_on = state.get("found_on", -1)

@@ -43,6 +43,7 @@ from trimtab.orchestrator.saves import SaveGuard
 from trimtab.orchestrator.screened import ScreenedRows
 from trimtab.orchestrator.stragglers import Stragglers
 from trimtab.orchestrator.transient import rerun_finding
+from trimtab.orchestrator.withheld import person_lr
 from trimtab.rundir import DECISIONS_FILE, is_note
 from trimtab.training.hooks import Hook
 from trimtab.training.runtime import to_host
@@ -342,7 +343,7 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
         if (rerun := self.reruns.pop(m.step, None)) is not None:  # computed twice, the same: not a fault
             for f in findings:
                 f.evidence["rerun"] = rerun
-        if self.mode == "auto" and (watched := self.policy.data.watch(run, m)):
+        if self.mode == "auto" and (watched := self.policy.data.watch(run, m, self.policy.updated_at)):
             # the steps after rows were left out: their bad rows go, whether or not the step also spiked
             # (a spike alone only withholds the update; the rows would come back in the next epoch). A
             # loss spike they explain is the data's: one decision, theirs, says the update was withheld,
@@ -351,6 +352,8 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
                 watched.evidence["spike"] = {"summary": spikes[0].summary, "loss": spikes[0].evidence.get("loss")}
                 findings = [f for f in findings if f.rule != "spike"]
             findings = merged_into(watched, findings) + [watched]  # the rows rule's rows too: one decision
+        if self.mode == "auto" and (frozen := self.policy.withheld.observe(m)) is not None:
+            findings.insert(0, person_lr(frozen, self.journal.decisions))  # first: the step's one rung
         self.outcomes.follow(m, findings)
         if not findings and math.isfinite(m.loss):
             self.recent_losses.add(m.loss)

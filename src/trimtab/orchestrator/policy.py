@@ -25,6 +25,7 @@ from trimtab.orchestrator.ladder import InstabilityLadder, Ladder
 from trimtab.orchestrator.monitors import Finding
 from trimtab.orchestrator.remedies import Remedy
 from trimtab.orchestrator.rl_reward import KnobTurns, put_back
+from trimtab.orchestrator.withheld import WITHHELD_RULE, WithheldUpdates, answer_withheld
 from trimtab.training.actions import PUT_BACK
 
 # Policy state restored from a checkpoint as saved (older checkpoints: the defaults of __init__)
@@ -159,6 +160,7 @@ class Policy(InstabilityLadder):
         self.early_rollbacks: dict[str, list[float]] = {}  # step -> the loss an early spike rolled back from, ...
         self.end_rollbacks: dict[str, list[float]] = {}  # step -> the probe an end check rolled back from, ...
         self.data = DataAttribution(cfg)  # which rows of a bad stretch are bad (orchestrator/attribution.py)
+        self.withheld = WithheldUpdates(cfg)  # most recent updates withheld: an instability (withheld.py)
         self.rl = RLIncident()
         self.rl_knobs = KnobTurns()  # the knobs RL's rules turned: rule rl_reward's rollback puts them back
 
@@ -169,7 +171,8 @@ class Policy(InstabilityLadder):
         families are per layer ("moe/3"): their remedies are the same."""
         family = f.family.split("/")[0]
         if family in OWN:
-            remedy = getattr(self, OWN[family])(f, view)
+            own = f.rule == WITHHELD_RULE  # the guard over every rule's withheld updates (withheld.py)
+            remedy = answer_withheld(self, f, view) if own else getattr(self, OWN[family])(f, view)
             return self.counted(remedy) if family == "instability" and remedy.action == "rollback" else remedy
         return REMEDIES[family](f, view, self.cfg)
 
@@ -353,6 +356,7 @@ class Policy(InstabilityLadder):
         self.rl.last_step -= steps if self.rl.last_step >= 0 else 0
         self.rl_knobs.shift(steps)
         self.data.shift()
+        self.withheld.shift()
 
     def measured(self, probe: float | None, step: int) -> None:
         """The held-out probe of a good checkpoint at `step`, the reference a diagnosis and the
@@ -377,6 +381,7 @@ class Policy(InstabilityLadder):
             "ladder": vars(self.ladder).copy(),
             **{k: dict(v) if isinstance(v := getattr(self, k), dict) else v for k in STATE},  # a save keeps its own
             "data": self.data.state_dict(),
+            "withheld": self.withheld.state_dict(),
             "rl_incident": vars(self.rl).copy(),
             "rl_knobs": {"turns": [list(turn) for turn in self.rl_knobs.turns], "seen": self.rl_knobs.seen},
         }
@@ -386,5 +391,6 @@ class Policy(InstabilityLadder):
         for key in STATE:
             setattr(self, key, state.get(key, getattr(self, key)))
         self.data.load_state_dict(state.get("data", {}))
+        self.withheld.load_state_dict(state.get("withheld", {}))  # older checkpoints: an empty window
         self.rl = RLIncident(**state.get("rl_incident", {}))  # older checkpoints: none open
         self.rl_knobs = KnobTurns(**state.get("rl_knobs", {}))  # older checkpoints: no turn recorded

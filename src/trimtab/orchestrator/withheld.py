@@ -1,0 +1,103 @@
+"""The withheld-updates guard: training that no longer trains is an instability, whatever rule withheld it.
+
+Each rule that withholds an update (the update gate's spike, the data watch, a skip) answers its own
+step, and no rule sees that together they stopped training. Debug-moe, a person's `ctl scale-lr 30`
+at step 13: the raised LR damaged the weights, every later step's loss stood over the spike ceiling,
+and the data watch claimed each spike as its rows' (attribution.py), so the ladder never climbed:
+86 of 100 updates withheld, the weights frozen (val_loss 6.17 at steps 50 and 100; a clean twin
+4.44 at 50), summary.json "completed". So when more than half of the last
+orchestrator.withheld_window steps had their updates withheld, the guard finds an instability of its
+own: the last good checkpoint is restored with the LR cut (x above_start.lr_factor, under the
+schedule's: a raise above it, a person's too, is taken back, and a person's is named loudly, since an
+LR that lets no update through is not beyond question); with no good checkpoint, this incident's
+rollbacks spent, or the LR at orchestrator.min_lr_scale, the run saves and stops with exit 3 and the
+reason, never "completed" with frozen weights. The window starts over after a rollback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.monitors import Finding, StepMetrics
+from trimtab.orchestrator.remedies import Remedy, lr_cut
+
+WITHHELD_RULE = "withheld"
+PERSON_LR = ("scale_lr", "set_lr")  # a person's LR commands (trimtab ctl)
+STRENGTH = 0.9  # a count, not a threshold on noise: the updates were withheld or not
+
+
+class WithheldUpdates:
+    """The last `withheld_window` steps' withheld flags; its state is the policy's (checkpointed)."""
+
+    def __init__(self, cfg: OrchestratorConfig):
+        self.window = cfg.withheld_window
+        self.steps: dict[str, bool] = {}  # step (a string: JSON keys) -> its update withheld
+
+    def observe(self, m: StepMetrics) -> Finding | None:
+        """A finding when most of the window's updates were withheld."""
+        self.steps = {s: w for s, w in self.steps.items() if m.step - self.window < int(s) < m.step}
+        self.steps[str(m.step)] = m.skipped
+        withheld = sum(self.steps.values())
+        if 2 * withheld <= self.window:
+            return None
+        self.steps = {}  # answered: the next finding needs a window of its own
+        return Finding(
+            rule=WITHHELD_RULE,
+            family="instability",
+            step=m.step,
+            evidence={"withheld": withheld, "window": self.window},
+            summary=f"{withheld} of the last {self.window} updates withheld: training does not train",
+            strength=STRENGTH,
+        )
+
+    def shift(self) -> None:
+        """A rollback: the steps counted from here are new ones."""
+        self.steps = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": dict(self.steps)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = dict(state.get("steps", {}))
+
+
+def person_lr(f: Finding, decisions: list[Any]) -> Finding:
+    """`f`, naming the last LR a person set (trimtab ctl: a journaled "manual" decision), if any."""
+    person = next((d for d in reversed(decisions) if d.rule == "manual" and d.action in PERSON_LR), None)
+    if person is not None:
+        f.evidence["person_lr"] = {"step": person.step, "action": person.action, "params": dict(person.params)}
+        f.summary += f" (the LR a person set at step {person.step} included)"
+    return f
+
+
+def answer_withheld(policy: Any, f: Finding, view: Any) -> Remedy:
+    """The guard's finding: roll back with the LR cut under the schedule's; else stop (exit 3).
+    `policy`: the InstabilityLadder (its rollback count, _rolled_back and _give_up)."""
+    cfg, ev = policy.cfg, f.evidence
+    frozen = f"{ev['withheld']} of the last {ev['window']} updates were withheld: the weights hardly moved"
+    person = ev.get("person_lr")
+    loud = (
+        f"; the LR is a person's (trimtab ctl {person['action']} at step {person['step']}), cut all the same: "
+        "an LR at which no update gets through is not beyond question"
+        if person
+        else ""
+    )
+    cut = lr_cut(cfg.above_start.lr_factor / max(view.lr_scale, 1.0), view, cfg)
+    if cut is None:
+        return policy._give_up(view, f"{frozen}, and the LR is at orchestrator.min_lr_scale already{loud}")
+    if policy.rollbacks >= cfg.max_rollbacks or not view.has_good_checkpoint:
+        return policy._give_up(view, f"{frozen}{loud}")
+    step, target = f.step, view.last_good
+
+    def commit() -> None:
+        policy._rolled_back(step, target, broken=False)
+        policy.lr_too_high_at = step  # decisive: not given back
+
+    return Remedy(
+        action="rollback",
+        params={"to": "last_good", "skip_rows": [], "lr_factor": cut},
+        reasoning=f"{frozen}, whatever rule withheld them, so the run is not training: restore the last good "
+        f"checkpoint with the LR x{cut:.3g} (under the schedule's x{cfg.above_start.lr_factor:g}){loud}",
+        commit=commit,
+    )

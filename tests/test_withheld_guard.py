@@ -1,0 +1,113 @@
+"""The orchestrator never freezes training silently (debug-moe, a person's `ctl scale-lr 30` at step 13:
+the data watch withheld 81 updates on the same weights, each judged "recovered", and the run "completed"
+with val_loss 6.17 at steps 50 and 100): the watch does not feed itself, a guard over every rule answers
+most updates withheld, and a data decision of a frozen run is not "recovered"."""
+
+import random
+from dataclasses import replace
+
+from test_orchestrator_incidents import pending
+from test_orchestrator_units import View, metrics
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.attribution import DataAttribution
+from trimtab.orchestrator.core import Orchestrator
+from trimtab.orchestrator.journal import Decision
+from trimtab.orchestrator.monitors import StepMetrics
+from trimtab.orchestrator.policy import Policy
+from trimtab.orchestrator.withheld import WithheldUpdates, person_lr
+from trimtab.training.state import GAVE_UP
+
+
+def test_the_watch_does_not_take_its_own_withheld_steps_on_the_same_weights_as_new_evidence():
+    """The soak: each watched step's clean tail (1-9 of 32 rows over the bar of weights that never
+    moved) was left out and the watch extended, 81 steps running. On the same weights as its last
+    finding (no update applied since) a step is not scored; once an update applied, it is again."""
+    rng = random.Random(0)
+    data, view = DataAttribution(OrchestratorConfig()), View()
+    scores = {r: rng.gauss(5.0, 0.1) for r in range(2000)} | {r: 9.0 for r in range(0, 2000, 8)}  # a tail over the bar
+    view.row_losses = lambda rows: {r: scores[r] for r in rows}
+    data.record(15, list(range(32)))
+    data.watch_more()  # the rows rule's blamed step 15: steps 16-25 watched
+    data.record(16, list(range(32, 64)))
+    first = data.watch(view, replace(metrics(16), rows=list(range(32, 64))), 14)  # 15's update withheld
+    assert first is not None and data.watch_until == 26
+    for step in range(17, 30):  # every update withheld: the weights of step 14, the same bar, the same scores
+        rows = list(range(32 * step, 32 * step + 32))
+        data.record(step, rows)
+        assert data.watch(view, replace(metrics(step), rows=rows), 14) is None
+    assert data.watch_until == 26  # not extended: the watch ends
+    data.watch_until = 40
+    data.record(30, list(range(960, 992)))
+    moved = data.watch(view, replace(metrics(30), rows=list(range(960, 992))), 29)  # an update applied: new weights
+    assert moved is not None
+    saved = data.state_dict()
+    again = DataAttribution(OrchestratorConfig())
+    again.load_state_dict(saved)
+    assert again.found_on == 29  # checkpointed: a resume does not take the same weights as new
+
+
+def _frozen_policy(withheld, window=20):
+    guard, found = WithheldUpdates(OrchestratorConfig(withheld_window=window)), None
+    for step in range(1, window + 1):
+        found = guard.observe(replace(metrics(step), skipped=step > window - withheld)) or found
+    return found
+
+
+def test_most_updates_withheld_by_any_rule_is_an_instability_answered_with_a_rollback_and_a_cut():
+    """More than half of the window's updates withheld is a finding of its own (10 of 20 is not); a
+    person's LR raise is named, taken back and cut under the schedule's, and the rollback counted."""
+    assert _frozen_policy(10) is None
+    found = _frozen_policy(11)
+    assert found is not None and found.family == "instability" and found.evidence["withheld"] == 11
+    manual = Decision(
+        id=1, step=13, rule="manual", evidence={}, reasoning="", action="scale_lr", params={"factor": 30.0},
+        confidence=1.0, mode="manual", family="manual",
+    )  # fmt: skip
+    found = person_lr(found, [manual])
+    assert found.evidence["person_lr"]["step"] == 13 and "a person set at step 13" in found.summary
+    policy = Policy(OrchestratorConfig())
+    plan = policy.plan(found, View(lr_scale=30.0))
+    assert plan.action == "rollback" and plan.params["to"] == "last_good"
+    assert 30.0 * plan.params["lr_factor"] == 0.1  # under the schedule's x above_start.lr_factor
+    assert "a person's (trimtab ctl scale_lr at step 13)" in plan.reasoning
+    assert plan.evidence["incident_rollback"] == 1
+    plan.applied()
+    assert policy.rollbacks == 1 and policy.lr_too_high_at == found.step
+
+
+def test_a_frozen_run_the_ladder_cannot_heal_stops_with_exit_3_and_says_why():
+    """No good checkpoint, or this incident's rollbacks spent: save and stop (exit 3), never
+    "completed" with frozen weights."""
+    found = _frozen_policy(15)  # found at the 11th
+    policy = Policy(OrchestratorConfig())
+    stop = policy.plan(found, View(has_good_checkpoint=False))
+    assert stop.action == "stop" and stop.params["exit_code"] == GAVE_UP
+    assert "11 of the last 20 updates were withheld" in stop.params["reason"]
+    policy.rollbacks = OrchestratorConfig().max_rollbacks
+    assert policy.plan(found, View()).action == "stop"
+
+
+def test_the_guard_window_starts_over_after_a_rollback_and_is_checkpointed():
+    policy = Policy(OrchestratorConfig())
+    for step in range(1, 11):
+        assert policy.withheld.observe(replace(metrics(step), skipped=True)) is None
+    restored = Policy(OrchestratorConfig())
+    restored.load_state_dict(policy.state_dict())
+    assert restored.withheld.observe(replace(metrics(11), skipped=True)) is not None  # 11 of 20
+    policy.shift(5)
+    assert policy.withheld.steps == {}
+
+
+def test_a_data_decision_of_a_frozen_run_whose_loss_rose_is_not_recovered(tmp_path):
+    """77 data decisions of the soak were "recovered" (loss 6.5 after, 5.7 before, every update withheld),
+    and the track record raised the confidence 0.75 -> 0.98. The same decision with its updates applied
+    is judged as before."""
+    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)  # outcome_after 20
+    frozen = pending(orchestrator.journal, 20, "data", "skip_data", family="data", loss_before=5.7)
+    for step in range(21, 41):
+        orchestrator.outcomes.follow(StepMetrics(step=step, loss=6.5, grad_norm=1.0, skipped=True), [])
+    assert frozen.outcome["result"] == "not recovered"
+    trained = pending(orchestrator.journal, 40, "data", "skip_data", family="data", loss_before=5.7)
+    for step in range(41, 61):
+        orchestrator.outcomes.follow(StepMetrics(step=step, loss=6.5, grad_norm=1.0), [])
+    assert trained.outcome["result"] == "recovered"  # data outcomes are judged on the rows' return
