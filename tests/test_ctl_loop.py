@@ -165,6 +165,15 @@ def test_lost_commands_are_settings_to_apply_again_and_one_time_ones_to_say():
         {"id": 3, "rule": "manual", "action": "set_grad_clip", "params": {"value": 0.5}},
         {"id": 2, "rule": "spike", "action": "skip_step", "params": {}},  # the orchestrator's: its rules decide again
         {"id": 5, "rule": "manual", "action": "scale_lr", "params": {"factor": 0.5}},
+        # failed (total-steps in the finetune phase): nothing changed, so nothing to apply again
+        {
+            "id": 6,
+            "rule": "manual",
+            "action": "set_total_steps",
+            "params": {"steps": 50},
+            "outcome": {"result": "failed"},
+        },
+        {"id": 7, "rule": "manual", "action": "rollback", "params": {}, "outcome": {"result": "failed"}},
     ]
     again, once = ctl.lost_commands(dropped)
     assert [d["id"] for d in again] == [3, 5] and [d["id"] for d in once] == [4]

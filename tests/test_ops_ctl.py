@@ -144,6 +144,16 @@ def test_a_queued_run_length_the_run_has_passed_is_refused_when_sent(tmp_path):
     assert ctl.send(tmp_path, {"action": "set_total_steps", "params": {"steps": 90}}, queue=True).is_file()
 
 
+def test_a_run_length_sent_in_the_finetune_phase_is_refused_when_sent(tmp_path):
+    """`ctl RUN total-steps 50` at step 45 of debug 40 + finetune 30 was sent, then journaled as
+    failed ("only during pretraining"), the person gone. Refused as sent, naming the phase."""
+    (tmp_path / "config.yaml").write_text("")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 45, "phase": "finetune", "loss": 5.3}\n')
+    with run_lock(tmp_path), pytest.raises(ConfigError, match=r"total-steps 50: .* finetune phase \(step 45"):
+        ctl.send(tmp_path, {"action": "set_total_steps", "params": {"steps": 50}})
+    assert not (tmp_path / "control").exists()  # nothing dropped
+
+
 def test_a_longer_run_length_queued_for_a_completed_run_is_refused_naming_train(tmp_path):
     """`ctl --queue RUN total-steps 10` on a run completed at step 5 said 'queued: it applies when it
     resumes', but re-running its command trains nothing (the run is at its length) and only

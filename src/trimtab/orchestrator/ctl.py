@@ -95,8 +95,13 @@ ONE_TIME = {"skip_step", "rollback", "save_checkpoint", "stop", "exclude_node"} 
 def lost_commands(dropped: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """A person's commands a run applied after its last checkpoint and lost with its process (the
     journal's decisions a resume found in force but not in the checkpoint): the settings, to apply
-    again at the step they were applied at, and the one-time ones (ONE_TIME), said but not redone."""
-    manual = sorted((d for d in dropped if d.get("rule") == "manual"), key=lambda d: d["id"])
+    again at the step they were applied at, and the one-time ones (ONE_TIME), said but not redone.
+    One that failed changed nothing and was answered then: neither (a `total-steps` sent in the
+    finetune phase was journaled as failed once more by each resume, "applied again")."""
+    manual = sorted(
+        (d for d in dropped if d.get("rule") == "manual" and (d.get("outcome") or {}).get("result") != "failed"),
+        key=lambda d: d["id"],
+    )
     return [d for d in manual if d["action"] not in ONE_TIME], [d for d in manual if d["action"] in ONE_TIME]
 
 
@@ -180,9 +185,15 @@ def _check_length(run_dir: Path, command: dict[str, Any], running: bool) -> None
     if command.get("action") != "set_total_steps" or not isinstance(steps, int):
         return  # another action, or a malformed one: the job answers it
     at, where = newest_step(run_dir), "resumes at step {} (its newest checkpoint)"
-    logged = [m["step"] for m in read_metrics(run_dir) if isinstance(m.get("step"), int)] if running else []
-    if logged and logged[-1] > at:
-        at, where = logged[-1], "is running, at step {} (metrics.jsonl)"
+    logged = [m for m in read_metrics(run_dir) if isinstance(m.get("step"), int)] if running else []
+    if logged and logged[-1].get("phase") == "finetune":  # sent, then failed: "only during pretraining"
+        raise ConfigError(
+            f"ctl total-steps {steps}: '{run_dir}' is in its finetune phase (step {logged[-1]['step']}, "
+            "metrics.jsonl): total-steps is pretraining's length, which has ended (finetune.steps is the "
+            "finetune phase's)"
+        )
+    if logged and logged[-1]["step"] > at:
+        at, where = logged[-1]["step"], "is running, at step {} (metrics.jsonl)"
     if steps < at:
         raise ConfigError(
             f"ctl total-steps {steps}: '{run_dir}' {where.format(at)}, past that length; name a total of at least {at}"
