@@ -20,7 +20,7 @@ def test_rows_the_watch_and_the_rows_rule_both_name_are_left_out_by_one_decision
     orchestrator.monitors = {
         "rows": SimpleNamespace(observe=lambda m: _finding("rows", [2008, 7]), confirm=lambda *a: None)
     }
-    orchestrator.policy.data.watch = lambda run, m: _finding("data", [2008])
+    orchestrator.policy.data.watch = lambda run, m, updated_at: _finding("data", [2008])
     run = Run()
     run.step, run.pretrain = 144, {"steps": 200}
     orchestrator._observe(run, metrics(144))

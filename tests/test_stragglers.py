@@ -103,7 +103,8 @@ def test_a_step_retried_after_an_out_of_memory_error_counts_the_retrys_own_work(
         model=SimpleNamespace(checkpointing=False),
         hooks=["orchestrator"],
         _hook=lambda hook, name, exc, batch: True,
-        control=SimpleNamespace(apply=lambda: setattr(loader, "micro_batch_tokens", 512)),  # the OOM rule halves it
+        # the OOM rule halves it
+        control=SimpleNamespace(apply=lambda mid_step=False: setattr(loader, "micro_batch_tokens", 512)),
         _discard_gradients=lambda: now.__setitem__(0, now[0] + 0.05),  # not work: between the attempts
         _call=lambda name, batch: None,
         stop_reason="",
