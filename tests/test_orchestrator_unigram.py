@@ -130,6 +130,19 @@ def test_recorded_curves_a_sound_lr_or_one_too_low_is_never_found_and_3x_is(name
     assert bool(found) == fires, (curve["what"], [f.step for f in found])
 
 
+def test_a_stall_at_an_lr_already_cut_is_not_one_too_high():
+    """`trimtab ctl RUN emergency-lr` at step 17 of debug (x0.1) halted the loss at 5.05, near the
+    unigram level: read as an LR too high, it rolled the run back to step 0 and cut x0.316 more
+    (val 5.92 at step 60 against 4.68 uncut). A cut LR is the too-low side; the stall says nothing."""
+    mon = AboveStart(OrchestratorConfig())
+    mon.unigram = 5.26
+    found = [
+        mon.observe(StepMetrics(step=s, loss=loss, grad_norm=1.0, scheduled_lr=1.0, lr_scale=0.1 if s > 15 else 1.0))
+        for s, loss in enumerate(_stuck_at(5.10), 1)
+    ]
+    assert all(f is None for f in found)
+
+
 def test_unigram_margin_0_turns_the_check_off():
     cfg = OrchestratorConfig()
     cfg.above_start.unigram_margin = 0

@@ -335,7 +335,11 @@ class AboveStart(Monitor):
         if (medians := self._medians()) is not None:
             self.fastest = max(self.fastest, medians[0] - medians[1])
         past = self.first_step is None or m.step - self.first_step >= self.cfg.gain_steps + window
-        held = past and m.step - self.rising_at >= window and self._stalled()
+        # an LR already cut (a person's `ctl emergency-lr`, the ladder's) stalls a model by being too low:
+        # debug cut x0.1 at step 17 halted at 5.05, read as too high, rolled back to step 0 and cut x0.316 more
+        # (val 5.92 against 5.18 left alone). This rule's own cut ends the check already (`fired`).
+        cut = m.lr_scale < 1 - 1e-6
+        held = past and not cut and m.step - self.rising_at >= window and self._stalled()
         if held:
             before, level = medians
             near = abs(level - self.unigram) <= self.cfg.unigram_margin * self.unigram
