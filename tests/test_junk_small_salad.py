@@ -5,6 +5,7 @@ its own repeated pairs (data/word_order.py) all agree."""
 import json
 import logging
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -79,5 +80,7 @@ def test_a_run_says_once_that_a_small_source_s_word_order_was_not_judged(tmp_pat
         with caplog.at_level(logging.WARNING):
             phase(cfg)
         said = [r.getMessage() for r in caplog.records if "was not judged" in r.getMessage()]
-        named = [r.getMessage() for r in caplog.records if "3 word salad" in r.getMessage()]
-        assert (len(said), len(named)) == ((1, 0) if name == "small" else (0, 1)), caplog.text
+        # the salad lines named (most of them: the rate moves with docs/*.md's text), never a real piece's
+        named = {int(n) for n in re.findall(rf"{name}\.jsonl:(\d+) \(word salad", caplog.text)}
+        assert len(said) == (name == "small"), caplog.text
+        assert bool(named and named <= {len(real) + 1, len(real) + 2, len(real) + 3}) == (name == "mid"), caplog.text
