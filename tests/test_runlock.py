@@ -12,6 +12,7 @@ import time
 import pytest
 
 from trimtab import runlock
+from trimtab.cli import main
 from trimtab.errors import RunStateError
 from trimtab.rundir import LOCK
 from trimtab.runlock import liveness, run_lock
@@ -61,6 +62,16 @@ def test_a_run_that_fails_before_writing_leaves_no_directory(tmp_path):
     with pytest.raises(ValueError), run_lock(run):
         raise ValueError("bad input")
     assert not run.exists()
+
+
+def test_an_out_whose_name_is_too_long_is_refused_naming_the_key(tmp_path, capsys):
+    # soak: a sweep's run directory named after its every setting; the first stat of it raised
+    # ENAMETOOLONG, a traceback, before the lock that names --out for the other errors
+    out = tmp_path / ("lr1e-3_" * 40)
+    assert main(["train", "--preset", "debug", "--out", str(out), "--max-steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"out '{out}' (--out)" in err and "File name too long" in err and "shorter" in err
+    assert "Traceback" not in err
 
 
 def as_rank(monkeypatch, rank: int, job: str = "job-a") -> None:

@@ -24,7 +24,7 @@ from trimtab.orchestrator.faults import FaultInjector
 from trimtab.orchestrator.planner import LivePlanner
 from trimtab.orchestrator.restarts import Resilience
 from trimtab.rundir import CONFIG, read_metrics, write_summary
-from trimtab.runlock import liveness, run_lock
+from trimtab.runlock import check_out, liveness, run_lock
 from trimtab.sampling import fit_prompt
 from trimtab.sampling import generate as generate_ids
 from trimtab.training.hooks import ReportWriter
@@ -64,6 +64,7 @@ def train_or_raise(config: RunConfig, hooks: list = ()) -> dict:
     """train() for the CLI: where a call trains nothing it raises RunFinished or
     StartUpInterrupted, whose message says why, instead of returning a summary."""
     # A signal from here to the first step ends start-up cleanly (training/services/signals.py).
+    check_out(config.run_dir)
     lengths = fixed_lengths(config)
     before, session = _entries_before(config.run_dir), _Session()
     made = not config.run_dir.exists()  # a folder that was there, even empty, is the user's: it stays

@@ -70,6 +70,17 @@ def _not_writable(run_dir: Path, exc: OSError) -> str:
     )
 
 
+def check_out(run_dir: Path) -> None:
+    """Refuse an out the filesystem cannot name, naming the key, before anything reads it: a name in
+    it over the filesystem's limit (255 bytes on most; a sweep's directory named after its every
+    setting) fails the first stat with ENAMETOOLONG: a traceback, not the key, before this."""
+    try:
+        run_dir.exists()  # Path.exists passes over a missing or not-a-directory path: this raises the rest
+    except OSError as exc:
+        fix = "give a shorter --out" if exc.errno == errno.ENAMETOOLONG else "give another --out"
+        raise ConfigError(f"out '{run_dir}' (--out) cannot be used ({exc.strerror}); {fix}") from None
+
+
 @contextlib.contextmanager
 def run_lock(run_dir: Path) -> Iterator[None]:
     """Hold run_dir's lock and beat its heartbeat for the block (on rank 0; other ranks pass).
