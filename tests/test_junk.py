@@ -12,7 +12,7 @@ import numpy as np
 
 from test_quality import clean_documents, phase
 from trimtab.config import DataConfig
-from trimtab.data import junk, shards
+from trimtab.data import bigrams, junk, shards
 from trimtab.data.prepare import Options, prepare
 from trimtab.data.prepared import PreparedData
 from trimtab.orchestrator import screened
@@ -117,7 +117,7 @@ def test_word_salad_is_told_from_real_prose_by_the_corpus_bigrams():
     salad = [salad_of(text, rng) for text in prose[:20]]
     texts = prose + salad
     tokens = [junk.words(t) for t in texts]
-    bits, scored = junk.salad_bits(tokens, junk.Bigrams.of(tokens, texts), np.ones(len(texts), dtype=bool))
+    bits, scored = bigrams.salad_bits(tokens, junk.Bigrams.of(tokens, texts), np.ones(len(texts), dtype=bool))
     assert (scored >= junk.MIN_PAIRS).all()
     real, fake = bits[: len(prose)], bits[len(prose) :]
     assert (fake < junk.SALAD_BITS).all() and (real > junk.SALAD_BITS).all()  # shuffled words: ~0 bits
@@ -187,7 +187,9 @@ def test_words_spelt_backwards_or_with_shuffled_letters_are_scrambled_and_a_lang
     assert not any(verdicts[: len(prose)]) and not any(verdicts[-len(PAGES) :])
     tokens = [junk.words(t) for t in texts]
     reference = junk.Bigrams.of(tokens, texts)
-    share, _ = junk.scrambled(tokens, junk._ids(tokens, reference.vocab, grow=False), reference, np.ones(len(texts)))
+    share, _ = bigrams.scrambled(
+        tokens, bigrams.word_ids(tokens, reference.vocab, grow=False), reference, np.ones(len(texts))
+    )
     real = np.delete(share, range(len(prose), len(prose) + len(scrambled)))
     assert (share[len(prose) : -len(PAGES)] >= 0.8).all() and (real <= 0.13).all()
 

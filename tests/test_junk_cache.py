@@ -58,17 +58,17 @@ def test_the_cache_keeps_the_entries_used_last_and_removes_the_rest(tmp_path, mo
     keeps the KEPT used last (a hit counts as a use), and leaves another run's entry being written alone."""
     monkeypatch.setattr(junk_cache, "KEPT", 2)
     corpora = [[f"document {i} " * 40] for i in range(3)]
-    junk_cache.kinds(corpora[0], False, tmp_path)
-    junk_cache.kinds(corpora[1], False, tmp_path)
-    first, second = (tmp_path / f"junk-{junk_cache._key(c, False)}.npy" for c in corpora[:2])
+    junk_cache.kinds(corpora[0], tmp_path)
+    junk_cache.kinds(corpora[1], tmp_path)
+    first, second = (tmp_path / f"junk-{junk_cache._key(c)}.npy" for c in corpora[:2])
     os.utime(first, (1, 1))  # written long ago, then read again now
     os.utime(second, (2, 2))
     writing = tmp_path / "junk-0123.tmp99.npy"
     writing.write_bytes(b"")
     judge = junk.kinds
     monkeypatch.setattr(junk, "kinds", _never_judged)
-    junk_cache.kinds(corpora[0], False, tmp_path)
+    junk_cache.kinds(corpora[0], tmp_path)
     monkeypatch.setattr(junk, "kinds", judge)
-    junk_cache.kinds(corpora[2], False, tmp_path)
-    third = tmp_path / f"junk-{junk_cache._key(corpora[2], False)}.npy"
+    junk_cache.kinds(corpora[2], tmp_path)
+    third = tmp_path / f"junk-{junk_cache._key(corpora[2])}.npy"
     assert sorted(tmp_path.iterdir()) == sorted([first, third, writing])

@@ -3,6 +3,7 @@ document alone (data/junk.py: random characters, dumps), as a run and `data prep
 
 import base64
 import gzip
+import json
 import random
 import re
 import shutil
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from test_junk_small_salad import PIECES
 from test_junk_sources import flagged
 from test_quality import phase
 from trimtab.config import DataConfig
@@ -31,10 +33,10 @@ def bad_documents(rng: random.Random) -> dict[str, str]:
     }
 
 
-def test_junk_alone_catches_random_characters_and_dumps_but_no_real_file():
-    """Judged alone (no population to measure packing by): every bad kind is named, no docs/*.md page."""
+def test_junk_catches_random_characters_and_dumps_but_no_real_file():
+    """Each document judged by itself: every bad kind is named, no docs/*.md page."""
     bad = bad_documents(random.Random(0))
-    verdicts = junk.kinds(list(bad.values()), alone=True)
+    verdicts = junk.kinds(list(bad.values()))
     assert [v.kind if v else None for v in verdicts] == [
         "hex or base64 dump",
         "hex or base64 dump",
@@ -42,9 +44,7 @@ def test_junk_alone_catches_random_characters_and_dumps_but_no_real_file():
         "random characters",
     ]
     real = [p.read_text() for p in sorted(DOCS.glob("*.md"))]
-    assert len(real) >= 10 and junk.kinds(real, alone=True) == [None] * len(real)
-    # with a population the packing screen judges random characters (quality.noise): not junk then
-    assert junk.kinds([bad["printable"]])[0] is None
+    assert len(real) >= 10 and junk.kinds(real) == [None] * len(real)
 
 
 def with_certificate(rng: random.Random) -> tuple[str, tuple[int, int]]:
@@ -105,3 +105,17 @@ def test_a_run_on_ten_files_leaves_out_printable_noise(tmp_path):
     cfg = DataConfig(source=str(tmp_path), max_bytes=0, seq_len=64, eval_fraction=0.0, garbage_filter="drop")
     kept = set(phase(cfg).train.docs.sources)
     assert len(kept) == 9 and str(tmp_path / "noise.txt") not in kept
+
+
+def test_random_text_over_a_small_alphabet_is_named_in_a_source_made_of_it():
+    """A mixture source of random text over 18 symbols (letters and space; digits and punctuation), 24 documents:
+    the packing screen judges it against its own median, which it sets, and its characters carry ~4.2 bits, under
+    the random-characters rule's 5 (judged before only in a source under quality.MIN_DOCS documents): nothing
+    named. Now each document is, by itself; no frozen real piece of the docs nor a module of src/ is."""
+    rng = random.Random(5)
+    alphabets = ("abcdefghijklmnopq ", "0123456789.,;:-+()")
+    bad = ["".join(rng.choice(a) for _ in range(rng.randrange(600, 2000))) for a in alphabets for _ in range(12)]
+    assert [v.kind if v else None for v in junk.kinds(bad)] == ["random characters"] * len(bad)
+    code = [p.read_text() for p in sorted((DOCS.parent / "src" / "trimtab" / "data").glob("*.py"))]
+    real = [json.loads(line)["text"] for line in PIECES.read_text().splitlines()] + code
+    assert not [v for v in junk.kinds(real) if v is not None and v.kind == "random characters"]

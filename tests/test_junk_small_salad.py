@@ -14,14 +14,14 @@ from test_quality import phase
 from trimtab.config import DataConfig
 from trimtab.data import junk, word_order
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+# 1.5 KB pieces of docs/*.md in a shuffled order, frozen on 2026-12-02 (10K words): the docs' edits no longer move
+# the counts below
+PIECES = Path(__file__).resolve().parent / "data" / "real_pieces.jsonl"
 
 
 def pieces(words: int) -> list[str]:
-    """1.5 KB pieces of docs/*.md, shuffled, holding `words` words or just more."""
-    found = [text[i : i + 1500] for page in sorted(DOCS.glob("*.md")) for text in [page.read_text()]
-             for i in range(0, len(text) - 400, 1500)]  # fmt: skip
-    random.Random(0).shuffle(found)
+    """The frozen pieces (PIECES) in order, holding `words` words or just more."""
+    found = [json.loads(line)["text"] for line in PIECES.read_text().splitlines()]
     out: list[str] = []
     while sum(len(junk.words(text)) for text in out) < words:
         out.append(found[len(out)])

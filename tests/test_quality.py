@@ -143,7 +143,7 @@ def test_data_prepare_screens_with_one_scale_and_counts_per_file(corpus, tmp_pat
     assert manifest["files"][0]["garbage"] == len(bad_lines) and manifest["documents"] == n_docs - len(bad_lines)
     assert prepared_lines(tmp_path / "drop") == set(range(1, n_docs + 1)) - bad_lines
     assert 0 < manifest["garbage"]["threshold"] <= quality.CAP
-    (line,) = [r.message for r in caplog.records if "bytes per token" in r.message]
+    (line,) = [r.message for r in caplog.records if "documents flagged" in r.message]
     assert line.startswith(f"{len(bad_lines)} documents") and f"{path}:{min(bad_lines)}" in line and "left out" in line
 
     kept = prepare([str(path)], tmp_path / "warn", vocab_size=512)  # the default names them and keeps them

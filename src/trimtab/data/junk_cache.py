@@ -1,12 +1,12 @@
 """A source's junk verdicts (junk.kinds), cached in the run's cache directory by the documents' text.
 
 Every run on the same corpus (the built-in one, each test's slice of it) judged it again at start-up:
-0.06-0.09 s of CPU a run on 2 cores (0.3 s under cProfile). The key holds the texts, `alone` and the
+0.06-0.09 s of CPU a run on 2 cores (0.3 s under cProfile). The key holds the texts and the
 source code and the thresholds of the modules that decide a verdict, so an edit to a rule or a threshold
 (in the file or set at run time) is a miss, not a stale verdict; the tokens' cache
 (packing.tokenize_documents) is written and read the same way.
 
-Each corpus slice, `alone` and edit of a rule is an entry of its own (a test suite's slices, a developer's
+Each corpus slice and edit of a rule is an entry of its own (a test suite's slices, a developer's
 edits: hundreds over weeks), so the cache keeps the KEPT entries used last (a hit touches its entry's time)
 and removes the rest as it writes a new one.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trimtab.data import dumps, junk, mojibake, quality, repeats, word_order
+from trimtab.data import bigrams, dumps, junk, mojibake, quality, repeats, word_order
 from trimtab.data.tokenizer import cache_not_written
 
 logger = logging.getLogger(__name__)
@@ -31,15 +31,15 @@ logger = logging.getLogger(__name__)
 KEPT = 64
 
 
-def kinds(texts: Sequence[str], alone: bool, cache_dir: Path | None) -> list[junk.Verdict | None]:
-    """junk.kinds(texts, alone=alone), read from cache_dir when it was judged before (None: no cache)."""
+def kinds(texts: Sequence[str], cache_dir: Path | None) -> list[junk.Verdict | None]:
+    """junk.kinds(texts), read from cache_dir when it was judged before (None: no cache)."""
     if cache_dir is None:
-        return junk.kinds(texts, alone=alone)
-    path = Path(cache_dir) / f"junk-{_key(texts, alone)}.npy"
+        return junk.kinds(texts)
+    path = Path(cache_dir) / f"junk-{_key(texts)}.npy"
     if path.is_file() and (cached := _load(path, len(texts))) is not None:
         _touch(path)
         return cached
-    verdicts = junk.kinds(texts, alone=alone)
+    verdicts = junk.kinds(texts)
     _save(path, verdicts)
     _prune(path.parent)
     return verdicts
@@ -77,7 +77,7 @@ def _touch(path: Path) -> None:
 def _code() -> bytes:
     """The source of the modules whose rules and thresholds decide a verdict."""
     return b"".join(
-        Path(module.__file__).read_bytes() for module in (junk, quality, dumps, repeats, mojibake, word_order)
+        Path(module.__file__).read_bytes() for module in (junk, bigrams, quality, dumps, repeats, mojibake, word_order)
     )
 
 
@@ -86,17 +86,16 @@ def _settings() -> bytes:
     person's experiment) is a miss too, not a verdict judged under another value."""
     found = [
         (module.__name__, name, value)
-        for module in (junk, quality, dumps, repeats, mojibake, word_order)
+        for module in (junk, bigrams, quality, dumps, repeats, mojibake, word_order)
         for name, value in sorted(vars(module).items())
         if name.isupper() and isinstance(value, (int, float, str, tuple))
     ]
     return repr(found).encode()
 
 
-def _key(texts: Sequence[str], alone: bool) -> str:
+def _key(texts: Sequence[str]) -> str:
     h = hashlib.sha256(_code())
     h.update(_settings())
-    h.update(b"alone:%d|" % alone)
     for text in texts:
         data = text.encode()
         h.update(b"%d:" % len(data))

@@ -307,17 +307,14 @@ def _screen(
     if spared:
         logger.warning("%s", quality.spared_line(spared, key))
         found = replace(found, flagged=flagged)
-    # junk that packs like text: the packing cannot see it; without a scale, random characters judged alone too
+    # junk that packs like text, and random characters by each document alone: the packing cannot see them
     texts = [doc.text for doc in docs]
-    verdicts, repeated = junk.spare_repeats(texts, junk_cache.kinds(texts, bool(np.isnan(found.median)), cache_dir))
+    verdicts, repeated = junk.spare_repeats(texts, junk_cache.kinds(texts, cache_dir))
     if repeated:  # a source repeated on purpose: left out, it would leave no training row
         logger.warning("%s", junk.repeats_line(repeated, len(docs), key or "the training data"))
     if not junk.holds_words(texts, junk.SMALL_WORDS):  # its own reference: too small to judge word order by
         logger.warning("%s", junk.unjudged_line([key or "the training data"]))
     junky = np.array([verdict is not None for verdict in verdicts], dtype=bool)
-    if not np.isnan(found.median):  # random characters a wide spread hides, unless junk says what they are
-        noise = quality.noise(n_bytes, np.diff(tokenized.offsets), found.median, lambda i: docs[i].text)
-        found = replace(found, flagged=found.flagged | (noise & ~junky))
     extra = junky & ~found.flagged
     if not found.count and not extra.any():
         return tokenized
@@ -326,7 +323,7 @@ def _screen(
     if found.count:
         logger.warning("%s", quality.report(found, names, n_bytes, key, drop))
     if extra.any():
-        logger.warning("%s", junk.report(verdicts, extra, names, key, drop))
+        logger.warning("%s", junk.report(verdicts, extra, names, n_bytes, key, drop))
     flagged = found.flagged | extra
     if drop:
         return tokenized.select(~flagged)

@@ -308,7 +308,7 @@ def _garbage_line(manifest: dict[str, Any], kinds: Counter[str], names: list[str
         scale = manifest["garbage"]
         said.append(
             f"{kinds[PACKING]:,} pack under {scale['threshold']:.2f}x the sources' median {scale['median']:.2f} bytes "
-            f"per token ({quality.NOISE_SAID}), as random bytes, base64, hex dumps, mis-encoded text and scripts "
+            "per token, as random bytes, base64, hex dumps, mis-encoded text and scripts "
             "the tokenizer does not know do"
         )
     said += [f"{kinds[kind]:,} {kind} ({junk.SAID[kind]})" for kind in junk.KINDS if kinds[kind]]

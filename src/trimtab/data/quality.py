@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -57,17 +58,23 @@ MOJIBAKE = 0.25  # non-ASCII characters in UTF-8 byte pairs read as cp1252/Latin
 STRUCTURE = 0.45  # adjacent-character information + 2 x vowel alternation, bits (prose 0.71-1.47; random
 # letters, uniform, at English frequencies or accented: -0.25-0.28)
 VOWELS = frozenset("aeiouyıøæœ")  # base letters after NFD (ı, ø, æ, œ do not decompose)
-# A document packing under CAP x the median is flagged whatever the source's spread when its characters are drawn
-# independently from many (`random_characters`), as random bytes and base64 are: a mixture of code, prose and ~25
-# languages widens the spread until the threshold falls to 0.35-0.37x the median, under random Latin-1's 0.47-0.66x.
+# A document is random characters (`random_characters`, judged in every document by data/junk.py) when its characters
+# are drawn independently from many, as random bytes, base64 and random text over a small alphabet are: the packing
+# screen cannot see them where a mixture of code, prose and ~25 languages widens the spread (its threshold falls to
+# 0.35-0.37x the median, under random Latin-1's 0.47-0.66x), nor in a source made of them (its median is theirs).
 # Measured on documents of 512-2,048 characters (gnupg's help in 27 languages, English licences, the stdlib in
-# 1.5 KB pieces: 114K real documents):
+# 1.5 KB pieces: 114K real documents; at CHAR_BITS 4 and INCOMPRESSIBLE: docs/*.md, src/ and tests/ of this repository
+# whole and in 1.5 KB pieces, 3,900, and the stdlib and site-packages in pieces, 120K: 0 flagged but 4 pieces of
+# hexadecimal digits of pi, a hex dump):
 NOISE_BITS = 0.25  # adjacent characters' information (`information`) under this (random Latin-1, base64, hex: <= 0.11
 # bits; real text >= 0.39, but for tables of numbers and code points in the stdlib: -0.11-0.25, periodic)
-CHAR_BITS = 5.0  # and the entropy of its characters at least this (random Latin-1 >= 7.4, printable ASCII >= 6.4,
-# base64 >= 5.9; the real documents of under 0.4 bits of information <= 4.3 but one base64 certificate, 6.1)
+CHAR_BITS = 4.0  # and the entropy of its characters at least this, 16 equally likely or more (random text over 18
+# symbols, letters and space or digits and punctuation: >= 4.1; base64 >= 5.9; random Latin-1 >= 7.2; the stdlib's
+# tables of random integers: 3.5-3.7, real data whose digits are as random as noise's, so not flagged)
+INCOMPRESSIBLE = 1.0  # and zlib (level 9) packs it into no fewer bits a character than that entropy: nothing repeats
+# beyond the characters' frequencies (random text over 8-256 symbols, 512-2,048 characters: >= 1.02; tables of code
+# points, whose digits collapse into one symbol but whose lines repeat: under)
 NOISE_CHARS = 512  # shorter documents are not so judged: random Latin-1 of 260 characters reaches 0.27 bits, text 0.14
-NOISE_SAID = f"or under {CAP:g}x as characters drawn at random"  # `noise`, on the console
 
 
 @dataclass(frozen=True)
@@ -173,24 +180,18 @@ def flags(n_bytes: np.ndarray, n_tokens: np.ndarray, median: float, threshold: f
     return (np.asarray(n_bytes) >= MIN_BYTES) & (packed(n_bytes, n_tokens) < threshold * median)
 
 
-def noise(n_bytes: np.ndarray, n_tokens: np.ndarray, median: float, text_of: Callable[[int], str]) -> np.ndarray:
-    """bool [D]: the documents of MIN_BYTES that pack under CAP x the median and are `random_characters`:
-    garbage whatever the source's spread (`text_of(i)`: document i's text, read for those under CAP only)."""
-    found = flags(n_bytes, n_tokens, median, CAP)
-    for i in np.flatnonzero(found):
-        found[i] = random_characters(text_of(int(i)))
-    return found
-
-
 def random_characters(text: str) -> bool:
     """Whether `text` (NOISE_CHARS or more, not another script's: its words are single characters) is
-    characters drawn independently (NOISE_BITS between neighbours) from many (CHAR_BITS): random bytes,
-    base64. A table of numbers is as independent but of few characters, so not garbage of this kind."""
-    if len(text) < NOISE_CHARS or other_script(text) or information(symbols_of(text)) >= NOISE_BITS:
+    characters drawn independently (NOISE_BITS between neighbours) from many (CHAR_BITS) that do not
+    compress beyond their frequencies (INCOMPRESSIBLE): random bytes, base64, random text over a small
+    alphabet. A table of numbers is as independent but of fewer characters, or repeats, so not garbage
+    of this kind."""
+    if len(text) < NOISE_CHARS or information(symbols_of(text)) >= NOISE_BITS or other_script(text):
         return False
     _, counts = np.unique(np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32), return_counts=True)
     p = counts / counts.sum()
-    return float(-(p * np.log2(p)).sum()) >= CHAR_BITS
+    bits = float(-(p * np.log2(p)).sum())
+    return bits >= CHAR_BITS and 8 * len(zlib.compress(text.encode(), 9)) >= INCOMPRESSIBLE * bits * len(text)
 
 
 def other_script(text: str) -> bool:
@@ -330,6 +331,6 @@ def report(found: Screened, names: list[str], n_bytes: np.ndarray, key: str, dro
     )
     return (
         f"{key}: {len(where):,} of {len(found.flagged):,} documents ({share:.1%} of the bytes) pack under "
-        f"{found.threshold:.2f}x the source's median {found.median:.2f} bytes per token ({NOISE_SAID}), as random "
+        f"{found.threshold:.2f}x the source's median {found.median:.2f} bytes per token, as random "
         f"bytes, base64, hex dumps, mis-encoded text and scripts the tokenizer does not know do: {first}{more}; {done}"
     )

@@ -238,14 +238,14 @@ class _Encoder:
         )
         median, text_of = self.scale.get("median"), lambda i: self._batch[i][0].text
         flagged = np.zeros(len(self._batch), dtype=bool)
-        if median:  # else too few documents to measure packing by: junk.kinds judges each document alone
+        if median:  # else too few documents to measure packing by: junk.kinds still judges each document alone
             flagged = quality.flags(n_bytes, n_tokens, median, self.scale["threshold"])
-            flagged = whole & (flagged | quality.noise(n_bytes, n_tokens, median, text_of))
+            flagged = whole & flagged
             flagged, spared = quality.spare_scripts(flagged, text_of)
             self.spared += spared  # a minority language: kept, said once at the end (prepare.py)
         # junk that packs like text (mojibake, random letters; word salad against the sample's word pairs)
         texts = [doc.text for doc, *_ in self._batch]
-        verdicts = junk.kinds(texts, self.bigrams, alone=not median)
+        verdicts = junk.kinds(texts, self.bigrams)
         # a sample mostly of repeated text (a toy corpus): kept, said once at the end (prepare.py)
         verdicts, repeated = junk.spare_repeats(texts, verdicts, self.repeated_share)
         self.repeated += repeated
