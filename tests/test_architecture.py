@@ -281,3 +281,11 @@ def test_every_orchestrator_rule_is_on_the_map():
     assert set(OrchestratorConfig.RULES) | set(RULE_NAMES) | found <= rows, sorted(
         (set(OrchestratorConfig.RULES) | set(RULE_NAMES) | found) - rows
     )
+
+
+def test_yaml_is_read_and_written_through_config_s_libyaml_helpers():
+    """parse_yaml and dump_yaml (config/__init__.py) take libyaml's loader and dumper where PyYAML has them
+    (8x the pure ones); the report read config.yaml, tune and plan wrote their files, with the pure ones."""
+    pure = re.compile(r"yaml\.(safe_load|safe_dump|load|dump)\(|SafeLoader|SafeDumper")
+    own = SRC / "config" / "__init__.py"
+    assert [str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if p != own and pure.search(p.read_text())] == []

@@ -12,6 +12,7 @@ import trimtab
 from helpers import StopAt
 from test_mixture import WORDS, rows_of
 from test_trainer import debug_cfg
+from trimtab.config import load_config
 from trimtab.data.batches import BatchLoader
 from trimtab.data.packing import ConcatRows
 from trimtab.orchestrator import ctl
@@ -128,6 +129,20 @@ def test_a_checkpointing_mode_edited_between_sessions_is_not_journaled_as_from_i
     [decision] = [d for d in read_decisions(tmp_path / "r") if d["action"] == "set_activation_checkpointing"]
     assert decision["summary"] == "train.activation_checkpointing off -> full on resume at step 2"
     assert decision["applied"] == ["activation checkpointing full"]  # the model was built in it: not "full -> full"
+
+
+def test_config_yaml_edited_in_place_is_named_on_resume(tmp_path):
+    """A person edits RUN/config.yaml's optim.lr and resumes with it (`trimtab train RUN/config.yaml --out
+    RUN`): the resume compared that file with itself, and the change went unsaid in the log and the journal.
+    The checkpoint keeps the config it was trained with (state.json "config"): that is compared."""
+    run = tmp_path / "r"
+    trimtab.train(debug_cfg(run, steps=2))
+    path = run / "config.yaml"
+    path.write_text(path.read_text().replace("\n  lr: 0.003\n", "\n  lr: 0.001\n", 1))
+    trimtab.train(load_config(path, overrides={"train": {"max_steps": 3}}))
+    [decision] = [d for d in read_decisions(run) if d["summary"].startswith("optim.lr")]
+    assert decision["summary"] == "optim.lr 0.003 -> 0.001 on resume at step 2"
+    assert decision["reasoning"].startswith(f"changed in the config by a person (set by the config file {path})")
 
 
 class RollbackOnce(Hook):

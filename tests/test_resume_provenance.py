@@ -7,6 +7,8 @@ import argparse
 import dataclasses
 from types import SimpleNamespace
 
+import pytest
+
 from trimtab.cli_train import _train_config
 from trimtab.config import derive, load_config, read_saved
 from trimtab.config.checks import leaves
@@ -99,6 +101,61 @@ def test_a_persons_edit_of_a_copied_config_yaml_is_theirs(tmp_path):
     assert saved_sources(run / "config.yaml")["optim.lr"] == f"the config file {mine}"
     fresh = load_config(mine, overrides={"out": str(tmp_path / "new")})  # a new run started from the copy
     assert sources(fresh)["optim.lr"] == f"the config file {mine}"
+
+
+def test_a_copys_edit_of_a_key_its_line_names_is_the_files_even_back_to_the_presets_value(tmp_path):
+    """Session 1 set optim.lr 0.001 (--set); a person copies its config.yaml and edits optim.lr: the key its
+    first line names kept "--set" as its origin, whatever the copy now said, and an edit back to 0.003, the
+    preset's own, was the --set's too. Its second line keeps the values set: a value not that one is the file's."""
+    run, mine = tmp_path / "r", tmp_path / "mine.yaml"
+    write(session(run, "optim.lr=0.001"))
+    text = (run / "config.yaml").read_text()
+    assert sources(load_config(run / "config.yaml"))["optim.lr"] == "--set"  # not edited: still the --set's
+    for lr in ("0.002", "0.003"):  # 0.003: the debug preset's value
+        mine.write_text(text.replace("\n  lr: 0.001\n", f"\n  lr: {lr}\n"))
+        edited = load_config(mine, overrides={"out": str(run)})
+        assert sources(edited)["optim.lr"] == f"the config file {mine}"
+        (change,) = changes_on_resume(edited)
+        assert (change["new"], change["by"], change.get("default")) == (float(lr), f"the config file {mine}", None)
+
+
+def test_a_checkpoints_config_is_compared_and_an_edit_the_session_does_not_read_is_said(tmp_path, caplog):
+    """A resume compares with the config its checkpoint was trained with (trained_config), not config.yaml: an
+    edit of config.yaml in place is a change where the session reads the file, and is said (not applied, and
+    written over) where it does not (`--preset` and flags): it was "0.001 -> 0.003, the default moved"."""
+    from trimtab.training.changes import trained_config
+
+    run = tmp_path / "r"
+    first = session(run)
+    write(first)
+    path = run / "config.yaml"
+    path.write_text(path.read_text().replace("\n  lr: 0.003\n", "\n  lr: 0.001\n"))
+    (lr,) = changes_on_resume(load_config(path), trained_config(first))
+    assert (lr["old"], lr["new"], lr["by"]) == (0.003, 0.001, f"the config file {path}")
+    with caplog.at_level("WARNING", logger="trimtab"):
+        assert changes_on_resume(session(run), trained_config(first)) == []
+    assert f"{path} was edited since the checkpoint (optim.lr 0.003 -> 0.001)" in caplog.text
+    assert "the edit is not applied" in caplog.text
+
+
+def test_a_model_edit_of_config_yaml_in_place_is_checked_against_the_checkpoints_config(tmp_path):
+    """The model check compared config.yaml with the config read from it: an edited ffn_hidden fell to the
+    weights' shape mismatch (no key named), and an edited router knob was not applied over the checkpoint's
+    while the journal said it was. The checkpoint's own config is compared."""
+    from trimtab.errors import CheckpointError
+    from trimtab.training.changes import trained_config
+    from trimtab.training.setup import check_resume_compatible
+
+    run = tmp_path / "r"
+    first = load_config(preset="debug-moe", overrides={"out": str(run)})
+    write(first)
+    path, text = run / "config.yaml", (run / "config.yaml").read_text()
+    path.write_text(text.replace("capacity_factor: 1.25", "capacity_factor: 2.0"))
+    live = check_resume_compatible(load_config(path), trained=trained_config(first))
+    assert live == {"model.moe.capacity_factor": (1.25, 2.0)}
+    path.write_text(text.replace("ffn_hidden: 256", "ffn_hidden: 320"))
+    with pytest.raises(CheckpointError, match=r"model.ffn_hidden: 256 there, 320 now"):
+        check_resume_compatible(load_config(path), trained=trained_config(first))
 
 
 def test_trimtab_rl_s_own_settings_are_said_to_be_its_own_not_a_persons_flags(tmp_path):

@@ -184,3 +184,19 @@ def test_a_nan_in_a_decision_or_summary_is_written_as_json_and_read_back_as_nan(
     assert back["evidence"]["grad_norm"] == inf and back["evidence"]["rerun"]["loss"][1] == -inf
     assert back["evidence"]["loss"] != back["evidence"]["loss"] and math.isnan(read_summary(tmp_path)["final_loss"])
     _strict(json.dumps(decision_table(tmp_path)))
+
+
+def test_a_string_that_reads_as_nan_stays_a_string_and_only_floats_round_trip(tmp_path):
+    """json_value read every "NaN" / "Infinity" string back as a float: a source named "NaN", a reason
+    "Infinity" came back as nan and inf. Only what was a float is; the record has no extra key on read."""
+    nan, inf = float("nan"), float("inf")
+    record = {"step": 1, "source": "NaN", "loss": nan, "evidence": {"why": ["Infinity", -inf], "1": "-Infinity"}}
+    write_jsonl(tmp_path / "r.jsonl", [record, {"step": 2, "loss": nan}])
+    first, second = read_jsonl(tmp_path / "r.jsonl")
+    assert (first["source"], first["evidence"]) == ("NaN", {"why": ["Infinity", -inf], "1": "-Infinity"})
+    assert math.isnan(first["loss"]) and math.isnan(second["loss"]) and set(first) == set(record)
+    assert "_strings" not in (tmp_path / "r.jsonl").read_text().splitlines()[1]  # a record without one: as before
+    rewrite_jsonl(tmp_path / "r.jsonl", lambda r: r)  # read and written again: still a string
+    assert read_jsonl(tmp_path / "r.jsonl")[0]["source"] == "NaN"
+    write_json(tmp_path / "s.json", {"reason": "NaN", "x": inf})
+    assert read_json(tmp_path / "s.json") == {"reason": "NaN", "x": inf}

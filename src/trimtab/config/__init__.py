@@ -36,7 +36,16 @@ from trimtab.config.log import LogConfig
 from trimtab.config.model import ModelConfig
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.config.plan import PlanConfig
-from trimtab.config.provenance import OVERRIDE, SET, command_origin, origins, saved_sources, sources, with_sources
+from trimtab.config.provenance import (
+    OVERRIDE,
+    SET,
+    command_origin,
+    origins,
+    saved_sources,
+    saved_values,
+    sources,
+    with_sources,
+)
 from trimtab.config.renames import upgrade
 from trimtab.config.resilience import ResilienceConfig
 from trimtab.config.rl import RLConfig
@@ -255,7 +264,9 @@ def load_config(
     layers = [(command_origin(command), own), (OVERRIDE, dict(overrides or {})), (SET, set_changes(sets))]
     saved = saved_sources(Path(path)) if path else None  # a run's own config.yaml: not a person's every key
     below = leaves(resolve({**preset_dict(name), "preset": name}).to_dict()) if saved is not None else None
-    found = origins(user, path, [(origin, upgrade(copy.deepcopy(keys))) for origin, keys in layers], saved, below)
+    then = saved_values(Path(path)) if saved is not None else None  # a key its line names, edited since
+    layered_keys = [(origin, upgrade(copy.deepcopy(keys))) for origin, keys in layers]
+    found = origins(user, path, layered_keys, saved, below, then)
     try:
         return with_sources(resolve(layered), found)  # who set each key: the resume's changes say it
     except ConfigError as exc:
@@ -339,13 +350,19 @@ def read_saved(run_dir: str | Path) -> RunConfig:
     if not path.is_file():
         raise SavedConfigError(f"'{run_dir}' holds no config.yaml: not a trimtab run directory; pass a run's --out")
     try:
-        return resolve(_without_removed(read_yaml(path), path))
+        return resolve_saved(read_yaml(path), path)
     except ConfigError as exc:
         raise SavedConfigError(
             f"{exc}. It is the config run directory '{run_dir}' was trained with: restore it, or remove it and "
             "run `trimtab train` with this run's settings, which writes it again and resumes from the checkpoints",
             problem=str(exc),
         ) from None
+
+
+def resolve_saved(data: Any, where: str | Path) -> RunConfig:
+    """A config a run saved (config.yaml, a checkpoint's copy: state.json "config") resolved, older key
+    names upgraded and the keys this trimtab no longer has left out (said once, naming `where`)."""
+    return resolve(_without_removed(data, Path(where)))
 
 
 _SAID_REMOVED: set[tuple[str, tuple[str, ...]]] = set()  # (config.yaml, keys) said once a process

@@ -30,6 +30,7 @@ SET = "--set"
 OVERRIDE = "a flag or an API override"
 FOR_ITS_RUNS = " for its runs"  # a subcommand's own setting: `trimtab rl for its runs` (by_command)
 HEADER = "# who set each key the preset and the defaults did not: "  # + their origins as one JSON line
+VALUES = "# the values they set then: "  # + those keys' values as one JSON line (header's second line)
 OLD_HEADERS = ("# keys set by a person in the session that wrote this file: ",)  # read as HEADER
 
 
@@ -39,17 +40,21 @@ def origins(
     layers: list[tuple[str, dict[str, Any]]],
     saved: dict[str, str] | None = None,
     below: dict[str, Any] | None = None,
+    then: dict[str, Any] | None = None,
 ) -> dict[str, str]:
     """Each dotted key a layer above the preset set (load_config's order, the later winning) -> where
     it was set: `user` (the YAML file at `path`), then each of `layers` (origin, sections of keys).
     `saved`: the file's own origins where it is a run's config.yaml (saved_sources): the keys it names
-    keep where it says; of the others (trimtab writes every key), those a person edited (edited, against
-    `below`: the preset's and the defaults' resolved leaves) are the file's."""
+    keep where it says unless their value is no longer the one it set (`then`: saved_values; a person's
+    edit, even back to the preset's value); of the others (trimtab writes every key), those a person edited
+    (edited, against `below`: the preset's and the defaults' resolved leaves) are the file's."""
     file = f"the config file {path}"
     if saved is None:
         found = dict.fromkeys(leaves(user), file)
     else:
-        found = {key: saved[key] if key in saved else file for key in edited(user, saved, below or {})}
+        values, then = leaves(user), then or {}
+        kept = {key for key in saved if key not in then or then[key] == values.get(key)}
+        found = {key: saved[key] if key in kept else file for key in edited(user, saved, below or {})}
     for origin, keys in layers:
         found |= {key: origin for key in leaves(keys)}
     return found
@@ -94,23 +99,39 @@ def with_sources(cfg: Any, found: dict[str, str]) -> Any:
 
 
 def header(cfg: Any) -> str:
-    """config.yaml's first line: the keys `cfg`'s session set, as a YAML comment."""
-    return HEADER + json.dumps(sources(cfg), sort_keys=True) + "\n"
+    """config.yaml's first two lines, YAML comments: the keys `cfg`'s session set, and their values then
+    (a copy's edit of one of them is then told from the value its line's origin set: origins)."""
+    values = leaves(cfg.to_dict())
+    then = {key: values[key] for key in sources(cfg) if key in values}
+    return HEADER + json.dumps(sources(cfg), sort_keys=True) + "\n" + VALUES + json.dumps(then, sort_keys=True) + "\n"
 
 
 def saved_sources(config_yaml: Path) -> dict[str, str] | None:
     """The keys the session that wrote `config_yaml` set (its HEADER line); None where it has none
     (an older trimtab wrote it, a hand edit dropped it) or cannot be read: unknown."""
+    found = _comment(config_yaml, 0, (HEADER, *OLD_HEADERS))
+    return {str(k): str(v) for k, v in found.items()} if found is not None else None
+
+
+def saved_values(config_yaml: Path) -> dict[str, Any] | None:
+    """The values of the keys its HEADER line names, as the session that wrote `config_yaml` set them (its
+    VALUES line); None where it has none (an older trimtab's, a hand edit dropped it): unknown."""
+    return _comment(config_yaml, 1, (VALUES,))
+
+
+def _comment(config_yaml: Path, index: int, prefixes: tuple[str, ...]) -> dict[str, Any] | None:
+    """The JSON object of config.yaml's line `index`, a comment starting with one of `prefixes`; None where
+    the line is not one, or cannot be read."""
     try:
         with open(config_yaml, encoding="utf-8-sig") as f:
-            first = f.readline()
+            lines = [f.readline() for _ in range(index + 1)]
     except (OSError, UnicodeDecodeError):
         return None
-    prefix = next((h for h in (HEADER, *OLD_HEADERS) if first.startswith(h)), None)
+    prefix = next((p for p in prefixes if lines[index].startswith(p)), None)
     if prefix is None:
         return None
     try:
-        found = json.loads(first[len(prefix) :])
+        found = json.loads(lines[index][len(prefix) :])
     except ValueError:
         return None
-    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else None
+    return found if isinstance(found, dict) else None

@@ -24,8 +24,7 @@ from __future__ import annotations
 import math
 import shlex
 
-import yaml
-
+from trimtab.config import dump_yaml
 from trimtab.errors import ConfigError
 from trimtab.plan.memory import STATE_BYTES
 from trimtab.plan.report import Plan
@@ -265,4 +264,4 @@ def _k8s(plan: Plan, config: str | None) -> str:
         f"# trimtab plan --emit k8s: {plan.preset} on {plan.layout.gpus} x {plan.layout.gpu}; layout pp {b.pp} x "
         f"tp {b.tp} x dp {b.dp} (ep {b.ep}, {b.strategy})\n"
     )
-    return head + yaml.safe_dump(job, sort_keys=False)
+    return head + dump_yaml(job)

@@ -37,10 +37,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from trimtab.config import RunConfig, load_config, read_saved
+from trimtab.config import RunConfig, load_config, read_saved, resolve_saved
 from trimtab.config.checks import leaves
 from trimtab.config.provenance import by_command, saved_sources, sources
-from trimtab.errors import SavedConfigError
+from trimtab.errors import ConfigError, SavedConfigError
+from trimtab.rundir import CONFIG
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ IGNORED = (  # each one's reason: the module docstring
     "train.activation_checkpointing",
     "log",
 )
+TRAINED = "config"  # state.json's copy of the config its checkpoint was trained with (trained_config)
 SHOWN = 6  # changes named in the console line; the others are counted (the journal holds each)
 
 
@@ -96,16 +98,71 @@ def unread(key: str, cfg: RunConfig) -> str:
     return ""
 
 
-def changes_on_resume(cfg: RunConfig) -> list[dict[str, Any]]:
-    """config_changes from the run directory's config.yaml to `cfg`, read before this session
-    writes its own over it. None found where it is missing or damaged: setup's
-    check_resume_compatible says so, and the checkpoint is checked instead."""
+def trained_config(cfg: RunConfig) -> dict[str, Any]:
+    """What a checkpoint keeps of the config it was trained with (state.json TRAINED, ~8 KB): its values
+    and who set each key (config/provenance.py). With config.yaml alone, a person's edit of it in place,
+    then `trimtab train RUN/config.yaml --out RUN`, compared the file with itself: never said."""
+    return {"values": cfg.to_dict(), "set_by": sources(cfg)}
+
+
+def changes_on_resume(cfg: RunConfig, trained: Any = None) -> list[dict[str, Any]]:
+    """config_changes from the config the resumed checkpoint was trained with (`trained`, its state.json
+    TRAINED: trained_config) to `cfg`; for a checkpoint without one (an older trimtab's, a merge's) from
+    the run directory's config.yaml, read before this session writes its own over it. None found where
+    that is missing or damaged: setup's check_resume_compatible says so, and the checkpoint is checked."""
+    before, set_by = _trained_with(trained, cfg)
+    if before is None:
+        return []
+    return _mark_origins(config_changes(before, cfg), cfg, set_by)
+
+
+def checkpoint_config(trained: Any) -> RunConfig | None:
+    """The config a checkpoint was trained with, from its own copy (`trained`: state.json TRAINED); None
+    for a checkpoint without one (an older trimtab's, a merge's) or a copy not read (a hand edit of it)."""
+    if not (isinstance(trained, dict) and isinstance(trained.get("values"), dict)):
+        return None
     try:
-        changes = config_changes(read_saved(cfg.run_dir), cfg)
+        return resolve_saved(trained["values"], "the resumed checkpoint's config (state.json)")
+    except ConfigError as exc:
+        log.debug("the checkpoint's config is not read (%s): config.yaml is compared", exc)
+        return None
+
+
+def _trained_with(trained: Any, cfg: RunConfig) -> tuple[RunConfig | None, dict[str, str] | None]:
+    """The config a resumed checkpoint was trained with, and who set its keys (None: unknown)."""
+    before = checkpoint_config(trained)
+    if before is not None:
+        set_by = trained.get("set_by")
+        _say_unread_edit(before, cfg)
+        return before, {str(k): str(v) for k, v in set_by.items()} if isinstance(set_by, dict) else None
+    try:
+        saved = read_saved(cfg.run_dir)
     except SavedConfigError as exc:
         log.debug("no config changes read: %s", exc)
-        return []
-    return _mark_origins(changes, cfg, saved_sources(cfg.run_dir / "config.yaml"))
+        return None, None
+    return saved, saved_sources(cfg.run_dir / CONFIG)
+
+
+def _say_unread_edit(before: RunConfig, cfg: RunConfig) -> None:
+    """A person's edit of RUN/config.yaml that this session's config does not read (resumed with `--preset`
+    and flags, not the file): config.yaml is written over with this session's, so the edit is said, not lost
+    unsaid."""
+    try:
+        edits = config_changes(before, read_saved(cfg.run_dir))
+    except SavedConfigError:
+        return
+    now = leaves(cfg.to_dict())
+    unread = [f"{c['key']} {show(c['old'])} -> {show(c['new'])}" for c in edits if now.get(c["key"]) != c["new"]]
+    if unread:
+        log.warning(
+            "%s was edited since the checkpoint (%s), but this session's config is not that file: the edit is "
+            "not applied, and this session writes its own config.yaml over it; to apply it, resume with the "
+            "file as the config (`trimtab train %s --out %s`)",
+            cfg.run_dir / CONFIG,
+            "; ".join(unread[:SHOWN]) + (f"; and {len(unread) - SHOWN} more" if len(unread) > SHOWN else ""),
+            cfg.run_dir / CONFIG,
+            cfg.run_dir,
+        )
 
 
 NOT_REPEATED, MOVED = "not repeated", "default moved"  # a `default` change's `by`: which of the two

@@ -19,7 +19,7 @@ from trimtab.errors import CheckpointError, ConfigError
 from trimtab.rl.reference import resume_reference
 from trimtab.snapshots import save_last_weights, save_snapshot
 from trimtab.storage import step_of
-from trimtab.training.changes import changes_line, changes_on_resume
+from trimtab.training.changes import TRAINED, changes_line, changes_on_resume, trained_config
 from trimtab.training.emergency import EMERGENCY, EmergencySave, emergency_resume_line
 from trimtab.training.hooks import keyed
 from trimtab.training.restore_point import RestorePoint, agreed, keep_router_knobs
@@ -262,6 +262,7 @@ class Checkpointing(EmergencySave):
             # it anew kept the best since the resume and pruned the run's best (soak, 5 kills)
             "best": {"eval": self.best_eval, "checkpoint": self.best_checkpoint},
             "row_gate": self.row_gate.state_dict() if self.row_gate is not None else None,
+            TRAINED: trained_config(self.cfg),  # a resume names each edit of it (training/changes.py)
         }
 
     def rollback(self, to: str | int = "last_good") -> str:
@@ -336,10 +337,10 @@ class Checkpointing(EmergencySave):
         value over the checkpoint's. Only then config.yaml is written: a resume refused here
         (other data, a phase length it cannot take, a reference gone) leaves the run directory as it was."""
         self.reference = resume_reference(self.cfg, self.device)  # at the first step it was too late to refuse
-        self._load(path, rollback=False)
+        trained = self._load(path, rollback=False).get(TRAINED)  # the config it was trained with
         if live_changes:  # kept by a rollback, as every knob is
             apply_live_keys(self.model, self.cfg, list(live_changes))
-        changes = self.dist.from_main(changes_on_resume, self.cfg)  # config.yaml is still the last session's
+        changes = self.dist.from_main(changes_on_resume, self.cfg, trained)  # else config.yaml, the last session's
         self.config_changes += changes  # after the phase lengths: the orchestrator journals each
         if changes:
             self.say(changes_line(changes, self.state.step))

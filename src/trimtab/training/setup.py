@@ -52,6 +52,7 @@ from trimtab.rl.dpo_phase import DPOPhase, build_dpo_phase
 from trimtab.rl.phase import RLPhase, build_rl_phase
 from trimtab.rundir import CONFIG, write_atomic, write_json
 from trimtab.storage import is_url
+from trimtab.training.changes import TRAINED, checkpoint_config
 from trimtab.training.hf_model import adopt_hf_model
 from trimtab.training.init_from import (
     init_weights_from,
@@ -258,17 +259,20 @@ def _vocab_too_small(cfg: RunConfig, tokens: int) -> str:
     )
 
 
-def check_resume_compatible(cfg: RunConfig, vocab: int = 0) -> dict[str, tuple[Any, Any]] | None:
+def check_resume_compatible(cfg: RunConfig, vocab: int = 0, trained: Any = None) -> dict[str, tuple[Any, Any]] | None:
     """A run dir with checkpoints only resumes with the same model: each model.* key that differs
-    from its config.yaml's is named, unless it is a live knob (LIVE_MODEL_KEYS). Returns the live
-    knobs this config changes (key: (old, new)), for the resume to apply over the checkpoint's;
-    None where config.yaml is missing or damaged (a disk fault, a hand edit): the caller checks
-    the model against the checkpoint itself (checkpoint_load.check_fits) before config.yaml is written
-    again. `vocab`: the tokenizer's vocabulary, which model.vocab_size 0 follows (complete())."""
-    if not (cfg.run_dir / "config.yaml").is_file():
+    from the checkpoint's config (`trained`, its state.json copy: changes.checkpoint_config; else
+    config.yaml's, which a person's edit in place made the same as this one's) is named, unless it is a
+    live knob (LIVE_MODEL_KEYS). Returns the live knobs this config changes (key: (old, new)), for the
+    resume to apply over the checkpoint's; None where neither is read (config.yaml missing or damaged:
+    a disk fault, a hand edit): the caller checks the model against the checkpoint itself
+    (checkpoint_load.check_fits) before config.yaml is written again. `vocab`: the tokenizer's
+    vocabulary, which model.vocab_size 0 follows (complete())."""
+    before = checkpoint_config(trained)
+    if before is None and not (cfg.run_dir / "config.yaml").is_file():
         return None
     try:
-        saved = leaves(read_saved(cfg.run_dir).to_dict()["model"], "model.")
+        saved = leaves((before or read_saved(cfg.run_dir)).to_dict()["model"], "model.")
     except SavedConfigError as exc:
         log.warning("%s; the model is checked against the checkpoint instead", exc.problem)
         return None
@@ -373,7 +377,7 @@ def setup(cfg: RunConfig) -> BuiltRun:
     names = saved_names(resume[1] if resume else None)
     tok, phases = dist.main_first(build_phases, cfg, tokenizer_source(cfg), decided, names)
     cfg = complete(cfg, tok, phases)
-    live = check_resume_compatible(cfg, tok.vocab_size) if resume else {}  # after complete: derived values too
+    live = check_resume_compatible(cfg, tok.vocab_size, resume[1].get(TRAINED)) if resume else {}  # after complete
     model, precision, hf_source, meta = _make_model(cfg, dist, precision, resume, check_fit=live is None)
     sizes = model_sizes(model, cfg.data.seq_len)  # before wrap: a pipeline stage holds only its own layers
     peak = peak_flops(precision)

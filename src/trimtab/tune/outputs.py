@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import yaml
 from optuna.trial import FrozenTrial, TrialState
 
+from trimtab.config import dump_yaml
 from trimtab.tune.space import Space
 
 COLUMNS = ("number", "state", "values", "params", "run_dir", "status", "decisions", "faults_healed", "note")
@@ -78,7 +78,7 @@ def write_best(trial: FrozenTrial, space: Space, directory: Path) -> Path:
     note = lr_note(trial)
     head += f"# {note}\n" if note else ""
     path = directory / "best.yaml"
-    path.write_text(head + yaml.safe_dump(config, sort_keys=False))
+    path.write_text(head + dump_yaml(config))
     return path
 
 
