@@ -204,3 +204,30 @@ def test_rows_left_out_are_answered_once_healthy_steps_followed_however_near_the
     (judged,) = [d for d in read_decisions(tmp_path) if d["id"] == left_out.id]
     assert judged["outcome"]["result"] == "recovered" and judged["outcome"]["steps"] == 16
     assert healed(read_decisions(tmp_path)) == 1
+
+
+def _lr_cut_replay(tmp_path, replay):
+    """above_start at step 35 of a run at an LR far too high (its loss fell fast at first, as such
+    an LR's does), rolled back to step 0 with a cut: the replay of steps 1-20 has losses `replay(step)`."""
+    tmp_path.mkdir()
+    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)  # outcome_after 20
+    for step in range(1, 36):
+        orchestrator.outcomes.follow(StepMetrics(step=step, loss=6.25 - 0.08 * step, grad_norm=1.0), [])
+    cut = pending(orchestrator.journal, 35, "above_start", "rollback", loss_before=3.6)
+    cut.evidence, cut.params = {"start": 6.25, "since": 1, "gain": 0.15}, {"to": 0, "lr_factor": 0.1}
+    for step in range(1, 21):
+        orchestrator.outcomes.follow(StepMetrics(step=step, loss=replay(step), grad_norm=1.0), [])
+    (judged,) = [d for d in read_decisions(tmp_path) if d["id"] == cut.id]
+    return judged["outcome"]
+
+
+def test_an_lr_cut_replay_is_judged_on_its_start_not_on_the_abandoned_too_fast_branch(tmp_path):
+    """debug-moe at 30x its LR, cut and rolled back to 0 at step 35: the replay, slower at first than
+    the abandoned branch (a too-high LR drops the loss fast before it inflates the weights), read "not
+    recovered" paired with that branch's steps, and the cut won 0.40-0.68 nats by the run's end. The
+    cut claims the loss falls from where the phase started: so it is judged; a replay that does not is not."""
+    healed = _lr_cut_replay(tmp_path / "a", lambda step: 6.25 - 0.04 * step + 0.01 * (-1) ** step)
+    assert healed["result"] == "recovered" and healed["loss_before"] == pytest.approx(6.25)
+    assert "replayed_steps" not in healed  # the fault's own steps: no step-by-step pairs
+    stuck = _lr_cut_replay(tmp_path / "b", lambda step: 6.27 + 0.01 * (-1) ** step)  # within 5%, not below
+    assert stuck["result"] == "not recovered"

@@ -198,6 +198,9 @@ def _print_summary(summary: dict) -> None:
         if summary.get("eval_final") is False:  # absent: a summary from before the key
             line += f", from step {summary['eval_step']}: not of the weights the run ended with"
         lines.append(line)
+    if summary.get("skipped_steps"):  # the run's (summary.json); each metrics line counts its window's
+        n = summary["skipped_steps"]
+        lines.append(f"{n} update{'s' if n != 1 else ''} withheld (skipped steps)")
     if summary.get("mfu") is not None:
         lines.append(f"MFU {summary['mfu']:.1%} of {summary['peak_flops_source']}")
     compiled = summary.get("compile") or {}

@@ -78,7 +78,8 @@ class Outcomes:
             track["withheld"] = track.get("withheld", 0) + m.skipped  # a frozen run's data decision: _frozen
             if m.rl is not None:  # RL's step: its loss is a clipped policy objective, not a likelihood
                 track["objective"] = True
-            track.setdefault("references", [None] * (len(track["losses"]) - 1)).append(reference)
+            paired = None if _fault_span(decision, m.step) else reference  # the cut LR's steps: no pairs
+            track.setdefault("references", [None] * (len(track["losses"]) - 1)).append(paired)
             _track_load(track, decision, m)
             back = [f.rule for f in findings if same_trouble(decision, f) and not _older(f, len(track["losses"]))]
             same = bool(back)
@@ -137,7 +138,8 @@ class Outcomes:
         references = track.get("references") or [None] * len(track["losses"])
         pairs = [(v, r) for v, r in zip(track["losses"], references, strict=True) if math.isfinite(v)]
         after = sum(v for v, _ in pairs) / len(pairs) if pairs else float("nan")
-        before = d.loss_before
+        level = _restored_level(d)
+        before = d.loss_before if level is None else level
         if pairs and before is not None:
             before = sum(before if r is None else r for _, r in pairs) / len(pairs)
         ok = track["findings"] == 0 and math.isfinite(after)
@@ -147,6 +149,7 @@ class Outcomes:
         likelihood = not track.get("objective")
         if ok and likelihood and before is not None and d.family == "instability":
             ok = after <= before * 1.05 and self._within_noise(pairs, after - before)
+            ok = ok and (level is None or after < before)  # an LR cut's claim: the loss falls from the start
         if ok and likelihood and before is not None and d.family == "plateau" and d.action != "none":
             ok = after < before - self.plateau_fall
         ok = ok and healed and not _frozen(d, track, before, after)
@@ -284,6 +287,25 @@ def _older(f: Finding, followed: int) -> bool:
     top-1, balance_coef 0, router_temperature 0.1, seed 1). A withheld step is no starved step
     (moe_health), so the count errs toward the decision's failure."""
     return f.evidence.get("kind") == "dead" and f.evidence.get("starved_steps", 0) > followed
+
+
+def _fault_span(d: Decision, step: int) -> bool:
+    """Whether `step` is one an LR-cut rollback for an LR far too high replays from the trouble's span:
+    above_start found every step since evidence["since"] trained at that LR, so the run's loss there
+    before is the fault's own, no reference. A too-high LR drops the loss fast at first: debug-moe at 30x
+    (the gain rule off), rolled back to 0 at step 27 and cut x0.316, read "not recovered" paired with the
+    abandoned branch's steps 1-20 (5.53 against 5.42), no finding since, and the run ended at val 4.31."""
+    return d.rule == "above_start" and "lr_factor" in d.params and step >= d.evidence.get("since", math.inf)
+
+
+def _restored_level(d: Decision) -> float | None:
+    """What an LR-cut rollback for an LR far too high claims to heal (_fault_span): the loss back under
+    where the phase started (above_start's evidence["start"]: the rule found training made the model
+    worse than its untouched weights, or overshooting on its way), not under the abandoned branch."""
+    if d.rule != "above_start" or "lr_factor" not in d.params:
+        return None
+    start = d.evidence.get("start")
+    return float(start) if isinstance(start, (int, float)) else None
 
 
 def _remember(losses: OrderedDict[int, float], step: int, loss: float) -> None:

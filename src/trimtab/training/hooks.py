@@ -217,6 +217,11 @@ class JsonlLogger(Hook):
     def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None:
         self._write(metrics)
 
+    def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
+        """summary.json's skipped_steps: the updates withheld over the run's kept steps, every session's
+        (a line's counts its log window alone: the last line's 0 read as a run that skipped none)."""
+        summary["skipped_steps"] = sum(m.get("skipped_steps", 0) for m in read_metrics(self.run_dir))
+
     def _write(self, metrics: dict[str, Any]) -> None:
         """Append a line. A full disk must not end the run (its checkpoints matter more, and the
         orchestrator frees space for them): the line waits and goes out with the next write."""
