@@ -176,7 +176,7 @@ def test_every_file_of_a_checkpoint_has_the_umask_mode(tmp_path):
 
 def test_a_resumes_changed_router_knobs_replace_those_the_checkpoint_restored():
     """training/checkpointing.apply_live_keys: the new config's MoE and MoD knobs over the model's."""
-    from trimtab.training.checkpointing import apply_live_keys
+    from trimtab.training.loading import apply_live_keys
 
     model = Transformer(load_config(preset="debug-hybrid", sets=["model.vocab_size=64"]).model)
     knobs = {"model.moe.router_jitter": 0.2, "model.moe.z_loss_coef": 0.0, "model.mod.layer_capacity": "[0.25,0.125]"}

@@ -40,14 +40,14 @@ def test_a_rollback_brings_the_checkpoints_closer_and_a_fault_free_run_keeps_its
     assert rule.observe(60, [STEP_S] * 23, STALL_S, world=1, every=16, configured=50) is None
 
 
-def interval_after(rollbacks: int, steps: int, step_s: float, stall_s: float) -> int:
+def interval_after(rollbacks: int, steps: int, step_s: float, stall_s: float, configured: int = 50) -> int:
     """The interval, in steps, the rule sets after `rollbacks` in `steps` steps of `step_s` (one device)."""
     rule = CheckpointInterval(OrchestratorConfig())
-    rule.observe(steps, [step_s] * steps, stall_s, world=1, every=50, configured=50)
+    rule.observe(steps, [step_s] * steps, stall_s, world=1, every=configured, configured=configured)
     for _ in range(rollbacks):
         rule.rolled_back(10)
-    f = rule.observe(steps + 1, [], 0.0, world=1, every=50, configured=50)
-    return f.evidence["steps"] if f else 50
+    f = rule.observe(steps + 1, [], 0.0, world=1, every=configured, configured=configured)
+    return f.evidence["steps"] if f else configured
 
 
 def test_one_rollback_is_no_rate_to_checkpoint_every_step_by_but_many_rollbacks_are():
@@ -59,9 +59,10 @@ def test_one_rollback_is_no_rate_to_checkpoint_every_step_by_but_many_rollbacks_
     so is a save truly cheap beside a step (0.1% of it) after one rollback."""
     assert poisson_rate_low(1) == pytest.approx(-math.log(0.9), rel=1e-6)  # chi2(0.1, 2) / 2, closed form
     assert poisson_rate_low(1) < poisson_rate_low(2) / 2 < poisson_rate_low(10) / 10 < 1  # nears n as n grows
-    assert interval_after(1, 10, 1.0, 0.05) == 4
-    assert interval_after(10, 10, 1.0, 0.05) == 1
-    assert interval_after(1, 10, 1.0, 0.001) == 1
+    assert interval_after(1, 10, 1.0, 0.05, configured=1) == 1  # any interval fits under a configured one
+    # Young's 4, 1 and 1 steps: held at the rollbacks' floor, a quarter of checkpoint.every 50 (16)
+    assert interval_after(1, 10, 1.0, 0.05) == interval_after(10, 10, 1.0, 0.05) == 16
+    assert interval_after(1, 10, 1.0, 0.001) == 16
 
 
 def test_the_orchestrator_counts_its_rollbacks_and_a_resume_keeps_them(tmp_path):
@@ -93,14 +94,15 @@ def test_a_remedied_rollback_gives_the_interval_back_and_a_recurring_one_shorten
     rule.judged({4: "recovered"})  # another decision's outcome: the rollback's still unjudged
     assert rule.observe(40, [STEP_S] * 3, STALL_S, world=1, every=16, configured=50) is None
     rule.judged({5: "recovered"})
-    f = rule.observe(41, [STEP_S], 0.0, world=1, every=16, configured=50)
+    assert rule.observe(41, [STEP_S], 0.0, world=1, every=16, configured=50) is None  # hysteresis: 5 steps on
+    f = rule.observe(87, [STEP_S] * 46, 0.0, world=1, every=16, configured=50)  # 50 steps trained since 16 was set
     assert f is not None and f.evidence["steps"] == 50 and f.evidence["healed_rollbacks"] == 1
     assert "rollbacks" not in f.evidence and "remedied" in f.summary
     rule.rolled_back(10, decision=9)  # the run fails again: both rollbacks are failures
-    again = rule.observe(42, [STEP_S], 0.0, world=1, every=50, configured=50)
-    assert again.evidence["rollbacks"] == 2 and again.evidence["steps"] < 16
+    again = rule.observe(88, [STEP_S], 0.0, world=1, every=50, configured=50)
+    assert again.evidence["rollbacks"] == 2 and again.evidence["steps"] == 16  # the rollbacks' floor
     rule.judged({9: "not recovered"})
-    assert rule.observe(43, [STEP_S], STALL_S, world=1, every=again.evidence["steps"], configured=50) is None
+    assert rule.observe(89, [STEP_S], STALL_S, world=1, every=again.evidence["steps"], configured=50) is None
     rule.rolled_back(10, decision=11)  # the same fault's next try (debug-hybrid at 30x: x0.1, x0.5, x0.5)
     resumed = CheckpointInterval(OrchestratorConfig())
     resumed.load_state_dict(rule.state_dict())
@@ -129,3 +131,26 @@ def test_the_orchestrator_tells_the_interval_its_rollbacks_outcomes(tmp_path):
     orchestrator.journal.decisions.append(rollback)
     orchestrator._checkpoint_interval(run, [STEP_S], 0.0)
     assert (orchestrator.interval.failures, orchestrator.interval.healed) == (0, 1)
+
+
+def test_the_rollbacks_hold_the_interval_in_bounds_and_it_swings_back_no_sooner_than_an_interval():
+    """debug-mod, checkpoint.every 20: a rollback set 8 steps, its "recovered" outcome 20 again, and
+    the next rollback 8 (20 -> 8 -> 20 within 20 steps; elsewhere 2-4 steps, a good checkpoint one step
+    past each rollback). The rollbacks shorten it to a quarter of checkpoint.every at most, the hardware's
+    MTBF alone may go below; lengthened only once checkpoint.every steps were trained at the short one."""
+    rule = CheckpointInterval(OrchestratorConfig())
+    rule.observe(20, [1.0] * 20, 0.01, world=1, every=20, configured=20)
+    rule.rolled_back(18, decision=3)
+    short = rule.observe(21, [], 0.0, world=1, every=20, configured=20)
+    assert short.evidence["steps"] == 4 and short.evidence["young_s"] == 1.95  # 2 steps, floored at 20 / 4
+    rule.judged({3: "recovered"})
+    for step in range(22, 40):  # the outcome came 18 steps on: held at 4
+        assert rule.observe(step, [1.0], 0.0, world=1, every=4, configured=20) is None
+    back = rule.observe(41, [1.0] * 2, 0.0, world=1, every=4, configured=20)
+    assert back is not None and back.evidence["steps"] == 20
+    cfg = OrchestratorConfig()
+    cfg.checkpoint_interval.mtbf_hours = 0.0005  # hardware failing every 1.8 s: its own Young's is 0.2 s
+    failing = CheckpointInterval(cfg)
+    failing.observe(20, [1.0] * 20, 0.01, world=1, every=20, configured=20)
+    failing.rolled_back(18)
+    assert failing.observe(21, [], 0.0, world=1, every=20, configured=20).evidence["steps"] == 1

@@ -39,3 +39,14 @@ def test_only_a_full_disk_deletes_checkpoints_and_the_stop_names_the_errors_fix(
     stop = remedies.disk(_failed_save(code, 2), view, cfg)
     assert stop.action == "stop" and fix in stop.params["reason"]
     assert ("free space" in stop.params["reason"]) == bool(keep)
+
+
+def test_saves_failing_for_less_than_an_interval_are_noted_and_retried_not_stopped():
+    """The trainer tries a failed save again at the next steps (checkpointing.py _owe_save): each
+    failure within a checkpoint interval of the first is a note; a whole interval of them stops."""
+    view, cfg = SimpleNamespace(run_dir=Path("/r")), OrchestratorConfig()
+    f = _failed_save(errno.ENOSPC, 3)
+    f.evidence |= {"failing_since": 25, "every": 20}
+    assert remedies.disk(f, view, cfg).action == "none"
+    f.evidence["failing_since"] = 10
+    assert remedies.disk(f, view, cfg).action == "stop"

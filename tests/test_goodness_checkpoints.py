@@ -151,3 +151,26 @@ def test_the_last_applied_update_follows_the_steps_and_a_rollback(tmp_path):
     orchestrator.last_step, run.step = 10, 5
     orchestrator.on_rollback(run, {})
     assert orchestrator.policy.updated_at == 5
+
+
+def test_a_persons_skip_is_not_made_up_and_the_make_up_says_whose_it_makes_up(tmp_path):
+    """debug, two `ctl skip-step`s (at steps 7 and 10: updates 8 and 11 withheld): make_up lengthened
+    the run 40 -> 42, journaled as "the update gate withheld 2 update(s)". The docs promise the gate's
+    withheld updates of bad steps made up; a person's skip is theirs, and both entries say so."""
+    orchestrator, run = _orchestrator(tmp_path, probe=4.8)
+    run.total_steps = 120
+    orchestrator._manual(run, "skip_step", {})  # at step 9: step 10's update withheld
+    (skip,) = orchestrator.journal.decisions
+    assert "not made up" in skip.reasoning and run.requests == [("skip_step", {})]
+    withheld = metrics(10)
+    withheld.skipped, run.step = True, 10
+    orchestrator._observe(run, withheld)
+    _nan(orchestrator, run, 11)  # the gate's own
+    for step in range(12, 17):
+        run.step = step
+        orchestrator._observe(run, metrics(step, loss=4.9))
+    made = orchestrator.journal.decisions[-1]
+    assert (made.rule, made.action, made.params["steps"]) == ("make_up", "set_total_steps", 121)
+    assert made.evidence["withheld_steps"] == [11] and made.evidence["person_skips"] == [10]
+    assert "of bad steps (the orchestrator's)" in made.reasoning
+    assert "step(s) 10 a person withheld (`trimtab ctl skip-step`) are theirs, not made up" in made.reasoning

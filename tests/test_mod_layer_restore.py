@@ -59,3 +59,10 @@ def test_layers_cut_from_one_capacity_are_one_finding_for_all():
     rows = [({1: 0.5, 3: 0.5}, 4.0)] * 10 + [({1: 0.05, 3: 0.05}, 4.4)] * 4
     (found,) = feed(MoDQuality(cfg), rows)
     assert remedies.mod(found, View({1: 0.05, 3: 0.05}), cfg).params == {"value": 0.5}
+
+
+def test_a_step_with_an_infinite_loss_is_the_nonfinite_rules_not_a_capacity_cost():
+    """An Inf loss (as a NaN one) at a capacity that fell is read by the nonfinite rule; here it
+    would be a loss rise the capacity's fall paid for, and the capacity given back."""
+    rows = [({1: 0.5}, 4.0)] * 10 + [({1: 0.25}, float("inf"))] * 4
+    assert feed(MoDQuality(OrchestratorConfig()), rows) == []

@@ -89,3 +89,15 @@ def test_a_collapse_remedy_gets_a_window_before_the_collapse_is_found_again():
     gradient, over tens of steps. Advice (nothing applied) is given again as the collapse stays."""
     assert _collapses(applied=True) == [32, 52, 72]
     assert _collapses(applied=False)[:3] == [32, 35, 38]
+
+
+def test_a_step_with_a_non_finite_loss_says_nothing_of_the_router():
+    """weights_nan@12 on debug-moe in advise mode: NaN weights route every token alike, and the MoE rule
+    advised a balance raise and a router reset for a collapse of NaN's making. The nonfinite rule owns
+    such a step: its shares are not read (nor kept in the window the full check judges later)."""
+    for bad in (float("nan"), float("inf")):
+        monitor = MoEHealth(OrchestratorConfig())
+        for step in range(60):
+            loss, shares = (bad, COLLAPSED) if step >= 30 else (4.0, FAIR)
+            m = StepMetrics(step=step, loss=loss, grad_norm=bad, progress=0.5, moe=[(1, shares, 0.0, 2)])
+            assert monitor.observe(m) is None, (bad, step)

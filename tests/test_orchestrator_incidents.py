@@ -77,6 +77,35 @@ def test_advice_is_journaled_once_judged_as_nothing_and_a_switch_to_auto_starts_
     assert len(read_decisions(tmp_path)) == 5
 
 
+def test_nan_weights_from_updates_applied_in_advise_are_rolled_back_at_the_first_auto_step(tmp_path):
+    """debug, advise, weights_nan@10, `ctl mode auto` at step 19: the NaN updates applied in advise left
+    the weights NaN, yet the first auto step was a skip_step ("not recovered") before the rollback at 21.
+    A skipped step cannot heal them: the weights are checked and rolled back at once, and said so."""
+    orchestrator, run = Orchestrator(OrchestratorConfig(mode="advise"), tmp_path), Run(probe=math.nan, last_good=0)
+    run.context_free_loss, run.pretrain = lambda: None, {"steps": 60}
+    for step in range(10, 20):  # advise: each NaN update applied
+        run.step = step
+        orchestrator._observe(run, metrics(step, loss=math.nan, grad_norm=math.nan))
+    skip, advised = orchestrator.journal.decisions  # step 10's as auto would answer it; then its update went in
+    assert (skip.action, advised.action, advised.step, advised.mode) == ("skip_step", "rollback", 11, "advise")
+    assert advised.evidence["seen_again"] == 8 and run.requests == []
+    orchestrator.mode = "auto"  # trimtab ctl RUN mode auto
+    m = metrics(20, loss=math.nan, grad_norm=math.nan)
+    m.skipped, run.step = True, 20
+    orchestrator._observe(run, m)
+    decided = orchestrator.journal.decisions[-1]
+    assert (decided.step, decided.action, decided.mode) == (20, "rollback", "auto")
+    assert "the weights themselves are not finite" in decided.reasoning
+    assert run.requests == [("rollback", {"to": "last_good", "skip_rows": []})]
+    orchestrator.last_step, run.step, run.probe = 20, 0, 5.0
+    orchestrator.on_rollback(run, {})
+    assert not orchestrator.policy.unguarded  # a checkpoint's weights: a NaN in auto is skipped as before
+    m = metrics(1, loss=math.nan, grad_norm=math.nan)
+    m.skipped, run.step = True, 1
+    orchestrator._observe(run, m)
+    assert orchestrator.journal.decisions[-1].action == "skip_step"
+
+
 def test_a_give_back_never_passes_the_multiplier_the_lr_was_cut_from():
     """debug-moe: cuts advised (not applied) still entered the debt, and give-backs took the LR to
     4x the schedule. Only applied cuts are owed, and a give-back stops where the cut began."""
@@ -422,3 +451,17 @@ def test_a_rollback_to_the_step_just_before_its_fault_tells_a_reproduced_fault(t
             outcomes.follow(metrics(s, loss=4.8), [])
         assert rollback.outcome["result"] == "not recovered" and rollback.outcome["found_after"] == ["spike@21"]
         assert rollback.outcome.get("reproduced_at") == (21 if reproduced else None), loss
+
+
+def test_a_good_checkpoint_just_past_the_rollback_does_not_close_its_incident():
+    """The checkpoint interval shortened after a rollback saved a good checkpoint one step past it, which
+    closed the incident: a cause that persists opened incident after incident, each with its own
+    max_rollbacks. Closing takes a good checkpoint after outcome_after steps without instability."""
+    policy = Policy(OrchestratorConfig())
+    [act(policy, nonfinite(s), View(probe=math.nan, last_good=20)) for s in (25, 26, 27)]
+    policy.shift(27 - 20)
+    for s in range(21, 30):  # the replay passes step 27 and saves a good checkpoint at 28
+        policy.quiet(s, View(last_good=28 if s >= 28 else 20))
+    assert policy.rollbacks == 1  # still open
+    second = [act(policy, nonfinite(s), View(probe=math.nan, last_good=28)) for s in (30, 31, 32)][-1]
+    assert second.evidence["incident_rollback"] == 2 and "new incident" not in second.reasoning

@@ -181,15 +181,16 @@ def test_advise_mode_journals_without_acting(runs):
     run, summary, _ = runs["nan_advise"]
     ds = decisions(run)
     assert ds and {d["mode"] for d in ds} == {"advise"}
-    # the weights are NaN from step 10 on: the same advice again is counted on it, not journaled anew
+    # the weights are NaN from step 10's update on: the same advice again is counted on it, not journaled anew
     assert [(d["step"], d["evidence"].get("seen_again"), d["evidence"].get("last_seen_at")) for d in ds] == [
-        (10, 4, 16),
-        (12, 1, 15),
+        (10, None, None),
+        (11, 5, 16),
     ]
     assert {d["outcome"]["result"] for d in ds} == {"not applied"}  # advice is not judged as if applied
-    # the weights broke: the probe finds them not finite and advises a rollback at once, no LR cut
+    # step 10's NaN update went in: at the next NaN step the weights are found not finite and a rollback is
+    # advised at once (a skip cannot heal them), no LR cut
     assert [d["action"] for d in ds] == ["skip_step", "rollback"]
-    assert all("the weights themselves are broken" in d["reasoning"] for d in ds if d["action"] == "rollback")
+    assert all("the weights themselves are not finite" in d["reasoning"] for d in ds if d["action"] == "rollback")
     acting = [d for d in ds if d["action"] != "skip_step"]
     assert acting and all(d["applied"] == [] for d in acting)
     assert set(by_step(run, "lr_scale").values()) == {1.0}  # nothing was applied
@@ -766,7 +767,9 @@ def test_a_disk_that_stays_full_is_journaled_as_failed_and_stops_before_more_is_
     assert (
         summary["exit_code"] == 4 and summary["step"] == 16 and summary["status"].startswith("gave up (no checkpoint")
     )
-    first, second = decisions(run, "disk")
+    # the retries between (steps 9, 11, 13, 15: checkpointing.py _owe_save) one note, counted on it
+    first, retries, second = decisions(run, "disk")
+    assert retries["action"] == "none" and retries["step"] == 9 and retries["evidence"]["seen_again"] == 3
     assert first["action"] == "save_checkpoint" and first["applied"][0].startswith("failed: ")
     assert first["outcome"]["result"] == "failed"  # not "recovered": its track record falls
     assert second["action"] == "stop" and second["params"]["exit_code"] == 4
@@ -780,9 +783,19 @@ def test_a_disk_that_stays_full_is_journaled_as_failed_and_stops_before_more_is_
     # a person frees the disk and re-runs: it resumes from step 0, and the journal keeps why it stopped
     assert trimtab.train(debug_cfg(run, steps=24))["status"] == "completed"
     abandoned = [d for d in read_decisions(run, abandoned=True) if d.get("abandoned")]
-    assert [(d["rule"], d["action"]) for d in abandoned] == [("disk", "save_checkpoint"), ("disk", "stop")]
+    assert [d["action"] for d in abandoned] == ["save_checkpoint", "none", "stop"]
     ids = [d["id"] for d in read_decisions(run, abandoned=True)]
     assert ids == sorted(set(ids))  # the new session's decisions number on after them
+
+
+def test_a_save_that_failed_with_its_retry_is_tried_again_at_the_next_steps(tmp_path):
+    """debug-mod, disk_full@20:2 then weights_noise@36: the save at 20 and the disk rule's retry failed,
+    nothing was saved until step 40, and the rollback went back to step 0 (38 steps replayed). The trainer
+    tries again at the next step: here the checkpoint of step 9 is on disk."""
+    run = tmp_path / "r"
+    assert trimtab.train(debug_cfg(run, steps=12, faults=["disk_full@8:2"]))["status"] == "completed"
+    assert [p.name for p in list_checkpoints(run)] == ["step_000000", "step_000009", "step_000012"]
+    verify(run / "checkpoints" / "step_000009")
 
 
 def test_disk_full_with_orchestrator_off_raises(tmp_path):

@@ -204,3 +204,21 @@ def test_a_stall_after_one_garbage_step_in_the_warm_up_blames_its_rows_first_and
     again = [f for f in _feed(mon, [6.2 - 0.1 * s for s in range(10)] + [5.1] * 40, gains) if f is not None]
     assert len(again) == 1 and "jumped_steps" not in again[0].evidence and again[0].evidence["unigram"] == 5.26
     assert mon.fired
+
+
+@pytest.mark.parametrize("gain, fires", [(0.77, False), (0.6, True)])
+def test_an_moe_stall_with_a_sound_first_gain_is_the_routers_not_the_lr(gain, fires):
+    """Clean debug-moe seed 4 stalled at 5.08-5.13 over steps 20-35 while its routers piled tokens on
+    a few experts (first gain 0.77), then fell as they spread: read as an LR too high, it was rolled
+    back to step 0 and cut x0.316. The stall of an MoE model is the LR's only with the first steps'
+    gain under a sound LR's (2x: 0.55-0.69); a dense model's stall is judged as before."""
+    for moe, expected in (([(1, [0.375] + [0.625 / 7] * 7, 0.0, 2)], fires), (None, True)):
+        mon = AboveStart(OrchestratorConfig())
+        mon.unigram = 5.26
+        found = [
+            mon.observe(
+                StepMetrics(step=s, loss=loss, grad_norm=1.0, scheduled_lr=min(1.0, s / 10), update_gain=gain, moe=moe)
+            )
+            for s, loss in enumerate(_stuck_at(5.10), 1)
+        ]
+        assert any(f is not None and "unigram" in f.evidence for f in found) == expected, (moe is not None, gain)

@@ -583,6 +583,17 @@ def test_quiet_resets_the_ladder_and_gives_the_lr_back():
     assert policy.quiet(300, View()) is None  # nothing left to give back
 
 
+def test_a_short_runs_cut_is_given_back_within_it():
+    """debug at 2x its LR, 80 steps: a cut at step 14 stayed to the end (val 4.868, off 4.582), since
+    lr_restore_after (100) quiet steps never came. A short run waits an eighth of its steps."""
+    policy = Policy(OrchestratorConfig())
+    for s in (1, 2, 3):
+        act(policy, finding(s), View(total_steps=80))
+    assert policy.quiet(12, View(lr_scale=0.5, total_steps=80)) is None
+    back = policy.quiet(13, View(lr_scale=0.5, total_steps=80))
+    assert back.params == {"factor": 2.0} and back.evidence["wait"] == 10 and "80 steps" in back.reasoning
+
+
 def test_a_failed_lr_restore_keeps_the_cut():
     cfg = OrchestratorConfig()
     cfg.lr_restore_after = 10

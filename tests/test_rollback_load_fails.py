@@ -127,3 +127,25 @@ def test_a_failed_load_across_expert_surgery_puts_the_experts_and_their_optimize
     summary = trimtab.train(moe_cfg(tmp_path / "r", steps=8, checkpoint={"every": 4}), hooks=[hook])
     assert summary["exit_code"] == 3 and hook.done[0].startswith("failed: no checkpoint"), hook.done
     assert hook.seen[6] == [(hook.end[0], 9)] and hook.end[1:] == (9, True)
+
+
+class RollbackTo2(RollbackAt6):
+    def on_step_end(self, run, out):
+        if run.step == 6 and not self.done:
+            run.control.request("rollback", on_done=self.done.append, to=2)
+
+
+def test_the_checkpoints_a_rollback_that_loads_nothing_retired_are_put_back(tmp_path, monkeypatch):
+    """Retired before each load (checkpoint.retire_after), the checkpoints after the target stayed in
+    checkpoints/rolled_back/ when no load worked, though the run kept their trajectory: out of resume's
+    sight, and never pruned again. They are its checkpoints again."""
+
+    def optimizer_fails(self, model, optimizer, optim_state, path):
+        raise OSError(errno.EIO, "Input/output error", str(path / "optim.pt"))
+
+    monkeypatch.setattr(Parallel, "load_optimizer", optimizer_fails)
+    run = tmp_path / "r"
+    summary = trimtab.train(debug_cfg(run, steps=8, checkpoint={"every": 2}), hooks=[RollbackTo2()])
+    assert summary["exit_code"] == 3 and summary["step"] == 6, summary
+    assert "step_000004" in [p.name for p in list_checkpoints(run)]
+    assert "step_000004" not in [p.name for p in (run / "checkpoints" / "rolled_back").glob("*")]

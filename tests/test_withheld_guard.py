@@ -6,14 +6,17 @@ most updates withheld, and a data decision of a frozen run is not "recovered".""
 import random
 from dataclasses import replace
 
-from test_orchestrator_incidents import pending
+import pytest
+
+from test_orchestrator_incidents import Run, pending
 from test_orchestrator_units import View, metrics
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.attribution import DataAttribution
 from trimtab.orchestrator.core import Orchestrator
 from trimtab.orchestrator.journal import Decision
-from trimtab.orchestrator.monitors import StepMetrics
+from trimtab.orchestrator.monitors import Finding, StepMetrics
 from trimtab.orchestrator.policy import Policy
+from trimtab.orchestrator.remedies import Remedy
 from trimtab.orchestrator.withheld import WithheldUpdates, person_lr
 from trimtab.training.state import GAVE_UP
 
@@ -111,3 +114,47 @@ def test_a_data_decision_of_a_frozen_run_whose_loss_rose_is_not_recovered(tmp_pa
     for step in range(41, 61):
         orchestrator.outcomes.follow(StepMetrics(step=step, loss=6.5, grad_norm=1.0), [])
     assert trained.outcome["result"] == "recovered"  # data outcomes are judged on the rows' return
+
+
+def test_the_guards_cut_is_given_back_once_quiet_up_to_the_schedules_and_kept_if_trouble_returns():
+    """The guard's cut was never given back: whatever withheld the updates (a fault, a stretch of data)
+    kept the run at 0.1x for good. Quiet, it is given back as the ladder's cuts are, x2 at a time, up to
+    the schedule's (a person's x30 raise is not given back); withheld again after a give-back, it stays."""
+    found = person_lr(_frozen_policy(11), [])
+    policy = Policy(OrchestratorConfig())  # lr_restore_after 100; View's run: 1000 steps
+    plan = policy.plan(found, View(lr_scale=30.0))
+    plan.applied()
+    assert policy.lr_debt == plan.params["lr_factor"] and policy.lr_ceiling == 1.0
+    scale, step = 0.1, found.step
+    for factor in (2.0, 2.0, 2.0, 1.25):
+        assert policy.quiet(step + 99, View(lr_scale=scale)) is None
+        back = policy.quiet(step := step + 100, View(lr_scale=scale))
+        assert back.params["factor"] == pytest.approx(factor) and back.evidence["quiet_steps"] == 100
+        back.applied()
+        scale *= factor
+    assert scale == pytest.approx(1.0) and policy.quiet(step + 200, View()) is None and policy.lr_debt == 1.0
+    again = Policy(OrchestratorConfig())
+    again.plan(found, View(lr_scale=30.0)).applied()
+    again.quiet(found.step + 100, View(lr_scale=0.1)).applied()
+    again.plan(replace(found, step=found.step + 110), View(lr_scale=0.2)).applied()  # withheld again: cut again
+    assert all(again.quiet(s, View(lr_scale=0.02)) is None for s in range(found.step + 111, found.step + 500))
+
+
+def test_the_guards_step_is_an_emergency_other_rules_changes_wait(tmp_path):
+    """The guard's rollback and, at its step, another rule's change (the data watch's rows left out, a
+    checkpoint interval): both were requested, and the change outlived the rollback into the replay.
+    An emergency's step is its own: the others are journaled, not applied, and say why; notes still go
+    with it, and the next step decides as ever."""
+    orchestrator, run = Orchestrator(OrchestratorConfig(), tmp_path), Run()
+    guard = orchestrator.decide(run, _frozen_policy(11))
+    assert (guard.step, guard.action, guard.mode) == (20, "rollback", "auto")
+    rows = Finding(rule="data", family="data", step=20, evidence={}, summary="rows", strength=1.0)
+    leave_out = Remedy(action="skip_data", params={"rows": [3, 4]}, reasoning="they score as outliers")
+    waited = orchestrator._decide(run, rows, leave_out)
+    assert run.requests == [("rollback", guard.params)]  # the rows stay in the replay
+    assert waited.outcome == {"result": "cut short", "steps": 0, "dropped_by": guard.id}
+    assert f"withheld rule's rollback decided at this step (decision {guard.id}) is an emergency" in waited.applied[0]
+    note = orchestrator._decide(run, replace(rows, rule="throughput"), Remedy(action="none", reasoning="slower"))
+    assert note.outcome["result"] == "noted" and len(run.requests) == 1
+    orchestrator._decide(run, replace(rows, step=21), leave_out)
+    assert run.requests[-1] == ("skip_data", {"rows": [3, 4]})

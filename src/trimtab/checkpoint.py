@@ -398,9 +398,24 @@ def retire_after(run_dir: Path, step: int, keep: int) -> list[Path]:
             shutil.rmtree(target, ignore_errors=True)
             os.replace(path, target)
             moved.append(target)
-    for old in sorted(attic.iterdir(), key=lambda p: p.stat().st_mtime)[:-keep] if moved else []:
+    # bounded at every retirement, not only one that moved some: a rollback whose loads all failed
+    # retired checkpoints and none after it (put back since, put_back_retired) pruned its attic again
+    for old in sorted(attic.iterdir(), key=lambda p: p.stat().st_mtime)[:-keep] if attic.is_dir() else []:
         shutil.rmtree(old, ignore_errors=True)
     return moved
+
+
+def put_back_retired(run_dir: Path, retired: list[Path]) -> list[Path]:
+    """A rollback whose loads all failed kept the run's trajectory: the checkpoints it retired
+    (retire_after) are moved back from checkpoints/rolled_back/, its resume points again; those
+    pruned meanwhile or whose step is on disk again are left. Returns the ones put back."""
+    back = []
+    for path in retired:
+        target = checkpoint_root(run_dir) / path.name
+        if path.is_dir() and not target.exists():
+            os.replace(path, target)
+            back.append(target)
+    return back
 
 
 def is_sharded(path: Path) -> bool:

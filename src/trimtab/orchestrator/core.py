@@ -26,7 +26,7 @@ from trimtab.orchestrator.deciding import Deciding
 from trimtab.orchestrator.dpo_health import dpo_eval
 from trimtab.orchestrator.evaluation import EarlyStop, eval_failure
 from trimtab.orchestrator.interval import CheckpointInterval
-from trimtab.orchestrator.journal import Journal
+from trimtab.orchestrator.journal import Decision, Journal
 from trimtab.orchestrator.make_up import MakeUp
 from trimtab.orchestrator.mod_health import MoDQuality
 from trimtab.orchestrator.moe_health import MoEHealth
@@ -87,6 +87,8 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
         self.transient_faults: dict[str, int] = {}  # rank -> transient faults its gradient showed (re-runs)
         self.outcomes = Outcomes(self.journal, cfg)  # what followed each decision, judged
         self.rolling_back: int | None = None  # the decision whose rollback was requested, until applied
+        self.emergency: Decision | None = None  # an instability rollback or stop requested (deciding.py)
+        self.person_skip = -1  # the step a person's `ctl skip-step` withholds (people.py): not made up
         self.stood_at = -1  # the last step with an instability finding whose update was applied (healthy)
         self.recent_losses = Rolling(20)  # healthy losses: the "before" of an outcome
         self.read_every = cfg.read_every
@@ -283,9 +285,10 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
         # a person's (ctl rollback) is a choice, with no rate to expect of it
         if self.interval is not None and self.rolling_back is not None:
             self.interval.rolled_back(self.last_step - run.step, self.rolling_back)
-        self.rolling_back = None
+        self.rolling_back = self.emergency = None
         self.policy.shift(self.last_step - run.step)
         self.policy.updated_at = min(self.policy.updated_at, run.step)  # the restored weights' last update
+        self.policy.unguarded = False  # a checkpoint's weights: finite
         self.stood_at -= (self.last_step - run.step) if self.stood_at >= 0 else 0  # as the ladder's steps
         if self.make_up is not None:
             self.make_up.rolled_back(run.step)
@@ -313,8 +316,8 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
             self._fresh_reference(run)
             self._checkpoint_interval(run, seconds, stall)
             self.ceilings = self._gate_ceilings()
-        elif outs:  # off: nothing is withheld
-            self.policy.updated_at = outs[-1].step
+        elif outs:  # off: nothing is withheld, nothing read (a non-finite update may have gone in: _nan_weights)
+            self.policy.updated_at, self.policy.unguarded = outs[-1].step, True
         if commands:
             self._take_commands(run)
 
@@ -377,8 +380,12 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
             # the gate's last: rows another decision of the step leaves out are noted there, not left out twice
             if f.rule != "row_gate" or (f := left_out_once(f, self.journal)) is not None:
                 self._decide(run, f, self.policy.plan(f, run), withheld=m.skipped)
-        if self.make_up is not None and self.mode == "auto" and "make_up" not in self.paused:
-            owed = self.make_up.observe(m, self.policy.ladder.last_step, run.total_steps, run.pretrain["steps"])
+        if not (m.skipped or math.isfinite(m.loss) and math.isfinite(m.grad_norm) or m.overflow):
+            self.policy.unguarded = True  # a non-finite update went in: the next non-finite step checks the weights
+        emergency = self.emergency is not None and self.emergency.step == m.step  # the step is its (emergency_at)
+        if self.make_up is not None and self.mode == "auto" and "make_up" not in self.paused and not emergency:
+            person = m.step == self.person_skip and not unstable  # a person's skip, not the gate's as well
+            owed = self.make_up.observe(m, self.policy.ladder.last_step, run.total_steps, run.pretrain["steps"], person)
             if owed is not None:
                 self.decide(run, owed)
 

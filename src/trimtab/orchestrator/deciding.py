@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from trimtab.training.view import RunView
 
 RECORDED = ("resume", "rerun_step")  # done before they are decided (a restart, a re-run), whatever the mode
+# what may go with an emergency at its step: what records the step (a skip, a note, a restart), another stop
+WITH_EMERGENCY = ("none", "skip_step", "stop", *RECORDED)
 
 
 class Deciding:
@@ -38,6 +40,7 @@ class Deciding:
     demoted: set[str]  # "rule:action" remedies that fell to advice (low confidence)
     monitors: dict[str, Any]
     rolling_back: int | None  # the decision whose rollback was requested, until the loop applies it
+    emergency: Decision | None  # an instability rollback or stop requested, until applied: its step is its own
 
     def decide(self, run: RunView, f: Finding) -> Decision:
         """The policy's decision on finding f (the orchestrator's own, or another hook's such as
@@ -84,14 +87,38 @@ class Deciding:
             summary=f.summary,
             loss_before=self.recent_losses.mean() if len(self.recent_losses) else None,
         )
+        dropped = ""
         if (rollback := self._rolled_back_with(decision)) is not None:
             self._drop_with_rollback(decision, rollback)
+            dropped = " [dropped: this step's rollback restores the LR before it]"
+        elif (emergency := self.emergency_at(decision)) is not None:
+            self._wait_for(decision, emergency)
+            dropped = f" [not applied: this step's {emergency.action} (decision {emergency.id}) comes first]"
         else:
             self._carry_out(run, decision, remedy, withheld, gated)
         self.journal.add(decision)
-        dropped = " [dropped: this step's rollback restores the LR before it]" if rollback is not None else ""
         run.say(decision.console_line() + dropped)
         return decision
+
+    def emergency_at(self, decision: Decision) -> Decision | None:
+        """The emergency decided at `decision`'s step that it must wait for, if any: an instability
+        rollback or stop (the ladder's, the withheld guard's, the end check's) is the step's one set of
+        actions. Another rule's change requested with it outlived it: on the withheld guard's step
+        (withheld.py) the rollback restored the checkpoint and a knob turned at the same step stayed
+        on the replay, or make_up lengthened a run that was stopping. Advice and notes do not wait."""
+        emergency = self.emergency
+        if emergency is None or emergency.step != decision.step or decision.mode != "auto":
+            return None
+        return None if decision.action in WITH_EMERGENCY else emergency
+
+    def _wait_for(self, decision: Decision, emergency: Decision) -> None:
+        """Not requested: its finding comes back on the replay if it still holds (a stop ends the run)."""
+        then = "judged again on the replay if it still holds" if emergency.action == "rollback" else "the run stops"
+        decision.applied = [
+            f"not applied: the {emergency.rule} rule's {emergency.action} decided at this step (decision "
+            f"{emergency.id}) is an emergency, and no other change goes with it ({then})"
+        ]
+        decision.outcome = {"result": "cut short", "steps": 0, "dropped_by": emergency.id}
 
     def _rolled_back_with(self, decision: Decision) -> int | None:
         """The rollback decided at this step that `decision` goes with, if it is the lr rule's
@@ -132,6 +159,8 @@ class Deciding:
                 decision.applied = ["update withheld before the optimizer step"]
             if remedy.action == "rollback":  # on_rollback judges the branch it abandons, but this decision
                 self.rolling_back = decision.id
+            if remedy.action in ("rollback", "stop") and decision.family == "instability":
+                self.emergency = decision
             run.control.request(remedy.action, on_done=lambda line, d=decision: self._applied(d, line), **remedy.params)
 
     def _seen_again(self, decision: Decision, f: Finding) -> Decision:
@@ -172,6 +201,8 @@ class Deciding:
             self.outcomes.drop(decision)
             if decision.id == self.rolling_back:  # no rollback comes (on_rollback would clear it)
                 self.rolling_back = None
+            if decision is self.emergency:
+                self.emergency = None
             if run is not None:
                 if name and is_main():
                     ctl.answer(self.run_dir, name, error)

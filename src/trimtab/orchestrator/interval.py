@@ -32,6 +32,13 @@ trouble in orchestrator.outcome_after steps, the loss back) the rollbacks so far
 tries, leave the MTBF and the interval goes back to the hardware's. Another rollback after that
 shows the run failing again, and all of them count again.
 
+The rollbacks' rate comes from a few events in a short run, and it moved the interval both ways
+within one checkpoint interval (debug-mod, checkpoint.every 20: 20 -> 8 -> 20 within 20 steps;
+at 2-4 steps a good checkpoint came one step past each rollback). So it is held in bounds: the
+rollbacks never shorten it below a quarter of checkpoint.every (ROLLBACK_FLOOR; the hardware's MTBF
+alone may), and it is lengthened no sooner than checkpoint.every steps after it was shortened
+(hysteresis: a remedy's "recovered" from its short outcome window is no proof that the fault is gone).
+
 The interval is rounded to the nearest power of two steps (in log2): the save stall is measured,
 so twin runs set 21 and 22 steps and kept different checkpoints (their losses the same, but a
 later rollback restores different steps); a power of two moves only where stall x MTBF changes
@@ -49,6 +56,7 @@ from trimtab.orchestrator.monitors import Finding, Rolling
 from trimtab.plan.resilience import FAILURES_PER_DEVICE_HOUR, RATE_SOURCE, young_interval
 
 CONFIDENCE = 0.9  # the rollbacks' rate is at least the one Young's interval takes, at this confidence
+ROLLBACK_FLOOR = 4  # the run's rollbacks shorten the interval to checkpoint.every / this at most (module docstring)
 
 
 def poisson_rate_low(events: int, confidence: float = CONFIDENCE) -> float:
@@ -85,6 +93,8 @@ class CheckpointInterval:
         self.replayed = 0  # the steps they threw away
         self.healed = 0  # of them, those whose remedies took (outcome "recovered"): no longer failures
         self.latest: int | None = None  # the latest rollback's decision, until its outcome is judged
+        self.trained = 0  # steps timed, replays included
+        self.shortened_at = -1  # `trained` at its latest shortening: lengthened no sooner than an interval after
 
     def rolled_back(self, replayed: int, decision: int | None = None) -> None:
         """A rollback (orchestrator decision `decision`) threw away `replayed` steps: a failure,
@@ -111,11 +121,11 @@ class CheckpointInterval:
         """The rollbacks that count in Young's M: none once all were healed."""
         return self.rollbacks - self.healed if self.cfg.rollbacks else 0
 
-    def mtbf(self, world: int) -> float:
+    def mtbf(self, world: int, hardware_only: bool = False) -> float:
         """Seconds between failures: the hardware's (mtbf_hours, or the world at Llama 3's rate) and
         the run's rollbacks over the seconds it trained, as failure rates that add."""
         hardware = self.cfg.mtbf_hours * 3600 or 3600 / (world * FAILURES_PER_DEVICE_HOUR)
-        if not self.failures or self.trained_s <= 0:
+        if hardware_only or not self.failures or self.trained_s <= 0:
             return hardware
         return 1 / (1 / hardware + poisson_rate_low(self.failures) / self.trained_s)
 
@@ -129,6 +139,7 @@ class CheckpointInterval:
         for s in seconds:
             self.steps.add(s)
             self.trained_s += s
+        self.trained += len(seconds)
         # once rollbacks count, judged at each rollback only: one rollback's rate falls with every second
         # trained, and judged at each save the interval crept back a step at a time (debug, weights_nan@15,
         # checkpoint.every 8: set to 2, 3, then 4 steps, three decisions in 10 steps)
@@ -138,12 +149,14 @@ class CheckpointInterval:
         if not self.due or configured <= 0 or len(self.steps) < 5 or not len(self.stalls):
             return None
         self.due = False
-        mtbf_s = self.mtbf(world)
         stall, step_s = statistics.median(self.stalls.values), statistics.median(self.steps.values)
-        optimum = young_interval(stall, mtbf_s)
-        steps = power_of_two(optimum / max(step_s, 1e-9), configured)
+        mtbf_s, optimum, steps = self._young(stall, step_s, world, configured)
         if abs(steps - every) <= self.cfg.tolerance * every:
             return None
+        if steps > every and 0 <= self.shortened_at and self.trained - self.shortened_at < configured:
+            self.due = True  # judged again at the next read, until the hysteresis passed
+            return None
+        self.shortened_at = self.trained if steps < every else self.shortened_at
         evidence: dict[str, Any] = {
             "save_stall_s": round(stall, 4),
             "mtbf_h": round(mtbf_s / 3600, 4),
@@ -171,15 +184,34 @@ class CheckpointInterval:
             summary += f"; this run's {self.healed} rollback(s) were remedied (outcome recovered): no failure to expect"
         return Finding(rule=self.rule, family=self.family, step=step, evidence=evidence, summary=summary, strength=1.0)
 
+    def _young(self, stall: float, step_s: float, world: int, configured: int) -> tuple[float, float, int]:
+        """The MTBF, Young's interval in seconds, and in whole steps: no shorter for the rollbacks than
+        ROLLBACK_FLOOR allows, unless the hardware's MTBF alone asks for less."""
+        mtbf_s = self.mtbf(world)
+        optimum = young_interval(stall, mtbf_s)
+        steps = power_of_two(optimum / max(step_s, 1e-9), configured)
+        if self.failures:
+            alone = young_interval(stall, self.mtbf(world, hardware_only=True)) / max(step_s, 1e-9)
+            steps = max(
+                steps, min(power_of_two(alone, configured), power_of_two(configured / ROLLBACK_FLOOR, configured))
+            )
+        return mtbf_s, optimum, steps
+
     def state_dict(self) -> dict[str, Any]:
         """The rollbacks and the seconds trained: a resumed run keeps its failures' rate."""
-        kept = {"healed": self.healed, "latest": self.latest}
+        kept = {
+            "healed": self.healed,
+            "latest": self.latest,
+            "shortened_at": self.shortened_at,
+            "trained": self.trained,
+        }
         return {"trained_s": self.trained_s, "rollbacks": self.rollbacks, "replayed": self.replayed, **kept}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.trained_s, self.rollbacks, self.replayed = state["trained_s"], state["rollbacks"], state["replayed"]
         # checkpoints written before healed rollbacks were told apart hold neither: all their rollbacks count
         self.healed, self.latest = state.get("healed", 0), state.get("latest")
+        self.shortened_at, self.trained = state.get("shortened_at", -1), state.get("trained", 0)
 
 
 def power_of_two(steps: float, configured: int) -> int:

@@ -19,9 +19,9 @@ worse than the untouched ones.
 What a remedy changes in the policy (a rung climbed, a cut owed, a rollback spent) is in its
 `commit`, run only when the orchestrator applies it: advice leaves the ladder where it was.
 The rollbacks of one incident are counted, not a run's: an incident is over once the run trained
-past the step its last rollback was taken at and then saved a good checkpoint or trained
-`escalation_window` steps without instability (PaLM, arXiv 2204.02311, 5.1, answered each of its
-spikes on its own, restarting ~100 steps before it; max_rollbacks bounds the answers to one).
+past its last rollback's step, then saved a good checkpoint and trained `outcome_after` steps without
+instability, or `escalation_window` without (PaLM, arXiv 2204.02311, 5.1, answered each of
+its spikes on its own, restarting ~100 steps before it; max_rollbacks bounds the answers to one).
 """
 
 from __future__ import annotations
@@ -128,6 +128,8 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis):
             ladder.nan = True
         else:
             ladder.finite = True
+        if (unguarded := self._nan_weights(f, view)) is not None:  # diagnosis.py
+            return unguarded
         if f.evidence.get("early") and ladder.rung == 0:
             return self._early_spike(f, view)
         climb = len(ladder.recent) >= cfg.escalate_after
@@ -398,23 +400,20 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis):
 
     def quiet(self, step: int, view: Any) -> Remedy | None:
         """Called every step: after a quiet window the ladder falls back to rung 0, and the open
-        incident may be over (_clear); after lr_restore_after quiet steps the LR the ladder cut is
-        given back, x2 at a time and never past the multiplier it was cut from (a person's or a
-        raise rule's level, else the schedule's), unless a restore was followed by new
-        instability once already (then the cut was needed)."""
+        incident may be over (_clear); after lr_restore_after quiet steps (at most an eighth of the run's:
+        a short run's early x0.1 cut is back by its middle) the LR the ladder cut is given back, x2 at a
+        time and never past the multiplier it was cut from (a person's or a raise rule's level, else the
+        schedule's), unless a restore was followed by new instability once already (the cut was needed)."""
         if self.ladder.rung and step - self.ladder.last_step >= self.cfg.escalation_window:
             self.ladder = Ladder(last_step=self.ladder.last_step, rows=[])
         self._clear(step, view)
-        wait = self.cfg.lr_restore_after
         if self.last_restore >= 0 and self.ladder.last_step > self.last_restore:
             self.restore_failed, self.last_restore = True, -1
-        if (
-            self.lr_debt >= 1
-            or not wait
-            or self.restore_failed
-            or step - self.ladder.last_step < wait
-            or step - self.last_lr_change < wait
-        ):
+        if self.lr_debt >= 1 or self.restore_failed:
+            return None
+        wait = min(self.cfg.lr_restore_after, view.total_steps // 8)
+        calm = step - max(self.ladder.last_step, self.last_lr_change)
+        if not wait or calm < wait:
             return None
         factor = min(2.0, 1 / self.lr_debt, self.lr_ceiling / view.lr_scale)
         if factor <= 1 + 1e-9:  # the multiplier is back where the cut began (a person set it): nothing owed
@@ -428,16 +427,19 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis):
         return Remedy(
             action="scale_lr",
             params={"factor": factor},
-            reasoning=f"{wait} steps without instability since the LR was cut: give part of it back "
-            "(if instability returns, the cut stays for the rest of the run)",
+            reasoning=f"{calm} steps without instability since the LR was last cut or given back (orchestrator."
+            f"lr_restore_after={self.cfg.lr_restore_after}, at most an eighth of the run's {view.total_steps} steps): "
+            "give part of it back (if instability returns, the cut stays for the rest of the run)",
+            evidence={"quiet_steps": calm, "wait": wait, "lr_debt": self.lr_debt, "lr_ceiling": self.lr_ceiling},
             commit=commit,
         )
 
-    def _owe(self, factor: float, lr_scale: float) -> None:
-        """An applied LR cut that quiet may give back: the multiplier it was cut from bounds that."""
+    def _owe(self, factor: float, lr_scale: float, ceiling: float = math.inf) -> None:
+        """An applied LR cut that quiet may give back: the multiplier it was cut from bounds that (and
+        `ceiling`: the withheld guard's cut takes back a raise above the schedule for good)."""
         if self.lr_debt >= 1:
             self.lr_ceiling = lr_scale
-        self.lr_debt *= factor
+        self.lr_ceiling, self.lr_debt = min(self.lr_ceiling, ceiling), self.lr_debt * factor
 
     def unsettled(self, step: int) -> bool:
         """Instability skipping did not answer (an LR cut, a rollback) within the last
@@ -452,13 +454,14 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis):
         return step - self.lr_too_high_at < self.cfg.escalation_window
 
     def _clear(self, step: int, view: Any) -> None:
-        """The open incident is over once the run trained past the step its last rollback was
-        decided at, and then saved a good checkpoint or trained escalation_window steps without
-        instability: a later fault is a new incident (its own rollbacks; a first breakage replayed
-        as it was)."""
+        """The open incident is over once the run trained past the step its last rollback was decided at,
+        then saved a good checkpoint and trained outcome_after steps without instability (last_step is
+        shifted: the replay's count) or escalation_window without: a later fault is a new incident. Any good
+        checkpoint past it closed it: one 1-2 steps on, a cause that persists opened incident after incident."""
         if self.rollback_at < 0 or step <= self.rollback_at:
             return
-        if view.last_good > self.rollback_at or step - self.ladder.last_step >= self.cfg.escalation_window:
+        healthy = view.last_good > self.rollback_at and step - self.ladder.last_step >= self.cfg.outcome_after
+        if healthy or step - self.ladder.last_step >= self.cfg.escalation_window:
             self.rollbacks, self.rollback_at, self.broken_at, self.last_rollback_to = 0, -1, -1, -1
             self.closed_at = step
 

@@ -43,16 +43,22 @@ class MakeUp:
         self.made: list[int] = []  # withheld steps made up: a step granted for each, or a credit paid
         self.credit = 0  # steps granted for withheld updates that a rollback then replayed: unpaid
         self.credit_until = -1  # the last such step: past it (and quiet_steps), unused credit is given back
+        self.persons: list[int] = []  # steps a person's `ctl skip-step` withheld: theirs, not made up, said once
 
-    def observe(self, m: StepMetrics, last_unstable: int, total: int, configured: int) -> Finding | None:
+    def observe(
+        self, m: StepMetrics, last_unstable: int, total: int, configured: int, person: bool = False
+    ) -> Finding | None:
         """After each step: a finding when updates were withheld and the stretch is over. total:
-        the run's steps now; configured: the pretraining phase's length now (the cap's base)."""
+        the run's steps now; configured: the pretraining phase's length now (the cap's base); person:
+        the step's update was withheld by a person's `trimtab ctl skip-step` alone (not made up: the
+        docs promise the updates the gate withheld from bad steps; two skip-steps on debug lengthened
+        the run 40 -> 42, journaled as "the update gate withheld 2 update(s)")."""
         if m.phase != 0:  # only pretraining's length can change (Control.set_total_steps)
             self.owed.clear()
             self.refused.clear()
             return None
         if m.skipped:
-            self.owed.append(m.step)
+            (self.persons if person else self.owed).append(m.step)
         cap = int(self.cfg.max_fraction * configured)
         # refused updates are owed again once another lengthened the phase (a resume to a longer max_steps)
         # and the cap rose with it; not for make_up's own steps, whose 10% would creep the cap up
@@ -62,7 +68,7 @@ class MakeUp:
             return self._give_back(m.step, total, configured)
         if not self.owed or m.step - max(last_unstable, self.owed[-1]) < self.cfg.quiet_steps:
             return None
-        owed, self.owed = self.owed, []
+        owed, self.owed, persons, self.persons = self.owed, [], self.persons, []
         if cap == 0:  # a run this short has no step to spare: nothing to make up, nothing to say
             self.refused, self.refused_len = self.refused + owed, configured  # unless a resume lengthens it
             return None
@@ -88,6 +94,7 @@ class MakeUp:
             "extend": extend,
             "total_steps": total,
             "new_total": total + extend,
+            "person_skips": persons[:SHOWN],  # withheld by a person's skip-step: not made up
         }
         where = f"step {owed[0]}" if len(owed) == 1 else f"steps {owed[0]}-{owed[-1]}"
         summary = f"{len(owed)} update{'s' if len(owed) > 1 else ''} withheld ({where})"
@@ -134,6 +141,7 @@ class MakeUp:
         self.credit += len(replayed)
         self.credit_until = max([self.credit_until, *replayed]) if self.credit else -1
         self.made = [s for s in self.made if s <= step]
+        self.persons = [s for s in self.persons if s <= step]
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -143,6 +151,7 @@ class MakeUp:
             "until": self.credit_until,
             "refused": list(self.refused),
             "refused_len": self.refused_len,
+            "persons": list(self.persons),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -150,6 +159,7 @@ class MakeUp:
         self.credit_until = int(state.get("until", -1))  # older checkpoints: given back at the next quiet step
         self.refused = list(state.get("refused", []))  # older checkpoints: the cap's refusals were dropped
         self.refused_len = int(state.get("refused_len", -1))
+        self.persons = list(state.get("persons", []))
 
 
 def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
@@ -173,10 +183,18 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     left = e["withheld"] - e["extend"] - e["credit"]
     short = f" ({left} not: the cap is reached; they stay owed)" if left > 0 else ""
     credit = f", less {e['credit']} granted before for steps a rollback replayed" if e["credit"] else ""
+    persons = e.get("person_skips")
+    theirs = (
+        f"; the update(s) of step(s) {', '.join(map(str, persons))} a person withheld (`trimtab ctl skip-step`) are "
+        "theirs, not made up (`trimtab ctl total-steps` lengthens the run)"
+        if persons
+        else ""
+    )
     return Remedy(
         action="set_total_steps",
         params={"steps": e["new_total"], "by": "make_up"},
-        reasoning=f"the update gate withheld {e['withheld']} update(s){credit}: the run would make that many fewer "
-        f"updates on good data than its length promised; {e['extend']} step(s) are added to pretraining{short}, "
-        "its LR schedule stretched to the new end (orchestrator.make_up: off with enabled=false)",
+        reasoning=f"the update gate withheld {e['withheld']} update(s) of bad steps (the orchestrator's){credit}: the "
+        f"run would make that many fewer updates on good data than its length promised; {e['extend']} step(s) are "
+        f"added to pretraining{short}, its LR schedule stretched to the new end (orchestrator.make_up: off with "
+        f"enabled=false){theirs}",
     )

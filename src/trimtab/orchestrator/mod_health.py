@@ -14,6 +14,8 @@ all would lower some, so then each layer is its own finding, one a step (as the 
 
 from __future__ import annotations
 
+import math
+
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, StepMetrics
 
@@ -31,7 +33,7 @@ class MoDQuality(Monitor):
         if self.owed:  # the rest of a finding whose layers fell from different capacities
             layer, value = self.owed.pop(0)
             return self._layer_finding(m, {"layer": int(layer), "restore_to": value, "owed": True}, value)
-        if m.mod_capacity is None or m.skipped or m.loss != m.loss:  # NaN: the other rules' case
+        if m.mod_capacity is None or m.skipped or not math.isfinite(m.loss):  # NaN, Inf: the nonfinite rule's
             return None
         cfg = self.cfg
         keep = cfg.window + cfg.recent

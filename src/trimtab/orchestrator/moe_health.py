@@ -21,6 +21,8 @@ A recurrence after a finding is also what the journal judges "not recovered" (sa
 
 from __future__ import annotations
 
+import math
+
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, Monitor, StepMetrics
 
@@ -47,6 +49,10 @@ class MoEHealth(Monitor):
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if m.skipped:  # a withheld step's routing is a bad batch's: it says nothing of the router's health
+            return None
+        # a non-finite loss: NaN weights route every token alike (weights_nan in advise mode: a collapse, its
+        # balance raise and router reset advised); that step is the nonfinite rule's, and its shares no router's
+        if not math.isfinite(m.loss):
             return None
         findings = []
         for layer, share, dropped, top_k in m.moe or ():

@@ -170,8 +170,9 @@ def throughput(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
 
 
 def disk(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
-    """A failed save: free space and retry; when a whole checkpoint interval later the saves still
-    fail, stop before more work is at risk (the newest checkpoint on disk is the resume point).
+    """A failed save: free space and retry; the trainer tries again at the next steps (checkpointing.py
+    _owe_save), noted; when a whole checkpoint interval after the first failure the saves still fail,
+    stop before more work is at risk (the newest checkpoint on disk is the resume point).
     Only a full disk (or quota) is met by deleting: a checkpoint folder made read-only failed with
     EPERM, and older checkpoints were deleted "to free space" and the fix named was "free space"."""
     full = f.evidence.get("errno") in (errno.ENOSPC, errno.EDQUOT)
@@ -184,6 +185,13 @@ def disk(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
             if full
             else "keep training and keep what was trained: retry the save once (the error is no lack of "
             "space, so no checkpoint is deleted)",
+        )
+    since = f.evidence.get("failing_since", f.step)
+    if f.step - since < f.evidence.get("every", 0):  # one constant reasoning: the journal folds the retries
+        return Remedy(
+            action="none",
+            reasoning="the save failed again: tried again at the next steps, the wait doubling up to a quarter "
+            "of the checkpoint interval, until the saves have failed for a whole interval (then the run stops)",
         )
     last = f.evidence["last_saved"]
     if full:

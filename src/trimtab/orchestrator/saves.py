@@ -28,6 +28,7 @@ class SaveGuard:
     policy: Policy
     save_stall: float  # this rank's newest save, until _read agrees it over the ranks
     failed_saves: int  # saves failed since the last that worked (a stretch of work at risk)
+    failing_since = -1  # the step of the first of them (-1: none): the disk rule stops an interval after it
     stood_at: int  # the last step with an instability finding whose update was applied (healthy)
     # the references a save being written replaced (probe_baseline, start_probe)
     _baseline_before: tuple[float | None, float | None] | None
@@ -36,7 +37,7 @@ class SaveGuard:
     def on_save_error(self, run: RunView, exc: OSError) -> bool:
         """A failed save: the disk rule's remedy is requested; the trainer applies it before the
         save returns (a failure of that retry does not come back here: training goes on, and the
-        next interval tries again)."""
+        trainer tries again at the next steps, checkpointing.py _owe_save, each failure back here)."""
         if self._baseline_before is not None:  # the checkpoint measured is not on disk: nor its reference
             (self.policy.probe_baseline, self.policy.start_probe), self._baseline_before = self._baseline_before, None
         if self.mode != "auto":
@@ -44,6 +45,7 @@ class SaveGuard:
         if run.stopping:
             return True  # the final save of a stop already decided: the resume point stays on disk
         self.failed_saves += 1
+        self.failing_since = self.failing_since if self.failed_saves > 1 else run.step
         f = Finding(
             rule="disk",
             family="disk",
@@ -53,6 +55,8 @@ class SaveGuard:
                 "errno": exc.errno,
                 "failures": self.failed_saves,
                 "last_saved": run.last_saved,
+                "failing_since": self.failing_since,
+                "every": run.checkpoint_every,
             },
             summary=f"checkpoint save failed ({os.strerror(exc.errno) if exc.errno else exc})",
             strength=1.0,

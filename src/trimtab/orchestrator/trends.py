@@ -349,6 +349,8 @@ class AboveStart(Monitor):
             return None
         if (f := self._stall_jumps(m, level)) is not None:
             return f
+        if self._router_stall(m):
+            return None
         self.losses, self.gains, self.jumped, self.over, self.fired, self.grads = [], [], [], [], True, []
         return self.finding(
             m,
@@ -366,6 +368,13 @@ class AboveStart(Monitor):
             "from no context (the data's unigram entropy)",
             0.7,
         )
+
+    def _router_stall(self, m: StepMetrics) -> bool:
+        """An MoE model's stall with a sound LR's first gain (SOUND_GAIN; 2x reads 0.55-0.69) is its routers':
+        a forming router piles tokens on a few experts and the loss waits for them to spread (clean debug-moe
+        seed 4: 5.08-5.13 over steps 20-35, gain 0.77, 4.95 by 40; rolled back and cut x0.316: 5.03 at 40)."""
+        gain = _mid(self.first_gains)
+        return bool(m.moe) and gain is not None and gain >= SOUND_GAIN
 
     def _stall_jumps(self, m: StepMetrics, level: float) -> Finding | None:
         """A stall at the unigram level after a step of the phase's first ones whose loss jumped back

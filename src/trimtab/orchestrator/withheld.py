@@ -11,7 +11,10 @@ own: the last good checkpoint is restored with the LR cut (x above_start.lr_fact
 schedule's: a raise above it, a person's too, is taken back, and a person's is named loudly, since an
 LR that lets no update through is not beyond question); with no good checkpoint, this incident's
 rollbacks spent, or the LR at orchestrator.min_lr_scale, the run saves and stops with exit 3 and the
-reason, never "completed" with frozen weights. The window starts over after a rollback.
+reason, never "completed" with frozen weights. The window starts over after a rollback. The cut is
+given back as the ladder's are (ladder.py quiet: x2 at a time after a quiet window, up to the
+schedule's, a person's raise not included; trouble after a give-back keeps the cut): what withheld
+the updates may have been a fault or a stretch of data, not the LR.
 """
 
 from __future__ import annotations
@@ -88,16 +91,19 @@ def answer_withheld(policy: Any, f: Finding, view: Any) -> Remedy:
         return policy._give_up(view, f"{frozen}, and the LR is at orchestrator.min_lr_scale already{loud}")
     if policy.rollbacks >= cfg.max_rollbacks or not view.has_good_checkpoint:
         return policy._give_up(view, f"{frozen}{loud}")
-    step, target = f.step, view.last_good
+    step, target, lr_scale = f.step, view.last_good, view.lr_scale
 
     def commit() -> None:
         policy._rolled_back(step, target, broken=False)
-        policy.lr_too_high_at = step  # decisive: not given back
+        policy.lr_too_high_at = step  # rows' high losses are the model's for a while
+        policy.ladder.last_step = step  # the quiet window before a give-back counts from here, as its probation
+        policy._owe(cut, lr_scale, ceiling=1.0)  # given back once quiet, never past the schedule's
 
     return Remedy(
         action="rollback",
         params={"to": "last_good", "skip_rows": [], "lr_factor": cut},
         reasoning=f"{frozen}, whatever rule withheld them, so the run is not training: restore the last good "
-        f"checkpoint with the LR x{cut:.3g} (under the schedule's x{cfg.above_start.lr_factor:g}){loud}",
+        f"checkpoint with the LR x{cut:.3g} (under the schedule's x{cfg.above_start.lr_factor:g}; given back x2 "
+        f"at a time after orchestrator.lr_restore_after quiet steps, up to the schedule's){loud}",
         commit=commit,
     )

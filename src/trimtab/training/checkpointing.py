@@ -1,6 +1,7 @@
 """The Trainer's checkpoint half: save (synchronous or in the background), wait for a background
-write, a failed save handed to the hooks, the run's last save, rollback and resume (docs/resilience.md,
-"Asynchronous checkpoints"). A mixin of Trainer (training/trainer.py), whose state it reads and sets.
+write, a failed save handed to the hooks (and tried again at the next steps), the run's last save,
+rollback (docs/resilience.md, "Asynchronous checkpoints"); the loads of a resume and a rollback are
+training/loading.py's. A mixin of Trainer (training/trainer.py), whose state it reads and sets.
 """
 
 from __future__ import annotations
@@ -10,29 +11,30 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trimtab.checkpoint import cadence_kept, find_checkpoint, list_checkpoints, retire_after, set_aside_corrupt
+from trimtab.checkpoint import (
+    cadence_kept,
+    find_checkpoint,
+    list_checkpoints,
+    put_back_retired,
+    retire_after,
+    set_aside_corrupt,
+)
 from trimtab.checkpoint_load import apply_structure
-from trimtab.config import RunConfig
-from trimtab.data.position import data_position
 from trimtab.distributed.ft import shard_like
 from trimtab.errors import CheckpointError, ConfigError
-from trimtab.rl.reference import resume_reference
 from trimtab.snapshots import save_last_weights, save_snapshot
 from trimtab.storage import step_of
-from trimtab.training.changes import TRAINED, changes_line, changes_on_resume, trained_config
-from trimtab.training.emergency import EMERGENCY, EmergencySave, emergency_resume_line
+from trimtab.training.changes import TRAINED, trained_config
 from trimtab.training.hooks import keyed
-from trimtab.training.restore_point import RestorePoint, agreed, keep_router_knobs
-from trimtab.training.resume import made_up_steps, set_aside_note
-from trimtab.training.runtime import LogWindow, rng_state, set_rng_state
-from trimtab.training.schedule import configured_lengths, reconcile
-from trimtab.training.setup import prepare_run_dir
-from trimtab.training.state import GAVE_UP, KEPT_ON_ROLLBACK, NO_CHECKPOINT, TrainState
+from trimtab.training.loading import Loading, expert_counts
+from trimtab.training.restore_point import RestorePoint, agreed
+from trimtab.training.runtime import rng_state
+from trimtab.training.state import GAVE_UP, NO_CHECKPOINT, TrainState
 
 log = logging.getLogger(__name__)
 
 
-class Checkpointing(EmergencySave):
+class Checkpointing(Loading):
     """Checkpoints of the run a Trainer trains; `last_saved` is the resume point (a background
     write in flight included), `last_good` the newest checkpoint its hooks called healthy."""
 
@@ -42,6 +44,9 @@ class Checkpointing(EmergencySave):
     _restored = False
     # where the disk rule's stop kept the weights alone (_keep_weights): the summary and the stop's journal line say so
     weights_kept: str | None = None
+    # a save that failed, its retry by the hooks too (_save_failed): the step the save is tried again at,
+    # and the wait that set it (doubling, _owe_save)
+    _owed: tuple[int, int] | None = None
 
     def _final_save(self) -> None:
         """The run's last checkpoint, as the state it ends in deserves. Weights that are not
@@ -106,6 +111,7 @@ class Checkpointing(EmergencySave):
         except OSError as exc:  # disk full, quota, a vanished mount: a hook may handle it
             return self._save_failed(exc)
         self.last_saved, self.save_seconds = self.state.step, time.perf_counter() - started
+        self._owed = None
         self.last_good = self.state.step if good else self.last_good
         if background:
             self._writing = (self.state.step, before)
@@ -239,7 +245,29 @@ class Checkpointing(EmergencySave):
             self.control.apply()
         finally:
             self._saving_again = False
-        return self.last_saved == self.state.step  # a retry may have saved it
+        if self.last_saved == self.state.step:  # a retry saved it
+            return True
+        if not self.stop_reason:  # a stop's own final save: the resume point stays the one on disk
+            self._owe_save()
+        return False
+
+    def _owe_save(self) -> None:
+        """The save failed and so did the hooks' retry: tried again after 1, 2, 4... steps, at most a
+        quarter of the checkpoint interval apart. Left to the next interval, a rollback soon after
+        replayed everything since the checkpoint before (debug-mod, disk_full@20:2, weights_noise@36:
+        36 steps); each retry that fails goes to the hooks again (the disk rule stops the run once the
+        saves have failed for a whole interval)."""
+        cap = max(1, self.control.checkpoint_every() // 4)
+        wait = 1 if self._owed is None else min(2 * self._owed[1], cap)
+        self._owed = (self.state.step + wait, wait)
+        self.say(
+            f"step {self.state.step}: no checkpoint since step {self.last_saved}; "
+            f"the save is tried again at step {self.state.step + wait}"
+        )
+
+    def _save_owed(self) -> bool:
+        """Whether a failed save is to be tried again at this step (_owe_save)."""
+        return self._owed is not None and self.state.step >= self._owed[0]
 
     def _checkpoint_state(self, good: bool) -> dict[str, Any]:
         """state.json's content: everything a resume needs besides weights, optimizer and RNG."""
@@ -271,12 +299,12 @@ class Checkpointing(EmergencySave):
         in checkpoints/corrupt/ and tries the next older one; with none left the run stops (exit code 3)."""
         self.watchdog.beat("rollback")  # a load from disk: its own timeout, not the hooks' few milliseconds
         self.finish_save()
-        step, experts = self.state.step, _expert_counts(self.model)
-        before, failed = None, []
+        step, experts = self.state.step, expert_counts(self.model)
+        before, failed, retired = None, [], []
         while (found := self._rollback_target(to)) is not None:
             # the abandoned trajectory's checkpoints are retired before the load (seconds to minutes for
             # a large model), not after: a process killed in it resumed from the state it rolled back from
-            self.dist.on_main(retire_after, self.cfg.run_dir, found[1]["step"], self.cfg.checkpoint.keep)
+            retired += self.dist.from_main(retire_after, self.cfg.run_dir, found[1]["step"], self.cfg.checkpoint.keep)
             before = before or RestorePoint(self)
             if not (error := self._load_whole(found[0], before)):
                 break
@@ -289,6 +317,7 @@ class Checkpointing(EmergencySave):
             what = "good checkpoint" if to == "last_good" else f"checkpoint at or before step {to}"
             if not failed:  # nothing changed: the caller says so and training goes on
                 raise CheckpointError(f"no {what} to roll back to in {self.cfg.run_dir / 'checkpoints'}")
+            self.dist.on_main(put_back_retired, self.cfg.run_dir, retired)  # the trajectory is kept, as they are
             reason = f"no {what} loads for a rollback ({'; '.join(failed)}); the weights of step {step} are kept"
             self.request_stop(reason, GAVE_UP)
             raise CheckpointError(reason)
@@ -297,7 +326,7 @@ class Checkpointing(EmergencySave):
             self.last_eval = {}
         # an expert added or pruned since the checkpoint is undone with its weights: said, not silent
         # (the journal showed "8 -> 9 experts" applied, and the rollback named no change)
-        now = _expert_counts(self.model)
+        now = expert_counts(self.model)
         undone = [f"layer {i}: {experts[i]} -> {m} experts" for i, m in now.items() if experts[i] != m]
         said = f" ({'; '.join(undone)}: the checkpoint's)" if undone else ""
         return f"rolled back from step {step} to step {self.state.step}{said}"
@@ -329,114 +358,6 @@ class Checkpointing(EmergencySave):
 
         step = self.replicas.common_step(newest[1]["step"], held)
         return found[step] if step >= 0 else None  # common_step ends on a step held() found here
-
-    def resume(self, path: Path, live_changes: dict[str, tuple[Any, Any]]) -> None:
-        """Take the checkpoint at `path` as the run's state, with what a person changed in the
-        config since it was saved: phase lengths (reconciled in _load: config_changes, journaled
-        by the orchestrator) and live model knobs (setup.check_resume_compatible), the config's
-        value over the checkpoint's. Only then config.yaml is written: a resume refused here
-        (other data, a phase length it cannot take, a reference gone) leaves the run directory as it was."""
-        self.reference = resume_reference(self.cfg, self.device)  # at the first step it was too late to refuse
-        trained = self._load(path, rollback=False).get(TRAINED)  # the config it was trained with
-        if live_changes:  # kept by a rollback, as every knob is
-            apply_live_keys(self.model, self.cfg, list(live_changes))
-        changes = self.dist.from_main(changes_on_resume, self.cfg, trained)  # else config.yaml, the last session's
-        self.config_changes += changes  # after the phase lengths: the orchestrator journals each
-        if changes:
-            self.say(changes_line(changes, self.state.step))
-        self.dist.on_main(prepare_run_dir, self.cfg, self.tok)
-        where = data_position(self.loader.state_dict())  # on another world size the step alone does not say it
-        where = f"; data at {where}" if where else ""
-        aside = self.dist.from_main(set_aside_note, self.cfg.run_dir, self.state.step)  # one line says it all
-        say = log.warning if aside else log.info
-        say("resuming from %s (step %d of %d%s)%s", path, self.state.step, self.total_steps, where, aside)
-
-    def _load(self, path: Path, rollback: bool) -> dict[str, Any]:
-        """The checkpoint at `path` as the run's state (rollback: the knobs kept); returns its state.json."""
-        weights, optim_state, state = self._read(path)
-        knobs = (self.model.moe_state(), self.model.mod_state())  # the router's: a rollback keeps them
-        experts = _expert_counts(self.model)
-        self.dist.load_model(self.model, weights, state, path)  # any checkpoint format, any world size
-        # a resume after surgery, a rollback across it: summary.json gave the config's (or the undone
-        # surgery's) parameter count, and MFU its FLOPs. Every rank whose model counts whole: DDP's copy,
-        # FSDP2's and tensor parallelism's DTensors (global sizes); not a pipeline stage's own layers nor
-        # an expert-parallel rank's own experts
-        if self.dist.mesh.pp == 1 and self.dist.mesh.ep == 1 and _expert_counts(self.model) != experts:
-            self.control.recount()
-        kept = {k: getattr(self.state, k) for k in KEPT_ON_ROLLBACK}
-        skipped = self.loader.skipped
-        self.state = TrainState(**{**state["train"], "made_up": made_up_steps(state)})  # older: its journal's
-        self.state.phase_steps = self.state.phase_steps or configured_lengths(self.cfg)  # older checkpoints
-        if rollback:
-            self.state.__dict__.update(kept, rollbacks=kept["rollbacks"] + 1)
-            keep_router_knobs(self.model, *knobs)
-        else:  # before the phases are laid out: the config may add one or drop one (schedule.py)
-            self.config_changes = reconcile(self.state, self.phases, configured_lengths(self.cfg))
-        self.control.apply_lengths()
-        self._enter_phase(self.state.phase)
-        self.dist.load_optimizer(self.model, self.optimizer, optim_state, path)
-        self.control.apply_knobs()  # load_state_dict brought back the saved weight decay
-        if self.scaler and optim_state["scaler"]:
-            self.scaler.load_state_dict(optim_state["scaler"])
-        set_rng_state(optim_state["rng"])
-        self.loader.load_state_dict(state["data"])
-        self.last_saved = self.state.step
-        self.last_good = self.state.step if state.get("good", True) else self._good_before()
-        self._take_best(state, rollback)
-        self._take_gate(state, optim_state)
-        if rollback:  # its hooks are told once every rank loaded it (_load_whole)
-            self.loader.skipped |= skipped
-            self.window = LogWindow()
-            return state
-        if state.get(EMERGENCY):  # the restart's own line says how it came to be (training/emergency.py)
-            self.say(emergency_resume_line(state, self.dist.world))
-        self._resume_window_and_hooks(state)
-        return state
-
-    def _read(self, path: Path) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-        """read_checkpoint on every rank, each its own files' read: one failing (its disk) fails all here,
-        before the loads' collectives, where the others would wait for it (a sharded read's failure is
-        raised on every rank: _dcp_load)."""
-        read, error = agreed(self.dist, "read of it", self.dist.read_checkpoint, path)
-        if error:
-            raise CheckpointError(error)
-        return read
-
-    def _good_before(self) -> int:
-        """The newest good checkpoint on disk (-1: none), for a load of one that is not good: pruning
-        spares last_good, and -1 let the first save after a resume delete the run's only rollback
-        target (soak: a kill -9 during an escalation, then a fault with nothing to roll back to)."""
-        found = self.dist.from_main(find_checkpoint, self.cfg.run_dir, "last_good")
-        return found[1]["step"] if found is not None else -1
-
-    def _gate_tables(self) -> dict[str, Any]:
-        """optim.pt's share of the row gate's state: its token-frequency tables, a tensor (training/row_gate.py
-        RowGate.tables; state.json keeps the rest), under data parallelism each rank's (row_gate_by_rank)."""
-        return {"row_gate": self.row_gate.tables()} if self.row_gate is not None else {}
-
-    def _take_gate(self, state: dict[str, Any], optim_state: dict[str, Any]) -> None:
-        """The row gate's reference as of the checkpoint (training/row_gate.py), its tables from optim.pt
-        (this rank's: distributed/checkpoint.py load_optimizer); kept as it is when the checkpoint has none
-        (older, or saved with the gate off)."""
-        if self.row_gate is not None and state.get("row_gate"):
-            self.row_gate.load_state_dict(state["row_gate"], optim_state.get("row_gate"))
-
-    def _take_best(self, state: dict[str, Any], rollback: bool = False) -> None:
-        """The best evaluation as of the checkpoint; none in a checkpoint from before it was kept. A
-        rollback keeps this process's if it judged the kept trajectory (at or before the step rolled
-        back to: the checkpoint may predate it, as step 0's predates step 0's evaluation); one found
-        on the abandoned branch judged weights thrown away."""
-        if rollback and self.best_eval is not None and self.best_eval[0] <= self.state.step:
-            return
-        best = state.get("best") or {}
-        self.best_eval = tuple(best["eval"]) if best.get("eval") else None
-        self.best_checkpoint = int(best.get("checkpoint", -1))
-
-    def _resume_window_and_hooks(self, state: dict[str, Any]) -> None:
-        window = state["log_window"]
-        self.window = LogWindow(window["losses"], window["norms"], window["tokens"], window["seconds"])
-        for key, hook in keyed(self.hooks):
-            hook.load_state_dict(state["hooks"].get(key, {}))
 
     # ------------------------------------------------------------------ replica groups (resilience.ft)
 
@@ -471,27 +392,6 @@ class Checkpointing(EmergencySave):
         self._take_best(state)
         self._take_gate(state, received)
         self._resume_window_and_hooks(state)
-
-
-def apply_live_keys(model: Any, cfg: RunConfig, keys: list[str]) -> None:
-    """Set the live knobs `keys` (config/model.py LIVE_MODEL_KEYS) of the model's MoE and MoD layers to `cfg`'s
-    values: a resume applies a person's changed ones over those its checkpoint restored."""
-    for key in keys:
-        section, name = key.split(".")[1:]
-        if section == "moe":
-            value = float(getattr(cfg.model.moe, name))
-            for _, moe in model.moe_layers():
-                setattr(moe, "jitter" if name == "router_jitter" else name, value)
-        else:  # model.mod.capacity, layer_capacity: each MoD layer's target (set_step warms toward it)
-            layers = [i for i, kind in enumerate(cfg.model.layers) if "mod" in kind]
-            targets = dict(zip(layers, cfg.model.mod_capacities))  # by layer index, as mod_state keeps them
-            for i, router in model.mod_layers():
-                router.target = float(targets[i])
-
-
-def _expert_counts(model: Any) -> dict[int, int]:
-    """Each MoE layer's expert count, by block index."""
-    return {i: layer.n_experts for i, layer in model.moe_layers()}
 
 
 def _snapshot_args(trainer: Checkpointing) -> tuple[Any, ...]:

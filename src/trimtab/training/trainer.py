@@ -427,7 +427,7 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
 
     def _maybe_checkpoint(self) -> None:
         every = self.control.checkpoint_every()
-        if (every and self.state.step % every == 0) or self._phase_ends():
+        if (every and self.state.step % every == 0) or self._phase_ends() or self._save_owed():
             self.save()
         lean = self.cfg.checkpoint.snapshot_every
         if lean and self.state.step % lean == 0:
