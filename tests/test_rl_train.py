@@ -99,15 +99,19 @@ def test_asynchronous_rollouts_learn_from_a_policy_two_steps_behind_and_resume_e
 
 
 def test_groups_that_teach_nothing_turn_on_dynamic_sampling_then_raise_the_temperature(tmp_path, base):
-    """rl_signal: a reward no response earns leaves every group flat; after a window of 2 steps
-    the orchestrator turns dynamic sampling on (each step then draws 4x the prompts, still flat);
-    each next window it samples warmer (x1.25), the objective follows; at the ceiling, dynamic
-    sampling, which drew a whole window without a signal, goes off (it drew 4x the groups for the
-    rest of the run before), and the rule stays quiet."""
+    """rl_signal: a reward no response earns leaves every group flat; the first rollouts say so (no
+    reward at all: what it means, the fixes); after a window of 2 steps the orchestrator turns dynamic
+    sampling on (each step then draws 4x the prompts, still flat); each next window it samples warmer
+    (x1.25), the objective follows; at the ceiling, dynamic sampling having drawn a whole window without
+    a signal, the run stops (exit 3: it trained on with loss 0 to the end before, exit 0)."""
     sets = ["--set", "rl.reward=python:rl_verifiers:nothing", "--set", "orchestrator.rl_signal.window=2"]
     sets += ["--set", "rl.prompts_per_step=4", "--set", "rl.group_size=4", "--set", "orchestrator.outcome_after=4"]
-    logged = rl(tmp_path / "flat", base, 14, *sets, "--set", "orchestrator.rl_signal.max_temperature=1.6")
+    sets += ["--set", "orchestrator.rl_signal.max_temperature=1.6"]
+    logged = rl(tmp_path / "flat", base, 14, *sets, code=3)
     decisions = [d for d in read_decisions(tmp_path / "flat") if d["rule"] == "rl_signal"]
+    warned = decisions.pop(0)
+    assert (warned["step"], warned["action"], warned["evidence"]["kind"]) == (1, "none", "no_reward")
+    assert "pass@4 0" in warned["summary"] and "rl.group_size" in warned["summary"]
     assert (decisions[0]["step"], decisions[0]["action"], decisions[0]["params"]) == (
         2,
         "set_dynamic_sampling",
@@ -116,16 +120,17 @@ def test_groups_that_teach_nothing_turn_on_dynamic_sampling_then_raise_the_tempe
     assert [m["rl/groups_drawn"] for m in logged[:4]] == [4, 4, 16, 16]  # 3 resampling rounds a step
     raised = [d["params"]["value"] for d in decisions if d["action"] == "set_rl_temperature" and d["applied"]]
     assert raised == [1.25, 1.5625, 1.6], decisions
-    last = decisions[-1]  # at step 10: journaled with what it found, judged by what followed
-    assert (last["step"], last["action"], last["params"]) == (10, "set_dynamic_sampling", {"value": "off"}), decisions
+    last = decisions[-1]  # at step 10: the remedies spent, a stop whose reason says why and the fixes
+    assert (last["step"], last["action"], last["params"]["exit_code"]) == (10, "stop", 3), decisions
     assert last["evidence"]["dynamic_sampling"] == 1.0 and last["evidence"]["groups_drawn"] == 16
-    assert "too hard" in last["reasoning"] and last["outcome"]["result"] == "recovered"
-    assert [m["rl/groups_drawn"] for m in logged[9:]] == [16, 4, 4, 4, 4]  # quiet after: not turned on again
-    assert logged[0]["rl/temperature"] == 1.0 and logged[-1]["rl/temperature"] == raised[-1]
+    summary = json.loads((tmp_path / "flat/summary.json").read_text())
+    assert summary["exit_code"] == 3 and summary["status"].startswith("gave up (the policy earns no learning signal")
+    assert all(fix in summary["status"] for fix in ("train.init_from", "rl.prompts", "rl.group_size")), summary
+    assert len(logged) == 10 and logged[0]["rl/temperature"] == 1.0 and logged[-1]["rl/temperature"] == raised[-1]
     assert all(m["rl/zero_variance_groups"] == 1.0 and m["loss"] == 0.0 for m in logged)
     state = json.loads(sorted((tmp_path / "flat/checkpoints").glob("step_*"))[-1].joinpath("state.json").read_text())
-    # checkpointed: a resume samples as warm, and draws as few
-    assert state["train"]["rl_temperature"] == raised[-1] and state["train"]["rl_dynamic_sampling"] is False
+    # checkpointed: a resume samples as warm
+    assert state["train"]["rl_temperature"] == raised[-1] and state["train"]["rl_dynamic_sampling"] is True
 
 
 def test_verifications_that_time_out_get_a_longer_timeout(tmp_path, base):
@@ -461,7 +466,7 @@ def test_data_parallel_dynamic_sampling_draws_as_many_rounds_on_every_rank(tmp_p
     rl["reward"] = "python:rl_verifiers:nothing"
     rules = {rule: {"enabled": False} for rule in RL_OFF} | {"rl_signal": {"window": 2}}
     a, b = run(tmp_path / "flat", 2, rl=rl, train={"init_from": str(base), "max_steps": 4}, orchestrator=rules)
-    assert a["decisions"] == b["decisions"] and a["decisions"][0]["action"] == "set_dynamic_sampling"
+    assert a["decisions"] == b["decisions"] and a["decisions"][1]["action"] == "set_dynamic_sampling"  # 0: warned
     logged = [json.loads(line) for line in (tmp_path / "flat/metrics.jsonl").read_text().splitlines()]
     assert [m["rl/groups_drawn"] for m in logged if "rl/groups_drawn" in m] == [4, 4, 16, 16]
 

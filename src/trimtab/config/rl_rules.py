@@ -22,9 +22,10 @@ class RLSignalRule(Section):
     `window` steps, dynamic sampling turns on (flat groups dropped, more prompts drawn: the
     policy's samples unchanged); if groups stay flat with it, the sampling temperature rises by
     `factor`, up to `max_temperature`, so a group's answers differ; at the ceiling the rule says
-    so for a person (more samples per prompt, easier prompts, a warmer start), and turns dynamic
-    sampling off once it drew a whole window without a signal (too hard, or solved: too easy),
-    quiet until the flat share falls below `threshold`. The ceiling is low:
+    so for a person (more samples per prompt, easier prompts, a warmer start), and once dynamic
+    sampling drew a whole window there without a signal, stops the run (exit 3: the prompts are too
+    hard) or, the groups solved (too easy), turns it off, quiet until the flat share falls below
+    `threshold`. A starting policy whose first rollouts earn no reward at all is said at step 1. The ceiling is low:
     a weak policy sampled at 2.0 lost its held-out pass@1 (0.15 to 0.005, docs/rl.md). Groups flat
     because the policy collapsed (every response fails: held-out pass@1 or the training score fallen
     `collapse_sigmas` standard errors from where it was, the entropy risen to `entropy_rise` x the

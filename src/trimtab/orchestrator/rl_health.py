@@ -11,7 +11,9 @@ dropped, more prompts drawn until groups with a signal fill the step), which lea
 samples as they are; then, if groups stay flat, the sampling temperature rises by `factor` (up to
 `max_temperature`), so a group's answers spread and some differ; at the ceiling, the finding is
 said for a person (more samples per prompt, easier prompts, a warmer start), and dynamic sampling
-that drew a whole window without a signal goes off (it only multiplied the step's cost). The order is
+that drew a whole window there without a signal has spent the remedies: the run stops (exit 3; groups
+solved: it goes off, having only multiplied the step's cost). A starting policy whose first rollouts
+earn no reward at all is said at once (_no_reward), with what it means and the fixes. The order is
 measured: on the built-in arithmetic task from a weak warm start (held-out pass@1 0.15), raising
 the temperature to 2.0 took pass@1 to 0.005 in 100 steps, where dynamic sampling took it to 0.19
 (docs/rl.md).
@@ -38,6 +40,12 @@ from trimtab.orchestrator.rl_stats import (
     starting_policys,
 )
 
+# what mends a policy that earns no learning signal: said at its first rollouts (_no_reward) and in the stop's reason
+NO_SIGNAL_FIXES = (
+    "a stronger starting model (a supervised warm start on the task, train.init_from), easier prompts (rl.prompts), "
+    "or more samples a prompt (rl.group_size)"
+)
+
 
 class NoLearningSignal(Monitor):
     """The share of a step's groups whose responses all earned one reward, over `window` steps:
@@ -61,7 +69,8 @@ class NoLearningSignal(Monitor):
     # the restore. Past that step the windows start afresh, and a recurrence is found as new.
     # The best held-out count is kept as rule rl_hacking keeps it: the step-0 evaluation is not taken again after a
     # rollback to step 0 (the latest reading goes back with the weights: the collapsed policy's is not the replay's)
-    KEPT_ON_ROLLBACK = ("acted_at", "top")
+    # (and the first rollouts' warning, said once)
+    KEPT_ON_ROLLBACK = ("acted_at", "top", "warned")
 
     def __init__(self, cfg: OrchestratorConfig):
         self.cfg = cfg.rl_signal
@@ -75,6 +84,7 @@ class NoLearningSignal(Monitor):
         self.sampled_flat = Rolling(self.cfg.window)  # the flat share of the last steps dynamic sampling drew
         self.sampling: bool | None = None  # whether it drew the last step (None: unknown)
         self.gave_up = False  # it went off finding nothing: quiet until the flat share falls below threshold
+        self.warned = False  # the starting policy's first rollouts were judged (_no_reward): said once a run
         # the policy's health, which tells a collapse from uniform groups at a sound policy (_collapsed): the phase's
         # first `window` steps and the last ones (overlapping while the phase is young: _splits parts them), as rule
         # rl_reward's steps [SCORE..., reward, group size] with their groups with a right response, and their
@@ -111,7 +121,12 @@ class NoLearningSignal(Monitor):
         self.failed.add(failed / max(scored, 1))
         self.drawn.add(m.rl.get("groups_drawn", 0))
         self._switched(m.rl.get("dynamic_sampling"), share)
+        first = not self.steps and not self.start  # the phase's first step: the starting policy's first rollouts
         self._health(m.step, m.rl)
+        if first and not self.warned:
+            self.warned = True
+            if (found := self._no_reward(m)) is not None:
+                return found
         if len(self.window) < self.cfg.window or self.window.mean() < self.cfg.threshold:
             self.gave_up = self.gave_up and len(self.window) < self.cfg.window  # signal again: the rule is back
             return None
@@ -147,6 +162,32 @@ class NoLearningSignal(Monitor):
         # 0.5 at the threshold, 1 when every group is flat
         strength = 0.5 + 0.5 * (share - self.cfg.threshold) / max(1 - self.cfg.threshold, 1e-9)
         return self.finding(m, evidence, summary, min(1.0, strength))
+
+    def _no_reward(self, m: StepMetrics) -> Finding | None:
+        """The starting policy's first rollouts: where no response of any group earned a reward (and its step-0
+        held-out count, where taken, is 0 too), a warning at once, not a window later: every group's advantage is 0
+        from the first step, and the remedies (dynamic sampling, warmer sampling) rarely find what the policy never
+        answers (a 10-step text model on the arithmetic task: pass@1 0/64, every group flat for 20 steps through
+        both; the rule's stop follows, rl_remedies.py). Not where the verifications failed (rl_verifier's)."""
+        rl, failing = m.rl or {}, self.failed.values[-1] >= self.failing
+        groups, scored = rl.get("score_n", 0), (rl.get("verifications") or (0,))[0]
+        if failing or not groups or rl["score"] > 0 or rl["flat_groups"] < 1.0 or rl.get("solved_groups", 0.0) > 0:
+            return None
+        if self.held_out and self.held_out[0] > 0:  # greedy answers earn some: a signal warmer sampling may find
+            return None
+        size = round(scored / groups)
+        evidence = {"kind": "no_reward", "groups": groups, "group_size": size}
+        held = ""
+        if self.held_out:
+            evidence |= {"held_out_solved": 0, "held_out_n": self.held_out[1]}
+            held = f", and held-out pass@1 at step {self.held_out[2]} is 0/{self.held_out[1]}"
+        summary = (
+            f"the starting policy earns no reward at all: none of the {groups * size} responses of its first "
+            f"rollouts ({groups} prompts x rl.group_size {size}: pass@{size} 0) earned one{held}. GRPO's advantage "
+            f"compares the rewards of a group, so every group's is 0 and the steps have no gradient; fixes: "
+            f"{NO_SIGNAL_FIXES}"
+        )
+        return self.finding(m, evidence, summary, 1.0)
 
     def _switched(self, sampling: bool | None, share: float) -> None:
         """Dynamic sampling's state at this step: gone off after the steps it drew stayed flat

@@ -13,7 +13,8 @@ from typing import Any
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.dpo_health import preference_remedy
 from trimtab.orchestrator.monitors import Finding
-from trimtab.orchestrator.remedies import Remedy, lr_cut
+from trimtab.orchestrator.remedies import GAVE_UP, Remedy, lr_cut
+from trimtab.orchestrator.rl_health import NO_SIGNAL_FIXES
 from trimtab.orchestrator.rl_reward import gave_up, no_rollback, reward_remedy
 from trimtab.orchestrator.rl_verifier import verifier_remedy
 
@@ -22,7 +23,7 @@ ROLLING_BACK = ("rl_length", "rl_hacking", "rl_reward", "dpo_held_out")
 
 
 def remedy(f: Finding, view: Any, cfg: OrchestratorConfig, *, rollbacks: int = 0, incident: str = "") -> Remedy:
-    """rl_signal: dynamic sampling, then a higher sampling temperature; rl_verifier: a longer
+    """rl_signal: dynamic sampling, then a higher sampling temperature, then a stop; rl_verifier: a longer
     verifier timeout; rl_entropy: an entropy bonus, then a lower LR; rl_length: the soft
     overlong penalty, then a wider one; rl_hacking: back to the best policy, then stop (the held-out count's
     own fall: cut again, _fall_again); rl_reward: back
@@ -49,10 +50,13 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig, *, rollbacks: int = 0
 
 def _signal_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int = 0, incident: str = "") -> Remedy:
     """Dynamic sampling on; then, for groups flat but not solved, warmer sampling to the ceiling;
-    there, or with the groups mostly solved, dynamic sampling goes off once it drew a whole window
-    without one group with a signal: it multiplied the step's cost for nothing. Flat because the
-    policy collapsed (the monitor's evidence, or a rollback's incident open), neither: _collapsed."""
+    there, once dynamic sampling drew a whole window without one group with a signal, the run stops
+    (_no_signal); with the groups mostly solved, it goes off instead: it multiplied the step's cost for
+    nothing. Flat because the policy collapsed (the monitor's evidence, or a rollback's incident open),
+    neither: _collapsed. The starting policy's first rollouts without a reward: a note (_NO_REWARD)."""
     rule = cfg.rl_signal
+    if f.evidence.get("kind") == "no_reward":  # the starting policy's first rollouts (rl_health.py, _no_reward)
+        return Remedy(action="none", reasoning=_NO_REWARD)
     if f.evidence.get("collapsed") or rollbacks:
         return _collapsed(f.evidence.get("collapsed", {}), rollbacks, incident)
     # every group of a window dynamic sampling drew alone was flat: more draws will not find a signal
@@ -84,8 +88,7 @@ def _signal_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: in
     now = view.rl_temperature
     value = round(min(rule.max_temperature, now * rule.factor), 4)
     if value <= now and barren:
-        hard = "easier prompts in rl.prompts, more samples per prompt (rl.group_size) or a supervised warm start"
-        return _sampling_off(f, "hard", f"{hard}; sampling at {now:g} did not spread the answers")
+        return _no_signal(f, now)
     if value <= now:
         return Remedy(
             action="none",
@@ -129,6 +132,37 @@ _LENGTH_INCIDENT = (
     "shorter answers, so it would not lift them (and more draws meet the same budget): rule rl_length answers it "
     "(the penalty teaches ending; else raise rl.max_new_tokens)"
 )
+
+
+# rl_signal's word on a starting policy that earns no reward in its first rollouts: the remedies come a window later
+_NO_REWARD = (
+    "the run trains on: each window of flat groups turns dynamic sampling on, then samples warmer up to "
+    "orchestrator.rl_signal.max_temperature; where a whole window at the ceiling still finds no group with a "
+    "signal, the run stops (exit 3). A policy that never answers right rarely starts to by sampling: begin RL from "
+    "a model trained on the task (trimtab train on its data, then train.init_from), or give it prompts it can solve"
+)
+
+
+def _no_signal(f: Finding, temperature: float) -> Remedy:
+    """The remedies spent (dynamic sampling drew a whole window at the ceiling temperature and no group had a
+    signal): a stop, like the other RL rules' (gave_up's exit 3), not training on with no gradient. The sampling went
+    off and the run trained on before: from a 10-step text model on the arithmetic task, every group flat at reward 0
+    through step 40 (loss 0) and exit 0, nothing saying the starting model had no signal (2026-12-02)."""
+    drawn, window = f.evidence.get("groups_drawn", 0.0), f.evidence["window"]
+    why = (
+        f"dynamic sampling drew {drawn:.0f} groups a step for the last {window} steps, sampled at {temperature:g} "
+        "(orchestrator.rl_signal.max_temperature), and not one had a signal: the rollouts carry no advantage "
+        "(GRPO's is 0 where a group's responses all earn one reward), so no step has a gradient"
+    )
+    return Remedy(
+        action="stop",
+        params={
+            "reason": f"the policy earns no learning signal: {why}; fixes: {NO_SIGNAL_FIXES}",
+            "exit_code": GAVE_UP,
+        },
+        reasoning=f"{why}; the remedies are spent (dynamic sampling, sampling up to the ceiling): stopping, as "
+        "training on would only spend the steps",
+    )
 
 
 def _sampling_off(f: Finding, too: str, fix: str) -> Remedy:
