@@ -143,17 +143,31 @@ def test_corrupt_checkpoints_set_aside_are_kept_out_of_resume_and_pruning(tmp_pa
         save(tmp_path, step)
     (list_checkpoints(tmp_path)[-1] / "optim.pt").write_bytes(b"damaged")
     found, _ = latest_valid(tmp_path)
-    assert [p.name for p in set_aside_corrupt(tmp_path, after=20)] == ["step_000030"]
+    assert [p.name for p in set_aside_corrupt(tmp_path, after=20, keep=2)] == ["step_000030"]
     assert found.name == "step_000020" and latest_valid(tmp_path)[0] == found
     save(tmp_path, 30, keep=1)  # the same step again, later: the corrupt copy is not replaced
     (list_checkpoints(tmp_path)[-1] / "optim.pt").write_bytes(b"damaged again")
-    set_aside_corrupt(tmp_path, after=20)
+    set_aside_corrupt(tmp_path, after=20, keep=2)
     corrupt = checkpoint_root(tmp_path) / "corrupt"
     assert sorted(p.name for p in corrupt.iterdir()) == ["step_000030", "step_000030.2"]
     assert (corrupt / "step_000030" / "optim.pt").read_bytes() == b"damaged"
     save(tmp_path, 40, keep=1)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000040"]  # pruned; corrupt/ untouched
     assert len(list(corrupt.iterdir())) == 2
+
+
+def test_the_corrupt_checkpoints_set_aside_are_bounded_to_the_newest_keep(tmp_path):
+    """checkpoints/corrupt/ grew by a whole checkpoint at every set-aside (a failing disk: one each rollback
+    or resume), never pruned; bounded now as rolled_back/ is, its record of them kept."""
+    corrupt = checkpoint_root(tmp_path) / "corrupt"
+    for step in (10, 20, 30):
+        save(tmp_path, step, keep=5)
+        os.utime(list_checkpoints(tmp_path)[-1], (step, step))  # written in this order, whatever the clock's grain
+        set_aside_corrupt(tmp_path, after=step - 1, keep=2)
+        (corrupt / "fallback.json").write_text("{}")
+    assert sorted(p.name for p in corrupt.iterdir()) == ["fallback.json", "step_000020", "step_000030"]
+    set_aside_corrupt(tmp_path, after=100, keep=1)  # bounded though none was moved
+    assert sorted(p.name for p in corrupt.iterdir()) == ["fallback.json", "step_000030"]
 
 
 def test_every_file_of_a_checkpoint_has_the_umask_mode(tmp_path):
@@ -406,12 +420,12 @@ def test_a_sharded_save_a_lost_rank_cut_is_not_resumed_and_is_said(tmp_path, cap
     found = latest_valid(tmp_path)
     assert found[0].name == "step_000005"
     with caplog.at_level(logging.WARNING, logger="trimtab.training.resume"):
-        _set_aside(tmp_path, found, {})
+        _set_aside(tmp_path, found, {}, 3)
     assert "resuming from" not in caplog.text and "cut" not in caplog.text  # the resume's line says it
     note = set_aside_note(tmp_path, 5)
     assert "; the save of step 10 was cut before its commit (.tmp_step_000010_sharded in" in note
     assert "000003" not in note
     (checkpoint_root(tmp_path) / "step_000005" / "state.json").unlink()  # none valid left: a start over says it
     with caplog.at_level(logging.WARNING, logger="trimtab.training.resume"):
-        _set_aside(tmp_path, latest_valid(tmp_path), {})
+        _set_aside(tmp_path, latest_valid(tmp_path), {}, 3)
     assert "the save of step 3, 10 was cut before its commit" in caplog.text and "starting over" in caplog.text

@@ -50,3 +50,27 @@ def test_saves_failing_for_less_than_an_interval_are_noted_and_retried_not_stopp
     assert remedies.disk(f, view, cfg).action == "none"
     f.evidence["failing_since"] = 10
     assert remedies.disk(f, view, cfg).action == "stop"
+
+
+def test_a_save_owed_when_a_rollback_comes_is_the_abandoned_trajectorys(tmp_path, capsys, monkeypatch):
+    """The retry of a failed save (checkpointing.py _owe_save) outlived a rollback: the replay's first failed
+    save waited twice the abandoned one's last wait (step 8: tried again at 10, not 9). Cleared by the rollback,
+    the replay's retries are as a first failure's: 9, 11."""
+    import trimtab
+    from trimtab.config import load_config
+
+    monkeypatch.setattr("trimtab.training.setup.peak_flops", lambda precision: (None, "not measured in tests"))
+    train = {"max_steps": 10, "eval_every": 0, "batch_tokens": 1024, "eval_tokens": 1024, "precision": "fp32"}
+    overrides = {
+        "out": str(tmp_path / "r"),
+        "train": train,
+        "data": {"max_bytes": 150_000},
+        "checkpoint": {"every": 8},
+        "log": {"progress": False, "tensorboard": False},
+        "faults": ["disk_full@8:6", "weights_nan@10"],
+        "orchestrator": {"throughput": {"enabled": False}, "checkpoint_interval": {"rollbacks": False}},
+    }
+    assert trimtab.train(load_config(preset="debug", overrides=overrides))["status"] == "completed"
+    err = capsys.readouterr().err
+    assert "rolled back from step 10 to step 0" in err
+    assert err.count("step 8: no checkpoint since step 0; the save is tried again at step 9") == 2

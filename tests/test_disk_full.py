@@ -100,6 +100,16 @@ def test_a_disk_too_small_for_any_new_checkpoint_stops_with_exit_4_and_resumes_o
     assert f"kept in {kept}" in summary["status"] and f"train.init_from={kept}" in done.stderr
     assert "weights alone (bf16: fp32 did not fit in the " in summary["status"]  # 2.8 MB left: 2.2 MB + margin not
 
+    # re-run with less room than a second copy of step 10's weights: it stops at step 10 again, and those weights
+    # are still on disk from the first stop (the space the new copy needed): kept, said so, never "lost"
+    (fs / "filler").write_bytes(b"\0" * (1 << 20))
+    twice = train(run, 10, "checkpoint.every=5")
+    assert twice.returncode == 4, twice.stderr[-3000:]
+    status = json.loads((run / "summary.json").read_text())["status"]
+    assert f"this step's are in {kept} already, from an earlier stop" in status and "lost" not in status
+    assert f"train.init_from={kept}" in status and (kept / "model.safetensors").is_file()
+    (fs / "filler").unlink()
+
     small_fs.resize(40)  # a person frees space; the same command resumes and finishes
     again = train(run, 10, "checkpoint.every=5")
     assert again.returncode == 0, again.stderr[-3000:]
@@ -205,6 +215,27 @@ def test_the_full_disks_weights_are_kept_in_fp32_where_they_fit_else_bf16_and_sa
     assert kept["w"].dtype == torch.bfloat16 and torch.equal(kept["steps"], weights["steps"])
     assert said.startswith("bf16: fp32 did not fit in the ") and "MiB left" in said
     assert json.loads((path / "state.json").read_text())["snapshot"] == "bf16"
+
+
+def test_the_full_disks_weights_replace_older_snapshots_never_the_newest(small_fs):
+    """With no room for the stop's weights, the older lean snapshots but the newest make room for them: newer
+    weights in place of older ones. The newest stays until the new one is whole; keep_every's stay too."""
+    from trimtab.snapshots import list_snapshots, newest_weights, save_last_weights, save_snapshot
+
+    fs = small_fs(3)
+    run, snapshots = fs / "r", fs / "r" / "snapshots"
+    run.mkdir()
+    weights = {"w": torch.randn(256, 1024) / 3}  # 0.5 MiB in bf16
+    for step in (3, 10, 20):
+        save_snapshot(run, step, weights, {"tokens": step}, keep=5, keep_every=3)
+    (fs / "filler").write_bytes(b"\0" * (5 << 18))  # ~0.25 MiB left: no bf16 copy fits
+    path, said = save_last_weights(run, 30, weights, {"tokens": 30}, keep=5, keep_every=3)
+    assert path == snapshots / "step_000030" and said.startswith("bf16")
+    assert [p.name for p in list_snapshots(run)] == ["step_000003", "step_000020", "step_000030"]  # 10 made room
+    with pytest.raises(OSError):  # 1 MiB in bf16: step 20 freed, not enough; 30 (the newest) and 3 (keep_every) stay
+        save_last_weights(run, 40, {"w": torch.randn(512, 1024)}, {"tokens": 40}, keep=5, keep_every=3)
+    assert [p.name for p in list_snapshots(run)] == ["step_000003", "step_000030"]
+    assert newest_weights(run, 40) == snapshots / "step_000030"
 
 
 def test_the_full_disks_bf16_weights_are_kept_in_bf16_not_upcast(small_fs):

@@ -58,3 +58,47 @@ def test_weights_that_are_not_finite_are_not_snapshotted_and_the_good_ones_stay(
     Checkpointing.snapshot(run)
     assert [p.name for p in list_snapshots(tmp_path)] == ["step_000001"]  # keep=1: step 1 is not pushed out
     assert said == ["step 2: the weights are not finite: no lean snapshot written"]
+
+
+def test_a_checkpoint_with_a_nan_moment_or_buffer_is_not_written_and_says_which(tmp_path):
+    """save() checked the parameters alone: a NaN in an Adam moment (or a buffer: MoE expert_bias) was
+    checkpointed, and a resume's next update spread it to the weights. Each part is named in the refusal."""
+    said, written = [], []
+    model = Tiny(4, 4)
+    model.register_buffer("expert_bias", torch.zeros(4))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    run = SimpleNamespace(
+        cfg=SimpleNamespace(run_dir=tmp_path, checkpoint=SimpleNamespace(asynchronous=False, keep=2)),
+        state=SimpleNamespace(step=5),
+        model=model,
+        optimizer=optimizer,
+        scaler=None,
+        best_eval=None,
+        last_saved=0,
+        last_good=0,
+        _restored=False,
+        dist=SimpleNamespace(
+            all_finite=lambda ts: all(bool(torch.isfinite(t).all()) for t in ts),
+            save=lambda *args, **kwargs: written.append(args[1]) or tmp_path,
+        ),
+        watchdog=SimpleNamespace(beat=lambda what: None),
+        finish_save=lambda: None,
+        _good=lambda: True,
+        _call=lambda *args: None,
+        _gate_tables=dict,
+        _checkpoint_state=lambda good: {},
+        _protected=tuple,
+        say=said.append,
+    )
+    run._not_finite = lambda: Checkpointing._not_finite(run)
+    optimizer.state[model.weight]["exp_avg_sq"][0, 0] = float("nan")
+    assert Checkpointing.save(run) is False and written == []
+    model.expert_bias[1] = float("inf")
+    assert Checkpointing.save(run) is False and written == []
+    assert said == [
+        "step 5: the optimizer's moments are not finite: no checkpoint written (the resume point stays step 0)",
+        "step 5: the buffers are not finite, nor the optimizer's moments: no checkpoint written (the resume point "
+        "stays step 0)",
+    ]

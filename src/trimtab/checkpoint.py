@@ -22,7 +22,8 @@ never taken for corrupt; one without it (written before formats were recorded) i
 state.json is written last, inside the temp dir, so a directory named step_* is complete by
 construction; the manifest still catches later damage (a truncated copy, a bad disk). A corrupt
 checkpoint found at resume is moved to checkpoints/corrupt/ (set_aside_corrupt), where nothing
-resumes from it or prunes it. Every file of a checkpoint has the same mode, the one the umask gives.
+resumes from it; that folder keeps the newest checkpoint.keep. Every file of a checkpoint has the
+same mode, the one the umask gives.
 """
 
 from __future__ import annotations
@@ -308,12 +309,13 @@ def search_valid(run_dir: Path) -> tuple[tuple[Path, dict[str, Any]] | None, dic
     return found, {str(path): str(exc) for path, exc in refused}
 
 
-def set_aside_corrupt(run_dir: Path, after: int) -> dict[Path, Path]:
+def set_aside_corrupt(run_dir: Path, after: int, keep: int) -> dict[Path, Path]:
     """Move the checkpoints newer than step `after` to checkpoints/corrupt/; returns where each went.
     At resume `after` is the newest valid checkpoint's step (-1: none), so these are the ones that
     failed verification. Kept for inspection, they leave list_checkpoints' sight: never resumed
-    from, never pruned, and never counted among the newest `keep`, which would otherwise make a
-    restarted run prune its fresh checkpoints in favour of a newer corrupt one."""
+    from, never counted among the newest `keep`, which would otherwise make a restarted run prune
+    its fresh checkpoints in favour of a newer corrupt one. The folder keeps the newest `keep`
+    (_bound_attic): each is a whole checkpoint's bytes, and a failing disk sets one aside at every try."""
     attic = checkpoint_root(run_dir) / CORRUPT
     moved = {}
     for path in list_checkpoints(run_dir):
@@ -321,7 +323,17 @@ def set_aside_corrupt(run_dir: Path, after: int) -> dict[Path, Path]:
             attic.mkdir(exist_ok=True)
             moved[path] = _unused(attic / path.name)
             os.replace(path, moved[path])
+    _bound_attic(attic, keep)
     return moved
+
+
+def _bound_attic(attic: Path, keep: int) -> None:
+    """Delete all but the newest `keep` checkpoints in `attic` (rolled_back/, corrupt/), by modification time;
+    bounded at every move into it, not only one that moved some (a rollback whose loads all failed retired
+    checkpoints and put them back since, put_back_retired). Its other files (corrupt/'s record) are kept."""
+    kept = [p for p in attic.iterdir() if p.is_dir()] if attic.is_dir() else []
+    for old in sorted(kept, key=lambda p: p.stat().st_mtime)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def find_checkpoint(run_dir: Path, to: str | int = "last_good") -> tuple[Path, dict[str, Any]] | None:
@@ -398,10 +410,7 @@ def retire_after(run_dir: Path, step: int, keep: int) -> list[Path]:
             shutil.rmtree(target, ignore_errors=True)
             os.replace(path, target)
             moved.append(target)
-    # bounded at every retirement, not only one that moved some: a rollback whose loads all failed
-    # retired checkpoints and none after it (put back since, put_back_retired) pruned its attic again
-    for old in sorted(attic.iterdir(), key=lambda p: p.stat().st_mtime)[:-keep] if attic.is_dir() else []:
-        shutil.rmtree(old, ignore_errors=True)
+    _bound_attic(attic, keep)
     return moved
 
 

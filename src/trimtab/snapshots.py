@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from trimtab.checkpoint import STEP_DIR, clear_stale, dedup, install, put_back_replaced, step_dirs
+from trimtab.checkpoint import STEP_DIR, clear_stale, dedup, install, put_back_replaced, step_dirs, verify
+from trimtab.errors import CheckpointError
 from trimtab.write_errors import writing
 
 PRECISIONS = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -43,8 +44,50 @@ def save_last_weights(
 ) -> tuple[Path, str]:
     """The disk rule's stop (checkpointing.py _keep_weights): the trained weights as they are (fp32, or their
     own narrower dtype such as bf16, never upcast) when they fit in the space left, a run trained on from them
-    (train.init_from) keeping their precision; else bf16, half the bytes. Returns the snapshot and the wording
-    of its precision for the stop reason."""
+    (train.init_from) keeping their precision; else bf16, half the bytes; neither fitting, once more after
+    make_room. Returns the snapshot and the wording of its precision for the stop reason."""
+    try:
+        return _save_weights(run_dir, step, weights, state, keep, keep_every)
+    except OSError:
+        if not make_room(run_dir, step, keep_every):
+            raise
+    return _save_weights(run_dir, step, weights, state, keep, keep_every)
+
+
+def make_room(run_dir: Path, step: int, keep_every: int) -> list[Path]:
+    """The snapshots before `step` but the newest of them (and keep_every's), deleted for the disk rule's stop
+    to keep step `step`'s weights in their space: older weights replaced by newer ones. Never the newest: until
+    the new one is whole it is the run's last weights kept. Returns the deleted."""
+    older = [p for p in list_snapshots(run_dir) if _step(p) < step][:-1]
+    gone = [p for p in older if not (keep_every and _step(p) % keep_every == 0)]
+    for path in gone:
+        shutil.rmtree(path, ignore_errors=True)
+    return gone
+
+
+def newest_weights(run_dir: Path, step: int) -> Path | None:
+    """The snapshot that holds the run's last weights kept when step `step`'s did not fit: that step's own (an
+    earlier session's stop at the same step left it), else the newest at or before it; one that fails its
+    manifest does not count (None: no such snapshot)."""
+    for path in sorted(list_snapshots(run_dir), key=lambda p: (_step(p) != step, -_step(p))):
+        if _step(path) > step:
+            continue
+        try:
+            verify(path)
+        except CheckpointError:
+            continue
+        return path
+    return None
+
+
+def _step(path: Path) -> int:
+    return int(STEP_DIR.match(path.name).group(1))
+
+
+def _save_weights(
+    run_dir: Path, step: int, weights: dict[str, torch.Tensor], state: dict, keep: int, keep_every: int
+) -> tuple[Path, str]:
+    """save_last_weights' write: fp32 where it fits, else bf16."""
     if fp32_fits(run_dir, weights):
         try:
             path = save_snapshot(run_dir, step, weights, state, keep, keep_every, "fp32")

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from trimtab.checkpoint import (
     cadence_kept,
     find_checkpoint,
@@ -22,7 +24,7 @@ from trimtab.checkpoint import (
 from trimtab.checkpoint_load import apply_structure
 from trimtab.distributed.ft import shard_like
 from trimtab.errors import CheckpointError, ConfigError
-from trimtab.snapshots import save_last_weights, save_snapshot
+from trimtab.snapshots import newest_weights, save_last_weights, save_snapshot
 from trimtab.storage import step_of
 from trimtab.training.changes import TRAINED, trained_config
 from trimtab.training.hooks import keyed
@@ -54,10 +56,10 @@ class Checkpointing(Loading):
         newest checkpoint on disk as its resume point. A run that gave up (exit code 3) on weights
         a hook does not call healthy saves them for inspection in checkpoints/rolled_back/,
         never as the resume point: re-running starts from the last good state."""
-        if not self.save(wait=True) and not self.dist.all_finite(self.model.parameters()):
+        if not self.save(wait=True) and (broken := self._not_finite()):
             self.request_stop(
-                f"the weights are not finite at step {self.state.step}; re-running resumes from the newest "
-                f"checkpoint, step {self.last_saved}",
+                f"{broken[0]} are not finite at step {self.state.step}{_nor(broken)}; re-running resumes from "
+                f"the newest checkpoint, step {self.last_saved}",
                 GAVE_UP,
             )
             return
@@ -81,9 +83,9 @@ class Checkpointing(Loading):
         self.finish_save()
         if self.state.step == self.last_saved and not self._restored:
             return True
-        if not self.dist.all_finite(self.model.parameters()):
+        if broken := self._not_finite():
             self.say(
-                f"step {self.state.step}: the weights are not finite: no checkpoint written (the resume "
+                f"step {self.state.step}: {broken[0]} are not finite{_nor(broken)}: no checkpoint written (the resume "
                 f"point stays step {self.last_saved})"
             )
             return False
@@ -119,6 +121,25 @@ class Checkpointing(Loading):
             self._restored = False
             self._call("on_checkpoint", path)
         return True
+
+    def _not_finite(self) -> list[str]:
+        """What a checkpoint of this step would write that is not finite (none: []): the weights, the floating
+        buffers (MoE expert_bias), the optimizer's moments; a NaN moment resumed poisons the next update. One
+        fused check of them all (view.weights_finite's), each part checked only once it failed; every rank asks."""
+        parts = {
+            "the weights": list(self.model.parameters()),
+            "the buffers": [b for b in self.model.buffers() if b.is_floating_point()],
+            # the 0-d step counts left out, as in view.weights_finite: on the host, never NaN
+            "the optimizer's moments": [
+                v for s in self.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.ndim
+            ],
+        }
+        if self.dist.all_finite([t for part in parts.values() for t in part]):
+            return []
+        # a finite 0-d tensor in each: a part empty on some ranks only (a pipeline stage without buffers) still
+        # takes its turn in all_finite's all-reduce
+        finite = torch.zeros((), device=parts["the weights"][0].device)
+        return [name for name, part in parts.items() if not self.dist.all_finite([*part, finite])]
 
     def _protected(self) -> tuple[int, ...]:
         """The steps whose checkpoints pruning keeps besides the newest checkpoint.keep."""
@@ -192,15 +213,32 @@ class Checkpointing(Loading):
             try:
                 path, precision = self.dist.from_main(save_last_weights, *_snapshot_args(self))
             except OSError as exc:
-                kept = f"not even its weights fit as a lean snapshot ({exc}): the steps since are lost"
+                kept = self._weights_not_kept(exc)
             else:
                 self.weights_kept = str(path)
-                kept = (
-                    f"its weights alone ({precision}; no optimizer state: not a resume point) are kept in {path}; to "
-                    f"train on from them instead, a new run: --set train.init_from={path} --out NEW_DIR"
-                )
+                kept = f"its weights alone ({precision}; no optimizer state: not a resume point) are kept in {path}"
+                kept += _init_from(path)
         self.stop_reason += f"; step {step}: {kept}"
         self.say(f"step {step}: no checkpoint fits; {kept}")
+
+    def _weights_not_kept(self, exc: OSError) -> str:
+        """_keep_weights' words when this step's weights did not fit: the weights kept from before, and where.
+        A snapshot of this step on disk (an earlier session's stop at it) holds them: its space was what the
+        new copy needed (soak: "the steps since are lost", step 22's weights in snapshots/step_000022)."""
+        step, resumes = self.state.step, self.last_saved
+        path = self.dist.from_main(newest_weights, self.cfg.run_dir, step)
+        if path is not None and step_of(path.name) == step:
+            self.weights_kept = str(path)
+            return (
+                f"its weights were not written again ({exc}); this step's are in {path} already, from an earlier "
+                f"stop or snapshot at it (no optimizer state: not a resume point)" + _init_from(path)
+            )
+        if path is None or step_of(path.name) <= resumes:
+            return f"not even its weights fit as a lean snapshot ({exc}): steps {resumes + 1}-{step} are lost"
+        return (
+            f"not even its weights fit as a lean snapshot ({exc}): steps {step_of(path.name) + 1}-{step} are lost; "
+            f"the newest weights kept are step {step_of(path.name)}'s, in {path}" + _init_from(path)
+        )
 
     def check_snapshots(self) -> None:
         """Refused before training, not at the first snapshot: a snapshot needs every weight on
@@ -309,7 +347,7 @@ class Checkpointing(Loading):
             if not (error := self._load_whole(found[0], before)):
                 break
             failed.append(f"{found[0]}: {error}")
-            self.dist.on_main(set_aside_corrupt, self.cfg.run_dir, found[1]["step"] - 1)
+            self.dist.on_main(set_aside_corrupt, self.cfg.run_dir, found[1]["step"] - 1, self.cfg.checkpoint.keep)
             self.say(
                 f"step {step}: the rollback could not load {found[0]} ({error}); set aside in checkpoints/corrupt/"
             )
@@ -321,7 +359,8 @@ class Checkpointing(Loading):
             reason = f"no {what} loads for a rollback ({'; '.join(failed)}); the weights of step {step} are kept"
             self.request_stop(reason, GAVE_UP)
             raise CheckpointError(reason)
-        self._restored = True
+        # a save owed since a failed one (_owe_save) was the abandoned trajectory's: the replay saves at its interval
+        self._restored, self._owed = True, None
         if self.last_eval.get("step", 0) > self.state.step:  # it judged the abandoned weights
             self.last_eval = {}
         # an expert added or pruned since the checkpoint is undone with its weights: said, not silent
@@ -392,6 +431,15 @@ class Checkpointing(Loading):
         self._take_best(state)
         self._take_gate(state, received)
         self._resume_window_and_hooks(state)
+
+
+def _nor(broken: list[str]) -> str:
+    """The parts not finite after the first, as the refusal says them: ", nor the optimizer's moments"."""
+    return f", nor {' and '.join(broken[1:])}" if broken[1:] else ""
+
+
+def _init_from(path: Path) -> str:
+    return f"; to train on from them instead, a new run: --set train.init_from={path} --out NEW_DIR"
 
 
 def _snapshot_args(trainer: Checkpointing) -> tuple[Any, ...]:

@@ -55,7 +55,7 @@ def resume_point(cfg: RunConfig, dist: Parallel, remote: Remote | None = None) -
     if found is not None:
         found[1]["train"]["made_up"] = made_up_steps(found[1])  # a checkpoint older than the field
         _stop_if_finished(cfg, found, dist)
-    dist.on_main(_set_aside, cfg.run_dir, found, refused)
+    dist.on_main(_set_aside, cfg.run_dir, found, refused, cfg.checkpoint.keep)
     return found
 
 
@@ -284,13 +284,13 @@ def saved_summary(run_dir: Path, found: Found, total: int, status: str = "comple
     return built, False
 
 
-def _set_aside(run_dir: Path, found: Found | None, refused: dict[str, str]) -> None:
+def _set_aside(run_dir: Path, found: Found | None, refused: dict[str, str], keep: int) -> None:
     """Move the checkpoints newer than `found` aside and record each with why the search refused it
     (`refused`, search_valid's errors by path: verify ran once); the resume's line says them
     (set_aside_note), or, with none valid left, the start over's line here."""
     _say_cut_saves(run_dir, found)
     after = found[1]["step"] if found else -1
-    moved = set_aside_corrupt(run_dir, after)
+    moved = set_aside_corrupt(run_dir, after, keep)
     if not moved:
         return
     unverified = "not verified by this resume's search (saved meanwhile)"  # a run lock keeps writers out
