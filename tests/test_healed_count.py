@@ -101,3 +101,13 @@ def test_one_fault_in_every_moe_layer_is_one_incident():
     assert healed(collapse) == 2
     again = decision(90, "moe", "reset_router", "not recovered", family="moe/1")
     assert len(incidents([*collapse, again])) == 3 and healed([*collapse, again]) == 2
+
+
+def test_a_resume_on_another_world_after_a_clean_end_heals_nothing():
+    """torchrun 2 ranks, FSDP, kill_rank@7:1 (restarted from step 4), then after it completed
+    `trimtab train --max-steps 16` on one process: the report read "faults healed 2" for the one rank
+    killed; the second restart (kind resized: a clean end, nothing lost) answers no fault."""
+    lost = decision(4, "restart", "resume", family="cluster", evidence={"kind": "lost_rank", "restart": 1})
+    resized = {"kind": "resized", "ended": "completed", "restart": 0, "down_s": 0.0}
+    relaunched = decision(12, "restart", "resume", family="cluster", evidence=resized)
+    assert healed([lost, relaunched]) == 1 and incidents([relaunched]) == []

@@ -281,10 +281,10 @@ def incidents(decisions: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """The kept decisions that answer a fault, grouped by incident, in journal order: one family's
     (bad data's spikes and rows together) within INCIDENT_STEPS steps of the incident's span (a
     rollback's replay goes back in steps and stays in it), unless the incident was over before (_over).
-    Notes, NOT_FAULTS and PEOPLES' decisions answer none."""
+    Notes, NOT_FAULTS, PEOPLES' decisions and a restart that was no failure (_resized) answer none."""
     found: list[tuple[str, list[int], list[dict[str, Any]]]] = []  # family, [first, last step], decisions
     for d in decisions:
-        if d.get(ABANDONED) or is_note(d) or d.get("rule") in NOT_FAULTS or d.get("mode") in PEOPLES:
+        if d.get(ABANDONED) or is_note(d) or d.get("rule") in NOT_FAULTS or d.get("mode") in PEOPLES or _resized(d):
             continue
         # a layer's family (moe/1, mod/3) is for judging outcomes per layer; one fault can strike every
         # layer at once (debug-moe, expert_collapse@10: layers 1 and 3 answered at steps 20 and 21, "faults healed 2")
@@ -301,6 +301,13 @@ def incidents(decisions: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
         incident[1][:] = [min(incident[1][0], step), max(incident[1][1], step)]
         incident[2].append(d)
     return [i[2] for i in found]
+
+
+def _resized(d: dict[str, Any]) -> bool:
+    """A restart after a clean end (a new launch on another world, or the agent's stop to admit a node:
+    docs/resilience.md `resized`): nothing was lost, so no fault (a run resumed on 1 rank after a
+    2-rank job completed read "faults healed 2" for its one killed rank)."""
+    return d.get("rule") == "restart" and (d.get("evidence") or {}).get("kind") == "resized"
 
 
 def _over(incident: list[dict[str, Any]], d: dict[str, Any]) -> bool:
