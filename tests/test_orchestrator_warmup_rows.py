@@ -42,6 +42,35 @@ def test_low_gains_only_where_the_loss_jumped_blame_those_steps_rows_once_a_phas
     assert "jumped_steps" not in again.evidence and mon.fired
 
 
+def _gated(curve, trained):
+    """GARBAGE's steps as a run with the row gate sees them: from step 5 each step's second row is
+    garbage the gate left out, whose score (8.3) stands in the reported loss; its first row, the one
+    trained, scores `trained(step)`."""
+    steps = []
+    for step, (loss, gain) in enumerate(curve, 1):
+        rows = [10 * step, 10 * step + 1]
+        m = StepMetrics(step=step, loss=loss, grad_norm=1.0, update_gain=gain, rows=rows)
+        if step >= 5:
+            m.row_losses, m.gated_rows = {rows[0]: (trained(step), 64), rows[1]: (8.3, 64)}, [rows[1]]
+        steps.append(m)
+    return steps
+
+
+def test_a_jump_of_rows_the_gate_left_out_is_not_blamed_nor_their_gains_counted():
+    """debug at 10x the LR, bad_rows@10:4: step 10's loss jumped (6.17) only by the 10 garbage rows the
+    gate had left out (the rest 5.43), its gain -0.41 from scoring them again; above_start blamed the
+    step's 32 rows, rolled back to step 0 without them, and cut the LR on the replay anyway (val 5.243
+    against 5.220 off). The jump is judged on the rows trained, and a gated step's gain not counted."""
+    mon = AboveStart(OrchestratorConfig())
+    assert [f for m in _gated(GARBAGE, lambda step: 6.0 - 0.02 * step) if (f := mon.observe(m))] == []
+    assert mon.early_jumps == [] and len(mon.first_gains) == 4
+    missed = AboveStart(OrchestratorConfig())  # the trained rows jumped too: garbage the gate missed
+    for m in _gated(GARBAGE, lambda step: 6.27):
+        missed.observe(m)
+    assert [j["rows"] for j in missed.early_jumps] == [[50], [60], [70], [80]]
+    assert not missed.data_read  # their gains unmeasured: not blamed on the jump alone
+
+
 def test_low_gains_on_every_step_are_the_lrs_even_with_a_jump_among_them():
     mon = AboveStart(OrchestratorConfig())
     falling = [(6.25 - 0.05 * s, g) for s, g in enumerate([0.3, 0.25, 0.35, 0.2, 0.3, 0.3, 0.25])]

@@ -59,6 +59,17 @@ class StepMetrics:
     rl: dict[str, Any] | None = None
     unsettled: bool = False  # instability lately (Policy.unsettled): a high loss is the model's, not a row's
 
+    def trained_loss(self) -> float | None:
+        """The loss of the rows the update trained on: `loss` less the rows the row gate left out
+        (their scores stand in it, training/row_gate.py), their targets' mean from row_losses; None
+        where every row was gated (or, unlikely, gated rows come without row losses): nothing trained."""
+        if not self.gated_rows:
+            return self.loss
+        gated = set(self.gated_rows)
+        kept = [(loss, n) for row, (loss, n) in (self.row_losses or {}).items() if row not in gated]
+        targets = sum(n for _, n in kept)
+        return sum(loss * n for loss, n in kept) / targets if targets else None
+
 
 @dataclass(kw_only=True)
 class Finding:
