@@ -61,7 +61,7 @@ from trimtab.training.init_from import (
     sharded_init_from,
 )
 from trimtab.training.resume import resume_point
-from trimtab.training.run_length import left_out_tokens, mixed_sources, resolve_max_steps
+from trimtab.training.run_length import kept_whole, left_out_tokens, mixed_sources, resolve_max_steps
 from trimtab.training.run_tokenizer import given_tokenizer, tokenizer_source
 from trimtab.training.services.compiling import CompileChoice, choose_compile
 from trimtab.training.services.cpu_precision import refine_cpu_precision
@@ -165,6 +165,7 @@ def build_phases(
         screened = (decided or {}).get(len(phases), screened_out(data, cfg))
         # the flagged documents' rows left out from the start are not trained on: not counted as repeated
         left = left_out_tokens(built.train, flagged_rows(built.train) if screened else frozenset())
+        left = kept_whole(built, key, left)  # a source flagged whole is trained on all the same
         mixed = mixed_sources(built, key, left)
         trained = built.train.n_tokens - sum(left)
         steps = cfg.finetune.steps if name == "finetune" else resolve_max_steps(cfg, trained, tok, mixed)
