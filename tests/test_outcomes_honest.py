@@ -225,9 +225,11 @@ def test_an_lr_cut_replay_is_judged_on_its_start_not_on_the_abandoned_too_fast_b
     """debug-moe at 30x its LR, cut and rolled back to 0 at step 35: the replay, slower at first than
     the abandoned branch (a too-high LR drops the loss fast before it inflates the weights), read "not
     recovered" paired with that branch's steps, and the cut won 0.40-0.68 nats by the run's end. The
-    cut claims the loss falls from where the phase started: so it is judged; a replay that does not is not."""
+    cut claims the loss falls from where the trouble began: the abandoned branch's at step 1 (6.17, under the
+    start), by the window's end (outcomes.py: _claim); a replay that does not is not recovered."""
     healed = _lr_cut_replay(tmp_path / "a", lambda step: 6.25 - 0.04 * step + 0.01 * (-1) ** step)
-    assert healed["result"] == "recovered" and healed["loss_before"] == pytest.approx(6.25)
+    assert healed["result"] == "recovered" and healed["loss_before"] == pytest.approx(6.17)
+    assert healed["compared_with"] == "the loss at step 1" and healed["loss_end"] == pytest.approx(5.53, abs=0.01)
     assert "replayed_steps" not in healed  # the fault's own steps: no step-by-step pairs
     stuck = _lr_cut_replay(tmp_path / "b", lambda step: 6.27 + 0.01 * (-1) ** step)  # within 5%, not below
     assert stuck["result"] == "not recovered"

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 # Outcomes a remedy's track record counts; "not applied" (advice), "stopped", "applied" (a person's),
 # "cut short" (taken in a branch a rollback abandoned before any step followed it), "noted" (a note:
-# nothing done) and "too early" (the run ended before outcome_after steps followed it) judge nothing.
+# nothing done), "too early" (the run ended before outcome_after steps followed it), and a knob's "done" /
+# "not done" (make_up's steps trained or not) and "applied" (a checkpoint interval set) judge nothing.
 JUDGED = ("recovered", "not recovered", "failed")
 
 

@@ -22,7 +22,9 @@ incident with its own rollbacks (debug, weights_nan at 12 and 22: the rollback a
 is judged at the rollback on the steps that branch had (the replay that follows repeats steps from
 before its trouble, which would compare the run with itself), but for the rollback itself, whose
 effect the replay is. Advice is never judged (deciding.py: "not applied"), nor a note (action
-"none": nothing was done, so nothing healed; deciding.py: "noted"). A decision the run's end
+"none": nothing was done, so nothing healed; deciding.py: "noted"), and a knob that heals nothing
+is judged on what it set, not on a loss any training run lowers: make_up's added steps ran or not
+(_made_up), a checkpoint interval was applied (deciding.py: "applied"). A decision the run's end
 comes to before `outcome_after` steps followed it is "too early" (_too_early), never "recovered".
 A balance coefficient raise whose layer's load is still falling toward the bar is judged later
 (_settling), on the load of its latest `outcome_after` steps. A dead expert that was starving already
@@ -47,6 +49,11 @@ SETTLED = 5
 # answers of one step's trouble: a skipped update, and rows left out for good (skip_data: only those
 # rows back are its trouble, same_trouble; a spike's skip_data 16-19 steps before the end was "too early")
 SKIPS = ("skip_step", "skip_data")
+# rules that read their trouble at every step, answered as a skipped step is: the lr rule compares the LR
+# the optimizer applies with the schedule's at each step, so its multiplier shows within a step whether it
+# brought the LR back. Held to `outcome_after`, its decision at step 12 of a 31-step run (debug,
+# lr_spike@12:10) was "too early" after 19 steps at the schedule's LR.
+ONE_STEP = ("lr",)
 FOUND = 5  # the findings an outcome names ("found_after": rule@step), the first few
 
 
@@ -67,13 +74,22 @@ class Outcomes:
         # step -> its loss, steps with findings: the loss a replay of the faulty step itself is compared with
         # (a rollback to the step just before the fault replays no healthy step first: _reproduced)
         self.troubled: OrderedDict[int, float] = OrderedDict()
+        self.last_step = 0  # the newest step read: where a make_up decision's run got to (_made_up)
 
     def follow(self, m: StepMetrics, findings: list[Finding]) -> None:
         """A step read: each pending decision's record grows, and is judged once long enough."""
         reference = self.healthy.get(m.step)  # the loss this step had before a rollback replayed it
         earlier = self.troubled.get(m.step)  # the loss it had before, when that was a fault's step
+        self.last_step = m.step
         for decision in self.journal.pending():
-            track = self.tracking.setdefault(str(decision.id), {"losses": [], "findings": 0})
+            if decision.rule == "make_up":  # no heal: done once the run trained the steps it added
+                decision.observed += 1
+                if m.step >= decision.params.get("steps", math.inf):
+                    self.judge(decision)
+                continue
+            if str(decision.id) not in self.tracking:  # before a replay's losses replace the branch's
+                self.tracking[str(decision.id)] = {"losses": [], "findings": 0, "claim": self._claim(decision)}
+            track = self.tracking[str(decision.id)]
             track["losses"].append(m.loss)
             track["withheld"] = track.get("withheld", 0) + m.skipped  # a frozen run's data decision: _frozen
             if m.rl is not None:  # RL's step: its loss is a clipped policy objective, not a likelihood
@@ -83,7 +99,11 @@ class Outcomes:
             _track_load(track, decision, m)
             back = [f.rule for f in findings if same_trouble(decision, f) and not _older(f, len(track["losses"]))]
             same = bool(back)
-            if decision.action in SKIPS or (decision.action == "rollback" and m.step > decision.step):
+            answered = decision.action in SKIPS or decision.rule in ONE_STEP
+            # an LR cut's trouble is the LR, at every step: the rule again past its step is the cut falling short
+            # (debug at 30x: the x0.1 at step 7 read "recovered" with the gain too low again at 15, cut x0.5 twice)
+            past = decision.action == "rollback" and m.step > decision.step and track.get("claim") is None
+            if answered or past:
                 same = _answered_trouble(track, same, m.loss)
             if same:
                 if decision.action == "rollback" and _reproduced(track, m.loss, earlier):
@@ -114,7 +134,7 @@ class Outcomes:
         branch it abandoned, judged now on what that branch had; `rollback`, the decision whose
         rollback this is, is judged on the replay (its effect)."""
         for d in self.journal.pending():
-            if d.step <= to or d.id == rollback:
+            if d.step <= to or d.id == rollback or d.rule == "make_up":  # a run's length survives a rollback
                 continue
             if d.observed:
                 self.judge(d)
@@ -128,6 +148,8 @@ class Outcomes:
         """Fill in d's outcome from what followed it; `ended`: the run ends here (core.py:
         on_train_end), maybe before `outcome_after` steps followed it (_too_early); `wait`: not while
         its layer's load is settling (_settling)."""
+        if d.rule == "make_up":
+            return self._made_up(d)
         track = self.tracking.get(str(d.id), {"losses": [], "findings": 0})
         load = self._load_healed(d, track.get("load"))
         healed = load.pop("healed", True)  # popped whatever `ok` is: only the numbers go in the outcome
@@ -138,18 +160,20 @@ class Outcomes:
         references = track.get("references") or [None] * len(track["losses"])
         pairs = [(v, r) for v, r in zip(track["losses"], references, strict=True) if math.isfinite(v)]
         after = sum(v for v, _ in pairs) / len(pairs) if pairs else float("nan")
-        level = _restored_level(d)
-        before = d.loss_before if level is None else level
-        if pairs and before is not None:
+        claim = track.get("claim") or self._claim(d)  # a state from before the key: the evidence's
+        before = d.loss_before if claim is None else claim[0]
+        if pairs and before is not None and claim is None:
             before = sum(before if r is None else r for _, r in pairs) / len(pairs)
+        end = sum(v for v, _ in pairs[-SETTLED:]) / len(pairs[-SETTLED:]) if pairs else float("nan")
         ok = track["findings"] == 0 and math.isfinite(after)
         # RL's loss is an advantage-weighted objective near 0 of either sign, not a likelihood: a
         # skip of a NaN step read "recovered" or "not recovered" by the sign of the steps after it
         # (the same run, sync and async), so there only the trouble's return and finite losses judge
         likelihood = not track.get("objective")
-        if ok and likelihood and before is not None and d.family == "instability":
+        if ok and likelihood and claim is not None:  # an LR cut's: by the window's end, under the trouble
+            ok = end < claim[0]
+        elif ok and likelihood and before is not None and d.family == "instability":
             ok = after <= before * 1.05 and self._within_noise(pairs, after - before)
-            ok = ok and (level is None or after < before)  # an LR cut's claim: the loss falls from the start
         if ok and likelihood and before is not None and d.family == "plateau" and d.action != "none":
             ok = after < before - self.plateau_fall
         ok = ok and healed and not _frozen(d, track, before, after)
@@ -165,6 +189,8 @@ class Outcomes:
             "loss_after": after,
             "findings_after": track["findings"],
         }
+        if claim is not None:
+            d.outcome |= {"loss_end": end, "compared_with": claim[1]}
         d.outcome.update(load)
         if track.get("found"):  # which findings said the trouble was back: a person tells a recurrence from a new fault
             d.outcome["found_after"] = track["found"]
@@ -174,6 +200,41 @@ class Outcomes:
             d.outcome["identical_steps"] = sum(v == r for v, r in pairs)
         if "reproduced_at" in track:  # a deterministic fault: another rollback would meet it again
             d.outcome["reproduced_at"] = track["reproduced_at"]
+        self.journal.write()
+
+    def _claim(self, d: Decision) -> tuple[float, str] | None:
+        """What an LR-cut rollback for an LR far too high (_fault_span) claims to heal, as (loss, what it
+        is): the replay's loss at the end of its window (its last SETTLED steps) under the lowest of
+        where the phase started (evidence["start"]), the abandoned branch's loss at the step the rule
+        said the trouble began (evidence["since"], read before the replay replaces it), the level a
+        stall sat at (evidence["level"]: the unigram entropy's, the model predicting token frequencies
+        alone) and a gradient-norm collapse's loss (it fires only on a stalled loss). A low update gain's
+        cut is judged by the rule finding it again (a quiet replay past its step does not settle it).
+        The replay's mean under the start was the claim, and every run trains below its start: debug-moe
+        at 30x (the gain rule off, 80 steps) read "recovered" for the LR cut to x0.316 at a stall at 5.01
+        (loss 5.19 by the window's end, the branch collapsed at 5.06) and to x0.1 at a collapse at 5.02
+        (5.08; collapsed again at 5.06, the cut to x0.0316 after it trained to 3.7)."""
+        if d.rule != "above_start" or "lr_factor" not in d.params:
+            return None
+        since, e = d.evidence.get("since"), d.evidence
+        branch = self.healthy.get(since, self.troubled.get(since)) if isinstance(since, int) else None
+        bars = {"start": e.get("start"), f"the loss at step {since}": branch, "stall": e.get("level")}
+        if "collapse" in e:  # a gain finding's loss is one step's on the way down: 5.133 against 5.131 (debug, 30x)
+            bars[f"the loss at step {d.step}"] = e.get("loss")
+        known = [(float(v), k) for k, v in bars.items() if isinstance(v, (int, float)) and math.isfinite(v)]
+        return min(known) if known else None
+
+    def _made_up(self, d: Decision) -> None:
+        """make_up's set_total_steps heals nothing: it gives back updates the gate withheld, by adding
+        steps to the run (make_up.py). It is "done" once the run trained to the total it set (the
+        steps made up ran), "not done" where the run ended short of it (stopped, or a later make_up
+        took the steps back: a rollback replayed the withheld ones). Judged on the loss, it read
+        "recovered" (debug, bad_batch@20: 5.31 -> 4.56) for steps that had not run yet."""
+        self.tracking.pop(str(d.id), None)
+        total = d.params.get("steps")
+        done = isinstance(total, int) and self.last_step >= total
+        d.outcome = {"result": "done" if done else "not done", "steps": d.observed}
+        d.outcome |= {"made_up": d.evidence.get("extend"), "total_steps": total, "trained_to": self.last_step}
         self.journal.write()
 
     def _load_healed(self, d: Decision, load: list[list[float]] | None) -> dict[str, Any]:
@@ -241,12 +302,14 @@ class Outcomes:
             "tracking": self.tracking,
             "healthy_losses": [[s, v] for s, v in self.healthy.items()],
             "troubled_losses": [[s, v] for s, v in self.troubled.items()],
+            "last_step": self.last_step,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.tracking = state["tracking"]
         self.healthy = OrderedDict((int(s), float(v)) for s, v in state.get("healthy_losses", []))  # older: none
         self.troubled = OrderedDict((int(s), float(v)) for s, v in state.get("troubled_losses", []))  # older: none
+        self.last_step = int(state.get("last_step", 0))  # a session resumed at its end still knows where it got
 
 
 def _track_load(track: dict[str, Any], decision: Decision, m: StepMetrics) -> None:
@@ -296,16 +359,6 @@ def _fault_span(d: Decision, step: int) -> bool:
     (the gain rule off), rolled back to 0 at step 27 and cut x0.316, read "not recovered" paired with the
     abandoned branch's steps 1-20 (5.53 against 5.42), no finding since, and the run ended at val 4.31."""
     return d.rule == "above_start" and "lr_factor" in d.params and step >= d.evidence.get("since", math.inf)
-
-
-def _restored_level(d: Decision) -> float | None:
-    """What an LR-cut rollback for an LR far too high claims to heal (_fault_span): the loss back under
-    where the phase started (above_start's evidence["start"]: the rule found training made the model
-    worse than its untouched weights, or overshooting on its way), not under the abandoned branch."""
-    if d.rule != "above_start" or "lr_factor" not in d.params:
-        return None
-    start = d.evidence.get("start")
-    return float(start) if isinstance(start, (int, float)) else None
 
 
 def _remember(losses: OrderedDict[int, float], step: int, loss: float) -> None:
