@@ -1,5 +1,5 @@
 """An LR far too low: the loss has not left where the phase started a window after the LR's
-warm-up (trends.Plateau), raised x10 (policy._too_low), not x1.5 under the plateau's 2x ceiling.
+warm-up (plateau.Plateau), raised x10 (policy._too_low), not x1.5 under the plateau's 2x ceiling.
 debug at 0.01x the preset's LR fell 6.25 -> 6.06 by step 50 (val 6.01 against 4.29 at the preset's):
 a descent too steep for the plateau's variance (3e-3 > 1e-3), so no rule fired; at 0.001x the
 plateau raised it x1.5 once (val 6.215 against 6.219 off)."""
@@ -16,8 +16,8 @@ import pytest
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import StepMetrics
+from trimtab.orchestrator.plateau import Plateau
 from trimtab.orchestrator.policy import Policy
-from trimtab.orchestrator.trends import Plateau
 
 UNIGRAM = 5.258  # debug's training targets' unigram entropy
 CURVES = json.loads((Path(__file__).parent / "golden" / "lr_curves.json").read_text())

@@ -22,10 +22,11 @@ from trimtab.orchestrator.journal import Decision, Journal, describe
 from trimtab.orchestrator.lr_rule import UnexplainedLR
 from trimtab.orchestrator.moe_health import MoEHealth
 from trimtab.orchestrator.monitors import Finding, GradExplosion, LossSpike, NonFinite, Rolling, StepMetrics
+from trimtab.orchestrator.plateau import Plateau
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.resources import RESUME_PROBE, Fp16Overflow, MemoryPressure, OutOfMemory, Throughput
 from trimtab.orchestrator.rules import build_monitors
-from trimtab.orchestrator.trends import AboveStart, Plateau
+from trimtab.orchestrator.trends import AboveStart
 from trimtab.rundir import read_decisions
 from trimtab.training import actions
 from trimtab.training.actions import ACTIONS

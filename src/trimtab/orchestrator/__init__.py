@@ -1,7 +1,7 @@
 """The orchestrator: monitors -> policy -> actions (through Control) -> journal.
 
 monitors.py  detectors over per-step metrics -> Finding: the kit, and one bad step's detectors
-trends.py    detectors of the run's course (above the start, plateau; divergence: divergence.py)
+trends.py    detectors of the run's course (above the start; plateau: plateau.py; divergence: divergence.py)
 lr_rule.py   an LR the schedule and the multiplier decisions do not explain
 resources.py detectors of the machine (throughput, memory, fp16 overflow, OOM)
 rules.py     every rule's monitor by name

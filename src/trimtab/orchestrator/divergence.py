@@ -1,4 +1,5 @@
-"""The Divergence rule: a loss that climbs for good (trends.py has the other detectors of a run's course)."""
+"""The Divergence rule: a loss that climbs for good (trends.py and plateau.py have the other detectors of
+a run's course)."""
 
 from __future__ import annotations
 

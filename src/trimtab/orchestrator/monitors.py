@@ -6,10 +6,10 @@ are kept out of its own window, so one spike does not raise the bar for the next
 state is a plain dict, saved in checkpoints (exact resume) and restored on rollback.
 
 This module holds the kit (StepMetrics, Finding, Rolling, Monitor) and the detectors of one bad
-step (NonFinite, LossSpike, GradExplosion); trends.py those of a run's course, resources.py those
-of the machine; rules.py lists them all. Adding a monitor: subclass Monitor, set `rule` and
-`family`, implement observe(), and list it in rules.MONITORS; the policy handles its findings
-through its family.
+step (NonFinite, LossSpike, GradExplosion); trends.py, plateau.py and divergence.py those of a
+run's course, resources.py those of the machine; rules.py lists them all. Adding a monitor:
+subclass Monitor, set `rule` and `family`, implement observe(), and list it in rules.MONITORS;
+the policy handles its findings through its family.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from trimtab.orchestrator.divergence import Divergence
 from trimtab.orchestrator.dpo_health import PreferenceFall
 from trimtab.orchestrator.lr_rule import UnexplainedLR
 from trimtab.orchestrator.monitors import GradExplosion, LossSpike, Monitor, NonFinite
+from trimtab.orchestrator.plateau import Plateau
 from trimtab.orchestrator.resources import Fp16Overflow, MemoryPressure, OutOfMemory, Throughput
 from trimtab.orchestrator.rl_health import (
     EntropyCollapse,
@@ -18,7 +19,7 @@ from trimtab.orchestrator.rl_health import (
 from trimtab.orchestrator.rl_held_out import RewardHacking
 from trimtab.orchestrator.rl_reward import RewardFall
 from trimtab.orchestrator.rl_verifier import VerifierFailures
-from trimtab.orchestrator.trends import AboveStart, Plateau
+from trimtab.orchestrator.trends import AboveStart
 
 MONITORS = {
     "nonfinite": NonFinite,
