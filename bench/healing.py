@@ -18,7 +18,8 @@ Beyond the faults: early_fault (before any checkpoint but the initial one), a lo
 of bad data, bad_rows (a quarter of a few steps' rows: the data attribution's precision and
 recall against the rows the faults poisoned), a disk that stays full (relaunched once without the
 fault, as after a person freed it), repeated OOM, faults in the last steps (end_nan, end_noise:
-only the end-of-run check can see and roll them back), bad data spread thinly (thin_bad_data: a
+too late for the ladder to climb; the NaN weights' first step checks and rolls them back, the finite
+wrecked ones only the end-of-run check sees), bad data spread thinly (thin_bad_data: a
 quarter of every 8th step's rows, ~3% of the rows seen, scored like bad_rows), and fault-free auto
 runs of every debug preset over several seeds, where any action the orchestrator takes is a false
 one (--fp-presets, --fp-seeds). Goals: auto within 3% of clean and never worse than off, 0 false

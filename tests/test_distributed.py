@@ -100,9 +100,9 @@ def test_a_fault_on_one_rank_is_decided_alike_on_both(tmp_path, strategy):
 
 @pytest.mark.distributed
 def test_a_replica_gone_bad_alone_is_rolled_back_on_every_rank(tmp_path):
-    """NaN weights in rank 1's replica only: both ranks skip, then roll back to the step-5
-    sharded checkpoint together (its held-out probe is averaged over the ranks, so rank 0, whose
-    weights are fine, does not diagnose bad data on its own); replicas are equal again after."""
+    """NaN weights in rank 1's replica only: both ranks roll back to the step-5 sharded checkpoint
+    together at the first NaN step (the weights' check is all-reduced, so rank 0, whose weights are
+    fine, does not skip on its own); replicas are equal again after."""
     rank0, rank1 = run(tmp_path / "bad", 2, faults=["weights_nan@7@rank1"], train={"max_steps": 12})
     assert rank0["decisions"] == rank1["decisions"] and rank0["weights"] == rank1["weights"]
     assert ("nonfinite", "rollback") in {(d["rule"], d["action"]) for d in rank0["decisions"]}

@@ -54,9 +54,9 @@ def test_a_final_evaluation_failing_every_try_leaves_the_older_figures_dated(tmp
 
 
 def test_an_evaluation_of_the_restored_step_outlives_a_rollback(tmp_path, monkeypatch):
-    """weights_nan@12 (the end check) rolls the run back to step 8, whose evaluation judged the very weights
-    restored: it stays the run's newest (it was dropped, and a final evaluation failing every
-    try left the summary with no val_loss at all)."""
+    """weights_nan@12 (the last step's NaN weights) rolls the run back to step 8, whose evaluation judged
+    the very weights restored: it stays the run's newest (it was dropped, and a final evaluation failing
+    every try left the summary with no val_loss at all)."""
     held_out = phases_module.held_out_figures
     monkeypatch.setattr(
         phases_module, "held_out_figures", lambda t: ({}, "OSError: gone") if t.state.step == 12 else held_out(t)
@@ -64,7 +64,7 @@ def test_an_evaluation_of_the_restored_step_outlives_a_rollback(tmp_path, monkey
     run_dir = tmp_path / "r"
     summary = trimtab.train(debug_cfg(run_dir, steps=12, faults=["weights_nan@12"], train={"eval_every": 8}))
     assert [(d["rule"], d["action"]) for d in read_decisions(run_dir) if d["action"] == "rollback"] == [
-        ("end", "rollback")
+        ("nonfinite", "rollback")
     ]
     assert summary["step"] == 12 and summary["val_loss"] is not None
     assert (summary["eval_step"], summary["eval_final"]) == (8, False)

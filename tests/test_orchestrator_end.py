@@ -16,10 +16,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_weights_broken_at_the_last_step_are_rolled_back_and_the_steps_trained_again(tmp_path):
     run = tmp_path / "r"
     summary = trimtab.train(debug_cfg(run, steps=24, faults=["weights_nan@24"]))
-    decisions = read_decisions(run)
-    end = [d for d in decisions if d["rule"] == "end"]
-    assert len(end) == 1 and end[0]["action"] == "rollback", [(d["rule"], d["action"]) for d in decisions]
-    assert "not a state to save as final" in end[0]["reasoning"]
+    # the last step is non-finite and its weights are NaN: rule nonfinite rolls back at once (the end check,
+    # which rolled them back after a skip, finds the replayed weights sound)
+    assert [(d["rule"], d["action"]) for d in read_decisions(run)] == [("nonfinite", "rollback")]
     assert summary["status"] == "completed" and summary["exit_code"] == 0 and summary["step"] == 24
     assert list_checkpoints(run)[-1].name == "step_000024" and all_finite(final_weights(run))
 

@@ -183,25 +183,18 @@ def test_advise_mode_journals_without_acting(runs):
     assert ds and {d["mode"] for d in ds} == {"advise"}
     # the weights are NaN from step 10's update on: the same advice again is counted on it, not journaled anew
     assert [(d["step"], d["evidence"].get("seen_again"), d["evidence"].get("last_seen_at")) for d in ds] == [
-        (10, None, None),
-        (11, 5, 16),
+        (10, 6, 16),
     ]
     assert {d["outcome"]["result"] for d in ds} == {"not applied"}  # advice is not judged as if applied
-    # step 10's NaN update went in: at the next NaN step the weights are found not finite and a rollback is
-    # advised at once (a skip cannot heal them), no LR cut
-    assert [d["action"] for d in ds] == ["skip_step", "rollback"]
-    assert all("the weights themselves are not finite" in d["reasoning"] for d in ds if d["action"] == "rollback")
+    # step 10's NaN update went in before the step was read: the weights are found not finite and a rollback
+    # is advised at once (a skip cannot heal them), no LR cut
+    assert [d["action"] for d in ds] == ["rollback"]
+    assert all("a weight or an optimizer moment is not finite" in d["reasoning"] for d in ds)
     acting = [d for d in ds if d["action"] != "skip_step"]
     assert acting and all(d["applied"] == [] for d in acting)
     assert set(by_step(run, "lr_scale").values()) == {1.0}  # nothing was applied
     assert not (run / "checkpoints" / "rolled_back").exists()  # nor was the rollback done
     assert list_checkpoints(run)[-1].name == "step_000008"  # nothing was withheld: NaN from 10, never saved
-
-
-def test_advise_mode_skip_decisions_do_not_claim_the_update_was_withheld(runs):
-    run, _, _ = runs["nan_advise"]
-    skips = [d for d in decisions(run) if d["action"] == "skip_step"]
-    assert skips and all(d["applied"] == [] for d in skips)
 
 
 def test_skipped_update_leaves_weights_and_optimizer_state_untouched(runs):
@@ -324,29 +317,30 @@ def test_weights_nan_is_diagnosed_as_a_broken_model_and_rolled_back(tmp_path):
     summary = trimtab.train(debug_cfg(run, steps=24, faults=["weights_nan@15"]))
     assert summary["status"] == "completed" and summary["step"] == 24
     ds = decisions(run)
-    # the third finding climbs; the held-out probe is NaN too, so an LR cut is pointless: roll back
-    assert [(d["step"], d["action"]) for d in ds] == [(15, "skip_step"), (16, "skip_step"), (17, "rollback")]
+    # the weights themselves are NaN, which no skipped step heals (two skip_steps "not recovered" came
+    # before the rollback at 17) nor an LR cut: the first non-finite step checks them and rolls back
+    assert [(d["step"], d["action"]) for d in ds] == [(15, "rollback")]
     assert {d["rule"] for d in ds} == {"nonfinite"}
     rollback = ds[-1]
-    assert rollback["applied"] and rollback["applied"][0].startswith("rolled back from step 17 to step 8")
+    assert rollback["applied"] and rollback["applied"][0].startswith("rolled back from step 15 to step 8")
     # the fault was in the weights, not the data: no rows are left out, and the reasoning says why
     # it went straight to the rollback (issue: it left out 48 rows and spoke of "an LR cut")
     assert rollback["params"] == {"to": "last_good", "skip_rows": []}
-    assert "weights themselves are broken" in rollback["reasoning"] and "LR cut" not in rollback["applied"][0]
+    assert "a weight or an optimizer moment is not finite" in rollback["reasoning"]
+    assert "LR cut" not in rollback["applied"][0]
     assert "an LR cut cannot repair" in rollback["reasoning"]
     assert all_finite(final_weights(run))
-    # the NaN weights of step 16 were never written (nothing to abandon); 16 was trained again from
-    # 8, finite this time
+    # the NaN weights of step 15 were never written (nothing to abandon); 16 was trained from 8, finite
     assert not (run / "checkpoints" / "rolled_back").exists()
     assert all_finite(load_file(str(run / "checkpoints" / "step_000016" / "model.safetensors")))
     lines = train_lines(run)
     assert [m["step"] for m in lines].count(9) == 2  # steps 9.. replayed after the rollback
     assert lines[-1]["lr_scale"] == 1.0 and math.isfinite(lines[-1]["loss"])  # no needless LR cut
     assert json.loads((run / "faults.json").read_text())["fired"] == {"weights_nan@15": 1}
-    # metrics.jsonl keeps every line (steps 1..17, the replayed 9..24, the final evaluation), the
+    # metrics.jsonl keeps every line (steps 1..15, the replayed 9..24, the final evaluation), the
     # abandoned ones marked; the kept trajectory has each step once, in order
-    assert len(read_metrics(run, abandoned=True)) == 17 + 16 + 1
-    assert [m["step"] for m in read_metrics(run, abandoned=True) if m.get("abandoned")] == list(range(9, 18))
+    assert len(read_metrics(run, abandoned=True)) == 15 + 16 + 1
+    assert [m["step"] for m in read_metrics(run, abandoned=True) if m.get("abandoned")] == list(range(9, 16))
     assert [m["step"] for m in read_metrics(run) if "loss" in m] == list(range(1, 25))
 
 
@@ -354,24 +348,21 @@ def test_a_rollback_leaves_one_kept_trajectory_in_metrics_console_and_tensorboar
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run = tmp_path / "r"
-    cfg = debug_cfg(run, faults=["weights_nan@15"], train={"eval_every": 8}, log={"tensorboard": True})
-    trimtab.train(cfg)  # rolls back from step 17 to step 8, as in the test above
+    cfg = debug_cfg(run, faults=["weights_nan@16"], train={"eval_every": 8}, log={"tensorboard": True})
+    trimtab.train(cfg)  # rolls back from step 16 to step 8, before the NaN weights are evaluated
     kept = read_metrics(run)
     train = [m for m in kept if "loss" in m]
     assert [m["step"] for m in train] == list(range(1, 25)) and all(math.isfinite(m["loss"]) for m in train)
     evals = [m for m in kept if "val_loss" in m]
     assert [m["step"] for m in evals] == [8, 16, 24] and all(math.isfinite(m["val_loss"]) for m in evals)
     abandoned = [m for m in read_metrics(run, abandoned=True) if m.get("abandoned")]
-    assert [(m["step"], "val_loss" in m) for m in abandoned] == [(s, False) for s in range(9, 17)] + [
-        (16, True),  # the evaluation of the NaN weights
-        (17, False),
-    ]
+    assert [(m["step"], "val_loss" in m) for m in abandoned] == [(s, False) for s in range(9, 17)]
     # Step 8's weights, restored, are not evaluated again (the same number, a second line for step 8).
-    assert len(read_metrics(run, abandoned=True)) == 17 + 16 + 4
+    assert len(read_metrics(run, abandoned=True)) == 16 + 16 + 3
     err = capsys.readouterr().err
     assert err.count("eval step 8:") == 1
-    assert "rolled back from step 17 to step 8: steps 9-17 are trained again" in err
-    assert err.count("eval step 16: val_loss nan") == 1
+    assert "rolled back from step 16 to step 8: steps 9-16 are trained again" in err
+    assert "val_loss nan" not in err  # the NaN weights were rolled back at once, never evaluated
     assert err.count("eval step 16 (trained again after a rollback): val_loss") == 1
     # TensorBoard: the writer reopened with purge_step 9 discards the abandoned events
     tb = EventAccumulator(str(run / "tb"))
@@ -389,10 +380,10 @@ def test_a_resume_after_a_rollback_keeps_the_abandoned_lines_marked(tmp_path):
     with pytest.raises(RuntimeError, match="crash"):  # in the replay, after its checkpoint at 16
         trimtab.train(debug_cfg(run, faults=["weights_nan@15"]), hooks=[CrashAt(20)])
     trimtab.train(debug_cfg(run, faults=["weights_nan@15"]))  # resumes at 16; 17..19 are trained again
-    # the unmarked lines 17..19 were dropped and redone; the abandoned 9..17 stay, marked, even 17,
-    # past the resume point: the same lines as an uninterrupted run
-    assert len(read_metrics(run, abandoned=True)) == 17 + 16 + 1
-    assert [m["step"] for m in read_metrics(run, abandoned=True) if m.get("abandoned")] == list(range(9, 18))
+    # the unmarked lines 17..19 were dropped and redone; the abandoned 9..15 stay, marked: the same
+    # lines as an uninterrupted run
+    assert len(read_metrics(run, abandoned=True)) == 15 + 16 + 1
+    assert [m["step"] for m in read_metrics(run, abandoned=True) if m.get("abandoned")] == list(range(9, 16))
     assert [m["step"] for m in read_metrics(run) if "loss" in m] == list(range(1, 25))
 
 
@@ -414,9 +405,9 @@ def test_a_run_that_gives_up_exits_non_zero_and_never_resumes_into_nan(tmp_path)
     sets = ["orchestrator.max_rollbacks=0"]  # nothing left to try after the LR cut
     summary = trimtab.train(debug_cfg(run, steps=12, faults=["weights_nan@3"], sets=sets))
     assert summary["status"].startswith("gave up (training is unstable and cannot be healed: 0 rollbacks used")
-    assert summary["exit_code"] == 3 and summary["step"] == 5
+    assert summary["exit_code"] == 3 and summary["step"] == 3
     ds = decisions(run)
-    assert [d["action"] for d in ds] == ["skip_step", "skip_step", "stop"]  # the probe is NaN: no LR cut
+    assert [d["action"] for d in ds] == ["stop"]  # NaN weights: no skip, no LR cut heals them
     assert ds[-1]["params"]["exit_code"] == 3 and ds[-1]["applied"][0].startswith("stopping: ")
     assert [p.name for p in list_checkpoints(run)] == ["step_000000"]  # the NaN weights were not saved
     # the scheduler re-runs it: it resumes from the finite checkpoint, not into NaN (the fault fired)

@@ -468,6 +468,9 @@ class View:
     def probe_loss(self):
         return self.probe
 
+    def weights_finite(self):  # as RunView: the probe is NaN exactly when they are not
+        return self.probe is None or not math.isnan(self.probe)
+
     def has_checkpoint(self, step):
         return any(c <= step for c in self.checkpoints)
 

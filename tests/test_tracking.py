@@ -47,8 +47,8 @@ def test_mlflow_holds_the_metrics_config_decisions_report_and_checkpoint(tmp_pat
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")  # MLflow's own defaults would write ./mlflow.db or ./mlruns here
 
-    # weights_nan: three non-finite steps, then a rollback to step 6 and steps 7-9 trained again
-    faults = ["weights_nan@7"]
+    # weights_nan: the first non-finite step rolls back to step 6, and steps 7-8 are trained again
+    faults = ["weights_nan@8"]
     _train(tmp_path / "a", 10, {"mlflow": {"enabled": True}}, faults=faults, checkpoint={"every": 3})
     client, runs = _mlflow_run(tmp_path / "mlflow.db", "debug")  # default store: beside the run directory
     assert len(runs) == 1
@@ -56,13 +56,12 @@ def test_mlflow_holds_the_metrics_config_decisions_report_and_checkpoint(tmp_pat
     assert run.info.run_name == "a" and run.info.status == "FINISHED"
     assert float(run.data.params["optim.lr"]) > 0 and run.data.params["model.n_layers"].isdigit()
     assert json.loads(run.data.params["faults"]) == faults  # lists as JSON
-    # MLflow keeps both branches: the abandoned steps 7-9, then the replayed ones after the marker
-    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [*range(1, 10), 7, 8, 9, 10]
+    # MLflow keeps both branches: the abandoned steps 7-8, then the replayed ones after the marker
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [*range(1, 9), 7, 8, 9, 10]
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "rollback")] == [(6, 1.0)]
     assert [m.step for m in client.get_metric_history(run_id, "val_loss")] == [5, 10]
-    assert [m.step for m in client.get_metric_history(run_id, "decision/skip_step")] == [7, 8]
-    assert [m.step for m in client.get_metric_history(run_id, "decision/rollback")] == [9]
-    assert run.data.tags["decision.1"] == "step 7 nonfinite -> skip_step"
+    assert [m.step for m in client.get_metric_history(run_id, "decision/rollback")] == [8]
+    assert run.data.tags["decision.1"] == "step 8 nonfinite -> rollback"
     assert run.data.tags["trimtab.status"] == "completed"
     assert run.data.tags["trimtab.version"] == trimtab.__version__ and run.data.tags["trimtab.preset"] == "debug"
     names = {a.path for a in client.list_artifacts(run_id)}
@@ -73,7 +72,7 @@ def test_mlflow_holds_the_metrics_config_decisions_report_and_checkpoint(tmp_pat
     # the rollback may be followed by checkpoint_interval's (the run's rollbacks count in Young's MTBF;
     # whether it moves the interval depends on the measured save stall)
     table = [(r[1], r[2], r[3]) for r in rows["data"]]
-    assert [d for d in table if d[1] != "checkpoint_interval"][-1] == (9, "nonfinite", "rollback")
+    assert [d for d in table if d[1] != "checkpoint_interval"][-1] == (8, "nonfinite", "rollback")
     # the tag MlflowClient.log_table sets: the UI shows the file as a table
     assert {"path": "decisions.table.json", "type": "table"} in json.loads(run.data.tags["mlflow.loggedArtifacts"])
     (ckpt,) = client.list_artifacts(run_id, "checkpoint")

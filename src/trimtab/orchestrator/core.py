@@ -288,7 +288,6 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
         self.rolling_back = self.emergency = None
         self.policy.shift(self.last_step - run.step)
         self.policy.updated_at = min(self.policy.updated_at, run.step)  # the restored weights' last update
-        self.policy.unguarded = False  # a checkpoint's weights: finite
         self.stood_at -= (self.last_step - run.step) if self.stood_at >= 0 else 0  # as the ladder's steps
         if self.make_up is not None:
             self.make_up.rolled_back(run.step)
@@ -317,7 +316,7 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
             self._checkpoint_interval(run, seconds, stall)
             self.ceilings = self._gate_ceilings()
         elif outs:  # off: nothing is withheld, nothing read (a non-finite update may have gone in: _nan_weights)
-            self.policy.updated_at, self.policy.unguarded = outs[-1].step, True
+            self.policy.updated_at = outs[-1].step
         if commands:
             self._take_commands(run)
 
@@ -380,8 +379,6 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
             # the gate's last: rows another decision of the step leaves out are noted there, not left out twice
             if f.rule != "row_gate" or (f := left_out_once(f, self.journal)) is not None:
                 self._decide(run, f, self.policy.plan(f, run), withheld=m.skipped)
-        if not (m.skipped or math.isfinite(m.loss) and math.isfinite(m.grad_norm) or m.overflow):
-            self.policy.unguarded = True  # a non-finite update went in: the next non-finite step checks the weights
         emergency = self.emergency is not None and self.emergency.step == m.step  # the step is its (emergency_at)
         if self.make_up is not None and self.mode == "auto" and "make_up" not in self.paused and not emergency:
             person = m.step == self.person_skip and not unstable  # a person's skip, not the gate's as well

@@ -36,7 +36,6 @@ class HeldOutDiagnosis:
     # step (a string: JSON keys) -> [the probe an end check with no finding rolled back from, unstable_at and
     # broken_at before]
     end_rollbacks: dict[str, list[float]]
-    unguarded: bool  # a non-finite update went into the weights, nothing withheld it (core.py sets it)
 
     def _worse_than_untouched(self, probe: float) -> bool:
         """The held-out probe worse than the phase's untouched weights scored (as the diagnosis
@@ -74,23 +73,20 @@ class HeldOutDiagnosis:
         return ("broken", probe) if sudden else None
 
     def _nan_weights(self, f: Finding, view: Any) -> Remedy | None:
-        """A non-finite step after a non-finite update was applied (mode advise or off: nothing withheld
-        it): weights that are not finite, which no skipped step heals, are rolled back at once to the last
-        good checkpoint (its weights finite). Debug, advise, weights_nan@10, `ctl mode auto` at step 19:
-        the rollback diagnosed in advise came at step 21, after a skip_step "not recovered" at step 20.
-        A host read (with finite weights, one held-out forward), until they are found finite."""
-        if f.rule != "nonfinite" or not self.unguarded:
-            return None
-        probe = view.probe_loss()
-        if probe is None or not math.isnan(probe):
-            self.unguarded = False  # finite: under the gate they stay so (NaN: until a rollback restores them)
+        """A non-finite step (rule nonfinite): are the weights (or the optimizer's moments) themselves not
+        finite? No skipped step heals those: roll back at once to the last good checkpoint (its weights
+        finite). Debug, auto, weights_nan@15: two skip_steps "not recovered" (15, 16) came before the
+        diagnosis's rollback at 17; debug, advise, weights_nan@10, `ctl mode auto` at step 19: the NaN
+        updates applied in advise left NaN weights. One fused host read (RunView.weights_finite: every rank
+        asks and all decide alike), on non-finite steps only; finite, a bad batch's NaN skips as before."""
+        if f.rule != "nonfinite" or view.weights_finite():
             return None
         self.ladder.recent = []  # answered: the next climb needs as many findings
         cause = (
-            f"{probe:.4g} on held-out data: the weights themselves are not finite (a non-finite update was "
-            "applied while nothing withheld updates: orchestrator mode advise or off)"
+            "NaN on any data: a weight or an optimizer moment is not finite (a fault, a flipped bit, or a "
+            "non-finite update applied while nothing withheld updates: orchestrator mode advise or off)"
         )
-        return self._rollback(view, broken=probe, cause=cause)
+        return self._rollback(view, broken=math.nan, cause=cause)
 
     def sound(self, probe: float | None) -> bool:
         """Whether a held-out probe shows sound weights: finite and within the diagnosis's margin of

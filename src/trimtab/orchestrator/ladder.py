@@ -128,8 +128,8 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis):
             ladder.nan = True
         else:
             ladder.finite = True
-        if (unguarded := self._nan_weights(f, view)) is not None:  # diagnosis.py
-            return unguarded
+        if (broken_weights := self._nan_weights(f, view)) is not None:  # diagnosis.py
+            return broken_weights
         if f.evidence.get("early") and ladder.rung == 0:
             return self._early_spike(f, view)
         climb = len(ladder.recent) >= cfg.escalate_after

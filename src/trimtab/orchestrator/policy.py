@@ -50,7 +50,6 @@ STATE = (
     "unstable_at",
     "early_rollbacks",
     "end_rollbacks",
-    "unguarded",
 )
 
 
@@ -157,7 +156,6 @@ class Policy(InstabilityLadder):
         # the last step whose update was applied (core.py reads it; ladder.py _same_replay), unknown as the
         # newest: no rollback is taken for a replay of what failed on the word of a view that never said
         self.updated_at = 10**9
-        self.unguarded = False  # a non-finite update applied, nothing withheld it (diagnosis.py _nan_weights)
         self.unstable_at = -(10**9)  # step of the last LR cut or rollback: rows are not judged for a while
         self.early_rollbacks: dict[str, list[float]] = {}  # step -> the loss an early spike rolled back from, ...
         self.end_rollbacks: dict[str, list[float]] = {}  # step -> the probe an end check rolled back from, ...

@@ -269,15 +269,24 @@ class RunView:
         phase = self._t.phases[self._t.state.phase]
         return copy.deepcopy(getattr(phase, "flagged", []))
 
+    def weights_finite(self) -> bool:
+        """Whether every weight and the optimizer's moments are finite, on every rank (one fused host
+        read and, with more than one rank, one all-reduce: every rank must ask, as for probe_loss). No
+        forward: cheap enough for every non-finite step. The moments' 0-d step counts are left out (on
+        the host beside moments on the device, and never NaN)."""
+        t = self._t
+        moments = [v for s in t.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.ndim]
+        return t.dist.all_finite([*t.model.parameters(), *moments])
+
     def probe_loss(self) -> float | None:
         """The model's loss on one held-out micro-batch, now (a host read): tells a broken model
-        from bad training data. NaN whenever a weight is not finite, which a loss need not show
+        from bad training data. NaN whenever a weight or a moment is not finite, which a loss need not show
         (torch's CPU flash-attention kernel gives a query with a NaN weight a zero output, not NaN:
         a NaN row in the first query projection left the loss finite); else None without held-out
         data (RL and DPO: their objectives move a held-out text's loss, so none is compared), or
         when scoring it ran out of memory (on any rank: the ranks agree before they average)."""
         t = self._t
-        if not t.dist.all_finite(t.model.parameters()):
+        if not self.weights_finite():
             return math.nan
         rows = held_out(t)
         if rows is None or not rows.probe:
