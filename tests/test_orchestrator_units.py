@@ -589,13 +589,19 @@ def test_quiet_resets_the_ladder_and_gives_the_lr_back():
 
 def test_a_short_runs_cut_is_given_back_within_it():
     """debug at 2x its LR, 80 steps: a cut at step 14 stayed to the end (val 4.868, off 4.582), since
-    lr_restore_after (100) quiet steps never came. A short run waits an eighth of its steps."""
+    lr_restore_after (100) quiet steps never came. A short run waits an eighth of its steps, but no less than
+    outcome_after (20: a 24-step test gave a x0.1 cut back 3 steps into the replay that had broken it)."""
     policy = Policy(OrchestratorConfig())
     for s in (1, 2, 3):
         act(policy, finding(s), View(total_steps=80))
-    assert policy.quiet(12, View(lr_scale=0.5, total_steps=80)) is None
-    back = policy.quiet(13, View(lr_scale=0.5, total_steps=80))
-    assert back.params == {"factor": 2.0} and back.evidence["wait"] == 10 and "80 steps" in back.reasoning
+    assert policy.quiet(22, View(lr_scale=0.5, total_steps=80)) is None
+    back = policy.quiet(23, View(lr_scale=0.5, total_steps=80))
+    assert back.params == {"factor": 2.0} and back.evidence["wait"] == 20 and "80 steps" in back.reasoning
+    long = Policy(OrchestratorConfig())
+    for s in (1, 2, 3):
+        act(long, finding(s), View(total_steps=400))
+    assert long.quiet(52, View(lr_scale=0.5, total_steps=400)) is None
+    assert long.quiet(53, View(lr_scale=0.5, total_steps=400)).evidence["wait"] == 50
 
 
 def test_a_failed_lr_restore_keeps_the_cut():

@@ -226,7 +226,8 @@ class OrchestratorConfig(Section):
     # got past it and stayed quiet; orchestrator/ladder.py _clear, RL's rules: policy.py RLIncident)
     max_rollbacks: int = 3
     min_lr_scale: float = 0.01  # LR cuts never go below this multiple of the schedule
-    lr_restore_after: int = 100  # quiet steps before the ladder's LR cut is given back x2 (0: never; <= run/8)
+    # quiet steps before the ladder's LR cut is given back x2 (0: never; at most run/8, at least outcome_after)
+    lr_restore_after: int = 100
     # more than half of this many steps' updates withheld, by any rule: an instability (orchestrator/withheld.py)
     withheld_window: int = 20
     spike: SpikeRule = field(default_factory=SpikeRule)

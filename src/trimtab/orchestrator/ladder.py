@@ -16,12 +16,12 @@ cuts it decisively (x above_start.lr_factor, as a loss above its start gets), wh
 back before the replay got clear of the last one, or when early in a phase it leaves the weights
 worse than the untouched ones.
 
-What a remedy changes in the policy (a rung climbed, a cut owed, a rollback spent) is in its
-`commit`, run only when the orchestrator applies it: advice leaves the ladder where it was.
-The rollbacks of one incident are counted, not a run's: an incident is over once the run trained
-past its last rollback's step, then saved a good checkpoint and trained `outcome_after` steps without
-instability, or `escalation_window` without (PaLM, arXiv 2204.02311, 5.1, answered each of
-its spikes on its own, restarting ~100 steps before it; max_rollbacks bounds the answers to one).
+What a remedy changes in the policy (a rung climbed, a cut owed, a rollback spent) is in its `commit`,
+run only when the orchestrator applies it: advice leaves the ladder where it was. The rollbacks of one
+incident are counted, not a run's: an incident is over once the run trained past its last rollback's
+step, then saved a good checkpoint and trained `outcome_after` steps without instability, or
+`escalation_window` without (PaLM, arXiv 2204.02311, 5.1, answered each of its spikes on its own,
+restarting ~100 steps before it; max_rollbacks bounds the answers to one).
 """
 
 from __future__ import annotations
@@ -399,11 +399,9 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis):
         return why
 
     def quiet(self, step: int, view: Any) -> Remedy | None:
-        """Called every step: after a quiet window the ladder falls back to rung 0, and the open
-        incident may be over (_clear); after lr_restore_after quiet steps (at most an eighth of the run's:
-        a short run's early x0.1 cut is back by its middle) the LR the ladder cut is given back, x2 at a
-        time and never past the multiplier it was cut from (a person's or a raise rule's level, else the
-        schedule's), unless a restore was followed by new instability once already (the cut was needed)."""
+        """Every step: after a quiet window the ladder falls back to rung 0 and the incident may be over
+        (_clear); after `wait` quiet steps a cut LR is given back x2, never past the multiplier it was cut
+        from, unless a give-back was followed by instability once already (the cut was needed)."""
         if self.ladder.rung and step - self.ladder.last_step >= self.cfg.escalation_window:
             self.ladder = Ladder(last_step=self.ladder.last_step, rows=[])
         self._clear(step, view)
@@ -411,7 +409,8 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis):
             self.restore_failed, self.last_restore = True, -1
         if self.lr_debt >= 1 or self.restore_failed:
             return None
-        wait = min(self.cfg.lr_restore_after, view.total_steps // 8)
+        # a short run's wait is an eighth of it, yet no cut is given back before its outcome is judged
+        wait = min(self.cfg.lr_restore_after, max(self.cfg.outcome_after, view.total_steps // 8))
         calm = step - max(self.ladder.last_step, self.last_lr_change)
         if not wait or calm < wait:
             return None
@@ -428,8 +427,9 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis):
             action="scale_lr",
             params={"factor": factor},
             reasoning=f"{calm} steps without instability since the LR was last cut or given back (orchestrator."
-            f"lr_restore_after={self.cfg.lr_restore_after}, at most an eighth of the run's {view.total_steps} steps): "
-            "give part of it back (if instability returns, the cut stays for the rest of the run)",
+            f"lr_restore_after={self.cfg.lr_restore_after}, at most an eighth of the run's {view.total_steps} "
+            f"steps, at least outcome_after={self.cfg.outcome_after}): give part of it back (if instability "
+            "returns, the cut stays for the rest of the run)",
             evidence={"quiet_steps": calm, "wait": wait, "lr_debt": self.lr_debt, "lr_ceiling": self.lr_ceiling},
             commit=commit,
         )
