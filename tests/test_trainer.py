@@ -169,26 +169,25 @@ def test_corrupt_newest_checkpoint_falls_back(tmp_path, caplog):
     assert summary["steps_this_session"] == 8 and summary["step"] == 16
 
 
-def test_a_damaged_config_yaml_is_checked_against_the_checkpoint_and_written_again(tmp_path, caplog):
+def test_a_damaged_config_yaml_is_checked_against_the_checkpoint_and_written_again(tmp_path):
     """A run's config.yaml cut short (a disk fault): export names it and the fix; a resume with
-    another model is refused from the checkpoint's weights before config.yaml is written again
-    (it wrote the wrong model there once, which then refused the right one); the run's own
-    settings resume and config.yaml records them again."""
+    another model is refused against the checkpoint's own config (state.json), each key named, before
+    config.yaml is written again (it wrote the wrong model there once, which then refused the right
+    one); the run's own settings resume and config.yaml records them again."""
     run = tmp_path / "r"
     trimtab.train(debug_cfg(run, steps=8))
     (run / "config.yaml").write_text("model: [\n")
     with pytest.raises(ConfigError, match=r"config.yaml:2: invalid YAML .*restore it, or remove it"):
         trimtab.load_run(run)
-    with pytest.raises(CheckpointError, match="weights do not fit this model"):
+    other = r"holds a run with a different model \(model.d_model: 96 there, 128 now"
+    with pytest.raises(CheckpointError, match=other):
         trimtab.train(debug_cfg(run, steps=12, sets=["model.d_model=128"]))
     assert (run / "config.yaml").read_text() == "model: [\n"
-    with caplog.at_level(logging.WARNING):
-        summary = trimtab.train(debug_cfg(run, steps=12))
-    assert "the model is checked against the checkpoint instead" in caplog.text
+    summary = trimtab.train(debug_cfg(run, steps=12))
     assert summary["status"] == "completed" and summary["steps_this_session"] == 4
     assert read_saved(run).model.d_model == 96
     (run / "config.yaml").unlink()  # removed, as the error's fix says: checked against the checkpoint too
-    with pytest.raises(CheckpointError, match="weights do not fit this model"):
+    with pytest.raises(CheckpointError, match=other):
         trimtab.train(debug_cfg(run, steps=16, sets=["model.d_model=128"]))
     assert not (run / "config.yaml").exists()
     assert trimtab.train(debug_cfg(run, steps=16))["steps_this_session"] == 4
