@@ -29,6 +29,7 @@ from trimtab.storage import step_of
 from trimtab.training.changes import TRAINED, trained_config
 from trimtab.training.hooks import keyed
 from trimtab.training.loading import Loading, expert_counts
+from trimtab.training.optim import optimizer_moments
 from trimtab.training.restore_point import RestorePoint, agreed
 from trimtab.training.runtime import rng_state
 from trimtab.training.state import GAVE_UP, NO_CHECKPOINT, TrainState
@@ -125,14 +126,12 @@ class Checkpointing(Loading):
     def _not_finite(self) -> list[str]:
         """What a checkpoint of this step would write that is not finite (none: []): the weights, the floating
         buffers (MoE expert_bias), the optimizer's moments; a NaN moment resumed poisons the next update. One
-        fused check of them all (view.weights_finite's), each part checked only once it failed; every rank asks."""
+        fused check of them all (view.weights_finite's), each part checked only once it failed; every rank asks.
+        The 0-d step counts are left out (optim.optimizer_moments)."""
         parts = {
             "the weights": list(self.model.parameters()),
             "the buffers": [b for b in self.model.buffers() if b.is_floating_point()],
-            # the 0-d step counts left out, as in view.weights_finite: on the host, never NaN
-            "the optimizer's moments": [
-                v for s in self.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.ndim
-            ],
+            "the optimizer's moments": optimizer_moments(self.optimizer),
         }
         if self.dist.all_finite([t for part in parts.values() for t in part]):
             return []

@@ -98,6 +98,13 @@ def _cyclic(step: int, low: float, cfg: OptimConfig) -> float:
     return low + amplitude
 
 
+def optimizer_moments(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The optimizer's per-parameter state tensors (AdamW's exp_avg, exp_avg_sq): what a finiteness check
+    covers beside the weights. The 0-d step counts are left out: on the host beside moments on the device,
+    and never NaN."""
+    return [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.ndim]
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr

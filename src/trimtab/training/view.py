@@ -30,6 +30,7 @@ from trimtab.hardware import is_oom
 from trimtab.training import scoring
 from trimtab.training.control import Control, Requests
 from trimtab.training.evaluation import error_line, held_out
+from trimtab.training.optim import optimizer_moments
 from trimtab.training.schedule import phase_lr
 
 if TYPE_CHECKING:
@@ -272,11 +273,9 @@ class RunView:
     def weights_finite(self) -> bool:
         """Whether every weight and the optimizer's moments are finite, on every rank (one fused host
         read and, with more than one rank, one all-reduce: every rank must ask, as for probe_loss). No
-        forward: cheap enough for every non-finite step. The moments' 0-d step counts are left out (on
-        the host beside moments on the device, and never NaN)."""
+        forward: cheap enough for every non-finite step (optim.optimizer_moments: the step counts left out)."""
         t = self._t
-        moments = [v for s in t.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.ndim]
-        return t.dist.all_finite([*t.model.parameters(), *moments])
+        return t.dist.all_finite([*t.model.parameters(), *optimizer_moments(t.optimizer)])
 
     def probe_loss(self) -> float | None:
         """The model's loss on one held-out micro-batch, now (a host read): tells a broken model
