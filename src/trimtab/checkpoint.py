@@ -228,7 +228,7 @@ def prune(run_dir: Path, keep: int, protect: tuple[int, ...] = ()) -> list[Path]
     if dist.is_initialized() and dist.get_rank() != 0:
         return []  # data parallelism: one writer of the shared checkpoint directory (rank 0)
     put_back_replaced(checkpoint_root(run_dir))  # before the stale temp dirs go: it may be a step's only copy
-    gone = [path for path in list_checkpoints(run_dir)[:-keep] if _step_of(path) not in protect]
+    gone = [path for path in list_checkpoints(run_dir)[:-keep] if dir_step(path) not in protect]
     for path in gone:
         shutil.rmtree(path, ignore_errors=True)
     clear_stale(checkpoint_root(run_dir))
@@ -244,7 +244,7 @@ def cadence_kept(run_dir: Path, step: int, every: int, keep: int) -> tuple[int, 
     the run stopped). At most `keep` more checkpoints; the history spans keep x every again."""
     if every <= 0 or keep <= 0:
         return ()
-    saved = [_step_of(path) for path in list_checkpoints(run_dir)]
+    saved = [dir_step(path) for path in list_checkpoints(run_dir)]
     top = step // every * every
     marks = [top - k * every for k in range(keep) if top - k * every >= 0]
     return tuple(max((s for s in saved if s <= mark), default=-1) for mark in marks)
@@ -319,7 +319,7 @@ def set_aside_corrupt(run_dir: Path, after: int, keep: int) -> dict[Path, Path]:
     attic = checkpoint_root(run_dir) / CORRUPT
     moved = {}
     for path in list_checkpoints(run_dir):
-        if _step_of(path) > after:
+        if dir_step(path) > after:
             attic.mkdir(exist_ok=True)
             moved[path] = _unused(attic / path.name)
             os.replace(path, moved[path])
@@ -341,7 +341,7 @@ def find_checkpoint(run_dir: Path, to: str | int = "last_good") -> tuple[Path, d
     valid one at or before step `to`."""
     if to == "last_good":
         return _newest_verified(list_checkpoints(run_dir), lambda state: bool(state.get("good")))
-    return _newest_verified([p for p in list_checkpoints(run_dir) if _step_of(p) <= int(to)], lambda state: True)
+    return _newest_verified([p for p in list_checkpoints(run_dir) if dir_step(p) <= int(to)], lambda state: True)
 
 
 def _newest_verified(
@@ -377,7 +377,7 @@ def say_skipped(skipped: list[tuple[Path, CheckpointError]], used: Path | None, 
     export and merge), each of which said it again. A directory saved again at that step (a new
     inode) is new evidence and is said again."""
     if not instead:
-        instead = f"falling back to {used} (step {_step_of(used)})" if used else "no valid checkpoint before it"
+        instead = f"falling back to {used} (step {dir_step(used)})" if used else "no valid checkpoint before it"
     for path, exc in skipped:
         try:
             seen = (str(path), path.stat().st_ino, str(exc))
@@ -404,7 +404,7 @@ def retire_after(run_dir: Path, step: int, keep: int) -> list[Path]:
     attic = checkpoint_root(run_dir) / "rolled_back"
     moved = []
     for path in list_checkpoints(run_dir):
-        if _step_of(path) > step:
+        if dir_step(path) > step:
             attic.mkdir(exist_ok=True)
             target = attic / path.name
             shutil.rmtree(target, ignore_errors=True)
@@ -488,5 +488,6 @@ def _unused(path: Path) -> Path:
     return candidate
 
 
-def _step_of(path: Path) -> int:
+def dir_step(path: Path) -> int:
+    """The step a checkpoint or snapshot directory (step_NNNNNN) holds."""
     return int(STEP_DIR.match(path.name).group(1))

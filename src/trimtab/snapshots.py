@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from trimtab.checkpoint import STEP_DIR, clear_stale, dedup, install, put_back_replaced, step_dirs, verify
+from trimtab.checkpoint import clear_stale, dedup, dir_step, install, put_back_replaced, step_dirs, verify
 from trimtab.errors import CheckpointError
 from trimtab.write_errors import writing
 
@@ -58,8 +58,8 @@ def make_room(run_dir: Path, step: int, keep_every: int) -> list[Path]:
     """The snapshots before `step` but the newest of them (and keep_every's), deleted for the disk rule's stop
     to keep step `step`'s weights in their space: older weights replaced by newer ones. Never the newest: until
     the new one is whole it is the run's last weights kept. Returns the deleted."""
-    older = [p for p in list_snapshots(run_dir) if _step(p) < step][:-1]
-    gone = [p for p in older if not (keep_every and _step(p) % keep_every == 0)]
+    older = [p for p in list_snapshots(run_dir) if dir_step(p) < step][:-1]
+    gone = [p for p in older if not (keep_every and dir_step(p) % keep_every == 0)]
     for path in gone:
         shutil.rmtree(path, ignore_errors=True)
     return gone
@@ -69,8 +69,8 @@ def newest_weights(run_dir: Path, step: int) -> Path | None:
     """The snapshot that holds the run's last weights kept when step `step`'s did not fit: that step's own (an
     earlier session's stop at the same step left it), else the newest at or before it; one that fails its
     manifest does not count (None: no such snapshot)."""
-    for path in sorted(list_snapshots(run_dir), key=lambda p: (_step(p) != step, -_step(p))):
-        if _step(path) > step:
+    for path in sorted(list_snapshots(run_dir), key=lambda p: (dir_step(p) != step, -dir_step(p))):
+        if dir_step(path) > step:
             continue
         try:
             verify(path)
@@ -78,10 +78,6 @@ def newest_weights(run_dir: Path, step: int) -> Path | None:
             continue
         return path
     return None
-
-
-def _step(path: Path) -> int:
-    return int(STEP_DIR.match(path.name).group(1))
 
 
 def _save_weights(
@@ -160,7 +156,7 @@ def prune_snapshots(run_dir: Path, keep: int, keep_every: int) -> list[Path]:
     put_back_replaced(snapshot_root(run_dir))
     clear_stale(snapshot_root(run_dir))  # each a bf16 copy of the weights: a kill in a write leaked it
     found = list_snapshots(run_dir)
-    steps = [int(STEP_DIR.match(p.name).group(1)) for p in found]
+    steps = [dir_step(p) for p in found]
     kept = set(steps[-keep:]) | {s for s in steps if keep_every and s % keep_every == 0}
     gone = [p for p, s in zip(found, steps) if s not in kept]
     for path in gone:
