@@ -161,9 +161,9 @@ def test_a_persons_skip_is_not_made_up_and_the_make_up_says_whose_it_makes_up(tm
     run.total_steps = 120
     orchestrator._manual(run, "skip_step", {})  # at step 9: step 10's update withheld
     (skip,) = orchestrator.journal.decisions
-    assert "not made up" in skip.reasoning and run.requests == [("skip_step", {})]
+    assert "not made up" in skip.reasoning and run.requests == [("skip_step", {"by": "person"})]
     withheld = metrics(10)
-    withheld.skipped, run.step = True, 10
+    withheld.skipped, withheld.skip_by, run.step = True, "person", 10  # the step says whose (StepOutput.skip_by)
     orchestrator._observe(run, withheld)
     _nan(orchestrator, run, 11)  # the gate's own
     for step in range(12, 17):

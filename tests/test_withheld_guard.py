@@ -144,7 +144,7 @@ def test_the_guards_step_is_an_emergency_other_rules_changes_wait(tmp_path):
     """The guard's rollback and, at its step, another rule's change (the data watch's rows left out, a
     checkpoint interval): both were requested, and the change outlived the rollback into the replay.
     An emergency's step is its own: the others are journaled, not applied, and say why; notes still go
-    with it, and the next step decides as ever."""
+    with it, and once the loop applied it the replay decides as ever."""
     orchestrator, run = Orchestrator(OrchestratorConfig(), tmp_path), Run()
     guard = orchestrator.decide(run, _frozen_policy(11))
     assert (guard.step, guard.action, guard.mode) == (20, "rollback", "auto")
@@ -156,5 +156,9 @@ def test_the_guards_step_is_an_emergency_other_rules_changes_wait(tmp_path):
     assert f"withheld rule's rollback decided at this step (decision {guard.id}) is an emergency" in waited.applied[0]
     note = orchestrator._decide(run, replace(rows, rule="throughput"), Remedy(action="none", reasoning="slower"))
     assert note.outcome["result"] == "noted" and len(run.requests) == 1
-    orchestrator._decide(run, replace(rows, step=21), leave_out)
+    orchestrator._decide(run, replace(rows, step=21), leave_out)  # a read of several steps: still unapplied
+    assert len(run.requests) == 1
+    orchestrator.last_step, run.step = 21, 10
+    orchestrator.on_rollback(run, {})  # the loop applied it: the replay decides as ever
+    orchestrator._decide(run, replace(rows, step=11), leave_out)
     assert run.requests[-1] == ("skip_data", {"rows": [3, 4]})

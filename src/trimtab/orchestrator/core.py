@@ -88,7 +88,6 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
         self.outcomes = Outcomes(self.journal, cfg)  # what followed each decision, judged
         self.rolling_back: int | None = None  # the decision whose rollback was requested, until applied
         self.emergency: Decision | None = None  # an instability rollback or stop requested (deciding.py)
-        self.person_skip = -1  # the step a person's `ctl skip-step` withholds (people.py): not made up
         self.stood_at = -1  # the last step with an instability finding whose update was applied (healthy)
         self.recent_losses = Rolling(20)  # healthy losses: the "before" of an outcome
         self.read_every = cfg.read_every
@@ -157,23 +156,33 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
         return run.phase != self.phase or self.monitors["above_start"].wants_gain(run.step + 1)
 
     def on_step_end(self, run: RunView, out: StepOutput) -> None:
+        """The step's own checks, then its read. A replica disagreement is decided first: its rollback
+        (to when the replicas agreed, before the read's faults) is an emergency the read's decisions wait
+        for (deciding.py emergency_at). A transient fault's and a straggler's are decided after the
+        read, so an emergency of its steps holds them too: an exclude_node before the read's rollback
+        saved the broken step and restarted the job from it (tests/test_deciding_emergency.py)."""
         self.last_step = out.step
+        after_read: list[Finding] = []
         if out.rerun is not None and "rerun" not in self.paused:
             suspect_after = self.cfg.rerun.suspect_after
             if (f := rerun_finding(out.step, out.rerun, self.reruns, self.transient_faults, suspect_after)) is not None:
-                self.decide(run, f)
+                after_read.append(f)
         if self.stragglers is not None and run.world > 1 and self.mode != "off" and "straggler" not in self.paused:
             if not run.replicated:  # the ranks split the model: their own work holds their waits (stragglers.py)
                 if (line := self.stragglers.unjudged_once(run.cfg.distributed, run.world)) and run.is_main:
                     run.say(line)
             elif (f := self.stragglers.observe(out.step, run.work_s)) is not None:
-                self.decide(run, f)
+                after_read.append(f)
         if self.replicas is not None and run.replicated and self.mode != "off" and "replicas" not in self.paused:
             if self.replicas.due(out.step) and (f := self.replicas.observe(out.step, run.weight_checksum())):
                 self.decide(run, f)
         self.pending.append(out)
         if len(self.pending) >= self.read_every or out.step >= run.total_steps:
             self._read(run)
+        for f in after_read:
+            held = self.decide(run, f).outcome or {}
+            if f.rule == "straggler" and "dropped_by" in held and self.stragglers is not None:
+                self.stragglers.unname(f.evidence["ranks"])  # named again at its next slow window (the replay's)
 
     def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None:
         """Rules that judge evaluations: early stopping on the validation loss, reward hacking on
@@ -379,10 +388,10 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
             # the gate's last: rows another decision of the step leaves out are noted there, not left out twice
             if f.rule != "row_gate" or (f := left_out_once(f, self.journal)) is not None:
                 self._decide(run, f, self.policy.plan(f, run), withheld=m.skipped)
-        emergency = self.emergency is not None and self.emergency.step == m.step  # the step is its (emergency_at)
+        emergency = self.emergency is not None  # requested, not applied yet: the steps it undoes (emergency_at)
         if self.make_up is not None and self.mode == "auto" and "make_up" not in self.paused and not emergency:
-            person = m.step == self.person_skip and not unstable  # a person's skip, not the gate's as well
-            owed = self.make_up.observe(m, self.policy.ladder.last_step, run.total_steps, run.pretrain["steps"], person)
+            asked = "" if unstable else m.skip_by  # a person's or a hook's skip, not the gate's as well
+            owed = self.make_up.observe(m, self.policy.ladder.last_step, run.total_steps, run.pretrain["steps"], asked)
             if owed is not None:
                 self.decide(run, owed)
 

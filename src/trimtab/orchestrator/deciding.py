@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 RECORDED = ("resume", "rerun_step")  # done before they are decided (a restart, a re-run), whatever the mode
 # what may go with an emergency at its step: what records the step (a skip, a note, a restart), another stop
 WITH_EMERGENCY = ("none", "skip_step", "stop", *RECORDED)
+# whose rollback or stop is an emergency: the instability rules', and the replicas rule's (its rollback goes back
+# to when the replicas agreed, before the faults the step's read finds: core.py on_step_end decides it first)
+EMERGENCIES = ("instability", "replicas")
 
 
 class Deciding:
@@ -93,7 +96,7 @@ class Deciding:
             dropped = " [dropped: this step's rollback restores the LR before it]"
         elif (emergency := self.emergency_at(decision)) is not None:
             self._wait_for(decision, emergency)
-            dropped = f" [not applied: this step's {emergency.action} (decision {emergency.id}) comes first]"
+            dropped = f" [not applied: the {emergency.action} of decision {emergency.id} comes first]"
         else:
             self._carry_out(run, decision, remedy, withheld, gated)
         self.journal.add(decision)
@@ -101,21 +104,24 @@ class Deciding:
         return decision
 
     def emergency_at(self, decision: Decision) -> Decision | None:
-        """The emergency decided at `decision`'s step that it must wait for, if any: an instability
-        rollback or stop (the ladder's, the withheld guard's, the end check's) is the step's one set of
-        actions. Another rule's change requested with it outlived it: on the withheld guard's step
-        (withheld.py) the rollback restored the checkpoint and a knob turned at the same step stayed
-        on the replay, or make_up lengthened a run that was stopping. Advice and notes do not wait."""
+        """The emergency `decision` must wait for, if any: an instability rollback or stop (the
+        ladder's, the withheld guard's, the end check's) or the replicas rule's rollback, requested and
+        not applied yet, is the step's one set of actions. Another rule's change requested with it
+        outlived it: on the withheld guard's step (withheld.py) the rollback restored the checkpoint and
+        a knob turned at the same step stayed on the replay, or make_up lengthened a run that was
+        stopping. Until the loop applies it, not only at its own step: a read of several steps (read_every)
+        decides the later steps' findings in the same hook call. Advice and notes do not wait."""
         emergency = self.emergency
-        if emergency is None or emergency.step != decision.step or decision.mode != "auto":
+        if emergency is None or decision.mode != "auto":
             return None
         return None if decision.action in WITH_EMERGENCY else emergency
 
     def _wait_for(self, decision: Decision, emergency: Decision) -> None:
         """Not requested: its finding comes back on the replay if it still holds (a stop ends the run)."""
         then = "judged again on the replay if it still holds" if emergency.action == "rollback" else "the run stops"
+        at = "this step" if emergency.step == decision.step else f"step {emergency.step}"  # a read of several steps
         decision.applied = [
-            f"not applied: the {emergency.rule} rule's {emergency.action} decided at this step (decision "
+            f"not applied: the {emergency.rule} rule's {emergency.action} decided at {at} (decision "
             f"{emergency.id}) is an emergency, and no other change goes with it ({then})"
         ]
         decision.outcome = {"result": "cut short", "steps": 0, "dropped_by": emergency.id}
@@ -159,7 +165,7 @@ class Deciding:
                 decision.applied = ["update withheld before the optimizer step"]
             if remedy.action == "rollback":  # on_rollback judges the branch it abandons, but this decision
                 self.rolling_back = decision.id
-            if remedy.action in ("rollback", "stop") and decision.family == "instability":
+            if remedy.action in ("rollback", "stop") and decision.family in EMERGENCIES:
                 self.emergency = decision
             run.control.request(remedy.action, on_done=lambda line, d=decision: self._applied(d, line), **remedy.params)
 

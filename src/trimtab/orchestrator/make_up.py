@@ -44,21 +44,25 @@ class MakeUp:
         self.credit = 0  # steps granted for withheld updates that a rollback then replayed: unpaid
         self.credit_until = -1  # the last such step: past it (and quiet_steps), unused credit is given back
         self.persons: list[int] = []  # steps a person's `ctl skip-step` withheld: theirs, not made up, said once
+        self.hooks: list[int] = []  # steps a hook's skip_step withheld (run.control): its own, as a person's
 
     def observe(
-        self, m: StepMetrics, last_unstable: int, total: int, configured: int, person: bool = False
+        self, m: StepMetrics, last_unstable: int, total: int, configured: int, asked: str = ""
     ) -> Finding | None:
         """After each step: a finding when updates were withheld and the stretch is over. total:
-        the run's steps now; configured: the pretraining phase's length now (the cap's base); person:
-        the step's update was withheld by a person's `trimtab ctl skip-step` alone (not made up: the
+        the run's steps now; configured: the pretraining phase's length now (the cap's base); asked:
+        who withheld the step's update alone by a skip_step, "person" (`trimtab ctl skip-step`) or "hook"
+        (run.control.request), as the step itself says (StepMetrics.skip_by). Neither is made up: the
         docs promise the updates the gate withheld from bad steps; two skip-steps on debug lengthened
-        the run 40 -> 42, journaled as "the update gate withheld 2 update(s)")."""
+        the run 40 -> 42, journaled as "the update gate withheld 2 update(s)", and so did a hook's (20 -> 21).
+        The step said, not the step after the command: a rollback between them withheld the replay's first
+        step, made up (debug, a skip-step taken with weights_nan@10's rollback: 30 -> 31)."""
         if m.phase != 0:  # only pretraining's length can change (Control.set_total_steps)
             self.owed.clear()
             self.refused.clear()
             return None
         if m.skipped:
-            (self.persons if person else self.owed).append(m.step)
+            {"person": self.persons, "hook": self.hooks}.get(asked, self.owed).append(m.step)
         cap = int(self.cfg.max_fraction * configured)
         # refused updates are owed again once another lengthened the phase (a resume to a longer max_steps)
         # and the cap rose with it; not for make_up's own steps, whose 10% would creep the cap up
@@ -68,7 +72,7 @@ class MakeUp:
             return self._give_back(m.step, total, configured)
         if not self.owed or m.step - max(last_unstable, self.owed[-1]) < self.cfg.quiet_steps:
             return None
-        owed, self.owed, persons, self.persons = self.owed, [], self.persons, []
+        owed, self.owed, persons, self.persons, hooks, self.hooks = self.owed, [], self.persons, [], self.hooks, []
         if cap == 0:  # a run this short has no step to spare: nothing to make up, nothing to say
             self.refused, self.refused_len = self.refused + owed, configured  # unless a resume lengthens it
             return None
@@ -95,6 +99,7 @@ class MakeUp:
             "total_steps": total,
             "new_total": total + extend,
             "person_skips": persons[:SHOWN],  # withheld by a person's skip-step: not made up
+            "hook_skips": hooks[:SHOWN],  # by a hook's skip_step: not made up either
         }
         where = f"step {owed[0]}" if len(owed) == 1 else f"steps {owed[0]}-{owed[-1]}"
         summary = f"{len(owed)} update{'s' if len(owed) > 1 else ''} withheld ({where})"
@@ -142,6 +147,7 @@ class MakeUp:
         self.credit_until = max([self.credit_until, *replayed]) if self.credit else -1
         self.made = [s for s in self.made if s <= step]
         self.persons = [s for s in self.persons if s <= step]
+        self.hooks = [s for s in self.hooks if s <= step]
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -152,6 +158,7 @@ class MakeUp:
             "refused": list(self.refused),
             "refused_len": self.refused_len,
             "persons": list(self.persons),
+            "hooks": list(self.hooks),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -160,6 +167,7 @@ class MakeUp:
         self.refused = list(state.get("refused", []))  # older checkpoints: the cap's refusals were dropped
         self.refused_len = int(state.get("refused_len", -1))
         self.persons = list(state.get("persons", []))
+        self.hooks = list(state.get("hooks", []))
 
 
 def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
@@ -183,13 +191,15 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     left = e["withheld"] - e["extend"] - e["credit"]
     short = f" ({left} not: the cap is reached; they stay owed)" if left > 0 else ""
     credit = f", less {e['credit']} granted before for steps a rollback replayed" if e["credit"] else ""
-    persons = e.get("person_skips")
+    persons, hooks = e.get("person_skips"), e.get("hook_skips")
     theirs = (
         f"; the update(s) of step(s) {', '.join(map(str, persons))} a person withheld (`trimtab ctl skip-step`) are "
         "theirs, not made up (`trimtab ctl total-steps` lengthens the run)"
         if persons
         else ""
     )
+    if hooks:
+        theirs += f"; those of step(s) {', '.join(map(str, hooks))} a hook withheld (skip_step) are its, not made up"
     return Remedy(
         action="set_total_steps",
         params={"steps": e["new_total"], "by": "make_up"},

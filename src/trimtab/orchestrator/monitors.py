@@ -32,6 +32,7 @@ class StepMetrics:
     loss: float
     grad_norm: float
     skipped: bool = False  # the update gate withheld the update
+    skip_by: str = ""  # a skip_step asked for it ("person", "hook": StepOutput.skip_by); "": the gate's alone
     overflow: bool = False  # fp16 GradScaler found inf/NaN
     tokens_per_s: float = 0.0
     lr: float = 1e-3  # what the optimizer applied

@@ -33,7 +33,6 @@ class PersonCommands:
     paused: set[str]
     cfg: OrchestratorConfig
     lost_commands: list[dict[str, Any]]  # a person's settings a resume lost, to apply again at their steps
-    person_skip: int  # the step a person's skip_step withholds (the next): make_up leaves it to them
     _applied: Callable[..., None]  # what Control did with a decision (deciding.py)
 
     def _configured(self, run: RunView, change: dict[str, Any]) -> None:
@@ -204,8 +203,8 @@ class PersonCommands:
                 f" as decision {again['id']}; the process stopped before a checkpoint kept it: applied again on "
                 "resume, at the step it was applied at"
             )
-        if action == "skip_step":  # the next step's update gate withholds it
-            self.person_skip = run.step + 1
+        if action == "skip_step":  # the next step's update gate withholds it, and says whose it is (StepOutput.skip_by)
+            params["by"] = "person"
             if self.cfg.make_up.enabled:
                 reasoning += (
                     "; not made up: orchestrator.make_up makes up the updates the update gate withheld from bad "

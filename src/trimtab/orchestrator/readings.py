@@ -42,6 +42,7 @@ def step_metrics(
         loss=values["loss"],
         grad_norm=values["grad_norm"],
         skipped=bool(values["skipped"]),
+        skip_by=o.skip_by,
         overflow=bool(values["overflow"]),
         tokens_per_s=o.batch.n_tokens / max(seconds, 1e-9),
         lr=o.lr,

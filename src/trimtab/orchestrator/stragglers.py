@@ -93,6 +93,12 @@ class Stragglers:
         self.named |= {r: scores[r] for r in due}
         return self._finding(step, due, compute, scores)
 
+    def unname(self, ranks: list[int]) -> None:
+        """Ranks whose finding was not acted on (an emergency at its step: deciding.py emergency_at):
+        named again at their next slow window, not left unnamed until they slow down by RENAME."""
+        for rank in ranks:
+            self.named.pop(rank, None)
+
     def _finding(self, step: int, ranks: list[int], compute: list[float], scores: list[float]) -> Finding:
         own = {r: self.best[r] / compute[r] for r in ranks}
         evidence: dict[str, Any] = {

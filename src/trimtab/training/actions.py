@@ -154,7 +154,15 @@ PUT_BACK: dict[str, Callable[[Any], Any]] = {
 }
 
 _TABLE = (
-    Action(name="skip_step", verb="skip-step", says="skip step", help="withhold the next step's update"),
+    Action(
+        name="skip_step",
+        verb="skip-step",
+        says="skip step",
+        help="withhold the next step's update",
+        # who asked: a person's `trimtab ctl` (people.py) or a hook's request; either is theirs, not made up
+        # (orchestrator/make_up.py), which the step that withholds it says (StepOutput.skip_by), not its number
+        params=(ActionParam(name="by", kind="str", default="hook", ctl=False, choices=("person", "hook")),),
+    ),
     Action(
         name="scale_lr",
         verb="scale-lr",

@@ -71,6 +71,7 @@ class Control:
         self._applying = applying or (lambda name, mid_step: nullcontext())
         self._queue: list[tuple[str, dict[str, Any], Done | None]] = []
         self.skip_next = False  # read by the next step's update gate
+        self.skip_by = ""  # who asked for it (skip_step's `by`): the step that withholds it says so (StepOutput)
         self.applied = 0  # actions applied so far: a monitor rebases when the run was changed
         self.rewound = Rewound()  # this session's work that rollbacks undid: the summary counts it
 
@@ -141,8 +142,8 @@ class Control:
 
     # ------------------------------------------------------------------ effects, one per action (EFFECTS)
 
-    def _skip_step(self) -> str:
-        self.skip_next = True  # read by the next step's update gate
+    def _skip_step(self, by: str = "hook") -> str:
+        self.skip_next, self.skip_by = True, by  # read by the next step's update gate
         return "the next update will be withheld"
 
     def _scale_lr(self, factor: float) -> str:

@@ -3,9 +3,11 @@
 Hooks only observe: they see the run through a read-only RunView (figures, copies, reads of the
 model that write nothing, training/view.py) after each step, each log interval and each
 evaluation; they never reach into the step itself, and change the run only by requests through
-run.control, which the loop applies at its points (training/control.py). A hook that makes faults
-on purpose is a test instrument with its own handle (training/instrument.py). A hook with state
-returns it from state_dict() and it is checkpointed.
+run.control, which the loop applies at its points (training/control.py). A hook's skip_step is its
+own, as a person's `trimtab ctl skip-step` is theirs: the step it withholds says who asked
+(StepOutput.skip_by), and orchestrator.make_up, which makes up the updates the gate withheld from
+bad steps, leaves it. A hook that makes faults on purpose is a test instrument with its own handle
+(training/instrument.py). A hook with state returns it from state_dict() and it is checkpointed.
 """
 
 from __future__ import annotations

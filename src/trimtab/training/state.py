@@ -115,6 +115,7 @@ class StepOutput:
     phase: int = 0  # the phase the step belongs to (pretraining, finetuning)
     seconds: float = 0.0  # wall time of the step, data loading included
     skipped: torch.Tensor | None = None  # 0-d bool, on device: the update gate withheld the update
+    skip_by: str = ""  # who asked for it through Control's skip_step ("person", "hook"); "": nobody asked
     overflow: torch.Tensor | None = None  # 0-d bool, on device: fp16 GradScaler found inf/NaN
     withheld: bool | None = None  # skipped as read on the host already (the re-run's read); None: not read
     aux_loss: torch.Tensor | None = None  # 0-d, on device: the MoE auxiliary losses in the objective

@@ -197,7 +197,7 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
         self.model.set_step(self.state.step)  # Mixture-of-Depths capacity warm-up
         self.model.train()
         clip = self.control.grad_clip() or math.inf  # inf: measure the norm, change nothing
-        forced = self.control.skip_next  # a person's skip: nothing to re-run
+        forced = self.control.skip_by if self.control.skip_next else ""  # a person's or hook's skip: no re-run
         grads = self._gradients(batch, clip)
         # Checked before the update, so a bad step is never applied (torchtitan#4226).
         skip = self._update_gate(grads.loss, grads.grad_norm)
@@ -237,6 +237,7 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
             changes=self.control.applied,
             phase=self.state.phase,
             skipped=skip,
+            skip_by=forced,
             overflow=overflow,
             aux_loss=grads.aux,
             moe=grads.routers.moe_dict(),
