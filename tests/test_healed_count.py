@@ -111,3 +111,24 @@ def test_a_resume_on_another_world_after_a_clean_end_heals_nothing():
     resized = {"kind": "resized", "ended": "completed", "restart": 0, "down_s": 0.0}
     relaunched = decision(12, "restart", "resume", family="cluster", evidence=resized)
     assert healed([lost, relaunched]) == 1 and incidents([relaunched]) == []
+
+
+def test_a_ladders_rollbacks_count_as_the_incidents_it_counted():
+    """A rollback "recovered" settled the incident 5 steps later, whatever the ladder said: the LR's next
+    rollback, the ladder's second of the same open incident (evidence incident_rollback 2: no good checkpoint
+    and outcome_after quiet steps since), read as a new fault healed, and a non-finite loss's rollback the
+    ladder opened a new incident for (weights_nan@12 and @22, debug: closed at step 20) stays one of its own."""
+
+    def rollback(step: int, n: int, result: str = "recovered", rule: str = "above_start") -> dict:
+        return decision(step, rule, "rollback", result, family="instability", evidence={"incident_rollback": n})
+
+    one = [
+        rollback(15, 1),
+        decision(22, "above_start", "scale_lr", "not recovered", family="instability"),
+        rollback(24, 2),
+    ]
+    assert len(incidents(one)) == 1 and healed(one) == 1
+    two = [rollback(12, 1, rule="nonfinite"), rollback(22, 1, rule="nonfinite")]
+    assert len(incidents(two)) == 2 and healed(two) == 2
+    again = [*two, rollback(30, 2, "not recovered", rule="nonfinite")]  # the open incident: the latest
+    assert [[d["step"] for d in i] for i in incidents(again)] == [[12], [22, 30]] and healed(again) == 1

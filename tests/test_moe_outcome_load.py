@@ -133,3 +133,26 @@ def test_a_router_reset_that_left_the_layer_over_the_imbalance_bar_is_not_recove
     still, spread = resets[1].outcome, resets[3].outcome
     assert still["result"] == "not recovered" and still["max_load_after"] == 3.1
     assert spread["result"] == "recovered" and spread["max_load_after"] == 2.0
+
+
+def test_a_router_reset_is_judged_once_its_layer_fell_out_of_the_collapse_it_answered(tmp_path):
+    """debug-moe (8 experts, top-2), expert_collapse@6, seed 0: both layers' resets read "not recovered" at
+    3.0x and 3.3x after 20 steps, falling from 4.0x (all one expert can take) to ~2x 20 steps later, and the
+    run ended at val 4.67 against 4.89 advised (collapsed at 4.0x to the end). A reset's layer under the
+    collapse bar (3.6x) and falling is judged once its load gets under the imbalance bar; rising, at once."""
+    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)  # outcome_after 20, imbalance 2.5
+    resets = {}
+    for layer in (1, 3):
+        resets[layer] = pending(orchestrator.journal, 10, "moe", "reset_router", family=f"moe/{layer}")
+        resets[layer].evidence = {"kind": "collapse", "layer": layer, "busiest": 0, "max_load": 4.0}
+    for i, step in enumerate(range(11, 51)):
+        ratios = ((1, 3.9 - 0.06 * i + 0.3 * (-1) ** i), (3, 3.2 + 0.01 * i))
+        moe = [(layer, [ratio / 8] + [(1 - ratio / 8) / 7] * 7, 0.3, 2) for layer, ratio in ratios]
+        orchestrator.outcomes.follow(StepMetrics(step=step, loss=4.0, grad_norm=1.0, moe=moe), [])
+        if step == 30:
+            assert resets[1].outcome is None  # 3.3x, falling: waits
+            rising = resets[3].outcome
+    fell = resets[1].outcome
+    assert fell["result"] == "recovered" and fell["steps"] == 34 and fell["max_load_after"] <= 2.5
+    assert fell["max_load_before"] == 4.0 and fell["load_per_step"] < -0.05
+    assert rising["result"] == "not recovered" and rising["steps"] == 20 and rising["load_per_step"] > 0

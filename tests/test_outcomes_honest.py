@@ -233,3 +233,32 @@ def test_an_lr_cut_replay_is_judged_on_its_start_not_on_the_abandoned_too_fast_b
     assert "replayed_steps" not in healed  # the fault's own steps: no step-by-step pairs
     stuck = _lr_cut_replay(tmp_path / "b", lambda step: 6.27 + 0.01 * (-1) ** step)  # within 5%, not below
     assert stuck["result"] == "not recovered"
+
+
+def test_a_restart_on_fewer_ranks_continued_and_heals_no_fault(tmp_path):
+    """torchrun --standalone 2 ranks, kill_rank@12:1, the job resumed on the one rank left: its resume read
+    "recovered" and `trimtab runs` counted a fault healed. The job went on without the rank: "continued",
+    with the worlds and what was lost; the same restart on the whole world still recovers."""
+    results = {}
+    for after in (1, 2):
+        run_dir = tmp_path / f"world{after}"
+        run_dir.mkdir()
+        orchestrator = Orchestrator(OrchestratorConfig(), run_dir)
+        restart = pending(orchestrator.journal, 10, "restart", "resume", family="cluster")
+        restart.evidence = {
+            "kind": "lost_rank",
+            "world_before": 2,
+            "world_after": after,
+            "steps_lost": 1,
+            "down_s": 3.5,
+        }
+        _follow(orchestrator, range(11, 41))
+        orchestrator.on_train_end(FakeTrainer(run_dir), {"status": "completed"})
+        results[after] = read_decisions(run_dir)
+    (smaller,), (whole,) = results[1], results[2]
+    assert smaller["outcome"]["result"] == "continued" and healed(results[1]) == 0
+    assert (smaller["outcome"]["world_before"], smaller["outcome"]["world_after"]) == (2, 1)
+    assert smaller["outcome"]["steps_lost"] == 1 and smaller["outcome"]["down_s"] == 3.5
+    assert (
+        whole["outcome"]["result"] == "recovered" and "world_after" not in whole["outcome"] and healed(results[2]) == 1
+    )

@@ -229,12 +229,14 @@ NOT_FAULTS = ("make_up", "lr_restore", "data", "plateau", "checkpoint_interval",
 INCIDENT_STEPS = 50
 SAME_INCIDENT = {"data": "instability"}  # bad data shows as spikes and as outlier rows: one incident
 # outcomes that say how an incident ended; "too early" (the run ended before the outcome was measured) heals none
-ENDED = ("recovered", "not recovered", "failed", "stopped", "too early")
+# ("continued": a restart on fewer ranks, the job gone on without the lost one: orchestrator/outcomes.py)
+ENDED = ("recovered", "not recovered", "failed", "stopped", "too early", "continued")
 # answers a later finding cannot undo once "recovered": after SETTLED (5) healthy steps one is another
-# fault (orchestrator/outcomes.py: SETTLED), for a rollback once the replay trained past its step; for a
-# restart (`resume`) once its session trained on: a rank lost 18 steps after another's restart is another
-# fault (2 restarts read "faults healed 1", or 0 with the second judged "too early")
-SETTLED_ANSWERS, SETTLED = ("skip_step", "rollback", "resume"), 5
+# fault (orchestrator/outcomes.py: SETTLED); for a restart (`resume`) once its session trained on: a rank
+# lost 18 steps after another's restart is another fault (2 restarts read "faults healed 1", or 0 with the
+# second judged "too early"). Not a rollback: the ladder's incident stays open until the replay saved a
+# good checkpoint and trained outcome_after quiet steps (ladder.py: _clear), its outcome window.
+SETTLED_ANSWERS, SETTLED = ("skip_step", "resume"), 5
 CAUSES = {"spike": "data", "rows": "data", "data": "data"}  # a rule's cause, when rules share one: bad data
 
 
@@ -290,9 +292,9 @@ def incidents(decisions: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
         # layer at once (debug-moe, expert_collapse@10: layers 1 and 3 answered at steps 20 and 21, "faults healed 2")
         family = str(d.get("family") or d.get("rule")).split("/")[0]
         family, step = SAME_INCIDENT.get(family, family), int(d.get("step", 0))
-        near = (
+        near = (  # the latest first: a ladder rollback belongs to the incident it counted on (_over)
             i
-            for i in found
+            for i in reversed(found)
             if i[0] == family and i[1][0] - INCIDENT_STEPS <= step <= i[1][1] + INCIDENT_STEPS and not _over(i[2], d)
         )
         if (incident := next(near, None)) is None:
@@ -316,10 +318,15 @@ def _over(incident: list[dict[str, Any]], d: dict[str, Any]) -> bool:
     the same one after that recovery was settled (a skipped step's SETTLED steps, or any other's
     outcome window). nan_loss@20, bad_rows@30 and nan_loss@57 on one run were one incident, and 3
     faults, 2 of them healed, read "faults healed 1". Bad data is the exception: its rows recur (the
-    next epoch, the next of a bad stretch) as spikes and rows left out, one fault however long."""
+    next epoch, the next of a bad stretch) as spikes and rows left out, one fault however long. A ladder
+    rollback after another in the incident is the ladder's count: its second of an open incident stays in
+    it, its first again (the ladder closed the last one) starts another."""
+    counted = _ladder_count(d)
+    if counted is not None and any(_ladder_count(e) for e in incident):  # the ladder's own word (ladder.py)
+        return counted == 1
     last = incident[-1]
     outcome = last.get("outcome") or {}
-    if outcome.get("result") != "recovered" or outcome.get("rolled_back"):
+    if outcome.get("result") not in ("recovered", "continued") or outcome.get("rolled_back"):
         return False
     cause = CAUSES.get(str(d.get("rule")), d.get("rule"))
     if cause != CAUSES.get(str(last.get("rule")), last.get("rule")):
@@ -330,6 +337,13 @@ def _over(incident: list[dict[str, Any]], d: dict[str, Any]) -> bool:
     if last.get("action") in SETTLED_ANSWERS:
         settled = SETTLED
     return isinstance(settled, int) and step > int(last.get("step", 0)) + settled
+
+
+def _ladder_count(d: dict[str, Any]) -> int | None:
+    """Which of its incident's rollbacks the ladder counted d (evidence `incident_rollback`: 1 after the
+    ladder closed the last one, ladder.py _clear); None for a decision it did not count."""
+    n = (d.get("evidence") or {}).get("incident_rollback")
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
 
 
 def healed(decisions: list[dict[str, Any]]) -> int:

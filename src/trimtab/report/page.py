@@ -234,6 +234,9 @@ def _outcome(d: dict[str, Any], after: int | None) -> str:
     ):
         text += f" (on {steps} of the {after} steps it is judged on: the run ended first)"
     found = outcome.get("found_after")
+    if outcome.get("result") == "continued":  # a restart on fewer ranks: no fault healed, the job went on without them
+        lost = f"{outcome.get('steps_lost')} steps lost, {outcome.get('down_s')} s down"
+        text += f" on {outcome.get('world_after')} of {outcome.get('world_before')} ranks ({lost})"
     if text == "not recovered" and isinstance(found, list) and found:  # the findings that said it was back
         text += f" (the trouble back: {', '.join(str(f).replace('@', ' at step ') for f in found)})"
     if outcome.get("rolled_back"):
