@@ -30,7 +30,7 @@ def _evaluate(tmp_path, readings, dpo: DPOConfig | None = None) -> list:
     """Each reading through Orchestrator.on_eval as the trainer passes a DPO evaluation; the findings."""
     orch, found = Orchestrator(OrchestratorConfig(), tmp_path), []
     orch.decide = lambda run, f: found.append(f)
-    run = SimpleNamespace(phase=0, probe_loss=lambda: 1.0, cfg=SimpleNamespace(dpo=dpo or DPOConfig()))
+    run = SimpleNamespace(phase=0, weights_finite=lambda: True, cfg=SimpleNamespace(dpo=dpo or DPOConfig()))
     for step, loss, accuracy, chosen in readings:
         metrics = {"step": step, "dpo/held_out_loss": loss, "dpo/held_out_accuracy": accuracy}
         orch.on_eval(run, {**metrics, "dpo/held_out_chosen_reward": chosen})

@@ -101,7 +101,7 @@ def test_an_evaluation_of_nan_weights_is_no_val_loss_for_early_stopping(tmp_path
     cfg.early_stop.patience = 5  # counted, not acted on: the monitor's count is the evidence
     orch, nan = Orchestrator(cfg, tmp_path), float("nan")
     mon, weights = orch.monitors["early_stop"], {"probe": nan}  # RunView.probe_loss: NaN for non-finite weights
-    run = SimpleNamespace(phase=0, probe_loss=lambda: weights["probe"])
+    run = SimpleNamespace(phase=0, weights_finite=lambda: weights["probe"] == weights["probe"])  # not NaN
     orch.on_eval(run, {"step": 5, "val_loss": nan})  # the phase's first evaluation
     assert mon.best is None
     weights["probe"] = 5.9  # rolled back, finite

@@ -86,7 +86,7 @@ def test_the_orchestrator_gives_rl_hacking_the_evaluation_s_counts(tmp_path) -> 
     cfg = OrchestratorConfig()
     cfg.rl_hacking.patience = 5  # counted, not acted on: the count of falls is the evidence
     orch = Orchestrator(cfg, tmp_path)
-    run = SimpleNamespace(phase=0, probe_loss=lambda: None)
+    run = SimpleNamespace(phase=0, weights_finite=lambda: True)
     for step, k in ((0, 14), (10, 2), (20, 0)):
         orch.on_eval(
             run, {"step": step, "rl/held_out_reward": k / 100, "rl/held_out_pass@1": k / 100, "rl/held_out_n": 100.0}

@@ -90,15 +90,20 @@ def test_the_training_reward_of_rollouts_of_non_finite_weights_is_not_rl_hacking
 def test_an_evaluation_of_non_finite_weights_is_not_rl_hackings(tmp_path) -> None:
     """`trimtab rl --inject weights_nan@10` with train.eval_every=5: step 10's held-out answers came
     from NaN weights (0.0) and the orchestrator gave them to rule rl_hacking as a fall from its best;
-    they are rule nonfinite's to roll back (RunView.probe_loss reads NaN for non-finite weights)."""
+    they are rule nonfinite's to roll back. Asked of RunView.weights_finite, not probe_loss: the probe's held-out
+    forward ran at every evaluation for the same answer."""
     c = cfg()
     c.rl_hacking.patience = 5  # counted, not acted on: the evaluations' count is the evidence
     orch = Orchestrator(c, tmp_path)
     mon = orch.monitors["rl_hacking"]
     for s in range(1, 4):
         mon.observe(step(s, reward=0.2))
-    weights = {"probe": None}  # RL phase: None for finite weights, NaN for non-finite ones
-    run = SimpleNamespace(phase=0, probe_loss=lambda: weights["probe"])
+    weights = {"probe": None}  # None for finite weights, NaN for non-finite ones
+
+    def probe() -> None:
+        raise AssertionError("a held-out forward to ask whether the weights are finite")
+
+    run = SimpleNamespace(phase=0, weights_finite=lambda: weights["probe"] is None, probe_loss=probe)
     orch.on_eval(run, {"step": 3, "rl/held_out_reward": 0.5})
     for s in range(4, 7):
         mon.observe(step(s, reward=0.6))

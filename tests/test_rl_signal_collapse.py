@@ -97,7 +97,7 @@ def z_of(tail: float) -> float:
 def test_a_held_out_fall_stands_the_rule_down_and_the_orchestrator_passes_the_counts(tmp_path):
     c = cfg()
     orch = Orchestrator(c, tmp_path)
-    mon, view = orch.monitors["rl_signal"], SimpleNamespace(phase=0, probe_loss=lambda: None)
+    mon, view = orch.monitors["rl_signal"], SimpleNamespace(phase=0, weights_finite=lambda: True)
     evaluation = {"step": 0, "rl/held_out_reward": 0.14, "rl/held_out_pass@1": 0.14, "rl/held_out_n": 100.0}
     orch.on_eval(view, evaluation)
     first = [f for s in (1, 2) if (f := step(mon, s, BROKEN)) is not None][-1]

@@ -103,11 +103,15 @@ def test_groups_that_teach_nothing_turn_on_dynamic_sampling_then_raise_the_tempe
     reward at all: what it means, the fixes); after a window of 2 steps the orchestrator turns dynamic
     sampling on (each step then draws 4x the prompts, still flat); each next window it samples warmer
     (x1.25), the objective follows; at the ceiling, dynamic sampling having drawn a whole window without
-    a signal, the run stops (exit 3: it trained on with loss 0 to the end before, exit 0)."""
+    a signal, the run stops (exit 3: it trained on with loss 0 to the end before, exit 0). With step 0's held-out
+    count of 0/64 besides, the first rollouts prove it: the stop comes at step 1 (it came at step 10)."""
     sets = ["--set", "rl.reward=python:rl_verifiers:nothing", "--set", "orchestrator.rl_signal.window=2"]
     sets += ["--set", "rl.prompts_per_step=4", "--set", "rl.group_size=4", "--set", "orchestrator.outcome_after=4"]
     sets += ["--set", "orchestrator.rl_signal.max_temperature=1.6"]
-    logged = rl(tmp_path / "flat", base, 14, *sets, code=3)
+    assert len(rl(tmp_path / "proven", base, 14, *sets, code=3)) == 1  # rl.held_out 64 (the default)
+    proven = [d for d in read_decisions(tmp_path / "proven") if d["rule"] == "rl_signal"]
+    assert [(d["step"], d["action"], d["evidence"]["proven"]) for d in proven] == [(1, "stop", True)]
+    logged = rl(tmp_path / "flat", base, 14, *sets, "--set", "rl.held_out=0", code=3)  # the first rollouts alone
     decisions = [d for d in read_decisions(tmp_path / "flat") if d["rule"] == "rl_signal"]
     warned = decisions.pop(0)
     assert (warned["step"], warned["action"], warned["evidence"]["kind"]) == (1, "none", "no_reward")

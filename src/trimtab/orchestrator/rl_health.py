@@ -12,8 +12,10 @@ samples as they are; then, if groups stay flat, the sampling temperature rises b
 `max_temperature`), so a group's answers spread and some differ; at the ceiling, the finding is
 said for a person (more samples per prompt, easier prompts, a warmer start), and dynamic sampling
 that drew a whole window there without a signal has spent the remedies: the run stops (exit 3; groups
-solved: it goes off, having only multiplied the step's cost). A starting policy whose first rollouts
-earn no reward at all is said at once (_no_reward), with what it means and the fixes. The order is
+solved: the task is learned, a stop with exit 0). Turned off after it drew flat groups (a person's `ctl`), it
+stays off, and a window without one group with a signal walks the same ladder. A starting policy whose first
+rollouts earn no reward at all, or a partial credit alone, is said at once (_first_rollouts), with what it means
+and the fixes, and stopped there where they prove it. The order is
 measured: on the built-in arithmetic task from a weak warm start (held-out pass@1 0.15), raising
 the temperature to 2.0 took pass@1 to 0.005 in 100 steps, where dynamic sampling took it to 0.19
 (docs/rl.md).
@@ -40,7 +42,7 @@ from trimtab.orchestrator.rl_stats import (
     starting_policys,
 )
 
-# what mends a policy that earns no learning signal: said at its first rollouts (_no_reward) and in the stop's reason
+# what mends a policy that earns no learning signal: said at its first rollouts (_first_rollouts) and in the stops
 NO_SIGNAL_FIXES = (
     "a stronger starting model (a supervised warm start on the task, train.init_from), easier prompts (rl.prompts), "
     "or more samples a prompt (rl.group_size)"
@@ -56,10 +58,10 @@ class NoLearningSignal(Monitor):
     fault, which sampling does not mend: no finding then (rl_verifier's says it).
 
     Each step says whether dynamic sampling drew it: once it goes off after drawing groups that
-    stayed flat (the remedy's last step, or a person's `trimtab ctl RUN dynamic-sampling off`), the
-    rule is quiet until a window's flat share falls below `threshold`: the prompts are too hard or
-    too easy for the policy, and turning sampling on again would only draw 4x the groups for
-    nothing (measured: 32 groups a step instead of 8 for the rest of a run, 1.5-3.4x the step time)."""
+    stayed flat (a person's `trimtab ctl RUN dynamic-sampling off`), it is not turned on again until a window's
+    flat share falls below `threshold` (it would only draw 4x the groups for nothing, measured: 32 groups a step
+    instead of 8 for the rest of a run, 1.5-3.4x the step time), and the rule is quiet unless a whole window has
+    no group with a signal (evidence `sampling_off`: the remedy warms the sampling, then stops)."""
 
     rule, family = "rl_signal", "rl"
     # A rollback restores the windows with the weights, but not the step of the last finding: its
@@ -84,7 +86,7 @@ class NoLearningSignal(Monitor):
         self.sampled_flat = Rolling(self.cfg.window)  # the flat share of the last steps dynamic sampling drew
         self.sampling: bool | None = None  # whether it drew the last step (None: unknown)
         self.gave_up = False  # it went off finding nothing: quiet until the flat share falls below threshold
-        self.warned = False  # the starting policy's first rollouts were judged (_no_reward): said once a run
+        self.warned = False  # the starting policy's first rollouts were judged (_first_rollouts): said once a run
         # the policy's health, which tells a collapse from uniform groups at a sound policy (_collapsed): the phase's
         # first `window` steps and the last ones (overlapping while the phase is young: _splits parts them), as rule
         # rl_reward's steps [SCORE..., reward, group size] with their groups with a right response, and their
@@ -125,12 +127,14 @@ class NoLearningSignal(Monitor):
         self._health(m.step, m.rl)
         if first and not self.warned:
             self.warned = True
-            if (found := self._no_reward(m)) is not None:
+            if (found := self._first_rollouts(m)) is not None:
                 return found
         if len(self.window) < self.cfg.window or self.window.mean() < self.cfg.threshold:
             self.gave_up = self.gave_up and len(self.window) < self.cfg.window  # signal again: the rule is back
             return None
-        if self.failed.mean() >= self.failing or self.gave_up:
+        # gone off after drawing flat groups: quiet, but not where no group of the window had a signal: a person's
+        # `ctl dynamic-sampling off` on a barren run left it training on at loss 0 to max_steps (exit 0)
+        if self.failed.mean() >= self.failing or (self.gave_up and self.window.mean() < 1.0):
             return None
         share, solved = self.window.mean(), self.solved.mean()
         evidence = {
@@ -142,6 +146,8 @@ class NoLearningSignal(Monitor):
         }
         if len(self.sampled):  # the share of the window's steps dynamic sampling drew (older batches: unknown)
             evidence["dynamic_sampling"] = self.sampled.mean()
+        if self.gave_up:  # off after it drew flat groups (by the rule or a person): not to be turned on again
+            evidence["sampling_off"] = True
         if collapsed := self._collapsed():  # the remedy stands down (rl_remedies.py, _signal_remedy)
             evidence["collapsed"] = collapsed
         self.window, self.solved, self.sampled = (Rolling(self.cfg.window) for _ in range(3))  # fresh after the remedy
@@ -163,31 +169,54 @@ class NoLearningSignal(Monitor):
         strength = 0.5 + 0.5 * (share - self.cfg.threshold) / max(1 - self.cfg.threshold, 1e-9)
         return self.finding(m, evidence, summary, min(1.0, strength))
 
-    def _no_reward(self, m: StepMetrics) -> Finding | None:
-        """The starting policy's first rollouts: where no response of any group earned a reward (and its step-0
-        held-out count, where taken, is 0 too), a warning at once, not a window later: every group's advantage is 0
-        from the first step, and the remedies (dynamic sampling, warmer sampling) rarely find what the policy never
-        answers (a 10-step text model on the arithmetic task: pass@1 0/64, every group flat for 20 steps through
-        both; the rule's stop follows, rl_remedies.py). Not where the verifications failed (rl_verifier's)."""
+    def _first_rollouts(self, m: StepMetrics) -> Finding | None:
+        """The starting policy's first rollouts, every group flat and none solved: said at once, not a window later
+        (a 10-step text model on the arithmetic task: pass@1 0/64, every group flat for 20 steps through dynamic
+        sampling and warmer sampling, the rule's stop at step 20). At no reward at all (kind no_reward; not where
+        step 0's held-out count, where taken, is above 0: greedy answers earn, a signal warmer sampling may find), or
+        at a partial credit (kind partial_credit: a group's responses alike in what the verifier pays). Where every
+        response of every group earned one reward, and so many that the share of groups with a signal is bounded
+        under 1 - `threshold` (_proven), the evidence says `proven`: the stop comes now (rl_remedies.py), not three
+        windows on. Not where the verifications failed (rl_verifier's)."""
         rl, failing = m.rl or {}, self.failed.values[-1] >= self.failing
         groups, scored = rl.get("score_n", 0), (rl.get("verifications") or (0,))[0]
-        if failing or not groups or rl["score"] > 0 or rl["flat_groups"] < 1.0 or rl.get("solved_groups", 0.0) > 0:
+        if failing or not groups or rl["flat_groups"] < 1.0 or rl.get("solved_groups", 0.0) > 0:
             return None
-        if self.held_out and self.held_out[0] > 0:  # greedy answers earn some: a signal warmer sampling may find
+        held = self.held_out if rl["score"] <= 0 else []  # greedy's count read for no reward alone
+        if held and held[0] > 0:
             return None
-        size = round(scored / groups)
-        evidence = {"kind": "no_reward", "groups": groups, "group_size": size}
-        held = ""
-        if self.held_out:
-            evidence |= {"held_out_solved": 0, "held_out_n": self.held_out[1]}
-            held = f", and held-out pass@1 at step {self.held_out[2]} is 0/{self.held_out[1]}"
+        size, mean = round(scored / groups), rl["score"] / groups
+        one = rl["score_sq"] / groups - mean * mean <= 1e-9  # the groups' mean scores all alike: one reward for all
+        evidence = {"kind": "partial_credit" if mean > 0 else "no_reward", "groups": groups, "group_size": size}
+        said = f"none of the {groups * size} responses of its first rollouts ({groups} prompts x rl.group_size {size}"
+        said = (
+            f"{said}: pass@{size} 0) earned one" if mean <= 0 else f"{said}) earned the full reward, and each group's"
+        )
+        said += "" if mean <= 0 else f" responses earned one partial credit ({'all' if one else 'a mean'} {mean:.3g})"
+        if held:
+            evidence |= {"held_out_solved": 0, "held_out_n": held[1]}
+            said += f", and held-out pass@1 at step {held[2]} is 0/{held[1]}"
+        if one and (bound := self._proven(groups * size + (held[1] if held else 0), size)) is not None:
+            evidence |= {"proven": True, "signal_bound": bound}
+            said += (
+                f"; so many alike that under 1 in {1 / bound:.0f} groups could have a signal (95%), "
+                f"under the {1 - self.cfg.threshold:.0%} the rule acts at (1 - orchestrator.rl_signal.threshold)"
+            )
         summary = (
-            f"the starting policy earns no reward at all: none of the {groups * size} responses of its first "
-            f"rollouts ({groups} prompts x rl.group_size {size}: pass@{size} 0) earned one{held}. GRPO's advantage "
-            f"compares the rewards of a group, so every group's is 0 and the steps have no gradient; fixes: "
-            f"{NO_SIGNAL_FIXES}"
+            f"the starting policy earns {'a partial credit alone' if mean > 0 else 'no reward at all'}: {said}. "
+            f"GRPO's advantage compares the rewards of a group, so every group's is 0 and the steps have no gradient; "
+            f"fixes: {NO_SIGNAL_FIXES}"
         )
         return self.finding(m, evidence, summary, 1.0)
+
+    def _proven(self, alike: int, size: int) -> float | None:
+        """The most groups of `size` with a signal that `alike` responses all earning one reward leave likely: where
+        none differed, 3 / alike bounds the share that would at 95% (the rule of three, Hanley & Lippman-Hand 1983),
+        and a group has a signal unless its `size` all agree; None where that share reaches 1 - `threshold`, the flat
+        share the rule acts at (8 x 8 responses alone: 0.32, not proven; with step 0's 0/64 held-out: 0.17)."""
+        rate = 3 / max(alike, 1)
+        bound = 1 - (1 - rate) ** size - rate**size
+        return bound if bound < 1 - self.cfg.threshold else None
 
     def _switched(self, sampling: bool | None, share: float) -> None:
         """Dynamic sampling's state at this step: gone off after the steps it drew stayed flat

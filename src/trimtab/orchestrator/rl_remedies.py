@@ -51,22 +51,27 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig, *, rollbacks: int = 0
 def _signal_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int = 0, incident: str = "") -> Remedy:
     """Dynamic sampling on; then, for groups flat but not solved, warmer sampling to the ceiling;
     there, once dynamic sampling drew a whole window without one group with a signal, the run stops
-    (_no_signal); with the groups mostly solved, it goes off instead: it multiplied the step's cost for
-    nothing. Flat because the policy collapsed (the monitor's evidence, or a rollback's incident open),
-    neither: _collapsed. The starting policy's first rollouts without a reward: a note (_NO_REWARD)."""
+    (_no_signal); with the groups mostly solved, the task is learned: a stop with exit 0 (_learned). Turned off
+    after it drew flat groups, it stays off and a barren window walks the same ladder. Flat because the policy
+    collapsed (the monitor's evidence, or a rollback's incident open), neither: _collapsed. The starting policy's
+    first rollouts flat at no reward or a partial credit: a note (_NO_REWARD), or a stop where they prove it."""
     rule = cfg.rl_signal
-    if f.evidence.get("kind") == "no_reward":  # the starting policy's first rollouts (rl_health.py, _no_reward)
-        return Remedy(action="none", reasoning=_NO_REWARD)
+    if f.evidence.get("kind") in ("no_reward", "partial_credit"):  # the first rollouts (rl_health, _first_rollouts)
+        return _first_stop(f) if f.evidence.get("proven") else Remedy(action="none", reasoning=_NO_REWARD)
     if f.evidence.get("collapsed") or rollbacks:
         return _collapsed(f.evidence.get("collapsed", {}), rollbacks, incident)
-    # every group of a window dynamic sampling drew alone was flat: more draws will not find a signal
-    barren = f.evidence["flat_groups"] >= 1.0 and f.evidence.get("dynamic_sampling", 0.0) >= 1.0
-    if not view.rl_dynamic_sampling and barren:  # turned off since these steps were drawn: the monitor sees it
+    # off after it drew flat groups (the rule's or a person's `ctl dynamic-sampling off`): not turned on again, but a
+    # window with no group with a signal still walks the rest of the ladder (warmer, then the stop)
+    off = f.evidence.get("sampling_off", False)
+    # every group of a window dynamic sampling drew alone (or drawn with it off as above) was flat: more draws will
+    # not find a signal
+    barren = f.evidence["flat_groups"] >= 1.0 and (off or f.evidence.get("dynamic_sampling", 0.0) >= 1.0)
+    if not view.rl_dynamic_sampling and barren and not off:  # turned off since these steps were drawn
         return Remedy(
             action="none",
             reasoning="dynamic sampling drew these flat groups and has been turned off since: nothing to add",
         )
-    if not view.rl_dynamic_sampling:
+    if not view.rl_dynamic_sampling and not off:
         return Remedy(
             action="set_dynamic_sampling",
             params={"value": "on"},
@@ -75,16 +80,9 @@ def _signal_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: in
         )
     stuck = f.evidence["flat_groups"] - f.evidence.get("solved_groups", 0.0)
     if stuck < rule.threshold and barren:
-        return _sampling_off(f, "easy", "harder prompts in rl.prompts, or the run has done its work")
+        return _learned(f)
     if stuck < rule.threshold:  # mostly learnt: warmer sampling would only unlearn them
-        # the words stay the same while the answer does (the shares are the finding's evidence): a note with
-        # each window's shares in it was a new one every window (Deciding folds a repeat by its words)
-        return Remedy(
-            action="none",
-            reasoning="the flat groups are mostly solved (every response earned rl.full_reward; those stuck are under "
-            "orchestrator.rl_signal.threshold): the policy has learnt these prompts, and dynamic sampling already "
-            "looks for the others; harder prompts (rl.prompts), or the run has done its work",
-        )
+        return Remedy(action="none", reasoning=_MOSTLY_SOLVED)
     now = view.rl_temperature
     value = round(min(rule.max_temperature, now * rule.factor), 4)
     if value <= now and barren:
@@ -99,9 +97,20 @@ def _signal_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: in
     return Remedy(
         action="set_rl_temperature",
         params={"value": value},
-        reasoning=f"groups stay flat with dynamic sampling on: sample warmer ({now:g} -> {value:g}) so a group's "
+        reasoning=f"groups stay flat with dynamic sampling {'off (turned off after it drew them)' if off else 'on'}: "
+        f"sample warmer ({now:g} -> {value:g}) so a group's "
         "answers spread and some differ; the objective follows the same temperature",
     )
+
+
+# rl_signal's word on flat groups mostly solved, dynamic sampling on: the words stay the same while the answer does
+# (the shares are the finding's evidence): a note with each window's shares in it was a new one every window
+# (Deciding folds a repeat by its words)
+_MOSTLY_SOLVED = (
+    "the flat groups are mostly solved (every response earned rl.full_reward; those stuck are under "
+    "orchestrator.rl_signal.threshold): the policy has learnt these prompts, and dynamic sampling already "
+    "looks for the others; harder prompts (rl.prompts), or the run has done its work"
+)
 
 
 def _collapsed(signs: dict[str, Any], rollbacks: int, incident: str = "") -> Remedy:
@@ -144,38 +153,68 @@ _NO_REWARD = (
 
 
 def _no_signal(f: Finding, temperature: float) -> Remedy:
-    """The remedies spent (dynamic sampling drew a whole window at the ceiling temperature and no group had a
-    signal): a stop, like the other RL rules' (gave_up's exit 3), not training on with no gradient. The sampling went
-    off and the run trained on before: from a 10-step text model on the arithmetic task, every group flat at reward 0
-    through step 40 (loss 0) and exit 0, nothing saying the starting model had no signal (2026-12-02)."""
+    """The remedies spent (a whole window at the ceiling temperature, drawn by dynamic sampling or with it turned off
+    after it drew flat groups, and no group had a signal): a stop, like the other RL rules' (gave_up's exit 3), not
+    training on with no gradient. The sampling went off and the run trained on before: from a 10-step text model on
+    the arithmetic task, every group flat at reward 0 through step 40 (loss 0) and exit 0, nothing saying the starting
+    model had no signal (2026-12-02)."""
     drawn, window = f.evidence.get("groups_drawn", 0.0), f.evidence["window"]
+    how = "with dynamic sampling off (turned off after it drew flat groups)" if f.evidence.get("sampling_off") else ""
     why = (
-        f"dynamic sampling drew {drawn:.0f} groups a step for the last {window} steps, sampled at {temperature:g} "
-        "(orchestrator.rl_signal.max_temperature), and not one had a signal: the rollouts carry no advantage "
-        "(GRPO's is 0 where a group's responses all earn one reward), so no step has a gradient"
+        f"{'the steps drew' if how else 'dynamic sampling drew'} {drawn:.0f} groups a step for the last {window} steps"
+        f"{' ' + how if how else ''}, sampled at "
+        f"{temperature:g} (orchestrator.rl_signal.max_temperature), and not one had a signal: the rollouts carry no "
+        "advantage (GRPO's is 0 where a group's responses all earn one reward), so no step has a gradient"
     )
+    return _signal_stop(why, "the remedies are spent (dynamic sampling, sampling up to the ceiling)")
+
+
+def _first_stop(f: Finding) -> Remedy:
+    """The first rollouts prove the task gives this policy no signal (rl_health.py, _first_rollouts: so many responses
+    alike that under 1 - threshold of the groups could have a signal): the stop at step 1, not after the three
+    windows the remedies take (a 10-step text model on the arithmetic task stopped at step 20)."""
+    ev = f.evidence
+    credit = "no reward" if ev["kind"] == "no_reward" else "one partial credit"
+    why = (
+        f"every one of the {ev['groups'] * ev['group_size']} responses of the starting policy's first rollouts earned "
+        f"{credit}"
+        + (f", and held-out pass@1 at step 0 is 0/{ev['held_out_n']}" if "held_out_n" in ev else "")
+        + f": under {ev['signal_bound']:.0%} of the groups could have a signal (95%), under the rule's threshold, so "
+        "dynamic sampling and warmer sampling would search for what the policy does not answer (or the verifier, "
+        "rl.reward, pays every answer alike: check that a right one earns rl.full_reward)"
+    )
+    return _signal_stop(why, "proven at the first rollouts")
+
+
+def _signal_stop(why: str, spent: str) -> Remedy:
+    """rl_signal's stop (exit 3): the policy earns no learning signal, `why`, and what was `spent` or proved it."""
     return Remedy(
         action="stop",
         params={
             "reason": f"the policy earns no learning signal: {why}; fixes: {NO_SIGNAL_FIXES}",
             "exit_code": GAVE_UP,
         },
-        reasoning=f"{why}; the remedies are spent (dynamic sampling, sampling up to the ceiling): stopping, as "
-        "training on would only spend the steps",
+        reasoning=f"{why}; {spent}: stopping, as training on would only spend the steps",
     )
 
 
-def _sampling_off(f: Finding, too: str, fix: str) -> Remedy:
-    """Dynamic sampling off: the prompts are too `too` for this policy, which the data mends."""
-    drawn, window = f.evidence.get("groups_drawn", 0.0), f.evidence["window"]
+def _learned(f: Finding) -> Remedy:
+    """Every group of a window flat and mostly solved, drawn by dynamic sampling (or with it off after it drew them):
+    the policy has learnt these prompts (the rest, flat below the full reward, are out of its reach), and training on
+    them has no gradient. It turned dynamic sampling off and trained on before: from a 10-step text model, reward
+    format:.* (every response right), on at step 5, off at 10, then 30 steps at loss 0, every group solved, exit 0 at
+    step 40; now a stop at step 10 with exit 0, as early_stop's, the run having done its work."""
+    ev = f.evidence
+    rest = "" if ev["solved_groups"] >= 1.0 else ", the rest flat below it: out of this policy's reach"
+    why = (
+        f"every group of the last {ev['window']} steps earned one reward for all its responses, "
+        f"{ev['solved_groups']:.0%} all at rl.full_reward{rest} ({ev.get('groups_drawn', 0.0):.0f} groups a step "
+        "drawn): the policy has learnt these prompts, and they teach it nothing more (no advantage, no gradient)"
+    )
     return Remedy(
-        action="set_dynamic_sampling",
-        params={"value": "off"},
-        reasoning=f"dynamic sampling drew {drawn:.0f} groups a step for the last {window} steps and not one had a "
-        f"signal ({f.evidence['solved_groups']:.0%} solved): the prompts are too {too} for this policy, and it "
-        f"only multiplies each step's generation; turn it off. The data needs changing ({fix}), not the "
-        "optimiser; the rule is quiet until the flat share falls below "
-        "orchestrator.rl_signal.threshold (`trimtab ctl RUN dynamic-sampling on` to draw again)",
+        action="stop",
+        params={"reason": f"the task is learned: {why}; harder prompts (rl.prompts) to train on", "exit_code": 0},
+        reasoning=f"{why}; stopping: the data needs changing (harder prompts in rl.prompts), not the optimiser",
     )
 
 

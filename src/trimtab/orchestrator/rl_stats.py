@@ -43,13 +43,13 @@ def poisoned(rl: dict[str, Any] | None) -> bool:
 
 
 def nan_weights(view: Any) -> bool:
-    """Whether the weights are not finite now (RunView.probe_loss: NaN then, on every rank alike). An
+    """Whether the weights are not finite now (on every rank alike: every rank asks). An
     evaluation of them, between their going NaN and rule nonfinite's rollback, is no held-out reward of
     the policy: rule rl_hacking must not read it (`trimtab rl --inject weights_nan@10`, train.eval_every=5:
     step 10's evaluation, of NaN weights, read a held-out reward of 0 and went to the rule, a fall from
-    any best; rule nonfinite rolled back at step 12)."""
-    probe = view.probe_loss()
-    return probe is not None and math.isnan(probe)
+    any best; rule nonfinite rolled back at step 12). RunView.weights_finite, not probe_loss: the same answer
+    (the probe is NaN exactly when they are not finite) without its held-out forward at every evaluation."""
+    return not view.weights_finite()
 
 
 def group_size(rl: dict[str, Any]) -> int:
