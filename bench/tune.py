@@ -23,8 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
@@ -32,7 +30,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from _benchfile import precisions, publish, scratch  # noqa: E402  bench/_benchfile.py, next to this file
 from _measure import Contention  # noqa: E402
 from trimtab import api  # noqa: E402
-from trimtab.config import load_config  # noqa: E402
+from trimtab.config import dump_yaml, load_config  # noqa: E402
 from trimtab.tune import tune  # noqa: E402
 
 HEADING = "## Hyperparameter search (bench/tune.py)"
@@ -48,7 +46,7 @@ def space_file(work: Path, name: str, sampler: dict, space: dict, steps: int, se
         "space": space,
     }
     path = work / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(doc))
+    path.write_text(dump_yaml(doc))
     return path
 
 

@@ -41,7 +41,8 @@ SHARED_RUNS = {
 # The quick tier (`pytest --quick`, the edit loop): the cheapest tests by their measured time in
 # DURATIONS, added until QUICK_BUDGET_S is spent, plus tests not measured yet (new ones: most likely
 # the ones being written). `pytest --store-durations` measures them again (on a quiet machine, all
-# tests: CI's tier). The full tier, `pytest`, is what CI runs.
+# tests: CI's tier) and drops the entries of tests since deleted or renamed (still_a_test). The full
+# tier, `pytest`, is what CI runs.
 DURATIONS = Path(__file__).with_name("durations.json")
 QUICK_BUDGET_S = 65.0  # test time; with collection and start-up the tier stays under 2 minutes
 
@@ -111,7 +112,16 @@ def pytest_sessionfinish(session):
         return  # under xdist the controller gets every worker's reports and writes once
     known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
     known.update({k: round(v, 3) for k, v in _times.items()})
-    DURATIONS.write_text(json.dumps(dict(sorted(known.items())), indent=0) + "\n")
+    kept = {k: v for k, v in known.items() if still_a_test(k, session.config.rootpath)}
+    DURATIONS.write_text(json.dumps(dict(sorted(kept.items())), indent=0) + "\n")
+
+
+def still_a_test(nodeid: str, root: Path) -> bool:
+    """Whether a durations.json entry's test still exists (its file, and a function of its name in it): a
+    store merges this session's times into the file's, so a test deleted or renamed kept its entry for good."""
+    file, _, name = nodeid.partition("::")
+    path = root / file
+    return path.is_file() and f"def {name.rsplit('::', 1)[-1].split('[')[0]}(" in path.read_text()
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -285,7 +285,23 @@ def test_every_orchestrator_rule_is_on_the_map():
 
 def test_yaml_is_read_and_written_through_config_s_libyaml_helpers():
     """parse_yaml and dump_yaml (config/__init__.py) take libyaml's loader and dumper where PyYAML has them
-    (8x the pure ones); the report read config.yaml, tune and plan wrote their files, with the pure ones."""
+    (8x the pure ones); the report read config.yaml, tune and plan wrote their files, with the pure ones, and
+    so did bench/tune.py its space files."""
     pure = re.compile(r"yaml\.(safe_load|safe_dump|load|dump)\(|SafeLoader|SafeDumper")
-    own = SRC / "config" / "__init__.py"
-    assert [str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if p != own and pure.search(p.read_text())] == []
+    own, root = SRC / "config" / "__init__.py", SRC.parent.parent
+    files = [*SRC.rglob("*.py"), *(root / "bench").rglob("*.py")]
+    assert [str(p.relative_to(root)) for p in files if p != own and pure.search(p.read_text())] == []
+
+
+def test_a_store_of_the_durations_drops_the_tests_deleted_or_renamed_since(tmp_path):
+    """`pytest --store-durations` merged this session's times into tests/durations.json: a test deleted or
+    renamed kept its entry for good (28 of 1,558 named no test). The store keeps only entries that still
+    name a test (conftest.still_a_test), a parametrized one's or a class's method's too."""
+    from conftest import still_a_test
+
+    (tmp_path / "tests").mkdir()
+    module = "def test_kept(a):\n    pass\n\n\nclass TestC:\n    def test_m(self): ...\n"
+    (tmp_path / "tests" / "test_x.py").write_text(module)
+    names = ["test_kept", "test_kept[1-True]", "TestC::test_m", "test_renamed", "test_kep"]
+    assert [still_a_test(f"tests/test_x.py::{n}", tmp_path) for n in names] == [True, True, True, False, False]
+    assert not still_a_test("tests/test_gone.py::test_kept", tmp_path)

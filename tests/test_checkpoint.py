@@ -1,6 +1,7 @@
 import json
 import logging
 import os
+import shutil
 
 import pytest
 import torch
@@ -301,6 +302,28 @@ def test_a_resume_past_corrupt_checkpoints_hashes_each_once_and_records_each_one
         "step_000020": ("model.safetensors: missing", "step_000020"),
         "step_000030": ("optim.pt: size or checksum differs from the manifest (truncated or corrupt)", "step_000030.2"),
     }
+
+
+def test_the_fallback_record_names_no_corrupt_checkpoint_the_bound_pruned(tmp_path):
+    """A resume that set aside more corrupt checkpoints than checkpoint.keep pruned the oldest at once, and
+    fallback.json still gave each a `kept_in` that was gone (the line: "never pruned"); one kept is there."""
+    from trimtab.training.resume import resume_point, set_aside_note, take_fallback
+
+    for step in (10, 20, 30, 40):
+        save(tmp_path, step, keep=5)
+        os.utime(list_checkpoints(tmp_path)[-1], (step, step))  # written in this order, whatever the clock's grain
+        if step > 10:
+            (checkpoint_root(tmp_path) / f"step_{step:06d}" / "optim.pt").write_bytes(b"damaged")
+    cfg = load_config(preset="debug", sets=[f"out={tmp_path}", "train.max_steps=100", "checkpoint.keep=2"])
+    assert resume_point(cfg, OneProcess())[0].name == "step_000010"
+    record = json.loads((checkpoint_root(tmp_path) / "corrupt" / "fallback.json").read_text())
+    kept = {r["checkpoint"]: r["kept_in"] for r in record["refused"]}
+    assert kept["step_000020"] is None and all(os.path.isdir(kept[f"step_0000{s}"]) for s in (30, 40)), kept
+    note = set_aside_note(tmp_path, 10)
+    assert "step_000020 (optim.pt: size" in note and "pruned" in note and "never pruned" not in note
+    shutil.rmtree(kept["step_000030"])  # pruned since (a later set-aside's bound): the record says so when read
+    kept = {r["checkpoint"]: r["kept_in"] for r in take_fallback(tmp_path, 10)["refused"]}
+    assert kept["step_000030"] is None and os.path.isdir(kept["step_000040"])
 
 
 def test_an_old_manifest_without_state_json_still_loads(tmp_path):

@@ -121,8 +121,10 @@ def test_empty_corpus_and_malformed_jsonl(tmp_path, capsys):
     assert "bad.jsonl:2" in capsys.readouterr().err
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
-    """A real SIGTERM to `python -m trimtab train`: checkpoint, exit 0, and the same command resumes."""
+def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
+    """A real SIGTERM to `python -m trimtab train`: checkpoint, exit 143 (128 + SIGTERM: a scheduler, or a
+    wrapper relaunching until exit 0, reads a preempted run as not done; it exited 0, read as finished), the
+    summary's exit_code the same, and the same command resumes."""
     out = tmp_path / "r"
     cmd = [
         sys.executable,
@@ -154,8 +156,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
     time.sleep(1.0)
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 0, stderr
-    assert "stopped (SIGTERM)" in stdout
+    assert proc.returncode == 143, stderr
+    assert "stopped (SIGTERM)" in stdout and json.loads((out / "summary.json").read_text())["exit_code"] == 143
     initial, ckpt = list_checkpoints(out)  # step 0 (the initial weights) and the one the signal wrote
     step = int(ckpt.name.split("_")[1])
     assert initial.name == "step_000000"
@@ -167,8 +169,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
     assert f"resuming from {ckpt}" in resumed.stderr
 
 
-def test_sigterm_during_start_up_exits_zero_and_the_rerun_trains(tmp_path):
-    """A real SIGTERM while `python -m trimtab train` trains its tokenizer: exit 0 with one line,
+def test_sigterm_during_start_up_exits_143_and_the_rerun_trains(tmp_path):
+    """A real SIGTERM while `python -m trimtab train` trains its tokenizer: exit 143 with one line,
     nothing written, and the same command then trains."""
     out = tmp_path / "r"
     slow = ["--set", "data.max_bytes=1000000"]  # on a fresh cache: a second or more of tokenizer training
@@ -182,7 +184,7 @@ def test_sigterm_during_start_up_exits_zero_and_the_rerun_trains(tmp_path):
     time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 0, stderr
+    assert proc.returncode == 143, stderr
     assert stdout == "" and "Traceback" not in stderr
     assert stderr.strip().splitlines()[-1] == (
         "trimtab: stopped by SIGTERM during start-up at step 0; nothing new was trained; "

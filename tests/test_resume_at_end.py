@@ -48,3 +48,22 @@ def test_the_summary_of_a_session_stopped_in_its_start_up_is_not_taken_for_the_r
     assert saved is False and (summary["status"], summary["step"]) == ("completed", 2)
     write_summary(tmp_path, {"status": "completed", "step": 2, "val_loss": 5.0})  # the run's own is kept as before
     assert saved_summary(tmp_path, found, 2) == ({"status": "completed", "step": 2, "val_loss": 5.0}, True)
+
+
+def test_the_final_evaluation_a_rollback_abandoned_is_not_the_summarys(tmp_path):
+    """The evaluation logged_eval gives a session resumed at the run's end is a kept line of that step: a
+    step-20 evaluation of the branch a rollback to 16 abandoned, then a replay killed after its step-20
+    save and before its evaluation, left only the abandoned line; its figures were another model's."""
+    from trimtab.rundir import write_jsonl
+    from trimtab.training.resume import logged_eval
+
+    lines = [
+        {"step": 16, "loss": 3.0, "lr": 1e-3},
+        {"step": 20, "loss": 9.0, "lr": 1e-3, "abandoned": True},
+        {"step": 20, "val_loss": 9.5, "abandoned": True},  # the abandoned branch's evaluation
+        {"step": 20, "loss": 2.9, "lr": 1e-3},
+    ]
+    write_jsonl(tmp_path / "metrics.jsonl", lines)
+    assert logged_eval(tmp_path, 20) == {}
+    write_jsonl(tmp_path / "metrics.jsonl", [*lines, {"step": 20, "val_loss": 2.8}])
+    assert logged_eval(tmp_path, 20) == {"step": 20, "val_loss": 2.8}

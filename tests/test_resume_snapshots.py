@@ -38,19 +38,26 @@ class Tiny(nn.Linear):
         return {}
 
 
-def test_weights_that_are_not_finite_are_not_snapshotted_and_the_good_ones_stay(tmp_path):
-    said = []
-    model = Tiny(4, 4)
+def snapshotting(tmp_path, model, said):
     run = SimpleNamespace(
         cfg=SimpleNamespace(run_dir=tmp_path, checkpoint=SimpleNamespace(snapshot_keep=1, snapshot_keep_every=0)),
         state=SimpleNamespace(step=1, tokens=10),
         model=model,
+        optimizer=torch.optim.AdamW(model.parameters()),
         dist=SimpleNamespace(
             all_finite=lambda params: all(bool(torch.isfinite(p).all()) for p in params),
             on_main=lambda fn, *args: fn(*args),
         ),
         say=said.append,
     )
+    run._not_finite = lambda: Checkpointing._not_finite(run)
+    return run
+
+
+def test_weights_that_are_not_finite_are_not_snapshotted_and_the_good_ones_stay(tmp_path):
+    said = []
+    model = Tiny(4, 4)
+    run = snapshotting(tmp_path, model, said)
     Checkpointing.snapshot(run)
     with torch.no_grad():
         model.weight[0, 0] = float("nan")
@@ -58,6 +65,24 @@ def test_weights_that_are_not_finite_are_not_snapshotted_and_the_good_ones_stay(
     Checkpointing.snapshot(run)
     assert [p.name for p in list_snapshots(tmp_path)] == ["step_000001"]  # keep=1: step 1 is not pushed out
     assert said == ["step 2: the weights are not finite: no lean snapshot written"]
+
+
+def test_a_nan_buffer_is_not_snapshotted_and_weights_finite_reads_it_as_a_save_does(tmp_path):
+    """snapshot() checked the parameters alone (a NaN MoE expert_bias was written into the snapshot, which
+    holds the buffers), and RunView.weights_finite the parameters and moments without the buffers, where
+    a save refused all three: one list now (optim.state_tensors)."""
+    from trimtab.training.view import RunView
+
+    said = []
+    model = Tiny(4, 4)
+    model.register_buffer("expert_bias", torch.zeros(4))
+    run = snapshotting(tmp_path, model, said)
+    view = SimpleNamespace(_t=run)
+    assert RunView.weights_finite(view)
+    model.expert_bias[1] = float("nan")
+    assert not RunView.weights_finite(view)
+    Checkpointing.snapshot(run)
+    assert list_snapshots(tmp_path) == [] and said == ["step 1: the buffers are not finite: no lean snapshot written"]
 
 
 def test_a_checkpoint_with_a_nan_moment_or_buffer_is_not_written_and_says_which(tmp_path):

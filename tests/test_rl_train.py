@@ -65,7 +65,7 @@ def test_an_interrupted_rl_run_resumes_to_the_uninterrupted_weights(tmp_path, ba
     averages steps 1-3 as the uninterrupted run's (the resumed session's step alone before)."""
     window = ("--set", "train.log_every=3")
     whole = rl(tmp_path / "whole", base, 4, *window)
-    assert rl(tmp_path / "parts", base, 4, *window, "--inject", "sigterm@2") == []  # stopped inside the window
+    assert rl(tmp_path / "parts", base, 4, *window, "--inject", "sigterm@2", code=143) == []  # stopped in the window
     both = rl(tmp_path / "parts", base, 4, *window)
     assert [m["step"] for m in both] == [m["step"] for m in whole] == [3, 4]
     figures = lambda lines: [{k: v for k, v in m.items() if k.startswith("rl/")} for m in lines]  # noqa: E731
@@ -87,7 +87,7 @@ def test_asynchronous_rollouts_learn_from_a_policy_two_steps_behind_and_resume_e
     rewards = [m["rl/reward"] for m in whole]
     # learned: +0.18 to +0.73 over seeds 0-7 (16 steps; the course of 12 was one seed's luck)
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.15, rewards
-    rl(tmp_path / "parts", base, 16, *stale, "--inject", "sigterm@3")
+    rl(tmp_path / "parts", base, 16, *stale, "--inject", "sigterm@3", code=143)
     both = rl(tmp_path / "parts", base, 16, *stale)
     assert [m["rl/reward"] for m in both] == rewards
     a = load_file(tmp_path / "whole/checkpoints/step_000016/model.safetensors")
@@ -373,7 +373,7 @@ def test_a_kl_term_holds_the_policy_near_its_start_and_resumes_exactly(tmp_path,
     late = lambda logged: sum(m["rl/kl_ref"] for m in logged[4:]) / 4  # noqa: E731
     assert late(held) < 0.6 * late(free), ([m["rl/kl_ref"] for m in held], [m["rl/kl_ref"] for m in free])
     assert (tmp_path / "held/checkpoints/step_000000").is_dir()
-    rl(tmp_path / "parts", base, 8, *sets, "--set", "rl.kl_coef=1.0", "--inject", "sigterm@4")
+    rl(tmp_path / "parts", base, 8, *sets, "--set", "rl.kl_coef=1.0", "--inject", "sigterm@4", code=143)
     resumed = rl(tmp_path / "parts", base, 8, *sets, "--set", "rl.kl_coef=1.0")
     assert [m["rl/kl_ref"] for m in resumed] == [m["rl/kl_ref"] for m in held]
     a = load_file(tmp_path / "held/checkpoints/step_000008/model.safetensors")

@@ -4,6 +4,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,8 @@ from trimtab.rundir import (
     DECISIONS_FILE,
     append_lines,
     healed,
+    json_text,
+    json_value,
     read_decisions,
     read_json,
     read_jsonl,
@@ -127,6 +130,24 @@ def test_a_run_directory_that_is_a_file_is_refused_naming_out(tmp_path):
     assert (tmp_path / "a.txt").read_text() == "notes"
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="no /proc")
+@pytest.mark.parametrize(
+    "argv",
+    [["train", "--preset", "debug"], ["data", "prepare", __file__]],
+    ids=["train", "data-prepare"],
+)
+def test_an_out_that_cannot_be_made_is_said_naming_it_for_every_command(argv, capsys):
+    """`--out /proc/x` ended every command that makes its --out (train, rl, dpo, plan, data prepare,
+    export, tune) in a FileNotFoundError traceback from mkdir; an error on a file inside out is not this."""
+    from trimtab.cli import main
+    from trimtab.write_errors import out_error
+
+    assert main([*argv, "--out", "/proc/x"]) == 2
+    err = capsys.readouterr().err
+    assert "--out '/proc/x' cannot be made or written ('/proc' lets no directory be made in it" in err
+    assert out_error(FileNotFoundError(2, "No such file", "/proc/x/metrics.jsonl"), "/proc/x") is None
+
+
 def test_a_read_only_run_directory_is_refused_naming_out_and_the_fix(tmp_path, monkeypatch):
     """A resume on a read-only mount (`mount -o remount,ro`) ended in an OSError traceback from the lock.
     EROFS is raised for the lock file alone, as that filesystem does (root ignores chmod: no real one here)."""
@@ -195,8 +216,25 @@ def test_a_string_that_reads_as_nan_stays_a_string_and_only_floats_round_trip(tm
     first, second = read_jsonl(tmp_path / "r.jsonl")
     assert (first["source"], first["evidence"]) == ("NaN", {"why": ["Infinity", -inf], "1": "-Infinity"})
     assert math.isnan(first["loss"]) and math.isnan(second["loss"]) and set(first) == set(record)
-    assert "_strings" not in (tmp_path / "r.jsonl").read_text().splitlines()[1]  # a record without one: as before
+    assert "'" not in (tmp_path / "r.jsonl").read_text().splitlines()[1]  # a record without one: as before
     rewrite_jsonl(tmp_path / "r.jsonl", lambda r: r)  # read and written again: still a string
     assert read_jsonl(tmp_path / "r.jsonl")[0]["source"] == "NaN"
     write_json(tmp_path / "s.json", {"reason": "NaN", "x": inf})
     assert read_json(tmp_path / "s.json") == {"reason": "NaN", "x": inf}
+
+
+def test_a_nan_string_round_trips_in_a_top_level_list_and_adds_no_key_a_reader_sees():
+    """A top-level list had no place for json_text's `_strings`: its "NaN" string read back as nan; and a
+    record with one carried a `_strings` key that jq and every other reader saw. A string that reads as
+    a float is now marked in place ("'NaN", a spreadsheet's text mark), at any depth, marks and all."""
+    nan, inf = float("nan"), float("inf")
+    value = ["NaN", nan, ["Infinity", -inf, "'NaN", "''-Infinity", "'x", "'"], {"a": "NaN"}]
+    text = json_text(value)
+    assert json.loads(text)[0] == "'NaN" and "_strings" not in text
+    back = json_value(text)
+    assert (
+        back[0] == "NaN"
+        and math.isnan(back[1])
+        and back[2:] == [["Infinity", -inf, "'NaN", "''-Infinity", "'x", "'"], {"a": "NaN"}]
+    )
+    assert set(json.loads(json_text({"source": "NaN", "loss": nan}))) == {"source", "loss"}

@@ -93,5 +93,5 @@ def test_a_sigterm_while_rank_0_waits_for_a_peer_that_left_writes_the_start_up_s
     finally:
         rank0.kill()  # one still blocked (the fault) does not outlive the test
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert rank0.returncode == 0 and summary["status"] == "stopped (SIGTERM during start-up)", err[-2000:]
+    assert rank0.returncode == 143 and summary["status"] == "stopped (SIGTERM during start-up)", err[-2000:]
     assert "while waiting in init_process_group" in err

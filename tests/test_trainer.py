@@ -141,6 +141,7 @@ def test_sigterm_during_start_up_trains_nothing_and_the_rerun_resumes(tmp_path, 
         stopped = trimtab.train(debug_cfg(run, steps=8))
     assert stopped == {
         "status": "stopped (SIGTERM during start-up)",
+        "exit_code": 143,
         "run_dir": str(run),
         "step": 4,
         "steps_this_session": 0,

@@ -309,8 +309,9 @@ def search_valid(run_dir: Path) -> tuple[tuple[Path, dict[str, Any]] | None, dic
     return found, {str(path): str(exc) for path, exc in refused}
 
 
-def set_aside_corrupt(run_dir: Path, after: int, keep: int) -> dict[Path, Path]:
-    """Move the checkpoints newer than step `after` to checkpoints/corrupt/; returns where each went.
+def set_aside_corrupt(run_dir: Path, after: int, keep: int) -> dict[Path, Path | None]:
+    """Move the checkpoints newer than step `after` to checkpoints/corrupt/; returns where each went
+    (None: more were set aside than the folder keeps, and its bound pruned this one at once).
     At resume `after` is the newest valid checkpoint's step (-1: none), so these are the ones that
     failed verification. Kept for inspection, they leave list_checkpoints' sight: never resumed
     from, never counted among the newest `keep`, which would otherwise make a restarted run prune
@@ -324,7 +325,7 @@ def set_aside_corrupt(run_dir: Path, after: int, keep: int) -> dict[Path, Path]:
             moved[path] = _unused(attic / path.name)
             os.replace(path, moved[path])
     _bound_attic(attic, keep)
-    return moved
+    return {path: kept if kept.is_dir() else None for path, kept in moved.items()}
 
 
 def _bound_attic(attic: Path, keep: int) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from trimtab.cli_train import CONFIG, PRESET, SET
 from trimtab.commands import COMMANDS, OneOf, add_args, arg, command, number
 from trimtab.errors import ConfigError, RunFinished, TrimtabError
-from trimtab.training.services.signals import StartUpInterrupted
+from trimtab.training.services.signals import StartUpInterrupted, stop_exit
 
 GROUPS = {"data": "prepare data: token shards a run reads memory-mapped (docs/data.md)"}
 
@@ -437,17 +437,24 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `trimtab runs | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush writes nowhere
         return 0
-    # nothing trained, on purpose: not an error (RunPastLength, fewer steps than the run has, is: caught above)
+    # nothing trained, on purpose: not an error (RunPastLength, fewer steps than the run has, is: caught above);
+    # a SIGTERM in start-up: 143, not done (stop_exit)
     except (RunFinished, StartUpInterrupted) as stopped:
         if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 speaks for the job
             print(f"trimtab: {stopped}", file=sys.stderr)
-        return 0
+        return stop_exit(stopped.signame) if isinstance(stopped, StartUpInterrupted) else 0
     except Exception as exc:
-        from trimtab.write_errors import os_error
+        from trimtab.write_errors import os_error, out_error
 
         error = os_error(exc)  # Python's OSError, or safetensors' "... (os error 28)"
-        if error is None or error.errno != errno.ENOSPC:
+        if error is None:
             raise
+        if error.errno != errno.ENOSPC:  # an --out that cannot be made (/proc/x): said, not a traceback
+            message = out_error(error, getattr(args, "out", None))
+            if message is None:
+                raise
+            print(f"trimtab: error: {message}", file=sys.stderr)
+            return 2
         # training meets a full disk in its own way (rule disk: older checkpoints freed, or exit 4);
         # export, merge, data prepare and the rest stop here, their partial output removed or resumable
         # a write() names no file ("[Errno 28] No space left on device", the run lock's on a full --out): say where

@@ -45,7 +45,9 @@ ABANDONED = "abandoned"  # the key set (true) on records a rollback or a resume 
 # JSON has no NaN or infinity: Python's json writes them bare (a NaN loss in a decision's evidence),
 # which jq, a browser's JSON.parse and most other readers refuse. Written as these strings, read back as floats.
 NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-STRINGS = "_strings"  # an object's paths to its strings that are NON_FINITE's words, not floats (json_text)
+# A string that is one of those words (a source named "NaN") is written with a leading apostrophe, as a
+# spreadsheet marks text that would read as a number: "'NaN"; one that already has some gets one more.
+TEXT_MARK = "'"
 
 
 # ---------------------------------------------------------------------------- writing whole files
@@ -85,46 +87,37 @@ def read_json(path: Path) -> Any:
 
 
 def json_text(value: Any, **kwargs: Any) -> str:
-    """json.dumps(value, **kwargs) that is JSON: a NaN or infinite float as NON_FINITE's string. A string
-    that is one of those (a source named "NaN", a reason "Infinity") stays a string: an object lists the
-    paths to such strings under STRINGS (rare: an object without one is written as before). A top-level
-    list has no place for it: its such strings read back as floats."""
-    strings: list[list[Any]] = []
-    found = _finite(value, [], strings)
-    if strings and isinstance(found, dict):
-        found[STRINGS] = strings
-    return json.dumps(found, **kwargs)
+    """json.dumps(value, **kwargs) that is JSON: a NaN or infinite float as NON_FINITE's string, a string
+    that would read back as one marked (TEXT_MARK), in dicts and lists at any depth."""
+    return json.dumps(_finite(value), **kwargs)
 
 
 def json_value(text: str) -> Any:
-    """json.loads(text), NON_FINITE's strings (json_text's) read back as the floats they stand for, but
-    those its STRINGS lists (a string that was one: it stays one; the list itself is left out)."""
-    value = json.loads(text)
-    strings = value.pop(STRINGS, None) if isinstance(value, dict) else None
-    kept = {tuple(p) for p in strings if isinstance(p, list)} if isinstance(strings, list) else set()
-    return _restored(value, (), kept)
+    """json.loads(text), NON_FINITE's strings (json_text's) read back as the floats they stand for and a
+    marked string (TEXT_MARK) with one mark less."""
+    return _restored(json.loads(text))
 
 
-def _finite(value: Any, path: list[Any], strings: list[list[Any]]) -> Any:
-    """`value` with each NaN or infinite float, in dicts and lists at any depth, as NON_FINITE's string;
-    the path of each string that is one of those appended to `strings`."""
+def _finite(value: Any) -> Any:
+    """`value` with each NaN or infinite float as NON_FINITE's string and each string that is one,
+    behind any number of TEXT_MARKs, with one mark more."""
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
-    if isinstance(value, str) and value in NON_FINITE:
-        strings.append(path)
-    if isinstance(value, dict):  # a key as JSON writes it: 1 -> "1", True -> "true"
-        return {k: _finite(v, [*path, k if isinstance(k, str) else json.dumps(k)], strings) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v, [*path, i], strings) for i, v in enumerate(value)]
-    return value
-
-
-def _restored(value: Any, path: tuple[Any, ...], kept: set[tuple[Any, ...]]) -> Any:
     if isinstance(value, str):
-        return value if path in kept else NON_FINITE.get(value, value)
+        return TEXT_MARK + value if value.lstrip(TEXT_MARK) in NON_FINITE else value
     if isinstance(value, dict):
-        return {k: _restored(v, (*path, k), kept) for k, v in value.items()}
-    return [_restored(v, (*path, i), kept) for i, v in enumerate(value)] if isinstance(value, list) else value
+        return {k: _finite(v) for k, v in value.items()}
+    return [_finite(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
+def _restored(value: Any) -> Any:
+    if isinstance(value, str):
+        if value in NON_FINITE:
+            return NON_FINITE[value]
+        return value[1:] if value.startswith(TEXT_MARK) and value.lstrip(TEXT_MARK) in NON_FINITE else value
+    if isinstance(value, dict):
+        return {k: _restored(v) for k, v in value.items()}
+    return [_restored(v) for v in value] if isinstance(value, list) else value
 
 
 # ---------------------------------------------------------------------------- JSONL files

@@ -61,3 +61,19 @@ def writing(where: Path) -> Iterator[None]:
         if error is None or error is exc:
             raise
         raise error from exc
+
+
+def out_error(error: OSError, out: str | Path | None) -> str | None:
+    """What a command says when its --out cannot be made or written: an error on `out` itself, a folder
+    above it or a file beside it (export's temp directory), naming the path and why; None for any
+    other error (one on a file inside out is the command's own to handle). mkdir under /proc or /sys
+    fails ENOENT although the parent exists: a filesystem that makes no directories, said so."""
+    if out is None or error.filename is None:
+        return None
+    out, where = Path(out).absolute(), Path(os.fsdecode(error.filename)).absolute()
+    if where != out and where not in out.parents and where.parent != out.parent:
+        return None
+    why = f"{error.strerror}: {where}"
+    if error.errno == errno.ENOENT and out.parent.is_dir():
+        why = f"'{out.parent}' lets no directory be made in it: a virtual filesystem such as /proc"
+    return f"--out '{out}' cannot be made or written ({why}); give a directory this user can create and write"

@@ -161,7 +161,7 @@ left_s() {{  # seconds to the job's time limit: squeue's %L ([days-]hours:minute
 }}
 START_STEP=$(newest)
 # one torchrun agent a node; SIGTERM before the time limit reaches srun's tasks (not B:, which signals only
-# this shell): each rank finishes its step, saves and exits 0, its summary.json says "stopped (SIGTERM)"
+# this shell): each rank finishes its step, saves and exits 143, its summary.json says "stopped (SIGTERM)"
 # ("... during start-up)" before its first step); torchrun's agent, signalled too, waits {grace} s for that
 # (--shutdown-timeout: the plan's estimate of the steps and saves a stop takes, doubled), then kills them,
 # and exits 1

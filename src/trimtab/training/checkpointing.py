@@ -29,7 +29,7 @@ from trimtab.storage import step_of
 from trimtab.training.changes import TRAINED, trained_config
 from trimtab.training.hooks import keyed
 from trimtab.training.loading import Loading, expert_counts
-from trimtab.training.optim import optimizer_moments
+from trimtab.training.optim import state_tensors
 from trimtab.training.restore_point import RestorePoint, agreed
 from trimtab.training.runtime import rng_state
 from trimtab.training.state import GAVE_UP, NO_CHECKPOINT, TrainState
@@ -124,15 +124,10 @@ class Checkpointing(Loading):
         return True
 
     def _not_finite(self) -> list[str]:
-        """What a checkpoint of this step would write that is not finite (none: []): the weights, the floating
-        buffers (MoE expert_bias), the optimizer's moments; a NaN moment resumed poisons the next update. One
-        fused check of them all (view.weights_finite's), each part checked only once it failed; every rank asks.
-        The 0-d step counts are left out (optim.optimizer_moments)."""
-        parts = {
-            "the weights": list(self.model.parameters()),
-            "the buffers": [b for b in self.model.buffers() if b.is_floating_point()],
-            "the optimizer's moments": optimizer_moments(self.optimizer),
-        }
+        """What a checkpoint or a snapshot of this step would keep that is not finite (none: []): the parts of
+        optim.state_tensors. One fused check of them all (view.weights_finite's), each part checked only once
+        it failed; every rank asks."""
+        parts = state_tensors(self.model, self.optimizer)
         if self.dist.all_finite([t for part in parts.values() for t in part]):
             return []
         # a finite 0-d tensor in each: a part empty on some ranks only (a pipeline stage without buffers) still
@@ -188,10 +183,11 @@ class Checkpointing(Loading):
     def snapshot(self) -> None:
         """A lean snapshot of this step (snapshots.py): bf16 weights only, by rank 0. A failed
         write is said and training goes on: the checkpoints are the run's record, a snapshot a copy."""
-        # as for a checkpoint: NaN weights exported are worse than none, and the retention would
-        # delete the good snapshots before them to make room (the newest snapshot_keep are kept)
-        if not self.dist.all_finite(self.model.parameters()):
-            self.say(f"step {self.state.step}: the weights are not finite: no lean snapshot written")
+        # as for a checkpoint (the same check: a NaN buffer is written too, a NaN moment's step is broken):
+        # NaN weights exported are worse than none, and the retention would delete the good snapshots
+        # before them to make room (the newest snapshot_keep are kept)
+        if broken := self._not_finite():
+            self.say(f"step {self.state.step}: {broken[0]} are not finite{_nor(broken)}: no lean snapshot written")
             return
         try:
             self.dist.on_main(save_snapshot, *_snapshot_args(self))

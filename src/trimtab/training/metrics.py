@@ -10,6 +10,7 @@ import torch
 
 from trimtab.peaks import beaten_peak
 from trimtab.training.runtime import mod_metrics, moe_metrics, peak_rss_mb
+from trimtab.training.services.signals import stop_exit
 
 if TYPE_CHECKING:
     from trimtab.training.trainer import Trainer
@@ -75,7 +76,7 @@ def run_summary(trainer: Trainer, step0: int, tokens0: int, train_seconds0: floa
     tps = tokens / max(trainer.state.train_seconds - train_seconds0 + rewound.seconds, 1e-9)
     summary = {
         "status": "completed" if done else f"{'gave up' if trainer.exit_code else 'stopped'} ({trainer.stop_reason})",
-        "exit_code": 0 if done else trainer.exit_code,
+        "exit_code": 0 if done else trainer.exit_code or stop_exit(trainer.stop_reason),
         "run_dir": str(trainer.cfg.run_dir),
         "step": trainer.state.step,
         "total_steps": trainer.total_steps,

@@ -105,6 +105,17 @@ def optimizer_moments(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.ndim]
 
 
+def state_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, list[torch.Tensor]]:
+    """What the training state holds that a finiteness check covers, by part as a refusal names it: the
+    weights, the floating buffers (MoE expert_bias), the optimizer's moments (a NaN moment resumed poisons
+    the next update). The one list of the save's, the snapshot's and RunView.weights_finite's checks."""
+    return {
+        "the weights": list(model.parameters()),
+        "the buffers": [b for b in model.buffers() if b.is_floating_point()],
+        "the optimizer's moments": optimizer_moments(optimizer),
+    }
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr

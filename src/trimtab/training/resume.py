@@ -297,13 +297,18 @@ def _set_aside(run_dir: Path, found: Found | None, refused: dict[str, str], keep
     record = {
         "resumed_step": max(after, 0),
         "refused": [
-            {"checkpoint": p.name, "step": _step(p), "reason": refused.get(str(p), unverified), "kept_in": str(kept)}
+            {
+                "checkpoint": p.name,
+                "step": _step(p),
+                "reason": refused.get(str(p), unverified),
+                "kept_in": kept and str(kept),
+            }
             for p, kept in moved.items()
         ],
     }
     write_json(checkpoint_root(run_dir) / CORRUPT / FALLBACK, record)
     if not found:
-        log.warning("no valid checkpoint is left: the run starts over from step 0%s", _kept(record))
+        log.warning("no valid checkpoint is left: the run starts over from step 0%s", _kept(run_dir, record))
 
 
 FALLBACK = "fallback.json"  # checkpoints/corrupt/: the corrupt ones the last resume passed over, until journaled
@@ -317,16 +322,30 @@ def set_aside_note(run_dir: Path, step: int) -> str:
     """The corrupt checkpoints the resume to `step` set aside, and why, and the saves after it that were
     cut before their commit, for its one "resuming from" line (Checkpointing.resume): "" when there were
     none. Read, not taken: the orchestrator journals the set-aside ones."""
-    record = read_json(checkpoint_root(run_dir) / CORRUPT / FALLBACK)
-    ours = isinstance(record, dict) and isinstance(record.get("refused"), list) and record.get("resumed_step") == step
-    return (_kept(record) if ours and record["refused"] else "") + _cut_note(run_dir, step)
+    record = _on_disk(read_json(checkpoint_root(run_dir) / CORRUPT / FALLBACK), step)
+    return (_kept(run_dir, record) if record and record["refused"] else "") + _cut_note(run_dir, step)
 
 
-def _kept(record: dict[str, Any]) -> str:
-    refused = record["refused"]
-    names = ", ".join(f"{r['checkpoint']} ({short_reason(r['reason'])})" for r in refused)
-    where = Path(refused[0]["kept_in"]).parent
-    return f"; corrupt newer checkpoint(s) set aside in {where} (never resumed from, never pruned): {names}"
+def _on_disk(record: Any, step: int) -> dict[str, Any] | None:
+    """The record of the resume to `step` (None: none, or another resume's), each `kept_in` that
+    corrupt/'s bound (the newest checkpoint.keep) has pruned since it was written as None."""
+    if not (
+        isinstance(record, dict) and isinstance(record.get("refused"), list) and record.get("resumed_step") == step
+    ):
+        return None
+    for r in record["refused"]:
+        r["kept_in"] = r.get("kept_in") if r.get("kept_in") and Path(r["kept_in"]).is_dir() else None
+    return record
+
+
+def _kept(run_dir: Path, record: dict[str, Any]) -> str:
+    names = ", ".join(
+        f"{r['checkpoint']} ({short_reason(r['reason'])}{'' if r['kept_in'] else '; pruned'})"
+        for r in record["refused"]
+    )
+    where = checkpoint_root(run_dir) / CORRUPT
+    bound = "never resumed from; it keeps the newest checkpoint.keep"
+    return f"; corrupt newer checkpoint(s) set aside in {where} ({bound}): {names}"
 
 
 def short_reason(reason: str) -> str:
@@ -344,8 +363,7 @@ def take_fallback(run_dir: Path, step: int) -> dict[str, Any] | None:
     path = checkpoint_root(run_dir) / CORRUPT / FALLBACK
     record = read_json(path)
     path.unlink(missing_ok=True)
-    ours = isinstance(record, dict) and isinstance(record.get("refused"), list) and record.get("resumed_step") == step
-    return record if ours else None
+    return _on_disk(record, step)
 
 
 CUT_SAVE = re.compile(r"^\.tmp_step_(\d{6,})_")  # a save's temp folder (save_checkpoint's, _write_sharded's)

@@ -30,7 +30,7 @@ from trimtab.hardware import is_oom
 from trimtab.training import scoring
 from trimtab.training.control import Control, Requests
 from trimtab.training.evaluation import error_line, held_out
-from trimtab.training.optim import optimizer_moments
+from trimtab.training.optim import state_tensors
 from trimtab.training.schedule import phase_lr
 
 if TYPE_CHECKING:
@@ -271,11 +271,11 @@ class RunView:
         return copy.deepcopy(getattr(phase, "flagged", []))
 
     def weights_finite(self) -> bool:
-        """Whether every weight and the optimizer's moments are finite, on every rank (one fused host
-        read and, with more than one rank, one all-reduce: every rank must ask, as for probe_loss). No
-        forward: cheap enough for every non-finite step (optim.optimizer_moments: the step counts left out)."""
+        """Whether every weight, floating buffer and optimizer moment is finite (optim.state_tensors, as a
+        save checks), on every rank (one fused host read and, with more than one rank, one all-reduce: every
+        rank must ask, as for probe_loss). No forward: cheap enough for every non-finite step."""
         t = self._t
-        return t.dist.all_finite([*t.model.parameters(), *optimizer_moments(t.optimizer)])
+        return t.dist.all_finite([x for part in state_tensors(t.model, t.optimizer).values() for x in part])
 
     def probe_loss(self) -> float | None:
         """The model's loss on one held-out micro-batch, now (a host read): tells a broken model

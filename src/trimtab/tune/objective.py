@@ -24,7 +24,7 @@ from trimtab.errors import RunFinished, TrimtabError
 from trimtab.model.catalog import model_size
 from trimtab.rundir import healed, read_decisions, read_metrics
 from trimtab.training.hooks import Hook
-from trimtab.training.services.signals import handle_signals
+from trimtab.training.services.signals import PREEMPTED_EXIT, handle_signals
 from trimtab.tune.space import Space
 
 if TYPE_CHECKING:
@@ -186,7 +186,7 @@ def _tell(
         trial.set_user_attr("pruned_reason", reason)
         study.tell(trial, state=TrialState.PRUNED)
         return TrialResult(TrialState.PRUNED, None)
-    if summary.get("exit_code"):
+    if summary.get("exit_code") not in (0, None, PREEMPTED_EXIT):  # a SIGTERM's stop: interrupted, below
         trial.set_user_attr("error", str(summary.get("status")))
         study.tell(trial, state=TrialState.FAIL)
         return TrialResult(TrialState.FAIL, None)

@@ -2,8 +2,8 @@
 
 Before training starts (start-up: importing torch, reading and tokenizing the data, building the
 model, reading the checkpoint) a signal raises StartUpInterrupted, which ends the call with a
-message, exit status 0 in the CLI: nothing was trained, and start-up only writes files by atomic
-replacement, so nothing is left half-written. Rank 0 writes summary.json saying so (status
+message, exit status 143 in the CLI (SIGTERM; SIGINT: 0, stop_exit): nothing was trained, and start-up
+only writes files by atomic replacement, so nothing is left half-written. Rank 0 writes summary.json saying so (status
 "stopped (SIGTERM during start-up)", resumable) into a run directory that exists: a scheduler's
 wrapper reads it (the Slurm script of `trimtab plan --emit slurm` queues the job again), where
 without it a preemption in start-up looked like a job that ended without a word. Once
@@ -37,6 +37,16 @@ if TYPE_CHECKING:
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 START_UP = "during start-up"  # a stopped status's words when the session stopped before its first step
+# A SIGTERM's stop (a scheduler's: Slurm's time limit, a preemption, torchrun's agent) saves and ends with the
+# status a process SIGTERM ended has, 128 + 15, as a shell, Slurm, torchelastic and Kubernetes read it: not
+# done, run it again (a wrapper relaunching until exit 0 took the stop for the end). A person's stop (Ctrl-C's
+# first, `trimtab ctl stop`) is what they asked for: 0.
+PREEMPTED_EXIT = 128 + signal.SIGTERM
+
+
+def stop_exit(signame: str | None) -> int:
+    """The exit status of a run a signal named `signame` stopped (PREEMPTED_EXIT or 0)."""
+    return PREEMPTED_EXIT if signame == signal.SIGTERM.name else 0
 
 
 class StartUpInterrupted(BaseException):
@@ -56,7 +66,14 @@ class StartUpInterrupted(BaseException):
         """What train() returns for it: nothing of this call to report but where the run stands."""
         run_dir = str(self.run_dir) if self.run_dir is not None else None
         status = f"stopped ({self.signame} {START_UP})"
-        return {"status": status, "run_dir": run_dir, "step": self.step, "steps_this_session": 0, "resumable": True}
+        return {
+            "status": status,
+            "exit_code": stop_exit(self.signame),
+            "run_dir": run_dir,
+            "step": self.step,
+            "steps_this_session": 0,
+            "resumable": True,
+        }
 
     def record(self, locked: bool = False) -> None:
         """summary.json of this session on rank 0, where the run directory exists (not one start-up
@@ -204,7 +221,7 @@ def blocking(what: str) -> Iterator[None]:
     stopped (the Slurm script of plan/launch.py did not queue it again). Here a helper thread hears
     the signal (signal.set_wakeup_fd: the C-level handler writes its number) and, when the main thread
     has not taken it within TAKE_OVER_S, does what it would: records the start-up stop, says so, and
-    ends the process with the CLI's status for it (0)."""
+    ends the process with the CLI's status for it (stop_exit)."""
     handler = signal.getsignal(signal.SIGTERM)
     if not isinstance(handler, SignalHandler) or threading.current_thread() is not threading.main_thread():
         yield
@@ -237,4 +254,4 @@ def _hear(read: int, returned: threading.Event, handler: SignalHandler, what: st
             stopped = StartUpInterrupted(signal.Signals(byte[0]).name, handler.run_dir, handler.lengths)
             _say(f"{stopped} (it came while {what})")
             stopped.record(locked=True)  # this process holds the run lock: the summary is its own
-            os._exit(0)
+            os._exit(stop_exit(stopped.signame))

@@ -263,8 +263,10 @@ class MlflowTracker(Tracker):
         if ckpt is not None:
             self.client.log_artifacts(self.run_id, str(ckpt), f"checkpoint/{ckpt.name}")
         self.client.set_tag(self.run_id, "trimtab.status", summary.get("status", ""))
-        failed = summary.get("exit_code", 0) not in (0, None)
-        self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
+        # a SIGTERM's stop (exit 143, "stopped (SIGTERM)": preempted, it resumes) is KILLED, not FAILED
+        stopped = str(summary.get("status", "")).startswith("stopped")
+        status = "FINISHED" if summary.get("exit_code", 0) in (0, None) else "KILLED" if stopped else "FAILED"
+        self.client.set_terminated(self.run_id, status=status)
 
     def table(self) -> None:
         """decisions.table.json in the format of MlflowClient.log_table (pandas' "split" JSON) and
