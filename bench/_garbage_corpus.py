@@ -243,7 +243,7 @@ def truth(run_dir: Path) -> dict[str, Any]:
     (at least half garbage: what must be left out), touched (any garbage: leaving one out is no
     false alarm) and the number of training steps an epoch takes."""
     from trimtab.config import load_config
-    from trimtab.training.setup import build_phases
+    from trimtab.training.phase_data import build_phases
 
     cfg = load_config(Path(run_dir) / "config.yaml")
     quiet = logging.getLogger("trimtab.data")  # the run said it already (the garbage screen's line)

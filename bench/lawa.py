@@ -32,7 +32,7 @@ from trimtab.config import read_saved  # noqa: E402
 from trimtab.merge import average  # noqa: E402
 from trimtab.model import build_model  # noqa: E402
 from trimtab.training.loss import cross_entropy_sum  # noqa: E402
-from trimtab.training.setup import build_phases  # noqa: E402
+from trimtab.training.phase_data import build_phases  # noqa: E402
 
 HEADING = "## Checkpoint averaging (bench/lawa.py)"
 KS = (2, 3, 5)

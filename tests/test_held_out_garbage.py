@@ -1,6 +1,6 @@
 """The held-out rows of documents the data screen flagged (data.garbage_filter=warn) are not scored
 where the orchestrator leaves their training rows out (mode auto), so val_loss measures the text
-trained on; in advise and off mode they are trained on and stay scored (training/setup.py held_out)."""
+trained on; in advise and off mode they are trained on and stay scored (training/phase_data.py held_out)."""
 
 import json
 import math
@@ -17,7 +17,7 @@ from trimtab.errors import DataError
 from trimtab.evaluation import evaluate
 from trimtab.evaluation.held_out import is_prepared
 from trimtab.evaluation.perplexity import read_texts
-from trimtab.training.setup import build_phases
+from trimtab.training.phase_data import build_phases
 
 
 def flagged(rows) -> set[int]:

@@ -92,10 +92,10 @@ def test_the_reference_sample_is_the_seeds_and_splits_by_part(rows, monkeypatch)
 
 
 def test_a_held_out_split_under_the_reference_rows_is_said_at_setup(rows, caplog):
-    from trimtab.training.setup import _say_thin_reference  # here: the other tests run on code without it
+    from trimtab.training.phase_data import _say_thin_reference  # here: the other tests run on code without it
 
     cfg = load_config(preset="debug", sets=["orchestrator.data.reference_rows=64"])
-    caplog.set_level(logging.INFO, logger="trimtab.training.setup")
+    caplog.set_level(logging.INFO, logger="trimtab.training.phase_data")
     _say_thin_reference(cfg, HeldOut([(rows, [0], "")], 64, pad_id=0), "data")
     assert caplog.text == ""  # its rows are enough
     nine = Rows(rows.tokens, rows.mask, rows.starts[:9], rows.lengths[:9])  # the debug preset's seed 3 split
@@ -106,10 +106,10 @@ def test_a_held_out_split_under_the_reference_rows_is_said_at_setup(rows, caplog
 
 def test_the_setup_note_counts_the_rows_the_reference_samples_not_flagged_ones(rows, caplog):
     """A flagged document's held-out rows, left out of the reference (HeldOut.reference), were counted."""
-    from trimtab.training.setup import _say_thin_reference
+    from trimtab.training.phase_data import _say_thin_reference
 
     cfg = load_config(preset="debug", sets=["orchestrator.data.reference_rows=64"])
-    caplog.set_level(logging.INFO, logger="trimtab.training.setup")
+    caplog.set_level(logging.INFO, logger="trimtab.training.phase_data")
     flagged = frozenset(range(9, len(rows)))
     _say_thin_reference(cfg, HeldOut([(rows, [0], "")], 64, pad_id=0, skips=[flagged]), "data")
     assert "holds 9 rows, under orchestrator.data.reference_rows=64" in caplog.text  # before: all of them

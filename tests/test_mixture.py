@@ -180,7 +180,7 @@ def test_a_prepared_eval_source_replaces_the_hold_out(tmp_path):
     cfg = debug_cfg(tmp_path / "r", steps=4, data=data, train={"batch_tokens": 512, "micro_batch_tokens": 512})
     summary = trimtab.train(cfg)
     assert summary["val_loss"] is not None
-    from trimtab.training.setup import build_phases
+    from trimtab.training.phase_data import build_phases
 
     [phase] = build_phases(cfg, tmp_path / "r" / "tokenizer.json")[1]
     assert (
@@ -211,7 +211,7 @@ def test_a_small_source_with_a_large_weight_is_warned_of_by_its_own_epochs(tmp_p
     mix = [{"source": str(big), "weight": 0.1, "name": "a"}, {"source": str(small), "weight": 0.9, "name": "d"}]
     data = {"mix": mix, "tokenizer": str(tmp_path / "tok" / "tokenizer.json"), "seq_len": 16, "eval_fraction": 0.0}
     cfg = debug_cfg(tmp_path / "r", data=data, train={"epochs": 1, "batch_tokens": 256, "micro_batch_tokens": 256})
-    from trimtab.training.setup import build_phases
+    from trimtab.training.phase_data import build_phases
 
     with caplog.at_level(logging.WARNING, logger="trimtab"):
         [phase] = build_phases(cfg, None)[1]
@@ -243,7 +243,7 @@ def test_a_resumed_mixture_keeps_the_names_its_run_trained_under(tmp_path, token
     last path component); resumed here they were web and code: data/web.jsonl/share went on as
     data/web/share, val_loss/web.jsonl as val_loss/web, each series split in two. The checkpoint's
     names are kept; a name the config gives is the person's and wins."""
-    from trimtab.training.setup import build_phases
+    from trimtab.training.phase_data import build_phases
     from trimtab.training.source_names import saved_names
 
     tokenizer.save(tmp_path / "tok" / "tokenizer.json")

@@ -16,7 +16,7 @@ from trimtab.orchestrator.monitors import StepMetrics
 from trimtab.orchestrator.too_high import _too_high_factor
 from trimtab.orchestrator.trends import AboveStart
 from trimtab.rundir import read_decisions
-from trimtab.training.setup import build_phases
+from trimtab.training.phase_data import build_phases
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

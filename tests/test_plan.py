@@ -307,7 +307,7 @@ def test_live_status_in_a_real_run(tmp_path, capsys):
     rows = [json.loads(r) for r in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     tokens = {r["step"]: r["tokens"] for r in rows if "loss" in r}
     assert last["tokens"] == tokens[30] == 30 * 1024  # 16 packed rows of 64 a step
-    from trimtab.training.setup import build_phases
+    from trimtab.training.phase_data import build_phases
 
     # the run's own data and tokenizer (setup() would stop: the run is finished)
     _, phases = build_phases(live_cfg(tmp_path / "r", steps=30), tmp_path / "r" / "tokenizer.json")

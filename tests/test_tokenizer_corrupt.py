@@ -129,7 +129,7 @@ def test_a_prepared_directory_without_its_tokenizer_names_prepare_as_the_fix(tmp
     """rm a prepared directory's tokenizer.json, then train on it: "does not exist; check the path" said
     nothing of the fix; running the same prepare again rebuilds the tokenizer the shards were made with."""
     from trimtab.data.prepare import prepare
-    from trimtab.training.setup import build_phases
+    from trimtab.training.phase_data import build_phases
 
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a.txt").write_text("the quick brown fox jumps over the lazy dog.\n" * 200)

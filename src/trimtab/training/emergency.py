@@ -232,31 +232,9 @@ class EmergencySave:
         if gate is not None:  # the process ends after this save: its gate can go back to the step's start
             self.row_gate.restore(gate)
         first = lost_words(exc)
-        # never a rollback target: whether weights are good is the hooks' call, and the orchestrator's may
-        # score a held-out probe averaged over the ranks (a collective: with NCCL it would wait for the dead
-        # peer); as for any save judged not good, the held-out reference (on_save_prepare) stays the last good's
-        # a restored good step's weights are that checkpoint's: still good (only its knobs and rows changed)
-        good = self._restored and step == self.last_saved == self.last_good
-        state = {**self._checkpoint_state(good), "data": data, EMERGENCY: {"rank": self.dist.rank, "error": first}}
-        scaler = self.scaler.state_dict() if self.scaler else {}
-        optim = {
-            "optimizer": self.optimizer.state_dict(),
-            "param_names": param_names(self.model, self.optimizer),
-            "rng": every_ranks_rng(rng, self.dist.device),
-            "scaler": scaler,
-            **self._gate_tables(),  # the row gate's tables, restored to the step's start above
-        }
         started = time.perf_counter()
         try:
-            save_checkpoint(
-                self.cfg.run_dir,
-                step,
-                self.model.state_dict(),
-                optim,
-                state,
-                self.cfg.checkpoint.keep,
-                self._protected(),
-            )
+            self._write_emergency(step, data, rng, first)
         except OSError as err:
             self._say(
                 f"step {step}: a peer was lost ({first}); the emergency save failed ({err}): the restart resumes "
@@ -271,6 +249,24 @@ class EmergencySave:
         )
         self.last_saved = step
         return True
+
+    def _write_emergency(self, step: int, data: dict[str, Any], rng: dict[str, Any], first: str) -> None:
+        """Save `step`'s checkpoint from this rank alone: the step's start, held by mark_step_start."""
+        # never a rollback target: whether weights are good is the hooks' call, and the orchestrator's may
+        # score a held-out probe averaged over the ranks (a collective: with NCCL it would wait for the dead
+        # peer); as for any save judged not good, the held-out reference (on_save_prepare) stays the last good's
+        # a restored good step's weights are that checkpoint's: still good (only its knobs and rows changed)
+        good = self._restored and step == self.last_saved == self.last_good
+        state = {**self._checkpoint_state(good), "data": data, EMERGENCY: {"rank": self.dist.rank, "error": first}}
+        optim = {
+            "optimizer": self.optimizer.state_dict(),
+            "param_names": param_names(self.model, self.optimizer),
+            "rng": every_ranks_rng(rng, self.dist.device),
+            "scaler": self.scaler.state_dict() if self.scaler else {},
+            **self._gate_tables(),  # the row gate's tables, restored to the step's start (emergency_save)
+        }
+        keep, protected = self.cfg.checkpoint.keep, self._protected()
+        save_checkpoint(self.cfg.run_dir, step, self.model.state_dict(), optim, state, keep, protected)
 
     def _unsaved(self, start: tuple[int, dict[str, Any], dict[str, Any], Any] | None) -> str | None:
         """Why the state at hand is no completed step's to save now (None: it is `start`'s). Said by _refuse: a

@@ -1,4 +1,4 @@
-"""Which tokenizer a run reads with, chosen before its data is built (training/setup.py): a resumed
+"""Which tokenizer a run reads with, chosen before its data is built (training/phase_data.py): a resumed
 run's own (RUN_DIR/tokenizer.json), the run or Hugging Face model train.init_from names, or
 data.tokenizer; None where none is given and the run trains a BPE on its data. A damaged or
 mismatched file is refused with the file and the fix."""
