@@ -42,33 +42,38 @@ def test_low_gains_only_where_the_loss_jumped_blame_those_steps_rows_once_a_phas
     assert "jumped_steps" not in again.evidence and mon.fired
 
 
-def _gated(curve, trained):
+def _gated(curve, trained, gain=None):
     """GARBAGE's steps as a run with the row gate sees them: from step 5 each step's second row is
     garbage the gate left out, whose score (8.3) stands in the reported loss; its first row, the one
-    trained, scores `trained(step)`."""
+    trained, scores `trained(step)`, and the update delivered `gain` on it (GARBAGE's own: None)."""
     steps = []
-    for step, (loss, gain) in enumerate(curve, 1):
+    for step, (loss, measured) in enumerate(curve, 1):
         rows = [10 * step, 10 * step + 1]
-        m = StepMetrics(step=step, loss=loss, grad_norm=1.0, update_gain=gain, rows=rows)
+        m = StepMetrics(step=step, loss=loss, grad_norm=1.0, update_gain=measured, rows=rows)
         if step >= 5:
             m.row_losses, m.gated_rows = {rows[0]: (trained(step), 64), rows[1]: (8.3, 64)}, [rows[1]]
+            m.update_gain = measured if gain is None else gain
         steps.append(m)
     return steps
 
 
-def test_a_jump_of_rows_the_gate_left_out_is_not_blamed_nor_their_gains_counted():
+def test_a_jump_of_rows_the_gate_left_out_is_not_blamed_and_their_steps_gains_are_the_lrs():
     """debug at 10x the LR, bad_rows@10:4: step 10's loss jumped (6.17) only by the 10 garbage rows the
-    gate had left out (the rest 5.43), its gain -0.41 from scoring them again; above_start blamed the
-    step's 32 rows, rolled back to step 0 without them, and cut the LR on the replay anyway (val 5.243
-    against 5.220 off). The jump is judged on the rows trained, and a gated step's gain not counted."""
+    gate had left out (the rest 5.43); above_start blamed the step's 32 rows, rolled back to step 0
+    without them, and cut the LR on the replay anyway (val 5.243 against 5.220 off). The jump is judged
+    on the rows trained. A gated step's gain is measured on them too (training/gain.py; with the garbage
+    scored again after the update step 10 read -0.41, and gated steps were left uncounted, so a bad-rows
+    run at an LR far too high kept it): sound there, no finding; overshooting, the LR's."""
     mon = AboveStart(OrchestratorConfig())
-    assert [f for m in _gated(GARBAGE, lambda step: 6.0 - 0.02 * step) if (f := mon.observe(m))] == []
-    assert mon.early_jumps == [] and len(mon.first_gains) == 4
+    assert [f for m in _gated(GARBAGE, lambda step: 6.0 - 0.02 * step, 0.7) if (f := mon.observe(m))] == []
+    assert mon.early_jumps == [] and len(mon.first_gains) == 8
+    hot = AboveStart(OrchestratorConfig())
+    (f,) = [f for m in _gated(GARBAGE, lambda step: 6.0 - 0.02 * step) if (f := hot.observe(m))]
+    assert f.step == 8 and "jumped_steps" not in f.evidence and hot.fired  # the trained rows' gains: the LR's
     missed = AboveStart(OrchestratorConfig())  # the trained rows jumped too: garbage the gate missed
-    for m in _gated(GARBAGE, lambda step: 6.27):
-        missed.observe(m)
+    (f,) = [f for m in _gated(GARBAGE, lambda step: 6.27) if (f := missed.observe(m))]
     assert [j["rows"] for j in missed.early_jumps] == [[50], [60], [70], [80]]
-    assert not missed.data_read  # their gains unmeasured: not blamed on the jump alone
+    assert f.evidence["jumped_steps"] == [5, 6, 7, 8] and f.evidence["rows"] == [50, 60, 70, 80]
 
 
 def test_low_gains_on_every_step_are_the_lrs_even_with_a_jump_among_them():

@@ -61,9 +61,10 @@ class StepMetrics:
     unsettled: bool = False  # instability lately (Policy.unsettled): a high loss is the model's, not a row's
 
     def trained_loss(self) -> float | None:
-        """The loss of the rows the update trained on: `loss` less the rows the row gate left out
-        (their scores stand in it, training/row_gate.py), their targets' mean from row_losses; None
-        where every row was gated (or, unlikely, gated rows come without row losses): nothing trained."""
+        """The loss of the rows the update trained on: the step's less the rows the row gate left out
+        (their scores stand in the reported loss, training/row_gate.py; readings.step_metrics puts this
+        in `loss`), their targets' mean from row_losses; None where every row was gated (or, unlikely,
+        gated rows come without row losses): nothing trained."""
         if not self.gated_rows:
             return self.loss
         gated = set(self.gated_rows)

@@ -36,8 +36,10 @@ def step_metrics(
     run: RunView, o: StepOutput, values: dict[str, Any], seconds: float, memory: float | None, top_k: dict[int, int]
 ) -> StepMetrics:
     """One step as the monitors see it, from its values read off the device (device_values, to_host),
-    its time and memory share (every rank's largest) and the MoE layers' top_k."""
-    return StepMetrics(
+    its time and memory share (every rank's largest) and the MoE layers' top_k. Its loss is that of the
+    rows the update trained (StepMetrics.trained_loss): the row gate's stand in the step's loss as scored,
+    and a step whose garbage was left out is judged on what it trained on, as the update gate judged it."""
+    m = StepMetrics(
         step=o.step,
         loss=values["loss"],
         grad_norm=values["grad_norm"],
@@ -66,6 +68,9 @@ def step_metrics(
         update_gain=values["gain"],
         rl=getattr(o.batch, "health", None),  # an RL step's figures (rl/step.py)
     )
+    trained = m.trained_loss()
+    m.loss = trained if trained is not None else m.loss  # None: every row gated, the step withheld
+    return m
 
 
 def row_means(rows: list[int], host: list[list[float]] | None) -> dict[int, tuple[float, int]] | None:

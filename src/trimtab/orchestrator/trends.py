@@ -160,9 +160,8 @@ class AboveStart(Monitor):
         jump = self._jump(m)
         if jump is not None and self.wants_gain(m.step):
             self.early_jumps.append(jump)
-        # a step with rows gated is not measured: the gain scores them again after the update, a change its gradient
-        # never promised (debug at 10x, bad_rows@10:4: step 10 read -0.41 with 10 gated, steps 3-9 0.27-0.56)
-        if m.update_gain is None or not math.isfinite(m.update_gain) or m.gated_rows:
+        # a step with rows gated is measured on the rows it trained (training/gain.py): its gain is the LR's
+        if m.update_gain is None or not math.isfinite(m.update_gain):
             return None
         window = self.cfg.gain_window
         self.gains = (self.gains + [m.update_gain])[-window:]
@@ -306,8 +305,7 @@ class AboveStart(Monitor):
         if self.start is None or loss <= lowest + max(JUMP, 0.5 * (self.start - lowest)):
             return None
         gated = set(m.gated_rows)
-        gain = None if gated else m.update_gain  # not measured: see _overshoot
-        return {"step": m.step, "rows": [r for r in m.rows if r not in gated], "gain": gain}
+        return {"step": m.step, "rows": [r for r in m.rows if r not in gated], "gain": m.update_gain}
 
     def _medians(self) -> tuple[float, float] | None:
         """The loss's median over the window before the last `window` steps, and over those."""

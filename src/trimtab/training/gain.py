@@ -28,15 +28,28 @@ gradient laid out as its weight: FSDP2's reduce-scatter, Parallel.reduce_step), 
 ranks hold the same elements, and one all-reduce over every rank sums the shares: the same dot
 product, and so the same gain, on every rank. Pipeline stages, torchft's replica groups and fp16's
 loss scaling are not measured (training/trainer.py `_gain_probe`).
+
+Rows the row gate left out of the update (training/row_gate.py) are out of both losses: their
+scores stand in the step's loss, but the gradient never promised them a change, and scored again
+after the update they read whatever the update did to garbage (debug at 10x the LR, bad_rows@10:4,
+seed 1234: steps 10-13 read -0.41, 0.02, -0.00, 0.04 with their gated rows in, 0.53, 0.46, 0.42,
+0.23 on the rows trained; steps 3-9 0.27-0.56). Their verdicts are the row
+losses' gated column, summed over the ranks by reduce_step: every rank leaves out its own gated
+rows and the sum over ranks is the trained rows' alone, whatever the layout.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
-from trimtab.data import StepBatch
+from trimtab.data import IGNORE_INDEX, MicroBatch, StepBatch
+
+if TYPE_CHECKING:
+    from trimtab.training.runtime import RowLosses
 
 
 def grad_dot_weights(params: Iterable[torch.nn.Parameter], world: int = 1) -> torch.Tensor:
@@ -95,9 +108,10 @@ class GainProbe:
     def before(self) -> None:
         self.before_dot = grad_dot_weights(self.model.parameters(), self.world)
 
-    def after(self, batch: StepBatch, loss: torch.Tensor) -> torch.Tensor:
+    def after(self, batch: StepBatch, loss: torch.Tensor, rows: RowLosses | None = None) -> torch.Tensor:
         """The update's gain on `batch`, whose loss before the update was `loss` (0-d float32 on
-        device; inf or NaN when the update was withheld: nothing was predicted)."""
+        device; inf or NaN when the update was withheld: nothing was predicted), on the rows the
+        update trained: those `rows` marks gated are out of both losses, as of the gradient."""
         # dotted before the scoring forward: FSDP2 leaves the root's weights gathered after it
         predicted = grad_dot_weights(self.model.parameters(), self.world) - self.before_dot
         if self.sum_over_world is not None:  # one all-reduce of the difference: the sum is linear
@@ -105,8 +119,21 @@ class GainProbe:
         loads = [(layer, layer.load.clone()) for _, layer in self.model.moe_layers()]
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.no_grad(), torch.random.fork_rng(devices=devices):
-            summed = sum(self.score(micro).double() for micro in batch.micro)
+            summed = sum(self.score(self._trained(micro, rows)).double() for micro in batch.micro)
         for layer, load in loads:
             layer.load.copy_(load)
         after = self.sum_over_ranks(summed) / max(batch.n_targets, 1)
-        return ((after - loss.double()) / predicted).float()
+        before = loss.double()
+        gated = rows.gated_loss() if rows is not None else None
+        if gated is not None:  # their scores stand in the step's loss (training/row_gate.py): taken back out
+            before = before - gated.double() / max(batch.n_targets, 1)
+        return ((after - before) / predicted).float()
+
+    def _trained(self, micro: MicroBatch, rows: RowLosses | None) -> MicroBatch:
+        """`micro` with the targets of its rows the row gate left out ignored (on the device: the
+        verdicts stay there), as the update's objective had them; itself without a gate."""
+        left_out = rows.left_out(micro.rows) if rows is not None else None
+        if left_out is None:
+            return micro
+        targets = micro.targets.to(self.device).masked_fill(left_out.unsqueeze(1), IGNORE_INDEX)
+        return replace(micro, targets=targets)

@@ -34,11 +34,15 @@ A gated row's loss (scored as above) and target count stand in the step's row lo
 (training.runtime.RowLosses), marked gated in their third column: the orchestrator reads them with
 the rest of the step and journals the step's gated rows as one decision (rule row_gate, skip_data:
 left out for the rest of the run too; orchestrator/outliers.py gate_finding). They stand in the step's
-reported loss too, so every other rule sees the loss the step's rows scored: a step all of garbage
-reported the 0 of its empty objective (bad_batch: 4 steps at loss 0, then a divergence finding
-from the trend they bent). The objective's divisor stays the step's target count: the gated
-rows' targets are known on the device only, and a later micro-batch's not at an earlier one's
-backward; the step's gradient shrinks by their share (a quarter of a step in thin_bad_data).
+reported loss too (the log's): without them a step all of garbage reported the 0 of its empty
+objective (bad_batch: 4 steps at loss 0, then a divergence finding from the trend they bent); such a
+step is withheld, and judged on what it scored. A step the gate left some rows of is judged on
+those it trained: the update gate's ceilings and the monitors read their loss (RowLosses.trained,
+orchestrator/readings.py step_metrics; with its garbage scored in, debug at 10x the LR,
+bad_rows@10:4, read 6.17 at step 10 against 5.43 trained), and the update's gain is scored on them
+(training/gain.py). The objective's divisor stays the step's target count: the gated rows' targets
+are known on the device only, and a later micro-batch's not at an earlier one's backward; the
+step's gradient shrinks by their share (a quarter of a step in thin_bad_data).
 
 Both features are read against random tokens over the model's vocabulary V, so that a user's
 own corpus, on its tokenizer's vocabulary rather than the debug presets' 512, keeps its

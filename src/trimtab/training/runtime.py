@@ -161,6 +161,32 @@ class RowLosses:
             columns.append(torch.zeros_like(counted) if gated is None else gated.float())
         self.values.index_add_(0, index, torch.stack(columns, 1))
 
+    def left_out(self, rows: list[int]) -> torch.Tensor | None:
+        """Which of a micro-batch's `rows` the gate left out of the update ([B] bool, on device; every
+        rank's verdict once reduce_step summed the column); None without a gated column (no gate)."""
+        if self.values.shape[1] < 3:
+            return None
+        index = torch.tensor([self.place[r] for r in rows], device=self.values.device)
+        return self.values[index, 2] > 0
+
+    def gated_loss(self) -> torch.Tensor | None:
+        """The gated rows' summed scored loss (0-d, on device; it stands in the step's loss, training/row_gate.py),
+        None without a gated column."""
+        if self.values.shape[1] < 3:
+            return None
+        return (self.values[:, 0] * (self.values[:, 2] > 0)).sum()
+
+    def trained(self, loss: torch.Tensor) -> torch.Tensor:
+        """The step's loss over the rows the update trained (0-d, on device): their targets' mean where
+        the gate left some out (`loss`, the step's, holds the gated rows' scores), else `loss` itself, as
+        where it left out every row (nothing trained: the step's withheld and judged on what it scored)."""
+        if self.values.shape[1] < 3:
+            return loss
+        kept = (self.values[:, 2] == 0).float()
+        count = (self.values[:, 1] * kept).sum()
+        mean = (self.values[:, 0] * kept).sum() / count.clamp(min=1)
+        return torch.where((self.values[:, 2] > 0).any() & (count > 0), mean.to(loss.dtype), loss)
+
     def all_gated(self) -> torch.Tensor | None:
         """Whether the gate left out every row with targets (0-d bool, on device; summed over the
         ranks once reduce_step ran, so every rank reads the same): the step's objective is empty, its

@@ -200,7 +200,7 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
         forced = self.control.skip_by if self.control.skip_next else ""  # a person's or hook's skip: no re-run
         grads = self._gradients(batch, clip)
         # Checked before the update, so a bad step is never applied (torchtitan#4226).
-        skip = self._update_gate(grads.loss, grads.grad_norm)
+        skip = self._update_gate(grads)
         emptied = grads.rows.all_gated() if grads.rows is not None else None  # the row gate left nothing to train
         rerun, flagged, gated = None, None, False
         if self.rerun and skip is not None and not forced:
@@ -221,7 +221,7 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
         self.update_begins()  # from here the weights are no completed step's: no emergency save
         gain = self._gain_probe(batch)
         overflow = self._update(skip)
-        update_gain = gain.after(batch, grads.loss) if gain is not None else None
+        update_gain = gain.after(batch, grads.loss, grads.rows) if gain is not None else None
         self.optimizer.zero_grad(set_to_none=True)
         for _, layer in self.model.moe_layers():
             layer.update_bias(skip)  # aux-loss-free balancing: once per optimizer step, withheld with it
@@ -280,7 +280,7 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
         verdict = compare(first, again)
         if verdict["verdict"] == "transient":
             verdict["ranks"] = ranks_that_differ(first, again)
-        return again, self._update_gate(again.loss, again.grad_norm), verdict
+        return again, self._update_gate(again), verdict
 
     def _discard_gradients(self) -> None:
         """Forget a computation of this step's gradients, which a re-run or an out-of-memory retry
@@ -357,9 +357,11 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
                 return self.dist.pipeline.score(inputs, targets)
             return self._loss_sum(self.forward(inputs), targets)
 
-    def _update_gate(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor | None:
-        """OR of the hooks' skip flags (0-d bool tensors on device), or None when nobody gates."""
-        flags = [f for h in self.hooks if (f := h.update_gate(self.view, loss, grad_norm)) is not None]
+    def _update_gate(self, grads: Gradients) -> torch.Tensor | None:
+        """OR of the hooks' skip flags (0-d bool tensors on device), or None when nobody gates; on the
+        loss the update trains on (the row gate's rows out: RowLosses.trained), as the monitors read it."""
+        loss = grads.rows.trained(grads.loss) if grads.rows is not None else grads.loss
+        flags = [f for h in self.hooks if (f := h.update_gate(self.view, loss, grads.grad_norm)) is not None]
         if self.control.skip_next:
             self.control.skip_next = False
             flags.append(torch.ones((), dtype=torch.bool, device=self.device))
