@@ -146,9 +146,10 @@ def test_measuring_the_gain_changes_nothing_in_the_run(tmp_path, routed):
 
 def test_an_lr_30x_too_high_is_cut_from_the_start_though_the_loss_stays_under_its_start(tmp_path):
     """30x the preset's LR (which the loss line never sees on debug): the first steps' updates
-    overshoot, the run restarts from step 0 at a cut LR; at the preset's LR no such finding."""
+    overshoot, the run restarts from step 0 at a cut LR; at the preset's LR no such finding. 21 steps: a
+    run of 20 or fewer is cut without the rollback (too_high.py SHORT_RUN, tests/test_lr_given_back.py)."""
     run = tmp_path / "hot"
-    trimtab.train(debug_cfg(run, steps=12, optim={"lr": 0.09}))
+    trimtab.train(debug_cfg(run, steps=21, optim={"lr": 0.09}))
     first = read_decisions(run)[0]
     assert (first["rule"], first["action"]) == ("above_start", "rollback"), first
     assert first["evidence"]["gain"] < 0.3 and first["params"]["lr_factor"] == pytest.approx(0.1)

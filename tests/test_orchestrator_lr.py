@@ -1,5 +1,5 @@
 """A learning rate that is simply too high (a finetuning LR typed for pretraining, a slipped
-exponent): caught from the first steps, cut decisively, never given back."""
+exponent): caught from the first steps, cut decisively, given back at most part way once quiet."""
 
 import json
 import math
@@ -21,11 +21,13 @@ def test_a_learning_rate_100x_too_high_is_cut_within_the_first_steps_and_the_run
     assert (first["rule"], first["action"]) == ("above_start", "rollback"), [d["rule"] for d in decisions]
     assert first["step"] <= 10 and first["params"]["lr_factor"] == pytest.approx(0.1)
     assert first["params"]["to"] == "last_good" and "rolled back" in first["applied"][0]
-    assert not [d for d in decisions if d["rule"] == "lr_restore"]
+    restores = [d for d in decisions if d["rule"] == "lr_restore"]
+    assert all(d["step"] >= 20 for d in restores)  # a quiet window (outcome_after) into the replay from step 0
     lines = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
     kept = [m for m in lines if "loss" in m and not m.get("abandoned")]
     assert kept[-1]["loss"] < kept[0]["loss"] - 0.5  # trains from the sound start at the cut LR
-    assert kept[-1]["lr_scale"] <= 0.1 + 1e-9  # the cut holds to the end (a second may deepen it: below)
+    # the cut holds (a second may deepen it: below), given back at most to the midpoint of 100x and 10x
+    assert kept[-1]["lr_scale"] <= 0.1**0.5 * 0.1 + 1e-9
     assert summary["exit_code"] == 0
 
 
@@ -50,9 +52,10 @@ def test_a_cut_lr_still_too_high_is_cut_again_from_the_start(tmp_path):
     assert cuts[1]["evidence"]["gain"] < 0.4 and cuts[1]["params"]["lr_factor"] == pytest.approx(0.1**0.5)
     assert cuts[1]["params"]["to"] == 0 and "to step 0" in cuts[1]["applied"][0]
     assert cuts[2]["evidence"]["gain"] < cuts[2]["evidence"]["sound_gain"] and cuts[2]["params"]["lr_factor"] == 0.5
-    factors = [d["params"].get("lr_factor", d["params"].get("factor", 1.0)) for d in cuts]
+    given = [d for d in read_decisions(run) if d["rule"] == "lr_restore"]
+    factors = [d["params"].get("lr_factor", d["params"].get("factor", 1.0)) for d in cuts + given]
     kept = [m for m in train_lines(run) if not m.get("abandoned")]
-    assert kept[-1]["lr_scale"] == pytest.approx(math.prod(factors))  # the cuts hold
+    assert kept[-1]["lr_scale"] == pytest.approx(math.prod(factors))  # the cuts hold, given back part way once quiet
     assert 0.005 <= kept[-1]["lr_scale"] <= 0.02  # within 2x of the preset's LR (100x its)
     assert kept[-1]["loss"] < kept[0]["loss"] - 1.0
     assert summary["exit_code"] == 0

@@ -604,7 +604,7 @@ def test_a_short_runs_cut_is_given_back_within_it():
     assert long.quiet(53, View(lr_scale=0.5, total_steps=400)).evidence["wait"] == 50
 
 
-def test_a_failed_lr_restore_keeps_the_cut():
+def test_a_failed_lr_restore_is_tried_once_more_then_keeps_the_cut():
     cfg = OrchestratorConfig()
     cfg.lr_restore_after = 10
     policy = Policy(cfg)
@@ -618,7 +618,13 @@ def test_a_failed_lr_restore_keeps_the_cut():
     restore.applied()
     for s in (25, 26, 27):  # instability returns after the give-back
         act(policy, finding(s), View(lr_scale=0.5))
-    assert all(policy.quiet(s, View(lr_scale=0.25)) is None for s in range(28, 200))
+    assert all(policy.quiet(s, View(lr_scale=0.25)) is None for s in range(28, 47))
+    again = policy.quiet(47, View(lr_scale=0.25))  # once more, after twice the wait (give_back.py)
+    assert again.params == {"factor": 2.0} and "the cut stays" in again.reasoning
+    again.applied()
+    for s in (50, 51, 52):  # and it returns again: the cut stays
+        act(policy, finding(s), View(lr_scale=0.5))
+    assert all(policy.quiet(s, View(lr_scale=0.25)) is None for s in range(53, 300))
 
 
 def test_plateau_raise_is_bounded():

@@ -119,7 +119,8 @@ def test_a_data_decision_of_a_frozen_run_whose_loss_rose_is_not_recovered(tmp_pa
 def test_the_guards_cut_is_given_back_once_quiet_up_to_the_schedules_and_kept_if_trouble_returns():
     """The guard's cut was never given back: whatever withheld the updates (a fault, a stretch of data)
     kept the run at 0.1x for good. Quiet, it is given back as the ladder's cuts are, x2 at a time, up to
-    the schedule's (a person's x30 raise is not given back); withheld again after a give-back, it stays."""
+    the schedule's (a person's x30 raise is not given back); withheld again after a give-back, it is tried once
+    more after twice the wait, and after that it stays."""
     found = person_lr(_frozen_policy(11), [])
     policy = Policy(OrchestratorConfig())  # lr_restore_after 100; View's run: 1000 steps
     plan = policy.plan(found, View(lr_scale=30.0))
@@ -137,7 +138,10 @@ def test_the_guards_cut_is_given_back_once_quiet_up_to_the_schedules_and_kept_if
     again.plan(found, View(lr_scale=30.0)).applied()
     again.quiet(found.step + 100, View(lr_scale=0.1)).applied()
     again.plan(replace(found, step=found.step + 110), View(lr_scale=0.2)).applied()  # withheld again: cut again
-    assert all(again.quiet(s, View(lr_scale=0.02)) is None for s in range(found.step + 111, found.step + 500))
+    assert all(again.quiet(s, View(lr_scale=0.02)) is None for s in range(found.step + 111, found.step + 310))
+    again.quiet(found.step + 310, View(lr_scale=0.02)).applied()  # once more, after twice the wait (give_back.py)
+    again.plan(replace(found, step=found.step + 320), View(lr_scale=0.04)).applied()  # and withheld again
+    assert all(again.quiet(s, View(lr_scale=0.004)) is None for s in range(found.step + 321, found.step + 900))
 
 
 def test_the_guards_step_is_an_emergency_other_rules_changes_wait(tmp_path):

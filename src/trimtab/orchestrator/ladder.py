@@ -33,6 +33,7 @@ from typing import Any
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.attribution import DataAttribution
 from trimtab.orchestrator.diagnosis import HeldOutDiagnosis
+from trimtab.orchestrator.give_back import GiveBack
 from trimtab.orchestrator.monitors import Finding
 from trimtab.orchestrator.remedies import GAVE_UP, Remedy, lr_cut
 from trimtab.orchestrator.spikes import EarlySpikes
@@ -92,9 +93,9 @@ ISOLATED_NAN = Harmless(
 )
 
 
-class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis):
+class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis, GiveBack):
     """The Policy's instability family (it holds the state named here; an LR far too high: too_high.py;
-    the held-out probe's judgements: diagnosis.py)."""
+    the held-out probe's judgements: diagnosis.py; the LR debt its cuts owe: give_back.py)."""
 
     cfg: OrchestratorConfig
     ladder: Ladder
@@ -109,10 +110,6 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis):
     last_rollback_to: int  # the checkpoint step the last ladder rollback restored (-1: none)
     updated_at: int  # the last step whose update was applied (core.py)
     closed_at: int  # the step the last incident with a rollback closed at (-1: none)
-    lr_debt: float  # product of the ladder's LR cuts not yet given back
-    lr_ceiling: float  # the multiplier before the first of them: a give-back never goes past it
-    last_restore: int  # step of a give-back still on probation (-1: none)
-    restore_failed: bool  # instability came back after a give-back: the cut stays
     # step (a string: JSON keys) -> [the loss an early spike rolled back from, unstable_at and broken_at before]
     early_rollbacks: dict[str, list[float]]
 
@@ -400,46 +397,11 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis):
 
     def quiet(self, step: int, view: Any) -> Remedy | None:
         """Every step: after a quiet window the ladder falls back to rung 0 and the incident may be over
-        (_clear); after `wait` quiet steps a cut LR is given back x2, never past the multiplier it was cut
-        from, unless a give-back was followed by instability once already (the cut was needed)."""
+        (_clear); a cut LR is given back once quiet (give_back.py)."""
         if self.ladder.rung and step - self.ladder.last_step >= self.cfg.escalation_window:
             self.ladder = Ladder(last_step=self.ladder.last_step, rows=[])
         self._clear(step, view)
-        if self.last_restore >= 0 and self.ladder.last_step > self.last_restore:
-            self.restore_failed, self.last_restore = True, -1
-        if self.lr_debt >= 1 or self.restore_failed:
-            return None
-        # a short run's wait is an eighth of it, yet no cut is given back before its outcome is judged
-        wait = min(self.cfg.lr_restore_after, max(self.cfg.outcome_after, view.total_steps // 8))
-        calm = step - max(self.ladder.last_step, self.last_lr_change)
-        if not wait or calm < wait:
-            return None
-        factor = min(2.0, 1 / self.lr_debt, self.lr_ceiling / view.lr_scale)
-        if factor <= 1 + 1e-9:  # the multiplier is back where the cut began (a person set it): nothing owed
-            self.lr_debt = 1.0
-            return None
-
-        def commit() -> None:
-            self.lr_debt = min(1.0, self.lr_debt * factor)
-            self.last_lr_change = self.last_restore = step
-
-        return Remedy(
-            action="scale_lr",
-            params={"factor": factor},
-            reasoning=f"{calm} steps without instability since the LR was last cut or given back (orchestrator."
-            f"lr_restore_after={self.cfg.lr_restore_after}, at most an eighth of the run's {view.total_steps} "
-            f"steps, at least outcome_after={self.cfg.outcome_after}): give part of it back (if instability "
-            "returns, the cut stays for the rest of the run)",
-            evidence={"quiet_steps": calm, "wait": wait, "lr_debt": self.lr_debt, "lr_ceiling": self.lr_ceiling},
-            commit=commit,
-        )
-
-    def _owe(self, factor: float, lr_scale: float, ceiling: float = math.inf) -> None:
-        """An applied LR cut that quiet may give back: the multiplier it was cut from bounds that (and
-        `ceiling`: the withheld guard's cut takes back a raise above the schedule for good)."""
-        if self.lr_debt >= 1:
-            self.lr_ceiling = lr_scale
-        self.lr_ceiling, self.lr_debt = min(self.lr_ceiling, ceiling), self.lr_debt * factor
+        return self._give_back(step, view)  # give_back.py
 
     def unsettled(self, step: int) -> bool:
         """Instability skipping did not answer (an LR cut, a rollback) within the last

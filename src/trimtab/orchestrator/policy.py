@@ -141,7 +141,7 @@ class Policy(InstabilityLadder):
         self.lr_debt = 1.0  # product of the ladder's LR cuts not yet given back
         self.lr_ceiling = 1.0  # the multiplier they were cut from: give-backs stop there
         self.last_restore = -1  # step of a give-back still on probation
-        self.restore_failed = False
+        self.restore_failed = 0  # give-backs instability followed (give_back.py)
         self.probe_baseline: float | None = None  # held-out loss at the last good checkpoint
         self.start_probe: float | None = None  # held-out loss of the phase's untouched weights
         self.fresh_probe: float | None = None  # ... of calm weights since, before a good checkpoint is measured

@@ -16,6 +16,17 @@ from trimtab.orchestrator.remedies import Remedy, lr_cut
 # floor, or a replay short of a sound LR's gain, trends.py SOUND_GAIN): debug-mod at 20x, cut to 2x (gain
 # 0.67), then half a decade to 0.63x ended 4.12 (clean 3.98, 150 steps), halved to 1x as clean
 NEAR_SOUND = 0.5
+# A run of at most this many steps has no rest to train slowly in with the weights its first steps inflated,
+# and a rollback replays most of it: a 10-step `trimtab tune` trial at 7x debug's LR, its loss falling, was
+# rolled back to step 0 at step 10 and cut x0.1, the trial's best at 5.377 off ending 5.546 (trained again x0.316
+# at 2.2x: 7.78 against 5.70 off). Updates that overshoot while the loss falls are cut there without a rollback.
+SHORT_RUN = 20
+# How its cuts are owed (ladder.py quiet, _owe): a cut that overshot a sound LR, or whose cause went with the young
+# weights, comes back part way; one the LR's trouble follows stays
+OWED = (
+    "given back x2 at a time after a quiet window (orchestrator.lr_restore_after), never past the midpoint of "
+    "the two LRs, and kept if instability returns"
+)
 
 
 class TooHighLR:
@@ -60,13 +71,20 @@ class TooHighLR:
         # the earlier cut's gain, when it made this one a halving or passes the floor: what a fresh run lacks
         evidence = {"gain_before": before} if _rose(f.evidence, before) or past_floor else {}
 
+        lr_scale = view.lr_scale
+
         def cut(rolled_back_to: int | None = None) -> None:
             self.last_lr_change = self.lr_too_high_at = self.unstable_at = f.step
+            # owed as the ladder's cuts are (ladder.py quiet), never back past the geometric midpoint of the LR
+            # found too high and the cut one: a cut that overshot or whose cause has gone comes back part way
+            self._owe(factor, lr_scale, ceiling=lr_scale * math.sqrt(factor))
             if "gain" in f.evidence:  # the next cut's reference, in this phase (another's data and LR differ)
                 self.too_high_gain = [self.phase_start, f.evidence["gain"]]
             if rolled_back_to is not None:
                 self._rolled_back(f.step, rolled_back_to, broken=False)
 
+        if (short := _short_run(f, view, why, factor, cut)) is not None:
+            return short
         # a dying gradient or overshooting updates: every step since the phase (or its replay) began
         # trained at that LR (the weights stalled, or inflated), so its first checkpoint is the one to restore
         if "warm_grad_norm" in f.evidence or "unigram" in f.evidence or "gain" in f.evidence:
@@ -134,6 +152,27 @@ class TooHighLR:
                 commit=lambda: self._rolled_back(f.step, start, broken=False),
             )
         return self._leave_out(rows, why + ": leave them out of the rest of the run", evidence)
+
+
+def _short_run(f: Finding, view: Any, why: str, factor: float, cut: Any) -> Remedy | None:
+    """A run of SHORT_RUN steps or fewer whose updates overshoot while its loss falls below its start: the LR
+    is cut for the steps left, not rolled back (at the run's last step, not cut: it would act on no step)."""
+    ev = f.evidence
+    if "gain" not in ev or view.total_steps > SHORT_RUN or ev["loss"] >= ev["start"]:
+        return None
+    falls = f"; the loss falls ({ev['loss']:.3f}, from {ev['start']:.3f}) and the run has {view.total_steps} steps"
+    if f.step >= view.total_steps:
+        return Remedy(
+            action="none",
+            reasoning=_overshoot_why(f) + falls + ": at its last step a cut would change no step of it, and "
+            "a rollback would train it again from its start: the weights stay as trained",
+        )
+    return Remedy(
+        action="scale_lr",
+        params={"factor": factor},
+        reasoning=why + falls + ", too few to train again the steps at that LR (SHORT_RUN): no rollback",
+        commit=cut,
+    )
 
 
 def _too_high_factor(f: Finding, lr_factor: float, before: float | None = None) -> float:
@@ -241,24 +280,23 @@ def _too_high_why(f: Finding, factor: float, before: float | None = None) -> str
     or after a cut with a gradient dying away)."""
     if "warm_grad_norm" in f.evidence or "unigram" in f.evidence:
         again = "again " if "warm_grad_norm" in f.evidence else ""
-        return _stalled_why(f) + f"; cut it {again}x{factor:.3g}, never to be given back"
+        return _stalled_why(f) + f"; cut it {again}x{factor:.3g}, {OWED}"
     if "sound_gain" in f.evidence:  # the replay after a cut still short of a sound LR's gain
-        return _overshoot_why(f) + f"; cut it again x{factor:.3g}, never to be given back"
+        return _overshoot_why(f) + f"; cut it again x{factor:.3g}, {OWED}"
     if before is not None and _rose(f.evidence, before):  # the replay after a gain-based cut: its gain rose
         return (
             _overshoot_why(f) + f"; the last cut in this phase answered a gain of {before:.2f}, and the replay at "
             f"the lower LR rose to {f.evidence['gain']:.2f}, off the 0.1-0.2 an LR far too high holds it at: this "
             f"one is within a decade of a sound LR (the rise, not this gain alone, says so); cut it x{factor:.3g}, "
-            "never to be given back"
+            + OWED
         )
     if "gain" in f.evidence:  # the first steps' updates overshoot
         return (
             _overshoot_why(f) + ", as an LR far too high makes them, and the weights they inflate train slowly for "
-            f"the rest of the run; cut it x{factor:.3g}, never to be given back"
+            f"the rest of the run; cut it x{factor:.3g}, {OWED}"
         )
     return (
         f"the loss has been above the {f.evidence['start']:.3f} this phase started at for "
         f"{f.evidence['patience']} steps: training makes the model worse than its untouched weights, which "
-        f"is what an LR far too high does; cut it x{factor:.3g} (again while the loss does not fall), never "
-        "to be given back"
+        f"is what an LR far too high does; cut it x{factor:.3g} (again while the loss does not fall), {OWED}"
     )

@@ -13,7 +13,7 @@ LR that lets no update through is not beyond question); with no good checkpoint,
 rollbacks spent, or the LR at orchestrator.min_lr_scale, the run saves and stops with exit 3 and the
 reason, never "completed" with frozen weights. The window starts over after a rollback. The cut is
 given back as the ladder's are (ladder.py quiet: x2 at a time after a quiet window, up to the
-schedule's, a person's raise not included; trouble after a give-back keeps the cut): what withheld
+schedule's, a person's raise not included; trouble after a second give-back keeps the cut): what withheld
 the updates may have been a fault or a stretch of data, not the LR.
 """
 

@@ -1,0 +1,69 @@
+"""The LR an orchestrator cut, given back once the run is quiet, a part of InstabilityLadder (ladder.py): the
+ladder's cuts, the withheld guard's (withheld.py) and above_start's (too_high.py) enter one debt, repaid x2 at a
+time after a quiet window, never past the ceiling each cut set. Instability after a give-back says the cut was
+needed: the debt is tried once more after twice the wait (a stretch of bad data may have come with the first
+try), and kept for the rest of the run after a second failure."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from trimtab.config.orchestrator import OrchestratorConfig
+from trimtab.orchestrator.remedies import Remedy
+
+TRIES = 2  # give-backs followed by instability before the cut is kept for good
+
+
+class GiveBack:
+    """InstabilityLadder's LR debt (it holds the state named here)."""
+
+    cfg: OrchestratorConfig
+    ladder: Any  # ladder.py Ladder: last_step, the newest instability finding
+    last_lr_change: int
+    lr_debt: float  # product of the LR cuts not yet given back
+    lr_ceiling: float  # the multiplier before the first of them (or lower, a cut's ceiling): never passed
+    last_restore: int  # step of a give-back still on probation (-1: none)
+    restore_failed: int  # give-backs instability followed (older checkpoints: a bool, True one)
+
+    def _give_back(self, step: int, view: Any) -> Remedy | None:
+        """After `wait` quiet steps (doubled after a failed give-back) a cut LR is given back x2, never past
+        the ceiling, unless TRIES give-backs were followed by instability (the cut was needed)."""
+        if self.last_restore >= 0 and self.ladder.last_step > self.last_restore:
+            self.restore_failed, self.last_restore = int(self.restore_failed) + 1, -1
+        if self.lr_debt >= 1 or self.restore_failed >= TRIES:
+            return None
+        # a short run's wait is an eighth of it, yet no cut is given back before its outcome is judged
+        wait = min(self.cfg.lr_restore_after, max(self.cfg.outcome_after, view.total_steps // 8))
+        wait <<= int(self.restore_failed)
+        calm = step - max(self.ladder.last_step, self.last_lr_change)
+        if not wait or calm < wait:
+            return None
+        factor = min(2.0, 1 / self.lr_debt, self.lr_ceiling / view.lr_scale)
+        if factor <= 1 + 1e-9:  # the multiplier is back where the cut began (a person set it): nothing owed
+            self.lr_debt = 1.0
+            return None
+
+        def commit() -> None:
+            self.lr_debt = min(1.0, self.lr_debt * factor)
+            self.last_lr_change = self.last_restore = step
+
+        again = " once more, after a give-back instability followed, at twice the wait" if self.restore_failed else ""
+        return Remedy(
+            action="scale_lr",
+            params={"factor": factor},
+            reasoning=f"{calm} steps without instability since the LR was last cut or given back (orchestrator."
+            f"lr_restore_after={self.cfg.lr_restore_after}, at most an eighth of the run's {view.total_steps} "
+            f"steps, at least outcome_after={self.cfg.outcome_after}): give part of it back{again} (if instability "
+            "returns, " + ("the cut stays for the rest of the run)" if again else "it is tried once more later)"),
+            evidence={"quiet_steps": calm, "wait": wait, "lr_debt": self.lr_debt, "lr_ceiling": self.lr_ceiling},
+            commit=commit,
+        )
+
+    def _owe(self, factor: float, lr_scale: float, ceiling: float = math.inf) -> None:
+        """An applied LR cut that quiet may give back: the multiplier it was cut from bounds that (and
+        `ceiling`: the withheld guard's cut takes back a raise above the schedule for good; above_start's,
+        the LR found too high)."""
+        if self.lr_debt >= 1:
+            self.lr_ceiling = lr_scale
+        self.lr_ceiling, self.lr_debt = min(self.lr_ceiling, ceiling), self.lr_debt * factor
