@@ -156,3 +156,16 @@ def test_a_bad_key_in_the_config_file_names_the_file(tmp_path, text, sets, named
     with pytest.raises(ConfigError) as err:
         load_config(path, preset="debug", sets=sets)
     assert str(err.value).startswith(f"{path}: ") == named and "config key '" in str(err.value)
+
+
+def test_the_follow_note_names_the_budget_s_run_when_the_plan_outruns_it(monkeypatch):
+    """`trimtab plan --preset small --data DIR --budget-hours 0.05` said only "set train.max_steps=1526 to
+    follow the plan" (5.1 h), where the budget's own section counted 16 steps."""
+    monkeypatch.setattr("trimtab.plan.report.nearest_preset", lambda *_: "small")  # sizes every preset: seconds
+    plan = make_plan(load_config(preset="debug"), budget_flops=1e12, hardware=HW)
+    follow = [n for n in plan.notes if "to follow the plan" in n]
+    steps = plan.budget.preset_steps
+    assert steps < plan.steps and len(follow) == 1
+    assert follow[0].endswith(f"or train.max_steps={steps:,} to stay within the budget")
+    roomy = make_plan(load_config(preset="debug"), budget_flops=1e18, hardware=HW)
+    assert not any("within the budget" in n for n in roomy.notes)

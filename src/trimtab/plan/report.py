@@ -280,9 +280,17 @@ def _notes(plan: Plan) -> list[str]:
     elif plan.run_tokens < 0.5 * plan.tokens or plan.run_tokens > 2 * plan.tokens:
         notes.append(
             f"the configured run, {_configured(plan)}, trains {plan.run_tokens / plan.tokens:.2g}x the planned "
-            f"tokens: {_follow(plan)} to follow the plan"
+            f"tokens: {_follow(plan)} to follow the plan{_within_budget(plan)}"
         )
     return notes
+
+
+def _within_budget(plan: Plan) -> str:
+    """With a budget the plan's length may be far past it (a 3-minute budget, a 5-hour plan): the
+    note names the run the budget pays for too, which its own section only counts."""
+    if plan.budget is None or plan.budget.preset_steps >= plan.steps:
+        return ""
+    return f", or train.max_steps={plan.budget.preset_steps:,} to stay within the budget"
 
 
 def _configured(plan: Plan) -> str:
