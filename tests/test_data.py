@@ -512,3 +512,16 @@ def test_the_skipped_rows_cannot_change_behind_the_states_sorted_copy():
     with contextlib.suppress(AttributeError):
         loader.skipped.add(5)
     assert loader.state_dict()["skipped"] == sorted(loader.skipped)
+
+
+def test_record_with_text_under_another_field_names_text_field(tmp_path):
+    """A .jsonl whose text is under "content" named no setting that reads it, only "fix the record"
+    (found running `trimtab data prepare b.jsonl` and `trimtab train --set data.source=b.jsonl`)."""
+    path = jsonl(tmp_path / "b.jsonl", [{"id": 1, "content": "some text"}])
+    with pytest.raises(DataError, match=r"b.jsonl:1: .*if 'content' holds the text: data.text_field=content"):
+        read_documents(DataConfig(source=str(path)))
+    docs, _ = read_documents(DataConfig(source=str(path), text_field="content"))
+    assert [d.text for d in docs] == ["some text"]
+    alpaca = jsonl(tmp_path / "alpaca.jsonl", [{"instruction": "Add", "input": "1+1", "output": "2"}])
+    with pytest.raises(DataError, match=r"one of 'instruction', 'input', 'output' holds the text"):
+        read_documents(DataConfig(source=str(alpaca)))  # none picked: text_field=output alone drops the rest

@@ -983,14 +983,12 @@ def test_a_new_phase_starts_the_monitors_afresh(tmp_path):
     hard = tmp_path / "hard.txt"  # random characters: far above the pretraining loss
     hard.write_text("\n".join("".join(rng.choice("qzxjkvwy0123456789#@%&") for _ in range(200)) for _ in range(400)))
     run = tmp_path / "r"
-    cfg = debug_cfg(run, steps=24, finetune={"steps": 8, "data": {"source": str(hard), "seq_len": 64}})
-    assert trimtab.train(cfg)["step"] == 32
+    # garbage_filter off: the data screen refuses a source of nothing but random characters, rightly
+    finetune = {"steps": 8, "data": {"source": str(hard), "seq_len": 64, "garbage_filter": "off"}}
+    assert trimtab.train(debug_cfg(run, steps=24, finetune=finetune))["step"] == 32
     losses = by_step(run, "loss")
     assert losses[25] > 1.3 * losses[24]  # the switch really jumps the loss
-    decided = read_decisions(run, abandoned=True)  # the data screen names the random characters, rightly: no spike
-    assert [(d["rule"], d["evidence"]["sources"][0]["source"]) for d in decided] == [
-        ("garbage", "finetune.data.source")
-    ]
+    assert read_decisions(run, abandoned=True) == []  # no spike
 
 
 def test_withheld_updates_are_made_up_once_the_stretch_is_over(tmp_path):

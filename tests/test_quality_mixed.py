@@ -7,14 +7,17 @@ import base64
 import json
 import logging
 import random
+import sysconfig
+from pathlib import Path
 
-from test_junk import crawl
+from test_junk import code_chunks, crawl
 from test_quality import ARABIC, GREEK, RUSSIAN, clean_documents, prepared_lines
 from test_quality_languages import LANGUAGES
 from trimtab.data import junk, quality
 from trimtab.data.prepare import Options, prepare
 
 KEPT = "kept; --garbage-filter drop leaves them out"
+DATA = Path(__file__).parent / "data"
 
 
 def latin1(rng: random.Random, n: int) -> str:
@@ -90,3 +93,30 @@ def test_prepare_names_a_flagged_text_file_without_a_line_zero(tmp_path, caplog)
     assert line.startswith("1 documents flagged") and line.endswith(f"; {KEPT}")
     why = line.split(f"{corpus / 'dump.py'} (")[1].removesuffix(f"); {KEPT}")  # named FILE (its reason), not FILE:0
     assert why.startswith("hex or base64 dump: 1.00 ") and why.endswith(", bytes 0-4,000 of its text")
+
+
+def test_random_characters_are_judged_without_the_pair_statistics_where_compression_or_letters_decide(monkeypatch):
+    """Judged in every document, random characters cost `data prepare` the information between neighbours of each
+    (two sorts of its pairs): now code that zlib packs as text is decided by its packing (quality.GLANCE), and a
+    document of letters reuses the information its letter structure read. What is flagged stays: random bytes
+    and characters over 18 symbols, not code nor tests/data/real_pieces.jsonl."""
+    calls: list[int] = []
+    information = quality.information
+    monkeypatch.setattr(quality, "information", lambda symbols: calls.append(len(symbols)) or information(symbols))
+    stdlib = Path(sysconfig.get_paths()["stdlib"]) / "asyncio"  # the built-in corpus's code, in 1.5 KB pieces
+    code = [c for path in sorted(stdlib.glob("*.py")) for c in code_chunks(path) if len(c) >= quality.NOISE_CHARS]
+    assert len(code) > 100 and not random_characters(junk.kinds(code))
+    assert len(calls) < len(code) / 4  # was one for each (measured: 29 of 271, those with long docstrings)
+    calls.clear()
+    prose = [json.loads(line)["text"] for line in (DATA / "real_pieces.jsonl").read_text().splitlines()]
+    lettered = sum(junk.letter_structure(text) is not None for text in prose if len(text) >= junk.MIN_CHARS)
+    judged, calls[:] = sum(len(text) >= quality.NOISE_CHARS for text in prose), []
+    assert not random_characters(junk.kinds(prose))
+    assert lettered and len(calls) <= judged  # once each at most: was twice for those of letters (lettered)
+    rng = random.Random(2)
+    noise = [latin1(rng, 900), "".join(rng.choice("0123456789(),.;:+-") for _ in range(900))]
+    assert random_characters(junk.kinds(noise)) == 2
+
+
+def random_characters(verdicts: list[junk.Verdict | None]) -> int:
+    return sum(v is not None and v.kind == "random characters" for v in verdicts)

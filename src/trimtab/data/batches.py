@@ -255,10 +255,13 @@ class BatchLoader:
         """Continue exactly where `state` was taken (its seed wins over the constructor's)."""
         parts = state.get("parts") or [{**state, "drawn": 0}]  # before mixtures: one source, no name
         if len(parts) != len(self.sizes):
-            then = ", ".join(p.get("name") or f"its {self.section}.source" for p in parts)
+            then = [p.get("name") or f"its {self.section}.source" for p in parts]
+            # a source the data screen now leaves out, every document junk (data/dataset.py), was trained then
+            junk = f" ({self.section}.garbage_filter=off keeps a source of junk)" if set(self.names) < set(then) else ""
             raise DataError(
-                f"the checkpoint's data had {len(parts)} sources but the data now has {len(self.sizes)} ({then} then, "
-                f"{', '.join(self.names)} now); resume with the same {self.section}.mix, or {NEW_RUN}"
+                f"the checkpoint's data had {len(parts)} sources but the data now has {len(self.sizes)} "
+                f"({', '.join(then)} then, {', '.join(self.names)} now); resume with the same "
+                f"{self.section}.mix{junk}, or {NEW_RUN}"
             )
         for part, saved in enumerate(parts):  # all checked before any is taken: a refusal changes nothing
             self._check_same_rows(part, saved, state)

@@ -12,9 +12,11 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from trimtab.config.data import DataConfig, MixSource
 from trimtab.data.chat import ChatFormat
-from trimtab.data.packing import ConcatRows, Rows, build_splits
+from trimtab.data.packing import ConcatRows, JunkSource, Rows, build_splits
 from trimtab.data.prepared import PreparedData, ShardedRows
 from trimtab.data.sources import Document, prepared_dir, read_documents
 from trimtab.data.tokenizer import TextTokenizer
@@ -88,9 +90,13 @@ def build_phase_data(
     """Training and evaluation rows of every source; eval_source (data.eval_source) replaces the
     hold-out of each source."""
     fraction = 0.0 if eval_source is not None else cfg.eval_fraction
-    trains, evals = [], []
-    for source in sources:
-        train, held = _split(cfg, source, tok, seed, cache_dir, fraction, screen=True)
+    trains, evals, kept, junk = [], [], [], []
+    for i, source in enumerate(sources):
+        try:
+            train, held = _split(cfg, source, tok, seed, cache_dir, fraction, screen=True)
+        except JunkSource as found:
+            junk.append((i, found))
+            continue
         if not len(train):
             raise DataError(
                 f"{source.key} '{source.spec.source}' gives no training row of data.seq_len+1={cfg.seq_len + 1} "
@@ -98,6 +104,10 @@ def build_phase_data(
             )
         trains.append(train)
         evals.append(held)
+        kept.append(i)
+    weights = [s.spec.weight for s in sources]
+    if junk:
+        _leave_out_junk(junk, kept, cfg.names, weights)
     if eval_source is not None:
         evals = [_split(cfg, eval_source, tok, seed, cache_dir, 0.0)[0]]
         if not len(evals[0]):  # prepared (in memory, build_splits says it)
@@ -105,15 +115,39 @@ def build_phase_data(
                 f"{eval_source.key} '{eval_source.spec.source}' gives no row of data.seq_len+1={cfg.seq_len + 1} "
                 "tokens with a trainable target; add data or lower data.seq_len"
             )
-    weights = [s.spec.weight for s in sources]
-    total = sum(weights)
+    total = sum(weights[i] for i in kept)
     return PhaseData(
         train=trains[0] if len(trains) == 1 else ConcatRows(trains),
         evals=evals,
-        weights=[w / total for w in weights],
-        names=cfg.names,  # sources: open_sources(cfg), one per cfg.sources
+        weights=[weights[i] / total for i in kept],
+        names=[cfg.names[i] for i in kept],  # sources: open_sources(cfg), one per cfg.sources
         skipped_records=sum(s.skipped_records for s in sources),
     )
+
+
+def _leave_out_junk(
+    junk: list[tuple[int, JunkSource]], kept: list[int], names: list[str], weights: list[float]
+) -> None:
+    """A mixture's sources that are junk through and through are left out, their weight spread over the
+    others in proportion: kept, such a source trained at its full weight, as the loader keeps a row of
+    each source and the orchestrator's skip_data of its rows failed. With no other source (one source,
+    or every one junk) there is nothing to train on: refused, each named."""
+    if not kept:
+        raise DataError("; ".join(str(found) for _, found in junk))
+    total, left = sum(weights), sum(weights[i] for i in kept)
+    for i, found in junk:
+        logger.warning(
+            "%s ('%s', %s): every one of its %d documents is flagged as junk: left out of the mixture, its "
+            "weight %.2f spread over the others (each x%.2f); replace its data or remove it from the mixture "
+            "(%s.garbage_filter=off trains on it as it is)",
+            found.key.removesuffix(".source"),
+            names[i],
+            found.where,
+            found.n_docs,
+            weights[i] / total,
+            total / left,
+            found.key.split(".mix[")[0],
+        )
 
 
 def _split(
@@ -138,6 +172,8 @@ def _split(
             )
         # the documents `data prepare` flagged and kept are reported as the in-memory screen's (warn)
         flagged = screen and cfg.garbage_filter == "warn"
+        if flagged and len(source.prepared.garbage) and not np.isnan(source.prepared.garbage).any():
+            raise JunkSource(source.key, str(source.prepared.path), len(source.prepared.garbage))
         held = ShardedRows(source.prepared, cfg.seq_len, cfg.pack, "eval", fraction, flagged)
         if fraction > 0 and not len(held):  # as the in-memory split says it
             logger.warning(

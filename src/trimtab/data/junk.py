@@ -103,16 +103,18 @@ _WORD = re.compile(r"[^\W\d_]+")
 _SPACE = re.compile(r"\s")
 
 
-def letter_structure(text: str) -> float | None:
-    """Bits of structure between `text`'s neighbouring letters (quality.structure; independently
-    drawn letters: under quality.STRUCTURE) when it is mostly letters (LETTERS) in words; None else."""
+def letter_structure(text: str) -> tuple[float, float] | None:
+    """(bits of structure between `text`'s neighbouring letters (quality.structure; independently drawn
+    letters: under quality.STRUCTURE), bits of information between its neighbouring characters, their
+    part that quality.random_characters reads too) when it is mostly letters (LETTERS) in words; None else."""
     symbols = quality.symbols_of(text)
     space = symbols == quality.SPACE
     letter = ~space & (symbols != quality.DIGIT) & (symbols != quality.OTHER)
     non_space = len(symbols) - int(space.sum())
     if int(letter.sum()) < LETTERS * max(non_space, 1) or space.sum() < quality.SPACES * len(symbols):
         return None
-    return quality.structure(symbols, letter)
+    bits = quality.information(symbols)
+    return quality.structure(symbols, letter, bits), bits
 
 
 def words(text: str) -> list[str]:
@@ -225,11 +227,13 @@ def _verdict(
         return Verdict("hex or base64 dump", dumped, DUMP, dump_span(text))
     if (repeated := repeated_share(text)) >= REPEATED:
         return Verdict("repeated text", repeated, REPEATED)
-    if (bits_between := letter_structure(text)) is not None and bits_between < quality.STRUCTURE:
-        return Verdict("random letters", bits_between, quality.STRUCTURE)
+    structure, neighbours = letter_structure(text) or (None, None)
+    if structure is not None and structure < quality.STRUCTURE:
+        return Verdict("random letters", structure, quality.STRUCTURE)
     # after random letters, the narrower kind: letters and spaces at a language's frequencies are that
-    if quality.random_characters(text):
-        return Verdict("random characters", quality.information(quality.symbols_of(text)), quality.NOISE_BITS)
+    if quality.random_characters(text, neighbours):
+        found = quality.information(quality.symbols_of(text)) if neighbours is None else neighbours
+        return Verdict("random characters", found, quality.NOISE_BITS)
     if scored >= MIN_PAIRS and bits < bar and prose(text, ws):
         return Verdict("word salad", bits, bar)
     if misspelt >= SCRAMBLED:

@@ -271,6 +271,8 @@ def build_splits(
     tokenized = tokenize_documents(docs, tok, cfg, cache_dir)
     if screen and cfg.garbage_filter != "off":
         tokenized = _screen(tokenized, docs, cfg, key, cache_dir)
+        if docs and all_junk(tokenized):
+            raise JunkSource(key, where or key, len(docs))
     if eval_docs is not None:
         train, held = tokenized, tokenize_documents(eval_docs, tok, cfg, cache_dir)
     else:
@@ -293,6 +295,25 @@ def build_splits(
             cfg.seq_len + 1,
         )
     return train_rows, eval_rows
+
+
+class JunkSource(DataError):
+    """Every document of a source was flagged by the garbage screen (data.garbage_filter warn or drop):
+    a mixture leaves the source out (data/dataset.py build_phase_data); alone, it is refused."""
+
+    def __init__(self, key: str, where: str, n_docs: int) -> None:
+        self.key, self.where, self.n_docs = key, where, n_docs
+        section = key.split(".mix[")[0].removesuffix(".source") or "data"  # data, finetune.data
+        super().__init__(
+            f"{key or 'the training data'} '{where}': every one of its {n_docs} documents is flagged as junk by the "
+            f"data screen; replace its data, or set {section}.garbage_filter=off to train on it as it is"
+        )
+
+
+def all_junk(tokenized: TokenizedDocs) -> bool:
+    """Every document screened out: none left (drop), or every one flagged (warn)."""
+    flagged = tokenized.garbage
+    return not len(tokenized) or (flagged is not None and not np.isnan(flagged).any())
 
 
 def _screen(

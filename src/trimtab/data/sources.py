@@ -427,7 +427,19 @@ def _detect(rec: dict[str, Any], text_field: str) -> str:
     if "prompt" in rec or "response" in rec:
         return "instruction"
     keys = ", ".join(map(repr, rec)) or "none"
-    raise BadRecord(f"no '{text_field}', 'messages' or 'prompt'/'response' key (found {keys})")
+    raise BadRecord(f"no '{text_field}', 'messages' or 'prompt'/'response' key (found {keys}){_text_hint(rec)}")
+
+
+def _text_hint(rec: dict[str, Any]) -> str:
+    """The setting that reads text under another name ("fix the record" meant every line); several
+    string fields (Alpaca's) are named, none picked: one alone would drop the others."""
+    texts = [k for k, v in rec.items() if isinstance(v, str)]
+    if len(texts) != 1:
+        named = ", ".join(map(repr, texts))
+        return (
+            f"; if one of {named} holds the text, name it in data.text_field (prepare: --text-field)" if texts else ""
+        )
+    return f"; if '{texts[0]}' holds the text: data.text_field={texts[0]} (prepare: --text-field {texts[0]})"
 
 
 def _string(rec: dict[str, Any], name: str, where: str = "") -> str:
