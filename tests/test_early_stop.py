@@ -113,3 +113,21 @@ def test_an_evaluation_of_nan_weights_is_no_val_loss_for_early_stopping(tmp_path
     weights["probe"] = 5.8
     orch.on_eval(run, {"step": 10, "val_loss": 6.0})  # finite weights: a real evaluation counts
     assert (mon.since, mon.recent) == (1, [[10, 6.0]])
+    orch.on_eval(run, {"step": 15, "val_loss": nan})  # finite weights, a NaN score (an evaluation's overflow)
+    assert (mon.best, mon.since, mon.recent) == (5.9, 1, [[10, 6.0]])  # no evaluation: NaN beats nothing
+
+
+def test_a_nan_first_evaluation_of_finite_weights_is_no_best(tmp_path):
+    """A NaN val_loss of finite weights (an fp16 evaluation's overflow) taken as the phase's first best
+    left every later evaluation unable to beat it (x < NaN is false): early stopping at `patience`."""
+    from types import SimpleNamespace
+
+    from trimtab.config.orchestrator import OrchestratorConfig
+    from trimtab.orchestrator.core import Orchestrator
+
+    orch = Orchestrator(OrchestratorConfig(), tmp_path)
+    run = SimpleNamespace(phase=0, weights_finite=lambda: True)
+    orch.on_eval(run, {"step": 5, "val_loss": float("nan")})
+    for step, loss in ((10, 6.0), (15, 5.5)):
+        orch.on_eval(run, {"step": step, "val_loss": loss})
+    assert (orch.monitors["early_stop"].best, orch.monitors["early_stop"].since) == (5.5, 0)

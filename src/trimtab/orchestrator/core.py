@@ -205,6 +205,8 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
         if not rules or nan_weights(run):  # asked once, and only when a rule would read it: a host read
             return
         for monitor, value in rules:
+            if not math.isfinite(value):  # finite weights, a NaN score (an fp16 evaluation's overflow): no figure
+                continue
             counts = held_out_counts(metrics) if monitor.rule in ("rl_hacking", "rl_signal") else {}
             counts = dpo_eval(metrics, run.cfg.dpo) if monitor.rule == "dpo_held_out" else counts
             if (f := monitor.observe_eval(metrics["step"], run.phase, value, **counts)) is not None:
