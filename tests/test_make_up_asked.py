@@ -64,3 +64,35 @@ def test_a_persons_skip_withheld_on_a_rollbacks_replay_is_theirs_and_the_gates_a
     assert (made.rule, made.params["steps"]) == ("make_up", 121)
     assert made.evidence["withheld_steps"] == [10] and made.evidence["person_skips"] == [6]
     assert made.evidence["hook_skips"] == [] and run.requests[0] == ("skip_step", {"by": "person"})
+
+
+class SkipAndRollBack(Hook):
+    """A skip_step and a rollback to step 5 asked at step 8 (a person's skip with the orchestrator's rollback)."""
+
+    def __init__(self):
+        self.seen, self.lines = [], []
+
+    def on_step_end(self, run, out):
+        self.seen.append((out.step, getattr(out, "skip_by", None)))
+        if out.step == 8 and len(self.seen) == 8:
+            run.control.request("skip_step", by="person")
+            run.control.request("rollback", to=5, on_done=self.lines.append)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_skip_that_comes_with_a_rollback_withholds_no_replayed_step(tmp_path):
+    """debug, a skip-step taken with a rollback: the step it was to withhold (9) is not trained on the branch
+    the rollback restores, and it withheld the replay's first (6), a step nobody judged. Dropped, and said."""
+    hook = SkipAndRollBack()
+    summary = trimtab.train(
+        preset="debug",
+        out=str(tmp_path / "r"),
+        hooks=[hook],
+        train={"max_steps": 10, "eval_every": 0, "batch_tokens": 1024},
+        checkpoint={"every": 5},
+        data={"max_bytes": 150_000},
+        log={"progress": False, "tensorboard": False, "report": False},
+    )
+    assert summary["status"] == "completed" and summary["skipped_steps"] == 0
+    assert [s for s, _ in hook.seen][8:] == [6, 7, 8, 9, 10] and {by for _, by in hook.seen} == {""}
+    assert "the skip-step asked with it is dropped" in hook.lines[0]

@@ -35,6 +35,7 @@ from trimtab.orchestrator.attribution import DataAttribution
 from trimtab.orchestrator.diagnosis import HeldOutDiagnosis
 from trimtab.orchestrator.give_back import GiveBack
 from trimtab.orchestrator.monitors import Finding
+from trimtab.orchestrator.raised import PersonRaise
 from trimtab.orchestrator.remedies import GAVE_UP, Remedy, lr_cut
 from trimtab.orchestrator.spikes import EarlySpikes
 from trimtab.orchestrator.too_high import TooHighLR
@@ -93,9 +94,10 @@ ISOLATED_NAN = Harmless(
 )
 
 
-class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis, GiveBack):
+class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis, GiveBack, PersonRaise):
     """The Policy's instability family (it holds the state named here; an LR far too high: too_high.py;
-    the held-out probe's judgements: diagnosis.py; the LR debt its cuts owe: give_back.py)."""
+    the held-out probe's judgements: diagnosis.py; the LR debt its cuts owe: give_back.py; a person's
+    LR raise a rollback undoes: raised.py)."""
 
     cfg: OrchestratorConfig
     ladder: Ladder
@@ -278,10 +280,13 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis, GiveBack):
         again = broken is not None and self.broken_at >= 0
         high = broken is not None and early and self._worse_than_untouched(broken)
         cut = lr_cut(self.cfg.above_start.lr_factor, view, self.cfg) if again or high else None
+        undo = self._undo_raise(view, step) if cut is None else None  # raised.py
+        if undo is not None:
+            cut = undo[0]
         if cut is not None:
             params["lr_factor"] = cut
         if broken is not None:
-            why = self._broken(broken, again, high, cut, cause)
+            why = self._broken(broken, again, high, None if undo else cut, cause)
         else:
             why = (
                 "instability persists after skipping and an LR cut: restore the last good checkpoint (the LR "
@@ -294,6 +299,8 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis, GiveBack):
             )
         if same is not None:
             why += same["why"]
+        if undo is not None:
+            why += undo[1]
         lr_scale = view.lr_scale
 
         def commit() -> None:

@@ -56,7 +56,8 @@ class MakeUp:
         docs promise the updates the gate withheld from bad steps; two skip-steps on debug lengthened
         the run 40 -> 42, journaled as "the update gate withheld 2 update(s)", and so did a hook's (20 -> 21).
         The step said, not the step after the command: a rollback between them withheld the replay's first
-        step, made up (debug, a skip-step taken with weights_nan@10's rollback: 30 -> 31)."""
+        step, made up (debug, a skip-step taken with weights_nan@10's rollback: 30 -> 31; a rollback now drops a
+        skip still pending: training/control.py)."""
         if m.phase != 0:  # only pretraining's length can change (Control.set_total_steps)
             self.owed.clear()
             self.refused.clear()

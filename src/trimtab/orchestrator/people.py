@@ -34,6 +34,7 @@ class PersonCommands:
     cfg: OrchestratorConfig
     lost_commands: list[dict[str, Any]]  # a person's settings a resume lost, to apply again at their steps
     _applied: Callable[..., None]  # what Control did with a decision (deciding.py)
+    policy: Any  # policy.py Policy: a person's LR raise is its to undo (raised.py)
 
     def _configured(self, run: RunView, change: dict[str, Any]) -> None:
         """A person's configuration change found on resume (a phase's length, any other key the
@@ -47,6 +48,8 @@ class PersonCommands:
             )
             if moot:
                 decision.outcome = {"result": "no effect"}
+            elif change["key"] == "optim.lr" and isinstance(change["old"], (int, float)) and change["old"] > 0:
+                self.policy.person_raised(run.step, change["new"] / change["old"], f"{summary}: {change['effect']}")
             if change.get("default"):  # no person set it in this session's config: not theirs (changes._mark_origins)
                 decision.mode = "default"
             elif by_command(change.get("by", "")):  # `trimtab rl`'s own setting: the command's, not a person's
@@ -215,6 +218,8 @@ class PersonCommands:
         )
         if action in ACTIONS:  # checked here, so a bad value is answered before anything is journaled
             run.control.request(action, on_done=lambda line, d=decision: self._applied(d, line, run, name), **params)
+            if action == "scale_lr":  # checked: the instability after a raise is blamed on it (raised.py)
+                self.policy.person_raised(run.step, float(params["factor"]), f"trimtab ctl {summary}")
         else:
             self._own_command(action, params, decision)
         self.journal.add(decision)

@@ -50,6 +50,7 @@ STATE = (
     "unstable_at",
     "early_rollbacks",
     "end_rollbacks",
+    "raised",
 )
 
 
@@ -159,6 +160,7 @@ class Policy(InstabilityLadder):
         self.unstable_at = -(10**9)  # step of the last LR cut or rollback: rows are not judged for a while
         self.early_rollbacks: dict[str, list[float]] = {}  # step -> the loss an early spike rolled back from, ...
         self.end_rollbacks: dict[str, list[float]] = {}  # step -> the probe an end check rolled back from, ...
+        self.raised: list[Any] = []  # [step, factor, what] of a person's last LR raise (raised.py)
         self.data = DataAttribution(cfg)  # which rows of a bad stretch are bad (orchestrator/attribution.py)
         self.withheld = WithheldUpdates(cfg)  # most recent updates withheld: an instability (withheld.py)
         self.rl = RLIncident()
@@ -351,6 +353,7 @@ class Policy(InstabilityLadder):
         self.last_restore -= steps if self.last_restore >= 0 else 0
         self.lr_too_high_at -= steps
         self.unstable_at -= steps
+        self._shift_raise(steps)
         # rollback_at and broken_at stay: the replay must train past those very steps (ladder.py: _clear)
         self.fresh_probe = None  # of weights the rollback took back
         self.rl.last_step -= steps if self.rl.last_step >= 0 else 0

@@ -178,6 +178,12 @@ class Control:
             done += f"; {self._skip_data(skip_rows)}"
         if lr_factor:  # the knobs survive the restore: the cut holds for the replayed steps
             done += f"; {self._scale_lr(lr_factor)}"
+        if self.skip_next:  # asked for the next step of the branch undone: it withheld the replay's first, unjudged
+            self.skip_next = False
+            done += (
+                f"; the skip-step asked with it is dropped (by {self.skip_by}: the step it was to withhold is not "
+                "trained on this branch, and the replay's first is no step it judged; ask again if still wanted)"
+            )
         return done + "".join(f"; {line}" for line in self._put_back(knobs or []))
 
     def _put_back(self, turns: list[list[Any]]) -> list[str]:
