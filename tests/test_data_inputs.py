@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from trimtab.config import DataConfig
-from trimtab.data import formats, packing
+from trimtab.data import formats, packing, references
 from trimtab.data.prepare import Options, prepare
 from trimtab.data.prepared import PreparedData
-from trimtab.data.sources import Document, read_documents, source_files
+from trimtab.data.sources import Document, builtin_files, read_documents, source_files
 from trimtab.errors import DataError
 from trimtab.evaluation.perplexity import read_texts
 
@@ -156,6 +156,15 @@ def test_a_prepared_or_run_directory_inside_a_source_is_skipped_with_a_warning(t
     assert files == ["data/a.txt", "notes/config.yaml"]
     assert caplog.text.count("prep, prepared data (it holds trimtab-data.json)") == 1  # once per directory
     assert caplog.text.count("run, a training run's directory") == 1
+
+
+def test_builtin_lists_the_files_training_reads_and_a_generated_source_is_named():
+    """`trimtab data prepare builtin` prepares the stdlib corpus training reads (it said "does not
+    exist"); builtin:arithmetic is made at start, so preparing it says to train on it as it is."""
+    assert [p for p, _ in source_files("builtin", "data prepare source")] == builtin_files()[1]
+    with pytest.raises(DataError, match=r"'builtin:arithmetic' is made at start.*data.source=builtin:arithmetic"):
+        source_files(["builtin:arithmetic"], "data prepare source")
+    assert references.source_numbers({}, ["builtin", "builtin"]) == [0, 0]
 
 
 # ------------------------------------------------------------------------ symlinked directories

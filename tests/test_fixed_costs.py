@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from trimtab.config import dump_yaml, load_config
-from trimtab.data import sources
+from trimtab.data import listing, sources
 
 PRESETS = ("debug", "debug-moe", "debug-hybrid", "dense-1b")  # dense, MoE, a layer pattern, a large model
 
@@ -25,5 +25,5 @@ def test_config_yaml_is_the_text_safe_dump_writes_through_libyaml(monkeypatch):
 def test_the_builtin_corpus_walks_the_stdlib_once_a_process(monkeypatch):
     first = sources.builtin_files()
     assert len(first[1]) > 500
-    monkeypatch.setattr(sources.os, "walk", lambda *a, **k: pytest.fail("the stdlib was walked again"))
+    monkeypatch.setattr(listing.os, "walk", lambda *a, **k: pytest.fail("the stdlib was walked again"))
     assert sources.builtin_files() == first

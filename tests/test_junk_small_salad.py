@@ -84,3 +84,18 @@ def test_a_run_says_once_that_a_small_source_s_word_order_was_not_judged(tmp_pat
         named = {int(n) for n in re.findall(rf"{name}\.jsonl:(\d+) \(word salad", caplog.text)}
         assert len(said) == (name == "small"), caplog.text
         assert bool(named and named <= {len(real) + 1, len(real) + 2, len(real) + 3}) == (name == "mid"), caplog.text
+
+
+def test_one_long_line_of_salad_that_is_most_of_its_source_is_named_and_the_real_pages_are_not():
+    """A line of 45K words drawn from a 10K-word source's own (400K words of GPL-3's in one line, in a soak) was
+    most of the source's reference: left out of it to be judged, the rest held too few of its distant pairs to judge
+    it (not named), and its pairs, noise, named 3 real pages. Its pieces are judged against each other first
+    (junk.alone), and the rest against a reference without it."""
+    real = pieces(10_000)
+    tokens = [token for text in real for token in text.split()]
+    rng = random.Random(5)
+    line = " ".join(rng.choice(tokens) for _ in range(45_000))
+    verdicts = junk.kinds(real + [line])
+    assert verdicts[-1] is not None and verdicts[-1].kind == "word salad"
+    assert [str(v) for v in verdicts[:-1] if v] == []
+    assert list(junk.alone(real + [line])) == [len(real)]  # prepare's reference leaves it out the same way

@@ -5,6 +5,7 @@ import json
 import logging
 import math
 import random
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -167,7 +168,15 @@ def test_prepared_data_with_another_tokenizer_is_refused(tmp_path, tokenizer):
     tokenizer.save(tmp_path / "other" / "tokenizer.json")
     other = str(tmp_path / "other" / "tokenizer.json")
     cfg = debug_cfg(tmp_path / "r", data={"source": str(tmp_path / "p"), "tokenizer": other})
-    with pytest.raises(DataError, match=r"data.source '.*p' was prepared with another tokenizer"):
+    with pytest.raises(DataError, match=r"data.source '.*p' was prepared with another tokenizer.*--tokenizer .*other"):
+        trimtab.train(cfg)
+    # two directories prepared with their own BPEs: the run takes the first's, and names that file (the
+    # run directory, with its tokenizer.json, is never made)
+    prepare([str(corpus(tmp_path / "src2", 1, 20))], tmp_path / "q", vocab_size=320)
+    mix = [{"source": str(tmp_path / "p"), "weight": 1}, {"source": str(tmp_path / "q"), "weight": 1}]
+    cfg = debug_cfg(tmp_path / "r", data={"mix": mix})
+    first = re.escape(str(tmp_path / "p" / "tokenizer.json"))
+    with pytest.raises(DataError, match=rf"data.mix\[1\].source .* --tokenizer {first} \(this run's\)"):
         trimtab.train(cfg)
 
 

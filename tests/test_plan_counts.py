@@ -114,3 +114,20 @@ def test_data_that_leaves_training_no_tokens_or_no_row_is_said_with_the_key_to_c
         load_config(preset="debug", overrides={"out": str(tmp_path / "r")}), data_path=str(doc), hardware=CPU
     )
     assert any("one packed row of data.seq_len+1=65" in w for w in few.data.warnings), few.data.warnings
+
+
+def test_a_prepared_source_of_junk_only_is_refused_as_training_refuses_it(tmp_path, tokenizer):
+    """A prepared directory every document of which `data prepare` flagged (random characters) was counted whole
+    (4,505 tokens), where training leaves it out of a mixture and refuses it alone (data/dataset.py)."""
+    from test_mixture_junk_source import mixture
+    from trimtab.data.prepare import prepare
+    from trimtab.errors import ConfigError
+
+    source = mixture(tmp_path, 2).mix[0].source  # 6 documents of random characters
+    tokenizer.save(tmp_path / "tokenizer.json")
+    prepare([source], tmp_path / "p", tokenizer=str(tmp_path / "tokenizer.json"))
+    cfg = load_config(preset="debug", overrides={"out": str(tmp_path / "r")})
+    with pytest.raises(ConfigError, match=r"--data .*p: every one of its 6 documents was flagged as junk"):
+        make_plan(cfg, data_path=str(tmp_path / "p"), hardware=CPU)
+    off = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, garbage_filter="off"))
+    assert make_plan(off, data_path=str(tmp_path / "p"), hardware=CPU).data.dataset_tokens > 0  # off: as asked

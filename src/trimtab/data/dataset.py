@@ -165,10 +165,11 @@ def _split(
         if not tok.made(source.prepared.tokenizer_sha):
             theirs = source.prepared.path / "tokenizer.json"
             differs = tok.difference(TextTokenizer.load(theirs)) or f"{theirs} is not the one it recorded"
+            # the run directory may not exist yet: name the file the run's tokenizer was loaded from
+            ours = f"{tok.origin} (this run's)" if tok.origin else "set to the run directory's tokenizer.json"
             raise DataError(
                 f"{source.key} '{source.spec.source}' was prepared with another tokenizer than this run's "
-                f"({differs}, this run's first); prepare it with --tokenizer set to the run's tokenizer.json, "
-                "or train a new run on it"
+                f"({differs}, this run's first); prepare it with --tokenizer {ours}, or train a new run on it"
             )
         # the documents `data prepare` flagged and kept are reported as the in-memory screen's (warn)
         flagged = screen and cfg.garbage_filter == "warn"

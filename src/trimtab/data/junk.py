@@ -67,6 +67,7 @@ SMALL_BITS = 0.7  # its bits are under this (salad of a small source's own words
 ANTI_ORDER = -0.5  # above this (far under 0, its adjacent words avoid each other: "key: value" lines, an order);
 SMALL_KNOWN = 0.1  # the reference holds this share of its distant pairs (KNOWN_PAIRS; salad: 0.03-0.3, as its
 # source's real pages); and its own repeated word pairs do not put it in order (word_order.ordered)
+PIECE_WORDS = 20_000  # a document of twice this or more is judged in pieces, and by itself first (`alone`)
 MIN_PAIRS = 40  # adjacent word pairs, both words seen elsewhere in the corpus, a document needs to be judged
 SALAD_BITS = 1.5  # adjacent words' mean pointwise mutual information, less distant ones', under this: word salad
 PROSE = 0.8  # share of a document's non-space characters in words for word salad to be judged (code: ~0.6)
@@ -186,26 +187,56 @@ class Verdict:
 
 def kinds(texts: Sequence[str], reference: Bigrams | None = None) -> list[Verdict | None]:
     """Each document's junk verdict, None for none. Word salad is judged against `reference`'s
-    bigrams (default: the documents' own), when it holds CORPUS_WORDS (SMALL_WORDS: by the small-source
-    rule, whose bar is SMALL_BITS). Documents under MIN_CHARS characters are not judged. Random characters
-    (quality.random_characters) are judged in every document, by the document alone: the packing screen
-    judges a document against its own source's median, which a source made of them sets."""
+    bigrams (default: the documents' own, less the large ones `alone` names), when it holds CORPUS_WORDS
+    (SMALL_WORDS: by the small-source rule, whose bar is SMALL_BITS), in pieces of PIECE_WORDS. Documents under
+    MIN_CHARS characters are not judged. Random characters (quality.random_characters) are judged in every
+    document, by the document alone: the packing screen judges a document against its own source's median,
+    which a source made of them sets."""
+    found = alone(texts)
+    if reference is None and found:  # their pairs are noise: the rest's own reference holds without them
+        rest = [t for i, t in enumerate(texts) if i not in found]
+        reference = Bigrams.of([words(t) for t in rest], rest) if rest else None
+    verdicts = _judged(texts, reference)
+    return [found.get(i, verdict) for i, verdict in enumerate(verdicts)]
+
+
+def alone(texts: Sequence[str]) -> dict[int, Verdict]:
+    """{index: its verdict} of the documents of 2 x PIECE_WORDS words or more whose pieces, judged against each
+    other alone, are word salad. A source's reference is its documents' own word pairs: 400K words of salad in one
+    line beside 25K of licences were most of theirs, so the salad's pairs were the reference (left out of it to be
+    judged, the rest held too few of its distant pairs for its order to be judged at all), and named real pages
+    (docs/data.md). A real document's pieces predict each other's word order; salad's do not."""
+    found = {}
+    for i, text in enumerate(texts):
+        if len(text) >= 2 * PIECE_WORDS and len(words(text)) >= 2 * PIECE_WORDS:
+            verdict = _judged([text])[0]
+            if verdict is not None and verdict.kind == "word salad":
+                found[i] = verdict
+    return found
+
+
+def reference(texts: Sequence[str]) -> Bigrams:
+    """The word pairs of a sample (`trimtab data prepare`'s) that its sources' word salad is judged against: its
+    large documents of word salad (`alone`) left out, as a run's own reference leaves them out (`kinds`)."""
+    found = alone(texts)
+    kept = [text for i, text in enumerate(texts) if i not in found]
+    return Bigrams.of([words(t) for t in kept], kept)
+
+
+def _judged(texts: Sequence[str], reference: Bigrams | None = None) -> list[Verdict | None]:
+    """`kinds` but `alone`: word salad judged against `reference`, or the documents' own bigrams."""
     tokens = [words(t) for t in texts]
     lengths = doc_lengths(tokens)
+    cut = pieces(lengths)
     if reference is None:  # the documents' own: their words mapped to ids once
         vocab: dict[str, int] = {}
         ids = word_ids(tokens, vocab)
-        reference, member = Bigrams.of_ids(ids, lengths, vocab, []), np.ones(len(texts), dtype=bool)
+        reference, member = Bigrams.of_ids(ids, cut, vocab, []), np.ones(len(texts), dtype=bool)
     else:
         ids, member = word_ids(tokens, reference.vocab, grow=False), np.isin(text_hashes(texts), reference.members)
     small = reference.total < CORPUS_WORDS
     if reference.total >= SMALL_WORDS:
-        apart = np.concatenate([spaced(t) for t in texts]) if texts else np.zeros(0, dtype=bool)
-        bits, scored = salad_bits_of_ids(ids, lengths, reference, member, apart, SMALL_KNOWN if small else KNOWN_PAIRS)
-        if small:  # the small-source rule (SMALL_WORDS): not named where its bits or its own repeats say order
-            named = np.flatnonzero((scored >= MIN_PAIRS) & (bits < SMALL_BITS))
-            order = word_order.ordered(tokens, apart, named, text_hashes([texts[i] for i in named]))
-            scored = np.where(np.isin(np.arange(len(texts)), named[order | (bits[named] <= ANTI_ORDER)]), 0, scored)
+        bits, scored = _word_order(texts, tokens, ids, cut, reference, member, small)
     else:  # too little text to say which words follow which
         bits, scored = np.zeros(len(texts)), np.zeros(len(texts), dtype=np.int64)
     share, long = scrambled(tokens, ids, reference, member)
@@ -214,6 +245,43 @@ def kinds(texts: Sequence[str], reference: Bigrams | None = None) -> list[Verdic
         _verdict(text, ws, float(b), int(n), float(s) if m >= MIN_LONG else 0.0, bar)
         for text, ws, b, n, s, m in zip(texts, tokens, bits, scored, share, long)
     ]
+
+
+def pieces(lengths: np.ndarray) -> np.ndarray:
+    """int64 [P]: the words of each piece the documents of `lengths` words are judged in for word salad, in order:
+    a document of 2 x PIECE_WORDS or more is cut into equal pieces of PIECE_WORDS or more, each judged against the
+    reference less itself, its other pieces included."""
+    counts = piece_counts(lengths)
+    return np.concatenate([np.diff(np.linspace(0, n, k + 1).astype(np.int64)) for n, k in zip(lengths, counts)] + [
+        np.zeros(0, dtype=np.int64)])  # fmt: skip
+
+
+def piece_counts(lengths: np.ndarray) -> np.ndarray:
+    """int64 [D]: how many pieces (`pieces`) each document of `lengths` words is judged in."""
+    return np.maximum(np.asarray(lengths, dtype=np.int64) // PIECE_WORDS, 1)
+
+
+def _word_order(
+    texts: Sequence[str], tokens: list[list[str]], ids: np.ndarray, cut: np.ndarray, reference: Bigrams,
+    member: np.ndarray, small: bool,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(bits [D], scored [D]): each document's word salad statistic (bigrams.salad_bits_of_ids), judged in its
+    pieces (`cut`: their words) and averaged over their scored pairs; under the small-source rule, a piece in an
+    order of its own (word_order.ordered) or avoiding its pairs (ANTI_ORDER) is not scored."""
+    owner = np.repeat(np.arange(len(texts)), piece_counts(doc_lengths(tokens)))
+    apart = np.concatenate([spaced(t) for t in texts]) if texts else np.zeros(0, dtype=bool)
+    bits, scored = salad_bits_of_ids(ids, cut, reference, member[owner], apart, SMALL_KNOWN if small else KNOWN_PAIRS)
+    if small:  # the small-source rule (SMALL_WORDS): not named where its bits or its own repeats say order
+        named = np.flatnonzero((scored >= MIN_PAIRS) & (bits < SMALL_BITS))
+        flat, starts = [w for ws in tokens for w in ws], np.concatenate([[0], np.cumsum(cut)])
+        piece_tokens = [flat[starts[i] : starts[i + 1]] for i in range(len(cut))]
+        # seeded by the text and the piece's number within it: a document's answer is its own, whatever the batch
+        within = (named - np.searchsorted(owner, owner[named])).astype(np.uint64)
+        order = word_order.ordered(piece_tokens, apart, named, text_hashes([texts[i] for i in owner[named]]) ^ within)
+        scored = np.where(np.isin(np.arange(len(cut)), named[order | (bits[named] <= ANTI_ORDER)]), 0, scored)
+    total = np.bincount(owner, weights=scored, minlength=len(texts))
+    mean = np.bincount(owner, weights=bits * scored, minlength=len(texts)) / np.maximum(total, 1)
+    return mean, total.astype(np.int64)
 
 
 def _verdict(

@@ -326,7 +326,8 @@ def _screen(
     found = quality.screen(n_bytes, np.diff(tokenized.offsets), cfg.garbage_sigma)
     flagged, spared = quality.spare_scripts(found.flagged, lambda i: docs[i].text)
     if spared:
-        logger.warning("%s", quality.spared_line(spared, key))
+        shown = [f"{docs[i].source or f'document {i}'} ({said})" for i, said in list(spared.items())[: quality.SHOWN]]
+        logger.warning("%s", quality.spared_line(len(spared), key, shown))
         found = replace(found, flagged=flagged)
     # junk that packs like text, and random characters by each document alone: the packing cannot see them
     texts = [doc.text for doc in docs]

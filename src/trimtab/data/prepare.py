@@ -164,6 +164,7 @@ def _prepare(
     workers = workers or os.cpu_count() or 1
     jobs = _jobs(manifest, files, workers, options.format)
     start, done_tokens, skipped, shown, kinds, garbage, spared = time.perf_counter(), 0, 0, [], Counter(), [], 0
+    spared_shown: list[str] = []
     repeated = 0  # documents of repeated text kept, most of the sample being so (junk.spare_repeats)
     for i, result in enumerate(_run(jobs, out, manifest, options, workers, hint), start=1):
         for line in result["warnings"]:
@@ -175,6 +176,7 @@ def _prepare(
         kinds.update(result["kinds"])
         garbage += [_place(manifest["files"][n]["path"], line, why) for n, line, why in result["garbage"]]
         spared += result["spared"]
+        spared_shown += [_place(manifest["files"][n]["path"], line, why) for n, line, why in result["spared_shown"]]
         repeated += result.get("repeated", 0)
         done_tokens += sum(s["tokens"] for s in result["shards"])
         rate = done_tokens / max(time.perf_counter() - start, 1e-9)
@@ -183,7 +185,7 @@ def _prepare(
     if skipped:
         log.warning("%s", skipped_line(skipped, shown))
     if spared:
-        log.warning("%s", quality.spared_line(spared, "the sources"))
+        log.warning("%s", quality.spared_line(spared, "the sources", spared_shown[: quality.SHOWN]))
     if repeated:
         log.warning("%s", junk.repeats_line(repeated, None, "the sources"))
     if kinds:
@@ -222,7 +224,7 @@ def _measure_scale(
         return False
     docs = _sample(files, options, hint)
     texts = [doc.text for doc in docs]
-    save_bigrams(out, junk.Bigrams.of([junk.words(t) for t in texts], texts))
+    save_bigrams(out, junk.reference(texts))
     manifest["repeated"] = junk.repeated_fraction(texts)  # mostly repeated text: kept as meant (junk.spare_repeats)
     manifest["boilerplate"] = boilerplate.measure(texts)  # lines across many documents: said, not removed
     if "garbage" in manifest:  # a directory prepared before its word pairs were kept

@@ -57,6 +57,7 @@ MOJIBAKE = 0.25  # non-ASCII characters in UTF-8 byte pairs read as cp1252/Latin
 # (mis-encoded Polish, Vietnamese, Turkish: 0.77-1.0, CJK 0.67; Czech's own letters: up to 0.13)
 STRUCTURE = 0.45  # adjacent-character information + 2 x vowel alternation, bits (prose 0.71-1.47; random
 # letters, uniform, at English frequencies or accented: -0.25-0.28)
+CAPITALS = 0.5  # of a spared document's letters upper case: said as text in capitals (its own words, not learnt so)
 VOWELS = frozenset("aeiouyıøæœ")  # base letters after NFD (ı, ø, æ, œ do not decompose)
 # A document is random characters (`random_characters`, judged in every document by data/junk.py) when its characters
 # are drawn independently from many, as random bytes, base64 and random text over a small alphabet are: the packing
@@ -306,27 +307,35 @@ def _mojibake(text: str) -> bool:
     return foreign > 0 and 2 * len(_MOJIBAKE_PAIR.findall(text)) >= MOJIBAKE * foreign
 
 
-def language(text: str) -> bool:
-    """Whether a document that packs like garbage is a language the tokenizer knows little of:
-    another script (other_script) or natural text in Latin letters (latin_language)."""
-    return other_script(text) or latin_language(text)
+def language(text: str) -> str:
+    """What a document that packs like garbage is written in, in words, when it is a language the
+    tokenizer knows little of: another script (other_script), or natural text in Latin letters
+    (latin_language), which in capitals (CAPITALS of its letters) is most likely the corpus's own
+    language shouted (a licence's disclaimer): a BPE learns words in lower case; "" for garbage."""
+    if other_script(text):
+        return "another script than Latin"
+    if not latin_language(text):
+        return ""
+    letters = [c for c in text if c.isalpha()]
+    return "in capitals" if sum(map(str.isupper, letters)) >= CAPITALS * len(letters) else "Latin letters"
 
 
-def spare_scripts(flagged: np.ndarray, text_of: Callable[[int], str]) -> tuple[np.ndarray, int]:
-    """`flagged` less the documents written in a language (another script, or natural text in Latin
-    letters: `language`), and how many those were; `text_of(i)` is document i's text, read for the
-    flagged ones only."""
-    spared = np.zeros(len(flagged), dtype=bool)
-    for i in np.flatnonzero(flagged):
-        spared[i] = language(text_of(int(i)))
-    return flagged & ~spared, int(spared.sum())
+def spare_scripts(flagged: np.ndarray, text_of: Callable[[int], str]) -> tuple[np.ndarray, dict[int, str]]:
+    """`flagged` less the documents written in a language (`language`), and those: index -> what
+    they are written in; `text_of(i)` is document i's text, read for the flagged ones only."""
+    spared = {int(i): said for i in np.flatnonzero(flagged) if (said := language(text_of(int(i))))}
+    kept = np.asarray(flagged).copy()
+    kept[list(spared)] = False
+    return kept, spared
 
 
-def spared_line(count: int, key: str) -> str:
+def spared_line(count: int, key: str, names: list[str]) -> str:
+    """The documents `spare_scripts` kept: how many, the first SHOWN named (each with what it is written in)."""
+    more = ", ..." if count > len(names) else ""
     return (
-        f"{key}: {count:,} documents pack like garbage but are written in another script than Latin or are "
-        "natural text in Latin letters (a minority language the tokenizer knows little of): kept and trained, "
-        "not flagged"
+        f"{key}: {count:,} documents pack like garbage but read as natural text: {', '.join(names)}{more}; kept and "
+        "trained, not flagged (text in capitals, another script, or a language in Latin letters the tokenizer "
+        "learnt little of splits into short tokens)"
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from trimtab.data import junk
+from trimtab.data.listing import BUILTIN
 from trimtab.data.shards import BIGRAMS, save_bigrams
 
 SOURCE_BIGRAMS = "junk-bigrams-{}.npz"  # a source's own reference, by its number in manifest["sources"]
@@ -25,11 +26,12 @@ def source_numbers(manifest: dict[str, Any], sources: list[str]) -> list[int]:
     """Each of `sources`' number in manifest["sources"], registered when new, known by its absolute path."""
     known = manifest.setdefault("sources", [])
     names = [entry["source"] for entry in known]
-    for source in map(os.path.abspath, sources):
+    absolute = [source if source == BUILTIN else os.path.abspath(source) for source in sources]
+    for source in absolute:
         if source not in names:
             names.append(source)
             known.append({"source": source})
-    return [names.index(os.path.abspath(source)) for source in sources]
+    return [names.index(source) for source in absolute]
 
 
 def measure(
@@ -61,7 +63,7 @@ def measure(
             texts = sample(paths)
             # its own share of repeated text: a toy source beside real text spared the real one's loops (spare_repeats)
             entry["repeated"] = junk.repeated_fraction(texts)
-            bigrams = junk.Bigrams.of([junk.words(t) for t in texts], texts)
+            bigrams = junk.reference(texts)
             entry["bigrams"] = BIGRAMS if _same_sample(out, bigrams) else SOURCE_BIGRAMS.format(k)
             if entry["bigrams"] != BIGRAMS:
                 save_bigrams(out, bigrams, entry["bigrams"])

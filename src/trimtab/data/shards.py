@@ -113,6 +113,7 @@ def run_job(
         "skipped": skipped,
         "garbage": encoder.garbage,
         "spared": encoder.spared,
+        "spared_shown": encoder.spared_shown,
         "repeated": encoder.repeated,
         "kinds": encoder.kinds,
     }
@@ -166,7 +167,8 @@ class _Encoder:
     # (file, line, why: junk.Verdict's words, "" for packing) of the first flagged
     garbage: list[tuple[int, int, str]] = field(default_factory=list)
     bigrams: junk.Bigrams | None = None  # the file's source's sample's word pairs (run_job); None: each batch's own
-    spared: int = 0  # documents that pack like garbage, written in another script: kept (quality.other_script)
+    spared: int = 0  # documents that pack like garbage, written in a language: kept (quality.language)
+    spared_shown: list[tuple[int, int, str]] = field(default_factory=list)  # (file, line, language) of the first
     repeated: int = 0  # documents of repeated text, most of the sample's: kept (junk.spare_repeats)
     repeated_share: float = 0.0  # the file's source's sample's share of repeated text (run_job)
     # flagged documents by kind: junk.KINDS' (data/junk.py's verdict), PACKING for the packing screen's alone
@@ -242,7 +244,9 @@ class _Encoder:
             flagged = quality.flags(n_bytes, n_tokens, median, self.scale["threshold"])
             flagged = whole & flagged
             flagged, spared = quality.spare_scripts(flagged, text_of)
-            self.spared += spared  # a minority language: kept, said once at the end (prepare.py)
+            self.spared += len(spared)  # a minority language: kept, said once at the end (prepare.py)
+            room = quality.SHOWN - len(self.spared_shown)
+            self.spared_shown += [(self.file, self._batch[i][3], said) for i, said in list(spared.items())[:room]]
         # junk that packs like text (mojibake, random letters; word salad against the sample's word pairs)
         texts = [doc.text for doc, *_ in self._batch]
         verdicts = junk.kinds(texts, self.bigrams)

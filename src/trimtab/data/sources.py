@@ -6,12 +6,9 @@ loss on the prompt side; plain text is one fully trainable segment.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
-import os
-import sysconfig
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +17,7 @@ from typing import Any
 from trimtab.config import DataConfig
 from trimtab.data import arithmetic, formats
 from trimtab.data.chat import ChatFormat, MissingTemplate, TemplateError, render_document
-from trimtab.data.listing import PREPARED_MANIFEST, SHOWN, SameBytes, shown, source_files
+from trimtab.data.listing import PREPARED_MANIFEST, SHOWN, SameBytes, builtin_files, shown, source_files
 from trimtab.data.prepared import read_manifest
 from trimtab.errors import DataError
 
@@ -33,8 +30,6 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-# site-packages holds third-party code that differs between machines; the corpus must not.
-EXCLUDED_DIRS = {"site-packages", "dist-packages"}
 
 
 @dataclass
@@ -126,25 +121,6 @@ def _say_skipped(reader: _Reader, key: str, source: str | list[str], section: st
         logger.warning(
             "%s '%s': the same bytes as a file before, read once (as data prepare does): %s", key, source, said
         )
-
-
-def builtin_files() -> tuple[Path, list[Path]]:
-    """The stdlib's .py files in a fixed order that interleaves packages (hash of the relative path),
-    so that a small max_bytes still samples the whole tree rather than its first directories."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    return root, [root / name for name in _stdlib_names(root)]
-
-
-@functools.cache  # the stdlib does not change under a running process; walking it cost every run 0.04 s of CPU
-def _stdlib_names(root: Path) -> tuple[str, ...]:
-    """The relative posix paths of the .py files under root, in builtin_files' order."""
-    names = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if d not in EXCLUDED_DIRS]  # prune: site-packages can be huge
-        rel = Path(folder).relative_to(root)
-        names += [(rel / f).as_posix() for f in files if f.endswith(".py")]
-    names.sort(key=lambda name: hashlib.blake2b(name.encode(), digest_size=8).digest())
-    return tuple(names)
 
 
 def _take_bytes(docs: Iterator[Document], max_bytes: int) -> tuple[list[Document], bool]:

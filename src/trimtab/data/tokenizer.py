@@ -54,6 +54,7 @@ class TextTokenizer:
         self._tok = tok
         self.hf = hf
         self.settings = settings  # the tokenizer_config.json hf was read from, for messages
+        self.origin: Path | None = None  # the tokenizer.json it was loaded from (load), for messages
         self._literal: Tokenizer | None = None  # _plain's copy
         self._special_re: re.Pattern[str] | None = None  # _special_spans'
         self.vocab_size: int = tok.get_vocab_size(with_added_tokens=True)
@@ -239,11 +240,14 @@ class TextTokenizer:
                     fix = "restore it, or point data.tokenizer at a good tokenizer.json (tokenizers' Tokenizer.save)"
             raise DataError(f"{key} '{path}' is corrupt or unreadable: {_damage(path, exc)}; {fix}") from None
         if (path.parent / HF_CONFIG).is_file():
-            return cls(tok, _hf_settings(tok, path.parent / HF_CONFIG, key), path.parent / HF_CONFIG)
-        if tok.token_to_id(EOS) is None:
-            raise DataError(f"{key} '{path}' has no {EOS} token; add it to the tokenizer's vocabulary")
-        tok.add_special_tokens(SPECIAL_TOKENS)  # no-op for those present; new ids for the rest
-        return cls(tok)
+            loaded = cls(tok, _hf_settings(tok, path.parent / HF_CONFIG, key), path.parent / HF_CONFIG)
+        else:
+            if tok.token_to_id(EOS) is None:
+                raise DataError(f"{key} '{path}' has no {EOS} token; add it to the tokenizer's vocabulary")
+            tok.add_special_tokens(SPECIAL_TOKENS)  # no-op for those present; new ids for the rest
+            loaded = cls(tok)
+        loaded.origin = path
+        return loaded
 
 
 def _damage(path: Path, exc: Exception) -> str:

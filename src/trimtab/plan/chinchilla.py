@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from trimtab.config import RunConfig
+from trimtab.errors import ConfigError
 from trimtab.model.catalog import ModelSize, model_size
 
 FRESH_EPOCHS = 4.0  # Muennighoff et al. 2023: up to here, repeated tokens ~ fresh ones
@@ -109,7 +110,7 @@ def count_dataset_tokens(cfg: RunConfig, path: str, key: str = "--data") -> tupl
     data = dataclasses.replace(cfg.data, source=path, mix=[])
     fraction = 0.0 if data.eval_source else data.eval_fraction
     if read_manifest(Path(path)) is not None:  # prepared: its index holds each document's tokens
-        return _prepared_train_tokens(path, fraction, key)
+        return _prepared_train_tokens(path, fraction, key, data.garbage_filter)
     docs, _ = read_documents(data, key=key)
     capped = f" (capped by data.max_bytes={data.max_bytes:,}; 0 reads everything)" if data.max_bytes else ""
     tok_path = Path(cfg.data.tokenizer) if cfg.data.tokenizer else cfg.run_dir / "tokenizer.json"
@@ -137,11 +138,20 @@ def _train_tokens(lengths: np.ndarray, fraction: float, seed: int) -> int:
     return int(train_lengths(lengths, fraction, seed).sum())
 
 
-def _prepared_train_tokens(path: str, fraction: float, key: str) -> tuple[int, str]:
-    """A prepared directory's training tokens: its documents less the held-out split (split_ranges)."""
+def _prepared_train_tokens(path: str, fraction: float, key: str, garbage_filter: str) -> tuple[int, str]:
+    """A prepared directory's training tokens: its documents less the held-out split (split_ranges). One whose
+    every document `data prepare` flagged and kept is refused, as training refuses it alone and leaves it out of a
+    mixture (data/dataset.py), where the plan counted it whole."""
     from trimtab.data.prepared import PreparedData, split_ranges
 
-    bounds = PreparedData(path, key=key, verify=False).doc_bounds()
+    data = PreparedData(path, key=key, verify=False)
+    if garbage_filter == "warn" and len(data.garbage) and not np.isnan(data.garbage).any():
+        raise ConfigError(
+            f"{key} {path}: every one of its {len(data.garbage):,} documents was flagged as junk by `trimtab data "
+            "prepare` (its manifest's garbage): training refuses it alone and leaves it out of a mixture, so it has "
+            "no training tokens; plan on the data that trains, or set data.garbage_filter=off to count it as it is"
+        )
+    bounds = data.doc_bounds()
     starts, ends = split_ranges(bounds, fraction, "train", documents=True)
     train = int((ends - starts).sum())
     return train, f"the prepared directory's manifest{_held(np.diff(bounds), train)}"
