@@ -38,6 +38,16 @@ def test_a_knob_the_run_has_not_is_refused_when_sent(tmp_path, verb, args, messa
     assert not (tmp_path / "control").exists()  # nothing sent
 
 
+def test_an_overlong_penalty_over_the_whole_budget_is_refused_when_sent(tmp_path):
+    cfg = load_config(preset="debug", overrides={"rl": {"enabled": True, "max_new_tokens": 6}})
+    dump_config(cfg, tmp_path / "config.yaml")
+    with pytest.raises(ConfigError, match=r"6 tokens is not under .*rl.max_new_tokens 6 .*pass 0 \(off\) to 5"):
+        ctl.send(tmp_path, ctl.parse_command("overlong-penalty", ["6"]), queue=True)
+    assert not (tmp_path / "control").exists()  # nothing sent
+    ctl.send(tmp_path, ctl.parse_command("overlong-penalty", ["5"]), queue=True)
+    assert [c["params"] for _, c in ctl.take_commands(tmp_path)] == [{"tokens": 5}]
+
+
 def test_the_same_knobs_go_to_runs_that_have_them(tmp_path):
     moe, rl = tmp_path / "moe", tmp_path / "rl"
     for path, cfg in (

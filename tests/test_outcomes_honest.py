@@ -165,6 +165,22 @@ def test_a_replay_above_its_reference_by_more_than_its_noise_is_not_recovered(tm
     assert _replayed_rollback(tmp_path / "b", 1.0)["result"] == "recovered"
 
 
+def test_a_faithful_replay_on_a_flat_loss_is_recovered(tmp_path):
+    """DPO at ln 2 (debug, weights_nan@8): rolled back to step 5, its replay of steps 6-7 the run
+    before bit for bit (no noise to measure) and its new steps 1e-5 nats over the loss before read
+    "not recovered", so `trimtab runs` counted 0 faults healed. The replay's own excess is 0."""
+    orchestrator = Orchestrator(OrchestratorConfig(), tmp_path)  # outcome_after 20
+    first = {step: 0.6931 + 1e-4 * (-1) ** step for step in range(1, 8)}
+    for step, loss in first.items():
+        orchestrator.outcomes.follow(StepMetrics(step=step, loss=loss, grad_norm=1.0), [])
+    rollback = pending(orchestrator.journal, 8, "nonfinite", "rollback", loss_before=0.6931)
+    for step in range(6, 26):
+        orchestrator.outcomes.follow(StepMetrics(step=step, loss=first.get(step, 0.69311), grad_norm=1.0), [])
+    (judged,) = [d for d in read_decisions(tmp_path) if d["id"] == rollback.id]
+    assert judged["outcome"]["identical_steps"] == judged["outcome"]["replayed_steps"] == 2
+    assert judged["outcome"]["result"] == "recovered" and healed(read_decisions(tmp_path)) == 1
+
+
 def test_a_restart_whose_session_completes_the_run_heals_its_fault_however_few_steps_followed(tmp_path):
     """An emergency save at step 19 of 20: the restart's session trained step 20 and completed the run, yet
     its `resume` decision read "too early" (0 steps followed it) and `trimtab runs` counted 0 faults healed.

@@ -42,6 +42,35 @@ def test_a_finished_run_resumed_on_another_world_later_is_idle_not_down(tmp_path
     assert "torchrun's elastic agent" not in reasoning
 
 
+class _Rank:
+    """A rank's view whose data position counts its reads (an RL loader's state is a collective)."""
+
+    def __init__(self, is_main: bool):
+        self.is_main, self.step, self.world, self.reads = is_main, 10, 2, 0
+        self.say = self.propose = lambda *_: None
+
+    @property
+    def data_position(self) -> str:
+        self.reads += 1
+        return "epoch 0, row 194 of 18,044"
+
+
+def test_every_rank_reads_the_data_position_once_at_a_restart(tmp_path, monkeypatch):
+    """torchrun --max-restarts 1, 2-rank `trimtab rl`, rank 1 killed at step 14: the restart hung in
+    start-up until the watchdog (2 of 2 tries). Rank 0 alone read the loader's state for the incident's
+    data position, twice, and the RL loader's state gathers every rank's batches ahead: a collective
+    rank 1, waiting in the incident's broadcast, never joined. Every rank reads it once."""
+    ledger = Ledger(tmp_path)
+    ledger.open(1000.0, 0, 2, 0, 0.0)
+    ledger.step(14, 1.0)  # no close: the session was lost
+    monkeypatch.setattr(restarts, "process_started", lambda: 1100.0)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    main, other = _Rank(is_main=True), _Rank(is_main=False)
+    restarts.Resilience(tmp_path).on_train_start(main)
+    restarts.Resilience(tmp_path).on_train_start(other)
+    assert main.reads == other.reads == 1
+
+
 def test_the_data_position_names_the_epoch_the_row_and_each_mixture_source():
     """The loader's state (data/batches.py state_dict) in words; a loader without rows (RL prompts) says nothing."""
     one = {"epoch": 1, "cursor": 1234, "n_rows": 10000, "parts": [{"epoch": 1, "cursor": 1234, "n_rows": 10000}]}

@@ -51,7 +51,7 @@ def check_against_config(run_dir: Path, command: dict[str, Any]) -> None:
     """A command the run's config.yaml says it cannot apply, refused now (the job would only journal
     it as failed, after the person had gone): a layer not of the kind the action acts on, or no layer
     of that kind at all when none is named (every layer of the kind), naming the layers that are; an
-    RL knob on a run that is not `trimtab rl`."""
+    RL knob on a run that is not `trimtab rl`; an overlong penalty over the whole response budget."""
     action, params = command.get("action"), command.get("params")
     kind = LAYER_KIND.get(action)
     if not isinstance(params, dict) or (kind is None and action not in RL_ONLY):
@@ -68,6 +68,12 @@ def check_against_config(run_dir: Path, command: dict[str, Any]) -> None:
             raise ConfigError(
                 f"ctl {verb}: a knob of reinforcement learning, and '{run_dir}' is not an RL run (its config.yaml "
                 "has rl.enabled false); it applies to runs of `trimtab rl`"
+            )
+        tokens, budget = params.get("tokens"), cfg.rl.max_new_tokens
+        if action == "set_overlong_penalty" and isinstance(tokens, int) and tokens >= budget:
+            raise ConfigError(  # the job refuses it too (rl.overlong_buffer's bound), but only journals that
+                f"ctl overlong-penalty: {tokens} tokens is not under the response budget of '{run_dir}' "
+                f"(rl.max_new_tokens {budget} in its config.yaml); pass 0 (off) to {budget - 1}"
             )
         return
     layers = cfg.model.layers

@@ -304,14 +304,16 @@ class Outcomes:
         by step (the same rows, the same point of the schedule), so its noise is small: a rollback
         with an LR cut x0.316 (debug, bad_batch every 10 steps), its replay at 5.88 against 5.64 for
         the same steps before (+4.4%, every step higher), was "recovered" within the 5%. Steps not
-        trained before compare with a mean of earlier steps on a falling curve: the 5% alone."""
+        trained before compare with a mean of earlier steps on a falling curve: the 5% alone, so the
+        replayed steps' own excess is what their noise judges (a DPO rollback at ln 2, its replay the
+        run before bit for bit, its new steps 1e-5 nats over the loss before, read "not recovered")."""
         replayed = [(v, r) for v, r in pairs if r is not None]
         if excess <= 0 or not self.sigma or len(replayed) < 2:
             return True
         diffs = [v - r for v, r in replayed]
         mean = sum(diffs) / len(diffs)
         error = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (len(diffs) - 1) / len(diffs))
-        return excess <= self.sigma * error
+        return mean <= self.sigma * error
 
     def state_dict(self) -> dict[str, Any]:
         """Its part of the orchestrator's state (keys of its own there)."""

@@ -80,6 +80,9 @@ class Resilience(Hook):
         self.last_end = started
         self.furthest = run.step
         incident = None
+        # read on every rank alike: an RL loader's state gathers its ranks' batches ahead (a collective), so
+        # rank 0 reading it alone hung a 2-rank `trimtab rl` restart (rank 1 waiting in the broadcast below)
+        position = run.data_position
         if run.is_main:
             self.ledger = Ledger(self.run_dir)
             previous = self.ledger.sessions[-1] if self.ledger.sessions else None
@@ -98,8 +101,8 @@ class Resilience(Hook):
                 self.ledger.write(force=True)
             elif previous is not None and previous["world"] != run.world:  # a clean stop, then another world
                 incident = resized(previous, run.step, run.world)
-            if incident is not None and run.data_position:  # the step alone does not say it on another world
-                incident["data_at"] = run.data_position
+            if incident is not None and position:  # the step alone does not say it on another world
+                incident["data_at"] = position
         incident = broadcast_object(incident)  # every rank's orchestrator journals it alike
         if incident is not None:
             self.incident = incident
