@@ -119,6 +119,7 @@ def test_format_forces_record_kind(tmp_path):
     "bad, problem",
     [
         ('{"text": "x",}', "invalid JSON"),
+        ('{"text": "x', "invalid JSON \\(Unterminated string starting at column 10\\)"),  # json's "at" once
         ('["text"]', "expected a JSON object"),
         ('{"txt": "x"}', "no 'text', 'messages' or 'prompt'/'response' key"),
         ('{"text": 3}', "'text' must be a string, got int"),

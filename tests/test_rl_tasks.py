@@ -33,6 +33,9 @@ def test_a_prompt_file_is_read_and_a_bad_line_named(tmp_path):
     bad.write_text('{"prompt": "2+3=", "answer": "5"}\n{"prompt": "Q",\n')
     with pytest.raises(DataError, match=r"bad.jsonl:2: invalid JSON"):
         read_problems(bad)
+    bad.write_text('{"prompt": "2+3=", "answer": "5"}\n{"prompt": "Q\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2: invalid JSON \(Unterminated string starting at column 12\)"):
+        read_problems(bad)
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(DataError, match="no prompts"):
         read_problems(tmp_path / "empty.jsonl")

@@ -325,7 +325,8 @@ def record_documents(
 def _describe(exc: Exception) -> str:
     """What is wrong with a record, in words."""
     if isinstance(exc, json.JSONDecodeError):
-        return f"invalid JSON ({exc.msg} at column {exc.colno})"
+        # json's "Unterminated string starting at" ends in its own "at": said once
+        return f"invalid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"
     return str(exc)
 
 

@@ -39,7 +39,9 @@ def json_lines(path: Path) -> Iterator[tuple[Record, Any]]:
         try:
             yield record, parse_json(record)
         except json.JSONDecodeError as exc:
-            raise DataError(f"{record.where}: invalid JSON ({exc.msg} at column {exc.colno}); fix the line") from None
+            raise DataError(
+                f"{record.where}: invalid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno}); fix the line"
+            ) from None
 
 
 def read_problems(path: Path) -> list[Problem]:
