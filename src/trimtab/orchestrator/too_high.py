@@ -43,9 +43,8 @@ class TooHighLR:
     def _lr_too_high(self, f: Finding, view: Any) -> Remedy:
         """Training makes the model worse than where the phase started: the LR is too high. Cut
         it decisively (x above_start.lr_factor, again while the loss does not fall), down to the
-        floor (past it for a gain that rose with the last cut: _responds); the cut is never given
-        back (restoring would return to the cause). At the floor, the ladder's last rungs: a
-        rollback, then a stop."""
+        floor (past it for a gain that rose with the last cut: _responds); the cut is owed back part
+        way (OWED). At the floor, the ladder's last rungs: a rollback, then a stop."""
         self.ladder.last_step = f.step
         if "jumped_steps" in f.evidence:
             return self._warm_up_rows(f, view)
@@ -54,10 +53,23 @@ class TooHighLR:
         measured = _responds(f.evidence, before) or _stalls_after_gain(f.evidence, before)
         past_floor = measured and lr_cut(factor, view, self.cfg) != factor
         factor = factor if past_floor else lr_cut(factor, view, self.cfg)
+        if factor is None:
+            return self._at_floor(f, view)
+        why = _too_high_why(f, factor, before) + (_past_floor_why(f, before, self.cfg) if past_floor else "")
+        # the earlier cut's gain, when it made this one a halving or passes the floor: what a fresh run lacks
+        evidence = {"gain_before": before} if _rose(f.evidence, before) or past_floor else {}
+        cut = self._cut_commit(f, factor, view.lr_scale)
+        if (short := _short_run(f, view, why, factor, cut)) is not None:
+            return short
+        return self._cut_remedy(f, view, factor, why, evidence, cut)
+
+    def _at_floor(self, f: Finding, view: Any) -> Remedy:
+        """The LR is at orchestrator.min_lr_scale: a finding that replays the same steps is only noted,
+        any other rolls back (the ladder's last rungs)."""
         # at the floor a replay at the same LR repeats itself step for step: debug at 1000x, cut to the
         # floor (10x the preset's LR), was rolled back to step 0 uncut, met the same gain at the same
         # step, and stopped (exit 3) at step 12 "unstable", where training on at 10x ends at 4.81
-        if factor is None and ("warm_grad_norm" in f.evidence or "unigram" in f.evidence or "gain" in f.evidence):
+        if "warm_grad_norm" in f.evidence or "unigram" in f.evidence or "gain" in f.evidence:
             seen = _overshoot_why(f) if "gain" in f.evidence else _stalled_why(f)
             return Remedy(
                 action="none",
@@ -65,13 +77,10 @@ class TooHighLR:
                 f"(orchestrator.min_lr_scale={self.cfg.min_lr_scale:g}) and a replay at it would repeat these "
                 "steps; training goes on: lower optim.lr",
             )
-        if factor is None:
-            return self._rollback(view)
-        why = _too_high_why(f, factor, before) + (_past_floor_why(f, before, self.cfg) if past_floor else "")
-        # the earlier cut's gain, when it made this one a halving or passes the floor: what a fresh run lacks
-        evidence = {"gain_before": before} if _rose(f.evidence, before) or past_floor else {}
+        return self._rollback(view)
 
-        lr_scale = view.lr_scale
+    def _cut_commit(self, f: Finding, factor: float, lr_scale: float) -> Any:
+        """What applying the cut records: the LR change, its debt (OWED), the gain it answered."""
 
         def cut(rolled_back_to: int | None = None) -> None:
             self.last_lr_change = self.lr_too_high_at = self.unstable_at = f.step
@@ -83,8 +92,10 @@ class TooHighLR:
             if rolled_back_to is not None:
                 self._rolled_back(f.step, rolled_back_to, broken=False)
 
-        if (short := _short_run(f, view, why, factor, cut)) is not None:
-            return short
+        return cut
+
+    def _cut_remedy(self, f: Finding, view: Any, factor: float, why: str, evidence: dict[str, Any], cut: Any) -> Remedy:
+        """The cut, with the rollback to the checkpoint whose weights the LR found too high has not trained."""
         # a dying gradient or overshooting updates: every step since the phase (or its replay) began
         # trained at that LR (the weights stalled, or inflated), so its first checkpoint is the one to restore
         if "warm_grad_norm" in f.evidence or "unigram" in f.evidence or "gain" in f.evidence:
