@@ -25,6 +25,12 @@ MIN_JUMPS = 2  # jumped steps the phase's first steps must hold to blame their r
 # debug-mod seed 4's 0.730. The tails overlap, so no bar separates them (nor a mean, trimmed mean or later
 # steps' median); this one, midway in the gap between the bulks, halves one 1x in 20 and spares one 2x in 20
 SOUND_GAIN = 0.72
+# The lower quartile of the phase's first gains a sound LR keeps, where an LR a few times too high overshoots
+# on some steps even where its median looks sound (debug at 3x, steps 1-15, seeds 0, 1, 1234: medians 0.53-0.74,
+# lower quartiles 0.35-0.51, gains down to -1.35; at its LR 0.64-0.83; real text at its LR 0.71-0.83)
+STEADY_GAIN = 0.6
+# A loss under this share of a finding's level has fallen since: a new finding on the same ground needs it
+FELL = 0.98
 
 
 def _mid(values: list[float]) -> float | None:
@@ -89,6 +95,7 @@ class AboveStart(Monitor):
         self.fastest = 0.0  # the loss's largest fall from one window's median to the next's in the phase
         self.held = 0  # steps in a row the loss has stalled at the unigram level
         self.first_gains: list[float] = []  # every update gain measured in the phase (its first gain_steps)
+        self.cut_level: float | None = None  # the loss where the LR was last found too high (kept across rollbacks)
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if not math.isfinite(m.loss):
@@ -114,9 +121,9 @@ class AboveStart(Monitor):
         if len(self.over) < self.cfg.patience:
             return None
         level = sum(self.over[-self.cfg.patience :]) / self.cfg.patience
-        if self.reported is not None and level < 0.98 * self.reported:
+        if self.reported is not None and level < FELL * self.reported:
             return None
-        self.over, self.reported, self.fired, self.grads = [], level, True, []
+        self.over, self.reported, self.fired, self.grads, self.cut_level = [], level, True, [], level
         return self.finding(
             m,
             {
@@ -133,8 +140,10 @@ class AboveStart(Monitor):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         fired, data_read = self.fired, self.data_read  # a rollback restores the weights, not the LR the finding cut
+        cut_level = self.cut_level
         super().load_state_dict(state)
         self.fired = fired or bool(state.get("fired"))
+        self.cut_level = cut_level if cut_level is not None else state.get("cut_level")
         self.data_read = data_read or bool(state.get("data_read"))
         if len(self.jumped) != len(self.gains):  # a checkpoint from before the jumps were kept
             self.jumped = [None] * len(self.gains)
@@ -198,7 +207,7 @@ class AboveStart(Monitor):
                 f"others delivered {evidence['gain_rest']:.2f}: those steps' rows, not the LR",
                 0.6,
             )
-        self.fired = True
+        self.fired, self.cut_level = True, m.loss
         return self.finding(
             m,
             evidence,
@@ -219,7 +228,7 @@ class AboveStart(Monitor):
         n = len(self.first_gains)
         evidence = {"loss": m.loss, "start": self.start, "gain": gain, "min_gain": self.cfg.min_gain}
         evidence |= {"sound_gain": SOUND_GAIN, "gain_window": n, "since": self._since(m)}
-        self.gains, self.jumped, self.over, self.grads = [], [], [], []
+        self.gains, self.jumped, self.over, self.grads, self.cut_level = [], [], [], [], m.loss
         return self.finding(
             m,
             evidence,
@@ -356,9 +365,10 @@ class AboveStart(Monitor):
             return None
         if (f := self._stall_jumps(m, level)) is not None:
             return f
-        if self._router_stall(m):
+        if self._sound_stall(m):
             return None
         self.losses, self.gains, self.jumped, self.over, self.fired, self.grads = [], [], [], [], True, []
+        self.cut_level = level
         return self.finding(
             m,
             {
@@ -376,12 +386,18 @@ class AboveStart(Monitor):
             0.7,
         )
 
-    def _router_stall(self, m: StepMetrics) -> bool:
-        """An MoE model's stall with a sound LR's first gain (SOUND_GAIN; 2x reads 0.55-0.69) is its routers':
-        a forming router piles tokens on a few experts and the loss waits for them to spread (clean debug-moe
-        seed 4: 5.08-5.13 over steps 20-35, gain 0.77, 4.95 by 40; rolled back and cut x0.316: 5.03 at 40)."""
-        gain = _mid(self.first_gains)
-        return bool(m.moe) and gain is not None and gain >= SOUND_GAIN
+    def _sound_stall(self, m: StepMetrics) -> bool:
+        """A stall after first steps whose updates all but a few delivered a sound LR's gain is the data's or
+        the model's, not the LR's: their lower quartile at STEADY_GAIN or more, or for an MoE model their
+        median at SOUND_GAIN or more. Real text with a 1024-token BPE lingers at the unigram level for 20 steps
+        or more at debug's sound LR (licences and docs: 6.03-6.05 over steps 25-45; found, rolled back to step 0
+        four times, 164 steps replayed, 6.32 against 6.07 off); a forming MoE router piles tokens on a few
+        experts and the loss waits for them to spread (clean debug-moe seed 4: 5.08-5.13 over steps 20-35, gain
+        0.77, 4.95 by 40; cut: 5.03 at 40). No gains measured (gain_steps 0): the stall alone is judged."""
+        gains = sorted(self.first_gains)
+        if len(gains) < self.cfg.gain_window:
+            return False
+        return gains[len(gains) // 4] >= STEADY_GAIN or (bool(m.moe) and gains[len(gains) // 2] >= SOUND_GAIN)
 
     def _stall_jumps(self, m: StepMetrics, level: float) -> Finding | None:
         """A stall at the unigram level after a step of the phase's first ones whose loss jumped back
@@ -407,6 +423,14 @@ class AboveStart(Monitor):
             0.6,
         )
 
+    def _cut_helped(self) -> bool:
+        """Whether the loss (the last window's median) fell under FELL of where the LR was last found too
+        high: a cut that did not bring it lower shows the LR was not what held it, and another cut will not
+        either (real text at a sound LR, its stall read as too high: the replay at the cut LR stalled at the
+        same level, its gradient norm down as a sound run's, and was rolled back to step 0 three times more)."""
+        level = self._medians()
+        return self.cut_level is None or level is None or level[1] < FELL * self.cut_level
+
     def _collapsed(self, m: StepMetrics, line: float) -> Finding | None:
         """After a finding: the gradient norm's last `window` steps against its first `window`,
         the last judged only once they all follow the phase's first gain_steps (the gain judges
@@ -423,8 +447,9 @@ class AboveStart(Monitor):
         if len(self.grads) < 2 * window or not judged:
             return None
         warm, now = _mid(self.grads[:window]), _mid(self.grads[window:])
-        if now >= self.cfg.collapse * warm or not self._stalled():
+        if now >= self.cfg.collapse * warm or not self._stalled() or not self._cut_helped():
             return None
+        self.cut_level = self._medians()[1]
         self.grads, self.over, self.losses = [], [], []
         return self.finding(
             m,
