@@ -22,19 +22,25 @@ class SkipAt(Hook):
             run.control.request("skip_step")
 
 
-@pytest.mark.usefixtures("one_thread")
-def test_a_hooks_skip_is_not_made_up(tmp_path):
-    """debug, a user hook's skip_step at step 1 of 10: its update withheld (step 2) was made up, 10 -> 11,
-    journaled as "the update gate withheld 1 update(s)". A hook's skip is its own, as a person's."""
-    hook = SkipAt(1)
-    summary = trimtab.train(
+def _ten_steps(tmp_path, hook, **sections):
+    """debug, 10 steps, `hook` among the run's hooks; the run's summary."""
+    return trimtab.train(
         preset="debug",
         out=str(tmp_path / "r"),
         hooks=[hook],
         train={"max_steps": 10, "eval_every": 0, "batch_tokens": 1024},
         data={"max_bytes": 150_000},
         log={"progress": False, "tensorboard": False, "report": False},
+        **sections,
     )
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_hooks_skip_is_not_made_up(tmp_path):
+    """debug, a user hook's skip_step at step 1 of 10: its update withheld (step 2) was made up, 10 -> 11,
+    journaled as "the update gate withheld 1 update(s)". A hook's skip is its own, as a person's."""
+    hook = SkipAt(1)
+    summary = _ten_steps(tmp_path, hook)
     decisions = tmp_path / "r" / "decisions.jsonl"
     assert summary["status"] == "completed" and summary["skipped_steps"] == 1
     assert max(hook.seen) == 10 and not (decisions.exists() and "make_up" in decisions.read_text())
@@ -84,15 +90,7 @@ def test_a_skip_that_comes_with_a_rollback_withholds_no_replayed_step(tmp_path):
     """debug, a skip-step taken with a rollback: the step it was to withhold (9) is not trained on the branch
     the rollback restores, and it withheld the replay's first (6), a step nobody judged. Dropped, and said."""
     hook = SkipAndRollBack()
-    summary = trimtab.train(
-        preset="debug",
-        out=str(tmp_path / "r"),
-        hooks=[hook],
-        train={"max_steps": 10, "eval_every": 0, "batch_tokens": 1024},
-        checkpoint={"every": 5},
-        data={"max_bytes": 150_000},
-        log={"progress": False, "tensorboard": False, "report": False},
-    )
+    summary = _ten_steps(tmp_path, hook, checkpoint={"every": 5})
     assert summary["status"] == "completed" and summary["skipped_steps"] == 0
     assert [s for s, _ in hook.seen][8:] == [6, 7, 8, 9, 10] and {by for _, by in hook.seen} == {""}
     assert "the skip-step asked with it is dropped" in hook.lines[0]
