@@ -560,7 +560,7 @@ class _RefusedAtStart:
         from trimtab.errors import ConfigError
         from trimtab.orchestrator.restarts import Resilience
 
-        run = SimpleNamespace(is_main=True, step=0, world=1, say=print, propose=lambda finding: None)
+        run = SimpleNamespace(is_main=True, step=0, world=1, say=print, propose=lambda f: None, data_position=None)
         next(h for h in self.hooks if isinstance(h, Resilience)).on_train_start(run)
         raise ConfigError("faults: expert_collapse needs a Mixture-of-Experts model (e.g. --preset debug-moe)")
 
