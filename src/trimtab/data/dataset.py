@@ -12,11 +12,9 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
-
 from trimtab.config.data import DataConfig, MixSource
 from trimtab.data.chat import ChatFormat
-from trimtab.data.packing import ConcatRows, JunkSource, Rows, build_splits
+from trimtab.data.packing import ConcatRows, JunkSource, Rows, build_splits, every_flagged
 from trimtab.data.prepared import PreparedData, ShardedRows
 from trimtab.data.sources import Document, prepared_dir, read_documents
 from trimtab.data.tokenizer import TextTokenizer
@@ -173,7 +171,7 @@ def _split(
             )
         # the documents `data prepare` flagged and kept are reported as the in-memory screen's (warn)
         flagged = screen and cfg.garbage_filter == "warn"
-        if flagged and len(source.prepared.garbage) and not np.isnan(source.prepared.garbage).any():
+        if flagged and every_flagged(source.prepared.garbage):
             raise JunkSource(source.key, str(source.prepared.path), len(source.prepared.garbage))
         held = ShardedRows(source.prepared, cfg.seq_len, cfg.pack, "eval", fraction, flagged)
         if fraction > 0 and not len(held):  # as the in-memory split says it

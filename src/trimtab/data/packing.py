@@ -312,8 +312,13 @@ class JunkSource(DataError):
 
 def all_junk(tokenized: TokenizedDocs) -> bool:
     """Every document screened out: none left (drop), or every one flagged (warn)."""
-    flagged = tokenized.garbage
-    return not len(tokenized) or (flagged is not None and not np.isnan(flagged).any())
+    return not len(tokenized) or every_flagged(tokenized.garbage)
+
+
+def every_flagged(garbage: np.ndarray | None) -> bool:
+    """Whether the garbage screen flagged every one of some documents, by their `garbage` scores (NaN: not
+    flagged; None or none: nothing screened): a source of junk alone (training, a prepared directory, the plan)."""
+    return garbage is not None and len(garbage) > 0 and not np.isnan(garbage).any()
 
 
 def _screen(

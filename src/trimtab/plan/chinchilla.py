@@ -142,10 +142,11 @@ def _prepared_train_tokens(path: str, fraction: float, key: str, garbage_filter:
     """A prepared directory's training tokens: its documents less the held-out split (split_ranges). One whose
     every document `data prepare` flagged and kept is refused, as training refuses it alone and leaves it out of a
     mixture (data/dataset.py), where the plan counted it whole."""
+    from trimtab.data.packing import every_flagged
     from trimtab.data.prepared import PreparedData, split_ranges
 
     data = PreparedData(path, key=key, verify=False)
-    if garbage_filter == "warn" and len(data.garbage) and not np.isnan(data.garbage).any():
+    if garbage_filter == "warn" and every_flagged(data.garbage):
         raise ConfigError(
             f"{key} {path}: every one of its {len(data.garbage):,} documents was flagged as junk by `trimtab data "
             "prepare` (its manifest's garbage): training refuses it alone and leaves it out of a mixture, so it has "
