@@ -25,7 +25,7 @@ SHORT_RUN = 20
 # weights, comes back part way; one the LR's trouble follows stays
 OWED = (
     "given back x2 at a time after a quiet window (orchestrator.lr_restore_after), never past the midpoint of "
-    "the two LRs, and kept if instability returns"
+    "the two LRs, tried once more if instability follows a give-back and kept after a second (give_back.py)"
 )
 
 
