@@ -190,7 +190,7 @@ class MoEHealth(Monitor):
                 f"{cfg.dead_patience} steps"
             )
             evidence["expert"] = dead[0]
-            # how long it has starved: a decision taken since did not starve it (outcomes.py: _older)
+            # how long it has starved: a decision taken since did not starve it (moe_outcomes.py: older)
             evidence["starved_steps"] = self.starved[key][dead[0]]
             evidence["revived_before"] = dead[0] in self.revived.get(key, [])
             evidence["prunable"] = n > top_k  # surgery keeps at least top_k experts (remedies.moe re-inits)

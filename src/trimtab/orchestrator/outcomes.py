@@ -26,10 +26,9 @@ effect the replay is. Advice is never judged (deciding.py: "not applied"), nor a
 is judged on what it set, not on a loss any training run lowers: make_up's added steps ran or not
 (_made_up), a checkpoint interval was applied (deciding.py: "applied"). A decision the run's end
 comes to before `outcome_after` steps followed it is "too early" (_too_early), never "recovered".
-A balance coefficient raise whose layer's load is still falling toward the bar is judged later
-(_settling), on the load of its latest `outcome_after` steps, and so is a router reset whose layer
-is out of its collapse, its load falling. A restart on fewer ranks "continued" (_continued). A dead
-expert that was starving already when a decision was taken is no return of that decision's trouble (_older).
+A MoE decision is judged on its layer's load too, and may wait while that load settles; a dead
+expert that was starving already when a decision was taken is no return of its trouble (both:
+moe_outcomes.py). A restart on fewer ranks "continued" (_continued).
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.journal import Decision, Journal
+from trimtab.orchestrator.moe_outcomes import MoELoad, older, track_load
 from trimtab.orchestrator.monitors import Finding, StepMetrics
 
 KEEP = 4096  # healthy losses kept by step: a rollback goes back a checkpoint interval or a few
@@ -65,7 +65,7 @@ class Outcomes:
         # has: the standard deviation of orchestrator.plateau.variance, the flatness it fired at
         # (a fall of 0.007 nats at an LR of 1e-6, the loss still at ln(vocab), was "recovered").
         self.plateau_fall = math.sqrt(cfg.plateau.variance)
-        self.moe = cfg.moe  # the bars a MoE layer's load is judged by (_load_healed)
+        self.moe_load = MoELoad(cfg.moe, cfg.outcome_after)  # a MoE decision's layer load (moe_outcomes.py)
         # An instability decision's loss back within 5% of its reference is recovered only if what is
         # left above it is within this many standard errors of the steps' differences from it: the
         # divergence rule's test of a rise (orchestrator.divergence.sigma; 0: the 5% alone).
@@ -97,8 +97,8 @@ class Outcomes:
                 track["objective"] = True
             paired = None if _fault_span(decision, m.step) else reference  # the cut LR's steps: no pairs
             track.setdefault("references", [None] * (len(track["losses"]) - 1)).append(paired)
-            _track_load(track, decision, m)
-            back = [f.rule for f in findings if same_trouble(decision, f) and not _older(f, len(track["losses"]))]
+            track_load(track, decision, m)
+            back = [f.rule for f in findings if same_trouble(decision, f) and not older(f, len(track["losses"]))]
             same = bool(back)
             answered = decision.action in SKIPS or decision.rule in ONE_STEP
             # an LR cut's trouble is the LR, at every step: the rule again past its step is the cut falling short
@@ -148,13 +148,13 @@ class Outcomes:
     def judge(self, d: Decision, ended: bool = False, wait: bool = False) -> None:
         """Fill in d's outcome from what followed it; `ended`: the run ends here (core.py:
         on_train_end), maybe before `outcome_after` steps followed it (_too_early); `wait`: not while
-        its layer's load is settling (_settling)."""
+        its layer's load is settling (moe_outcomes.py: MoELoad.settling)."""
         if d.rule == "make_up":
             return self._made_up(d)
         track = self.tracking.get(str(d.id), {"losses": [], "findings": 0})
-        load = self._load_healed(d, track.get("load"))
+        load = self.moe_load.healed(d, track.get("load"))
         healed = load.pop("healed", True)  # popped whatever `ok` is: only the numbers go in the outcome
-        settling = self._settling(d, track, healed)
+        settling = self.moe_load.settling(d, track, healed)
         if wait and settling:
             return
         self.tracking.pop(str(d.id), None)
@@ -167,16 +167,7 @@ class Outcomes:
             before = sum(before if r is None else r for _, r in pairs) / len(pairs)
         end = sum(v for v, _ in pairs[-SETTLED:]) / len(pairs[-SETTLED:]) if pairs else float("nan")
         ok = track["findings"] == 0 and math.isfinite(after)
-        # RL's loss is an advantage-weighted objective near 0 of either sign, not a likelihood: a
-        # skip of a NaN step read "recovered" or "not recovered" by the sign of the steps after it
-        # (the same run, sync and async), so there only the trouble's return and finite losses judge
-        likelihood = not track.get("objective")
-        if ok and likelihood and claim is not None:  # an LR cut's: by the window's end, under the trouble
-            ok = end < claim[0]
-        elif ok and likelihood and before is not None and d.family == "instability":
-            ok = after <= before * 1.05 and self._within_noise(pairs, after - before)
-        if ok and likelihood and before is not None and d.family == "plateau" and d.action != "none":
-            ok = after < before - self.plateau_fall
+        ok = ok and self._loss_healed(d, track, pairs, (before, after, end), claim)
         ok = ok and healed and not _frozen(d, track, before, after)
         result = "recovered" if ok else "not recovered"
         unchanged = d.action == "rollback" and _unchanged(track)
@@ -203,6 +194,32 @@ class Outcomes:
         if "reproduced_at" in track:  # a deterministic fault: another rollback would meet it again
             d.outcome["reproduced_at"] = track["reproduced_at"]
         self.journal.write()
+
+    def _loss_healed(
+        self,
+        d: Decision,
+        track: dict[str, Any],
+        pairs: list[tuple[float, float | None]],
+        losses: tuple[float | None, float, float],
+        claim: tuple[float, str] | None,
+    ) -> bool:
+        """Whether the finite losses that followed d, with no finding of its trouble since, say it
+        healed: `losses` is (before: what they are compared with, after: their mean, end: the mean of
+        the last SETTLED), `pairs` each step's loss and the loss it had before a rollback replayed it."""
+        # RL's loss is an advantage-weighted objective near 0 of either sign, not a likelihood: a
+        # skip of a NaN step read "recovered" or "not recovered" by the sign of the steps after it
+        # (the same run, sync and async), so there only the trouble's return and finite losses judge
+        if track.get("objective"):
+            return True
+        before, after, end = losses
+        ok = True
+        if claim is not None:  # an LR cut's: by the window's end, under the trouble
+            ok = end < claim[0]
+        elif before is not None and d.family == "instability":
+            ok = after <= before * 1.05 and self._within_noise(pairs, after - before)
+        if ok and before is not None and d.family == "plateau" and d.action != "none":
+            ok = after < before - self.plateau_fall
+        return ok
 
     def _claim(self, d: Decision) -> tuple[float, str] | None:
         """What an LR-cut rollback for an LR far too high (_fault_span) claims to heal, as (loss, what it
@@ -239,65 +256,6 @@ class Outcomes:
         d.outcome |= {"made_up": d.evidence.get("extend"), "total_steps": total, "trained_to": self.last_step}
         self.journal.write()
 
-    def _load_healed(self, d: Decision, load: list[list[float]] | None) -> dict[str, Any]:
-        """A MoE layer's load after a decision on it, against the bar its finding crossed: the mean
-        busiest-expert load (x fair share) and dropped fraction of the steps since, and whether they
-        are back under it ("healed"); a re-initialised expert's load, back over `dead_load`. The rule
-        clears its windows when it fires, so an imbalance or drop finding cannot come back within
-        `outcome_after` steps (a dead one within `dead_patience`): "no finding since" alone judged a
-        balance raise that left layer 3 at 3.1-3.3x its fair share (~50% dropped) "recovered"
-        (debug-moe, 4 experts top-1, balance_coef 0, router_temperature 0.1, step 100)."""
-        kind = d.evidence.get("kind") if d.family.startswith("moe/") else None
-        if kind == "dead" and d.action != "reinit_expert":  # pruned: no expert left to measure
-            return {}
-        if not load or kind not in ("collapse", "imbalance", "saturated", "drop", "dead"):
-            return {}
-        load = load[-self.outcome_after :]  # the latest steps: a balance raise judged later (_settling) on where it got
-        ratio = sum(row[0] for row in load) / len(load)
-        dropped = sum(row[1] for row in load) / len(load)
-        n_over_k = load[-1][2]  # the most one expert can take, x fair share (n_experts / top_k)
-        if kind == "dead":  # dead_patience (30) > outcome_after: only its load says it took traffic again
-            revived = sum(row[3] for row in load) / len(load)
-            return {"expert_load_after": round(revived, 4), "healed": revived >= self.moe.dead_load}
-        healed = dropped <= self.moe.max_drop if kind == "drop" else ratio <= self._bar(n_over_k)
-        found = {"max_load_after": round(ratio, 4), "dropped_after": round(dropped, 4), "healed": healed}
-        if d.action == "reset_router":  # what the collapse was, and where the layer's load is going (_settling)
-            slope = _slope(tuple(row[0] for row in load))
-            found |= {"max_load_before": d.evidence.get("max_load")}
-            found |= {} if slope is None else {"load_per_step": round(slope[0], 4)}
-        return found
-
-    def _bar(self, n_over_k: float) -> float:
-        """The busiest expert's load (x fair share) a balance finding's layer is healed under: the
-        lowest the rule answers, its imbalance bar (a layer's own collapse bar, 0.9 x n_experts /
-        top_k, where that is lower). A collapse judged at its own bar, 3.6x on debug-moe, had its
-        reset_router "recovered" at 3.0-3.2x, an imbalance to the rule (expert_collapse@6, seeds 3, 20)."""
-        return min(self.moe.imbalance, self.moe.collapse * n_over_k)
-
-    def _settling(self, d: Decision, track: dict[str, Any], healed: bool) -> bool:
-        """Whether a balance raise's verdict waits: its layer's load not yet back under the bar but
-        falling toward it fast enough to get there within 4 of the rule's windows of the decision (the
-        span in which moe_health counts an earlier balance finding as a raise that did not hold). The
-        balance loss moves the router by gradient, over tens of steps: judged after 20, a raise whose
-        layer went 3.1x -> 2.3x over them (mean 2.9x) was "not recovered", and the layer settled at
-        ~1.6x later (debug-moe, 4 experts top-1, balance_coef 0, router_temperature 0.1, step 40);
-        that verdict lowered the raise's track record for the decisions after it. A router reset's verdict
-        waits while its layer is out of the collapse it answered (under the collapse bar) and its load
-        falls at all: the reset re-centres the scores at once, and the balance loss spreads them over tens of steps.
-        Judged after 20, debug-moe's resets (expert_collapse@6, seed 0) read "not recovered" at 3.0x and
-        3.3x (one layer's fall 1.3 standard errors of its slope, its steps 4.0x to 2.6x), both layers at
-        ~2x 20 steps later and val 4.67 at step 60 against 4.89 advised (collapsed at 4.0x to the end)."""
-        if healed or track["findings"] or len(track["losses"]) >= 4 * self.moe.window:
-            return False
-        if d.action not in ("set_balance_coef", "reset_router"):
-            return False
-        load = track["load"][-self.outcome_after :]  # not healed: a load was tracked (_load_healed)
-        ratios, n_over_k = tuple(row[0] for row in load), load[-1][2]
-        if d.action == "reset_router":
-            slope = _slope(ratios)
-            return sum(ratios) / len(ratios) < self.moe.collapse * n_over_k and slope is not None and slope[0] < 0
-        return _reaches(ratios, self._bar(n_over_k), 4 * self.moe.window - len(track["losses"]))
-
     def _within_noise(self, pairs: list[tuple[float, float | None]], excess: float) -> bool:
         """Whether a replay's mean `excess` over the losses the run had at the same steps before is
         within `sigma` standard errors of their step-by-step differences. A replay is paired step
@@ -331,43 +289,6 @@ class Outcomes:
         self.last_step = int(state.get("last_step", 0))  # a session resumed at its end still knows where it got
 
 
-def _track_load(track: dict[str, Any], decision: Decision, m: StepMetrics) -> None:
-    """The load of the MoE layer a decision of the `moe` rule acted on, at this step:
-    [busiest expert's load x fair share, dropped fraction, n_experts / top_k, a re-initialised
-    expert's load x fair share]."""
-    if decision.rule != "moe" or not m.moe or m.skipped:  # a withheld step says nothing of the router (moe_health)
-        return
-    for layer, share, dropped, top_k in m.moe:
-        if layer == decision.evidence.get("layer") and share:
-            expert = decision.params.get("expert") if decision.action == "reinit_expert" else None
-            revived = share[expert] * len(share) if expert is not None and expert < len(share) else 0.0
-            track.setdefault("load", []).append([max(share) * len(share), dropped, len(share) / top_k, revived])
-
-
-def _reaches(ratios: tuple[float, ...], bar: float, left: int) -> bool:
-    """Whether the least-squares line through `ratios` (one a step) falls, by more than 2 standard
-    errors of its slope, and reaches `bar` within `left` more steps: a load's per-step noise (a
-    busiest expert's share moves +-0.2x step to step) is no trend to wait for."""
-    fit = _slope(ratios)
-    if fit is None or fit[0] >= -2 * fit[1]:
-        return False
-    slope, mean = fit[0], sum(ratios) / len(ratios)
-    now = mean + slope * (len(ratios) - 1) / 2  # the line at the newest step
-    return (now - bar) / -slope <= left
-
-
-def _slope(ratios: tuple[float, ...]) -> tuple[float, float] | None:
-    """The least-squares slope of `ratios` (one a step) and its standard error (None: under 3 points)."""
-    n = len(ratios)
-    if n < 3:
-        return None
-    mid, mean = (n - 1) / 2, sum(ratios) / n
-    sxx = sum((x - mid) ** 2 for x in range(n))
-    slope = sum((x - mid) * (y - mean) for x, y in enumerate(ratios)) / sxx
-    residual = sum((y - mean - slope * (x - mid)) ** 2 for x, y in enumerate(ratios)) / (n - 2)
-    return slope, math.sqrt(residual / sxx)
-
-
 def _continued(d: Decision, result: str) -> dict[str, Any]:
     """A restart on fewer ranks than the session it lost (a node gone, torchrun --nnodes MIN:MAX) healed
     no fault: the job goes on without the rank, each step slower, so its outcome says that ("continued",
@@ -379,16 +300,6 @@ def _continued(d: Decision, result: str) -> dict[str, Any]:
         return {}
     lost = {"world_before": before, "world_after": after, "steps_lost": e.get("steps_lost"), "down_s": e.get("down_s")}
     return lost | ({} if result == "not recovered" else {"result": "continued"})
-
-
-def _older(f: Finding, followed: int) -> bool:
-    """Whether finding f names a dead expert that was starving already when the decision was taken,
-    `followed` steps ago: trouble from before it is no evidence it failed (the dead-expert rule answers
-    it, with its own decision). A collapse's balance raise at step 20 was "not recovered" for expert 2
-    found dead at 40, starved since step 10, its layer's load back under the bar (debug-moe, 4 experts
-    top-1, balance_coef 0, router_temperature 0.1, seed 1). A withheld step is no starved step
-    (moe_health), so the count errs toward the decision's failure."""
-    return f.evidence.get("kind") == "dead" and f.evidence.get("starved_steps", 0) > followed
 
 
 def _fault_span(d: Decision, step: int) -> bool:
