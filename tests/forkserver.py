@@ -7,11 +7,11 @@ cores. Forked ranks start in milliseconds, with the environment torchrun gives (
 WORLD_SIZE, MASTER_ADDR/PORT) and fresh process state: each rank still joins its own process group
 (trimtab's `Parallel.start`), so the arithmetic under test is the one torchrun runs. torchrun itself,
 its restarts and a rank killed under it are tested through it (tests/test_resilience.py,
-tests/test_cli.py). Safe to fork: this process runs no torch op and holds one thread.
+tests/test_cli_train.py). Safe to fork: this process runs no torch op and holds one thread.
 
 The same for `trimtab` commands (tests/helpers.py `trimtab_cli`): `trimtab.cli.main` in a forked
 child with the command's working directory and environment, which is what the console script runs
-(tests/test_cli.py still starts real interpreters where the process itself is tested: signals,
+(tests/test_cli_train.py still starts real interpreters where the process itself is tested: signals,
 torchrun, the console script).
 
 Protocol, one JSON line each way per job:
