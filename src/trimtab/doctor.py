@@ -141,6 +141,19 @@ def format_report(facts: dict[str, Any]) -> str:
     lines.append(f"memory: RAM {m['ram_available']} GiB available of {m['ram_total']}{gpu}")
     backends = ", ".join(k for k in ("nccl", "gloo", "mpi", "ucc") if dist[k]) or "none"
     lines.append(f"distributed: {backends} available; {dist['default']} would be used; launch with {dist['launch']}")
+    lines.append(_micro_batch_line(mb))
+    if facts["layout"]:
+        lines += facts["layout"]["text"]
+    else:
+        lines.append(
+            "parallel layout: needs a GPU of the datasheet table here; `trimtab plan --preset P --gpu H100 "
+            "--gpus N` proposes one for any cluster"
+        )
+    return "\n".join(lines)
+
+
+def _micro_batch_line(mb: dict[str, Any]) -> str:
+    """The report's line on the micro-batch that fits (facts["micro_batch"]), or that one row does not."""
     sizes = (
         f"model state {mb['state_gb']} GiB per process, {mb['activation_kb_per_token']} KiB of "
         f"activations per token, {mb['per_process_memory_gb']} GiB per process"
@@ -150,27 +163,18 @@ def format_report(facts: dict[str, Any]) -> str:
     others = f"; by train.activation_checkpointing: {modes} tokens" if differ else ""
     if mb["fits"]:
         configured = f"{mb['configured']:,}" if mb["configured"] else "0 (auto: the whole step, halved on OOM)"
-        lines.append(
+        return (
             f"micro-batch for preset '{mb['preset']}': ~{mb['tokens']:,} tokens ({sizes}, checkpointing "
             f"{mb['checkpointing']}; the preset sets {configured}) -> --set train.micro_batch_tokens={mb['tokens']}"
             + others
         )
-    else:
-        need = mb.get("fsdp_devices_needed")
-        lines.append(
-            f"micro-batch for preset '{mb['preset']}': one row of {mb['tokens']:,} tokens does NOT fit "
-            f"({sizes}, checkpointing {mb['checkpointing']})"
-            + (f"; FSDP over {need} such devices would (distributed.strategy=fsdp)" if need else "")
-            + others
-        )
-    if facts["layout"]:
-        lines += facts["layout"]["text"]
-    else:
-        lines.append(
-            "parallel layout: needs a GPU of the datasheet table here; `trimtab plan --preset P --gpu H100 "
-            "--gpus N` proposes one for any cluster"
-        )
-    return "\n".join(lines)
+    need = mb.get("fsdp_devices_needed")
+    return (
+        f"micro-batch for preset '{mb['preset']}': one row of {mb['tokens']:,} tokens does NOT fit "
+        f"({sizes}, checkpointing {mb['checkpointing']})"
+        + (f"; FSDP over {need} such devices would (distributed.strategy=fsdp)" if need else "")
+        + others
+    )
 
 
 def _device(dev: torch.device) -> dict[str, Any]:

@@ -171,18 +171,23 @@ class CheckpointInterval:
             f"Young's interval sqrt(2 x {stall:.3g} s save x {mtbf_s / 3600:.3g} h MTBF) = {optimum:.0f} s = "
             f"{steps} steps of {step_s:.3g} s (now every {every})"
         )
+        summary += self._rollbacks_said(evidence)
+        return Finding(rule=self.rule, family=self.family, step=step, evidence=evidence, summary=summary, strength=1.0)
+
+    def _rollbacks_said(self, evidence: dict[str, Any]) -> str:
+        """The run's rollbacks in a finding: added to its `evidence`, and the end of its summary returned."""
         if self.failures:
             trained = round(self.trained_s, 2)
             evidence |= {"rollbacks": self.rollbacks, "replayed_steps": self.replayed, "trained_s": trained}
             evidence["mtbf_source"] += " and this run's rollbacks"
-            summary += (
+            return (
                 f"; the MTBF counts this run's {self.rollbacks} rollback(s) in {self.trained_s:.0f} s trained "
                 f"({self.replayed} steps replayed) at their rate's {CONFIDENCE:.0%} lower confidence bound"
             )
-        elif self.healed:
+        if self.healed:
             evidence["healed_rollbacks"] = self.healed
-            summary += f"; this run's {self.healed} rollback(s) were remedied (outcome recovered): no failure to expect"
-        return Finding(rule=self.rule, family=self.family, step=step, evidence=evidence, summary=summary, strength=1.0)
+            return f"; this run's {self.healed} rollback(s) were remedied (outcome recovered): no failure to expect"
+        return ""
 
     def _young(self, stall: float, step_s: float, world: int, configured: int) -> tuple[float, float, int]:
         """The MTBF, Young's interval in seconds, and in whole steps: no shorter for the rollbacks than

@@ -74,6 +74,16 @@ class MakeUp:
         if not self.owed or m.step - max(last_unstable, self.owed[-1]) < self.cfg.quiet_steps:
             return None
         owed, self.owed, persons, self.persons, hooks, self.hooks = self.owed, [], self.persons, [], self.hooks, []
+        return self._grant(
+            m.step, owed, {"person_skips": persons[:SHOWN], "hook_skips": hooks[:SHOWN]}, cap, total, configured
+        )
+
+    def _grant(
+        self, step: int, owed: list[int], skips: dict[str, list[int]], cap: int, total: int, configured: int
+    ) -> Finding | None:
+        """The stretch over: the `owed` updates made up, as far as the cap (`cap` steps in all) leaves
+        room, the rest refused until a longer phase; a finding saying so, None where nothing is added.
+        skips: the steps withheld by a person's or a hook's skip_step, named in the evidence, not made up."""
         if cap == 0:  # a run this short has no step to spare: nothing to make up, nothing to say
             self.refused, self.refused_len = self.refused + owed, configured  # unless a resume lengthens it
             return None
@@ -99,15 +109,12 @@ class MakeUp:
             "extend": extend,
             "total_steps": total,
             "new_total": total + extend,
-            "person_skips": persons[:SHOWN],  # withheld by a person's skip-step: not made up
-            "hook_skips": hooks[:SHOWN],  # by a hook's skip_step: not made up either
+            **skips,  # withheld by a person's or a hook's skip_step: not made up
         }
         where = f"step {owed[0]}" if len(owed) == 1 else f"steps {owed[0]}-{owed[-1]}"
         summary = f"{len(owed)} update{'s' if len(owed) > 1 else ''} withheld ({where})"
         summary += self._capped(len(owed), paid + extend)
-        return Finding(
-            rule=self.rule, family=self.family, step=m.step, evidence=evidence, summary=summary, strength=1.0
-        )
+        return Finding(rule=self.rule, family=self.family, step=step, evidence=evidence, summary=summary, strength=1.0)
 
     def _capped(self, withheld: int, made: int) -> str:
         """What the cap left unmade, for the console line: "4 updates withheld -> run length 33 steps"
