@@ -4,6 +4,7 @@ trained on; in advise and off mode they are trained on and stay scored (training
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -42,6 +43,17 @@ def scored_sets(cfg, decided=None) -> list:
     return phases[0].eval_rows.sets
 
 
+def prepared_mix(crawl, tmp_path) -> tuple[Path, list[dict[str, str]]]:  # noqa: F811
+    """The crawl prepared into shards (its flagged documents found there) and a data.mix of it beside a
+    clean source: the prepared directory and the mix."""
+    path, _, _ = crawl
+    prepared = tmp_path / "prepared"
+    prepare([str(path)], prepared, tokenizer=str(path.with_name("tokenizer.json")))
+    clean = tmp_path / "clean.jsonl"
+    clean.write_text("".join(json.dumps({"text": t}) + "\n" for t in clean_documents()))
+    return prepared, [{"source": str(prepared), "name": "crawl"}, {"source": str(clean), "name": "clean"}]
+
+
 def test_auto_scores_no_flagged_row_and_advise_scores_them(crawl):  # noqa: F811
     ((rows, scored, _),) = scored_sets(config(crawl))
     assert flagged(rows) and not flagged(rows) & set(scored)
@@ -64,12 +76,7 @@ def test_a_resume_keeps_the_checkpoints_held_out_split_under_another_mode(crawl)
 
 
 def test_a_prepared_mixture_leaves_out_only_the_flagged_sources_rows(crawl, tmp_path):  # noqa: F811
-    path, _, _ = crawl
-    prepared = tmp_path / "prepared"
-    prepare([str(path)], prepared, tokenizer=str(path.with_name("tokenizer.json")))
-    clean = tmp_path / "clean.jsonl"
-    clean.write_text("".join(json.dumps({"text": t}) + "\n" for t in clean_documents()))
-    mix = [{"source": str(prepared), "name": "crawl"}, {"source": str(clean), "name": "clean"}]
+    _, mix = prepared_mix(crawl, tmp_path)
     (crawl_rows, crawl_scored, _), (clean_rows, clean_scored, _) = scored_sets(config(crawl, source="builtin", mix=mix))
     assert flagged(crawl_rows) and not flagged(crawl_rows) & set(crawl_scored)
     # the clean source's val rows do not move
@@ -87,12 +94,7 @@ def test_eval_refuses_a_directory_that_is_not_prepared_naming_what_one_holds(tmp
 def test_eval_scores_the_runs_held_out_per_source_and_a_prepared_directory(crawl, tmp_path):  # noqa: F811
     """`trimtab eval RUN --held-out` gives the run's last val_loss and val_loss/NAME; `--data PREPARED_DIR`
     its held-out split's (the source's val_loss/NAME, the run scoring all of it), flagged rows left out."""
-    path, _, _ = crawl
-    prepared = tmp_path / "prepared"
-    prepare([str(path)], prepared, tokenizer=str(path.with_name("tokenizer.json")))
-    clean = tmp_path / "clean.jsonl"
-    clean.write_text("".join(json.dumps({"text": t}) + "\n" for t in clean_documents()))
-    mix = [{"source": str(prepared), "name": "crawl"}, {"source": str(clean), "name": "clean"}]
+    prepared, mix = prepared_mix(crawl, tmp_path)
     cfg = config(crawl, source="builtin", mix=mix)
     cfg = load_config(
         preset="debug",
